@@ -1,0 +1,45 @@
+# Two entry points on a fresh Debian 12 machine: `make demo` and `make test`.
+# Both install what they need: Debian's ZooKeeper and a Java runtime, a venv, the project.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: test demo system-deps venv lint types proto clean
+
+system-deps:
+	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] \
+	    || [ ! -f /usr/share/java/slf4j-simple.jar ]; then \
+	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    zookeeper libslf4j-java default-jre-headless >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,spark]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+types: venv
+	$(VENV)/bin/mypy coordinator ordq
+
+proto: venv
+	PATH=$(VENV)/bin:$$PATH bash proto/generate.sh
+	git diff --exit-code -- broker_group/wire
+
+test: system-deps venv lint types
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: system-deps venv
+	$(VENV)/bin/ordq demo
+
+clean:
+	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Subcommands of the ordq CLI, one module each; each has register(subparsers)."""

@@ -1,0 +1,199 @@
+"""The one error tree of ordq.
+
+Every error raised by ordq derives from :class:`OrdqError`, which always has ``retriable``
+(may the same call succeed later, untouched?). Foreign exceptions (kazoo, gRPC, OS) are
+translated once, where they enter, with ``raise ... from exc``.
+
+    OrdqError
+    ├── ConfigError (ValueError)          bad option, bad name, bad argument
+    │   └── InvalidName
+    ├── NotFound (LookupError)
+    │   ├── QueueNotFound
+    │   ├── GroupNotFound
+    │   ├── SegmentNotFound
+    │   └── SubscriptionNotFound
+    ├── AlreadyExists
+    ├── IllegalTransition                 a state-machine transition whose precondition fails
+    ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
+    ├── ConflictError                     conditional write lost a race (retriable)
+    ├── CoordinationUnavailable           ZooKeeper unreachable (retriable)
+    ├── BrokerUnavailable                 a broker process did not answer (retriable)
+    ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
+    ├── FencedError                       a higher producer epoch took over: stop
+    ├── GapDetected                       a seq is missing in delivery: stop and alarm
+    ├── MessageTooLarge (ValueError)
+    ├── CorruptLog                        bad CRC before the tail of a stored segment
+    ├── DiskFull                          the log could not be written: nothing half-served
+    ├── WaitTimeout (TimeoutError)        a bounded wait ran out (retriable)
+    ├── ClosedError                       you closed it
+    └── ExternalProcessError              ZooKeeper/Java missing or a child process failed
+"""
+
+from __future__ import annotations
+
+
+class OrdqError(Exception):
+    """Root of every ordq error. ``retriable`` says whether retrying unchanged may succeed."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ConfigError(OrdqError, ValueError):
+    """A bad option, name or argument given by the caller."""
+
+
+class InvalidName(ConfigError):
+    def __init__(self, kind: str, name: str, rule: str) -> None:
+        super().__init__(f"invalid {kind} name {name!r}: must match {rule}")
+        self.kind = kind
+        self.name = name
+
+
+class NotFound(OrdqError, LookupError):
+    """Something named does not exist."""
+
+
+class QueueNotFound(NotFound):
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"unknown queue {queue!r} (create it with: ordq queue create {queue})")
+        self.queue = queue
+
+
+class GroupNotFound(NotFound):
+    def __init__(self, gid: str) -> None:
+        super().__init__(f"unknown broker group {gid!r} (register it with: ordq group add {gid})")
+        self.gid = gid
+
+
+class SegmentNotFound(NotFound):
+    def __init__(self, queue: str, seg: int) -> None:
+        super().__init__(f"queue {queue!r} has no segment {seg}")
+        self.queue = queue
+        self.seg = seg
+
+
+class SubscriptionNotFound(NotFound):
+    def __init__(self, queue: str, sub: str) -> None:
+        super().__init__(f"queue {queue!r} has no subscription {sub!r}")
+        self.queue = queue
+        self.sub = sub
+
+
+class AlreadyExists(OrdqError):
+    """Creating something that is already there."""
+
+
+class IllegalTransition(OrdqError):
+    """A state-machine transition whose precondition does not hold in the current state."""
+
+    def __init__(self, transition: str, reason: str) -> None:
+        super().__init__(f"{transition}: {reason}")
+        self.transition = transition
+        self.reason = reason
+
+
+class InvariantViolation(OrdqError):
+    """A transition produced a state that breaks an invariant (I1–I5). Always a bug."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"invariant {invariant} violated: {detail}")
+        self.invariant = invariant
+        self.detail = detail
+
+
+class ConflictError(OrdqError):
+    """A conditional (versioned) write lost a race with another writer."""
+
+    retriable = True
+
+
+class CoordinationUnavailable(OrdqError):
+    """ZooKeeper cannot be reached."""
+
+    retriable = True
+
+
+class BrokerUnavailable(OrdqError):
+    """A broker process did not answer in time or refused the connection."""
+
+    retriable = True
+
+    def __init__(self, address: str, detail: str) -> None:
+        super().__init__(f"broker {address} unavailable: {detail}")
+        self.address = address
+
+
+class NoGroupAvailable(OrdqError):
+    """No broker group is eligible to take writes (all failed or holding backlog)."""
+
+    retriable = True
+
+    def __init__(self, queue: str, detail: str = "") -> None:
+        msg = f"queue {queue!r}: no broker group available for writes"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+        self.queue = queue
+
+
+class FencedError(OrdqError):
+    """This producer's epoch was superseded: another leader took over. Stop writing."""
+
+    def __init__(self, queue: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"queue {queue!r}: producer epoch {epoch} is fenced by epoch {current_epoch}"
+        )
+        self.queue = queue
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class GapDetected(OrdqError):
+    """A consumer saw a seq beyond the next expected one: a message is missing. Never skipped."""
+
+    def __init__(self, queue: str, expected_seq: int, got_seq: int) -> None:
+        super().__init__(
+            f"queue {queue!r}: gap in delivery, expected seq {expected_seq}, got {got_seq}"
+        )
+        self.queue = queue
+        self.expected_seq = expected_seq
+        self.got_seq = got_seq
+
+
+class MessageTooLarge(OrdqError, ValueError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class CorruptLog(OrdqError):
+    """A stored batch failed its CRC before the tail: the replica stops serving that segment."""
+
+    def __init__(self, path: str, position: int, detail: str) -> None:
+        super().__init__(f"corrupt log {path} at byte {position}: {detail}")
+        self.path = path
+        self.position = position
+
+
+class DiskFull(OrdqError):
+    """The log could not be written for lack of space; nothing partial is served."""
+
+    retriable = True
+
+
+class WaitTimeout(OrdqError, TimeoutError):
+    """A bounded wait ran out."""
+
+    retriable = True
+
+
+class ClosedError(OrdqError):
+    """The object was closed by its owner; calls after close() raise this."""
+
+
+class ExternalProcessError(OrdqError):
+    """A required program (Java, ZooKeeper) is missing, or a child process failed to start."""

@@ -1,0 +1,1 @@
+"""ordq client SDK: ordered producer and consumer, audit hook."""

@@ -1,0 +1,96 @@
+"""Audit hook: append every acked send and every delivery to rolling TSV files.
+
+Format (the contract with ``spark_order_check``): docs/AUDIT_FORMAT.md. Rows are buffered and
+written in blocks; a file is renamed from ``.tsv.part`` to ``.tsv`` when it is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import attrs
+
+ACK_COLUMNS = (
+    "queue", "producer", "epoch", "seq", "seg", "offset", "key", "crc32", "send_us", "ack_us",
+)
+DELIVERY_COLUMNS = (
+    "queue", "subscription", "consumer", "seq", "seg", "offset", "key", "crc32", "msg_us",
+    "deliver_us",
+)
+KIND_COLUMNS = {"acks": ACK_COLUMNS, "deliveries": DELIVERY_COLUMNS}
+
+
+def new_writer_id() -> str:
+    """A process-unique id: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@attrs.define
+class AuditWriter:
+    """Rolling TSV writer for one kind (``acks`` or ``deliveries``); thread-safe.
+
+    ``write_rows`` takes rows already in column order; call ``close()`` to publish the last
+    file. Rows are flushed to the OS every ``flush_rows`` rows and on roll/close.
+    """
+
+    directory: Path
+    kind: str
+    writer_id: str = attrs.field(factory=new_writer_id)
+    rows_per_file: int = 1_000_000
+    flush_rows: int = 4096
+    _n: int = 0
+    _rows_in_file: int = 0
+    _pending: list[str] = attrs.field(factory=list)
+    _file: object = None
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in KIND_COLUMNS:
+            raise ValueError(f"audit kind must be one of {sorted(KIND_COLUMNS)}, not {self.kind!r}")
+        (self.directory / self.kind).mkdir(parents=True, exist_ok=True)
+
+    def _path(self, final: bool) -> Path:
+        name = f"{self.writer_id}-{self._n}.tsv" + ("" if final else ".part")
+        return self.directory / self.kind / name
+
+    def write_rows(self, rows: Iterable[tuple[object, ...]]) -> None:
+        with self._lock:
+            for row in rows:
+                self._pending.append("\t".join(map(str, row)))
+                self._rows_in_file += 1
+                if self._rows_in_file >= self.rows_per_file:
+                    self._roll()
+            if len(self._pending) >= self.flush_rows:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        if self._file is None:
+            self._file = open(self._path(final=False), "w", encoding="ascii")  # noqa: SIM115
+            self._file.write("\t".join(KIND_COLUMNS[self.kind]) + "\n")
+        self._file.write("\n".join(self._pending) + "\n")
+        self._file.flush()
+        self._pending.clear()
+
+    def _roll(self) -> None:
+        self._flush()
+        if self._file is not None:
+            self._file.close()
+            os.replace(self._path(final=False), self._path(final=True))
+            self._file = None
+        self._n += 1
+        self._rows_in_file = 0
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._roll()
