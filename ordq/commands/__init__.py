@@ -1,1 +1,33 @@
-"""Subcommands of the ordq CLI, one module each; each has register(subparsers)."""
+"""Subcommands of the ordq CLI, one module each, each with ``register(subparsers)``.
+
+Use :func:`add_command` to create a (sub)command parser: it adds the options every command
+accepts after its name too (``--json``, ``--zk``, ``--root``), so ``ordq queue list --json``
+and ``ordq --json queue list`` mean the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    *,
+    help: str,
+    func: Callable[[argparse.Namespace], int] | None = None,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=description or help
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
+    parser.add_argument("--zk", default=argparse.SUPPRESS, help="ZooKeeper connection string")
+    parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
+    if func is not None:
+        parser.set_defaults(func=func)
+    return parser

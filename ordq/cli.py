@@ -1,0 +1,73 @@
+"""``ordq``: the admin CLI. ``main(argv) -> exit code``; errors are one line on stderr.
+
+Each subcommand lives in ``ordq/commands/<name>.py`` with ``register(subparsers)``; a command
+function takes the parsed ``args`` and returns an exit code. Global options (ZooKeeper address,
+root prefix, --json) are parsed here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from ordq import __version__
+from ordq.errors import OrdqError
+
+# Order is the order shown in --help.
+COMMAND_MODULES = ("zk", "group", "queue", "broker", "verify")
+
+DEFAULT_ZK = "127.0.0.1:2181"
+DEFAULT_ROOT = "/ordq"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ordq",
+        description="ordq: a strictly ordered, replicated message queue. "
+        "Every command takes --json for machine-readable output.",
+    )
+    parser.add_argument("--version", action="version", version=f"ordq {__version__}")
+    parser.add_argument(
+        "--zk",
+        default=os.environ.get("ORDQ_ZK", DEFAULT_ZK),
+        help="ZooKeeper connection string host:port[,host:port...] "
+        "(env ORDQ_ZK; default %(default)s)",
+    )
+    parser.add_argument(
+        "--root",
+        default=os.environ.get("ORDQ_ROOT", DEFAULT_ROOT),
+        help="ZooKeeper path prefix of this cluster, so several can share one ZooKeeper "
+        "(env ORDQ_ROOT; default %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"ordq.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"ordq.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except OrdqError as exc:
+        print(f"ordq: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ordq: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

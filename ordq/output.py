@@ -1,0 +1,35 @@
+"""Human tables and --json output, shared by every CLI command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out: TextIO | None = None) -> None:
+    """Print rows as an aligned text table with the given columns (missing values show '-')."""
+    out = out or sys.stdout
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip() + "\n")
+    for row in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "-"
+    return str(value)
+
+
+def emit_json(obj: Any, out: TextIO | None = None) -> None:
+    """Print obj as indented JSON (one document)."""
+    out = out or sys.stdout
+    json.dump(obj, out, indent=2, sort_keys=True, default=str)
+    out.write("\n")
