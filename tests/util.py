@@ -1,0 +1,32 @@
+"""Test helpers: wait on a condition with a deadline (never a fixed sleep)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T], *, timeout_s: float = 10.0, interval_s: float = 0.01, what: str = ""
+) -> T:
+    """Poll ``condition`` until it returns a truthy value and return that value.
+
+    Raises AssertionError naming ``what`` (and the last exception seen, if any) when the
+    deadline passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - reported if the deadline passes
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}{detail}")
+        time.sleep(interval_s)
