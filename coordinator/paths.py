@@ -1,0 +1,82 @@
+"""ZooKeeper paths of one ordq cluster, under its root prefix (e.g. ``/ordq``).
+
+    <root>/groups/<gid>                    group config (JSON)
+    <root>/groups/<gid>/live/<role>        ephemeral: {"address", "incarnation", "pid"}
+    <root>/queues/<q>                      queue config (JSON)
+    <root>/queues/<q>/state                QueueState (JSON), written only with a version check
+    <root>/queues/<q>/subs/<sub>           cursor (JSON), written only with a version check
+    <root>/queues/<q>/subs/<sub>/leader    election of the subscription's consumer
+    <root>/queues/<q>/producer-leader      election of the queue's producer
+    <root>/coordinator/leader              election of the coordinator daemon
+
+Several clusters (and test runs) share one ZooKeeper by using different roots.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from ordq.errors import InvalidName
+
+NAME_RULE = r"[A-Za-z0-9._-]{1,128}"
+_NAME_RE = re.compile(NAME_RULE)
+ROLES = ("master", "slave")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return name if it is a valid queue/group/subscription name, else raise InvalidName."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise InvalidName(kind, str(name), NAME_RULE)
+    return name
+
+
+@attrs.frozen
+class Paths:
+    root: str = "/ordq"
+
+    def __attrs_post_init__(self) -> None:
+        if not self.root.startswith("/") or (len(self.root) > 1 and self.root.endswith("/")):
+            raise InvalidName("root", self.root, "/absolute/path without trailing slash")
+
+    @property
+    def groups(self) -> str:
+        return f"{self.root}/groups"
+
+    @property
+    def queues(self) -> str:
+        return f"{self.root}/queues"
+
+    def group(self, gid: str) -> str:
+        return f"{self.groups}/{check_name('group', gid)}"
+
+    def live(self, gid: str, role: str | None = None) -> str:
+        base = f"{self.group(gid)}/live"
+        if role is None:
+            return base
+        if role not in ROLES:
+            raise InvalidName("role", role, "master|slave")
+        return f"{base}/{role}"
+
+    def queue(self, queue: str) -> str:
+        return f"{self.queues}/{check_name('queue', queue)}"
+
+    def state(self, queue: str) -> str:
+        return f"{self.queue(queue)}/state"
+
+    def subs(self, queue: str) -> str:
+        return f"{self.queue(queue)}/subs"
+
+    def sub(self, queue: str, sub: str) -> str:
+        return f"{self.subs(queue)}/{check_name('subscription', sub)}"
+
+    def sub_leader(self, queue: str, sub: str) -> str:
+        return f"{self.sub(queue, sub)}/leader"
+
+    def producer_leader(self, queue: str) -> str:
+        return f"{self.queue(queue)}/producer-leader"
+
+    @property
+    def coordinator_leader(self) -> str:
+        return f"{self.root}/coordinator/leader"
