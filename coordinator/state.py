@@ -1,0 +1,376 @@
+"""The per-queue state machine: send list, consume list, segments, producer epoch.
+
+Rules:
+- Pure: no ZooKeeper, gRPC, clocks, threads or randomness here. Facts from the outside world
+  (which groups are live, where subscription cursors are) come in as arguments.
+- Every transition is a function ``state -> new state`` that first checks its precondition
+  (raising ``IllegalTransition``) and then checks invariants I1–I5 on the result (raising
+  ``InvariantViolation``: a bug, never a user error). The ZooKeeper store only loads, applies
+  and conditionally writes; see ``coordinator/store.py``.
+- Segment statuses move only along ``SEGMENT_TRANSITIONS``.
+
+Invariants (DESIGN §3), as checked by ``check_invariants``:
+- I1 If the send list is non-empty, the consume-list tail is the one ``open`` segment and it
+  lives on ``send[0]``; if it is empty, no segment is open.
+- I2 Every consume-list segment but the tail is ``sealing`` or ``sealed``; ``sealed`` ones
+  have ``end`` (and ``last_seq`` when ``end > 0``).
+- I3 Segment ids strictly increase along the consume list and are below ``next_seg``.
+- I4 No group is in the send list twice; every group in it belongs to the queue, and holds no
+  consume-list segment except the open tail (for the head). Liveness at admission is a fact
+  checked by ``admit`` itself.
+- I5 A subscription cursor never points before the consume-list head or past ``next_seg``
+  (the position after the tail: where a consumer waits once it drained a sealed tail).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ordq.errors import IllegalTransition, InvariantViolation
+
+
+class SegStatus(enum.Enum):
+    OPEN = "open"  # the producer writes here (only the tail, only on send[0])
+    SEALING = "sealing"  # failed over: no more writes; its end is being decided
+    SEALED = "sealed"  # end (and last_seq) fixed; readable to the end
+
+
+# Allowed status moves; anything else raises IllegalTransition.
+SEGMENT_TRANSITIONS: Mapping[SegStatus, frozenset[SegStatus]] = {
+    SegStatus.OPEN: frozenset({SegStatus.SEALING}),
+    SegStatus.SEALING: frozenset({SegStatus.SEALED}),
+    SegStatus.SEALED: frozenset(),
+}
+
+
+@attrs.frozen
+class Segment:
+    """One segment of a queue's history, stored on broker group ``gid``."""
+
+    seg: int
+    gid: str
+    status: SegStatus = SegStatus.OPEN
+    end: int | None = None  # message count, known once sealed
+    first_seq: int | None = None  # seq range stored, known once sealed (None: empty)
+    last_seq: int | None = None
+
+    def moved_to(self, status: SegStatus, **changes: Any) -> Segment:
+        if status not in SEGMENT_TRANSITIONS[self.status]:
+            raise IllegalTransition(
+                "segment", f"segment {self.seg} cannot go from {self.status.value} to {status.value}"
+            )
+        return attrs.evolve(self, status=status, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seg": self.seg,
+            "gid": self.gid,
+            "status": self.status.value,
+            "end": self.end,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Segment:
+        return cls(
+            seg=int(d["seg"]),
+            gid=str(d["gid"]),
+            status=SegStatus(d["status"]),
+            end=d.get("end"),
+            first_seq=d.get("first_seq"),
+            last_seq=d.get("last_seq"),
+        )
+
+
+@attrs.frozen
+class Cursor:
+    """Where a subscription resumes: read (seg, offset) next; seqs <= last_seq are delivered."""
+
+    seg: int
+    offset: int = 0
+    last_seq: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seg": self.seg, "offset": self.offset, "last_seq": self.last_seq}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Cursor:
+        return cls(seg=int(d["seg"]), offset=int(d["offset"]), last_seq=int(d["last_seq"]))
+
+
+@attrs.frozen
+class Facts:
+    """What the outside world says at the time of a transition (read by the store)."""
+
+    live_groups: frozenset[str] = frozenset()  # groups whose master AND slave are registered live
+    cursors: Mapping[str, Cursor] = attrs.field(factory=dict)  # subscription -> cursor
+
+
+@attrs.frozen
+class QueueState:
+    """All list state of one queue: what lives in its one ``state`` znode."""
+
+    queue: str
+    groups: tuple[str, ...] = ()  # groups this queue may use
+    send: tuple[str, ...] = ()
+    consume: tuple[Segment, ...] = ()
+    next_seg: int = 0
+    producer_epoch: int = 0
+    trimmed_seq: int = -1  # highest last_seq of popped segments: where 'earliest' starts
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def head(self) -> str | None:
+        """The send head: the group producers write to, or None."""
+        return self.send[0] if self.send else None
+
+    @property
+    def open_segment(self) -> Segment | None:
+        tail = self.consume[-1] if self.consume else None
+        return tail if tail is not None and tail.status is SegStatus.OPEN else None
+
+    def segment(self, seg: int) -> Segment | None:
+        for s in self.consume:
+            if s.seg == seg:
+                return s
+        return None
+
+    def has_backlog(self, gid: str) -> bool:
+        """True when ``gid`` still stores a segment of this queue that is not popped."""
+        return any(s.gid == gid for s in self.consume)
+
+    def eligible(self, gid: str, facts: Facts) -> bool:
+        """I4: both processes live, a member, not already sending, no backlog."""
+        return (
+            gid in self.groups
+            and gid in facts.live_groups
+            and gid not in self.send
+            and not self.has_backlog(gid)
+        )
+
+    def earliest_cursor(self) -> Cursor:
+        seg = self.consume[0].seg if self.consume else self.next_seg
+        return Cursor(seg=seg, offset=0, last_seq=self.trimmed_seq)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "groups": list(self.groups),
+            "send": list(self.send),
+            "consume": [s.to_dict() for s in self.consume],
+            "next_seg": self.next_seg,
+            "producer_epoch": self.producer_epoch,
+            "trimmed_seq": self.trimmed_seq,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QueueState:
+        return cls(
+            queue=str(d["queue"]),
+            groups=tuple(d["groups"]),
+            send=tuple(d["send"]),
+            consume=tuple(Segment.from_dict(s) for s in d["consume"]),
+            next_seg=int(d["next_seg"]),
+            producer_epoch=int(d["producer_epoch"]),
+            trimmed_seq=int(d.get("trimmed_seq", -1)),
+        )
+
+
+# -- invariants ------------------------------------------------------------------------------
+
+
+def check_invariants(state: QueueState, cursors: Mapping[str, Cursor] | None = None) -> None:
+    """Raise InvariantViolation naming the first broken invariant (I1–I5)."""
+    consume = state.consume
+    open_segs = [s for s in consume if s.status is SegStatus.OPEN]
+    # I1
+    if state.send:
+        tail = consume[-1] if consume else None
+        if tail is None or tail.status is not SegStatus.OPEN:
+            raise InvariantViolation("I1", f"send list {state.send} but the tail is not open")
+        if tail.gid != state.send[0]:
+            raise InvariantViolation("I1", f"open tail on {tail.gid}, send head is {state.send[0]}")
+        if len(open_segs) != 1:
+            raise InvariantViolation("I1", f"{len(open_segs)} open segments")
+    elif open_segs:
+        raise InvariantViolation("I1", "an open segment with an empty send list")
+    # I2
+    for s in consume[:-1]:
+        if s.status is SegStatus.OPEN:
+            raise InvariantViolation("I2", f"segment {s.seg} before the tail is open")
+    for s in consume:
+        if s.status is SegStatus.SEALED:
+            if s.end is None or s.end < 0:
+                raise InvariantViolation("I2", f"sealed segment {s.seg} has no end")
+            if s.end > 0 and (s.last_seq is None or s.first_seq is None):
+                raise InvariantViolation("I2", f"sealed segment {s.seg} has no seq range")
+    # I3
+    ids = [s.seg for s in consume]
+    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+        raise InvariantViolation("I3", f"segment ids not increasing: {ids}")
+    if ids and ids[-1] >= state.next_seg:
+        raise InvariantViolation("I3", f"segment {ids[-1]} not below next_seg {state.next_seg}")
+    # I4
+    if len(set(state.send)) != len(state.send):
+        raise InvariantViolation("I4", f"a group twice in the send list {state.send}")
+    for i, gid in enumerate(state.send):
+        if gid not in state.groups:
+            raise InvariantViolation("I4", f"group {gid} in the send list is not a member")
+        held = [s.seg for s in consume if s.gid == gid]
+        allowed = [consume[-1].seg] if i == 0 else []
+        if held != allowed:
+            raise InvariantViolation("I4", f"send-list group {gid} holds backlog segments {held}")
+    # I5
+    if cursors:
+        low = consume[0].seg if consume else state.next_seg
+        for sub, c in cursors.items():
+            if not low <= c.seg <= state.next_seg:
+                raise InvariantViolation(
+                    "I5", f"cursor of {sub!r} at segment {c.seg}, outside [{low}, {state.next_seg}]"
+                )
+
+
+def _checked(state: QueueState, cursors: Mapping[str, Cursor] | None = None) -> QueueState:
+    check_invariants(state, cursors)
+    return state
+
+
+# -- transitions -------------------------------------------------------------------------------
+
+
+def _open_on_head(state: QueueState) -> QueueState:
+    """Open a new segment on send[0] at the consume-list tail (JMQ rule: the consume list
+    learns of a new send group before any producer writes to it)."""
+    head = state.send[0]
+    seg = Segment(seg=state.next_seg, gid=head, status=SegStatus.OPEN)
+    return attrs.evolve(state, consume=state.consume + (seg,), next_seg=state.next_seg + 1)
+
+
+def create(queue: str, groups: Iterable[str]) -> QueueState:
+    """A new queue using ``groups``; nothing admitted yet (see ``admit``)."""
+    gs = tuple(dict.fromkeys(groups))
+    return _checked(QueueState(queue=queue, groups=gs))
+
+
+def add_group(state: QueueState, gid: str) -> QueueState:
+    if gid in state.groups:
+        raise IllegalTransition("add_group", f"group {gid} already serves queue {state.queue}")
+    return _checked(attrs.evolve(state, groups=state.groups + (gid,)))
+
+
+def admit(state: QueueState, gid: str, facts: Facts) -> QueueState:
+    """Append an eligible group to the send list; if it becomes the head, open a segment."""
+    if not state.eligible(gid, facts):
+        raise IllegalTransition("admit", _why_not_eligible(state, gid, facts))
+    new = attrs.evolve(state, send=state.send + (gid,))
+    if len(new.send) == 1:
+        new = _open_on_head(new)
+    return _checked(new)
+
+
+def _why_not_eligible(state: QueueState, gid: str, facts: Facts) -> str:
+    if gid not in state.groups:
+        return f"group {gid} does not serve queue {state.queue}"
+    if gid in state.send:
+        return f"group {gid} is already in the send list"
+    if state.has_backlog(gid):
+        return f"group {gid} still holds unconsumed segments of {state.queue}"
+    return f"group {gid} is not live (master and slave must both be registered)"
+
+
+def admit_all(state: QueueState, facts: Facts) -> QueueState:
+    """Admit every eligible group, in the queue's group order (no-op when none is)."""
+    for gid in state.groups:
+        if state.eligible(gid, facts):
+            state = admit(state, gid, facts)
+    return state
+
+
+def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState:
+    """The head ``gid`` failed while ``seg`` was its open segment: mark it sealing, drop the
+    head, open a new segment on the next head (admitting eligible groups if none is left)."""
+    open_seg = state.open_segment
+    if state.head != gid or open_seg is None or open_seg.seg != seg or open_seg.gid != gid:
+        raise IllegalTransition(
+            "fail_over",
+            f"group {gid} segment {seg} is not the open head "
+            f"(head {state.head}, open segment {open_seg.seg if open_seg else None})",
+        )
+    new = attrs.evolve(
+        state,
+        send=state.send[1:],
+        consume=state.consume[:-1] + (open_seg.moved_to(SegStatus.SEALING),),
+    )
+    if new.send:
+        return _checked(_open_on_head(new))
+    return _checked(admit_all(new, facts))
+
+
+def remove_from_send(state: QueueState, gid: str, facts: Facts) -> QueueState:
+    """Take ``gid`` out of the send list (maintenance drain); the head is failed over."""
+    if gid not in state.send:
+        raise IllegalTransition("drain", f"group {gid} is not in the send list")
+    if state.head == gid:
+        open_seg = state.open_segment
+        assert open_seg is not None  # I1
+        return fail_over(state, gid, open_seg.seg, facts)
+    return _checked(attrs.evolve(state, send=tuple(g for g in state.send if g != gid)))
+
+
+def seal(state: QueueState, seg: int, end: int, first_seq: int | None, last_seq: int | None) -> QueueState:
+    """A ``sealing`` segment's end is decided: it becomes ``sealed``."""
+    target = state.segment(seg)
+    if target is None:
+        raise IllegalTransition("seal", f"segment {seg} is not in the consume list")
+    if end < 0 or (end > 0) != (last_seq is not None):
+        raise IllegalTransition("seal", f"segment {seg}: end {end} and last_seq {last_seq} disagree")
+    if first_seq is not None and last_seq is not None and last_seq < first_seq:
+        raise IllegalTransition("seal", f"segment {seg}: last_seq {last_seq} < first_seq {first_seq}")
+    sealed = target.moved_to(SegStatus.SEALED, end=end, first_seq=first_seq, last_seq=last_seq)
+    return _checked(
+        attrs.evolve(state, consume=tuple(sealed if s.seg == seg else s for s in state.consume))
+    )
+
+
+def pop(state: QueueState, facts: Facts, *, retention: bool = False) -> QueueState:
+    """Drop the head segment once it is sealed and every subscription is past it.
+
+    With no subscription the segment stays (nothing is dropped before anyone could read it)
+    unless ``retention`` is set by an operator's retention limit.
+    """
+    if not state.consume:
+        raise IllegalTransition("pop", "the consume list is empty")
+    head = state.consume[0]
+    if head.status is not SegStatus.SEALED:
+        raise IllegalTransition("pop", f"head segment {head.seg} is {head.status.value}, not sealed")
+    if not facts.cursors and not retention:
+        raise IllegalTransition("pop", "no subscription has read it (and no retention applies)")
+    behind = sorted(sub for sub, c in facts.cursors.items() if c.seg <= head.seg)
+    if behind and not retention:
+        raise IllegalTransition("pop", f"subscriptions {behind} have not passed segment {head.seg}")
+    trimmed = max(state.trimmed_seq, head.last_seq if head.last_seq is not None else -1)
+    new = attrs.evolve(state, consume=state.consume[1:], trimmed_seq=trimmed)
+    # Retention may drop a segment a slow subscription still points at; the store moves such
+    # cursors to the new head in the same write, so only check cursors when not retaining.
+    return _checked(new, None if retention else facts.cursors)
+
+
+def bump_epoch(state: QueueState) -> QueueState:
+    """A new producer leader takes over: every lower epoch is fenced from now on."""
+    return _checked(attrs.evolve(state, producer_epoch=state.producer_epoch + 1))
+
+
+def remove_group(state: QueueState, gid: str) -> QueueState:
+    if gid not in state.groups:
+        raise IllegalTransition("remove_group", f"group {gid} does not serve queue {state.queue}")
+    if gid in state.send or state.has_backlog(gid):
+        raise IllegalTransition(
+            "remove_group", f"group {gid} is in the send list or still holds segments"
+        )
+    return _checked(attrs.evolve(state, groups=tuple(g for g in state.groups if g != gid)))

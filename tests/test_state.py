@@ -1,0 +1,243 @@
+"""Pure tests of the coordinator state machine: examples, properties, and proof that each
+invariant check fires when a transition is broken."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator import state as sm
+from coordinator.state import Cursor, Facts, QueueState, Segment, SegStatus
+from ordq.errors import IllegalTransition, InvariantViolation
+
+GROUPS = ("g1", "g2", "g3")
+ALL_LIVE = Facts(live_groups=frozenset(GROUPS))
+
+
+def started() -> QueueState:
+    return sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
+
+
+def test_admit_opens_segment_on_first_head() -> None:
+    s = sm.admit(sm.create("q", GROUPS), "g2", ALL_LIVE)
+    assert s.send == ("g2",)
+    assert s.consume == (Segment(seg=0, gid="g2", status=SegStatus.OPEN),)
+    assert s.next_seg == 1
+    s = sm.admit(s, "g1", ALL_LIVE)  # not head: no new segment
+    assert s.send == ("g2", "g1") and len(s.consume) == 1
+
+
+def test_admit_refuses_dead_member_backlog_and_duplicates() -> None:
+    q = sm.create("q", GROUPS)
+    with pytest.raises(IllegalTransition, match="not live"):
+        sm.admit(q, "g1", Facts(live_groups=frozenset({"g2"})))
+    with pytest.raises(IllegalTransition, match="does not serve"):
+        sm.admit(q, "gX", ALL_LIVE)
+    s = sm.admit(q, "g1", ALL_LIVE)
+    with pytest.raises(IllegalTransition, match="already in the send list"):
+        sm.admit(s, "g1", ALL_LIVE)
+    s = sm.fail_over(sm.admit(s, "g2", ALL_LIVE), "g1", 0, ALL_LIVE)
+    with pytest.raises(IllegalTransition, match="unconsumed"):
+        sm.admit(s, "g1", ALL_LIVE)
+
+
+def test_fail_over_seals_and_opens_on_next_head() -> None:
+    s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
+    assert s.send == ("g2", "g3")
+    assert [(x.seg, x.gid, x.status) for x in s.consume] == [
+        (0, "g1", SegStatus.SEALING),
+        (1, "g2", SegStatus.OPEN),
+    ]
+
+
+def test_fail_over_is_conditional_on_the_head_and_segment() -> None:
+    s = started()
+    with pytest.raises(IllegalTransition):
+        sm.fail_over(s, "g2", 0, ALL_LIVE)  # not the head
+    with pytest.raises(IllegalTransition):
+        sm.fail_over(s, "g1", 7, ALL_LIVE)  # not its open segment
+    moved = sm.fail_over(s, "g1", 0, ALL_LIVE)
+    with pytest.raises(IllegalTransition):
+        sm.fail_over(moved, "g1", 0, ALL_LIVE)  # a second party racing: must follow instead
+
+
+def test_fail_over_with_empty_send_list_admits_eligible_or_leaves_none_open() -> None:
+    s = sm.admit(sm.create("q", GROUPS), "g1", ALL_LIVE)
+    s = sm.fail_over(s, "g1", 0, Facts(live_groups=frozenset()))
+    assert s.send == () and s.open_segment is None
+    s2 = sm.admit(s, "g3", ALL_LIVE)
+    assert s2.open_segment == Segment(seg=1, gid="g3")
+    t = sm.admit(sm.create("q", GROUPS), "g1", ALL_LIVE)
+    t = sm.fail_over(t, "g1", 0, ALL_LIVE)  # g1 has backlog now: only g2, g3 admitted
+    assert t.send == ("g2", "g3") and t.open_segment == Segment(seg=1, gid="g2")
+
+
+def test_seal_and_pop_lifecycle() -> None:
+    s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
+    with pytest.raises(IllegalTransition):
+        sm.pop(s, Facts(cursors={"a": Cursor(seg=1)}))  # still sealing
+    s = sm.seal(s, 0, end=10, first_seq=0, last_seq=9)
+    with pytest.raises(IllegalTransition, match="sealed"):
+        sm.seal(s, 0, end=10, first_seq=0, last_seq=9)  # SEALED -> SEALED is not a move
+    with pytest.raises(IllegalTransition, match="have not passed"):
+        sm.pop(s, Facts(cursors={"a": Cursor(seg=1), "b": Cursor(seg=0, offset=10)}))
+    with pytest.raises(IllegalTransition, match="no subscription"):
+        sm.pop(s, Facts())
+    popped = sm.pop(s, Facts(cursors={"a": Cursor(seg=1), "b": Cursor(seg=1)}))
+    assert [x.seg for x in popped.consume] == [1] and popped.trimmed_seq == 9
+    assert popped.earliest_cursor() == Cursor(seg=1, offset=0, last_seq=9)
+    assert sm.admit(popped, "g1", ALL_LIVE).send == ("g2", "g3", "g1")
+    assert sm.pop(s, Facts(), retention=True).consume[0].seg == 1
+
+
+def test_seal_checks_its_arguments() -> None:
+    s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
+    with pytest.raises(IllegalTransition):
+        sm.seal(s, 0, end=3, first_seq=None, last_seq=None)
+    with pytest.raises(IllegalTransition):
+        sm.seal(s, 1, end=0, first_seq=None, last_seq=None)  # open, not sealing
+    assert sm.seal(s, 0, end=0, first_seq=None, last_seq=None).consume[0].end == 0
+
+
+def test_drain_non_head_and_head() -> None:
+    s = started()
+    assert sm.remove_from_send(s, "g3", ALL_LIVE).send == ("g1", "g2")
+    d = sm.remove_from_send(s, "g1", ALL_LIVE)
+    assert d.send == ("g2", "g3") and d.consume[0].status is SegStatus.SEALING
+
+
+def test_round_trip_dict() -> None:
+    s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 5, 0, 4)
+    assert QueueState.from_dict(s.to_dict()) == s
+
+
+# -- property: random sequences of transitions keep I1–I5 ---------------------------------------
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["admit", "admit_all", "fail_over", "fail_over_wrong", "seal", "pop", "retain",
+             "bump", "drain", "live", "move_cursor"]
+        ),
+        st.sampled_from(GROUPS + ("gX",)),
+        st.integers(min_value=0, max_value=20),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> None:
+    state = sm.create("q", GROUPS)
+    live = set(GROUPS)
+    cursors: dict[str, Cursor] = {"a": state.earliest_cursor(), "b": state.earliest_cursor()}
+    for op, gid, n in seq:
+        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
+        before = state
+        try:
+            if op == "admit":
+                state = sm.admit(state, gid, facts)
+            elif op == "admit_all":
+                state = sm.admit_all(state, facts)
+            elif op == "fail_over" and state.open_segment is not None:
+                state = sm.fail_over(state, state.open_segment.gid, state.open_segment.seg, facts)
+            elif op == "fail_over_wrong":
+                state = sm.fail_over(state, gid, n, facts)
+            elif op == "seal":
+                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
+                if sealing:
+                    target = sealing[n % len(sealing)]
+                    state = sm.seal(state, target.seg, n, 0 if n else None, n - 1 if n else None)
+                else:
+                    state = sm.seal(state, n, 0, None, None)
+            elif op in ("pop", "retain"):
+                state = sm.pop(state, facts, retention=(op == "retain"))
+                low = state.consume[0].seg if state.consume else state.next_seg
+                cursors = {k: c if c.seg >= low else Cursor(seg=low) for k, c in cursors.items()}
+            elif op == "bump":
+                state = sm.bump_epoch(state)
+            elif op == "drain":
+                state = sm.remove_from_send(state, gid, facts)
+            elif op == "live":
+                live ^= {gid}
+            elif op == "move_cursor":
+                sub = "a" if n % 2 else "b"
+                nxt = min(cursors[sub].seg + 1, state.next_seg)
+                cursors[sub] = Cursor(seg=nxt)
+        except IllegalTransition:
+            assert state is before  # a refused transition changes nothing
+        sm.check_invariants(state, cursors)
+        assert state.producer_epoch >= before.producer_epoch
+        assert state.next_seg >= before.next_seg
+
+
+# -- each invariant check fires when a transition is broken ------------------------------------
+
+
+def _segment_on_wrong_group(state: QueueState) -> QueueState:
+    head = state.send[-1]  # bug: the tail instead of the head
+    seg = Segment(seg=state.next_seg, gid=head)
+    return attrs.evolve(state, consume=state.consume + (seg,), next_seg=state.next_seg + 1)
+
+
+def _no_segment(state: QueueState) -> QueueState:
+    return state  # bug: forgets to open a segment
+
+
+def _reused_id(state: QueueState) -> QueueState:
+    seg = Segment(seg=0, gid=state.send[0])  # bug: restarts ids at 0
+    return attrs.evolve(state, consume=state.consume + (seg,))
+
+
+@pytest.mark.parametrize(
+    ("broken", "invariant"),
+    [(_segment_on_wrong_group, "I1"), (_no_segment, "I1"), (_reused_id, "I3")],
+)
+def test_broken_open_on_head_is_caught(monkeypatch: pytest.MonkeyPatch, broken, invariant) -> None:
+    s = started()  # built with the real transition
+    monkeypatch.setattr(sm, "_open_on_head", broken)
+    with pytest.raises(InvariantViolation) as err:
+        sm.fail_over(s, "g1", 0, ALL_LIVE)
+    assert err.value.invariant == invariant
+
+
+def test_broken_fail_over_that_keeps_segment_open_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bug: moved_to ignores the status change, so the old segment stays open (I2 / I1)
+    monkeypatch.setattr(Segment, "moved_to", lambda self, status, **kw: attrs.evolve(self, **kw))
+    with pytest.raises(InvariantViolation) as err:
+        sm.fail_over(started(), "g1", 0, ALL_LIVE)
+    assert err.value.invariant in ("I1", "I2")
+
+
+def test_sealed_without_end_is_caught() -> None:
+    s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
+    bad = attrs.evolve(s, consume=(attrs.evolve(s.consume[0], status=SegStatus.SEALED),) + s.consume[1:])
+    with pytest.raises(InvariantViolation) as err:
+        sm.check_invariants(bad)
+    assert err.value.invariant == "I2"
+
+
+def test_broken_eligibility_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(QueueState, "eligible", lambda self, gid, facts: True)
+    s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
+    with pytest.raises(InvariantViolation) as err:
+        sm.admit(s, "g1", ALL_LIVE)  # g1 still holds segment 0: backlog
+    assert err.value.invariant == "I4"
+    with pytest.raises(InvariantViolation) as err:
+        sm.admit(s, "g2", ALL_LIVE)  # already in the send list
+    assert err.value.invariant == "I4"
+
+
+def test_broken_pop_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 1, 0, 0)
+    # the real pop refuses; a pop that forgets the cursor check breaks I5
+    facts = Facts(cursors={"slow": Cursor(seg=0)})
+    with pytest.raises(IllegalTransition):
+        sm.pop(s, facts)
+    bad = attrs.evolve(s, consume=s.consume[1:])
+    with pytest.raises(InvariantViolation) as err:
+        sm.check_invariants(bad, facts.cursors)
+    assert err.value.invariant == "I5"
