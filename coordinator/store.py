@@ -1,0 +1,388 @@
+"""ZooKeeper store: loads queue state, applies pure transitions, writes them conditionally.
+
+Guarantee: every change of a queue's send and consume lists is one versioned write of its one
+``state`` znode (DESIGN §2), so concurrent writers never lose an update and a deposed writer
+cannot corrupt it: ``apply`` re-reads and re-applies on a version conflict. A transition that
+reads subscription cursors (``pop``) also checks their versions in the same transaction.
+
+Rules: this module is the only place that talks kazoo for ordq state; kazoo exceptions are
+translated to ``ordq.errors`` here, once. No policy lives here: decisions are in
+``coordinator.state``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+
+from coordinator import state as sm
+from coordinator.paths import ROLES, Paths, check_name
+from coordinator.state import Cursor, Facts, QueueState
+from ordq.errors import (
+    AlreadyExists,
+    ConfigError,
+    ConflictError,
+    CoordinationUnavailable,
+    GroupNotFound,
+    OrdqError,
+    QueueNotFound,
+    SubscriptionNotFound,
+    WaitTimeout,
+)
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+
+
+@attrs.frozen
+class LiveInfo:
+    """Content of a process's ephemeral liveness node."""
+
+    address: str
+    incarnation: str
+    pid: int
+
+
+@attrs.frozen
+class QueueConfig:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    retention_segments: int | None = None  # keep at most this many sealed segments (None: all)
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.max_message_bytes <= 64 << 20:
+            raise ConfigError(f"max_message_bytes must be 1..{64 << 20}, not {self.max_message_bytes}")
+        if self.retention_segments is not None and self.retention_segments < 1:
+            raise ConfigError("retention_segments must be >= 1")
+
+
+Transition = Callable[[QueueState, Facts], QueueState]
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> Any:
+    return json.loads(data.decode()) if data else {}
+
+
+@contextlib.contextmanager
+def zk_errors(hosts: str = "") -> Iterator[None]:
+    """Translate kazoo's connection errors to ordq's (the one place they enter)."""
+    try:
+        yield
+    except (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
+            KazooTimeoutError) as exc:
+        where = f" at {hosts}" if hosts else ""
+        raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
+
+
+class ZkStore:
+    """ordq's view of one cluster in ZooKeeper (under ``paths.root``)."""
+
+    def __init__(self, client: KazooClient, paths: Paths, *, owns_client: bool = False) -> None:
+        self.client = client
+        self.paths = paths
+        self._owns_client = owns_client
+        self._hosts = str(getattr(client, "hosts", ""))
+
+    @classmethod
+    def connect(cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0) -> ZkStore:
+        """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure."""
+        client = KazooClient(hosts=hosts, timeout=timeout_s)
+        try:
+            client.start(timeout=timeout_s)
+        except KazooTimeoutError as exc:
+            client.stop()
+            client.close()
+            raise CoordinationUnavailable(
+                f"cannot reach ZooKeeper at {hosts} within {timeout_s:g}s "
+                "(is it running? start one with: ordq zk start)"
+            ) from exc
+        return cls(client, Paths(root), owns_client=True)
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.stop()
+            self.client.close()
+
+    def __enter__(self) -> ZkStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return zk_errors(self._hosts)
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def add_group(self, gid: str, config: Mapping[str, Any] | None = None) -> None:
+        path = self.paths.group(gid)
+        with self._errors():
+            try:
+                self.client.create(path, _dumps(dict(config or {})), makepath=True)
+            except NodeExistsError as exc:
+                raise AlreadyExists(f"broker group {gid!r} already exists") from exc
+            self.client.ensure_path(self.paths.live(gid))
+
+    def list_groups(self) -> list[str]:
+        with self._errors():
+            try:
+                return sorted(self.client.get_children(self.paths.groups))
+            except NoNodeError:
+                return []
+
+    def get_group(self, gid: str) -> dict[str, Any]:
+        with self._errors():
+            try:
+                data, _ = self.client.get(self.paths.group(gid))
+            except NoNodeError as exc:
+                raise GroupNotFound(gid) from exc
+        return dict(_loads(data))
+
+    def remove_group(self, gid: str) -> None:
+        """Unregister a group; refused while a queue uses it or a process of it is live."""
+        for queue in self.list_queues():
+            st, _ = self.load_state(queue)
+            if gid in st.groups:
+                raise OrdqError(f"group {gid!r} still serves queue {queue!r}: remove it there first")
+        if self.live_members(gid):
+            raise OrdqError(f"group {gid!r} has live processes: stop them first")
+        with self._errors():
+            try:
+                self.client.delete(self.paths.group(gid), recursive=True)
+            except NoNodeError as exc:
+                raise GroupNotFound(gid) from exc
+
+    def register_live(self, gid: str, role: str, address: str, incarnation: str) -> None:
+        """Create this process's ephemeral liveness node (gone when its session ends)."""
+        self.get_group(gid)  # GroupNotFound for an unregistered group
+        data = _dumps({"address": address, "incarnation": incarnation, "pid": os.getpid()})
+        with self._errors():
+            try:
+                self.client.create(self.paths.live(gid, role), data, ephemeral=True, makepath=True)
+            except NodeExistsError as exc:
+                raise AlreadyExists(
+                    f"a {role} of group {gid!r} is already live (another process holds the role)"
+                ) from exc
+
+    def live_members(self, gid: str) -> dict[str, LiveInfo]:
+        out: dict[str, LiveInfo] = {}
+        with self._errors():
+            for role in ROLES:
+                try:
+                    data, _ = self.client.get(self.paths.live(gid, role))
+                except NoNodeError:
+                    continue
+                d = _loads(data)
+                out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"])
+        return out
+
+    def live_groups(self, gids: tuple[str, ...] | list[str]) -> frozenset[str]:
+        """The groups among ``gids`` whose master and slave are both live."""
+        return frozenset(g for g in gids if len(self.live_members(g)) == len(ROLES))
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def create_queue(
+        self, queue: str, groups: list[str] | None = None, config: QueueConfig | None = None
+    ) -> QueueState:
+        """Create a queue served by ``groups`` (default: every registered group) and admit
+        every eligible one, so it is writable at once when its groups are live."""
+        check_name("queue", queue)
+        gids = list(groups) if groups is not None else self.list_groups()
+        for gid in gids:
+            self.get_group(gid)
+        if not gids:
+            raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
+        cfg = config or QueueConfig()
+        initial = sm.create(queue, gids)
+        with self._errors():
+            self.client.ensure_path(self.paths.queues)
+            tx = self.client.transaction()
+            tx.create(self.paths.queue(queue), _dumps(attrs.asdict(cfg)))
+            tx.create(self.paths.state(queue), _dumps(initial.to_dict()))
+            tx.create(self.paths.subs(queue), b"")
+            results = tx.commit()
+        if any(isinstance(r, NodeExistsError) for r in results):
+            raise AlreadyExists(f"queue {queue!r} already exists")
+        _raise_first(results)
+        return self.apply(queue, lambda st, facts: sm.admit_all(st, facts))
+
+    def list_queues(self) -> list[str]:
+        with self._errors():
+            try:
+                return sorted(self.client.get_children(self.paths.queues))
+            except NoNodeError:
+                return []
+
+    def queue_config(self, queue: str) -> QueueConfig:
+        with self._errors():
+            try:
+                data, _ = self.client.get(self.paths.queue(queue))
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return QueueConfig(**_loads(data))
+
+    def delete_queue(self, queue: str) -> None:
+        with self._errors():
+            try:
+                self.client.delete(self.paths.queue(queue), recursive=True)
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+
+    def load_state(self, queue: str) -> tuple[QueueState, int]:
+        """The queue's state and the znode version to write it back against."""
+        with self._errors():
+            try:
+                data, stat = self.client.get(self.paths.state(queue))
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return QueueState.from_dict(_loads(data)), stat.version
+
+    def facts(self, st: QueueState, *, with_cursors: bool = True) -> tuple[Facts, dict[str, int]]:
+        """Liveness of the queue's groups and (optionally) cursors with their versions."""
+        cursors: dict[str, Cursor] = {}
+        versions: dict[str, int] = {}
+        if with_cursors:
+            for sub in self.list_subscriptions(st.queue):
+                try:
+                    cursors[sub], versions[sub] = self.get_cursor(st.queue, sub)
+                except SubscriptionNotFound:
+                    continue  # deleted meanwhile
+        return Facts(live_groups=self.live_groups(st.groups), cursors=cursors), versions
+
+    def apply(
+        self, queue: str, transition: Transition, *, max_attempts: int = 50
+    ) -> QueueState:
+        """Apply ``transition`` to the current state with a conditional write; on a version
+        conflict re-read and re-apply. ``IllegalTransition`` propagates (the caller decides:
+        e.g. a producer whose fail_over lost the race follows the new head)."""
+        for _ in range(max_attempts):
+            current, version = self.load_state(queue)
+            facts, cursor_versions = self.facts(current)
+            new = transition(current, facts)
+            if new == current:
+                return current
+            with self._errors():
+                tx = self.client.transaction()
+                for sub, v in cursor_versions.items():
+                    tx.check(self.paths.sub(queue, sub), v)
+                tx.set_data(self.paths.state(queue), _dumps(new.to_dict()), version=version)
+                results = tx.commit()
+            if not any(isinstance(r, Exception) for r in results):
+                return new
+            if not any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
+                _raise_first(results)
+            # lost a race (state or a cursor moved, or a subscription went): read again
+        raise ConflictError(f"queue {queue!r}: gave up after {max_attempts} conflicting writes")
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    def create_subscription(self, queue: str, sub: str, *, at: str | Cursor = "earliest") -> Cursor:
+        """Create ``sub`` at ``earliest`` (the oldest kept message) or at an explicit cursor.
+        (``latest`` needs the open segment's current end: the SDK resolves it to a Cursor.)"""
+        check_name("subscription", sub)
+        st, _ = self.load_state(queue)
+        if isinstance(at, Cursor):
+            cursor = at
+        elif at == "earliest":
+            cursor = st.earliest_cursor()
+        else:
+            raise ConfigError(f"subscription start must be 'earliest' or a cursor, not {at!r}")
+        sm.check_invariants(st, {sub: cursor})
+        with self._errors():
+            try:
+                self.client.create(self.paths.sub(queue, sub), _dumps(cursor.to_dict()))
+            except NodeExistsError as exc:
+                raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists") from exc
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return cursor
+
+    def list_subscriptions(self, queue: str) -> list[str]:
+        with self._errors():
+            try:
+                return sorted(self.client.get_children(self.paths.subs(queue)))
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+
+    def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]:
+        with self._errors():
+            try:
+                data, stat = self.client.get(self.paths.sub(queue, sub))
+            except NoNodeError as exc:
+                self.queue_config(queue)  # QueueNotFound first
+                raise SubscriptionNotFound(queue, sub) from exc
+        return Cursor.from_dict(_loads(data)), stat.version
+
+    def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int) -> int:
+        """Write the cursor if nobody else did since ``version``; return the new version.
+        ConflictError when it moved (another consumer or an admin reset took over)."""
+        with self._errors():
+            try:
+                stat = self.client.set(self.paths.sub(queue, sub), _dumps(cursor.to_dict()), version=version)
+            except BadVersionError as exc:
+                raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
+            except NoNodeError as exc:
+                raise SubscriptionNotFound(queue, sub) from exc
+        return int(stat.version)
+
+    def delete_subscription(self, queue: str, sub: str) -> None:
+        with self._errors():
+            try:
+                self.client.delete(self.paths.sub(queue, sub), recursive=True)
+            except NoNodeError as exc:
+                raise SubscriptionNotFound(queue, sub) from exc
+            except NotEmptyError as exc:  # pragma: no cover - recursive delete
+                raise OrdqError(str(exc)) from exc
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def wait_state(
+        self, queue: str, predicate: Callable[[QueueState], bool], *, timeout_s: float
+    ) -> QueueState:
+        """Block until the queue's state satisfies ``predicate`` (watch-driven)."""
+        changed = threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            changed.clear()
+            with self._errors():
+                try:
+                    data, _ = self.client.get(self.paths.state(queue), watch=lambda _e: changed.set())
+                except NoNodeError as exc:
+                    raise QueueNotFound(queue) from exc
+            st = QueueState.from_dict(_loads(data))
+            if predicate(st):
+                return st
+            left = deadline - time.monotonic()
+            if left <= 0 or not changed.wait(left):
+                raise WaitTimeout(
+                    f"queue {queue!r}: state did not reach the wanted condition in {timeout_s:g}s"
+                )
+
+
+def _raise_first(results: list[Any]) -> None:
+    for r in results:
+        if isinstance(r, KazooException):
+            raise OrdqError(f"ZooKeeper transaction failed: {type(r).__name__}") from r
