@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -43,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(env ORDQ_ROOT; default %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--zk-timeout", type=float, default=5.0, metavar="SECONDS",
+        help="how long to try to reach ZooKeeper before giving up (default %(default)s)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log library messages too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -59,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # kazoo logs every failed connection attempt; the CLI reports one clear line instead.
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.verbose:
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     try:
         return int(args.func(args) or 0)
     except OrdqError as exc:

@@ -31,3 +31,14 @@ def add_command(
     if func is not None:
         parser.set_defaults(func=func)
     return parser
+
+
+def open_store(args: argparse.Namespace) -> Any:
+    """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down)."""
+    from coordinator.store import ZkStore
+
+    return ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)))
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
