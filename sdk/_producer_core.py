@@ -1,0 +1,183 @@
+"""Producer bookkeeping without I/O: seq assignment, batching, in-flight window, resend.
+
+Rules:
+- Owns the order: seqs are assigned here, gap-free and strictly increasing by 1 in ``add``
+  order; batches are cut in that order and handed out (``take_ready``) in that order.
+- Never touches sockets, ZooKeeper, threads or the clock: time comes in as ``now_s``.
+- A batch leaves the window only when its ack arrives, in order. After a failover every
+  unacked batch is handed out again (``rewind``) with the same seqs and the same bytes, so the
+  new segment receives exactly the unacked suffix in order and consumers drop duplicates by seq.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import attrs
+
+from broker_group.log import Message, encode_batch
+from ordq.errors import ConfigError
+
+
+@attrs.frozen(kw_only=True)
+class BatchingConfig:
+    """How messages are grouped on the wire and how much may be unacked at once."""
+
+    linger_ms: float = 2.0  # wait at most this long to fill a batch
+    max_batch_messages: int = 256
+    max_batch_bytes: int = 1 << 20
+    max_inflight_bytes: int = 32 << 20  # send() blocks beyond this many unacked bytes
+
+    def __attrs_post_init__(self) -> None:
+        if self.linger_ms < 0:
+            raise ConfigError("linger_ms must be >= 0")
+        if self.max_batch_messages < 1 or self.max_batch_bytes < 1:
+            raise ConfigError("max_batch_messages and max_batch_bytes must be >= 1")
+        if self.max_inflight_bytes < self.max_batch_bytes:
+            raise ConfigError("max_inflight_bytes must be >= max_batch_bytes")
+
+
+@attrs.define(eq=False)
+class PendingBatch:
+    """A cut batch: its seq range, its encoded bytes, and per-message completion tokens."""
+
+    first_seq: int
+    messages: list[Message]
+    tokens: list[object]  # opaque per-message handles (futures) resolved on ack
+    epoch: int
+    encoded: bytes = b""
+    sent: bool = False  # handed out since the last rewind
+
+    @property
+    def count(self) -> int:
+        return len(self.messages)
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.messages) - 1
+
+    @property
+    def size(self) -> int:
+        return len(self.encoded)
+
+
+@attrs.define
+class ProducerCore:
+    config: BatchingConfig
+    epoch: int
+    next_seq: int
+    encode: Callable[..., bytes] = encode_batch
+    _open: list[Message] = attrs.field(factory=list)
+    _open_tokens: list[object] = attrs.field(factory=list)
+    _open_bytes: int = 0
+    _open_since: float | None = None
+    _window: deque[PendingBatch] = attrs.field(factory=deque)  # cut, not yet acked, in seq order
+    _inflight_bytes: int = 0
+
+    # -- adding ------------------------------------------------------------------------------
+
+    def add(self, message: Message, token: object, now_s: float) -> int:
+        """Assign the next seq to ``message`` and put it in the open batch; return the seq."""
+        seq = self.next_seq + len(self._open)
+        approx = len(message.payload) + len(message.key or b"") + 32
+        if self._open and (
+            len(self._open) >= self.config.max_batch_messages
+            or self._open_bytes + approx > self.config.max_batch_bytes
+        ):
+            self._cut()
+            seq = self.next_seq
+        if not self._open:
+            self._open_since = now_s
+        self._open.append(message)
+        self._open_tokens.append(token)
+        self._open_bytes += approx
+        return seq
+
+    def _cut(self) -> None:
+        if not self._open:
+            return
+        batch = PendingBatch(
+            first_seq=self.next_seq, messages=self._open, tokens=self._open_tokens, epoch=self.epoch
+        )
+        batch.encoded = self.encode(batch.messages, epoch=self.epoch, first_seq=batch.first_seq)
+        self.next_seq += batch.count
+        self._window.append(batch)
+        self._inflight_bytes += batch.size
+        self._open, self._open_tokens, self._open_bytes, self._open_since = [], [], 0, None
+
+    def flush(self) -> None:
+        """Cut the open batch now (close, flush())."""
+        self._cut()
+
+    # -- handing out and acking --------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When the open batch must be cut (linger), or None when nothing is open."""
+        if self._open_since is None:
+            return None
+        return self._open_since + self.config.linger_ms / 1000.0
+
+    def take_ready(self, now_s: float) -> list[PendingBatch]:
+        """Batches to send now, in seq order: every cut batch not sent since the last rewind,
+        after cutting the open batch if its linger expired or it is full."""
+        deadline = self.next_deadline()
+        if deadline is not None and now_s >= deadline:
+            self._cut()
+        out = [b for b in self._window if not b.sent]
+        for b in out:
+            b.sent = True
+        return out
+
+    def on_ack(self, first_seq: int, last_seq: int) -> list[PendingBatch]:
+        """An ack for the seq range ``first_seq..last_seq``: pop and return the acked batches.
+
+        Acks arrive in order; an ack that does not match the window head is a protocol error
+        (raised as ValueError: the caller treats it as a broken stream and fails over)."""
+        if not self._window or self._window[0].first_seq != first_seq:
+            head = self._window[0].first_seq if self._window else None
+            raise ValueError(f"ack for seq {first_seq} but the oldest unacked batch starts at {head}")
+        done: list[PendingBatch] = []
+        while self._window and self._window[0].last_seq <= last_seq:
+            b = self._window.popleft()
+            self._inflight_bytes -= b.size
+            done.append(b)
+        if not done or done[-1].last_seq != last_seq:
+            raise ValueError(f"ack for seqs {first_seq}..{last_seq} does not end on a batch boundary")
+        return done
+
+    def rewind(self) -> None:
+        """After a failover: every unacked batch is to be sent again (same seqs, same bytes)."""
+        for b in self._window:
+            b.sent = False
+
+    def reset(self, epoch: int, next_seq: int) -> None:
+        """A new epoch (takeover) with nothing pending: re-encode nothing, start at next_seq."""
+        if self._window or self._open:
+            raise ValueError("reset with messages pending")
+        self.epoch, self.next_seq = epoch, next_seq
+
+    # -- introspection -----------------------------------------------------------------------
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self._inflight_bytes
+
+    def window_full(self) -> bool:
+        return self._inflight_bytes >= self.config.max_inflight_bytes
+
+    @property
+    def unacked(self) -> list[PendingBatch]:
+        return list(self._window)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def drop_all(self) -> list[object]:
+        """Give up (fenced or closed): return every token still pending, in seq order."""
+        tokens = [t for b in self._window for t in b.tokens] + list(self._open_tokens)
+        self._window.clear()
+        self._open, self._open_tokens, self._open_bytes, self._open_since = [], [], 0, None
+        self._inflight_bytes = 0
+        return tokens
