@@ -241,3 +241,26 @@ def test_broken_pop_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvariantViolation) as err:
         sm.check_invariants(bad, facts.cursors)
     assert err.value.invariant == "I5"
+
+
+# -- coordinator duties ------------------------------------------------------------------------
+
+
+def test_duties_plan() -> None:
+    from coordinator.duties import Action, Kind, plan
+
+    s = started()
+    assert plan(s, ALL_LIVE) == []
+    g1_down = Facts(live_groups=frozenset({"g2", "g3"}))
+    assert plan(s, g1_down) == [Action(Kind.FAIL_OVER, gid="g1", seg=0)]
+    s = sm.fail_over(s, "g1", 0, g1_down)
+    assert plan(s, g1_down) == [Action(Kind.SEAL, gid="g1", seg=0)]
+    s = sm.seal(s, 0, 2, 0, 1)
+    behind = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=0)})
+    assert plan(s, behind) == []
+    assert plan(s, behind, retention_segments=1) == []
+    assert plan(s, behind, retention_segments=0) == [Action(Kind.RETAIN, gid="g1", seg=0)]
+    past = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1)})
+    assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
+    s = sm.pop(s, past)
+    assert plan(s, past) == [Action(Kind.ADMIT, gid="g1")]
