@@ -1,0 +1,189 @@
+"""The coordinator daemon: HA (one elected among several), never needed for correctness.
+
+Guarantee: every change it makes is a conditional transition through ``ZkStore.apply`` (or a
+Seal run, which ends in one), planned by the pure ``coordinator.duties.plan``; a daemon that
+lost leadership or acted on a stale view only loses a CAS. Producers and consumers fail over,
+seal and pop on their own; the daemon makes it faster (it reacts to a liveness node vanishing
+within one watch event) and keeps lists tidy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import attrs
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionClosedError
+from kazoo.recipe.election import Election
+
+from coordinator import state as sm
+from coordinator.duties import Action, Kind, plan
+from coordinator.store import ZkStore
+from ordq.errors import IllegalTransition, OrdqError
+
+log = logging.getLogger("ordq.coordinator")
+
+# Seal runner: (queue, seg) -> None; raises OrdqError when no replica answers.
+Sealer = Callable[[str, int], None]
+
+
+@attrs.define
+class DaemonStats:
+    rounds: int = 0
+    actions: dict[str, int] = attrs.field(factory=dict)
+    errors: int = 0
+    is_leader: bool = False
+    queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+
+
+class CoordinatorDaemon:
+    """Run ``run()`` in a thread or process; ``stop()`` ends it."""
+
+    def __init__(
+        self,
+        store: ZkStore,
+        *,
+        sealer: Sealer | None = None,
+        interval_s: float = 0.5,
+        identifier: str = "",
+    ) -> None:
+        self.store = store
+        self.sealer = sealer
+        self.interval_s = interval_s
+        self.identifier = identifier
+        self.stats = DaemonStats()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+
+    # -- leadership ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Wait to be elected, then do duties until stopped or leadership is lost."""
+        client: KazooClient = self.store.client
+        election = Election(client, self.store.paths.coordinator_leader, self.identifier)
+        # kazoo raises ConnectionClosedError in the election thread when stopped while leading
+        with contextlib.suppress(ConnectionClosedError):
+            election.run(self._lead)
+
+    def _lead(self) -> None:
+        self.stats.is_leader = True
+        log.info("coordinator %s elected", self.identifier)
+        try:
+            while not self._stop.is_set():
+                self.round()
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
+        finally:
+            self.stats.is_leader = False
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _watch_liveness(self, gids: list[str]) -> None:
+        """Wake the loop as soon as any group's liveness changes (a process died)."""
+        for gid in gids:
+            try:
+                self.store.client.get_children(self.store.paths.live(gid), watch=lambda _e: self._wake.set())
+            except Exception:  # noqa: BLE001 - a missing group is planned around next round
+                log.debug("cannot watch liveness of %s", gid)
+
+    # -- one round --------------------------------------------------------------------------
+
+    def round(self) -> None:
+        self.stats.rounds += 1
+        try:
+            queues = self.store.list_queues()
+            self._watch_liveness(self.store.list_groups())
+        except OrdqError:
+            self.stats.errors += 1
+            return
+        for queue in queues:
+            try:
+                self._queue_round(queue)
+            except OrdqError as exc:
+                self.stats.errors += 1
+                log.warning("queue %s: %s", queue, exc)
+
+    def _queue_round(self, queue: str) -> None:
+        st, _ = self.store.load_state(queue)
+        facts, _ = self.store.facts(st)
+        cfg = self.store.queue_config(queue)
+        self.stats.queues[queue] = {
+            "send": list(st.send),
+            "segments": len(st.consume),
+            "epoch": st.producer_epoch,
+            "live_groups": sorted(facts.live_groups),
+        }
+        for action in plan(st, facts, retention_segments=cfg.retention_segments):
+            try:
+                self._do(queue, action)
+            except IllegalTransition:
+                continue  # someone else acted first: re-planned next round
+            self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
+
+    def _do(self, queue: str, action: Action) -> None:
+        log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)
+        if action.kind is Kind.FAIL_OVER:
+            assert action.gid is not None and action.seg is not None
+            gid, seg = action.gid, action.seg
+            self.store.apply(queue, lambda s, f: sm.fail_over(s, gid, seg, f))
+        elif action.kind is Kind.ADMIT:
+            assert action.gid is not None
+            gid = action.gid
+            self.store.apply(queue, lambda s, f: sm.admit(s, gid, f))
+        elif action.kind is Kind.POP:
+            self.store.apply(queue, sm.pop)
+        elif action.kind is Kind.RETAIN:
+            self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True))
+        elif action.kind is Kind.SEAL and self.sealer is not None:
+            assert action.seg is not None
+            self.sealer(queue, action.seg)
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition of the daemon's view."""
+        lines = [
+            "# TYPE ordq_coordinator_leader gauge",
+            f"ordq_coordinator_leader {int(self.stats.is_leader)}",
+            "# TYPE ordq_coordinator_rounds_total counter",
+            f"ordq_coordinator_rounds_total {self.stats.rounds}",
+            "# TYPE ordq_coordinator_errors_total counter",
+            f"ordq_coordinator_errors_total {self.stats.errors}",
+            "# TYPE ordq_coordinator_actions_total counter",
+        ]
+        for kind, count in sorted(self.stats.actions.items()):
+            lines.append(f'ordq_coordinator_actions_total{{kind="{kind}"}} {count}')
+        lines += ["# TYPE ordq_queue_send_groups gauge", "# TYPE ordq_queue_segments gauge"]
+        for q, d in sorted(self.stats.queues.items()):
+            lines.append(f'ordq_queue_send_groups{{queue="{q}"}} {len(d["send"])}')
+            lines.append(f'ordq_queue_segments{{queue="{q}"}} {d["segments"]}')
+            lines.append(f'ordq_queue_producer_epoch{{queue="{q}"}} {d["epoch"]}')
+        return "\n".join(lines) + "\n"
+
+    def serve_metrics(self, host: str, port: int) -> ThreadingHTTPServer:
+        """Serve /metrics on (host, port) in a daemon thread; returns the server (port 0 ok)."""
+        daemon = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                body = daemon.metrics_text().encode()
+                self.send_response(200 if self.path.startswith("/metrics") else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
+        return server
+

@@ -1,0 +1,66 @@
+"""ordq coordinator run: the HA coordinator daemon (several may run; one is elected)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from ordq.commands import add_command, open_store
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "coordinator", help="run the coordinator daemon")
+    sub = parser.add_subparsers(dest="coordinator_command", metavar="ACTION")
+    sub.required = True
+    run = add_command(
+        sub, "run", func=cmd_run,
+        help="run a coordinator daemon until SIGTERM/SIGINT (start several for HA)",
+    )
+    run.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                     help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any)")
+    run.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                     help="duty round period when nothing wakes it (default %(default)s)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from coordinator.daemon import CoordinatorDaemon
+
+    store = open_store(args)
+    ident = f"{socket.gethostname()}-{os.getpid()}"
+    daemon = CoordinatorDaemon(store, interval_s=args.interval, identifier=ident,
+                               sealer=_sealer(store))
+    if args.metrics:
+        host, _, port = args.metrics.rpartition(":")
+        server = daemon.serve_metrics(host or "127.0.0.1", int(port))
+        bound_host, bound_port = server.server_address[:2]
+        print(f"METRICS http://{bound_host!s}:{bound_port}/metrics", flush=True)
+    stop = threading.Event()
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        stop.set()
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"READY coordinator {ident}", flush=True)
+    worker = threading.Thread(target=daemon.run, name="coordinator", daemon=True)
+    worker.start()
+    stop.wait()
+    store.close()
+    worker.join(timeout=5)
+    print("coordinator stopped", file=sys.stderr)
+    return 0
+
+
+def _sealer(store: Any) -> Any:
+    """The Seal protocol runner, when the broker client is available."""
+    try:
+        from coordinator.seal import make_sealer
+    except ImportError:
+        return None
+    return make_sealer(store)

@@ -1,0 +1,1 @@
+"""Small programs the tests run as separate processes (so they can be killed for real)."""
