@@ -35,7 +35,8 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
             members = {}
             for g in ("g1", "g2", "g3"):
                 store.add_group(g)
-                p = spawn("-m", "tests.helpers.live_member", hosts, zk_root, "1.0", f"{g}:master", f"{g}:slave")
+                p = spawn("-m", "tests.helpers.live_member", hosts, zk_root, "1.0",
+                          f"{g}:master", f"{g}:slave")
                 procs.append(p)
                 assert p.stdout is not None and p.stdout.readline().strip() == "READY"
                 members[g] = p
