@@ -264,3 +264,22 @@ def test_duties_plan() -> None:
     assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
     s = sm.pop(s, past)
     assert plan(s, past) == [Action(Kind.ADMIT, gid="g1")]
+
+
+# -- seal decision -----------------------------------------------------------------------------
+
+
+def test_seal_decision() -> None:
+    from coordinator.seal import ReplicaEnd, SealPlan, decide
+    from ordq.errors import BrokerUnavailable
+
+    m = ReplicaEnd(end=12, first_seq=100, last_seq=111)
+    s = ReplicaEnd(end=10, first_seq=100, last_seq=109)
+    assert decide({"master": m, "slave": s}) == SealPlan(12, 100, 111, copy_to="slave", copy_from="master")
+    assert decide({"master": s, "slave": m}) == SealPlan(12, 100, 111, copy_to="master", copy_from="slave")
+    assert decide({"master": None, "slave": s}) == SealPlan(10, 100, 109)
+    assert decide({"master": m, "slave": m}) == SealPlan(12, 100, 111)
+    empty = ReplicaEnd(end=0, first_seq=None, last_seq=None)
+    assert decide({"master": empty, "slave": None}) == SealPlan(0, None, None)
+    with pytest.raises(BrokerUnavailable):
+        decide({"master": None, "slave": None})

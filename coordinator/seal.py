@@ -1,0 +1,115 @@
+"""The Seal protocol (DESIGN §5): decide a ``sealing`` segment's end from its replicas.
+
+Guarantee: an acked batch is on both replicas, so it is in whichever replica answers; the end
+chosen is the longest answering replica's durable end, so nothing acked is cut off. Entries
+past the last ack were never acked: the producer resends them with the same seqs to the next
+segment and consumers drop the duplicates by seq. Any party may run it; it is idempotent
+(a second run finds the replicas already sealed and the CAS already done).
+
+Rules: ``decide`` is pure; ``run_seal`` does the I/O through a ``SealTransport``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import attrs
+
+from coordinator import state as sm
+from coordinator.state import SegStatus
+from coordinator.store import ZkStore
+from ordq.errors import BrokerUnavailable, IllegalTransition, OrdqError
+
+
+@attrs.frozen
+class ReplicaEnd:
+    """What a replica reports for one segment after Seal or Fence."""
+
+    end: int  # durable message count
+    first_seq: int | None
+    last_seq: int | None
+
+
+@attrs.frozen
+class SealPlan:
+    end: int
+    first_seq: int | None
+    last_seq: int | None
+    copy_to: str | None = None  # role of the shorter replica, to copy [its end, end)
+    copy_from: str | None = None
+
+
+def decide(replies: Mapping[str, ReplicaEnd | None]) -> SealPlan:
+    """From the replicas' answers (role -> end, None when it did not answer) to the plan."""
+    answered = {role: r for role, r in replies.items() if r is not None}
+    if not answered:
+        raise BrokerUnavailable("all replicas", "no replica of the segment answered Seal")
+    longest_role = max(sorted(answered), key=lambda role: answered[role].end)
+    longest = answered[longest_role]
+    first_seq = next((r.first_seq for r in answered.values() if r.first_seq is not None), None)
+    plan = SealPlan(end=longest.end, first_seq=first_seq if longest.end else None,
+                    last_seq=longest.last_seq if longest.end else None)
+    shorter = [role for role, r in answered.items() if r.end < longest.end]
+    if shorter:
+        plan = attrs.evolve(plan, copy_to=shorter[0], copy_from=longest_role)
+    return plan
+
+
+class SealTransport(Protocol):
+    """What the Seal protocol needs from brokers (implemented over gRPC in broker_group)."""
+
+    def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd: ...
+
+    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd: ...
+
+
+def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> sm.QueueState:
+    """Seal ``seg`` of ``queue`` if it is ``sealing`` and return the resulting state.
+
+    Raises BrokerUnavailable when no replica answers (consumers wait at that segment;
+    producers are not blocked)."""
+    st, _ = store.load_state(queue)
+    target = st.segment(seg)
+    if target is None or target.status is SegStatus.SEALED:
+        return st
+    if target.status is not SegStatus.SEALING:
+        raise IllegalTransition("seal", f"segment {seg} of {queue} is {target.status.value}")
+    members = store.live_members(target.gid)
+    replies: dict[str, ReplicaEnd | None] = {}
+    for role in ("master", "slave"):
+        info = members.get(role)
+        try:
+            replies[role] = transport.seal(info.address, queue, seg) if info else None
+        except OrdqError:
+            replies[role] = None
+    plan = decide(replies)
+    if plan.copy_to is not None and plan.copy_from is not None:
+        to, frm = members[plan.copy_to], members[plan.copy_from]
+        # Best effort: a replica that cannot copy now reconciles before serving on restart.
+        try:
+            transport.copy_from_peer(to.address, queue, seg, frm.address, plan.end)
+        except OrdqError:
+            pass
+    try:
+        return store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq))
+    except IllegalTransition:
+        st, _ = store.load_state(queue)  # sealed by someone else meanwhile: idempotent
+        done = st.segment(seg)
+        if done is None or done.status is SegStatus.SEALED:
+            return st
+        raise
+
+
+def make_sealer(store: ZkStore) -> Callable[[str, int], None] | None:
+    """A (queue, seg) -> None runner over the gRPC transport, or None if it is unavailable."""
+    try:
+        from broker_group.client import GrpcSealTransport
+    except ImportError:
+        return None
+    transport = GrpcSealTransport()
+
+    def sealer(queue: str, seg: int) -> None:
+        run_seal(store, transport, queue, seg)
+
+    return sealer
