@@ -251,11 +251,12 @@ class ZkStore:
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
 
-    def load_state(self, queue: str) -> tuple[QueueState, int]:
-        """The queue's state and the znode version to write it back against."""
+    def load_state(self, queue: str, *, watch: Callable[[Any], None] | None = None) -> tuple[QueueState, int]:
+        """The queue's state and the znode version to write it back against; ``watch`` is
+        called once on the next change (pass the same callable each time: kazoo keeps a set)."""
         with self._errors():
             try:
-                data, stat = self.client.get(self.paths.state(queue))
+                data, stat = self.client.get(self.paths.state(queue), watch=watch)
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueState.from_dict(_loads(data)), stat.version

@@ -48,6 +48,7 @@ class PendingBatch:
     epoch: int
     encoded: bytes = b""
     sent: bool = False  # handed out since the last rewind
+    sent_at: float = 0.0  # when it was last handed out (take_ready's now_s)
 
     @property
     def count(self) -> int:
@@ -127,7 +128,14 @@ class ProducerCore:
         out = [b for b in self._window if not b.sent]
         for b in out:
             b.sent = True
+            b.sent_at = now_s
         return out
+
+    def oldest_sent_at(self) -> float | None:
+        """When the oldest unacked batch was handed out (for the ack deadline)."""
+        for b in self._window:
+            return b.sent_at if b.sent else None
+        return None
 
     def on_ack(self, first_seq: int, last_seq: int) -> list[PendingBatch]:
         """An ack for the seq range ``first_seq..last_seq``: pop and return the acked batches.

@@ -12,6 +12,7 @@ import socket
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 import attrs
 
@@ -46,7 +47,7 @@ class AuditWriter:
     _n: int = 0
     _rows_in_file: int = 0
     _pending: list[str] = attrs.field(factory=list)
-    _file: object = None
+    _file: TextIO | None = None
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def __attrs_post_init__(self) -> None:

@@ -1,0 +1,384 @@
+"""Ordered consumer: one elected consumer per (queue, subscription) reads the cursor's
+segment, delivers each seq once and in order, and moves on segment by segment.
+
+Guarantee: messages are handed to the application in seq order, each seq once per consumer
+instance; a missing seq raises ``GapDetected`` (never skipped). The cursor is committed with a
+conditional write every N messages / T ms and on close, so a standby that takes over after a
+crash redelivers, in order, exactly what came after the last commit (at-least-once across a
+consumer crash; ``Delivered.seq`` makes it effectively-once for an application that records it).
+
+Reading: the master of the segment's group, or its slave when the master is down. At the end
+of a ``sealing`` segment the consumer runs the Seal protocol itself; at the end of a sealed
+one it advances its cursor to the next segment and tries ``pop``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+from kazoo.client import KazooClient
+
+from broker_group.log import decode_batch
+from coordinator import state as sm
+from coordinator.paths import Paths
+from coordinator.seal import run_seal
+from coordinator.state import Cursor, QueueState, Segment, SegStatus
+from coordinator.store import ZkStore
+from ordq.errors import (
+    AlreadyExists,
+    BrokerUnavailable,
+    ClosedError,
+    ConfigError,
+    CoordinationUnavailable,
+    IllegalTransition,
+    OrdqError,
+    SubscriptionNotFound,
+    WaitTimeout,
+)
+from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
+from sdk.audit import AuditWriter, new_writer_id
+from sdk.transport import BrokerTransport, FetchResult
+
+log = logging.getLogger("ordq.consumer")
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerConfig:
+    zk_hosts: str
+    queue: str
+    subscription: str
+    root: str = "/ordq"
+    start: str = "earliest"  # where a new subscription starts: earliest | latest
+    commit: CommitConfig = CommitConfig()
+    fetch_max_bytes: int = 4 << 20
+    fetch_wait_ms: int = 200  # long-poll when nothing is readable
+    leader_timeout_s: float | None = None
+    zk_session_timeout_s: float = 2.0
+    audit_dir: Path | None = None
+    consumer_id: str = attrs.field(factory=new_writer_id)
+
+    def __attrs_post_init__(self) -> None:
+        if self.start not in ("earliest", "latest"):
+            raise ConfigError(f"start must be 'earliest' or 'latest', not {self.start!r}")
+        if self.fetch_max_bytes < 1024 or self.fetch_wait_ms < 0:
+            raise ConfigError("fetch_max_bytes must be >= 1024 and fetch_wait_ms >= 0")
+
+
+@attrs.frozen
+class Delivered:
+    seq: int
+    seg: int
+    offset: int
+    payload: bytes
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_us: int
+
+
+@attrs.define
+class ConsumerStats:
+    delivered: int = 0
+    duplicates_dropped: int = 0
+    commits: int = 0
+    segments_done: int = 0
+    seals_run: int = 0
+    seg: int = 0
+    offset: int = 0
+    last_seq: int = -1
+
+
+class Consumer:
+    """Iterate it (``for m in consumer``) or call ``poll()``; close() commits the cursor."""
+
+    def __init__(self, config: ConsumerConfig, *, transport: BrokerTransport | None = None) -> None:
+        self.config = config
+        self._transport = transport
+        self._client: KazooClient | None = None
+        self._store: ZkStore | None = None
+        self._lease: Any = None
+        self._closed = False
+        self._cursor = Cursor(seg=0)
+        self._cursor_version = -1
+        self._filter = DeliveryFilter(config.queue, last_seq=-1)
+        self._policy = CommitPolicy(config.commit)
+        self._stats = ConsumerStats()
+        self._state: QueueState | None = None
+        self._state_changed = threading.Event()
+        self._audit = (
+            AuditWriter(config.audit_dir, "deliveries", writer_id=config.consumer_id) if config.audit_dir else None
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        cfg = self.config
+        if self._transport is None:
+            from sdk._grpc_transport import GrpcTransport
+
+            self._transport = GrpcTransport()
+        self._client = KazooClient(hosts=cfg.zk_hosts, timeout=cfg.zk_session_timeout_s)
+        try:
+            self._client.start(timeout=10)
+        except Exception as exc:
+            raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
+        paths = Paths(cfg.root)
+        self._store = ZkStore(self._client, paths)
+        self._ensure_subscription()
+        self._lease = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
+        if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
+            self._shutdown()
+            raise WaitTimeout(
+                f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
+            )
+        self._cursor, self._cursor_version = self._store.get_cursor(cfg.queue, cfg.subscription)
+        self._filter = DeliveryFilter(cfg.queue, last_seq=self._cursor.last_seq)
+        self._policy.committed(time.monotonic())
+        self._refresh_state()
+
+    def _ensure_subscription(self) -> None:
+        store, cfg = self._require_store(), self.config
+        try:
+            store.get_cursor(cfg.queue, cfg.subscription)
+            return
+        except SubscriptionNotFound:
+            pass
+        at: str | Cursor = "earliest"
+        if cfg.start == "latest":
+            at = self._latest_cursor()
+        try:
+            store.create_subscription(cfg.queue, cfg.subscription, at=at)
+        except AlreadyExists:
+            pass  # another consumer of the subscription created it first
+
+    def _latest_cursor(self) -> Cursor:
+        """After the last readable message (the open segment's readable end)."""
+        store = self._require_store()
+        st, _ = store.load_state(self.config.queue)
+        seg = st.open_segment or (st.consume[-1] if st.consume else None)
+        if seg is None:
+            return Cursor(seg=st.next_seg, offset=0, last_seq=st.trimmed_seq)
+        if seg.status is SegStatus.SEALED:
+            return Cursor(seg=seg.seg + 1, offset=0, last_seq=seg.last_seq if seg.last_seq is not None else -1)
+        probe = self._fetch(seg, 0, max_wait_ms=0, max_bytes=1)
+        if probe is None:
+            raise BrokerUnavailable(f"group {seg.gid}", "no replica answers to find the latest position")
+        end = probe.readable_end
+        if end == 0:
+            return Cursor(seg=seg.seg, offset=0, last_seq=self._last_seq_before(st, seg.seg))
+        tail = self._fetch(seg, end - 1, max_wait_ms=0, max_bytes=1)
+        header = decode_batch(tail.batches[-1])[0] if tail and tail.batches else None
+        if header is None:
+            raise BrokerUnavailable(f"group {seg.gid}", "cannot read the last message")
+        return Cursor(seg=seg.seg, offset=end, last_seq=header.first_seq + (end - 1 - header.first_offset))
+
+    @staticmethod
+    def _last_seq_before(st: QueueState, seg: int) -> int:
+        last = st.trimmed_seq
+        for s in st.consume:
+            if s.seg < seg and s.last_seq is not None:
+                last = max(last, s.last_seq)
+        return last
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._store is not None and self._lease is not None and self._policy_pending():
+                self.commit()
+        finally:
+            if self._audit is not None:
+                self._audit.close()
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._lease is not None:
+            try:
+                self._lease.release()
+            except Exception:  # noqa: BLE001 - session gone: the lock node goes with it
+                pass
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _policy_pending(self) -> bool:
+        return self._stats.delivered > 0 or self._cursor_version >= 0
+
+    def statistics(self) -> ConsumerStats:
+        return attrs.evolve(
+            self._stats, seg=self._cursor.seg, offset=self._cursor.offset, last_seq=self._filter.last_seq,
+            duplicates_dropped=self._filter.duplicates_dropped,
+        )
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Delivered]:
+        while not self._closed:
+            yield from self.poll()
+
+    def poll(self, timeout_s: float | None = None) -> list[Delivered]:
+        """One read round: the messages delivered now (maybe none after a long-poll)."""
+        if self._closed:
+            raise ClosedError("consumer is closed")
+        out = self._read_round(timeout_s)
+        now = time.monotonic()
+        if out:
+            self._policy.delivered(len(out))
+        if self._policy.due(now):
+            self.commit()
+        return out
+
+    def commit(self) -> None:
+        """Write the cursor (position after the last delivered message) conditionally.
+        ConflictError: someone else moved it (an admin reset, or another consumer took over)."""
+        store = self._require_store()
+        cur = attrs.evolve(self._cursor, last_seq=self._filter.last_seq)
+        self._cursor_version = store.commit_cursor(self.config.queue, self.config.subscription, cur,
+                                                   self._cursor_version)
+        self._cursor = cur
+        self._policy.committed(time.monotonic())
+        self._stats.commits += 1
+
+    def _read_round(self, timeout_s: float | None) -> list[Delivered]:
+        st = self._current_state()
+        cur = self._cursor
+        segment = st.segment(cur.seg)
+        wait_ms = self.config.fetch_wait_ms if timeout_s is None else int(timeout_s * 1000)
+        if segment is None:
+            head = st.consume[0].seg if st.consume else st.next_seg
+            if cur.seg < head:
+                # Dropped by an operator's retention before we read it: resume at the head and
+                # let the seq filter raise GapDetected if any seq is really missing.
+                self._cursor = Cursor(seg=head, offset=0, last_seq=self._filter.last_seq)
+                return []
+            self._wait_state_change(wait_ms)  # the next segment does not exist yet
+            return []
+        if segment.status is SegStatus.SEALED and cur.offset >= (segment.end or 0):
+            self._advance(segment)
+            return []
+        res = self._fetch(segment, cur.offset, max_wait_ms=wait_ms)
+        if res is None:
+            return []
+        delivered = self._deliver(segment, res.batches)
+        if not res.batches:
+            if segment.status is SegStatus.SEALING:
+                self._seal(segment)  # at its readable end: decide the end ourselves
+            elif res.sealed:
+                self._refresh_state()  # the replica knows more than our cached state
+        return delivered
+
+    def _deliver(self, segment: Segment, batches: list[bytes]) -> list[Delivered]:
+        cur = self._cursor
+        out: list[Delivered] = []
+        offset = cur.offset
+        limit = segment.end if segment.status is SegStatus.SEALED else None
+        rows: list[tuple[object, ...]] = []
+        now_us = time.time_ns() // 1000
+        for raw in batches:
+            header, messages = decode_batch(raw)
+            for i, m in enumerate(messages):
+                off = header.first_offset + i
+                if off < offset or (limit is not None and off >= limit):
+                    continue
+                offset = off + 1
+                seq = header.first_seq + i
+                if not self._filter.admit(seq):
+                    continue
+                out.append(Delivered(seq=seq, seg=segment.seg, offset=off, payload=m.payload, key=m.key,
+                                     headers=m.headers, timestamp_us=m.timestamp_us))
+                if self._audit is not None:
+                    rows.append((self.config.queue, self.config.subscription, self.config.consumer_id, seq,
+                                 segment.seg, off, (m.key or b"").hex(), zlib.crc32(m.payload),
+                                 m.timestamp_us, now_us))
+        self._cursor = Cursor(seg=segment.seg, offset=offset, last_seq=self._filter.last_seq)
+        self._stats.delivered += len(out)
+        if rows and self._audit is not None:
+            self._audit.write_rows(rows)
+        return out
+
+    def _advance(self, segment: Segment) -> None:
+        """Done with a sealed segment: move the cursor on, commit it, and try to pop."""
+        self._cursor = Cursor(seg=segment.seg + 1, offset=0, last_seq=self._filter.last_seq)
+        self._stats.segments_done += 1
+        self.commit()
+        try:
+            self._require_store().apply(self.config.queue, sm.pop)
+        except IllegalTransition:
+            pass  # another subscription is still behind, or someone popped it already
+        self._refresh_state()
+
+    def _seal(self, segment: Segment) -> None:
+        """At the end of a sealing segment: run the Seal protocol (any party may)."""
+        try:
+            self._state = run_seal(self._require_store(), self._require_transport(), self.config.queue,
+                                   segment.seg)
+            self._stats.seals_run += 1
+        except BrokerUnavailable:
+            # Both processes of the group are down: wait at this segment until one returns.
+            self._wait_state_change(self.config.fetch_wait_ms)
+
+    def _fetch(self, segment: Segment, offset: int, *, max_wait_ms: int,
+               max_bytes: int | None = None) -> FetchResult | None:
+        """Read from the master, or the slave when the master is down; None when neither
+        answers (the caller waits at this segment: consumers never skip it)."""
+        store, transport = self._require_store(), self._require_transport()
+        members = store.live_members(segment.gid)
+        errors = []
+        for role in ("master", "slave"):
+            info = members.get(role)
+            if info is None:
+                continue
+            try:
+                return transport.fetch(info.address, self.config.queue, segment.seg, offset,
+                                       max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms)
+            except OrdqError as exc:
+                errors.append(f"{role}: {exc}")
+        log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,
+                 "; ".join(errors) or "none live")
+        self._wait_state_change(max(max_wait_ms, 50))
+        return None
+
+    # -- state cache -------------------------------------------------------------------------
+
+    def _current_state(self) -> QueueState:
+        if self._state is None or self._state_changed.is_set():
+            self._refresh_state()
+        assert self._state is not None
+        return self._state
+
+    def _refresh_state(self) -> None:
+        self._state_changed.clear()
+        self._state, _ = self._require_store().load_state(self.config.queue, watch=self._on_state_event)
+
+    def _on_state_event(self, _event: object) -> None:
+        self._state_changed.set()
+
+    def _wait_state_change(self, wait_ms: int) -> None:
+        if self._state_changed.wait(wait_ms / 1000.0):
+            self._refresh_state()
+
+    def _require_store(self) -> ZkStore:
+        if self._store is None:
+            raise ClosedError("consumer not started")
+        return self._store
+
+    def _require_transport(self) -> BrokerTransport:
+        if self._transport is None:
+            raise ClosedError("consumer not started")
+        return self._transport

@@ -1,0 +1,565 @@
+"""Ordered producer: one elected leader per queue writes to the send head, fails over
+without reordering, and is fenced when a successor takes over.
+
+Guarantee: ``send()`` futures resolve in seq order, each only when its batch is synced on
+master and slave. After a broker failure every unacked batch is resent, in order, with the
+same seqs, to the new head segment, so the stored history holds every acked seq and consumers
+see each seq once, in order. A ``FencedError`` means another leader took over: stop.
+
+Threads: callers of ``send`` (add to the core under a lock), one sender (cuts batches, ships
+them, watches the ack deadline, runs failover) and one ack reader per stream.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from kazoo.client import KazooClient
+
+from broker_group.log import Message, decode_batch
+from coordinator import state as sm
+from coordinator.paths import Paths
+from coordinator.seal import run_seal
+from coordinator.state import QueueState, SegStatus
+from coordinator.store import ZkStore
+from ordq.errors import (
+    BrokerUnavailable,
+    ClosedError,
+    ConfigError,
+    CoordinationUnavailable,
+    FencedError,
+    IllegalTransition,
+    MessageTooLarge,
+    NoGroupAvailable,
+    OrdqError,
+    WaitTimeout,
+)
+from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore
+from sdk.audit import AuditWriter, new_writer_id
+from sdk.transport import Ack, BrokerTransport, ProduceStream
+
+log = logging.getLogger("ordq.producer")
+
+
+@attrs.frozen(kw_only=True)
+class ProducerConfig:
+    """Producer options; every field is keyword-only and validated."""
+
+    zk_hosts: str
+    queue: str
+    root: str = "/ordq"
+    batching: BatchingConfig = BatchingConfig()
+    send_timeout_s: float = 2.0  # an unacked batch older than this means the head is gone
+    leader_timeout_s: float | None = None  # None: a standby waits until it leads
+    no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
+    zk_session_timeout_s: float = 2.0
+    audit_dir: Path | None = None
+    producer_id: str = attrs.field(factory=new_writer_id)
+
+    def __attrs_post_init__(self) -> None:
+        if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
+            raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
+
+
+@attrs.frozen
+class SendResult:
+    seq: int
+    seg: int
+    offset: int
+
+
+@attrs.frozen
+class StoredMessage:
+    """The last message stored for the queue (what ``last_committed()`` returns)."""
+
+    seq: int
+    seg: int | None  # None when its segment was already dropped (only the seq is known)
+    offset: int | None
+    message: Message | None
+
+
+@attrs.define
+class ProducerStats:
+    sent: int = 0
+    acked: int = 0
+    batches_acked: int = 0
+    failovers: int = 0
+    epoch: int = 0
+    seg: int | None = None
+    head: str | None = None
+
+
+class Producer:
+    """Use as a context manager, or ``start()`` / ``close()``."""
+
+    def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None) -> None:
+        self.config = config
+        self._transport = transport
+        self._lock = threading.Condition()
+        self._core: ProducerCore | None = None
+        self._stats = ProducerStats()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._fatal: BaseException | None = None
+        self._stream: ProduceStream | None = None
+        self._seg: int | None = None
+        self._gid: str | None = None
+        self._last: tuple[int, int, int] | None = None  # (seq, seg, offset) of the stored tail
+        self._audit = AuditWriter(config.audit_dir, "acks", writer_id=config.producer_id) if config.audit_dir else None
+        self._send_us: dict[int, int] = {}  # first seq of batch -> send time (audit only)
+        self._client: KazooClient | None = None
+        self._store: ZkStore | None = None
+        self._lease: Any = None
+        self._sender: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Producer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Connect, wait to be elected leader (standbys block here), take over the tail."""
+        cfg = self.config
+        if self._transport is None:
+            from sdk._grpc_transport import GrpcTransport
+
+            self._transport = GrpcTransport()
+        self._client = KazooClient(hosts=cfg.zk_hosts, timeout=cfg.zk_session_timeout_s)
+        try:
+            self._client.start(timeout=10)
+        except Exception as exc:
+            raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
+        paths = Paths(cfg.root)
+        self._store = ZkStore(self._client, paths)
+        self._store.queue_config(cfg.queue)  # QueueNotFound early
+        self._lease = self._client.Lock(paths.producer_leader(cfg.queue), cfg.producer_id)
+        if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
+            self._shutdown_zk()
+            raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
+        self._take_over()
+        self._sender = threading.Thread(target=self._send_loop, name="ordq-producer-send", daemon=True)
+        self._sender.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush what was sent, wait for its acks (bounded), stop, release leadership."""
+        if self._closed:
+            return
+        try:
+            if self._fatal is None and self._sender is not None:
+                self.flush(timeout_s)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._lock.notify_all()
+            if self._sender is not None:
+                self._sender.join(timeout=5)
+            self._fail_pending(ClosedError("producer closed before the message was acked"))
+            if self._stream is not None:
+                self._stream.close()
+            if self._audit is not None:
+                self._audit.close()
+            self._shutdown_zk()
+
+    def _shutdown_zk(self) -> None:
+        if self._lease is not None:
+            try:
+                self._lease.release()
+            except Exception:  # noqa: BLE001 - the session may be gone; the node goes with it
+                pass
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(
+        self,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+        timeout_s: float | None = None,
+    ) -> concurrent.futures.Future[SendResult]:
+        """Queue one message; returns a future resolved with its (seq, seg, offset) once both
+        replicas synced it. Blocks while ``max_inflight_bytes`` are unacked (backpressure).
+
+        Raises MessageTooLarge, FencedError (another leader took over), ClosedError.
+        """
+        limit = self.config.batching.max_batch_bytes - 64
+        size = len(payload) + len(key or b"") + sum(len(k) + len(v) for k, v in headers)
+        if size > limit:
+            raise MessageTooLarge(size, limit)
+        fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        msg = Message(payload=payload, key=key, headers=tuple(headers), timestamp_us=time.time_ns() // 1000)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                self._raise_if_stopped()
+                assert self._core is not None
+                if not self._core.window_full():
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeout("send(): in-flight window stayed full")
+                self._lock.wait(left if left is not None else 0.1)
+            self._core.add(msg, fut, time.monotonic())
+            self._stats.sent += 1
+            self._lock.notify_all()
+        return fut
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send everything queued and wait until it is acked."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            assert self._core is not None
+            self._core.flush()
+            self._lock.notify_all()
+            while self._core.unacked or self._core.open_count:
+                self._raise_if_stopped()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeout(f"flush(): {len(self._core.unacked)} batches still unacked")
+                self._lock.wait(min(left, 0.1) if left is not None else 0.1)
+
+    def _raise_if_stopped(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed:
+            raise ClosedError("producer is closed")
+
+    def statistics(self) -> ProducerStats:
+        with self._lock:
+            return attrs.evolve(self._stats)
+
+    def last_committed(self) -> StoredMessage | None:
+        """The last message stored for the queue when this producer took over, or the last
+        one it got acked since — what an application resumes its source from."""
+        with self._lock:
+            last = self._last
+        if last is None:
+            return None
+        seq, seg, offset = last
+        if seg < 0:
+            return StoredMessage(seq=seq, seg=None, offset=None, message=None)
+        return StoredMessage(seq=seq, seg=seg, offset=offset, message=self._read_message(seg, offset))
+
+    # -- takeover ----------------------------------------------------------------------------
+
+    def _take_over(self) -> None:
+        """Bump the epoch, fence the open segment, find where seq continues."""
+        store, cfg = self._require_store(), self.config
+        st = store.apply(cfg.queue, lambda s, _f: sm.bump_epoch(s))
+        epoch = st.producer_epoch
+        deadline = time.monotonic() + cfg.no_group_timeout_s
+        while True:
+            st, _ = store.load_state(cfg.queue)
+            self._check_epoch(st, epoch)
+            open_seg = st.open_segment
+            if open_seg is None:
+                self._seal_all_sealing(st)
+                st = self._wait_for_head(deadline)
+                continue
+            replies = self._fence_replicas(open_seg.gid, open_seg.seg, epoch)
+            ends = {r.end for r in replies.values() if r is not None}
+            if len(ends) == 1 and len(replies) == 2 and all(replies.values()):
+                reply = next(r for r in replies.values() if r is not None)
+                last: tuple[int, int, int] | None
+                if reply.end > 0:
+                    assert reply.last_seq is not None
+                    last = (reply.last_seq, open_seg.seg, reply.end - 1)
+                else:
+                    st = self._seal_all_sealing(st)
+                    last = self._last_of_sealed(st)
+                self._install(epoch, open_seg.gid, open_seg.seg, last)
+                return
+            # One replica down or the two disagree: move on to a new segment and seal this one
+            # (the Seal protocol decides its end from whoever answers).
+            self._fail_over_from(open_seg.gid, open_seg.seg)
+
+    def _install(self, epoch: int, gid: str, seg: int, last: tuple[int, int, int] | None) -> None:
+        next_seq = last[0] + 1 if last is not None else 0
+        with self._lock:
+            self._core = ProducerCore(self.config.batching, epoch=epoch, next_seq=next_seq)
+            self._last = last
+            self._stats.epoch = epoch
+        self._connect(gid, seg)
+        log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
+                 self.config.queue, self.config.producer_id, epoch, seg, next_seq)
+
+    def _fence_replicas(self, gid: str, seg: int, epoch: int) -> dict[str, Any]:
+        store, transport = self._require_store(), self._require_transport()
+        members = store.live_members(gid)
+        replies: dict[str, Any] = {}
+        for role in ("master", "slave"):
+            info = members.get(role)
+            try:
+                replies[role] = transport.fence(info.address, self.config.queue, seg, epoch) if info else None
+            except FencedError:
+                raise
+            except OrdqError:
+                replies[role] = None
+        return replies
+
+    def _seal_all_sealing(self, st: QueueState) -> QueueState:
+        for s in st.consume:
+            if s.status is SegStatus.SEALING:
+                st = self._seal_blocking(s.seg)
+        return st
+
+    def _seal_blocking(self, seg: int) -> QueueState:
+        """Seal ``seg``; while no replica answers (a double fault), wait with a clear status."""
+        deadline = time.monotonic() + self.config.no_group_timeout_s
+        while True:
+            try:
+                return run_seal(self._require_store(), self._require_transport(), self.config.queue, seg)
+            except BrokerUnavailable as exc:
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(
+                        "segment replicas", f"segment {seg}: no replica answers, cannot know where seq continues"
+                    ) from exc
+                log.warning("queue %s: waiting for a replica of segment %d", self.config.queue, seg)
+                time.sleep(0.2)
+
+    @staticmethod
+    def _last_of_sealed(st: QueueState) -> tuple[int, int, int] | None:
+        best: tuple[int, int, int] | None = None
+        for s in st.consume:
+            if s.status is SegStatus.SEALED and s.end and s.last_seq is not None:
+                best = (s.last_seq, s.seg, s.end - 1)
+        if best is None and st.trimmed_seq >= 0:
+            return (st.trimmed_seq, -1, -1)
+        return best
+
+    def _wait_for_head(self, deadline: float) -> QueueState:
+        store, q = self._require_store(), self.config.queue
+        store.apply(q, sm.admit_all)
+        left = deadline - time.monotonic()
+        try:
+            return store.wait_state(q, lambda s: s.open_segment is not None, timeout_s=max(left, 0.01))
+        except WaitTimeout as exc:
+            raise NoGroupAvailable(q, "no group with master and slave live and no backlog") from exc
+
+    def _check_epoch(self, st: QueueState, epoch: int) -> None:
+        if st.producer_epoch > epoch:
+            raise FencedError(self.config.queue, epoch, st.producer_epoch)
+
+    # -- failover ----------------------------------------------------------------------------
+
+    def _fail_over_from(self, gid: str, seg: int) -> QueueState:
+        """CAS fail_over(gid, seg); if someone already moved the head, follow it. Starts the
+        seal of the old segment in the background. Returns a state with an open segment."""
+        store, q = self._require_store(), self.config.queue
+        deadline = time.monotonic() + self.config.no_group_timeout_s
+        while True:
+            try:
+                st = store.apply(q, lambda s, f: sm.fail_over(s, gid, seg, f))
+                break
+            except IllegalTransition:
+                st, _ = store.load_state(q)
+                break
+            except CoordinationUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        threading.Thread(target=self._seal_quietly, args=(seg,), name="ordq-seal", daemon=True).start()
+        if st.open_segment is None:
+            st = self._wait_for_head(deadline)
+        return st
+
+    def _seal_quietly(self, seg: int) -> None:
+        try:
+            run_seal(self._require_store(), self._require_transport(), self.config.queue, seg)
+        except OrdqError as exc:
+            log.info("queue %s: seal of segment %d deferred: %s", self.config.queue, seg, exc)
+
+    def _recover(self, exc: BaseException) -> None:
+        """The stream to the head failed (not fenced): fail over, resend the unacked suffix."""
+        log.warning("queue %s: head %s seg %s failed (%s); failing over", self.config.queue,
+                    self._gid, self._seg, exc)
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        assert self._gid is not None and self._seg is not None and self._core is not None
+        gid, seg = self._gid, self._seg
+        while True:
+            st = self._fail_over_from(gid, seg)
+            self._check_epoch(st, self._core.epoch)
+            open_seg = st.open_segment
+            assert open_seg is not None
+            try:
+                self._connect(open_seg.gid, open_seg.seg)
+                break
+            except BrokerUnavailable:
+                gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
+        with self._lock:
+            self._core.rewind()
+            self._stats.failovers += 1
+            self._failure = None
+            self._lock.notify_all()
+
+    def _connect(self, gid: str, seg: int) -> None:
+        store, transport = self._require_store(), self._require_transport()
+        master = store.live_members(gid).get("master")
+        if master is None:
+            raise BrokerUnavailable(f"group {gid}", "master not live")
+        assert self._core is not None
+        stream = transport.open_produce(master.address, self.config.queue, seg, self._core.epoch)
+        self._stream, self._gid, self._seg = stream, gid, seg
+        self._stats.seg, self._stats.head = seg, gid
+        threading.Thread(target=self._ack_loop, args=(stream,), name="ordq-producer-acks", daemon=True).start()
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        timeout = self.config.send_timeout_s
+        while True:
+            with self._lock:
+                core = self._core
+                assert core is not None
+                while not self._closed and self._failure is None:
+                    now = time.monotonic()
+                    oldest = core.oldest_sent_at()
+                    if oldest is not None and now - oldest > timeout:
+                        self._failure = BrokerUnavailable(
+                            f"group {self._gid}", f"no ack within send_timeout_s={timeout:g}"
+                        )
+                        break
+                    ready = core.take_ready(now)
+                    if ready:
+                        break
+                    waits = [d - now for d in (core.next_deadline(),) if d is not None]
+                    if oldest is not None:
+                        waits.append(oldest + timeout - now)
+                    self._lock.wait(max(min(waits), 0.0005) if waits else 0.1)
+                if self._closed:
+                    return
+                failure = self._failure
+                stream = self._stream
+            if failure is None and stream is not None:
+                if self._audit is not None:
+                    now_us = time.time_ns() // 1000
+                    for b in ready:
+                        self._send_us.setdefault(b.first_seq, now_us)
+                try:
+                    stream.send([b.encoded for b in ready])
+                except OrdqError as exc:
+                    with self._lock:
+                        self._failure = self._failure or exc
+                continue
+            if isinstance(failure, FencedError) or failure is None:
+                self._stop_fatal(failure or ClosedError("no stream"))
+                return
+            try:
+                self._recover(failure)
+            except OrdqError as exc:
+                self._stop_fatal(exc)
+                return
+
+    def _ack_loop(self, stream: ProduceStream) -> None:
+        try:
+            for ack in stream.acks():
+                self._on_ack(stream, ack)
+        except OrdqError as exc:
+            with self._lock:
+                if self._stream is stream and self._failure is None:
+                    self._failure = exc
+                    self._lock.notify_all()
+        except Exception as exc:  # noqa: BLE001 - a broken stream is a failover, not a crash
+            with self._lock:
+                if self._stream is stream and self._failure is None:
+                    self._failure = BrokerUnavailable(f"group {self._gid}", repr(exc))
+                    self._lock.notify_all()
+
+    def _on_ack(self, stream: ProduceStream, ack: Ack) -> None:
+        with self._lock:
+            assert self._core is not None
+            if self._stream is not stream:
+                # A late ack from a stream we failed over from: its batch is being resent to
+                # the new segment (consumers drop the duplicate); the window follows the new one.
+                return
+            try:
+                done = self._core.on_ack(ack.first_seq, ack.last_seq)
+            except ValueError as exc:
+                if self._failure is None:
+                    self._failure = BrokerUnavailable(f"group {self._gid}", str(exc))
+                self._lock.notify_all()
+                return
+            self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
+            self._stats.acked += ack.count
+            self._stats.batches_acked += len(done)
+            self._lock.notify_all()
+        self._resolve(done, ack)
+
+    def _resolve(self, done: list[PendingBatch], ack: Ack) -> None:
+        offset = ack.first_offset
+        rows: list[tuple[object, ...]] | None = [] if self._audit is not None else None
+        ack_us = time.time_ns() // 1000
+        for b in done:
+            send_us = self._send_us.pop(b.first_seq, ack_us) if rows is not None else 0
+            for i, (m, fut) in enumerate(zip(b.messages, b.tokens, strict=True)):
+                seq = b.first_seq + i
+                if rows is not None:
+                    rows.append((self.config.queue, self.config.producer_id, b.epoch, seq, ack.seg,
+                                 offset, (m.key or b"").hex(), zlib.crc32(m.payload), send_us, ack_us))
+                assert isinstance(fut, concurrent.futures.Future)
+                fut.set_result(SendResult(seq=seq, seg=ack.seg, offset=offset))
+                offset += 1
+        if rows and self._audit is not None:
+            self._audit.write_rows(rows)
+
+    def _stop_fatal(self, exc: BaseException) -> None:
+        with self._lock:
+            self._fatal = exc
+            self._lock.notify_all()
+        self._fail_pending(exc)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        with self._lock:
+            tokens = self._core.drop_all() if self._core is not None else []
+        for fut in tokens:
+            assert isinstance(fut, concurrent.futures.Future)
+            if not fut.done():
+                fut.set_exception(exc)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _require_store(self) -> ZkStore:
+        if self._store is None:
+            raise ClosedError("producer not started")
+        return self._store
+
+    def _require_transport(self) -> BrokerTransport:
+        if self._transport is None:
+            raise ClosedError("producer not started")
+        return self._transport
+
+    def _read_message(self, seg: int, offset: int) -> Message:
+        store, transport = self._require_store(), self._require_transport()
+        st, _ = store.load_state(self.config.queue)
+        segment = st.segment(seg)
+        if segment is None:
+            raise OrdqError(f"segment {seg} holding the last message was already popped")
+        for info in store.live_members(segment.gid).values():
+            try:
+                res = transport.fetch(info.address, self.config.queue, seg, offset, max_bytes=1, max_wait_ms=0)
+            except OrdqError:
+                continue
+            for raw in res.batches:
+                header, messages = decode_batch(raw)
+                if header.first_offset <= offset < header.end_offset:
+                    return messages[offset - header.first_offset]
+        raise BrokerUnavailable(f"group {segment.gid}", f"cannot read segment {seg} offset {offset}")
