@@ -1,1 +1,31 @@
-"""ordq client SDK: ordered producer and consumer, audit hook."""
+"""ordq client SDK: ordered producer and consumer (sync and asyncio), audit hook.
+
+    from sdk import Producer, ProducerConfig, Consumer, ConsumerConfig
+
+    with Producer(ProducerConfig(zk_hosts="127.0.0.1:2181", queue="orders")) as p:
+        p.send(b"payload").result()          # (seq, seg, offset) once on both replicas
+
+    with Consumer(ConsumerConfig(zk_hosts=..., queue="orders", subscription="billing")) as c:
+        for m in c:                           # in seq order, each seq once
+            handle(m.seq, m.payload)
+"""
+
+from sdk._consumer_core import CommitConfig
+from sdk._producer_core import BatchingConfig
+from sdk.aio import AsyncConsumer, AsyncProducer
+from sdk.consumer import Consumer, ConsumerConfig, Delivered
+from sdk.producer import Producer, ProducerConfig, SendResult, StoredMessage
+
+__all__ = [
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BatchingConfig",
+    "CommitConfig",
+    "Consumer",
+    "ConsumerConfig",
+    "Delivered",
+    "Producer",
+    "ProducerConfig",
+    "SendResult",
+    "StoredMessage",
+]

@@ -1,0 +1,111 @@
+"""ordq produce / ordq consume: the SDK from the shell (lines on stdin, or generated load)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ordq.commands import add_command
+from ordq.output import emit_json
+
+
+def register(subparsers: Any) -> None:
+    prod = add_command(subparsers, "produce", func=cmd_produce,
+                       help="send stdin lines (or generated messages) to a queue, in order")
+    prod.add_argument("queue")
+    prod.add_argument("--count", type=int, default=None,
+                      help="generate this many messages instead of reading stdin")
+    prod.add_argument("--size", type=int, default=100, help="bytes per generated message (default %(default)s)")
+    prod.add_argument("--rate", type=float, default=None, help="messages per second (default: as fast as acked)")
+    prod.add_argument("--key", default=None, help="key for every message")
+    prod.add_argument("--audit-dir", type=Path, default=None, help="write the audit files here (docs/AUDIT_FORMAT.md)")
+    prod.add_argument("--send-timeout", type=float, default=2.0, help="ack deadline before failover, seconds")
+
+    cons = add_command(subparsers, "consume", func=cmd_consume,
+                       help="read a queue in order through a subscription and print or count messages")
+    cons.add_argument("queue")
+    cons.add_argument("--subscription", "-s", required=True)
+    cons.add_argument("--start", choices=["earliest", "latest"], default="earliest",
+                      help="where a new subscription starts (default %(default)s)")
+    cons.add_argument("--count", type=int, default=None, help="stop after this many messages")
+    cons.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                      help="stop when nothing arrives for this long")
+    cons.add_argument("--quiet", action="store_true", help="only count, print a summary")
+    cons.add_argument("--audit-dir", type=Path, default=None)
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from sdk import Producer, ProducerConfig
+
+    cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, audit_dir=args.audit_dir,
+                         send_timeout_s=args.send_timeout)
+    key = args.key.encode() if args.key else None
+    sent = 0
+    start = time.monotonic()
+    last = None
+    with Producer(cfg) as producer:
+        for payload in _payloads(args):
+            if args.rate:
+                pause = start + sent / args.rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            last = producer.send(payload, key=key)
+            sent += 1
+        producer.flush()
+        stats = producer.statistics()
+    elapsed = time.monotonic() - start
+    result = {"queue": args.queue, "sent": sent, "acked": stats.acked, "failovers": stats.failovers,
+              "seconds": round(elapsed, 3), "msgs_per_s": round(sent / elapsed, 1) if elapsed else None,
+              "last": last.result().__dict__ if last is not None else None}
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"acked {stats.acked} of {sent} messages to {args.queue} in {elapsed:.2f}s "
+              f"({result['msgs_per_s']} msgs/s, {stats.failovers} failovers)", file=sys.stderr)
+    return 0 if stats.acked == sent else 1
+
+
+def _payloads(args: argparse.Namespace) -> Any:
+    if args.count is not None:
+        pad = b"x" * max(args.size - 12, 0)
+        for i in range(args.count):
+            yield b"%012d" % i + pad
+    else:
+        for line in sys.stdin.buffer:
+            yield line.rstrip(b"\n")
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from sdk import Consumer, ConsumerConfig
+
+    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
+                         start=args.start, audit_dir=args.audit_dir)
+    n = 0
+    last_seq = None
+    idle_since = time.monotonic()
+    with Consumer(cfg) as consumer:
+        try:
+            while args.count is None or n < args.count:
+                batch = consumer.poll()
+                if not batch:
+                    if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                for m in batch[: (args.count - n) if args.count is not None else None]:
+                    n += 1
+                    last_seq = m.seq
+                    if not args.quiet and not args.json:
+                        sys.stdout.buffer.write(b"%d\t" % m.seq + m.payload + b"\n")
+        except KeyboardInterrupt:
+            pass
+    summary = {"queue": args.queue, "subscription": args.subscription, "delivered": n, "last_seq": last_seq}
+    if args.json:
+        emit_json(summary)
+    else:
+        print(f"delivered {n} messages from {args.queue}/{args.subscription}, last seq {last_seq}",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,75 @@
+"""asyncio API over the same producer and consumer cores.
+
+The sync classes own the threads and the protocol; these wrappers only move blocking calls
+off the event loop (``asyncio.to_thread``) and turn send futures into awaitables, so both APIs
+give exactly the same ordering and durability guarantees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from sdk.consumer import Consumer, ConsumerConfig, Delivered
+from sdk.producer import Producer, ProducerConfig, SendResult, StoredMessage
+from sdk.transport import BrokerTransport
+
+
+class AsyncProducer:
+    def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None) -> None:
+        self._sync = Producer(config, transport=transport)
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._sync.start)
+
+    async def send(
+        self, payload: bytes, *, key: bytes | None = None, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> asyncio.Future[SendResult]:
+        """Queue a message (may wait for window space); returns an awaitable ack."""
+        fut = await asyncio.to_thread(self._sync.send, payload, key=key, headers=headers)
+        return asyncio.wrap_future(fut)
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        await asyncio.to_thread(self._sync.flush, timeout_s)
+
+    async def last_committed(self) -> StoredMessage | None:
+        return await asyncio.to_thread(self._sync.last_committed)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._sync.close)
+
+
+class AsyncConsumer:
+    def __init__(self, config: ConsumerConfig, *, transport: BrokerTransport | None = None) -> None:
+        self._sync = Consumer(config, transport=transport)
+
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._sync.start)
+
+    async def poll(self, timeout_s: float | None = None) -> list[Delivered]:
+        return await asyncio.to_thread(self._sync.poll, timeout_s)
+
+    async def __aiter__(self) -> AsyncIterator[Delivered]:
+        while True:
+            for m in await self.poll():
+                yield m
+
+    async def commit(self) -> None:
+        await asyncio.to_thread(self._sync.commit)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._sync.close)
