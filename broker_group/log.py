@@ -1,34 +1,89 @@
 """Segment log: append-only, CRC-checked record batches for one (queue, seg) on one replica.
 
-STUB: the interface agreed between the log, the broker service and the SDK. The log owner
-replaces the bodies; signatures may grow keyword arguments but not change meaning.
+Guarantee: a batch is served (``read``) only after ``sync()`` made it durable, and only whole,
+CRC-valid batches are ever stored, served or recovered. On open, a torn tail is truncated and
+counted; a bad batch with a valid batch after it raises ``CorruptLog`` — never skipped.
 
 Rules:
+- This module owns the byte format of a batch and the file ``segment.log`` of one segment. It
+  does not own any metadata (fenced epoch, sealed state, LAC): the broker keeps those in its
+  own file beside ``segment.log``. It never talks to the network, ZooKeeper or a clock.
 - The bytes of an encoded batch are the same on the wire and on disk: the producer encodes a
   batch once (``encode_batch``), the master stamps ``first_offset`` (outside the CRC, like
   Kafka's base offset, because only the master knows it), appends the bytes verbatim and
   forwards the same bytes to the slave.
 - Nothing is durable until ``sync()`` returned; ``synced_end`` is the durable message count.
-- A torn tail is truncated on open and counted; a bad batch before the tail raises
-  ``CorruptLog`` and the segment is not served.
+- Not thread-safe: the broker serialises access to one ``SegmentLog``.
 
-Batch layout (little-endian), see docs/LOG_FORMAT.md:
-    length u32 | crc32c-or-crc32 u32 | first_offset u64 | <crc-covered body>
-    body = magic u8 | flags u8 | epoch u64 | first_seq u64 | count u32 | messages...
-    message = timestamp_us i64 | key_len i32 (-1 = no key) | key | headers_len u32 | headers |
-              payload_len u32 | payload
+Batch layout (all integers little-endian; full table in docs/LOG_FORMAT.md)::
+
+    prefix (16 bytes, not CRC-covered except through the checks below)
+        length u32         total bytes of the batch, prefix included
+        crc u32            zlib.crc32 (CRC-32/ISO-HDLC, the zip/PNG one) of the body
+        first_offset u64   stamped by the master; checked against the running offset on open
+    body (CRC-covered)
+        magic u8 (0xA1) | flags u8 (0) | epoch u64 | first_seq u64 | count u32 | messages...
+    message
+        timestamp_us i64 | key_len i32 (-1 = no key) | headers_len u32 | payload_len u32 |
+        key | headers | payload
+    headers (headers_len bytes) = repeated: name_len u16 | name (utf-8) | value_len u32 | value
+
+The four length fields of a message come first so one ``struct.unpack_from`` reads them all
+(the hot path of every producer and consumer is one pack/unpack per message).
+
+Speed: encode and decode do one ``Struct`` call and a few slices per message, one
+``b"".join`` and one ``zlib.crc32`` (C, several GB/s) per batch. ``Message`` is a NamedTuple,
+not an attrs class: building one costs a third of a frozen attrs instance, and the consumer
+builds one per message. Numbers: docs/BENCHMARKS.md ("Segment log").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import errno
+import mmap
+import os
+import struct
+import zlib
+from bisect import bisect_right
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import attrs
 
+from coordinator.paths import check_name
+from ordq.errors import ClosedError, CorruptLog, DiskFull, SegmentNotFound
 
-@attrs.frozen
-class Message:
+SEGMENT_FILE = "segment.log"
+MAGIC = 0xA1  # format version 1; any other value is corruption (or a newer format)
+WIRE = "<wire>"  # the ``path`` of a CorruptLog raised for a buffer that is not a file
+MAX_BATCH_BYTES = (1 << 32) - 1  # the length field is a u32
+
+_PREFIX = struct.Struct("<IIQ")  # length, crc, first_offset
+_BODY_HEAD = struct.Struct("<BBQQI")  # magic, flags, epoch, first_seq, count
+_HEAD = struct.Struct("<IIQBBQQI")  # prefix + body head, read in one call
+_MSG = struct.Struct("<qiII")  # timestamp_us, key_len, headers_len, payload_len
+_OFFSET = struct.Struct("<Q")
+_LEN = struct.Struct("<I")  # the batch length field alone
+_HDR_NAME = struct.Struct("<H")
+_HDR_VALUE = struct.Struct("<I")
+
+PREFIX_BYTES = _PREFIX.size  # 16: where the CRC-covered body starts
+HEAD_BYTES = _HEAD.size  # 38: smallest possible batch (count 0 is still invalid)
+MESSAGE_OVERHEAD_BYTES = _MSG.size  # 20 per message, plus key, headers and payload
+_OFFSET_AT = 8  # byte position of first_offset in the prefix
+
+_tuple_new = tuple.__new__
+
+
+class Message(NamedTuple):
+    """One message as produced and delivered. Immutable; compares and hashes by value.
+
+    ``key`` None means "no key" (distinct from ``b""``); ``headers`` is a tuple of
+    (name, value) pairs, names are str (utf-8 on the wire, at most 65,535 bytes), order and
+    duplicates are kept.
+    """
+
     payload: bytes
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
@@ -52,29 +107,329 @@ class BatchHeader:
         return self.first_offset + self.count
 
 
+# -- encoding -------------------------------------------------------------------------------
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    parts: list[bytes] = []
+    for name, value in headers:
+        raw = name.encode("utf-8")
+        if len(raw) > 0xFFFF:
+            raise ValueError(f"header name of {len(raw)} bytes exceeds 65535")
+        parts.append(_HDR_NAME.pack(len(raw)))
+        parts.append(raw)
+        parts.append(_HDR_VALUE.pack(len(value)))
+        parts.append(value)
+    return b"".join(parts)
+
+
 def encode_batch(messages: Sequence[Message], *, epoch: int, first_seq: int) -> bytes:
-    """Encode messages as one batch with first_offset 0 (the master stamps the real one)."""
-    raise NotImplementedError
+    """Encode messages as one batch with ``first_offset`` 0 (the master stamps the real one).
+
+    Args:
+        messages: at least one message, in seq order (message ``i`` gets ``first_seq + i``).
+        epoch: the producer epoch the batch is written under.
+        first_seq: seq of the first message.
+
+    Returns the batch bytes, CRC (``zlib.crc32``) computed over the body. Raises ValueError for
+    an empty batch, a batch over 4 GiB or a header name over 65,535 bytes; struct.error or
+    TypeError for fields of the wrong type or range (no per-message type checks: speed).
+    """
+    if not messages:
+        raise ValueError("a batch holds at least one message")
+    parts: list[bytes] = [_BODY_HEAD.pack(MAGIC, 0, epoch, first_seq, len(messages))]
+    append = parts.append
+    pack = _MSG.pack
+    for m in messages:
+        payload, key, headers, ts = m
+        if headers:
+            hdr = _encode_headers(headers)
+            if key is None:
+                append(pack(ts, -1, len(hdr), len(payload)))
+            else:
+                append(pack(ts, len(key), len(hdr), len(payload)))
+                append(key)
+            append(hdr)
+        elif key is None:
+            append(pack(ts, -1, 0, len(payload)))
+        else:
+            append(pack(ts, len(key), 0, len(payload)))
+            append(key)
+        append(payload)
+    body = b"".join(parts)
+    length = PREFIX_BYTES + len(body)
+    if length > MAX_BATCH_BYTES:
+        raise ValueError(f"batch of {length} bytes exceeds {MAX_BATCH_BYTES}")
+    return _PREFIX.pack(length, zlib.crc32(body), 0) + body
 
 
 def stamp_offset(batch: bytes, first_offset: int) -> bytes:
-    """Return the batch with ``first_offset`` set (not covered by the CRC)."""
-    raise NotImplementedError
+    """Return the batch with ``first_offset`` set (not covered by the CRC, so it stays valid).
+
+    Only the prefix is looked at (length and magic); the CRC is checked by ``append``.
+    """
+    if len(batch) < HEAD_BYTES or batch[PREFIX_BYTES] != MAGIC:
+        raise CorruptLog(WIRE, 0, "not a batch (too short or bad magic)")
+    if first_offset < 0:
+        raise ValueError(f"first_offset must be >= 0, got {first_offset}")
+    if _OFFSET.unpack_from(batch, _OFFSET_AT)[0] == first_offset:
+        return batch
+    view = memoryview(batch)
+    return b"".join((view[:_OFFSET_AT], _OFFSET.pack(first_offset), view[PREFIX_BYTES:]))
 
 
-def parse_header(batch: bytes) -> BatchHeader:
-    """Check length, magic and CRC of one encoded batch; raise CorruptLog/ValueError if bad."""
-    raise NotImplementedError
+def _header_problem(length: int, magic: int, flags: int, count: int, available: int) -> str | None:
+    """Why a batch prefix cannot be a valid batch, or None. ``available``: bytes from its start."""
+    if magic != MAGIC:
+        return f"bad magic 0x{magic:02x}"
+    if flags != 0:
+        return f"unknown flags 0x{flags:02x}"
+    if count < 1:
+        return "batch of 0 messages"
+    if length < HEAD_BYTES + MESSAGE_OVERHEAD_BYTES * count:
+        return f"length {length} too small for {count} messages"
+    if length > available:
+        return f"short batch: length {length}, only {available} bytes present"
+    return None
 
 
-def decode_batch(batch: bytes) -> tuple[BatchHeader, list[Message]]:
-    """Decode one encoded batch (CRC checked) into its header and messages."""
-    raise NotImplementedError
+def parse_header(batch: bytes, *, path: str = WIRE, position: int = 0) -> BatchHeader:
+    """Check length, magic and CRC of one encoded batch and return its header.
+
+    ``batch`` must be exactly one batch (any bytes-like object). Raises CorruptLog (with
+    ``path``/``position`` for the message) when it is not. Message structure is not walked
+    here (``decode_batch`` and ``check_messages`` do that).
+    """
+    if len(batch) < HEAD_BYTES:
+        raise CorruptLog(path, position, f"short batch: {len(batch)} bytes")
+    length, crc, first_offset, magic, flags, epoch, first_seq, count = _HEAD.unpack_from(batch)
+    problem = _header_problem(length, magic, flags, count, len(batch))
+    if problem is None and length != len(batch):
+        problem = f"length field {length} but {len(batch)} bytes given"
+    if problem is None:
+        with memoryview(batch) as view:
+            if zlib.crc32(view[PREFIX_BYTES:]) != crc:
+                problem = "CRC mismatch"
+    if problem is not None:
+        raise CorruptLog(path, position, problem)
+    return BatchHeader(length=length, first_offset=first_offset, epoch=epoch, first_seq=first_seq, count=count)
 
 
-def split_batches(buf: bytes) -> list[bytes]:
-    """Split a buffer of concatenated complete batches into single batches (CRC checked)."""
-    raise NotImplementedError
+def _decode_headers(raw: bytes, path: str, position: int) -> tuple[tuple[str, bytes], ...]:
+    out: list[tuple[str, bytes]] = []
+    pos, end = 0, len(raw)
+    try:
+        while pos < end:
+            (nlen,) = _HDR_NAME.unpack_from(raw, pos)
+            pos += 2
+            name = raw[pos : pos + nlen].decode("utf-8")
+            pos += nlen
+            (vlen,) = _HDR_VALUE.unpack_from(raw, pos)
+            pos += 4
+            out.append((name, raw[pos : pos + vlen]))
+            pos += vlen
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptLog(path, position, f"bad headers: {exc}") from exc
+    if pos != end:
+        raise CorruptLog(path, position, "headers overrun their length")
+    return tuple(out)
+
+
+def _decode_messages(buf: bytes, header: BatchHeader, path: str, position: int) -> list[Message]:
+    # Hot path: one unpack_from and up to three slices per message, no attribute lookups.
+    out: list[Message] = []
+    append = out.append
+    unpack = _MSG.unpack_from
+    new = _tuple_new
+    pos = HEAD_BYTES
+    try:
+        for _ in range(header.count):
+            ts, klen, hlen, plen = unpack(buf, pos)
+            pos += 20
+            if klen < 0:
+                if klen != -1:
+                    raise CorruptLog(path, position, f"bad key length {klen}")
+                key = None
+            else:
+                key = buf[pos : pos + klen]
+                pos += klen
+            if hlen:
+                headers = _decode_headers(buf[pos : pos + hlen], path, position)
+                pos += hlen
+            else:
+                headers = ()
+            append(new(Message, (buf[pos : pos + plen], key, headers, ts)))
+            pos += plen
+    except struct.error as exc:
+        raise CorruptLog(path, position, f"messages overrun the batch: {exc}") from exc
+    if pos != header.length:
+        raise CorruptLog(path, position, f"messages end at byte {pos} of a {header.length}-byte batch")
+    return out
+
+
+def decode_batch(batch: bytes, *, path: str = WIRE, position: int = 0) -> tuple[BatchHeader, list[Message]]:
+    """Decode one encoded batch (CRC and structure checked) into its header and messages.
+
+    Accepts any bytes-like object (a memoryview into a file buffer is copied once). Raises
+    CorruptLog naming ``path``/``position`` when the batch is not exactly one valid batch.
+    """
+    if not isinstance(batch, bytes):
+        batch = bytes(batch)
+    header = parse_header(batch, path=path, position=position)
+    return header, _decode_messages(batch, header, path, position)
+
+
+def check_messages(batch: bytes, *, path: str = WIRE, position: int = 0) -> BatchHeader:
+    """``parse_header`` plus a walk over the message lengths (no Message objects built).
+
+    For a receiver that wants to refuse a structurally broken batch whose CRC is valid (a
+    foreign or buggy encoder) before storing it. Costs about one ``unpack_from`` per message.
+    """
+    header = parse_header(batch, path=path, position=position)
+    unpack = _MSG.unpack_from
+    pos = HEAD_BYTES
+    try:
+        for _ in range(header.count):
+            _, klen, hlen, plen = unpack(batch, pos)
+            if klen < -1:
+                raise CorruptLog(path, position, f"bad key length {klen}")
+            pos += 20 + (klen if klen > 0 else 0) + hlen + plen
+    except struct.error as exc:
+        raise CorruptLog(path, position, f"messages overrun the batch: {exc}") from exc
+    if pos != header.length:
+        raise CorruptLog(path, position, f"messages end at byte {pos} of a {header.length}-byte batch")
+    return header
+
+
+def split_batches(buf: bytes, *, path: str = WIRE) -> list[bytes]:
+    """Split a buffer of concatenated complete batches into single batches (CRC checked).
+
+    Works on any bytes-like object (bytes read from a segment file, a memoryview, an mmap
+    slice); returns ``bytes``. Raises CorruptLog at the first batch that is short, has a bad
+    length/magic/CRC, or at trailing bytes that are not a whole batch. For a file that may
+    have a torn tail use ``iter_file_batches`` instead.
+    """
+    out: list[bytes] = []
+    size = len(buf)
+    pos = 0
+    with memoryview(buf) as view:
+        while pos < size:
+            if size - pos < HEAD_BYTES:
+                raise CorruptLog(path, pos, f"short batch: {size - pos} trailing bytes")
+            (length,) = _LEN.unpack_from(view, pos)
+            if length < HEAD_BYTES or length > size - pos:
+                raise CorruptLog(path, pos, f"bad length {length} ({size - pos} bytes left)")
+            raw = view[pos : pos + length].tobytes()
+            parse_header(raw, path=path, position=pos)
+            out.append(raw)
+            pos += length
+    return out
+
+
+# -- scanning a file ------------------------------------------------------------------------
+
+
+def _valid_batch_at(view: memoryview, pos: int, size: int) -> BatchHeader | None:
+    """The header of a self-consistent batch starting at ``pos`` (first_offset not checked)."""
+    if size - pos < HEAD_BYTES:
+        return None
+    length, crc, first_offset, magic, flags, epoch, first_seq, count = _HEAD.unpack_from(view, pos)
+    if _header_problem(length, magic, flags, count, size - pos) is not None:
+        return None
+    if zlib.crc32(view[pos + PREFIX_BYTES : pos + length]) != crc:
+        return None
+    return BatchHeader(length=length, first_offset=first_offset, epoch=epoch, first_seq=first_seq, count=count)
+
+
+def _find_valid_batch(view: memoryview, buf: mmap.mmap | bytes, start: int, size: int) -> int | None:
+    """Position of the first self-consistent batch starting at or after ``start``, or None.
+
+    Candidates are the positions whose magic byte matches (``find`` in C, ~1 in 256 bytes of
+    random data); each is checked for a plausible length and then its CRC. Only runs after a
+    bad batch was found, so its cost (one pass over the rest of the file) is paid only then.
+    """
+    magic = bytes((MAGIC,))
+    at = buf.find(magic, start + PREFIX_BYTES, size)
+    while at != -1:
+        if _valid_batch_at(view, at - PREFIX_BYTES, size) is not None:
+            return at - PREFIX_BYTES
+        at = buf.find(magic, at + 1, size)
+    return None
+
+
+def _scan(buf: mmap.mmap | bytes, size: int, path: str) -> Generator[tuple[int, BatchHeader], None, int]:
+    """Yield (position, header) of every valid batch of a segment file from its start; return
+    the byte position where the valid batches end (== size unless there is a torn tail).
+
+    The rule that tells a torn tail from corruption: at the first position ``p`` where no
+    valid batch starts (short prefix, bad length/magic/flags/count, batch running past the
+    end of the file, bad CRC, or a ``first_offset`` that does not continue the previous
+    batch), search every later position for a self-consistent batch (magic, plausible
+    length within the file, CRC). If one exists, the bad bytes are followed by data that was
+    written after them: that is corruption in the middle, raise CorruptLog. If none exists,
+    everything from ``p`` is a torn tail (an append that did not complete before a crash).
+    The length field is never trusted to find what follows: a corrupt length could point
+    past the end of the file and make a middle batch look like a short last one.
+    """
+    pos = 0
+    expected = 0
+    with memoryview(buf) as view:
+        while pos < size:
+            header = _valid_batch_at(view, pos, size)
+            if header is not None and header.first_offset == expected:
+                yield pos, header
+                expected += header.count
+                pos += header.length
+                continue
+            following = _find_valid_batch(view, buf, pos + 1, size)
+            if following is None:
+                return pos
+            if header is not None:
+                detail = f"first_offset {header.first_offset} where {expected} was expected"
+            elif size - pos < HEAD_BYTES:
+                detail = f"short batch ({size - pos} bytes)"
+            else:
+                length, _, _, magic, flags, _, _, count = _HEAD.unpack_from(view, pos)
+                detail = _header_problem(length, magic, flags, count, size - pos) or "CRC mismatch"
+            raise CorruptLog(path, pos, f"{detail}, yet a valid batch follows at byte {following}")
+    return pos
+
+
+def iter_file_batches(path: str | os.PathLike[str]) -> Iterator[tuple[BatchHeader, list[Message]]]:
+    """Read a ``segment.log`` (or any file of batches) outside the broker, batch by batch.
+
+    Yields (header, messages) in offset order. Stops quietly at a torn tail (the file may be
+    written to right now by a live broker: a batch being appended looks like one); raises
+    CorruptLog at a bad batch that has a valid batch after it, after yielding the batches
+    before it. The file is memory-mapped, so memory use does not grow with the file size.
+    Raises FileNotFoundError if there is no such file.
+    """
+    name = os.fspath(path)
+    with open(name, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            scan = _scan(mm, size, name)
+            try:
+                for pos, header in scan:
+                    raw = mm[pos : pos + header.length]
+                    yield header, _decode_messages(raw, header, name, pos)
+            finally:
+                scan.close()  # releases its memoryview before the mmap closes
+
+
+def parse_segment_path(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """(queue, seg) of ``<data>/<queue>/<seg:012d>/segment.log`` or of its folder."""
+    p = Path(path)
+    if p.name == SEGMENT_FILE:
+        p = p.parent
+    if not (len(p.name) == 12 and p.name.isdigit()):
+        raise ValueError(f"{path} is not a segment folder <data>/<queue>/<seg:012d>")
+    return p.parent.name, int(p.name)
+
+
+# -- the log --------------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -84,8 +439,32 @@ class RecoveryReport:
     truncated_bytes: int  # torn tail removed on open
 
 
+@attrs.frozen
+class LogStatistics:
+    end: int
+    synced_end: int
+    batches: int
+    file_bytes: int  # synced bytes in segment.log
+    buffered_bytes: int  # appended, not yet synced
+    syncs: int
+    synced_batches: int  # batches made durable by sync() since open
+    recovery: RecoveryReport
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class SegmentLog:
-    """One (queue, seg) on one replica. Not thread-safe: the broker serialises access."""
+    """One (queue, seg) on one replica. Not thread-safe: the broker serialises access.
+
+    Build it with ``SegmentLog.open``. Offsets are message positions from 0; ``end`` counts
+    appended messages, ``synced_end`` durable ones. ``read`` never serves past ``synced_end``.
+    """
 
     path: Path
     end: int  # next offset to be assigned (appended, maybe not yet synced)
@@ -94,35 +473,311 @@ class SegmentLog:
     last_seq: int | None  # seq of the last appended message
     recovery: RecoveryReport
 
+    def __init__(self, path: Path, fd: int, recovery: RecoveryReport) -> None:
+        # Private: use SegmentLog.open. One entry per batch, in offset order:
+        self._offsets: list[int] = []  # first_offset
+        self._positions: list[int] = []  # byte position in the file
+        self._seqs: list[int] = []  # first_seq
+        self._buffer: list[bytes] = []  # appended batches not yet written
+        self._buffered_bytes = 0
+        self._synced_bytes = 0  # file length covered by sync()
+        self._fd: int | None = fd
+        self._syncs = 0
+        self._synced_batches = 0
+        self.path = path
+        self.end = 0
+        self.synced_end = 0
+        self.first_seq = None
+        self.last_seq = None
+        self.recovery = recovery
+
+    # -- opening ----------------------------------------------------------------------------
+
     @classmethod
     def open(cls, directory: Path, queue: str, seg: int, *, create: bool = False) -> SegmentLog:
-        """Open (scan, truncate torn tail) or create; CorruptLog for a bad middle batch."""
-        raise NotImplementedError
+        """Open the log of (queue, seg) under the data directory ``directory``.
 
-    def append(self, batch: bytes) -> BatchHeader:
-        """Append one batch (already offset-stamped to ``end``); buffered until sync()."""
-        raise NotImplementedError
+        Scans the whole file: every batch's CRC and first_offset are checked. A torn tail is
+        truncated (durably) and counted in ``recovery.truncated_bytes``. With ``create`` a
+        missing segment is created empty (folders fsynced); without it, SegmentNotFound.
+
+        Raises:
+            SegmentNotFound: no ``segment.log`` and not ``create``.
+            CorruptLog: a bad batch with a valid batch after it (see ``_scan`` for the rule);
+                the file is left untouched for inspection or repair from the peer.
+            InvalidName: ``queue`` is not a valid queue name.
+        """
+        check_name("queue", queue)
+        if seg < 0:
+            raise ValueError(f"segment id must be >= 0, got {seg}")
+        folder = segment_dir(Path(directory), queue, seg)
+        path = folder / SEGMENT_FILE
+        if create and not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Make the new file's name durable: a synced batch in a file whose directory
+            # entry was lost would be lost with it.
+            for d in (folder, folder.parent, folder.parent.parent):
+                _fsync_dir(d)
+        else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise SegmentNotFound(queue, seg) from exc
+        try:
+            return cls._recover(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _recover(cls, path: Path, fd: int) -> SegmentLog:
+        size = os.fstat(fd).st_size
+        log = cls(path, fd, RecoveryReport(batches=0, messages=0, truncated_bytes=0))
+        valid_end = 0
+        if size:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+                scan = _scan(mm, size, str(path))
+                try:
+                    while True:
+                        pos, header = next(scan)
+                        log._index(pos, header)
+                except StopIteration as stop:
+                    valid_end = stop.value
+                finally:
+                    scan.close()
+        if valid_end < size:
+            os.ftruncate(fd, valid_end)
+            os.fdatasync(fd)
+        log._synced_bytes = valid_end
+        log.synced_end = log.end
+        log.recovery = RecoveryReport(batches=len(log._offsets), messages=log.end, truncated_bytes=size - valid_end)
+        return log
+
+    def _index(self, pos: int, header: BatchHeader) -> None:
+        self._offsets.append(header.first_offset)
+        self._positions.append(pos)
+        self._seqs.append(header.first_seq)
+        if self.first_seq is None:
+            self.first_seq = header.first_seq
+        self.end = header.first_offset + header.count
+        self.last_seq = header.first_seq + header.count - 1
+
+    def _require_fd(self) -> int:
+        if self._fd is None:
+            raise ClosedError(f"segment log {self.path} is closed")
+        return self._fd
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def append(self, batch: bytes, *, check_structure: bool = False) -> BatchHeader:
+        """Append one batch (already offset-stamped to ``end``); buffered until sync().
+
+        The CRC and header are checked; with ``check_structure`` the message lengths are
+        walked too (``check_messages``), which refuses a CRC-valid batch from a broken
+        encoder at ~one unpack per message. Reads do not see the batch before sync().
+
+        Raises:
+            CorruptLog: bad length/magic/CRC (path ``<wire>``); nothing is appended.
+            ValueError: ``first_offset`` is not ``end``.
+            ClosedError: after close().
+        """
+        self._require_fd()
+        header = check_messages(batch) if check_structure else parse_header(batch)
+        if header.first_offset != self.end:
+            raise ValueError(f"{self.path}: batch first_offset {header.first_offset} != end {self.end}")
+        if not isinstance(batch, bytes):
+            batch = bytes(batch)
+        self._index(self._synced_bytes + self._buffered_bytes, header)
+        self._buffer.append(batch)
+        self._buffered_bytes += header.length
+        return header
 
     def sync(self) -> int:
-        """Write buffered batches and fdatasync; return the new synced_end. DiskFull on ENOSPC
-        (the unsynced batches are dropped, the file truncated back to synced_end)."""
-        raise NotImplementedError
+        """Write every buffered batch with one write and ``fdatasync``; return the new
+        ``synced_end``. A no-op (no syscall) when nothing is buffered.
+
+        Raises:
+            DiskFull: ENOSPC/EDQUOT from the write or the fdatasync. Every unsynced batch is
+                dropped (``end`` goes back to ``synced_end``) and the file is truncated back
+                to the synced length, so nothing half-written is ever read or recovered. The
+                log stays usable: append again once there is space.
+            OSError: any other I/O error. The unsynced batches are dropped the same way and
+                the log is closed: after a failed fdatasync the page cache can no longer be
+                trusted to match the disk (PostgreSQL's "fsyncgate"); reopen it to rescan.
+        """
+        fd = self._require_fd()
+        if not self._buffer:
+            return self.synced_end
+        data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+        try:
+            written = 0
+            with memoryview(data) as view:
+                while written < len(data):
+                    written += os.pwrite(fd, view[written:], self._synced_bytes + written)
+            os.fdatasync(fd)
+        except OSError as exc:
+            dropped = len(self._buffer)
+            self._drop_unsynced()
+            try:
+                os.ftruncate(fd, self._synced_bytes)
+                os.fdatasync(fd)
+            except OSError:
+                pass  # the scan on the next open treats what is left past synced as a torn tail
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(
+                    f"{self.path}: no space to write {len(data)} bytes; {dropped} unsynced batches dropped"
+                ) from exc
+            self.close()
+            raise
+        self._synced_bytes += len(data)
+        self._synced_batches += len(self._buffer)
+        self._syncs += 1
+        self._buffer.clear()
+        self._buffered_bytes = 0
+        self.synced_end = self.end
+        return self.synced_end
+
+    def _drop_unsynced(self) -> None:
+        kept = len(self._offsets) - len(self._buffer)
+        self._cut_index(kept)
+        self._buffer.clear()
+        self._buffered_bytes = 0
+
+    def _cut_index(self, batches: int) -> None:
+        """Forget index entries from batch number ``batches`` on and recompute end/seqs."""
+        end = self._offsets[batches] if batches < len(self._offsets) else self.end
+        del self._offsets[batches:], self._positions[batches:], self._seqs[batches:]
+        self.end = end
+        if self._offsets:
+            self.last_seq = self._seqs[-1] + (end - self._offsets[-1]) - 1
+        else:
+            self.first_seq = self.last_seq = None
+
+    def truncate(self, end: int) -> None:
+        """Drop everything at or after offset ``end`` (a batch boundary) and sync.
+
+        Buffered batches before ``end`` are kept and synced with the truncation.
+
+        Raises:
+            ValueError: ``end`` is negative, past ``end``, or inside a batch.
+            DiskFull / OSError: as for sync().
+        """
+        fd = self._require_fd()
+        if end < 0 or end > self.end:
+            raise ValueError(f"{self.path}: cannot truncate to {end}: log end is {self.end}")
+        if end == self.end:
+            self.sync()
+            return
+        i = bisect_right(self._offsets, end) - 1
+        if self._offsets[i] != end:
+            raise ValueError(f"{self.path}: offset {end} is inside the batch starting at {self._offsets[i]}")
+        pos = self._positions[i]
+        buffered = len(self._buffer)
+        synced_batches = len(self._offsets) - buffered
+        if pos >= self._synced_bytes:
+            # Only buffered batches go: keep the ones before ``end`` and write them.
+            keep = i - synced_batches
+            del self._buffer[keep:]
+            self._buffered_bytes = pos - self._synced_bytes
+            self._cut_index(i)
+            self.sync()
+            return
+        self._buffer.clear()
+        self._buffered_bytes = 0
+        self._cut_index(i)
+        os.ftruncate(fd, pos)
+        os.fdatasync(fd)
+        self._synced_bytes = pos
+        self.synced_end = end
+
+    # -- reading ----------------------------------------------------------------------------
 
     def read(self, offset: int, *, max_bytes: int, upto: int) -> list[bytes]:
         """Whole batches starting at the batch containing ``offset`` and ending at or before
-        ``upto`` (LAC or sealed end), at most ~max_bytes (at least one batch if any)."""
-        raise NotImplementedError
+        ``upto`` (exclusive offset bound: the LAC + 1 or the sealed end), at most ``max_bytes``
+        in total, but at least one batch if one ends at or before ``upto``.
 
-    def truncate(self, end: int) -> None:
-        """Drop everything at or after offset ``end`` (must be a batch boundary) and sync."""
-        raise NotImplementedError
+        ``upto`` is capped at ``synced_end``: unsynced batches are never served. A batch that
+        straddles ``upto`` is not returned (and neither is anything after it). Returns []
+        when ``offset`` is at or past the readable end. Batches are not re-checked here: every
+        receiver (slave ``append``, consumer ``decode_batch``) checks the CRC.
+
+        Raises ValueError for a negative ``offset``; CorruptLog if the file is shorter than the
+        index says (changed behind the log's back); ClosedError after close().
+        """
+        fd = self._require_fd()
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        limit = min(upto, self.synced_end)
+        if offset >= limit:
+            return []
+        offsets, positions = self._offsets, self._positions
+        n = len(offsets)
+        i = bisect_right(offsets, offset) - 1
+        start = positions[i]
+        j = i  # batches i..j-1 are taken
+        while j < n:
+            batch_end = offsets[j + 1] if j + 1 < n else self.end
+            if batch_end > limit:
+                break
+            stop = positions[j + 1] if j + 1 < n else self._synced_bytes
+            if j > i and stop - start > max_bytes:
+                break
+            j += 1
+        if j == i:
+            return []
+        stop = positions[j] if j < n else self._synced_bytes
+        data = os.pread(fd, stop - start, start)
+        if len(data) != stop - start:
+            raise CorruptLog(str(self.path), start + len(data), "file shorter than its index")
+        if j == i + 1:
+            return [data]
+        return [data[positions[k] - start : (positions[k + 1] if k + 1 < n else stop) - start] for k in range(i, j)]
 
     def last_message(self) -> tuple[int, Message] | None:
-        """(offset, message) of the last stored message, or None when empty."""
-        raise NotImplementedError
+        """(offset, message) of the last appended message (buffered ones included; call
+        sync() first for the last durable one), or None when empty."""
+        fd = self._require_fd()
+        if not self._offsets:
+            return None
+        pos = self._positions[-1]
+        raw = self._buffer[-1] if self._buffer else os.pread(fd, self._synced_bytes - pos, pos)
+        header, messages = decode_batch(raw, path=str(self.path), position=pos)
+        return header.first_offset + header.count - 1, messages[-1]
+
+    def statistics(self) -> LogStatistics:
+        return LogStatistics(
+            end=self.end,
+            synced_end=self.synced_end,
+            batches=len(self._offsets),
+            file_bytes=self._synced_bytes,
+            buffered_bytes=self._buffered_bytes,
+            syncs=self._syncs,
+            synced_batches=self._synced_batches,
+            recovery=self.recovery,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
 
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the file. Unsynced batches are dropped (they were never acked). Idempotent."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            self._buffer.clear()
+            self._buffered_bytes = 0
+            os.close(fd)
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SegmentLog {self.path} end={self.end} synced_end={self.synced_end}>"
 
 
 def segment_dir(data_dir: Path, queue: str, seg: int) -> Path:
