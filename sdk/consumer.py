@@ -127,7 +127,7 @@ class Consumer:
     def start(self) -> None:
         cfg = self.config
         if self._transport is None:
-            from sdk._grpc_transport import GrpcTransport
+            from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport()
         self._client = KazooClient(hosts=cfg.zk_hosts, timeout=cfg.zk_session_timeout_s)
@@ -346,7 +346,8 @@ class Consumer:
                 continue
             try:
                 return transport.fetch(info.address, self.config.queue, segment.seg, offset,
-                                       max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms)
+                                       max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
+                                       known_end=segment.end if segment.status is SegStatus.SEALED else None)
             except OrdqError as exc:
                 errors.append(f"{role}: {exc}")
         log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,

@@ -133,7 +133,7 @@ class Producer:
         """Connect, wait to be elected leader (standbys block here), take over the tail."""
         cfg = self.config
         if self._transport is None:
-            from sdk._grpc_transport import GrpcTransport
+            from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport()
         self._client = KazooClient(hosts=cfg.zk_hosts, timeout=cfg.zk_session_timeout_s)

@@ -1,5 +1,6 @@
 """What the SDK needs from brokers: a small interface, implemented over gRPC in
-``sdk/_grpc_transport.py``. Errors are ``ordq.errors`` types (translated where they enter)."""
+``broker_group/client.py`` (the wire protocol lives in one place). Errors are ``ordq.errors``
+types (translated where they enter)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,11 @@ class BrokerTransport(SealTransport, Protocol):
     def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> ProduceStream: ...
 
     def fetch(
-        self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int
-    ) -> FetchResult: ...
+        self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+        known_end: int | None = None,
+    ) -> FetchResult:
+        """Whole batches from ``offset``; ``known_end`` is the sealed end from ZooKeeper, if
+        known: a replica holding less refuses (BrokerUnavailable) instead of reading short."""
+        ...
 
     def close(self) -> None: ...

@@ -1,0 +1,151 @@
+"""The client side of the broker protocol: ``GrpcTransport`` implements the SDK's
+``BrokerTransport`` and the Seal protocol's ``SealTransport`` over gRPC.
+
+Every failed call raises an ordq error (``broker_group.errors.from_rpc_error``): typed when the
+broker said what went wrong, ``BrokerUnavailable`` when it could not answer at all. Channels
+are cached per address and closed with the transport.
+"""
+
+from __future__ import annotations
+
+import queue as queue_mod
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from broker_group.errors import from_rpc_error
+from broker_group.service import GRPC_OPTIONS, REQUEST_BYTES
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from coordinator.seal import ReplicaEnd
+from ordq.errors import BrokerUnavailable, ClosedError
+from sdk.transport import Ack, FetchResult
+
+T = TypeVar("T")
+
+
+def _replica_end(e: pb.SegmentEnd) -> ReplicaEnd:
+    return ReplicaEnd(end=e.end, first_seq=None if e.first_seq < 0 else e.first_seq,
+                      last_seq=None if e.last_seq < 0 else e.last_seq)
+
+
+class GrpcTransport:
+    """Calls to broker processes. Thread-safe; ``close()`` closes every channel."""
+
+    def __init__(self, *, rpc_timeout_s: float = 2.0, copy_timeout_s: float = 60.0) -> None:
+        self.rpc_timeout_s = rpc_timeout_s
+        self.copy_timeout_s = copy_timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _stub(self, address: str) -> pb_grpc.BrokerStub:
+        with self._lock:
+            if self._closed:
+                raise ClosedError("transport is closed")
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        return pb_grpc.BrokerStub(ch)
+
+    def _call(self, address: str, fn: Callable[[pb_grpc.BrokerStub], T]) -> T:
+        try:
+            return fn(self._stub(address))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, address) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+    # -- control ------------------------------------------------------------------------------
+
+    def fence(self, address: str, queue: str, seg: int, epoch: int) -> ReplicaEnd:
+        req = pb.FenceRequest(queue=queue, seg=seg, epoch=epoch)
+        return _replica_end(self._call(address, lambda s: s.Fence(req, timeout=self.rpc_timeout_s)))
+
+    def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd:
+        req = pb.SegmentRef(queue=queue, seg=seg)
+        return _replica_end(self._call(address, lambda s: s.Seal(req, timeout=self.rpc_timeout_s)))
+
+    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
+        req = pb.ReconcileRequest(queue=queue, seg=seg, end=end, peer=peer)
+        return _replica_end(self._call(address, lambda s: s.Reconcile(req, timeout=self.copy_timeout_s)))
+
+    def segment_info(self, address: str, queue: str, seg: int) -> pb.SegmentEnd:
+        req = pb.SegmentRef(queue=queue, seg=seg)
+        return self._call(address, lambda s: s.SegmentInfo(req, timeout=self.rpc_timeout_s))
+
+    def health(self, address: str) -> pb.HealthResponse:
+        return self._call(address, lambda s: s.Health(pb.HealthRequest(), timeout=self.rpc_timeout_s))
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+              known_end: int | None = None) -> FetchResult:
+        req = pb.FetchRequest(queue=queue, seg=seg, offset=offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
+                              known_end=-1 if known_end is None else known_end)
+        timeout = self.rpc_timeout_s + max_wait_ms / 1000.0
+        res = self._call(address, lambda s: s.Fetch(req, timeout=timeout))
+        return FetchResult(batches=list(res.batches), readable_end=res.readable_end, sealed=res.sealed)
+
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> GrpcProduceStream:
+        return GrpcProduceStream(self._stub(address), address, queue, seg, epoch)
+
+
+_CLOSE = object()
+
+
+class GrpcProduceStream:
+    """One pipelined Produce call: ``send`` queues batches (coalesced into stream messages of
+    up to ~REQUEST_BYTES), ``acks`` yields acks in order and ends by raising an ordq error."""
+
+    def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int) -> None:
+        self.address, self.queue, self.seg, self.epoch = address, queue, seg, epoch
+        self._q: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        self._call = stub.Produce(self._requests())
+
+    def _requests(self) -> Iterator[pb.ProduceRequest]:
+        while True:
+            item = self._q.get()
+            if item is _CLOSE:
+                return
+            batches: list[bytes] = list(item)
+            size = sum(len(b) for b in batches)
+            # Coalesce whatever else is already queued into the same stream message.
+            while size < REQUEST_BYTES:
+                try:
+                    more = self._q.get_nowait()
+                except queue_mod.Empty:
+                    break
+                if more is _CLOSE:
+                    yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, batches=batches)
+                    return
+                batches.extend(more)
+                size += sum(len(b) for b in more)
+            yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, batches=batches)
+
+    def send(self, batches: Sequence[bytes]) -> None:
+        self._q.put(list(batches))
+
+    def acks(self) -> Iterator[Ack]:
+        try:
+            for resp in self._call:
+                for a in resp.acks:
+                    yield Ack(seg=a.seg, first_offset=a.first_offset, first_seq=a.first_seq, count=a.count)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address) from exc
+        raise BrokerUnavailable(self.address, "produce stream ended")
+
+    def close(self) -> None:
+        self._q.put(_CLOSE)
+        self._call.cancel()
+
+
+# The Seal protocol needs only part of the transport; one implementation serves both.
+GrpcSealTransport = GrpcTransport

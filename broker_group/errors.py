@@ -1,0 +1,132 @@
+"""ordq errors on the wire: one table maps each error kind to a gRPC status and back.
+
+The server aborts a call with ``abort(context, exc)``: the gRPC status code says what kind of
+failure it is to generic tools, and the trailing metadata ``ordq-error`` carries the kind and
+its fields as JSON so the client re-raises the same typed error (``from_rpc_error``). Any
+``grpc.RpcError`` without that metadata (the process died, the port is closed, a deadline
+passed) becomes ``BrokerUnavailable``: a retriable failure of that replica.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+import grpc
+
+from ordq.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    CorruptLog,
+    DiskFull,
+    FencedError,
+    MessageTooLarge,
+    OrdqError,
+    SegmentNotFound,
+)
+
+METADATA_KEY = "ordq-error"
+
+
+class SegmentNotWritable(BrokerUnavailable):
+    """The segment refuses writes: sealed, held open before a restart, or its slave is gone.
+    Retriable: the producer fails over to a new segment."""
+
+    def __init__(self, address: str, queue: str, seg: int, why: str) -> None:
+        super().__init__(address, f"queue {queue!r} segment {seg} is not writable: {why}")
+        self.queue = queue
+        self.seg = seg
+        self.why = why
+
+
+# kind -> (status code, builder from fields). Builders take the fields the server sent.
+def _fenced(f: dict[str, Any]) -> OrdqError:
+    return FencedError(f["queue"], f["epoch"], f["current_epoch"])
+
+
+def _not_writable(f: dict[str, Any]) -> OrdqError:
+    return SegmentNotWritable(f.get("address", "?"), f["queue"], f["seg"], f["why"])
+
+
+def _unavailable(f: dict[str, Any]) -> OrdqError:
+    return BrokerUnavailable(f.get("address", "?"), f["detail"])
+
+
+def _not_found(f: dict[str, Any]) -> OrdqError:
+    return SegmentNotFound(f["queue"], f["seg"])
+
+
+def _too_large(f: dict[str, Any]) -> OrdqError:
+    return MessageTooLarge(f["size"], f["limit"])
+
+
+def _corrupt(f: dict[str, Any]) -> OrdqError:
+    return CorruptLog(f["path"], f["position"], f["detail"])
+
+
+def _disk_full(f: dict[str, Any]) -> OrdqError:
+    return DiskFull(f["message"])
+
+
+def _bad_request(f: dict[str, Any]) -> OrdqError:
+    return ConfigError(f["message"])
+
+
+_KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
+    "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
+    "not_writable": (grpc.StatusCode.UNAVAILABLE, _not_writable),
+    "unavailable": (grpc.StatusCode.UNAVAILABLE, _unavailable),
+    "not_found": (grpc.StatusCode.NOT_FOUND, _not_found),
+    "too_large": (grpc.StatusCode.RESOURCE_EXHAUSTED, _too_large),
+    "corrupt": (grpc.StatusCode.DATA_LOSS, _corrupt),
+    "disk_full": (grpc.StatusCode.RESOURCE_EXHAUSTED, _disk_full),
+    "bad_request": (grpc.StatusCode.INVALID_ARGUMENT, _bad_request),
+}
+
+
+def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
+    if isinstance(exc, FencedError):
+        return "fenced", {"queue": exc.queue, "epoch": exc.epoch, "current_epoch": exc.current_epoch}
+    if isinstance(exc, SegmentNotWritable):
+        return "not_writable", {"address": exc.address, "queue": exc.queue, "seg": exc.seg, "why": exc.why}
+    if isinstance(exc, BrokerUnavailable):
+        return "unavailable", {"address": exc.address, "detail": str(exc)}
+    if isinstance(exc, SegmentNotFound):
+        return "not_found", {"queue": exc.queue, "seg": exc.seg}
+    if isinstance(exc, MessageTooLarge):
+        return "too_large", {"size": exc.size, "limit": exc.limit}
+    if isinstance(exc, CorruptLog):
+        return "corrupt", {"path": exc.path, "position": exc.position, "detail": str(exc)}
+    if isinstance(exc, DiskFull):
+        return "disk_full", {"message": str(exc)}
+    return "bad_request", {"message": str(exc)}
+
+
+def abort(context: grpc.ServicerContext, exc: OrdqError) -> NoReturn:
+    """End the current call with ``exc``, typed for the client."""
+    kind, fields = _kind_and_fields(exc)
+    context.set_trailing_metadata(((METADATA_KEY, json.dumps({"kind": kind, "fields": fields})),))
+    context.abort(_KINDS[kind][0], str(exc))
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def from_rpc_error(exc: grpc.RpcError, address: str) -> OrdqError:
+    """The ordq error a failed call stands for (BrokerUnavailable when it is not one of ours)."""
+    meta = {}
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        meta[key] = value
+    raw = meta.get(METADATA_KEY)
+    if raw:
+        try:
+            doc = json.loads(raw)
+            fields = dict(doc["fields"])
+            if doc["kind"] in ("not_writable", "unavailable"):
+                fields["address"] = address
+            return _KINDS[doc["kind"]][1](fields)  # type: ignore[no-any-return]
+        except (ValueError, KeyError, TypeError):
+            pass  # not ours after all: fall through to a generic failure
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    name = code.name if code is not None else "ERROR"
+    return BrokerUnavailable(address, f"{name}: {details}")

@@ -1,0 +1,239 @@
+"""Master → slave replication: the same batches at the same offsets, and the master's LAC.
+
+Guarantee: the slave's copy of a segment is always a prefix of the master's (it refuses a
+batch that does not continue it exactly), and the master counts a batch as replicated only
+when the slave reports it synced. When the stream breaks, every non-empty segment the master
+could still write is frozen and its producers are failed at once: the producer fails over to
+a new segment instead of us streaming a catch-up. A new stream therefore only ever carries
+segments from offset 0, which keeps "the slave holds everything before what it acks" true by
+construction (DESIGN §4 asks for a catch-up on reconnect; freezing is the simpler safe
+choice, and after a slave failure the producer fails over anyway, DESIGN §6).
+
+The master pushes its LAC for every segment it forwarded on this stream whenever it moved,
+piggybacked on batches or alone, so the slave can serve reads up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import grpc
+
+from broker_group.errors import SegmentNotWritable, abort
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from ordq.errors import OrdqError
+
+if TYPE_CHECKING:
+    from broker_group.service import Broker, Segment
+
+log = logging.getLogger("ordq.replication")
+
+
+class ReplicationLink:
+    """The master's one replication stream to its slave (found through ZooKeeper)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self._cv = broker._cv  # one lock for all broker state
+        self.connected = False
+        self._gen = 0  # bumped on every (re)connect; a stale request generator stops
+        self._out: list[tuple[Segment, bytes]] = []
+        self._active: dict[tuple[str, int], Segment] = {}
+        self._lac_sent: dict[tuple[str, int], int] = {}
+        self._address: str | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        store = self.b.require_store()
+        path = store.paths.live(self.b.config.gid, "slave")
+        store.client.DataWatch(path)(self._on_slave_node)
+        self._thread = threading.Thread(target=self._run, name="ordq-replicate", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._gen += 1
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _on_slave_node(self, data: bytes | None, _stat: Any, *_event: Any) -> None:
+        import json
+
+        address = json.loads(data.decode())["address"] if data else None
+        with self._cv:
+            self._address = address
+            self._cv.notify_all()
+
+    def forward(self, s: Segment, stamped: bytes) -> None:
+        """Caller holds the broker lock: queue a stamped batch for the slave."""
+        self._out.append((s, stamped))
+        self._active[s.key] = s
+
+    # -- the stream ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._address is None and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                address = self._address
+                self._gen += 1
+                gen = self._gen
+                self._out.clear()
+                self._active.clear()
+                self._lac_sent.clear()
+            self._stream_once(address, gen)
+            with self._cv:
+                if self._stopping:
+                    return
+                self._cv.wait(0.1)  # a short pause before reconnecting (or a new address)
+
+    def _stream_once(self, address: str, gen: int) -> None:
+        from broker_group.service import GRPC_OPTIONS
+
+        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        try:
+            responses = pb_grpc.BrokerStub(channel).Replicate(self._requests(gen))
+            for resp in responses:
+                with self._cv:
+                    if not self.connected:
+                        self.connected = True
+                        log.info("replicating to slave at %s", address)
+                    for r in resp.synced:
+                        s = self.b._segments.get((r.queue, r.seg))
+                        if s is not None:
+                            s.replica.peer_progress(r.synced_end)
+                    self._cv.notify_all()
+        except grpc.RpcError as exc:
+            log.warning("replication stream to %s broke: %s", address, exc.code() if hasattr(exc, "code") else exc)
+        finally:
+            channel.close()
+            self._broken(gen)
+
+    def _broken(self, gen: int) -> None:
+        with self._cv:
+            was = self.connected
+            self.connected = False
+            self._gen += 1  # stops the request generator of this stream
+            frozen = []
+            for s in self.b._segments.values():
+                if s.replica.writable and s.replica.next_offset > 0:
+                    s.replica.freeze("the replication stream to the slave broke")
+                    frozen.append(s)
+            if was:
+                self.b.stats.replication_breaks += 1
+            self.b.fail_streams(SegmentNotWritable(self.b.address, "*", -1, "the slave is not connected"))
+            self._cv.notify_all()
+        if frozen:
+            log.warning("froze %d segments after the slave stream broke", len(frozen))
+
+    def _requests(self, gen: int) -> Iterator[pb.ReplicateRequest]:
+        yield pb.ReplicateRequest(hello=True)
+        while True:
+            with self._cv:
+                while True:
+                    if gen != self._gen or self._stopping:
+                        return
+                    lacs = {k: s.replica.lac for k, s in self._active.items()
+                            if self._lac_sent.get(k) != s.replica.lac}
+                    if self._out or lacs:
+                        break
+                    self._cv.wait(0.5)
+                out, self._out = self._out, []
+                self._lac_sent.update(lacs)
+            yield from _requests_for(out, lacs)
+
+
+def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
+    """Group batches by segment (keeping their order), split at about REQUEST_BYTES, with each
+    segment's LAC on its last request; LAC-only requests for the rest."""
+    from broker_group.service import REQUEST_BYTES
+
+    by_seg: dict[tuple[str, int], list[bytes]] = {}
+    for s, b in out:
+        by_seg.setdefault(s.key, []).append(b)
+    for key, batches in by_seg.items():
+        chunk: list[bytes] = []
+        size = 0
+        for b in batches:
+            if chunk and size + len(b) > REQUEST_BYTES:
+                yield pb.ReplicateRequest(queue=key[0], seg=key[1], batches=chunk, lac=-1)
+                chunk, size = [], 0
+            chunk.append(b)
+            size += len(b)
+        yield pb.ReplicateRequest(queue=key[0], seg=key[1], batches=chunk, lac=lacs.get(key, -1))
+    for key, lac in lacs.items():
+        if key not in by_seg:
+            yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
+
+
+@attrs.define(eq=False)
+class _SlaveStream:
+    segments: dict[tuple[str, int], Segment] = attrs.field(factory=dict)
+    reported: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    hello: bool = False
+    error: OrdqError | None = None
+    done: bool = False
+
+
+def serve_replicate(broker: Broker, requests: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
+                    ) -> Iterator[pb.ReplicateResponse]:
+    """Slave side: append what the master sends; report synced ends as they move."""
+    if broker.config.role.value != "slave":
+        abort(context, SegmentNotWritable(broker.address, "*", -1, "replication goes to the slave, this is the master"))
+    st = _SlaveStream()
+    cv = broker._cv
+
+    def read() -> None:
+        try:
+            for req in requests:
+                if req.hello:
+                    with cv:
+                        st.hello = True
+                        cv.notify_all()
+                    continue
+                s = broker.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
+                with cv:
+                    st.segments[s.key] = s
+        except OrdqError as exc:
+            log.error("refused replicated data: %s", exc)
+            with cv:
+                st.error = exc
+        except Exception:  # noqa: BLE001 - the master went away
+            pass
+        finally:
+            with cv:
+                st.done = True
+                cv.notify_all()
+
+    threading.Thread(target=read, name="ordq-replica-read", daemon=True).start()
+    while True:
+        with cv:
+            while True:
+                moved = [pb.ReplicaSegment(queue=k[0], seg=k[1], synced_end=s.replica.local_synced)
+                         for k, s in st.segments.items() if st.reported.get(k) != s.replica.local_synced]
+                if moved or st.hello or st.error or st.done or broker._stopping:
+                    break
+                if not context.is_active():
+                    return
+                cv.wait(0.5)
+            for r in moved:
+                st.reported[(r.queue, r.seg)] = r.synced_end
+            hello, st.hello = st.hello, False
+            error, done = st.error, st.done
+        if moved or hello:
+            yield pb.ReplicateResponse(synced=moved)
+        if error is not None:
+            abort(context, error)
+        if done or broker._stopping:
+            return

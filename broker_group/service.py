@@ -1,0 +1,783 @@
+"""The broker process: a master or a slave of one broker group, serving the gRPC protocol.
+
+Guarantees (DESIGN §4):
+- A produce batch is acked only when master and slave have both synced it, and acks return
+  in order. The master assigns offsets, writes locally and forwards the same bytes to the
+  slave at once; one sync thread group-commits every batch that arrived meanwhile.
+- Readers never see past the LAC of an open segment, nor past the end of a sealed one (nor
+  past the end ZooKeeper decided, when the reader tells it).
+- Fence and Seal are persisted before they are answered, and answered only after every batch
+  accepted before them is synced, so the end they report is durable.
+- A segment held open before a restart is never appended to again; a segment sealed in
+  ZooKeeper is reconciled (truncated past its end, or completed from the peer) before it is
+  served past what this copy holds.
+
+Threads: gRPC handler threads; one reader thread per produce/replicate stream (turns requests
+into accepted batches); the sync thread (group commit); on the master, the replication
+sender; and the reconciler. Shared state is guarded by one condition variable ``_cv``; a
+segment's log file by its own ``io_lock`` (held across a sync, never together with ``_cv``
+waiting on it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+from kazoo.protocol.states import KazooState
+
+from broker_group import log as seglog
+from broker_group.errors import SegmentNotWritable, abort
+from broker_group.replica import Placement, Refused, Role, SegmentReplica
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from coordinator.state import SegStatus
+from coordinator.store import ZkStore
+from ordq.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    CorruptLog,
+    DiskFull,
+    MessageTooLarge,
+    OrdqError,
+    SegmentNotFound,
+)
+
+log = logging.getLogger("ordq.broker")
+
+# Large batches ride in one gRPC message: lift gRPC's 4 MiB default on every channel/server.
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
+META_FILE = "meta.json"
+
+
+@attrs.frozen(kw_only=True)
+class BrokerConfig:
+    gid: str
+    role: Role
+    data_dir: Path
+    zk_hosts: str
+    root: str = "/ordq"
+    listen: str = "127.0.0.1:0"
+    zk_session_timeout_s: float = 2.0
+    max_batch_bytes: int = 16 << 20  # one encoded batch on the wire
+    lac_push_ms: float = 2.0  # how soon the slave learns an advanced LAC when no batch carries it
+    reconcile_interval_s: float = 1.0
+    rpc_timeout_s: float = 5.0  # calls this broker makes to its peer while reconciling
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_batch_bytes < 1024:
+            raise ConfigError("max_batch_bytes must be >= 1024")
+        if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
+            raise ConfigError("lac_push_ms and reconcile_interval_s must be > 0")
+
+
+@attrs.define(eq=False)
+class Segment:
+    """One (queue, seg) on this replica: decisions in ``replica``, bytes in ``log``."""
+
+    replica: SegmentReplica
+    directory: Path
+    log: seglog.SegmentLog | None  # None while corrupt (not served)
+    corrupt: CorruptLog | None = None
+    pending: list[bytes] = attrs.field(factory=list)  # accepted, not yet appended to the log
+    syncing: bool = False
+    io_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    reconciled: bool = False  # matches ZooKeeper's sealed end (or nothing to reconcile yet)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.replica.queue, self.replica.seg)
+
+    def settled(self) -> bool:
+        """Everything accepted so far has reached the sync thread's verdict."""
+        return not self.pending and not self.syncing
+
+    def end(self) -> pb.SegmentEnd:
+        r = self.replica
+        return pb.SegmentEnd(
+            end=r.local_synced,
+            first_seq=-1 if r.first_seq is None or r.local_synced == 0 else r.first_seq,
+            last_seq=-1 if r.last_seq is None or r.local_synced == 0 else r.last_seq,
+            sealed=r.sealed, fenced_epoch=r.fenced_epoch,
+        )
+
+
+@attrs.define(eq=False)
+class ProduceStreamState:
+    """Acks owed on one produce stream, in order."""
+
+    pending: list[tuple[Segment, Placement]] = attrs.field(factory=list)
+    error: OrdqError | None = None
+    done: bool = False
+
+
+@attrs.define
+class BrokerStats:
+    batches_in: int = 0
+    messages_in: int = 0
+    bytes_in: int = 0
+    duplicates: int = 0
+    syncs: int = 0
+    batches_synced: int = 0
+    acks: int = 0
+    fetches: int = 0
+    replication_breaks: int = 0
+    torn_bytes_truncated: int = 0
+    corrupt_segments: int = 0
+    reconciled: int = 0
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.address = ""
+        self.stats = BrokerStats()
+        self._cv = threading.Condition()
+        self._segments: dict[tuple[str, int], Segment] = {}
+        self._dirty: list[Segment] = []
+        self._streams: set[ProduceStreamState] = set()
+        self._stopping = False
+        self._server: grpc.Server | None = None
+        self._store: ZkStore | None = None
+        self._threads: list[threading.Thread] = []
+        self._kick_reconcile = threading.Event()
+        self.replication: Any = None  # master: broker_group.replication.ReplicationLink
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Recover the data folder, serve, register liveness; return the bound address."""
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._recover()
+        self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s)
+        self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ordq-rpc"),
+                                   options=GRPC_OPTIONS)
+        pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
+        port = self._server.add_insecure_port(cfg.listen)
+        if port == 0:
+            raise ConfigError(f"cannot listen on {cfg.listen}")
+        self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
+        self._server.start()
+        self._spawn(self._sync_loop, "ordq-sync")
+        self._spawn(self._reconcile_loop, "ordq-reconcile")
+        if cfg.role is Role.MASTER:
+            from broker_group.replication import ReplicationLink
+
+            self.replication = ReplicationLink(self)
+            self.replication.start()
+        self._register()
+        self._store.client.add_listener(self._on_zk_state)
+        return self.address
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _register(self) -> None:
+        store = self.require_store()
+        store.register_live(self.config.gid, self.config.role.value, self.address, self.incarnation)
+
+    def _on_zk_state(self, state: str) -> None:
+        # The ephemeral liveness node dies with an expired session: register again once a
+        # new session is up (in a thread: kazoo forbids blocking calls in listeners).
+        if state == KazooState.LOST:
+            def again() -> None:
+                deadline = time.monotonic() + 60
+                while not self._stopping and time.monotonic() < deadline:
+                    try:
+                        self._register()
+                        log.info("re-registered liveness after a lost ZooKeeper session")
+                        return
+                    except OrdqError:
+                        time.sleep(0.2)
+
+            threading.Thread(target=again, daemon=True).start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self.replication is not None:
+            self.replication.stop()
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait()
+        self._kick_reconcile.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        if self._store is not None:
+            self._store.close()
+        for s in self._segments.values():
+            if s.log is not None:
+                with s.io_lock:
+                    s.log.close()
+
+    def wait(self) -> None:
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+    def require_store(self) -> ZkStore:
+        if self._store is None:
+            raise BrokerUnavailable(self.address, "not started")
+        return self._store
+
+    # -- segments -----------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Open every segment on disk. Torn tails are truncated (and counted); a corrupt middle
+        batch takes that segment out of service; anything not sealed here is never written
+        again (its peer may hold synced batches this copy lost)."""
+        for qdir in sorted(p for p in self.config.data_dir.iterdir() if p.is_dir()):
+            for sdir in sorted(p for p in qdir.iterdir() if p.is_dir() and p.name.isdigit()):
+                queue, seg = qdir.name, int(sdir.name)
+                meta = _read_meta(sdir)
+                replica = SegmentReplica(queue, seg, self.config.role, fenced_epoch=meta.get("fenced_epoch", 0),
+                                         sealed=bool(meta.get("sealed", False)))
+                segment = Segment(replica=replica, directory=sdir, log=None)
+                try:
+                    lg = seglog.SegmentLog.open(self.config.data_dir, queue, seg)
+                except CorruptLog as exc:
+                    log.error("segment %s/%d is corrupt and will not be served: %s", queue, seg, exc)
+                    segment.corrupt = exc
+                    self.stats.corrupt_segments += 1
+                    replica.freeze("corrupt log")
+                else:
+                    segment.log = lg
+                    self.stats.torn_bytes_truncated += lg.recovery.truncated_bytes
+                    if lg.recovery.truncated_bytes:
+                        log.warning("segment %s/%d: truncated a torn tail of %d bytes", queue, seg,
+                                    lg.recovery.truncated_bytes)
+                    replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
+                replica.freeze("held open before this broker restarted")
+                self._segments[segment.key] = segment
+
+    def _create(self, queue: str, seg: int, fenced_epoch: int) -> Segment:
+        """A new, empty, writable segment (or the one another thread created meanwhile)."""
+        with self._cv:
+            existing = self._segments.get((queue, seg))
+            if existing is not None:
+                return existing
+        directory = seglog.segment_dir(self.config.data_dir, queue, seg)
+        lg = seglog.SegmentLog.open(self.config.data_dir, queue, seg, create=True)
+        replica = SegmentReplica(queue, seg, self.config.role, fenced_epoch=fenced_epoch)
+        segment = Segment(replica=replica, directory=directory, log=lg)
+        _write_meta(segment)
+        with self._cv:
+            existing = self._segments.setdefault((queue, seg), segment)
+        if existing is not segment:
+            lg.close()
+        return existing
+
+    def _zk_segment(self, queue: str, seg: int) -> tuple[Any, int]:
+        """(the ZooKeeper view of the segment or None, the queue's producer epoch)."""
+        st, _ = self.require_store().load_state(queue)
+        return st.segment(seg), st.producer_epoch
+
+    def segment_for_write(self, queue: str, seg: int, epoch: int) -> Segment:
+        """Master: the segment a producer writes; created only if ZooKeeper says it is this
+        group's open segment, fenced at the queue's current epoch (so a stale producer that
+        never saw the takeover cannot write to a segment opened after it)."""
+        with self._cv:
+            s = self._segments.get((queue, seg))
+        if s is not None:
+            return s
+        z, producer_epoch = self._zk_segment(queue, seg)
+        if z is None or z.gid != self.config.gid or z.status is not SegStatus.OPEN:
+            raise SegmentNotWritable(self.address, queue, seg, "not this group's open segment in ZooKeeper")
+        s = self._create(queue, seg, producer_epoch)
+        with self._cv:
+            s.replica.check_epoch(epoch)
+        return s
+
+    def segment_for_control(self, queue: str, seg: int) -> Segment:
+        """Fence/Seal/Reconcile target: created empty when ZooKeeper places it on this group
+        but nothing was ever written here."""
+        with self._cv:
+            s = self._segments.get((queue, seg))
+        if s is not None:
+            return s
+        z, _ = self._zk_segment(queue, seg)
+        if z is None or z.gid != self.config.gid:
+            raise SegmentNotFound(queue, seg)
+        return self._create(queue, seg, 0)
+
+    def segment_for_replica(self, queue: str, seg: int) -> Segment:
+        with self._cv:
+            s = self._segments.get((queue, seg))
+        return s if s is not None else self._create(queue, seg, 0)
+
+    # -- the write path -----------------------------------------------------------------------
+
+    def accept_produce(self, stream: ProduceStreamState, req: pb.ProduceRequest) -> None:
+        """Master: place each batch, queue it for the local sync and for the slave."""
+        if self.config.role is not Role.MASTER:
+            raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
+        headers = [self._checked_header(raw) for raw in req.batches]
+        s = self.segment_for_write(req.queue, req.seg, req.epoch)
+        with self._cv:
+            link = self.replication
+            if link is None or not link.connected:
+                raise SegmentNotWritable(self.address, req.queue, req.seg, "the slave is not connected")
+            for raw, h in zip(req.batches, headers, strict=True):
+                if h.epoch != req.epoch:
+                    raise ConfigError(f"batch epoch {h.epoch} differs from the stream's epoch {req.epoch}")
+                try:
+                    p = s.replica.place(req.epoch, h.first_seq, h.count)
+                except Refused as exc:
+                    raise self._refused(s, exc) from None
+                if p.duplicate:
+                    self.stats.duplicates += 1
+                else:
+                    stamped = seglog.stamp_offset(raw, p.first_offset)
+                    s.pending.append(stamped)
+                    link.forward(s, stamped)
+                    self.stats.batches_in += 1
+                    self.stats.messages_in += h.count
+                    self.stats.bytes_in += len(raw)
+                stream.pending.append((s, p))
+            self._mark_dirty(s)
+            self._cv.notify_all()
+
+    def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
+        """Slave: append the master's batches at the master's offsets; learn its LAC."""
+        headers = [self._checked_header(raw) for raw in batches]
+        s = self.segment_for_replica(queue, seg)
+        with self._cv:
+            if s.replica.sealed:
+                # Sealed here first (the Seal protocol reached us before these in-flight
+                # batches): ignore them; the protocol copies any difference from the master.
+                return s
+            for raw, h in zip(batches, headers, strict=True):
+                try:
+                    s.replica.accept_replica(h.epoch, h.first_offset, h.first_seq, h.count)
+                except Refused as exc:
+                    raise self._refused(s, exc) from None
+                s.pending.append(raw)
+                self.stats.batches_in += 1
+                self.stats.messages_in += h.count
+                self.stats.bytes_in += len(raw)
+            if lac >= 0:
+                s.replica.peer_progress(lac)
+            if batches:
+                self._mark_dirty(s)
+            self._cv.notify_all()
+        return s
+
+    def _checked_header(self, raw: bytes) -> seglog.BatchHeader:
+        if len(raw) > self.config.max_batch_bytes:
+            raise MessageTooLarge(len(raw), self.config.max_batch_bytes)
+        try:
+            return seglog.parse_header(raw)
+        except CorruptLog as exc:
+            raise ConfigError(f"malformed batch: {exc}") from exc
+        except ValueError as exc:
+            raise ConfigError(f"malformed batch: {exc}") from exc
+
+    def _refused(self, s: Segment, exc: Refused) -> OrdqError:
+        if exc.kind == "not_writable":
+            return SegmentNotWritable(self.address, s.replica.queue, s.replica.seg, exc.why)
+        return ConfigError(f"queue {s.replica.queue!r} segment {s.replica.seg}: {exc.why}")
+
+    def _mark_dirty(self, s: Segment) -> None:
+        if s.pending and s not in self._dirty:
+            self._dirty.append(s)
+
+    def _sync_loop(self) -> None:
+        """Group commit: one write + fdatasync per segment covers every batch that arrived
+        while the previous sync ran; nothing is acked before it."""
+        while True:
+            with self._cv:
+                while not self._dirty and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                work = [(s, s.pending) for s in self._dirty]
+                for s, _ in work:
+                    s.pending = []
+                    s.syncing = True
+                self._dirty.clear()
+            for s, batches in work:
+                error: OrdqError | None = None
+                end = None
+                try:
+                    with s.io_lock:
+                        assert s.log is not None
+                        for b in batches:
+                            s.log.append(b)
+                        end = s.log.sync()
+                except (DiskFull, OSError, ValueError, CorruptLog) as exc:
+                    error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
+                    log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
+                with self._cv:
+                    s.syncing = False
+                    if error is None and end is not None:
+                        s.replica.synced(end)
+                        self.stats.syncs += 1
+                        self.stats.batches_synced += len(batches)
+                    else:
+                        self._fail_segment(s, error or DiskFull("write failed"))
+                    self._cv.notify_all()
+
+    def _fail_segment(self, s: Segment, error: OrdqError) -> None:
+        """The disk refused a write: stop writing this segment and fail its producers (they
+        fail over; nothing half-written is served because the log truncated to synced)."""
+        s.replica.freeze(f"write failed: {error}")
+        if s.log is not None:
+            s.replica.next_offset = s.replica.local_synced  # what was dropped never existed
+        for stream in self._streams:
+            if any(seg is s for seg, _ in stream.pending) and stream.error is None:
+                stream.error = error
+
+    def fail_streams(self, error: OrdqError, *, only: Callable[[Segment], bool] | None = None) -> None:
+        """Caller holds _cv. Fail every produce stream (that waits on a matching segment)."""
+        for stream in self._streams:
+            if stream.error is None and (only is None or any(only(seg) for seg, _ in stream.pending)):
+                stream.error = error
+        self._cv.notify_all()
+
+    def produce(self, requests: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
+                ) -> Iterator[pb.ProduceResponse]:
+        stream = ProduceStreamState()
+        with self._cv:
+            self._streams.add(stream)
+
+        def read() -> None:
+            try:
+                for req in requests:
+                    self.accept_produce(stream, req)
+            except OrdqError as exc:
+                with self._cv:
+                    stream.error = stream.error or exc
+            except Exception as exc:  # noqa: BLE001 - the client went away or sent garbage
+                with self._cv:
+                    if not isinstance(exc, grpc.RpcError):
+                        stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
+            finally:
+                with self._cv:
+                    stream.done = True
+                    self._cv.notify_all()
+
+        threading.Thread(target=read, name="ordq-produce-read", daemon=True).start()
+        try:
+            while True:
+                with self._cv:
+                    while True:
+                        ready = self._take_ready_acks(stream)
+                        if ready or stream.error or self._stopping or (stream.done and not stream.pending):
+                            break
+                        if not context.is_active():
+                            return
+                        self._cv.wait(0.5)
+                    error, finished = stream.error, stream.done and not stream.pending
+                if ready:
+                    yield pb.ProduceResponse(acks=ready)
+                if error is not None:
+                    abort(context, error)
+                if finished or self._stopping:
+                    return
+        finally:
+            with self._cv:
+                self._streams.discard(stream)
+
+    def _take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
+        """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,
+        contiguous runs merged into one ack."""
+        out: list[pb.Ack] = []
+        n = 0
+        for s, p in stream.pending:
+            if s.replica.lac < p.end_offset:
+                break
+            n += 1
+            prev = out[-1] if out else None
+            if (prev is not None and prev.seg == s.replica.seg and prev.first_offset + prev.count == p.first_offset
+                    and prev.first_seq + prev.count == p.first_seq):
+                prev.count += p.count
+            else:
+                out.append(pb.Ack(seg=s.replica.seg, first_offset=p.first_offset, first_seq=p.first_seq,
+                                  count=p.count))
+        if n:
+            del stream.pending[:n]
+            self.stats.acks += n
+        return out
+
+    # -- control --------------------------------------------------------------------------------
+
+    def _settle(self, s: Segment) -> None:
+        """Caller holds _cv: wait until every accepted batch was synced or dropped."""
+        while not s.settled():
+            self._cv.wait(0.5)
+
+    def fence(self, queue: str, seg: int, epoch: int) -> pb.SegmentEnd:
+        s = self.segment_for_control(queue, seg)
+        with self._cv:
+            s.replica.fence(epoch)
+            self._settle(s)
+            end = s.end()
+        _write_meta(s)
+        return end
+
+    def seal(self, queue: str, seg: int) -> pb.SegmentEnd:
+        s = self.segment_for_control(queue, seg)
+        with self._cv:
+            s.replica.freeze("sealed")
+            self._settle(s)
+            s.replica.seal()
+            end = s.end()
+            # Producers still waiting for acks in this segment learn it is over now.
+            self.fail_streams(SegmentNotWritable(self.address, queue, seg, "sealed"),
+                              only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
+        _write_meta(s)
+        return end
+
+    def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:
+        with self._cv:
+            s = self._segments.get((queue, seg))
+            if s is None:
+                raise SegmentNotFound(queue, seg)
+            return s.end()
+
+    def reconcile(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
+        """Make this copy of a sealed segment exactly ``end`` messages long: truncate past it,
+        or copy [our end, end) from ``peer``. A corrupt copy is set aside and copied whole."""
+        from broker_group.client import GrpcTransport
+
+        s = self.segment_for_control(queue, seg)
+        with self._cv:
+            s.replica.freeze("sealed")
+            self._settle(s)
+        with s.io_lock:
+            if s.log is None:  # corrupt: keep the evidence, rebuild from the peer
+                bad = s.directory / "segment.log"
+                if bad.exists():
+                    bad.rename(s.directory / f"segment.log.corrupt-{int(time.time())}")
+                s.log = seglog.SegmentLog.open(self.config.data_dir, queue, seg, create=True)
+            lg = s.log
+            if lg.synced_end > end:
+                lg.truncate(end)
+            if lg.synced_end < end:
+                transport = GrpcTransport(rpc_timeout_s=self.config.rpc_timeout_s)
+                try:
+                    while lg.synced_end < end:
+                        res = transport.fetch(peer, queue, seg, lg.synced_end, max_bytes=8 << 20, max_wait_ms=0,
+                                              known_end=end)
+                        if not res.batches:
+                            raise BrokerUnavailable(peer, f"peer holds only {res.readable_end} of {end} messages")
+                        for b in res.batches:
+                            if seglog.parse_header(b).end_offset <= end:
+                                lg.append(b)
+                        lg.sync()
+                finally:
+                    transport.close()
+        with self._cv:
+            s.replica.seal()
+            s.replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
+            s.corrupt = None
+            s.reconciled = True
+            self.stats.reconciled += 1
+            out = s.end()
+            self._cv.notify_all()
+        _write_meta(s)
+        log.info("segment %s/%d reconciled to end %d", queue, seg, end)
+        return out
+
+    # -- the read path ----------------------------------------------------------------------------
+
+    def fetch(self, req: pb.FetchRequest) -> pb.FetchResponse:
+        self.stats.fetches += 1
+        known_end = req.known_end if req.known_end >= 0 else None
+        deadline = time.monotonic() + req.max_wait_ms / 1000.0
+        with self._cv:
+            s = self._segments.get((req.queue, req.seg))
+            while s is None and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+                s = self._segments.get((req.queue, req.seg))
+        if s is None:
+            z, _ = self._zk_segment(req.queue, req.seg)
+            if z is None or z.gid != self.config.gid:
+                raise SegmentNotFound(req.queue, req.seg)
+            return pb.FetchResponse(readable_end=0, sealed=z.status is SegStatus.SEALED and not z.end)
+        with self._cv:
+            if s.corrupt is not None:
+                raise s.corrupt
+            r = s.replica
+            if r.sealed and known_end is not None and req.offset >= r.local_synced and r.local_synced < known_end:
+                self._kick_reconcile.set()
+                raise BrokerUnavailable(self.address, f"this copy of {req.queue}/{req.seg} holds {r.local_synced} "
+                                        f"of its sealed end {known_end}; reconciling from the peer")
+            while (r.readable_end(known_end) <= req.offset and not r.sealed and not self._stopping
+                   and time.monotonic() < deadline):
+                self._cv.wait(max(deadline - time.monotonic(), 0.0))
+            upto = r.readable_end(known_end)
+            sealed = r.sealed
+        batches: list[bytes] = []
+        if upto > req.offset:
+            with s.io_lock:
+                assert s.log is not None
+                batches = s.log.read(req.offset, max_bytes=max(req.max_bytes, 1), upto=upto)
+        return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
+
+    # -- reconciliation with ZooKeeper --------------------------------------------------------------
+
+    def _reconcile_loop(self) -> None:
+        """Bring copies of segments sealed in ZooKeeper to their decided end, and drop the
+        files of segments every subscription has consumed (popped from the consume list)."""
+        while not self._stopping:
+            try:
+                self._reconcile_round()
+            except OrdqError as exc:
+                log.info("reconcile round deferred: %s", exc)
+            self._kick_reconcile.wait(self.config.reconcile_interval_s)
+            self._kick_reconcile.clear()
+
+    def _reconcile_round(self) -> None:
+        store = self.require_store()
+        with self._cv:
+            todo = [s for s in self._segments.values() if not s.reconciled]
+        states: dict[str, Any] = {}
+        for s in todo:
+            queue, seg = s.key
+            if queue not in states:
+                try:
+                    states[queue] = store.load_state(queue)[0]
+                except OrdqError:
+                    states[queue] = None
+            st = states[queue]
+            if st is None:
+                continue
+            z = st.segment(seg)
+            if z is None:
+                head = st.consume[0].seg if st.consume else st.next_seg
+                if seg < head:
+                    self._drop(s)
+                continue
+            if z.status is not SegStatus.SEALED or z.gid != self.config.gid:
+                continue
+            assert z.end is not None
+            with self._cv:
+                exact = s.replica.sealed and s.replica.local_synced == z.end and s.corrupt is None
+            if exact:
+                s.reconciled = True
+                continue
+            peer_role = "slave" if self.config.role is Role.MASTER else "master"
+            peer = store.live_members(self.config.gid).get(peer_role)
+            with self._cv:
+                needs_peer = s.corrupt is not None or s.replica.local_synced < z.end
+            if needs_peer and peer is None:
+                continue  # try again when the peer is back
+            try:
+                self.reconcile(queue, seg, z.end, peer.address if peer else "")
+            except OrdqError as exc:
+                log.warning("segment %s/%d: reconcile to end %d deferred: %s", queue, seg, z.end, exc)
+
+    def _drop(self, s: Segment) -> None:
+        with self._cv:
+            self._segments.pop(s.key, None)
+        with s.io_lock:
+            if s.log is not None:
+                s.log.close()
+            for f in s.directory.iterdir():
+                f.unlink()
+            s.directory.rmdir()
+        log.info("segment %s/%d consumed by every subscription: files removed", *s.key)
+
+    # -- health ----------------------------------------------------------------------------------
+
+    def health(self) -> pb.HealthResponse:
+        with self._cv:
+            stats = attrs.asdict(self.stats)
+            stats["segments"] = len(self._segments)
+            stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self._segments.items() if s.corrupt is not None]
+            connected = bool(self.replication is not None and self.replication.connected)
+        return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.incarnation,
+                                 slave_connected=connected, stats_json=json.dumps(stats))
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((directory / META_FILE).read_text()))
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        log.warning("unreadable %s in %s: treating the segment as not sealed", META_FILE, directory)
+        return {}
+
+
+def _write_meta(s: Segment) -> None:
+    """Persist fence and seal state (atomic rename, synced) before they are acted on."""
+    r = s.replica
+    data = json.dumps({"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end}).encode()
+    tmp = s.directory / (META_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, s.directory / META_FILE)
+    dfd = os.open(s.directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class BrokerServicer(pb_grpc.BrokerServicer):
+    """gRPC entry points: translate requests to Broker calls and ordq errors to statuses."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+
+    def _call(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except OrdqError as exc:
+            abort(context, exc)
+
+    def Produce(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ProduceResponse]:
+        yield from self.b.produce(request_iterator, context)
+
+    def Replicate(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ReplicateResponse]:
+        from broker_group.replication import serve_replicate
+
+        yield from serve_replicate(self.b, request_iterator, context)
+
+    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
+        return self._call(context, lambda: self.b.fetch(request))
+
+    def Fence(self, request: pb.FenceRequest, context: grpc.ServicerContext) -> pb.SegmentEnd:
+        return self._call(context, lambda: self.b.fence(request.queue, request.seg, request.epoch))
+
+    def Seal(self, request: pb.SegmentRef, context: grpc.ServicerContext) -> pb.SegmentEnd:
+        return self._call(context, lambda: self.b.seal(request.queue, request.seg))
+
+    def Reconcile(self, request: pb.ReconcileRequest, context: grpc.ServicerContext) -> pb.SegmentEnd:
+        return self._call(context, lambda: self.b.reconcile(request.queue, request.seg, request.end, request.peer))
+
+    def SegmentInfo(self, request: pb.SegmentRef, context: grpc.ServicerContext) -> pb.SegmentEnd:
+        return self._call(context, lambda: self.b.segment_info(request.queue, request.seg))
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        return self.b.health()

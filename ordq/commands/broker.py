@@ -1,0 +1,51 @@
+"""ordq broker run: one broker process (the master or the slave of a broker group)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ordq.commands import add_command
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "broker", help="run a broker process")
+    sub = parser.add_subparsers(dest="broker_command", metavar="ACTION")
+    sub.required = True
+    run = add_command(
+        sub, "run", func=cmd_run,
+        help="run the master or slave of a broker group until SIGTERM/SIGINT",
+        description="Run one broker process. It recovers its data folder, serves the broker protocol, "
+        "registers itself live in ZooKeeper and prints 'READY <address> <incarnation>' when it serves.",
+    )
+    run.add_argument("--group", required=True, help="broker group id (register it first: ordq group add G)")
+    run.add_argument("--role", required=True, choices=["master", "slave"])
+    run.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                     help="address to serve on; port 0 picks a free one (default %(default)s)")
+    run.add_argument("--data", required=True, type=Path, help="data folder of this process")
+    run.add_argument("--session-timeout", type=float, default=2.0, metavar="SECONDS",
+                     help="ZooKeeper session timeout: how fast a dead process is noticed (default %(default)s)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from broker_group.replica import Role
+    from broker_group.service import Broker, BrokerConfig
+
+    cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
+                       root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout)
+    broker = Broker(cfg)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    address = broker.start()
+    print(f"READY {address} {broker.incarnation}", flush=True)
+    try:
+        done.wait()
+    finally:
+        broker.stop()
+    print("STOPPED", file=sys.stderr, flush=True)
+    return 0
