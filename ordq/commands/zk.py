@@ -1,0 +1,92 @@
+"""ordq zk start|stop|status: a local ZooKeeper (standalone or 3 nodes) for development.
+
+The servers keep running after ``ordq zk start`` exits; ``stop`` and ``status`` find them
+through the folder (``--dir``, default ./.ordq/zk), which also keeps their data.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ordq.commands import add_command, wants_json
+from ordq.output import emit_json, table
+from ordq.zk_server import ZkServer
+
+DEFAULT_DIR = Path(".ordq/zk")
+DEFAULT_PORT = 2181  # the CLI's default --zk, so `ordq zk start` then `ordq queue list` just works
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "zk", help="run a local ZooKeeper for development and tests")
+    sub = parser.add_subparsers(dest="zk_command", metavar="ACTION")
+    sub.required = True
+    start = add_command(sub, "start", func=cmd_start,
+                        help="start a local ZooKeeper (returns once it serves; it keeps running)")
+    _dir_option(start)
+    start.add_argument("--nodes", type=int, choices=[1, 3], default=None,
+                       help="1 (standalone) or 3 (ensemble); default: as before in --dir, else 1")
+    start.add_argument("--port", type=int, default=None,
+                       help=f"client port of the first node (others: +1, +2); default: as before in --dir, "
+                            f"else {DEFAULT_PORT}")
+    start.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="how long to wait for it to serve (default %(default)s)")
+    stop = add_command(sub, "stop", func=cmd_stop, help="stop the ZooKeeper started in --dir (data is kept)")
+    _dir_option(stop)
+    status = add_command(sub, "status", func=cmd_status,
+                         help="pid, port and mode of each node (exit 3 if a node is not serving)")
+    _dir_option(status)
+
+
+def _dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                        help="folder of its config, data and logs (default %(default)s)")
+
+
+def _rows(server: ZkServer) -> list[dict[str, Any]]:
+    return [{"node": s.node, "myid": s.myid, "port": s.port, "pid": s.pid, "mode": s.state}
+            for s in server.status()]
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    fresh = not (args.dir / "cluster.json").exists()
+    port = args.port if args.port is not None or not fresh else DEFAULT_PORT
+    server = ZkServer(args.dir, nodes=args.nodes, client_port=port)
+    was_running = all(p.alive() for p in server.processes)
+    server.start(timeout_s=args.timeout)
+    server.detach()  # keep serving after this command exits
+    if wants_json(args):
+        emit_json({"dir": str(server.folder), "connection_string": server.connection_string,
+                   "already_running": was_running, "nodes": _rows(server)})
+    else:
+        how = "was already running" if was_running else "started"
+        kind = f"{len(server.specs)}-node ensemble" if server.ensemble else "standalone"
+        print(f"ZooKeeper ({kind}) {how}, serving at {server.connection_string} (files in {args.dir})")
+        print(f"export ORDQ_ZK={server.connection_string}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    server = ZkServer.load(args.dir)
+    running = [p.name for p in server.processes if p.alive()]
+    server.stop()
+    if wants_json(args):
+        emit_json({"dir": str(server.folder), "stopped": running})
+    elif running:
+        print(f"ZooKeeper in {args.dir} stopped ({', '.join(running)}); data kept")
+    else:
+        print(f"ZooKeeper in {args.dir} was not running")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    server = ZkServer.load(args.dir)
+    rows = _rows(server)
+    if wants_json(args):
+        emit_json({"dir": str(server.folder), "connection_string": server.connection_string, "nodes": rows})
+    else:
+        print(f"ZooKeeper in {args.dir}: {server.connection_string}")
+        table(rows, ["node", "myid", "port", "pid", "mode"])
+    serving = all(r["mode"] in ("standalone", "leader", "follower") for r in rows)
+    return 0 if serving else 3

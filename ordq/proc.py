@@ -1,0 +1,329 @@
+"""A managed child process: its own log file and pid file, readiness waits, stop/kill/pause.
+
+Guarantees:
+- A process's stdout and stderr go to ``run_dir/<name>.log``, appended across restarts with a
+  marker line per start, so a failure report can show what the process said.
+- ``run_dir/<name>.pid`` names the running process while it runs. ``start()`` refuses when it
+  names a live process of the same program (a leftover would make a failed start look ready);
+  a stale pid file is replaced, with a note in the log. Another ``ManagedProcess`` with the same
+  name and run_dir (e.g. in another CLI process) finds, signals and stops the process through it.
+- Each child gets its own session (``start_new_session``): it survives the terminal's Ctrl-C,
+  and signals go to its whole process group, so no grandchild is left behind.
+- Every wait has a deadline and fails with ``ExternalProcessError`` quoting the log tail; a
+  process that exits while being waited for fails the wait at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+from ordq.errors import ExternalProcessError
+
+T = TypeVar("T")
+
+_POLL_FIRST_S = 0.02
+_POLL_MAX_S = 0.2
+# Popen objects of detached children: kept referenced so that their finalizer never runs
+# (it would warn "subprocess is still running" about a process we meant to leave running).
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+class ManagedProcess:
+    """A child process with its own log file (stdout+stderr) and pid file under run_dir."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        run_dir: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        if not argv:
+            raise ValueError("argv must name a program")
+        self.name = name
+        self.argv = tuple(argv)
+        self.run_dir = Path(run_dir)
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.log_path = self.run_dir / f"{name}.log"
+        self.pid_path = self.run_dir / f"{name}.pid"
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  # log offset where this start's output begins
+
+    def __repr__(self) -> str:
+        return f"<ManagedProcess {self.name} pid={self.pid}>"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the process. ExternalProcessError if it (or what the pid file names) runs."""
+        if self._popen is not None and self._popen.poll() is None:
+            raise ExternalProcessError(f"{self.name} is already running (pid {self._popen.pid})")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        note = self._check_pid_file()
+        env = {**os.environ, **self.env} if self.env is not None else None
+        with open(self.log_path, "ab") as log:
+            stamp = datetime.now().isoformat(timespec="milliseconds")
+            log.write(f"=== {stamp} ordq: starting {self.name}: {shlex.join(self.argv)}\n".encode())
+            if note:
+                log.write(f"=== {note}\n".encode())
+            log.flush()
+            self._log_start = log.tell()
+            try:
+                self._popen = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env, cwd=self.cwd, start_new_session=True,
+                )
+            except OSError as exc:
+                raise ExternalProcessError(f"cannot start {self.name} ({self.argv[0]}): {exc}") from exc
+        # Written via a rename so that a reader never sees a half-written pid.
+        tmp = self.pid_path.with_suffix(".pid.tmp")
+        tmp.write_text(f"{self._popen.pid}\n")
+        tmp.replace(self.pid_path)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; reap; remove the pid file.
+
+        Returns the exit code (negative: killed by that signal), or None when it was not
+        running or is not our child (found through the pid file: its code is its parent's).
+        """
+        pid = self.pid
+        if pid is None:
+            self._remove_pid_file()
+            return self._popen.returncode if self._popen is not None else None
+        self._signal(pid, signal.SIGTERM)
+        self._signal(pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once continued
+        if not self._wait_exit(pid, timeout_s):
+            self._signal(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10.0)
+        return self._finished(pid)
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) and reap: the process gets no chance to clean up."""
+        pid = self.pid
+        if pid is None:
+            return
+        self._signal(pid, signal.SIGKILL)
+        self._wait_exit(pid, 10.0)
+        self._finished(pid)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs (still alive) until ``resume()``."""
+        self._signal(self._require_pid(), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause()``."""
+        self._signal(self._require_pid(), signal.SIGCONT)
+
+    def detach(self) -> None:
+        """Leave the process running after this object is gone (e.g. ``ordq zk start``
+        exits): a later ``ManagedProcess`` with the same name and run_dir stops it."""
+        if self._popen is not None:
+            _DETACHED.append(self._popen)
+            self._popen = None
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The pid while the process runs (paused counts as running), else None."""
+        if self._popen is not None:
+            return self._popen.pid if self._popen.poll() is None else None
+        pid = _read_pid(self.pid_path)
+        return pid if pid is not None and self._is_ours(pid) else None
+
+    def alive(self) -> bool:
+        return self.pid is not None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code of our child once it exited (None while running or if not our child)."""
+        return self._popen.poll() if self._popen is not None else None
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def wait_ready(self, probe: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
+        """Call ``probe`` every few ms until it returns a truthy value and return that.
+
+        An ``OSError`` from ``probe`` (connection refused, ...) counts as "not yet"; other
+        exceptions propagate. ExternalProcessError, with the log tail, if the process exits
+        first or ``timeout_s`` passes.
+        """
+        deadline = time.monotonic() + timeout_s
+        interval = _POLL_FIRST_S
+        last_error: OSError | None = None
+        while True:
+            try:
+                value = probe()
+            except OSError as exc:
+                value, last_error = None, exc
+            # Checked after the probe: a success from someone else (a leftover server on the
+            # same port) must not hide that our process died.
+            if not self.alive():
+                raise self._exited_error(f"before {what}")
+            if value:
+                return value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                detail = f" (last error: {last_error})" if last_error else ""
+                raise ExternalProcessError(
+                    f"{self.name}: timed out after {timeout_s:g}s waiting for {what}{detail}\n"
+                    f"{self._tail_text()}"
+                )
+            time.sleep(min(interval, left))
+            interval = min(interval * 1.5, _POLL_MAX_S)
+
+    def wait_for_line(self, prefix: str, *, timeout_s: float) -> str:
+        """Wait for a complete log line, written since this start, beginning with ``prefix``;
+        return the rest of that line, stripped."""
+        want = prefix.encode()
+        offset = self._log_start
+        deadline = time.monotonic() + timeout_s
+        interval = _POLL_FIRST_S
+        while True:
+            exited = not self.alive()  # read once more after it exits: its last words count
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1  # only complete lines; the rest is read next time
+            for line in chunk[:end].splitlines():
+                if line.startswith(want):
+                    return line[len(want):].decode(errors="replace").strip()
+            offset += end
+            if exited:
+                raise self._exited_error(f"before printing a line starting {prefix!r}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ExternalProcessError(
+                    f"{self.name}: no line starting {prefix!r} within {timeout_s:g}s\n{self._tail_text()}"
+                )
+            time.sleep(min(interval, left))
+            interval = min(interval * 1.5, _POLL_MAX_S)
+
+    def log_tail(self, lines: int = 50) -> str:
+        """The last ``lines`` lines of the log file ('' if there is none)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 256 * lines))  # lines are short; enough for the tail
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_pid_file(self) -> str | None:
+        """Raise if the pid file names a live process of ours; describe a stale one."""
+        pid = _read_pid(self.pid_path)
+        if pid is None:
+            if self.pid_path.exists():
+                return f"replaced unreadable pid file {self.pid_path}"
+            return None
+        if self._is_ours(pid):
+            raise ExternalProcessError(
+                f"{self.name} is already running as pid {pid} (per {self.pid_path}); "
+                "stop it first, or remove the pid file if that process is not it"
+            )
+        return f"replaced stale pid file {self.pid_path} (pid {pid} is not running)"
+
+    def _is_ours(self, pid: int) -> bool:
+        """Is ``pid`` a running (not zombie) process of the same program as argv[0]?
+        The program check keeps a recycled pid from looking like our process."""
+        if not _pid_running(pid):
+            return False
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return True  # no /proc to ask: trust the pid
+        return os.path.basename(cmdline[0].decode(errors="replace")) == os.path.basename(self.argv[0])
+
+    def _require_pid(self) -> int:
+        pid = self.pid
+        if pid is None:
+            raise ExternalProcessError(f"{self.name} is not running")
+        return pid
+
+    def _signal(self, pid: int, sig: signal.Signals) -> None:
+        # Our children lead their own process group: signal the group (grandchildren too).
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            pass  # exited meanwhile
+
+    def _wait_exit(self, pid: int, timeout_s: float) -> bool:
+        if self._popen is not None and self._popen.pid == pid:
+            try:
+                self._popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        deadline = time.monotonic() + timeout_s
+        while _pid_running(pid):  # not our child: we cannot wait(), only watch it go
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_FIRST_S)
+        return True
+
+    def _finished(self, pid: int) -> int | None:
+        self._remove_pid_file(pid)
+        if self._popen is not None and self._popen.pid == pid:
+            return self._popen.poll()
+        return None
+
+    def _remove_pid_file(self, pid: int | None = None) -> None:
+        # Only a file naming this pid (or a dead one): never one a newer start wrote.
+        named = _read_pid(self.pid_path)
+        if named is not None and (named == pid or not self._is_ours(named)):
+            with contextlib.suppress(FileNotFoundError):
+                self.pid_path.unlink()
+
+    def _exited_error(self, when: str) -> ExternalProcessError:
+        code = self.returncode
+        if code is None:
+            how = "exited"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        return ExternalProcessError(f"{self.name} {how} {when}\n{self._tail_text()}")
+
+    def _tail_text(self, lines: int = 30) -> str:
+        return f"last lines of {self.log_path}:\n{self.log_tail(lines)}"
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _pid_running(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (exited, waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    # Field 3, after the parenthesised command name (which may itself contain spaces).
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -1,0 +1,398 @@
+"""Launch Debian's ZooKeeper as a standalone server or a 3-node ensemble on 127.0.0.1.
+
+Used by ``ordq zk``, the local cluster, the tests and the drills. Guarantees:
+- ``start()`` returns only when ZooKeeper serves: every node answers ``srvr`` with a ``Mode:``
+  (an ensemble: every live node is leader or follower and exactly one is leader). It fails
+  fast, with the node's log tail, if a node dies, and refuses to start a node whose port is
+  taken, so a leftover server can never make a failed start look ready.
+- Each node is a :class:`ordq.proc.ManagedProcess` with its own ``zoo.cfg``, ``data/myid``,
+  log and pid file under ``<folder>/node<i>/``; ports are kept in ``<folder>/cluster.json``,
+  so a restart keeps them and ``ZkServer.load(folder)`` in another process finds the servers.
+- ``tickTime`` is 200 ms by default: ZooKeeper only grants sessions of 2–20 ticks unless told
+  otherwise, and a 1 s session (an ephemeral node gone ~1 s after its process is killed) needs
+  a tick of at most 500 ms (STACK-NOTES).
+
+Nodes are numbered from 0 in this API (``kill(0)``); ZooKeeper's ``myid`` is that number + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ordq.errors import ConfigError, ExternalProcessError
+from ordq.proc import ManagedProcess
+
+ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+APT_PACKAGES = "zookeeper libslf4j-java default-jre-headless"
+HOST = "127.0.0.1"
+CONFIG_FILE = "cluster.json"
+JVM_OPTIONS = (
+    "-Xmx256m", "-XX:+UseSerialGC", "-Djava.awt.headless=true", "-Dfile.encoding=UTF-8",
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
+)
+# Ports are chosen below the kernel's ephemeral range (32768+ on Linux): a port there may be
+# taken as the source port of some outgoing connection between a node's stop and its restart.
+_PORT_RANGE = (12000, 32000)
+
+
+@attrs.frozen
+class NodeSpec:
+    """Where one node listens (kept in cluster.json)."""
+
+    client_port: int
+    quorum_port: int
+    election_port: int
+
+
+@attrs.frozen
+class NodeStatus:
+    """One node as seen now: ``mode`` is standalone|leader|follower, or None when the node is
+    down or not serving (e.g. an ensemble node without a quorum)."""
+
+    node: int
+    myid: int
+    port: int
+    pid: int | None
+    mode: str | None
+
+    @property
+    def state(self) -> str:
+        if self.pid is None:
+            return "down"
+        return self.mode or "not serving"
+
+
+def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0) -> str:
+    """Send a ZooKeeper four-letter command to 127.0.0.1:port and return the answer (OSError
+    if nobody answers)."""
+    with socket.create_connection((HOST, port), timeout=timeout_s) as sock:
+        sock.sendall(word.encode())
+        chunks = []
+        while data := sock.recv(4096):
+            chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def server_mode(port: int) -> str | None:
+    """The ``Mode:`` a server on ``port`` reports, or None if it does not serve."""
+    try:
+        answer = four_letter_word(port)
+    except OSError:
+        return None
+    for line in answer.splitlines():
+        if line.startswith("Mode:"):
+            return line.partition(":")[2].strip()
+    return None  # "This ZooKeeper instance is not currently serving requests"
+
+
+def port_free(port: int) -> bool:
+    """Can a server listen on 127.0.0.1:port now? (SO_REUSEADDR as servers use it, so
+    connections lingering in TIME_WAIT from a previous run do not count as taken.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, exclude: Collection[int] = ()) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now, below the ephemeral range."""
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.randrange(*_PORT_RANGE)
+        if port not in exclude and port not in ports and port_free(port):
+            ports.append(port)
+    return ports
+
+
+class ZkServer:
+    """A local ZooKeeper (1 node, or an ensemble of 3) whose files live under ``folder``.
+
+    Args:
+        folder: holds ``cluster.json`` and one ``node<i>/`` per node; created if missing. If
+            it already holds a cluster, its node count and ports are reused.
+        nodes: 1 (standalone) or 3 (ensemble); None: as saved in ``folder``, else 1.
+        client_port: client port of node 0 (node i gets client_port + i); None: as saved,
+            else free ports are picked.
+        tick_time_ms: ZooKeeper's tick (sessions may last 2 ticks to 60 s).
+        java: the java executable; default ``$JAVA_HOME/bin/java`` or ``java`` on PATH.
+
+    Raises ConfigError when ``nodes``/``client_port`` contradict what ``folder`` holds.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        nodes: int | None = None,
+        client_port: int | None = None,
+        tick_time_ms: int = 200,
+        java: str | None = None,
+    ) -> None:
+        if nodes not in (None, 1, 3):
+            raise ConfigError(f"a ZooKeeper has 1 or 3 nodes, not {nodes}")
+        if not 10 <= tick_time_ms <= 10_000:
+            raise ConfigError(f"tick_time_ms must be 10..10000, not {tick_time_ms}")
+        self.folder = Path(folder).absolute()
+        self.tick_time_ms = tick_time_ms
+        self._java = java
+        saved = self._read_saved()
+        if saved is not None:
+            specs = saved
+            if nodes is not None and nodes != len(specs):
+                raise ConfigError(
+                    f"{self.folder} holds a {len(specs)}-node ZooKeeper, not {nodes}: "
+                    "use another folder, or remove this one"
+                )
+            if client_port is not None and client_port != specs[0].client_port:
+                raise ConfigError(
+                    f"{self.folder} holds a ZooKeeper on port {specs[0].client_port}, not {client_port}: "
+                    "use another folder, or remove this one"
+                )
+        else:
+            specs = self._new_specs(nodes or 1, client_port)
+        self.specs: tuple[NodeSpec, ...] = tuple(specs)
+        self.processes: tuple[ManagedProcess, ...] = tuple(
+            ManagedProcess(f"zk{i + 1}", self._argv(i), run_dir=self._node_dir(i)) for i in range(len(specs))
+        )
+
+    @classmethod
+    def load(cls, folder: Path) -> ZkServer:
+        """The ZooKeeper set up in ``folder`` (e.g. by ``ordq zk start`` in another process)."""
+        if not (Path(folder) / CONFIG_FILE).exists():
+            raise ExternalProcessError(
+                f"no ZooKeeper set up in {folder} (start one with: ordq zk start --dir {folder})"
+            )
+        return cls(folder)
+
+    def __repr__(self) -> str:
+        return f"<ZkServer {self.connection_string} in {self.folder}>"
+
+    # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def connection_string(self) -> str:
+        """host:port,host:port,... for clients (kazoo ``hosts``)."""
+        return ",".join(f"{HOST}:{s.client_port}" for s in self.specs)
+
+    @property
+    def ensemble(self) -> bool:
+        return len(self.specs) > 1
+
+    def status(self) -> list[NodeStatus]:
+        """Each node's pid (None: down) and mode (None: down or not serving)."""
+        out = []
+        for i, (spec, proc) in enumerate(zip(self.specs, self.processes, strict=True)):
+            pid = proc.pid
+            out.append(NodeStatus(node=i, myid=i + 1, port=spec.client_port, pid=pid,
+                                  mode=server_mode(spec.client_port) if pid is not None else None))
+        return out
+
+    def leader(self) -> int | None:
+        """Index of the node that reports ``leader`` (a standalone server is its own leader)."""
+        for st in self.status():
+            if st.mode in ("leader", "standalone"):
+                return st.node
+        return None
+
+    def log_tails(self, lines: int = 50) -> Iterator[tuple[str, str]]:
+        """(node name, last log lines) of every node that has a log."""
+        for proc in self.processes:
+            tail = proc.log_tail(lines)
+            if tail:
+                yield proc.name, tail
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, *, timeout_s: float = 60.0) -> None:
+        """Start every node that is not running and wait until ZooKeeper serves.
+
+        Raises ExternalProcessError if Java or the jars are missing, a port is taken, a node
+        dies while starting, or it does not serve within ``timeout_s``.
+        """
+        todo = [i for i, proc in enumerate(self.processes) if not proc.alive()]
+        if todo:
+            self._check_installed()
+            self._check_ports(todo)
+            self._save()
+            for i in todo:
+                self._write_node_files(i)
+            for i in todo:
+                self.processes[i].start()
+        self.wait_serving(timeout_s=timeout_s)
+
+    def wait_serving(self, *, timeout_s: float = 30.0) -> None:
+        """Wait until every running node serves (an ensemble: each live node is leader or
+        follower and exactly one is leader, so after a leader dies this waits for a *new*
+        one). ExternalProcessError if one of them dies meanwhile, or on timeout."""
+        required = [i for i, proc in enumerate(self.processes) if proc.alive()]
+        if not required:
+            raise ExternalProcessError(f"no ZooKeeper node is running in {self.folder}")
+
+        def serving() -> dict[int, str] | None:
+            modes: dict[int, str] = {}
+            for i in required:
+                if not self.processes[i].alive():
+                    raise self._died(i)
+                mode = server_mode(self.specs[i].client_port)
+                if mode is None:
+                    return None
+                modes[i] = mode
+            roles = sorted(modes.values())
+            if not self.ensemble:
+                return modes if roles == ["standalone"] else None
+            ok = roles.count("leader") == 1 and set(roles) <= {"leader", "follower"}
+            return modes if ok else None
+
+        what = f"ZooKeeper at {self.connection_string} to serve"
+        self.processes[required[0]].wait_ready(serving, timeout_s=timeout_s, what=what)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every node (SIGTERM, then SIGKILL); the data stays."""
+        for proc in self.processes:
+            proc.stop(timeout_s)
+
+    def kill(self, i: int) -> None:
+        """kill -9 node ``i`` (and reap it). Does not wait for the others to re-elect."""
+        self.processes[i].kill()
+
+    def restart(self, i: int, *, timeout_s: float = 60.0) -> None:
+        """Stop node ``i`` if it runs, start it again (same port and data), wait until serving."""
+        self.processes[i].stop()
+        self._check_installed()
+        self._check_ports([i])
+        self._write_node_files(i)
+        self.processes[i].start()
+        self.wait_serving(timeout_s=timeout_s)
+
+    def detach(self) -> None:
+        """Leave the nodes running when this object goes away (``ordq zk start``)."""
+        for proc in self.processes:
+            proc.detach()
+
+    def destroy(self) -> None:
+        """Stop every node and wipe its data, logs and ``cluster.json``."""
+        self.stop()
+        for i in range(len(self.specs)):
+            shutil.rmtree(self._node_dir(i), ignore_errors=True)
+        (self.folder / CONFIG_FILE).unlink(missing_ok=True)
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass  # holds other files: not ours to remove
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _node_dir(self, i: int) -> Path:
+        return self.folder / f"node{i}"
+
+    def _java_path(self) -> str | None:
+        if self._java:
+            return self._java if os.path.isfile(self._java) else shutil.which(self._java)
+        home = os.environ.get("JAVA_HOME")
+        if home and os.path.isfile(os.path.join(home, "bin", "java")):
+            return os.path.join(home, "bin", "java")
+        return shutil.which("java")
+
+    def _argv(self, i: int) -> list[str]:
+        java = self._java_path() or self._java or "java"
+        classpath = f"{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
+        return [java, *JVM_OPTIONS, "-cp", classpath, MAIN_CLASS, str(self._node_dir(i) / "zoo.cfg")]
+
+    def _check_installed(self) -> None:
+        hint = f"install Debian's packages: apt-get install {APT_PACKAGES} (or run: make system-deps)"
+        if self._java_path() is None:
+            raise ExternalProcessError(
+                f"Java not found ({self._java or 'java on PATH or $JAVA_HOME/bin/java'}): {hint}"
+            )
+        for jar in (ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR):
+            if not os.path.isfile(jar):
+                raise ExternalProcessError(f"{jar} not found: {hint}")
+
+    def _check_ports(self, nodes: list[int]) -> None:
+        for i in nodes:
+            spec = self.specs[i]
+            ports = [spec.client_port] + ([spec.quorum_port, spec.election_port] if self.ensemble else [])
+            for port in ports:
+                if not port_free(port):
+                    raise ExternalProcessError(
+                        f"cannot start ZooKeeper node {i}: {HOST}:{port} is already in use "
+                        f"(another ZooKeeper still running? stop it, e.g. ordq zk stop --dir DIR, "
+                        f"or choose another port)"
+                    )
+
+    def _died(self, i: int) -> ExternalProcessError:
+        proc = self.processes[i]
+        return ExternalProcessError(
+            f"ZooKeeper node {i} ({proc.name}, port {self.specs[i].client_port}) exited "
+            f"(code {proc.returncode}) while starting; last lines of {proc.log_path}:\n{proc.log_tail(30)}"
+        )
+
+    def _new_specs(self, nodes: int, client_port: int | None) -> list[NodeSpec]:
+        wanted = [client_port + i for i in range(nodes)] if client_port is not None else []
+        picked = iter(free_ports(3 * nodes - len(wanted), wanted))
+        clients = wanted or [next(picked) for _ in range(nodes)]
+        return [NodeSpec(clients[i], next(picked), next(picked)) for i in range(nodes)]
+
+    def _read_saved(self) -> list[NodeSpec] | None:
+        try:
+            doc = json.loads((self.folder / CONFIG_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise ConfigError(f"{self.folder / CONFIG_FILE} is not valid JSON: {exc}") from exc
+        return [NodeSpec(**n) for n in doc["nodes"]]
+
+    def _save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        doc: dict[str, Any] = {
+            "connection_string": self.connection_string,
+            "tick_time_ms": self.tick_time_ms,
+            "nodes": [attrs.asdict(s) for s in self.specs],
+        }
+        tmp = self.folder / f"{CONFIG_FILE}.tmp"
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(self.folder / CONFIG_FILE)
+
+    def _write_node_files(self, i: int) -> None:
+        node_dir = self._node_dir(i)
+        data_dir = node_dir / "data"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "myid").write_text(f"{i + 1}\n")
+        spec = self.specs[i]
+        lines = [
+            f"tickTime={self.tick_time_ms}",
+            f"dataDir={data_dir}",
+            f"clientPort={spec.client_port}",
+            f"clientPortAddress={HOST}",
+            # ticks a follower may take to connect and sync with a leader / stay in sync
+            f"initLimit={max(10, 10_000 // self.tick_time_ms)}",
+            f"syncLimit={max(5, 5_000 // self.tick_time_ms)}",
+            # clients may still ask for long sessions with a short tick (default max: 20 ticks)
+            "maxSessionTimeout=60000",
+            "maxClientCnxns=0",
+            "admin.enableServer=false",  # else every node starts a web server on :8080
+            "4lw.commands.whitelist=*",  # srvr/ruok/cons for readiness and status
+            "autopurge.snapRetainCount=3",
+            "autopurge.purgeInterval=1",
+        ]
+        if self.ensemble:
+            lines.append("standaloneEnabled=false")
+            lines += [f"server.{j + 1}={HOST}:{s.quorum_port}:{s.election_port}" for j, s in enumerate(self.specs)]
+        (node_dir / "zoo.cfg").write_text("\n".join(lines) + "\n")
+

@@ -1,0 +1,102 @@
+"""Test harness, modelled on kazoo's: real ZooKeeper processes, never a mock.
+
+- ``zk_server``: one standalone ZooKeeper for the whole session (``.connection_string``).
+- ``zk_ensemble``: a 3-node ensemble for the session, started only if a test asks for it.
+  Tests that kill or stop its nodes restart them in ``finally``.
+- ``zk_root``: a fresh ``/t-<uuid>`` root per test, deleted recursively afterwards (on the
+  ensemble if the test uses it, else on ``zk_server``).
+- ``make_zk``: ZkServers of the test's own (in tmp_path), destroyed after the test.
+- When a test fails, the log tails of the ZooKeeper servers it used are added to its report.
+Every server is stopped in a ``finally``/yield teardown: no java process outlives the run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError, NotEmptyError
+
+from ordq.zk_server import ZkServer
+from tests.util import wait_until
+
+# Session servers by fixture name, and the servers a test made itself: for failure reports.
+_SESSION_SERVERS: dict[str, ZkServer] = {}
+_TEST_SERVERS = pytest.StashKey[list[ZkServer]]()
+
+
+def _session_zk(name: str, factory: pytest.TempPathFactory, nodes: int) -> Iterator[ZkServer]:
+    server = ZkServer(factory.mktemp(name), nodes=nodes)
+    try:
+        _SESSION_SERVERS[name] = server
+        server.start(timeout_s=90)
+        yield server
+    finally:
+        _SESSION_SERVERS.pop(name, None)
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
+    yield from _session_zk("zk_server", tmp_path_factory, nodes=1)
+
+
+@pytest.fixture(scope="session")
+def zk_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
+    yield from _session_zk("zk_ensemble", tmp_path_factory, nodes=3)
+
+
+@pytest.fixture
+def zk_root(request: pytest.FixtureRequest) -> Iterator[str]:
+    which = "zk_ensemble" if "zk_ensemble" in request.fixturenames else "zk_server"
+    server: ZkServer = request.getfixturevalue(which)
+    root = f"/t-{uuid.uuid4().hex}"
+    yield root
+    client = KazooClient(hosts=server.connection_string, timeout=5.0)
+    try:
+        client.start(timeout=30)
+
+        def deleted() -> bool:
+            try:
+                client.delete(root, recursive=True)
+            except NoNodeError:
+                pass  # the test wrote nothing
+            except NotEmptyError:
+                return False  # a process being torn down created a node meanwhile: again
+            return True
+
+        wait_until(deleted, timeout_s=10, what=f"deleting {root}")
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def make_zk(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Callable[..., ZkServer]]:
+    """``make_zk(**ZkServer options)``: a ZkServer in this test's tmp_path (not started)."""
+    made = request.node.stash.setdefault(_TEST_SERVERS, [])
+
+    def make(**options: Any) -> ZkServer:
+        server = ZkServer(tmp_path / f"zk{len(made)}", **options)
+        made.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.destroy()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed:
+        used = [s for name, s in _SESSION_SERVERS.items() if name in getattr(item, "fixturenames", ())]
+        for server in used + item.stash.get(_TEST_SERVERS, []):
+            for node, tail in server.log_tails(40):
+                report.sections.append((f"ZooKeeper {node} log, last lines ({server.folder})", tail))
+    return report
