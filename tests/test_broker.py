@@ -1,0 +1,261 @@
+"""A broker group of real master and slave processes, driven over gRPC with raw streams.
+
+What is checked here is the broker's own contract (DESIGN §4), below the SDK: an ack means
+both disks hold the batch; a dead slave stops acks; fence and seal are obeyed by both
+replicas; a restarted replica reconciles to the sealed end before it serves it; bad input is
+refused with a typed error and the process keeps serving.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from broker_group import log as seglog
+from broker_group.client import GrpcTransport
+from broker_group.errors import SegmentNotWritable
+from broker_group.log import Message, encode_batch
+from broker_group.process import BrokerGroupProcesses
+from coordinator import state as sm
+from coordinator.seal import run_seal
+from coordinator.state import SegStatus
+from coordinator.store import ZkStore
+from ordq.errors import BrokerUnavailable, ConfigError, FencedError, MessageTooLarge, OrdqError, SegmentNotFound
+from sdk.transport import Ack
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+Q = "q"
+
+
+@attrs.define
+class Group:
+    store: ZkStore
+    procs: BrokerGroupProcesses
+    transport: GrpcTransport
+
+    def address(self, role: str) -> str:
+        return self.store.live_members("g1")[role].address
+
+
+@pytest.fixture
+def group(zk_server, zk_root, tmp_path: Path) -> Iterator[Group]:
+    store = ZkStore.connect(zk_server.connection_string, zk_root)
+    procs = BrokerGroupProcesses("g1", zk_hosts=zk_server.connection_string, root=zk_root, base_dir=tmp_path)
+    transport = GrpcTransport()
+    try:
+        store.add_group("g1")
+        procs.start()
+        wait_until(lambda: store.live_groups(["g1"]), what="g1 live")
+        store.create_queue(Q, ["g1"])
+        yield Group(store, procs, transport)
+    finally:
+        for p in procs.members:
+            print(f"--- {p.gid} {p.role} log tail ---\n{p.log_tail(30)}")
+        transport.close()
+        procs.kill()
+        store.close()
+
+
+def payload(seq: int) -> bytes:
+    return b"%010d|" % seq + bytes([seq % 251]) * 300
+
+
+def batch(first_seq: int, count: int, epoch: int = 1) -> bytes:
+    seqs = range(first_seq, first_seq + count)
+    msgs = [Message(payload=payload(s), key=b"k%d" % (s % 7), timestamp_us=s) for s in seqs]
+    return encode_batch(msgs, epoch=epoch, first_seq=first_seq)
+
+
+def stored(data_dir: Path, seg: int = 0) -> list[tuple[int, int]]:
+    """(seq, payload crc) of every message in one replica's copy, read from its file."""
+    path = seglog.segment_dir(data_dir, Q, seg) / seglog.SEGMENT_FILE
+    out = []
+    for header, messages in seglog.iter_file_batches(path):
+        out.extend((header.first_seq + i, zlib.crc32(m.payload)) for i, m in enumerate(messages))
+    return out
+
+
+def produce(g: Group, first_seq: int, batches: int, per_batch: int, *, epoch: int = 1, seg: int = 0) -> list[Ack]:
+    stream = g.transport.open_produce(g.address("master"), Q, seg, epoch)
+    try:
+        for i in range(batches):
+            stream.send([batch(first_seq + i * per_batch, per_batch, epoch)])
+        acks: list[Ack] = []
+        want = first_seq + batches * per_batch - 1
+        for ack in stream.acks():
+            acks.append(ack)
+            if ack.last_seq == want:
+                return acks
+        raise AssertionError("ack stream ended early")
+    finally:
+        stream.close()
+
+
+def test_an_ack_means_both_disks_hold_the_batch(group: Group) -> None:
+    acks = produce(group, 0, batches=40, per_batch=25)
+    assert acks[0].first_seq == 0 and acks[-1].last_seq == 999
+    assert [a.first_offset for a in acks] == sorted(a.first_offset for a in acks)
+    expected = [(s, zlib.crc32(payload(s))) for s in range(1000)]
+    # Read each replica's file independently of the broker processes.
+    assert stored(group.procs.master.data_dir) == expected
+    assert stored(group.procs.slave.data_dir) == expected
+    res = group.transport.fetch(group.address("slave"), Q, 0, 0, max_bytes=1 << 20, max_wait_ms=1000)
+    assert res.readable_end > 0 and not res.sealed  # the slave serves up to the LAC it was pushed
+
+
+def test_a_killed_slave_stops_acks_with_a_retriable_error(group: Group) -> None:
+    stream = group.transport.open_produce(group.address("master"), Q, 0, 1)
+    acked: list[Ack] = []
+    sent = 0
+    try:
+        for _ in range(20):
+            stream.send([batch(sent, 10)])
+            sent += 10
+        acks = stream.acks()
+        while not acked or acked[-1].last_seq < 99:
+            acked.append(next(acks))
+        group.procs.slave.kill()
+        with pytest.raises(OrdqError) as err:
+            while True:
+                stream.send([batch(sent, 10)])
+                sent += 10
+                acked.append(next(acks))
+        assert err.value.retriable, err.value
+        assert isinstance(err.value, BrokerUnavailable)
+    finally:
+        stream.close()
+    # Everything acked, before or after the kill, is on the dead slave's disk.
+    on_slave = {seq for seq, _ in stored(group.procs.slave.data_dir)}
+    assert all(s in on_slave for a in acked for s in range(a.first_seq, a.last_seq + 1))
+    # The master refuses further writes to the segment: the producer must fail over.
+    with pytest.raises(SegmentNotWritable):
+        produce(group, sent, batches=1, per_batch=1)
+
+
+def test_fence_refuses_lower_epochs_on_both_replicas(group: Group) -> None:
+    produce(group, 0, batches=5, per_batch=10, epoch=1)
+    ends = {role: group.transport.fence(group.address(role), Q, 0, 2) for role in ("master", "slave")}
+    assert ends["master"] == ends["slave"]
+    assert (ends["master"].end, ends["master"].last_seq) == (50, 49)
+    with pytest.raises(FencedError) as err:
+        produce(group, 50, batches=1, per_batch=10, epoch=1)
+    assert (err.value.epoch, err.value.current_epoch) == (1, 2)
+    assert not err.value.retriable
+    for role in ("master", "slave"):
+        with pytest.raises(FencedError):
+            group.transport.fence(group.address(role), Q, 0, 1)
+    # The new epoch continues the same segment at the next seq.
+    acks = produce(group, 50, batches=2, per_batch=10, epoch=2)
+    assert acks[0].first_offset == 50
+
+
+def test_seal_stops_writes_on_both_and_they_report_the_same_end(group: Group) -> None:
+    produce(group, 0, batches=7, per_batch=10)
+    ends = [group.transport.seal(group.address(role), Q, 0) for role in ("master", "slave")]
+    assert ends[0] == ends[1] and ends[0].end == 70 and ends[0].last_seq == 69
+    with pytest.raises(SegmentNotWritable):
+        produce(group, 70, batches=1, per_batch=1)
+    for role in ("master", "slave"):
+        res = group.transport.fetch(group.address(role), Q, 0, 0, max_bytes=1 << 20, max_wait_ms=0)
+        assert res.sealed and res.readable_end == 70
+        seqs = [h.first_seq + i for b in res.batches for h, ms in [seglog.decode_batch(b)] for i in range(len(ms))]
+        assert seqs == list(range(70))
+
+
+def _diverge(group: Group) -> None:
+    """Leave the master 30 messages ahead of its slave: 50 acked, then the slave is paused
+    and 3 more batches reach only the master's disk (never acked)."""
+    produce(group, 0, batches=5, per_batch=10)
+    group.procs.slave.pause()
+    stream = group.transport.open_produce(group.address("master"), Q, 0, 1)
+    try:
+        stream.send([batch(50 + 10 * i, 10) for i in range(3)])
+        wait_until(lambda: len(stored(group.procs.master.data_dir)) == 80, what="master synced 80")
+    finally:
+        stream.close()
+
+
+def _fail_over_and_seal(group: Group) -> int:
+    group.store.apply(Q, lambda st, f: sm.fail_over(st, "g1", 0, f))
+    st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0), Q, 0)
+    seg = st.segment(0)
+    assert seg is not None and seg.status is SegStatus.SEALED and seg.end is not None
+    return seg.end
+
+
+def test_a_restarted_longer_replica_truncates_to_the_sealed_end(group: Group) -> None:
+    _diverge(group)
+    # Kill the paused slave too, so the batches in flight to it die with it, then bring
+    # only the slave back: the seal sees only its shorter copy.
+    group.procs.slave.kill()
+    group.procs.master.kill()
+    wait_until(lambda: not group.store.live_members("g1"), what="both liveness nodes gone")
+    group.procs.slave.start()
+    end = _fail_over_and_seal(group)  # only the slave answers: its end is the end
+    assert end == 50
+    group.procs.master.start()
+    wait_until(lambda: len(stored(group.procs.master.data_dir)) == 50, what="master truncated to the end")
+    info = group.transport.segment_info(group.address("master"), Q, 0)
+    assert info.sealed and info.end == 50
+    res = group.transport.fetch(group.address("master"), Q, 0, 0, max_bytes=1 << 20, max_wait_ms=0, known_end=50)
+    assert res.readable_end == 50
+    assert stored(group.procs.master.data_dir) == stored(group.procs.slave.data_dir)
+
+
+def test_a_restarted_shorter_replica_copies_up_to_the_sealed_end_before_serving_it(group: Group) -> None:
+    _diverge(group)
+    group.procs.slave.kill()
+    wait_until(lambda: "slave" not in group.store.live_members("g1"), what="slave's liveness gone")
+    end = _fail_over_and_seal(group)  # only the master answers: its longer copy is the end
+    assert end == 80
+    group.procs.slave.start()
+    slave = group.address("slave")
+
+    def served() -> bool:
+        try:
+            res = group.transport.fetch(slave, Q, 0, 60, max_bytes=1 << 20, max_wait_ms=0, known_end=80)
+        except BrokerUnavailable:
+            return False  # still short: it refuses rather than read short
+        return res.readable_end == 80 and bool(res.batches)
+
+    wait_until(served, what="slave serves the sealed end")
+    assert stored(group.procs.slave.data_dir) == stored(group.procs.master.data_dir)
+    assert len(stored(group.procs.slave.data_dir)) == 80
+
+
+def test_bad_input_gets_a_typed_error_and_the_broker_keeps_serving(group: Group) -> None:
+    t, master, slave = group.transport, group.address("master"), group.address("slave")
+
+    def refused(address: str, batches: list[bytes], seg: int = 0, epoch: int = 1) -> OrdqError:
+        stream = t.open_produce(address, Q, seg, epoch)
+        try:
+            stream.send(batches)
+            with pytest.raises(OrdqError) as err:
+                next(stream.acks())
+            return err.value
+        finally:
+            stream.close()
+
+    assert isinstance(refused(slave, [batch(0, 1)]), ConfigError)  # producers write to the master
+    assert isinstance(refused(master, [b"\x00" * 64]), ConfigError)  # malformed
+    bad_crc = bytearray(batch(0, 3))
+    bad_crc[-1] ^= 0xFF
+    assert isinstance(refused(master, [bytes(bad_crc)]), ConfigError)
+    huge = encode_batch([Message(payload=b"x" * (17 << 20))], epoch=1, first_seq=0)
+    assert isinstance(refused(master, [huge]), MessageTooLarge)
+    assert isinstance(refused(master, [batch(0, 1)], seg=7), SegmentNotWritable)  # not the open segment
+    produce(group, 0, batches=1, per_batch=5)
+    assert "gap" in str(refused(master, [batch(9, 1)]))  # seq 5..8 missing
+    with pytest.raises(SegmentNotFound):
+        t.fetch(master, Q, 42, 0, max_bytes=1024, max_wait_ms=0)
+    # A resend of a stored, synced range is acked with its original offsets.
+    again = produce(group, 0, batches=1, per_batch=5)
+    assert again == [Ack(seg=0, first_offset=0, first_seq=0, count=5)]
+    for role in ("master", "slave"):
+        assert t.health(group.address(role)).role == role
+    assert group.procs.master.alive() and group.procs.slave.alive()
