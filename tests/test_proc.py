@@ -1,0 +1,164 @@
+"""ManagedProcess with real child processes: readiness, pid files, stop/kill/pause, log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ordq.errors import ExternalProcessError
+from ordq.proc import ManagedProcess
+from tests.util import wait_until
+
+# Prints a few lines, then waits for signals; SIGTERM makes it say so and exit 0.
+CHILD = """
+import os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: (print("TERM", flush=True), sys.exit(0)))
+print("noise", flush=True)
+print("READY  " + os.environ.get("WORD", "none") + "  ", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def child(tmp_path: Path, word: str = "one", name: str = "child") -> ManagedProcess:
+    return ManagedProcess(name, [sys.executable, "-c", CHILD], run_dir=tmp_path / "run", env={"WORD": word})
+
+
+def proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_start_ready_line_stop_and_restart(tmp_path: Path) -> None:
+    p = child(tmp_path, "one")
+    try:
+        p.start()
+        assert p.wait_for_line("READY", timeout_s=30) == "one"
+        assert p.alive() and p.pid is not None
+        assert p.pid_path.read_text().strip() == str(p.pid)
+        assert p.stop() == 0  # SIGTERM handled: clean exit
+        assert not p.alive() and p.pid is None and not p.pid_path.exists()
+        assert p.stop() == 0  # stopping again is harmless
+
+        again = child(tmp_path, "two")  # same name and run_dir: same log, appended
+        again.start()
+        # only lines of this start count: not the first run's READY
+        assert again.wait_for_line("READY", timeout_s=30) == "two"
+        assert again.stop() == 0
+    finally:
+        p.kill()
+    log = p.log_path.read_text()
+    assert log.count("ordq: starting child") == 2
+    lines = log.splitlines()
+    assert lines.count("TERM") == 2 and "to stderr" in lines  # stdout and stderr both in the log
+    assert p.log_tail(2).splitlines() == ["to stderr", "TERM"]
+
+
+def test_stale_pid_file_is_replaced_with_a_note(tmp_path: Path) -> None:
+    p = child(tmp_path)
+    p.run_dir.mkdir(parents=True)
+    p.pid_path.write_text(f"{dead_pid()}\n")
+    try:
+        p.start()
+        p.wait_for_line("READY", timeout_s=30)
+        assert p.pid_path.read_text().strip() == str(p.pid)
+    finally:
+        p.stop()
+    assert "replaced stale pid file" in p.log_path.read_text()
+
+
+def test_pid_file_naming_a_live_process_refuses_start_and_lets_others_stop_it(tmp_path: Path) -> None:
+    first = child(tmp_path)
+    other = child(tmp_path)  # e.g. the same harness in another process
+    try:
+        first.start()
+        first.wait_for_line("READY", timeout_s=30)
+        with pytest.raises(ExternalProcessError, match="already running as pid"):
+            other.start()
+        assert other.pid == first.pid  # found through the pid file
+        assert other.stop() is None  # not its child: no exit code to report
+        assert not first.alive() and first.returncode == 0
+        assert not first.pid_path.exists()
+    finally:
+        first.kill()
+
+
+def test_wait_ready_fails_at_once_when_the_process_exits(tmp_path: Path) -> None:
+    p = ManagedProcess("dies", [sys.executable, "-c", "print('boom: bad config'); raise SystemExit(3)"],
+                       run_dir=tmp_path)
+    p.start()
+    started = time.monotonic()
+    with pytest.raises(ExternalProcessError, match="exited with code 3") as err:
+        p.wait_ready(lambda: None, timeout_s=60, what="it to serve")
+    assert time.monotonic() - started < 30  # not the deadline: the exit
+    assert "boom: bad config" in str(err.value)  # the log tail explains why
+    with pytest.raises(ExternalProcessError, match="exited with code 3"):
+        p.wait_for_line("READY", timeout_s=60)
+    assert p.stop() == 3
+
+
+def test_wait_ready_returns_the_probe_value_or_times_out(tmp_path: Path) -> None:
+    p = child(tmp_path)
+    try:
+        p.start()
+        calls = []
+
+        def probe() -> str | None:
+            calls.append(1)
+            if len(calls) < 3:
+                raise ConnectionRefusedError("not yet")  # OSError: "not ready", polled again
+            return "ready"
+
+        assert p.wait_ready(probe, timeout_s=30, what="probe") == "ready"
+
+        def refused() -> None:
+            raise ConnectionRefusedError("refused")
+
+        with pytest.raises(ExternalProcessError, match="timed out after 0.3s waiting for the port.*refused"):
+            p.wait_ready(refused, timeout_s=0.3, what="the port")
+        with pytest.raises(ExternalProcessError, match="no line starting 'NEVER'"):
+            p.wait_for_line("NEVER", timeout_s=0.3)
+    finally:
+        p.stop()
+
+
+def test_pause_resume_kill(tmp_path: Path) -> None:
+    p = child(tmp_path)
+    try:
+        p.start()
+        p.wait_for_line("READY", timeout_s=30)
+        pid = p.pid
+        assert pid is not None
+        p.pause()
+        wait_until(lambda: proc_state(pid) == "T", what="SIGSTOP to take effect")
+        assert p.alive()  # hung, not dead
+        p.resume()
+        wait_until(lambda: proc_state(pid) != "T", what="SIGCONT to take effect")
+        p.pause()
+        assert p.stop() == 0  # a paused process is continued so it can act on SIGTERM
+
+        p.start()
+        p.wait_for_line("READY", timeout_s=30)
+        p.kill()
+        assert p.returncode == -9 and not p.alive() and not p.pid_path.exists()
+        with pytest.raises(ExternalProcessError, match="not running"):
+            p.pause()
+    finally:
+        p.kill()
+
+
+def test_missing_program_is_a_clear_error(tmp_path: Path) -> None:
+    p = ManagedProcess("nothing", ["/nonexistent/program"], run_dir=tmp_path)
+    with pytest.raises(ExternalProcessError, match="cannot start nothing"):
+        p.start()
+    assert not p.alive()
