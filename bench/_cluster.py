@@ -1,0 +1,80 @@
+"""A throwaway local cluster for benchmarks: one ZooKeeper, N broker groups of real processes,
+one queue. Everything lives in a temporary folder and is killed on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+from broker_group.process import BrokerGroupProcesses
+from coordinator.store import ZkStore
+from ordq.zk_server import ZkServer
+
+ROOT = "/bench"
+QUEUE = "bench"
+
+
+@attrs.define
+class BenchCluster:
+    zk: ZkServer
+    store: ZkStore
+    groups: list[BrokerGroupProcesses]
+    folder: Path
+
+    @property
+    def hosts(self) -> str:
+        return self.zk.connection_string
+
+
+@contextlib.contextmanager
+def bench_cluster(groups: int = 1, *, folder: Path | None = None) -> Iterator[BenchCluster]:
+    base = folder or Path(tempfile.mkdtemp(prefix="ordq-bench-"))
+    zk = ZkServer(base / "zk")
+    zk.start()
+    procs: list[BrokerGroupProcesses] = []
+    store = None
+    try:
+        store = ZkStore.connect(zk.connection_string, ROOT)
+        gids = [f"g{i + 1}" for i in range(groups)]
+        for gid in gids:
+            store.add_group(gid)
+            g = BrokerGroupProcesses(gid, zk_hosts=zk.connection_string, root=ROOT, base_dir=base)
+            g.start()
+            procs.append(g)
+        deadline = time.monotonic() + 30
+        while len(store.live_groups(gids)) < len(gids):
+            if time.monotonic() > deadline:
+                raise RuntimeError("broker groups did not come up")
+            time.sleep(0.05)
+        store.create_queue(QUEUE, gids)
+        yield BenchCluster(zk=zk, store=store, groups=procs, folder=base)
+    finally:
+        for g in procs:
+            g.kill()
+        if store is not None:
+            store.close()
+        zk.stop()
+        if folder is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The p-th percentile (0..100) by nearest rank."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+def summary_ms(latencies_s: Sequence[float]) -> str:
+    ms = [x * 1000 for x in latencies_s]
+    return (f"p50 {percentile(ms, 50):.2f} ms, p99 {percentile(ms, 99):.2f} ms, "
+            f"max {max(ms):.2f} ms, mean {statistics.fmean(ms):.2f} ms")
