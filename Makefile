@@ -8,6 +8,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: test demo system-deps venv lint types proto clean
 
+# Debian 12: `zookeeper` brings the jars (it starts nothing; ordq launches it), `libslf4j-java`
+# the slf4j-simple.jar without which ZooKeeper logs nothing, `default-jre-headless` Java 17.
 system-deps:
 	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] \
 	    || [ ! -f /usr/share/java/slf4j-simple.jar ]; then \
@@ -16,6 +18,8 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    zookeeper libslf4j-java default-jre-headless >/dev/null; \
 	fi
+	@command -v java >/dev/null && [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/slf4j-simple.jar ] \
+	  || { echo "Java or the ZooKeeper jars are still missing: apt-get install zookeeper libslf4j-java default-jre-headless"; exit 1; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +39,9 @@ proto: venv
 	PATH=$(VENV)/bin:$$PATH bash proto/generate.sh
 	git diff --exit-code -- broker_group/wire
 
+# Real ZooKeeper and broker processes; a test that hangs fails after 10 minutes instead of CI.
 test: system-deps venv lint types
-	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow" --timeout=600 $(PYTEST_ARGS)
 
 demo: system-deps venv
 	$(VENV)/bin/ordq demo
