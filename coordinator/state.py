@@ -109,6 +109,9 @@ class Facts:
 
     live_groups: frozenset[str] = frozenset()  # groups whose master AND slave are registered live
     cursors: Mapping[str, Cursor] = attrs.field(factory=dict)  # subscription -> cursor
+    # groups an operator drained for maintenance (``ordq group drain``): never admitted until
+    # undrained, even when live with no backlog
+    drained: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -146,10 +149,12 @@ class QueueState:
         return any(s.gid == gid for s in self.consume)
 
     def eligible(self, gid: str, facts: Facts) -> bool:
-        """I4: both processes live, a member, not already sending, no backlog."""
+        """I4: both processes live, a member, not already sending, no backlog (and not
+        drained by an operator)."""
         return (
             gid in self.groups
             and gid in facts.live_groups
+            and gid not in facts.drained
             and gid not in self.send
             and not self.has_backlog(gid)
         )
@@ -281,6 +286,8 @@ def _why_not_eligible(state: QueueState, gid: str, facts: Facts) -> str:
         return f"group {gid} is already in the send list"
     if state.has_backlog(gid):
         return f"group {gid} still holds unconsumed segments of {state.queue}"
+    if gid in facts.drained:
+        return f"group {gid} is drained for maintenance (undrain it: ordq group undrain {gid})"
     return f"group {gid} is not live (master and slave must both be registered)"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +52,8 @@ from ordq.errors import (
 )
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+# A contender node of a kazoo Lock (the consumer election of a subscription).
+_LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
 
 
 @attrs.frozen
@@ -202,6 +205,49 @@ class ZkStore:
         """The groups among ``gids`` whose master and slave are both live."""
         return frozenset(g for g in gids if len(self.live_members(g)) == len(ROLES))
 
+    def set_group_drained(self, gid: str, drained: bool) -> bool:
+        """Mark (or unmark) ``gid`` as drained for maintenance in its config znode and return
+        the previous mark. A drained group is never admitted to a send list (``Facts.drained``);
+        taking it out of the send lists it is in is the caller's transition (``remove_from_send``)."""
+        path = self.paths.group(gid)
+        for _ in range(50):
+            with self._errors():
+                try:
+                    data, stat = self.client.get(path)
+                    config = dict(_loads(data))
+                    before = bool(config.get("drained", False))
+                    if before == drained:
+                        return before
+                    if drained:
+                        config["drained"] = True
+                    else:
+                        config.pop("drained", None)
+                    self.client.set(path, _dumps(config), version=stat.version)
+                    return before
+                except NoNodeError as exc:
+                    raise GroupNotFound(gid) from exc
+                except BadVersionError:
+                    continue  # the config changed meanwhile: read it again
+        raise ConflictError(f"group {gid!r}: gave up marking it drained after 50 conflicting writes")
+
+    def _drained_with_versions(self, gids: tuple[str, ...] | list[str]) -> tuple[frozenset[str], dict[str, int]]:
+        drained: set[str] = set()
+        versions: dict[str, int] = {}
+        with self._errors():
+            for gid in gids:
+                try:
+                    data, stat = self.client.get(self.paths.group(gid))
+                except NoNodeError:
+                    continue
+                versions[gid] = stat.version
+                if _loads(data).get("drained"):
+                    drained.add(gid)
+        return frozenset(drained), versions
+
+    def drained_groups(self, gids: tuple[str, ...] | list[str]) -> frozenset[str]:
+        """The groups among ``gids`` an operator drained (``set_group_drained``)."""
+        return self._drained_with_versions(gids)[0]
+
     # -- queues ------------------------------------------------------------------------------
 
     def create_queue(
@@ -262,7 +308,15 @@ class ZkStore:
         return QueueState.from_dict(_loads(data)), stat.version
 
     def facts(self, st: QueueState, *, with_cursors: bool = True) -> tuple[Facts, dict[str, int]]:
-        """Liveness of the queue's groups and (optionally) cursors with their versions."""
+        """Liveness and drain marks of the queue's groups and (optionally) cursors with their
+        versions."""
+        facts, versions, _ = self._facts_and_versions(st, with_cursors=with_cursors)
+        return facts, versions
+
+    def _facts_and_versions(
+        self, st: QueueState, *, with_cursors: bool = True
+    ) -> tuple[Facts, dict[str, int], dict[str, int]]:
+        """Facts, cursor versions and group config versions (the drain marks were read there)."""
         cursors: dict[str, Cursor] = {}
         versions: dict[str, int] = {}
         if with_cursors:
@@ -271,7 +325,9 @@ class ZkStore:
                     cursors[sub], versions[sub] = self.get_cursor(st.queue, sub)
                 except SubscriptionNotFound:
                     continue  # deleted meanwhile
-        return Facts(live_groups=self.live_groups(st.groups), cursors=cursors), versions
+        drained, group_versions = self._drained_with_versions(st.groups)
+        facts = Facts(live_groups=self.live_groups(st.groups), cursors=cursors, drained=drained)
+        return facts, versions, group_versions
 
     def apply(
         self, queue: str, transition: Transition, *, max_attempts: int = 50
@@ -281,7 +337,7 @@ class ZkStore:
         e.g. a producer whose fail_over lost the race follows the new head)."""
         for _ in range(max_attempts):
             current, version = self.load_state(queue)
-            facts, cursor_versions = self.facts(current)
+            facts, cursor_versions, group_versions = self._facts_and_versions(current)
             new = transition(current, facts)
             if new == current:
                 return current
@@ -289,6 +345,9 @@ class ZkStore:
                 tx = self.client.transaction()
                 for sub, v in cursor_versions.items():
                     tx.check(self.paths.sub(queue, sub), v)
+                # A drain mark set after we read it must not be overtaken by an admit.
+                for gid, v in group_versions.items():
+                    tx.check(self.paths.group(gid), v)
                 tx.set_data(self.paths.state(queue), _dumps(new.to_dict()), version=version)
                 results = tx.commit()
             if not any(isinstance(r, Exception) for r in results):
@@ -348,6 +407,61 @@ class ZkStore:
             except NoNodeError as exc:
                 raise SubscriptionNotFound(queue, sub) from exc
         return int(stat.version)
+
+    def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int, state_version: int) -> int:
+        """An operator's reset: write ``cursor`` only if neither the cursor nor the queue state
+        changed since they were read at these versions (so the target, checked against that
+        state, is still inside the consume list: I5). Returns the new cursor version;
+        ConflictError when either moved (read both again and retry)."""
+        with self._errors():
+            tx = self.client.transaction()
+            tx.check(self.paths.state(queue), state_version)
+            tx.set_data(self.paths.sub(queue, sub), _dumps(cursor.to_dict()), version=cursor_version)
+            results = tx.commit()
+        if not any(isinstance(r, Exception) for r in results):
+            return int(results[1].version)
+        if any(isinstance(r, NoNodeError) for r in results):
+            self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
+        if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
+            raise ConflictError(f"cursor of {queue}/{sub} or the queue state moved during the reset")
+        _raise_first(results)
+        raise ConflictError(f"cursor reset of {queue}/{sub} failed: {results}")  # pragma: no cover
+
+    def subscription_holders(self, queue: str, sub: str) -> list[str]:
+        """Identifiers of the consumers in the subscription's election (kazoo Lock contenders),
+        the one holding it first; [] when no consumer holds it."""
+        path = self.paths.sub_leader(queue, sub)
+        with self._errors():
+            try:
+                children = self.client.get_children(path)
+            except NoNodeError:
+                self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
+                return []
+            nodes = sorted((m.group(1), c) for c in children if (m := _LOCK_NODE.search(c)) is not None)
+            holders = []
+            for _, child in nodes:
+                try:
+                    data, _ = self.client.get(f"{path}/{child}")
+                except NoNodeError:
+                    continue  # released meanwhile
+                holders.append(data.decode("utf-8", "replace") if data else "")
+        return holders
+
+    @contextlib.contextmanager
+    def subscription_lease(self, queue: str, sub: str, identifier: str) -> Iterator[bool]:
+        """Try, without waiting, to hold the subscription's consumer election for the block;
+        yields whether it got it. While held, no consumer can start on the subscription (a
+        starting one waits, then reads the cursor as this block left it)."""
+        self.get_cursor(queue, sub)  # never create the election under a missing subscription
+        lock = self.client.Lock(self.paths.sub_leader(queue, sub), identifier)
+        with self._errors():
+            got = bool(lock.acquire(blocking=False))
+        try:
+            yield got
+        finally:
+            if got:
+                with self._errors():
+                    lock.release()
 
     def delete_subscription(self, queue: str, sub: str) -> None:
         with self._errors():
