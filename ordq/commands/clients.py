@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ordq.commands import add_command
 from ordq.output import emit_json
 
@@ -59,7 +61,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - start
     result = {"queue": args.queue, "sent": sent, "acked": stats.acked, "failovers": stats.failovers,
               "seconds": round(elapsed, 3), "msgs_per_s": round(sent / elapsed, 1) if elapsed else None,
-              "last": last.result().__dict__ if last is not None else None}
+              "last": attrs.asdict(last.result()) if last is not None else None}
     if args.json:
         emit_json(result)
     else:
