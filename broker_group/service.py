@@ -65,6 +65,7 @@ GRPC_OPTIONS = [
 ]
 REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
 META_FILE = "meta.json"
+SLAVE_CONNECT_WAIT_S = 1.0
 
 
 @attrs.frozen(kw_only=True)
@@ -336,6 +337,11 @@ class Broker:
         s = self.segment_for_write(req.queue, req.seg, req.epoch)
         with self._cv:
             link = self.replication
+            # Just after start the slave stream may still be connecting: a short wait spares
+            # the producer a needless failover. A broken stream fails producers by itself.
+            deadline = time.monotonic() + SLAVE_CONNECT_WAIT_S
+            while link is not None and not link.connected and time.monotonic() < deadline and not self._stopping:
+                self._cv.wait(deadline - time.monotonic())
             if link is None or not link.connected:
                 raise SegmentNotWritable(self.address, req.queue, req.seg, "the slave is not connected")
             for raw, h in zip(req.batches, headers, strict=True):
