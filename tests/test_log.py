@@ -1,0 +1,601 @@
+"""Segment log: batch format round trips, recovery (torn tail vs corrupt middle), reads, disk full.
+
+Pure: files in temporary folders, no network, no sleeps. ENOSPC/EIO are simulated by
+replacing the ``os`` call the log uses.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import broker_group.log as log_mod
+from broker_group.log import (
+    HEAD_BYTES,
+    SEGMENT_FILE,
+    BatchHeader,
+    Message,
+    SegmentLog,
+    check_messages,
+    decode_batch,
+    encode_batch,
+    iter_file_batches,
+    parse_header,
+    parse_segment_path,
+    segment_dir,
+    split_batches,
+    stamp_offset,
+)
+from ordq.errors import ClosedError, CorruptLog, DiskFull, InvalidName, SegmentNotFound
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+keys = st.none() | st.binary(max_size=12)
+headers = st.lists(st.tuples(st.text(max_size=6), st.binary(max_size=8)), max_size=3).map(tuple)
+payloads = st.binary(max_size=200) | st.sampled_from([b"", b"\x00" * 1024, b"\xa1" * 64])
+messages = st.builds(
+    Message, payload=payloads, key=keys, headers=headers, timestamp_us=st.integers(-(2**63), 2**63 - 1)
+)
+message_lists = st.lists(messages, min_size=1, max_size=8)
+
+
+def msg(i: int, size: int = 10) -> Message:
+    return Message(payload=bytes([i % 251]) * size, key=str(i).encode(), timestamp_us=i)
+
+
+@contextmanager
+def tmpdir() -> Iterator[Path]:
+    # Not the tmp_path fixture: hypothesis runs many examples per test function.
+    with tempfile.TemporaryDirectory(prefix="ordq-log-") as d:
+        yield Path(d)
+
+
+def build(batches: Sequence[Sequence[Message]], *, epoch: int = 1, first_seq: int = 100) -> list[bytes]:
+    """Encoded, offset-stamped batches as the master would append them."""
+    out, offset, seq = [], 0, first_seq
+    for ms in batches:
+        out.append(stamp_offset(encode_batch(ms, epoch=epoch, first_seq=seq), offset))
+        offset += len(ms)
+        seq += len(ms)
+    return out
+
+
+def write_segment(data: Path, raw: bytes, queue: str = "q", seg: int = 0) -> Path:
+    folder = segment_dir(data, queue, seg)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SEGMENT_FILE
+    path.write_bytes(raw)
+    return path
+
+
+def flip(raw: bytes, bit: int) -> bytes:
+    b = bytearray(raw)
+    b[bit // 8] ^= 1 << (bit % 8)
+    return bytes(b)
+
+
+# -- encoding -------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(ms=message_lists, epoch=st.integers(0, 2**64 - 1), first_seq=st.integers(0, 2**63))
+def test_encode_decode_round_trip(ms: list[Message], epoch: int, first_seq: int) -> None:
+    raw = encode_batch(ms, epoch=epoch, first_seq=first_seq)
+    header, out = decode_batch(raw)
+    assert out == ms
+    assert [m.key for m in out] == [m.key for m in ms]  # None stays None, b"" stays b""
+    assert header == BatchHeader(length=len(raw), first_offset=0, epoch=epoch, first_seq=first_seq, count=len(ms))
+    assert header.last_seq == first_seq + len(ms) - 1
+    assert parse_header(raw) == header == check_messages(raw)
+    assert decode_batch(memoryview(raw)) == (header, out)  # any bytes-like input
+
+
+def test_none_key_and_empty_key_differ() -> None:
+    a = encode_batch([Message(b"x", key=None)], epoch=0, first_seq=0)
+    b = encode_batch([Message(b"x", key=b"")], epoch=0, first_seq=0)
+    assert a != b
+    assert decode_batch(a)[1][0].key is None
+    assert decode_batch(b)[1][0].key == b""
+
+
+@SETTINGS
+@given(ms=message_lists, offset=st.integers(0, 2**64 - 1))
+def test_stamp_offset_keeps_the_crc_valid(ms: list[Message], offset: int) -> None:
+    raw = encode_batch(ms, epoch=7, first_seq=3)
+    stamped = stamp_offset(raw, offset)
+    header, out = decode_batch(stamped)
+    assert header.first_offset == offset and header.end_offset == offset + len(ms)
+    assert out == ms
+    assert stamped[:8] == raw[:8] and stamped[16:] == raw[16:]
+    assert stamp_offset(stamped, offset) is stamped  # already stamped: no copy
+
+
+def test_encode_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        encode_batch([], epoch=0, first_seq=0)
+    with pytest.raises(ValueError, match="65535"):
+        encode_batch([Message(b"", headers=(("n" * 70000, b""),))], epoch=0, first_seq=0)
+    with pytest.raises(ValueError):
+        stamp_offset(encode_batch([msg(1)], epoch=0, first_seq=0), -1)
+    with pytest.raises(CorruptLog):
+        stamp_offset(b"\x00" * 10, 1)
+
+
+def test_every_bit_flip_outside_first_offset_is_detected() -> None:
+    """The CRC covers the body; the length field is checked against the size; only the
+    stamped first_offset (bytes 8..16) is outside both, and it is checked by the log."""
+    raw = encode_batch([msg(1), Message(b"", key=None, headers=(("h", b"v"),))], epoch=2, first_seq=5)
+    for bit in range(len(raw) * 8):
+        bad = flip(raw, bit)
+        if 64 <= bit < 128:
+            assert parse_header(bad).first_offset == 1 << (bit - 64)
+            continue
+        with pytest.raises(CorruptLog) as info:
+            decode_batch(bad)
+        assert info.value.path == "<wire>"
+
+
+def test_wrong_length_buffers_are_corrupt() -> None:
+    raw = encode_batch([msg(1)], epoch=0, first_seq=0)
+    for bad in (raw[:-1], raw + b"\x00", raw[: HEAD_BYTES - 1], b""):
+        with pytest.raises(CorruptLog):
+            decode_batch(bad)
+
+
+def _recrc(raw: bytes, body_patch: dict[int, bytes]) -> bytes:
+    """A batch with bytes replaced and the CRC recomputed: valid CRC, broken structure."""
+    b = bytearray(raw)
+    for at, value in body_patch.items():
+        b[at : at + len(value)] = value
+    struct.pack_into("<I", b, 4, zlib.crc32(b[16:]))
+    return bytes(b)
+
+
+def test_crc_valid_but_structurally_broken_batch_is_refused() -> None:
+    raw = encode_batch([msg(1), msg(2)], epoch=0, first_seq=0)
+    key_len_at = HEAD_BYTES + 8
+    for bad in (
+        _recrc(raw, {key_len_at: struct.pack("<i", 500)}),  # key runs past the batch
+        _recrc(raw, {key_len_at: struct.pack("<i", -2)}),  # no such key length
+        _recrc(raw, {HEAD_BYTES - 4: struct.pack("<I", 1)}),  # count says 1, two messages follow
+    ):
+        parse_header(bad)  # the CRC alone cannot see it...
+        with pytest.raises(CorruptLog):
+            check_messages(bad)  # ...the structure walk can
+        with pytest.raises(CorruptLog):
+            decode_batch(bad)
+
+
+@SETTINGS
+@given(batches=st.lists(message_lists, min_size=1, max_size=5))
+def test_split_batches(batches: list[list[Message]]) -> None:
+    raws = build(batches)
+    joined = b"".join(raws)
+    assert split_batches(joined) == raws
+    assert split_batches(memoryview(joined)) == raws
+    assert split_batches(bytearray(joined)) == raws
+    with pytest.raises(CorruptLog):
+        split_batches(joined[:-1])  # a partial batch at the end
+    with pytest.raises(CorruptLog):
+        split_batches(joined + b"\x00" * 3)  # trailing bytes
+    with pytest.raises(CorruptLog):
+        split_batches(flip(joined, len(joined) * 8 - 1))  # last payload byte changed
+
+
+def test_split_batches_empty() -> None:
+    assert split_batches(b"") == []
+
+
+# -- opening and appending -----------------------------------------------------------------
+
+
+def test_open_missing_and_bad_names(tmp_path: Path) -> None:
+    with pytest.raises(SegmentNotFound) as info:
+        SegmentLog.open(tmp_path, "orders", 3)
+    assert (info.value.queue, info.value.seg) == ("orders", 3)
+    for bad in ("..", "a/b", ""):
+        with pytest.raises(InvalidName):
+            SegmentLog.open(tmp_path, bad, 0, create=True)
+    with pytest.raises(ValueError):
+        SegmentLog.open(tmp_path, "q", -1, create=True)
+
+
+def test_create_append_sync_reopen(tmp_path: Path) -> None:
+    with SegmentLog.open(tmp_path, "orders", 7, create=True) as log:
+        assert log.path == tmp_path / "orders" / "000000000007" / "segment.log"
+        assert (log.end, log.synced_end, log.first_seq, log.last_seq) == (0, 0, None, None)
+        assert log.last_message() is None
+        raws = build([[msg(0), msg(1)], [msg(2)], [msg(3), msg(4), msg(5)]], first_seq=40)
+        for raw in raws:
+            header = log.append(raw)
+            assert header.first_offset == log.end - header.count
+        assert (log.end, log.synced_end, log.first_seq, log.last_seq) == (6, 0, 40, 45)
+        assert log.read(0, max_bytes=1 << 20, upto=6) == []  # nothing served before sync
+        assert log.last_message() == (5, msg(5))  # buffered ones count
+        assert log.sync() == 6
+        assert log.read(0, max_bytes=1 << 20, upto=6) == raws
+        stats = log.statistics()
+        assert (stats.syncs, stats.synced_batches, stats.batches, stats.buffered_bytes) == (1, 3, 3, 0)
+        assert stats.file_bytes == sum(map(len, raws)) == log.path.stat().st_size
+        assert log.sync() == 6 and log.statistics().syncs == 1  # nothing buffered: no syscall
+    with SegmentLog.open(tmp_path, "orders", 7) as again:
+        assert (again.end, again.synced_end, again.first_seq, again.last_seq) == (6, 6, 40, 45)
+        assert again.recovery == log_mod.RecoveryReport(batches=3, messages=6, truncated_bytes=0)
+        assert again.last_message() == (5, msg(5))
+        assert again.read(0, max_bytes=1 << 20, upto=6) == raws
+    assert SegmentLog.open(tmp_path, "orders", 7, create=True).end == 6  # create on an existing one opens it
+
+
+def test_append_checks_offset_and_crc(tmp_path: Path) -> None:
+    log = SegmentLog.open(tmp_path, "q", 0, create=True)
+    first, second = build([[msg(0)], [msg(1)]])
+    with pytest.raises(ValueError, match="first_offset 1 != end 0"):
+        log.append(second)
+    with pytest.raises(CorruptLog):
+        log.append(flip(first, len(first) * 8 - 1))
+    with pytest.raises(CorruptLog):
+        log.append(first[:-1])
+    assert log.end == 0 and log.statistics().buffered_bytes == 0
+    log.append(first)
+    with pytest.raises(ValueError):
+        log.append(first)  # same offset twice
+    broken = _recrc(second, {HEAD_BYTES - 4: struct.pack("<I", 2)})
+    with pytest.raises(CorruptLog):
+        log.append(broken, check_structure=True)
+    log.append(second, check_structure=True)
+    assert log.sync() == 2
+    log.close()
+
+
+def test_closed_log_refuses_calls(tmp_path: Path) -> None:
+    log = SegmentLog.open(tmp_path, "q", 0, create=True)
+    log.append(build([[msg(0)]])[0])
+    log.close()
+    log.close()  # idempotent
+    assert log.closed
+    for call in (log.sync, log.last_message, lambda: log.read(0, max_bytes=1, upto=1), lambda: log.truncate(0)):
+        with pytest.raises(ClosedError):
+            call()
+    # the unsynced batch was dropped on close
+    assert SegmentLog.open(tmp_path, "q", 0).end == 0
+
+
+# -- reads ----------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=8),
+    payload=st.integers(0, 40),
+    data=st.data(),
+)
+def test_read_respects_upto_max_bytes_and_boundaries(sizes: list[int], payload: int, data: st.DataObject) -> None:
+    raws = build([[msg(i, payload) for i in range(n)] for n in sizes])
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    total = starts[-1]
+    with tmpdir() as d, SegmentLog.open(d, "q", 0, create=True) as log:
+        synced_batches = data.draw(st.integers(0, len(raws)), label="synced batches")
+        for raw in raws[:synced_batches]:
+            log.append(raw)
+        log.sync()
+        for raw in raws[synced_batches:]:
+            log.append(raw)  # buffered, never served
+        synced_end = starts[synced_batches]
+        for _ in range(10):
+            offset = data.draw(st.integers(0, total + 2), label="offset")
+            upto = data.draw(st.integers(0, total + 2), label="upto")
+            max_bytes = data.draw(st.integers(0, sum(map(len, raws)) + 10), label="max_bytes")
+            got = log.read(offset, max_bytes=max_bytes, upto=upto)
+            limit = min(upto, synced_end)
+            if offset >= limit:
+                assert got == []
+                continue
+            first = max(i for i in range(len(raws)) if starts[i] <= offset)  # the batch holding offset
+            assert got == raws[first : first + len(got)]  # whole, contiguous batches from there
+            fits = [j for j in range(first, len(raws)) if starts[j + 1] <= limit]
+            fits = fits[: next((k for k, j in enumerate(fits) if j != first + k), len(fits))]
+            if not fits:
+                assert got == []  # the batch holding offset straddles upto
+                continue
+            assert got, "at least one batch when one ends before upto"
+            last = first + len(got) - 1
+            assert starts[last + 1] <= limit
+            assert len(got) == 1 or sum(map(len, got)) <= max_bytes
+            if last + 1 < len(raws) and starts[last + 2] <= limit:  # could have taken one more
+                assert sum(map(len, raws[first : last + 2])) > max_bytes
+
+
+def test_read_at_boundaries(tmp_path: Path) -> None:
+    raws = build([[msg(0), msg(1)], [msg(2), msg(3)], [msg(4)]])
+    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
+        for raw in raws:
+            log.append(raw)
+        log.sync()
+        assert log.read(1, max_bytes=0, upto=5) == raws[:1]  # offset inside batch 0
+        assert log.read(2, max_bytes=1 << 20, upto=4) == raws[1:2]
+        assert log.read(2, max_bytes=1 << 20, upto=3) == []  # batch 1 straddles upto
+        assert log.read(0, max_bytes=len(raws[0]) + len(raws[1]), upto=100) == raws[:2]
+        assert log.read(5, max_bytes=1 << 20, upto=100) == []
+        with pytest.raises(ValueError):
+            log.read(-1, max_bytes=1, upto=5)
+
+
+# -- truncate -------------------------------------------------------------------------------
+
+
+def test_truncate(tmp_path: Path) -> None:
+    raws = build([[msg(0), msg(1)], [msg(2)], [msg(3), msg(4)], [msg(5)]], first_seq=10)
+    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
+        for raw in raws[:3]:
+            log.append(raw)
+        log.sync()
+        log.append(raws[3])  # buffered
+        for bad in (1, 4, 7, -1):
+            with pytest.raises(ValueError):
+                log.truncate(bad)
+        log.truncate(6)  # == end: just syncs the buffered batch
+        assert log.synced_end == 6
+        log.truncate(3)
+        assert (log.end, log.synced_end, log.last_seq, log.first_seq) == (3, 3, 12, 10)
+        assert log.path.stat().st_size == len(raws[0]) + len(raws[1])
+        assert log.read(0, max_bytes=1 << 20, upto=10) == raws[:2]
+        assert log.last_message() == (2, msg(2))
+        log.append(raws[2])  # appending continues at the new end
+        log.append(raws[3])
+        log.truncate(5)  # only buffered batches cut: the kept one is synced
+        assert (log.end, log.synced_end) == (5, 5)
+        assert log.read(0, max_bytes=1 << 20, upto=10) == raws[:3]
+    with SegmentLog.open(tmp_path, "q", 0) as log:
+        assert (log.end, log.recovery.truncated_bytes) == (5, 0)
+        log.truncate(0)
+        assert (log.end, log.synced_end, log.first_seq, log.last_seq) == (0, 0, None, None)
+        assert log.path.stat().st_size == 0
+    assert SegmentLog.open(tmp_path, "q", 0).end == 0
+
+
+# -- recovery: torn tail --------------------------------------------------------------------
+
+
+def _check_recovered(data: Path, raws: list[bytes], counts: list[int], kept: int, truncated: int) -> None:
+    with SegmentLog.open(data, "q", 0) as log:
+        assert log.recovery.batches == kept
+        assert log.recovery.truncated_bytes == truncated
+        assert log.end == log.synced_end == sum(counts[:kept])
+        assert log.path.stat().st_size == sum(map(len, raws[:kept]))
+        assert log.read(0, max_bytes=1 << 30, upto=1 << 30) == raws[:kept]
+        if kept < len(raws):  # the log is usable: the lost batch can be appended again
+            log.append(raws[kept])
+            assert log.sync() == sum(counts[: kept + 1])
+
+
+def test_torn_tail_at_every_byte_of_the_last_batch(tmp_path: Path) -> None:
+    batches = [[msg(0), msg(1)], [msg(2)], [msg(3), Message(b"", key=None, headers=(("k", b"v"),)), msg(5, 30)]]
+    raws = build(batches)
+    counts = [len(b) for b in batches]
+    whole = b"".join(raws)
+    last_at = len(whole) - len(raws[-1])
+    for cut in range(len(raws[-1]) + 1):
+        path = write_segment(tmp_path, whole[: last_at + cut])
+        kept = 3 if cut == len(raws[-1]) else 2
+        assert [h.count for h, _ in iter_file_batches(path)] == counts[:kept]  # the torn tail ignored
+        _check_recovered(tmp_path, raws, counts, kept, 0 if kept == 3 else cut)
+
+
+@SETTINGS
+@given(batches=st.lists(message_lists, min_size=1, max_size=5), data=st.data())
+def test_cut_anywhere_recovers_exactly_the_complete_batches(batches: list[list[Message]], data: st.DataObject) -> None:
+    raws = build(batches)
+    whole = b"".join(raws)
+    cut = data.draw(st.integers(0, len(whole)), label="cut")
+    tail = b"\x00" * data.draw(st.sampled_from([0, 7, 4096]), label="zero bytes after the cut")
+    content = whole[:cut] + tail
+    # A batch survives when all its bytes are in the file. Usually that means it ends before
+    # the cut, but zeros written after the cut can stand in for missing zero bytes (an empty
+    # payload ends in zero lengths): then the batch is genuinely intact, bit for bit.
+    kept, at = 0, 0
+    while kept < len(raws) and content[at : at + len(raws[kept])] == raws[kept]:
+        at += len(raws[kept])
+        kept += 1
+    assert kept >= sum(1 for i in range(len(raws)) if len(b"".join(raws[: i + 1])) <= cut)
+    with tmpdir() as d:
+        write_segment(d, content)
+        _check_recovered(d, raws, [len(b) for b in batches], kept, len(content) - at)
+
+
+def test_bad_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    """Rule: nothing valid follows it, so a damaged last batch is treated as a torn write,
+    whichever field is hit (length, CRC, first_offset, body)."""
+    raws = build([[msg(0)], [msg(1), msg(2)]])
+    whole = b"".join(raws)
+    last_at = len(raws[0]) * 8
+    for bit in (last_at + 3, last_at + 31, last_at + 40, last_at + 70, last_at + 300, len(whole) * 8 - 1):
+        write_segment(tmp_path, flip(whole, bit))
+        with SegmentLog.open(tmp_path, "q", 0) as log:
+            assert (log.end, log.recovery.truncated_bytes) == (1, len(raws[1])), f"bit {bit}"
+
+
+# -- recovery: corrupt middle ---------------------------------------------------------------
+
+
+def test_every_bit_flip_in_a_middle_batch_raises_corrupt_log(tmp_path: Path) -> None:
+    raws = build([[msg(0)], [msg(1), Message(b"", key=b"", headers=(("h", b"\xa1"),))], [msg(3)]])
+    whole = b"".join(raws)
+    mid_at = len(raws[0])
+    path = tmp_path / "q" / "000000000000" / SEGMENT_FILE
+    for bit in range(mid_at * 8, (mid_at + len(raws[1])) * 8):
+        bad = flip(whole, bit)
+        write_segment(tmp_path, bad)
+        with pytest.raises(CorruptLog) as info:
+            SegmentLog.open(tmp_path, "q", 0)
+        assert info.value.position == mid_at, f"bit {bit}"
+        assert path.read_bytes() == bad  # left untouched for inspection / repair
+        got: list[BatchHeader] = []
+        with pytest.raises(CorruptLog):
+            for header, _ in iter_file_batches(path):
+                got.append(header)
+        assert [h.first_offset for h in got] == [0]  # batches before the bad one were yielded
+
+
+@SETTINGS
+@given(batches=st.lists(message_lists, min_size=3, max_size=6), data=st.data())
+def test_random_bit_flip_before_the_tail_is_never_skipped(batches: list[list[Message]], data: st.DataObject) -> None:
+    raws = build(batches)
+    index = data.draw(st.integers(0, len(raws) - 2), label="damaged batch")  # a valid batch follows it
+    at = sum(map(len, raws[:index]))
+    bit = data.draw(st.integers(at * 8, (at + len(raws[index])) * 8 - 1), label="bit")
+    with tmpdir() as d:
+        write_segment(d, flip(b"".join(raws), bit))
+        with pytest.raises(CorruptLog) as info:
+            SegmentLog.open(d, "q", 0)
+        assert info.value.position == at
+
+
+def test_corrupt_length_that_looks_like_a_short_last_batch(tmp_path: Path) -> None:
+    """A middle batch whose length field points past the end of the file must not be taken
+    for a torn tail: the valid batch after it proves the file went on."""
+    raws = build([[msg(0)], [msg(1)], [msg(2)], [msg(3)]])
+    b = bytearray(b"".join(raws))
+    struct.pack_into("<I", b, len(raws[0]), 1 << 30)
+    write_segment(tmp_path, bytes(b))
+    with pytest.raises(CorruptLog, match="short batch.*valid batch follows"):
+        SegmentLog.open(tmp_path, "q", 0)
+    struct.pack_into("<I", b, len(raws[0]), 0)  # and a zeroed length
+    write_segment(tmp_path, bytes(b))
+    with pytest.raises(CorruptLog):
+        SegmentLog.open(tmp_path, "q", 0)
+
+
+def test_offset_that_does_not_continue_is_corrupt(tmp_path: Path) -> None:
+    raws = build([[msg(0)], [msg(1)], [msg(2)]])
+    raws[1] = stamp_offset(raws[1], 5)  # CRC still valid: only the offset check sees it
+    write_segment(tmp_path, b"".join(raws))
+    with pytest.raises(CorruptLog, match="first_offset 5 where 1 was expected"):
+        SegmentLog.open(tmp_path, "q", 0)
+
+
+def test_the_follow_on_search_is_what_catches_a_corrupt_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: a recoverer that truncates at the first bad batch (no search for a valid batch
+    after it) silently drops the batches after a corrupt middle one. The tests above would
+    fail against it; this shows the failure they guard against is real."""
+    raws = build([[msg(0)], [msg(1)], [msg(2)]])
+    write_segment(tmp_path, flip(b"".join(raws), len(raws[0]) * 8 + 200))
+    monkeypatch.setattr(log_mod, "_find_valid_batch", lambda *a: None)
+    with SegmentLog.open(tmp_path, "q", 0) as log:
+        assert log.end == 1  # two batches, one of them intact and acked, silently gone
+    monkeypatch.undo()
+    write_segment(tmp_path, flip(b"".join(raws), len(raws[0]) * 8 + 200))
+    with pytest.raises(CorruptLog):
+        SegmentLog.open(tmp_path, "q", 0)
+
+
+# -- disk full and I/O errors ---------------------------------------------------------------
+
+
+def _enospc(*args: object) -> int:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["write", "partial-write", "fdatasync", "quota"])
+def test_disk_full_drops_unsynced_and_stays_usable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    raws = build([[msg(0)], [msg(1), msg(2)], [msg(3)]], first_seq=0)
+    log = SegmentLog.open(tmp_path, "q", 0, create=True)
+    log.append(raws[0])
+    log.sync()
+    synced_size = log.path.stat().st_size
+    log.append(raws[1])
+    log.append(raws[2])
+    real_pwrite = os.pwrite
+    if where == "write":
+        monkeypatch.setattr(log_mod.os, "pwrite", _enospc)
+    elif where == "partial-write":
+        calls: list[int] = []
+
+        def partial(fd: int, data: bytes, pos: int) -> int:
+            calls.append(pos)
+            if len(calls) > 1:
+                _enospc()
+            return real_pwrite(fd, bytes(data)[:5], pos)  # half a header reaches the file
+
+        monkeypatch.setattr(log_mod.os, "pwrite", partial)
+    elif where == "fdatasync":
+        real_sync = os.fdatasync
+        seen: list[int] = []
+
+        def failing_sync(fd: int) -> None:
+            seen.append(fd)
+            if len(seen) == 1:
+                _enospc()
+            real_sync(fd)
+
+        monkeypatch.setattr(log_mod.os, "fdatasync", failing_sync)
+    else:
+        monkeypatch.setattr(
+            log_mod.os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(errno.EDQUOT, "Disk quota exceeded"))
+        )
+    with pytest.raises(DiskFull) as info:
+        log.sync()
+    assert info.value.retriable
+    monkeypatch.undo()
+    assert (log.end, log.synced_end, log.last_seq) == (1, 1, 0)
+    assert log.path.stat().st_size == synced_size  # nothing half-written left behind
+    assert log.read(0, max_bytes=1 << 20, upto=10) == raws[:1]
+    assert log.last_message() == (0, msg(0))
+    log.append(raws[1])  # usable: the dropped batches can come again
+    log.append(raws[2])
+    assert log.sync() == 4
+    log.close()
+    with SegmentLog.open(tmp_path, "q", 0) as again:
+        assert (again.end, again.recovery.truncated_bytes) == (4, 0)
+
+
+def test_other_io_error_closes_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raws = build([[msg(0)], [msg(1)]])
+    log = SegmentLog.open(tmp_path, "q", 0, create=True)
+    log.append(raws[0])
+    log.sync()
+    log.append(raws[1])
+
+    def eio(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(log_mod.os, "fdatasync", eio)
+    with pytest.raises(OSError) as info:
+        log.sync()
+    assert info.value.errno == errno.EIO and not isinstance(info.value, DiskFull)
+    monkeypatch.undo()
+    assert log.closed
+    with pytest.raises(ClosedError):
+        log.append(raws[1])
+    assert SegmentLog.open(tmp_path, "q", 0).end == 1
+
+
+# -- reading files outside the broker -------------------------------------------------------
+
+
+def test_iter_file_batches_and_paths(tmp_path: Path) -> None:
+    batches = [[msg(0), msg(1)], [msg(2)]]
+    raws = build(batches, first_seq=9)
+    path = write_segment(tmp_path, b"".join(raws) + raws[0][:30], queue="orders", seg=12)
+    got = list(iter_file_batches(path))
+    assert [h.first_seq for h, _ in got] == [9, 11]
+    assert [ms for _, ms in got] == batches
+    assert parse_segment_path(path) == ("orders", 12) == parse_segment_path(path.parent)
+    with pytest.raises(ValueError):
+        parse_segment_path(tmp_path / "orders")
+    empty = write_segment(tmp_path, b"", queue="e", seg=0)
+    assert list(iter_file_batches(empty)) == []
+    with pytest.raises(FileNotFoundError):
+        list(iter_file_batches(tmp_path / "nope"))
+    assert split_batches(path.read_bytes()[: sum(map(len, raws))]) == raws
