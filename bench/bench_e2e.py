@@ -1,0 +1,115 @@
+"""End to end through the SDK: ordered produce → consume over real broker processes, 1 KiB
+messages, both replicas fsynced before every ack. Not a test: prints numbers for
+docs/BENCHMARKS.md.
+
+    .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--rate 2000 --rate-seconds 10]
+
+pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
+separate process) reads; msgs/s counts from the first send to the last delivery.
+synchronous: send one message, wait for its ack, repeat.
+latency: a steady --rate msgs/s for --rate-seconds; end-to-end latency = delivery time − the
+message's timestamp (set at send()), both taken on this machine's clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from bench._cluster import QUEUE, ROOT, bench_cluster, summary_ms
+from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+
+
+def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:
+    """Child process: consume seqs first..first+count-1 in order, print e2e latencies and the
+    finish time."""
+    cfg = ConsumerConfig(zk_hosts=hosts, root=ROOT, queue=QUEUE, subscription=sub, fetch_wait_ms=50, start=start)
+    lat: list[float] = []
+    nxt = first
+    with Consumer(cfg) as c:
+        print("READY", flush=True)
+        while nxt < first + count:
+            for m in c.poll():
+                if m.seq != nxt:
+                    raise SystemExit(f"out of order: expected {nxt}, got {m.seq}")
+                nxt += 1
+                lat.append(time.time() - m.timestamp_us / 1e6)
+    print(json.dumps({"done": time.time(), "latencies": lat[:: max(1, len(lat) // 20000)]}), flush=True)
+
+
+def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
+                   ) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-m", "bench.bench_e2e", "--consume", hosts, sub, start, str(first),
+                          str(count)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    if p.stdout.readline().strip() != "READY":
+        raise RuntimeError("consumer did not start")
+    return p
+
+
+def finish(p: subprocess.Popen[str]) -> dict[str, object]:
+    out, _ = p.communicate(timeout=600)
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=300_000)
+    ap.add_argument("--sync-messages", type=int, default=3_000)
+    ap.add_argument("--rate", type=float, default=2000.0)
+    ap.add_argument("--rate-seconds", type=float, default=10.0)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.consume:
+        hosts, sub, start, first, count = args.consume
+        consume_main(hosts, sub, start, int(first), int(count))
+        return
+    payload = b"x" * args.size
+    with bench_cluster(2) as cluster:
+        cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE)
+        with Producer(cfg) as producer:
+            # pipelined
+            consumer = start_consumer(cluster.hosts, "pipelined", args.messages)
+            t0 = time.time()
+            for _ in range(args.messages):
+                producer.send(payload)
+            producer.flush()
+            t_acked = time.time()
+            res = finish(consumer)
+            secs = float(res["done"]) - t0  # type: ignore[arg-type]
+            acked_rate = args.messages / (t_acked - t0)
+            print(f"pipelined: {args.messages} x {args.size} B: produce+ack {acked_rate:,.0f} msgs/s;"
+                  f" end to end (first send to last delivery) {args.messages / secs:,.0f} msgs/s,"
+                  f" {args.messages * args.size / secs / 1e6:.1f} MB/s")
+            base = args.messages
+            # synchronous
+            lat = []
+            t0 = time.time()
+            for _ in range(args.sync_messages):
+                start = time.perf_counter()
+                producer.send(payload).result()
+                lat.append(time.perf_counter() - start)
+            secs = time.time() - t0
+            print(f"synchronous: {args.sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
+            base += args.sync_messages
+            # steady rate, end-to-end latency
+            n = int(args.rate * args.rate_seconds)
+            consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
+            start = time.perf_counter()
+            for i in range(n):
+                pause = start + i / args.rate - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                producer.send(payload)
+            producer.flush()
+            res = finish(consumer)
+            lats = list(res["latencies"])  # type: ignore[call-overload]
+            print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s: end-to-end latency {summary_ms(lats)}")
+
+
+if __name__ == "__main__":
+    main()
