@@ -1,0 +1,455 @@
+"""Cluster fixture of the failover tests: broker groups of real processes on real ZooKeeper.
+
+    from tests.cluster import cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+
+    def test_x(cluster):
+        cluster.add_groups("g1", "g2")
+        cluster.create_queue("q")
+        ...
+
+- ``cluster``: a :class:`Cluster` on the session ``zk_server`` (or ``zk_ensemble`` when the
+  test asks for that fixture) under a fresh ``zk_root``; its processes keep their data and
+  logs under the test's ``tmp_path``. Brokers run with a 1 s ZooKeeper session (the test
+  ZooKeeper ticks every 200 ms), so a killed process's liveness node goes within ~1 s.
+- Teardown kills every process it started (brokers, producer/consumer programs, coordinator
+  daemons) in a ``finally``; when a test fails, the last lines of each process's log are
+  added to its report.
+- ``LoadProducer`` / ``LoadConsumer``: producer and consumer threads in the test process,
+  for faults that hit brokers or ZooKeeper. Programs for faults that hit the producer or the
+  consumer themselves: ``Cluster.spawn_producer`` / ``spawn_consumer``
+  (``tests.helpers.produce`` / ``consume``).
+
+No coordinator daemon runs unless a test starts one (``start_daemon``): correctness never
+depends on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_group.client import GrpcTransport
+from broker_group.process import BrokerGroupProcesses, BrokerProcess
+from coordinator.paths import Paths
+from coordinator.state import QueueState
+from coordinator.store import ZkStore
+from ordq.proc import ManagedProcess
+from ordq.zk_server import ZkServer
+from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from sdk.consumer import ConsumerStats
+from sdk.producer import ProducerStats
+from tests.helpers.load import (
+    AckRec,
+    DeliveryRec,
+    acks_in,
+    deliveries_in,
+    delivery_of,
+    events_in,
+    make_payload,
+    read_records,
+)
+from tests.util import wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+SESSION_TIMEOUT_S = 1.0  # brokers and test clients (ZooKeeper here ticks every 200 ms)
+SEND_TIMEOUT_S = 1.0  # producer ack deadline in these tests
+
+log = logging.getLogger("tests.cluster")
+_CLUSTER = pytest.StashKey["Cluster"]()
+_PLUGIN_NAME = "ordq-cluster-log-tails"
+
+
+class Cluster:
+    """Broker groups, helper programs and daemons of one test, on one ZooKeeper root."""
+
+    def __init__(self, zk: ZkServer, root: str, base: Path) -> None:
+        self.zk = zk
+        self.hosts = zk.connection_string
+        self.root = root
+        self.base = base
+        self.run_dir = base / "run"
+        self.groups: dict[str, BrokerGroupProcesses] = {}
+        self.programs: list[ManagedProcess] = []
+        self.store = ZkStore.connect(self.hosts, root, timeout_s=10)
+        self.paths = Paths(root)
+        self.transport = GrpcTransport()
+        self._threads: list[LoadProducer | LoadConsumer] = []
+
+    # -- brokers -------------------------------------------------------------------------------
+
+    def add_groups(self, *gids: str) -> None:
+        """Register and start each group (slave, then master) and wait until both are live."""
+        for gid in gids:
+            self.store.add_group(gid)
+            group = BrokerGroupProcesses(gid, zk_hosts=self.hosts, root=self.root, base_dir=self.base,
+                                         session_timeout_s=SESSION_TIMEOUT_S)
+            self.groups[gid] = group
+            group.start()
+        self.wait_live(*gids)
+
+    def wait_live(self, *gids: str, timeout_s: float = 30.0) -> None:
+        wait_until(lambda: self.store.live_groups(list(gids)) == frozenset(gids), timeout_s=timeout_s,
+                   interval_s=0.05, what=f"master and slave of {gids} live")
+
+    def restart(self, member: BrokerProcess) -> None:
+        """Start a killed or stopped broker again on its data folder; wait until it is live."""
+        member.start()
+        wait_until(lambda: member.role in self.store.live_members(member.gid), timeout_s=30, interval_s=0.05,
+                   what=f"{member.gid} {member.role} live again")
+
+    def create_queue(self, queue: str = "q", groups: list[str] | None = None) -> QueueState:
+        st = self.store.create_queue(queue, groups if groups is not None else list(self.groups))
+        assert st.open_segment is not None, f"queue {queue} not writable after create: {st}"
+        return st
+
+    def state(self, queue: str = "q") -> QueueState:
+        return self.store.load_state(queue)[0]
+
+    def wait_state(self, predicate: Callable[[QueueState], bool], *, queue: str = "q", timeout_s: float = 30.0,
+                   what: str = "") -> QueueState:
+        def probe() -> QueueState | None:
+            st = self.state(queue)
+            return st if predicate(st) else None
+
+        return wait_until(probe, timeout_s=timeout_s, interval_s=0.05, what=what or "queue state")
+
+    def head(self, queue: str = "q") -> BrokerGroupProcesses:
+        st = self.state(queue)
+        assert st.head is not None, f"queue {queue} has no send head: {st}"
+        return self.groups[st.head]
+
+    # -- programs ------------------------------------------------------------------------------
+
+    def spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        """Start ``python <argv>`` from the repository with its own log under run/."""
+        env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        proc = ManagedProcess(name, [sys.executable, *argv], run_dir=self.run_dir, env=env, cwd=REPO)
+        self.programs.append(proc)
+        proc.start()
+        return proc
+
+    def spawn_producer(self, writer: str, *, total: int, queue: str = "q", rate: float | None = None,
+                       size: int = 200, send_timeout_s: float = SEND_TIMEOUT_S,
+                       session_timeout_s: float = SESSION_TIMEOUT_S) -> ProducerProgram:
+        out = self.base / f"producer-{writer}.jsonl"
+        argv = ["-m", "tests.helpers.produce", "--zk", self.hosts, "--root", self.root, "--queue", queue,
+                "--writer", writer, "--total", str(total), "--out", str(out), "--size", str(size),
+                "--send-timeout", str(send_timeout_s), "--session-timeout", str(session_timeout_s),
+                "--audit", str(self.base / "audit")]
+        if rate:
+            argv += ["--rate", str(rate)]
+        proc = self.spawn(f"producer-{writer}", argv)
+        proc.wait_for_line("STARTED", timeout_s=30)
+        return ProducerProgram(writer, proc, out)
+
+    def spawn_consumer(self, name: str, *, until: int, queue: str = "q", sub: str = "s",
+                       commit_every: int = 1000, commit_ms: float = 200.0, crash_at: int | None = None,
+                       session_timeout_s: float = SESSION_TIMEOUT_S) -> ConsumerProgram:
+        out = self.base / f"consumer-{name}.jsonl"
+        argv = ["-m", "tests.helpers.consume", "--zk", self.hosts, "--root", self.root, "--queue", queue,
+                "--sub", sub, "--until", str(until), "--out", str(out), "--commit-every", str(commit_every),
+                "--commit-ms", str(commit_ms), "--session-timeout", str(session_timeout_s),
+                "--audit", str(self.base / "audit")]
+        if crash_at is not None:
+            argv += ["--crash-at", str(crash_at)]
+        proc = self.spawn(f"consumer-{name}", argv)
+        proc.wait_for_line("STARTED", timeout_s=30)
+        return ConsumerProgram(name, proc, out)
+
+    def start_daemon(self, name: str, *, interval_s: float = 0.2) -> ManagedProcess:
+        proc = self.spawn(name, ["-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, "coordinator", "run",
+                                 "--metrics", "127.0.0.1:0", "--interval", str(interval_s)])
+        proc.wait_for_line("READY", timeout_s=30)
+        return proc
+
+    def lock_contenders(self, path: str) -> list[str]:
+        return list(self.store.client.Lock(path).contenders())
+
+    # -- threads in this process ---------------------------------------------------------------
+
+    def producer(self, *, n: int, **options: Any) -> LoadProducer:
+        p = LoadProducer(self, n=n, **options)
+        self._threads.append(p)
+        return p
+
+    def consumer(self, *, until: int, **options: Any) -> LoadConsumer:
+        c = LoadConsumer(self, until=until, **options)
+        self._threads.append(c)
+        return c
+
+    # -- reporting and teardown ----------------------------------------------------------------
+
+    def log_sections(self, lines: int = 40) -> Iterator[tuple[str, str]]:
+        for group in self.groups.values():
+            for member in group.members:
+                yield f"broker {group.gid} {member.role} log, last lines", member.log_tail(lines)
+        for proc in self.programs:
+            yield f"{proc.name} log, last lines", proc.log_tail(lines)
+        try:
+            yield "queue states", "\n".join(repr(self.state(q)) for q in self.store.list_queues())
+        except Exception as exc:  # noqa: BLE001 - a report must not fail
+            yield "queue states", f"unavailable: {exc!r}"
+
+    def close(self) -> None:
+        errors: list[BaseException] = []
+        for t in self._threads:
+            t.stop()
+        for proc in self.programs:
+            try:
+                if proc.alive():
+                    proc.resume()  # a SIGSTOPped process must not survive as a zombie group
+                    proc.kill()
+            except Exception as exc:  # noqa: BLE001 - kill the rest anyway
+                errors.append(exc)
+        for group in self.groups.values():
+            for member in group.members:
+                try:
+                    if member.alive():
+                        member.resume()
+                        member.kill()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(exc)
+        for t in self._threads:
+            t.join(timeout_s=10, check=False)
+        self.transport.close()
+        self.store.close()
+        if errors:
+            raise errors[0]
+
+
+class ProducerProgram:
+    """A ``tests.helpers.produce`` process and what it wrote."""
+
+    def __init__(self, writer: str, proc: ManagedProcess, out: Path) -> None:
+        self.writer, self.proc, self.out = writer, proc, out
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.out)
+
+    def acks(self) -> list[AckRec]:
+        return acks_in(self.records(), self.writer)
+
+    def acked_count(self) -> int:
+        return sum(1 for r in self.records() if "a" in r)
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        found = events_in(self.records(), name)
+        return found[-1] if found else None
+
+    def wait_leader(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        return wait_until(lambda: self.event("leader"), timeout_s=timeout_s, interval_s=0.05,
+                          what=f"producer {self.writer} to lead")
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        wait_until(lambda: not self.proc.alive(), timeout_s=timeout_s, interval_s=0.05,
+                   what=f"producer {self.writer} to finish ({self.proc.log_path})")
+        return self.proc.returncode
+
+
+class ConsumerProgram:
+    """A ``tests.helpers.consume`` process and what it wrote."""
+
+    def __init__(self, name: str, proc: ManagedProcess, out: Path) -> None:
+        self.name, self.proc, self.out = name, proc, out
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.out)
+
+    def deliveries(self) -> list[DeliveryRec]:
+        return deliveries_in(self.records())
+
+    def delivered_count(self) -> int:
+        return sum(1 for r in self.records() if "d" in r)
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        found = events_in(self.records(), name)
+        return found[-1] if found else None
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        wait_until(lambda: not self.proc.alive(), timeout_s=timeout_s, interval_s=0.05,
+                   what=f"consumer {self.name} to finish ({self.proc.log_path})")
+        return self.proc.returncode
+
+
+class _LoadThread:
+    def __init__(self, name: str) -> None:
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _main(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # noqa: BLE001 - raised in the test by join()
+            self.error = exc
+            log.exception("%s failed", self._thread.name)
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout_s: float, *, check: bool = True) -> None:
+        """Wait for the thread; with ``check``, raise its error or fail on timeout."""
+        self._thread.join(timeout_s)
+        if not check:
+            return
+        if self._thread.is_alive():
+            raise AssertionError(f"{self._thread.name} still running after {timeout_s}s: {self.describe()}")
+        if self.error is not None:
+            raise AssertionError(f"{self._thread.name} failed: {self.error!r}") from self.error
+
+    def describe(self) -> str:
+        return ""
+
+
+class LoadProducer(_LoadThread):
+    """Sends seqs 0..n-1 (payloads carry seq and writer) at ``rate`` msgs/s, records acks."""
+
+    def __init__(self, cluster: Cluster, *, n: int, queue: str = "q", writer: str = "P", size: int = 200,
+                 rate: float | None = 4000.0, send_timeout_s: float = SEND_TIMEOUT_S,
+                 audit_dir: Path | None = None) -> None:
+        super().__init__(f"load-producer-{writer}")
+        self.cluster, self.n, self.queue, self.writer, self.size, self.rate = cluster, n, queue, writer, size, rate
+        self.config = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue,
+                                     send_timeout_s=send_timeout_s, zk_session_timeout_s=SESSION_TIMEOUT_S,
+                                     audit_dir=audit_dir, batching=BatchingConfig(linger_ms=2.0))
+        self.acked: list[AckRec] = []
+        self.stats: ProducerStats | None = None
+        self._producer: Producer | None = None
+
+    def run(self) -> None:
+        with Producer(self.config) as producer:
+            self._producer = producer
+            futures = []
+            crcs = []
+            t0 = time.monotonic()
+            done = 0
+            for seq in range(self.n):
+                if self._stop.is_set():
+                    return
+                if self.rate:
+                    pause = t0 + seq / self.rate - time.monotonic()
+                    if pause > 0:
+                        time.sleep(pause)
+                payload = make_payload(seq, self.writer, self.size)
+                futures.append(producer.send(payload))
+                crcs.append(zlib.crc32(payload))
+                while done < len(futures) and futures[done].done():
+                    self._record(done, futures[done].result().seq, crcs[done])
+                    done += 1
+            producer.flush(timeout_s=120)
+            for i in range(done, len(futures)):
+                self._record(i, futures[i].result(timeout=60).seq, crcs[i])
+            self.stats = producer.statistics()
+
+    def _record(self, i: int, seq: int, crc: int) -> None:
+        if seq != i:
+            raise AssertionError(f"message {i} was acked as seq {seq}")
+        self.acked.append(AckRec(seq=seq, crc=crc, writer=self.writer))
+
+    def statistics(self) -> ProducerStats | None:
+        p = self._producer
+        return p.statistics() if p is not None else None
+
+    def describe(self) -> str:
+        return f"acked {len(self.acked)} of {self.n}, stats {self.statistics()}"
+
+
+class LoadConsumer(_LoadThread):
+    """Consumes a subscription until it delivered seq ``until``; records every delivery.
+    ``pause_s`` per poll makes it a slow subscription."""
+
+    def __init__(self, cluster: Cluster, *, until: int, queue: str = "q", sub: str = "s", pause_s: float = 0.0,
+                 fetch_max_bytes: int = 4 << 20, audit_dir: Path | None = None) -> None:
+        super().__init__(f"load-consumer-{sub}")
+        self.until, self.pause_s = until, pause_s
+        self.config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue, subscription=sub,
+                                     zk_session_timeout_s=SESSION_TIMEOUT_S, audit_dir=audit_dir,
+                                     fetch_max_bytes=fetch_max_bytes,
+                                     commit=CommitConfig(every_messages=1000, every_ms=200.0))
+        self.delivered: list[DeliveryRec] = []
+        self._consumer: Consumer | None = None
+
+    def run(self) -> None:
+        with Consumer(self.config) as consumer:
+            self._consumer = consumer
+            last = -1
+            while last < self.until and not self._stop.is_set():
+                for m in consumer.poll(0.2):
+                    self.delivered.append(delivery_of(m.seq, m.payload))
+                    last = m.seq
+                if self.pause_s:
+                    self._stop.wait(self.pause_s)
+
+    def statistics(self) -> ConsumerStats | None:
+        c = self._consumer
+        return c.statistics() if c is not None else None
+
+    def last_seq(self) -> int:
+        return self.delivered[-1].seq if self.delivered else -1
+
+    def describe(self) -> str:
+        c = self._consumer
+        last = self.delivered[-1].seq if self.delivered else -1
+        return f"delivered {len(self.delivered)} (last seq {last}) of 0..{self.until}, " \
+               f"stats {c.statistics() if c is not None else None}"
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+class _LogTailReporter:
+    """Adds the cluster's process log tails to the report of a failed test."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        cluster = item.stash.get(_CLUSTER, None)
+        if report.failed and cluster is not None:
+            for title, text in cluster.log_sections():
+                report.sections.append((title, text))
+        return report
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(request: pytest.FixtureRequest, zk_root: str, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster on ``zk_ensemble`` if the test requests it, else on ``zk_server``."""
+    pm = request.config.pluginmanager
+    if not pm.has_plugin(_PLUGIN_NAME):
+        pm.register(_LogTailReporter(), _PLUGIN_NAME)
+    which = "zk_ensemble" if "zk_ensemble" in request.fixturenames else "zk_server"
+    zk: ZkServer = request.getfixturevalue(which)
+    c = Cluster(zk, zk_root, tmp_path)
+    request.node.stash[_CLUSTER] = c
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def pid_of(proc: ManagedProcess) -> int:
+    pid = proc.pid
+    assert pid is not None, f"{proc.name} is not running"
+    return pid
+
+
+def env_int(name: str, default: int) -> int:
+    """A size knob that a developer may raise from the environment (ORDQ_TEST_<NAME>)."""
+    return int(os.environ.get(f"ORDQ_TEST_{name}", default))

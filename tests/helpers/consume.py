@@ -1,0 +1,93 @@
+"""A consumer process for the failover tests: waits to lead the subscription, then records
+every delivered message until it delivered seq ``--until``.
+
+usage: python -m tests.helpers.consume --zk HOSTS --root ROOT --queue Q --sub S --until SEQ
+           --out FILE [--commit-every N] [--commit-ms MS] [--session-timeout S] [--audit DIR]
+           [--crash-at SEQ]
+
+Prints ``STARTED`` once connected (it may then wait as a standby) and ``LEADER <last_seq>``
+when elected (``last_seq``: of the committed cursor it resumes from). Writes to FILE (JSON
+lines; each poll's messages are written and flushed before the next poll, which is when the
+SDK may commit them):
+  {"event": "leader", "last_seq": n, "seg": s, "offset": o}
+  {"d": seq, "pseq": payload seq, "w": writer, "ok": intact, "crc": crc32}   per delivery
+  {"event": "done", "stats": {...}}        delivered --until, consumer closed (exit 0)
+  {"event": "error", "type": ..., "error": ...}   (exit 2)
+
+``--crash-at SEQ``: kill -9 itself while handling the message SEQ (before recording it): an
+application that dies in the middle of a delivered batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import attrs
+
+from sdk import CommitConfig, Consumer, ConsumerConfig
+from tests.helpers.load import RecordWriter, delivery_of
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--zk", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--queue", required=True)
+    ap.add_argument("--sub", required=True)
+    ap.add_argument("--until", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit-every", type=int, default=1000)
+    ap.add_argument("--commit-ms", type=float, default=200.0)
+    ap.add_argument("--session-timeout", type=float, default=1.0)
+    ap.add_argument("--audit", type=Path, default=None)
+    ap.add_argument("--crash-at", type=int, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+
+    out = RecordWriter(args.out)
+    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.sub,
+                         commit=CommitConfig(every_messages=args.commit_every, every_ms=args.commit_ms),
+                         zk_session_timeout_s=args.session_timeout, audit_dir=args.audit)
+    consumer = Consumer(cfg)
+    print("STARTED", flush=True)
+    try:
+        consumer.start()
+        st = consumer.statistics()
+        out.write({"event": "leader", "last_seq": st.last_seq, "seg": st.seg, "offset": st.offset})
+        print(f"LEADER {st.last_seq}", flush=True)
+        last = st.last_seq
+        while last < args.until:
+            records = []
+            for m in consumer.poll(0.2):
+                if m.seq == args.crash_at:
+                    out.write(*records)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                d = delivery_of(m.seq, m.payload)
+                records.append({"d": d.seq, "pseq": d.payload_seq, "w": d.writer, "ok": d.intact, "crc": d.crc})
+                last = m.seq
+            out.write(*records)
+        consumer.close()
+        out.write({"event": "done", "stats": attrs.asdict(consumer.statistics())})
+        print("DONE", flush=True)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the test through the out file
+        out.write({"event": "error", "type": type(exc).__name__, "error": str(exc)})
+        logging.exception("consumer failed")
+        return 2
+    finally:
+        try:
+            consumer.close()
+        except Exception:  # noqa: BLE001 - already failed: the record says why
+            pass
+        out.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Load used by the failover tests: payloads that carry their seq, and the JSON-lines records
+the producer/consumer programs (``tests.helpers.produce`` / ``consume``) write.
+
+A payload is ``b"<seq:012d>:<writer>:" + filler`` where the filler is derived from the header,
+so a reader can tell from the bytes alone which seq and which producer it belongs to and
+whether any byte was changed (``parse_payload``).
+
+Records (one JSON object per line, flushed as written so a ``kill -9`` loses at most the
+line being written; readers drop a torn last line):
+- ``{"a": seq, "crc": crc32}``: an acked message (producer);
+- ``{"d": seq, "pseq": seq in payload, "w": writer, "ok": filler intact, "crc": crc32}``: a
+  delivered message (consumer);
+- ``{"event": ...}``: leadership, completion, errors (see the programs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import zlib
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+
+def make_payload(seq: int, writer: str, size: int) -> bytes:
+    """The payload of message ``seq`` written by ``writer`` (at least the header long)."""
+    if ":" in writer:
+        raise ValueError("writer must not contain ':'")
+    head = f"{seq:012d}:{writer}:".encode()
+    pad = max(size - len(head), 0)
+    digest = hashlib.blake2b(head, digest_size=32).digest()
+    return head + (digest * (pad // 32 + 1))[:pad]
+
+
+@attrs.frozen
+class PayloadInfo:
+    seq: int  # the seq written in the payload (-1 when unreadable)
+    writer: str
+    intact: bool  # the payload is exactly what make_payload(seq, writer, len) gives
+
+
+def parse_payload(payload: bytes) -> PayloadInfo:
+    try:
+        seq_s, writer_b, _ = payload.split(b":", 2)
+        seq, writer = int(seq_s), writer_b.decode()
+    except ValueError:
+        return PayloadInfo(seq=-1, writer="?", intact=False)
+    return PayloadInfo(seq=seq, writer=writer, intact=make_payload(seq, writer, len(payload)) == payload)
+
+
+@attrs.frozen
+class AckRec:
+    seq: int
+    crc: int
+    writer: str = ""
+
+
+@attrs.frozen
+class DeliveryRec:
+    seq: int  # the seq the SDK delivered it as
+    payload_seq: int
+    writer: str
+    intact: bool
+    crc: int
+
+
+def delivery_of(seq: int, payload: bytes) -> DeliveryRec:
+    info = parse_payload(payload)
+    return DeliveryRec(seq=seq, payload_seq=info.seq, writer=info.writer, intact=info.intact,
+                       crc=zlib.crc32(payload))
+
+
+class RecordWriter:
+    """Append JSON lines to a file, flushed to the OS after every ``write``; thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self._f: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+
+    def write(self, *records: dict[str, Any]) -> None:
+        if not records:
+            return
+        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+        with self._lock:
+            self._f.write(text)
+            self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every complete record of a file (a torn last line, from a kill -9, is dropped)."""
+    if not path.exists():
+        return []
+    out = []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for i, line in enumerate(lines):
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i == len(lines) - 1:
+                break  # torn last line: the writer was killed while writing it
+            raise
+    return out
+
+
+def acks_in(records: list[dict[str, Any]], writer: str = "") -> list[AckRec]:
+    return [AckRec(seq=r["a"], crc=r["crc"], writer=writer) for r in records if "a" in r]
+
+
+def deliveries_in(records: list[dict[str, Any]]) -> list[DeliveryRec]:
+    return [DeliveryRec(seq=r["d"], payload_seq=r["pseq"], writer=r["w"], intact=r["ok"], crc=r["crc"])
+            for r in records if "d" in r]
+
+
+def events_in(records: list[dict[str, Any]], name: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in records if "event" in r and (name is None or r["event"] == name)]

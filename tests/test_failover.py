@@ -1,0 +1,223 @@
+"""Broker faults under continuous load (DESIGN §6), on real broker processes and ZooKeeper.
+
+Each test runs a producer and a consumer (threads here: the fault hits brokers) at the same
+time, injects the fault once a share of the messages was acked, and then checks with
+``tests.order_check``: the consumer received seq 0..N-1 exactly once and in order, every acked
+seq among them, payloads intact. No coordinator daemon runs: producers and consumers fail
+over, seal and pop on their own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_group.errors import SegmentNotWritable
+from broker_group.log import Message, encode_batch
+from coordinator.state import SegStatus
+from ordq.errors import OrdqError
+from tests.cluster import Cluster, LoadConsumer, LoadProducer, cluster_fixture  # noqa: F401 - fixture
+from tests.order_check import check_delivery
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+N = 20_000  # messages per default test: ~5 s of load at 4,000 msgs/s
+RATE = 4000.0
+FINISH_S = 90.0  # deadline for producer and consumer to finish after a fault
+
+
+def start_load(cluster: Cluster, n: int, **consumer_options: object) -> tuple[LoadProducer, LoadConsumer]:
+    producer = cluster.producer(n=n, rate=RATE, audit_dir=cluster.base / "audit")
+    consumer = cluster.consumer(until=n - 1, audit_dir=cluster.base / "audit", **consumer_options)
+    producer.start()
+    consumer.start()
+    return producer, consumer
+
+
+def wait_acked(producer: LoadProducer, count: int, timeout_s: float = 60.0) -> None:
+    """Under load: wait until ``count`` messages were acked (the moment to inject a fault)."""
+    def progressed() -> bool:
+        if producer.error is not None:
+            raise AssertionError(f"producer failed: {producer.error!r}")
+        return len(producer.acked) >= count
+
+    wait_until(progressed, timeout_s=timeout_s, interval_s=0.005, what=f"{count} acks ({producer.describe()})")
+
+
+def finish(producer: LoadProducer, *consumers: LoadConsumer) -> None:
+    producer.join(FINISH_S)
+    for c in consumers:
+        c.join(FINISH_S)
+
+
+def open_seg(cluster: Cluster) -> int:
+    seg = cluster.state().open_segment
+    assert seg is not None
+    return seg.seg
+
+
+def assert_sealed_or_popped(cluster: Cluster, seg: int) -> None:
+    s = cluster.state().segment(seg)
+    assert s is None or s.status is SegStatus.SEALED, f"segment {seg} is {s}"
+
+
+def test_head_master_killed(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 4)
+    seg0 = open_seg(cluster)
+    cluster.head().master.kill()
+    finish(producer, consumer)
+
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert producer.stats is not None and producer.stats.failovers >= 1
+    assert producer.stats.head == "g2"
+    assert_sealed_or_popped(cluster, seg0)  # sealed from the slave (its master is dead)
+
+
+def test_head_slave_killed(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 3)
+    seg0 = open_seg(cluster)
+    cluster.head().slave.kill()
+    finish(producer, consumer)
+
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert producer.stats is not None and producer.stats.failovers >= 1
+    assert_sealed_or_popped(cluster, seg0)  # sealed from the master
+
+
+def test_both_processes_of_head_group_killed(cluster: Cluster) -> None:
+    """Producers fail over and go on; the consumer waits at the dead group's segment until
+    one of its processes returns, then finishes."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 4)
+    seg0 = open_seg(cluster)
+    g1 = cluster.head()
+    g1.master.kill()
+    g1.slave.kill()
+
+    producer.join(FINISH_S)  # the producer does not wait for the dead group
+    assert producer.stats is not None and producer.stats.failovers >= 1
+    assert len(producer.acked) == N
+    # The consumer cannot pass segment 0 (nobody can read it, nobody can seal it) ...
+    stats = consumer.statistics()
+    assert stats is not None and stats.seg == seg0, stats
+    assert consumer.alive() and consumer.last_seq() < N - 1
+    st = cluster.state()
+    seg = st.segment(seg0)
+    assert seg is not None and seg.status is SegStatus.SEALING, st
+
+    # ... until one process returns: then it seals the segment, drains it, and moves on.
+    cluster.restart(g1.slave)
+    cluster.restart(g1.master)
+    consumer.join(FINISH_S)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert_sealed_or_popped(cluster, seg0)
+
+
+def test_head_master_hung_then_resumed(cluster: Cluster) -> None:
+    """SIGSTOP the head master past the send deadline: the producer fails over; once resumed,
+    the old master refuses writes to its old segment and reconciles it to the sealed end."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    cluster.store.create_subscription("q", "idle")  # keeps segment 0 from being popped
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 4)
+    seg0 = open_seg(cluster)
+    g1 = cluster.head()
+    g1.master.pause()
+    try:
+        # hung for longer than the send deadline: the producer moved on to g2 and writes there
+        wait_until(lambda: (s := producer.statistics()) is not None and s.failovers >= 1 and s.head == "g2",
+                   timeout_s=30, interval_s=0.02, what="the producer to fail over")
+        moved_at = len(producer.acked)
+        wait_until(lambda: len(producer.acked) >= moved_at + 1000 or producer.error, timeout_s=30,
+                   interval_s=0.02, what="acks from the new head")
+    finally:
+        g1.master.resume()
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+
+    zk_seg = cluster.state().segment(seg0)
+    assert zk_seg is not None and zk_seg.status is SegStatus.SEALED and zk_seg.end is not None, zk_seg
+    address = g1.master.address
+    assert address is not None
+
+    def reconciled() -> bool:
+        info = cluster.transport.segment_info(address, "q", seg0)
+        return info.sealed and info.end == zk_seg.end
+
+    wait_until(reconciled, timeout_s=30, interval_s=0.05, what=f"old master reconciles segment {seg0}")
+    st = cluster.state()
+    # Fenced: the resumed master refuses any further write to its old segment.
+    batch = encode_batch([Message(payload=b"late")], epoch=st.producer_epoch, first_seq=N)
+    stream = cluster.transport.open_produce(address, "q", seg0, st.producer_epoch)
+    try:
+        stream.send([batch])
+        with pytest.raises(OrdqError) as refused:
+            for ack in stream.acks():
+                raise AssertionError(f"the old master acked a late write: {ack}")
+        assert isinstance(refused.value, SegmentNotWritable), refused.value
+    finally:
+        stream.close()
+
+
+def test_two_subscriptions_at_different_speeds(cluster: Cluster) -> None:
+    """A fast and a slow subscription each get the whole ordered stream across a failover;
+    a segment is dropped only once both passed it."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    n = N // 2
+    producer = cluster.producer(n=n, rate=RATE)
+    fast = cluster.consumer(until=n - 1, sub="fast")
+    slow = cluster.consumer(until=n - 1, sub="slow", pause_s=0.05, fetch_max_bytes=32 << 10)
+    producer.start()
+    fast.start()
+    slow.start()
+    wait_acked(producer, n // 3)
+    seg0 = open_seg(cluster)
+    cluster.head().master.kill()
+    producer.join(FINISH_S)
+    fast.join(FINISH_S)
+    assert slow.last_seq() < n - 1, "the slow subscription was not slower: the test proves nothing"
+    # the fast one passed segment 0 but it stays for the slow one
+    st = cluster.state()
+    assert st.segment(seg0) is not None, st
+    slow.join(FINISH_S)
+    for c in (fast, slow):
+        summary = check_delivery(producer.acked, [c.delivered])
+        assert summary.acked == summary.delivered == n
+    # both passed segment 0: the slow consumer's advance popped it
+    cluster.wait_state(lambda s: s.segment(seg0) is None, what=f"segment {seg0} popped")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["master", "slave", "both"])
+def test_repeated_head_faults_long(cluster: Cluster, fault: str) -> None:
+    """Slow variant: 100,000 messages, the head hit four times (restarted each time)."""
+    cluster.add_groups("g1", "g2", "g3")
+    cluster.create_queue()
+    n = 100_000
+    producer, consumer = start_load(cluster, n)
+    for round_ in range(4):
+        wait_acked(producer, (round_ + 1) * n // 6, timeout_s=120)
+        head = cluster.head()
+        victims = {"master": [head.master], "slave": [head.slave], "both": [head.master, head.slave]}[fault]
+        for v in victims:
+            v.kill()
+        cluster.wait_state(lambda s, g=head.gid: s.head != g, what="the head to move")
+        for v in victims:
+            cluster.restart(v)
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == n
