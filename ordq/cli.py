@@ -18,7 +18,7 @@ from ordq import __version__
 from ordq.errors import OrdqError
 
 # Order is the order shown in --help.
-COMMAND_MODULES = ("zk", "group", "queue", "broker", "coordinator", "clients", "verify")
+COMMAND_MODULES = ("zk", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients", "verify")
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"

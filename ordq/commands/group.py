@@ -1,4 +1,4 @@
-"""ordq group add|list|remove: broker groups (a master and a slave process each)."""
+"""ordq group add|list|drain|undrain|remove: broker groups (a master and a slave process each)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,25 @@ def register(subparsers: Any) -> None:
     add = add_command(sub, "add", help="register a broker group", func=cmd_add)
     add.add_argument("gid", help="group id, [A-Za-z0-9._-]{1,128}")
     add_command(sub, "list", help="list groups with the liveness of master and slave", func=cmd_list)
-    rm = add_command(sub, "remove", help="unregister a group no queue uses", func=cmd_remove)
+    drain = add_command(
+        sub, "drain", func=cmd_drain,
+        help="take a group out of every send list for maintenance (and keep it out)",
+        description="Mark a group drained and take it out of every queue's send list. Where it is the head "
+        "this is a failover: its open segment is sealed and producers move to the next group at once. "
+        "Consumers still read its segments. A drained group is never admitted again (not even by the "
+        "coordinator daemon) until 'ordq group undrain'.",
+    )
+    drain.add_argument("gid")
+    undrain = add_command(sub, "undrain", func=cmd_undrain,
+                          help="clear a group's drain mark and admit it to the send lists it is eligible for")
+    undrain.add_argument("gid")
+    rm = add_command(
+        sub, "remove", func=cmd_remove,
+        help="unregister a group (drained, processes stopped, no unconsumed segments)",
+        description="Take a group out of every queue it serves and unregister it. Refused while its "
+        "processes are live, while it is in a send list (drain it first) or while it holds segments not "
+        "yet consumed by every subscription.",
+    )
     rm.add_argument("gid")
 
 
@@ -41,6 +59,7 @@ def group_rows(store: Any) -> list[dict[str, Any]]:
             "master": live["master"].address if "master" in live else None,
             "slave": live["slave"].address if "slave" in live else None,
             "healthy": len(live) == 2,
+            "drained": bool(store.get_group(gid).get("drained", False)),
             "queues": sorted(q for q, st in queues.items() if gid in st.groups),
             "sending": sorted(q for q, st in queues.items() if st.head == gid),
         })
@@ -55,15 +74,53 @@ def cmd_list(args: argparse.Namespace) -> int:
     elif not rows:
         print("no broker groups registered (add one: ordq group add G)")
     else:
-        table(rows, ["group", "master", "slave", "healthy", "queues", "sending"])
+        table(rows, ["group", "master", "slave", "healthy", "drained", "queues", "sending"])
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    from ordq.admin import ReplicaReader, drain_group
+
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        queues = drain_group(store, reader, args.gid)
+    if wants_json(args):
+        emit_json({"drained": args.gid, "queues": [q.to_dict() for q in queues]})
+        return 0
+    print(f"group {args.gid} drained: it is admitted to no send list until 'ordq group undrain {args.gid}'")
+    if not queues:
+        print("it was in no send list")
+    for q in queues:
+        head = q.new_head or "none (producers wait until a group is admitted)"
+        if q.was_head:
+            sealed = "sealed" if q.sealed else "sealing (no replica answered; completed later)"
+            print(f"  {q.queue}: was the send head; segment {q.sealing_seg} {sealed}; new head {head}")
+        else:
+            print(f"  {q.queue}: taken out of the send list; head stays {head}")
+    return 0
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    from ordq.admin import undrain_group
+
+    with open_store(args) as store:
+        queues = undrain_group(store, args.gid)
+    if wants_json(args):
+        emit_json({"undrained": args.gid, "queues": [q.to_dict() for q in queues]})
+        return 0
+    print(f"group {args.gid} undrained")
+    for q in queues:
+        print(f"  {q.queue}: " + ("in the send list" if q.admitted else f"not admitted yet: {q.why_not}"))
     return 0
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
+    from ordq.admin import remove_group
+
     with open_store(args) as store:
-        store.remove_group(args.gid)
+        queues = remove_group(store, args.gid)
     if wants_json(args):
-        emit_json({"removed": args.gid})
+        emit_json({"removed": args.gid, "queues": queues})
     else:
-        print(f"group {args.gid} removed")
+        where = f" (taken out of queues {', '.join(queues)})" if queues else ""
+        print(f"group {args.gid} removed{where}")
     return 0

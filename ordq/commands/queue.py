@@ -26,9 +26,14 @@ def register(subparsers: Any) -> None:
     )
     create.add_argument("--retention-segments", type=int, default=None,
                         help="keep at most this many sealed segments (default: all until consumed)")
-    add_command(sub, "list", help="list queues with their send head and backlog", func=cmd_list)
-    desc = add_command(sub, "describe", help="send list, consume list and subscriptions of a queue",
-                       func=cmd_describe)
+    add_command(sub, "list", help="list queues with their send head, stored messages and last seq",
+                func=cmd_list)
+    desc = add_command(
+        sub, "describe", func=cmd_describe,
+        help="send list, consume list with segments, per-group backlog, subscriptions and their lag",
+        description="Show a queue: its send list, its consume list (each segment's group, status, readable "
+        "messages and seq range; open and sealing segments are asked of their replicas, '?' when none "
+        "answers), the backlog each group holds, and each subscription's cursor, lag and holder.")
     desc.add_argument("queue")
     delete = add_command(sub, "delete", help="delete a queue's metadata (not broker data)",
                          func=cmd_delete)
@@ -63,55 +68,62 @@ def summary(st: QueueState, subs: list[str]) -> dict[str, Any]:
     }
 
 
+def unknown(value: Any) -> Any:
+    """None read from a broker means 'no replica answered': show '?' (a table shows None as '-')."""
+    return "?" if value is None else value
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        rows = [summary(store.load_state(q)[0], store.list_subscriptions(q))
-                for q in store.list_queues()]
+    from ordq.admin import ReplicaReader, describe_queue
+
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        views = [describe_queue(store, reader, q) for q in store.list_queues()]
+    rows = [{**summary(v.state, [s.name for s in v.subscriptions]), "last_seq": v.last_seq, "stored": v.stored}
+            for v in views]
     if wants_json(args):
         emit_json(rows)
     elif not rows:
         print("no queues (create one: ordq queue create NAME)")
     else:
-        table(rows, ["queue", "head", "send", "open_segment", "segments", "epoch", "subscriptions"])
+        table([{**r, "last_seq": unknown(r["last_seq"]), "stored": unknown(r["stored"])} for r in rows],
+              ["queue", "head", "send", "open_segment", "segments", "stored", "last_seq", "epoch", "subscriptions"])
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        st, version = store.load_state(args.queue)
-        cfg = store.queue_config(args.queue)
-        cursors = {s: store.get_cursor(args.queue, s)[0] for s in store.list_subscriptions(args.queue)}
-        live = {g: sorted(store.live_members(g)) for g in st.groups}
-    doc = {
-        **summary(st, sorted(cursors)),
-        "config": {"max_message_bytes": cfg.max_message_bytes,
-                   "retention_segments": cfg.retention_segments},
-        "version": version,
-        "consume": [s.to_dict() for s in st.consume],
-        "cursors": {s: c.to_dict() for s, c in cursors.items()},
-        "live": live,
-        "trimmed_seq": st.trimmed_seq,
-    }
+    from ordq.admin import ReplicaReader, describe_queue
+
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        view = describe_queue(store, reader, args.queue)
     if wants_json(args):
-        emit_json(doc)
+        emit_json(view.to_dict())
         return 0
-    print(f"queue {st.queue}  (producer epoch {st.producer_epoch}, "
-          f"max message {cfg.max_message_bytes} B, state version {version})")
+    st, cfg = view.state, view.config
+    retention = f"keep {cfg.retention_segments} sealed segments" if cfg.retention_segments else "keep until consumed"
+    print(f"queue {st.queue}  (producer epoch {st.producer_epoch}, max message {cfg.max_message_bytes} B, "
+          f"{retention}, state version {view.version})")
     print(f"send list: {' -> '.join(st.send) if st.send else '(empty: producers wait for a group)'}")
+    print(f"last readable seq: {unknown(view.last_seq)}   stored messages: {unknown(view.stored)}")
     print("\nconsume list:")
-    if st.consume:
-        table([{**s.to_dict(), "status": s.status.value} for s in st.consume],
-              ["seg", "gid", "status", "end", "first_seq", "last_seq"])
+    if view.extents:
+        rows = []
+        for e in view.extents:
+            d = e.to_dict()
+            if e.end is None:  # no replica answered: the seq range is unknown, not empty
+                d.update(messages="?", first_seq="?", last_seq="?", read_from="(no replica answered)")
+            rows.append(d)
+        table(rows, ["seg", "gid", "status", "messages", "first_seq", "last_seq", "read_from"])
     else:
-        print("  (empty)")
+        print("(empty)")
     print("\ngroups:")
-    table([{"group": g, "live": ",".join(live[g]) or "down", "in_send": g in st.send,
-            "segments": [s.seg for s in st.consume if s.gid == g]} for g in st.groups],
-          ["group", "live", "in_send", "segments"])
-    if cursors:
-        print("\nsubscriptions:")
-        table([{"subscription": s, **c.to_dict()} for s, c in cursors.items()],
-              ["subscription", "seg", "offset", "last_seq"])
+    table([{**g, "live": ",".join(g["live"]) or "down", "backlog": unknown(g["backlog"])} for g in view.group_rows()],
+          ["group", "live", "drained", "in_send", "segments", "backlog"])
+    print("\nsubscriptions:")
+    if view.subscriptions:
+        table([{**s.to_dict(), "lag": unknown(s.lag)} for s in view.subscriptions],
+              ["subscription", "seg", "offset", "last_seq", "lag", "held_by"])
+    else:
+        print("(none)")
     return 0
 
 

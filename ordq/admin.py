@@ -1,0 +1,834 @@
+"""Operator actions behind the admin CLI (``ordq queue describe``, ``ordq sub list|reset``,
+``ordq peek``, ``ordq top``, ``ordq group drain|undrain|remove``): one library that the CLI,
+drills and tests call.
+
+Guarantees:
+- Reads change nothing. What only a broker knows (how much of an open or sealing segment is
+  readable) is best effort: ``None`` when no replica answers, shown as ``?`` by the CLI.
+  Replicas are read like a consumer reads them: the master, or the slave when the master
+  does not answer.
+- ``locate_seq`` is the one place that maps a seq to its (seg, offset); peek, reset and
+  anything later use it. Within one segment seqs are consecutive (a broker accepts a batch
+  only if it continues the segment's last seq), so ``offset = seq - first_seq``; a seq can
+  sit in two segments (a resend after failover) and either copy is the same message.
+- ``reset_subscription`` writes a cursor only while it holds the subscription's consumer
+  election itself (so no consumer runs on the old cursor meanwhile), unless forced, and only
+  if neither the cursor nor the queue state moved since it computed the target (I5). A reset
+  cursor names the position of its target message *and* ``last_seq = target seq - 1``: the
+  consumer's delivery filter drops seqs <= ``last_seq``, so moving back must lower it, and
+  moving forward must raise it exactly to the message before, or the filter would see a gap.
+
+Time search (``locate_time``) assumes message timestamps (producer wall clock at ``send()``,
+microseconds) do not decrease along the queue; it binary-searches segments, then batches, then
+scans one batch. With one producer host this finds the first message with timestamp >= T to
+the microsecond; if producer clocks disagree after a failover, it finds *a* message at or after
+T whose predecessor it probed was before T.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from broker_group.log import BatchHeader, Message, decode_batch
+from coordinator import state as sm
+from coordinator.seal import run_seal
+from coordinator.state import Cursor, QueueState, Segment, SegStatus
+from coordinator.store import QueueConfig, ZkStore
+from ordq.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    ConflictError,
+    IllegalTransition,
+    NotFound,
+    OrdqError,
+    SegmentNotFound,
+)
+from sdk.transport import FetchResult
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class SeqNotFound(NotFound):
+    """No kept segment holds ``seq``: already popped, or not stored yet."""
+
+    def __init__(self, queue: str, seq: int, reason: str) -> None:
+        super().__init__(f"queue {queue!r}: seq {seq} {reason}")
+        self.queue = queue
+        self.seq = seq
+        self.reason = reason
+
+
+class SubscriptionHeld(OrdqError):
+    """A consumer holds the subscription: resetting its cursor under it is refused."""
+
+    retriable = True
+
+    def __init__(self, queue: str, sub: str, holder: str) -> None:
+        super().__init__(
+            f"subscription {queue}/{sub} is held by consumer {holder!r}: stop it first, or pass --force "
+            "(its next cursor commit then fails with a conflict and it must restart)"
+        )
+        self.queue = queue
+        self.sub = sub
+        self.holder = holder
+
+
+# -- reading replicas --------------------------------------------------------------------------
+
+
+class AdminTransport(Protocol):
+    """The broker calls admin needs (``broker_group.client.GrpcTransport`` implements them)."""
+
+    def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+              known_end: int | None = None) -> FetchResult: ...
+
+    def segment_info(self, address: str, queue: str, seg: int) -> Any: ...
+
+    def seal(self, address: str, queue: str, seg: int) -> Any: ...
+
+    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@attrs.frozen
+class Extent:
+    """How much of one segment is readable now, and the seqs it holds."""
+
+    seg: int
+    gid: str
+    status: SegStatus
+    end: int | None  # readable messages: a sealed end, else the LAC a replica serves; None: unknown
+    first_seq: int | None  # None when empty or unknown
+    last_seq: int | None  # seq of the last readable message
+    source: str | None  # "zookeeper" (sealed), "master", "slave", or None when no replica answered
+
+    def holds(self, seq: int) -> bool:
+        return self.first_seq is not None and self.last_seq is not None and self.first_seq <= seq <= self.last_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seg": self.seg, "gid": self.gid, "status": self.status.value, "messages": self.end,
+                "first_seq": self.first_seq, "last_seq": self.last_seq, "read_from": self.source}
+
+
+class ReplicaReader:
+    """Reads segments from their group's master, or its slave when the master does not answer."""
+
+    def __init__(self, store: ZkStore, transport: AdminTransport | None = None, *, rpc_timeout_s: float = 1.0) -> None:
+        self.store = store
+        if transport is None:
+            from broker_group.client import GrpcTransport
+
+            transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s)
+        self.transport: AdminTransport = transport
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> ReplicaReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _replicas(self, gid: str) -> list[tuple[str, str]]:
+        members = self.store.live_members(gid)
+        return [(role, members[role].address) for role in ("master", "slave") if role in members]
+
+    def _first_answer(self, gid: str, what: str, call: Callable[[str, str], Any]) -> Any:
+        errors = []
+        for role, address in self._replicas(gid):
+            try:
+                return call(role, address)
+            except OrdqError as exc:
+                errors.append(f"{role}: {exc}")
+        raise BrokerUnavailable(f"group {gid}", f"no replica answered {what} ({'; '.join(errors) or 'none is live'})")
+
+    def fetch(self, queue: str, segment: Segment, offset: int, *, max_bytes: int = 1) -> tuple[FetchResult, str]:
+        """Whole batches from the one holding ``offset`` (at least one if readable), and the
+        role that served them. BrokerUnavailable when no replica answers."""
+        known_end = segment.end if segment.status is SegStatus.SEALED else None
+
+        def call(role: str, address: str) -> tuple[FetchResult, str]:
+            res = self.transport.fetch(address, queue, segment.seg, offset, max_bytes=max_bytes, max_wait_ms=0,
+                                       known_end=known_end)
+            return res, role
+
+        result: tuple[FetchResult, str] = self._first_answer(segment.gid, f"segment {segment.seg}", call)
+        return result
+
+    def extent(self, queue: str, segment: Segment) -> Extent:
+        """The readable extent of ``segment`` (no broker call for a sealed one)."""
+        if segment.status is SegStatus.SEALED:
+            return Extent(segment.seg, segment.gid, segment.status, segment.end, segment.first_seq,
+                          segment.last_seq, "zookeeper")
+
+        def call(role: str, address: str) -> Extent:
+            try:
+                info = self.transport.segment_info(address, queue, segment.seg)
+                first = None if info.first_seq < 0 else int(info.first_seq)
+                stored = int(info.end)
+            except SegmentNotFound:
+                first, stored = None, 0  # nothing written to this replica yet
+            # Only the LAC is readable (the replica may hold more): a fetch at what it stores
+            # returns the readable end without reading any batch.
+            res = self.transport.fetch(address, queue, segment.seg, stored, max_bytes=1, max_wait_ms=0)
+            end = int(res.readable_end)
+            if end > 0 and first is None:
+                head = self.transport.fetch(address, queue, segment.seg, 0, max_bytes=1, max_wait_ms=0)
+                first = decode_batch(head.batches[0])[0].first_seq if head.batches else None
+            last = first + end - 1 if first is not None and end > 0 else None
+            return Extent(segment.seg, segment.gid, segment.status, end, first if end > 0 else None, last, role)
+
+        try:
+            result: Extent = self._first_answer(segment.gid, f"segment {segment.seg}", call)
+            return result
+        except BrokerUnavailable:
+            return Extent(segment.seg, segment.gid, segment.status, None, None, None, None)
+
+    def extents(self, st: QueueState) -> list[Extent]:
+        return [self.extent(st.queue, s) for s in st.consume]
+
+
+def last_readable_seq(st: QueueState, extents: Sequence[Extent]) -> int | None:
+    """The highest readable seq of the queue (``trimmed_seq`` when nothing is kept), or None
+    when a segment that is not sealed could not be read."""
+    last = st.trimmed_seq
+    for e in extents:
+        if e.end is None:
+            return None
+        if e.last_seq is not None:
+            last = max(last, e.last_seq)
+    return last
+
+
+def lag(cursor: Cursor, last_seq: int | None) -> int | None:
+    """Messages between a cursor and the readable end of the queue, by seq (None: unknown)."""
+    return None if last_seq is None else max(0, last_seq - cursor.last_seq)
+
+
+# -- describing a queue ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SubscriptionView:
+    name: str
+    cursor: Cursor
+    lag: int | None
+    held_by: str | None  # the consumer holding the subscription's election
+    standbys: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"subscription": self.name, **self.cursor.to_dict(), "lag": self.lag, "held_by": self.held_by,
+                "standbys": list(self.standbys)}
+
+
+@attrs.frozen
+class QueueView:
+    """Everything ``ordq queue describe`` shows, read at one moment."""
+
+    state: QueueState
+    version: int
+    config: QueueConfig
+    extents: tuple[Extent, ...]
+    live: dict[str, tuple[str, ...]]  # group -> live roles
+    drained: frozenset[str]
+    subscriptions: tuple[SubscriptionView, ...]
+    last_seq: int | None
+
+    def backlog(self, gid: str) -> int | None:
+        """Messages stored in ``gid``'s segments of this queue that are not popped yet."""
+        total = 0
+        for e in self.extents:
+            if e.gid == gid:
+                if e.end is None:
+                    return None
+                total += e.end
+        return total
+
+    @property
+    def stored(self) -> int | None:
+        ends = [e.end for e in self.extents]
+        return None if any(e is None for e in ends) else sum(e for e in ends if e is not None)
+
+    def group_rows(self) -> list[dict[str, Any]]:
+        st = self.state
+        return [{"group": g, "live": list(self.live.get(g, ())), "drained": g in self.drained,
+                 "in_send": g in st.send, "segments": [s.seg for s in st.consume if s.gid == g],
+                 "backlog": self.backlog(g)} for g in st.groups]
+
+    def to_dict(self) -> dict[str, Any]:
+        st = self.state
+        open_seg = st.open_segment
+        return {
+            "queue": st.queue,
+            "version": self.version,
+            "config": attrs.asdict(self.config),
+            "producer_epoch": st.producer_epoch,
+            "send": list(st.send),
+            "head": st.head,
+            "open_segment": open_seg.seg if open_seg else None,
+            "next_seg": st.next_seg,
+            "trimmed_seq": st.trimmed_seq,
+            "last_seq": self.last_seq,
+            "stored": self.stored,
+            "consume": [e.to_dict() for e in self.extents],
+            "groups": self.group_rows(),
+            "subscriptions": [s.to_dict() for s in self.subscriptions],
+        }
+
+
+def subscription_views(store: ZkStore, queue: str, last_seq: int | None) -> list[SubscriptionView]:
+    out = []
+    for sub in store.list_subscriptions(queue):
+        try:
+            cursor, _ = store.get_cursor(queue, sub)
+            holders = store.subscription_holders(queue, sub)
+        except NotFound:
+            continue  # deleted meanwhile
+        out.append(SubscriptionView(sub, cursor, lag(cursor, last_seq), holders[0] if holders else None,
+                                    tuple(holders[1:])))
+    return out
+
+
+def describe_queue(store: ZkStore, reader: ReplicaReader, queue: str) -> QueueView:
+    st, version = store.load_state(queue)
+    cfg = store.queue_config(queue)
+    extents = reader.extents(st)
+    last = last_readable_seq(st, extents)
+    return QueueView(
+        state=st, version=version, config=cfg, extents=tuple(extents),
+        live={g: tuple(sorted(store.live_members(g))) for g in st.groups},
+        drained=store.drained_groups(st.groups),
+        subscriptions=tuple(subscription_views(store, queue, last)),
+        last_seq=last,
+    )
+
+
+# -- locating messages -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Location:
+    """Where one message is stored."""
+
+    queue: str
+    seq: int
+    seg: int
+    offset: int
+    gid: str
+
+    def cursor(self) -> Cursor:
+        """The cursor that makes a consumer deliver this message next."""
+        return Cursor(seg=self.seg, offset=self.offset, last_seq=self.seq - 1)
+
+
+def locate_seq(store: ZkStore, reader: ReplicaReader, queue: str, seq: int, *,
+               state: QueueState | None = None) -> Location:
+    """The (seg, offset) holding ``seq`` in the kept segments (the earliest readable copy).
+
+    Raises SeqNotFound (already popped, or not stored yet), BrokerUnavailable (the segment
+    that may hold it has no replica answering), QueueNotFound, ConfigError (negative seq)."""
+    if seq < 0:
+        raise ConfigError(f"seq must be >= 0, not {seq}")
+    st = state if state is not None else store.load_state(queue)[0]
+    unreadable: list[Segment] = []
+    oldest: int | None = None
+    last = st.trimmed_seq
+    for segment in st.consume:
+        e = reader.extent(queue, segment)
+        if e.end is None:
+            unreadable.append(segment)
+            continue
+        if e.holds(seq):
+            assert e.first_seq is not None
+            return Location(queue, seq, segment.seg, seq - e.first_seq, segment.gid)
+        if e.first_seq is not None and oldest is None:
+            oldest = e.first_seq
+        if e.last_seq is not None:
+            last = max(last, e.last_seq)
+    if unreadable:
+        s = unreadable[0]
+        raise BrokerUnavailable(f"group {s.gid}", f"no replica answered for segment {s.seg}, which may hold seq {seq}")
+    if seq <= st.trimmed_seq:
+        kept = f"the oldest kept seq is {oldest}" if oldest is not None else "no message is kept"
+        raise SeqNotFound(queue, seq, f"was already popped (read by every subscription and dropped; {kept})")
+    raise SeqNotFound(queue, seq, f"is not stored (yet): the last readable seq is {last}")
+
+
+def _batch_at(
+    reader: ReplicaReader, queue: str, segment: Segment, offset: int
+) -> tuple[BatchHeader, list[Message], str]:
+    res, role = reader.fetch(queue, segment, offset, max_bytes=1)
+    for raw in res.batches:
+        header, messages = decode_batch(raw)
+        if header.first_offset <= offset < header.end_offset:
+            return header, messages, role
+    raise NotFound(f"queue {queue!r}: segment {segment.seg} offset {offset} is not readable (popped meanwhile?)")
+
+
+@attrs.frozen
+class PeekedMessage:
+    location: Location
+    message: Message
+    read_from: str  # "master" | "slave"
+
+    def to_dict(self, *, full: bool = False, limit: int = 256) -> dict[str, Any]:
+        m = self.message
+        return {
+            "queue": self.location.queue, "seq": self.location.seq, "seg": self.location.seg,
+            "offset": self.location.offset, "gid": self.location.gid, "read_from": self.read_from,
+            "timestamp_us": m.timestamp_us, "timestamp": format_time_us(m.timestamp_us),
+            "key": render_bytes(m.key, full=full, limit=limit) if m.key is not None else None,
+            "headers": [{"name": name, **render_bytes(value, full=full, limit=limit)} for name, value in m.headers],
+            "payload_bytes": len(m.payload),
+            "payload": render_bytes(m.payload, full=full, limit=limit),
+        }
+
+
+def read_message(store: ZkStore, reader: ReplicaReader, queue: str, seq: int) -> PeekedMessage:
+    """The message with ``seq``, from the master of its segment or the slave when the master
+    does not answer. Errors as ``locate_seq``."""
+    st, _ = store.load_state(queue)
+    loc = locate_seq(store, reader, queue, seq, state=st)
+    segment = st.segment(loc.seg)
+    assert segment is not None
+    header, messages, role = _batch_at(reader, queue, segment, loc.offset)
+    i = loc.offset - header.first_offset
+    if header.first_seq + i != seq:
+        raise OrdqError(f"queue {queue!r} segment {loc.seg} offset {loc.offset} holds seq {header.first_seq + i}, "
+                        f"not {seq}: segment metadata and data disagree")
+    return PeekedMessage(loc, messages[i], role)
+
+
+def render_bytes(data: bytes, *, full: bool = False, limit: int = 256) -> dict[str, Any]:
+    """Bytes for humans: text when printable UTF-8, else hex; cut at ``limit`` bytes unless full."""
+    shown = data if full else data[:limit]
+    try:
+        text = shown.decode("utf-8")
+        printable = all(ch.isprintable() or ch in "\t\n\r" for ch in text)
+    except UnicodeDecodeError:
+        printable = False  # a multi-byte character cut at the limit is shown as hex too
+    return {"encoding": "text" if printable else "hex", "value": text if printable else shown.hex(),
+            "truncated": len(shown) < len(data)}
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+
+
+def format_time_us(us: int) -> str:
+    """ISO 8601 in UTC, exact to the microsecond (``parse_time`` reads it back exactly)."""
+    return (_EPOCH + us * _US).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# -- time search -------------------------------------------------------------------------------
+
+
+def locate_time(store: ZkStore, reader: ReplicaReader, queue: str, t_us: int, *,
+                state: QueueState | None = None) -> Location | None:
+    """The first message with ``timestamp_us >= t_us`` (see the module docstring for the
+    precision), or None when every readable message is older. BrokerUnavailable when a
+    segment that is not sealed cannot be read."""
+    st = state if state is not None else store.load_state(queue)[0]
+    extents = reader.extents(st)
+    for e in extents:
+        if e.end is None:
+            raise BrokerUnavailable(f"group {e.gid}", f"no replica answered for segment {e.seg}")
+    segs = [(st.segment(e.seg), e) for e in extents if e.end]
+
+    def first_ts(i: int) -> int:
+        segment, _ = segs[i]
+        assert segment is not None
+        return _batch_at(reader, queue, segment, 0)[1][0].timestamp_us
+
+    # The first segment whose first message is at or after T; the answer is in the one
+    # before it (past its first message), or is that segment's first message.
+    lo, hi = 0, len(segs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if first_ts(mid) >= t_us:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo > 0:
+        segment, e = segs[lo - 1]
+        assert segment is not None and e.end is not None
+        found = _first_at_or_after(reader, queue, segment, e.end, t_us)
+        if found is not None:
+            return found
+    if lo < len(segs):
+        segment, e = segs[lo]
+        assert segment is not None and e.first_seq is not None
+        return Location(queue, e.first_seq, segment.seg, 0, segment.gid)
+    return None
+
+
+def _first_at_or_after(reader: ReplicaReader, queue: str, segment: Segment, end: int, t_us: int) -> Location | None:
+    """Binary search over one segment's batches, then a scan of one batch."""
+    lo, hi = 0, end  # the answer is in [lo, hi]; hi == end means none
+    while lo < hi:
+        header, messages, _ = _batch_at(reader, queue, segment, (lo + hi) // 2)
+        count = min(header.end_offset, end) - header.first_offset
+        stamps = [m.timestamp_us for m in messages[:count]]
+        if stamps[-1] < t_us:
+            lo = header.first_offset + count
+        elif stamps[0] >= t_us:
+            hi = header.first_offset
+        else:
+            i = next(i for i, ts in enumerate(stamps) if ts >= t_us)
+            return Location(queue, header.first_seq + i, segment.seg, header.first_offset + i, segment.gid)
+    if lo >= end:
+        return None
+    header, _, _ = _batch_at(reader, queue, segment, lo)
+    seq = header.first_seq + (lo - header.first_offset)
+    return Location(queue, seq, segment.seg, lo, segment.gid)
+
+
+_RELATIVE = re.compile(r"-?(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time(text: str, *, now_s: Callable[[], float] = time.time) -> int:
+    """A point in time as microseconds since the epoch, from ISO 8601 (``2026-11-22T19:30:00Z``;
+    without a zone it is UTC), Unix seconds (``1795462200.5``), or a duration ago (``90s``,
+    ``15m``, ``2h``, ``1d``, ``500ms``; a leading ``-`` is allowed)."""
+    text = text.strip()
+    m = _RELATIVE.fullmatch(text)
+    if m:
+        return int((now_s() - float(m.group(1)) * _UNITS_S[m.group(2)]) * 1e6)
+    try:
+        return int(decimal.Decimal(text) * 1_000_000)
+    except (decimal.InvalidOperation, ValueError):
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(f"bad time {text!r}: use ISO 8601 (2026-11-22T19:30:00Z), Unix seconds, "
+                          "or a duration ago (15m, 2h)") from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return (when - _EPOCH) // _US  # exact: no float on the way
+
+
+# -- resetting a subscription ------------------------------------------------------------------
+
+
+@attrs.frozen
+class ResetTarget:
+    kind: str  # earliest | latest | seq | time
+    seq: int | None = None
+    time_us: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "seq":
+            return f"seq {self.seq}"
+        if self.kind == "time":
+            assert self.time_us is not None
+            return f"time {format_time_us(self.time_us)}"
+        return self.kind
+
+
+def parse_reset_target(words: Sequence[str], *, now_s: Callable[[], float] = time.time) -> ResetTarget:
+    """``earliest`` | ``latest`` | ``seq N`` | ``time T`` (T as in ``parse_time``)."""
+    usage = "--to takes: earliest | latest | seq N | time T"
+    if len(words) == 1 and words[0] in ("earliest", "latest"):
+        return ResetTarget(words[0])
+    if len(words) == 2 and words[0] == "seq":
+        try:
+            seq = int(words[1])
+        except ValueError:
+            raise ConfigError(f"bad seq {words[1]!r}: {usage}") from None
+        if seq < 0:
+            raise ConfigError(f"seq must be >= 0, not {seq}")
+        return ResetTarget("seq", seq=seq)
+    if len(words) == 2 and words[0] == "time":
+        return ResetTarget("time", time_us=parse_time(words[1], now_s=now_s))
+    raise ConfigError(f"bad reset target {' '.join(words)!r}: {usage}")
+
+
+def latest_cursor(store: ZkStore, reader: ReplicaReader, st: QueueState) -> Cursor:
+    """After the last readable message. Needs every segment that is not sealed readable: the
+    cursor's ``last_seq`` must be exact or the consumer would see a gap."""
+    extents = reader.extents(st)
+    last = last_readable_seq(st, extents)
+    if last is None:
+        bad = next(e for e in extents if e.end is None)
+        raise BrokerUnavailable(f"group {bad.gid}", f"no replica answered for segment {bad.seg}")
+    if not extents:
+        return Cursor(seg=st.next_seg, offset=0, last_seq=last)
+    tail = extents[-1]
+    assert tail.end is not None
+    if tail.status is SegStatus.SEALED:
+        return Cursor(seg=tail.seg + 1, offset=0, last_seq=last)
+    return Cursor(seg=tail.seg, offset=tail.end, last_seq=last)
+
+
+def resolve_target(store: ZkStore, reader: ReplicaReader, st: QueueState,
+                   target: ResetTarget) -> tuple[Cursor, Location | None]:
+    """The cursor a target means in state ``st`` (and the message it starts at, if any)."""
+    if target.kind == "earliest":
+        return st.earliest_cursor(), None
+    if target.kind == "latest":
+        return latest_cursor(store, reader, st), None
+    if target.kind == "seq":
+        assert target.seq is not None
+        try:
+            loc = locate_seq(store, reader, st.queue, target.seq, state=st)
+        except SeqNotFound:
+            latest = latest_cursor(store, reader, st)
+            if target.seq == latest.last_seq + 1:
+                return latest, None  # the next message to be produced: same as latest
+            raise
+        return loc.cursor(), loc
+    if target.kind == "time":
+        assert target.time_us is not None
+        found = locate_time(store, reader, st.queue, target.time_us, state=st)
+        if found is None:
+            return latest_cursor(store, reader, st), None
+        return found.cursor(), found
+    raise ConfigError(f"unknown reset target {target.kind!r}")
+
+
+@attrs.frozen
+class ResetResult:
+    queue: str
+    subscription: str
+    target: str
+    before: Cursor
+    after: Cursor
+    starts_at: Location | None  # the message delivered next, when known
+    forced: bool
+    held_by: str | None  # who held the subscription when forced
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queue": self.queue, "subscription": self.subscription, "target": self.target,
+                "before": self.before.to_dict(), "after": self.after.to_dict(),
+                "next_seq": self.starts_at.seq if self.starts_at else None,
+                "forced": self.forced, "held_by": self.held_by}
+
+
+def admin_id(action: str) -> str:
+    return f"ordq-admin-{action}-{socket.gethostname()}-{os.getpid()}"
+
+
+def reset_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: str, target: ResetTarget, *,
+                       force: bool = False, attempts: int = 10) -> ResetResult:
+    """Move ``sub``'s cursor to ``target``. Refused (SubscriptionHeld) while a consumer holds
+    the subscription unless ``force``; the write is conditional on the cursor and the queue
+    state not moving since the target was computed, re-computed on a conflict."""
+    store.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+    with _reset_lease(store, queue, sub) as holder:
+        if holder is not None and not force:
+            raise SubscriptionHeld(queue, sub, holder)
+        for _ in range(attempts):
+            st, state_version = store.load_state(queue)
+            before, cursor_version = store.get_cursor(queue, sub)
+            cursor, starts_at = resolve_target(store, reader, st, target)
+            sm.check_invariants(st, {sub: cursor})
+            try:
+                store.reset_cursor(queue, sub, cursor, cursor_version=cursor_version, state_version=state_version)
+            except ConflictError:
+                continue  # a consumer committed, or the lists changed: compute again
+            return ResetResult(queue, sub, str(target), before, cursor, starts_at, force and holder is not None,
+                               holder)
+    raise ConflictError(f"{queue}/{sub}: the cursor or the queue kept moving; reset not done after {attempts} tries")
+
+
+@contextlib.contextmanager
+def _reset_lease(store: ZkStore, queue: str, sub: str) -> Iterator[str | None]:
+    """Hold the subscription's election for the reset (yields None), or yield the id of the
+    consumer holding it."""
+    with store.subscription_lease(queue, sub, admin_id("reset")) as got:
+        if got:
+            yield None
+        else:
+            holders = store.subscription_holders(queue, sub)
+            yield holders[0] if holders else "?"
+
+
+# -- draining and removing groups --------------------------------------------------------------
+
+
+@attrs.frozen
+class DrainedQueue:
+    queue: str
+    was_head: bool
+    new_head: str | None
+    sealing_seg: int | None  # the segment failed over from the drained head
+    sealed: bool | None  # whether this command could seal it (None: nothing to seal)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def drain_group(store: ZkStore, reader: ReplicaReader, gid: str) -> list[DrainedQueue]:
+    """Mark ``gid`` drained (never admitted again until undrained) and take it out of every
+    send list. Where it was the head this is a fail_over; its old segment is then sealed (best
+    effort) so its master refuses further writes and producers follow the new head at once."""
+    store.get_group(gid)  # GroupNotFound
+    store.set_group_drained(gid, True)
+    out = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.send:
+            continue
+        was_head = st.head == gid
+        open_seg = st.open_segment.seg if was_head and st.open_segment else None
+        try:
+            st = store.apply(queue, lambda s, f: sm.remove_from_send(s, gid, f) if gid in s.send else s)
+        except IllegalTransition:
+            st, _ = store.load_state(queue)  # moved by someone else meanwhile
+        sealed: bool | None = None
+        if open_seg is not None:
+            seg = st.segment(open_seg)
+            if seg is not None and seg.status is SegStatus.SEALING:
+                try:
+                    st = run_seal(store, reader.transport, queue, open_seg)
+                    sealed = True
+                except OrdqError:
+                    sealed = False  # the coordinator daemon or a consumer completes it later
+            else:
+                sealed = True
+        out.append(DrainedQueue(queue, was_head, st.head, open_seg, sealed))
+    return out
+
+
+@attrs.frozen
+class UndrainedQueue:
+    queue: str
+    admitted: bool
+    why_not: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def undrain_group(store: ZkStore, gid: str) -> list[UndrainedQueue]:
+    """Clear the drain mark and admit ``gid`` to the send lists it is eligible for now (the
+    coordinator daemon admits it to the others once its backlog there is consumed)."""
+    store.get_group(gid)
+    store.set_group_drained(gid, False)
+    out = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.groups:
+            continue
+        if gid in st.send:
+            out.append(UndrainedQueue(queue, True, None))
+            continue
+        try:
+            st = store.apply(queue, lambda s, f: sm.admit(s, gid, f) if gid not in s.send else s)
+            out.append(UndrainedQueue(queue, True, None))
+        except IllegalTransition as exc:
+            out.append(UndrainedQueue(queue, False, exc.reason))
+    return out
+
+
+def remove_group(store: ZkStore, gid: str) -> list[str]:
+    """Unregister ``gid``: take it out of every queue it serves, then delete it. Refused while
+    its processes are live, while it is in a send list (drain it first) or while it holds
+    segments not yet consumed. Returns the queues it was taken out of."""
+    store.get_group(gid)
+    blockers = []
+    serving = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.groups:
+            continue
+        serving.append(queue)
+        if gid in st.send:
+            blockers.append(f"it is in the send list of {queue} (drain it first: ordq group drain {gid})")
+        elif st.has_backlog(gid):
+            segs = ",".join(str(s.seg) for s in st.consume if s.gid == gid)
+            blockers.append(f"it holds segments {segs} of {queue} not yet consumed by every subscription")
+    live = store.live_members(gid)
+    if live:
+        blockers.append(f"its processes are live ({', '.join(sorted(live))}): stop them first")
+    if blockers:
+        raise IllegalTransition("remove group", f"group {gid}: " + "; ".join(blockers))
+    for queue in serving:
+        store.apply(queue, lambda s, _f: sm.remove_group(s, gid) if gid in s.groups else s)
+    store.remove_group(gid)
+    return serving
+
+
+# -- top ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Sample:
+    at_s: float  # monotonic
+    views: dict[str, QueueView]
+
+
+def sample(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None = None,
+           *, clock: Callable[[], float] = time.monotonic) -> Sample:
+    names = list(queues) if queues else store.list_queues()
+    views = {}
+    for q in names:
+        try:
+            views[q] = describe_queue(store, reader, q)
+        except NotFound:
+            if queues:
+                raise
+            continue  # deleted meanwhile
+    return Sample(clock(), views)
+
+
+def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
+    if now is None or before is None or seconds <= 0:
+        return None
+    return round(max(0, now - before) / seconds, 1)
+
+
+def _max_lag(v: QueueView) -> int | None:
+    lags = [s.lag for s in v.subscriptions]
+    if not lags or any(x is None for x in lags):
+        return None
+    return max(x for x in lags if x is not None)
+
+
+def top_frame(cur: Sample, prev: Sample | None = None) -> dict[str, Any]:
+    """One frame of ``ordq top``: per queue and per subscription, with rates against ``prev``."""
+    seconds = cur.at_s - prev.at_s if prev is not None else 0.0
+    queues, subs = [], []
+    for name, v in cur.views.items():
+        before = prev.views.get(name) if prev is not None else None
+        st = v.state
+        queues.append({
+            "queue": name, "head": st.head, "send": list(st.send),
+            "consume_head": st.consume[0].seg if st.consume else None,
+            "open_segment": st.open_segment.seg if st.open_segment else None,
+            "segments": len(st.consume), "last_seq": v.last_seq, "stored": v.stored,
+            "produce_rate": _rate(v.last_seq, before.last_seq if before else None, seconds),
+            "subscriptions": len(v.subscriptions), "max_lag": _max_lag(v),
+        })
+        old = {s.name: s for s in before.subscriptions} if before else {}
+        for s in v.subscriptions:
+            was = old.get(s.name)
+            subs.append({"queue": name, "subscription": s.name, "seg": s.cursor.seg, "last_seq": s.cursor.last_seq,
+                         "lag": s.lag, "held_by": s.held_by,
+                         "consume_rate": _rate(s.cursor.last_seq, was.cursor.last_seq if was else None, seconds)})
+    return {"interval_s": round(seconds, 3) if prev is not None else None, "queues": queues, "subscriptions": subs}
+
+
+def frames(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None, interval_s: float,
+           *, sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
+    """Frames forever, one every ``interval_s``; rates are over the last interval."""
+    prev = sample(store, reader, queues)
+    while True:
+        sleep(max(0.0, interval_s - (time.monotonic() - prev.at_s)))
+        cur = sample(store, reader, queues)
+        yield top_frame(cur, prev)
+        prev = cur

@@ -1,0 +1,72 @@
+"""ordq sub list|reset: subscriptions of a queue, their cursors and lag; move a cursor."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ordq.commands import add_command, open_store, wants_json
+from ordq.output import emit_json, table
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "sub", help="inspect subscriptions and reset their cursors")
+    sub = parser.add_subparsers(dest="sub_command", metavar="ACTION")
+    sub.required = True
+    ls = add_command(sub, "list", func=cmd_list,
+                     help="subscriptions of a queue with cursor, lag and the consumer holding each")
+    ls.add_argument("queue")
+    reset = add_command(
+        sub, "reset", func=cmd_reset,
+        help="move a subscription's cursor: earliest, latest, a seq or a time",
+        description="Move a subscription's cursor so its consumer next delivers: the oldest kept message "
+        "(earliest), only messages produced from now on (latest), the message with seq N (seq N, earlier "
+        "or later than now: earlier ones are delivered again), or the first message stamped at or after "
+        "T (time T: ISO 8601, UTC unless a zone is given; Unix seconds; or a duration ago such as 15m). "
+        "Refused while a consumer holds the subscription, unless --force.",
+    )
+    reset.add_argument("queue")
+    reset.add_argument("subscription")
+    reset.add_argument("--to", required=True, nargs="+", metavar="TARGET",
+                       help="earliest | latest | seq N | time T")
+    reset.add_argument("--force", action="store_true",
+                       help="reset even while a consumer holds the subscription (its next cursor commit fails "
+                       "with a conflict and it must restart)")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ordq.admin import ReplicaReader, describe_queue
+
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        view = describe_queue(store, reader, args.queue)
+    rows = [s.to_dict() for s in view.subscriptions]
+    if wants_json(args):
+        emit_json({"queue": args.queue, "last_seq": view.last_seq, "subscriptions": rows})
+    elif not rows:
+        print(f"queue {args.queue} has no subscriptions (a consumer creates one: ordq consume {args.queue} -s NAME)")
+    else:
+        table([{**r, "lag": "?" if r["lag"] is None else r["lag"]} for r in rows],
+              ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"])
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from ordq.admin import ReplicaReader, parse_reset_target, reset_subscription
+
+    target = parse_reset_target(args.to)
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        result = reset_subscription(store, reader, args.queue, args.subscription, target, force=args.force)
+    if wants_json(args):
+        emit_json(result.to_dict())
+        return 0
+    b, a = result.before, result.after
+    print(f"subscription {args.queue}/{args.subscription} reset to {result.target}: "
+          f"cursor seg {b.seg} offset {b.offset} last_seq {b.last_seq} -> "
+          f"seg {a.seg} offset {a.offset} last_seq {a.last_seq}")
+    if result.starts_at is not None:
+        print(f"next delivered: seq {result.starts_at.seq}")
+    else:
+        print(f"next delivered: the message after seq {a.last_seq}")
+    if result.forced:
+        print(f"forced while held by {result.held_by}: that consumer's next commit fails; restart it")
+    return 0
