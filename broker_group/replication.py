@@ -84,9 +84,9 @@ class ReplicationLink:
             with self._cv:
                 while self._address is None and not self._stopping:
                     self._cv.wait()
-                if self._stopping:
-                    return
                 address = self._address
+                if self._stopping or address is None:
+                    return
                 self._gen += 1
                 gen = self._gen
                 self._out.clear()
