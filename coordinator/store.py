@@ -165,6 +165,7 @@ class ZkStore:
 
     def remove_group(self, gid: str) -> None:
         """Unregister a group; refused while a queue uses it or a process of it is live."""
+        self.get_group(gid)  # GroupNotFound: kazoo's recursive delete ignores a missing node
         for queue in self.list_queues():
             st, _ = self.load_state(queue)
             if gid in st.groups:
@@ -291,6 +292,7 @@ class ZkStore:
         return QueueConfig(**_loads(data))
 
     def delete_queue(self, queue: str) -> None:
+        self.queue_config(queue)  # QueueNotFound: kazoo's recursive delete ignores a missing node
         with self._errors():
             try:
                 self.client.delete(self.paths.queue(queue), recursive=True)

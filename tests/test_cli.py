@@ -71,8 +71,7 @@ def test_zk_status_without_a_server_is_one_clear_line(tmp_path, capsys: pytest.C
 
 
 @pytest.mark.zk
-@pytest.mark.xfail(reason="ZkStore.remove_group/delete_queue: kazoo's recursive delete ignores a missing node, "
-                   "so removing an unknown name reports success", strict=True)
 def test_removing_an_unknown_group_is_an_error(zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)
     assert "unknown broker group 'g9'" in one_error_line(capsys, *zk, "group", "remove", "g9")
+    assert "unknown queue 'q9'" in one_error_line(capsys, *zk, "queue", "delete", "q9")

@@ -1,22 +1,14 @@
-"""Operator actions behind the admin CLI (``ordq queue describe``, ``ordq sub list|reset``,
-``ordq peek``, ``ordq top``, ``ordq group drain|undrain|remove``): one library that the CLI,
-drills and tests call.
+"""Reading a queue as stored: segment extents from ZooKeeper and the replicas, queue views
+(backlog, lag, holders), locating a message by seq or by time, and reading it.
 
-Guarantees:
-- Reads change nothing. What only a broker knows (how much of an open or sealing segment is
-  readable) is best effort: ``None`` when no replica answers, shown as ``?`` by the CLI.
-  Replicas are read like a consumer reads them: the master, or the slave when the master
-  does not answer.
-- ``locate_seq`` is the one place that maps a seq to its (seg, offset); peek, reset and
-  anything later use it. Within one segment seqs are consecutive (a broker accepts a batch
-  only if it continues the segment's last seq), so ``offset = seq - first_seq``; a seq can
-  sit in two segments (a resend after failover) and either copy is the same message.
-- ``reset_subscription`` writes a cursor only while it holds the subscription's consumer
-  election itself (so no consumer runs on the old cursor meanwhile), unless forced, and only
-  if neither the cursor nor the queue state moved since it computed the target (I5). A reset
-  cursor names the position of its target message *and* ``last_seq = target seq - 1``: the
-  consumer's delivery filter drops seqs <= ``last_seq``, so moving back must lower it, and
-  moving forward must raise it exactly to the message before, or the filter would see a gap.
+Guarantees: nothing here writes. What only a broker knows (how much of an open or sealing
+segment is readable) is best effort: ``None`` when no replica answers. Replicas are read like a
+consumer reads them: the master, or the slave when the master does not answer.
+
+``locate_seq`` is the one place that maps a seq to its (seg, offset). Within one segment seqs
+are consecutive (a broker accepts a batch only if it continues the segment's last seq), so
+``offset = seq - first_seq``; a seq can sit in two segments (a resend after failover) and
+either copy is the same message.
 
 Time search (``locate_time``) assumes message timestamps (producer wall clock at ``send()``,
 microseconds) do not decrease along the queue; it binary-searches segments, then batches, then
@@ -27,32 +19,19 @@ T whose predecessor it probed was before T.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import decimal
-import os
 import re
-import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from broker_group.log import BatchHeader, Message, decode_batch
-from coordinator import state as sm
-from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
 from coordinator.store import QueueConfig, ZkStore
-from ordq.errors import (
-    BrokerUnavailable,
-    ConfigError,
-    ConflictError,
-    IllegalTransition,
-    NotFound,
-    OrdqError,
-    SegmentNotFound,
-)
+from ordq.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
 from sdk.transport import FetchResult
 
 # -- errors ------------------------------------------------------------------------------------
@@ -66,21 +45,6 @@ class SeqNotFound(NotFound):
         self.queue = queue
         self.seq = seq
         self.reason = reason
-
-
-class SubscriptionHeld(OrdqError):
-    """A consumer holds the subscription: resetting its cursor under it is refused."""
-
-    retriable = True
-
-    def __init__(self, queue: str, sub: str, holder: str) -> None:
-        super().__init__(
-            f"subscription {queue}/{sub} is held by consumer {holder!r}: stop it first, or pass --force "
-            "(its next cursor commit then fails with a conflict and it must restart)"
-        )
-        self.queue = queue
-        self.sub = sub
-        self.holder = holder
 
 
 # -- reading replicas --------------------------------------------------------------------------
@@ -521,314 +485,3 @@ def parse_time(text: str, *, now_s: Callable[[], float] = time.time) -> int:
     return (when - _EPOCH) // _US  # exact: no float on the way
 
 
-# -- resetting a subscription ------------------------------------------------------------------
-
-
-@attrs.frozen
-class ResetTarget:
-    kind: str  # earliest | latest | seq | time
-    seq: int | None = None
-    time_us: int | None = None
-
-    def __str__(self) -> str:
-        if self.kind == "seq":
-            return f"seq {self.seq}"
-        if self.kind == "time":
-            assert self.time_us is not None
-            return f"time {format_time_us(self.time_us)}"
-        return self.kind
-
-
-def parse_reset_target(words: Sequence[str], *, now_s: Callable[[], float] = time.time) -> ResetTarget:
-    """``earliest`` | ``latest`` | ``seq N`` | ``time T`` (T as in ``parse_time``)."""
-    usage = "--to takes: earliest | latest | seq N | time T"
-    if len(words) == 1 and words[0] in ("earliest", "latest"):
-        return ResetTarget(words[0])
-    if len(words) == 2 and words[0] == "seq":
-        try:
-            seq = int(words[1])
-        except ValueError:
-            raise ConfigError(f"bad seq {words[1]!r}: {usage}") from None
-        if seq < 0:
-            raise ConfigError(f"seq must be >= 0, not {seq}")
-        return ResetTarget("seq", seq=seq)
-    if len(words) == 2 and words[0] == "time":
-        return ResetTarget("time", time_us=parse_time(words[1], now_s=now_s))
-    raise ConfigError(f"bad reset target {' '.join(words)!r}: {usage}")
-
-
-def latest_cursor(store: ZkStore, reader: ReplicaReader, st: QueueState) -> Cursor:
-    """After the last readable message. Needs every segment that is not sealed readable: the
-    cursor's ``last_seq`` must be exact or the consumer would see a gap."""
-    extents = reader.extents(st)
-    last = last_readable_seq(st, extents)
-    if last is None:
-        bad = next(e for e in extents if e.end is None)
-        raise BrokerUnavailable(f"group {bad.gid}", f"no replica answered for segment {bad.seg}")
-    if not extents:
-        return Cursor(seg=st.next_seg, offset=0, last_seq=last)
-    tail = extents[-1]
-    assert tail.end is not None
-    if tail.status is SegStatus.SEALED:
-        return Cursor(seg=tail.seg + 1, offset=0, last_seq=last)
-    return Cursor(seg=tail.seg, offset=tail.end, last_seq=last)
-
-
-def resolve_target(store: ZkStore, reader: ReplicaReader, st: QueueState,
-                   target: ResetTarget) -> tuple[Cursor, Location | None]:
-    """The cursor a target means in state ``st`` (and the message it starts at, if any)."""
-    if target.kind == "earliest":
-        return st.earliest_cursor(), None
-    if target.kind == "latest":
-        return latest_cursor(store, reader, st), None
-    if target.kind == "seq":
-        assert target.seq is not None
-        try:
-            loc = locate_seq(store, reader, st.queue, target.seq, state=st)
-        except SeqNotFound:
-            latest = latest_cursor(store, reader, st)
-            if target.seq == latest.last_seq + 1:
-                return latest, None  # the next message to be produced: same as latest
-            raise
-        return loc.cursor(), loc
-    if target.kind == "time":
-        assert target.time_us is not None
-        found = locate_time(store, reader, st.queue, target.time_us, state=st)
-        if found is None:
-            return latest_cursor(store, reader, st), None
-        return found.cursor(), found
-    raise ConfigError(f"unknown reset target {target.kind!r}")
-
-
-@attrs.frozen
-class ResetResult:
-    queue: str
-    subscription: str
-    target: str
-    before: Cursor
-    after: Cursor
-    starts_at: Location | None  # the message delivered next, when known
-    forced: bool
-    held_by: str | None  # who held the subscription when forced
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"queue": self.queue, "subscription": self.subscription, "target": self.target,
-                "before": self.before.to_dict(), "after": self.after.to_dict(),
-                "next_seq": self.starts_at.seq if self.starts_at else None,
-                "forced": self.forced, "held_by": self.held_by}
-
-
-def admin_id(action: str) -> str:
-    return f"ordq-admin-{action}-{socket.gethostname()}-{os.getpid()}"
-
-
-def reset_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: str, target: ResetTarget, *,
-                       force: bool = False, attempts: int = 10) -> ResetResult:
-    """Move ``sub``'s cursor to ``target``. Refused (SubscriptionHeld) while a consumer holds
-    the subscription unless ``force``; the write is conditional on the cursor and the queue
-    state not moving since the target was computed, re-computed on a conflict."""
-    store.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
-    with _reset_lease(store, queue, sub) as holder:
-        if holder is not None and not force:
-            raise SubscriptionHeld(queue, sub, holder)
-        for _ in range(attempts):
-            st, state_version = store.load_state(queue)
-            before, cursor_version = store.get_cursor(queue, sub)
-            cursor, starts_at = resolve_target(store, reader, st, target)
-            sm.check_invariants(st, {sub: cursor})
-            try:
-                store.reset_cursor(queue, sub, cursor, cursor_version=cursor_version, state_version=state_version)
-            except ConflictError:
-                continue  # a consumer committed, or the lists changed: compute again
-            return ResetResult(queue, sub, str(target), before, cursor, starts_at, force and holder is not None,
-                               holder)
-    raise ConflictError(f"{queue}/{sub}: the cursor or the queue kept moving; reset not done after {attempts} tries")
-
-
-@contextlib.contextmanager
-def _reset_lease(store: ZkStore, queue: str, sub: str) -> Iterator[str | None]:
-    """Hold the subscription's election for the reset (yields None), or yield the id of the
-    consumer holding it."""
-    with store.subscription_lease(queue, sub, admin_id("reset")) as got:
-        if got:
-            yield None
-        else:
-            holders = store.subscription_holders(queue, sub)
-            yield holders[0] if holders else "?"
-
-
-# -- draining and removing groups --------------------------------------------------------------
-
-
-@attrs.frozen
-class DrainedQueue:
-    queue: str
-    was_head: bool
-    new_head: str | None
-    sealing_seg: int | None  # the segment failed over from the drained head
-    sealed: bool | None  # whether this command could seal it (None: nothing to seal)
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-def drain_group(store: ZkStore, reader: ReplicaReader, gid: str) -> list[DrainedQueue]:
-    """Mark ``gid`` drained (never admitted again until undrained) and take it out of every
-    send list. Where it was the head this is a fail_over; its old segment is then sealed (best
-    effort) so its master refuses further writes and producers follow the new head at once."""
-    store.get_group(gid)  # GroupNotFound
-    store.set_group_drained(gid, True)
-    out = []
-    for queue in store.list_queues():
-        st, _ = store.load_state(queue)
-        if gid not in st.send:
-            continue
-        was_head = st.head == gid
-        open_seg = st.open_segment.seg if was_head and st.open_segment else None
-        try:
-            st = store.apply(queue, lambda s, f: sm.remove_from_send(s, gid, f) if gid in s.send else s)
-        except IllegalTransition:
-            st, _ = store.load_state(queue)  # moved by someone else meanwhile
-        sealed: bool | None = None
-        if open_seg is not None:
-            seg = st.segment(open_seg)
-            if seg is not None and seg.status is SegStatus.SEALING:
-                try:
-                    st = run_seal(store, reader.transport, queue, open_seg)
-                    sealed = True
-                except OrdqError:
-                    sealed = False  # the coordinator daemon or a consumer completes it later
-            else:
-                sealed = True
-        out.append(DrainedQueue(queue, was_head, st.head, open_seg, sealed))
-    return out
-
-
-@attrs.frozen
-class UndrainedQueue:
-    queue: str
-    admitted: bool
-    why_not: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-def undrain_group(store: ZkStore, gid: str) -> list[UndrainedQueue]:
-    """Clear the drain mark and admit ``gid`` to the send lists it is eligible for now (the
-    coordinator daemon admits it to the others once its backlog there is consumed)."""
-    store.get_group(gid)
-    store.set_group_drained(gid, False)
-    out = []
-    for queue in store.list_queues():
-        st, _ = store.load_state(queue)
-        if gid not in st.groups:
-            continue
-        if gid in st.send:
-            out.append(UndrainedQueue(queue, True, None))
-            continue
-        try:
-            st = store.apply(queue, lambda s, f: sm.admit(s, gid, f) if gid not in s.send else s)
-            out.append(UndrainedQueue(queue, True, None))
-        except IllegalTransition as exc:
-            out.append(UndrainedQueue(queue, False, exc.reason))
-    return out
-
-
-def remove_group(store: ZkStore, gid: str) -> list[str]:
-    """Unregister ``gid``: take it out of every queue it serves, then delete it. Refused while
-    its processes are live, while it is in a send list (drain it first) or while it holds
-    segments not yet consumed. Returns the queues it was taken out of."""
-    store.get_group(gid)
-    blockers = []
-    serving = []
-    for queue in store.list_queues():
-        st, _ = store.load_state(queue)
-        if gid not in st.groups:
-            continue
-        serving.append(queue)
-        if gid in st.send:
-            blockers.append(f"it is in the send list of {queue} (drain it first: ordq group drain {gid})")
-        elif st.has_backlog(gid):
-            segs = ",".join(str(s.seg) for s in st.consume if s.gid == gid)
-            blockers.append(f"it holds segments {segs} of {queue} not yet consumed by every subscription")
-    live = store.live_members(gid)
-    if live:
-        blockers.append(f"its processes are live ({', '.join(sorted(live))}): stop them first")
-    if blockers:
-        raise IllegalTransition("remove group", f"group {gid}: " + "; ".join(blockers))
-    for queue in serving:
-        store.apply(queue, lambda s, _f: sm.remove_group(s, gid) if gid in s.groups else s)
-    store.remove_group(gid)
-    return serving
-
-
-# -- top ---------------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Sample:
-    at_s: float  # monotonic
-    views: dict[str, QueueView]
-
-
-def sample(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None = None,
-           *, clock: Callable[[], float] = time.monotonic) -> Sample:
-    names = list(queues) if queues else store.list_queues()
-    views = {}
-    for q in names:
-        try:
-            views[q] = describe_queue(store, reader, q)
-        except NotFound:
-            if queues:
-                raise
-            continue  # deleted meanwhile
-    return Sample(clock(), views)
-
-
-def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
-    if now is None or before is None or seconds <= 0:
-        return None
-    return round(max(0, now - before) / seconds, 1)
-
-
-def _max_lag(v: QueueView) -> int | None:
-    lags = [s.lag for s in v.subscriptions]
-    if not lags or any(x is None for x in lags):
-        return None
-    return max(x for x in lags if x is not None)
-
-
-def top_frame(cur: Sample, prev: Sample | None = None) -> dict[str, Any]:
-    """One frame of ``ordq top``: per queue and per subscription, with rates against ``prev``."""
-    seconds = cur.at_s - prev.at_s if prev is not None else 0.0
-    queues, subs = [], []
-    for name, v in cur.views.items():
-        before = prev.views.get(name) if prev is not None else None
-        st = v.state
-        queues.append({
-            "queue": name, "head": st.head, "send": list(st.send),
-            "consume_head": st.consume[0].seg if st.consume else None,
-            "open_segment": st.open_segment.seg if st.open_segment else None,
-            "segments": len(st.consume), "last_seq": v.last_seq, "stored": v.stored,
-            "produce_rate": _rate(v.last_seq, before.last_seq if before else None, seconds),
-            "subscriptions": len(v.subscriptions), "max_lag": _max_lag(v),
-        })
-        old = {s.name: s for s in before.subscriptions} if before else {}
-        for s in v.subscriptions:
-            was = old.get(s.name)
-            subs.append({"queue": name, "subscription": s.name, "seg": s.cursor.seg, "last_seq": s.cursor.last_seq,
-                         "lag": s.lag, "held_by": s.held_by,
-                         "consume_rate": _rate(s.cursor.last_seq, was.cursor.last_seq if was else None, seconds)})
-    return {"interval_s": round(seconds, 3) if prev is not None else None, "queues": queues, "subscriptions": subs}
-
-
-def frames(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None, interval_s: float,
-           *, sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
-    """Frames forever, one every ``interval_s``; rates are over the last interval."""
-    prev = sample(store, reader, queues)
-    while True:
-        sleep(max(0.0, interval_s - (time.monotonic() - prev.at_s)))
-        cur = sample(store, reader, queues)
-        yield top_frame(cur, prev)
-        prev = cur

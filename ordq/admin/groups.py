@@ -1,0 +1,127 @@
+"""Taking broker groups out of service: drain (out of every send list, kept out), undrain,
+remove (unregister once nothing needs it).
+
+Guarantee: every list change is a conditional transition of ``coordinator.state`` applied by
+the store; a drain mark is checked in the same write as any admit (``ZkStore.apply``), so a
+drained group is never re-admitted behind the operator's back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from coordinator import state as sm
+from coordinator.seal import run_seal
+from coordinator.state import SegStatus
+from coordinator.store import ZkStore
+from ordq.admin.read import ReplicaReader
+from ordq.errors import IllegalTransition, OrdqError
+
+# -- draining and removing groups --------------------------------------------------------------
+
+
+@attrs.frozen
+class DrainedQueue:
+    queue: str
+    was_head: bool
+    new_head: str | None
+    sealing_seg: int | None  # the segment failed over from the drained head
+    sealed: bool | None  # whether this command could seal it (None: nothing to seal)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def drain_group(store: ZkStore, reader: ReplicaReader, gid: str) -> list[DrainedQueue]:
+    """Mark ``gid`` drained (never admitted again until undrained) and take it out of every
+    send list. Where it was the head this is a fail_over; its old segment is then sealed (best
+    effort) so its master refuses further writes and producers follow the new head at once."""
+    store.get_group(gid)  # GroupNotFound
+    store.set_group_drained(gid, True)
+    out = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.send:
+            continue
+        was_head = st.head == gid
+        open_seg = st.open_segment.seg if was_head and st.open_segment else None
+        try:
+            st = store.apply(queue, lambda s, f: sm.remove_from_send(s, gid, f) if gid in s.send else s)
+        except IllegalTransition:
+            st, _ = store.load_state(queue)  # moved by someone else meanwhile
+        sealed: bool | None = None
+        if open_seg is not None:
+            seg = st.segment(open_seg)
+            if seg is not None and seg.status is SegStatus.SEALING:
+                try:
+                    st = run_seal(store, reader.transport, queue, open_seg)
+                    sealed = True
+                except OrdqError:
+                    sealed = False  # the coordinator daemon or a consumer completes it later
+            else:
+                sealed = True
+        out.append(DrainedQueue(queue, was_head, st.head, open_seg, sealed))
+    return out
+
+
+@attrs.frozen
+class UndrainedQueue:
+    queue: str
+    admitted: bool
+    why_not: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def undrain_group(store: ZkStore, gid: str) -> list[UndrainedQueue]:
+    """Clear the drain mark and admit ``gid`` to the send lists it is eligible for now (the
+    coordinator daemon admits it to the others once its backlog there is consumed)."""
+    store.get_group(gid)
+    store.set_group_drained(gid, False)
+    out = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.groups:
+            continue
+        if gid in st.send:
+            out.append(UndrainedQueue(queue, True, None))
+            continue
+        try:
+            st = store.apply(queue, lambda s, f: sm.admit(s, gid, f) if gid not in s.send else s)
+            out.append(UndrainedQueue(queue, True, None))
+        except IllegalTransition as exc:
+            out.append(UndrainedQueue(queue, False, exc.reason))
+    return out
+
+
+def remove_group(store: ZkStore, gid: str) -> list[str]:
+    """Unregister ``gid``: take it out of every queue it serves, then delete it. Refused while
+    its processes are live, while it is in a send list (drain it first) or while it holds
+    segments not yet consumed. Returns the queues it was taken out of."""
+    store.get_group(gid)
+    blockers = []
+    serving = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.groups:
+            continue
+        serving.append(queue)
+        if gid in st.send:
+            blockers.append(f"it is in the send list of {queue} (drain it first: ordq group drain {gid})")
+        elif st.has_backlog(gid):
+            segs = ",".join(str(s.seg) for s in st.consume if s.gid == gid)
+            blockers.append(f"it holds segments {segs} of {queue} not yet consumed by every subscription")
+    live = store.live_members(gid)
+    if live:
+        blockers.append(f"its processes are live ({', '.join(sorted(live))}): stop them first")
+    if blockers:
+        raise IllegalTransition("remove group", f"group {gid}: " + "; ".join(blockers))
+    for queue in serving:
+        store.apply(queue, lambda s, _f: sm.remove_group(s, gid) if gid in s.groups else s)
+    store.remove_group(gid)
+    return serving
+
+
