@@ -75,6 +75,8 @@ _OFFSET_AT = 8  # byte position of first_offset in the prefix
 
 _tuple_new = tuple.__new__
 
+BytesLike = bytes | bytearray | memoryview  # what the parsing functions accept
+
 
 class Message(NamedTuple):
     """One message as produced and delivered. Immutable; compares and hashes by value.
@@ -193,7 +195,7 @@ def _header_problem(length: int, magic: int, flags: int, count: int, available: 
     return None
 
 
-def parse_header(batch: bytes, *, path: str = WIRE, position: int = 0) -> BatchHeader:
+def parse_header(batch: BytesLike, *, path: str = WIRE, position: int = 0) -> BatchHeader:
     """Check length, magic and CRC of one encoded batch and return its header.
 
     ``batch`` must be exactly one batch (any bytes-like object). Raises CorruptLog (with
@@ -236,7 +238,8 @@ def _decode_headers(raw: bytes, path: str, position: int) -> tuple[tuple[str, by
 
 
 def _decode_messages(buf: bytes, header: BatchHeader, path: str, position: int) -> list[Message]:
-    # Hot path: one unpack_from and up to three slices per message, no attribute lookups.
+    # Hot path (every consumer decodes every message): one unpack_from, two slices and one
+    # tuple per message; the common shapes (no headers) take a branch without extra work.
     out: list[Message] = []
     append = out.append
     unpack = _MSG.unpack_from
@@ -245,21 +248,26 @@ def _decode_messages(buf: bytes, header: BatchHeader, path: str, position: int) 
     try:
         for _ in range(header.count):
             ts, klen, hlen, plen = unpack(buf, pos)
-            pos += 20
-            if klen < 0:
-                if klen != -1:
-                    raise CorruptLog(path, position, f"bad key length {klen}")
-                key = None
+            start = pos + 20
+            if not hlen and klen >= 0:
+                kend = start + klen
+                pos = kend + plen
+                append(new(Message, (buf[kend:pos], buf[start:kend], (), ts)))
+            elif not hlen and klen == -1:
+                pos = start + plen
+                append(new(Message, (buf[start:pos], None, (), ts)))
             else:
-                key = buf[pos : pos + klen]
-                pos += klen
-            if hlen:
+                pos = start
+                key: bytes | None = None
+                if klen >= 0:
+                    key = buf[pos : pos + klen]
+                    pos += klen
+                elif klen != -1:
+                    raise CorruptLog(path, position, f"bad key length {klen}")
                 headers = _decode_headers(buf[pos : pos + hlen], path, position)
                 pos += hlen
-            else:
-                headers = ()
-            append(new(Message, (buf[pos : pos + plen], key, headers, ts)))
-            pos += plen
+                append(new(Message, (buf[pos : pos + plen], key, headers, ts)))
+                pos += plen
     except struct.error as exc:
         raise CorruptLog(path, position, f"messages overrun the batch: {exc}") from exc
     if pos != header.length:
@@ -267,7 +275,7 @@ def _decode_messages(buf: bytes, header: BatchHeader, path: str, position: int) 
     return out
 
 
-def decode_batch(batch: bytes, *, path: str = WIRE, position: int = 0) -> tuple[BatchHeader, list[Message]]:
+def decode_batch(batch: BytesLike, *, path: str = WIRE, position: int = 0) -> tuple[BatchHeader, list[Message]]:
     """Decode one encoded batch (CRC and structure checked) into its header and messages.
 
     Accepts any bytes-like object (a memoryview into a file buffer is copied once). Raises
@@ -279,7 +287,7 @@ def decode_batch(batch: bytes, *, path: str = WIRE, position: int = 0) -> tuple[
     return header, _decode_messages(batch, header, path, position)
 
 
-def check_messages(batch: bytes, *, path: str = WIRE, position: int = 0) -> BatchHeader:
+def check_messages(batch: BytesLike, *, path: str = WIRE, position: int = 0) -> BatchHeader:
     """``parse_header`` plus a walk over the message lengths (no Message objects built).
 
     For a receiver that wants to refuse a structurally broken batch whose CRC is valid (a
@@ -301,7 +309,7 @@ def check_messages(batch: bytes, *, path: str = WIRE, position: int = 0) -> Batc
     return header
 
 
-def split_batches(buf: bytes, *, path: str = WIRE) -> list[bytes]:
+def split_batches(buf: BytesLike, *, path: str = WIRE) -> list[bytes]:
     """Split a buffer of concatenated complete batches into single batches (CRC checked).
 
     Works on any bytes-like object (bytes read from a segment file, a memoryview, an mmap
@@ -482,6 +490,7 @@ class SegmentLog:
         self._buffered_bytes = 0
         self._synced_bytes = 0  # file length covered by sync()
         self._fd: int | None = fd
+        self._write_error: OSError | None = None  # set by a failed write other than "no space"
         self._syncs = 0
         self._synced_batches = 0
         self.path = path
@@ -568,9 +577,16 @@ class SegmentLog:
             raise ClosedError(f"segment log {self.path} is closed")
         return self._fd
 
+    def _require_writable(self) -> int:
+        fd = self._require_fd()
+        if self._write_error is not None:
+            err = self._write_error
+            raise OSError(err.errno, f"{self.path}: writes refused after an I/O error ({err}); reopen to rescan")
+        return fd
+
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, batch: bytes, *, check_structure: bool = False) -> BatchHeader:
+    def append(self, batch: BytesLike, *, check_structure: bool = False) -> BatchHeader:
         """Append one batch (already offset-stamped to ``end``); buffered until sync().
 
         The CRC and header are checked; with ``check_structure`` the message lengths are
@@ -582,7 +598,7 @@ class SegmentLog:
             ValueError: ``first_offset`` is not ``end``.
             ClosedError: after close().
         """
-        self._require_fd()
+        self._require_writable()
         header = check_messages(batch) if check_structure else parse_header(batch)
         if header.first_offset != self.end:
             raise ValueError(f"{self.path}: batch first_offset {header.first_offset} != end {self.end}")
@@ -602,11 +618,13 @@ class SegmentLog:
                 dropped (``end`` goes back to ``synced_end``) and the file is truncated back
                 to the synced length, so nothing half-written is ever read or recovered. The
                 log stays usable: append again once there is space.
-            OSError: any other I/O error. The unsynced batches are dropped the same way and
-                the log is closed: after a failed fdatasync the page cache can no longer be
-                trusted to match the disk (PostgreSQL's "fsyncgate"); reopen it to rescan.
+            OSError: any other I/O error. The unsynced batches are dropped the same way; reads
+                of the synced prefix go on, but every later append/sync/truncate raises
+                OSError until the log is reopened (and rescanned): after a failed fdatasync
+                the kernel may have dropped dirty pages and will not report it again
+                (PostgreSQL's "fsyncgate"), so the tail of the file is no longer trusted.
         """
-        fd = self._require_fd()
+        fd = self._require_writable()
         if not self._buffer:
             return self.synced_end
         data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
@@ -628,7 +646,7 @@ class SegmentLog:
                 raise DiskFull(
                     f"{self.path}: no space to write {len(data)} bytes; {dropped} unsynced batches dropped"
                 ) from exc
-            self.close()
+            self._write_error = exc
             raise
         self._synced_bytes += len(data)
         self._synced_batches += len(self._buffer)
@@ -663,7 +681,7 @@ class SegmentLog:
             ValueError: ``end`` is negative, past ``end``, or inside a batch.
             DiskFull / OSError: as for sync().
         """
-        fd = self._require_fd()
+        fd = self._require_writable()
         if end < 0 or end > self.end:
             raise ValueError(f"{self.path}: cannot truncate to {end}: log end is {self.end}")
         if end == self.end:
@@ -686,10 +704,15 @@ class SegmentLog:
         self._buffer.clear()
         self._buffered_bytes = 0
         self._cut_index(i)
-        os.ftruncate(fd, pos)
-        os.fdatasync(fd)
+        # The cut batches are forgotten before the I/O: if it fails they are not served either.
         self._synced_bytes = pos
         self.synced_end = end
+        try:
+            os.ftruncate(fd, pos)
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._write_error = exc
+            raise
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -560,7 +560,7 @@ def test_disk_full_drops_unsynced_and_stays_usable(tmp_path: Path, monkeypatch: 
         assert (again.end, again.recovery.truncated_bytes) == (4, 0)
 
 
-def test_other_io_error_closes_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_io_error_refuses_writes_until_reopened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     raws = build([[msg(0)], [msg(1)]])
     log = SegmentLog.open(tmp_path, "q", 0, create=True)
     log.append(raws[0])
@@ -575,10 +575,16 @@ def test_other_io_error_closes_the_log(tmp_path: Path, monkeypatch: pytest.Monke
         log.sync()
     assert info.value.errno == errno.EIO and not isinstance(info.value, DiskFull)
     monkeypatch.undo()
-    assert log.closed
-    with pytest.raises(ClosedError):
-        log.append(raws[1])
-    assert SegmentLog.open(tmp_path, "q", 0).end == 1
+    assert (log.end, log.synced_end) == (1, 1)
+    assert log.read(0, max_bytes=1 << 20, upto=10) == raws[:1]  # the synced prefix is still served
+    for write in (lambda: log.append(raws[1]), log.sync, lambda: log.truncate(0)):
+        with pytest.raises(OSError, match="reopen"):
+            write()
+    log.close()
+    with SegmentLog.open(tmp_path, "q", 0) as again:
+        assert again.end == 1
+        again.append(raws[1])
+        assert again.sync() == 2
 
 
 # -- reading files outside the broker -------------------------------------------------------
