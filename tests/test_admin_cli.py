@@ -290,3 +290,6 @@ def test_drain_moves_the_head_keeps_the_group_out_and_remove_is_consistent(make_
     wait_until(lambda: not c.store.live_members("g1"), what="g1 processes gone from ZooKeeper")
     assert c.json("group", "remove", "g1") == {"removed": "g1", "queues": [Q]}
     assert c.store.load_state(Q)[0].groups == ("g2",) and c.store.list_groups() == ["g2"]
+    # Draining the last group that takes writes needs --force: producers would wait.
+    assert "last group that can take writes for q" in c.error("group", "drain", "g2")
+    assert c.json("group", "drain", "g2", "--force")["queues"][0]["new_head"] is None

@@ -34,11 +34,20 @@ class DrainedQueue:
         return attrs.asdict(self)
 
 
-def drain_group(store: ZkStore, reader: ReplicaReader, gid: str) -> list[DrainedQueue]:
+def drain_group(store: ZkStore, reader: ReplicaReader, gid: str, *, force: bool = False) -> list[DrainedQueue]:
     """Mark ``gid`` drained (never admitted again until undrained) and take it out of every
     send list. Where it was the head this is a fail_over; its old segment is then sealed (best
-    effort) so its master refuses further writes and producers follow the new head at once."""
+    effort) so its master refuses further writes and producers follow the new head at once.
+
+    Refused (IllegalTransition) when it would leave a queue with no writable group, unless
+    ``force``: its producers would wait until a group is admitted."""
     store.get_group(gid)  # GroupNotFound
+    if not force:
+        stranded = stranded_queues(store, gid)
+        if stranded:
+            raise IllegalTransition(
+                "drain", f"group {gid} is the last group that can take writes for {', '.join(stranded)}: "
+                "its producers would wait until another group is admitted (pass --force to drain anyway)")
     store.set_group_drained(gid, True)
     out = []
     for queue in store.list_queues():
@@ -63,6 +72,20 @@ def drain_group(store: ZkStore, reader: ReplicaReader, gid: str) -> list[Drained
             else:
                 sealed = True
         out.append(DrainedQueue(queue, was_head, st.head, open_seg, sealed))
+    return out
+
+
+def stranded_queues(store: ZkStore, gid: str) -> list[str]:
+    """The queues that draining ``gid`` now would leave with an empty send list."""
+    out = []
+    for queue in store.list_queues():
+        st, _ = store.load_state(queue)
+        if gid not in st.send:
+            continue
+        facts, _ = store.facts(st, with_cursors=False)
+        after = sm.remove_from_send(st, gid, attrs.evolve(facts, drained=facts.drained | {gid}))
+        if not after.send:
+            out.append(queue)
     return out
 
 

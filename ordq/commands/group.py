@@ -25,6 +25,8 @@ def register(subparsers: Any) -> None:
         "coordinator daemon) until 'ordq group undrain'.",
     )
     drain.add_argument("gid")
+    drain.add_argument("--force", action="store_true",
+                       help="drain even when it leaves a queue with no group to write to (its producers wait)")
     undrain = add_command(sub, "undrain", func=cmd_undrain,
                           help="clear a group's drain mark and admit it to the send lists it is eligible for")
     undrain.add_argument("gid")
@@ -82,7 +84,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, drain_group
 
     with open_store(args) as store, ReplicaReader(store) as reader:
-        queues = drain_group(store, reader, args.gid)
+        queues = drain_group(store, reader, args.gid, force=args.force)
     if wants_json(args):
         emit_json({"drained": args.gid, "queues": [q.to_dict() for q in queues]})
         return 0
