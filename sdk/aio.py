@@ -55,7 +55,8 @@ class AsyncConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        # as the sync consumer's: leaving on an error commits only what was finished
+        await asyncio.to_thread(self._sync.__exit__, *exc)
 
     async def start(self) -> None:
         await asyncio.to_thread(self._sync.start)

@@ -6,6 +6,9 @@ instance; a missing seq raises ``GapDetected`` (never skipped). The cursor is co
 conditional write every N messages / T ms and on close, so a standby that takes over after a
 crash redelivers, in order, exactly what came after the last commit (at-least-once across a
 consumer crash; ``Delivered.seq`` makes it effectively-once for an application that records it).
+A periodic commit covers only what the application is done with: the messages of earlier
+``poll`` calls (calling ``poll`` again says so), or, when iterating, the messages before the
+one being handled; never a batch it may still be working on.
 
 Reading: the master of the segment's group, or its slave when the master is down. At the end
 of a ``sealing`` segment the consumer runs the Seal protocol itself; at the end of a sealed
@@ -104,7 +107,9 @@ class Consumer:
         self._store: ZkStore | None = None
         self._lease: Any = None
         self._closed = False
-        self._cursor = Cursor(seg=0)
+        self._cursor = Cursor(seg=0)  # where the next read starts (past dropped duplicates too)
+        self._returned = self._cursor  # after the last message handed to the application
+        self._finished = self._cursor  # after the last message the application is done with
         self._cursor_version = -1
         self._filter = DeliveryFilter(config.queue, last_seq=-1)
         self._policy = CommitPolicy(config.commit)
@@ -121,8 +126,10 @@ class Consumer:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # Leaving the block on an error: the application did not finish what it was handling,
+        # so commit only what it was done with (that message and its batch are redelivered).
+        self._close(commit_returned=exc_type is None)
 
     def start(self) -> None:
         cfg = self.config
@@ -145,6 +152,7 @@ class Consumer:
                 f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
             )
         self._cursor, self._cursor_version = self._store.get_cursor(cfg.queue, cfg.subscription)
+        self._returned = self._finished = self._cursor
         self._filter = DeliveryFilter(cfg.queue, last_seq=self._cursor.last_seq)
         self._policy.committed(time.monotonic())
         self._refresh_state()
@@ -194,12 +202,17 @@ class Consumer:
         return last
 
     def close(self) -> None:
+        """Commit the position after every message handed out (the application is done with
+        them), release the subscription and disconnect."""
+        self._close(commit_returned=True)
+
+    def _close(self, *, commit_returned: bool) -> None:
         if self._closed:
             return
         self._closed = True
         try:
             if self._store is not None and self._lease is not None and self._policy_pending():
-                self.commit()
+                self._commit(self._returned if commit_returned else self._finished)
         finally:
             if self._audit is not None:
                 self._audit.close()
@@ -229,29 +242,45 @@ class Consumer:
     # -- consuming ---------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Delivered]:
+        """Messages one by one; a message counts as done when the loop asks for the next."""
         while not self._closed:
-            yield from self.poll()
+            for m in self._poll(None):
+                self._returned = Cursor(seg=m.seg, offset=m.offset + 1, last_seq=m.seq)
+                yield m
+                self._finished = self._returned
+            self._returned = self._finished = self._cursor  # also past duplicates dropped at the end
 
     def poll(self, timeout_s: float | None = None) -> list[Delivered]:
-        """One read round: the messages delivered now (maybe none after a long-poll)."""
+        """One read round: the messages delivered now (maybe none after a long-poll).
+
+        Calling ``poll`` again tells the consumer that the application is done with the
+        messages of earlier calls: only those are committed (every N messages / T ms), never
+        the ones this call returns, so a crash while handling a batch redelivers it."""
+        out = self._poll(timeout_s)
+        self._returned = self._cursor
+        return out
+
+    def _poll(self, timeout_s: float | None) -> list[Delivered]:
         if self._closed:
             raise ClosedError("consumer is closed")
+        self._finished = self._returned
+        if self._policy.due(time.monotonic()):
+            self._commit(self._finished)
         out = self._read_round(timeout_s)
-        now = time.monotonic()
         if out:
             self._policy.delivered(len(out))
-        if self._policy.due(now):
-            self.commit()
         return out
 
     def commit(self) -> None:
-        """Write the cursor (position after the last delivered message) conditionally.
-        ConflictError: someone else moved it (an admin reset, or another consumer took over)."""
+        """Write the cursor after the last message handed out, conditionally (the application
+        says it is done with them). ConflictError: someone else moved it (an admin reset, or
+        another consumer took over)."""
+        self._commit(self._returned)
+
+    def _commit(self, cur: Cursor) -> None:
         store = self._require_store()
-        cur = attrs.evolve(self._cursor, last_seq=self._filter.last_seq)
         self._cursor_version = store.commit_cursor(self.config.queue, self.config.subscription, cur,
                                                    self._cursor_version)
-        self._cursor = cur
         self._policy.committed(time.monotonic())
         self._stats.commits += 1
 
@@ -265,7 +294,7 @@ class Consumer:
             if cur.seg < head:
                 # Dropped by an operator's retention before we read it: resume at the head and
                 # let the seq filter raise GapDetected if any seq is really missing.
-                self._cursor = Cursor(seg=head, offset=0, last_seq=self._filter.last_seq)
+                self._moved(Cursor(seg=head, offset=0, last_seq=self._filter.last_seq))
                 return []
             self._wait_state_change(wait_ms)  # the next segment does not exist yet
             return []
@@ -314,14 +343,20 @@ class Consumer:
 
     def _advance(self, segment: Segment) -> None:
         """Done with a sealed segment: move the cursor on, commit it, and try to pop."""
-        self._cursor = Cursor(seg=segment.seg + 1, offset=0, last_seq=self._filter.last_seq)
+        self._moved(Cursor(seg=segment.seg + 1, offset=0, last_seq=self._filter.last_seq))
         self._stats.segments_done += 1
-        self.commit()
+        self._commit(self._finished)
         try:
             self._require_store().apply(self.config.queue, sm.pop)
         except IllegalTransition:
             pass  # another subscription is still behind, or someone popped it already
         self._refresh_state()
+
+    def _moved(self, cursor: Cursor) -> None:
+        """The read position moved on without delivering anything (next segment, or past a
+        segment dropped by retention). Only called at the start of a read round, when the
+        application is done with everything handed out before."""
+        self._cursor = self._returned = self._finished = cursor
 
     def _seal(self, segment: Segment) -> None:
         """At the end of a sealing segment: run the Seal protocol (any party may)."""

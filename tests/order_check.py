@@ -76,18 +76,21 @@ def check_delivery(
                             f"(crc {d.crc} != {earlier.crc})")
             else:
                 seen[d.seq] = d
-        if not inst:
-            continue
         start = starts[i] if starts is not None and i < len(starts) else None
-        if start is not None and inst[0].seq != start + 1:
+        if inst and start is not None and inst[0].seq != start + 1:
             problem(f"instance {i}: started from a cursor at seq {start} but first delivered {inst[0].seq}")
+        # where this instance began: its first delivery, or (delivering nothing) its cursor
+        begin = inst[0].seq if inst else (start + 1 if start is not None else None)
+        if begin is None:
+            continue
         if prev_last is None:
-            if first_seq is not None and inst[0].seq != first_seq:
-                problem(f"instance {i}: first delivered seq {inst[0].seq}, expected {first_seq}")
-        elif inst[0].seq > prev_last + 1:
-            problem(f"instance {i}: starts at seq {inst[0].seq}, after its predecessor's last {prev_last}: "
-                    f"seqs {prev_last + 1}..{inst[0].seq - 1} skipped")
-        prev_last = inst[-1].seq if prev_last is None else max(prev_last, inst[-1].seq)
+            if first_seq is not None and begin != first_seq:
+                problem(f"instance {i}: begins at seq {begin}, expected {first_seq}")
+        elif begin > prev_last + 1:
+            problem(f"instance {i}: begins at seq {begin}, after its predecessor's last {prev_last}: "
+                    f"seqs {prev_last + 1}..{begin - 1} skipped")
+        if inst:
+            prev_last = inst[-1].seq if prev_last is None else max(prev_last, inst[-1].seq)
 
     acked_by_seq: dict[int, AckRec] = {}
     for a in acked:

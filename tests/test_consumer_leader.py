@@ -1,0 +1,99 @@
+"""Consumer leader faults (DESIGN §6): the consumer is a separate process, killed -9 under load;
+a standby waiting in the subscription's election resumes from the committed cursor.
+
+Here, and only here, redelivery is allowed: the standby redelivers exactly the messages after
+the last committed cursor, in order. Each instance sees strictly increasing seqs; together
+they cover every acked seq.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster import Cluster, ConsumerProgram, cluster_fixture  # noqa: F401 - fixture
+from tests.order_check import check_delivery
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+N = 20_000
+RATE = 4000.0
+FINISH_S = 90.0
+
+
+def start_pair(cluster: Cluster, n: int, **options: object) -> tuple[ConsumerProgram, ConsumerProgram]:
+    """A leading consumer program and a standby waiting in the election behind it."""
+    leader = cluster.spawn_consumer("c1", until=n - 1, **options)  # type: ignore[arg-type]
+    leader.proc.wait_for_line("LEADER", timeout_s=30)
+    standby = cluster.spawn_consumer("c2", until=n - 1)
+    path = cluster.paths.sub_leader("q", "s")
+    wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
+               what="the standby to wait in the subscription's election")
+    assert standby.event("leader") is None
+    return leader, standby
+
+
+def check_takeover(cluster: Cluster, acked: list, leader: ConsumerProgram, standby: ConsumerProgram) -> None:
+    assert standby.wait_exit(FINISH_S) == 0, standby.records()[-3:]
+    start = standby.event("leader")
+    assert start is not None
+    first = leader.deliveries()
+    summary = check_delivery(acked, [first, standby.deliveries()], redelivery=True,
+                             starts=[None, start["last_seq"]])
+    # The cursor it resumed from was committed by the killed leader, for messages that leader
+    # had finished with: never past what it recorded, and it did commit progress before.
+    assert 0 <= start["last_seq"] <= first[-1].seq, (start, first[-1].seq)
+    assert summary.redelivered == first[-1].seq - start["last_seq"]
+
+
+def test_consumer_leader_killed(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer = cluster.producer(n=N, rate=RATE)
+    producer.start()
+    leader, standby = start_pair(cluster, N)
+    wait_until(lambda: leader.delivered_count() >= N // 3, timeout_s=60, interval_s=0.01,
+               what="the leader to deliver a third")
+    leader.proc.kill()
+    producer.join(FINISH_S)
+    check_takeover(cluster, producer.acked, leader, standby)
+
+
+def test_consumer_leader_dies_inside_a_delivered_batch(cluster: Cluster) -> None:
+    """The application dies while handling a message of a batch that ``poll`` returned (the
+    cursor is committed at every poll here): nothing of that batch may count as consumed."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    n = N // 2
+    leader, standby = start_pair(cluster, n, commit_every=1, crash_at=n * 3 // 4)
+    producer = cluster.producer(n=n, rate=RATE)
+    producer.start()
+    assert leader.wait_exit(60) == -9
+    producer.join(FINISH_S)
+    check_takeover(cluster, producer.acked, leader, standby)
+
+
+@pytest.mark.slow
+def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
+    """Slow variant: 80,000 messages, three consumer leaders killed in turn."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    n = 80_000
+    producer = cluster.producer(n=n, rate=RATE)
+    producer.start()
+    instances = [cluster.spawn_consumer("c0", until=n - 1)]
+    instances[0].proc.wait_for_line("LEADER", timeout_s=30)
+    path = cluster.paths.sub_leader("q", "s")
+    for k in range(1, 4):
+        standby = cluster.spawn_consumer(f"c{k}", until=n - 1)
+        wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
+                   what="a standby waiting")
+        wait_until(lambda k=k: sum(c.delivered_count() for c in instances) >= k * n // 5, timeout_s=120,
+                   interval_s=0.01, what="progress")
+        instances[-1].proc.kill()
+        instances.append(standby)
+        standby.proc.wait_for_line("LEADER", timeout_s=30)
+    producer.join(FINISH_S * 2)
+    assert instances[-1].wait_exit(FINISH_S) == 0
+    starts = [None] + [c.event("leader")["last_seq"] for c in instances[1:]]  # type: ignore[index]
+    check_delivery(producer.acked, [c.deliveries() for c in instances], redelivery=True, starts=starts)
