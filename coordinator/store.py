@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from kazoo.client import KazooClient
@@ -35,6 +35,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
 
 from coordinator import state as sm
 from coordinator.paths import ROLES, Paths, check_name
@@ -52,6 +53,12 @@ from ordq.errors import (
 )
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+# How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
+# by itself (to another node of an ensemble, or to the same one after a stall of this process
+# made it miss a heartbeat: with a 1 s session the answer to a ping must come within ~0.3 s);
+# such a blip must not fail a producer's failover or a consumer's poll.
+READ_RETRY_S = 10.0
+T = TypeVar("T")
 # A contender node of a kazoo Lock (the consumer election of a subscription).
 _LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
 
@@ -94,7 +101,7 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
     try:
         yield
     except (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
-            KazooTimeoutError) as exc:
+            KazooTimeoutError, RetryFailedError) as exc:
         where = f" at {hosts}" if hosts else ""
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
 
@@ -102,11 +109,14 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
 class ZkStore:
     """ordq's view of one cluster in ZooKeeper (under ``paths.root``)."""
 
-    def __init__(self, client: KazooClient, paths: Paths, *, owns_client: bool = False) -> None:
+    def __init__(self, client: KazooClient, paths: Paths, *, owns_client: bool = False,
+                 read_retry_s: float = READ_RETRY_S) -> None:
         self.client = client
         self.paths = paths
         self._owns_client = owns_client
         self._hosts = str(getattr(client, "hosts", ""))
+        self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
+                                 ignore_expire=True)
 
     @classmethod
     def connect(cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0) -> ZkStore:
@@ -137,6 +147,14 @@ class ZkStore:
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         return zk_errors(self._hosts)
 
+    def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call a read (get, get_children) again while the connection is lost or the session
+        was replaced, up to ``read_retry_s`` (then RetryFailedError: CoordinationUnavailable
+        under ``_errors``). Other kazoo errors (NoNodeError, ...) propagate at once. Never for
+        writes: a write lost in flight may have landed (see ``apply``, ``commit_cursor``)."""
+        result: T = self._retry.copy()(fn, *args, **kwargs)
+        return result
+
     # -- groups ------------------------------------------------------------------------------
 
     def add_group(self, gid: str, config: Mapping[str, Any] | None = None) -> None:
@@ -151,14 +169,14 @@ class ZkStore:
     def list_groups(self) -> list[str]:
         with self._errors():
             try:
-                return sorted(self.client.get_children(self.paths.groups))
+                return sorted(self._read(self.client.get_children, self.paths.groups))
             except NoNodeError:
                 return []
 
     def get_group(self, gid: str) -> dict[str, Any]:
         with self._errors():
             try:
-                data, _ = self.client.get(self.paths.group(gid))
+                data, _ = self._read(self.client.get, self.paths.group(gid))
             except NoNodeError as exc:
                 raise GroupNotFound(gid) from exc
         return dict(_loads(data))
@@ -195,7 +213,7 @@ class ZkStore:
         with self._errors():
             for role in ROLES:
                 try:
-                    data, _ = self.client.get(self.paths.live(gid, role))
+                    data, _ = self._read(self.client.get, self.paths.live(gid, role))
                 except NoNodeError:
                     continue
                 d = _loads(data)
@@ -214,7 +232,7 @@ class ZkStore:
         for _ in range(50):
             with self._errors():
                 try:
-                    data, stat = self.client.get(path)
+                    data, stat = self._read(self.client.get, path)
                     config = dict(_loads(data))
                     before = bool(config.get("drained", False))
                     if before == drained:
@@ -237,7 +255,7 @@ class ZkStore:
         with self._errors():
             for gid in gids:
                 try:
-                    data, stat = self.client.get(self.paths.group(gid))
+                    data, stat = self._read(self.client.get, self.paths.group(gid))
                 except NoNodeError:
                     continue
                 versions[gid] = stat.version
@@ -279,14 +297,14 @@ class ZkStore:
     def list_queues(self) -> list[str]:
         with self._errors():
             try:
-                return sorted(self.client.get_children(self.paths.queues))
+                return sorted(self._read(self.client.get_children, self.paths.queues))
             except NoNodeError:
                 return []
 
     def queue_config(self, queue: str) -> QueueConfig:
         with self._errors():
             try:
-                data, _ = self.client.get(self.paths.queue(queue))
+                data, _ = self._read(self.client.get, self.paths.queue(queue))
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueConfig(**_loads(data))
@@ -304,7 +322,7 @@ class ZkStore:
         called once on the next change (pass the same callable each time: kazoo keeps a set)."""
         with self._errors():
             try:
-                data, stat = self.client.get(self.paths.state(queue), watch=watch)
+                data, stat = self._read(self.client.get, self.paths.state(queue), watch=watch)
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueState.from_dict(_loads(data)), stat.version
@@ -343,15 +361,23 @@ class ZkStore:
             new = transition(current, facts)
             if new == current:
                 return current
-            with self._errors():
-                tx = self.client.transaction()
-                for sub, v in cursor_versions.items():
-                    tx.check(self.paths.sub(queue, sub), v)
-                # A drain mark set after we read it must not be overtaken by an admit.
-                for gid, v in group_versions.items():
-                    tx.check(self.paths.group(gid), v)
-                tx.set_data(self.paths.state(queue), _dumps(new.to_dict()), version=version)
-                results = tx.commit()
+            try:
+                with self._errors():
+                    tx = self.client.transaction()
+                    for sub, v in cursor_versions.items():
+                        tx.check(self.paths.sub(queue, sub), v)
+                    # A drain mark set after we read it must not be overtaken by an admit.
+                    for gid, v in group_versions.items():
+                        tx.check(self.paths.group(gid), v)
+                    tx.set_data(self.paths.state(queue), _dumps(new.to_dict()), version=version)
+                    results = tx.commit()
+            except CoordinationUnavailable:
+                # The connection dropped with the write in flight: it may or may not have
+                # landed. Never guess from the content (another writer may have written the
+                # same state, e.g. the same epoch bump): read again and re-apply; the version
+                # check keeps that safe, and a transition that already happened now raises
+                # IllegalTransition (or bumps once more), as when another writer won the race.
+                continue
             if not any(isinstance(r, Exception) for r in results):
                 return new
             if not any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
@@ -385,14 +411,14 @@ class ZkStore:
     def list_subscriptions(self, queue: str) -> list[str]:
         with self._errors():
             try:
-                return sorted(self.client.get_children(self.paths.subs(queue)))
+                return sorted(self._read(self.client.get_children, self.paths.subs(queue)))
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
 
     def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]:
         with self._errors():
             try:
-                data, stat = self.client.get(self.paths.sub(queue, sub))
+                data, stat = self._read(self.client.get, self.paths.sub(queue, sub))
             except NoNodeError as exc:
                 self.queue_config(queue)  # QueueNotFound first
                 raise SubscriptionNotFound(queue, sub) from exc
@@ -401,14 +427,29 @@ class ZkStore:
     def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int) -> int:
         """Write the cursor if nobody else did since ``version``; return the new version.
         ConflictError when it moved (another consumer or an admin reset took over)."""
-        with self._errors():
+        path, data = self.paths.sub(queue, sub), _dumps(cursor.to_dict())
+        while True:
             try:
-                stat = self.client.set(self.paths.sub(queue, sub), _dumps(cursor.to_dict()), version=version)
-            except BadVersionError as exc:
-                raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
-            except NoNodeError as exc:
-                raise SubscriptionNotFound(queue, sub) from exc
-        return int(stat.version)
+                with self._errors():
+                    try:
+                        stat = self.client.set(path, data, version=version)
+                    except BadVersionError as exc:
+                        raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
+                    except NoNodeError as exc:
+                        raise SubscriptionNotFound(queue, sub) from exc
+                return int(stat.version)
+            except CoordinationUnavailable:
+                # The write was in flight when the connection dropped: look whether it landed.
+                with self._errors():
+                    try:
+                        now, stat = self._read(self.client.get, path)
+                    except NoNodeError as exc:
+                        raise SubscriptionNotFound(queue, sub) from exc
+                if stat.version == version + 1 and now == data:
+                    return int(stat.version)  # it did (or another wrote the very same cursor)
+                if stat.version != version:
+                    raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from None
+                # it did not: write it again
 
     def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int, state_version: int) -> int:
         """An operator's reset: write ``cursor`` only if neither the cursor nor the queue state
@@ -435,7 +476,7 @@ class ZkStore:
         path = self.paths.sub_leader(queue, sub)
         with self._errors():
             try:
-                children = self.client.get_children(path)
+                children = self._read(self.client.get_children, path)
             except NoNodeError:
                 self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
                 return []
@@ -443,7 +484,7 @@ class ZkStore:
             holders = []
             for _, child in nodes:
                 try:
-                    data, _ = self.client.get(f"{path}/{child}")
+                    data, _ = self._read(self.client.get, f"{path}/{child}")
                 except NoNodeError:
                     continue  # released meanwhile
                 holders.append(data.decode("utf-8", "replace") if data else "")
@@ -486,7 +527,7 @@ class ZkStore:
             changed.clear()
             with self._errors():
                 try:
-                    data, _ = self.client.get(self.paths.state(queue), watch=lambda _e: changed.set())
+                    data, _ = self._read(self.client.get, self.paths.state(queue), watch=lambda _e: changed.set())
                 except NoNodeError as exc:
                     raise QueueNotFound(queue) from exc
             st = QueueState.from_dict(_loads(data))
