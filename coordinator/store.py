@@ -58,6 +58,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 # made it miss a heartbeat: with a 1 s session the answer to a ping must come within ~0.3 s);
 # such a blip must not fail a producer's failover or a consumer's poll.
 READ_RETRY_S = 10.0
+# How long one request to ZooKeeper waits for its answer. kazoo queues a request made while the
+# connection is down and would wait for the whole outage; 5 s rides out a reconnection (leader
+# re-election ~0.4 s, reconnecting to a restarted standalone server 1-3 s: STACK-NOTES) and still
+# lets a CLI command, the coordinator or a producer's failover report or retry within seconds.
+OP_TIMEOUT_S = 5.0
 T = TypeVar("T")
 # A contender node of a kazoo Lock (the consumer election of a subscription).
 _LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
@@ -100,8 +105,11 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
     """Translate kazoo's connection errors to ordq's (the one place they enter)."""
     try:
         yield
+    except KazooTimeoutError as exc:  # no answer within the operation timeout (ZkStore._wait)
+        where = f" at {hosts}" if hosts else ""
+        raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: no answer in time") from exc
     except (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
-            KazooTimeoutError, RetryFailedError) as exc:
+            RetryFailedError) as exc:
         where = f" at {hosts}" if hosts else ""
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
 
@@ -428,7 +436,7 @@ class ZkStore:
         """Write the cursor if nobody else did since ``version``; return the new version.
         ConflictError when it moved (another consumer or an admin reset took over)."""
         path, data = self.paths.sub(queue, sub), _dumps(cursor.to_dict())
-        while True:
+        for _ in range(50):
             try:
                 with self._errors():
                     try:
@@ -450,6 +458,7 @@ class ZkStore:
                 if stat.version != version:
                     raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from None
                 # it did not: write it again
+        raise CoordinationUnavailable(f"cursor of {queue}/{sub}: 50 writes lost on the way to ZooKeeper")
 
     def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int, state_version: int) -> int:
         """An operator's reset: write ``cursor`` only if neither the cursor nor the queue state
