@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,9 +165,32 @@ def test_describe_sub_list_and_top_show_segments_backlog_lag_and_holder(make_clu
     assert (sub["subscription"], sub["lag"], sub["held_by"]) == ("s1", 30, None)
     once = c.ok("top", "--once", "--interval", "0.2")
     assert "PRODUCE_RATE" in once and "s1" in once and "\x1b[" not in once
+    live_top_redraws_until_interrupted(c)
 
     assert "unknown queue 'nope'" in c.error("queue", "describe", "nope")
     assert "has no subscription" in c.error("sub", "reset", Q, "nope", "--to", "earliest")
+
+
+def live_top_redraws_until_interrupted(c: Cluster) -> None:
+    """``ordq top`` as a user runs it: a frame per interval until Ctrl-C, then exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "ordq.cli", "--zk", c.zk, "--root", c.root, "top",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout, proc.stderr
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(out.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: sum(line.startswith("ordq top") for line in lines) >= 2, timeout_s=20, what="two frames")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=5)
+        out.close()
+        err.close()
 
 
 def test_reset_is_refused_while_held_unless_forced_and_redelivers_from_the_target(make_cluster) -> None:

@@ -36,7 +36,10 @@ def register(subparsers: Any) -> None:
 
 def render(frame: dict[str, Any], out: TextIO) -> None:
     def shown(rows: list[dict[str, Any]], unknown: tuple[str, ...]) -> list[dict[str, Any]]:
-        return [{**r, **{k: "?" for k in unknown if r.get(k) is None and k in r}} for r in rows]
+        # None from a broker read means "no replica answered": '?'; max_lag of a queue without
+        # subscriptions is simply not applicable ('-').
+        return [{**r, **{k: "?" for k in unknown if k in r and r[k] is None
+                         and not (k == "max_lag" and not r.get("subscriptions"))}} for r in rows]
 
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     out.write(f"ordq top  {now}  (rates over {frame['interval_s']}s)\n\n")
