@@ -118,8 +118,14 @@ class ZkStore:
     """ordq's view of one cluster in ZooKeeper (under ``paths.root``)."""
 
     def __init__(self, client: KazooClient, paths: Paths, *, owns_client: bool = False,
-                 read_retry_s: float = READ_RETRY_S) -> None:
+                 read_retry_s: float = READ_RETRY_S, op_timeout_s: float = OP_TIMEOUT_S) -> None:
+        """``op_timeout_s``: how long one request waits for ZooKeeper's answer (then
+        CoordinationUnavailable); every operation is bounded by it (a read retried across a
+        lost connection by up to ``read_retry_s`` more)."""
+        if not op_timeout_s > 0:
+            raise ConfigError(f"op_timeout_s must be > 0, not {op_timeout_s}")
         self.client = client
+        self._op_timeout_s = op_timeout_s
         self.paths = paths
         self._owns_client = owns_client
         self._hosts = str(getattr(client, "hosts", ""))
@@ -127,8 +133,11 @@ class ZkStore:
                                  ignore_expire=True)
 
     @classmethod
-    def connect(cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0) -> ZkStore:
-        """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure."""
+    def connect(
+        cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0, op_timeout_s: float = OP_TIMEOUT_S
+    ) -> ZkStore:
+        """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure.
+        ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request."""
         client = KazooClient(hosts=hosts, timeout=timeout_s)
         try:
             client.start(timeout=timeout_s)
@@ -139,7 +148,12 @@ class ZkStore:
                 f"cannot reach ZooKeeper at {hosts} within {timeout_s:g}s "
                 "(is it running? start one with: ordq zk start)"
             ) from exc
-        return cls(client, Paths(root), owns_client=True)
+        try:
+            return cls(client, Paths(root), owns_client=True, op_timeout_s=op_timeout_s)
+        except ConfigError:
+            client.stop()
+            client.close()
+            raise
 
     def close(self) -> None:
         if self._owns_client:
@@ -155,12 +169,64 @@ class ZkStore:
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         return zk_errors(self._hosts)
 
-    def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call a read (get, get_children) again while the connection is lost or the session
-        was replaced, up to ``read_retry_s`` (then RetryFailedError: CoordinationUnavailable
-        under ``_errors``). Other kazoo errors (NoNodeError, ...) propagate at once. Never for
-        writes: a write lost in flight may have landed (see ``apply``, ``commit_cursor``)."""
-        result: T = self._retry.copy()(fn, *args, **kwargs)
+    def _wait(self, request: Any) -> Any:
+        """The answer to one kazoo request (the result of a ``*_async`` call), waited for at
+        most ``op_timeout_s``, else KazooTimeoutError (CoordinationUnavailable under
+        ``_errors``). kazoo queues a request made while disconnected and its blocking calls
+        wait for the whole outage: every request of this store goes through here. A request
+        that timed out may still be sent and applied after a reconnection (in order, before
+        any later request of this client), like a write whose connection dropped in flight.
+        kazoo's async results are thread-safe: callers may be on any thread."""
+        return request.get(timeout=self._op_timeout_s)
+
+    def _read(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Send a read (``get_async``, ``get_children_async``) and wait for it (``_wait``);
+        send it again while the connection is lost or the session was replaced, up to
+        ``read_retry_s`` (then RetryFailedError: CoordinationUnavailable under ``_errors``).
+        A read that gets no answer within ``op_timeout_s`` (ZooKeeper down) is not retried.
+        Other kazoo errors (NoNodeError, ...) propagate at once. Never for writes: a write lost
+        in flight may have landed (see ``apply``, ``commit_cursor``)."""
+        return self._retry.copy()(lambda: self._wait(request(*args, **kwargs)))
+
+    def _delete_tree(self, path: str) -> None:
+        """Delete ``path`` and everything under it, children first, each request bounded.
+        NoNodeError when ``path`` itself is missing (kazoo's recursive delete ignores that,
+        and waits without limit while disconnected)."""
+        for child in self._read(self.client.get_children_async, path):
+            with contextlib.suppress(NoNodeError):  # deleted meanwhile
+                self._delete_tree(f"{path}/{child}")
+        self._wait(self.client.delete_async(path))
+
+    def _in_thread(self, call: Callable[[], T], undo: Callable[[T], object] | None = None) -> T:
+        """Run a kazoo recipe call (Lock), whose blocking requests take no timeout, on a helper
+        thread and wait for it at most ``op_timeout_s`` (else KazooTimeoutError). The call goes
+        on in the background when we stop waiting; ``undo`` is then applied to its result."""
+        done = threading.Event()
+        guard = threading.Lock()
+        outcome: list[Any] = []  # [result] or [None, exception]
+        gave_up = False
+
+        def run() -> None:
+            try:
+                outcome.append(call())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                outcome.extend((None, exc))
+            with guard:
+                late = gave_up
+                done.set()
+            if late and undo is not None and len(outcome) == 1:
+                with contextlib.suppress(Exception):
+                    undo(outcome[0])
+
+        threading.Thread(target=run, name="ordq-zk-recipe", daemon=True).start()
+        if not done.wait(self._op_timeout_s):
+            with guard:
+                if not done.is_set():
+                    gave_up = True
+                    raise KazooTimeoutError(f"no answer within {self._op_timeout_s:g}s")
+        if len(outcome) == 2:
+            raise outcome[1]
+        result: T = outcome[0]
         return result
 
     # -- groups ------------------------------------------------------------------------------
@@ -169,22 +235,22 @@ class ZkStore:
         path = self.paths.group(gid)
         with self._errors():
             try:
-                self.client.create(path, _dumps(dict(config or {})), makepath=True)
+                self._wait(self.client.create_async(path, _dumps(dict(config or {})), makepath=True))
             except NodeExistsError as exc:
                 raise AlreadyExists(f"broker group {gid!r} already exists") from exc
-            self.client.ensure_path(self.paths.live(gid))
+            self._wait(self.client.ensure_path_async(self.paths.live(gid)))
 
     def list_groups(self) -> list[str]:
         with self._errors():
             try:
-                return sorted(self._read(self.client.get_children, self.paths.groups))
+                return sorted(self._read(self.client.get_children_async, self.paths.groups))
             except NoNodeError:
                 return []
 
     def get_group(self, gid: str) -> dict[str, Any]:
         with self._errors():
             try:
-                data, _ = self._read(self.client.get, self.paths.group(gid))
+                data, _ = self._read(self.client.get_async, self.paths.group(gid))
             except NoNodeError as exc:
                 raise GroupNotFound(gid) from exc
         return dict(_loads(data))
@@ -200,7 +266,7 @@ class ZkStore:
             raise OrdqError(f"group {gid!r} has live processes: stop them first")
         with self._errors():
             try:
-                self.client.delete(self.paths.group(gid), recursive=True)
+                self._delete_tree(self.paths.group(gid))
             except NoNodeError as exc:
                 raise GroupNotFound(gid) from exc
 
@@ -210,7 +276,7 @@ class ZkStore:
         data = _dumps({"address": address, "incarnation": incarnation, "pid": os.getpid()})
         with self._errors():
             try:
-                self.client.create(self.paths.live(gid, role), data, ephemeral=True, makepath=True)
+                self._wait(self.client.create_async(self.paths.live(gid, role), data, ephemeral=True, makepath=True))
             except NodeExistsError as exc:
                 raise AlreadyExists(
                     f"a {role} of group {gid!r} is already live (another process holds the role)"
@@ -221,7 +287,7 @@ class ZkStore:
         with self._errors():
             for role in ROLES:
                 try:
-                    data, _ = self._read(self.client.get, self.paths.live(gid, role))
+                    data, _ = self._read(self.client.get_async, self.paths.live(gid, role))
                 except NoNodeError:
                     continue
                 d = _loads(data)
@@ -240,7 +306,7 @@ class ZkStore:
         for _ in range(50):
             with self._errors():
                 try:
-                    data, stat = self._read(self.client.get, path)
+                    data, stat = self._read(self.client.get_async, path)
                     config = dict(_loads(data))
                     before = bool(config.get("drained", False))
                     if before == drained:
@@ -249,7 +315,7 @@ class ZkStore:
                         config["drained"] = True
                     else:
                         config.pop("drained", None)
-                    self.client.set(path, _dumps(config), version=stat.version)
+                    self._wait(self.client.set_async(path, _dumps(config), version=stat.version))
                     return before
                 except NoNodeError as exc:
                     raise GroupNotFound(gid) from exc
@@ -263,7 +329,7 @@ class ZkStore:
         with self._errors():
             for gid in gids:
                 try:
-                    data, stat = self._read(self.client.get, self.paths.group(gid))
+                    data, stat = self._read(self.client.get_async, self.paths.group(gid))
                 except NoNodeError:
                     continue
                 versions[gid] = stat.version
@@ -291,12 +357,12 @@ class ZkStore:
         cfg = config or QueueConfig()
         initial = sm.create(queue, gids)
         with self._errors():
-            self.client.ensure_path(self.paths.queues)
+            self._wait(self.client.ensure_path_async(self.paths.queues))
             tx = self.client.transaction()
             tx.create(self.paths.queue(queue), _dumps(attrs.asdict(cfg)))
             tx.create(self.paths.state(queue), _dumps(initial.to_dict()))
             tx.create(self.paths.subs(queue), b"")
-            results = tx.commit()
+            results = self._wait(tx.commit_async())
         if any(isinstance(r, NodeExistsError) for r in results):
             raise AlreadyExists(f"queue {queue!r} already exists")
         _raise_first(results)
@@ -305,14 +371,14 @@ class ZkStore:
     def list_queues(self) -> list[str]:
         with self._errors():
             try:
-                return sorted(self._read(self.client.get_children, self.paths.queues))
+                return sorted(self._read(self.client.get_children_async, self.paths.queues))
             except NoNodeError:
                 return []
 
     def queue_config(self, queue: str) -> QueueConfig:
         with self._errors():
             try:
-                data, _ = self._read(self.client.get, self.paths.queue(queue))
+                data, _ = self._read(self.client.get_async, self.paths.queue(queue))
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueConfig(**_loads(data))
@@ -321,7 +387,7 @@ class ZkStore:
         self.queue_config(queue)  # QueueNotFound: kazoo's recursive delete ignores a missing node
         with self._errors():
             try:
-                self.client.delete(self.paths.queue(queue), recursive=True)
+                self._delete_tree(self.paths.queue(queue))
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
 
@@ -330,7 +396,7 @@ class ZkStore:
         called once on the next change (pass the same callable each time: kazoo keeps a set)."""
         with self._errors():
             try:
-                data, stat = self._read(self.client.get, self.paths.state(queue), watch=watch)
+                data, stat = self._read(self.client.get_async, self.paths.state(queue), watch=watch)
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueState.from_dict(_loads(data)), stat.version
@@ -378,7 +444,7 @@ class ZkStore:
                     for gid, v in group_versions.items():
                         tx.check(self.paths.group(gid), v)
                     tx.set_data(self.paths.state(queue), _dumps(new.to_dict()), version=version)
-                    results = tx.commit()
+                    results = self._wait(tx.commit_async())
             except CoordinationUnavailable:
                 # The connection dropped with the write in flight: it may or may not have
                 # landed. Never guess from the content (another writer may have written the
@@ -409,7 +475,7 @@ class ZkStore:
         sm.check_invariants(st, {sub: cursor})
         with self._errors():
             try:
-                self.client.create(self.paths.sub(queue, sub), _dumps(cursor.to_dict()))
+                self._wait(self.client.create_async(self.paths.sub(queue, sub), _dumps(cursor.to_dict())))
             except NodeExistsError as exc:
                 raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists") from exc
             except NoNodeError as exc:
@@ -419,14 +485,14 @@ class ZkStore:
     def list_subscriptions(self, queue: str) -> list[str]:
         with self._errors():
             try:
-                return sorted(self._read(self.client.get_children, self.paths.subs(queue)))
+                return sorted(self._read(self.client.get_children_async, self.paths.subs(queue)))
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
 
     def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]:
         with self._errors():
             try:
-                data, stat = self._read(self.client.get, self.paths.sub(queue, sub))
+                data, stat = self._read(self.client.get_async, self.paths.sub(queue, sub))
             except NoNodeError as exc:
                 self.queue_config(queue)  # QueueNotFound first
                 raise SubscriptionNotFound(queue, sub) from exc
@@ -440,7 +506,7 @@ class ZkStore:
             try:
                 with self._errors():
                     try:
-                        stat = self.client.set(path, data, version=version)
+                        stat = self._wait(self.client.set_async(path, data, version=version))
                     except BadVersionError as exc:
                         raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
                     except NoNodeError as exc:
@@ -450,7 +516,7 @@ class ZkStore:
                 # The write was in flight when the connection dropped: look whether it landed.
                 with self._errors():
                     try:
-                        now, stat = self._read(self.client.get, path)
+                        now, stat = self._read(self.client.get_async, path)
                     except NoNodeError as exc:
                         raise SubscriptionNotFound(queue, sub) from exc
                 if stat.version == version + 1 and now == data:
@@ -469,7 +535,7 @@ class ZkStore:
             tx = self.client.transaction()
             tx.check(self.paths.state(queue), state_version)
             tx.set_data(self.paths.sub(queue, sub), _dumps(cursor.to_dict()), version=cursor_version)
-            results = tx.commit()
+            results = self._wait(tx.commit_async())
         if not any(isinstance(r, Exception) for r in results):
             return int(results[1].version)
         if any(isinstance(r, NoNodeError) for r in results):
@@ -485,7 +551,7 @@ class ZkStore:
         path = self.paths.sub_leader(queue, sub)
         with self._errors():
             try:
-                children = self._read(self.client.get_children, path)
+                children = self._read(self.client.get_children_async, path)
             except NoNodeError:
                 self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
                 return []
@@ -493,7 +559,7 @@ class ZkStore:
             holders = []
             for _, child in nodes:
                 try:
-                    data, _ = self._read(self.client.get, f"{path}/{child}")
+                    data, _ = self._read(self.client.get_async, f"{path}/{child}")
                 except NoNodeError:
                     continue  # released meanwhile
                 holders.append(data.decode("utf-8", "replace") if data else "")
@@ -507,21 +573,23 @@ class ZkStore:
         self.get_cursor(queue, sub)  # never create the election under a missing subscription
         lock = self.client.Lock(self.paths.sub_leader(queue, sub), identifier)
         with self._errors():
-            got = bool(lock.acquire(blocking=False))
+            # if we stop waiting and it gets the lock later, it lets it go at once
+            got = self._in_thread(lambda: bool(lock.acquire(blocking=False)), undo=lambda won: won and lock.release())
         try:
             yield got
         finally:
             if got:
                 with self._errors():
-                    lock.release()
+                    self._in_thread(lock.release)  # on a timeout it goes on in the background
 
     def delete_subscription(self, queue: str, sub: str) -> None:
         with self._errors():
             try:
-                self.client.delete(self.paths.sub(queue, sub), recursive=True)
-            except NoNodeError as exc:
+                self._delete_tree(self.paths.sub(queue, sub))
+            except NoNodeError as exc:  # kazoo's recursive delete ignored a missing node
+                self.queue_config(queue)  # QueueNotFound first
                 raise SubscriptionNotFound(queue, sub) from exc
-            except NotEmptyError as exc:  # pragma: no cover - recursive delete
+            except NotEmptyError as exc:  # a node was created under it meanwhile
                 raise OrdqError(str(exc)) from exc
 
     # -- waiting -----------------------------------------------------------------------------
@@ -536,7 +604,7 @@ class ZkStore:
             changed.clear()
             with self._errors():
                 try:
-                    data, _ = self._read(self.client.get, self.paths.state(queue), watch=lambda _e: changed.set())
+                    data, _ = self._read(self.client.get_async, self.paths.state(queue), watch=lambda _e: changed.set())
                 except NoNodeError as exc:
                     raise QueueNotFound(queue) from exc
             st = QueueState.from_dict(_loads(data))
