@@ -40,7 +40,7 @@ proto: venv
 	git diff --exit-code -- broker_group/wire
 
 # Real ZooKeeper and broker processes; a test that hangs fails after 10 minutes instead of CI.
-test: system-deps venv lint types
+test: system-deps venv lint types proto
 	$(VENV)/bin/pytest -m "not slow" --timeout=600 $(PYTEST_ARGS)
 
 demo: system-deps venv
