@@ -33,7 +33,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 types: venv
-	$(VENV)/bin/mypy coordinator ordq
+	$(VENV)/bin/mypy coordinator ordq broker_group sdk
 
 proto: venv
 	PATH=$(VENV)/bin:$$PATH bash proto/generate.sh
