@@ -293,7 +293,7 @@ class Producer:
                 return
             # One replica down or the two disagree: move on to a new segment and seal this one
             # (the Seal protocol decides its end from whoever answers).
-            self._fail_over_from(open_seg.gid, open_seg.seg)
+            self._fail_over_from(open_seg.gid, open_seg.seg, epoch)
 
     def _install(self, epoch: int, gid: str, seg: int, last: tuple[int, int, int] | None) -> None:
         next_seq = last[0] + 1 if last is not None else 0
@@ -364,14 +364,23 @@ class Producer:
 
     # -- failover ----------------------------------------------------------------------------
 
-    def _fail_over_from(self, gid: str, seg: int) -> QueueState:
+    def _fail_over_from(self, gid: str, seg: int, epoch: int) -> QueueState:
         """CAS fail_over(gid, seg); if someone already moved the head, follow it. Starts the
-        seal of the old segment in the background. Returns a state with an open segment."""
+        seal of the old segment in the background. Returns a state with an open segment.
+
+        FencedError, changing nothing, when a successor bumped the epoch: a deposed leader
+        (e.g. one resumed after a hang, its ack deadline long past) must not fail over and
+        seal the segment its successor now writes to."""
         store, q = self._require_store(), self.config.queue
         deadline = time.monotonic() + self.config.no_group_timeout_s
+
+        def fail_over(s: QueueState, f: sm.Facts) -> QueueState:
+            self._check_epoch(s, epoch)  # checked on the very state the CAS writes over
+            return sm.fail_over(s, gid, seg, f)
+
         while True:
             try:
-                st = store.apply(q, lambda s, f: sm.fail_over(s, gid, seg, f))
+                st = store.apply(q, fail_over)
                 break
             except IllegalTransition:
                 st, _ = store.load_state(q)
@@ -401,7 +410,7 @@ class Producer:
         assert self._gid is not None and self._seg is not None and self._core is not None
         gid, seg = self._gid, self._seg
         while True:
-            st = self._fail_over_from(gid, seg)
+            st = self._fail_over_from(gid, seg, self._core.epoch)
             self._check_epoch(st, self._core.epoch)
             open_seg = st.open_segment
             assert open_seg is not None

@@ -50,12 +50,12 @@ from sdk.producer import ProducerStats
 from tests.helpers.load import (
     AckRec,
     DeliveryRec,
+    RecordsTail,
     acks_in,
     deliveries_in,
     delivery_of,
     events_in,
     make_payload,
-    read_records,
 )
 from tests.util import wait_until
 
@@ -139,31 +139,38 @@ class Cluster:
 
     def spawn_producer(self, writer: str, *, total: int, queue: str = "q", rate: float | None = None,
                        size: int = 200, send_timeout_s: float = SEND_TIMEOUT_S,
-                       session_timeout_s: float = SESSION_TIMEOUT_S) -> ProducerProgram:
+                       session_timeout_s: float = SESSION_TIMEOUT_S, hold: bool = False) -> ProducerProgram:
+        """A producer program; with ``hold`` it starts (imports, ~1-4 s on a busy machine) but
+        connects only on ``go()``, so a test can have a standby ready before load flows."""
         out = self.base / f"producer-{writer}.jsonl"
+        go = self.base / f"producer-{writer}.go"
         argv = ["-m", "tests.helpers.produce", "--zk", self.hosts, "--root", self.root, "--queue", queue,
                 "--writer", writer, "--total", str(total), "--out", str(out), "--size", str(size),
                 "--send-timeout", str(send_timeout_s), "--session-timeout", str(session_timeout_s),
-                "--audit", str(self.base / "audit")]
+                "--audit", str(self.base / "audit"), "--go", str(go)]
         if rate:
             argv += ["--rate", str(rate)]
-        proc = self.spawn(f"producer-{writer}", argv)
-        proc.wait_for_line("STARTED", timeout_s=30)
-        return ProducerProgram(writer, proc, out)
+        program = ProducerProgram(writer, self.spawn(f"producer-{writer}", argv), out, go)
+        if not hold:
+            program.go()
+        return program
 
     def spawn_consumer(self, name: str, *, until: int, queue: str = "q", sub: str = "s",
                        commit_every: int = 1000, commit_ms: float = 200.0, crash_at: int | None = None,
-                       session_timeout_s: float = SESSION_TIMEOUT_S) -> ConsumerProgram:
+                       session_timeout_s: float = SESSION_TIMEOUT_S, hold: bool = False) -> ConsumerProgram:
+        """A consumer program (``hold``: as for ``spawn_producer``)."""
         out = self.base / f"consumer-{name}.jsonl"
+        go = self.base / f"consumer-{name}.go"
         argv = ["-m", "tests.helpers.consume", "--zk", self.hosts, "--root", self.root, "--queue", queue,
                 "--sub", sub, "--until", str(until), "--out", str(out), "--commit-every", str(commit_every),
                 "--commit-ms", str(commit_ms), "--session-timeout", str(session_timeout_s),
-                "--audit", str(self.base / "audit")]
+                "--audit", str(self.base / "audit"), "--go", str(go)]
         if crash_at is not None:
             argv += ["--crash-at", str(crash_at)]
-        proc = self.spawn(f"consumer-{name}", argv)
-        proc.wait_for_line("STARTED", timeout_s=30)
-        return ConsumerProgram(name, proc, out)
+        program = ConsumerProgram(name, self.spawn(f"consumer-{name}", argv), out, go)
+        if not hold:
+            program.go()
+        return program
 
     def start_daemon(self, name: str, *, interval_s: float = 0.2) -> ManagedProcess:
         proc = self.spawn(name, ["-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, "coordinator", "run",
@@ -226,58 +233,61 @@ class Cluster:
             raise errors[0]
 
 
-class ProducerProgram:
-    """A ``tests.helpers.produce`` process and what it wrote."""
+class _Program:
+    def __init__(self, name: str, proc: ManagedProcess, out: Path, go_file: Path) -> None:
+        self.name, self.proc, self.out, self.go_file = name, proc, out, go_file
+        self._tail = RecordsTail(out)
 
-    def __init__(self, writer: str, proc: ManagedProcess, out: Path) -> None:
-        self.writer, self.proc, self.out = writer, proc, out
+    def go(self) -> None:
+        """Let a held program connect (and contend for leadership)."""
+        self.proc.wait_for_line("STARTED", timeout_s=60)
+        self.go_file.touch()
 
     def records(self) -> list[dict[str, Any]]:
-        return read_records(self.out)
+        """Complete records so far (a torn last line of a killed program is left out)."""
+        return self._tail.read()
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        found = events_in(self.records(), name)
+        return found[-1] if found else None
+
+    def count(self, key: str) -> int:
+        return sum(1 for r in self.records() if key in r)
+
+    def wait_leader(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The program's leader event, once it leads."""
+        return wait_until(lambda: self.event("leader"), timeout_s=timeout_s, interval_s=0.02,
+                          what=f"{self.proc.name} to lead ({self.proc.log_path})")
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Its exit code once it exited (negative: killed by that signal)."""
+        wait_until(lambda: not self.proc.alive(), timeout_s=timeout_s, interval_s=0.05,
+                   what=f"{self.proc.name} to finish ({self.proc.log_path})")
+        return self.proc.returncode
+
+
+class ProducerProgram(_Program):
+    """A ``tests.helpers.produce`` process and what it wrote."""
+
+    def __init__(self, writer: str, proc: ManagedProcess, out: Path, go_file: Path) -> None:
+        super().__init__(writer, proc, out, go_file)
+        self.writer = writer
 
     def acks(self) -> list[AckRec]:
         return acks_in(self.records(), self.writer)
 
     def acked_count(self) -> int:
-        return sum(1 for r in self.records() if "a" in r)
-
-    def event(self, name: str) -> dict[str, Any] | None:
-        found = events_in(self.records(), name)
-        return found[-1] if found else None
-
-    def wait_leader(self, timeout_s: float = 30.0) -> dict[str, Any]:
-        return wait_until(lambda: self.event("leader"), timeout_s=timeout_s, interval_s=0.05,
-                          what=f"producer {self.writer} to lead")
-
-    def wait_exit(self, timeout_s: float) -> int | None:
-        wait_until(lambda: not self.proc.alive(), timeout_s=timeout_s, interval_s=0.05,
-                   what=f"producer {self.writer} to finish ({self.proc.log_path})")
-        return self.proc.returncode
+        return self.count("a")
 
 
-class ConsumerProgram:
+class ConsumerProgram(_Program):
     """A ``tests.helpers.consume`` process and what it wrote."""
-
-    def __init__(self, name: str, proc: ManagedProcess, out: Path) -> None:
-        self.name, self.proc, self.out = name, proc, out
-
-    def records(self) -> list[dict[str, Any]]:
-        return read_records(self.out)
 
     def deliveries(self) -> list[DeliveryRec]:
         return deliveries_in(self.records())
 
     def delivered_count(self) -> int:
-        return sum(1 for r in self.records() if "d" in r)
-
-    def event(self, name: str) -> dict[str, Any] | None:
-        found = events_in(self.records(), name)
-        return found[-1] if found else None
-
-    def wait_exit(self, timeout_s: float) -> int | None:
-        wait_until(lambda: not self.proc.alive(), timeout_s=timeout_s, interval_s=0.05,
-                   what=f"consumer {self.name} to finish ({self.proc.log_path})")
-        return self.proc.returncode
+        return self.count("d")
 
 
 class _LoadThread:

@@ -23,9 +23,11 @@ FINISH_S = 90.0
 
 def start_pair(cluster: Cluster, n: int, **options: object) -> tuple[ConsumerProgram, ConsumerProgram]:
     """A leading consumer program and a standby waiting in the election behind it."""
-    leader = cluster.spawn_consumer("c1", until=n - 1, **options)  # type: ignore[arg-type]
-    leader.proc.wait_for_line("LEADER", timeout_s=30)
-    standby = cluster.spawn_consumer("c2", until=n - 1)
+    leader = cluster.spawn_consumer("c1", until=n - 1, hold=True, **options)  # type: ignore[arg-type]
+    standby = cluster.spawn_consumer("c2", until=n - 1, hold=True)
+    leader.go()
+    leader.wait_leader()
+    standby.go()
     path = cluster.paths.sub_leader("q", "s")
     wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
                what="the standby to wait in the subscription's election")
@@ -82,7 +84,7 @@ def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
     producer = cluster.producer(n=n, rate=RATE)
     producer.start()
     instances = [cluster.spawn_consumer("c0", until=n - 1)]
-    instances[0].proc.wait_for_line("LEADER", timeout_s=30)
+    instances[0].wait_leader()
     path = cluster.paths.sub_leader("q", "s")
     for k in range(1, 4):
         standby = cluster.spawn_consumer(f"c{k}", until=n - 1)
@@ -92,7 +94,7 @@ def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
                    interval_s=0.01, what="progress")
         instances[-1].proc.kill()
         instances.append(standby)
-        standby.proc.wait_for_line("LEADER", timeout_s=30)
+        standby.wait_leader()
     producer.join(FINISH_S * 2)
     assert instances[-1].wait_exit(FINISH_S) == 0
     starts = [None] + [c.event("leader")["last_seq"] for c in instances[1:]]  # type: ignore[index]

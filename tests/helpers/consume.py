@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import attrs
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sub", required=True)
     ap.add_argument("--until", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--go", type=Path, default=None, help="wait until this file exists before connecting")
     ap.add_argument("--commit-every", type=int, default=1000)
     ap.add_argument("--commit-ms", type=float, default=200.0)
     ap.add_argument("--session-timeout", type=float, default=1.0)
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                          zk_session_timeout_s=args.session_timeout, audit_dir=args.audit)
     consumer = Consumer(cfg)
     print("STARTED", flush=True)
+    while args.go is not None and not args.go.exists():
+        time.sleep(0.01)
     try:
         consumer.start()
         st = consumer.statistics()

@@ -93,6 +93,29 @@ class RecordWriter:
             self._f.close()
 
 
+class RecordsTail:
+    """Reads a records file as it grows (complete lines only), keeping what it parsed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        self._offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self.records
+        end = chunk.rfind(b"\n") + 1
+        for line in chunk[:end].splitlines():
+            if line:
+                self.records.append(json.loads(line))
+        self._offset += end
+        return self.records
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Every complete record of a file (a torn last line, from a kill -9, is dropped)."""
     if not path.exists():

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writer", required=True)
     ap.add_argument("--total", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--go", type=Path, default=None, help="wait until this file exists before connecting")
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--send-timeout", type=float, default=1.0)
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                          producer_id=f"{args.writer}", batching=BatchingConfig(linger_ms=2.0))
     producer = Producer(cfg)
     print("STARTED", flush=True)
+    while args.go is not None and not args.go.exists():
+        time.sleep(0.01)
     pending: collections.deque[tuple[int, int, concurrent.futures.Future[SendResult]]] = collections.deque()
     cv = threading.Condition()
     sending_done = threading.Event()
