@@ -49,6 +49,16 @@ messages = st.builds(
 message_lists = st.lists(messages, min_size=1, max_size=8)
 
 
+@pytest.fixture(params=["default", "tiny"])
+def read_sizes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a recovery test with the scan's buffers as they are and with tiny ones, so batches
+    and search candidates straddle every read-ahead window and search chunk boundary."""
+    if request.param == "tiny":
+        monkeypatch.setattr(log_mod, "_WINDOW_BYTES", 7)
+        monkeypatch.setattr(log_mod, "_SEARCH_CHUNK_BYTES", 5)
+    return str(request.param)
+
+
 def msg(i: int, size: int = 10) -> Message:
     return Message(payload=bytes([i % 251]) * size, key=str(i).encode(), timestamp_us=i)
 
@@ -380,7 +390,7 @@ def _check_recovered(data: Path, raws: list[bytes], counts: list[int], kept: int
             assert log.sync() == sum(counts[: kept + 1])
 
 
-def test_torn_tail_at_every_byte_of_the_last_batch(tmp_path: Path) -> None:
+def test_torn_tail_at_every_byte_of_the_last_batch(tmp_path: Path, read_sizes: str) -> None:
     batches = [[msg(0), msg(1)], [msg(2)], [msg(3), Message(b"", key=None, headers=(("k", b"v"),)), msg(5, 30)]]
     raws = build(batches)
     counts = [len(b) for b in batches]
@@ -414,7 +424,7 @@ def test_cut_anywhere_recovers_exactly_the_complete_batches(batches: list[list[M
         _check_recovered(d, raws, [len(b) for b in batches], kept, len(content) - at)
 
 
-def test_bad_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+def test_bad_last_batch_is_a_torn_tail(tmp_path: Path, read_sizes: str) -> None:
     """Rule: nothing valid follows it, so a damaged last batch is treated as a torn write,
     whichever field is hit (length, CRC, first_offset, body)."""
     raws = build([[msg(0)], [msg(1), msg(2)]])
@@ -429,7 +439,7 @@ def test_bad_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
 # -- recovery: corrupt middle ---------------------------------------------------------------
 
 
-def test_every_bit_flip_in_a_middle_batch_raises_corrupt_log(tmp_path: Path) -> None:
+def test_every_bit_flip_in_a_middle_batch_raises_corrupt_log(tmp_path: Path, read_sizes: str) -> None:
     raws = build([[msg(0)], [msg(1), Message(b"", key=b"", headers=(("h", b"\xa1"),))], [msg(3)]])
     whole = b"".join(raws)
     mid_at = len(raws[0])
@@ -462,7 +472,7 @@ def test_random_bit_flip_before_the_tail_is_never_skipped(batches: list[list[Mes
         assert info.value.position == at
 
 
-def test_corrupt_length_that_looks_like_a_short_last_batch(tmp_path: Path) -> None:
+def test_corrupt_length_that_looks_like_a_short_last_batch(tmp_path: Path, read_sizes: str) -> None:
     """A middle batch whose length field points past the end of the file must not be taken
     for a torn tail: the valid batch after it proves the file went on."""
     raws = build([[msg(0)], [msg(1)], [msg(2)], [msg(3)]])
@@ -605,3 +615,16 @@ def test_iter_file_batches_and_paths(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         list(iter_file_batches(tmp_path / "nope"))
     assert split_batches(path.read_bytes()[: sum(map(len, raws))]) == raws
+
+
+def test_iter_file_batches_survives_the_file_shrinking(tmp_path: Path, read_sizes: str) -> None:
+    """A reader outside the broker may race a truncate (recovery, reconcile, disk full):
+    it reads less, it does not crash (no mmap, so no SIGBUS) and it never invents data."""
+    raws = build([[msg(0)], [msg(1)], [msg(2)]])
+    path = write_segment(tmp_path, b"".join(raws))
+    it = iter_file_batches(path)
+    first = next(it)
+    assert first[0].first_offset == 0
+    os.truncate(path, len(raws[0]) + 10)  # batch 1 is cut in the middle
+    rest = list(it)
+    assert [h.first_offset for h, _ in rest] in ([], [1, 2])  # [1, 2]: already read ahead
