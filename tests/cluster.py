@@ -422,6 +422,39 @@ class LoadConsumer(_LoadThread):
                f"stats {c.statistics() if c is not None else None}"
 
 
+# -- load under faults ------------------------------------------------------------------------------
+
+LOAD_RATE = 4000.0  # msgs/s: continuous load, so a fault lands while messages flow both ways
+FINISH_S = 90.0  # deadline for producer and consumers to finish after a fault
+
+
+def start_load(cluster: Cluster, n: int, **consumer_options: Any) -> tuple[LoadProducer, LoadConsumer]:
+    """A producer thread (seqs 0..n-1 at LOAD_RATE) and a consumer thread (subscription "s"),
+    both writing audit files under ``base/audit``."""
+    producer = cluster.producer(n=n, rate=LOAD_RATE, audit_dir=cluster.base / "audit")
+    consumer = cluster.consumer(until=n - 1, audit_dir=cluster.base / "audit", **consumer_options)
+    producer.start()
+    consumer.start()
+    return producer, consumer
+
+
+def wait_acked(producer: LoadProducer, count: int, timeout_s: float = 60.0) -> None:
+    """Under load: wait until ``count`` messages were acked (the moment to inject a fault)."""
+    def progressed() -> bool:
+        if producer.error is not None:
+            raise AssertionError(f"producer failed: {producer.error!r}")
+        return len(producer.acked) >= count
+
+    wait_until(progressed, timeout_s=timeout_s, interval_s=0.005, what=f"{count} acks ({producer.describe()})")
+
+
+def finish(producer: LoadProducer, *consumers: LoadConsumer) -> None:
+    """Wait for the producer and consumers to complete (raising their errors)."""
+    producer.join(FINISH_S)
+    for c in consumers:
+        c.join(FINISH_S)
+
+
 # -- fixtures ------------------------------------------------------------------------------------
 
 

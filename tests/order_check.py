@@ -15,10 +15,12 @@ same rules at scale over audit files; this one is for tests and needs nothing in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import attrs
 
+from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
 from tests.helpers.load import AckRec, DeliveryRec
 
 MAX_REPORTED = 20
@@ -111,6 +113,45 @@ def check_delivery(
         raise AssertionError("order check failed:\n  " + "\n  ".join(problems))
     return Summary(acked=len(acked_by_seq), delivered=len(seen), redelivered=redelivered,
                    last_seq=max(seen, default=-1))
+
+
+def read_audit(audit_dir: Path, subscription: str) -> tuple[list[AckRec], list[list[DeliveryRec]]]:
+    """Acks and one subscription's deliveries (one list per consumer, in delivery order) from
+    the SDK's audit files (docs/AUDIT_FORMAT.md), for ``check_delivery``. Audit rows carry a
+    payload CRC, not the payload: the CRC must match the acked one."""
+    acked: list[AckRec] = []
+    for path in _audit_files(audit_dir / "acks"):
+        for row in _rows(path, ACK_COLUMNS):
+            acked.append(AckRec(seq=int(row["seq"]), crc=int(row["crc32"])))
+    by_consumer: dict[str, list[DeliveryRec]] = {}
+    for path in _audit_files(audit_dir / "deliveries"):
+        for row in _rows(path, DELIVERY_COLUMNS):
+            if row["subscription"] != subscription:
+                continue
+            seq = int(row["seq"])
+            by_consumer.setdefault(row["consumer"], []).append(
+                DeliveryRec(seq=seq, payload_seq=seq, writer="", intact=True, crc=int(row["crc32"])))
+    return acked, list(by_consumer.values())
+
+
+def _audit_files(folder: Path) -> list[Path]:
+    """Files of each writer in roll order (``<writer>-<n>.tsv``, or a crashed writer's ``.part``)."""
+    def key(p: Path) -> tuple[str, int]:
+        stem = p.name.split(".tsv")[0]
+        writer, _, n = stem.rpartition("-")
+        return writer, int(n)
+
+    return sorted((p for p in folder.glob("*.tsv*") if p.name.endswith((".tsv", ".tsv.part"))), key=key)
+
+
+def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    lines = path.read_text(encoding="ascii").split("\n")
+    if lines[0].split("\t") != list(columns):
+        raise AssertionError(f"{path}: header {lines[0]!r} is not {columns}")
+    for line in lines[1:]:
+        fields = line.split("\t")
+        if len(fields) == len(columns):  # a crashed writer's torn last line is dropped
+            yield dict(zip(columns, fields, strict=True))
 
 
 def _ranges(seqs: list[int], limit: int = 5) -> str:

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster import Cluster, ConsumerProgram, cluster_fixture  # noqa: F401 - fixture
+from tests.cluster import FINISH_S, LOAD_RATE, Cluster, ConsumerProgram, cluster_fixture  # noqa: F401 - fixture
 from tests.order_check import check_delivery
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 
 N = 20_000
-RATE = 4000.0
-FINISH_S = 90.0
 
 
 def start_pair(cluster: Cluster, n: int, **options: object) -> tuple[ConsumerProgram, ConsumerProgram]:
@@ -51,7 +49,7 @@ def check_takeover(cluster: Cluster, acked: list, leader: ConsumerProgram, stand
 def test_consumer_leader_killed(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
-    producer = cluster.producer(n=N, rate=RATE)
+    producer = cluster.producer(n=N, rate=LOAD_RATE)
     producer.start()
     leader, standby = start_pair(cluster, N)
     wait_until(lambda: leader.delivered_count() >= N // 3, timeout_s=60, interval_s=0.01,
@@ -68,7 +66,7 @@ def test_consumer_leader_dies_inside_a_delivered_batch(cluster: Cluster) -> None
     cluster.create_queue()
     n = N // 2
     leader, standby = start_pair(cluster, n, commit_every=1, crash_at=n * 3 // 4)
-    producer = cluster.producer(n=n, rate=RATE)
+    producer = cluster.producer(n=n, rate=LOAD_RATE)
     producer.start()
     assert leader.wait_exit(60) == -9
     producer.join(FINISH_S)
@@ -81,7 +79,7 @@ def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     n = 80_000
-    producer = cluster.producer(n=n, rate=RATE)
+    producer = cluster.producer(n=n, rate=LOAD_RATE)
     producer.start()
     instances = [cluster.spawn_consumer("c0", until=n - 1)]
     instances[0].wait_leader()

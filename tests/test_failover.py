@@ -15,39 +15,32 @@ from broker_group.errors import SegmentNotWritable
 from broker_group.log import Message, encode_batch
 from coordinator.state import SegStatus
 from ordq.errors import OrdqError
-from tests.cluster import Cluster, LoadConsumer, LoadProducer, cluster_fixture  # noqa: F401 - fixture
-from tests.order_check import check_delivery
+from tests.cluster import (  # noqa: F401 - cluster_fixture
+    FINISH_S,
+    LOAD_RATE,
+    Cluster,
+    LoadConsumer,
+    LoadProducer,
+    cluster_fixture,
+    finish,
+    start_load,
+    wait_acked,
+)
+from tests.order_check import check_delivery, read_audit
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 
-N = 20_000  # messages per default test: ~5 s of load at 4,000 msgs/s
-RATE = 4000.0
-FINISH_S = 90.0  # deadline for producer and consumer to finish after a fault
+N = 20_000  # messages per default test: ~5 s of load at LOAD_RATE
 
 
-def start_load(cluster: Cluster, n: int, **consumer_options: object) -> tuple[LoadProducer, LoadConsumer]:
-    producer = cluster.producer(n=n, rate=RATE, audit_dir=cluster.base / "audit")
-    consumer = cluster.consumer(until=n - 1, audit_dir=cluster.base / "audit", **consumer_options)
-    producer.start()
-    consumer.start()
-    return producer, consumer
-
-
-def wait_acked(producer: LoadProducer, count: int, timeout_s: float = 60.0) -> None:
-    """Under load: wait until ``count`` messages were acked (the moment to inject a fault)."""
-    def progressed() -> bool:
-        if producer.error is not None:
-            raise AssertionError(f"producer failed: {producer.error!r}")
-        return len(producer.acked) >= count
-
-    wait_until(progressed, timeout_s=timeout_s, interval_s=0.005, what=f"{count} acks ({producer.describe()})")
-
-
-def finish(producer: LoadProducer, *consumers: LoadConsumer) -> None:
-    producer.join(FINISH_S)
-    for c in consumers:
-        c.join(FINISH_S)
+def check_run(cluster: Cluster, producer: LoadProducer, consumer: LoadConsumer, n: int) -> None:
+    """The order check over what the threads saw, and over the SDK's audit files (what the
+    Spark verifier reads): both must find seq 0..n-1, every acked one, once and in order."""
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == n
+    acked, instances = read_audit(cluster.base / "audit", "s")
+    assert check_delivery(acked, instances) == summary
 
 
 def open_seg(cluster: Cluster) -> int:
@@ -70,8 +63,7 @@ def test_head_master_killed(cluster: Cluster) -> None:
     cluster.head().master.kill()
     finish(producer, consumer)
 
-    summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == N
+    check_run(cluster, producer, consumer, N)
     assert producer.stats is not None and producer.stats.failovers >= 1
     assert producer.stats.head == "g2"
     assert_sealed_or_popped(cluster, seg0)  # sealed from the slave (its master is dead)
@@ -86,8 +78,7 @@ def test_head_slave_killed(cluster: Cluster) -> None:
     cluster.head().slave.kill()
     finish(producer, consumer)
 
-    summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == N
+    check_run(cluster, producer, consumer, N)
     assert producer.stats is not None and producer.stats.failovers >= 1
     assert_sealed_or_popped(cluster, seg0)  # sealed from the master
 
@@ -119,8 +110,7 @@ def test_both_processes_of_head_group_killed(cluster: Cluster) -> None:
     cluster.restart(g1.slave)
     cluster.restart(g1.master)
     consumer.join(FINISH_S)
-    summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == N
+    check_run(cluster, producer, consumer, N)
     assert_sealed_or_popped(cluster, seg0)
 
 
@@ -145,8 +135,7 @@ def test_head_master_hung_then_resumed(cluster: Cluster) -> None:
     finally:
         g1.master.resume()
     finish(producer, consumer)
-    summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == N
+    check_run(cluster, producer, consumer, N)
 
     zk_seg = cluster.state().segment(seg0)
     assert zk_seg is not None and zk_seg.status is SegStatus.SEALED and zk_seg.end is not None, zk_seg
@@ -178,7 +167,7 @@ def test_two_subscriptions_at_different_speeds(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     n = N // 2
-    producer = cluster.producer(n=n, rate=RATE)
+    producer = cluster.producer(n=n, rate=LOAD_RATE)
     fast = cluster.consumer(until=n - 1, sub="fast")
     slow = cluster.consumer(until=n - 1, sub="slow", pause_s=0.05, fetch_max_bytes=32 << 10)
     producer.start()
@@ -219,5 +208,4 @@ def test_repeated_head_faults_long(cluster: Cluster, fault: str) -> None:
         for v in victims:
             cluster.restart(v)
     finish(producer, consumer)
-    summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == n
+    check_run(cluster, producer, consumer, n)

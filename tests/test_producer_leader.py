@@ -12,6 +12,8 @@ import pytest
 
 from sdk import Producer, ProducerConfig
 from tests.cluster import (
+    FINISH_S,
+    LOAD_RATE,
     SESSION_TIMEOUT_S,
     Cluster,
     LoadConsumer,
@@ -26,13 +28,11 @@ from tests.util import wait_until
 pytestmark = pytest.mark.zk
 
 N = 20_000
-RATE = 4000.0
-FINISH_S = 90.0
 
 
 def leader_and_standby(cluster: Cluster, n: int) -> tuple[ProducerProgram, ProducerProgram]:
-    leader = cluster.spawn_producer("P1", total=n, rate=RATE, hold=True)
-    standby = cluster.spawn_producer("P2", total=n, rate=RATE, hold=True)
+    leader = cluster.spawn_producer("P1", total=n, rate=LOAD_RATE, hold=True)
+    standby = cluster.spawn_producer("P2", total=n, rate=LOAD_RATE, hold=True)
     leader.go()
     leader.wait_leader()
     standby.go()
@@ -148,10 +148,10 @@ def test_producer_leaders_killed_and_hung_in_turn_long(cluster: Cluster) -> None
     consumer = cluster.consumer(until=n - 1)
     consumer.start()
     path = cluster.paths.producer_leader("q")
-    programs = [cluster.spawn_producer("P1", total=n, rate=RATE)]
+    programs = [cluster.spawn_producer("P1", total=n, rate=LOAD_RATE)]
     programs[0].wait_leader()
     for k in range(2, 6):
-        standby = cluster.spawn_producer(f"P{k}", total=n, rate=RATE, hold=True)
+        standby = cluster.spawn_producer(f"P{k}", total=n, rate=LOAD_RATE, hold=True)
         standby.go()
         wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
                    what="a standby waiting")

@@ -1,0 +1,81 @@
+"""Faults of the coordination layer under continuous load (DESIGN §6): one ZooKeeper node of a
+3-node ensemble killed, and the coordinator daemon killed. Neither may cost a message, reorder
+one, or make the producer fail over.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from kazoo.recipe.election import Election
+
+from coordinator.state import SegStatus
+from ordq.zk_server import ZkServer
+from tests.cluster import Cluster, cluster_fixture, finish, start_load, wait_acked  # noqa: F401 - fixture
+from tests.order_check import check_delivery
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+N = 20_000
+
+
+@pytest.mark.ensemble
+def test_zookeeper_leader_node_killed(cluster: Cluster, zk_ensemble: ZkServer) -> None:
+    """The ensemble's leader (the worst single node to lose: every client is cut off until a
+    new one is elected) is killed -9 under load: no effect on produce or consume."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 3)
+    victim = zk_ensemble.leader()
+    assert victim is not None
+    try:
+        zk_ensemble.kill(victim)
+        wait_acked(producer, N // 3 + 2000)  # load goes on while ZooKeeper re-elects
+        finish(producer, consumer)
+    finally:
+        zk_ensemble.restart(victim)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
+
+
+def test_coordinator_daemon_killed(cluster: Cluster) -> None:
+    """Two coordinator daemons; the leading one is killed -9 under load: produce and consume
+    go on untouched (no failover, nothing lost), and the standby, now elected, does the
+    duties: with no producer running, only it fails the head over when the head dies."""
+    cluster.add_groups("g1", "g2", "g3")
+    cluster.create_queue()
+    daemons = [cluster.start_daemon(f"coordinator-{i}") for i in (1, 2)]
+    election = Election(cluster.store.client, cluster.paths.coordinator_leader)
+
+    def leader_pid() -> int | None:
+        first = (election.contenders() or [None])[0]
+        return int(first.rsplit("-", 1)[1]) if first else None
+
+    wait_until(leader_pid, timeout_s=30, what="a coordinator leader")
+    leading = next(d for d in daemons if d.pid == leader_pid())
+    standby = next(d for d in daemons if d is not leading)
+    metrics_url = standby.wait_for_line("METRICS ", timeout_s=5)
+
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 4)
+    leading.kill()
+    wait_until(lambda: leader_pid() == standby.pid, timeout_s=30, what="the standby daemon to be elected")
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
+
+    head = cluster.head()
+    seg = cluster.state().open_segment
+    assert seg is not None
+    head.master.kill()
+    st = cluster.wait_state(lambda s: s.head != head.gid and (x := s.segment(seg.seg)) is not None
+                            and x.status is SegStatus.SEALED, what="the standby daemon to fail over and seal")
+    assert st.open_segment is not None and st.open_segment.gid != head.gid
+    body = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    assert "ordq_coordinator_leader 1" in body
+    assert 'ordq_coordinator_actions_total{kind="fail_over"}' in body, body
