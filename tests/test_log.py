@@ -180,6 +180,7 @@ def test_crc_valid_but_structurally_broken_batch_is_refused() -> None:
         _recrc(raw, {HEAD_BYTES - 4: struct.pack("<I", 1)}),  # count says 1, two messages follow
     ):
         parse_header(bad)  # the CRC alone cannot see it...
+        parse_header(bad, verify_crc=False)
         with pytest.raises(CorruptLog):
             check_messages(bad)  # ...the structure walk can
         with pytest.raises(CorruptLog):
@@ -264,6 +265,10 @@ def test_append_checks_offset_and_crc(tmp_path: Path) -> None:
         log.append(broken, check_structure=True)
     log.append(second, check_structure=True)
     assert log.sync() == 2
+    third = build([[msg(0)], [msg(1)], [msg(2)]])[2]
+    log.append(flip(third, len(third) * 8 - 1), verify_crc=False)  # the caller's word is taken for the CRC...
+    with pytest.raises(CorruptLog):
+        log.append(stamp_offset(third[:-1], 3), verify_crc=False)  # ...but not for the header
     log.close()
 
 
