@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster import FINISH_S, LOAD_RATE, Cluster, ConsumerProgram, cluster_fixture  # noqa: F401 - fixture
+from sdk import Consumer, ConsumerConfig
+from tests.cluster import (  # noqa: F401 - cluster_fixture
+    FINISH_S,
+    LOAD_RATE,
+    SESSION_TIMEOUT_S,
+    Cluster,
+    ConsumerProgram,
+    cluster_fixture,
+)
 from tests.order_check import check_delivery
 from tests.util import wait_until
 
@@ -71,6 +79,32 @@ def test_consumer_leader_dies_inside_a_delivered_batch(cluster: Cluster) -> None
     assert leader.wait_exit(60) == -9
     producer.join(FINISH_S)
     check_takeover(cluster, producer.acked, leader, standby)
+
+
+def test_iterating_consumer_commits_only_what_the_application_finished(cluster: Cluster) -> None:
+    """``for m in consumer`` inside ``with``: an error while handling seq K commits up to K-1
+    (K is redelivered); leaving the loop after receiving K commits K."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer = cluster.producer(n=3000, rate=None)
+    producer.start()
+    producer.join(FINISH_S)
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
+                         zk_session_timeout_s=SESSION_TIMEOUT_S)
+
+    class AppFailed(Exception):
+        pass
+
+    with pytest.raises(AppFailed), Consumer(cfg) as c:
+        for m in c:
+            if m.seq == 1500:
+                raise AppFailed
+    assert cluster.store.get_cursor("q", "s")[0].last_seq == 1499
+    with Consumer(cfg) as c:
+        for m in c:
+            assert m.seq == 1500
+            break
+    assert cluster.store.get_cursor("q", "s")[0].last_seq == 1500
 
 
 @pytest.mark.slow

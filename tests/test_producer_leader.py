@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from broker_group.log import Message, encode_batch
+from ordq.errors import FencedError
 from sdk import Producer, ProducerConfig
 from tests.cluster import (
     FINISH_S,
@@ -106,6 +108,20 @@ def test_producer_leader_hung_then_resumed_is_fenced(cluster: Cluster) -> None:
     check_handover(p1, p2, consumer, N)
     done = p2.event("done")
     assert done is not None and done["stats"]["failovers"] == 0, done
+
+    # A batch of the old epoch delayed in the network, arriving now, is refused too.
+    st = cluster.state()
+    assert st.open_segment is not None
+    master = cluster.store.live_members(st.open_segment.gid)["master"]
+    old_epoch = st.producer_epoch - 1
+    stream = cluster.transport.open_produce(master.address, "q", st.open_segment.seg, old_epoch)
+    try:
+        stream.send([encode_batch([Message(payload=make_payload(N, "P1", 200))], epoch=old_epoch, first_seq=N)])
+        with pytest.raises(FencedError):
+            for ack in stream.acks():
+                raise AssertionError(f"a write of the fenced epoch was acked: {ack}")
+    finally:
+        stream.close()
 
 
 def test_last_committed_after_producer_crash(cluster: Cluster) -> None:
