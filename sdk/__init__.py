@@ -11,10 +11,11 @@
 """
 
 from sdk._consumer_core import CommitConfig
+from sdk._futures import SendFuture, SendResult
 from sdk._producer_core import BatchingConfig
 from sdk.aio import AsyncConsumer, AsyncProducer
 from sdk.consumer import Consumer, ConsumerConfig, Delivered
-from sdk.producer import Producer, ProducerConfig, SendResult, StoredMessage
+from sdk.producer import Producer, ProducerConfig, StoredMessage
 
 __all__ = [
     "AsyncConsumer",
@@ -26,6 +27,7 @@ __all__ = [
     "Delivered",
     "Producer",
     "ProducerConfig",
+    "SendFuture",
     "SendResult",
     "StoredMessage",
 ]

@@ -78,16 +78,23 @@ class ProducerCore:
 
     # -- adding ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _approx_size(message: Message) -> int:
+        return len(message.payload) + len(message.key or b"") + 32
+
+    def starts_batch(self, message: Message) -> bool:
+        """Will ``add(message)`` put it first in a new batch (none open, or the open one full)?"""
+        return not self._open or (
+            len(self._open) >= self.config.max_batch_messages
+            or self._open_bytes + self._approx_size(message) > self.config.max_batch_bytes
+        )
+
     def add(self, message: Message, token: object, now_s: float) -> int:
         """Assign the next seq to ``message`` and put it in the open batch; return the seq."""
-        seq = self.next_seq + len(self._open)
-        approx = len(message.payload) + len(message.key or b"") + 32
-        if self._open and (
-            len(self._open) >= self.config.max_batch_messages
-            or self._open_bytes + approx > self.config.max_batch_bytes
-        ):
+        approx = self._approx_size(message)
+        if self._open and self.starts_batch(message):
             self._cut()
-            seq = self.next_seq
+        seq = self.next_seq + len(self._open)
         if not self._open:
             self._open_since = now_s
         self._open.append(message)

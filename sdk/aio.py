@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
+from sdk._futures import SendFuture, SendResult
 from sdk.consumer import Consumer, ConsumerConfig, Delivered
-from sdk.producer import Producer, ProducerConfig, SendResult, StoredMessage
+from sdk.producer import Producer, ProducerConfig, StoredMessage
 from sdk.transport import BrokerTransport
 
 
@@ -34,7 +35,7 @@ class AsyncProducer:
     ) -> asyncio.Future[SendResult]:
         """Queue a message (may wait for window space); returns an awaitable ack."""
         fut = await asyncio.to_thread(self._sync.send, payload, key=key, headers=headers)
-        return asyncio.wrap_future(fut)
+        return _to_asyncio(fut)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         await asyncio.to_thread(self._sync.flush, timeout_s)
@@ -74,3 +75,21 @@ class AsyncConsumer:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)
+
+
+def _to_asyncio(fut: SendFuture) -> asyncio.Future[SendResult]:
+    """An asyncio future settled (on its loop) when the send future is."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Future[SendResult] = loop.create_future()
+
+    def settle(f: SendFuture) -> None:
+        error = f.exception(0)
+        if out.done():
+            return
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(f.result(0))
+
+    fut.add_done_callback(lambda f: loop.call_soon_threadsafe(settle, f))
+    return out

@@ -12,7 +12,6 @@ them, watches the ack deadline, runs failover) and one ack reader per stream.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -42,6 +41,7 @@ from ordq.errors import (
     OrdqError,
     WaitTimeout,
 )
+from sdk._futures import BatchOutcome, SendFuture
 from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.transport import Ack, BrokerTransport, ProduceStream
@@ -67,13 +67,6 @@ class ProducerConfig:
     def __attrs_post_init__(self) -> None:
         if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
             raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
-
-
-@attrs.frozen
-class SendResult:
-    seq: int
-    seg: int
-    offset: int
 
 
 @attrs.frozen
@@ -114,6 +107,7 @@ class Producer:
         self._gid: str | None = None
         self._last: tuple[int, int, int] | None = None  # (seq, seg, offset) of the stored tail
         self._audit = AuditWriter(config.audit_dir, "acks", writer_id=config.producer_id) if config.audit_dir else None
+        self._open_outcome = BatchOutcome()
         self._send_us: dict[int, int] = {}  # first seq of batch -> send time (audit only)
         self._client: KazooClient | None = None
         self._store: ZkStore | None = None
@@ -193,9 +187,10 @@ class Producer:
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
         timeout_s: float | None = None,
-    ) -> concurrent.futures.Future[SendResult]:
+    ) -> SendFuture:
         """Queue one message; returns a future resolved with its (seq, seg, offset) once both
-        replicas synced it. Blocks while ``max_inflight_bytes`` are unacked (backpressure).
+        replicas synced it (``sdk._futures.SendFuture``: result/exception/done/
+        add_done_callback). Blocks while ``max_inflight_bytes`` are unacked (backpressure).
 
         Raises MessageTooLarge, FencedError (another leader took over), ClosedError.
         """
@@ -203,7 +198,6 @@ class Producer:
         size = len(payload) + len(key or b"") + sum(len(k) + len(v) for k, v in headers)
         if size > limit:
             raise MessageTooLarge(size, limit)
-        fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
         msg = Message(payload=payload, key=key, headers=tuple(headers), timestamp_us=time.time_ns() // 1000)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
@@ -216,8 +210,13 @@ class Producer:
                 if left is not None and left <= 0:
                     raise WaitTimeout("send(): in-flight window stayed full")
                 self._lock.wait(left if left is not None else 0.1)
-            cut_before = self._core.next_seq
-            self._core.add(msg, fut, time.monotonic())
+            core = self._core
+            if core.starts_batch(msg):
+                self._open_outcome = BatchOutcome()  # one per batch: they are acked together
+            # add() gives the message seq next_seq + open_count, whether or not it cuts first.
+            fut = SendFuture(core.next_seq + core.open_count, self._open_outcome)
+            cut_before = core.next_seq
+            core.add(msg, fut, time.monotonic())
             self._stats.sent += 1
             # Wake the sender only when it has something new to act on: a batch was cut, or a
             # new open batch started (its linger deadline). Waking it per message costs a
@@ -523,15 +522,15 @@ class Producer:
         rows: list[tuple[object, ...]] | None = [] if self._audit is not None else None
         ack_us = time.time_ns() // 1000
         for b in done:
-            send_us = self._send_us.pop(b.first_seq, ack_us) if rows is not None else 0
-            for i, (m, fut) in enumerate(zip(b.messages, b.tokens, strict=True)):
-                seq = b.first_seq + i
-                if rows is not None:
-                    rows.append((self.config.queue, self.config.producer_id, b.epoch, seq, ack.seg,
-                                 offset, (m.key or b"").hex(), zlib.crc32(m.payload), send_us, ack_us))
-                assert isinstance(fut, concurrent.futures.Future)
-                fut.set_result(SendResult(seq=seq, seg=ack.seg, offset=offset))
-                offset += 1
+            if rows is not None:
+                send_us = self._send_us.pop(b.first_seq, ack_us)
+                rows.extend((self.config.queue, self.config.producer_id, b.epoch, b.first_seq + i, ack.seg,
+                             offset + i, (m.key or b"").hex(), zlib.crc32(m.payload), send_us, ack_us)
+                            for i, m in enumerate(b.messages))
+            first = b.tokens[0]
+            assert isinstance(first, SendFuture)
+            first._outcome.acked(seg=ack.seg, first_offset=offset, first_seq=b.first_seq)
+            offset += b.count
         if rows and self._audit is not None:
             self._audit.write_rows(rows)
 
@@ -544,10 +543,9 @@ class Producer:
     def _fail_pending(self, exc: BaseException) -> None:
         with self._lock:
             tokens = self._core.drop_all() if self._core is not None else []
-        for fut in tokens:
-            assert isinstance(fut, concurrent.futures.Future)
-            if not fut.done():
-                fut.set_exception(exc)
+        outcomes = {id(fut._outcome): fut._outcome for fut in tokens if isinstance(fut, SendFuture)}
+        for outcome in outcomes.values():
+            outcome.failed(exc)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -117,3 +117,18 @@ def test_commit_policy_by_count_and_time() -> None:
     p.committed(0.2)
     p.delivered(3)
     assert p.due(0.21)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 600), min_size=1, max_size=200), st.integers(1, 8), st.integers(64, 2048))
+def test_starts_batch_predicts_exactly_where_add_starts_a_batch(sizes: list[int], per: int, limit: int) -> None:
+    """The producer gives each batch one outcome by asking starts_batch before add: a wrong
+    prediction would resolve a message with another batch's offsets."""
+    c = ProducerCore(BatchingConfig(max_batch_messages=per, max_batch_bytes=limit, max_inflight_bytes=1 << 30),
+                     epoch=1, next_seq=0)
+    for i, n in enumerate(sizes):
+        m = Message(payload=b"x" * n)
+        predicted = c.starts_batch(m)
+        seq = c.add(m, token=i, now_s=0.0)
+        assert seq == i
+        assert predicted == (c.open_count == 1)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import logging
 import sys
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 import attrs
 
 from ordq.errors import FencedError
-from sdk import Producer, ProducerConfig, SendResult
+from sdk import Producer, ProducerConfig, SendFuture
 from sdk._producer_core import BatchingConfig
 from tests.helpers.load import RecordWriter, make_payload, parse_payload
 
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print("STARTED", flush=True)
     while args.go is not None and not args.go.exists():
         time.sleep(0.01)
-    pending: collections.deque[tuple[int, int, concurrent.futures.Future[SendResult]]] = collections.deque()
+    pending: collections.deque[tuple[int, int, SendFuture]] = collections.deque()
     cv = threading.Condition()
     sending_done = threading.Event()
     failure: list[BaseException] = []

@@ -1,0 +1,64 @@
+"""Send futures: one outcome per batch, one tiny future per message (sdk/_futures.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from ordq.errors import FencedError
+from sdk._futures import BatchOutcome, SendFuture, SendResult
+from sdk.aio import _to_asyncio
+
+
+def test_each_message_gets_its_own_offset_from_the_batch_ack() -> None:
+    outcome = BatchOutcome()
+    futs = [SendFuture(seq, outcome) for seq in range(10, 14)]
+    assert not any(f.done() for f in futs)
+    with pytest.raises(TimeoutError):
+        futs[0].result(timeout=0.01)
+    outcome.acked(seg=3, first_offset=100, first_seq=10)
+    assert [f.result() for f in futs] == [SendResult(seq=s, seg=3, offset=100 + s - 10) for s in range(10, 14)]
+    assert all(f.done() and f.exception() is None for f in futs)
+
+
+def test_a_failed_batch_fails_every_message_and_the_first_verdict_stands() -> None:
+    outcome = BatchOutcome()
+    fut = SendFuture(5, outcome)
+    err = FencedError("q", 1, 2)
+    outcome.failed(err)
+    outcome.acked(seg=0, first_offset=0, first_seq=5)  # too late: ignored
+    assert fut.exception() is err
+    with pytest.raises(FencedError):
+        fut.result()
+
+
+def test_callbacks_run_once_in_order_and_at_once_when_already_settled() -> None:
+    outcome = BatchOutcome()
+    calls: list[tuple[str, int]] = []
+    a, b = SendFuture(1, outcome), SendFuture(2, outcome)
+    a.add_done_callback(lambda f: calls.append(("a", f.seq)))
+    b.add_done_callback(lambda f: calls.append(("b", f.seq)))
+    threading.Thread(target=lambda: outcome.acked(seg=0, first_offset=0, first_seq=1)).start()
+    b.result(timeout=5)
+    b.add_done_callback(lambda f: calls.append(("late", f.seq)))
+    assert calls == [("a", 1), ("b", 2), ("late", 2)]
+
+
+def test_the_asyncio_bridge_settles_on_the_loop() -> None:
+    async def main() -> tuple[SendResult, BaseException | None]:
+        ok, bad = BatchOutcome(), BatchOutcome()
+        f_ok, f_bad = _to_asyncio(SendFuture(7, ok)), _to_asyncio(SendFuture(8, bad))
+        threading.Thread(target=lambda: ok.acked(seg=1, first_offset=0, first_seq=7)).start()
+        threading.Thread(target=lambda: bad.failed(FencedError("q", 1, 2))).start()
+        result = await f_ok
+        try:
+            await f_bad
+        except FencedError as exc:
+            return result, exc
+        return result, None
+
+    result, error = asyncio.run(main())
+    assert result == SendResult(seq=7, seg=1, offset=0)
+    assert isinstance(error, FencedError)
