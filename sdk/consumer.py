@@ -278,6 +278,10 @@ class Consumer:
         self._commit(self._returned)
 
     def _commit(self, cur: Cursor) -> None:
+        if self._audit is not None:
+            # The audit rows of what the cursor covers reach the file first: after a crash the
+            # standby starts past them, so rows still in the buffer would read as lost.
+            self._audit.flush()
         store = self._require_store()
         self._cursor_version = store.commit_cursor(self.config.queue, self.config.subscription, cur,
                                                    self._cursor_version)
