@@ -60,7 +60,12 @@ from tests.helpers.load import (
 from tests.util import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
-SESSION_TIMEOUT_S = 1.0  # brokers and test clients (ZooKeeper here ticks every 200 ms)
+SESSION_TIMEOUT_S = 1.0  # brokers (ZooKeeper here ticks every 200 ms, so 1 s is allowed)
+# Producers and consumers keep the SDK's default. With 1 s, kazoo must get a ping answered
+# within ~0.3 s, which a busy Python process on a shared 2-core machine misses now and then:
+# the session expires and a live leader loses its election (safe, it is fenced, but it is not
+# the fault a test injected).
+CLIENT_SESSION_TIMEOUT_S = 2.0
 SEND_TIMEOUT_S = 1.0  # producer ack deadline in these tests
 
 log = logging.getLogger("tests.cluster")
@@ -139,7 +144,7 @@ class Cluster:
 
     def spawn_producer(self, writer: str, *, total: int, queue: str = "q", rate: float | None = None,
                        size: int = 200, send_timeout_s: float = SEND_TIMEOUT_S,
-                       session_timeout_s: float = SESSION_TIMEOUT_S, hold: bool = False) -> ProducerProgram:
+                       session_timeout_s: float = CLIENT_SESSION_TIMEOUT_S, hold: bool = False) -> ProducerProgram:
         """A producer program; with ``hold`` it starts (imports, ~1-4 s on a busy machine) but
         connects only on ``go()``, so a test can have a standby ready before load flows."""
         out = self.base / f"producer-{writer}.jsonl"
@@ -157,7 +162,7 @@ class Cluster:
 
     def spawn_consumer(self, name: str, *, until: int, queue: str = "q", sub: str = "s",
                        commit_every: int = 1000, commit_ms: float = 200.0, crash_at: int | None = None,
-                       session_timeout_s: float = SESSION_TIMEOUT_S, hold: bool = False) -> ConsumerProgram:
+                       session_timeout_s: float = CLIENT_SESSION_TIMEOUT_S, hold: bool = False) -> ConsumerProgram:
         """A consumer program (``hold``: as for ``spawn_producer``)."""
         out = self.base / f"consumer-{name}.jsonl"
         go = self.base / f"consumer-{name}.go"
@@ -338,7 +343,7 @@ class LoadProducer(_LoadThread):
         super().__init__(f"load-producer-{writer}")
         self.cluster, self.n, self.queue, self.writer, self.size, self.rate = cluster, n, queue, writer, size, rate
         self.config = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue,
-                                     send_timeout_s=send_timeout_s, zk_session_timeout_s=SESSION_TIMEOUT_S,
+                                     send_timeout_s=send_timeout_s, zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
                                      audit_dir=audit_dir, batching=BatchingConfig(linger_ms=2.0))
         self.acked: list[AckRec] = []
         self.stats: ProducerStats | None = None
@@ -391,7 +396,7 @@ class LoadConsumer(_LoadThread):
         super().__init__(f"load-consumer-{sub}")
         self.until, self.pause_s = until, pause_s
         self.config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue, subscription=sub,
-                                     zk_session_timeout_s=SESSION_TIMEOUT_S, audit_dir=audit_dir,
+                                     zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit_dir,
                                      fetch_max_bytes=fetch_max_bytes,
                                      commit=CommitConfig(every_messages=1000, every_ms=200.0))
         self.delivered: list[DeliveryRec] = []

@@ -12,9 +12,9 @@ import pytest
 
 from sdk import Consumer, ConsumerConfig
 from tests.cluster import (  # noqa: F401 - cluster_fixture
+    CLIENT_SESSION_TIMEOUT_S,
     FINISH_S,
     LOAD_RATE,
-    SESSION_TIMEOUT_S,
     Cluster,
     ConsumerProgram,
     cluster_fixture,
@@ -90,7 +90,7 @@ def test_iterating_consumer_commits_only_what_the_application_finished(cluster: 
     producer.start()
     producer.join(FINISH_S)
     cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                         zk_session_timeout_s=SESSION_TIMEOUT_S)
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
 
     class AppFailed(Exception):
         pass

@@ -14,9 +14,9 @@ from broker_group.log import Message, encode_batch
 from ordq.errors import FencedError
 from sdk import Producer, ProducerConfig
 from tests.cluster import (
+    CLIENT_SESSION_TIMEOUT_S,
     FINISH_S,
     LOAD_RATE,
-    SESSION_TIMEOUT_S,
     Cluster,
     LoadConsumer,
     ProducerProgram,
@@ -136,7 +136,7 @@ def test_last_committed_after_producer_crash(cluster: Cluster) -> None:
     p1.proc.kill()
     acked = p1.acks()
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q",
-                         zk_session_timeout_s=SESSION_TIMEOUT_S, leader_timeout_s=30)
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30)
     with Producer(cfg) as p2:
         last = p2.last_committed()
         assert last is not None and last.message is not None
