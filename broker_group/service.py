@@ -437,6 +437,7 @@ class Broker:
                 except (DiskFull, OSError, ValueError, CorruptLog) as exc:
                     error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
                     log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
+                    self._drop_unsynced(s)
                 with self._cv:
                     s.syncing = False
                     if error is None and end is not None:
@@ -446,6 +447,18 @@ class Broker:
                     else:
                         self._fail_segment(s, error or DiskFull("write failed"))
                     self._cv.notify_all()
+
+    @staticmethod
+    def _drop_unsynced(s: Segment) -> None:
+        """After a failed group commit, forget batches appended but not synced, so the log ends
+        exactly at what is durable (a later reconcile appends from there)."""
+        with s.io_lock:
+            if s.log is None:
+                return
+            try:
+                s.log.truncate(s.log.synced_end)
+            except (OrdqError, OSError, ValueError) as exc:
+                log.error("segment %s/%d: cannot drop unsynced batches: %s", *s.key, exc)
 
     def _fail_segment(self, s: Segment, error: OrdqError) -> None:
         """The disk refused a write: stop writing this segment and fail its producers (they
@@ -658,6 +671,8 @@ class Broker:
                 self._reconcile_round()
             except OrdqError as exc:
                 log.info("reconcile round deferred: %s", exc)
+            except Exception:  # a bug must not silently end reconciliation for good
+                log.exception("reconcile round failed")
             self._kick_reconcile.wait(self.config.reconcile_interval_s)
             self._kick_reconcile.clear()
 
