@@ -195,9 +195,10 @@ def test_two_subscriptions_at_different_speeds(cluster: Cluster) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["master", "slave", "both"])
+@pytest.mark.parametrize("fault", ["master", "slave", "both", "hang"])
 def test_repeated_head_faults_long(cluster: Cluster, fault: str) -> None:
-    """Slow variant: 100,000 messages, the head hit four times (restarted each time)."""
+    """Slow variant: 100,000 messages, the head hit four times (restarted, or resumed, each
+    time)."""
     cluster.add_groups("g1", "g2", "g3")
     cluster.create_queue()
     n = 100_000
@@ -205,11 +206,18 @@ def test_repeated_head_faults_long(cluster: Cluster, fault: str) -> None:
     for round_ in range(4):
         wait_acked(producer, (round_ + 1) * n // 6, timeout_s=120)
         head = cluster.head()
-        victims = {"master": [head.master], "slave": [head.slave], "both": [head.master, head.slave]}[fault]
+        victims = {"master": [head.master], "slave": [head.slave], "both": [head.master, head.slave],
+                   "hang": [head.master]}[fault]
         for v in victims:
-            v.kill()
+            v.pause()
+        if fault != "hang":
+            for v in victims:
+                v.kill()
         cluster.wait_state(lambda s, g=head.gid: s.head != g, what="the head to move")
         for v in victims:
-            cluster.restart(v)
+            if fault == "hang":
+                v.resume()
+            else:
+                cluster.restart(v)
     finish(producer, consumer)
     check_run(cluster, producer, consumer, n)
