@@ -238,6 +238,8 @@ class Producer:
                 if left is not None and left <= 0:
                     raise WaitTimeout(f"flush(): {len(self._core.unacked)} batches still unacked")
                 self._lock.wait(min(left, 0.1) if left is not None else 0.1)
+            if self._fatal is not None:  # it stopped and failed what was pending: not acked
+                raise self._fatal
 
     def _raise_if_stopped(self) -> None:
         if self._fatal is not None:
