@@ -1,0 +1,298 @@
+"""The drills: every fault of DESIGN §6, plus a stale producer, a torn tail and a corrupt batch.
+
+Each ``inject`` runs at a random moment of a steady load (``drills.runner``), marks the fault
+(``ctx.fault``: the failover time runs from there), and plays the fault's story through to
+its end — a killed process is restarted, a hung one resumed, a full disk freed — so the run
+then finishes and the cluster is whole for the next drill. ``check`` functions add what must
+be true of the finished run beyond the verifier's verdict (the fault had its effect).
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+from broker_group.log import Message, encode_batch, iter_file_batches
+from coordinator.state import SegStatus
+from drills.audit import AckRow, DeliveryRow
+from drills.runner import Drill, DrillContext, DrillError
+from drills.workload import EXIT_FENCED
+
+_ROLES = ("master", "slave")
+
+
+# -- head group faults ---------------------------------------------------------------------------
+
+
+def _kill_head(ctx: DrillContext, roles: tuple[str, ...]) -> tuple[str, int]:
+    gid, seg = ctx.head()
+    for role in roles:
+        ctx.cluster.broker(gid, role).kill()
+    ctx.fault(f"kill -9 {' and '.join(roles)} of {gid} (head, segment {seg})", kind="segment", seg=seg)
+    return gid, seg
+
+
+def kill_head_master(ctx: DrillContext) -> None:
+    gid, seg = _kill_head(ctx, ("master",))
+    ctx.wait_acks_after(seg)
+    ctx.restart_broker(gid, "master")
+
+
+def kill_head_slave(ctx: DrillContext) -> None:
+    gid, seg = _kill_head(ctx, ("slave",))
+    ctx.wait_acks_after(seg)
+    ctx.restart_broker(gid, "slave")
+
+
+def kill_head_group(ctx: DrillContext) -> None:
+    gid, seg = _kill_head(ctx, _ROLES)
+    ctx.wait_acks_after(seg)
+    ctx.hold(1.0, f"both processes of {gid} down: consumers wait at segment {seg}")
+    first = ctx.rng.choice(_ROLES)
+    ctx.restart_broker(gid, first)  # one process back is enough to seal and drain the segment
+    ctx.restart_broker(gid, "slave" if first == "master" else "master")
+
+
+def _pause_head(ctx: DrillContext, role: str) -> None:
+    gid, seg = ctx.head()
+    member = ctx.cluster.broker(gid, role)
+    member.pause()
+    ctx.fault(f"SIGSTOP {gid} {role} (head, segment {seg})", kind="segment", seg=seg)
+    ctx.wait_acks_after(seg)
+    member.resume()
+    ctx.event(f"SIGCONT {gid} {role}")
+    # Its ZooKeeper session expired while it hung: it registers itself live again.
+    ctx.wait(lambda: member.incarnation in {i.incarnation for i in _live(ctx, gid).values()},
+             timeout_s=30, what=f"{gid} {role} to be live again after SIGCONT")
+    ctx.event(f"{gid} {role} live again")
+
+
+def pause_head_master(ctx: DrillContext) -> None:
+    _pause_head(ctx, "master")
+
+
+def pause_head_slave(ctx: DrillContext) -> None:
+    _pause_head(ctx, "slave")
+
+
+def _live(ctx: DrillContext, gid: str) -> dict[str, Any]:
+    with ctx.cluster.store() as store:
+        return store.live_members(gid)
+
+
+# -- client faults ---------------------------------------------------------------------------------
+
+
+def kill_producer(ctx: DrillContext) -> None:
+    leader = ctx.leader("producer")
+    leader.proc.kill()
+    ctx.fault(f"kill -9 the producer leader {leader.proc.name}", kind="producer", writer=leader.writer)
+    ctx.wait(lambda: any(w is not leader and _took_over(w) for w in ctx.producers),
+             timeout_s=30, what="the standby producer to take over and get acks")
+    ctx.event("standby producer leads and is acked")
+
+
+def _took_over(w: Any) -> bool:
+    st = w.status()
+    return st.get("acked", 0) > 0 or (st.get("state") == "done" and st.get("next_seq") is not None)
+
+
+def stale_producer(ctx: DrillContext) -> None:
+    leader = ctx.leader("producer")
+    leader.proc.pause()
+    ctx.fault(f"SIGSTOP the producer leader {leader.proc.name} (its connection hangs mid-stream)",
+              kind="producer", writer=leader.writer)
+    standby = ctx.wait(lambda: next((w for w in ctx.producers if w is not leader and _took_over(w)), None),
+                       timeout_s=30, what="the standby producer to take over and get acks")
+    ctx.notes["takeover_us"] = standby.status().get("first_ack_us")
+    ctx.event(f"standby {standby.proc.name} took over (epoch {standby.status().get('epoch')}); "
+              f"resuming the stale leader")
+    leader.proc.resume()
+    ctx.notes["stale"] = leader
+    ctx.wait(lambda: not leader.proc.alive(), timeout_s=30, what="the stale producer to stop")
+    ctx.event(f"stale producer exited: {leader.status().get('state')}: {leader.status().get('error', '')[:100]}")
+
+
+def check_stale_producer(ctx: DrillContext, acks: list[AckRow], _d: list[DeliveryRow]) -> list[tuple[str, bool]]:
+    stale = ctx.notes.get("stale")
+    takeover = ctx.notes.get("takeover_us")
+    if stale is None or takeover is None:
+        return [("the stale producer was resumed after the takeover", False)]
+    # Acks of batches stored before the takeover may reach the stale producer late (they sat
+    # in its socket while it hung); a batch it sent late must never be stored: no ack to it
+    # may cover a seq the new leader wrote.
+    first_new = min((a.seq for a in acks if a.producer != stale.writer and a.ack_us >= takeover), default=None)
+    late = [a for a in acks if a.producer == stale.writer and first_new is not None and a.seq >= first_new]
+    return [
+        ("the stale producer's late batches were refused: it stopped with FencedError",
+         stale.proc.returncode == EXIT_FENCED),
+        (f"no ack to the stale producer for a seq the new leader wrote ({len(late)} found)", not late),
+    ]
+
+
+def kill_consumer(ctx: DrillContext) -> None:
+    leader = ctx.leader("consumer")
+    leader.proc.kill()
+    ctx.fault(f"kill -9 the consumer leader {leader.proc.name}", kind="consumer", writer=leader.writer)
+    ctx.wait(lambda: any(w is not leader and w.status().get("delivered", 0) > 0 for w in ctx.consumers),
+             timeout_s=30, what="the standby consumer to take over and deliver")
+    ctx.event("standby consumer leads and delivers")
+
+
+# -- coordination faults ---------------------------------------------------------------------------
+
+
+def kill_zk_node(ctx: DrillContext) -> None:
+    zk = ctx.cluster.zk
+    i = ctx.rng.randrange(len(zk.processes))
+    mode = next((s.mode for s in zk.status() if s.node == i), None)
+    zk.kill(i)
+    ctx.fault(f"kill -9 ZooKeeper node {i + 1} of {len(zk.processes)} ({mode})")
+    ctx.hold(2.0, "two of three ZooKeeper nodes serve")
+    zk.restart(i)
+    ctx.event(f"ZooKeeper node {i + 1} restarted; ensemble serving")
+
+
+def kill_coordinator(ctx: DrillContext) -> None:
+    cluster = ctx.cluster
+    leader = ctx.wait(cluster.coordinator_leader, timeout_s=30, what="a coordinator leader")
+    proc = next(p for p in cluster.coordinators if p.name == leader)
+    proc.kill()
+    ctx.fault(f"kill -9 the leading coordinator daemon {leader}")
+    if len(cluster.coordinators) > 1:
+        new = ctx.wait(lambda: (lambda n: n if n not in (None, leader) else None)(cluster.coordinator_leader()),
+                       timeout_s=30, what="a standby coordinator to take over")
+        ctx.expect(f"standby coordinator {new} took over the duties", True)
+    cluster.restart_coordinator(leader)
+    ctx.event(f"restarted {leader}")
+
+
+# -- disk faults -----------------------------------------------------------------------------------
+
+
+def torn_tail(ctx: DrillContext) -> None:
+    gid, seg = ctx.head()
+    role = ctx.rng.choice(_ROLES)
+    member = ctx.cluster.broker(gid, role)
+    member.kill()
+    path = ctx.segment_file(gid, role, seg)
+    # An append cut short by the crash: the first part of a valid batch (docs/LOG_FORMAT.md).
+    batch = encode_batch([Message(payload=b"torn" * 64)] * 4, epoch=1, first_seq=1 << 40)
+    cut = ctx.rng.randrange(20, len(batch) - 1)
+    with open(path, "ab") as f:
+        f.write(batch[:cut])
+    ctx.fault(f"kill -9 {gid} {role} (head, segment {seg}) and append {cut} bytes of a torn batch to its "
+              f"segment.log", kind="segment", seg=seg)
+    ctx.wait_acks_after(seg)
+    ctx.restart_broker(gid, role)
+    stats = ctx.broker_stats(gid, role)
+    ctx.expect(f"the restarted {role} truncated and counted the torn tail "
+               f"({stats.get('torn_bytes_truncated', 0)} bytes)", stats.get("torn_bytes_truncated", 0) >= cut)
+
+
+def corrupt_batch(ctx: DrillContext) -> None:
+    # The master's copy: readers prefer the master, so the consumer (started after the fault,
+    # a subscriber that lags) meets the damage and must read the slave until it is repaired.
+    gid, seg = ctx.head()
+    role = "master"
+    member = ctx.cluster.broker(gid, role)
+    member.kill()
+    ctx.fault(f"kill -9 {gid} {role} (head, segment {seg}); its copy will be corrupted", kind="segment", seg=seg)
+    ctx.wait_acks_after(seg)
+    def sealed(st: Any) -> bool:
+        z = st.segment(seg)
+        return z is None or z.status is SegStatus.SEALED
+
+    with ctx.cluster.store() as store:  # sealed from the other replica
+        store.wait_state(ctx.queue, sealed, timeout_s=30)
+    path = ctx.segment_file(gid, role, seg)
+    positions = []
+    pos = 0
+    for header, _messages in iter_file_batches(path):
+        positions.append((pos, header))
+        pos += header.length
+    if len(positions) < 3:
+        ctx.expect(f"segment {seg} of {gid} {role} has a middle batch ({len(positions)} batches)", False)
+        ctx.restart_broker(gid, role)
+        return
+    at, header = positions[ctx.rng.randrange(1, len(positions) - 1)]
+    flip = at + header.length - 1 - ctx.rng.randrange(max(1, min(header.length - 40, 64)))  # inside the payloads
+    with open(path, "r+b") as f:
+        f.seek(flip)
+        byte = f.read(1)
+        f.seek(flip)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    ctx.event(f"flipped byte {flip} of {path.name} (batch at offset {header.first_offset}, "
+              f"{len(positions)} batches) in {gid} {role}'s copy of sealed segment {seg}")
+    ctx.restart_broker(gid, role)
+    stats = ctx.broker_stats(gid, role)
+    ctx.expect("the restarted replica reported the corrupt segment instead of serving it",
+               stats.get("corrupt_segments", 0) >= 1)
+    try:
+        ctx.wait(lambda: ctx.broker_stats(gid, role).get("reconciled", 0) >= 1, timeout_s=30,
+                 what="the corrupt copy to be rebuilt from the peer")
+        rebuilt = True
+    except DrillError:
+        rebuilt = False
+    kept = list(path.parent.glob("segment.log.corrupt-*"))
+    ctx.expect(f"the corrupt copy was set aside ({kept[0].name if kept else 'none'}) and rebuilt from the peer",
+               rebuilt and bool(kept))
+
+
+def disk_full(ctx: DrillContext) -> None:
+    gid, seg = ctx.head()
+    member = ctx.cluster.broker(gid, "master")
+    pid = member.proc.pid
+    assert pid is not None
+    path = ctx.segment_file(gid, "master", seg)
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    # The head master can no longer grow its files: its next write fails (EFBIG) just as a
+    # full disk fails it (ENOSPC), without filling the machine's disk.
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (path.stat().st_size, hard))
+    ctx.fault(f"disk full on {gid} master (head, segment {seg}): its files cannot grow", kind="segment", seg=seg)
+    try:
+        ctx.wait_acks_after(seg)
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+    ctx.event(f"space back on {gid} master")
+    log = member.proc.log_tail(400)
+    ctx.expect("the master reported the failed write", "write failed" in log)
+    ctx.restart_broker(gid, "master")
+
+
+# -- the catalogue ---------------------------------------------------------------------------------
+
+DRILLS: dict[str, Drill] = {d.name: d for d in (
+    Drill("kill-head-master", "head master killed (-9)",
+          "producer fails over to the next group and resends; old segment sealed from the slave; consumer drains "
+          "it from the slave, then moves on", kill_head_master),
+    Drill("kill-head-slave", "head slave killed (-9)",
+          "master can no longer ack: fail over; seal from the master", kill_head_slave),
+    Drill("kill-head-group", "both processes of the head group killed (-9)",
+          "producers fail over; consumers wait at that segment until one process returns", kill_head_group),
+    Drill("pause-head-master", "head master hung (SIGSTOP), resumed later",
+          "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_master),
+    Drill("pause-head-slave", "head slave hung (SIGSTOP), resumed later",
+          "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_slave),
+    Drill("kill-producer", "producer leader killed (-9)",
+          "standby takes over, fences, continues", kill_producer, standby_producer=True),
+    Drill("stale-producer", "producer leader hung (SIGSTOP) and resumed after a standby took over",
+          "standby takes over and fences; the old leader's delayed batches are refused", stale_producer,
+          standby_producer=True, check=check_stale_producer),
+    Drill("kill-consumer", "consumer leader killed (-9)",
+          "standby resumes from the committed cursor, in order", kill_consumer, standby_consumer=True),
+    Drill("kill-zk-node", "one ZooKeeper node of three killed (-9)", "no effect", kill_zk_node,
+          needs_ensemble=True),
+    Drill("kill-coordinator", "leading coordinator daemon killed (-9)",
+          "no effect on produce/consume; a standby takes its duties", kill_coordinator),
+    Drill("torn-tail", "head replica killed and restarted with a torn tail",
+          "the torn tail is truncated and counted", torn_tail),
+    Drill("corrupt-batch", "a middle batch of one replica's sealed segment corrupted",
+          "the replica reports it and does not serve it; rebuilt from its peer; consumers read the peer",
+          corrupt_batch, late_consumer=True),
+    Drill("disk-full", "disk full on the head master",
+          "clear error and fail over, never silent loss", disk_full),
+)}
+
+# The CI-sized subset run by the default test run (the rest: tox -e slow).
+CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch")

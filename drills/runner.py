@@ -1,0 +1,541 @@
+"""Run a drill: steady load through a real cluster, one fault at a random moment, a verdict.
+
+A drill (``drills.catalog``) on a :class:`ordq.local_cluster.LocalCluster`:
+
+1. heals the cluster (starts whatever a previous drill left down) and creates a fresh queue;
+2. starts a consumer and a producer process (``drills.workload``; standbys too when the
+   fault hits the producer or the consumer leader), writing audit files;
+3. once acks flow, waits a random part of the run (seeded) and injects its fault, which
+   also undoes it when the fault's story says so (restart, resume, free the disk);
+4. lets the producers finish the stream (seqs 0..N-1) and the consumer deliver all of it;
+5. asks ``spark_order_check`` for the verdict over the audit files (``drills.verdict``),
+   and checks that the fault had its effect (it failed over, the stale producer was fenced,
+   the torn tail was counted, ...): a fault that did nothing proves nothing.
+
+The result row: messages acked/delivered, lost, reordered, duplicates handed to the app,
+failover time (fault → first ack on the new segment / by the new leader), verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+import attrs
+
+from drills import audit
+from drills.workload import now_us, read_status
+from ordq.errors import OrdqError
+from ordq.local_cluster import LocalCluster
+from ordq.proc import ManagedProcess
+
+T = TypeVar("T")
+
+SUBSCRIPTION = "drill"
+
+
+class DrillError(OrdqError):
+    """The drill itself could not go on (a wait ran out, a process would not start)."""
+
+
+@attrs.frozen(kw_only=True)
+class LoadConfig:
+    """The steady load of a drill."""
+
+    messages: int = 20_000
+    rate: float = 4_000.0  # messages per second
+    size: int = 100  # payload bytes
+    send_timeout_s: float = 1.0  # producer ack deadline: how fast a hung head is given up
+    session_timeout_s: float = 1.0  # producer/consumer ZooKeeper sessions: how fast a standby takes over
+
+    @property
+    def duration_s(self) -> float:
+        return self.messages / self.rate
+
+
+@attrs.define(eq=False)
+class Workload:
+    """One producer or consumer process of a drill."""
+
+    writer: str
+    role: str  # producer | consumer
+    proc: ManagedProcess
+    status_path: Path
+
+    def status(self) -> dict[str, Any]:
+        return read_status(self.status_path)
+
+    def leading(self) -> bool:
+        return self.status().get("state") in ("leading", "done")
+
+
+@attrs.frozen
+class Drill:
+    """A fault and what must happen (DESIGN §6)."""
+
+    name: str
+    fault: str
+    must: str
+    inject: Callable[[DrillContext], None]
+    standby_producer: bool = False
+    standby_consumer: bool = False
+    late_consumer: bool = False  # the consumer starts after the fault (it finds the damage unread)
+    needs_ensemble: bool = False
+    # extra checks over the finished run (acks, deliveries) -> [(what, ok)]
+    check: Callable[[DrillContext, list[audit.AckRow], list[audit.DeliveryRow]], list[tuple[str, bool]]] | None = None
+
+
+@attrs.define(eq=False)
+class DrillContext:
+    """What a fault needs: the cluster, the run's processes, a seeded rng, deadlines."""
+
+    cluster: LocalCluster
+    drill: Drill
+    round: int
+    rng: random.Random
+    queue: str
+    run_dir: Path
+    load: LoadConfig
+    out: TextIO | None = None
+    started: float = attrs.field(factory=time.monotonic)
+    producers: list[Workload] = attrs.field(factory=list)
+    consumers: list[Workload] = attrs.field(factory=list)
+    events: list[tuple[float, str]] = attrs.field(factory=list)
+    fault_us: int | None = None
+    fault_seg: int | None = None
+    fault_writer: str | None = None
+    failover_kind: str | None = None  # segment | producer | consumer
+    expectations: list[tuple[str, bool]] = attrs.field(factory=list)
+    notes: dict[str, Any] = attrs.field(factory=dict)
+
+    # -- record --------------------------------------------------------------------------
+
+    def event(self, text: str) -> None:
+        t = time.monotonic() - self.started
+        self.events.append((t, text))
+        if self.out is not None:
+            self.out.write(f"    {t:6.2f}s  {text}\n")
+            self.out.flush()
+
+    def fault(self, text: str, *, kind: str | None = None, seg: int | None = None, writer: str | None = None) -> None:
+        """Mark the moment of the fault (call it right before or after doing it)."""
+        self.fault_us = now_us()
+        self.failover_kind, self.fault_seg, self.fault_writer = kind, seg, writer
+        self.event(f"FAULT: {text}")
+
+    def expect(self, what: str, ok: bool, *, quiet: bool = False) -> None:
+        """Record something the fault must have caused (a drill with an unmet one fails)."""
+        self.expectations.append((what, bool(ok)))
+        if not quiet:
+            self.event(f"{'ok' if ok else 'NOT MET'}: {what}")
+
+    # -- wait ----------------------------------------------------------------------------
+
+    def wait(self, condition: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
+        deadline = time.monotonic() + timeout_s
+        interval = 0.01
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                raise DrillError(f"{self.drill.name}: timed out after {timeout_s:g}s waiting for {what}")
+            time.sleep(interval)
+            interval = min(interval * 1.5, 0.1)
+
+    def hold(self, seconds: float, why: str) -> None:
+        """Keep a fault in place for a while: part of its story, not a wait for a condition."""
+        self.event(f"holding {seconds:.1f}s: {why}")
+        time.sleep(seconds)
+
+    # -- facts ---------------------------------------------------------------------------
+
+    def head(self, timeout_s: float = 15.0) -> tuple[str, int]:
+        """(group, segment) of the queue's open segment now."""
+        with self.cluster.store() as store:
+            st = store.wait_state(self.queue, lambda s: s.open_segment is not None, timeout_s=timeout_s)
+        seg = st.open_segment
+        assert seg is not None
+        return seg.gid, seg.seg
+
+    def leader(self, role: str) -> Workload:
+        group = self.producers if role == "producer" else self.consumers
+        return self.wait(lambda: next((w for w in group if w.proc.alive() and w.status().get("state") == "leading"),
+                                      None), timeout_s=30, what=f"a leading {role}")
+
+    def wait_acks_after(self, seg: int, timeout_s: float = 30.0) -> int:
+        """Wait until a producer got an ack on a segment after ``seg``; return that segment."""
+        def later() -> int | None:
+            for w in self.producers:
+                segs = [int(s) for s in w.status().get("seg_first_ack_us", {})]
+                later = [s for s in segs if s > seg]
+                if later:
+                    return min(later)
+            return None
+
+        new = self.wait(later, timeout_s=timeout_s, what=f"an ack on a segment after {seg}")
+        self.event(f"producer acked on segment {new}")
+        return new
+
+    def restart_broker(self, gid: str, role: str) -> str:
+        address = self.cluster.restart_broker(gid, role)
+        self.event(f"restarted {gid} {role} at {address}")
+        return address
+
+    def broker_stats(self, gid: str, role: str) -> dict[str, Any]:
+        """The broker's Health statistics ({} when it does not answer)."""
+        import json
+
+        from broker_group.client import GrpcTransport
+
+        with self.cluster.store() as store:
+            info = store.live_members(gid).get(role)
+        if info is None:
+            return {}
+        transport = GrpcTransport(rpc_timeout_s=2.0)
+        try:
+            stats: dict[str, Any] = json.loads(transport.health(info.address).stats_json or "{}")
+            return stats
+        except OrdqError:
+            return {}
+        finally:
+            transport.close()
+
+    def segment_file(self, gid: str, role: str, seg: int) -> Path:
+        from broker_group.log import SEGMENT_FILE, segment_dir
+
+        return segment_dir(self.cluster.broker(gid, role).data_dir, self.queue, seg) / SEGMENT_FILE
+
+    # -- processes -----------------------------------------------------------------------
+
+    def start_workload(self, role: str) -> Workload:
+        group = self.producers if role == "producer" else self.consumers
+        name = f"{role[0]}{len(group) + 1}"
+        writer = f"{name}-{self.queue}"
+        status = self.run_dir / f"{name}.status.json"
+        c, load = self.cluster, self.load
+        argv = [c.python, "-m", "drills.workload", "produce" if role == "producer" else "consume",
+                "--zk", c.zk_hosts, "--root", c.root, "--queue", self.queue, "--total", str(load.messages),
+                "--status", str(status), "--writer", writer, "--audit-dir", str(self.run_dir / "audit"),
+                "--session-timeout", str(load.session_timeout_s)]
+        if role == "producer":
+            argv += ["--rate", str(load.rate), "--size", str(load.size), "--send-timeout", str(load.send_timeout_s)]
+        else:
+            argv += ["--subscription", SUBSCRIPTION]
+        proc = ManagedProcess(name, argv, run_dir=self.run_dir)
+        proc.start()
+        w = Workload(writer=writer, role=role, proc=proc, status_path=status)
+        group.append(w)
+        proc.wait_for_line("STARTED", timeout_s=60)
+        return w
+
+
+@attrs.frozen
+class DrillResult:
+    name: str
+    round: int
+    seed: int
+    queue: str
+    ok: bool
+    verdict: str
+    acked: int = 0
+    delivered: int = 0
+    lost: int | None = None
+    reordered: int | None = None
+    duplicates: int | None = None
+    redelivered: int | None = None
+    failover_s: float | None = None
+    seconds: float = 0.0
+    expectations: tuple[tuple[str, bool], ...] = ()
+    events: tuple[tuple[float, str], ...] = ()
+    run_dir: str = ""
+    report: Any = None
+    skipped: bool = False
+
+    def row(self) -> dict[str, Any]:
+        dups = None if self.duplicates is None else str(self.duplicates) + (
+            f" (+{self.redelivered} redelivered)" if self.redelivered else "")
+        return {
+            "drill": self.name, "round": self.round, "acked": self.acked, "delivered": self.delivered,
+            "lost": self.lost, "reordered": self.reordered, "dups": dups,
+            "failover": None if self.failover_s is None else f"{self.failover_s * 1000:.0f} ms",
+            "seconds": f"{self.seconds:.1f}", "verdict": self.verdict,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self, filter=lambda a, _v: a.name != "report")
+        d["report"] = self.report.to_dict() if self.report is not None else None
+        return d
+
+
+TABLE_COLUMNS = ["drill", "round", "acked", "delivered", "lost", "reordered", "dups", "failover", "seconds",
+                 "verdict"]
+
+
+def drill_seed(seed: int, name: str, round_: int) -> int:
+    return random.Random(f"{seed}:{name}:{round_}").randrange(1 << 31)
+
+
+@attrs.define(eq=False)
+class DrillRun:
+    """A drill that ran (load and fault) and waits for its verdict."""
+
+    ctx: DrillContext
+    seed: int
+    seconds: float
+    error: str | None = None
+    skipped: str | None = None
+
+    @property
+    def audit_dir(self) -> Path:
+        return self.ctx.run_dir / "audit"
+
+
+def execute_drill(
+    cluster: LocalCluster,
+    drill: Drill,
+    *,
+    round_: int = 1,
+    seed: int = 0,
+    load: LoadConfig | None = None,
+    tamper: str | None = None,
+    out: TextIO | None = None,
+) -> DrillRun:
+    """Run one drill's load and fault on ``cluster`` (healed first); the verdict comes later
+    (``judge``), so that one Spark job can verify a whole series. ``tamper`` ('lose' or
+    'reorder') is the test hook that alters the recorded deliveries before the verdict."""
+    load = load or LoadConfig()
+    run_seed = drill_seed(seed, drill.name, round_)
+    rng = random.Random(run_seed)
+    started = time.monotonic()
+    queue = f"drill-{drill.name}-r{round_}-{secrets.token_hex(3)}"
+    run_dir = cluster.folder / "drills" / queue
+    run_dir.mkdir(parents=True)
+    ctx = DrillContext(cluster=cluster, drill=drill, round=round_, rng=rng, queue=queue, run_dir=run_dir,
+                       load=load, out=out)
+    if drill.needs_ensemble and not cluster.zk.ensemble:
+        return DrillRun(ctx=ctx, seed=run_seed, seconds=0.0,
+                        skipped="SKIP (needs a 3-node ZooKeeper: ordq up --zk-nodes 3)")
+    error: str | None = None
+    try:
+        healed = cluster.heal()
+        if healed:
+            ctx.event(f"healed the cluster: started {', '.join(healed)}")
+        with cluster.store() as store:
+            store.create_queue(queue)
+        _run_load(ctx)
+        cluster.heal()
+        if tamper:
+            ctx.event(f"TEST HOOK: {audit.tamper(run_dir / 'audit', tamper, rng)}")
+    except (OrdqError, OSError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        ctx.event(f"drill error: {error}")
+    finally:
+        for w in ctx.producers + ctx.consumers:
+            with contextlib.suppress(OrdqError):
+                w.proc.stop(timeout_s=5)
+    return DrillRun(ctx=ctx, seed=run_seed, seconds=time.monotonic() - started, error=error)
+
+
+def judge_all(runs: Sequence[DrillRun], verify: Callable[..., Any], *, keep: bool = False,
+              report_path: Path | None = None) -> list[DrillResult]:
+    """One verification (``verify(audit_dirs, report_path=...)`` -> spark_order_check Report)
+    over every run that has audit files; each drill's findings are those of its queue."""
+    ready = [r for r in runs if r.error is None and r.skipped is None and _has_audit(r.audit_dir)]
+    report = None
+    error = None
+    if ready:
+        try:
+            report = verify([r.audit_dir for r in ready], report_path=report_path)
+        except (OrdqError, OSError, ValueError) as exc:
+            error = f"verifier: {type(exc).__name__}: {exc}"
+    results = [_judge(r, report if r in ready else None, error) for r in runs]
+    for run, res in zip(runs, results, strict=True):
+        if res.ok and not keep and not res.skipped:
+            with contextlib.suppress(OrdqError), run.ctx.cluster.store() as store:
+                store.delete_queue(run.ctx.queue)
+            shutil.rmtree(run.ctx.run_dir, ignore_errors=True)
+    return results
+
+
+def _has_audit(audit_dir: Path) -> bool:
+    return all(any((audit_dir / kind).glob("*.tsv*")) for kind in ("acks", "deliveries"))
+
+
+def run_drill(
+    cluster: LocalCluster,
+    drill: Drill,
+    *,
+    verify: Callable[..., Any],
+    round_: int = 1,
+    seed: int = 0,
+    load: LoadConfig | None = None,
+    tamper: str | None = None,
+    keep: bool = False,
+    out: TextIO | None = None,
+) -> DrillResult:
+    """Run one drill and verify it (see ``execute_drill`` and ``judge_all``)."""
+    run = execute_drill(cluster, drill, round_=round_, seed=seed, load=load, tamper=tamper, out=out)
+    return judge_all([run], verify, keep=keep, report_path=run.ctx.run_dir / "report.json")[0]
+
+
+def _run_load(ctx: DrillContext) -> None:
+    load, drill = ctx.load, ctx.drill
+    if not drill.late_consumer:
+        ctx.start_workload("consumer")
+    first = ctx.start_workload("producer")
+    ctx.wait(first.leading, timeout_s=60, what="the producer to lead")
+    if drill.standby_producer:
+        ctx.start_workload("producer")
+    if drill.standby_consumer and not drill.late_consumer:
+        ctx.wait(ctx.consumers[0].leading, timeout_s=60, what="the consumer to lead")
+        ctx.start_workload("consumer")
+    ctx.wait(lambda: first.status().get("acked", 0) > 0, timeout_s=60, what="the first ack")
+    ctx.event(f"load running: {load.messages} messages at {load.rate:g}/s, "
+              f"{len(ctx.producers)} producer(s), {len(ctx.consumers)} consumer(s)")
+    # The random moment of the fault: when the stream is 20-60 % acked (a moment in time would
+    # fall after the end of the stream on a slow machine).
+    at = int(ctx.rng.uniform(0.2, 0.6) * load.messages)
+    ctx.wait(lambda: sum(w.status().get("acked", 0) for w in ctx.producers) >= at,
+             timeout_s=load.duration_s * 4 + 60, what=f"{at} messages acked")
+    drill.inject(ctx)
+    if drill.late_consumer:
+        ctx.start_workload("consumer")
+        ctx.event("consumer started")
+    budget = load.duration_s * 4 + 90
+
+    def producers_done() -> bool:
+        return all(not w.proc.alive() for w in ctx.producers)
+
+    try:
+        ctx.wait(producers_done, timeout_s=budget, what="the producers to finish the stream")
+    except DrillError as exc:
+        ctx.expect(f"the producers finished ({exc})", False)
+        for w in ctx.producers:
+            w.proc.stop(timeout_s=5)
+    for w in ctx.producers:
+        st = w.status()
+        ctx.event(f"{w.writer.split('-')[0]} exited ({w.proc.returncode}): {st.get('state')}, "
+                  f"acked {st.get('acked')}, failovers {st.get('failovers')}")
+
+    def consumers_done() -> bool:
+        return all(not w.proc.alive() for w in ctx.consumers)
+
+    # A standby consumer leads once the first exits, finds its cursor at the end and exits too.
+    try:
+        ctx.wait(consumers_done, timeout_s=60 + load.duration_s, what="the consumers to deliver the stream")
+    except DrillError as exc:
+        ctx.expect(f"the consumers finished ({exc})", False)
+        for w in ctx.consumers:
+            w.proc.stop(timeout_s=5)
+    for w in ctx.consumers:
+        st = w.status()
+        ctx.event(f"{w.writer.split('-')[0]} exited ({w.proc.returncode}): {st.get('state')}, "
+                  f"delivered {st.get('delivered')}, last seq {st.get('last_seq')}")
+
+
+def _failover_s(ctx: DrillContext, acks: list[audit.AckRow], deliveries: list[audit.DeliveryRow]) -> float | None:
+    t0 = ctx.fault_us
+    if t0 is None or ctx.failover_kind is None:
+        return None
+    if ctx.failover_kind == "segment" and ctx.fault_seg is not None:
+        times = [a.ack_us for a in acks if a.seg > ctx.fault_seg and a.ack_us >= t0]
+    elif ctx.failover_kind == "producer":
+        times = [a.ack_us for a in acks if a.producer != ctx.fault_writer and a.ack_us >= t0]
+    elif ctx.failover_kind == "consumer":
+        times = [d.deliver_us for d in deliveries if d.consumer != ctx.fault_writer and d.deliver_us >= t0]
+    else:
+        return None
+    return (min(times) - t0) / 1e6 if times else None
+
+
+def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResult:
+    ctx = run.ctx
+    base = {"name": ctx.drill.name, "round": ctx.round, "seed": run.seed, "queue": ctx.queue,
+            "seconds": run.seconds, "run_dir": str(ctx.run_dir)}
+    if run.skipped is not None:
+        return DrillResult(**base, ok=True, skipped=True, verdict=run.skipped)
+    acks = audit.read_acks(run.audit_dir)
+    deliveries = audit.read_deliveries(run.audit_dir)
+    acked = {a.seq for a in acks}
+    delivered = {d.seq for d in deliveries}
+    error = run.error
+    if error is None:
+        top = max(acked, default=-1)
+        ctx.expect(f"the stream completed: last acked seq {top} of {ctx.load.messages - 1}",
+                   top == ctx.load.messages - 1, quiet=True)
+        ctx.expect(f"the consumers delivered messages ({len(delivered)})", bool(delivered), quiet=True)
+        if ctx.drill.check is not None:
+            for what, ok in ctx.drill.check(ctx, acks, deliveries):
+                ctx.expect(what, ok, quiet=True)
+    unmet = [what for what, ok in ctx.expectations if not ok]
+    counts: dict[str, int] = {}
+    violations: dict[str, int] = {}
+    if report is not None:
+        for c in report.classes:
+            # The queue is unique to this drill; a finding of no queue counts against every drill.
+            n = sum(k for q, _s, k in c.by_subscription if q in (ctx.queue, None))
+            counts[c.name] = n
+            if c.violation and n:
+                violations[c.name] = n
+    if error is not None:
+        verdict = f"ERROR ({error.splitlines()[0][:80]})"
+    elif report is None:
+        verdict = f"ERROR ({(verifier_error or 'no audit files to verify')[:80]})"
+    elif violations:
+        verdict = "FAIL (" + ", ".join(f"{k} {v}" for k, v in violations.items()) + ")"
+    elif unmet:
+        verdict = f"FAIL (fault check: {unmet[0][:70]})"
+    else:
+        verdict = "PASS"
+    return DrillResult(
+        **base, ok=verdict == "PASS", verdict=verdict, acked=len(acked), delivered=len(delivered),
+        lost=counts.get("lost"), reordered=counts.get("out_of_order"), duplicates=counts.get("duplicate"),
+        redelivered=counts.get("redelivered_after_takeover"), failover_s=_failover_s(ctx, acks, deliveries),
+        expectations=tuple(ctx.expectations), events=tuple(ctx.events), report=report,
+    )
+
+
+def run_series(
+    cluster: LocalCluster,
+    drills: Sequence[Drill],
+    *,
+    verify: Callable[..., Any],
+    rounds: int = 1,
+    seed: int = 0,
+    load: LoadConfig | None = None,
+    tamper: str | None = None,
+    keep: bool = False,
+    report_path: Path | None = None,
+    out: TextIO | None = sys.stdout,
+) -> list[DrillResult]:
+    """Every drill, ``rounds`` times (round-robin), on one cluster, then one verification of
+    all of them (a Spark job has a large fixed cost; the data of a drill is small)."""
+    runs = []
+    for r in range(1, rounds + 1):
+        for drill in drills:
+            if out is not None:
+                out.write(f"== drill {drill.name} round {r}/{rounds}: {drill.fault}\n")
+                out.flush()
+            run = execute_drill(cluster, drill, round_=r, seed=seed, load=load, tamper=tamper, out=out)
+            runs.append(run)
+            if out is not None:
+                how = run.skipped or (f"ERROR: {run.error}" if run.error else "ran")
+                out.write(f"   -> {how} in {run.seconds:.1f}s\n")
+                out.flush()
+    if out is not None:
+        out.write(f"== verifying {sum(1 for r in runs if r.error is None and not r.skipped)} run(s) with "
+                  "spark_order_check\n")
+        out.flush()
+    return judge_all(runs, verify, keep=keep, report_path=report_path)
+
+
+def summarize(results: Iterable[DrillResult]) -> list[dict[str, Any]]:
+    return [r.row() for r in results]

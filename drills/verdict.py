@@ -1,0 +1,51 @@
+"""The one place a drill's verdict comes from: ``spark_order_check.verify`` over its audit files.
+
+``Verifier`` keeps one SparkSession for a whole series of drills (a session costs 6–12 s to
+start; a verification of a drill then takes a few seconds) and stops it on ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class Verifier:
+    """``verifier(audit_dir) -> spark_order_check.Report``; ``master`` as for spark-submit
+    (default ``local[*]``)."""
+
+    def __init__(self, *, master: str | None = None) -> None:
+        self.master = master
+        self._session: Any = None
+
+    def __call__(self, audit_dirs: Sequence[Path], *, report_path: Path | None = None) -> Any:
+        """Verify the runs whose audit folders (``acks/``, ``deliveries/``) are given, in one job."""
+        import spark_order_check
+
+        return spark_order_check.verify(acks=[d / "acks" for d in audit_dirs],
+                                        deliveries=[d / "deliveries" for d in audit_dirs],
+                                        spark=self._spark(), report_path=report_path)
+
+    def _spark(self) -> Any:
+        if self._session is None:
+            from spark_order_check._session import make_session
+
+            # Small inputs: few shuffle partitions keep a drill's verification to seconds.
+            self._session = make_session(self.master, conf={"spark.sql.shuffle.partitions": "4"},
+                                         app_name="ordq-drills")
+            self._session.sparkContext.setLogLevel("ERROR")
+        return self._session
+
+    def close(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                self._session.stop()
+            self._session = None
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

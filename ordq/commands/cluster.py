@@ -1,0 +1,135 @@
+"""ordq up | down | status: a complete local cluster (ZooKeeper, broker groups, coordinators).
+
+Everything lives in one folder (``--dir``, default ./.ordq); the processes keep running after
+``ordq up`` exits, and ``down``/``status`` find them through that folder
+(``ordq.local_cluster.LocalCluster``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ordq.commands import add_command, wants_json
+from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
+from ordq.output import emit_json, table
+
+DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
+EXIT_UNHEALTHY = 3
+
+
+def register(subparsers: Any) -> None:
+    up = add_command(
+        subparsers, "up", func=cmd_up,
+        help="start a local cluster: ZooKeeper, broker groups (master + slave) and coordinators",
+        description="Start a complete local cluster under --dir and return once it serves; the processes keep "
+        "running. Run it again after a crash to start only what is missing.",
+    )
+    _dir_option(up)
+    up.add_argument("--groups", type=int, default=None, metavar="N",
+                    help="broker groups, a master and a slave process each (default: as before in --dir, else 3)")
+    up.add_argument("--zk-nodes", type=int, choices=[1, 3], default=None,
+                    help="1 (standalone) or 3 (ensemble) ZooKeeper nodes (default: as before, else 1)")
+    up.add_argument("--zk-port", type=int, default=None, metavar="PORT",
+                    help=f"ZooKeeper client port of the first node; 0: any free port "
+                         f"(default: as before in --dir, else {DEFAULT_ZK_PORT})")
+    up.add_argument("--coordinators", type=int, default=None, metavar="N",
+                    help="coordinator daemons, one elected (default: as before, else 2)")
+    up.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="how long to wait for everything to serve (default %(default)s)")
+
+    down = add_command(subparsers, "down", func=cmd_down,
+                       help="stop the local cluster in --dir (data is kept unless --wipe)")
+    _dir_option(down)
+    down.add_argument("--wipe", action="store_true", help="also delete its data, logs and configuration")
+
+    status = add_command(subparsers, "status", func=cmd_status,
+                         help="every process of the local cluster with its health (exit 3 if one is unhealthy)")
+    _dir_option(status)
+
+
+def _dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, default=DEFAULT_FOLDER,
+                        help="folder of the cluster's configuration, data and logs (default %(default)s)")
+
+
+def _config(args: argparse.Namespace) -> ClusterConfig | None:
+    """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
+    fresh = not LocalCluster.exists(args.dir)
+    asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators))
+    if not fresh and not asked:
+        return None
+    saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
+    port = args.zk_port if args.zk_port is not None else (DEFAULT_ZK_PORT if fresh else saved.zk_port)
+    return ClusterConfig(
+        groups=args.groups if args.groups is not None else saved.groups,
+        zk_nodes=args.zk_nodes if args.zk_nodes is not None else saved.zk_nodes,
+        zk_port=port or None,
+        coordinators=args.coordinators if args.coordinators is not None else saved.coordinators,
+        root=args.root if fresh else saved.root,
+    )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.dir, _config(args))
+    report = cluster.start(timeout_s=args.timeout)
+    statuses = cluster.status()
+    if wants_json(args):
+        emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root,
+                   "started": list(report.started), "notes": list(report.notes),
+                   "processes": [s.to_dict() for s in statuses]})
+        return 0
+    for note in report.notes:
+        print(f"note: {note}")
+    total = len(cluster.processes())
+    how = "started" if len(report.started) == total else f"started {len(report.started)} missing processes of"
+    print(f"local cluster {how} {total} processes in {cluster.folder}")
+    _print_table(statuses)
+    print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
+    print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
+    print("next: ordq queue create demo && ordq produce demo --count 1000 && "
+          "ordq consume demo -s s1 --count 1000 --quiet")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if not LocalCluster.exists(args.dir):
+        if wants_json(args):
+            emit_json({"dir": str(args.dir), "stopped": [], "wiped": False})
+        else:
+            print(f"no local cluster in {args.dir}: nothing to stop")
+        return 0
+    cluster = LocalCluster.load(args.dir)
+    stopped = cluster.stop()
+    if args.wipe:
+        cluster.destroy()
+    if wants_json(args):
+        emit_json({"dir": str(cluster.folder), "stopped": stopped, "wiped": bool(args.wipe)})
+    else:
+        what = f"stopped {len(stopped)} processes" if stopped else "nothing was running"
+        kept = "data wiped" if args.wipe else "data kept (ordq up resumes it; ordq down --wipe deletes it)"
+        print(f"local cluster in {cluster.folder}: {what}; {kept}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.load(args.dir)
+    statuses = cluster.status()
+    healthy = all(s.healthy for s in statuses)
+    if wants_json(args):
+        emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root, "healthy": healthy,
+                   "processes": [s.to_dict() for s in statuses]})
+    else:
+        print(f"local cluster in {cluster.folder}: ZooKeeper {cluster.zk_hosts}, root {cluster.root}")
+        _print_table(statuses)
+        if not healthy:
+            print("\nunhealthy: " + ", ".join(s.name for s in statuses if not s.healthy)
+                  + f" (logs in {cluster.folder}; ordq up --dir {args.dir} starts what is down)")
+    return 0 if healthy else EXIT_UNHEALTHY
+
+
+def _print_table(statuses: list[ProcessStatus]) -> None:
+    rows = [{"process": s.name, "pid": s.pid, "listen": s.listen, "state": s.state, "healthy": s.healthy,
+             "detail": s.detail or None} for s in statuses]
+    table(rows, ["process", "pid", "listen", "state", "healthy", "detail"])

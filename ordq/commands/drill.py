@@ -1,0 +1,132 @@
+"""ordq drill NAME... | all | list: failover drills on a local cluster, verified with Spark.
+
+Each drill runs a producer and a consumer under steady load, injects its fault at a random
+(seeded) moment, lets the run finish and asks ``spark_order_check`` for the verdict
+(docs/OPERATIONS.md). The exit code is 1 when any drill fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ordq.commands import add_command, wants_json
+from ordq.output import emit_json, table
+
+EXIT_FAILED = 1
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(
+        subparsers, "drill", func=cmd_drill,
+        help="run failover drills (faults under load, verified with Spark)",
+        description="Run failover drills: a producer and a consumer under steady load, one fault at a random "
+        "moment, the verdict from spark_order_check over the audit files. NAME is a drill, 'all', or 'list'. "
+        "Without --dir (or with a --dir holding no running cluster) a local cluster is started for the run "
+        "and removed after it (kept when a drill fails).",
+    )
+    parser.add_argument("names", nargs="+", metavar="NAME", help="drill name(s), 'all', or 'list'")
+    parser.add_argument("--rounds", type=int, default=1, help="run each drill this many times (default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the fault moments and choices "
+                        "(default: random, printed)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="local cluster to use (reused if running there, else started there)")
+    parser.add_argument("--zk-nodes", type=int, choices=[1, 3], default=None,
+                        help="ZooKeeper nodes of a cluster started for the run (default: 3 if a drill needs an "
+                             "ensemble, else 1)")
+    parser.add_argument("--messages", type=int, default=20_000, help="messages per drill (default %(default)s)")
+    parser.add_argument("--rate", type=float, default=4_000.0, help="messages per second (default %(default)s)")
+    parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
+    parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
+    parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None,
+                        help="testing the drills: make each run lose or reorder one delivery before the verdict "
+                             "(the drill must then FAIL)")
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from drills.catalog import DRILLS
+
+    if args.names == ["list"]:
+        rows = [{"drill": d.name, "fault": d.fault, "must_happen": d.must} for d in DRILLS.values()]
+        if wants_json(args):
+            emit_json(rows)
+        else:
+            table(rows, ["drill", "fault", "must_happen"])
+        return 0
+    names = list(DRILLS) if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in DRILLS]
+    if unknown:
+        from ordq.errors import ConfigError
+
+        raise ConfigError(f"unknown drill(s) {', '.join(unknown)}; see: ordq drill list")
+    if args.rounds < 1:
+        from ordq.errors import ConfigError
+
+        raise ConfigError("--rounds must be >= 1")
+    drills = [DRILLS[n] for n in names]
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    return run_drills(args, drills, seed)
+
+
+def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
+    from drills.runner import TABLE_COLUMNS, LoadConfig, run_series, summarize
+    from drills.verdict import Verifier
+    from ordq.local_cluster import ClusterConfig, LocalCluster
+
+    out = sys.stderr if wants_json(args) else sys.stdout
+    load = LoadConfig(messages=args.messages, rate=args.rate)
+    own = True
+    folder = args.dir
+    if folder is not None and LocalCluster.exists(folder) and LocalCluster.load(folder).running():
+        cluster = LocalCluster.load(folder)
+        own = False
+        out.write(f"using the local cluster in {cluster.folder}\n")
+    else:
+        folder = folder or Path(tempfile.mkdtemp(prefix="ordq-drills-"))
+        zk_nodes = args.zk_nodes or (3 if any(d.needs_ensemble for d in drills) else 1)
+        cluster = LocalCluster(folder, ClusterConfig(zk_nodes=zk_nodes) if not LocalCluster.exists(folder) else None)
+        out.write(f"starting a local cluster in {cluster.folder} ({zk_nodes} ZooKeeper node(s), "
+                  f"{cluster.config.groups} groups, {cluster.config.coordinators} coordinators)\n")
+        out.flush()
+    started = time.monotonic()
+    results = []
+    try:
+        if own:
+            cluster.start()
+        out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
+                  f"{load.rate:g}/s each\n")
+        with Verifier(master=args.master) as verifier:
+            results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
+                                 tamper=args.test_hook, keep=args.keep, out=out,
+                                 report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
+    finally:
+        if own:
+            failed = any(not r.ok for r in results) or not results
+            if failed or args.keep:
+                cluster.stop()
+                out.write(f"cluster stopped; files kept in {cluster.folder}\n")
+            else:
+                cluster.destroy()
+    total = time.monotonic() - started
+    ok = all(r.ok for r in results)
+    if wants_json(args):
+        emit_json({"ok": ok, "seed": seed, "seconds": round(total, 1), "drills": [r.to_dict() for r in results]})
+    else:
+        print()
+        table(summarize(results), TABLE_COLUMNS)
+        passed = sum(r.ok and not r.skipped for r in results)
+        skipped = sum(r.skipped for r in results)
+        print(f"\n{passed} passed, {len(results) - passed - skipped} failed"
+              + (f", {skipped} skipped" if skipped else "") + f" in {total:.0f}s (seed {seed})")
+        for r in results:
+            if not r.ok:
+                with contextlib.suppress(Exception):
+                    print(f"\n{r.name} round {r.round}: {r.verdict}; files: {r.run_dir}")
+                    if r.report is not None and not r.report.ok:
+                        print(r.report.summary())
+    return 0 if ok else EXIT_FAILED

@@ -1,0 +1,612 @@
+"""A complete local cluster under one folder: ZooKeeper, N broker groups, coordinator daemons.
+
+Used by ``ordq up|down|status``, the drills, the demo, the failover bench and the tests: one
+way to start, find, heal and stop a cluster. Guarantees:
+
+- ``start()`` returns only when everything serves: ZooKeeper answers, every group is
+  registered in ZooKeeper *before* its processes start, every broker printed its readiness
+  line and registered itself live, and one coordinator daemon is elected. If anything fails
+  on the way, what this call started is stopped again and the error says what and why (with
+  the log tail of the process that failed).
+- What it started is kept in ``<folder>/ordq-cluster.json``; every process keeps a pid file
+  and a log under the folder, so ``LocalCluster.load(folder)`` in another process (``ordq
+  status``, ``ordq down``) finds, checks and stops the same processes.
+- Starting twice is refused (``AlreadyExists``) while everything runs; when only some
+  processes run (a drill killed one, the machine rebooted) ``start()`` starts the rest. Stale
+  pid files are replaced and reported; a port in use is reported with what to do.
+- ``stop()`` keeps the data (a later ``start()`` resumes the same cluster); ``destroy()``
+  wipes the folder.
+
+Layout::
+
+    <folder>/ordq-cluster.json            what was started, how, and where it listens
+    <folder>/zk/                          ZooKeeper (ordq.zk_server.ZkServer)
+    <folder>/brokers/<gid>/master|slave   broker data folders
+    <folder>/brokers/run/                 broker logs and pid files
+    <folder>/coordinators/                coordinator logs and pid files
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from broker_group.process import BrokerGroupProcesses, BrokerProcess
+from coordinator.store import ZkStore
+from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
+from ordq.proc import ManagedProcess
+from ordq.zk_server import ZkServer
+
+STATE_FILE = "ordq-cluster.json"
+DEFAULT_FOLDER = Path(".ordq")
+ROLES = ("master", "slave")
+_STARTUP_TIMEOUT_S = 120.0
+
+
+@attrs.frozen(kw_only=True)
+class ClusterConfig:
+    """Shape of a local cluster. ``zk_port`` None picks free ports (tests, drills)."""
+
+    groups: int = 3
+    zk_nodes: int = 1
+    zk_port: int | None = None
+    coordinators: int = 2
+    root: str = "/ordq"
+    session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.groups <= 26:
+            raise ConfigError(f"groups must be 1..26, not {self.groups}")
+        if self.zk_nodes not in (1, 3):
+            raise ConfigError(f"a local ZooKeeper has 1 or 3 nodes, not {self.zk_nodes}")
+        if not 0 <= self.coordinators <= 5:
+            raise ConfigError(f"coordinators must be 0..5, not {self.coordinators}")
+        if self.zk_port is not None and not 1 <= self.zk_port <= 65533:
+            raise ConfigError(f"zk_port must be 1..65533, not {self.zk_port}")
+        if self.session_timeout_s <= 0:
+            raise ConfigError("session_timeout_s must be > 0")
+
+    @property
+    def gids(self) -> tuple[str, ...]:
+        return tuple(f"g{i + 1}" for i in range(self.groups))
+
+
+@attrs.frozen
+class ProcessStatus:
+    """One process of the cluster as seen now."""
+
+    name: str  # zk1 | g1/master | coordinator-1
+    kind: str  # zookeeper | broker | coordinator
+    pid: int | None
+    listen: str | None
+    state: str  # e.g. standalone, leader, live, standby, down
+    healthy: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class StartReport:
+    started: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+class LocalCluster:
+    """A local cluster in ``folder`` (created if missing).
+
+    Args:
+        folder: holds everything (see the module doc).
+        config: the cluster's shape. None: as saved in ``folder``, else the defaults. A config
+            that contradicts what ``folder`` holds raises ConfigError (``destroy()`` first).
+        python: interpreter for the broker and coordinator processes (default: this one; a
+            saved cluster keeps the one it was started with, so pid files stay recognisable).
+    """
+
+    def __init__(self, folder: Path, config: ClusterConfig | None = None, *, python: str | None = None) -> None:
+        self.folder = Path(folder).absolute()
+        saved = self._read_state()
+        if saved is not None:
+            saved_cfg = ClusterConfig(**saved["config"])
+            if config is not None and _shape(config) != _shape(saved_cfg):
+                raise ConfigError(
+                    f"{self.folder} holds a local cluster of another shape ({_describe(saved_cfg)}), "
+                    f"not {_describe(config)}: stop and wipe it first (ordq down --wipe --dir {folder})"
+                )
+            config = saved_cfg
+            python = python or saved.get("python")
+        self.config = config or ClusterConfig()
+        self.python = python or sys.executable
+        self._saved: dict[str, Any] = saved or {}
+        self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port)
+        hosts = self.zk.connection_string
+        self.groups: dict[str, BrokerGroupProcesses] = {}
+        for gid in self.config.gids:
+            group = BrokerGroupProcesses(gid, zk_hosts=hosts, root=self.config.root, base_dir=self.folder / "brokers",
+                                         session_timeout_s=self.config.session_timeout_s)
+            for member in group.members:  # same interpreter as the one that started them
+                member.proc.argv = (self.python, *member.proc.argv[1:])
+            self.groups[gid] = group
+        self.coordinators = [
+            ManagedProcess(
+                f"coordinator-{i + 1}",
+                [self.python, "-m", "ordq.cli", "--zk", hosts, "--root", self.config.root,
+                 "coordinator", "run", "--metrics", "127.0.0.1:0"],
+                run_dir=self.folder / "coordinators",
+            )
+            for i in range(self.config.coordinators)
+        ]
+
+    @classmethod
+    def load(cls, folder: Path) -> LocalCluster:
+        """The cluster set up in ``folder`` (by ``ordq up`` in another process, say)."""
+        if not cls.exists(folder):
+            raise ExternalProcessError(f"no local cluster in {folder} (start one with: ordq up --dir {folder})")
+        return cls(folder)
+
+    @staticmethod
+    def exists(folder: Path) -> bool:
+        return (Path(folder) / STATE_FILE).exists()
+
+    def __repr__(self) -> str:
+        return f"<LocalCluster {self.folder} zk={self.zk_hosts} root={self.root}>"
+
+    # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def zk_hosts(self) -> str:
+        return self.zk.connection_string
+
+    @property
+    def root(self) -> str:
+        return self.config.root
+
+    @property
+    def gids(self) -> tuple[str, ...]:
+        return self.config.gids
+
+    def broker(self, gid: str, role: str) -> BrokerProcess:
+        group = self.groups[gid]
+        return group.master if role == "master" else group.slave
+
+    def brokers(self) -> Iterator[tuple[str, BrokerProcess]]:
+        """("g1/master", process), ... in group order."""
+        for gid, group in self.groups.items():
+            for role, member in zip(ROLES, group.members, strict=True):
+                yield f"{gid}/{role}", member
+
+    def processes(self) -> list[tuple[str, ManagedProcess]]:
+        """Every process of the cluster, by name, in start order."""
+        out = [(p.name, p) for p in self.zk.processes]
+        out += [(name, b.proc) for name, b in self.brokers()]
+        out += [(p.name, p) for p in self.coordinators]
+        return out
+
+    def running(self) -> list[str]:
+        return [name for name, proc in self.processes() if proc.alive()]
+
+    def all_running(self) -> bool:
+        return all(proc.alive() for _, proc in self.processes())
+
+    @contextlib.contextmanager
+    def store(self, timeout_s: float = 10.0) -> Iterator[ZkStore]:
+        """A ZooKeeper store of this cluster, closed on exit."""
+        store = ZkStore.connect(self.zk_hosts, self.root, timeout_s=timeout_s)
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def log_paths(self) -> dict[str, Path]:
+        return {name: proc.log_path for name, proc in self.processes()}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, *, timeout_s: float = _STARTUP_TIMEOUT_S) -> StartReport:
+        """Start every process that is not running and wait until the cluster serves.
+
+        Raises AlreadyExists when everything already runs, ExternalProcessError when a process
+        cannot start (Java missing, port in use, a process died: the message says which and
+        quotes its log), ConfigError for a bad configuration. On failure, the processes this
+        call started are stopped again.
+        """
+        procs = self.processes()
+        if all(p.alive() for _, p in procs):
+            raise AlreadyExists(
+                f"a local cluster is already running in {self.folder} ({len(procs)} processes, ZooKeeper at "
+                f"{self.zk_hosts}); see it with: ordq status --dir {self.folder}; stop it with: ordq down "
+                f"--dir {self.folder}"
+            )
+        notes = [f"replaced stale pid file {p.pid_path} (process {_read_pid(p.pid_path)} is not running)"
+                 for _, p in procs if not p.alive() and p.pid_path.exists()]
+        todo = [name for name, p in procs if not p.alive()]
+        deadline = time.monotonic() + timeout_s
+        fresh = not self.exists(self.folder)
+        self._save()
+        try:
+            self._start_zk(deadline)
+            self._register_groups()
+            self._start_brokers(deadline)
+            self._start_coordinators(deadline)
+            self.wait_healthy(timeout_s=max(deadline - time.monotonic(), 1.0))
+        except BaseException:
+            self._stop_named(set(todo))
+            if fresh:  # never served: do not leave a half-made cluster behind (logs stay)
+                (self.folder / STATE_FILE).unlink(missing_ok=True)
+            raise
+        self._save()
+        return StartReport(started=tuple(todo), notes=tuple(notes))
+
+    def heal(self, *, timeout_s: float = _STARTUP_TIMEOUT_S) -> list[str]:
+        """Start whatever is not running (after a drill) and wait until healthy; returns the
+        names started (empty if everything ran). Unlike ``start()`` it never refuses."""
+        for _, proc in self.processes():  # a paused process is alive but useless
+            with contextlib.suppress(OrdqError):
+                if proc.alive():
+                    proc.resume()
+        if self.all_running():
+            self.wait_healthy(timeout_s=timeout_s)
+            return []
+        return list(self.start(timeout_s=timeout_s).started)
+
+    def stop(self, *, timeout_s: float = 10.0) -> list[str]:
+        """Stop every process (coordinators, brokers, then ZooKeeper); the data stays.
+        Returns the names of the processes that were running."""
+        was = self.running()
+        self._stop_named(set(was), timeout_s=timeout_s)
+        return was
+
+    def destroy(self) -> None:
+        """Stop everything and wipe the folder's cluster files."""
+        self.stop()
+        self.zk.destroy()
+        for sub in ("brokers", "coordinators", "zk", "drills"):
+            shutil.rmtree(self.folder / sub, ignore_errors=True)
+        (self.folder / STATE_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.folder.rmdir()
+
+    def restart_broker(self, gid: str, role: str, *, timeout_s: float = 30.0) -> str:
+        """Start a stopped/killed broker again (same data folder); wait until it is live in
+        ZooKeeper. Returns its new address."""
+        member = self.broker(gid, role)
+        if member.alive():
+            member.stop()
+        self._wait_previous_gone(gid, role, time.monotonic() + timeout_s)
+        address = member.start(timeout_s=timeout_s)
+        self._wait_live(gid, role, member, timeout_s)
+        self._save()
+        return address
+
+    def restart_coordinator(self, name: str, *, timeout_s: float = 30.0) -> str:
+        """Start a stopped/killed coordinator daemon again; returns its metrics URL."""
+        proc = next(p for p in self.coordinators if p.name == name)
+        if proc.alive():
+            proc.stop()
+        self._start_coordinators(time.monotonic() + timeout_s)
+        self._save()
+        return self._metrics_url(name) or ""
+
+    # -- health ------------------------------------------------------------------------------
+
+    def wait_healthy(self, *, timeout_s: float = 60.0) -> None:
+        """Wait until every process runs, every group is live in ZooKeeper (both roles, with
+        the incarnation that runs now) and one coordinator leads. ExternalProcessError naming
+        what is not healthy on timeout, or at once when a process died."""
+        deadline = time.monotonic() + timeout_s
+        interval = 0.02
+        while True:
+            dead = [name for name, p in self.processes() if not p.alive()]
+            if dead:
+                name, proc = next((n, p) for n, p in self.processes() if n == dead[0])
+                raise ExternalProcessError(
+                    f"{name} is not running (pid file {proc.pid_path}); last lines of {proc.log_path}:\n"
+                    f"{proc.log_tail(20)}"
+                )
+            problem = self._health_problem()
+            if problem is None:
+                return
+            if time.monotonic() >= deadline:
+                raise ExternalProcessError(
+                    f"local cluster in {self.folder} not healthy after {timeout_s:g}s: {problem}"
+                )
+            time.sleep(interval)
+            interval = min(interval * 1.5, 0.25)
+
+    def _health_problem(self) -> str | None:
+        try:
+            with self.store(timeout_s=5.0) as store:
+                for gid in self.gids:
+                    live = store.live_members(gid)
+                    for role in ROLES:
+                        member = self.broker(gid, role)
+                        info = live.get(role)
+                        if info is None:
+                            return f"{gid}/{role} is not live in ZooKeeper"
+                        if member.incarnation is not None and info.incarnation != member.incarnation:
+                            return f"{gid}/{role}: ZooKeeper still shows a previous incarnation"
+        except OrdqError as exc:
+            return f"ZooKeeper: {exc}"
+        if self.coordinators and self.coordinator_leader() is None:
+            return "no coordinator daemon leads yet"
+        return None
+
+    def coordinator_leader(self) -> str | None:
+        """Name of the coordinator daemon that reports itself leader (via its metrics)."""
+        for proc in self.coordinators:
+            if proc.alive() and _coordinator_metrics(self._metrics_url(proc.name)).get("ordq_coordinator_leader") == 1:
+                return proc.name
+        return None
+
+    def status(self, *, rpc_timeout_s: float = 1.0) -> list[ProcessStatus]:
+        """Every process with its pid, where it listens and its health, asked live:
+        ZooKeeper ``srvr``, each broker's liveness node and ``Health`` RPC, each coordinator's
+        metrics."""
+        out: list[ProcessStatus] = []
+        for st, proc in zip(self.zk.status(), self.zk.processes, strict=True):
+            mode = st.mode
+            out.append(ProcessStatus(name=proc.name, kind="zookeeper", pid=st.pid, listen=f"127.0.0.1:{st.port}",
+                                     state=st.state, healthy=mode in ("standalone", "leader", "follower")))
+        live: dict[str, dict[str, Any]] = {}
+        zk_error = None
+        try:
+            with self.store(timeout_s=2.0) as store:
+                live = {gid: store.live_members(gid) for gid in self.gids}
+        except OrdqError as exc:
+            zk_error = str(exc)
+        out += self._broker_status(live, zk_error, rpc_timeout_s)
+        for proc in self.coordinators:
+            pid = proc.pid
+            url = self._metrics_url(proc.name)
+            if pid is None:
+                out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=None, listen=None, state="down",
+                                         healthy=False))
+                continue
+            metrics = _coordinator_metrics(url, timeout_s=rpc_timeout_s)
+            if not metrics:
+                out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url, state="no answer",
+                                         healthy=False, detail="metrics endpoint does not answer"))
+                continue
+            leader = metrics.get("ordq_coordinator_leader") == 1
+            detail = f"rounds {int(metrics.get('ordq_coordinator_rounds_total', 0))}"
+            detail += f", errors {int(metrics.get('ordq_coordinator_errors_total', 0))}"
+            out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url,
+                                     state="leader" if leader else "standby", healthy=True, detail=detail))
+        return out
+
+    def _broker_status(self, live: dict[str, dict[str, Any]], zk_error: str | None,
+                       rpc_timeout_s: float) -> list[ProcessStatus]:
+        from broker_group.client import GrpcTransport
+
+        out = []
+        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s)
+        try:
+            for name, member in self.brokers():
+                gid, role = name.split("/")
+                pid = member.proc.pid
+                info = live.get(gid, {}).get(role)
+                address = info.address if info is not None else self._saved_address(name)
+                if pid is None:
+                    out.append(ProcessStatus(name=name, kind="broker", pid=None, listen=address, state="down",
+                                             healthy=False, detail="live in ZooKeeper (session not expired yet)"
+                                             if info is not None else ""))
+                    continue
+                if info is None:
+                    why = zk_error or "not registered live in ZooKeeper"
+                    out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=address, state="not live",
+                                             healthy=False, detail=why))
+                    continue
+                try:
+                    health = transport.health(info.address)
+                except OrdqError as exc:
+                    out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=info.address,
+                                             state="no answer", healthy=False, detail=str(exc)))
+                    continue
+                stats = json.loads(health.stats_json or "{}")
+                problems = []
+                if role == "master" and not health.slave_connected:
+                    problems.append("slave not connected")
+                if stats.get("corrupt"):
+                    problems.append(f"corrupt segments {','.join(stats['corrupt'])}")
+                detail = f"segments {stats.get('segments', 0)}"
+                if stats.get("torn_bytes_truncated"):
+                    detail += f", torn tail bytes truncated {stats['torn_bytes_truncated']}"
+                if stats.get("reconciled"):
+                    detail += f", reconciled {stats['reconciled']}"
+                out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=info.address,
+                                         state="live" if not problems else "degraded", healthy=not problems,
+                                         detail="; ".join([*problems, detail])))
+        finally:
+            transport.close()
+        return out
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _start_zk(self, deadline: float) -> None:
+        try:
+            self.zk.start(timeout_s=max(deadline - time.monotonic(), 1.0))
+        except ExternalProcessError as exc:
+            if "already in use" in str(exc):
+                raise ExternalProcessError(
+                    f"{exc}\nhint: another ZooKeeper (ordq zk start? another local cluster?) holds the port; "
+                    "stop it, or start this cluster on another port: ordq up --zk-port PORT "
+                    "(or --zk-port 0 for any free port)"
+                ) from exc
+            raise
+
+    def _register_groups(self) -> None:
+        # Groups exist in ZooKeeper before their processes start (a broker refuses to serve
+        # an unregistered group).
+        with self.store() as store:
+            for gid in self.gids:
+                with contextlib.suppress(AlreadyExists):
+                    store.add_group(gid)
+
+    def _start_brokers(self, deadline: float) -> None:
+        todo = [(name, m) for name, m in self.brokers() if not m.alive()]
+        if not todo:
+            return
+
+        def start_one(item: tuple[str, BrokerProcess]) -> None:
+            name, member = item
+            gid, role = name.split("/")
+            self._wait_previous_gone(gid, role, deadline)
+            member.start(timeout_s=max(deadline - time.monotonic(), 1.0))
+            self._wait_live(gid, role, member, max(deadline - time.monotonic(), 1.0))
+
+        _run_all(start_one, todo)
+
+    def _wait_previous_gone(self, gid: str, role: str, deadline: float) -> None:
+        """A killed broker's liveness node stays until its ZooKeeper session expires, and a
+        new process cannot register the role meanwhile: wait for it to go."""
+        limit = min(deadline, time.monotonic() + 4 * self.config.session_timeout_s + 10.0)
+        with self.store() as store:
+            while True:
+                info = store.live_members(gid).get(role)
+                if info is None:
+                    return
+                if time.monotonic() >= limit:
+                    raise ExternalProcessError(
+                        f"cannot start {gid}/{role}: ZooKeeper still shows a {role} of {gid} live at {info.address} "
+                        f"(pid {info.pid}); stop that process first"
+                    )
+                time.sleep(0.05)
+
+    def _wait_live(self, gid: str, role: str, member: BrokerProcess, timeout_s: float) -> None:
+        """Wait until ZooKeeper shows this incarnation live (the previous one's session may
+        still linger for up to a session timeout after a kill)."""
+        with self.store() as store:
+            def live_now() -> bool:
+                info = store.live_members(gid).get(role)
+                return info is not None and info.incarnation == member.incarnation
+
+            member.proc.wait_ready(live_now, timeout_s=timeout_s, what=f"{gid}/{role} to be live in ZooKeeper")
+
+    def _start_coordinators(self, deadline: float) -> None:
+        todo = [p for p in self.coordinators if not p.alive()]
+
+        def start_one(proc: ManagedProcess) -> None:
+            proc.start()
+            url = proc.wait_for_line("METRICS ", timeout_s=max(deadline - time.monotonic(), 1.0))
+            proc.wait_for_line("READY ", timeout_s=max(deadline - time.monotonic(), 1.0))
+            self._saved.setdefault("coordinator_metrics", {})[proc.name] = url
+
+        _run_all(start_one, [(p.name, p) for p in todo], key=lambda item: item[1])
+
+    def _stop_named(self, names: set[str], *, timeout_s: float = 10.0) -> None:
+        if not names:
+            return
+        by_name = dict(self.processes())
+        # Coordinators first (no failovers while brokers go), then brokers, then ZooKeeper.
+        tiers = [
+            [p.name for p in self.coordinators],
+            [name for name, _ in self.brokers()],
+            [p.name for p in self.zk.processes],
+        ]
+        for tier in tiers:
+            todo = [(n, by_name[n]) for n in tier if n in names]
+            _run_all(lambda item: item[1].stop(timeout_s), todo, swallow=True)
+
+    def _metrics_url(self, name: str) -> str | None:
+        url = self._saved.get("coordinator_metrics", {}).get(name)
+        return str(url) if url else None
+
+    def _saved_address(self, name: str) -> str | None:
+        member = dict(self.brokers())[name]
+        if member.address:
+            return member.address
+        return self._saved.get("brokers", {}).get(name, {}).get("address")
+
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = json.loads((self.folder / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise ConfigError(f"{self.folder / STATE_FILE} is not valid JSON: {exc}") from exc
+        return doc
+
+    def _save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        brokers = dict(self._saved.get("brokers", {}))
+        for name, member in self.brokers():
+            if member.address:
+                brokers[name] = {"address": member.address, "incarnation": member.incarnation}
+        cfg = attrs.asdict(self.config)
+        cfg["zk_port"] = self.zk.specs[0].client_port
+        doc = {
+            "folder": str(self.folder),
+            "saved_at": datetime.now().isoformat(timespec="seconds"),
+            "python": self.python,
+            "config": cfg,
+            "zk": self.zk_hosts,
+            "root": self.root,
+            "brokers": brokers,
+            "coordinator_metrics": self._saved.get("coordinator_metrics", {}),
+        }
+        self._saved = doc
+        tmp = self.folder / f"{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(self.folder / STATE_FILE)
+
+
+def _shape(cfg: ClusterConfig) -> tuple[Any, ...]:
+    # zk_port None means "any": it does not contradict a saved port.
+    return (cfg.groups, cfg.zk_nodes, cfg.coordinators, cfg.root)
+
+
+def _describe(cfg: ClusterConfig) -> str:
+    zk = "3-node ZooKeeper" if cfg.zk_nodes == 3 else "standalone ZooKeeper"
+    return f"{cfg.groups} groups, {zk}, {cfg.coordinators} coordinators, root {cfg.root}"
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _coordinator_metrics(url: str | None, *, timeout_s: float = 1.0) -> dict[str, float]:
+    """Unlabelled gauges/counters of a coordinator's /metrics ({} when it does not answer)."""
+    if not url:
+        return {}
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
+            text = resp.read().decode()
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "{" in line:
+            continue
+        name, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
+
+
+def _run_all(fn: Callable[[Any], Any], items: list[tuple[str, Any]], *, swallow: bool = False,
+             key: Callable[[tuple[str, Any]], Any] | None = None) -> None:
+    """Run ``fn`` on every item in parallel (processes start and stop concurrently); raise
+    the first error after all finished, unless ``swallow``."""
+    if not items:
+        return
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        futures = [pool.submit(fn, key(item) if key else item) for item in items]
+        errors = [f.exception() for f in futures]
+    first = next((e for e in errors if e is not None), None)
+    if first is not None and not swallow:
+        raise first
