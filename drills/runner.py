@@ -458,7 +458,7 @@ def _failover_s(ctx: DrillContext, acks: list[audit.AckRow], deliveries: list[au
 
 def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResult:
     ctx = run.ctx
-    base = {"name": ctx.drill.name, "round": ctx.round, "seed": run.seed, "queue": ctx.queue,
+    base: dict[str, Any] = {"name": ctx.drill.name, "round": ctx.round, "seed": run.seed, "queue": ctx.queue,
             "seconds": run.seconds, "run_dir": str(ctx.run_dir)}
     if run.skipped is not None:
         return DrillResult(**base, ok=True, skipped=True, verdict=run.skipped)

@@ -18,7 +18,10 @@ from ordq import __version__
 from ordq.errors import OrdqError
 
 # Order is the order shown in --help.
-COMMAND_MODULES = ("zk", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients", "verify")
+COMMAND_MODULES = (
+    "cluster", "zk", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients", "verify", "drill",
+    "demo",
+)
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"
