@@ -268,6 +268,12 @@ class LocalCluster:
         self._stop_named(set(was), timeout_s=timeout_s)
         return was
 
+    def detach(self) -> None:
+        """Leave the processes running when this object goes away (``ordq up`` exits; a later
+        ``LocalCluster.load`` finds and stops them)."""
+        for _, proc in self.processes():
+            proc.detach()
+
     def destroy(self) -> None:
         """Stop everything and wipe the folder's cluster files."""
         self.stop()

@@ -74,6 +74,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
 def cmd_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.dir, _config(args))
     report = cluster.start(timeout_s=args.timeout)
+    cluster.detach()  # they keep running after this command
     statuses = cluster.status()
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root,
@@ -83,8 +84,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"note: {note}")
     total = len(cluster.processes())
-    how = "started" if len(report.started) == total else f"started {len(report.started)} missing processes of"
-    print(f"local cluster {how} {total} processes in {cluster.folder}")
+    if len(report.started) == total:
+        print(f"local cluster started: {total} processes in {cluster.folder}")
+    else:
+        print(f"local cluster in {cluster.folder}: started the {len(report.started)} of its {total} processes "
+              f"that were not running ({', '.join(report.started)})")
     _print_table(statuses)
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))

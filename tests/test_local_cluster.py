@@ -1,0 +1,160 @@
+"""The local cluster on real processes: ``ordq up|status|down`` (also across processes),
+starting twice, a killed process brought back, stale pid files, a port in use."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ordq.cli import main
+from ordq.errors import ConfigError
+from ordq.local_cluster import STATE_FILE, ClusterConfig, LocalCluster
+from ordq.zk_server import free_ports
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ordq(*argv: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "ordq.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO)
+
+
+def status_json(folder: Path) -> tuple[int, dict]:
+    res = ordq("status", "--dir", str(folder), "--json")
+    return res.returncode, json.loads(res.stdout)
+
+
+def pids(folder: Path) -> list[int]:
+    return [p.pid for _, p in LocalCluster.load(folder).processes() if p.pid is not None]
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A 2-group cluster started by ``ordq up`` in another process (stopped in teardown)."""
+    folder = tmp_path_factory.mktemp("cluster") / "c"
+    try:
+        res = ordq("up", "--dir", str(folder), "--zk-port", "0", "--groups", "2", "--coordinators", "2")
+        assert res.returncode == 0, res.stdout + res.stderr
+        yield folder
+    finally:
+        if LocalCluster.exists(folder):
+            LocalCluster.load(folder).stop()
+
+
+def test_up_prints_where_everything_listens_and_status_is_healthy(cluster_dir: Path) -> None:
+    code, doc = status_json(cluster_dir)
+    assert code == 0, doc
+    by_name = {p["name"]: p for p in doc["processes"]}
+    assert set(by_name) == {"zk1", "g1/master", "g1/slave", "g2/master", "g2/slave", "coordinator-1",
+                            "coordinator-2"}
+    assert all(p["healthy"] and p["pid"] for p in doc["processes"]), doc
+    assert by_name["zk1"]["state"] == "standalone"
+    assert {by_name[f"coordinator-{i}"]["state"] for i in (1, 2)} == {"leader", "standby"}
+    for name in ("g1/master", "g2/slave"):
+        assert by_name[name]["listen"].startswith("127.0.0.1:")
+    assert doc["zk"] == LocalCluster.load(cluster_dir).zk_hosts
+
+
+def test_the_cluster_serves_ordered_traffic(cluster_dir: Path) -> None:
+    c = LocalCluster.load(cluster_dir)
+    base = ["--zk", c.zk_hosts, "--root", c.root]
+    assert main([*base, "queue", "create", "lc"]) == 0
+    assert ordq(*base, "produce", "lc", "--count", "500").returncode == 0
+    res = ordq(*base, "consume", "lc", "-s", "s1", "--count", "500", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["last_seq"] == 499
+
+
+def test_starting_twice_is_refused(cluster_dir: Path) -> None:
+    before = pids(cluster_dir)
+    res = ordq("up", "--dir", str(cluster_dir))
+    assert res.returncode == 1
+    assert "already running" in res.stderr and "ordq down" in res.stderr
+    assert pids(cluster_dir) == before
+
+
+def test_a_killed_process_is_reported_and_up_starts_only_it(cluster_dir: Path) -> None:
+    c = LocalCluster.load(cluster_dir)
+    victim = c.broker("g2", "slave")
+    others = [p.pid for name, p in c.processes() if name != "g2/slave"]
+    victim.proc.kill()  # its pid file stays behind: stale
+    code, doc = status_json(cluster_dir)
+    assert code == 3
+    rows = {p["name"]: p for p in doc["processes"]}
+    assert rows["g2/slave"]["state"] == "down" and not rows["g2/slave"]["healthy"]
+    assert rows["g2/master"]["detail"].startswith("slave not connected") or not rows["g2/master"]["healthy"]
+    victim.proc.pid_path.write_text("999999\n")  # as after a crash: names no process
+    res = ordq("up", "--dir", str(cluster_dir))
+    assert res.returncode == 0, res.stderr
+    assert "replaced stale pid file" in res.stdout and "g2/slave" in res.stdout
+    assert [p.pid for name, p in LocalCluster.load(cluster_dir).processes() if name != "g2/slave"] == others
+    wait_until(lambda: status_json(cluster_dir)[0] == 0, timeout_s=30, what="every process healthy again")
+
+
+def test_shape_mismatch_is_refused(cluster_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="another shape"):
+        LocalCluster(cluster_dir, ClusterConfig(groups=3))
+
+
+def test_port_in_use_is_refused_clearly_and_leaves_nothing(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        res = ordq("up", "--dir", str(tmp_path / "c"), "--zk-port", str(port))
+    assert res.returncode == 1
+    assert f"127.0.0.1:{port} is already in use" in res.stderr
+    assert "--zk-port" in res.stderr
+    assert not (tmp_path / "c" / STATE_FILE).exists()
+    assert not LocalCluster.exists(tmp_path / "c")
+
+
+def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path) -> None:
+    running = pids(cluster_dir)
+    assert running
+    res = ordq("down", "--dir", str(cluster_dir))
+    assert res.returncode == 0, res.stderr
+    assert "stopped" in res.stdout
+    assert not pids(cluster_dir)
+    for pid in running:
+        assert not _alive(pid), pid
+    assert ordq("down", "--dir", str(cluster_dir)).returncode == 0  # idempotent
+    code, doc = status_json(cluster_dir)
+    assert code == 3 and not any(p["healthy"] for p in doc["processes"])
+    # the same cluster comes back with its data: the queue of the earlier test is still there
+    assert ordq("up", "--dir", str(cluster_dir)).returncode == 0
+    c = LocalCluster.load(cluster_dir)
+    res = ordq("--zk", c.zk_hosts, "--root", c.root, "queue", "list", "--json")
+    assert "lc" in res.stdout
+
+
+def test_down_wipe_and_a_folder_without_cluster(tmp_path: Path, cluster_dir: Path) -> None:
+    res = ordq("status", "--dir", str(tmp_path / "none"))
+    assert res.returncode == 1 and "no local cluster" in res.stderr
+    assert "nothing to stop" in ordq("down", "--dir", str(tmp_path / "none")).stdout
+    if LocalCluster.exists(cluster_dir):
+        running = pids(cluster_dir)
+        assert ordq("down", "--dir", str(cluster_dir), "--wipe").returncode == 0
+        assert not cluster_dir.exists() or not any(cluster_dir.iterdir())
+        assert not any(_alive(p) for p in running)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
