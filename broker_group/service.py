@@ -640,6 +640,11 @@ class Broker:
             z, _ = self._zk_segment(req.queue, req.seg)
             if z is None or z.gid != self.config.gid:
                 raise SegmentNotFound(req.queue, req.seg)
+            if z.status is SegStatus.SEALED and z.end:
+                # Sealed with messages, yet no copy here (this replica restarted on an empty
+                # disk): the reader must go to the peer, not wait here for data that never comes.
+                raise BrokerUnavailable(self.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
+                                        f"({z.end} messages): read it from the peer")
             return pb.FetchResponse(readable_end=0, sealed=z.status is SegStatus.SEALED and not z.end)
         with self._cv:
             if s.corrupt is not None:
