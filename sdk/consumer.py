@@ -33,12 +33,13 @@ from coordinator import state as sm
 from coordinator.paths import Paths
 from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from coordinator.store import ZkStore
+from coordinator.store import LiveInfo, ZkStore
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
     ClosedError,
     ConfigError,
+    ConflictError,
     CoordinationUnavailable,
     IllegalTransition,
     OrdqError,
@@ -64,6 +65,9 @@ class ConsumerConfig:
     fetch_wait_ms: int = 200  # long-poll when nothing is readable
     leader_timeout_s: float | None = None
     zk_session_timeout_s: float = 2.0
+    # poll() rides out a ZooKeeper outage (a lost ensemble node, a re-election) this long,
+    # reading from the replicas it knows, before it raises CoordinationUnavailable
+    zk_outage_s: float = 30.0
     audit_dir: Path | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
 
@@ -72,6 +76,8 @@ class ConsumerConfig:
             raise ConfigError(f"start must be 'earliest' or 'latest', not {self.start!r}")
         if self.fetch_max_bytes < 1024 or self.fetch_wait_ms < 0:
             raise ConfigError("fetch_max_bytes must be >= 1024 and fetch_wait_ms >= 0")
+        if self.zk_outage_s < 0:
+            raise ConfigError("zk_outage_s must be >= 0")
 
 
 @attrs.frozen
@@ -116,6 +122,10 @@ class Consumer:
         self._stats = ConsumerStats()
         self._state: QueueState | None = None
         self._state_changed = threading.Event()
+        self._replica_cache: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> live process
+        self._stale_replicas: set[str] = set()  # gids whose cached processes failed or were missing
+        self._zk_down_since: float | None = None
+        self._commits_in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
         self._audit = (
             AuditWriter(config.audit_dir, "deliveries", writer_id=config.consumer_id) if config.audit_dir else None
         )
@@ -212,7 +222,16 @@ class Consumer:
         self._closed = True
         try:
             if self._store is not None and self._lease is not None and self._policy_pending():
-                self._commit(self._returned if commit_returned else self._finished)
+                cursor = self._returned if commit_returned else self._finished
+                deadline = time.monotonic() + self.config.zk_outage_s
+                while True:  # ride out a short ZooKeeper outage, as poll() does
+                    try:
+                        self._commit(cursor)
+                        break
+                    except CoordinationUnavailable:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
         finally:
             if self._audit is not None:
                 self._audit.close()
@@ -264,9 +283,27 @@ class Consumer:
         if self._closed:
             raise ClosedError("consumer is closed")
         self._finished = self._returned
-        if self._policy.due(time.monotonic()):
-            self._commit(self._finished)
-        out = self._read_round(timeout_s)
+        try:
+            if self._policy.due(time.monotonic()) and self._zk_connected():  # else: later
+                self._commit(self._finished)
+            # (a read round that delivers does no ZooKeeper call after _deliver: an error
+            # below never drops messages the cursor already moved past)
+            out = self._read_round(timeout_s)
+        except CoordinationUnavailable as exc:
+            # Reads go on from the replicas we know while ZooKeeper is away; what needs it
+            # (commits, moving on, sealing) is tried again next round, up to zk_outage_s.
+            now = time.monotonic()
+            if self._zk_down_since is None:
+                self._zk_down_since = now
+            if now - self._zk_down_since > self.config.zk_outage_s:
+                raise
+            log.warning("queue %s/%s: ZooKeeper unavailable for %.1fs, retrying: %s", self.config.queue,
+                        self.config.subscription, now - self._zk_down_since, exc)
+            self._state_changed.set()  # read the state again once ZooKeeper answers
+            time.sleep(0.05)
+            return []
+        if self._zk_connected():
+            self._zk_down_since = None
         if out:
             self._policy.delivered(len(out))
         return out
@@ -282,9 +319,22 @@ class Consumer:
             # The audit rows of what the cursor covers reach the file first: after a crash the
             # standby starts past them, so rows still in the buffer would read as lost.
             self._audit.flush()
-        store = self._require_store()
-        self._cursor_version = store.commit_cursor(self.config.queue, self.config.subscription, cur,
-                                                   self._cursor_version)
+        store, q, sub = self._require_store(), self.config.queue, self.config.subscription
+        try:
+            try:
+                self._cursor_version = store.commit_cursor(q, sub, cur, self._cursor_version)
+            except ConflictError:
+                # A commit of ours that got no answer may have landed later (kazoo still sends
+                # a request it timed out on): then the cursor moved to one we wrote, not to
+                # another consumer's. Go on from there; anything else is a real conflict.
+                now, version = store.get_cursor(q, sub)
+                if now not in self._commits_in_doubt:
+                    raise
+                self._cursor_version = store.commit_cursor(q, sub, cur, version)
+        except CoordinationUnavailable:
+            self._commits_in_doubt.append(cur)
+            raise
+        self._commits_in_doubt.clear()
         self._policy.committed(time.monotonic())
         self._stats.commits += 1
 
@@ -376,12 +426,13 @@ class Consumer:
                max_bytes: int | None = None) -> FetchResult | None:
         """Read from the master, or the slave when the master is down; None when neither
         answers (the caller waits at this segment: consumers never skip it)."""
-        store, transport = self._require_store(), self._require_transport()
-        members = store.live_members(segment.gid)
+        transport = self._require_transport()
+        members = self._replicas(segment.gid)
         errors = []
         for role in ("master", "slave"):
             info = members.get(role)
             if info is None:
+                self._stale_replicas.add(segment.gid)  # look again next time: it may be back
                 continue
             try:
                 return transport.fetch(info.address, self.config.queue, segment.seg, offset,
@@ -389,29 +440,59 @@ class Consumer:
                                        known_end=segment.end if segment.status is SegStatus.SEALED else None)
             except OrdqError as exc:
                 errors.append(f"{role}: {exc}")
+                self._stale_replicas.add(segment.gid)
         log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,
                  "; ".join(errors) or "none live")
         self._wait_state_change(max(max_wait_ms, 50))
         return None
 
+    def _replicas(self, gid: str) -> dict[str, LiveInfo]:
+        """The group's live processes, as last read from ZooKeeper: read again when one of them
+        failed or was missing since, and kept as they were while ZooKeeper is unreachable (so
+        consuming never needs ZooKeeper between two segments)."""
+        known = self._replica_cache.get(gid)
+        if known is None or (gid in self._stale_replicas and self._zk_connected()):
+            try:
+                known = self._require_store().live_members(gid)
+            except CoordinationUnavailable:
+                if known is None:
+                    raise
+                return known
+            self._replica_cache[gid] = known
+            self._stale_replicas.discard(gid)
+        return known
+
     # -- state cache -------------------------------------------------------------------------
 
+    def _zk_connected(self) -> bool:
+        """Is the ZooKeeper connection up now? (While it is not, the cached state and replica
+        addresses serve, and nothing waits on a request that cannot be answered.)"""
+        return self._client is not None and bool(self._client.connected)
+
     def _current_state(self) -> QueueState:
-        if self._state is None or self._state_changed.is_set():
+        if self._state is None or (self._state_changed.is_set() and self._zk_connected()):
             self._refresh_state()
         assert self._state is not None
         return self._state
 
     def _refresh_state(self) -> None:
         self._state_changed.clear()
-        self._state, _ = self._require_store().load_state(self.config.queue, watch=self._on_state_event)
+        try:
+            self._state, _ = self._require_store().load_state(self.config.queue, watch=self._on_state_event)
+        except CoordinationUnavailable:
+            self._state_changed.set()  # not read (nor the watch set): read it again later
+            raise
 
     def _on_state_event(self, _event: object) -> None:
         self._state_changed.set()
 
     def _wait_state_change(self, wait_ms: int) -> None:
-        if self._state_changed.wait(wait_ms / 1000.0):
+        if not self._state_changed.wait(wait_ms / 1000.0):
+            return
+        if self._zk_connected():
             self._refresh_state()
+        else:
+            time.sleep(wait_ms / 1000.0)  # it changed, but ZooKeeper is away: read it later
 
     def _require_store(self) -> ZkStore:
         if self._store is None:

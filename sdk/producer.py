@@ -410,6 +410,7 @@ class Producer:
             self._stream = None
         assert self._gid is not None and self._seg is not None and self._core is not None
         gid, seg = self._gid, self._seg
+        deadline = time.monotonic() + self.config.no_group_timeout_s
         while True:
             st = self._fail_over_from(gid, seg, self._core.epoch)
             self._check_epoch(st, self._core.epoch)
@@ -420,6 +421,12 @@ class Producer:
                 break
             except BrokerUnavailable:
                 gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
+            except CoordinationUnavailable:
+                # ZooKeeper away while we look up the new head's master: try again (the
+                # fail_over above is then a no-op that follows the head), bounded.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         with self._lock:
             self._core.rewind()
             self._stats.failovers += 1

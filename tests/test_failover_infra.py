@@ -5,6 +5,7 @@ one, or make the producer fail over.
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import pytest
@@ -37,6 +38,36 @@ def test_zookeeper_leader_node_killed(cluster: Cluster, zk_ensemble: ZkServer) -
         finish(producer, consumer)
     finally:
         zk_ensemble.restart(victim)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
+
+
+@pytest.mark.ensemble
+def test_zookeeper_quorum_lost_for_longer_than_a_request_timeout(cluster: Cluster, zk_ensemble: ZkServer) -> None:
+    """Two of three nodes hang for 7 s (> the store's 5 s request timeout; no quorum, nobody
+    is served) under load: the producer keeps writing to its head and the consumer keeps
+    reading from the replicas it knows; nothing fails over, nothing is lost."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer, consumer = start_load(cluster, N)
+    wait_acked(producer, N // 4)
+    followers = [st.node for st in zk_ensemble.status() if st.mode == "follower"]
+    assert len(followers) == 2
+    paused_at = time.monotonic()
+    try:
+        for i in followers:
+            zk_ensemble.processes[i].pause()
+        wait_acked(producer, N // 4 + 4000)  # writes and acks go on without ZooKeeper
+        delivered = len(consumer.delivered)
+        wait_until(lambda: len(consumer.delivered) >= delivered + 4000, timeout_s=30, what="reads go on")
+        wait_until(lambda: time.monotonic() - paused_at > 7.0, timeout_s=30, interval_s=0.1,
+                   what="an outage longer than a request timeout")
+    finally:
+        for i in followers:
+            zk_ensemble.processes[i].resume()
+        zk_ensemble.wait_serving(timeout_s=60)
+    finish(producer, consumer)
     summary = check_delivery(producer.acked, [consumer.delivered])
     assert summary.acked == summary.delivered == N
     assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
