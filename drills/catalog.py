@@ -16,7 +16,7 @@ from broker_group.log import Message, encode_batch, iter_file_batches
 from coordinator.state import SegStatus
 from drills.audit import AckRow, DeliveryRow
 from drills.runner import Drill, DrillContext, DrillError
-from drills.workload import EXIT_FENCED
+from drills.workload import EXIT_FENCED, now_us
 
 _ROLES = ("master", "slave")
 
@@ -26,9 +26,10 @@ _ROLES = ("master", "slave")
 
 def _kill_head(ctx: DrillContext, roles: tuple[str, ...]) -> tuple[str, int]:
     gid, seg = ctx.head()
+    at = now_us()
     for role in roles:
         ctx.cluster.broker(gid, role).kill()
-    ctx.fault(f"kill -9 {' and '.join(roles)} of {gid} (head, segment {seg})", kind="segment", seg=seg)
+    ctx.fault(f"kill -9 {' and '.join(roles)} of {gid} (head, segment {seg})", kind="segment", seg=seg, at_us=at)
     return gid, seg
 
 
@@ -56,8 +57,9 @@ def kill_head_group(ctx: DrillContext) -> None:
 def _pause_head(ctx: DrillContext, role: str) -> None:
     gid, seg = ctx.head()
     member = ctx.cluster.broker(gid, role)
+    at = now_us()
     member.pause()
-    ctx.fault(f"SIGSTOP {gid} {role} (head, segment {seg})", kind="segment", seg=seg)
+    ctx.fault(f"SIGSTOP {gid} {role} (head, segment {seg})", kind="segment", seg=seg, at_us=at)
     ctx.wait_acks_after(seg)
     member.resume()
     ctx.event(f"SIGCONT {gid} {role}")
@@ -85,8 +87,9 @@ def _live(ctx: DrillContext, gid: str) -> dict[str, Any]:
 
 def kill_producer(ctx: DrillContext) -> None:
     leader = ctx.leader("producer")
+    at = now_us()
     leader.proc.kill()
-    ctx.fault(f"kill -9 the producer leader {leader.proc.name}", kind="producer", writer=leader.writer)
+    ctx.fault(f"kill -9 the producer leader {leader.proc.name}", kind="producer", writer=leader.writer, at_us=at)
     ctx.wait(lambda: any(w is not leader and _took_over(w) for w in ctx.producers),
              timeout_s=30, what="the standby producer to take over and get acks")
     ctx.event("standby producer leads and is acked")
@@ -132,8 +135,9 @@ def check_stale_producer(ctx: DrillContext, acks: list[AckRow], _d: list[Deliver
 
 def kill_consumer(ctx: DrillContext) -> None:
     leader = ctx.leader("consumer")
+    at = now_us()
     leader.proc.kill()
-    ctx.fault(f"kill -9 the consumer leader {leader.proc.name}", kind="consumer", writer=leader.writer)
+    ctx.fault(f"kill -9 the consumer leader {leader.proc.name}", kind="consumer", writer=leader.writer, at_us=at)
     ctx.wait(lambda: any(w is not leader and w.status().get("delivered", 0) > 0 for w in ctx.consumers),
              timeout_s=30, what="the standby consumer to take over and deliver")
     ctx.event("standby consumer leads and delivers")

@@ -23,10 +23,11 @@ import random
 import secrets
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import attrs
 
@@ -39,6 +40,14 @@ from ordq.proc import ManagedProcess
 T = TypeVar("T")
 
 SUBSCRIPTION = "drill"
+
+
+class Writer(Protocol):
+    """Where a drill reports its events as they happen (a text stream, the demo's display)."""
+
+    def write(self, text: str, /) -> Any: ...
+
+    def flush(self) -> Any: ...
 
 
 class DrillError(OrdqError):
@@ -103,7 +112,7 @@ class DrillContext:
     queue: str
     run_dir: Path
     load: LoadConfig
-    out: TextIO | None = None
+    out: Writer | None = None
     started: float = attrs.field(factory=time.monotonic)
     producers: list[Workload] = attrs.field(factory=list)
     consumers: list[Workload] = attrs.field(factory=list)
@@ -124,9 +133,10 @@ class DrillContext:
             self.out.write(f"    {t:6.2f}s  {text}\n")
             self.out.flush()
 
-    def fault(self, text: str, *, kind: str | None = None, seg: int | None = None, writer: str | None = None) -> None:
-        """Mark the moment of the fault (call it right before or after doing it)."""
-        self.fault_us = now_us()
+    def fault(self, text: str, *, kind: str | None = None, seg: int | None = None, writer: str | None = None,
+              at_us: int | None = None) -> None:
+        """Mark the moment of the fault: ``at_us`` (taken right before doing it), else now."""
+        self.fault_us = at_us if at_us is not None else now_us()
         self.failover_kind, self.fault_seg, self.fault_writer = kind, seg, writer
         self.event(f"FAULT: {text}")
 
@@ -215,6 +225,10 @@ class DrillContext:
 
     # -- processes -----------------------------------------------------------------------
 
+    @property
+    def go_file(self) -> Path:
+        return self.run_dir / "go"
+
     def start_workload(self, role: str) -> Workload:
         group = self.producers if role == "producer" else self.consumers
         name = f"{role[0]}{len(group) + 1}"
@@ -226,7 +240,8 @@ class DrillContext:
                 "--status", str(status), "--writer", writer, "--audit-dir", str(self.run_dir / "audit"),
                 "--session-timeout", str(load.session_timeout_s)]
         if role == "producer":
-            argv += ["--rate", str(load.rate), "--size", str(load.size), "--send-timeout", str(load.send_timeout_s)]
+            argv += ["--rate", str(load.rate), "--size", str(load.size), "--send-timeout", str(load.send_timeout_s),
+                     "--go-file", str(self.go_file)]
         else:
             argv += ["--subscription", SUBSCRIPTION]
         proc = ManagedProcess(name, argv, run_dir=self.run_dir)
@@ -306,16 +321,19 @@ def execute_drill(
     seed: int = 0,
     load: LoadConfig | None = None,
     tamper: str | None = None,
-    out: TextIO | None = None,
+    out: Writer | None = None,
+    queue: str | None = None,
+    monitor: Callable[[DrillContext, threading.Event], None] | None = None,
 ) -> DrillRun:
     """Run one drill's load and fault on ``cluster`` (healed first); the verdict comes later
-    (``judge``), so that one Spark job can verify a whole series. ``tamper`` ('lose' or
-    'reorder') is the test hook that alters the recorded deliveries before the verdict."""
+    (``judge_all``), so that one Spark job can verify a whole series. ``tamper`` ('lose' or
+    'reorder') is the test hook that alters the recorded deliveries before the verdict.
+    ``monitor(ctx, done)`` runs in a thread while the load runs (the demo's live display)."""
     load = load or LoadConfig()
     run_seed = drill_seed(seed, drill.name, round_)
     rng = random.Random(run_seed)
     started = time.monotonic()
-    queue = f"drill-{drill.name}-r{round_}-{secrets.token_hex(3)}"
+    queue = queue or f"drill-{drill.name}-r{round_}-{secrets.token_hex(3)}"
     run_dir = cluster.folder / "drills" / queue
     run_dir.mkdir(parents=True)
     ctx = DrillContext(cluster=cluster, drill=drill, round=round_, rng=rng, queue=queue, run_dir=run_dir,
@@ -330,7 +348,16 @@ def execute_drill(
             ctx.event(f"healed the cluster: started {', '.join(healed)}")
         with cluster.store() as store:
             store.create_queue(queue)
-        _run_load(ctx)
+        done = threading.Event()
+        watcher = threading.Thread(target=monitor, args=(ctx, done), name="drill-monitor", daemon=True)
+        if monitor is not None:
+            watcher.start()
+        try:
+            _run_load(ctx)
+        finally:
+            done.set()
+            if monitor is not None:
+                watcher.join(timeout=5)
         cluster.heal()
         if tamper:
             ctx.event(f"TEST HOOK: {audit.tamper(run_dir / 'audit', tamper, rng)}")
@@ -388,15 +415,17 @@ def run_drill(
 
 def _run_load(ctx: DrillContext) -> None:
     load, drill = ctx.load, ctx.drill
+    # Every process is up (standbys waiting for their election) before the load starts.
     if not drill.late_consumer:
         ctx.start_workload("consumer")
+        if drill.standby_consumer:
+            ctx.wait(ctx.consumers[0].leading, timeout_s=60, what="the consumer to lead")
+            ctx.start_workload("consumer")
     first = ctx.start_workload("producer")
     ctx.wait(first.leading, timeout_s=60, what="the producer to lead")
     if drill.standby_producer:
         ctx.start_workload("producer")
-    if drill.standby_consumer and not drill.late_consumer:
-        ctx.wait(ctx.consumers[0].leading, timeout_s=60, what="the consumer to lead")
-        ctx.start_workload("consumer")
+    ctx.go_file.touch()
     ctx.wait(lambda: first.status().get("acked", 0) > 0, timeout_s=60, what="the first ack")
     ctx.event(f"load running: {load.messages} messages at {load.rate:g}/s, "
               f"{len(ctx.producers)} producer(s), {len(ctx.consumers)} consumer(s)")
@@ -439,6 +468,12 @@ def _run_load(ctx: DrillContext) -> None:
         st = w.status()
         ctx.event(f"{w.writer.split('-')[0]} exited ({w.proc.returncode}): {st.get('state')}, "
                   f"delivered {st.get('delivered')}, last seq {st.get('last_seq')}")
+
+
+def failover_seconds(run: DrillRun) -> float | None:
+    """Fault -> first ack on the new segment (or by the new producer leader; first delivery by
+    the new consumer leader), from the run's audit files; None when the drill has no failover."""
+    return _failover_s(run.ctx, audit.read_acks(run.audit_dir), audit.read_deliveries(run.audit_dir))
 
 
 def _failover_s(ctx: DrillContext, acks: list[audit.AckRow], deliveries: list[audit.DeliveryRow]) -> float | None:

@@ -7,7 +7,7 @@ start; a verification of a drill then takes a few seconds) and stops it on ``clo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ class Verifier:
     """``verifier(audit_dir) -> spark_order_check.Report``; ``master`` as for spark-submit
     (default ``local[*]``)."""
 
-    def __init__(self, *, master: str | None = None) -> None:
+    def __init__(self, *, master: str | None = None, log_path: Path | None = None) -> None:
         self.master = master
+        self.log_path = log_path  # where Spark's own output goes (None: this process's stdout/stderr)
         self._session: Any = None
 
     def __call__(self, audit_dirs: Sequence[Path], *, report_path: Path | None = None) -> Any:
@@ -32,10 +33,11 @@ class Verifier:
         if self._session is None:
             from spark_order_check._session import make_session
 
-            # Small inputs: few shuffle partitions keep a drill's verification to seconds.
-            self._session = make_session(self.master, conf={"spark.sql.shuffle.partitions": "4"},
-                                         app_name="ordq-drills")
-            self._session.sparkContext.setLogLevel("ERROR")
+            # Small inputs: few shuffle partitions keep a drill's verification short.
+            with _output_to(self.log_path):  # the JVM inherits stdout/stderr when it starts
+                self._session = make_session(self.master, conf={"spark.sql.shuffle.partitions": "4"},
+                                             app_name="ordq-drills")
+                self._session.sparkContext.setLogLevel("ERROR")
         return self._session
 
     def close(self) -> None:
@@ -49,3 +51,28 @@ class Verifier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _output_to(path: Path | None) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at ``path`` meanwhile (for child processes started now)."""
+    if path is None:
+        yield
+        return
+    import os
+    import sys
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)

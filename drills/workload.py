@@ -156,6 +156,8 @@ class ProducerRun:
             self.state = "leading"
             status.write()
             print(f"LEADER next_seq={self.next_seq}", flush=True)
+            while a.go_file is not None and not a.go_file.exists():  # held until every process is up
+                time.sleep(0.01)
             keys = [b"k%d" % i for i in range(a.keys)] if a.keys else None
             start = time.monotonic()
             for i, seq in enumerate(range(self.next_seq, a.total)):
@@ -163,6 +165,11 @@ class ProducerRun:
                     pause = start + i / a.rate - time.monotonic()
                     if pause > 0:
                         time.sleep(pause)
+                    elif pause < -0.1:  # after a stall, resume the steady rate (no burst)
+                        start -= pause
+                # Steady load means acks keep pace: at most --max-inflight messages unacked.
+                while self.sent - self.acked - self.failed >= a.max_inflight and self.first_failure is None:
+                    time.sleep(0.001)
                 fut = producer.send(make_payload(seq, a.writer, a.size), key=keys[seq % len(keys)] if keys else None)
                 fut.add_done_callback(self.on_done)
                 self.sent += 1
@@ -289,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--keys", type=int, default=8, help="distinct keys, round robin (0: no key)")
             p.add_argument("--send-timeout", type=float, default=1.0, metavar="SECONDS")
             p.add_argument("--linger-ms", type=float, default=2.0)
+            p.add_argument("--max-inflight", type=int, default=2000, help="messages sent but not acked at most")
+            p.add_argument("--go-file", type=Path, default=None, help="once leading, wait for this file to exist")
             p.add_argument("--flush-timeout", type=float, default=120.0, metavar="SECONDS")
         else:
             p.add_argument("--subscription", required=True)

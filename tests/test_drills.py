@@ -1,0 +1,115 @@
+"""Failover drills on real processes, verdicts from spark_order_check.
+
+Default run: a CI-sized subset (``drills.catalog.CI_DRILLS``) plus two runs made to lose and
+to reorder one delivery (the test hook), all verified in one Spark job; the hooked runs must
+fail. ``-m slow`` (tox -e slow): every drill on a cluster with a 3-node ZooKeeper, and the
+CLI's exit code for a failing drill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from drills.catalog import CI_DRILLS, DRILLS
+from drills.runner import DrillResult, LoadConfig, execute_drill, judge_all, run_series
+from drills.verdict import Verifier
+from ordq.cli import main
+from ordq.local_cluster import ClusterConfig, LocalCluster
+
+pytestmark = [pytest.mark.zk, pytest.mark.spark, pytest.mark.timeout(1800)]
+
+CI_LOAD = LoadConfig(messages=8_000, rate=4_000.0)
+HOOKED = {"lose": "kill-head-slave", "reorder": "kill-producer"}
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Iterator[Verifier]:
+    with Verifier(master="local[2]") as v:
+        yield v
+
+
+@pytest.fixture(scope="module")
+def ci_results(tmp_path_factory: pytest.TempPathFactory, verifier: Verifier) -> Iterator[dict[str, DrillResult]]:
+    """The CI drills and the two hooked runs on one cluster, judged in one verification."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("drills") / "c", ClusterConfig(groups=3, coordinators=2))
+    try:
+        cluster.start()
+        runs = {name: execute_drill(cluster, DRILLS[name], seed=7, load=CI_LOAD) for name in CI_DRILLS}
+        for how, name in HOOKED.items():
+            runs[how] = execute_drill(cluster, DRILLS[name], seed=7, load=CI_LOAD, tamper=how)
+        results = judge_all(list(runs.values()), verifier, keep=True)
+        yield dict(zip(runs, results, strict=True))
+    finally:
+        cluster.stop()
+
+
+def _explain(res: DrillResult) -> str:
+    lines = [f"{res.name}: {res.verdict}; files in {res.run_dir}"]
+    lines += [f"  {t:6.2f}s {text}" for t, text in res.events]
+    lines += [f"  {'ok' if ok else 'NOT MET'}: {what}" for what, ok in res.expectations]
+    if res.report is not None and not res.report.ok:
+        lines.append(res.report.summary())
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", CI_DRILLS)
+def test_ci_drill_passes(ci_results: dict[str, DrillResult], name: str) -> None:
+    res = ci_results[name]
+    assert res.ok, _explain(res)
+    assert res.verdict == "PASS"
+    # a producer fault may leave messages stored but never acked (delivered all the same)
+    assert res.delivered == CI_LOAD.messages and 0 < res.acked <= res.delivered
+    assert res.lost == 0 and res.reordered == 0 and res.duplicates == 0
+    assert res.failover_s is not None and res.failover_s < 30
+
+
+def test_a_run_made_to_lose_one_message_fails(ci_results: dict[str, DrillResult]) -> None:
+    res = ci_results["lose"]
+    assert not res.ok, _explain(res)
+    assert res.lost == 1, _explain(res)
+    assert res.verdict.startswith("FAIL (") and "lost 1" in res.verdict
+    assert any("TEST HOOK: removed the delivery of seq" in text for _, text in res.events)
+
+
+def test_a_run_made_to_reorder_one_message_fails(ci_results: dict[str, DrillResult]) -> None:
+    res = ci_results["reorder"]
+    assert not res.ok, _explain(res)
+    assert res.reordered and res.reordered >= 1, _explain(res)
+    assert "out_of_order" in res.verdict
+    assert res.lost == 0  # reordered, not lost
+
+
+def test_drill_list_names_every_fault(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["drill", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in DRILLS:
+        assert name in out
+    assert main(["drill", "no-such-drill"]) == 1
+    assert "unknown drill" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_drill_passes(tmp_path: Path, verifier: Verifier) -> None:
+    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=3, zk_nodes=3, coordinators=2))
+    try:
+        cluster.start()
+        results = run_series(cluster, list(DRILLS.values()), verify=verifier, seed=11, load=CI_LOAD, out=None,
+                             keep=True)
+    finally:
+        cluster.stop()
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n\n".join(_explain(r) for r in failed)
+    assert not any(r.skipped for r in results)
+
+
+@pytest.mark.slow
+def test_cli_exits_non_zero_when_a_drill_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["drill", "kill-head-master", "--dir", str(tmp_path / "c"), "--messages", "6000", "--seed", "3",
+                 "--test-hook", "lose", "--master", "local[2]"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "FAIL (lost 1)" in out
+    assert not LocalCluster(tmp_path / "c").running()  # its own cluster is stopped (files kept)
