@@ -71,6 +71,7 @@ class StatusWriter:
     def __init__(self, path: Path, snapshot: Callable[[], dict[str, Any]], every_s: float) -> None:
         self.path, self.snapshot, self.every_s = path, snapshot, every_s
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the status thread and the main thread both write
         self._thread = threading.Thread(target=self._loop, name="status", daemon=True)
 
     def start(self) -> None:
@@ -78,7 +79,8 @@ class StatusWriter:
         self._thread.start()
 
     def write(self) -> None:
-        write_status(self.path, {**self.snapshot(), "pid": os.getpid(), "t_us": now_us()})
+        with self._lock:
+            write_status(self.path, {**self.snapshot(), "pid": os.getpid(), "t_us": now_us()})
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
