@@ -351,13 +351,23 @@ class Producer:
         return best
 
     def _wait_for_head(self, deadline: float) -> QueueState:
+        """Until some group is writable: admit every eligible group, again on each state change
+        and at least every 0.5 s. A group becomes eligible when its two processes are live
+        again or its backlog was consumed (popped), and no one else may be there to admit it:
+        the coordinator daemon is optional. NoGroupAvailable at ``deadline``."""
         store, q = self._require_store(), self.config.queue
-        store.apply(q, sm.admit_all)
-        left = deadline - time.monotonic()
-        try:
-            return store.wait_state(q, lambda s: s.open_segment is not None, timeout_s=max(left, 0.01))
-        except WaitTimeout as exc:
-            raise NoGroupAvailable(q, "no group with master and slave live and no backlog") from exc
+        while True:
+            try:
+                st = store.apply(q, sm.admit_all)
+                if st.open_segment is not None:
+                    return st
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NoGroupAvailable(q, "no group with master and slave live and no backlog")
+                return store.wait_state(q, lambda s: s.open_segment is not None, timeout_s=min(left, 0.5))
+            except (WaitTimeout, CoordinationUnavailable):
+                if time.monotonic() >= deadline:
+                    raise NoGroupAvailable(q, "no group with master and slave live and no backlog") from None
 
     def _check_epoch(self, st: QueueState, epoch: int) -> None:
         if st.producer_epoch > epoch:

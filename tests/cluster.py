@@ -26,7 +26,6 @@ depends on it.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -491,13 +490,3 @@ def cluster_fixture(request: pytest.FixtureRequest, zk_root: str, tmp_path: Path
     finally:
         c.close()
 
-
-def pid_of(proc: ManagedProcess) -> int:
-    pid = proc.pid
-    assert pid is not None, f"{proc.name} is not running"
-    return pid
-
-
-def env_int(name: str, default: int) -> int:
-    """A size knob that a developer may raise from the environment (ORDQ_TEST_<NAME>)."""
-    return int(os.environ.get(f"ORDQ_TEST_{name}", default))

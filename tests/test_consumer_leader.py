@@ -24,7 +24,7 @@ from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 
-N = 20_000
+N = 16_000
 
 
 def start_pair(cluster: Cluster, n: int, **options: object) -> tuple[ConsumerProgram, ConsumerProgram]:

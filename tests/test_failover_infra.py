@@ -19,7 +19,7 @@ from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 
-N = 20_000
+N = 16_000
 
 
 @pytest.mark.ensemble

@@ -29,7 +29,7 @@ from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 
-N = 20_000
+N = 16_000
 
 
 def leader_and_standby(cluster: Cluster, n: int) -> tuple[ProducerProgram, ProducerProgram]:
