@@ -754,23 +754,29 @@ def _read_meta(directory: Path) -> dict[str, Any]:
         return {}
 
 
+# One meta write at a time: concurrent Fence/Seal calls on a segment (a producer's seal and a
+# consumer's at once) shared the tmp file, and the second rename failed (FileNotFoundError).
+_META_LOCK = threading.Lock()
+
+
 def _write_meta(s: Segment) -> None:
     """Persist fence and seal state (atomic rename, synced) before they are acted on."""
-    r = s.replica
-    data = json.dumps({"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end}).encode()
-    tmp = s.directory / (META_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, s.directory / META_FILE)
-    dfd = os.open(s.directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    with _META_LOCK:  # the state is read under it too, so the last write holds the latest
+        r = s.replica
+        data = json.dumps({"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end}).encode()
+        tmp = s.directory / (META_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, s.directory / META_FILE)
+        dfd = os.open(s.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
