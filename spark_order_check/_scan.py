@@ -1,0 +1,165 @@
+"""Reading audit files into Spark: one narrow row per ack, delivery or unreadable line.
+
+Rules: nothing here collects data to the driver. Every output row carries ``pos``, its
+position in the input: ``fid << 33 | row`` where ``fid`` numbers the files in
+(writer id, ``<n>``) order and ``row`` is the 0-based data row in that file (line ``row + 2``;
+line 1 is the header). Sorting one writer's rows by ``pos`` is sorting them by
+(file ``<n>``, line), the order docs/AUDIT_FORMAT.md defines.
+
+How ``row`` is found without a driver collect or an extra pass: the files are read with the
+CSV source in ``multiLine`` mode, which makes a file unsplittable (one task reads it from its
+first byte to its last), and ``spark.sql.files.openCostInBytes`` is raised above the split
+size while verifying, which stops Spark from packing two files into one partition. So every
+partition is exactly one whole file, read in order, and ``monotonically_increasing_id()``
+(partition index << 33 | row number inside the partition) computed directly on the scan is
+the row number in the file. The expression must sit right above the scan: no filter may run
+before it, and none is pushed below it because it is nondeterministic. The assumption is
+checked on every run (``file_stats``: each file's rows must be numbered 0..rows-1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from spark_order_check._files import ROW_BITS, AuditFile
+
+ACK, DELIVERY, MALFORMED, TORN = 0, 1, 2, 3
+BUCKET_BITS = 16  # seqs are grouped in buckets of 65,536 for the seq-ordered windows
+ROW_MASK = (1 << ROW_BITS) - 1
+_LONGS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us"}
+_BAD = "_bad"
+
+# Columns of the combined table every check reads (``E`` in docs/VERIFIER.md).
+E_SCHEMA = T.StructType([
+    T.StructField("kind", T.IntegerType()),
+    T.StructField("q", T.StringType()),
+    T.StructField("s", T.StringType()),  # subscription; null for acks
+    T.StructField("c", T.StringType()),  # producer (acks) or consumer (deliveries) writer id
+    T.StructField("seq", T.LongType()),
+    T.StructField("b", T.LongType()),  # seq >> bucket_bits
+    T.StructField("crc", T.LongType()),
+    T.StructField("pos", T.LongType()),
+    T.StructField("seg", T.LongType()),
+    T.StructField("off", T.LongType()),
+    T.StructField("lat", T.LongType()),  # deliver_us - msg_us; null for acks
+    T.StructField("key", T.StringType()),  # only for keyed subscriptions
+    T.StructField("bad", T.StringType()),  # the raw line of an unreadable row
+])
+
+
+_FILES = T.StructType([
+    T.StructField("_name", T.StringType()), T.StructField("_fid", T.LongType()), T.StructField("_torn", T.LongType()),
+])
+
+
+def local_table(spark: SparkSession, rows: Sequence[tuple[Any, ...]], schema: T.StructType) -> DataFrame:
+    """A small driver-side table as a DataFrame, built in the JVM from one JSON literal:
+    ``createDataFrame`` would ship it through a Python RDD and start Python workers."""
+    text = json.dumps([dict(zip(schema.names, r, strict=True)) for r in rows])
+    return spark.range(1).select(F.inline(F.from_json(F.lit(text), T.ArrayType(schema))))
+
+
+def _schema(columns: Sequence[str]) -> T.StructType:
+    fields = [T.StructField(c, T.LongType() if c in _LONGS else T.StringType()) for c in columns]
+    return T.StructType(fields + [T.StructField(_BAD, T.StringType())])
+
+
+def _read(spark: SparkSession, files: Sequence[AuditFile], columns: Sequence[str], fid0: int) -> DataFrame:
+    raw = (
+        spark.read.schema(_schema(columns))
+        .options(sep="\t", header="true", multiLine="true", quote="", mode="PERMISSIVE",
+                 columnNameOfCorruptRecord=_BAD, encoding="UTF-8")
+        .csv([f.path for f in files])
+    )
+    # Directly on the scan (see the module docstring): row number inside the (one-file) partition.
+    raw = raw.select("*", F.col("_metadata.file_name").alias("_file"),
+                     F.monotonically_increasing_id().bitwiseAND(F.lit(ROW_MASK)).alias("_row"))
+    table = local_table(spark, [(f.name, fid0 + i, -1 if f.torn_row is None else f.torn_row)
+                                for i, f in enumerate(files)], _FILES)
+    joined = raw.join(F.broadcast(table), raw["_file"] == table["_name"])
+    return joined.withColumn("pos", F.shiftleft(F.col("_fid"), ROW_BITS).bitwiseOR(F.col("_row")))
+
+
+def _kind(base: int, required: Sequence[str]) -> Any:
+    ok = F.col(_BAD).isNull()
+    for c in required:
+        ok = ok & F.col(c).isNotNull()
+    return (F.when(F.col("_row") == F.col("_torn"), F.lit(TORN))
+            .when(ok, F.lit(base)).otherwise(F.lit(MALFORMED)))
+
+
+def _bad_text(columns: Sequence[str]) -> Any:
+    # A row with the right number of fields but an empty required one has no _bad text.
+    joined = F.concat_ws("\t", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in columns])
+    return F.substring(F.coalesce(F.col(_BAD), joined), 1, 300)
+
+
+def _good(kind: Any, value: Any) -> Any:
+    return F.when(kind <= DELIVERY, value)
+
+
+def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket_bits: int = BUCKET_BITS) -> DataFrame:
+    df = _read(spark, files, ACK_COLUMNS, fid0)
+    kind = _kind(ACK, ("queue", "producer", "seq", "seg", "offset", "crc32"))
+    df = df.withColumn("kind", kind)
+    k = F.col("kind")
+    return df.select(
+        k.alias("kind"),
+        _good(k, F.col("queue")).alias("q"),
+        F.lit(None).cast("string").alias("s"),
+        _good(k, F.col("producer")).alias("c"),
+        _good(k, F.col("seq")).alias("seq"),
+        _good(k, F.shiftright(F.col("seq"), bucket_bits)).alias("b"),
+        _good(k, F.col("crc32")).alias("crc"),
+        F.col("pos"),
+        _good(k, F.col("seg")).alias("seg"),
+        _good(k, F.col("offset")).alias("off"),
+        F.lit(None).cast("long").alias("lat"),
+        F.lit(None).cast("string").alias("key"),
+        F.when(k > DELIVERY, _bad_text(ACK_COLUMNS)).alias("bad"),
+    )
+
+
+def keyed_condition(keyed: Sequence[str]) -> Any:
+    """True for rows of keyed subscriptions: entries are ``SUB`` (any queue) or ``QUEUE/SUB``."""
+    subs = [k for k in keyed if "/" not in k]
+    pairs = [k for k in keyed if "/" in k]
+    cond = F.lit(False)
+    if subs:
+        cond = cond | F.col("subscription").isin(subs)
+    if pairs:
+        cond = cond | F.concat_ws("/", F.col("queue"), F.col("subscription")).isin(pairs)
+    return cond
+
+
+def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, keyed: Sequence[str],
+                    bucket_bits: int = BUCKET_BITS) -> DataFrame:
+    df = _read(spark, files, DELIVERY_COLUMNS, fid0)
+    kind = _kind(DELIVERY, ("queue", "subscription", "consumer", "seq", "seg", "offset", "crc32", "msg_us",
+                            "deliver_us"))
+    df = df.withColumn("kind", kind)
+    k = F.col("kind")
+    # Keyed subscriptions carry the key ("" for a message without one); others carry null.
+    key = F.when(keyed_condition(keyed), F.coalesce(F.col("key"), F.lit(""))) if keyed else F.lit(None)
+    return df.select(
+        k.alias("kind"),
+        _good(k, F.col("queue")).alias("q"),
+        _good(k, F.col("subscription")).alias("s"),
+        _good(k, F.col("consumer")).alias("c"),
+        _good(k, F.col("seq")).alias("seq"),
+        _good(k, F.shiftright(F.col("seq"), bucket_bits)).alias("b"),
+        _good(k, F.col("crc32")).alias("crc"),
+        F.col("pos"),
+        _good(k, F.col("seg")).alias("seg"),
+        _good(k, F.col("offset")).alias("off"),
+        _good(k, F.col("deliver_us") - F.col("msg_us")).alias("lat"),
+        _good(k, key).cast("string").alias("key"),
+        F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS)).alias("bad"),
+    )

@@ -1,0 +1,78 @@
+"""The SparkSession the verifier runs in, and the scan settings it needs while it runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+# Above any split size: Spark then never packs two audit files into one partition (_scan.py).
+OPEN_COST_BYTES = 1 << 40
+
+
+def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = None,
+                 driver_memory: str | None = None, app_name: str = "ordq-verify") -> SparkSession:
+    """Get or create a session. ``master=None`` keeps what spark-submit chose, else ``local[*]``.
+
+    Local masters bind the driver to 127.0.0.1 and run without the web UI; ``conf`` entries
+    win over every default here.
+    """
+    builder = SparkSession.builder.appName(app_name)
+    launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not launched_by_submit:
+        master = DEFAULT_MASTER
+    settings: dict[str, str] = {"spark.ui.showConsoleProgress": "false"}
+    if master is not None:
+        builder = builder.master(master)
+        if master.startswith("local"):
+            settings.update({
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.enabled": "false",
+            })
+    if driver_memory:
+        settings["spark.driver.memory"] = driver_memory
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def default_partitions(spark: SparkSession, input_bytes: int) -> int:
+    """Shuffle partitions for the verification: ~64 MiB of input each, at least one per core."""
+    return max(int(spark.sparkContext.defaultParallelism), min(4000, -(-input_bytes // (64 << 20))))
+
+
+@contextmanager
+def scan_settings(spark: SparkSession, *, partitions: int) -> Iterator[None]:
+    """Set the options the verification relies on; restore the old ones after.
+
+    - the file-scan options the line numbering relies on (_scan.py);
+    - a fixed number of shuffle partitions with adaptive execution off: every plan is
+      partitioned once, by (queue, bucket), and must keep that partitioning; adaptive execution
+      would also split each query into one job per stage, which dominates on small inputs.
+    """
+    wanted: dict[str, str | None] = {
+        "spark.sql.files.openCostInBytes": str(OPEN_COST_BYTES),
+        # When set, Spark may regroup files into fewer partitions: it must be off.
+        "spark.sql.files.maxPartitionNum": None,
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.adaptive.enabled": "false",
+    }
+    saved = {k: spark.conf.get(k, None) for k in wanted}
+    try:
+        for k, v in wanted.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)

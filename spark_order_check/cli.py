@@ -1,0 +1,103 @@
+"""Command line of the verifier, shared by ``python -m spark_order_check`` and ``ordq verify``.
+
+Exit codes: 0 clean, 1 violations found, 2 could not verify (bad input, Spark failure).
+Importing this module does not import PySpark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from ordq.errors import ConfigError, OrdqError
+
+EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_ERROR = 0, 1, 2
+
+DESCRIPTION = (
+    "Verify an ordq run from its audit files with Spark: nothing acked was lost, nothing was "
+    "reordered, duplicated or corrupted (docs/VERIFIER.md). Exit 0 only when clean, 1 on "
+    "violations, 2 when the run could not be verified."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("audit_dirs", nargs="*", metavar="AUDIT_DIR",
+                        help="a run's audit directory, holding acks/ and deliveries/ (repeatable)")
+    parser.add_argument("--acks", action="append", default=[], metavar="PATH",
+                        help="producer ack files: a directory, file or glob (repeatable)")
+    parser.add_argument("--deliveries", action="append", default=[], metavar="PATH",
+                        help="consumer delivery files: a directory, file or glob (repeatable)")
+    parser.add_argument("--segments", action="append", default=[], metavar="DIR",
+                        help="broker data directory <data>/<queue>/<seg>/segment.log, one per replica "
+                             "(repeatable): also check the stored order and replica agreement")
+    parser.add_argument("--keyed", action="append", default=[], metavar="SUB",
+                        help="subscription consumed with per-key order, SUB or QUEUE/SUB (repeatable)")
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default local[*], or what spark-submit set)")
+    parser.add_argument("--driver-memory", default=None, metavar="SIZE",
+                        help="spark.driver.memory for a session this command starts, e.g. 4g")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark configuration (repeatable)")
+    parser.add_argument("--report", default=None, metavar="FILE", help="also write the JSON report here")
+    parser.add_argument("--plot", default=None, metavar="FILE", help="also write a latency histogram PNG here")
+
+
+def _conf(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--conf wants KEY=VALUE, not {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def run(args: argparse.Namespace, *, prog: str) -> int:
+    """Run the verification the parsed ``args`` describe; print the summary or JSON."""
+    try:
+        acks = list(args.acks) + [os.path.join(d, "acks") for d in args.audit_dirs]
+        deliveries = list(args.deliveries) + [os.path.join(d, "deliveries") for d in args.audit_dirs]
+        if not acks or not deliveries:
+            raise ConfigError("give an AUDIT_DIR, or both --acks and --deliveries")
+        conf = _conf(args.conf)
+        from spark_order_check._verify import verify
+
+        report = verify(acks=acks, deliveries=deliveries, segments=args.segments or None, keyed=args.keyed,
+                        master=args.master, conf=conf, driver_memory=args.driver_memory,
+                        report_path=args.report, plot_path=args.plot)
+    except OrdqError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - a Spark/Java failure: one line, not a Java stack
+        if not _is_spark_error(exc):
+            raise
+        print(f"{prog}: error: Spark failed: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    if getattr(args, "json", False):
+        json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(report.summary())
+    return EXIT_CLEAN if report.ok else EXIT_VIOLATIONS
+
+
+def _is_spark_error(exc: BaseException) -> bool:
+    names = {cls.__module__.split(".")[0] for cls in type(exc).__mro__}
+    return bool(names & {"pyspark", "py4j"})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spark_order_check", description=DESCRIPTION)
+    add_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
+    args = parser.parse_args(argv)
+    return run(args, prog="spark_order_check")
+
