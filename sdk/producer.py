@@ -102,6 +102,7 @@ class Producer:
         self._failure: BaseException | None = None
         self._closed = False
         self._fatal: BaseException | None = None
+        self._resolving = 0  # acks taken off the window whose futures and audit rows are not done yet
         self._stream: ProduceStream | None = None
         self._seg: int | None = None
         self._gid: str | None = None
@@ -232,7 +233,7 @@ class Producer:
             assert self._core is not None
             self._core.flush()
             self._lock.notify_all()
-            while self._core.unacked or self._core.open_count:
+            while self._core.unacked or self._core.open_count or self._resolving:
                 self._raise_if_stopped()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -533,8 +534,14 @@ class Producer:
             self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
             self._stats.acked += ack.count
             self._stats.batches_acked += len(done)
+            self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
             self._lock.notify_all()
-        self._resolve(done, ack)
+        try:
+            self._resolve(done, ack)
+        finally:
+            with self._lock:
+                self._resolving -= 1
+                self._lock.notify_all()
 
     def _resolve(self, done: list[PendingBatch], ack: Ack) -> None:
         offset = ack.first_offset
@@ -546,12 +553,15 @@ class Producer:
                 rows.extend((self.config.queue, self.config.producer_id, b.epoch, b.first_seq + i, ack.seg,
                              offset + i, (m.key or b"").hex(), zlib.crc32(m.payload), send_us, ack_us)
                             for i, m in enumerate(b.messages))
+            offset += b.count
+        if rows and self._audit is not None:
+            self._audit.write_rows(rows)  # before the futures resolve: an ack seen is an ack recorded
+        offset = ack.first_offset
+        for b in done:
             first = b.tokens[0]
             assert isinstance(first, SendFuture)
             first._outcome.acked(seg=ack.seg, first_offset=offset, first_seq=b.first_seq)
             offset += b.count
-        if rows and self._audit is not None:
-            self._audit.write_rows(rows)
 
     def _stop_fatal(self, exc: BaseException) -> None:
         with self._lock:
