@@ -13,13 +13,16 @@ from typing import Any
 
 
 class Verifier:
-    """``verifier(audit_dir) -> spark_order_check.Report``; ``master`` as for spark-submit
-    (default ``local[*]``)."""
+    """``verifier(audit_dirs, report_path=None) -> spark_order_check.Report``.
 
-    def __init__(self, *, master: str | None = None, log_path: Path | None = None) -> None:
+    ``master``: as for spark-submit (default ``local[*]``); ``spark``: an existing session to
+    use instead (e.g. the tests' one); ``log_path``: where the JVM's own output goes."""
+
+    def __init__(self, *, master: str | None = None, log_path: Path | None = None, spark: Any = None) -> None:
         self.master = master
         self.log_path = log_path  # where Spark's own output goes (None: this process's stdout/stderr)
-        self._session: Any = None
+        self._session: Any = spark  # a session given here is used, never stopped
+        self._own = spark is None
 
     def __call__(self, audit_dirs: Sequence[Path], *, report_path: Path | None = None) -> Any:
         """Verify the runs whose audit folders (``acks/``, ``deliveries/``) are given, in one job."""
@@ -33,15 +36,16 @@ class Verifier:
         if self._session is None:
             from spark_order_check._session import make_session
 
-            # Small inputs: few shuffle partitions keep a drill's verification short.
+            # Drill inputs are small: few shuffle partitions, and the C1 JIT only (C2 spent more
+            # CPU compiling Spark's generated code than it saved; tests/spark_fixtures.py).
+            conf = {"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
             with _output_to(self.log_path):  # the JVM inherits stdout/stderr when it starts
-                self._session = make_session(self.master, conf={"spark.sql.shuffle.partitions": "4"},
-                                             app_name="ordq-drills")
+                self._session = make_session(self.master, conf=conf, app_name="ordq-drills")
                 self._session.sparkContext.setLogLevel("ERROR")
         return self._session
 
     def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._own:
             with contextlib.suppress(Exception):
                 self._session.stop()
             self._session = None

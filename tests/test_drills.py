@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from drills.runner import DrillResult, LoadConfig, execute_drill, judge_all, run
 from drills.verdict import Verifier
 from ordq.cli import main
 from ordq.local_cluster import ClusterConfig, LocalCluster
+from tests import spark_fixtures
 
 pytestmark = [pytest.mark.zk, pytest.mark.spark, pytest.mark.timeout(1800)]
 
@@ -25,9 +27,12 @@ CI_LOAD = LoadConfig(messages=8_000, rate=4_000.0)
 HOOKED = {"lose": "kill-head-slave", "reorder": "kill-producer"}
 
 
+spark = spark_fixtures.spark  # the test session's one SparkSession
+
+
 @pytest.fixture(scope="module")
-def verifier() -> Iterator[Verifier]:
-    with Verifier(master="local[2]") as v:
+def verifier(spark: Any) -> Iterator[Verifier]:
+    with Verifier(spark=spark) as v:
         yield v
 
 
