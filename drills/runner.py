@@ -385,9 +385,10 @@ def judge_all(runs: Sequence[DrillRun], verify: Callable[..., Any], *, keep: boo
             error = f"verifier: {type(exc).__name__}: {exc}"
     results = [_judge(r, report if r in ready else None, error) for r in runs]
     for run, res in zip(runs, results, strict=True):
-        if res.ok and not keep and not res.skipped:
-            with contextlib.suppress(OrdqError), run.ctx.cluster.store() as store:
-                store.delete_queue(run.ctx.queue)
+        if res.ok and not keep:
+            if not res.skipped:
+                with contextlib.suppress(OrdqError), run.ctx.cluster.store() as store:
+                    store.delete_queue(run.ctx.queue)
             shutil.rmtree(run.ctx.run_dir, ignore_errors=True)
     return results
 

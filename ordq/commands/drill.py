@@ -27,15 +27,17 @@ def register(subparsers: Any) -> None:
         help="run failover drills (faults under load, verified with Spark)",
         description="Run failover drills: a producer and a consumer under steady load, one fault at a random "
         "moment, the verdict from spark_order_check over the audit files. NAME is a drill, 'all', or 'list'. "
-        "Without --dir (or with a --dir holding no running cluster) a local cluster is started for the run "
-        "and removed after it (kept when a drill fails).",
+        "Without --dir a local cluster is started for the run in a temporary folder and removed after it "
+        "(kept when a drill fails); a cluster running in --dir is used and left running; a stopped or new one "
+        "there is started and stopped again, its files kept.",
     )
     parser.add_argument("names", nargs="+", metavar="NAME", help="drill name(s), 'all', or 'list'")
     parser.add_argument("--rounds", type=int, default=1, help="run each drill this many times (default 1)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault moments and choices "
                         "(default: random, printed)")
     parser.add_argument("--dir", type=Path, default=None,
-                        help="local cluster to use (reused if running there, else started there)")
+                        help="local cluster to use (used as is if running there, else started there and stopped "
+                             "after)")
     parser.add_argument("--zk-nodes", type=int, choices=[1, 3], default=None,
                         help="ZooKeeper nodes of a cluster started for the run (default: 3 if a drill needs an "
                              "ensemble, else 1)")
@@ -80,19 +82,21 @@ def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
 
     out = sys.stderr if wants_json(args) else sys.stdout
     load = LoadConfig(messages=args.messages, rate=args.rate)
+    # A running cluster in --dir is used as it is and left running; a stopped one is started
+    # and stopped again (its data kept); only a folder made for this run is deleted after it.
     own = True
-    folder = args.dir
-    if folder is not None and LocalCluster.exists(folder) and LocalCluster.load(folder).running():
+    temporary = args.dir is None
+    folder = args.dir or Path(tempfile.mkdtemp(prefix="ordq-drills-"))
+    if LocalCluster.exists(folder):
         cluster = LocalCluster.load(folder)
-        own = False
-        out.write(f"using the local cluster in {cluster.folder}\n")
+        own = not cluster.running()
+        out.write(f"{'starting' if own else 'using'} the local cluster in {cluster.folder}\n")
     else:
-        folder = folder or Path(tempfile.mkdtemp(prefix="ordq-drills-"))
         zk_nodes = args.zk_nodes or (3 if any(d.needs_ensemble for d in drills) else 1)
-        cluster = LocalCluster(folder, ClusterConfig(zk_nodes=zk_nodes) if not LocalCluster.exists(folder) else None)
+        cluster = LocalCluster(folder, ClusterConfig(zk_nodes=zk_nodes))
         out.write(f"starting a local cluster in {cluster.folder} ({zk_nodes} ZooKeeper node(s), "
                   f"{cluster.config.groups} groups, {cluster.config.coordinators} coordinators)\n")
-        out.flush()
+    out.flush()
     started = time.monotonic()
     results = []
     try:
@@ -107,11 +111,11 @@ def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
     finally:
         if own:
             failed = any(not r.ok for r in results) or not results
-            if failed or args.keep:
+            if temporary and not failed and not args.keep:
+                cluster.destroy()
+            else:
                 cluster.stop()
                 out.write(f"cluster stopped; files kept in {cluster.folder}\n")
-            else:
-                cluster.destroy()
     total = time.monotonic() - started
     ok = all(r.ok for r in results)
     if wants_json(args):
