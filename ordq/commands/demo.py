@@ -84,7 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       f"the failover (kill -9 -> first ack on the next group: {fo}).\n")
         else:
             out.write(f"\nFAIL: {result.verdict}\n")
-        out.write(f"files: {run.ctx.run_dir} (audit, logs), {folder / 'report.json'}\n")
+        out.write(f"files: {run.ctx.run_dir} (audit, logs), {(folder / 'report.json').absolute()}\n")
         return 0 if result.ok else 1
     finally:
         display.close()
