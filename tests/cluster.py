@@ -29,6 +29,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -334,7 +335,8 @@ class _LoadThread:
 
 
 class LoadProducer(_LoadThread):
-    """Sends seqs 0..n-1 (payloads carry seq and writer) at ``rate`` msgs/s, records acks."""
+    """Sends seqs 0..n-1 (payloads carry seq and writer) at ``rate`` msgs/s, records acks.
+    ``stop_sending()`` ends the stream early (then ``n`` is what was sent)."""
 
     def __init__(self, cluster: Cluster, *, n: int, queue: str = "q", writer: str = "P", size: int = 200,
                  rate: float | None = 4000.0, send_timeout_s: float = SEND_TIMEOUT_S,
@@ -347,6 +349,11 @@ class LoadProducer(_LoadThread):
         self.acked: list[AckRec] = []
         self.stats: ProducerStats | None = None
         self._producer: Producer | None = None
+        self._stop_sending = threading.Event()
+
+    def stop_sending(self) -> None:
+        """Send nothing more; flush what was sent (``n`` becomes its count)."""
+        self._stop_sending.set()
 
     def run(self) -> None:
         with Producer(self.config) as producer:
@@ -358,6 +365,8 @@ class LoadProducer(_LoadThread):
             for seq in range(self.n):
                 if self._stop.is_set():
                     return
+                if self._stop_sending.is_set():
+                    break
                 if self.rate:
                     pause = t0 + seq / self.rate - time.monotonic()
                     if pause > 0:
@@ -368,6 +377,7 @@ class LoadProducer(_LoadThread):
                 while done < len(futures) and futures[done].done():
                     self._record(done, futures[done].result().seq, crcs[done])
                     done += 1
+            self.n = len(futures)
             producer.flush(timeout_s=120)
             for i in range(done, len(futures)):
                 self._record(i, futures[i].result(timeout=60).seq, crcs[i])
@@ -449,7 +459,21 @@ def wait_acked(producer: LoadProducer, count: int, timeout_s: float = 60.0) -> N
             raise AssertionError(f"producer failed: {producer.error!r}")
         return len(producer.acked) >= count
 
-    wait_until(progressed, timeout_s=timeout_s, interval_s=0.005, what=f"{count} acks ({producer.describe()})")
+    try:
+        wait_until(progressed, timeout_s=timeout_s, interval_s=0.005, what=f"{count} acks")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {producer.describe()}\n{thread_stacks()}") from None
+
+
+def thread_stacks() -> str:
+    """Where this process's load and SDK threads are now (for a report on a stall)."""
+    frames = sys._current_frames()
+    out = []
+    for t in threading.enumerate():
+        frame = frames.get(t.ident or -1)
+        if frame is not None and t.name.startswith(("load-", "ordq-")):
+            out.append(f"--- thread {t.name}\n" + "".join(traceback.format_stack(frame)[-8:]))
+    return "\n".join(out)
 
 
 def finish(producer: LoadProducer, *consumers: LoadConsumer) -> None:

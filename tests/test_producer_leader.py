@@ -156,11 +156,11 @@ def test_last_committed_after_producer_crash(cluster: Cluster) -> None:
 
 @pytest.mark.slow
 def test_producer_leaders_killed_and_hung_in_turn_long(cluster: Cluster) -> None:
-    """Slow variant: 100,000 messages, four leaders in turn, each killed -9 or hung and
+    """Slow variant: 200,000 messages, four leaders in turn, each killed -9 or hung and
     resumed while the next one takes over."""
     cluster.add_groups("g1", "g2", "g3")
     cluster.create_queue()
-    n = 100_000
+    n = 200_000
     consumer = cluster.consumer(until=n - 1)
     consumer.start()
     path = cluster.paths.producer_leader("q")
