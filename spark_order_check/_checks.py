@@ -30,7 +30,6 @@ from spark_order_check._scan import ACK, DELIVERY, MALFORMED, TORN
 from spark_order_check.report import HIST_BINS_PER_DECADE, NONPOSITIVE_BIN
 
 EXAMPLES = 20
-PERCENTILE_ACCURACY = 10_000
 
 # Boundary flags (``flag`` column of ``_bnd`` rows).
 FIRST, LAST, KEYED = 1, 2, 4
@@ -171,54 +170,73 @@ def stitch_boundaries(bnd: DataFrame) -> DataFrame:
 
 def seq_findings(e: DataFrame, subs: DataFrame) -> DataFrame:
     """Per (queue, subscription, seq): ``_lost`` / ``_unacked`` seqs (grouped into ranges later),
-    redelivered_after_takeover, crc_conflict_acks, crc_mismatch_delivery.
+    ``_extra`` deliveries (``n`` = deliveries - 1; :func:`redeliveries` takes the duplicates
+    out), crc_conflict_acks and crc_mismatch_delivery. Example details (positions) are looked
+    up afterwards for the few examples shown.
 
     ``subs`` is (q, s, first): every subscription seen in deliveries, ``first`` marking one
     per queue (so a queue-level finding is reported once).
+
+    One read of ``e`` and one hash aggregation per (queue, bucket, subscription, seq), with
+    numeric buffers only (a string or struct buffer makes Spark sort instead): each ack row
+    is paired with every subscription of its queue by a broadcast join first.
     """
-    acks = e.filter(F.col("kind") == ACK)
-    # Examples point at the first row (lowest position) holding the lowest / highest CRC:
-    # min over (crc, pos) and over (-crc, pos) make the choice deterministic under ties.
-    ga = acks.groupBy("q", "b", "seq").agg(
-        F.count(F.lit(1)).alias("na"),
-        F.min(F.struct("crc", "pos")).alias("alo"), F.min(F.struct((-F.col("crc")).alias("ncrc"), "pos")).alias("ahi"),
-    ).select("q", "b", "seq", "na", F.col("alo.crc").alias("acrc1"), (-F.col("ahi.ncrc")).alias("acrc2"),
-             F.col("alo.pos").alias("apos1"), F.col("ahi.pos").alias("apos2"))
-    dels = e.filter(F.col("kind") == DELIVERY)
-    per_instance = dels.groupBy("q", "b", "s", "seq", "c").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min(F.struct("crc", "c", "pos")).alias("lo"),
-        F.min(F.struct((-F.col("crc")).alias("ncrc"), "c", "pos")).alias("hi"),
+    kind = F.col("kind")
+    x = e.filter(kind <= DELIVERY).alias("x").join(
+        F.broadcast(subs.select(F.col("q").alias("sq"), F.col("s").alias("ss"), "first")),
+        (F.col("x.q") == F.col("sq")) & ((kind == ACK) | (F.col("x.s") == F.col("ss"))), "left")
+    # An ack of a queue nobody consumed keeps s null: every such seq is lost.
+    x = x.select("kind", "q", "b", F.col("ss").alias("s"), "seq", "c", "crc",
+                 F.coalesce(F.col("first"), F.lit(True)).cast("int").alias("first"))
+    is_ack, is_del = F.col("kind") == ACK, F.col("kind") == DELIVERY
+    # Two of the consumer instances, as 64-bit hashes of their names: the report maps them back.
+    ch = F.xxhash64("c")
+    per_seq = x.groupBy("q", "b", "s", "seq").agg(
+        F.sum(is_ack.cast("int")).alias("na"),
+        F.min(F.when(is_ack, F.col("crc"))).alias("acrc1"), F.max(F.when(is_ack, F.col("crc"))).alias("acrc2"),
+        F.max(F.when(is_ack, F.col("first"))).alias("first"),
+        F.sum(is_del.cast("int")).alias("nd"),
+        F.min(F.when(is_del, F.col("crc"))).alias("dcrc1"), F.max(F.when(is_del, F.col("crc"))).alias("dcrc2"),
+        F.min(F.when(is_del, ch)).alias("ch1"), F.max(F.when(is_del, ch)).alias("ch2"),
     )
-    gd = per_instance.groupBy("q", "b", "s", "seq").agg(
-        F.count(F.lit(1)).alias("ninst"), F.sum("n").alias("nd"),
-        F.min("lo").alias("at1"), F.min("hi").alias("at2"),
-        F.min("c").alias("c1"), F.max("c").alias("c2"),
-    ).withColumn("dcrc1", F.col("at1.crc")).withColumn("dcrc2", -F.col("at2.ncrc"))
-    left = ga.join(F.broadcast(subs), "q", "left")
-    j = left.join(gd, ["q", "b", "s", "seq"], "full")
     na, nd, seq = F.col("na"), F.col("nd"), F.col("seq")
     acrc1, acrc2, dcrc1, dcrc2 = (F.col(n) for n in ("acrc1", "acrc2", "dcrc1", "dcrc2"))
-    acked_one_crc = na.isNotNull() & (acrc1 == acrc2)
+    acked, delivered = na > 0, nd > 0
+    acked_one_crc = acked & (acrc1 == acrc2)
     ref = F.when(acked_one_crc, acrc1).otherwise(dcrc1)
-    bad_is_low = dcrc1 != ref
-    mismatch = nd.isNotNull() & ((acked_one_crc & ((dcrc1 != acrc1) | (dcrc2 != acrc1)))
-                                 | (na.isNull() & (dcrc1 != dcrc2)))
+    mismatch = delivered & ((acked_one_crc & ((dcrc1 != acrc1) | (dcrc2 != acrc1))) | (~acked & (dcrc1 != dcrc2)))
     common = {"q": F.col("q"), "s": F.col("s"), "b": F.col("b"), "seq": seq}
-    return explode_findings(j, [
-        when_finding(na.isNotNull() & nd.isNull(), "_lost", **common, n=1),
-        when_finding(na.isNull() & nd.isNotNull(), "_unacked", **common, n=1),
-        when_finding(F.col("ninst") > 1, "redelivered_after_takeover", **common, n=F.col("ninst") - 1,
-                     c=F.col("c1"), c2=F.col("c2")),
-        when_finding(na.isNotNull() & (acrc1 != acrc2) & F.coalesce(F.col("first"), F.lit(True)),
-                     "crc_conflict_acks", q=F.col("q"), b=F.col("b"), seq=seq, n=1, crc=acrc1, crc2=acrc2,
-                     pos=F.col("apos1"), pos2=F.col("apos2")),
+    return explode_findings(per_seq, [
+        when_finding(acked & ~delivered, "_lost", **common, n=1),
+        when_finding(~acked & delivered, "_unacked", **common, n=1),
+        when_finding(nd > 1, "_extra", **common, n=nd - 1, pos=F.col("ch1"), pos2=F.col("ch2")),
+        when_finding(acked & (acrc1 != acrc2) & (F.col("first") == 1), "crc_conflict_acks",
+                     q=F.col("q"), b=F.col("b"), seq=seq, n=1, crc=acrc1, crc2=acrc2),
         when_finding(mismatch, "crc_mismatch_delivery", **common, n=1, crc=ref,
-                     crc2=F.when(bad_is_low, dcrc1).otherwise(dcrc2),
-                     c=F.when(bad_is_low, F.col("at1.c")).otherwise(F.col("at2.c")),
-                     pos2=F.when(bad_is_low, F.col("at1.pos")).otherwise(F.col("at2.pos")),
-                     pos=F.when(acked_one_crc, F.col("apos1"))),
+                     crc2=F.when(dcrc1 != ref, dcrc1).otherwise(dcrc2), flag=acked.cast("int")),
     ])
+
+
+def redeliveries(raw: DataFrame) -> DataFrame:
+    """redelivered_after_takeover per (queue, subscription, seq): the extra deliveries of a seq
+    that are not duplicates within one consumer instance (``duplicate`` rows, one per extra
+    delivery inside an instance, come from the order windows)."""
+    cls = F.col("cls")
+    parts = raw.filter(cls.isin("_extra", "duplicate")).select(
+        "q", "s", "b", "seq", F.when(cls == "_extra", F.col("n")).otherwise(-F.col("n")).alias("n"),
+        F.when(cls == "_extra", F.col("pos")).alias("ch1"), F.when(cls == "_extra", F.col("pos2")).alias("ch2"))
+    per_seq = parts.groupBy("q", "s", "seq").agg(
+        F.sum("n").alias("n"), F.max("b").alias("b"), F.max("ch1").alias("ch1"), F.max("ch2").alias("ch2")
+    ).filter(F.col("n") > 0)
+    return per_seq.select(finding("redelivered_after_takeover", q=F.col("q"), s=F.col("s"), b=F.col("b"),
+                                  seq=F.col("seq"), n=F.col("n"), pos=F.col("ch1"), pos2=F.col("ch2")
+                                  ).alias("f")).select("f.*")
+
+
+def example_rows(e: DataFrame, keys: DataFrame) -> DataFrame:
+    """The ack and delivery rows of a few (q, b, seq) keys, to detail examples with."""
+    return (e.filter(F.col("kind") <= DELIVERY).join(F.broadcast(keys), ["q", "b", "seq"], "left_semi")
+            .select("kind", "q", "s", "c", "seq", "crc", "pos"))
 
 
 def ranges(rows: DataFrame) -> DataFrame:
@@ -247,23 +265,24 @@ def classify_unacked(e: DataFrame, islands: DataFrame, queues_with_acks: Sequenc
     ``unacked`` (a violation): a range is a violation when its queue has acks and the seqs just
     below and just above it were both acked by one same producer — it sits inside one
     producer's continuous acked stream, so it was never in flight at the end of a producer's
-    run. ``c`` / ``c2`` name the producers of lo-1 / hi+1."""
-    keys = (islands.select("q", (F.col("seq") - 1).alias("seq"))
-            .union(islands.select("q", (F.col("seq2") + 1).alias("seq"))).distinct())
+    run. ``c`` / ``c2`` name the producers of lo-1 / hi+1. One read of ``e``."""
+    islands = islands.withColumn("id", F.monotonically_increasing_id())
+    keys = (islands.select("id", "q", (F.col("seq") - 1).alias("seq"), F.lit(True).alias("below"))
+            .union(islands.select("id", "q", (F.col("seq2") + 1).alias("seq"), F.lit(False).alias("below"))))
     keys = F.broadcast(keys) if broadcast_keys else keys
     acks = e.filter(F.col("kind") == ACK).select("q", "seq", "c")
-    prods = acks.join(keys, ["q", "seq"]).groupBy("q", "seq").agg(F.array_sort(F.collect_set("c")).alias("ps"))
-    before = prods.select(F.col("q").alias("bq"), F.col("seq").alias("bseq"), F.col("ps").alias("before"))
-    after = prods.select(F.col("q").alias("aq"), F.col("seq").alias("aseq"), F.col("ps").alias("after"))
-    x = (islands.join(before, (F.col("q") == F.col("bq")) & (F.col("bseq") == F.col("seq") - 1), "left")
-         .join(after, (F.col("q") == F.col("aq")) & (F.col("aseq") == F.col("seq2") + 1), "left"))
+    found = acks.join(keys, ["q", "seq"]).groupBy("id").agg(
+        F.array_sort(F.collect_set(F.when(F.col("below"), F.col("c")))).alias("before"),
+        F.array_sort(F.collect_set(F.when(~F.col("below"), F.col("c")))).alias("after"))
+    x = islands.join(found, "id", "left")
     has_acks = F.col("q").isin(list(queues_with_acks)) if queues_with_acks else F.lit(False)
-    inside = has_acks & F.col("before").isNotNull() & F.col("after").isNotNull() & F.arrays_overlap(
-        F.col("before"), F.col("after"))
+    before = F.coalesce(F.col("before"), F.array().cast("array<string>"))
+    after = F.coalesce(F.col("after"), F.array().cast("array<string>"))
+    inside = has_acks & F.arrays_overlap(before, after)
     violation = inside | ~has_acks
     return x.select(finding(F.when(violation, "unacked").otherwise("unacked_in_flight"), q=F.col("q"),
                             s=F.col("s"), seq=F.col("seq"), seq2=F.col("seq2"), n=F.col("n"),
-                            c=F.array_join(F.col("before"), ","), c2=F.array_join(F.col("after"), ",")
+                            c=F.array_join(before, ","), c2=F.array_join(after, ",")
                             ).alias("f")).select("f.*")
 
 
@@ -276,32 +295,59 @@ def unreadable_findings(e: DataFrame) -> DataFrame:
 # -- statistics -----------------------------------------------------------------------------
 
 
-def input_stats(e: DataFrame) -> DataFrame:
-    """Per (file id, kind, queue, subscription, writer, latency bin): rows, row-number and seq
-    ranges. Its size is files x bins, whatever the row count; every per-file, per-writer,
-    per-subscription figure and the latency histogram are sums of it on the driver.
-    Bin k covers [10^(k/20), 10^((k+1)/20)) µs; NONPOSITIVE_BIN holds latencies <= 0 (clock
-    skew); acks and unreadable rows have bin null."""
-    lat = F.col("lat")
-    binned = F.when(lat <= 0, F.lit(NONPOSITIVE_BIN)).otherwise(F.floor(F.log10(lat) * HIST_BINS_PER_DECADE))
+def input_counts(e: DataFrame) -> DataFrame:
+    """Rows per (file, kind, queue, subscription, writer, latency value), with the row-number,
+    seq and ``seq - row`` ranges: the one pass over ``e`` behind :func:`input_stats`. Its size
+    grows with files and distinct latency values (µs), not with rows."""
     row = F.col("pos").bitwiseAND((1 << ROW_BITS) - 1)
-    return e.groupBy(F.shiftright("pos", ROW_BITS).alias("fid"), "kind", "q", "s", "c",
-                     binned.cast("int").alias("bin")).agg(
+    return e.groupBy(F.shiftright("pos", ROW_BITS).alias("fid"), "kind", "q", "s", "c", "lat").agg(
         F.count(F.lit(1)).alias("rows"),
         F.min(row).alias("min_row"), F.max(row).alias("max_row"),
         F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
+        F.min(F.col("seq") - row).alias("min_d"), F.max(F.col("seq") - row).alias("max_d"),
     )
 
 
-def latency_stats(e: DataFrame) -> DataFrame:
-    """Per (queue, subscription): approximate p50/p95/p99 (percentile_approx), exact min/max."""
-    d = e.filter(F.col("kind") == DELIVERY)
-    return d.groupBy("q", "s").agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.percentile_approx("lat", [0.5, 0.95, 0.99], PERCENTILE_ACCURACY).alias("pct"),
-        F.max("lat").alias("max"), F.min("lat").alias("min"),
-        F.sum(F.when(F.col("lat") < 0, 1).otherwise(0)).alias("negative"),
-    )
+def input_stats(inter: DataFrame) -> DataFrame:
+    """Every statistic, from :func:`input_counts`, as rows of one shape (``t`` says which):
+
+    - ``file``: per (file, kind, queue, subscription, writer): rows, min/max row number,
+      min/max seq and min/max of ``seq - row``. A file whose rows are numbered without holes
+      and whose ``seq - row`` is constant holds one run of consecutive seqs, in order.
+    - ``lat``: per (queue, subscription): exact p50/p95/p99 (nearest rank), min, max, negative.
+    - ``hist``: per (queue, subscription, bin): deliveries; bin k covers
+      [10^(k/20), 10^((k+1)/20)) µs, NONPOSITIVE_BIN holds latencies <= 0 (clock skew).
+    """
+    files = inter.groupBy("fid", "kind", "q", "s", "c").agg(
+        F.sum("rows").alias("a0"), F.min("min_row").alias("a1"), F.max("max_row").alias("a2"),
+        F.min("min_seq").alias("a3"), F.max("max_seq").alias("a4"), F.min("min_d").alias("a5"),
+        F.max("max_d").alias("a6"))
+    values = inter.filter(F.col("kind") == DELIVERY).groupBy("q", "s", "lat").agg(F.sum("rows").alias("n"))
+    w = Window.partitionBy("q", "s")
+    cum = F.sum("n").over(w.orderBy("lat").rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    ranked = values.select("q", "s", "lat", "n", cum.alias("cum"), F.sum("n").over(w).alias("total"))
+
+    def nearest_rank(p: float) -> Column:
+        # the smallest value whose cumulative count reaches ceil(p * total)
+        return F.min(F.when(F.col("cum") >= F.ceil(F.col("total") * p), F.col("lat")))
+
+    lat = ranked.groupBy("q", "s").agg(
+        F.sum("n").alias("a0"), nearest_rank(0.5).alias("a1"), nearest_rank(0.95).alias("a2"),
+        nearest_rank(0.99).alias("a3"), F.min("lat").alias("a4"), F.max("lat").alias("a5"),
+        F.sum(F.when(F.col("lat") < 0, F.col("n")).otherwise(0)).alias("a6"))
+    lat_col = F.col("lat")
+    binned = F.when(lat_col <= 0, F.lit(NONPOSITIVE_BIN)).otherwise(F.floor(F.log10(lat_col) * HIST_BINS_PER_DECADE))
+    hist = values.groupBy("q", "s", binned.cast("long").alias("a0")).agg(F.sum("n").alias("a1"))
+
+    def shape(df: DataFrame, t: str) -> DataFrame:
+        cols = [F.lit(t).alias("t")]
+        for name, typ in (("fid", "long"), ("kind", "int"), ("q", "string"), ("s", "string"), ("c", "string")):
+            cols.append((F.col(name) if name in df.columns else F.lit(None)).cast(typ).alias(name))
+        for i in range(7):
+            cols.append((F.col(f"a{i}") if f"a{i}" in df.columns else F.lit(None)).cast("long").alias(f"a{i}"))
+        return df.select(*cols)
+
+    return shape(files, "file").unionByName(shape(lat, "lat")).unionByName(shape(hist, "hist"))
 
 
 def persist(df: DataFrame) -> DataFrame:
@@ -309,11 +355,13 @@ def persist(df: DataFrame) -> DataFrame:
     return df.persist(StorageLevel.MEMORY_AND_DISK)
 
 
-def checkpoint(df: DataFrame) -> DataFrame:
+def checkpoint(df: DataFrame, *, disk_only: bool = False) -> DataFrame:
     """Keep ``df`` once computed (on its first action), cutting its plan: queries over it plan
     in milliseconds, where a cached plan this size costs seconds of cache lookups per query.
-    Partitioning is kept. Free it with :func:`release`."""
-    return df.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    Partitioning is kept. Free it with :func:`release`. ``disk_only`` for large data: with
+    memory in the level, Spark copies a whole block from disk into the heap to read it."""
+    level = StorageLevel.DISK_ONLY if disk_only else StorageLevel.MEMORY_AND_DISK
+    return df.localCheckpoint(eager=False, storageLevel=level)
 
 
 def release(df: DataFrame) -> None:

@@ -46,8 +46,7 @@ E_SCHEMA = T.StructType([
     T.StructField("b", T.LongType()),  # seq >> bucket_bits
     T.StructField("crc", T.LongType()),
     T.StructField("pos", T.LongType()),
-    T.StructField("seg", T.LongType()),
-    T.StructField("off", T.LongType()),
+    T.StructField("seg", T.LongType()),  # acks only: the segment the ack placed the seq in
     T.StructField("lat", T.LongType()),  # deliver_us - msg_us; null for acks
     T.StructField("key", T.StringType()),  # only for keyed subscriptions
     T.StructField("bad", T.StringType()),  # the raw line of an unreadable row
@@ -101,28 +100,24 @@ def _bad_text(columns: Sequence[str]) -> Any:
     return F.substring(F.coalesce(F.col(_BAD), joined), 1, 300)
 
 
-def _good(kind: Any, value: Any) -> Any:
-    return F.when(kind <= DELIVERY, value)
-
-
 def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket_bits: int = BUCKET_BITS) -> DataFrame:
     df = _read(spark, files, ACK_COLUMNS, fid0)
-    kind = _kind(ACK, ("queue", "producer", "seq", "seg", "offset", "crc32"))
+    kind = _kind(ACK, ("queue", "producer", "seq", "seg", "crc32"))
     df = df.withColumn("kind", kind)
     k = F.col("kind")
     return df.select(
         k.alias("kind"),
-        _good(k, F.col("queue")).alias("q"),
+        F.col("queue").alias("q"),
         F.lit(None).cast("string").alias("s"),
-        _good(k, F.col("producer")).alias("c"),
-        _good(k, F.col("seq")).alias("seq"),
-        _good(k, F.shiftright(F.col("seq"), bucket_bits)).alias("b"),
-        _good(k, F.col("crc32")).alias("crc"),
+        F.col("producer").alias("c"),
+        F.col("seq").alias("seq"),
+        F.shiftright(F.col("seq"), bucket_bits).alias("b"),
+        F.col("crc32").alias("crc"),
         F.col("pos"),
-        _good(k, F.col("seg")).alias("seg"),
-        _good(k, F.col("offset")).alias("off"),
+        F.col("seg").alias("seg"),
         F.lit(None).cast("long").alias("lat"),
         F.lit(None).cast("string").alias("key"),
+        # Fields of unreadable rows are left as parsed (maybe null): every check filters on kind.
         F.when(k > DELIVERY, _bad_text(ACK_COLUMNS)).alias("bad"),
     )
 
@@ -142,24 +137,22 @@ def keyed_condition(keyed: Sequence[str]) -> Any:
 def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, keyed: Sequence[str],
                     bucket_bits: int = BUCKET_BITS) -> DataFrame:
     df = _read(spark, files, DELIVERY_COLUMNS, fid0)
-    kind = _kind(DELIVERY, ("queue", "subscription", "consumer", "seq", "seg", "offset", "crc32", "msg_us",
-                            "deliver_us"))
+    kind = _kind(DELIVERY, ("queue", "subscription", "consumer", "seq", "crc32", "msg_us", "deliver_us"))
     df = df.withColumn("kind", kind)
     k = F.col("kind")
     # Keyed subscriptions carry the key ("" for a message without one); others carry null.
     key = F.when(keyed_condition(keyed), F.coalesce(F.col("key"), F.lit(""))) if keyed else F.lit(None)
     return df.select(
         k.alias("kind"),
-        _good(k, F.col("queue")).alias("q"),
-        _good(k, F.col("subscription")).alias("s"),
-        _good(k, F.col("consumer")).alias("c"),
-        _good(k, F.col("seq")).alias("seq"),
-        _good(k, F.shiftright(F.col("seq"), bucket_bits)).alias("b"),
-        _good(k, F.col("crc32")).alias("crc"),
+        F.col("queue").alias("q"),
+        F.col("subscription").alias("s"),
+        F.col("consumer").alias("c"),
+        F.col("seq").alias("seq"),
+        F.shiftright(F.col("seq"), bucket_bits).alias("b"),
+        F.col("crc32").alias("crc"),
         F.col("pos"),
-        _good(k, F.col("seg")).alias("seg"),
-        _good(k, F.col("offset")).alias("off"),
-        _good(k, F.col("deliver_us") - F.col("msg_us")).alias("lat"),
-        _good(k, key).cast("string").alias("key"),
+        F.lit(None).cast("long").alias("seg"),
+        (F.col("deliver_us") - F.col("msg_us")).alias("lat"),
+        key.cast("string").alias("key"),
         F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS)).alias("bad"),
     )

@@ -40,9 +40,7 @@ SUBS = T.StructType([
     T.StructField("q", T.StringType()), T.StructField("s", T.StringType()), T.StructField("first", T.BooleanType()),
 ])
 BROADCAST_KEYS_MAX = 200_000
-LATENCY_METHOD = (
-    f"percentiles by percentile_approx (accuracy {C.PERCENTILE_ACCURACY}: exact up to {C.PERCENTILE_ACCURACY:,} "
-    f"rows per group, beyond that the rank is within 1/{C.PERCENTILE_ACCURACY:,} of the rows); min and max exact")
+LATENCY_METHOD = "exact: nearest rank over the count of every distinct latency value (µs)"
 
 
 class LineOrderUnavailable(OrdqError):
@@ -162,32 +160,44 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
         mark[0] = now
 
     e = scan_acks(spark, fa, 0, bucket_bits).unionByName(scan_deliveries(spark, fd, len(fa), keyed, bucket_bits))
-    e = C.persist(e.repartition("q", "b"))
+    e = C.checkpoint(e.repartition("q", "b"), disk_only=True)
     kept: list[DataFrame] = [e]
     try:
-        # 1. Small statistics (and the first pass over the input, which fills the cache).
-        istats = C.input_stats(e).collect()
-        phase("scan, partition by (queue, bucket), persist; input statistics")
-        _check_row_numbering(istats, files)
-        lat = {(r.q, r.s): _latency(r) for r in C.latency_stats(e).collect()}
-        phase("latency percentiles")
-        subs = sorted({(r.q, r.s) for r in istats if r.kind == DELIVERY})
-        queues_with_acks = sorted({r.q for r in istats if r.kind == ACK})
+        # 1. Statistics, in the first pass over the input (which also keeps it).
+        inter = C.checkpoint(C.input_counts(e))
+        kept.append(inter)
+        stats = C.input_stats(inter).collect()
+        phase("read, partition by (queue, bucket), keep; statistics")
+        fstats = [_FileStats.of(r) for r in stats if r.t == "file"]
+        _check_row_numbering(fstats, files)
+        lat = {(r.q, r.s): Latency(count=int(r.a0), p50_us=r.a1, p95_us=r.a2, p99_us=r.a3, max_us=r.a5, min_us=r.a4,
+                                   negative=int(r.a6)) for r in stats if r.t == "lat"}
+        hist = sorted((r.q, r.s, int(r.a0), int(r.a1)) for r in stats if r.t == "hist")
+        subs = sorted({(r.q, r.s) for r in fstats if r.kind == DELIVERY})
+        queues_with_acks = sorted({r.q for r in fstats if r.kind == ACK})
         sub_rows = [(q, s, i == 0 or subs[i - 1][0] != q) for i, (q, s) in enumerate(subs)]
-        sdf = local_table(spark, sub_rows, SUBS)
+        windowed = _instances_to_window(fstats, keyed)
 
-        # 2. Raw findings: per consumer instance (and key) windows, acks against deliveries.
-        d = e.filter(F.col("kind") == DELIVERY)
-        raw = C.instance_findings(d).unionByName(C.seq_findings(e, sdf))
-        if keyed:
-            raw = raw.unionByName(C.key_findings(d))
-        raw = C.checkpoint(raw)
+        # 2. Raw findings: acks against deliveries for every seq; order windows only for the
+        #    consumer instances whose files are not one run of consecutive seqs.
+        parts = [C.seq_findings(e, local_table(spark, sub_rows, SUBS))]
+        if windowed:
+            d = e.filter(F.col("kind") == DELIVERY).join(
+                F.broadcast(local_table(spark, windowed, INSTANCES)), ["q", "s", "c"], "left_semi")
+            parts.append(C.instance_findings(d))
+            if keyed:
+                parts.append(C.key_findings(d))
+        if any(r.kind in (MALFORMED, TORN) for r in fstats):
+            parts.append(C.unreadable_findings(e))
+        raw = C.checkpoint(_union(parts))
         kept.append(raw)
         raw_counts = {r.cls: r.n for r in raw.groupBy("cls").agg(F.count(F.lit(1)).alias("n")).collect()}
-        phase("windows per consumer instance, acks against deliveries")
+        phase(f"acks against deliveries; order windows over {len(windowed)} consumer instances")
 
-        # 3. Findings: ranges, boundary pairs, in-flight classification, unreadable rows.
-        parts = [raw.filter(~F.col("cls").startswith("_")), C.unreadable_findings(e)]
+        # 3. Findings: ranges, boundary pairs, in-flight classification, segments.
+        parts = [raw.filter(~F.col("cls").startswith("_"))]
+        if raw_counts.get("_extra"):
+            parts.append(C.redeliveries(raw))
         if raw_counts.get("_bnd") or raw_counts.get("_kbnd"):
             parts.append(C.stitch_boundaries(raw.filter(F.col("cls").isin("_bnd", "_kbnd"))))
         if raw_counts.get("_lost") or raw_counts.get("_unacked"):
@@ -205,16 +215,18 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
 
             seg_df, segment_stats = segment_findings(spark, seg_files, e, bucket_bits, kept)
             parts.append(seg_df)
-        allf = parts[0]
-        for p in parts[1:]:
-            allf = allf.unionByName(p)
-        allf = C.checkpoint(allf)
+        allf = C.checkpoint(_union(parts))
         kept.append(allf)
-        counts = allf.groupBy("cls", "q", "s").agg(F.sum("n").alias("n"), F.count(F.lit(1)).alias("rows")).collect()
+        counts_df = allf.groupBy("cls", "q", "s").agg(F.sum("n").alias("n"), F.count(F.lit(1)).alias("rows"))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("plan of the counts:\n%s", counts_df._jdf.queryExecution().executedPlan().toString())
+        counts = counts_df.collect()
         phase("findings, counts")
         order = [F.col(c).asc_nulls_first() for c in ("q", "s", "seq", "c", "key", "pos", "seq2")]
         rn = F.row_number().over(Window.partitionBy("cls").orderBy(*order))
         examples = allf.withColumn("rn", rn).filter(F.col("rn") <= EXAMPLES).collect()
+        details = _details(spark, e, examples, bucket_bits)
+        names_by_hash = _consumer_hashes(spark, sorted({r.c for r in fstats if r.kind == DELIVERY and r.c}))
         phase("examples")
     finally:
         for df in kept:
@@ -238,33 +250,116 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
             count=int(sum(r.n for r in rows)),
             findings=int(sum(r.rows for r in rows)),
             by_subscription=tuple((r.q, r.s, int(r.n)) for r in rows),
-            examples=tuple(_example(meta.name, r, files) for r in ex_cls.get(meta.name, [])),
+            examples=tuple(_example(meta.name, r, files, details, names_by_hash) for r in ex_cls.get(meta.name, [])),
         ))
-    queues, subscriptions, instances, inputs = _stats(istats, fa, fd, lat)
+    queues, subscriptions, instances, inputs = _stats(fstats, fa, fd, lat)
     notes = []
     if segment_stats is not None:
         inputs = attrs.evolve(inputs, segment_files=segment_stats[0], stored_messages=segment_stats[1])
         if segment_stats[2]:
             notes.append(f"{segment_stats[2]} acked seqs were placed in segments below the lowest stored one "
                          "(popped): not checked against the segments")
-    hist: dict[tuple[str, str, int], int] = defaultdict(int)
-    for r in istats:
-        if r.kind == DELIVERY:
-            hist[(r.q, r.s, int(r.bin))] += int(r.rows)
     ok = not any(r.violation and r.count for r in results)
     if not any(q.ack_rows for q in queues):
         notes.append("no ack rows: every delivered seq counts as unacked")
     report = Report(
         ok=ok, classes=tuple(results), inputs=inputs, queues=queues, subscriptions=subscriptions,
         instances=instances, latency_method=LATENCY_METHOD, seconds=time.monotonic() - t0, keyed=keyed,
-        notes=tuple(notes), histogram=tuple((q, s, b, n) for (q, s, b), n in sorted(hist.items())),
+        notes=tuple(notes), histogram=tuple(hist),
     )
     return report, list(report.histogram)
 
 
-def _check_row_numbering(istats: list[Any], files: list[AuditFile]) -> None:
+def _union(parts: list[DataFrame]) -> DataFrame:
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+@attrs.frozen
+class _FileStats:
+    fid: int
+    kind: int
+    q: Any  # str, but None on unreadable rows
+    s: Any
+    c: Any
+    rows: int
+    min_row: int
+    max_row: int
+    min_seq: int | None
+    max_seq: int | None
+    min_d: int | None
+    max_d: int | None
+
+    @classmethod
+    def of(cls, r: Any) -> _FileStats:
+        return cls(int(r.fid), int(r.kind), r.q, r.s, r.c, int(r.a0), int(r.a1), int(r.a2), r.a3, r.a4, r.a5, r.a6)
+
+    @property
+    def one_run(self) -> bool:
+        """Rows numbered without holes whose seqs go up by one per row."""
+        return self.min_d == self.max_d and self.max_row - self.min_row + 1 == self.rows
+
+
+def is_keyed(keyed: Sequence[str], q: str | None, s: str | None) -> bool:
+    return s in keyed or f"{q}/{s}" in keyed
+
+
+def _instances_to_window(fstats: list[_FileStats], keyed: Sequence[str]) -> list[tuple[str, str, str]]:
+    """Consumer instances whose order must be checked row by row: every instance of a keyed
+    subscription, and every other one whose files, in order, are not one run of consecutive
+    seqs (each file one run, each file starting right after the previous one ended). The
+    others cannot hold a duplicate, a gap or an out-of-order delivery."""
+    by_inst: dict[tuple[str, str, str], list[_FileStats]] = defaultdict(list)
+    for f in fstats:
+        if f.kind == DELIVERY and f.q is not None and f.s is not None and f.c is not None:
+            by_inst[(f.q, f.s, f.c)].append(f)
+    out = []
+    for (q, s, c), fs in sorted(by_inst.items()):
+        fs.sort(key=lambda f: f.fid)
+        chained = all(b.min_seq == a.max_seq + 1 for a, b in zip(fs, fs[1:], strict=False)  # type: ignore[operator]
+                      ) and len({f.fid for f in fs}) == len(fs)
+        if is_keyed(keyed, q, s) or not chained or not all(f.one_run for f in fs):
+            out.append((q, s, c))
+    return out
+
+
+INSTANCES = T.StructType([
+    T.StructField("q", T.StringType()), T.StructField("s", T.StringType()), T.StructField("c", T.StringType()),
+])
+_DETAILED = ("crc_conflict_acks", "crc_mismatch_delivery")
+
+
+def _details(spark: SparkSession, e: DataFrame, examples: list[Any],
+             bucket_bits: int) -> dict[tuple[str, int], list[Any]]:
+    """Ack and delivery rows of the seqs of examples that show positions or consumers."""
+    keys = sorted({(r.q, r.seq) for r in examples if r.cls in _DETAILED})
+    if not keys:
+        return {}
+    table = local_table(spark, [(q, seq >> bucket_bits, seq) for q, seq in keys], KEYS)
+    out: dict[tuple[str, int], list[Any]] = defaultdict(list)
+    for r in C.example_rows(e, table).collect():
+        out[(r.q, r.seq)].append(r)
+    return out
+
+
+def _consumer_hashes(spark: SparkSession, names: list[str]) -> dict[int, str]:
+    """Spark's xxhash64 of each consumer name (the per-seq aggregation keeps hashes)."""
+    if not names:
+        return {}
+    table = local_table(spark, [(n,) for n in names], T.StructType([T.StructField("c", T.StringType())]))
+    return {int(r.h): r.c for r in table.select("c", F.xxhash64("c").alias("h")).collect()}
+
+
+KEYS = T.StructType([
+    T.StructField("q", T.StringType()), T.StructField("b", T.LongType()), T.StructField("seq", T.LongType()),
+])
+
+
+def _check_row_numbering(fstats: list[Any], files: list[AuditFile]) -> None:
     per_file: dict[int, list[int]] = defaultdict(lambda: [0, 1 << 62, -1])
-    for r in istats:
+    for r in fstats:
         agg = per_file[int(r.fid)]
         agg[0] += int(r.rows)
         agg[1] = min(agg[1], int(r.min_row))
@@ -276,19 +371,13 @@ def _check_row_numbering(istats: list[Any], files: list[AuditFile]) -> None:
                 "line order cannot be established")
 
 
-def _latency(r: Any) -> Latency:
-    pct = r.pct or [None, None, None]
-    return Latency(count=int(r.rows), p50_us=pct[0], p95_us=pct[1], p99_us=pct[2], max_us=r.max, min_us=r.min,
-                   negative=int(r.negative or 0))
-
-
-def _stats(istats: list[Any], fa: list[AuditFile], fd: list[AuditFile],
+def _stats(fstats: list[_FileStats], fa: list[AuditFile], fd: list[AuditFile],
            lat: dict[tuple[str, str], Latency]) -> tuple[Any, Any, Any, Inputs]:
     queues: dict[str, dict[str, Any]] = {}
     inst: dict[tuple[str, str, str], dict[str, Any]] = {}
     rows_by_kind: dict[int, int] = defaultdict(int)
     files_of: dict[tuple[str, str, str], set[int]] = defaultdict(set)
-    for r in istats:
+    for r in fstats:
         rows_by_kind[int(r.kind)] += int(r.rows)
         if r.kind == ACK:
             q = queues.setdefault(r.q, {"rows": 0, "producers": set(), "lo": None, "hi": None})
@@ -330,7 +419,8 @@ def _at(pos: int | None, files: list[AuditFile]) -> str | None:
     return f"{files[fid].name}:{row + 2}"
 
 
-def _example(cls: str, r: Any, files: list[AuditFile]) -> dict[str, Any]:
+def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, int], list[Any]],
+             names_by_hash: dict[int, str]) -> dict[str, Any]:
     at = _at
     if cls == "lost":
         return {"queue": r.q, "subscription": r.s, "first_seq": r.seq, "last_seq": r.seq2, "count": r.n}
@@ -349,18 +439,32 @@ def _example(cls: str, r: Any, files: list[AuditFile]) -> dict[str, Any]:
         if cls == "key_order":
             ex["key"] = r.key
         return ex
+    if cls in _DETAILED:
+        return _detailed_example(cls, r, files, details.get((r.q, r.seq), []))
     if cls == "redelivered_after_takeover":
-        return {"queue": r.q, "subscription": r.s, "seq": r.seq, "instances": r.n + 1,
-                "first_consumer": r.c, "last_consumer": r.c2}
-    if cls == "crc_conflict_acks":
-        return {"queue": r.q, "seq": r.seq, "crc32": r.crc, "at": at(r.pos, files), "other_crc32": r.crc2,
-                "other_at": at(r.pos2, files)}
-    if cls == "crc_mismatch_delivery":
-        return {"queue": r.q, "subscription": r.s, "seq": r.seq, "consumer": r.c, "expected_crc32": r.crc,
-                "acked": r.pos is not None, "delivered_crc32": r.crc2, "at": at(r.pos2, files),
-                "ack_at": at(r.pos, files)}
+        names = sorted({names_by_hash.get(h, f"#{h}") for h in (r.pos, r.pos2)})
+        return {"queue": r.q, "subscription": r.s, "seq": r.seq, "instances": r.n + 1, "consumers": names}
     if cls in ("malformed_row", "torn_row"):
         return {"at": at(r.pos, files), "text": r.text}
     from spark_order_check.segments import segment_example
 
     return segment_example(cls, r)
+
+
+def _detailed_example(cls: str, r: Any, files: list[AuditFile], rows: list[Any]) -> dict[str, Any]:
+    """Positions and consumers of an example, from the rows of its seq (first position wins)."""
+    acks = sorted((x for x in rows if x.kind == ACK), key=lambda x: x.pos)
+    dels = sorted((x for x in rows if x.kind == DELIVERY and x.s == r.s), key=lambda x: (x.c, x.pos))
+    if cls == "crc_conflict_acks":
+        lo = min(acks, key=lambda x: (x.crc, x.pos))
+        hi = min(acks, key=lambda x: (-x.crc, x.pos))
+        return {"queue": r.q, "seq": r.seq, "crc32": lo.crc, "at": _at(lo.pos, files), "other_crc32": hi.crc,
+                "other_at": _at(hi.pos, files)}
+    if cls == "crc_mismatch_delivery":
+        bad = [x for x in dels if x.crc != r.crc]
+        ack = next((x for x in acks if x.crc == r.crc), None) if r.flag else None
+        first = bad[0] if bad else None
+        return {"queue": r.q, "subscription": r.s, "seq": r.seq, "consumer": first.c if first else None,
+                "expected_crc32": r.crc, "acked": bool(r.flag), "delivered_crc32": r.crc2,
+                "at": _at(first.pos if first else None, files), "ack_at": _at(ack.pos if ack else None, files)}
+    raise AssertionError(cls)

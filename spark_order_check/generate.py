@@ -62,8 +62,8 @@ class Scenario:
             raise ValueError(f"keys must be >= {BLOCK}")
         if not set(self.keyed) <= set(self.subscriptions):
             raise ValueError("keyed subscriptions must be among subscriptions")
-        if len(self.subscriptions) < 2:
-            raise ValueError("need two subscriptions")
+        if not self.subscriptions or not self.queues:
+            raise ValueError("need a queue and a subscription")
 
 
 @attrs.frozen(kw_only=True)
@@ -172,8 +172,12 @@ def _nearest_rank(sorted_values: list[int], p: float) -> int:
     return sorted_values[max(0, math.ceil(p * len(sorted_values)) - 1)]
 
 
-def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injections = Injections()) -> Expected:
-    """Write ``<directory>/acks/*.tsv`` and ``<directory>/deliveries/*.tsv`` (see module doc)."""
+def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injections = Injections(), *,
+             latency: bool = True) -> Expected:
+    """Write ``<directory>/acks/*.tsv`` and ``<directory>/deliveries/*.tsv`` (see module doc).
+
+    ``latency=False`` skips the expected latency percentiles (they keep every latency in
+    memory; the benchmark's 10^7 rows do not need them)."""
     sc, inj = scenario, inject
     n_msgs = sc.messages
     k = n_msgs // 2
@@ -182,7 +186,10 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         raise ValueError("key_order needs a keyed subscription")
     if any(getattr(inj, f.name) for f in attrs.fields(Injections)) and n_msgs < 2000:
         raise ValueError("injections need messages >= 2000")
-    q0, s1, s2 = sc.queues[0], sc.subscriptions[0], sc.subscriptions[1]
+    q0, s1 = sc.queues[0], sc.subscriptions[0]
+    s2 = sc.subscriptions[1] if len(sc.subscriptions) > 1 else None
+    if s2 is None and (inj.crc_mismatch_delivery or inj.torn_row):
+        raise ValueError("crc_mismatch_delivery and torn_row are injected into a second subscription")
     if inj.out_of_order and s1 in sc.keyed:
         raise ValueError("out_of_order is injected into the first subscription, which must not be keyed")
     ks = sc.keyed[0] if sc.keyed else None
@@ -200,6 +207,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
     mismatch_seqs = [k + 600 + 10 * i for i in range(inj.crc_mismatch_delivery)]
     key_order_seqs = [k + 700 + 2 * sc.keys * i for i in range(inj.key_order)]
     lost_from = n_msgs - inj.lost
+    keyhex = [key_of(i, sc.keys) for i in range(sc.keys)]
     if key_order_seqs and key_order_seqs[-1] + sc.keys >= lost_from:
         raise ValueError("too many key_order injections for this many keys")
 
@@ -210,7 +218,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
 
         def ack(w: _Writer, producer: str, epoch: int, seq: int, seg: int, crc: int, tag: Any = None,
                 q: str = q) -> None:
-            w.line(f"{q}\t{producer}\t{epoch}\t{seq}\t{seg}\t{seq}\t{key_of(seq, sc.keys)}\t{crc}\t"
+            w.line(f"{q}\t{producer}\t{epoch}\t{seq}\t{seg}\t{seq}\t{keyhex[seq % sc.keys]}\t{crc}\t"
                    f"{T0_US + seq * 1000}\t{T0_US + seq * 1000 + 500}", tag)
 
         for seq in range(0, k - sc.in_flight):
@@ -255,10 +263,11 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                     if inj_here and second and s == s2 and seq in mismatch_seqs:
                         crc ^= 0xFFFF
                     lat = latency_of(seq, second)
-                    values.append(lat)
+                    if latency:
+                        values.append(lat)
                     tag = ("del", q, s, cons, seq, seq in seen)
                     seen.add(seq)
-                    w.line(f"{q}\t{s}\t{cons}\t{seq}\t{0 if seq < k else 2}\t{seq}\t{key_of(seq, sc.keys)}\t{crc}\t"
+                    w.line(f"{q}\t{s}\t{cons}\t{seq}\t{0 if seq < k else 2}\t{seq}\t{keyhex[seq % sc.keys]}\t{crc}\t"
                            f"{T0_US + seq * 1000}\t{T0_US + seq * 1000 + lat}", tag)
                 torn = None
                 if inj_here and second and s == s2 and inj.torn_row:
@@ -318,6 +327,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                                       "other_crc32": max(good, bad), "other_at": at(hi_tag)}
     if inj.crc_mismatch_delivery:
         x, mc2 = mismatch_seqs[0], f"{q0}-{s2}-c2"
+        assert s2 is not None
         first["crc_mismatch_delivery"] = {
             "queue": q0, "subscription": s2, "seq": x, "consumer": mc2, "expected_crc32": crc_of(q0, x),
             "acked": True, "delivered_crc32": crc_of(q0, x) ^ 0xFFFF, "at": at(("del", q0, s2, mc2, x, False)),
@@ -334,13 +344,15 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                                   "last_seq": k - 1, "count": sc.in_flight, "acked_before_by": f"{qf}-pa",
                                   "acked_after_by": f"{qf}-pb"}
     first["redelivered_after_takeover"] = {"queue": qf, "subscription": sf, "seq": k, "instances": 2,
-                                           "first_consumer": f"{qf}-{sf}-c1", "last_consumer": f"{qf}-{sf}-c2"}
-    latency = {}
+                                           "consumers": [f"{qf}-{sf}-c1", f"{qf}-{sf}-c2"]}
+    percentiles = {}
     for key, values in lat_values.items():
+        if not values:
+            continue
         values.sort()
-        latency[key] = (_nearest_rank(values, 0.5), _nearest_rank(values, 0.95), _nearest_rank(values, 0.99),
+        percentiles[key] = (_nearest_rank(values, 0.5), _nearest_rank(values, 0.95), _nearest_rank(values, 0.99),
                         values[-1])
-    return Expected(counts=counts, first=first, latency=latency, ack_rows=ack_rows, delivery_rows=delivery_rows)
+    return Expected(counts=counts, first=first, latency=percentiles, ack_rows=ack_rows, delivery_rows=delivery_rows)
 
 
 def _keyed_order(lo: int, hi: int) -> Iterator[int]:
