@@ -44,6 +44,7 @@ from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore
 from ordq.errors import (
+    AlreadyExists,
     BrokerUnavailable,
     ConfigError,
     CorruptLog,
@@ -81,6 +82,9 @@ class BrokerConfig:
     lac_push_ms: float = 2.0  # how soon the slave learns an advanced LAC when no batch carries it
     reconcile_interval_s: float = 1.0
     rpc_timeout_s: float = 5.0  # calls this broker makes to its peer while reconciling
+    # A process restarted right after a kill finds its predecessor's liveness node still there
+    # until that ZooKeeper session expires: wait this long for it before giving up.
+    register_wait_s: float = 30.0
 
     def __attrs_post_init__(self) -> None:
         if self.max_batch_bytes < 1024:
@@ -178,15 +182,20 @@ class Broker:
         if port == 0:
             raise ConfigError(f"cannot listen on {cfg.listen}")
         self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
-        self._server.start()
-        self._spawn(self._sync_loop, "ordq-sync")
-        self._spawn(self._reconcile_loop, "ordq-reconcile")
-        if cfg.role is Role.MASTER:
-            from broker_group.replication import ReplicationLink
+        try:
+            self._wait_role_free()
+            self._server.start()
+            self._spawn(self._sync_loop, "ordq-sync")
+            self._spawn(self._reconcile_loop, "ordq-reconcile")
+            if cfg.role is Role.MASTER:
+                from broker_group.replication import ReplicationLink
 
-            self.replication = ReplicationLink(self)
-            self.replication.start()
-        self._register()
+                self.replication = ReplicationLink(self)
+                self.replication.start()
+            self._register()
+        except BaseException:
+            self.stop()
+            raise
         self._store.client.add_listener(self._on_zk_state)
         return self.address
 
@@ -198,6 +207,21 @@ class Broker:
     def _register(self) -> None:
         store = self.require_store()
         store.register_live(self.config.gid, self.config.role.value, self.address, self.incarnation)
+
+    def _wait_role_free(self) -> None:
+        """Before serving: wait (up to ``register_wait_s``) while another process is live in
+        this role. A killed predecessor's node goes when its ZooKeeper session expires; a live
+        process keeps it, and we stop with AlreadyExists, having served nothing."""
+        cfg = self.config
+        store = self.require_store()
+        if cfg.role.value not in store.live_members(cfg.gid):
+            return
+        log.warning("%s/%s is still live in ZooKeeper (a previous process's session not yet expired?); "
+                    "waiting up to %.0f s for it to go", cfg.gid, cfg.role.value, cfg.register_wait_s)
+        if not store.wait_not_live(cfg.gid, cfg.role.value, timeout_s=cfg.register_wait_s):
+            raise AlreadyExists(f"a {cfg.role.value} of group {cfg.gid!r} is already live (another process "
+                                f"holds the role; waited {cfg.register_wait_s:g} s for it to go)")
+        log.info("%s/%s: the previous process's session expired; starting", cfg.gid, cfg.role.value)
 
     def _on_zk_state(self, state: str) -> None:
         # The ephemeral liveness node dies with an expired session: register again once a

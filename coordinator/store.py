@@ -617,6 +617,22 @@ class ZkStore:
                 )
 
 
+    def wait_not_live(self, gid: str, role: str, *, timeout_s: float) -> bool:
+        """Block until no process is registered live as ``role`` of ``gid`` (watch-driven);
+        False if one still is after ``timeout_s``."""
+        gone = threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            gone.clear()
+            with self._errors():
+                stat = self._read(self.client.exists_async, self.paths.live(gid, role), watch=lambda _e: gone.set())
+            if stat is None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not gone.wait(left):
+                return False
+
+
 def _raise_first(results: list[Any]) -> None:
     for r in results:
         if isinstance(r, KazooException):

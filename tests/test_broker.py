@@ -8,6 +8,8 @@ refused with a typed error and the process keeps serving.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,3 +281,25 @@ def test_a_corrupt_middle_batch_is_reported_never_served_and_repaired_from_the_p
     assert res.readable_end == 60
     assert stored(group.procs.slave.data_dir) == stored(group.procs.master.data_dir)
     assert list(path.parent.glob("segment.log.corrupt-*")), "the corrupt copy is kept as evidence"
+
+
+def test_a_broker_restarted_at_once_after_kill_9_waits_for_its_old_session_then_serves(
+        group: Group, zk_server, zk_root) -> None:
+    old = group.store.live_members("g1")["slave"].incarnation
+    group.procs.slave.kill()
+    # Started while ZooKeeper still shows the killed slave live (its session lives ~1 s more):
+    # it must wait for the old node to go, not exit.
+    assert group.store.live_members("g1")["slave"].incarnation == old
+    group.procs.slave.start()
+    assert group.store.live_members("g1")["slave"].incarnation == group.procs.slave.incarnation != old
+    acks = produce(group, 0, batches=2, per_batch=5)
+    assert acks[-1].last_seq == 9
+    assert len(stored(group.procs.slave.data_dir)) == 10
+    # A second process for a role that really is live gives up with a clear error.
+    run = subprocess.run(
+        [sys.executable, "-m", "ordq.cli", "--zk", zk_server.connection_string, "--root", zk_root, "broker", "run",
+         "--group", "g1", "--role", "slave", "--data", str(group.procs.slave.data_dir.parent / "dup"),
+         "--register-wait", "0.5"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "already live" in run.stderr
+    assert group.store.live_members("g1")["slave"].incarnation == group.procs.slave.incarnation

@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--data", required=True, type=Path, help="data folder of this process")
     run.add_argument("--session-timeout", type=float, default=2.0, metavar="SECONDS",
                      help="ZooKeeper session timeout: how fast a dead process is noticed (default %(default)s)")
+    run.add_argument("--register-wait", type=float, default=30.0, metavar="SECONDS",
+                     help="when the role is still live in ZooKeeper (a killed predecessor's session not yet "
+                     "expired), wait this long for it to go before giving up (default %(default)s)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -36,7 +39,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from broker_group.service import Broker, BrokerConfig
 
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
-                       root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout)
+                       root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
+                       register_wait_s=args.register_wait)
     broker = Broker(cfg)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
