@@ -73,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.verbose:
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    if getattr(args, "daemon", False):
+        # A long-running process's log is its operator's record: ordq's own INFO lines
+        # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
+        logging.getLogger("ordq").setLevel(logging.INFO)
     try:
         return int(args.func(args) or 0)
     except OrdqError as exc:

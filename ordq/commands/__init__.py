@@ -19,6 +19,7 @@ def add_command(
     help: str,
     func: Callable[[argparse.Namespace], int] | None = None,
     description: str | None = None,
+    daemon: bool = False,
 ) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         name, help=help, description=description or help
@@ -29,7 +30,7 @@ def add_command(
     parser.add_argument("--zk", default=argparse.SUPPRESS, help="ZooKeeper connection string")
     parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
     if func is not None:
-        parser.set_defaults(func=func)
+        parser.set_defaults(func=func, daemon=daemon)  # daemon: a long-running process (logs INFO)
     return parser
 
 

@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="broker_command", metavar="ACTION")
     sub.required = True
     run = add_command(
-        sub, "run", func=cmd_run,
+        sub, "run", func=cmd_run, daemon=True,
         help="run the master or slave of a broker group until SIGTERM/SIGINT",
         description="Run one broker process. It recovers its data folder, serves the broker protocol, "
         "registers itself live in ZooKeeper and prints 'READY <address> <incarnation>' when it serves.",

@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="coordinator_command", metavar="ACTION")
     sub.required = True
     run = add_command(
-        sub, "run", func=cmd_run,
+        sub, "run", func=cmd_run, daemon=True,
         help="run a coordinator daemon until SIGTERM/SIGINT (start several for HA)",
     )
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
