@@ -7,8 +7,9 @@ docs/BENCHMARKS.md.
 pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
 separate process) reads; msgs/s counts from the first send to the last delivery.
 synchronous: send one message, wait for its ack, repeat.
-latency: a steady --rate msgs/s for --rate-seconds; end-to-end latency = delivery time − the
-message's timestamp (set at send()), both taken on this machine's clock.
+latency: a steady --rate msgs/s for --rate-seconds; ack latency = send() → its future resolved
+(both replicas synced); end-to-end latency = delivery time − the message's timestamp (set at
+send()), both taken on this machine's clock.
 """
 
 from __future__ import annotations
@@ -99,16 +100,19 @@ def main() -> None:
             # steady rate, end-to-end latency
             n = int(args.rate * args.rate_seconds)
             consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
+            acked: list[float] = []
             start = time.perf_counter()
             for i in range(n):
                 pause = start + i / args.rate - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
-                producer.send(payload)
+                sent = time.perf_counter()
+                producer.send(payload).add_done_callback(lambda _f, t=sent: acked.append(time.perf_counter() - t))
             producer.flush()
             res = finish(consumer)
             lats = list(res["latencies"])  # type: ignore[call-overload]
-            print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s: end-to-end latency {summary_ms(lats)}")
+            print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s: ack latency {summary_ms(acked)}; "
+                  f"end-to-end latency {summary_ms(lats)}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,11 @@ from ordq.errors import ConfigError
 class BatchingConfig:
     """How messages are grouped on the wire and how much may be unacked at once."""
 
-    linger_ms: float = 2.0  # wait at most this long to fill a batch
+    # A batch goes at once while fewer than ``eager_batches`` sent batches await their ack (an
+    # idle pipe: waiting would only add latency); beyond that, batches wait up to
+    # ``linger_ms`` to fill, as the acks that will free the pipe are on their way anyway.
+    linger_ms: float = 2.0
+    eager_batches: int = 1
     max_batch_messages: int = 256
     max_batch_bytes: int = 1 << 20
     max_inflight_bytes: int = 32 << 20  # send() blocks beyond this many unacked bytes
@@ -32,6 +36,8 @@ class BatchingConfig:
     def __attrs_post_init__(self) -> None:
         if self.linger_ms < 0:
             raise ConfigError("linger_ms must be >= 0")
+        if self.eager_batches < 0:
+            raise ConfigError("eager_batches must be >= 0")
         if self.max_batch_messages < 1 or self.max_batch_bytes < 1:
             raise ConfigError("max_batch_messages and max_batch_bytes must be >= 1")
         if self.max_inflight_bytes < self.max_batch_bytes:
@@ -75,6 +81,7 @@ class ProducerCore:
     _open_since: float | None = None
     _window: deque[PendingBatch] = attrs.field(factory=deque)  # cut, not yet acked, in seq order
     _inflight_bytes: int = 0
+    _sent: int = 0  # batches of the window handed out since the last rewind
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -121,14 +128,18 @@ class ProducerCore:
     # -- handing out and acking --------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        """When the open batch must be cut (linger), or None when nothing is open."""
+        """When the open batch must be cut: now when the pipe is idle (fewer than
+        ``eager_batches`` sent and unacked), else at the end of its linger; None when nothing
+        is open."""
         if self._open_since is None:
             return None
+        if self._sent < self.config.eager_batches:
+            return self._open_since
         return self._open_since + self.config.linger_ms / 1000.0
 
     def take_ready(self, now_s: float) -> list[PendingBatch]:
         """Batches to send now, in seq order: every cut batch not sent since the last rewind,
-        after cutting the open batch if its linger expired or it is full."""
+        after cutting the open batch if it is due (``next_deadline``)."""
         deadline = self.next_deadline()
         if deadline is not None and now_s >= deadline:
             self._cut()
@@ -136,6 +147,7 @@ class ProducerCore:
         for b in out:
             b.sent = True
             b.sent_at = now_s
+        self._sent += len(out)
         return out
 
     def oldest_sent_at(self) -> float | None:
@@ -156,6 +168,7 @@ class ProducerCore:
         while self._window and self._window[0].last_seq <= last_seq:
             b = self._window.popleft()
             self._inflight_bytes -= b.size
+            self._sent -= b.sent
             done.append(b)
         if not done or done[-1].last_seq != last_seq:
             raise ValueError(f"ack for seqs {first_seq}..{last_seq} does not end on a batch boundary")
@@ -165,6 +178,7 @@ class ProducerCore:
         """After a failover: every unacked batch is to be sent again (same seqs, same bytes)."""
         for b in self._window:
             b.sent = False
+        self._sent = 0
 
     def reset(self, epoch: int, next_seq: int) -> None:
         """A new epoch (takeover) with nothing pending: re-encode nothing, start at next_seq."""
@@ -177,6 +191,11 @@ class ProducerCore:
     @property
     def inflight_bytes(self) -> int:
         return self._inflight_bytes
+
+    @property
+    def inflight_batches(self) -> int:
+        """Batches handed out since the last rewind and not yet acked."""
+        return self._sent
 
     def window_full(self) -> bool:
         return self._inflight_bytes >= self.config.max_inflight_bytes
@@ -194,5 +213,5 @@ class ProducerCore:
         tokens = [t for b in self._window for t in b.tokens] + list(self._open_tokens)
         self._window.clear()
         self._open, self._open_tokens, self._open_bytes, self._open_since = [], [], 0, None
-        self._inflight_bytes = 0
+        self._inflight_bytes = self._sent = 0
         return tokens

@@ -21,7 +21,7 @@ def core(**cfg) -> ProducerCore:
 
 
 def test_batches_cut_by_count_bytes_and_linger() -> None:
-    c = core(max_batch_messages=3, linger_ms=5, max_batch_bytes=10_000)
+    c = core(max_batch_messages=3, linger_ms=5, max_batch_bytes=10_000, eager_batches=0)
     for i in range(7):
         assert c.add(Message(payload=b"x"), token=i, now_s=0.0) == i
     ready = c.take_ready(now_s=0.001)  # linger not expired: only the two full batches
@@ -30,11 +30,31 @@ def test_batches_cut_by_count_bytes_and_linger() -> None:
     assert c.next_deadline() == pytest.approx(0.005)
     ready = c.take_ready(now_s=0.006)
     assert [(b.first_seq, b.count) for b in ready] == [(6, 1)]
-    big = core(max_batch_bytes=100, max_inflight_bytes=1000)
+    big = core(max_batch_bytes=100, max_inflight_bytes=1000, eager_batches=0)
     big.add(Message(payload=b"a" * 60), 0, 0.0)
     big.add(Message(payload=b"b" * 60), 1, 0.0)
     big.flush()
     assert [b.count for b in big.take_ready(0.0)] == [1, 1]
+
+
+def test_a_batch_goes_at_once_while_the_pipe_is_idle() -> None:
+    """Fewer than eager_batches unacked: no linger (a lone synchronous send is not delayed);
+    at eager_batches in flight, batches linger to fill until an ack frees the pipe."""
+    c = core(max_batch_messages=100, linger_ms=5, eager_batches=2)
+    c.add(Message(payload=b"a"), 0, 0.0)
+    assert [b.count for b in c.take_ready(0.0)] == [1]
+    c.add(Message(payload=b"b"), 1, 0.0)
+    assert [b.count for b in c.take_ready(0.0)] == [1]
+    for i in range(2, 5):  # two in flight: these linger together
+        c.add(Message(payload=b"c"), i, 0.001)
+    assert c.take_ready(0.002) == []
+    assert c.next_deadline() == pytest.approx(0.006)
+    c.on_ack(0, 0)  # the pipe has room again: the open batch is due now
+    assert c.next_deadline() == pytest.approx(0.001)
+    assert [(b.first_seq, b.count) for b in c.take_ready(0.002)] == [(2, 3)]
+    c.rewind()  # nothing counts as sent after a failover: resends go, the next batch too
+    c.add(Message(payload=b"d"), 5, 0.003)
+    assert [b.first_seq for b in c.take_ready(0.003)] == [1, 2, 5]
 
 
 def test_ack_pops_in_order_and_rejects_mismatch() -> None:
@@ -63,9 +83,10 @@ def test_config_is_validated() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["add", "add", "add", "take", "ack", "rewind", "tick"]), max_size=120))
-def test_resend_after_rewind_is_exactly_the_unacked_suffix(ops: list[str]) -> None:
-    c = core(max_batch_messages=3, linger_ms=1)
+@given(st.lists(st.sampled_from(["add", "add", "add", "take", "ack", "rewind", "tick"]), max_size=120),
+       st.integers(0, 3))
+def test_resend_after_rewind_is_exactly_the_unacked_suffix(ops: list[str], eager: int) -> None:
+    c = core(max_batch_messages=3, linger_ms=1, eager_batches=eager)
     now = 0.0
     added: list[int] = []
     acked: list[int] = []
@@ -86,6 +107,7 @@ def test_resend_after_rewind_is_exactly_the_unacked_suffix(ops: list[str]) -> No
             # the new segment starts at the oldest unacked seq
             if c.unacked:
                 wire.append(-1)  # marks a failover
+        assert c.inflight_batches == sum(b.sent for b in c.unacked)
     assert added == list(range(len(added)))  # gap-free, in order
     assert acked == list(range(len(acked)))  # acks resolve in seq order
     # Between failovers, each wire run is contiguous; after one, it restarts at or before
