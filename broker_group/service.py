@@ -51,6 +51,7 @@ from ordq.errors import (
     DiskFull,
     MessageTooLarge,
     OrdqError,
+    QueueNotFound,
     SegmentNotFound,
 )
 
@@ -66,6 +67,7 @@ GRPC_OPTIONS = [
 ]
 REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
 META_FILE = "meta.json"
+FOLDER_FILE = "folder.json"  # the data folder's birth record (see Broker._load_folder)
 SLAVE_CONNECT_WAIT_S = 1.0
 
 
@@ -165,6 +167,10 @@ class Broker:
         self._threads: list[threading.Thread] = []
         self._kick_reconcile = threading.Event()
         self.replication: Any = None  # master: broker_group.replication.ReplicationLink
+        # Per queue, the first segment opened after this data folder was created; the queues
+        # whose older segments of this group still need copying from the peer (a new disk).
+        self._born_at: dict[str, int] = {}
+        self._refill: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -172,9 +178,10 @@ class Broker:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self._recover()
         self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s)
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
+        self._load_folder()
+        self._recover()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ordq-rpc"),
                                    options=GRPC_OPTIONS)
         pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
@@ -268,6 +275,44 @@ class Broker:
 
     # -- segments -----------------------------------------------------------------------------
 
+    def _load_folder(self) -> None:
+        """Read (or write, for a new folder) the data folder's birth record.
+
+        A folder that is empty when first seen (a new broker, or a replaced disk) records, per
+        queue, the next segment ZooKeeper will open. Of a segment below that mark it holds no
+        copy, and it cannot tell what was acked there: it must not answer Fence or Seal for it
+        (``end 0`` would cut off acked messages), and it copies the sealed ones from its peer
+        (``_refill_round``). A folder that already holds segments but no record predates the
+        record: it has seen every segment of its group."""
+        cfg = self.config
+        path = cfg.data_dir / FOLDER_FILE
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            born: dict[str, int] = {}
+            if not any(p.is_dir() for p in cfg.data_dir.iterdir()):
+                store = self.require_store()
+                for queue in store.list_queues():
+                    try:
+                        born[queue] = store.load_state(queue)[0].next_seg
+                    except QueueNotFound:
+                        continue  # deleted meanwhile
+            record = {"created": time.time(), "born_at": born}
+            _write_json_durably(path, record)
+            if any(born.values()):
+                log.warning("new data folder for a group with history: segments below %s are copied from the peer "
+                            "and not vouched for here", born)
+        except ValueError as exc:
+            raise ConfigError(f"unreadable {path}: {exc} (it says which segments this folder can vouch for; "
+                              "restore it, or empty the folder to start this replica afresh)") from exc
+        self._born_at = {q: int(n) for q, n in record.get("born_at", {}).items()}
+        self._refill = {q for q, n in self._born_at.items() if n > 0}
+
+    def _vouches_for_absent(self, queue: str, seg: int) -> bool:
+        """Can this replica say "nothing acked" of a segment it holds no copy of? Only when
+        its data folder existed before the segment was opened: every ack needs its sync."""
+        return seg >= self._born_at.get(queue, 0)
+
     def _recover(self) -> None:
         """Open every segment on disk. Torn tails are truncated (and counted); a corrupt middle
         batch takes that segment out of service; anything not sealed here is never written
@@ -334,9 +379,11 @@ class Broker:
             s.replica.check_epoch(epoch)
         return s
 
-    def segment_for_control(self, queue: str, seg: int) -> Segment:
+    def segment_for_control(self, queue: str, seg: int, *, to_copy: bool = False) -> Segment:
         """Fence/Seal/Reconcile target: created empty when ZooKeeper places it on this group
-        but nothing was ever written here."""
+        but nothing was ever written here. Without a copy of a segment opened before this
+        data folder existed, only a copy into it (``to_copy``) is allowed: Fence and Seal get
+        BrokerUnavailable, so the Seal protocol decides from the peer (or waits for it)."""
         with self._cv:
             s = self._segments.get((queue, seg))
         if s is not None:
@@ -344,6 +391,10 @@ class Broker:
         z, _ = self._zk_segment(queue, seg)
         if z is None or z.gid != self.config.gid:
             raise SegmentNotFound(queue, seg)
+        if not to_copy and not self._vouches_for_absent(queue, seg):
+            raise BrokerUnavailable(
+                self.address, f"holds no copy of {queue}/{seg}, which was opened before this broker's data folder "
+                "existed (a new disk): it cannot tell what was acked there; ask its peer")
         return self._create(queue, seg, 0)
 
     def segment_for_replica(self, queue: str, seg: int) -> Segment:
@@ -607,7 +658,7 @@ class Broker:
         or copy [our end, end) from ``peer``. A corrupt copy is set aside and copied whole."""
         from broker_group.client import GrpcTransport
 
-        s = self.segment_for_control(queue, seg)
+        s = self.segment_for_control(queue, seg, to_copy=True)
         with self._cv:
             s.replica.freeze("sealed")
             self._settle(s)
@@ -705,8 +756,45 @@ class Broker:
             self._kick_reconcile.wait(self.config.reconcile_interval_s)
             self._kick_reconcile.clear()
 
+    def _refill_round(self) -> None:
+        """After a new disk: copy from the peer every segment of this group that was opened
+        before the folder existed, once ZooKeeper shows it sealed, so the group holds two
+        copies again. A queue is done when none of those is left uncopied."""
+        store = self.require_store()
+        peer_role = "slave" if self.config.role is Role.MASTER else "master"
+        peer = store.live_members(self.config.gid).get(peer_role)
+        for queue in sorted(self._refill):
+            try:
+                st, _ = store.load_state(queue)
+            except QueueNotFound:
+                self._refill.discard(queue)
+                continue
+            waiting = False
+            for z in st.consume:
+                if z.seg >= self._born_at[queue] or z.gid != self.config.gid:
+                    continue
+                with self._cv:
+                    if (queue, z.seg) in self._segments:
+                        continue
+                if z.status is not SegStatus.SEALED or peer is None:
+                    waiting = True  # copied once sealed, from a live peer
+                    continue
+                assert z.end is not None
+                try:
+                    self.reconcile(queue, z.seg, z.end, peer.address)
+                    log.info("segment %s/%d copied from the peer (opened before this data folder existed)",
+                             queue, z.seg)
+                except OrdqError as exc:
+                    waiting = True
+                    log.warning("segment %s/%d: copy from the peer deferred: %s", queue, z.seg, exc)
+            if not waiting:
+                self._refill.discard(queue)
+                log.info("queue %s: every segment of this group opened before this data folder is copied", queue)
+
     def _reconcile_round(self) -> None:
         store = self.require_store()
+        if self._refill:
+            self._refill_round()
         with self._cv:
             todo = [s for s in self._segments.values() if not s.reconciled]
         states: dict[str, Any] = {}
@@ -787,20 +875,25 @@ def _write_meta(s: Segment) -> None:
     """Persist fence and seal state (atomic rename, synced) before they are acted on."""
     with _META_LOCK:  # the state is read under it too, so the last write holds the latest
         r = s.replica
-        data = json.dumps({"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end}).encode()
-        tmp = s.directory / (META_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, s.directory / META_FILE)
-        dfd = os.open(s.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _write_json_durably(s.directory / META_FILE,
+                            {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end})
+
+
+def _write_json_durably(path: Path, obj: Any) -> None:
+    """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):

@@ -303,3 +303,45 @@ def test_a_broker_restarted_at_once_after_kill_9_waits_for_its_old_session_then_
     assert run.returncode != 0
     assert "already live" in run.stderr
     assert group.store.live_members("g1")["slave"].incarnation == group.procs.slave.incarnation
+
+
+def _read_all(group: Group, role: str, end: int) -> list[int]:
+    res = group.transport.fetch(group.address(role), Q, 0, 0, max_bytes=1 << 24, max_wait_ms=0, known_end=end)
+    return [h.first_seq + i for b in res.batches for h, ms in [seglog.decode_batch(b)] for i in range(len(ms))]
+
+
+def test_a_replica_on_a_new_disk_copies_the_sealed_segments_it_never_had(group: Group) -> None:
+    produce(group, 0, batches=5, per_batch=10)
+    group.procs.slave.destroy()  # kill -9 and lose the disk
+    wait_until(lambda: "slave" not in group.store.live_members("g1"), what="slave's liveness gone")
+    assert _fail_over_and_seal(group) == 50  # decided by the master alone
+    group.procs.slave.start()  # an empty data folder
+    wait_until(lambda: stored(group.procs.slave.data_dir) == stored(group.procs.master.data_dir),
+               what="the new slave copied segment 0 from the master")
+    assert len(stored(group.procs.slave.data_dir)) == 50
+    group.procs.master.kill()  # the group's only other copy is gone: the new disk serves it all
+    wait_until(lambda: "master" not in group.store.live_members("g1"), what="master's liveness gone")
+    assert _read_all(group, "slave", 50) == list(range(50))
+
+
+def test_a_replica_on_a_new_disk_never_decides_a_segment_it_did_not_see(group: Group) -> None:
+    """Master down, slave back on an empty disk: its 'end 0' would drop 50 acked messages.
+    It refuses to answer Seal for the segment, so the seal waits for the master."""
+    produce(group, 0, batches=5, per_batch=10)
+    group.procs.master.kill()
+    group.procs.slave.destroy()
+    wait_until(lambda: not group.store.live_members("g1"), what="both liveness nodes gone")
+    group.procs.slave.start()
+    group.store.apply(Q, lambda st, f: sm.fail_over(st, "g1", 0, f))
+    with pytest.raises(BrokerUnavailable):
+        group.transport.seal(group.address("slave"), Q, 0)
+    with pytest.raises(BrokerUnavailable):
+        run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0), Q, 0)
+    seg = group.store.load_state(Q)[0].segment(0)
+    assert seg is not None and seg.status is SegStatus.SEALING  # undecided, not cut to 0
+    group.procs.master.start()
+    st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0), Q, 0)
+    seg = st.segment(0)
+    assert seg is not None and seg.status is SegStatus.SEALED and seg.end == 50
+    wait_until(lambda: len(stored(group.procs.slave.data_dir)) == 50, what="the new slave copied segment 0")
+    assert _read_all(group, "slave", 50) == list(range(50))
