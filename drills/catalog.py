@@ -1,4 +1,5 @@
-"""The drills: every fault of DESIGN §6, plus a stale producer, a torn tail and a corrupt batch.
+"""The drills: every fault of DESIGN §6, plus a stale producer, a torn tail, a corrupt batch and
+a replaced disk.
 
 Each ``inject`` runs at a random moment of a steady load (``drills.runner``), marks the fault
 (``ctx.fault``: the failover time runs from there), and plays the fault's story through to
@@ -243,6 +244,37 @@ def corrupt_batch(ctx: DrillContext) -> None:
                rebuilt and bool(kept))
 
 
+def replace_disk(ctx: DrillContext) -> None:
+    gid, seg = ctx.head()
+    role = ctx.rng.choice(_ROLES)
+    peer = "slave" if role == "master" else "master"
+    at = now_us()
+    ctx.cluster.broker(gid, role).destroy()  # kill -9, and the data folder is gone
+    ctx.fault(f"kill -9 {gid} {role} (head, segment {seg}) and wipe its data folder (a replaced disk)",
+              kind="segment", seg=seg, at_us=at)
+    ctx.wait_acks_after(seg)
+
+    def sealed(st: Any) -> bool:
+        z = st.segment(seg)
+        return z is None or z.status is SegStatus.SEALED
+
+    with ctx.cluster.store() as store:  # sealed from the surviving replica
+        store.wait_state(ctx.queue, sealed, timeout_s=30)
+    ctx.restart_broker(gid, role)  # on an empty folder
+    new, old = ctx.segment_file(gid, role, seg), ctx.segment_file(gid, peer, seg)
+
+    def copied() -> bool:
+        return new.exists() and old.exists() and new.read_bytes() == old.read_bytes()
+
+    try:
+        ctx.wait(copied, timeout_s=30, what=f"segment {seg} copied to the new disk")
+        ok = True
+    except DrillError:
+        ok = False
+    ctx.expect(f"the replica on the new disk copied sealed segment {seg} from its {peer} "
+               f"({new.stat().st_size if new.exists() else 0} bytes, identical)", ok)
+
+
 def disk_full(ctx: DrillContext) -> None:
     gid, seg = ctx.head()
     member = ctx.cluster.broker(gid, "master")
@@ -294,6 +326,9 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("corrupt-batch", "a middle batch of one replica's sealed segment corrupted",
           "the replica reports it and does not serve it; rebuilt from its peer; consumers read the peer",
           corrupt_batch, late_consumer=True),
+    Drill("replace-disk", "head replica killed (-9) and restarted on an empty data folder",
+          "sealed from the peer; the new disk never vouches for what it did not see and copies the segment "
+          "from the peer", replace_disk, late_consumer=True),
     Drill("disk-full", "disk full on the head master",
           "clear error and fail over, never silent loss", disk_full),
 )}
