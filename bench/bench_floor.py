@@ -1,0 +1,138 @@
+"""What the stack allows a synchronous send at best: the floor under bench_broker/bench_e2e.
+
+    .venv/bin/python -m bench.bench_floor [--round-trips 3000] [--syncs 1000]
+
+- gRPC round trip: one bidi stream between two processes on loopback, 1 KiB request, tiny
+  reply, the server answering from its handler thread (no hand-off): the cost of one
+  request/reply hop pair in Python gRPC. Shown twice: with the reply produced in the handler
+  thread, and with one thread hand-off in between (a reader thread passing requests on, as
+  any server that reads and answers independently does).
+- fdatasync: append 1 KiB to a file and fdatasync it, one at a time, in --dir.
+
+An acked ordq send needs two round trips in sequence (producer ↔ master, master ↔ slave) and
+an fdatasync on each replica (in parallel with the replication), so 1 / (2 round trips +
+1 sync) bounds synchronous sends per second on this machine, whatever the broker does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench._cluster import percentile
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+
+_REPLY = pb.ProduceResponse(acks=[pb.Ack(seg=0, first_offset=0, first_seq=0, count=1)])
+
+
+class _Echo(pb_grpc.BrokerServicer):
+    def Produce(self, request_iterator: Any, context: Any) -> Iterator[pb.ProduceResponse]:
+        meta = dict(context.invocation_metadata())
+        if meta.get("mode") == "inline":
+            for _ in request_iterator:
+                yield _REPLY
+            return
+        handed: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+        def read() -> None:
+            for req in request_iterator:
+                handed.put(req)
+            handed.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while handed.get() is not None:
+            yield _REPLY
+
+
+def serve() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_BrokerServicer_to_server(_Echo(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    server.wait_for_termination()
+
+
+def round_trips(address: str, mode: str, n: int) -> list[float]:
+    channel = grpc.insecure_channel(address)
+    requests: queue.SimpleQueue[pb.ProduceRequest] = queue.SimpleQueue()
+    call = pb_grpc.BrokerStub(channel).Produce(iter(requests.get, None), metadata=(("mode", mode),))
+    req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024])
+    out = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            requests.put(req)
+            next(call)
+            out.append(time.perf_counter() - t0)
+    finally:
+        call.cancel()
+        channel.close()
+    return out[n // 10:]  # without the warm-up
+
+
+def fdatasyncs(directory: Path, n: int) -> list[float]:
+    fd, path = tempfile.mkstemp(dir=directory)
+    out = []
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 1024)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            out.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return out
+
+
+def _line(name: str, lat: list[float]) -> str:
+    ms = [x * 1000 for x in lat]
+    return (f"{name}: p50 {percentile(ms, 50):.3f} ms, p99 {percentile(ms, 99):.3f} ms "
+            f"({1 / statistics.median(lat):,.0f}/s one at a time)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--round-trips", type=int, default=3000)
+    ap.add_argument("--syncs", type=int, default=1000)
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where to fdatasync")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        serve()
+        return
+    server = subprocess.Popen([sys.executable, "-m", "bench.bench_floor", "--serve"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        address = f"127.0.0.1:{server.stdout.readline().strip()}"
+        inline = round_trips(address, "inline", args.round_trips)
+        handoff = round_trips(address, "handoff", args.round_trips)
+    finally:
+        server.kill()
+        server.wait()
+    syncs = fdatasyncs(args.dir, args.syncs)
+    print(_line("gRPC round trip, reply from the handler thread", inline))
+    print(_line("gRPC round trip, one thread hand-off in the server", handoff))
+    print(_line(f"fdatasync of a 1 KiB append in {args.dir}", syncs))
+    best = 2 * statistics.median(inline) + statistics.median(syncs)
+    print(f"floor of one acked send (2 round trips + 1 sync): {best * 1000:.2f} ms, "
+          f"at most {1 / best:,.0f} synchronous sends/s; load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
