@@ -33,6 +33,15 @@ class DeliveryFilter:
         self.last_seq = seq
         return True
 
+    def admit_run(self, first_seq: int, count: int) -> bool:
+        """Admit ``first_seq .. first_seq+count-1`` at once if it continues the last delivered
+        seq exactly (the common case: a whole new batch); else admit nothing and return False
+        (the caller then goes message by message through ``admit``)."""
+        if count < 1 or first_seq != self.last_seq + 1:
+            return False
+        self.last_seq = first_seq + count - 1
+        return True
+
 
 @attrs.frozen(kw_only=True)
 class CommitConfig:

@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 from kazoo.client import KazooClient
@@ -80,8 +80,10 @@ class ConsumerConfig:
             raise ConfigError("zk_outage_s must be >= 0")
 
 
-@attrs.frozen
-class Delivered:
+class Delivered(NamedTuple):
+    """One delivered message. A NamedTuple, like ``broker_group.log.Message``, not an attrs
+    class: one is built per message on the hot path (~0.3 µs instead of ~1.5 µs)."""
+
     seq: int
     seg: int
     offset: int
@@ -89,6 +91,9 @@ class Delivered:
     key: bytes | None
     headers: tuple[tuple[str, bytes], ...]
     timestamp_us: int
+
+
+_new_delivered = tuple.__new__
 
 
 @attrs.define
@@ -373,27 +378,42 @@ class Consumer:
         limit = segment.end if segment.status is SegStatus.SEALED else None
         rows: list[tuple[object, ...]] = []
         now_us = time.time_ns() // 1000
+        seg = segment.seg
+        audit = self._audit is not None
         for raw in batches:
             header, messages = decode_batch(raw)
+            first_off, first_seq, n = header.first_offset, header.first_seq, header.count
+            if (first_off >= offset and (limit is None or first_off + n <= limit)
+                    and self._filter.admit_run(first_seq, n)):
+                # Fast path: the whole batch is new and continues the stream exactly.
+                out.extend(_new_delivered(Delivered, (first_seq + i, seg, first_off + i, m[0], m[1], m[2], m[3]))
+                           for i, m in enumerate(messages))
+                offset = first_off + n
+                if audit:
+                    rows.extend(self._audit_row(first_seq + i, seg, first_off + i, m, now_us)
+                                for i, m in enumerate(messages))
+                continue
             for i, m in enumerate(messages):
-                off = header.first_offset + i
+                off = first_off + i
                 if off < offset or (limit is not None and off >= limit):
                     continue
                 offset = off + 1
-                seq = header.first_seq + i
+                seq = first_seq + i
                 if not self._filter.admit(seq):
                     continue
-                out.append(Delivered(seq=seq, seg=segment.seg, offset=off, payload=m.payload, key=m.key,
-                                     headers=m.headers, timestamp_us=m.timestamp_us))
-                if self._audit is not None:
-                    rows.append((self.config.queue, self.config.subscription, self.config.consumer_id, seq,
-                                 segment.seg, off, (m.key or b"").hex(), zlib.crc32(m.payload),
-                                 m.timestamp_us, now_us))
+                out.append(_new_delivered(Delivered, (seq, seg, off, m.payload, m.key, m.headers, m.timestamp_us)))
+                if audit:
+                    rows.append(self._audit_row(seq, seg, off, m, now_us))
         self._cursor = Cursor(seg=segment.seg, offset=offset, last_seq=self._filter.last_seq)
         self._stats.delivered += len(out)
         if rows and self._audit is not None:
             self._audit.write_rows(rows)
         return out
+
+    def _audit_row(self, seq: int, seg: int, off: int, m: Any, now_us: int) -> tuple[object, ...]:
+        cfg = self.config
+        return (cfg.queue, cfg.subscription, cfg.consumer_id, seq, seg, off, (m.key or b"").hex(),
+                zlib.crc32(m.payload), m.timestamp_us, now_us)
 
     def _advance(self, segment: Segment) -> None:
         """Done with a sealed segment: move the cursor on, commit it, and try to pop."""

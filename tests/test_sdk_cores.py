@@ -154,3 +154,25 @@ def test_starts_batch_predicts_exactly_where_add_starts_a_batch(sizes: list[int]
         seq = c.add(m, token=i, now_s=0.0)
         assert seq == i
         assert predicted == (c.open_count == 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), max_size=30))
+def test_admit_run_admits_exactly_what_admit_would(runs: list[tuple[int, int]]) -> None:
+    """The consumer's fast path (a whole batch at once) and the per-message path agree on
+    what is delivered, what is dropped and where a gap stops delivery."""
+    def per_message(f: DeliveryFilter, first: int, n: int) -> list[int]:
+        return [s for s in range(first, first + n) if f.admit(s)]
+
+    slow, fast = DeliveryFilter("q", last_seq=-1), DeliveryFilter("q", last_seq=-1)
+    for first, n in runs:
+        try:
+            want = per_message(slow, first, n)
+        except GapDetected:
+            with pytest.raises(GapDetected):
+                if not fast.admit_run(first, n):
+                    per_message(fast, first, n)
+            break
+        got = list(range(first, first + n)) if fast.admit_run(first, n) else per_message(fast, first, n)
+        assert got == want
+        assert fast.last_seq == slow.last_seq
