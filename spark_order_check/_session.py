@@ -57,6 +57,8 @@ def scan_settings(spark: SparkSession, *, partitions: int) -> Iterator[None]:
     """
     wanted: dict[str, str | None] = {
         "spark.sql.files.openCostInBytes": str(OPEN_COST_BYTES),
+        # Text files are splittable: a split size above any file keeps each file whole.
+        "spark.sql.files.maxPartitionBytes": str(OPEN_COST_BYTES),
         # When set, Spark may regroup files into fewer partitions: it must be off.
         "spark.sql.files.maxPartitionNum": None,
         "spark.sql.shuffle.partitions": str(partitions),
