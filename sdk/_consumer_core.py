@@ -1,4 +1,5 @@
-"""Consumer bookkeeping without I/O: exactly-once-in-order filter and cursor commit policy.
+"""Consumer bookkeeping without I/O: exactly-once-in-order filter, cursor commit policy, and
+the finished-prefix tracker of keyed parallel delivery.
 
 Rules:
 - ``DeliveryFilter`` is the last gate before the application: a seq <= the last delivered is
@@ -6,13 +7,20 @@ Rules:
   delivered; anything larger is a gap: raise ``GapDetected`` and never skip.
 - ``CommitPolicy`` decides *when* to write the cursor (every N messages or T ms, and on
   close), never *what*: the cursor is always the position after the last delivered message.
-- No clocks, threads or I/O: time comes in as ``now_s``.
+- ``FinishedTracker`` decides *what* may be committed when messages finish out of order
+  (keyed workers): the position after the highest seq below which every dispatched seq is
+  finished, never past an unfinished one.
+- No clocks, threads or I/O: time comes in as ``now_s``; callers that share a tracker between
+  threads hold their own lock.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import attrs
 
+from coordinator.state import Cursor
 from ordq.errors import ConfigError, GapDetected
 
 
@@ -73,3 +81,61 @@ class CommitPolicy:
     def committed(self, now_s: float) -> None:
         self._since_commit = 0
         self._last_commit_s = now_s
+
+
+@attrs.define
+class FinishedTracker:
+    """The contiguous finished prefix of messages dispatched in seq order, finished in any order.
+
+    ``dispatched(seq, after)`` registers a message (``after``: the cursor just past it) in
+    strictly increasing seq order; ``finished(seq)`` marks it done; ``position`` is the cursor
+    after the highest seq below which every dispatched seq is finished (None until one is).
+    ``moved(cursor)`` records a read position that moved on without a new message (past
+    dropped duplicates, to the next segment): it takes effect once everything dispatched
+    before it is finished. Each call is O(1) amortised: a seq enters ``_order`` once and leaves
+    it once.
+    """
+
+    position: Cursor | None = None
+    _order: deque[int] = attrs.field(factory=deque)  # dispatched seqs not yet behind position
+    _after: dict[int, Cursor] = attrs.field(factory=dict)  # seq in _order -> cursor after it
+    _done: set[int] = attrs.field(factory=set)  # finished seqs still in _order
+    _last: int | None = None  # highest seq dispatched
+
+    def dispatched(self, seq: int, after: Cursor) -> None:
+        if self._last is not None and seq <= self._last:
+            raise ValueError(f"seq {seq} dispatched after {self._last}: must increase")
+        self._last = seq
+        self._order.append(seq)
+        self._after[seq] = after
+
+    def finished(self, seq: int) -> None:
+        if seq not in self._after or seq in self._done:
+            raise ValueError(f"seq {seq} finished but not pending (never dispatched, or finished twice)")
+        self._done.add(seq)
+        order = self._order
+        # Only the head of the order can advance the position; every seq is popped once.
+        while order and order[0] in self._done:
+            head = order.popleft()
+            self._done.discard(head)
+            self.position = self._after.pop(head)
+
+    def moved(self, cursor: Cursor) -> None:
+        if not self._order:
+            self.position = cursor  # nothing outstanding: the new position holds at once
+        else:
+            # The move resumes right after the last dispatched seq, so it is that message's
+            # "after" cursor, reached when it (and everything before it) is finished.
+            last = self._order[-1]
+            if cursor.last_seq != last:
+                raise ValueError(f"moved to {cursor} while seq {last} is the last dispatched")
+            self._after[last] = cursor
+
+    @property
+    def pending(self) -> int:
+        """Dispatched messages not yet behind ``position`` (finished or not)."""
+        return len(self._order)
+
+    @property
+    def unfinished(self) -> int:
+        return len(self._order) - len(self._done)

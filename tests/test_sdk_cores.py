@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_group.log import Message
+from coordinator.state import Cursor
 from ordq.errors import ConfigError, GapDetected
-from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
+from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter, FinishedTracker
 from sdk._producer_core import BatchingConfig, ProducerCore
 
 
@@ -176,3 +177,77 @@ def test_admit_run_admits_exactly_what_admit_would(runs: list[tuple[int, int]]) 
         got = list(range(first, first + n)) if fast.admit_run(first, n) else per_message(fast, first, n)
         assert got == want
         assert fast.last_seq == slow.last_seq
+
+
+def test_finished_tracker_commits_only_the_contiguous_finished_prefix() -> None:
+    t = FinishedTracker()
+    for seq in range(5, 9):
+        t.dispatched(seq, Cursor(seg=2, offset=seq + 1, last_seq=seq))
+    t.finished(6)
+    t.finished(8)
+    assert t.position is None and t.unfinished == 2  # 5 is still running
+    t.finished(5)
+    assert t.position == Cursor(seg=2, offset=7, last_seq=6)  # not past 7
+    t.moved(Cursor(seg=3, offset=0, last_seq=8))  # the read went on to the next segment
+    assert t.position == Cursor(seg=2, offset=7, last_seq=6)
+    t.finished(7)
+    assert t.position == Cursor(seg=3, offset=0, last_seq=8) and t.pending == 0
+    t.moved(Cursor(seg=4, offset=0, last_seq=8))  # nothing outstanding: at once
+    assert t.position == Cursor(seg=4, offset=0, last_seq=8)
+    with pytest.raises(ValueError):
+        t.finished(7)  # twice
+    with pytest.raises(ValueError):
+        t.dispatched(8, Cursor(seg=4, offset=1, last_seq=8))  # not increasing
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_finished_tracker_matches_a_naive_model(data: st.DataObject) -> None:
+    """Any interleaving of dispatches, finishes (in any order) and moves: the position is the
+    naive one (after the longest finished prefix), never past an unfinished seq, and reaches
+    the last message once all are finished."""
+    t = FinishedTracker()
+    entries: list[list] = []  # the model: [seq, cursor after it, finished]
+    base: Cursor | None = None  # position before any entry (set by a move with nothing outstanding)
+    seq, seg = -1, 0
+
+    def model() -> Cursor | None:
+        pos = base
+        for _, after, done in entries:
+            if not done:
+                break
+            pos = after
+        return pos
+
+    for op in data.draw(st.lists(st.sampled_from(["dispatch", "dispatch", "finish", "finish", "move"]),
+                                 max_size=80)):
+        unfinished = [e for e in entries if not e[2]]
+        if op == "dispatch":
+            seq += data.draw(st.integers(1, 3))  # increasing; the consumer's seqs are contiguous
+            after = Cursor(seg=seg, offset=seq + 1, last_seq=seq)
+            t.dispatched(seq, after)
+            entries.append([seq, after, False])
+        elif op == "finish" and unfinished:
+            e = data.draw(st.sampled_from(unfinished))
+            e[2] = True
+            t.finished(e[0])
+        elif op == "move":
+            seg += 1
+            cur = Cursor(seg=seg, offset=0, last_seq=seq)
+            t.moved(cur)
+            if entries:
+                entries[-1][1] = cur
+            else:
+                base = cur
+        assert t.position == model()
+        low = min((e[0] for e in entries if not e[2]), default=None)
+        if low is not None and t.position is not None:
+            assert t.position.last_seq < low  # never past an unfinished seq
+        assert t.unfinished == sum(1 for e in entries if not e[2])
+    rest = [e for e in entries if not e[2]]
+    for e in data.draw(st.permutations(rest)):
+        e[2] = True
+        t.finished(e[0])
+        assert t.position == model()
+    if entries:
+        assert t.position == entries[-1][1] and t.pending == 0
