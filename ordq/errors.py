@@ -21,6 +21,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
     ├── FencedError                       a higher producer epoch took over: stop
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
+    ├── HandlerError                      keyed delivery: the application's handler raised
     ├── MessageTooLarge (ValueError)
     ├── CorruptLog                        bad CRC before the tail of a stored segment
     ├── DiskFull                          the log could not be written: nothing half-served
@@ -161,6 +162,20 @@ class GapDetected(OrdqError):
         self.queue = queue
         self.expected_seq = expected_seq
         self.got_seq = got_seq
+
+
+class HandlerError(OrdqError):
+    """The application's handler raised on message ``seq`` in keyed delivery
+    (``Consumer.run_keyed``); the handler's exception is ``__cause__``. Nothing at or past
+    ``seq`` was committed."""
+
+    def __init__(self, queue: str, subscription: str, seq: int, key: bytes | None) -> None:
+        super().__init__(f"queue {queue!r} subscription {subscription!r}: handler failed on seq {seq} "
+                         f"(key {key!r})")
+        self.queue = queue
+        self.subscription = subscription
+        self.seq = seq
+        self.key = key
 
 
 class MessageTooLarge(OrdqError, ValueError):

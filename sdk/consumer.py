@@ -8,7 +8,9 @@ crash redelivers, in order, exactly what came after the last commit (at-least-on
 consumer crash; ``Delivered.seq`` makes it effectively-once for an application that records it).
 A periodic commit covers only what the application is done with: the messages of earlier
 ``poll`` calls (calling ``poll`` again says so), or, when iterating, the messages before the
-one being handled; never a batch it may still be working on.
+one being handled; never a batch it may still be working on. With ``run_keyed`` (opt-in),
+messages are hashed by key to N worker threads (per-key order, not global) and commits cover
+only the contiguous prefix of finished messages.
 
 Reading: the master of the segment's group, or its slave when the master is down. At the end
 of a ``sealing`` segment the consumer runs the Seal protocol itself; at the end of a sealed
@@ -21,7 +23,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -41,6 +43,7 @@ from ordq.errors import (
     ConfigError,
     ConflictError,
     CoordinationUnavailable,
+    HandlerError,
     IllegalTransition,
     OrdqError,
     SubscriptionNotFound,
@@ -48,6 +51,7 @@ from ordq.errors import (
 )
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
 from sdk.audit import AuditWriter, new_writer_id
+from sdk.keyed import KeyedWorkers
 from sdk.transport import BrokerTransport, FetchResult
 
 log = logging.getLogger("ordq.consumer")
@@ -121,6 +125,7 @@ class Consumer:
         self._cursor = Cursor(seg=0)  # where the next read starts (past dropped duplicates too)
         self._returned = self._cursor  # after the last message handed to the application
         self._finished = self._cursor  # after the last message the application is done with
+        self._keyed: KeyedWorkers | None = None  # while run_keyed runs: what is done is theirs to say
         self._cursor_version = -1
         self._filter = DeliveryFilter(config.queue, last_seq=-1)
         self._policy = CommitPolicy(config.commit)
@@ -287,7 +292,7 @@ class Consumer:
     def _poll(self, timeout_s: float | None) -> list[Delivered]:
         if self._closed:
             raise ClosedError("consumer is closed")
-        self._finished = self._returned
+        self._sync_finished()
         try:
             if self._policy.due(time.monotonic()) and self._zk_connected():  # else: later
                 self._commit(self._finished)
@@ -309,9 +314,81 @@ class Consumer:
             return []
         if self._zk_connected():
             self._zk_down_since = None
-        if out:
+        if out and self._keyed is None:  # (keyed: counted as they finish, in _sync_finished)
             self._policy.delivered(len(out))
         return out
+
+    def _sync_finished(self) -> None:
+        """Bring ``_finished`` up to what the application is done with: everything handed out
+        before (poll, iteration), or the keyed workers' contiguous finished prefix."""
+        if self._keyed is None:
+            self._finished = self._returned
+            return
+        pos = self._keyed.position()
+        if pos != self._finished:
+            # The commit policy counts finished messages here (a move to the next segment
+            # counts as one), so the last ones are committed even when no more arrive.
+            self._policy.delivered(max(1, pos.last_seq - self._finished.last_seq))
+            self._finished = pos
+
+    def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
+                  stop: threading.Event | None = None, max_pending: int = 256, drain: bool = True) -> None:
+        """Deliver to ``workers`` threads by key until ``stop`` is set or a handler fails.
+
+        Worker ``zlib.crc32(key) % workers`` (no key: the empty key, worker 0) calls
+        ``handler(m)`` for its messages one at a time in seq order: per-key order, keys in
+        parallel, no order across keys. A worker queue holds at most ``max_pending`` messages
+        (reading waits for room). Periodic commits (``CommitConfig``) and the one on close
+        cover only the contiguous prefix of finished messages.
+
+        Returns once ``stop`` is set and the workers stopped: with ``drain`` after they
+        finished every queued message, else after the calls in progress (a handler is never
+        interrupted; queued messages are abandoned). Call it from the consumer's thread and
+        close the consumer after it (``stop`` is how another thread ends it). The read
+        position is then the finished prefix: the next read redelivers from the first message
+        not finished, including later ones that did finish (at-least-once).
+
+        Raises ``HandlerError(queue, subscription, seq, key)`` from the handler's exception
+        (the lowest failed seq) once every worker stopped: no commit covers that seq. Consumer
+        errors (``GapDetected``, ``ConflictError``, ...) stop the workers likewise and propagate;
+        ``ConfigError`` for ``workers`` or ``max_pending`` < 1.
+        """
+        if workers < 1 or max_pending < 1:
+            raise ConfigError("run_keyed needs workers >= 1 and max_pending >= 1")
+        if self._closed:
+            raise ClosedError("consumer is closed")
+        self._sync_finished()  # messages handed out before this call count as done
+        pool = KeyedWorkers(handler, workers=workers, max_pending=max_pending, start=self._finished,
+                            name=f"ordq-keyed-{self.config.subscription}")
+        self._keyed = pool
+        clean = False
+        try:
+            while (stop is None or not stop.is_set()) and pool.failure is None:
+                for m in self._poll(None):
+                    if not pool.submit(m, stop=stop, waiting=self._commit_if_due):
+                        break
+            clean = True
+        finally:
+            pool.stop(drain=drain and clean and pool.failure is None)
+            self._sync_finished()
+            self._keyed = None
+            done = self._returned = self._finished
+            if done != self._cursor:
+                # Read on from the first message not finished (the queued ones were dropped).
+                self._cursor = done
+                self._filter.last_seq = done.last_seq
+        if pool.failure is not None:
+            m, exc = pool.failure
+            raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
+
+    def _commit_if_due(self) -> None:
+        """While keyed delivery waits for queue room: commit what finished if it is time."""
+        self._sync_finished()
+        if self._policy.due(time.monotonic()) and self._zk_connected():
+            try:
+                self._commit(self._finished)
+            except CoordinationUnavailable:
+                pass  # the next read round tries again and keeps the outage clock
 
     def commit(self) -> None:
         """Write the cursor after the last message handed out, conditionally (the application
@@ -429,7 +506,12 @@ class Consumer:
     def _moved(self, cursor: Cursor) -> None:
         """The read position moved on without delivering anything (next segment, or past a
         segment dropped by retention). Only called at the start of a read round, when the
-        application is done with everything handed out before."""
+        application is done with everything handed out before (keyed: once finished)."""
+        if self._keyed is not None:
+            self._cursor = self._returned = cursor
+            self._keyed.moved(cursor)
+            self._sync_finished()
+            return
         self._cursor = self._returned = self._finished = cursor
 
     def _seal(self, segment: Segment) -> None:
