@@ -242,3 +242,36 @@ def test_keyed_handler_error_stops_everything_and_commits_before_it(cluster: Clu
     timer.cancel()
     assert again.seqs == set(range(cur + 1, n)) and again.twice == []
     again.check_key_order()
+
+
+def test_cli_consume_with_workers(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ordq consume --workers N``: prints handled messages (per-key order); ``--count`` stops
+    after that many handled, commits only the finished prefix; the next run resumes there."""
+    from ordq.cli import main
+
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    n = 500
+    keys = produce(cluster, n)
+    base = ["--zk", cluster.hosts, "--root", cluster.root, "consume", "q", "-s", "s", "--workers", "3"]
+
+    def printed(out: str) -> list[int]:
+        seqs = []
+        for line in out.splitlines():
+            seq, payload = line.split("\t")
+            assert payload == seq
+            seqs.append(int(seq))
+        for key in set(keys):
+            mine = [s for s in seqs if keys[s] == key]
+            assert mine == sorted(mine), f"key {key!r} out of order"
+        return seqs
+
+    assert main([*base, "--count", "300"]) == 0
+    first = printed(capsys.readouterr().out)
+    assert len(first) == len(set(first)) == 300
+    cur = cluster.store.get_cursor("q", "s")[0].last_seq
+    assert set(range(cur + 1)) <= set(first)
+    assert main([*base, "--idle-exit", "1"]) == 0
+    second = printed(capsys.readouterr().out)
+    assert second and min(second) == cur + 1 and len(second) == len(set(second))
+    assert set(first) | set(second) == set(range(n))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import attrs
 
 from ordq.commands import add_command
+from ordq.errors import HandlerError
 from ordq.output import emit_json
 
 
@@ -37,6 +39,8 @@ def register(subparsers: Any) -> None:
                       help="stop when nothing arrives for this long")
     cons.add_argument("--quiet", action="store_true", help="only count, print a summary")
     cons.add_argument("--audit-dir", type=Path, default=None)
+    cons.add_argument("--workers", type=int, default=None, metavar="N",
+                      help="keyed parallel delivery: N workers by key, per-key order only (docs/SDK.md)")
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -85,10 +89,24 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
                          start=args.start, audit_dir=args.audit_dir)
+    if args.workers is not None:
+        n, last_seq = _consume_keyed(args, Consumer(cfg))
+    else:
+        n, last_seq = _consume(args, Consumer(cfg))
+    summary = {"queue": args.queue, "subscription": args.subscription, "delivered": n, "last_seq": last_seq}
+    if args.json:
+        emit_json(summary)
+    else:
+        print(f"delivered {n} messages from {args.queue}/{args.subscription}, last seq {last_seq}",
+              file=sys.stderr)
+    return 0
+
+
+def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
     n = 0
     last_seq = None
     idle_since = time.monotonic()
-    with Consumer(cfg) as consumer:
+    with consumer:
         try:
             while args.count is None or n < args.count:
                 batch = consumer.poll()
@@ -104,10 +122,55 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         sys.stdout.buffer.write(b"%d\t" % m.seq + m.payload + b"\n")
         except KeyboardInterrupt:
             pass
-    summary = {"queue": args.queue, "subscription": args.subscription, "delivered": n, "last_seq": last_seq}
-    if args.json:
-        emit_json(summary)
-    else:
-        print(f"delivered {n} messages from {args.queue}/{args.subscription}, last seq {last_seq}",
-              file=sys.stderr)
-    return 0
+    return n, last_seq
+
+
+def _consume_keyed(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
+    """``Consumer.run_keyed`` with a handler that prints; ``--count`` counts handled messages
+    (the queued rest is abandoned, not committed); ``last_seq`` is the highest handled."""
+    lock = threading.Lock()
+    stop = threading.Event()
+    done = _Handled(at=time.monotonic())
+
+    def handler(m: Any) -> None:
+        with lock:
+            if args.count is not None and done.n >= args.count:
+                stop.set()
+                raise _Enough  # not handled: not committed
+            done.n += 1
+            done.last = m.seq if done.last is None else max(m.seq, done.last)
+            done.at = time.monotonic()
+            if not args.quiet and not args.json:
+                sys.stdout.buffer.write(b"%d\t" % m.seq + m.payload + b"\n")
+            if args.count is not None and done.n >= args.count:
+                stop.set()
+
+    def watch_idle() -> None:
+        while not stop.wait(0.1):
+            with lock:
+                if time.monotonic() - done.at > args.idle_exit:
+                    stop.set()
+
+    if args.idle_exit is not None:
+        threading.Thread(target=watch_idle, daemon=True).start()
+    with consumer:
+        try:
+            consumer.run_keyed(handler, workers=args.workers, stop=stop, drain=False)
+        except HandlerError as exc:
+            if not isinstance(exc.__cause__, _Enough):
+                raise
+        except KeyboardInterrupt:
+            pass
+    stop.set()
+    return done.n, done.last
+
+
+@attrs.define
+class _Handled:
+    at: float  # when the last message was handled (or the start)
+    n: int = 0
+    last: int | None = None
+
+
+class _Enough(Exception):
+    """--count reached in a worker while others still held messages."""
