@@ -75,8 +75,13 @@ def when_finding(cond: Column, cls: str | Column, **cols: Any) -> Column:
     return F.when(cond, finding(cls, **cols))
 
 
-def explode_findings(df: DataFrame, candidates: Sequence[Column]) -> DataFrame:
-    """One output row per non-null candidate finding of each input row (a single pass)."""
+def explode_findings(df: DataFrame, candidates: Sequence[Column], where: Column | None = None) -> DataFrame:
+    """One output row per non-null candidate finding of each input row (a single pass).
+
+    ``where``, when given, must be true for every row with a finding: the other rows (most of
+    them, on a clean run) are dropped before the findings are built."""
+    if where is not None:
+        df = df.filter(where)
     return df.select(F.explode(F.array_compact(F.array(*candidates))).alias("f")).select("f.*")
 
 
@@ -206,15 +211,24 @@ def seq_findings(e: DataFrame, subs: DataFrame) -> DataFrame:
     ref = F.when(acked_one_crc, acrc1).otherwise(dcrc1)
     mismatch = delivered & ((acked_one_crc & ((dcrc1 != acrc1) | (dcrc2 != acrc1))) | (~acked & (dcrc1 != dcrc2)))
     common = {"q": F.col("q"), "s": F.col("s"), "b": F.col("b"), "seq": seq}
+    conds = {
+        "lost": acked & ~delivered,
+        "unacked": ~acked & delivered,
+        "extra": nd > 1,
+        "conflict": acked & (acrc1 != acrc2) & (F.col("first") == 1),
+        "mismatch": mismatch,
+    }
+    # A clean seq (acked, delivered once, one CRC) has none: most groups skip building findings.
+    any_finding = conds["lost"] | conds["unacked"] | conds["extra"] | conds["conflict"] | conds["mismatch"]
     return explode_findings(per_seq, [
-        when_finding(acked & ~delivered, "_lost", **common, n=1),
-        when_finding(~acked & delivered, "_unacked", **common, n=1),
-        when_finding(nd > 1, "_extra", **common, n=nd - 1, pos=F.col("ch1"), pos2=F.col("ch2")),
-        when_finding(acked & (acrc1 != acrc2) & (F.col("first") == 1), "crc_conflict_acks",
+        when_finding(conds["lost"], "_lost", **common, n=1),
+        when_finding(conds["unacked"], "_unacked", **common, n=1),
+        when_finding(conds["extra"], "_extra", **common, n=nd - 1, pos=F.col("ch1"), pos2=F.col("ch2")),
+        when_finding(conds["conflict"], "crc_conflict_acks",
                      q=F.col("q"), b=F.col("b"), seq=seq, n=1, crc=acrc1, crc2=acrc2),
-        when_finding(mismatch, "crc_mismatch_delivery", **common, n=1, crc=ref,
+        when_finding(conds["mismatch"], "crc_mismatch_delivery", **common, n=1, crc=ref,
                      crc2=F.when(dcrc1 != ref, dcrc1).otherwise(dcrc2), flag=acked.cast("int")),
-    ])
+    ], where=F.coalesce(any_finding, F.lit(True)))
 
 
 def redeliveries(raw: DataFrame) -> DataFrame:
@@ -362,6 +376,23 @@ def checkpoint(df: DataFrame, *, disk_only: bool = False) -> DataFrame:
     memory in the level, Spark copies a whole block from disk into the heap to read it."""
     level = StorageLevel.DISK_ONLY if disk_only else StorageLevel.MEMORY_AND_DISK
     return df.localCheckpoint(eager=False, storageLevel=level)
+
+
+def reuse_shuffle(df: DataFrame) -> DataFrame:
+    """``df`` (ending in a shuffle, e.g. ``repartition``) as a DataFrame over the RDD Spark
+    built for it, partitioning kept. Queries over it run that RDD again, and the scheduler
+    skips its map stage once the shuffle files exist: the input is read, parsed and shuffled
+    once, by the first query, and later queries read the shuffle files (compressed, Spark's
+    row serializer). For the large input table this replaced a ``DISK_ONLY`` checkpoint
+    (written once, then read back through the Java serializer): 10^7 messages, see
+    docs/BENCHMARKS.md. Lost shuffle files are recomputed from the input, like any shuffle.
+    """
+    spark = df.sparkSession
+    jvm = spark._jvm
+    rdd = df._jdf.queryExecution().toRdd()
+    companion = getattr(getattr(jvm.org.apache.spark.sql.execution, "LogicalRDD$"), "MODULE$")
+    logical = companion.fromDataset(rdd, df._jdf, False, False)
+    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, logical), spark)
 
 
 def release(df: DataFrame) -> None:

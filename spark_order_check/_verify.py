@@ -160,7 +160,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
         mark[0] = now
 
     e = scan_acks(spark, fa, 0, bucket_bits).unionByName(scan_deliveries(spark, fd, len(fa), keyed, bucket_bits))
-    e = C.checkpoint(e.repartition("q", "b"), disk_only=True)
+    e = C.reuse_shuffle(e.repartition("q", "b"))
     kept: list[DataFrame] = [e]
     try:
         # 1. Statistics, in the first pass over the input (which also keeps it).
