@@ -20,7 +20,6 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import grpc
 
 from broker_group.errors import SegmentNotWritable, abort
@@ -32,6 +31,9 @@ if TYPE_CHECKING:
     from broker_group.service import Broker, Segment
 
 log = logging.getLogger("ordq.replication")
+
+# Requests with batches on the wire to the slave at once: one being synced there, one on its way.
+MAX_INFLIGHT = 2
 
 
 class ReplicationLink:
@@ -45,6 +47,7 @@ class ReplicationLink:
         self._out: list[tuple[Segment, bytes]] = []
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
+        self._inflight = 0  # requests with batches the slave has not answered yet
         self._address: str | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -92,6 +95,7 @@ class ReplicationLink:
                 self._out.clear()
                 self._active.clear()
                 self._lac_sent.clear()
+                self._inflight = 0
             self._stream_once(address, gen)
             with self._cv:
                 if self._stopping:
@@ -109,6 +113,8 @@ class ReplicationLink:
                     if not self.connected:
                         self.connected = True
                         log.info("replicating to slave at %s", address)
+                    if resp.synced:  # the answer to one request with batches
+                        self._inflight -= 1
                     for r in resp.synced:
                         s = self.b._segments.get((r.queue, r.seg))
                         if s is not None:
@@ -138,6 +144,10 @@ class ReplicationLink:
             log.warning("froze %d segments after the slave stream broke", len(frozen))
 
     def _requests(self, gen: int) -> Iterator[pb.ReplicateRequest]:
+        """The stream's requests. Batches go out while fewer than MAX_INFLIGHT requests
+        with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
+        leave together, one sync on the slave for all of them (group commit). LAC updates
+        go out at once."""
         yield pb.ReplicateRequest(hello=True)
         while True:
             with self._cv:
@@ -146,12 +156,17 @@ class ReplicationLink:
                         return
                     lacs = {k: s.replica.lac for k, s in self._active.items()
                             if self._lac_sent.get(k) != s.replica.lac}
-                    if self._out or lacs:
+                    can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
+                    if can_send or lacs:
                         break
                     self._cv.wait(0.5)
-                out, self._out = self._out, []
+                out: list[tuple[Segment, bytes]] = []
+                if can_send:
+                    out, self._out = self._out, []
                 self._lac_sent.update(lacs)
-            yield from _requests_for(out, lacs)
+                reqs = list(_requests_for(out, lacs))
+                self._inflight += sum(1 for r in reqs if r.batches)
+            yield from reqs
 
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
@@ -177,63 +192,25 @@ def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], 
             yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
 
 
-@attrs.define(eq=False)
-class _SlaveStream:
-    segments: dict[tuple[str, int], Segment] = attrs.field(factory=dict)
-    reported: dict[tuple[str, int], int] = attrs.field(factory=dict)
-    hello: bool = False
-    error: OrdqError | None = None
-    done: bool = False
-
-
 def serve_replicate(broker: Broker, requests: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
                     ) -> Iterator[pb.ReplicateResponse]:
-    """Slave side: append what the master sends; report synced ends as they move."""
+    """Slave side: append and sync what the master sends, then answer with the synced end,
+    all in this handler's thread. Exactly one answer per request that carries batches (the
+    master counts them), none for a LAC-only request, an empty one for hello."""
     if broker.config.role.value != "slave":
         abort(context, SegmentNotWritable(broker.address, "*", -1, "replication goes to the slave, this is the master"))
-    st = _SlaveStream()
-    cv = broker._cv
-
-    def read() -> None:
-        try:
-            for req in requests:
-                if req.hello:
-                    with cv:
-                        st.hello = True
-                        cv.notify_all()
-                    continue
-                s = broker.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
-                with cv:
-                    st.segments[s.key] = s
-        except OrdqError as exc:
-            log.error("refused replicated data: %s", exc)
-            with cv:
-                st.error = exc
-        except Exception:  # noqa: BLE001 - the master went away
-            pass
-        finally:
-            with cv:
-                st.done = True
-                cv.notify_all()
-
-    threading.Thread(target=read, name="ordq-replica-read", daemon=True).start()
-    while True:
-        with cv:
-            while True:
-                moved = [pb.ReplicaSegment(queue=k[0], seg=k[1], synced_end=s.replica.local_synced)
-                         for k, s in st.segments.items() if st.reported.get(k) != s.replica.local_synced]
-                if moved or st.hello or st.error or st.done or broker._stopping:
-                    break
-                if not context.is_active():
-                    return
-                cv.wait(0.5)
-            for r in moved:
-                st.reported[(r.queue, r.seg)] = r.synced_end
-            hello, st.hello = st.hello, False
-            error, done = st.error, st.done
-        if moved or hello:
-            yield pb.ReplicateResponse(synced=moved)
-        if error is not None:
-            abort(context, error)
-        if done or broker._stopping:
-            return
+    try:
+        for req in requests:
+            if req.hello:
+                yield pb.ReplicateResponse()
+                continue
+            s = broker.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
+            if req.batches:
+                with broker._cv:
+                    end = s.replica.local_synced
+                yield pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg, synced_end=end)])
+    except OrdqError as exc:
+        log.error("refused replicated data: %s", exc)
+        abort(context, exc)
+    except grpc.RpcError:
+        return  # the master went away

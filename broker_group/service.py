@@ -12,9 +12,10 @@ Guarantees (DESIGN §4):
   ZooKeeper is reconciled (truncated past its end, or completed from the peer) before it is
   served past what this copy holds.
 
-Threads: gRPC handler threads; one reader thread per produce/replicate stream (turns requests
-into accepted batches); the sync thread (group commit); on the master, the replication
-sender; and the reconciler. Shared state is guarded by one condition variable ``_cv``; a
+Threads: gRPC handler threads; on the master, one reader thread per produce stream (turns
+requests into accepted batches), the sync thread (group commit) and the replication sender;
+on the slave, the replication handler appends, syncs and answers in its own thread; the
+reconciler. Shared state is guarded by one condition variable ``_cv``; a
 segment's log file by its own ``io_lock`` (held across a sync, never together with ``_cv``
 waiting on it).
 """
@@ -104,7 +105,7 @@ class Segment:
     log: seglog.SegmentLog | None  # None while corrupt (not served)
     corrupt: CorruptLog | None = None
     pending: list[bytes] = attrs.field(factory=list)  # accepted, not yet appended to the log
-    syncing: bool = False
+    syncing: int = 0  # commits under way (appended or being synced, verdict not yet known)
     io_lock: threading.Lock = attrs.field(factory=threading.Lock)
     reconciled: bool = False  # matches ZooKeeper's sealed end (or nothing to reconcile yet)
 
@@ -114,7 +115,7 @@ class Segment:
 
     def settled(self) -> bool:
         """Everything accepted so far has reached the sync thread's verdict."""
-        return not self.pending and not self.syncing
+        return not self.pending and self.syncing == 0
 
     def end(self) -> pb.SegmentEnd:
         r = self.replica
@@ -440,10 +441,17 @@ class Broker:
             self._cv.notify_all()
 
     def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
-        """Slave: append the master's batches at the master's offsets; learn its LAC."""
+        """Slave: append the master's batches at the master's offsets and sync them in the
+        calling thread (the replication handler answers right after: no thread hand-off on
+        the slave's side of an ack); learn the master's LAC. The master sends the batches
+        that queued up while earlier ones were synced together: one group commit."""
         headers = [self._checked_header(raw) for raw in batches]
         s = self.segment_for_replica(queue, seg)
+        accepted: list[bytes] = []
         with self._cv:
+            if lac >= 0:
+                s.replica.peer_progress(lac)
+                self._cv.notify_all()
             if s.replica.sealed:
                 # Sealed here first (the Seal protocol reached us before these in-flight
                 # batches): ignore them; the protocol copies any difference from the master.
@@ -453,15 +461,14 @@ class Broker:
                     s.replica.accept_replica(h.epoch, h.first_offset, h.first_seq, h.count)
                 except Refused as exc:
                     raise self._refused(s, exc) from None
-                s.pending.append(raw)
+                accepted.append(raw)
                 self.stats.batches_in += 1
                 self.stats.messages_in += h.count
                 self.stats.bytes_in += len(raw)
-            if lac >= 0:
-                s.replica.peer_progress(lac)
-            if batches:
-                self._mark_dirty(s)
-            self._cv.notify_all()
+            if not accepted:
+                return s
+            s.syncing += 1
+        self._commit(s, accepted)
         return s
 
     def _checked_header(self, raw: bytes) -> seglog.BatchHeader:
@@ -486,8 +493,8 @@ class Broker:
             self._dirty.append(s)
 
     def _sync_loop(self) -> None:
-        """Group commit: one write + fdatasync per segment covers every batch that arrived
-        while the previous sync ran; nothing is acked before it."""
+        """Master: group commit. One write + fdatasync per segment covers every batch that
+        arrived while the previous sync ran; nothing is acked before it."""
         while True:
             with self._cv:
                 while not self._dirty and not self._stopping:
@@ -497,31 +504,36 @@ class Broker:
                 work = [(s, s.pending) for s in self._dirty]
                 for s, _ in work:
                     s.pending = []
-                    s.syncing = True
+                    s.syncing += 1
                 self._dirty.clear()
             for s, batches in work:
-                error: OrdqError | None = None
-                end = None
-                try:
-                    with s.io_lock:
-                        assert s.log is not None
-                        for b in batches:
-                            # CRC and structure were checked when the batch arrived.
-                            s.log.append(b, verify_crc=False)
-                        end = s.log.sync()
-                except (DiskFull, OSError, ValueError, CorruptLog) as exc:
-                    error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
-                    log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
-                    self._drop_unsynced(s)
-                with self._cv:
-                    s.syncing = False
-                    if error is None and end is not None:
-                        s.replica.synced(end)
-                        self.stats.syncs += 1
-                        self.stats.batches_synced += len(batches)
-                    else:
-                        self._fail_segment(s, error or DiskFull("write failed"))
-                    self._cv.notify_all()
+                self._commit(s, batches)
+
+    def _commit(self, s: Segment, batches: list[bytes]) -> None:
+        """Append ``batches`` (checked when they arrived) to ``s``'s log and fdatasync them,
+        then count them synced. The caller counted this commit in ``s.syncing``. A failed
+        write cuts the log back to what is durable and freezes the segment."""
+        error: OrdqError | None = None
+        end = None
+        try:
+            with s.io_lock:
+                assert s.log is not None
+                for b in batches:
+                    s.log.append(b, verify_crc=False)
+                end = s.log.sync()
+        except (DiskFull, OSError, ValueError, CorruptLog) as exc:
+            error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
+            log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
+            self._drop_unsynced(s)
+        with self._cv:
+            s.syncing -= 1
+            if error is None and end is not None:
+                s.replica.synced(end)
+                self.stats.syncs += 1
+                self.stats.batches_synced += len(batches)
+            else:
+                self._fail_segment(s, error or DiskFull("write failed"))
+            self._cv.notify_all()
 
     @staticmethod
     def _drop_unsynced(s: Segment) -> None:

@@ -217,12 +217,17 @@ class Producer:
             # add() gives the message seq next_seq + open_count, whether or not it cuts first.
             fut = SendFuture(core.next_seq + core.open_count, self._open_outcome)
             cut_before = core.next_seq
-            core.add(msg, fut, time.monotonic())
+            now = time.monotonic()
+            core.add(msg, fut, now)
             self._stats.sent += 1
-            # Wake the sender only when it has something new to act on: a batch was cut, or a
-            # new open batch started (its linger deadline). Waking it per message costs a
-            # thread switch per message for nothing.
-            if self._core.open_count == 1 or self._core.next_seq != cut_before:
+            due = core.next_deadline()
+            if due is not None and due <= now:
+                # An idle pipe: send it from this thread, sparing a hand-off to the sender.
+                self._hand_out(now)
+            elif core.open_count == 1 or core.next_seq != cut_before:
+                # Wake the sender only when it has something new to act on: a batch was cut,
+                # or a new open batch started (its linger deadline). Waking it per message
+                # costs a thread switch per message for nothing.
                 self._lock.notify_all()
         return fut
 
@@ -457,7 +462,28 @@ class Producer:
 
     # -- threads -----------------------------------------------------------------------------
 
+    def _hand_out(self, now: float) -> None:
+        """Caller holds the lock: put every batch that is due on the stream, in seq order.
+        Every send goes through here, under the lock, so batches reach the stream in order
+        whichever thread sends them (the stream's ``send`` only queues)."""
+        assert self._core is not None
+        if self._failure is not None or self._stream is None or self._closed:
+            return
+        ready = self._core.take_ready(now)
+        if not ready:
+            return
+        if self._audit is not None:
+            now_us = time.time_ns() // 1000
+            for b in ready:
+                self._send_us.setdefault(b.first_seq, now_us)
+        try:
+            self._stream.send([b.encoded for b in ready])
+        except OrdqError as exc:
+            self._failure = exc
+            self._lock.notify_all()
+
     def _send_loop(self) -> None:
+        """Cuts lingering batches when due, watches the ack deadline, and fails over."""
         timeout = self.config.send_timeout_s
         while True:
             with self._lock:
@@ -471,30 +497,20 @@ class Producer:
                             f"group {self._gid}", f"no ack within send_timeout_s={timeout:g}"
                         )
                         break
-                    ready = core.take_ready(now)
-                    if ready:
+                    self._hand_out(now)
+                    if self._failure is not None:
                         break
                     waits = [d - now for d in (core.next_deadline(),) if d is not None]
+                    oldest = core.oldest_sent_at()
                     if oldest is not None:
                         waits.append(oldest + timeout - now)
                     self._lock.wait(max(min(waits), 0.0005) if waits else 0.1)
                 if self._closed:
                     return
                 failure = self._failure
-                stream = self._stream
-            if failure is None and stream is not None:
-                if self._audit is not None:
-                    now_us = time.time_ns() // 1000
-                    for b in ready:
-                        self._send_us.setdefault(b.first_seq, now_us)
-                try:
-                    stream.send([b.encoded for b in ready])
-                except OrdqError as exc:
-                    with self._lock:
-                        self._failure = self._failure or exc
-                continue
-            if isinstance(failure, FencedError) or failure is None:
-                self._stop_fatal(failure or ClosedError("no stream"))
+            assert failure is not None  # the loop ends only on close or failure
+            if isinstance(failure, FencedError):
+                self._stop_fatal(failure)
                 return
             try:
                 self._recover(failure)
