@@ -197,7 +197,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
         # 3. Findings: ranges, boundary pairs, in-flight classification, segments.
         parts = [raw.filter(~F.col("cls").startswith("_"))]
         if raw_counts.get("_extra"):
-            parts.append(C.redeliveries(raw))
+            parts.append(C.redeliveries(raw, duplicates=bool(raw_counts.get("duplicate"))))
         if raw_counts.get("_bnd") or raw_counts.get("_kbnd"):
             parts.append(C.stitch_boundaries(raw.filter(F.col("cls").isin("_bnd", "_kbnd"))))
         if raw_counts.get("_lost") or raw_counts.get("_unacked"):
