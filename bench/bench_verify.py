@@ -1,7 +1,7 @@
 """Benchmark of the Spark ordering verifier against a bare Spark scan of the same files.
 
 Usage: .venv/bin/python -m bench.bench_verify [--messages 10000000] [--master local[2]]
-                                              [--dir DIR] [--repeat 1] [--json]
+                                              [--dir DIR] [--repeat 1] [--json] [--no-baselines]
 
 Writes (once; reused while the scenario is unchanged) synthetic audit files of one queue and
 one subscription with ``--messages`` distinct seqs, each acked and delivered, as the SDK's
@@ -13,11 +13,20 @@ fails if it does not.
 In one Spark session on ``--master``, it then times:
 
 - ``bare scan``: ``spark.read.text(every file).count()``, the least any verification must
-  do (read every byte once); the best of ``--repeat`` runs;
+  do (read every byte once); timed before and after the others, the best kept (on a shared
+  VM it varies 2x within minutes; the best is the strictest baseline);
+- ``csv count``: ``spark.read.csv(every file, sep TAB, header).count()``: Spark's CSV
+  reader when no column is needed;
+- ``csv parse``: the same reader with the audit schema, every numeric column parsed and
+  folded (``bit_xor``): what parsing every field costs Spark's CSV reader;
+- ``verifier parse``: the verifier's own scan (``scan_acks`` + ``scan_deliveries``: split,
+  numbers, row positions, kinds), every column the checks use folded; no shuffle. The floor
+  of any verification that reads the columns the way the verifier does;
 - ``verify``: ``spark_order_check.verify`` on the same session, every check (the best of
   ``--repeat`` runs).
 
-The ratio verify / bare scan is the figure of merit (issue goal: <= 2 on local[2]).
+The ratio verify / bare scan is the figure of merit (issue goal: <= 2 on local[2]); the
+ratios to the other baselines are printed alongside.
 """
 
 from __future__ import annotations
@@ -30,9 +39,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
 from spark_order_check import verify
-from spark_order_check._session import make_session
+from spark_order_check._files import list_local
+from spark_order_check._scan import scan_acks, scan_deliveries
+from spark_order_check._session import make_session, scan_settings
 from spark_order_check.generate import Scenario, generate
 
 ROWS_PER_FILE = 1_000_000  # the SDK audit hook's default (sdk/audit.py)
@@ -56,6 +73,34 @@ def _size(directory: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+_NUMBERS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us"}
+
+
+def _csv_count(spark: SparkSession, paths: list[str]) -> int:
+    return spark.read.options(sep="\t", header="true").csv(paths).count()
+
+
+def _csv_parse(spark: SparkSession, paths: list[str]) -> int:
+    """Every numeric column of every file parsed by the CSV reader, acks and deliveries each
+    with their own schema (docs/AUDIT_FORMAT.md)."""
+    total = 0
+    for columns, sub in ((ACK_COLUMNS, "/acks/"), (DELIVERY_COLUMNS, "/deliveries/")):
+        schema = T.StructType([T.StructField(c, T.LongType() if c in _NUMBERS else T.StringType()) for c in columns])
+        df = spark.read.schema(schema).options(sep="\t", header="true", quote="").csv([p for p in paths if sub in p])
+        row = df.select(F.count(F.lit(1)).alias("n"), *[F.bit_xor(c) for c in columns if c in _NUMBERS]).first()
+        total += int(row["n"])
+    return total
+
+
+def _verifier_parse(spark: SparkSession, directory: Path) -> int:
+    fa, fd = list_local([str(directory / "acks")], "acks"), list_local([str(directory / "deliveries")], "deliveries")
+    with scan_settings(spark, partitions=2):
+        e = scan_acks(spark, fa, 0).unionByName(scan_deliveries(spark, fd, len(fa), ()))
+        row = e.select(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("q", "s", "c")), F.bit_xor("seq"),
+                       F.bit_xor("crc"), F.bit_xor("pos"), F.bit_xor("seg"), F.bit_xor("lat"), F.sum("kind")).first()
+    return int(row["n"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=10_000_000, help="distinct seqs (default 10,000,000)")
@@ -65,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the generated audit files are kept (default: TMPDIR/ordq-bench)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs of each, best kept (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ap.add_argument("--no-baselines", action="store_true", help="time only the bare scan and verify")
     args = ap.parse_args(argv)
 
     directory, gen_s = _data(args.dir, args.messages)
@@ -77,16 +123,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spark.range(1000).count()  # start the executors before timing anything
         paths = [str(p) for p in sorted(directory.rglob("*.tsv*"))]
-        scans, runs, report = [], [], None
-        for _ in range(args.repeat):
+        timed: dict[str, list[float]] = {k: [] for k in ("bare_scan", "csv_count", "csv_parse", "verifier_parse",
+                                                           "verify")}
+        report = None
+
+        def run(name: str, fn: Any) -> Any:
             t0 = time.perf_counter()
-            rows = spark.read.text(paths).count()
-            scans.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            report = verify(acks=directory / "acks", deliveries=directory / "deliveries", spark=spark)
-            runs.append(time.perf_counter() - t0)
+            out = fn()
+            timed[name].append(time.perf_counter() - t0)
             if not args.json:
-                print(f"bare scan {scans[-1]:.1f} s ({rows:,} lines), verify {runs[-1]:.1f} s", flush=True)
+                print(f"  {name}: {timed[name][-1]:.1f} s", flush=True)
+            return out
+
+        for _ in range(args.repeat):
+            run("bare_scan", lambda: spark.read.text(paths).count())
+            if not args.no_baselines:
+                run("csv_count", lambda: _csv_count(spark, paths))
+                run("csv_parse", lambda: _csv_parse(spark, paths))
+                run("verifier_parse", lambda: _verifier_parse(spark, directory))
+            report = run("verify", lambda: verify(acks=directory / "acks", deliveries=directory / "deliveries",
+                                                  spark=spark))
+            run("bare_scan", lambda: spark.read.text(paths).count())  # again: the best of both is kept
     finally:
         spark.stop()
     assert report is not None
@@ -94,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report.summary(), file=sys.stderr)
         print("verify reported violations on clean data: the benchmark is void", file=sys.stderr)
         return 1
-    scan_s, verify_s = min(scans), min(runs)
+    best = {k: min(v) for k, v in timed.items() if v}
+    scan_s, verify_s = best["bare_scan"], best["verify"]
     result = {
         "messages": args.messages,
         "ack_rows": report.inputs.ack_rows,
@@ -102,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         "files": n_files,
         "mb": round(n_bytes / 1e6, 1),
         "master": args.master,
-        "bare_scan_s": round(scan_s, 2),
-        "verify_s": round(verify_s, 2),
+        **{f"{k}_s": round(v, 2) for k, v in best.items()},
         "ratio": round(verify_s / scan_s, 2),
+        **{f"ratio_to_{k}": round(verify_s / v, 2) for k, v in best.items() if k not in ("bare_scan", "verify")},
         "verify_rows_per_s": round((report.inputs.ack_rows + report.inputs.delivery_rows) / verify_s),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -116,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify: {verify_s:.1f} s for {result['ack_rows']:,} ack + {result['delivery_rows']:,} delivery rows "
               f"({result['verify_rows_per_s']:,} rows/s); bare scan {scan_s:.1f} s; ratio {result['ratio']:.2f}x "
               f"(goal <= 2); load average {result['load_average']}")
+        for k, v in best.items():
+            if k not in ("bare_scan", "verify"):
+                print(f"  vs {k}: {v:.1f} s, ratio {verify_s / v:.2f}x")
     return 0
 
 
