@@ -1,7 +1,8 @@
 """The Spark ordering verifier on generated audit and segment data with known anomalies.
 
-Four verifications in all (a clean run through the CLI, all audit anomalies, the same with
-tiny seq buckets, broker segments), all on one shared SparkSession.
+Five verifications in all (a clean run through the CLI, all audit anomalies, the same with
+tiny seq buckets, broker segments, unreadable lines written by hand), all on one shared
+SparkSession.
 """
 
 from __future__ import annotations
@@ -117,3 +118,27 @@ def test_segment_checks(tmp_path: Path, spark: Any) -> None:
             assert "CRC mismatch" in example.pop("error")
         assert example == expected.first[name], name
     assert report.inputs.segment_files == 12
+
+
+def test_blank_and_non_numeric_lines_are_malformed_at_their_line(tmp_path: Path, spark: Any) -> None:
+    from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+    from spark_order_check import verify
+
+    def ack(seq: int) -> str:
+        return f"q\tp1\t1\t{seq}\t0\t{seq}\t\t{100 + seq}\t1000\t1500"
+
+    def delivery(seq: int | str) -> str:
+        crc = 100 + seq if isinstance(seq, int) else 1
+        return f"q\ts\tc1\t{seq}\t0\t{seq}\t\t{crc}\t1000\t2000"
+
+    (tmp_path / "acks").mkdir()
+    (tmp_path / "deliveries").mkdir()
+    (tmp_path / "acks" / "p1-0.tsv").write_text("\n".join(["\t".join(ACK_COLUMNS), *map(ack, range(3))]) + "\n")
+    lines = ["\t".join(DELIVERY_COLUMNS), delivery(0), "", delivery("x1"), delivery(1), delivery(2)]
+    (tmp_path / "deliveries" / "c1-0.tsv").write_text("\n".join(lines) + "\n")
+    report = verify(acks=tmp_path / "acks", deliveries=tmp_path / "deliveries", spark=spark)
+    by_name = {c.name: c for c in report.classes}
+    assert {c.name: c.count for c in report.classes if c.count} == {"malformed_row": 2}
+    assert [e["at"] for e in by_name["malformed_row"].examples] == ["c1-0.tsv:3", "c1-0.tsv:4"]
+    assert by_name["malformed_row"].examples[1]["text"] == delivery("x1")
+    assert (report.inputs.ack_rows, report.inputs.delivery_rows, report.inputs.unreadable_rows) == (3, 3, 2)
