@@ -114,7 +114,7 @@ class Segment:
         return (self.replica.queue, self.replica.seg)
 
     def settled(self) -> bool:
-        """Everything accepted so far has reached the sync thread's verdict."""
+        """Everything accepted so far has reached a commit's verdict (synced or dropped)."""
         return not self.pending and self.syncing == 0
 
     def end(self) -> pb.SegmentEnd:
