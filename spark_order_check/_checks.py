@@ -398,6 +398,7 @@ def reuse_shuffle(df: DataFrame) -> DataFrame:
     """
     spark = df.sparkSession
     jvm = spark._jvm
+    assert jvm is not None  # a classic (JVM-backed) session, never Spark Connect here
     rdd = df._jdf.queryExecution().toRdd()
     companion = getattr(getattr(jvm.org.apache.spark.sql.execution, "LogicalRDD$"), "MODULE$")
     logical = companion.fromDataset(rdd, df._jdf, False, False)
