@@ -175,6 +175,16 @@ def kill_coordinator(ctx: DrillContext) -> None:
 # -- disk faults -----------------------------------------------------------------------------------
 
 
+def _wait_sealed(ctx: DrillContext, seg: int) -> None:
+    """Until ZooKeeper shows ``seg`` sealed (or already popped)."""
+    def sealed(st: Any) -> bool:
+        z = st.segment(seg)
+        return z is None or z.status is SegStatus.SEALED
+
+    with ctx.cluster.store() as store:
+        store.wait_state(ctx.queue, sealed, timeout_s=30)
+
+
 def torn_tail(ctx: DrillContext) -> None:
     gid, seg = ctx.head()
     role = ctx.rng.choice(_ROLES)
@@ -204,12 +214,7 @@ def corrupt_batch(ctx: DrillContext) -> None:
     member.kill()
     ctx.fault(f"kill -9 {gid} {role} (head, segment {seg}); its copy will be corrupted", kind="segment", seg=seg)
     ctx.wait_acks_after(seg)
-    def sealed(st: Any) -> bool:
-        z = st.segment(seg)
-        return z is None or z.status is SegStatus.SEALED
-
-    with ctx.cluster.store() as store:  # sealed from the other replica
-        store.wait_state(ctx.queue, sealed, timeout_s=30)
+    _wait_sealed(ctx, seg)  # from the other replica
     path = ctx.segment_file(gid, role, seg)
     positions = []
     pos = 0
@@ -253,13 +258,7 @@ def replace_disk(ctx: DrillContext) -> None:
     ctx.fault(f"kill -9 {gid} {role} (head, segment {seg}) and wipe its data folder (a replaced disk)",
               kind="segment", seg=seg, at_us=at)
     ctx.wait_acks_after(seg)
-
-    def sealed(st: Any) -> bool:
-        z = st.segment(seg)
-        return z is None or z.status is SegStatus.SEALED
-
-    with ctx.cluster.store() as store:  # sealed from the surviving replica
-        store.wait_state(ctx.queue, sealed, timeout_s=30)
+    _wait_sealed(ctx, seg)  # from the surviving replica
     ctx.restart_broker(gid, role)  # on an empty folder
     new, old = ctx.segment_file(gid, role, seg), ctx.segment_file(gid, peer, seg)
 

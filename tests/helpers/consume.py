@@ -20,7 +20,6 @@ application that dies in the middle of a delivered batch.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -30,33 +29,20 @@ from pathlib import Path
 
 import attrs
 
-from sdk import CommitConfig, Consumer, ConsumerConfig
-from tests.helpers.load import RecordWriter, delivery_of
+from sdk import Consumer
+from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, delivery_of, program_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--zk", required=True)
-    ap.add_argument("--root", required=True)
-    ap.add_argument("--queue", required=True)
-    ap.add_argument("--sub", required=True)
-    ap.add_argument("--until", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap = consumer_arguments(session_timeout_s=1.0)
     ap.add_argument("--go", type=Path, default=None, help="wait until this file exists before connecting")
-    ap.add_argument("--commit-every", type=int, default=1000)
-    ap.add_argument("--commit-ms", type=float, default=200.0)
-    ap.add_argument("--session-timeout", type=float, default=1.0)
     ap.add_argument("--audit", type=Path, default=None)
     ap.add_argument("--crash-at", type=int, default=None)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    program_logging()
 
     out = RecordWriter(args.out)
-    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.sub,
-                         commit=CommitConfig(every_messages=args.commit_every, every_ms=args.commit_ms),
-                         zk_session_timeout_s=args.session_timeout, audit_dir=args.audit)
+    cfg = consumer_config(args, audit_dir=args.audit)
     consumer = Consumer(cfg)
     print("STARTED", flush=True)
     while args.go is not None and not args.go.exists():

@@ -15,41 +15,26 @@ lines, each flushed before the handler returns, i.e. before the message can be c
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import sys
 import threading
 import time
-from pathlib import Path
 
-from sdk import CommitConfig, Consumer, ConsumerConfig, Delivered
-from tests.helpers.load import RecordWriter
+from sdk import Consumer, Delivered
+from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, program_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--zk", required=True)
-    ap.add_argument("--root", required=True)
-    ap.add_argument("--queue", required=True)
-    ap.add_argument("--sub", required=True)
-    ap.add_argument("--until", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap = consumer_arguments(session_timeout_s=2.0)
     ap.add_argument("--workers", type=int, required=True)
-    ap.add_argument("--commit-every", type=int, default=1000)
-    ap.add_argument("--commit-ms", type=float, default=200.0)
-    ap.add_argument("--session-timeout", type=float, default=2.0)
     ap.add_argument("--block-key", default=None)
     ap.add_argument("--block-from", type=int, default=0)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    program_logging()
 
     out = RecordWriter(args.out)
-    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.sub,
-                         commit=CommitConfig(every_messages=args.commit_every, every_ms=args.commit_ms),
-                         zk_session_timeout_s=args.session_timeout)
+    cfg = consumer_config(args)
     block = args.block_key.encode() if args.block_key is not None else None
     stop = threading.Event()
     lock = threading.Lock()

@@ -15,14 +15,19 @@ line being written; readers drop a torn last line):
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import logging
+import sys
 import threading
 import zlib
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
+
+from sdk import CommitConfig, ConsumerConfig
 
 
 def make_payload(seq: int, writer: str, size: int) -> bytes:
@@ -145,3 +150,34 @@ def deliveries_in(records: list[dict[str, Any]]) -> list[DeliveryRec]:
 
 def events_in(records: list[dict[str, Any]], name: str | None = None) -> list[dict[str, Any]]:
     return [r for r in records if "event" in r and (name is None or r["event"] == name)]
+
+
+# -- what the consumer programs share --------------------------------------------------------
+
+
+def consumer_arguments(*, session_timeout_s: float) -> argparse.ArgumentParser:
+    """The options every consumer program takes; each adds its own."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--zk", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--queue", required=True)
+    ap.add_argument("--sub", required=True)
+    ap.add_argument("--until", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit-every", type=int, default=1000)
+    ap.add_argument("--commit-ms", type=float, default=200.0)
+    ap.add_argument("--session-timeout", type=float, default=session_timeout_s)
+    return ap
+
+
+def consumer_config(args: argparse.Namespace, **more: Any) -> ConsumerConfig:
+    return ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.sub,
+                          commit=CommitConfig(every_messages=args.commit_every, every_ms=args.commit_ms),
+                          zk_session_timeout_s=args.session_timeout, **more)
+
+
+def program_logging() -> None:
+    """A test program logs to stdout (its log tail goes into a failing test's report)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)

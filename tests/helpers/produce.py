@@ -31,7 +31,7 @@ import attrs
 from ordq.errors import FencedError
 from sdk import Producer, ProducerConfig, SendFuture
 from sdk._producer_core import BatchingConfig
-from tests.helpers.load import RecordWriter, make_payload, parse_payload
+from tests.helpers.load import RecordWriter, make_payload, parse_payload, program_logging
 
 EXIT_FENCED = 3
 
@@ -51,9 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--session-timeout", type=float, default=1.0)
     ap.add_argument("--audit", type=Path, default=None)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    program_logging()
 
     out = RecordWriter(args.out)
     cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout,
