@@ -222,7 +222,7 @@ class Broker:
         process keeps it, and we stop with AlreadyExists, having served nothing."""
         cfg = self.config
         store = self.require_store()
-        if cfg.role.value not in store.live_members(cfg.gid):
+        if store.wait_not_live(cfg.gid, cfg.role.value, timeout_s=0):
             return
         log.warning("%s/%s is still live in ZooKeeper (a previous process's session not yet expired?); "
                     "waiting up to %.0f s for it to go", cfg.gid, cfg.role.value, cfg.register_wait_s)

@@ -441,34 +441,29 @@ def _run_load(ctx: DrillContext) -> None:
         ctx.event("consumer started")
     budget = load.duration_s * 4 + 90
 
-    def producers_done() -> bool:
-        return all(not w.proc.alive() for w in ctx.producers)
-
-    try:
-        ctx.wait(producers_done, timeout_s=budget, what="the producers to finish the stream")
-    except DrillError as exc:
-        ctx.expect(f"the producers finished ({exc})", False)
-        for w in ctx.producers:
-            w.proc.stop(timeout_s=5)
-    for w in ctx.producers:
-        st = w.status()
-        ctx.event(f"{w.writer.split('-')[0]} exited ({w.proc.returncode}): {st.get('state')}, "
-                  f"acked {st.get('acked')}, failovers {st.get('failovers')}")
-
-    def consumers_done() -> bool:
-        return all(not w.proc.alive() for w in ctx.consumers)
-
+    _await_exit(ctx, ctx.producers, budget, "the producers", "finish the stream", ("acked", "failovers"))
     # A standby consumer leads once the first exits, finds its cursor at the end and exits too.
+    _await_exit(ctx, ctx.consumers, 60 + load.duration_s, "the consumers", "deliver the stream",
+                ("delivered", "last_seq"))
+
+
+def _await_exit(ctx: DrillContext, workers: list[Workload], timeout_s: float, who: str, task: str,
+                counters: tuple[str, ...]) -> None:
+    """Wait for every workload process to exit (stopping those that overrun); log each one's
+    final state and counters."""
+    def done() -> bool:
+        return all(not w.proc.alive() for w in workers)
+
     try:
-        ctx.wait(consumers_done, timeout_s=60 + load.duration_s, what="the consumers to deliver the stream")
+        ctx.wait(done, timeout_s=timeout_s, what=f"{who} to {task}")
     except DrillError as exc:
-        ctx.expect(f"the consumers finished ({exc})", False)
-        for w in ctx.consumers:
+        ctx.expect(f"{who} finished ({exc})", False)
+        for w in workers:
             w.proc.stop(timeout_s=5)
-    for w in ctx.consumers:
+    for w in workers:
         st = w.status()
-        ctx.event(f"{w.writer.split('-')[0]} exited ({w.proc.returncode}): {st.get('state')}, "
-                  f"delivered {st.get('delivered')}, last seq {st.get('last_seq')}")
+        shown = ", ".join(f"{c.replace('_', ' ')} {st.get(c)}" for c in counters)
+        ctx.event(f"{w.writer.split('-')[0]} exited ({w.proc.returncode}): {st.get('state')}, {shown}")
 
 
 def failover_seconds(run: DrillRun) -> float | None:

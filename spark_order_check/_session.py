@@ -64,17 +64,16 @@ def scan_settings(spark: SparkSession, *, partitions: int) -> Iterator[None]:
         "spark.sql.shuffle.partitions": str(partitions),
         "spark.sql.adaptive.enabled": "false",
     }
-    saved = {k: spark.conf.get(k, None) for k in wanted}
-    try:
-        for k, v in wanted.items():
+    def apply(values: Mapping[str, str | None]) -> None:
+        for k, v in values.items():
             if v is None:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+
+    saved = {k: spark.conf.get(k, None) for k in wanted}
+    try:
+        apply(wanted)
         yield
     finally:
-        for k, old in saved.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
+        apply(saved)
