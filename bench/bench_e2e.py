@@ -7,6 +7,7 @@ docs/BENCHMARKS.md.
 pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
 separate process) reads; msgs/s counts from the first send to the last delivery.
 synchronous: send one message, wait for its ack, repeat.
+A phase given 0 messages is skipped; --linger-ms / --eager-batches set the producer's batching.
 latency: a steady --rate msgs/s for --rate-seconds; ack latency = send() → its future resolved
 (both replicas synced); end-to-end latency = delivery time − the message's timestamp (set at
 send()), both taken on this machine's clock.
@@ -21,7 +22,7 @@ import sys
 import time
 
 from bench._cluster import QUEUE, ROOT, bench_cluster, summary_ms
-from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
 def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--rate-seconds", type=float, default=10.0)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--linger-ms", type=float, default=None, help="BatchingConfig.linger_ms (default: the SDK's)")
+    ap.add_argument("--eager-batches", type=int, default=None, help="BatchingConfig.eager_batches (default: the SDK's)")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consume:
@@ -71,36 +74,40 @@ def main() -> None:
         return
     payload = b"x" * args.size
     with bench_cluster(2) as cluster:
-        cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE)
+        tuned = {k: v for k, v in (("linger_ms", args.linger_ms), ("eager_batches", args.eager_batches))
+                 if v is not None}
+        cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE, batching=BatchingConfig(**tuned))
         with Producer(cfg) as producer:
-            # pipelined
-            consumer = start_consumer(cluster.hosts, "pipelined", args.messages)
-            t0 = time.time()
-            for _ in range(args.messages):
-                producer.send(payload)
-            producer.flush()
-            t_acked = time.time()
-            res = finish(consumer)
-            secs = float(res["done"]) - t0  # type: ignore[arg-type]
-            acked_rate = args.messages / (t_acked - t0)
-            print(f"pipelined: {args.messages} x {args.size} B: produce+ack {acked_rate:,.0f} msgs/s;"
-                  f" end to end (first send to last delivery) {args.messages / secs:,.0f} msgs/s,"
-                  f" {args.messages * args.size / secs / 1e6:.1f} MB/s")
-            base = args.messages
-            # synchronous
-            lat = []
-            t0 = time.time()
-            for _ in range(args.sync_messages):
-                start = time.perf_counter()
-                producer.send(payload).result()
-                lat.append(time.perf_counter() - start)
-            secs = time.time() - t0
-            print(f"synchronous: {args.sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
-            base += args.sync_messages
+            base = 0
+            if args.messages:  # pipelined
+                consumer = start_consumer(cluster.hosts, "pipelined", args.messages)
+                t0 = time.time()
+                for _ in range(args.messages):
+                    producer.send(payload)
+                producer.flush()
+                t_acked = time.time()
+                res = finish(consumer)
+                secs = float(res["done"]) - t0  # type: ignore[arg-type]
+                acked_rate = args.messages / (t_acked - t0)
+                print(f"pipelined: {args.messages} x {args.size} B: produce+ack {acked_rate:,.0f} msgs/s;"
+                      f" end to end (first send to last delivery) {args.messages / secs:,.0f} msgs/s,"
+                      f" {args.messages * args.size / secs / 1e6:.1f} MB/s")
+                base = args.messages
+            if args.sync_messages:  # synchronous
+                lat = []
+                t0 = time.time()
+                for _ in range(args.sync_messages):
+                    start = time.perf_counter()
+                    producer.send(payload).result()
+                    lat.append(time.perf_counter() - start)
+                secs = time.time() - t0
+                print(f"synchronous: {args.sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
+                base += args.sync_messages
             # steady rate, end-to-end latency
             n = int(args.rate * args.rate_seconds)
             consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
             acked: list[float] = []
+            batches_before = producer.statistics().batches_acked
             start = time.perf_counter()
             for i in range(n):
                 pause = start + i / args.rate - time.perf_counter()
@@ -111,7 +118,9 @@ def main() -> None:
             producer.flush()
             res = finish(consumer)
             lats = list(res["latencies"])  # type: ignore[call-overload]
-            print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s: ack latency {summary_ms(acked)}; "
+            batches = producer.statistics().batches_acked - batches_before
+            print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s ({batches / args.rate_seconds:,.0f} "
+                  f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
                   f"end-to-end latency {summary_ms(lats)}")
 
 
