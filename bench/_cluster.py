@@ -4,6 +4,7 @@ one queue. Everything lives in a temporary folder and is killed on exit."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import statistics
 import tempfile
@@ -63,6 +64,35 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None) -> Iterator[Be
         zk.stop()
         if folder is None:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a live process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU spent by named processes between ``start()`` and ``report()``: the cost of each
+    unit of work per process, a steadier measure than latency on a shared 2-core box."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._t0: dict[str, float] = {}
+        self._wall0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._wall0 = time.perf_counter()
+
+    def report(self, units: int, unit: str) -> str:
+        wall = time.perf_counter() - self._wall0
+        spent = {name: cpu_seconds(pid) - self._t0[name] for name, pid in self.pids.items()}
+        total = sum(spent.values())
+        parts = ", ".join(f"{name} {secs / units * 1e6:,.0f}" for name, secs in spent.items())
+        return (f"CPU per {unit}: {parts}; total {total / units * 1e6:,.0f} µs "
+                f"({total / wall * 100:.0f}% of one core over {wall:.1f} s)")
 
 
 def percentile(values: Sequence[float], p: float) -> float:

@@ -10,18 +10,21 @@ synchronous: send one message, wait for its ack, repeat.
 A phase given 0 messages is skipped; --linger-ms / --eager-batches set the producer's batching.
 latency: a steady --rate msgs/s for --rate-seconds; ack latency = send() → its future resolved
 (both replicas synced); end-to-end latency = delivery time − the message's timestamp (set at
-send()), both taken on this machine's clock.
+send()), both taken on this machine's clock. It also prints the CPU each process (head master
+and slave, producer, consumer, ZooKeeper) spent per acked batch in that phase: on two shared
+cores that cost, not the disk, sets how many batches per second the system turns over.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
-from bench._cluster import QUEUE, ROOT, bench_cluster, summary_ms
+from bench._cluster import QUEUE, ROOT, CpuMeter, bench_cluster, summary_ms
 from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
@@ -108,6 +111,11 @@ def main() -> None:
             consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
             acked: list[float] = []
             batches_before = producer.statistics().batches_acked
+            head = cluster.groups[0]
+            meter = CpuMeter({"master": head.master.proc.pid or 0, "slave": head.slave.proc.pid or 0,
+                              "producer": os.getpid(), "consumer": consumer.pid,
+                              "zookeeper": cluster.zk.status()[0].pid or 0})
+            meter.start()
             start = time.perf_counter()
             for i in range(n):
                 pause = start + i / args.rate - time.perf_counter()
@@ -116,12 +124,14 @@ def main() -> None:
                 sent = time.perf_counter()
                 producer.send(payload).add_done_callback(lambda _f, t=sent: acked.append(time.perf_counter() - t))
             producer.flush()
+            cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
             res = finish(consumer)
             lats = list(res["latencies"])  # type: ignore[call-overload]
             batches = producer.statistics().batches_acked - batches_before
             print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s ({batches / args.rate_seconds:,.0f} "
                   f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
                   f"end-to-end latency {summary_ms(lats)}")
+            print(cpu)
 
 
 if __name__ == "__main__":
