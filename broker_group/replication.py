@@ -9,14 +9,16 @@ segments from offset 0, which keeps "the slave holds everything before what it a
 construction (DESIGN §4 asks for a catch-up on reconnect; freezing is the simpler safe
 choice, and after a slave failure the producer fails over anyway, DESIGN §6).
 
-The master pushes its LAC for every segment it forwarded on this stream whenever it moved,
-piggybacked on batches or alone, so the slave can serve reads up to it.
+The master pushes its LAC for every segment it forwarded on this stream whenever it moved:
+on the next batches, or alone at most every ``lac_push_ms``, so the slave can serve reads up
+to it (only a reader of the slave, i.e. while the master is down, waits for it).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +150,8 @@ class ReplicationLink:
         with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
         leave together, one sync on the slave for all of them (group commit). LAC updates
         go out at once."""
+        push_s = self.b.config.lac_push_ms / 1000
+        pushed_at = 0.0
         yield pb.ReplicateRequest(hello=True)
         while True:
             with self._cv:
@@ -157,12 +161,19 @@ class ReplicationLink:
                     lacs = {k: s.replica.lac for k, s in self._active.items()
                             if self._lac_sent.get(k) != s.replica.lac}
                     can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
-                    if can_send or lacs:
+                    wait = 0.5
+                    if lacs and not can_send:
+                        # A moved LAC rides on the next batches; alone it waits out lac_push_ms,
+                        # so a steady flow of small batches does not cost a message per batch.
+                        wait = pushed_at + push_s - time.monotonic()
+                    if can_send or wait <= 0:
                         break
-                    self._cv.wait(0.5)
+                    self._cv.wait(wait)
                 out: list[tuple[Segment, bytes]] = []
                 if can_send:
                     out, self._out = self._out, []
+                if lacs:
+                    pushed_at = time.monotonic()
                 self._lac_sent.update(lacs)
                 reqs = list(_requests_for(out, lacs))
                 self._inflight += sum(1 for r in reqs if r.batches)

@@ -82,7 +82,7 @@ class BrokerConfig:
     listen: str = "127.0.0.1:0"
     zk_session_timeout_s: float = 2.0
     max_batch_bytes: int = 16 << 20  # one encoded batch on the wire
-    lac_push_ms: float = 2.0  # how soon the slave learns an advanced LAC when no batch carries it
+    lac_push_ms: float = 20.0  # how soon the slave learns an advanced LAC when no batch carries it
     reconcile_interval_s: float = 1.0
     rpc_timeout_s: float = 5.0  # calls this broker makes to its peer while reconciling
     # A process restarted right after a kill finds its predecessor's liveness node still there
