@@ -27,7 +27,7 @@ class BatchingConfig:
     # A batch goes at once while fewer than ``eager_batches`` sent batches await their ack (an
     # idle pipe: waiting would only add latency); beyond that, batches wait up to
     # ``linger_ms`` to fill, as the acks that will free the pipe are on their way anyway.
-    linger_ms: float = 2.0
+    linger_ms: float = 5.0
     eager_batches: int = 1
     max_batch_messages: int = 256
     max_batch_bytes: int = 1 << 20
