@@ -9,6 +9,9 @@
   any server that reads and answers independently does).
 - fdatasync: append 1 KiB to a file and fdatasync it, one at a time, in --dir.
 
+The CPU each round trip costs client and server is printed too: on a small box that cost
+(every message wakes threads in both processes), more than the wait, caps messages per second.
+
 An acked ordq send needs two round trips in sequence (producer ↔ master, master ↔ slave) and
 an fdatasync on each replica (in parallel with the replication), so 1 / (2 round trips +
 1 sync) bounds synchronous sends per second on this machine, whatever the broker does.
@@ -32,7 +35,7 @@ from typing import Any
 
 import grpc
 
-from bench._cluster import percentile
+from bench._cluster import cpu_seconds, percentile
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 
@@ -49,8 +52,11 @@ class _Echo(pb_grpc.BrokerServicer):
         handed: queue.SimpleQueue[object] = queue.SimpleQueue()
 
         def read() -> None:
-            for req in request_iterator:
-                handed.put(req)
+            try:
+                for req in request_iterator:
+                    handed.put(req)
+            except grpc.RpcError:
+                pass  # the client cancelled the stream: that measurement is over
             handed.put(None)
 
         threading.Thread(target=read, daemon=True).start()
@@ -67,22 +73,29 @@ def serve() -> None:
     server.wait_for_termination()
 
 
-def round_trips(address: str, mode: str, n: int) -> list[float]:
+def round_trips(address: str, mode: str, n: int, server_pid: int) -> tuple[list[float], float, float]:
+    """Latencies of n round trips (without the first tenth, the warm-up) and the CPU each
+    round trip of the measured part cost the client and the server process."""
     channel = grpc.insecure_channel(address)
     requests: queue.SimpleQueue[pb.ProduceRequest] = queue.SimpleQueue()
     call = pb_grpc.BrokerStub(channel).Produce(iter(requests.get, None), metadata=(("mode", mode),))
     req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024])
     out = []
+    warm = n // 10
     try:
-        for _ in range(n):
+        for i in range(n):
+            if i == warm:
+                cpu0 = time.process_time(), cpu_seconds(server_pid)
             t0 = time.perf_counter()
             requests.put(req)
             next(call)
             out.append(time.perf_counter() - t0)
+        client_cpu = (time.process_time() - cpu0[0]) / (n - warm)
+        server_cpu = (cpu_seconds(server_pid) - cpu0[1]) / (n - warm)
     finally:
         call.cancel()
         channel.close()
-    return out[n // 10:]  # without the warm-up
+    return out[warm:], client_cpu, server_cpu
 
 
 def fdatasyncs(directory: Path, n: int) -> list[float]:
@@ -120,14 +133,16 @@ def main() -> None:
     try:
         assert server.stdout is not None
         address = f"127.0.0.1:{server.stdout.readline().strip()}"
-        inline = round_trips(address, "inline", args.round_trips)
-        handoff = round_trips(address, "handoff", args.round_trips)
+        inline, client_cpu, server_cpu = round_trips(address, "inline", args.round_trips, server.pid)
+        handoff, _, _ = round_trips(address, "handoff", args.round_trips, server.pid)
     finally:
         server.kill()
         server.wait()
     syncs = fdatasyncs(args.dir, args.syncs)
     print(_line("gRPC round trip, reply from the handler thread", inline))
     print(_line("gRPC round trip, one thread hand-off in the server", handoff))
+    print(f"CPU per round trip (one message each way, handler-thread server): client {client_cpu * 1e6:.0f} µs, "
+          f"server {server_cpu * 1e6:.0f} µs")
     print(_line(f"fdatasync of a 1 KiB append in {args.dir}", syncs))
     best = 2 * statistics.median(inline) + statistics.median(syncs)
     print(f"floor of one acked send (2 round trips + 1 sync): {best * 1000:.2f} ms, "
