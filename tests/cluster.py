@@ -442,10 +442,11 @@ LOAD_RATE = 4000.0  # msgs/s: continuous load, so a fault lands while messages f
 FINISH_S = 90.0  # deadline for producer and consumers to finish after a fault
 
 
-def start_load(cluster: Cluster, n: int, **consumer_options: Any) -> tuple[LoadProducer, LoadConsumer]:
+def start_load(cluster: Cluster, n: int, *, send_timeout_s: float = SEND_TIMEOUT_S,
+               **consumer_options: Any) -> tuple[LoadProducer, LoadConsumer]:
     """A producer thread (seqs 0..n-1 at LOAD_RATE) and a consumer thread (subscription "s"),
     both writing audit files under ``base/audit``."""
-    producer = cluster.producer(n=n, rate=LOAD_RATE, audit_dir=cluster.base / "audit")
+    producer = cluster.producer(n=n, rate=LOAD_RATE, audit_dir=cluster.base / "audit", send_timeout_s=send_timeout_s)
     consumer = cluster.consumer(until=n - 1, audit_dir=cluster.base / "audit", **consumer_options)
     producer.start()
     consumer.start()
