@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from bench._cluster import QUEUE, ROOT, CpuMeter, bench_cluster, summary_ms
+from bench._cluster import QUEUE, ROOT, BenchCluster, CpuMeter, bench_cluster, summary_ms
 from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
@@ -53,6 +53,16 @@ def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: s
     if p.stdout.readline().strip() != "READY":
         raise RuntimeError("consumer did not start")
     return p
+
+
+def cpu_meter(cluster: BenchCluster, consumer: subprocess.Popen[str]) -> CpuMeter:
+    """Started: the CPU of the head group's processes, this producer, the consumer and ZooKeeper."""
+    head = cluster.groups[0]
+    meter = CpuMeter({"master": head.master.proc.pid or 0, "slave": head.slave.proc.pid or 0,
+                      "producer": os.getpid(), "consumer": consumer.pid,
+                      "zookeeper": cluster.zk.status()[0].pid or 0})
+    meter.start()
+    return meter
 
 
 def finish(p: subprocess.Popen[str]) -> dict[str, object]:
@@ -84,17 +94,20 @@ def main() -> None:
             base = 0
             if args.messages:  # pipelined
                 consumer = start_consumer(cluster.hosts, "pipelined", args.messages)
+                meter = cpu_meter(cluster, consumer)
                 t0 = time.time()
                 for _ in range(args.messages):
                     producer.send(payload)
                 producer.flush()
                 t_acked = time.time()
+                cpu = meter.report(args.messages, "message (until acked)")
                 res = finish(consumer)
                 secs = float(res["done"]) - t0  # type: ignore[arg-type]
                 acked_rate = args.messages / (t_acked - t0)
                 print(f"pipelined: {args.messages} x {args.size} B: produce+ack {acked_rate:,.0f} msgs/s;"
                       f" end to end (first send to last delivery) {args.messages / secs:,.0f} msgs/s,"
                       f" {args.messages * args.size / secs / 1e6:.1f} MB/s")
+                print(cpu)
                 base = args.messages
             if args.sync_messages:  # synchronous
                 lat = []
@@ -108,30 +121,27 @@ def main() -> None:
                 base += args.sync_messages
             # steady rate, end-to-end latency
             n = int(args.rate * args.rate_seconds)
-            consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
-            acked: list[float] = []
-            batches_before = producer.statistics().batches_acked
-            head = cluster.groups[0]
-            meter = CpuMeter({"master": head.master.proc.pid or 0, "slave": head.slave.proc.pid or 0,
-                              "producer": os.getpid(), "consumer": consumer.pid,
-                              "zookeeper": cluster.zk.status()[0].pid or 0})
-            meter.start()
-            start = time.perf_counter()
-            for i in range(n):
-                pause = start + i / args.rate - time.perf_counter()
-                if pause > 0:
-                    time.sleep(pause)
-                sent = time.perf_counter()
-                producer.send(payload).add_done_callback(lambda _f, t=sent: acked.append(time.perf_counter() - t))
-            producer.flush()
-            cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
-            res = finish(consumer)
-            lats = list(res["latencies"])  # type: ignore[call-overload]
-            batches = producer.statistics().batches_acked - batches_before
-            print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s ({batches / args.rate_seconds:,.0f} "
-                  f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
-                  f"end-to-end latency {summary_ms(lats)}")
-            print(cpu)
+            if n:
+                consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
+                acked: list[float] = []
+                batches_before = producer.statistics().batches_acked
+                meter = cpu_meter(cluster, consumer)
+                start = time.perf_counter()
+                for i in range(n):
+                    pause = start + i / args.rate - time.perf_counter()
+                    if pause > 0:
+                        time.sleep(pause)
+                    sent = time.perf_counter()
+                    producer.send(payload).add_done_callback(lambda _f, t=sent: acked.append(time.perf_counter() - t))
+                producer.flush()
+                cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
+                res = finish(consumer)
+                lats = list(res["latencies"])  # type: ignore[call-overload]
+                batches = producer.statistics().batches_acked - batches_before
+                print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s ({batches / args.rate_seconds:,.0f} "
+                      f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
+                      f"end-to-end latency {summary_ms(lats)}")
+                print(cpu)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,22 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
 from broker_group.log import Message, encode_batch
 from ordq.errors import ConfigError
+
+MESSAGE_OVERHEAD = 32  # about what a message adds to a batch beyond its bytes (its record header)
+
+
+def message_bytes(payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
+    """A message's own bytes: payload, key and headers (names counted as characters)."""
+    size = len(payload) + (len(key) if key else 0)
+    if headers:
+        size += sum(len(k) + len(v) for k, v in headers)
+    return size
 
 
 @attrs.frozen(kw_only=True)
@@ -85,21 +95,21 @@ class ProducerCore:
 
     # -- adding ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _approx_size(message: Message) -> int:
-        return len(message.payload) + len(message.key or b"") + 32
-
-    def starts_batch(self, message: Message) -> bool:
-        """Will ``add(message)`` put it first in a new batch (none open, or the open one full)?"""
+    def starts_batch(self, size: int) -> bool:
+        """Will ``add`` of a message of ``size`` bytes (``message_bytes``) put it first in a new
+        batch (none open, or the open one full)?"""
         return not self._open or (
             len(self._open) >= self.config.max_batch_messages
-            or self._open_bytes + self._approx_size(message) > self.config.max_batch_bytes
+            or self._open_bytes + size + MESSAGE_OVERHEAD > self.config.max_batch_bytes
         )
 
-    def add(self, message: Message, token: object, now_s: float) -> int:
-        """Assign the next seq to ``message`` and put it in the open batch; return the seq."""
-        approx = self._approx_size(message)
-        if self._open and self.starts_batch(message):
+    def add(self, message: Message, token: object, now_s: float, size: int | None = None) -> int:
+        """Assign the next seq to ``message`` and put it in the open batch; return the seq.
+        ``size``: its ``message_bytes``, when the caller has it already."""
+        if size is None:
+            size = message_bytes(message.payload, message.key, message.headers)
+        approx = size + MESSAGE_OVERHEAD
+        if self._open and self.starts_batch(size):
             self._cut()
         seq = self.next_seq + len(self._open)
         if not self._open:

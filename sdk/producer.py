@@ -42,11 +42,12 @@ from ordq.errors import (
     WaitTimeout,
 )
 from sdk._futures import BatchOutcome, SendFuture
-from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore
+from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore, message_bytes
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.transport import Ack, BrokerTransport, ProduceStream
 
 log = logging.getLogger("ordq.producer")
+_new_message = tuple.__new__  # Message(...) without its Python-level __new__ (fields positional)
 
 
 @attrs.frozen(kw_only=True)
@@ -96,7 +97,8 @@ class Producer:
     def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None) -> None:
         self.config = config
         self._transport = transport
-        self._lock = threading.Condition()
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         self._core: ProducerCore | None = None
         self._stats = ProducerStats()
         self._failure: BaseException | None = None
@@ -195,13 +197,15 @@ class Producer:
 
         Raises MessageTooLarge, FencedError (another leader took over), ClosedError.
         """
+        # The per-message path: ~1 µs here is ~5 % of the producer's CPU at 50k msgs/s, hence
+        # the size computed once, the tuple built directly and the bare mutex below.
+        size = message_bytes(payload, key, headers)
         limit = self.config.batching.max_batch_bytes - 64
-        size = len(payload) + len(key or b"") + sum(len(k) + len(v) for k, v in headers)
         if size > limit:
             raise MessageTooLarge(size, limit)
-        msg = Message(payload=payload, key=key, headers=tuple(headers), timestamp_us=time.time_ns() // 1000)
+        msg = _new_message(Message, (payload, key, tuple(headers) if headers else (), time.time_ns() // 1000))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._lock:
+        with self._mutex:  # the lock of self._lock, entered without Condition's Python wrapper
             while True:
                 self._raise_if_stopped()
                 assert self._core is not None
@@ -212,13 +216,13 @@ class Producer:
                     raise WaitTimeout("send(): in-flight window stayed full")
                 self._lock.wait(left if left is not None else 0.1)
             core = self._core
-            if core.starts_batch(msg):
+            if core.starts_batch(size):
                 self._open_outcome = BatchOutcome()  # one per batch: they are acked together
             # add() gives the message seq next_seq + open_count, whether or not it cuts first.
             fut = SendFuture(core.next_seq + core.open_count, self._open_outcome)
             cut_before = core.next_seq
             now = time.monotonic()
-            core.add(msg, fut, now)
+            core.add(msg, fut, now, size)
             self._stats.sent += 1
             due = core.next_deadline()
             if due is not None and due <= now:

@@ -10,7 +10,7 @@ from broker_group.log import Message
 from coordinator.state import Cursor
 from ordq.errors import ConfigError, GapDetected
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter, FinishedTracker
-from sdk._producer_core import BatchingConfig, ProducerCore
+from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 
 
 def fake_encode(messages, *, epoch: int, first_seq: int) -> bytes:
@@ -150,9 +150,10 @@ def test_starts_batch_predicts_exactly_where_add_starts_a_batch(sizes: list[int]
     c = ProducerCore(BatchingConfig(max_batch_messages=per, max_batch_bytes=limit, max_inflight_bytes=1 << 30),
                      epoch=1, next_seq=0)
     for i, n in enumerate(sizes):
-        m = Message(payload=b"x" * n)
-        predicted = c.starts_batch(m)
-        seq = c.add(m, token=i, now_s=0.0)
+        m = Message(payload=b"x" * n, key=b"k" * (i % 3) or None, headers=(("h", b"v" * (i % 5)),) if i % 2 else ())
+        size = message_bytes(m.payload, m.key, m.headers)
+        predicted = c.starts_batch(size)
+        seq = c.add(m, token=i, now_s=0.0, size=size if i % 2 else None)  # given, or computed by add
         assert seq == i
         assert predicted == (c.open_count == 1)
 
