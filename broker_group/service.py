@@ -15,9 +15,9 @@ Guarantees (DESIGN §4):
 Threads: gRPC handler threads; on the master, one reader thread per produce stream (turns
 requests into accepted batches), the sync thread (group commit) and the replication sender;
 on the slave, the replication handler appends, syncs and answers in its own thread; the
-reconciler. Shared state is guarded by one condition variable ``_cv``; a
-segment's log file by its own ``io_lock`` (held across a sync, never together with ``_cv``
-waiting on it).
+reconciler (broker_group/repair.py). Shared state is guarded by one condition variable
+``_cv``; a segment's log file by its own ``io_lock`` (held across a sync, never together with
+``_cv`` waiting on it).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
 from broker_group.errors import SegmentNotWritable, abort
+from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
@@ -166,7 +167,7 @@ class Broker:
         self._server: grpc.Server | None = None
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
-        self._kick_reconcile = threading.Event()
+        self.repair = Repairer(self)
         self.replication: Any = None  # master: broker_group.replication.ReplicationLink
         # Per queue, the first segment opened after this data folder was created; the queues
         # whose older segments of this group still need copying from the peer (a new disk).
@@ -194,7 +195,7 @@ class Broker:
             self._wait_role_free()
             self._server.start()
             self._spawn(self._sync_loop, "ordq-sync")
-            self._spawn(self._reconcile_loop, "ordq-reconcile")
+            self._spawn(self.repair.run, "ordq-reconcile")
             if cfg.role is Role.MASTER:
                 from broker_group.replication import ReplicationLink
 
@@ -255,7 +256,7 @@ class Broker:
             self.replication.stop()
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
-        self._kick_reconcile.set()
+        self.repair.kick.set()
         for t in self._threads:
             t.join(timeout=5)
         if self._store is not None:
@@ -283,8 +284,8 @@ class Broker:
         queue, the next segment ZooKeeper will open. Of a segment below that mark it holds no
         copy, and it cannot tell what was acked there: it must not answer Fence or Seal for it
         (``end 0`` would cut off acked messages), and it copies the sealed ones from its peer
-        (``_refill_round``). A folder that already holds segments but no record predates the
-        record: it has seen every segment of its group."""
+        (broker_group/repair.py, ``_refill_round``). A folder that already holds segments but
+        no record predates the record: it has seen every segment of its group."""
         cfg = self.config
         path = cfg.data_dir / FOLDER_FILE
         try:
@@ -666,48 +667,7 @@ class Broker:
             return s.end()
 
     def reconcile(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
-        """Make this copy of a sealed segment exactly ``end`` messages long: truncate past it,
-        or copy [our end, end) from ``peer``. A corrupt copy is set aside and copied whole."""
-        from broker_group.client import GrpcTransport
-
-        s = self.segment_for_control(queue, seg, to_copy=True)
-        with self._cv:
-            s.replica.freeze("sealed")
-            self._settle(s)
-        with s.io_lock:
-            if s.log is None:  # corrupt: keep the evidence, rebuild from the peer
-                bad = s.directory / "segment.log"
-                if bad.exists():
-                    bad.rename(s.directory / f"segment.log.corrupt-{int(time.time())}")
-                s.log = seglog.SegmentLog.open(self.config.data_dir, queue, seg, create=True)
-            lg = s.log
-            if lg.synced_end > end:
-                lg.truncate(end)
-            if lg.synced_end < end:
-                transport = GrpcTransport(rpc_timeout_s=self.config.rpc_timeout_s)
-                try:
-                    while lg.synced_end < end:
-                        res = transport.fetch(peer, queue, seg, lg.synced_end, max_bytes=8 << 20, max_wait_ms=0,
-                                              known_end=end)
-                        if not res.batches:
-                            raise BrokerUnavailable(peer, f"peer holds only {res.readable_end} of {end} messages")
-                        for b in res.batches:
-                            if seglog.parse_header(b).end_offset <= end:
-                                lg.append(b)
-                        lg.sync()
-                finally:
-                    transport.close()
-        with self._cv:
-            s.replica.seal()
-            s.replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
-            s.corrupt = None
-            s.reconciled = True
-            self.stats.reconciled += 1
-            out = s.end()
-            self._cv.notify_all()
-        _write_meta(s)
-        log.info("segment %s/%d reconciled to end %d", queue, seg, end)
-        return out
+        return self.repair.reconcile(queue, seg, end, peer)
 
     # -- the read path ----------------------------------------------------------------------------
 
@@ -738,7 +698,7 @@ class Broker:
                 raise s.corrupt
             r = s.replica
             if r.sealed and known_end is not None and req.offset >= r.local_synced and r.local_synced < known_end:
-                self._kick_reconcile.set()
+                self.repair.kick.set()
                 raise BrokerUnavailable(self.address, f"this copy of {req.queue}/{req.seg} holds {r.local_synced} "
                                         f"of its sealed end {known_end}; reconciling from the peer")
             while (r.readable_end(known_end) <= req.offset and not r.sealed and not self._stopping
@@ -752,109 +712,6 @@ class Broker:
                 assert s.log is not None
                 batches = s.log.read(req.offset, max_bytes=max(req.max_bytes, 1), upto=upto)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
-
-    # -- reconciliation with ZooKeeper --------------------------------------------------------------
-
-    def _reconcile_loop(self) -> None:
-        """Bring copies of segments sealed in ZooKeeper to their decided end, and drop the
-        files of segments every subscription has consumed (popped from the consume list)."""
-        while not self._stopping:
-            try:
-                self._reconcile_round()
-            except OrdqError as exc:
-                log.info("reconcile round deferred: %s", exc)
-            except Exception:  # a bug must not silently end reconciliation for good
-                log.exception("reconcile round failed")
-            self._kick_reconcile.wait(self.config.reconcile_interval_s)
-            self._kick_reconcile.clear()
-
-    def _refill_round(self) -> None:
-        """After a new disk: copy from the peer every segment of this group that was opened
-        before the folder existed, once ZooKeeper shows it sealed, so the group holds two
-        copies again. A queue is done when none of those is left uncopied."""
-        store = self.require_store()
-        peer_role = "slave" if self.config.role is Role.MASTER else "master"
-        peer = store.live_members(self.config.gid).get(peer_role)
-        for queue in sorted(self._refill):
-            try:
-                st, _ = store.load_state(queue)
-            except QueueNotFound:
-                self._refill.discard(queue)
-                continue
-            waiting = False
-            for z in st.consume:
-                if z.seg >= self._born_at[queue] or z.gid != self.config.gid:
-                    continue
-                with self._cv:
-                    if (queue, z.seg) in self._segments:
-                        continue
-                if z.status is not SegStatus.SEALED or peer is None:
-                    waiting = True  # copied once sealed, from a live peer
-                    continue
-                assert z.end is not None
-                try:
-                    self.reconcile(queue, z.seg, z.end, peer.address)
-                    log.info("segment %s/%d copied from the peer (opened before this data folder existed)",
-                             queue, z.seg)
-                except OrdqError as exc:
-                    waiting = True
-                    log.warning("segment %s/%d: copy from the peer deferred: %s", queue, z.seg, exc)
-            if not waiting:
-                self._refill.discard(queue)
-                log.info("queue %s: every segment of this group opened before this data folder is copied", queue)
-
-    def _reconcile_round(self) -> None:
-        store = self.require_store()
-        if self._refill:
-            self._refill_round()
-        with self._cv:
-            todo = [s for s in self._segments.values() if not s.reconciled]
-        states: dict[str, Any] = {}
-        for s in todo:
-            queue, seg = s.key
-            if queue not in states:
-                try:
-                    states[queue] = store.load_state(queue)[0]
-                except OrdqError:
-                    states[queue] = None
-            st = states[queue]
-            if st is None:
-                continue
-            z = st.segment(seg)
-            if z is None:
-                head = st.consume[0].seg if st.consume else st.next_seg
-                if seg < head:
-                    self._drop(s)
-                continue
-            if z.status is not SegStatus.SEALED or z.gid != self.config.gid:
-                continue
-            assert z.end is not None
-            with self._cv:
-                exact = s.replica.sealed and s.replica.local_synced == z.end and s.corrupt is None
-            if exact:
-                s.reconciled = True
-                continue
-            peer_role = "slave" if self.config.role is Role.MASTER else "master"
-            peer = store.live_members(self.config.gid).get(peer_role)
-            with self._cv:
-                needs_peer = s.corrupt is not None or s.replica.local_synced < z.end
-            if needs_peer and peer is None:
-                continue  # try again when the peer is back
-            try:
-                self.reconcile(queue, seg, z.end, peer.address if peer else "")
-            except OrdqError as exc:
-                log.warning("segment %s/%d: reconcile to end %d deferred: %s", queue, seg, z.end, exc)
-
-    def _drop(self, s: Segment) -> None:
-        with self._cv:
-            self._segments.pop(s.key, None)
-        with s.io_lock:
-            if s.log is not None:
-                s.log.close()
-            for f in s.directory.iterdir():
-                f.unlink()
-            s.directory.rmdir()
-        log.info("segment %s/%d consumed by every subscription: files removed", *s.key)
 
     # -- health ----------------------------------------------------------------------------------
 

@@ -1,0 +1,190 @@
+"""Bringing this broker's copies to what ZooKeeper decided (DESIGN §4, Reconcile).
+
+Guarantees:
+- A copy of a segment sealed in ZooKeeper ends exactly at the decided ``end``: longer copies
+  are truncated, shorter or corrupt ones are completed (or rebuilt) from the peer, before the
+  segment is served past what this copy holds (``Broker.fetch`` refuses until then).
+- After a new disk (``Broker._load_folder``), every segment of this group opened before the
+  folder existed is copied from the peer once sealed, so the group holds two copies again.
+- The files of a segment every subscription has consumed (popped from the consume list) are
+  removed.
+
+One thread runs a round every ``reconcile_interval_s``, or at once when ``kick`` is set; the
+Reconcile RPC (a peer or a sealing party asking) runs the same ``reconcile``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker_group import log as seglog
+from broker_group.replica import Role
+from broker_group.wire import ordq_pb2 as pb
+from coordinator.state import SegStatus
+from ordq.errors import BrokerUnavailable, OrdqError, QueueNotFound
+
+if TYPE_CHECKING:
+    from broker_group.service import Broker, Segment
+    from coordinator.store import LiveInfo
+
+log = logging.getLogger("ordq.broker")
+
+
+class Repairer:
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self.kick = threading.Event()  # run a round now (a reader found a copy to complete)
+
+    def run(self) -> None:
+        """The reconcile thread: a round per interval, never ended by an error."""
+        while not self.b._stopping:
+            try:
+                self._round()
+            except OrdqError as exc:
+                log.info("reconcile round deferred: %s", exc)
+            except Exception:  # a bug must not silently end reconciliation for good
+                log.exception("reconcile round failed")
+            self.kick.wait(self.b.config.reconcile_interval_s)
+            self.kick.clear()
+
+    def reconcile(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
+        """Make this copy of a sealed segment exactly ``end`` messages long: truncate past it,
+        or copy [our end, end) from ``peer``. A corrupt copy is set aside and copied whole."""
+        from broker_group.client import GrpcTransport
+        from broker_group.service import _write_meta
+
+        b = self.b
+        s = b.segment_for_control(queue, seg, to_copy=True)
+        with b._cv:
+            s.replica.freeze("sealed")
+            b._settle(s)
+        with s.io_lock:
+            if s.log is None:  # corrupt: keep the evidence, rebuild from the peer
+                bad = s.directory / "segment.log"
+                if bad.exists():
+                    bad.rename(s.directory / f"segment.log.corrupt-{int(time.time())}")
+                s.log = seglog.SegmentLog.open(b.config.data_dir, queue, seg, create=True)
+            lg = s.log
+            if lg.synced_end > end:
+                lg.truncate(end)
+            if lg.synced_end < end:
+                transport = GrpcTransport(rpc_timeout_s=b.config.rpc_timeout_s)
+                try:
+                    while lg.synced_end < end:
+                        res = transport.fetch(peer, queue, seg, lg.synced_end, max_bytes=8 << 20, max_wait_ms=0,
+                                              known_end=end)
+                        if not res.batches:
+                            raise BrokerUnavailable(peer, f"peer holds only {res.readable_end} of {end} messages")
+                        for batch in res.batches:
+                            if seglog.parse_header(batch).end_offset <= end:
+                                lg.append(batch)
+                        lg.sync()
+                finally:
+                    transport.close()
+        with b._cv:
+            s.replica.seal()
+            s.replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
+            s.corrupt = None
+            s.reconciled = True
+            b.stats.reconciled += 1
+            out = s.end()
+            b._cv.notify_all()
+        _write_meta(s)
+        log.info("segment %s/%d reconciled to end %d", queue, seg, end)
+        return out
+
+    def _live_peer(self) -> LiveInfo | None:
+        store = self.b.require_store()
+        peer_role = "slave" if self.b.config.role is Role.MASTER else "master"
+        return store.live_members(self.b.config.gid).get(peer_role)
+
+    def _round(self) -> None:
+        b = self.b
+        store = b.require_store()
+        if b._refill:
+            self._refill_round()
+        with b._cv:
+            todo = [s for s in b._segments.values() if not s.reconciled]
+        states: dict[str, Any] = {}
+        for s in todo:
+            queue, seg = s.key
+            if queue not in states:
+                try:
+                    states[queue] = store.load_state(queue)[0]
+                except OrdqError:
+                    states[queue] = None
+            st = states[queue]
+            if st is None:
+                continue
+            z = st.segment(seg)
+            if z is None:
+                head = st.consume[0].seg if st.consume else st.next_seg
+                if seg < head:
+                    self._drop(s)
+                continue
+            if z.status is not SegStatus.SEALED or z.gid != b.config.gid:
+                continue
+            assert z.end is not None
+            with b._cv:
+                exact = s.replica.sealed and s.replica.local_synced == z.end and s.corrupt is None
+            if exact:
+                s.reconciled = True
+                continue
+            peer = self._live_peer()
+            with b._cv:
+                needs_peer = s.corrupt is not None or s.replica.local_synced < z.end
+            if needs_peer and peer is None:
+                continue  # try again when the peer is back
+            try:
+                self.reconcile(queue, seg, z.end, peer.address if peer else "")
+            except OrdqError as exc:
+                log.warning("segment %s/%d: reconcile to end %d deferred: %s", queue, seg, z.end, exc)
+
+    def _refill_round(self) -> None:
+        """After a new disk: copy from the peer every segment of this group that was opened
+        before the folder existed, once ZooKeeper shows it sealed, so the group holds two
+        copies again. A queue is done when none of those is left uncopied."""
+        b = self.b
+        store = b.require_store()
+        peer = self._live_peer()
+        for queue in sorted(b._refill):
+            try:
+                st, _ = store.load_state(queue)
+            except QueueNotFound:
+                b._refill.discard(queue)
+                continue
+            waiting = False
+            for z in st.consume:
+                if z.seg >= b._born_at[queue] or z.gid != b.config.gid:
+                    continue
+                with b._cv:
+                    if (queue, z.seg) in b._segments:
+                        continue
+                if z.status is not SegStatus.SEALED or peer is None:
+                    waiting = True  # copied once sealed, from a live peer
+                    continue
+                assert z.end is not None
+                try:
+                    self.reconcile(queue, z.seg, z.end, peer.address)
+                    log.info("segment %s/%d copied from the peer (opened before this data folder existed)",
+                             queue, z.seg)
+                except OrdqError as exc:
+                    waiting = True
+                    log.warning("segment %s/%d: copy from the peer deferred: %s", queue, z.seg, exc)
+            if not waiting:
+                b._refill.discard(queue)
+                log.info("queue %s: every segment of this group opened before this data folder is copied", queue)
+
+    def _drop(self, s: Segment) -> None:
+        with self.b._cv:
+            self.b._segments.pop(s.key, None)
+        with s.io_lock:
+            if s.log is not None:
+                s.log.close()
+            for f in s.directory.iterdir():
+                f.unlink()
+            s.directory.rmdir()
+        log.info("segment %s/%d consumed by every subscription: files removed", *s.key)
