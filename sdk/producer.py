@@ -7,7 +7,9 @@ same seqs, to the new head segment, so the stored history holds every acked seq 
 see each seq once, in order. A ``FencedError`` means another leader took over: stop.
 
 Threads: callers of ``send`` (add to the core under a lock), one sender (cuts batches, ships
-them, watches the ack deadline, runs failover) and one ack reader per stream.
+them, watches the ack deadline, runs failover) and one ack reader per stream. Batching and the
+window are ``sdk._producer_core``; the takeover and failover steps against ZooKeeper and the
+brokers are ``sdk._head``.
 """
 
 from __future__ import annotations
@@ -24,10 +26,7 @@ import attrs
 from kazoo.client import KazooClient
 
 from broker_group.log import Message, decode_batch
-from coordinator import state as sm
 from coordinator.paths import Paths
-from coordinator.seal import run_seal
-from coordinator.state import QueueState, SegStatus
 from coordinator.store import ZkStore
 from ordq.errors import (
     BrokerUnavailable,
@@ -35,13 +34,12 @@ from ordq.errors import (
     ConfigError,
     CoordinationUnavailable,
     FencedError,
-    IllegalTransition,
     MessageTooLarge,
-    NoGroupAvailable,
     OrdqError,
     WaitTimeout,
 )
 from sdk._futures import BatchOutcome, SendFuture
+from sdk._head import HeadProtocol
 from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore, message_bytes
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.transport import Ack, BrokerTransport, ProduceStream
@@ -114,6 +112,7 @@ class Producer:
         self._send_us: dict[int, int] = {}  # first seq of batch -> send time (audit only)
         self._client: KazooClient | None = None
         self._store: ZkStore | None = None
+        self._head: HeadProtocol | None = None
         self._lease: Any = None
         self._sender: threading.Thread | None = None
 
@@ -141,6 +140,7 @@ class Producer:
         paths = Paths(cfg.root)
         self._store = ZkStore(self._client, paths)
         self._store.queue_config(cfg.queue)  # QueueNotFound early
+        self._head = HeadProtocol(self._store, self._transport, cfg.queue, no_group_timeout_s=cfg.no_group_timeout_s)
         self._lease = self._client.Lock(paths.producer_leader(cfg.queue), cfg.producer_id)
         if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
             self._shutdown_zk()
@@ -273,38 +273,12 @@ class Producer:
             return StoredMessage(seq=seq, seg=None, offset=None, message=None)
         return StoredMessage(seq=seq, seg=seg, offset=offset, message=self._read_message(seg, offset))
 
-    # -- takeover ----------------------------------------------------------------------------
+    # -- takeover and failover (the protocol steps live in sdk/_head.py) ----------------------
 
     def _take_over(self) -> None:
-        """Bump the epoch, fence the open segment, find where seq continues."""
-        store, cfg = self._require_store(), self.config
-        st = store.apply(cfg.queue, lambda s, _f: sm.bump_epoch(s))
-        epoch = st.producer_epoch
-        deadline = time.monotonic() + cfg.no_group_timeout_s
-        while True:
-            st, _ = store.load_state(cfg.queue)
-            self._check_epoch(st, epoch)
-            open_seg = st.open_segment
-            if open_seg is None:
-                self._seal_all_sealing(st)
-                st = self._wait_for_head(deadline)
-                continue
-            replies = self._fence_replicas(open_seg.gid, open_seg.seg, epoch)
-            ends = {r.end for r in replies.values() if r is not None}
-            if len(ends) == 1 and len(replies) == 2 and all(replies.values()):
-                reply = next(r for r in replies.values() if r is not None)
-                last: tuple[int, int, int] | None
-                if reply.end > 0:
-                    assert reply.last_seq is not None
-                    last = (reply.last_seq, open_seg.seg, reply.end - 1)
-                else:
-                    st = self._seal_all_sealing(st)
-                    last = self._last_of_sealed(st)
-                self._install(epoch, open_seg.gid, open_seg.seg, last)
-                return
-            # One replica down or the two disagree: move on to a new segment and seal this one
-            # (the Seal protocol decides its end from whoever answers).
-            self._fail_over_from(open_seg.gid, open_seg.seg, epoch)
+        """Bump the epoch, fence the open segment, find where seq continues; then serve."""
+        t = self._require_head().take_over()
+        self._install(t.epoch, t.gid, t.seg, t.last)
 
     def _install(self, epoch: int, gid: str, seg: int, last: tuple[int, int, int] | None) -> None:
         next_seq = last[0] + 1 if last is not None else 0
@@ -315,111 +289,6 @@ class Producer:
         self._connect(gid, seg)
         log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
                  self.config.queue, self.config.producer_id, epoch, seg, next_seq)
-
-    def _fence_replicas(self, gid: str, seg: int, epoch: int) -> dict[str, Any]:
-        store, transport = self._require_store(), self._require_transport()
-        members = store.live_members(gid)
-        replies: dict[str, Any] = {}
-        for role in ("master", "slave"):
-            info = members.get(role)
-            try:
-                replies[role] = transport.fence(info.address, self.config.queue, seg, epoch) if info else None
-            except FencedError:
-                raise
-            except OrdqError:
-                replies[role] = None
-        return replies
-
-    def _seal_all_sealing(self, st: QueueState) -> QueueState:
-        for s in st.consume:
-            if s.status is SegStatus.SEALING:
-                st = self._seal_blocking(s.seg)
-        return st
-
-    def _seal_blocking(self, seg: int) -> QueueState:
-        """Seal ``seg``; while no replica answers (a double fault), wait with a clear status."""
-        deadline = time.monotonic() + self.config.no_group_timeout_s
-        while True:
-            try:
-                return run_seal(self._require_store(), self._require_transport(), self.config.queue, seg)
-            except BrokerUnavailable as exc:
-                if time.monotonic() > deadline:
-                    raise BrokerUnavailable(
-                        "segment replicas", f"segment {seg}: no replica answers, cannot know where seq continues"
-                    ) from exc
-                log.warning("queue %s: waiting for a replica of segment %d", self.config.queue, seg)
-                time.sleep(0.2)
-
-    @staticmethod
-    def _last_of_sealed(st: QueueState) -> tuple[int, int, int] | None:
-        best: tuple[int, int, int] | None = None
-        for s in st.consume:
-            if s.status is SegStatus.SEALED and s.end and s.last_seq is not None:
-                best = (s.last_seq, s.seg, s.end - 1)
-        if best is None and st.trimmed_seq >= 0:
-            return (st.trimmed_seq, -1, -1)
-        return best
-
-    def _wait_for_head(self, deadline: float) -> QueueState:
-        """Until some group is writable: admit every eligible group, again on each state change
-        and at least every 0.5 s. A group becomes eligible when its two processes are live
-        again or its backlog was consumed (popped), and no one else may be there to admit it:
-        the coordinator daemon is optional. NoGroupAvailable at ``deadline``."""
-        store, q = self._require_store(), self.config.queue
-        while True:
-            try:
-                st = store.apply(q, sm.admit_all)
-                if st.open_segment is not None:
-                    return st
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise NoGroupAvailable(q, "no group with master and slave live and no backlog")
-                return store.wait_state(q, lambda s: s.open_segment is not None, timeout_s=min(left, 0.5))
-            except (WaitTimeout, CoordinationUnavailable):
-                if time.monotonic() >= deadline:
-                    raise NoGroupAvailable(q, "no group with master and slave live and no backlog") from None
-
-    def _check_epoch(self, st: QueueState, epoch: int) -> None:
-        if st.producer_epoch > epoch:
-            raise FencedError(self.config.queue, epoch, st.producer_epoch)
-
-    # -- failover ----------------------------------------------------------------------------
-
-    def _fail_over_from(self, gid: str, seg: int, epoch: int) -> QueueState:
-        """CAS fail_over(gid, seg); if someone already moved the head, follow it. Starts the
-        seal of the old segment in the background. Returns a state with an open segment.
-
-        FencedError, changing nothing, when a successor bumped the epoch: a deposed leader
-        (e.g. one resumed after a hang, its ack deadline long past) must not fail over and
-        seal the segment its successor now writes to."""
-        store, q = self._require_store(), self.config.queue
-        deadline = time.monotonic() + self.config.no_group_timeout_s
-
-        def fail_over(s: QueueState, f: sm.Facts) -> QueueState:
-            self._check_epoch(s, epoch)  # checked on the very state the CAS writes over
-            return sm.fail_over(s, gid, seg, f)
-
-        while True:
-            try:
-                st = store.apply(q, fail_over)
-                break
-            except IllegalTransition:
-                st, _ = store.load_state(q)
-                break
-            except CoordinationUnavailable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        threading.Thread(target=self._seal_quietly, args=(seg,), name="ordq-seal", daemon=True).start()
-        if st.open_segment is None:
-            st = self._wait_for_head(deadline)
-        return st
-
-    def _seal_quietly(self, seg: int) -> None:
-        try:
-            run_seal(self._require_store(), self._require_transport(), self.config.queue, seg)
-        except OrdqError as exc:
-            log.info("queue %s: seal of segment %d deferred: %s", self.config.queue, seg, exc)
 
     def _recover(self, exc: BaseException) -> None:
         """The stream to the head failed (not fenced): fail over, resend the unacked suffix."""
@@ -432,8 +301,9 @@ class Producer:
         gid, seg = self._gid, self._seg
         deadline = time.monotonic() + self.config.no_group_timeout_s
         while True:
-            st = self._fail_over_from(gid, seg, self._core.epoch)
-            self._check_epoch(st, self._core.epoch)
+            head = self._require_head()
+            st = head.fail_over_from(gid, seg, self._core.epoch)
+            head.check_epoch(st, self._core.epoch)
             open_seg = st.open_segment
             assert open_seg is not None
             try:
@@ -602,6 +472,11 @@ class Producer:
         if self._store is None:
             raise ClosedError("producer not started")
         return self._store
+
+    def _require_head(self) -> HeadProtocol:
+        if self._head is None or self._store is None:
+            raise ClosedError("producer not started")
+        return self._head
 
     def _require_transport(self) -> BrokerTransport:
         if self._transport is None:
