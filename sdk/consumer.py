@@ -14,7 +14,8 @@ only the contiguous prefix of finished messages.
 
 Reading: the master of the segment's group, or its slave when the master is down. At the end
 of a ``sealing`` segment the consumer runs the Seal protocol itself; at the end of a sealed
-one it advances its cursor to the next segment and tries ``pop``.
+one it advances its cursor to the next segment and tries ``pop``. What it knows of
+ZooKeeper (the queue's state, the groups' live processes) is cached in ``sdk._queue_view``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from coordinator import state as sm
 from coordinator.paths import Paths
 from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from coordinator.store import LiveInfo, ZkStore
+from coordinator.store import ZkStore
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -50,6 +51,7 @@ from ordq.errors import (
     WaitTimeout,
 )
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
+from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.keyed import KeyedWorkers
 from sdk.transport import BrokerTransport, FetchResult
@@ -130,10 +132,7 @@ class Consumer:
         self._filter = DeliveryFilter(config.queue, last_seq=-1)
         self._policy = CommitPolicy(config.commit)
         self._stats = ConsumerStats()
-        self._state: QueueState | None = None
-        self._state_changed = threading.Event()
-        self._replica_cache: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> live process
-        self._stale_replicas: set[str] = set()  # gids whose cached processes failed or were missing
+        self._view: QueueView | None = None  # the queue's state and replicas, cached
         self._zk_down_since: float | None = None
         self._commits_in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
         self._audit = (
@@ -175,7 +174,8 @@ class Consumer:
         self._returned = self._finished = self._cursor
         self._filter = DeliveryFilter(cfg.queue, last_seq=self._cursor.last_seq)
         self._policy.committed(time.monotonic())
-        self._refresh_state()
+        self._view = QueueView(self._store, self._client, cfg.queue)
+        self._view.refresh()
 
     def _ensure_subscription(self) -> None:
         store, cfg = self._require_store(), self.config
@@ -294,7 +294,7 @@ class Consumer:
             raise ClosedError("consumer is closed")
         self._sync_finished()
         try:
-            if self._policy.due(time.monotonic()) and self._zk_connected():  # else: later
+            if self._policy.due(time.monotonic()) and self._require_view().connected():  # else: later
                 self._commit(self._finished)
             # (a read round that delivers does no ZooKeeper call after _deliver: an error
             # below never drops messages the cursor already moved past)
@@ -309,10 +309,10 @@ class Consumer:
                 raise
             log.warning("queue %s/%s: ZooKeeper unavailable for %.1fs, retrying: %s", self.config.queue,
                         self.config.subscription, now - self._zk_down_since, exc)
-            self._state_changed.set()  # read the state again once ZooKeeper answers
+            self._require_view().mark_changed()  # read the state again once ZooKeeper answers
             time.sleep(0.05)
             return []
-        if self._zk_connected():
+        if self._require_view().connected():
             self._zk_down_since = None
         if out and self._keyed is None:  # (keyed: counted as they finish, in _sync_finished)
             self._policy.delivered(len(out))
@@ -384,7 +384,7 @@ class Consumer:
     def _commit_if_due(self) -> None:
         """While keyed delivery waits for queue room: commit what finished if it is time."""
         self._sync_finished()
-        if self._policy.due(time.monotonic()) and self._zk_connected():
+        if self._policy.due(time.monotonic()) and self._require_view().connected():
             try:
                 self._commit(self._finished)
             except CoordinationUnavailable:
@@ -421,7 +421,8 @@ class Consumer:
         self._stats.commits += 1
 
     def _read_round(self, timeout_s: float | None) -> list[Delivered]:
-        st = self._current_state()
+        view = self._require_view()
+        st = view.state()
         cur = self._cursor
         segment = st.segment(cur.seg)
         wait_ms = self.config.fetch_wait_ms if timeout_s is None else int(timeout_s * 1000)
@@ -432,7 +433,7 @@ class Consumer:
                 # let the seq filter raise GapDetected if any seq is really missing.
                 self._moved(Cursor(seg=head, offset=0, last_seq=self._filter.last_seq))
                 return []
-            self._wait_state_change(wait_ms)  # the next segment does not exist yet
+            view.wait_change(wait_ms)  # the next segment does not exist yet
             return []
         if segment.status is SegStatus.SEALED and cur.offset >= (segment.end or 0):
             self._advance(segment)
@@ -445,7 +446,7 @@ class Consumer:
             if segment.status is SegStatus.SEALING:
                 self._seal(segment)  # at its readable end: decide the end ourselves
             elif res.sealed:
-                self._refresh_state()  # the replica knows more than our cached state
+                view.refresh()  # the replica knows more than our cached state
         return delivered
 
     def _deliver(self, segment: Segment, batches: list[bytes]) -> list[Delivered]:
@@ -501,7 +502,7 @@ class Consumer:
             self._require_store().apply(self.config.queue, sm.pop)
         except IllegalTransition:
             pass  # another subscription is still behind, or someone popped it already
-        self._refresh_state()
+        self._require_view().refresh()
 
     def _moved(self, cursor: Cursor) -> None:
         """The read position moved on without delivering anything (next segment, or past a
@@ -517,24 +518,24 @@ class Consumer:
     def _seal(self, segment: Segment) -> None:
         """At the end of a sealing segment: run the Seal protocol (any party may)."""
         try:
-            self._state = run_seal(self._require_store(), self._require_transport(), self.config.queue,
-                                   segment.seg)
+            self._require_view().learnt(run_seal(self._require_store(), self._require_transport(),
+                                                 self.config.queue, segment.seg))
             self._stats.seals_run += 1
         except BrokerUnavailable:
             # Both processes of the group are down: wait at this segment until one returns.
-            self._wait_state_change(self.config.fetch_wait_ms)
+            self._require_view().wait_change(self.config.fetch_wait_ms)
 
     def _fetch(self, segment: Segment, offset: int, *, max_wait_ms: int,
                max_bytes: int | None = None) -> FetchResult | None:
         """Read from the master, or the slave when the master is down; None when neither
         answers (the caller waits at this segment: consumers never skip it)."""
-        transport = self._require_transport()
-        members = self._replicas(segment.gid)
+        transport, view = self._require_transport(), self._require_view()
+        members = view.replicas(segment.gid)
         errors = []
         for role in ("master", "slave"):
             info = members.get(role)
             if info is None:
-                self._stale_replicas.add(segment.gid)  # look again next time: it may be back
+                view.mark_stale(segment.gid)  # look again next time: it may be back
                 continue
             try:
                 return transport.fetch(info.address, self.config.queue, segment.seg, offset,
@@ -542,64 +543,23 @@ class Consumer:
                                        known_end=segment.end if segment.status is SegStatus.SEALED else None)
             except OrdqError as exc:
                 errors.append(f"{role}: {exc}")
-                self._stale_replicas.add(segment.gid)
+                view.mark_stale(segment.gid)
         log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,
                  "; ".join(errors) or "none live")
-        self._wait_state_change(max(max_wait_ms, 50))
+        view.wait_change(max(max_wait_ms, 50))
         return None
 
-    def _replicas(self, gid: str) -> dict[str, LiveInfo]:
-        """The group's live processes, as last read from ZooKeeper: read again when one of them
-        failed or was missing since, and kept as they were while ZooKeeper is unreachable (so
-        consuming never needs ZooKeeper between two segments)."""
-        known = self._replica_cache.get(gid)
-        if known is None or (gid in self._stale_replicas and self._zk_connected()):
-            try:
-                known = self._require_store().live_members(gid)
-            except CoordinationUnavailable:
-                if known is None:
-                    raise
-                return known
-            self._replica_cache[gid] = known
-            self._stale_replicas.discard(gid)
-        return known
-
-    # -- state cache -------------------------------------------------------------------------
-
-    def _zk_connected(self) -> bool:
-        """Is the ZooKeeper connection up now? (While it is not, the cached state and replica
-        addresses serve, and nothing waits on a request that cannot be answered.)"""
-        return self._client is not None and bool(self._client.connected)
-
-    def _current_state(self) -> QueueState:
-        if self._state is None or (self._state_changed.is_set() and self._zk_connected()):
-            self._refresh_state()
-        assert self._state is not None
-        return self._state
-
-    def _refresh_state(self) -> None:
-        self._state_changed.clear()
-        try:
-            self._state, _ = self._require_store().load_state(self.config.queue, watch=self._on_state_event)
-        except CoordinationUnavailable:
-            self._state_changed.set()  # not read (nor the watch set): read it again later
-            raise
-
-    def _on_state_event(self, _event: object) -> None:
-        self._state_changed.set()
-
-    def _wait_state_change(self, wait_ms: int) -> None:
-        if not self._state_changed.wait(wait_ms / 1000.0):
-            return
-        if self._zk_connected():
-            self._refresh_state()
-        else:
-            time.sleep(wait_ms / 1000.0)  # it changed, but ZooKeeper is away: read it later
+    # -- helpers -----------------------------------------------------------------------------
 
     def _require_store(self) -> ZkStore:
         if self._store is None:
             raise ClosedError("consumer not started")
         return self._store
+
+    def _require_view(self) -> QueueView:
+        if self._view is None:
+            raise ClosedError("consumer not started")
+        return self._view
 
     def _require_transport(self) -> BrokerTransport:
         if self._transport is None:
