@@ -90,6 +90,7 @@ def kill_producer(ctx: DrillContext) -> None:
     leader = ctx.leader("producer")
     at = now_us()
     leader.proc.kill()
+    ctx.notes["killed"] = leader
     ctx.fault(f"kill -9 the producer leader {leader.proc.name}", kind="producer", writer=leader.writer, at_us=at)
     ctx.wait(lambda: any(w is not leader and _took_over(w) for w in ctx.producers),
              timeout_s=30, what="the standby producer to take over and get acks")
@@ -115,6 +116,18 @@ def stale_producer(ctx: DrillContext) -> None:
     ctx.notes["stale"] = leader
     ctx.wait(lambda: not leader.proc.alive(), timeout_s=30, what="the stale producer to stop")
     ctx.event(f"stale producer exited: {leader.status().get('state')}: {leader.status().get('error', '')[:100]}")
+
+
+def check_killed_producer(ctx: DrillContext, acks: list[AckRow], _d: list[DeliveryRow]) -> list[tuple[str, bool]]:
+    """The killed leader's acks must be in the audit, or the verdict never checked them: its
+    last status (written before the kill) is a lower bound of what its application saw."""
+    killed = ctx.notes.get("killed")
+    if killed is None:
+        return [("the producer leader was killed", False)]
+    reported = int(killed.status().get("acked", 0))
+    rows = sum(1 for a in acks if a.producer == killed.writer)
+    return [(f"the killed producer's acks are audited ({rows} rows, its last status said {reported} acked)",
+             reported > 0 and rows >= reported)]
 
 
 def check_stale_producer(ctx: DrillContext, acks: list[AckRow], _d: list[DeliveryRow]) -> list[tuple[str, bool]]:
@@ -310,7 +323,8 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("pause-head-slave", "head slave hung (SIGSTOP), resumed later",
           "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_slave),
     Drill("kill-producer", "producer leader killed (-9)",
-          "standby takes over, fences, continues", kill_producer, standby_producer=True),
+          "standby takes over, fences, continues", kill_producer, standby_producer=True,
+          check=check_killed_producer),
     Drill("stale-producer", "producer leader hung (SIGSTOP) and resumed after a standby took over",
           "standby takes over and fences; the old leader's delayed batches are refused", stale_producer,
           standby_producer=True, check=check_stale_producer),
