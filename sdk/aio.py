@@ -23,6 +23,7 @@ from sdk.transport import BrokerTransport
 class AsyncProducer:
     def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None) -> None:
         self._sync = Producer(config, transport=transport)
+        self._bridge: _BatchBridge | None = None  # the asyncio futures of the batch being filled
 
     async def __aenter__(self) -> AsyncProducer:
         await self.start()
@@ -42,7 +43,10 @@ class AsyncProducer:
             fut = self._sync.send(payload, key=key, headers=headers, timeout_s=0)  # never blocks
         except WaitTimeout:  # the window is full: wait for room off the loop
             fut = await asyncio.to_thread(self._sync.send, payload, key=key, headers=headers)
-        return _to_asyncio(fut)
+        bridge = self._bridge
+        if bridge is None or not bridge.takes(fut):
+            bridge = self._bridge = _BatchBridge(asyncio.get_running_loop(), fut)
+        return bridge.add(fut)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         await asyncio.to_thread(self._sync.flush, timeout_s)
@@ -84,19 +88,47 @@ class AsyncConsumer:
         await asyncio.to_thread(self._sync.close)
 
 
-def _to_asyncio(fut: SendFuture) -> asyncio.Future[SendResult]:
-    """An asyncio future settled (on its loop) when the send future is."""
-    loop = asyncio.get_running_loop()
-    out: asyncio.Future[SendResult] = loop.create_future()
+class _BatchBridge:
+    """The asyncio futures of the messages of one batch, settled on their loop with one
+    wake-up when the batch's outcome is known (one per message cost more than the send).
 
-    def settle(f: SendFuture) -> None:
-        error = f.exception(0)
-        if out.done():
-            return
-        if error is not None:
-            out.set_exception(error)
+    Safe against the ack racing the wrapping: the callback only schedules ``_settle_all`` on
+    the loop, and ``add`` runs on the loop, so every future added before ``_settle_all`` runs
+    is settled by it; one added after (the outcome already known) is settled at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, first: SendFuture) -> None:
+        self.loop = loop
+        self.outcome = first._outcome
+        self.pending: list[tuple[SendFuture, asyncio.Future[SendResult]]] = []
+        first.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._settle_all))
+
+    def takes(self, fut: SendFuture) -> bool:
+        return fut._outcome is self.outcome
+
+    def add(self, fut: SendFuture) -> asyncio.Future[SendResult]:
+        out: asyncio.Future[SendResult] = self.loop.create_future()
+        if fut.done():
+            _settle(fut, out)
         else:
-            out.set_result(f.result(0))
+            self.pending.append((fut, out))
+        return out
 
-    fut.add_done_callback(lambda f: loop.call_soon_threadsafe(settle, f))
-    return out
+    def _settle_all(self) -> None:
+        pending, self.pending = self.pending, []
+        for fut, out in pending:
+            _settle(fut, out)
+
+
+def _settle(fut: SendFuture, out: asyncio.Future[SendResult]) -> None:
+    if out.done():
+        return  # cancelled by its awaiter
+    error = fut.exception(0)
+    if error is not None:
+        out.set_exception(error)
+    else:
+        out.set_result(fut.result(0))
+
+
+def _to_asyncio(fut: SendFuture) -> asyncio.Future[SendResult]:
+    """An asyncio future settled (on the running loop) when the send future is."""
+    return _BatchBridge(asyncio.get_running_loop(), fut).add(fut)

@@ -9,7 +9,7 @@ import pytest
 
 from ordq.errors import FencedError
 from sdk._futures import BatchOutcome, SendFuture, SendResult
-from sdk.aio import _to_asyncio
+from sdk.aio import _BatchBridge, _to_asyncio
 
 
 def test_each_message_gets_its_own_offset_from_the_batch_ack() -> None:
@@ -62,3 +62,22 @@ def test_the_asyncio_bridge_settles_on_the_loop() -> None:
     result, error = asyncio.run(main())
     assert result == SendResult(seq=7, seg=1, offset=0)
     assert isinstance(error, FencedError)
+
+
+def test_one_bridge_settles_every_asyncio_future_of_a_batch() -> None:
+    """AsyncProducer wraps a batch's futures with one bridge: those wrapped before the ack are
+    settled by its one scheduled call, those wrapped after (the outcome known) at once."""
+    async def main() -> list[SendResult]:
+        outcome = BatchOutcome()
+        futs = [SendFuture(seq, outcome) for seq in range(10, 14)]
+        bridge = _BatchBridge(asyncio.get_running_loop(), futs[0])
+        outs = [bridge.add(futs[0]), bridge.add(futs[1])]
+        acker = threading.Thread(target=lambda: outcome.acked(seg=2, first_offset=50, first_seq=10))
+        acker.start()
+        acker.join()  # acked; the bridge's settling is scheduled on this loop, not run yet
+        assert not any(o.done() for o in outs)
+        outs += [bridge.add(futs[2]), bridge.add(futs[3])]
+        assert all(o.done() for o in outs[2:])
+        return list(await asyncio.gather(*outs))
+
+    assert asyncio.run(main()) == [SendResult(seq=s, seg=2, offset=50 + s - 10) for s in range(10, 14)]
