@@ -148,8 +148,8 @@ class ReplicationLink:
     def _requests(self, gen: int) -> Iterator[pb.ReplicateRequest]:
         """The stream's requests. Batches go out while fewer than MAX_INFLIGHT requests
         with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
-        leave together, one sync on the slave for all of them (group commit). LAC updates
-        go out at once."""
+        leave together, one sync on the slave for all of them (group commit). A moved LAC
+        rides on the next batches, or goes alone once ``lac_push_ms`` passed since the last."""
         push_s = self.b.config.lac_push_ms / 1000
         pushed_at = 0.0
         yield pb.ReplicateRequest(hello=True)
