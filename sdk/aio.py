@@ -11,7 +11,9 @@ send.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import inspect
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from ordq.errors import WaitTimeout
 from sdk._futures import SendFuture, SendResult
@@ -84,8 +86,36 @@ class AsyncConsumer:
     async def commit(self) -> None:
         await asyncio.to_thread(self._sync.commit)
 
+    async def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
+                        stop: asyncio.Event | None = None, max_pending: int = 256, drain: bool = True) -> None:
+        """``Consumer.run_keyed`` from asyncio: messages hashed by key to ``workers`` threads,
+        per-key order, commits only over the finished prefix; returns once ``stop`` is set
+        (or the task is cancelled) and the workers stopped. ``handler`` is a function (run in
+        its worker thread) or a coroutine function (each call run on this loop, its worker
+        waiting for it, so per-key order holds). Raises as ``Consumer.run_keyed`` does."""
+        loop = asyncio.get_running_loop()
+        call = handler
+        if inspect.iscoroutinefunction(handler):
+            def call(m: Delivered) -> object:
+                return asyncio.run_coroutine_threadsafe(handler(m), loop).result()
+
+        stopped = threading.Event()
+        relay = asyncio.create_task(_relay(stop, stopped)) if stop is not None else None
+        try:
+            await asyncio.to_thread(self._sync.run_keyed, call, workers=workers, stop=stopped,
+                                    max_pending=max_pending, drain=drain)
+        finally:
+            stopped.set()  # a cancelled caller stops the workers too
+            if relay is not None:
+                relay.cancel()
+
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)
+
+
+async def _relay(stop: asyncio.Event, stopped: threading.Event) -> None:
+    await stop.wait()
+    stopped.set()
 
 
 class _BatchBridge:

@@ -8,6 +8,7 @@ one handled nothing is lost (redelivery of messages after the lowest unfinished 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from ordq.errors import HandlerError
 from sdk import CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
+from sdk.aio import AsyncConsumer
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     CLIENT_SESSION_TIMEOUT_S,
     SEND_TIMEOUT_S,
@@ -275,3 +277,32 @@ def test_cli_consume_with_workers(cluster: Cluster, capsys: pytest.CaptureFixtur
     second = printed(capsys.readouterr().out)
     assert second and min(second) == cur + 1 and len(second) == len(set(second))
     assert set(first) | set(second) == set(range(n))
+
+
+def test_asyncio_keyed_delivery_with_a_coroutine_handler(cluster: Cluster) -> None:
+    """``AsyncConsumer.run_keyed`` with a coroutine handler (run on the caller's loop, its
+    worker waiting for it): each seq once, per-key order, across a segment boundary, and the
+    final cursor covers everything; setting the asyncio stop event ends it."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    n = 2000
+    keys = produce(cluster, n, fail_over_at=n // 2)
+    handled = Handled(keys, until=n, stop=threading.Event())
+    rnd = random.Random(2)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+
+        async def handler(m: Delivered) -> None:
+            await asyncio.sleep(rnd.random() * 0.002)
+            handled.record(m)
+            if handled.stop.is_set():
+                stop.set()
+
+        async with AsyncConsumer(consumer_config(cluster)) as c:
+            await asyncio.wait_for(c.run_keyed(handler, workers=WORKERS, stop=stop), timeout=60)
+
+    asyncio.run(main())
+    assert len(handled.seqs) == n and handled.twice == []
+    handled.check_key_order()
+    assert cluster.store.get_cursor("q", "s")[0].last_seq == n - 1
