@@ -20,7 +20,6 @@ application that dies in the middle of a delivered batch.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -30,7 +29,14 @@ from pathlib import Path
 import attrs
 
 from sdk import Consumer
-from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, delivery_of, program_logging
+from tests.helpers.load import (
+    RecordWriter,
+    consumer_arguments,
+    consumer_config,
+    delivery_of,
+    program_logging,
+    record_failure,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print("DONE", flush=True)
         return 0
     except BaseException as exc:  # noqa: BLE001 - reported to the test through the out file
-        out.write({"event": "error", "type": type(exc).__name__, "error": str(exc)})
-        logging.exception("consumer failed")
-        return 2
+        return record_failure(out, exc, "consumer")
     finally:
         try:
             consumer.close()

@@ -15,14 +15,13 @@ lines, each flushed before the handler returns, i.e. before the message can be c
 
 from __future__ import annotations
 
-import logging
 import random
 import sys
 import threading
 import time
 
 from sdk import Consumer, Delivered
-from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, program_logging
+from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, program_logging, record_failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print("DONE", flush=True)
         return 0
     except BaseException as exc:  # noqa: BLE001 - reported to the test through the out file
-        out.write({"event": "error", "type": type(exc).__name__, "error": str(exc)})
-        logging.exception("consumer failed")
-        return 2
+        return record_failure(out, exc, "consumer")
     finally:
         out.close()
 

@@ -98,6 +98,17 @@ class RecordWriter:
             self._f.close()
 
 
+EXIT_ERROR = 2
+
+
+def record_failure(out: RecordWriter, exc: BaseException, program: str) -> int:
+    """In a test program's last ``except``: tell the test what went wrong (the out file's
+    ``error`` event), log the traceback, and return the program's exit code."""
+    out.write({"event": "error", "type": type(exc).__name__, "error": str(exc)})
+    logging.exception("%s failed", program)
+    return EXIT_ERROR
+
+
 class RecordsTail:
     """Reads a records file as it grows (complete lines only), keeping what it parsed."""
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import logging
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ import attrs
 from ordq.errors import FencedError
 from sdk import Producer, ProducerConfig, SendFuture
 from sdk._producer_core import BatchingConfig
-from tests.helpers.load import RecordWriter, make_payload, parse_payload, program_logging
+from tests.helpers.load import RecordWriter, make_payload, parse_payload, program_logging, record_failure
 
 EXIT_FENCED = 3
 
@@ -134,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FENCED {exc}", flush=True)
         return EXIT_FENCED
     except BaseException as exc:  # noqa: BLE001 - reported to the test through the out file
-        out.write({"event": "error", "type": type(exc).__name__, "error": str(exc)})
-        logging.exception("producer failed")
-        return 2
+        return record_failure(out, exc, "producer")
     finally:
         sending_done.set()
         try:
