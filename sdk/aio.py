@@ -157,8 +157,3 @@ def _settle(fut: SendFuture, out: asyncio.Future[SendResult]) -> None:
         out.set_exception(error)
     else:
         out.set_result(fut.result(0))
-
-
-def _to_asyncio(fut: SendFuture) -> asyncio.Future[SendResult]:
-    """An asyncio future settled (on the running loop) when the send future is."""
-    return _BatchBridge(asyncio.get_running_loop(), fut).add(fut)

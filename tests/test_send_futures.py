@@ -9,7 +9,7 @@ import pytest
 
 from ordq.errors import FencedError
 from sdk._futures import BatchOutcome, SendFuture, SendResult
-from sdk.aio import _BatchBridge, _to_asyncio
+from sdk.aio import _BatchBridge
 
 
 def test_each_message_gets_its_own_offset_from_the_batch_ack() -> None:
@@ -49,7 +49,9 @@ def test_callbacks_run_once_in_order_and_at_once_when_already_settled() -> None:
 def test_the_asyncio_bridge_settles_on_the_loop() -> None:
     async def main() -> tuple[SendResult, BaseException | None]:
         ok, bad = BatchOutcome(), BatchOutcome()
-        f_ok, f_bad = _to_asyncio(SendFuture(7, ok)), _to_asyncio(SendFuture(8, bad))
+        loop = asyncio.get_running_loop()
+        s_ok, s_bad = SendFuture(7, ok), SendFuture(8, bad)
+        f_ok, f_bad = _BatchBridge(loop, s_ok).add(s_ok), _BatchBridge(loop, s_bad).add(s_bad)
         threading.Thread(target=lambda: ok.acked(seg=1, first_offset=0, first_seq=7)).start()
         threading.Thread(target=lambda: bad.failed(FencedError("q", 1, 2))).start()
         result = await f_ok
