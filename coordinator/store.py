@@ -46,6 +46,7 @@ from ordq.errors import (
     ConflictError,
     CoordinationUnavailable,
     GroupNotFound,
+    NotLeader,
     OrdqError,
     QueueNotFound,
     SubscriptionNotFound,
@@ -498,20 +499,19 @@ class ZkStore:
                 raise SubscriptionNotFound(queue, sub) from exc
         return Cursor.from_dict(_loads(data)), stat.version
 
-    def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int) -> int:
+    def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *, holder: str | None = None) -> int:
         """Write the cursor if nobody else did since ``version``; return the new version.
-        ConflictError when it moved (another consumer or an admin reset took over)."""
+        ConflictError when it moved (another consumer or an admin reset took over).
+
+        ``holder``: the committer's lock node (an ephemeral node of its session). The write
+        then applies only while that node exists, in the same transaction, so a consumer whose
+        session expired cannot move the cursor, not even after kazoo opened a new session for
+        it: NotLeader instead."""
         path, data = self.paths.sub(queue, sub), _dumps(cursor.to_dict())
         for _ in range(50):
             try:
                 with self._errors():
-                    try:
-                        stat = self._wait(self.client.set_async(path, data, version=version))
-                    except BadVersionError as exc:
-                        raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
-                    except NoNodeError as exc:
-                        raise SubscriptionNotFound(queue, sub) from exc
-                return int(stat.version)
+                    return self._write_cursor(queue, sub, path, data, version, holder)
             except CoordinationUnavailable:
                 # The write was in flight when the connection dropped: look whether it landed.
                 with self._errors():
@@ -525,6 +525,28 @@ class ZkStore:
                     raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from None
                 # it did not: write it again
         raise CoordinationUnavailable(f"cursor of {queue}/{sub}: 50 writes lost on the way to ZooKeeper")
+
+    def _write_cursor(self, queue: str, sub: str, path: str, data: bytes, version: int, holder: str | None) -> int:
+        if holder is None:
+            try:
+                return int(self._wait(self.client.set_async(path, data, version=version)).version)
+            except BadVersionError as exc:
+                raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
+            except NoNodeError as exc:
+                raise SubscriptionNotFound(queue, sub) from exc
+        tx = self.client.transaction()
+        tx.check(holder, -1)  # -1: any version; fails only when the node is gone
+        tx.set_data(path, data, version=version)
+        results = self._wait(tx.commit_async())
+        if not any(isinstance(r, Exception) for r in results):
+            return int(results[1].version)
+        if isinstance(results[0], NoNodeError):
+            raise NotLeader(queue, sub, "its lock node is gone: the session expired")
+        if isinstance(results[1], BadVersionError):
+            raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}")
+        if isinstance(results[1], NoNodeError):
+            raise SubscriptionNotFound(queue, sub)
+        raise CoordinationUnavailable(f"cursor of {queue}/{sub}: unexpected transaction results {results!r}")
 
     def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int, state_version: int) -> int:
         """An operator's reset: write ``cursor`` only if neither the cursor nor the queue state

@@ -198,14 +198,7 @@ class ProducerRun:
 
 def _next_seq(producer: Any) -> int:
     """Where the stored stream continues (the takeover found it)."""
-    from ordq.errors import OrdqError
-
-    try:
-        last = producer.last_committed()
-    except OrdqError:
-        # The message itself could not be read back; the seq is known without it.
-        last_tuple = producer._last  # noqa: SLF001 - only the seq is needed
-        return 0 if last_tuple is None else int(last_tuple[0]) + 1
+    last = producer.last_committed()
     return 0 if last is None else int(last.seq) + 1
 
 
@@ -260,6 +253,7 @@ class ConsumerRun:
                     self.delivered += 1
                     self.last_seq = m.seq
             self.state = "done" if self.last_seq >= a.total - 1 else "stopped"
+            consumer.commit()  # every message handed out is counted: finished
         except GapDetected as exc:
             self.state, self.error, code = "gap", str(exc), EXIT_GAP
         except (OrdqError, OSError) as exc:

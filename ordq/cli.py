@@ -85,6 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ordq: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ordq ... | head`): stop quietly, as Unix tools do, and keep
+        # Python from complaining again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

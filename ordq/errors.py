@@ -20,6 +20,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── BrokerUnavailable                 a broker process did not answer (retriable)
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
     ├── FencedError                       a higher producer epoch took over: stop
+    ├── NotLeader                         this consumer lost its subscription's lease: stop
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
     ├── HandlerError                      keyed delivery: the application's handler raised
     ├── MessageTooLarge (ValueError)
@@ -150,6 +151,20 @@ class FencedError(OrdqError):
         self.queue = queue
         self.epoch = epoch
         self.current_epoch = current_epoch
+
+
+class NotLeader(OrdqError):
+    """This consumer can no longer be sure it holds its subscription's lease (its ZooKeeper
+    session expired, e.g. after the process was frozen past it): another instance may be
+    delivering. It delivered nothing since it stopped being sure, and commits nothing more.
+    Stop; a new ``Consumer`` joins the election again."""
+
+    def __init__(self, queue: str, subscription: str, reason: str) -> None:
+        super().__init__(f"queue {queue!r} subscription {subscription!r}: this consumer is no longer the "
+                         f"subscription's leader ({reason}); it stopped delivering")
+        self.queue = queue
+        self.subscription = subscription
+        self.reason = reason
 
 
 class GapDetected(OrdqError):

@@ -78,6 +78,10 @@ class CommitPolicy:
             or (now_s - self._last_commit_s) * 1000.0 >= self.config.every_ms
         )
 
+    def due_count(self) -> bool:
+        """Due by message count alone (a cheap check per message)."""
+        return self._since_commit >= self.config.every_messages
+
     def committed(self, now_s: float) -> None:
         self._since_commit = 0
         self._last_commit_s = now_s

@@ -75,16 +75,19 @@ class AsyncConsumer:
     async def start(self) -> None:
         await asyncio.to_thread(self._sync.start)
 
-    async def poll(self, timeout_s: float | None = None) -> list[Delivered]:
-        return await asyncio.to_thread(self._sync.poll, timeout_s)
+    async def poll(self, timeout_s: float | None = None, *, max_messages: int | None = None) -> list[Delivered]:
+        return await asyncio.to_thread(self._sync.poll, timeout_s, max_messages=max_messages)
 
     async def __aiter__(self) -> AsyncIterator[Delivered]:
+        """As the sync iteration: a message counts as finished when the loop asks for the
+        next; the one in hand when the loop breaks or raises does not."""
         while True:
             for m in await self.poll():
                 yield m
+                self._sync._mark_finished(m)  # noqa: SLF001 - the same consumer, another API
 
-    async def commit(self) -> None:
-        await asyncio.to_thread(self._sync.commit)
+    async def commit(self, through: Delivered | None = None) -> None:
+        await asyncio.to_thread(self._sync.commit, through)
 
     async def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
                         stop: asyncio.Event | None = None, max_pending: int = 256, drain: bool = True) -> None:

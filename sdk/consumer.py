@@ -2,20 +2,27 @@
 segment, delivers each seq once and in order, and moves on segment by segment.
 
 Guarantee: messages are handed to the application in seq order, each seq once per consumer
-instance; a missing seq raises ``GapDetected`` (never skipped). The cursor is committed with a
-conditional write every N messages / T ms and on close, so a standby that takes over after a
-crash redelivers, in order, exactly what came after the last commit (at-least-once across a
-consumer crash; ``Delivered.seq`` makes it effectively-once for an application that records it).
-A periodic commit covers only what the application is done with: the messages of earlier
-``poll`` calls (calling ``poll`` again says so), or, when iterating, the messages before the
-one being handled; never a batch it may still be working on. With ``run_keyed`` (opt-in),
+instance; a missing seq raises ``GapDetected`` (never skipped). Only one instance delivers at a
+time: before handing out a message the consumer checks, by its own clock, that it still holds
+the subscription's lease (``sdk._lease``); when it cannot be sure it hands out nothing, and
+when the lease is gone it raises ``NotLeader`` and commits nothing more.
+
+What is committed (docs/SDK.md, "What is committed"): never past what the application
+finished. A message counts as finished once the application asks for another (the next step
+of ``for m in consumer``, another ``poll``) or says so (``commit()``, ``commit(through=m)``).
+The message in hand when a loop breaks or raises, and the last ``poll`` batch, are not
+finished: ``close`` and leaving ``with`` commit only what was, so they are redelivered to the
+next consumer. The cursor is written with a conditional write, checked against this
+consumer's lock node, every N messages / T ms and on close. With ``run_keyed`` (opt-in),
 messages are hashed by key to N worker threads (per-key order, not global) and commits cover
 only the contiguous prefix of finished messages.
 
-Reading: the master of the segment's group, or its slave when the master is down. At the end
-of a ``sealing`` segment the consumer runs the Seal protocol itself; at the end of a sealed
-one it advances its cursor to the next segment and tries ``pop``. What it knows of
-ZooKeeper (the queue's state, the groups' live processes) is cached in ``sdk._queue_view``.
+Reading: the master of the segment's group, or its slave when the master is down; what one
+read returns waits in a buffer and is handed out as the application asks (``poll`` takes up
+to ``max_messages``). At the end of a ``sealing`` segment the consumer runs the Seal protocol
+itself; at the end of a sealed one it advances its cursor to the next segment and tries
+``pop``. What it knows of ZooKeeper (the queue's state, the groups' live processes) is cached
+in ``sdk._queue_view``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import logging
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,11 +54,13 @@ from ordq.errors import (
     CoordinationUnavailable,
     HandlerError,
     IllegalTransition,
+    NotLeader,
     OrdqError,
     SubscriptionNotFound,
     WaitTimeout,
 )
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
+from sdk._lease import SessionLease
 from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.keyed import KeyedWorkers
@@ -115,22 +125,27 @@ class ConsumerStats:
 
 
 class Consumer:
-    """Iterate it (``for m in consumer``) or call ``poll()``; close() commits the cursor."""
+    """Iterate it (``for m in consumer``) or call ``poll()``; see the module docstring for
+    what is committed when."""
 
     def __init__(self, config: ConsumerConfig, *, transport: BrokerTransport | None = None) -> None:
         self.config = config
         self._transport = transport
         self._client: KazooClient | None = None
         self._store: ZkStore | None = None
-        self._lease: Any = None
+        self._election: Any = None  # the kazoo Lock of the subscription
+        self._lease: SessionLease | None = None
         self._closed = False
         self._cursor = Cursor(seg=0)  # where the next read starts (past dropped duplicates too)
-        self._returned = self._cursor  # after the last message handed to the application
-        self._finished = self._cursor  # after the last message the application is done with
+        self._buffer: deque[Delivered] = deque()  # read, not handed out yet
+        self._in_hand: Delivered | None = None  # the last message handed out, not finished
+        self._done: Delivered | None = None  # the last finished message (None: _finished_base)
+        self._finished_base = self._cursor  # finished position when _done is None
         self._keyed: KeyedWorkers | None = None  # while run_keyed runs: what is done is theirs to say
         self._cursor_version = -1
         self._filter = DeliveryFilter(config.queue, last_seq=-1)
         self._policy = CommitPolicy(config.commit)
+        self._next_check = float("-inf")  # monotonic time of the next lease/commit check
         self._stats = ConsumerStats()
         self._view: QueueView | None = None  # the queue's state and replicas, cached
         self._zk_down_since: float | None = None
@@ -145,10 +160,18 @@ class Consumer:
         self.start()
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        # Leaving the block on an error: the application did not finish what it was handling,
-        # so commit only what it was done with (that message and its batch are redelivered).
-        self._close(commit_returned=exc_type is None)
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # Leaving the block commits what the application finished (never the message or poll
+        # batch in hand). After NotLeader nothing is committed: the lease is gone.
+        if exc is None:
+            self._close(lease_error=False)
+            return
+        try:
+            self._close(lease_error=isinstance(exc, NotLeader))
+        except OrdqError as close_exc:
+            # The application's error is the one to see; the commit's is a consequence.
+            log.warning("queue %s/%s: closing after %s: %s", self.config.queue, self.config.subscription,
+                        type(exc).__name__, close_exc)
 
     def start(self) -> None:
         cfg = self.config
@@ -163,18 +186,21 @@ class Consumer:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
         self._store = ZkStore(self._client, paths)
+        self._view = QueueView(self._store, self._client, cfg.queue)
         self._ensure_subscription()
-        self._lease = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
-        if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
+        self._election = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
+        if not self._election.acquire(blocking=True, timeout=cfg.leader_timeout_s):
             self._shutdown()
             raise WaitTimeout(
                 f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
             )
+        self._lease = SessionLease(self._client, f"{self._election.path}/{self._election.node}",
+                                   session_timeout_s=cfg.zk_session_timeout_s)
+        self._lease.start()
         self._cursor, self._cursor_version = self._store.get_cursor(cfg.queue, cfg.subscription)
-        self._returned = self._finished = self._cursor
+        self._finished_base = self._cursor
         self._filter = DeliveryFilter(cfg.queue, last_seq=self._cursor.last_seq)
         self._policy.committed(time.monotonic())
-        self._view = QueueView(self._store, self._client, cfg.queue)
         self._view.refresh()
 
     def _ensure_subscription(self) -> None:
@@ -222,17 +248,19 @@ class Consumer:
         return last
 
     def close(self) -> None:
-        """Commit the position after every message handed out (the application is done with
-        them), release the subscription and disconnect."""
-        self._close(commit_returned=True)
+        """Commit what the application finished (not the message or ``poll`` batch in hand:
+        call ``commit()`` first to include it), release the subscription and disconnect.
+        Raises ``NotLeader`` if the lease was lost before that commit could be written."""
+        self._close(lease_error=False)
 
-    def _close(self, *, commit_returned: bool) -> None:
+    def _close(self, *, lease_error: bool) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if self._store is not None and self._lease is not None and self._policy_pending():
-                cursor = self._returned if commit_returned else self._finished
+            if (not lease_error and self._store is not None and self._lease is not None
+                    and self._lease.lost_reason is None and self._policy_pending()):
+                cursor = self._finished_pos()
                 deadline = time.monotonic() + self.config.zk_outage_s
                 while True:  # ride out a short ZooKeeper outage, as poll() does
                     try:
@@ -249,8 +277,10 @@ class Consumer:
 
     def _shutdown(self) -> None:
         if self._lease is not None:
+            self._lease.stop()
+        if self._election is not None:
             try:
-                self._lease.release()
+                self._election.release()
             except Exception:  # noqa: BLE001 - session gone: the lock node goes with it
                 pass
         if self._client is not None:
@@ -268,40 +298,153 @@ class Consumer:
             duplicates_dropped=self._filter.duplicates_dropped,
         )
 
+    # -- what the application finished -------------------------------------------------------
+
+    def _finish_handed(self) -> None:
+        """The application asked for more (or said so): everything handed out is finished.
+        With nothing left in the buffer, that is the read position itself (past duplicates
+        dropped at the end of the last read)."""
+        if self._in_hand is not None:
+            self._done, self._in_hand = self._in_hand, None
+        if not self._buffer and self._keyed is None:
+            self._done, self._finished_base = None, self._cursor
+
+    def _mark_finished(self, m: Delivered) -> None:
+        """The application finished ``m`` (a message handed out) and everything before it."""
+        if m.seq <= (self._done.seq if self._done is not None else self._finished_base.last_seq):
+            return  # finished already
+        last = self._in_hand
+        if last is None or m.seq > last.seq:
+            raise ConfigError(f"seq {m.seq} was not handed out by this consumer")
+        if m.seq == last.seq:
+            self._finish_handed()
+        else:
+            self._done = m
+
+    def _finished_pos(self) -> Cursor:
+        """The position after the last finished message: what a commit may write."""
+        if self._keyed is not None:
+            return self._keyed.position()
+        done = self._done
+        if done is None:
+            return self._finished_base
+        return Cursor(seg=done.seg, offset=done.offset + 1, last_seq=done.seq)
+
     # -- consuming ---------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Delivered]:
-        """Messages one by one; a message counts as done when the loop asks for the next."""
-        while not self._closed:
-            for m in self._poll(None):
-                self._returned = Cursor(seg=m.seg, offset=m.offset + 1, last_seq=m.seq)
-                yield m
-                self._finished = self._returned
-            self._returned = self._finished = self._cursor  # also past duplicates dropped at the end
+        """Messages one by one. A message counts as finished when the loop asks for the next;
+        the one in hand when the loop breaks or raises does not (it is redelivered)."""
+        while True:
+            yield self._take_one()
 
-    def poll(self, timeout_s: float | None = None) -> list[Delivered]:
-        """One read round: the messages delivered now (maybe none after a long-poll).
+    def _take_one(self) -> Delivered:
+        self._finish_handed()
+        while True:
+            while not self._buffer:
+                self._read_more(None)
+                self._finish_handed()
+            now = time.monotonic()
+            if (now < self._next_check and not self._policy.due_count()) or self._checks(now):
+                break
+        m = self._buffer.popleft()
+        self._in_hand = m
+        self._handed(m)
+        return m
 
-        Calling ``poll`` again tells the consumer that the application is done with the
-        messages of earlier calls: only those are committed (every N messages / T ms), never
-        the ones this call returns, so a crash while handling a batch redelivers it."""
-        out = self._poll(timeout_s)
-        self._returned = self._cursor
+    def poll(self, timeout_s: float | None = None, *, max_messages: int | None = None) -> list[Delivered]:
+        """One read round: up to ``max_messages`` messages (all that one read returned when
+        None; maybe none after a long-poll of ``timeout_s``, default ``fetch_wait_ms``).
+
+        Calling ``poll`` again tells the consumer that the application finished the messages
+        of earlier calls: only those are committed (every N messages / T ms, and on close),
+        never the ones this call returns unless ``commit()`` says so, so a crash while
+        handling a batch redelivers it. Messages read but not returned (past
+        ``max_messages``) wait for the next call; they are never committed before."""
+        if max_messages is not None and max_messages < 1:
+            raise ConfigError(f"max_messages must be >= 1, not {max_messages}")
+        self._finish_handed()
+        if not self._buffer:
+            self._read_more(timeout_s)
+            self._finish_handed()
+            if not self._buffer:
+                return []
+        if not self._checks(time.monotonic()):
+            return []  # not sure of the lease right now: hand out nothing
+        buf = self._buffer
+        if max_messages is None or max_messages >= len(buf):
+            out = list(buf)
+            buf.clear()
+        else:
+            out = [buf.popleft() for _ in range(max_messages)]
+        self._in_hand = out[-1]
+        self._handed_batch(out)
         return out
 
-    def _poll(self, timeout_s: float | None) -> list[Delivered]:
+    def _checks(self, now: float) -> bool:
+        """Before handing out: the lease (NotLeader when it is gone; False when not sure now,
+        after waiting a little) and a periodic commit of what is finished, if one is due."""
+        lease = self._require_lease()
+        if not lease.valid():
+            wait_s = self.config.fetch_wait_ms / 1000.0
+            if not lease.wait_valid(wait_s):
+                if lease.lost_reason is not None:
+                    raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
+                self._unsure_of_zookeeper()
+                return False
+        self._zk_down_since = None
+        if self._policy.due(now) and self._require_view().connected():
+            try:
+                self._commit(self._finished_pos())
+            except CoordinationUnavailable:
+                pass  # tried again at the next check; the lease keeps the outage clock
+        # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
+        # meanwhile only makes that look early and cheap).
+        self._next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
+        return True
+
+    def _unsure_of_zookeeper(self) -> None:
+        """No lease renewal answered for a while: hand out nothing; after ``zk_outage_s`` of
+        this, raise CoordinationUnavailable."""
+        now = time.monotonic()
+        if self._zk_down_since is None:
+            self._zk_down_since = now
+        if now - self._zk_down_since > self.config.zk_outage_s:
+            raise CoordinationUnavailable(
+                f"queue {self.config.queue}/{self.config.subscription}: no answer from ZooKeeper for "
+                f"{now - self._zk_down_since:.1f}s; cannot be sure this consumer still leads")
+        log.warning("queue %s/%s: lease not confirmed by ZooKeeper; delivering nothing until it is",
+                    self.config.queue, self.config.subscription)
+
+    def _handed(self, m: Delivered) -> None:
+        self._stats.delivered += 1
+        self._policy.delivered(1)
+        self._audit_out([m])
+
+    def _handed_batch(self, out: list[Delivered]) -> None:
+        self._stats.delivered += len(out)
+        self._policy.delivered(len(out))
+        self._audit_out(out)
+
+    def _audit_out(self, out: list[Delivered]) -> None:
+        """Audit rows of messages about to be handed out; they reach the OS before the
+        application sees the messages (docs/AUDIT_FORMAT.md)."""
+        if self._audit is not None:
+            now_us = time.time_ns() // 1000
+            self._audit.write_rows([self._audit_row(m, now_us) for m in out])
+
+    def _read_more(self, timeout_s: float | None) -> None:
+        """A read round into the (empty) buffer, after a periodic commit if one is due."""
         if self._closed:
             raise ClosedError("consumer is closed")
-        self._sync_finished()
         try:
             if self._policy.due(time.monotonic()) and self._require_view().connected():  # else: later
-                self._commit(self._finished)
-            # (a read round that delivers does no ZooKeeper call after _deliver: an error
-            # below never drops messages the cursor already moved past)
-            out = self._read_round(timeout_s)
+                self._commit(self._finished_pos())
+            self._buffer.extend(self._read_round(timeout_s))
         except CoordinationUnavailable as exc:
             # Reads go on from the replicas we know while ZooKeeper is away; what needs it
             # (commits, moving on, sealing) is tried again next round, up to zk_outage_s.
+            # (Handing out waits for the lease: _checks.)
             now = time.monotonic()
             if self._zk_down_since is None:
                 self._zk_down_since = now
@@ -311,25 +454,18 @@ class Consumer:
                         self.config.subscription, now - self._zk_down_since, exc)
             self._require_view().mark_changed()  # read the state again once ZooKeeper answers
             time.sleep(0.05)
-            return []
+            return
         if self._require_view().connected():
             self._zk_down_since = None
-        if out and self._keyed is None:  # (keyed: counted as they finish, in _sync_finished)
-            self._policy.delivered(len(out))
-        return out
 
-    def _sync_finished(self) -> None:
-        """Bring ``_finished`` up to what the application is done with: everything handed out
-        before (poll, iteration), or the keyed workers' contiguous finished prefix."""
-        if self._keyed is None:
-            self._finished = self._returned
-            return
+    def _sync_keyed(self) -> None:
+        """Keyed delivery: count the messages the workers finished since the last look, so the
+        commit policy commits them (a move to the next segment counts as one)."""
+        assert self._keyed is not None
         pos = self._keyed.position()
-        if pos != self._finished:
-            # The commit policy counts finished messages here (a move to the next segment
-            # counts as one), so the last ones are committed even when no more arrive.
-            self._policy.delivered(max(1, pos.last_seq - self._finished.last_seq))
-            self._finished = pos
+        if pos != self._finished_base:
+            self._policy.delivered(max(1, pos.last_seq - self._finished_base.last_seq))
+            self._finished_base = pos
 
     def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
                   stop: threading.Event | None = None, max_pending: int = 256, drain: bool = True) -> None:
@@ -339,7 +475,8 @@ class Consumer:
         ``handler(m)`` for its messages one at a time in seq order: per-key order, keys in
         parallel, no order across keys. A worker queue holds at most ``max_pending`` messages
         (reading waits for room). Periodic commits (``CommitConfig``) and the one on close
-        cover only the contiguous prefix of finished messages.
+        cover only the contiguous prefix of finished messages. A worker checks the lease
+        before every call of the handler: once it cannot be sure, no handler starts.
 
         Returns once ``stop`` is set and the workers stopped: with ``drain`` after they
         finished every queued message, else after the calls in progress (a handler is never
@@ -349,52 +486,92 @@ class Consumer:
         not finished, including later ones that did finish (at-least-once).
 
         Raises ``HandlerError(queue, subscription, seq, key)`` from the handler's exception
-        (the lowest failed seq) once every worker stopped: no commit covers that seq. Consumer
-        errors (``GapDetected``, ``ConflictError``, ...) stop the workers likewise and propagate;
-        ``ConfigError`` for ``workers`` or ``max_pending`` < 1.
+        (the lowest failed seq) once every worker stopped: no commit covers that seq.
+        ``NotLeader`` when the lease was lost. Consumer errors (``GapDetected``, ...) stop the
+        workers likewise and propagate; ``ConfigError`` for ``workers`` or ``max_pending`` < 1.
         """
         if workers < 1 or max_pending < 1:
             raise ConfigError("run_keyed needs workers >= 1 and max_pending >= 1")
         if self._closed:
             raise ClosedError("consumer is closed")
-        self._sync_finished()  # messages handed out before this call count as done
-        pool = KeyedWorkers(handler, workers=workers, max_pending=max_pending, start=self._finished,
-                            name=f"ordq-keyed-{self.config.subscription}")
-        self._keyed = pool
+        self._finish_handed()  # messages handed out before this call count as done
+        start = self._finished_pos()
+        pool = KeyedWorkers(handler, workers=workers, max_pending=max_pending, start=start,
+                            may_start=self._worker_may_start, name=f"ordq-keyed-{self.config.subscription}")
+        self._keyed, self._finished_base = pool, start
         clean = False
         try:
-            while (stop is None or not stop.is_set()) and pool.failure is None:
-                for m in self._poll(None):
+            while (stop is None or not stop.is_set()) and pool.failure is None and pool.fatal is None:
+                for m in self._take_batch_keyed():
                     if not pool.submit(m, stop=stop, waiting=self._commit_if_due):
                         break
             clean = True
         finally:
-            pool.stop(drain=drain and clean and pool.failure is None)
-            self._sync_finished()
+            pool.stop(drain=drain and clean and pool.failure is None and pool.fatal is None)
+            self._sync_keyed()
             self._keyed = None
-            done = self._returned = self._finished
+            done = self._finished_base
+            self._done = self._in_hand = None
+            self._buffer.clear()
             if done != self._cursor:
                 # Read on from the first message not finished (the queued ones were dropped).
                 self._cursor = done
                 self._filter.last_seq = done.last_seq
+        if pool.fatal is not None:
+            raise pool.fatal
         if pool.failure is not None:
             m, exc = pool.failure
             raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
 
+    def _take_batch_keyed(self) -> list[Delivered]:
+        """Keyed delivery: everything one read returned, once the lease is sure (the workers
+        check it again before each message)."""
+        self._sync_keyed()
+        if not self._buffer:
+            self._read_more(None)
+            if not self._buffer:
+                return []
+        if not self._checks(time.monotonic()):
+            return []
+        out = list(self._buffer)
+        self._buffer.clear()
+        self._stats.delivered += len(out)
+        self._audit_out(out)
+        return out
+
+    def _worker_may_start(self) -> None:
+        """Called by a keyed worker before each handler call: returns when the lease is sure,
+        raises NotLeader when it is gone (CoordinationUnavailable after ``zk_outage_s``)."""
+        lease = self._require_lease()
+        if lease.valid():
+            return
+        if lease.wait_valid(self.config.zk_outage_s):
+            return
+        if lease.lost_reason is not None:
+            raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
+        raise CoordinationUnavailable(f"queue {self.config.queue}/{self.config.subscription}: lease not "
+                                      f"confirmed by ZooKeeper for {self.config.zk_outage_s}s")
+
     def _commit_if_due(self) -> None:
         """While keyed delivery waits for queue room: commit what finished if it is time."""
-        self._sync_finished()
+        self._sync_keyed()
         if self._policy.due(time.monotonic()) and self._require_view().connected():
             try:
-                self._commit(self._finished)
+                self._commit(self._finished_pos())
             except CoordinationUnavailable:
                 pass  # the next read round tries again and keeps the outage clock
 
-    def commit(self) -> None:
-        """Write the cursor after the last message handed out, conditionally (the application
-        says it is done with them). ConflictError: someone else moved it (an admin reset, or
-        another consumer took over)."""
-        self._commit(self._returned)
+    def commit(self, through: Delivered | None = None) -> None:
+        """Say the application finished every message handed out (or, with ``through``,
+        that message and all before it), and write the cursor now, conditionally.
+        ConflictError: someone else moved it (an admin reset); NotLeader: the lease is gone."""
+        if self._keyed is not None:
+            raise ConfigError("commit() is not for keyed delivery: run_keyed commits what finished")
+        if through is None:
+            self._finish_handed()
+        else:
+            self._mark_finished(through)
+        self._commit(self._finished_pos())
 
     def _commit(self, cur: Cursor) -> None:
         if self._audit is not None:
@@ -402,9 +579,10 @@ class Consumer:
             # standby starts past them, so rows still in the buffer would read as lost.
             self._audit.flush()
         store, q, sub = self._require_store(), self.config.queue, self.config.subscription
+        holder = self._require_lease().node
         try:
             try:
-                self._cursor_version = store.commit_cursor(q, sub, cur, self._cursor_version)
+                self._cursor_version = store.commit_cursor(q, sub, cur, self._cursor_version, holder=holder)
             except ConflictError:
                 # A commit of ours that got no answer may have landed later (kazoo still sends
                 # a request it timed out on): then the cursor moved to one we wrote, not to
@@ -412,7 +590,7 @@ class Consumer:
                 now, version = store.get_cursor(q, sub)
                 if now not in self._commits_in_doubt:
                     raise
-                self._cursor_version = store.commit_cursor(q, sub, cur, version)
+                self._cursor_version = store.commit_cursor(q, sub, cur, version, holder=holder)
         except CoordinationUnavailable:
             self._commits_in_doubt.append(cur)
             raise
@@ -450,14 +628,13 @@ class Consumer:
         return delivered
 
     def _deliver(self, segment: Segment, batches: list[bytes]) -> list[Delivered]:
+        """Decode what a fetch returned into the messages to hand out (new seqs only, in order)
+        and move the read position past them. Audit rows are written when handed out."""
         cur = self._cursor
         out: list[Delivered] = []
         offset = cur.offset
         limit = segment.end if segment.status is SegStatus.SEALED else None
-        rows: list[tuple[object, ...]] = []
-        now_us = time.time_ns() // 1000
         seg = segment.seg
-        audit = self._audit is not None
         for raw in batches:
             header, messages = decode_batch(raw)
             first_off, first_seq, n = header.first_offset, header.first_seq, header.count
@@ -467,9 +644,6 @@ class Consumer:
                 out.extend(_new_delivered(Delivered, (first_seq + i, seg, first_off + i, m[0], m[1], m[2], m[3]))
                            for i, m in enumerate(messages))
                 offset = first_off + n
-                if audit:
-                    rows.extend(self._audit_row(first_seq + i, seg, first_off + i, m, now_us)
-                                for i, m in enumerate(messages))
                 continue
             for i, m in enumerate(messages):
                 off = first_off + i
@@ -480,24 +654,19 @@ class Consumer:
                 if not self._filter.admit(seq):
                     continue
                 out.append(_new_delivered(Delivered, (seq, seg, off, m.payload, m.key, m.headers, m.timestamp_us)))
-                if audit:
-                    rows.append(self._audit_row(seq, seg, off, m, now_us))
         self._cursor = Cursor(seg=segment.seg, offset=offset, last_seq=self._filter.last_seq)
-        self._stats.delivered += len(out)
-        if rows and self._audit is not None:
-            self._audit.write_rows(rows)
         return out
 
-    def _audit_row(self, seq: int, seg: int, off: int, m: Any, now_us: int) -> tuple[object, ...]:
+    def _audit_row(self, m: Delivered, now_us: int) -> tuple[object, ...]:
         cfg = self.config
-        return (cfg.queue, cfg.subscription, cfg.consumer_id, seq, seg, off, (m.key or b"").hex(),
+        return (cfg.queue, cfg.subscription, cfg.consumer_id, m.seq, m.seg, m.offset, (m.key or b"").hex(),
                 zlib.crc32(m.payload), m.timestamp_us, now_us)
 
     def _advance(self, segment: Segment) -> None:
         """Done with a sealed segment: move the cursor on, commit it, and try to pop."""
         self._moved(Cursor(seg=segment.seg + 1, offset=0, last_seq=self._filter.last_seq))
         self._stats.segments_done += 1
-        self._commit(self._finished)
+        self._commit(self._finished_pos())
         try:
             self._require_store().apply(self.config.queue, sm.pop)
         except IllegalTransition:
@@ -506,14 +675,14 @@ class Consumer:
 
     def _moved(self, cursor: Cursor) -> None:
         """The read position moved on without delivering anything (next segment, or past a
-        segment dropped by retention). Only called at the start of a read round, when the
-        application is done with everything handed out before (keyed: once finished)."""
+        segment dropped by retention). Only called in a read round, when the buffer is empty
+        and the application finished everything handed out before (keyed: once finished)."""
+        self._cursor = cursor
         if self._keyed is not None:
-            self._cursor = self._returned = cursor
             self._keyed.moved(cursor)
-            self._sync_finished()
+            self._sync_keyed()
             return
-        self._cursor = self._returned = self._finished = cursor
+        self._done, self._finished_base = None, cursor
 
     def _seal(self, segment: Segment) -> None:
         """At the end of a sealing segment: run the Seal protocol (any party may)."""
@@ -555,6 +724,11 @@ class Consumer:
         if self._store is None:
             raise ClosedError("consumer not started")
         return self._store
+
+    def _require_lease(self) -> SessionLease:
+        if self._lease is None:
+            raise ClosedError("consumer not started")
+        return self._lease
 
     def _require_view(self) -> QueueView:
         if self._view is None:

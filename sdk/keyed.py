@@ -12,6 +12,8 @@ Rules:
   commits ``position()`` through its one commit path).
 - A message is registered with the tracker *before* it is queued, so a worker can never
   finish a seq the tracker does not know.
+- Before each handler call a worker calls ``may_start`` (the consumer's lease check): when it
+  raises, that error is ``fatal``, and no worker starts another message.
 - After a handler error no worker starts another message (its key's later messages must not
   run before it); queued messages are abandoned, never finished, so the position stays below
   the failed one.
@@ -44,8 +46,10 @@ class KeyedWorkers:
     """``workers`` threads running ``handler``; each with a queue of at most ``max_pending``."""
 
     def __init__(self, handler: Callable[[Delivered], object], *, workers: int, max_pending: int,
-                 start: Cursor, name: str = "ordq-keyed") -> None:
+                 start: Cursor, may_start: Callable[[], None] = lambda: None, name: str = "ordq-keyed") -> None:
         self._handler = handler
+        self._may_start = may_start
+        self.fatal: BaseException | None = None  # may_start refused: the run must end with it
         self._lock = threading.Lock()  # guards the tracker and the failure
         self._tracker = FinishedTracker(position=start)
         self._abandon = threading.Event()
@@ -105,6 +109,14 @@ class KeyedWorkers:
             if self._abandon.is_set():
                 with self._lock:
                     self.abandoned += 1
+                continue
+            try:
+                self._may_start()
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer's caller
+                with self._lock:
+                    self.fatal = self.fatal or exc
+                    self.abandoned += 1
+                self._abandon.set()
                 continue
             try:
                 self._handler(m)

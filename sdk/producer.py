@@ -70,12 +70,15 @@ class ProducerConfig:
 
 @attrs.frozen
 class StoredMessage:
-    """The last message stored for the queue (what ``last_committed()`` returns)."""
+    """The last message stored for the queue (what ``last_committed()`` returns). ``seq`` is
+    always exact; ``message`` is None when it could not be read back, and ``message_error``
+    then says why (its segment was already dropped, or no replica of its group answers)."""
 
     seq: int
     seg: int | None  # None when its segment was already dropped (only the seq is known)
     offset: int | None
     message: Message | None
+    message_error: str | None = None
 
 
 @attrs.define
@@ -263,15 +266,27 @@ class Producer:
 
     def last_committed(self) -> StoredMessage | None:
         """The last message stored for the queue when this producer took over, or the last
-        one it got acked since — what an application resumes its source from."""
+        one it got acked since — what an application resumes its source from. None: the
+        queue has never stored a message.
+
+        Never raises for a message that cannot be read back: its ``seq`` (and position) are
+        known from the takeover, so the result carries them with ``message=None`` and
+        ``message_error``; call again to retry the read (e.g. once the group is back)."""
         with self._lock:
             last = self._last
         if last is None:
             return None
         seq, seg, offset = last
         if seg < 0:
-            return StoredMessage(seq=seq, seg=None, offset=None, message=None)
-        return StoredMessage(seq=seq, seg=seg, offset=offset, message=self._read_message(seg, offset))
+            return StoredMessage(seq=seq, seg=None, offset=None, message=None,
+                                 message_error="its segment was already dropped")
+        try:
+            message = self._read_message(seg, offset)
+        except ClosedError:
+            raise
+        except OrdqError as exc:
+            return StoredMessage(seq=seq, seg=seg, offset=offset, message=None, message_error=str(exc))
+        return StoredMessage(seq=seq, seg=seg, offset=offset, message=message)
 
     # -- takeover and failover (the protocol steps live in sdk/_head.py) ----------------------
 

@@ -26,6 +26,8 @@ depends on it.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -141,6 +143,18 @@ class Cluster:
         self.programs.append(proc)
         proc.start()
         return proc
+
+    def ordq(self, *args: str, timeout_s: float = 120.0,
+             stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        """Run the ``ordq`` CLI on this cluster to its end, as a user would (a separate process)."""
+        return subprocess.run([sys.executable, "-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, *args],
+                              input=stdin, capture_output=True, timeout=timeout_s, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+
+    def spawn_ordq(self, name: str, *args: str) -> ManagedProcess:
+        """Start the ``ordq`` CLI on this cluster in the background (killed at teardown); its
+        stdout and stderr go to its log (``log_tail``)."""
+        return self.spawn(name, ["-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, *args])
 
     def spawn_producer(self, writer: str, *, total: int, queue: str = "q", rate: float | None = None,
                        size: int = 200, send_timeout_s: float = SEND_TIMEOUT_S,

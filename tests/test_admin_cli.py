@@ -119,11 +119,13 @@ def produce(c: Cluster, count: int, *, producer: Producer | None = None, **send:
 
 
 def take(consumer: Consumer, n: int, timeout_s: float = 20.0) -> list[Delivered]:
+    """The next ``n`` messages, handled: committed when the consumer closes."""
     out: list[Delivered] = []
     deadline = time.monotonic() + timeout_s
     while len(out) < n:
         assert time.monotonic() < deadline, f"got {len(out)} of {n} messages: {[m.seq for m in out]}"
-        out.extend(consumer.poll(timeout_s=0.1))
+        out.extend(consumer.poll(timeout_s=0.1, max_messages=n - len(out)))
+    consumer.commit()
     return out
 
 

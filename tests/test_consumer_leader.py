@@ -83,7 +83,8 @@ def test_consumer_leader_dies_inside_a_delivered_batch(cluster: Cluster) -> None
 
 def test_iterating_consumer_commits_only_what_the_application_finished(cluster: Cluster) -> None:
     """``for m in consumer`` inside ``with``: an error while handling seq K commits up to K-1
-    (K is redelivered); leaving the loop after receiving K commits K."""
+    (K is redelivered); so does leaving the loop with ``break`` while holding K (the consumer
+    cannot know whether the application finished K); ``commit()`` before ``break`` says it did."""
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     producer = cluster.producer(n=3000, rate=None)
@@ -103,6 +104,12 @@ def test_iterating_consumer_commits_only_what_the_application_finished(cluster: 
     with Consumer(cfg) as c:
         for m in c:
             assert m.seq == 1500
+            break
+    assert cluster.store.get_cursor("q", "s")[0].last_seq == 1499
+    with Consumer(cfg) as c:
+        for m in c:
+            assert m.seq == 1500
+            c.commit()
             break
     assert cluster.store.get_cursor("q", "s")[0].last_seq == 1500
 

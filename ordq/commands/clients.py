@@ -103,26 +103,30 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
+    """Print (or count) messages; commit exactly the ones printed: ``poll`` hands out no more
+    than ``--count`` still needs, and on Ctrl-C the commit stops at the last one printed."""
     n = 0
-    last_seq = None
+    last = None
     idle_since = time.monotonic()
     with consumer:
         try:
             while args.count is None or n < args.count:
-                batch = consumer.poll()
+                batch = consumer.poll(max_messages=(args.count - n) if args.count is not None else None)
                 if not batch:
                     if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
                         break
                     continue
                 idle_since = time.monotonic()
-                for m in batch[: (args.count - n) if args.count is not None else None]:
-                    n += 1
-                    last_seq = m.seq
+                for m in batch:
                     if not args.quiet and not args.json:
                         sys.stdout.buffer.write(b"%d\t" % m.seq + m.payload + b"\n")
+                    n += 1
+                    last = m
         except KeyboardInterrupt:
             pass
-    return n, last_seq
+        if last is not None:
+            consumer.commit(through=last)
+    return n, (last.seq if last is not None else None)
 
 
 def _consume_keyed(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:

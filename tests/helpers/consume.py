@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 records.append({"d": d.seq, "pseq": d.payload_seq, "w": d.writer, "ok": d.intact, "crc": d.crc})
                 last = m.seq
             out.write(*records)
+        consumer.commit()  # every message handed out is recorded: finished
         consumer.close()
         out.write({"event": "done", "stats": attrs.asdict(consumer.statistics())})
         print("DONE", flush=True)

@@ -1,0 +1,168 @@
+"""The everyday paths of the CLI and the SDK, driven as a user drives them, on real brokers.
+
+What is committed when (docs/SDK.md, "What is committed"), each case on real processes: a
+message counts as finished once the application asks for another or says so; the message in
+hand when a loop breaks or raises, and the last ``poll`` batch, are not finished and come
+again to the next consumer. Also the cases of issue 11 that lost messages or crashed: ``ordq
+consume --count`` committing a whole batch, a new subscription at ``latest``, and
+``last_committed()`` with the tail's group down.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+
+pytestmark = pytest.mark.zk
+
+N = 3000
+
+
+def produce(cluster: Cluster, n: int, first: int = 0) -> None:
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q")
+    with Producer(cfg) as p:
+        futures = [p.send(b"m%d" % (first + i)) for i in range(n)]
+        futures[-1].result(30)
+
+
+def consumer_config(cluster: Cluster, sub: str = "s", **options: object) -> ConsumerConfig:
+    # Periodic commits far apart: every cursor these tests see was written by the path under test.
+    return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription=sub,
+                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
+                          commit=CommitConfig(every_messages=10**9, every_ms=10**9), **options)  # type: ignore[arg-type]
+
+
+def committed(cluster: Cluster, sub: str = "s") -> int:
+    return cluster.store.get_cursor("q", sub)[0].last_seq
+
+
+def first_seq(cluster: Cluster, sub: str = "s") -> int:
+    with Consumer(consumer_config(cluster, sub)) as c:
+        while not (batch := c.poll(max_messages=1)):
+            pass
+        return batch[0].seq
+
+
+@pytest.fixture
+def queue(cluster: Cluster) -> Cluster:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    produce(cluster, N)
+    return cluster
+
+
+def test_cli_consume_count_commits_exactly_what_it_printed(queue: Cluster) -> None:
+    """Issue 11 case 1: `ordq consume --count 10` printed 10 and committed the whole batch."""
+    out = queue.ordq("consume", "q", "-s", "s1", "--count", "10")
+    assert out.returncode == 0, out.stderr
+    assert [int(line.split(b"\t")[0]) for line in out.stdout.splitlines()] == list(range(10))
+    subs = json.loads(queue.ordq("sub", "list", "q", "--json").stdout)
+    s1 = next(s for s in subs["subscriptions"] if s["subscription"] == "s1")
+    assert s1["last_seq"] == 9 and s1["lag"] == N - 10, s1
+    again = queue.ordq("consume", "q", "-s", "s1", "--count", "5")
+    assert [int(line.split(b"\t")[0]) for line in again.stdout.splitlines()] == list(range(10, 15))
+
+
+def test_poll_batch_is_committed_only_once_the_application_asks_again_or_says_so(queue: Cluster) -> None:
+    with Consumer(consumer_config(queue)) as c:
+        batch = c.poll(max_messages=100)
+        assert [m.seq for m in batch] == list(range(100))
+    assert committed(queue) == -1  # close: the batch in hand is not finished
+    with Consumer(consumer_config(queue)) as c:
+        assert c.poll(max_messages=100)[0].seq == 0
+        second = c.poll(max_messages=50)  # asking again: the first 100 are finished
+        assert second[0].seq == 100
+    assert committed(queue) == 99
+    with Consumer(consumer_config(queue)) as c:
+        batch = c.poll(max_messages=50)
+        c.commit(through=batch[9])  # the application finished 100..109
+    assert committed(queue) == 109
+    with Consumer(consumer_config(queue)) as c:
+        c.poll(max_messages=20)
+        c.commit()  # everything handed out
+    assert committed(queue) == 129
+
+
+def test_poll_max_messages_keeps_the_rest_for_the_next_call(queue: Cluster) -> None:
+    with Consumer(consumer_config(queue)) as c:
+        seqs = []
+        while len(seqs) < N:
+            batch = c.poll(max_messages=7)
+            assert len(batch) <= 7
+            seqs.extend(m.seq for m in batch)
+        c.commit()
+    assert seqs == list(range(N))
+    assert committed(queue) == N - 1
+
+
+def test_iteration_break_exception_and_commit(queue: Cluster) -> None:
+    class AppFailed(Exception):
+        pass
+
+    with Consumer(consumer_config(queue)) as c:  # break: the message in hand is not finished
+        for m in c:
+            if m.seq == 10:
+                break
+    assert committed(queue) == 9
+    with pytest.raises(AppFailed), Consumer(consumer_config(queue)) as c:  # an exception: likewise
+        for m in c:
+            if m.seq == 20:
+                raise AppFailed
+    assert committed(queue) == 19
+    with Consumer(consumer_config(queue)) as c:  # commit() before break: it is finished
+        for m in c:
+            if m.seq == 30:
+                c.commit()
+                break
+    assert committed(queue) == 30
+    with Consumer(consumer_config(queue)) as c:  # a new loop asks for more: the held one is done
+        for m in c:
+            if m.seq == 40:
+                break
+        for m in c:
+            assert m.seq == 41
+            break
+    assert committed(queue) == 40
+    assert first_seq(queue) == 41
+
+
+def test_iteration_over_a_whole_queue_commits_on_close(queue: Cluster) -> None:
+    """Iteration, then close from another point in the loop: everything before the message
+    in hand is committed, across many fetches."""
+    with Consumer(consumer_config(queue)) as c:
+        for m in c:
+            if m.seq == N - 1:
+                break
+    assert committed(queue) == N - 2
+
+
+def test_new_subscription_at_latest_sdk_and_cli(queue: Cluster) -> None:
+    """Issue 11 case 2: a new subscription at `latest` failed with 'consumer not started'."""
+    with Consumer(consumer_config(queue, "late", start="latest")) as c:
+        assert c.poll(timeout_s=0.2) == []
+        produce(queue, 5, first=N)
+        got = []
+        while len(got) < 5:
+            got.extend(m.seq for m in c.poll())
+        c.commit()
+    assert got == list(range(N, N + 5))
+    out = queue.ordq("consume", "q", "-s", "late-cli", "--start", "latest", "--idle-exit", "0.5")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == b"" and b"delivered 0 messages" in out.stderr
+
+
+def test_last_committed_with_the_tail_group_down(queue: Cluster) -> None:
+    """Issue 11 case 6: `last_committed()` raised when the tail's group could not be read."""
+    cfg = ProducerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q")
+    with Producer(cfg) as p:
+        assert p.last_committed().message.payload == b"m%d" % (N - 1)
+        group = queue.groups["g1"]
+        group.master.kill()
+        group.slave.kill()
+        last = p.last_committed()
+        assert last.seq == N - 1 and last.seg == 0 and last.message is None
+        assert last.message_error and "g1" in last.message_error

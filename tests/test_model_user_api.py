@@ -1,0 +1,244 @@
+"""A model-based test of the user's API on a real cluster: hypothesis drives random sequences
+of what applications do (produce; consume with ``poll``, ``poll(max_messages)``, iteration,
+``break``, exceptions, ``commit``; close and restart consumers; ``ordq sub reset``; new
+subscriptions at earliest or latest) and after every step checks the real system against a
+model that is a few integers per subscription.
+
+The model: the stream is seqs ``0 .. produced-1``. Per subscription, ``committed`` is the seq
+a new consumer starts at; an open consumer has ``next`` (the seq it hands out next) and
+``finished`` (every seq below it is finished: what a commit writes). The rules of docs/SDK.md
+"What is committed" are the model's transitions. Checked: every delivery is exactly the
+model's next seqs (nothing skipped, nothing twice inside one consumer instance) and the
+cursor in ZooKeeper is exactly the model's ``committed`` after every step.
+
+Periodic commits are off (huge intervals), so every cursor write comes from the step under
+test. The default run is short; ``-m slow`` runs a longer profile.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from ordq.cli import main as ordq_main
+from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+
+pytestmark = pytest.mark.zk
+
+SUBS = ("a", "b", "c")
+_queues = itertools.count()
+
+
+class AppError(Exception):
+    """The application failed while handling a message."""
+
+
+@attrs.define
+class Open:
+    consumer: Consumer
+    next: int  # the seq handed out next
+    finished: int  # every seq below is finished
+
+
+@attrs.define
+class Sub:
+    committed: int  # a new consumer starts here
+    open: Open | None = None
+
+
+class UserApi(RuleBasedStateMachine):
+    cluster: Cluster  # set by the test
+    ran: collections.Counter[str] = collections.Counter()  # steps that did something, by kind
+
+    @initialize()
+    def start(self) -> None:
+        self.queue = f"m{next(_queues)}"
+        self.cluster.create_queue(self.queue)
+        self.producer = Producer(ProducerConfig(zk_hosts=self.cluster.hosts, root=self.cluster.root,
+                                                queue=self.queue))
+        self.producer.start()
+        self.produced = 0
+        self.subs: dict[str, Sub] = {}
+
+    def teardown(self) -> None:
+        for sub in getattr(self, "subs", {}).values():
+            if sub.open is not None:
+                sub.open.consumer.close()
+        if hasattr(self, "producer"):
+            self.producer.close()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _open(self) -> list[str]:
+        return sorted(n for n, s in getattr(self, "subs", {}).items() if s.open is not None)
+
+    def _closed(self) -> list[str]:
+        return sorted(n for n, s in getattr(self, "subs", {}).items() if s.open is None)
+
+    def _readable(self) -> list[str]:
+        return [n for n in self._open() if self._available(n) > 0]
+
+    def _config(self, sub: str, start: str) -> ConsumerConfig:
+        return ConsumerConfig(zk_hosts=self.cluster.hosts, root=self.cluster.root, queue=self.queue,
+                              subscription=sub, start=start, zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
+                              fetch_wait_ms=50, commit=CommitConfig(every_messages=10**9, every_ms=10**9))
+
+    def _available(self, sub: str) -> int:
+        s = self.subs.get(sub)
+        return 0 if s is None or s.open is None else self.produced - s.open.next
+
+    def _expect(self, o: Open, seqs: list[int]) -> None:
+        assert seqs == list(range(o.next, o.next + len(seqs))), (o.next, seqs[:10])
+        o.next += len(seqs)
+
+    def _poll_until(self, o: Open, want: int, max_messages: int | None) -> list[int]:
+        """Poll until at least one message arrives when ``want`` > 0 (a read may end at a
+        segment boundary and return nothing); with ``want`` 0, one short poll."""
+        for _ in range(200):
+            got = [m.seq for m in o.consumer.poll(timeout_s=0.05, max_messages=max_messages)]
+            if got or want == 0:
+                return got
+        raise AssertionError(f"no message in 200 polls with {want} available")
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    @rule(n=st.integers(1, 400))
+    def produce(self, n: int) -> None:
+        futures = [self.producer.send(b"%d" % (self.produced + i)) for i in range(n)]
+        assert futures[-1].result(30).seq == self.produced + n - 1
+        self.produced += n
+        self.ran["produce"] += 1
+
+    @precondition(lambda self: len(self._open()) < len(SUBS))
+    @rule(data=st.data(), start=st.sampled_from(["earliest", "latest"]))
+    def open_consumer(self, data: st.DataObject, start: str) -> None:
+        sub = data.draw(st.sampled_from([n for n in SUBS if n not in self._open()]))
+        s = self.subs.get(sub)
+        if s is None:
+            s = self.subs[sub] = Sub(committed=0 if start == "earliest" else self.produced)
+        c = Consumer(self._config(sub, start))
+        c.start()
+        s.open = Open(consumer=c, next=s.committed, finished=s.committed)
+        self.ran[f"open {start}"] += 1
+
+    @precondition(lambda self: self._open())
+    @rule(data=st.data(), max_messages=st.none() | st.integers(1, 300))
+    def poll(self, data: st.DataObject, max_messages: int | None) -> None:
+        sub = data.draw(st.sampled_from(self._open()))
+        o = self.subs[sub].open
+        assert o is not None
+        o.finished = o.next  # asking again: everything handed out is finished
+        got = self._poll_until(o, self._available(sub), max_messages)
+        if max_messages is not None:
+            assert len(got) <= max_messages
+        self._expect(o, got)
+        self.ran["poll" if got else "empty poll"] += 1
+        self.ran["delivered"] += len(got)
+
+    @precondition(lambda self: self._readable())  # else iteration would wait for a message
+    @rule(data=st.data(), k=st.integers(1, 300), leave=st.sampled_from(["break", "raise", "commit"]))
+    def iterate(self, data: st.DataObject, k: int, leave: str) -> None:
+        sub = data.draw(st.sampled_from(self._readable()))
+        o = self.subs[sub].open
+        assert o is not None
+        k = min(k, self._available(sub))
+        got: list[int] = []
+        try:
+            for m in o.consumer:
+                got.append(m.seq)
+                if len(got) == k:
+                    if leave == "raise":
+                        raise AppError
+                    if leave == "commit":
+                        o.consumer.commit()
+                    break
+        except AppError:
+            pass
+        o.finished = o.next + k - 1  # asking for each next finished the one before
+        self._expect(o, got)
+        if leave == "commit":
+            o.finished = o.next
+            self.subs[sub].committed = o.finished
+        self.ran[f"iterate {leave}"] += 1
+        self.ran["delivered"] += len(got)
+
+    @precondition(lambda self: self._open())
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        s = self.subs[data.draw(st.sampled_from(self._open()))]
+        assert s.open is not None
+        s.open.consumer.commit()
+        s.open.finished = s.committed = s.open.next
+        self.ran["commit"] += 1
+
+    @precondition(lambda self: self._open())
+    @rule(data=st.data(), error=st.booleans())
+    def close(self, data: st.DataObject, error: bool) -> None:
+        s = self.subs[data.draw(st.sampled_from(self._open()))]
+        assert s.open is not None
+        if error:  # leaving `with` on an application error
+            s.open.consumer.__exit__(AppError, AppError(), None)
+        else:
+            s.open.consumer.close()
+        s.committed = s.open.finished
+        s.open = None
+        self.ran["close with error" if error else "close"] += 1
+
+    @precondition(lambda self: self._closed())
+    @rule(data=st.data())
+    def reset(self, data: st.DataObject) -> None:
+        sub = data.draw(st.sampled_from(self._closed()))
+        s = self.subs[sub]
+        to = data.draw(st.integers(0, self.produced))
+        code = ordq_main(["--zk", self.cluster.hosts, "--root", self.cluster.root, "sub", "reset", self.queue, sub,
+                          "--to", "seq", str(to)])
+        assert code == 0
+        s.committed = to
+        self.ran["reset"] += 1
+
+    # -- the check after every step --------------------------------------------------------------
+
+    @invariant()
+    def cursors_match_the_model(self) -> None:
+        if not hasattr(self, "subs"):
+            return
+        for name, s in self.subs.items():
+            cursor, _ = self.cluster.store.get_cursor(self.queue, name)
+            assert cursor.last_seq == s.committed - 1, (name, cursor, s)
+
+
+def run_model(cluster: Cluster, *, examples: int, steps: int) -> None:
+    cluster.add_groups("g1", "g2")
+    UserApi.cluster = cluster
+    UserApi.ran.clear()
+    run_state_machine_as_test(UserApi, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    # The run must have exercised every kind of step, or it proved little.
+    kinds = {"produce", "open earliest", "open latest", "poll", "iterate break", "iterate raise",
+             "iterate commit", "commit", "close", "close with error", "reset"}
+    assert kinds <= set(UserApi.ran), f"steps never taken: {kinds - set(UserApi.ran)}; ran {dict(UserApi.ran)}"
+    print(f"model test steps: {dict(UserApi.ran)}")
+
+
+def test_user_api_against_the_model(cluster: Cluster) -> None:
+    run_model(cluster, examples=10, steps=40)
+
+
+@pytest.mark.slow
+def test_user_api_against_the_model_long(cluster: Cluster) -> None:
+    run_model(cluster, examples=40, steps=60)
