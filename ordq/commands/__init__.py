@@ -41,5 +41,15 @@ def open_store(args: argparse.Namespace) -> Any:
     return ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)))
 
 
+def local_zk_port(zk: str, default: int) -> int:
+    """The port to start a local ZooKeeper on: the one ``--zk`` (env ``ORDQ_ZK``) names when
+    it is a single address on this machine, so that after ``ordq up`` or ``ordq zk start``
+    the other commands reach it with the same setting; else ``default``."""
+    host, sep, port = zk.strip().partition(":")
+    if "," in zk or not sep or host not in ("127.0.0.1", "localhost") or not port.isdigit():
+        return default
+    return int(port)
+
+
 def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False))

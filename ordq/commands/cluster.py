@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, wants_json
+from ordq.commands import add_command, local_zk_port, wants_json
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
 from ordq.output import emit_json, table
 
@@ -32,8 +32,8 @@ def register(subparsers: Any) -> None:
     up.add_argument("--zk-nodes", type=int, choices=[1, 3], default=None,
                     help="1 (standalone) or 3 (ensemble) ZooKeeper nodes (default: as before, else 1)")
     up.add_argument("--zk-port", type=int, default=None, metavar="PORT",
-                    help=f"ZooKeeper client port of the first node; 0: any free port "
-                         f"(default: as before in --dir, else {DEFAULT_ZK_PORT})")
+                    help=f"ZooKeeper client port of the first node; 0: any free port (default: as before in --dir, "
+                         f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_ZK_PORT})")
     up.add_argument("--coordinators", type=int, default=None, metavar="N",
                     help="coordinator daemons, one elected (default: as before, else 2)")
     up.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
@@ -61,7 +61,8 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
-    port = args.zk_port if args.zk_port is not None else (DEFAULT_ZK_PORT if fresh else saved.zk_port)
+    port = args.zk_port if args.zk_port is not None else (local_zk_port(args.zk, DEFAULT_ZK_PORT) if fresh
+                                                          else saved.zk_port)
     return ClusterConfig(
         groups=args.groups if args.groups is not None else saved.groups,
         zk_nodes=args.zk_nodes if args.zk_nodes is not None else saved.zk_nodes,

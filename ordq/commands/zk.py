@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, wants_json
+from ordq.commands import add_command, local_zk_port, wants_json
 from ordq.output import emit_json, table
 from ordq.zk_server import ZkServer
 
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
                        help="1 (standalone) or 3 (ensemble); default: as before in --dir, else 1")
     start.add_argument("--port", type=int, default=None,
                        help=f"client port of the first node (others: +1, +2); default: as before in --dir, "
-                            f"else {DEFAULT_PORT}")
+                            f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_PORT}; 0: any free port")
     start.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                        help="how long to wait for it to serve (default %(default)s)")
     stop = add_command(sub, "stop", func=cmd_stop, help="stop the ZooKeeper started in --dir (data is kept)")
@@ -51,8 +51,8 @@ def _rows(server: ZkServer) -> list[dict[str, Any]]:
 
 def cmd_start(args: argparse.Namespace) -> int:
     fresh = not (args.dir / "cluster.json").exists()
-    port = args.port if args.port is not None or not fresh else DEFAULT_PORT
-    server = ZkServer(args.dir, nodes=args.nodes, client_port=port)
+    port = args.port if args.port is not None or not fresh else local_zk_port(args.zk, DEFAULT_PORT)
+    server = ZkServer(args.dir, nodes=args.nodes, client_port=port or None)  # 0: any free port
     was_running = all(p.alive() for p in server.processes)
     server.start(timeout_s=args.timeout)
     server.detach()  # keep serving after this command exits

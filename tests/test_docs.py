@@ -1,0 +1,172 @@
+"""Docs are tests: every command README.md, docs/CLI.md and docs/SDK.md show runs here.
+
+Each doc that opted in (``<!-- doc-test -->``; see ``tests/helpers/doc_blocks.py`` for the
+whole convention, and docs/CONTRIBUTING.md) runs as one scenario: its fenced blocks in
+document order, in a fresh folder, in one bash session and one Python process, against the
+real cluster the doc starts itself (``ordq up``, on a free ZooKeeper port through
+``ORDQ_ZK``); what a ``$`` command prints must match the lines the doc shows after it, and
+every command must exit as the doc says. A doc that drifts from the code fails here, naming
+the doc's file and line with a diff. Whatever the doc left running is stopped and wiped
+afterwards (kept, for its logs, when the doc failed).
+
+The first tests check the harness itself, without I/O: the parser, the matcher, and that a
+drifted doc is reported as such.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.doc_blocks import (
+    DocFormatError,
+    Expected,
+    Step,
+    check,
+    doc_files,
+    line_matches,
+    match_lines,
+    parse_doc,
+)
+from tests.helpers.doc_session import DocSession
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED = ("README.md", "docs/CLI.md", "docs/SDK.md")
+STEP_TIMEOUT_S = 180.0
+
+
+# -- the harness, without I/O -----------------------------------------------------------------
+
+
+def test_a_line_matches_with_ellipsis_and_any_whitespace() -> None:
+    assert line_matches("g1     127.0.0.1:...  yes", "g1  127.0.0.1:40595    yes   ")
+    assert line_matches("acked 5 of 5 in ...s (... msgs/s, 1 failovers)", "acked 5 of 5 in 1.20s (4.1 msgs/s, 1 failovers)")
+    assert line_matches("...", "anything at all")
+    assert not line_matches("acked 5 of 5", "acked 5 of 6")
+    assert not line_matches("a b", "ab")
+    assert not line_matches("seg 1", "seg 10")  # a line matches whole, not a prefix
+
+
+def test_an_ellipsis_line_matches_any_number_of_lines() -> None:
+    assert match_lines(["first", "...", "last"], ["first", "last"]) is None
+    assert match_lines(["first", "...", "last"], ["first", "x", "y", "last"]) is None
+    assert match_lines(["...", "PASS", "..."], ["spark noise", "PASS", "table"]) is None
+    assert match_lines([], []) is None
+    assert match_lines([], ["unexpected"]) == 0  # a command shown with no output prints nothing
+    assert match_lines(["a", "b"], ["a", "c"]) == 1  # index of the first line no alignment passes
+    assert match_lines(["a"], ["a", "more"]) == 1  # more printed than shown
+
+
+DRIFTED = """\
+# A doc
+<!-- doc-test -->
+
+```
+$ ordq queue create orders
+queue orders created on groups g1, g2, g3; send head: g1
+$ ordq status
+...
+[exit 3]
+```
+"""
+
+
+def test_a_drifted_doc_fails_naming_its_file_and_line_with_a_diff() -> None:
+    [block] = parse_doc("docs/X.md", DRIFTED)
+    create, status = block.steps
+    assert create == Step("check", "ordq queue create orders", 5,
+                          Expected(("queue orders created on groups g1, g2, g3; send head: g1",), 0, 6))
+    assert status.expected is not None and status.expected.exit_code == 3
+    # the code now says something else: the doc's line 6 is named, with a diff
+    bad = check("docs/X.md", create, "queue orders created on groups g1, g2; send head: g1\n", 0)
+    assert bad is not None
+    text = bad.render()
+    assert text.startswith("docs/X.md:5: output differs from the doc from its line 6")
+    assert "-queue orders created on groups g1, g2, g3; send head: g1" in text
+    assert "+queue orders created on groups g1, g2; send head: g1" in text
+    # right output, wrong exit code; and a command that never finished
+    bad = check("docs/X.md", status, "all healthy\n", 0)
+    assert bad is not None and "exited 0, the doc says 3" in bad.render()
+    bad = check("docs/X.md", create, "", None)
+    assert bad is not None and "did not finish in time" in bad.render()
+    assert check("docs/X.md", create, "queue orders created on groups g1, g2, g3; send head: g1\n", 0) is None
+
+
+def test_block_kinds_skips_and_python_output() -> None:
+    doc = """\
+```bash
+ordq up   # a comment is not output
+# a comment line
+
+ordq produce q \\
+  --count 5
+```
+
+<!-- doc-test: skip this is what CI runs -->
+```bash
+make test
+```
+
+```
+ordq [--zk HOST:PORT] COMMAND     (a synopsis: not run)
+```
+
+```python
+print(1 + 1)
+```
+
+```output
+2
+```
+"""
+    plain, skipped, synopsis, python = parse_doc("d.md", doc)
+    assert [s.source for s in plain.steps] == ["ordq up   # a comment is not output", "ordq produce q \\\n  --count 5"]
+    assert all(s.kind == "run" and s.expected is None for s in plain.steps)
+    assert skipped.skip_reason == "this is what CI runs" and not skipped.runs
+    assert not synopsis.runs
+    [step] = python.steps
+    assert step.kind == "python" and step.line == 19 and step.expected == Expected(("2",), 0, 23)
+    with pytest.raises(DocFormatError, match="needs a reason"):
+        parse_doc("d.md", "<!-- doc-test: skip -->\n```bash\nls\n```\n")
+    with pytest.raises(DocFormatError, match="never closed"):
+        parse_doc("d.md", "```bash\nls\n")
+
+
+def test_the_required_docs_opt_in() -> None:
+    for rel in REQUIRED:
+        text = (ROOT / rel).read_text()
+        assert "<!-- doc-test -->" in text.splitlines(), f"{rel} must hold the line <!-- doc-test -->"
+        assert any(b.runs for b in parse_doc(rel, text)), f"{rel} runs nothing"
+
+
+# -- the docs, on real clusters ---------------------------------------------------------------
+
+
+def _param(rel: str) -> object:
+    text = (ROOT / rel).read_text()
+    commands = " ".join(s.source for b in parse_doc(rel, text) if b.runs for s in b.steps)
+    marks = [pytest.mark.zk]
+    if any(word in commands for word in ("ordq verify", "ordq drill", "ordq demo")):
+        marks.append(pytest.mark.spark)
+    return pytest.param(rel, marks=marks, id=rel)
+
+
+@pytest.mark.parametrize("rel", [_param(rel) for rel in doc_files(ROOT, REQUIRED)])
+def test_doc_runs_as_written(rel: str, tmp_path: Path) -> None:
+    blocks = parse_doc(rel, (ROOT / rel).read_text())
+    timings: list[tuple[float, str]] = []
+    with DocSession(tmp_path / "run", doc=rel) as session:
+        for block in blocks:
+            if not block.runs:
+                continue
+            for step in block.steps:
+                started = time.monotonic()
+                output, code = session.run(step, timeout_s=STEP_TIMEOUT_S)
+                timings.append((time.monotonic() - started, f"{rel}:{step.line}"))
+                mismatch = check(rel, step, output, code)
+                if mismatch is not None:
+                    pytest.fail(f"{mismatch.render()}\n(files, logs of the cluster: {session.folder})", pytrace=False)
+    slowest = ", ".join(f"{where} {t:.1f}s" for t, where in sorted(timings, reverse=True)[:5])
+    print(f"{rel}: {len(timings)} steps in {sum(t for t, _ in timings):.1f}s; slowest: {slowest}")
