@@ -174,7 +174,7 @@ class DocSession:
             with contextlib.suppress(Exception):  # best effort: report the doc's failure, not this
                 cluster = LocalCluster.load(folder)
                 cluster.destroy() if wipe else cluster.stop()
-        for cfg in self.folder.rglob(CONFIG_FILE):
+        for cfg in list(self.folder.rglob(CONFIG_FILE)):
             if cfg.parent.exists() and not any(cfg.parent.is_relative_to(c) for c in clusters):
                 with contextlib.suppress(Exception):
                     server = ZkServer.load(cfg.parent)
@@ -186,3 +186,40 @@ class DocSession:
                 os.killpg(proc.pid, signal.SIGKILL)  # the session's group: its background jobs too
             proc.wait(timeout=10)
             stream.close(proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.helpers.doc_session DOC.md [FOLDER]``: run a doc as the test does,
+    without stopping at a mismatch, and print every step with what it printed (in the doc's
+    ``$`` form, ready to paste) and whether it matched. For writing docs."""
+    import argparse
+    import tempfile
+
+    from tests.helpers.doc_blocks import check, parse_doc
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("doc")
+    parser.add_argument("folder", nargs="?", type=Path, default=None)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop what the doc started
+    folder = args.folder or Path(tempfile.mkdtemp(prefix="doc-session-")) / "run"
+    failed = 0
+    with DocSession(folder, doc=args.doc) as session:
+        for block in parse_doc(args.doc, Path(args.doc).read_text()):
+            if not block.runs:
+                continue
+            for step in block.steps:
+                started = time.monotonic()
+                output, code = session.run(step, timeout_s=180.0)
+                bad = check(args.doc, step, output, code)
+                failed += bad is not None
+                verdict = "ok" if bad is None else f"MISMATCH: {bad.why}"
+                print(f"--- {args.doc}:{step.line} ({time.monotonic() - started:.1f}s) {verdict}")
+                print(("$ " if step.kind != "python" else "") + step.source.rstrip())
+                print(output.rstrip("\n") + (f"\n[exit {code}]" if code else ""), flush=True)
+    print(f"{failed} step(s) did not match; files in {folder}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
