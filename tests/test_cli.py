@@ -75,3 +75,14 @@ def test_removing_an_unknown_group_is_an_error(zk_server, zk_root, capsys: pytes
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)
     assert "unknown broker group 'g9'" in one_error_line(capsys, *zk, "group", "remove", "g9")
     assert "unknown queue 'q9'" in one_error_line(capsys, *zk, "queue", "delete", "q9")
+
+
+def test_a_local_zookeeper_starts_where_zk_points() -> None:
+    # `ordq up` / `ordq zk start` default to the port ORDQ_ZK (--zk) names on this machine,
+    # so the commands after them reach it without more settings; elsewhere: the default.
+    from ordq.commands import local_zk_port
+
+    assert local_zk_port("127.0.0.1:2999", 2181) == 2999
+    assert local_zk_port("localhost:2999", 2181) == 2999
+    for other in ("zk1.example:2181", "127.0.0.1:2999,127.0.0.1:3000", "127.0.0.1", "127.0.0.1:x"):
+        assert local_zk_port(other, 2181) == 2181

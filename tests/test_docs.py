@@ -15,7 +15,8 @@ drifted doc is reported as such.
 
 from __future__ import annotations
 
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,10 @@ from tests.helpers.doc_blocks import (
     match_lines,
     parse_doc,
 )
-from tests.helpers.doc_session import DocSession
+from tests.helpers.doc_session import DocSession, run_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = ("README.md", "docs/CLI.md", "docs/SDK.md")
-STEP_TIMEOUT_S = 180.0
 
 
 # -- the harness, without I/O -----------------------------------------------------------------
@@ -42,7 +42,8 @@ STEP_TIMEOUT_S = 180.0
 
 def test_a_line_matches_with_ellipsis_and_any_whitespace() -> None:
     assert line_matches("g1     127.0.0.1:...  yes", "g1  127.0.0.1:40595    yes   ")
-    assert line_matches("acked 5 of 5 in ...s (... msgs/s, 1 failovers)", "acked 5 of 5 in 1.20s (4.1 msgs/s, 1 failovers)")
+    assert line_matches("acked 5 of 5 in ...s (... msgs/s, 1 failovers)",
+                        "acked 5 of 5 in 1.20s (4.1 msgs/s, 1 failovers)")
     assert line_matches("...", "anything at all")
     assert not line_matches("acked 5 of 5", "acked 5 of 6")
     assert not line_matches("a b", "ab")
@@ -134,6 +135,56 @@ print(1 + 1)
         parse_doc("d.md", "```bash\nls\n")
 
 
+SESSION_DOC = """\
+```console
+$ export GREETING=hello; sleep 0.2 && echo "$GREETING from the background" &
+$ echo "zk at $ORDQ_ZK"; ls .venv/bin/ordq
+zk at 127.0.0.1:2181
+.venv/bin/ordq
+$ wait
+hello from the background
+```
+
+```python
+import os
+zk = os.environ["ORDQ_ZK"]
+print(zk, "127.0.0.1:2181" == zk)
+```
+
+```output
+127.0.0.1:2181 True
+```
+
+```python
+print(zk.count(":"))   # a later block sees what an earlier one defined
+raise SystemExit(3)
+```
+
+```output
+1
+[exit 3]
+```
+
+```console
+$ echo drifted
+what the doc says
+```
+"""
+
+
+def test_a_session_runs_steps_in_one_shell_and_one_python_and_reports_drift(tmp_path: Path) -> None:
+    with DocSession(tmp_path / "run", doc="docs/S.md") as session:
+        runs = list(run_doc(session, SESSION_DOC))
+    # export, & and wait carry across commands; 127.0.0.1:2181 stands for the session's
+    # ZooKeeper (replaced in code, shown as such in output); python blocks share globals
+    assert [r.mismatch for r in runs[:-1]] == [None] * 5, [r.mismatch.render() for r in runs if r.mismatch]
+    assert runs[1].output.startswith("zk at 127.0.0.1:2181\n") and session.zk != "127.0.0.1:2181"
+    drift = runs[-1].mismatch
+    assert drift is not None
+    assert drift.render().splitlines()[:2] == ["docs/S.md:31: output differs from the doc from its line 32",
+                                               "  $ echo drifted"]
+
+
 def test_the_required_docs_opt_in() -> None:
     for rel in REQUIRED:
         text = (ROOT / rel).read_text()
@@ -155,18 +206,25 @@ def _param(rel: str) -> object:
 
 @pytest.mark.parametrize("rel", [_param(rel) for rel in doc_files(ROOT, REQUIRED)])
 def test_doc_runs_as_written(rel: str, tmp_path: Path) -> None:
-    blocks = parse_doc(rel, (ROOT / rel).read_text())
-    timings: list[tuple[float, str]] = []
+    runs = []
     with DocSession(tmp_path / "run", doc=rel) as session:
-        for block in blocks:
-            if not block.runs:
-                continue
-            for step in block.steps:
-                started = time.monotonic()
-                output, code = session.run(step, timeout_s=STEP_TIMEOUT_S)
-                timings.append((time.monotonic() - started, f"{rel}:{step.line}"))
-                mismatch = check(rel, step, output, code)
-                if mismatch is not None:
-                    pytest.fail(f"{mismatch.render()}\n(files, logs of the cluster: {session.folder})", pytrace=False)
-    slowest = ", ".join(f"{where} {t:.1f}s" for t, where in sorted(timings, reverse=True)[:5])
-    print(f"{rel}: {len(timings)} steps in {sum(t for t, _ in timings):.1f}s; slowest: {slowest}")
+        for run in run_doc(session, (ROOT / rel).read_text()):
+            runs.append(run)
+            if run.mismatch is not None:
+                pytest.fail(f"{run.mismatch.render()}\n(files, logs of the cluster: {session.folder})", pytrace=False)
+    slowest = ", ".join(f"{rel}:{r.step.line} {r.seconds:.1f}s" for r in sorted(runs, key=lambda r: -r.seconds)[:5])
+    print(f"{rel}: {len(runs)} steps in {sum(r.seconds for r in runs):.1f}s; slowest: {slowest}")
+
+
+@pytest.mark.slow
+@pytest.mark.zk
+@pytest.mark.spark
+def test_make_demo_passes(tmp_path: Path) -> None:
+    """README's `make demo` (not run from the README: minutes) installs what is missing, which
+    `make test` did already, then runs `ordq demo`: run that, smaller."""
+    assert "\t$(VENV)/bin/ordq demo\n" in (ROOT / "Makefile").read_text()
+    ordq = Path(sys.executable).parent / "ordq"
+    proc = subprocess.run([str(ordq), "demo", "--dir", str(tmp_path / "demo"), "--messages", "8000"],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout

@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
                        help="1 (standalone) or 3 (ensemble); default: as before in --dir, else 1")
     start.add_argument("--port", type=int, default=None,
                        help=f"client port of the first node (others: +1, +2); default: as before in --dir, "
-                            f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_PORT}; 0: any free port")
+                            f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_PORT}; "
+                            f"0: any free port")
     start.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                        help="how long to wait for it to serve (default %(default)s)")
     stop = add_command(sub, "stop", func=cmd_stop, help="stop the ZooKeeper started in --dir (data is kept)")

@@ -1,15 +1,16 @@
 """Docs are tests: the fenced blocks of a Markdown file, and the matcher of their output.
 
 Pure (no I/O beyond reading the file): ``tests/helpers/doc_session.py`` runs what this module
-extracts, ``tests/test_docs.py`` ties them together. The convention a doc follows:
+extracts, ``tests/test_docs.py`` ties them together. The convention a doc follows (for
+writers: docs/CONTRIBUTING.md):
 
 - **Opting in.** A file runs as a test when it holds a line ``<!-- doc-test -->``
   (README.md, docs/CLI.md and docs/SDK.md must). Its blocks run in document order, in one
   fresh, empty folder (the root of a checkout, as far as the doc can tell: ``.venv`` is there),
   in one bash session, with ``ORDQ_ZK`` set to a free port; the doc starts what it needs
   (``ordq up``) and whatever it leaves running is stopped and wiped afterwards.
-- **``$`` blocks.** In a fenced block (any info string), a line starting ``$ `` is a shell
-  command; the lines after it, up to the next ``$ `` line or the end of the block, are what it
+- **``$`` blocks.** In a fenced block (any info string but ``markdown``), a line starting
+  ``$ `` is a shell command; the lines after it, up to the next ``$ `` line or the end of the block, are what it
   prints (stdout and stderr together, as on a terminal). A last line ``[exit N]`` says it
   exits N; otherwise it must exit 0. Matching is line by line: ``...`` inside a line matches
   any text, a line that is only ``...`` matches any number of lines (none too), runs of
@@ -23,7 +24,8 @@ extracts, ``tests/test_docs.py`` ties them together. The convention a doc follow
   globals (like a REPL session, or doctest), so a later block can use ``cfg`` from an earlier
   one; each must finish without an exception. A block directly followed by an ``output``
   block must print exactly that (same matching; ``[exit 1]`` there means it must raise).
-- **Not run**: other blocks (``text``, ``json``, synopses without ``$``), and a block whose
+- **Not run**: other blocks (``text``, ``json``, synopses without ``$``, ``markdown``
+  quoting a doc), and a block whose
   preceding line is ``<!-- doc-test: skip REASON -->`` (the reason is required, e.g. "this is
   what CI runs").
 - ``127.0.0.1:2181`` (the default ZooKeeper address) stands for the session's ZooKeeper:
@@ -45,6 +47,7 @@ EXIT_RE = re.compile(r"^\[exit (?P<code>\d+)\]$")
 FENCE_RE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 SHELL_INFOS = {"bash", "sh", "shell", "console"}
 PYTHON_INFOS = {"python", "py"}
+MARKDOWN_INFOS = {"markdown", "md"}  # a doc quoting a doc: shown, never run
 ELLIPSIS = "..."
 # The addresses a doc shows for the ZooKeeper it talks to (the CLI's and the SDK's default).
 DOC_ZK = "127.0.0.1:2181"
@@ -111,7 +114,7 @@ def parse_doc(path: str, text: str) -> list[Block]:
                 i += 1
             steps = (Step("python", "\n".join(body) + "\n", start + 1,
                           expected or Expected((ELLIPSIS,), 0, start + 1)),)
-        elif any(line.startswith("$ ") for line in body):
+        elif info not in MARKDOWN_INFOS and any(line.startswith("$ ") for line in body):
             steps = _dollar_steps(path, start, body)
         elif info in SHELL_INFOS:
             steps = _shell_steps(start, body)

@@ -21,14 +21,18 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
+import attrs
+
 from ordq.local_cluster import STATE_FILE, LocalCluster
 from ordq.zk_server import CONFIG_FILE, ZkServer
-from tests.helpers.doc_blocks import DOC_ZK, Step
+from tests.helpers.doc_blocks import DOC_ZK, Mismatch, Step, check, parse_doc
 
 DRIVER = Path(__file__).with_name("doc_python.py")
+STEP_TIMEOUT_S = 180.0
 
 
 def free_port() -> int:
@@ -188,14 +192,37 @@ class DocSession:
             stream.close(proc)
 
 
+@attrs.frozen
+class StepRun:
+    step: Step
+    output: str
+    exit_code: int | None
+    seconds: float
+    mismatch: Mismatch | None
+
+
+def run_doc(session: DocSession, text: str, *, stop_at_mismatch: bool = True,
+            timeout_s: float = STEP_TIMEOUT_S) -> Iterator[StepRun]:
+    """Run the doc's steps in order in ``session``, yielding each with its verdict; stop after
+    the first mismatch unless told not to (what follows a failed step tends to fail too)."""
+    for block in parse_doc(session.doc, text):
+        if not block.runs:
+            continue
+        for step in block.steps:
+            started = time.monotonic()
+            output, code = session.run(step, timeout_s=timeout_s)
+            bad = check(session.doc, step, output, code)
+            yield StepRun(step, output, code, time.monotonic() - started, bad)
+            if bad is not None and stop_at_mismatch:
+                return
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tests.helpers.doc_session DOC.md [FOLDER]``: run a doc as the test does,
     without stopping at a mismatch, and print every step with what it printed (in the doc's
     ``$`` form, ready to paste) and whether it matched. For writing docs."""
     import argparse
     import tempfile
-
-    from tests.helpers.doc_blocks import check, parse_doc
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("doc")
@@ -205,18 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder or Path(tempfile.mkdtemp(prefix="doc-session-")) / "run"
     failed = 0
     with DocSession(folder, doc=args.doc) as session:
-        for block in parse_doc(args.doc, Path(args.doc).read_text()):
-            if not block.runs:
-                continue
-            for step in block.steps:
-                started = time.monotonic()
-                output, code = session.run(step, timeout_s=180.0)
-                bad = check(args.doc, step, output, code)
-                failed += bad is not None
-                verdict = "ok" if bad is None else f"MISMATCH: {bad.why}"
-                print(f"--- {args.doc}:{step.line} ({time.monotonic() - started:.1f}s) {verdict}")
-                print(("$ " if step.kind != "python" else "") + step.source.rstrip())
-                print(output.rstrip("\n") + (f"\n[exit {code}]" if code else ""), flush=True)
+        for run in run_doc(session, Path(args.doc).read_text(), stop_at_mismatch=False):
+            failed += run.mismatch is not None
+            verdict = "ok" if run.mismatch is None else f"MISMATCH: {run.mismatch.why}"
+            print(f"--- {args.doc}:{run.step.line} ({run.seconds:.1f}s) {verdict}")
+            print(("$ " if run.step.kind != "python" else "") + run.step.source.rstrip())
+            code = run.exit_code
+            print(run.output.rstrip("\n") + (f"\n[exit {code}]" if code else ""), flush=True)
     print(f"{failed} step(s) did not match; files in {folder}")
     return 1 if failed else 0
 
