@@ -62,11 +62,13 @@ def test_zookeeper_quorum_lost_for_longer_than_a_request_timeout(cluster: Cluste
     successor), nothing fails over, nothing is lost. The consumer keeps reading, but it hands
     out nothing once it cannot be sure of its lease (two thirds of its session after the last
     answered renewal): it cannot tell a lost quorum from being cut off from a live one, where
-    a successor may already deliver. When ZooKeeper is back its session is still valid and it
-    goes on where it stopped."""
+    a successor may already deliver. When ZooKeeper is back it goes on where it stopped if its
+    session survived the outage; if ZooKeeper expired it meanwhile (a loaded box may reconnect
+    too late), it raises NotLeader and the application's next consumer resumes from the last
+    commit. Either way: nothing lost, nothing delivered while unsure."""
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
-    producer, consumer = start_load(cluster, N, send_timeout_s=NO_FAILOVER_SEND_TIMEOUT_S)
+    producer, consumer = start_load(cluster, N, send_timeout_s=NO_FAILOVER_SEND_TIMEOUT_S, rejoin=True)
     wait_acked(producer, N // 4)
     followers = [st.node for st in zk_ensemble.status() if st.mode == "follower"]
     assert len(followers) == 2
@@ -88,7 +90,7 @@ def test_zookeeper_quorum_lost_for_longer_than_a_request_timeout(cluster: Cluste
         zk_ensemble.wait_serving(timeout_s=60)
     wait_until(lambda: len(consumer.delivered) > stalled, timeout_s=30, what="delivery to go on after the outage")
     finish(producer, consumer)
-    summary = check_delivery(producer.acked, [consumer.delivered])
+    summary = check_delivery(producer.acked, consumer.instances, redelivery=len(consumer.instances) > 1)
     assert summary.acked == summary.delivered == N
     assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
 
