@@ -101,6 +101,18 @@ def _loads(data: bytes) -> Any:
     return json.loads(data.decode()) if data else {}
 
 
+def new_client(hosts: str, *, session_timeout_s: float) -> KazooClient:
+    """A kazoo client that tries to reconnect at least every quarter of its session.
+
+    kazoo's default reconnect back-off doubles up to an hour: after a ZooKeeper outage of a
+    few seconds (a lost quorum) its next attempt could come seconds after the servers are
+    back, when a short session has already expired there, so every leader would lose its
+    lease for an outage it had survived. Capped at a quarter session, a client reconnects in
+    time to keep its session whenever the servers kept it."""
+    retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
+    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
+
+
 @contextlib.contextmanager
 def zk_errors(hosts: str = "") -> Iterator[None]:
     """Translate kazoo's connection errors to ordq's (the one place they enter)."""
@@ -139,7 +151,7 @@ class ZkStore:
     ) -> ZkStore:
         """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure.
         ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request."""
-        client = KazooClient(hosts=hosts, timeout=timeout_s)
+        client = new_client(hosts, session_timeout_s=timeout_s)
         try:
             client.start(timeout=timeout_s)
         except KazooTimeoutError as exc:

@@ -44,7 +44,7 @@ from coordinator import state as sm
 from coordinator.paths import Paths
 from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from coordinator.store import ZkStore
+from coordinator.store import ZkStore, new_client
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -179,7 +179,7 @@ class Consumer:
             from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport()
-        self._client = KazooClient(hosts=cfg.zk_hosts, timeout=cfg.zk_session_timeout_s)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

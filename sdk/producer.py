@@ -27,7 +27,7 @@ from kazoo.client import KazooClient
 
 from broker_group.log import Message, decode_batch
 from coordinator.paths import Paths
-from coordinator.store import ZkStore
+from coordinator.store import ZkStore, new_client
 from ordq.errors import (
     BrokerUnavailable,
     ClosedError,
@@ -135,7 +135,7 @@ class Producer:
             from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport()
-        self._client = KazooClient(hosts=cfg.zk_hosts, timeout=cfg.zk_session_timeout_s)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

@@ -44,6 +44,7 @@ from broker_group.process import BrokerGroupProcesses, BrokerProcess
 from coordinator.paths import Paths
 from coordinator.state import QueueState
 from coordinator.store import ZkStore
+from ordq.errors import NotLeader
 from ordq.proc import ManagedProcess
 from ordq.zk_server import ZkServer
 from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
@@ -412,29 +413,44 @@ class LoadProducer(_LoadThread):
 
 class LoadConsumer(_LoadThread):
     """Consumes a subscription until it delivered seq ``until``; records every delivery.
-    ``pause_s`` per poll makes it a slow subscription."""
+    ``pause_s`` per poll makes it a slow subscription. ``rejoin``: on NotLeader (its session
+    expired) start a new consumer, as an application would; else the thread fails."""
 
     def __init__(self, cluster: Cluster, *, until: int, queue: str = "q", sub: str = "s", pause_s: float = 0.0,
-                 fetch_max_bytes: int = 4 << 20, audit_dir: Path | None = None) -> None:
+                 fetch_max_bytes: int = 4 << 20, audit_dir: Path | None = None, rejoin: bool = False) -> None:
         super().__init__(f"load-consumer-{sub}")
         self.until, self.pause_s = until, pause_s
         self.config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue, subscription=sub,
                                      zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit_dir,
                                      fetch_max_bytes=fetch_max_bytes,
                                      commit=CommitConfig(every_messages=1000, every_ms=200.0))
-        self.delivered: list[DeliveryRec] = []
+        self.delivered: list[DeliveryRec] = []  # by every instance, in delivery order
+        self.instances: list[list[DeliveryRec]] = []  # the same, one list per consumer instance
+        self.rejoin = rejoin
         self._consumer: Consumer | None = None
 
     def run(self) -> None:
-        with Consumer(self.config) as consumer:
-            self._consumer = consumer
-            last = -1
-            while last < self.until and not self._stop.is_set():
-                for m in consumer.poll(0.2):
-                    self.delivered.append(delivery_of(m.seq, m.payload))
-                    last = m.seq
-                if self.pause_s:
-                    self._stop.wait(self.pause_s)
+        last = -1
+        while True:
+            instance: list[DeliveryRec] = []
+            self.instances.append(instance)
+            try:
+                with Consumer(self.config) as consumer:
+                    self._consumer = consumer
+                    while last < self.until and not self._stop.is_set():
+                        for m in consumer.poll(0.2):
+                            d = delivery_of(m.seq, m.payload)
+                            self.delivered.append(d)
+                            instance.append(d)
+                            last = m.seq
+                        if self.pause_s:
+                            self._stop.wait(self.pause_s)
+                    consumer.commit()
+                return
+            except NotLeader:
+                if not self.rejoin:
+                    raise
+                log.info("%s: lost its lease; a new consumer joins the election", self._thread.name)
 
     def statistics(self) -> ConsumerStats | None:
         c = self._consumer

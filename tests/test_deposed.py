@@ -12,6 +12,7 @@ successor, then died in ``__exit__`` with a ConflictError traceback.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,22 @@ def clean_error(p: ManagedProcess, *phrases: str) -> str:
     return errors[0]
 
 
+def freeze_past_the_session(cluster: Cluster, leader: ManagedProcess, election: str,
+                            successor_acts: Callable[[], bool], error: str) -> None:
+    """Once a standby waits in ``election``: SIGSTOP the leader until its successor acts and
+    well past the leader's session, resume it, and expect it to stop with one clean ``error``."""
+    wait_until(lambda: len(cluster.lock_contenders(election)) == 2, timeout_s=30, interval_s=0.05,
+               what="the standby to wait in the election")
+    leader.pause()
+    try:
+        wait_until(successor_acts, timeout_s=30, interval_s=0.05, what="the standby to take over and act")
+        time.sleep(FROZEN_S - SESSION_S)  # the fault: stay frozen well past the session
+    finally:
+        leader.resume()
+    assert exit_code(leader, 60) == 1, leader.log_tail()
+    clean_error(leader, error)
+
+
 def deliveries_by_consumer(audit: Path) -> dict[str, list]:
     by: dict[str, list] = {}
     for d in read_deliveries(audit):
@@ -60,18 +77,8 @@ def test_consumer_frozen_past_its_session_stops_delivering_and_exits_cleanly(clu
                what="the first consumer to deliver")
     second = cluster.spawn_ordq("c2", "consume", "q", "-s", "s", "--idle-exit", "5", "--quiet",
                                 "--audit-dir", str(audit))
-    path = cluster.paths.sub_leader("q", "s")
-    wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
-               what="the second consumer to wait in the election")
-    first.pause()
-    try:
-        wait_until(lambda: len(deliveries_by_consumer(audit)) == 2, timeout_s=30, interval_s=0.05,
-                   what="the standby to take over and deliver")
-        time.sleep(FROZEN_S - SESSION_S)  # the fault: stay frozen well past the session
-    finally:
-        first.resume()
-    assert exit_code(first, 60) == 1, first.log_tail()
-    clean_error(first, "no longer the subscription's leader")
+    freeze_past_the_session(cluster, first, cluster.paths.sub_leader("q", "s"),
+                            lambda: len(deliveries_by_consumer(audit)) == 2, "no longer the subscription's leader")
     assert exit_code(prod) == 0, prod.log_tail()
 
     by = deliveries_by_consumer(audit)
@@ -99,18 +106,8 @@ def test_producer_frozen_past_its_session_is_fenced_and_exits_cleanly(cluster: C
     wait_until(lambda: len(read_acks(audit)) >= 300, timeout_s=60, interval_s=0.05,
                what="the first producer to get acks")
     second = cluster.spawn_ordq("p2", "produce", "q", "--count", "2000", "--rate", "1000", "--audit-dir", str(audit))
-    path = cluster.paths.producer_leader("q")
-    wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
-               what="the second producer to wait in the election")
-    first.pause()
-    try:
-        wait_until(lambda: len({a.producer for a in read_acks(audit)}) == 2, timeout_s=30, interval_s=0.05,
-                   what="the standby to take over and get acks")
-        time.sleep(FROZEN_S - SESSION_S)  # the fault: stay frozen well past the session
-    finally:
-        first.resume()
-    assert exit_code(first, 60) == 1, first.log_tail()
-    clean_error(first, "fenced")
+    freeze_past_the_session(cluster, first, cluster.paths.producer_leader("q"),
+                            lambda: len({a.producer for a in read_acks(audit)}) == 2, "fenced")
     assert exit_code(second) == 0, second.log_tail()
 
     acks = read_acks(audit)
