@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.helpers.doc_blocks import (
     DocFormatError,
@@ -58,6 +60,33 @@ def test_an_ellipsis_line_matches_any_number_of_lines() -> None:
     assert match_lines([], ["unexpected"]) == 0  # a command shown with no output prints nothing
     assert match_lines(["a", "b"], ["a", "c"]) == 1  # index of the first line no alignment passes
     assert match_lines(["a"], ["a", "more"]) == 1  # more printed than shown
+
+
+_lines = st.lists(st.text(alphabet="ab :.\t-", max_size=12).filter(lambda t: "..." not in t), max_size=12)
+
+
+@given(_lines, st.data())
+def test_output_with_parts_written_as_ellipsis_still_matches(actual: list[str], data: st.DataObject) -> None:
+    # what a doc writer does to real output: cut runs of lines to one `...` line, parts of a
+    # line to `...`, and re-space; the result must still match that output
+    expected: list[str] = []
+    i = 0
+    while i < len(actual):
+        how = data.draw(st.sampled_from(["keep", "cut-lines", "cut-part", "respace"]))
+        if how == "cut-lines":
+            expected.append("...")
+            i += data.draw(st.integers(0, len(actual) - i))
+            continue
+        line = actual[i]
+        if how == "cut-part" and line:
+            a = data.draw(st.integers(0, len(line)))
+            b = data.draw(st.integers(a, len(line)))
+            line = line[:a] + "..." + line[b:]
+        elif how == "respace":
+            line = " ".join(line.split(" ")) if "  " not in line else line.replace("  ", "\t")
+        expected.append(line)
+        i += 1
+    assert match_lines(expected, actual) is None, (expected, actual)
 
 
 DRIFTED = """\

@@ -225,16 +225,26 @@ def _expected(path: str, line: int, out: list[str]) -> Expected:
 
 
 def _line_regex(expected: str) -> re.Pattern[str]:
-    parts = expected.rstrip().split(ELLIPSIS)
-    pieces = []
-    for part in parts:
-        words = re.split(r"(\s+)", part)
-        pieces.append("".join(r"\s+" if w and w.isspace() else re.escape(w) for w in words))
-    return re.compile(".*".join(pieces))
+    out = []
+    for piece in re.split(r"(\.{3,}|\s+)", expected.rstrip()):
+        if piece.startswith(ELLIPSIS):
+            # `...` next to literal dots ("1....", "....txt"): those dots on either side
+            extra = len(piece) - 3
+            out.append("(?:" + "|".join(rf"\.{{{a}}}.*\.{{{extra - a}}}" for a in range(extra + 1)) + ")")
+        elif piece and piece.isspace():
+            out.append(r"\s+")
+        else:
+            out.append(re.escape(piece))
+    return re.compile("".join(out))
 
 
 def line_matches(expected: str, actual: str) -> bool:
-    return _line_regex(expected).fullmatch(actual.rstrip()) is not None
+    return _fits(_line_regex(expected), actual)
+
+
+def _fits(rx: re.Pattern[str], actual: str) -> bool:
+    # trailing whitespace is ignored, unless the doc's line ends in "<space>..."
+    return rx.fullmatch(actual.rstrip()) is not None or rx.fullmatch(actual) is not None
 
 
 def match_lines(expected: list[str] | tuple[str, ...], actual: list[str]) -> int | None:
@@ -248,11 +258,10 @@ def match_lines(expected: list[str] | tuple[str, ...], actual: list[str]) -> int
     reach[0] = {0}
     for i in range(n):
         rx = regexes[i]
-        for j in sorted(reach[i]):
-            if rx is None:
-                reach[i + 1].update(range(j, m + 1))
-            elif j < m and rx.fullmatch(actual[j].rstrip()):
-                reach[i + 1].add(j + 1)
+        if rx is None:  # any number of lines: from the first place reached on
+            reach[i + 1] = set(range(min(reach[i]), m + 1))
+        else:
+            reach[i + 1] = {j + 1 for j in reach[i] if j < m and _fits(rx, actual[j])}
         if not reach[i + 1]:
             return i
     return None if m in reach[n] else n
