@@ -57,7 +57,7 @@ def _not_found(f: dict[str, Any]) -> OrdqError:
 
 
 def _too_large(f: dict[str, Any]) -> OrdqError:
-    return MessageTooLarge(f["size"], f["limit"])
+    return MessageTooLarge(f["size"], f["limit"], f.get("limit_of", ""))
 
 
 def _corrupt(f: dict[str, Any]) -> OrdqError:
@@ -94,7 +94,7 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
     if isinstance(exc, SegmentNotFound):
         return "not_found", {"queue": exc.queue, "seg": exc.seg}
     if isinstance(exc, MessageTooLarge):
-        return "too_large", {"size": exc.size, "limit": exc.limit}
+        return "too_large", {"size": exc.size, "limit": exc.limit, "limit_of": exc.limit_of}
     if isinstance(exc, CorruptLog):
         return "corrupt", {"path": exc.path, "position": exc.position, "detail": str(exc)}
     if isinstance(exc, DiskFull):

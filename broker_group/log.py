@@ -287,6 +287,32 @@ def decode_batch(batch: BytesLike, *, path: str = WIRE, position: int = 0) -> tu
     return header, _decode_messages(batch, header, path, position)
 
 
+def message_size(payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
+    """A message's size as a queue's ``max_message_bytes`` counts it: its key, its headers as
+    stored (each: 6 bytes of lengths, the UTF-8 name, the value) and its payload; the same
+    number ``largest_message`` reads back from a batch. Not counted: the fixed 20-byte record
+    header every message has."""
+    size = len(payload) + (len(key) if key else 0)
+    if headers:
+        size += sum(6 + len(name.encode("utf-8")) + len(value) for name, value in headers)
+    return size
+
+
+def largest_message(batch: BytesLike) -> int:
+    """The largest ``message_size`` in a batch that ``check_messages`` accepted (a walk over
+    the record headers only)."""
+    header = parse_header(batch)
+    unpack = _MSG.unpack_from
+    pos = HEAD_BYTES
+    largest = 0
+    for _ in range(header.count):
+        _, klen, hlen, plen = unpack(batch, pos)
+        size = (klen if klen > 0 else 0) + hlen + plen
+        largest = max(largest, size)
+        pos += 20 + size
+    return largest
+
+
 def check_messages(batch: BytesLike, *, path: str = WIRE, position: int = 0) -> BatchHeader:
     """``parse_header`` plus a walk over the message lengths (no Message objects built).
 

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,7 @@ class BrokerStats:
     torn_bytes_truncated: int = 0
     corrupt_segments: int = 0
     reconciled: int = 0
+    refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
 
 
 class Broker:
@@ -159,6 +160,7 @@ class Broker:
         self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self.stats = BrokerStats()
+        self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
         self._cv = threading.Condition()
         self._segments: dict[tuple[str, int], Segment] = {}
         self._dirty: list[Segment] = []
@@ -377,6 +379,7 @@ class Broker:
         if z is None or z.gid != self.config.gid or z.status is not SegStatus.OPEN:
             raise SegmentNotWritable(self.address, queue, seg, "not this group's open segment in ZooKeeper")
         s = self._create(queue, seg, producer_epoch)
+        self._message_limits.pop(queue, None)  # a new segment reads the queue's config again
         with self._cv:
             s.replica.check_epoch(epoch)
         return s
@@ -412,6 +415,7 @@ class Broker:
             raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
         s = self.segment_for_write(req.queue, req.seg, req.epoch)
+        self._check_message_sizes(req.queue, req.batches)
         with self._cv:
             link = self.replication
             # Just after start the slave stream may still be connecting: a short wait spares
@@ -471,6 +475,20 @@ class Broker:
             s.syncing += 1
         self._commit(s, accepted)
         return s
+
+    def _check_message_sizes(self, queue: str, batches: Sequence[bytes]) -> None:
+        """Master: refuse a batch holding a message over the queue's ``max_message_bytes``
+        (the SDK checks before sending; this stops any other client). A batch no longer than
+        the limit cannot hold a larger message, so only longer ones are walked."""
+        limit = self._message_limits.get(queue)
+        if limit is None:
+            limit = self._message_limits[queue] = self.require_store().queue_config(queue).max_message_bytes
+        for raw in batches:
+            if len(raw) > limit:
+                largest = seglog.largest_message(raw)
+                if largest > limit:
+                    self.stats.refused_too_large += 1
+                    raise MessageTooLarge(largest, limit, f"queue {queue!r} max_message_bytes")
 
     def _checked_header(self, raw: bytes) -> seglog.BatchHeader:
         """CRC and structure of a batch from the network. The master also walks the message

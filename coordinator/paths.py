@@ -18,7 +18,7 @@ import re
 
 import attrs
 
-from ordq.errors import InvalidName
+from ordq.errors import ConfigError, InvalidName
 
 NAME_RULE = r"[A-Za-z0-9._-]{1,128}"
 _NAME_RE = re.compile(NAME_RULE)
@@ -30,6 +30,32 @@ def check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise InvalidName(kind, str(name), NAME_RULE)
     return name
+
+
+ZK_HOSTS_RULE = "host:port[,host:port...] (e.g. 127.0.0.1:2181)"
+
+
+def check_zk_hosts(hosts: str) -> str:
+    """Return ``hosts`` if kazoo can connect with it, else raise ConfigError saying what is
+    wrong (kazoo itself raises a bare ValueError, later, from its connection thread)."""
+    from kazoo.hosts import collect_hosts  # kazoo's own parser: accept exactly what it accepts
+
+    problem = None
+    if not isinstance(hosts, str) or not hosts.strip():
+        problem = "it is empty"
+    else:
+        try:
+            parsed, _chroot = collect_hosts(hosts)
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            bad = [f"{h}:{p}" for h, p in parsed if not h.strip() or not 0 < p < 65536]
+            if bad:
+                problem = f"bad host:port {', '.join(bad)}"
+    if problem is not None:
+        raise ConfigError(f"invalid ZooKeeper connection string {hosts!r} ({problem}): expected {ZK_HOSTS_RULE}; "
+                          "set it with --zk or ORDQ_ZK")
+    return hosts
 
 
 @attrs.frozen

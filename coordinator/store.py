@@ -38,7 +38,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from coordinator import state as sm
-from coordinator.paths import ROLES, Paths, check_name
+from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
 from ordq.errors import (
     AlreadyExists,
@@ -110,7 +110,7 @@ def new_client(hosts: str, *, session_timeout_s: float) -> KazooClient:
     lease for an outage it had survived. Capped at a quarter session, a client reconnects in
     time to keep its session whenever the servers kept it."""
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
-    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
+    return KazooClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry)
 
 
 @contextlib.contextmanager

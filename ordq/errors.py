@@ -194,10 +194,15 @@ class HandlerError(OrdqError):
 
 
 class MessageTooLarge(OrdqError, ValueError):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"message of {size} bytes exceeds the limit of {limit} bytes")
+    """A message (payload, key and headers) or a batch over a limit; nothing of it was stored.
+    ``limit_of`` names the limit (e.g. "queue 'orders' max_message_bytes")."""
+
+    def __init__(self, size: int, limit: int, limit_of: str = "") -> None:
+        of = f" ({limit_of})" if limit_of else ""
+        super().__init__(f"message of {size} bytes exceeds the limit of {limit} bytes{of}")
         self.size = size
         self.limit = limit
+        self.limit_of = limit_of
 
 
 class CorruptLog(OrdqError):

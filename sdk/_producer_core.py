@@ -16,18 +16,18 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from broker_group.log import Message, encode_batch
+from broker_group.log import Message, encode_batch, message_size
 from ordq.errors import ConfigError
 
 MESSAGE_OVERHEAD = 32  # about what a message adds to a batch beyond its bytes (its record header)
 
 
 def message_bytes(payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
-    """A message's own bytes: payload, key and headers (names counted as characters)."""
-    size = len(payload) + (len(key) if key else 0)
-    if headers:
-        size += sum(len(k) + len(v) for k, v in headers)
-    return size
+    """A message's own bytes as stored: payload, key and encoded headers
+    (``broker_group.log.message_size``, what a queue's ``max_message_bytes`` limits)."""
+    if not headers:  # the common case, on the per-message path: no call, no generator
+        return len(payload) + (len(key) if key else 0)
+    return message_size(payload, key, headers)
 
 
 @attrs.frozen(kw_only=True)

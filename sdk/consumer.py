@@ -41,7 +41,7 @@ from kazoo.client import KazooClient
 
 from broker_group.log import decode_batch
 from coordinator import state as sm
-from coordinator.paths import Paths
+from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
 from coordinator.store import ZkStore, new_client
@@ -88,12 +88,20 @@ class ConsumerConfig:
     consumer_id: str = attrs.field(factory=new_writer_id)
 
     def __attrs_post_init__(self) -> None:
+        check_zk_hosts(self.zk_hosts)
+        check_name("queue", self.queue)
+        check_name("subscription", self.subscription)
+        Paths(self.root)  # InvalidName for a bad root
         if self.start not in ("earliest", "latest"):
             raise ConfigError(f"start must be 'earliest' or 'latest', not {self.start!r}")
         if self.fetch_max_bytes < 1024 or self.fetch_wait_ms < 0:
             raise ConfigError("fetch_max_bytes must be >= 1024 and fetch_wait_ms >= 0")
         if self.zk_outage_s < 0:
             raise ConfigError("zk_outage_s must be >= 0")
+        if self.zk_session_timeout_s <= 0:
+            raise ConfigError("zk_session_timeout_s must be > 0")
+        if self.leader_timeout_s is not None and self.leader_timeout_s < 0:
+            raise ConfigError("leader_timeout_s must be >= 0 or None (wait forever)")
 
 
 class Delivered(NamedTuple):

@@ -26,7 +26,7 @@ import attrs
 from kazoo.client import KazooClient
 
 from broker_group.log import Message, decode_batch
-from coordinator.paths import Paths
+from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.store import ZkStore, new_client
 from ordq.errors import (
     BrokerUnavailable,
@@ -64,6 +64,11 @@ class ProducerConfig:
     producer_id: str = attrs.field(factory=new_writer_id)
 
     def __attrs_post_init__(self) -> None:
+        check_zk_hosts(self.zk_hosts)
+        check_name("queue", self.queue)
+        Paths(self.root)  # InvalidName for a bad root
+        if self.zk_session_timeout_s <= 0:
+            raise ConfigError("zk_session_timeout_s must be > 0")
         if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
             raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
 
@@ -118,6 +123,8 @@ class Producer:
         self._head: HeadProtocol | None = None
         self._lease: Any = None
         self._sender: threading.Thread | None = None
+        self._max_message = config.batching.max_batch_bytes - 64  # until start() reads the queue's
+        self._max_message_of = "this producer's max_batch_bytes"
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -142,7 +149,12 @@ class Producer:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
         self._store = ZkStore(self._client, paths)
-        self._store.queue_config(cfg.queue)  # QueueNotFound early
+        queue_limit = self._store.queue_config(cfg.queue).max_message_bytes  # QueueNotFound early
+        batch_limit = cfg.batching.max_batch_bytes - 64
+        if queue_limit <= batch_limit:
+            self._max_message, self._max_message_of = queue_limit, f"queue {cfg.queue!r} max_message_bytes"
+        else:
+            self._max_message, self._max_message_of = batch_limit, "this producer's max_batch_bytes"
         self._head = HeadProtocol(self._store, self._transport, cfg.queue, no_group_timeout_s=cfg.no_group_timeout_s)
         self._lease = self._client.Lock(paths.producer_leader(cfg.queue), cfg.producer_id)
         if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
@@ -203,9 +215,8 @@ class Producer:
         # The per-message path: ~1 µs here is ~5 % of the producer's CPU at 50k msgs/s, hence
         # the size computed once, the tuple built directly and the bare mutex below.
         size = message_bytes(payload, key, headers)
-        limit = self.config.batching.max_batch_bytes - 64
-        if size > limit:
-            raise MessageTooLarge(size, limit)
+        if size > self._max_message:
+            raise MessageTooLarge(size, self._max_message, self._max_message_of)
         msg = _new_message(Message, (payload, key, tuple(headers) if headers else (), time.time_ns() // 1000))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._mutex:  # the lock of self._lock, entered without Condition's Python wrapper
@@ -398,7 +409,9 @@ class Producer:
                     return
                 failure = self._failure
             assert failure is not None  # the loop ends only on close or failure
-            if isinstance(failure, FencedError):
+            if isinstance(failure, (FencedError, MessageTooLarge, ConfigError)):
+                # Fenced: another leader took over. Refused as too large or malformed: every
+                # group would refuse it alike, so failing over would only walk the send list.
                 self._stop_fatal(failure)
                 return
             try:

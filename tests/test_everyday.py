@@ -14,6 +14,8 @@ import json
 
 import pytest
 
+from broker_group.log import Message, encode_batch
+from ordq.errors import MessageTooLarge
 from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 
@@ -166,3 +168,42 @@ def test_last_committed_with_the_tail_group_down(queue: Cluster) -> None:
         last = p.last_committed()
         assert last.seq == N - 1 and last.seg == 0 and last.message is None
         assert last.message_error and "g1" in last.message_error
+
+
+def test_max_message_bytes_is_enforced_by_the_producer_and_the_broker(cluster: Cluster) -> None:
+    """Issue 11 case 4: `--max-message-bytes 100` was stored and enforced nowhere."""
+    cluster.add_groups("g1", "g2")
+    out = cluster.ordq("queue", "create", "small", "--max-message-bytes", "100")
+    assert out.returncode == 0, out.stderr
+    ok = cluster.ordq("produce", "small", stdin=b"x" * 100 + b"\n")
+    assert ok.returncode == 0, ok.stderr
+    big = cluster.ordq("produce", "small", stdin=b"y" * 200 + b"\n")
+    assert big.returncode == 1 and b"Traceback" not in big.stderr, big.stderr
+    assert big.stderr.decode().strip().splitlines()[-1] == (
+        "ordq: error: message of 200 bytes exceeds the limit of 100 bytes (queue 'small' max_message_bytes)")
+    # Key and headers count too (as stored: each header 6 bytes of lengths + name + value).
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="small")
+    with Producer(cfg) as p:
+        with pytest.raises(MessageTooLarge, match="101 bytes"):
+            p.send(b"p" * 80, key=b"k" * 10, headers=[("h", b"v" * 4)])
+        assert p.send(b"p" * 80, key=b"k" * 10, headers=[("h", b"v" * 3)]).result(30).seq == 1
+
+        # A hand-made client that skips the SDK's check: the head master refuses the batch.
+        st = cluster.state("small")
+        head = st.open_segment
+        assert head is not None
+        master = cluster.store.live_members(head.gid)["master"].address
+        batch = encode_batch([Message(b"z" * 300, None, (), 0)], epoch=st.producer_epoch, first_seq=2)
+        stream = cluster.transport.open_produce(master, "small", head.seg, st.producer_epoch)
+        try:
+            stream.send([batch])
+            with pytest.raises(MessageTooLarge, match="300 bytes exceeds the limit of 100"):
+                list(stream.acks())
+        finally:
+            stream.close()
+    seqs = []
+    with Consumer(ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="small", subscription="s")) as c:
+        while len(seqs) < 2:
+            seqs.extend((m.seq, len(m.payload)) for m in c.poll(timeout_s=0.2))
+        assert c.poll(timeout_s=0.3) == []  # nothing of the refused messages was stored
+    assert seqs == [(0, 100), (1, 80)]

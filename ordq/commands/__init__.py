@@ -8,6 +8,7 @@ and ``ordq --json queue list`` mean the same.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,49 @@ def add_command(
     if func is not None:
         parser.set_defaults(func=func, daemon=daemon)  # daemon: a long-running process (logs INFO)
     return parser
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (a clear usage error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def seconds(*, allow_zero: bool = False, high: float = 10**7) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds > 0 (>= 0 with ``allow_zero``)."""
+    return number(0.0, high, allow_zero=allow_zero)
+
+
+def number(low: float, high: float, *, allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float in (low, high] ([low, high] with ``allow_zero``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value > high or value < low or (value == low and not allow_zero):
+            op = ">=" if allow_zero else ">"
+            raise argparse.ArgumentTypeError(f"must be {op} {low:g} and <= {high:g}, not {text}")
+        return value
+    parse.__name__ = "float"
+    return parse
+
+
+def rate() -> Callable[[str], float]:
+    """An argparse type: messages per second, > 0."""
+    return number(0.0, 1e9)
+
+
+MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConfig)
 
 
 def open_store(args: argparse.Namespace) -> Any:

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command
+from ordq.commands import add_command, seconds
 
 
 def register(subparsers: Any) -> None:
@@ -27,9 +27,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                      help="address to serve on; port 0 picks a free one (default %(default)s)")
     run.add_argument("--data", required=True, type=Path, help="data folder of this process")
-    run.add_argument("--session-timeout", type=float, default=2.0, metavar="SECONDS",
+    run.add_argument("--session-timeout", type=seconds(), default=2.0, metavar="SECONDS",
                      help="ZooKeeper session timeout: how fast a dead process is noticed (default %(default)s)")
-    run.add_argument("--register-wait", type=float, default=30.0, metavar="SECONDS",
+    run.add_argument("--register-wait", type=seconds(allow_zero=True), default=30.0, metavar="SECONDS",
                      help="when the role is still live in ZooKeeper (a killed predecessor's session not yet "
                      "expired), wait this long for it to go before giving up (default %(default)s)")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import add_command
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds
 from ordq.errors import HandlerError
 from ordq.output import emit_json
 
@@ -20,13 +20,14 @@ def register(subparsers: Any) -> None:
     prod = add_command(subparsers, "produce", func=cmd_produce,
                        help="send stdin lines (or generated messages) to a queue, in order")
     prod.add_argument("queue")
-    prod.add_argument("--count", type=int, default=None,
+    prod.add_argument("--count", type=int_in(1, 10**12), default=None,
                       help="generate this many messages instead of reading stdin")
-    prod.add_argument("--size", type=int, default=100, help="bytes per generated message (default %(default)s)")
-    prod.add_argument("--rate", type=float, default=None, help="messages per second (default: as fast as acked)")
+    prod.add_argument("--size", type=int_in(12, MAX_PAYLOAD_BYTES), default=100,
+                      help="bytes per generated message (12 at least: the counter; default %(default)s)")
+    prod.add_argument("--rate", type=rate(), default=None, help="messages per second (default: as fast as acked)")
     prod.add_argument("--key", default=None, help="key for every message")
     prod.add_argument("--audit-dir", type=Path, default=None, help="write the audit files here (docs/AUDIT_FORMAT.md)")
-    prod.add_argument("--send-timeout", type=float, default=2.0, help="ack deadline before failover, seconds")
+    prod.add_argument("--send-timeout", type=seconds(), default=2.0, help="ack deadline before failover, seconds")
 
     cons = add_command(subparsers, "consume", func=cmd_consume,
                        help="read a queue in order through a subscription and print or count messages")
@@ -34,12 +35,12 @@ def register(subparsers: Any) -> None:
     cons.add_argument("--subscription", "-s", required=True)
     cons.add_argument("--start", choices=["earliest", "latest"], default="earliest",
                       help="where a new subscription starts (default %(default)s)")
-    cons.add_argument("--count", type=int, default=None, help="stop after this many messages")
-    cons.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+    cons.add_argument("--count", type=int_in(1, 10**12), default=None, help="stop after this many messages")
+    cons.add_argument("--idle-exit", type=seconds(allow_zero=True), default=None, metavar="SECONDS",
                       help="stop when nothing arrives for this long")
     cons.add_argument("--quiet", action="store_true", help="only count, print a summary")
     cons.add_argument("--audit-dir", type=Path, default=None)
-    cons.add_argument("--workers", type=int, default=None, metavar="N",
+    cons.add_argument("--workers", type=int_in(1, 1024), default=None, metavar="N",
                       help="keyed parallel delivery: N workers by key, per-key order only (docs/SDK.md)")
 
 

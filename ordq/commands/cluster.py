@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, local_zk_port, wants_json
+from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
 from ordq.output import emit_json, table
 
@@ -27,16 +27,16 @@ def register(subparsers: Any) -> None:
         "running. Run it again after a crash to start only what is missing.",
     )
     _dir_option(up)
-    up.add_argument("--groups", type=int, default=None, metavar="N",
+    up.add_argument("--groups", type=int_in(1, 26), default=None, metavar="N",
                     help="broker groups, a master and a slave process each (default: as before in --dir, else 3)")
     up.add_argument("--zk-nodes", type=int, choices=[1, 3], default=None,
                     help="1 (standalone) or 3 (ensemble) ZooKeeper nodes (default: as before, else 1)")
-    up.add_argument("--zk-port", type=int, default=None, metavar="PORT",
+    up.add_argument("--zk-port", type=int_in(0, 65533), default=None, metavar="PORT",
                     help=f"ZooKeeper client port of the first node; 0: any free port (default: as before in --dir, "
                          f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_ZK_PORT})")
-    up.add_argument("--coordinators", type=int, default=None, metavar="N",
+    up.add_argument("--coordinators", type=int_in(0, 9), default=None, metavar="N",
                     help="coordinator daemons, one elected (default: as before, else 2)")
-    up.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+    up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
     down = add_command(subparsers, "down", func=cmd_down,

@@ -10,7 +10,7 @@ import sys
 import threading
 from typing import Any
 
-from ordq.commands import add_command, open_store
+from ordq.commands import add_command, open_store, seconds
 
 
 def register(subparsers: Any) -> None:
@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any)")
-    run.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+    run.add_argument("--interval", type=seconds(), default=0.5, metavar="SECONDS",
                      help="duty round period when nothing wakes it (default %(default)s)")
 
 

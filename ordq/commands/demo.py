@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ordq.commands import add_command
+from ordq.commands import add_command, int_in, rate
 from ordq.errors import ConfigError
 from ordq.output import table
 
@@ -34,8 +34,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dir", type=Path, default=Path(".ordq-demo"),
                         help="folder of the demo's cluster and files, wiped at start (default %(default)s)")
-    parser.add_argument("--messages", type=int, default=40_000, help="messages to send (default %(default)s)")
-    parser.add_argument("--rate", type=float, default=4_000.0, help="messages per second (default %(default)s)")
+    parser.add_argument("--messages", type=int_in(1, 10**9), default=40_000,
+                        help="messages to send (default %(default)s)")
+    parser.add_argument("--rate", type=rate(), default=4_000.0, help="messages per second (default %(default)s)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the moment of the kill (default: random)")
     parser.add_argument("--master", default=None, help="Spark master for the verification (default local[*])")
 

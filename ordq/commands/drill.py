@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, wants_json
+from ordq.commands import add_command, int_in, rate, wants_json
 from ordq.output import emit_json, table
 
 EXIT_FAILED = 1
@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
         "there is started and stopped again, its files kept.",
     )
     parser.add_argument("names", nargs="+", metavar="NAME", help="drill name(s), 'all', or 'list'")
-    parser.add_argument("--rounds", type=int, default=1, help="run each drill this many times (default 1)")
+    parser.add_argument("--rounds", type=int_in(1, 1000), default=1, help="run each drill this many times (default 1)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault moments and choices "
                         "(default: random, printed)")
     parser.add_argument("--dir", type=Path, default=None,
@@ -41,8 +41,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--zk-nodes", type=int, choices=[1, 3], default=None,
                         help="ZooKeeper nodes of a cluster started for the run (default: 3 if a drill needs an "
                              "ensemble, else 1)")
-    parser.add_argument("--messages", type=int, default=20_000, help="messages per drill (default %(default)s)")
-    parser.add_argument("--rate", type=float, default=4_000.0, help="messages per second (default %(default)s)")
+    parser.add_argument("--messages", type=int_in(1, 10**9), default=20_000,
+                        help="messages per drill (default %(default)s)")
+    parser.add_argument("--rate", type=rate(), default=4_000.0, help="messages per second (default %(default)s)")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
     parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ordq.commands import add_command, open_store, wants_json
+from ordq.commands import add_command, int_in, open_store, wants_json
 from ordq.output import emit_json
 
 LIMIT_BYTES = 256  # payload, key and header values shown without --full
@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
         f"printable UTF-8, else as hex, cut at {LIMIT_BYTES} bytes unless --full. Nothing is consumed.",
     )
     peek.add_argument("queue")
-    peek.add_argument("--seq", type=int, required=True, help="the message's seq")
+    peek.add_argument("--seq", type=int_in(0, 2**63 - 1), required=True, help="the message's seq")
     peek.add_argument("--full", action="store_true", help=f"show all bytes (default: first {LIMIT_BYTES})")
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from coordinator.state import QueueState
 from coordinator.store import DEFAULT_MAX_MESSAGE_BYTES, QueueConfig
-from ordq.commands import add_command, open_store, wants_json
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, open_store, wants_json
 from ordq.output import emit_json, table
 
 
@@ -21,10 +21,10 @@ def register(subparsers: Any) -> None:
         "--groups", help="comma-separated broker groups serving it (default: every registered group)"
     )
     create.add_argument(
-        "--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+        "--max-message-bytes", type=int_in(1, MAX_PAYLOAD_BYTES), default=DEFAULT_MAX_MESSAGE_BYTES,
         help="largest message accepted (default %(default)s)",
     )
-    create.add_argument("--retention-segments", type=int, default=None,
+    create.add_argument("--retention-segments", type=int_in(1, 10**6), default=None,
                         help="keep at most this many sealed segments (default: all until consumed)")
     add_command(sub, "list", help="list queues with their send head, stored messages and last seq",
                 func=cmd_list)

@@ -8,7 +8,7 @@ import datetime as dt
 import sys
 from typing import Any, TextIO
 
-from ordq.commands import add_command, open_store, wants_json
+from ordq.commands import add_command, open_store, seconds, wants_json
 from ordq.output import emit_json, table
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         "sample twice, --interval apart, to measure rates.",
     )
     top.add_argument("queues", nargs="*", metavar="QUEUE", help="only these queues (default: all)")
-    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+    top.add_argument("--interval", type=seconds(), default=1.0, metavar="SECONDS",
                      help="refresh period and rate window (default %(default)s)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
 

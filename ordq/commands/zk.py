@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, local_zk_port, wants_json
+from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
 from ordq.output import emit_json, table
 from ordq.zk_server import ZkServer
 
@@ -27,11 +27,11 @@ def register(subparsers: Any) -> None:
     _dir_option(start)
     start.add_argument("--nodes", type=int, choices=[1, 3], default=None,
                        help="1 (standalone) or 3 (ensemble); default: as before in --dir, else 1")
-    start.add_argument("--port", type=int, default=None,
+    start.add_argument("--port", type=int_in(0, 65533), default=None,
                        help=f"client port of the first node (others: +1, +2); default: as before in --dir, "
                             f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_PORT}; "
                             f"0: any free port")
-    start.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    start.add_argument("--timeout", type=seconds(), default=60.0, metavar="SECONDS",
                        help="how long to wait for it to serve (default %(default)s)")
     stop = add_command(sub, "stop", func=cmd_stop, help="stop the ZooKeeper started in --dir (data is kept)")
     _dir_option(stop)
