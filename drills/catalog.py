@@ -17,7 +17,7 @@ from broker_group.log import Message, encode_batch, iter_file_batches
 from coordinator.state import SegStatus
 from drills.audit import AckRow, DeliveryRow
 from drills.runner import Drill, DrillContext, DrillError
-from drills.workload import EXIT_FENCED, now_us
+from drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
 
 _ROLES = ("master", "slave")
 
@@ -155,6 +155,38 @@ def kill_consumer(ctx: DrillContext) -> None:
     ctx.wait(lambda: any(w is not leader and w.status().get("delivered", 0) > 0 for w in ctx.consumers),
              timeout_s=30, what="the standby consumer to take over and deliver")
     ctx.event("standby consumer leads and delivers")
+
+
+def pause_consumer(ctx: DrillContext) -> None:
+    leader = ctx.leader("consumer")
+    leader.proc.pause()
+    ctx.fault(f"SIGSTOP the consumer leader {leader.proc.name} (frozen past its ZooKeeper session)",
+              kind="consumer", writer=leader.writer)
+    standby = ctx.wait(lambda: next((w for w in ctx.consumers
+                                     if w is not leader and w.status().get("delivered", 0) > 0), None),
+                       timeout_s=30, what="the standby consumer to take over and deliver")
+    ctx.event(f"standby {standby.proc.name} took over and delivers; resuming the frozen leader")
+    leader.proc.resume()
+    ctx.notes["deposed"] = leader
+    ctx.wait(lambda: not leader.proc.alive(), timeout_s=30, what="the resumed consumer to stop")
+    ctx.event(f"resumed consumer exited: {leader.status().get('state')}: {leader.status().get('error', '')[:100]}")
+
+
+def check_deposed_consumer(ctx: DrillContext, _a: list[AckRow], deliveries: list[DeliveryRow]
+                           ) -> list[tuple[str, bool]]:
+    """One active consumer per subscription: the resumed leader must stop on its own clock
+    (NotLeader), and deliver nothing once its successor has delivered (the verifier's
+    ``concurrent_consumers`` checks the same from the audit files alone)."""
+    deposed = ctx.notes.get("deposed")
+    if deposed is None:
+        return [("the consumer leader was frozen and resumed", False)]
+    first_new = min((d.deliver_us for d in deliveries if d.consumer != deposed.writer), default=None)
+    late = [d for d in deliveries if d.consumer == deposed.writer and first_new is not None
+            and d.deliver_us >= first_new]
+    return [
+        ("the resumed consumer stopped with NotLeader", deposed.proc.returncode == EXIT_NOT_LEADER),
+        (f"no delivery by it after its successor's first ({len(late)} found)", first_new is not None and not late),
+    ]
 
 
 # -- coordination faults ---------------------------------------------------------------------------
@@ -330,6 +362,10 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           standby_producer=True, check=check_stale_producer),
     Drill("kill-consumer", "consumer leader killed (-9)",
           "standby resumes from the committed cursor, in order", kill_consumer, standby_consumer=True),
+    Drill("pause-consumer", "consumer leader hung (SIGSTOP) past its session and resumed after a standby took over",
+          "the standby resumes from the committed cursor; the resumed leader delivers nothing more and stops "
+          "(NotLeader): one active consumer at a time", pause_consumer, standby_consumer=True,
+          check=check_deposed_consumer),
     Drill("kill-zk-node", "one ZooKeeper node of three killed (-9)", "no effect", kill_zk_node,
           needs_ensemble=True),
     Drill("kill-coordinator", "leading coordinator daemon killed (-9)",

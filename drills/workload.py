@@ -31,6 +31,7 @@ EXIT_DONE = 0
 EXIT_ERROR = 2
 EXIT_FENCED = 3
 EXIT_GAP = 4
+EXIT_NOT_LEADER = 5  # a consumer that lost its lease (frozen past its session) and stopped
 
 
 def now_us() -> int:
@@ -228,7 +229,7 @@ class ConsumerRun:
         }
 
     def run(self) -> int:
-        from ordq.errors import GapDetected, OrdqError
+        from ordq.errors import GapDetected, NotLeader, OrdqError
         from sdk import Consumer, ConsumerConfig
 
         a = self.args
@@ -254,6 +255,8 @@ class ConsumerRun:
                     self.last_seq = m.seq
             self.state = "done" if self.last_seq >= a.total - 1 else "stopped"
             consumer.commit()  # every message handed out is counted: finished
+        except NotLeader as exc:
+            self.state, self.error, code = "deposed", str(exc), EXIT_NOT_LEADER
         except GapDetected as exc:
             self.state, self.error, code = "gap", str(exc), EXIT_GAP
         except (OrdqError, OSError) as exc:

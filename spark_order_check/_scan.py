@@ -55,6 +55,7 @@ E_SCHEMA = T.StructType([
     T.StructField("pos", T.LongType()),
     T.StructField("seg", T.LongType()),  # acks only: the segment the ack placed the seq in
     T.StructField("lat", T.LongType()),  # deliver_us - msg_us; null for acks
+    T.StructField("t", T.LongType()),  # deliver_us; null for acks
     T.StructField("key", T.StringType()),  # only for keyed subscriptions
     T.StructField("bad", T.StringType()),  # the raw line of an unreadable row
 ])
@@ -132,6 +133,7 @@ def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket
         F.col("pos"),
         F.col("seg").alias("seg"),
         F.lit(None).cast("long").alias("lat"),
+        F.lit(None).cast("long").alias("t"),
         F.lit(None).cast("string").alias("key"),
         # Fields of unreadable rows are left as parsed (maybe null): every check filters on kind.
         F.when(k > DELIVERY, _bad_text(ACK_COLUMNS)).alias("bad"),
@@ -169,6 +171,7 @@ def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, 
         F.col("pos"),
         F.lit(None).cast("long").alias("seg"),
         (F.col("deliver_us") - F.col("msg_us")).alias("lat"),
+        F.col("deliver_us").alias("t"),
         key.cast("string").alias("key"),
         F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS)).alias("bad"),
     )

@@ -181,6 +181,11 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
         # 2. Raw findings: acks against deliveries for every seq; order windows only for the
         #    consumer instances whose files are not one run of consecutive seqs.
         parts = [C.seq_findings(e, local_table(spark, sub_rows, SUBS))]
+        multi = _subscriptions_with_several_instances(fstats)
+        if multi:
+            parts.append(C.concurrent_consumer_findings(e.filter(F.col("kind") == DELIVERY).join(
+                F.broadcast(local_table(spark, [(q, s, True) for q, s in multi], SUBS)).select("q", "s"),
+                ["q", "s"], "left_semi")))
         if windowed:
             d = e.filter(F.col("kind") == DELIVERY).join(
                 F.broadcast(local_table(spark, windowed, INSTANCES)), ["q", "s", "c"], "left_semi")
@@ -300,6 +305,16 @@ class _FileStats:
     def one_run(self) -> bool:
         """Rows numbered without holes whose seqs go up by one per row."""
         return self.min_d == self.max_d and self.max_row - self.min_row + 1 == self.rows
+
+
+def _subscriptions_with_several_instances(fstats: list[_FileStats]) -> list[tuple[str, str]]:
+    """(queue, subscription) delivered to by more than one consumer instance: only there can
+    two instances have been active at once."""
+    by_sub: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in fstats:
+        if r.kind == DELIVERY and r.c:
+            by_sub[(r.q, r.s)].add(r.c)
+    return sorted(k for k, cs in by_sub.items() if len(cs) > 1)
 
 
 def is_keyed(keyed: Sequence[str], q: str | None, s: str | None) -> bool:
@@ -444,6 +459,10 @@ def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, 
     if cls == "redelivered_after_takeover":
         names = sorted({names_by_hash.get(h, f"#{h}") for h in (r.pos, r.pos2)})
         return {"queue": r.q, "subscription": r.s, "seq": r.seq, "instances": r.n + 1, "consumers": names}
+    if cls == "concurrent_consumers":
+        return {"queue": r.q, "subscription": r.s, "consumer": r.c, "deliveries_after": r.n,
+                "first_seq_after": r.seq, "at": at(r.pos, files), "successor": r.c2, "successor_first_seq": r.seq2,
+                "successor_first_at": at(r.pos2, files), "overlap_us": r.crc}
     if cls in ("malformed_row", "torn_row"):
         return {"at": at(r.pos, files), "text": r.text}
     from spark_order_check.segments import segment_example

@@ -14,7 +14,9 @@ The run it models, per queue of ``messages`` seqs ``0 .. N-1`` (k = N/2):
   resend after failover, same payload: allowed).
 - per subscription, consumer ``<q>-<s>-c1`` delivers ``0 .. t-1`` (t = 0.6 N) and dies; the
   standby ``<q>-<s>-c2`` resumes from the last committed cursor and delivers ``k .. N-1``, so
-  ``t-k`` seqs are redelivered after takeover (allowed).
+  ``t-k`` seqs are redelivered after takeover (allowed). ``c2`` starts delivering after ``c1``'s
+  last delivery (its deliver times are shifted by ``TAKEOVER_US`` past ``c1``'s): one active
+  consumer at a time.
 - a keyed subscription (``Scenario.keyed``) delivers each aligned block of 4 seqs in reverse
   order (keys are ``seq % keys``, all different within a block): global order breaks, per-key
   order holds, as with hashed per-key workers.
@@ -24,7 +26,9 @@ duplicates, out-of-order pairs and gaps into ``c1`` of the first subscription, l
 tail of its ``c2``, CRC mismatches into ``c2`` of the second subscription, per-key order
 violations into ``c2`` of the first keyed subscription, unacked seqs and conflicting acks into
 ``pb``'s acks, malformed lines into ``pa``'s first file, and a torn last line into a ``.part``
-file of the second subscription's ``c2``.
+file of the second subscription's ``c2``, and a zombie tail (``concurrent_consumers``): ``c1``
+of the first subscription goes on delivering ``t ..`` after ``c2`` started, as a consumer leader
+frozen past its session and resumed would without its lease check.
 """
 
 from __future__ import annotations
@@ -77,13 +81,15 @@ class Injections:
     crc_conflict_acks: int = 0
     crc_mismatch_delivery: int = 0
     malformed_row: int = 0
+    concurrent_consumers: int = 0  # zombie deliveries by c1 after c2 started
     torn_row: bool = False
 
     @classmethod
     def every(cls, n: int = 3, *, keyed: bool = True) -> Injections:
         """``n`` of every class (``key_order`` only when the scenario has a keyed subscription)."""
         return cls(lost=n, unacked=n, duplicate=n, out_of_order=n, gap=n, key_order=n if keyed else 0,
-                   crc_conflict_acks=n, crc_mismatch_delivery=n, malformed_row=n, torn_row=True)
+                   crc_conflict_acks=n, crc_mismatch_delivery=n, malformed_row=n, concurrent_consumers=n,
+                   torn_row=True)
 
     def __attrs_post_init__(self) -> None:
         for f in attrs.fields(Injections):
@@ -109,8 +115,9 @@ def key_of(seq: int, keys: int) -> str:
     return f"k{seq % keys}".encode().hex()
 
 
-def latency_of(seq: int, second: bool) -> int:
-    return 1000 + (seq * 7919) % 9000 + (500 if second else 0)
+def latency_of(seq: int, second: bool, *, takeover_us: int = 0) -> int:
+    """deliver_us - msg_us of a delivery; the standby's includes the takeover wait."""
+    return 1000 + (seq * 7919) % 9000 + (500 + takeover_us if second else 0)
 
 
 class _Writer:
@@ -240,6 +247,11 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
 
     lat_values: dict[tuple[str, str], list[int]] = {}
     delivery_rows = 0
+    # c2 starts after c1's last delivery (seq t-1 at most 10.5 ms after its message time).
+    takeover_us = (t - k) * 1000 + 20_000
+    # c2's first delivery in time (latencies vary by up to 9 ms, so it is among its first seqs)
+    c2_first_us, c2_first_seq = min((T0_US + x * 1000 + latency_of(x, True, takeover_us=takeover_us), x)
+                                    for x in range(k, min(n_msgs, k + 12)))
     for q in sc.queues:
         inj_here = q == q0
         for s in sc.subscriptions:
@@ -257,12 +269,16 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                     order = (x for x in order if x < lost_from)
                 if inj_here and second and s == ks and key_order_seqs:
                     order = _swap_same_key(order, key_order_seqs, sc.keys)
+                if inj_here and not second and s == s1 and inj.concurrent_consumers:
+                    order = [*order, *range(t, t + inj.concurrent_consumers)]  # the zombie tail
                 seen: set[int] = set()
                 for seq in order:
                     crc = crc_of(q, seq)
                     if inj_here and second and s == s2 and seq in mismatch_seqs:
                         crc ^= 0xFFFF
-                    lat = latency_of(seq, second)
+                    lat = latency_of(seq, second, takeover_us=takeover_us)
+                    if seq >= t and not second:  # a zombie delivery: after c2's first
+                        lat = c2_first_us + (seq - t + 1) * 1000 - (T0_US + seq * 1000)
                     if latency:
                         values.append(lat)
                     tag = ("del", q, s, cons, seq, seq in seen)
@@ -287,7 +303,8 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         "crc_conflict_replicas": 0, "crc_mismatch_stored": 0, "stored_gap": 0, "stored_order": 0,
         "acked_not_stored": 0, "unreadable_segment": 0, "malformed_row": inj.malformed_row,
         "unacked_in_flight": sc.in_flight * n_subs * len(sc.queues),
-        "redelivered_after_takeover": (t - k) * n_subs * len(sc.queues) - inj.gap,
+        "redelivered_after_takeover": (t - k) * n_subs * len(sc.queues) - inj.gap + inj.concurrent_consumers,
+        "concurrent_consumers": inj.concurrent_consumers,
         "torn_row": int(inj.torn_row),
     }
     c1 = f"{q0}-{s1}-c1"
@@ -332,6 +349,13 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
             "queue": q0, "subscription": s2, "seq": x, "consumer": mc2, "expected_crc32": crc_of(q0, x),
             "acked": True, "delivered_crc32": crc_of(q0, x) ^ 0xFFFF, "at": at(("del", q0, s2, mc2, x, False)),
             "ack_at": at(("ack", q0, x))}
+    if inj.concurrent_consumers:
+        z = inj.concurrent_consumers
+        c2 = f"{q0}-{s1}-c2"
+        first["concurrent_consumers"] = {
+            "queue": q0, "subscription": s1, "consumer": c1, "deliveries_after": z, "first_seq_after": t,
+            "at": at(("del", q0, s1, c1, t, False)), "successor": c2, "successor_first_seq": c2_first_seq,
+            "successor_first_at": at(("del", q0, s1, c2, c2_first_seq, False)), "overlap_us": z * 1000}
     if inj.malformed_row:
         x = mal_after[0]
         first["malformed_row"] = {"at": at(("malformed", x)), "text": f"{q0}\tgarbage line {x}"}

@@ -30,6 +30,9 @@ CLASSES: tuple[AnomalyClass, ...] = (
     AnomalyClass("gap", True, "seqs", "seqs missing between the lowest and highest seq a consumer instance delivered"),
     AnomalyClass("key_order", True, "pairs",
                  "keyed subscription: within one key, a higher seq delivered before the next lower seq"),
+    AnomalyClass("concurrent_consumers", True, "deliveries",
+                 "a consumer instance delivered after another instance of the subscription had started "
+                 "delivering (two active consumers at once)"),
     AnomalyClass("crc_conflict_acks", True, "seqs", "one seq acked with two different payload CRCs"),
     AnomalyClass("crc_mismatch_delivery", True, "seqs",
                  "a delivered payload CRC differs from the acked one (or deliveries of an unacked seq disagree)"),

@@ -93,7 +93,8 @@ def test_generator_counts_and_layout(tmp_path: Path) -> None:
     sc = Scenario(keyed=("s2",))
     exp = generate(tmp_path, sc, Injections.every(2))
     assert exp.counts["duplicate"] == 2 and exp.counts["unacked"] == 4  # unacked: per subscription
-    assert exp.counts["redelivered_after_takeover"] == 200 * 4 - 2
+    assert exp.counts["redelivered_after_takeover"] == 200 * 4 - 2 + 2  # - gaps + the zombie tail
+    assert exp.counts["concurrent_consumers"] == 2
     parts = sorted(p.name for p in (tmp_path / "deliveries").glob("*.part"))
     assert parts == ["orders-s2-c2-1.tsv.part"]
     lines = (tmp_path / "deliveries" / parts[0]).read_text().split("\n")
