@@ -16,8 +16,9 @@ Invariants (DESIGN §3), as checked by ``check_invariants``:
   have ``end`` (and ``last_seq`` when ``end > 0``).
 - I3 Segment ids strictly increase along the consume list and are below ``next_seg``.
 - I4 No group is in the send list twice; every group in it belongs to the queue, and holds no
-  consume-list segment except the open tail (for the head). Liveness at admission is a fact
-  checked by ``admit`` itself.
+  consume-list segment, except the head: the open tail and the segments it rolled before it
+  (a run of its own segments ending at the tail; a group is admitted only without backlog).
+  Liveness at admission is a fact checked by ``admit`` itself.
 - I5 A subscription cursor never points before the consume-list head or past ``next_seg``
   (the position after the tail: where a consumer waits once it drained a sealed tail).
 """
@@ -228,7 +229,14 @@ def check_invariants(state: QueueState, cursors: Mapping[str, Cursor] | None = N
         if gid not in state.groups:
             raise InvariantViolation("I4", f"group {gid} in the send list is not a member")
         held = [s.seg for s in consume if s.gid == gid]
-        allowed = [consume[-1].seg] if i == 0 else []
+        # Admitted without backlog; since then only the head may have written, and a roll
+        # keeps it in the list: the head holds a run of its own segments ending at the tail.
+        allowed: list[int] = []
+        if i == 0:
+            for s in reversed(consume):
+                if s.gid != gid:
+                    break
+                allowed.insert(0, s.seg)
         if held != allowed:
             raise InvariantViolation("I4", f"send-list group {gid} holds backlog segments {held}")
     # I5
@@ -317,6 +325,24 @@ def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState
     if new.send:
         return _checked(_open_on_head(new))
     return _checked(admit_all(new, facts))
+
+
+def roll(state: QueueState, gid: str, seg: int) -> QueueState:
+    """Seal-and-continue on a healthy head: ``seg``, the open segment of head ``gid``, becomes
+    ``sealing`` and the next segment opens on the same head in the same write; the group stays
+    in the send list. Producers continue on the new segment with the next seq exactly as after
+    ``fail_over`` (their unacked batches are resent; consumers drop duplicates by seq); the old
+    segment, once sealed and read by every subscription, can be popped: this is how a healthy
+    queue frees disk."""
+    open_seg = state.open_segment
+    if state.head != gid or open_seg is None or open_seg.seg != seg or open_seg.gid != gid:
+        raise IllegalTransition(
+            "roll",
+            f"group {gid} segment {seg} is not the open head "
+            f"(head {state.head}, open segment {open_seg.seg if open_seg else None})",
+        )
+    return _checked(_open_on_head(attrs.evolve(
+        state, consume=state.consume[:-1] + (open_seg.moved_to(SegStatus.SEALING),))))
 
 
 def remove_from_send(state: QueueState, gid: str, facts: Facts) -> QueueState:

@@ -182,6 +182,15 @@ class Consumer:
                         type(exc).__name__, close_exc)
 
     def start(self) -> None:
+        """Connect, create the subscription if needed (``start``), wait to be elected, read the
+        cursor. On any error nothing is left running (ZooKeeper session, lease, channels)."""
+        try:
+            self._start()
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _start(self) -> None:
         cfg = self.config
         if self._transport is None:
             from broker_group.client import GrpcTransport
@@ -198,7 +207,6 @@ class Consumer:
         self._ensure_subscription()
         self._election = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
         if not self._election.acquire(blocking=True, timeout=cfg.leader_timeout_s):
-            self._shutdown()
             raise WaitTimeout(
                 f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
             )

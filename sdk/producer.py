@@ -136,7 +136,15 @@ class Producer:
         self.close()
 
     def start(self) -> None:
-        """Connect, wait to be elected leader (standbys block here), take over the tail."""
+        """Connect, wait to be elected leader (standbys block here), take over the tail.
+        On any error nothing is left running (ZooKeeper session, election node, channels)."""
+        try:
+            self._start()
+        except BaseException:
+            self._shutdown_zk()
+            raise
+
+    def _start(self) -> None:
         cfg = self.config
         if self._transport is None:
             from broker_group.client import GrpcTransport
@@ -158,7 +166,6 @@ class Producer:
         self._head = HeadProtocol(self._store, self._transport, cfg.queue, no_group_timeout_s=cfg.no_group_timeout_s)
         self._lease = self._client.Lock(paths.producer_leader(cfg.queue), cfg.producer_id)
         if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
-            self._shutdown_zk()
             raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
         self._take_over()
         self._sender = threading.Thread(target=self._send_loop, name="ordq-producer-send", daemon=True)

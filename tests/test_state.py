@@ -74,6 +74,21 @@ def test_fail_over_with_empty_send_list_admits_eligible_or_leaves_none_open() ->
     assert t.send == ("g2", "g3") and t.open_segment == Segment(seg=1, gid="g2")
 
 
+def test_roll_seals_the_open_segment_and_continues_on_the_same_head() -> None:
+    s = started()
+    rolled = sm.roll(s, "g1", 0)
+    assert rolled.send == s.send and rolled.head == "g1"
+    assert [(x.seg, x.gid, x.status) for x in rolled.consume] == [(0, "g1", SegStatus.SEALING),
+                                                                  (1, "g1", SegStatus.OPEN)]
+    with pytest.raises(IllegalTransition):
+        sm.roll(rolled, "g1", 0)  # a second roller racing: the segment is no longer open
+    with pytest.raises(IllegalTransition):
+        sm.roll(rolled, "g2", 1)  # not the head
+    sealed = sm.seal(rolled, 0, 5, 0, 4)
+    popped = sm.pop(sealed, Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1)}))
+    assert [x.seg for x in popped.consume] == [1]  # consumed: the disk can be freed
+
+
 def test_seal_and_pop_lifecycle() -> None:
     s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
     with pytest.raises(IllegalTransition):
@@ -118,7 +133,7 @@ def test_round_trip_dict() -> None:
 ops = st.lists(
     st.tuples(
         st.sampled_from(
-            ["admit", "admit_all", "fail_over", "fail_over_wrong", "seal", "pop", "retain",
+            ["admit", "admit_all", "fail_over", "fail_over_wrong", "roll", "roll_wrong", "seal", "pop", "retain",
              "bump", "drain", "live", "move_cursor"]
         ),
         st.sampled_from(GROUPS + ("gX",)),
@@ -146,6 +161,12 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 state = sm.fail_over(state, state.open_segment.gid, state.open_segment.seg, facts)
             elif op == "fail_over_wrong":
                 state = sm.fail_over(state, gid, n, facts)
+            elif op == "roll" and state.open_segment is not None:
+                head = state.head
+                state = sm.roll(state, state.open_segment.gid, state.open_segment.seg)
+                assert state.head == head and state.open_segment is not None and state.open_segment.gid == head
+            elif op == "roll_wrong":
+                state = sm.roll(state, gid, n)
             elif op == "seal":
                 sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
                 if sealing:

@@ -1,5 +1,5 @@
 """Taking broker groups out of service: drain (out of every send list, kept out), undrain,
-remove (unregister once nothing needs it).
+remove (unregister once nothing needs it); and rolling a queue's open segment.
 
 Guarantee: every list change is a conditional transition of ``coordinator.state`` applied by
 the store; a drain mark is checked in the same write as any admit (``ZkStore.apply``), so a
@@ -8,6 +8,7 @@ drained group is never re-admitted behind the operator's back.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -62,17 +63,60 @@ def drain_group(store: ZkStore, reader: ReplicaReader, gid: str, *, force: bool 
             st, _ = store.load_state(queue)  # moved by someone else meanwhile
         sealed: bool | None = None
         if open_seg is not None:
-            seg = st.segment(open_seg)
-            if seg is not None and seg.status is SegStatus.SEALING:
-                try:
-                    st = run_seal(store, reader.transport, queue, open_seg)
-                    sealed = True
-                except OrdqError:
-                    sealed = False  # the coordinator daemon or a consumer completes it later
-            else:
-                sealed = True
+            st, sealed = seal_now(store, reader, st, open_seg)
         out.append(DrainedQueue(queue, was_head, st.head, open_seg, sealed))
     return out
+
+
+def seal_now(store: ZkStore, reader: ReplicaReader, st: sm.QueueState, seg: int) -> tuple[sm.QueueState, bool]:
+    """Seal ``seg`` (a segment just failed over or rolled) so its master refuses further
+    writes and producers follow the new segment at once. Best effort: False when no replica
+    answered (the coordinator daemon or the consumer that reaches its end completes it)."""
+    target = st.segment(seg)
+    if target is None or target.status is not SegStatus.SEALING:
+        return st, True
+    try:
+        return run_seal(store, reader.transport, st.queue, seg), True
+    except OrdqError:
+        return st, False
+
+
+@attrs.frozen
+class RolledQueue:
+    queue: str
+    head: str
+    sealing_seg: int  # the segment that was open
+    new_seg: int
+    sealed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _roll(state: sm.QueueState, _facts: sm.Facts, *, gid: str, seg: int) -> sm.QueueState:
+    return sm.roll(state, gid, seg)
+
+
+def roll_queue(store: ZkStore, reader: ReplicaReader, queue: str) -> RolledQueue:
+    """Seal the open segment of ``queue``'s head and open the next one on the same head
+    (``coordinator.state.roll``), then seal the old one: producers continue on the new segment
+    with the next seq; the old one can be popped once every subscription read it.
+    IllegalTransition when the queue has no open segment (no writable group)."""
+    st, _ = store.load_state(queue)
+    for _ in range(10):
+        open_seg = st.open_segment
+        if open_seg is None:
+            raise IllegalTransition("roll", f"queue {queue!r} has no open segment (no group takes writes)")
+        try:
+            st = store.apply(queue, functools.partial(_roll, gid=open_seg.gid, seg=open_seg.seg))
+        except IllegalTransition:
+            st, _ = store.load_state(queue)  # a failover or another roll meanwhile: roll what is open now
+            continue
+        new = st.open_segment
+        assert new is not None
+        st, sealed = seal_now(store, reader, st, open_seg.seg)
+        return RolledQueue(queue, open_seg.gid, open_seg.seg, new.seg, sealed)
+    raise IllegalTransition("roll", f"queue {queue!r}: its open segment kept moving; try again")
 
 
 def stranded_queues(store: ZkStore, gid: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""ordq queue create|list|describe|delete: queues, their send and consume lists."""
+"""ordq queue create|list|describe|roll|delete: queues, their send and consume lists."""
 
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ def register(subparsers: Any) -> None:
         "messages and seq range; open and sealing segments are asked of their replicas, '?' when none "
         "answers), the backlog each group holds, and each subscription's cursor, lag and holder.")
     desc.add_argument("queue")
+    roll = add_command(
+        sub, "roll", func=cmd_roll, help="seal the open segment and continue on a new one on the same head",
+        description="Seal the queue's open segment and open the next one on the same send head, in one "
+        "conditional write; then seal the old one on its replicas. Producers continue on the new segment with "
+        "the next seq (what was in flight is resent; consumers drop duplicates by seq). Once every "
+        "subscription has read the old segment it can be popped and its disk freed.")
+    roll.add_argument("queue")
     delete = add_command(sub, "delete", help="delete a queue's metadata (not broker data)",
                          func=cmd_delete)
     delete.add_argument("queue")
@@ -51,6 +58,21 @@ def cmd_create(args: argparse.Namespace) -> int:
     else:
         head = st.head or "none yet (no group has master and slave live)"
         print(f"queue {args.queue} created on groups {', '.join(st.groups)}; send head: {head}")
+    return 0
+
+
+def cmd_roll(args: argparse.Namespace) -> int:
+    from ordq.admin.groups import roll_queue
+    from ordq.admin.read import ReplicaReader
+
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        rolled = roll_queue(store, reader, args.queue)
+    if wants_json(args):
+        emit_json(rolled.to_dict())
+    else:
+        state = "sealed" if rolled.sealed else "sealing (completed later: no replica answered)"
+        print(f"queue {rolled.queue}: segment {rolled.sealing_seg} {state}; segment {rolled.new_seg} open on "
+              f"{rolled.head}")
     return 0
 
 

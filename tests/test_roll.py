@@ -1,0 +1,62 @@
+"""Rolling a queue's open segment (``ordq queue roll``, ``coordinator.state.roll``) under load
+on real brokers: the head seals its segment and continues on the next one on the same group;
+the producer follows with the next seq, the consumer reads across every boundary, nothing is
+lost or reordered, also when the head master is killed between rolls.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coordinator.state import SegStatus
+from ordq.admin.groups import roll_queue
+from ordq.admin.read import ReplicaReader
+from tests.cluster import Cluster, cluster_fixture, finish, start_load, wait_acked  # noqa: F401 - fixture
+from tests.order_check import check_delivery
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+N = 24_000  # 6 s at the load rate: every roll and the kill land while messages flow
+
+
+def roll(cluster: Cluster, *, cli: bool) -> dict:
+    if cli:  # the operator's command, as a separate process
+        out = cluster.ordq("queue", "roll", "q", "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    with ReplicaReader(cluster.store) as reader:
+        return roll_queue(cluster.store, reader, "q").to_dict()
+
+
+def test_rolls_under_load_and_a_head_master_kill_lose_nothing(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    producer, consumer = start_load(cluster, N)
+    rolled = []
+    for i in range(6):
+        wait_acked(producer, (i + 1) * N // 10)
+        r = roll(cluster, cli=i == 0)
+        assert r["sealed"] and r["new_seg"] > r["sealing_seg"]
+        rolled.append(r)
+        if i == 1:  # the head's master dies between two rolls: fail over, roll on the next head
+            victim = cluster.head().master
+            victim.kill()
+            wait_until(lambda head=r["head"]: cluster.state().head != head, timeout_s=30, what="the failover")
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    st = cluster.state()
+    # Every rolled segment still listed is sealed (the consumer popped those it finished).
+    assert all(s.status is SegStatus.SEALED for s in st.consume if s.seg in {r["sealing_seg"] for r in rolled})
+    assert st.open_segment is not None and st.open_segment.seg >= 7  # 6 rolls and a failover
+
+
+def test_roll_of_a_queue_without_an_open_segment_is_a_clear_error(cluster: Cluster) -> None:
+    cluster.store.add_group("g9")  # registered, never started: nothing can be admitted
+    cluster.store.create_queue("idle", ["g9"])
+    out = cluster.ordq("queue", "roll", "idle")
+    assert out.returncode == 1 and b"Traceback" not in out.stderr
+    assert b"has no open segment" in out.stderr, out.stderr
