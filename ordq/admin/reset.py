@@ -44,7 +44,7 @@ class SubscriptionHeld(OrdqError):
     def __init__(self, queue: str, sub: str, holder: str) -> None:
         super().__init__(
             f"subscription {queue}/{sub} is held by consumer {holder!r}: stop it first, or pass --force "
-            "(its next cursor commit then fails with a conflict and it must restart)"
+            "(that consumer then stops: its next cursor commit fails)"
         )
         self.queue = queue
         self.sub = sub
@@ -173,6 +173,29 @@ def reset_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: s
             return ResetResult(queue, sub, str(target), before, cursor, starts_at, force and holder is not None,
                                holder)
     raise ConflictError(f"{queue}/{sub}: the cursor or the queue kept moving; reset not done after {attempts} tries")
+
+
+def create_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: str,
+                        target: ResetTarget) -> tuple[Cursor, Location | None]:
+    """Create ``sub`` starting at ``target`` (earliest | latest | seq N | time T, as for a
+    reset): its first consumer delivers from there. AlreadyExists when it exists (use
+    ``sub reset`` to move it). Returns its cursor and the message it starts at, when known."""
+    st, _ = store.load_state(queue)  # QueueNotFound first
+    cursor, starts_at = resolve_target(store, reader, st, target)
+    store.create_subscription(queue, sub, at=cursor)
+    return cursor, starts_at
+
+
+def delete_subscription(store: ZkStore, queue: str, sub: str, *, force: bool = False) -> str | None:
+    """Delete ``sub`` and its cursor, so it no longer keeps segments from being popped.
+    Refused (SubscriptionHeld) while a consumer holds it, unless ``force``: that consumer's
+    lock node goes with the subscription, so it finds its lease gone and stops (NotLeader).
+    Returns the holder it was deleted under, if forced."""
+    holders = store.subscription_holders(queue, sub)  # QueueNotFound / SubscriptionNotFound
+    if holders and not force:
+        raise SubscriptionHeld(queue, sub, holders[0])
+    store.delete_subscription(queue, sub)
+    return holders[0] if holders else None
 
 
 @contextlib.contextmanager

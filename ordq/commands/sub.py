@@ -1,4 +1,5 @@
-"""ordq sub list|reset: subscriptions of a queue, their cursors and lag; move a cursor."""
+"""ordq sub list|create|reset|delete: subscriptions of a queue, their cursors and lag; create,
+move and delete them."""
 
 from __future__ import annotations
 
@@ -32,6 +33,57 @@ def register(subparsers: Any) -> None:
     reset.add_argument("--force", action="store_true",
                        help="reset even while a consumer holds the subscription (its next cursor commit fails "
                        "with a conflict and it must restart)")
+    register_create_delete(sub)
+
+
+def register_create_delete(sub: Any) -> None:
+    create = add_command(
+        sub, "create", func=cmd_create, help="create a subscription starting at earliest, latest, a seq or a time",
+        description="Create a subscription whose first consumer delivers from the target: the oldest kept "
+        "message (earliest, the default), only messages produced from now on (latest), the message with seq N "
+        "(seq N: an application that keeps its position in its own database resumes exactly there), or the "
+        "first message stamped at or after T (time T, as for reset).")
+    create.add_argument("queue")
+    create.add_argument("subscription")
+    create.add_argument("--start", nargs="+", default=["earliest"], metavar="TARGET",
+                        help="earliest | latest | seq N | time T (default: earliest)")
+    delete = add_command(
+        sub, "delete", func=cmd_delete, help="delete a subscription (it no longer keeps segments from being freed)",
+        description="Delete a subscription and its cursor, so it no longer keeps consumed segments from being "
+        "popped. Refused while a consumer holds it, unless --force (that consumer then stops).")
+    delete.add_argument("queue")
+    delete.add_argument("subscription")
+    delete.add_argument("--force", action="store_true", help="delete even while a consumer holds it")
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from ordq.admin import ReplicaReader
+    from ordq.admin.reset import create_subscription, parse_reset_target
+
+    target = parse_reset_target(args.start)
+    with open_store(args) as store, ReplicaReader(store) as reader:
+        cursor, starts_at = create_subscription(store, reader, args.queue, args.subscription, target)
+    if wants_json(args):
+        emit_json({"queue": args.queue, "subscription": args.subscription, "start": str(target),
+                   "cursor": cursor.to_dict(), "next_seq": starts_at.seq if starts_at else None})
+        return 0
+    first = f"seq {starts_at.seq}" if starts_at is not None else f"the message after seq {cursor.last_seq}"
+    print(f"subscription {args.queue}/{args.subscription} created at {target}: first delivered: {first}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from ordq.admin.reset import delete_subscription
+
+    with open_store(args) as store:
+        holder = delete_subscription(store, args.queue, args.subscription, force=args.force)
+    if wants_json(args):
+        emit_json({"queue": args.queue, "subscription": args.subscription, "deleted": True, "held_by": holder})
+        return 0
+    print(f"subscription {args.queue}/{args.subscription} deleted")
+    if holder is not None:
+        print(f"forced while held by {holder}: that consumer stops (its lease is gone)")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
