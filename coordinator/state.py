@@ -310,18 +310,7 @@ def admit_all(state: QueueState, facts: Facts) -> QueueState:
 def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState:
     """The head ``gid`` failed while ``seg`` was its open segment: mark it sealing, drop the
     head, open a new segment on the next head (admitting eligible groups if none is left)."""
-    open_seg = state.open_segment
-    if state.head != gid or open_seg is None or open_seg.seg != seg or open_seg.gid != gid:
-        raise IllegalTransition(
-            "fail_over",
-            f"group {gid} segment {seg} is not the open head "
-            f"(head {state.head}, open segment {open_seg.seg if open_seg else None})",
-        )
-    new = attrs.evolve(
-        state,
-        send=state.send[1:],
-        consume=state.consume[:-1] + (open_seg.moved_to(SegStatus.SEALING),),
-    )
+    new = attrs.evolve(_head_segment_sealing(state, gid, seg, "fail_over"), send=state.send[1:])
     if new.send:
         return _checked(_open_on_head(new))
     return _checked(admit_all(new, facts))
@@ -334,15 +323,21 @@ def roll(state: QueueState, gid: str, seg: int) -> QueueState:
     ``fail_over`` (their unacked batches are resent; consumers drop duplicates by seq); the old
     segment, once sealed and read by every subscription, can be popped: this is how a healthy
     queue frees disk."""
+    return _checked(_open_on_head(_head_segment_sealing(state, gid, seg, "roll")))
+
+
+def _head_segment_sealing(state: QueueState, gid: str, seg: int, transition: str) -> QueueState:
+    """``state`` with ``seg``, the open segment of the head ``gid``, marked ``sealing``;
+    IllegalTransition when it is not (another party failed it over or rolled it first: the
+    caller must follow the state instead)."""
     open_seg = state.open_segment
     if state.head != gid or open_seg is None or open_seg.seg != seg or open_seg.gid != gid:
         raise IllegalTransition(
-            "roll",
+            transition,
             f"group {gid} segment {seg} is not the open head "
             f"(head {state.head}, open segment {open_seg.seg if open_seg else None})",
         )
-    return _checked(_open_on_head(attrs.evolve(
-        state, consume=state.consume[:-1] + (open_seg.moved_to(SegStatus.SEALING),))))
+    return attrs.evolve(state, consume=state.consume[:-1] + (open_seg.moved_to(SegStatus.SEALING),))
 
 
 def remove_from_send(state: QueueState, gid: str, facts: Facts) -> QueueState:
