@@ -148,9 +148,17 @@ class Cluster:
     def ordq(self, *args: str, timeout_s: float = 120.0,
              stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
         """Run the ``ordq`` CLI on this cluster to its end, as a user would (a separate process)."""
-        return subprocess.run([sys.executable, "-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, *args],
-                              input=stdin, capture_output=True, timeout=timeout_s, cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+        return subprocess.run(self._ordq_argv(args), input=stdin, capture_output=True, timeout=timeout_s,
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+
+    def ordq_piped(self, *args: str) -> subprocess.Popen[bytes]:
+        """Start the ``ordq`` CLI with pipes on stdin, stdout and stderr, for a test that talks
+        to it while it runs (reads its output, types into it, sends it Ctrl-C)."""
+        return subprocess.Popen(self._ordq_argv(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def _ordq_argv(self, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, *args]
 
     def spawn_ordq(self, name: str, *args: str) -> ManagedProcess:
         """Start the ``ordq`` CLI on this cluster in the background (killed at teardown); its

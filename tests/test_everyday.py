@@ -11,6 +11,8 @@ consume --count`` committing a whole batch, a new subscription at ``latest``, an
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 
 import pytest
 
@@ -207,3 +209,81 @@ def test_max_message_bytes_is_enforced_by_the_producer_and_the_broker(cluster: C
             seqs.extend((m.seq, len(m.payload)) for m in c.poll(timeout_s=0.2))
         assert c.poll(timeout_s=0.3) == []  # nothing of the refused messages was stored
     assert seqs == [(0, 100), (1, 80)]
+
+
+def _seqs(lines: bytes) -> list[int]:
+    return [int(line.split(b"\t")[0]) for line in lines.splitlines()]
+
+
+def _interrupt_after(proc: subprocess.Popen[bytes], lines: int) -> tuple[list[int], str]:
+    """Read ``lines`` lines of ``ordq consume`` output, press Ctrl-C, collect the rest."""
+    assert proc.stdout is not None
+    seen = b""
+    while seen.count(b"\n") < lines:
+        chunk = proc.stdout.read1(65536)
+        assert chunk, "ordq consume ended before it was interrupted"
+        seen += chunk
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    return _seqs(seen + rest), err.decode()
+
+
+def test_ctrl_c_on_consume_commits_exactly_what_it_printed(queue: Cluster) -> None:
+    """Ctrl-C at any point of a running `ordq consume` (traffic still arriving): the commit
+    covers exactly the messages printed, so the next run starts right after the last one."""
+    queue.spawn_ordq("traffic", "produce", "q", "--count", "40000", "--rate", "2000")  # outlasts the test
+    start = 0
+    for lines in (1, 300, 1000, 2000):
+        seqs, err = _interrupt_after(queue.ordq_piped("consume", "q", "-s", "ctrlc"), lines)
+        assert seqs == list(range(start, start + len(seqs))), (start, seqs[:3], seqs[-3:])
+        assert f"delivered {len(seqs)} messages from q/ctrlc, last seq {seqs[-1]}" in err
+        assert committed(queue, "ctrlc") == seqs[-1]
+        start = seqs[-1] + 1
+
+
+def test_ctrl_c_on_keyed_consume_loses_nothing(queue: Cluster) -> None:
+    """Keyed delivery commits what finished: everything up to the cursor was printed, and
+    the next run resumes right after it."""
+    seqs, _ = _interrupt_after(queue.ordq_piped("consume", "q", "-s", "keyed", "--workers", "3"), 1000)
+    cursor = committed(queue, "keyed")
+    assert cursor >= 0 and set(range(cursor + 1)) <= set(seqs)
+    assert len(seqs) == len(set(seqs))
+    assert first_seq(queue, "keyed") == cursor + 1
+
+
+def test_ctrl_c_on_produce_flushes_what_was_read(cluster: Cluster) -> None:
+    """Ctrl-C while `ordq produce` waits on stdin: the lines typed so far are acked and the
+    summary says so; Ctrl-C during generated load: every message sent is acked."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("typed")
+    proc = cluster.ordq_piped("produce", "typed")
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(b"one\ntwo\nthree\n")
+    proc.stdin.flush()
+    with Consumer(ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="typed",
+                                 subscription="check")) as c:
+        got: list[bytes] = []
+        while len(got) < 3:  # the lines were sent without waiting for the end of input
+            got.extend(m.payload for m in c.poll())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert got == [b"one", b"two", b"three"]
+    assert "acked 3 of 3 messages to typed" in err.decode()
+
+    cluster.create_queue("load")
+    load = cluster.ordq_piped("produce", "load", "--count", "1000000", "--rate", "2000")
+    with Consumer(ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="load",
+                                 subscription="check")) as c:
+        seqs: list[int] = []
+        while len(seqs) < 500:  # interrupted in full flow
+            seqs.extend(m.seq for m in c.poll())
+        load.send_signal(signal.SIGINT)
+        _, err = load.communicate(timeout=60)
+        assert load.returncode == 0, err.decode()
+        sent = int(err.decode().split("acked ")[1].split(" of ")[0])
+        assert f"acked {sent} of {sent} messages to load" in err.decode()
+        while seqs[-1] < sent - 1:
+            seqs.extend(m.seq for m in c.poll())
+    assert seqs == list(range(sent))

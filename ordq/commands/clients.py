@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 import attrs
@@ -52,17 +56,19 @@ def cmd_produce(args: argparse.Namespace) -> int:
     key = args.key.encode() if args.key else None
     sent = 0
     last = None
-    with Producer(cfg) as producer:
+    with Producer(cfg) as producer, _Interrupt() as interrupt:
         # The clock starts once this process leads: --rate paces from here (with the election
         # counted, the first messages went out in a burst to catch up), and msgs/s is the rate.
         start = time.monotonic()
-        for payload in _payloads(args):
+        for payload in _payloads(args, interrupt):
             if args.rate:
                 pause = start + sent / args.rate - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
+                if pause > 0 and interrupt.stop.wait(pause):
+                    break
             last = producer.send(payload, key=key)
             sent += 1
+            if interrupt.stop.is_set():
+                break
         producer.flush()
         stats = producer.statistics()
     elapsed = time.monotonic() - start
@@ -77,14 +83,58 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0 if stats.acked == sent else 1
 
 
-def _payloads(args: argparse.Namespace) -> Any:
+def _payloads(args: argparse.Namespace, interrupt: _Interrupt) -> Iterator[bytes]:
     if args.count is not None:
         pad = b"x" * max(args.size - 12, 0)
         for i in range(args.count):
             yield b"%012d" % i + pad
-    else:
-        for line in sys.stdin.buffer:
-            yield line.rstrip(b"\n")
+        return
+    while True:
+        try:
+            with interrupt.blocking():
+                line = sys.stdin.buffer.readline()
+        except KeyboardInterrupt:  # Ctrl-C while waiting for input: what was sent is flushed
+            return
+        if not line:
+            return
+        yield line.rstrip(b"\n")
+
+
+class _Interrupt:
+    """Ctrl-C (or SIGTERM) asks ``produce``/``consume`` to stop at a clean point, so the
+    summary and the commit account for exactly what was sent or printed: a signal raising
+    KeyboardInterrupt could land between printing a message and counting it, or inside the
+    SDK. Only a blocking read of stdin is interrupted at once; a second signal interrupts
+    anything."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop if stop is not None else threading.Event()
+        self._in_blocking_read = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        again = self.stop.is_set()
+        self.stop.set()
+        if again or self._in_blocking_read:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        self._in_blocking_read = True
+        try:
+            yield
+        finally:
+            self._in_blocking_read = False
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
@@ -107,26 +157,24 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
     """Print (or count) messages; commit exactly the ones printed: ``poll`` hands out no more
-    than ``--count`` still needs, and on Ctrl-C the commit stops at the last one printed."""
+    than ``--count`` still needs, and on Ctrl-C the batch in hand is printed to its end and
+    the commit covers exactly what was printed."""
     n = 0
     last = None
     idle_since = time.monotonic()
-    with consumer:
-        try:
-            while args.count is None or n < args.count:
-                batch = consumer.poll(max_messages=(args.count - n) if args.count is not None else None)
-                if not batch:
-                    if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                for m in batch:
-                    if not args.quiet and not args.json:
-                        sys.stdout.buffer.write(b"%d\t" % m.seq + m.payload + b"\n")
-                    n += 1
-                    last = m
-        except KeyboardInterrupt:
-            pass
+    with consumer, _Interrupt() as interrupt:
+        while (args.count is None or n < args.count) and not interrupt.stop.is_set():
+            batch = consumer.poll(max_messages=(args.count - n) if args.count is not None else None)
+            if not batch:
+                if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for m in batch:
+                if not args.quiet and not args.json:
+                    sys.stdout.buffer.write(b"%d\t" % m.seq + m.payload + b"\n")
+                n += 1
+                last = m
         if last is not None:
             consumer.commit(through=last)
     return n, (last.seq if last is not None else None)
@@ -160,14 +208,12 @@ def _consume_keyed(args: argparse.Namespace, consumer: Any) -> tuple[int, int | 
 
     if args.idle_exit is not None:
         threading.Thread(target=watch_idle, daemon=True).start()
-    with consumer:
+    with consumer, _Interrupt(stop):
         try:
             consumer.run_keyed(handler, workers=args.workers, stop=stop, drain=False)
         except HandlerError as exc:
             if not isinstance(exc.__cause__, _Enough):
                 raise
-        except KeyboardInterrupt:
-            pass
     stop.set()
     return done.n, done.last
 
