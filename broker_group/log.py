@@ -640,6 +640,11 @@ class SegmentLog:
         log.recovery = RecoveryReport(batches=len(log._offsets), messages=log.end, truncated_bytes=size - valid_end)
         return log
 
+    @property
+    def synced_bytes(self) -> int:
+        """Bytes of the file that are synced: what this segment takes on disk."""
+        return self._synced_bytes
+
     def _index(self, pos: int, header: BatchHeader) -> None:
         self._offsets.append(header.first_offset)
         self._positions.append(pos)

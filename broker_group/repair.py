@@ -6,8 +6,8 @@ Guarantees:
   segment is served past what this copy holds (``Broker.fetch`` refuses until then).
 - After a new disk (``Broker._load_folder``), every segment of this group opened before the
   folder existed is copied from the peer once sealed, so the group holds two copies again.
-- The files of a segment every subscription has consumed (popped from the consume list) are
-  removed.
+- The files of a segment popped from the consume list (read by every subscription, or dropped
+  by retention) and of a deleted queue are removed (``Broker.free_space``), on both replicas.
 
 One thread runs a round every ``reconcile_interval_s``, or at once when ``kick`` is set; the
 Reconcile RPC (a peer or a sealing party asking) runs the same ``reconcile``.
@@ -27,7 +27,7 @@ from coordinator.state import SegStatus
 from ordq.errors import BrokerUnavailable, OrdqError, QueueNotFound
 
 if TYPE_CHECKING:
-    from broker_group.service import Broker, Segment
+    from broker_group.service import Broker
     from coordinator.store import LiveInfo
 
 log = logging.getLogger("ordq.broker")
@@ -104,6 +104,7 @@ class Repairer:
     def _round(self) -> None:
         b = self.b
         store = b.require_store()
+        b.free_space()
         if b._refill:
             self._refill_round()
         with b._cv:
@@ -121,10 +122,7 @@ class Repairer:
                 continue
             z = st.segment(seg)
             if z is None:
-                head = st.consume[0].seg if st.consume else st.next_seg
-                if seg < head:
-                    self._drop(s)
-                continue
+                continue  # popped: free_space removes it
             if z.status is not SegStatus.SEALED or z.gid != b.config.gid:
                 continue
             assert z.end is not None
@@ -177,14 +175,3 @@ class Repairer:
             if not waiting:
                 b._refill.discard(queue)
                 log.info("queue %s: every segment of this group opened before this data folder is copied", queue)
-
-    def _drop(self, s: Segment) -> None:
-        with self.b._cv:
-            self.b._segments.pop(s.key, None)
-        with s.io_lock:
-            if s.log is not None:
-                s.log.close()
-            for f in s.directory.iterdir():
-                f.unlink()
-            s.directory.rmdir()
-        log.info("segment %s/%d consumed by every subscription: files removed", *s.key)

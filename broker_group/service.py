@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -43,7 +44,7 @@ from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator.state import SegStatus
+from coordinator.state import QueueState, SegStatus
 from coordinator.store import ZkStore
 from ordq.errors import (
     AlreadyExists,
@@ -70,6 +71,7 @@ GRPC_OPTIONS = [
 REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
 META_FILE = "meta.json"
 FOLDER_FILE = "folder.json"  # the data folder's birth record (see Broker._load_folder)
+INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the queue its segments belong to
 SLAVE_CONNECT_WAIT_S = 1.0
 
 
@@ -125,6 +127,7 @@ class Segment:
             first_seq=-1 if r.first_seq is None or r.local_synced == 0 else r.first_seq,
             last_seq=-1 if r.last_seq is None or r.local_synced == 0 else r.last_seq,
             sealed=r.sealed, fenced_epoch=r.fenced_epoch,
+            bytes=self.log.synced_bytes if self.log is not None else 0,
         )
 
 
@@ -175,6 +178,9 @@ class Broker:
         # whose older segments of this group still need copying from the peer (a new disk).
         self._born_at: dict[str, int] = {}
         self._refill: set[str] = set()
+        # Held while a queue's folder changes hands between incarnations or loses segments,
+        # so a segment of a re-created queue is never removed as the deleted queue's.
+        self._folder_lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -186,6 +192,10 @@ class Broker:
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
         self._load_folder()
         self._recover()
+        try:
+            self.free_space()  # a deleted queue's or popped segments go before anything is served
+        except OrdqError as exc:
+            log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ordq-rpc"),
                                    options=GRPC_OPTIONS)
         pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
@@ -208,6 +218,7 @@ class Broker:
             self.stop()
             raise
         self._store.client.add_listener(self._on_zk_state)
+        self._store.watch_queue_list(lambda _queues: self.repair.kick.set())  # a deleted queue: free at once
         return self.address
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -352,7 +363,9 @@ class Broker:
             if existing is not None:
                 return existing
         directory = seglog.segment_dir(self.config.data_dir, queue, seg)
-        lg = seglog.SegmentLog.open(self.config.data_dir, queue, seg, create=True)
+        with self._folder_lock:
+            self._claim_queue_folder(queue)
+            lg = seglog.SegmentLog.open(self.config.data_dir, queue, seg, create=True)
         replica = SegmentReplica(queue, seg, self.config.role, fenced_epoch=fenced_epoch)
         segment = Segment(replica=replica, directory=directory, log=lg)
         _write_meta(segment)
@@ -361,6 +374,48 @@ class Broker:
         if existing is not segment:
             lg.close()
         return existing
+
+    def _claim_queue_folder(self, queue: str) -> None:
+        """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
+        incarnation ZooKeeper shows (files of a deleted queue of the same name go first)."""
+        st, _ = self.require_store().load_state(queue)
+        held = _folder_incarnation(self.config.data_dir / queue)
+        if held == st.incarnation:
+            return
+        if held is not None:
+            self._drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
+        (self.config.data_dir / queue).mkdir(parents=True, exist_ok=True)
+        _write_json_durably(self.config.data_dir / queue / INCARNATION_FILE, st.incarnation)
+
+    def free_space(self) -> None:
+        """Remove the files of every segment no queue needs any more: popped from its consume
+        list (read by every subscription, or dropped by retention), or of a deleted queue."""
+        for qdir in sorted(p for p in self.config.data_dir.iterdir() if _is_queue_folder(p)):
+            with self._folder_lock:
+                try:
+                    st: QueueState | None = self.require_store().load_state(qdir.name)[0]
+                except QueueNotFound:
+                    st = None
+                held = _folder_incarnation(qdir)
+                if st is None or (held is not None and held != st.incarnation):
+                    self._drop_segments(qdir.name, lambda seg: True, "its queue was deleted")
+                    shutil.rmtree(qdir, ignore_errors=True)
+                    continue
+                low = st.consume[0].seg if st.consume else st.next_seg
+                self._drop_segments(qdir.name, lambda seg: seg < low,  # noqa: B023 - called at once
+                                    "read by every subscription or past retention")
+
+    def _drop_segments(self, queue: str, which: Callable[[int], bool], why: str) -> None:
+        with self._cv:
+            gone = [s for (q, seg), s in self._segments.items() if q == queue and which(seg)]
+            for s in gone:
+                del self._segments[s.key]
+        for s in gone:
+            with s.io_lock:
+                if s.log is not None:
+                    s.log.close()
+                shutil.rmtree(s.directory, ignore_errors=True)
+            log.info("segment %s/%d removed: %s", queue, s.key[1], why)
 
     def _zk_segment(self, queue: str, seg: int) -> tuple[Any, int]:
         """(the ZooKeeper view of the segment or None, the queue's producer epoch)."""
@@ -764,6 +819,21 @@ def _write_meta(s: Segment) -> None:
         r = s.replica
         _write_json_durably(s.directory / META_FILE,
                             {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end})
+
+
+def _is_queue_folder(path: Path) -> bool:
+    """Only folders this broker made count (anything else in the data folder is left alone)."""
+    return path.is_dir() and ((path / INCARNATION_FILE).exists() or any(
+        p.is_dir() and p.name.isdigit() for p in path.iterdir()))
+
+
+def _folder_incarnation(qdir: Path) -> str | None:
+    """The incarnation a queue's folder belongs to; None: no record (a folder from before
+    records were kept, or none yet)."""
+    try:
+        return str(json.loads((qdir / INCARNATION_FILE).read_text()))
+    except FileNotFoundError:
+        return None
 
 
 def _write_json_durably(path: Path, obj: Any) -> None:

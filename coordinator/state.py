@@ -126,6 +126,9 @@ class QueueState:
     next_seg: int = 0
     producer_epoch: int = 0
     trimmed_seq: int = -1  # highest last_seq of popped segments: where 'earliest' starts
+    # Tells this queue apart from an earlier, deleted one of the same name: a broker drops the
+    # files it holds of another incarnation before it stores a segment of this one.
+    incarnation: str = ""
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -173,6 +176,7 @@ class QueueState:
             "next_seg": self.next_seg,
             "producer_epoch": self.producer_epoch,
             "trimmed_seq": self.trimmed_seq,
+            "incarnation": self.incarnation,
         }
 
     @classmethod
@@ -185,6 +189,7 @@ class QueueState:
             next_seg=int(d["next_seg"]),
             producer_epoch=int(d["producer_epoch"]),
             trimmed_seq=int(d.get("trimmed_seq", -1)),
+            incarnation=str(d.get("incarnation", "")),
         )
 
 
@@ -265,10 +270,12 @@ def _open_on_head(state: QueueState) -> QueueState:
     return attrs.evolve(state, consume=state.consume + (seg,), next_seg=state.next_seg + 1)
 
 
-def create(queue: str, groups: Iterable[str]) -> QueueState:
-    """A new queue using ``groups``; nothing admitted yet (see ``admit``)."""
+def create(queue: str, groups: Iterable[str], incarnation: str = "") -> QueueState:
+    """A new queue using ``groups``; nothing admitted yet (see ``admit``). ``incarnation``:
+    unique per creation (the store draws it), so brokers can tell a re-created queue's
+    segments from the deleted one's."""
     gs = tuple(dict.fromkeys(groups))
-    return _checked(QueueState(queue=queue, groups=gs))
+    return _checked(QueueState(queue=queue, groups=gs, incarnation=incarnation))
 
 
 def add_group(state: QueueState, gid: str) -> QueueState:

@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -368,7 +369,7 @@ class ZkStore:
         if not gids:
             raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
         cfg = config or QueueConfig()
-        initial = sm.create(queue, gids)
+        initial = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
         with self._errors():
             self._wait(self.client.ensure_path_async(self.paths.queues))
             tx = self.client.transaction()
@@ -387,6 +388,13 @@ class ZkStore:
                 return sorted(self._read(self.client.get_children_async, self.paths.queues))
             except NoNodeError:
                 return []
+
+    def watch_queue_list(self, on_change: Callable[[list[str]], None]) -> None:
+        """Call ``on_change(queues)`` now and whenever a queue is created or deleted, for as
+        long as the client lives (kazoo's ChildrenWatch re-arms itself; it waits for the
+        queues folder to exist)."""
+        self.client.ensure_path(self.paths.queues)
+        self.client.ChildrenWatch(self.paths.queues, lambda children: on_change(sorted(children)))
 
     def queue_config(self, queue: str) -> QueueConfig:
         with self._errors():

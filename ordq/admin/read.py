@@ -163,6 +163,21 @@ class ReplicaReader:
     def extents(self, st: QueueState) -> list[Extent]:
         return [self.extent(st.queue, s) for s in st.consume]
 
+    def stored_bytes(self, queue: str, segment: Segment) -> int | None:
+        """Bytes the segment takes on disk on one replica (the first that answers; both hold
+        the same once synced); None when no replica answered."""
+        def call(role: str, address: str) -> int:
+            try:
+                return int(self.transport.segment_info(address, queue, segment.seg).bytes)
+            except SegmentNotFound:
+                return 0  # nothing written to this replica yet
+
+        try:
+            size: int = self._first_answer(segment.gid, f"segment {segment.seg}", call)
+            return size
+        except BrokerUnavailable:
+            return None
+
 
 def last_readable_seq(st: QueueState, extents: Sequence[Extent]) -> int | None:
     """The highest readable seq of the queue (``trimmed_seq`` when nothing is kept), or None
@@ -209,6 +224,12 @@ class QueueView:
     drained: frozenset[str]
     subscriptions: tuple[SubscriptionView, ...]
     last_seq: int | None
+    sizes: dict[int, int | None] = attrs.field(factory=dict)  # seg -> bytes on disk (None: unknown)
+
+    def group_bytes(self, gid: str) -> int | None:
+        """Bytes on disk of ``gid``'s segments of this queue (per replica)."""
+        sizes = [self.sizes.get(s.seg) for s in self.state.consume if s.gid == gid]
+        return None if any(b is None for b in sizes) else sum(b for b in sizes if b is not None)
 
     def backlog(self, gid: str) -> int | None:
         """Messages stored in ``gid``'s segments of this queue that are not popped yet."""
@@ -229,7 +250,7 @@ class QueueView:
         st = self.state
         return [{"group": g, "live": list(self.live.get(g, ())), "drained": g in self.drained,
                  "in_send": g in st.send, "segments": [s.seg for s in st.consume if s.gid == g],
-                 "backlog": self.backlog(g)} for g in st.groups]
+                 "backlog": self.backlog(g), "bytes": self.group_bytes(g)} for g in st.groups]
 
     def to_dict(self) -> dict[str, Any]:
         st = self.state
@@ -246,7 +267,7 @@ class QueueView:
             "trimmed_seq": st.trimmed_seq,
             "last_seq": self.last_seq,
             "stored": self.stored,
-            "consume": [e.to_dict() for e in self.extents],
+            "consume": [{**e.to_dict(), "bytes": self.sizes.get(e.seg)} for e in self.extents],
             "groups": self.group_rows(),
             "subscriptions": [s.to_dict() for s in self.subscriptions],
         }
@@ -276,6 +297,7 @@ def describe_queue(store: ZkStore, reader: ReplicaReader, queue: str) -> QueueVi
         drained=store.drained_groups(st.groups),
         subscriptions=tuple(subscription_views(store, queue, last)),
         last_seq=last,
+        sizes={s.seg: reader.stored_bytes(queue, s) for s in st.consume},
     )
 
 

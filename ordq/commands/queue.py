@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
         "the next seq (what was in flight is resent; consumers drop duplicates by seq). Once every "
         "subscription has read the old segment it can be popped and its disk freed.")
     roll.add_argument("queue")
-    delete = add_command(sub, "delete", help="delete a queue's metadata (not broker data)",
+    delete = add_command(sub, "delete", help="delete a queue: its metadata, and its data on every replica",
                          func=cmd_delete)
     delete.add_argument("queue")
 
@@ -130,16 +130,17 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if view.extents:
         rows = []
         for e in view.extents:
-            d = e.to_dict()
+            d = {**e.to_dict(), "bytes": unknown(view.sizes.get(e.seg))}
             if e.end is None:  # no replica answered: the seq range is unknown, not empty
                 d.update(messages="?", first_seq="?", last_seq="?", read_from="(no replica answered)")
             rows.append(d)
-        table(rows, ["seg", "gid", "status", "messages", "first_seq", "last_seq", "read_from"])
+        table(rows, ["seg", "gid", "status", "messages", "bytes", "first_seq", "last_seq", "read_from"])
     else:
         print("(empty)")
     print("\ngroups:")
-    table([{**g, "live": ",".join(g["live"]) or "down", "backlog": unknown(g["backlog"])} for g in view.group_rows()],
-          ["group", "live", "drained", "in_send", "segments", "backlog"])
+    table([{**g, "live": ",".join(g["live"]) or "down", "backlog": unknown(g["backlog"]), "bytes": unknown(g["bytes"])}
+           for g in view.group_rows()],
+          ["group", "live", "drained", "in_send", "segments", "backlog", "bytes"])
     print("\nsubscriptions:")
     if view.subscriptions:
         table([{**s.to_dict(), "lag": unknown(s.lag)} for s in view.subscriptions],
