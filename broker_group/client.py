@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 def _replica_end(e: pb.SegmentEnd) -> ReplicaEnd:
     return ReplicaEnd(end=e.end, first_seq=None if e.first_seq < 0 else e.first_seq,
-                      last_seq=None if e.last_seq < 0 else e.last_seq)
+                      last_seq=None if e.last_seq < 0 else e.last_seq, bytes=e.bytes)
 
 
 class GrpcTransport:

@@ -111,6 +111,7 @@ class Segment:
     syncing: int = 0  # commits under way (appended or being synced, verdict not yet known)
     io_lock: threading.Lock = attrs.field(factory=threading.Lock)
     reconciled: bool = False  # matches ZooKeeper's sealed end (or nothing to reconcile yet)
+    first_write_ms: int = 0  # master: wall clock of the first batch it accepted (0: none yet)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -127,7 +128,7 @@ class Segment:
             first_seq=-1 if r.first_seq is None or r.local_synced == 0 else r.first_seq,
             last_seq=-1 if r.last_seq is None or r.local_synced == 0 else r.last_seq,
             sealed=r.sealed, fenced_epoch=r.fenced_epoch,
-            bytes=self.log.synced_bytes if self.log is not None else 0,
+            bytes=self.log.synced_bytes if self.log is not None else 0, first_write_ms=self.first_write_ms,
         )
 
 
@@ -491,6 +492,8 @@ class Broker:
                     self.stats.duplicates += 1
                 else:
                     stamped = seglog.stamp_offset(raw, p.first_offset)
+                    if not s.first_write_ms:  # the segment's age, for rolling by age
+                        s.first_write_ms = int(time.time() * 1000)
                     s.pending.append(stamped)
                     link.forward(s, stamped)
                     self.stats.batches_in += 1

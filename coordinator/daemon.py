@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -22,7 +23,7 @@ from kazoo.exceptions import ConnectionClosedError
 from kazoo.recipe.election import Election
 
 from coordinator import state as sm
-from coordinator.duties import Action, Kind, plan
+from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 from coordinator.store import ZkStore
 from ordq.errors import IllegalTransition, OrdqError
 
@@ -30,6 +31,9 @@ log = logging.getLogger("ordq.coordinator")
 
 # Seal runner: (queue, seg) -> None; raises OrdqError when no replica answers.
 Sealer = Callable[[str, int], None]
+# What the head master says of the open segment: (queue, gid, seg) -> its size and age;
+# raises OrdqError when it does not answer.
+Prober = Callable[[str, str, int], OpenSegment]
 
 
 @attrs.define
@@ -49,11 +53,13 @@ class CoordinatorDaemon:
         store: ZkStore,
         *,
         sealer: Sealer | None = None,
+        prober: Prober | None = None,
         interval_s: float = 0.5,
         identifier: str = "",
     ) -> None:
         self.store = store
         self.sealer = sealer
+        self.prober = prober
         self.interval_s = interval_s
         self.identifier = identifier
         self.stats = DaemonStats()
@@ -120,7 +126,17 @@ class CoordinatorDaemon:
             "epoch": st.producer_epoch,
             "live_groups": sorted(facts.live_groups),
         }
-        for action in plan(st, facts, retention_segments=cfg.retention_segments):
+        limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
+                        retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
+                        segment_age_s=cfg.segment_age_s)
+        open_seg = st.open_segment
+        open_info = None
+        if open_seg is not None and self.prober is not None and open_seg.gid in facts.live_groups:
+            try:
+                open_info = self.prober(queue, open_seg.gid, open_seg.seg)
+            except OrdqError as exc:
+                log.debug("queue %s: open segment %d not probed: %s", queue, open_seg.seg, exc)
+        for action in plan(st, facts, limits, now_ms=int(time.time() * 1000), open_info=open_info):
             try:
                 self._do(queue, action)
             except IllegalTransition:
@@ -139,6 +155,11 @@ class CoordinatorDaemon:
             self.store.apply(queue, lambda s, f: sm.admit(s, gid, f))
         elif action.kind is Kind.POP:
             self.store.apply(queue, sm.pop)
+        elif action.kind is Kind.ROLL:
+            assert action.gid is not None and action.seg is not None
+            gid, seg = action.gid, action.seg
+            self.store.apply(queue, lambda s, _f: sm.roll(s, gid, seg))
+            self._wake.set()  # seal the rolled segment in the next round, not an interval later
         elif action.kind is Kind.RETAIN:
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True))
         elif action.kind is Kind.SEAL and self.sealer is not None:

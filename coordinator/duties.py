@@ -23,6 +23,26 @@ class Kind(enum.Enum):
     ADMIT = "admit"  # a recovered, drained group joins the send list
     POP = "pop"  # the head segment was read by every subscription
     RETAIN = "retain"  # an operator's retention limit drops the head segment
+    ROLL = "roll"  # the open segment reached its size or age: seal it, continue on the next
+
+
+@attrs.frozen
+class Limits:
+    """A queue's settings that duties enforce (from its QueueConfig; None: no limit)."""
+
+    retention_segments: int | None = None
+    retention_time_s: float | None = None
+    retention_bytes: int | None = None
+    segment_bytes: int | None = None
+    segment_age_s: float | None = None
+
+
+@attrs.frozen
+class OpenSegment:
+    """What the head master says of the open segment."""
+
+    bytes: int
+    first_write_ms: int | None  # wall clock of its first message; None while empty
 
 
 @attrs.frozen
@@ -32,12 +52,15 @@ class Action:
     seg: int | None = None
 
 
-def plan(state: QueueState, facts: Facts, *, retention_segments: int | None = None) -> list[Action]:
+def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: int = 0,
+         open_info: OpenSegment | None = None) -> list[Action]:
     """Actions for one round, most urgent first."""
     actions: list[Action] = []
     open_seg = state.open_segment
     if open_seg is not None and open_seg.gid not in facts.live_groups:
         actions.append(Action(Kind.FAIL_OVER, gid=open_seg.gid, seg=open_seg.seg))
+    elif open_seg is not None and open_info is not None and _due_to_roll(open_info, limits, now_ms):
+        actions.append(Action(Kind.ROLL, gid=open_seg.gid, seg=open_seg.seg))
     actions.extend(
         Action(Kind.SEAL, gid=s.gid, seg=s.seg) for s in state.consume if s.status is SegStatus.SEALING
     )
@@ -46,8 +69,26 @@ def plan(state: QueueState, facts: Facts, *, retention_segments: int | None = No
     if head is not None and head.status is SegStatus.SEALED:
         if facts.cursors and all(c.seg > head.seg for c in facts.cursors.values()):
             actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg))
-        elif retention_segments is not None:
-            sealed = sum(1 for s in state.consume if s.status is SegStatus.SEALED)
-            if sealed > retention_segments:
-                actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg))
+        elif past_retention(state, limits, now_ms):
+            actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg))
     return actions
+
+
+def _due_to_roll(info: OpenSegment, limits: Limits, now_ms: int) -> bool:
+    if limits.segment_bytes is not None and info.bytes >= limits.segment_bytes:
+        return True
+    return (limits.segment_age_s is not None and info.first_write_ms is not None
+            and now_ms - info.first_write_ms >= limits.segment_age_s * 1000)
+
+
+def past_retention(state: QueueState, limits: Limits, now_ms: int) -> bool:
+    """Whether a retention limit drops the (sealed) head segment, read or not: too many
+    sealed segments, sealed too long ago, or the sealed ones taking too many bytes."""
+    head = state.consume[0]
+    sealed = [s for s in state.consume if s.status is SegStatus.SEALED]
+    if limits.retention_segments is not None and len(sealed) > limits.retention_segments:
+        return True
+    if (limits.retention_time_s is not None and head.sealed_ms is not None
+            and now_ms - head.sealed_ms > limits.retention_time_s * 1000):
+        return True
+    return limits.retention_bytes is not None and sum(s.bytes or 0 for s in sealed) > limits.retention_bytes

@@ -11,15 +11,17 @@ Rules: ``decide`` is pure; ``run_seal`` does the I/O through a ``SealTransport``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attrs
 
 from coordinator import state as sm
+from coordinator.duties import OpenSegment
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore
-from ordq.errors import BrokerUnavailable, IllegalTransition, OrdqError
+from ordq.errors import BrokerUnavailable, IllegalTransition, OrdqError, SegmentNotFound
 
 
 @attrs.frozen
@@ -29,6 +31,7 @@ class ReplicaEnd:
     end: int  # durable message count
     first_seq: int | None
     last_seq: int | None
+    bytes: int = 0  # on disk
 
 
 @attrs.frozen
@@ -36,6 +39,7 @@ class SealPlan:
     end: int
     first_seq: int | None
     last_seq: int | None
+    bytes: int = 0  # of the longest copy: what the segment takes on each replica once copied
     copy_to: str | None = None  # role of the shorter replica, to copy [its end, end)
     copy_from: str | None = None
 
@@ -49,7 +53,7 @@ def decide(replies: Mapping[str, ReplicaEnd | None]) -> SealPlan:
     longest = answered[longest_role]
     first_seq = next((r.first_seq for r in answered.values() if r.first_seq is not None), None)
     plan = SealPlan(end=longest.end, first_seq=first_seq if longest.end else None,
-                    last_seq=longest.last_seq if longest.end else None)
+                    last_seq=longest.last_seq if longest.end else None, bytes=longest.bytes)
     shorter = [role for role, r in answered.items() if r.end < longest.end]
     if shorter:
         plan = attrs.evolve(plan, copy_to=shorter[0], copy_from=longest_role)
@@ -92,7 +96,8 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
         except OrdqError:
             pass
     try:
-        return store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq))
+        return store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq,
+                                                        at_ms=int(time.time() * 1000), size=plan.bytes))
     except IllegalTransition:
         st, _ = store.load_state(queue)  # sealed by someone else meanwhile: idempotent
         done = st.segment(seg)
@@ -113,3 +118,25 @@ def make_sealer(store: ZkStore) -> Callable[[str, int], None] | None:
         run_seal(store, transport, queue, seg)
 
     return sealer
+
+
+def make_prober(store: ZkStore) -> Callable[[str, str, int], OpenSegment] | None:
+    """A (queue, gid, seg) -> OpenSegment asker of the group's master (for rolling by size
+    and age), or None if the broker client is unavailable."""
+    try:
+        from broker_group.client import GrpcTransport
+    except ImportError:
+        return None
+    transport = GrpcTransport()
+
+    def prober(queue: str, gid: str, seg: int) -> OpenSegment:
+        master = store.live_members(gid).get("master")
+        if master is None:
+            raise BrokerUnavailable(f"group {gid}", "no live master")
+        try:
+            info = transport.segment_info(master.address, queue, seg)
+        except SegmentNotFound:
+            return OpenSegment(bytes=0, first_write_ms=None)  # nothing written yet
+        return OpenSegment(bytes=int(info.bytes), first_write_ms=int(info.first_write_ms) or None)
+
+    return prober

@@ -58,6 +58,8 @@ class Segment:
     end: int | None = None  # message count, known once sealed
     first_seq: int | None = None  # seq range stored, known once sealed (None: empty)
     last_seq: int | None = None
+    sealed_ms: int | None = None  # wall clock when sealed (retention by time counts from it)
+    bytes: int | None = None  # on each replica's disk, known once sealed (retention by bytes)
 
     def moved_to(self, status: SegStatus, **changes: Any) -> Segment:
         if status not in SEGMENT_TRANSITIONS[self.status]:
@@ -74,6 +76,8 @@ class Segment:
             "end": self.end,
             "first_seq": self.first_seq,
             "last_seq": self.last_seq,
+            "sealed_ms": self.sealed_ms,
+            "bytes": self.bytes,
         }
 
     @classmethod
@@ -85,6 +89,8 @@ class Segment:
             end=d.get("end"),
             first_seq=d.get("first_seq"),
             last_seq=d.get("last_seq"),
+            sealed_ms=d.get("sealed_ms"),
+            bytes=d.get("bytes"),
         )
 
 
@@ -358,8 +364,10 @@ def remove_from_send(state: QueueState, gid: str, facts: Facts) -> QueueState:
     return _checked(attrs.evolve(state, send=tuple(g for g in state.send if g != gid)))
 
 
-def seal(state: QueueState, seg: int, end: int, first_seq: int | None, last_seq: int | None) -> QueueState:
-    """A ``sealing`` segment's end is decided: it becomes ``sealed``."""
+def seal(state: QueueState, seg: int, end: int, first_seq: int | None, last_seq: int | None, *,
+         at_ms: int | None = None, size: int | None = None) -> QueueState:
+    """A ``sealing`` segment's end is decided: it becomes ``sealed`` (at wall-clock ``at_ms``,
+    taking ``size`` bytes on disk, as the sealing party saw them)."""
     target = state.segment(seg)
     if target is None:
         raise IllegalTransition("seal", f"segment {seg} is not in the consume list")
@@ -367,7 +375,8 @@ def seal(state: QueueState, seg: int, end: int, first_seq: int | None, last_seq:
         raise IllegalTransition("seal", f"segment {seg}: end {end} and last_seq {last_seq} disagree")
     if first_seq is not None and last_seq is not None and last_seq < first_seq:
         raise IllegalTransition("seal", f"segment {seg}: last_seq {last_seq} < first_seq {first_seq}")
-    sealed = target.moved_to(SegStatus.SEALED, end=end, first_seq=first_seq, last_seq=last_seq)
+    sealed = target.moved_to(SegStatus.SEALED, end=end, first_seq=first_seq, last_seq=last_seq,
+                             sealed_ms=at_ms, bytes=size)
     return _checked(
         attrs.evolve(state, consume=tuple(sealed if s.seg == seg else s for s in state.consume))
     )

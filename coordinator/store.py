@@ -55,6 +55,9 @@ from ordq.errors import (
 )
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+DEFAULT_SEGMENT_BYTES = 256 << 20
+DEFAULT_SEGMENT_AGE_S = 3600.0
+MIN_SEGMENT_BYTES = 4 << 10
 # How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
 # by itself (to another node of an ensemble, or to the same one after a stall of this process
 # made it miss a heartbeat: with a 1 s session the answer to a ping must come within ~0.3 s);
@@ -83,12 +86,28 @@ class LiveInfo:
 class QueueConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     retention_segments: int | None = None  # keep at most this many sealed segments (None: all)
+    # The open segment is rolled (sealed, the next one opened on the same head) once it holds
+    # this many bytes or its first message is this old: segments stay small enough to free.
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_age_s: float = DEFAULT_SEGMENT_AGE_S
+    # Sealed segments are dropped, read or not, once older than this (since sealed) or while
+    # the sealed ones take more than this many bytes (None: kept until every subscription read them).
+    retention_time_s: float | None = None
+    retention_bytes: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.max_message_bytes <= 64 << 20:
             raise ConfigError(f"max_message_bytes must be 1..{64 << 20}, not {self.max_message_bytes}")
         if self.retention_segments is not None and self.retention_segments < 1:
             raise ConfigError("retention_segments must be >= 1")
+        if not MIN_SEGMENT_BYTES <= self.segment_bytes <= 1 << 40:
+            raise ConfigError(f"segment_bytes must be {MIN_SEGMENT_BYTES}..{1 << 40}, not {self.segment_bytes}")
+        if not 1.0 <= self.segment_age_s <= 10**8:
+            raise ConfigError(f"segment_age_s must be 1..{10**8} seconds, not {self.segment_age_s}")
+        if self.retention_time_s is not None and not 1.0 <= self.retention_time_s <= 10**9:
+            raise ConfigError(f"retention_time_s must be 1..{10**9} seconds, not {self.retention_time_s}")
+        if self.retention_bytes is not None and self.retention_bytes < MIN_SEGMENT_BYTES:
+            raise ConfigError(f"retention_bytes must be >= {MIN_SEGMENT_BYTES}, not {self.retention_bytes}")
 
 
 Transition = Callable[[QueueState, Facts], QueueState]
@@ -403,6 +422,20 @@ class ZkStore:
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueConfig(**_loads(data))
+
+    def update_queue_config(self, queue: str, **changes: Any) -> QueueConfig:
+        """Change some of a queue's settings (conditionally on the version read)."""
+        with self._errors():
+            try:
+                data, stat = self._read(self.client.get_async, self.paths.queue(queue))
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+            cfg = attrs.evolve(QueueConfig(**_loads(data)), **changes)
+            try:
+                self._wait(self.client.set_async(self.paths.queue(queue), _dumps(attrs.asdict(cfg)), stat.version))
+            except BadVersionError as exc:
+                raise ConflictError(f"queue {queue!r} settings changed meanwhile; try again") from exc
+        return cfg
 
     def delete_queue(self, queue: str) -> None:
         self.queue_config(queue)  # QueueNotFound: kazoo's recursive delete ignores a missing node

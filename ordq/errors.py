@@ -179,6 +179,26 @@ class GapDetected(OrdqError):
         self.got_seq = got_seq
 
 
+class RetentionOvertook(OrdqError):
+    """Retention dropped messages a subscription had not delivered yet. Raised by its consumer
+    instead of skipping them: the application decides (usually ``ordq sub reset ... --to
+    earliest``, after taking note of what was lost)."""
+
+    def __init__(self, queue: str, subscription: str, next_seq: int, oldest_kept_seq: int) -> None:
+        missed = oldest_kept_seq - next_seq
+        super().__init__(
+            f"subscription {queue}/{subscription} fell behind the queue's retention: {missed} messages "
+            f"(seqs {next_seq} to {oldest_kept_seq - 1}) were dropped before it read them. Nothing was skipped; "
+            f"to go on from the oldest kept message, stop its consumers and run: "
+            f"ordq sub reset {queue} {subscription} --to earliest"
+        )
+        self.queue = queue
+        self.subscription = subscription
+        self.next_seq = next_seq
+        self.oldest_kept_seq = oldest_kept_seq
+        self.missed = missed
+
+
 class HandlerError(OrdqError):
     """The application's handler raised on message ``seq`` in keyed delivery
     (``Consumer.run_keyed``); the handler's exception is ``__cause__``. Nothing at or past

@@ -52,10 +52,12 @@ from ordq.errors import (
     ConfigError,
     ConflictError,
     CoordinationUnavailable,
+    GapDetected,
     HandlerError,
     IllegalTransition,
     NotLeader,
     OrdqError,
+    RetentionOvertook,
     SubscriptionNotFound,
     WaitTimeout,
 )
@@ -623,8 +625,9 @@ class Consumer:
         if segment is None:
             head = st.consume[0].seg if st.consume else st.next_seg
             if cur.seg < head:
-                # Dropped by an operator's retention before we read it: resume at the head and
-                # let the seq filter raise GapDetected if any seq is really missing.
+                # Dropped by retention before we read it: resume at the head. If it held seqs
+                # we have not delivered, the seq filter sees the gap there (a resend may have
+                # put some of them in the next segment too): never a silent skip.
                 self._moved(Cursor(seg=head, offset=0, last_seq=self._filter.last_seq))
                 return []
             view.wait_change(wait_ms)  # the next segment does not exist yet
@@ -635,7 +638,13 @@ class Consumer:
         res = self._fetch(segment, cur.offset, max_wait_ms=wait_ms)
         if res is None:
             return []
-        delivered = self._deliver(segment, res.batches)
+        try:
+            delivered = self._deliver(segment, res.batches)
+        except GapDetected as gap:
+            if gap.expected_seq <= st.trimmed_seq:  # the missing seqs were in popped segments
+                raise RetentionOvertook(self.config.queue, self.config.subscription, gap.expected_seq,
+                                        gap.got_seq) from gap
+            raise
         if not res.batches:
             if segment.status is SegStatus.SEALING:
                 self._seal(segment)  # at its readable end: decide the end ourselves

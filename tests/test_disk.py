@@ -125,3 +125,99 @@ def test_a_replica_down_during_delete_frees_the_old_queue_when_it_starts(cluster
     cluster.restart(slave)
     assert not (Path(slave.data_dir) / "q").exists()  # freed before it served
     assert consume_all(cluster, 199) == list(range(200))
+
+
+def replica_bytes(cluster: Cluster) -> int:
+    """The largest data folder among all replicas (bytes)."""
+    return max(folder_bytes(Path(m.data_dir)) for g in cluster.groups.values() for m in (g.master, g.slave))
+
+
+def run_rolling_load(cluster: Cluster, *, n: int, size: int, segment: str, rate: float) -> dict[str, float]:
+    """``n`` messages of ``size`` bytes at ``rate`` through a queue whose segments roll at
+    ``segment``, a consumer following and the coordinator popping; returns what was measured."""
+    from tests.cluster import finish
+    from tests.order_check import check_delivery
+
+    cluster.add_groups("g1", "g2")
+    out = cluster.ordq("queue", "create", "q", "--segment-bytes", segment)
+    assert out.returncode == 0, out.stderr
+    cluster.start_daemon("coordinator")
+    producer = cluster.producer(n=n, rate=rate, size=size)
+    consumer = cluster.consumer(until=n - 1)
+    producer.start()
+    consumer.start()
+    peak = 0
+    while consumer.alive():  # sampled while messages flow (the bound is the point)
+        peak = max(peak, replica_bytes(cluster))
+        consumer.join(0.05, check=False)
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == n
+    st = cluster.state()
+    wait_until(lambda: len(cluster.state().consume) <= 2, timeout_s=30, what="the read segments popped")
+    return {"segments": st.next_seg, "peak_bytes": peak, "total_bytes": n * size}
+
+
+def test_segments_roll_by_size_under_load_and_the_disk_stays_bounded(cluster: Cluster) -> None:
+    """A short run (the slow test below does 1 GiB): 16 MB in 4 s through 256 KiB segments.
+    The daemon checks the open segment's size every round (0.2 s here), so at 4 MB/s a
+    segment ends near 1 MB; popped segments are removed within a reconcile round (1 s)."""
+    m = run_rolling_load(cluster, n=16000, size=1024, segment="256KiB", rate=4000)
+    print(f"rolling load: {m}")
+    assert m["segments"] >= 8, m  # each one sealed, read and popped
+    assert m["peak_bytes"] < m["total_bytes"] / 2, m  # a following consumer keeps the disk small
+
+
+@pytest.mark.slow
+def test_one_gib_through_32_mib_segments_keeps_the_disk_bounded(cluster: Cluster) -> None:
+    m = run_rolling_load(cluster, n=2**20, size=1024, segment="32MiB", rate=20000)
+    print(f"rolling load, 1 GiB: {m}")
+    assert m["segments"] >= 25
+    assert m["peak_bytes"] < 8 * 32 << 20, m
+
+
+def test_segment_rolls_by_age(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    assert cluster.ordq("queue", "create", "q", "--segment-age", "1s").returncode == 0
+    cluster.start_daemon("coordinator")
+    produce(cluster, 10)
+    wait_until(lambda: cluster.state().consume[0].status.value == "sealed", timeout_s=30,
+               what="segment 0 rolled and sealed a second after its first message")
+    st = cluster.state()
+    assert st.consume[0].end == 10 and st.consume[0].sealed_ms is not None and st.consume[0].bytes > 10 * PAYLOAD
+    assert st.open_segment is not None and st.open_segment.gid == "g1"  # same head, next segment
+    # An empty open segment never rolls by age: the queue stays quiet.
+    assert cluster.state().next_seg == st.next_seg
+
+
+def test_retention_by_time_overtaking_a_stopped_subscription_is_a_clear_error(cluster: Cluster) -> None:
+    from ordq.errors import RetentionOvertook
+
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()  # segments roll only when told here (the default age is an hour)
+    produce(cluster, 100)
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+    with Consumer(cfg) as c:  # reads 10 and stops
+        got: list[int] = []
+        while len(got) < 10:
+            got.extend(m.seq for m in c.poll(max_messages=10 - len(got)))
+        c.commit()
+    assert cluster.ordq("queue", "roll", "q").returncode == 0  # segment 0 sealed: seqs 0..99
+    produce(cluster, 50)  # the open segment 1: seqs 100..149, never dropped (not sealed)
+    cluster.start_daemon("coordinator")
+    out = cluster.ordq("queue", "update", "q", "--retention-time", "1s")
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: cluster.state().trimmed_seq >= 99, timeout_s=30, what="segment 0 dropped by retention")
+
+    with pytest.raises(RetentionOvertook) as err, Consumer(cfg) as c:
+        while True:
+            c.poll()
+    assert (err.value.next_seq, err.value.oldest_kept_seq, err.value.missed) == (10, 100, 90)
+    cli = cluster.ordq("consume", "q", "-s", "s", "--idle-exit", "1")
+    assert cli.returncode == 1 and b"Traceback" not in cli.stderr
+    assert "90 messages (seqs 10 to 99) were dropped before it read them" in cli.stderr.decode()
+    assert "ordq sub reset q s --to earliest" in cli.stderr.decode()
+    assert cluster.ordq("sub", "reset", "q", "s", "--to", "earliest").returncode == 0
+    again = cluster.ordq("consume", "q", "-s", "s", "--count", "3")
+    assert [int(line.split(b"\t")[0]) for line in again.stdout.splitlines()] == [100, 101, 102]

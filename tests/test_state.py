@@ -268,7 +268,7 @@ def test_broken_pop_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_duties_plan() -> None:
-    from coordinator.duties import Action, Kind, plan
+    from coordinator.duties import Action, Kind, Limits, plan
 
     s = started()
     assert plan(s, ALL_LIVE) == []
@@ -279,12 +279,40 @@ def test_duties_plan() -> None:
     s = sm.seal(s, 0, 2, 0, 1)
     behind = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=0)})
     assert plan(s, behind) == []
-    assert plan(s, behind, retention_segments=1) == []
-    assert plan(s, behind, retention_segments=0) == [Action(Kind.RETAIN, gid="g1", seg=0)]
+    assert plan(s, behind, Limits(retention_segments=1)) == []
+    # (0 is below what a QueueConfig allows: here it only says "over the limit")
+    assert plan(s, behind, Limits(retention_segments=0)) == [Action(Kind.RETAIN, gid="g1", seg=0)]
     past = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1)})
     assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
     s = sm.pop(s, past)
     assert plan(s, past) == [Action(Kind.ADMIT, gid="g1")]
+
+
+def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
+    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+
+    s = started()
+    limits = Limits(segment_bytes=1000, segment_age_s=60)
+    young = OpenSegment(bytes=999, first_write_ms=100_000)
+    assert plan(s, ALL_LIVE, limits, now_ms=159_999, open_info=young) == []
+    assert plan(s, ALL_LIVE, limits, now_ms=160_000, open_info=young) == [Action(Kind.ROLL, gid="g1", seg=0)]
+    assert plan(s, ALL_LIVE, limits, now_ms=0, open_info=OpenSegment(bytes=1000, first_write_ms=0)) == [
+        Action(Kind.ROLL, gid="g1", seg=0)]
+    empty = OpenSegment(bytes=0, first_write_ms=None)  # an empty segment never rolls by age
+    assert plan(s, ALL_LIVE, limits, now_ms=10**12, open_info=empty) == []
+    assert plan(s, ALL_LIVE, Limits(), now_ms=10**12, open_info=OpenSegment(10**12, 0)) == []  # no limits
+
+    # Two rolled segments, sealed at t=10 s and t=20 s, 600 and 500 bytes; a subscription is
+    # still in the first one.
+    s = sm.seal(sm.roll(s, "g1", 0), 0, 2, 0, 1, at_ms=10_000, size=600)
+    s = sm.seal(sm.roll(s, "g1", 1), 1, 2, 2, 3, at_ms=20_000, size=500)
+    behind = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=0)})
+    retain = [Action(Kind.RETAIN, gid="g1", seg=0)]
+    assert plan(s, behind, Limits(retention_time_s=5), now_ms=15_000) == []
+    assert plan(s, behind, Limits(retention_time_s=5), now_ms=15_001) == retain
+    assert plan(s, behind, Limits(retention_bytes=1100), now_ms=0) == []
+    assert plan(s, behind, Limits(retention_bytes=1099), now_ms=0) == retain
+    assert s.consume[0].to_dict()["sealed_ms"] == 10_000 and Segment.from_dict(s.consume[0].to_dict()) == s.consume[0]
 
 
 # -- seal decision -----------------------------------------------------------------------------

@@ -111,20 +111,22 @@ class FenceRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentEnd(_message.Message):
-    __slots__ = ("end", "first_seq", "last_seq", "sealed", "fenced_epoch", "bytes")
+    __slots__ = ("end", "first_seq", "last_seq", "sealed", "fenced_epoch", "bytes", "first_write_ms")
     END_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     SEALED_FIELD_NUMBER: _ClassVar[int]
     FENCED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_WRITE_MS_FIELD_NUMBER: _ClassVar[int]
     end: int
     first_seq: int
     last_seq: int
     sealed: bool
     fenced_epoch: int
     bytes: int
-    def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    first_write_ms: int
+    def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ...) -> None: ...
 
 class ReconcileRequest(_message.Message):
     __slots__ = ("queue", "seg", "end", "peer")

@@ -32,6 +32,7 @@ from broker_group.log import BatchHeader, Message, decode_batch
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
 from coordinator.store import QueueConfig, ZkStore
 from ordq.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
+from ordq.units import parse_duration
 from sdk.transport import FetchResult
 
 # -- errors ------------------------------------------------------------------------------------
@@ -481,8 +482,7 @@ def _first_at_or_after(reader: ReplicaReader, queue: str, segment: Segment, end:
     return Location(queue, seq, segment.seg, lo, segment.gid)
 
 
-_RELATIVE = re.compile(r"-?(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RELATIVE = re.compile(r"-?\d+(?:\.\d+)?(ms|s|m|h|d|w)")  # a duration ago (a bare number is Unix seconds)
 
 
 def parse_time(text: str, *, now_s: Callable[[], float] = time.time) -> int:
@@ -490,9 +490,8 @@ def parse_time(text: str, *, now_s: Callable[[], float] = time.time) -> int:
     without a zone it is UTC), Unix seconds (``1795462200.5``), or a duration ago (``90s``,
     ``15m``, ``2h``, ``1d``, ``500ms``; a leading ``-`` is allowed)."""
     text = text.strip()
-    m = _RELATIVE.fullmatch(text)
-    if m:
-        return int((now_s() - float(m.group(1)) * _UNITS_S[m.group(2)]) * 1e6)
+    if _RELATIVE.fullmatch(text):
+        return int((now_s() - parse_duration(text.removeprefix("-"))) * 1e6)
     try:
         return int(decimal.Decimal(text) * 1_000_000)
     except (decimal.InvalidOperation, ValueError):

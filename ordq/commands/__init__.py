@@ -12,6 +12,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ordq.errors import ConfigError
+from ordq.units import format_duration, format_size, parse_duration, parse_size
+
 
 def add_command(
     subparsers: Any,
@@ -73,6 +76,36 @@ def number(low: float, high: float, *, allow_zero: bool = False) -> Callable[[st
 def rate() -> Callable[[str], float]:
     """An argparse type: messages per second, > 0."""
     return number(0.0, 1e9)
+
+
+def duration(low_s: float, high_s: float) -> Callable[[str], float]:
+    """An argparse type: a duration (``90s``, ``15m``, ``7d``; a bare number is seconds) in
+    [low_s, high_s], as seconds."""
+    def parse(text: str) -> float:
+        try:
+            value = parse_duration(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not low_s <= value <= high_s:
+            raise argparse.ArgumentTypeError(
+                f"must be from {format_duration(low_s)} to {format_duration(high_s)}, not {text}")
+        return value
+    parse.__name__ = "duration"
+    return parse
+
+
+def byte_size(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a size (``512``, ``64KiB``, ``10GiB``, ``10GB``) in [low, high] bytes."""
+    def parse(text: str) -> int:
+        try:
+            value = parse_size(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {format_size(low)} to {format_size(high)}, not {text}")
+        return value
+    parse.__name__ = "size"
+    return parse
 
 
 MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConfig)

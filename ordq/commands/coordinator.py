@@ -33,7 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = open_store(args)
     ident = f"{socket.gethostname()}-{os.getpid()}"
     daemon = CoordinatorDaemon(store, interval_s=args.interval, identifier=ident,
-                               sealer=_sealer(store))
+                               sealer=_sealer(store), prober=_prober(store))
     if args.metrics:
         host, _, port = args.metrics.rpartition(":")
         server = daemon.serve_metrics(host or "127.0.0.1", int(port))
@@ -55,6 +55,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker.join(timeout=5)
     print("coordinator stopped", file=sys.stderr)
     return 0
+
+
+def _prober(store: Any) -> Any:
+    """Asks head masters of their open segment's size and age (rolling), when available."""
+    try:
+        from coordinator.seal import make_prober
+    except ImportError:
+        return None
+    return make_prober(store)
 
 
 def _sealer(store: Any) -> Any:

@@ -1,14 +1,24 @@
-"""ordq queue create|list|describe|roll|delete: queues, their send and consume lists."""
+"""ordq queue create|update|list|describe|roll|delete: queues, their settings, send and consume lists."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+import attrs
+
 from coordinator.state import QueueState
-from coordinator.store import DEFAULT_MAX_MESSAGE_BYTES, QueueConfig
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, open_store, wants_json
+from coordinator.store import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_SEGMENT_AGE_S,
+    DEFAULT_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
+    QueueConfig,
+)
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, byte_size, duration, int_in, open_store, wants_json
+from ordq.errors import ConfigError
 from ordq.output import emit_json, table
+from ordq.units import format_duration, format_size
 
 
 def register(subparsers: Any) -> None:
@@ -20,12 +30,14 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--groups", help="comma-separated broker groups serving it (default: every registered group)"
     )
-    create.add_argument(
-        "--max-message-bytes", type=int_in(1, MAX_PAYLOAD_BYTES), default=DEFAULT_MAX_MESSAGE_BYTES,
-        help="largest message accepted (default %(default)s)",
-    )
-    create.add_argument("--retention-segments", type=int_in(1, 10**6), default=None,
-                        help="keep at most this many sealed segments (default: all until consumed)")
+    add_settings(create, defaults=True)
+    update = add_command(
+        sub, "update", func=cmd_update, help="change a queue's segment size and age, retention or message limit",
+        description="Change the settings of an existing queue (only those given). Limits on segments apply from "
+        "the coordinator's next round: a segment larger or older than the new limit rolls, sealed segments "
+        "past a new retention limit are dropped, read or not.")
+    update.add_argument("queue")
+    add_settings(update, defaults=False)
     add_command(sub, "list", help="list queues with their send head, stored messages and last seq",
                 func=cmd_list)
     desc = add_command(
@@ -47,10 +59,37 @@ def register(subparsers: Any) -> None:
     delete.add_argument("queue")
 
 
+SETTINGS = ("max_message_bytes", "segment_bytes", "segment_age_s", "retention_time_s", "retention_bytes",
+            "retention_segments")
+
+
+def add_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The queue settings, for create (with their defaults) and update (only those given)."""
+    def default(value: Any) -> Any:
+        return value if defaults else None
+
+    parser.add_argument("--max-message-bytes", type=byte_size(1, MAX_PAYLOAD_BYTES),
+                        default=default(DEFAULT_MAX_MESSAGE_BYTES), metavar="SIZE",
+                        help="largest message accepted (default 1MiB)")
+    parser.add_argument("--segment-bytes", dest="segment_bytes", type=byte_size(MIN_SEGMENT_BYTES, 1 << 40),
+                        default=default(DEFAULT_SEGMENT_BYTES), metavar="SIZE",
+                        help="roll the open segment once it holds this much (default 256MiB)")
+    parser.add_argument("--segment-age", dest="segment_age_s", type=duration(1, 10**8),
+                        default=default(DEFAULT_SEGMENT_AGE_S), metavar="DURATION",
+                        help="roll the open segment once its first message is this old (default 1h)")
+    parser.add_argument("--retention-time", dest="retention_time_s", type=duration(1, 10**9), default=None,
+                        metavar="DURATION", help="drop sealed segments this long after they were sealed, read or "
+                        "not (such as 7d; default: keep until every subscription has read them)")
+    parser.add_argument("--retention-bytes", dest="retention_bytes", type=byte_size(MIN_SEGMENT_BYTES, 1 << 60),
+                        default=None, metavar="SIZE", help="drop the oldest sealed segments, read or not, while "
+                        "the sealed ones take more than this (such as 10GiB; default: no limit)")
+    parser.add_argument("--retention-segments", type=int_in(1, 10**6), default=None,
+                        help="keep at most this many sealed segments (default: all until consumed)")
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     groups = [g for g in args.groups.split(",") if g] if args.groups else None
-    cfg = QueueConfig(max_message_bytes=args.max_message_bytes,
-                      retention_segments=args.retention_segments)
+    cfg = QueueConfig(**{name: getattr(args, name) for name in SETTINGS})
     with open_store(args) as store:
         st = store.create_queue(args.queue, groups, cfg)
     if wants_json(args):
@@ -59,6 +98,33 @@ def cmd_create(args: argparse.Namespace) -> int:
         head = st.head or "none yet (no group has master and slave live)"
         print(f"queue {args.queue} created on groups {', '.join(st.groups)}; send head: {head}")
     return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    changes = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
+    if not changes:
+        raise ConfigError("nothing to change: give at least one setting (see ordq queue update --help)")
+    with open_store(args) as store:
+        cfg = store.update_queue_config(args.queue, **changes)
+    if wants_json(args):
+        emit_json({"queue": args.queue, "config": attrs.asdict(cfg)})
+    else:
+        print(f"queue {args.queue}: {settings_line(cfg)}")
+    return 0
+
+
+def settings_line(cfg: QueueConfig) -> str:
+    """A queue's settings as one line for people."""
+    kept = []
+    if cfg.retention_time_s is not None:
+        kept.append(f"for {format_duration(cfg.retention_time_s)} after sealed")
+    if cfg.retention_bytes is not None:
+        kept.append(f"within {format_size(cfg.retention_bytes)}")
+    if cfg.retention_segments is not None:
+        kept.append(f"at most {cfg.retention_segments} sealed segments")
+    retention = "keep " + ", ".join(kept) if kept else "keep until consumed"
+    return (f"max message {format_size(cfg.max_message_bytes)}, segments roll at {format_size(cfg.segment_bytes)} "
+            f"or {format_duration(cfg.segment_age_s)}, {retention}")
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
@@ -121,9 +187,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
         emit_json(view.to_dict())
         return 0
     st, cfg = view.state, view.config
-    retention = f"keep {cfg.retention_segments} sealed segments" if cfg.retention_segments else "keep until consumed"
-    print(f"queue {st.queue}  (producer epoch {st.producer_epoch}, max message {cfg.max_message_bytes} B, "
-          f"{retention}, state version {view.version})")
+    print(f"queue {st.queue}  (producer epoch {st.producer_epoch}, state version {view.version})")
+    print(f"settings: {settings_line(cfg)}")
     print(f"send list: {' -> '.join(st.send) if st.send else '(empty: producers wait for a group)'}")
     print(f"last readable seq: {unknown(view.last_seq)}   stored messages: {unknown(view.stored)}")
     print("\nconsume list:")
