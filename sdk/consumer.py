@@ -43,7 +43,7 @@ from broker_group.log import decode_batch
 from coordinator import state as sm
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.seal import run_seal
-from coordinator.state import Cursor, QueueState, Segment, SegStatus
+from coordinator.state import Cursor, Segment, SegStatus
 from coordinator.store import ZkStore, new_client
 from ordq.errors import (
     AlreadyExists,
@@ -77,7 +77,9 @@ class ConsumerConfig:
     queue: str
     subscription: str
     root: str = "/ordq"
-    start: str = "earliest"  # where a new subscription starts: earliest | latest
+    # Where a new subscription starts: earliest | latest | "seq N" (an application that keeps
+    # its position in its own database resumes exactly there) | "time T" (as for sub reset).
+    start: str = "earliest"
     commit: CommitConfig = CommitConfig()
     fetch_max_bytes: int = 4 << 20
     fetch_wait_ms: int = 200  # long-poll when nothing is readable
@@ -94,8 +96,9 @@ class ConsumerConfig:
         check_name("queue", self.queue)
         check_name("subscription", self.subscription)
         Paths(self.root)  # InvalidName for a bad root
-        if self.start not in ("earliest", "latest"):
-            raise ConfigError(f"start must be 'earliest' or 'latest', not {self.start!r}")
+        from ordq.admin.reset import parse_reset_target
+
+        parse_reset_target(self.start.split())  # ConfigError for a bad start
         if self.fetch_max_bytes < 1024 or self.fetch_wait_ms < 0:
             raise ConfigError("fetch_max_bytes must be >= 1024 and fetch_wait_ms >= 0")
         if self.zk_outage_s < 0:
@@ -222,48 +225,21 @@ class Consumer:
         self._view.refresh()
 
     def _ensure_subscription(self) -> None:
+        from ordq.admin.read import ReplicaReader
+        from ordq.admin.reset import create_subscription, parse_reset_target
+
         store, cfg = self._require_store(), self.config
         try:
             store.get_cursor(cfg.queue, cfg.subscription)
             return
         except SubscriptionNotFound:
             pass
-        at: str | Cursor = "earliest"
-        if cfg.start == "latest":
-            at = self._latest_cursor()
-        try:
-            store.create_subscription(cfg.queue, cfg.subscription, at=at)
-        except AlreadyExists:
-            pass  # another consumer of the subscription created it first
-
-    def _latest_cursor(self) -> Cursor:
-        """After the last readable message (the open segment's readable end)."""
-        store = self._require_store()
-        st, _ = store.load_state(self.config.queue)
-        seg = st.open_segment or (st.consume[-1] if st.consume else None)
-        if seg is None:
-            return Cursor(seg=st.next_seg, offset=0, last_seq=st.trimmed_seq)
-        if seg.status is SegStatus.SEALED:
-            return Cursor(seg=seg.seg + 1, offset=0, last_seq=seg.last_seq if seg.last_seq is not None else -1)
-        probe = self._fetch(seg, 0, max_wait_ms=0, max_bytes=1)
-        if probe is None:
-            raise BrokerUnavailable(f"group {seg.gid}", "no replica answers to find the latest position")
-        end = probe.readable_end
-        if end == 0:
-            return Cursor(seg=seg.seg, offset=0, last_seq=self._last_seq_before(st, seg.seg))
-        tail = self._fetch(seg, end - 1, max_wait_ms=0, max_bytes=1)
-        header = decode_batch(tail.batches[-1])[0] if tail and tail.batches else None
-        if header is None:
-            raise BrokerUnavailable(f"group {seg.gid}", "cannot read the last message")
-        return Cursor(seg=seg.seg, offset=end, last_seq=header.first_seq + (end - 1 - header.first_offset))
-
-    @staticmethod
-    def _last_seq_before(st: QueueState, seg: int) -> int:
-        last = st.trimmed_seq
-        for s in st.consume:
-            if s.seg < seg and s.last_seq is not None:
-                last = max(last, s.last_seq)
-        return last
+        # The same targets, resolved the same way, as `ordq sub create --start`.
+        with ReplicaReader(store) as reader:
+            try:
+                create_subscription(store, reader, cfg.queue, cfg.subscription, parse_reset_target(cfg.start.split()))
+            except AlreadyExists:
+                pass  # another consumer of the subscription created it first
 
     def close(self) -> None:
         """Commit what the application finished (not the message or ``poll`` batch in hand:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 
 import pytest
 
 from broker_group.log import Message, encode_batch
-from ordq.errors import MessageTooLarge
+from ordq.errors import ConfigError, MessageTooLarge
 from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 
@@ -287,3 +288,24 @@ def test_ctrl_c_on_produce_flushes_what_was_read(cluster: Cluster) -> None:
         while seqs[-1] < sent - 1:
             seqs.extend(m.seq for m in c.poll())
     assert seqs == list(range(sent))
+
+
+def test_consumer_config_start_at_a_seq_or_a_time(queue: Cluster) -> None:
+    """An application that keeps its position in its own database starts a new subscription
+    exactly there (`start="seq N"`), or at a time (`start="time T"`), as `ordq sub create`."""
+    with Consumer(consumer_config(queue, "from-db", start="seq 1500")) as c:
+        assert first_poll(c) == 1500
+    t = time.time()
+    produce(queue, 5, first=N)
+    with Consumer(consumer_config(queue, "from-time", start=f"time {t}")) as c:
+        assert first_poll(c) == N
+    with pytest.raises(ConfigError, match="bad seq 'x'"):
+        consumer_config(queue, "bad", start="seq x")
+    with pytest.raises(ConfigError, match="bad reset target 'soon'"):
+        consumer_config(queue, "bad", start="soon")
+
+
+def first_poll(c: Consumer) -> int:
+    while not (batch := c.poll(max_messages=1)):
+        pass
+    return batch[0].seq

@@ -71,7 +71,7 @@ class ResetTarget:
 
 def parse_reset_target(words: Sequence[str], *, now_s: Callable[[], float] = time.time) -> ResetTarget:
     """``earliest`` | ``latest`` | ``seq N`` | ``time T`` (T as in ``parse_time``)."""
-    usage = "--to takes: earliest | latest | seq N | time T"
+    usage = "a target is one of: earliest | latest | seq N | time T"
     if len(words) == 1 and words[0] in ("earliest", "latest"):
         return ResetTarget(words[0])
     if len(words) == 2 and words[0] == "seq":
