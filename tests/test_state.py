@@ -134,7 +134,7 @@ ops = st.lists(
     st.tuples(
         st.sampled_from(
             ["admit", "admit_all", "fail_over", "fail_over_wrong", "roll", "roll_wrong", "seal", "pop", "retain",
-             "bump", "drain", "live", "move_cursor"]
+             "bump", "drain", "live", "move_cursor", "add_group", "remove_group"]
         ),
         st.sampled_from(GROUPS + ("gX",)),
         st.integers(min_value=0, max_value=20),
@@ -182,6 +182,10 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 state = sm.bump_epoch(state)
             elif op == "drain":
                 state = sm.remove_from_send(state, gid, facts)
+            elif op == "add_group":
+                state = sm.add_group(state, gid)
+            elif op == "remove_group":
+                state = sm.remove_group(state, gid)
             elif op == "live":
                 live ^= {gid}
             elif op == "move_cursor":

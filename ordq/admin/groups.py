@@ -192,3 +192,37 @@ def remove_group(store: ZkStore, gid: str) -> list[str]:
     return serving
 
 
+
+
+# -- a queue's groups ----------------------------------------------------------------------------
+
+
+def add_group_to_queue(store: ZkStore, queue: str, gid: str) -> sm.QueueState:
+    """Let ``gid`` serve ``queue``: it joins the end of the send list at once when it is live,
+    holds no segment of the queue and is not drained (JMQ's rule), else when it becomes so
+    (the coordinator admits it)."""
+    store.get_group(gid)  # GroupNotFound
+    store.apply(queue, lambda s, _f: sm.add_group(s, gid))
+    # A second write: the facts (liveness) are read for the queue's groups, now with gid.
+    return store.apply(queue, lambda s, f: sm.admit(s, gid, f) if s.eligible(gid, f) else s)
+
+
+def remove_group_from_queue(store: ZkStore, queue: str, gid: str, *, force: bool = False) -> sm.QueueState:
+    """Stop ``gid`` serving ``queue``: it leaves the send list (a head is failed over), and is
+    removed once it holds no segment subscriptions still need. IllegalTransition, after it
+    left the send list, while it still holds some (run it again once they are read); and,
+    unless ``force``, before anything when it is the only group taking writes."""
+    st, _ = store.load_state(queue)
+    if gid not in st.groups:
+        raise IllegalTransition("remove_group", f"group {gid} does not serve queue {queue}")
+    if st.send == (gid,) and not force:
+        raise IllegalTransition("remove_group", f"group {gid} is the only group taking writes to {queue}: its "
+                                "producers would wait (add another group first, or pass --force)")
+    if gid in st.send:
+        st = store.apply(queue, lambda s, f: sm.remove_from_send(s, gid, f) if gid in s.send else s)
+    held = [s.seg for s in st.consume if s.gid == gid]
+    if held:
+        raise IllegalTransition("remove_group", f"group {gid} left the send list of {queue} but still holds segments "
+                                f"{held} that subscriptions have not read: run this again once they are popped "
+                                f"(ordq queue describe {queue})")
+    return store.apply(queue, lambda s, _f: sm.remove_group(s, gid))

@@ -1,4 +1,4 @@
-"""ordq queue create|update|list|describe|roll|delete: queues, their settings, send and consume lists."""
+"""ordq queue create|update|add-group|remove-group|list|describe|roll|delete: queues and their settings."""
 
 from __future__ import annotations
 
@@ -47,6 +47,20 @@ def register(subparsers: Any) -> None:
         "messages and seq range; open and sealing segments are asked of their replicas, '?' when none "
         "answers), the backlog each group holds, and each subscription's cursor, lag and holder.")
     desc.add_argument("queue")
+    add = add_command(sub, "add-group", func=cmd_add_group, help="let a broker group serve a queue",
+                      description="Add a registered group to a queue's groups; it joins the end of the send "
+                      "list at once if it is live, holds no segment of the queue and is not drained, else later "
+                      "(the coordinator admits it).")
+    add.add_argument("queue")
+    add.add_argument("group")
+    remove = add_command(sub, "remove-group", func=cmd_remove_group, help="stop a broker group serving a queue",
+                         description="Take a group out of the queue's send list (a head is failed over: "
+                         "producers continue on the next group) and remove it from the queue once no "
+                         "subscription needs its segments; until then this says which segments it still "
+                         "holds (run it again later).")
+    remove.add_argument("queue")
+    remove.add_argument("group")
+    remove.add_argument("--force", action="store_true", help="even if it is the only group taking writes")
     roll = add_command(
         sub, "roll", func=cmd_roll, help="seal the open segment and continue on a new one on the same head",
         description="Seal the queue's open segment and open the next one on the same send head, in one "
@@ -125,6 +139,30 @@ def settings_line(cfg: QueueConfig) -> str:
     retention = "keep " + ", ".join(kept) if kept else "keep until consumed"
     return (f"max message {format_size(cfg.max_message_bytes)}, segments roll at {format_size(cfg.segment_bytes)} "
             f"or {format_duration(cfg.segment_age_s)}, {retention}")
+
+
+def cmd_add_group(args: argparse.Namespace) -> int:
+    from ordq.admin.groups import add_group_to_queue
+
+    with open_store(args) as store:
+        st = add_group_to_queue(store, args.queue, args.group)
+    return _print_lists(args, st, f"group {args.group} serves queue {args.queue}")
+
+
+def cmd_remove_group(args: argparse.Namespace) -> int:
+    from ordq.admin.groups import remove_group_from_queue
+
+    with open_store(args) as store:
+        st = remove_group_from_queue(store, args.queue, args.group, force=args.force)
+    return _print_lists(args, st, f"group {args.group} removed from queue {args.queue}")
+
+
+def _print_lists(args: argparse.Namespace, st: QueueState, what: str) -> int:
+    if wants_json(args):
+        emit_json(st.to_dict())
+    else:
+        print(f"{what}; groups: {', '.join(st.groups)}; send list: {' -> '.join(st.send) or '(empty)'}")
+    return 0
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
