@@ -217,6 +217,27 @@ def kill_coordinator(ctx: DrillContext) -> None:
     ctx.event(f"restarted {leader}")
 
 
+def roll_under_failover(ctx: DrillContext) -> None:
+    """``ordq queue roll`` every quarter second under traffic, the head master killed among
+    the rolls: seal-and-continue and failover racing on the same open segment."""
+    from ordq.admin.groups import roll_queue
+    from ordq.admin.read import ReplicaReader
+
+    killed: tuple[str, int] | None = None
+    with ctx.cluster.store() as store, ReplicaReader(store) as reader:
+        for i in range(8):
+            if i == 2:
+                killed = _kill_head(ctx, ("master",))
+            else:
+                rolled = roll_queue(store, reader, ctx.queue)
+                ctx.event(f"rolled segment {rolled.sealing_seg} of {rolled.head} "
+                          f"({'sealed' if rolled.sealed else 'sealing'}), segment {rolled.new_seg} open")
+            ctx.hold(0.25, "traffic flows between rolls")
+    assert killed is not None
+    _wait_sealed(ctx, killed[1])  # traffic may have ended: the seal is the failover's end
+    ctx.restart_broker(killed[0], "master")
+
+
 # -- disk faults -----------------------------------------------------------------------------------
 
 
@@ -366,6 +387,9 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "the standby resumes from the committed cursor; the resumed leader delivers nothing more and stops "
           "(NotLeader): one active consumer at a time", pause_consumer, standby_consumer=True,
           check=check_deposed_consumer),
+    Drill("roll-under-failover", "the open segment rolled every 0.25 s under traffic, the head master killed "
+          "among the rolls", "each roll seals and continues on the same head; the kill fails over; producers "
+          "resend what was in flight, consumers drop duplicates: nothing lost or reordered", roll_under_failover),
     Drill("kill-zk-node", "one ZooKeeper node of three killed (-9)", "no effect", kill_zk_node,
           needs_ensemble=True),
     Drill("kill-coordinator", "leading coordinator daemon killed (-9)",

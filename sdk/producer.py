@@ -324,9 +324,9 @@ class Producer:
                  self.config.queue, self.config.producer_id, epoch, seg, next_seq)
 
     def _recover(self, exc: BaseException) -> None:
-        """The stream to the head failed (not fenced): fail over, resend the unacked suffix."""
-        log.warning("queue %s: head %s seg %s failed (%s); failing over", self.config.queue,
-                    self._gid, self._seg, exc)
+        """The stream to the head failed (not fenced): fail over, resend the unacked suffix.
+        A rolled segment (sealed on a healthy head) ends the stream the same way."""
+        first_gid, first_seg = self._gid, self._seg
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -350,6 +350,12 @@ class Producer:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        if self._gid == first_gid:
+            log.info("queue %s: segment %s of %s ended (%s); continuing on segment %s", self.config.queue,
+                     first_seg, first_gid, exc, self._seg)
+        else:
+            log.warning("queue %s: head %s seg %s failed (%s); failed over to %s seg %s", self.config.queue,
+                        first_gid, first_seg, exc, self._gid, self._seg)
         with self._lock:
             self._core.rewind()
             self._stats.failovers += 1
