@@ -34,6 +34,7 @@ from ordq.errors import (
     ConfigError,
     CoordinationUnavailable,
     FencedError,
+    IllegalTransition,
     MessageTooLarge,
     OrdqError,
     WaitTimeout,
@@ -125,6 +126,13 @@ class Producer:
         self._sender: threading.Thread | None = None
         self._max_message = config.batching.max_batch_bytes - 64  # until start() reads the queue's
         self._max_message_of = "this producer's max_batch_bytes"
+        # Rolling the segment we write once it reaches the queue's size or age (the coordinator
+        # does it too; whoever is first wins the conditional write, the other one is refused).
+        self._segment_limits: tuple[int, float] | None = None  # (bytes, seconds), read at start
+        self._seg_bytes = 0  # acked on the current segment by this producer
+        self._seg_started: float | None = None  # monotonic time of its first ack
+        self._rolling = False
+        self._sealer: Any = None  # the Seal protocol runner, made on the first roll
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -157,7 +165,9 @@ class Producer:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
         self._store = ZkStore(self._client, paths)
-        queue_limit = self._store.queue_config(cfg.queue).max_message_bytes  # QueueNotFound early
+        queue_cfg = self._store.queue_config(cfg.queue)  # QueueNotFound early
+        queue_limit = queue_cfg.max_message_bytes
+        self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)
         batch_limit = cfg.batching.max_batch_bytes - 64
         if queue_limit <= batch_limit:
             self._max_message, self._max_message_of = queue_limit, f"queue {cfg.queue!r} max_message_bytes"
@@ -370,6 +380,7 @@ class Producer:
         assert self._core is not None
         stream = transport.open_produce(master.address, self.config.queue, seg, self._core.epoch)
         self._stream, self._gid, self._seg = stream, gid, seg
+        self._seg_bytes, self._seg_started, self._rolling = 0, None, False
         self._stats.seg, self._stats.head = seg, gid
         threading.Thread(target=self._ack_loop, args=(stream,), name="ordq-producer-acks", daemon=True).start()
 
@@ -463,6 +474,7 @@ class Producer:
                 self._lock.notify_all()
                 return
             self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
+            self._count_for_roll(done)
             self._stats.acked += ack.count
             self._stats.batches_acked += len(done)
             self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
@@ -473,6 +485,49 @@ class Producer:
             with self._lock:
                 self._resolving -= 1
                 self._lock.notify_all()
+
+    def _count_for_roll(self, done: list[PendingBatch]) -> None:
+        """Caller holds the lock: once the segment holds the queue's segment size, or its first
+        ack is the segment age old, roll it (once per segment, in a thread: ZooKeeper and the
+        Seal protocol block)."""
+        if self._segment_limits is None or self._rolling:
+            return
+        now = time.monotonic()
+        if self._seg_started is None:
+            self._seg_started = now
+        self._seg_bytes += sum(len(b.encoded) for b in done)
+        size, age = self._segment_limits
+        if self._seg_bytes >= size or now - self._seg_started >= age:
+            self._rolling = True
+            gid, seg = self._gid, self._seg
+            assert gid is not None and seg is not None
+            threading.Thread(target=self._roll, args=(gid, seg), name="ordq-producer-roll", daemon=True).start()
+
+    def _roll(self, gid: str, seg: int) -> None:
+        """Seal-and-continue (``coordinator.state.roll``), then seal the old segment: its master
+        refuses further writes, our stream ends, and ``_recover`` continues on the new segment
+        with what was in flight, as after a failover (on the same head)."""
+        from coordinator import state as sm
+        from coordinator.seal import make_sealer
+
+        store = self._require_store()
+        try:
+            store.apply(self.config.queue, lambda s, _f: sm.roll(s, gid, seg))
+        except IllegalTransition:
+            return  # rolled or failed over by someone else first
+        except OrdqError as exc:
+            log.warning("queue %s: rolling segment %d failed: %s (the coordinator rolls it)", self.config.queue,
+                        seg, exc)
+            return
+        log.info("queue %s: rolled segment %d of %s (size or age limit)", self.config.queue, seg, gid)
+        if self._sealer is None:
+            self._sealer = make_sealer(store)
+        sealer = self._sealer
+        if sealer is not None:
+            try:
+                sealer(self.config.queue, seg)
+            except OrdqError as exc:  # consumers or the coordinator seal it later
+                log.info("queue %s: sealing rolled segment %d deferred: %s", self.config.queue, seg, exc)
 
     def _resolve(self, done: list[PendingBatch], ack: Ack) -> None:
         offset = ack.first_offset
