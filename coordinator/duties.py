@@ -65,12 +65,18 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
         Action(Kind.SEAL, gid=s.gid, seg=s.seg) for s in state.consume if s.status is SegStatus.SEALING
     )
     actions.extend(Action(Kind.ADMIT, gid=g) for g in state.groups if state.eligible(g, facts))
-    head = state.consume[0] if state.consume else None
-    if head is not None and head.status is SegStatus.SEALED:
+    # Every leading segment that can go, in order (one pop each): under heavy traffic many
+    # segments may roll between two rounds, and popping one a round would fall behind.
+    rest = state
+    while rest.consume and rest.consume[0].status is SegStatus.SEALED:
+        head = rest.consume[0]
         if facts.cursors and all(c.seg > head.seg for c in facts.cursors.values()):
             actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg))
-        elif past_retention(state, limits, now_ms):
+        elif past_retention(rest, limits, now_ms):
             actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg))
+        else:
+            break
+        rest = attrs.evolve(rest, consume=rest.consume[1:])
     return actions
 
 
