@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from coordinator import state as sm
+from coordinator.paths import check_name
 from coordinator.seal import run_seal
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore
@@ -201,6 +202,7 @@ def add_group_to_queue(store: ZkStore, queue: str, gid: str) -> sm.QueueState:
     """Let ``gid`` serve ``queue``: it joins the end of the send list at once when it is live,
     holds no segment of the queue and is not drained (JMQ's rule), else when it becomes so
     (the coordinator admits it)."""
+    check_name("group", gid)
     store.get_group(gid)  # GroupNotFound
     store.apply(queue, lambda s, _f: sm.add_group(s, gid))
     # A second write: the facts (liveness) are read for the queue's groups, now with gid.
@@ -212,6 +214,7 @@ def remove_group_from_queue(store: ZkStore, queue: str, gid: str, *, force: bool
     removed once it holds no segment subscriptions still need. IllegalTransition, after it
     left the send list, while it still holds some (run it again once they are read); and,
     unless ``force``, before anything when it is the only group taking writes."""
+    check_name("group", gid)
     st, _ = store.load_state(queue)
     if gid not in st.groups:
         raise IllegalTransition("remove_group", f"group {gid} does not serve queue {queue}")
