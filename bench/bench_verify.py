@@ -23,7 +23,10 @@ In one Spark session on ``--master``, it then times:
   numbers, row positions, kinds), every column the checks use folded; no shuffle. The floor
   of any verification that reads the columns the way the verifier does;
 - ``verify``: ``spark_order_check.verify`` on the same session, every check (the best of
-  ``--repeat`` runs).
+  ``--repeat`` runs);
+- ``reference`` (before Spark starts): ``spark_order_check.reference.check``, the same
+  audit-file rules as a plain single-process Python checker, on one core: the simplest honest
+  alternative. Both are reported as rows/s per core (Spark: divided by the master's cores).
 
 The ratio verify / bare scan is the figure of merit (issue goal: <= 2 on local[2]); the
 ratios to the other baselines are printed alongside.
@@ -46,11 +49,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
-from spark_order_check import verify
+from spark_order_check import reference, verify
 from spark_order_check._files import list_local
 from spark_order_check._scan import scan_acks, scan_deliveries
 from spark_order_check._session import make_session, scan_settings
 from spark_order_check.generate import Scenario, generate
+from spark_order_check.report import CLASS_BY_NAME
 
 ROWS_PER_FILE = 1_000_000  # the SDK audit hook's default (sdk/audit.py)
 
@@ -111,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="timed runs of each, best kept (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ap.add_argument("--no-baselines", action="store_true", help="time only the bare scan and verify")
+    ap.add_argument("--no-reference", action="store_true", help="skip the single-process Python checker")
     args = ap.parse_args(argv)
 
     directory, gen_s = _data(args.dir, args.messages)
@@ -118,6 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(f"data: {directory} ({n_files} files, {n_bytes / 1e6:,.0f} MB"
               + (f", generated in {gen_s:.0f} s)" if gen_s else ", reused)"), flush=True)
+
+    reference_s = None
+    if not args.no_reference:
+        ref = reference.check(directory / "acks", directory / "deliveries")
+        bad = {k: v for k, v in ref.counts.items() if v and CLASS_BY_NAME[k].violation}
+        if bad:
+            print(f"the reference checker found violations on clean data: {bad}", file=sys.stderr)
+            return 1
+        reference_s = ref.seconds
+        if not args.json:
+            print(f"  reference (one process): {reference_s:.1f} s, {ref.rows / reference_s:,.0f} rows/s", flush=True)
 
     spark = make_session(args.master, driver_memory=args.driver_memory, app_name="ordq-bench-verify")
     try:
@@ -164,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": round(verify_s / scan_s, 2),
         **{f"ratio_to_{k}": round(verify_s / v, 2) for k, v in best.items() if k not in ("bare_scan", "verify")},
         "verify_rows_per_s": round((report.inputs.ack_rows + report.inputs.delivery_rows) / verify_s),
+        "verify_rows_per_s_per_core": round((report.inputs.ack_rows + report.inputs.delivery_rows) / verify_s
+                                            / _cores(args.master)),
+        "reference_s": round(reference_s, 2) if reference_s else None,
+        "reference_rows_per_s_per_core": round((report.inputs.ack_rows + report.inputs.delivery_rows) / reference_s)
+        if reference_s else None,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "load_average": [round(x, 1) for x in os.getloadavg()],
@@ -177,7 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in best.items():
             if k not in ("bare_scan", "verify"):
                 print(f"  vs {k}: {v:.1f} s, ratio {verify_s / v:.2f}x")
+        if reference_s:
+            print(f"per core: Spark {result['verify_rows_per_s_per_core']:,} rows/s on {args.master}, plain Python "
+                  f"{result['reference_rows_per_s_per_core']:,} rows/s (goal: Spark >= Python)")
     return 0
+
+
+def _cores(master: str) -> int:
+    """The cores a local master uses (local[N], local[*]); other masters: this machine's."""
+    inner = master.removeprefix("local[").removesuffix("]") if master.startswith("local[") else "*"
+    return (os.cpu_count() or 1) if inner == "*" else int(inner)
 
 
 if __name__ == "__main__":
