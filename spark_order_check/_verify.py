@@ -201,16 +201,8 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
 
         # 3. Findings: ranges, boundary pairs, in-flight classification, segments.
         parts = [raw.filter(~F.col("cls").startswith("_"))]
-        redelivered = None  # counted and sampled where they stand, when no netting is needed
         if raw_counts.get("_extra"):
-            red = C.redeliveries(raw, duplicates=bool(raw_counts.get("duplicate")))
-            if raw_counts.get("duplicate"):
-                parts.append(red)
-            else:
-                # One row per redelivered seq, read off the kept raw findings: 10^6 of them
-                # after a consumer takeover at 10^7 need not be copied into ``allf`` only to
-                # be counted and sampled (8.8 s of a 59 s run at 10^7, docs/BENCHMARKS.md).
-                redelivered = red
+            parts.append(C.redeliveries(raw, duplicates=bool(raw_counts.get("duplicate"))))
         if raw_counts.get("_bnd") or raw_counts.get("_kbnd"):
             parts.append(C.stitch_boundaries(raw.filter(F.col("cls").isin("_bnd", "_kbnd"))))
         if raw_counts.get("_lost") or raw_counts.get("_unacked"):
@@ -234,15 +226,10 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
         if log.isEnabledFor(logging.DEBUG):
             log.debug("plan of the counts:\n%s", counts_df._jdf.queryExecution().executedPlan().toString())
         counts = counts_df.collect()
-        if redelivered is not None:
-            counts += redelivered.groupBy("cls", "q", "s").agg(
-                F.sum("n").alias("n"), F.count(F.lit(1)).alias("rows")).collect()
         phase("findings, counts")
         order = [F.col(c).asc_nulls_first() for c in ("q", "s", "seq", "c", "key", "pos", "seq2")]
         rn = F.row_number().over(Window.partitionBy("cls").orderBy(*order))
         examples = allf.withColumn("rn", rn).filter(F.col("rn") <= EXAMPLES).collect()
-        if redelivered is not None:  # the first ones in the same order, without sorting them all
-            examples += redelivered.orderBy(*order).limit(EXAMPLES).withColumn("rn", rn).collect()
         details = _details(spark, e, examples, bucket_bits)
         names_by_hash = _consumer_hashes(spark, sorted({r.c for r in fstats if r.kind == DELIVERY and r.c}))
         phase("examples")
