@@ -97,6 +97,11 @@ class Paths:
     def sub(self, queue: str, sub: str) -> str:
         return f"{self.subs(queue)}/{check_name('subscription', sub)}"
 
+    def parked(self, queue: str, sub: str, seq: int | None = None) -> str:
+        """The subscription's ledger of parked messages (one node per seq)."""
+        base = f"{self.sub(queue, sub)}/parked"
+        return base if seq is None else f"{base}/{seq:020d}"
+
     def sub_leader(self, queue: str, sub: str) -> str:
         return f"{self.sub(queue, sub)}/leader"
 

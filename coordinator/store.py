@@ -552,6 +552,32 @@ class ZkStore:
                 raise SubscriptionNotFound(queue, sub) from exc
         return Cursor.from_dict(_loads(data)), stat.version
 
+    def record_parked(self, queue: str, sub: str, seq: int, record: Mapping[str, Any]) -> None:
+        """Add a parked message's record to the subscription's ledger (idempotent per seq)."""
+        with self._errors():
+            self._wait(self.client.ensure_path_async(self.paths.parked(queue, sub)))
+            try:
+                self._wait(self.client.create_async(self.paths.parked(queue, sub, seq), _dumps(dict(record))))
+            except NodeExistsError:
+                pass  # recorded before a restart: the same message, parked again
+
+    def parked(self, queue: str, sub: str) -> list[dict[str, Any]]:
+        """The subscription's parked records, in seq order."""
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        with self._errors():
+            try:
+                names = sorted(self._read(self.client.get_children_async, self.paths.parked(queue, sub)))
+            except NoNodeError:
+                return []
+            out = []
+            for name in names:
+                try:
+                    data, _ = self._read(self.client.get_async, f"{self.paths.parked(queue, sub)}/{name}")
+                except NoNodeError:
+                    continue
+                out.append(_loads(data))
+        return out
+
     def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *, holder: str | None = None) -> int:
         """Write the cursor if nobody else did since ``version``; return the new version.
         ConflictError when it moved (another consumer or an admin reset took over).

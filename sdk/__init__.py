@@ -14,17 +14,20 @@ from sdk._consumer_core import CommitConfig
 from sdk._futures import SendFuture, SendResult
 from sdk._producer_core import BatchingConfig
 from sdk.aio import AsyncConsumer, AsyncProducer
-from sdk.consumer import Consumer, ConsumerConfig, Delivered
+from sdk.consumer import BlockedMessage, Consumer, ConsumerConfig, Delivered
+from sdk.failure import FailurePolicy
 from sdk.producer import Producer, ProducerConfig, StoredMessage
 
 __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "BatchingConfig",
+    "BlockedMessage",
     "CommitConfig",
     "Consumer",
     "ConsumerConfig",
     "Delivered",
+    "FailurePolicy",
     "Producer",
     "ProducerConfig",
     "SendFuture",

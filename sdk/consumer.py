@@ -57,6 +57,7 @@ from ordq.errors import (
     IllegalTransition,
     NotLeader,
     OrdqError,
+    QueueNotFound,
     RetentionOvertook,
     SubscriptionNotFound,
     WaitTimeout,
@@ -65,6 +66,7 @@ from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
 from sdk._lease import SessionLease
 from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
+from sdk.failure import FailurePolicy, after_failure, parking_queue
 from sdk.keyed import KeyedWorkers
 from sdk.transport import BrokerTransport, FetchResult
 
@@ -89,6 +91,9 @@ class ConsumerConfig:
     # reading from the replicas it knows, before it raises CoordinationUnavailable
     zk_outage_s: float = 30.0
     audit_dir: Path | None = None
+    # What ``run(handler)`` does when the handler raises (sdk/failure.py): block (default),
+    # park or raise, after how many attempts, with which waits between them.
+    on_failure: FailurePolicy = FailurePolicy()
     consumer_id: str = attrs.field(factory=new_writer_id)
 
     def __attrs_post_init__(self) -> None:
@@ -135,6 +140,18 @@ class ConsumerStats:
     seg: int = 0
     offset: int = 0
     last_seq: int = -1
+    parked: int = 0  # messages run() moved to the parking queue
+
+
+@attrs.frozen
+class BlockedMessage:
+    """The message ``run()`` is retrying (its handler failed ``attempts`` times so far)."""
+
+    seq: int
+    key: bytes | None
+    attempts: int
+    last_error: str
+    blocked_s: float  # since its first failure
 
 
 class Consumer:
@@ -148,6 +165,8 @@ class Consumer:
         self._store: ZkStore | None = None
         self._election: Any = None  # the kazoo Lock of the subscription
         self._lease: SessionLease | None = None
+        self.blocked: BlockedMessage | None = None  # run(): the message being retried, if any
+        self._parking: Any = None  # run(): the producer of the parking queue, made on first use
         self._closed = False
         self._cursor = Cursor(seg=0)  # where the next read starts (past dropped duplicates too)
         self._buffer: deque[Delivered] = deque()  # read, not handed out yet
@@ -270,6 +289,8 @@ class Consumer:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._parking is not None:
+            self._parking.close()
         if self._lease is not None:
             self._lease.stop()
         if self._election is not None:
@@ -378,15 +399,9 @@ class Consumer:
     def _checks(self, now: float) -> bool:
         """Before handing out: the lease (NotLeader when it is gone; False when not sure now,
         after waiting a little) and a periodic commit of what is finished, if one is due."""
+        if not self._lease_confirmed():
+            return False
         lease = self._require_lease()
-        if not lease.valid():
-            wait_s = self.config.fetch_wait_ms / 1000.0
-            if not lease.wait_valid(wait_s):
-                if lease.lost_reason is not None:
-                    raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
-                self._unsure_of_zookeeper()
-                return False
-        self._zk_down_since = None
         if self._policy.due(now) and self._require_view().connected():
             try:
                 self._commit(self._finished_pos())
@@ -395,6 +410,18 @@ class Consumer:
         # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
         # meanwhile only makes that look early and cheap).
         self._next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
+        return True
+
+    def _lease_confirmed(self) -> bool:
+        """The lease holds by our clock (waiting a little for a renewal when it is about to
+        run out); False when not sure now; NotLeader when it is gone."""
+        lease = self._require_lease()
+        if not lease.valid() and not lease.wait_valid(self.config.fetch_wait_ms / 1000.0):
+            if lease.lost_reason is not None:
+                raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
+            self._unsure_of_zookeeper()
+            return False
+        self._zk_down_since = None
         return True
 
     def _unsure_of_zookeeper(self) -> None:
@@ -460,6 +487,81 @@ class Consumer:
         if pos != self._finished_base:
             self._policy.delivered(max(1, pos.last_seq - self._finished_base.last_seq))
             self._finished_base = pos
+
+    def run(self, handler: Callable[[Delivered], object], *, stop: threading.Event | None = None) -> None:
+        """Call ``handler(m)`` for each message, in order, until ``stop`` is set. A message is
+        finished when its handler returns. When the handler raises, ``config.on_failure``
+        decides (docs/SDK.md, "A message that keeps failing"): ``block`` tries the same
+        message again after each wait of its ladder and never skips it (``blocked`` says
+        which one, and an error is logged once the attempts are used up); ``park`` moves it,
+        after its attempts, to the subscription's parking queue with a record in its ledger
+        (``ordq sub parked``) and goes on; ``raise`` raises HandlerError. Every attempt first
+        makes sure the lease still holds (NotLeader otherwise)."""
+        policy = self.config.on_failure
+        while stop is None or not stop.is_set():
+            batch = self.poll(max_messages=1)
+            if not batch:
+                continue
+            m = batch[0]
+            failures = 0
+            since = time.monotonic()
+            while True:
+                try:
+                    handler(m)
+                    break
+                except Exception as exc:  # noqa: BLE001 - the policy decides, HandlerError carries it
+                    failures += 1
+                    step = after_failure(policy, failures)
+                    self.blocked = BlockedMessage(m.seq, m.key, failures, repr(exc), time.monotonic() - since)
+                    if step.action == "raise":
+                        raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
+                    if step.action == "park":
+                        self._park(m, failures, exc)
+                        break
+                    if step.alarm and failures == policy.attempts:
+                        log.error("queue %s/%s: seq %d (key %r) failed %d times and blocks the subscription "
+                                  "(policy block): %r", self.config.queue, self.config.subscription, m.seq,
+                                  m.key, failures, exc)
+                    if stop is not None and stop.wait(step.delay_s):
+                        return  # stopped while blocked: the message stays unfinished
+                    if stop is None:
+                        time.sleep(step.delay_s)
+                    while not self._lease_confirmed():
+                        pass  # not sure of the lease: no new attempt until it is (NotLeader if lost)
+            self.blocked = None
+            self._finish_handed()
+
+    def _park(self, m: Delivered, failures: int, exc: BaseException) -> None:
+        """Send ``m`` to the parking queue (acked before anything else), record it in the
+        subscription's ledger, then it counts as finished."""
+        from sdk.producer import Producer, ProducerConfig
+
+        cfg, store = self.config, self._require_store()
+        target = parking_queue(cfg.queue, cfg.subscription)
+        try:
+            store.queue_config(target)
+        except QueueNotFound:
+            st, _ = store.load_state(cfg.queue)
+            try:
+                store.create_queue(target, list(st.groups))
+            except AlreadyExists:
+                pass
+        if self._parking is None:
+            self._parking = Producer(ProducerConfig(zk_hosts=cfg.zk_hosts, root=cfg.root, queue=target,
+                                                    zk_session_timeout_s=cfg.zk_session_timeout_s))
+            self._parking.start()
+        origin = f"{cfg.queue}/{cfg.subscription}/{m.seq}"
+        headers = [*m.headers, ("x-ordq-parked-from", origin.encode()),
+                   ("x-ordq-parked-attempts", str(failures).encode()),
+                   ("x-ordq-parked-error", repr(exc)[:500].encode())]
+        ack = self._parking.send(m.payload, key=m.key, headers=headers).result(60)
+        store.record_parked(cfg.queue, cfg.subscription, m.seq, {
+            "seq": m.seq, "key": m.key.hex() if m.key is not None else None, "attempts": failures,
+            "error": repr(exc)[:500], "parked_at_us": time.time_ns() // 1000, "parking_queue": target,
+            "parked_seq": ack.seq})
+        log.warning("queue %s/%s: seq %d parked to %s as seq %d after %d failed attempts: %r", cfg.queue,
+                    cfg.subscription, m.seq, target, ack.seq, failures, exc)
+        self._stats.parked += 1
 
     def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
                   stop: threading.Event | None = None, max_pending: int = 256, drain: bool = True) -> None:

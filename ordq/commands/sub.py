@@ -54,6 +54,13 @@ def register_create_delete(sub: Any) -> None:
     delete.add_argument("queue")
     delete.add_argument("subscription")
     delete.add_argument("--force", action="store_true", help="delete even while a consumer holds it")
+    parked = add_command(
+        sub, "parked", func=cmd_parked, help="list the messages a subscription parked (Consumer.run, park policy)",
+        description="The subscription's ledger of parked messages: each seq its handler kept failing on, moved "
+        "to the parking queue Q.parked.SUB (an ordinary queue: read it with ordq consume or peek) with its key, "
+        "attempts, last error and time.")
+    parked.add_argument("queue")
+    parked.add_argument("subscription")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -83,6 +90,21 @@ def cmd_delete(args: argparse.Namespace) -> int:
     print(f"subscription {args.queue}/{args.subscription} deleted")
     if holder is not None:
         print(f"forced while held by {holder}: that consumer stops (its lease is gone)")
+    return 0
+
+
+def cmd_parked(args: argparse.Namespace) -> int:
+    from ordq.admin.read import format_time_us
+
+    with open_store(args) as store:
+        records = store.parked(args.queue, args.subscription)
+    if wants_json(args):
+        emit_json({"queue": args.queue, "subscription": args.subscription, "parked": records})
+    elif not records:
+        print(f"nothing parked for {args.queue}/{args.subscription}")
+    else:
+        table([{**r, "parked_at": format_time_us(r["parked_at_us"])} for r in records],
+              ["seq", "key", "attempts", "parked_at", "parking_queue", "parked_seq", "error"])
     return 0
 
 

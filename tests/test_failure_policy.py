@@ -1,0 +1,123 @@
+"""A message the application cannot handle (``Consumer.run`` and ``ConsumerConfig.on_failure``):
+the pure decision, then each policy on real brokers — block never skips and never delivers
+what comes after the failing message, park moves it aside with a record and goes on in order,
+raise stops with HandlerError and commits nothing at or past it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ordq.errors import ConfigError, HandlerError
+from sdk import Consumer, ConsumerConfig, FailurePolicy
+from sdk.failure import after_failure, parking_queue
+from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
+from tests.test_everyday import committed, produce
+
+N = 200
+
+
+@given(st.sampled_from(["block", "park", "raise"]), st.integers(1, 20), st.integers(1, 100),
+       st.lists(st.floats(0, 60), min_size=1, max_size=8))
+def test_the_decision(mode: str, attempts: int, failures: int, ladder: list[float]) -> None:
+    policy = FailurePolicy(on_failure=mode, attempts=attempts, backoff_s=tuple(ladder))
+    step = after_failure(policy, failures)
+    if failures < attempts:  # every mode retries first, on the ladder (its last wait repeats)
+        assert step.action == "retry" and not step.alarm
+        assert step.delay_s == ladder[min(failures - 1, len(ladder) - 1)]
+    elif mode == "block":  # never skips: retries for ever, with the alarm
+        assert step.action == "retry" and step.alarm
+    else:
+        assert step.action == mode
+
+
+@pytest.mark.parametrize("bad", [{"on_failure": "skip"}, {"attempts": 0}, {"backoff_s": ()},
+                                 {"backoff_s": (float("nan"),)}, {"backoff_s": (-1.0,)}])
+def test_bad_policies_are_clear_errors(bad: dict) -> None:
+    with pytest.raises(ConfigError):
+        FailurePolicy(**bad)
+
+
+@pytest.fixture
+def queue(cluster: Cluster) -> Cluster:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    produce(cluster, N)
+    return cluster
+
+
+def config(cluster: Cluster, policy: FailurePolicy) -> ConsumerConfig:
+    return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
+                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, on_failure=policy)
+
+
+def test_block_retries_the_same_message_and_delivers_nothing_after_it(queue: Cluster) -> None:
+    handled: list[int] = []
+    failures = {50: 4}  # seq 50 fails four times, then works
+    stop = threading.Event()
+    seen_blocked = []
+
+    def handler(m) -> None:  # noqa: ANN001
+        if failures.get(m.seq, 0) > 0:
+            failures[m.seq] -= 1
+            seen_blocked.append(c.blocked)
+            raise ValueError(f"cannot handle {m.seq}")
+        handled.append(m.seq)
+        if m.seq == N - 1:
+            stop.set()
+
+    with Consumer(config(queue, FailurePolicy(on_failure="block", attempts=2, backoff_s=(0.01,)))) as c:
+        c.run(handler, stop=stop)
+        assert c.blocked is None
+    assert handled == list(range(N))  # in order, 50 exactly once, nothing skipped
+    assert [b.attempts for b in seen_blocked[1:]] == [1, 2, 3]  # what the status showed while retrying
+    assert all(b.seq == 50 and "cannot handle 50" in b.last_error for b in seen_blocked[1:])
+    assert committed(queue) == N - 1
+
+
+def test_park_moves_the_message_aside_with_a_record_and_goes_on(queue: Cluster) -> None:
+    handled: list[int] = []
+    stop = threading.Event()
+
+    def handler(m) -> None:  # noqa: ANN001
+        if m.seq in (7, 120):
+            raise ValueError(f"poison {m.seq}")
+        handled.append(m.seq)
+        if m.seq == N - 1:
+            stop.set()
+
+    with Consumer(config(queue, FailurePolicy(on_failure="park", attempts=3, backoff_s=(0.01,)))) as c:
+        c.run(handler, stop=stop)
+    assert handled == [s for s in range(N) if s not in (7, 120)]
+    assert committed(queue) == N - 1
+    listed = json.loads(queue.ordq("sub", "parked", "q", "s", "--json").stdout)["parked"]
+    assert [(r["seq"], r["attempts"], r["parking_queue"], r["parked_seq"]) for r in listed] == [
+        (7, 3, "q.parked.s", 0), (120, 3, "q.parked.s", 1)]
+    assert "poison 7" in listed[0]["error"]
+    human = queue.ordq("sub", "parked", "q", "s").stdout.decode()
+    assert "PARKING_QUEUE" in human and "q.parked.s" in human
+    # The parking queue is an ordinary queue: the parked messages, in order, with their origin.
+    with Consumer(ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue=parking_queue("q", "s"),
+                                 subscription="ops", zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)) as ops:
+        got = []
+        while len(got) < 2:
+            got.extend(ops.poll())
+    assert [dict(m.headers)["x-ordq-parked-from"] for m in got] == [b"q/s/7", b"q/s/120"]
+    assert [m.payload for m in got] == [b"m7", b"m120"]
+
+
+def test_raise_stops_with_handler_error_and_commits_nothing_at_or_past_it(queue: Cluster) -> None:
+    def handler(m) -> None:  # noqa: ANN001
+        if m.seq == 30:
+            raise ValueError("no")
+
+    with pytest.raises(HandlerError) as err, Consumer(config(queue, FailurePolicy(on_failure="raise", attempts=2,
+                                                                                   backoff_s=(0.01,)))) as c:
+        c.run(handler)
+    assert err.value.seq == 30 and isinstance(err.value.__cause__, ValueError)
+    assert committed(queue) == 29
+    assert queue.ordq("sub", "parked", "q", "s").stdout.decode().strip() == "nothing parked for q/s"
