@@ -102,6 +102,14 @@ class Paths:
         base = f"{self.sub(queue, sub)}/parked"
         return base if seq is None else f"{base}/{seq:020d}"
 
+    def sub_policy(self, queue: str, sub: str) -> str:
+        """What its consumers do with a message that keeps failing (sdk/failure.py)."""
+        return f"{self.sub(queue, sub)}/policy"
+
+    def sub_blocked(self, queue: str, sub: str) -> str:
+        """Ephemeral: the message its consumer is blocked on, past the policy's attempts."""
+        return f"{self.sub(queue, sub)}/blocked"
+
     def sub_leader(self, queue: str, sub: str) -> str:
         return f"{self.sub(queue, sub)}/leader"
 

@@ -552,6 +552,45 @@ class ZkStore:
                 raise SubscriptionNotFound(queue, sub) from exc
         return Cursor.from_dict(_loads(data)), stat.version
 
+    def set_sub_policy(self, queue: str, sub: str, policy: Mapping[str, Any]) -> None:
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        path = self.paths.sub_policy(queue, sub)
+        with self._errors():
+            try:
+                self._wait(self.client.create_async(path, _dumps(dict(policy))))
+            except NodeExistsError:
+                self._wait(self.client.set_async(path, _dumps(dict(policy))))
+
+    def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
+        with self._errors():
+            try:
+                data, _ = self._read(self.client.get_async, self.paths.sub_policy(queue, sub))
+            except NoNodeError:
+                return None
+        return dict(_loads(data))
+
+    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None) -> None:
+        """Show (an ephemeral node: it goes with the consumer's session) or clear the message
+        a subscription's consumer is blocked on."""
+        path = self.paths.sub_blocked(queue, sub)
+        with self._errors():
+            if record is None:
+                with contextlib.suppress(NoNodeError):
+                    self._wait(self.client.delete_async(path))
+                return
+            try:
+                self._wait(self.client.create_async(path, _dumps(dict(record)), ephemeral=True))
+            except NodeExistsError:
+                self._wait(self.client.set_async(path, _dumps(dict(record))))
+
+    def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
+        with self._errors():
+            try:
+                data, _ = self._read(self.client.get_async, self.paths.sub_blocked(queue, sub))
+            except NoNodeError:
+                return None
+        return dict(_loads(data))
+
     def record_parked(self, queue: str, sub: str, seq: int, record: Mapping[str, Any]) -> None:
         """Add a parked message's record to the subscription's ledger (idempotent per seq)."""
         with self._errors():

@@ -91,9 +91,10 @@ class ConsumerConfig:
     # reading from the replicas it knows, before it raises CoordinationUnavailable
     zk_outage_s: float = 30.0
     audit_dir: Path | None = None
-    # What ``run(handler)`` does when the handler raises (sdk/failure.py): block (default),
-    # park or raise, after how many attempts, with which waits between them.
-    on_failure: FailurePolicy = FailurePolicy()
+    # What ``run(handler)`` does when the handler raises (sdk/failure.py): block, park or
+    # raise, after how many attempts, with which waits between them. None: the subscription's
+    # policy (``ordq sub policy``), else block with the default ladder.
+    on_failure: FailurePolicy | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
 
     def __attrs_post_init__(self) -> None:
@@ -167,6 +168,7 @@ class Consumer:
         self._lease: SessionLease | None = None
         self.blocked: BlockedMessage | None = None  # run(): the message being retried, if any
         self._parking: Any = None  # run(): the producer of the parking queue, made on first use
+        self._alarmed = False  # run(): the blocked message is shown in ZooKeeper
         self._closed = False
         self._cursor = Cursor(seg=0)  # where the next read starts (past dropped duplicates too)
         self._buffer: deque[Delivered] = deque()  # read, not handed out yet
@@ -497,7 +499,7 @@ class Consumer:
         after its attempts, to the subscription's parking queue with a record in its ledger
         (``ordq sub parked``) and goes on; ``raise`` raises HandlerError. Every attempt first
         makes sure the lease still holds (NotLeader otherwise)."""
-        policy = self.config.on_failure
+        policy = self.config.on_failure or self._stored_policy()
         while stop is None or not stop.is_set():
             batch = self.poll(max_messages=1)
             if not batch:
@@ -518,18 +520,42 @@ class Consumer:
                     if step.action == "park":
                         self._park(m, failures, exc)
                         break
-                    if step.alarm and failures == policy.attempts:
-                        log.error("queue %s/%s: seq %d (key %r) failed %d times and blocks the subscription "
-                                  "(policy block): %r", self.config.queue, self.config.subscription, m.seq,
-                                  m.key, failures, exc)
+                    if step.alarm:
+                        self._alarm(m, failures, exc)
                     if stop is not None and stop.wait(step.delay_s):
                         return  # stopped while blocked: the message stays unfinished
                     if stop is None:
                         time.sleep(step.delay_s)
                     while not self._lease_confirmed():
                         pass  # not sure of the lease: no new attempt until it is (NotLeader if lost)
+            if self._alarmed:
+                self._require_store().set_blocked(self.config.queue, self.config.subscription, None)
+                self._alarmed = False
+                log.warning("queue %s/%s: seq %d handled after %d failed attempts; unblocked", self.config.queue,
+                            self.config.subscription, m.seq, failures)
             self.blocked = None
             self._finish_handed()
+
+    def _stored_policy(self) -> FailurePolicy:
+        stored = self._require_store().sub_policy(self.config.queue, self.config.subscription)
+        if stored is None:
+            return FailurePolicy()
+        return FailurePolicy(on_failure=stored["on_failure"], attempts=int(stored["attempts"]),
+                             backoff_s=tuple(float(b) for b in stored["backoff_s"]))
+
+    def _alarm(self, m: Delivered, failures: int, exc: BaseException) -> None:
+        """Blocked past the policy's attempts: say so where operators look (the log, and
+        ``ordq sub list`` through an ephemeral node), updated as attempts go on."""
+        if not self._alarmed:
+            log.error("queue %s/%s: seq %d (key %r) failed %d times and blocks the subscription (policy "
+                      "block): %r", self.config.queue, self.config.subscription, m.seq, m.key, failures, exc)
+        self._alarmed = True
+        try:
+            self._require_store().set_blocked(self.config.queue, self.config.subscription, {
+                "seq": m.seq, "key": m.key.hex() if m.key is not None else None, "attempts": failures,
+                "error": repr(exc)[:500], "consumer": self.config.consumer_id})
+        except CoordinationUnavailable:
+            pass  # shown at the next attempt; the log has it
 
     def _park(self, m: Delivered, failures: int, exc: BaseException) -> None:
         """Send ``m`` to the parking queue (acked before anything else), record it in the

@@ -17,6 +17,7 @@ from sdk import Consumer, ConsumerConfig, FailurePolicy
 from sdk.failure import after_failure, parking_queue
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.test_everyday import committed, produce
+from tests.util import wait_until
 
 N = 200
 
@@ -121,3 +122,67 @@ def test_raise_stops_with_handler_error_and_commits_nothing_at_or_past_it(queue:
     assert err.value.seq == 30 and isinstance(err.value.__cause__, ValueError)
     assert committed(queue) == 29
     assert queue.ordq("sub", "parked", "q", "s").stdout.decode().strip() == "nothing parked for q/s"
+
+
+def test_the_subscription_policy_and_the_blocked_alarm_seen_by_operators(queue: Cluster) -> None:
+    """`ordq sub policy` sets what a consumer without its own policy does; a consumer blocked
+    past its attempts shows in `ordq sub list` until the message goes through."""
+    shown = queue.ordq("sub", "policy", "q", "s")
+    assert shown.returncode == 1 and "subscription" in shown.stderr.decode()  # none yet: a clear error
+    with Consumer(config(queue, FailurePolicy())) as c:  # creates the subscription
+        c.commit()
+    out = queue.ordq("sub", "policy", "q", "s", "--on-failure", "block", "--attempts", "2", "--backoff", "0.02")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().strip() == "q/s: on failure block after 2 attempts, waits 0.02 s"
+    bad = queue.ordq("sub", "policy", "q", "s", "--backoff", "nan")
+    assert bad.returncode == 1 and b"Traceback" not in bad.stderr
+
+    fixed = threading.Event()
+    stop = threading.Event()
+    handled: list[int] = []
+
+    def handler(m) -> None:  # noqa: ANN001
+        if m.seq == 10 and not fixed.is_set():
+            raise ValueError("downstream is down")
+        handled.append(m.seq)
+        if m.seq == N - 1:
+            stop.set()
+
+    def blocked() -> dict | None:
+        listed = json.loads(queue.ordq("sub", "list", "q", "--json").stdout)["subscriptions"]
+        return next(s for s in listed if s["subscription"] == "s")["blocked"]
+
+    cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)  # no policy: the subscription's
+    with Consumer(cfg) as c:
+        runner = threading.Thread(target=c.run, args=(handler,), kwargs={"stop": stop})
+        runner.start()
+        alarm = wait_until(blocked, timeout_s=30, what="the blocked message in sub list")
+        assert alarm["seq"] == 10 and alarm["attempts"] >= 2 and "downstream is down" in alarm["error"]
+        assert handled == list(range(10))  # nothing after the blocked message
+        assert "BLOCKED" in queue.ordq("sub", "list", "q").stdout.decode()
+        fixed.set()
+        runner.join(60)
+        assert not runner.is_alive()
+    assert handled == list(range(N))
+    assert blocked() is None
+
+
+def test_a_stored_park_policy_applies(queue: Cluster) -> None:
+    with Consumer(config(queue, FailurePolicy())) as c:
+        c.commit()
+    assert queue.ordq("sub", "policy", "q", "s", "--on-failure", "park", "--attempts", "1").returncode == 0
+    stop = threading.Event()
+
+    def handler(m) -> None:  # noqa: ANN001
+        if m.seq == 3:
+            raise ValueError("poison")
+        if m.seq == N - 1:
+            stop.set()
+
+    cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+    with Consumer(cfg) as c:
+        c.run(handler, stop=stop)
+    parked = json.loads(queue.ordq("sub", "parked", "q", "s", "--json").stdout)["parked"]
+    assert [(r["seq"], r["attempts"]) for r in parked] == [(3, 1)]

@@ -1,12 +1,15 @@
-"""ordq sub list|create|reset|delete: subscriptions of a queue, their cursors and lag; create,
-move and delete them."""
+"""ordq sub list|create|reset|delete|policy|parked: subscriptions of a queue, their cursors and
+lag; create, move and delete them; what their consumers do with a failing message."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ordq.commands import add_command, open_store, wants_json
+import attrs
+
+from ordq.commands import add_command, int_in, open_store, wants_json
+from ordq.errors import ConfigError
 from ordq.output import emit_json, table
 
 
@@ -54,6 +57,18 @@ def register_create_delete(sub: Any) -> None:
     delete.add_argument("queue")
     delete.add_argument("subscription")
     delete.add_argument("--force", action="store_true", help="delete even while a consumer holds it")
+    policy = add_command(
+        sub, "policy", func=cmd_policy, help="what consumers do with a message their handler keeps failing on",
+        description="Show or set the subscription's failure policy, used by Consumer.run when its config sets "
+        "none: block (retry for ever, never skip; the default), park (after N attempts move it to the "
+        "parking queue Q.parked.SUB and go on) or raise (stop with HandlerError). docs/SDK.md.")
+    policy.add_argument("queue")
+    policy.add_argument("subscription")
+    policy.add_argument("--on-failure", choices=["block", "park", "raise"], default=None)
+    policy.add_argument("--attempts", type=int_in(1, 10**6), default=None, help="tries before the alarm, "
+                        "parking or the error (default 5)")
+    policy.add_argument("--backoff", default=None, metavar="S,S,...",
+                        help="seconds to wait before each retry, the last repeating (default 0.1,0.5,1,5,10,30)")
     parked = add_command(
         sub, "parked", func=cmd_parked, help="list the messages a subscription parked (Consumer.run, park policy)",
         description="The subscription's ledger of parked messages: each seq its handler kept failing on, moved "
@@ -93,6 +108,30 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    from sdk.failure import FailurePolicy
+
+    with open_store(args) as store:
+        stored = store.sub_policy(args.queue, args.subscription)
+        current = FailurePolicy(**{**stored, "backoff_s": tuple(stored["backoff_s"])}) if stored else FailurePolicy()
+        if args.on_failure is not None or args.attempts is not None or args.backoff is not None:
+            try:
+                backoff = tuple(float(b) for b in args.backoff.split(",")) if args.backoff else current.backoff_s
+            except ValueError:
+                raise ConfigError(f"bad --backoff {args.backoff!r}: seconds separated by commas") from None
+            current = FailurePolicy(on_failure=args.on_failure or current.on_failure,
+                                    attempts=args.attempts or current.attempts, backoff_s=backoff)
+            store.set_sub_policy(args.queue, args.subscription, attrs.asdict(current))
+        else:
+            store.get_cursor(args.queue, args.subscription)  # unknown queue or subscription: an error
+    if wants_json(args):
+        emit_json({"queue": args.queue, "subscription": args.subscription, **attrs.asdict(current)})
+    else:
+        print(f"{args.queue}/{args.subscription}: on failure {current.on_failure} after {current.attempts} attempts, "
+              f"waits {', '.join(f'{b:g}' for b in current.backoff_s)} s")
+    return 0
+
+
 def cmd_parked(args: argparse.Namespace) -> int:
     from ordq.admin.read import format_time_us
 
@@ -119,9 +158,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"queue {args.queue} has no subscriptions (a consumer creates one: ordq consume {args.queue} -s NAME)")
     else:
-        table([{**r, "lag": "?" if r["lag"] is None else r["lag"]} for r in rows],
-              ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"])
+        columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"]
+        if any(r["blocked"] for r in rows):  # a consumer stuck on a message: say which, and why
+            columns.append("blocked")
+        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": _blocked_text(r["blocked"])}
+               for r in rows], columns)
     return 0
+
+
+def _blocked_text(blocked: dict[str, Any] | None) -> str | None:
+    if blocked is None:
+        return None
+    return f"seq {blocked['seq']} after {blocked['attempts']} attempts: {blocked['error'][:80]}"
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
