@@ -554,39 +554,37 @@ class ZkStore:
 
     def set_sub_policy(self, queue: str, sub: str, policy: Mapping[str, Any]) -> None:
         self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
-        path = self.paths.sub_policy(queue, sub)
-        with self._errors():
-            try:
-                self._wait(self.client.create_async(path, _dumps(dict(policy))))
-            except NodeExistsError:
-                self._wait(self.client.set_async(path, _dumps(dict(policy))))
+        self._put_json(self.paths.sub_policy(queue, sub), policy)
 
     def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
-        with self._errors():
-            try:
-                data, _ = self._read(self.client.get_async, self.paths.sub_policy(queue, sub))
-            except NoNodeError:
-                return None
-        return dict(_loads(data))
+        return self._get_json(self.paths.sub_policy(queue, sub))
 
     def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None) -> None:
         """Show (an ephemeral node: it goes with the consumer's session) or clear the message
         a subscription's consumer is blocked on."""
         path = self.paths.sub_blocked(queue, sub)
+        if record is not None:
+            self._put_json(path, record, ephemeral=True)
+            return
+        with self._errors(), contextlib.suppress(NoNodeError):
+            self._wait(self.client.delete_async(path))
+
+    def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
+        return self._get_json(self.paths.sub_blocked(queue, sub))
+
+    def _put_json(self, path: str, record: Mapping[str, Any], *, ephemeral: bool = False) -> None:
+        """Create or overwrite the node at ``path`` with ``record`` as JSON."""
         with self._errors():
-            if record is None:
-                with contextlib.suppress(NoNodeError):
-                    self._wait(self.client.delete_async(path))
-                return
             try:
-                self._wait(self.client.create_async(path, _dumps(dict(record)), ephemeral=True))
+                self._wait(self.client.create_async(path, _dumps(dict(record)), ephemeral=ephemeral))
             except NodeExistsError:
                 self._wait(self.client.set_async(path, _dumps(dict(record))))
 
-    def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
+    def _get_json(self, path: str) -> dict[str, Any] | None:
+        """The JSON record at ``path``; None when there is no node."""
         with self._errors():
             try:
-                data, _ = self._read(self.client.get_async, self.paths.sub_blocked(queue, sub))
+                data, _ = self._read(self.client.get_async, path)
             except NoNodeError:
                 return None
         return dict(_loads(data))

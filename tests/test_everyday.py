@@ -52,8 +52,9 @@ def first_seq(cluster: Cluster, sub: str = "s") -> int:
         return batch[0].seq
 
 
-@pytest.fixture
-def queue(cluster: Cluster) -> Cluster:
+@pytest.fixture(name="queue")
+def queue_fixture(cluster: Cluster) -> Cluster:
+    """A queue ``q`` on g1 and g2 holding N messages (``m0`` ...)."""
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     produce(cluster, N)

@@ -16,10 +16,12 @@ from ordq.errors import ConfigError, HandlerError
 from sdk import Consumer, ConsumerConfig, FailurePolicy
 from sdk.failure import after_failure, parking_queue
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
-from tests.test_everyday import committed, produce
+from tests.test_everyday import (
+    N,
+    committed,
+    queue_fixture,  # noqa: F401 - the "queue" fixture: N messages on g1, g2
+)
 from tests.util import wait_until
-
-N = 200
 
 
 @given(st.sampled_from(["block", "park", "raise"]), st.integers(1, 20), st.integers(1, 100),
@@ -41,14 +43,6 @@ def test_the_decision(mode: str, attempts: int, failures: int, ladder: list[floa
 def test_bad_policies_are_clear_errors(bad: dict) -> None:
     with pytest.raises(ConfigError):
         FailurePolicy(**bad)
-
-
-@pytest.fixture
-def queue(cluster: Cluster) -> Cluster:
-    cluster.add_groups("g1", "g2")
-    cluster.create_queue()
-    produce(cluster, N)
-    return cluster
 
 
 def config(cluster: Cluster, policy: FailurePolicy) -> ConsumerConfig:
