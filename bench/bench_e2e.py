@@ -25,6 +25,7 @@ import sys
 import time
 
 from bench._cluster import QUEUE, ROOT, BenchCluster, CpuMeter, bench_cluster, summary_ms
+from ordq.proc import announce
 from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
@@ -35,7 +36,7 @@ def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> No
     lat: list[float] = []
     nxt = first
     with Consumer(cfg) as c:
-        print("READY", flush=True)
+        announce("READY")
         while nxt < first + count:
             for m in c.poll():
                 if m.seq != nxt:

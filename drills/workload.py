@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ordq.proc import announce
+
 EXIT_DONE = 0
 EXIT_ERROR = 2
 EXIT_FENCED = 3
@@ -150,7 +152,7 @@ class ProducerRun:
                              batching=BatchingConfig(linger_ms=a.linger_ms))
         status = StatusWriter(a.status, self.snapshot, a.status_every)
         status.start()
-        print("STARTED", flush=True)
+        announce("STARTED")
         code = EXIT_DONE
         try:
             self.producer = producer = Producer(cfg)
@@ -158,7 +160,7 @@ class ProducerRun:
             self.next_seq = _next_seq(producer)
             self.state = "leading"
             status.write()
-            print(f"LEADER next_seq={self.next_seq}", flush=True)
+            announce(f"LEADER next_seq={self.next_seq}")
             while a.go_file is not None and not a.go_file.exists():  # held until every process is up
                 time.sleep(0.01)
             keys = [b"k%d" % i for i in range(a.keys)] if a.keys else None
@@ -193,7 +195,7 @@ class ProducerRun:
                 except Exception as exc:  # noqa: BLE001 - reported in the status, exit code kept
                     self.error = self.error or f"close: {type(exc).__name__}: {exc}"
             status.close()
-        print(f"EXIT {self.state} acked={self.acked} {self.error}", flush=True)
+        announce(f"EXIT {self.state} acked={self.acked} {self.error}")
         return code
 
 
@@ -237,14 +239,14 @@ class ConsumerRun:
                              zk_session_timeout_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer)
         status = StatusWriter(a.status, self.snapshot, a.status_every)
         status.start()
-        print("STARTED", flush=True)
+        announce("STARTED")
         code = EXIT_DONE
         try:
             self.consumer = consumer = Consumer(cfg)
             consumer.start()
             self.state = "leading"
             status.write()
-            print("LEADER", flush=True)
+            announce("LEADER")
             while self.last_seq < a.total - 1 and not self.stop.is_set():
                 for m in consumer.poll(0.2):
                     if self.first_delivery_us is None:
@@ -268,7 +270,7 @@ class ConsumerRun:
                 except Exception as exc:  # noqa: BLE001 - reported in the status
                     self.error = self.error or f"close: {type(exc).__name__}: {exc}"
             status.close()
-        print(f"EXIT {self.state} delivered={self.delivered} last_seq={self.last_seq} {self.error}", flush=True)
+        announce(f"EXIT {self.state} delivered={self.delivered} last_seq={self.last_seq} {self.error}")
         return code
 
 

@@ -20,6 +20,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -35,6 +36,16 @@ _POLL_MAX_S = 0.2
 # Popen objects of detached children: kept referenced so that their finalizer never runs
 # (it would warn "subprocess is still running" about a process we meant to leave running).
 _DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def announce(line: str) -> None:
+    """Write a status line that a parent process waits for (``ManagedProcess.wait_for_line``:
+    READY, METRICS, STARTED, LEADER, EXIT) in one write. Managed processes send stdout and
+    stderr to one log file, and ``print`` writes the text and its newline separately: another
+    thread's log line could land between them (seen: a broker's READY line with a replication
+    log line glued to its incarnation, so its restart was never recognised)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
 class ManagedProcess:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, seconds
+from ordq.proc import announce
 
 
 def register(subparsers: Any) -> None:
@@ -46,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     address = broker.start()
-    print(f"READY {address} {broker.incarnation}", flush=True)
+    announce(f"READY {address} {broker.incarnation}")
     try:
         done.wait()
     finally:

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from ordq.commands import add_command, open_store, seconds
+from ordq.proc import announce
 
 
 def register(subparsers: Any) -> None:
@@ -38,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         host, _, port = args.metrics.rpartition(":")
         server = daemon.serve_metrics(host or "127.0.0.1", int(port))
         bound_host, bound_port = server.server_address[:2]
-        print(f"METRICS http://{bound_host!s}:{bound_port}/metrics", flush=True)
+        announce(f"METRICS http://{bound_host!s}:{bound_port}/metrics")
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -47,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"READY coordinator {ident}", flush=True)
+    announce(f"READY coordinator {ident}")
     worker = threading.Thread(target=daemon.run, name="coordinator", daemon=True)
     worker.start()
     stop.wait()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from ordq.proc import announce
 from sdk import Consumer
 from tests.helpers.load import (
     RecordWriter,
@@ -50,14 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     out = RecordWriter(args.out)
     cfg = consumer_config(args, audit_dir=args.audit)
     consumer = Consumer(cfg)
-    print("STARTED", flush=True)
+    announce("STARTED")
     while args.go is not None and not args.go.exists():
         time.sleep(0.01)
     try:
         consumer.start()
         st = consumer.statistics()
         out.write({"event": "leader", "last_seq": st.last_seq, "seg": st.seg, "offset": st.offset})
-        print(f"LEADER {st.last_seq}", flush=True)
+        announce(f"LEADER {st.last_seq}")
         last = st.last_seq
         while last < args.until:
             records = []

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from ordq.proc import announce
 from sdk import Consumer, Delivered
 from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, program_logging, record_failure
 
@@ -51,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
                 stop.set()
 
     consumer = Consumer(cfg)
-    print("STARTED", flush=True)
+    announce("STARTED")
     try:
         consumer.start()
         first = consumer.statistics().last_seq + 1
         out.write({"event": "leader", "last_seq": first - 1})
-        print(f"LEADER {first - 1}", flush=True)
+        announce(f"LEADER {first - 1}")
         try:
             consumer.run_keyed(handler, workers=args.workers, stop=stop)
         finally:

@@ -12,6 +12,7 @@ from kazoo.client import KazooClient
 
 from coordinator.paths import Paths
 from coordinator.store import ZkStore
+from ordq.proc import announce
 
 
 def main() -> None:
@@ -22,7 +23,7 @@ def main() -> None:
     for member in members:
         gid, role = member.split(":")
         store.register_live(gid, role, address=f"127.0.0.1:0/{gid}/{role}", incarnation="test")
-    print("READY", flush=True)
+    announce("READY")
     threading.Event().wait()
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import attrs
 
 from ordq.errors import FencedError
+from ordq.proc import announce
 from sdk import Producer, ProducerConfig, SendFuture
 from sdk._producer_core import BatchingConfig
 from tests.helpers.load import RecordWriter, make_payload, parse_payload, program_logging, record_failure
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                          zk_session_timeout_s=args.session_timeout, audit_dir=args.audit,
                          producer_id=f"{args.writer}", batching=BatchingConfig(linger_ms=2.0))
     producer = Producer(cfg)
-    print("STARTED", flush=True)
+    announce("STARTED")
     while args.go is not None and not args.go.exists():
         time.sleep(0.01)
     pending: collections.deque[tuple[int, int, SendFuture]] = collections.deque()
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             pseq = parse_payload(last.message.payload).seq if last.message is not None else None
             last_doc = {"seq": last.seq, "seg": last.seg, "offset": last.offset, "payload_seq": pseq}
         out.write({"event": "leader", "next_seq": next_seq, "last": last_doc})
-        print(f"LEADER {next_seq}", flush=True)
+        announce(f"LEADER {next_seq}")
         recorder = threading.Thread(target=record_acks, name="acks", daemon=True)
         recorder.start()
         t0 = time.monotonic()
