@@ -52,6 +52,11 @@ CLASSES: tuple[AnomalyClass, ...] = (
     AnomalyClass("torn_row", False, "rows", "the cut last line of a crashed writer's .tsv.part file (dropped)"),
 )
 CLASS_BY_NAME = {c.name: c for c in CLASSES}
+# The classes the brokers' segment files feed (``verify(segments=...)``); the rest come from
+# the audit files alone.
+SEGMENT_CLASS_NAMES = ("crc_conflict_replicas", "crc_mismatch_stored", "stored_gap", "stored_order",
+                       "acked_not_stored", "unreadable_segment")
+AUDIT_CLASS_NAMES = tuple(c.name for c in CLASSES if c.name not in SEGMENT_CLASS_NAMES)
 
 
 @attrs.frozen

@@ -11,11 +11,7 @@ import pytest
 
 from spark_order_check.generate import Injections, Scenario, generate
 from spark_order_check.reference import check
-from spark_order_check.report import CLASSES
-
-SEGMENT_CLASSES = {"crc_conflict_replicas", "crc_mismatch_stored", "stored_gap", "stored_order",
-                   "acked_not_stored", "unreadable_segment"}
-AUDIT_CLASSES = [c.name for c in CLASSES if c.name not in SEGMENT_CLASSES]
+from spark_order_check.report import AUDIT_CLASS_NAMES as AUDIT_CLASSES
 
 
 @pytest.mark.parametrize("inject", [Injections(), Injections.every(3), Injections.every(10)],
