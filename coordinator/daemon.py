@@ -24,7 +24,7 @@ from kazoo.recipe.election import Election
 
 from coordinator import state as sm
 from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
-from coordinator.store import ZkStore
+from coordinator.store import QueueConfig, ZkStore, roll_transition
 from ordq.errors import IllegalTransition, OrdqError
 
 log = logging.getLogger("ordq.coordinator")
@@ -138,12 +138,12 @@ class CoordinatorDaemon:
                 log.debug("queue %s: open segment %d not probed: %s", queue, open_seg.seg, exc)
         for action in plan(st, facts, limits, now_ms=int(time.time() * 1000), open_info=open_info):
             try:
-                self._do(queue, action)
+                self._do(queue, action, cfg)
             except IllegalTransition:
                 continue  # someone else acted first: re-planned next round
             self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
-    def _do(self, queue: str, action: Action) -> None:
+    def _do(self, queue: str, action: Action, cfg: QueueConfig) -> None:
         log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)
         if action.kind is Kind.FAIL_OVER:
             assert action.gid is not None and action.seg is not None
@@ -158,7 +158,7 @@ class CoordinatorDaemon:
         elif action.kind is Kind.ROLL:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg
-            self.store.apply(queue, lambda s, _f: sm.roll(s, gid, seg))
+            self.store.apply(queue, roll_transition(cfg, gid, seg))
             self._wake.set()  # seal the rolled segment in the next round, not an interval later
         elif action.kind is Kind.RETAIN:
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True))

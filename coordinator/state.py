@@ -329,13 +329,24 @@ def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState
     return _checked(admit_all(new, facts))
 
 
-def roll(state: QueueState, gid: str, seg: int) -> QueueState:
+def roll(state: QueueState, gid: str, seg: int, facts: Facts | None = None, *,
+         to_next: bool = False) -> QueueState:
     """Seal-and-continue on a healthy head: ``seg``, the open segment of head ``gid``, becomes
-    ``sealing`` and the next segment opens on the same head in the same write; the group stays
-    in the send list. Producers continue on the new segment with the next seq exactly as after
-    ``fail_over`` (their unacked batches are resent; consumers drop duplicates by seq); the old
-    segment, once sealed and read by every subscription, can be popped: this is how a healthy
-    queue frees disk."""
+    ``sealing`` and the next segment opens in the same write. Producers continue on the new
+    segment with the next seq exactly as after ``fail_over`` (their unacked batches are
+    resent; consumers drop duplicates by seq); the old segment, once sealed and read by every
+    subscription, can be popped: this is how a healthy queue frees disk.
+
+    By default the next segment opens on the same head, which stays in the send list. With
+    ``to_next`` (the queue's ``roll_to: next`` backlog policy) the head leaves the send list as
+    in ``fail_over`` and writes move to the next group (admitting the eligible ones if none is
+    left), so backlog spreads over the groups instead of piling up on one; the old head rejoins
+    at the tail once its segments are popped (JMQ's rule: no backlog, then admit). When no
+    other group can take writes, it rolls on the same head."""
+    if to_next and facts is not None:
+        moved = fail_over(state, gid, seg, facts)
+        if moved.send:
+            return moved
     return _checked(_open_on_head(_head_segment_sealing(state, gid, seg, "roll")))
 
 

@@ -82,6 +82,9 @@ class LiveInfo:
     pid: int
 
 
+ROLL_TO = ("same", "next")
+
+
 @attrs.frozen
 class QueueConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -94,6 +97,9 @@ class QueueConfig:
     # the sealed ones take more than this many bytes (None: kept until every subscription read them).
     retention_time_s: float | None = None
     retention_bytes: int | None = None
+    # Where a roll opens the next segment: "same" (the head keeps taking writes) or "next"
+    # (writes move to the next group of the send list; the old head rejoins once drained).
+    roll_to: str = "same"
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.max_message_bytes <= 64 << 20:
@@ -106,11 +112,20 @@ class QueueConfig:
             raise ConfigError(f"segment_age_s must be 1..{10**8} seconds, not {self.segment_age_s}")
         if self.retention_time_s is not None and not 1.0 <= self.retention_time_s <= 10**9:
             raise ConfigError(f"retention_time_s must be 1..{10**9} seconds, not {self.retention_time_s}")
+        if self.roll_to not in ROLL_TO:
+            raise ConfigError(f"roll_to must be one of {', '.join(ROLL_TO)}, not {self.roll_to!r}")
         if self.retention_bytes is not None and self.retention_bytes < MIN_SEGMENT_BYTES:
             raise ConfigError(f"retention_bytes must be >= {MIN_SEGMENT_BYTES}, not {self.retention_bytes}")
 
 
 Transition = Callable[[QueueState, Facts], QueueState]
+
+
+def roll_transition(cfg: QueueConfig, gid: str, seg: int) -> Transition:
+    """The roll of ``gid``'s open segment ``seg`` as the queue's ``roll_to`` policy says (one
+    definition for the coordinator, the producer and ``ordq queue roll``)."""
+    to_next = cfg.roll_to == "next"
+    return lambda s, f: sm.roll(s, gid, seg, f, to_next=to_next)
 
 
 def _dumps(obj: Any) -> bytes:

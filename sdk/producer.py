@@ -507,12 +507,12 @@ class Producer:
         """Seal-and-continue (``coordinator.state.roll``), then seal the old segment: its master
         refuses further writes, our stream ends, and ``_recover`` continues on the new segment
         with what was in flight, as after a failover (on the same head)."""
-        from coordinator import state as sm
         from coordinator.seal import make_sealer
+        from coordinator.store import roll_transition
 
         store = self._require_store()
         try:
-            store.apply(self.config.queue, lambda s, _f: sm.roll(s, gid, seg))
+            store.apply(self.config.queue, roll_transition(store.queue_config(self.config.queue), gid, seg))
         except IllegalTransition:
             return  # rolled or failed over by someone else first
         except OrdqError as exc:

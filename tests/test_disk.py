@@ -161,8 +161,10 @@ def run_rolling_load(cluster: Cluster, *, n: int, size: int, segment: str, rate:
     producer.start()
     consumer.start()
     peak = 0
+    heads: set[str] = set()  # groups seen holding the open segment
     while producer.alive() or consumer.alive():  # sampled while messages flow (the bound is the point)
         peak = max(peak, replica_bytes(cluster))
+        heads |= {s.gid for s in cluster.state().consume}
         producer.join(0.05, check=False)
     finish(producer, consumer)
     assert len(producer.acked) == n
@@ -172,7 +174,8 @@ def run_rolling_load(cluster: Cluster, *, n: int, size: int, segment: str, rate:
     st = cluster.state()
     if consumer_stops_at is None:
         wait_until(lambda: len(cluster.state().consume) <= 2, timeout_s=30, what="the read segments popped")
-    return {"segments": st.next_seg, "peak_bytes": peak, "total_bytes": n * size}
+    return {"segments": st.next_seg, "peak_bytes": peak, "total_bytes": n * size,
+            "groups_written": len(heads)}
 
 
 def test_segments_roll_by_size_under_load_and_the_disk_stays_bounded(cluster: Cluster) -> None:
@@ -185,13 +188,17 @@ def test_segments_roll_by_size_under_load_and_the_disk_stays_bounded(cluster: Cl
     assert m["peak_bytes"] < m["total_bytes"] / 2, m  # a following consumer keeps the disk small
 
 
-def test_without_a_coordinator_the_producer_rolls_its_segments(cluster: Cluster) -> None:
+@pytest.mark.parametrize("roll_to", ["same", "next"])
+def test_without_a_coordinator_the_producer_rolls_its_segments(cluster: Cluster, roll_to: str) -> None:
     """No daemon runs: the producer rolls the segment it writes once it holds the size (and
     seals it), the consumer pops what it read; nothing lost. Writes go on while the roll is
-    decided and sealed (~0.1-0.2 s), so at 4 MB/s a segment ends some 0.5 MB past 256 KiB."""
-    m = run_rolling_load(cluster, n=4000, size=1024, segment="256KiB", rate=4000, daemon=False)
-    print(f"rolling load, producer rolls: {m}")
+    decided and sealed (~0.1-0.2 s), so at 4 MB/s a segment ends some 0.5 MB past 256 KiB.
+    With ``--roll-to next`` the segments alternate between the groups as they drain."""
+    m = run_rolling_load(cluster, n=4000, size=1024, segment="256KiB", rate=4000, daemon=False,
+                         settings=("--roll-to", roll_to))
+    print(f"rolling load, producer rolls to {roll_to}: {m}")
     assert m["segments"] >= 4, m
+    assert m["groups_written"] == (2 if roll_to == "next" else 1), m
 
 
 def test_retention_by_time_bounds_the_disk_behind_a_stopped_subscription(cluster: Cluster) -> None:

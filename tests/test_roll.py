@@ -60,3 +60,30 @@ def test_roll_of_a_queue_without_an_open_segment_is_a_clear_error(cluster: Clust
     out = cluster.ordq("queue", "roll", "idle")
     assert out.returncode == 1 and b"Traceback" not in out.stderr
     assert b"has no open segment" in out.stderr, out.stderr
+
+
+def test_roll_to_next_spreads_segments_over_the_groups_and_loses_nothing(cluster: Cluster) -> None:
+    """A queue whose rolls move writes on (``--roll-to next``): each roll opens the next
+    segment on the other group, the old head rejoins the send list once the consumer has read
+    and popped its segment; the producer follows every move, nothing lost or reordered."""
+    cluster.add_groups("g1", "g2")
+    out = cluster.ordq("queue", "create", "q", "--roll-to", "next")
+    assert out.returncode == 0, out.stderr
+    assert "to the next group" in cluster.ordq("queue", "describe", "q").stdout.decode()
+    cluster.start_daemon("coordinator")  # admits a drained head back at the tail
+    wait_until(lambda: cluster.state().send == ("g1", "g2"), timeout_s=30, what="both groups sending")
+    producer, consumer = start_load(cluster, N)
+    heads = []
+    for i in range(4):
+        wait_acked(producer, (i + 1) * N // 6)
+        before = cluster.state().head
+        r = roll(cluster, cli=i % 2 == 0)
+        assert r["sealed"] and r["head"] != before, (r, before)  # writes moved to the other group
+        heads.append(r["head"])
+        # The old head holds backlog: out of the send list until its segments are popped.
+        wait_until(lambda old=before: old in cluster.state().send, timeout_s=30,
+                   what=f"{before} rejoining the send list once its segment was read")
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == N
+    assert heads == ["g2", "g1", "g2", "g1"]

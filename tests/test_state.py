@@ -89,6 +89,26 @@ def test_roll_seals_the_open_segment_and_continues_on_the_same_head() -> None:
     assert [x.seg for x in popped.consume] == [1]  # consumed: the disk can be freed
 
 
+def test_roll_to_next_moves_writes_on_and_the_old_head_rejoins_once_drained() -> None:
+    s = sm.admit(sm.admit(sm.create("q", GROUPS), "g1", ALL_LIVE), "g2", ALL_LIVE)
+    assert s.send == ("g1", "g2")
+    rolled = sm.roll(s, "g1", 0, ALL_LIVE, to_next=True)
+    assert rolled.send == ("g2",)  # g1 holds segment 0 now: it waits outside the send list
+    assert [(x.seg, x.gid, x.status) for x in rolled.consume] == [(0, "g1", SegStatus.SEALING),
+                                                                  (1, "g2", SegStatus.OPEN)]
+    assert not rolled.eligible("g1", ALL_LIVE)
+    # Read and popped, g1 has no backlog and rejoins at the tail.
+    popped = sm.pop(sm.seal(rolled, 0, 5, 0, 4), Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1)}))
+    assert sm.admit(popped, "g1", ALL_LIVE).send == ("g2", "g1")
+    # The only group that can take writes rolls on itself.
+    only_g1 = sm.admit(sm.create("q", GROUPS), "g1", ALL_LIVE)
+    alone = sm.roll(only_g1, "g1", 0, Facts(live_groups=frozenset({"g1"})), to_next=True)
+    assert alone.send == ("g1",) and alone.open_segment == Segment(seg=1, gid="g1")
+    # With nobody else in the send list, the eligible groups are admitted (as in fail_over).
+    moved = sm.roll(only_g1, "g1", 0, ALL_LIVE, to_next=True)
+    assert moved.send == ("g2", "g3") and moved.open_segment == Segment(seg=1, gid="g2")
+
+
 def test_seal_and_pop_lifecycle() -> None:
     s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
     with pytest.raises(IllegalTransition):
@@ -133,7 +153,8 @@ def test_round_trip_dict() -> None:
 ops = st.lists(
     st.tuples(
         st.sampled_from(
-            ["admit", "admit_all", "fail_over", "fail_over_wrong", "roll", "roll_wrong", "seal", "pop", "retain",
+            ["admit", "admit_all", "fail_over", "fail_over_wrong", "roll", "roll_wrong", "roll_next", "seal", "pop",
+             "retain",
              "bump", "drain", "live", "move_cursor", "add_group", "remove_group"]
         ),
         st.sampled_from(GROUPS + ("gX",)),
@@ -165,6 +186,11 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 head = state.head
                 state = sm.roll(state, state.open_segment.gid, state.open_segment.seg)
                 assert state.head == head and state.open_segment is not None and state.open_segment.gid == head
+            elif op == "roll_next" and state.open_segment is not None:
+                head = state.head
+                state = sm.roll(state, state.open_segment.gid, state.open_segment.seg, facts, to_next=True)
+                assert state.open_segment is not None
+                assert state.head != head or state.send == (head,)  # moved on, or the only one left
             elif op == "roll_wrong":
                 state = sm.roll(state, gid, n)
             elif op == "seal":

@@ -8,7 +8,6 @@ drained group is never re-admitted behind the operator's back.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import attrs
@@ -17,7 +16,7 @@ from coordinator import state as sm
 from coordinator.paths import check_name
 from coordinator.seal import run_seal
 from coordinator.state import SegStatus
-from coordinator.store import ZkStore
+from coordinator.store import ZkStore, roll_transition
 from ordq.admin.read import ReplicaReader
 from ordq.errors import IllegalTransition, OrdqError
 
@@ -85,7 +84,7 @@ def seal_now(store: ZkStore, reader: ReplicaReader, st: sm.QueueState, seg: int)
 @attrs.frozen
 class RolledQueue:
     queue: str
-    head: str
+    head: str  # the group the new segment opened on
     sealing_seg: int  # the segment that was open
     new_seg: int
     sealed: bool
@@ -94,29 +93,27 @@ class RolledQueue:
         return attrs.asdict(self)
 
 
-def _roll(state: sm.QueueState, _facts: sm.Facts, *, gid: str, seg: int) -> sm.QueueState:
-    return sm.roll(state, gid, seg)
-
-
 def roll_queue(store: ZkStore, reader: ReplicaReader, queue: str) -> RolledQueue:
-    """Seal the open segment of ``queue``'s head and open the next one on the same head
-    (``coordinator.state.roll``), then seal the old one: producers continue on the new segment
+    """Seal the open segment of ``queue``'s head and open the next one, on the same head or
+    the next group as the queue's ``roll_to`` says (``coordinator.state.roll``), then seal the
+    old one: producers continue on the new segment
     with the next seq; the old one can be popped once every subscription read it.
     IllegalTransition when the queue has no open segment (no writable group)."""
     st, _ = store.load_state(queue)
+    cfg = store.queue_config(queue)
     for _ in range(10):
         open_seg = st.open_segment
         if open_seg is None:
             raise IllegalTransition("roll", f"queue {queue!r} has no open segment (no group takes writes)")
         try:
-            st = store.apply(queue, functools.partial(_roll, gid=open_seg.gid, seg=open_seg.seg))
+            st = store.apply(queue, roll_transition(cfg, open_seg.gid, open_seg.seg))
         except IllegalTransition:
             st, _ = store.load_state(queue)  # a failover or another roll meanwhile: roll what is open now
             continue
         new = st.open_segment
         assert new is not None
         st, sealed = seal_now(store, reader, st, open_seg.seg)
-        return RolledQueue(queue, open_seg.gid, open_seg.seg, new.seg, sealed)
+        return RolledQueue(queue, new.gid, open_seg.seg, new.seg, sealed)
     raise IllegalTransition("roll", f"queue {queue!r}: its open segment kept moving; try again")
 
 

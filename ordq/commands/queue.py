@@ -13,6 +13,7 @@ from coordinator.store import (
     DEFAULT_SEGMENT_AGE_S,
     DEFAULT_SEGMENT_BYTES,
     MIN_SEGMENT_BYTES,
+    ROLL_TO,
     QueueConfig,
 )
 from ordq.commands import MAX_PAYLOAD_BYTES, add_command, byte_size, duration, int_in, open_store, wants_json
@@ -62,9 +63,10 @@ def register(subparsers: Any) -> None:
     remove.add_argument("group")
     remove.add_argument("--force", action="store_true", help="even if it is the only group taking writes")
     roll = add_command(
-        sub, "roll", func=cmd_roll, help="seal the open segment and continue on a new one on the same head",
-        description="Seal the queue's open segment and open the next one on the same send head, in one "
-        "conditional write; then seal the old one on its replicas. Producers continue on the new segment with "
+        sub, "roll", func=cmd_roll, help="seal the open segment and continue on a new one",
+        description="Seal the queue's open segment and open the next one, in one conditional write: on the "
+        "same send head, or on the next group when the queue's --roll-to is 'next'; then seal the old one on "
+        "its replicas. Producers continue on the new segment with "
         "the next seq (what was in flight is resent; consumers drop duplicates by seq). Once every "
         "subscription has read the old segment it can be popped and its disk freed.")
     roll.add_argument("queue")
@@ -73,8 +75,8 @@ def register(subparsers: Any) -> None:
     delete.add_argument("queue")
 
 
-SETTINGS = ("max_message_bytes", "segment_bytes", "segment_age_s", "retention_time_s", "retention_bytes",
-            "retention_segments")
+SETTINGS = ("max_message_bytes", "segment_bytes", "segment_age_s", "roll_to", "retention_time_s",
+            "retention_bytes", "retention_segments")
 
 
 def add_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -91,6 +93,10 @@ def add_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--segment-age", dest="segment_age_s", type=duration(1, 10**8),
                         default=default(DEFAULT_SEGMENT_AGE_S), metavar="DURATION",
                         help="roll the open segment once its first message is this old (default 1h)")
+    parser.add_argument("--roll-to", dest="roll_to", choices=ROLL_TO, default=default("same"),
+                        help="where a roll opens the next segment: 'same' head (default), or 'next' group of "
+                        "the send list, which spreads the backlog over the groups (the old head rejoins the "
+                        "send list once its segments are consumed)")
     parser.add_argument("--retention-time", dest="retention_time_s", type=duration(1, 10**9), default=None,
                         metavar="DURATION", help="drop sealed segments this long after they were sealed, read or "
                         "not (such as 7d; default: keep until every subscription has read them)")
@@ -138,7 +144,8 @@ def settings_line(cfg: QueueConfig) -> str:
         kept.append(f"at most {cfg.retention_segments} sealed segments")
     retention = "keep " + ", ".join(kept) if kept else "keep until consumed"
     return (f"max message {format_size(cfg.max_message_bytes)}, segments roll at {format_size(cfg.segment_bytes)} "
-            f"or {format_duration(cfg.segment_age_s)}, {retention}")
+            f"or {format_duration(cfg.segment_age_s)}{' to the next group' if cfg.roll_to == 'next' else ''}, "
+            f"{retention}")
 
 
 def cmd_add_group(args: argparse.Namespace) -> int:
