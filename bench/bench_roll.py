@@ -58,8 +58,11 @@ def main() -> None:
                 if pause > 0:
                     time.sleep(pause)
                 sent = time.perf_counter()
-                producer.send(payload).add_done_callback(
-                    lambda _f, t=sent: sent_acked.append((t, time.perf_counter() - t)))
+
+                def acked(_f: object, t: float = sent) -> None:
+                    sent_acked.append((t, time.perf_counter() - t))
+
+                producer.send(payload).add_done_callback(acked)
             producer.flush()
             stop.set()
             thread.join()
