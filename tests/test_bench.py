@@ -1,0 +1,48 @@
+"""Every benchmark in bench/ runs through all its phases, at a tiny size: a bench that crashes
+is a failing test (bench_e2e's latency phase once crashed on a new subscription at 'latest'
+and nobody saw it until a number was needed). These check that they run and print their
+figures, not the figures themselves (docs/BENCHMARKS.md records those, with the commands).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.zk
+
+def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDecorator) -> object:
+    return pytest.param(name, args, expect, id=name, marks=marks)
+
+
+# bench module, tiny arguments, fragments its output must hold (one per phase)
+BENCHES = [
+    bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--rate", "500", "--rate-seconds", "1"],
+          ["pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch"]),
+    bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
+          ["rolls (to same)", "roll call", "send->ack, sent within", "send->ack, other times"]),
+    bench("bench_broker", ["--messages", "5000", "--sync-messages", "50"], ["msgs/s"]),
+    bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
+    bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
+    bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),
+    # Spark starts a JVM and runs every check even on a small input (~40-90 s here): slow only.
+    bench("bench_verify", ["--messages", "20000", "--master", "local[1]", "--no-baselines"],
+          ["verify:", "per core:"], pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "expect"), BENCHES)
+def test_bench_runs_every_phase(name: str, args: list[str], expect: list[str], tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, f"{name} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+    text = out.stdout + out.stderr
+    missing = [e for e in expect if e not in text]
+    assert not missing, f"{name} printed none of {missing}:\n{text}"
+    assert "Traceback" not in text, text
