@@ -17,6 +17,7 @@ import attrs
 from broker_group.process import BrokerGroupProcesses
 from coordinator.store import ZkStore
 from ordq.zk_server import ZkServer
+from sdk import Producer
 
 ROOT = "/bench"
 QUEUE = "bench"
@@ -108,3 +109,22 @@ def summary_ms(latencies_s: Sequence[float]) -> str:
     ms = [x * 1000 for x in latencies_s]
     return (f"p50 {percentile(ms, 50):.2f} ms, p99 {percentile(ms, 99):.2f} ms, "
             f"max {max(ms):.2f} ms, mean {statistics.fmean(ms):.2f} ms")
+
+
+def send_at_rate(producer: Producer, payload: bytes, rate: float, n: int) -> list[tuple[float, float]]:
+    """Send ``n`` messages at a steady ``rate`` and wait for every ack; returns each message's
+    (send time, send->ack latency) on ``time.perf_counter``, in ack order."""
+    acked: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    for i in range(n):
+        pause = start + i / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        sent = time.perf_counter()
+
+        def on_ack(_f: object, t: float = sent) -> None:
+            acked.append((t, time.perf_counter() - t))
+
+        producer.send(payload).add_done_callback(on_ack)
+    producer.flush()
+    return acked

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from bench._cluster import QUEUE, ROOT, BenchCluster, CpuMeter, bench_cluster, summary_ms
+from bench._cluster import QUEUE, ROOT, BenchCluster, CpuMeter, bench_cluster, send_at_rate, summary_ms
 from ordq.proc import announce
 from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
@@ -124,17 +124,9 @@ def main() -> None:
             n = int(args.rate * args.rate_seconds)
             if n:
                 consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
-                acked: list[float] = []
                 batches_before = producer.statistics().batches_acked
                 meter = cpu_meter(cluster, consumer)
-                start = time.perf_counter()
-                for i in range(n):
-                    pause = start + i / args.rate - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
-                    sent = time.perf_counter()
-                    producer.send(payload).add_done_callback(lambda _f, t=sent: acked.append(time.perf_counter() - t))
-                producer.flush()
+                acked = [lat for _sent, lat in send_at_rate(producer, payload, args.rate, n)]
                 cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
                 res = finish(consumer)
                 lats = list(res["latencies"])  # type: ignore[call-overload]

@@ -16,7 +16,7 @@ import argparse
 import threading
 import time
 
-from bench._cluster import QUEUE, ROOT, bench_cluster, summary_ms
+from bench._cluster import QUEUE, ROOT, bench_cluster, send_at_rate, summary_ms
 from ordq.admin.groups import roll_queue
 from ordq.admin.read import ReplicaReader
 from sdk import Producer, ProducerConfig
@@ -45,25 +45,12 @@ def main() -> None:
                     roll_queue(cluster.store, reader, QUEUE)
                     rolls.append((t, time.perf_counter() - t))
 
-        sent_acked: list[tuple[float, float]] = []
         cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE)
         with Producer(cfg) as producer:
             producer.send(payload).result()  # leader, connected: the clock starts on a warm path
             thread = threading.Thread(target=roller, name="roller", daemon=True)
             thread.start()
-            n = int(args.rate * args.seconds)
-            start = time.perf_counter()
-            for i in range(n):
-                pause = start + i / args.rate - time.perf_counter()
-                if pause > 0:
-                    time.sleep(pause)
-                sent = time.perf_counter()
-
-                def acked(_f: object, t: float = sent) -> None:
-                    sent_acked.append((t, time.perf_counter() - t))
-
-                producer.send(payload).add_done_callback(acked)
-            producer.flush()
+            sent_acked = send_at_rate(producer, payload, args.rate, int(args.rate * args.seconds))
             stop.set()
             thread.join()
             failovers = producer.statistics().failovers
