@@ -46,6 +46,8 @@ def test_create_at_seq_latest_and_delete(cluster: Cluster) -> None:
     assert again.returncode == 1 and b"already exists" in again.stderr and b"Traceback" not in again.stderr
     late = json.loads(cluster.ordq("sub", "create", "q", "late", "--start", "latest", "--json").stdout)
     assert late["cursor"]["last_seq"] == 99
+    later = cluster.ordq("sub", "create", "q", "later", "--start", "latest")
+    assert b"first delivered: seq 100, once it is sent" in later.stdout, later.stdout  # not stored yet
     with consumer(cluster, "at40") as c:
         assert first_seq(c) == 40
     produce(cluster, 1)

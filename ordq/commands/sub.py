@@ -89,7 +89,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         emit_json({"queue": args.queue, "subscription": args.subscription, "start": str(target),
                    "cursor": cursor.to_dict(), "next_seq": starts_at.seq if starts_at else None})
         return 0
-    first = f"seq {starts_at.seq}" if starts_at is not None else f"the message after seq {cursor.last_seq}"
+    first = f"seq {starts_at.seq}" if starts_at is not None else f"seq {cursor.last_seq + 1}, once it is sent"
     print(f"subscription {args.queue}/{args.subscription} created at {target}: first delivered: {first}")
     return 0
 
@@ -188,7 +188,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     if result.starts_at is not None:
         print(f"next delivered: seq {result.starts_at.seq}")
     else:
-        print(f"next delivered: the message after seq {a.last_seq}")
+        print(f"next delivered: seq {a.last_seq + 1}, once it is sent")
     if result.forced:
         print(f"forced while held by {result.held_by}: that consumer's next commit fails; restart it")
     return 0
