@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import attrs
@@ -24,8 +23,11 @@ from kazoo.recipe.election import Election
 
 from coordinator import state as sm
 from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.store import ZkStore
 from ordq.errors import IllegalTransition, OrdqError
+from ordq.metrics import MetricsServer
+from ordq.metrics import serve as metrics_serve
 
 log = logging.getLogger("ordq.coordinator")
 
@@ -40,6 +42,7 @@ Prober = Callable[[str, str, int], OpenSegment]
 class DaemonStats:
     rounds: int = 0
     actions: dict[str, int] = attrs.field(factory=dict)
+    conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
     errors: int = 0
     is_leader: bool = False
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -63,6 +66,7 @@ class CoordinatorDaemon:
         self.interval_s = interval_s
         self.identifier = identifier
         self.stats = DaemonStats()
+        self.metrics = CoordinatorMetrics(self.stats)
         self._stop = threading.Event()
         self._wake = threading.Event()
 
@@ -125,6 +129,9 @@ class CoordinatorDaemon:
             "segments": len(st.consume),
             "epoch": st.producer_epoch,
             "live_groups": sorted(facts.live_groups),
+            "sealing": sum(1 for c in st.consume if c.status is sm.SegStatus.SEALING),
+            # unconsumed segments whose group has not both processes live: consumers may wait there
+            "not_live": sum(1 for c in st.consume if c.gid not in facts.live_groups),
         }
         limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
                         retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
@@ -140,6 +147,7 @@ class CoordinatorDaemon:
             try:
                 self._do(queue, action)
             except IllegalTransition:
+                self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
                 continue  # someone else acted first: re-planned next round
             self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
@@ -164,47 +172,15 @@ class CoordinatorDaemon:
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True))
         elif action.kind is Kind.SEAL and self.sealer is not None:
             assert action.seg is not None
-            self.sealer(queue, action.seg)
+            started, outcome = time.monotonic(), "failed"
+            try:
+                self.sealer(queue, action.seg)
+                outcome = "sealed"
+            finally:
+                self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def metrics_text(self) -> str:
-        """Prometheus text exposition of the daemon's view."""
-        lines = [
-            "# TYPE ordq_coordinator_leader gauge",
-            f"ordq_coordinator_leader {int(self.stats.is_leader)}",
-            "# TYPE ordq_coordinator_rounds_total counter",
-            f"ordq_coordinator_rounds_total {self.stats.rounds}",
-            "# TYPE ordq_coordinator_errors_total counter",
-            f"ordq_coordinator_errors_total {self.stats.errors}",
-            "# TYPE ordq_coordinator_actions_total counter",
-        ]
-        for kind, count in sorted(self.stats.actions.items()):
-            lines.append(f'ordq_coordinator_actions_total{{kind="{kind}"}} {count}')
-        lines += ["# TYPE ordq_queue_send_groups gauge", "# TYPE ordq_queue_segments gauge"]
-        for q, d in sorted(self.stats.queues.items()):
-            lines.append(f'ordq_queue_send_groups{{queue="{q}"}} {len(d["send"])}')
-            lines.append(f'ordq_queue_segments{{queue="{q}"}} {d["segments"]}')
-            lines.append(f'ordq_queue_producer_epoch{{queue="{q}"}} {d["epoch"]}')
-        return "\n".join(lines) + "\n"
-
-    def serve_metrics(self, host: str, port: int) -> ThreadingHTTPServer:
-        """Serve /metrics on (host, port) in a daemon thread; returns the server (port 0 ok)."""
-        daemon = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                body = daemon.metrics_text().encode()
-                self.send_response(200 if self.path.startswith("/metrics") else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
-        return server
-
+    def serve_metrics(self, listen: str) -> MetricsServer:
+        """Serve this daemon's metrics (``coordinator.metrics``) at ``listen`` (port 0 ok)."""
+        return metrics_serve(self.metrics.registry, listen)
