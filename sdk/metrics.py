@@ -129,11 +129,16 @@ class ConsumerMetrics(Collector):
         ts_us = c._read_ts_us
         blocked = c.blocked
         stalled = c._stalled_since
+        buffered = c._buffer
+        try:  # the buffer holds the next seqs, contiguous: what was handed out ends before it
+            handed = buffered[0].seq - 1 if buffered else st.last_seq
+        except IndexError:  # emptied meanwhile by the consumer's thread
+            handed = st.last_seq
         for name, doc, value in (
             ("ordq_consumer_lag_messages", "Messages stored and not yet handed to the application", lag),
             ("ordq_consumer_lag_seconds", "Age of the newest message read, while messages wait (else 0)",
              max(time.time() - ts_us / 1e6, 0.0) if lag and ts_us else 0.0),
-            ("ordq_consumer_last_seq", "The last seq delivered", st.last_seq),
+            ("ordq_consumer_last_seq", "The last seq handed to the application", handed),
             ("ordq_consumer_blocked", "1 while run() retries a message past its failure policy's attempts",
              int(blocked is not None and c._alarmed)),
             ("ordq_consumer_blocked_attempts", "Failed attempts of the message run() is retrying (0: none)",

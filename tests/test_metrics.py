@@ -6,15 +6,20 @@ and move while messages flow; and every series docs/alerts.yml alerts on must be
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import attrs
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
 from ordq.errors import SegmentNotFound
-from ordq.metrics import Sample, scrape, value
-from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from ordq.metrics import Sample, parse, scrape, value
+from sdk import Consumer, ConsumerConfig, FailurePolicy
+from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
+from tests.test_everyday import N as QUEUED
+from tests.test_everyday import queue_fixture  # noqa: F401 - the "queue" fixture: QUEUED messages on g1, g2
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -124,6 +129,69 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
 
 
 HISTOGRAMS = ("ordq_broker_fsync_seconds", "ordq_coordinator_seal_seconds", "ordq_producer_send_ack_seconds")
+
+
+def test_a_blocked_message_and_a_dead_group_show_in_the_consumer_and_coordinator_metrics(queue: Cluster) -> None:
+    """The series the alerts watch go up when it happens and back when it is over: a message
+    the handler rejects blocks the subscription (blocked, redeliveries, lag), then both
+    processes of the group holding the consumer's segment die (stalled; the coordinator counts
+    the segment not live) and come back. The consumer's series go to the application's own
+    registry here (``metrics_registry``), not over HTTP."""
+    registry = CollectorRegistry()
+    daemon = queue.start_daemon("coordinator-1")
+    coordinator = daemon.wait_for_line("METRICS ", timeout_s=5)
+    cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, metrics_registry=registry,
+                         on_failure=FailurePolicy(on_failure="block", attempts=2, backoff_s=(0.05,)))
+    healed, stop = threading.Event(), threading.Event()
+    handled: list[int] = []
+    errors: list[BaseException] = []
+
+    def handler(m) -> None:  # noqa: ANN001
+        if m.seq == 10 and not healed.is_set():
+            raise ValueError("cannot handle 10 yet")
+        handled.append(m.seq)
+
+    def run() -> None:
+        try:
+            with Consumer(cfg) as c:
+                c.run(handler, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    def metric(name: str, **labels: str) -> float | None:
+        return value(parse(generate_latest(registry).decode()), name, **labels)
+
+    thread = threading.Thread(target=run, name="blocked-consumer", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: metric("ordq_consumer_blocked") == 1, timeout_s=30, what="the blocked alarm")
+        assert (metric("ordq_consumer_redeliveries_total") or 0) >= 2
+        assert metric("ordq_consumer_blocked_attempts") >= 2
+        assert metric("ordq_consumer_lag_messages") == QUEUED - 11  # seqs 11.. wait behind 10
+        assert metric("ordq_consumer_last_seq") == 10
+        healed.set()
+        wait_until(lambda: metric("ordq_consumer_last_seq") == QUEUED - 1, timeout_s=30, what="all delivered")
+        assert metric("ordq_consumer_blocked") == 0 and metric("ordq_consumer_lag_messages") == 0
+        assert metric("ordq_consumer_stalled_seconds") == 0
+
+        group = queue.head()
+        group.kill()  # both processes of the group the consumer reads
+        wait_until(lambda: (metric("ordq_consumer_stalled_seconds") or 0) > 0.5, timeout_s=30,
+                   what="the consumer to report waiting at a dead group")
+        wait_until(lambda: value(scrape(coordinator), "ordq_queue_segments_not_live", queue="q") == 1,
+                   timeout_s=30, what="the coordinator to count the segment on the dead group")
+        for member in (group.slave, group.master):
+            queue.restart(member)
+        wait_until(lambda: metric("ordq_consumer_stalled_seconds") == 0, timeout_s=30,
+                   what="the consumer to read again")
+        wait_until(lambda: value(scrape(coordinator), "ordq_queue_segments_not_live", queue="q") == 0,
+                   timeout_s=30, what="the coordinator to see the group live")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not errors, errors
+    assert handled == list(range(QUEUED))
 
 
 def documented_series() -> set[str]:
