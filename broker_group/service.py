@@ -40,7 +40,7 @@ from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
 from broker_group.errors import SegmentNotWritable, abort
-from broker_group.metrics import BrokerMetrics
+from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
 from broker_group.wire import ordq_pb2 as pb
@@ -153,6 +153,7 @@ class BrokerStats:
     acks: int = 0
     fetches: int = 0
     fetch_batches: int = 0
+    fetch_messages: int = 0
     fetch_bytes: int = 0
     replication_breaks: int = 0
     torn_bytes_truncated: int = 0
@@ -795,8 +796,7 @@ class Broker:
             with s.io_lock:
                 assert s.log is not None
                 batches = s.log.read(req.offset, max_bytes=max(req.max_bytes, 1), upto=upto)
-            self.stats.fetch_batches += len(batches)
-            self.stats.fetch_bytes += sum(map(len, batches))
+            count_fetch(self.stats, batches)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
 
     # -- health ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ within one watch event) and keeps lists tidy.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -46,6 +47,8 @@ class DaemonStats:
     errors: int = 0
     is_leader: bool = False
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    # the last send-list head changes seen (a failover by anyone), newest last: the status page
+    failovers: collections.deque[dict[str, Any]] = attrs.field(factory=lambda: collections.deque(maxlen=20))
 
 
 class CoordinatorDaemon:
@@ -124,6 +127,11 @@ class CoordinatorDaemon:
         st, _ = self.store.load_state(queue)
         facts, _ = self.store.facts(st)
         cfg = self.store.queue_config(queue)
+        before = self.stats.queues.get(queue, {}).get("send")
+        if before and before[0] != st.head:
+            open_seg = st.open_segment
+            self.stats.failovers.append({"at_ms": int(time.time() * 1000), "queue": queue, "from": before[0],
+                                         "to": st.head, "seg": open_seg.seg if open_seg else None})
         self.stats.queues[queue] = {
             "send": list(st.send),
             "segments": len(st.consume),
@@ -182,5 +190,8 @@ class CoordinatorDaemon:
     # -- metrics ----------------------------------------------------------------------------
 
     def serve_metrics(self, listen: str) -> MetricsServer:
-        """Serve this daemon's metrics (``coordinator.metrics``) at ``listen`` (port 0 ok)."""
-        return metrics_serve(self.metrics.registry, listen)
+        """Serve this daemon's metrics (``coordinator.metrics``) at ``listen`` (port 0 ok),
+        and its status page at /status (``coordinator.status``)."""
+        from coordinator.status import pages
+
+        return metrics_serve(self.metrics.registry, listen, pages=pages(self))

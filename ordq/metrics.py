@@ -10,19 +10,26 @@ observed as things happen, once per batch or per sync.
 
 from __future__ import annotations
 
+import logging
+import threading
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 import attrs
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from ordq.errors import ConfigError
 
-__all__ = ["CollectorRegistry", "MetricsServer", "Sample", "parse_listen", "scrape", "serve"]
+__all__ = ["CollectorRegistry", "MetricsServer", "Page", "Sample", "parse_listen", "scrape", "serve"]
+
+log = logging.getLogger("ordq.metrics")
+
+# A page served beside /metrics: () -> (content type, body), called per request.
+Page = Callable[[], tuple[str, bytes]]
 
 
 @attrs.frozen
@@ -30,7 +37,12 @@ class MetricsServer:
     """A registry served at ``url`` (``http://HOST:PORT/metrics``) until ``close()``."""
 
     url: str
-    _httpd: WSGIServer
+    _httpd: ThreadingHTTPServer
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT`` (for the other pages served beside /metrics)."""
+        return self.url.rsplit("/", 1)[0]
 
     def close(self) -> None:
         self._httpd.shutdown()
@@ -45,11 +57,40 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def serve(registry: CollectorRegistry, listen: str = "127.0.0.1:0") -> MetricsServer:
-    """Serve ``registry`` over HTTP at ``listen`` in a daemon thread (port 0: any free port).
-    Every path answers with the exposition; the URL names ``/metrics``."""
+def serve(registry: CollectorRegistry, listen: str = "127.0.0.1:0", *,
+          pages: Mapping[str, Page] | None = None) -> MetricsServer:
+    """Serve ``registry`` at ``http://listen/metrics`` in a daemon thread (port 0: any free
+    port), and each of ``pages`` at its path (the coordinator's status page). Other paths: 404.
+    ConfigError for a malformed ``listen``; OSError when it cannot bind."""
     host, port = parse_listen(listen)
-    httpd, _thread = start_http_server(port, addr=host, registry=registry)
+    routes: dict[str, Page] = {"/metrics": lambda: (CONTENT_TYPE_LATEST, generate_latest(registry))}
+    routes.update(pages or {})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            page = routes.get(self.path.split("?", 1)[0])
+            if page is None:
+                self.send_error(404)
+                return
+            try:
+                content_type, body = page()
+            except Exception:  # noqa: BLE001 - one failed page must not end the server
+                log.exception("serving %s", self.path)
+                self.send_error(500)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass  # a scrape every few seconds is not news
+
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="ordq-metrics-http", daemon=True).start()
     bound_host, bound_port = httpd.server_address[:2]
     return MetricsServer(url=f"http://{bound_host!s}:{bound_port}/metrics", httpd=httpd)
 

@@ -35,6 +35,7 @@ MOVING: dict[str, list[tuple[str, dict[str, str]]]] = {
     "master": [("ordq_broker_produce_messages_total", {}), ("ordq_broker_produce_bytes_total", {}),
                ("ordq_broker_produce_batches_total", {}), ("ordq_broker_fsync_seconds_count", {}),
                ("ordq_broker_fetch_batches_total", {}), ("ordq_broker_fetch_bytes_total", {}),
+               ("ordq_broker_fetch_messages_total", {}),
                ("ordq_broker_segment_bytes", {"queue": "q"})],
     "slave": [("ordq_broker_produce_messages_total", {}), ("ordq_broker_fsync_seconds_count", {}),
               ("ordq_broker_segment_bytes", {"queue": "q"})],

@@ -92,7 +92,11 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"that were not running ({', '.join(report.started)})")
     _print_table(statuses)
     print("\nPrometheus metrics (docs/OPERATIONS.md, Metrics):")
-    table([{"process": name, "url": url} for name, url in cluster.metrics_urls().items()], ["process", "url"])
+    urls = cluster.metrics_urls()
+    table([{"process": name, "url": url} for name, url in urls.items()], ["process", "url"])
+    pages = [url.rsplit("/", 1)[0] + "/status" for name, url in urls.items() if name.startswith("coordinator")]
+    if pages:
+        print(f"status page: {pages[0]} (every coordinator serves one)")
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
     print("next: ordq queue create demo && ordq produce demo --count 1000 && "
