@@ -10,18 +10,20 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian 12: `zookeeper` brings the jars (it starts nothing; ordq launches it), `libslf4j-java`
 # the slf4j-simple.jar without which ZooKeeper logs nothing, `default-jre-headless` Java 17,
-# `chromium` the headless browser tests/test_status_page.py loads the status page in.
+# `chromium` the headless browser tests/test_status_page.py loads the status page in,
+# `prometheus` the promtool that checks docs/alerts.yml and the exposed metrics (tests/test_metrics.py;
+# where systemd runs, the package also starts a Prometheus server on :9090 — nothing here uses it).
 system-deps:
 	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] \
-	    || [ ! -f /usr/share/java/slf4j-simple.jar ] || ! command -v chromium >/dev/null; then \
-	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime, chromium"; \
+	    || [ ! -f /usr/share/java/slf4j-simple.jar ] || ! command -v chromium >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime, chromium, prometheus"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    zookeeper libslf4j-java default-jre-headless chromium >/dev/null; \
+	    zookeeper libslf4j-java default-jre-headless chromium prometheus >/dev/null; \
 	fi
 	@command -v java >/dev/null && [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/slf4j-simple.jar ] \
-	  && command -v chromium >/dev/null \
-	  || { echo "Java, the ZooKeeper jars or chromium are still missing: apt-get install zookeeper libslf4j-java default-jre-headless chromium"; exit 1; }
+	  && command -v chromium >/dev/null && command -v promtool >/dev/null \
+	  || { echo "Java, the ZooKeeper jars, chromium or promtool are still missing: apt-get install zookeeper libslf4j-java default-jre-headless chromium prometheus"; exit 1; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

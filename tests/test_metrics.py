@@ -6,7 +6,10 @@ and move while messages flow; and every series docs/alerts.yml alerts on must be
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import threading
+import urllib.request
 from pathlib import Path
 
 import attrs
@@ -120,6 +123,12 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
     assert families <= documented, f"exposed, not in docs/OPERATIONS.md: {families - documented}"
     assert documented - families <= CONDITIONAL, f"documented, not exposed: {documented - families - CONDITIONAL}"
 
+    # Prometheus's own linter on what each process kind exposes (names, units, help, types).
+    for kind, url in urls.items():
+        text = urllib.request.urlopen(url, timeout=5).read()
+        lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, timeout=60)
+        assert lint.returncode == 0, f"{kind}: {lint.stdout.decode()}{lint.stderr.decode()}"
+
     # Every series an alert names is one a process exposes.
     for rule in alert_rules():
         names = set(re.findall(r"\bordq_[a-z0-9_]+", rule["expr"]))
@@ -205,6 +214,25 @@ def documented_series() -> set[str]:
 def alert_rules() -> list[dict[str, str]]:
     doc = yaml.safe_load(ALERTS.read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def promtool() -> str:
+    """Debian's ``prometheus`` package brings it (make system-deps)."""
+    path = shutil.which("promtool")
+    assert path, "promtool is not installed (Debian: apt-get install prometheus; make system-deps)"
+    return path
+
+
+def test_alert_rules_load_and_fire_in_promtool() -> None:
+    """promtool loads docs/alerts.yml, and its unit tests (tests/alerts_test.yml: synthetic
+    series) see each alert fire on its condition, after its ``for``, and not on healthy series."""
+    check = subprocess.run([promtool(), "check", "rules", str(ALERTS)], capture_output=True, timeout=60)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+    unit = subprocess.run([promtool(), "test", "rules", "alerts_test.yml"], cwd=Path(__file__).parent,
+                          capture_output=True, timeout=60)
+    assert unit.returncode == 0, unit.stdout.decode() + unit.stderr.decode()
+    tested = set(re.findall(r"alertname: (\w+)", (Path(__file__).parent / "alerts_test.yml").read_text()))
+    assert tested == {rule["alert"] for rule in alert_rules()}  # every alert has its unit test
 
 
 def test_alert_rules_file_is_well_formed() -> None:
