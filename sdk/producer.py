@@ -493,8 +493,9 @@ class Producer:
             self._stats.batches_acked += len(done)
             self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
             self._lock.notify_all()
-        if self._metrics is not None:
-            self._metrics.acked(done)
+        metrics = self._metrics  # close() may drop it meanwhile
+        if metrics is not None:
+            metrics.acked(done)
         try:
             self._resolve(done, ack)
         finally:
