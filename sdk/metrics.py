@@ -57,7 +57,9 @@ class ProducerMetrics(Collector):
         self.registry.unregister(self)
 
     def describe(self) -> Iterator[Metric]:
-        return iter(())
+        # The names, so a registry refuses a second client of the same kind (ValueError at
+        # start) instead of exposing its series twice.
+        return self.collect()
 
     def collect(self) -> Iterator[Metric]:
         p = self.producer
@@ -93,7 +95,9 @@ class ConsumerMetrics(Collector):
         self.registry.unregister(self)
 
     def describe(self) -> Iterator[Metric]:
-        return iter(())
+        # The names, so a registry refuses a second client of the same kind (ValueError at
+        # start) instead of exposing its series twice.
+        return self.collect()
 
     def lag(self) -> int:
         """Messages stored and not yet handed out: what is read and not handed out, what is
