@@ -9,17 +9,21 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: test demo system-deps venv lint types proto clean
 
 # Debian 12: `zookeeper` brings the jars (it starts nothing; ordq launches it), `libslf4j-java`
-# the slf4j-simple.jar without which ZooKeeper logs nothing, `default-jre-headless` Java 17.
+# the slf4j-simple.jar without which ZooKeeper logs nothing, `default-jre-headless` Java 17,
+# `chromium` the headless browser tests/test_status_page.py loads the status page in,
+# `prometheus` the promtool that checks docs/alerts.yml and the exposed metrics (tests/test_metrics.py;
+# where systemd runs, the package also starts a Prometheus server on :9090 — nothing here uses it).
 system-deps:
 	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] \
-	    || [ ! -f /usr/share/java/slf4j-simple.jar ]; then \
-	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime"; \
+	    || [ ! -f /usr/share/java/slf4j-simple.jar ] || ! command -v chromium >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime, chromium, prometheus"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    zookeeper libslf4j-java default-jre-headless >/dev/null; \
+	    zookeeper libslf4j-java default-jre-headless chromium prometheus >/dev/null; \
 	fi
 	@command -v java >/dev/null && [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/slf4j-simple.jar ] \
-	  || { echo "Java or the ZooKeeper jars are still missing: apt-get install zookeeper libslf4j-java default-jre-headless"; exit 1; }
+	  && command -v chromium >/dev/null && command -v promtool >/dev/null \
+	  || { echo "Java, the ZooKeeper jars, chromium or promtool are still missing: apt-get install zookeeper libslf4j-java default-jre-headless chromium prometheus"; exit 1; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -7,7 +7,9 @@ docs/BENCHMARKS.md.
 pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
 separate process) reads; msgs/s counts from the first send to the last delivery.
 synchronous: send one message, wait for its ack, repeat.
-A phase given 0 messages is skipped; --linger-ms / --eager-batches set the producer's batching.
+A phase given 0 messages is skipped; --linger-ms / --eager-batches set the producer's batching;
+--sdk-metrics turns on the producer's and the consumer's Prometheus metrics (served, not
+scraped: what it costs the hot paths). Brokers always keep theirs.
 latency: a steady --rate msgs/s for --rate-seconds; ack latency = send() → its future resolved
 (both replicas synced); end-to-end latency = delivery time − the message's timestamp (set at
 send()), both taken on this machine's clock. It also prints the CPU each process (head master
@@ -32,7 +34,8 @@ from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConf
 def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:
     """Child process: consume seqs first..first+count-1 in order, print e2e latencies and the
     finish time."""
-    cfg = ConsumerConfig(zk_hosts=hosts, root=ROOT, queue=QUEUE, subscription=sub, fetch_wait_ms=50, start=start)
+    cfg = ConsumerConfig(zk_hosts=hosts, root=ROOT, queue=QUEUE, subscription=sub, fetch_wait_ms=50, start=start,
+                         metrics_listen="127.0.0.1:0" if os.environ.get(_SDK_METRICS) else None)
     lat: list[float] = []
     nxt = first
     with Consumer(cfg) as c:
@@ -44,6 +47,9 @@ def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> No
                 nxt += 1
                 lat.append(time.time() - m.timestamp_us / 1e6)
     print(json.dumps({"done": time.time(), "latencies": lat[:: max(1, len(lat) // 20000)]}), flush=True)
+
+
+_SDK_METRICS = "ORDQ_BENCH_SDK_METRICS"  # set: the consumer child serves its metrics too
 
 
 def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
@@ -80,6 +86,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--linger-ms", type=float, default=None, help="BatchingConfig.linger_ms (default: the SDK's)")
     ap.add_argument("--eager-batches", type=int, default=None, help="BatchingConfig.eager_batches (default: the SDK's)")
+    ap.add_argument("--sdk-metrics", action="store_true", help="producer and consumer serve Prometheus metrics")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consume:
@@ -90,7 +97,10 @@ def main() -> None:
     with bench_cluster(2) as cluster:
         tuned = {k: v for k, v in (("linger_ms", args.linger_ms), ("eager_batches", args.eager_batches))
                  if v is not None}
-        cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE, batching=BatchingConfig(**tuned))
+        if args.sdk_metrics:
+            os.environ[_SDK_METRICS] = "1"
+        cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE, batching=BatchingConfig(**tuned),
+                             metrics_listen="127.0.0.1:0" if args.sdk_metrics else None)
         with Producer(cfg) as producer:
             base = 0
             if args.messages:  # pipelined

@@ -23,16 +23,19 @@ class BrokerProcess:
         self.data_dir = data_dir
         self.address: str | None = None
         self.incarnation: str | None = None
+        self.metrics_url: str | None = None
         argv = [sys.executable, "-m", "ordq.cli", "--zk", zk_hosts, "--root", root, "broker", "run",
                 "--group", gid, "--role", role, "--data", str(data_dir),
-                "--session-timeout", str(session_timeout_s)]
+                "--session-timeout", str(session_timeout_s), "--metrics", "127.0.0.1:0"]
         self.proc = ManagedProcess(f"broker-{gid}-{role}", argv, run_dir=run_dir)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> str:
-        """Start and wait for 'READY <address> <incarnation>'; return the address."""
+        """Start and wait for 'READY <address> <incarnation>'; return the address (the
+        metrics URL, announced before it, is ``metrics_url``)."""
         self.proc.start()
         line = self.proc.wait_for_line("READY ", timeout_s=timeout_s)
         self.address, self.incarnation = line.split()[:2]
+        self.metrics_url = self.proc.wait_for_line("METRICS ", timeout_s=timeout_s)
         return self.address
 
     def stop(self) -> int | None:

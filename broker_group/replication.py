@@ -16,6 +16,7 @@ to it (only a reader of the slave, i.e. while the master is down, waits for it).
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -50,6 +51,11 @@ class ReplicationLink:
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
         self._inflight = 0  # requests with batches the slave has not answered yet
+        # For the lag metrics: (when its oldest batch was forwarded, bytes) of each request
+        # with batches the slave has not answered, and the same of what waits in ``_out``.
+        self._unanswered: collections.deque[tuple[float, int]] = collections.deque()
+        self._out_since = 0.0
+        self._out_bytes = 0
         self._address: str | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -79,8 +85,18 @@ class ReplicationLink:
 
     def forward(self, s: Segment, stamped: bytes) -> None:
         """Caller holds the broker lock: queue a stamped batch for the slave."""
+        if not self._out:
+            self._out_since = time.monotonic()
         self._out.append((s, stamped))
+        self._out_bytes += len(stamped)
         self._active[s.key] = s
+
+    def lag(self, now: float) -> tuple[int, float]:
+        """Caller holds the broker lock: (bytes forwarded that the slave has not synced yet,
+        seconds since the oldest of them was forwarded)."""
+        pending = self._out_bytes + sum(n for _, n in self._unanswered)
+        oldest = self._unanswered[0][0] if self._unanswered else self._out_since if self._out else now
+        return pending, max(now - oldest, 0.0)
 
     # -- the stream ----------------------------------------------------------------------------
 
@@ -98,6 +114,8 @@ class ReplicationLink:
                 self._active.clear()
                 self._lac_sent.clear()
                 self._inflight = 0
+                self._unanswered.clear()
+                self._out_bytes = 0
             self._stream_once(address, gen)
             with self._cv:
                 if self._stopping:
@@ -117,6 +135,8 @@ class ReplicationLink:
                         log.info("replicating to slave at %s", address)
                     if resp.synced:  # the answer to one request with batches
                         self._inflight -= 1
+                        if self._unanswered:
+                            self._unanswered.popleft()
                     for r in resp.synced:
                         s = self.b._segments.get((r.queue, r.seg))
                         if s is not None:
@@ -170,13 +190,17 @@ class ReplicationLink:
                         break
                     self._cv.wait(wait)
                 out: list[tuple[Segment, bytes]] = []
+                since = self._out_since
                 if can_send:
-                    out, self._out = self._out, []
+                    out, self._out, self._out_bytes = self._out, [], 0
                 if lacs:
                     pushed_at = time.monotonic()
                 self._lac_sent.update(lacs)
                 reqs = list(_requests_for(out, lacs))
-                self._inflight += sum(1 for r in reqs if r.batches)
+                for r in reqs:
+                    if r.batches:
+                        self._inflight += 1
+                        self._unanswered.append((since, sum(map(len, r.batches))))
             yield from reqs
 
 

@@ -40,6 +40,7 @@ from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
 from broker_group.errors import SegmentNotWritable, abort
+from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
 from broker_group.wire import ordq_pb2 as pb
@@ -151,11 +152,15 @@ class BrokerStats:
     batches_synced: int = 0
     acks: int = 0
     fetches: int = 0
+    fetch_batches: int = 0
+    fetch_messages: int = 0
+    fetch_bytes: int = 0
     replication_breaks: int = 0
     torn_bytes_truncated: int = 0
     corrupt_segments: int = 0
     reconciled: int = 0
     refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
+    refused: dict[str, int] = attrs.field(factory=dict)  # requests refused, by error kind (metrics)
 
 
 class Broker:
@@ -164,6 +169,7 @@ class Broker:
         self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self.stats = BrokerStats()
+        self.metrics = BrokerMetrics(self)  # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
         self._cv = threading.Condition()
         self._segments: dict[tuple[str, int], Segment] = {}
@@ -595,9 +601,11 @@ class Broker:
         try:
             with s.io_lock:
                 assert s.log is not None
+                started = time.perf_counter()
                 for b in batches:
                     s.log.append(b, verify_crc=False)
                 end = s.log.sync()
+                self.metrics.fsync_seconds.observe(time.perf_counter() - started)
         except (DiskFull, OSError, ValueError, CorruptLog) as exc:
             error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
             log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
@@ -678,6 +686,7 @@ class Broker:
                 if ready:
                     yield pb.ProduceResponse(acks=ready)
                 if error is not None:
+                    self.count_refused(error)
                     abort(context, error)
                 if finished or self._stopping:
                     return
@@ -787,9 +796,14 @@ class Broker:
             with s.io_lock:
                 assert s.log is not None
                 batches = s.log.read(req.offset, max_bytes=max(req.max_bytes, 1), upto=upto)
+            count_fetch(self.stats, batches)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
 
     # -- health ----------------------------------------------------------------------------------
+
+    def count_refused(self, exc: OrdqError) -> None:
+        with self._cv:
+            self.stats.refused[type(exc).__name__] = self.stats.refused.get(type(exc).__name__, 0) + 1
 
     def health(self) -> pb.HealthResponse:
         with self._cv:
@@ -866,6 +880,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         try:
             return fn()
         except OrdqError as exc:
+            self.b.count_refused(exc)
             abort(context, exc)
 
     def Produce(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ProduceResponse]:

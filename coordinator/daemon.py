@@ -9,12 +9,12 @@ within one watch event) and keeps lists tidy.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import attrs
@@ -24,8 +24,11 @@ from kazoo.recipe.election import Election
 
 from coordinator import state as sm
 from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.store import QueueConfig, ZkStore, roll_transition
 from ordq.errors import IllegalTransition, OrdqError
+from ordq.metrics import MetricsServer
+from ordq.metrics import serve as metrics_serve
 
 log = logging.getLogger("ordq.coordinator")
 
@@ -40,9 +43,12 @@ Prober = Callable[[str, str, int], OpenSegment]
 class DaemonStats:
     rounds: int = 0
     actions: dict[str, int] = attrs.field(factory=dict)
+    conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
     errors: int = 0
     is_leader: bool = False
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    # the last send-list head changes seen (a failover by anyone), newest last: the status page
+    failovers: collections.deque[dict[str, Any]] = attrs.field(factory=lambda: collections.deque(maxlen=20))
 
 
 class CoordinatorDaemon:
@@ -63,6 +69,7 @@ class CoordinatorDaemon:
         self.interval_s = interval_s
         self.identifier = identifier
         self.stats = DaemonStats()
+        self.metrics = CoordinatorMetrics(self.stats)
         self._stop = threading.Event()
         self._wake = threading.Event()
 
@@ -120,11 +127,19 @@ class CoordinatorDaemon:
         st, _ = self.store.load_state(queue)
         facts, _ = self.store.facts(st)
         cfg = self.store.queue_config(queue)
+        before = self.stats.queues.get(queue, {}).get("send")
+        if before and before[0] != st.head:
+            open_seg = st.open_segment
+            self.stats.failovers.append({"at_ms": int(time.time() * 1000), "queue": queue, "from": before[0],
+                                         "to": st.head, "seg": open_seg.seg if open_seg else None})
         self.stats.queues[queue] = {
             "send": list(st.send),
             "segments": len(st.consume),
             "epoch": st.producer_epoch,
             "live_groups": sorted(facts.live_groups),
+            "sealing": sum(1 for c in st.consume if c.status is sm.SegStatus.SEALING),
+            # unconsumed segments whose group has not both processes live: consumers may wait there
+            "not_live": sum(1 for c in st.consume if c.gid not in facts.live_groups),
         }
         limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
                         retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
@@ -140,6 +155,7 @@ class CoordinatorDaemon:
             try:
                 self._do(queue, action, cfg)
             except IllegalTransition:
+                self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
                 continue  # someone else acted first: re-planned next round
             self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
@@ -164,47 +180,18 @@ class CoordinatorDaemon:
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True))
         elif action.kind is Kind.SEAL and self.sealer is not None:
             assert action.seg is not None
-            self.sealer(queue, action.seg)
+            started, outcome = time.monotonic(), "failed"
+            try:
+                self.sealer(queue, action.seg)
+                outcome = "sealed"
+            finally:
+                self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def metrics_text(self) -> str:
-        """Prometheus text exposition of the daemon's view."""
-        lines = [
-            "# TYPE ordq_coordinator_leader gauge",
-            f"ordq_coordinator_leader {int(self.stats.is_leader)}",
-            "# TYPE ordq_coordinator_rounds_total counter",
-            f"ordq_coordinator_rounds_total {self.stats.rounds}",
-            "# TYPE ordq_coordinator_errors_total counter",
-            f"ordq_coordinator_errors_total {self.stats.errors}",
-            "# TYPE ordq_coordinator_actions_total counter",
-        ]
-        for kind, count in sorted(self.stats.actions.items()):
-            lines.append(f'ordq_coordinator_actions_total{{kind="{kind}"}} {count}')
-        lines += ["# TYPE ordq_queue_send_groups gauge", "# TYPE ordq_queue_segments gauge"]
-        for q, d in sorted(self.stats.queues.items()):
-            lines.append(f'ordq_queue_send_groups{{queue="{q}"}} {len(d["send"])}')
-            lines.append(f'ordq_queue_segments{{queue="{q}"}} {d["segments"]}')
-            lines.append(f'ordq_queue_producer_epoch{{queue="{q}"}} {d["epoch"]}')
-        return "\n".join(lines) + "\n"
+    def serve_metrics(self, listen: str) -> MetricsServer:
+        """Serve this daemon's metrics (``coordinator.metrics``) at ``listen`` (port 0 ok),
+        and its status page at /status (``coordinator.status``)."""
+        from coordinator.status import pages
 
-    def serve_metrics(self, host: str, port: int) -> ThreadingHTTPServer:
-        """Serve /metrics on (host, port) in a daemon thread; returns the server (port 0 ok)."""
-        daemon = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                body = daemon.metrics_text().encode()
-                self.send_response(200 if self.path.startswith("/metrics") else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
-        return server
-
+        return metrics_serve(self.metrics.registry, listen, pages=pages(self))

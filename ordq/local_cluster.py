@@ -33,7 +33,6 @@ import json
 import shutil
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -45,6 +44,7 @@ import attrs
 from broker_group.process import BrokerGroupProcesses, BrokerProcess
 from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
+from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
 from ordq.zk_server import ZkServer
 
@@ -193,6 +193,14 @@ class LocalCluster:
         out += [(name, b.proc) for name, b in self.brokers()]
         out += [(p.name, p) for p in self.coordinators]
         return out
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Process name -> its Prometheus endpoint, for every broker and coordinator started
+        (by this object or, as saved, by another ``ordq up``)."""
+        saved = self._saved.get("brokers", {})
+        out = {name: b.metrics_url or saved.get(name, {}).get("metrics") for name, b in self.brokers()}
+        out.update({p.name: self._metrics_url(p.name) for p in self.coordinators})
+        return {name: url for name, url in out.items() if url}
 
     def running(self) -> list[str]:
         return [name for name, proc in self.processes() if proc.alive()]
@@ -549,7 +557,8 @@ class LocalCluster:
         brokers = dict(self._saved.get("brokers", {}))
         for name, member in self.brokers():
             if member.address:
-                brokers[name] = {"address": member.address, "incarnation": member.incarnation}
+                brokers[name] = {"address": member.address, "incarnation": member.incarnation,
+                                 "metrics": member.metrics_url}
         cfg = attrs.asdict(self.config)
         cfg["zk_port"] = self.zk.specs[0].client_port
         doc = {
@@ -590,18 +599,10 @@ def _coordinator_metrics(url: str | None, *, timeout_s: float = 1.0) -> dict[str
     if not url:
         return {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
-            text = resp.read().decode()
+        samples = scrape(url, timeout_s=timeout_s)
     except (OSError, ValueError):
         return {}
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or "{" in line:
-            continue
-        name, _, value = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            out[name] = float(value)
-    return out
+    return {s.name: s.value for s in samples if not s.labels}
 
 
 def _run_all(fn: Callable[[Any], Any], items: list[tuple[str, Any]], *, swallow: bool = False,

@@ -43,6 +43,10 @@ class QueueView:
         assert self._state is not None
         return self._state
 
+    def cached(self) -> QueueState | None:
+        """The state as last read, without reading it again (None before the first read)."""
+        return self._state
+
     def refresh(self) -> None:
         """Read the state now (and set the watch that tells when it changes)."""
         self._changed.clear()

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import attrs
 from kazoo.client import KazooClient
+from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
 from coordinator import state as sm
@@ -68,6 +69,7 @@ from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.failure import FailurePolicy, after_failure, parking_queue
 from sdk.keyed import KeyedWorkers
+from sdk.metrics import ConsumerMetrics
 from sdk.transport import BrokerTransport, FetchResult
 
 log = logging.getLogger("ordq.consumer")
@@ -96,6 +98,10 @@ class ConsumerConfig:
     # policy (``ordq sub policy``), else block with the default ladder.
     on_failure: FailurePolicy | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
+    # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
+    # ``Consumer.metrics_url``) and/or kept in the application's registry.
+    metrics_listen: str | None = None
+    metrics_registry: CollectorRegistry | None = None
 
     def __attrs_post_init__(self) -> None:
         check_zk_hosts(self.zk_hosts)
@@ -142,6 +148,8 @@ class ConsumerStats:
     offset: int = 0
     last_seq: int = -1
     parked: int = 0  # messages run() moved to the parking queue
+    redeliveries: int = 0  # run(): handler attempts repeated after a failure
+    gaps: int = 0  # GapDetected raised
 
 
 @attrs.frozen
@@ -181,6 +189,13 @@ class Consumer:
         self._policy = CommitPolicy(config.commit)
         self._next_check = float("-inf")  # monotonic time of the next lease/commit check
         self._stats = ConsumerStats()
+        # For the metrics (sdk/metrics.py): the last fetch's (seg, readable end), the timestamp
+        # of the newest message read, since when no replica of the current segment answers.
+        self._read_end = (-1, 0)
+        self._read_ts_us = 0
+        self._stalled_since: float | None = None
+        self._metrics: ConsumerMetrics | None = None
+        self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
         self._view: QueueView | None = None  # the queue's state and replicas, cached
         self._zk_down_since: float | None = None
         self._commits_in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
@@ -244,6 +259,9 @@ class Consumer:
         self._filter = DeliveryFilter(cfg.queue, last_seq=self._cursor.last_seq)
         self._policy.committed(time.monotonic())
         self._view.refresh()
+        if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
+            self._metrics = ConsumerMetrics(self)
+            self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
 
     def _ensure_subscription(self) -> None:
         from ordq.admin.read import ReplicaReader
@@ -291,6 +309,9 @@ class Consumer:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         if self._parking is not None:
             self._parking.close()
         if self._lease is not None:
@@ -520,6 +541,7 @@ class Consumer:
                     if step.action == "park":
                         self._park(m, failures, exc)
                         break
+                    self._stats.redeliveries += 1
                     if step.alarm:
                         self._alarm(m, failures, exc)
                     if stop is not None and stop.wait(step.delay_s):
@@ -742,13 +764,17 @@ class Consumer:
         res = self._fetch(segment, cur.offset, max_wait_ms=wait_ms)
         if res is None:
             return []
+        self._read_end = (segment.seg, res.readable_end)
         try:
             delivered = self._deliver(segment, res.batches)
         except GapDetected as gap:
+            self._stats.gaps += 1
             if gap.expected_seq <= st.trimmed_seq:  # the missing seqs were in popped segments
                 raise RetentionOvertook(self.config.queue, self.config.subscription, gap.expected_seq,
                                         gap.got_seq) from gap
             raise
+        if delivered:
+            self._read_ts_us = delivered[-1].timestamp_us
         if not res.batches:
             if segment.status is SegStatus.SEALING:
                 self._seal(segment)  # at its readable end: decide the end ourselves
@@ -836,12 +862,16 @@ class Consumer:
                 view.mark_stale(segment.gid)  # look again next time: it may be back
                 continue
             try:
-                return transport.fetch(info.address, self.config.queue, segment.seg, offset,
-                                       max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
-                                       known_end=segment.end if segment.status is SegStatus.SEALED else None)
+                res = transport.fetch(info.address, self.config.queue, segment.seg, offset,
+                                      max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
+                                      known_end=segment.end if segment.status is SegStatus.SEALED else None)
+                self._stalled_since = None
+                return res
             except OrdqError as exc:
                 errors.append(f"{role}: {exc}")
                 view.mark_stale(segment.gid)
+        if self._stalled_since is None:
+            self._stalled_since = time.monotonic()
         log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,
                  "; ".join(errors) or "none live")
         view.wait_change(max(max_wait_ms, 50))

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 from kazoo.client import KazooClient
+from prometheus_client import CollectorRegistry
 
 from broker_group.log import Message, decode_batch
 from coordinator.paths import Paths, check_name, check_zk_hosts
@@ -43,6 +44,7 @@ from sdk._futures import BatchOutcome, SendFuture
 from sdk._head import HeadProtocol
 from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore, message_bytes
 from sdk.audit import AuditWriter, new_writer_id
+from sdk.metrics import ProducerMetrics
 from sdk.transport import Ack, BrokerTransport, ProduceStream
 
 log = logging.getLogger("ordq.producer")
@@ -63,6 +65,10 @@ class ProducerConfig:
     zk_session_timeout_s: float = 2.0
     audit_dir: Path | None = None
     producer_id: str = attrs.field(factory=new_writer_id)
+    # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
+    # ``Producer.metrics_url``) and/or kept in the application's registry.
+    metrics_listen: str | None = None
+    metrics_registry: CollectorRegistry | None = None
 
     def __attrs_post_init__(self) -> None:
         check_zk_hosts(self.zk_hosts)
@@ -133,6 +139,8 @@ class Producer:
         self._seg_started: float | None = None  # monotonic time of its first ack
         self._rolling = False
         self._sealer: Any = None  # the Seal protocol runner, made on the first roll
+        self._metrics: ProducerMetrics | None = None
+        self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -178,6 +186,9 @@ class Producer:
         if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
             raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
         self._take_over()
+        if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
+            self._metrics = ProducerMetrics(self)
+            self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
         self._sender = threading.Thread(target=self._send_loop, name="ordq-producer-send", daemon=True)
         self._sender.start()
 
@@ -202,6 +213,9 @@ class Producer:
             self._shutdown_zk()
 
     def _shutdown_zk(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         if self._lease is not None:
             try:
                 self._lease.release()
@@ -479,6 +493,9 @@ class Producer:
             self._stats.batches_acked += len(done)
             self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
             self._lock.notify_all()
+        metrics = self._metrics  # close() may drop it meanwhile
+        if metrics is not None:
+            metrics.acked(done)
         try:
             self._resolve(done, ack)
         finally:

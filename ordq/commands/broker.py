@@ -27,6 +27,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--role", required=True, choices=["master", "slave"])
     run.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                      help="address to serve on; port 0 picks a free one (default %(default)s)")
+    run.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                     help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any); "
+                     "prints 'METRICS <url>'")
     run.add_argument("--data", required=True, type=Path, help="data folder of this process")
     run.add_argument("--session-timeout", type=seconds(), default=2.0, metavar="SECONDS",
                      help="ZooKeeper session timeout: how fast a dead process is noticed (default %(default)s)")
@@ -43,6 +46,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
                        register_wait_s=args.register_wait)
     broker = Broker(cfg)
+    if args.metrics:
+        from ordq.metrics import serve
+
+        announce(f"METRICS {serve(broker.metrics.registry, args.metrics).url}")
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -80,7 +80,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root,
                    "started": list(report.started), "notes": list(report.notes),
-                   "processes": [s.to_dict() for s in statuses]})
+                   "processes": [s.to_dict() for s in statuses], "metrics": cluster.metrics_urls()})
         return 0
     for note in report.notes:
         print(f"note: {note}")
@@ -91,6 +91,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"local cluster in {cluster.folder}: started the {len(report.started)} of its {total} processes "
               f"that were not running ({', '.join(report.started)})")
     _print_table(statuses)
+    print("\nPrometheus metrics (docs/OPERATIONS.md, Metrics):")
+    urls = cluster.metrics_urls()
+    table([{"process": name, "url": url} for name, url in urls.items()], ["process", "url"])
+    pages = [url.rsplit("/", 1)[0] + "/status" for name, url in urls.items() if name.startswith("coordinator")]
+    if pages:
+        print(f"status page: {pages[0]} (every coordinator serves one)")
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
     print("next: ordq queue create demo && ordq produce demo --count 1000 && "

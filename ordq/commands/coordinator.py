@@ -36,10 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon = CoordinatorDaemon(store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(store), prober=_prober(store))
     if args.metrics:
-        host, _, port = args.metrics.rpartition(":")
-        server = daemon.serve_metrics(host or "127.0.0.1", int(port))
-        bound_host, bound_port = server.server_address[:2]
-        announce(f"METRICS http://{bound_host!s}:{bound_port}/metrics")
+        announce(f"METRICS {daemon.serve_metrics(args.metrics).url}")
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:

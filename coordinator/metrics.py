@@ -1,0 +1,68 @@
+"""The coordinator daemon's Prometheus series, read from its ``DaemonStats`` at scrape time.
+
+Rules: this module only describes and exposes what the daemon counted; it never changes the
+daemon's state and never talks to ZooKeeper (a scrape must not cost a ZooKeeper read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from coordinator.daemon import DaemonStats
+
+# Seal runs take a few ms (both replicas answer) to a few s (one is down: RPC timeouts).
+SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class CoordinatorMetrics(Collector):
+    """The daemon's registry: counters and gauges from its stats, seal durations observed."""
+
+    def __init__(self, stats: DaemonStats) -> None:
+        self.stats = stats
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.seal_seconds = Histogram("ordq_coordinator_seal_seconds", "Seal protocol runs by this daemon",
+                                      ["outcome"], buckets=SEAL_BUCKETS, registry=self.registry)
+        self.registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # collected only at scrape time: nothing to check names against up front
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.stats
+        yield GaugeMetricFamily("ordq_coordinator_leader", "1 while this daemon is the elected one",
+                                value=int(st.is_leader))
+        yield CounterMetricFamily("ordq_coordinator_rounds", "Duty rounds run", value=st.rounds)
+        yield CounterMetricFamily("ordq_coordinator_errors", "Duty rounds or queues that failed (ZooKeeper, RPC)",
+                                  value=st.errors)
+        actions = CounterMetricFamily("ordq_coordinator_actions", "Transitions and seals done, by kind",
+                                      labels=["kind"])
+        for kind, n in sorted(st.actions.items()):
+            actions.add_metric([kind], n)
+        yield actions
+        conflicts = CounterMetricFamily("ordq_coordinator_conflicts",
+                                        "Planned transitions someone else made first, by kind", labels=["kind"])
+        for kind, n in sorted(st.conflicts.items()):
+            conflicts.add_metric([kind], n)
+        yield conflicts
+        # series name -> (help, key in DaemonStats.queues[q]; "send" is a list: its length)
+        per_queue = {
+            "send_groups": ("Groups in the queue's send list", "send"),
+            "segments": ("Segments in the queue's consume list", "segments"),
+            "producer_epoch": ("The queue's producer epoch", "epoch"),
+            "sealing_segments": ("Segments waiting for the Seal protocol", "sealing"),
+            "segments_not_live": ("Consume-list segments whose group is not fully live (master and slave)",
+                                  "not_live"),
+        }
+        queues = sorted(st.queues.items()) if st.is_leader else []  # a standby's view is stale
+        for name, (doc, key) in per_queue.items():
+            family = GaugeMetricFamily(f"ordq_queue_{name}", doc, labels=["queue"])
+            for q, d in queues:
+                v = d.get(key, 0)
+                family.add_metric([q], len(v) if isinstance(v, list) else float(v))
+            yield family

@@ -1,0 +1,115 @@
+"""The coordinator's status page: ``/status`` (a page that redraws itself every second from
+``/status.json``) and ``/status.json`` (every queue as ``ordq queue describe --json`` shows it,
+plus the failovers this daemon saw), served beside ``/metrics``.
+
+Rules: read-only. The document is built per request (ZooKeeper reads and one size/end probe
+per segment replica, each bounded by a short RPC timeout), never in the duty loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from ordq.errors import NotFound, OrdqError
+from ordq.metrics import Page
+
+if TYPE_CHECKING:
+    from coordinator.daemon import CoordinatorDaemon
+
+PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one must not stall it
+
+
+def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
+    from ordq.admin.read import ReplicaReader, describe_queue
+
+    store = daemon.store
+    queues = []
+    with ReplicaReader(store, rpc_timeout_s=PROBE_TIMEOUT_S) as reader:
+        for queue in store.list_queues():
+            try:
+                queues.append(describe_queue(store, reader, queue).to_dict())
+            except NotFound:
+                continue  # deleted meanwhile
+    return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
+            "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers)}
+
+
+def pages(daemon: CoordinatorDaemon) -> dict[str, Page]:
+    def document() -> tuple[str, bytes]:
+        try:
+            doc = status_document(daemon)
+        except OrdqError as exc:  # ZooKeeper away: say so on the page instead of failing it
+            doc = {"generated_ms": int(time.time() * 1000), "error": str(exc), "queues": [], "failovers": []}
+        return "application/json", json.dumps(doc).encode()
+
+    return {"/status": lambda: ("text/html; charset=utf-8", PAGE.encode()), "/status.json": document}
+
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>ordq status</title>
+<style>
+body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222 }
+section { border: 1px solid #ccc; border-radius: 6px; padding: .5em 1em; margin-bottom: 1em }
+ol.groups { display: flex; gap: .5em; list-style: none; padding: 0; margin: .2em 0 }
+ol.groups li { border: 1px solid #888; border-radius: 4px; padding: .2em .6em }
+li.open { background: #e6f4ea } li.sealing { background: #fff4d6 } li.sealed { background: #eee }
+li.down { border-color: #c00; color: #c00 }
+table { border-collapse: collapse } td, th { padding: .1em .7em; text-align: left }
+#error { color: #c00 }
+</style></head>
+<body>
+<h1>ordq</h1>
+<p>updated <span id="updated">never</span> <span id="error"></span></p>
+<div id="queues"></div>
+<h2>Recent failovers</h2>
+<ul id="failovers"></ul>
+<script>
+"use strict";
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) e.append(c);
+  return e;
+}
+function bytes(n) { return n === null || n === undefined ? "?" : n.toLocaleString() + " B"; }
+function roles(g) { return ["master", "slave"].map(r => r + (g.live.includes(r) ? " up" : " down")).join(", "); }
+function queueSection(q) {
+  const live = Object.fromEntries(q.groups.map(g => [g.group, g]));
+  const send = el("ol", {class: "groups send"}, ...q.send.map(g =>
+    el("li", {class: live[g] && live[g].live.length === 2 ? "" : "down"}, g)));
+  const consume = el("ol", {class: "groups consume"}, ...q.consume.map(s =>
+    el("li", {class: s.status + (live[s.gid] && live[s.gid].live.length ? "" : " down")},
+       `seg ${s.seg} on ${s.gid}: ${s.status}, ${bytes(s.bytes)}`)));
+  const groups = el("table", {class: "processes"}, el("tr", {}, el("th", {}, "group"), el("th", {}, "processes"),
+    el("th", {}, "backlog"), el("th", {}, "bytes")), ...q.groups.map(g => el("tr", {"data-group": g.group},
+      el("td", {}, g.group), el("td", {}, roles(g)), el("td", {}, String(g.backlog ?? "?")),
+      el("td", {}, bytes(g.bytes)))));
+  const subs = el("table", {class: "subscriptions"}, el("tr", {}, el("th", {}, "subscription"),
+    el("th", {}, "last seq"), el("th", {}, "lag"), el("th", {}, "consumer"), el("th", {}, "blocked")),
+    ...q.subscriptions.map(s => el("tr", {"data-subscription": s.subscription}, el("td", {}, s.subscription),
+      el("td", {}, String(s.last_seq)), el("td", {}, String(s.lag ?? "?")), el("td", {}, s.held_by || "-"),
+      el("td", {}, s.blocked ? `seq ${s.blocked.seq} (${s.blocked.attempts} attempts)` : "-"))));
+  return el("section", {"data-queue": q.queue, "data-head": q.head || ""},
+    el("h2", {}, `${q.queue} (head ${q.head || "none"}, epoch ${q.producer_epoch}, last seq ${q.last_seq ?? "?"})`),
+    "send list", send, "consume list", consume, groups, subs);
+}
+async function refresh() {
+  try {
+    const doc = await (await fetch("status.json", {cache: "no-store"})).json();
+    document.getElementById("queues").replaceChildren(...doc.queues.map(queueSection));
+    document.getElementById("failovers").replaceChildren(...doc.failovers.slice().reverse().map(f =>
+      el("li", {"data-queue": f.queue}, `${new Date(f.at_ms).toLocaleTimeString()} ${f.queue}: ` +
+         `${f.from} -> ${f.to || "none"} (segment ${f.seg ?? "?"})`)));
+    document.getElementById("error").textContent = doc.error || "";
+    document.getElementById("updated").textContent = new Date(doc.generated_ms).toLocaleTimeString();
+  } catch (e) {
+    document.getElementById("error").textContent = "coordinator not answering: " + e;
+  }
+  setTimeout(refresh, 1000);
+}
+refresh();
+</script>
+</body></html>
+"""
