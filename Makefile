@@ -6,24 +6,32 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test demo system-deps venv lint types proto clean
+.PHONY: test demo system-deps test-deps venv lint types proto clean
 
-# Debian 12: `zookeeper` brings the jars (it starts nothing; ordq launches it), `libslf4j-java`
-# the slf4j-simple.jar without which ZooKeeper logs nothing, `default-jre-headless` Java 17,
-# `chromium` the headless browser tests/test_status_page.py loads the status page in,
-# `prometheus` the promtool that checks docs/alerts.yml and the exposed metrics (tests/test_metrics.py;
-# where systemd runs, the package also starts a Prometheus server on :9090 — nothing here uses it).
-system-deps:
-	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] \
-	    || [ ! -f /usr/share/java/slf4j-simple.jar ] || ! command -v chromium >/dev/null || ! command -v promtool >/dev/null; then \
-	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime, chromium, prometheus"; \
+# Installs the Debian packages $(1) with apt-get unless the shell check $(2) already passes,
+# then fails clearly if it still does not.
+define need_debian
+	@if ! ( $(2) ) >/dev/null 2>&1; then \
+	  echo "installing Debian packages: $(1)"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    zookeeper libslf4j-java default-jre-headless chromium prometheus >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(1) >/dev/null; \
 	fi
-	@command -v java >/dev/null && [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/slf4j-simple.jar ] \
-	  && command -v chromium >/dev/null && command -v promtool >/dev/null \
-	  || { echo "Java, the ZooKeeper jars, chromium or promtool are still missing: apt-get install zookeeper libslf4j-java default-jre-headless chromium prometheus"; exit 1; }
+	@( $(2) ) >/dev/null 2>&1 || { echo "still missing after apt-get: $(1) (apt-get install $(1))"; exit 1; }
+endef
+
+# What ordq needs to run (Debian 12): `zookeeper` brings the jars (it starts nothing; ordq
+# launches it), `libslf4j-java` the slf4j-simple.jar without which ZooKeeper logs nothing,
+# `default-jre-headless` Java 17.
+system-deps:
+	$(call need_debian,zookeeper libslf4j-java default-jre-headless,command -v java && \
+	  test -f /usr/share/java/zookeeper.jar && test -f /usr/share/java/slf4j-simple.jar)
+
+# What only the tests need: `chromium`, the headless browser tests/test_status_page.py loads the
+# status page in; `prometheus`, whose promtool checks docs/alerts.yml and the exposed metrics
+# (tests/test_metrics.py; where systemd runs, the package also starts a Prometheus server on
+# :9090, which nothing here uses).
+test-deps: system-deps
+	$(call need_debian,chromium prometheus,command -v chromium && command -v promtool)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +52,7 @@ proto: venv
 	git diff --exit-code -- broker_group/wire
 
 # Real ZooKeeper and broker processes; a test that hangs fails after 10 minutes instead of CI.
-test: system-deps venv lint types proto
+test: test-deps venv lint types proto
 	$(VENV)/bin/pytest -m "not slow" --timeout=600 $(PYTEST_ARGS)
 
 demo: system-deps venv
