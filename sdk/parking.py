@@ -30,11 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ordq.errors import AlreadyExists, ConfigError, CoordinationUnavailable, HandlerError, NotFound, QueueNotFound
+from ordq.errors import (
+    AlreadyExists,
+    ConfigError,
+    CoordinationUnavailable,
+    HandlerError,
+    NotFound,
+    OrdqError,
+    QueueNotFound,
+)
 from sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parking_queue, replay_plan
 from sdk.keyed import worker_of
 
 if TYPE_CHECKING:
+    from broker_group.log import Message
     from coordinator.store import ZkStore
     from sdk.audit import AuditWriter
     from sdk.consumer import ConsumerConfig, Delivered
@@ -269,11 +278,13 @@ class FailureHandling:
             again.append(failures)
             self._failed_again(m, failures, exc)
 
-        for r in replay_plan(self._ledger()):
+        plan = [r for r in replay_plan(self._ledger()) if mine(str(r.get("key") or ""))]
+        fetched = self._prefetch(plan)
+        for r in plan:
             k = str(r.get("key") or "")
-            if not mine(k) or k in failed:
+            if k in failed:
                 continue
-            m = self._from_parking_queue(r)
+            m = self._from_parking_queue(r, fetched)
             if m is None:
                 failed.add(k)
                 continue
@@ -294,19 +305,39 @@ class FailureHandling:
                 self._keys.update({k: s for k, s in fresh.items() if mine(k)})
         return True
 
-    def _from_parking_queue(self, r: dict[str, Any]) -> Delivered | None:
-        from ordq.admin.read import ReplicaReader, read_message
-        from sdk.consumer import Delivered
+    def _prefetch(self, plan: list[dict[str, Any]]) -> dict[tuple[str, int], Message]:
+        """The parked messages of ``plan`` read in a few large fetches (one per ~1 MiB), not
+        one lookup each; what cannot be read now is looked up one by one later."""
+        from ordq.admin.read import ReplicaReader, read_messages
 
         if self._reader is None:
             self._reader = ReplicaReader(self._store)
-        try:
-            peeked = read_message(self._store, self._reader, str(r["parking_queue"]), int(r["parked_seq"]))
-        except (NotFound, CoordinationUnavailable) as exc:
-            log.error("queue %s/%s: cannot read parked seq %d (%s seq %s) to replay it: %s", self.config.queue,
-                      self.config.subscription, r["seq"], r["parking_queue"], r["parked_seq"], exc)
-            return None
-        pm = peeked.message
+        out: dict[tuple[str, int], Message] = {}
+        for target in sorted({str(r["parking_queue"]) for r in plan}):
+            try:
+                got = read_messages(self._store, self._reader, target,
+                                    [int(r["parked_seq"]) for r in plan if r["parking_queue"] == target])
+            except OrdqError as exc:
+                log.warning("queue %s/%s: reading parked messages from %s: %s", self.config.queue,
+                            self.config.subscription, target, exc)
+                continue
+            out.update({(target, seq): m for seq, m in got.items()})
+        return out
+
+    def _from_parking_queue(self, r: dict[str, Any], fetched: dict[tuple[str, int], Message]) -> Delivered | None:
+        from ordq.admin.read import ReplicaReader, read_message
+        from sdk.consumer import Delivered
+
+        pm = fetched.get((str(r["parking_queue"]), int(r["parked_seq"])))
+        if pm is None:
+            if self._reader is None:
+                self._reader = ReplicaReader(self._store)
+            try:
+                pm = read_message(self._store, self._reader, str(r["parking_queue"]), int(r["parked_seq"])).message
+            except (NotFound, CoordinationUnavailable) as exc:
+                log.error("queue %s/%s: cannot read parked seq %d (%s seq %s) to replay it: %s", self.config.queue,
+                          self.config.subscription, r["seq"], r["parking_queue"], r["parked_seq"], exc)
+                return None
         return Delivered(int(r["seq"]), int(r.get("seg", -1)), int(r.get("offset", -1)), pm.payload, pm.key,
                          (*pm.headers, (REPLAYED_HEADER, b"1")), pm.timestamp_us)
 

@@ -7,6 +7,7 @@ Importing this module does not import PySpark.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         if not acks or not deliveries:
             raise ConfigError("give an AUDIT_DIR, or both --acks and --deliveries")
         skips = list(args.skips) + [os.path.join(d, "skips") for d in args.audit_dirs
-                                    if os.path.isdir(os.path.join(d, "skips"))]
+                                    if glob.glob(os.path.join(glob.escape(d), "skips", "*.tsv*"))]
         conf = _conf(args.conf)
         from spark_order_check._verify import verify
 
