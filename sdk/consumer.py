@@ -569,15 +569,19 @@ class Consumer:
         start = self._finished_pos()
         failing = self._start_failure_handling(FailurePolicy(on_failure="raise", attempts=1), keyed=True)
 
+        # A retry gives up when the workers stop; with ``drain``, only a blocked message does
+        # (block retries for ever): one that park or raise decides within its attempts goes on.
+        gives_up = stop if (not drain or failing.policy.on_failure == "block") else None
+
         def handle(m: Delivered) -> bool:  # on the key's worker
             if failing.follows_parked_key(m):
                 return True
             return failing.attempt(m, handler, may_start=self._worker_may_start,
-                                   wait=lambda s: pool.wait(s, stop), on_park=failing.park)
+                                   wait=lambda s: pool.wait(s, gives_up), on_park=failing.park)
 
         def replay(worker: int) -> None:  # on the worker, between its messages: ordered with its keys
             failing.resolve(handler, mine=worker_key_filter(worker, workers), may_start=self._worker_may_start,
-                            wait=lambda s: pool.wait(s, stop))
+                            wait=lambda s: pool.wait(s, gives_up))
 
         pool = KeyedWorkers(handle, workers=workers, max_pending=max_pending, start=start,
                             may_start=self._worker_may_start, on_control=replay,

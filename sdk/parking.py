@@ -243,8 +243,10 @@ class FailureHandling:
                 self._keys[k] = min(self._keys.get(k, m.seq), m.seq)
             self._recorded.add(m.seq)
             self.parked += 1
-        log.warning("queue %s/%s: seq %d parked to %s as seq %d (%s)", cfg.queue, cfg.subscription, m.seq,
-                    self.target, ack.seq, f"after {attempts} failed attempts: {error}" if attempts else error)
+        # The first of a key at WARNING; those that follow it (maybe many) at INFO.
+        log.log(logging.INFO if follows is not None else logging.WARNING, "queue %s/%s: seq %d parked to %s as "
+                "seq %d (%s)", cfg.queue, cfg.subscription, m.seq, self.target, ack.seq,
+                f"after {attempts} failed attempts: {error}" if attempts else error)
 
     def _ensure_parking_queue(self) -> None:
         try:
