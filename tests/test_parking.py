@@ -24,6 +24,7 @@ from ordq.errors import ConfigError
 from sdk import Consumer, ConsumerConfig, Delivered, FailurePolicy, Producer, ProducerConfig
 from sdk.failure import parked_keys, replay_plan, select, status_of
 from sdk.parking import REPLAYED_HEADER
+from spark_order_check.reference import check
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, SEND_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401
 from tests.util import wait_until
 
@@ -38,7 +39,7 @@ def key_of(seq: int) -> bytes:
 
 def produce(cluster: Cluster, first: int, n: int) -> None:
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=cluster.base / "audit")
     with Producer(cfg) as p:
         futures = [p.send(b"m%d" % s, key=key_of(s)) for s in range(first, first + n)]
         assert [f.result(timeout=60).seq for f in futures] == list(range(first, first + n))
@@ -46,7 +47,8 @@ def produce(cluster: Cluster, first: int, n: int) -> None:
 
 def config(cluster: Cluster, policy: FailurePolicy) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30, on_failure=policy)
+                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30, on_failure=policy,
+                          audit_dir=cluster.base / "audit")
 
 
 class Handler:
@@ -225,6 +227,21 @@ def test_global_park_replay_and_drop(cluster: Cluster) -> None:
         (7, "dropped", "bad data"), (8, "replayed", None)]
     again = cluster.ordq("sub", "parked", "replay", "q", "s", "--seq", "8")
     assert again.returncode == 1 and b"seq 8 is replayed: cannot replay it" in again.stderr
+
+    # The skip records in the audit files: 7 parked (then dropped), 8 parked and replayed. The
+    # verifier's rules count 7 as skipped, not lost, also once its delivery row is gone.
+    audit = cluster.base / "audit"
+    rows = [line.split("\t") for f in sorted((audit / "skips").glob("*.tsv*"))
+            for line in f.read_text().splitlines()[1:]]
+    assert [(r[3], r[5]) for r in sorted(rows, key=lambda r: int(r[8]))] == [
+        ("7", "parked"), ("8", "parked"), ("8", "replayed")]
+    assert check(audit / "acks", audit / "deliveries", skips=audit / "skips").counts.get("skipped") == 1
+    for f in (audit / "deliveries").glob("*.tsv*"):  # as if seq 7 had never been handed out
+        f.write_text("".join(line for line in f.read_text().splitlines(keepends=True)
+                             if line.split("\t")[3] != "7"))
+    result = check(audit / "acks", audit / "deliveries", skips=audit / "skips")
+    assert (result.counts.get("skipped"), result.counts.get("lost", 0)) == (1, 0)
+    assert check(audit / "acks", audit / "deliveries").counts.get("lost") == 1  # without its record: lost
 
 
 # -- the rules, as properties ----------------------------------------------------------------
