@@ -369,8 +369,11 @@ def disk_full(ctx: DrillContext) -> None:
 def _failing_consumer(mode: str) -> Callable[[DrillContext], list[str]]:
     def options(ctx: DrillContext) -> list[str]:
         total = ctx.load.messages
-        # The fault comes once it blocks or is parked; a parked key's later messages all follow it.
-        fail = sorted(ctx.rng.sample(range(total * 3 // 5, total * 7 // 10), 1 if mode == "block" else 2))
+        # block: early, so it blocks before the fault moment (20-60 % acked) and the head master
+        # dies while it blocks, under load. park: late (a parked key's later messages all follow
+        # it), parked after the failover.
+        span = range(total // 10, total // 5) if mode == "block" else range(total * 3 // 5, total * 7 // 10)
+        fail = sorted(ctx.rng.sample(span, 1 if mode == "block" else 2))
         ctx.notes["fail_seqs"] = fail
         return ["--fail-seqs", ",".join(map(str, fail)), "--fixed-file", str(ctx.run_dir / FIXED),
                 "--handled-log", str(ctx.run_dir / HANDLED), "--on-failure", mode,
@@ -404,13 +407,13 @@ def failing_handler_park(ctx: DrillContext) -> None:
     from ordq.admin.parked import resolve_parked
 
     fail = set(ctx.notes["fail_seqs"])
+    gid, seg = _kill_head(ctx, ("master",))
+    ctx.wait_acks_after(seg)
+    ctx.restart_broker(gid, "master")
     with ctx.cluster.store() as store:
         ctx.wait(lambda: {r["seq"] for r in store.parked(ctx.queue, SUBSCRIPTION)} >= fail, timeout_s=60,
                  what=f"seqs {sorted(fail)} parked")
         ctx.event(f"seqs {sorted(fail)} parked; their keys follow")
-        gid, seg = _kill_head(ctx, ("master",))
-        ctx.wait_acks_after(seg)
-        ctx.restart_broker(gid, "master")
         budget = ctx.load.duration_s * 4 + 60
         ctx.wait(lambda: not any(p.proc.alive() for p in ctx.producers), timeout_s=budget, what="the stream's end")
         ctx.wait(lambda: _handled_or_parked(ctx) >= ctx.load.messages, timeout_s=budget,
