@@ -222,12 +222,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"]
         if any(r["blocked"] for r in rows):  # a consumer stuck on a message: say which, and why
             columns.append("blocked")
-        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": _blocked_text(r["blocked"])}
+        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": blocked_text(r["blocked"])}
                for r in rows], columns)
     return 0
 
 
-def _blocked_text(blocked: dict[str, Any] | None) -> str | None:
+def blocked_text(blocked: dict[str, Any] | None) -> str | None:
     if blocked is None:
         return None
     return f"seq {blocked['seq']} after {blocked['attempts']} attempts: {blocked['error'][:80]}"
