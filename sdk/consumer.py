@@ -143,6 +143,7 @@ class ConsumerStats:
     last_seq: int = -1
     parked: int = 0  # messages run()/run_keyed() moved to the parking queue
     replayed: int = 0  # parked messages handed to the handler again (ordq sub parked replay)
+    alarms: int = 0  # messages that blocked past the policy's attempts (export it as a metric)
 
 
 class Consumer:
@@ -304,7 +305,7 @@ class Consumer:
         return attrs.evolve(
             self._stats, seg=self._cursor.seg, offset=self._cursor.offset, last_seq=self._filter.last_seq,
             duplicates_dropped=self._filter.duplicates_dropped, parked=f.parked if f else 0,
-            replayed=f.replayed if f else 0,
+            replayed=f.replayed if f else 0, alarms=f.alarms if f else 0,
         )
 
     @property

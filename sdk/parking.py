@@ -95,6 +95,7 @@ class FailureHandling:
         self._reader: Any = None  # reads the parking queue for replays
         self.parked = 0
         self.replayed = 0
+        self.alarms = 0  # messages that blocked past the policy's attempts (the alarm was raised)
         self.target = parking_queue(config.queue, config.subscription)
         # Set when the ledger changed under us (an operator): replay or unpark at the next look.
         # Set from the start: a replay asked while no consumer ran is done first.
@@ -189,6 +190,8 @@ class FailureHandling:
         with self._lock:
             first = me not in self._alarmed
             self._alarmed.add(me)
+            if first:
+                self.alarms += 1
             record = self._alarmed_record()
         if first:
             log.error("queue %s/%s: seq %d (key %r) failed %d times and blocks %s (policy block): %r",

@@ -183,7 +183,7 @@ def test_keyed_block_holds_only_the_key_and_raises_the_alarm(cluster: Cluster) -
         print(f"alarm {time.monotonic() - started:.3f}s after delivery started (3 attempts, 0.05 s apart)")
         assert (alarm["seq"], alarm["key"], alarm["attempts"]) == (BAD, key_of(BAD).hex(), 3)
         until("the other workers' keys handled", lambda: handler.seqs() >= elsewhere)
-        assert c.blocked is not None and c.blocked.seq == BAD
+        assert c.blocked is not None and c.blocked.seq == BAD and c.statistics().alarms == 1
         top = cluster.ordq("top", "--once", "--interval", "0.1").stdout.decode()
         assert "BLOCKED" in top and f"seq {BAD} after" in top  # where operators look, too
         assert not [s for s in handler.by_key[key_of(BAD)] if s >= BAD]
