@@ -102,6 +102,10 @@ class Paths:
         base = f"{self.sub(queue, sub)}/parked"
         return base if seq is None else f"{base}/{seq:020d}"
 
+    def parked_signal(self, queue: str, sub: str) -> str:
+        """Written whenever an operator changes the ledger; the consumer watches it."""
+        return f"{self.sub(queue, sub)}/parked-changed"
+
     def sub_policy(self, queue: str, sub: str) -> str:
         """What its consumers do with a message that keeps failing (sdk/failure.py)."""
         return f"{self.sub(queue, sub)}/policy"

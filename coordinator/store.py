@@ -41,6 +41,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 from coordinator import state as sm
 from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
+from coordinator.store_subs import SubscriptionRecords
 from ordq.errors import (
     AlreadyExists,
     ConfigError,
@@ -162,7 +163,7 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
 
 
-class ZkStore:
+class ZkStore(SubscriptionRecords):
     """ordq's view of one cluster in ZooKeeper (under ``paths.root``)."""
 
     def __init__(self, client: KazooClient, paths: Paths, *, owns_client: bool = False,
@@ -566,69 +567,6 @@ class ZkStore:
                 self.queue_config(queue)  # QueueNotFound first
                 raise SubscriptionNotFound(queue, sub) from exc
         return Cursor.from_dict(_loads(data)), stat.version
-
-    def set_sub_policy(self, queue: str, sub: str, policy: Mapping[str, Any]) -> None:
-        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
-        self._put_json(self.paths.sub_policy(queue, sub), policy)
-
-    def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
-        return self._get_json(self.paths.sub_policy(queue, sub))
-
-    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None) -> None:
-        """Show (an ephemeral node: it goes with the consumer's session) or clear the message
-        a subscription's consumer is blocked on."""
-        path = self.paths.sub_blocked(queue, sub)
-        if record is not None:
-            self._put_json(path, record, ephemeral=True)
-            return
-        with self._errors(), contextlib.suppress(NoNodeError):
-            self._wait(self.client.delete_async(path))
-
-    def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
-        return self._get_json(self.paths.sub_blocked(queue, sub))
-
-    def _put_json(self, path: str, record: Mapping[str, Any], *, ephemeral: bool = False) -> None:
-        """Create or overwrite the node at ``path`` with ``record`` as JSON."""
-        with self._errors():
-            try:
-                self._wait(self.client.create_async(path, _dumps(dict(record)), ephemeral=ephemeral))
-            except NodeExistsError:
-                self._wait(self.client.set_async(path, _dumps(dict(record))))
-
-    def _get_json(self, path: str) -> dict[str, Any] | None:
-        """The JSON record at ``path``; None when there is no node."""
-        with self._errors():
-            try:
-                data, _ = self._read(self.client.get_async, path)
-            except NoNodeError:
-                return None
-        return dict(_loads(data))
-
-    def record_parked(self, queue: str, sub: str, seq: int, record: Mapping[str, Any]) -> None:
-        """Add a parked message's record to the subscription's ledger (idempotent per seq)."""
-        with self._errors():
-            self._wait(self.client.ensure_path_async(self.paths.parked(queue, sub)))
-            try:
-                self._wait(self.client.create_async(self.paths.parked(queue, sub, seq), _dumps(dict(record))))
-            except NodeExistsError:
-                pass  # recorded before a restart: the same message, parked again
-
-    def parked(self, queue: str, sub: str) -> list[dict[str, Any]]:
-        """The subscription's parked records, in seq order."""
-        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
-        with self._errors():
-            try:
-                names = sorted(self._read(self.client.get_children_async, self.paths.parked(queue, sub)))
-            except NoNodeError:
-                return []
-            out = []
-            for name in names:
-                try:
-                    data, _ = self._read(self.client.get_async, f"{self.paths.parked(queue, sub)}/{name}")
-                except NoNodeError:
-                    continue
-                out.append(_loads(data))
-        return out
 
     def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *, holder: str | None = None) -> int:
         """Write the cursor if nobody else did since ``version``; return the new version.

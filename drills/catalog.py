@@ -11,12 +11,14 @@ be true of the finished run beyond the verifier's verdict (the fault had its eff
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 from typing import Any
 
 from broker_group.log import Message, encode_batch, iter_file_batches
 from coordinator.state import SegStatus
 from drills.audit import AckRow, DeliveryRow
-from drills.runner import Drill, DrillContext, DrillError
+from drills.failing import FIXED, HANDLED, order_faults, read_handled
+from drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
 from drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
 
 _ROLES = ("master", "slave")
@@ -361,6 +363,103 @@ def disk_full(ctx: DrillContext) -> None:
     ctx.restart_broker(gid, "master")
 
 
+# -- a failing handler (issue 13; the consumer process is drills.failing) -------------------------
+
+
+def _failing_consumer(mode: str) -> Callable[[DrillContext], list[str]]:
+    def options(ctx: DrillContext) -> list[str]:
+        total = ctx.load.messages
+        # block: early, so it blocks before the fault moment (20-60 % acked) and the head master
+        # dies while it blocks, under load. park: late (a parked key's later messages all follow
+        # it), parked after the failover.
+        span = range(total // 10, total // 5) if mode == "block" else range(total * 3 // 5, total * 7 // 10)
+        fail = sorted(ctx.rng.sample(span, 1 if mode == "block" else 2))
+        ctx.notes["fail_seqs"] = fail
+        return ["--fail-seqs", ",".join(map(str, fail)), "--fixed-file", str(ctx.run_dir / FIXED),
+                "--handled-log", str(ctx.run_dir / HANDLED), "--on-failure", mode,
+                *(["--workers", "3"] if mode == "park" else [])]
+
+    return options
+
+
+def failing_handler_block(ctx: DrillContext) -> None:
+    fail = ctx.notes["fail_seqs"][0]
+    with ctx.cluster.store() as store:
+        path = store.paths.sub_blocked(ctx.queue, SUBSCRIPTION)
+        _data, stat = ctx.wait(lambda: store.client.exists(path) and store.client.get(path), timeout_s=60,
+                               what="the block alarm in ZooKeeper")
+        alarm = store.blocked(ctx.queue, SUBSCRIPTION) or {}
+    first_failure = ctx.consumers[0].status().get("first_failure_us") or 0
+    ctx.notes["alarm_ms"] = stat.ctime - first_failure / 1000
+    ctx.event(f"alarm for seq {alarm.get('seq')} raised {ctx.notes['alarm_ms']:.0f} ms after its first failure "
+              f"(2 attempts, 0.05 s apart; {alarm.get('attempts')} attempts by now)")
+    ctx.expect("the alarm names the failing seq", alarm.get("seq") == fail)
+    gid, seg = _kill_head(ctx, ("master",))
+    ctx.wait_acks_after(seg)
+    ctx.restart_broker(gid, "master")
+    handled = [seq for seq, _k, _r in read_handled(ctx.run_dir / HANDLED)]
+    ctx.expect(f"nothing after seq {fail} handled while it blocks", max(handled, default=-1) < fail)
+    (ctx.run_dir / FIXED).touch()
+    ctx.event("handler fixed")
+
+
+def failing_handler_park(ctx: DrillContext) -> None:
+    from ordq.admin.parked import resolve_parked
+
+    fail = set(ctx.notes["fail_seqs"])
+    gid, seg = _kill_head(ctx, ("master",))
+    ctx.wait_acks_after(seg)
+    ctx.restart_broker(gid, "master")
+    with ctx.cluster.store() as store:
+        ctx.wait(lambda: {r["seq"] for r in store.parked(ctx.queue, SUBSCRIPTION)} >= fail, timeout_s=60,
+                 what=f"seqs {sorted(fail)} parked")
+        ctx.event(f"seqs {sorted(fail)} parked; their keys follow")
+        budget = ctx.load.duration_s * 4 + 60
+        ctx.wait(lambda: not any(p.proc.alive() for p in ctx.producers), timeout_s=budget, what="the stream's end")
+        ctx.wait(lambda: _handled_or_parked(ctx) >= ctx.load.messages, timeout_s=budget,
+                 what="every message handled or parked")
+        (ctx.run_dir / FIXED).touch()
+        seqs = resolve_parked(store, ctx.queue, SUBSCRIPTION, "replay", every=True)
+    ctx.event(f"handler fixed; ordq sub parked replay --all: {len(seqs)} parked messages")
+
+
+def _handled_or_parked(ctx: DrillContext) -> int:
+    st = ctx.consumers[0].status()
+    return int(st.get("handled", 0)) + int(st.get("parked", 0))
+
+
+def _check_failing(ctx: DrillContext, *, keyed: bool) -> list[tuple[str, bool]]:
+    handled = read_handled(ctx.run_dir / HANDLED)
+    seqs = [seq for seq, _k, _r in handled]
+    total = ctx.load.messages
+    out = [("every seq handled", set(seqs) == set(range(total))),
+           (f"in {'per-key ' if keyed else ''}seq order", not order_faults(handled, keyed=keyed))]
+    if not keyed:
+        return [*out, ("each seq handled once", len(seqs) == total)]
+    with ctx.cluster.store() as store:
+        records = store.parked(ctx.queue, SUBSCRIPTION)
+    fail = ctx.notes["fail_seqs"]
+    key_of = {seq: key for seq, key, _r in handled}
+    first_of: dict[str | None, int] = {}
+    for f in fail:
+        first_of.setdefault(key_of.get(f), f)
+    must_park = {s for s in range(total) if key_of.get(s) in first_of and s >= first_of[key_of.get(s)]}
+    replayed = {seq for seq, _k, r in handled if r}
+    return [*out,
+            ("the failing messages and every later one of their keys parked, with a record",
+             {r["seq"] for r in records} == must_park),
+            ("every parked message replayed, and only those", replayed == must_park
+             and all(r.get("status") == "replayed" for r in records))]
+
+
+def check_failing_block(ctx: DrillContext, _a: list[AckRow], _d: list[DeliveryRow]) -> list[tuple[str, bool]]:
+    return _check_failing(ctx, keyed=False)
+
+
+def check_failing_park(ctx: DrillContext, _a: list[AckRow], _d: list[DeliveryRow]) -> list[tuple[str, bool]]:
+    return _check_failing(ctx, keyed=True)
+
+
 # -- the catalogue ---------------------------------------------------------------------------------
 
 DRILLS: dict[str, Drill] = {d.name: d for d in (
@@ -404,7 +503,15 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "from the peer", replace_disk, late_consumer=True),
     Drill("disk-full", "disk full on the head master",
           "clear error and fail over, never silent loss", disk_full),
+    Drill("failing-handler-block", "the handler fails on one seq (policy block) and the head master is killed "
+          "(-9) while it blocks", "the alarm names it; nothing after it is handled until it goes through; then "
+          "every seq handled once, in order", failing_handler_block,
+          consumer_options=_failing_consumer("block"), check=check_failing_block),
+    Drill("failing-handler-park", "keyed delivery: the handler fails on two seqs (policy park), the head master "
+          "is killed (-9), then an operator replays", "the failing messages and every later one of their keys "
+          "parked with records while the other keys go on; the replay hands them over in per-key order",
+          failing_handler_park, consumer_options=_failing_consumer("park"), check=check_failing_park),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
-CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch")
+CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park")

@@ -97,6 +97,8 @@ class Drill:
     standby_consumer: bool = False
     late_consumer: bool = False  # the consumer starts after the fault (it finds the damage unread)
     needs_ensemble: bool = False
+    # the consumer process's own options (drills.failing), made when it starts; None: drills.workload
+    consumer_options: Callable[[DrillContext], list[str]] | None = None
     # extra checks over the finished run (acks, deliveries) -> [(what, ok)]
     check: Callable[[DrillContext, list[audit.AckRow], list[audit.DeliveryRow]], list[tuple[str, bool]]] | None = None
 
@@ -235,7 +237,9 @@ class DrillContext:
         writer = f"{name}-{self.queue}"
         status = self.run_dir / f"{name}.status.json"
         c, load = self.cluster, self.load
-        argv = [c.python, "-m", "drills.workload", "produce" if role == "producer" else "consume",
+        custom = self.drill.consumer_options if role == "consumer" else None
+        entry = ["drills.failing"] if custom else ["drills.workload", "produce" if role == "producer" else "consume"]
+        argv = [c.python, "-m", *entry,
                 "--zk", c.zk_hosts, "--root", c.root, "--queue", self.queue, "--total", str(load.messages),
                 "--status", str(status), "--writer", writer, "--audit-dir", str(self.run_dir / "audit"),
                 "--session-timeout", str(load.session_timeout_s)]
@@ -243,7 +247,7 @@ class DrillContext:
             argv += ["--rate", str(load.rate), "--size", str(load.size), "--send-timeout", str(load.send_timeout_s),
                      "--go-file", str(self.go_file)]
         else:
-            argv += ["--subscription", SUBSCRIPTION]
+            argv += ["--subscription", SUBSCRIPTION, *(custom(self) if custom else [])]
         proc = ManagedProcess(name, argv, run_dir=self.run_dir)
         proc.start()
         w = Workload(writer=writer, role=role, proc=proc, status_path=status)

@@ -25,11 +25,13 @@ class Verifier:
         self._own = spark is None
 
     def __call__(self, audit_dirs: Sequence[Path], *, report_path: Path | None = None) -> Any:
-        """Verify the runs whose audit folders (``acks/``, ``deliveries/``) are given, in one job."""
+        """Verify the runs whose audit folders (``acks/``, ``deliveries/``, ``skips/`` when a
+        consumer parked) are given, in one job."""
         import spark_order_check
 
+        skips = [d / "skips" for d in audit_dirs if any((d / "skips").glob("*.tsv*"))]
         return spark_order_check.verify(acks=[d / "acks" for d in audit_dirs],
-                                        deliveries=[d / "deliveries" for d in audit_dirs],
+                                        deliveries=[d / "deliveries" for d in audit_dirs], skips=skips or None,
                                         spark=self._spark(), report_path=report_path)
 
     def _spark(self) -> Any:

@@ -26,7 +26,12 @@ DELIVERY_COLUMNS = (
     "queue", "subscription", "consumer", "seq", "seg", "offset", "key", "crc32", "msg_us",
     "deliver_us",
 )
-KIND_COLUMNS = {"acks": ACK_COLUMNS, "deliveries": DELIVERY_COLUMNS}
+# A message a consumer's failure policy moved aside (``parked``) or later handed to the
+# application from the parking queue (``replayed``): docs/AUDIT_FORMAT.md, "skips".
+SKIP_COLUMNS = (
+    "queue", "subscription", "consumer", "seq", "key", "action", "parking_queue", "parked_seq", "at_us",
+)
+KIND_COLUMNS = {"acks": ACK_COLUMNS, "deliveries": DELIVERY_COLUMNS, "skips": SKIP_COLUMNS}
 
 
 def new_writer_id() -> str:

@@ -58,7 +58,6 @@ from ordq.errors import (
     IllegalTransition,
     NotLeader,
     OrdqError,
-    QueueNotFound,
     RetentionOvertook,
     SubscriptionNotFound,
     WaitTimeout,
@@ -67,9 +66,10 @@ from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
 from sdk._lease import SessionLease
 from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
-from sdk.failure import FailurePolicy, after_failure, parking_queue
+from sdk.failure import FailurePolicy
 from sdk.keyed import KeyedWorkers
 from sdk.metrics import ConsumerMetrics
+from sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_key_filter
 from sdk.transport import BrokerTransport, FetchResult
 
 log = logging.getLogger("ordq.consumer")
@@ -147,20 +147,11 @@ class ConsumerStats:
     seg: int = 0
     offset: int = 0
     last_seq: int = -1
-    parked: int = 0  # messages run() moved to the parking queue
-    redeliveries: int = 0  # run(): handler attempts repeated after a failure
+    parked: int = 0  # messages run()/run_keyed() moved to the parking queue
+    replayed: int = 0  # parked messages handed to the handler again (ordq sub parked replay)
+    alarms: int = 0  # messages that blocked past the policy's attempts (export it as a metric)
+    redeliveries: int = 0  # run()/run_keyed(): handler attempts repeated after a failure
     gaps: int = 0  # GapDetected raised
-
-
-@attrs.frozen
-class BlockedMessage:
-    """The message ``run()`` is retrying (its handler failed ``attempts`` times so far)."""
-
-    seq: int
-    key: bytes | None
-    attempts: int
-    last_error: str
-    blocked_s: float  # since its first failure
 
 
 class Consumer:
@@ -174,9 +165,7 @@ class Consumer:
         self._store: ZkStore | None = None
         self._election: Any = None  # the kazoo Lock of the subscription
         self._lease: SessionLease | None = None
-        self.blocked: BlockedMessage | None = None  # run(): the message being retried, if any
-        self._parking: Any = None  # run(): the producer of the parking queue, made on first use
-        self._alarmed = False  # run(): the blocked message is shown in ZooKeeper
+        self._failing: FailureHandling | None = None  # run()/run_keyed(): the failure policy at work
         self._closed = False
         self._cursor = Cursor(seg=0)  # where the next read starts (past dropped duplicates too)
         self._buffer: deque[Delivered] = deque()  # read, not handed out yet
@@ -202,6 +191,7 @@ class Consumer:
         self._audit = (
             AuditWriter(config.audit_dir, "deliveries", writer_id=config.consumer_id) if config.audit_dir else None
         )
+        self._skips: AuditWriter | None = None  # parked and replayed messages, made on first use
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -304,16 +294,17 @@ class Consumer:
                             raise
                         time.sleep(0.1)
         finally:
-            if self._audit is not None:
-                self._audit.close()
+            for audit in (self._audit, self._skips):
+                if audit is not None:
+                    audit.close()
             self._shutdown()
 
     def _shutdown(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        if self._parking is not None:
-            self._parking.close()
+        if self._failing is not None:
+            self._failing.close()
         if self._lease is not None:
             self._lease.stop()
         if self._election is not None:
@@ -331,10 +322,23 @@ class Consumer:
         return self._stats.delivered > 0 or self._cursor_version >= 0
 
     def statistics(self) -> ConsumerStats:
+        f = self._failing
         return attrs.evolve(
             self._stats, seg=self._cursor.seg, offset=self._cursor.offset, last_seq=self._filter.last_seq,
-            duplicates_dropped=self._filter.duplicates_dropped,
+            duplicates_dropped=self._filter.duplicates_dropped, parked=f.parked if f else 0,
+            replayed=f.replayed if f else 0, alarms=f.alarms if f else 0,
+            redeliveries=f.redeliveries if f else 0,
         )
+
+    @property
+    def blocked(self) -> BlockedMessage | None:
+        """``run``/``run_keyed``: the (lowest) message being retried after its handler failed."""
+        return self._failing.blocked() if self._failing is not None else None
+
+    @property
+    def alarmed(self) -> bool:
+        """True while a message is blocked past its failure policy's attempts (the alarm)."""
+        return self._failing.alarmed() if self._failing is not None else False
 
     # -- what the application finished -------------------------------------------------------
 
@@ -513,103 +517,54 @@ class Consumer:
 
     def run(self, handler: Callable[[Delivered], object], *, stop: threading.Event | None = None) -> None:
         """Call ``handler(m)`` for each message, in order, until ``stop`` is set. A message is
-        finished when its handler returns. When the handler raises, ``config.on_failure``
-        decides (docs/SDK.md, "A message that keeps failing"): ``block`` tries the same
-        message again after each wait of its ladder and never skips it (``blocked`` says
-        which one, and an error is logged once the attempts are used up); ``park`` moves it,
-        after its attempts, to the subscription's parking queue with a record in its ledger
-        (``ordq sub parked``) and goes on; ``raise`` raises HandlerError. Every attempt first
+        finished when its handler returns. When the handler raises, the failure policy
+        (``config.on_failure``, else the subscription's, else ``block``) decides (docs/SDK.md,
+        "A message that keeps failing"): ``block`` tries the same message again after each
+        wait of its ladder and never skips it (``blocked`` says which one; past the attempts
+        the alarm shows in ``ordq sub list``); ``park`` moves it, after its attempts, to the
+        subscription's parking queue with a record in its ledger (``ordq sub parked``) and
+        goes on; ``raise`` raises HandlerError. Parked messages an operator asked to replay
+        are handed to ``handler`` between two messages (sdk/parking.py). Every attempt first
         makes sure the lease still holds (NotLeader otherwise)."""
-        policy = self.config.on_failure or self._stored_policy()
+        failing = self._start_failure_handling(FailurePolicy(), keyed=False)
+
+        def wait(delay_s: float) -> bool:
+            if stop is not None:
+                return stop.wait(delay_s)
+            time.sleep(delay_s)
+            return False
+
         while stop is None or not stop.is_set():
+            if failing.changed.is_set():
+                failing.changed.clear()
+                if not failing.resolve(handler, mine=lambda key: True, may_start=self._run_may_start, wait=wait):
+                    return  # stopped while a replayed message was retried: it stays asked for
             batch = self.poll(max_messages=1)
             if not batch:
                 continue
-            m = batch[0]
-            failures = 0
-            since = time.monotonic()
-            while True:
-                try:
-                    handler(m)
-                    break
-                except Exception as exc:  # noqa: BLE001 - the policy decides, HandlerError carries it
-                    failures += 1
-                    step = after_failure(policy, failures)
-                    self.blocked = BlockedMessage(m.seq, m.key, failures, repr(exc), time.monotonic() - since)
-                    if step.action == "raise":
-                        raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
-                    if step.action == "park":
-                        self._park(m, failures, exc)
-                        break
-                    self._stats.redeliveries += 1
-                    if step.alarm:
-                        self._alarm(m, failures, exc)
-                    if stop is not None and stop.wait(step.delay_s):
-                        return  # stopped while blocked: the message stays unfinished
-                    if stop is None:
-                        time.sleep(step.delay_s)
-                    while not self._lease_confirmed():
-                        pass  # not sure of the lease: no new attempt until it is (NotLeader if lost)
-            if self._alarmed:
-                self._require_store().set_blocked(self.config.queue, self.config.subscription, None)
-                self._alarmed = False
-                log.warning("queue %s/%s: seq %d handled after %d failed attempts; unblocked", self.config.queue,
-                            self.config.subscription, m.seq, failures)
-            self.blocked = None
+            if not failing.attempt(batch[0], handler, may_start=self._run_may_start, wait=wait,
+                                   on_park=failing.park):
+                return  # stopped while blocked: the message stays unfinished
             self._finish_handed()
 
-    def _stored_policy(self) -> FailurePolicy:
-        stored = self._require_store().sub_policy(self.config.queue, self.config.subscription)
-        if stored is None:
-            return FailurePolicy()
-        return FailurePolicy(on_failure=stored["on_failure"], attempts=int(stored["attempts"]),
-                             backoff_s=tuple(float(b) for b in stored["backoff_s"]))
-
-    def _alarm(self, m: Delivered, failures: int, exc: BaseException) -> None:
-        """Blocked past the policy's attempts: say so where operators look (the log, and
-        ``ordq sub list`` through an ephemeral node), updated as attempts go on."""
-        if not self._alarmed:
-            log.error("queue %s/%s: seq %d (key %r) failed %d times and blocks the subscription (policy "
-                      "block): %r", self.config.queue, self.config.subscription, m.seq, m.key, failures, exc)
-        self._alarmed = True
-        try:
-            self._require_store().set_blocked(self.config.queue, self.config.subscription, {
-                "seq": m.seq, "key": m.key.hex() if m.key is not None else None, "attempts": failures,
-                "error": repr(exc)[:500], "consumer": self.config.consumer_id})
-        except CoordinationUnavailable:
-            pass  # shown at the next attempt; the log has it
-
-    def _park(self, m: Delivered, failures: int, exc: BaseException) -> None:
-        """Send ``m`` to the parking queue (acked before anything else), record it in the
-        subscription's ledger, then it counts as finished."""
-        from sdk.producer import Producer, ProducerConfig
-
+    def _start_failure_handling(self, default: FailurePolicy, *, keyed: bool) -> FailureHandling:
         cfg, store = self.config, self._require_store()
-        target = parking_queue(cfg.queue, cfg.subscription)
-        try:
-            store.queue_config(target)
-        except QueueNotFound:
-            st, _ = store.load_state(cfg.queue)
-            try:
-                store.create_queue(target, list(st.groups))
-            except AlreadyExists:
-                pass
-        if self._parking is None:
-            self._parking = Producer(ProducerConfig(zk_hosts=cfg.zk_hosts, root=cfg.root, queue=target,
-                                                    zk_session_timeout_s=cfg.zk_session_timeout_s))
-            self._parking.start()
-        origin = f"{cfg.queue}/{cfg.subscription}/{m.seq}"
-        headers = [*m.headers, ("x-ordq-parked-from", origin.encode()),
-                   ("x-ordq-parked-attempts", str(failures).encode()),
-                   ("x-ordq-parked-error", repr(exc)[:500].encode())]
-        ack = self._parking.send(m.payload, key=m.key, headers=headers).result(60)
-        store.record_parked(cfg.queue, cfg.subscription, m.seq, {
-            "seq": m.seq, "key": m.key.hex() if m.key is not None else None, "attempts": failures,
-            "error": repr(exc)[:500], "parked_at_us": time.time_ns() // 1000, "parking_queue": target,
-            "parked_seq": ack.seq})
-        log.warning("queue %s/%s: seq %d parked to %s as seq %d after %d failed attempts: %r", cfg.queue,
-                    cfg.subscription, m.seq, target, ack.seq, failures, exc)
-        self._stats.parked += 1
+        policy = cfg.on_failure or stored_policy(store, cfg.queue, cfg.subscription) or default
+        if self._failing is not None:
+            self._failing.close()
+        self._failing = FailureHandling(cfg, store, policy, audit=self._skips_audit(), keyed=keyed)
+        return self._failing
+
+    def _skips_audit(self) -> AuditWriter | None:
+        if self.config.audit_dir is None:
+            return None
+        if self._skips is None:
+            self._skips = AuditWriter(self.config.audit_dir, "skips", writer_id=self.config.consumer_id)
+        return self._skips
+
+    def _run_may_start(self) -> None:
+        while not self._lease_confirmed():
+            pass  # not sure of the lease: no new attempt until it is (NotLeader if lost)
 
     def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
                   stop: threading.Event | None = None, max_pending: int = 256, drain: bool = True) -> None:
@@ -640,12 +595,32 @@ class Consumer:
             raise ClosedError("consumer is closed")
         self._finish_handed()  # messages handed out before this call count as done
         start = self._finished_pos()
-        pool = KeyedWorkers(handler, workers=workers, max_pending=max_pending, start=start,
-                            may_start=self._worker_may_start, name=f"ordq-keyed-{self.config.subscription}")
+        failing = self._start_failure_handling(FailurePolicy(on_failure="raise", attempts=1), keyed=True)
+
+        # A retry gives up when the workers stop; with ``drain``, only a blocked message does
+        # (block retries for ever): one that park or raise decides within its attempts goes on.
+        gives_up = stop if (not drain or failing.policy.on_failure == "block") else None
+
+        def handle(m: Delivered) -> bool:  # on the key's worker
+            if failing.follows_parked_key(m):
+                return True
+            return failing.attempt(m, handler, may_start=self._worker_may_start,
+                                   wait=lambda s: pool.wait(s, gives_up), on_park=failing.park)
+
+        def replay(worker: int) -> None:  # on the worker, between its messages: ordered with its keys
+            failing.resolve(handler, mine=worker_key_filter(worker, workers), may_start=self._worker_may_start,
+                            wait=lambda s: pool.wait(s, gives_up))
+
+        pool = KeyedWorkers(handle, workers=workers, max_pending=max_pending, start=start,
+                            may_start=self._worker_may_start, on_control=replay,
+                            name=f"ordq-keyed-{self.config.subscription}")
         self._keyed, self._finished_base = pool, start
         clean = False
         try:
             while (stop is None or not stop.is_set()) and pool.failure is None and pool.fatal is None:
+                if failing.changed.is_set():  # an operator replayed or dropped: each worker looks
+                    failing.changed.clear()
+                    pool.control(stop=stop, waiting=self._commit_if_due)
                 for m in self._take_batch_keyed():
                     if not pool.submit(m, stop=stop, waiting=self._commit_if_due):
                         break
@@ -665,6 +640,8 @@ class Consumer:
             raise pool.fatal
         if pool.failure is not None:
             m, exc = pool.failure
+            if isinstance(exc, HandlerError):  # the policy's (raise): from the handler's exception
+                raise exc
             raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
 
     def _take_batch_keyed(self) -> list[Delivered]:

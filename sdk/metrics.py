@@ -144,7 +144,7 @@ class ConsumerMetrics(Collector):
              max(time.time() - ts_us / 1e6, 0.0) if lag and ts_us else 0.0),
             ("ordq_consumer_last_seq", "The last seq handed to the application", handed),
             ("ordq_consumer_blocked", "1 while run() retries a message past its failure policy's attempts",
-             int(blocked is not None and c._alarmed)),
+             int(c.alarmed)),
             ("ordq_consumer_blocked_attempts", "Failed attempts of the message run() is retrying (0: none)",
              blocked.attempts if blocked is not None else 0),
             ("ordq_consumer_stalled_seconds", "Seconds no replica of the current segment's group has answered",

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_order_check._files import ROW_BITS
-from spark_order_check._scan import ACK, DELIVERY, MALFORMED, TORN
+from spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, TORN
 from spark_order_check.report import HIST_BINS_PER_DECADE, NONPOSITIVE_BIN
 
 EXAMPLES = 20
@@ -338,6 +338,22 @@ def classify_unacked(e: DataFrame, islands: DataFrame, queues_with_acks: Sequenc
                             s=F.col("s"), seq=F.col("seq"), seq2=F.col("seq2"), n=F.col("n"),
                             c=F.array_join(before, ","), c2=F.array_join(after, ",")
                             ).alias("f")).select("f.*")
+
+
+def skip_findings(sk: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """From scan_skips rows: (the (q, s, seq) a skip record accounts for, i.e. parked; the
+    findings: ``skipped`` per parked seq never replayed, and the unreadable skip rows)."""
+    ok = sk.filter(F.col("kind") == SKIP)
+    per_seq = ok.groupBy("q", "s", "seq").agg(
+        F.max((F.col("action") == "parked").cast("int")).alias("parked"),
+        F.max((F.col("action") == "replayed").cast("int")).alias("replayed"), F.max("b").alias("b"))
+    parked = per_seq.filter(F.col("parked") == 1).select("q", "s", "seq")
+    skipped = per_seq.filter((F.col("parked") == 1) & (F.col("replayed") == 0)).select(
+        finding("skipped", q=F.col("q"), s=F.col("s"), b=F.col("b"), seq=F.col("seq"), n=1).alias("f")).select("f.*")
+    bad = sk.filter(F.col("kind").isin(MALFORMED, TORN)).select(
+        finding(F.when(F.col("kind") == TORN, "torn_row").otherwise("malformed_row"), n=1, pos=F.col("pos"),
+                text=F.col("bad")).alias("f")).select("f.*")
+    return parked, skipped.unionByName(bad)
 
 
 def unreadable_findings(e: DataFrame) -> DataFrame:

@@ -33,13 +33,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
 from spark_order_check._files import ROW_BITS, AuditFile
 
 ACK, DELIVERY, MALFORMED, TORN = 0, 1, 2, 3
+SKIP = 4  # scan_skips rows only, never in E
 BUCKET_BITS = 16  # seqs are grouped in buckets of 65,536 for the seq-ordered windows
 ROW_MASK = (1 << ROW_BITS) - 1
-_LONGS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us"}
+_LONGS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us", "parked_seq", "at_us"}
 _BAD = "_bad"
 _FIELDS = "_f"
 
@@ -175,3 +176,13 @@ def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, 
         key.cast("string").alias("key"),
         F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS)).alias("bad"),
     )
+
+
+def scan_skips(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket_bits: int = BUCKET_BITS) -> DataFrame:
+    """Skip records (docs/AUDIT_FORMAT.md, "skips"): (kind, q, s, seq, b, action, pos, bad). A
+    few rows per parked message, so kept apart from ``E``: they only change what counts as lost."""
+    df = _read(spark, files, SKIP_COLUMNS, fid0)
+    kind = _kind(SKIP, ("queue", "subscription", "seq", "action"))
+    return df.select(kind.alias("kind"), F.col("queue").alias("q"), F.col("subscription").alias("s"),
+                     F.col("seq"), F.shiftright(F.col("seq"), bucket_bits).alias("b"), F.col("action"),
+                     F.col("pos"), F.when(kind != SKIP, _bad_text(SKIP_COLUMNS)).alias("bad"))

@@ -21,7 +21,17 @@ from pyspark.sql import types as T
 from ordq.errors import ConfigError, OrdqError
 from spark_order_check import _checks as C
 from spark_order_check._files import ROW_BITS, AuditFile, list_local, list_remote, partition_paths
-from spark_order_check._scan import ACK, BUCKET_BITS, DELIVERY, MALFORMED, TORN, local_table, scan_acks, scan_deliveries
+from spark_order_check._scan import (
+    ACK,
+    BUCKET_BITS,
+    DELIVERY,
+    MALFORMED,
+    TORN,
+    local_table,
+    scan_acks,
+    scan_deliveries,
+    scan_skips,
+)
 from spark_order_check._session import default_partitions, make_session, scan_settings
 from spark_order_check.report import (
     CLASSES,
@@ -70,6 +80,7 @@ def verify(
     acks: str | Path | Iterable[str | Path],
     deliveries: str | Path | Iterable[str | Path],
     segments: str | Path | Iterable[str | Path] | None = None,
+    skips: str | Path | Iterable[str | Path] | None = None,
     keyed: Iterable[str] = (),
     master: str | None = None,
     spark: SparkSession | None = None,
@@ -85,6 +96,8 @@ def verify(
     Args:
         acks, deliveries: directories, files or glob patterns of ``*.tsv`` / ``*.tsv.part``
             audit files (docs/AUDIT_FORMAT.md); local paths or Hadoop URIs.
+        skips: skip records (docs/AUDIT_FORMAT.md, "skips"): a seq a consumer parked with
+            its record is ``skipped`` (allowed, reported apart), not ``lost``.
         segments: broker data directories (``<data>/<queue>/<seg:012d>/segment.log``) to
             check the stored order, replica agreement and that every acked seq is stored.
         keyed: subscriptions consumed with per-key ordering (``SUB`` or ``QUEUE/SUB``): their
@@ -105,12 +118,14 @@ def verify(
     """
     t0 = time.monotonic()
     ack_paths, del_paths, seg_paths = _paths(acks), _paths(deliveries), _paths(segments)
+    skip_paths = _paths(skips)
     if not ack_paths or not del_paths:
         raise ConfigError("give both acks and deliveries audit paths")
     keyed = tuple(keyed)
-    local_only = not any(partition_paths(p)[1] for p in (ack_paths, del_paths, seg_paths))
+    local_only = not any(partition_paths(p)[1] for p in (ack_paths, del_paths, seg_paths, skip_paths))
     if local_only:  # report a bad path before paying for a Spark start
         fa, fd = _list(None, ack_paths, "acks"), _list(None, del_paths, "deliveries")
+        fs = _list(None, skip_paths, "skips") if skip_paths else []
         seg_files = _list_segments_local(seg_paths) if seg_paths else None
     if not 1 <= bucket_bits <= 40:
         raise ConfigError("bucket_bits must be between 1 and 40")
@@ -121,10 +136,11 @@ def verify(
     try:
         if not local_only:
             fa, fd = _list(session, ack_paths, "acks"), _list(session, del_paths, "deliveries")
+            fs = _list(session, skip_paths, "skips") if skip_paths else []
             seg_files = _list_segments(session, seg_paths) if seg_paths else None
         input_bytes = sum(f.size for f in fa + fd)
         with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)):
-            report, hist = _run(session, fa, fd, seg_files, keyed, bucket_bits, t0)
+            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0)
     finally:
         if own:
             session.stop()
@@ -149,9 +165,10 @@ def _list_segments(spark: SparkSession, paths: Sequence[str]) -> list[Any]:
     return list_segment_files(spark, paths)
 
 
-def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_files: list[Any] | None,
-         keyed: tuple[str, ...], bucket_bits: int, t0: float) -> tuple[Report, list[tuple[str, str, int, int]]]:
-    files = fa + fd
+def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list[AuditFile],
+         seg_files: list[Any] | None, keyed: tuple[str, ...], bucket_bits: int,
+         t0: float) -> tuple[Report, list[tuple[str, str, int, int]]]:
+    files = fa + fd + fs
     mark = [time.monotonic()]
 
     def phase(name: str) -> None:
@@ -205,8 +222,14 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], seg_file
             parts.append(C.redeliveries(raw, duplicates=bool(raw_counts.get("duplicate"))))
         if raw_counts.get("_bnd") or raw_counts.get("_kbnd"):
             parts.append(C.stitch_boundaries(raw.filter(F.col("cls").isin("_bnd", "_kbnd"))))
+        lost_unacked = raw.filter(F.col("cls").isin("_lost", "_unacked"))
+        if fs:  # a seq parked with its skip record is skipped, not lost
+            parked, skip_rows = C.skip_findings(scan_skips(spark, fs, len(fa) + len(fd), bucket_bits))
+            parts.append(skip_rows)
+            lost_unacked = lost_unacked.join(parked.withColumn("cls", F.lit("_lost")), ["cls", "q", "s", "seq"],
+                                             "left_anti")
         if raw_counts.get("_lost") or raw_counts.get("_unacked"):
-            rng = C.ranges(raw.filter(F.col("cls").isin("_lost", "_unacked")))
+            rng = C.ranges(lost_unacked)
             parts.append(rng.filter(F.col("cls") == "_lost").select(
                 C.finding("lost", q=F.col("q"), s=F.col("s"), seq=F.col("seq"), seq2=F.col("seq2"),
                           n=F.col("n")).alias("f")).select("f.*"))
@@ -439,6 +462,8 @@ def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, 
     at = _at
     if cls == "lost":
         return {"queue": r.q, "subscription": r.s, "first_seq": r.seq, "last_seq": r.seq2, "count": r.n}
+    if cls == "skipped":
+        return {"queue": r.q, "subscription": r.s, "seq": r.seq}
     if cls in ("unacked", "unacked_in_flight"):
         return {"queue": r.q, "subscription": r.s, "first_seq": r.seq, "last_seq": r.seq2, "count": r.n,
                 "acked_before_by": r.c, "acked_after_by": r.c2}

@@ -7,6 +7,7 @@ Importing this module does not import PySpark.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="producer ack files: a directory, file or glob (repeatable)")
     parser.add_argument("--deliveries", action="append", default=[], metavar="PATH",
                         help="consumer delivery files: a directory, file or glob (repeatable)")
+    parser.add_argument("--skips", action="append", default=[], metavar="PATH",
+                        help="skip records of parked messages (an AUDIT_DIR's skips/ is read when it exists): "
+                             "a parked seq with its record is skipped, not lost")
     parser.add_argument("--segments", action="append", default=[], metavar="DIR",
                         help="broker data directory <data>/<queue>/<seg>/segment.log, one per replica "
                              "(repeatable): also check the stored order and replica agreement")
@@ -62,10 +66,13 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         deliveries = list(args.deliveries) + [os.path.join(d, "deliveries") for d in args.audit_dirs]
         if not acks or not deliveries:
             raise ConfigError("give an AUDIT_DIR, or both --acks and --deliveries")
+        skips = list(args.skips) + [os.path.join(d, "skips") for d in args.audit_dirs
+                                    if glob.glob(os.path.join(glob.escape(d), "skips", "*.tsv*"))]
         conf = _conf(args.conf)
         from spark_order_check._verify import verify
 
-        report = verify(acks=acks, deliveries=deliveries, segments=args.segments or None, keyed=args.keyed,
+        report = verify(acks=acks, deliveries=deliveries, skips=skips or None, segments=args.segments or None,
+                        keyed=args.keyed,
                         master=args.master, conf=conf, driver_memory=args.driver_memory,
                         report_path=args.report, plot_path=args.plot)
     except OrdqError as exc:

@@ -28,7 +28,10 @@ violations into ``c2`` of the first keyed subscription, unacked seqs and conflic
 ``pb``'s acks, malformed lines into ``pa``'s first file, and a torn last line into a ``.part``
 file of the second subscription's ``c2``, and a zombie tail (``concurrent_consumers``): ``c1``
 of the first subscription goes on delivering ``t ..`` after ``c2`` started, as a consumer leader
-frozen past its session and resumed would without its lease check.
+frozen past its session and resumed would without its lease check. Parked seqs (``skipped``):
+the seqs just before the lost tail of the first subscription's ``c2`` are not delivered but have
+skip records in ``skips/`` (the first of them also ``replayed`` when there are two or more), so
+they count as ``skipped``, not ``lost``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any, TextIO
 
 import attrs
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
 
 T0_US = 1_700_000_000_000_000
 MAX_INJECT = 10
@@ -82,6 +85,9 @@ class Injections:
     crc_mismatch_delivery: int = 0
     malformed_row: int = 0
     concurrent_consumers: int = 0  # zombie deliveries by c1 after c2 started
+    # seqs before the lost ones that c2 parked (skip records, no delivery); the first of them
+    # also replayed (so not skipped) when there are two or more
+    skipped: int = 0
     torn_row: bool = False
 
     @classmethod
@@ -89,7 +95,7 @@ class Injections:
         """``n`` of every class (``key_order`` only when the scenario has a keyed subscription)."""
         return cls(lost=n, unacked=n, duplicate=n, out_of_order=n, gap=n, key_order=n if keyed else 0,
                    crc_conflict_acks=n, crc_mismatch_delivery=n, malformed_row=n, concurrent_consumers=n,
-                   torn_row=True)
+                   skipped=n, torn_row=True)
 
     def __attrs_post_init__(self) -> None:
         for f in attrs.fields(Injections):
@@ -214,8 +220,9 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
     mismatch_seqs = [k + 600 + 10 * i for i in range(inj.crc_mismatch_delivery)]
     key_order_seqs = [k + 700 + 2 * sc.keys * i for i in range(inj.key_order)]
     lost_from = n_msgs - inj.lost
+    parked_seqs = list(range(lost_from - inj.skipped, lost_from))
     keyhex = [key_of(i, sc.keys) for i in range(sc.keys)]
-    if key_order_seqs and key_order_seqs[-1] + sc.keys >= lost_from:
+    if key_order_seqs and key_order_seqs[-1] + sc.keys >= lost_from - inj.skipped:
         raise ValueError("too many key_order injections for this many keys")
 
     ack_rows = 0
@@ -265,8 +272,8 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                 order: Iterable[int] = _keyed_order(lo, hi) if keyed else range(lo, hi)
                 if inj_here and not second and s == s1:
                     order = _edit_c1(order, dup_seqs, ooo_seqs, gap_seqs)
-                if inj_here and second and s == s1 and inj.lost:
-                    order = (x for x in order if x < lost_from)
+                if inj_here and second and s == s1 and (inj.lost or inj.skipped):
+                    order = (x for x in order if x < lost_from - inj.skipped)
                 if inj_here and second and s == ks and key_order_seqs:
                     order = _swap_same_key(order, key_order_seqs, sc.keys)
                 if inj_here and not second and s == s1 and inj.concurrent_consumers:
@@ -291,6 +298,17 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                 w.close(torn, "torn")
                 delivery_rows += w.total
 
+    if inj.skipped:  # c2 of the first subscription parked them: skip records instead of deliveries
+        sw = _Writer(directory / "skips", f"{q0}-{s1}-c2", SKIP_COLUMNS, rpf, where, parts)
+        for i, seq in enumerate(parked_seqs):
+            sw.line(f"{q0}\t{s1}\t{q0}-{s1}-c2\t{seq}\t{keyhex[seq % sc.keys]}\tparked\t{q0}.parked.{s1}\t{i}\t"
+                    f"{T0_US + seq * 1000 + 900}", ("skip", seq))
+        if len(parked_seqs) >= 2:
+            seq = parked_seqs[0]
+            sw.line(f"{q0}\t{s1}\t{q0}-{s1}-c2\t{seq}\t{keyhex[seq % sc.keys]}\treplayed\t{q0}.parked.{s1}\t0\t"
+                    f"{T0_US + n_msgs * 1000}")
+        sw.close()
+
     def at(tag: Any) -> str:
         writer, n, line = where[tag]
         return f"{writer}-{n}.tsv{'.part' if (writer, n) in parts else ''}:{line}"
@@ -306,9 +324,12 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         "redelivered_after_takeover": (t - k) * n_subs * len(sc.queues) - inj.gap + inj.concurrent_consumers,
         "concurrent_consumers": inj.concurrent_consumers,
         "torn_row": int(inj.torn_row),
+        "skipped": inj.skipped - (1 if inj.skipped >= 2 else 0),
     }
     c1 = f"{q0}-{s1}-c1"
     first: dict[str, dict[str, Any]] = {}
+    if inj.skipped:
+        first["skipped"] = {"queue": q0, "subscription": s1, "seq": parked_seqs[1 if inj.skipped >= 2 else 0]}
     if inj.lost:
         first["lost"] = {"queue": q0, "subscription": s1, "first_seq": lost_from, "last_seq": n_msgs - 1,
                          "count": inj.lost}

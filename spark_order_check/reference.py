@@ -19,12 +19,14 @@ from pathlib import Path
 
 import attrs
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
 from spark_order_check._files import AuditFile, list_local
 
 _ACK_REQUIRED = tuple(ACK_COLUMNS.index(c) for c in ("queue", "producer", "seq", "seg", "crc32"))
 _DELIVERY_REQUIRED = tuple(DELIVERY_COLUMNS.index(c) for c in
                            ("queue", "subscription", "consumer", "seq", "crc32", "msg_us", "deliver_us"))
+_SKIP_REQUIRED = tuple(SKIP_COLUMNS.index(c) for c in ("queue", "subscription", "seq", "action"))
+_SKIP_NUMBERS = tuple(SKIP_COLUMNS.index(c) for c in ("seq", "parked_seq", "at_us"))
 _ACK_NUMBERS = tuple(i for i, c in enumerate(ACK_COLUMNS) if c in ("epoch", "seq", "seg", "offset", "crc32",
                                                                    "send_us", "ack_us"))
 _DELIVERY_NUMBERS = tuple(i for i, c in enumerate(DELIVERY_COLUMNS) if c in ("seq", "seg", "offset", "crc32",
@@ -70,13 +72,25 @@ def _rows(files: Sequence[AuditFile], width: int, required: tuple[int, ...], num
 
 
 def check(acks: str | Path | Iterable[str | Path], deliveries: str | Path | Iterable[str | Path], *,
-          keyed: Iterable[str] = ()) -> ReferenceResult:
-    """Count every audit-file class of ``report.CLASSES`` over the given files."""
+          keyed: Iterable[str] = (), skips: str | Path | Iterable[str | Path] = ()) -> ReferenceResult:
+    """Count every audit-file class of ``report.CLASSES`` over the given files; ``skips``: the
+    skip records (a parked seq with its record is ``skipped``, not ``lost``)."""
     started = time.perf_counter()
     counts: collections.Counter[str] = collections.Counter()
     keyed_set = set(keyed)
     ack_files = list_local([str(p) for p in _as_list(acks)], "acks")
     delivery_files = list_local([str(p) for p in _as_list(deliveries)], "deliveries")
+
+    # Skip records: per (queue, subscription), the parked seqs and the replayed ones.
+    parked: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+    replayed: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+    skip_paths = [str(p) for p in _as_list(skips)]
+    for _pos, f in _rows(list_local(skip_paths, "skips") if skip_paths else [], len(SKIP_COLUMNS), _SKIP_REQUIRED,
+                         _SKIP_NUMBERS, counts):
+        if f[5] in ("parked", "replayed"):
+            (parked if f[5] == "parked" else replayed)[(f[0], f[1])].add(int(f[3]))
+    for qs, seqs in parked.items():
+        counts["skipped"] += len(seqs - replayed.get(qs, set()))
 
     # Acks: per queue, seq -> (crc low, crc high, producers).
     acked: dict[str, dict[int, list[object]]] = collections.defaultdict(dict)
@@ -110,7 +124,7 @@ def check(acks: str | Path | Iterable[str | Path], deliveries: str | Path | Iter
         if q not in subscriptions:
             counts["lost"] += len(per_seq)  # nobody consumed the queue
     for (q, s), instances in streams.items():
-        _check_subscription(q, s, instances, acked.get(q), q in acked, counts)
+        _check_subscription(q, s, instances, acked.get(q), q in acked, counts, parked.get((q, s), set()))
     return ReferenceResult(counts=dict(counts), ack_rows=ack_rows, delivery_rows=delivery_rows,
                            seconds=time.perf_counter() - started)
 
@@ -121,7 +135,7 @@ def _as_list(value: str | Path | Iterable[str | Path]) -> list[str | Path]:
 
 def _check_subscription(q: str, s: str, instances: dict[str, list[tuple[int, int, int, int, str | None]]],
                         acked: dict[int, list[object]] | None, queue_has_acks: bool,
-                        counts: collections.Counter[str]) -> None:
+                        counts: collections.Counter[str], parked: set[int]) -> None:
     acked = acked or {}
     delivered: dict[int, list[int]] = {}  # seq -> [deliveries, crc low, crc high]
     duplicates_of: collections.Counter[int] = collections.Counter()
@@ -138,7 +152,8 @@ def _check_subscription(q: str, s: str, instances: dict[str, list[tuple[int, int
 
     for seq, (crc_lo, crc_hi, _producers) in acked.items():
         if seq not in delivered:
-            counts["lost"] += 1
+            if seq not in parked:  # parked with its skip record: explicitly skipped, not lost
+                counts["lost"] += 1
         else:
             n, d_lo, d_hi = delivered[seq]
             if crc_lo == crc_hi and (d_lo != crc_lo or d_hi != crc_lo):

@@ -49,6 +49,9 @@ CLASSES: tuple[AnomalyClass, ...] = (
                  "delivered seq never acked, in flight when its producer's run ended (allowed)"),
     AnomalyClass("redelivered_after_takeover", False, "deliveries",
                  "a seq delivered again by another consumer instance of the subscription (allowed)"),
+    AnomalyClass("skipped", False, "seqs",
+                 "a seq the subscription's consumer parked (failure policy park) with its skip record and did not "
+                 "replay: explicitly skipped, not lost"),
     AnomalyClass("torn_row", False, "rows", "the cut last line of a crashed writer's .tsv.part file (dropped)"),
 )
 CLASS_BY_NAME = {c.name: c for c in CLASSES}

@@ -39,7 +39,7 @@ def anomalies(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[Pat
 
     d = tmp_path_factory.mktemp("anomalies")
     expected = generate(d, SCENARIO, Injections.every(3))
-    report = verify(acks=d / "acks", deliveries=d / "deliveries", keyed=["s2"], spark=spark)
+    report = verify(acks=d / "acks", deliveries=d / "deliveries", skips=d / "skips", keyed=["s2"], spark=spark)
     return d, expected, report
 
 
@@ -49,7 +49,7 @@ def test_the_plain_python_checker_counts_what_spark_counts(anomalies: tuple[Path
     from spark_order_check.reference import check
 
     d, _expected, report = anomalies
-    result = check(d / "acks", d / "deliveries", keyed=["s2"])
+    result = check(d / "acks", d / "deliveries", keyed=["s2"], skips=d / "skips")
     assert {n: result.counts.get(n, 0) for n in AUDIT_CLASSES} == {n: report[n].count for n in AUDIT_CLASSES}
     assert (result.ack_rows, result.delivery_rows) == (report.inputs.ack_rows, report.inputs.delivery_rows)
 
@@ -104,7 +104,8 @@ def test_results_do_not_depend_on_the_seq_bucket_width(anomalies: tuple[Path, Ex
     from spark_order_check import verify
 
     d, _, report = anomalies
-    small = verify(acks=d / "acks", deliveries=d / "deliveries", keyed=["s2"], spark=spark, bucket_bits=3)
+    small = verify(acks=d / "acks", deliveries=d / "deliveries", skips=d / "skips", keyed=["s2"], spark=spark,
+                   bucket_bits=3)
     for name in AUDIT_CLASSES:
         assert (small[name].count, small[name].examples) == (report[name].count, report[name].examples), name
 

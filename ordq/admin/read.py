@@ -400,6 +400,35 @@ def read_message(store: ZkStore, reader: ReplicaReader, queue: str, seq: int) ->
     return PeekedMessage(loc, messages[i], role)
 
 
+def read_messages(store: ZkStore, reader: ReplicaReader, queue: str, seqs: Sequence[int]) -> dict[int, Message]:
+    """The messages with these seqs (``read_message`` for many): located once, then read
+    forward in large fetches. A seq not found is missing from the result; errors as
+    ``locate_seq`` for the first one."""
+    want = sorted(set(seqs))
+    if not want:
+        return {}
+    st, _ = store.load_state(queue)
+    loc = locate_seq(store, reader, queue, want[0], state=st)
+    out: dict[int, Message] = {}
+    for segment in st.consume:
+        if segment.seg < loc.seg:
+            continue
+        offset = loc.offset if segment.seg == loc.seg else 0
+        while True:
+            res, _role = reader.fetch(queue, segment, offset, max_bytes=1 << 20)
+            if not res.batches:
+                break
+            for raw in res.batches:
+                header, messages = decode_batch(raw)
+                for i, m in enumerate(messages):
+                    if header.first_offset + i >= offset:
+                        out.setdefault(header.first_seq + i, m)
+                offset = max(offset, header.end_offset)
+            if len(out) >= len(want) and all(s in out for s in want):
+                return {s: out[s] for s in want}
+    return {s: out[s] for s in want if s in out}
+
+
 def render_bytes(data: bytes, *, full: bool = False, limit: int = 256) -> dict[str, Any]:
     """Bytes for humans: text when printable UTF-8, else hex; cut at ``limit`` bytes unless full."""
     shown = data if full else data[:limit]

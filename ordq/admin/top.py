@@ -67,7 +67,7 @@ def top_frame(cur: Sample, prev: Sample | None = None) -> dict[str, Any]:
         for s in v.subscriptions:
             was = old.get(s.name)
             subs.append({"queue": name, "subscription": s.name, "seg": s.cursor.seg, "last_seq": s.cursor.last_seq,
-                         "lag": s.lag, "held_by": s.held_by,
+                         "lag": s.lag, "held_by": s.held_by, "blocked": s.blocked,
                          "consume_rate": _rate(s.cursor.last_seq, was.cursor.last_seq if was else None, seconds)})
     return {"interval_s": round(seconds, 3) if prev is not None else None, "queues": queues, "subscriptions": subs}
 

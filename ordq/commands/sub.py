@@ -70,12 +70,24 @@ def register_create_delete(sub: Any) -> None:
     policy.add_argument("--backoff", default=None, metavar="S,S,...",
                         help="seconds to wait before each retry, the last repeating (default 0.1,0.5,1,5,10,30)")
     parked = add_command(
-        sub, "parked", func=cmd_parked, help="list the messages a subscription parked (Consumer.run, park policy)",
-        description="The subscription's ledger of parked messages: each seq its handler kept failing on, moved "
-        "to the parking queue Q.parked.SUB (an ordinary queue: read it with ordq consume or peek) with its key, "
-        "attempts, last error and time.")
-    parked.add_argument("queue")
-    parked.add_argument("subscription")
+        sub, "parked", func=cmd_parked,
+        help="the messages a subscription parked; replay or drop them",
+        description="sub parked Q SUB lists the subscription's ledger of parked messages: each seq its handler "
+        "kept failing on (or, in keyed delivery, that followed a parked message of its key), moved to the parking "
+        "queue Q.parked.SUB (an ordinary queue: read it with ordq consume or peek), with its key, attempts, last "
+        "error, time and status. sub parked replay Q SUB hands the chosen ones to the subscription's consumer "
+        "again, from the parking queue, one key's in seq order, before that key goes on; sub parked drop Q SUB "
+        "--reason TEXT gives them up, recorded in the ledger. A parked key goes on once every parked message of "
+        "it is replayed or dropped.",
+    )
+    parked.add_argument("words", nargs="+", metavar="[replay|drop] Q SUB",
+                        help="Q SUB to list; replay Q SUB or drop Q SUB to resolve")
+    which = parked.add_mutually_exclusive_group()
+    which.add_argument("--seq", type=int_in(0), default=None, help="one parked seq")
+    which.add_argument("--key", default=None, help="every parked message of this key (text, as ordq produce --key)")
+    which.add_argument("--key-hex", default=None, metavar="HEX", help="the key as the ledger shows it (hex)")
+    which.add_argument("--all", action="store_true", help="every parked message")
+    parked.add_argument("--reason", default=None, help="drop: why (recorded in the ledger)")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -133,18 +145,67 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 
 def cmd_parked(args: argparse.Namespace) -> int:
+    action, names = _parked_action(args)
+    if action != "list":
+        return _cmd_resolve(args, action, *names)
     from ordq.admin.read import format_time_us
 
+    queue, sub = names
     with open_store(args) as store:
-        records = store.parked(args.queue, args.subscription)
+        records = store.parked(queue, sub)
     if wants_json(args):
-        emit_json({"queue": args.queue, "subscription": args.subscription, "parked": records})
+        emit_json({"queue": queue, "subscription": sub, "parked": records})
     elif not records:
-        print(f"nothing parked for {args.queue}/{args.subscription}")
+        print(f"nothing parked for {queue}/{sub}")
     else:
-        table([{**r, "parked_at": format_time_us(r["parked_at_us"])} for r in records],
-              ["seq", "key", "attempts", "parked_at", "parking_queue", "parked_seq", "error"])
+        table([{**r, "status": r.get("status", "parked"), "parked_at": format_time_us(r["parked_at_us"]),
+                "error": r.get("reason") or r["error"]} for r in records],
+              ["seq", "key", "status", "attempts", "parked_at", "parking_queue", "parked_seq", "error"])
     return 0
+
+
+def _parked_action(args: argparse.Namespace) -> tuple[str, tuple[str, str]]:
+    words = args.words
+    if len(words) == 2:
+        if args.seq is not None or args.key is not None or args.key_hex is not None or args.all or args.reason:
+            raise ConfigError("--seq/--key/--key-hex/--all/--reason go with replay or drop: "
+                              "ordq sub parked replay|drop Q SUB ...")
+        return "list", (words[0], words[1])
+    if len(words) == 3 and words[0] in ("replay", "drop"):
+        return words[0], (words[1], words[2])
+    raise ConfigError("usage: ordq sub parked Q SUB | ordq sub parked replay|drop Q SUB --seq N|--key K|--all")
+
+
+def _cmd_resolve(args: argparse.Namespace, action: str, queue: str, sub: str) -> int:
+    from ordq.admin.parked import resolve_parked
+
+    if args.reason is not None and action == "replay":
+        raise ConfigError("--reason is for drop")
+    key: bytes | None = None
+    if args.key is not None:
+        key = args.key.encode()
+    elif args.key_hex is not None:
+        try:
+            key = bytes.fromhex(args.key_hex)
+        except ValueError:
+            raise ConfigError(f"bad --key-hex {args.key_hex!r}: hex digits, two per byte") from None
+    with open_store(args) as store:
+        seqs = resolve_parked(store, queue, sub, action, seq=args.seq, key=key, every=args.all, reason=args.reason)
+    if wants_json(args):
+        emit_json({"queue": queue, "subscription": sub, "action": action, "seqs": seqs})
+    elif not seqs:
+        print(f"nothing to {action} for {queue}/{sub}")
+    elif action == "replay":
+        print(f"{queue}/{sub}: {_seq_list(seqs)} asked to replay; the subscription's consumer hands "
+              f"{'it' if len(seqs) == 1 else 'them'} to its handler")
+    else:
+        print(f"{queue}/{sub}: {_seq_list(seqs)} dropped: {args.reason}")
+    return 0
+
+
+def _seq_list(seqs: list[int]) -> str:
+    shown = ", ".join(map(str, seqs[:10])) + (f" and {len(seqs) - 10} more" if len(seqs) > 10 else "")
+    return f"seq {shown}" if len(seqs) == 1 else f"seqs {shown}"
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -161,12 +222,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"]
         if any(r["blocked"] for r in rows):  # a consumer stuck on a message: say which, and why
             columns.append("blocked")
-        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": _blocked_text(r["blocked"])}
+        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": blocked_text(r["blocked"])}
                for r in rows], columns)
     return 0
 
 
-def _blocked_text(blocked: dict[str, Any] | None) -> str | None:
+def blocked_text(blocked: dict[str, Any] | None) -> str | None:
     if blocked is None:
         return None
     return f"seq {blocked['seq']} after {blocked['attempts']} attempts: {blocked['error'][:80]}"

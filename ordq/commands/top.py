@@ -9,6 +9,7 @@ import sys
 from typing import Any, TextIO
 
 from ordq.commands import add_command, open_store, seconds, wants_json
+from ordq.commands.sub import blocked_text
 from ordq.output import emit_json, table
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
@@ -24,7 +25,8 @@ def register(subparsers: Any) -> None:
         help="live view of queues, lists, produce/consume rates and lag (Ctrl-C quits)",
         description="Redraw, every --interval seconds, each queue's send head and list, consume-list head, "
         "segments, stored messages, last readable seq and produce rate (msgs/s from seq progress), and "
-        "each subscription's lag, consume rate (from committed cursors) and holder. '?' means no replica "
+        "each subscription's lag, consume rate (from committed cursors) and holder, and the message its "
+        "consumer is blocked on, if any (failure policy block, past its attempts). '?' means no replica "
         "of an open or sealing segment answered. --once prints one frame, --json one JSON frame; both "
         "sample twice, --interval apart, to measure rates.",
     )
@@ -49,7 +51,11 @@ def render(frame: dict[str, Any], out: TextIO) -> None:
         out.write("no queues\n")
     if frame["subscriptions"]:
         out.write("\n")
-        table(shown(frame["subscriptions"], ("lag",)), SUB_COLUMNS, out)
+        columns = SUB_COLUMNS
+        if any(r.get("blocked") for r in frame["subscriptions"]):  # a consumer stuck on a message: which, why
+            columns = [*SUB_COLUMNS, "blocked"]
+        table([{**r, "blocked": blocked_text(r.get("blocked"))} for r in shown(frame["subscriptions"], ("lag",))],
+              columns, out)
     out.flush()
 
 

@@ -1,0 +1,138 @@
+"""What ZooKeeper keeps per subscription besides its cursor: the failure policy, the blocked
+alarm and the ledger of parked messages (sdk/failure.py decides what goes in them).
+
+Rules: a mixin of ``ZkStore`` (its connection, paths and error translation); kazoo errors
+become ordq's here, as everywhere in the store. The ledger's records change only with a
+version check (``update_parked``): the consumer and an operator may change one at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from ordq.errors import ConflictError, NotFound
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from coordinator.paths import Paths
+    from coordinator.state import Cursor
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _json_value(data: bytes) -> Any:
+    return json.loads(data.decode()) if data else {}
+
+
+class SubscriptionRecords:
+    """Policy, alarm and parked-message ledger of a subscription (mixed into ZkStore)."""
+
+    if TYPE_CHECKING:
+        client: KazooClient
+        paths: Paths
+
+        def _errors(self) -> contextlib.AbstractContextManager[None]: ...
+        def _wait(self, request: Any) -> Any: ...
+        def _read(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+        def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]: ...
+
+    def set_sub_policy(self, queue: str, sub: str, policy: Mapping[str, Any]) -> None:
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        self._put_json(self.paths.sub_policy(queue, sub), policy)
+
+    def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
+        return self._get_json(self.paths.sub_policy(queue, sub))
+
+    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None) -> None:
+        """Show (an ephemeral node: it goes with the consumer's session) or clear the message
+        a subscription's consumer is blocked on."""
+        path = self.paths.sub_blocked(queue, sub)
+        if record is not None:
+            self._put_json(path, record, ephemeral=True)
+            return
+        with self._errors(), contextlib.suppress(NoNodeError):
+            self._wait(self.client.delete_async(path))
+
+    def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
+        return self._get_json(self.paths.sub_blocked(queue, sub))
+
+    def _put_json(self, path: str, record: Mapping[str, Any], *, ephemeral: bool = False) -> None:
+        """Create or overwrite the node at ``path`` with ``record`` as JSON."""
+        with self._errors():
+            try:
+                self._wait(self.client.create_async(path, _json_bytes(dict(record)), ephemeral=ephemeral))
+            except NodeExistsError:
+                self._wait(self.client.set_async(path, _json_bytes(dict(record))))
+
+    def _get_json(self, path: str) -> dict[str, Any] | None:
+        """The JSON record at ``path``; None when there is no node."""
+        with self._errors():
+            try:
+                data, _ = self._read(self.client.get_async, path)
+            except NoNodeError:
+                return None
+        return dict(_json_value(data))
+
+    def record_parked(self, queue: str, sub: str, seq: int, record: Mapping[str, Any]) -> None:
+        """Add a parked message's record to the subscription's ledger (idempotent per seq)."""
+        with self._errors():
+            self._wait(self.client.ensure_path_async(self.paths.parked(queue, sub)))
+            try:
+                self._wait(self.client.create_async(self.paths.parked(queue, sub, seq), _json_bytes(dict(record))))
+            except NodeExistsError:
+                pass  # recorded before a restart: the same message, parked again
+
+    def parked(self, queue: str, sub: str) -> list[dict[str, Any]]:
+        """The subscription's parked records, in seq order."""
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        with self._errors():
+            try:
+                names = sorted(self._read(self.client.get_children_async, self.paths.parked(queue, sub)))
+            except NoNodeError:
+                return []
+            out = []
+            for name in names:
+                try:
+                    data, _ = self._read(self.client.get_async, f"{self.paths.parked(queue, sub)}/{name}")
+                except NoNodeError:
+                    continue
+                out.append(_json_value(data))
+        return out
+
+    def update_parked(self, queue: str, sub: str, seq: int,
+                      change: Callable[[dict[str, Any]], dict[str, Any]], *, tries: int = 20) -> dict[str, Any]:
+        """Replace the ledger record of ``seq`` by ``change(record)``, conditionally (read,
+        change, write if nobody wrote meanwhile; again otherwise). ``change`` raises to refuse
+        (its error propagates). Returns the record written. NotFound when there is none."""
+        path = self.paths.parked(queue, sub, seq)
+        for _ in range(tries):
+            with self._errors():
+                try:
+                    data, stat = self._read(self.client.get_async, path)
+                except NoNodeError as exc:
+                    raise NotFound(f"{queue}/{sub}: seq {seq} is not in the ledger of parked messages") from exc
+                new = change(dict(_json_value(data)))
+                try:
+                    self._wait(self.client.set_async(path, _json_bytes(new), version=stat.version))
+                    return new
+                except BadVersionError:
+                    continue  # changed meanwhile: decide again on what is there now
+        raise ConflictError(f"{queue}/{sub}: the ledger record of seq {seq} kept changing; try again")
+
+    def signal_parked(self, queue: str, sub: str) -> None:
+        """Tell the subscription's consumer the ledger changed (an operator replayed or dropped):
+        it watches this node (``parked_signal_path``)."""
+        path = self.paths.parked_signal(queue, sub)
+        with self._errors():
+            try:
+                self._wait(self.client.create_async(path, b"0"))
+            except NodeExistsError:
+                self._wait(self.client.set_async(path, b"0"))

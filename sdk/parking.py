@@ -1,0 +1,386 @@
+"""A message the handler keeps failing on, the I/O half (the decisions are in sdk/failure.py):
+retries with the lease checked before each, the alarm operators see, parking (a whole message
+in ``run``, a whole key in ``run_keyed``) and replaying what an operator asked for.
+
+Guarantees (docs/SDK.md, "A message that keeps failing"):
+- A parked message is in the parking queue ``Q.parked.SUB`` (acked by both replicas) and in the
+  subscription's ledger before it counts as finished: a crash in between redelivers it (and
+  may park it twice in the parking queue; the ledger holds one record per seq).
+- Keyed: once a key is parked, every later message of it that reaches the key's worker goes to
+  the parking queue too, with a record (``follows``: the seq holding the key back), until every
+  parked record of the key is replayed or dropped. The parked keys are read from the ledger
+  when delivery starts, so a restarted consumer keeps following them.
+- Replay: records an operator marked ``replay`` are handed to the handler from the parking
+  queue (the same seq, seg, offset, key and payload; header ``x-ordq-replayed: 1``), one key's
+  in seq order, by the thread that delivers that key (in ``run_keyed`` the key's worker), before
+  it takes the next message of the key from the queue. A record that fails again goes back to
+  ``parked`` (the policy's attempts again) and holds its key's later records back.
+
+Rules: no decision here (``after_failure``, ``replay_plan``, ``parked_keys`` decide); thread-safe
+(keyed workers call in parallel, each for its own keys); nothing here commits a cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ordq.errors import (
+    AlreadyExists,
+    ConfigError,
+    CoordinationUnavailable,
+    HandlerError,
+    NotFound,
+    OrdqError,
+    QueueNotFound,
+)
+from sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parking_queue, replay_plan
+from sdk.keyed import worker_of
+
+if TYPE_CHECKING:
+    from broker_group.log import Message
+    from coordinator.store import ZkStore
+    from sdk.audit import AuditWriter
+    from sdk.consumer import ConsumerConfig, Delivered
+
+log = logging.getLogger("ordq.consumer")
+
+REPLAYED_HEADER = "x-ordq-replayed"
+
+
+@attrs.frozen
+class BlockedMessage:
+    """A message whose handler failed ``attempts`` times so far and is being retried."""
+
+    seq: int
+    key: bytes | None
+    attempts: int
+    last_error: str
+    blocked_s: float  # since its first failure
+
+
+def key_hex(key: bytes | None) -> str:
+    """How the ledger and the audit files name a key ("" for none)."""
+    return (key or b"").hex()
+
+
+def stored_policy(store: ZkStore, queue: str, sub: str) -> FailurePolicy | None:
+    """The subscription's policy set with ``ordq sub policy`` (None: none set)."""
+    stored = store.sub_policy(queue, sub)
+    if stored is None:
+        return None
+    return FailurePolicy(on_failure=stored["on_failure"], attempts=int(stored["attempts"]),
+                         backoff_s=tuple(float(b) for b in stored["backoff_s"]))
+
+
+class FailureHandling:
+    """One consumer's failure policy at work (made by ``Consumer.run``/``run_keyed``)."""
+
+    def __init__(self, config: ConsumerConfig, store: ZkStore, policy: FailurePolicy, *,
+                 audit: AuditWriter | None, keyed: bool) -> None:
+        self.config = config
+        self.policy = policy
+        self.keyed = keyed
+        self._store = store
+        self._audit = audit
+        self._lock = threading.Lock()
+        self._blocked: dict[int, BlockedMessage] = {}  # per delivering thread
+        self._alarmed: set[int] = set()  # threads whose message is shown as the alarm
+        self._producer: Any = None  # of the parking queue, made on first use
+        self._reader: Any = None  # reads the parking queue for replays
+        self.parked = 0
+        self.replayed = 0
+        self.alarms = 0  # messages that blocked past the policy's attempts (the alarm was raised)
+        self.redeliveries = 0  # handler attempts repeated after a failure
+        self.target = parking_queue(config.queue, config.subscription)
+        # Set when the ledger changed under us (an operator): replay or unpark at the next look.
+        # Set from the start: a replay asked while no consumer ran is done first.
+        self.changed = threading.Event()
+        self.changed.set()
+        self._closed = False
+        store.client.DataWatch(store.paths.parked_signal(config.queue, config.subscription), self._signalled)
+        self._keys: dict[str, int] = {}
+        self._recorded: set[int] = set()  # seqs in the ledger: parked already, never twice
+        if keyed:
+            ledger = self._ledger()
+            self._keys = parked_keys(ledger)
+            self._recorded = {int(r["seq"]) for r in ledger}
+
+    def _signalled(self, data: object, stat: object) -> bool:
+        self.changed.set()
+        return not self._closed  # False ends the watch
+
+    # -- status ------------------------------------------------------------------------------
+
+    def blocked(self) -> BlockedMessage | None:
+        """The lowest seq being retried, if any."""
+        with self._lock:
+            return min(self._blocked.values(), key=lambda b: b.seq, default=None)
+
+    def alarmed(self) -> bool:
+        """Whether a message is blocked past the policy's attempts (shown as the alarm)."""
+        with self._lock:
+            return bool(self._alarmed)
+
+    def parked_keys(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._keys)
+
+    # -- one message -------------------------------------------------------------------------
+
+    def attempt(self, m: Delivered, handler: Callable[[Delivered], object], *, may_start: Callable[[], None],
+                wait: Callable[[float], bool], on_park: Callable[[Delivered, int, Exception], None]) -> bool:
+        """Call ``handler(m)`` under the policy: True once it returned, or once ``m`` was
+        parked (``on_park``) after the policy's attempts; False when ``wait`` said stop while
+        retrying (``m`` is not finished). ``may_start`` runs before every attempt (the lease
+        check: NotLeader and CoordinationUnavailable propagate). HandlerError for ``raise``."""
+        me = threading.get_ident()
+        failures = 0
+        since = time.monotonic()
+        try:
+            while True:
+                may_start()
+                try:
+                    handler(m)
+                    return True
+                except Exception as exc:  # noqa: BLE001 - the policy decides, HandlerError carries it
+                    failures += 1
+                    step = after_failure(self.policy, failures)
+                    with self._lock:
+                        self._blocked[me] = BlockedMessage(m.seq, m.key, failures, repr(exc),
+                                                           time.monotonic() - since)
+                    if step.action == "raise":
+                        raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
+                    if step.action == "park":
+                        on_park(m, failures, exc)
+                        return True
+                    with self._lock:
+                        self.redeliveries += 1  # the same message is tried again
+                    if step.alarm:
+                        self._alarm(me, m, failures, exc)
+                    if wait(step.delay_s):
+                        return False
+        finally:
+            self._unblocked(me, m, failures)
+
+    def _unblocked(self, me: int, m: Delivered, failures: int) -> None:
+        with self._lock:
+            self._blocked.pop(me, None)
+            was_alarmed = me in self._alarmed
+            self._alarmed.discard(me)
+            others = self._alarmed_record()
+        if not was_alarmed:
+            return
+        try:
+            self._store.set_blocked(self.config.queue, self.config.subscription, others)
+        except CoordinationUnavailable:
+            pass  # the node goes with our session at the latest
+        log.warning("queue %s/%s: seq %d done after %d failed attempts; unblocked", self.config.queue,
+                    self.config.subscription, m.seq, failures)
+
+    def _alarmed_record(self) -> dict[str, Any] | None:
+        """The alarm to show: the lowest alarmed seq (under the lock)."""
+        shown = [self._blocked[t] for t in self._alarmed if t in self._blocked]
+        if not shown:
+            return None
+        b = min(shown, key=lambda b: b.seq)
+        return {"seq": b.seq, "key": b.key.hex() if b.key is not None else None, "attempts": b.attempts,
+                "error": b.last_error[:500], "consumer": self.config.consumer_id}
+
+    def _alarm(self, me: int, m: Delivered, failures: int, exc: BaseException) -> None:
+        """Blocked past the policy's attempts: say so where operators look (the log, and
+        ``ordq sub list`` through an ephemeral node), updated as attempts go on."""
+        with self._lock:
+            first = me not in self._alarmed
+            self._alarmed.add(me)
+            if first:
+                self.alarms += 1
+            record = self._alarmed_record()
+        if first:
+            log.error("queue %s/%s: seq %d (key %r) failed %d times and blocks %s (policy block): %r",
+                      self.config.queue, self.config.subscription, m.seq, m.key, failures,
+                      "its key" if self.keyed else "the subscription", exc)
+        try:
+            self._store.set_blocked(self.config.queue, self.config.subscription, record)
+        except CoordinationUnavailable:
+            pass  # shown at the next attempt; the log has it
+
+    # -- parking -----------------------------------------------------------------------------
+
+    def park(self, m: Delivered, failures: int, exc: Exception) -> None:
+        """Park ``m`` after ``failures`` failed attempts (in keyed delivery its key with it)."""
+        self._park(m, attempts=failures, error=repr(exc)[:500], follows=None)
+
+    def follows_parked_key(self, m: Delivered) -> bool:
+        """Keyed: when ``m``'s key is parked, park ``m`` behind it (no handler call) and say so."""
+        with self._lock:
+            first = self._keys.get(key_hex(m.key))
+            if m.seq in self._recorded:
+                return True  # parked before a restart (its redelivery): in the parking queue already
+        if first is None or first > m.seq:
+            return False
+        self._park(m, attempts=0, error=f"follows parked seq {first} of its key", follows=first)
+        return True
+
+    def _park(self, m: Delivered, *, attempts: int, error: str, follows: int | None) -> None:
+        """Send ``m`` to the parking queue (acked before anything else), then record it."""
+        from sdk.producer import Producer, ProducerConfig
+
+        cfg = self.config
+        with self._lock:
+            if self._producer is None:
+                self._ensure_parking_queue()
+                self._producer = Producer(ProducerConfig(zk_hosts=cfg.zk_hosts, root=cfg.root, queue=self.target,
+                                                         zk_session_timeout_s=cfg.zk_session_timeout_s))
+                self._producer.start()
+            producer = self._producer
+        headers = [*m.headers, ("x-ordq-parked-from", f"{cfg.queue}/{cfg.subscription}/{m.seq}".encode()),
+                   ("x-ordq-parked-attempts", str(attempts).encode()), ("x-ordq-parked-error", error.encode())]
+        ack = producer.send(m.payload, key=m.key, headers=headers).result(60)
+        now_us = time.time_ns() // 1000
+        self._store.record_parked(cfg.queue, cfg.subscription, m.seq, {
+            "seq": m.seq, "seg": m.seg, "offset": m.offset, "key": m.key.hex() if m.key is not None else None,
+            "attempts": attempts, "error": error, "parked_at_us": now_us, "parking_queue": self.target,
+            "parked_seq": ack.seq, "status": "parked", "keyed": self.keyed, "follows": follows})
+        self._audit_skip(m.seq, m.key, "parked", ack.seq, now_us)
+        with self._lock:
+            if self.keyed:
+                k = key_hex(m.key)
+                self._keys[k] = min(self._keys.get(k, m.seq), m.seq)
+            self._recorded.add(m.seq)
+            self.parked += 1
+        # The first of a key at WARNING; those that follow it (maybe many) at INFO.
+        log.log(logging.INFO if follows is not None else logging.WARNING, "queue %s/%s: seq %d parked to %s as "
+                "seq %d (%s)", cfg.queue, cfg.subscription, m.seq, self.target, ack.seq,
+                f"after {attempts} failed attempts: {error}" if attempts else error)
+
+    def _ensure_parking_queue(self) -> None:
+        try:
+            self._store.queue_config(self.target)
+        except QueueNotFound:
+            st, _ = self._store.load_state(self.config.queue)
+            try:
+                self._store.create_queue(self.target, list(st.groups))
+            except AlreadyExists:
+                pass
+
+    def _audit_skip(self, seq: int, key: bytes | None, action: str, parked_seq: int, at_us: int) -> None:
+        if self._audit is not None:
+            cfg = self.config
+            self._audit.write_rows([(cfg.queue, cfg.subscription, cfg.consumer_id, seq, key_hex(key), action,
+                                     self.target, parked_seq, at_us)])
+
+    # -- replay ------------------------------------------------------------------------------
+
+    def _ledger(self) -> list[dict[str, Any]]:
+        return self._store.parked(self.config.queue, self.config.subscription)
+
+    def resolve(self, handler: Callable[[Delivered], object], *, mine: Callable[[str], bool],
+                may_start: Callable[[], None], wait: Callable[[float], bool]) -> bool:
+        """Replay the records asked for whose keys are ``mine`` (in ``replay_plan`` order), then
+        look again which of those keys are still parked. False: stopped while retrying one."""
+        failed: set[str] = set()  # keys whose replay failed again in this round: the rest waits
+        again: list[int] = []  # the record in hand was parked again
+
+        def parked_again(m: Delivered, failures: int, exc: Exception) -> None:
+            again.append(failures)
+            self._failed_again(m, failures, exc)
+
+        plan = [r for r in replay_plan(self._ledger()) if mine(str(r.get("key") or ""))]
+        fetched = self._prefetch(plan)
+        for r in plan:
+            k = str(r.get("key") or "")
+            if k in failed:
+                continue
+            m = self._from_parking_queue(r, fetched)
+            if m is None:
+                failed.add(k)
+                continue
+            again.clear()
+            if not self.attempt(m, handler, may_start=may_start, wait=wait, on_park=parked_again):
+                return False
+            if again:
+                failed.add(k)
+                continue
+            self._settle(m.seq, "handled")
+            self._audit_skip(m.seq, m.key, "replayed", int(r["parked_seq"]), time.time_ns() // 1000)
+            with self._lock:
+                self.replayed += 1
+        if self.keyed:
+            fresh = parked_keys(self._ledger())
+            with self._lock:
+                self._keys = {k: s for k, s in self._keys.items() if not mine(k)}
+                self._keys.update({k: s for k, s in fresh.items() if mine(k)})
+        return True
+
+    def _prefetch(self, plan: list[dict[str, Any]]) -> dict[tuple[str, int], Message]:
+        """The parked messages of ``plan`` read in a few large fetches (one per ~1 MiB), not
+        one lookup each; what cannot be read now is looked up one by one later."""
+        from ordq.admin.read import ReplicaReader, read_messages
+
+        if self._reader is None:
+            self._reader = ReplicaReader(self._store)
+        out: dict[tuple[str, int], Message] = {}
+        for target in sorted({str(r["parking_queue"]) for r in plan}):
+            try:
+                got = read_messages(self._store, self._reader, target,
+                                    [int(r["parked_seq"]) for r in plan if r["parking_queue"] == target])
+            except OrdqError as exc:
+                log.warning("queue %s/%s: reading parked messages from %s: %s", self.config.queue,
+                            self.config.subscription, target, exc)
+                continue
+            out.update({(target, seq): m for seq, m in got.items()})
+        return out
+
+    def _from_parking_queue(self, r: dict[str, Any], fetched: dict[tuple[str, int], Message]) -> Delivered | None:
+        from ordq.admin.read import ReplicaReader, read_message
+        from sdk.consumer import Delivered
+
+        pm = fetched.get((str(r["parking_queue"]), int(r["parked_seq"])))
+        if pm is None:
+            if self._reader is None:
+                self._reader = ReplicaReader(self._store)
+            try:
+                pm = read_message(self._store, self._reader, str(r["parking_queue"]), int(r["parked_seq"])).message
+            except (NotFound, CoordinationUnavailable) as exc:
+                log.error("queue %s/%s: cannot read parked seq %d (%s seq %s) to replay it: %s", self.config.queue,
+                          self.config.subscription, r["seq"], r["parking_queue"], r["parked_seq"], exc)
+                return None
+        return Delivered(int(r["seq"]), int(r.get("seg", -1)), int(r.get("offset", -1)), pm.payload, pm.key,
+                         (*pm.headers, (REPLAYED_HEADER, b"1")), pm.timestamp_us)
+
+    def _failed_again(self, m: Delivered, failures: int, exc: Exception) -> None:
+        def change(r: dict[str, Any]) -> dict[str, Any]:
+            return {**r, "status": moved(r, "failed"), "attempts": int(r.get("attempts", 0)) + failures,
+                    "error": repr(exc)[:500]}
+
+        self._store.update_parked(self.config.queue, self.config.subscription, m.seq, change)
+        log.warning("queue %s/%s: replayed seq %d failed %d more times; parked again", self.config.queue,
+                    self.config.subscription, m.seq, failures)
+
+    def _settle(self, seq: int, event: str) -> None:
+        def change(r: dict[str, Any]) -> dict[str, Any]:
+            return {**r, "status": moved(r, event), "resolved_at_us": time.time_ns() // 1000}
+
+        try:
+            self._store.update_parked(self.config.queue, self.config.subscription, seq, change)
+        except ConfigError as exc:  # dropped by an operator while its replay ran: it ran anyway
+            log.warning("queue %s/%s: replayed seq %d, but the ledger says: %s", self.config.queue,
+                        self.config.subscription, seq, exc)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._producer is not None:
+            self._producer.close()
+        if self._reader is not None:
+            self._reader.close()
+
+
+def worker_key_filter(worker: int, workers: int) -> Callable[[str], bool]:
+    """Keys (hex) whose messages go to ``worker``."""
+    return lambda k: worker_of(bytes.fromhex(k), workers) == worker
