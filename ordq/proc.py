@@ -130,8 +130,16 @@ class ManagedProcess:
         self._finished(pid)
 
     def pause(self) -> None:
-        """SIGSTOP: the process hangs (still alive) until ``resume()``."""
-        self._signal(self._require_pid(), signal.SIGSTOP)
+        """SIGSTOP: the process hangs (still alive) until ``resume()``. Returns once every
+        thread of it is stopped: the signal is only queued when kill() returns, and a fault
+        injected right after must not meet a process still running its last few steps."""
+        pid = self._require_pid()
+        self._signal(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10.0
+        while not _all_threads_stopped(pid):
+            if time.monotonic() > deadline:
+                raise ExternalProcessError(f"{self.name} (pid {pid}) did not stop within 10 s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """SIGCONT after ``pause()``."""
@@ -315,6 +323,24 @@ class ManagedProcess:
 
     def _tail_text(self, lines: int = 30) -> str:
         return f"last lines of {self.log_path}:\n{self.log_tail(lines)}"
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc), or the process is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        # The state is the field after the parenthesised command name (which may hold spaces).
+        if stat[stat.rindex(")") + 2] not in "TtXZ":
+            return False
+    return True
 
 
 def _read_pid(path: Path) -> int | None:

@@ -140,7 +140,7 @@ def test_pause_resume_kill(tmp_path: Path) -> None:
         pid = p.pid
         assert pid is not None
         p.pause()
-        wait_until(lambda: proc_state(pid) == "T", what="SIGSTOP to take effect")
+        assert proc_state(pid) == "T"  # pause() returns once it is stopped, not once it is signalled
         assert p.alive()  # hung, not dead
         p.resume()
         wait_until(lambda: proc_state(pid) != "T", what="SIGCONT to take effect")
