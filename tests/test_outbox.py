@@ -363,3 +363,41 @@ def test_relay_ships_every_committed_row_once_in_order_through_kills(cluster: Cl
     _check_every_committed_row_once_in_order(cluster, database, writers)
     assert c.stop() == 0, c.log_tail()  # SIGTERM: finishes what it sent and exits cleanly
     assert a.returncode == -9
+
+
+@pytest.mark.slow
+def test_relay_survives_many_kills_at_random_moments(cluster: Cluster, database: str) -> None:
+    """Longer: relays killed from outside at random moments (a standby always waiting), one
+    killing itself right after handing a read's rows to the producer, and head masters
+    killed and restarted, while two applications commit."""
+    cluster.add_groups("g1", "g2", "g3")
+    cluster.create_queue("q")
+    position = _shipped_through(database)
+    rng = random.Random(16)
+    writers = [Writer(database, f"w{i}", rows=10**6, rate=150, seed=10 + i) for i in range(2)]
+    for w in writers:
+        w.start()
+    relays = [_relay(cluster, "relay-0", database, crash_at="sent:7")]
+    relays[0].wait_for_line("LEADER", timeout_s=60)
+    for n in range(1, 9):
+        standby = _relay(cluster, f"relay-{n}", database)
+        standby.wait_for_line("STARTED", timeout_s=60)
+        mark = position()
+        goal = (mark.seq if mark else 0) + rng.randint(20, 400)
+        wait_until(lambda goal=goal: (p := position()) and p.seq > goal, timeout_s=60, what=f"shipping past {goal}")
+        if n % 3 == 0:
+            master = cluster.head().master
+            master.kill()
+            cluster.restart(master)
+        leader = next(r for r in relays if r.alive()) if any(r.alive() for r in relays) else None
+        if leader is not None:
+            leader.kill()
+        relays.append(standby)
+        standby.wait_for_line("LEADER", timeout_s=60)
+    for w in writers:
+        w.stop.set()
+    for w in writers:
+        w.join(timeout=60)
+        assert w.error is None and not w.is_alive(), w.error
+    _check_every_committed_row_once_in_order(cluster, database, writers)
+    assert relays[0].returncode == -9
