@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="outbox_command", metavar="ACTION")
     sub.required = True
     init = add_command(sub, "init", func=cmd_init, help="create the outbox tables (an SQLite file is created too)")
-    init.add_argument("database", help=DATABASE_HELP)
+    init.add_argument("database", metavar="DATABASE", help=DATABASE_HELP)
     init.add_argument("--table", default="ordq_outbox", help="outbox table name (default %(default)s)")
 
     relay = add_command(
@@ -37,8 +37,8 @@ def register(subparsers: Any) -> None:
         "leader (start several for HA: one ships, the others wait). A row is deleted (or marked) only after "
         "its ack; a relay killed at any point resumes after the last row the queue stored, found from the "
         "x-ordq-outbox-id header of the queue's last message.")
-    relay.add_argument("database", help=DATABASE_HELP)
-    relay.add_argument("queue")
+    relay.add_argument("database", metavar="DATABASE", help=DATABASE_HELP)
+    relay.add_argument("queue", metavar="QUEUE", help="the queue to ship to: the rows added for it")
     relay.add_argument("--table", default="ordq_outbox", help="outbox table name (default %(default)s)")
     relay.add_argument("--after-ack", choices=["delete", "mark"], default="delete",
                        help="what to do with a row once it is acked: delete it, or set its shipped_us "
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
 
     status = add_command(sub, "status", func=cmd_status,
                          help="rows waiting in the outbox per queue, and where each queue's relay stands")
-    status.add_argument("database", help=DATABASE_HELP)
+    status.add_argument("database", metavar="DATABASE", help=DATABASE_HELP)
     status.add_argument("--table", default="ordq_outbox", help="outbox table name (default %(default)s)")
 
 
