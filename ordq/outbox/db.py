@@ -151,7 +151,8 @@ class OutboxDb:
         """Up to ``limit`` rows of ``queue`` with id > ``after``, in id order."""
         with self._statement("read pending rows"):
             rows = self.conn.execute(self._sql(
-                f"SELECT id, key, payload, headers FROM {self.table} WHERE queue = ? AND id > ? ORDER BY id LIMIT ?"),
+                f"SELECT id, key, payload, {self._headers_text} FROM {self.table} WHERE queue = ? AND id > ? "
+                "ORDER BY id LIMIT ?"),
                 (queue, after, limit)).fetchall()
         return [Row(int(i), bytes(k) if k is not None else None, bytes(p), decode_headers(h)) for i, k, p, h in rows]
 
@@ -206,6 +207,10 @@ class OutboxDb:
                 pass
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    @property
+    def _headers_text(self) -> str:
+        return "headers::text" if self.dialect == "postgres" else "headers"
 
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s") if self.dialect == "postgres" else text
