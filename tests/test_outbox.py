@@ -230,6 +230,29 @@ def test_unknown_queue_is_one_clear_line(cluster: Cluster, tmp_path: Path) -> No
     assert proc.stderr.decode() == "ordq: error: unknown queue 'nope' (create it with: ordq queue create nope)\n"
 
 
+def test_a_row_over_the_queues_limit_stops_the_relay_before_it_never_skips_it(cluster: Cluster,
+                                                                              tmp_path: Path) -> None:
+    from coordinator.store import QueueConfig
+
+    cluster.add_groups("g1")
+    cluster.store.create_queue("q", ["g1"], QueueConfig(max_message_bytes=1000))
+    db = str(tmp_path / "app.db")
+    OutboxDb.open(db, create=True).close()
+    app = _connect(db)
+    ids = [outbox.add(app, "q", None, payload) for payload in (b"small", b"x" * 5000, b"after")]
+    app.commit()
+    proc = cluster.ordq("outbox", "relay", db, "q", "--until-empty")
+    err = proc.stderr.decode().splitlines()
+    assert proc.returncode == 1 and err[-1].startswith(f"ordq: error: row {ids[1]} of queue 'q' cannot be shipped: "
+                                                       "message of 50"), err
+    outbox_db = OutboxDb.open(db)
+    try:
+        assert outbox_db.position("q") == Position(ids[0], 0)
+        assert [r.id for r in outbox_db.fetch("q", 0, 10)] == ids[1:]  # nothing after it went
+    finally:
+        outbox_db.close()
+
+
 # -- end to end on real processes -------------------------------------------------------------------
 
 

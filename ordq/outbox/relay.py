@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import OutboxPositionError
+from ordq.errors import MessageTooLarge, OutboxError, OutboxPositionError
 from ordq.outbox.db import AFTER_ACK, OutboxDb, Position, Row
 from sdk._futures import SendFuture
 from sdk.outbox import OUTBOX_ID_HEADER
@@ -163,8 +163,13 @@ class Relay:
         pending: collections.deque[tuple[int, SendFuture]] = collections.deque()
         while not stop.is_set():
             rows = self.db.fetch(cfg.queue, sent, cfg.batch_rows)
-            for row in rows:
-                pending.append((row.id, self._send(row)))
+            try:
+                for row in rows:
+                    pending.append((row.id, self._send(row)))
+            except OutboxError:  # a row that cannot be sent: record what went before it
+                self.producer.flush()
+                self._settle(pending)
+                raise
             if rows:
                 sent = rows[-1].id
                 self._checkpoint("sent")
@@ -185,8 +190,15 @@ class Relay:
         return self.statistics()
 
     def _send(self, row: Row) -> SendFuture:
-        return self.producer.send(row.payload, key=row.key,
-                                  headers=(*row.headers, (OUTBOX_ID_HEADER, b"%d" % row.id)))
+        try:
+            return self.producer.send(row.payload, key=row.key,
+                                      headers=(*row.headers, (OUTBOX_ID_HEADER, b"%d" % row.id)))
+        except MessageTooLarge as exc:
+            # Never skipped: order means nothing after it may go first. An operator removes
+            # the row (or raises the queue's limit) and starts the relay again.
+            raise OutboxError(f"row {row.id} of queue {self.config.queue!r} cannot be shipped: {exc}; nothing "
+                              "after it is shipped until the row is removed or the queue's max_message_bytes "
+                              "raised") from exc
 
     def _settle(self, pending: collections.deque[tuple[int, SendFuture]]) -> None:
         """Take the acked prefix of ``pending``; delete/mark those rows and record the last."""
