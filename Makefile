@@ -10,20 +10,21 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian 12: `zookeeper` brings the jars (it starts nothing; ordq launches it), `libslf4j-java`
 # the slf4j-simple.jar without which ZooKeeper logs nothing, `default-jre-headless` Java 17,
-# `postgresql` the server the outbox tests start themselves with initdb/pg_ctl (the package's
-# own cluster is not used; tests/helpers/postgres.py).
+# `postgresql` and `mariadb-server` the servers the outbox and CDC tests start themselves in temp
+# folders (the packages' own instances are not used; tests/helpers/postgres.py, mariadb.py).
 PG_INITDB := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
 system-deps:
 	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] \
-	    || [ ! -f /usr/share/java/slf4j-simple.jar ] || ! $(PG_INITDB); then \
-	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime, postgresql"; \
+	    || [ ! -f /usr/share/java/slf4j-simple.jar ] || ! $(PG_INITDB) || [ ! -x /usr/sbin/mariadbd ]; then \
+	  echo "installing Debian packages: zookeeper, libslf4j-java, Java runtime, postgresql, mariadb-server"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    zookeeper libslf4j-java default-jre-headless postgresql >/dev/null; \
+	    zookeeper libslf4j-java default-jre-headless postgresql mariadb-server >/dev/null; \
 	fi
 	@command -v java >/dev/null && [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/slf4j-simple.jar ] \
 	  || { echo "Java or the ZooKeeper jars are still missing: apt-get install zookeeper libslf4j-java default-jre-headless"; exit 1; }
 	@$(PG_INITDB) || { echo "PostgreSQL is still missing: apt-get install postgresql"; exit 1; }
+	@[ -x /usr/sbin/mariadbd ] || { echo "MariaDB is still missing: apt-get install mariadb-server"; exit 1; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -32,7 +32,8 @@ translated once, where they enter, with ``raise ... from exc``.
     └── OutboxError                       the outbox database refused or disagrees with the queue
         ├── OutboxUnavailable             the database cannot be reached (retriable)
         ├── OutboxTableMissing (NotFound) the outbox table was never created
-        └── OutboxPositionError           the queue's tail and the outbox do not fit together
+        ├── OutboxPositionError           the queue's tail and the outbox (or binlog) do not fit together
+        └── BinlogUnavailable             ordq cdc: the source database's binlog cannot be read (retriable)
 """
 
 from __future__ import annotations
@@ -290,3 +291,14 @@ class OutboxPositionError(OutboxError):
     def __init__(self, queue: str, detail: str) -> None:
         super().__init__(f"outbox relay for queue {queue!r}: {detail}")
         self.queue = queue
+
+
+class BinlogUnavailable(OutboxError):
+    """``ordq cdc``: the source database cannot be reached, or refuses to stream its binlog."""
+
+    retriable = True
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"cannot read the binlog of {source}: {reason}")
+        self.source = source
+        self.reason = reason
