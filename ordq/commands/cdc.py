@@ -11,8 +11,9 @@ import threading
 import urllib.parse
 from typing import Any
 
-from ordq.commands import add_command, int_in, seconds
+from ordq.commands import add_command, int_in, seconds, wants_json
 from ordq.errors import ConfigError
+from ordq.output import emit_json
 from ordq.proc import announce
 
 
@@ -29,7 +30,7 @@ def register(subparsers: Any) -> None:
         "current end (--from-beginning: its oldest file); a restarted shipper resumes after the last row the "
         "queue stored.")
     mysql.add_argument("source", metavar="SOURCE", help="mysql://user[:password]@host[:port]")
-    mysql.add_argument("queue", metavar="QUEUE")
+    mysql.add_argument("queue", metavar="QUEUE", help="the queue to ship to (its only producer)")
     mysql.add_argument("--server-id", type=int_in(1, 2**32 - 1), default=None,
                        help="replication server id, unique among the source's replicas (default: from the pid)")
     mysql.add_argument("--from-beginning", action="store_true", help="a new queue starts at the oldest binlog")
@@ -80,6 +81,11 @@ def cmd_mysql(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    last = f"; last at {stats.last.encode().decode()}" if stats.last else ""
-    print(f"shipped {stats.shipped} row changes to {args.queue}{last}", file=sys.stderr)
+    last = stats.last.encode().decode() if stats.last else None
+    if wants_json(args):
+        emit_json({"queue": args.queue, "shipped": stats.shipped, "last": last,
+                   "resumed_after": stats.resumed_after.encode().decode() if stats.resumed_after else None})
+    else:
+        print(f"shipped {stats.shipped} row changes to {args.queue}" + (f"; last at {last}" if last else ""),
+              file=sys.stderr)
     return 0
