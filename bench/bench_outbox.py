@@ -4,12 +4,15 @@ how many messages/s a bare ``Producer`` sends with the same payloads, key and he
 test: prints numbers for docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_outbox [--rows 50000] [--size 200] [--batch-rows 1000] [--no-postgres]
+        [--no-mariadb]
 
 One broker group of real processes (both replicas fsynced before each ack), one queue per
 phase. The backlog is written first (transactions of 100 rows through ``sdk.outbox.add``; its
 rate is printed too), then one relay in this process ships it until the table is empty
 (``--until-empty``); rows/s counts from the relay's first read to its last delete. PostgreSQL
-is Debian's, started in a temp folder (tests/helpers/postgres.py), fsync on.
+is Debian's, started in a temp folder (tests/helpers/postgres.py), fsync on. Last, ``ordq cdc
+mysql``'s shipper reads the same number of inserted rows from a MariaDB binlog (Debian's,
+tests/helpers/mariadb.py) into its own queue.
 """
 
 from __future__ import annotations
@@ -84,12 +87,51 @@ def phase(cluster: BenchCluster, name: str, database: str, connect: Callable[[],
     print(f"{name}: add() {added:,.0f} rows/s (transactions of 100); relay {shipped:,.0f} rows/s", flush=True)
 
 
+def binlog(cluster: BenchCluster, rows: int, size: int) -> None:
+    """``ordq cdc mysql``'s shipper on Debian's MariaDB: rows inserted (transactions of 100)
+    first, then shipped from the binlog until its end; rows/s of each."""
+    import warnings
+
+    from ordq.cdc.mysql import BinlogShipper
+    from tests.helpers.mariadb import MariaDbServer
+
+    warnings.filterwarnings("ignore", "'db' is deprecated", DeprecationWarning)  # mysql-replication 1.0
+    server = MariaDbServer.start()
+    try:
+        conn: Any = server.connect(autocommit=False)
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, payload VARBINARY(4096))")
+            started = time.perf_counter()
+            for i in range(rows):
+                cur.execute("INSERT INTO shop.items VALUES (%s, %s)", (i, _payload(i, size)))
+                if i % 100 == 99:
+                    conn.commit()
+            conn.commit()
+            added = rows / (time.perf_counter() - started)
+        conn.close()
+        cluster.store.create_queue("binlog", [g.gid for g in cluster.groups])
+        with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue="binlog")) as p:
+            shipper = BinlogShipper({"host": "127.0.0.1", "port": server.port, "user": "ordq", "password": ""}, p,
+                                    queue="binlog", server_id=4242, from_beginning=True, until_end=True)
+            started = time.perf_counter()
+            stats = shipper.run(threading.Event())
+            shipped = stats.shipped / (time.perf_counter() - started)
+        if stats.shipped != rows:
+            raise SystemExit(f"binlog: shipped {stats.shipped} of {rows} rows")
+        print(f"mariadb binlog: inserts {added:,.0f} rows/s (transactions of 100); cdc mysql {shipped:,.0f} rows/s",
+              flush=True)
+    finally:
+        server.destroy()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--size", type=int, default=200, help="payload bytes")
     ap.add_argument("--batch-rows", type=int, default=1000)
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--no-mariadb", action="store_true")
     args = ap.parse_args()
     with bench_cluster(groups=1) as cluster, tempfile.TemporaryDirectory(prefix="ordq-bench-outbox-") as tmp:
         cluster.store.create_queue("bare", [g.gid for g in cluster.groups])
@@ -108,6 +150,8 @@ def main() -> None:
                 phase(cluster, "postgres", dsn, lambda: psycopg.connect(dsn), args)
             finally:
                 server.destroy()
+        if not args.no_mariadb:
+            binlog(cluster, args.rows, args.size)
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ class BinlogShipper:
     def _changes(self, resume: BinlogPos | None, stop: threading.Event
                  ) -> Iterator[tuple[BinlogPos, bytes, bytes, str | None]]:
         from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import GtidEvent, MariadbGtidEvent
+        from pymysqlreplication.event import GtidEvent, HeartbeatLogEvent, MariadbGtidEvent, QueryEvent, XidEvent
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         if resume is not None:
@@ -148,12 +148,19 @@ class BinlogShipper:
         elif self.from_beginning:
             file, at = str(self._query("SHOW BINARY LOGS")[0][0]), 4
         else:  # a new queue starts with what is written from now on
-            file, at = (lambda r: (str(r[0][0]), int(r[0][1])))(self._query("SHOW MASTER STATUS"))
+            file, at = self._binlog_end()
         start = {"log_file": file, "log_pos": at, "resume_stream": True}
+        # --until-end: the end as it is now. MariaDB 10.11 resets a non-blocking binlog dump
+        # part-way (seen after ~280 rows: "Connection reset by peer"), so the stream always
+        # blocks and the reader stops itself once past this point.
+        until = self._binlog_end() if self.until_end else None
+        if until is not None and (file, at) >= until:
+            return
         try:
             stream = BinLogStreamReader(
-                connection_settings=self.connection, server_id=self.server_id, blocking=not self.until_end,
-                only_events=[MariadbGtidEvent, GtidEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+                connection_settings=self.connection, server_id=self.server_id, blocking=True,
+                only_events=[MariadbGtidEvent, GtidEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
+                             XidEvent, QueryEvent, HeartbeatLogEvent],  # to see where the stream is
                 is_mariadb=True, slave_heartbeat=1.0, enable_logging=False, **start)
         except Exception as exc:  # noqa: BLE001 - pymysql raises its own tree; one line for the user
             raise BinlogUnavailable(self._where(), str(exc)) from exc
@@ -163,18 +170,28 @@ class BinlogShipper:
                 if stop.is_set():
                     return
                 end = event.packet.log_pos
+                if isinstance(event, HeartbeatLogEvent):
+                    if until is not None:
+                        return  # the server had nothing more to send for a second: at its end
+                    continue
                 if isinstance(event, MariadbGtidEvent | GtidEvent):
                     txn, gtid = end - event.event_size, str(event.gtid)
-                    continue
-                for index, row in enumerate(event.rows):
-                    pos = BinlogPos(stream.log_file, txn, end, index)
-                    if resume is not None and (pos.file, pos.event, pos.row) <= (resume.file, resume.event,
-                                                                                 resume.row):
-                        continue  # the queue holds it already
-                    key, payload = change_message(event, row, gtid)
-                    yield pos, key, payload, gtid
+                elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                    for index, row in enumerate(event.rows):
+                        pos = BinlogPos(stream.log_file, txn, end, index)
+                        if resume is not None and (pos.file, pos.event, pos.row) <= (resume.file, resume.event,
+                                                                                     resume.row):
+                            continue  # the queue holds it already
+                        key, payload = change_message(event, row, gtid)
+                        yield pos, key, payload, gtid
+                if until is not None and (stream.log_file, end) >= until:
+                    return
         finally:
             stream.close()
+
+    def _binlog_end(self) -> tuple[str, int]:
+        row = self._query("SHOW MASTER STATUS")[0]
+        return str(row[0]), int(row[1])
 
     def _events(self, stream: Any) -> Iterator[Any]:
         """The stream's events, its driver errors translated once, here."""
