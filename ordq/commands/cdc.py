@@ -12,9 +12,9 @@ import urllib.parse
 from typing import Any
 
 from ordq.commands import add_command, int_in, seconds, wants_json
+from ordq.commands.outbox import _status
 from ordq.errors import ConfigError
 from ordq.output import emit_json
-from ordq.proc import announce
 
 
 def register(subparsers: Any) -> None:
@@ -70,13 +70,13 @@ def cmd_mysql(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        announce(f"STARTED cdc mysql {connection['host']}:{connection['port']} -> {args.queue}")
+        _status(f"STARTED cdc mysql {connection['host']}:{connection['port']} -> {args.queue}")
         config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout)
         with Producer(config) as producer:
             shipper = BinlogShipper(connection, producer, queue=args.queue,
                                     server_id=args.server_id or 1_000_000 + os.getpid(),
                                     from_beginning=args.from_beginning, until_end=args.until_end)
-            announce(f"LEADER cdc mysql {args.queue}")
+            _status(f"LEADER cdc mysql {args.queue}")
             stats = shipper.run(stop)
     finally:
         for sig, handler in previous.items():

@@ -98,14 +98,14 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
     db = None
     try:
         db = OutboxDb.open(args.database, table=args.table)  # bad input fails before the election
-        announce(f"STARTED outbox relay for queue {args.queue} from {db.database}")
+        _status(f"STARTED outbox relay for queue {args.queue} from {db.database}")
         with Producer(producer_config) as producer:
             leading.set()
             relay = relay_class(db, producer, config)
             position = relay.resume()
             tail = f"seq {position.seq}" if position is not None else "empty queue"
-            announce(f"LEADER outbox relay {args.queue}: resuming after row {relay.statistics().resumed_after} "
-                     f"({tail})")
+            _status(f"LEADER outbox relay {args.queue}: resuming after row {relay.statistics().resumed_after} "
+                    f"({tail})")
             started = time.monotonic()
             stats = relay.run(stop)
         elapsed = time.monotonic() - started
@@ -121,6 +121,17 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
         last = f"; last row {stats.position.id} at seq {stats.position.seq}" if stats.position else ""
         print(f"shipped {stats.shipped} rows to {args.queue}{last}", file=sys.stderr)
     return 0
+
+
+def _status(line: str) -> None:
+    """A status line a parent process waits for, in one write (ordq.proc.announce); printed
+    plainly when stdout is no file (the CLI called in-process, e.g. by a test)."""
+    try:
+        sys.stdout.fileno()
+    except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError
+        print(line, flush=True)
+        return
+    announce(line)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

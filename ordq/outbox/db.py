@@ -106,17 +106,21 @@ class OutboxDb:
     @classmethod
     def _connect_sqlite(cls, database: str, table: str, create: bool) -> OutboxDb:
         path = sqlite_path(database)
-        if not create and not path.is_file():
-            raise OutboxUnavailable(str(path), "no such file (create it with: ordq outbox init PATH)")
-        uri = path.resolve().as_uri() + ("?mode=rwc" if create else "?mode=rw")
+        shown = _shown(str(path))
+        try:
+            if not create and not path.is_file():
+                raise OutboxUnavailable(shown, "no such file (create it with: ordq outbox init PATH)")
+            uri = path.resolve().as_uri() + ("?mode=rwc" if create else "?mode=rw")
+        except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL byte)
+            raise OutboxUnavailable(shown, getattr(exc, "strerror", None) or str(exc)) from exc
         try:
             # autocommit (isolation_level None): transactions are explicit; wait up to 30 s
             # for the application's write transactions instead of failing with "locked".
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=30, check_same_thread=False)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.Error as exc:
-            raise OutboxUnavailable(str(path), first_line(exc)) from exc
-        return cls(conn, "sqlite", table=table, database=str(path))
+            raise OutboxUnavailable(shown, first_line(exc)) from exc
+        return cls(conn, "sqlite", table=table, database=shown)
 
     @classmethod
     def _connect_postgres(cls, database: str, table: str) -> OutboxDb:
@@ -248,6 +252,13 @@ class OutboxDb:
         if self.dialect == "postgres" and _connection_lost(exc):
             return OutboxUnavailable(self.database, first_line(exc))
         return OutboxError(f"outbox database {self.database}: {what}: {first_line(exc)}")
+
+
+def _shown(name: str, limit: int = 80) -> str:
+    """A file name as it goes into a one-line message: quoted if it holds odd characters,
+    cut if long."""
+    text = name if name.isprintable() and name.strip() == name and name else repr(name)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _connection_lost(exc: BaseException) -> bool:
