@@ -28,10 +28,12 @@ system-deps:
 
 # What only the tests need: `chromium`, the headless browser tests/test_status_page.py loads the
 # status page in; `prometheus`, whose promtool checks docs/alerts.yml and the exposed metrics
-# (tests/test_metrics.py; where systemd runs, the package also starts a Prometheus server on
-# :9090, which nothing here uses).
+# (tests/test_metrics.py); `postgresql` and `mariadb-server`, the servers the outbox and CDC
+# tests start themselves in temporary folders (tests/helpers/postgres.py, mariadb.py). Where
+# systemd runs, these packages also start their own services, which nothing here uses.
 test-deps: system-deps
-	$(call need_debian,chromium prometheus,command -v chromium && command -v promtool)
+	$(call need_debian,chromium prometheus postgresql mariadb-server,command -v chromium && \
+	  command -v promtool && ls /usr/lib/postgresql/*/bin/initdb && test -x /usr/sbin/mariadbd)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -20,7 +20,7 @@ from ordq.errors import OrdqError
 # Order is the order shown in --help.
 COMMAND_MODULES = (
     "cluster", "zk", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients", "verify", "drill",
-    "demo",
+    "demo", "outbox", "cdc",
 )
 
 DEFAULT_ZK = "127.0.0.1:2181"

@@ -28,7 +28,12 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── DiskFull                          the log could not be written: nothing half-served
     ├── WaitTimeout (TimeoutError)        a bounded wait ran out (retriable)
     ├── ClosedError                       you closed it
-    └── ExternalProcessError              ZooKeeper/Java missing or a child process failed
+    ├── ExternalProcessError              ZooKeeper/Java missing or a child process failed
+    └── OutboxError                       the outbox database refused or disagrees with the queue
+        ├── OutboxUnavailable             the database cannot be reached (retriable)
+        ├── OutboxTableMissing (NotFound) the outbox table was never created
+        ├── OutboxPositionError           the queue's tail and the outbox (or binlog) do not fit together
+        └── BinlogUnavailable             ordq cdc: the source database's binlog cannot be read (retriable)
 """
 
 from __future__ import annotations
@@ -252,3 +257,48 @@ class ClosedError(OrdqError):
 
 class ExternalProcessError(OrdqError):
     """A required program (Java, ZooKeeper) is missing, or a child process failed to start."""
+
+
+class OutboxError(OrdqError):
+    """The outbox database refused a statement, or its rows and the queue disagree."""
+
+
+class OutboxUnavailable(OutboxError):
+    """The outbox database cannot be reached (bad address, server down, bad credentials)."""
+
+    retriable = True
+
+    def __init__(self, database: str, reason: str) -> None:
+        super().__init__(f"cannot open the outbox database {database}: {reason}")
+        self.database = database
+        self.reason = reason
+
+
+class OutboxTableMissing(OutboxError, NotFound):
+    def __init__(self, table: str, database: str | None = None) -> None:
+        where = database or "the database"
+        how = f"ordq outbox init {database or 'DATABASE'}" + ("" if table == "ordq_outbox" else f" --table {table}")
+        super().__init__(f"no outbox table {table!r} in {where} (create it with: {how})")
+        self.table = table
+        self.database = database
+
+
+class OutboxPositionError(OutboxError):
+    """Where the queue says the relay stopped cannot be matched to the outbox: another
+    producer wrote the queue's last message, or the queue is behind what the outbox recorded
+    as shipped (the queue was deleted and made again). Nothing is shipped."""
+
+    def __init__(self, queue: str, detail: str) -> None:
+        super().__init__(f"outbox relay for queue {queue!r}: {detail}")
+        self.queue = queue
+
+
+class BinlogUnavailable(OutboxError):
+    """``ordq cdc``: the source database cannot be reached, or refuses to stream its binlog."""
+
+    retriable = True
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"cannot read the binlog of {source}: {reason}")
+        self.source = source
+        self.reason = reason

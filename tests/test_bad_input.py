@@ -26,7 +26,8 @@ from sdk import BatchingConfig, CommitConfig, ConsumerConfig, ProducerConfig
 from tests.cluster import Cluster
 
 # Options that make a command given good values return at once (a live view, a consumer).
-BASELINE_OPTIONS = {("top",): ["--once"], ("consume",): ["--idle-exit", "0.2"]}
+BASELINE_OPTIONS = {("top",): ["--once"], ("consume",): ["--idle-exit", "0.2"], ("outbox", "relay"): ["--until-empty"],
+                    ("cdc", "mysql"): ["--until-end"]}
 HOSTILE_NAMES = ["", "a/b", "..", ".", "a\x00b", "ünïcode", "x" * 300, "-1", "9" * 40, " ", "q\n"]
 HOSTILE_INTS = ["-1", "0", "9" * 40, "1.5", "abc", "", "nan"]
 HOSTILE_FLOATS = ["-1", "nan", "inf", "1e999", "abc", ""]
@@ -120,6 +121,7 @@ def cluster(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def run(argv: list[str], cluster: Cluster, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))  # `produce` reads stdin
+    monkeypatch.chdir(cluster.base)  # a command that creates a file by name (`outbox init -1`) makes it there
     full = ["--zk", cluster.hosts, "--root", cluster.root, "--zk-timeout", "2", *argv]
     try:
         code = main(full)

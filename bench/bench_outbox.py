@@ -1,0 +1,158 @@
+"""The outbox relay against the bare Producer on the same box: how many rows/s the relay ships
+from a backlog (read in commit order, send, ack on both replicas, delete after the ack), and
+how many messages/s a bare ``Producer`` sends with the same payloads, key and headers. Not a
+test: prints numbers for docs/BENCHMARKS.md.
+
+    .venv/bin/python -m bench.bench_outbox [--rows 50000] [--size 200] [--batch-rows 1000] [--no-postgres]
+        [--no-mariadb]
+
+One broker group of real processes (both replicas fsynced before each ack), one queue per
+phase. The backlog is written first (transactions of 100 rows through ``sdk.outbox.add``; its
+rate is printed too), then one relay in this process ships it until the table is empty
+(``--until-empty``); rows/s counts from the relay's first read to its last delete. PostgreSQL
+is Debian's, started in a temp folder (tests/helpers/postgres.py), fsync on. Last, ``ordq cdc
+mysql``'s shipper reads the same number of inserted rows from a MariaDB binlog (Debian's,
+tests/helpers/mariadb.py) into its own queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench._cluster import ROOT, BenchCluster, bench_cluster
+from ordq.outbox.db import OutboxDb
+from ordq.outbox.relay import Relay, RelayConfig
+from sdk import Producer, ProducerConfig, outbox
+
+
+def _payload(i: int, size: int) -> bytes:
+    return (b"%012d" % i).ljust(size, b"x")
+
+
+def bare_producer(cluster: BenchCluster, queue: str, rows: int, size: int) -> float:
+    """msgs/s of one Producer sending ``rows`` messages like the relay's, through the last ack."""
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=queue)
+    with Producer(cfg) as p:
+        started = time.perf_counter()
+        for i in range(rows):
+            p.send(_payload(i, size), key=b"k%d" % (i % 16), headers=(("type", b"t"), ("x-ordq-outbox-id", b"%d" % i)))
+        p.flush()
+        return rows / (time.perf_counter() - started)
+
+
+def fill(connect: Callable[[], Any], queue: str, rows: int, size: int) -> float:
+    """Commit ``rows`` outbox rows in transactions of 100; the rows/s of that."""
+    conn = connect()
+    started = time.perf_counter()
+    for i in range(rows):
+        outbox.add(conn, queue, b"k%d" % (i % 16), _payload(i, size), [("type", "t")])
+        if i % 100 == 99:
+            conn.commit()
+    conn.commit()
+    conn.close()
+    return rows / (time.perf_counter() - started)
+
+
+def relay(cluster: BenchCluster, database: str, queue: str, rows: int, batch_rows: int) -> float:
+    """rows/s of one relay shipping the backlog of ``queue`` until the table is empty."""
+    db = OutboxDb.open(database)
+    try:
+        with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=queue)) as p:
+            r = Relay(db, p, RelayConfig(queue=queue, batch_rows=batch_rows, until_empty=True))
+            r.resume()
+            started = time.perf_counter()
+            stats = r.run(threading.Event())
+            elapsed = time.perf_counter() - started
+        if stats.shipped != rows or db.fetch(queue, 0, 1):
+            raise SystemExit(f"relay shipped {stats.shipped} of {rows} rows")
+    finally:
+        db.close()
+    return rows / elapsed
+
+
+def phase(cluster: BenchCluster, name: str, database: str, connect: Callable[[], Any], args: argparse.Namespace
+          ) -> None:
+    queue = f"outbox-{name}"
+    cluster.store.create_queue(queue, [g.gid for g in cluster.groups])
+    OutboxDb.open(database, create=True).close()
+    added = fill(connect, queue, args.rows, args.size)
+    shipped = relay(cluster, database, queue, args.rows, args.batch_rows)
+    print(f"{name}: add() {added:,.0f} rows/s (transactions of 100); relay {shipped:,.0f} rows/s", flush=True)
+
+
+def binlog(cluster: BenchCluster, rows: int, size: int) -> None:
+    """``ordq cdc mysql``'s shipper on Debian's MariaDB: rows inserted (transactions of 100)
+    first, then shipped from the binlog until its end; rows/s of each."""
+    import warnings
+
+    from ordq.cdc.mysql import BinlogShipper
+    from tests.helpers.mariadb import MariaDbServer
+
+    warnings.filterwarnings("ignore", "'db' is deprecated", DeprecationWarning)  # mysql-replication 1.0
+    server = MariaDbServer.start()
+    try:
+        conn: Any = server.connect(autocommit=False)
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, payload VARBINARY(4096))")
+            started = time.perf_counter()
+            for i in range(rows):
+                cur.execute("INSERT INTO shop.items VALUES (%s, %s)", (i, _payload(i, size)))
+                if i % 100 == 99:
+                    conn.commit()
+            conn.commit()
+            added = rows / (time.perf_counter() - started)
+        conn.close()
+        cluster.store.create_queue("binlog", [g.gid for g in cluster.groups])
+        with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue="binlog")) as p:
+            shipper = BinlogShipper({"host": "127.0.0.1", "port": server.port, "user": "ordq", "password": ""}, p,
+                                    queue="binlog", server_id=4242, from_beginning=True, until_end=True)
+            started = time.perf_counter()
+            stats = shipper.run(threading.Event())
+            shipped = stats.shipped / (time.perf_counter() - started)
+        if stats.shipped != rows:
+            raise SystemExit(f"binlog: shipped {stats.shipped} of {rows} rows")
+        print(f"mariadb binlog: inserts {added:,.0f} rows/s (transactions of 100); cdc mysql {shipped:,.0f} rows/s",
+              flush=True)
+    finally:
+        server.destroy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--size", type=int, default=200, help="payload bytes")
+    ap.add_argument("--batch-rows", type=int, default=1000)
+    ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--no-mariadb", action="store_true")
+    args = ap.parse_args()
+    with bench_cluster(groups=1) as cluster, tempfile.TemporaryDirectory(prefix="ordq-bench-outbox-") as tmp:
+        cluster.store.create_queue("bare", [g.gid for g in cluster.groups])
+        rate = bare_producer(cluster, "bare", args.rows, args.size)
+        print(f"bare Producer: {rate:,.0f} msgs/s ({args.rows} messages of {args.size} B)", flush=True)
+        path = str(Path(tmp) / "app.db")
+        phase(cluster, "sqlite", path, lambda: sqlite3.connect(path, timeout=30), args)
+        if not args.no_postgres:
+            import psycopg
+
+            from tests.helpers.postgres import PostgresServer
+
+            server = PostgresServer.start()
+            try:
+                dsn = server.create_database("bench")
+                phase(cluster, "postgres", dsn, lambda: psycopg.connect(dsn), args)
+            finally:
+                server.destroy()
+        if not args.no_mariadb:
+            binlog(cluster, args.rows, args.size)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""``ordq cdc mysql`` on a real MariaDB (Debian's, tests/helpers/mariadb.py) and real broker
+processes: while an application commits inserts, updates and deletes, shippers are killed
+(-9) and the head master is killed; at the end the queue holds every row change of the
+binlog once, in binlog order, as an independent read of the binlog lists them."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ordq.cdc.mysql import change_message
+from ordq.cli import main
+from sdk import Consumer, ConsumerConfig
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.helpers.mariadb import MariaDbServer
+from tests.util import wait_until
+
+
+@pytest.fixture(scope="module")
+def maria() -> Iterator[MariaDbServer]:
+    server = MariaDbServer.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+class App(threading.Thread):
+    """Transactions of 1-4 inserts, updates and deletes on shop.items, paced."""
+
+    def __init__(self, maria: MariaDbServer, rate: float) -> None:
+        super().__init__(name="cdc-app", daemon=True)
+        self.maria, self.rate = maria, rate
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn: Any = self.maria.connect(autocommit=False)
+            rng, live, next_id = random.Random(16), [], 1
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    for _ in range(rng.randint(1, 4)):
+                        op = rng.random()
+                        if op < 0.5 or len(live) < 5:
+                            cur.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (next_id, f"n{next_id}", 0))
+                            live.append(next_id)
+                            next_id += 1
+                        elif op < 0.8:
+                            cur.execute("UPDATE shop.items SET qty = qty + 1 WHERE id = %s", (rng.choice(live),))
+                        else:
+                            cur.execute("DELETE FROM shop.items WHERE id = %s", (live.pop(rng.randrange(len(live))),))
+                    conn.commit()
+                    self.stop.wait(1 / self.rate)  # pacing the load, not waiting for a condition
+            conn.close()
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            self.error = exc
+
+
+def _binlog_changes(maria: MariaDbServer) -> list[dict[str, Any]]:
+    """Every row change of shop.items in the binlog, read independently of the queue."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.event import MariadbGtidEvent
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    conn: Any = maria.connect()
+    with conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        first = cur.fetchall()[0][0]
+    conn.close()
+    stream = BinLogStreamReader(connection_settings={"host": "127.0.0.1", "port": maria.port, "user": "ordq",
+                                                     "password": ""}, server_id=77, blocking=False, is_mariadb=True,
+                                only_events=[MariadbGtidEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+                                log_file=first, log_pos=4, resume_stream=True, enable_logging=False)
+    out, gtid = [], None
+    for event in stream:
+        if isinstance(event, MariadbGtidEvent):
+            gtid = str(event.gtid)
+            continue
+        out += [json.loads(change_message(event, row, gtid)[1]) for row in event.rows if event.table == "items"]
+    stream.close()
+    return out
+
+
+# mysql-replication 1.0 passes pymysql the old "db" argument (pymysql 1.2 warns about it)
+@pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning")
+def test_binlog_rows_reach_the_queue_once_in_order_through_kills(cluster: Cluster, maria: MariaDbServer) -> None:
+    conn: Any = maria.connect(autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute("CREATE DATABASE shop")
+        cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL)")
+    conn.close()
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    got: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="check",
+                             start="earliest")
+        with Consumer(cfg) as c:
+            while not done.is_set():
+                got.extend(json.loads(m.payload) for m in c.poll(0.2))
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    try:
+        _ship_through_kills(cluster, maria, got)
+    finally:
+        done.set()
+        reader.join(timeout=30)
+
+
+def _ship_through_kills(cluster: Cluster, maria: MariaDbServer, got: list[dict[str, Any]]) -> None:
+    app = App(maria, rate=60)
+    app.start()
+
+    def shipper(name: str, *extra: str) -> Any:
+        return cluster.spawn_ordq(name, "cdc", "mysql", maria.source, "q", "--from-beginning", "--send-timeout", "1",
+                                  *extra)
+
+    a = shipper("cdc-a")
+    a.wait_for_line("LEADER", timeout_s=60)
+    wait_until(lambda: len(got) > 150, timeout_s=60, what="A shipping")
+    a.kill()
+    b = shipper("cdc-b")
+    b.wait_for_line("LEADER", timeout_s=60)
+    mark = len(got)
+    wait_until(lambda: len(got) > mark + 150, timeout_s=60, what="B shipping")
+    cluster.head().master.kill()
+    mark = len(got)
+    wait_until(lambda: len(got) > mark + 150, timeout_s=60, what="B shipping after the failover")
+    b.kill()
+    app.stop.set()
+    app.join(timeout=30)
+    assert app.error is None, app.error
+    c = shipper("cdc-c", "--until-end")
+    wait_until(lambda: not c.alive(), timeout_s=60, what="C to catch up and exit")
+    assert c.returncode == 0, c.log_tail()
+    expected = _binlog_changes(maria)
+    wait_until(lambda: len(got) >= len(expected), timeout_s=60, what=f"{len(expected)} changes delivered")
+    assert len(expected) > 450 and got == expected  # each once, in binlog order, with its transaction's GTID
+
+
+def test_bad_source_is_one_clear_line(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cdc", "mysql", "postgres://x@h", "q"]) == 1
+    assert capsys.readouterr().err == ("ordq: error: bad source 'postgres://x@h': expected "
+                                       "mysql://user[:password]@host[:port]\n")
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    proc = cluster.ordq("cdc", "mysql", "mysql://ordq@127.0.0.1:1", "q", "--until-end")
+    err = proc.stderr.decode().splitlines()
+    assert proc.returncode == 1 and err[-1].startswith("ordq: error: cannot read the binlog of "
+                                                       "mysql://ordq@127.0.0.1:1: (2003"), err
+
+
+def test_the_position_header_round_trips() -> None:
+    from ordq.cdc.mysql import BinlogPos
+
+    pos = BinlogPos("binlog.000002", 1024, 2048, 3)
+    assert BinlogPos.decode(pos.encode()) == pos
