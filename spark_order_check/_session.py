@@ -45,9 +45,18 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
     return builder.getOrCreate()
 
 
+PARTITION_INPUT_BYTES = 256 << 20
+
+
 def default_partitions(spark: SparkSession, input_bytes: int) -> int:
-    """Shuffle partitions for the verification: ~64 MiB of input each, at least one per core."""
-    return max(int(spark.sparkContext.defaultParallelism), min(4000, -(-input_bytes // (64 << 20))))
+    """Shuffle partitions for the verification: ~256 MiB of audit input each, a multiple of the
+    cores (no last wave with idle cores). Every query over the input table runs one task per
+    partition: at 10^7 messages on local[2], 8 partitions against 28 (64 MiB each) took
+    44.9 s against 65.6 s (71 against 76 CPU seconds; docs/BENCHMARKS.md); a partition's
+    per-seq hash aggregation holds ~1.5M seqs."""
+    cores = max(1, int(spark.sparkContext.defaultParallelism))
+    wanted = min(4000, -(-input_bytes // PARTITION_INPUT_BYTES))
+    return max(cores, -(-wanted // cores) * cores)
 
 
 @contextmanager

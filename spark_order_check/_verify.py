@@ -95,8 +95,8 @@ def verify(
         spark: an existing session to reuse (default: the active one, if any); a session this
             call did not create is left running.
         report_path, plot_path: also write the JSON report / a latency histogram PNG.
-        partitions: shuffle partitions (default: one per ~64 MiB of audit input, at least one
-            per core).
+        partitions: shuffle partitions (default: one per ~256 MiB of audit input, a multiple
+            of the cores).
         bucket_bits: seqs are windowed in buckets of 2**bucket_bits (docs/VERIFIER.md,
             "Scaling"); results do not depend on it.
 
