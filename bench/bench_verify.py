@@ -124,16 +124,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data: {directory} ({n_files} files, {n_bytes / 1e6:,.0f} MB"
               + (f", generated in {gen_s:.0f} s)" if gen_s else ", reused)"), flush=True)
 
-    reference_s = None
+    reference_s = reference_cpu_s = None
     if not args.no_reference:
+        cpu0 = time.process_time()
         ref = reference.check(directory / "acks", directory / "deliveries")
+        reference_cpu_s = time.process_time() - cpu0
         bad = {k: v for k, v in ref.counts.items() if v and CLASS_BY_NAME[k].violation}
         if bad:
             print(f"the reference checker found violations on clean data: {bad}", file=sys.stderr)
             return 1
         reference_s = ref.seconds
         if not args.json:
-            print(f"  reference (one process): {reference_s:.1f} s, {ref.rows / reference_s:,.0f} rows/s", flush=True)
+            print(f"  reference (one process): {reference_s:.1f} s, {ref.rows / reference_s:,.0f} rows/s, "
+                  f"CPU {reference_cpu_s:.1f} s; load average {[round(x, 1) for x in os.getloadavg()]}", flush=True)
 
     spark = make_session(args.master, driver_memory=args.driver_memory, app_name="ordq-bench-verify")
     try:
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         timed: dict[str, list[float]] = {k: [] for k in ("bare_scan", "csv_count", "csv_parse", "verifier_parse",
                                                            "verify")}
         report = None
+        verify_cpu: list[float] = []
 
         def run(name: str, fn: Any) -> Any:
             t0 = time.perf_counter()
@@ -157,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
                 run("csv_count", lambda: _csv_count(spark, paths))
                 run("csv_parse", lambda: _csv_parse(spark, paths))
                 run("verifier_parse", lambda: _verifier_parse(spark, directory))
+            cpu0 = _spark_cpu_s(spark)
             report = run("verify", lambda: verify(acks=directory / "acks", deliveries=directory / "deliveries",
                                                   spark=spark))
+            verify_cpu.append(_spark_cpu_s(spark) - cpu0)
+            if not args.json:
+                print(f"  verify CPU (driver + JVM): {verify_cpu[-1]:.1f} s; load average "
+                      f"{[round(x, 1) for x in os.getloadavg()]}", flush=True)
             run("bare_scan", lambda: spark.read.text(paths).count())  # again: the best of both is kept
     finally:
         spark.stop()
@@ -185,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         "reference_s": round(reference_s, 2) if reference_s else None,
         "reference_rows_per_s_per_core": round((report.inputs.ack_rows + report.inputs.delivery_rows) / reference_s)
         if reference_s else None,
+        "verify_cpu_s": round(min(verify_cpu), 2),
+        "reference_cpu_s": round(reference_cpu_s, 2) if reference_cpu_s else None,
+        "verify_rows_per_cpu_s": round((report.inputs.ack_rows + report.inputs.delivery_rows) / min(verify_cpu)),
+        "reference_rows_per_cpu_s": round((report.inputs.ack_rows + report.inputs.delivery_rows) / reference_cpu_s)
+        if reference_cpu_s else None,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "load_average": [round(x, 1) for x in os.getloadavg()],
@@ -201,7 +215,31 @@ def main(argv: list[str] | None = None) -> int:
         if reference_s:
             print(f"per core: Spark {result['verify_rows_per_s_per_core']:,} rows/s on {args.master}, plain Python "
                   f"{result['reference_rows_per_s_per_core']:,} rows/s (goal: Spark >= Python)")
+            print(f"per CPU second: Spark {result['verify_rows_per_cpu_s']:,} rows, plain Python "
+                  f"{result['reference_rows_per_cpu_s']:,} rows")
     return 0
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its descendants so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def _spark_cpu_s(spark: SparkSession) -> float:
+    """CPU of this process (the driver's Python side) and of the JVM it launched."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    return time.process_time() + (_tree_cpu_s(proc.pid) if proc is not None else 0.0)
 
 
 def _cores(master: str) -> int:

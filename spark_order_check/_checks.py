@@ -375,6 +375,7 @@ def input_counts(e: DataFrame) -> DataFrame:
         F.min(row).alias("min_row"), F.max(row).alias("max_row"),
         F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
         F.min(F.col("seq") - row).alias("min_d"), F.max(F.col("seq") - row).alias("max_d"),
+        F.min("t").alias("min_t"), F.max("t").alias("max_t"),
     )
 
 
@@ -382,8 +383,9 @@ def input_stats(inter: DataFrame) -> DataFrame:
     """Every statistic, from :func:`input_counts`, as rows of one shape (``t`` says which):
 
     - ``file``: per (file, kind, queue, subscription, writer): rows, min/max row number,
-      min/max seq and min/max of ``seq - row``. A file whose rows are numbered without holes
-      and whose ``seq - row`` is constant holds one run of consecutive seqs, in order.
+      min/max seq, min/max of ``seq - row`` and min/max ``deliver_us``. A file whose rows are
+      numbered without holes and whose ``seq - row`` is constant holds one run of consecutive
+      seqs, in order.
     - ``lat``: per (queue, subscription): exact p50/p95/p99 (nearest rank), min, max, negative.
     - ``hist``: per (queue, subscription, bin): deliveries; bin k covers
       [10^(k/20), 10^((k+1)/20)) µs, NONPOSITIVE_BIN holds latencies <= 0 (clock skew).
@@ -391,7 +393,7 @@ def input_stats(inter: DataFrame) -> DataFrame:
     files = inter.groupBy("fid", "kind", "q", "s", "c").agg(
         F.sum("rows").alias("a0"), F.min("min_row").alias("a1"), F.max("max_row").alias("a2"),
         F.min("min_seq").alias("a3"), F.max("max_seq").alias("a4"), F.min("min_d").alias("a5"),
-        F.max("max_d").alias("a6"))
+        F.max("max_d").alias("a6"), F.min("min_t").alias("a7"), F.max("max_t").alias("a8"))
     values = inter.filter(F.col("kind") == DELIVERY).groupBy("q", "s", "lat").agg(F.sum("rows").alias("n"))
     w = Window.partitionBy("q", "s")
     cum = F.sum("n").over(w.orderBy("lat").rowsBetween(Window.unboundedPreceding, Window.currentRow))
@@ -413,7 +415,7 @@ def input_stats(inter: DataFrame) -> DataFrame:
         cols = [F.lit(t).alias("t")]
         for name, typ in (("fid", "long"), ("kind", "int"), ("q", "string"), ("s", "string"), ("c", "string")):
             cols.append((F.col(name) if name in df.columns else F.lit(None)).cast(typ).alias(name))
-        for i in range(7):
+        for i in range(9):
             cols.append((F.col(f"a{i}") if f"a{i}" in df.columns else F.lit(None)).cast("long").alias(f"a{i}"))
         return df.select(*cols)
 

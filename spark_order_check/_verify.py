@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,8 @@ def verify(
         spark: an existing session to reuse (default: the active one, if any); a session this
             call did not create is left running.
         report_path, plot_path: also write the JSON report / a latency histogram PNG.
-        partitions: shuffle partitions (default: one per ~64 MiB of audit input, at least one
-            per core).
+        partitions: shuffle partitions (default: one per ~256 MiB of audit input, a multiple
+            of the cores).
         bucket_bits: seqs are windowed in buckets of 2**bucket_bits (docs/VERIFIER.md,
             "Scaling"); results do not depend on it.
 
@@ -181,9 +182,13 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
     kept: list[DataFrame] = [e]
     try:
         # 1. Statistics, in the first pass over the input (which also keeps it).
-        inter = C.checkpoint(C.input_counts(e))
-        kept.append(inter)
-        stats = C.input_stats(inter).collect()
+        # The statistics are small (files x distinct latencies): one shuffle partition per core
+        # instead of one per 64 MiB of input saves a task launch per partition in each of
+        # their stages (planned, so the setting is read, inside this block).
+        with _shuffle_partitions(spark, int(spark.sparkContext.defaultParallelism)):
+            inter = C.checkpoint(C.input_counts(e))
+            kept.append(inter)
+            stats = C.input_stats(inter).collect()
         phase("read, partition by (queue, bucket), keep; statistics")
         fstats = [_FileStats.of(r) for r in stats if r.t == "file"]
         _check_row_numbering(fstats, files)
@@ -198,7 +203,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         # 2. Raw findings: acks against deliveries for every seq; order windows only for the
         #    consumer instances whose files are not one run of consecutive seqs.
         parts = [C.seq_findings(e, local_table(spark, sub_rows, SUBS))]
-        multi = _subscriptions_with_several_instances(fstats)
+        multi = _subscriptions_with_overlap(fstats)
         if multi:
             parts.append(C.concurrent_consumer_findings(e.filter(F.col("kind") == DELIVERY).join(
                 F.broadcast(local_table(spark, [(q, s, True) for q, s in multi], SUBS)).select("q", "s"),
@@ -298,6 +303,20 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
     return report, list(report.histogram)
 
 
+@contextmanager
+def _shuffle_partitions(spark: SparkSession, n: int) -> Iterator[None]:
+    key = "spark.sql.shuffle.partitions"
+    saved = spark.conf.get(key, None)
+    spark.conf.set(key, str(n))
+    try:
+        yield
+    finally:
+        if saved is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, saved)
+
+
 def _union(parts: list[DataFrame]) -> DataFrame:
     out = parts[0]
     for p in parts[1:]:
@@ -319,10 +338,13 @@ class _FileStats:
     max_seq: int | None
     min_d: int | None
     max_d: int | None
+    min_t: int | None  # deliver_us, deliveries only
+    max_t: int | None
 
     @classmethod
     def of(cls, r: Any) -> _FileStats:
-        return cls(int(r.fid), int(r.kind), r.q, r.s, r.c, int(r.a0), int(r.a1), int(r.a2), r.a3, r.a4, r.a5, r.a6)
+        return cls(int(r.fid), int(r.kind), r.q, r.s, r.c, int(r.a0), int(r.a1), int(r.a2), r.a3, r.a4, r.a5, r.a6,
+                   r.a7, r.a8)
 
     @property
     def one_run(self) -> bool:
@@ -330,14 +352,28 @@ class _FileStats:
         return self.min_d == self.max_d and self.max_row - self.min_row + 1 == self.rows
 
 
-def _subscriptions_with_several_instances(fstats: list[_FileStats]) -> list[tuple[str, str]]:
-    """(queue, subscription) delivered to by more than one consumer instance: only there can
-    two instances have been active at once."""
-    by_sub: dict[tuple[str, str], set[str]] = defaultdict(set)
+def _subscriptions_with_overlap(fstats: list[_FileStats]) -> list[tuple[str, str]]:
+    """(queue, subscription) where two consumer instances may have been active at once: an
+    instance A delivered after another instance B's first delivery while B started no earlier
+    than A (first_A <= first_B < last_A, from each instance's first and last ``deliver_us``).
+
+    Only there can ``concurrent_consumers`` find anything: instances ordered by their first
+    delivery, a finding is a delivery of A later than the next instance's first one. Ties on
+    the first time are ordered by position in that check; this test takes both orders. On a
+    clean run no subscription qualifies and the deliveries are not read again."""
+    span: dict[tuple[str, str, str], list[int]] = {}
     for r in fstats:
-        if r.kind == DELIVERY and r.c:
-            by_sub[(r.q, r.s)].add(r.c)
-    return sorted(k for k, cs in by_sub.items() if len(cs) > 1)
+        if r.kind == DELIVERY and r.c and r.min_t is not None and r.max_t is not None:
+            one = span.setdefault((r.q, r.s, r.c), [r.min_t, r.max_t])
+            one[0], one[1] = min(one[0], r.min_t), max(one[1], r.max_t)
+    by_sub: dict[tuple[str, str], list[list[int]]] = defaultdict(list)
+    for (q, s, _c), one in span.items():
+        by_sub[(q, s)].append(one)
+    out = []
+    for key, spans in sorted(by_sub.items()):
+        if any(a is not b and a[0] <= b[0] < a[1] for a in spans for b in spans):
+            out.append(key)
+    return out
 
 
 def is_keyed(keyed: Sequence[str], q: str | None, s: str | None) -> bool:
