@@ -92,6 +92,7 @@ def _csv_parse(spark: SparkSession, paths: list[str]) -> int:
         schema = T.StructType([T.StructField(c, T.LongType() if c in _NUMBERS else T.StringType()) for c in columns])
         df = spark.read.schema(schema).options(sep="\t", header="true", quote="").csv([p for p in paths if sub in p])
         row = df.select(F.count(F.lit(1)).alias("n"), *[F.bit_xor(c) for c in columns if c in _NUMBERS]).first()
+        assert row is not None  # an aggregate has one row
         total += int(row["n"])
     return total
 
@@ -102,6 +103,7 @@ def _verifier_parse(spark: SparkSession, directory: Path) -> int:
         e = scan_acks(spark, fa, 0).unionByName(scan_deliveries(spark, fd, len(fa), ()))
         row = e.select(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("q", "s", "c")), F.bit_xor("seq"),
                        F.bit_xor("crc"), F.bit_xor("pos"), F.bit_xor("seg"), F.bit_xor("lat"), F.sum("kind")).first()
+    assert row is not None  # an aggregate has one row
     return int(row["n"])
 
 
