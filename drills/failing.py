@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from drills.workload import EXIT_DONE, EXIT_ERROR, StatusWriter, build_parser, now_us, payload_seq
+from drills.workload import EXIT_DONE, EXIT_ERROR, StatusWriter, build_parser, closed, now_us, payload_seq
 from ordq.proc import announce
 
 FIXED = "fixed"  # the file that tells the handler it works now
@@ -95,11 +95,7 @@ class FailingConsumer:
         except (OrdqError, OSError) as exc:
             self.state, self.error, code = "error", f"{type(exc).__name__}: {exc}", EXIT_ERROR
         finally:
-            if self.consumer is not None:
-                try:
-                    self.consumer.close()
-                except Exception as exc:  # noqa: BLE001 - reported in the status
-                    self.error = self.error or f"close: {type(exc).__name__}: {exc}"
+            self.error = closed(self.consumer, self.error)
             status.close()
             self.log.close()
         announce(f"EXIT {self.state} handled={len(self.handled)} {self.error}")

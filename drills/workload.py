@@ -68,6 +68,17 @@ def payload_seq(payload: bytes) -> int | None:
         return None
 
 
+def closed(client: Any, error: str) -> str:
+    """Close a role's Producer or Consumer (if it was made) in its ``finally``: a failure to
+    close becomes the role's error unless it has one already (its exit code is kept)."""
+    if client is not None:
+        try:
+            client.close()
+        except Exception as exc:  # noqa: BLE001 - reported in the status
+            return error or f"close: {type(exc).__name__}: {exc}"
+    return error
+
+
 class StatusWriter:
     """Rewrites a status file from ``snapshot()`` every ``every_s`` seconds until closed."""
 
@@ -189,11 +200,7 @@ class ProducerRun:
         except (OrdqError, OSError) as exc:
             self.state, self.error, code = "error", f"{type(exc).__name__}: {exc}", EXIT_ERROR
         finally:
-            if self.producer is not None:
-                try:
-                    self.producer.close()
-                except Exception as exc:  # noqa: BLE001 - reported in the status, exit code kept
-                    self.error = self.error or f"close: {type(exc).__name__}: {exc}"
+            self.error = closed(self.producer, self.error)
             status.close()
         announce(f"EXIT {self.state} acked={self.acked} {self.error}")
         return code
@@ -264,11 +271,7 @@ class ConsumerRun:
         except (OrdqError, OSError) as exc:
             self.state, self.error, code = "error", f"{type(exc).__name__}: {exc}", EXIT_ERROR
         finally:
-            if self.consumer is not None:
-                try:
-                    self.consumer.close()
-                except Exception as exc:  # noqa: BLE001 - reported in the status
-                    self.error = self.error or f"close: {type(exc).__name__}: {exc}"
+            self.error = closed(self.consumer, self.error)
             status.close()
         announce(f"EXIT {self.state} delivered={self.delivered} last_seq={self.last_seq} {self.error}")
         return code
