@@ -1,0 +1,83 @@
+"""ordq as a Spark Structured Streaming source (ordq/spark_source.py) on real brokers and
+ZooKeeper: a queue written through a head-master kill -9, read by a streaming query into
+Parquet that is stopped midway and restarted from its checkpoint, holds every acked seq
+exactly once."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ordq.errors import ConfigError
+from ordq.spark_source import SourceOptions, register
+from tests import spark_fixtures
+from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
+from tests.util import wait_until
+
+pytestmark = [pytest.mark.zk, pytest.mark.spark]
+spark = spark_fixtures.spark
+
+N = 9000
+RATE = 3000.0
+
+
+def test_a_streaming_query_reads_every_acked_seq_once_through_a_failover_and_a_restart(
+        cluster: Cluster, spark: Any, tmp_path: Path) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    register(spark)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def start_query(**trigger: Any) -> Any:
+        df = (spark.readStream.format("ordq").option("zk", cluster.hosts).option("root", cluster.root)
+              .option("queue", "q").load())
+        return (df.writeStream.format("parquet").option("path", str(out))
+                .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
+
+    def rows_read(query: Any) -> int:
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    query = start_query(processingTime="200 milliseconds")
+    producer = cluster.producer(n=N, rate=RATE)
+    producer.start()
+    try:
+        wait_acked(producer, N // 3)
+        cluster.head().master.kill()
+        # Stop midway, once the query has read past the failover (the kill came at N/3 acked).
+        wait_until(lambda: query.exception() is not None or rows_read(query) >= N // 2, timeout_s=60,
+                   what="the query read half the queue")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    first_run = rows_read(query)
+    producer.join(FINISH_S)
+    assert len(producer.acked) == N
+
+    query = start_query(availableNow=True)  # from the checkpoint, to what is readable now
+    try:
+        query.awaitTermination(60)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    # The restart read only what the first run had not: the checkpoint is the position.
+    assert first_run + rows_read(query) == N, (first_run, rows_read(query))
+
+    rows = spark.read.parquet(str(out)).select("seq", "payload", "seg").collect()
+    seqs = sorted(r.seq for r in rows)
+    assert len(rows) == N and seqs == list(range(N)), f"{len(rows)} rows, {len(set(seqs))} distinct seqs"
+    crcs = {a.seq: a.crc for a in producer.acked}
+    assert all(zlib.crc32(r.payload) == crcs[r.seq] for r in rows)
+    segs = sorted({r.seg for r in rows})
+    assert len(segs) >= 2, (segs, cluster.state())  # the failover moved the queue to another segment
+
+
+def test_unknown_or_missing_options_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown"):
+        SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "subscription": "s"})
+    with pytest.raises(ConfigError, match="queue"):
+        SourceOptions.parse({"zk": "127.0.0.1:1"})
+    with pytest.raises(ConfigError):
+        SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "start": "somewhere"})
