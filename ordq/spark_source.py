@@ -29,7 +29,6 @@ Rules:
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -39,7 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from broker_group.log import decode_batch
+from broker_group.log import Message, decode_batch
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
 from coordinator.store import ZkStore
 from ordq.admin.read import ReplicaReader
@@ -51,9 +50,14 @@ NAME = "ordq"
 SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key: string, value: binary>>, "
           "timestamp timestamp, payload binary")
 FETCH_MAX_BYTES = 4 << 20
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_US = dt.timedelta(microseconds=1)
+CHUNK_MESSAGES = 50_000  # per Spark task (a range of one segment)
 _OPTIONS = ("zk", "root", "queue", "start", "rpctimeouts", "replicawaits")
+
+
+def _arrow_headers() -> Any:
+    import pyarrow as pa
+
+    return pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
 def register(spark: SparkSession) -> None:
@@ -139,9 +143,13 @@ class SegmentRange(InputPartition):  # type: ignore[misc]
     after_seq: int
 
 
-def plan(st: QueueState, start: Cursor, end: Cursor) -> list[SegmentRange]:
-    """The segment ranges between two offsets, in segment order. NotFound when a segment the
-    range covers was popped meanwhile (a subscription read it; see docs/SPARK.md)."""
+def plan(st: QueueState, start: Cursor, end: Cursor, *, first_seqs: Mapping[int, int] | None = None,
+         chunk_messages: int = CHUNK_MESSAGES) -> list[SegmentRange]:
+    """The segment ranges between two offsets, in segment order. A segment whose first seq is
+    known (sealed, or given in ``first_seqs``) is cut into ranges of ``chunk_messages`` so that
+    Spark reads them in parallel: within a segment seqs are consecutive, so the last seq before
+    offset ``o`` is ``first_seq + o - 1`` (or an earlier segment's, if higher: a resend).
+    NotFound when a segment the range covers is not sealed yet lies before ``end``."""
     ranges: list[SegmentRange] = []
     after = start.last_seq
     for segment in st.consume:
@@ -151,8 +159,11 @@ def plan(st: QueueState, start: Cursor, end: Cursor) -> list[SegmentRange]:
         stop = end.offset if segment.seg == end.seg else segment.end
         if stop is None:
             raise NotFound(f"queue {st.queue!r}: segment {segment.seg} is not sealed but lies before offset {end}")
-        if stop > first:
-            ranges.append(SegmentRange(st.queue, segment, first, stop, after))
+        first_seq = segment.first_seq if segment.first_seq is not None else (first_seqs or {}).get(segment.seg)
+        step = chunk_messages if first_seq is not None else max(stop - first, 1)
+        for lo in range(first, stop, step):
+            before = after if lo == first or first_seq is None else max(after, first_seq + lo - 1)
+            ranges.append(SegmentRange(st.queue, segment, lo, min(lo + step, stop), before))
         if segment.last_seq is not None:
             after = max(after, segment.last_seq)
     return ranges
@@ -162,10 +173,10 @@ def plan(st: QueueState, start: Cursor, end: Cursor) -> list[SegmentRange]:
 
 
 def read_range(reader: ReplicaReader, part: SegmentRange, *, replica_wait_s: float = 30.0,
-               clock: Any = time.monotonic, sleep: Any = time.sleep) -> Iterator[tuple[Any, ...]]:
-    """The rows of one segment range, new seqs only, in order. Waits up to ``replica_wait_s``
-    for a replica to answer (a failover in progress), then BrokerUnavailable; GapDetected when
-    a seq is missing."""
+               clock: Any = time.monotonic, sleep: Any = time.sleep) -> Iterator[list[tuple[int, int, Message]]]:
+    """The messages of one segment range as (seq, offset, message), new seqs only, in order, a
+    list per fetch. Waits up to ``replica_wait_s`` for a replica to answer (a failover in
+    progress), then BrokerUnavailable; GapDetected when a seq is missing."""
     seen = DeliveryFilter(part.queue, part.after_seq)
     offset, seg = part.first_offset, part.segment.seg
     deadline = clock() + replica_wait_s
@@ -184,6 +195,7 @@ def read_range(reader: ReplicaReader, part: SegmentRange, *, replica_wait_s: flo
             sleep(0.2)
             continue
         deadline = clock() + replica_wait_s
+        out: list[tuple[int, int, Message]] = []
         for raw in res.batches:
             header, messages = decode_batch(raw)
             for i, m in enumerate(messages):
@@ -192,8 +204,24 @@ def read_range(reader: ReplicaReader, part: SegmentRange, *, replica_wait_s: flo
                     continue
                 seq = header.first_seq + i
                 if seen.admit(seq):
-                    yield (seq, seg, off, m.key, list(m.headers), _EPOCH + m.timestamp_us * _US, m.payload)
+                    out.append((seq, off, m))
             offset = max(offset, min(header.end_offset, part.end_offset))
+        yield out
+
+
+def to_arrow(seg: int, got: list[tuple[int, int, Message]]) -> Any:
+    """One pyarrow RecordBatch in SCHEMA's columns (Spark takes it without a row per tuple)."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([
+        pa.array([g[0] for g in got], pa.int64()),
+        pa.array([seg] * len(got), pa.int64()),
+        pa.array([g[1] for g in got], pa.int64()),
+        pa.array([g[2].key for g in got], pa.binary()),
+        pa.array([[{"key": k, "value": v} for k, v in g[2].headers] for g in got], _arrow_headers()),
+        pa.array([g[2].timestamp_us for g in got], pa.timestamp("us", tz="UTC")),
+        pa.array([g[2].payload for g in got], pa.binary()),
+    ], names=["seq", "seg", "offset", "key", "headers", "timestamp", "payload"])
 
 
 # -- the Spark classes ---------------------------------------------------------------------------------
@@ -244,16 +272,23 @@ class OrdqStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return to_offset(readable_end(reader, st, from_offset(start)))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SegmentRange]:
-        store, _ = self._connect()
+        store, reader = self._connect()
         st, _ = store.load_state(self.options.queue)
-        return plan(st, from_offset(start), from_offset(end))
+        first, last = from_offset(start), from_offset(end)
+        # The first seq of an unsealed segment (a replica knows it) lets its range be split.
+        first_seqs = {s.seg: e.first_seq for s in st.consume
+                      if first.seg <= s.seg <= last.seg and s.status is not SegStatus.SEALED
+                      and (e := reader.extent(st.queue, s)).first_seq is not None}
+        return plan(st, first, last, first_seqs=first_seqs)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, SegmentRange):
             raise TypeError(f"not an ordq segment range: {partition!r}")
         o = self.options
         with ZkStore.connect(o.zk, o.root) as store, ReplicaReader(store, rpc_timeout_s=o.rpc_timeout_s) as reader:
-            yield from read_range(reader, partition, replica_wait_s=o.replica_wait_s)
+            for got in read_range(reader, partition, replica_wait_s=o.replica_wait_s):
+                if got:
+                    yield to_arrow(partition.segment.seg, got)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # the checkpoint is the cursor: nothing to write on ordq's side

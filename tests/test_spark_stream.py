@@ -5,14 +5,16 @@ exactly once."""
 
 from __future__ import annotations
 
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coordinator.state import Cursor, QueueState, Segment, SegStatus
 from ordq.errors import ConfigError
-from ordq.spark_source import SourceOptions, register
+from ordq.spark_source import SourceOptions, plan, register
 from tests import spark_fixtures
 from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
@@ -40,6 +42,7 @@ def test_a_streaming_query_reads_every_acked_seq_once_through_a_failover_and_a_r
     def rows_read(query: Any) -> int:
         return sum(p["numInputRows"] for p in query.recentProgress)
 
+    t0_us = time.time_ns() // 1000
     query = start_query(processingTime="200 milliseconds")
     producer = cluster.producer(n=N, rate=RATE)
     producer.start()
@@ -65,9 +68,11 @@ def test_a_streaming_query_reads_every_acked_seq_once_through_a_failover_and_a_r
     # The restart read only what the first run had not: the checkpoint is the position.
     assert first_run + rows_read(query) == N, (first_run, rows_read(query))
 
-    rows = spark.read.parquet(str(out)).select("seq", "payload", "seg").collect()
+    rows = spark.read.parquet(str(out)).selectExpr("seq", "payload", "seg", "unix_micros(timestamp) AS us").collect()
     seqs = sorted(r.seq for r in rows)
     assert len(rows) == N and seqs == list(range(N)), f"{len(rows)} rows, {len(set(seqs))} distinct seqs"
+    t1_us = time.time_ns() // 1000
+    assert all(t0_us <= r.us <= t1_us for r in rows)  # the producer's clock at send(), to the µs
     crcs = {a.seq: a.crc for a in producer.acked}
     assert all(zlib.crc32(r.payload) == crcs[r.seq] for r in rows)
     segs = sorted({r.seg for r in rows})
@@ -81,3 +86,18 @@ def test_unknown_or_missing_options_are_refused() -> None:
         SourceOptions.parse({"zk": "127.0.0.1:1"})
     with pytest.raises(ConfigError):
         SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "start": "somewhere"})
+
+
+def test_a_plan_cuts_segments_into_ranges_that_start_after_the_right_seq() -> None:
+    # seg 0 sealed with seqs 0..119; seg 1 resent 110..119 then went on (open, first seq 110).
+    st = QueueState("q", consume=(
+        Segment(0, "g1", SegStatus.SEALED, end=120, first_seq=0, last_seq=119),
+        Segment(1, "g2", SegStatus.OPEN),
+    ), next_seg=2)
+    start, end = Cursor(seg=0, offset=30, last_seq=29), Cursor(seg=1, offset=100, last_seq=209)
+    got = [(r.segment.seg, r.first_offset, r.end_offset, r.after_seq)
+           for r in plan(st, start, end, first_seqs={1: 110}, chunk_messages=50)]
+    assert got == [(0, 30, 80, 29), (0, 80, 120, 79),
+                   (1, 0, 50, 119), (1, 50, 100, 159)]  # the resent 110..119 are dropped, not read twice
+    # Without a known first seq the open segment is read as one range.
+    assert [(r.first_offset, r.end_offset) for r in plan(st, start, end, chunk_messages=50)][-1] == (0, 100)
