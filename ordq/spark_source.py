@@ -192,6 +192,13 @@ def read_range(reader: ReplicaReader, part: SegmentRange, *, replica_wait_s: flo
         out: list[tuple[int, int, Message]] = []
         for raw in res.batches:
             header, messages = decode_batch(raw)
+            first_off, n = header.first_offset, header.count
+            if first_off >= offset and first_off + n <= part.end_offset and seen.admit_run(header.first_seq, n):
+                # The whole batch is new and continues the stream exactly (the consumer's fast path).
+                out.extend(zip(range(header.first_seq, header.first_seq + n), range(first_off, first_off + n),
+                               messages, strict=True))
+                offset = first_off + n
+                continue
             for i, m in enumerate(messages):
                 off = header.first_offset + i
                 if off < offset or off >= part.end_offset:
