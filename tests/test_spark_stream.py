@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from ordq.errors import ConfigError
-from ordq.spark_source import SourceOptions, plan, register
+from coordinator.store import ZkStore
+from ordq.admin.read import ReplicaReader
+from ordq.errors import ConfigError, GapDetected
+from ordq.spark_source import SegmentRange, SourceOptions, plan, read_range, register
 from tests import spark_fixtures
 from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
@@ -101,3 +103,19 @@ def test_a_plan_cuts_segments_into_ranges_that_start_after_the_right_seq() -> No
                    (1, 0, 50, 119), (1, 50, 100, 159)]  # the resent 110..119 are dropped, not read twice
     # Without a known first seq the open segment is read as one range.
     assert [(r.first_offset, r.end_offset) for r in plan(st, start, end, chunk_messages=50)][-1] == (0, 100)
+
+
+def test_a_range_drops_seqs_already_read_and_refuses_a_gap(cluster: Cluster) -> None:
+    """read_range on a real segment: seqs at or below ``after_seq`` are dropped (a resend
+    after failover looks so), and a range that does not continue ``after_seq`` is a gap."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    producer = cluster.producer(n=100, rate=None)
+    producer.start()
+    producer.join(FINISH_S)
+    segment = cluster.state().consume[0]
+    with ZkStore.connect(cluster.hosts, cluster.root) as store, ReplicaReader(store) as reader:
+        got = [seq for part in read_range(reader, SegmentRange("q", segment, 0, 100, 9)) for seq, _, _ in part]
+        assert got == list(range(10, 100))
+        with pytest.raises(GapDetected):
+            list(read_range(reader, SegmentRange("q", segment, 20, 100, 5)))
