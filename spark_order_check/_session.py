@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -36,7 +37,12 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
                 # Measured at 10^7 messages on local[2]: 82 s of JVM + driver CPU against 92 s
                 # with the default G1 (docs/BENCHMARKS.md). Only the driver JVM runs in local mode.
                 "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+                "spark.pyspark.python": sys.executable,
             })
+            # Python workers (and the planner of a Python data source, which reads only the
+            # environment) run this interpreter: by default Spark starts ``python3`` from PATH,
+            # which may lack ordq's dependencies (the ordq streaming source needs them).
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if driver_memory:
         settings["spark.driver.memory"] = driver_memory
     settings.update(conf or {})

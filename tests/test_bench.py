@@ -34,6 +34,8 @@ BENCHES = [
     # Spark starts a JVM and runs every check even on a small input (~40-90 s here): slow only.
     bench("bench_verify", ["--messages", "20000", "--master", "local[1]", "--no-baselines"],
           ["verify:", "per core:"], pytest.mark.slow),
+    # The same: a JVM start (~10-20 s here), slow only.
+    bench("bench_stream", ["--messages", "5000"], ["consumer:", "spark source"], pytest.mark.slow),
 ]
 
 

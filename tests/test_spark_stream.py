@@ -1,0 +1,121 @@
+"""ordq as a Spark Structured Streaming source (ordq/spark_source.py) on real brokers and
+ZooKeeper: a queue written through a head-master kill -9, read by a streaming query into
+Parquet that is stopped midway and restarted from its checkpoint, holds every acked seq
+exactly once."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.state import Cursor, QueueState, Segment, SegStatus
+from coordinator.store import ZkStore
+from ordq.admin.read import ReplicaReader
+from ordq.errors import ConfigError, GapDetected
+from ordq.spark_source import SegmentRange, SourceOptions, plan, read_range, register
+from tests import spark_fixtures
+from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
+from tests.util import wait_until
+
+pytestmark = [pytest.mark.zk, pytest.mark.spark]
+spark = spark_fixtures.spark
+
+N = 9000
+RATE = 3000.0
+
+
+def test_a_streaming_query_reads_every_acked_seq_once_through_a_failover_and_a_restart(
+        cluster: Cluster, spark: Any, tmp_path: Path) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    register(spark)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def start_query(**trigger: Any) -> Any:
+        df = (spark.readStream.format("ordq").option("zk", cluster.hosts).option("root", cluster.root)
+              .option("queue", "q").load())
+        return (df.writeStream.format("parquet").option("path", str(out))
+                .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
+
+    def rows_read(query: Any) -> int:
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    t0_us = time.time_ns() // 1000
+    query = start_query(processingTime="200 milliseconds")
+    producer = cluster.producer(n=N, rate=RATE)
+    producer.start()
+    try:
+        wait_acked(producer, N // 3)
+        cluster.head().master.kill()
+        # Stop midway, once the query has read past the failover (the kill came at N/3 acked).
+        wait_until(lambda: query.exception() is not None or rows_read(query) >= N // 2, timeout_s=60,
+                   what="the query read half the queue")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    first_run = rows_read(query)
+    producer.join(FINISH_S)
+    assert len(producer.acked) == N
+
+    query = start_query(availableNow=True)  # from the checkpoint, to what is readable now
+    try:
+        query.awaitTermination(60)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    # The restart read only what the first run had not: the checkpoint is the position.
+    assert first_run + rows_read(query) == N, (first_run, rows_read(query))
+
+    rows = spark.read.parquet(str(out)).selectExpr("seq", "payload", "seg", "unix_micros(timestamp) AS us").collect()
+    seqs = sorted(r.seq for r in rows)
+    assert len(rows) == N and seqs == list(range(N)), f"{len(rows)} rows, {len(set(seqs))} distinct seqs"
+    t1_us = time.time_ns() // 1000
+    assert all(t0_us <= r.us <= t1_us for r in rows)  # the producer's clock at send(), to the µs
+    crcs = {a.seq: a.crc for a in producer.acked}
+    assert all(zlib.crc32(r.payload) == crcs[r.seq] for r in rows)
+    segs = sorted({r.seg for r in rows})
+    assert len(segs) >= 2, (segs, cluster.state())  # the failover moved the queue to another segment
+
+
+def test_unknown_or_missing_options_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown"):
+        SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "subscription": "s"})
+    with pytest.raises(ConfigError, match="queue"):
+        SourceOptions.parse({"zk": "127.0.0.1:1"})
+    with pytest.raises(ConfigError):
+        SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "start": "somewhere"})
+
+
+def test_a_plan_cuts_segments_into_ranges_that_start_after_the_right_seq() -> None:
+    # seg 0 sealed with seqs 0..119; seg 1 resent 110..119 then went on (open, first seq 110).
+    st = QueueState("q", consume=(
+        Segment(0, "g1", SegStatus.SEALED, end=120, first_seq=0, last_seq=119),
+        Segment(1, "g2", SegStatus.OPEN),
+    ), next_seg=2)
+    start, end = Cursor(seg=0, offset=30, last_seq=29), Cursor(seg=1, offset=100, last_seq=209)
+    got = [(r.segment.seg, r.first_offset, r.end_offset, r.after_seq)
+           for r in plan(st, start, end, first_seqs={1: 110}, chunk_messages=50)]
+    assert got == [(0, 30, 80, 29), (0, 80, 120, 79),
+                   (1, 0, 50, 119), (1, 50, 100, 159)]  # the resent 110..119 are dropped, not read twice
+    # Without a known first seq the open segment is read as one range.
+    assert [(r.first_offset, r.end_offset) for r in plan(st, start, end, chunk_messages=50)][-1] == (0, 100)
+
+
+def test_a_range_drops_seqs_already_read_and_refuses_a_gap(cluster: Cluster) -> None:
+    """read_range on a real segment: seqs at or below ``after_seq`` are dropped (a resend
+    after failover looks so), and a range that does not continue ``after_seq`` is a gap."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    producer = cluster.producer(n=100, rate=None)
+    producer.start()
+    producer.join(FINISH_S)
+    segment = cluster.state().consume[0]
+    with ZkStore.connect(cluster.hosts, cluster.root) as store, ReplicaReader(store) as reader:
+        got = [seq for part in read_range(reader, SegmentRange("q", segment, 0, 100, 9)) for seq, _, _ in part]
+        assert got == list(range(10, 100))
+        with pytest.raises(GapDetected):
+            list(read_range(reader, SegmentRange("q", segment, 20, 100, 5)))
