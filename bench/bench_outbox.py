@@ -4,7 +4,7 @@ how many messages/s a bare ``Producer`` sends with the same payloads, key and he
 test: prints numbers for docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_outbox [--rows 50000] [--size 200] [--batch-rows 1000] [--no-postgres]
-        [--no-mariadb]
+        [--no-mariadb] [--no-outbox] [--apply-workers 1,4]
 
 One broker group of real processes (both replicas fsynced before each ack), one queue per
 phase. The backlog is written first (transactions of 100 rows through ``sdk.outbox.add``; its
@@ -12,7 +12,9 @@ rate is printed too), then one relay in this process ships it until the table is
 (``--until-empty``); rows/s counts from the relay's first read to its last delete. PostgreSQL
 is Debian's, started in a temp folder (tests/helpers/postgres.py), fsync on. Last, ``ordq cdc
 mysql``'s shipper reads the same number of inserted rows from a MariaDB binlog (Debian's,
-tests/helpers/mariadb.py) into its own queue.
+tests/helpers/mariadb.py) into its own queue, and ``ordq cdc apply``'s applier replays that
+queue into PostgreSQL (a fresh database and subscription per ``--apply-workers`` value; rows/s
+from the consumer's start to the last row's commit).
 """
 
 from __future__ import annotations
@@ -87,7 +89,43 @@ def phase(cluster: BenchCluster, name: str, database: str, connect: Callable[[],
     print(f"{name}: add() {added:,.0f} rows/s (transactions of 100); relay {shipped:,.0f} rows/s", flush=True)
 
 
-def binlog(cluster: BenchCluster, rows: int, size: int) -> None:
+def apply(cluster: BenchCluster, pg: Any, queue: str, rows: int, workers: int) -> float:
+    """rows/s of ``ordq cdc apply``'s applier replaying ``rows`` changes of ``queue`` into a
+    fresh PostgreSQL database with ``workers`` keyed workers."""
+    import psycopg
+
+    from ordq.cdc.apply import Applier, Target
+    from sdk import Consumer, ConsumerConfig
+
+    dsn = pg.create_database("apply")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA shop; CREATE TABLE shop.items (id INT PRIMARY KEY, payload TEXT)")
+    applier = Applier(Target.parse(dsn), f"bench{workers}")
+    applier.prepare()
+    stop = threading.Event()
+
+    def handle(m: Any) -> None:
+        applier(m)
+        if m.seq == rows - 1:  # the last one; keys are distinct, so every other one is done by
+            stop.set()         # the time the consumer's prefix commit covers it (drain=True)
+
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=queue, subscription=f"apply{workers}",
+                         start="earliest")
+    try:
+        started = time.perf_counter()
+        with Consumer(cfg) as c:
+            c.run_keyed(handle, workers=workers, stop=stop)
+        elapsed = time.perf_counter() - started
+    finally:
+        applier.close()
+    with psycopg.connect(dsn) as conn:
+        count = conn.execute("SELECT count(*) FROM shop.items").fetchone()
+    if applier.stats.applied != rows or count is None or count[0] != rows:
+        raise SystemExit(f"apply: {applier.stats.applied} changes applied, {count} rows in the target, not {rows}")
+    return rows / elapsed
+
+
+def binlog(cluster: BenchCluster, rows: int, size: int, pg: Any, apply_workers: list[int]) -> None:
     """``ordq cdc mysql``'s shipper on Debian's MariaDB: rows inserted (transactions of 100)
     first, then shipped from the binlog until its end; rows/s of each."""
     import warnings
@@ -121,6 +159,9 @@ def binlog(cluster: BenchCluster, rows: int, size: int) -> None:
             raise SystemExit(f"binlog: shipped {stats.shipped} of {rows} rows")
         print(f"mariadb binlog: inserts {added:,.0f} rows/s (transactions of 100); cdc mysql {shipped:,.0f} rows/s",
               flush=True)
+        for workers in apply_workers if pg is not None else []:
+            rate = apply(cluster, pg, "binlog", rows, workers)
+            print(f"cdc apply into postgres, {workers} workers: {rate:,.0f} rows/s", flush=True)
     finally:
         server.destroy()
 
@@ -132,26 +173,36 @@ def main() -> None:
     ap.add_argument("--batch-rows", type=int, default=1000)
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--no-mariadb", action="store_true")
+    ap.add_argument("--no-outbox", action="store_true", help="skip the bare producer and the outbox phases")
+    ap.add_argument("--apply-workers", default="1,4", help="cdc apply runs, by worker count (default 1,4)")
     args = ap.parse_args()
-    with bench_cluster(groups=1) as cluster, tempfile.TemporaryDirectory(prefix="ordq-bench-outbox-") as tmp:
-        cluster.store.create_queue("bare", [g.gid for g in cluster.groups])
-        rate = bare_producer(cluster, "bare", args.rows, args.size)
-        print(f"bare Producer: {rate:,.0f} msgs/s ({args.rows} messages of {args.size} B)", flush=True)
-        path = str(Path(tmp) / "app.db")
-        phase(cluster, "sqlite", path, lambda: sqlite3.connect(path, timeout=30), args)
-        if not args.no_postgres:
-            import psycopg
+    pg = None
+    if not args.no_postgres:
+        from tests.helpers.postgres import PostgresServer
 
-            from tests.helpers.postgres import PostgresServer
+        pg = PostgresServer.start()
+    try:
+        with bench_cluster(groups=1) as cluster, tempfile.TemporaryDirectory(prefix="ordq-bench-outbox-") as tmp:
+            if not args.no_outbox:
+                outbox_phases(cluster, Path(tmp), pg, args)
+            if not args.no_mariadb:
+                binlog(cluster, args.rows, args.size, pg, [int(w) for w in args.apply_workers.split(",") if w])
+    finally:
+        if pg is not None:
+            pg.destroy()
 
-            server = PostgresServer.start()
-            try:
-                dsn = server.create_database("bench")
-                phase(cluster, "postgres", dsn, lambda: psycopg.connect(dsn), args)
-            finally:
-                server.destroy()
-        if not args.no_mariadb:
-            binlog(cluster, args.rows, args.size)
+
+def outbox_phases(cluster: BenchCluster, tmp: Path, pg: Any, args: argparse.Namespace) -> None:
+    cluster.store.create_queue("bare", [g.gid for g in cluster.groups])
+    rate = bare_producer(cluster, "bare", args.rows, args.size)
+    print(f"bare Producer: {rate:,.0f} msgs/s ({args.rows} messages of {args.size} B)", flush=True)
+    path = str(tmp / "app.db")
+    phase(cluster, "sqlite", path, lambda: sqlite3.connect(path, timeout=30), args)
+    if pg is not None:
+        import psycopg
+
+        dsn = pg.create_database("bench")
+        phase(cluster, "postgres", dsn, lambda: psycopg.connect(dsn), args)
 
 
 if __name__ == "__main__":

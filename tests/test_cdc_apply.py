@@ -6,7 +6,11 @@ row's position in ``ordq_apply`` is its last change's seq."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import random
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -112,60 +116,137 @@ def _fresh_source(maria: MariaDbServer) -> None:
     conn.close()
 
 
-def _last_seq_per_key(cluster: Cluster, until: int) -> dict[str, int]:
-    """Read the queue from its start to ``until`` rows: each key's last seq."""
-    last: dict[str, int] = {}
-    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="check", start="earliest")
-    with Consumer(cfg) as c:
-        for m in c:
-            last[(m.key or b"").decode()] = m.seq
-            if m.seq + 1 >= until:
-                c.commit()
-                break
-    return last
+class QueueReader(threading.Thread):
+    """Reads the queue as it fills (subscription ``check``, committing as it goes, so the
+    segments it read can be popped and their groups take writes again): each key's last seq."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(name="check-reader", daemon=True)
+        self.cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="check",
+                                  start="earliest")
+        self.last: dict[str, int] = {}
+        self.seen = -1
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with Consumer(self.cfg) as c:
+            while not self.done.is_set():
+                for m in c.poll(0.2):
+                    self.last[(m.key or b"").decode()] = m.seq
+                    self.seen = m.seq
+
+
+@attrs.define
+class CdcPath:
+    """The CDC path of one test: source application, shipper, appliers, target; its processes
+    are killed at teardown with the cluster."""
+
+    cluster: Cluster
+    maria: MariaDbServer
+    target: TargetDb
+    app: ShopApp
+    reader: QueueReader
+    spawned: int = 0
+
+    @classmethod
+    def start(cls, cluster: Cluster, maria: MariaDbServer, target: TargetDb) -> CdcPath:
+        cluster.add_groups("g1", "g2")
+        cluster.create_queue("q")
+        reader = QueueReader(cluster)
+        reader.start()
+        app = ShopApp(maria, rate=60)
+        app.start()
+        return cls(cluster, maria, target, app, reader)
+
+    def spawn(self, what: str) -> Any:
+        self.spawned += 1
+        name = f"{what}-{self.spawned}"
+        if what == "shipper":
+            return self.cluster.spawn_ordq(name, "cdc", "mysql", self.maria.source, "q", "--from-beginning",
+                                           "--send-timeout", "1")
+        return self.cluster.spawn_ordq(name, "cdc", "apply", "q", "-s", "replica", "--target", self.target.dsn,
+                                       "--workers", "4")
+
+    def applied(self) -> int:
+        """The highest seq applied so far (-1: none)."""
+        return max(self.target.positions().values(), default=-1)
+
+    def wait_progress(self, changes: int, what: str) -> None:
+        mark = self.applied()
+        wait_until(lambda: self.applied() >= mark + changes, timeout_s=60, what=what)
+
+    def finish(self, applier: Any) -> None:
+        """Stop the application; wait until the target equals the source; stop the applier
+        (SIGTERM: exit 0); check each row's stored seq is its last change's in the queue."""
+        self.app.stop.set()
+        self.app.join(timeout=30)
+        assert self.app.error is None, self.app.error
+        expected = _rows(self.maria.connect(), "SELECT id, name, qty FROM shop.items ORDER BY id")
+        wait_until(lambda: self.target.items() == expected, timeout_s=60, what="the target to equal the source")
+        assert len(expected) > 100
+        assert applier.stop(timeout_s=30) == 0, applier.log_tail()  # finishes what it holds, exits 0
+        assert "applied" in applier.log_tail(), applier.log_tail()
+        positions = self.target.positions()
+        wait_until(lambda: self.reader.seen >= max(positions.values()), timeout_s=30, what="the check reader")
+        self.reader.done.set()
+        self.reader.join(timeout=30)
+        assert self.reader.last == positions
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "mysql"])
 def test_target_equals_source_through_applier_and_master_kills(kind: str, cluster: Cluster, maria: MariaDbServer,
                                                                request: pytest.FixtureRequest) -> None:
     _fresh_source(maria)
-    target = _target(kind, request)
-    cluster.add_groups("g1", "g2")
-    cluster.create_queue("q")
-    app = ShopApp(maria, rate=60)
-    app.start()
-    shipper = cluster.spawn_ordq("cdc", "cdc", "mysql", maria.source, "q", "--from-beginning", "--send-timeout", "1")
-
-    def applier(name: str) -> Any:
-        return cluster.spawn_ordq(name, "cdc", "apply", "q", "-s", "replica", "--target", target.dsn, "--workers", "4")
-
-    def applied() -> int:
-        return len(target.positions())
-
-    a = applier("apply-a")
-    wait_until(lambda: applied() > 100, timeout_s=60, what="A applying")
+    path = CdcPath.start(cluster, maria, _target(kind, request))
+    shipper = path.spawn("shipper")
+    a = path.spawn("applier")
+    path.wait_progress(100, "A applying")
     a.kill()
-    b = applier("apply-b")
-    mark = applied()
-    wait_until(lambda: applied() > mark + 60, timeout_s=60, what="B applying")
+    b = path.spawn("applier")
+    path.wait_progress(60, "B applying")
     cluster.head().master.kill()
     b.kill()  # mid-stream, while the shipper fails over
-    c = applier("apply-c")
-    mark = applied()
-    wait_until(lambda: applied() > mark + 60, timeout_s=60, what="C applying after the failover")
-    app.stop.set()
-    app.join(timeout=30)
-    assert app.error is None, app.error
-    expected = [(i, name, qty) for i, name, qty in _rows(maria.connect(), "SELECT id, name, qty FROM shop.items "
-                                                                          "ORDER BY id")]
-    wait_until(lambda: target.items() == expected, timeout_s=60, what="the target to equal the source")
-    assert len(expected) > 100
-    assert c.stop(timeout_s=30) == 0, c.log_tail()  # SIGTERM: finishes what it holds, exits 0
-    assert "applied" in c.log_tail(), c.log_tail()
+    c = path.spawn("applier")
+    path.wait_progress(60, "C applying after the failover")
+    path.finish(c)
     shipper.kill()
-    # each row's stored position is exactly the seq of its last change in the queue
-    positions = target.positions()
-    assert _last_seq_per_key(cluster, until=max(positions.values()) + 1) == positions
+
+
+@pytest.mark.slow
+def test_target_equals_source_through_random_kills(cluster: Cluster, maria: MariaDbServer,
+                                                   request: pytest.FixtureRequest) -> None:
+    """The end-to-end run: shipper, applier and head master killed at random moments (seeded,
+    ORDQ_SEED), each started again at once; the tables compared at the end."""
+    seed = int(os.environ.get("ORDQ_SEED", "16"))
+    rng = random.Random(seed)
+    _fresh_source(maria)
+    path = CdcPath.start(cluster, maria, _target("postgresql", request))
+    cluster.start_daemon("coordinator")  # puts groups back in the send list after their masters return
+    procs = {"shipper": path.spawn("shipper"), "applier": path.spawn("applier")}
+
+    def supervised(mark: int, changes: int) -> bool:
+        """A supervisor's job: restart a shipper or applier that exited (a producer finding no
+        writable group for a while exits 1); then, enough progress?"""
+        for what, proc in procs.items():
+            if not proc.alive():
+                procs[what] = path.spawn(what)
+        return path.applied() >= mark + changes
+
+    for i in range(12):
+        mark, changes = path.applied(), rng.randint(10, 200)
+        wait_until(functools.partial(supervised, mark, changes), timeout_s=60, interval_s=0.05,
+                   what=f"progress before kill {i} (seed {seed})")
+        victim = rng.choice(["shipper", "applier", "master"])
+        if victim == "master":
+            master = cluster.head().master
+            master.kill()
+            cluster.restart(master)
+        else:
+            procs[victim].kill()
+            procs[victim] = path.spawn(victim)
+    wait_until(lambda: supervised(path.applied(), 0) and all(p.alive() for p in procs.values()), timeout_s=10,
+               what="shipper and applier running")
+    path.finish(procs["applier"])
 
 
 def test_missing_table_and_bad_target_are_one_clear_line(cluster: Cluster, pg: PostgresServer,
