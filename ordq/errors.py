@@ -321,8 +321,9 @@ class ApplyTargetError(OutboxError):
     """``ordq cdc apply``: the target refused a change (no such table or column, a bad value).
     Nothing of that change, nor anything after it of its key, is applied."""
 
-    def __init__(self, table: str, seq: int, reason: str) -> None:
-        super().__init__(f"cannot apply seq {seq} to table {table}: {reason}")
+    def __init__(self, table: str, seq: int | None, reason: str) -> None:
+        what = f"apply seq {seq} to table {table}" if seq is not None else f"write table {table}"
+        super().__init__(f"cannot {what}: {reason}")
         self.table = table
         self.seq = seq
         self.reason = reason

@@ -57,7 +57,7 @@ class Change:
             d = json.loads(m.payload)
             return cls(m.seq, (m.key or b"").decode(), d["op"], d["db"], d["table"], d["pk"], d["before"], d["after"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise ApplyTargetError("?", m.seq, f"not a row change of ordq cdc mysql ({exc!r})") from exc
+            raise ApplyTargetError(f"of key {m.key!r}", m.seq, f"not a row change of ordq cdc mysql ({exc!r})") from exc
 
 
 @attrs.frozen
@@ -179,7 +179,7 @@ class Applier:
         """Open a first connection (a bad DSN fails here, before the consumer starts) and create
         the position table."""
         conn = self._connection()
-        self._run(conn, "?", -1, lambda cur: cur.execute(self.target.create_position_table()))
+        self._run(conn, POSITION_TABLE, None, lambda cur: cur.execute(self.target.create_position_table()))
 
     def __call__(self, m: Delivered) -> None:
         change = Change.from_delivery(m)
@@ -206,7 +206,7 @@ class Applier:
             cur.execute(self.target.upsert(table, columns, pk), [c.after[k] for k in columns])
         return True
 
-    def _run(self, conn: Any, table: str, seq: int, work: Callable[[Any], bool | None]) -> bool:
+    def _run(self, conn: Any, table: str, seq: int | None, work: Callable[[Any], bool | None]) -> bool:
         """``work(cursor)`` in one transaction; driver errors translated once, here."""
         try:
             with conn.cursor() as cur:
