@@ -312,7 +312,7 @@ class ApplyTargetUnavailable(OutboxError):
     retriable = True
 
     def __init__(self, target: str, reason: str) -> None:
-        super().__init__(f"cannot open the target database {target}: {reason}")
+        super().__init__(f"cannot reach the target database {target}: {reason}")
         self.target = target
         self.reason = reason
 
