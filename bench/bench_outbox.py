@@ -4,7 +4,7 @@ how many messages/s a bare ``Producer`` sends with the same payloads, key and he
 test: prints numbers for docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_outbox [--rows 50000] [--size 200] [--batch-rows 1000] [--no-postgres]
-        [--no-mariadb]
+        [--no-mariadb] [--no-outbox] [--apply-workers 1,4] [--apply-mariadb]
 
 One broker group of real processes (both replicas fsynced before each ack), one queue per
 phase. The backlog is written first (transactions of 100 rows through ``sdk.outbox.add``; its
@@ -12,7 +12,10 @@ rate is printed too), then one relay in this process ships it until the table is
 (``--until-empty``); rows/s counts from the relay's first read to its last delete. PostgreSQL
 is Debian's, started in a temp folder (tests/helpers/postgres.py), fsync on. Last, ``ordq cdc
 mysql``'s shipper reads the same number of inserted rows from a MariaDB binlog (Debian's,
-tests/helpers/mariadb.py) into its own queue.
+tests/helpers/mariadb.py) into its own queue, and ``ordq cdc apply``'s applier replays that
+queue into PostgreSQL (with ``--apply-mariadb`` into a second MariaDB server too): a fresh
+database and subscription per ``--apply-workers`` value; rows/s from the consumer's start to
+the last row's commit.
 """
 
 from __future__ import annotations
@@ -87,7 +90,71 @@ def phase(cluster: BenchCluster, name: str, database: str, connect: Callable[[],
     print(f"{name}: add() {added:,.0f} rows/s (transactions of 100); relay {shipped:,.0f} rows/s", flush=True)
 
 
-def binlog(cluster: BenchCluster, rows: int, size: int) -> None:
+def _target_db(kind: str, server: Any) -> tuple[str, Callable[[str], Any]]:
+    """A fresh target on ``server`` (PostgresServer or MariaDbServer) with an empty shop.items:
+    its DSN and a function that runs one statement (returning its first row)."""
+    if kind == "postgresql":
+        import psycopg
+
+        dsn = server.create_database("apply")
+
+        def sql(query: str) -> Any:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                cur = conn.execute(query)  # type: ignore[call-overload]
+                return cur.fetchone() if cur.description else None
+
+        sql("CREATE SCHEMA shop")
+    else:
+        dsn = f"mysql://ordq@127.0.0.1:{server.port}/ordq"
+
+        def sql(query: str) -> Any:
+            conn: Any = server.connect(autocommit=True)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(query)
+                    return cur.fetchone() if cur.description else None
+            finally:
+                conn.close()
+
+        for query in ("DROP DATABASE IF EXISTS shop", "DROP DATABASE IF EXISTS ordq", "CREATE DATABASE shop",
+                      "CREATE DATABASE ordq"):
+            sql(query)
+    sql("CREATE TABLE shop.items (id INT PRIMARY KEY, payload TEXT)")
+    return dsn, sql
+
+
+def apply(cluster: BenchCluster, kind: str, server: Any, queue: str, rows: int, workers: int) -> float:
+    """rows/s of ``ordq cdc apply``'s applier replaying ``rows`` changes of ``queue`` into a
+    fresh target database with ``workers`` keyed workers."""
+    from ordq.cdc.apply import Applier, Target
+    from sdk import Consumer, ConsumerConfig
+
+    dsn, sql = _target_db(kind, server)
+    applier = Applier(Target.parse(dsn), f"bench-{kind}-{workers}")
+    applier.prepare()
+    stop = threading.Event()
+
+    def handle(m: Any) -> None:
+        applier(m)
+        if m.seq == rows - 1:  # the last one; keys are distinct, so every other one is done by
+            stop.set()         # the time the consumer's prefix commit covers it (drain=True)
+
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=queue, subscription=f"apply-{kind}-{workers}",
+                         start="earliest")
+    try:
+        started = time.perf_counter()
+        with Consumer(cfg) as c:
+            c.run_keyed(handle, workers=workers, stop=stop)
+        elapsed = time.perf_counter() - started
+    finally:
+        applier.close()
+    count = sql("SELECT count(*) FROM shop.items")
+    if applier.stats.applied != rows or count is None or count[0] != rows:
+        raise SystemExit(f"apply: {applier.stats.applied} changes applied, {count} rows in the target, not {rows}")
+    return rows / elapsed
+
+
+def binlog(cluster: BenchCluster, rows: int, size: int, targets: dict[str, Any], apply_workers: list[int]) -> None:
     """``ordq cdc mysql``'s shipper on Debian's MariaDB: rows inserted (transactions of 100)
     first, then shipped from the binlog until its end; rows/s of each."""
     import warnings
@@ -121,6 +188,10 @@ def binlog(cluster: BenchCluster, rows: int, size: int) -> None:
             raise SystemExit(f"binlog: shipped {stats.shipped} of {rows} rows")
         print(f"mariadb binlog: inserts {added:,.0f} rows/s (transactions of 100); cdc mysql {shipped:,.0f} rows/s",
               flush=True)
+        for kind, target in targets.items():
+            for workers in apply_workers:
+                rate = apply(cluster, kind, target, "binlog", rows, workers)
+                print(f"cdc apply into {kind}, {workers} workers: {rate:,.0f} rows/s", flush=True)
     finally:
         server.destroy()
 
@@ -132,26 +203,46 @@ def main() -> None:
     ap.add_argument("--batch-rows", type=int, default=1000)
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--no-mariadb", action="store_true")
+    ap.add_argument("--no-outbox", action="store_true", help="skip the bare producer and the outbox phases")
+    ap.add_argument("--apply-workers", default="1,4", help="cdc apply runs, by worker count (default 1,4)")
+    ap.add_argument("--apply-mariadb", action="store_true", help="cdc apply into a second MariaDB server too")
     args = ap.parse_args()
-    with bench_cluster(groups=1) as cluster, tempfile.TemporaryDirectory(prefix="ordq-bench-outbox-") as tmp:
-        cluster.store.create_queue("bare", [g.gid for g in cluster.groups])
-        rate = bare_producer(cluster, "bare", args.rows, args.size)
-        print(f"bare Producer: {rate:,.0f} msgs/s ({args.rows} messages of {args.size} B)", flush=True)
-        path = str(Path(tmp) / "app.db")
-        phase(cluster, "sqlite", path, lambda: sqlite3.connect(path, timeout=30), args)
-        if not args.no_postgres:
-            import psycopg
+    pg = None
+    if not args.no_postgres:
+        from tests.helpers.postgres import PostgresServer
 
-            from tests.helpers.postgres import PostgresServer
+        pg = PostgresServer.start()
+    try:
+        with bench_cluster(groups=1) as cluster, tempfile.TemporaryDirectory(prefix="ordq-bench-outbox-") as tmp:
+            if not args.no_outbox:
+                outbox_phases(cluster, Path(tmp), pg, args)
+            if not args.no_mariadb:
+                targets: dict[str, Any] = {"postgresql": pg} if pg is not None else {}
+                if args.apply_mariadb:
+                    from tests.helpers.mariadb import MariaDbServer
 
-            server = PostgresServer.start()
-            try:
-                dsn = server.create_database("bench")
-                phase(cluster, "postgres", dsn, lambda: psycopg.connect(dsn), args)
-            finally:
-                server.destroy()
-        if not args.no_mariadb:
-            binlog(cluster, args.rows, args.size)
+                    targets["mariadb"] = maria_target = MariaDbServer.start()
+                try:
+                    binlog(cluster, args.rows, args.size, targets, [int(w) for w in args.apply_workers.split(",") if w])
+                finally:
+                    if "mariadb" in targets:
+                        maria_target.destroy()
+    finally:
+        if pg is not None:
+            pg.destroy()
+
+
+def outbox_phases(cluster: BenchCluster, tmp: Path, pg: Any, args: argparse.Namespace) -> None:
+    cluster.store.create_queue("bare", [g.gid for g in cluster.groups])
+    rate = bare_producer(cluster, "bare", args.rows, args.size)
+    print(f"bare Producer: {rate:,.0f} msgs/s ({args.rows} messages of {args.size} B)", flush=True)
+    path = str(tmp / "app.db")
+    phase(cluster, "sqlite", path, lambda: sqlite3.connect(path, timeout=30), args)
+    if pg is not None:
+        import psycopg
+
+        dsn = pg.create_database("bench")
+        phase(cluster, "postgres", dsn, lambda: psycopg.connect(dsn), args)
 
 
 if __name__ == "__main__":

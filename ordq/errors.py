@@ -33,7 +33,9 @@ translated once, where they enter, with ``raise ... from exc``.
         ├── OutboxUnavailable             the database cannot be reached (retriable)
         ├── OutboxTableMissing (NotFound) the outbox table was never created
         ├── OutboxPositionError           the queue's tail and the outbox (or binlog) do not fit together
-        └── BinlogUnavailable             ordq cdc: the source database's binlog cannot be read (retriable)
+        ├── BinlogUnavailable             ordq cdc: the source database's binlog cannot be read (retriable)
+        ├── ApplyTargetUnavailable        ordq cdc apply: the target database cannot be reached (retriable)
+        └── ApplyTargetError              ordq cdc apply: the target refused a change (missing table, column)
 """
 
 from __future__ import annotations
@@ -301,4 +303,27 @@ class BinlogUnavailable(OutboxError):
     def __init__(self, source: str, reason: str) -> None:
         super().__init__(f"cannot read the binlog of {source}: {reason}")
         self.source = source
+        self.reason = reason
+
+
+class ApplyTargetUnavailable(OutboxError):
+    """``ordq cdc apply``: the target database cannot be reached (bad address, server down)."""
+
+    retriable = True
+
+    def __init__(self, target: str, reason: str) -> None:
+        super().__init__(f"cannot reach the target database {target}: {reason}")
+        self.target = target
+        self.reason = reason
+
+
+class ApplyTargetError(OutboxError):
+    """``ordq cdc apply``: the target refused a change (no such table or column, a bad value).
+    Nothing of that change, nor anything after it of its key, is applied."""
+
+    def __init__(self, table: str, seq: int | None, reason: str) -> None:
+        what = f"apply seq {seq} to table {table}" if seq is not None else f"write table {table}"
+        super().__init__(f"cannot {what}: {reason}")
+        self.table = table
+        self.seq = seq
         self.reason = reason

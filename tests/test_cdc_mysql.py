@@ -6,7 +6,6 @@ binlog once, in binlog order, as an independent read of the binlog lists them.""
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,7 @@ from ordq.cdc.mysql import change_message
 from ordq.cli import main
 from sdk import Consumer, ConsumerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.helpers.mariadb import MariaDbServer
+from tests.helpers.mariadb import MariaDbServer, ShopApp
 from tests.util import wait_until
 
 
@@ -28,38 +27,6 @@ def maria() -> Iterator[MariaDbServer]:
         yield server
     finally:
         server.destroy()
-
-
-class App(threading.Thread):
-    """Transactions of 1-4 inserts, updates and deletes on shop.items, paced."""
-
-    def __init__(self, maria: MariaDbServer, rate: float) -> None:
-        super().__init__(name="cdc-app", daemon=True)
-        self.maria, self.rate = maria, rate
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            conn: Any = self.maria.connect(autocommit=False)
-            rng, live, next_id = random.Random(16), [], 1
-            with conn.cursor() as cur:
-                while not self.stop.is_set():
-                    for _ in range(rng.randint(1, 4)):
-                        op = rng.random()
-                        if op < 0.5 or len(live) < 5:
-                            cur.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (next_id, f"n{next_id}", 0))
-                            live.append(next_id)
-                            next_id += 1
-                        elif op < 0.8:
-                            cur.execute("UPDATE shop.items SET qty = qty + 1 WHERE id = %s", (rng.choice(live),))
-                        else:
-                            cur.execute("DELETE FROM shop.items WHERE id = %s", (live.pop(rng.randrange(len(live))),))
-                    conn.commit()
-                    self.stop.wait(1 / self.rate)  # pacing the load, not waiting for a condition
-            conn.close()
-        except BaseException as exc:  # noqa: BLE001 - checked by the test
-            self.error = exc
 
 
 def _binlog_changes(maria: MariaDbServer) -> list[dict[str, Any]]:
@@ -117,7 +84,7 @@ def test_binlog_rows_reach_the_queue_once_in_order_through_kills(cluster: Cluste
 
 
 def _ship_through_kills(cluster: Cluster, maria: MariaDbServer, got: list[dict[str, Any]]) -> None:
-    app = App(maria, rate=60)
+    app = ShopApp(maria, rate=60)
     app.start()
 
     def shipper(name: str, *extra: str) -> Any:

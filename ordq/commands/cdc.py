@@ -1,4 +1,5 @@
-"""ordq cdc mysql: ship a MariaDB/MySQL binlog's row changes into a queue (ordq.cdc.mysql)."""
+"""ordq cdc mysql|apply: ship a MariaDB/MySQL binlog's row changes into a queue (ordq.cdc.mysql),
+and replay such a queue into a PostgreSQL or MariaDB/MySQL target (ordq.cdc.apply)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ def register(subparsers: Any) -> None:
     mysql.add_argument("--until-end", action="store_true", help="stop at the binlog's current end (scripts, tests)")
     mysql.add_argument("--send-timeout", type=seconds(), default=2.0, metavar="SECONDS",
                        help="ack deadline before the producer fails over (default %(default)s)")
+
+    apply = add_command(
+        sub, "apply", func=cmd_apply,
+        help="replay a CDC queue into a PostgreSQL or MariaDB/MySQL database, idempotently, by primary key",
+        description="Apply the row changes of QUEUE (as ordq cdc mysql ships them) to the same tables (db.table; "
+        "on PostgreSQL schema.table) of the target, which the operator creates: upsert by primary key for inserts "
+        "and updates, delete for deletes, columns matched by name. Changes of one row are applied in queue order; "
+        "different rows in parallel on --workers connections. Each change commits in one target transaction "
+        "with the row's position (table ordq_apply: per row, the seq of its last applied change), so a restart "
+        "at any point resumes exactly: a change applied before is skipped. Runs until SIGTERM/Ctrl-C.")
+    apply.add_argument("queue", metavar="QUEUE", help="the queue ordq cdc mysql ships to")
+    apply.add_argument("--subscription", "-s", required=True, help="the applier's subscription (one per target)")
+    apply.add_argument("--target", required=True, metavar="DSN",
+                       help="postgresql://user[:password]@host[:port]/dbname or "
+                       "mysql://user[:password]@host[:port]/dbname (the database that holds ordq_apply)")
+    apply.add_argument("--workers", type=int_in(1, 256), default=4, metavar="N",
+                       help="parallel connections; one row's changes always go to the same one (default %(default)s)")
+    apply.add_argument("--start", default="earliest",
+                       help="where a new subscription begins: earliest, latest, 'seq N' (default %(default)s)")
 
 
 def parse_source(source: str) -> dict[str, Any]:
@@ -87,5 +107,49 @@ def cmd_mysql(args: argparse.Namespace) -> int:
                    "resumed_after": stats.resumed_after.encode().decode() if stats.resumed_after else None})
     else:
         print(f"shipped {stats.shipped} row changes to {args.queue}" + (f"; last at {last}" if last else ""),
+              file=sys.stderr)
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from ordq.cdc.apply import Applier, Target
+    from ordq.errors import HandlerError, OrdqError
+    from sdk import Consumer, ConsumerConfig, FailurePolicy
+
+    target = Target.parse(args.target)
+    config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
+                            start=args.start, on_failure=FailurePolicy(on_failure="raise", attempts=1))
+    applier = Applier(target, args.subscription)
+    stop = threading.Event()
+    running = threading.Event()
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        stop.set()
+        if not running.is_set():  # still connecting or waiting to be elected
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _status(f"STARTED cdc apply {args.queue}/{args.subscription} -> {target.where}")
+        applier.prepare()
+        with Consumer(config) as consumer:
+            _status(f"LEADER cdc apply {args.queue}/{args.subscription}")
+            running.set()
+            try:
+                consumer.run_keyed(applier, workers=args.workers, stop=stop)
+            except HandlerError as exc:
+                if isinstance(exc.__cause__, OrdqError):
+                    raise exc.__cause__ from None  # the target's own one line
+                raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        applier.close()
+    st = applier.stats
+    if wants_json(args):
+        emit_json({"queue": args.queue, "subscription": args.subscription, "applied": st.applied,
+                   "skipped": st.skipped, "last_seq": st.last_seq})
+    else:
+        print(f"applied {st.applied} row changes from {args.queue}/{args.subscription} ({st.skipped} applied before)",
               file=sys.stderr)
     return 0

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -95,3 +98,36 @@ class MariaDbServer:
             self.process.kill()
             self.process.wait(timeout=30)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class ShopApp(threading.Thread):
+    """An application on the server: transactions of 1-4 inserts, updates and deletes on shop.items, paced."""
+
+    def __init__(self, maria: MariaDbServer, rate: float) -> None:
+        super().__init__(name="cdc-app", daemon=True)
+        self.maria, self.rate = maria, rate
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn: Any = self.maria.connect(autocommit=False)
+            rng, next_id = random.Random(16), 1
+            live: list[int] = []
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    for _ in range(rng.randint(1, 4)):
+                        op = rng.random()
+                        if op < 0.5 or len(live) < 5:
+                            cur.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (next_id, f"n{next_id}", 0))
+                            live.append(next_id)
+                            next_id += 1
+                        elif op < 0.8:
+                            cur.execute("UPDATE shop.items SET qty = qty + 1 WHERE id = %s", (rng.choice(live),))
+                        else:
+                            cur.execute("DELETE FROM shop.items WHERE id = %s", (live.pop(rng.randrange(len(live))),))
+                    conn.commit()
+                    self.stop.wait(1 / self.rate)  # pacing the load, not waiting for a condition
+            conn.close()
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            self.error = exc

@@ -75,13 +75,17 @@ class PostgresServer:
                 os.chown(folder, entry.pw_uid, entry.pw_gid)
             server._run("initdb", "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                         "--no-sync", timeout_s=timeout_s)
-            options = f"-c listen_addresses=127.0.0.1 -p {server.port} -k {folder} -c fsync=on"
-            server._run("pg_ctl", "-D", str(server.data), "-l", str(server.log_path), "-w", "-t",
-                        str(int(timeout_s)), "-o", options, "start", timeout_s=timeout_s + 10)
+            server.restart(timeout_s=timeout_s)
         except BaseException:
             server.destroy()
             raise
         return server
+
+    def restart(self, *, timeout_s: float = 60.0) -> None:
+        """Start the server (again, after ``stop()``) on its data folder and port."""
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.folder} -c fsync=on"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w", "-t",
+                  str(int(timeout_s)), "-o", options, "start", timeout_s=timeout_s + 10)
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
