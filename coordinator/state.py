@@ -323,7 +323,13 @@ def admit_all(state: QueueState, facts: Facts) -> QueueState:
 def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState:
     """The head ``gid`` failed while ``seg`` was its open segment: mark it sealing, drop the
     head, open a new segment on the next head (admitting eligible groups if none is left)."""
-    new = attrs.evolve(_head_segment_sealing(state, gid, seg, "fail_over"), send=state.send[1:])
+    return _move_writes_on(_head_segment_sealing(state, gid, seg, "fail_over"), facts)
+
+
+def _move_writes_on(sealing: QueueState, facts: Facts) -> QueueState:
+    """The head (whose open segment is now sealing) leaves the send list; the next head gets a
+    new segment, or, with none left, every eligible group is admitted."""
+    new = attrs.evolve(sealing, send=sealing.send[1:])
     if new.send:
         return _checked(_open_on_head(new))
     return _checked(admit_all(new, facts))
@@ -343,11 +349,12 @@ def roll(state: QueueState, gid: str, seg: int, facts: Facts | None = None, *,
     left), so backlog spreads over the groups instead of piling up on one; the old head rejoins
     at the tail once its segments are popped (JMQ's rule: no backlog, then admit). When no
     other group can take writes, it rolls on the same head."""
+    sealing = _head_segment_sealing(state, gid, seg, "roll")
     if to_next and facts is not None:
-        moved = fail_over(state, gid, seg, facts)
+        moved = _move_writes_on(sealing, facts)
         if moved.send:
             return moved
-    return _checked(_open_on_head(_head_segment_sealing(state, gid, seg, "roll")))
+    return _checked(_open_on_head(sealing))
 
 
 def _head_segment_sealing(state: QueueState, gid: str, seg: int, transition: str) -> QueueState:

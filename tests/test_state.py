@@ -97,6 +97,9 @@ def test_roll_to_next_moves_writes_on_and_the_old_head_rejoins_once_drained() ->
     assert [(x.seg, x.gid, x.status) for x in rolled.consume] == [(0, "g1", SegStatus.SEALING),
                                                                   (1, "g2", SegStatus.OPEN)]
     assert not rolled.eligible("g1", ALL_LIVE)
+    with pytest.raises(IllegalTransition) as refused:  # a second roller racing, to next as well
+        sm.roll(rolled, "g1", 0, ALL_LIVE, to_next=True)
+    assert refused.value.transition == "roll"
     # Read and popped, g1 has no backlog and rejoins at the tail.
     popped = sm.pop(sm.seal(rolled, 0, 5, 0, 4), Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1)}))
     assert sm.admit(popped, "g1", ALL_LIVE).send == ("g2", "g1")
