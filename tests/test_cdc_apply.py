@@ -22,6 +22,7 @@ from sdk import Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.mariadb import MariaDbServer, ShopApp
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.servers import running
 from tests.util import wait_until
 
 # mysql-replication 1.0 passes pymysql the old "db" argument (pymysql 1.2 warns about it)
@@ -30,29 +31,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWa
 
 @pytest.fixture(scope="module")
 def maria() -> Iterator[MariaDbServer]:
-    server = MariaDbServer.start()
-    try:
+    with running(MariaDbServer.start) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture(scope="module")
 def maria_target() -> Iterator[MariaDbServer]:
-    server = MariaDbServer.start()
-    try:
+    with running(MariaDbServer.start) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PostgresServer]:
-    server = PostgresServer.start()
-    try:
+    with running(PostgresServer.start) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 def _rows(conn: Any, sql: str) -> list[tuple[Any, ...]]:

@@ -32,6 +32,7 @@ from sdk import Consumer, ConsumerConfig, StoredMessage, outbox
 from sdk.outbox import OUTBOX_ID_HEADER
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.servers import running
 from tests.util import wait_until
 
 # -- where a relay resumes (pure) -----------------------------------------------------------
@@ -88,11 +89,8 @@ def test_add_checks_its_arguments_and_the_table() -> None:
 
 @pytest.fixture(scope="module")
 def pg_server() -> Iterator[PostgresServer]:
-    server = PostgresServer.start()
-    try:
+    with running(PostgresServer.start) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 def _connect(database: str) -> Any:
@@ -324,6 +322,13 @@ def _shipped_through(database: str) -> Callable[[], Position | None]:
 
 
 def _check_every_committed_row_once_in_order(cluster: Cluster, database: str, writers: list[Writer]) -> None:
+    """Stop the applications (each must end without an error), then check what they committed
+    against what a consumer reads from the queue."""
+    for w in writers:
+        w.stop.set()
+    for w in writers:
+        w.join(timeout=60)
+        assert w.error is None and not w.is_alive(), w.error
     committed = {k: v for w in writers for k, v in w.committed.items()}
     rolled_back = set().union(*(w.rolled_back for w in writers))
     position = wait_until(lambda: (p := _shipped_through(database)()) and p.id == max(committed) and p,
@@ -378,11 +383,6 @@ def test_relay_ships_every_committed_row_once_in_order_through_kills(cluster: Cl
     mark = position()
     assert mark is not None
     wait_until(lambda: (p := position()) and p.seq > mark.seq + 100, timeout_s=60, what="C shipping")
-    for w in writers:
-        w.stop.set()
-    for w in writers:
-        w.join(timeout=60)
-        assert w.error is None and not w.is_alive(), w.error
     _check_every_committed_row_once_in_order(cluster, database, writers)
     assert c.stop() == 0, c.log_tail()  # SIGTERM: finishes what it sent and exits cleanly
     assert a.returncode == -9
@@ -417,10 +417,5 @@ def test_relay_survives_many_kills_at_random_moments(cluster: Cluster, database:
             leader.kill()
         relays.append(standby)
         standby.wait_for_line("LEADER", timeout_s=60)
-    for w in writers:
-        w.stop.set()
-    for w in writers:
-        w.join(timeout=60)
-        assert w.error is None and not w.is_alive(), w.error
     _check_every_committed_row_once_in_order(cluster, database, writers)
     assert relays[0].returncode == -9
