@@ -10,9 +10,9 @@ One broker group of real processes (both replicas fsynced before each ack), one 
 phase. The backlog is written first (transactions of 100 rows through ``sdk.outbox.add``; its
 rate is printed too), then one relay in this process ships it until the table is empty
 (``--until-empty``); rows/s counts from the relay's first read to its last delete. PostgreSQL
-is Debian's, started in a temp folder (tests/helpers/postgres.py), fsync on. Last, ``ordq cdc
+is Debian's, started in a temp folder (drills/dbservers/postgres.py), fsync on. Last, ``ordq cdc
 mysql``'s shipper reads the same number of inserted rows from a MariaDB binlog (Debian's,
-tests/helpers/mariadb.py) into its own queue, and ``ordq cdc apply``'s applier replays that
+drills/dbservers/mariadb.py) into its own queue, and ``ordq cdc apply``'s applier replays that
 queue into PostgreSQL (with ``--apply-mariadb`` into a second MariaDB server too): a fresh
 database and subscription per ``--apply-workers`` value; rows/s from the consumer's start to
 the last row's commit.
@@ -159,8 +159,8 @@ def binlog(cluster: BenchCluster, rows: int, size: int, targets: dict[str, Any],
     first, then shipped from the binlog until its end; rows/s of each."""
     import warnings
 
+    from drills.dbservers.mariadb import MariaDbServer
     from ordq.cdc.mysql import BinlogShipper
-    from tests.helpers.mariadb import MariaDbServer
 
     warnings.filterwarnings("ignore", "'db' is deprecated", DeprecationWarning)  # mysql-replication 1.0
     server = MariaDbServer.start()
@@ -209,7 +209,7 @@ def main() -> None:
     args = ap.parse_args()
     pg = None
     if not args.no_postgres:
-        from tests.helpers.postgres import PostgresServer
+        from drills.dbservers.postgres import PostgresServer
 
         pg = PostgresServer.start()
     try:
@@ -219,7 +219,7 @@ def main() -> None:
             if not args.no_mariadb:
                 targets: dict[str, Any] = {"postgresql": pg} if pg is not None else {}
                 if args.apply_mariadb:
-                    from tests.helpers.mariadb import MariaDbServer
+                    from drills.dbservers.mariadb import MariaDbServer
 
                     targets["mariadb"] = maria_target = MariaDbServer.start()
                 try:

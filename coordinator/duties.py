@@ -14,7 +14,7 @@ import enum
 
 import attrs
 
-from coordinator.state import Facts, QueueState, SegStatus
+from coordinator.state import Facts, QueueState, SegStatus, holds_newest
 
 
 class Kind(enum.Enum):
@@ -70,6 +70,8 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
     rest = state
     while rest.consume and rest.consume[0].status is SegStatus.SEALED:
         head = rest.consume[0]
+        if holds_newest(rest, facts):
+            break
         if facts.cursors and all(c.seg > head.seg for c in facts.cursors.values()):
             actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg))
         elif past_retention(rest, limits, now_ms):

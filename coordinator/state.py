@@ -400,8 +400,29 @@ def seal(state: QueueState, seg: int, end: int, first_seq: int | None, last_seq:
     )
 
 
+def holds_newest(state: QueueState, facts: Facts) -> bool:
+    """Whether the (sealed) head segment must stay because it holds the queue's newest
+    message: it stored messages, nothing shows a message after them (every later segment is
+    sealed empty, or not yet sealed and no cursor has read past the head's ``last_seq``), and
+    some group can take writes.
+
+    Why: a new producer leader resumes its source from ``last_committed()``, the newest
+    message *itself* (e.g. its binlog position header); ``trimmed_seq`` only keeps its seq.
+    After a failover to a group that got nothing yet, popping this segment would leave that
+    message nowhere. With an empty send list the rule yields: every live group then holds a
+    segment, and keeping this one would keep its group out of the send list for good
+    (I4: admitted only without backlog) — a double fault where liveness wins."""
+    head = state.consume[0] if state.consume else None
+    if head is None or not head.end or head.last_seq is None or not state.send:
+        return False
+    if any(s.status is SegStatus.SEALED and s.end for s in state.consume[1:]):
+        return False
+    return not any(c.last_seq > head.last_seq for c in facts.cursors.values())
+
+
 def pop(state: QueueState, facts: Facts, *, retention: bool = False) -> QueueState:
-    """Drop the head segment once it is sealed and every subscription is past it.
+    """Drop the head segment once it is sealed and every subscription is past it, unless it
+    holds the queue's newest message (``holds_newest``; retention keeps it too).
 
     With no subscription the segment stays (nothing is dropped before anyone could read it)
     unless ``retention`` is set by an operator's retention limit.
@@ -416,6 +437,9 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False) -> QueueSta
     behind = sorted(sub for sub, c in facts.cursors.items() if c.seg <= head.seg)
     if behind and not retention:
         raise IllegalTransition("pop", f"subscriptions {behind} have not passed segment {head.seg}")
+    if holds_newest(state, facts):
+        raise IllegalTransition("pop", f"segment {head.seg} holds the queue's newest message "
+                                       f"(seq {head.last_seq}): kept until a later one is stored")
     trimmed = max(state.trimmed_seq, head.last_seq if head.last_seq is not None else -1)
     new = attrs.evolve(state, consume=state.consume[1:], trimmed_seq=trimmed)
     # Retention may drop a segment a slow subscription still points at; the store moves such

@@ -17,6 +17,7 @@ from typing import Any
 from broker_group.log import Message, encode_batch, iter_file_batches
 from coordinator.state import SegStatus
 from drills.audit import AckRow, DeliveryRow
+from drills.cdc import require_servers, run_cdc
 from drills.failing import FIXED, HANDLED, order_faults, read_handled
 from drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
 from drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
@@ -511,6 +512,10 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "is killed (-9), then an operator replays", "the failing messages and every later one of their keys "
           "parked with records while the other keys go on; the replay hands them over in per-key order",
           failing_handler_park, consumer_options=_failing_consumer("park"), check=check_failing_park),
+    Drill("cdc", "MariaDB binlog -> ordq cdc mysql -> queue -> ordq cdc apply -> PostgreSQL under inserts, updates "
+          "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
+          "each restarted process resumes: the target tables equal the source row for row, and nothing the "
+          "shipper got acked is lost or reordered", run_cdc, own_load=True, requires=require_servers),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).

@@ -97,6 +97,10 @@ class Drill:
     standby_consumer: bool = False
     late_consumer: bool = False  # the consumer starts after the fault (it finds the damage unread)
     needs_ensemble: bool = False
+    # ``inject`` runs the whole load itself, faults included (the CDC drill: drills.cdc)
+    own_load: bool = False
+    # raises a one-line OrdqError when the drill cannot run here (before any cluster starts)
+    requires: Callable[[], None] | None = None
     # the consumer process's own options (drills.failing), made when it starts; None: drills.workload
     consumer_options: Callable[[DrillContext], list[str]] | None = None
     # extra checks over the finished run (acks, deliveries) -> [(what, ok)]
@@ -357,7 +361,10 @@ def execute_drill(
         if monitor is not None:
             watcher.start()
         try:
-            _run_load(ctx)
+            if drill.own_load:
+                drill.inject(ctx)
+            else:
+                _run_load(ctx)
         finally:
             done.set()
             if monitor is not None:

@@ -290,9 +290,10 @@ class OutboxPositionError(OutboxError):
     producer wrote the queue's last message, or the queue is behind what the outbox recorded
     as shipped (the queue was deleted and made again). Nothing is shipped."""
 
-    def __init__(self, queue: str, detail: str) -> None:
-        super().__init__(f"outbox relay for queue {queue!r}: {detail}")
+    def __init__(self, queue: str, detail: str, *, process: str = "outbox relay") -> None:
+        super().__init__(f"{process} for queue {queue!r}: {detail}")
         self.queue = queue
+        self.process = process  # which producer could not resume: "outbox relay", "binlog shipper"
 
 
 class BinlogUnavailable(OutboxError):

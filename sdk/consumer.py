@@ -188,6 +188,7 @@ class Consumer:
         self._view: QueueView | None = None  # the queue's state and replicas, cached
         self._zk_down_since: float | None = None
         self._commits_in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
+        self._pop_after: int | None = None  # last_seq of a sealed segment whose pop waits for a later commit
         self._audit = (
             AuditWriter(config.audit_dir, "deliveries", writer_id=config.consumer_id) if config.audit_dir else None
         )
@@ -718,6 +719,9 @@ class Consumer:
         self._commits_in_doubt.clear()
         self._policy.committed(time.monotonic())
         self._stats.commits += 1
+        if self._pop_after is not None and cur.last_seq > self._pop_after:
+            self._pop_after = None
+            self._try_pop()
 
     def _read_round(self, timeout_s: float | None) -> list[Delivered]:
         view = self._require_view()
@@ -799,11 +803,18 @@ class Consumer:
         self._moved(Cursor(seg=segment.seg + 1, offset=0, last_seq=self._filter.last_seq))
         self._stats.segments_done += 1
         self._commit(self._finished_pos())
+        # Refused while nothing after this segment is stored (it keeps the queue's newest
+        # message for a new producer leader: state.holds_newest): try again once a commit
+        # covers a later seq, as no coordinator daemon may be running to do it.
+        self._pop_after = segment.last_seq
+        self._try_pop()
+        self._require_view().refresh()
+
+    def _try_pop(self) -> None:
         try:
             self._require_store().apply(self.config.queue, sm.pop)
         except IllegalTransition:
-            pass  # another subscription is still behind, or someone popped it already
-        self._require_view().refresh()
+            pass  # another subscription is still behind, someone popped it already, or it is kept
 
     def _moved(self, cursor: Cursor) -> None:
         """The read position moved on without delivering anything (next segment, or past a

@@ -17,11 +17,11 @@ from typing import Any
 import attrs
 import pytest
 
+from drills.dbservers.mariadb import MariaDbServer, ShopApp
+from drills.dbservers.postgres import PostgresServer
 from ordq.cli import main
 from sdk import Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.helpers.mariadb import MariaDbServer, ShopApp
-from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import running
 from tests.util import wait_until
 
@@ -95,17 +95,6 @@ def _target(kind: str, request: pytest.FixtureRequest) -> TargetDb:
             db.query(sql)
     db.query("CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL)")
     return db
-
-
-def _fresh_source(maria: MariaDbServer) -> None:
-    """shop.items, empty, and a binlog that starts after it was made (each test ships it --from-beginning)."""
-    conn: Any = maria.connect(autocommit=True)
-    with conn.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS shop")
-        cur.execute("RESET MASTER")
-        cur.execute("CREATE DATABASE shop")
-        cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL)")
-    conn.close()
 
 
 class QueueReader(threading.Thread):
@@ -193,7 +182,7 @@ class CdcPath:
 @pytest.mark.parametrize("kind", ["postgresql", "mysql"])
 def test_target_equals_source_through_applier_and_master_kills(kind: str, cluster: Cluster, maria: MariaDbServer,
                                                                request: pytest.FixtureRequest) -> None:
-    _fresh_source(maria)
+    maria.fresh_shop()
     path = CdcPath.start(cluster, maria, _target(kind, request))
     shipper = path.spawn("shipper")
     a = path.spawn("applier")
@@ -213,7 +202,7 @@ def test_a_lost_target_stops_the_applier_with_one_line_and_a_restart_resumes(
         cluster: Cluster, maria: MariaDbServer, pg: PostgresServer, request: pytest.FixtureRequest) -> None:
     """The target's server crashes (pg_ctl -m immediate) under the applier: it exits 1 with one
     line; the server back, a new applier goes on, and the tables end equal."""
-    _fresh_source(maria)
+    maria.fresh_shop()
     path = CdcPath.start(cluster, maria, _target("postgresql", request))
     shipper = path.spawn("shipper")
     a = path.spawn("applier")
@@ -241,7 +230,7 @@ def test_target_equals_source_through_random_kills(cluster: Cluster, maria: Mari
     /work/notes/issue-16-apply.md."""
     seed = int(os.environ.get("ORDQ_SEED", "16"))
     rng = random.Random(seed)
-    _fresh_source(maria)
+    maria.fresh_shop()
     path = CdcPath.start(cluster, maria, _target("postgresql", request))
     cluster.start_daemon("coordinator")  # puts groups back in the send list after their masters return
     procs = {"shipper": path.spawn("shipper"), "applier": path.spawn("applier")}

@@ -1,10 +1,11 @@
-"""``ordq cdc mysql`` on a real MariaDB (Debian's, tests/helpers/mariadb.py) and real broker
+"""``ordq cdc mysql`` on a real MariaDB (Debian's, drills/dbservers/mariadb.py) and real broker
 processes: while an application commits inserts, updates and deletes, shippers are killed
 (-9) and the head master is killed; at the end the queue holds every row change of the
 binlog once, in binlog order, as an independent read of the binlog lists them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -12,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from drills.dbservers.mariadb import MariaDbServer, ShopApp
 from ordq.cdc.mysql import change_message
 from ordq.cli import main
 from sdk import Consumer, ConsumerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.helpers.mariadb import MariaDbServer, ShopApp
 from tests.helpers.servers import running
 from tests.util import wait_until
 
@@ -70,11 +71,7 @@ def _binlog_changes(maria: MariaDbServer) -> list[dict[str, Any]]:
 # mysql-replication 1.0 passes pymysql the old "db" argument (pymysql 1.2 warns about it)
 @pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning")
 def test_binlog_rows_reach_the_queue_once_in_order_through_kills(cluster: Cluster, maria: MariaDbServer) -> None:
-    conn: Any = maria.connect(autocommit=True)
-    with conn.cursor() as cur:
-        cur.execute("CREATE DATABASE shop")
-        cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL)")
-    conn.close()
+    maria.fresh_shop()
     cluster.add_groups("g1", "g2")
     cluster.create_queue("q")
     got: list[dict[str, Any]] = []
@@ -125,6 +122,61 @@ def _ship_through_kills(cluster: Cluster, maria: MariaDbServer, got: list[dict[s
     expected = _binlog_changes(maria)
     wait_until(lambda: len(got) >= len(expected), timeout_s=60, what=f"{len(expected)} changes delivered")
     assert len(expected) > 450 and got == expected  # each once, in binlog order, with its transaction's GTID
+
+
+@pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning")
+def test_a_restarted_shipper_resumes_after_a_failover_to_an_empty_segment(cluster: Cluster,
+                                                                         maria: MariaDbServer) -> None:
+    """Issue 16: every subscription had read the queue's last message and a head failover
+    opened a new, empty segment; the segment holding that message was popped, and every
+    shipper started after that exited 1 ("cannot read the queue's last message"). The
+    segment now stays until a later message is stored, and the shipper resumes."""
+    from coordinator import state as sm
+    from ordq.errors import IllegalTransition
+
+    maria.fresh_shop()
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    conn: Any = maria.connect(autocommit=True)
+    cur = conn.cursor()
+    cur.executemany("INSERT INTO shop.items VALUES (%s, 'a', 0)", [(i,) for i in range(10)])
+
+    def ship() -> None:
+        proc = cluster.ordq("cdc", "mysql", maria.source, "q", "--from-beginning", "--until-end")
+        assert proc.returncode == 0, proc.stderr.decode()
+
+    got: list[int] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="check",
+                             start="earliest")
+        with Consumer(cfg) as c:
+            while not done.is_set():
+                got.extend(json.loads(m.payload)["pk"]["id"] for m in c.poll(0.2))
+
+    ship()
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: len(got) == 10, timeout_s=30, what="the first 10 rows read")
+        cluster.groups["g1"].master.kill()
+        cluster.start_daemon("coordinator")  # fails g1 over to g2 (empty segment 1), seals segment 0
+        # the reader finished segment 0 and moved on: the moment retention used to pop it
+        wait_until(lambda: cluster.store.get_cursor("q", "check")[0].seg == 1, timeout_s=30,
+                   what="the reader past segment 0")
+        with contextlib.suppress(IllegalTransition):  # retention's turn (refused: "newest message")
+            cluster.store.apply("q", sm.pop)
+        cur.executemany("INSERT INTO shop.items VALUES (%s, 'b', 0)", [(i,) for i in range(10, 15)])
+        ship()  # resumes after row 9; it exited 1 before the fix: "cannot read the queue's last message"
+        wait_until(lambda: len(got) >= 15, timeout_s=30, what="rows 10-14 read")
+        assert got == list(range(15))
+        # a later message stored and read: segment 0 may go now (and g1 rejoin once back)
+        cluster.wait_state(lambda st: st.consume[0].seg == 1, what="segment 0 popped")
+    finally:
+        done.set()
+        reader.join(timeout=30)
+        conn.close()
 
 
 def test_bad_source_is_one_clear_line(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:

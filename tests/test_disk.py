@@ -90,9 +90,11 @@ def test_consumed_segments_leave_both_replicas_and_describe_shows_bytes(cluster:
     assert before > 4 * per_segment * PAYLOAD
 
     # Once the consumer has read every sealed segment (and moved past the last one), they are
-    # popped (by the consumer and the daemon) and both replicas of g1 remove their files.
-    seqs = consume_all(cluster, 4 * per_segment - 1, until=lambda: len(cluster.state().consume) == 1)
-    assert seqs == list(range(4 * per_segment))
+    # popped (by the consumer and the daemon) and both replicas of g1 remove their files. The
+    # last sealed one holds the queue's newest message until a later one is stored (issue 16).
+    produce(cluster, 1)
+    seqs = consume_all(cluster, 4 * per_segment, until=lambda: len(cluster.state().consume) == 1)
+    assert seqs == list(range(4 * per_segment + 1))
     open_seg = cluster.state().consume[0].seg
     wait_until(lambda: segment_folders(cluster)["g1/master"] <= {open_seg}
                and segment_folders(cluster)["g1/slave"] <= {open_seg}, timeout_s=30,

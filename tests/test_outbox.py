@@ -2,7 +2,7 @@
 
 - Without I/O: where a relay resumes (``resume_point``), argument checks.
 - On a real SQLite file and a real PostgreSQL server (Debian's, started by
-  ``tests/helpers/postgres.py``): ids are commit order (on PostgreSQL, a second transaction
+  ``drills/dbservers/postgres.py``): ids are commit order (on PostgreSQL, a second transaction
   adding to the queue waits for the first, seen in ``pg_locks``), rows are deleted or marked
   only as the relay records them, bad input gives one clear line.
 - End to end on real processes (``tests/cluster.py``): writers commit (and roll back)
@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from broker_group.log import Message
+from drills.dbservers.postgres import PostgresServer
 from ordq.cli import main
 from ordq.errors import ConfigError, OutboxPositionError, OutboxTableMissing
 from ordq.outbox.db import OutboxDb, Position
@@ -31,7 +32,6 @@ from ordq.outbox.relay import resume_point
 from sdk import Consumer, ConsumerConfig, StoredMessage, outbox
 from sdk.outbox import OUTBOX_ID_HEADER
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import running
 from tests.util import wait_until
 

@@ -85,7 +85,8 @@ def test_roll_seals_the_open_segment_and_continues_on_the_same_head() -> None:
     with pytest.raises(IllegalTransition):
         sm.roll(rolled, "g2", 1)  # not the head
     sealed = sm.seal(rolled, 0, 5, 0, 4)
-    popped = sm.pop(sealed, Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1)}))
+    read_on = Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1, offset=1, last_seq=5)})
+    popped = sm.pop(sealed, read_on)
     assert [x.seg for x in popped.consume] == [1]  # consumed: the disk can be freed
 
 
@@ -101,7 +102,8 @@ def test_roll_to_next_moves_writes_on_and_the_old_head_rejoins_once_drained() ->
         sm.roll(rolled, "g1", 0, ALL_LIVE, to_next=True)
     assert refused.value.transition == "roll"
     # Read and popped, g1 has no backlog and rejoins at the tail.
-    popped = sm.pop(sm.seal(rolled, 0, 5, 0, 4), Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1)}))
+    popped = sm.pop(sm.seal(rolled, 0, 5, 0, 4),
+                    Facts(live_groups=frozenset(GROUPS), cursors={"a": Cursor(seg=1, offset=1, last_seq=5)}))
     assert sm.admit(popped, "g1", ALL_LIVE).send == ("g2", "g1")
     # The only group that can take writes rolls on itself.
     only_g1 = sm.admit(sm.create("q", GROUPS), "g1", ALL_LIVE)
@@ -123,11 +125,40 @@ def test_seal_and_pop_lifecycle() -> None:
         sm.pop(s, Facts(cursors={"a": Cursor(seg=1), "b": Cursor(seg=0, offset=10)}))
     with pytest.raises(IllegalTransition, match="no subscription"):
         sm.pop(s, Facts())
-    popped = sm.pop(s, Facts(cursors={"a": Cursor(seg=1), "b": Cursor(seg=1)}))
+    popped = sm.pop(s, Facts(cursors={"a": Cursor(seg=1, offset=1, last_seq=10), "b": Cursor(seg=1, last_seq=9)}))
     assert [x.seg for x in popped.consume] == [1] and popped.trimmed_seq == 9
     assert popped.earliest_cursor() == Cursor(seg=1, offset=0, last_seq=9)
     assert sm.admit(popped, "g1", ALL_LIVE).send == ("g2", "g3", "g1")
-    assert sm.pop(s, Facts(), retention=True).consume[0].seg == 1
+    assert sm.pop(sm.seal(sm.roll(s, "g2", 1), 1, 1, 10, 10), Facts(),
+                  retention=True).consume[0].seg == 1
+
+
+def test_the_segment_with_the_newest_message_stays_until_a_later_one_is_stored() -> None:
+    """Issue 16: after a failover to a group that got nothing yet, popping the segment with
+    the newest message left a new producer leader with only its seq (``last_committed()``
+    message None) and a binlog shipper could not resume."""
+    s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, end=10, first_seq=0, last_seq=9)
+    read_all = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, last_seq=9)})
+    assert sm.holds_newest(s, read_all)
+    for retention in (False, True):
+        with pytest.raises(IllegalTransition, match="newest message"):
+            sm.pop(s, read_all, retention=retention)
+    assert not s.eligible("g1", read_all)  # g1 waits with its one segment
+    # A cursor past seq 9 proves a later message: the segment may go.
+    read_on = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, offset=1, last_seq=10)})
+    assert sm.pop(s, read_on).consume[0].seg == 1
+    # So does a later segment sealed with messages (nobody has to have read them).
+    rolled = sm.seal(sm.roll(s, "g2", 1), 1, end=1, first_seq=10, last_seq=10)
+    assert sm.pop(rolled, Facts(), retention=True).consume[0].seg == 1
+    # A later segment sealed empty proves nothing.
+    empty = sm.seal(sm.fail_over(s, "g2", 1, ALL_LIVE), 1, end=0, first_seq=None, last_seq=None)
+    with pytest.raises(IllegalTransition, match="newest message"):
+        sm.pop(empty, read_all)
+    # With no group left to write, liveness wins: the segment goes and its group may rejoin.
+    g1_only = Facts(live_groups=frozenset({"g1"}), cursors={"a": Cursor(seg=2, last_seq=9)})
+    stuck = sm.fail_over(empty, "g3", 2, g1_only)
+    assert stuck.send == () and not sm.holds_newest(stuck, g1_only)
+    assert sm.admit(sm.pop(stuck, g1_only), "g1", g1_only).send == ("g1",)
 
 
 def test_seal_checks_its_arguments() -> None:
@@ -173,6 +204,7 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
     state = sm.create("q", GROUPS)
     live = set(GROUPS)
     cursors: dict[str, Cursor] = {"a": state.earliest_cursor(), "b": state.earliest_cursor()}
+    next_seq = 0  # seqs increase along the queue (an out-of-order seal reuses none)
     for op, gid, n in seq:
         facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
         before = state
@@ -200,11 +232,16 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
                 if sealing:
                     target = sealing[n % len(sealing)]
-                    state = sm.seal(state, target.seg, n, 0 if n else None, n - 1 if n else None)
+                    state = sm.seal(state, target.seg, n, next_seq if n else None, next_seq + n - 1 if n else None)
+                    next_seq += n
                 else:
                     state = sm.seal(state, n, 0, None, None)
             elif op in ("pop", "retain"):
                 state = sm.pop(state, facts, retention=(op == "retain"))
+                gone = before.consume[0]
+                if gone.end and before.send:  # issue 16: the newest message outlives its pop
+                    assert (any(x.end and (x.last_seq or -1) > (gone.last_seq or -1) for x in state.consume)
+                            or any(c.last_seq > (gone.last_seq or -1) for c in cursors.values()))
                 low = state.consume[0].seg if state.consume else state.next_seg
                 cursors = {k: c if c.seg >= low else Cursor(seg=low) for k, c in cursors.items()}
             elif op == "bump":
@@ -218,9 +255,13 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
             elif op == "live":
                 live ^= {gid}
             elif op == "move_cursor":
+                # past the segment it was in, having read everything in it (and, for odd n,
+                # one message of the next one: a later message exists)
                 sub = "a" if n % 2 else "b"
                 nxt = min(cursors[sub].seg + 1, state.next_seg)
-                cursors[sub] = Cursor(seg=nxt)
+                done = [x.last_seq for x in state.consume if x.seg < nxt and x.last_seq is not None]
+                read = max(done + [cursors[sub].last_seq, state.trimmed_seq])
+                cursors[sub] = Cursor(seg=nxt, last_seq=read + n % 2)
         except IllegalTransition:
             assert state is before  # a refused transition changes nothing
         sm.check_invariants(state, cursors)
@@ -313,9 +354,14 @@ def test_duties_plan() -> None:
     behind = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=0)})
     assert plan(s, behind) == []
     assert plan(s, behind, Limits(retention_segments=1)) == []
-    # (0 is below what a QueueConfig allows: here it only says "over the limit")
-    assert plan(s, behind, Limits(retention_segments=0)) == [Action(Kind.RETAIN, gid="g1", seg=0)]
-    past = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1)})
+    # (0 is below what a QueueConfig allows: here it only says "over the limit") Segment 0
+    # holds the newest message until the consumer reads a later one (issue 16).
+    assert plan(s, behind, Limits(retention_segments=0)) == []
+    read_on = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=0, offset=1, last_seq=2)})
+    assert plan(s, read_on, Limits(retention_segments=0)) == [Action(Kind.RETAIN, gid="g1", seg=0)]
+    read_all = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, last_seq=1)})
+    assert plan(s, read_all) == []
+    past = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, offset=1, last_seq=2)})
     assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
     s = sm.pop(s, past)
     assert plan(s, past) == [Action(Kind.ADMIT, gid="g1")]

@@ -127,6 +127,9 @@ def test_cursor_cas_and_pop_checks_cursors(store: ZkStore, live) -> None:
     with pytest.raises(ConflictError):
         store.commit_cursor("q", "s", Cursor(seg=1, offset=5, last_seq=7), version)  # stale
     assert store.get_cursor("q", "s") == (Cursor(seg=1, offset=0, last_seq=2), v2)
+    with pytest.raises(IllegalTransition, match="newest message"):  # nothing stored after seq 2 yet
+        store.apply("q", sm.pop)
+    store.commit_cursor("q", "s", Cursor(seg=1, offset=1, last_seq=3), v2)
     st = store.apply("q", sm.pop)
     assert [s.seg for s in st.consume] == [1] and st.trimmed_seq == 2
     assert st.consume[0].status is SegStatus.OPEN

@@ -56,18 +56,21 @@ class BinlogPos:
         return cls(file, int(txn), int(event), int(row))
 
 
+SHIPPER = "binlog shipper (ordq cdc mysql)"  # names this process in its errors
+
+
 def resume_pos(queue: str, last: StoredMessage | None) -> BinlogPos | None:
     """The binlog position of the last row the queue stored (None: the queue is empty)."""
     if last is None:
         return None
     if last.message is None:
         raise OutboxPositionError(queue, f"cannot read the queue's last message (seq {last.seq}): "
-                                         f"{last.message_error}")
+                                         f"{last.message_error}", process=SHIPPER)
     for name, value in last.message.headers:
         if name == BINLOG_HEADER:
             return BinlogPos.decode(value)
     raise OutboxPositionError(queue, f"its last message (seq {last.seq}) carries no {BINLOG_HEADER} header: "
-                                     "the binlog shipper must be the queue's only producer")
+                                     "the binlog shipper must be the queue's only producer", process=SHIPPER)
 
 
 def _json_value(value: Any) -> Any:

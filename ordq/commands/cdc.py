@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, int_in, seconds, wants_json
@@ -38,6 +39,8 @@ def register(subparsers: Any) -> None:
     mysql.add_argument("--until-end", action="store_true", help="stop at the binlog's current end (scripts, tests)")
     mysql.add_argument("--send-timeout", type=seconds(), default=2.0, metavar="SECONDS",
                        help="ack deadline before the producer fails over (default %(default)s)")
+    mysql.add_argument("--audit-dir", type=Path, default=None,
+                       help="write the producer's audit files here, for ordq verify (docs/AUDIT_FORMAT.md)")
 
     apply = add_command(
         sub, "apply", func=cmd_apply,
@@ -91,7 +94,8 @@ def cmd_mysql(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         _status(f"STARTED cdc mysql {connection['host']}:{connection['port']} -> {args.queue}")
-        config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout)
+        config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout,
+                                audit_dir=args.audit_dir)
         with Producer(config) as producer:
             shipper = BinlogShipper(connection, producer, queue=args.queue,
                                     server_id=args.server_id or 1_000_000 + os.getpid(),

@@ -72,6 +72,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
         raise ConfigError("--rounds must be >= 1")
     drills = [DRILLS[n] for n in names]
+    for drill in drills:
+        if drill.requires is not None:
+            drill.requires()  # e.g. the cdc drill's database servers: one line before any cluster starts
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     return run_drills(args, drills, seed)
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
+from drills.dbservers.postgres import _free_port
 from ordq.errors import ExternalProcessError
-from tests.helpers.postgres import _free_port
 
 MARIADBD = Path("/usr/sbin/mariadbd")
 
@@ -93,6 +93,16 @@ class MariaDbServer:
         except OSError as exc:
             return f"(no log: {exc})"
 
+    def fresh_shop(self) -> None:
+        """shop.items, empty, and a binlog that starts after it was made (tests ship it
+        ``--from-beginning``)."""
+        conn: Any = self.connect(autocommit=True)
+        with conn.cursor() as cur:
+            for sql in ("DROP DATABASE IF EXISTS shop", "RESET MASTER", "CREATE DATABASE shop",
+                        "CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL)"):
+                cur.execute(sql)
+        conn.close()
+
     def destroy(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
@@ -103,16 +113,16 @@ class MariaDbServer:
 class ShopApp(threading.Thread):
     """An application on the server: transactions of 1-4 inserts, updates and deletes on shop.items, paced."""
 
-    def __init__(self, maria: MariaDbServer, rate: float) -> None:
+    def __init__(self, maria: MariaDbServer, rate: float, *, seed: int = 16) -> None:
         super().__init__(name="cdc-app", daemon=True)
-        self.maria, self.rate = maria, rate
+        self.maria, self.rate, self.seed = maria, rate, seed
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             conn: Any = self.maria.connect(autocommit=False)
-            rng, next_id = random.Random(16), 1
+            rng, next_id = random.Random(self.seed), 1
             live: list[int] = []
             with conn.cursor() as cur:
                 while not self.stop.is_set():
