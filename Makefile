@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test demo system-deps test-deps venv lint types proto clean
+.PHONY: test demo demo-cdc system-deps test-deps venv lint types proto clean
 
 # Installs the Debian packages $(1) with apt-get unless the shell check $(2) already passes,
 # then fails clearly if it still does not.
@@ -59,6 +59,10 @@ test: test-deps venv lint types proto
 
 demo: system-deps venv
 	$(VENV)/bin/ordq demo
+
+# The CDC path live: MariaDB -> ordq cdc mysql -> queue -> ordq cdc apply -> PostgreSQL, with kills.
+demo-cdc: test-deps venv
+	$(VENV)/bin/ordq demo --cdc
 
 clean:
 	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache .hypothesis

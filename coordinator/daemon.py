@@ -170,14 +170,16 @@ class CoordinatorDaemon:
             gid = action.gid
             self.store.apply(queue, lambda s, f: sm.admit(s, gid, f))
         elif action.kind is Kind.POP:
-            self.store.apply(queue, sm.pop)
+            later = action.later_stored
+            self.store.apply(queue, lambda s, f: sm.pop(s, f, later_stored=later))
         elif action.kind is Kind.ROLL:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg
             self.store.apply(queue, roll_transition(cfg, gid, seg))
             self._wake.set()  # seal the rolled segment in the next round, not an interval later
         elif action.kind is Kind.RETAIN:
-            self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True))
+            later = action.later_stored
+            self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True, later_stored=later))
         elif action.kind is Kind.SEAL and self.sealer is not None:
             assert action.seg is not None
             started, outcome = time.monotonic(), "failed"

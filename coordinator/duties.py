@@ -50,6 +50,7 @@ class Action:
     kind: Kind
     gid: str | None = None
     seg: int | None = None
+    later_stored: bool = False  # POP/RETAIN: the open segment holds a message (state.holds_newest)
 
 
 def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: int = 0,
@@ -68,14 +69,16 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
     # Every leading segment that can go, in order (one pop each): under heavy traffic many
     # segments may roll between two rounds, and popping one a round would fall behind.
     rest = state
+    # the head master says the open segment holds a message: a later one than any sealed
+    later = open_info is not None and open_info.first_write_ms is not None
     while rest.consume and rest.consume[0].status is SegStatus.SEALED:
         head = rest.consume[0]
-        if holds_newest(rest, facts):
+        if holds_newest(rest, facts, later_stored=later):
             break
         if facts.cursors and all(c.seg > head.seg for c in facts.cursors.values()):
-            actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg))
+            actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg, later_stored=later))
         elif past_retention(rest, limits, now_ms):
-            actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg))
+            actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg, later_stored=later))
         else:
             break
         rest = attrs.evolve(rest, consume=rest.consume[1:])

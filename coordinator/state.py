@@ -400,7 +400,7 @@ def seal(state: QueueState, seg: int, end: int, first_seq: int | None, last_seq:
     )
 
 
-def holds_newest(state: QueueState, facts: Facts) -> bool:
+def holds_newest(state: QueueState, facts: Facts, *, later_stored: bool = False) -> bool:
     """Whether the (sealed) head segment must stay because it holds the queue's newest
     message: it stored messages, nothing shows a message after them (every later segment is
     sealed empty, or not yet sealed and no cursor has read past the head's ``last_seq``), and
@@ -411,16 +411,19 @@ def holds_newest(state: QueueState, facts: Facts) -> bool:
     After a failover to a group that got nothing yet, popping this segment would leave that
     message nowhere. With an empty send list the rule yields: every live group then holds a
     segment, and keeping this one would keep its group out of the send list for good
-    (I4: admitted only without backlog) — a double fault where liveness wins."""
+    (I4: admitted only without backlog) — a double fault where liveness wins.
+
+    ``later_stored``: the caller knows of a later message the state cannot show (the daemon
+    asked the head master whether the open segment holds one)."""
     head = state.consume[0] if state.consume else None
-    if head is None or not head.end or head.last_seq is None or not state.send:
+    if later_stored or head is None or not head.end or head.last_seq is None or not state.send:
         return False
     if any(s.status is SegStatus.SEALED and s.end for s in state.consume[1:]):
         return False
     return not any(c.last_seq > head.last_seq for c in facts.cursors.values())
 
 
-def pop(state: QueueState, facts: Facts, *, retention: bool = False) -> QueueState:
+def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_stored: bool = False) -> QueueState:
     """Drop the head segment once it is sealed and every subscription is past it, unless it
     holds the queue's newest message (``holds_newest``; retention keeps it too).
 
@@ -437,7 +440,7 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False) -> QueueSta
     behind = sorted(sub for sub, c in facts.cursors.items() if c.seg <= head.seg)
     if behind and not retention:
         raise IllegalTransition("pop", f"subscriptions {behind} have not passed segment {head.seg}")
-    if holds_newest(state, facts):
+    if holds_newest(state, facts, later_stored=later_stored):
         raise IllegalTransition("pop", f"segment {head.seg} holds the queue's newest message "
                                        f"(seq {head.last_seq}): kept until a later one is stored")
     trimmed = max(state.trimmed_seq, head.last_seq if head.last_seq is not None else -1)

@@ -18,6 +18,7 @@ import functools
 import glob
 import shutil
 import threading
+import time
 from typing import Any
 
 import attrs
@@ -32,6 +33,7 @@ TABLES = {"items": "id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL",
           "drill_end": "id INT PRIMARY KEY, note VARCHAR(20)"}
 VICTIMS = ("shipper", "applier", "master")
 WORKERS = "4"
+APPLIER_SUBSCRIPTION = "replica"
 
 
 def require_servers() -> None:
@@ -92,7 +94,8 @@ class CdcRun:
         self.spawned += 1
         args = (["cdc", "mysql", self.source.source, ctx.queue, "--from-beginning", "--send-timeout",
                  str(ctx.load.send_timeout_s), "--audit-dir", str(ctx.run_dir / "audit")] if what == "shipper" else
-                ["cdc", "apply", ctx.queue, "-s", "replica", "--target", self.target_dsn, "--workers", WORKERS])
+                ["cdc", "apply", ctx.queue, "-s", APPLIER_SUBSCRIPTION, "--target", self.target_dsn,
+                 "--workers", WORKERS])
         proc = ManagedProcess(f"{what}-{self.spawned}", [c.python, "-m", "ordq.cli", "--zk", c.zk_hosts, "--root",
                                                          c.root, *args], run_dir=ctx.run_dir)
         proc.start()
@@ -195,6 +198,9 @@ def _run(ctx: DrillContext, source: MariaDbServer, target: PostgresServer) -> No
         pg.execute("CREATE SCHEMA shop")
         for table, columns in TABLES.items():
             pg.execute(f"CREATE TABLE shop.{table} ({columns})")
+    with ctx.cluster.store() as store:  # both read from seq 0: nothing is popped before they exist
+        for sub in (SUBSCRIPTION, APPLIER_SUBSCRIPTION):
+            store.create_subscription(ctx.queue, sub)
     ctx.event(f"MariaDB source on port {source.port}, PostgreSQL target {dsn}")
     reader, run = Reader(ctx), CdcRun(ctx, source, dsn)
     reader.start()
@@ -203,6 +209,7 @@ def _run(ctx: DrillContext, source: MariaDbServer, target: PostgresServer) -> No
         run.spawn("shipper")
         run.spawn("applier")
         app.start()
+        began = time.monotonic()
         total = ctx.load.messages
         victims = list(VICTIMS) + [ctx.rng.choice(VICTIMS)]
         ctx.rng.shuffle(victims)
@@ -227,6 +234,7 @@ def _run(ctx: DrillContext, source: MariaDbServer, target: PostgresServer) -> No
         end = ctx.wait(lambda: progress(reader.last_seq) and reader.end_seq is not None and reader.end_seq + 1,
                        timeout_s=budget, what="the end marker read")
         ctx.event(f"the queue holds the whole stream: seqs 0..{end - 1}")
+        shipped_s = time.monotonic() - began
         expected = {t: _maria_rows(source, t) for t in TABLES}
         try:
             ctx.wait(lambda: progress(0) and all(_pg_rows(dsn, t) == rows for t, rows in expected.items()),
@@ -236,6 +244,7 @@ def _run(ctx: DrillContext, source: MariaDbServer, target: PostgresServer) -> No
                        all(_pg_rows(dsn, t) == rows for t, rows in expected.items()))
         # the verdict's "stream completed" check: the stream is what the shipper shipped
         ctx.load = attrs.evolve(ctx.load, messages=end)
+        ctx.notes.update(row_changes=end, rows=len(expected["items"]), rows_per_s=end / shipped_s)
     finally:
         app.stop.set()
         run.stop()

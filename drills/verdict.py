@@ -36,7 +36,15 @@ class Verifier:
 
     def _spark(self) -> Any:
         if self._session is None:
+            from pyspark.sql import SparkSession
+
             from spark_order_check._session import make_session
+
+            # A session already running in this process (an in-process ``ordq demo`` in the
+            # tests) is used and never stopped: getOrCreate would hand it over all the same.
+            self._session = SparkSession.getActiveSession()
+            self._own = self._session is None
+        if self._session is None:
 
             # Drill inputs are small: few shuffle partitions, and the C1 JIT only (C2 spent more
             # CPU compiling Spark's generated code than it saved; tests/spark_fixtures.py).

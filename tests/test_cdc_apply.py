@@ -137,6 +137,7 @@ class CdcPath:
     def start(cls, cluster: Cluster, maria: MariaDbServer, target: TargetDb) -> CdcPath:
         cluster.add_groups("g1", "g2")
         cluster.create_queue("q")
+        cluster.store.create_subscription("q", "replica")  # from seq 0, before the reader can pop anything
         reader = QueueReader(cluster)
         reader.start()
         app = ShopApp(maria, rate=60)

@@ -24,6 +24,7 @@ from tests import spark_fixtures
 pytestmark = [pytest.mark.zk, pytest.mark.spark, pytest.mark.timeout(1800)]
 
 CI_LOAD = LoadConfig(messages=8_000, rate=4_000.0)
+CDC_LOAD = LoadConfig(messages=400, rate=250.0)  # row changes, ~100 source transactions/s
 HOOKED = {"lose": "kill-head-slave", "reorder": "kill-producer"}
 
 
@@ -45,6 +46,7 @@ def ci_results(tmp_path_factory: pytest.TempPathFactory, verifier: Verifier) -> 
         runs = {name: execute_drill(cluster, DRILLS[name], seed=7, load=CI_LOAD) for name in CI_DRILLS}
         for how, name in HOOKED.items():
             runs[how] = execute_drill(cluster, DRILLS[name], seed=7, load=CI_LOAD, tamper=how)
+        runs["cdc"] = execute_drill(cluster, DRILLS["cdc"], seed=7, load=CDC_LOAD)
         results = judge_all(list(runs.values()), verifier, keep=True)
         yield dict(zip(runs, results, strict=True))
     finally:
@@ -85,6 +87,40 @@ def test_a_run_made_to_reorder_one_message_fails(ci_results: dict[str, DrillResu
     assert res.reordered and res.reordered >= 1, _explain(res)
     assert "out_of_order" in res.verdict
     assert res.lost == 0  # reordered, not lost
+
+
+def test_cdc_drill_passes(ci_results: dict[str, DrillResult]) -> None:
+    """MariaDB -> ordq cdc mysql -> queue -> ordq cdc apply -> PostgreSQL with the shipper, the
+    applier and a head master killed: tables equal, and the verifier finds nothing wrong."""
+    res = ci_results["cdc"]
+    assert res.ok, _explain(res)
+    assert res.lost == 0 and res.reordered == 0 and res.duplicates == 0
+    assert res.delivered >= CDC_LOAD.messages and 0 < res.acked <= res.delivered
+    assert any(ok and what.startswith("target tables equal the source") for what, ok in res.expectations)
+    faults = " ".join(text for _, text in res.events if text.startswith("FAULT: kill -9"))
+    assert "shipper" in faults and "applier" in faults and "master" in faults, _explain(res)
+
+
+def test_cdc_demo_runs_and_prints_its_summary(tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make demo-cdc` runs ``ordq demo --cdc``: here in-process, small (the Spark session is
+    the tests' one, which the demo uses and leaves running)."""
+    assert main(["demo", "--cdc", "--dir", str(tmp_path / "demo"), "--messages", "200", "--rate", "200",
+                 "--seed", "5"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok: target tables equal the source row for row" in out, out
+    assert "\nPASS: the target's tables equal the source's row for row" in out, out
+    assert "nothing left running" in out
+    assert spark.range(3).count() == 3  # still usable
+
+
+def test_cdc_drill_without_database_servers_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import drills.cdc
+
+    monkeypatch.setattr(drills.cdc, "MARIADBD", Path("/nonexistent/mariadbd"))
+    assert main(["drill", "cdc"]) == 1
+    assert capsys.readouterr().err == ("ordq: error: the cdc drill needs the database servers mariadb-server "
+                                       "installed (make test-deps, or: apt-get install mariadb-server)\n")
 
 
 def test_drill_list_names_every_fault(capsys: pytest.CaptureFixture[str]) -> None:

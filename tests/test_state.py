@@ -150,6 +150,8 @@ def test_the_segment_with_the_newest_message_stays_until_a_later_one_is_stored()
     # So does a later segment sealed with messages (nobody has to have read them).
     rolled = sm.seal(sm.roll(s, "g2", 1), 1, end=1, first_seq=10, last_seq=10)
     assert sm.pop(rolled, Facts(), retention=True).consume[0].seg == 1
+    # So does the caller's word that the open segment holds one (the daemon asks the head master).
+    assert sm.pop(s, read_all, later_stored=True).consume[0].seg == 1
     # A later segment sealed empty proves nothing.
     empty = sm.seal(sm.fail_over(s, "g2", 1, ALL_LIVE), 1, end=0, first_seq=None, last_seq=None)
     with pytest.raises(IllegalTransition, match="newest message"):
@@ -342,7 +344,7 @@ def test_broken_pop_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_duties_plan() -> None:
-    from coordinator.duties import Action, Kind, Limits, plan
+    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 
     s = started()
     assert plan(s, ALL_LIVE) == []
@@ -361,6 +363,8 @@ def test_duties_plan() -> None:
     assert plan(s, read_on, Limits(retention_segments=0)) == [Action(Kind.RETAIN, gid="g1", seg=0)]
     read_all = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, last_seq=1)})
     assert plan(s, read_all) == []
+    written = OpenSegment(bytes=100, first_write_ms=5)  # the head master has a message in segment 1
+    assert plan(s, read_all, open_info=written) == [Action(Kind.POP, gid="g1", seg=0, later_stored=True)]
     past = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, offset=1, last_seq=2)})
     assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
     s = sm.pop(s, past)
