@@ -102,7 +102,7 @@ def test_consumed_segments_leave_both_replicas_and_describe_shows_bytes(cluster:
     after = folder_bytes(master_dir)
     assert after < per_segment * PAYLOAD, (before, after)
     print(f"g1 master data folder: {before} bytes before, {after} after the pop")
-    assert describe(cluster)["groups"][0]["bytes"] == 0
+    assert describe(cluster)["groups"][0]["bytes"] < 2 * PAYLOAD  # the one message in the open segment
 
 
 def test_queue_delete_frees_every_replica_and_a_recreated_queue_starts_clean(cluster: Cluster) -> None:
