@@ -225,10 +225,11 @@ def test_a_lost_target_stops_the_applier_with_one_line_and_a_restart_resumes(
 def test_target_equals_source_through_random_kills(cluster: Cluster, maria: MariaDbServer,
                                                    request: pytest.FixtureRequest) -> None:
     """The end-to-end run: shipper, applier and head master killed at random moments (seeded,
-    ORDQ_SEED), each started again at once; the tables compared at the end. ORDQ_SEED=3 fails
-    today, in the shipper: a restarted shipper cannot read the queue's last message once its
-    segment was popped (every subscription had read it and a failover opened an empty one), see
-    /work/notes/issue-16-apply.md."""
+    ORDQ_SEED), each started again at once; the tables compared at the end. ORDQ_SEED=3 used
+    to fail in the shipper: a restarted shipper could not read the queue's last message once its
+    segment was popped (every subscription had read it and a failover opened an empty one);
+    the segment now stays (coordinator.state.holds_newest). ``ordq drill cdc`` is the same run
+    with the Spark verifier."""
     seed = int(os.environ.get("ORDQ_SEED", "16"))
     rng = random.Random(seed)
     maria.fresh_shop()
