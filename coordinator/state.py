@@ -306,6 +306,11 @@ def _why_not_eligible(state: QueueState, gid: str, facts: Facts) -> str:
     if gid in state.send:
         return f"group {gid} is already in the send list"
     if state.has_backlog(gid):
+        held = [s for s in state.consume if s.gid == gid]
+        read = bool(facts.cursors) and all(c.seg > held[0].seg for c in facts.cursors.values())
+        if len(held) == 1 and held[0] is state.consume[0] and read and holds_newest(state, facts):
+            return (f"group {gid} holds segment {held[0].seg} of {state.queue}, kept as it has the queue's newest "
+                    "message until a later one is stored")
         return f"group {gid} still holds unconsumed segments of {state.queue}"
     if gid in facts.drained:
         return f"group {gid} is drained for maintenance (undrain it: ordq group undrain {gid})"

@@ -144,6 +144,8 @@ def test_the_segment_with_the_newest_message_stays_until_a_later_one_is_stored()
         with pytest.raises(IllegalTransition, match="newest message"):
             sm.pop(s, read_all, retention=retention)
     assert not s.eligible("g1", read_all)  # g1 waits with its one segment
+    with pytest.raises(IllegalTransition, match="kept as it has the queue's newest message"):
+        sm.admit(s, "g1", read_all)
     # A cursor past seq 9 proves a later message: the segment may go.
     read_on = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, offset=1, last_seq=10)})
     assert sm.pop(s, read_on).consume[0].seg == 1
