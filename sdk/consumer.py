@@ -721,7 +721,10 @@ class Consumer:
         self._stats.commits += 1
         if self._pop_after is not None and cur.last_seq > self._pop_after:
             self._pop_after = None
-            self._try_pop()
+            try:
+                self._try_pop()
+            except OrdqError as exc:  # the commit is done; popping only frees disk (the daemon does it too)
+                log.debug("queue %s: pop after commit deferred: %s", self.config.queue, exc)
 
     def _read_round(self, timeout_s: float | None) -> list[Delivered]:
         view = self._require_view()
