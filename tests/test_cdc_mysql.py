@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from drills.dbservers.mariadb import MariaDbServer, ShopApp
-from ordq.cdc.mysql import change_message
+from ordq.cdc.mysql import change_messages
 from ordq.cli import main
 from sdk import Consumer, ConsumerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
@@ -59,8 +59,8 @@ def _binlog_changes(maria: MariaDbServer) -> list[dict[str, Any]]:
             if isinstance(event, MariadbGtidEvent):
                 gtid = str(event.gtid)
             else:
-                out += [json.loads(change_message(event, row, gtid)[1]) for row in event.rows
-                        if event.table == "items"]
+                out += [json.loads(payload) for row in event.rows if event.table == "items"
+                        for _key, payload in change_messages(event, row, gtid)]
             if (stream.log_file, event.packet.log_pos) >= until:
                 break
     finally:
@@ -195,4 +195,35 @@ def test_the_position_header_round_trips() -> None:
     from ordq.cdc.mysql import BinlogPos
 
     pos = BinlogPos("binlog.000002", 1024, 2048, 3)
-    assert BinlogPos.decode(pos.encode()) == pos
+    assert BinlogPos.decode(pos.encode()) == pos and pos.encode() == b"binlog.000002:1024:2048:3"
+    second = BinlogPos("binlog.000002", 1024, 2048, 3, part=1)  # an insert half of a key change
+    assert second.encode() == b"binlog.000002:1024:2048:3.1" and BinlogPos.decode(second.encode()) == second
+    assert pos < second < BinlogPos("binlog.000002", 1024, 2048, 4)
+
+
+@pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning")
+def test_an_update_of_the_primary_key_ships_as_delete_then_insert(cluster: Cluster, maria: MariaDbServer) -> None:
+    """Each key's changes stay under that key: the old row's delete under the old key, the new
+    row's insert under the new one; a second run ships nothing again (positions with parts)."""
+    maria.fresh_shop()
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    conn: Any = maria.connect(autocommit=True)
+    cur = conn.cursor()
+    cur.execute("INSERT INTO shop.items VALUES (1, 'a', 0), (2, 'b', 0)")
+    cur.execute("UPDATE shop.items SET id = id + 10")  # one event, two rows, both keys move
+    cur.execute("INSERT INTO shop.items VALUES (1, 'c', 0)")  # the old key again
+    conn.close()
+    for _ in range(2):
+        proc = cluster.ordq("cdc", "mysql", maria.source, "q", "--from-beginning", "--until-end")
+        assert proc.returncode == 0, proc.stderr.decode()
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s")
+    got: list[tuple[str, str, int]] = []
+    with Consumer(cfg) as c:
+        while len(got) < 7:
+            got += [(m.key.decode() if m.key else "", json.loads(m.payload)["op"], m.seq) for m in c.poll(0.5)]
+        assert c.poll(0.5) == []  # the second run shipped nothing again
+    assert [(k, op) for k, op, _ in got] == [
+        ("shop.items:1", "insert"), ("shop.items:2", "insert"),
+        ("shop.items:1", "delete"), ("shop.items:11", "insert"), ("shop.items:2", "delete"),
+        ("shop.items:12", "insert"), ("shop.items:1", "insert")]

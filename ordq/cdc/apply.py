@@ -199,7 +199,8 @@ class Applier:
             return False  # applied before: a replay
         pk = list(c.pk)
         if c.before is not None and (c.after is None or any(c.before.get(k) != c.after.get(k) for k in pk)):
-            # a delete, or an update that changed the primary key: the old row goes
+            # a delete, or an update that changed the primary key (queues shipped before such
+            # updates were split into delete + insert): the old row goes
             cur.execute(self.target.delete(table, pk), [c.before.get(k, c.pk.get(k)) for k in pk])
         if c.after is not None:
             columns = list(c.after)

@@ -4,7 +4,9 @@ binlog order, each row change exactly once (``ordq cdc mysql``).
 Guarantee: every row of every insert, update and delete event the server writes to its
 binlog after the starting point is stored in the queue once, in binlog order, keyed
 ``db.table:primary key``, with its position in the ``x-ordq-binlog`` header
-(``file:transaction start:event end:row index``) and its GTID in ``x-ordq-gtid``. A shipper
+(``file:transaction start:event end:row index``) and its GTID in ``x-ordq-gtid``. An update
+that changes the primary key is two messages, a delete under the old key and an insert under
+the new one (the second's position ends in ``.1``), so per-key order holds. A shipper
 killed at any point resumes after the last row the queue stored: it is the queue's producer
 leader, so ``Producer.last_committed()`` is the queue's tail, and it restarts the binlog at
 the start of that row's transaction (a row event cannot be decoded without the table map
@@ -46,14 +48,16 @@ class BinlogPos:
     txn: int
     event: int
     row: int
+    part: int = 0  # 1: the insert half of an update that changed the primary key (``.1`` encoded)
 
     def encode(self) -> bytes:
-        return f"{self.file}:{self.txn}:{self.event}:{self.row}".encode()
+        return f"{self.file}:{self.txn}:{self.event}:{self.row}{f'.{self.part}' if self.part else ''}".encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> BinlogPos:
         file, txn, event, row = raw.decode().rsplit(":", 3)
-        return cls(file, int(txn), int(event), int(row))
+        index, _, part = row.partition(".")
+        return cls(file, int(txn), int(event), int(index), int(part or 0))
 
 
 SHIPPER = "binlog shipper (ordq cdc mysql)"  # names this process in its errors
@@ -83,21 +87,35 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def change_message(event: Any, row: dict[str, Any], gtid: str | None) -> tuple[bytes, bytes]:
-    """(key, payload) of one row change: key ``db.table:pk`` (pk values joined by ``,``),
-    payload JSON ``{"op", "db", "table", "pk", "before", "after", "gtid"}``."""
+def change_messages(event: Any, row: dict[str, Any], gtid: str | None) -> list[tuple[bytes, bytes]]:
+    """The (key, payload) messages of one row change: one, or two for an update that changes
+    the primary key — a delete under the old key, then an insert under the new one — so each
+    key's changes stay in one key's order (a keyed applier runs keys in parallel)."""
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent
 
     if isinstance(event, UpdateRowsEvent):
-        op, before, after = "update", row["before_values"], row["after_values"]
-    elif isinstance(event, DeleteRowsEvent):
-        op, before, after = "delete", row["values"], None
-    else:
-        op, before, after = "insert", None, row["values"]
-    image = after if after is not None else before
+        before, after = row["before_values"], row["after_values"]
+        if _pk(event, before) != _pk(event, after):
+            return [_message(event, "delete", before, None, gtid), _message(event, "insert", None, after, gtid)]
+        return [_message(event, "update", before, after, gtid)]
+    if isinstance(event, DeleteRowsEvent):
+        return [_message(event, "delete", row["values"], None, gtid)]
+    return [_message(event, "insert", None, row["values"], gtid)]
+
+
+def _pk(event: Any, image: dict[str, Any]) -> dict[str, Any]:
     names = event.primary_key if isinstance(event.primary_key, tuple) else (event.primary_key,)
     names = tuple(n for n in names if n) or tuple(image)  # no primary key: the whole row
-    pk = {n: _json_value(image[n]) for n in names}
+    return {n: _json_value(image[n]) for n in names}
+
+
+def _message(event: Any, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
+             gtid: str | None) -> tuple[bytes, bytes]:
+    """Key ``db.table:pk`` (pk values joined by ``,``), payload JSON ``{"op", "db", "table",
+    "pk", "before", "after", "gtid"}``."""
+    image = after if after is not None else before
+    assert image is not None
+    pk = _pk(event, image)
     key = f"{event.schema}.{event.table}:" + ",".join(str(v) for v in pk.values())
     payload = {"op": op, "db": event.schema, "table": event.table, "pk": pk, "gtid": gtid,
                "before": {k: _json_value(v) for k, v in before.items()} if before is not None else None,
@@ -181,12 +199,12 @@ class BinlogShipper:
                     txn, gtid = end - event.event_size, str(event.gtid)
                 elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
                     for index, row in enumerate(event.rows):
-                        pos = BinlogPos(stream.log_file, txn, end, index)
-                        if resume is not None and (pos.file, pos.event, pos.row) <= (resume.file, resume.event,
-                                                                                     resume.row):
-                            continue  # the queue holds it already
-                        key, payload = change_message(event, row, gtid)
-                        yield pos, key, payload, gtid
+                        for part, (key, payload) in enumerate(change_messages(event, row, gtid)):
+                            pos = BinlogPos(stream.log_file, txn, end, index, part)
+                            if resume is not None and (pos.file, pos.event, pos.row, pos.part) <= (
+                                    resume.file, resume.event, resume.row, resume.part):
+                                continue  # the queue holds it already
+                            yield pos, key, payload, gtid
                 if until is not None and (stream.log_file, end) >= until:
                     return
         finally:
