@@ -31,6 +31,8 @@ BENCHES = [
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
     bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),
+    bench("bench_outbox", ["--rows", "300"], ["bare Producer:", "sqlite:", "postgres:", "mariadb binlog:",
+                                              "cdc apply into postgresql, 4 workers"]),
     # Spark starts a JVM and runs every check even on a small input (~40-90 s here): slow only.
     bench("bench_verify", ["--messages", "20000", "--master", "local[1]", "--no-baselines"],
           ["verify:", "per core:"], pytest.mark.slow),

@@ -8,11 +8,9 @@ connect over TCP. ``destroy()`` kills it and removes the folder.
 from __future__ import annotations
 
 import os
-import pwd
 import random
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from drills.dbservers import server_folder
 from drills.dbservers.postgres import _free_port
 from ordq.errors import ExternalProcessError
 
@@ -45,19 +44,21 @@ class MariaDbServer:
     def start(cls, *, timeout_s: float = 60.0) -> MariaDbServer:
         if not MARIADBD.exists() or shutil.which("mariadb-install-db") is None:
             raise ExternalProcessError("MariaDB is not installed (Debian: apt-get install mariadb-server)")
-        folder = Path(tempfile.mkdtemp(prefix="ordq-maria-"))
+        run_as = "mysql" if os.geteuid() == 0 else None
+        folder = server_folder("ordq-maria-", run_as)
         server = cls(folder=folder, port=_free_port())
-        user = ["--user=mysql"] if os.geteuid() == 0 else []
+        # --tmpdir: mariadbd would use $TMPDIR, which its user may not reach
+        user = [f"--user={run_as}"] if run_as else []
         try:
-            if os.geteuid() == 0:
-                entry = pwd.getpwnam("mysql")
-                os.chown(folder, entry.pw_uid, entry.pw_gid)
-            subprocess.run(["mariadb-install-db", f"--datadir={folder / 'data'}", *user, "--skip-test-db",
-                            "--auth-root-authentication-method=normal"], capture_output=True, check=True,
-                           timeout=timeout_s)
+            made = subprocess.run(["mariadb-install-db", f"--datadir={folder / 'data'}", *user, f"--tmpdir={folder}",
+                                   "--skip-test-db", "--auth-root-authentication-method=normal"],
+                                  capture_output=True, timeout=timeout_s)
+            if made.returncode != 0:
+                raise ExternalProcessError(f"mariadb-install-db failed (exit {made.returncode}): "
+                                           f"{made.stderr.decode(errors='replace').strip()[-800:]}")
             with open(folder / "server.log", "wb") as log:  # the child keeps its own descriptor
                 server.process = subprocess.Popen(
-                    [str(MARIADBD), "--no-defaults", f"--datadir={folder / 'data'}", *user,
+                    [str(MARIADBD), "--no-defaults", f"--datadir={folder / 'data'}", *user, f"--tmpdir={folder}",
                      f"--socket={folder}/sock", f"--port={server.port}", "--bind-address=127.0.0.1",
                      f"--log-bin={folder / 'data' / 'binlog'}", "--binlog-format=ROW", "--binlog-row-metadata=FULL",
                      "--server-id=1", f"--pid-file={folder / 'pid'}", f"--log-error={folder / 'error.log'}"],

@@ -18,17 +18,16 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import pwd
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import attrs
 
+from drills.dbservers import server_folder
 from ordq.errors import ExternalProcessError
 
 
@@ -67,12 +66,8 @@ class PostgresServer:
     @classmethod
     def start(cls, *, timeout_s: float = 60.0) -> PostgresServer:
         run_as = "postgres" if os.geteuid() == 0 else None
-        folder = Path(tempfile.mkdtemp(prefix="ordq-pg-"))
-        server = cls(folder=folder, port=_free_port(), bindir=bin_dir(), run_as=run_as)
+        server = cls(folder=server_folder("ordq-pg-", run_as), port=_free_port(), bindir=bin_dir(), run_as=run_as)
         try:
-            if run_as is not None:
-                entry = pwd.getpwnam(run_as)
-                os.chown(folder, entry.pw_uid, entry.pw_gid)
             server._run("initdb", "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                         "--no-sync", timeout_s=timeout_s)
             server.restart(timeout_s=timeout_s)
