@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from broker_group.log import Message, decode_batch
@@ -51,7 +52,7 @@ SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key
           "timestamp timestamp, payload binary")
 FETCH_MAX_BYTES = 4 << 20
 CHUNK_MESSAGES = 50_000  # per Spark task (a range of one segment)
-_OPTIONS = ("zk", "root", "queue", "start", "rpctimeouts", "replicawaits")
+_OPTIONS = ("zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch")
 
 
 def register(spark: SparkSession) -> None:
@@ -70,6 +71,8 @@ class SourceOptions:
     rpc_timeout_s: float = 1.0
     # How long read() waits for a replica of a planned segment to answer before the task fails.
     replica_wait_s: float = 30.0
+    # Admission control: at most this many stored messages per micro-batch (None: all readable).
+    max_rows_per_batch: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -77,7 +80,7 @@ class SourceOptions:
         unknown = sorted(set(opts) - set(_OPTIONS) - {"path"})
         if unknown:
             raise ConfigError(f"unknown ordq source option(s): {', '.join(unknown)} (known: zk, root, queue, start, "
-                              "rpcTimeoutS, replicaWaitS)")
+                              "rpcTimeoutS, replicaWaitS, maxRowsPerBatch)")
         for required in ("zk", "queue"):
             if not opts.get(required):
                 raise ConfigError(f"the ordq source needs .option({required!r}, ...)")
@@ -86,9 +89,19 @@ class SourceOptions:
             return cls(zk=opts["zk"], queue=opts["queue"], root=opts.get("root", "/ordq"),
                        start=opts.get("start", "earliest"),
                        rpc_timeout_s=float(opts.get("rpctimeouts", 1.0)),
-                       replica_wait_s=float(opts.get("replicawaits", 30.0)))
+                       replica_wait_s=float(opts.get("replicawaits", 30.0)),
+                       max_rows_per_batch=_positive_int(opts.get("maxrowsperbatch")))
         except ValueError as exc:
             raise ConfigError(f"ordq source: {exc}") from exc
+
+
+def _positive_int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"maxRowsPerBatch must be >= 1, not {value}")
+    return value
 
 
 def to_offset(cursor: Cursor) -> dict[str, int]:
@@ -123,6 +136,42 @@ def readable_end(reader: ReplicaReader, st: QueueState, start: Cursor) -> Cursor
             pos = Cursor(seg=segment.seg, offset=max(offset, extent.end), last_seq=last)
         break
     return pos
+
+
+def capped_end(st: QueueState, start: Cursor, end: Cursor, max_rows: int,
+               first_seqs: Mapping[int, int] | None = None) -> Cursor:
+    """``end``, or the position ``max_rows`` stored messages after ``start`` if that comes first
+    (a micro-batch then reads at most ``max_rows`` rows: resends dropped make it fewer). The
+    cut's last seq is ``first_seq + offset - 1`` within its segment (seqs are consecutive in a
+    segment), or the one before if higher; a segment whose first seq is not known cannot be
+    cut inside and is taken whole (or the batch ends before it, if it holds anything)."""
+    left, after, taken = max_rows, start.last_seq, False
+    for segment in st.consume:
+        if segment.seg < start.seg or segment.seg > end.seg:
+            continue
+        first = start.offset if segment.seg == start.seg else 0
+        stop = end.offset if segment.seg == end.seg else segment.end
+        if stop is None:
+            return end  # plan() refuses this; not the cap's business
+        if stop - first > left:
+            first_seq = segment.first_seq if segment.first_seq is not None else (first_seqs or {}).get(segment.seg)
+            if first_seq is not None:
+                cut = first + left
+                return Cursor(seg=segment.seg, offset=cut, last_seq=max(after, first_seq + cut - 1))
+            if taken:
+                return Cursor(seg=segment.seg, offset=first, last_seq=after)
+        left -= min(left, stop - first)
+        taken = taken or stop > first
+        if segment.last_seq is not None:
+            after = max(after, segment.last_seq)
+    return end
+
+
+def unsealed_first_seqs(reader: ReplicaReader, st: QueueState, first: Cursor, last: Cursor) -> dict[int, int]:
+    """The first seq of each unsealed segment between two positions (a replica knows it)."""
+    return {s.seg: e.first_seq for s in st.consume
+            if first.seg <= s.seg <= last.seg and s.status is not SegStatus.SEALED
+            and (e := reader.extent(st.queue, s)).first_seq is not None}
 
 
 @attrs.frozen
@@ -281,20 +330,25 @@ class OrdqStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         cursor, _loc = resolve_target(store, reader, st, parse_reset_target(self.options.start.split()))
         return to_offset(cursor)
 
-    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, int]:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_rows_per_batch
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit | None = None) -> dict[str, int]:
         store, reader = self._connect()
         st, _ = store.load_state(self.options.queue)
-        return to_offset(readable_end(reader, st, from_offset(start)))
+        first = from_offset(start)
+        end = readable_end(reader, st, first)
+        if isinstance(limit, ReadMaxRows):  # ReadAllAvailable (e.g. availableNow) takes everything
+            end = capped_end(st, first, end, limit.max_rows, unsealed_first_seqs(reader, st, first, end))
+        return to_offset(end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SegmentRange]:
         store, reader = self._connect()
         st, _ = store.load_state(self.options.queue)
         first, last = from_offset(start), from_offset(end)
         # The first seq of an unsealed segment (a replica knows it) lets its range be split.
-        first_seqs = {s.seg: e.first_seq for s in st.consume
-                      if first.seg <= s.seg <= last.seg and s.status is not SegStatus.SEALED
-                      and (e := reader.extent(st.queue, s)).first_seq is not None}
-        return plan(st, first, last, first_seqs=first_seqs)
+        return plan(st, first, last, first_seqs=unsealed_first_seqs(reader, st, first, last))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, SegmentRange):
