@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from broker_group.log import Message, decode_batch
@@ -305,7 +305,7 @@ class OrdqDataSource(DataSource):  # type: ignore[misc]
         return OrdqStreamReader(SourceOptions.parse(self.options))
 
 
-class OrdqStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
     """Plans micro-batches on the driver (one ZooKeeper client, kept) and reads segment
     ranges in the tasks (a client per task)."""
 
@@ -313,9 +313,16 @@ class OrdqStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self.options = options
         self._store: ZkStore | None = None
         self._reader: ReplicaReader | None = None
+        self._target: Cursor | None = None  # availableNow: what was readable when the query started
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_store": None, "_reader": None}  # clients do not travel
+        return {"options": self.options, "_store": None, "_reader": None, "_target": None}  # clients do not travel
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        store, reader = self._connect()
+        st, _ = store.load_state(self.options.queue)
+        origin = Cursor(seg=min((s.seg for s in st.consume), default=st.next_seg), offset=0, last_seq=-1)
+        self._target = readable_end(reader, st, origin)
 
     def _connect(self) -> tuple[ZkStore, ReplicaReader]:
         if self._store is None or self._reader is None:
@@ -339,6 +346,11 @@ class OrdqStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         st, _ = store.load_state(self.options.queue)
         first = from_offset(start)
         end = readable_end(reader, st, first)
+        if self._target is not None and (self._target.seg, self._target.offset) < (end.seg, end.offset):
+            # availableNow reads to what was readable at its start, in batches of the row cap.
+            t = self._target
+            end = first if (t.seg, t.offset) <= (first.seg, first.offset) else attrs.evolve(
+                t, last_seq=max(t.last_seq, first.last_seq))
         if isinstance(limit, ReadMaxRows):  # ReadAllAvailable (e.g. availableNow) takes everything
             end = capped_end(st, first, end, limit.max_rows, unsealed_first_seqs(reader, st, first, end))
         return to_offset(end)

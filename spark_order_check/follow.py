@@ -162,12 +162,14 @@ class FollowOptions:
     # Spark's checkpoint: a later run with the same directory resumes where this one stopped
     # (the source checks seq continuity from there). None: a temporary one.
     checkpoint: str | None = None
+    zk_timeout_s: float = 5.0
 
 
 def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     """Check the queue until a violation, ``until_s`` / ``until_seq``, or Ctrl-C; the verdict
     is ``clean``, ``violations`` or ``error`` (the query failed for another reason)."""
-    store = ZkStore.connect(o.zk, o.root)  # a missing ZooKeeper or queue: a one-line error before Spark starts
+    # A missing ZooKeeper or queue: a one-line error before Spark starts.
+    store = ZkStore.connect(o.zk, o.root, timeout_s=o.zk_timeout_s)
     try:
         store.load_state(o.queue)
     except BaseException:
