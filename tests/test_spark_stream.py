@@ -120,7 +120,7 @@ def test_a_range_drops_seqs_already_read_and_refuses_a_gap(cluster: Cluster) -> 
     producer.join(FINISH_S)
     segment = cluster.state().consume[0]
     with ZkStore.connect(cluster.hosts, cluster.root) as store, ReplicaReader(store) as reader:
-        got = [seq for part in read_range(reader, SegmentRange("q", segment, 0, 100, 9)) for seq, _, _ in part]
+        got = [seq for part in read_range(reader, SegmentRange("q", segment, 0, 100, 9)) for seq in part.seqs]
         assert got == list(range(10, 100))
         with pytest.raises(GapDetected):
             list(read_range(reader, SegmentRange("q", segment, 20, 100, 5)))
