@@ -216,6 +216,11 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
           .option("start", o.start).option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
     query = (df.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
              .trigger(processingTime=f"{int(o.trigger_s * 1000)} milliseconds").start())
+    if o.as_json:
+        emit("started")
+    else:
+        print(f"following queue {o.queue!r} from {o.start} (at most {o.max_rows_per_batch:,} messages per "
+              "micro-batch); Ctrl-C for the verdict", file=out, flush=True)
     deadline = None if o.until_s is None else time.monotonic() + o.until_s
     interrupted = threading.Event()
     # Ctrl-C sets a flag the loop reads: a KeyboardInterrupt inside a py4j call could leave

@@ -1,8 +1,9 @@
 """``ordq verify --follow`` (spark_order_check/follow.py): the ordering checks on a live queue.
 
 The rule code (``_checks.instance_findings``) on micro-batches with the carried last row, and
-the command on real brokers and ZooKeeper: clean through a head-master kill -9, and a segment
-dropped by retention before the query read it (a real gap) flagged with exit 1."""
+the command on real brokers and ZooKeeper (both ``slow``; docs/CLI.md runs the command on a
+real cluster in the default run): clean through a head-master kill -9, and a segment dropped
+by retention before the query read it (a real gap) flagged with exit 1."""
 
 from __future__ import annotations
 
@@ -70,11 +71,15 @@ N = 6000
 
 
 @pytest.mark.zk
+@pytest.mark.slow  # a Spark start in a subprocess and several micro-batches: ~75 s on the shared box
 def test_follow_is_clean_through_a_head_master_kill(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     proc = _follow(cluster, "--until-seq", str(N - 1), "--max-rows-per-batch", "2000")
-    producer = cluster.producer(n=N, rate=2000.0)
+    assert proc.stdout is not None
+    started = json.loads(proc.stdout.readline() or "{}")  # the query runs: write while it reads
+    assert started.get("event") == "started", (started, proc.poll())
+    producer = cluster.producer(n=N, rate=1500.0)
     producer.start()
     wait_acked(producer, N // 3)
     cluster.head().master.kill()
@@ -98,6 +103,7 @@ def _produce(cluster: Cluster, n: int) -> None:
 
 
 @pytest.mark.zk
+@pytest.mark.slow  # three Spark starts in subprocesses: ~70 s on the shared box
 def test_follow_flags_a_segment_dropped_before_it_was_read_and_stops_clean_on_ctrl_c(
         cluster: Cluster, tmp_path: Path) -> None:
     cluster.add_groups("g1")
@@ -108,7 +114,7 @@ def test_follow_flags_a_segment_dropped_before_it_was_read_and_stops_clean_on_ct
     assert proc.stdout is not None
     for line in proc.stdout:  # the first run checks 0..99, then waits for more: Ctrl-C
         event = json.loads(line)
-        if event["last_seq"] == 99:
+        if event["event"] == "batch" and event["last_seq"] == 99:
             break
     proc.send_signal(signal.SIGINT)
     rc, events, err = _events(proc)
