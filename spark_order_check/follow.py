@@ -216,6 +216,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
           .option("start", o.start).option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
     query = (df.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
              .trigger(processingTime=f"{int(o.trigger_s * 1000)} milliseconds").start())
+    state.started = time.monotonic()  # rows/s from here: Spark's start-up is not checking time
     if o.as_json:
         emit("started")
     else:
