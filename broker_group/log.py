@@ -287,6 +287,12 @@ def decode_batch(batch: BytesLike, *, path: str = WIRE, position: int = 0) -> tu
     return header, _decode_messages(batch, header, path, position)
 
 
+def decode_messages(batch: bytes, header: BatchHeader, *, path: str = WIRE, position: int = 0) -> list[Message]:
+    """The messages of a batch ``parse_header`` checked already (a reader that looks at the
+    header first and decodes only the batches it wants)."""
+    return _decode_messages(batch, header, path, position)
+
+
 def message_size(payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
     """A message's size as a queue's ``max_message_bytes`` counts it: its key, its headers as
     stored (each: 6 bytes of lengths, the UTF-8 name, the value) and its payload; the same

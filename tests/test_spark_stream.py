@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from coordinator.state import Cursor, QueueState, Segment, SegStatus
 from coordinator.store import ZkStore
 from ordq.admin.read import ReplicaReader
 from ordq.errors import ConfigError, GapDetected
-from ordq.spark_source import SegmentRange, SourceOptions, plan, read_range, register
+from ordq.spark_source import SegmentRange, SourceOptions, capped_end, plan, read_range, register
 from tests import spark_fixtures
 from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
@@ -88,6 +90,9 @@ def test_unknown_or_missing_options_are_refused() -> None:
         SourceOptions.parse({"zk": "127.0.0.1:1"})
     with pytest.raises(ConfigError):
         SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "start": "somewhere"})
+    with pytest.raises(ConfigError, match="maxRowsPerBatch"):
+        SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "maxRowsPerBatch": "0"})
+    assert SourceOptions.parse({"zk": "z", "queue": "q", "MAXROWSPERBATCH": "7"}).max_rows_per_batch == 7
 
 
 def test_a_plan_cuts_segments_into_ranges_that_start_after_the_right_seq() -> None:
@@ -115,7 +120,83 @@ def test_a_range_drops_seqs_already_read_and_refuses_a_gap(cluster: Cluster) -> 
     producer.join(FINISH_S)
     segment = cluster.state().consume[0]
     with ZkStore.connect(cluster.hosts, cluster.root) as store, ReplicaReader(store) as reader:
-        got = [seq for part in read_range(reader, SegmentRange("q", segment, 0, 100, 9)) for seq, _, _ in part]
+        got = [seq for part in read_range(reader, SegmentRange("q", segment, 0, 100, 9)) for seq in part.seqs]
         assert got == list(range(10, 100))
         with pytest.raises(GapDetected):
             list(read_range(reader, SegmentRange("q", segment, 20, 100, 5)))
+
+
+def test_a_row_cap_cuts_a_micro_batch_after_max_rows_stored_messages() -> None:
+    st = QueueState("q", consume=(
+        Segment(0, "g1", SegStatus.SEALED, end=120, first_seq=0, last_seq=119),
+        Segment(1, "g2", SegStatus.OPEN),
+    ), next_seg=2)
+    start, end = Cursor(seg=0, offset=30, last_seq=29), Cursor(seg=1, offset=100, last_seq=209)
+    assert capped_end(st, start, end, 50) == Cursor(seg=0, offset=80, last_seq=79)
+    assert capped_end(st, start, end, 90) == Cursor(seg=1, offset=0, last_seq=119)  # seg 0 exactly
+    # Into segment 1 (first seq 110: 10 resends): the cut's last seq counts them.
+    assert capped_end(st, start, end, 100, {1: 110}) == Cursor(seg=1, offset=10, last_seq=119)
+    assert capped_end(st, start, end, 120, {1: 110}) == Cursor(seg=1, offset=30, last_seq=139)
+    # Segment 1's first seq unknown: it cannot be cut, so the batch ends before it.
+    assert capped_end(st, start, end, 120) == Cursor(seg=1, offset=0, last_seq=119)
+    assert capped_end(st, start, end, 10**6, {1: 110}) == end
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st_.lists(st_.integers(0, 40), min_size=1, max_size=5), resend=st_.integers(0, 5),
+       skip=st_.integers(0, 40), cap=st_.integers(1, 150))
+def test_a_capped_batch_plans_at_most_max_rows_and_its_cursor_matches_the_rows(
+        sizes: list[int], resend: int, skip: int, cap: int) -> None:
+    """Segments of ``sizes`` messages, each (but the first) starting with ``resend`` resends of
+    the one before; the last is open. The capped end is a position whose planned ranges hold
+    at most ``cap`` stored messages (exactly ``cap`` when the cap cuts) and whose last seq is
+    the last seq of those messages."""
+    segs, seq = [], 0
+    for i, n in enumerate(sizes):
+        first = max(0, seq - (resend if i else 0))
+        last = first + n - 1
+        sealed = i < len(sizes) - 1
+        segs.append(Segment(i, "g1", SegStatus.SEALED if sealed else SegStatus.OPEN, end=n if sealed else None,
+                            first_seq=first if sealed and n else None, last_seq=last if sealed and n else None))
+        seq = max(seq, last + 1)
+    state = QueueState("q", consume=tuple(segs), next_seg=len(sizes))
+    # The true first seq of each segment (as the replicas know it).
+    seq, true_first = 0, {}
+    for i, n in enumerate(sizes):
+        true_first[i] = max(0, seq - (resend if i else 0))
+        seq = max(seq, true_first[i] + n)
+    start_off = min(skip, sizes[0])
+    start = Cursor(seg=0, offset=start_off, last_seq=true_first[0] + start_off - 1)
+    end = Cursor(seg=len(sizes) - 1, offset=sizes[-1], last_seq=seq - 1)
+    cut = capped_end(state, start, end, cap, true_first)
+    planned = sum(r.end_offset - r.first_offset for r in plan(state, start, cut, first_seqs=true_first))
+    total = sum(r.end_offset - r.first_offset for r in plan(state, start, end, first_seqs=true_first))
+    assert planned == min(cap, total)
+    # The cursor's last seq: the highest seq stored before the cut.
+    stored = [true_first[s] + o for s in range(len(sizes)) for o in range(sizes[s])
+              if (s, o) >= (start.seg, start.offset) and (s, o) < (cut.seg, cut.offset)]
+    assert cut.last_seq == max([start.last_seq, *stored])
+
+
+def test_max_rows_per_batch_caps_every_micro_batch_on_real_brokers(cluster: Cluster, spark: Any) -> None:
+    """Admission control end to end: 1,000 stored messages in two segments read with
+    ``maxRowsPerBatch`` 300 by an ``availableNow`` query: batches of at most 300 rows, every
+    seq once."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    for _ in range(2):
+        done = cluster.ordq("produce", "q", "--count", "500")
+        assert done.returncode == 0, done.stderr.decode()
+        assert cluster.ordq("queue", "roll", "q").returncode == 0
+    register(spark)
+    df = (spark.readStream.format("ordq").option("zk", cluster.hosts).option("root", cluster.root)
+          .option("queue", "q").option("maxRowsPerBatch", "300").load())
+    query = df.writeStream.format("memory").queryName("capped").trigger(availableNow=True).start()
+    try:
+        query.awaitTermination(120)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes == [300, 300, 300, 100], sizes
+    assert sorted(r.seq for r in spark.sql("SELECT seq FROM capped").collect()) == list(range(1000))

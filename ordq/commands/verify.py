@@ -1,4 +1,6 @@
-"""ordq verify: check an ordq run from its audit files with Spark (spark_order_check).
+"""ordq verify: check an ordq run from its audit files with Spark (spark_order_check), or
+``--follow QUEUE``: run the ordering checks continuously on the live queue
+(``spark_order_check.follow``).
 
 Same options, output and exit codes as ``python -m spark_order_check``: 0 clean, 1 violations,
 2 could not verify. PySpark is imported only when the command runs.
@@ -7,17 +9,79 @@ Same options, output and exit codes as ``python -m spark_order_check``: 0 clean,
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-from ordq.commands import add_command
-from spark_order_check.cli import DESCRIPTION, add_arguments, run
+from ordq.commands import add_command, duration, int_in
+from ordq.errors import ConfigError, OrdqError
+from spark_order_check.cli import (
+    DESCRIPTION,
+    EXIT_CLEAN,
+    EXIT_ERROR,
+    EXIT_VIOLATIONS,
+    _conf,
+    _first_line,
+    _is_spark_error,
+    add_arguments,
+    run,
+)
+
+FOLLOW = (
+    " With --follow QUEUE: read the live queue with the Spark streaming source and check every "
+    "micro-batch (no duplicate, no gap, no reorder, within and across batches) until a violation "
+    "(exit 1), --until / --until-seq or Ctrl-C (exit 0 when clean); docs/VERIFIER.md."
+)
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "verify", help="verify a run from its audit files (Spark)",
-                         func=cmd_verify, description=DESCRIPTION)
+    parser = add_command(subparsers, "verify", help="verify a run from its audit files, or a live queue (Spark)",
+                         func=cmd_verify, description=DESCRIPTION + FOLLOW)
     add_arguments(parser)
+    live = parser.add_argument_group("live queue (--follow)")
+    live.add_argument("--follow", default=None, metavar="QUEUE", help="check this queue continuously")
+    live.add_argument("--start", default="earliest",
+                      help="where to start: earliest (default), latest, 'seq N', 'time T' (as ordq sub reset)")
+    live.add_argument("--until", type=duration(0.001, 10**7), default=None, metavar="DURATION",
+                      help="stop after this long (90s, 15m; a bare number is seconds) with the verdict")
+    live.add_argument("--until-seq", type=int_in(0), default=None, metavar="N",
+                      help="stop once seq N has been checked")
+    live.add_argument("--trigger", type=duration(0.05, 3600), default=1.0, metavar="DURATION",
+                      help="micro-batch interval (default 1s)")
+    live.add_argument("--max-rows-per-batch", type=int_in(1), default=200_000, metavar="N",
+                      help="at most N messages per micro-batch (default 200000)")
+    live.add_argument("--checkpoint", default=None, metavar="DIR",
+                      help="Spark checkpoint directory: a later run with the same DIR resumes there "
+                           "(default: a temporary one, start from --start)")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    return run(args, prog="ordq verify")
+    if args.follow is None:
+        return run(args, prog="ordq verify")
+    return _follow(args)
+
+
+def _follow(args: argparse.Namespace) -> int:
+    prog = "ordq verify --follow"
+    try:
+        if args.audit_dirs or args.acks or args.deliveries or args.skips or args.segments or args.keyed:
+            raise ConfigError("--follow reads the live queue: give no AUDIT_DIR, --acks, --deliveries, --skips, "
+                              "--segments or --keyed with it")
+        from ordq.admin.reset import parse_reset_target
+        from spark_order_check.follow import FollowOptions, follow
+
+        parse_reset_target(args.start.split())
+        state = follow(FollowOptions(
+            zk=args.zk, root=args.root, queue=args.follow, start=args.start, until_s=args.until,
+            until_seq=args.until_seq, trigger_s=args.trigger, max_rows_per_batch=args.max_rows_per_batch,
+            master=args.master, conf=_conf(args.conf), checkpoint=args.checkpoint,
+            zk_timeout_s=float(getattr(args, "zk_timeout", 5.0)),
+            as_json=bool(getattr(args, "json", False))))
+    except OrdqError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - a Spark/Java failure: one line, not a Java stack
+        if not _is_spark_error(exc):
+            raise
+        print(f"{prog}: error: Spark failed: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    return {"clean": EXIT_CLEAN, "violations": EXIT_VIOLATIONS}.get(state.verdict, EXIT_ERROR)
