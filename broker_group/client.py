@@ -21,6 +21,7 @@ from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.seal import ReplicaEnd
 from ordq.errors import BrokerUnavailable, ClosedError
+from ordq.security import Credentials, channel
 from sdk.transport import Ack, FetchResult
 
 T = TypeVar("T")
@@ -34,7 +35,9 @@ def _replica_end(e: pb.SegmentEnd) -> ReplicaEnd:
 class GrpcTransport:
     """Calls to broker processes. Thread-safe; ``close()`` closes every channel."""
 
-    def __init__(self, *, rpc_timeout_s: float = 2.0, copy_timeout_s: float = 60.0) -> None:
+    def __init__(self, *, rpc_timeout_s: float = 2.0, copy_timeout_s: float = 60.0,
+                 credentials: Credentials | None = None) -> None:
+        self.credentials = credentials or Credentials()  # none: plaintext (a --insecure cluster)
         self.rpc_timeout_s = rpc_timeout_s
         self.copy_timeout_s = copy_timeout_s
         self._channels: dict[str, grpc.Channel] = {}
@@ -47,7 +50,7 @@ class GrpcTransport:
                 raise ClosedError("transport is closed")
             ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
         return pb_grpc.BrokerStub(ch)
 
     def _call(self, address: str, fn: Callable[[pb_grpc.BrokerStub], T]) -> T:

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import grpc
@@ -55,9 +55,11 @@ from ordq.errors import (
     DiskFull,
     MessageTooLarge,
     OrdqError,
+    PermissionDenied,
     QueueNotFound,
     SegmentNotFound,
 )
+from ordq.security import BROKER_CN, Credentials, peer_common_name, server_credentials
 
 log = logging.getLogger("ordq.broker")
 
@@ -92,6 +94,8 @@ class BrokerConfig:
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
+    # What it serves with and shows its peer (ordq/security.py); no CA: plaintext (--insecure).
+    credentials: Credentials = attrs.field(factory=Credentials)
 
     def __attrs_post_init__(self) -> None:
         if self.max_batch_bytes < 1024:
@@ -206,7 +210,10 @@ class Broker:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ordq-rpc"),
                                    options=GRPC_OPTIONS)
         pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
-        port = self._server.add_insecure_port(cfg.listen)
+        if cfg.credentials.tls:
+            port = self._server.add_secure_port(cfg.listen, server_credentials(cfg.credentials))
+        else:
+            port = self._server.add_insecure_port(cfg.listen)
         if port == 0:
             raise ConfigError(f"cannot listen on {cfg.listen}")
         self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
@@ -870,6 +877,10 @@ def _write_json_durably(path: Path, obj: Any) -> None:
         os.close(dfd)
 
 
+def _raise(exc: OrdqError) -> NoReturn:
+    raise exc
+
+
 class BrokerServicer(pb_grpc.BrokerServicer):
     """gRPC entry points: translate requests to Broker calls and ordq errors to statuses."""
 
@@ -889,6 +900,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def Replicate(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ReplicateResponse]:
         from broker_group.replication import serve_replicate
 
+        if self.b.config.credentials.tls and peer_common_name(context) != BROKER_CN:
+            # Only a broker of this cluster (its certificate, not a client's) may feed a slave.
+            self._call(context, lambda: _raise(PermissionDenied("*", "replicate", "the peer is not a broker")))
         yield from serve_replicate(self.b, request_iterator, context)
 
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:

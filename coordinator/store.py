@@ -181,6 +181,14 @@ class ZkStore(SubscriptionRecords):
         self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
                                  ignore_expire=True)
 
+    @property
+    def hosts(self) -> str:
+        """The ZooKeeper connection string this store's client was made with ("h:p,h:p")."""
+        hosts = getattr(self.client, "hosts", None)
+        if isinstance(hosts, list):
+            return ",".join(f"{h}:{p}" for h, p in hosts)
+        return self._hosts
+
     @classmethod
     def connect(
         cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0, op_timeout_s: float = OP_TIMEOUT_S

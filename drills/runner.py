@@ -211,7 +211,7 @@ class DrillContext:
             info = store.live_members(gid).get(role)
         if info is None:
             return {}
-        transport = GrpcTransport(rpc_timeout_s=2.0)
+        transport = GrpcTransport(rpc_timeout_s=2.0, credentials=self.cluster.credentials)
         try:
             stats: dict[str, Any] = json.loads(transport.health(info.address).stats_json or "{}")
             return stats

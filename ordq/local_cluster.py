@@ -46,6 +46,7 @@ from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
+from ordq.security import Credentials, ensure_pki, register, unregister
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
@@ -64,6 +65,7 @@ class ClusterConfig:
     coordinators: int = 2
     root: str = "/ordq"
     session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
+    tls: bool = True  # mutual TLS on every gRPC hop, with a CA made in <folder>/tls (ordq/security.py)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -132,10 +134,15 @@ class LocalCluster:
         self._saved: dict[str, Any] = saved or {}
         self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port)
         hosts = self.zk.connection_string
+        # Where the certificates are (made by start()); what clients of this cluster present.
+        broker_tls, client_tls = ensure_pki(self.folder / "tls", create=False)
+        self.broker_credentials = broker_tls if self.config.tls else Credentials()
+        self.credentials = client_tls if self.config.tls else Credentials()
         self.groups: dict[str, BrokerGroupProcesses] = {}
         for gid in self.config.gids:
             group = BrokerGroupProcesses(gid, zk_hosts=hosts, root=self.config.root, base_dir=self.folder / "brokers",
-                                         session_timeout_s=self.config.session_timeout_s)
+                                         session_timeout_s=self.config.session_timeout_s,
+                                         tls=self.broker_credentials)
             for member in group.members:  # same interpreter as the one that started them
                 member.proc.argv = (self.python, *member.proc.argv[1:])
             self.groups[gid] = group
@@ -243,6 +250,11 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         fresh = not self.exists(self.folder)
         self._save()
+        if self.config.tls:
+            ensure_pki(self.folder / "tls")
+        # Registered before anything serves: coordinators and every client of this cluster
+        # find the credentials from its ZooKeeper address.
+        register(self.zk_hosts, self.root, self.credentials)
         try:
             self._start_zk(deadline)
             self._register_groups()
@@ -286,7 +298,8 @@ class LocalCluster:
         """Stop everything and wipe the folder's cluster files."""
         self.stop()
         self.zk.destroy()
-        for sub in ("brokers", "coordinators", "zk", "drills"):
+        unregister(self.zk_hosts, self.root)
+        for sub in ("brokers", "coordinators", "zk", "drills", "tls"):
             shutil.rmtree(self.folder / sub, ignore_errors=True)
         (self.folder / STATE_FILE).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
@@ -405,7 +418,7 @@ class LocalCluster:
         from broker_group.client import GrpcTransport
 
         out = []
-        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s)
+        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=self.credentials)
         try:
             for name, member in self.brokers():
                 gid, role = name.split("/")

@@ -62,6 +62,7 @@ from ordq.errors import (
     SubscriptionNotFound,
     WaitTimeout,
 )
+from ordq.security import Credentials, lookup
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
 from sdk._lease import SessionLease
 from sdk._queue_view import QueueView
@@ -98,6 +99,8 @@ class ConsumerConfig:
     # policy (``ordq sub policy``), else block with the default ladder.
     on_failure: FailurePolicy | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
+    # TLS files and token for the brokers (ordq/security.py); None: as registered for zk_hosts.
+    credentials: Credentials | None = None
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
     # ``Consumer.metrics_url``) and/or kept in the application's registry.
     metrics_listen: str | None = None
@@ -226,7 +229,7 @@ class Consumer:
         if self._transport is None:
             from broker_group.client import GrpcTransport
 
-            self._transport = GrpcTransport()
+            self._transport = GrpcTransport(credentials=cfg.credentials or lookup(cfg.zk_hosts, cfg.root))
         self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
         try:
             self._client.start(timeout=10)

@@ -14,6 +14,7 @@ from typing import Any
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
 from ordq.output import emit_json, table
+from ordq.security import unregister
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
 EXIT_UNHEALTHY = 3
@@ -113,6 +114,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 0
     cluster = LocalCluster.load(args.dir)
     stopped = cluster.stop()
+    unregister(cluster.zk_hosts, cluster.root)  # `ordq up` registers it again
     if args.wipe:
         cluster.destroy()
     if wants_json(args):
