@@ -16,6 +16,7 @@ from typing import Any
 
 from broker_group.log import Message, encode_batch, iter_file_batches
 from coordinator.state import SegStatus
+from drills import security
 from drills.audit import AckRow, DeliveryRow
 from drills.failing import FIXED, HANDLED, order_faults, read_handled
 from drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
@@ -511,7 +512,13 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "is killed (-9), then an operator replays", "the failing messages and every later one of their keys "
           "parked with records while the other keys go on; the replay hands them over in per-key order",
           failing_handler_park, consumer_options=_failing_consumer("park"), check=check_failing_park),
+    # -- security (issue #14): TLS and tokens -------------------------------------------------
+    Drill("security-intruders", "callers without a token, with the wrong role, for another queue, with a revoked "
+          "token, in plaintext and without a client certificate, at the head master under load",
+          "each refused (PermissionDenied naming queue and role, or no TLS handshake); the load goes on untouched",
+          security.intruders),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
-CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park")
+CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park",
+             "security-intruders")

@@ -16,6 +16,7 @@ from broker_group.client import GrpcTransport
 from broker_group.log import Message, encode_batch
 from coordinator.store import ZkStore
 from coordinator.tokens import create_token, revoke_token, touch
+from drills.runner import DrillContext
 from ordq.errors import BrokerUnavailable, OrdqError, PermissionDenied
 from ordq.security import Credentials
 
@@ -59,7 +60,8 @@ def _produce(creds: Credentials, address: str, queue: str, seg: int) -> Callable
         transport = GrpcTransport(rpc_timeout_s=2.0, credentials=creds)
         stream = transport.open_produce(address, queue, seg, 1)
         try:
-            stream.send([encode_batch([Message(payload=b"intruder")], epoch=0, first_seq=10**12)])  # epoch 0: fenced anyway
+            # Epoch 0 and a far seq: were it let through, it would be fenced, never stored.
+            stream.send([encode_batch([Message(payload=b"intruder")], epoch=0, first_seq=10**12)])
             return next(stream.acks())
         finally:
             stream.close()
@@ -106,3 +108,13 @@ def probe_intruders(store: ZkStore, creds: Credentials, address: str, queue: str
     revoke_token(store.client, root, other_rec.tid)
     touch(store.client, root)
     return out
+
+
+def intruders(ctx: DrillContext) -> None:
+    """The ``security-intruders`` drill: every intruder calls the head master under load."""
+    gid, seg = ctx.head()
+    with ctx.cluster.store() as store:
+        address = store.live_members(gid)["master"].address
+        ctx.fault(f"intruders call the head master {gid} on segment {seg}")
+        for what, ok in probe_intruders(store, ctx.cluster.credentials, address, ctx.queue, seg):
+            ctx.expect(what, ok)
