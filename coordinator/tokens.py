@@ -163,6 +163,8 @@ def revoke_token(client: Any, root: str, tid: str) -> None:
 
     from ordq.errors import NotFound
 
+    if not re.fullmatch(r"[0-9a-f]{8}", tid):
+        raise ConfigError(f"not a token id: {tid!r} (8 hex digits, as ordq auth list shows)")
     try:
         client.delete(f"{tokens_path(root)}/{tid}")
     except NoNodeError:

@@ -97,6 +97,7 @@ class Drill:
     standby_consumer: bool = False
     late_consumer: bool = False  # the consumer starts after the fault (it finds the damage unread)
     needs_ensemble: bool = False
+    failover: bool = True  # the fault makes something fail over (the failover time is measured)
     # the consumer process's own options (drills.failing), made when it starts; None: drills.workload
     consumer_options: Callable[[DrillContext], list[str]] | None = None
     # extra checks over the finished run (acks, deliveries) -> [(what, ok)]

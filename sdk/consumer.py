@@ -226,11 +226,12 @@ class Consumer:
 
     def _start(self) -> None:
         cfg = self.config
+        creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
         if self._transport is None:
             from broker_group.client import GrpcTransport
 
-            self._transport = GrpcTransport(credentials=cfg.credentials or lookup(cfg.zk_hosts, cfg.root))
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
+            self._transport = GrpcTransport(credentials=creds)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

@@ -118,8 +118,10 @@ def open_store(args: argparse.Namespace) -> Any:
     For an admin command, PermissionDenied unless the caller's token has the admin role on
     ``args.queue`` (on every queue when it names none) while the cluster enforces tokens."""
     from coordinator.store import ZkStore
+    from ordq.security import lookup
 
-    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)))
+    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)),
+                            auth=lookup(args.zk, args.root).zk_auth)
     if getattr(args, "admin", False):
         try:
             check_admin(store, getattr(args, "queue", None) or "*")
