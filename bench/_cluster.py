@@ -16,6 +16,7 @@ import attrs
 
 from broker_group.process import BrokerGroupProcesses
 from coordinator.store import ZkStore
+from ordq.security import Credentials, provision, unregister
 from ordq.zk_server import ZkServer
 from sdk import Producer
 
@@ -29,6 +30,7 @@ class BenchCluster:
     store: ZkStore
     groups: list[BrokerGroupProcesses]
     folder: Path
+    credentials: Credentials  # what a client of this cluster presents (registered for hosts/ROOT)
 
     @property
     def hosts(self) -> str:
@@ -36,10 +38,12 @@ class BenchCluster:
 
 
 @contextlib.contextmanager
-def bench_cluster(groups: int = 1, *, folder: Path | None = None) -> Iterator[BenchCluster]:
+def bench_cluster(groups: int = 1, *, folder: Path | None = None, tls: bool = True) -> Iterator[BenchCluster]:
+    """``tls`` False: plaintext brokers (``--insecure``), to measure what TLS costs."""
     base = folder or Path(tempfile.mkdtemp(prefix="ordq-bench-"))
     zk = ZkServer(base / "zk")
     zk.start()
+    broker_tls, client_tls = provision(base / "tls", zk.connection_string, ROOT, tls=tls)
     procs: list[BrokerGroupProcesses] = []
     store = None
     try:
@@ -47,7 +51,7 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None) -> Iterator[Be
         gids = [f"g{i + 1}" for i in range(groups)]
         for gid in gids:
             store.add_group(gid)
-            g = BrokerGroupProcesses(gid, zk_hosts=zk.connection_string, root=ROOT, base_dir=base)
+            g = BrokerGroupProcesses(gid, zk_hosts=zk.connection_string, root=ROOT, base_dir=base, tls=broker_tls)
             g.start()
             procs.append(g)
         deadline = time.monotonic() + 30
@@ -56,8 +60,9 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None) -> Iterator[Be
                 raise RuntimeError("broker groups did not come up")
             time.sleep(0.05)
         store.create_queue(QUEUE, gids)
-        yield BenchCluster(zk=zk, store=store, groups=procs, folder=base)
+        yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls)
     finally:
+        unregister(zk.connection_string, ROOT)
         for g in procs:
             g.kill()
         if store is not None:

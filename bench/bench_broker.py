@@ -2,10 +2,12 @@
 and slave processes, fsync on, 1 KiB messages. Not a test: prints numbers for docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_broker [--messages N] [--batch 256] [--inflight 32] [--sync-messages N]
+        [--tls on|off|both]
 
 pipelined: batches of --batch messages, up to --inflight batches unacked on one stream; the
 ack latency is per batch (send → ack). synchronous: one message per batch, the next sent only
-after the previous was acked (both replicas synced).
+after the previous was acked (both replicas synced). --tls both runs everything twice, over
+mutual TLS (the default of every cluster) and over plaintext (--insecure): what TLS costs.
 """
 
 from __future__ import annotations
@@ -73,21 +75,30 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=32)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--sync-messages", type=int, default=5_000)
+    ap.add_argument("--tls", choices=["on", "off", "both"], default="on",
+                    help="mutual TLS between client and brokers (off: --insecure brokers; both: one run each, "
+                    "what TLS costs; default %(default)s)")
     args = ap.parse_args()
-    with bench_cluster(1) as cluster:
+    for tls in {"on": [True], "off": [False], "both": [True, False]}[args.tls]:
+        measure(args, tls=tls)
+
+
+def measure(args: argparse.Namespace, *, tls: bool) -> None:
+    label = "tls" if tls else "plaintext"
+    with bench_cluster(1, tls=tls) as cluster:
         address = cluster.store.live_members("g1")["master"].address
-        transport = GrpcTransport()
+        transport = GrpcTransport(credentials=cluster.credentials)
         try:
             pipelined(transport, address, messages=20_000, batch=args.batch, inflight=args.inflight, size=args.size)
             secs, lat = pipelined(transport, address, messages=args.messages, batch=args.batch,
                                   inflight=args.inflight, size=args.size, first_seq=20_000)
             rate = args.messages / secs
-            print(f"pipelined: {args.messages} x {args.size} B in {secs:.2f} s: {rate:,.0f} msgs/s, "
+            print(f"{label} pipelined: {args.messages} x {args.size} B in {secs:.2f} s: {rate:,.0f} msgs/s, "
                   f"{rate * args.size / 1e6:.1f} MB/s; batch ack latency {summary_ms(lat)}")
             first = 20_000 + args.messages
             secs, lat = synchronous(transport, address, messages=args.sync_messages, size=args.size, first_seq=first)
-            print(f"synchronous: {args.sync_messages} in {secs:.2f} s: {args.sync_messages / secs:,.0f} sends/s; "
-                  f"latency {summary_ms(lat)}")
+            print(f"{label} synchronous: {args.sync_messages} in {secs:.2f} s: {args.sync_messages / secs:,.0f} "
+                  f"sends/s; latency {summary_ms(lat)}")
         finally:
             transport.close()
 

@@ -21,6 +21,7 @@ from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.seal import ReplicaEnd
 from ordq.errors import BrokerUnavailable, ClosedError
+from ordq.security import Credentials, channel, token_metadata
 from sdk.transport import Ack, FetchResult
 
 T = TypeVar("T")
@@ -34,7 +35,10 @@ def _replica_end(e: pb.SegmentEnd) -> ReplicaEnd:
 class GrpcTransport:
     """Calls to broker processes. Thread-safe; ``close()`` closes every channel."""
 
-    def __init__(self, *, rpc_timeout_s: float = 2.0, copy_timeout_s: float = 60.0) -> None:
+    def __init__(self, *, rpc_timeout_s: float = 2.0, copy_timeout_s: float = 60.0,
+                 credentials: Credentials | None = None) -> None:
+        self.credentials = credentials or Credentials()  # none: plaintext (a --insecure cluster)
+        self._md = token_metadata(self.credentials)
         self.rpc_timeout_s = rpc_timeout_s
         self.copy_timeout_s = copy_timeout_s
         self._channels: dict[str, grpc.Channel] = {}
@@ -47,7 +51,7 @@ class GrpcTransport:
                 raise ClosedError("transport is closed")
             ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
         return pb_grpc.BrokerStub(ch)
 
     def _call(self, address: str, fn: Callable[[pb_grpc.BrokerStub], T]) -> T:
@@ -67,22 +71,24 @@ class GrpcTransport:
 
     def fence(self, address: str, queue: str, seg: int, epoch: int) -> ReplicaEnd:
         req = pb.FenceRequest(queue=queue, seg=seg, epoch=epoch)
-        return _replica_end(self._call(address, lambda s: s.Fence(req, timeout=self.rpc_timeout_s)))
+        return _replica_end(self._call(address, lambda s: s.Fence(req, timeout=self.rpc_timeout_s, metadata=self._md)))
 
     def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd:
         req = pb.SegmentRef(queue=queue, seg=seg)
-        return _replica_end(self._call(address, lambda s: s.Seal(req, timeout=self.rpc_timeout_s)))
+        return _replica_end(self._call(address, lambda s: s.Seal(req, timeout=self.rpc_timeout_s, metadata=self._md)))
 
     def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
         req = pb.ReconcileRequest(queue=queue, seg=seg, end=end, peer=peer)
-        return _replica_end(self._call(address, lambda s: s.Reconcile(req, timeout=self.copy_timeout_s)))
+        return _replica_end(self._call(address, lambda s: s.Reconcile(req, timeout=self.copy_timeout_s,
+                                                                      metadata=self._md)))
 
     def segment_info(self, address: str, queue: str, seg: int) -> pb.SegmentEnd:
         req = pb.SegmentRef(queue=queue, seg=seg)
-        return self._call(address, lambda s: s.SegmentInfo(req, timeout=self.rpc_timeout_s))
+        return self._call(address, lambda s: s.SegmentInfo(req, timeout=self.rpc_timeout_s, metadata=self._md))
 
     def health(self, address: str) -> pb.HealthResponse:
-        return self._call(address, lambda s: s.Health(pb.HealthRequest(), timeout=self.rpc_timeout_s))
+        req = pb.HealthRequest()
+        return self._call(address, lambda s: s.Health(req, timeout=self.rpc_timeout_s, metadata=self._md))
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -91,11 +97,11 @@ class GrpcTransport:
         req = pb.FetchRequest(queue=queue, seg=seg, offset=offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
                               known_end=-1 if known_end is None else known_end)
         timeout = self.rpc_timeout_s + max_wait_ms / 1000.0
-        res = self._call(address, lambda s: s.Fetch(req, timeout=timeout))
+        res = self._call(address, lambda s: s.Fetch(req, timeout=timeout, metadata=self._md))
         return FetchResult(batches=list(res.batches), readable_end=res.readable_end, sealed=res.sealed)
 
     def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> GrpcProduceStream:
-        return GrpcProduceStream(self._stub(address), address, queue, seg, epoch)
+        return GrpcProduceStream(self._stub(address), address, queue, seg, epoch, self._md)
 
 
 _CLOSE = object()
@@ -105,10 +111,11 @@ class GrpcProduceStream:
     """One pipelined Produce call: ``send`` queues batches (coalesced into stream messages of
     up to ~REQUEST_BYTES), ``acks`` yields acks in order and ends by raising an ordq error."""
 
-    def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int) -> None:
+    def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int,
+                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self.address, self.queue, self.seg, self.epoch = address, queue, seg, epoch
         self._q: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
-        self._call = stub.Produce(self._requests())
+        self._call = stub.Produce(self._requests(), metadata=metadata)
 
     def _requests(self) -> Iterator[pb.ProduceRequest]:
         while True:

@@ -22,6 +22,7 @@ from ordq.errors import (
     FencedError,
     MessageTooLarge,
     OrdqError,
+    PermissionDenied,
     SegmentNotFound,
 )
 
@@ -72,6 +73,10 @@ def _bad_request(f: dict[str, Any]) -> OrdqError:
     return ConfigError(f["message"])
 
 
+def _denied(f: dict[str, Any]) -> OrdqError:
+    return PermissionDenied(f["queue"], f["role"], f["why"])
+
+
 _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
     "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
     "not_writable": (grpc.StatusCode.UNAVAILABLE, _not_writable),
@@ -81,6 +86,7 @@ _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
     "corrupt": (grpc.StatusCode.DATA_LOSS, _corrupt),
     "disk_full": (grpc.StatusCode.RESOURCE_EXHAUSTED, _disk_full),
     "bad_request": (grpc.StatusCode.INVALID_ARGUMENT, _bad_request),
+    "denied": (grpc.StatusCode.PERMISSION_DENIED, _denied),
 }
 
 
@@ -99,6 +105,8 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
         return "corrupt", {"path": exc.path, "position": exc.position, "detail": str(exc)}
     if isinstance(exc, DiskFull):
         return "disk_full", {"message": str(exc)}
+    if isinstance(exc, PermissionDenied):
+        return "denied", {"queue": exc.queue, "role": exc.role, "why": exc.why}
     return "bad_request", {"message": str(exc)}
 
 

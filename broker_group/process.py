@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 from ordq.proc import ManagedProcess
+from ordq.security import Credentials
 
 READY_TIMEOUT_S = 30.0
 
 
 class BrokerProcess:
     def __init__(self, *, gid: str, role: str, zk_hosts: str, root: str, data_dir: Path, run_dir: Path,
-                 session_timeout_s: float = 1.0) -> None:
+                 session_timeout_s: float = 1.0, tls: Credentials | None = None) -> None:
         self.gid, self.role = gid, role
         self.data_dir = data_dir
         self.address: str | None = None
@@ -26,7 +27,7 @@ class BrokerProcess:
         self.metrics_url: str | None = None
         argv = [sys.executable, "-m", "ordq.cli", "--zk", zk_hosts, "--root", root, "broker", "run",
                 "--group", gid, "--role", role, "--data", str(data_dir),
-                "--session-timeout", str(session_timeout_s), "--metrics", "127.0.0.1:0"]
+                "--session-timeout", str(session_timeout_s), "--metrics", "127.0.0.1:0", *tls_args(tls)]
         self.proc = ManagedProcess(f"broker-{gid}-{role}", argv, run_dir=run_dir)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> str:
@@ -62,17 +63,24 @@ class BrokerProcess:
         return self.proc.log_tail(lines)
 
 
+def tls_args(tls: Credentials | None) -> list[str]:
+    """``ordq broker run`` options for these broker credentials; None: plaintext."""
+    if tls is None or not tls.tls:
+        return ["--insecure"]
+    assert tls.ca_file and tls.cert_file and tls.key_file, "a broker needs its own certificate"
+    return ["--tls-cert", tls.cert_file, "--tls-key", tls.key_file, "--tls-ca", tls.ca_file]
+
+
 class BrokerGroupProcesses:
     """The master and the slave of one broker group, each with its own data folder."""
 
-    def __init__(self, gid: str, *, zk_hosts: str, root: str, base_dir: Path, session_timeout_s: float = 1.0) -> None:
+    def __init__(self, gid: str, *, zk_hosts: str, root: str, base_dir: Path, session_timeout_s: float = 1.0,
+                 tls: Credentials | None = None) -> None:
         self.gid = gid
-        self.master = BrokerProcess(gid=gid, role="master", zk_hosts=zk_hosts, root=root,
-                                    data_dir=base_dir / gid / "master", run_dir=base_dir / "run",
-                                    session_timeout_s=session_timeout_s)
-        self.slave = BrokerProcess(gid=gid, role="slave", zk_hosts=zk_hosts, root=root,
-                                   data_dir=base_dir / gid / "slave", run_dir=base_dir / "run",
-                                   session_timeout_s=session_timeout_s)
+        self.master, self.slave = (
+            BrokerProcess(gid=gid, role=role, zk_hosts=zk_hosts, root=root, data_dir=base_dir / gid / role,
+                          run_dir=base_dir / "run", session_timeout_s=session_timeout_s, tls=tls)
+            for role in ("master", "slave"))
 
     @property
     def members(self) -> tuple[BrokerProcess, BrokerProcess]:

@@ -71,7 +71,7 @@ class Repairer:
             if lg.synced_end > end:
                 lg.truncate(end)
             if lg.synced_end < end:
-                transport = GrpcTransport(rpc_timeout_s=b.config.rpc_timeout_s)
+                transport = GrpcTransport(rpc_timeout_s=b.config.rpc_timeout_s, credentials=b.config.credentials)
                 try:
                     while lg.synced_end < end:
                         res = transport.fetch(peer, queue, seg, lg.synced_end, max_bytes=8 << 20, max_wait_ms=0,

@@ -28,6 +28,7 @@ import grpc
 from broker_group.errors import SegmentNotWritable, abort
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from ordq import security
 from ordq.errors import OrdqError
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class ReplicationLink:
     def _stream_once(self, address: str, gen: int) -> None:
         from broker_group.service import GRPC_OPTIONS
 
-        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        channel = security.channel(address, self.b.config.credentials, GRPC_OPTIONS)
         try:
             responses = pb_grpc.BrokerStub(channel).Replicate(self._requests(gen))
             for resp in responses:

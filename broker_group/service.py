@@ -39,6 +39,7 @@ import grpc
 from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
+from broker_group.auth import Gate
 from broker_group.errors import SegmentNotWritable, abort
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
@@ -55,9 +56,11 @@ from ordq.errors import (
     DiskFull,
     MessageTooLarge,
     OrdqError,
+    PermissionDenied,
     QueueNotFound,
     SegmentNotFound,
 )
+from ordq.security import BROKER_CN, Credentials, peer_common_name, server_credentials
 
 log = logging.getLogger("ordq.broker")
 
@@ -92,6 +95,8 @@ class BrokerConfig:
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
+    # What it serves with and shows its peer (ordq/security.py); no CA: plaintext (--insecure).
+    credentials: Credentials = attrs.field(factory=Credentials)
 
     def __attrs_post_init__(self) -> None:
         if self.max_batch_bytes < 1024:
@@ -180,6 +185,7 @@ class Broker:
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
         self.repair = Repairer(self)
+        self.gate = Gate()  # who may call what (broker_group/auth.py)
         self.replication: Any = None  # master: broker_group.replication.ReplicationLink
         # Per queue, the first segment opened after this data folder was created; the queues
         # whose older segments of this group still need copying from the peer (a new disk).
@@ -205,8 +211,12 @@ class Broker:
             log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ordq-rpc"),
                                    options=GRPC_OPTIONS)
+        self.gate.watch(self._store.client, cfg.root)  # tokens loaded before anything is served
         pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
-        port = self._server.add_insecure_port(cfg.listen)
+        if cfg.credentials.tls:
+            port = self._server.add_secure_port(cfg.listen, server_credentials(cfg.credentials))
+        else:
+            port = self._server.add_insecure_port(cfg.listen)
         if port == 0:
             raise ConfigError(f"cannot listen on {cfg.listen}")
         self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
@@ -876,35 +886,55 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def __init__(self, broker: Broker) -> None:
         self.b = broker
 
-    def _call(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+    def _call(self, context: grpc.ServicerContext, rpc: str, queue: str, fn: Callable[[], Any]) -> Any:
         try:
+            self.b.gate.check(context, rpc, queue)
             return fn()
         except OrdqError as exc:
             self.b.count_refused(exc)
             abort(context, exc)
 
     def Produce(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ProduceResponse]:
-        yield from self.b.produce(request_iterator, context)
+        yield from self.b.produce(self._checked(request_iterator, context), context)
+
+    def _checked(self, requests: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
+                 ) -> Iterator[pb.ProduceRequest]:
+        # Every request, not only the first: a token revoked mid-stream ends the stream.
+        for req in requests:
+            try:
+                self.b.gate.check(context, "Produce", req.queue)
+            except PermissionDenied as exc:
+                self.b.count_refused(exc)
+                raise
+            yield req
 
     def Replicate(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ReplicateResponse]:
         from broker_group.replication import serve_replicate
 
+        if self.b.config.credentials.tls and peer_common_name(context) != BROKER_CN:
+            # Only a broker of this cluster (its certificate, not a client's) may feed a slave.
+            denied = PermissionDenied("*", "replicate", "the peer is not a broker")
+            self.b.count_refused(denied)
+            abort(context, denied)
         yield from serve_replicate(self.b, request_iterator, context)
 
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
-        return self._call(context, lambda: self.b.fetch(request))
+        return self._call(context, "Fetch", request.queue, lambda: self.b.fetch(request))
 
     def Fence(self, request: pb.FenceRequest, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, lambda: self.b.fence(request.queue, request.seg, request.epoch))
+        return self._call(context, "Fence", request.queue,
+                          lambda: self.b.fence(request.queue, request.seg, request.epoch))
 
     def Seal(self, request: pb.SegmentRef, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, lambda: self.b.seal(request.queue, request.seg))
+        return self._call(context, "Seal", request.queue, lambda: self.b.seal(request.queue, request.seg))
 
     def Reconcile(self, request: pb.ReconcileRequest, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, lambda: self.b.reconcile(request.queue, request.seg, request.end, request.peer))
+        return self._call(context, "Reconcile", request.queue,
+                          lambda: self.b.reconcile(request.queue, request.seg, request.end, request.peer))
 
     def SegmentInfo(self, request: pb.SegmentRef, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, lambda: self.b.segment_info(request.queue, request.seg))
+        return self._call(context, "SegmentInfo", request.queue,
+                          lambda: self.b.segment_info(request.queue, request.seg))
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
-        return self.b.health()
+        return self._call(context, "Health", "*", self.b.health)

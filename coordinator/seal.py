@@ -112,7 +112,9 @@ def make_sealer(store: ZkStore) -> Callable[[str, int], None] | None:
         from broker_group.client import GrpcSealTransport
     except ImportError:
         return None
-    transport = GrpcSealTransport()
+    from ordq.security import of_store
+
+    transport = GrpcSealTransport(credentials=of_store(store))
 
     def sealer(queue: str, seg: int) -> None:
         run_seal(store, transport, queue, seg)
@@ -127,7 +129,9 @@ def make_prober(store: ZkStore) -> Callable[[str, str, int], OpenSegment] | None
         from broker_group.client import GrpcTransport
     except ImportError:
         return None
-    transport = GrpcTransport()
+    from ordq.security import of_store
+
+    transport = GrpcTransport(credentials=of_store(store))
 
     def prober(queue: str, gid: str, seg: int) -> OpenSegment:
         master = store.live_members(gid).get("master")

@@ -137,16 +137,18 @@ def _loads(data: bytes) -> Any:
     return json.loads(data.decode()) if data else {}
 
 
-def new_client(hosts: str, *, session_timeout_s: float) -> KazooClient:
+def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> KazooClient:
     """A kazoo client that tries to reconnect at least every quarter of its session.
 
     kazoo's default reconnect back-off doubles up to an hour: after a ZooKeeper outage of a
     few seconds (a lost quorum) its next attempt could come seconds after the servers are
     back, when a short session has already expired there, so every leader would lose its
     lease for an outage it had survived. Capped at a quarter session, a client reconnects in
-    time to keep its session whenever the servers kept it."""
+    time to keep its session whenever the servers kept it. ``auth``: "user:password" of
+    ZooKeeper's digest scheme, for a ZooKeeper with ACLs."""
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
-    return KazooClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry)
+    return KazooClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry,
+                       auth_data=[("digest", auth)] if auth else None)
 
 
 @contextlib.contextmanager
@@ -181,13 +183,23 @@ class ZkStore(SubscriptionRecords):
         self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
                                  ignore_expire=True)
 
+    @property
+    def hosts(self) -> str:
+        """The ZooKeeper connection string this store's client was made with ("h:p,h:p")."""
+        hosts = getattr(self.client, "hosts", None)
+        if isinstance(hosts, list):
+            return ",".join(f"{h}:{p}" for h, p in hosts)
+        return self._hosts
+
     @classmethod
     def connect(
-        cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0, op_timeout_s: float = OP_TIMEOUT_S
+        cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0, op_timeout_s: float = OP_TIMEOUT_S,
+        auth: str | None = None,
     ) -> ZkStore:
         """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure.
-        ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request."""
-        client = new_client(hosts, session_timeout_s=timeout_s)
+        ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request; ``auth`` as
+        for ``new_client``."""
+        client = new_client(hosts, session_timeout_s=timeout_s, auth=auth)
         try:
             client.start(timeout=timeout_s)
         except KazooTimeoutError as exc:

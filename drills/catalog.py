@@ -16,6 +16,7 @@ from typing import Any
 
 from broker_group.log import Message, encode_batch, iter_file_batches
 from coordinator.state import SegStatus
+from drills import security
 from drills.audit import AckRow, DeliveryRow
 from drills.cdc import require_servers, run_cdc
 from drills.failing import FIXED, HANDLED, order_faults, read_handled
@@ -516,7 +517,13 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
           "each restarted process resumes: the target tables equal the source row for row, and nothing the "
           "shipper got acked is lost or reordered", run_cdc, own_load=True, requires=require_servers),
+    # -- security (issue #14): TLS and tokens -------------------------------------------------
+    Drill("security-intruders", "callers without a token, with the wrong role, for another queue, with a revoked "
+          "token, in plaintext and without a client certificate, at the head master under load",
+          "each refused (PermissionDenied naming queue and role, or no TLS handshake); the load goes on untouched",
+          security.intruders, failover=False),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
-CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park")
+CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park",
+             "security-intruders")

@@ -101,6 +101,7 @@ class Drill:
     own_load: bool = False
     # raises a one-line OrdqError when the drill cannot run here (before any cluster starts)
     requires: Callable[[], None] | None = None
+    failover: bool = True  # the fault makes something fail over (the failover time is measured)
     # the consumer process's own options (drills.failing), made when it starts; None: drills.workload
     consumer_options: Callable[[DrillContext], list[str]] | None = None
     # extra checks over the finished run (acks, deliveries) -> [(what, ok)]
@@ -215,7 +216,7 @@ class DrillContext:
             info = store.live_members(gid).get(role)
         if info is None:
             return {}
-        transport = GrpcTransport(rpc_timeout_s=2.0)
+        transport = GrpcTransport(rpc_timeout_s=2.0, credentials=self.cluster.credentials)
         try:
             stats: dict[str, Any] = json.loads(transport.health(info.address).stats_json or "{}")
             return stats

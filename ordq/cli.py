@@ -19,8 +19,8 @@ from ordq.errors import OrdqError
 
 # Order is the order shown in --help.
 COMMAND_MODULES = (
-    "cluster", "zk", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients", "verify", "drill",
-    "demo", "outbox", "cdc",
+    "cluster", "zk", "auth", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients", "verify",
+    "drill", "demo", "outbox", "cdc",
 )
 
 DEFAULT_ZK = "127.0.0.1:2181"
@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(env ORDQ_ROOT; default %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--token", default=None,
+        help="access token (env ORDQ_TOKEN; default: the one registered for --zk by ordq up, docs/SECURITY.md)",
+    )
     parser.add_argument(
         "--zk-timeout", type=float, default=5.0, metavar="SECONDS",
         help="how long to try to reach ZooKeeper before giving up (default %(default)s)",
@@ -77,6 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A long-running process's log is its operator's record: ordq's own INFO lines
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
+    # --token: the env every credentials lookup of this command sees (ordq/security.py),
+    # restored after it (main() also runs inside tests).
+    previous = os.environ.get("ORDQ_TOKEN")
+    if args.token:
+        os.environ["ORDQ_TOKEN"] = args.token
     try:
         return int(args.func(args) or 0)
     except OrdqError as exc:
@@ -90,6 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python from complaining again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        if args.token:
+            if previous is None:
+                os.environ.pop("ORDQ_TOKEN", None)
+            else:
+                os.environ["ORDQ_TOKEN"] = previous
 
 
 if __name__ == "__main__":

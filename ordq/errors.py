@@ -28,6 +28,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── DiskFull                          the log could not be written: nothing half-served
     ├── WaitTimeout (TimeoutError)        a bounded wait ran out (retriable)
     ├── ClosedError                       you closed it
+    ├── PermissionDenied                  no credentials, or they lack the role the call needs
     ├── ExternalProcessError              ZooKeeper/Java missing or a child process failed
     └── OutboxError                       the outbox database refused or disagrees with the queue
         ├── OutboxUnavailable             the database cannot be reached (retriable)
@@ -251,6 +252,14 @@ class WaitTimeout(OrdqError, TimeoutError):
     """A bounded wait ran out."""
 
     retriable = True
+
+
+class PermissionDenied(OrdqError):
+    """The broker refused the caller: no or unknown credentials, or they lack ``role`` on ``queue``."""
+
+    def __init__(self, queue: str, role: str, why: str) -> None:
+        super().__init__(f"permission denied: {role!r} on queue {queue!r}: {why}")
+        self.queue, self.role, self.why = queue, role, why
 
 
 class ClosedError(OrdqError):

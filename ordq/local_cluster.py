@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -46,6 +47,7 @@ from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
+from ordq.security import Credentials, ensure_pki, register, unregister
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
@@ -64,6 +66,8 @@ class ClusterConfig:
     coordinators: int = 2
     root: str = "/ordq"
     session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
+    tls: bool = True  # mutual TLS on every gRPC hop, with a CA made in <folder>/tls (ordq/security.py)
+    tokens: bool = True  # enforce access tokens; start() makes an admin token (<folder>/admin.token)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -132,10 +136,17 @@ class LocalCluster:
         self._saved: dict[str, Any] = saved or {}
         self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port)
         hosts = self.zk.connection_string
+        # Where the certificates are (made by start()); what clients of this cluster present.
+        broker_tls, client_tls = ensure_pki(self.folder / "tls", create=False)
+        self.broker_credentials = broker_tls if self.config.tls else Credentials()
+        self.credentials = client_tls if self.config.tls else Credentials()
+        if self.config.tokens and self._token_file.exists():
+            self.credentials = attrs.evolve(self.credentials, token=self._token_file.read_text().strip())
         self.groups: dict[str, BrokerGroupProcesses] = {}
         for gid in self.config.gids:
             group = BrokerGroupProcesses(gid, zk_hosts=hosts, root=self.config.root, base_dir=self.folder / "brokers",
-                                         session_timeout_s=self.config.session_timeout_s)
+                                         session_timeout_s=self.config.session_timeout_s,
+                                         tls=self.broker_credentials)
             for member in group.members:  # same interpreter as the one that started them
                 member.proc.argv = (self.python, *member.proc.argv[1:])
             self.groups[gid] = group
@@ -243,9 +254,16 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         fresh = not self.exists(self.folder)
         self._save()
+        if self.config.tls:
+            ensure_pki(self.folder / "tls")
+        # Registered before anything serves: coordinators and every client of this cluster
+        # find the credentials from its ZooKeeper address.
+        register(self.zk_hosts, self.root, self.credentials)
         try:
             self._start_zk(deadline)
             self._register_groups()
+            if self.config.tokens:
+                self._ensure_admin_token()
             self._start_brokers(deadline)
             self._start_coordinators(deadline)
             self.wait_healthy(timeout_s=max(deadline - time.monotonic(), 1.0))
@@ -286,9 +304,11 @@ class LocalCluster:
         """Stop everything and wipe the folder's cluster files."""
         self.stop()
         self.zk.destroy()
-        for sub in ("brokers", "coordinators", "zk", "drills"):
+        unregister(self.zk_hosts, self.root)
+        for sub in ("brokers", "coordinators", "zk", "drills", "tls"):
             shutil.rmtree(self.folder / sub, ignore_errors=True)
         (self.folder / STATE_FILE).unlink(missing_ok=True)
+        self._token_file.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.folder.rmdir()
 
@@ -405,7 +425,7 @@ class LocalCluster:
         from broker_group.client import GrpcTransport
 
         out = []
-        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s)
+        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=self.credentials)
         try:
             for name, member in self.brokers():
                 gid, role = name.split("/")
@@ -459,6 +479,26 @@ class LocalCluster:
                     "(or --zk-port 0 for any free port)"
                 ) from exc
             raise
+
+    @property
+    def _token_file(self) -> Path:
+        return self.folder / "admin.token"
+
+    def _ensure_admin_token(self) -> None:
+        """An admin token on every queue for this cluster's own clients (the CLI after
+        ``ordq up``, the tests, the drills), made once and kept in the folder (mode 0600)."""
+        from coordinator.tokens import create_token, load_tokens, token_id, touch
+
+        token = self.credentials.token
+        with self.store() as store:
+            if token is None or token_id(token) not in load_tokens(store.client, self.root):
+                _, token = create_token(store.client, self.root, {"*": ["admin"]}, "ordq up")
+                touch(store.client, self.root)
+                fd = os.open(self._token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(token + "\n")
+        self.credentials = attrs.evolve(self.credentials, token=token)
+        register(self.zk_hosts, self.root, self.credentials)
 
     def _register_groups(self) -> None:
         # Groups exist in ZooKeeper before their processes start (a broker refuses to serve

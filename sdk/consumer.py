@@ -62,6 +62,7 @@ from ordq.errors import (
     SubscriptionNotFound,
     WaitTimeout,
 )
+from ordq.security import Credentials, lookup
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
 from sdk._lease import SessionLease
 from sdk._queue_view import QueueView
@@ -98,6 +99,8 @@ class ConsumerConfig:
     # policy (``ordq sub policy``), else block with the default ladder.
     on_failure: FailurePolicy | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
+    # TLS files and token for the brokers (ordq/security.py); None: as registered for zk_hosts.
+    credentials: Credentials | None = None
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
     # ``Consumer.metrics_url``) and/or kept in the application's registry.
     metrics_listen: str | None = None
@@ -224,11 +227,12 @@ class Consumer:
 
     def _start(self) -> None:
         cfg = self.config
+        creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
         if self._transport is None:
             from broker_group.client import GrpcTransport
 
-            self._transport = GrpcTransport()
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
+            self._transport = GrpcTransport(credentials=creds)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

@@ -40,6 +40,7 @@ from ordq.errors import (
     OrdqError,
     WaitTimeout,
 )
+from ordq.security import Credentials, lookup
 from sdk._futures import BatchOutcome, SendFuture
 from sdk._head import HeadProtocol
 from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore, message_bytes
@@ -69,6 +70,9 @@ class ProducerConfig:
     # ``Producer.metrics_url``) and/or kept in the application's registry.
     metrics_listen: str | None = None
     metrics_registry: CollectorRegistry | None = None
+    # TLS files and token for the brokers (ordq/security.py); None: as registered for zk_hosts
+    # in the credentials file (``ordq up`` registers the clusters it starts).
+    credentials: Credentials | None = None
 
     def __attrs_post_init__(self) -> None:
         check_zk_hosts(self.zk_hosts)
@@ -162,11 +166,12 @@ class Producer:
 
     def _start(self) -> None:
         cfg = self.config
+        creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
         if self._transport is None:
             from broker_group.client import GrpcTransport
 
-            self._transport = GrpcTransport()
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
+            self._transport = GrpcTransport(credentials=creds)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

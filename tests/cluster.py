@@ -46,6 +46,7 @@ from coordinator.state import QueueState
 from coordinator.store import ZkStore
 from ordq.errors import NotLeader
 from ordq.proc import ManagedProcess
+from ordq.security import provision, unregister
 from ordq.zk_server import ZkServer
 from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from sdk.consumer import ConsumerStats
@@ -89,7 +90,8 @@ class Cluster:
         self.programs: list[ManagedProcess] = []
         self.store = ZkStore.connect(self.hosts, root, timeout_s=10)
         self.paths = Paths(root)
-        self.transport = GrpcTransport()
+        self.broker_tls, self.credentials = provision(base / "tls", self.hosts, root)
+        self.transport = GrpcTransport(credentials=self.credentials)
         self._threads: list[LoadProducer | LoadConsumer] = []
 
     # -- brokers -------------------------------------------------------------------------------
@@ -99,7 +101,7 @@ class Cluster:
         for gid in gids:
             self.store.add_group(gid)
             group = BrokerGroupProcesses(gid, zk_hosts=self.hosts, root=self.root, base_dir=self.base,
-                                         session_timeout_s=SESSION_TIMEOUT_S)
+                                         session_timeout_s=SESSION_TIMEOUT_S, tls=self.broker_tls)
             self.groups[gid] = group
             group.start()
         self.wait_live(*gids)
@@ -257,6 +259,7 @@ class Cluster:
             t.join(timeout_s=10, check=False)
         self.transport.close()
         self.store.close()
+        unregister(self.hosts, self.root)
         if errors:
             raise errors[0]
 

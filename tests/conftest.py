@@ -12,6 +12,8 @@ Every server is stopped in a ``finally``/yield teardown: no java process outlive
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +24,11 @@ from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from ordq.zk_server import ZkServer
 from tests.util import wait_until
+
+# Clusters the tests start register their TLS credentials here, never in the real home
+# (ordq/security.py); set at import so every program a test spawns inherits it.
+os.environ["ORDQ_CREDENTIALS"] = os.path.join(tempfile.mkdtemp(prefix="ordq-creds-"), "credentials.json")
+os.environ.pop("ORDQ_TOKEN", None)
 
 # Session servers by fixture name, and the servers a test made itself: for failure reports.
 _SESSION_SERVERS: dict[str, ZkServer] = {}

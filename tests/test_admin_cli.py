@@ -29,6 +29,7 @@ from coordinator import state as sm
 from coordinator.store import ZkStore
 from ordq.cli import main
 from ordq.errors import ConflictError
+from ordq.security import of_store, provision
 from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
 from tests.util import wait_until
 
@@ -82,12 +83,14 @@ def make_cluster(zk_server, zk_root, tmp_path: Path, capsys) -> Iterator[Callabl
     store = ZkStore.connect(zk_server.connection_string, zk_root)
     started: list[BrokerGroupProcesses] = []
 
+    broker_tls, _ = provision(tmp_path / "tls", zk_server.connection_string, zk_root)
+
     def make(*gids: str) -> Cluster:
         groups = {}
         for gid in gids:
             store.add_group(gid)
             groups[gid] = BrokerGroupProcesses(gid, zk_hosts=zk_server.connection_string, root=zk_root,
-                                               base_dir=tmp_path)
+                                               base_dir=tmp_path, tls=broker_tls)
             started.append(groups[gid])
         with concurrent.futures.ThreadPoolExecutor(len(gids)) as pool:
             list(pool.map(lambda g: g.start(), groups.values()))
@@ -263,7 +266,7 @@ def test_peek_reads_the_slave_when_the_master_is_killed(make_cluster) -> None:
 
     # The slave serves up to the LAC the master pushed it: wait until that covers seq 5.
     slave = c.store.live_members("g1")["slave"].address
-    transport = GrpcTransport()
+    transport = GrpcTransport(credentials=of_store(c.store))
     try:
         wait_until(lambda: transport.fetch(slave, Q, 0, 6, max_bytes=1, max_wait_ms=0).readable_end == 6,
                    what="slave LAC at 6")

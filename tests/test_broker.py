@@ -27,6 +27,7 @@ from coordinator.seal import run_seal
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore
 from ordq.errors import BrokerUnavailable, ConfigError, FencedError, MessageTooLarge, OrdqError, SegmentNotFound
+from ordq.security import provision
 from sdk.transport import Ack
 from tests.util import wait_until
 
@@ -47,8 +48,10 @@ class Group:
 @pytest.fixture
 def group(zk_server, zk_root, tmp_path: Path) -> Iterator[Group]:
     store = ZkStore.connect(zk_server.connection_string, zk_root)
-    procs = BrokerGroupProcesses("g1", zk_hosts=zk_server.connection_string, root=zk_root, base_dir=tmp_path)
-    transport = GrpcTransport()
+    broker_tls, client_tls = provision(tmp_path / "tls", zk_server.connection_string, zk_root)
+    procs = BrokerGroupProcesses("g1", zk_hosts=zk_server.connection_string, root=zk_root, base_dir=tmp_path,
+                                 tls=broker_tls)
+    transport = GrpcTransport(credentials=client_tls)
     try:
         store.add_group("g1")
         procs.start()
@@ -184,7 +187,7 @@ def _diverge(group: Group) -> None:
 
 def _fail_over_and_seal(group: Group) -> int:
     group.store.apply(Q, lambda st, f: sm.fail_over(st, "g1", 0, f))
-    st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0), Q, 0)
+    st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0, credentials=group.transport.credentials), Q, 0)
     seg = st.segment(0)
     assert seg is not None and seg.status is SegStatus.SEALED and seg.end is not None
     return seg.end
@@ -299,7 +302,7 @@ def test_a_broker_restarted_at_once_after_kill_9_waits_for_its_old_session_then_
     run = subprocess.run(
         [sys.executable, "-m", "ordq.cli", "--zk", zk_server.connection_string, "--root", zk_root, "broker", "run",
          "--group", "g1", "--role", "slave", "--data", str(group.procs.slave.data_dir.parent / "dup"),
-         "--register-wait", "0.5"], capture_output=True, text=True, timeout=60)
+         "--register-wait", "0.5", "--insecure"], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert "already live" in run.stderr
     assert group.store.live_members("g1")["slave"].incarnation == group.procs.slave.incarnation
@@ -336,11 +339,11 @@ def test_a_replica_on_a_new_disk_never_decides_a_segment_it_did_not_see(group: G
     with pytest.raises(BrokerUnavailable):
         group.transport.seal(group.address("slave"), Q, 0)
     with pytest.raises(BrokerUnavailable):
-        run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0), Q, 0)
+        run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0, credentials=group.transport.credentials), Q, 0)
     seg = group.store.load_state(Q)[0].segment(0)
     assert seg is not None and seg.status is SegStatus.SEALING  # undecided, not cut to 0
     group.procs.master.start()
-    st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0), Q, 0)
+    st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0, credentials=group.transport.credentials), Q, 0)
     seg = st.segment(0)
     assert seg is not None and seg.status is SegStatus.SEALED and seg.end == 50
     wait_until(lambda: len(stored(group.procs.slave.data_dir)) == 50, what="the new slave copied segment 0")

@@ -93,8 +93,9 @@ class ReplicaReader:
         self.store = store
         if transport is None:
             from broker_group.client import GrpcTransport
+            from ordq.security import of_store
 
-            transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s)
+            transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=of_store(store))
         self.transport: AdminTransport = transport
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ def add_command(
     func: Callable[[argparse.Namespace], int] | None = None,
     description: str | None = None,
     daemon: bool = False,
+    admin: bool = False,
 ) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         name, help=help, description=description or help
@@ -34,7 +35,8 @@ def add_command(
     parser.add_argument("--zk", default=argparse.SUPPRESS, help="ZooKeeper connection string")
     parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
     if func is not None:
-        parser.set_defaults(func=func, daemon=daemon)  # daemon: a long-running process (logs INFO)
+        # daemon: a long-running process (logs INFO); admin: needs the admin role (open_store checks)
+        parser.set_defaults(func=func, daemon=daemon, admin=admin)
     return parser
 
 
@@ -112,10 +114,32 @@ MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConf
 
 
 def open_store(args: argparse.Namespace) -> Any:
-    """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down)."""
+    """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down).
+    For an admin command, PermissionDenied unless the caller's token has the admin role on
+    ``args.queue`` (on every queue when it names none) while the cluster enforces tokens."""
     from coordinator.store import ZkStore
+    from ordq.security import lookup
 
-    return ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)))
+    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)),
+                            auth=lookup(args.zk, args.root).zk_auth)
+    if getattr(args, "admin", False):
+        try:
+            check_admin(store, getattr(args, "queue", None) or "*")
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+def check_admin(store: Any, queue: str) -> None:
+    """The CLI's side of the admin role: the command itself writes ZooKeeper, so it checks
+    the token there (ZooKeeper's own ACLs are what stop a client that skips this)."""
+    from coordinator.tokens import authorize, enforced, load_tokens
+    from ordq.security import of_store
+
+    root = store.paths.root
+    if enforced(store.client, root):
+        authorize(load_tokens(store.client, root), of_store(store).token, queue, "admin")
 
 
 def local_zk_port(zk: str, default: int) -> int:

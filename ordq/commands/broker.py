@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, seconds
+from ordq.errors import ConfigError
 from ordq.proc import announce
+from ordq.security import Credentials
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +38,27 @@ def register(subparsers: Any) -> None:
     run.add_argument("--register-wait", type=seconds(allow_zero=True), default=30.0, metavar="SECONDS",
                      help="when the role is still live in ZooKeeper (a killed predecessor's session not yet "
                      "expired), wait this long for it to go before giving up (default %(default)s)")
+    tls = run.add_argument_group("TLS (every hop is mutual TLS unless --insecure)")
+    tls.add_argument("--tls-cert", type=Path, metavar="PEM", help="this broker's certificate, signed by --tls-ca")
+    tls.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert")
+    tls.add_argument("--tls-ca", type=Path, metavar="PEM",
+                     help="the cluster CA: peers (brokers and clients) must show a certificate it signed")
+    tls.add_argument("--insecure", action="store_true", help="serve plaintext gRPC: anyone on the network may call")
+
+
+def broker_credentials(args: argparse.Namespace) -> Credentials:
+    """TLS files from the flags; plaintext only when asked for by name."""
+    files = (args.tls_cert, args.tls_key, args.tls_ca)
+    if args.insecure:
+        if any(files):
+            raise ConfigError("--insecure and --tls-* contradict each other: give one")
+        return Credentials()
+    if not all(files):
+        raise ConfigError("a broker serves TLS: give --tls-cert, --tls-key and --tls-ca (or --insecure)")
+    for f in files:
+        if not f.is_file():
+            raise ConfigError(f"TLS file {f} does not exist")
+    return Credentials(ca_file=str(args.tls_ca), cert_file=str(args.tls_cert), key_file=str(args.tls_key))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -44,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
-                       register_wait_s=args.register_wait)
+                       register_wait_s=args.register_wait, credentials=broker_credentials(args))
     broker = Broker(cfg)
     if args.metrics:
         from ordq.metrics import serve

@@ -14,6 +14,7 @@ from typing import Any
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
 from ordq.output import emit_json, table
+from ordq.security import credentials_path, unregister
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
 EXIT_UNHEALTHY = 3
@@ -36,6 +37,8 @@ def register(subparsers: Any) -> None:
                          f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_ZK_PORT})")
     up.add_argument("--coordinators", type=int_in(0, 9), default=None, metavar="N",
                     help="coordinator daemons, one elected (default: as before, else 2)")
+    up.add_argument("--insecure", action="store_true", default=None,
+                    help="a new cluster without TLS and tokens: anyone on this machine may call it (docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -57,7 +60,7 @@ def _dir_option(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
-    asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators))
+    asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
@@ -69,6 +72,8 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         zk_port=port or None,
         coordinators=args.coordinators if args.coordinators is not None else saved.coordinators,
         root=args.root if fresh else saved.root,
+        tls=not args.insecure if fresh else saved.tls,
+        tokens=not args.insecure if fresh else saved.tokens,
     )
 
 
@@ -98,6 +103,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if pages:
         print(f"status page: {pages[0]} (every coordinator serves one)")
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
+    creds = cluster.credentials
+    print(f"security: {'mutual TLS (CA ' + str(creds.ca_file) + ')' if creds.tls else 'plaintext (--insecure)'}, "
+          f"{'an admin token' if creds.token else 'no tokens'}; registered for {cluster.zk_hosts}{cluster.root} "
+          f"in {credentials_path()} (docs/SECURITY.md)")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
     print("next: ordq queue create demo && ordq produce demo --count 1000 && "
           "ordq consume demo -s s1 --count 1000 --quiet")
@@ -113,6 +122,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 0
     cluster = LocalCluster.load(args.dir)
     stopped = cluster.stop()
+    unregister(cluster.zk_hosts, cluster.root)  # `ordq up` registers it again
     if args.wipe:
         cluster.destroy()
     if wants_json(args):

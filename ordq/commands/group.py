@@ -13,11 +13,11 @@ def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "group", help="register and inspect broker groups")
     sub = parser.add_subparsers(dest="group_command", metavar="ACTION")
     sub.required = True
-    add = add_command(sub, "add", help="register a broker group", func=cmd_add)
+    add = add_command(sub, "add", help="register a broker group", func=cmd_add, admin=True)
     add.add_argument("gid", help="group id, [A-Za-z0-9._-]{1,128}")
     add_command(sub, "list", help="list groups with the liveness of master and slave", func=cmd_list)
     drain = add_command(
-        sub, "drain", func=cmd_drain,
+        sub, "drain", func=cmd_drain, admin=True,
         help="take a group out of every send list for maintenance (and keep it out)",
         description="Mark a group drained and take it out of every queue's send list. Where it is the head "
         "this is a failover: its open segment is sealed and producers move to the next group at once. "
@@ -27,11 +27,11 @@ def register(subparsers: Any) -> None:
     drain.add_argument("gid")
     drain.add_argument("--force", action="store_true",
                        help="drain even when it leaves a queue with no group to write to (its producers wait)")
-    undrain = add_command(sub, "undrain", func=cmd_undrain,
+    undrain = add_command(sub, "undrain", func=cmd_undrain, admin=True,
                           help="clear a group's drain mark and admit it to the send lists it is eligible for")
     undrain.add_argument("gid")
     rm = add_command(
-        sub, "remove", func=cmd_remove,
+        sub, "remove", func=cmd_remove, admin=True,
         help="unregister a group (drained, processes stopped, no unconsumed segments)",
         description="Take a group out of every queue it serves and unregister it. Refused while its "
         "processes are live, while it is in a send list (drain it first) or while it holds segments not "

@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "queue", help="create and inspect queues")
     sub = parser.add_subparsers(dest="queue_command", metavar="ACTION")
     sub.required = True
-    create = add_command(sub, "create", help="create a queue", func=cmd_create)
+    create = add_command(sub, "create", help="create a queue", func=cmd_create, admin=True)
     create.add_argument("queue", help="queue name, [A-Za-z0-9._-]{1,128}")
     create.add_argument(
         "--groups", help="comma-separated broker groups serving it (default: every registered group)"
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
         sub, "update", func=cmd_update, help="change a queue's segment size and age, retention or message limit",
         description="Change the settings of an existing queue (only those given). Limits on segments apply from "
         "the coordinator's next round: a segment larger or older than the new limit rolls, sealed segments "
-        "past a new retention limit are dropped, read or not.")
+        "past a new retention limit are dropped, read or not.", admin=True)
     update.add_argument("queue")
     add_settings(update, defaults=False)
     add_command(sub, "list", help="list queues with their send head, stored messages and last seq",
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
         "messages and seq range; open and sealing segments are asked of their replicas, '?' when none "
         "answers), the backlog each group holds, and each subscription's cursor, lag and holder.")
     desc.add_argument("queue")
-    add = add_command(sub, "add-group", func=cmd_add_group, help="let a broker group serve a queue",
+    add = add_command(sub, "add-group", func=cmd_add_group, admin=True, help="let a broker group serve a queue",
                       description="Add a registered group to a queue's groups; it joins the end of the send "
                       "list at once if it is live, holds no segment of the queue and is not drained, else later "
                       "(the coordinator admits it).")
@@ -58,12 +58,12 @@ def register(subparsers: Any) -> None:
                          description="Take a group out of the queue's send list (a head is failed over: "
                          "producers continue on the next group) and remove it from the queue once no "
                          "subscription needs its segments; until then this says which segments it still "
-                         "holds (run it again later).")
+                         "holds (run it again later).", admin=True)
     remove.add_argument("queue")
     remove.add_argument("group")
     remove.add_argument("--force", action="store_true", help="even if it is the only group taking writes")
     roll = add_command(
-        sub, "roll", func=cmd_roll, help="seal the open segment and continue on a new one",
+        sub, "roll", func=cmd_roll, admin=True, help="seal the open segment and continue on a new one",
         description="Seal the queue's open segment and open the next one, in one conditional write: on the "
         "same send head, or on the next group when the queue's --roll-to is 'next'; then seal the old one on "
         "its replicas. Producers continue on the new segment with "
@@ -71,7 +71,7 @@ def register(subparsers: Any) -> None:
         "subscription has read the old segment it can be popped and its disk freed.")
     roll.add_argument("queue")
     delete = add_command(sub, "delete", help="delete a queue: its metadata, and its data on every replica",
-                         func=cmd_delete)
+                         func=cmd_delete, admin=True)
     delete.add_argument("queue")
 
 

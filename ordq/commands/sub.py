@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
                      help="subscriptions of a queue with cursor, lag and the consumer holding each")
     ls.add_argument("queue")
     reset = add_command(
-        sub, "reset", func=cmd_reset,
+        sub, "reset", func=cmd_reset, admin=True,
         help="move a subscription's cursor: earliest, latest, a seq or a time",
         description="Move a subscription's cursor so its consumer next delivers: the oldest kept message "
         "(earliest), only messages produced from now on (latest), the message with seq N (seq N, earlier "
@@ -45,7 +45,7 @@ def register_create_delete(sub: Any) -> None:
         description="Create a subscription whose first consumer delivers from the target: the oldest kept "
         "message (earliest, the default), only messages produced from now on (latest), the message with seq N "
         "(seq N: an application that keeps its position in its own database resumes exactly there), or the "
-        "first message stamped at or after T (time T, as for reset).")
+        "first message stamped at or after T (time T, as for reset).", admin=True)
     create.add_argument("queue")
     create.add_argument("subscription")
     create.add_argument("--start", nargs="+", default=["earliest"], metavar="TARGET",
@@ -53,7 +53,7 @@ def register_create_delete(sub: Any) -> None:
     delete = add_command(
         sub, "delete", func=cmd_delete, help="delete a subscription (it no longer keeps segments from being freed)",
         description="Delete a subscription and its cursor, so it no longer keeps consumed segments from being "
-        "popped. Refused while a consumer holds it, unless --force (that consumer then stops).")
+        "popped. Refused while a consumer holds it, unless --force (that consumer then stops).", admin=True)
     delete.add_argument("queue")
     delete.add_argument("subscription")
     delete.add_argument("--force", action="store_true", help="delete even while a consumer holds it")
@@ -61,7 +61,7 @@ def register_create_delete(sub: Any) -> None:
         sub, "policy", func=cmd_policy, help="what consumers do with a message their handler keeps failing on",
         description="Show or set the subscription's failure policy, used by Consumer.run when its config sets "
         "none: block (retry for ever, never skip; the default), park (after N attempts move it to the "
-        "parking queue Q.parked.SUB and go on) or raise (stop with HandlerError). docs/SDK.md.")
+        "parking queue Q.parked.SUB and go on) or raise (stop with HandlerError). docs/SDK.md.", admin=True)
     policy.add_argument("queue")
     policy.add_argument("subscription")
     policy.add_argument("--on-failure", choices=["block", "park", "raise"], default=None)

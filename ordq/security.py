@@ -1,0 +1,263 @@
+"""Who may talk to a broker: TLS material, the credentials of a cluster, and where clients find them.
+
+- ``Credentials``: what one process presents and trusts on its gRPC hops (the cluster CA, its
+  own certificate and key, a token, the ZooKeeper digest ``user:password``). ``ca_file`` None
+  means plaintext (``ordq broker run --insecure``); otherwise every hop is mutual TLS: a broker
+  refuses any peer without a certificate signed by the cluster CA (gRPC's Python server can
+  only require client certificates or not ask for them, so clients get one too).
+- ``ensure_pki(folder)``: a local CA and two certificates (``broker``, ``client``) made with
+  the ``cryptography`` package, valid for 127.0.0.1 and localhost. Created once, kept.
+- The credentials file (like a kubeconfig): ``ordq up`` registers the cluster it started under
+  its ZooKeeper address and root, so every CLI command and SDK client finds them from ``--zk``
+  alone. ``$ORDQ_CREDENTIALS``, else ``$ORDQ_HOME/credentials.json``, else
+  ``~/.config/ordq/credentials.json``. ``$ORDQ_TOKEN`` overrides the token found there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import ipaddress
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+
+from ordq.errors import ConfigError
+
+BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
+CLIENT_CN = "ordq-client"
+
+
+@attrs.frozen(kw_only=True)
+class Credentials:
+    ca_file: str | None = None  # the CA to trust; None: plaintext gRPC
+    cert_file: str | None = None  # this process's certificate, signed by that CA
+    key_file: str | None = None
+    token: str | None = None
+    zk_auth: str | None = None  # "user:password" of ZooKeeper's digest scheme
+
+    def __attrs_post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError("a TLS certificate needs its key and a key its certificate")
+        if self.cert_file is not None and self.ca_file is None:
+            raise ConfigError("a TLS certificate needs the CA that signed the peers' (--tls-ca)")
+
+    @property
+    def tls(self) -> bool:
+        return self.ca_file is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Credentials:
+        fields = {f.name for f in attrs.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in fields})
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS file {path}: {exc.strerror}") from exc
+
+
+def _client_pair(creds: Credentials) -> tuple[bytes | None, bytes | None]:
+    if creds.cert_file is None or creds.key_file is None:
+        return None, None
+    return _read(creds.key_file), _read(creds.cert_file)
+
+
+def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
+    """A channel to a broker: mutual TLS when ``creds`` trust a CA, else plaintext."""
+    if not creds.tls:
+        return grpc.insecure_channel(address, options=options)
+    assert creds.ca_file is not None
+    key, cert = _client_pair(creds)
+    tls = grpc.ssl_channel_credentials(root_certificates=_read(creds.ca_file), private_key=key,
+                                       certificate_chain=cert)
+    return grpc.secure_channel(address, tls, options=options)
+
+
+def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
+    """A broker's side: its certificate, and every peer must show one signed by the CA."""
+    key, cert = _client_pair(creds)
+    if creds.ca_file is None or key is None or cert is None:
+        raise ConfigError("a TLS broker needs --tls-cert, --tls-key and --tls-ca (or --insecure)")
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=_read(creds.ca_file),
+                                       require_client_auth=True)
+
+
+def peer_common_name(context: grpc.ServicerContext) -> str | None:
+    """The subject CN of the peer's verified certificate, None on plaintext."""
+    names = context.auth_context().get("x509_common_name")
+    return names[0].decode() if names else None
+
+
+def token_metadata(creds: Credentials) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {creds.token}"),) if creds.token else ()
+
+
+# -- certificates -------------------------------------------------------------------------------
+
+def ensure_pki(folder: Path, *, create: bool = True) -> tuple[Credentials, Credentials]:
+    """(broker credentials, client credentials) under ``folder``, made on first use
+    (``create`` False: only where they are)."""
+    ca_pem, ca_key = folder / "ca.pem", folder / "ca-key.pem"
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not ca_pem.exists():
+            _make_ca(ca_pem, ca_key)
+    out = []
+    for name, cn in (("broker", BROKER_CN), ("client", CLIENT_CN)):
+        cert, key = folder / f"{name}.pem", folder / f"{name}-key.pem"
+        if create and not cert.exists():
+            _make_cert(ca_pem, ca_key, cert, key, cn)
+        out.append(Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key)))
+    return out[0], out[1]
+
+
+def _write_key(path: Path, key: Any) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+
+
+def _builder(subject: Any, issuer: Any, public_key: Any) -> Any:
+    from cryptography import x509
+
+    now = datetime.datetime.now(datetime.UTC)
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=825)))
+
+
+def _name(cn: str) -> Any:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _make_ca(cert_path: Path, key_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name("ordq local CA")
+    cert = (_builder(name, name, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False),
+                           critical=True)
+            .sign(key, hashes.SHA256()))
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path, cn: str) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    san = x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                       x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    cert = (_builder(_name(cn), ca.subject, key.public_key())
+            .add_extension(san, critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+# -- the credentials file -----------------------------------------------------------------------
+
+def credentials_path() -> Path:
+    if os.environ.get("ORDQ_CREDENTIALS"):
+        return Path(os.environ["ORDQ_CREDENTIALS"])
+    if os.environ.get("ORDQ_HOME"):
+        return Path(os.environ["ORDQ_HOME"]) / "credentials.json"
+    return Path.home() / ".config" / "ordq" / "credentials.json"
+
+
+def _key(zk_hosts: str, root: str) -> str:
+    return f"{zk_hosts}{root}"
+
+
+@contextlib.contextmanager
+def _locked_file() -> Iterator[dict[str, Any]]:
+    """The file's clusters, under an exclusive lock; written back (atomically) on exit."""
+    path = credentials_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        clusters = _load(path)
+        yield clusters
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # tokens inside
+        with os.fdopen(fd, "w") as f:
+            json.dump({"clusters": clusters}, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the credentials file {path}: {exc}") from exc
+    clusters = data.get("clusters") if isinstance(data, dict) else None
+    if not isinstance(clusters, dict):
+        raise ConfigError(f"the credentials file {path} has no 'clusters' object")
+    return clusters
+
+
+def register(zk_hosts: str, root: str, creds: Credentials) -> None:
+    with _locked_file() as clusters:
+        clusters[_key(zk_hosts, root)] = creds.to_dict()
+
+
+def unregister(zk_hosts: str, root: str) -> None:
+    with _locked_file() as clusters:
+        clusters.pop(_key(zk_hosts, root), None)
+
+
+def provision(folder: Path, zk_hosts: str, root: str, *, tls: bool = True) -> tuple[Credentials, Credentials]:
+    """A local cluster's (broker, client) credentials: certificates under ``folder`` (plaintext
+    when not ``tls``), the client's registered for its ZooKeeper address and root."""
+    broker, client = ensure_pki(folder) if tls else (Credentials(), Credentials())
+    register(zk_hosts, root, client)
+    return broker, client
+
+
+def of_store(store: Any) -> Credentials:
+    """The credentials registered for the cluster a ZkStore talks to."""
+    return lookup(store.hosts, store.paths.root)
+
+
+def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
+    """The credentials registered for this cluster (plaintext, no token when none are),
+    with ``$ORDQ_TOKEN`` overriding the token."""
+    entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
+    creds = Credentials.from_dict(entry)
+    token = os.environ.get("ORDQ_TOKEN")
+    return attrs.evolve(creds, token=token) if token else creds
