@@ -313,19 +313,47 @@ def ranges(rows: DataFrame) -> DataFrame:
     return merged.select("cls", "q", "s", "seq", "seq2", "n")
 
 
-def classify_unacked(e: DataFrame, islands: DataFrame, queues_with_acks: Sequence[str],
-                     broadcast_keys: bool) -> DataFrame:
+def ack_runs(inter: DataFrame, bucket_bits: int) -> tuple[DataFrame, DataFrame]:
+    """From :func:`input_counts`: (``exact``, ``unsure``) runs of ack rows (q, c, lo, hi, b),
+    one row per seq bucket ``b`` a run spans. An exact run holds every seq of [lo, hi] (its
+    rows have one ``seq - row`` and as many rows as seqs); an unsure one holds only some."""
+    acks = inter.filter(F.col("kind") == ACK).select(
+        "q", "c", F.col("min_seq").alias("lo"), F.col("max_seq").alias("hi"),
+        (F.col("rows") == F.col("max_seq") - F.col("min_seq") + 1).alias("exact"))
+    per_bucket = acks.select("*", F.explode(F.sequence(F.shiftright("lo", bucket_bits),
+                                                       F.shiftright("hi", bucket_bits))).alias("b"))
+    cols = ("q", "c", "lo", "hi", "b")
+    return per_bucket.filter("exact").select(*cols), per_bucket.filter(~F.col("exact")).select(*cols)
+
+
+def classify_unacked(e: DataFrame, inter: DataFrame, islands: DataFrame, queues_with_acks: Sequence[str],
+                     broadcast_keys: bool, bucket_bits: int) -> DataFrame:
     """Split delivered-never-acked ranges [lo, hi] into ``unacked_in_flight`` (allowed) and
     ``unacked`` (a violation): a range is a violation when its queue has acks and the seqs just
     below and just above it were both acked by one same producer — it sits inside one
     producer's continuous acked stream, so it was never in flight at the end of a producer's
-    run. ``c`` / ``c2`` name the producers of lo-1 / hi+1. One read of ``e``."""
+    run. ``c`` / ``c2`` name the producers of lo-1 / hi+1.
+
+    Who acked lo-1 and hi+1 comes from the runs of acks (:func:`ack_runs`, kept from the
+    statistics pass) when no unsure run spans one of them; otherwise from one read of ``e``.
+    One small job decides (a count)."""
     islands = islands.withColumn("id", F.monotonically_increasing_id())
     keys = (islands.select("id", "q", (F.col("seq") - 1).alias("seq"), F.lit(True).alias("below"))
             .union(islands.select("id", "q", (F.col("seq2") + 1).alias("seq"), F.lit(False).alias("below"))))
+    keys = keys.withColumn("b", F.shiftright("seq", bucket_bits))
     keys = F.broadcast(keys) if broadcast_keys else keys
-    acks = e.filter(F.col("kind") == ACK).select("q", "seq", "c")
-    found = acks.join(keys, ["q", "seq"]).groupBy("id").agg(
+    exact, unsure = ack_runs(inter, bucket_bits)
+
+    def spanning(runs: DataFrame) -> DataFrame:
+        k, r = keys.alias("k"), runs.alias("r")
+        return k.join(r, (F.col("k.q") == F.col("r.q")) & (F.col("k.b") == F.col("r.b"))
+                      & F.col("k.seq").between(F.col("r.lo"), F.col("r.hi"))).select("k.id", "k.below", "r.c")
+
+    if broadcast_keys and spanning(unsure).limit(1).count() == 0:
+        acked_by = spanning(exact)
+    else:
+        acked_by = e.filter(F.col("kind") == ACK).select("q", "seq", "c").join(keys, ["q", "seq"])
+    found = acked_by.groupBy("id").agg(
         F.array_sort(F.collect_set(F.when(F.col("below"), F.col("c")))).alias("before"),
         F.array_sort(F.collect_set(F.when(~F.col("below"), F.col("c")))).alias("after"))
     x = islands.join(found, "id", "left")
@@ -366,11 +394,15 @@ def unreadable_findings(e: DataFrame) -> DataFrame:
 
 
 def input_counts(e: DataFrame) -> DataFrame:
-    """Rows per (file, kind, queue, subscription, writer, latency value), with the row-number,
-    seq and ``seq - row`` ranges: the one pass over ``e`` behind :func:`input_stats`. Its size
-    grows with files and distinct latency values (µs), not with rows."""
+    """Rows per (file, kind, queue, subscription, writer, latency value, ack run), with the
+    row-number, seq and ``seq - row`` ranges: the one pass over ``e`` behind :func:`input_stats`
+    and :func:`ack_runs`. Its size grows with files, distinct latency values (µs) and runs of
+    acks in seq order, not with rows."""
     row = F.col("pos").bitwiseAND((1 << ROW_BITS) - 1)
-    return e.groupBy(F.shiftright("pos", ROW_BITS).alias("fid"), "kind", "q", "s", "c", "lat").agg(
+    # Ack rows are also grouped by ``seq - row`` (``run``): a producer acks in seq order, so a
+    # file holds a few such runs, and :func:`ack_runs` answers "who acked seq x" from them.
+    run = F.when(F.col("kind") == ACK, F.col("seq") - row).alias("run")
+    return e.groupBy(F.shiftright("pos", ROW_BITS).alias("fid"), "kind", "q", "s", "c", "lat", run).agg(
         F.count(F.lit(1)).alias("rows"),
         F.min(row).alias("min_row"), F.max(row).alias("max_row"),
         F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),

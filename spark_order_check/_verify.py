@@ -234,14 +234,16 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
             lost_unacked = lost_unacked.join(parked.withColumn("cls", F.lit("_lost")), ["cls", "q", "s", "seq"],
                                              "left_anti")
         if raw_counts.get("_lost") or raw_counts.get("_unacked"):
-            rng = C.ranges(lost_unacked)
+            # Kept: the in-flight classification reads the ranges twice (a count, then the join).
+            rng = C.checkpoint(C.ranges(lost_unacked))
+            kept.append(rng)
             parts.append(rng.filter(F.col("cls") == "_lost").select(
                 C.finding("lost", q=F.col("q"), s=F.col("s"), seq=F.col("seq"), seq2=F.col("seq2"),
                           n=F.col("n")).alias("f")).select("f.*"))
             if raw_counts.get("_unacked"):
                 parts.append(C.classify_unacked(
-                    e, rng.filter(F.col("cls") == "_unacked"), queues_with_acks,
-                    broadcast_keys=raw_counts["_unacked"] <= BROADCAST_KEYS_MAX))
+                    e, inter, rng.filter(F.col("cls") == "_unacked"), queues_with_acks,
+                    broadcast_keys=raw_counts["_unacked"] <= BROADCAST_KEYS_MAX, bucket_bits=bucket_bits))
         segment_stats = None
         if seg_files is not None:
             from spark_order_check.segments import segment_findings

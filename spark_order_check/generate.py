@@ -4,7 +4,9 @@ of every class with known counts and known first examples.
 Guarantee: ``generate`` writes files a real run could have written (rolling ``<writer>-<n>.tsv``
 files with a header line) and returns :class:`Expected`, the exact count of every anomaly
 class and the first example of each injected one, as ``verify`` must report them. It streams:
-memory does not grow with ``messages`` (the benchmark writes 10^7 rows per kind with it).
+memory does not grow with ``messages`` (the benchmark writes 10^8 rows with it): only the rows
+the first examples point at have their position recorded (``latency=True``, the default,
+keeps every latency for the expected percentiles: pass ``latency=False`` for large runs).
 
 The run it models, per queue of ``messages`` seqs ``0 .. N-1`` (k = N/2):
 
@@ -36,9 +38,10 @@ they count as ``skipped``, not ``lost``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -126,13 +129,27 @@ def latency_of(seq: int, second: bool, *, takeover_us: int = 0) -> int:
     return 1000 + (seq * 7919) % 9000 + (500 + takeover_us if second else 0)
 
 
+class _Positions:
+    """(writer, file n, line) of the rows whose tag is ``wanted`` (the few examples point at),
+    and the files left as ``.part``: bounded, whatever the number of rows."""
+
+    def __init__(self, wanted: set[Any]) -> None:
+        self.wanted = wanted
+        self.where: dict[Any, tuple[str, int, int]] = {}
+        self.parts: set[tuple[str, int]] = set()
+
+    def at(self, tag: Any) -> str:
+        writer, n, line = self.where[tag]
+        return f"{writer}-{n}.tsv{'.part' if (writer, n) in self.parts else ''}:{line}"
+
+
 class _Writer:
-    """Rolling TSV files of one writer id, recording (writer, file n, line) of tagged rows."""
+    """Rolling TSV files of one writer id, recording (writer, file n, line) of wanted tags."""
 
     def __init__(self, directory: Path, writer: str, columns: tuple[str, ...], rows_per_file: int,
-                 where: dict[Any, tuple[str, int, int]], parts: set[tuple[str, int]]) -> None:
+                 positions: _Positions) -> None:
         self.directory, self.writer, self.columns = directory, writer, columns
-        self.rows_per_file, self.where, self.parts = rows_per_file, where, parts
+        self.rows_per_file, self.positions = rows_per_file, positions
         self.n = 0
         self.rows = 0  # in the current file
         self.total = 0
@@ -148,8 +165,8 @@ class _Writer:
 
     def line(self, text: str, tag: Any = None) -> None:
         fh = self._open()
-        if tag is not None:
-            self.where[tag] = (self.writer, self.n, self.rows + 2)
+        if tag is not None and tag in self.positions.wanted:
+            self.positions.where[tag] = (self.writer, self.n, self.rows + 2)
         self.buf.append(text)
         self.rows += 1
         self.total += 1
@@ -170,13 +187,13 @@ class _Writer:
             self.buf.clear()
         if torn is not None:
             fh.write(torn)
-            self.where[torn_tag] = (self.writer, self.n, self.rows + 2)
+            self.positions.where[torn_tag] = (self.writer, self.n, self.rows + 2)
         fh.close()
         self.fh = None
         if torn is not None:
             final = self.directory / f"{self.writer}-{self.n}.tsv"
             final.rename(final.with_name(final.name + ".part"))
-            self.parts.add((self.writer, self.n))
+            self.positions.parts.add((self.writer, self.n))
         self.n += 1
         self.rows = 0
 
@@ -206,8 +223,6 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
     if inj.out_of_order and s1 in sc.keyed:
         raise ValueError("out_of_order is injected into the first subscription, which must not be keyed")
     ks = sc.keyed[0] if sc.keyed else None
-    where: dict[Any, tuple[str, int, int]] = {}
-    parts: set[tuple[str, int]] = set()
     rpf = sc.rows_per_file
     acks_dir, dels_dir = directory / "acks", directory / "deliveries"
 
@@ -225,10 +240,95 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
     if key_order_seqs and key_order_seqs[-1] + sc.keys >= lost_from - inj.skipped:
         raise ValueError("too many key_order injections for this many keys")
 
+    # c2 starts after c1's last delivery (seq t-1 at most 10.5 ms after its message time).
+    takeover_us = (t - k) * 1000 + 20_000
+    # c2's first delivery in time (latencies vary by up to 9 ms, so it is among its first seqs)
+    c2_first_us, c2_first_seq = min((T0_US + x * 1000 + latency_of(x, True, takeover_us=takeover_us), x)
+                                    for x in range(k, min(n_msgs, k + 12)))
+
+    def examples(at: Callable[[Any], str]) -> dict[str, dict[str, Any]]:
+        """The first example of each class, rows given by ``at(tag)`` (their file:line)."""
+        c1 = f"{q0}-{s1}-c1"
+        first: dict[str, dict[str, Any]] = {}
+        if inj.skipped:
+            first["skipped"] = {"queue": q0, "subscription": s1, "seq": parked_seqs[1 if inj.skipped >= 2 else 0]}
+        if inj.lost:
+            first["lost"] = {"queue": q0, "subscription": s1, "first_seq": lost_from, "last_seq": n_msgs - 1,
+                             "count": inj.lost}
+        if inj.unacked:
+            x = unacked_seqs[0]
+            first["unacked"] = {"queue": q0, "subscription": min(sc.subscriptions), "first_seq": x, "last_seq": x,
+                                "count": 1, "acked_before_by": f"{q0}-pb", "acked_after_by": f"{q0}-pb"}
+        if inj.duplicate:
+            x = dup_seqs[0]
+            first["duplicate"] = {"queue": q0, "subscription": s1, "consumer": c1, "seq": x,
+                                  "at": at(("del", q0, s1, c1, x, True)), "first_at": at(("del", q0, s1, c1, x, False))}
+        if inj.out_of_order:
+            x = ooo_seqs[0]
+            first["out_of_order"] = {"queue": q0, "subscription": s1, "consumer": c1, "seq": x,
+                                     "seq_at": at(("del", q0, s1, c1, x, False)), "higher_seq": x + 1,
+                                     "higher_seq_at": at(("del", q0, s1, c1, x + 1, False))}
+        if inj.gap:
+            x = gap_seqs[0]
+            first["gap"] = {"queue": q0, "subscription": s1, "consumer": c1, "first_missing": x, "last_missing": x,
+                            "count": 1, "before_at": at(("del", q0, s1, c1, x - 1, False)),
+                            "after_at": at(("del", q0, s1, c1, x + 1, False))}
+        if inj.key_order and ks is not None:
+            x, kc2 = key_order_seqs[0], f"{q0}-{ks}-c2"
+            first["key_order"] = {"queue": q0, "subscription": ks, "consumer": kc2, "seq": x,
+                                  "seq_at": at(("del", q0, ks, kc2, x, False)), "higher_seq": x + sc.keys,
+                                  "higher_seq_at": at(("del", q0, ks, kc2, x + sc.keys, False)),
+                                  "key": key_of(x, sc.keys)}
+        if inj.crc_conflict_acks:
+            x = conflict_seqs[0]
+            good, bad = crc_of(q0, x), crc_of(q0, x) ^ 0x5A5A
+            lo_tag, hi_tag = (("ack", q0, x), ("ack2", q0, x)) if good < bad else (("ack2", q0, x), ("ack", q0, x))
+            first["crc_conflict_acks"] = {"queue": q0, "seq": x, "crc32": min(good, bad), "at": at(lo_tag),
+                                          "other_crc32": max(good, bad), "other_at": at(hi_tag)}
+        if inj.crc_mismatch_delivery:
+            x, mc2 = mismatch_seqs[0], f"{q0}-{s2}-c2"
+            assert s2 is not None
+            first["crc_mismatch_delivery"] = {
+                "queue": q0, "subscription": s2, "seq": x, "consumer": mc2, "expected_crc32": crc_of(q0, x),
+                "acked": True, "delivered_crc32": crc_of(q0, x) ^ 0xFFFF, "at": at(("del", q0, s2, mc2, x, False)),
+                "ack_at": at(("ack", q0, x))}
+        if inj.concurrent_consumers:
+            z = inj.concurrent_consumers
+            c2 = f"{q0}-{s1}-c2"
+            first["concurrent_consumers"] = {
+                "queue": q0, "subscription": s1, "consumer": c1, "deliveries_after": z, "first_seq_after": t,
+                "at": at(("del", q0, s1, c1, t, False)), "successor": c2, "successor_first_seq": c2_first_seq,
+                "successor_first_at": at(("del", q0, s1, c2, c2_first_seq, False)), "overlap_us": z * 1000}
+        if inj.malformed_row:
+            x = mal_after[0]
+            first["malformed_row"] = {"at": at(("malformed", x)), "text": f"{q0}\tgarbage line {x}"}
+        if inj.torn_row:
+            first["torn_row"] = {"at": at("torn"),
+                                 "text": f"{q0}\t{s2}\t{q0}-{s2}-c2\t{n_msgs}\t2\t{n_msgs}\t{key_of(n_msgs, sc.keys)}"
+                                         f"\t1\t{T0_US}\t17"}
+        qf, sf = min(sc.queues), min(sc.subscriptions)
+        first["unacked_in_flight"] = {"queue": qf, "subscription": sf, "first_seq": k - sc.in_flight,
+                                      "last_seq": k - 1, "count": sc.in_flight, "acked_before_by": f"{qf}-pa",
+                                      "acked_after_by": f"{qf}-pb"}
+        first["redelivered_after_takeover"] = {"queue": qf, "subscription": sf, "seq": k, "instances": 2,
+                                               "consumers": [f"{qf}-{sf}-c1", f"{qf}-{sf}-c2"]}
+        return first
+
+    # The tags the examples look up, and only those, have their rows' positions recorded.
+    wanted: set[Any] = set()
+
+    def record(tag: Any) -> str:
+        wanted.add(tag)
+        return ""
+
+    examples(record)
+    positions = _Positions(wanted)
+    tracked = {tag[4] for tag in wanted if tag[0] == "del"}
+
     ack_rows = 0
     for q in sc.queues:
         inj_here = q == q0
-        pa = _Writer(acks_dir, f"{q}-pa", ACK_COLUMNS, rpf, where, parts)
+        pa = _Writer(acks_dir, f"{q}-pa", ACK_COLUMNS, rpf, positions)
 
         def ack(w: _Writer, producer: str, epoch: int, seq: int, seg: int, crc: int, tag: Any = None,
                 q: str = q) -> None:
@@ -242,7 +342,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         for seq in range(200, 200 + sc.resends):  # resent after a failover, acked again at segment 1
             ack(pa, pa.writer, 1, seq, 1, crc_of(q, seq))
         pa.close()
-        pb = _Writer(acks_dir, f"{q}-pb", ACK_COLUMNS, rpf, where, parts)
+        pb = _Writer(acks_dir, f"{q}-pb", ACK_COLUMNS, rpf, positions)
         for seq in range(k, n_msgs):
             if inj_here and seq in unacked_seqs:
                 continue
@@ -254,11 +354,6 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
 
     lat_values: dict[tuple[str, str], list[int]] = {}
     delivery_rows = 0
-    # c2 starts after c1's last delivery (seq t-1 at most 10.5 ms after its message time).
-    takeover_us = (t - k) * 1000 + 20_000
-    # c2's first delivery in time (latencies vary by up to 9 ms, so it is among its first seqs)
-    c2_first_us, c2_first_seq = min((T0_US + x * 1000 + latency_of(x, True, takeover_us=takeover_us), x)
-                                    for x in range(k, min(n_msgs, k + 12)))
     for q in sc.queues:
         inj_here = q == q0
         for s in sc.subscriptions:
@@ -267,7 +362,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
             lat_values[(q, s)] = values
             for second in (False, True):
                 cons = f"{q}-{s}-c{2 if second else 1}"
-                w = _Writer(dels_dir, cons, DELIVERY_COLUMNS, rpf, where, parts)
+                w = _Writer(dels_dir, cons, DELIVERY_COLUMNS, rpf, positions)
                 lo, hi = (k, n_msgs) if second else (0, t)
                 order: Iterable[int] = _keyed_order(lo, hi) if keyed else range(lo, hi)
                 if inj_here and not second and s == s1:
@@ -277,7 +372,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                 if inj_here and second and s == ks and key_order_seqs:
                     order = _swap_same_key(order, key_order_seqs, sc.keys)
                 if inj_here and not second and s == s1 and inj.concurrent_consumers:
-                    order = [*order, *range(t, t + inj.concurrent_consumers)]  # the zombie tail
+                    order = itertools.chain(order, range(t, t + inj.concurrent_consumers))  # the zombie tail
                 seen: set[int] = set()
                 for seq in order:
                     crc = crc_of(q, seq)
@@ -289,7 +384,8 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                     if latency:
                         values.append(lat)
                     tag = ("del", q, s, cons, seq, seq in seen)
-                    seen.add(seq)
+                    if seq in tracked:  # a repeat matters only for a row an example points at
+                        seen.add(seq)
                     w.line(f"{q}\t{s}\t{cons}\t{seq}\t{0 if seq < k else 2}\t{seq}\t{keyhex[seq % sc.keys]}\t{crc}\t"
                            f"{T0_US + seq * 1000}\t{T0_US + seq * 1000 + lat}", tag)
                 torn = None
@@ -299,19 +395,15 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
                 delivery_rows += w.total
 
     if inj.skipped:  # c2 of the first subscription parked them: skip records instead of deliveries
-        sw = _Writer(directory / "skips", f"{q0}-{s1}-c2", SKIP_COLUMNS, rpf, where, parts)
+        sw = _Writer(directory / "skips", f"{q0}-{s1}-c2", SKIP_COLUMNS, rpf, positions)
         for i, seq in enumerate(parked_seqs):
             sw.line(f"{q0}\t{s1}\t{q0}-{s1}-c2\t{seq}\t{keyhex[seq % sc.keys]}\tparked\t{q0}.parked.{s1}\t{i}\t"
-                    f"{T0_US + seq * 1000 + 900}", ("skip", seq))
+                    f"{T0_US + seq * 1000 + 900}")
         if len(parked_seqs) >= 2:
             seq = parked_seqs[0]
             sw.line(f"{q0}\t{s1}\t{q0}-{s1}-c2\t{seq}\t{keyhex[seq % sc.keys]}\treplayed\t{q0}.parked.{s1}\t0\t"
                     f"{T0_US + n_msgs * 1000}")
         sw.close()
-
-    def at(tag: Any) -> str:
-        writer, n, line = where[tag]
-        return f"{writer}-{n}.tsv{'.part' if (writer, n) in parts else ''}:{line}"
 
     n_subs = len(sc.subscriptions)
     counts = {
@@ -326,70 +418,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         "torn_row": int(inj.torn_row),
         "skipped": inj.skipped - (1 if inj.skipped >= 2 else 0),
     }
-    c1 = f"{q0}-{s1}-c1"
-    first: dict[str, dict[str, Any]] = {}
-    if inj.skipped:
-        first["skipped"] = {"queue": q0, "subscription": s1, "seq": parked_seqs[1 if inj.skipped >= 2 else 0]}
-    if inj.lost:
-        first["lost"] = {"queue": q0, "subscription": s1, "first_seq": lost_from, "last_seq": n_msgs - 1,
-                         "count": inj.lost}
-    if inj.unacked:
-        x = unacked_seqs[0]
-        first["unacked"] = {"queue": q0, "subscription": min(sc.subscriptions), "first_seq": x, "last_seq": x,
-                            "count": 1, "acked_before_by": f"{q0}-pb", "acked_after_by": f"{q0}-pb"}
-    if inj.duplicate:
-        x = dup_seqs[0]
-        first["duplicate"] = {"queue": q0, "subscription": s1, "consumer": c1, "seq": x,
-                              "at": at(("del", q0, s1, c1, x, True)), "first_at": at(("del", q0, s1, c1, x, False))}
-    if inj.out_of_order:
-        x = ooo_seqs[0]
-        first["out_of_order"] = {"queue": q0, "subscription": s1, "consumer": c1, "seq": x,
-                                 "seq_at": at(("del", q0, s1, c1, x, False)), "higher_seq": x + 1,
-                                 "higher_seq_at": at(("del", q0, s1, c1, x + 1, False))}
-    if inj.gap:
-        x = gap_seqs[0]
-        first["gap"] = {"queue": q0, "subscription": s1, "consumer": c1, "first_missing": x, "last_missing": x,
-                        "count": 1, "before_at": at(("del", q0, s1, c1, x - 1, False)),
-                        "after_at": at(("del", q0, s1, c1, x + 1, False))}
-    if inj.key_order and ks is not None:
-        x, kc2 = key_order_seqs[0], f"{q0}-{ks}-c2"
-        first["key_order"] = {"queue": q0, "subscription": ks, "consumer": kc2, "seq": x,
-                              "seq_at": at(("del", q0, ks, kc2, x, False)), "higher_seq": x + sc.keys,
-                              "higher_seq_at": at(("del", q0, ks, kc2, x + sc.keys, False)),
-                              "key": key_of(x, sc.keys)}
-    if inj.crc_conflict_acks:
-        x = conflict_seqs[0]
-        good, bad = crc_of(q0, x), crc_of(q0, x) ^ 0x5A5A
-        lo_tag, hi_tag = (("ack", q0, x), ("ack2", q0, x)) if good < bad else (("ack2", q0, x), ("ack", q0, x))
-        first["crc_conflict_acks"] = {"queue": q0, "seq": x, "crc32": min(good, bad), "at": at(lo_tag),
-                                      "other_crc32": max(good, bad), "other_at": at(hi_tag)}
-    if inj.crc_mismatch_delivery:
-        x, mc2 = mismatch_seqs[0], f"{q0}-{s2}-c2"
-        assert s2 is not None
-        first["crc_mismatch_delivery"] = {
-            "queue": q0, "subscription": s2, "seq": x, "consumer": mc2, "expected_crc32": crc_of(q0, x),
-            "acked": True, "delivered_crc32": crc_of(q0, x) ^ 0xFFFF, "at": at(("del", q0, s2, mc2, x, False)),
-            "ack_at": at(("ack", q0, x))}
-    if inj.concurrent_consumers:
-        z = inj.concurrent_consumers
-        c2 = f"{q0}-{s1}-c2"
-        first["concurrent_consumers"] = {
-            "queue": q0, "subscription": s1, "consumer": c1, "deliveries_after": z, "first_seq_after": t,
-            "at": at(("del", q0, s1, c1, t, False)), "successor": c2, "successor_first_seq": c2_first_seq,
-            "successor_first_at": at(("del", q0, s1, c2, c2_first_seq, False)), "overlap_us": z * 1000}
-    if inj.malformed_row:
-        x = mal_after[0]
-        first["malformed_row"] = {"at": at(("malformed", x)), "text": f"{q0}\tgarbage line {x}"}
-    if inj.torn_row:
-        first["torn_row"] = {"at": at("torn"),
-                             "text": f"{q0}\t{s2}\t{q0}-{s2}-c2\t{n_msgs}\t2\t{n_msgs}\t{key_of(n_msgs, sc.keys)}"
-                                     f"\t1\t{T0_US}\t17"}
-    qf, sf = min(sc.queues), min(sc.subscriptions)
-    first["unacked_in_flight"] = {"queue": qf, "subscription": sf, "first_seq": k - sc.in_flight,
-                                  "last_seq": k - 1, "count": sc.in_flight, "acked_before_by": f"{qf}-pa",
-                                  "acked_after_by": f"{qf}-pb"}
-    first["redelivered_after_takeover"] = {"queue": qf, "subscription": sf, "seq": k, "instances": 2,
-                                           "consumers": [f"{qf}-{sf}-c1", f"{qf}-{sf}-c2"]}
+    first = examples(positions.at)
     percentiles = {}
     for key, values in lat_values.items():
         if not values:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,26 @@ def test_generator_counts_and_layout(tmp_path: Path) -> None:
     assert lines[-1].endswith("\t17") and len(lines[-1].split("\t")) == 10  # cut in its last field
     with pytest.raises(ValueError, match="keyed"):
         generate(tmp_path / "x", Scenario(), Injections(key_order=1))
+
+
+def _generator_peak_bytes(directory: Path, messages: int) -> int:
+    sc = Scenario(queues=("orders",), keyed=("s2",), messages=messages, rows_per_file=50_000)
+    tracemalloc.start()
+    try:
+        exp = generate(directory, sc, Injections.every(3), latency=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exp.delivery_rows > 2 * messages  # every row was written
+    return peak
+
+
+def test_generator_memory_does_not_grow_with_messages(tmp_path: Path) -> None:
+    # 3x the messages (192k against 64k rows; both fill the writers' line buffers): a record
+    # per row, as the generator kept before, adds ~20 MB.
+    small = _generator_peak_bytes(tmp_path / "small", 20_000)
+    large = _generator_peak_bytes(tmp_path / "large", 60_000)
+    assert large < small + 256 * 1024, (small, large)
 
 
 def test_report_renders_summary_and_json() -> None:
