@@ -17,6 +17,7 @@ from collections import deque
 from bench._cluster import QUEUE, bench_cluster, summary_ms
 from broker_group.client import GrpcTransport
 from broker_group.log import Message, encode_batch
+from coordinator import state as sm
 
 
 def pipelined(transport: GrpcTransport, address: str, *, messages: int, batch: int, inflight: int,
@@ -76,6 +77,8 @@ def main() -> None:
     args = ap.parse_args()
     with bench_cluster(1) as cluster:
         address = cluster.store.live_members("g1")["master"].address
+        # The raw streams write with epoch 1: have ZooKeeper issue it (brokers refuse any other).
+        cluster.store.apply(QUEUE, lambda st, _f: sm.bump_epoch(st))
         transport = GrpcTransport()
         try:
             pipelined(transport, address, messages=20_000, batch=args.batch, inflight=args.inflight, size=args.size)

@@ -39,6 +39,7 @@ import grpc
 from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
+from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable, abort
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
@@ -171,6 +172,8 @@ class Broker:
         self.stats = BrokerStats()
         self.metrics = BrokerMetrics(self)  # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
+        # Only the producer epoch ZooKeeper issued may write or fence (broker_group/epochs.py).
+        self.epochs = EpochGate(lambda queue: self.require_store().producer_epoch(queue))
         self._cv = threading.Condition()
         self._segments: dict[tuple[str, int], Segment] = {}
         self._dirty: list[Segment] = []
@@ -476,6 +479,7 @@ class Broker:
         if self.config.role is not Role.MASTER:
             raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
+        self.epochs.check(req.queue, req.epoch)
         s = self.segment_for_write(req.queue, req.seg, req.epoch)
         self._check_message_sizes(req.queue, req.batches)
         with self._cv:
@@ -723,6 +727,7 @@ class Broker:
             self._cv.wait(0.5)
 
     def fence(self, queue: str, seg: int, epoch: int) -> pb.SegmentEnd:
+        self.epochs.check(queue, epoch)
         s = self.segment_for_control(queue, seg)
         with self._cv:
             s.replica.fence(epoch)
@@ -809,6 +814,7 @@ class Broker:
         with self._cv:
             stats = attrs.asdict(self.stats)
             stats["segments"] = len(self._segments)
+            stats["epoch_lookups"] = self.epochs.lookups
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self._segments.items() if s.corrupt is not None]
             connected = bool(self.replication is not None and self.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.incarnation,

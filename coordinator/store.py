@@ -471,6 +471,13 @@ class ZkStore(SubscriptionRecords):
                 raise QueueNotFound(queue) from exc
         return QueueState.from_dict(_loads(data)), stat.version
 
+    def producer_epoch(self, queue: str) -> int:
+        """The queue's producer epoch as ZooKeeper holds it now: ``sync`` first, so an epoch
+        another client's session just wrote is seen even through a lagging server."""
+        with self._errors():
+            self._wait(self.client.sync_async(self.paths.state(queue)))
+        return self.load_state(queue)[0].producer_epoch
+
     def facts(self, st: QueueState, *, with_cursors: bool = True) -> tuple[Facts, dict[str, int]]:
         """Liveness and drain marks of the queue's groups and (optionally) cursors with their
         versions."""

@@ -20,6 +20,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── BrokerUnavailable                 a broker process did not answer (retriable)
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
     ├── FencedError                       a higher producer epoch took over: stop
+    ├── EpochNotIssued                    a writer claimed a producer epoch ZooKeeper never issued
     ├── NotLeader                         this consumer lost its subscription's lease: stop
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
     ├── HandlerError                      keyed delivery: the application's handler raised
@@ -155,6 +156,19 @@ class FencedError(OrdqError):
         super().__init__(
             f"queue {queue!r}: producer epoch {epoch} is fenced by epoch {current_epoch}"
         )
+        self.queue = queue
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class EpochNotIssued(OrdqError):
+    """A broker refused a write or fence claiming a producer epoch above the one ZooKeeper
+    holds for the queue: no election issued it (a hand-made or buggy client). Nothing was
+    stored and the real leader is not fenced."""
+
+    def __init__(self, queue: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(f"queue {queue!r}: producer epoch {epoch} was never issued (ZooKeeper holds epoch "
+                         f"{current_epoch}); refused, nothing stored")
         self.queue = queue
         self.epoch = epoch
         self.current_epoch = current_epoch
