@@ -86,6 +86,7 @@ class BrokerConfig:
     root: str = "/ordq"
     listen: str = "127.0.0.1:0"
     zk_session_timeout_s: float = 2.0
+    zk_auth: str | None = attrs.field(default=None, repr=False)  # ZooKeeper digest "user:password"
     max_batch_bytes: int = 16 << 20  # one encoded batch on the wire
     lac_push_ms: float = 20.0  # how soon the slave learns an advanced LAC when no batch carries it
     reconcile_interval_s: float = 1.0
@@ -198,7 +199,7 @@ class Broker:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s)
+        self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s, auth=cfg.zk_auth)
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
         self._load_folder()
         self._recover()

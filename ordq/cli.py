@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="ZooKeeper path prefix of this cluster, so several can share one ZooKeeper "
         "(env ORDQ_ROOT; default %(default)s)",
     )
+    parser.add_argument(
+        "--zk-auth", default=os.environ.get("ORDQ_ZK_AUTH") or None, metavar="USER:PASSWORD",
+        help="ZooKeeper digest credential when the root is protected by ACLs (env ORDQ_ZK_AUTH; "
+        "docs/SECURITY.md). Default: none, or the admin credential `ordq up` wrote into ./.ordq",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
         "--zk-timeout", type=float, default=5.0, metavar="SECONDS",

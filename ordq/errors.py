@@ -17,6 +17,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
     ├── ConflictError                     conditional write lost a race (retriable)
     ├── CoordinationUnavailable           ZooKeeper unreachable (retriable)
+    ├── ZkAccessDenied                    ZooKeeper's ACLs refuse this identity the operation
     ├── BrokerUnavailable                 a broker process did not answer (retriable)
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
     ├── FencedError                       a higher producer epoch took over: stop
@@ -126,6 +127,16 @@ class CoordinationUnavailable(OrdqError):
     """ZooKeeper cannot be reached."""
 
     retriable = True
+
+
+class ZkAccessDenied(OrdqError):
+    """ZooKeeper refused an operation: the ordq root is protected by ACLs and this process's
+    credentials (``--zk-auth`` / ``ORDQ_ZK_AUTH``; none given, or a client's where an admin's
+    is needed) do not allow it. Nothing was changed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"ZooKeeper refused access: {detail} (pass credentials with --zk-auth USER:PASSWORD or "
+                         "ORDQ_ZK_AUTH; see docs/SECURITY.md)")
 
 
 class BrokerUnavailable(OrdqError):

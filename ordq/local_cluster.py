@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 import shutil
 import sys
 import time
@@ -49,6 +51,8 @@ from ordq.proc import ManagedProcess
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
+AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
+AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
 DEFAULT_FOLDER = Path(".ordq")
 ROLES = ("master", "slave")
 _STARTUP_TIMEOUT_S = 120.0
@@ -64,6 +68,9 @@ class ClusterConfig:
     coordinators: int = 2
     root: str = "/ordq"
     session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
+    # ZooKeeper ACLs on the root (docs/SECURITY.md): admin and client digest credentials are
+    # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
+    zk_acl: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -149,6 +156,43 @@ class LocalCluster:
             for i in range(self.config.coordinators)
         ]
 
+        self._use_credentials()
+
+    @property
+    def admin_auth(self) -> str | None:
+        """The admin ZooKeeper credential (None: ACLs off, or not generated yet)."""
+        return read_credential(self.folder, "admin") if self.config.zk_acl else None
+
+    @property
+    def client_auth(self) -> str | None:
+        """The credential producers and consumers of this cluster use."""
+        return read_credential(self.folder, "client") if self.config.zk_acl else None
+
+    def _use_credentials(self) -> None:
+        """Brokers and coordinators act as admin (passed in their environment, never argv)."""
+        admin = self.admin_auth
+        if admin is None:
+            return
+        for _, proc in self.processes():
+            if proc not in self.zk.processes:
+                proc.env = {**(proc.env or {}), "ORDQ_ZK_AUTH": admin}
+
+    def _protect(self) -> None:
+        """Generate the credentials (once) and protect the root: a tree from before (ACLs off,
+        or an older ordq) is upgraded in place (coordinator/acl_client.py)."""
+        if not self.config.zk_acl:
+            return
+        from coordinator.acl import AclIds
+        from coordinator.acl_client import protect
+
+        for role in AUTH_USERS:
+            write_credential(self.folder, role)
+        self._use_credentials()
+        admin, client = self.admin_auth, self.client_auth
+        assert admin is not None and client is not None
+        with self.store() as store:
+            protect(store.client, self.root, AclIds.of(admin, client))
+
     @classmethod
     def load(cls, folder: Path) -> LocalCluster:
         """The cluster set up in ``folder`` (by ``ordq up`` in another process, say)."""
@@ -211,7 +255,7 @@ class LocalCluster:
     @contextlib.contextmanager
     def store(self, timeout_s: float = 10.0) -> Iterator[ZkStore]:
         """A ZooKeeper store of this cluster, closed on exit."""
-        store = ZkStore.connect(self.zk_hosts, self.root, timeout_s=timeout_s)
+        store = ZkStore.connect(self.zk_hosts, self.root, timeout_s=timeout_s, auth=self.admin_auth)
         try:
             yield store
         finally:
@@ -245,6 +289,7 @@ class LocalCluster:
         self._save()
         try:
             self._start_zk(deadline)
+            self._protect()
             self._register_groups()
             self._start_brokers(deadline)
             self._start_coordinators(deadline)
@@ -575,6 +620,25 @@ class LocalCluster:
         tmp = self.folder / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         tmp.replace(self.folder / STATE_FILE)
+
+
+def read_credential(folder: Path, role: str) -> str | None:
+    """The ``user:password`` ``ordq up`` generated for ``role`` (admin | client) in ``folder``."""
+    try:
+        return (Path(folder) / AUTH_DIR / role).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def write_credential(folder: Path, role: str) -> None:
+    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file)."""
+    path = Path(folder) / AUTH_DIR / role
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{AUTH_USERS[role]}:{secrets.token_urlsafe(24)}\n")
 
 
 def _shape(cfg: ClusterConfig) -> tuple[Any, ...]:

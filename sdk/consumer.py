@@ -45,7 +45,7 @@ from coordinator import state as sm
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.seal import run_seal
 from coordinator.state import Cursor, Segment, SegStatus
-from coordinator.store import ZkStore, new_client
+from coordinator.store import ZkStore, default_zk_auth, new_client
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -89,6 +89,8 @@ class ConsumerConfig:
     fetch_wait_ms: int = 200  # long-poll when nothing is readable
     leader_timeout_s: float | None = None
     zk_session_timeout_s: float = 2.0
+    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
+    zk_auth: str | None = attrs.field(factory=default_zk_auth, repr=False)
     # poll() rides out a ZooKeeper outage (a lost ensemble node, a re-election) this long,
     # reading from the replicas it knows, before it raises CoordinationUnavailable
     zk_outage_s: float = 30.0
@@ -227,7 +229,7 @@ class Consumer:
             from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport()
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=cfg.zk_auth)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

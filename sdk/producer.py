@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from broker_group.log import Message, decode_batch
 from coordinator.paths import Paths, check_name, check_zk_hosts
-from coordinator.store import ZkStore, new_client
+from coordinator.store import ZkStore, default_zk_auth, new_client
 from ordq.errors import (
     BrokerUnavailable,
     ClosedError,
@@ -63,6 +63,8 @@ class ProducerConfig:
     leader_timeout_s: float | None = None  # None: a standby waits until it leads
     no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
     zk_session_timeout_s: float = 2.0
+    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
+    zk_auth: str | None = attrs.field(factory=default_zk_auth, repr=False)
     audit_dir: Path | None = None
     producer_id: str = attrs.field(factory=new_writer_id)
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
@@ -166,7 +168,7 @@ class Producer:
             from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport()
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s)
+        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=cfg.zk_auth)
         try:
             self._client.start(timeout=10)
         except Exception as exc:

@@ -33,6 +33,8 @@ def add_command(
     )
     parser.add_argument("--zk", default=argparse.SUPPRESS, help="ZooKeeper connection string")
     parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
+    parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",
+                        help="ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
     if func is not None:
         parser.set_defaults(func=func, daemon=daemon)  # daemon: a long-running process (logs INFO)
     return parser
@@ -115,7 +117,19 @@ def open_store(args: argparse.Namespace) -> Any:
     """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down)."""
     from coordinator.store import ZkStore
 
-    return ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)))
+    return ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)),
+                           auth=zk_auth(args))
+
+
+def zk_auth(args: argparse.Namespace) -> str | None:
+    """The ZooKeeper credential to act with: --zk-auth / ORDQ_ZK_AUTH, else the admin credential
+    ``ordq up`` wrote into ./.ordq (so the commands after it just work, as with --zk), else none."""
+    given = getattr(args, "zk_auth", None)
+    if given:
+        return str(given)
+    from ordq.local_cluster import DEFAULT_FOLDER, read_credential
+
+    return read_credential(DEFAULT_FOLDER, "admin")
 
 
 def local_zk_port(zk: str, default: int) -> int:

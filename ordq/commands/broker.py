@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, seconds
+from ordq.commands import add_command, seconds, zk_auth
 from ordq.proc import announce
 
 
@@ -44,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
-                       register_wait_s=args.register_wait)
+                       register_wait_s=args.register_wait, zk_auth=zk_auth(args))
     broker = Broker(cfg)
     if args.metrics:
         from ordq.metrics import serve

@@ -12,7 +12,7 @@ import threading
 import urllib.parse
 from typing import Any
 
-from ordq.commands import add_command, int_in, seconds, wants_json
+from ordq.commands import add_command, int_in, seconds, wants_json, zk_auth
 from ordq.commands.outbox import _status
 from ordq.errors import ConfigError
 from ordq.output import emit_json
@@ -91,7 +91,8 @@ def cmd_mysql(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         _status(f"STARTED cdc mysql {connection['host']}:{connection['port']} -> {args.queue}")
-        config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout)
+        config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         zk_auth=zk_auth(args), send_timeout_s=args.send_timeout)
         with Producer(config) as producer:
             shipper = BinlogShipper(connection, producer, queue=args.queue,
                                     server_id=args.server_id or 1_000_000 + os.getpid(),
@@ -117,7 +118,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from sdk import Consumer, ConsumerConfig, FailurePolicy
 
     target = Target.parse(args.target)
-    config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
+    config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         zk_auth=zk_auth(args), subscription=args.subscription,
                             start=args.start, on_failure=FailurePolicy(on_failure="raise", attempts=1))
     applier = Applier(target, args.subscription)
     stop = threading.Event()

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds, zk_auth
 from ordq.errors import HandlerError
 from ordq.output import emit_json
 
@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
 def cmd_produce(args: argparse.Namespace) -> int:
     from sdk import Producer, ProducerConfig
 
-    cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, audit_dir=args.audit_dir,
+    cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         zk_auth=zk_auth(args), audit_dir=args.audit_dir,
                          send_timeout_s=args.send_timeout)
     key = args.key.encode() if args.key else None
     sent = 0
@@ -140,7 +141,8 @@ class _Interrupt:
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, ConsumerConfig
 
-    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
+    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         zk_auth=zk_auth(args), subscription=args.subscription,
                          start=args.start, audit_dir=args.audit_dir)
     if args.workers is not None:
         n, last_seq = _consume_keyed(args, Consumer(cfg))

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import add_command, int_in, seconds, wants_json
+from ordq.commands import add_command, int_in, seconds, wants_json, zk_auth
 from ordq.output import emit_json, table
 from ordq.proc import announce
 
@@ -84,7 +84,7 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
         logging.getLogger("ordq").setLevel(logging.INFO)
     config = RelayConfig(queue=args.queue, batch_rows=args.batch_rows, poll_interval_s=args.poll_interval,
                          after_ack=args.after_ack, until_empty=args.until_empty)
-    producer_config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+    producer_config = ProducerConfig(zk_hosts=args.zk, root=args.root, zk_auth=zk_auth(args), queue=args.queue,
                                      send_timeout_s=args.send_timeout)
     stop = threading.Event()
     leading = threading.Event()
