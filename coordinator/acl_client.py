@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -19,6 +22,36 @@ from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
 from coordinator.acl import ACL_NODE, AclIds, acl_for, check_credential
 from ordq.errors import ZkAccessDenied
+
+AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
+AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
+DEFAULT_CLUSTER_FOLDER = Path(".ordq")  # where `ordq up` keeps a local cluster by default
+
+
+def default_credential(role: str) -> str | None:
+    """A process's ZooKeeper credential when none is given: env ``ORDQ_ZK_AUTH``, else the one
+    ``ordq up`` generated for ``role`` in ./.ordq (so after ``ordq up`` commands and
+    programs run from the same folder just work, as the default ``--zk`` does), else None."""
+    return os.environ.get("ORDQ_ZK_AUTH") or read_credential(DEFAULT_CLUSTER_FOLDER, role)
+
+
+def read_credential(folder: Path, role: str) -> str | None:
+    """The ``user:password`` ``ordq up`` generated for ``role`` (admin | client) in ``folder``."""
+    try:
+        return (Path(folder) / AUTH_DIR / role).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def write_credential(folder: Path, role: str) -> None:
+    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file)."""
+    path = Path(folder) / AUTH_DIR / role
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{AUTH_USERS[role]}:{secrets.token_urlsafe(24)}\n")
 
 
 class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped

@@ -40,7 +40,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from coordinator import state as sm
-from coordinator.acl_client import AclClient
+from coordinator.acl_client import AclClient, default_credential
 from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
 from coordinator.store_subs import SubscriptionRecords
@@ -141,8 +141,8 @@ def _loads(data: bytes) -> Any:
 
 
 def default_zk_auth() -> str | None:
-    """The ZooKeeper credential of this process when none is given: env ``ORDQ_ZK_AUTH``."""
-    return os.environ.get("ORDQ_ZK_AUTH") or None
+    """A producer's or consumer's ZooKeeper credential when none is given (``default_credential``)."""
+    return default_credential("client")
 
 
 def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> AclClient:

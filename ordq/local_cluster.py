@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import secrets
 import shutil
 import sys
 import time
@@ -44,6 +42,7 @@ from typing import Any
 import attrs
 
 from broker_group.process import BrokerGroupProcesses, BrokerProcess
+from coordinator.acl_client import AUTH_DIR, AUTH_USERS, DEFAULT_CLUSTER_FOLDER, read_credential, write_credential
 from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
@@ -51,9 +50,7 @@ from ordq.proc import ManagedProcess
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
-AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
-AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
-DEFAULT_FOLDER = Path(".ordq")
+DEFAULT_FOLDER = DEFAULT_CLUSTER_FOLDER
 ROLES = ("master", "slave")
 _STARTUP_TIMEOUT_S = 120.0
 
@@ -331,7 +328,7 @@ class LocalCluster:
         """Stop everything and wipe the folder's cluster files."""
         self.stop()
         self.zk.destroy()
-        for sub in ("brokers", "coordinators", "zk", "drills"):
+        for sub in ("brokers", "coordinators", "zk", "drills", AUTH_DIR):
             shutil.rmtree(self.folder / sub, ignore_errors=True)
         (self.folder / STATE_FILE).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
@@ -620,25 +617,6 @@ class LocalCluster:
         tmp = self.folder / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         tmp.replace(self.folder / STATE_FILE)
-
-
-def read_credential(folder: Path, role: str) -> str | None:
-    """The ``user:password`` ``ordq up`` generated for ``role`` (admin | client) in ``folder``."""
-    try:
-        return (Path(folder) / AUTH_DIR / role).read_text().strip() or None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def write_credential(folder: Path, role: str) -> None:
-    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file)."""
-    path = Path(folder) / AUTH_DIR / role
-    if path.exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{AUTH_USERS[role]}:{secrets.token_urlsafe(24)}\n")
 
 
 def _shape(cfg: ClusterConfig) -> tuple[Any, ...]:

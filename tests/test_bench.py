@@ -28,6 +28,7 @@ BENCHES = [
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
           ["rolls (to same)", "roll call", "send->ack, sent within", "send->ack, other times"]),
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50"], ["msgs/s"]),
+    bench("bench_abandoned", ["--streams", "5"], ["master RSS:", "a real producer meanwhile"]),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
     bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),

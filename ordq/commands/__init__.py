@@ -127,9 +127,9 @@ def zk_auth(args: argparse.Namespace) -> str | None:
     given = getattr(args, "zk_auth", None)
     if given:
         return str(given)
-    from ordq.local_cluster import DEFAULT_FOLDER, read_credential
+    from coordinator.acl_client import default_credential
 
-    return read_credential(DEFAULT_FOLDER, "admin")
+    return default_credential("admin")
 
 
 def local_zk_port(zk: str, default: int) -> int:
