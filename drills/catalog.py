@@ -19,6 +19,7 @@ from coordinator.state import SegStatus
 from drills.audit import AckRow, DeliveryRow
 from drills.failing import FIXED, HANDLED, order_faults, read_handled
 from drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
+from drills.security import abandoned_streams, rogue_epoch, zk_write_without_acl
 from drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
 
 _ROLES = ("master", "slave")
@@ -511,7 +512,18 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "is killed (-9), then an operator replays", "the failing messages and every later one of their keys "
           "parked with records while the other keys go on; the replay hands them over in per-key order",
           failing_handler_park, consumer_options=_failing_consumer("park"), check=check_failing_park),
+    # security (drills/security.py; docs/SECURITY.md): hostile clients, each refused, counted, nothing stored
+    Drill("security-rogue-epoch", "a hand-made gRPC client claims a producer epoch ZooKeeper never issued: writes "
+          "to the head master and fences both replicas", "refused (EpochNotIssued) and counted by each broker; "
+          "nothing stored; the real producer is not fenced", rogue_epoch),
+    Drill("security-zk-write", "ZooKeeper clients without the admin credential (none, or the client one) write "
+          "the queue's state/config, a group, a subscription, the ACL record", "each write refused by ZooKeeper "
+          "(NoAuth); nothing changed", zk_write_without_acl),
+    Drill("security-abandoned-streams", "100 produce streams and 100 fetch long-polls opened on the head master "
+          "and never read or closed", "the master's memory stays bounded and the real producer keeps being acked",
+          abandoned_streams),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
-CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park")
+CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park",
+             "security-rogue-epoch", "security-zk-write")
