@@ -98,6 +98,9 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
     try:
         assert protect(admin.client, zk_root, IDS) >= 7  # upgraded in place
         assert protect(admin.client, zk_root, IDS) >= 7  # and again: idempotent
+        with ZkStore.connect(hosts, zk_root, auth="other-admin:pw") as other:  # protected for someone else
+            with pytest.raises(ZkAccessDenied, match="another admin identity"):
+                protect(other.client, zk_root, AclIds.of("other-admin:pw", CLIENT))
         with raw(hosts) as anon:
             anon.get(p.state("q"))  # reads are open
             for write in (lambda: anon.set(p.state("q"), b"{}"), lambda: anon.set(p.queue("q"), b"{}"),
