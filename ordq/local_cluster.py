@@ -179,9 +179,18 @@ class LocalCluster:
         or an older ordq) is upgraded in place (coordinator/acl_client.py)."""
         if not self.config.zk_acl:
             return
-        from coordinator.acl import AclIds
+        from coordinator.acl import ACL_NODE, AclIds
         from coordinator.acl_client import protect
 
+        running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
+        if running:
+            with self.store() as store:
+                protected = store.client.exists(f"{self.root}/{ACL_NODE}") is not None
+            if not protected:
+                raise ConfigError(
+                    f"the ZooKeeper root {self.root} of the cluster in {self.folder} is not protected yet, and "
+                    f"{', '.join(running)} run without credentials (they could not write to it once protected): "
+                    f"stop them first (ordq down --dir {self.folder}), then ordq up protects it")
         for role in AUTH_USERS:
             write_credential(self.folder, role)
         self._use_credentials()

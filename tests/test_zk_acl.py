@@ -7,6 +7,7 @@ clients and with ordq's own store, and that brokers (admin) and the SDK (client)
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -98,9 +99,9 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
     try:
         assert protect(admin.client, zk_root, IDS) >= 7  # upgraded in place
         assert protect(admin.client, zk_root, IDS) >= 7  # and again: idempotent
-        with ZkStore.connect(hosts, zk_root, auth="other-admin:pw") as other:  # protected for someone else
-            with pytest.raises(ZkAccessDenied, match="another admin identity"):
-                protect(other.client, zk_root, AclIds.of("other-admin:pw", CLIENT))
+        other = ZkStore.connect(hosts, zk_root, auth="other-admin:pw")  # protected for someone else: refused
+        with other, pytest.raises(ZkAccessDenied, match="another admin identity"):
+            protect(other.client, zk_root, AclIds.of("other-admin:pw", CLIENT))
         with raw(hosts) as anon:
             anon.get(p.state("q"))  # reads are open
             for write in (lambda: anon.set(p.state("q"), b"{}"), lambda: anon.set(p.queue("q"), b"{}"),
@@ -154,3 +155,39 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
         with contextlib.suppress(Exception):
             admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
         admin.close()
+
+
+@pytest.mark.zk
+def test_ordq_up_upgrades_an_open_cluster_only_once_its_processes_are_stopped(tmp_path) -> None:
+    from ordq.local_cluster import STATE_FILE, ClusterConfig, LocalCluster
+
+    folder = tmp_path / "c"
+    open_cluster = LocalCluster(folder, ClusterConfig(groups=1, coordinators=0, zk_acl=False))
+    made = [open_cluster]  # each object stops the processes it started (their Popen handles)
+    try:
+        open_cluster.start()
+        assert open_cluster.admin_auth is None
+        with open_cluster.store() as store:
+            store.create_queue("q", ["g1"])
+        # As an older ordq left it: no zk_acl in the saved config, so ACLs now default on.
+        state = json.loads((folder / STATE_FILE).read_text())
+        del state["config"]["zk_acl"]
+        (folder / STATE_FILE).write_text(json.dumps(state))
+        open_cluster.broker("g1", "slave").kill()
+        made.append(LocalCluster(folder))
+        with pytest.raises(ConfigError, match="not protected yet.*stop them first"):
+            made[-1].start()  # g1/master still runs without a credential
+        open_cluster.stop()
+        upgraded = LocalCluster(folder)
+        made.append(upgraded)
+        upgraded.start()
+        assert upgraded.admin_auth and upgraded.client_auth
+        with raw(upgraded.zk_hosts) as anon, pytest.raises(NoAuthError):
+            anon.set(Paths(upgraded.root).queue("q"), b"{}")
+        with upgraded.store() as store:  # the brokers, restarted with the admin credential, serve
+            store.update_queue_config("q", max_message_bytes=1000)
+            assert store.live_groups(["g1"]) == {"g1"}
+    finally:
+        for cluster in reversed(made):
+            cluster.stop()
+        made[-1].destroy()

@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
                          f"else the port of --zk / ORDQ_ZK when it is 127.0.0.1:PORT, else {DEFAULT_ZK_PORT})")
     up.add_argument("--coordinators", type=int_in(0, 9), default=None, metavar="N",
                     help="coordinator daemons, one elected (default: as before, else 2)")
+    up.add_argument("--no-zk-acl", action="store_true",
+                    help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin and "
+                         "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -57,7 +60,7 @@ def _dir_option(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
-    asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators))
+    asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators)) or args.no_zk_acl
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
@@ -69,6 +72,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         zk_port=port or None,
         coordinators=args.coordinators if args.coordinators is not None else saved.coordinators,
         root=args.root if fresh else saved.root,
+        zk_acl=saved.zk_acl and not args.no_zk_acl,
     )
 
 
