@@ -19,6 +19,7 @@ from collections import deque
 from bench._cluster import QUEUE, bench_cluster, summary_ms
 from broker_group.client import GrpcTransport
 from broker_group.log import Message, encode_batch
+from coordinator import state as sm
 
 
 def pipelined(transport: GrpcTransport, address: str, *, messages: int, batch: int, inflight: int,
@@ -87,6 +88,8 @@ def measure(args: argparse.Namespace, *, tls: bool) -> None:
     label = "tls" if tls else "plaintext"
     with bench_cluster(1, tls=tls) as cluster:
         address = cluster.store.live_members("g1")["master"].address
+        # The raw streams write with epoch 1: have ZooKeeper issue it (brokers refuse any other).
+        cluster.store.apply(QUEUE, lambda st, _f: sm.bump_epoch(st))
         transport = GrpcTransport(credentials=cluster.credentials)
         try:
             pipelined(transport, address, messages=20_000, batch=args.batch, inflight=args.inflight, size=args.size)

@@ -19,6 +19,7 @@ from ordq.errors import (
     ConfigError,
     CorruptLog,
     DiskFull,
+    EpochNotIssued,
     FencedError,
     MessageTooLarge,
     OrdqError,
@@ -43,6 +44,10 @@ class SegmentNotWritable(BrokerUnavailable):
 # kind -> (status code, builder from fields). Builders take the fields the server sent.
 def _fenced(f: dict[str, Any]) -> OrdqError:
     return FencedError(f["queue"], f["epoch"], f["current_epoch"])
+
+
+def _not_issued(f: dict[str, Any]) -> OrdqError:
+    return EpochNotIssued(f["queue"], f["epoch"], f["current_epoch"])
 
 
 def _not_writable(f: dict[str, Any]) -> OrdqError:
@@ -79,6 +84,7 @@ def _denied(f: dict[str, Any]) -> OrdqError:
 
 _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
     "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
+    "epoch_not_issued": (grpc.StatusCode.PERMISSION_DENIED, _not_issued),
     "not_writable": (grpc.StatusCode.UNAVAILABLE, _not_writable),
     "unavailable": (grpc.StatusCode.UNAVAILABLE, _unavailable),
     "not_found": (grpc.StatusCode.NOT_FOUND, _not_found),
@@ -93,6 +99,8 @@ _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
 def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
     if isinstance(exc, FencedError):
         return "fenced", {"queue": exc.queue, "epoch": exc.epoch, "current_epoch": exc.current_epoch}
+    if isinstance(exc, EpochNotIssued):
+        return "epoch_not_issued", {"queue": exc.queue, "epoch": exc.epoch, "current_epoch": exc.current_epoch}
     if isinstance(exc, SegmentNotWritable):
         return "not_writable", {"address": exc.address, "queue": exc.queue, "seg": exc.seg, "why": exc.why}
     if isinstance(exc, BrokerUnavailable):

@@ -40,6 +40,7 @@ from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
 from broker_group.auth import Gate
+from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable, abort
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
@@ -73,6 +74,17 @@ GRPC_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
+
+
+def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
+    """The broker's server side: a request holds at most one split's worth of batches (a
+    split ends at the first batch past REQUEST_BYTES, and a batch is at most max_batch_bytes),
+    not the 256 MiB a channel accepts; a connection carries a bounded number of streams."""
+    limit = REQUEST_BYTES + cfg.max_batch_bytes + (1 << 20)
+    return [(k, v) for k, v in GRPC_OPTIONS if k != "grpc.max_receive_message_length"] + [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+    ]
 META_FILE = "meta.json"
 FOLDER_FILE = "folder.json"  # the data folder's birth record (see Broker._load_folder)
 INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the queue its segments belong to
@@ -92,6 +104,19 @@ class BrokerConfig:
     lac_push_ms: float = 20.0  # how soon the slave learns an advanced LAC when no batch carries it
     reconcile_interval_s: float = 1.0
     rpc_timeout_s: float = 5.0  # calls this broker makes to its peer while reconciling
+    # Limits (docs/SECURITY.md, Limits): what one client can make this process hold.
+    max_fetch_bytes: int = 32 << 20  # one Fetch answer, whatever max_bytes the reader asks
+    max_fetch_wait_ms: int = 30_000  # one Fetch long-poll, whatever max_wait_ms the reader asks
+    # Master: bytes accepted but not yet synced here and on the slave; past it, produce streams
+    # stop being read (gRPC flow control then holds the senders back) until syncs catch up.
+    max_inflight_bytes: int = 256 << 20
+    max_streams_per_connection: int = 100  # HTTP/2 concurrent streams of one client connection
+    # Threads serving calls, made as needed: a stream or a long-poll holds one for its whole life, so
+    # past this many open calls the next ones wait in the queue (64 were exhausted by 32 abandoned
+    # produce streams + long-polls: bench/bench_abandoned.py).
+    rpc_workers: int = 512
+    # Calls beyond this are refused at once (RESOURCE_EXHAUSTED), not queued without bound.
+    max_concurrent_rpcs: int = 1024
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
@@ -103,6 +128,9 @@ class BrokerConfig:
             raise ConfigError("max_batch_bytes must be >= 1024")
         if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
             raise ConfigError("lac_push_ms and reconcile_interval_s must be > 0")
+        if min(self.max_fetch_bytes, self.max_fetch_wait_ms, self.max_inflight_bytes, self.max_streams_per_connection,
+               self.rpc_workers, self.max_concurrent_rpcs) < 1:
+            raise ConfigError("broker limits must be >= 1")
 
 
 @attrs.define(eq=False)
@@ -164,6 +192,7 @@ class BrokerStats:
     torn_bytes_truncated: int = 0
     corrupt_segments: int = 0
     reconciled: int = 0
+    held_back: int = 0  # produce requests that waited for syncs (max_inflight_bytes)
     refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
     refused: dict[str, int] = attrs.field(factory=dict)  # requests refused, by error kind (metrics)
 
@@ -176,10 +205,13 @@ class Broker:
         self.stats = BrokerStats()
         self.metrics = BrokerMetrics(self)  # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
+        # Only the producer epoch ZooKeeper issued may write or fence (broker_group/epochs.py).
+        self.epochs = EpochGate(lambda queue: self.require_store().producer_epoch(queue))
         self._cv = threading.Condition()
         self._segments: dict[tuple[str, int], Segment] = {}
         self._dirty: list[Segment] = []
         self._streams: set[ProduceStreamState] = set()
+        self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
         self._stopping = False
         self._server: grpc.Server | None = None
         self._store: ZkStore | None = None
@@ -201,7 +233,8 @@ class Broker:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s)
+        self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
+                                      auth=cfg.credentials.zk_auth)
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
         self._load_folder()
         self._recover()
@@ -209,8 +242,8 @@ class Broker:
             self.free_space()  # a deleted queue's or popped segments go before anything is served
         except OrdqError as exc:
             log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ordq-rpc"),
-                                   options=GRPC_OPTIONS)
+        pool = futures.ThreadPoolExecutor(max_workers=cfg.rpc_workers, thread_name_prefix="ordq-rpc")
+        self._server = grpc.server(pool, options=server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
         self.gate.watch(self._store.client, cfg.root)  # tokens loaded before anything is served
         pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
         if cfg.credentials.tls:
@@ -486,6 +519,7 @@ class Broker:
         if self.config.role is not Role.MASTER:
             raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
+        self.epochs.check(req.queue, req.epoch)
         s = self.segment_for_write(req.queue, req.seg, req.epoch)
         self._check_message_sizes(req.queue, req.batches)
         with self._cv:
@@ -497,6 +531,7 @@ class Broker:
                 self._cv.wait(deadline - time.monotonic())
             if link is None or not link.connected:
                 raise SegmentNotWritable(self.address, req.queue, req.seg, "the slave is not connected")
+            self._hold_back(link)
             for raw, h in zip(req.batches, headers, strict=True):
                 if h.epoch != req.epoch:
                     raise ConfigError(f"batch epoch {h.epoch} differs from the stream's epoch {req.epoch}")
@@ -511,6 +546,7 @@ class Broker:
                     if not s.first_write_ms:  # the segment's age, for rolling by age
                         s.first_write_ms = int(time.time() * 1000)
                     s.pending.append(stamped)
+                    self._inflight_bytes += len(stamped)
                     link.forward(s, stamped)
                     self.stats.batches_in += 1
                     self.stats.messages_in += h.count
@@ -601,6 +637,21 @@ class Broker:
                 self._dirty.clear()
             for s, batches in work:
                 self._commit(s, batches)
+                with self._cv:
+                    self._inflight_bytes -= sum(map(len, batches))
+                    self._cv.notify_all()
+
+    def _hold_back(self, link: Any) -> None:
+        """Caller holds _cv: while more than ``max_inflight_bytes`` wait for a sync here or on
+        the slave, do not take this request (its stream is not read meanwhile: the sender is
+        held back by gRPC flow control, and the broker's memory stays bounded)."""
+        limit = self.config.max_inflight_bytes
+        waited = False
+        while not self._stopping and self._inflight_bytes + link.lag(time.monotonic())[0] > limit:
+            if not waited:
+                self.stats.held_back += 1
+                waited = True
+            self._cv.wait(0.05)
 
     def _commit(self, s: Segment, batches: list[bytes]) -> None:
         """Append ``batches`` (checked when they arrived) to ``s``'s log and fdatasync them,
@@ -733,6 +784,7 @@ class Broker:
             self._cv.wait(0.5)
 
     def fence(self, queue: str, seg: int, epoch: int) -> pb.SegmentEnd:
+        self.epochs.check(queue, epoch)
         s = self.segment_for_control(queue, seg)
         with self._cv:
             s.replica.fence(epoch)
@@ -769,7 +821,7 @@ class Broker:
     def fetch(self, req: pb.FetchRequest) -> pb.FetchResponse:
         self.stats.fetches += 1
         known_end = req.known_end if req.known_end >= 0 else None
-        deadline = time.monotonic() + req.max_wait_ms / 1000.0
+        deadline = time.monotonic() + min(req.max_wait_ms, self.config.max_fetch_wait_ms) / 1000.0
         with self._cv:
             s = self._segments.get((req.queue, req.seg))
             while s is None and not self._stopping:
@@ -805,7 +857,8 @@ class Broker:
         if upto > req.offset:
             with s.io_lock:
                 assert s.log is not None
-                batches = s.log.read(req.offset, max_bytes=max(req.max_bytes, 1), upto=upto)
+                batches = s.log.read(req.offset, max_bytes=min(max(req.max_bytes, 1), self.config.max_fetch_bytes),
+                                     upto=upto)
             count_fetch(self.stats, batches)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
 
@@ -819,6 +872,7 @@ class Broker:
         with self._cv:
             stats = attrs.asdict(self.stats)
             stats["segments"] = len(self._segments)
+            stats["epoch_lookups"] = self.epochs.lookups
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self._segments.items() if s.corrupt is not None]
             connected = bool(self.replication is not None and self.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.incarnation,

@@ -29,6 +29,7 @@ from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -39,6 +40,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from coordinator import state as sm
+from coordinator.acl_client import AclClient
 from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
 from coordinator.store_subs import SubscriptionRecords
@@ -53,6 +55,7 @@ from ordq.errors import (
     QueueNotFound,
     SubscriptionNotFound,
     WaitTimeout,
+    ZkAccessDenied,
 )
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
@@ -137,18 +140,18 @@ def _loads(data: bytes) -> Any:
     return json.loads(data.decode()) if data else {}
 
 
-def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> KazooClient:
+def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> AclClient:
     """A kazoo client that tries to reconnect at least every quarter of its session.
 
     kazoo's default reconnect back-off doubles up to an hour: after a ZooKeeper outage of a
     few seconds (a lost quorum) its next attempt could come seconds after the servers are
     back, when a short session has already expired there, so every leader would lose its
     lease for an outage it had survived. Capped at a quarter session, a client reconnects in
-    time to keep its session whenever the servers kept it. ``auth``: "user:password" of
-    ZooKeeper's digest scheme, for a ZooKeeper with ACLs."""
+    time to keep its session whenever the servers kept it.
+
+    ``auth``: ``user:password`` of a ZooKeeper digest identity (coordinator/acl.py), or None."""
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
-    return KazooClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry,
-                       auth_data=[("digest", auth)] if auth else None)
+    return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth)
 
 
 @contextlib.contextmanager
@@ -156,6 +159,8 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
     """Translate kazoo's connection errors to ordq's (the one place they enter)."""
     try:
         yield
+    except NoAuthError as exc:
+        raise ZkAccessDenied(f"{type(exc).__name__} at {hosts or 'ZooKeeper'}") from exc
     except KazooTimeoutError as exc:  # no answer within the operation timeout (ZkStore._wait)
         where = f" at {hosts}" if hosts else ""
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: no answer in time") from exc
@@ -182,6 +187,9 @@ class ZkStore(SubscriptionRecords):
         self._hosts = str(getattr(client, "hosts", ""))
         self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
                                  ignore_expire=True)
+        if isinstance(client, AclClient) and client.connected:
+            with self._errors():
+                client.follow(paths.root)  # nodes it creates get their ACL once the root is protected
 
     @property
     def hosts(self) -> str:
@@ -197,8 +205,8 @@ class ZkStore(SubscriptionRecords):
         auth: str | None = None,
     ) -> ZkStore:
         """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure.
-        ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request; ``auth`` as
-        for ``new_client``."""
+        ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request; ``auth``
+        (``user:password``) is the ZooKeeper digest identity it acts as (docs/SECURITY.md)."""
         client = new_client(hosts, session_timeout_s=timeout_s, auth=auth)
         try:
             client.start(timeout=timeout_s)
@@ -226,6 +234,11 @@ class ZkStore(SubscriptionRecords):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _acl_of(self, path: str) -> Any:
+        """The ACL a node created at ``path`` gets (None: the default; coordinator/acl.py) —
+        for transactions, which do not go through the client's ``create_async``."""
+        return self.client.acl_of(path) if isinstance(self.client, AclClient) else None
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         return zk_errors(self._hosts)
@@ -420,9 +433,9 @@ class ZkStore(SubscriptionRecords):
         with self._errors():
             self._wait(self.client.ensure_path_async(self.paths.queues))
             tx = self.client.transaction()
-            tx.create(self.paths.queue(queue), _dumps(attrs.asdict(cfg)))
-            tx.create(self.paths.state(queue), _dumps(initial.to_dict()))
-            tx.create(self.paths.subs(queue), b"")
+            tx.create(self.paths.queue(queue), _dumps(attrs.asdict(cfg)), acl=self._acl_of(self.paths.queue(queue)))
+            tx.create(self.paths.state(queue), _dumps(initial.to_dict()), acl=self._acl_of(self.paths.state(queue)))
+            tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
             results = self._wait(tx.commit_async())
         if any(isinstance(r, NodeExistsError) for r in results):
             raise AlreadyExists(f"queue {queue!r} already exists")
@@ -482,6 +495,13 @@ class ZkStore(SubscriptionRecords):
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return QueueState.from_dict(_loads(data)), stat.version
+
+    def producer_epoch(self, queue: str) -> int:
+        """The queue's producer epoch as ZooKeeper holds it now: ``sync`` first, so an epoch
+        another client's session just wrote is seen even through a lagging server."""
+        with self._errors():
+            self._wait(self.client.sync_async(self.paths.state(queue)))
+        return self.load_state(queue)[0].producer_epoch
 
     def facts(self, st: QueueState, *, with_cursors: bool = True) -> tuple[Facts, dict[str, int]]:
         """Liveness and drain marks of the queue's groups and (optionally) cursors with their
@@ -737,6 +757,9 @@ class ZkStore(SubscriptionRecords):
 
 
 def _raise_first(results: list[Any]) -> None:
+    denied = next((r for r in results if isinstance(r, NoAuthError)), None)
+    if denied is not None:  # the others only say "rolled back"
+        raise ZkAccessDenied(f"a transaction was refused ({type(denied).__name__})") from denied
     for r in results:
         if isinstance(r, KazooException):
             raise OrdqError(f"ZooKeeper transaction failed: {type(r).__name__}") from r

@@ -517,13 +517,23 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
           "each restarted process resumes: the target tables equal the source row for row, and nothing the "
           "shipper got acked is lost or reordered", run_cdc, own_load=True, requires=require_servers),
-    # -- security (issue #14): TLS and tokens -------------------------------------------------
+    # -- security (drills/security.py, docs/SECURITY.md): hostile clients, each refused, counted,
+    # nothing stored ------------------------------------------------------------------------
     Drill("security-intruders", "callers without a token, with the wrong role, for another queue, with a revoked "
           "token, in plaintext and without a client certificate, at the head master under load",
           "each refused (PermissionDenied naming queue and role, or no TLS handshake); the load goes on untouched",
           security.intruders, failover=False),
+    Drill("security-rogue-epoch", "a hand-made gRPC client claims a producer epoch ZooKeeper never issued: writes "
+          "to the head master and fences both replicas", "refused (EpochNotIssued) and counted by each broker; "
+          "nothing stored; the real producer is not fenced", security.rogue_epoch, failover=False),
+    Drill("security-zk-write", "ZooKeeper clients without the admin credential (none, or the client one) write "
+          "the queue's state/config, a group, a subscription, the ACL record", "each write refused by ZooKeeper "
+          "(NoAuth); nothing changed", security.zk_write_without_acl, failover=False),
+    Drill("security-abandoned-streams", "100 produce streams and 100 fetch long-polls opened on the head master "
+          "and never read or closed", "the master's memory stays bounded and the real producer keeps being acked",
+          security.abandoned_streams, failover=False),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
 CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park",
-             "security-intruders")
+             "security-intruders", "security-rogue-epoch", "security-zk-write")

@@ -253,7 +253,9 @@ class DrillContext:
                      "--go-file", str(self.go_file)]
         else:
             argv += ["--subscription", SUBSCRIPTION, *(custom(self) if custom else [])]
-        proc = ManagedProcess(name, argv, run_dir=self.run_dir)
+        # Producers and consumers act as the cluster's client identity (ZooKeeper ACLs).
+        auth = c.client_auth
+        proc = ManagedProcess(name, argv, run_dir=self.run_dir, env={"ORDQ_ZK_AUTH": auth} if auth else None)
         proc.start()
         w = Workload(writer=writer, role=role, proc=proc, status_path=status)
         group.append(w)

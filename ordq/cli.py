@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="ZooKeeper path prefix of this cluster, so several can share one ZooKeeper "
         "(env ORDQ_ROOT; default %(default)s)",
     )
+    parser.add_argument(
+        "--zk-auth", default=None, metavar="USER:PASSWORD",
+        help="ZooKeeper digest credential when the root is protected by ACLs (env ORDQ_ZK_AUTH; "
+        "default: the one registered for --zk by ordq up, docs/SECURITY.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
         "--token", default=None,
@@ -81,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A long-running process's log is its operator's record: ordq's own INFO lines
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
-    # --token: the env every credentials lookup of this command sees (ordq/security.py),
-    # restored after it (main() also runs inside tests).
-    previous = os.environ.get("ORDQ_TOKEN")
-    if args.token:
-        os.environ["ORDQ_TOKEN"] = args.token
+    # --token / --zk-auth: the env every credentials lookup of this command sees
+    # (ordq/security.py), restored after it (main() also runs inside tests).
+    given = {env: value for env, value in (("ORDQ_TOKEN", args.token), ("ORDQ_ZK_AUTH", args.zk_auth)) if value}
+    previous = {env: os.environ.get(env) for env in given}
+    os.environ.update(given)
     try:
         return int(args.func(args) or 0)
     except OrdqError as exc:
@@ -100,12 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     finally:
-        if args.token:
-            if previous is None:
-                os.environ.pop("ORDQ_TOKEN", None)
+        for env, value in previous.items():
+            if value is None:
+                os.environ.pop(env, None)
             else:
-                os.environ["ORDQ_TOKEN"] = previous
-
+                os.environ[env] = value
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,9 +17,11 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
     ├── ConflictError                     conditional write lost a race (retriable)
     ├── CoordinationUnavailable           ZooKeeper unreachable (retriable)
+    ├── ZkAccessDenied                    ZooKeeper's ACLs refuse this identity the operation
     ├── BrokerUnavailable                 a broker process did not answer (retriable)
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
     ├── FencedError                       a higher producer epoch took over: stop
+    ├── EpochNotIssued                    a writer claimed a producer epoch ZooKeeper never issued
     ├── NotLeader                         this consumer lost its subscription's lease: stop
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
     ├── HandlerError                      keyed delivery: the application's handler raised
@@ -128,6 +130,16 @@ class CoordinationUnavailable(OrdqError):
     retriable = True
 
 
+class ZkAccessDenied(OrdqError):
+    """ZooKeeper refused an operation: the ordq root is protected by ACLs and this process's
+    credentials (``--zk-auth`` / ``ORDQ_ZK_AUTH``; none given, or a client's where an admin's
+    is needed) do not allow it. Nothing was changed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"ZooKeeper refused access: {detail} (pass credentials with --zk-auth USER:PASSWORD or "
+                         "ORDQ_ZK_AUTH; see docs/SECURITY.md)")
+
+
 class BrokerUnavailable(OrdqError):
     """A broker process did not answer in time or refused the connection."""
 
@@ -156,6 +168,19 @@ class FencedError(OrdqError):
         super().__init__(
             f"queue {queue!r}: producer epoch {epoch} is fenced by epoch {current_epoch}"
         )
+        self.queue = queue
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class EpochNotIssued(OrdqError):
+    """A broker refused a write or fence claiming a producer epoch above the one ZooKeeper
+    holds for the queue: no election issued it (a hand-made or buggy client). Nothing was
+    stored and the real leader is not fenced."""
+
+    def __init__(self, queue: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(f"queue {queue!r}: producer epoch {epoch} was never issued (ZooKeeper holds epoch "
+                         f"{current_epoch}); refused, nothing stored")
         self.queue = queue
         self.epoch = epoch
         self.current_epoch = current_epoch

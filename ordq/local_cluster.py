@@ -43,6 +43,7 @@ from typing import Any
 import attrs
 
 from broker_group.process import BrokerGroupProcesses, BrokerProcess
+from coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
 from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
@@ -68,6 +69,9 @@ class ClusterConfig:
     session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
     tls: bool = True  # mutual TLS on every gRPC hop, with a CA made in <folder>/tls (ordq/security.py)
     tokens: bool = True  # enforce access tokens; start() makes an admin token (<folder>/admin.token)
+    # ZooKeeper ACLs on the root (docs/SECURITY.md): admin and client digest credentials are
+    # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
+    zk_acl: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -142,6 +146,8 @@ class LocalCluster:
         self.credentials = client_tls if self.config.tls else Credentials()
         if self.config.tokens and self._token_file.exists():
             self.credentials = attrs.evolve(self.credentials, token=self._token_file.read_text().strip())
+        if self.admin_auth is not None:  # this cluster's own clients act as its operator
+            self.credentials = attrs.evolve(self.credentials, zk_auth=self.admin_auth)
         self.groups: dict[str, BrokerGroupProcesses] = {}
         for gid in self.config.gids:
             group = BrokerGroupProcesses(gid, zk_hosts=hosts, root=self.config.root, base_dir=self.folder / "brokers",
@@ -159,6 +165,54 @@ class LocalCluster:
             )
             for i in range(self.config.coordinators)
         ]
+
+        self._use_credentials()
+
+    @property
+    def admin_auth(self) -> str | None:
+        """The admin ZooKeeper credential (None: ACLs off, or not generated yet)."""
+        return read_credential(self.folder, "admin") if self.config.zk_acl else None
+
+    @property
+    def client_auth(self) -> str | None:
+        """The credential producers and consumers of this cluster use."""
+        return read_credential(self.folder, "client") if self.config.zk_acl else None
+
+    def _use_credentials(self) -> None:
+        """Brokers and coordinators act as admin (passed in their environment, never argv)."""
+        admin = self.admin_auth
+        if admin is None:
+            return
+        for _, proc in self.processes():
+            if proc not in self.zk.processes:
+                proc.env = {**(proc.env or {}), "ORDQ_ZK_AUTH": admin}
+
+    def _protect(self) -> None:
+        """Generate the credentials (once) and protect the root: a tree from before (ACLs off,
+        or an older ordq) is upgraded in place (coordinator/acl_client.py)."""
+        if not self.config.zk_acl:
+            return
+        from coordinator.acl import ACL_NODE, AclIds
+        from coordinator.acl_client import protect
+
+        running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
+        if running:
+            with self.store() as store:
+                protected = store.client.exists(f"{self.root}/{ACL_NODE}") is not None
+            if not protected:
+                raise ConfigError(
+                    f"the ZooKeeper root {self.root} of the cluster in {self.folder} is not protected yet, and "
+                    f"{', '.join(running)} run without credentials (they could not write to it once protected): "
+                    f"stop them first (ordq down --dir {self.folder}), then ordq up protects it")
+        for role in AUTH_USERS:
+            write_credential(self.folder, role)
+        self._use_credentials()
+        admin, client = self.admin_auth, self.client_auth
+        assert admin is not None and client is not None
+        self.credentials = attrs.evolve(self.credentials, zk_auth=admin)
+        register(self.zk_hosts, self.root, self.credentials)
+        with self.store() as store:
+            protect(store.client, self.root, AclIds.of(admin, client))
 
     @classmethod
     def load(cls, folder: Path) -> LocalCluster:
@@ -222,7 +276,7 @@ class LocalCluster:
     @contextlib.contextmanager
     def store(self, timeout_s: float = 10.0) -> Iterator[ZkStore]:
         """A ZooKeeper store of this cluster, closed on exit."""
-        store = ZkStore.connect(self.zk_hosts, self.root, timeout_s=timeout_s)
+        store = ZkStore.connect(self.zk_hosts, self.root, timeout_s=timeout_s, auth=self.admin_auth)
         try:
             yield store
         finally:
@@ -261,6 +315,7 @@ class LocalCluster:
         register(self.zk_hosts, self.root, self.credentials)
         try:
             self._start_zk(deadline)
+            self._protect()
             self._register_groups()
             if self.config.tokens:
                 self._ensure_admin_token()
@@ -305,7 +360,7 @@ class LocalCluster:
         self.stop()
         self.zk.destroy()
         unregister(self.zk_hosts, self.root)
-        for sub in ("brokers", "coordinators", "zk", "drills", "tls"):
+        for sub in ("brokers", "coordinators", "zk", "drills", "tls", AUTH_DIR):
             shutil.rmtree(self.folder / sub, ignore_errors=True)
         (self.folder / STATE_FILE).unlink(missing_ok=True)
         self._token_file.unlink(missing_ok=True)

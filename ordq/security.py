@@ -256,8 +256,10 @@ def of_store(store: Any) -> Credentials:
 
 def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
     """The credentials registered for this cluster (plaintext, no token when none are),
-    with ``$ORDQ_TOKEN`` overriding the token."""
+    with ``$ORDQ_TOKEN`` overriding the token and ``$ORDQ_ZK_AUTH`` the ZooKeeper credential
+    (``--token`` and ``--zk-auth`` set them for a command)."""
     entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
     creds = Credentials.from_dict(entry)
-    token = os.environ.get("ORDQ_TOKEN")
-    return attrs.evolve(creds, token=token) if token else creds
+    overrides = {field: os.environ[env] for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
+                 if os.environ.get(env)}
+    return attrs.evolve(creds, **overrides) if overrides else creds

@@ -90,6 +90,7 @@ class ConsumerConfig:
     fetch_wait_ms: int = 200  # long-poll when nothing is readable
     leader_timeout_s: float | None = None
     zk_session_timeout_s: float = 2.0
+    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
     # poll() rides out a ZooKeeper outage (a lost ensemble node, a re-election) this long,
     # reading from the replicas it knows, before it raises CoordinationUnavailable
     zk_outage_s: float = 30.0

@@ -64,6 +64,7 @@ class ProducerConfig:
     leader_timeout_s: float | None = None  # None: a standby waits until it leads
     no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
     zk_session_timeout_s: float = 2.0
+    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
     audit_dir: Path | None = None
     producer_id: str = attrs.field(factory=new_writer_id)
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is

@@ -8,6 +8,7 @@ refused with a typed error and the process keeps serving.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zlib
@@ -15,18 +16,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import grpc
 import pytest
 
 from broker_group import log as seglog
 from broker_group.client import GrpcTransport
-from broker_group.errors import SegmentNotWritable
+from broker_group.errors import SegmentNotWritable, from_rpc_error
 from broker_group.log import Message, encode_batch
 from broker_group.process import BrokerGroupProcesses
+from broker_group.service import GRPC_OPTIONS
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator import state as sm
 from coordinator.seal import run_seal
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore
-from ordq.errors import BrokerUnavailable, ConfigError, FencedError, MessageTooLarge, OrdqError, SegmentNotFound
+from ordq.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    EpochNotIssued,
+    FencedError,
+    MessageTooLarge,
+    OrdqError,
+    SegmentNotFound,
+)
+from ordq.security import channel as security_channel
 from ordq.security import provision
 from sdk.transport import Ack
 from tests.util import wait_until
@@ -57,6 +71,7 @@ def group(zk_server, zk_root, tmp_path: Path) -> Iterator[Group]:
         procs.start()
         wait_until(lambda: store.live_groups(["g1"]), what="g1 live")
         store.create_queue(Q, ["g1"])
+        store.apply(Q, lambda st, _f: sm.bump_epoch(st))  # epoch 1: the raw streams below write with it
         yield Group(store, procs, transport)
     finally:
         for p in procs.members:
@@ -144,6 +159,7 @@ def test_a_killed_slave_stops_acks_with_a_retriable_error(group: Group) -> None:
 
 def test_fence_refuses_lower_epochs_on_both_replicas(group: Group) -> None:
     produce(group, 0, batches=5, per_batch=10, epoch=1)
+    group.store.apply(Q, lambda st, _f: sm.bump_epoch(st))  # a new leader's epoch, issued by ZooKeeper
     ends = {role: group.transport.fence(group.address(role), Q, 0, 2) for role in ("master", "slave")}
     assert ends["master"] == ends["slave"]
     assert (ends["master"].end, ends["master"].last_seq) == (50, 49)
@@ -348,3 +364,55 @@ def test_a_replica_on_a_new_disk_never_decides_a_segment_it_did_not_see(group: G
     assert seg is not None and seg.status is SegStatus.SEALED and seg.end == 50
     wait_until(lambda: len(stored(group.procs.slave.data_dir)) == 50, what="the new slave copied segment 0")
     assert _read_all(group, "slave", 50) == list(range(50))
+
+
+# -- a rogue writer: a hand-made client (the generated stubs) claiming an epoch ZooKeeper never issued.
+# Before broker_group/epochs.py a broker took any epoch at least its fence: such a client could
+# write into the open segment and fence the real leader out.
+
+
+def _refused(g: Group, address: str, call: str, request: object) -> grpc.RpcError:
+    """The call made by a client with a valid certificate (an insider past TLS)."""
+    channel = security_channel(address, g.transport.credentials, GRPC_OPTIONS)
+    stub = pb_grpc.BrokerStub(channel)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            if call == "Produce":
+                list(stub.Produce(iter([request]), timeout=10))
+            else:
+                getattr(stub, call)(request, timeout=10)
+        return err.value
+    finally:
+        channel.close()
+
+
+def _health(g: Group, role: str) -> dict[str, object]:
+    return dict(json.loads(g.transport.health(g.address(role)).stats_json))
+
+
+def test_a_claimed_epoch_zookeeper_never_issued_is_refused_and_the_leader_goes_on(group: Group) -> None:
+    produce(group, 0, batches=5, per_batch=10, epoch=1)  # the real leader, epoch 1 from ZooKeeper
+    before = {role: stored(getattr(group.procs, role).data_dir) for role in ("master", "slave")}
+    master = group.address("master")
+
+    rogue = pb.ProduceRequest(queue=Q, seg=0, epoch=7, batches=[batch(50, 10, epoch=7)])
+    err = _refused(group, master, "Produce", rogue)
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+    typed = from_rpc_error(err, master)
+    assert isinstance(typed, EpochNotIssued) and (typed.epoch, typed.current_epoch) == (7, 1)
+    assert not typed.retriable
+    for role in ("master", "slave"):  # nor may it fence the real leader out
+        err = _refused(group, group.address(role), "Fence", pb.FenceRequest(queue=Q, seg=0, epoch=7))
+        assert isinstance(from_rpc_error(err, role), EpochNotIssued)
+        assert group.transport.segment_info(group.address(role), Q, 0).fenced_epoch == 1
+
+    after = {role: stored(getattr(group.procs, role).data_dir) for role in ("master", "slave")}
+    assert after == before  # nothing stored
+    assert _health(group, "master")["refused"] == {"EpochNotIssued": 2}
+    assert _health(group, "slave")["refused"] == {"EpochNotIssued": 1}
+
+    lookups = _health(group, "master")["epoch_lookups"]
+    acks = produce(group, 50, batches=20, per_batch=10, epoch=1)  # the leader is unaffected
+    assert acks[0].first_offset == 50 and acks[-1].last_seq == 249
+    assert _health(group, "master")["epoch_lookups"] == lookups  # the hot path reads no ZooKeeper
+    assert [seq for seq, _ in stored(group.procs.slave.data_dir)] == list(range(250))

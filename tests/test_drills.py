@@ -68,7 +68,9 @@ def test_ci_drill_passes(ci_results: dict[str, DrillResult], name: str) -> None:
     # a producer fault may leave messages stored but never acked (delivered all the same)
     assert res.delivered == CI_LOAD.messages and 0 < res.acked <= res.delivered
     assert res.lost == 0 and res.reordered == 0 and res.duplicates == 0
-    if DRILLS[name].failover:  # security-intruders: its own expectations are in res.ok
+    if not DRILLS[name].failover:  # a hostile client is refused: nothing fails over
+        assert res.failover_s is None and res.expectations and all(ok for _, ok in res.expectations)
+    else:
         assert res.failover_s is not None and res.failover_s < 30
 
 

@@ -67,7 +67,7 @@ def test_up_prints_where_everything_listens_and_status_is_healthy(cluster_dir: P
 
 def test_the_cluster_serves_ordered_traffic(cluster_dir: Path) -> None:
     c = LocalCluster.load(cluster_dir)
-    base = ["--zk", c.zk_hosts, "--root", c.root]
+    base = ["--zk", c.zk_hosts, "--root", c.root, "--zk-auth", str(c.admin_auth)]  # ACLs are on: act as admin
     assert main([*base, "queue", "create", "lc"]) == 0
     assert ordq(*base, "produce", "lc", "--count", "500").returncode == 0
     res = ordq(*base, "consume", "lc", "-s", "s1", "--count", "500", "--json")

@@ -34,6 +34,8 @@ def add_command(
     )
     parser.add_argument("--zk", default=argparse.SUPPRESS, help="ZooKeeper connection string")
     parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
+    parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",
+                        help="ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
     if func is not None:
         # daemon: a long-running process (logs INFO); admin: needs the admin role (open_store checks)
         parser.set_defaults(func=func, daemon=daemon, admin=admin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -47,18 +48,21 @@ def register(subparsers: Any) -> None:
 
 
 def broker_credentials(args: argparse.Namespace) -> Credentials:
-    """TLS files from the flags; plaintext only when asked for by name."""
+    """TLS files from the flags, plaintext only when asked for by name; the ZooKeeper credential
+    from --zk-auth / ORDQ_ZK_AUTH (``ordq up`` passes the admin one in the environment)."""
     files = (args.tls_cert, args.tls_key, args.tls_ca)
+    zk_auth = os.environ.get("ORDQ_ZK_AUTH") or None
     if args.insecure:
         if any(files):
             raise ConfigError("--insecure and --tls-* contradict each other: give one")
-        return Credentials()
+        return Credentials(zk_auth=zk_auth)
     if not all(files):
         raise ConfigError("a broker serves TLS: give --tls-cert, --tls-key and --tls-ca (or --insecure)")
     for f in files:
         if not f.is_file():
             raise ConfigError(f"TLS file {f} does not exist")
-    return Credentials(ca_file=str(args.tls_ca), cert_file=str(args.tls_cert), key_file=str(args.tls_key))
+    return Credentials(ca_file=str(args.tls_ca), cert_file=str(args.tls_cert), key_file=str(args.tls_key),
+                       zk_auth=zk_auth)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

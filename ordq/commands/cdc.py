@@ -121,7 +121,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from sdk import Consumer, ConsumerConfig, FailurePolicy
 
     target = Target.parse(args.target)
-    config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
+    config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         subscription=args.subscription,
                             start=args.start, on_failure=FailurePolicy(on_failure="raise", attempts=1))
     applier = Applier(target, args.subscription)
     stop = threading.Event()

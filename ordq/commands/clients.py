@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
 def cmd_produce(args: argparse.Namespace) -> int:
     from sdk import Producer, ProducerConfig
 
-    cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, audit_dir=args.audit_dir,
+    cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         audit_dir=args.audit_dir,
                          send_timeout_s=args.send_timeout)
     key = args.key.encode() if args.key else None
     sent = 0
@@ -140,7 +141,8 @@ class _Interrupt:
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, ConsumerConfig
 
-    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.subscription,
+    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+                         subscription=args.subscription,
                          start=args.start, audit_dir=args.audit_dir)
     if args.workers is not None:
         n, last_seq = _consume_keyed(args, Consumer(cfg))

@@ -39,6 +39,9 @@ def register(subparsers: Any) -> None:
                     help="coordinator daemons, one elected (default: as before, else 2)")
     up.add_argument("--insecure", action="store_true", default=None,
                     help="a new cluster without TLS and tokens: anyone on this machine may call it (docs/SECURITY.md)")
+    up.add_argument("--no-zk-acl", action="store_true",
+                    help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin and "
+                         "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -61,6 +64,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
     asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
+    asked = asked or args.no_zk_acl
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
@@ -74,6 +78,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         root=args.root if fresh else saved.root,
         tls=not args.insecure if fresh else saved.tls,
         tokens=not args.insecure if fresh else saved.tokens,
+        zk_acl=saved.zk_acl and not args.no_zk_acl,
     )
 
 

@@ -1,0 +1,117 @@
+"""Who may do what under an ordq root in ZooKeeper: the ACL of every path, per role. Pure.
+
+Two digest identities (``user:password``, ZooKeeper's ``digest`` scheme):
+
+- **admin** — brokers, coordinators, ``ordq`` admin commands: every right everywhere.
+- **client** — producers and consumers: read everything, and write only what their protocol
+  writes (``client_rights``). Anyone else (no credentials): read only.
+
+What the client protocol writes, read from the code that writes it:
+
+- producer (sdk/producer.py, sdk/_head.py): the queue's ``state`` (bump the epoch at
+  takeover, fail over, admit groups, roll: every move of the head is a versioned write of
+  that node — so the client identity can rewrite a queue's state; brokers only accept the
+  epoch it holds, broker_group/epochs.py); its election ``producer-leader`` (created under
+  the queue node on first use, contender nodes created and deleted under it).
+- consumer (sdk/consumer.py, sdk/parking.py): creates its subscription when missing
+  (``subs``), commits its cursor (the ``subs/<sub>`` node), its election ``subs/<sub>/leader``,
+  the ``blocked`` node it shows and clears, the ledger ``parked/<seq>`` of parked messages
+  (created and updated), and a dead-letter queue it parks into when missing (``queues``).
+- never a client: groups and liveness, the coordinator's election, queue configuration,
+  deleting queues or subscriptions, a subscription's failure ``policy`` and the operators'
+  ``parked-changed`` signal, and this module's own record ``acl``.
+
+ZooKeeper ACLs are per node and not inherited: every node gets its ACL when it is created
+(``coordinator.store``'s client asks ``acl_for`` for each path), and ``ordq up`` sets them on
+a tree that existed before (``ZkStore.protect``).
+"""
+
+from __future__ import annotations
+
+import attrs
+from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
+
+from ordq.errors import ConfigError
+
+READ, WRITE, CREATE, DELETE = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
+ACL_NODE = "acl"  # <root>/acl: the two identities' digests (never the passwords)
+
+# Rights of the client identity, by path under the root ("*" stands for one name).
+_CLIENT: dict[tuple[str, ...], int] = {
+    ("queues",): READ | CREATE,
+    ("queues", "*"): READ | CREATE,
+    ("queues", "*", "state"): READ | WRITE,
+    ("queues", "*", "producer-leader"): READ | CREATE | DELETE,
+    ("queues", "*", "subs"): READ | CREATE,
+    ("queues", "*", "subs", "*"): READ | WRITE | CREATE | DELETE,
+    ("queues", "*", "subs", "*", "leader"): READ | CREATE | DELETE,
+    ("queues", "*", "subs", "*", "blocked"): READ | WRITE,
+    ("queues", "*", "subs", "*", "parked"): READ | CREATE,
+    ("queues", "*", "subs", "*", "parked", "*"): READ | WRITE,
+}
+
+
+def check_credential(credential: str) -> str:
+    """``user:password``, both non-empty, else ConfigError (never echoing the password)."""
+    user, sep, password = credential.partition(":") if isinstance(credential, str) else ("", "", "")
+    if not sep or not user or not password:
+        raise ConfigError("a ZooKeeper credential must be USER:PASSWORD (both non-empty)")
+    return credential
+
+
+def digest_id(credential: str) -> str:
+    """ZooKeeper's digest id of ``user:password``: ``user:base64(sha1(user:password))``."""
+    user, _, password = check_credential(credential).partition(":")
+    return str(make_digest_acl_credential(user, password))
+
+
+@attrs.frozen
+class AclIds:
+    """The digest ids (``user:hash``) of the two identities, as kept in ``<root>/acl``."""
+
+    admin: str
+    client: str
+
+    @classmethod
+    def of(cls, admin_credential: str, client_credential: str) -> AclIds:
+        ids = cls(admin=digest_id(admin_credential), client=digest_id(client_credential))
+        if ids.admin.split(":")[0] == ids.client.split(":")[0]:
+            raise ConfigError("the admin and client ZooKeeper credentials need different user names")
+        return ids
+
+    def to_dict(self) -> dict[str, str]:
+        return {"admin": self.admin, "client": self.client}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, str]) -> AclIds:
+        return cls(admin=str(d["admin"]), client=str(d["client"]))
+
+
+def relative(path: str, root: str) -> tuple[str, ...] | None:
+    """The parts of ``path`` under ``root`` (() for the root itself); None outside it."""
+    if path == root:
+        return ()
+    prefix = root.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        return None
+    return tuple(path[len(prefix):].split("/"))
+
+
+def client_rights(parts: tuple[str, ...]) -> int:
+    """What the client identity may do on the node at ``parts`` under the root."""
+    for pattern, rights in _CLIENT.items():
+        if len(pattern) == len(parts) and all(w in ("*", g) for w, g in zip(pattern, parts, strict=True)):
+            return rights
+    return int(READ)
+
+
+def acl_for(path: str, root: str, ids: AclIds) -> list[ACL] | None:
+    """The ACL a node at ``path`` gets; None outside ``root`` (left to ZooKeeper's default)."""
+    parts = relative(path, root)
+    if parts is None:
+        return None
+    return [
+        ACL(Permissions.ALL, Id("digest", ids.admin)),
+        ACL(client_rights(parts), Id("digest", ids.client)),
+        ACL(READ, Id("world", "anyone")),
+    ]

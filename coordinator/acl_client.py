@@ -1,0 +1,118 @@
+"""The kazoo side of ZooKeeper ACLs (the policy itself is coordinator/acl.py, pure).
+
+``AclClient`` is a KazooClient that gives every node it creates the ACL the policy names for
+its path — nodes created by ordq's store, by kazoo recipes (the Lock elections) and by
+``ensure_path`` alike — once ``follow(root)`` has found the root protected. ``protect`` turns
+protection on for a tree, setting the ACL of every node that exists (an unprotected tree from
+before is upgraded in place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+
+from coordinator.acl import ACL_NODE, AclIds, acl_for, check_credential
+from ordq.errors import ZkAccessDenied
+
+AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
+AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
+
+def read_credential(folder: Path, role: str) -> str | None:
+    """The ``user:password`` ``ordq up`` generated for ``role`` (admin | client) in ``folder``."""
+    try:
+        return (Path(folder) / AUTH_DIR / role).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def write_credential(folder: Path, role: str) -> None:
+    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file)."""
+    path = Path(folder) / AUTH_DIR / role
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{AUTH_USERS[role]}:{secrets.token_urlsafe(24)}\n")
+
+
+class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
+    def __init__(self, *args: Any, auth: str | None = None, **kwargs: Any) -> None:
+        if auth is not None:
+            kwargs["auth_data"] = [("digest", check_credential(auth))]
+        super().__init__(*args, **kwargs)
+        self.auth = auth
+        self._root: str | None = None
+        self._ids: AclIds | None = None
+        self._watched: set[str] = set()
+
+    def follow(self, root: str) -> None:
+        """Watch ``<root>/acl``: while it names the two identities, nodes created under
+        ``root`` get the policy's ACL. (Read when the store opens, then watched: kazoo calls
+        back on its own thread, where no blocking request may be made.)"""
+        self._root = root
+        if root in self._watched:
+            return
+        self._watched.add(root)
+
+        def changed(data: bytes | None, _stat: Any) -> None:
+            try:
+                self._ids = AclIds.from_dict(json.loads(data)) if data else None
+            except (ValueError, KeyError, TypeError):
+                self._ids = None
+
+        self.DataWatch(f"{root}/{ACL_NODE}", changed)
+
+    def use(self, root: str, ids: AclIds) -> None:
+        """Apply the policy from now on (the caller just protected ``root``: no waiting for
+        the watch to report it)."""
+        self.follow(root)
+        self._ids = ids
+
+    def acl_of(self, path: str) -> Any:
+        if self._root is None or self._ids is None:
+            return None
+        return acl_for(path, self._root, self._ids)
+
+    def create_async(self, path: str, value: bytes = b"", acl: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return super().create_async(path, value, acl if acl is not None else self.acl_of(path), *args, **kwargs)
+
+
+def protect(client: KazooClient, root: str, ids: AclIds, *, on_node: Callable[[str], None] | None = None) -> int:
+    """Protect the tree under ``root`` (the client holds the admin credential): record the
+    identities in ``<root>/acl`` and set every existing node's ACL by the policy. Idempotent.
+    Returns the number of nodes set. ZkAccessDenied when the tree is protected for another
+    admin identity."""
+    if isinstance(client, AclClient):
+        client.use(root, ids)  # what it creates from now on (this call's nodes too) is protected
+    try:
+        client.ensure_path(root, acl=acl_for(root, root, ids))
+        data = json.dumps(ids.to_dict()).encode()
+        path = f"{root}/{ACL_NODE}"
+        try:
+            client.create(path, data, acl=acl_for(path, root, ids))
+        except NodeExistsError:
+            client.set(path, data)
+        count = 0
+        pending = [root]
+        while pending:
+            node = pending.pop()
+            with contextlib.suppress(NoNodeError):  # gone meanwhile (an ephemeral node, a lock contender)
+                client.set_acls(node, acl_for(node, root, ids))
+                count += 1
+                if on_node is not None:
+                    on_node(node)
+                pending.extend(f"{node}/{c}" for c in client.get_children(node))
+        return count
+    except NoAuthError as exc:
+        raise ZkAccessDenied(f"cannot protect {root}: it is protected for another admin identity, or this "
+                             "client has no admin credential") from exc

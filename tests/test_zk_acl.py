@@ -1,0 +1,195 @@
+"""ZooKeeper ACLs on the ordq root: the policy (pure) and a real ZooKeeper refusing writes.
+
+The real-ZooKeeper test starts from a tree made without ACLs (as an older ordq left it),
+protects it (the upgrade ``ordq up`` does), then checks who may do what with raw kazoo
+clients and with ordq's own store, and that brokers (admin) and the SDK (client) still work."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE, Permissions
+
+from broker_group.process import BrokerGroupProcesses
+from coordinator import state as sm
+from coordinator.acl import CREATE, DELETE, READ, WRITE, AclIds, acl_for, check_credential, client_rights, relative
+from coordinator.acl_client import protect
+from coordinator.paths import Paths
+from coordinator.store import ZkStore
+from ordq.errors import ConfigError, ZkAccessDenied
+from ordq.security import Credentials
+from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from tests.util import wait_until
+
+ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"
+IDS = AclIds.of(ADMIN, CLIENT)
+name = st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)
+
+
+# -- the policy, pure ---------------------------------------------------------------------------
+
+
+def test_client_rights_follow_what_the_protocol_writes() -> None:
+    p = Paths("/r")
+    rel = lambda path: relative(path, "/r")  # noqa: E731
+    assert client_rights(rel(p.state("q"))) == READ | WRITE  # producer: epoch, fail over, roll
+    assert client_rights(rel(p.producer_leader("q"))) == READ | CREATE | DELETE
+    assert client_rights(rel(p.sub("q", "s"))) == READ | WRITE | CREATE | DELETE  # cursor, blocked
+    assert client_rights(rel(p.sub_leader("q", "s"))) == READ | CREATE | DELETE
+    assert client_rights(rel(p.parked("q", "s", 7))) == READ | WRITE
+    for admin_only in (p.queue("q") + "/x", p.group("g1"), p.live("g1", "master"), p.coordinator_leader,
+                       p.sub_policy("q", "s"), p.parked_signal("q", "s"), "/r/acl", "/r/groups"):
+        assert client_rights(rel(admin_only)) == READ, admin_only
+
+
+@given(parts=st.lists(name | st.sampled_from(["queues", "subs", "state", "leader", "parked", "groups"]),
+                      max_size=7))
+def test_every_node_under_the_root_gives_admin_all_and_nobody_else_more_than_the_client(parts: list[str]) -> None:
+    path = "/r" + "".join(f"/{x}" for x in parts)
+    acl = acl_for(path, "/r", IDS)
+    assert acl is not None
+    by_id = {(a.id.scheme, a.id.id): a.perms for a in acl}
+    assert by_id[("digest", IDS.admin)] == Permissions.ALL
+    client = by_id[("digest", IDS.client)]
+    assert client & READ and not client & Permissions.ADMIN
+    assert by_id[("world", "anyone")] == READ  # reads are open; no write without a credential
+    if not parts or parts[0] != "queues":
+        assert client == READ  # groups, liveness, the coordinator, the acl record: admin only
+
+
+def test_paths_outside_the_root_and_bad_credentials() -> None:
+    assert acl_for("/other/x", "/r", IDS) is None and acl_for("/rx", "/r", IDS) is None
+    for bad in ("nopassword", ":pw", "user:", ""):
+        with pytest.raises(ConfigError):
+            check_credential(bad)
+    with pytest.raises(ConfigError):
+        AclIds.of("same:a", "same:b")
+
+
+# -- a real ZooKeeper ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def raw(hosts: str, auth: str | None = None) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.zk
+def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server, zk_root, tmp_path) -> None:
+    hosts = zk_server.connection_string
+    p = Paths(zk_root)
+    with ZkStore.connect(hosts, zk_root) as before:  # a tree from before ACLs
+        before.add_group("g1")
+        before.create_queue("q", ["g1"])
+        before.create_subscription("q", "s")
+    admin = ZkStore.connect(hosts, zk_root, auth=ADMIN)
+    procs = BrokerGroupProcesses("g1", zk_hosts=hosts, root=zk_root, base_dir=tmp_path)
+    try:
+        assert protect(admin.client, zk_root, IDS) >= 7  # upgraded in place
+        assert protect(admin.client, zk_root, IDS) >= 7  # and again: idempotent
+        other = ZkStore.connect(hosts, zk_root, auth="other-admin:pw")  # protected for someone else: refused
+        with other, pytest.raises(ZkAccessDenied, match="another admin identity"):
+            protect(other.client, zk_root, AclIds.of("other-admin:pw", CLIENT))
+        with raw(hosts) as anon:
+            anon.get(p.state("q"))  # reads are open
+            for write in (lambda: anon.set(p.state("q"), b"{}"), lambda: anon.set(p.queue("q"), b"{}"),
+                          lambda: anon.delete(p.sub("q", "s")), lambda: anon.create(p.group("g9")),
+                          lambda: anon.set(p.sub("q", "s"), b"{}")):
+                with pytest.raises(NoAuthError):
+                    write()
+        with raw(hosts, CLIENT) as client:
+            for write in (lambda: client.set(p.queue("q"), b"{}"), lambda: client.delete(p.sub("q", "s")),
+                          lambda: client.create(p.group("g9")), lambda: client.set(f"{zk_root}/acl", b"{}"),
+                          lambda: client.set_acls(p.state("q"), OPEN_ACL_UNSAFE)):
+                with pytest.raises(NoAuthError):
+                    write()
+        with ZkStore.connect(hosts, zk_root) as anon_store:  # ordq's store: one typed error
+            with pytest.raises(ZkAccessDenied):
+                anon_store.apply("q", lambda s, _f: sm.bump_epoch(s))
+            with pytest.raises(ZkAccessDenied):
+                anon_store.update_queue_config("q", max_message_bytes=1000)
+        with ZkStore.connect(hosts, zk_root, auth=CLIENT) as client_store:
+            with pytest.raises(ZkAccessDenied):
+                client_store.delete_queue("q")
+            with pytest.raises(ZkAccessDenied):
+                client_store.add_group("g9")
+            # What a client creates gets the policy's ACL too: an anonymous client cannot move it.
+            client_store.create_subscription("q", "s2")
+            with raw(hosts) as anon, pytest.raises(NoAuthError):
+                anon.set(p.sub("q", "s2"), b"{}")
+        assert admin.load_state("q")[0].producer_epoch == 0  # nothing above changed the state
+
+        # The processes with their credentials work: brokers as admin, the SDK as client.
+        for member in procs.members:
+            member.proc.env = {"ORDQ_ZK_AUTH": ADMIN}
+        procs.start()
+        wait_until(lambda: admin.live_groups(["g1"]), what="g1 live")
+        with Producer(ProducerConfig(zk_hosts=hosts, root=zk_root, queue="q",
+                                     credentials=Credentials(zk_auth=CLIENT))) as producer:
+            for i in range(20):
+                producer.send(b"m%d" % i)
+            producer.flush()
+        with Consumer(ConsumerConfig(zk_hosts=hosts, root=zk_root, queue="q", subscription="s",
+                                     credentials=Credentials(zk_auth=CLIENT))) as consumer:
+            got: list[bytes] = []
+            wait_until(lambda: got.extend(m.payload for m in consumer.poll(timeout_s=0.5)) or len(got) >= 20,
+                       timeout_s=60, what="20 messages consumed")
+            consumer.commit()
+        assert got == [b"m%d" % i for i in range(20)]
+        assert admin.load_state("q")[0].producer_epoch == 1
+        acl, _ = admin.client.get_acls(p.producer_leader("q"))  # made by the producer, under the policy
+        assert {a.id.id: a.perms for a in acl}[IDS.client] == READ | CREATE | DELETE
+    finally:
+        procs.kill()
+        with contextlib.suppress(Exception):
+            admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
+        admin.close()
+
+
+@pytest.mark.zk
+def test_ordq_up_upgrades_an_open_cluster_only_once_its_processes_are_stopped(tmp_path) -> None:
+    from ordq.local_cluster import STATE_FILE, ClusterConfig, LocalCluster
+
+    folder = tmp_path / "c"
+    open_cluster = LocalCluster(folder, ClusterConfig(groups=1, coordinators=0, zk_acl=False))
+    made = [open_cluster]  # each object stops the processes it started (their Popen handles)
+    try:
+        open_cluster.start()
+        assert open_cluster.admin_auth is None
+        with open_cluster.store() as store:
+            store.create_queue("q", ["g1"])
+        # As an older ordq left it: no zk_acl in the saved config, so ACLs now default on.
+        state = json.loads((folder / STATE_FILE).read_text())
+        del state["config"]["zk_acl"]
+        (folder / STATE_FILE).write_text(json.dumps(state))
+        open_cluster.broker("g1", "slave").kill()
+        made.append(LocalCluster(folder))
+        with pytest.raises(ConfigError, match="not protected yet.*stop them first"):
+            made[-1].start()  # g1/master still runs without a credential
+        open_cluster.stop()
+        upgraded = LocalCluster(folder)
+        made.append(upgraded)
+        upgraded.start()
+        assert upgraded.admin_auth and upgraded.client_auth
+        with raw(upgraded.zk_hosts) as anon, pytest.raises(NoAuthError):
+            anon.set(Paths(upgraded.root).queue("q"), b"{}")
+        with upgraded.store() as store:  # the brokers, restarted with the admin credential, serve
+            store.update_queue_config("q", max_message_bytes=1000)
+            assert store.live_groups(["g1"]) == {"g1"}
+    finally:
+        for cluster in reversed(made):
+            cluster.stop()
+        made[-1].destroy()
