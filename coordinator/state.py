@@ -61,6 +61,11 @@ class Segment:
     sealed_ms: int | None = None  # wall clock when sealed (retention by time counts from it)
     bytes: int | None = None  # on each replica's disk, known once sealed (retention by bytes)
 
+    @property
+    def holds_nothing(self) -> bool:
+        """Sealed with no message: nothing in it to consume (I4 does not count it as backlog)."""
+        return self.status is SegStatus.SEALED and self.end == 0
+
     def moved_to(self, status: SegStatus, **changes: Any) -> Segment:
         if status not in SEGMENT_TRANSITIONS[self.status]:
             raise IllegalTransition(
@@ -155,8 +160,12 @@ class QueueState:
         return None
 
     def has_backlog(self, gid: str) -> bool:
-        """True when ``gid`` still stores a segment of this queue that is not popped."""
-        return any(s.gid == gid for s in self.consume)
+        """True when ``gid`` still stores a segment of this queue with something left to read.
+        A segment sealed empty holds nothing (I4 "no unconsumed segment"): counting it kept
+        its group out for good when it was the queue's last segment, as no cursor can pass
+        the last segment to pop it (both heads lost in turn, the first one's stale liveness
+        node still there, a failover opened the empty segment on it)."""
+        return any(s.gid == gid and not s.holds_nothing for s in self.consume)
 
     def eligible(self, gid: str, facts: Facts) -> bool:
         """I4: both processes live, a member, not already sending, no backlog (and not
@@ -239,7 +248,7 @@ def check_invariants(state: QueueState, cursors: Mapping[str, Cursor] | None = N
     for i, gid in enumerate(state.send):
         if gid not in state.groups:
             raise InvariantViolation("I4", f"group {gid} in the send list is not a member")
-        held = [s.seg for s in consume if s.gid == gid]
+        held = [s.seg for s in consume if s.gid == gid and not s.holds_nothing]
         # Admitted without backlog; since then only the head may have written, and a roll
         # keeps it in the list: the head holds a run of its own segments ending at the tail.
         allowed: list[int] = []
@@ -247,7 +256,8 @@ def check_invariants(state: QueueState, cursors: Mapping[str, Cursor] | None = N
             for s in reversed(consume):
                 if s.gid != gid:
                     break
-                allowed.insert(0, s.seg)
+                if not s.holds_nothing:
+                    allowed.insert(0, s.seg)
         if held != allowed:
             raise InvariantViolation("I4", f"send-list group {gid} holds backlog segments {held}")
     # I5

@@ -74,6 +74,26 @@ def test_fail_over_with_empty_send_list_admits_eligible_or_leaves_none_open() ->
     assert t.send == ("g2", "g3") and t.open_segment == Segment(seg=1, gid="g2")
 
 
+def test_a_group_holding_only_a_segment_sealed_empty_is_admitted_again() -> None:
+    """Both heads lost in turn, the first failed over onto while its dead master still looked
+    live: the queue's last segment is sealed empty on g1. No cursor can pass the last segment,
+    so it is never popped; counted as backlog it kept g1 out for good (the producer waited
+    forever: tests/test_failover.py::test_every_group_lost_in_turn_then_one_returns)."""
+    s = sm.admit(sm.create("q", ("g1", "g2")), "g1", ALL_LIVE)
+    s = sm.fail_over(sm.admit(s, "g2", ALL_LIVE), "g1", 0, ALL_LIVE)  # g1 -> g2 seg 1
+    s = sm.pop(sm.seal(s, 0, 5, 0, 4), Facts(cursors={"a": Cursor(seg=1, offset=1, last_seq=5)}))
+    s = sm.fail_over(s, "g2", 1, Facts(live_groups=frozenset({"g1"})))  # g1 looks live: seg 2 opened on it
+    s = sm.fail_over(s, "g1", 2, Facts(live_groups=frozenset()))  # and lost before any write
+    s = sm.seal(sm.seal(s, 1, 5, 5, 9), 2, 0, None, None)
+    read = Facts(live_groups=frozenset({"g1"}), cursors={"a": Cursor(seg=2, offset=0, last_seq=9)})
+    s = sm.pop(s, read)
+    assert [(x.seg, x.gid, x.end) for x in s.consume] == [(2, "g1", 0)] and s.send == ()
+    back = sm.admit(s, "g1", read)
+    assert back.send == ("g1",) and back.open_segment == Segment(seg=3, gid="g1")
+    with pytest.raises(IllegalTransition, match="unconsumed"):  # a segment with messages still counts
+        sm.admit(sm.seal(sm.fail_over(back, "g1", 3, Facts()), 3, 1, 10, 10), "g1", read)
+
+
 def test_roll_seals_the_open_segment_and_continues_on_the_same_head() -> None:
     s = started()
     rolled = sm.roll(s, "g1", 0)
