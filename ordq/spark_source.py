@@ -138,6 +138,19 @@ def readable_end(reader: ReplicaReader, st: QueueState, start: Cursor) -> Cursor
     return pos
 
 
+def _spans(st: QueueState, start: Cursor, end: Cursor, first_seqs: Mapping[int, int] | None
+           ) -> Iterator[tuple[Segment, int, int | None, int | None]]:
+    """Each segment from ``start`` to ``end`` with the offsets read in it: (segment, first,
+    stop — None where its end is not known yet —, its first seq if known: sealed, or given
+    in ``first_seqs``)."""
+    for segment in st.consume:
+        if start.seg <= segment.seg <= end.seg:
+            first = start.offset if segment.seg == start.seg else 0
+            stop = end.offset if segment.seg == end.seg else segment.end
+            first_seq = segment.first_seq if segment.first_seq is not None else (first_seqs or {}).get(segment.seg)
+            yield segment, first, stop, first_seq
+
+
 def capped_end(st: QueueState, start: Cursor, end: Cursor, max_rows: int,
                first_seqs: Mapping[int, int] | None = None) -> Cursor:
     """``end``, or the position ``max_rows`` stored messages after ``start`` if that comes first
@@ -146,15 +159,10 @@ def capped_end(st: QueueState, start: Cursor, end: Cursor, max_rows: int,
     segment), or the one before if higher; a segment whose first seq is not known cannot be
     cut inside and is taken whole (or the batch ends before it, if it holds anything)."""
     left, after, taken = max_rows, start.last_seq, False
-    for segment in st.consume:
-        if segment.seg < start.seg or segment.seg > end.seg:
-            continue
-        first = start.offset if segment.seg == start.seg else 0
-        stop = end.offset if segment.seg == end.seg else segment.end
+    for segment, first, stop, first_seq in _spans(st, start, end, first_seqs):
         if stop is None:
             return end  # plan() refuses this; not the cap's business
         if stop - first > left:
-            first_seq = segment.first_seq if segment.first_seq is not None else (first_seqs or {}).get(segment.seg)
             if first_seq is not None:
                 cut = first + left
                 return Cursor(seg=segment.seg, offset=cut, last_seq=max(after, first_seq + cut - 1))
@@ -195,14 +203,9 @@ def plan(st: QueueState, start: Cursor, end: Cursor, *, first_seqs: Mapping[int,
     NotFound when a segment the range covers is not sealed yet lies before ``end``."""
     ranges: list[SegmentRange] = []
     after = start.last_seq
-    for segment in st.consume:
-        if segment.seg < start.seg or segment.seg > end.seg:
-            continue
-        first = start.offset if segment.seg == start.seg else 0
-        stop = end.offset if segment.seg == end.seg else segment.end
+    for segment, first, stop, first_seq in _spans(st, start, end, first_seqs):
         if stop is None:
             raise NotFound(f"queue {st.queue!r}: segment {segment.seg} is not sealed but lies before offset {end}")
-        first_seq = segment.first_seq if segment.first_seq is not None else (first_seqs or {}).get(segment.seg)
         step = chunk_messages if first_seq is not None else max(stop - first, 1)
         for lo in range(first, stop, step):
             before = after if lo == first or first_seq is None else max(after, first_seq + lo - 1)

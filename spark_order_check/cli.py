@@ -75,20 +75,26 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
                         keyed=args.keyed,
                         master=args.master, conf=conf, driver_memory=args.driver_memory,
                         report_path=args.report, plot_path=args.plot)
-    except OrdqError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as exc:  # noqa: BLE001 - a Spark/Java failure: one line, not a Java stack
-        if not _is_spark_error(exc):
-            raise
-        print(f"{prog}: error: Spark failed: {_first_line(exc)}", file=sys.stderr)
-        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - an OrdqError or a Spark/Java failure: one line
+        return failed(prog, exc)
     if getattr(args, "json", False):
         json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
         print(report.summary())
     return EXIT_CLEAN if report.ok else EXIT_VIOLATIONS
+
+
+def failed(prog: str, exc: Exception) -> int:
+    """EXIT_ERROR after one line on stderr for an OrdqError or a Spark/Java failure (never a
+    Java stack); anything else is a bug and is raised again."""
+    if isinstance(exc, OrdqError):
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+    elif _is_spark_error(exc):
+        print(f"{prog}: error: Spark failed: {_first_line(exc)}", file=sys.stderr)
+    else:
+        raise exc
+    return EXIT_ERROR
 
 
 def _is_spark_error(exc: BaseException) -> bool:

@@ -9,20 +9,18 @@ Same options, output and exit codes as ``python -m spark_order_check``: 0 clean,
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from ordq.commands import add_command, duration, int_in
-from ordq.errors import ConfigError, OrdqError
+from ordq.errors import ConfigError
 from spark_order_check.cli import (
     DESCRIPTION,
     EXIT_CLEAN,
     EXIT_ERROR,
     EXIT_VIOLATIONS,
     _conf,
-    _first_line,
-    _is_spark_error,
     add_arguments,
+    failed,
     run,
 )
 
@@ -76,12 +74,6 @@ def _follow(args: argparse.Namespace) -> int:
             master=args.master, conf=_conf(args.conf), checkpoint=args.checkpoint,
             zk_timeout_s=float(getattr(args, "zk_timeout", 5.0)),
             as_json=bool(getattr(args, "json", False))))
-    except OrdqError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as exc:  # noqa: BLE001 - a Spark/Java failure: one line, not a Java stack
-        if not _is_spark_error(exc):
-            raise
-        print(f"{prog}: error: Spark failed: {_first_line(exc)}", file=sys.stderr)
-        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - an OrdqError or a Spark/Java failure: one line
+        return failed(prog, exc)
     return {"clean": EXIT_CLEAN, "violations": EXIT_VIOLATIONS}.get(state.verdict, EXIT_ERROR)
