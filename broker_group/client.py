@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker_group.errors import from_rpc_error
-from broker_group.service import GRPC_OPTIONS, REQUEST_BYTES
+from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.seal import ReplicaEnd
@@ -124,18 +124,23 @@ class GrpcProduceStream:
                 return
             batches: list[bytes] = list(item)
             size = sum(len(b) for b in batches)
-            # Coalesce whatever else is already queued into the same stream message.
+            # Gather whatever else is already queued, then cut it into requests the broker
+            # accepts (one ``send`` may hand over more than one request's worth).
+            closing = False
             while size < REQUEST_BYTES:
                 try:
                     more = self._q.get_nowait()
                 except queue_mod.Empty:
                     break
                 if more is _CLOSE:
-                    yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, batches=batches)
-                    return
+                    closing = True
+                    break
                 batches.extend(more)
                 size += sum(len(b) for b in more)
-            yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, batches=batches)
+            for chunk in chunks(batches):
+                yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, batches=chunk)
+            if closing:
+                return
 
     def send(self, batches: Sequence[bytes]) -> None:
         self._q.put(list(batches))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from broker_group.errors import SegmentNotWritable, abort
+from broker_group.framing import GRPC_OPTIONS, chunks
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from ordq import security
@@ -124,8 +125,6 @@ class ReplicationLink:
                 self._cv.wait(0.1)  # a short pause before reconnecting (or a new address)
 
     def _stream_once(self, address: str, gen: int) -> None:
-        from broker_group.service import GRPC_OPTIONS
-
         channel = security.channel(address, self.b.config.credentials, GRPC_OPTIONS)
         try:
             responses = pb_grpc.BrokerStub(channel).Replicate(self._requests(gen))
@@ -206,23 +205,16 @@ class ReplicationLink:
 
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
-    """Group batches by segment (keeping their order), split at about REQUEST_BYTES, with each
+    """Group batches by segment (keeping their order), split by ``chunks``, with each
     segment's LAC on its last request; LAC-only requests for the rest."""
-    from broker_group.service import REQUEST_BYTES
-
     by_seg: dict[tuple[str, int], list[bytes]] = {}
     for s, b in out:
         by_seg.setdefault(s.key, []).append(b)
     for key, batches in by_seg.items():
-        chunk: list[bytes] = []
-        size = 0
-        for b in batches:
-            if chunk and size + len(b) > REQUEST_BYTES:
-                yield pb.ReplicateRequest(queue=key[0], seg=key[1], batches=chunk, lac=-1)
-                chunk, size = [], 0
-            chunk.append(b)
-            size += len(b)
-        yield pb.ReplicateRequest(queue=key[0], seg=key[1], batches=chunk, lac=lacs.get(key, -1))
+        parts = list(chunks(batches))
+        for i, chunk in enumerate(parts):
+            yield pb.ReplicateRequest(queue=key[0], seg=key[1], batches=chunk,
+                                      lac=lacs.get(key, -1) if i == len(parts) - 1 else -1)
     for key, lac in lacs.items():
         if key not in by_seg:
             yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)

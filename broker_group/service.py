@@ -42,6 +42,7 @@ from broker_group import log as seglog
 from broker_group.auth import Gate
 from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable, abort
+from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
@@ -65,16 +66,6 @@ from ordq.security import BROKER_CN, Credentials, peer_common_name, server_crede
 
 log = logging.getLogger("ordq.broker")
 
-# Large batches ride in one gRPC message: lift gRPC's 4 MiB default on every channel/server.
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 256 << 20),
-    ("grpc.max_receive_message_length", 256 << 20),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
-
 
 def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
     """The broker's server side: a request holds at most one split's worth of batches (a
@@ -85,6 +76,8 @@ def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
     ]
+
+
 META_FILE = "meta.json"
 FOLDER_FILE = "folder.json"  # the data folder's birth record (see Broker._load_folder)
 INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the queue its segments belong to

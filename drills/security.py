@@ -27,8 +27,8 @@ from kazoo.exceptions import NoAuthError
 
 from broker_group.client import GrpcTransport
 from broker_group.errors import from_rpc_error
+from broker_group.framing import GRPC_OPTIONS
 from broker_group.log import Message, encode_batch
-from broker_group.service import GRPC_OPTIONS
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.store import ZkStore

@@ -22,9 +22,9 @@ import pytest
 from broker_group import log as seglog
 from broker_group.client import GrpcTransport
 from broker_group.errors import SegmentNotWritable, from_rpc_error
+from broker_group.framing import GRPC_OPTIONS
 from broker_group.log import Message, encode_batch
 from broker_group.process import BrokerGroupProcesses
-from broker_group.service import GRPC_OPTIONS
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator import state as sm
@@ -126,6 +126,27 @@ def test_an_ack_means_both_disks_hold_the_batch(group: Group) -> None:
     assert stored(group.procs.slave.data_dir) == expected
     res = group.transport.fetch(group.address("slave"), Q, 0, 0, max_bytes=1 << 20, max_wait_ms=1000)
     assert res.readable_end > 0 and not res.sealed  # the slave serves up to the LAC it was pushed
+
+
+def test_one_send_larger_than_a_request_is_split_not_refused(group: Group) -> None:
+    """A producer hands its stream many batches at once when it runs ahead: ~32 MiB in one
+    ``send`` once took the master past its request limit (25 MiB), and every failover after
+    it hit the same wall. The stream cuts requests the broker takes."""
+    big = b"y" * 100_000
+    batches = [encode_batch([Message(payload=big, key=None, timestamp_us=s) for s in range(i * 8, i * 8 + 8)],
+                            epoch=1, first_seq=i * 8) for i in range(40)]
+    assert sum(map(len, batches)) > 30 << 20
+    stream = group.transport.open_produce(group.address("master"), Q, 0, 1)
+    try:
+        stream.send(batches)
+        acked = 0
+        for ack in stream.acks():
+            acked += ack.count
+            if acked == 320:
+                break
+    finally:
+        stream.close()
+    assert len(stored(group.procs.slave.data_dir)) == 320
 
 
 def test_a_killed_slave_stops_acks_with_a_retriable_error(group: Group) -> None:

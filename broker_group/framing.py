@@ -1,0 +1,36 @@
+"""How batches travel in gRPC messages, for every stream that carries them (producer → master,
+master → slave): the channel options and the split into stream messages.
+
+A broker accepts a request of at most REQUEST_BYTES plus one batch (``server_options``), so
+every sender splits with ``chunks``: a chunk ends at the first batch that takes it past
+REQUEST_BYTES, whatever lists the batches were handed over in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+# Large batches ride in one gRPC message: lift gRPC's 4 MiB default on every channel/server.
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
+
+
+def chunks(batches: Iterable[bytes], limit: int = REQUEST_BYTES) -> Iterator[list[bytes]]:
+    """``batches`` in order, cut into lists of at most ``limit`` bytes, or one batch when a
+    single batch is larger (never empty lists)."""
+    chunk: list[bytes] = []
+    size = 0
+    for b in batches:
+        if chunk and size + len(b) > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(b)
+        size += len(b)
+    if chunk:
+        yield chunk
