@@ -87,6 +87,7 @@ class CpuMeter:
         self.pids = pids
         self._t0: dict[str, float] = {}
         self._wall0 = 0.0
+        self.total_us = 0.0  # of the last report: all processes' CPU per unit
 
     def start(self) -> None:
         self._t0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
@@ -96,6 +97,7 @@ class CpuMeter:
         wall = time.perf_counter() - self._wall0
         spent = {name: cpu_seconds(pid) - self._t0[name] for name, pid in self.pids.items()}
         total = sum(spent.values())
+        self.total_us = total / units * 1e6
         parts = ", ".join(f"{name} {secs / units * 1e6:,.0f}" for name, secs in spent.items())
         return (f"CPU per {unit}: {parts}; total {total / units * 1e6:,.0f} µs "
                 f"({total / wall * 100:.0f}% of one core over {wall:.1f} s)")

@@ -4,6 +4,11 @@ docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--rate 2000 --rate-seconds 10]
 
+It first measures the floor of the stack (bench/bench_floor.py, fdatasync in the cluster's
+folder) in the same run, and ends with issue 15's four figures against their goals:
+synchronous sends/s against 0.8x that floor, end-to-end p99 at the steady rate, CPU per batch
+across all processes at that rate, pipelined produce+ack msgs/s.
+
 pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
 separate process) reads; msgs/s counts from the first send to the last delivery.
 synchronous: send one message, wait for its ack, repeat.
@@ -21,12 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 
-from bench._cluster import QUEUE, ROOT, BenchCluster, CpuMeter, bench_cluster, send_at_rate, summary_ms
+from bench import bench_floor
+from bench._cluster import (
+    QUEUE,
+    ROOT,
+    BenchCluster,
+    CpuMeter,
+    bench_cluster,
+    percentile,
+    send_at_rate,
+    summary_ms,
+)
 from ordq.proc import announce
 from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
@@ -77,6 +93,26 @@ def finish(p: subprocess.Popen[str]) -> dict[str, object]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
+# Issue 15's goals: (figure, goal, met?, how it is shown); NaN: the phase did not run.
+def goals(figures: dict[str, float]) -> list[str]:
+    floor = figures.get("floor_sends_per_s", math.nan)
+    rows = [
+        ("synchronous sends/s", figures.get("sync_sends_per_s", math.nan), f">= 0.8x the floor ({0.8 * floor:,.0f})",
+         lambda v: v >= 0.8 * floor, lambda v: f"{v:,.0f} ({v / floor:.2f}x the floor's {floor:,.0f})"),
+        ("end-to-end p99 at the steady rate", figures.get("e2e_p99_ms", math.nan), "<= 4 ms",
+         lambda v: v <= 4.0, lambda v: f"{v:.2f} ms"),
+        ("CPU per batch at the steady rate", figures.get("cpu_per_batch_us", math.nan), "<= 1,500 µs",
+         lambda v: v <= 1500, lambda v: f"{v:,.0f} µs"),
+        ("pipelined produce+ack", figures.get("pipelined_msgs_per_s", math.nan), ">= 110,000 msgs/s",
+         lambda v: v >= 110_000, lambda v: f"{v:,.0f} msgs/s"),
+    ]
+    out = []
+    for name, value, goal, met, shown in rows:
+        verdict = "not run" if math.isnan(value) else ("met" if met(value) else "NOT met")
+        out.append(f"goal: {name}: {'-' if math.isnan(value) else shown(value)}; goal {goal}: {verdict}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=300_000)
@@ -87,6 +123,8 @@ def main() -> None:
     ap.add_argument("--linger-ms", type=float, default=None, help="BatchingConfig.linger_ms (default: the SDK's)")
     ap.add_argument("--eager-batches", type=int, default=None, help="BatchingConfig.eager_batches (default: the SDK's)")
     ap.add_argument("--sdk-metrics", action="store_true", help="producer and consumer serve Prometheus metrics")
+    ap.add_argument("--floor-round-trips", type=int, default=2000, help="bench_floor's round trips (0: no floor)")
+    ap.add_argument("--floor-syncs", type=int, default=500, help="bench_floor's fdatasyncs")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consume:
@@ -94,7 +132,12 @@ def main() -> None:
         consume_main(hosts, sub, start, int(first), int(count))
         return
     payload = b"x" * args.size
+    figures: dict[str, float] = {}
     with bench_cluster(2) as cluster:
+        if args.floor_round_trips:
+            floor = bench_floor.measure(args.floor_round_trips, args.floor_syncs, cluster.folder)
+            print("\n".join(floor.lines))
+            figures["floor_sends_per_s"] = floor.sends_per_s
         tuned = {k: v for k, v in (("linger_ms", args.linger_ms), ("eager_batches", args.eager_batches))
                  if v is not None}
         if args.sdk_metrics:
@@ -114,7 +157,7 @@ def main() -> None:
                 cpu = meter.report(args.messages, "message (until acked)")
                 res = finish(consumer)
                 secs = float(res["done"]) - t0  # type: ignore[arg-type]
-                acked_rate = args.messages / (t_acked - t0)
+                acked_rate = figures["pipelined_msgs_per_s"] = args.messages / (t_acked - t0)
                 print(f"pipelined: {args.messages} x {args.size} B: produce+ack {acked_rate:,.0f} msgs/s;"
                       f" end to end (first send to last delivery) {args.messages / secs:,.0f} msgs/s,"
                       f" {args.messages * args.size / secs / 1e6:.1f} MB/s")
@@ -128,6 +171,7 @@ def main() -> None:
                     producer.send(payload).result()
                     lat.append(time.perf_counter() - start)
                 secs = time.time() - t0
+                figures["sync_sends_per_s"] = args.sync_messages / secs
                 print(f"synchronous: {args.sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
                 base += args.sync_messages
             # steady rate, end-to-end latency
@@ -138,13 +182,16 @@ def main() -> None:
                 meter = cpu_meter(cluster, consumer)
                 acked = [lat for _sent, lat in send_at_rate(producer, payload, args.rate, n)]
                 cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
+                figures["cpu_per_batch_us"] = meter.total_us
                 res = finish(consumer)
                 lats = list(res["latencies"])  # type: ignore[call-overload]
+                figures["e2e_p99_ms"] = percentile(lats, 99) * 1000
                 batches = producer.statistics().batches_acked - batches_before
                 print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s ({batches / args.rate_seconds:,.0f} "
                       f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
                       f"end-to-end latency {summary_ms(lats)}")
                 print(cpu)
+    print("\n".join(goals(figures)))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import attrs
 import grpc
 
 from bench._cluster import cpu_seconds, percentile
@@ -119,6 +120,42 @@ def _line(name: str, lat: list[float]) -> str:
             f"({1 / statistics.median(lat):,.0f}/s one at a time)")
 
 
+@attrs.frozen
+class Floor:
+    """One measurement of the floor: the lines to print and the floor of one acked send."""
+
+    lines: list[str]
+    seconds: float  # 2 round trips (reply from the handler thread) + 1 fdatasync, medians
+
+    @property
+    def sends_per_s(self) -> float:
+        return 1 / self.seconds
+
+
+def measure(round_trips_n: int, syncs_n: int, directory: Path) -> Floor:
+    """Both round-trip kinds against a fresh echo server process, then the fdatasyncs."""
+    server = subprocess.Popen([sys.executable, "-m", "bench.bench_floor", "--serve"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        address = f"127.0.0.1:{server.stdout.readline().strip()}"
+        inline, client_cpu, server_cpu = round_trips(address, "inline", round_trips_n, server.pid)
+        handoff, _, _ = round_trips(address, "handoff", round_trips_n, server.pid)
+    finally:
+        server.kill()
+        server.wait()
+    syncs = fdatasyncs(directory, syncs_n)
+    best = 2 * statistics.median(inline) + statistics.median(syncs)
+    return Floor(seconds=best, lines=[
+        _line("gRPC round trip, reply from the handler thread", inline),
+        _line("gRPC round trip, one thread hand-off in the server", handoff),
+        f"CPU per round trip (one message each way, handler-thread server): client {client_cpu * 1e6:.0f} µs, "
+        f"server {server_cpu * 1e6:.0f} µs",
+        _line(f"fdatasync of a 1 KiB append in {directory}", syncs),
+        f"floor of one acked send (2 round trips + 1 sync): {best * 1000:.2f} ms, "
+        f"at most {1 / best:,.0f} synchronous sends/s; load average {os.getloadavg()[0]:.1f}",
+    ])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--round-trips", type=int, default=3000)
@@ -129,24 +166,7 @@ def main() -> None:
     if args.serve:
         serve()
         return
-    server = subprocess.Popen([sys.executable, "-m", "bench.bench_floor", "--serve"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        address = f"127.0.0.1:{server.stdout.readline().strip()}"
-        inline, client_cpu, server_cpu = round_trips(address, "inline", args.round_trips, server.pid)
-        handoff, _, _ = round_trips(address, "handoff", args.round_trips, server.pid)
-    finally:
-        server.kill()
-        server.wait()
-    syncs = fdatasyncs(args.dir, args.syncs)
-    print(_line("gRPC round trip, reply from the handler thread", inline))
-    print(_line("gRPC round trip, one thread hand-off in the server", handoff))
-    print(f"CPU per round trip (one message each way, handler-thread server): client {client_cpu * 1e6:.0f} µs, "
-          f"server {server_cpu * 1e6:.0f} µs")
-    print(_line(f"fdatasync of a 1 KiB append in {args.dir}", syncs))
-    best = 2 * statistics.median(inline) + statistics.median(syncs)
-    print(f"floor of one acked send (2 round trips + 1 sync): {best * 1000:.2f} ms, "
-          f"at most {1 / best:,.0f} synchronous sends/s; load average {os.getloadavg()[0]:.1f}")
+    print("\n".join(measure(args.round_trips, args.syncs, args.dir).lines))
 
 
 if __name__ == "__main__":

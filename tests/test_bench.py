@@ -24,7 +24,8 @@ def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDeco
 # bench module, tiny arguments, fragments its output must hold (one per phase)
 BENCHES = [
     bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--rate", "500", "--rate-seconds", "1"],
-          ["pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch"]),
+          ["floor of one acked send", "pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch",
+           "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch", "goal: pipelined"]),
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
           ["rolls (to same)", "roll call", "send->ack, sent within", "send->ack, other times"]),
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50", "--tls", "both"],
