@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -68,13 +68,10 @@ def _binlog_changes(maria: MariaDbServer) -> list[dict[str, Any]]:
     return out
 
 
-# mysql-replication 1.0 passes pymysql the old "db" argument (pymysql 1.2 warns about it)
-@pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning")
-def test_binlog_rows_reach_the_queue_once_in_order_through_kills(cluster: Cluster, maria: MariaDbServer) -> None:
-    maria.fresh_shop()
-    cluster.add_groups("g1", "g2")
-    cluster.create_queue("q")
-    got: list[dict[str, Any]] = []
+@contextlib.contextmanager
+def _reading(cluster: Cluster, take: Callable[[bytes], object]) -> Iterator[None]:
+    """While inside: a consumer thread (subscription "check", from the start of queue "q")
+    hands every payload to ``take``, in order."""
     done = threading.Event()
 
     def consume() -> None:
@@ -82,15 +79,27 @@ def test_binlog_rows_reach_the_queue_once_in_order_through_kills(cluster: Cluste
                              start="earliest")
         with Consumer(cfg) as c:
             while not done.is_set():
-                got.extend(json.loads(m.payload) for m in c.poll(0.2))
+                for m in c.poll(0.2):
+                    take(m.payload)
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     try:
-        _ship_through_kills(cluster, maria, got)
+        yield
     finally:
         done.set()
         reader.join(timeout=30)
+
+
+# mysql-replication 1.0 passes pymysql the old "db" argument (pymysql 1.2 warns about it)
+@pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning")
+def test_binlog_rows_reach_the_queue_once_in_order_through_kills(cluster: Cluster, maria: MariaDbServer) -> None:
+    maria.fresh_shop()
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    got: list[dict[str, Any]] = []
+    with _reading(cluster, lambda payload: got.append(json.loads(payload))):
+        _ship_through_kills(cluster, maria, got)
 
 
 def _ship_through_kills(cluster: Cluster, maria: MariaDbServer, got: list[dict[str, Any]]) -> None:
@@ -146,19 +155,8 @@ def test_a_restarted_shipper_resumes_after_a_failover_to_an_empty_segment(cluste
         assert proc.returncode == 0, proc.stderr.decode()
 
     got: list[int] = []
-    done = threading.Event()
-
-    def consume() -> None:
-        cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="check",
-                             start="earliest")
-        with Consumer(cfg) as c:
-            while not done.is_set():
-                got.extend(json.loads(m.payload)["pk"]["id"] for m in c.poll(0.2))
-
     ship()
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    try:
+    with contextlib.closing(conn), _reading(cluster, lambda payload: got.append(json.loads(payload)["pk"]["id"])):
         wait_until(lambda: len(got) == 10, timeout_s=30, what="the first 10 rows read")
         cluster.groups["g1"].master.kill()
         cluster.start_daemon("coordinator")  # fails g1 over to g2 (empty segment 1), seals segment 0
@@ -173,10 +171,6 @@ def test_a_restarted_shipper_resumes_after_a_failover_to_an_empty_segment(cluste
         assert got == list(range(15))
         # a later message stored and read: segment 0 may go now (and g1 rejoin once back)
         cluster.wait_state(lambda st: st.consume[0].seg == 1, what="segment 0 popped")
-    finally:
-        done.set()
-        reader.join(timeout=30)
-        conn.close()
 
 
 def test_bad_source_is_one_clear_line(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
