@@ -38,6 +38,11 @@ class EpochGate:
         self._lock = threading.Lock()
         self.lookups = 0  # ZooKeeper reads started (tests check the hot path makes none)
 
+    def knows(self, queue: str, claimed: int) -> bool:
+        """Would ``check`` pass ``claimed`` from the cache alone (no ZooKeeper read)?"""
+        known = self._known.get(queue)
+        return known is not None and known[1] == claimed
+
     def check(self, queue: str, claimed: int) -> None:
         known = self._known.get(queue)
         if known is not None and known[1] == claimed:

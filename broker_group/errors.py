@@ -1,6 +1,6 @@
 """ordq errors on the wire: one table maps each error kind to a gRPC status and back.
 
-The server aborts a call with ``abort(context, exc)``: the gRPC status code says what kind of
+The server aborts a call with ``await abort(context, exc)``: the gRPC status code says what kind of
 failure it is to generic tools, and the trailing metadata ``ordq-error`` carries the kind and
 its fields as JSON so the client re-raises the same typed error (``from_rpc_error``). Any
 ``grpc.RpcError`` without that metadata (the process died, the port is closed, a deadline
@@ -118,11 +118,11 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
     return "bad_request", {"message": str(exc)}
 
 
-def abort(context: grpc.ServicerContext, exc: OrdqError) -> NoReturn:
-    """End the current call with ``exc``, typed for the client."""
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: OrdqError) -> NoReturn:
+    """End the current call (a ``grpc.aio`` handler's) with ``exc``, typed for the client."""
     kind, fields = _kind_and_fields(exc)
     context.set_trailing_metadata(((METADATA_KEY, json.dumps({"kind": kind, "fields": fields})),))
-    context.abort(_KINDS[kind][0], str(exc))
+    await context.abort(_KINDS[kind][0], str(exc))
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 

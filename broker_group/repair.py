@@ -91,7 +91,7 @@ class Repairer:
             s.reconciled = True
             b.stats.reconciled += 1
             out = s.end()
-            b._cv.notify_all()
+            b.changed()
         _write_meta(s)
         log.info("segment %s/%d reconciled to end %d", queue, seg, end)
         return out

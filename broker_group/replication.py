@@ -12,21 +12,28 @@ choice, and after a slave failure the producer fails over anyway, DESIGN §6).
 The master pushes its LAC for every segment it forwarded on this stream whenever it moved:
 on the next batches, or alone at most every ``lac_push_ms``, so the slave can serve reads up
 to it (only a reader of the slave, i.e. while the master is down, waits for it).
+
+Both ends run on their broker's event loop (broker_group/loop.py): the master's sender task
+writes what produce streams queued the moment it is woken, its reader task counts the
+slave's answers and wakes the produce streams whose acks that releases (no thread between
+the slave's answer and the ack); the slave appends, syncs and answers in its handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import json
 import logging
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from broker_group.errors import SegmentNotWritable, abort
 from broker_group.framing import GRPC_OPTIONS, chunks
+from broker_group.loop import Signal
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from ordq import security
@@ -42,13 +49,16 @@ MAX_INFLIGHT = 2
 
 
 class ReplicationLink:
-    """The master's one replication stream to its slave (found through ZooKeeper)."""
+    """The master's one replication stream to its slave (found through ZooKeeper). Its state
+    is guarded by the broker lock (metrics read it from other threads); its tasks run on the
+    broker's loop."""
 
     def __init__(self, broker: Broker) -> None:
         self.b = broker
         self._cv = broker._cv  # one lock for all broker state
+        self.wake = Signal(broker.loop)  # batches queued, window freed, address changed, stop
         self.connected = False
-        self._gen = 0  # bumped on every (re)connect; a stale request generator stops
+        self._gen = 0  # bumped on every (re)connect; a stale sender stops
         self._out: list[tuple[Segment, bytes]] = []
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
@@ -60,33 +70,47 @@ class ReplicationLink:
         self._out_bytes = 0
         self._address: str | None = None
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         store = self.b.require_store()
         path = store.paths.live(self.b.config.gid, "slave")
         store.client.DataWatch(path)(self._on_slave_node)
-        self._thread = threading.Thread(target=self._run, name="ordq-replicate", daemon=True)
-        self._thread.start()
+
+        async def spawn() -> asyncio.Task[None]:
+            return asyncio.get_running_loop().create_task(self._run())
+
+        self._task = self.b.loop.run(spawn())
 
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
             self._gen += 1
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self.wake.fire()
+
+        async def finish() -> None:
+            task = self._task
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled, or ended by an error
+                    pass
+
+        try:
+            self.b.loop.run(finish(), timeout_s=5)
+        except Exception:  # noqa: BLE001 - the loop is gone already: nothing left to stop
+            pass
 
     def _on_slave_node(self, data: bytes | None, _stat: Any, *_event: Any) -> None:
-        import json
-
         address = json.loads(data.decode())["address"] if data else None
         with self._cv:
             self._address = address
-            self._cv.notify_all()
+        self.wake.fire()
 
     def forward(self, s: Segment, stamped: bytes) -> None:
-        """Caller holds the broker lock: queue a stamped batch for the slave."""
+        """Caller holds the broker lock, on the loop: queue a stamped batch for the slave
+        (the caller wakes the sender once for all it forwards)."""
         if not self._out:
             self._out_since = time.monotonic()
         self._out.append((s, stamped))
@@ -102,33 +126,35 @@ class ReplicationLink:
 
     # -- the stream ----------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    async def _run(self) -> None:
         while True:
             with self._cv:
-                while self._address is None and not self._stopping:
-                    self._cv.wait()
                 address = self._address
-                if self._stopping or address is None:
-                    return
-                self._gen += 1
-                gen = self._gen
-                self._out.clear()
-                self._active.clear()
-                self._lac_sent.clear()
-                self._inflight = 0
-                self._unanswered.clear()
-                self._out_bytes = 0
-            self._stream_once(address, gen)
-            with self._cv:
                 if self._stopping:
                     return
-                self._cv.wait(0.1)  # a short pause before reconnecting (or a new address)
+                if address is not None:
+                    self._gen += 1
+                    gen = self._gen
+                    self._out.clear()
+                    self._active.clear()
+                    self._lac_sent.clear()
+                    self._inflight = 0
+                    self._unanswered.clear()
+                    self._out_bytes = 0
+            if address is None:
+                await self.wake.wait()
+                continue
+            await self._stream_once(address, gen)
+            if self._stopping:
+                return
+            await self.wake.wait(0.1)  # a short pause before reconnecting (or a new address)
 
-    def _stream_once(self, address: str, gen: int) -> None:
-        channel = security.channel(address, self.b.config.credentials, GRPC_OPTIONS)
+    async def _stream_once(self, address: str, gen: int) -> None:
+        channel = security.aio_channel(address, self.b.config.credentials, GRPC_OPTIONS)
+        call = pb_grpc.BrokerStub(channel).Replicate()
+        sender = self.b.loop.loop.create_task(self._send(call, gen))
         try:
-            responses = pb_grpc.BrokerStub(channel).Replicate(self._requests(gen))
-            for resp in responses:
+            async for resp in call:
                 with self._cv:
                     if not self.connected:
                         self.connected = True
@@ -141,18 +167,27 @@ class ReplicationLink:
                         s = self.b._segments.get((r.queue, r.seg))
                         if s is not None:
                             s.replica.peer_progress(r.synced_end)
-                    self._cv.notify_all()
+                    self.b.changed()  # acks released: the produce streams answer now
+                    waiting = bool(self._out)
+                if waiting:
+                    self.wake.fire()  # the window has room again for what waits
         except grpc.RpcError as exc:
             log.warning("replication stream to %s broke: %s", address, exc.code() if hasattr(exc, "code") else exc)
         finally:
-            channel.close()
-            self._broken(gen)
+            sender.cancel()
+            call.cancel()
+            try:
+                await sender
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled, or its write failed with the stream
+                pass
+            await channel.close()
+            self._broken()
 
-    def _broken(self, gen: int) -> None:
+    def _broken(self) -> None:
         with self._cv:
             was = self.connected
             self.connected = False
-            self._gen += 1  # stops the request generator of this stream
+            self._gen += 1  # stops the sender of this stream
             frozen = []
             for s in self.b._segments.values():
                 if s.replica.writable and s.replica.next_offset > 0:
@@ -161,47 +196,50 @@ class ReplicationLink:
             if was:
                 self.b.stats.replication_breaks += 1
             self.b.fail_streams(SegmentNotWritable(self.b.address, "*", -1, "the slave is not connected"))
-            self._cv.notify_all()
         if frozen:
             log.warning("froze %d segments after the slave stream broke", len(frozen))
 
-    def _requests(self, gen: int) -> Iterator[pb.ReplicateRequest]:
+    async def _send(self, call: Any, gen: int) -> None:
         """The stream's requests. Batches go out while fewer than MAX_INFLIGHT requests
         with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
         leave together, one sync on the slave for all of them (group commit). A moved LAC
         rides on the next batches, or goes alone once ``lac_push_ms`` passed since the last."""
         push_s = self.b.config.lac_push_ms / 1000
         pushed_at = 0.0
-        yield pb.ReplicateRequest(hello=True)
+        await call.write(pb.ReplicateRequest(hello=True))
         while True:
+            reqs: list[pb.ReplicateRequest] | None = None
             with self._cv:
-                while True:
-                    if gen != self._gen or self._stopping:
-                        return
-                    lacs = {k: s.replica.lac for k, s in self._active.items()
-                            if self._lac_sent.get(k) != s.replica.lac}
-                    can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
-                    wait = 0.5
-                    if lacs and not can_send:
-                        # A moved LAC rides on the next batches; alone it waits out lac_push_ms,
-                        # so a steady flow of small batches does not cost a message per batch.
-                        wait = pushed_at + push_s - time.monotonic()
-                    if can_send or wait <= 0:
-                        break
-                    self._cv.wait(wait)
-                out: list[tuple[Segment, bytes]] = []
-                since = self._out_since
-                if can_send:
-                    out, self._out, self._out_bytes = self._out, [], 0
-                if lacs:
-                    pushed_at = time.monotonic()
-                self._lac_sent.update(lacs)
-                reqs = list(_requests_for(out, lacs))
-                for r in reqs:
-                    if r.batches:
-                        self._inflight += 1
-                        self._unanswered.append((since, sum(map(len, r.batches))))
-            yield from reqs
+                if gen != self._gen or self._stopping:
+                    return
+                lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
+                can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
+                now = time.monotonic()
+                # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
+                # steady flow of small batches does not cost a message per batch.
+                if can_send or (lacs and now >= pushed_at + push_s):
+                    out: list[tuple[Segment, bytes]] = []
+                    since = self._out_since
+                    if can_send:
+                        out, self._out, self._out_bytes = self._out, [], 0
+                    if lacs:
+                        pushed_at = now
+                    self._lac_sent.update(lacs)
+                    reqs = list(_requests_for(out, lacs))
+                    for r in reqs:
+                        if r.batches:
+                            self._inflight += 1
+                            self._unanswered.append((since, sum(map(len, r.batches))))
+                    timeout = None
+                elif lacs:
+                    timeout = pushed_at + push_s - now
+                else:  # LACs move when syncs finish, which do not wake us: look again soon
+                    timeout = push_s if self._active else None
+            if reqs is None:
+                await self.wake.wait(timeout)
+                continue
+            for r in reqs:
+                await call.write(r)
 
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
@@ -220,25 +258,26 @@ def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], 
             yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
 
 
-def serve_replicate(broker: Broker, requests: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
-                    ) -> Iterator[pb.ReplicateResponse]:
+async def serve_replicate(broker: Broker, requests: AsyncIterator[pb.ReplicateRequest],
+                          context: grpc.aio.ServicerContext[Any, Any]) -> None:
     """Slave side: append and sync what the master sends, then answer with the synced end,
-    all in this handler's thread. Exactly one answer per request that carries batches (the
-    master counts them), none for a LAC-only request, an empty one for hello."""
+    all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
+    is as urgent as the ack it holds up). Exactly one answer per request that carries
+    batches (the master counts them), none for a LAC-only request, an empty one for hello."""
     if broker.config.role.value != "slave":
-        abort(context, SegmentNotWritable(broker.address, "*", -1, "replication goes to the slave, this is the master"))
+        await abort(context, SegmentNotWritable(broker.address, "*", -1,
+                                                "replication goes to the slave, this is the master"))
     try:
-        for req in requests:
+        async for req in requests:
             if req.hello:
-                yield pb.ReplicateResponse()
+                await context.write(pb.ReplicateResponse())
                 continue
-            s = broker.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
+            s = await broker.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
             if req.batches:
                 with broker._cv:
                     end = s.replica.local_synced
-                yield pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg, synced_end=end)])
+                await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
+                                                                                   synced_end=end)]))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
-        abort(context, exc)
-    except grpc.RpcError:
-        return  # the master went away
+        await abort(context, exc)

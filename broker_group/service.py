@@ -12,12 +12,16 @@ Guarantees (DESIGN §4):
   ZooKeeper is reconciled (truncated past its end, or completed from the peer) before it is
   served past what this copy holds.
 
-Threads: gRPC handler threads; on the master, one reader thread per produce stream (turns
-requests into accepted batches), the sync thread (group commit) and the replication sender;
-on the slave, the replication handler appends, syncs and answers in its own thread; the
+Threads: every gRPC call runs on one asyncio loop (broker_group/loop.py; the handlers are in
+broker_group/dataplane.py): a produce request is checked, placed and forwarded to the slave
+in the loop, one sync thread group-commits the master's copy and wakes the loop, the
+replication reader releases acks on the loop, the slave appends, syncs and answers on its
+loop. Nothing else stands between a request and its ack. Blocking work (ZooKeeper reads, a
+segment's creation, Fence/Seal/Reconcile) runs in the loop's worker threads, as does the
 reconciler (broker_group/repair.py). Shared state is guarded by one condition variable
-``_cv``; a segment's log file by its own ``io_lock`` (held across a sync, never together with
-``_cv`` waiting on it).
+``_cv`` (never waited on in the loop; ``changed()`` wakes thread and loop waiters alike); a
+segment's log file by its own ``io_lock`` (held across a sync, never together with ``_cv``
+waiting on it).
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +44,13 @@ from kazoo.protocol.states import KazooState
 from broker_group import log as seglog
 from broker_group.auth import Gate
 from broker_group.epochs import EpochGate
-from broker_group.errors import SegmentNotWritable, abort
+from broker_group.errors import SegmentNotWritable
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
+from broker_group.loop import LoopThread, Signal, run_blocking
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
 from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.state import QueueState, SegStatus
 from coordinator.store import ZkStore
 from ordq.errors import (
@@ -58,11 +61,10 @@ from ordq.errors import (
     DiskFull,
     MessageTooLarge,
     OrdqError,
-    PermissionDenied,
     QueueNotFound,
     SegmentNotFound,
 )
-from ordq.security import BROKER_CN, Credentials, peer_common_name, server_credentials
+from ordq.security import Credentials, server_credentials
 
 log = logging.getLogger("ordq.broker")
 
@@ -82,6 +84,7 @@ META_FILE = "meta.json"
 FOLDER_FILE = "folder.json"  # the data folder's birth record (see Broker._load_folder)
 INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the queue its segments belong to
 SLAVE_CONNECT_WAIT_S = 1.0
+INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worker thread, off the loop
 
 
 @attrs.frozen(kw_only=True)
@@ -104,9 +107,8 @@ class BrokerConfig:
     # stop being read (gRPC flow control then holds the senders back) until syncs catch up.
     max_inflight_bytes: int = 256 << 20
     max_streams_per_connection: int = 100  # HTTP/2 concurrent streams of one client connection
-    # Threads serving calls, made as needed: a stream or a long-poll holds one for its whole life, so
-    # past this many open calls the next ones wait in the queue (64 were exhausted by 32 abandoned
-    # produce streams + long-polls: bench/bench_abandoned.py).
+    # Worker threads for the blocking parts of calls (ZooKeeper reads, Fence/Seal/Reconcile), made
+    # as needed. Streams and long-polls hold none: they wait on the loop (bench/bench_abandoned.py).
     rpc_workers: int = 512
     # Calls beyond this are refused at once (RESOURCE_EXHAUSTED), not queued without bound.
     max_concurrent_rpcs: int = 1024
@@ -200,13 +202,21 @@ class Broker:
         self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
         # Only the producer epoch ZooKeeper issued may write or fence (broker_group/epochs.py).
         self.epochs = EpochGate(lambda queue: self.require_store().producer_epoch(queue))
-        self._cv = threading.Condition()
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)
+        # The sync thread waits on its own condition (same lock): the many ``changed()`` of
+        # the data path must not wake it for nothing (a thread switch and the GIL, per batch).
+        self._dirty_cv = threading.Condition(lock)
+        self._held = 0  # produce requests waiting in _hold_back (a sync's end must wake them)
         self._segments: dict[tuple[str, int], Segment] = {}
         self._dirty: list[Segment] = []
         self._streams: set[ProduceStreamState] = set()
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
         self._stopping = False
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
+        # The loop every call runs on, and the signal its waiters wake on (broker_group/loop.py).
+        self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
+        self.signal = Signal(self.loop)
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
         self.repair = Repairer(self)
@@ -235,21 +245,18 @@ class Broker:
             self.free_space()  # a deleted queue's or popped segments go before anything is served
         except OrdqError as exc:
             log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
-        pool = futures.ThreadPoolExecutor(max_workers=cfg.rpc_workers, thread_name_prefix="ordq-rpc")
-        self._server = grpc.server(pool, options=server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
         self.gate.watch(self._store.client, cfg.root)  # tokens loaded before anything is served
-        pb_grpc.add_BrokerServicer_to_server(BrokerServicer(self), self._server)
-        if cfg.credentials.tls:
-            port = self._server.add_secure_port(cfg.listen, server_credentials(cfg.credentials))
-        else:
-            port = self._server.add_insecure_port(cfg.listen)
-        if port == 0:
-            raise ConfigError(f"cannot listen on {cfg.listen}")
-        self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
+        self.loop.start()
         try:
+            port = self.loop.run(self._bind())
+            if port == 0:
+                raise ConfigError(f"cannot listen on {cfg.listen}")
+            self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
             self._wait_role_free()
-            self._server.start()
-            self._spawn(self._sync_loop, "ordq-sync")
+            assert self._server is not None
+            self.loop.run(self._server.start())
+            if cfg.role is Role.MASTER:
+                self._spawn(self._sync_loop, "ordq-sync")
             self._spawn(self.repair.run, "ordq-reconcile")
             if cfg.role is Role.MASTER:
                 from broker_group.replication import ReplicationLink
@@ -263,6 +270,17 @@ class Broker:
         self._store.client.add_listener(self._on_zk_state)
         self._store.watch_queue_list(lambda _queues: self.repair.kick.set())  # a deleted queue: free at once
         return self.address
+
+    async def _bind(self) -> int:
+        """On the loop: the gRPC server with every handler (broker_group/dataplane.py), bound."""
+        from broker_group.dataplane import add_servicer
+
+        cfg = self.config
+        self._server = grpc.aio.server(options=server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+        add_servicer(self, self._server)
+        if cfg.credentials.tls:
+            return self._server.add_secure_port(cfg.listen, server_credentials(cfg.credentials))
+        return self._server.add_insecure_port(cfg.listen)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -307,11 +325,16 @@ class Broker:
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
-            self._cv.notify_all()
+            self.changed()
+            self._dirty_cv.notify_all()
         if self.replication is not None:
             self.replication.stop()
         if self._server is not None:
-            self._server.stop(grace=0.5).wait()
+            try:
+                self.loop.run(self._server.stop(grace=0.5), timeout_s=10)
+            except Exception as exc:  # noqa: BLE001 - stopping anyway
+                log.warning("stopping the gRPC server: %r", exc)
+        self.loop.stop()
         self.repair.kick.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -322,9 +345,11 @@ class Broker:
                 with s.io_lock:
                     s.log.close()
 
-    def wait(self) -> None:
-        if self._server is not None:
-            self._server.wait_for_termination()
+    def changed(self) -> None:
+        """Caller holds _cv: state changed; wake every waiter (threads on ``_cv``, the loop's
+        tasks on ``signal``)."""
+        self._cv.notify_all()
+        self.signal.fire()
 
     def require_store(self) -> ZkStore:
         if self._store is None:
@@ -414,6 +439,7 @@ class Broker:
         _write_meta(segment)
         with self._cv:
             existing = self._segments.setdefault((queue, seg), segment)
+            self.changed()  # a fetch may be waiting for it
         if existing is not segment:
             lg.close()
         return existing
@@ -507,24 +533,44 @@ class Broker:
 
     # -- the write path -----------------------------------------------------------------------
 
-    def accept_produce(self, stream: ProduceStreamState, req: pb.ProduceRequest) -> None:
-        """Master: place each batch, queue it for the local sync and for the slave."""
+    def _write_ready(self, queue: str, seg: int, epoch: int) -> bool:
+        """Can a produce request for (queue, seg, epoch) be taken on the loop without a
+        ZooKeeper read (its segment exists, its epoch and message limit are known)?"""
+        return (self.epochs.knows(queue, epoch) and queue in self._message_limits
+                and (queue, seg) in self._segments)
+
+    def _prepare_write(self, queue: str, seg: int, epoch: int) -> None:
+        """In a worker thread: the ZooKeeper reads a produce request may need first (the
+        epoch ZooKeeper issued, the segment's creation, the queue's message limit)."""
+        self.epochs.check(queue, epoch)
+        self.segment_for_write(queue, seg, epoch)
+        if queue not in self._message_limits:
+            self._message_limits[queue] = self.require_store().queue_config(queue).max_message_bytes
+
+    async def accept_produce(self, stream: ProduceStreamState, req: pb.ProduceRequest) -> None:
+        """Master, on the loop: place each batch, queue it for the slave and the local sync."""
         if self.config.role is not Role.MASTER:
             raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
-        self.epochs.check(req.queue, req.epoch)
-        s = self.segment_for_write(req.queue, req.seg, req.epoch)
+        while not self._write_ready(req.queue, req.seg, req.epoch):
+            await run_blocking(self._prepare_write, req.queue, req.seg, req.epoch)
+        self.epochs.check(req.queue, req.epoch)  # known: a dict lookup
+        s = self._segments[(req.queue, req.seg)]
         self._check_message_sizes(req.queue, req.batches)
+        link = self.replication
+        # Just after start the slave stream may still be connecting: a short wait spares
+        # the producer a needless failover. A broken stream fails producers by itself.
+        deadline = time.monotonic() + SLAVE_CONNECT_WAIT_S
+        while link is not None and not link.connected and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await self.signal.wait(left)
+        if link is None or not link.connected:
+            raise SegmentNotWritable(self.address, req.queue, req.seg, "the slave is not connected")
+        await self._hold_back(link)
+        resent = False  # a batch already stored and synced here: its ack may be due at once
         with self._cv:
-            link = self.replication
-            # Just after start the slave stream may still be connecting: a short wait spares
-            # the producer a needless failover. A broken stream fails producers by itself.
-            deadline = time.monotonic() + SLAVE_CONNECT_WAIT_S
-            while link is not None and not link.connected and time.monotonic() < deadline and not self._stopping:
-                self._cv.wait(deadline - time.monotonic())
-            if link is None or not link.connected:
-                raise SegmentNotWritable(self.address, req.queue, req.seg, "the slave is not connected")
-            self._hold_back(link)
             for raw, h in zip(req.batches, headers, strict=True):
                 if h.epoch != req.epoch:
                     raise ConfigError(f"batch epoch {h.epoch} differs from the stream's epoch {req.epoch}")
@@ -534,6 +580,7 @@ class Broker:
                     raise self._refused(s, exc) from None
                 if p.duplicate:
                     self.stats.duplicates += 1
+                    resent = True
                 else:
                     stamped = seglog.stamp_offset(raw, p.first_offset)
                     if not s.first_write_ms:  # the segment's age, for rolling by age
@@ -545,21 +592,27 @@ class Broker:
                     self.stats.messages_in += h.count
                     self.stats.bytes_in += len(raw)
                 stream.pending.append((s, p))
-            self._mark_dirty(s)
-            self._cv.notify_all()
+            if s.pending and s not in self._dirty:
+                self._dirty.append(s)
+            self._dirty_cv.notify()  # the sync thread
+            if resent:
+                self.signal.fire()
+        link.wake.fire()  # the sender writes these to the slave as soon as this task yields
 
-    def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
-        """Slave: append the master's batches at the master's offsets and sync them in the
-        calling thread (the replication handler answers right after: no thread hand-off on
-        the slave's side of an ack); learn the master's LAC. The master sends the batches
-        that queued up while earlier ones were synced together: one group commit."""
+    async def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
+        """Slave, on the loop: append the master's batches at the master's offsets and sync
+        them right here (the handler answers right after: no thread hand-off on the slave's
+        side of an ack); learn the master's LAC. The master sends the batches that queued up
+        while earlier ones were synced together: one group commit."""
         headers = [self._checked_header(raw) for raw in batches]
-        s = self.segment_for_replica(queue, seg)
+        s = self._segments.get((queue, seg))
+        if s is None:
+            s = await run_blocking(self.segment_for_replica, queue, seg)
         accepted: list[bytes] = []
         with self._cv:
             if lac >= 0:
                 s.replica.peer_progress(lac)
-                self._cv.notify_all()
+                self.changed()
             if s.replica.sealed:
                 # Sealed here first (the Seal protocol reached us before these in-flight
                 # batches): ignore them; the protocol copies any difference from the master.
@@ -583,9 +636,7 @@ class Broker:
         """Master: refuse a batch holding a message over the queue's ``max_message_bytes``
         (the SDK checks before sending; this stops any other client). A batch no longer than
         the limit cannot hold a larger message, so only longer ones are walked."""
-        limit = self._message_limits.get(queue)
-        if limit is None:
-            limit = self._message_limits[queue] = self.require_store().queue_config(queue).max_message_bytes
+        limit = self._message_limits[queue]
         for raw in batches:
             if len(raw) > limit:
                 largest = seglog.largest_message(raw)
@@ -610,17 +661,13 @@ class Broker:
             return SegmentNotWritable(self.address, s.replica.queue, s.replica.seg, exc.why)
         return ConfigError(f"queue {s.replica.queue!r} segment {s.replica.seg}: {exc.why}")
 
-    def _mark_dirty(self, s: Segment) -> None:
-        if s.pending and s not in self._dirty:
-            self._dirty.append(s)
-
     def _sync_loop(self) -> None:
         """Master: group commit. One write + fdatasync per segment covers every batch that
         arrived while the previous sync ran; nothing is acked before it."""
         while True:
             with self._cv:
                 while not self._dirty and not self._stopping:
-                    self._cv.wait()
+                    self._dirty_cv.wait()
                 if self._stopping:
                     return
                 work = [(s, s.pending) for s in self._dirty]
@@ -629,27 +676,34 @@ class Broker:
                     s.syncing += 1
                 self._dirty.clear()
             for s, batches in work:
-                self._commit(s, batches)
-                with self._cv:
-                    self._inflight_bytes -= sum(map(len, batches))
-                    self._cv.notify_all()
+                self._commit(s, batches, inflight=sum(map(len, batches)))
 
-    def _hold_back(self, link: Any) -> None:
-        """Caller holds _cv: while more than ``max_inflight_bytes`` wait for a sync here or on
-        the slave, do not take this request (its stream is not read meanwhile: the sender is
-        held back by gRPC flow control, and the broker's memory stays bounded)."""
+    async def _hold_back(self, link: Any) -> None:
+        """While more than ``max_inflight_bytes`` wait for a sync here or on the slave, do not
+        take this request (its stream is not read meanwhile: the sender is held back by gRPC
+        flow control, and the broker's memory stays bounded)."""
         limit = self.config.max_inflight_bytes
         waited = False
-        while not self._stopping and self._inflight_bytes + link.lag(time.monotonic())[0] > limit:
-            if not waited:
-                self.stats.held_back += 1
-                waited = True
-            self._cv.wait(0.05)
+        try:
+            while not self._stopping:
+                with self._cv:
+                    if self._inflight_bytes + link.lag(time.monotonic())[0] <= limit:
+                        return
+                    if not waited:
+                        self.stats.held_back += 1
+                        self._held += 1
+                        waited = True
+                await self.signal.wait(0.05)
+        finally:
+            if waited:
+                with self._cv:
+                    self._held -= 1
 
-    def _commit(self, s: Segment, batches: list[bytes]) -> None:
+    def _commit(self, s: Segment, batches: list[bytes], *, inflight: int = 0) -> None:
         """Append ``batches`` (checked when they arrived) to ``s``'s log and fdatasync them,
-        then count them synced. The caller counted this commit in ``s.syncing``. A failed
-        write cuts the log back to what is durable and freezes the segment."""
+        then count them synced (and ``inflight`` bytes no longer in flight). The caller
+        counted this commit in ``s.syncing``. A failed write cuts the log back to what is
+        durable and freezes the segment."""
         error: OrdqError | None = None
         end = None
         try:
@@ -666,13 +720,20 @@ class Broker:
             self._drop_unsynced(s)
         with self._cv:
             s.syncing -= 1
+            self._inflight_bytes -= inflight
+            lac = s.replica.lac
             if error is None and end is not None:
                 s.replica.synced(end)
                 self.stats.syncs += 1
                 self.stats.batches_synced += len(batches)
             else:
                 self._fail_segment(s, error or DiskFull("write failed"))
-            self._cv.notify_all()
+            if error is not None or s.replica.lac != lac or self._held:
+                self.changed()
+            else:
+                # Usually the slave's answer, not this sync, moves the LAC: waking the loop
+                # for nothing would cost a wake-up per batch. Fence/Seal wait here on _cv.
+                self._cv.notify_all()
 
     @staticmethod
     def _drop_unsynced(s: Segment) -> None:
@@ -701,54 +762,9 @@ class Broker:
         for stream in self._streams:
             if stream.error is None and (only is None or any(only(seg) for seg, _ in stream.pending)):
                 stream.error = error
-        self._cv.notify_all()
+        self.changed()
 
-    def produce(self, requests: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
-                ) -> Iterator[pb.ProduceResponse]:
-        stream = ProduceStreamState()
-        with self._cv:
-            self._streams.add(stream)
-
-        def read() -> None:
-            try:
-                for req in requests:
-                    self.accept_produce(stream, req)
-            except OrdqError as exc:
-                with self._cv:
-                    stream.error = stream.error or exc
-            except Exception as exc:  # noqa: BLE001 - the client went away or sent garbage
-                with self._cv:
-                    if not isinstance(exc, grpc.RpcError):
-                        stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
-            finally:
-                with self._cv:
-                    stream.done = True
-                    self._cv.notify_all()
-
-        threading.Thread(target=read, name="ordq-produce-read", daemon=True).start()
-        try:
-            while True:
-                with self._cv:
-                    while True:
-                        ready = self._take_ready_acks(stream)
-                        if ready or stream.error or self._stopping or (stream.done and not stream.pending):
-                            break
-                        if not context.is_active():
-                            return
-                        self._cv.wait(0.5)
-                    error, finished = stream.error, stream.done and not stream.pending
-                if ready:
-                    yield pb.ProduceResponse(acks=ready)
-                if error is not None:
-                    self.count_refused(error)
-                    abort(context, error)
-                if finished or self._stopping:
-                    return
-        finally:
-            with self._cv:
-                self._streams.discard(stream)
-
-    def _take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
+    def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
         """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,
         contiguous runs merged into one ack."""
         out: list[pb.Ack] = []
@@ -811,49 +827,75 @@ class Broker:
 
     # -- the read path ----------------------------------------------------------------------------
 
-    def fetch(self, req: pb.FetchRequest) -> pb.FetchResponse:
+    async def fetch(self, req: pb.FetchRequest) -> pb.FetchResponse:
+        """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
+        long-polling (on ``signal``) while nothing is readable."""
         self.stats.fetches += 1
         known_end = req.known_end if req.known_end >= 0 else None
         deadline = time.monotonic() + min(req.max_wait_ms, self.config.max_fetch_wait_ms) / 1000.0
-        with self._cv:
-            s = self._segments.get((req.queue, req.seg))
-            while s is None and not self._stopping:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cv.wait(left)
-                s = self._segments.get((req.queue, req.seg))
+        key = (req.queue, req.seg)
+        s = self._segments.get(key)
+        while s is None and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await self.signal.wait(left)
+            s = self._segments.get(key)
         if s is None:
-            z, _ = self._zk_segment(req.queue, req.seg)
-            if z is None or z.gid != self.config.gid:
-                raise SegmentNotFound(req.queue, req.seg)
-            if z.status is SegStatus.SEALED and z.end:
-                # Sealed with messages, yet no copy here (this replica restarted on an empty
-                # disk): the reader must go to the peer, not wait here for data that never comes.
-                raise BrokerUnavailable(self.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
-                                        f"({z.end} messages): read it from the peer")
-            return pb.FetchResponse(readable_end=0, sealed=z.status is SegStatus.SEALED and not z.end)
-        with self._cv:
-            if s.corrupt is not None:
-                raise s.corrupt
-            r = s.replica
-            if r.sealed and known_end is not None and req.offset >= r.local_synced and r.local_synced < known_end:
-                self.repair.kick.set()
-                raise BrokerUnavailable(self.address, f"this copy of {req.queue}/{req.seg} holds {r.local_synced} "
-                                        f"of its sealed end {known_end}; reconciling from the peer")
-            while (r.readable_end(known_end) <= req.offset and not r.sealed and not self._stopping
-                   and time.monotonic() < deadline):
-                self._cv.wait(max(deadline - time.monotonic(), 0.0))
-            upto = r.readable_end(known_end)
-            sealed = r.sealed
+            return await run_blocking(self._fetch_absent, req)
+        r = s.replica
+        while True:
+            with self._cv:
+                if s.corrupt is not None:
+                    raise s.corrupt
+                if (r.sealed and known_end is not None and req.offset >= r.local_synced
+                        and r.local_synced < known_end):
+                    self.repair.kick.set()
+                    raise BrokerUnavailable(self.address, f"this copy of {req.queue}/{req.seg} holds "
+                                            f"{r.local_synced} of its sealed end {known_end}; "
+                                            "reconciling from the peer")
+                upto = r.readable_end(known_end)
+                sealed = r.sealed
+            left = deadline - time.monotonic()
+            if upto > req.offset or sealed or self._stopping or left <= 0:
+                break
+            await self.signal.wait(left)
         batches: list[bytes] = []
         if upto > req.offset:
-            with s.io_lock:
-                assert s.log is not None
-                batches = s.log.read(req.offset, max_bytes=min(max(req.max_bytes, 1), self.config.max_fetch_bytes),
-                                     upto=upto)
+            max_bytes = min(max(req.max_bytes, 1), self.config.max_fetch_bytes)
+            # Read on the loop when the log is free (page cache: microseconds for what a
+            # follower asks); behind a sync holding it, or for a long read, in a worker.
+            if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
+                try:
+                    batches = self._read_locked(s, req.offset, max_bytes, upto)
+                finally:
+                    s.io_lock.release()
+            else:
+                batches = await run_blocking(self._read, s, req.offset, max_bytes, upto)
             count_fetch(self.stats, batches)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
+
+    def _read(self, s: Segment, offset: int, max_bytes: int, upto: int) -> list[bytes]:
+        with s.io_lock:
+            return self._read_locked(s, offset, max_bytes, upto)
+
+    @staticmethod
+    def _read_locked(s: Segment, offset: int, max_bytes: int, upto: int) -> list[bytes]:
+        if s.log is None:  # set aside as corrupt since the check
+            raise s.corrupt or BrokerUnavailable("?", f"segment {s.key} is not served")
+        return s.log.read(offset, max_bytes=max_bytes, upto=upto)
+
+    def _fetch_absent(self, req: pb.FetchRequest) -> pb.FetchResponse:
+        """In a worker thread: a fetch of a segment this replica holds no copy of."""
+        z, _ = self._zk_segment(req.queue, req.seg)
+        if z is None or z.gid != self.config.gid:
+            raise SegmentNotFound(req.queue, req.seg)
+        if z.status is SegStatus.SEALED and z.end:
+            # Sealed with messages, yet no copy here (this replica restarted on an empty
+            # disk): the reader must go to the peer, not wait here for data that never comes.
+            raise BrokerUnavailable(self.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
+                                    f"({z.end} messages): read it from the peer")
+        return pb.FetchResponse(readable_end=0, sealed=z.status is SegStatus.SEALED and not z.end)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -925,63 +967,3 @@ def _write_json_durably(path: Path, obj: Any) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-
-class BrokerServicer(pb_grpc.BrokerServicer):
-    """gRPC entry points: translate requests to Broker calls and ordq errors to statuses."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
-
-    def _call(self, context: grpc.ServicerContext, rpc: str, queue: str, fn: Callable[[], Any]) -> Any:
-        try:
-            self.b.gate.check(context, rpc, queue)
-            return fn()
-        except OrdqError as exc:
-            self.b.count_refused(exc)
-            abort(context, exc)
-
-    def Produce(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ProduceResponse]:
-        yield from self.b.produce(self._checked(request_iterator, context), context)
-
-    def _checked(self, requests: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
-                 ) -> Iterator[pb.ProduceRequest]:
-        # Every request, not only the first: a token revoked mid-stream ends the stream.
-        for req in requests:
-            try:
-                self.b.gate.check(context, "Produce", req.queue)
-            except PermissionDenied as exc:
-                self.b.count_refused(exc)
-                raise
-            yield req
-
-    def Replicate(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.ReplicateResponse]:
-        from broker_group.replication import serve_replicate
-
-        if self.b.config.credentials.tls and peer_common_name(context) != BROKER_CN:
-            # Only a broker of this cluster (its certificate, not a client's) may feed a slave.
-            denied = PermissionDenied("*", "replicate", "the peer is not a broker")
-            self.b.count_refused(denied)
-            abort(context, denied)
-        yield from serve_replicate(self.b, request_iterator, context)
-
-    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
-        return self._call(context, "Fetch", request.queue, lambda: self.b.fetch(request))
-
-    def Fence(self, request: pb.FenceRequest, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, "Fence", request.queue,
-                          lambda: self.b.fence(request.queue, request.seg, request.epoch))
-
-    def Seal(self, request: pb.SegmentRef, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, "Seal", request.queue, lambda: self.b.seal(request.queue, request.seg))
-
-    def Reconcile(self, request: pb.ReconcileRequest, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, "Reconcile", request.queue,
-                          lambda: self.b.reconcile(request.queue, request.seg, request.end, request.peer))
-
-    def SegmentInfo(self, request: pb.SegmentRef, context: grpc.ServicerContext) -> pb.SegmentEnd:
-        return self._call(context, "SegmentInfo", request.queue,
-                          lambda: self.b.segment_info(request.queue, request.seg))
-
-    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
-        return self._call(context, "Health", "*", self.b.health)

@@ -1,0 +1,151 @@
+"""The broker's gRPC handlers, all on its event loop (broker_group/loop.py).
+
+Guarantee: the same as broker_group/service.py's: acks in order, each only when both
+replicas synced its batch. What this module adds is where the work runs:
+- Produce: one task reads the stream and places each request's batches (on the loop, with
+  the slave's forward queued at once); the handler itself answers with acks whenever the
+  LAC moves (the replication reader or the sync thread fires ``Broker.signal``). No thread
+  stands between a request arriving and its ack leaving but the sync thread's fdatasync.
+- Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
+- Fetch: long-polls on the loop; reads the log inline when it is free.
+- Control calls (Fence, Seal, Reconcile, SegmentInfo, Health) wait on locks, disks and
+  peers: they run in the loop's worker threads, as before.
+Errors become typed gRPC statuses in one place (``_answer``, ``broker_group.errors.abort``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+import grpc
+
+from broker_group.errors import abort
+from broker_group.loop import run_blocking
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from ordq.errors import ConfigError, OrdqError, PermissionDenied
+from ordq.security import BROKER_CN, peer_common_name
+
+if TYPE_CHECKING:
+    from broker_group.service import Broker, ProduceStreamState
+
+log = logging.getLogger("ordq.broker")
+T = TypeVar("T")
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+def add_servicer(broker: Broker, server: grpc.aio.Server) -> None:
+    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(broker), server)
+
+
+async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
+    """Master: acks for one produce stream, in order, as the LAC covers their batches."""
+    from broker_group.service import ProduceStreamState
+
+    stream = ProduceStreamState()
+    with b._cv:
+        b._streams.add(stream)
+    reader = asyncio.get_running_loop().create_task(_read_produce(b, stream, requests, context))
+    try:
+        while True:
+            with b._cv:
+                ready = b.take_ready_acks(stream)
+                error, finished = stream.error, stream.done and not stream.pending
+            if ready:
+                await context.write(pb.ProduceResponse(acks=ready))
+                continue
+            if error is not None:
+                b.count_refused(error)
+                await abort(context, error)
+            if finished or b._stopping:
+                return
+            await b.signal.wait()
+    finally:
+        reader.cancel()
+        with b._cv:
+            b._streams.discard(stream)
+
+
+async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIterator[pb.ProduceRequest],
+                        context: Context) -> None:
+    try:
+        async for req in requests:
+            # Every request, not only the first: a token revoked mid-stream ends the stream.
+            try:
+                b.gate.check(context, "Produce", req.queue)
+            except PermissionDenied as exc:
+                b.count_refused(exc)
+                raise
+            await b.accept_produce(stream, req)
+    except OrdqError as exc:
+        with b._cv:
+            stream.error = stream.error or exc
+    except (asyncio.CancelledError, grpc.aio.BaseError, grpc.RpcError):
+        pass  # the client went away (or the handler ended): nothing to answer
+    except Exception as exc:  # noqa: BLE001 - the client sent garbage
+        with b._cv:
+            stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
+    finally:
+        with b._cv:
+            stream.done = True
+            b.changed()
+
+
+class BrokerServicer(pb_grpc.BrokerServicer):
+    """gRPC entry points: translate requests to Broker calls and ordq errors to statuses."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+
+    async def _answer(self, context: Context, rpc: str, queue: str, call: Callable[[], Any]) -> Any:
+        """Check the caller's role, then ``call()`` (a coroutine function, or a blocking
+        function run in a worker thread); an OrdqError becomes the call's typed status."""
+        try:
+            self.b.gate.check(context, rpc, queue)
+            if asyncio.iscoroutinefunction(call):
+                return await call()
+            return await run_blocking(call)
+        except OrdqError as exc:
+            self.b.count_refused(exc)
+            await abort(context, exc)
+
+    async def Produce(self, request_iterator: Any, context: Context) -> None:
+        await produce(self.b, request_iterator, context)
+
+    async def Replicate(self, request_iterator: Any, context: Context) -> None:
+        from broker_group.replication import serve_replicate
+
+        if self.b.config.credentials.tls and peer_common_name(context) != BROKER_CN:
+            # Only a broker of this cluster (its certificate, not a client's) may feed a slave.
+            denied = PermissionDenied("*", "replicate", "the peer is not a broker")
+            self.b.count_refused(denied)
+            await abort(context, denied)
+        await serve_replicate(self.b, request_iterator, context)
+
+    async def Fetch(self, request: pb.FetchRequest, context: Context) -> pb.FetchResponse:
+        async def fetch() -> pb.FetchResponse:
+            return await self.b.fetch(request)
+
+        return await self._answer(context, "Fetch", request.queue, fetch)  # type: ignore[no-any-return]
+
+    async def Fence(self, request: pb.FenceRequest, context: Context) -> pb.SegmentEnd:
+        return await self._answer(context, "Fence", request.queue,  # type: ignore[no-any-return]
+                                  lambda: self.b.fence(request.queue, request.seg, request.epoch))
+
+    async def Seal(self, request: pb.SegmentRef, context: Context) -> pb.SegmentEnd:
+        return await self._answer(context, "Seal", request.queue,  # type: ignore[no-any-return]
+                                  lambda: self.b.seal(request.queue, request.seg))
+
+    async def Reconcile(self, request: pb.ReconcileRequest, context: Context) -> pb.SegmentEnd:
+        return await self._answer(context, "Reconcile", request.queue,  # type: ignore[no-any-return]
+                                  lambda: self.b.reconcile(request.queue, request.seg, request.end, request.peer))
+
+    async def SegmentInfo(self, request: pb.SegmentRef, context: Context) -> pb.SegmentEnd:
+        return await self._answer(context, "SegmentInfo", request.queue,  # type: ignore[no-any-return]
+                                  lambda: self.b.segment_info(request.queue, request.seg))
+
+    async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
+        return await self._answer(context, "Health", "*", self.b.health)  # type: ignore[no-any-return]
