@@ -46,7 +46,7 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import attrs
 
@@ -528,6 +528,14 @@ def parse_segment_path(path: str | os.PathLike[str]) -> tuple[str, int]:
 
 
 @attrs.frozen
+class Written:
+    """Batches written by ``SegmentLog.begin_sync``, not yet fdatasynced."""
+
+    fd: int
+    size: int
+
+
+@attrs.frozen
 class RecoveryReport:
     batches: int
     messages: int
@@ -715,37 +723,63 @@ class SegmentLog:
                 the kernel may have dropped dirty pages and will not report it again
                 (PostgreSQL's "fsyncgate"), so the tail of the file is no longer trusted.
         """
+        written = self.begin_sync()
+        if written is None:
+            return self.synced_end
+        try:
+            os.fdatasync(written.fd)
+        except OSError as exc:
+            return self.end_sync(written, exc)
+        return self.end_sync(written)
+
+    def begin_sync(self) -> Written | None:
+        """The first half of ``sync()``: write every buffered batch (one ``pwrite``), not yet
+        durable and not yet readable; None when nothing is buffered. The caller then runs
+        ``os.fdatasync(written.fd)`` — without holding its lock, so reads of the synced
+        prefix go on meanwhile — and ``end_sync(written, error)``. Nothing may be appended
+        or truncated in between. Raises as ``sync()`` does."""
         fd = self._require_writable()
         if not self._buffer:
-            return self.synced_end
+            return None
         data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+        written = Written(fd=fd, size=len(data))
         try:
-            written = 0
+            done = 0
             with memoryview(data) as view:
-                while written < len(data):
-                    written += os.pwrite(fd, view[written:], self._synced_bytes + written)
-            os.fdatasync(fd)
+                while done < len(data):
+                    done += os.pwrite(fd, view[done:], self._synced_bytes + done)
         except OSError as exc:
-            dropped = len(self._buffer)
-            self._drop_unsynced()
-            try:
-                os.ftruncate(fd, self._synced_bytes)
-                os.fdatasync(fd)
-            except OSError:
-                pass  # the scan on the next open treats what is left past synced as a torn tail
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFull(
-                    f"{self.path}: no space to write {len(data)} bytes; {dropped} unsynced batches dropped"
-                ) from exc
-            self._write_error = exc
-            raise
-        self._synced_bytes += len(data)
+            self._sync_failed(written, exc)
+        return written
+
+    def end_sync(self, written: Written, error: OSError | None = None) -> int:
+        """The second half of ``sync()``, after the caller's fdatasync (``error``: how it
+        failed): count the batches synced and return the new ``synced_end``."""
+        self._require_fd()
+        if error is not None:
+            self._sync_failed(written, error)
+        self._synced_bytes += written.size
         self._synced_batches += len(self._buffer)
         self._syncs += 1
         self._buffer.clear()
         self._buffered_bytes = 0
         self.synced_end = self.end
         return self.synced_end
+
+    def _sync_failed(self, written: Written, exc: OSError) -> NoReturn:
+        dropped = len(self._buffer)
+        self._drop_unsynced()
+        try:
+            os.ftruncate(written.fd, self._synced_bytes)
+            os.fdatasync(written.fd)
+        except OSError:
+            pass  # the scan on the next open treats what is left past synced as a torn tail
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(
+                f"{self.path}: no space to write {written.size} bytes; {dropped} unsynced batches dropped"
+            ) from exc
+        self._write_error = exc
+        raise exc
 
     def _drop_unsynced(self) -> None:
         kept = len(self._offsets) - len(self._buffer)

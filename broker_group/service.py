@@ -56,6 +56,7 @@ from coordinator.store import ZkStore
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
+    ClosedError,
     ConfigError,
     CorruptLog,
     DiskFull,
@@ -707,14 +708,25 @@ class Broker:
         error: OrdqError | None = None
         end = None
         try:
+            # The log is locked to append and write, and again to count the sync, but not
+            # across the fdatasync: fetches read the synced prefix meanwhile (Fence, Seal and
+            # Reconcile wait for ``syncing`` to drop, so nothing truncates it in between).
             with s.io_lock:
                 assert s.log is not None
                 started = time.perf_counter()
                 for b in batches:
                     s.log.append(b, verify_crc=False)
-                end = s.log.sync()
-                self.metrics.fsync_seconds.observe(time.perf_counter() - started)
-        except (DiskFull, OSError, ValueError, CorruptLog) as exc:
+                written = s.log.begin_sync()
+            failed = None
+            if written is not None:
+                try:
+                    os.fdatasync(written.fd)
+                except OSError as exc:
+                    failed = exc
+            with s.io_lock:
+                end = s.log.end_sync(written, failed) if written is not None else s.log.synced_end
+            self.metrics.fsync_seconds.observe(time.perf_counter() - started)
+        except (DiskFull, OSError, ValueError, CorruptLog, ClosedError) as exc:
             error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
             log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
             self._drop_unsynced(s)
