@@ -41,7 +41,7 @@ from ordq.errors import (
     SegmentNotFound,
 )
 from ordq.security import channel as security_channel
-from ordq.security import provision, token_metadata
+from ordq.security import provision
 from sdk.transport import Ack
 from tests.util import wait_until
 
@@ -437,26 +437,3 @@ def test_a_claimed_epoch_zookeeper_never_issued_is_refused_and_the_leader_goes_o
     assert acks[0].first_offset == 50 and acks[-1].last_seq == 249
     assert _health(group, "master")["epoch_lookups"] == lookups  # the hot path reads no ZooKeeper
     assert [seq for seq, _ in stored(group.procs.slave.data_dir)] == list(range(250))
-
-
-def test_read_streams_each_range_once_from_where_the_last_ended_and_ends_at_the_sealed_end(group: Group) -> None:
-    produce(group, 0, batches=7, per_batch=10)
-    ch = security_channel(group.address("master"), group.transport.credentials, GRPC_OPTIONS)
-    try:
-        answers = pb_grpc.BrokerStub(ch).Read(
-            pb.FetchRequest(queue=Q, seg=0, offset=15, max_bytes=1, max_wait_ms=200, known_end=-1),
-            metadata=token_metadata(group.transport.credentials), timeout=30)
-        seqs: list[int] = []
-        while len(seqs) < 60:  # from the batch holding offset 15 (seq 10), one batch per answer
-            res = next(answers)
-            assert len(res.batches) == 1 and not res.sealed
-            seqs.extend(h.first_seq + i for h, ms in [seglog.decode_batch(res.batches[0])] for i in range(len(ms)))
-        assert seqs == list(range(10, 70))
-        quiet = next(answers)  # nothing new: an empty answer after max_wait_ms, not silence
-        assert not quiet.batches and quiet.readable_end == 70 and not quiet.sealed
-        group.transport.seal(group.address("master"), Q, 0)
-        last = next(a for a in answers if a.sealed)
-        assert not last.batches and last.readable_end == 70
-        assert list(answers) == []  # the stream ended after the sealed end
-    finally:
-        ch.close()
