@@ -76,13 +76,27 @@ def _client_pair(creds: Credentials) -> tuple[bytes | None, bytes | None]:
 
 def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
     """A channel to a broker: mutual TLS when ``creds`` trust a CA, else plaintext."""
-    if not creds.tls:
+    tls = _channel_credentials(creds)
+    if tls is None:
         return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls, options=options)
+
+
+def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Channel:
+    """As ``channel``, for grpc.aio (make it on the event loop that will use it)."""
+    tls = _channel_credentials(creds)
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, tls, options=options)
+
+
+def _channel_credentials(creds: Credentials) -> grpc.ChannelCredentials | None:
+    if not creds.tls:
+        return None
     assert creds.ca_file is not None
     key, cert = _client_pair(creds)
-    tls = grpc.ssl_channel_credentials(root_certificates=_read(creds.ca_file), private_key=key,
-                                       certificate_chain=cert)
-    return grpc.secure_channel(address, tls, options=options)
+    return grpc.ssl_channel_credentials(root_certificates=_read(creds.ca_file), private_key=key,
+                                        certificate_chain=cert)
 
 
 def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
