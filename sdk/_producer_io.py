@@ -275,6 +275,10 @@ class ProducerIO:
         except OrdqError as exc:
             self._stop_fatal(exc)
             return
+        except Exception as exc:  # noqa: BLE001 - a bug or a closed client: stop, never hang flush()
+            log.exception("queue %s: failover failed", self.config.queue)
+            self._stop_fatal(exc)
+            return
         if self._closed:
             return
         self._open_stream(gid, seg, address)
