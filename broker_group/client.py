@@ -42,17 +42,23 @@ class GrpcTransport:
         self.rpc_timeout_s = rpc_timeout_s
         self.copy_timeout_s = copy_timeout_s
         self._channels: dict[str, grpc.Channel] = {}
+        # A stub builds a callable per method (~100 µs): one per channel, not one per call.
+        self._stubs: dict[str, pb_grpc.BrokerStub] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
+        stub = self._stubs.get(address)
+        if stub is not None and not self._closed:
+            return stub
         with self._lock:
             if self._closed:
                 raise ClosedError("transport is closed")
             ch = self._channels.get(address)
             if ch is None:
                 ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
-        return pb_grpc.BrokerStub(ch)
+                self._stubs[address] = pb_grpc.BrokerStub(ch)
+            return self._stubs[address]
 
     def _call(self, address: str, fn: Callable[[pb_grpc.BrokerStub], T]) -> T:
         try:
@@ -63,7 +69,7 @@ class GrpcTransport:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for ch in channels:
             ch.close()
 

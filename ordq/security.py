@@ -83,7 +83,7 @@ def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
 
 
 def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Channel:
-    """``channel`` for asyncio code (``grpc.aio``), the same credentials."""
+    """As ``channel``, for grpc.aio (make it on the event loop that will use it)."""
     tls = _channel_credentials(creds)
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)

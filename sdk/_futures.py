@@ -7,7 +7,8 @@ slotted object is ~1.3 µs). Every message of a batch is acked together, so one
 message gets a tiny ``SendFuture`` that points at it and knows its own seq.
 
 Guarantee: a batch's outcome is set exactly once; callbacks run once, in the order they were
-added, on the thread that settles the batch (the ack reader), or at once if already settled.
+added, on the thread that settles the batch (the producer's event loop thread, where its ack
+is read), or at once if already settled: a callback must not block (it holds up every ack).
 """
 
 from __future__ import annotations

@@ -6,10 +6,12 @@ master and slave. After a broker failure every unacked batch is resent, in order
 same seqs, to the new head segment, so the stored history holds every acked seq and consumers
 see each seq once, in order. A ``FencedError`` means another leader took over: stop.
 
-Threads: callers of ``send`` (add to the core under a lock), one sender (cuts batches, ships
-them, watches the ack deadline, runs failover) and one ack reader per stream. Batching and the
-window are ``sdk._producer_core``; the takeover and failover steps against ZooKeeper and the
-brokers are ``sdk._head``.
+Threads: callers of ``send`` add to the core under a lock and wake the producer's event loop
+(``sdk._loop``) only when a batch is cut or due, at most once per batch; the loop writes the
+produce stream, reads its acks and settles them, and keeps the linger and ack-deadline timers
+(``sdk._producer_io``). Failover's blocking ZooKeeper steps run on a worker thread. Batching
+and the window are ``sdk._producer_core``; the takeover and failover steps against ZooKeeper
+and the brokers are ``sdk._head``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from kazoo.client import KazooClient
@@ -34,8 +35,6 @@ from ordq.errors import (
     ClosedError,
     ConfigError,
     CoordinationUnavailable,
-    FencedError,
-    IllegalTransition,
     MessageTooLarge,
     OrdqError,
     WaitTimeout,
@@ -43,10 +42,15 @@ from ordq.errors import (
 from ordq.security import Credentials, lookup
 from sdk._futures import BatchOutcome, SendFuture
 from sdk._head import HeadProtocol
-from sdk._producer_core import BatchingConfig, PendingBatch, ProducerCore, message_bytes
+from sdk._loop import LoopThread
+from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
+from sdk._producer_io import ProducerIO
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.metrics import ProducerMetrics
-from sdk.transport import Ack, BrokerTransport, ProduceStream
+from sdk.transport import AsyncProduceStream, BrokerTransport
+
+if TYPE_CHECKING:
+    from broker_group.aio_client import AioTransport
 
 log = logging.getLogger("ordq.producer")
 _new_message = tuple.__new__  # Message(...) without its Python-level __new__ (fields positional)
@@ -109,12 +113,12 @@ class ProducerStats:
     head: str | None = None
 
 
-class Producer:
+class Producer(ProducerIO):
     """Use as a context manager, or ``start()`` / ``close()``."""
 
     def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None) -> None:
         self.config = config
-        self._transport = transport
+        self._transport = transport  # control calls (fence, seal, reads); the data path is self._aio
         self._mutex = threading.RLock()
         self._lock = threading.Condition(self._mutex)
         self._core: ProducerCore | None = None
@@ -123,7 +127,10 @@ class Producer:
         self._closed = False
         self._fatal: BaseException | None = None
         self._resolving = 0  # acks taken off the window whose futures and audit rows are not done yet
-        self._stream: ProduceStream | None = None
+        self._loop: LoopThread | None = None
+        self._aio: AioTransport | None = None
+        self._stream: AsyncProduceStream | None = None
+        self._wake_pending = False  # a wake-up of the loop is scheduled and has not run yet
         self._seg: int | None = None
         self._gid: str | None = None
         self._last: tuple[int, int, int] | None = None  # (seq, seg, offset) of the stored tail
@@ -134,7 +141,6 @@ class Producer:
         self._store: ZkStore | None = None
         self._head: HeadProtocol | None = None
         self._lease: Any = None
-        self._sender: threading.Thread | None = None
         self._max_message = config.batching.max_batch_bytes - 64  # until start() reads the queue's
         self._max_message_of = "this producer's max_batch_bytes"
         # Rolling the segment we write once it reaches the queue's size or age (the coordinator
@@ -146,6 +152,7 @@ class Producer:
         self._sealer: Any = None  # the Seal protocol runner, made on the first roll
         self._metrics: ProducerMetrics | None = None
         self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
+        self._init_io()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -162,7 +169,7 @@ class Producer:
         try:
             self._start()
         except BaseException:
-            self._shutdown_zk()
+            self._shutdown()
             raise
 
     def _start(self) -> None:
@@ -191,34 +198,53 @@ class Producer:
         self._lease = self._client.Lock(paths.producer_leader(cfg.queue), cfg.producer_id)
         if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
             raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
-        self._take_over()
+        t = self._require_head().take_over()  # bump the epoch, fence the open segment, find where seq continues
+        next_seq = t.last[0] + 1 if t.last is not None else 0
+        with self._lock:
+            self._core = ProducerCore(cfg.batching, epoch=t.epoch, next_seq=next_seq)
+            self._last = t.last
+            self._stats.epoch = t.epoch
+        address = self._master_address(t.gid)
+        self._loop = LoopThread("ordq-producer")
+        self._loop.start()
+        self._loop.run(self._start_io(creds, t.gid, t.seg, address))
+        log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
+                 cfg.queue, cfg.producer_id, t.epoch, t.seg, next_seq)
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
             self._metrics = ProducerMetrics(self)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
-        self._sender = threading.Thread(target=self._send_loop, name="ordq-producer-send", daemon=True)
-        self._sender.start()
+
+    async def _start_io(self, creds: Credentials, gid: str, seg: int, address: str) -> None:
+        from broker_group.aio_client import AioTransport
+
+        self._aio = AioTransport(credentials=creds)
+        self._open_stream(gid, seg, address)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush what was sent, wait for its acks (bounded), stop, release leadership."""
         if self._closed:
             return
         try:
-            if self._fatal is None and self._sender is not None:
+            if self._fatal is None and self._loop is not None:
                 self.flush(timeout_s)
         finally:
             with self._lock:
                 self._closed = True
                 self._lock.notify_all()
-            if self._sender is not None:
-                self._sender.join(timeout=5)
-            self._fail_pending(ClosedError("producer closed before the message was acked"))
-            if self._stream is not None:
-                self._stream.close()
-            if self._audit is not None:
-                self._audit.close()
-            self._shutdown_zk()
+            self._shutdown()
 
-    def _shutdown_zk(self) -> None:
+    def _shutdown(self) -> None:
+        """Stop the loop (stream, channels), fail what is pending, release ZooKeeper."""
+        self._closed = True
+        if self._loop is not None:
+            try:
+                self._loop.run(self._close_io(), 5.0)
+            except Exception as exc:  # noqa: BLE001 - stopping anyway
+                log.debug("queue %s: closing the produce stream: %r", self.config.queue, exc)
+            self._loop.stop()
+        self._fail_pending(ClosedError("producer closed before the message was acked"))
+        if self._audit is not None:
+            self._audit.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -275,15 +301,14 @@ class Producer:
             now = time.monotonic()
             core.add(msg, fut, now, size)
             self._stats.sent += 1
-            due = core.next_deadline()
-            if due is not None and due <= now:
-                # An idle pipe: send it from this thread, sparing a hand-off to the sender.
-                self._hand_out(now)
-            elif core.open_count == 1 or core.next_seq != cut_before:
-                # Wake the sender only when it has something new to act on: a batch was cut,
-                # or a new open batch started (its linger deadline). Waking it per message
-                # costs a thread switch per message for nothing.
-                self._lock.notify_all()
+            if not self._wake_pending and core.open_count == 1:
+                # Wake the loop only when it has something to act on now: a batch was cut
+                # (a full one), or this message opened a batch that is due at once (an idle
+                # pipe). One that lingers goes when an ack frees the pipe or at its linger
+                # deadline, both seen by the loop already: no wake-up per message.
+                due = core.next_deadline()
+                if core.next_seq != cut_before or (due is not None and due <= now):
+                    self._wake_locked()
         return fut
 
     def flush(self, timeout_s: float | None = None) -> None:
@@ -292,7 +317,7 @@ class Producer:
         with self._lock:
             assert self._core is not None
             self._core.flush()
-            self._lock.notify_all()
+            self._wake_locked()
             while self._core.unacked or self._core.open_count or self._resolving:
                 self._raise_if_stopped()
                 left = None if deadline is None else deadline - time.monotonic()
@@ -335,255 +360,6 @@ class Producer:
         except OrdqError as exc:
             return StoredMessage(seq=seq, seg=seg, offset=offset, message=None, message_error=str(exc))
         return StoredMessage(seq=seq, seg=seg, offset=offset, message=message)
-
-    # -- takeover and failover (the protocol steps live in sdk/_head.py) ----------------------
-
-    def _take_over(self) -> None:
-        """Bump the epoch, fence the open segment, find where seq continues; then serve."""
-        t = self._require_head().take_over()
-        self._install(t.epoch, t.gid, t.seg, t.last)
-
-    def _install(self, epoch: int, gid: str, seg: int, last: tuple[int, int, int] | None) -> None:
-        next_seq = last[0] + 1 if last is not None else 0
-        with self._lock:
-            self._core = ProducerCore(self.config.batching, epoch=epoch, next_seq=next_seq)
-            self._last = last
-            self._stats.epoch = epoch
-        self._connect(gid, seg)
-        log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
-                 self.config.queue, self.config.producer_id, epoch, seg, next_seq)
-
-    def _recover(self, exc: BaseException) -> None:
-        """The stream to the head failed (not fenced): fail over, resend the unacked suffix.
-        A rolled segment (sealed on a healthy head) ends the stream the same way."""
-        first_gid, first_seg = self._gid, self._seg
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-        assert self._gid is not None and self._seg is not None and self._core is not None
-        gid, seg = self._gid, self._seg
-        deadline = time.monotonic() + self.config.no_group_timeout_s
-        while True:
-            head = self._require_head()
-            st = head.fail_over_from(gid, seg, self._core.epoch)
-            head.check_epoch(st, self._core.epoch)
-            open_seg = st.open_segment
-            assert open_seg is not None
-            try:
-                self._connect(open_seg.gid, open_seg.seg)
-                break
-            except BrokerUnavailable:
-                gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
-            except CoordinationUnavailable:
-                # ZooKeeper away while we look up the new head's master: try again (the
-                # fail_over above is then a no-op that follows the head), bounded.
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        if self._gid == first_gid:
-            log.info("queue %s: segment %s of %s ended (%s); continuing on segment %s", self.config.queue,
-                     first_seg, first_gid, exc, self._seg)
-        else:
-            log.warning("queue %s: head %s seg %s failed (%s); failed over to %s seg %s", self.config.queue,
-                        first_gid, first_seg, exc, self._gid, self._seg)
-        with self._lock:
-            self._core.rewind()
-            self._stats.failovers += 1
-            self._failure = None
-            self._lock.notify_all()
-
-    def _connect(self, gid: str, seg: int) -> None:
-        store, transport = self._require_store(), self._require_transport()
-        master = store.live_members(gid).get("master")
-        if master is None:
-            raise BrokerUnavailable(f"group {gid}", "master not live")
-        assert self._core is not None
-        stream = transport.open_produce(master.address, self.config.queue, seg, self._core.epoch)
-        self._stream, self._gid, self._seg = stream, gid, seg
-        self._seg_bytes, self._seg_started, self._rolling = 0, None, False
-        self._stats.seg, self._stats.head = seg, gid
-        threading.Thread(target=self._ack_loop, args=(stream,), name="ordq-producer-acks", daemon=True).start()
-
-    # -- threads -----------------------------------------------------------------------------
-
-    def _hand_out(self, now: float) -> None:
-        """Caller holds the lock: put every batch that is due on the stream, in seq order.
-        Every send goes through here, under the lock, so batches reach the stream in order
-        whichever thread sends them (the stream's ``send`` only queues)."""
-        assert self._core is not None
-        if self._failure is not None or self._stream is None or self._closed:
-            return
-        ready = self._core.take_ready(now)
-        if not ready:
-            return
-        if self._audit is not None:
-            now_us = time.time_ns() // 1000
-            for b in ready:
-                self._send_us.setdefault(b.first_seq, now_us)
-        try:
-            self._stream.send([b.encoded for b in ready])
-        except OrdqError as exc:
-            self._failure = exc
-            self._lock.notify_all()
-
-    def _send_loop(self) -> None:
-        """Cuts lingering batches when due, watches the ack deadline, and fails over."""
-        timeout = self.config.send_timeout_s
-        while True:
-            with self._lock:
-                core = self._core
-                assert core is not None
-                while not self._closed and self._failure is None:
-                    now = time.monotonic()
-                    oldest = core.oldest_sent_at()
-                    if oldest is not None and now - oldest > timeout:
-                        self._failure = BrokerUnavailable(
-                            f"group {self._gid}", f"no ack within send_timeout_s={timeout:g}"
-                        )
-                        break
-                    self._hand_out(now)
-                    if self._failure is not None:
-                        break
-                    waits = [d - now for d in (core.next_deadline(),) if d is not None]
-                    oldest = core.oldest_sent_at()
-                    if oldest is not None:
-                        waits.append(oldest + timeout - now)
-                    self._lock.wait(max(min(waits), 0.0005) if waits else 0.1)
-                if self._closed:
-                    return
-                failure = self._failure
-            assert failure is not None  # the loop ends only on close or failure
-            if isinstance(failure, (FencedError, MessageTooLarge, ConfigError)):
-                # Fenced: another leader took over. Refused as too large or malformed: every
-                # group would refuse it alike, so failing over would only walk the send list.
-                self._stop_fatal(failure)
-                return
-            try:
-                self._recover(failure)
-            except OrdqError as exc:
-                self._stop_fatal(exc)
-                return
-
-    def _ack_loop(self, stream: ProduceStream) -> None:
-        try:
-            for ack in stream.acks():
-                self._on_ack(stream, ack)
-        except OrdqError as exc:
-            with self._lock:
-                if self._stream is stream and self._failure is None:
-                    self._failure = exc
-                    self._lock.notify_all()
-        except Exception as exc:  # noqa: BLE001 - a broken stream is a failover, not a crash
-            with self._lock:
-                if self._stream is stream and self._failure is None:
-                    self._failure = BrokerUnavailable(f"group {self._gid}", repr(exc))
-                    self._lock.notify_all()
-
-    def _on_ack(self, stream: ProduceStream, ack: Ack) -> None:
-        with self._lock:
-            assert self._core is not None
-            if self._stream is not stream:
-                # A late ack from a stream we failed over from: its batch is being resent to
-                # the new segment (consumers drop the duplicate); the window follows the new one.
-                return
-            try:
-                done = self._core.on_ack(ack.first_seq, ack.last_seq)
-            except ValueError as exc:
-                if self._failure is None:
-                    self._failure = BrokerUnavailable(f"group {self._gid}", str(exc))
-                self._lock.notify_all()
-                return
-            self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
-            self._count_for_roll(done)
-            self._stats.acked += ack.count
-            self._stats.batches_acked += len(done)
-            self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
-            self._lock.notify_all()
-        metrics = self._metrics  # close() may drop it meanwhile
-        if metrics is not None:
-            metrics.acked(done)
-        try:
-            self._resolve(done, ack)
-        finally:
-            with self._lock:
-                self._resolving -= 1
-                self._lock.notify_all()
-
-    def _count_for_roll(self, done: list[PendingBatch]) -> None:
-        """Caller holds the lock: once the segment holds the queue's segment size, or its first
-        ack is the segment age old, roll it (once per segment, in a thread: ZooKeeper and the
-        Seal protocol block)."""
-        if self._segment_limits is None or self._rolling:
-            return
-        now = time.monotonic()
-        if self._seg_started is None:
-            self._seg_started = now
-        self._seg_bytes += sum(len(b.encoded) for b in done)
-        size, age = self._segment_limits
-        if self._seg_bytes >= size or now - self._seg_started >= age:
-            self._rolling = True
-            gid, seg = self._gid, self._seg
-            assert gid is not None and seg is not None
-            threading.Thread(target=self._roll, args=(gid, seg), name="ordq-producer-roll", daemon=True).start()
-
-    def _roll(self, gid: str, seg: int) -> None:
-        """Seal-and-continue (``coordinator.state.roll``), then seal the old segment: its master
-        refuses further writes, our stream ends, and ``_recover`` continues on the new segment
-        with what was in flight, as after a failover (on the same head)."""
-        from coordinator.seal import make_sealer
-        from coordinator.store import roll_transition
-
-        store = self._require_store()
-        try:
-            store.apply(self.config.queue, roll_transition(store.queue_config(self.config.queue), gid, seg))
-        except IllegalTransition:
-            return  # rolled or failed over by someone else first
-        except OrdqError as exc:
-            log.warning("queue %s: rolling segment %d failed: %s (the coordinator rolls it)", self.config.queue,
-                        seg, exc)
-            return
-        log.info("queue %s: rolled segment %d of %s (size or age limit)", self.config.queue, seg, gid)
-        if self._sealer is None:
-            self._sealer = make_sealer(store)
-        sealer = self._sealer
-        if sealer is not None:
-            try:
-                sealer(self.config.queue, seg)
-            except OrdqError as exc:  # consumers or the coordinator seal it later
-                log.info("queue %s: sealing rolled segment %d deferred: %s", self.config.queue, seg, exc)
-
-    def _resolve(self, done: list[PendingBatch], ack: Ack) -> None:
-        offset = ack.first_offset
-        rows: list[tuple[object, ...]] | None = [] if self._audit is not None else None
-        ack_us = time.time_ns() // 1000
-        for b in done:
-            if rows is not None:
-                send_us = self._send_us.pop(b.first_seq, ack_us)
-                rows.extend((self.config.queue, self.config.producer_id, b.epoch, b.first_seq + i, ack.seg,
-                             offset + i, (m.key or b"").hex(), zlib.crc32(m.payload), send_us, ack_us)
-                            for i, m in enumerate(b.messages))
-            offset += b.count
-        if rows and self._audit is not None:
-            self._audit.write_rows(rows)  # before the futures resolve: an ack seen is an ack recorded
-        offset = ack.first_offset
-        for b in done:
-            first = b.tokens[0]
-            assert isinstance(first, SendFuture)
-            first._outcome.acked(seg=ack.seg, first_offset=offset, first_seq=b.first_seq)
-            offset += b.count
-
-    def _stop_fatal(self, exc: BaseException) -> None:
-        with self._lock:
-            self._fatal = exc
-            self._lock.notify_all()
-        self._fail_pending(exc)
-
-    def _fail_pending(self, exc: BaseException) -> None:
-        with self._lock:
-            tokens = self._core.drop_all() if self._core is not None else []
-        outcomes = {id(fut._outcome): fut._outcome for fut in tokens if isinstance(fut, SendFuture)}
-        for outcome in outcomes.values():
-            outcome.failed(exc)
 
     # -- helpers -----------------------------------------------------------------------------
 

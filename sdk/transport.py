@@ -1,5 +1,6 @@
 """What the SDK needs from brokers: a small interface, implemented over gRPC in
-``broker_group/client.py`` (the wire protocol lives in one place). Errors are ``ordq.errors``
+``broker_group/client.py`` (blocking calls) and ``broker_group/aio_client.py`` (the data path
+on a client's event loop); the wire protocol lives in one place. Errors are ``ordq.errors``
 types (translated where they enter)."""
 
 from __future__ import annotations
@@ -60,3 +61,27 @@ class BrokerTransport(SealTransport, Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class AsyncProduceStream(Protocol):
+    """``ProduceStream`` on an event loop: ``send`` never waits; ``read_acks`` returns the
+    acks of the next response, in order, and ends by raising an OrdqError."""
+
+    def send(self, batches: Sequence[bytes]) -> None: ...
+
+    async def read_acks(self) -> list[Ack]: ...
+
+    async def close(self) -> None: ...
+
+
+class AsyncBrokerTransport(Protocol):
+    """The data path of ``BrokerTransport`` on one event loop (made, used and closed there)."""
+
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> AsyncProduceStream: ...
+
+    async def fetch(
+        self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+        known_end: int | None = None,
+    ) -> FetchResult: ...
+
+    async def close(self) -> None: ...

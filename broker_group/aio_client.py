@@ -1,0 +1,124 @@
+"""The SDK's data path to brokers on grpc.aio: ``AioTransport`` implements
+``sdk.transport.AsyncBrokerTransport`` (the produce stream and Fetch) for a client whose I/O
+runs on one event loop (``sdk._loop``). Control calls (fence, seal, ...) stay on the sync
+``GrpcTransport``; the wire protocol is the same.
+
+Rules:
+- Make it, use it and close it on one event loop: grpc.aio channels belong to the loop that
+  made them. One channel per broker address, closed with the transport.
+- Every failed call raises an ordq error (``broker_group.errors.from_rpc_error``), as the sync
+  client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+
+from broker_group.errors import from_rpc_error
+from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from ordq.errors import BrokerUnavailable, ClosedError
+from ordq.security import Credentials, aio_channel, token_metadata
+from sdk.transport import Ack, FetchResult
+
+
+class AioTransport:
+    def __init__(self, *, rpc_timeout_s: float = 2.0, credentials: Credentials | None = None) -> None:
+        self.credentials = credentials or Credentials()
+        self.rpc_timeout_s = rpc_timeout_s
+        self._md = token_metadata(self.credentials)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.BrokerStub] = {}  # one per channel: a stub costs ~100 µs
+        self._closed = False
+
+    def _stub(self, address: str) -> pb_grpc.BrokerStub:
+        if self._closed:
+            raise ClosedError("transport is closed")
+        stub = self._stubs.get(address)
+        if stub is None:
+            ch = self._channels[address] = aio_channel(address, self.credentials, GRPC_OPTIONS)
+            stub = self._stubs[address] = pb_grpc.BrokerStub(ch)
+        return stub
+
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> AioProduceStream:
+        return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md)
+
+    async def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+                    known_end: int | None = None) -> FetchResult:
+        req = pb.FetchRequest(queue=queue, seg=seg, offset=offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
+                              known_end=-1 if known_end is None else known_end)
+        try:
+            res = await self._stub(address).Fetch(req, timeout=self.rpc_timeout_s + max_wait_ms / 1000.0,
+                                                  metadata=self._md)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, address) from exc
+        return FetchResult(batches=list(res.batches), readable_end=res.readable_end, sealed=res.sealed)
+
+    async def close(self) -> None:
+        self._closed = True
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for ch in channels:
+            await ch.close()
+
+
+class AioProduceStream:
+    """One pipelined Produce call on the running loop. ``send`` (on the loop, never waits)
+    queues batches; one writer task puts everything queued meanwhile into as few stream
+    messages as the broker accepts (``chunks``), so a burst of sends costs one write.
+    ``read_acks`` returns the acks of the next response, in order, and ends by raising an
+    ordq error."""
+
+    def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int,
+                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.address, self.queue, self.seg, self.epoch = address, queue, seg, epoch
+        self._call = stub.Produce(metadata=metadata)
+        self._pending: list[bytes] = []
+        self._wake: asyncio.Future[None] | None = None
+        self._closed = False
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    def send(self, batches: Sequence[bytes]) -> None:
+        self._pending.extend(batches)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closed:
+                if not self._pending:
+                    self._wake = loop.create_future()
+                    await self._wake
+                    continue
+                batches, self._pending = self._pending, []
+                for chunk in chunks(batches, REQUEST_BYTES):
+                    await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
+                                                             batches=chunk))
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the call failed or ended: read_acks reports why
+
+    async def read_acks(self) -> list[Ack]:
+        try:
+            resp = await self._call.read()
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address) from exc
+        if resp is grpc.aio.EOF:
+            raise BrokerUnavailable(self.address, "produce stream ended")
+        return [Ack(seg=a.seg, first_offset=a.first_offset, first_seq=a.first_seq, count=a.count)
+                for a in resp.acks]
+
+    async def close(self) -> None:
+        """Cancel the call and wait for the writer to end."""
+        self._closed = True
+        self._call.cancel()
+        self._writer.cancel()
+        try:
+            await self._writer
+        except asyncio.CancelledError:
+            if not self._writer.cancelled():
+                raise  # the caller itself is being cancelled

@@ -1,0 +1,88 @@
+"""One asyncio event loop per SDK client, on a daemon thread the client starts and stops.
+
+Rules:
+- Owns the loop, its thread and one worker thread for the rare blocking steps (ZooKeeper,
+  the Seal protocol: ``run_blocking``); nothing else. What runs on the loop is the client's.
+- ``call_soon`` is the only way in from another thread that does not wait: it wakes the loop
+  once per call, so callers batch their reasons to wake it (one wake-up per batch, not per
+  message).
+- ``stop`` cancels what is still scheduled, lets it finish, closes the loop and joins the
+  thread: nothing is left running and no coroutine is left un-awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """``start()`` runs a new event loop on a daemon thread named ``name``; ``stop()`` ends it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-blocking")
+        self._started = False
+        self._stopped = False
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self.loop.call_soon(ready.set)
+        self._started = True
+        self._thread.start()
+        ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @property
+    def in_loop(self) -> bool:
+        """Is the caller on the loop's thread?"""
+        return threading.current_thread() is self._thread
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop, from any thread (never waits)."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (from another thread only)."""
+        assert not self.in_loop, "LoopThread.run() from the loop itself would deadlock"
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the loop: run a blocking ``fn(*args)`` on the worker thread and await it."""
+        return await self.loop.run_in_executor(self._worker, fn, *args)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel the tasks still running, let them finish (bounded), close the loop. The
+        worker thread is not waited for: a blocking step in progress ends on its own (its
+        result is dropped)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._started and self._thread.is_alive():
+            try:
+                self.run(self._cancel_all(), timeout_s)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass  # a task that ignores cancellation: the loop is stopped anyway
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    async def _cancel_all(self) -> None:
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.loop.shutdown_asyncgens()

@@ -1,0 +1,399 @@
+"""The producer's data path on its event loop (``sdk._loop``): the produce stream's writes
+and ack reads, the linger and ack-deadline timers, settling acked batches, and failover.
+
+Rules:
+- Everything here runs on the producer's loop thread, under the producer's lock where it
+  touches the core, except ``_fail_over`` and ``_roll`` (blocking ZooKeeper and Seal steps,
+  on a worker thread: they are rare).
+- An ack is settled where it is read: the window moves, the audit rows are written and the
+  futures resolve on the loop thread, with no hop between the response and the outcome.
+- Order: batches reach the stream only through ``_pump``, under the lock, in seq order; after
+  a failure nothing is sent until the unacked suffix is rewound onto the new stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from ordq.errors import (
+    BrokerUnavailable,
+    ClosedError,
+    ConfigError,
+    CoordinationUnavailable,
+    FencedError,
+    IllegalTransition,
+    MessageTooLarge,
+    OrdqError,
+)
+from sdk._futures import SendFuture
+from sdk._producer_core import PendingBatch
+from sdk.transport import Ack, AsyncProduceStream
+
+if TYPE_CHECKING:
+    from broker_group.aio_client import AioTransport
+    from coordinator.store import ZkStore
+    from sdk._head import HeadProtocol
+    from sdk._loop import LoopThread
+    from sdk._producer_core import ProducerCore
+    from sdk.audit import AuditWriter
+    from sdk.metrics import ProducerMetrics
+    from sdk.producer import ProducerConfig, ProducerStats
+
+log = logging.getLogger("ordq.producer")
+
+# Refused by every group alike (fenced: another leader took over; too large or malformed):
+# failing over would only walk the send list.
+_FATAL = (FencedError, MessageTooLarge, ConfigError)
+
+
+class ProducerIO:
+    """The loop side of ``sdk.producer.Producer`` (which owns the fields declared here)."""
+
+    config: ProducerConfig
+    _mutex: threading.RLock
+    _lock: threading.Condition
+    _core: ProducerCore | None
+    _stats: ProducerStats
+    _failure: BaseException | None
+    _fatal: BaseException | None
+    _closed: bool
+    _resolving: int
+    _last: tuple[int, int, int] | None
+    _audit: AuditWriter | None
+    _send_us: dict[int, int]
+    _metrics: ProducerMetrics | None
+    _loop: LoopThread | None
+    _aio: AioTransport | None
+    _stream: AsyncProduceStream | None
+    _gid: str | None
+    _seg: int | None
+    _wake_pending: bool
+    _segment_limits: tuple[int, float] | None
+    _seg_bytes: int
+    _seg_started: float | None
+    _rolling: bool
+    _sealer: Any
+
+    def _init_io(self) -> None:
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _require_store(self) -> ZkStore:
+        raise NotImplementedError
+
+    def _require_head(self) -> HeadProtocol:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- waking the loop (any thread, lock held) ----------------------------------------------
+
+    def _wake_locked(self) -> None:
+        """Caller holds the lock: have the loop pump soon; at most one wake-up in flight."""
+        if not self._wake_pending and self._loop is not None:
+            self._wake_pending = True
+            self._loop.call_soon(self._on_wake)
+
+    def _on_wake(self) -> None:
+        with self._mutex:
+            self._wake_pending = False
+            self._pump(time.monotonic())
+
+    # -- sending (loop thread, lock held) -----------------------------------------------------
+
+    def _pump(self, now: float) -> None:
+        """Put every batch that is due on the stream, in seq order, and arm the timers: the
+        open batch's linger deadline and the oldest unacked batch's ack deadline."""
+        core = self._core
+        assert core is not None and self._loop is not None
+        if self._failure is not None or self._stream is None or self._closed:
+            return
+        ready = core.take_ready(now)
+        loop = self._loop.loop
+        if ready:
+            if self._audit is not None:
+                now_us = time.time_ns() // 1000
+                for b in ready:
+                    self._send_us.setdefault(b.first_seq, now_us)
+            self._stream.send([b.encoded for b in ready])
+            if self._deadline_timer is None:
+                self._deadline_timer = loop.call_at(now + self.config.send_timeout_s, self._on_deadline)
+        due = core.next_deadline()
+        if due is not None:
+            timer = self._linger_timer
+            if timer is None or timer.when() > due:
+                if timer is not None:
+                    timer.cancel()
+                self._linger_timer = loop.call_at(due, self._on_linger)
+
+    def _on_linger(self) -> None:
+        self._linger_timer = None
+        with self._mutex:
+            self._pump(time.monotonic())
+
+    def _on_deadline(self) -> None:
+        """The ack deadline: the oldest unacked batch waited ``send_timeout_s``: the head is
+        gone (fail over); else look again when the now oldest one's time is up."""
+        self._deadline_timer = None
+        assert self._core is not None and self._loop is not None
+        timeout = self.config.send_timeout_s
+        with self._mutex:
+            oldest = self._core.oldest_sent_at()
+            if oldest is None or self._failure is not None:
+                return
+            if time.monotonic() - oldest < timeout:
+                self._deadline_timer = self._loop.loop.call_at(oldest + timeout, self._on_deadline)
+                return
+            stream = self._stream
+        if stream is not None:
+            self._fail(stream, BrokerUnavailable(f"group {self._gid}", f"no ack within send_timeout_s={timeout:g}"))
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._linger_timer, self._deadline_timer):
+            if timer is not None:
+                timer.cancel()
+        self._linger_timer = self._deadline_timer = None
+
+    # -- the stream ----------------------------------------------------------------------------
+
+    def _open_stream(self, gid: str, seg: int, address: str) -> None:
+        """On the loop: open the produce stream to ``gid``'s master for ``seg``; its acks are
+        read by a task of its own."""
+        assert self._aio is not None and self._core is not None
+        stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch)
+        with self._mutex:
+            self._stream, self._gid, self._seg = stream, gid, seg
+            self._seg_bytes, self._seg_started, self._rolling = 0, None, False
+            self._stats.seg, self._stats.head = seg, gid
+        self._spawn(self._read_acks(stream))
+
+    async def _read_acks(self, stream: AsyncProduceStream) -> None:
+        try:
+            while True:
+                acks = await stream.read_acks()
+                if not self._on_acks(stream, acks):
+                    return
+        except OrdqError as exc:
+            self._fail(stream, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken stream is a failover, not a crash
+            self._fail(stream, BrokerUnavailable(f"group {self._gid}", repr(exc)))
+
+    def _on_acks(self, stream: AsyncProduceStream, acks: list[Ack]) -> bool:
+        """Settle the acks of one response: move the window, send what that made due, write
+        the audit rows and resolve the futures. False once this stream is no longer ours."""
+        settled: list[tuple[list[PendingBatch], Ack]] = []
+        with self._mutex:
+            core = self._core
+            assert core is not None
+            if self._stream is not stream:
+                # A late ack from a stream we failed over from: its batch is being resent to
+                # the new segment (consumers drop the duplicate); the window follows the new one.
+                return False
+            for ack in acks:
+                try:
+                    done = core.on_ack(ack.first_seq, ack.last_seq)
+                except ValueError as exc:
+                    self._fail_locked(stream, BrokerUnavailable(f"group {self._gid}", str(exc)))
+                    break
+                self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
+                self._count_for_roll(done)
+                self._stats.acked += ack.count
+                self._stats.batches_acked += len(done)
+                settled.append((done, ack))
+            self._pump(time.monotonic())  # an ack frees the pipe: the open batch may be due now
+            self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
+        try:
+            metrics = self._metrics  # close() may drop it meanwhile
+            for done, ack in settled:
+                if metrics is not None:
+                    metrics.acked(done)
+                self._resolve(done, ack)
+        finally:
+            with self._mutex:
+                self._resolving -= 1
+                self._lock.notify_all()
+        return self._failure is None
+
+    def _resolve(self, done: list[PendingBatch], ack: Ack) -> None:
+        offset = ack.first_offset
+        if self._audit is not None:
+            rows: list[tuple[object, ...]] = []
+            ack_us = time.time_ns() // 1000
+            queue, pid = self.config.queue, self.config.producer_id
+            for b in done:
+                send_us = self._send_us.pop(b.first_seq, ack_us)
+                rows.extend((queue, pid, b.epoch, b.first_seq + i, ack.seg, offset + i, (m.key or b"").hex(),
+                             zlib.crc32(m.payload), send_us, ack_us) for i, m in enumerate(b.messages))
+                offset += b.count
+            self._audit.write_rows(rows)  # before the futures resolve: an ack seen is an ack recorded
+            offset = ack.first_offset
+        for b in done:
+            first = b.tokens[0]
+            assert isinstance(first, SendFuture)
+            first._outcome.acked(seg=ack.seg, first_offset=offset, first_seq=b.first_seq)
+            offset += b.count
+
+    # -- failure and failover -----------------------------------------------------------------
+
+    def _fail(self, stream: AsyncProduceStream, exc: BaseException) -> None:
+        with self._mutex:
+            self._fail_locked(stream, exc)
+
+    def _fail_locked(self, stream: AsyncProduceStream, exc: BaseException) -> None:
+        """On the loop, lock held: the first failure of the current stream starts a failover
+        (or stops the producer when it is fatal); later ones and stale streams' are ignored."""
+        if self._stream is not stream or self._failure is not None or self._closed:
+            return
+        self._failure = exc
+        self._lock.notify_all()
+        self._spawn(self._handle_failure(exc))
+
+    async def _handle_failure(self, failure: BaseException) -> None:
+        assert self._loop is not None and self._core is not None
+        self._cancel_timers()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
+        if isinstance(failure, _FATAL):
+            self._stop_fatal(failure)
+            return
+        first_gid, first_seg = self._gid, self._seg
+        try:
+            gid, seg, address = await self._loop.run_blocking(self._fail_over)
+        except OrdqError as exc:
+            self._stop_fatal(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug or a closed client: stop, never hang flush()
+            log.exception("queue %s: failover failed", self.config.queue)
+            self._stop_fatal(exc)
+            return
+        if self._closed:
+            return
+        self._open_stream(gid, seg, address)
+        if gid == first_gid:
+            log.info("queue %s: segment %s of %s ended (%s); continuing on segment %s", self.config.queue,
+                     first_seg, first_gid, failure, seg)
+        else:
+            log.warning("queue %s: head %s seg %s failed (%s); failed over to %s seg %s", self.config.queue,
+                        first_gid, first_seg, failure, gid, seg)
+        with self._mutex:
+            self._core.rewind()  # the unacked suffix goes again, in order, with the same seqs
+            self._stats.failovers += 1
+            self._failure = None
+            self._lock.notify_all()
+            self._pump(time.monotonic())
+
+    def _fail_over(self) -> tuple[str, int, str]:
+        """Worker thread: fail the head over from the segment we wrote (or follow whoever
+        moved it) until a head whose master is live: (gid, seg, master address). A rolled
+        segment (sealed on a healthy head) ends the stream the same way."""
+        assert self._gid is not None and self._seg is not None and self._core is not None
+        gid, seg, epoch = self._gid, self._seg, self._core.epoch
+        deadline = time.monotonic() + self.config.no_group_timeout_s
+        while True:
+            head = self._require_head()
+            st = head.fail_over_from(gid, seg, epoch)
+            head.check_epoch(st, epoch)
+            open_seg = st.open_segment
+            assert open_seg is not None
+            try:
+                return open_seg.gid, open_seg.seg, self._master_address(open_seg.gid)
+            except BrokerUnavailable:
+                gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
+            except CoordinationUnavailable:
+                # ZooKeeper away while we look up the new head's master: try again (the
+                # fail_over above is then a no-op that follows the head), bounded.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _master_address(self, gid: str) -> str:
+        master = self._require_store().live_members(gid).get("master")
+        if master is None:
+            raise BrokerUnavailable(f"group {gid}", "master not live")
+        return master.address
+
+    def _stop_fatal(self, exc: BaseException) -> None:
+        with self._mutex:
+            self._fatal = exc
+            self._lock.notify_all()
+        self._fail_pending(exc)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        with self._mutex:
+            tokens = self._core.drop_all() if self._core is not None else []
+        outcomes = {id(fut._outcome): fut._outcome for fut in tokens if isinstance(fut, SendFuture)}
+        for outcome in outcomes.values():
+            outcome.failed(exc)
+
+    async def _close_io(self) -> None:
+        """On the loop, at close: stop the timers, the stream and its reader, the channels."""
+        self._cancel_timers()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._aio is not None:
+            await self._aio.close()
+
+    # -- rolling the segment --------------------------------------------------------------------
+
+    def _count_for_roll(self, done: list[PendingBatch]) -> None:
+        """Caller holds the lock: once the segment holds the queue's segment size, or its first
+        ack is the segment age old, roll it (once per segment, in a thread: ZooKeeper and the
+        Seal protocol block)."""
+        if self._segment_limits is None or self._rolling:
+            return
+        now = time.monotonic()
+        if self._seg_started is None:
+            self._seg_started = now
+        self._seg_bytes += sum(len(b.encoded) for b in done)
+        size, age = self._segment_limits
+        if self._seg_bytes >= size or now - self._seg_started >= age:
+            self._rolling = True
+            gid, seg = self._gid, self._seg
+            assert gid is not None and seg is not None
+            threading.Thread(target=self._roll, args=(gid, seg), name="ordq-producer-roll", daemon=True).start()
+
+    def _roll(self, gid: str, seg: int) -> None:
+        """Seal-and-continue (``coordinator.state.roll``), then seal the old segment: its master
+        refuses further writes, our stream ends, and ``_handle_failure`` continues on the new
+        segment with what was in flight, as after a failover (on the same head)."""
+        from coordinator.seal import make_sealer
+        from coordinator.store import roll_transition
+
+        try:
+            store = self._require_store()
+            store.apply(self.config.queue, roll_transition(store.queue_config(self.config.queue), gid, seg))
+        except IllegalTransition:
+            return  # rolled or failed over by someone else first
+        except ClosedError:
+            return
+        except OrdqError as exc:
+            log.warning("queue %s: rolling segment %d failed: %s (the coordinator rolls it)", self.config.queue,
+                        seg, exc)
+            return
+        log.info("queue %s: rolled segment %d of %s (size or age limit)", self.config.queue, seg, gid)
+        if self._sealer is None:
+            self._sealer = make_sealer(store)
+        sealer = self._sealer
+        if sealer is not None:
+            try:
+                sealer(self.config.queue, seg)
+            except OrdqError as exc:  # consumers or the coordinator seal it later
+                log.info("queue %s: sealing rolled segment %d deferred: %s", self.config.queue, seg, exc)

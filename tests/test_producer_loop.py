@@ -1,0 +1,81 @@
+"""The producer's event loop (sdk/_loop.py, sdk/_producer_io.py): what runs where, and what a
+send costs the loop. Failover over the loop is in test_failover.py and test_producer_leader.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from sdk import BatchingConfig, Producer, ProducerConfig
+from sdk._loop import LoopThread
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+
+
+def test_loop_thread_runs_coroutines_callbacks_and_blocking_steps_and_stops_clean() -> None:
+    lt = LoopThread("ordq-test-loop")
+    lt.start()
+    seen: list[str] = []
+    done = threading.Event()
+
+    async def where() -> str:
+        blocking = await lt.run_blocking(lambda: threading.current_thread().name)
+        return f"{threading.current_thread().name} {blocking.startswith('ordq-test-loop-blocking')}"
+
+    assert lt.run(where(), 5) == "ordq-test-loop True"
+    lt.call_soon(lambda: (seen.append(threading.current_thread().name), done.set()))
+    assert done.wait(5) and seen == ["ordq-test-loop"]
+    stuck = asyncio.run_coroutine_threadsafe(asyncio.sleep(3600), lt.loop)
+    lt.stop()
+    assert stuck.cancelled()
+    assert lt.loop.is_closed()
+    assert not any(t.name == "ordq-test-loop" for t in threading.enumerate())
+    lt.stop()  # idempotent
+
+
+@pytest.fixture(name="queue")
+def queue_fixture(cluster: Cluster) -> Cluster:
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    return cluster
+
+
+def ordq_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("ordq-producer")}
+
+
+@pytest.mark.zk
+def test_sends_wake_the_loop_at_most_once_per_batch(queue: Cluster) -> None:
+    cfg = ProducerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q",
+                         batching=BatchingConfig(linger_ms=20, max_batch_messages=50))
+    with Producer(cfg) as p:
+        assert ordq_threads() == {"ordq-producer"}  # one loop; no sender or ack-reader threads
+        loop = p._loop  # noqa: SLF001 - counting its wake-ups
+        assert loop is not None
+        wakes = 0
+        call_soon = loop.call_soon
+
+        def counting(fn: object, *args: object) -> None:
+            nonlocal wakes
+            wakes += 1
+            call_soon(fn, *args)  # type: ignore[arg-type]
+
+        loop.call_soon = counting  # type: ignore[method-assign]
+        futures = [p.send(b"m%d" % i) for i in range(5000)]
+        p.flush(30)
+        assert [f.result(0).seq for f in futures] == list(range(5000))
+        batches = p.statistics().batches_acked
+        assert batches >= 100  # max_batch_messages
+        assert wakes <= batches + 1  # + flush()'s
+
+    assert not ordq_threads()
+
+
+@pytest.mark.zk
+def test_a_lone_send_on_an_idle_pipe_goes_at_once_not_after_linger(queue: Cluster) -> None:
+    cfg = ProducerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q",
+                         batching=BatchingConfig(linger_ms=60_000))
+    with Producer(cfg) as p:
+        for i in range(20):
+            assert p.send(b"lone %d" % i).result(10).seq == i  # a minute of linger would time out
