@@ -1,6 +1,6 @@
 """The SDK's data path to brokers on grpc.aio: ``AioTransport`` implements
 ``sdk.transport.AsyncBrokerTransport`` (the produce stream and Fetch) for a client whose I/O
-runs on one event loop (``sdk._loop``). Control calls (fence, seal, ...) stay on the sync
+runs on one event loop (``ordq.loop``). Control calls (fence, seal, ...) stay on the sync
 ``GrpcTransport``; the wire protocol is the same.
 
 Rules:

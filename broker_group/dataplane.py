@@ -1,4 +1,4 @@
-"""The broker's gRPC handlers, all on its event loop (broker_group/loop.py).
+"""The broker's gRPC handlers, all on its event loop (ordq/loop.py).
 
 Guarantee: the same as broker_group/service.py's: acks in order, each only when both
 replicas synced its batch. What this module adds is where the work runs:
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import grpc
 
 from broker_group.errors import abort
-from broker_group.loop import run_blocking
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from ordq.errors import ConfigError, OrdqError, PermissionDenied
@@ -107,7 +106,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             self.b.gate.check(context, rpc, queue)
             if asyncio.iscoroutinefunction(call):
                 return await call()
-            return await run_blocking(call)
+            return await self.b.loop.run_blocking(call)
         except OrdqError as exc:
             self.b.count_refused(exc)
             await abort(context, exc)

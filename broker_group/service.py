@@ -12,7 +12,7 @@ Guarantees (DESIGN §4):
   ZooKeeper is reconciled (truncated past its end, or completed from the peer) before it is
   served past what this copy holds.
 
-Threads: every gRPC call runs on one asyncio loop (broker_group/loop.py; the handlers are in
+Threads: every gRPC call runs on one asyncio loop (ordq/loop.py; the handlers are in
 broker_group/dataplane.py): a produce request is checked, placed and forwarded to the slave
 in the loop, one sync thread group-commits the master's copy and wakes the loop, the
 replication reader releases acks on the loop, the slave appends, syncs and answers on its
@@ -46,7 +46,6 @@ from broker_group.auth import Gate
 from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
-from broker_group.loop import LoopThread, Signal, run_blocking
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
 from broker_group.replica import Placement, Refused, Role, SegmentReplica
@@ -65,6 +64,7 @@ from ordq.errors import (
     QueueNotFound,
     SegmentNotFound,
 )
+from ordq.loop import LoopThread, Signal
 from ordq.security import Credentials, server_credentials
 
 log = logging.getLogger("ordq.broker")
@@ -215,7 +215,7 @@ class Broker:
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
         self._stopping = False
         self._server: grpc.aio.Server | None = None
-        # The loop every call runs on, and the signal its waiters wake on (broker_group/loop.py).
+        # The loop every call runs on, and the signal its waiters wake on (ordq/loop.py).
         self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
         self.signal = Signal(self.loop)
         self._store: ZkStore | None = None
@@ -554,7 +554,7 @@ class Broker:
             raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
         while not self._write_ready(req.queue, req.seg, req.epoch):
-            await run_blocking(self._prepare_write, req.queue, req.seg, req.epoch)
+            await self.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch)
         self.epochs.check(req.queue, req.epoch)  # known: a dict lookup
         s = self._segments[(req.queue, req.seg)]
         self._check_message_sizes(req.queue, req.batches)
@@ -608,7 +608,7 @@ class Broker:
         headers = [self._checked_header(raw) for raw in batches]
         s = self._segments.get((queue, seg))
         if s is None:
-            s = await run_blocking(self.segment_for_replica, queue, seg)
+            s = await self.loop.run_blocking(self.segment_for_replica, queue, seg)
         accepted: list[bytes] = []
         with self._cv:
             if lac >= 0:
@@ -854,7 +854,7 @@ class Broker:
             await self.signal.wait(left)
             s = self._segments.get(key)
         if s is None:
-            return await run_blocking(self._fetch_absent, req)
+            return await self.loop.run_blocking(self._fetch_absent, req)
         r = s.replica
         while True:
             with self._cv:
@@ -883,7 +883,7 @@ class Broker:
                 finally:
                     s.io_lock.release()
             else:
-                batches = await run_blocking(self._read, s, req.offset, max_bytes, upto)
+                batches = await self.loop.run_blocking(self._read, s, req.offset, max_bytes, upto)
             count_fetch(self.stats, batches)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
 

@@ -1,4 +1,4 @@
-"""The producer's data path on its event loop (``sdk._loop``): the produce stream's writes
+"""The producer's data path on its event loop (``ordq.loop``): the produce stream's writes
 and ack reads, the linger and ack-deadline timers, settling acked batches, and failover.
 
 Rules:
@@ -37,8 +37,8 @@ from sdk.transport import Ack, AsyncProduceStream
 if TYPE_CHECKING:
     from broker_group.aio_client import AioTransport
     from coordinator.store import ZkStore
+    from ordq.loop import LoopThread
     from sdk._head import HeadProtocol
-    from sdk._loop import LoopThread
     from sdk._producer_core import ProducerCore
     from sdk.audit import AuditWriter
     from sdk.metrics import ProducerMetrics

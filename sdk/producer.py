@@ -7,7 +7,7 @@ same seqs, to the new head segment, so the stored history holds every acked seq 
 see each seq once, in order. A ``FencedError`` means another leader took over: stop.
 
 Threads: callers of ``send`` add to the core under a lock and wake the producer's event loop
-(``sdk._loop``) only when a batch is cut or due, at most once per batch; the loop writes the
+(``ordq.loop``) only when a batch is cut or due, at most once per batch; the loop writes the
 produce stream, reads its acks and settles them, and keeps the linger and ack-deadline timers
 (``sdk._producer_io``). Failover's blocking ZooKeeper steps run on a worker thread. Batching
 and the window are ``sdk._producer_core``; the takeover and failover steps against ZooKeeper
@@ -39,10 +39,10 @@ from ordq.errors import (
     OrdqError,
     WaitTimeout,
 )
+from ordq.loop import LoopThread
 from ordq.security import Credentials, lookup
 from sdk._futures import BatchOutcome, SendFuture
 from sdk._head import HeadProtocol
-from sdk._loop import LoopThread
 from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from sdk._producer_io import ProducerIO
 from sdk.audit import AuditWriter, new_writer_id

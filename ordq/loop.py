@@ -1,8 +1,10 @@
-"""One asyncio event loop per SDK client, on a daemon thread the client starts and stops.
+"""An asyncio event loop on a daemon thread, for a process's or a client's gRPC I/O (grpc.aio):
+one per broker process (broker_group/service.py), one per Producer (sdk/producer.py).
 
 Rules:
-- Owns the loop, its thread and one worker thread for the rare blocking steps (ZooKeeper,
-  the Seal protocol: ``run_blocking``); nothing else. What runs on the loop is the client's.
+- Owns the loop, its thread and a pool of worker threads (``workers``, made as needed) for
+  the blocking steps (ZooKeeper, the Seal protocol, disk: ``run_blocking``); nothing else.
+  What runs on the loop is its owner's.
 - ``call_soon`` is the only way in from another thread that does not wait: it wakes the loop
   once per call, so callers batch their reasons to wake it (one wake-up per batch, not per
   message).
@@ -24,11 +26,12 @@ T = TypeVar("T")
 class LoopThread:
     """``start()`` runs a new event loop on a daemon thread named ``name``; ``stop()`` ends it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, workers: int = 1) -> None:
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-blocking")
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-blocking")
+        self.loop.set_default_executor(self._worker)
         self._started = False
         self._stopped = False
 
@@ -86,3 +89,49 @@ class LoopThread:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.loop.shutdown_asyncgens()
+
+
+class Signal:
+    """A broadcast wake-up for a loop's waiters: ``await wait()`` until the next ``fire()``.
+
+    How a waiter loses no wake-up: state changes happen (under their owner's lock) before the
+    signal fires, and a waiter checks its condition and starts waiting without an ``await``
+    in between; another thread's ``fire`` reaches the loop through ``call_soon_threadsafe``.
+    """
+
+    def __init__(self, loop_thread: LoopThread) -> None:
+        self._lt = loop_thread
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    async def wait(self, timeout_s: float | None = None) -> None:
+        """Until the next fire (or ``timeout_s``). Check the condition just before, with no
+        ``await`` in between."""
+        fut: asyncio.Future[None] = self._lt.loop.create_future()
+        self._waiters.add(fut)
+        timer = None if timeout_s is None else self._lt.loop.call_later(max(timeout_s, 0.0), _settle, fut)
+        try:
+            await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waiters.discard(fut)  # timed out or cancelled: forget it
+
+    def fire(self) -> None:
+        """Wake every waiter; from any thread."""
+        if self._lt.in_loop:
+            self._fire()
+        else:
+            try:
+                self._lt.loop.call_soon_threadsafe(self._fire)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+
+    def _fire(self) -> None:
+        waiters, self._waiters = self._waiters, set()
+        for fut in waiters:
+            _settle(fut)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
