@@ -21,7 +21,7 @@ from ordq.security import BROKER_CN, peer_common_name
 log = logging.getLogger("ordq.broker.auth")
 
 # RPC -> the role its caller needs on the request's queue.
-ROLE_OF = {"Produce": "produce", "Fetch": "consume", "Fence": ANY, "Seal": ANY, "Reconcile": ANY,
+ROLE_OF = {"Produce": "produce", "Fetch": "consume", "Read": "consume", "Fence": ANY, "Seal": ANY, "Reconcile": ANY,
            "SegmentInfo": ANY, "Health": ANY}
 
 

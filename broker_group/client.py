@@ -17,6 +17,7 @@ import grpc
 
 from broker_group.errors import from_rpc_error
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from broker_group.log import parse_header
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.seal import ReplicaEnd
@@ -108,6 +109,57 @@ class GrpcTransport:
 
     def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> GrpcProduceStream:
         return GrpcProduceStream(self._stub(address), address, queue, seg, epoch, self._md)
+
+    def reader(self) -> StreamedReads:
+        return StreamedReads(self)
+
+
+class StreamedReads:
+    """``fetch`` for one reading thread, over the broker's Read streams: a fetch that
+    continues the open stream (same replica, segment, limits, and the offset where its last
+    answer ended) takes the stream's next answer — one stream message per readable range,
+    not a call each; any other fetch closes it and opens a new one. The broker ends a stream
+    after an empty answer or ``STREAM_S``, so the stream's deadline (``STREAM_S`` + the wait
+    + the transport's ``rpc_timeout_s``) also bounds every answer when a broker hangs."""
+
+    STREAM_S = 1.0
+
+    def __init__(self, transport: GrpcTransport) -> None:
+        self._t = transport
+        self._key: tuple[Any, ...] | None = None  # what the open stream reads, and from where next
+        self._call: Any = None
+
+    def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+              known_end: int | None = None) -> FetchResult:
+        key = (address, queue, seg, offset, max_bytes, max_wait_ms, known_end)
+        for fresh in (False, True):
+            if fresh or key != self._key or self._call is None:
+                self.close()
+                self._call = self._open(address, pb.FetchRequest(
+                    queue=queue, seg=seg, offset=offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
+                    known_end=-1 if known_end is None else known_end, stream_ms=int(self.STREAM_S * 1000)))
+            try:
+                res = next(self._call)
+            except StopIteration:
+                self._call = None  # it ended after its last answer (quiet, or its time): a new one
+                continue
+            except grpc.RpcError as exc:
+                self._call = None
+                raise from_rpc_error(exc, address) from exc
+            batches = list(res.batches)
+            end = parse_header(batches[-1], verify_crc=False).end_offset if batches else offset
+            self._key = (address, queue, seg, end, max_bytes, max_wait_ms, known_end)
+            return FetchResult(batches=batches, readable_end=res.readable_end, sealed=res.sealed)
+        raise BrokerUnavailable(address, "Read stream ended without an answer")
+
+    def _open(self, address: str, req: pb.FetchRequest) -> Any:
+        timeout = self.STREAM_S + req.max_wait_ms / 1000.0 + self._t.rpc_timeout_s
+        return self._t._call(address, lambda s: s.Read(req, timeout=timeout, metadata=self._t._md))
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        self._call = self._key = None
 
 
 _CLOSE = object()

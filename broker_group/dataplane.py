@@ -7,7 +7,8 @@ replicas synced its batch. What this module adds is where the work runs:
   LAC moves (the replication reader or the sync thread fires ``Broker.signal``). No thread
   stands between a request arriving and its ack leaving but the sync thread's fdatasync.
 - Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
-- Fetch: long-polls on the loop; reads the log inline when it is free.
+- Fetch: long-polls on the loop; reads the log inline when it is free. Read: the same,
+  fetch after fetch on one stream (a follower's way: no call per batch).
 - Control calls (Fence, Seal, Reconcile, SegmentInfo, Health) wait on locks, disks and
   peers: they run in the loop's worker threads, as before.
 Errors become typed gRPC statuses in one place (``_answer``, ``broker_group.errors.abort``).
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
 
+from broker_group import log as seglog
 from broker_group.errors import abort
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
@@ -93,6 +96,23 @@ async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIt
             b.changed()
 
 
+async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None:
+    """Fetch after fetch on one stream, each from where the last one's batches ended, until an
+    empty answer, the answer that reaches the sealed end, or ``stream_ms`` (capped at
+    ``max_fetch_wait_ms``): the reader's deadline for the stream bounds every answer."""
+    offset = req.offset
+    until = time.monotonic() + min(req.stream_ms, b.config.max_fetch_wait_ms) / 1000.0
+    while True:
+        res = await b.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset, max_bytes=req.max_bytes,
+                                            max_wait_ms=req.max_wait_ms, known_end=req.known_end))
+        await context.write(res)
+        if not res.batches or time.monotonic() >= until:
+            return
+        offset = seglog.parse_header(res.batches[-1], verify_crc=False).end_offset
+        if res.sealed and offset >= res.readable_end:
+            return
+
+
 class BrokerServicer(pb_grpc.BrokerServicer):
     """gRPC entry points: translate requests to Broker calls and ordq errors to statuses."""
 
@@ -129,6 +149,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             return await self.b.fetch(request)
 
         return await self._answer(context, "Fetch", request.queue, fetch)  # type: ignore[no-any-return]
+
+    async def Read(self, request: pb.FetchRequest, context: Context) -> None:
+        async def read() -> None:
+            await read_stream(self.b, request, context)
+
+        await self._answer(context, "Read", request.queue, read)
 
     async def Fence(self, request: pb.FenceRequest, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "Fence", request.queue,  # type: ignore[no-any-return]

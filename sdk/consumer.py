@@ -71,7 +71,7 @@ from sdk.failure import FailurePolicy
 from sdk.keyed import KeyedWorkers
 from sdk.metrics import ConsumerMetrics
 from sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_key_filter
-from sdk.transport import BrokerTransport, FetchResult
+from sdk.transport import BrokerTransport, FetchResult, Reader
 
 log = logging.getLogger("ordq.consumer")
 
@@ -165,6 +165,7 @@ class Consumer:
     def __init__(self, config: ConsumerConfig, *, transport: BrokerTransport | None = None) -> None:
         self.config = config
         self._transport = transport
+        self._reads: Reader | None = None  # this consumer's reads: one Read stream kept open between fetches
         self._client: KazooClient | None = None
         self._store: ZkStore | None = None
         self._election: Any = None  # the kazoo Lock of the subscription
@@ -321,6 +322,8 @@ class Consumer:
         if self._client is not None:
             self._client.stop()
             self._client.close()
+        if self._reads is not None:
+            self._reads.close()
         if self._transport is not None:
             self._transport.close()
 
@@ -849,7 +852,10 @@ class Consumer:
                max_bytes: int | None = None) -> FetchResult | None:
         """Read from the master, or the slave when the master is down; None when neither
         answers (the caller waits at this segment: consumers never skip it)."""
-        transport, view = self._require_transport(), self._require_view()
+        view = self._require_view()
+        if self._reads is None:
+            self._reads = self._require_transport().reader()
+        reads = self._reads
         members = view.replicas(segment.gid)
         errors = []
         for role in ("master", "slave"):
@@ -858,7 +864,7 @@ class Consumer:
                 view.mark_stale(segment.gid)  # look again next time: it may be back
                 continue
             try:
-                res = transport.fetch(info.address, self.config.queue, segment.seg, offset,
+                res = reads.fetch(info.address, self.config.queue, segment.seg, offset,
                                       max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
                                       known_end=segment.end if segment.status is SegStatus.SEALED else None)
                 self._stalled_since = None

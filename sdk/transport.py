@@ -47,6 +47,18 @@ class ProduceStream(Protocol):
     def close(self) -> None: ...
 
 
+class Reader(Protocol):
+    """``BrokerTransport.fetch`` for one reading thread, which may keep a stream open between
+    calls (a fetch that continues where the last one ended costs no call)."""
+
+    def fetch(
+        self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
+        known_end: int | None = None,
+    ) -> FetchResult: ...
+
+    def close(self) -> None: ...
+
+
 class BrokerTransport(SealTransport, Protocol):
     def fence(self, address: str, queue: str, seg: int, epoch: int) -> ReplicaEnd: ...
 
@@ -58,6 +70,10 @@ class BrokerTransport(SealTransport, Protocol):
     ) -> FetchResult:
         """Whole batches from ``offset``; ``known_end`` is the sealed end from ZooKeeper, if
         known: a replica holding less refuses (BrokerUnavailable) instead of reading short."""
+        ...
+
+    def reader(self) -> Reader:
+        """A ``Reader`` for one thread's reads (a consumer's)."""
         ...
 
     def close(self) -> None: ...

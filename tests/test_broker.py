@@ -41,7 +41,7 @@ from ordq.errors import (
     SegmentNotFound,
 )
 from ordq.security import channel as security_channel
-from ordq.security import provision
+from ordq.security import provision, token_metadata
 from sdk.transport import Ack
 from tests.util import wait_until
 
@@ -437,3 +437,26 @@ def test_a_claimed_epoch_zookeeper_never_issued_is_refused_and_the_leader_goes_o
     assert acks[0].first_offset == 50 and acks[-1].last_seq == 249
     assert _health(group, "master")["epoch_lookups"] == lookups  # the hot path reads no ZooKeeper
     assert [seq for seq, _ in stored(group.procs.slave.data_dir)] == list(range(250))
+
+
+def test_read_streams_each_range_once_from_where_the_last_ended_until_quiet(group: Group) -> None:
+    produce(group, 0, batches=7, per_batch=10)
+    ch = security_channel(group.address("master"), group.transport.credentials, GRPC_OPTIONS)
+    md = token_metadata(group.transport.credentials)
+
+    def read(offset: int) -> list[pb.FetchResponse]:
+        req = pb.FetchRequest(queue=Q, seg=0, offset=offset, max_bytes=1, max_wait_ms=200, known_end=-1,
+                              stream_ms=10_000)
+        return list(pb_grpc.BrokerStub(ch).Read(req, metadata=md, timeout=30))
+
+    try:
+        answers = read(15)  # from the batch holding offset 15 (seq 10), one batch per answer
+        *full, quiet = answers
+        seqs = [h.first_seq + i for a in full for h, ms in [seglog.decode_batch(a.batches[0])] for i in range(len(ms))]
+        assert all(len(a.batches) == 1 and not a.sealed for a in full) and seqs == list(range(10, 70))
+        assert not quiet.batches and quiet.readable_end == 70 and not quiet.sealed  # then the stream ended
+        group.transport.seal(group.address("master"), Q, 0)
+        [last] = read(70)
+        assert not last.batches and last.sealed and last.readable_end == 70
+    finally:
+        ch.close()

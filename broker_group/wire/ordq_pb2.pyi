@@ -75,20 +75,22 @@ class ReplicateResponse(_message.Message):
     def __init__(self, synced: _Optional[_Iterable[_Union[ReplicaSegment, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("queue", "seg", "offset", "max_bytes", "max_wait_ms", "known_end")
+    __slots__ = ("queue", "seg", "offset", "max_bytes", "max_wait_ms", "known_end", "stream_ms")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SEG_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_END_FIELD_NUMBER: _ClassVar[int]
+    STREAM_MS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     seg: int
     offset: int
     max_bytes: int
     max_wait_ms: int
     known_end: int
-    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., known_end: _Optional[int] = ...) -> None: ...
+    stream_ms: int
+    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., known_end: _Optional[int] = ..., stream_ms: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("batches", "readable_end", "sealed")

@@ -49,6 +49,11 @@ class BrokerStub:
                 request_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
                 response_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.Read = channel.unary_stream(
+                '/ordq.v1.Broker/Read',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.Fence = channel.unary_unary(
                 '/ordq.v1.Broker/Fence',
                 request_serializer=broker__group_dot_wire_dot_ordq__pb2.FenceRequest.SerializeToString,
@@ -97,6 +102,17 @@ class BrokerServicer:
     def Fetch(self, request, context):
         """Either role: whole batches from `offset`, up to the LAC (open) or the end (sealed);
         long-polls up to max_wait_ms when nothing is readable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Read(self, request, context):
+        """Fetch that goes on: after each answer the broker waits for what becomes readable next
+        and sends it, from where the last answer ended: one stream message per readable range
+        instead of a call each. It ends after an empty answer (nothing came for max_wait_ms),
+        after the answer that reaches a sealed end, once stream_ms have passed, or with an error,
+        so a reader's deadline for the whole stream also bounds each answer.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,6 +167,11 @@ def add_BrokerServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.SerializeToString,
+            ),
+            'Read': grpc.unary_stream_rpc_method_handler(
+                    servicer.Read,
                     request_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.FromString,
                     response_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.SerializeToString,
             ),
@@ -259,6 +280,33 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Fetch',
+            broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Read(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ordq.v1.Broker/Read',
             broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
             broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
             options,
