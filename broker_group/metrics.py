@@ -35,7 +35,7 @@ _COUNTERS = {
     "bytes_in": ("ordq_broker_produce_bytes", "Batch bytes stored (master: from producers; slave: replicated)"),
     "duplicates": ("ordq_broker_produce_duplicate_batches", "Resent batches acked from what was stored"),
     "acks": ("ordq_broker_acked_batches", "Batches acked to producers (both replicas synced)"),
-    "fetches": ("ordq_broker_fetch_requests", "Fetch requests served"),
+    "fetches": ("ordq_broker_fetch_requests", "Fetch answers served (a Fetch call, or one answer on a Read stream)"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),
