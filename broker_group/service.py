@@ -555,7 +555,6 @@ class Broker:
         headers = [self._checked_header(raw) for raw in req.batches]
         while not self._write_ready(req.queue, req.seg, req.epoch):
             await self.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch)
-        self.epochs.check(req.queue, req.epoch)  # known: a dict lookup
         s = self._segments[(req.queue, req.seg)]
         self._check_message_sizes(req.queue, req.batches)
         link = self.replication
