@@ -32,6 +32,10 @@ from ordq.errors import ConfigError
 
 BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
 CLIENT_CN = "ordq-client"
+# The certificate subject of coordinator processes: with BROKER_CN the only peers a broker takes
+# control calls from (Seal, Fence, Reconcile), and the server name clients of the coordinator
+# service (coordinator/service.py) see.
+COORDINATOR_CN = "ordq-coordinator"
 
 
 @attrs.frozen(kw_only=True)
@@ -135,6 +139,17 @@ def ensure_pki(folder: Path, *, create: bool = True) -> tuple[Credentials, Crede
             _make_cert(ca_pem, ca_key, cert, key, cn)
         out.append(Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key)))
     return out[0], out[1]
+
+
+def ensure_coordinator_pki(folder: Path, *, create: bool = True) -> Credentials:
+    """The coordinators' credentials under ``folder`` (the CA of ``ensure_pki``), made on first
+    use (``create`` False: only where they are)."""
+    ca_pem, ca_key = folder / "ca.pem", folder / "ca-key.pem"
+    cert, key = folder / "coordinator.pem", folder / "coordinator-key.pem"
+    if create and not cert.exists():
+        ensure_pki(folder)
+        _make_cert(ca_pem, ca_key, cert, key, COORDINATOR_CN)
+    return Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key))
 
 
 def _write_key(path: Path, key: Any) -> None:

@@ -15,16 +15,18 @@ class SegmentRef(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("queue", "seg", "epoch", "batches")
+    __slots__ = ("queue", "seg", "epoch", "batches", "epoch_key")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SEG_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_KEY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     seg: int
     epoch: int
     batches: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    epoch_key: str
+    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[_Iterable[bytes]] = ..., epoch_key: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seg", "first_offset", "first_seq", "count")
@@ -113,7 +115,7 @@ class FenceRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentEnd(_message.Message):
-    __slots__ = ("end", "first_seq", "last_seq", "sealed", "fenced_epoch", "bytes", "first_write_ms")
+    __slots__ = ("end", "first_seq", "last_seq", "sealed", "fenced_epoch", "bytes", "first_write_ms", "frozen")
     END_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +123,7 @@ class SegmentEnd(_message.Message):
     FENCED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     FIRST_WRITE_MS_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
     end: int
     first_seq: int
     last_seq: int
@@ -128,7 +131,8 @@ class SegmentEnd(_message.Message):
     fenced_epoch: int
     bytes: int
     first_write_ms: int
-    def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ...) -> None: ...
+    frozen: bool
+    def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ..., frozen: _Optional[bool] = ...) -> None: ...
 
 class ReconcileRequest(_message.Message):
     __slots__ = ("queue", "seg", "end", "peer")
@@ -159,3 +163,123 @@ class HealthResponse(_message.Message):
     slave_connected: bool
     stats_json: str
     def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., incarnation: _Optional[str] = ..., slave_connected: _Optional[bool] = ..., stats_json: _Optional[str] = ...) -> None: ...
+
+class QueueRef(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class SubscriptionRef(_message.Message):
+    __slots__ = ("queue", "subscription")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    subscription: str
+    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("queue", "leader_node", "timeout_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_NODE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    leader_node: str
+    timeout_ms: int
+    def __init__(self, queue: _Optional[str] = ..., leader_node: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ClaimResponse(_message.Message):
+    __slots__ = ("epoch", "epoch_key", "gid", "seg", "has_last", "last_seq", "last_seg", "last_offset", "state_json")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_KEY_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    HAS_LAST_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEG_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    epoch_key: str
+    gid: str
+    seg: int
+    has_last: bool
+    last_seq: int
+    last_seg: int
+    last_offset: int
+    state_json: bytes
+    def __init__(self, epoch: _Optional[int] = ..., epoch_key: _Optional[str] = ..., gid: _Optional[str] = ..., seg: _Optional[int] = ..., has_last: _Optional[bool] = ..., last_seq: _Optional[int] = ..., last_seg: _Optional[int] = ..., last_offset: _Optional[int] = ..., state_json: _Optional[bytes] = ...) -> None: ...
+
+class HeadRequest(_message.Message):
+    __slots__ = ("queue", "gid", "seg", "epoch", "epoch_key", "timeout_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_KEY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    gid: str
+    seg: int
+    epoch: int
+    epoch_key: str
+    timeout_ms: int
+    def __init__(self, queue: _Optional[str] = ..., gid: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ..., epoch_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class HeadResponse(_message.Message):
+    __slots__ = ("state_json",)
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    state_json: bytes
+    def __init__(self, state_json: _Optional[bytes] = ...) -> None: ...
+
+class SealRequest(_message.Message):
+    __slots__ = ("queue", "seg")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    seg: int
+    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ...) -> None: ...
+
+class StateResponse(_message.Message):
+    __slots__ = ("state_json",)
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    state_json: bytes
+    def __init__(self, state_json: _Optional[bytes] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("queue", "subscription", "cursor_json", "version", "holder")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    subscription: str
+    cursor_json: bytes
+    version: int
+    holder: str
+    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., cursor_json: _Optional[bytes] = ..., version: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+
+class CommitResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("queue", "subscription", "start")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    subscription: str
+    start: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., start: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("cursor_json", "starts_at")
+    CURSOR_JSON_FIELD_NUMBER: _ClassVar[int]
+    STARTS_AT_FIELD_NUMBER: _ClassVar[int]
+    cursor_json: bytes
+    starts_at: int
+    def __init__(self, cursor_json: _Optional[bytes] = ..., starts_at: _Optional[int] = ...) -> None: ...

@@ -453,3 +453,412 @@ class Broker:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CoordinatorStub:
+    """The coordinator service (coordinator/service.py): the one writer of every queue's lists,
+    producer epochs and subscription cursors (DESIGN §5, Coordinator). Clients never write
+    those in ZooKeeper themselves; they ask here. Every coordinator process serves it; only
+    the elected one answers, the others refuse with NotLeader and name the leader's address
+    in the `ordq-leader` trailer. Every call is checked against the caller's token (the role
+    it needs on the request's queue) and applied as a CAS transition of coordinator/state.py.
+    States travel as the JSON of coordinator.state.QueueState (`state_json`), cursors as the
+    JSON of coordinator.state.Cursor (`cursor_json`).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Claim = channel.unary_unary(
+                '/ordq.v1.Coordinator/Claim',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.ClaimResponse.FromString,
+                _registered_method=True)
+        self.FailOver = channel.unary_unary(
+                '/ordq.v1.Coordinator/FailOver',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+                _registered_method=True)
+        self.Roll = channel.unary_unary(
+                '/ordq.v1.Coordinator/Roll',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+                _registered_method=True)
+        self.Seal = channel.unary_unary(
+                '/ordq.v1.Coordinator/Seal',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SealRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+                _registered_method=True)
+        self.Pop = channel.unary_unary(
+                '/ordq.v1.Coordinator/Pop',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/ordq.v1.Coordinator/Commit',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.CommitRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.CommitResponse.FromString,
+                _registered_method=True)
+        self.Subscribe = channel.unary_unary(
+                '/ordq.v1.Coordinator/Subscribe',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeResponse.FromString,
+                _registered_method=True)
+        self.EnsureParkingQueue = channel.unary_unary(
+                '/ordq.v1.Coordinator/EnsureParkingQueue',
+                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
+                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+                _registered_method=True)
+
+
+class CoordinatorServicer:
+    """The coordinator service (coordinator/service.py): the one writer of every queue's lists,
+    producer epochs and subscription cursors (DESIGN §5, Coordinator). Clients never write
+    those in ZooKeeper themselves; they ask here. Every coordinator process serves it; only
+    the elected one answers, the others refuse with NotLeader and name the leader's address
+    in the `ordq-leader` trailer. Every call is checked against the caller's token (the role
+    it needs on the request's queue) and applied as a CAS transition of coordinator/state.py.
+    States travel as the JSON of coordinator.state.QueueState (`state_json`), cursors as the
+    JSON of coordinator.state.Cursor (`cursor_json`).
+    """
+
+    def Claim(self, request, context):
+        """A producer that won its queue's election (role produce): the next epoch, bound to a key
+        only this caller learns (brokers refuse that epoch without it); the open segment fenced
+        at that epoch, its replicas brought level, and where seq continues.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailOver(self, request, context):
+        """The claimed producer's head failed (role produce + its epoch key): seal it in the
+        background, move writes to the next group; answers with the new head.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Roll(self, request, context):
+        """Roll the open segment (role produce + epoch key, or admin with epoch 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Seal(self, request, context):
+        """Seal a `sealing` segment now (any role on the queue: a consumer at its end).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pop(self, request, context):
+        """Drop sealed head segments every subscription has passed (any role on the queue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Commit a subscription's cursor (role consume): only by the holder of its election,
+        only forward, only inside the consume list.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request, context):
+        """Create a subscription (role consume) at a start target; AlreadyExists when it is there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnsureParkingQueue(self, request, context):
+        """Create the parking queue Q.parked.S of a subscription when missing (role consume on Q).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinatorServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Claim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Claim,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.ClaimRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.ClaimResponse.SerializeToString,
+            ),
+            'FailOver': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailOver,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.SerializeToString,
+            ),
+            'Roll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Roll,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.SerializeToString,
+            ),
+            'Seal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Seal,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SealRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.SerializeToString,
+            ),
+            'Pop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pop,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.CommitRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.CommitResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeRequest.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'EnsureParkingQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnsureParkingQueue,
+                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SubscriptionRef.FromString,
+                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ordq.v1.Coordinator', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ordq.v1.Coordinator', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Coordinator:
+    """The coordinator service (coordinator/service.py): the one writer of every queue's lists,
+    producer epochs and subscription cursors (DESIGN §5, Coordinator). Clients never write
+    those in ZooKeeper themselves; they ask here. Every coordinator process serves it; only
+    the elected one answers, the others refuse with NotLeader and name the leader's address
+    in the `ordq-leader` trailer. Every call is checked against the caller's token (the role
+    it needs on the request's queue) and applied as a CAS transition of coordinator/state.py.
+    States travel as the JSON of coordinator.state.QueueState (`state_json`), cursors as the
+    JSON of coordinator.state.Cursor (`cursor_json`).
+    """
+
+    @staticmethod
+    def Claim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Claim',
+            broker__group_dot_wire_dot_ordq__pb2.ClaimRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.ClaimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailOver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/FailOver',
+            broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Roll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Roll',
+            broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Seal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Seal',
+            broker__group_dot_wire_dot_ordq__pb2.SealRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Pop',
+            broker__group_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Commit',
+            broker__group_dot_wire_dot_ordq__pb2.CommitRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.CommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Subscribe',
+            broker__group_dot_wire_dot_ordq__pb2.SubscribeRequest.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnsureParkingQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/EnsureParkingQueue',
+            broker__group_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
+            broker__group_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
