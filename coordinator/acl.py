@@ -6,20 +6,23 @@ Two digest identities (``user:password``, ZooKeeper's ``digest`` scheme):
 - **client** — producers and consumers: read everything, and write only what their protocol
   writes (``client_rights``). Anyone else (no credentials): read only.
 
-What the client protocol writes, read from the code that writes it:
+What the client protocol writes (issue 23: everything else it asks the coordinator service for,
+coordinator/service.py, which acts with the admin identity):
 
-- producer (sdk/producer.py, sdk/_head.py): the queue's ``state`` (bump the epoch at
-  takeover, fail over, admit groups, roll: every move of the head is a versioned write of
-  that node — so the client identity can rewrite a queue's state; brokers only accept the
-  epoch it holds, broker_group/epochs.py); its election ``producer-leader`` (created under
-  the queue node on first use, contender nodes created and deleted under it).
-- consumer (sdk/consumer.py, sdk/parking.py): creates its subscription when missing
-  (``subs``), commits its cursor (the ``subs/<sub>`` node), its election ``subs/<sub>/leader``,
-  the ``blocked`` node it shows and clears, the ledger ``parked/<seq>`` of parked messages
-  (created and updated), and a dead-letter queue it parks into when missing (``queues``).
-- never a client: groups and liveness, the coordinator's election, queue configuration,
-  deleting queues or subscriptions, a subscription's failure ``policy`` and the operators'
-  ``parked-changed`` signal, and this module's own record ``acl``.
+- producer and consumer: contender nodes in their queue's elections, ``producer-leader`` and
+  ``subs/<sub>/leader`` (kazoo's Lock creates one ephemeral sequential node under the parent
+  and deletes it; its ``ensure_path`` of the parent only looks, as the parent exists: whoever
+  creates a queue or subscription — the coordinator or an admin verb, coordinator/store.py —
+  creates these parents with it, and ``protect`` adds them to a tree from before).
+- consumer (sdk/parking.py), left for a later stop: the alarm it shows while blocked (one
+  ephemeral node per consumer under ``subs/<sub>/blocked``, so it goes with its session) and the
+  ledger of parked messages (``subs/<sub>/parked/<seq>``, created and updated). A client can
+  thus forge or hide another subscription's alarm or ledger records of its queue's tree; it
+  cannot move a cursor, a list, an epoch or a policy.
+- never a client: a queue's ``state``, cursors (``subs/<sub>``), the ``subs`` and ``queues``
+  lists (no queue or subscription is created or deleted by a client), queue configuration,
+  a subscription's failure ``policy`` and the operators' ``parked-changed`` signal, groups and
+  liveness, the coordinator's election, and this module's own record ``acl``.
 
 ZooKeeper ACLs are per node and not inherited: every node gets its ACL when it is created
 (``coordinator.store``'s client asks ``acl_for`` for each path), and ``ordq up`` sets them on
@@ -36,19 +39,23 @@ from ordq.errors import ConfigError
 READ, WRITE, CREATE, DELETE = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
 ACL_NODE = "acl"  # <root>/acl: the two identities' digests (never the passwords)
 
-# Rights of the client identity, by path under the root ("*" stands for one name).
+# Rights of the client identity, by path under the root ("*" stands for one name). A parent's
+# CREATE and DELETE rights let a client create and delete *any* child of it: so no client has
+# them on a queue, ``subs`` or a subscription node (it could delete or plant a ``policy``, or
+# create a subscription), only on the parents made for what it may create.
 _CLIENT: dict[tuple[str, ...], int] = {
-    ("queues",): READ | CREATE,
-    ("queues", "*"): READ | CREATE,
-    ("queues", "*", "state"): READ | WRITE,
     ("queues", "*", "producer-leader"): READ | CREATE | DELETE,
-    ("queues", "*", "subs"): READ | CREATE,
-    ("queues", "*", "subs", "*"): READ | WRITE | CREATE | DELETE,
     ("queues", "*", "subs", "*", "leader"): READ | CREATE | DELETE,
-    ("queues", "*", "subs", "*", "blocked"): READ | WRITE,
+    ("queues", "*", "subs", "*", "blocked"): READ | CREATE | DELETE,
+    ("queues", "*", "subs", "*", "blocked", "*"): READ | WRITE,
     ("queues", "*", "subs", "*", "parked"): READ | CREATE,
     ("queues", "*", "subs", "*", "parked", "*"): READ | WRITE,
 }
+
+# The nodes a queue and a subscription are created with, so that clients find the parents of
+# what they may create (relative to the queue node and to the subscription node).
+QUEUE_PARENTS = ("producer-leader",)
+SUB_PARENTS = ("leader", "blocked", "parked")
 
 
 def check_credential(credential: str) -> str:

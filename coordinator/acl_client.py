@@ -4,7 +4,8 @@
 its path — nodes created by ordq's store, by kazoo recipes (the Lock elections) and by
 ``ensure_path`` alike — once ``follow(root)`` has found the root protected. ``protect`` turns
 protection on for a tree, setting the ACL of every node that exists (an unprotected tree from
-before is upgraded in place).
+before, or one protected by an older policy, is upgraded in place: that includes creating the
+election and parking parents a client may no longer create itself).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
-from coordinator.acl import ACL_NODE, AclIds, acl_for, check_credential
+from coordinator.acl import ACL_NODE, QUEUE_PARENTS, SUB_PARENTS, AclIds, acl_for, check_credential, relative
 from ordq.errors import ZkAccessDenied
 
 AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
@@ -111,8 +112,31 @@ def protect(client: KazooClient, root: str, ids: AclIds, *, on_node: Callable[[s
                 count += 1
                 if on_node is not None:
                     on_node(node)
+                _add_parents(client, node, root, ids)
                 pending.extend(f"{node}/{c}" for c in client.get_children(node))
         return count
     except NoAuthError as exc:
         raise ZkAccessDenied(f"cannot protect {root}: it is protected for another admin identity, or this "
                              "client has no admin credential") from exc
+
+
+def missing_parents(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The children a node at ``parts`` (under the root) is created with so that clients find
+    the parents of what they may create: a queue's election, a subscription's election, alarm
+    and ledger (coordinator/acl.py). () for any other node."""
+    if len(parts) == 2 and parts[0] == "queues":
+        return QUEUE_PARENTS
+    if len(parts) == 4 and parts[0] == "queues" and parts[2] == "subs":
+        return SUB_PARENTS
+    return ()
+
+
+def _add_parents(client: KazooClient, node: str, root: str, ids: AclIds) -> None:
+    """Create the parents a queue or subscription made before issue 23 lacks (a client made
+    them on first use; it no longer may). An existing one is left as it is (an old consumer's
+    ephemeral ``blocked`` node goes with its session)."""
+    parts = relative(node, root)
+    for name in missing_parents(parts or ()):
+        path = f"{node}/{name}"
+        with contextlib.suppress(NodeExistsError):
+            client.create(path, b"", acl=acl_for(path, root, ids))

@@ -40,6 +40,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from coordinator import state as sm
+from coordinator.acl import QUEUE_PARENTS, SUB_PARENTS
 from coordinator.acl_client import AclClient
 from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
@@ -436,6 +437,9 @@ class ZkStore(SubscriptionRecords):
             tx.create(self.paths.queue(queue), _dumps(attrs.asdict(cfg)), acl=self._acl_of(self.paths.queue(queue)))
             tx.create(self.paths.state(queue), _dumps(initial.to_dict()), acl=self._acl_of(self.paths.state(queue)))
             tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
+            for name in QUEUE_PARENTS:  # the producer election's parent: clients may not create it
+                path = f"{self.paths.queue(queue)}/{name}"
+                tx.create(path, b"", acl=self._acl_of(path))
             results = self._wait(tx.commit_async())
         if any(isinstance(r, NodeExistsError) for r in results):
             raise AlreadyExists(f"queue {queue!r} already exists")
@@ -575,13 +579,20 @@ class ZkStore(SubscriptionRecords):
         else:
             raise ConfigError(f"subscription start must be 'earliest' or a cursor, not {at!r}")
         sm.check_invariants(st, {sub: cursor})
+        path = self.paths.sub(queue, sub)
         with self._errors():
-            try:
-                self._wait(self.client.create_async(self.paths.sub(queue, sub), _dumps(cursor.to_dict())))
-            except NodeExistsError as exc:
-                raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists") from exc
-            except NoNodeError as exc:
-                raise QueueNotFound(queue) from exc
+            # With the parents of what its consumers may create (election, alarm, ledger):
+            # clients may not create them (coordinator/acl.py).
+            tx = self.client.transaction()
+            tx.create(path, _dumps(cursor.to_dict()), acl=self._acl_of(path))
+            for name in SUB_PARENTS:
+                tx.create(f"{path}/{name}", b"", acl=self._acl_of(f"{path}/{name}"))
+            results = self._wait(tx.commit_async())
+        if isinstance(results[0], NodeExistsError):
+            raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists")
+        if isinstance(results[0], NoNodeError):
+            raise QueueNotFound(queue)
+        _raise_first(results)
         return cursor
 
     def list_subscriptions(self, queue: str) -> list[str]:

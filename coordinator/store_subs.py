@@ -13,8 +13,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoChildrenForEphemeralsError, NodeExistsError, NoNodeError
 
+from coordinator.paths import check_name
 from ordq.errors import ConflictError, NotFound
 
 if TYPE_CHECKING:
@@ -51,18 +52,47 @@ class SubscriptionRecords:
     def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
         return self._get_json(self.paths.sub_policy(queue, sub))
 
-    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None) -> None:
-        """Show (an ephemeral node: it goes with the consumer's session) or clear the message
-        a subscription's consumer is blocked on."""
-        path = self.paths.sub_blocked(queue, sub)
+    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None, *, owner: str) -> None:
+        """Show (an ephemeral node ``blocked/<owner>``: it goes with the consumer's session) or
+        clear the message the subscription's consumer ``owner`` is blocked on. (A node per
+        consumer under a parent the subscription was created with: clients may create nodes
+        there, never beside the subscription's policy: coordinator/acl.py.)"""
+        path = f"{self.paths.sub_blocked(queue, sub)}/{check_name('consumer', owner)}"
         if record is not None:
-            self._put_json(path, record, ephemeral=True)
+            try:
+                self._put_json(path, record, ephemeral=True)
+            except (NoNodeError, NoChildrenForEphemeralsError) as exc:
+                # no parent: a subscription made before issue 23 and not upgraded (ordq up)
+                raise NotFound(f"{queue}/{sub}: no alarm node (run ordq up to upgrade the tree)") from exc
             return
         with self._errors(), contextlib.suppress(NoNodeError):
             self._wait(self.client.delete_async(path))
 
     def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
-        return self._get_json(self.paths.sub_blocked(queue, sub))
+        """The alarm its consumer shows (the newest, should two consumers' sessions overlap)."""
+        found = self.blocked_alarm(queue, sub)
+        return found[0] if found is not None else None
+
+    def blocked_alarm(self, queue: str, sub: str) -> tuple[dict[str, Any], int] | None:
+        """The alarm and when it was raised (ZooKeeper's ctime, ms); None when there is none."""
+        base = self.paths.sub_blocked(queue, sub)
+        best: tuple[dict[str, Any], int] | None = None
+        with self._errors():
+            try:
+                data, stat = self._read(self.client.get_async, base)
+                names = self._read(self.client.get_children_async, base)
+            except NoNodeError:
+                return None
+            if data:  # an older consumer's alarm: the node itself (gone with its session)
+                return dict(_json_value(data)), int(stat.ctime)
+            for name in names:
+                try:
+                    data, stat = self._read(self.client.get_async, f"{base}/{name}")
+                except NoNodeError:
+                    continue  # cleared meanwhile
+                if data and (best is None or stat.ctime > best[1]):
+                    best = dict(_json_value(data)), int(stat.ctime)
+        return best
 
     def _put_json(self, path: str, record: Mapping[str, Any], *, ephemeral: bool = False) -> None:
         """Create or overwrite the node at ``path`` with ``record`` as JSON."""
@@ -84,6 +114,8 @@ class SubscriptionRecords:
     def record_parked(self, queue: str, sub: str, seq: int, record: Mapping[str, Any]) -> None:
         """Add a parked message's record to the subscription's ledger (idempotent per seq)."""
         with self._errors():
+            # The parent exists (made with the subscription) unless an older tree was not
+            # upgraded: only an admin may create it then.
             self._wait(self.client.ensure_path_async(self.paths.parked(queue, sub)))
             try:
                 self._wait(self.client.create_async(self.paths.parked(queue, sub, seq), _json_bytes(dict(record))))

@@ -387,12 +387,10 @@ def _failing_consumer(mode: str) -> Callable[[DrillContext], list[str]]:
 def failing_handler_block(ctx: DrillContext) -> None:
     fail = ctx.notes["fail_seqs"][0]
     with ctx.cluster.store() as store:
-        path = store.paths.sub_blocked(ctx.queue, SUBSCRIPTION)
-        _data, stat = ctx.wait(lambda: store.client.exists(path) and store.client.get(path), timeout_s=60,
-                               what="the block alarm in ZooKeeper")
-        alarm = store.blocked(ctx.queue, SUBSCRIPTION) or {}
+        alarm, raised_ms = ctx.wait(lambda: store.blocked_alarm(ctx.queue, SUBSCRIPTION), timeout_s=60,
+                                    what="the block alarm in ZooKeeper")
     first_failure = ctx.consumers[0].status().get("first_failure_us") or 0
-    ctx.notes["alarm_ms"] = stat.ctime - first_failure / 1000
+    ctx.notes["alarm_ms"] = raised_ms - first_failure / 1000
     ctx.event(f"alarm for seq {alarm.get('seq')} raised {ctx.notes['alarm_ms']:.0f} ms after its first failure "
               f"(2 attempts, 0.05 s apart; {alarm.get('attempts')} attempts by now)")
     ctx.expect("the alarm names the failing seq", alarm.get("seq") == fail)

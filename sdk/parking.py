@@ -177,8 +177,9 @@ class FailureHandling:
         if not was_alarmed:
             return
         try:
-            self._store.set_blocked(self.config.queue, self.config.subscription, others)
-        except CoordinationUnavailable:
+            self._store.set_blocked(self.config.queue, self.config.subscription, others,
+                                    owner=self.config.consumer_id)
+        except (CoordinationUnavailable, NotFound):
             pass  # the node goes with our session at the latest
         log.warning("queue %s/%s: seq %d done after %d failed attempts; unblocked", self.config.queue,
                     self.config.subscription, m.seq, failures)
@@ -206,9 +207,10 @@ class FailureHandling:
                       self.config.queue, self.config.subscription, m.seq, m.key, failures,
                       "its key" if self.keyed else "the subscription", exc)
         try:
-            self._store.set_blocked(self.config.queue, self.config.subscription, record)
-        except CoordinationUnavailable:
-            pass  # shown at the next attempt; the log has it
+            self._store.set_blocked(self.config.queue, self.config.subscription, record,
+                                    owner=self.config.consumer_id)
+        except (CoordinationUnavailable, NotFound):
+            pass  # shown at the next attempt (NotFound: not until ordq up upgrades the tree); the log has it
 
     # -- parking -----------------------------------------------------------------------------
 

@@ -19,8 +19,20 @@ from kazoo.security import OPEN_ACL_UNSAFE, Permissions
 
 from broker_group.process import BrokerGroupProcesses
 from coordinator import state as sm
-from coordinator.acl import CREATE, DELETE, READ, WRITE, AclIds, acl_for, check_credential, client_rights, relative
-from coordinator.acl_client import protect
+from coordinator.acl import (
+    CREATE,
+    DELETE,
+    QUEUE_PARENTS,
+    READ,
+    SUB_PARENTS,
+    WRITE,
+    AclIds,
+    acl_for,
+    check_credential,
+    client_rights,
+    relative,
+)
+from coordinator.acl_client import missing_parents, protect
 from coordinator.paths import Paths
 from coordinator.store import ZkStore
 from ordq.errors import ConfigError, ZkAccessDenied
@@ -39,14 +51,44 @@ name = st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)
 def test_client_rights_follow_what_the_protocol_writes() -> None:
     p = Paths("/r")
     rel = lambda path: relative(path, "/r")  # noqa: E731
-    assert client_rights(rel(p.state("q"))) == READ | WRITE  # producer: epoch, fail over, roll
-    assert client_rights(rel(p.producer_leader("q"))) == READ | CREATE | DELETE
-    assert client_rights(rel(p.sub("q", "s"))) == READ | WRITE | CREATE | DELETE  # cursor, blocked
+    assert client_rights(rel(p.producer_leader("q"))) == READ | CREATE | DELETE  # election contenders
     assert client_rights(rel(p.sub_leader("q", "s"))) == READ | CREATE | DELETE
+    assert client_rights(rel(p.sub_blocked("q", "s"))) == READ | CREATE | DELETE  # one alarm per consumer
+    assert client_rights(rel(p.sub_blocked("q", "s") + "/c1")) == READ | WRITE
+    assert client_rights(rel(p.parked("q", "s"))) == READ | CREATE  # the ledger (parking: a later stop)
     assert client_rights(rel(p.parked("q", "s", 7))) == READ | WRITE
-    for admin_only in (p.queue("q") + "/x", p.group("g1"), p.live("g1", "master"), p.coordinator_leader,
-                       p.sub_policy("q", "s"), p.parked_signal("q", "s"), "/r/acl", "/r/groups"):
+    # Issue 23: the coordinator writes these; a client asks it (coordinator/service.py).
+    for admin_only in (p.queues, p.queue("q"), p.state("q"), p.subs("q"), p.sub("q", "s"),
+                       p.queue("q") + "/x", p.group("g1"), p.live("g1", "master"), p.coordinator_leader,
+                       p.sub_policy("q", "s"), p.parked_signal("q", "s"), "/r/acl", "/r/groups", "/r"):
         assert client_rights(rel(admin_only)) == READ, admin_only
+
+
+def test_every_parent_a_client_creates_under_is_made_with_its_queue_or_subscription() -> None:
+    p = Paths("/r")
+    rel = lambda path: relative(path, "/r")  # noqa: E731
+    assert missing_parents(rel(p.queue("q"))) == QUEUE_PARENTS
+    assert missing_parents(rel(p.sub("q", "s"))) == SUB_PARENTS
+    for other in (p.state("q"), p.subs("q"), p.sub_leader("q", "s"), p.queues, p.group("g")):
+        assert missing_parents(rel(other)) == ()
+    made = {f"{p.queue('q')}/{n}" for n in QUEUE_PARENTS} | {f"{p.sub('q', 's')}/{n}" for n in SUB_PARENTS}
+    creatable = {path for path in made if client_rights(rel(path)) & CREATE}
+    assert creatable == made  # each parent made is one a client may create in, and no other
+
+
+@given(parts=st.lists(name | st.sampled_from(["queues", "subs", "state", "leader", "parked", "blocked",
+                                              "producer-leader", "policy", "groups"]), max_size=7))
+def test_a_client_creates_or_deletes_only_under_the_parents_made_for_it(parts: list[str]) -> None:
+    """CREATE/DELETE on a node lets its holder create/delete any child: the client has them
+    only on election, alarm and ledger parents, never where a state, cursor, policy, queue or
+    subscription lives; WRITE only on alarm and ledger records."""
+    rights = client_rights(tuple(parts))
+    if rights & (CREATE | DELETE):
+        assert len(parts) in (3, 5) and parts[0] == "queues"
+        assert parts[-1] in ("producer-leader", "leader", "blocked", "parked")
+        assert parts[-1] == "producer-leader" if len(parts) == 3 else parts[2] == "subs"
+    if rights & WRITE:
+        assert len(parts) == 6 and parts[2] == "subs" and parts[4] in ("blocked", "parked")
 
 
 @given(parts=st.lists(name | st.sampled_from(["queues", "subs", "state", "leader", "parked", "groups"]),
@@ -126,10 +168,15 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
                 client_store.delete_queue("q")
             with pytest.raises(ZkAccessDenied):
                 client_store.add_group("g9")
-            # What a client creates gets the policy's ACL too: an anonymous client cannot move it.
-            client_store.create_subscription("q", "s2")
-            with raw(hosts) as anon, pytest.raises(NoAuthError):
-                anon.set(p.sub("q", "s2"), b"{}")
+            with pytest.raises(ZkAccessDenied):  # issue 23: it asks the coordinator
+                client_store.create_subscription("q", "s2")
+            with pytest.raises(ZkAccessDenied):
+                client_store.apply("q", lambda s, _f: sm.bump_epoch(s))
+        # The upgrade made the parents clients create in (a tree from before lacked them),
+        # with the policy's ACL.
+        for parent in (p.producer_leader("q"), p.sub_leader("q", "s"), p.sub_blocked("q", "s"), p.parked("q", "s")):
+            acl, _ = admin.client.get_acls(parent)
+            assert {a.id.id: a.perms for a in acl}[IDS.client] & CREATE, parent
         assert admin.load_state("q")[0].producer_epoch == 0  # nothing above changed the state
 
         # The processes with their credentials work: brokers as admin, the SDK as client.
