@@ -8,13 +8,16 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
   client without a certificate. ``probe_intruders`` is shared with tests/test_security.py.
 - ``rogue_epoch``: an insider (valid certificate and produce token) claims a producer epoch
   ZooKeeper never issued.
-- ``zk_write_without_acl``: ZooKeeper writes without the admin credential.
+- ``zk_write_without_acl``: ZooKeeper writes without the admin credential (``probe_zk_writes``,
+  shared with tests/test_zk_attacks.py): the client credential rewrites no state, cursor,
+  policy, queue or subscription (issue 23).
 - ``abandoned_streams``: produce streams and long-polls opened and never read or closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import time
 from collections.abc import Callable
@@ -24,6 +27,7 @@ import attrs
 import grpc
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import ACL, Id, Permissions
 
 from broker_group.client import GrpcTransport
 from broker_group.errors import from_rpc_error
@@ -203,29 +207,86 @@ def rogue_epoch(ctx: DrillContext) -> None:
                and after.get("slave", 0) - before.get("slave", 0) == 1)
 
 
-def zk_write_without_acl(ctx: DrillContext) -> None:
-    """Clients without a credential, and with the client one, try to change what only an admin
-    may: the queue's configuration, a group, deleting the queue's subscriptions, the ACL
-    record; an anonymous client also tries the queue's state."""
+ROGUE_QUEUE = "zz-rogue-queue"  # what an attacker with the client credential tries to create
+ROGUE_SUB = "zz-rogue-sub"
+
+
+def _rogue_state(data: bytes) -> bytes:
+    """A valid-looking state with the consume list emptied and the epoch moved: what an
+    attacker would write to make brokers drop segments and new subscriptions start past them."""
+    d = json.loads(data.decode()) if data else {}
+    d["consume"] = []
+    d["producer_epoch"] = int(d.get("producer_epoch", 0)) + 7
+    return json.dumps(d).encode()
+
+
+def _rogue_cursor(data: bytes) -> bytes:
+    """The cursor moved forward, consistently (13 messages skipped)."""
+    d = json.loads(data.decode()) if data else {}
+    d["offset"] = int(d.get("offset", 0)) + 13
+    d["last_seq"] = int(d.get("last_seq", -1)) + 13
+    return json.dumps(d).encode()
+
+
+def zk_write_attempts(root: str, queue: str, sub: str, client_auth: str | None
+                      ) -> list[tuple[str, str | None, Callable[[KazooClient], object]]]:
+    """[(what, credential, write)]: writes to ZooKeeper only the coordinator (admin) may make,
+    by an anonymous client and by one holding the client credential every producer and
+    consumer holds (issue 23). Each ``write`` takes a connected kazoo client and must raise
+    NoAuthError. ``queue`` is one the attacker holds no token for; ``sub`` one of its
+    subscriptions, with a failure policy set."""
+    from coordinator.acl import digest_id
     from coordinator.paths import Paths
 
-    c = ctx.cluster
-    p = Paths(c.root)
-    gid, _ = ctx.head()
-    with c.store() as store:
-        _, state_version = store.load_state(ctx.queue)
-    attempts: list[tuple[str, str | None, Callable[[KazooClient], object]]] = [
-        ("set the queue's state", None, lambda k: k.set(p.state(ctx.queue), b"{}")),
-        ("set the queue's config", None, lambda k: k.set(p.queue(ctx.queue), b"{}")),
-        ("set the queue's config", c.client_auth, lambda k: k.set(p.queue(ctx.queue), b"{}")),
-        ("change a group", c.client_auth, lambda k: k.set(p.group(gid), b"{}")),
-        ("delete the consumer's subscription", c.client_auth, lambda k: k.delete(p.sub(ctx.queue, SUBSCRIPTION))),
-        ("rewrite the ACL record", c.client_auth, lambda k: k.set(f"{c.root}/acl", b"{}")),
+    p = Paths(root)
+    anyone_all = [ACL(Permissions.ALL, Id("world", "anyone"))]
+
+    def only_me(k: KazooClient) -> list[ACL]:  # an ACL naming only the attacker: locks the admin out
+        return [ACL(Permissions.ALL, Id("digest", digest_id(client_auth)))] if client_auth else anyone_all
+
+    def set_from(path: str, change: Callable[[bytes], bytes]) -> Callable[[KazooClient], object]:
+        def write(k: KazooClient) -> object:
+            data, stat = k.get(path)
+            return k.set(path, change(data), version=stat.version)
+        return write
+
+    client: list[tuple[str, Callable[[KazooClient], object]]] = [
+        ("set the queue's config", lambda k: k.set(p.queue(queue), b"{}")),
+        ("change a group", lambda k: k.set(p.groups + "/" + (k.get_children(p.groups) or ["g1"])[0], b"{}")),
+        ("delete the consumer's subscription", lambda k: k.delete(p.sub(queue, sub))),
+        ("rewrite the ACL record", lambda k: k.set(f"{root}/acl", b"{}")),
+        ("rewrite the queue's state (consume list emptied, epoch moved)", set_from(p.state(queue), _rogue_state)),
+        ("write garbage into the queue's state", lambda k: k.set(p.state(queue), b"\xff\xfe{not json")),
+        ("move the subscription's cursor 13 messages forward", set_from(p.sub(queue, sub), _rogue_cursor)),
+        ("delete the subscription's failure policy", lambda k: k.delete(p.sub_policy(queue, sub))),
+        ("replace the failure policy (world:anyone ALL)",
+         lambda k: k.set(p.sub_policy(queue, sub), b'{"on_failure":"park","attempts":1,"backoff_s":[]}')),
+        ("plant a node beside the policy (world:anyone ALL)",
+         lambda k: k.create(p.sub(queue, sub) + "/planted", b"", acl=anyone_all)),
+        ("create a queue with an ACL naming only itself",
+         lambda k: k.create(p.queue(ROGUE_QUEUE), b"{}", acl=only_me(k))),
+        ("create a queue open to anyone", lambda k: k.create(p.queue(ROGUE_QUEUE), b"{}", acl=anyone_all)),
+        ("create a subscription with an ACL naming only itself",
+         lambda k: k.create(p.sub(queue, ROGUE_SUB), b'{"seg":0,"offset":0,"last_seq":-1}', acl=only_me(k))),
+        ("delete the producer election", lambda k: k.delete(p.producer_leader(queue), recursive=False)),
+        ("open the subscription's election to anyone", lambda k: k.set_acls(p.sub_leader(queue, sub), anyone_all)),
     ]
-    ctx.fault(f"{len(attempts)} ZooKeeper writes by clients without the admin credential")
-    refused = 0
-    for what, auth, write in attempts:
-        client = KazooClient(hosts=c.zk_hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
+    anonymous: list[tuple[str, Callable[[KazooClient], object]]] = [
+        ("set the queue's state", lambda k: k.set(p.state(queue), b"{}")),
+        ("set the queue's config", lambda k: k.set(p.queue(queue), b"{}")),
+        ("create a contender in the producer election",
+         lambda k: k.create(p.producer_leader(queue) + "/x-", b"", ephemeral=True, sequence=True)),
+    ]
+    return [(what, None, w) for what, w in anonymous] + [(what, client_auth, w) for what, w in client]
+
+
+def probe_zk_writes(hosts: str, root: str, queue: str, sub: str, client_auth: str | None
+                    ) -> list[tuple[str, bool]]:
+    """Try every ``zk_write_attempts`` write, each on a connection of its own; [(what, refused)]
+    (refused: NoAuthError; any other outcome, NoNode included, is not the refusal wanted)."""
+    out = []
+    for what, auth, write in zk_write_attempts(root, queue, sub, client_auth):
+        client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
         client.start(timeout=15)
         try:
             write(client)
@@ -237,12 +298,40 @@ def zk_write_without_acl(ctx: DrillContext) -> None:
         finally:
             client.stop()
             client.close()
-        refused += ok
-        ctx.expect(f"{'an anonymous client' if auth is None else 'the client credential'} refused: {what}", ok)
+        out.append((f"{'an anonymous client' if auth is None else 'the client credential'} refused: {what}", ok))
+    return out
+
+
+def zk_write_without_acl(ctx: DrillContext) -> None:
+    """Clients without a credential, and with the client one every producer and consumer
+    holds, try what only the coordinator and admins may: rewrite the queue's state (valid and
+    garbage), move the subscription's cursor, delete or replace its failure policy, create a
+    queue or subscription (ACL naming only itself, or open), change a group, the queue's
+    configuration, the ACL record. Each is refused; nothing was created; the policy is as set."""
+    c = ctx.cluster
+    from coordinator.paths import Paths
+
+    p = Paths(c.root)
+    policy = {"on_failure": "block", "attempts": 3, "backoff_s": [0.1]}
     with c.store() as store:
-        ctx.expect(f"{refused} of {len(attempts)} refused by ZooKeeper; the queue's state not touched by them "
-                   "(its version moved only by the real producer's own writes, if at all)",
-                   refused == len(attempts) and store.load_state(ctx.queue)[1] >= state_version)
+        _, state_version = store.load_state(ctx.queue)
+        if store.sub_policy(ctx.queue, SUBSCRIPTION) is None:
+            store.set_sub_policy(ctx.queue, SUBSCRIPTION, policy)
+        policy = store.sub_policy(ctx.queue, SUBSCRIPTION) or policy
+    results = probe_zk_writes(c.zk_hosts, c.root, ctx.queue, SUBSCRIPTION, c.client_auth)
+    ctx.fault(f"{len(results)} ZooKeeper writes by clients without the admin credential")
+    for what, ok in results:
+        ctx.expect(what, ok)
+    with c.store() as store:
+        st, version = store.load_state(ctx.queue)  # parses: no garbage got in
+        ctx.expect(f"{sum(ok for _, ok in results)} of {len(results)} refused by ZooKeeper; the queue's state "
+                   "still parses and was moved only by the real producer's own requests, if at all",
+                   all(ok for _, ok in results) and version >= state_version and st.queue == ctx.queue)
+        ctx.expect("no queue or subscription was created; nothing was planted; the policy is as set",
+                   ROGUE_QUEUE not in store.list_queues()
+                   and ROGUE_SUB not in store.list_subscriptions(ctx.queue)
+                   and store.client.exists(p.sub(ctx.queue, SUBSCRIPTION) + "/planted") is None
+                   and store.sub_policy(ctx.queue, SUBSCRIPTION) == policy)
 
 
 def _rss_mib(pid: int) -> float:

@@ -1,0 +1,126 @@
+"""Issue 23: the client ZooKeeper credential (held by every producer and consumer of every queue)
+changes no list, epoch, cursor, policy, queue or subscription: it asks the coordinator.
+
+A hand-made attacker — a raw kazoo client with the client credential — tries each write the
+issue reports (drills/security.py ``probe_zk_writes``, shared with the ``security-zk-write``
+drill): all refused by ZooKeeper (NoAuth), and afterwards every node is byte for byte as it was
+and nothing was created. What a client still may do (its elections, its alarm, the parked
+ledger) it still can, and what it creates there an anonymous client cannot touch."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+
+from coordinator.acl import AclIds
+from coordinator.acl_client import protect
+from coordinator.paths import Paths
+from coordinator.store import ZkStore
+from drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
+from ordq.errors import ZkAccessDenied
+
+ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"
+IDS = AclIds.of(ADMIN, CLIENT)
+POLICY = {"on_failure": "block", "attempts": 3, "backoff_s": [0.1]}
+
+
+@contextlib.contextmanager
+def raw(hosts: str, auth: str | None = None) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def protected(zk_server, zk_root) -> Iterator[ZkStore]:
+    """A protected tree: group g1, queues q and q2 (q2 with subscription s and a policy)."""
+    admin = ZkStore.connect(zk_server.connection_string, zk_root, auth=ADMIN)
+    try:
+        protect(admin.client, zk_root, IDS)
+        admin.add_group("g1")
+        for q in ("q", "q2"):
+            admin.create_queue(q, ["g1"])
+        admin.create_subscription("q2", "s")
+        admin.set_sub_policy("q2", "s", POLICY)
+        yield admin
+    finally:
+        with contextlib.suppress(Exception):
+            admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
+        admin.close()
+
+
+def snapshot(store: ZkStore) -> dict[str, bytes]:
+    """Every node's data under the root (the ACL record aside: it is the same either way)."""
+    out: dict[str, bytes] = {}
+    pending = [store.paths.root]
+    while pending:
+        node = pending.pop()
+        data, _ = store.client.get(node)
+        out[node] = data
+        pending.extend(f"{node}/{c}" for c in store.client.get_children(node))
+    return out
+
+
+@pytest.mark.zk
+def test_the_client_credential_rewrites_no_state_cursor_policy_queue_or_subscription(
+        zk_server, zk_root, protected: ZkStore) -> None:
+    before = snapshot(protected)
+    results = probe_zk_writes(zk_server.connection_string, zk_root, "q2", "s", CLIENT)
+    assert len(results) >= 15
+    assert [what for what, refused in results if not refused] == []
+    assert snapshot(protected) == before  # nothing written, created or deleted
+    assert ROGUE_QUEUE not in protected.list_queues() and ROGUE_SUB not in protected.list_subscriptions("q2")
+    assert protected.sub_policy("q2", "s") == POLICY
+    # ordq's own store, with the client credential: the same, as one typed error
+    with ZkStore.connect(zk_server.connection_string, zk_root, auth=CLIENT) as client:
+        cursor, version = client.get_cursor("q2", "s")
+        for write in (lambda: client.create_queue("q3", ["g1"]), lambda: client.create_subscription("q2", "s2"),
+                      lambda: client.commit_cursor("q2", "s", cursor, version),
+                      lambda: client.set_sub_policy("q2", "s", {**POLICY, "on_failure": "park"}),
+                      lambda: client.delete_subscription("q2", "s")):
+            with pytest.raises(ZkAccessDenied):
+                write()
+    assert snapshot(protected) == before
+
+
+@pytest.mark.zk
+def test_the_client_credential_still_does_its_part(zk_server, zk_root, protected: ZkStore) -> None:
+    """Elections (kazoo's Lock finds its parent made with the queue / subscription), the alarm
+    and the parked ledger; an anonymous client can change none of what it made there."""
+    p = Paths(zk_root)
+    with ZkStore.connect(zk_server.connection_string, zk_root, auth=CLIENT) as client:
+        for path in (p.producer_leader("q2"), p.sub_leader("q2", "s")):
+            lock = client.client.Lock(path, "me")
+            assert lock.acquire(timeout=10)
+            assert lock.contenders() == ["me"]
+            lock.release()
+        client.set_blocked("q2", "s", {"seq": 5, "consumer": "c1"}, owner="c1")
+        assert client.blocked("q2", "s") == {"seq": 5, "consumer": "c1"}
+        client.record_parked("q2", "s", 5, {"seq": 5, "status": "parked"})
+        client.update_parked("q2", "s", 5, lambda r: {**r, "status": "replay"})
+        assert [r["status"] for r in client.parked("q2", "s")] == ["replay"]
+        with raw(zk_server.connection_string) as anon:
+            for write in (lambda: anon.set(f"{p.sub_blocked('q2', 's')}/c1", b"{}"),
+                          lambda: anon.delete(f"{p.sub_blocked('q2', 's')}/c1"),
+                          lambda: anon.set(p.parked("q2", "s", 5), b"{}")):
+                with pytest.raises(NoAuthError):
+                    write()
+        client.set_blocked("q2", "s", None, owner="c1")
+        assert client.blocked("q2", "s") is None
+
+
+@pytest.mark.zk
+def test_an_alarm_goes_with_the_session_that_raised_it(zk_server, zk_root, protected: ZkStore) -> None:
+    with ZkStore.connect(zk_server.connection_string, zk_root, auth=CLIENT) as client:
+        client.set_blocked("q2", "s", {"seq": 9}, owner="gone")
+        found = protected.blocked_alarm("q2", "s")
+        assert found is not None and found[0] == {"seq": 9} and found[1] > 0
+    assert protected.blocked("q2", "s") is None  # its session closed: the ephemeral node went
