@@ -19,10 +19,18 @@ only the contiguous prefix of finished messages.
 
 Reading: the master of the segment's group, or its slave when the master is down; what one
 read returns waits in a buffer and is handed out as the application asks (``poll`` takes up
-to ``max_messages``). At the end of a ``sealing`` segment the consumer runs the Seal protocol
-itself; at the end of a sealed one it advances its cursor to the next segment and tries
+to ``max_messages``). At the end of a ``sealing`` segment the consumer asks the coordinator to
+seal it; at the end of a sealed one it advances its cursor to the next segment and asks for a
 ``pop``. What it knows of ZooKeeper (the queue's state, the groups' live processes) is cached
 in ``sdk._queue_view``.
+
+Who writes what (issue 23): the consumer only reads ZooKeeper, and holds its contender node in
+the subscription's election (and, in ``run``, its alarm and the parked ledger: sdk/parking.py).
+Cursor commits, creating the subscription, seals, pops and the parking queue are requests to
+the elected coordinator (coordinator/client.py), which checks the consume token and that the
+commit comes from the election's holder. While no coordinator answers the consumer goes on
+delivering; commits wait (tried again every ``COMMIT_RETRY_S``) and ``close`` retries its
+commit up to ``zk_outage_s``.
 """
 
 from __future__ import annotations
@@ -37,13 +45,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import attrs
+from coordinator.client import CoordinatorClient
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
-from coordinator import state as sm
 from coordinator.paths import Paths, check_name, check_zk_hosts
-from coordinator.seal import run_seal
 from coordinator.state import Cursor, Segment, SegStatus
 from coordinator.store import ZkStore, new_client
 from ordq.errors import (
@@ -74,6 +81,12 @@ from sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_k
 from sdk.transport import BrokerTransport, FetchResult, Reader
 
 log = logging.getLogger("ordq.consumer")
+
+# A periodic commit is a request to the coordinator made on the delivering thread: bounded
+# short, and after one that got no answer the next waits this long (delivery goes on; what is
+# not committed is redelivered at worst).
+COMMIT_TIMEOUT_S = 3.0
+COMMIT_RETRY_S = 1.0
 
 
 @attrs.frozen(kw_only=True)
@@ -168,6 +181,8 @@ class Consumer:
         self._reads: Reader | None = None  # this consumer's reads: one Read stream kept open between fetches
         self._client: KazooClient | None = None
         self._store: ZkStore | None = None
+        self._coord: CoordinatorClient | None = None  # commits, seals, pops, subscribing: asked of the coordinator
+        self._commit_retry_at = float("-inf")  # monotonic: no periodic commit before (the last got no answer)
         self._election: Any = None  # the kazoo Lock of the subscription
         self._lease: SessionLease | None = None
         self._failing: FailureHandling | None = None  # run()/run_keyed(): the failure policy at work
@@ -241,6 +256,7 @@ class Consumer:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
         self._store = ZkStore(self._client, paths)
+        self._coord = CoordinatorClient(self._store, credentials=creds)
         self._view = QueueView(self._store, self._client, cfg.queue)
         self._ensure_subscription()
         self._election = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
@@ -261,21 +277,18 @@ class Consumer:
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
 
     def _ensure_subscription(self) -> None:
-        from ordq.admin.read import ReplicaReader
-        from ordq.admin.reset import create_subscription, parse_reset_target
-
         store, cfg = self._require_store(), self.config
         try:
             store.get_cursor(cfg.queue, cfg.subscription)
             return
         except SubscriptionNotFound:
             pass
-        # The same targets, resolved the same way, as `ordq sub create --start`.
-        with ReplicaReader(store) as reader:
-            try:
-                create_subscription(store, reader, cfg.queue, cfg.subscription, parse_reset_target(cfg.start.split()))
-            except AlreadyExists:
-                pass  # another consumer of the subscription created it first
+        # The coordinator creates it (clients may not: coordinator/acl.py), resolving the start
+        # target as `ordq sub create --start` does.
+        try:
+            self._require_coord().subscribe(cfg.queue, cfg.subscription, cfg.start.split())
+        except AlreadyExists:
+            pass  # another consumer of the subscription created it first
 
     def close(self) -> None:
         """Commit what the application finished (not the message or ``poll`` batch in hand:
@@ -319,6 +332,8 @@ class Consumer:
                 self._election.release()
             except Exception:  # noqa: BLE001 - session gone: the lock node goes with it
                 pass
+        if self._coord is not None:
+            self._coord.close()
         if self._client is not None:
             self._client.stop()
             self._client.close()
@@ -438,11 +453,11 @@ class Consumer:
         if not self._lease_confirmed():
             return False
         lease = self._require_lease()
-        if self._policy.due(now) and self._require_view().connected():
+        if self._periodic_commit_due(now):
             try:
-                self._commit(self._finished_pos())
+                self._commit(self._finished_pos(), timeout_s=COMMIT_TIMEOUT_S)
             except CoordinationUnavailable:
-                pass  # tried again at the next check; the lease keeps the outage clock
+                pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock
         # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
         # meanwhile only makes that look early and cheap).
         self._next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
@@ -495,8 +510,8 @@ class Consumer:
         if self._closed:
             raise ClosedError("consumer is closed")
         try:
-            if self._policy.due(time.monotonic()) and self._require_view().connected():  # else: later
-                self._commit(self._finished_pos())
+            if self._periodic_commit_due(time.monotonic()):  # else: later
+                self._commit(self._finished_pos(), timeout_s=COMMIT_TIMEOUT_S)
             self._buffer.extend(self._read_round(timeout_s))
         except CoordinationUnavailable as exc:
             # Reads go on from the replicas we know while ZooKeeper is away; what needs it
@@ -561,7 +576,8 @@ class Consumer:
         policy = cfg.on_failure or stored_policy(store, cfg.queue, cfg.subscription) or default
         if self._failing is not None:
             self._failing.close()
-        self._failing = FailureHandling(cfg, store, policy, audit=self._skips_audit(), keyed=keyed)
+        self._failing = FailureHandling(cfg, store, policy, audit=self._skips_audit(), keyed=keyed,
+                                        coordinator=self._require_coord())
         return self._failing
 
     def _skips_audit(self) -> AuditWriter | None:
@@ -685,9 +701,9 @@ class Consumer:
     def _commit_if_due(self) -> None:
         """While keyed delivery waits for queue room: commit what finished if it is time."""
         self._sync_keyed()
-        if self._policy.due(time.monotonic()) and self._require_view().connected():
+        if self._periodic_commit_due(time.monotonic()):
             try:
-                self._commit(self._finished_pos())
+                self._commit(self._finished_pos(), timeout_s=COMMIT_TIMEOUT_S)
             except CoordinationUnavailable:
                 pass  # the next read round tries again and keeps the outage clock
 
@@ -703,28 +719,40 @@ class Consumer:
             self._mark_finished(through)
         self._commit(self._finished_pos())
 
-    def _commit(self, cur: Cursor) -> None:
+    def _periodic_commit_due(self, now: float) -> bool:
+        """A commit is due by the policy, ZooKeeper is up (the coordinator checks the lock node
+        there) and the last attempt did not just go unanswered."""
+        return self._policy.due(now) and now >= self._commit_retry_at and self._require_view().connected()
+
+    def _commit(self, cur: Cursor, *, timeout_s: float | None = None) -> None:
         if self._audit is not None:
             # The audit rows of what the cursor covers reach the file first: after a crash the
             # standby starts past them, so rows still in the buffer would read as lost.
             self._audit.flush()
         store, q, sub = self._require_store(), self.config.queue, self.config.subscription
-        holder = self._require_lease().node
+        coord = self._require_coord()
+        holder = self._require_lease().node  # the coordinator commits only for the election's holder
         try:
             try:
-                self._cursor_version = store.commit_cursor(q, sub, cur, self._cursor_version, holder=holder)
+                self._cursor_version = coord.commit(q, sub, cur, self._cursor_version, holder, timeout_s=timeout_s)
             except ConflictError:
-                # A commit of ours that got no answer may have landed later (kazoo still sends
-                # a request it timed out on): then the cursor moved to one we wrote, not to
-                # another consumer's. Go on from there; anything else is a real conflict.
+                # A commit of ours may have landed without our hearing of it (the client sends
+                # again after a lost answer; an earlier one timed out): then the cursor moved to
+                # one we wrote, not to another consumer's. Go on from there; anything else is
+                # a real conflict.
                 now, version = store.get_cursor(q, sub)
-                if now not in self._commits_in_doubt:
+                if now == cur:
+                    self._cursor_version = version
+                elif now in self._commits_in_doubt:
+                    self._cursor_version = coord.commit(q, sub, cur, version, holder, timeout_s=timeout_s)
+                else:
                     raise
-                self._cursor_version = store.commit_cursor(q, sub, cur, version, holder=holder)
         except CoordinationUnavailable:
             self._commits_in_doubt.append(cur)
+            self._commit_retry_at = time.monotonic() + COMMIT_RETRY_S
             raise
         self._commits_in_doubt.clear()
+        self._commit_retry_at = float("-inf")
         self._policy.committed(time.monotonic())
         self._stats.commits += 1
         if self._pop_after is not None and cur.last_seq > self._pop_after:
@@ -813,7 +841,7 @@ class Consumer:
         """Done with a sealed segment: move the cursor on, commit it, and try to pop."""
         self._moved(Cursor(seg=segment.seg + 1, offset=0, last_seq=self._filter.last_seq))
         self._stats.segments_done += 1
-        self._commit(self._finished_pos())
+        self._commit(self._finished_pos(), timeout_s=COMMIT_TIMEOUT_S)
         # Refused while nothing after this segment is stored (it keeps the queue's newest
         # message for a new producer leader: state.holds_newest): try again once a commit
         # covers a later seq, as no coordinator daemon may be running to do it.
@@ -822,10 +850,12 @@ class Consumer:
         self._require_view().refresh()
 
     def _try_pop(self) -> None:
+        # The coordinator pops what every subscription passed (nothing when another is still
+        # behind, someone popped it already, or it is kept) and answers with the state.
         try:
-            self._require_store().apply(self.config.queue, sm.pop)
+            self._require_view().learnt(self._require_coord().pop(self.config.queue))
         except IllegalTransition:
-            pass  # another subscription is still behind, someone popped it already, or it is kept
+            pass
 
     def _moved(self, cursor: Cursor) -> None:
         """The read position moved on without delivering anything (next segment, or past a
@@ -839,10 +869,9 @@ class Consumer:
         self._done, self._finished_base = None, cursor
 
     def _seal(self, segment: Segment) -> None:
-        """At the end of a sealing segment: run the Seal protocol (any party may)."""
+        """At the end of a sealing segment: ask the coordinator to seal it (DESIGN §5)."""
         try:
-            self._require_view().learnt(run_seal(self._require_store(), self._require_transport(),
-                                                 self.config.queue, segment.seg))
+            self._require_view().learnt(self._require_coord().seal(self.config.queue, segment.seg))
             self._stats.seals_run += 1
         except BrokerUnavailable:
             # Both processes of the group are down: wait at this segment until one returns.
@@ -885,6 +914,11 @@ class Consumer:
         if self._store is None:
             raise ClosedError("consumer not started")
         return self._store
+
+    def _require_coord(self) -> CoordinatorClient:
+        if self._coord is None:
+            raise ClosedError("consumer not started")
+        return self._coord
 
     def _require_lease(self) -> SessionLease:
         if self._lease is None:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ordq.errors import (
-    AlreadyExists,
     ConfigError,
     CoordinationUnavailable,
     HandlerError,
@@ -43,6 +42,8 @@ from sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parkin
 from sdk.keyed import worker_of
 
 if TYPE_CHECKING:
+    from coordinator.client import CoordinatorClient
+
     from broker_group.log import Message
     from coordinator.store import ZkStore
     from sdk.audit import AuditWriter
@@ -82,8 +83,9 @@ class FailureHandling:
     """One consumer's failure policy at work (made by ``Consumer.run``/``run_keyed``)."""
 
     def __init__(self, config: ConsumerConfig, store: ZkStore, policy: FailurePolicy, *,
-                 audit: AuditWriter | None, keyed: bool) -> None:
+                 audit: AuditWriter | None, keyed: bool, coordinator: CoordinatorClient) -> None:
         self.config = config
+        self._coord = coordinator  # creates the parking queue (clients may not: coordinator/acl.py)
         self.policy = policy
         self.keyed = keyed
         self._store = store
@@ -263,13 +265,11 @@ class FailureHandling:
 
     def _ensure_parking_queue(self) -> None:
         try:
-            self._store.queue_config(self.target)
+            self._store.queue_config(self.target)  # a ZooKeeper read: most often it is there
         except QueueNotFound:
-            st, _ = self._store.load_state(self.config.queue)
-            try:
-                self._store.create_queue(self.target, list(st.groups))
-            except AlreadyExists:
-                pass
+            made = self._coord.ensure_parking_queue(self.config.queue, self.config.subscription)
+            if made != self.target:  # one naming rule (sdk/failure.py parking_queue) on both sides
+                raise ConfigError(f"the coordinator made parking queue {made!r}, not {self.target!r}") from None
 
     def _audit_skip(self, seq: int, key: bytes | None, action: str, parked_seq: int, at_us: int) -> None:
         if self._audit is not None:
