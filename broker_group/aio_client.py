@@ -44,8 +44,8 @@ class AioTransport:
             stub = self._stubs[address] = pb_grpc.BrokerStub(ch)
         return stub
 
-    def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> AioProduceStream:
-        return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md)
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "") -> AioProduceStream:
+        return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
 
     async def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
                     known_end: int | None = None) -> FetchResult:
@@ -73,8 +73,9 @@ class AioProduceStream:
     ordq error."""
 
     def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int,
-                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+                 metadata: tuple[tuple[str, str], ...] = (), *, epoch_key: str = "") -> None:
         self.address, self.queue, self.seg, self.epoch = address, queue, seg, epoch
+        self.epoch_key = epoch_key  # the Claim's secret: brokers refuse the epoch without it
         self._call = stub.Produce(metadata=metadata)
         self._pending: list[bytes] = []
         self._wake: asyncio.Future[None] | None = None
@@ -98,7 +99,7 @@ class AioProduceStream:
                 batches, self._pending = self._pending, []
                 for chunk in chunks(batches, REQUEST_BYTES):
                     await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
-                                                             batches=chunk))
+                                                             epoch_key=self.epoch_key, batches=chunk))
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # the call failed or ended: read_acks reports why
 

@@ -107,8 +107,8 @@ class GrpcTransport:
         res = self._call(address, lambda s: s.Fetch(req, timeout=timeout, metadata=self._md))
         return FetchResult(batches=list(res.batches), readable_end=res.readable_end, sealed=res.sealed)
 
-    def open_produce(self, address: str, queue: str, seg: int, epoch: int) -> GrpcProduceStream:
-        return GrpcProduceStream(self._stub(address), address, queue, seg, epoch, self._md)
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "") -> GrpcProduceStream:
+        return GrpcProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
 
     def reader(self) -> StreamedReads:
         return StreamedReads(self)
@@ -170,8 +170,9 @@ class GrpcProduceStream:
     up to ~REQUEST_BYTES), ``acks`` yields acks in order and ends by raising an ordq error."""
 
     def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int,
-                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+                 metadata: tuple[tuple[str, str], ...] = (), *, epoch_key: str = "") -> None:
         self.address, self.queue, self.seg, self.epoch = address, queue, seg, epoch
+        self.epoch_key = epoch_key
         self._q: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
         self._call = stub.Produce(self._requests(), metadata=metadata)
 
@@ -196,7 +197,8 @@ class GrpcProduceStream:
                 batches.extend(more)
                 size += sum(len(b) for b in more)
             for chunk in chunks(batches):
-                yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, batches=chunk)
+                yield pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch, epoch_key=self.epoch_key,
+                                       batches=chunk)
             if closing:
                 return
 

@@ -15,16 +15,26 @@ from typing import Any, NoReturn
 import grpc
 
 from ordq.errors import (
+    AlreadyExists,
     BrokerUnavailable,
     ConfigError,
+    ConflictError,
+    CoordinationUnavailable,
     CorruptLog,
     DiskFull,
     EpochNotIssued,
     FencedError,
+    IllegalTransition,
     MessageTooLarge,
+    NoGroupAvailable,
+    NotCoordinatorLeader,
+    NotLeader,
     OrdqError,
     PermissionDenied,
+    QueueNotFound,
     SegmentNotFound,
+    SubscriptionNotFound,
+    WaitTimeout,
 )
 
 METADATA_KEY = "ordq-error"
@@ -82,7 +92,58 @@ def _denied(f: dict[str, Any]) -> OrdqError:
     return PermissionDenied(f["queue"], f["role"], f["why"])
 
 
+# The coordinator service's errors (coordinator/service.py) travel the same way.
+def _not_coordinator(f: dict[str, Any]) -> OrdqError:
+    return NotCoordinatorLeader(f.get("leader", ""))
+
+
+def _illegal(f: dict[str, Any]) -> OrdqError:
+    return IllegalTransition(f["transition"], f["reason"])
+
+
+def _conflict(f: dict[str, Any]) -> OrdqError:
+    return ConflictError(f["message"])
+
+
+def _exists(f: dict[str, Any]) -> OrdqError:
+    return AlreadyExists(f["message"])
+
+
+def _queue_not_found(f: dict[str, Any]) -> OrdqError:
+    return QueueNotFound(f["queue"])
+
+
+def _sub_not_found(f: dict[str, Any]) -> OrdqError:
+    return SubscriptionNotFound(f["queue"], f["subscription"])
+
+
+def _no_group(f: dict[str, Any]) -> OrdqError:
+    return NoGroupAvailable(f["queue"], f.get("detail", ""))
+
+
+def _coordination(f: dict[str, Any]) -> OrdqError:
+    return CoordinationUnavailable(f["message"])
+
+
+def _not_leader(f: dict[str, Any]) -> OrdqError:
+    return NotLeader(f["queue"], f["subscription"], f["reason"])
+
+
+def _timeout(f: dict[str, Any]) -> OrdqError:
+    return WaitTimeout(f["message"])
+
+
 _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
+    "not_coordinator": (grpc.StatusCode.UNAVAILABLE, _not_coordinator),
+    "illegal": (grpc.StatusCode.FAILED_PRECONDITION, _illegal),
+    "conflict": (grpc.StatusCode.ABORTED, _conflict),
+    "exists": (grpc.StatusCode.ALREADY_EXISTS, _exists),
+    "queue_not_found": (grpc.StatusCode.NOT_FOUND, _queue_not_found),
+    "sub_not_found": (grpc.StatusCode.NOT_FOUND, _sub_not_found),
+    "no_group": (grpc.StatusCode.UNAVAILABLE, _no_group),
+    "coordination": (grpc.StatusCode.UNAVAILABLE, _coordination),
+    "not_leader": (grpc.StatusCode.FAILED_PRECONDITION, _not_leader),
+    "timeout": (grpc.StatusCode.DEADLINE_EXCEEDED, _timeout),
     "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
     "epoch_not_issued": (grpc.StatusCode.PERMISSION_DENIED, _not_issued),
     "not_writable": (grpc.StatusCode.UNAVAILABLE, _not_writable),
@@ -115,6 +176,26 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
         return "disk_full", {"message": str(exc)}
     if isinstance(exc, PermissionDenied):
         return "denied", {"queue": exc.queue, "role": exc.role, "why": exc.why}
+    if isinstance(exc, NotCoordinatorLeader):
+        return "not_coordinator", {"leader": exc.leader}
+    if isinstance(exc, IllegalTransition):
+        return "illegal", {"transition": exc.transition, "reason": exc.reason}
+    if isinstance(exc, ConflictError):
+        return "conflict", {"message": str(exc)}
+    if isinstance(exc, AlreadyExists):
+        return "exists", {"message": str(exc)}
+    if isinstance(exc, QueueNotFound):
+        return "queue_not_found", {"queue": exc.queue}
+    if isinstance(exc, SubscriptionNotFound):
+        return "sub_not_found", {"queue": exc.queue, "subscription": exc.sub}
+    if isinstance(exc, NoGroupAvailable):
+        return "no_group", {"queue": exc.queue, "detail": str(exc).partition("for writes: ")[2]}
+    if isinstance(exc, CoordinationUnavailable):
+        return "coordination", {"message": str(exc)}
+    if isinstance(exc, NotLeader):
+        return "not_leader", {"queue": exc.queue, "subscription": exc.subscription, "reason": exc.reason}
+    if isinstance(exc, WaitTimeout):
+        return "timeout", {"message": str(exc)}
     return "bad_request", {"message": str(exc)}
 
 
@@ -123,6 +204,16 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: OrdqError) -> 
     kind, fields = _kind_and_fields(exc)
     context.set_trailing_metadata(((METADATA_KEY, json.dumps({"kind": kind, "fields": fields})),))
     await context.abort(_KINDS[kind][0], str(exc))
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def abort_sync(context: grpc.ServicerContext, exc: OrdqError,
+               extra: tuple[tuple[str, str], ...] = ()) -> NoReturn:
+    """As ``abort``, for a sync ``grpc.server`` handler; ``extra`` trailing metadata rides along
+    (the coordinator's ``ordq-leader``)."""
+    kind, fields = _kind_and_fields(exc)
+    context.set_trailing_metadata(((METADATA_KEY, json.dumps({"kind": kind, "fields": fields})), *extra))
+    context.abort(_KINDS[kind][0], str(exc))
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 

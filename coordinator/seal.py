@@ -22,6 +22,7 @@ from coordinator.duties import OpenSegment
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore
 from ordq.errors import BrokerUnavailable, IllegalTransition, OrdqError, SegmentNotFound
+from ordq.security import Credentials
 
 
 @attrs.frozen
@@ -106,15 +107,17 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
         raise
 
 
-def make_sealer(store: ZkStore) -> Callable[[str, int], None] | None:
-    """A (queue, seg) -> None runner over the gRPC transport, or None if it is unavailable."""
+def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[[str, int], None] | None:
+    """A (queue, seg) -> None runner over the gRPC transport, or None if it is unavailable.
+    ``credentials``: what it presents to brokers (a coordinator's certificate); None: those
+    registered for the cluster."""
     try:
         from broker_group.client import GrpcSealTransport
     except ImportError:
         return None
     from ordq.security import of_store
 
-    transport = GrpcSealTransport(credentials=of_store(store))
+    transport = GrpcSealTransport(credentials=credentials or of_store(store))
 
     def sealer(queue: str, seg: int) -> None:
         run_seal(store, transport, queue, seg)
@@ -122,16 +125,16 @@ def make_sealer(store: ZkStore) -> Callable[[str, int], None] | None:
     return sealer
 
 
-def make_prober(store: ZkStore) -> Callable[[str, str, int], OpenSegment] | None:
+def make_prober(store: ZkStore, credentials: Credentials | None = None) -> Callable[[str, str, int], OpenSegment] | None:
     """A (queue, gid, seg) -> OpenSegment asker of the group's master (for rolling by size
-    and age), or None if the broker client is unavailable."""
+    and age), or None if the broker client is unavailable. ``credentials`` as for ``make_sealer``."""
     try:
         from broker_group.client import GrpcTransport
     except ImportError:
         return None
     from ordq.security import of_store
 
-    transport = GrpcTransport(credentials=of_store(store))
+    transport = GrpcTransport(credentials=credentials or of_store(store))
 
     def prober(queue: str, gid: str, seg: int) -> OpenSegment:
         master = store.live_members(gid).get("master")

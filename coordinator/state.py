@@ -140,6 +140,10 @@ class QueueState:
     # Tells this queue apart from an earlier, deleted one of the same name: a broker drops the
     # files it holds of another incarnation before it stores a segment of this one.
     incarnation: str = ""
+    # SHA-256 hex of the key the last Claim issued with ``producer_epoch`` (coordinator/service.py):
+    # brokers refuse that epoch without the key. None in state written before keys existed:
+    # any key passes until the next claim binds one.
+    producer_key: str | None = None
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class QueueState:
             "producer_epoch": self.producer_epoch,
             "trimmed_seq": self.trimmed_seq,
             "incarnation": self.incarnation,
+            **({"producer_key": self.producer_key} if self.producer_key is not None else {}),
         }
 
     @classmethod
@@ -205,6 +210,7 @@ class QueueState:
             producer_epoch=int(d["producer_epoch"]),
             trimmed_seq=int(d.get("trimmed_seq", -1)),
             incarnation=str(d.get("incarnation", "")),
+            producer_key=None if d.get("producer_key") is None else str(d["producer_key"]),
         )
 
 
@@ -465,9 +471,11 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_store
     return _checked(new, None if retention else facts.cursors)
 
 
-def bump_epoch(state: QueueState) -> QueueState:
-    """A new producer leader takes over: every lower epoch is fenced from now on."""
-    return _checked(attrs.evolve(state, producer_epoch=state.producer_epoch + 1))
+def bump_epoch(state: QueueState, key_hash: str | None = None) -> QueueState:
+    """A new producer leader takes over: every lower epoch is fenced from now on. ``key_hash``
+    (SHA-256 hex of the key only the claimer learns) binds the new epoch to it, in the same
+    write: another holder of a produce token who reads the epoch cannot use it."""
+    return _checked(attrs.evolve(state, producer_epoch=state.producer_epoch + 1, producer_key=key_hash))
 
 
 def remove_group(state: QueueState, gid: str) -> QueueState:

@@ -17,6 +17,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
     ├── ConflictError                     conditional write lost a race (retriable)
     ├── CoordinationUnavailable           ZooKeeper unreachable (retriable)
+    │   └── NotCoordinatorLeader          this coordinator does not lead; ask the one named (retriable)
     ├── ZkAccessDenied                    ZooKeeper's ACLs refuse this identity the operation
     ├── BrokerUnavailable                 a broker process did not answer (retriable)
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
@@ -128,6 +129,15 @@ class CoordinationUnavailable(OrdqError):
     """ZooKeeper cannot be reached."""
 
     retriable = True
+
+
+class NotCoordinatorLeader(CoordinationUnavailable):
+    """The coordinator asked is not the elected one (coordinator/service.py); ``leader`` is the
+    address of the one that is, as far as it knows ("" when none leads)."""
+
+    def __init__(self, leader: str) -> None:
+        super().__init__(f"this coordinator does not lead; the leader is {leader or 'not elected yet'}")
+        self.leader = leader
 
 
 class ZkAccessDenied(OrdqError):

@@ -1,4 +1,5 @@
-"""ordq coordinator run: the HA coordinator daemon (several may run; one is elected)."""
+"""ordq coordinator run: the HA coordinator (several may run; one is elected): the daemon's
+duties and the Coordinator gRPC service (coordinator/service.py), answered by the elected one."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, open_store, seconds
+from ordq.errors import ConfigError
 from ordq.proc import announce
+from ordq.security import Credentials
 
 
 def register(subparsers: Any) -> None:
@@ -21,20 +26,76 @@ def register(subparsers: Any) -> None:
     run = add_command(
         sub, "run", func=cmd_run, daemon=True,
         help="run a coordinator daemon until SIGTERM/SIGINT (start several for HA)",
+        description="Run one coordinator process: it serves the Coordinator gRPC service on --listen "
+        "(answered only while it is the elected one) and, while elected, does the duties. Prints "
+        "'SERVING <address>' and 'READY coordinator <identifier>'.",
     )
+    run.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                     help="address of the Coordinator service; port 0 picks a free one (default %(default)s)")
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any)")
     run.add_argument("--interval", type=seconds(), default=0.5, metavar="SECONDS",
                      help="duty round period when nothing wakes it (default %(default)s)")
+    run.add_argument("--session-timeout", dest="zk_timeout", type=seconds(), default=5.0, metavar="SECONDS",
+                     help="ZooKeeper session timeout: how fast a standby takes over when this one dies "
+                     "(default %(default)s)")
+    tls = run.add_argument_group("TLS (mutual TLS unless --insecure; without --tls-* flags: the coordinator "
+                                 "certificate beside the CA registered for --zk, made there if missing)")
+    tls.add_argument("--tls-cert", type=Path, metavar="PEM", help="the coordinator certificate (CN ordq-coordinator)")
+    tls.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert")
+    tls.add_argument("--tls-ca", type=Path, metavar="PEM", help="the cluster CA")
+    tls.add_argument("--insecure", action="store_true", help="serve plaintext gRPC: anyone on the network may call")
+
+
+def coordinator_credentials(args: argparse.Namespace) -> Credentials:
+    """What the service serves with and presents to brokers: the flags; else the coordinator
+    certificate beside the CA registered for this cluster (ensure_coordinator_pki, which makes
+    it when the CA key is there); plaintext when asked for, or when the cluster has no TLS."""
+    from ordq.security import ensure_coordinator_pki, lookup
+
+    zk_auth = os.environ.get("ORDQ_ZK_AUTH") or None
+    registered = lookup(args.zk, args.root)
+    # The cluster's token too: brokers that predate the coordinator certificate check it.
+    token = registered.token
+    files = (args.tls_cert, args.tls_key, args.tls_ca)
+    if args.insecure:
+        if any(files):
+            raise ConfigError("--insecure and --tls-* contradict each other: give one")
+        return Credentials(zk_auth=zk_auth, token=token)
+    if any(files):
+        if not all(files):
+            raise ConfigError("give --tls-cert, --tls-key and --tls-ca together (or --insecure)")
+        for f in files:
+            if not f.is_file():
+                raise ConfigError(f"TLS file {f} does not exist")
+        return Credentials(ca_file=str(args.tls_ca), cert_file=str(args.tls_cert), key_file=str(args.tls_key),
+                           zk_auth=zk_auth, token=token)
+    if registered.ca_file is None:
+        return Credentials(zk_auth=zk_auth, token=token)
+    folder = Path(registered.ca_file).parent
+    creds = ensure_coordinator_pki(folder, create=(folder / "ca-key.pem").exists())
+    if not Path(creds.cert_file or "").is_file():
+        raise ConfigError(f"no coordinator certificate in {folder}: give --tls-cert, --tls-key and --tls-ca")
+    return Credentials(ca_file=creds.ca_file, cert_file=creds.cert_file, key_file=creds.key_file, zk_auth=zk_auth,
+                       token=token)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from coordinator.daemon import CoordinatorDaemon
+    from coordinator.service import CoordinatorService
 
+    creds = coordinator_credentials(args)
     store = open_store(args)
-    ident = f"{socket.gethostname()}-{os.getpid()}"
+    holder: list[Any] = []
+    service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader,
+                                 credentials=creds, subscriber=_subscriber(creds))
+    address = service.start(args.listen)
+    # The election names where the service answers: clients find the leader from it.
+    ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
     daemon = CoordinatorDaemon(store, interval_s=args.interval, identifier=ident,
-                               sealer=_sealer(store), prober=_prober(store))
+                               sealer=_sealer(store, creds), prober=_prober(store, creds))
+    holder.append(daemon)
+    service.export_metrics(daemon.metrics.registry)
     if args.metrics:
         announce(f"METRICS {daemon.serve_metrics(args.metrics).url}")
     stop = threading.Event()
@@ -45,29 +106,46 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    announce(f"SERVING {address}")
     announce(f"READY coordinator {ident}")
     worker = threading.Thread(target=daemon.run, name="coordinator", daemon=True)
     worker.start()
     stop.wait()
+    service.stop()
     store.close()
     worker.join(timeout=5)
     print("coordinator stopped", file=sys.stderr)
     return 0
 
 
-def _prober(store: Any) -> Any:
+def _subscriber(creds: Credentials) -> Any:
+    """Resolves a subscription's start target (latest, seq N, time T read from the brokers)."""
+    def subscribe(store: Any, queue: str, sub: str, words: Sequence[str]) -> Any:
+        from broker_group.client import GrpcTransport
+        from ordq.admin.read import ReplicaReader
+        from ordq.admin.reset import create_subscription, parse_reset_target
+
+        target = parse_reset_target(list(words))
+        with ReplicaReader(store, GrpcTransport(rpc_timeout_s=1.0, credentials=creds)) as reader:
+            cursor, at = create_subscription(store, reader, queue, sub, target)
+        return cursor, (at.seq if at is not None else None)
+
+    return subscribe
+
+
+def _prober(store: Any, creds: Credentials) -> Any:
     """Asks head masters of their open segment's size and age (rolling), when available."""
     try:
         from coordinator.seal import make_prober
     except ImportError:
         return None
-    return make_prober(store)
+    return make_prober(store, creds)
 
 
-def _sealer(store: Any) -> Any:
+def _sealer(store: Any, creds: Credentials) -> Any:
     """The Seal protocol runner, when the broker client is available."""
     try:
         from coordinator.seal import make_sealer
     except ImportError:
         return None
-    return make_sealer(store)
+    return make_sealer(store, creds)

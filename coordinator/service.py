@@ -1,0 +1,433 @@
+"""The coordinator service (gRPC ``Coordinator``, DESIGN §5 Coordinator): the one way clients
+change a queue's lists, epochs and cursors.
+
+Guarantee: every request is checked against the caller's token for the role its RPC needs on
+that queue (a peer with the broker or coordinator certificate may do anything), then applied
+as the same CAS transitions of ``coordinator.state`` the daemon uses — so a refusal changes
+nothing, and a request served by a coordinator that just lost its leadership only loses a CAS.
+Only the elected process answers; the others refuse with ``NotCoordinatorLeader`` and the
+leader's address in the ``ordq-leader`` trailer (``coordinator/client.py`` follows it).
+
+The epoch is bound to who claimed it: Claim stores the SHA-256 of a fresh random key with the
+bumped epoch in one write and returns the key to the caller only; FailOver and Roll (and the
+brokers, for Produce) refuse that epoch without it.
+
+Rules: imports broker_group (stubs, wire errors, the broker transport) only inside functions,
+as ``coordinator/seal.py`` does; the take-over and fail-over steps are ``coordinator.head``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any
+
+import attrs
+from kazoo.exceptions import NoNodeError
+
+from coordinator import state as sm
+from coordinator.head import HeadProtocol, HeadTransport
+from coordinator.paths import check_name
+from coordinator.seal import run_seal
+from coordinator.state import Cursor, QueueState
+from coordinator.store import ZkStore, roll_transition, zk_errors
+from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, load_tokens
+from ordq.errors import (
+    AlreadyExists,
+    ConfigError,
+    ConflictError,
+    EpochNotIssued,
+    FencedError,
+    IllegalTransition,
+    InvariantViolation,
+    NoGroupAvailable,
+    NotCoordinatorLeader,
+    NotLeader,
+    OrdqError,
+    PermissionDenied,
+    QueueNotFound,
+)
+from ordq.security import BROKER_CN, COORDINATOR_CN, Credentials, peer_common_name
+
+log = logging.getLogger("ordq.coordinator.service")
+
+LEADER_METADATA_KEY = "ordq-leader"
+# RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
+ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
+           "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume"}
+# A contender node of a kazoo Lock / Election: "<uuid>__lock__<10-digit sequence>".
+_LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
+MAX_WAIT_S = 60.0  # a request's timeout_ms is capped here: a handler thread is never held longer
+
+# (store, queue, subscription, start words) -> (cursor, first seq it delivers or None): resolves
+# a start target that needs the brokers (latest, seq N, time T); injected by the CLI
+# (ordq/commands/coordinator.py) so this package does not import ordq/admin.
+Subscriber = Callable[[ZkStore, str, str, Sequence[str]], tuple[Cursor, "int | None"]]
+
+
+def key_hash(key: str) -> str:
+    """What the state keeps of an epoch key (brokers compare the same)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def check_epoch_key(st: QueueState, epoch: int, key: str) -> None:
+    """FencedError when ``epoch`` was superseded; EpochNotIssued when it is not the current
+    one, or is but ``key`` is not the key issued with it (state from before keys: any key)."""
+    if epoch < st.producer_epoch:
+        raise FencedError(st.queue, epoch, st.producer_epoch)
+    if epoch > st.producer_epoch:
+        raise EpochNotIssued(st.queue, epoch, st.producer_epoch)
+    if st.producer_key is not None and not hmac.compare_digest(key_hash(key), st.producer_key):
+        raise EpochNotIssued(st.queue, epoch, st.producer_epoch)
+
+
+def lock_contenders(store: ZkStore, path: str) -> list[str]:
+    """Child names of a kazoo Lock/Election node, first contender first (synced first: the
+    caller may have just created its node through another ZooKeeper server)."""
+    client = store.client
+    with zk_errors(store.hosts):
+        try:
+            client.sync_async(path).get(timeout=5.0)
+            children = client.get_children_async(path).get(timeout=5.0)
+        except NoNodeError:
+            return []
+    nodes = sorted((int(m.group(1)), c) for c in children if (m := _LOCK_NODE.search(c)) is not None)
+    return [c for _, c in nodes]
+
+
+def leader_address(client: Any, path: str, *, timeout_s: float = 5.0) -> str:
+    """The address of the elected coordinator: what follows the last '@' of the first
+    contender's identifier ("" when none leads or it names no address)."""
+    try:
+        children = client.get_children_async(path).get(timeout=timeout_s)
+    except NoNodeError:
+        return ""
+    for _, child in sorted((int(m.group(1)), c) for c in children if (m := _LOCK_NODE.search(c)) is not None):
+        try:
+            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
+        except NoNodeError:
+            continue  # gone meanwhile: the next one leads
+        ident = data.decode("utf-8", "replace") if data else ""
+        return ident.rpartition("@")[2] if "@" in ident else ""
+    return ""
+
+
+@attrs.define
+class ServiceStats:
+    calls: dict[str, int] = attrs.field(factory=dict)  # rpc -> requests
+    refused: dict[str, int] = attrs.field(factory=dict)  # error type -> refusals
+    not_leader: int = 0
+
+
+class _Tokens:
+    """The token records, reloaded on every change of ``<root>/auth`` (as the brokers' Gate)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.enforced = False
+        self.records: dict[str, TokenRecord] = {}
+
+    def watch(self, client: Any, root: str) -> None:
+        def changed(data: bytes | None, _stat: Any, *_event: Any) -> None:
+            records = load_tokens(client, root) if data is not None else {}
+            with self._lock:
+                self.enforced, self.records = data is not None, records
+
+        client.DataWatch(auth_root(root))(changed)
+
+    def check(self, context: Any, queue: str, role: str) -> TokenRecord | None:
+        """The caller's record (None: tokens off, or a broker/coordinator peer); else
+        PermissionDenied."""
+        with self._lock:
+            enforced, records = self.enforced, self.records
+        if not enforced or peer_common_name(context) in (BROKER_CN, COORDINATOR_CN):
+            return None
+        token = None
+        for key, value in context.invocation_metadata():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                token = value[len("Bearer "):]
+        return authorize(records, token, queue, role)
+
+
+class CoordinatorService:
+    """The ``Coordinator`` servicer and its server. ``is_leader``: whether this process is
+    the elected coordinator now (the daemon's ``stats.is_leader``)."""
+
+    def __init__(self, store: ZkStore, *, is_leader: Callable[[], bool], credentials: Credentials | None = None,
+                 transport: HeadTransport | None = None, subscriber: Subscriber | None = None,
+                 max_workers: int = 16) -> None:
+        self.store = store
+        self.is_leader = is_leader
+        self.credentials = credentials or Credentials()
+        self._transport = transport
+        self._subscriber = subscriber
+        self._max_workers = max_workers
+        self.stats = ServiceStats()
+        self._stats_lock = threading.Lock()
+        self._tokens = _Tokens()
+        self._server: Any = None
+        self.address = ""
+        self._pb: Any = None
+        self._requests: Any = None
+
+    def export_metrics(self, registry: Any) -> None:
+        """Count requests in ``registry``: ``ordq_coordinator_requests_total{rpc, outcome}``
+        (outcome ``ok`` or the refusal's error type)."""
+        from prometheus_client import Counter
+
+        self._requests = Counter("ordq_coordinator_requests", "Coordinator service requests by outcome "
+                                 "(ok, or the refusal's error type)", ["rpc", "outcome"], registry=registry)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self, listen: str = "127.0.0.1:0") -> str:
+        """Serve on ``listen`` (port 0: any); returns the address bound (``host:port``)."""
+        import grpc
+
+        from broker_group.framing import GRPC_OPTIONS
+        from broker_group.wire import ordq_pb2 as pb
+        from broker_group.wire import ordq_pb2_grpc as pb_grpc
+
+        self._pb = pb
+        if self._transport is None:
+            from broker_group.client import GrpcTransport
+
+            self._transport = GrpcTransport(credentials=self.credentials)
+        self._tokens.watch(self.store.client, self.store.paths.root)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
+                                                        thread_name_prefix="ordq-coord-rpc"), options=GRPC_OPTIONS)
+        pb_grpc.add_CoordinatorServicer_to_server(self, server)
+        if self.credentials.tls:
+            from ordq.security import server_credentials
+
+            port = server.add_secure_port(listen, server_credentials(self.credentials))
+        else:
+            port = server.add_insecure_port(listen)
+        if port == 0:
+            raise ConfigError(f"coordinator service cannot listen on {listen}")
+        server.start()
+        self._server = server
+        self.address = f"{listen.rpartition(':')[0]}:{port}"
+        return self.address
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+            self._server = None
+        if self._transport is not None and hasattr(self._transport, "close"):
+            self._transport.close()
+
+    # -- the frame of every call ------------------------------------------------------------
+
+    def _serve(self, rpc: str, queue: str, context: Any, handle: Callable[[TokenRecord | None], Any]) -> Any:
+        from broker_group.errors import abort_sync
+
+        with self._stats_lock:
+            self.stats.calls[rpc] = self.stats.calls.get(rpc, 0) + 1
+        try:
+            if not self.is_leader():
+                raise NotCoordinatorLeader(self._leader_address())
+            check_name("queue", queue)
+            answer = handle(self._tokens.check(context, queue, ROLE_OF[rpc]))
+        except OrdqError as exc:
+            self._count(rpc, exc)
+            extra = ((LEADER_METADATA_KEY, exc.leader),) if isinstance(exc, NotCoordinatorLeader) else ()
+            if not isinstance(exc, NotCoordinatorLeader):
+                log.info("%s %s refused: %s", rpc, queue, exc)
+            abort_sync(context, exc, extra)
+        except Exception as exc:  # noqa: BLE001 - a bug: typed, never retried by the client as a blip
+            log.exception("%s %s failed", rpc, queue)
+            self._count(rpc, exc)
+            abort_sync(context, OrdqError(f"coordinator error: {exc!r}"))
+        if self._requests is not None:
+            self._requests.labels(rpc=rpc, outcome="ok").inc()
+        return answer
+
+    def _count(self, rpc: str, exc: BaseException) -> None:
+        name = type(exc).__name__
+        with self._stats_lock:
+            if isinstance(exc, NotCoordinatorLeader):
+                self.stats.not_leader += 1
+            else:
+                self.stats.refused[name] = self.stats.refused.get(name, 0) + 1
+        if self._requests is not None:
+            self._requests.labels(rpc=rpc, outcome=name).inc()
+
+    def _leader_address(self) -> str:
+        try:
+            return leader_address(self.store.client, self.store.paths.coordinator_leader)
+        except Exception:  # noqa: BLE001 - a refusal must not fail: the client re-reads the election
+            return ""
+
+    def _head(self, queue: str, timeout_ms: int) -> HeadProtocol:
+        assert self._transport is not None
+        wait_s = min(timeout_ms / 1000.0, MAX_WAIT_S) if timeout_ms else 10.0
+        return HeadProtocol(self.store, self._transport, queue, no_group_timeout_s=wait_s)
+
+    def _state_json(self, st: QueueState) -> bytes:
+        return json.dumps(st.to_dict(), sort_keys=True).encode()
+
+    # -- producer ---------------------------------------------------------------------------
+
+    def Claim(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        return self._serve("Claim", request.queue, context, lambda _rec: self._claim(request))
+
+    def _claim(self, req: Any) -> Any:
+        q = req.queue
+        self._check_first(q, self.store.paths.producer_leader(q), req.leader_node, "producer election")
+        key = secrets.token_urlsafe(32)
+        digest = key_hash(key)
+        # Epoch and key in one write: there is no moment the new epoch is usable without the key.
+        st = self.store.apply(q, lambda s, _f: sm.bump_epoch(s, digest))
+        epoch = st.producer_epoch
+        t = self._head(q, req.timeout_ms).take_over(epoch)
+        st, _ = self.store.load_state(q)
+        last = t.last
+        return self._pb.ClaimResponse(
+            epoch=epoch, epoch_key=key, gid=t.gid, seg=t.seg, has_last=last is not None,
+            last_seq=last[0] if last else -1, last_seg=last[1] if last else -1, last_offset=last[2] if last else -1,
+            state_json=self._state_json(st))
+
+    def _check_first(self, queue: str, path: str, node: str, what: str) -> None:
+        """PermissionDenied unless ``node`` (a path or child name) is the first contender."""
+        name = node.rpartition("/")[2]
+        if node.startswith("/") and node.rpartition("/")[0] != path:
+            raise PermissionDenied(queue, "produce", f"{node} is not a node of the queue's {what}")
+        first = lock_contenders(self.store, path)
+        if not name or not first or first[0] != name:
+            raise PermissionDenied(queue, "produce", f"the caller does not lead the queue's {what}")
+
+    def FailOver(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._serve("FailOver", request.queue, context, lambda _rec: self._fail_over(request))
+
+    def _fail_over(self, req: Any) -> Any:
+        q = req.queue
+        st, _ = self.store.load_state(q)
+        check_epoch_key(st, req.epoch, req.epoch_key)
+        head = self._head(q, req.timeout_ms)
+        # fail_over_from checks the epoch again on the very state its CAS writes over.
+        st = head.fail_over_from(req.gid, req.seg, req.epoch)
+        head.check_epoch(st, req.epoch)
+        if st.open_segment is None:
+            raise NoGroupAvailable(q, "no group with master and slave live and no backlog")
+        return self._pb.HeadResponse(state_json=self._state_json(st))
+
+    def Roll(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._serve("Roll", request.queue, context, lambda rec: self._roll(request, rec))
+
+    def _roll(self, req: Any, rec: TokenRecord | None) -> Any:
+        q, epoch = req.queue, req.epoch
+        st, _ = self.store.load_state(q)
+        if epoch == 0:
+            if rec is not None and not rec.allows(q, "admin"):
+                raise PermissionDenied(q, "admin", "a roll without the producer's epoch needs the admin role")
+        else:
+            check_epoch_key(st, epoch, req.epoch_key)
+        cfg = self.store.queue_config(q)
+        roll = roll_transition(cfg, req.gid, req.seg)
+        head = self._head(q, req.timeout_ms)
+
+        def checked_roll(s: QueueState, f: sm.Facts) -> QueueState:
+            if epoch:
+                head.check_epoch(s, epoch)  # a deposed leader must not roll its successor's segment
+            return roll(s, f)
+
+        try:
+            st = head.roll(checked_roll, req.seg)
+        except IllegalTransition:
+            st, _ = self.store.load_state(q)  # rolled or failed over by someone else first: follow it
+        return self._pb.HeadResponse(state_json=self._state_json(st))
+
+    # -- any role ---------------------------------------------------------------------------
+
+    def Seal(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def seal(_rec: TokenRecord | None) -> Any:
+            assert self._transport is not None
+            st = run_seal(self.store, self._transport, request.queue, request.seg)
+            return self._pb.StateResponse(state_json=self._state_json(st))
+
+        return self._serve("Seal", request.queue, context, seal)
+
+    def Pop(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def pop(_rec: TokenRecord | None) -> Any:
+            try:
+                st = self.store.apply(request.queue, lambda s, f: sm.pop(s, f))
+            except IllegalTransition:
+                st, _ = self.store.load_state(request.queue)  # nothing to pop: the state as it is
+            return self._pb.StateResponse(state_json=self._state_json(st))
+
+        return self._serve("Pop", request.queue, context, pop)
+
+    # -- consumer ---------------------------------------------------------------------------
+
+    def Commit(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._serve("Commit", request.queue, context, lambda _rec: self._commit(request))
+
+    def _commit(self, req: Any) -> Any:
+        q, sub = req.queue, req.subscription
+        check_name("subscription", sub)
+        try:
+            cursor = Cursor.from_dict(json.loads(req.cursor_json))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"bad cursor: {exc}") from exc
+        path = self.store.paths.sub_leader(q, sub)
+        name = req.holder.rpartition("/")[2]
+        if not name or (req.holder.startswith("/") and req.holder.rpartition("/")[0] != path):
+            raise NotLeader(q, sub, "the commit names no lock node of the subscription's election")
+        first = lock_contenders(self.store, path)
+        if not first or first[0] != name:
+            raise NotLeader(q, sub, "its lock node is not the first of the subscription's election")
+        current, version = self.store.get_cursor(q, sub)
+        if version != req.version:
+            raise ConflictError(f"cursor of {q}/{sub} moved since version {req.version}")
+        if (cursor.seg, cursor.offset) < (current.seg, current.offset) or cursor.last_seq < current.last_seq:
+            raise IllegalTransition("commit", f"cursor of {q}/{sub} would move back from {current} to {cursor} "
+                                              "(only an admin reset moves it back)")
+        st, _ = self.store.load_state(q)
+        try:
+            sm.check_invariants(st, {sub: cursor})
+        except InvariantViolation as exc:
+            raise IllegalTransition("commit", f"cursor {cursor} is outside the consume list: {exc.detail}") from exc
+        # The write itself is conditional on the version and on the holder's node existing.
+        new_version = self.store.commit_cursor(q, sub, cursor, version, holder=f"{path}/{name}")
+        return self._pb.CommitResponse(version=new_version)
+
+    def Subscribe(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._serve("Subscribe", request.queue, context, lambda _rec: self._subscribe(request))
+
+    def _subscribe(self, req: Any) -> Any:
+        q, sub = req.queue, req.subscription
+        check_name("subscription", sub)
+        words = list(req.start) or ["earliest"]
+        if self._subscriber is not None:
+            cursor, starts_at = self._subscriber(self.store, q, sub, words)
+        elif words == ["earliest"]:
+            cursor, starts_at = self.store.create_subscription(q, sub, at="earliest"), None
+        else:
+            raise ConfigError(f"this coordinator resolves only the start 'earliest', not {' '.join(words)!r}")
+        return self._pb.SubscribeResponse(cursor_json=json.dumps(cursor.to_dict()).encode(),
+                                          starts_at=-1 if starts_at is None else starts_at)
+
+    def EnsureParkingQueue(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def ensure(_rec: TokenRecord | None) -> Any:
+            q, sub = request.queue, request.subscription
+            check_name("subscription", sub)
+            target = f"{q}.parked.{sub}"
+            try:
+                self.store.queue_config(target)
+            except QueueNotFound:
+                st, _ = self.store.load_state(q)  # QueueNotFound for Q itself
+                try:
+                    self.store.create_queue(target, list(st.groups))
+                except AlreadyExists:
+                    pass  # created meanwhile
+            return self._pb.QueueRef(queue=target)
+
+        return self._serve("EnsureParkingQueue", request.queue, context, ensure)
