@@ -20,7 +20,9 @@
   (``tests.helpers.produce`` / ``consume``).
 
 No coordinator daemon runs unless a test starts one (``start_daemon``): correctness never
-depends on it.
+depends on it. The coordinator *service* (what clients ask for commits, subscriptions, seals,
+claims) runs in the test process without the daemon's duties until a test starts a daemon
+(tests/coordinator_in_process.py).
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class Cluster:
         self.broker_tls, self.credentials = provision(base / "tls", self.hosts, root)
         self.transport = GrpcTransport(credentials=self.credentials)
         self._threads: list[LoadProducer | LoadConsumer] = []
+        from tests.coordinator_in_process import InProcessCoordinator
+
+        tls_folder = base / "tls" if self.credentials.ca_file else None
+        self.coordinator: InProcessCoordinator | None = InProcessCoordinator(self.hosts, root, tls_folder=tls_folder)
 
     # -- brokers -------------------------------------------------------------------------------
 
@@ -203,6 +209,9 @@ class Cluster:
         return program
 
     def start_daemon(self, name: str, *, interval_s: float = 0.2) -> ManagedProcess:
+        if self.coordinator is not None:  # the daemon leads and serves from now on
+            self.coordinator.stop()
+            self.coordinator = None
         proc = self.spawn(name, ["-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, "coordinator", "run",
                                  "--metrics", "127.0.0.1:0", "--interval", str(interval_s)])
         proc.wait_for_line("READY", timeout_s=30)
@@ -257,6 +266,8 @@ class Cluster:
                     errors.append(exc)
         for t in self._threads:
             t.join(timeout_s=10, check=False)
+        if self.coordinator is not None:
+            self.coordinator.stop()
         self.transport.close()
         self.store.close()
         unregister(self.hosts, self.root)
