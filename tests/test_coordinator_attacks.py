@@ -1,0 +1,110 @@
+"""Issue 23: what a client may ask the coordinator service for, consumer side. A consume token of
+one queue commits and subscribes on that queue only; a commit moves a cursor only for the holder
+of the subscription's election. Refusals are typed, counted by the service, and move nothing.
+
+The service here is the one every test cluster serves in process (tests/coordinator_in_process.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import attrs
+import pytest
+
+from coordinator.client import CoordinatorClient
+from coordinator.state import Cursor
+from coordinator.tokens import create_token, touch
+from ordq.errors import NotLeader, OrdqError, PermissionDenied
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+
+def refused(call: object) -> OrdqError | None:
+    try:
+        call()  # type: ignore[operator]
+    except OrdqError as exc:
+        return exc
+    return None
+
+
+def refusals(cluster: Cluster, name: str) -> int:
+    assert cluster.coordinator is not None
+    return cluster.coordinator.service.stats.refused.get(name, 0)
+
+
+def test_a_consume_token_of_one_queue_cannot_commit_or_subscribe_on_another(cluster: Cluster) -> None:
+    cluster.add_groups("g1")
+    for q in ("a", "b"):
+        cluster.create_queue(q, ["g1"])
+    cluster.store.create_subscription("b", "s")
+    _, token_a = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "consumer of a")
+    touch(cluster.store.client, cluster.root)
+    anonymous = CoordinatorClient(cluster.store, credentials=cluster.credentials, timeout_s=5)
+    holder_of_a = CoordinatorClient(cluster.store, credentials=attrs.evolve(cluster.credentials, token=token_a),
+                                    timeout_s=5)
+    try:
+        # The service learns of tokens through a ZooKeeper watch: wait until it enforces them.
+        wait_until(lambda: isinstance(refused(lambda: anonymous.pop("b")), PermissionDenied), timeout_s=30,
+                   interval_s=0.05, what="the coordinator service enforcing tokens")
+        lock = cluster.store.client.Lock(cluster.paths.sub_leader("b", "s"), "the real consumer of b")
+        assert lock.acquire(timeout=10)
+        before = cluster.store.get_cursor("b", "s")
+        subs_before = cluster.store.list_subscriptions("b")
+        denied_before = refusals(cluster, "PermissionDenied")
+        moved = Cursor(seg=before[0].seg, offset=before[0].offset + 13, last_seq=before[0].last_seq + 13)
+        holder = f"{lock.path}/{lock.node}"
+        for what, call in (
+                ("Subscribe on b", lambda: holder_of_a.subscribe("b", "stolen")),
+                ("Commit on b", lambda: holder_of_a.commit("b", "s", moved, before[1], holder)),
+                ("EnsureParkingQueue on b", lambda: holder_of_a.ensure_parking_queue("b", "s"))):
+            err = refused(call)
+            assert isinstance(err, PermissionDenied), (what, err)
+            assert (err.queue, err.role) == ("b", "consume"), what
+        assert refusals(cluster, "PermissionDenied") - denied_before == 3  # counted
+        assert cluster.store.get_cursor("b", "s") == before  # nothing moved
+        assert cluster.store.list_subscriptions("b") == subs_before  # nothing created
+        assert "b.parked.s" not in cluster.store.list_queues()
+        # Its own queue: allowed.
+        cursor, _ = holder_of_a.subscribe("a", "mine")
+        assert cluster.store.get_cursor("a", "mine")[0] == cursor
+        lock.release()
+    finally:
+        anonymous.close()
+        holder_of_a.close()
+
+
+def test_a_commit_from_anyone_but_the_election_holder_moves_nothing(cluster: Cluster) -> None:
+    cluster.add_groups("g1")
+    cluster.create_queue("q", ["g1"])
+    cluster.store.create_subscription("q", "s")
+    cluster.store.create_subscription("q", "other")
+    path = cluster.paths.sub_leader("q", "s")
+    lock = cluster.store.client.Lock(path, "the real consumer")
+    assert lock.acquire(timeout=10)
+    other = cluster.store.client.Lock(cluster.paths.sub_leader("q", "other"), "holder of another subscription")
+    assert other.acquire(timeout=10)
+    # A second contender, in line behind the holder (as a standby consumer is).
+    behind = cluster.store.client.create(f"{path}/{uuid.uuid4().hex}__lock__", b"standby", ephemeral=True,
+                                         sequence=True)
+    client = CoordinatorClient(cluster.store, credentials=cluster.credentials, timeout_s=5)
+    try:
+        cursor, version = cluster.store.get_cursor("q", "s")
+        moved = Cursor(seg=cursor.seg, offset=cursor.offset + 13, last_seq=cursor.last_seq + 13)
+        denied_before = refusals(cluster, "NotLeader")
+        for what, holder in (("a contender behind the holder", behind), ("no lock node", ""),
+                             ("a lock node name only", behind.rpartition("/")[2]),
+                             ("the holder of another subscription", f"{other.path}/{other.node}"),
+                             ("a made-up node", f"{path}/{uuid.uuid4().hex}__lock__0000000099")):
+            err = refused(lambda h=holder: client.commit("q", "s", moved, version, h))
+            assert isinstance(err, NotLeader), (what, err)
+        assert refusals(cluster, "NotLeader") - denied_before == 5  # counted
+        assert cluster.store.get_cursor("q", "s") == (cursor, version)  # nothing moved
+        # The holder itself commits.
+        new_version = client.commit("q", "s", moved, version, f"{lock.path}/{lock.node}")
+        assert cluster.store.get_cursor("q", "s") == (moved, new_version)
+    finally:
+        client.close()
+        lock.release()
+        other.release()
