@@ -202,7 +202,7 @@ class Broker:
         self.metrics = BrokerMetrics(self)  # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
         # Only the producer epoch ZooKeeper issued may write or fence (broker_group/epochs.py).
-        self.epochs = EpochGate(lambda queue: self.require_store().producer_epoch(queue))
+        self.epochs = EpochGate(self._issued_epoch)
         lock = threading.RLock()
         self._cv = threading.Condition(lock)
         # The sync thread waits on its own condition (same lock): the many ``changed()`` of
@@ -534,16 +534,23 @@ class Broker:
 
     # -- the write path -----------------------------------------------------------------------
 
-    def _write_ready(self, queue: str, seg: int, epoch: int) -> bool:
-        """Can a produce request for (queue, seg, epoch) be taken on the loop without a
-        ZooKeeper read (its segment exists, its epoch and message limit are known)?"""
-        return (self.epochs.knows(queue, epoch) and queue in self._message_limits
+    def _issued_epoch(self, queue: str) -> tuple[int, str | None]:
+        """The queue's producer epoch and its key hash as ZooKeeper holds them now (synced)."""
+        store = self.require_store()
+        store.producer_epoch(queue)  # syncs: a claim another client just made is seen
+        st, _ = store.load_state(queue)
+        return st.producer_epoch, st.producer_key
+
+    def _write_ready(self, queue: str, seg: int, epoch: int, key: str = "") -> bool:
+        """Can a produce request for (queue, seg, epoch, key) be taken on the loop without a
+        ZooKeeper read (its segment exists, its epoch, key and message limit are known)?"""
+        return (self.epochs.knows(queue, epoch, key) and queue in self._message_limits
                 and (queue, seg) in self._segments)
 
-    def _prepare_write(self, queue: str, seg: int, epoch: int) -> None:
+    def _prepare_write(self, queue: str, seg: int, epoch: int, key: str = "") -> None:
         """In a worker thread: the ZooKeeper reads a produce request may need first (the
-        epoch ZooKeeper issued, the segment's creation, the queue's message limit)."""
-        self.epochs.check(queue, epoch)
+        epoch ZooKeeper issued and its key, the segment's creation, the queue's message limit)."""
+        self.epochs.check(queue, epoch, key)
         self.segment_for_write(queue, seg, epoch)
         if queue not in self._message_limits:
             self._message_limits[queue] = self.require_store().queue_config(queue).max_message_bytes
@@ -553,8 +560,9 @@ class Broker:
         if self.config.role is not Role.MASTER:
             raise ConfigError(f"this is the slave of group {self.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
-        while not self._write_ready(req.queue, req.seg, req.epoch):
-            await self.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch)
+        # The epoch key on every request, not only the first: nothing is stored without it.
+        while not self._write_ready(req.queue, req.seg, req.epoch, req.epoch_key):
+            await self.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch, req.epoch_key)
         s = self._segments[(req.queue, req.seg)]
         self._check_message_sizes(req.queue, req.batches)
         link = self.replication
@@ -919,6 +927,7 @@ class Broker:
             stats = attrs.asdict(self.stats)
             stats["segments"] = len(self._segments)
             stats["epoch_lookups"] = self.epochs.lookups
+            stats["epoch_key_refusals"] = self.epochs.key_refusals
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self._segments.items() if s.corrupt is not None]
             connected = bool(self.replication is not None and self.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.incarnation,

@@ -3,8 +3,10 @@ and ack reads, the linger and ack-deadline timers, settling acked batches, and f
 
 Rules:
 - Everything here runs on the producer's loop thread, under the producer's lock where it
-  touches the core, except ``_fail_over`` and ``_roll`` (blocking ZooKeeper and Seal steps,
-  on a worker thread: they are rare).
+  touches the core, except ``_fail_over`` and ``_roll`` (blocking calls to the coordinator
+  service, on a worker thread: they are rare).
+- A refusal (PermissionDenied, EpochNotIssued: this process may not write with this epoch)
+  is final, like Fenced: pending and later sends fail with it at once; no failover.
 - An ack is settled where it is read: the window moves, the audit rows are written and the
   futures resolve on the loop thread, with no hop between the response and the outcome.
 - Order: batches reach the stream only through ``_pump``, under the lock, in seq order; after
@@ -25,10 +27,12 @@ from ordq.errors import (
     ClosedError,
     ConfigError,
     CoordinationUnavailable,
+    EpochNotIssued,
     FencedError,
-    IllegalTransition,
     MessageTooLarge,
+    NoGroupAvailable,
     OrdqError,
+    PermissionDenied,
 )
 from sdk._futures import SendFuture
 from sdk._producer_core import PendingBatch
@@ -36,9 +40,9 @@ from sdk.transport import Ack, AsyncProduceStream
 
 if TYPE_CHECKING:
     from broker_group.aio_client import AioTransport
+    from coordinator.client import CoordinatorClient
     from coordinator.store import ZkStore
     from ordq.loop import LoopThread
-    from sdk._head import HeadProtocol
     from sdk._producer_core import ProducerCore
     from sdk.audit import AuditWriter
     from sdk.metrics import ProducerMetrics
@@ -46,9 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ordq.producer")
 
-# Refused by every group alike (fenced: another leader took over; too large or malformed):
-# failing over would only walk the send list.
-_FATAL = (FencedError, MessageTooLarge, ConfigError)
+# Refused by every group alike (fenced: another leader took over; too large or malformed; not
+# ours to write: no permission, or an epoch key that is not the one issued): failing over
+# would only walk the send list.
+_FATAL = (FencedError, MessageTooLarge, ConfigError, PermissionDenied, EpochNotIssued)
 
 
 class ProducerIO:
@@ -77,7 +82,7 @@ class ProducerIO:
     _seg_bytes: int
     _seg_started: float | None
     _rolling: bool
-    _sealer: Any
+    _epoch_key: str
 
     def _init_io(self) -> None:
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -87,7 +92,7 @@ class ProducerIO:
     def _require_store(self) -> ZkStore:
         raise NotImplementedError
 
-    def _require_head(self) -> HeadProtocol:
+    def _require_coordinator(self) -> CoordinatorClient:
         raise NotImplementedError
 
     def _spawn(self, coro: Any) -> None:
@@ -170,7 +175,7 @@ class ProducerIO:
         """On the loop: open the produce stream to ``gid``'s master for ``seg``; its acks are
         read by a task of its own."""
         assert self._aio is not None and self._core is not None
-        stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch)
+        stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch, self._epoch_key)
         with self._mutex:
             self._stream, self._gid, self._seg = stream, gid, seg
             self._seg_bytes, self._seg_started, self._rolling = 0, None, False
@@ -296,25 +301,31 @@ class ProducerIO:
             self._pump(time.monotonic())
 
     def _fail_over(self) -> tuple[str, int, str]:
-        """Worker thread: fail the head over from the segment we wrote (or follow whoever
-        moved it) until a head whose master is live: (gid, seg, master address). A rolled
-        segment (sealed on a healthy head) ends the stream the same way."""
+        """Worker thread: ask the coordinator to fail the head over from the segment we wrote
+        (it follows whoever moved it first, seals the old segment in the background and
+        waits for a writable head) until a head whose master is live: (gid, seg, master
+        address). A rolled segment (sealed on a healthy head) ends the stream the same way."""
         assert self._gid is not None and self._seg is not None and self._core is not None
         gid, seg, epoch = self._gid, self._seg, self._core.epoch
-        deadline = time.monotonic() + self.config.no_group_timeout_s
+        cfg = self.config
+        deadline = time.monotonic() + cfg.no_group_timeout_s
         while True:
-            head = self._require_head()
-            st = head.fail_over_from(gid, seg, epoch)
-            head.check_epoch(st, epoch)
+            left = max(deadline - time.monotonic(), 0.1)
+            st = self._require_coordinator().fail_over(cfg.queue, gid, seg, epoch, self._epoch_key, wait_s=left)
+            if st.producer_epoch > epoch:
+                raise FencedError(cfg.queue, epoch, st.producer_epoch)
             open_seg = st.open_segment
-            assert open_seg is not None
+            if open_seg is None:
+                raise NoGroupAvailable(cfg.queue, "the coordinator found no writable group")
             try:
                 return open_seg.gid, open_seg.seg, self._master_address(open_seg.gid)
             except BrokerUnavailable:
+                if time.monotonic() > deadline:
+                    raise
                 gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
             except CoordinationUnavailable:
                 # ZooKeeper away while we look up the new head's master: try again (the
-                # fail_over above is then a no-op that follows the head), bounded.
+                # fail over is then a no-op that follows the head), bounded.
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
@@ -371,29 +382,19 @@ class ProducerIO:
             threading.Thread(target=self._roll, args=(gid, seg), name="ordq-producer-roll", daemon=True).start()
 
     def _roll(self, gid: str, seg: int) -> None:
-        """Seal-and-continue (``coordinator.state.roll``), then seal the old segment: its master
-        refuses further writes, our stream ends, and ``_handle_failure`` continues on the new
-        segment with what was in flight, as after a failover (on the same head)."""
-        from coordinator.seal import make_sealer
-        from coordinator.store import roll_transition
-
+        """Ask the coordinator to roll (``coordinator.state.roll``; it seals the old segment):
+        its master then refuses further writes, our stream ends, and ``_handle_failure``
+        continues on the new segment with what was in flight, as after a failover (on the
+        same head). Rolled or failed over by someone else first: nothing to do."""
+        assert self._core is not None
         try:
-            store = self._require_store()
-            store.apply(self.config.queue, roll_transition(store.queue_config(self.config.queue), gid, seg))
-        except IllegalTransition:
-            return  # rolled or failed over by someone else first
+            st = self._require_coordinator().roll(self.config.queue, gid, seg, self._core.epoch, self._epoch_key)
         except ClosedError:
             return
         except OrdqError as exc:
             log.warning("queue %s: rolling segment %d failed: %s (the coordinator rolls it)", self.config.queue,
                         seg, exc)
             return
-        log.info("queue %s: rolled segment %d of %s (size or age limit)", self.config.queue, seg, gid)
-        if self._sealer is None:
-            self._sealer = make_sealer(store)
-        sealer = self._sealer
-        if sealer is not None:
-            try:
-                sealer(self.config.queue, seg)
-            except OrdqError as exc:  # consumers or the coordinator seal it later
-                log.info("queue %s: sealing rolled segment %d deferred: %s", self.config.queue, seg, exc)
+        rolled = st.segment(seg)
+        if rolled is not None and rolled.status.value != "open":
+            log.info("queue %s: rolled segment %d of %s (size or age limit)", self.config.queue, seg, gid)

@@ -9,9 +9,11 @@ see each seq once, in order. A ``FencedError`` means another leader took over: s
 Threads: callers of ``send`` add to the core under a lock and wake the producer's event loop
 (``ordq.loop``) only when a batch is cut or due, at most once per batch; the loop writes the
 produce stream, reads its acks and settles them, and keeps the linger and ack-deadline timers
-(``sdk._producer_io``). Failover's blocking ZooKeeper steps run on a worker thread. Batching
-and the window are ``sdk._producer_core``; the takeover and failover steps against ZooKeeper
-and the brokers are ``sdk._head``.
+(``sdk._producer_io``). Failover's blocking calls run on a worker thread. Batching and the
+window are ``sdk._producer_core``. The producer writes nothing to ZooKeeper but its election
+node: it asks the coordinator service (``coordinator.client``) for its epoch (Claim, which
+also fences and recovers the tail), to fail over and to roll; the epoch key the claim returns
+goes with every Produce, and a refusal (PermissionDenied, EpochNotIssued) is final.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import Message, decode_batch
+from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.store import ZkStore, new_client
 from ordq.errors import (
@@ -42,7 +45,6 @@ from ordq.errors import (
 from ordq.loop import LoopThread
 from ordq.security import Credentials, lookup
 from sdk._futures import BatchOutcome, SendFuture
-from sdk._head import HeadProtocol
 from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from sdk._producer_io import ProducerIO
 from sdk.audit import AuditWriter, new_writer_id
@@ -138,8 +140,9 @@ class Producer(ProducerIO):
         self._open_outcome = BatchOutcome()
         self._send_us: dict[int, int] = {}  # first seq of batch -> send time (audit only)
         self._client: KazooClient | None = None
-        self._store: ZkStore | None = None
-        self._head: HeadProtocol | None = None
+        self._store: ZkStore | None = None  # reads only (queue config, live members, state)
+        self._coordinator: CoordinatorClient | None = None
+        self._epoch_key = ""  # the Claim's secret: sent with every Produce
         self._lease: Any = None
         self._max_message = config.batching.max_batch_bytes - 64  # until start() reads the queue's
         self._max_message_of = "this producer's max_batch_bytes"
@@ -149,7 +152,6 @@ class Producer(ProducerIO):
         self._seg_bytes = 0  # acked on the current segment by this producer
         self._seg_started: float | None = None  # monotonic time of its first ack
         self._rolling = False
-        self._sealer: Any = None  # the Seal protocol runner, made on the first roll
         self._metrics: ProducerMetrics | None = None
         self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
         self._init_io()
@@ -194,11 +196,15 @@ class Producer(ProducerIO):
             self._max_message, self._max_message_of = queue_limit, f"queue {cfg.queue!r} max_message_bytes"
         else:
             self._max_message, self._max_message_of = batch_limit, "this producer's max_batch_bytes"
-        self._head = HeadProtocol(self._store, self._transport, cfg.queue, no_group_timeout_s=cfg.no_group_timeout_s)
-        self._lease = self._client.Lock(paths.producer_leader(cfg.queue), cfg.producer_id)
+        self._coordinator = CoordinatorClient(self._client, paths, creds)
+        election = paths.producer_leader(cfg.queue)
+        self._lease = self._client.Lock(election, cfg.producer_id)
         if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
             raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
-        t = self._require_head().take_over()  # bump the epoch, fence the open segment, find where seq continues
+        # The coordinator bumps the epoch (bound to a key only we learn), fences the open
+        # segment and finds where seq continues; it checks we lead the election first.
+        t = self._coordinator.claim(cfg.queue, f"{election}/{self._lease.node}", wait_s=cfg.no_group_timeout_s)
+        self._epoch_key = t.key
         next_seq = t.last[0] + 1 if t.last is not None else 0
         with self._lock:
             self._core = ProducerCore(cfg.batching, epoch=t.epoch, next_seq=next_seq)
@@ -253,6 +259,8 @@ class Producer(ProducerIO):
                 self._lease.release()
             except Exception:  # noqa: BLE001 - the session may be gone; the node goes with it
                 pass
+        if self._coordinator is not None:
+            self._coordinator.close()
         if self._client is not None:
             self._client.stop()
             self._client.close()
@@ -368,10 +376,10 @@ class Producer(ProducerIO):
             raise ClosedError("producer not started")
         return self._store
 
-    def _require_head(self) -> HeadProtocol:
-        if self._head is None or self._store is None:
+    def _require_coordinator(self) -> CoordinatorClient:
+        if self._coordinator is None:
             raise ClosedError("producer not started")
-        return self._head
+        return self._coordinator
 
     def _require_transport(self) -> BrokerTransport:
         if self._transport is None:

@@ -19,10 +19,9 @@
   consumer themselves: ``Cluster.spawn_producer`` / ``spawn_consumer``
   (``tests.helpers.produce`` / ``consume``).
 
-No coordinator daemon runs unless a test starts one (``start_daemon``): correctness never
-depends on it. The coordinator *service* (what clients ask for commits, subscriptions, seals,
-claims) runs in the test process without the daemon's duties until a test starts a daemon
-(tests/coordinator_in_process.py).
+Producers ask the coordinator service for their epoch, failovers and rolls (issue 23), so
+``create_queue`` starts one coordinator process (``coordinator``) unless the test already
+runs one; more can be started with ``start_daemon``.
 """
 
 from __future__ import annotations
@@ -95,10 +94,7 @@ class Cluster:
         self.broker_tls, self.credentials = provision(base / "tls", self.hosts, root)
         self.transport = GrpcTransport(credentials=self.credentials)
         self._threads: list[LoadProducer | LoadConsumer] = []
-        from tests.coordinator_in_process import InProcessCoordinator
-
-        tls_folder = base / "tls" if self.credentials.ca_file else None
-        self.coordinator: InProcessCoordinator | None = InProcessCoordinator(self.hosts, root, tls_folder=tls_folder)
+        self.coordinators: list[ManagedProcess] = []
 
     # -- brokers -------------------------------------------------------------------------------
 
@@ -125,6 +121,8 @@ class Cluster:
     def create_queue(self, queue: str = "q", groups: list[str] | None = None) -> QueueState:
         st = self.store.create_queue(queue, groups if groups is not None else list(self.groups))
         assert st.open_segment is not None, f"queue {queue} not writable after create: {st}"
+        if not any(p.alive() for p in self.coordinators):
+            self.start_daemon("coordinator-0")
         return st
 
     def state(self, queue: str = "q") -> QueueState:
@@ -208,13 +206,13 @@ class Cluster:
             program.go()
         return program
 
-    def start_daemon(self, name: str, *, interval_s: float = 0.2) -> ManagedProcess:
-        if self.coordinator is not None:  # the daemon leads and serves from now on
-            self.coordinator.stop()
-            self.coordinator = None
+    def start_daemon(self, name: str, *, interval_s: float = 0.2, session_timeout_s: float = 1.0) -> ManagedProcess:
+        """A coordinator process (daemon and service; its session as short as the brokers')."""
         proc = self.spawn(name, ["-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, "coordinator", "run",
-                                 "--metrics", "127.0.0.1:0", "--interval", str(interval_s)])
+                                 "--metrics", "127.0.0.1:0", "--interval", str(interval_s),
+                                 "--session-timeout", str(session_timeout_s)])
         proc.wait_for_line("READY", timeout_s=30)
+        self.coordinators.append(proc)
         return proc
 
     def lock_contenders(self, path: str) -> list[str]:
@@ -266,8 +264,6 @@ class Cluster:
                     errors.append(exc)
         for t in self._threads:
             t.join(timeout_s=10, check=False)
-        if self.coordinator is not None:
-            self.coordinator.stop()
         self.transport.close()
         self.store.close()
         unregister(self.hosts, self.root)

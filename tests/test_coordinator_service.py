@@ -5,12 +5,13 @@ producer about one election; a second produce-token holder cannot use the curren
 
 from __future__ import annotations
 
+import json
 import time
 
 import grpc
 import pytest
 
-from broker_group.log import Message, encode_batch
+from broker_group.log import Message, decode_batch, encode_batch
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.client import CoordinatorClient
@@ -124,3 +125,103 @@ def test_a_follower_names_the_leader(cluster: Cluster) -> None:
     from broker_group.errors import from_rpc_error
 
     assert isinstance(from_rpc_error(info.value, second), NotCoordinatorLeader)
+
+
+def coordinator_at(cluster: Cluster, address: str) -> object:
+    for proc in cluster.coordinators:
+        if proc.alive() and proc.wait_for_line("SERVING ", timeout_s=5) == address:
+            return proc
+    raise AssertionError(f"no coordinator process serves {address}")
+
+
+def test_killing_the_leading_coordinator_during_a_failover_stalls_the_producer_about_one_election(
+        cluster: Cluster) -> None:
+    from tests.cluster import finish, start_load, wait_acked
+    from tests.order_check import check_delivery
+
+    n = 16_000
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")  # starts coordinator-0
+    cluster.start_daemon("coordinator-2")
+    wait_until(lambda: leader_now(cluster) != "", timeout_s=30, interval_s=0.05, what="a coordinator elected")
+    producer, consumer = start_load(cluster, n)
+    wait_acked(producer, n // 4)
+    leader = coordinator_at(cluster, leader_now(cluster))
+    head = cluster.head()
+    acked = len(producer.acked)
+    # The head's master and the leading coordinator die together: the producer's failover
+    # needs the coordinator, so it waits for the standby's election (1 s sessions here).
+    started = time.monotonic()
+    head.master.kill()
+    leader.kill()  # type: ignore[attr-defined]
+    wait_until(lambda: len(producer.acked) > acked + 100 or producer.error is not None, timeout_s=60,
+               interval_s=0.01, what="acks after the failover")
+    stall = time.monotonic() - started
+    print(f"producer stalled {stall:.2f}s (coordinator session 1 s, broker session 1 s, send timeout 1 s)")
+    assert producer.error is None, producer.error
+    finish(producer, consumer)
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == n
+    # One election (1 s session) + the ack deadline (1 s) + the seal and restart of the stream,
+    # with room for a loaded machine; a producer that waited for a dead coordinator's
+    # answers until its own no_group_timeout_s (30 s) would fail this.
+    assert stall < 12.0, stall
+
+
+def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(cluster: Cluster) -> None:
+    """The rogue holds a valid produce token for the queue and reads the current epoch from
+    ZooKeeper, but not the epoch key: its Produce is refused, counted, nothing of it stored;
+    the real producer goes on unaffected. (On main's broker the rogue batch was stored.)"""
+    import attrs
+
+    from broker_group.client import GrpcTransport
+    from coordinator.tokens import create_token, touch
+    from ordq.security import register
+    from sdk import BatchingConfig, Producer, ProducerConfig
+    from tests.helpers.load import make_payload, parse_payload
+
+    cluster.add_groups("g1")
+    client, root = cluster.store.client, cluster.root
+    _, admin = create_token(client, root, {"*": ["admin"]}, "admin")
+    _, real_token = create_token(client, root, {"q": ["produce"]}, "real producer")
+    _, rogue_token = create_token(client, root, {"q": ["produce"]}, "rogue")
+    touch(client, root)
+    admin_creds = attrs.evolve(cluster.credentials, token=admin)
+    register(cluster.hosts, root, admin_creds)  # the coordinator and admin reads of this cluster
+    cluster.create_queue("q")
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=root, queue="q", batching=BatchingConfig(linger_ms=1.0),
+                         credentials=attrs.evolve(cluster.credentials, token=real_token))
+    with Producer(cfg) as producer:
+        for i in range(100):
+            producer.send(make_payload(i, "P", 64))
+        producer.flush(30)
+        st = cluster.state()
+        seg, epoch = st.open_segment.seg, st.producer_epoch
+        master = cluster.store.live_members(st.head)["master"].address
+        ch = channel(master, attrs.evolve(cluster.credentials, token=rogue_token), ())
+        try:
+            batch = encode_batch([Message(make_payload(100, "ROGUE", 64), None, (), 0)], epoch=epoch, first_seq=100)
+            call = pb_grpc.BrokerStub(ch).Produce(iter([pb.ProduceRequest(queue="q", seg=seg, epoch=epoch,
+                                                                         batches=[batch])]),
+                                                  metadata=(("authorization", f"Bearer {rogue_token}"),), timeout=10)
+            with pytest.raises(grpc.RpcError) as info:
+                list(call)
+            assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED, info.value
+            from broker_group.errors import from_rpc_error
+
+            assert isinstance(from_rpc_error(info.value, master), EpochNotIssued)
+        finally:
+            ch.close()
+        for i in range(100, 200):
+            producer.send(make_payload(i, "P", 64))
+        producer.flush(30)
+        assert producer.statistics().failovers == 0
+    transport = GrpcTransport(credentials=admin_creds)
+    try:
+        res = transport.fetch(master, "q", seg, 0, max_bytes=1 << 20, max_wait_ms=0)
+        stats = json.loads(transport.health(master).stats_json)
+    finally:
+        transport.close()
+    stored = [parse_payload(m.payload) for raw in res.batches for m in decode_batch(raw)[1]]
+    assert [(p.seq, p.writer) for p in stored] == [(i, "P") for i in range(200)]
+    assert stats["refused"].get("EpochNotIssued", 0) >= 1 and stats["epoch_key_refusals"] >= 1, stats
