@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -36,8 +37,10 @@ from coordinator.acl_client import missing_parents, protect
 from coordinator.paths import Paths
 from coordinator.store import ZkStore
 from ordq.errors import ConfigError, ZkAccessDenied
+from ordq.proc import ManagedProcess
 from ordq.security import Credentials
 from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from tests.cluster import REPO
 from tests.util import wait_until
 
 ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"
@@ -139,6 +142,7 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
         before.create_subscription("q", "s")
     admin = ZkStore.connect(hosts, zk_root, auth=ADMIN)
     procs = BrokerGroupProcesses("g1", zk_hosts=hosts, root=zk_root, base_dir=tmp_path)
+    coordinator: ManagedProcess | None = None
     try:
         assert protect(admin.client, zk_root, IDS) >= 7  # upgraded in place
         assert protect(admin.client, zk_root, IDS) >= 7  # and again: idempotent
@@ -179,10 +183,17 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
             assert {a.id.id: a.perms for a in acl}[IDS.client] & CREATE, parent
         assert admin.load_state("q")[0].producer_epoch == 0  # nothing above changed the state
 
-        # The processes with their credentials work: brokers as admin, the SDK as client.
+        # The processes with their credentials work: brokers and the coordinator as admin, the
+        # SDK as client (asking the coordinator for what it may not write).
         for member in procs.members:
             member.proc.env = {"ORDQ_ZK_AUTH": ADMIN}
         procs.start()
+        coordinator = ManagedProcess("coordinator", [sys.executable, "-m", "ordq.cli", "--zk", hosts, "--root", zk_root,
+                                                     "coordinator", "run", "--insecure", "--session-timeout", "2"],
+                                     run_dir=tmp_path / "run", env={"ORDQ_ZK_AUTH": ADMIN, "PYTHONPATH": str(REPO)},
+                                     cwd=REPO)
+        coordinator.start()
+        coordinator.wait_for_line("READY", timeout_s=60)
         wait_until(lambda: admin.live_groups(["g1"]), what="g1 live")
         with Producer(ProducerConfig(zk_hosts=hosts, root=zk_root, queue="q",
                                      credentials=Credentials(zk_auth=CLIENT))) as producer:
@@ -196,11 +207,17 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
                        timeout_s=60, what="20 messages consumed")
             consumer.commit()
         assert got == [b"m%d" % i for i in range(20)]
+        assert admin.get_cursor("q", "s")[0].last_seq == 19  # committed through the coordinator
+        with Consumer(ConsumerConfig(zk_hosts=hosts, root=zk_root, queue="q", subscription="s3", start="latest",
+                                     credentials=Credentials(zk_auth=CLIENT))):
+            assert admin.get_cursor("q", "s3")[0].last_seq == 19  # created by the coordinator
         assert admin.load_state("q")[0].producer_epoch == 1
         acl, _ = admin.client.get_acls(p.producer_leader("q"))  # made by the producer, under the policy
         assert {a.id.id: a.perms for a in acl}[IDS.client] == READ | CREATE | DELETE
     finally:
         procs.kill()
+        if coordinator is not None:
+            coordinator.kill()
         with contextlib.suppress(Exception):
             admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
         admin.close()
