@@ -439,3 +439,17 @@ def test_seal_decision() -> None:
     assert decide({"master": empty, "slave": None}) == SealPlan(0, None, None)
     with pytest.raises(BrokerUnavailable):
         decide({"master": None, "slave": None})
+
+
+def test_duties_roll_a_frozen_open_segment_without_any_producer() -> None:
+    """Issue 23: a master restarted while the segment was open never writes it again; the
+    daemon rolls it (whatever its size or age), so it gets sealed and writes resume."""
+    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+
+    s = started()
+    restarted = OpenSegment(bytes=4_000, first_write_ms=None, frozen=True)  # restored: no first-write time
+    assert plan(s, ALL_LIVE, Limits(), open_info=restarted) == [Action(Kind.ROLL, gid="g1", seg=0)]
+    assert plan(s, ALL_LIVE, Limits(), open_info=OpenSegment(bytes=0, first_write_ms=None, frozen=True)) == [
+        Action(Kind.ROLL, gid="g1", seg=0)]
+    rolled = sm.roll(s, "g1", 0)
+    assert plan(rolled, ALL_LIVE) == [Action(Kind.SEAL, gid="g1", seg=0)]
