@@ -70,7 +70,9 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
     actions.extend(
         Action(Kind.SEAL, gid=s.gid, seg=s.seg) for s in state.consume if s.status is SegStatus.SEALING
     )
-    actions.extend(Action(Kind.ADMIT, gid=g) for g in state.groups if state.eligible(g, facts))
+    # groups without backlog first: a group that just failed over (it holds the segment it
+    # failed) is not made head again ahead of the others (churn); it joins at the tail
+    actions.extend(Action(Kind.ADMIT, gid=g) for g in state.admission_order(facts))
     # Every leading segment that can go, in order (one pop each): under heavy traffic many
     # segments may roll between two rounds, and popping one a round would fall behind.
     rest = state
