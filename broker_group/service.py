@@ -58,6 +58,7 @@ from ordq.errors import (
     ClosedError,
     ConfigError,
     CorruptLog,
+    CorruptState,
     DiskFull,
     MessageTooLarge,
     OrdqError,
@@ -469,6 +470,9 @@ class Broker:
                     st: QueueState | None = self.require_store().load_state(qdir.name)[0]
                 except QueueNotFound:
                     st = None
+                except CorruptState as exc:  # that queue's problem: keep its files, free the others'
+                    log.warning("not freeing space of %s: %s", qdir.name, exc)
+                    continue
                 held = _folder_incarnation(qdir)
                 if st is None or (held is not None and held != st.incarnation):
                     self._drop_segments(qdir.name, lambda seg: True, "its queue was deleted")

@@ -548,3 +548,41 @@ def test_admitting_groups_with_backlog_keeps_order(seq: list[tuple[str, str, int
             assert state.consume[-1] is state.open_segment and state.open_segment.gid == state.head
         assert segs_read == sorted(set(segs_read))  # segments read in increasing id order
         assert delivered == list(range(len(delivered)))  # every seq once, in order, no gap
+
+
+# -- state that does not parse is a typed error of that queue (issue 23) ----------------------
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (b"\xff\xfe garbage", "not UTF-8"),
+    (b"{not json", "not JSON"),
+    (b"", "not JSON"),
+    (b"[1, 2]", "not an object"),
+    (b'{"queue": "q"}', "is not a list"),
+    (b'{"queue": "q", "groups": [], "send": [], "consume": []}', "'next_seg' missing"),
+    (b'{"queue": "q", "groups": [], "send": [], "consume": [7], "next_seg": 1, "producer_epoch": 0}',
+     "not an object"),
+    (b'{"queue": "q", "groups": ["g1"], "send": [], "consume": [{"seg": 0, "gid": "g1", "status": "weird"}], '
+     b'"next_seg": 1, "producer_epoch": 0}', "ValueError"),
+    (b'{"queue": "q", "groups": ["g1"], "send": ["g1"], "consume": [], "next_seg": 0, "producer_epoch": 0}',
+     "invariant I1"),
+    (b'{"queue": "other", "groups": [], "send": [], "consume": [], "next_seg": 0, "producer_epoch": 0}',
+     "names queue 'other'"),
+])
+def test_state_that_does_not_parse_is_corrupt_state_of_that_queue(data: bytes, why: str) -> None:
+    from coordinator.store import parse_state
+    from ordq.errors import CorruptState, OrdqError
+
+    with pytest.raises(CorruptState) as err:
+        parse_state("q", data)
+    assert isinstance(err.value, OrdqError) and err.value.queue == "q" and why in err.value.detail
+    assert "'q'" in str(err.value).splitlines()[0] and len(str(err.value).splitlines()) == 1
+
+
+def test_a_valid_state_parses() -> None:
+    import json
+
+    from coordinator.store import parse_state
+
+    s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 5, 0, 4)
+    assert parse_state("q", json.dumps(s.to_dict()).encode()) == s
