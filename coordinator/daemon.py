@@ -87,8 +87,8 @@ class CoordinatorDaemon:
 
     def run(self) -> None:
         """Contend, lead (duties) while elected, contend again after a lost session or a
-        transient ZooKeeper error, until stopped. Anything else is a bug: it is logged, kept
-        in ``failure`` and raised, and the caller must end the process non-zero (issue 23: an
+        transient ZooKeeper error, until stopped. Anything else is a bug: it is logged and kept
+        in ``failure``, run returns, and the caller must end the process non-zero (issue 23: an
         election thread that died silently left a standby that never led again)."""
         client: KazooClient = self.store.client
         client.add_listener(self._on_zk_state)
@@ -104,10 +104,12 @@ class CoordinatorDaemon:
                     log.warning("coordinator %s: election interrupted (%s); contending again",
                                 self.identifier, type(exc).__name__)
                     self._stop.wait(ELECTION_RETRY_S)
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 - kept for the caller, which exits non-zero
+            if self._stop.is_set():  # the client closed under it while stopping: not a failure
+                log.debug("coordinator %s: election ended while stopping: %r", self.identifier, exc)
+                return
             self.failure = exc
             log.critical("coordinator %s: election thread failed", self.identifier, exc_info=True)
-            raise
         finally:
             client.remove_listener(self._on_zk_state)
 

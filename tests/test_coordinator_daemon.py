@@ -218,3 +218,68 @@ def test_garbage_in_one_queue_state_is_that_queue_s_problem(cluster: Cluster) ->
     wait_until(lambda: 'ordq_queue_state_corrupt{queue="bad"}' not in _metrics(standby),
                timeout_s=DEADLINE_S, what="the restored queue no longer reported")
     assert standby.alive() and cluster.ordq("queue", "describe", "bad").returncode == 0
+
+
+def test_one_queue_s_bad_state_or_bug_leaves_the_others_served(zk_server, zk_root, monkeypatch) -> None:
+    """In process: garbage in queue a's state and a bug in queue b's round; queue c still gets
+    its failover, the round goes on, and both are counted (no broker needed: liveness nodes
+    are written by this test's own session)."""
+    from coordinator.daemon import CoordinatorDaemon
+
+    with ZkStore.connect(zk_server.connection_string, zk_root) as store:
+        for g in ("g1", "g2"):
+            store.add_group(g)
+            for role in ("master", "slave"):
+                store.register_live(g, role, address=f"127.0.0.1:0/{g}/{role}", incarnation="t")
+        for q in ("a", "b", "c"):
+            store.create_queue(q)
+        store.client.set(store.paths.state("a"), b'{"queue": "a", "send": 1}')
+        daemon = CoordinatorDaemon(store, identifier="t")
+        real = daemon._queue_round
+
+        def buggy(queue: str) -> None:
+            if queue == "b":
+                raise RuntimeError("a bug in one queue's round")
+            real(queue)
+
+        monkeypatch.setattr(daemon, "_queue_round", buggy)
+        store.client.delete(store.paths.live("g1", "master"))  # the head of every queue loses its master
+        daemon.round()
+        assert store.load_state("c")[0].head == "g2"  # served
+        assert daemon.stats.corrupt == {"a": "TypeError: field 'groups' is not a list"} and daemon.stats.corrupt_seen == 1
+        assert daemon.stats.unexpected == 1 and daemon.stats.errors == 2
+        body = daemon.metrics.registry  # the series are there for a scrape
+        from prometheus_client import generate_latest
+
+        text = generate_latest(body).decode()
+        assert "ordq_coordinator_corrupt_state_total 1.0" in text
+        assert "ordq_coordinator_unexpected_errors_total 1.0" in text
+
+
+def test_a_coordinator_whose_election_thread_dies_exits_non_zero(zk_server, zk_root, monkeypatch) -> None:
+    """Issue 23: the election thread died silently and the process went on, showing standby."""
+    import signal as signal_module
+
+    from coordinator.daemon import CoordinatorDaemon
+    from ordq.cli import main
+
+    def broken_round(self: CoordinatorDaemon) -> None:
+        raise RuntimeError("a bug outside any queue")
+
+    monkeypatch.setattr(CoordinatorDaemon, "round", broken_round)
+    monkeypatch.setattr(signal_module, "signal", lambda *_a: None)  # keep pytest's handlers
+    code = main(["--zk", zk_server.connection_string, "--root", zk_root, "coordinator", "run"])
+    assert code == 1
+
+
+def test_status_calls_a_cluster_with_no_leading_coordinator_unhealthy() -> None:
+    from ordq.local_cluster import ProcessStatus, _no_leader_unhealthy
+
+    def coordinator(state: str) -> ProcessStatus:
+        return ProcessStatus(name=f"c-{state}", kind="coordinator", pid=1, listen="x", state=state, healthy=True)
+
+    zk = ProcessStatus(name="zk1", kind="zookeeper", pid=1, listen="x", state="standalone", healthy=True)
+    assert all(s.healthy for s in _no_leader_unhealthy([zk, coordinator("leader"), coordinator("standby")]))
+    both_standby = _no_leader_unhealthy([zk, coordinator("standby"), coordinator("standby")])
+    assert [s.healthy for s in both_standby] == [True, False, False]
+    assert "no coordinator leads" in both_standby[1].detail
