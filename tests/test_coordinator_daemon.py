@@ -212,6 +212,7 @@ def test_garbage_in_one_queue_state_is_that_queue_s_problem(cluster: Cluster) ->
     assert len(listed.stderr.decode().strip().splitlines()) == 1 and "'bad'" in listed.stderr.decode()
 
     # the leader is killed: the standby's election thread is alive too, and it leads
+    assert leader is not None
     leader.kill()
     standby = next(d for d in daemons if d is not leader)
     wait_until(lambda: "ordq_coordinator_leader 1" in _metrics(standby), timeout_s=DEADLINE_S,
