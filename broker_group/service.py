@@ -58,6 +58,7 @@ from ordq.errors import (
     ClosedError,
     ConfigError,
     CorruptLog,
+    CorruptState,
     DiskFull,
     MessageTooLarge,
     OrdqError,
@@ -159,6 +160,9 @@ class Segment:
             last_seq=-1 if r.last_seq is None or r.local_synced == 0 else r.last_seq,
             sealed=r.sealed, fenced_epoch=r.fenced_epoch,
             bytes=self.log.synced_bytes if self.log is not None else 0, first_write_ms=self.first_write_ms,
+            # Why: a master restarted (or whose disk or slave stream failed) never writes this
+            # segment again; the coordinator reads this to roll it with no producer around.
+            frozen=not r.writable,
         )
 
 
@@ -466,6 +470,9 @@ class Broker:
                     st: QueueState | None = self.require_store().load_state(qdir.name)[0]
                 except QueueNotFound:
                     st = None
+                except CorruptState as exc:  # that queue's problem: keep its files, free the others'
+                    log.warning("not freeing space of %s: %s", qdir.name, exc)
+                    continue
                 held = _folder_incarnation(qdir)
                 if st is None or (held is not None and held != st.incarnation):
                     self._drop_segments(qdir.name, lambda seg: True, "its queue was deleted")

@@ -10,7 +10,6 @@ within one watch event) and keeps lists tidy.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
@@ -18,19 +17,23 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionClosedError
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, OperationTimeoutError, SessionExpiredError
 from kazoo.recipe.election import Election
 
 from coordinator import state as sm
 from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.store import QueueConfig, ZkStore, roll_transition
-from ordq.errors import IllegalTransition, OrdqError
+from ordq.errors import CorruptState, IllegalTransition, OrdqError
 from ordq.metrics import MetricsServer
 from ordq.metrics import serve as metrics_serve
 
 log = logging.getLogger("ordq.coordinator")
+# Transient ZooKeeper errors of the election itself: contend again (after this pause) rather
+# than let the election thread end.
+ELECTION_RETRY_S = 0.5
+_ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, ConnectionClosedError)
 
 # Seal runner: (queue, seg) -> None; raises OrdqError when no replica answers.
 Sealer = Callable[[str, int], None]
@@ -46,6 +49,10 @@ class DaemonStats:
     conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
     errors: int = 0
     is_leader: bool = False
+    # queues whose state does not parse, with why (CorruptState), and how often it was met
+    corrupt: dict[str, str] = attrs.field(factory=dict)
+    corrupt_seen: int = 0
+    unexpected: int = 0  # queue rounds that raised something not an OrdqError (a bug): logged
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     # the last send-list head changes seen (a failover by anyone), newest last: the status page
     failovers: collections.deque[dict[str, Any]] = attrs.field(factory=lambda: collections.deque(maxlen=20))
@@ -72,22 +79,51 @@ class CoordinatorDaemon:
         self.metrics = CoordinatorMetrics(self.stats)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._session_lost = threading.Event()
+        # Why the election thread ended while not asked to stop (the process then exits non-zero)
+        self.failure: BaseException | None = None
 
     # -- leadership ------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Wait to be elected, then do duties until stopped or leadership is lost."""
+        """Contend, lead (duties) while elected, contend again after a lost session or a
+        transient ZooKeeper error, until stopped. Anything else is a bug: it is logged and kept
+        in ``failure``, run returns, and the caller must end the process non-zero (issue 23: an
+        election thread that died silently left a standby that never led again)."""
         client: KazooClient = self.store.client
-        election = Election(client, self.store.paths.coordinator_leader, self.identifier)
-        # kazoo raises ConnectionClosedError in the election thread when stopped while leading
-        with contextlib.suppress(ConnectionClosedError):
-            election.run(self._lead)
+        client.add_listener(self._on_zk_state)
+        try:
+            while not self._stop.is_set():
+                self._session_lost.clear()
+                election = Election(client, self.store.paths.coordinator_leader, self.identifier)
+                try:
+                    election.run(self._lead)
+                except _ELECTION_TRANSIENT as exc:
+                    if self._stop.is_set():
+                        break  # kazoo raises ConnectionClosedError here when stopped while leading
+                    log.warning("coordinator %s: election interrupted (%s); contending again",
+                                self.identifier, type(exc).__name__)
+                    self._stop.wait(ELECTION_RETRY_S)
+        except Exception as exc:  # noqa: BLE001 - kept for the caller, which exits non-zero
+            if self._stop.is_set():  # the client closed under it while stopping: not a failure
+                log.debug("coordinator %s: election ended while stopping: %r", self.identifier, exc)
+                return
+            self.failure = exc
+            log.critical("coordinator %s: election thread failed", self.identifier, exc_info=True)
+        finally:
+            client.remove_listener(self._on_zk_state)
+
+    def _on_zk_state(self, state: KazooState) -> None:
+        if state == KazooState.LOST:
+            # the session (and with it our election node) is gone: stop leading, contend again
+            self._session_lost.set()
+            self._wake.set()
 
     def _lead(self) -> None:
         self.stats.is_leader = True
         log.info("coordinator %s elected", self.identifier)
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not self._session_lost.is_set():
                 self.round()
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
@@ -117,11 +153,25 @@ class CoordinatorDaemon:
             self.stats.errors += 1
             return
         for queue in queues:
+            # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
             try:
                 self._queue_round(queue)
+                self.stats.corrupt.pop(queue, None)  # restored
+            except CorruptState as exc:
+                self.stats.errors += 1
+                self.stats.corrupt_seen += 1
+                if self.stats.corrupt.get(queue) != exc.detail:
+                    log.error("queue %s: %s", queue, exc)  # once per distinct problem, not per round
+                self.stats.corrupt[queue] = exc.detail
             except OrdqError as exc:
                 self.stats.errors += 1
                 log.warning("queue %s: %s", queue, exc)
+            except Exception:  # noqa: BLE001 - a bug in one queue's round must not end the leadership
+                self.stats.errors += 1
+                self.stats.unexpected += 1
+                log.exception("queue %s: unexpected error in the duty round", queue)
+        for gone in set(self.stats.corrupt) - set(queues):
+            del self.stats.corrupt[gone]  # deleted queue
 
     def _queue_round(self, queue: str) -> None:
         st, _ = self.store.load_state(queue)

@@ -43,6 +43,10 @@ class OpenSegment:
 
     bytes: int
     first_write_ms: int | None  # wall clock of its first message; None while empty
+    # The master will never write it again (it restarted while the segment was open, or its
+    # disk or slave stream failed): roll it, so its acked messages become readable (sealed)
+    # and writes resume on a new segment, with or without a producer.
+    frozen: bool = False
 
 
 @attrs.frozen
@@ -60,17 +64,21 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
     open_seg = state.open_segment
     if open_seg is not None and open_seg.gid not in facts.live_groups:
         actions.append(Action(Kind.FAIL_OVER, gid=open_seg.gid, seg=open_seg.seg))
-    elif open_seg is not None and open_info is not None and _due_to_roll(open_info, limits, now_ms):
+    elif open_seg is not None and open_info is not None and (open_info.frozen
+                                                             or _due_to_roll(open_info, limits, now_ms)):
         actions.append(Action(Kind.ROLL, gid=open_seg.gid, seg=open_seg.seg))
     actions.extend(
         Action(Kind.SEAL, gid=s.gid, seg=s.seg) for s in state.consume if s.status is SegStatus.SEALING
     )
-    actions.extend(Action(Kind.ADMIT, gid=g) for g in state.groups if state.eligible(g, facts))
+    # groups without backlog first: a group that just failed over (it holds the segment it
+    # failed) is not made head again ahead of the others (churn); it joins at the tail
+    actions.extend(Action(Kind.ADMIT, gid=g) for g in state.admission_order(facts))
     # Every leading segment that can go, in order (one pop each): under heavy traffic many
     # segments may roll between two rounds, and popping one a round would fall behind.
     rest = state
     # the head master says the open segment holds a message: a later one than any sealed
-    later = open_info is not None and open_info.first_write_ms is not None
+    # (a master restarted since keeps no first-write time, but its bytes show a message)
+    later = open_info is not None and (open_info.first_write_ms is not None or open_info.bytes > 0)
     while rest.consume and rest.consume[0].status is SegStatus.SEALED:
         head = rest.consume[0]
         if holds_newest(rest, facts, later_stored=later):

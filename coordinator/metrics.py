@@ -40,6 +40,17 @@ class CoordinatorMetrics(Collector):
         yield CounterMetricFamily("ordq_coordinator_rounds", "Duty rounds run", value=st.rounds)
         yield CounterMetricFamily("ordq_coordinator_errors", "Duty rounds or queues that failed (ZooKeeper, RPC)",
                                   value=st.errors)
+        yield CounterMetricFamily("ordq_coordinator_corrupt_state",
+                                  "Duty rounds that met a queue whose state does not parse (CorruptState)",
+                                  value=st.corrupt_seen)
+        yield CounterMetricFamily("ordq_coordinator_unexpected_errors",
+                                  "Queue duty rounds that raised an unexpected error (a bug; logged)",
+                                  value=st.unexpected)
+        corrupt = GaugeMetricFamily("ordq_queue_state_corrupt", "1 for each queue whose state does not parse",
+                                    labels=["queue"])
+        for q in sorted(st.corrupt):
+            corrupt.add_metric([q], 1)
+        yield corrupt
         actions = CounterMetricFamily("ordq_coordinator_actions", "Transitions and seals done, by kind",
                                       labels=["kind"])
         for kind, n in sorted(st.actions.items()):

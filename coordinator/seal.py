@@ -144,6 +144,7 @@ def make_prober(store: ZkStore, credentials: Credentials | None = None) -> Calla
             info = transport.segment_info(master.address, queue, seg)
         except SegmentNotFound:
             return OpenSegment(bytes=0, first_write_ms=None)  # nothing written yet
-        return OpenSegment(bytes=int(info.bytes), first_write_ms=int(info.first_write_ms) or None)
+        return OpenSegment(bytes=int(info.bytes), first_write_ms=int(info.first_write_ms) or None,
+                           frozen=bool(info.frozen))
 
     return prober

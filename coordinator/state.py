@@ -15,10 +15,14 @@ Invariants (DESIGN §3), as checked by ``check_invariants``:
 - I2 Every consume-list segment but the tail is ``sealing`` or ``sealed``; ``sealed`` ones
   have ``end`` (and ``last_seq`` when ``end > 0``).
 - I3 Segment ids strictly increase along the consume list and are below ``next_seg``.
-- I4 No group is in the send list twice; every group in it belongs to the queue, and holds no
-  consume-list segment, except the head: the open tail and the segments it rolled before it
-  (a run of its own segments ending at the tail; a group is admitted only without backlog).
-  Liveness at admission is a fact checked by ``admit`` itself.
+- I4 No group is in the send list twice; every group in it belongs to the queue. Liveness
+  (master and slave) at admission is a fact checked by ``admit`` itself.
+  Unlike JMQ (and DESIGN before issue 23) a group is admitted *with* backlog: JMQ's consume
+  list holds groups, so a group readmitted before its old data is read would interleave old
+  and new data; ordq's holds numbered segments, and a new segment always gets ``next_seg`` at
+  the tail, so readers still see segment ids in increasing order whichever groups hold them
+  (I3; property-tested in tests/test_state.py). Requiring no backlog left a queue whose only
+  group restarted unwritable until read, for ever with no subscription (issues 23, 26).
 - I5 A subscription cursor never points before the consume-list head or past ``next_seg``
   (the position after the tail: where a consumer waits once it drained a sealed tail).
 """
@@ -164,23 +168,28 @@ class QueueState:
         return None
 
     def has_backlog(self, gid: str) -> bool:
-        """True when ``gid`` still stores a segment of this queue with something left to read.
-        A segment sealed empty holds nothing (I4 "no unconsumed segment"): counting it kept
-        its group out for good when it was the queue's last segment, as no cursor can pass
-        the last segment to pop it (both heads lost in turn, the first one's stale liveness
-        node still there, a failover opened the empty segment on it)."""
+        """True when ``gid`` still stores a segment of this queue with something left to read
+        (a segment sealed empty holds nothing). Orders admission (``admission_order``) and
+        keeps a group holding data from being removed from the queue."""
         return any(s.gid == gid and not s.holds_nothing for s in self.consume)
 
     def eligible(self, gid: str, facts: Facts) -> bool:
-        """I4: both processes live, a member, not already sending, no backlog (and not
-        drained by an operator)."""
+        """I4: both processes live, a member, not already sending (and not drained by an
+        operator). Backlog does not matter (see the module doc, I4)."""
         return (
             gid in self.groups
             and gid in facts.live_groups
             and gid not in facts.drained
             and gid not in self.send
-            and not self.has_backlog(gid)
         )
+
+    def admission_order(self, facts: Facts, *, last: str | None = None) -> list[str]:
+        """The eligible groups, in the order to admit them: those without backlog first
+        (in the queue's group order), then those with backlog, and ``last`` (the group that
+        just failed over) at the very end. Why: a group that just failed is not made head
+        again ahead of the others (churn), and backlog spreads over groups when it can."""
+        ok = [g for g in self.groups if self.eligible(g, facts)]
+        return sorted(ok, key=lambda g: (g == last, self.has_backlog(g)))
 
     def earliest_cursor(self) -> Cursor:
         seg = self.consume[0].seg if self.consume else self.next_seg
@@ -254,18 +263,9 @@ def check_invariants(state: QueueState, cursors: Mapping[str, Cursor] | None = N
     for i, gid in enumerate(state.send):
         if gid not in state.groups:
             raise InvariantViolation("I4", f"group {gid} in the send list is not a member")
-        held = [s.seg for s in consume if s.gid == gid and not s.holds_nothing]
-        # Admitted without backlog; since then only the head may have written, and a roll
-        # keeps it in the list: the head holds a run of its own segments ending at the tail.
-        allowed: list[int] = []
-        if i == 0:
-            for s in reversed(consume):
-                if s.gid != gid:
-                    break
-                if not s.holds_nothing:
-                    allowed.insert(0, s.seg)
-        if held != allowed:
-            raise InvariantViolation("I4", f"send-list group {gid} holds backlog segments {held}")
+        # (backlog is allowed: order rests on I3, segment ids, not on which group holds them)
+        if i > 0 and any(s.gid == gid and s.status is SegStatus.OPEN for s in consume):
+            raise InvariantViolation("I4", f"send-list group {gid} is not the head but holds the open segment")
     # I5
     if cursors:
         low = consume[0].seg if consume else state.next_seg
@@ -321,23 +321,16 @@ def _why_not_eligible(state: QueueState, gid: str, facts: Facts) -> str:
         return f"group {gid} does not serve queue {state.queue}"
     if gid in state.send:
         return f"group {gid} is already in the send list"
-    if state.has_backlog(gid):
-        held = [s for s in state.consume if s.gid == gid]
-        read = bool(facts.cursors) and all(c.seg > held[0].seg for c in facts.cursors.values())
-        if len(held) == 1 and held[0] is state.consume[0] and read and holds_newest(state, facts):
-            return (f"group {gid} holds segment {held[0].seg} of {state.queue}, kept as it has the queue's newest "
-                    "message until a later one is stored")
-        return f"group {gid} still holds unconsumed segments of {state.queue}"
     if gid in facts.drained:
         return f"group {gid} is drained for maintenance (undrain it: ordq group undrain {gid})"
     return f"group {gid} is not live (master and slave must both be registered)"
 
 
-def admit_all(state: QueueState, facts: Facts) -> QueueState:
-    """Admit every eligible group, in the queue's group order (no-op when none is)."""
-    for gid in state.groups:
-        if state.eligible(gid, facts):
-            state = admit(state, gid, facts)
+def admit_all(state: QueueState, facts: Facts, *, last: str | None = None) -> QueueState:
+    """Admit every eligible group in ``admission_order`` (no-op when none is); ``last``: the
+    group that just failed over, admitted after every other."""
+    for gid in state.admission_order(facts, last=last):
+        state = admit(state, gid, facts)
     return state
 
 
@@ -349,11 +342,13 @@ def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState
 
 def _move_writes_on(sealing: QueueState, facts: Facts) -> QueueState:
     """The head (whose open segment is now sealing) leaves the send list; the next head gets a
-    new segment, or, with none left, every eligible group is admitted."""
+    new segment, or, with none left, every eligible group is admitted, the old head (if it
+    still looks live) last: it becomes head again only when no other group can be."""
+    old_head = sealing.send[0]
     new = attrs.evolve(sealing, send=sealing.send[1:])
     if new.send:
         return _checked(_open_on_head(new))
-    return _checked(admit_all(new, facts))
+    return _checked(admit_all(new, facts, last=old_head))
 
 
 def roll(state: QueueState, gid: str, seg: int, facts: Facts | None = None, *,
@@ -368,8 +363,8 @@ def roll(state: QueueState, gid: str, seg: int, facts: Facts | None = None, *,
     ``to_next`` (the queue's ``roll_to: next`` backlog policy) the head leaves the send list as
     in ``fail_over`` and writes move to the next group (admitting the eligible ones if none is
     left), so backlog spreads over the groups instead of piling up on one; the old head rejoins
-    at the tail once its segments are popped (JMQ's rule: no backlog, then admit). When no
-    other group can take writes, it rolls on the same head."""
+    at the tail of the send list when next admitted (the daemon does it while it is live).
+    When no other group can take writes, it rolls on the same head."""
     sealing = _head_segment_sealing(state, gid, seg, "roll")
     if to_next and facts is not None:
         moved = _move_writes_on(sealing, facts)
@@ -430,9 +425,8 @@ def holds_newest(state: QueueState, facts: Facts, *, later_stored: bool = False)
     Why: a new producer leader resumes its source from ``last_committed()``, the newest
     message *itself* (e.g. its binlog position header); ``trimmed_seq`` only keeps its seq.
     After a failover to a group that got nothing yet, popping this segment would leave that
-    message nowhere. With an empty send list the rule yields: every live group then holds a
-    segment, and keeping this one would keep its group out of the send list for good
-    (I4: admitted only without backlog) — a double fault where liveness wins.
+    message nowhere. With an empty send list the rule yields (a double fault: no group
+    takes writes, so no later message can come to prove one).
 
     ``later_stored``: the caller knows of a later message the state cannot show (the daemon
     asked the head master whether the open segment holds one)."""

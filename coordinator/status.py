@@ -12,7 +12,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ordq.errors import NotFound, OrdqError
+from ordq.errors import CorruptState, NotFound, OrdqError
 from ordq.metrics import Page
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
                 queues.append(describe_queue(store, reader, queue).to_dict())
             except NotFound:
                 continue  # deleted meanwhile
+            except CorruptState as exc:  # that queue's line only; the page shows the others
+                queues.append({"queue": queue, "corrupt": exc.detail, "error": str(exc)})
     return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
             "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers)}
 
@@ -76,6 +78,7 @@ function el(tag, attrs, ...children) {
 function bytes(n) { return n === null || n === undefined ? "?" : n.toLocaleString() + " B"; }
 function roles(g) { return ["master", "slave"].map(r => r + (g.live.includes(r) ? " up" : " down")).join(", "); }
 function queueSection(q) {
+  if (q.corrupt) return el("section", {"data-queue": q.queue, class: "corrupt"}, el("h2", {}, q.queue), q.error);
   const live = Object.fromEntries(q.groups.map(g => [g.group, g]));
   const send = el("ol", {class: "groups send"}, ...q.send.map(g =>
     el("li", {class: live[g] && live[g].live.length === 2 ? "" : "down"}, g)));

@@ -50,7 +50,9 @@ from ordq.errors import (
     ConfigError,
     ConflictError,
     CoordinationUnavailable,
+    CorruptState,
     GroupNotFound,
+    InvariantViolation,
     NotLeader,
     OrdqError,
     QueueNotFound,
@@ -139,6 +141,37 @@ def _dumps(obj: Any) -> bytes:
 
 def _loads(data: bytes) -> Any:
     return json.loads(data.decode()) if data else {}
+
+
+def parse_state(queue: str, data: bytes) -> QueueState:
+    """The queue's state from its node's bytes; CorruptState when they are not a valid state
+    (garbage, not UTF-8, not JSON, a missing or mistyped field, broken invariants). Why: one
+    queue's bad node must fail only that queue, never the reader's thread (issue 23: garbage
+    killed both coordinators' election threads)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+        for key, kind in (("groups", list), ("send", list), ("consume", list)):
+            if not isinstance(doc.get(key), kind):
+                raise TypeError(f"field {key!r} is not a list")
+        if not all(isinstance(c, dict) for c in doc["consume"]):
+            raise TypeError("a consume-list entry is not an object")
+        st = QueueState.from_dict(doc)
+        sm.check_invariants(st)
+    except UnicodeDecodeError as exc:
+        raise CorruptState(queue, f"not UTF-8 at byte {exc.start}") from exc
+    except json.JSONDecodeError as exc:
+        raise CorruptState(queue, f"not JSON: {exc.msg} at {exc.pos}") from exc
+    except KeyError as exc:
+        raise CorruptState(queue, f"field {exc.args[0]!r} missing") from exc
+    except InvariantViolation as exc:
+        raise CorruptState(queue, str(exc)) from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CorruptState(queue, f"{type(exc).__name__}: {exc}") from exc
+    if st.queue != queue:
+        raise CorruptState(queue, f"it names queue {st.queue!r}")
+    return st
 
 
 def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> AclClient:
@@ -498,7 +531,7 @@ class ZkStore(SubscriptionRecords):
                 data, stat = self._read(self.client.get_async, self.paths.state(queue), watch=watch)
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
-        return QueueState.from_dict(_loads(data)), stat.version
+        return parse_state(queue, data), stat.version
 
     def producer_epoch(self, queue: str) -> int:
         """The queue's producer epoch as ZooKeeper holds it now: ``sync`` first, so an epoch
@@ -741,7 +774,7 @@ class ZkStore(SubscriptionRecords):
                     data, _ = self._read(self.client.get_async, self.paths.state(queue), watch=lambda _e: changed.set())
                 except NoNodeError as exc:
                     raise QueueNotFound(queue) from exc
-            st = QueueState.from_dict(_loads(data))
+            st = parse_state(queue, data)
             if predicate(st):
                 return st
             left = deadline - time.monotonic()

@@ -15,6 +15,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── AlreadyExists
     ├── IllegalTransition                 a state-machine transition whose precondition fails
     ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
+    ├── CorruptState                      one queue's state in ZooKeeper does not parse (that queue only)
     ├── ConflictError                     conditional write lost a race (retriable)
     ├── CoordinationUnavailable           ZooKeeper unreachable (retriable)
     │   └── NotCoordinatorLeader          this coordinator does not lead; ask the one named (retriable)
@@ -116,6 +117,18 @@ class InvariantViolation(OrdqError):
     def __init__(self, invariant: str, detail: str) -> None:
         super().__init__(f"invariant {invariant} violated: {detail}")
         self.invariant = invariant
+        self.detail = detail
+
+
+class CorruptState(OrdqError):
+    """A queue's ``state`` node does not parse (not UTF-8, not JSON, fields missing or of the
+    wrong type, or invariants I1–I4 broken): an error of that queue only. Nothing is written
+    to it until an operator restores it; every other queue is served as usual."""
+
+    def __init__(self, queue: str, detail: str) -> None:
+        super().__init__(f"queue {queue!r}: its state in ZooKeeper is corrupt ({detail}); "
+                         "restore it from a backup or delete the queue")
+        self.queue = queue
         self.detail = detail
 
 

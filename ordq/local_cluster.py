@@ -473,7 +473,7 @@ class LocalCluster:
             detail += f", errors {int(metrics.get('ordq_coordinator_errors_total', 0))}"
             out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url,
                                      state="leader" if leader else "standby", healthy=True, detail=detail))
-        return out
+        return _no_leader_unhealthy(out)
 
     def _broker_status(self, live: dict[str, dict[str, Any]], zk_error: str | None,
                        rpc_timeout_s: float) -> list[ProcessStatus]:
@@ -712,3 +712,13 @@ def _run_all(fn: Callable[[Any], Any], items: list[tuple[str, Any]], *, swallow:
     first = next((e for e in errors if e is not None), None)
     if first is not None and not swallow:
         raise first
+
+
+def _no_leader_unhealthy(statuses: list[ProcessStatus]) -> list[ProcessStatus]:
+    """Coordinators all up but none leading (e.g. every election thread stuck) is not a
+    healthy cluster: nobody fails heads over or seals (issue 23: both showed "standby yes")."""
+    coordinators = [s for s in statuses if s.kind == "coordinator"]
+    if not coordinators or any(s.state == "leader" for s in coordinators):
+        return statuses
+    return [attrs.evolve(s, healthy=False, detail="; ".join(filter(None, [s.detail, "no coordinator leads"])))
+            if s.kind == "coordinator" else s for s in statuses]

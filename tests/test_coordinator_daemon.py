@@ -83,3 +83,209 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
                     p.wait()
             if p.stdout:
                 p.stdout.close()
+
+
+# -- issue 23: the coordinator keeps every list live; bad state is one queue's problem ------------
+
+from sdk import Producer, ProducerConfig  # noqa: E402
+from tests.cluster import (  # noqa: E402, F401 - cluster_fixture provides the ``cluster`` fixture
+    CLIENT_SESSION_TIMEOUT_S,
+    SEND_TIMEOUT_S,
+    Cluster,
+    cluster_fixture,
+)
+from tests.helpers.load import make_payload  # noqa: E402
+
+DEADLINE_S = 60.0  # generous under load: each test reports what it measured
+
+
+def _metrics(proc: object) -> str:
+    url = proc.wait_for_line("METRICS ", timeout_s=5)  # type: ignore[attr-defined]
+    try:
+        return urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return ""
+
+
+def _produce_and_close(cluster: Cluster, n: int) -> None:
+    # a long send timeout: a producer starved by a busy machine must not fail over here
+    producer = cluster.producer(n=n, rate=None, send_timeout_s=15.0)
+    producer.start()
+    producer.join(timeout_s=DEADLINE_S)
+    assert [a.seq for a in producer.acked] == list(range(n))
+
+
+def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -> None:
+    """`ordq down && ordq up` with a finished producer: before, the restarted master froze the
+    open segment, nobody rolled it, and a new consumer delivered nothing (last readable -1)."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    daemon = cluster.start_daemon("coordinator-1")
+    _produce_and_close(cluster, 100)  # the producer closed: nobody will write again
+    before = cluster.state()
+    was_open = before.open_segment
+    assert was_open is not None and all(s.last_seq != 99 for s in before.consume), before  # 99 is in it
+
+    daemon.stop()  # `ordq down`: coordinators and every broker
+    for group in cluster.groups.values():
+        group.stop()
+    for group in cluster.groups.values():  # `ordq up`: brokers, then coordinators
+        group.start()
+    cluster.wait_live("g1", "g2")
+    restarted = time.monotonic()
+    cluster.start_daemon("coordinator-2")
+
+    consumer = cluster.consumer(until=99)
+    consumer.start()
+    consumer.join(timeout_s=DEADLINE_S)
+    readable_s = time.monotonic() - restarted
+    assert [d.seq for d in consumer.delivered] == list(range(100))
+    st = cluster.state()
+    sealed = st.segment(was_open.seg)
+    assert sealed is not None and sealed.status is SegStatus.SEALED and sealed.last_seq == 99, st
+    assert st.open_segment is not None and st.open_segment.seg > was_open.seg  # writable again
+    print(f"all 100 acked messages read {readable_s:.2f}s after the cluster restarted, with no producer")
+
+
+def test_a_queue_whose_only_group_restarted_takes_writes_again_within_seconds(cluster: Cluster) -> None:
+    """Before: its one group held the (unread) segment, I4 refused to admit it, and with no
+    subscription the queue refused writes for ever."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    cluster.start_daemon("coordinator")
+    _produce_and_close(cluster, 20)
+
+    group = cluster.groups["g1"]
+    group.kill()
+    cluster.wait_state(lambda s: s.open_segment is None, timeout_s=DEADLINE_S, what="failed over: no group left")
+    group.start()
+    cluster.wait_live("g1")
+    back = time.monotonic()
+    st = cluster.wait_state(lambda s: s.head == "g1" and s.open_segment is not None, timeout_s=DEADLINE_S,
+                            what="g1 admitted again with its backlog")
+    writable_s = time.monotonic() - back
+    assert st.consume[0].seg == 0 and st.consume[0].gid == "g1"  # its backlog, still there
+    assert cluster.store.list_subscriptions("q") == []  # nobody read the backlog
+    config = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
+                            zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+    with Producer(config) as producer:  # a new producer leader: seqs go on
+        futures = [producer.send(make_payload(20 + i, "P2", 200)) for i in range(10)]
+        producer.flush(timeout_s=DEADLINE_S)
+        assert [f.result(timeout=DEADLINE_S).seq for f in futures] == list(range(20, 30))
+    consumer = cluster.consumer(until=29)  # then every message, in order, across both segments
+    consumer.start()
+    consumer.join(timeout_s=DEADLINE_S)
+    assert [d.seq for d in consumer.delivered] == list(range(30))
+    print(f"writable again {writable_s:.2f}s after its group came back live")
+
+
+def test_garbage_in_one_queue_state_is_that_queue_s_problem(cluster: Cluster) -> None:
+    """Before: both coordinators' election threads died (UnicodeDecodeError) and no duty was
+    done for any queue."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    cluster.create_queue("bad")
+    daemons = [cluster.start_daemon(f"coordinator-{i}") for i in (1, 2)]
+    wait_until(lambda: any("ordq_coordinator_leader 1" in _metrics(d) for d in daemons), timeout_s=DEADLINE_S,
+               what="a coordinator leads")
+    good = cluster.store.client.get(cluster.paths.state("bad"))[0]
+    cluster.store.client.set(cluster.paths.state("bad"), b"\xff\xfe not a state \x00")
+
+    # the other queue still gets its duties: its head master dies, it is failed over and sealed
+    cluster.groups["g1"].master.kill()
+    st = cluster.wait_state(lambda s: s.consume[0].status is SegStatus.SEALED and s.head == "g2",
+                            timeout_s=DEADLINE_S, what="q failed over and its old segment sealed")
+    assert st.open_segment is not None and st.open_segment.gid == "g2"
+    assert all(d.alive() for d in daemons)
+    leader = wait_until(lambda: next((d for d in daemons if "ordq_coordinator_leader 1" in _metrics(d)), None),
+                        timeout_s=DEADLINE_S, what="a coordinator still leads")
+    body = _metrics(leader)
+    assert 'ordq_queue_state_corrupt{queue="bad"} 1.0' in body
+    assert "ordq_coordinator_corrupt_state_total" in body and 'kind="fail_over"' in body
+
+    # the CLI: one line naming the queue; the other queue is listed
+    described = cluster.ordq("queue", "describe", "bad")
+    err = described.stderr.decode().strip()
+    assert described.returncode == 1 and len(err.splitlines()) == 1 and "'bad'" in err and "corrupt" in err
+    listed = cluster.ordq("queue", "list")
+    assert listed.returncode == 1 and b"q " in listed.stdout.replace(b"\n", b" ")
+    assert len(listed.stderr.decode().strip().splitlines()) == 1 and "'bad'" in listed.stderr.decode()
+
+    # the leader is killed: the standby's election thread is alive too, and it leads
+    assert leader is not None
+    leader.kill()
+    standby = next(d for d in daemons if d is not leader)
+    wait_until(lambda: "ordq_coordinator_leader 1" in _metrics(standby), timeout_s=DEADLINE_S,
+               what="the standby leads with the garbage still there")
+    wait_until(lambda: 'ordq_queue_state_corrupt{queue="bad"} 1.0' in _metrics(standby), timeout_s=DEADLINE_S,
+               what="the standby reports the corrupt queue")
+    cluster.store.client.set(cluster.paths.state("bad"), good)  # restored: served again, no report
+    wait_until(lambda: 'ordq_queue_state_corrupt{queue="bad"}' not in _metrics(standby),
+               timeout_s=DEADLINE_S, what="the restored queue no longer reported")
+    assert standby.alive() and cluster.ordq("queue", "describe", "bad").returncode == 0
+
+
+def test_one_queue_s_bad_state_or_bug_leaves_the_others_served(zk_server, zk_root, monkeypatch) -> None:
+    """In process: garbage in queue a's state and a bug in queue b's round; queue c still gets
+    its failover, the round goes on, and both are counted (no broker needed: liveness nodes
+    are written by this test's own session)."""
+    from coordinator.daemon import CoordinatorDaemon
+
+    with ZkStore.connect(zk_server.connection_string, zk_root) as store:
+        for g in ("g1", "g2"):
+            store.add_group(g)
+            for role in ("master", "slave"):
+                store.register_live(g, role, address=f"127.0.0.1:0/{g}/{role}", incarnation="t")
+        for q in ("a", "b", "c"):
+            store.create_queue(q)
+        store.client.set(store.paths.state("a"), b'{"queue": "a", "send": 1}')
+        daemon = CoordinatorDaemon(store, identifier="t")
+        real = daemon._queue_round
+
+        def buggy(queue: str) -> None:
+            if queue == "b":
+                raise RuntimeError("a bug in one queue's round")
+            real(queue)
+
+        monkeypatch.setattr(daemon, "_queue_round", buggy)
+        store.client.delete(store.paths.live("g1", "master"))  # the head of every queue loses its master
+        daemon.round()
+        assert store.load_state("c")[0].head == "g2"  # served
+        assert daemon.stats.corrupt == {"a": "TypeError: field 'groups' is not a list"}
+        assert daemon.stats.corrupt_seen == 1
+        assert daemon.stats.unexpected == 1 and daemon.stats.errors == 2
+        body = daemon.metrics.registry  # the series are there for a scrape
+        from prometheus_client import generate_latest
+
+        text = generate_latest(body).decode()
+        assert "ordq_coordinator_corrupt_state_total 1.0" in text
+        assert "ordq_coordinator_unexpected_errors_total 1.0" in text
+
+
+def test_a_coordinator_whose_election_thread_dies_exits_non_zero(zk_server, zk_root, monkeypatch) -> None:
+    """Issue 23: the election thread died silently and the process went on, showing standby."""
+    import signal as signal_module
+
+    from coordinator.daemon import CoordinatorDaemon
+    from ordq.cli import main
+
+    def broken_round(self: CoordinatorDaemon) -> None:
+        raise RuntimeError("a bug outside any queue")
+
+    monkeypatch.setattr(CoordinatorDaemon, "round", broken_round)
+    monkeypatch.setattr(signal_module, "signal", lambda *_a: None)  # keep pytest's handlers
+    code = main(["--zk", zk_server.connection_string, "--root", zk_root, "coordinator", "run"])
+    assert code == 1
+
+
+def test_status_calls_a_cluster_with_no_leading_coordinator_unhealthy() -> None:
+    from ordq.local_cluster import ProcessStatus, _no_leader_unhealthy
+
+    def coordinator(state: str) -> ProcessStatus:
+        return ProcessStatus(name=f"c-{state}", kind="coordinator", pid=1, listen="x", state=state, healthy=True)
+
+    zk = ProcessStatus(name="zk1", kind="zookeeper", pid=1, listen="x", state="standalone", healthy=True)
+    assert all(s.healthy for s in _no_leader_unhealthy([zk, coordinator("leader"), coordinator("standby")]))
+    both_standby = _no_leader_unhealthy([zk, coordinator("standby"), coordinator("standby")])
+    assert [s.healthy for s in both_standby] == [True, False, False]
+    assert "no coordinator leads" in both_standby[1].detail

@@ -39,8 +39,8 @@ def test_admit_refuses_dead_member_backlog_and_duplicates() -> None:
     with pytest.raises(IllegalTransition, match="already in the send list"):
         sm.admit(s, "g1", ALL_LIVE)
     s = sm.fail_over(sm.admit(s, "g2", ALL_LIVE), "g1", 0, ALL_LIVE)
-    with pytest.raises(IllegalTransition, match="unconsumed"):
-        sm.admit(s, "g1", ALL_LIVE)
+    # issue 23: backlog (segment 0) no longer keeps a live group out; it joins at the tail
+    assert sm.admit(s, "g1", ALL_LIVE).send == ("g2", "g1")
 
 
 def test_fail_over_seals_and_opens_on_next_head() -> None:
@@ -70,8 +70,10 @@ def test_fail_over_with_empty_send_list_admits_eligible_or_leaves_none_open() ->
     s2 = sm.admit(s, "g3", ALL_LIVE)
     assert s2.open_segment == Segment(seg=1, gid="g3")
     t = sm.admit(sm.create("q", GROUPS), "g1", ALL_LIVE)
-    t = sm.fail_over(t, "g1", 0, ALL_LIVE)  # g1 has backlog now: only g2, g3 admitted
-    assert t.send == ("g2", "g3") and t.open_segment == Segment(seg=1, gid="g2")
+    t = sm.fail_over(t, "g1", 0, ALL_LIVE)  # g1 just failed over: admitted, but last
+    assert t.send == ("g2", "g3", "g1") and t.open_segment == Segment(seg=1, gid="g2")
+    alone = sm.fail_over(sm.admit(sm.create("q", ("g1",)), "g1", ALL_LIVE), "g1", 0, ALL_LIVE)
+    assert alone.send == ("g1",) and alone.open_segment == Segment(seg=1, gid="g1")  # the only one: writable
 
 
 def test_a_group_holding_only_a_segment_sealed_empty_is_admitted_again() -> None:
@@ -90,8 +92,8 @@ def test_a_group_holding_only_a_segment_sealed_empty_is_admitted_again() -> None
     assert [(x.seg, x.gid, x.end) for x in s.consume] == [(2, "g1", 0)] and s.send == ()
     back = sm.admit(s, "g1", read)
     assert back.send == ("g1",) and back.open_segment == Segment(seg=3, gid="g1")
-    with pytest.raises(IllegalTransition, match="unconsumed"):  # a segment with messages still counts
-        sm.admit(sm.seal(sm.fail_over(back, "g1", 3, Facts()), 3, 1, 10, 10), "g1", read)
+    # (issue 23) a segment with messages no longer keeps it out either
+    assert sm.admit(sm.seal(sm.fail_over(back, "g1", 3, Facts()), 3, 1, 10, 10), "g1", read).send == ("g1",)
 
 
 def test_roll_seals_the_open_segment_and_continues_on_the_same_head() -> None:
@@ -117,7 +119,7 @@ def test_roll_to_next_moves_writes_on_and_the_old_head_rejoins_once_drained() ->
     assert rolled.send == ("g2",)  # g1 holds segment 0 now: it waits outside the send list
     assert [(x.seg, x.gid, x.status) for x in rolled.consume] == [(0, "g1", SegStatus.SEALING),
                                                                   (1, "g2", SegStatus.OPEN)]
-    assert not rolled.eligible("g1", ALL_LIVE)
+    assert rolled.eligible("g1", ALL_LIVE)  # issue 23: with backlog, it may rejoin at the tail
     with pytest.raises(IllegalTransition) as refused:  # a second roller racing, to next as well
         sm.roll(rolled, "g1", 0, ALL_LIVE, to_next=True)
     assert refused.value.transition == "roll"
@@ -131,7 +133,7 @@ def test_roll_to_next_moves_writes_on_and_the_old_head_rejoins_once_drained() ->
     assert alone.send == ("g1",) and alone.open_segment == Segment(seg=1, gid="g1")
     # With nobody else in the send list, the eligible groups are admitted (as in fail_over).
     moved = sm.roll(only_g1, "g1", 0, ALL_LIVE, to_next=True)
-    assert moved.send == ("g2", "g3") and moved.open_segment == Segment(seg=1, gid="g2")
+    assert moved.send == ("g2", "g3", "g1") and moved.open_segment == Segment(seg=1, gid="g2")
 
 
 def test_seal_and_pop_lifecycle() -> None:
@@ -163,9 +165,7 @@ def test_the_segment_with_the_newest_message_stays_until_a_later_one_is_stored()
     for retention in (False, True):
         with pytest.raises(IllegalTransition, match="newest message"):
             sm.pop(s, read_all, retention=retention)
-    assert not s.eligible("g1", read_all)  # g1 waits with its one segment
-    with pytest.raises(IllegalTransition, match="kept as it has the queue's newest message"):
-        sm.admit(s, "g1", read_all)
+    assert sm.admit(s, "g1", read_all).send == ("g2", "g3", "g1")  # issue 23: kept, it may still take writes
     # A cursor past seq 9 proves a later message: the segment may go.
     read_on = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, offset=1, last_seq=10)})
     assert sm.pop(s, read_on).consume[0].seg == 1
@@ -180,7 +180,7 @@ def test_the_segment_with_the_newest_message_stays_until_a_later_one_is_stored()
         sm.pop(empty, read_all)
     # With no group left to write, liveness wins: the segment goes and its group may rejoin.
     g1_only = Facts(live_groups=frozenset({"g1"}), cursors={"a": Cursor(seg=2, last_seq=9)})
-    stuck = sm.fail_over(empty, "g3", 2, g1_only)
+    stuck = sm.fail_over(empty, "g3", 2, Facts(cursors=g1_only.cursors))  # nobody live at that moment
     assert stuck.send == () and not sm.holds_newest(stuck, g1_only)
     assert sm.admit(sm.pop(stuck, g1_only), "g1", g1_only).send == ("g1",)
 
@@ -345,7 +345,7 @@ def test_broken_eligibility_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(QueueState, "eligible", lambda self, gid, facts: True)
     s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
     with pytest.raises(InvariantViolation) as err:
-        sm.admit(s, "g1", ALL_LIVE)  # g1 still holds segment 0: backlog
+        sm.admit(s, "gX", ALL_LIVE)  # not a member
     assert err.value.invariant == "I4"
     with pytest.raises(InvariantViolation) as err:
         sm.admit(s, "g2", ALL_LIVE)  # already in the send list
@@ -378,6 +378,10 @@ def test_duties_plan() -> None:
     assert plan(s, g1_down) == [Action(Kind.SEAL, gid="g1", seg=0)]
     s = sm.seal(s, 0, 2, 0, 1)
     behind = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=0)})
+    # issue 23: g1 is back, with backlog: it rejoins the send list at the tail
+    assert plan(s, behind) == [Action(Kind.ADMIT, gid="g1")]
+    s = sm.admit(s, "g1", behind)
+    assert s.send == ("g2", "g3", "g1")
     assert plan(s, behind) == []
     assert plan(s, behind, Limits(retention_segments=1)) == []
     # (0 is below what a QueueConfig allows: here it only says "over the limit") Segment 0
@@ -392,7 +396,7 @@ def test_duties_plan() -> None:
     past = Facts(live_groups=ALL_LIVE.live_groups, cursors={"a": Cursor(seg=1, offset=1, last_seq=2)})
     assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
     s = sm.pop(s, past)
-    assert plan(s, past) == [Action(Kind.ADMIT, gid="g1")]
+    assert plan(s, past) == []
 
 
 def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
@@ -439,3 +443,146 @@ def test_seal_decision() -> None:
     assert decide({"master": empty, "slave": None}) == SealPlan(0, None, None)
     with pytest.raises(BrokerUnavailable):
         decide({"master": None, "slave": None})
+
+
+def test_duties_roll_a_frozen_open_segment_without_any_producer() -> None:
+    """Issue 23: a master restarted while the segment was open never writes it again; the
+    daemon rolls it (whatever its size or age), so it gets sealed and writes resume."""
+    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+
+    s = started()
+    restarted = OpenSegment(bytes=4_000, first_write_ms=None, frozen=True)  # restored: no first-write time
+    assert plan(s, ALL_LIVE, Limits(), open_info=restarted) == [Action(Kind.ROLL, gid="g1", seg=0)]
+    assert plan(s, ALL_LIVE, Limits(), open_info=OpenSegment(bytes=0, first_write_ms=None, frozen=True)) == [
+        Action(Kind.ROLL, gid="g1", seg=0)]
+    rolled = sm.roll(s, "g1", 0)
+    assert plan(rolled, ALL_LIVE) == [Action(Kind.SEAL, gid="g1", seg=0)]
+
+
+# -- property: admitting groups with backlog keeps order (issue 23) -----------------------------
+
+order_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["write", "write", "read", "read", "fail_over", "roll", "roll_next", "seal", "pop",
+                         "admit", "admit_all", "live", "drain"]),
+        st.sampled_from(GROUPS),
+        st.integers(min_value=0, max_value=5),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(order_ops)
+def test_admitting_groups_with_backlog_keeps_order(seq: list[tuple[str, str, int]]) -> None:
+    """A model of one producer and one consumer over random failovers, rolls, seals, pops and
+    admissions of groups that still hold unread segments: segment ids increase along the
+    consume list, the open segment is its tail on the head, the consumer reads segments in
+    increasing id order and delivers every written seq exactly once, in order; a group that
+    just failed over is head again only when no other group could be."""
+    state = sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
+    live = set(GROUPS)
+    stored: dict[int, list[int]] = {}  # seg -> seqs written to it (what its replicas hold)
+    next_seq = 0
+    cursor = state.earliest_cursor()
+    delivered: list[int] = []
+    segs_read: list[int] = []
+    for op, gid, n in seq:
+        facts = Facts(live_groups=frozenset(live), cursors={"s": cursor})
+        before = state
+        try:
+            if op == "write" and state.open_segment is not None and state.head in live:
+                for _ in range(n + 1):
+                    stored.setdefault(state.open_segment.seg, []).append(next_seq)
+                    next_seq += 1
+            elif op in ("fail_over", "roll", "roll_next") and state.open_segment is not None:
+                o = state.open_segment
+                if op == "fail_over":
+                    others = [g for g in state.admission_order(facts) if g != o.gid]
+                    state = sm.fail_over(state, o.gid, o.seg, facts)
+                    if len(before.send) == 1 and others:  # churn guard: another group heads
+                        assert state.head != o.gid
+                else:
+                    state = sm.roll(state, o.gid, o.seg, facts, to_next=(op == "roll_next"))
+            elif op == "seal":
+                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
+                if sealing:
+                    t = sealing[n % len(sealing)]
+                    held = stored.get(t.seg, [])
+                    state = sm.seal(state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+            elif op == "pop":
+                state = sm.pop(state, facts)
+            elif op == "admit":
+                state = sm.admit(state, gid, facts)
+            elif op == "admit_all":
+                state = sm.admit_all(state, facts)
+            elif op == "drain":
+                state = sm.remove_from_send(state, gid, facts)
+            elif op == "live":
+                live ^= {gid}
+            elif op == "read":
+                # the consumer reads its cursor's segment as far as it can, and moves on past a
+                # sealed one it finished (to the next segment of the consume list)
+                target = state.segment(cursor.seg)
+                if target is not None:
+                    held = stored.get(target.seg, [])
+                    limit = target.end if target.status is SegStatus.SEALED else len(held)
+                    assert limit is not None
+                    for seq_no in held[cursor.offset:limit]:
+                        if seq_no > cursor.last_seq:
+                            delivered.append(seq_no)
+                            cursor = attrs.evolve(cursor, last_seq=seq_no)
+                    cursor = attrs.evolve(cursor, offset=limit)
+                    if not segs_read or segs_read[-1] != target.seg:
+                        segs_read.append(target.seg)
+                    if target.status is SegStatus.SEALED:
+                        later = [x.seg for x in state.consume if x.seg > target.seg]
+                        cursor = Cursor(seg=later[0] if later else state.next_seg, offset=0,
+                                        last_seq=cursor.last_seq)
+        except IllegalTransition:
+            assert state is before
+        sm.check_invariants(state, {"s": cursor})
+        ids = [x.seg for x in state.consume]
+        assert ids == sorted(set(ids))  # ids strictly increase along the consume list
+        if state.open_segment is not None:
+            assert state.consume[-1] is state.open_segment and state.open_segment.gid == state.head
+        assert segs_read == sorted(set(segs_read))  # segments read in increasing id order
+        assert delivered == list(range(len(delivered)))  # every seq once, in order, no gap
+
+
+# -- state that does not parse is a typed error of that queue (issue 23) ----------------------
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (b"\xff\xfe garbage", "not UTF-8"),
+    (b"{not json", "not JSON"),
+    (b"", "not JSON"),
+    (b"[1, 2]", "not an object"),
+    (b'{"queue": "q"}', "is not a list"),
+    (b'{"queue": "q", "groups": [], "send": [], "consume": []}', "'next_seg' missing"),
+    (b'{"queue": "q", "groups": [], "send": [], "consume": [7], "next_seg": 1, "producer_epoch": 0}',
+     "not an object"),
+    (b'{"queue": "q", "groups": ["g1"], "send": [], "consume": [{"seg": 0, "gid": "g1", "status": "weird"}], '
+     b'"next_seg": 1, "producer_epoch": 0}', "ValueError"),
+    (b'{"queue": "q", "groups": ["g1"], "send": ["g1"], "consume": [], "next_seg": 0, "producer_epoch": 0}',
+     "invariant I1"),
+    (b'{"queue": "other", "groups": [], "send": [], "consume": [], "next_seg": 0, "producer_epoch": 0}',
+     "names queue 'other'"),
+])
+def test_state_that_does_not_parse_is_corrupt_state_of_that_queue(data: bytes, why: str) -> None:
+    from coordinator.store import parse_state
+    from ordq.errors import CorruptState, OrdqError
+
+    with pytest.raises(CorruptState) as err:
+        parse_state("q", data)
+    assert isinstance(err.value, OrdqError) and err.value.queue == "q" and why in err.value.detail
+    assert "'q'" in str(err.value).splitlines()[0] and len(str(err.value).splitlines()) == 1
+
+
+def test_a_valid_state_parses() -> None:
+    import json
+
+    from coordinator.store import parse_state
+
+    s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 5, 0, 4)
+    assert parse_state("q", json.dumps(s.to_dict()).encode()) == s

@@ -142,8 +142,8 @@ class UndrainedQueue:
 
 
 def undrain_group(store: ZkStore, gid: str) -> list[UndrainedQueue]:
-    """Clear the drain mark and admit ``gid`` to the send lists it is eligible for now (the
-    coordinator daemon admits it to the others once its backlog there is consumed)."""
+    """Clear the drain mark and admit ``gid`` at the tail of the send lists it is eligible
+    for now, backlog or not (the coordinator daemon admits it to the others once it is live)."""
     store.get_group(gid)
     store.set_group_drained(gid, False)
     out = []
@@ -196,9 +196,8 @@ def remove_group(store: ZkStore, gid: str) -> list[str]:
 
 
 def add_group_to_queue(store: ZkStore, queue: str, gid: str) -> sm.QueueState:
-    """Let ``gid`` serve ``queue``: it joins the end of the send list at once when it is live,
-    holds no segment of the queue and is not drained (JMQ's rule), else when it becomes so
-    (the coordinator admits it)."""
+    """Let ``gid`` serve ``queue``: it joins the end of the send list at once when it is live
+    and not drained, else when it becomes so (the coordinator admits it)."""
     check_name("group", gid)
     store.get_group(gid)  # GroupNotFound
     store.apply(queue, lambda s, _f: sm.add_group(s, gid))

@@ -108,14 +108,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     announce(f"SERVING {address}")
     announce(f"READY coordinator {ident}")
-    worker = threading.Thread(target=daemon.run, name="coordinator", daemon=True)
+    worker = threading.Thread(target=_run_then_wake, args=(daemon, stop), name="coordinator", daemon=True)
     worker.start()
     stop.wait()
     service.stop()
     store.close()
     worker.join(timeout=5)
+    if daemon.failure is not None:  # never silently: a supervisor restarts a process that exits non-zero
+        print(f"coordinator election thread died: {daemon.failure!r}", file=sys.stderr)
+        return 1
     print("coordinator stopped", file=sys.stderr)
     return 0
+
+
+def _run_then_wake(daemon: Any, stop: threading.Event) -> None:
+    """The election thread: when it ends (stopped, or died of a bug) the main thread wakes."""
+    try:
+        daemon.run()
+    finally:
+        stop.set()
 
 
 def _subscriber(creds: Credentials) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import attrs
@@ -208,9 +209,17 @@ def unknown(value: Any) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, describe_queue
+    from ordq.errors import CorruptState
 
+    views, corrupt = [], []  # corrupt: one line per queue whose state does not parse
     with open_store(args) as store, ReplicaReader(store) as reader:
-        views = [describe_queue(store, reader, q) for q in store.list_queues()]
+        for q in store.list_queues():
+            try:
+                views.append(describe_queue(store, reader, q))
+            except CorruptState as bad:  # one queue's problem: one line, the others listed
+                corrupt.append(str(bad))
+    for line in corrupt:
+        print(f"ordq: error: {line}", file=sys.stderr)
     rows = [{**summary(v.state, [s.name for s in v.subscriptions]), "last_seq": v.last_seq, "stored": v.stored}
             for v in views]
     if wants_json(args):
@@ -220,7 +229,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         table([{**r, "last_seq": unknown(r["last_seq"]), "stored": unknown(r["stored"])} for r in rows],
               ["queue", "head", "send", "open_segment", "segments", "stored", "last_seq", "epoch", "subscriptions"])
-    return 0
+    return 1 if corrupt else 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
