@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import grpc
 
 from broker_group import log as seglog
+from broker_group.auth import ALL_QUEUES
 from broker_group.errors import abort
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from broker_group.auth import ALL_QUEUES
 from ordq.errors import ConfigError, OrdqError
 
 if TYPE_CHECKING:

@@ -134,7 +134,7 @@ def produce(g: Group, first_seq: int, count: int, *, seg: int = 0, per_batch: in
 def stored(g: Group, role: str, seg: int = 0) -> list[tuple[int, int]]:
     """(seq, payload CRC) of every message in one replica's file, read without the broker."""
     path = seglog.segment_dir(g.data_dir(role), Q, seg) / seglog.SEGMENT_FILE
-    out = []
+    out: list[tuple[int, int]] = []
     for header, messages in seglog.iter_file_batches(path):
         out.extend((header.first_seq + i, zlib.crc32(m.payload)) for i, m in enumerate(messages))
     return out
