@@ -417,3 +417,40 @@ def test_an_old_client_certificate_valid_for_servers_is_issued_again(tmp_path: P
     kept = Path(client.cert_file).read_bytes()
     ensure_pki(tmp_path)
     assert Path(client.cert_file).read_bytes() == kept  # issued once, then kept
+
+
+def test_numbers_at_the_ends_of_their_fields_are_answered_or_refused_typed(group: Group) -> None:
+    """Every control and data call with the largest value its field holds: an answer or a typed
+    ordq error (never an uncaught exception in the broker, which the client sees untyped)."""
+    g = group
+    produce(g, 0, 10)
+    big, big63, big32 = 2**64 - 1, 2**63 - 1, 2**32 - 1
+    calls: list[tuple[str, Callable[[pb_grpc.BrokerStub, Any], Any]]] = [
+        ("Fence epoch", lambda s, md: s.Fence(pb.FenceRequest(queue=Q, seg=0, epoch=big), timeout=10, metadata=md)),
+        ("Fence seg", lambda s, md: s.Fence(pb.FenceRequest(queue=Q, seg=big, epoch=1), timeout=10, metadata=md)),
+        ("Seal seg", lambda s, md: s.Seal(pb.SegmentRef(queue=Q, seg=big), timeout=10, metadata=md)),
+        ("SegmentInfo seg", lambda s, md: s.SegmentInfo(pb.SegmentRef(queue=Q, seg=big), timeout=10, metadata=md)),
+        ("Reconcile seg", lambda s, md: s.Reconcile(pb.ReconcileRequest(queue=Q, seg=big, end=big), timeout=10,
+                                                    metadata=md)),
+        ("Fetch offset", lambda s, md: s.Fetch(pb.FetchRequest(queue=Q, seg=0, offset=big, max_bytes=big32,
+                                                               max_wait_ms=0, known_end=big63), timeout=10,
+                                               metadata=md)),
+        ("Fetch seg", lambda s, md: s.Fetch(pb.FetchRequest(queue=Q, seg=big, offset=0, max_bytes=1, max_wait_ms=0,
+                                                            known_end=-1), timeout=10, metadata=md)),
+        ("Read offset", lambda s, md: list(s.Read(pb.FetchRequest(queue=Q, seg=0, offset=big, max_bytes=1,
+                                                                  max_wait_ms=0, known_end=-1, stream_ms=big32),
+                                                  timeout=10, metadata=md))),
+    ]
+    for what, rpc in calls:
+        for role in ("master", "slave"):
+            try:
+                call(g.address(role), g.coordinator, rpc)
+            except BrokerUnavailable as exc:  # what an untyped failure (an uncaught exception) becomes
+                assert "UNKNOWN" not in str(exc) and "Exception" not in str(exc), (what, role, exc)
+            except OrdqError:
+                pass  # typed: EpochNotIssued, SegmentNotFound, ... (Fetch and Read answer empty)
+    for member in g.procs.members:
+        assert "Traceback" not in member.log_tail(1000), f"{member.role}: an uncaught exception"
+    for role in ("master", "slave"):
+        assert stored(g, role) == real(0, 10)
+    produce(g, 10, 10)  # the group still serves its producer
