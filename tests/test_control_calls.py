@@ -250,8 +250,6 @@ def test_reconcile_never_copies_from_an_address_the_caller_names(group: Group) -
     certificate ``ordq up`` issues. The broker copies only from its group's registered peer."""
     g = group
     sealed_segment(g)
-    # The slave loses its copy's tail (as after a crash between write and sync): it needs a
-    # copy of [20, 30) from somewhere, which is what the attacker offers.
     forger = ForgingServer(client_cert_only(g.writer))
     try:
         for role in ("master", "slave"):
