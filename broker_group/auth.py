@@ -1,10 +1,20 @@
-"""The broker's gate: every RPC names the role it needs, checked here and nowhere else.
+"""The broker's gate: every RPC names what its caller must be, checked here and nowhere else.
 
-Tokens (coordinator/tokens.py) are loaded from ZooKeeper and reloaded whenever ``<root>/auth``
-changes (``ordq auth create|revoke`` touch it), so a revoked token is refused on its next call,
-an open produce stream included (every request is checked, not only the first). A peer with a
-broker certificate of the cluster (mutual TLS, ordq/security.py) is a broker: it may do
-anything, as its own process could.
+Two kinds of caller (DESIGN §7, "who may do what"):
+- **Clients** (producers, consumers, the CLI) carry a token (``authorization: Bearer``);
+  tokens (coordinator/tokens.py) are loaded from ZooKeeper and reloaded whenever
+  ``<root>/auth`` changes (``ordq auth create|revoke`` touch it), so a revoked token is refused
+  on its next call, an open produce stream included (every request is checked, not only the
+  first). A client may make the data calls its token's role on the queue allows.
+- **The cluster** (``CLUSTER``): brokers and coordinators, known by the subject of their
+  verified certificate (``ordq-broker``, ``ordq-coordinator``; mutual TLS, ordq/security.py).
+  Only they may make the control calls that change what a replica holds or will take (Fence,
+  Seal, Reconcile, Replicate): a token of any role is not enough, as Kafka keeps LeaderAndIsr
+  behind ``CLUSTER_ACTION``. They may make every other call too, as their own process could.
+
+A queue name outside the naming rule is refused before anything else (a typed InvalidName,
+its echo truncated: a 5,000-character name must not make the error itself too long for gRPC's
+metadata).
 """
 
 from __future__ import annotations
@@ -15,18 +25,32 @@ from typing import Any
 
 import grpc
 
+from broker_group.errors import short
+from coordinator.paths import NAME_RULE, check_name
 from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, load_tokens
-from ordq.security import BROKER_CN, peer_common_name
+from ordq.errors import InvalidName, PermissionDenied
+from ordq.security import BROKER_CN, COORDINATOR_CN, peer_common_name
 
 log = logging.getLogger("ordq.broker.auth")
 
-# RPC -> the role its caller needs on the request's queue.
-ROLE_OF = {"Produce": "produce", "Fetch": "consume", "Read": "consume", "Fence": ANY, "Seal": ANY, "Reconcile": ANY,
-           "SegmentInfo": ANY, "Health": ANY}
+CLUSTER = "cluster"  # not a token role: only a broker or coordinator certificate has it
+CLUSTER_CNS = frozenset({BROKER_CN, COORDINATOR_CN})
+ALL_QUEUES = "*"  # the "queue" of calls that name none (Health, a Replicate stream)
+
+# RPC -> what its caller needs on the request's queue: a token role, or CLUSTER.
+ROLE_OF = {"Produce": "produce", "Fetch": "consume", "Read": "consume", "SegmentInfo": ANY, "Health": ANY,
+           "Fence": CLUSTER, "Seal": CLUSTER, "Reconcile": CLUSTER, "Replicate": CLUSTER}
 
 
 class Gate:
-    def __init__(self) -> None:
+    """``check`` raises PermissionDenied (or InvalidName) unless the caller may make the call.
+
+    ``tls``: whether the broker serves mutual TLS. On a plaintext broker (``--insecure``) no
+    peer has an identity: the control calls then need what they needed before identities
+    existed (any token role on the queue when tokens are enforced; Replicate nothing)."""
+
+    def __init__(self, *, tls: bool) -> None:
+        self._tls = tls
         self._lock = threading.Lock()
         self._enforced = False
         self._records: dict[str, TokenRecord] = {}
@@ -43,14 +67,30 @@ class Gate:
 
     def check(self, context: grpc.ServicerContext, rpc: str, queue: str) -> None:
         """PermissionDenied unless the caller may make ``rpc`` on ``queue``."""
+        if queue != ALL_QUEUES:
+            try:
+                check_name("queue", queue)
+            except InvalidName:
+                raise InvalidName("queue", short(queue), NAME_RULE) from None
+        role = ROLE_OF[rpc]
+        cn = peer_common_name(context) if self._tls else None
+        if cn in CLUSTER_CNS:
+            return  # a broker or coordinator: anything its own process could do
+        if role == CLUSTER:
+            if self._tls:
+                # The check that matters: whatever token it carries, a client certificate
+                # never truncates, seals, fences or feeds a replica.
+                raise PermissionDenied(queue, CLUSTER, f"only brokers and coordinators (certificate {BROKER_CN!r} or "
+                                       f"{COORDINATOR_CN!r}) may call {rpc}; the peer's certificate is {cn!r}")
+            if rpc == "Replicate":
+                return  # plaintext: a slave cannot tell its master from anyone (as before)
+            role = ANY
         with self._lock:
             if not self._enforced:
                 return
             records = self._records
-        if peer_common_name(context) == BROKER_CN:
-            return
         token = None
         for key, value in context.invocation_metadata():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
                 token = value[len("Bearer "):]
-        authorize(records, token, queue, ROLE_OF[rpc])
+        authorize(records, token, queue, role)

@@ -10,7 +10,8 @@ replicas synced its batch. What this module adds is where the work runs:
 - Fetch: long-polls on the loop; reads the log inline when it is free. Read: the same,
   fetch after fetch on one stream (a follower's way: no call per batch).
 - Control calls (Fence, Seal, Reconcile, SegmentInfo, Health) wait on locks, disks and
-  peers: they run in the loop's worker threads, as before.
+  peers: they run in the loop's worker threads, as before. Fence, Seal, Reconcile and
+  Replicate are taken only from brokers and coordinators (broker_group/auth.py).
 Errors become typed gRPC statuses in one place (``_answer``, ``broker_group.errors.abort``).
 """
 
@@ -25,11 +26,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import grpc
 
 from broker_group import log as seglog
+from broker_group.auth import ALL_QUEUES
 from broker_group.errors import abort
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from ordq.errors import ConfigError, OrdqError, PermissionDenied
-from ordq.security import BROKER_CN, peer_common_name
+from ordq.errors import ConfigError, OrdqError
 
 if TYPE_CHECKING:
     from broker_group.service import Broker, ProduceStreamState
@@ -76,11 +77,8 @@ async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIt
     try:
         async for req in requests:
             # Every request, not only the first: a token revoked mid-stream ends the stream.
-            try:
-                b.gate.check(context, "Produce", req.queue)
-            except PermissionDenied as exc:
-                b.count_refused(exc)
-                raise
+            # (A refusal is counted once, where ``produce`` answers with it.)
+            b.gate.check(context, "Produce", req.queue)
             await b.accept_produce(stream, req)
     except OrdqError as exc:
         with b._cv:
@@ -130,6 +128,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except OrdqError as exc:
             self.b.count_refused(exc)
             await abort(context, exc)
+        except (ValueError, OverflowError) as exc:
+            # A value no check above foresaw (a number out of a protobuf field's range): the
+            # caller's mistake, typed and counted, not an uncaught traceback in the broker.
+            log.warning("%s refused: %r", rpc, exc)
+            refused = ConfigError(f"bad {rpc} request: {exc}")
+            self.b.count_refused(refused)
+            await abort(context, refused)
 
     async def Produce(self, request_iterator: Any, context: Context) -> None:
         await produce(self.b, request_iterator, context)
@@ -137,11 +142,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def Replicate(self, request_iterator: Any, context: Context) -> None:
         from broker_group.replication import serve_replicate
 
-        if self.b.config.credentials.tls and peer_common_name(context) != BROKER_CN:
-            # Only a broker of this cluster (its certificate, not a client's) may feed a slave.
-            denied = PermissionDenied("*", "replicate", "the peer is not a broker")
-            self.b.count_refused(denied)
-            await abort(context, denied)
+        try:
+            # Only the cluster (a broker's or coordinator's certificate) may feed a slave.
+            self.b.gate.check(context, "Replicate", ALL_QUEUES)
+        except OrdqError as exc:
+            self.b.count_refused(exc)
+            await abort(context, exc)
         await serve_replicate(self.b, request_iterator, context)
 
     async def Fetch(self, request: pb.FetchRequest, context: Context) -> pb.FetchResponse:
@@ -166,11 +172,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     async def Reconcile(self, request: pb.ReconcileRequest, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "Reconcile", request.queue,  # type: ignore[no-any-return]
-                                  lambda: self.b.reconcile(request.queue, request.seg, request.end, request.peer))
+                                  lambda: self.b.repair.reconcile_request(request.queue, request.seg, request.end,
+                                                                          request.peer))
 
     async def SegmentInfo(self, request: pb.SegmentRef, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "SegmentInfo", request.queue,  # type: ignore[no-any-return]
                                   lambda: self.b.segment_info(request.queue, request.seg))
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
-        return await self._answer(context, "Health", "*", self.b.health)  # type: ignore[no-any-return]
+        return await self._answer(context, "Health", ALL_QUEUES, self.b.health)  # type: ignore[no-any-return]

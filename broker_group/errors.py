@@ -38,6 +38,15 @@ from ordq.errors import (
 )
 
 METADATA_KEY = "ordq-error"
+# gRPC refuses a response whose metadata exceeds 8 KiB (the client then sees an untyped
+# failure): names echoed in errors are cut to SHORT_CHARS, texts to DETAIL_CHARS.
+SHORT_CHARS = 64
+DETAIL_CHARS = 1024
+
+
+def short(text: str, limit: int = SHORT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was (for echoing names)."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
 
 
 class SegmentNotWritable(BrokerUnavailable):
@@ -202,8 +211,10 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: OrdqError) -> NoReturn:
     """End the current call (a ``grpc.aio`` handler's) with ``exc``, typed for the client."""
     kind, fields = _kind_and_fields(exc)
+    # A name or text the caller sent may be huge: the answer must still fit gRPC's metadata.
+    fields = {k: short(v, DETAIL_CHARS) if isinstance(v, str) else v for k, v in fields.items()}
     context.set_trailing_metadata(((METADATA_KEY, json.dumps({"kind": kind, "fields": fields})),))
-    await context.abort(_KINDS[kind][0], str(exc))
+    await context.abort(_KINDS[kind][0], short(str(exc), DETAIL_CHARS))
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 

@@ -10,7 +10,13 @@ Guarantees:
   by retention) and of a deleted queue are removed (``Broker.free_space``), on both replicas.
 
 One thread runs a round every ``reconcile_interval_s``, or at once when ``kick`` is set; the
-Reconcile RPC (a peer or a sealing party asking) runs the same ``reconcile``.
+Reconcile RPC (a coordinator's Seal protocol asking) runs the same ``reconcile``.
+
+Whoever asks, the two numbers that decide what happens to the bytes come from ZooKeeper,
+never from the request: the end is the sealed end ZooKeeper records for the segment (a
+request naming another end is refused: it could only cut acked messages off, or ask for
+more than was ever written), and the copy comes from the group's registered other member
+(its liveness node), never from an address a caller names (it could serve forged batches).
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from broker_group import log as seglog
+from broker_group.errors import short
 from broker_group.replica import Role
 from broker_group.wire import ordq_pb2 as pb
 from coordinator.state import SegStatus
-from ordq.errors import BrokerUnavailable, OrdqError, QueueNotFound
+from ordq.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
 
 if TYPE_CHECKING:
     from broker_group.service import Broker
@@ -50,9 +57,29 @@ class Repairer:
             self.kick.wait(self.b.config.reconcile_interval_s)
             self.kick.clear()
 
-    def reconcile(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
-        """Make this copy of a sealed segment exactly ``end`` messages long: truncate past it,
-        or copy [our end, end) from ``peer``. A corrupt copy is set aside and copied whole."""
+    def reconcile_request(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
+        """The Reconcile RPC: ``end`` and ``peer`` are only cross-checked against ZooKeeper's
+        sealed end and the group's registered peer; a request that disagrees is refused
+        (ConfigError) and changes nothing."""
+        z, _ = self.b._zk_segment(queue, seg)
+        if z is None or z.gid != self.b.config.gid:
+            raise SegmentNotFound(queue, seg)
+        if z.status is not SegStatus.SEALED or z.end is None:
+            raise ConfigError(f"Reconcile {short(queue)}/{seg}: ZooKeeper records no sealed end for it yet "
+                              f"(status {z.status.value}); a copy is brought to a sealed end only")
+        if end != z.end:
+            raise ConfigError(f"Reconcile {short(queue)}/{seg} to end {end}: ZooKeeper records sealed end {z.end}")
+        if peer:
+            live = self._live_peer()
+            if live is None or live.address != peer:
+                raise ConfigError(f"Reconcile {short(queue)}/{seg} from {short(peer)}: not this group's registered "
+                                  f"peer ({live.address if live else 'none is live'}); copies come from it only")
+        return self.reconcile(queue, seg, z.end)
+
+    def reconcile(self, queue: str, seg: int, end: int) -> pb.SegmentEnd:
+        """Make this copy of a sealed segment exactly ``end`` messages long (ZooKeeper's sealed
+        end: the callers read it there): truncate past it, or copy [our end, end) from the
+        group's registered peer. A corrupt copy is set aside and copied whole."""
         from broker_group.client import GrpcTransport
         from broker_group.service import _write_meta
 
@@ -71,6 +98,10 @@ class Repairer:
             if lg.synced_end > end:
                 lg.truncate(end)
             if lg.synced_end < end:
+                live = self._live_peer()
+                if live is None:
+                    raise BrokerUnavailable(f"group {b.config.gid}", f"no live peer to copy {queue}/{seg} from")
+                peer = live.address  # from ZooKeeper: never an address a caller named
                 transport = GrpcTransport(rpc_timeout_s=b.config.rpc_timeout_s, credentials=b.config.credentials)
                 try:
                     while lg.synced_end < end:
@@ -137,7 +168,7 @@ class Repairer:
             if needs_peer and peer is None:
                 continue  # try again when the peer is back
             try:
-                self.reconcile(queue, seg, z.end, peer.address if peer else "")
+                self.reconcile(queue, seg, z.end)
             except OrdqError as exc:
                 log.warning("segment %s/%d: reconcile to end %d deferred: %s", queue, seg, z.end, exc)
 
@@ -166,7 +197,7 @@ class Repairer:
                     continue
                 assert z.end is not None
                 try:
-                    self.reconcile(queue, z.seg, z.end, peer.address)
+                    self.reconcile(queue, z.seg, z.end)
                     log.info("segment %s/%d copied from the peer (opened before this data folder existed)",
                              queue, z.seg)
                 except OrdqError as exc:

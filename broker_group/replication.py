@@ -280,4 +280,5 @@ async def serve_replicate(broker: Broker, requests: AsyncIterator[pb.ReplicateRe
                                                                                    synced_end=end)]))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
+        broker.count_refused(exc)
         await abort(context, exc)

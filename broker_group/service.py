@@ -44,7 +44,7 @@ from kazoo.protocol.states import KazooState
 from broker_group import log as seglog
 from broker_group.auth import Gate
 from broker_group.epochs import EpochGate
-from broker_group.errors import SegmentNotWritable
+from broker_group.errors import SegmentNotWritable, short
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
 from broker_group.metrics import BrokerMetrics, count_fetch
 from broker_group.repair import Repairer
@@ -225,7 +225,7 @@ class Broker:
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
         self.repair = Repairer(self)
-        self.gate = Gate()  # who may call what (broker_group/auth.py)
+        self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
         self.replication: Any = None  # master: broker_group.replication.ReplicationLink
         # Per queue, the first segment opened after this data folder was created; the queues
         # whose older segments of this group still need copying from the peer (a new disk).
@@ -625,6 +625,13 @@ class Broker:
             s = await self.loop.run_blocking(self.segment_for_replica, queue, seg)
         accepted: list[bytes] = []
         with self._cv:
+            # The master's LAC counts only what this copy reported synced: one past what this
+            # copy holds (with this request's batches) is not a LAC but a lie, and taking it
+            # would let readers of this copy see batches the master never had acked.
+            # (A sealed copy no longer reads up to a LAC: nothing to check there.)
+            most = s.replica.next_offset + sum(h.count for h in headers)
+            if lac > most and not s.replica.sealed:
+                raise ConfigError(f"replicated LAC {lac} of {short(queue)}/{seg} is past this copy's end {most}")
             if lac >= 0:
                 s.replica.peer_progress(lac)
                 self.changed()
@@ -848,8 +855,9 @@ class Broker:
                 raise SegmentNotFound(queue, seg)
             return s.end()
 
-    def reconcile(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
-        return self.repair.reconcile(queue, seg, end, peer)
+    def reconcile(self, queue: str, seg: int, end: int) -> pb.SegmentEnd:
+        """Bring this copy of a sealed segment to ``end``, ZooKeeper's (broker_group/repair.py)."""
+        return self.repair.reconcile(queue, seg, end)
 
     # -- the read path ----------------------------------------------------------------------------
 

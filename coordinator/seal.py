@@ -89,22 +89,27 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
         except OrdqError:
             replies[role] = None
     plan = decide(replies)
-    if plan.copy_to is not None and plan.copy_from is not None:
-        to, frm = members[plan.copy_to], members[plan.copy_from]
-        # Best effort: a replica that cannot copy now reconciles before serving on restart.
-        try:
-            transport.copy_from_peer(to.address, queue, seg, frm.address, plan.end)
-        except OrdqError:
-            pass
     try:
-        return store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq,
-                                                        at_ms=int(time.time() * 1000), size=plan.bytes))
+        st = store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq,
+                                                      at_ms=int(time.time() * 1000), size=plan.bytes))
     except IllegalTransition:
         st, _ = store.load_state(queue)  # sealed by someone else meanwhile: idempotent
         done = st.segment(seg)
         if done is None or done.status is SegStatus.SEALED:
             return st
         raise
+    if plan.copy_to is not None and plan.copy_from is not None:
+        # After the CAS: a broker copies only up to the sealed end ZooKeeper records, from its
+        # registered peer (broker_group/repair.py). Best effort: a replica that cannot copy
+        # now reconciles by itself (its reconcile thread) before serving past what it holds.
+        to, frm = members[plan.copy_to], members[plan.copy_from]
+        done = st.segment(seg)
+        try:
+            transport.copy_from_peer(to.address, queue, seg, frm.address,
+                                     done.end if done is not None and done.end is not None else plan.end)
+        except OrdqError:
+            pass
+    return st
 
 
 def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[[str, int], None] | None:

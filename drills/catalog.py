@@ -524,6 +524,10 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("security-rogue-epoch", "a hand-made gRPC client claims a producer epoch ZooKeeper never issued: writes "
           "to the head master and fences both replicas", "refused (EpochNotIssued) and counted by each broker; "
           "nothing stored; the real producer is not fenced", security.rogue_epoch, failover=False),
+    Drill("security-control-calls", "a consume-only token holder calls Seal and Fence on the head's open segment, "
+          "Reconcile (to end 0, from its own address) on both replicas and Replicate into the slave, under load",
+          "each refused (PermissionDenied: only brokers and coordinators may) and counted; the head stays, "
+          "nothing truncated or forged; the load goes on untouched", security.control_calls, failover=False),
     Drill("security-zk-write", "ZooKeeper clients without the admin credential (none, or the client one) write "
           "the queue's state/config, a group, a subscription, the ACL record", "each write refused by ZooKeeper "
           "(NoAuth); nothing changed", security.zk_write_without_acl, failover=False),
@@ -534,4 +538,4 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
 CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park",
-             "security-intruders", "security-rogue-epoch", "security-zk-write")
+             "security-intruders", "security-rogue-epoch", "security-control-calls", "security-zk-write")

@@ -6,7 +6,11 @@
   refuses any peer without a certificate signed by the cluster CA (gRPC's Python server can
   only require client certificates or not ask for them, so clients get one too).
 - ``ensure_pki(folder)``: a local CA and two certificates (``broker``, ``client``) made with
-  the ``cryptography`` package, valid for 127.0.0.1 and localhost. Created once, kept.
+  the ``cryptography`` package, valid for 127.0.0.1 and localhost. Created once, kept. The
+  client certificate is for client authentication only (ExtendedKeyUsage ``clientAuth``), so
+  no TLS peer accepts it from a server: a client cannot pose as a broker that a broker dials
+  for a copy. Brokers and coordinators (``ensure_coordinator_pki``) are both. A client
+  certificate made before that rule (it also says ``serverAuth``) is issued again.
 - The credentials file (like a kubeconfig): ``ordq up`` registers the cluster it started under
   its ZooKeeper address and root, so every CLI command and SDK client finds them from ``--zk``
   alone. ``$ORDQ_CREDENTIALS``, else ``$ORDQ_HOME/credentials.json``, else
@@ -133,12 +137,26 @@ def ensure_pki(folder: Path, *, create: bool = True) -> tuple[Credentials, Crede
         if not ca_pem.exists():
             _make_ca(ca_pem, ca_key)
     out = []
-    for name, cn in (("broker", BROKER_CN), ("client", CLIENT_CN)):
+    for name, cn, server in (("broker", BROKER_CN, True), ("client", CLIENT_CN, False)):
         cert, key = folder / f"{name}.pem", folder / f"{name}-key.pem"
-        if create and not cert.exists():
-            _make_cert(ca_pem, ca_key, cert, key, cn)
+        if create and (not cert.exists() or (not server and _serves(cert))):
+            _make_cert(ca_pem, ca_key, cert, key, cn, server=server)
         out.append(Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key)))
     return out[0], out[1]
+
+
+def _serves(cert_path: Path) -> bool:
+    """Does the certificate allow server authentication? (A client certificate made before
+    they were issued for client authentication only does: it could pose as a broker.)"""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return True  # no ExtendedKeyUsage: good for any purpose
+    return ExtendedKeyUsageOID.SERVER_AUTH in usages
 
 
 def ensure_coordinator_pki(folder: Path, *, create: bool = True) -> Credentials:
@@ -148,7 +166,7 @@ def ensure_coordinator_pki(folder: Path, *, create: bool = True) -> Credentials:
     cert, key = folder / "coordinator.pem", folder / "coordinator-key.pem"
     if create and not cert.exists():
         ensure_pki(folder)
-        _make_cert(ca_pem, ca_key, cert, key, COORDINATOR_CN)
+        _make_cert(ca_pem, ca_key, cert, key, COORDINATOR_CN, server=True)
     return Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key))
 
 
@@ -196,7 +214,9 @@ def _make_ca(cert_path: Path, key_path: Path) -> None:
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path, cn: str) -> None:
+def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path, cn: str, *, server: bool) -> None:
+    """A certificate for ``cn`` signed by the CA: for client authentication, and also for
+    server authentication when ``server`` (brokers and coordinators serve; clients never do)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -205,16 +225,22 @@ def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path
     ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server \
+        else [ExtendedKeyUsageOID.CLIENT_AUTH]
     san = x509.SubjectAlternativeName([x509.DNSName("localhost"),
                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     cert = (_builder(_name(cn), ca.subject, key.public_key())
             .add_extension(san, critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
-    _write_key(key_path, key)
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    # Key, then certificate, each replaced whole (a re-issued client certificate replaces both).
+    tmp_key = key_path.with_name(key_path.name + ".tmp")
+    _write_key(tmp_key, key)
+    os.replace(tmp_key, key_path)
+    tmp_cert = cert_path.with_name(cert_path.name + ".tmp")
+    tmp_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    os.replace(tmp_cert, cert_path)
 
 
 # -- the credentials file -----------------------------------------------------------------------

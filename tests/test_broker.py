@@ -40,8 +40,8 @@ from ordq.errors import (
     OrdqError,
     SegmentNotFound,
 )
+from ordq.security import Credentials, ensure_coordinator_pki, provision, token_metadata
 from ordq.security import channel as security_channel
-from ordq.security import provision, token_metadata
 from sdk.transport import Ack
 from tests.util import wait_until
 
@@ -53,7 +53,10 @@ Q = "q"
 class Group:
     store: ZkStore
     procs: BrokerGroupProcesses
+    # With the coordinators' certificate: these tests drive the brokers' control calls (Fence,
+    # Seal, Reconcile) as a coordinator does; no client certificate may make them.
     transport: GrpcTransport
+    client: Credentials  # the client certificate ``ordq up`` issues (an insider past TLS)
 
     def address(self, role: str) -> str:
         return self.store.live_members("g1")[role].address
@@ -65,14 +68,14 @@ def group(zk_server, zk_root, tmp_path: Path) -> Iterator[Group]:
     broker_tls, client_tls = provision(tmp_path / "tls", zk_server.connection_string, zk_root)
     procs = BrokerGroupProcesses("g1", zk_hosts=zk_server.connection_string, root=zk_root, base_dir=tmp_path,
                                  tls=broker_tls)
-    transport = GrpcTransport(credentials=client_tls)
+    transport = GrpcTransport(credentials=ensure_coordinator_pki(tmp_path / "tls"))
     try:
         store.add_group("g1")
         procs.start()
         wait_until(lambda: store.live_groups(["g1"]), what="g1 live")
         store.create_queue(Q, ["g1"])
         store.apply(Q, lambda st, _f: sm.bump_epoch(st))  # epoch 1: the raw streams below write with it
-        yield Group(store, procs, transport)
+        yield Group(store, procs, transport, client_tls)
     finally:
         for p in procs.members:
             print(f"--- {p.gid} {p.role} log tail ---\n{p.log_tail(30)}")
@@ -392,9 +395,9 @@ def test_a_replica_on_a_new_disk_never_decides_a_segment_it_did_not_see(group: G
 # write into the open segment and fence the real leader out.
 
 
-def _refused(g: Group, address: str, call: str, request: object) -> grpc.RpcError:
-    """The call made by a client with a valid certificate (an insider past TLS)."""
-    channel = security_channel(address, g.transport.credentials, GRPC_OPTIONS)
+def _refused(g: Group, address: str, call: str, request: object, creds: Credentials | None = None) -> grpc.RpcError:
+    """The call made by a client with a valid certificate (an insider past TLS), or with ``creds``."""
+    channel = security_channel(address, creds or g.client, GRPC_OPTIONS)
     stub = pb_grpc.BrokerStub(channel)
     try:
         with pytest.raises(grpc.RpcError) as err:
@@ -422,8 +425,9 @@ def test_a_claimed_epoch_zookeeper_never_issued_is_refused_and_the_leader_goes_o
     typed = from_rpc_error(err, master)
     assert isinstance(typed, EpochNotIssued) and (typed.epoch, typed.current_epoch) == (7, 1)
     assert not typed.retriable
-    for role in ("master", "slave"):  # nor may it fence the real leader out
-        err = _refused(group, group.address(role), "Fence", pb.FenceRequest(queue=Q, seg=0, epoch=7))
+    for role in ("master", "slave"):  # nor may a coordinator fence the real leader out with it
+        err = _refused(group, group.address(role), "Fence", pb.FenceRequest(queue=Q, seg=0, epoch=7),
+                       group.transport.credentials)
         assert isinstance(from_rpc_error(err, role), EpochNotIssued)
         assert group.transport.segment_info(group.address(role), Q, 0).fenced_epoch == 1
 
