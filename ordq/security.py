@@ -232,9 +232,9 @@ def _key(zk_hosts: str, root: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked_file() -> Iterator[dict[str, Any]]:
+def _locked_file(path: Path | None = None) -> Iterator[dict[str, Any]]:
     """The file's clusters, under an exclusive lock; written back (atomically) on exit."""
-    path = credentials_path()
+    path = path or credentials_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -260,14 +260,42 @@ def _load(path: Path) -> dict[str, Any]:
     return clusters
 
 
-def register(zk_hosts: str, root: str, creds: Credentials) -> None:
-    with _locked_file() as clusters:
-        clusters[_key(zk_hosts, root)] = creds.to_dict()
+CLUSTER_FIELD = "cluster"  # the entry's cluster identity (not a Credentials field)
 
 
-def unregister(zk_hosts: str, root: str) -> None:
-    with _locked_file() as clusters:
-        clusters.pop(_key(zk_hosts, root), None)
+def register(zk_hosts: str, root: str, creds: Credentials, *, cluster: str | None = None,
+             path: Path | None = None) -> None:
+    """Register ``creds`` for the cluster at (``zk_hosts``, ``root``). ``cluster``: that
+    cluster's identity (``LocalCluster.cluster_id``), so that only the same cluster removes or
+    replaces it by name (``unregister``). ``path``: another file than the user's (a local
+    cluster's own file, which its coordinators read before the cluster serves)."""
+    entry = creds.to_dict()
+    if cluster is not None:
+        entry[CLUSTER_FIELD] = cluster
+    with _locked_file(path) as clusters:
+        clusters[_key(zk_hosts, root)] = entry
+
+
+def unregister(zk_hosts: str, root: str, *, cluster: str | None = None, path: Path | None = None) -> bool:
+    """Remove the entry for (``zk_hosts``, ``root``); with ``cluster``, only when it is that
+    cluster's (an entry without an identity, from an older ordq, counts as anyone's): stopping
+    a cluster that never served at that address never removes the one that does. True when
+    removed."""
+    with _locked_file(path) as clusters:
+        entry = clusters.get(_key(zk_hosts, root))
+        if entry is None:
+            return False
+        if cluster is not None and entry.get(CLUSTER_FIELD, cluster) != cluster:
+            return False
+        del clusters[_key(zk_hosts, root)]
+        return True
+
+
+def registered_cluster(zk_hosts: str, root: str) -> str | None:
+    """The identity of the cluster registered at (``zk_hosts``, ``root``), if any."""
+    entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
+    value = entry.get(CLUSTER_FIELD)
+    return str(value) if value is not None else None
 
 
 def provision(folder: Path, zk_hosts: str, root: str, *, tls: bool = True) -> tuple[Credentials, Credentials]:

@@ -372,7 +372,12 @@ class ZkServer:
     def _write_node_files(self, i: int) -> None:
         node_dir = self._node_dir(i)
         data_dir = node_dir / "data"
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # Snapshots and transaction logs hold every node's data, the tokens' hashes and the
+        # ACLs' digests: the service's user only (mkdir's mode passes through the umask; chmod
+        # also tightens a folder made by an older version).
+        for folder in (node_dir, data_dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
         (data_dir / "myid").write_text(f"{i + 1}\n")
         spec = self.specs[i]
         lines = [
@@ -387,7 +392,9 @@ class ZkServer:
             "maxSessionTimeout=60000",
             "maxClientCnxns=0",
             "admin.enableServer=false",  # else every node starts a web server on :8080
-            "4lw.commands.whitelist=*",  # srvr/ruok/cons for readiness and status
+            # Only what readiness and status ask (four_letter_word): cons, wchc, dump... list
+            # every client and session to anyone who can connect.
+            "4lw.commands.whitelist=ruok,srvr",
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
         ]

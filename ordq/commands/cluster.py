@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
-from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
+from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus, wipe_files
 from ordq.output import emit_json, table
-from ordq.security import credentials_path, unregister
+from ordq.errors import ExternalProcessError
+from ordq.security import credentials_path
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
 EXIT_UNHEALTHY = 3
@@ -120,14 +121,19 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     if not LocalCluster.exists(args.dir):
+        # No state file: nothing of a cluster runs from here, but a start that failed in an
+        # older version (or a crash) may have left its files; --wipe deletes those too.
+        wiped = wipe_leftovers(args.dir) if args.wipe else []
         if wants_json(args):
-            emit_json({"dir": str(args.dir), "stopped": [], "wiped": False})
+            emit_json({"dir": str(args.dir), "stopped": [], "wiped": bool(wiped)})
+        elif wiped:
+            print(f"no local cluster in {args.dir}: nothing to stop; deleted what one left: {', '.join(wiped)}")
         else:
             print(f"no local cluster in {args.dir}: nothing to stop")
         return 0
     cluster = LocalCluster.load(args.dir)
     stopped = cluster.stop()
-    unregister(cluster.zk_hosts, cluster.root)  # `ordq up` registers it again
+    cluster.unregister()  # `ordq up` registers it again; another cluster's entry there stays
     if args.wipe:
         cluster.destroy()
     if wants_json(args):
@@ -137,6 +143,17 @@ def cmd_down(args: argparse.Namespace) -> int:
         kept = "data wiped" if args.wipe else "data kept (ordq up resumes it; ordq down --wipe deletes it)"
         print(f"local cluster in {cluster.folder}: {what}; {kept}")
     return 0
+
+
+def wipe_leftovers(folder: Path) -> list[str]:
+    """``wipe_files`` for a folder without a cluster state file, unless a ZooKeeper it holds
+    still runs (then the caller stops it first: ordq zk stop)."""
+    from ordq.zk_server import CONFIG_FILE, ZkServer
+
+    zk = folder / "zk"
+    if (zk / CONFIG_FILE).exists() and any(p.alive() for p in ZkServer.load(zk).processes):
+        raise ExternalProcessError(f"a ZooKeeper still runs from {zk}: stop it first (ordq zk stop --dir {zk})")
+    return wipe_files(folder)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

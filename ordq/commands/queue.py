@@ -16,7 +16,16 @@ from coordinator.store import (
     ROLL_TO,
     QueueConfig,
 )
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, byte_size, duration, int_in, open_store, wants_json
+from ordq.commands import (
+    MAX_PAYLOAD_BYTES,
+    add_command,
+    byte_size,
+    check_token,
+    duration,
+    int_in,
+    open_store,
+    wants_json,
+)
 from ordq.errors import ConfigError
 from ordq.output import emit_json, table
 from ordq.units import format_duration, format_size
@@ -210,6 +219,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, describe_queue
 
     with open_store(args) as store, ReplicaReader(store) as reader:
+        check_token(store)
         views = [describe_queue(store, reader, q) for q in store.list_queues()]
     rows = [{**summary(v.state, [s.name for s in v.subscriptions]), "last_seq": v.last_seq, "stored": v.stored}
             for v in views]
@@ -227,6 +237,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, describe_queue
 
     with open_store(args) as store, ReplicaReader(store) as reader:
+        check_token(store, args.queue)
         view = describe_queue(store, reader, args.queue)
     if wants_json(args):
         emit_json(view.to_dict())
