@@ -931,11 +931,17 @@ class SegmentLog:
 
 
 def private_dir(path: Path) -> None:
-    """Make ``path`` (and missing parents) a folder only its owner may list or enter: 0700,
+    """Make ``path`` (and its missing parents) folders only their owner may list or enter: 0700,
     set with chmod as well because mkdir's mode passes through the umask and leaves a
     folder made by an older version as it was."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    os.chmod(missing[0] if missing else path, 0o700)
 
 
 def segment_dir(data_dir: Path, queue: str, seg: int) -> Path:
