@@ -41,6 +41,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ordq",
+        # No abbreviations of the global options: argparse matches them against every later
+        # argument too, so `sub reset ... --to` would be "ambiguous" (--token, --token-file).
+        allow_abbrev=False,
         description="ordq: a strictly ordered, replicated message queue. "
         "Every command takes --json for machine-readable output.",
     )

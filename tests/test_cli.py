@@ -219,3 +219,11 @@ def test_a_wrong_zookeeper_credential_is_one_line_for_produce_and_consume(
         with contextlib.suppress(Exception):
             admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
         admin.close()
+
+
+def test_options_of_a_command_are_not_taken_for_abbreviated_global_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--to` (sub reset) is a prefix of the global --token and --token-file
+    [closed] = free_ports(1)
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.2", "sub", "reset", "q", "s",
+                          "--to", "seq", "1")
+    assert "cannot reach ZooKeeper" in line
