@@ -49,7 +49,7 @@ from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
-from ordq.security import Credentials, ensure_pki, register, unregister
+from ordq.security import Credentials, ensure_pki, register, remember_zk_tls, unregister
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
@@ -75,6 +75,12 @@ class ClusterConfig:
     # ZooKeeper ACLs on the root (docs/SECURITY.md): admin and client digest credentials are
     # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
     zk_acl: bool = True
+    # ZooKeeper serves clients over TLS only (its secureClientPort), with a certificate of the
+    # cluster CA, and requires theirs; every ordq client finds this in the credentials file.
+    # Off by default (`ordq up --zk-tls`): a TLS connect costs ~0.5 s (kazoo loads the system CA
+    # bundle at every attempt, then the handshake), which a broker's 1 s session cannot spare
+    # on a loaded machine; and the drills reach ZooKeeper with raw kazoo clients too.
+    zk_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -87,6 +93,8 @@ class ClusterConfig:
             raise ConfigError(f"zk_port must be 1..65533, not {self.zk_port}")
         if self.session_timeout_s <= 0:
             raise ConfigError("session_timeout_s must be > 0")
+        if self.zk_tls and not self.tls:
+            raise ConfigError("TLS to ZooKeeper needs the cluster's certificates (tls)")
 
     @property
     def gids(self) -> tuple[str, ...]:
@@ -141,12 +149,16 @@ class LocalCluster:
         self.config = config or ClusterConfig()
         self.python = python or sys.executable
         self._saved: dict[str, Any] = saved or {}
-        self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port)
-        hosts = self.zk.connection_string
         # Where the certificates are (made by start()); what clients of this cluster present.
         broker_tls, client_tls = ensure_pki(self.folder / "tls", create=False)
+        self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port,
+                           tls=broker_tls if self.config.zk_tls else None)
+        hosts = self.zk.connection_string
         self.broker_credentials = broker_tls if self.config.tls else Credentials()
         self.credentials = client_tls if self.config.tls else Credentials()
+        if self.config.zk_tls:
+            self.credentials = attrs.evolve(self.credentials, zk_tls=True)
+            remember_zk_tls(hosts, self.credentials)  # this process connects before anything is registered
         if self.config.tokens and self._token_file.exists():
             self.credentials = attrs.evolve(self.credentials, token=self._token_file.read_text().strip())
         if self.admin_auth is not None:  # this cluster's own clients act as its operator

@@ -45,19 +45,23 @@ class Credentials:
     key_file: str | None = None
     token: str | None = None
     zk_auth: str | None = None  # "user:password" of ZooKeeper's digest scheme
+    # ZooKeeper is reached over TLS (its secureClientPort), with the same CA, certificate and key
+    zk_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("a TLS certificate needs its key and a key its certificate")
         if self.cert_file is not None and self.ca_file is None:
             raise ConfigError("a TLS certificate needs the CA that signed the peers' (--tls-ca)")
+        if self.zk_tls and (self.ca_file is None or self.cert_file is None):
+            raise ConfigError("TLS to ZooKeeper needs the cluster CA and a certificate with its key")
 
     @property
     def tls(self) -> bool:
         return self.ca_file is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None and v is not False}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Credentials:
@@ -320,3 +324,36 @@ def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
     overrides = {field: os.environ[env] for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
                  if os.environ.get(env)}
     return attrs.evolve(creds, **overrides) if overrides else creds
+
+
+# -- TLS to ZooKeeper ---------------------------------------------------------------------------
+
+# Connection strings this process knows to be TLS, with the credentials to present: a local
+# cluster sets it before it registers anything in a credentials file (it connects while it
+# starts), so ``zk_tls_options`` finds it without a file.
+_ZK_TLS: dict[str, Credentials] = {}
+
+
+def remember_zk_tls(zk_hosts: str, creds: Credentials) -> None:
+    """Reach ``zk_hosts`` over TLS with ``creds`` from this process (see ``zk_tls_options``)."""
+    if not creds.zk_tls:
+        raise ConfigError("remember_zk_tls: the credentials do not say zk_tls")
+    _ZK_TLS[zk_hosts] = creds
+
+
+def zk_tls_options(zk_hosts: str) -> dict[str, Any]:
+    """kazoo's TLS options for a ZooKeeper connection string: those of a cluster registered at
+    that address (any root) with ``zk_tls``, or remembered by this process; {} for plaintext.
+    Every ZooKeeper client ordq makes asks here (coordinator/store.py ``new_client``), so a
+    cluster's ZooKeeper TLS needs no option on any command or config."""
+    creds = _ZK_TLS.get(zk_hosts)
+    if creds is None:
+        prefix = f"{zk_hosts}/"
+        for key, entry in sorted(_load(credentials_path()).items()):
+            if key.startswith(prefix) and entry.get("zk_tls"):
+                creds = Credentials.from_dict(entry)
+                break
+    if creds is None:
+        return {}
+    return {"use_ssl": True, "verify_certs": True, "ca": creds.ca_file, "certfile": creds.cert_file,
+            "keyfile": creds.key_file}

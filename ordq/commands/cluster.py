@@ -14,7 +14,7 @@ from typing import Any
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus, wipe_files
 from ordq.output import emit_json, table
-from ordq.errors import ExternalProcessError
+from ordq.errors import ConfigError, ExternalProcessError
 from ordq.security import credentials_path
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
     up.add_argument("--no-zk-acl", action="store_true",
                     help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin and "
                          "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
+    up.add_argument("--zk-tls", action="store_true",
+                    help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA (clients "
+                         "find that in the credentials file; each connect costs ~0.5 s more; docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -65,7 +68,10 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
     asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
-    asked = asked or args.no_zk_acl
+    asked = asked or args.no_zk_acl or args.zk_tls
+    if args.zk_tls and not fresh and not LocalCluster(args.dir).config.zk_tls:
+        raise ConfigError(f"the cluster in {args.dir} was started with a plaintext ZooKeeper: --zk-tls is for a new "
+                          f"cluster (ordq down --wipe --dir {args.dir} first)")
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
@@ -80,6 +86,9 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         tls=not args.insecure if fresh else saved.tls,
         tokens=not args.insecure if fresh else saved.tokens,
         zk_acl=saved.zk_acl and not args.no_zk_acl,
+        # TLS to ZooKeeper: asked for a new cluster; a cluster started before keeps what it had
+        # (its ZooKeeper and its clients must agree).
+        zk_tls=bool(args.zk_tls) if fresh else saved.zk_tls,
     )
 
 
@@ -110,7 +119,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"status page: {pages[0]} (every coordinator serves one)")
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
     creds = cluster.credentials
-    print(f"security: {'mutual TLS (CA ' + str(creds.ca_file) + ')' if creds.tls else 'plaintext (--insecure)'}, "
+    print(f"security: {'mutual TLS (CA ' + str(creds.ca_file) + ')' if creds.tls else 'plaintext (--insecure)'}"
+          f"{', ZooKeeper over TLS' if creds.zk_tls else ''}, "
           f"{'an admin token' if creds.token else 'no tokens'}; registered for {cluster.zk_hosts}{cluster.root} "
           f"in {credentials_path()} (docs/SECURITY.md)")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
