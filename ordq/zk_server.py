@@ -88,12 +88,12 @@ def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0,
     """Send a ZooKeeper four-letter command to 127.0.0.1:port and return the answer (OSError
     if nobody answers). ``tls``: the server listens on its TLS port only; these are the CA
     to trust and the certificate to show."""
-    with socket.create_connection((HOST, port), timeout=timeout_s) as raw:
-        with _tls_context(tls).wrap_socket(raw, server_hostname=HOST) if tls is not None else raw as sock:
-            sock.sendall(word.encode())
-            chunks = []
-            while data := sock.recv(4096):
-                chunks.append(data)
+    with socket.create_connection((HOST, port), timeout=timeout_s) as raw, (
+            _tls_context(tls).wrap_socket(raw, server_hostname=HOST) if tls is not None else raw) as sock:
+        sock.sendall(word.encode())
+        chunks = []
+        while data := sock.recv(4096):
+            chunks.append(data)
     return b"".join(chunks).decode(errors="replace")
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ordq.errors import ConfigError

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
+from ordq.errors import ConfigError, ExternalProcessError
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus, wipe_files
 from ordq.output import emit_json, table
-from ordq.errors import ConfigError, ExternalProcessError
 from ordq.security import credentials_path
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
