@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A long-running process's log is its operator's record: ordq's own INFO lines
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
-    # --token / --zk-auth: the env every credentials lookup of this command sees
+    # --token[-file] / --zk-auth[-file]: the env every credentials lookup of this command sees
     # (ordq/security.py), restored after it (main() also runs inside tests).
     try:
         token = _secret(args.token, args.token_file, "--token-file")
