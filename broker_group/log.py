@@ -617,8 +617,10 @@ class SegmentLog:
         folder = segment_dir(Path(directory), queue, seg)
         path = folder / SEGMENT_FILE
         if create and not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            private_dir(folder)
+            # Messages are the users' data: readable by the broker's user only (the umask can
+            # only take bits away from 0600).
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             # Make the new file's name durable: a synced batch in a file whose directory
             # entry was lost would be lost with it.
             for d in (folder, folder.parent, folder.parent.parent):
@@ -926,6 +928,20 @@ class SegmentLog:
 
     def __repr__(self) -> str:
         return f"<SegmentLog {self.path} end={self.end} synced_end={self.synced_end}>"
+
+
+def private_dir(path: Path) -> None:
+    """Make ``path`` (and its missing parents) folders only their owner may list or enter: 0700,
+    set with chmod as well because mkdir's mode passes through the umask and leaves a
+    folder made by an older version as it was."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    os.chmod(missing[0] if missing else path, 0o700)
 
 
 def segment_dir(data_dir: Path, queue: str, seg: int) -> Path:

@@ -240,7 +240,7 @@ class Broker:
     def start(self) -> str:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        seglog.private_dir(cfg.data_dir)  # data at rest: the broker's user only (docs/SECURITY.md)
         self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
                                       auth=cfg.credentials.zk_auth)
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
@@ -458,7 +458,7 @@ class Broker:
             return
         if held is not None:
             self._drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
-        (self.config.data_dir / queue).mkdir(parents=True, exist_ok=True)
+        seglog.private_dir(self.config.data_dir / queue)
         _write_json_durably(self.config.data_dir / queue / INCARNATION_FILE, st.incarnation)
 
     def free_space(self) -> None:
@@ -990,7 +990,7 @@ def _folder_incarnation(qdir: Path) -> str | None:
 def _write_json_durably(path: Path, obj: Any) -> None:
     """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, json.dumps(obj).encode())
         os.fdatasync(fd)

@@ -184,8 +184,12 @@ def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None)
     time to keep its session whenever the servers kept it.
 
     ``auth``: ``user:password`` of a ZooKeeper digest identity (coordinator/acl.py), or None."""
+    from ordq.security import zk_tls_options
+
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
-    return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth)
+    # TLS when the cluster at this address serves ZooKeeper over TLS (ordq/security.py)
+    return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth,
+                     **zk_tls_options(hosts))
 
 
 @contextlib.contextmanager

@@ -13,9 +13,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 from ordq import __version__
-from ordq.errors import OrdqError
+from ordq.errors import ConfigError, OrdqError
 
 # Order is the order shown in --help.
 COMMAND_MODULES = (
@@ -27,9 +29,21 @@ DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error contract (docs/CLI.md): a usage error is one line on
+    stderr, ``ordq: error: ...``, and exit 1 (argparse prints its usage block and exits 2).
+    Subcommand parsers are made of the same class (``add_subparsers`` uses ``type(self)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"ordq: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ordq",
+        # No abbreviations of the global options: argparse matches them against every later
+        # argument too, so `sub reset ... --to` would be "ambiguous" (--token, --token-file).
+        allow_abbrev=False,
         description="ordq: a strictly ordered, replicated message queue. "
         "Every command takes --json for machine-readable output.",
     )
@@ -49,12 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--zk-auth", default=None, metavar="USER:PASSWORD",
         help="ZooKeeper digest credential when the root is protected by ACLs (env ORDQ_ZK_AUTH; "
-        "default: the one registered for --zk by ordq up, docs/SECURITY.md)",
+        "default: the one registered for --zk by ordq up, docs/SECURITY.md); prefer --zk-auth-file",
+    )
+    parser.add_argument(
+        "--zk-auth-file", type=Path, default=None, metavar="PATH",
+        help="read the ZooKeeper credential USER:PASSWORD from this file (keeps it off the command line)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
         "--token", default=None,
-        help="access token (env ORDQ_TOKEN; default: the one registered for --zk by ordq up, docs/SECURITY.md)",
+        help="access token (env ORDQ_TOKEN; default: the one registered for --zk by ordq up, docs/SECURITY.md); "
+        "prefer --token-file: a command line is readable by every local user",
+    )
+    parser.add_argument(
+        "--token-file", type=Path, default=None, metavar="PATH",
+        help="read the access token from this file (such as the admin.token ordq up wrote)",
     )
     parser.add_argument(
         "--zk-timeout", type=float, default=5.0, metavar="SECONDS",
@@ -76,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a usage error (1, one line printed)
+        if exc.code in (0, None):
+            raise
+        return int(exc.code) if isinstance(exc.code, int) else 1
     # kazoo logs every failed connection attempt; the CLI reports one clear line instead.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -86,9 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A long-running process's log is its operator's record: ordq's own INFO lines
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
-    # --token / --zk-auth: the env every credentials lookup of this command sees
+    # --token[-file] / --zk-auth[-file]: the env every credentials lookup of this command sees
     # (ordq/security.py), restored after it (main() also runs inside tests).
-    given = {env: value for env, value in (("ORDQ_TOKEN", args.token), ("ORDQ_ZK_AUTH", args.zk_auth)) if value}
+    try:
+        token = _secret(args.token, args.token_file, "--token-file")
+        zk_auth = _secret(args.zk_auth, getattr(args, "zk_auth_file", None), "--zk-auth-file")
+    except OrdqError as exc:
+        print(f"ordq: error: {exc}", file=sys.stderr)
+        return 1
+    given = {env: value for env, value in (("ORDQ_TOKEN", token), ("ORDQ_ZK_AUTH", zk_auth)) if value}
     previous = {env: os.environ.get(env) for env in given}
     os.environ.update(given)
     try:
@@ -110,6 +144,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.environ.pop(env, None)
             else:
                 os.environ[env] = value
+
+
+def _secret(value: str | None, path: Path | None, flag: str) -> str | None:
+    """A secret given on the command line, or read from a file (first line, stripped): files
+    and the environment keep secrets out of /proc/<pid>/cmdline."""
+    if path is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"give {flag.removesuffix('-file')} or {flag}, not both")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    secret = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not secret:
+        raise ConfigError(f"{flag} {path} is empty")
+    return secret
+
 
 if __name__ == "__main__":
     sys.exit(main())

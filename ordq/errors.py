@@ -159,7 +159,7 @@ class ZkAccessDenied(OrdqError):
     is needed) do not allow it. Nothing was changed."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"ZooKeeper refused access: {detail} (pass credentials with --zk-auth USER:PASSWORD or "
+        super().__init__(f"ZooKeeper refused access: {detail} (pass credentials with --zk-auth-file PATH or "
                          "ORDQ_ZK_AUTH; see docs/SECURITY.md)")
 
 

@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -48,10 +49,12 @@ from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
-from ordq.security import Credentials, ensure_pki, register, unregister
+from ordq.security import Credentials, ensure_pki, register, remember_zk_tls, unregister
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
+OWN_CREDENTIALS = "credentials.json"  # the cluster's own entry, for its own processes
+CLUSTER_DIRS = ("brokers", "coordinators", "zk", "drills", "tls", AUTH_DIR)
 DEFAULT_FOLDER = Path(".ordq")
 ROLES = ("master", "slave")
 _STARTUP_TIMEOUT_S = 120.0
@@ -72,6 +75,12 @@ class ClusterConfig:
     # ZooKeeper ACLs on the root (docs/SECURITY.md): admin and client digest credentials are
     # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
     zk_acl: bool = True
+    # ZooKeeper serves clients over TLS only (its secureClientPort), with a certificate of the
+    # cluster CA, and requires theirs; every ordq client finds this in the credentials file.
+    # Off by default (`ordq up --zk-tls`): a TLS connect costs ~0.5 s (kazoo loads the system CA
+    # bundle at every attempt, then the handshake), which a broker's 1 s session cannot spare
+    # on a loaded machine; and the drills reach ZooKeeper with raw kazoo clients too.
+    zk_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -84,6 +93,8 @@ class ClusterConfig:
             raise ConfigError(f"zk_port must be 1..65533, not {self.zk_port}")
         if self.session_timeout_s <= 0:
             raise ConfigError("session_timeout_s must be > 0")
+        if self.zk_tls and not self.tls:
+            raise ConfigError("TLS to ZooKeeper needs the cluster's certificates (tls)")
 
     @property
     def gids(self) -> tuple[str, ...]:
@@ -138,12 +149,16 @@ class LocalCluster:
         self.config = config or ClusterConfig()
         self.python = python or sys.executable
         self._saved: dict[str, Any] = saved or {}
-        self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port)
-        hosts = self.zk.connection_string
         # Where the certificates are (made by start()); what clients of this cluster present.
         broker_tls, client_tls = ensure_pki(self.folder / "tls", create=False)
+        self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port,
+                           tls=broker_tls if self.config.zk_tls else None)
+        hosts = self.zk.connection_string
         self.broker_credentials = broker_tls if self.config.tls else Credentials()
         self.credentials = client_tls if self.config.tls else Credentials()
+        if self.config.zk_tls:
+            self.credentials = attrs.evolve(self.credentials, zk_tls=True)
+            remember_zk_tls(hosts, self.credentials)  # this process connects before anything is registered
         if self.config.tokens and self._token_file.exists():
             self.credentials = attrs.evolve(self.credentials, token=self._token_file.read_text().strip())
         if self.admin_auth is not None:  # this cluster's own clients act as its operator
@@ -179,13 +194,15 @@ class LocalCluster:
         return read_credential(self.folder, "client") if self.config.zk_acl else None
 
     def _use_credentials(self) -> None:
-        """Brokers and coordinators act as admin (passed in their environment, never argv)."""
+        """Brokers and coordinators act as admin (passed in their environment, never argv),
+        and find the cluster's credentials in its own file."""
+        env = {"ORDQ_CREDENTIALS": str(self.own_credentials_file)}
         admin = self.admin_auth
-        if admin is None:
-            return
+        if admin is not None:
+            env["ORDQ_ZK_AUTH"] = admin
         for _, proc in self.processes():
             if proc not in self.zk.processes:
-                proc.env = {**(proc.env or {}), "ORDQ_ZK_AUTH": admin}
+                proc.env = {**(proc.env or {}), **env}
 
     def _protect(self) -> None:
         """Generate the credentials (once) and protect the root: a tree from before (ACLs off,
@@ -210,7 +227,7 @@ class LocalCluster:
         admin, client = self.admin_auth, self.client_auth
         assert admin is not None and client is not None
         self.credentials = attrs.evolve(self.credentials, zk_auth=admin)
-        register(self.zk_hosts, self.root, self.credentials)
+        self._register_own()
         with self.store() as store:
             protect(store.client, self.root, AclIds.of(admin, client))
 
@@ -310,9 +327,11 @@ class LocalCluster:
         self._save()
         if self.config.tls:
             ensure_pki(self.folder / "tls")
-        # Registered before anything serves: coordinators and every client of this cluster
-        # find the credentials from its ZooKeeper address.
-        register(self.zk_hosts, self.root, self.credentials)
+        # The cluster's own processes find its credentials in the folder's file from the start
+        # (ORDQ_CREDENTIALS in their environment); the user's file gets the entry only once
+        # everything serves, so a start that fails (a port another cluster holds) never
+        # replaces the entry of the cluster that works there.
+        self._register_own()
         try:
             self._start_zk(deadline)
             self._protect()
@@ -324,10 +343,11 @@ class LocalCluster:
             self.wait_healthy(timeout_s=max(deadline - time.monotonic(), 1.0))
         except BaseException:
             self._stop_named(set(todo))
-            if fresh:  # never served: do not leave a half-made cluster behind (logs stay)
-                (self.folder / STATE_FILE).unlink(missing_ok=True)
+            if fresh:  # never served: leave no half-made cluster behind (the error quotes the logs)
+                wipe_files(self.folder)
             raise
         self._save()
+        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id)
         return StartReport(started=tuple(todo), notes=tuple(notes))
 
     def heal(self, *, timeout_s: float = _STARTUP_TIMEOUT_S) -> list[str]:
@@ -359,13 +379,32 @@ class LocalCluster:
         """Stop everything and wipe the folder's cluster files."""
         self.stop()
         self.zk.destroy()
-        unregister(self.zk_hosts, self.root)
-        for sub in ("brokers", "coordinators", "zk", "drills", "tls", AUTH_DIR):
-            shutil.rmtree(self.folder / sub, ignore_errors=True)
-        (self.folder / STATE_FILE).unlink(missing_ok=True)
-        self._token_file.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self.folder.rmdir()
+        self.unregister()
+        wipe_files(self.folder)
+
+    def unregister(self) -> bool:
+        """Remove this cluster's entry from the user's credentials file; an entry another
+        cluster registered at the same address stays. True when removed."""
+        return unregister(self.zk_hosts, self.root, cluster=self.cluster_id)
+
+    @property
+    def cluster_id(self) -> str:
+        """This cluster's identity (made at its first start, kept in the state file): what its
+        credentials entry is registered under besides its address."""
+        cid = self._saved.get("cluster_id")
+        if not cid:
+            cid = self._saved["cluster_id"] = uuid.uuid4().hex
+        return str(cid)
+
+    @property
+    def own_credentials_file(self) -> Path:
+        """The folder's credentials file, holding only this cluster (mode 0600): its own
+        processes read it (ORDQ_CREDENTIALS), never the user's."""
+        return self.folder / OWN_CREDENTIALS
+
+    def _register_own(self) -> None:
+        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id,
+                 path=self.own_credentials_file)
 
     def restart_broker(self, gid: str, role: str, *, timeout_s: float = 30.0) -> str:
         """Start a stopped/killed broker again (same data folder); wait until it is live in
@@ -553,7 +592,7 @@ class LocalCluster:
                 with os.fdopen(fd, "w") as f:
                     f.write(token + "\n")
         self.credentials = attrs.evolve(self.credentials, token=token)
-        register(self.zk_hosts, self.root, self.credentials)
+        self._register_own()
 
     def _register_groups(self) -> None:
         # Groups exist in ZooKeeper before their processes start (a broker refuses to serve
@@ -657,6 +696,7 @@ class LocalCluster:
         cfg = attrs.asdict(self.config)
         cfg["zk_port"] = self.zk.specs[0].client_port
         doc = {
+            "cluster_id": self.cluster_id,
             "folder": str(self.folder),
             "saved_at": datetime.now().isoformat(timespec="seconds"),
             "python": self.python,
@@ -670,6 +710,25 @@ class LocalCluster:
         tmp = self.folder / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         tmp.replace(self.folder / STATE_FILE)
+
+
+def wipe_files(folder: Path) -> list[str]:
+    """Delete what a local cluster keeps in ``folder`` (data, logs, certificates, credentials,
+    the state file) and the folder when nothing else is left in it; other files stay. Returns
+    the names deleted. The caller makes sure nothing of it runs."""
+    folder = Path(folder)
+    gone = []
+    for sub in CLUSTER_DIRS:
+        if (folder / sub).exists():
+            shutil.rmtree(folder / sub, ignore_errors=True)
+            gone.append(sub)
+    for name in (STATE_FILE, f"{STATE_FILE}.tmp", "admin.token", OWN_CREDENTIALS, OWN_CREDENTIALS + ".lock"):
+        if (folder / name).exists():
+            (folder / name).unlink(missing_ok=True)
+            gone.append(name)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    return gone
 
 
 def _shape(cfg: ClusterConfig) -> tuple[Any, ...]:

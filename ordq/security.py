@@ -49,19 +49,23 @@ class Credentials:
     key_file: str | None = None
     token: str | None = None
     zk_auth: str | None = None  # "user:password" of ZooKeeper's digest scheme
+    # ZooKeeper is reached over TLS (its secureClientPort), with the same CA, certificate and key
+    zk_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("a TLS certificate needs its key and a key its certificate")
         if self.cert_file is not None and self.ca_file is None:
             raise ConfigError("a TLS certificate needs the CA that signed the peers' (--tls-ca)")
+        if self.zk_tls and (self.ca_file is None or self.cert_file is None):
+            raise ConfigError("TLS to ZooKeeper needs the cluster CA and a certificate with its key")
 
     @property
     def tls(self) -> bool:
         return self.ca_file is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None and v is not False}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Credentials:
@@ -258,9 +262,9 @@ def _key(zk_hosts: str, root: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked_file() -> Iterator[dict[str, Any]]:
+def _locked_file(path: Path | None = None) -> Iterator[dict[str, Any]]:
     """The file's clusters, under an exclusive lock; written back (atomically) on exit."""
-    path = credentials_path()
+    path = path or credentials_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -286,14 +290,42 @@ def _load(path: Path) -> dict[str, Any]:
     return clusters
 
 
-def register(zk_hosts: str, root: str, creds: Credentials) -> None:
-    with _locked_file() as clusters:
-        clusters[_key(zk_hosts, root)] = creds.to_dict()
+CLUSTER_FIELD = "cluster"  # the entry's cluster identity (not a Credentials field)
 
 
-def unregister(zk_hosts: str, root: str) -> None:
-    with _locked_file() as clusters:
-        clusters.pop(_key(zk_hosts, root), None)
+def register(zk_hosts: str, root: str, creds: Credentials, *, cluster: str | None = None,
+             path: Path | None = None) -> None:
+    """Register ``creds`` for the cluster at (``zk_hosts``, ``root``). ``cluster``: that
+    cluster's identity (``LocalCluster.cluster_id``), so that only the same cluster removes or
+    replaces it by name (``unregister``). ``path``: another file than the user's (a local
+    cluster's own file, which its coordinators read before the cluster serves)."""
+    entry = creds.to_dict()
+    if cluster is not None:
+        entry[CLUSTER_FIELD] = cluster
+    with _locked_file(path) as clusters:
+        clusters[_key(zk_hosts, root)] = entry
+
+
+def unregister(zk_hosts: str, root: str, *, cluster: str | None = None, path: Path | None = None) -> bool:
+    """Remove the entry for (``zk_hosts``, ``root``); with ``cluster``, only when it is that
+    cluster's (an entry without an identity, from an older ordq, counts as anyone's): stopping
+    a cluster that never served at that address never removes the one that does. True when
+    removed."""
+    with _locked_file(path) as clusters:
+        entry = clusters.get(_key(zk_hosts, root))
+        if entry is None:
+            return False
+        if cluster is not None and entry.get(CLUSTER_FIELD, cluster) != cluster:
+            return False
+        del clusters[_key(zk_hosts, root)]
+        return True
+
+
+def registered_cluster(zk_hosts: str, root: str) -> str | None:
+    """The identity of the cluster registered at (``zk_hosts``, ``root``), if any."""
+    entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
+    value = entry.get(CLUSTER_FIELD)
+    return str(value) if value is not None else None
 
 
 def provision(folder: Path, zk_hosts: str, root: str, *, tls: bool = True) -> tuple[Credentials, Credentials]:
@@ -315,6 +347,39 @@ def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
     (``--token`` and ``--zk-auth`` set them for a command)."""
     entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
     creds = Credentials.from_dict(entry)
-    overrides = {field: os.environ[env] for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
+    overrides: dict[str, Any] = {field: os.environ[env] for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
                  if os.environ.get(env)}
     return attrs.evolve(creds, **overrides) if overrides else creds
+
+
+# -- TLS to ZooKeeper ---------------------------------------------------------------------------
+
+# Connection strings this process knows to be TLS, with the credentials to present: a local
+# cluster sets it before it registers anything in a credentials file (it connects while it
+# starts), so ``zk_tls_options`` finds it without a file.
+_ZK_TLS: dict[str, Credentials] = {}
+
+
+def remember_zk_tls(zk_hosts: str, creds: Credentials) -> None:
+    """Reach ``zk_hosts`` over TLS with ``creds`` from this process (see ``zk_tls_options``)."""
+    if not creds.zk_tls:
+        raise ConfigError("remember_zk_tls: the credentials do not say zk_tls")
+    _ZK_TLS[zk_hosts] = creds
+
+
+def zk_tls_options(zk_hosts: str) -> dict[str, Any]:
+    """kazoo's TLS options for a ZooKeeper connection string: those of a cluster registered at
+    that address (any root) with ``zk_tls``, or remembered by this process; {} for plaintext.
+    Every ZooKeeper client ordq makes asks here (coordinator/store.py ``new_client``), so a
+    cluster's ZooKeeper TLS needs no option on any command or config."""
+    creds = _ZK_TLS.get(zk_hosts)
+    if creds is None:
+        prefix = f"{zk_hosts}/"
+        for key, entry in sorted(_load(credentials_path()).items()):
+            if key.startswith(prefix) and entry.get("zk_tls"):
+                creds = Credentials.from_dict(entry)
+                break
+    if creds is None:
+        return {}
+    return {"use_ssl": True, "verify_certs": True, "ca": creds.ca_file, "certfile": creds.cert_file,
+            "keyfile": creds.key_file}

@@ -22,17 +22,26 @@ import os
 import random
 import shutil
 import socket
+import ssl
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ordq.errors import ConfigError, ExternalProcessError
 from ordq.proc import ManagedProcess
 
+if TYPE_CHECKING:
+    from ordq.security import Credentials
+
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
+# ZooKeeper's TLS port needs its Netty connection factory (Debian: libnetty-java; netty-all.jar
+# there is only a manifest, so the parts are named).
+NETTY_JARS = tuple(f"/usr/share/java/netty-{part}.jar"
+                   for part in ("common", "buffer", "codec", "handler", "transport", "resolver"))
+KEYSTORE_FILE = "keystore.pem"  # the server's key and certificate, in a node's folder (0600)
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 APT_PACKAGES = "zookeeper libslf4j-java default-jre-headless"
 HOST = "127.0.0.1"
@@ -74,10 +83,13 @@ class NodeStatus:
         return self.mode or "not serving"
 
 
-def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0) -> str:
+def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0,
+                     tls: Credentials | None = None) -> str:
     """Send a ZooKeeper four-letter command to 127.0.0.1:port and return the answer (OSError
-    if nobody answers)."""
-    with socket.create_connection((HOST, port), timeout=timeout_s) as sock:
+    if nobody answers). ``tls``: the server listens on its TLS port only; these are the CA
+    to trust and the certificate to show."""
+    with socket.create_connection((HOST, port), timeout=timeout_s) as raw, (
+            _tls_context(tls).wrap_socket(raw, server_hostname=HOST) if tls is not None else raw) as sock:
         sock.sendall(word.encode())
         chunks = []
         while data := sock.recv(4096):
@@ -85,10 +97,17 @@ def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0) -
     return b"".join(chunks).decode(errors="replace")
 
 
-def server_mode(port: int) -> str | None:
+def _tls_context(tls: Credentials) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=tls.ca_file)
+    if tls.cert_file is not None:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    return ctx
+
+
+def server_mode(port: int, tls: Credentials | None = None) -> str | None:
     """The ``Mode:`` a server on ``port`` reports, or None if it does not serve."""
     try:
-        answer = four_letter_word(port)
+        answer = four_letter_word(port, tls=tls)
     except OSError:
         return None
     for line in answer.splitlines():
@@ -143,6 +162,7 @@ class ZkServer:
         client_port: int | None = None,
         tick_time_ms: int = 200,
         java: str | None = None,
+        tls: Credentials | None = None,
     ) -> None:
         if nodes not in (None, 1, 3):
             raise ConfigError(f"a ZooKeeper has 1 or 3 nodes, not {nodes}")
@@ -152,6 +172,9 @@ class ZkServer:
         self.tick_time_ms = tick_time_ms
         self._java = java
         saved = self._read_saved()
+        # TLS: serve clients on a TLS port only (secureClientPort, same number), with this
+        # certificate, and require theirs signed by the same CA. None: as saved, else plaintext.
+        self.tls = tls if tls is not None else self._read_saved_tls()
         if saved is not None:
             specs = saved
             if nodes is not None and nodes != len(specs):
@@ -200,7 +223,7 @@ class ZkServer:
         for i, (spec, proc) in enumerate(zip(self.specs, self.processes, strict=True)):
             pid = proc.pid
             out.append(NodeStatus(node=i, myid=i + 1, port=spec.client_port, pid=pid,
-                                  mode=server_mode(spec.client_port) if pid is not None else None))
+                                  mode=server_mode(spec.client_port, self.tls) if pid is not None else None))
         return out
 
     def leader(self) -> int | None:
@@ -249,7 +272,7 @@ class ZkServer:
             for i in required:
                 if not self.processes[i].alive():
                     raise self._died(i)
-                mode = server_mode(self.specs[i].client_port)
+                mode = server_mode(self.specs[i].client_port, self.tls)
                 if mode is None:
                     return None
                 modes[i] = mode
@@ -311,7 +334,7 @@ class ZkServer:
 
     def _argv(self, i: int) -> list[str]:
         java = self._java_path() or self._java or "java"
-        classpath = f"{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
+        classpath = ":".join((ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR, *(NETTY_JARS if self.tls else ())))
         return [java, *JVM_OPTIONS, "-cp", classpath, MAIN_CLASS, str(self._node_dir(i) / "zoo.cfg")]
 
     def _check_installed(self) -> None:
@@ -320,9 +343,9 @@ class ZkServer:
             raise ExternalProcessError(
                 f"Java not found ({self._java or 'java on PATH or $JAVA_HOME/bin/java'}): {hint}"
             )
-        for jar in (ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR):
+        for jar in (ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR, *(NETTY_JARS if self.tls else ())):
             if not os.path.isfile(jar):
-                raise ExternalProcessError(f"{jar} not found: {hint}")
+                raise ExternalProcessError(f"{jar} not found: {hint} (TLS also needs libnetty-java)")
 
     def _check_ports(self, nodes: list[int]) -> None:
         for i in nodes:
@@ -365,21 +388,57 @@ class ZkServer:
             "tick_time_ms": self.tick_time_ms,
             "nodes": [attrs.asdict(s) for s in self.specs],
         }
+        if self.tls is not None:
+            doc["tls"] = self.tls.to_dict()
         tmp = self.folder / f"{CONFIG_FILE}.tmp"
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         tmp.replace(self.folder / CONFIG_FILE)
 
+    def _read_saved_tls(self) -> Credentials | None:
+        from ordq.security import Credentials
+
+        try:
+            doc = json.loads((self.folder / CONFIG_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return Credentials.from_dict(doc["tls"]) if doc.get("tls") else None
+
+    def _client_lines(self, node_dir: Path, port: int) -> list[str]:
+        """zoo.cfg lines of where clients connect: plaintext, or TLS only (a Netty
+        secureClientPort on the same port number, client certificates required)."""
+        if self.tls is None:
+            return [f"clientPort={port}", f"clientPortAddress={HOST}"]
+        assert self.tls.ca_file and self.tls.cert_file and self.tls.key_file
+        keystore = node_dir / KEYSTORE_FILE  # ZooKeeper's PEM key store: key and certificate in one file
+        fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(Path(self.tls.key_file).read_bytes() + Path(self.tls.cert_file).read_bytes())
+        return [
+            f"secureClientPort={port}",
+            f"secureClientPortAddress={HOST}",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.tls.ca_file}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=need",
+        ]
+
     def _write_node_files(self, i: int) -> None:
         node_dir = self._node_dir(i)
         data_dir = node_dir / "data"
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # Snapshots and transaction logs hold every node's data, the tokens' hashes and the
+        # ACLs' digests: the service's user only (mkdir's mode passes through the umask; chmod
+        # also tightens a folder made by an older version).
+        for folder in (node_dir, data_dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
         (data_dir / "myid").write_text(f"{i + 1}\n")
         spec = self.specs[i]
         lines = [
             f"tickTime={self.tick_time_ms}",
             f"dataDir={data_dir}",
-            f"clientPort={spec.client_port}",
-            f"clientPortAddress={HOST}",
+            *self._client_lines(node_dir, spec.client_port),
             # ticks a follower may take to connect and sync with a leader / stay in sync
             f"initLimit={max(10, 10_000 // self.tick_time_ms)}",
             f"syncLimit={max(5, 5_000 // self.tick_time_ms)}",
@@ -387,7 +446,9 @@ class ZkServer:
             "maxSessionTimeout=60000",
             "maxClientCnxns=0",
             "admin.enableServer=false",  # else every node starts a web server on :8080
-            "4lw.commands.whitelist=*",  # srvr/ruok/cons for readiness and status
+            # Only what readiness and status ask (four_letter_word): cons, wchc, dump... list
+            # every client and session to anyone who can connect.
+            "4lw.commands.whitelist=ruok,srvr",
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
         ]

@@ -86,3 +86,144 @@ def test_a_local_zookeeper_starts_where_zk_points() -> None:
     assert local_zk_port("localhost:2999", 2181) == 2999
     for other in ("zk1.example:2181", "127.0.0.1:2999,127.0.0.1:3000", "127.0.0.1", "127.0.0.1:x"):
         assert local_zk_port(other, 2181) == 2181
+
+
+# -- issue 24: fail fast, say why --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ("queue", "lisst"),  # an unknown action
+    ("queue", "create"),  # a missing argument
+    ("--zk-timeout", "soon", "queue", "list"),  # a bad global value
+    ("produce", "q", "--count", "0"),  # a value out of range
+    ("nosuchcommand",),
+], ids=" ".join)
+def test_usage_errors_are_one_line_and_exit_1(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    # docs/CLI.md: a failure is one line on stderr and exit code 1 (argparse: a usage block, 2)
+    line = one_error_line(capsys, *argv)
+    assert main(list(argv)) == 1
+    assert "--help" in line
+
+
+def test_secrets_come_from_files(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ordq.cli import _secret
+
+    token = tmp_path / "token"
+    token.write_text("ordq_0123abcd_secret\n")
+    assert _secret(None, token, "--token-file") == "ordq_0123abcd_secret"
+    assert _secret("given", None, "--token-file") == "given"
+    (tmp_path / "empty").write_text("\n")
+    assert "is empty" in one_error_line(capsys, "--token-file", str(tmp_path / "empty"), "queue", "list")
+    assert "cannot read --zk-auth-file" in one_error_line(
+        capsys, "queue", "list", "--zk-auth-file", str(tmp_path / "missing"))
+    assert "not both" in one_error_line(capsys, "--token", "x", "--token-file", str(token), "queue", "list")
+
+
+def test_verify_without_pyspark_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # as if the spark extra were not installed
+    assert main(["verify", "/nonexistent"]) == 2  # verify's "could not verify"
+    _, err = capsys.readouterr()
+    assert err.strip().splitlines() == [
+        "ordq verify: error: ordq verify needs PySpark and Java 17+: pip install 'ordq[spark]' (docs/VERIFIER.md)"]
+
+
+@pytest.mark.parametrize("verb", [("produce", "q", "--count", "1"), ("consume", "q", "-s", "s1", "--count", "1")],
+                         ids=lambda v: v[0])
+def test_produce_and_consume_give_up_within_the_zk_timeout(verb: tuple[str, ...],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    [closed] = free_ports(1)  # a stopped cluster: nobody listens there
+    began = time.monotonic()
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", *verb)
+    assert time.monotonic() - began < 0.5 + 1.0 + 1.0  # --zk-timeout + 1 s, + 1 s for a loaded box
+    assert f"cannot reach ZooKeeper at 127.0.0.1:{closed}" in line
+
+
+@pytest.mark.zk
+def test_auth_revoke_never_echoes_a_token_and_create_refuses_unknown_queues(
+        zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
+    zk = ("--zk", zk_server.connection_string, "--root", zk_root)
+    secret = "S3cr3tS3cr3tS3cr3tS3cr3tS3cr3tS3cr3tS3cr3tA"
+    line = one_error_line(capsys, *zk, "auth", "revoke", f"ordq_0123abcd_{secret}")
+    assert "no token 0123abcd" in line and secret not in line  # the id inside a whole token
+    line = one_error_line(capsys, *zk, "auth", "revoke", f"{secret}")
+    assert "not a token id" in line and secret not in line
+    assert main([*zk, "group", "add", "g1"]) == 0
+    line = one_error_line(capsys, *zk, "auth", "create", "--role", "consume:nosuchqueue")
+    assert "no queue nosuchqueue" in line and "--allow-unknown-queue" in line
+    assert main([*zk, "auth", "create", "--role", "consume:nosuchqueue", "--allow-unknown-queue"]) == 0
+
+
+@pytest.mark.zk
+def test_a_bad_or_revoked_token_is_refused_at_once(zk_server, zk_root, tmp_path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import time
+
+    zk = ("--zk", zk_server.connection_string, "--root", zk_root)
+    assert main([*zk, "group", "add", "g1"]) == 0
+    assert main([*zk, "queue", "create", "q"]) == 0
+    capsys.readouterr()
+    assert main([*zk, "--json", "auth", "create", "--role", "admin"]) == 0  # tokens enforced from here
+    admin = tmp_path / "admin.token"
+    admin.write_text(json.loads(capsys.readouterr().out)["token"])
+    as_admin = (*zk, "--token-file", str(admin))
+    assert main([*as_admin, "auth", "create", "--role", "consume:q", "--name", "reader"]) == 0
+    reader = capsys.readouterr().out.splitlines()[0]
+    assert main([*as_admin, "queue", "list"]) == 0
+    capsys.readouterr()
+    assert main([*as_admin, "auth", "revoke", reader]) == 0
+    capsys.readouterr()
+    cases = {
+        "garbage": ("--token", "garbage"),
+        "revoked": ("--token", reader),
+        "none": (),
+    }
+    for why, token in cases.items():
+        for verb in (("queue", "list"), ("queue", "describe", "q"), ("produce", "q", "--count", "1"),
+                     ("consume", "q", "-s", "s1", "--count", "1")):
+            began = time.monotonic()
+            line = one_error_line(capsys, *zk, *token, *verb)
+            assert "permission denied" in line, (why, verb, line)
+            assert time.monotonic() - began < 5, (why, verb)
+    # nothing was created on the way: no subscription
+    with __import__("coordinator.store", fromlist=["ZkStore"]).ZkStore.connect(zk_server.connection_string,
+                                                                              zk_root) as store:
+        assert store.list_subscriptions("q") == []
+
+
+@pytest.mark.zk
+def test_a_wrong_zookeeper_credential_is_one_line_for_produce_and_consume(
+        zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
+    import contextlib
+
+    from coordinator.acl import AclIds
+    from coordinator.acl_client import protect
+    from coordinator.store import ZkStore
+
+    admin_auth = "ordq-admin:a-secret"
+    zk = ("--zk", zk_server.connection_string, "--root", zk_root)
+    admin = ZkStore.connect(zk_server.connection_string, zk_root, auth=admin_auth)
+    try:
+        admin.add_group("g1")
+        admin.create_queue("q", ["g1"])
+        protect(admin.client, zk_root, AclIds.of(admin_auth, "ordq-client:c-secret"))
+        for verb in (("produce", "q", "--count", "1"), ("consume", "q", "-s", "s1", "--count", "1")):
+            line = one_error_line(capsys, *zk, "--zk-auth", "ordq-admin:wrong", *verb)
+            assert "ZooKeeper refused access" in line, line
+    finally:
+        with contextlib.suppress(Exception):
+            admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
+        admin.close()
+
+
+def test_options_of_a_command_are_not_taken_for_abbreviated_global_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--to` (sub reset) is a prefix of the global --token and --token-file
+    [closed] = free_ports(1)
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.2", "sub", "reset", "q", "s",
+                          "--to", "seq", "1")
+    assert "cannot reach ZooKeeper" in line

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ordq.errors import ConfigError
@@ -36,6 +37,8 @@ def add_command(
     parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
     parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",
                         help="ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
+    parser.add_argument("--zk-auth-file", type=Path, default=argparse.SUPPRESS, metavar="PATH",
+                        help="read the ZooKeeper credential from this file")
     if func is not None:
         # daemon: a long-running process (logs INFO); admin: needs the admin role (open_store checks)
         parser.set_defaults(func=func, daemon=daemon, admin=admin)
@@ -142,6 +145,32 @@ def check_admin(store: Any, queue: str) -> None:
     root = store.paths.root
     if enforced(store.client, root):
         authorize(load_tokens(store.client, root), of_store(store).token, queue, "admin")
+
+
+def check_token(store: Any, queue: str = "*", role: str | None = None) -> None:
+    """The CLI's side of tokens for commands the brokers serve: while the cluster enforces
+    them, PermissionDenied unless the caller's token is a valid one with ``role`` (None: any
+    role) on ``queue`` (``*``: on some queue). Without it the brokers refuse every call, and
+    a reading command would print ``?`` in every column and exit 0, as if the replicas were
+    down."""
+    from coordinator.tokens import ANY, authorize, enforced, load_tokens
+    from ordq.errors import PermissionDenied
+    from ordq.security import of_store
+
+    root = store.paths.root
+    if not enforced(store.client, root):
+        return
+    records, token = load_tokens(store.client, root), of_store(store).token
+    scopes = [queue] if queue != "*" else ["*", *sorted({q for r in records.values() for q in r.grants})]
+    first: PermissionDenied | None = None
+    for scope in scopes:
+        try:
+            authorize(records, token, scope, role or ANY)
+            return
+        except PermissionDenied as exc:
+            first = first or exc
+    assert first is not None
+    raise first
 
 
 def local_zk_port(zk: str, default: int) -> int:

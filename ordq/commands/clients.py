@@ -15,7 +15,8 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds
+from coordinator.store import zk_errors
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, check_token, int_in, open_store, rate, seconds
 from ordq.errors import HandlerError
 from ordq.output import emit_json
 
@@ -48,7 +49,22 @@ def register(subparsers: Any) -> None:
                       help="keyed parallel delivery: N workers by key, per-key order only (docs/SDK.md)")
 
 
+def preflight(args: argparse.Namespace, role: str) -> None:
+    """What the CLI checks before the SDK starts, so that a command that cannot work says why
+    in one line at once: ZooKeeper answers within --zk-timeout (the SDK waits longer), the
+    queue exists, and the token may ``role`` on it (the brokers would refuse every call)."""
+    with open_store(args) as store:
+        store.queue_config(args.queue)  # QueueNotFound
+        check_token(store, args.queue, role)
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
+    preflight(args, "produce")
+    with zk_errors(args.zk):  # kazoo's own errors (a wrong --zk-auth) as one line
+        return _produce(args)
+
+
+def _produce(args: argparse.Namespace) -> int:
     from sdk import Producer, ProducerConfig
 
     cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
@@ -139,6 +155,12 @@ class _Interrupt:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    preflight(args, "consume")
+    with zk_errors(args.zk):
+        return _consume_command(args)
+
+
+def _consume_command(args: argparse.Namespace) -> int:
     from sdk import Consumer, ConsumerConfig
 
     cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,

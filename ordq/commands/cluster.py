@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
-from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus
+from ordq.errors import ConfigError, ExternalProcessError
+from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus, wipe_files
 from ordq.output import emit_json, table
-from ordq.security import credentials_path, unregister
+from ordq.security import credentials_path
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
 EXIT_UNHEALTHY = 3
@@ -42,6 +43,9 @@ def register(subparsers: Any) -> None:
     up.add_argument("--no-zk-acl", action="store_true",
                     help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin and "
                          "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
+    up.add_argument("--zk-tls", action="store_true",
+                    help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA (clients "
+                         "find that in the credentials file; each connect costs ~0.5 s more; docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -64,7 +68,10 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
     asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
-    asked = asked or args.no_zk_acl
+    asked = asked or args.no_zk_acl or args.zk_tls
+    if args.zk_tls and not fresh and not LocalCluster(args.dir).config.zk_tls:
+        raise ConfigError(f"the cluster in {args.dir} was started with a plaintext ZooKeeper: --zk-tls is for a new "
+                          f"cluster (ordq down --wipe --dir {args.dir} first)")
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
@@ -79,6 +86,9 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         tls=not args.insecure if fresh else saved.tls,
         tokens=not args.insecure if fresh else saved.tokens,
         zk_acl=saved.zk_acl and not args.no_zk_acl,
+        # TLS to ZooKeeper: asked for a new cluster; a cluster started before keeps what it had
+        # (its ZooKeeper and its clients must agree).
+        zk_tls=bool(args.zk_tls) if fresh else saved.zk_tls,
     )
 
 
@@ -109,7 +119,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"status page: {pages[0]} (every coordinator serves one)")
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
     creds = cluster.credentials
-    print(f"security: {'mutual TLS (CA ' + str(creds.ca_file) + ')' if creds.tls else 'plaintext (--insecure)'}, "
+    print(f"security: {'mutual TLS (CA ' + str(creds.ca_file) + ')' if creds.tls else 'plaintext (--insecure)'}"
+          f"{', ZooKeeper over TLS' if creds.zk_tls else ''}, "
           f"{'an admin token' if creds.token else 'no tokens'}; registered for {cluster.zk_hosts}{cluster.root} "
           f"in {credentials_path()} (docs/SECURITY.md)")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
@@ -120,14 +131,19 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     if not LocalCluster.exists(args.dir):
+        # No state file: nothing of a cluster runs from here, but a start that failed in an
+        # older version (or a crash) may have left its files; --wipe deletes those too.
+        wiped = wipe_leftovers(args.dir) if args.wipe else []
         if wants_json(args):
-            emit_json({"dir": str(args.dir), "stopped": [], "wiped": False})
+            emit_json({"dir": str(args.dir), "stopped": [], "wiped": bool(wiped)})
+        elif wiped:
+            print(f"no local cluster in {args.dir}: nothing to stop; deleted what one left: {', '.join(wiped)}")
         else:
             print(f"no local cluster in {args.dir}: nothing to stop")
         return 0
     cluster = LocalCluster.load(args.dir)
     stopped = cluster.stop()
-    unregister(cluster.zk_hosts, cluster.root)  # `ordq up` registers it again
+    cluster.unregister()  # `ordq up` registers it again; another cluster's entry there stays
     if args.wipe:
         cluster.destroy()
     if wants_json(args):
@@ -137,6 +153,17 @@ def cmd_down(args: argparse.Namespace) -> int:
         kept = "data wiped" if args.wipe else "data kept (ordq up resumes it; ordq down --wipe deletes it)"
         print(f"local cluster in {cluster.folder}: {what}; {kept}")
     return 0
+
+
+def wipe_leftovers(folder: Path) -> list[str]:
+    """``wipe_files`` for a folder without a cluster state file, unless a ZooKeeper it holds
+    still runs (then the caller stops it first: ordq zk stop)."""
+    from ordq.zk_server import CONFIG_FILE, ZkServer
+
+    zk = folder / "zk"
+    if (zk / CONFIG_FILE).exists() and any(p.alive() for p in ZkServer.load(zk).processes):
+        raise ExternalProcessError(f"a ZooKeeper still runs from {zk}: stop it first (ordq zk stop --dir {zk})")
+    return wipe_files(folder)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

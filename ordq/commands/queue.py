@@ -17,7 +17,16 @@ from coordinator.store import (
     ROLL_TO,
     QueueConfig,
 )
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, byte_size, duration, int_in, open_store, wants_json
+from ordq.commands import (
+    MAX_PAYLOAD_BYTES,
+    add_command,
+    byte_size,
+    check_token,
+    duration,
+    int_in,
+    open_store,
+    wants_json,
+)
 from ordq.errors import ConfigError
 from ordq.output import emit_json, table
 from ordq.units import format_duration, format_size
@@ -213,6 +222,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     views, corrupt = [], []  # corrupt: one line per queue whose state does not parse
     with open_store(args) as store, ReplicaReader(store) as reader:
+        check_token(store)
         for q in store.list_queues():
             try:
                 views.append(describe_queue(store, reader, q))
@@ -236,6 +246,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, describe_queue
 
     with open_store(args) as store, ReplicaReader(store) as reader:
+        check_token(store, args.queue)
         view = describe_queue(store, reader, args.queue)
     if wants_json(args):
         emit_json(view.to_dict())

@@ -9,6 +9,7 @@ Same options, output and exit codes as ``python -m spark_order_check``: 0 clean,
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any
 
 from ordq.commands import add_command, duration, int_in
@@ -53,6 +54,11 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    # PySpark is an optional extra: say so in one line instead of a ModuleNotFoundError
+    # traceback from deep inside the verifier.
+    if importlib.util.find_spec("pyspark") is None:
+        return failed("ordq verify", ConfigError(
+            "ordq verify needs PySpark and Java 17+: pip install 'ordq[spark]' (docs/VERIFIER.md)"))
     if args.follow is None:
         return run(args, prog="ordq verify")
     return _follow(args)

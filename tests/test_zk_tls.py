@@ -1,0 +1,78 @@
+"""ZooKeeper over TLS (issue 24): a server with a certificate of the cluster CA serves clients
+on its TLS port only and requires theirs; every ordq client (``new_client``) finds the TLS
+settings of the address; readiness and status still ask ``srvr`` (over TLS), and no other
+four-letter word is answered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+
+from coordinator.store import ZkStore
+from ordq.security import ensure_pki, remember_zk_tls, zk_tls_options
+from ordq.zk_server import ZkServer, four_letter_word, server_mode
+
+pytestmark = pytest.mark.zk
+
+
+def test_zookeeper_serves_tls_only_and_ordq_clients_find_it(tmp_path: Path,
+                                                            make_zk: Callable[..., ZkServer]) -> None:
+    server_tls, client_tls = ensure_pki(tmp_path / "tls")
+    zk = make_zk(tls=server_tls)
+    zk.start(timeout_s=60)
+    port = zk.specs[0].client_port
+    assert server_mode(port, server_tls) == "standalone"
+    assert "not in the whitelist" in four_letter_word(port, "cons", tls=client_tls)
+    assert ZkServer.load(zk.folder).tls == server_tls  # another process finds how to ask it
+
+    # A client without TLS gets no session.
+    plain = KazooClient(hosts=zk.connection_string, timeout=2.0)
+    try:
+        with pytest.raises(KazooTimeoutError):
+            plain.start(timeout=2.0)
+    finally:
+        plain.stop()
+        plain.close()
+
+    # ordq's clients: TLS once the address is known as TLS (remembered here; from the
+    # credentials file in other processes).
+    assert zk_tls_options(zk.connection_string) == {}
+    remember_zk_tls(zk.connection_string, attrs.evolve(client_tls, zk_tls=True))
+    assert zk_tls_options(zk.connection_string)["use_ssl"] is True
+    with ZkStore.connect(zk.connection_string, "/tls-test", timeout_s=10) as store:
+        store.add_group("g1")
+        assert store.list_groups() == ["g1"]
+
+
+def test_a_local_cluster_with_zookeeper_over_tls_serves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+    import sys
+
+    from ordq.cli import main
+    from ordq.local_cluster import ClusterConfig, LocalCluster
+
+    # 2 s sessions: a TLS connect takes ~0.5 s, more under load (see ClusterConfig.zk_tls)
+    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1, zk_tls=True,
+                                                         session_timeout_s=2.0))
+    try:
+        cluster.start()
+        assert "secureClientPort" in (tmp_path / "c" / "zk" / "node0" / "zoo.cfg").read_text()
+        zk = ("--zk", cluster.zk_hosts, "--root", cluster.root)
+        assert main([*zk, "queue", "create", "q"]) == 0
+        assert main([*zk, "produce", "q", "--count", "5"]) == 0
+        assert main([*zk, "consume", "q", "-s", "s", "--count", "5", "--quiet"]) == 0
+        assert "delivered 5 messages" in capsys.readouterr().err
+        # another process finds ZooKeeper's TLS in the credentials file (status asks srvr over TLS)
+        res = subprocess.run([sys.executable, "-m", "ordq.cli", "status", "--dir", str(tmp_path / "c")],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        res = subprocess.run([sys.executable, "-m", "ordq.cli", *zk, "queue", "list"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
+    finally:
+        cluster.destroy()
