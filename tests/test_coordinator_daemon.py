@@ -140,9 +140,10 @@ def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -
     consumer.join(timeout_s=DEADLINE_S)
     readable_s = time.monotonic() - restarted
     assert [d.seq for d in consumer.delivered] == list(range(100))
-    st = cluster.state()
-    sealed = st.segment(was_open.seg)
-    assert sealed is not None and sealed.status is SegStatus.SEALED and sealed.last_seq == 99, st
+    # (the consumer may read the replicas' sealed end before the seal's CAS lands in ZooKeeper)
+    st = cluster.wait_state(lambda s: (x := s.segment(was_open.seg)) is not None and x.status is SegStatus.SEALED,
+                            timeout_s=DEADLINE_S, what="the segment held open sealed")
+    assert st.segment(was_open.seg).last_seq == 99, st  # type: ignore[union-attr]
     assert st.open_segment is not None and st.open_segment.seg > was_open.seg  # writable again
     print(f"all 100 acked messages read {readable_s:.2f}s after the cluster restarted, with no producer")
 
