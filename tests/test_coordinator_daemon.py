@@ -125,6 +125,8 @@ def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -
     before = cluster.state()
     was_open = before.open_segment
     assert was_open is not None and all(s.last_seq != 99 for s in before.consume), before  # 99 is in it
+    head_master = cluster.groups[was_open.gid].master
+    assert not cluster.transport.segment_info(head_master.address or "", "q", was_open.seg).frozen
 
     daemon.stop()  # `ordq down`: coordinators and every broker
     for group in cluster.groups.values():
@@ -133,6 +135,8 @@ def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -
         group.start()
     cluster.wait_live("g1", "g2")
     restarted = time.monotonic()
+    # the restarted master says it will never write the segment it held open
+    assert cluster.transport.segment_info(head_master.address or "", "q", was_open.seg).frozen
     cluster.start_daemon("coordinator-2")
 
     consumer = cluster.consumer(until=99)
