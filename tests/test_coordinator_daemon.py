@@ -125,6 +125,8 @@ def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -
     before = cluster.state()
     was_open = before.open_segment
     assert was_open is not None and all(s.last_seq != 99 for s in before.consume), before  # 99 is in it
+    head_master = cluster.groups[was_open.gid].master
+    assert not cluster.transport.segment_info(head_master.address or "", "q", was_open.seg).frozen
 
     daemon.stop()  # `ordq down`: coordinators and every broker
     for group in cluster.groups.values():
@@ -133,6 +135,8 @@ def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -
         group.start()
     cluster.wait_live("g1", "g2")
     restarted = time.monotonic()
+    # the restarted master says it will never write the segment it held open
+    assert cluster.transport.segment_info(head_master.address or "", "q", was_open.seg).frozen
     cluster.start_daemon("coordinator-2")
 
     consumer = cluster.consumer(until=99)
@@ -140,9 +144,10 @@ def test_restart_of_the_whole_cluster_hides_no_acked_message(cluster: Cluster) -
     consumer.join(timeout_s=DEADLINE_S)
     readable_s = time.monotonic() - restarted
     assert [d.seq for d in consumer.delivered] == list(range(100))
-    st = cluster.state()
-    sealed = st.segment(was_open.seg)
-    assert sealed is not None and sealed.status is SegStatus.SEALED and sealed.last_seq == 99, st
+    # (the consumer may read the replicas' sealed end before the seal's CAS lands in ZooKeeper)
+    st = cluster.wait_state(lambda s: (x := s.segment(was_open.seg)) is not None and x.status is SegStatus.SEALED,
+                            timeout_s=DEADLINE_S, what="the segment held open sealed")
+    assert st.segment(was_open.seg).last_seq == 99, st  # type: ignore[union-attr]
     assert st.open_segment is not None and st.open_segment.seg > was_open.seg  # writable again
     print(f"all 100 acked messages read {readable_s:.2f}s after the cluster restarted, with no producer")
 
