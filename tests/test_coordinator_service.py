@@ -234,3 +234,46 @@ def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(clust
     stored = [parse_payload(m.payload) for raw in res.batches for m in decode_batch(raw)[1]]
     assert [(p.seq, p.writer) for p in stored] == [(i, "P") for i in range(200)]
     assert stats["refused"].get("EpochNotIssued", 0) >= 1 and stats["epoch_key_refusals"] >= 1, stats
+
+
+def test_consumer_calls_subscribe_commit_pop_and_the_parking_queue(cluster: Cluster) -> None:
+    from coordinator.state import Cursor
+    from ordq.errors import AlreadyExists, ConflictError, IllegalTransition, NotLeader
+
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    with CoordinatorClient(cluster.store, credentials=cluster.credentials) as client:
+        cursor, starts_at = client.subscribe("q", "s", ["earliest"])
+        assert cursor == cluster.store.get_cursor("q", "s")[0] and starts_at is None
+        with pytest.raises(AlreadyExists):
+            client.subscribe("q", "s")
+        path = cluster.paths.sub_leader("q", "s")
+        holder = cluster.store.client.Lock(path, "consumer-1")
+        assert holder.acquire(timeout=10)
+        # a second contender, waiting behind the holder
+        standby = cluster.store.client.create(f"{path}/standby__lock__", b"consumer-2", ephemeral=True, sequence=True)
+        try:
+            _, version = cluster.store.get_cursor("q", "s")
+            ahead = Cursor(seg=cursor.seg, offset=5, last_seq=4)
+            # only the holder of the election commits
+            nodes = cluster.store.client.get_children(path)
+            other = next(n for n in nodes if n != holder.node)
+            assert standby.endswith(other)
+            with pytest.raises(NotLeader):
+                client.commit("q", "s", ahead, version, f"{path}/{other}")
+            v2 = client.commit("q", "s", ahead, version, f"{path}/{holder.node}")
+            assert cluster.store.get_cursor("q", "s") == (ahead, v2)
+            with pytest.raises(ConflictError):  # a stale version
+                client.commit("q", "s", ahead, version, f"{path}/{holder.node}")
+            with pytest.raises(IllegalTransition):  # never backward
+                client.commit("q", "s", cursor, v2, f"{path}/{holder.node}")
+            with pytest.raises(IllegalTransition):  # never past the consume list
+                client.commit("q", "s", Cursor(seg=99, offset=0, last_seq=4), v2, f"{path}/{holder.node}")
+            assert cluster.store.get_cursor("q", "s") == (ahead, v2)
+        finally:
+            cluster.store.client.delete(standby)
+            holder.release()
+        assert client.pop("q").queue == "q"  # nothing to pop: the state as it is
+        assert client.ensure_parking_queue("q", "s") == "q.parked.s"
+        assert cluster.store.load_state("q.parked.s")[0].groups == ("g1",)
+        assert client.ensure_parking_queue("q", "s") == "q.parked.s"  # there already
