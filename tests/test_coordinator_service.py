@@ -38,11 +38,12 @@ def leader_now(cluster: Cluster) -> str:
     return leader_address(cluster.store.client, cluster.paths.coordinator_leader)
 
 
-def elected(cluster: Cluster, address: str) -> None:
-    """Wait until the coordinator at ``address`` leads and answers (a Pop of queue q)."""
-    wait_until(lambda: leader_now(cluster) == address, timeout_s=30, interval_s=0.05, what=f"{address} elected")
+def elected(cluster: Cluster) -> str:
+    """Wait until a coordinator leads and answers (a Pop of queue q); its address."""
+    address = wait_until(lambda: leader_now(cluster), timeout_s=30, interval_s=0.05, what="a coordinator elected")
     with CoordinatorClient(cluster.store, credentials=cluster.credentials) as c:
         wait_until(lambda: c.pop("q") is not None, timeout_s=30, interval_s=0.05, what="the leader answers")
+    return address
 
 
 def lead_producer_election(cluster: Cluster, ident: str = "P") -> object:
@@ -53,9 +54,8 @@ def lead_producer_election(cluster: Cluster, ident: str = "P") -> object:
 
 def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
-    cluster.create_queue("q")
-    _, address = coordinator(cluster, "coordinator-1")
-    elected(cluster, address)
+    cluster.create_queue("q")  # starts coordinator-0
+    elected(cluster)
     lock = lead_producer_election(cluster)
     client = CoordinatorClient(cluster.store, credentials=cluster.credentials)
     try:
@@ -99,9 +99,8 @@ def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
 
 def test_a_follower_names_the_leader(cluster: Cluster) -> None:
     cluster.add_groups("g1")
-    cluster.create_queue("q")
-    _, first = coordinator(cluster, "coordinator-1")
-    elected(cluster, first)
+    cluster.create_queue("q")  # starts coordinator-0, which leads
+    first = elected(cluster)
     _, second = coordinator(cluster, "coordinator-2")
     creds = ensure_coordinator_pki(cluster.base / "tls")
     ch = channel(second, cluster.credentials, ())
