@@ -88,7 +88,7 @@ class EpochGate:
             if not key_matches(digest, key):
                 with self._lock:
                     self.key_refusals += 1
-                raise EpochNotIssued(queue, claimed, current)
+                raise EpochNotIssued(queue, claimed, current, key_mismatch=True)
             known = self._known.get(queue)
             if known is not None and known[1:3] == (current, digest):
                 self._verified(queue, known, key)

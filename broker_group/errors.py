@@ -66,7 +66,7 @@ def _fenced(f: dict[str, Any]) -> OrdqError:
 
 
 def _not_issued(f: dict[str, Any]) -> OrdqError:
-    return EpochNotIssued(f["queue"], f["epoch"], f["current_epoch"])
+    return EpochNotIssued(f["queue"], f["epoch"], f["current_epoch"], key_mismatch=bool(f.get("key_mismatch")))
 
 
 def _not_writable(f: dict[str, Any]) -> OrdqError:
@@ -170,7 +170,8 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
     if isinstance(exc, FencedError):
         return "fenced", {"queue": exc.queue, "epoch": exc.epoch, "current_epoch": exc.current_epoch}
     if isinstance(exc, EpochNotIssued):
-        return "epoch_not_issued", {"queue": exc.queue, "epoch": exc.epoch, "current_epoch": exc.current_epoch}
+        return "epoch_not_issued", {"queue": exc.queue, "epoch": exc.epoch, "current_epoch": exc.current_epoch,
+                                    "key_mismatch": getattr(exc, "key_mismatch", False)}
     if isinstance(exc, SegmentNotWritable):
         return "not_writable", {"address": exc.address, "queue": exc.queue, "seg": exc.seg, "why": exc.why}
     if isinstance(exc, BrokerUnavailable):

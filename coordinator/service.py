@@ -85,7 +85,7 @@ def check_epoch_key(st: QueueState, epoch: int, key: str) -> None:
     if epoch > st.producer_epoch:
         raise EpochNotIssued(st.queue, epoch, st.producer_epoch)
     if st.producer_key is not None and not hmac.compare_digest(key_hash(key), st.producer_key):
-        raise EpochNotIssued(st.queue, epoch, st.producer_epoch)
+        raise EpochNotIssued(st.queue, epoch, st.producer_epoch, key_mismatch=True)
 
 
 def lock_contenders(store: ZkStore, path: str) -> list[str]:

@@ -198,12 +198,18 @@ class FencedError(OrdqError):
 
 class EpochNotIssued(OrdqError):
     """A broker refused a write or fence claiming a producer epoch above the one ZooKeeper
-    holds for the queue: no election issued it (a hand-made or buggy client). Nothing was
-    stored and the real leader is not fenced."""
+    holds for the queue: no election issued it (a hand-made or buggy client); or the current
+    epoch without the key its claim was issued with (``key_mismatch``: another identity).
+    Nothing was stored and the real leader is not fenced."""
 
-    def __init__(self, queue: str, epoch: int, current_epoch: int) -> None:
-        super().__init__(f"queue {queue!r}: producer epoch {epoch} was never issued (ZooKeeper holds epoch "
-                         f"{current_epoch}); refused, nothing stored")
+    def __init__(self, queue: str, epoch: int, current_epoch: int, *, key_mismatch: bool = False) -> None:
+        if key_mismatch:
+            super().__init__(f"queue {queue!r}: producer epoch {epoch} was not issued to this caller (its epoch "
+                             "key is missing or wrong); refused, nothing stored")
+        else:
+            super().__init__(f"queue {queue!r}: producer epoch {epoch} was never issued (ZooKeeper holds epoch "
+                             f"{current_epoch}); refused, nothing stored")
+        self.key_mismatch = key_mismatch
         self.queue = queue
         self.epoch = epoch
         self.current_epoch = current_epoch

@@ -49,7 +49,7 @@ from coordinator.store import ZkStore
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
-from ordq.security import Credentials, ensure_pki, register, remember_zk_tls, unregister
+from ordq.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls, unregister
 from ordq.zk_server import ZkServer
 
 STATE_FILE = "ordq-cluster.json"
@@ -171,11 +171,15 @@ class LocalCluster:
             for member in group.members:  # same interpreter as the one that started them
                 member.proc.argv = (self.python, *member.proc.argv[1:])
             self.groups[gid] = group
+        # Coordinators serve the Coordinator service and call brokers with their own certificate.
+        coord_tls = ensure_coordinator_pki(self.folder / "tls", create=False)
+        tls_args = (["--tls-cert", str(coord_tls.cert_file), "--tls-key", str(coord_tls.key_file),
+                     "--tls-ca", str(coord_tls.ca_file)] if self.config.tls else ["--insecure"])
         self.coordinators = [
             ManagedProcess(
                 f"coordinator-{i + 1}",
                 [self.python, "-m", "ordq.cli", "--zk", hosts, "--root", self.config.root,
-                 "coordinator", "run", "--metrics", "127.0.0.1:0"],
+                 "coordinator", "run", "--metrics", "127.0.0.1:0", *tls_args],
                 run_dir=self.folder / "coordinators",
             )
             for i in range(self.config.coordinators)
@@ -327,6 +331,7 @@ class LocalCluster:
         self._save()
         if self.config.tls:
             ensure_pki(self.folder / "tls")
+            ensure_coordinator_pki(self.folder / "tls")  # a folder from before coordinators had one: made now
         # The cluster's own processes find its credentials in the folder's file from the start
         # (ORDQ_CREDENTIALS in their environment); the user's file gets the entry only once
         # everything serves, so a start that fails (a port another cluster holds) never

@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import attrs
-from coordinator.client import CoordinatorClient
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
+from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Segment, SegStatus
 from coordinator.store import ZkStore, new_client

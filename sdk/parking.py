@@ -42,9 +42,8 @@ from sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parkin
 from sdk.keyed import worker_of
 
 if TYPE_CHECKING:
-    from coordinator.client import CoordinatorClient
-
     from broker_group.log import Message
+    from coordinator.client import CoordinatorClient
     from coordinator.store import ZkStore
     from sdk.audit import AuditWriter
     from sdk.consumer import ConsumerConfig, Delivered

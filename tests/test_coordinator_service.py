@@ -38,11 +38,12 @@ def leader_now(cluster: Cluster) -> str:
     return leader_address(cluster.store.client, cluster.paths.coordinator_leader)
 
 
-def elected(cluster: Cluster, address: str) -> None:
-    """Wait until the coordinator at ``address`` leads and answers (a Pop of queue q)."""
-    wait_until(lambda: leader_now(cluster) == address, timeout_s=30, interval_s=0.05, what=f"{address} elected")
+def elected(cluster: Cluster) -> str:
+    """Wait until a coordinator leads and answers (a Pop of queue q); its address."""
+    address = wait_until(lambda: leader_now(cluster), timeout_s=30, interval_s=0.05, what="a coordinator elected")
     with CoordinatorClient(cluster.store, credentials=cluster.credentials) as c:
         wait_until(lambda: c.pop("q") is not None, timeout_s=30, interval_s=0.05, what="the leader answers")
+    return address
 
 
 def lead_producer_election(cluster: Cluster, ident: str = "P") -> object:
@@ -53,9 +54,8 @@ def lead_producer_election(cluster: Cluster, ident: str = "P") -> object:
 
 def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
-    cluster.create_queue("q")
-    _, address = coordinator(cluster, "coordinator-1")
-    elected(cluster, address)
+    cluster.create_queue("q")  # starts coordinator-0
+    elected(cluster)
     lock = lead_producer_election(cluster)
     client = CoordinatorClient(cluster.store, credentials=cluster.credentials)
     try:
@@ -99,9 +99,8 @@ def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
 
 def test_a_follower_names_the_leader(cluster: Cluster) -> None:
     cluster.add_groups("g1")
-    cluster.create_queue("q")
-    _, first = coordinator(cluster, "coordinator-1")
-    elected(cluster, first)
+    cluster.create_queue("q")  # starts coordinator-0, which leads
+    first = elected(cluster)
     _, second = coordinator(cluster, "coordinator-2")
     creds = ensure_coordinator_pki(cluster.base / "tls")
     ch = channel(second, cluster.credentials, ())
@@ -148,14 +147,23 @@ def test_killing_the_leading_coordinator_during_a_failover_stalls_the_producer_a
     wait_acked(producer, n // 4)
     leader = coordinator_at(cluster, leader_now(cluster))
     head = cluster.head()
-    acked = len(producer.acked)
     # The head's master and the leading coordinator die together: the producer's failover
     # needs the coordinator, so it waits for the standby's election (1 s sessions here).
     started = time.monotonic()
+    leader.kill()  # type: ignore[attr-defined]  # first: the failover must find it gone
     head.master.kill()
-    leader.kill()  # type: ignore[attr-defined]
-    wait_until(lambda: len(producer.acked) > acked + 100 or producer.error is not None, timeout_s=60,
-               interval_s=0.01, what="acks after the failover")
+    failed_over = 0
+
+    def moved_on() -> bool:
+        nonlocal failed_over
+        stats = producer.statistics()
+        if producer.error is not None:
+            return True
+        if not failed_over and stats is not None and stats.failovers >= 1 and stats.head != head.gid:
+            failed_over = len(producer.acked)
+        return bool(failed_over) and len(producer.acked) > failed_over
+
+    wait_until(moved_on, timeout_s=60, interval_s=0.01, what="acks on the new head")
     stall = time.monotonic() - started
     print(f"producer stalled {stall:.2f}s (coordinator session 1 s, broker session 1 s, send timeout 1 s)")
     assert producer.error is None, producer.error
@@ -225,3 +233,46 @@ def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(clust
     stored = [parse_payload(m.payload) for raw in res.batches for m in decode_batch(raw)[1]]
     assert [(p.seq, p.writer) for p in stored] == [(i, "P") for i in range(200)]
     assert stats["refused"].get("EpochNotIssued", 0) >= 1 and stats["epoch_key_refusals"] >= 1, stats
+
+
+def test_consumer_calls_subscribe_commit_pop_and_the_parking_queue(cluster: Cluster) -> None:
+    from coordinator.state import Cursor
+    from ordq.errors import AlreadyExists, ConflictError, IllegalTransition, NotLeader
+
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    with CoordinatorClient(cluster.store, credentials=cluster.credentials) as client:
+        cursor, starts_at = client.subscribe("q", "s", ["earliest"])
+        assert cursor == cluster.store.get_cursor("q", "s")[0] and starts_at is None
+        with pytest.raises(AlreadyExists):
+            client.subscribe("q", "s")
+        path = cluster.paths.sub_leader("q", "s")
+        holder = cluster.store.client.Lock(path, "consumer-1")
+        assert holder.acquire(timeout=10)
+        # a second contender, waiting behind the holder
+        standby = cluster.store.client.create(f"{path}/standby__lock__", b"consumer-2", ephemeral=True, sequence=True)
+        try:
+            _, version = cluster.store.get_cursor("q", "s")
+            ahead = Cursor(seg=cursor.seg, offset=5, last_seq=4)
+            # only the holder of the election commits
+            nodes = cluster.store.client.get_children(path)
+            other = next(n for n in nodes if n != holder.node)
+            assert standby.endswith(other)
+            with pytest.raises(NotLeader):
+                client.commit("q", "s", ahead, version, f"{path}/{other}")
+            v2 = client.commit("q", "s", ahead, version, f"{path}/{holder.node}")
+            assert cluster.store.get_cursor("q", "s") == (ahead, v2)
+            with pytest.raises(ConflictError):  # a stale version
+                client.commit("q", "s", ahead, version, f"{path}/{holder.node}")
+            with pytest.raises(IllegalTransition):  # never backward
+                client.commit("q", "s", cursor, v2, f"{path}/{holder.node}")
+            with pytest.raises(IllegalTransition):  # never past the consume list
+                client.commit("q", "s", Cursor(seg=99, offset=0, last_seq=4), v2, f"{path}/{holder.node}")
+            assert cluster.store.get_cursor("q", "s") == (ahead, v2)
+        finally:
+            cluster.store.client.delete(standby)
+            holder.release()
+        assert client.pop("q").queue == "q"  # nothing to pop: the state as it is
+        assert client.ensure_parking_queue("q", "s") == "q.parked.s"
+        assert cluster.store.load_state("q.parked.s")[0].groups == ("g1",)
+        assert client.ensure_parking_queue("q", "s") == "q.parked.s"  # there already

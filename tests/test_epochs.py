@@ -43,3 +43,49 @@ def test_the_gate_agrees_with_zookeeper_and_reads_it_only_on_a_new_claim(steps: 
     for _ in range(100):
         gate.check("q", zk["q"])
     assert gate.lookups == n
+
+
+def _hash(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_a_write_needs_the_key_issued_with_the_epoch_and_the_hot_path_neither_reads_nor_hashes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    zk = {"q": (3, _hash("secret"))}
+    gate = EpochGate(lambda q: zk[q])
+    for wrong in ("", "guess", "secret "):
+        with pytest.raises(EpochNotIssued):
+            gate.check("q", 3, wrong)
+    assert gate.key_refusals == 3
+    gate.check("q", 3, "secret")
+    gate.check("q", 3)  # a control call (Fence): no key to check, the certificate gate decides
+    n = gate.lookups
+    import broker_group.epochs as epochs
+
+    def no_hashing(*_a: object) -> bool:
+        raise AssertionError("hashed on the hot path")
+
+    monkeypatch.setattr(epochs, "key_matches", no_hashing)
+    for _ in range(100):
+        assert gate.knows("q", 3, "secret")
+        gate.check("q", 3, "secret")
+    assert gate.lookups == n
+    monkeypatch.undo()
+    # a new claim binds a new key: once a write of it was seen (the cache is a shortcut; the
+    # new leader's Fence is what stops the old one), the old epoch and key are refused
+    zk["q"] = (4, _hash("next"))
+    with pytest.raises(EpochNotIssued):
+        gate.check("q", 4, "secret")
+    gate.check("q", 4, "next")
+    with pytest.raises(FencedError):
+        gate.check("q", 3, "secret")
+
+
+def test_state_from_before_keys_lets_any_key_pass() -> None:
+    gate = EpochGate(lambda q: (2, None))
+    gate.check("q", 2, "")
+    gate.check("q", 2, "anything")
+    with pytest.raises(EpochNotIssued):
+        gate.check("q", 3, "")

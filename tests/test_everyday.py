@@ -198,7 +198,7 @@ def test_max_message_bytes_is_enforced_by_the_producer_and_the_broker(cluster: C
         assert head is not None
         master = cluster.store.live_members(head.gid)["master"].address
         batch = encode_batch([Message(b"z" * 300, None, (), 0)], epoch=st.producer_epoch, first_seq=2)
-        stream = cluster.transport.open_produce(master, "small", head.seg, st.producer_epoch)
+        stream = cluster.transport.open_produce(master, "small", head.seg, st.producer_epoch, p._epoch_key)
         try:
             stream.send([batch])
             with pytest.raises(MessageTooLarge, match="300 bytes exceeds the limit of 100"):

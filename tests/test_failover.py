@@ -176,7 +176,9 @@ def test_head_master_hung_then_resumed(cluster: Cluster) -> None:
     st = cluster.state()
     # Fenced: the resumed master refuses any further write to its old segment.
     batch = encode_batch([Message(payload=b"late")], epoch=st.producer_epoch, first_seq=N)
-    stream = cluster.transport.open_produce(address, "q", seg0, st.producer_epoch)
+    # with the producer's own epoch key (the claim's secret): refused for the segment, not the key
+    key = producer._producer._epoch_key if producer._producer is not None else ""
+    stream = cluster.transport.open_produce(address, "q", seg0, st.producer_epoch, key)
     try:
         stream.send([batch])
         with pytest.raises(OrdqError) as refused:
