@@ -20,8 +20,9 @@
   (``tests.helpers.produce`` / ``consume``).
 
 Producers ask the coordinator service for their epoch, failovers and rolls (issue 23), so
-``create_queue`` starts one coordinator process (``coordinator``) unless the test already
-runs one; more can be started with ``start_daemon``.
+``create_queue`` starts one coordinator process (``coordinator-0``) unless the test already
+runs one. A test that starts its own (``start_daemon``) gets only its own: the stand-in is
+stopped (cleanly, so the election moves at once) as soon as the first of them is ready.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Cluster:
         self.transport = GrpcTransport(credentials=self.credentials)
         self._threads: list[LoadProducer | LoadConsumer] = []
         self.coordinators: list[ManagedProcess] = []
+        self._stand_in: ManagedProcess | None = None  # started by create_queue, until the test starts its own
 
     # -- brokers -------------------------------------------------------------------------------
 
@@ -122,7 +124,7 @@ class Cluster:
         st = self.store.create_queue(queue, groups if groups is not None else list(self.groups))
         assert st.open_segment is not None, f"queue {queue} not writable after create: {st}"
         if not any(p.alive() for p in self.coordinators):
-            self.start_daemon("coordinator-0")
+            self._stand_in = self.start_daemon("coordinator-0")
         return st
 
     def state(self, queue: str = "q") -> QueueState:
@@ -213,6 +215,9 @@ class Cluster:
                                  "--session-timeout", str(session_timeout_s)])
         proc.wait_for_line("READY", timeout_s=30)
         self.coordinators.append(proc)
+        stand_in, self._stand_in = self._stand_in, None
+        if stand_in is not None and stand_in.alive():
+            stand_in.stop()
         return proc
 
     def lock_contenders(self, path: str) -> list[str]:

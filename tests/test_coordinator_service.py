@@ -140,7 +140,8 @@ def test_killing_the_leading_coordinator_during_a_failover_stalls_the_producer_a
 
     n = 16_000
     cluster.add_groups("g1", "g2")
-    cluster.create_queue("q")  # starts coordinator-0
+    cluster.create_queue("q")
+    cluster.start_daemon("coordinator-1")  # the harness's stand-in stops: these two are the coordinators
     cluster.start_daemon("coordinator-2")
     wait_until(lambda: leader_now(cluster) != "", timeout_s=30, interval_s=0.05, what="a coordinator elected")
     producer, consumer = start_load(cluster, n)
@@ -276,3 +277,38 @@ def test_consumer_calls_subscribe_commit_pop_and_the_parking_queue(cluster: Clus
         assert client.ensure_parking_queue("q", "s") == "q.parked.s"
         assert cluster.store.load_state("q.parked.s")[0].groups == ("g1",)
         assert client.ensure_parking_queue("q", "s") == "q.parked.s"  # there already
+
+
+def test_a_refusal_is_final_for_the_producer(cluster: Cluster) -> None:
+    """A broker's PermissionDenied (the producer's token revoked) fails what is pending and
+    every later send with it at once: no failover, no seal, no new segment."""
+    import attrs
+
+    from coordinator.tokens import create_token, revoke_token, token_id, touch
+    from ordq.security import register
+    from sdk import BatchingConfig, Producer, ProducerConfig
+
+    cluster.add_groups("g1", "g2")
+    client, root = cluster.store.client, cluster.root
+    _, admin = create_token(client, root, {"*": ["admin"]}, "admin")
+    _, token = create_token(client, root, {"q": ["produce"]}, "producer")
+    touch(client, root)
+    register(cluster.hosts, root, attrs.evolve(cluster.credentials, token=admin))
+    cluster.create_queue("q")
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=root, queue="q", batching=BatchingConfig(linger_ms=1.0),
+                         credentials=attrs.evolve(cluster.credentials, token=token))
+    with Producer(cfg) as producer:
+        producer.send(b"before").result(30)
+        before = cluster.state()
+        revoke_token(client, root, token_id(token))
+        touch(client, root)
+        # the brokers reload tokens on the change (a watch): sends pass until they have
+        deadline = time.monotonic() + 30
+        with pytest.raises(PermissionDenied):
+            while time.monotonic() < deadline:
+                producer.send(b"after").result(30)
+        with pytest.raises(PermissionDenied):
+            producer.send(b"later")
+        assert producer.statistics().failovers == 0
+    after = cluster.state()
+    assert (after.send, after.consume, after.producer_epoch) == (before.send, before.consume, before.producer_epoch)
