@@ -48,12 +48,13 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
                 procs.append(d)
                 assert d.stdout is not None
                 metrics_line = d.stdout.readline().split()
+                assert d.stdout.readline().startswith("SERVING")  # its coordinator service
                 assert d.stdout.readline().startswith("READY")
                 daemons.append((d, metrics_line[1]))
 
             election = Election(store.client, store.paths.coordinator_leader)
             leader_ident = wait_until(lambda: (election.contenders() or [None])[0], what="a leader")
-            leader = next(d for d, _ in daemons if leader_ident.endswith(f"-{d.pid}"))
+            leader = next(d for d, _ in daemons if leader_ident.split("@")[0].endswith(f"-{d.pid}"))
             standby_url = next(url for d, url in daemons if d is not leader)
 
             # 1. head g1 loses its processes: the daemon fails over to g2 at once
