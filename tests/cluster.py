@@ -20,7 +20,7 @@
   (``tests.helpers.produce`` / ``consume``).
 
 Producers ask the coordinator service for their epoch, failovers and rolls (issue 23), so
-``create_queue`` starts one coordinator process (``coordinator-0``) unless the test already
+``add_groups`` starts one coordinator process (``coordinator-0``) unless the test already
 runs one. A test that starts its own (``start_daemon``) gets only its own: the stand-in is
 stopped (cleanly, so the election moves at once) as soon as the first of them is ready.
 """
@@ -109,6 +109,8 @@ class Cluster:
             self.groups[gid] = group
             group.start()
         self.wait_live(*gids)
+        if not any(p.alive() for p in self.coordinators):
+            self._stand_in = self.start_daemon("coordinator-0")
 
     def wait_live(self, *gids: str, timeout_s: float = 30.0) -> None:
         wait_until(lambda: self.store.live_groups(list(gids)) == frozenset(gids), timeout_s=timeout_s,
@@ -123,8 +125,6 @@ class Cluster:
     def create_queue(self, queue: str = "q", groups: list[str] | None = None) -> QueueState:
         st = self.store.create_queue(queue, groups if groups is not None else list(self.groups))
         assert st.open_segment is not None, f"queue {queue} not writable after create: {st}"
-        if not any(p.alive() for p in self.coordinators):
-            self._stand_in = self.start_daemon("coordinator-0")
         return st
 
     def state(self, queue: str = "q") -> QueueState:

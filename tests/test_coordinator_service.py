@@ -54,7 +54,7 @@ def lead_producer_election(cluster: Cluster, ident: str = "P") -> object:
 
 def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
-    cluster.create_queue("q")  # starts coordinator-0
+    cluster.create_queue("q")  # add_groups started coordinator-0
     elected(cluster)
     lock = lead_producer_election(cluster)
     client = CoordinatorClient(cluster.store, credentials=cluster.credentials)
@@ -99,7 +99,7 @@ def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
 
 def test_a_follower_names_the_leader(cluster: Cluster) -> None:
     cluster.add_groups("g1")
-    cluster.create_queue("q")  # starts coordinator-0, which leads
+    cluster.create_queue("q")  # add_groups started coordinator-0, which leads
     first = elected(cluster)
     _, second = coordinator(cluster, "coordinator-2")
     creds = ensure_coordinator_pki(cluster.base / "tls")
