@@ -443,6 +443,12 @@ class Consumer:
                 self._commit(self._finished_pos())
             except CoordinationUnavailable:
                 pass  # tried again at the next check; the lease keeps the outage clock
+            # The commit blocks (a round trip; seconds on a loaded box, or the process frozen
+            # meanwhile): the lease confirmed before it proves nothing now. A consumer frozen
+            # here past its session handed out one more message beside its successor (issue 26).
+            if not self._lease_confirmed():
+                return False
+            now = time.monotonic()
         # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
         # meanwhile only makes that look early and cheap).
         self._next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
@@ -760,6 +766,11 @@ class Consumer:
         try:
             delivered = self._deliver(segment, res.batches)
         except GapDetected as gap:
+            # A consumer frozen past its session resumes behind a successor that read, committed
+            # and popped on: the "gap" is the successor's progress. It is deposed (NotLeader),
+            # not overtaken by retention (whose advice, a reset to earliest, redelivers all).
+            if not self._lease_confirmed():
+                return []  # not sure yet: read again once the lease is confirmed or lost
             self._stats.gaps += 1
             if gap.expected_seq <= st.trimmed_seq:  # the missing seqs were in popped segments
                 raise RetentionOvertook(self.config.queue, self.config.subscription, gap.expected_seq,
