@@ -1,0 +1,132 @@
+"""Nothing left running (issue 26): what a test starts dies with it, and leftovers of an owner
+that died anyway are swept — only those.
+
+- ``ordq.proc.DIE_WITH_PARENT`` (set for the whole test run in conftest.py): children get
+  ``PR_SET_PDEATHSIG``; kill -9 of the process that started a ZooKeeper and a broker-like
+  child takes them with it, a SIGSTOPped one too.
+- ``sweep_orphans``: a detached child (as ``ordq up`` leaves them) of a dead owner whose command
+  line names the swept folder is killed; a live owner's child, a process without an owner
+  mark and one outside the folder are not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import ordq.proc
+from ordq.proc import OWNER_ENV, ManagedProcess, owner_token, sweep_orphans
+from tests.cluster import REPO
+from tests.util import wait_until
+
+OWNER = """
+import sys, time
+from pathlib import Path
+import ordq.proc as proc
+from ordq.zk_server import ZkServer
+
+folder, die, with_zk = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
+proc.DIE_WITH_PARENT = die
+pids = []
+if with_zk:
+    zk = ZkServer(folder / "zk")
+    zk.start(timeout_s=120)
+    pids += [p.pid for p in zk.processes]
+for name in ("broker", "stopped"):
+    p = proc.ManagedProcess(name, [sys.executable, "-c", "import time; time.sleep(600)", str(folder)],
+                            run_dir=folder / "run")
+    p.start()
+    if name == "stopped":
+        p.pause()  # a SIGSTOPped child dies too
+    pids.append(p.pid)
+(folder / "pids.tmp").write_text(" ".join(map(str, pids)))
+(folder / "pids.tmp").replace(folder / "pids")
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in "ZX"
+
+
+def _start_owner(folder: Path, *, die: bool, with_zk: bool) -> tuple[subprocess.Popen[bytes], list[int]]:
+    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}  # the owner is the script, not this test
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(folder), "1" if die else "0", "1" if with_zk else "0"],
+                             cwd=REPO, env=env)
+    pids_file = folder / "pids"
+    wait_until(lambda: pids_file.exists() or owner.poll() is not None, timeout_s=150, interval_s=0.1,
+               what="the owner to start its children")
+    assert owner.poll() is None, f"the owner exited with {owner.returncode}"
+    return owner, [int(p) for p in pids_file.read_text().split()]
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.zk
+def test_kill_9_of_the_process_that_started_a_cluster_takes_its_children(tmp_path: Path) -> None:
+    owner, pids = _start_owner(tmp_path, die=True, with_zk=True)
+    try:
+        assert len(pids) == 3 and not any(_gone(p) for p in pids)
+        owner.kill()
+        owner.wait(timeout=30)
+        wait_until(lambda: all(_gone(p) for p in pids), timeout_s=30, interval_s=0.05,
+                   what="ZooKeeper and the children to die with their owner")
+    finally:
+        _kill_all(pids)
+
+
+def test_the_sweep_kills_only_leftovers_of_a_dead_owner_in_its_folders(tmp_path: Path) -> None:
+    swept = tmp_path / "swept"
+    swept.mkdir()
+    owner, orphans = _start_owner(swept, die=False, with_zk=False)  # as `ordq up` leaves them: detached
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    spared = [
+        # a live owner's child (this test's) naming the folder
+        subprocess.Popen([*sleep, str(swept)], env={**os.environ, OWNER_ENV: owner_token()}),
+        # no owner mark at all (someone else's process) naming the folder
+        subprocess.Popen([*sleep, str(swept)], env={k: v for k, v in os.environ.items() if k != OWNER_ENV}),
+        # a dead owner's, but outside the swept folders
+        subprocess.Popen([*sleep, str(tmp_path / "elsewhere")], env={**os.environ, OWNER_ENV: "1:0"}),
+    ]
+    try:
+        owner.kill()
+        owner.wait(timeout=30)
+        assert not any(_gone(p) for p in orphans)  # detached: they outlive their owner
+        killed = sweep_orphans([swept])
+        assert sorted(killed) == sorted(orphans)
+        wait_until(lambda: all(_gone(p) for p in orphans), timeout_s=30, what="the orphans to die")
+        assert all(p.poll() is None for p in spared)
+    finally:
+        _kill_all(orphans)
+        for p in spared:
+            p.kill()
+            p.wait()
+
+
+def test_a_child_started_from_a_thread_that_ended_lives_on(tmp_path: Path) -> None:
+    """The death signal follows the thread that forked: children are forked by a spawner
+    thread that lives as long as the process, not by the (pool) thread that asked."""
+    assert ordq.proc.DIE_WITH_PARENT  # as conftest.py sets it for the whole run
+    p = ManagedProcess("child", [sys.executable, "-c", "import time; time.sleep(1); print('ALIVE', flush=True); "
+                                 "time.sleep(600)"], run_dir=tmp_path)
+    t = threading.Thread(target=p.start)
+    t.start()
+    t.join()
+    try:
+        p.wait_for_line("ALIVE", timeout_s=60)  # ExternalProcessError if it was killed with the thread
+    finally:
+        p.kill()
