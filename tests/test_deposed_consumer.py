@@ -10,11 +10,14 @@ with advice to reset the subscription to earliest (that would redeliver all of i
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
+import attrs
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 
 from ordq.errors import NotLeader
 from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
@@ -122,3 +125,31 @@ def test_resumed_deposed_consumer_behind_popped_segments_raises_not_leader(clust
             first.close()
         except NotLeader:
             pass
+
+
+def test_close_while_zookeeper_does_not_answer_finishes_within_seconds(cluster: Cluster) -> None:
+    """Ctrl-C on `ordq consume` (issue 26): the lock release on close rode out a lost
+    connection for ever, kazoo's default retry backing off up to an hour."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    produce(cluster, 5)
+    cfg = attrs.evolve(consumer_config(cluster), zk_outage_s=1.0)
+    c = Consumer(cfg)
+    c.start()
+    seqs: list[int] = []
+    while len(seqs) < 5:
+        seqs.extend(m.seq for m in c.poll(timeout_s=0.1))
+    c.commit()
+    lock = c._election
+    assert lock is not None
+
+    def lost(*_a: object, **_k: object) -> None:
+        raise ConnectionLoss()
+
+    lock._delete_node = lost  # the connection drops as the release goes out, and stays away
+    closer = threading.Thread(target=c.close, daemon=True)
+    started = time.monotonic()
+    closer.start()
+    closer.join(timeout=60)
+    assert not closer.is_alive(), "close() still releasing the lock after 60 s"
+    assert time.monotonic() - started < 30

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,41 @@ def test_a_child_started_from_a_thread_that_ended_lives_on(tmp_path: Path) -> No
         p.wait_for_line("ALIVE", timeout_s=60)  # ExternalProcessError if it was killed with the thread
     finally:
         p.kill()
+
+
+STUBBORN = ("import signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+            "print('READY', flush=True)\n"
+            "time.sleep(600)\n")
+
+
+def test_stop_finishes_within_seconds_whatever_state_the_process_is_in(tmp_path: Path) -> None:
+    """As ``ordq down`` does it (another object, through the pid file): a process that ignores
+    SIGTERM, is SIGSTOPped, and has a child of its own that ignores SIGTERM too."""
+    p = ManagedProcess("stubborn", [sys.executable, "-c", STUBBORN], run_dir=tmp_path)
+    p.start()
+    try:
+        p.wait_for_line("READY", timeout_s=60)
+        pid = p.pid
+        assert pid is not None
+        group = [int(t) for t in os.listdir("/proc") if t.isdigit() and _pgid(int(t)) == pid]
+        assert len(group) == 2
+        p.pause()
+        other = ManagedProcess("stubborn", [sys.executable, "-c", STUBBORN], run_dir=tmp_path)
+        started = time.monotonic()
+        other.stop(timeout_s=1.0)
+        took = time.monotonic() - started
+        wait_until(lambda: all(_gone(q) for q in group), timeout_s=10, what="the process and its child to go")
+        # 1 s of grace, then SIGKILL: seconds, not minutes, even on a loaded machine.
+        assert took < 15, took
+    finally:
+        p.kill()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
