@@ -624,9 +624,13 @@ class LocalCluster:
             [name for name, _ in self.brokers()],
             [p.name for p in self.zk.processes],
         ]
+        # One grace period for all tiers, not one each: `ordq down` finishes within about
+        # timeout_s plus the SIGKILL waits, whatever state the processes are in (issue 26).
+        deadline = time.monotonic() + timeout_s
         for tier in tiers:
             todo = [(n, by_name[n]) for n in tier if n in names]
-            _run_all(lambda item: item[1].stop(timeout_s), todo, swallow=True)
+            grace = max(deadline - time.monotonic(), 0.5)
+            _run_all(lambda item, grace=grace: item[1].stop(grace), todo, swallow=True)
 
     def _metrics_url(self, name: str) -> str | None:
         url = self._saved.get("coordinator_metrics", {}).get(name)

@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 _POLL_FIRST_S = 0.02
 _POLL_MAX_S = 0.2
+_KILL_WAIT_S = 5.0  # after SIGKILL: the kernel frees a process within moments unless it is in state D
 # Popen objects of detached children: kept referenced so that their finalizer never runs
 # (it would warn "subprocess is still running" about a process we meant to leave running).
 _DETACHED: list[subprocess.Popen[bytes]] = []
@@ -148,8 +149,10 @@ class ManagedProcess:
         self._signal(pid, signal.SIGTERM)
         self._signal(pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once continued
         if not self._wait_exit(pid, timeout_s):
-            self._signal(pid, signal.SIGKILL)
-            self._wait_exit(pid, 10.0)
+            self._signal(pid, signal.SIGKILL)  # a stopped process dies of it too
+            if not self._wait_exit(pid, _KILL_WAIT_S):
+                # Only a process stuck in the kernel (state D) outlives SIGKILL: say so, do not hang.
+                raise ExternalProcessError(f"{self.name} (pid {pid}) still runs {_KILL_WAIT_S:g}s after SIGKILL")
         return self._finished(pid)
 
     def kill(self) -> None:
