@@ -20,7 +20,7 @@ import pytest
 
 from bench.busy import busy_loops
 from drills.audit import read_acks, read_deliveries
-from sdk import CommitConfig, Consumer, ConsumerConfig
+from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from spark_order_check import verify
 from tests import spark_fixtures
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, REPO, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
@@ -111,3 +111,27 @@ def test_busy_command_runs_beside_loops_and_returns_its_exit_code() -> None:
                          text=True, timeout=120)
     assert out.returncode == 3, out.stderr
     assert "2 busy loops" in out.stderr and "load average peak" in out.stderr
+
+
+@pytest.mark.zk
+def test_a_late_ack_from_a_starved_producer_is_not_a_failed_head(cluster: Cluster) -> None:
+    """The producer's own loop not scheduled past its send timeout (a busy machine, a pause):
+    the ack came meanwhile, unread. Measured against the loop's own delay, that is no failed
+    head: no failover (issue 26: a loaded box failed over again and again until no group was
+    left)."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=1.0,
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+    with Producer(cfg) as p:
+        p.send(b"warm-up").result(60)  # leading, stream open, pipe idle
+        loop = p._loop
+        assert loop is not None
+        fut = p.send(b"sent, then the loop starves")  # the idle pipe sends it at the next wake-up
+        loop.call_soon(time.sleep, 2.5)  # queued behind that wake-up: the loop stalls 2.5 s
+        assert fut.result(60).seq == 1
+        for i in range(20):
+            p.send(b"after %d" % i)
+        p.flush(timeout_s=60)
+        stats = p.statistics()
+    assert stats.failovers == 0, stats
