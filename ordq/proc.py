@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ordq.errors import ExternalProcessError
 
@@ -54,10 +54,9 @@ _DETACHED: list[subprocess.Popen[bytes]] = []
 DIE_WITH_PARENT = False
 OWNER_ENV = "ORDQ_OWNER"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-try:  # resolved here, not in the child between fork and exec (no dlopen there)
+_prctl: Any = None  # resolved here, not in the child between fork and exec (no dlopen there)
+with contextlib.suppress(OSError, AttributeError):  # not Linux: no parent-death signal
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
 
 
 def announce(line: str) -> None:
