@@ -28,7 +28,8 @@ pytestmark = pytest.mark.zk
 
 
 def produce(cluster: Cluster, n: int) -> None:
-    with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q")) as p:
+    # A long send timeout: on a loaded machine a 1 s one fails over, and this test is not about that.
+    with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=30.0)) as p:
         futures = [p.send(b"m%06d" % i) for i in range(n)]
         futures[-1].result(60)
 
@@ -92,7 +93,7 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
 
 
 def test_resumed_deposed_consumer_behind_popped_segments_raises_not_leader(cluster: Cluster) -> None:
-    cluster.add_groups("g1")
+    cluster.add_groups("g1", "g2")
     cluster.create_queue()
     produce(cluster, 10)
     first = Consumer(consumer_config(cluster))
@@ -110,7 +111,9 @@ def test_resumed_deposed_consumer_behind_popped_segments_raises_not_leader(clust
         produce(cluster, 10)
         with Consumer(consumer_config(cluster)) as second:
             last = -1
+            give_up = time.monotonic() + 120
             while last < 59 or cluster.state().segment(0) is not None:
+                assert time.monotonic() < give_up, f"successor at seq {last}, segment 0 not popped"
                 for m in second.poll(timeout_s=0.1):
                     last = m.seq
                 second.commit()
