@@ -27,13 +27,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
 import ordq.proc
-from ordq.proc import sweep_orphans
+from ordq.proc import OWNER_ENV, owner_token, sweep_orphans
 from ordq.zk_server import ZkServer
 from tests.util import wait_until
 
 # Everything this run starts dies with it (issue 26: a killed run left 14 brokers, three
 # ZooKeepers and a PostgreSQL running for most of an hour).
 ordq.proc.DIE_WITH_PARENT = True
+# This run owns everything started under it, also through `ordq up` run as a subprocess (whose
+# own process exits at once): the sweep of another run must see a live owner in them.
+os.environ[OWNER_ENV] = owner_token()
 
 # Clusters the tests start register their TLS credentials here, never in the real home
 # (ordq/security.py); set at import so every program a test spawns inherits it.

@@ -169,3 +169,11 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
+
+
+def test_what_a_test_starts_through_a_cli_that_exits_is_owned_by_the_run() -> None:
+    """`ordq up` run by a test exits at once and leaves its servers running for the test: they
+    must carry this run as owner (conftest.py), or another run's sweep would kill them."""
+    out = subprocess.run([sys.executable, "-c", f"import os; print(os.environ[{OWNER_ENV!r}])"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == owner_token()
