@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test demo demo-cdc system-deps test-deps venv lint types proto clean
+.PHONY: test test-loaded demo demo-cdc system-deps test-deps venv lint types proto clean
 
 # Installs the Debian packages $(1) with apt-get unless the shell check $(2) already passes,
 # then fails clearly if it still does not.
@@ -56,6 +56,14 @@ proto: venv
 # Real ZooKeeper and broker processes; a test that hangs fails after 10 minutes instead of CI.
 test: test-deps venv lint types proto
 	$(VENV)/bin/pytest -m "not slow" --timeout=600 $(PYTEST_ARGS)
+
+# The default suite beside $(BUSY_PROCS) busy-loop processes (issue 26: under load the product is
+# slower, never stuck, never wrong). bench/busy.py stops the loops when the suite ends or is
+# killed, and prints the run's time and peak load average.
+BUSY_PROCS ?= 6
+test-loaded: test-deps venv
+	$(PY) -m bench.busy --procs $(BUSY_PROCS) --seconds 10800 -- \
+	  $(VENV)/bin/pytest -m "not slow" --timeout=1200 $(PYTEST_ARGS)
 
 demo: system-deps venv
 	$(VENV)/bin/ordq demo

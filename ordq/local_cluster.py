@@ -29,6 +29,7 @@ Layout::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -668,9 +669,13 @@ class LocalCluster:
             [name for name, _ in self.brokers()],
             [p.name for p in self.zk.processes],
         ]
+        # One grace period for all tiers, not one each: `ordq down` finishes within about
+        # timeout_s plus the SIGKILL waits, whatever state the processes are in (issue 26).
+        deadline = time.monotonic() + timeout_s
         for tier in tiers:
             todo = [(n, by_name[n]) for n in tier if n in names]
-            _run_all(lambda item: item[1].stop(timeout_s), todo, swallow=True)
+            grace = max(deadline - time.monotonic(), 0.5)
+            _run_all(functools.partial(_stop_item, grace_s=grace), todo, swallow=True)
 
     def _metrics_url(self, name: str) -> str | None:
         url = self._saved.get("coordinator_metrics", {}).get(name)
@@ -762,6 +767,10 @@ def _coordinator_metrics(url: str | None, *, timeout_s: float = 1.0) -> dict[str
     except (OSError, ValueError):
         return {}
     return {s.name: s.value for s in samples if not s.labels}
+
+
+def _stop_item(item: tuple[str, ManagedProcess], *, grace_s: float) -> int | None:
+    return item[1].stop(grace_s)
 
 
 def _run_all(fn: Callable[[Any], Any], items: list[tuple[str, Any]], *, swallow: bool = False,

@@ -11,21 +11,31 @@ Guarantees:
   and signals go to its whole process group, so no grandchild is left behind.
 - Every wait has a deadline and fails with ``ExternalProcessError`` quoting the log tail; a
   process that exits while being waited for fails the wait at once.
+- Opt-in (``die_with_parent``, or ``DIE_WITH_PARENT`` for a whole process, as the tests set
+  it): the child gets ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies when its starter dies, even by
+  kill -9 (issue 26: a killed test run left 14 brokers and three ZooKeepers running). Linux
+  sends it when the *thread* that forked the child ends, so such children are forked by one
+  spawner thread that lives as long as the process. Every child also carries ``ORDQ_OWNER`` (the starter's
+  pid and start time), inherited by what it starts in turn, so ``sweep_orphans`` can find the
+  leftovers of a dead owner.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ordq.errors import ExternalProcessError
 
@@ -33,9 +43,20 @@ T = TypeVar("T")
 
 _POLL_FIRST_S = 0.02
 _POLL_MAX_S = 0.2
+_KILL_WAIT_S = 5.0  # after SIGKILL: the kernel frees a process within moments unless it is in state D
 # Popen objects of detached children: kept referenced so that their finalizer never runs
 # (it would warn "subprocess is still running" about a process we meant to leave running).
 _DETACHED: list[subprocess.Popen[bytes]] = []
+
+# Process-wide default of ``ManagedProcess(die_with_parent=...)``; the test suite sets it.
+# Deliberately not an environment variable: ``ordq up`` run by a test must still leave its
+# servers running after it exits.
+DIE_WITH_PARENT = False
+OWNER_ENV = "ORDQ_OWNER"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_prctl: Any = None  # resolved here, not in the child between fork and exec (no dlopen there)
+with contextlib.suppress(OSError, AttributeError):  # not Linux: no parent-death signal
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def announce(line: str) -> None:
@@ -59,6 +80,7 @@ class ManagedProcess:
         run_dir: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        die_with_parent: bool | None = None,
     ) -> None:
         if not argv:
             raise ValueError("argv must name a program")
@@ -67,6 +89,7 @@ class ManagedProcess:
         self.run_dir = Path(run_dir)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
+        self.die_with_parent = die_with_parent  # None: the process-wide DIE_WITH_PARENT
         self.log_path = self.run_dir / f"{name}.log"
         self.pid_path = self.run_dir / f"{name}.pid"
         self._popen: subprocess.Popen[bytes] | None = None
@@ -83,7 +106,9 @@ class ManagedProcess:
             raise ExternalProcessError(f"{self.name} is already running (pid {self._popen.pid})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         note = self._check_pid_file()
-        env = {**os.environ, **self.env} if self.env is not None else None
+        env = {**os.environ, **(self.env or {})}
+        env.setdefault(OWNER_ENV, owner_token())  # the first owner wins: what a test's `ordq up` starts is the test's
+        die = DIE_WITH_PARENT if self.die_with_parent is None else self.die_with_parent
         with open(self.log_path, "ab") as log:
             stamp = datetime.now().isoformat(timespec="milliseconds")
             log.write(f"=== {stamp} ordq: starting {self.name}: {shlex.join(self.argv)}\n".encode())
@@ -91,11 +116,18 @@ class ManagedProcess:
                 log.write(f"=== {note}\n".encode())
             log.flush()
             self._log_start = log.tell()
-            try:
-                self._popen = subprocess.Popen(
+            def spawn() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env=env, cwd=self.cwd, start_new_session=True,
+                    preexec_fn=dies_with(os.getpid()) if die else None,
                 )
+
+            try:
+                # The death signal follows the thread that forked: fork from one thread that
+                # lives as long as this process (LocalCluster starts processes from a pool
+                # whose threads end right after).
+                self._popen = _spawner().submit(spawn).result() if die else spawn()
             except OSError as exc:
                 raise ExternalProcessError(f"cannot start {self.name} ({self.argv[0]}): {exc}") from exc
         # Written via a rename so that a reader never sees a half-written pid.
@@ -116,8 +148,10 @@ class ManagedProcess:
         self._signal(pid, signal.SIGTERM)
         self._signal(pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once continued
         if not self._wait_exit(pid, timeout_s):
-            self._signal(pid, signal.SIGKILL)
-            self._wait_exit(pid, 10.0)
+            self._signal(pid, signal.SIGKILL)  # a stopped process dies of it too
+            if not self._wait_exit(pid, _KILL_WAIT_S):
+                # Only a process stuck in the kernel (state D) outlives SIGKILL: say so, do not hang.
+                raise ExternalProcessError(f"{self.name} (pid {pid}) still runs {_KILL_WAIT_S:g}s after SIGKILL")
         return self._finished(pid)
 
     def kill(self) -> None:
@@ -323,6 +357,79 @@ class ManagedProcess:
 
     def _tail_text(self, lines: int = 30) -> str:
         return f"last lines of {self.log_path}:\n{self.log_tail(lines)}"
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordq-spawner")
+        return _SPAWNER
+
+
+def dies_with(parent: int) -> Callable[[], None]:
+    """``preexec_fn`` (in the child, between fork and exec): SIGKILL when ``parent`` dies."""
+    def preexec() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took hold: nobody would kill us
+            os._exit(1)
+    return preexec
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/<pid>/stat), None when it is gone
+    or a zombie: with the pid it names one process, whatever pid reuse happens later."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in "ZX" else fields[19]
+
+
+def owner_token(pid: int | None = None) -> str:
+    """``pid:start-time`` of this process (or ``pid``): the value of ``ORDQ_OWNER``."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_start_time(pid)}"
+
+
+def _owner_alive(token: str) -> bool:
+    pid_s, _, start = token.partition(":")
+    try:
+        return _start_time(int(pid_s)) == start
+    except ValueError:
+        return True  # not ours to judge: leave it alone
+
+
+def sweep_orphans(roots: Sequence[str | Path]) -> list[int]:
+    """SIGKILL the leftovers of dead owners: processes whose ``ORDQ_OWNER`` names a process that
+    is gone and whose command line names a path under one of ``roots`` (e.g. the temporary
+    folders of earlier test runs). Anything else — other users' processes, live runs'
+    servers, processes without the variable — is never touched. Returns the pids killed."""
+    marks = [str(r).rstrip("/") for r in roots]
+    me = os.getpid()
+    killed = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        prefix = f"{OWNER_ENV}=".encode()
+        token = next((e[len(prefix):].decode(errors="replace") for e in environ if e.startswith(prefix)), None)
+        if token is None or _owner_alive(token) or not any(a == m or m + "/" in a for a in args for m in marks):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)  # SIGKILL works on a stopped process too
+            killed.append(pid)
+    return killed
 
 
 def _all_threads_stopped(pid: int) -> bool:

@@ -54,6 +54,10 @@ log = logging.getLogger("ordq.producer")
 # ours to write: no permission, or an epoch key that is not the one issued): failing over
 # would only walk the send list.
 _FATAL = (FencedError, MessageTooLarge, ConfigError, PermissionDenied, EpochNotIssued)
+# The ack deadline fired this late (or 10 % of the send timeout, if more): the producer's own
+# loop was starved, not (yet) the head. At most this many extra send timeouts are granted.
+_LATE_S = 0.05
+_STARVED_EXTRA = 4.0
 
 
 class ProducerIO:
@@ -132,7 +136,8 @@ class ProducerIO:
                     self._send_us.setdefault(b.first_seq, now_us)
             self._stream.send([b.encoded for b in ready])
             if self._deadline_timer is None:
-                self._deadline_timer = loop.call_at(now + self.config.send_timeout_s, self._on_deadline)
+                due_at = now + self.config.send_timeout_s
+                self._deadline_timer = loop.call_at(due_at, self._on_deadline, due_at)
         due = core.next_deadline()
         if due is not None:
             timer = self._linger_timer
@@ -146,9 +151,14 @@ class ProducerIO:
         with self._mutex:
             self._pump(time.monotonic())
 
-    def _on_deadline(self) -> None:
+    def _on_deadline(self, due_at: float) -> None:
         """The ack deadline: the oldest unacked batch waited ``send_timeout_s``: the head is
-        gone (fail over); else look again when the now oldest one's time is up."""
+        gone (fail over); else look again when the now oldest one's time is up.
+
+        Unless this producer itself was late: a timer that fires well after ``due_at`` means
+        the loop was not scheduled (a busy machine, a pause), and for that long nobody read the
+        stream, so a missing ack proves nothing about the head yet. Then the acks read first
+        and the deadline looks again, up to ``_STARVED_EXTRA`` timeouts later (issue 26)."""
         self._deadline_timer = None
         assert self._core is not None and self._loop is not None
         timeout = self.config.send_timeout_s
@@ -156,8 +166,16 @@ class ProducerIO:
             oldest = self._core.oldest_sent_at()
             if oldest is None or self._failure is not None:
                 return
-            if time.monotonic() - oldest < timeout:
-                self._deadline_timer = self._loop.loop.call_at(oldest + timeout, self._on_deadline)
+            now = time.monotonic()
+            if now - oldest < timeout:
+                self._deadline_timer = self._loop.loop.call_at(oldest + timeout, self._on_deadline, oldest + timeout)
+                return
+            late = now - due_at
+            if late > max(_LATE_S, timeout * 0.1) and now - oldest < timeout * (1 + _STARVED_EXTRA):
+                log.info("producer %s: its own loop ran %.2fs late; reading acks before judging group %s",
+                         self.config.queue, late, self._gid)
+                again = now + min(late, timeout)
+                self._deadline_timer = self._loop.loop.call_at(again, self._on_deadline, again)
                 return
             stream = self._stream
         if stream is not None:

@@ -5,17 +5,22 @@ call (one per ack, one per delivered batch) reaches the OS before it returns, an
 it before the application sees those acks or messages: a process killed with -9 loses no row
 of what its application saw (a machine crash can: the files are not fsynced). A file is
 renamed from ``.tsv.part`` to ``.tsv`` when it is complete.
+
+A file only ever grows by whole rows: a write that fails half-way (an interrupted or refused
+write) is cut back to the last complete row before the error goes on, so half a row never glues
+onto the next write into one unreadable line (a reader drops such a line: a row in the middle
+would read as lost).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TextIO
 
 import attrs
 
@@ -54,7 +59,8 @@ class AuditWriter:
     _n: int = 0
     _rows_in_file: int = 0
     _pending: list[str] = attrs.field(factory=list)
-    _file: TextIO | None = None
+    _fd: int | None = None
+    _size: int = 0  # bytes of whole rows (and the header) in the open file
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def __attrs_post_init__(self) -> None:
@@ -80,19 +86,30 @@ class AuditWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        if self._file is None:
-            self._file = open(self._path(final=False), "w", encoding="ascii")  # noqa: SIM115
-            self._file.write("\t".join(KIND_COLUMNS[self.kind]) + "\n")
-        self._file.write("\n".join(self._pending) + "\n")
-        self._file.flush()
+        data = ("\n".join(self._pending) + "\n").encode("ascii")
+        if self._fd is None:
+            self._fd = os.open(self._path(final=False), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._size = 0
+        if self._size == 0:
+            data = ("\t".join(KIND_COLUMNS[self.kind]) + "\n").encode("ascii") + data
+        try:
+            view = memoryview(data)
+            while view:  # os.write may take less than asked
+                view = view[os.write(self._fd, view):]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+                os.lseek(self._fd, self._size, os.SEEK_SET)
+            raise
+        self._size += len(data)
         self._pending.clear()
 
     def _roll(self) -> None:
         self._flush()
-        if self._file is not None:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
             os.replace(self._path(final=False), self._path(final=True))
-            self._file = None
         self._n += 1
         self._rows_in_file = 0
 

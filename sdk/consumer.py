@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import attrs
 from kazoo.client import KazooClient
+from kazoo.retry import KazooRetry
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
@@ -328,9 +329,14 @@ class Consumer:
         if self._lease is not None:
             self._lease.stop()
         if self._election is not None:
+            # Bounded: kazoo's Lock.release retries a lost connection for ever, backing off up
+            # to an hour (Ctrl-C on `ordq consume` hung for minutes on a loaded machine, issue
+            # 26). Giving up is safe: client.stop() ends the session, and the lock node with it.
+            retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=0.5,
+                               deadline=self.config.zk_session_timeout_s)
             try:
-                self._election.release()
-            except Exception:  # noqa: BLE001 - session gone: the lock node goes with it
+                retry(self._election._inner_release)
+            except Exception:  # noqa: BLE001 - session gone or ZooKeeper away: the node goes with it
                 pass
         if self._coord is not None:
             self._coord.close()
@@ -458,6 +464,12 @@ class Consumer:
                 self._commit(self._finished_pos(), timeout_s=COMMIT_TIMEOUT_S)
             except CoordinationUnavailable:
                 pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock
+            # The commit blocks (a round trip; seconds on a loaded box, or the process frozen
+            # meanwhile): the lease confirmed before it proves nothing now. A consumer frozen
+            # here past its session handed out one more message beside its successor (issue 26).
+            if not self._lease_confirmed():
+                return False
+            now = time.monotonic()
         # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
         # meanwhile only makes that look early and cheap).
         self._next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
@@ -785,9 +797,18 @@ class Consumer:
         if res is None:
             return []
         self._read_end = (segment.seg, res.readable_end)
+        last_before = self._filter.last_seq
         try:
             delivered = self._deliver(segment, res.batches)
         except GapDetected as gap:
+            # A consumer frozen past its session resumes behind a successor that read, committed
+            # and popped on: the "gap" is the successor's progress. It is deposed (NotLeader),
+            # not overtaken by retention (whose advice, a reset to earliest, redelivers all).
+            if not self._lease_confirmed():
+                # Not sure yet: read this again later. The filter admitted the seqs before the
+                # gap, which were never handed out: forget them, or the reread drops them.
+                self._filter.last_seq = last_before
+                return []
             self._stats.gaps += 1
             if gap.expected_seq <= st.trimmed_seq:  # the missing seqs were in popped segments
                 raise RetentionOvertook(self.config.queue, self.config.subscription, gap.expected_seq,

@@ -8,6 +8,10 @@
 - ``make_zk``: ZkServers of the test's own (in tmp_path), destroyed after the test.
 - When a test fails, the log tails of the ZooKeeper servers it used are added to its report.
 Every server is stopped in a ``finally``/yield teardown: no java process outlives the run.
+Should the run itself be killed (a CI timeout, kill -9), what it started dies with it: every
+``ManagedProcess`` it starts gets the parent-death signal (``ordq.proc.DIE_WITH_PARENT``), and
+the first fixture sweeps what earlier killed runs left detached (``ordq up`` run by a test),
+only processes marked with a dead run as owner and naming pytest's temporary folders.
 """
 
 from __future__ import annotations
@@ -22,8 +26,17 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
+import ordq.proc
+from ordq.proc import OWNER_ENV, owner_token, sweep_orphans
 from ordq.zk_server import ZkServer
 from tests.util import wait_until
+
+# Everything this run starts dies with it (issue 26: a killed run left 14 brokers, three
+# ZooKeepers and a PostgreSQL running for most of an hour).
+ordq.proc.DIE_WITH_PARENT = True
+# This run owns everything started under it, also through `ordq up` run as a subprocess (whose
+# own process exits at once): the sweep of another run must see a live owner in them.
+os.environ[OWNER_ENV] = owner_token()
 
 # Clusters the tests start register their TLS credentials here, never in the real home
 # (ordq/security.py); set at import so every program a test spawns inherits it.
@@ -44,6 +57,17 @@ def _session_zk(name: str, factory: pytest.TempPathFactory, nodes: int) -> Itera
     finally:
         _SESSION_SERVERS.pop(name, None)
         server.destroy()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_earlier_runs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Kill what killed earlier runs left behind: processes whose owner (``ORDQ_OWNER``) is dead
+    and whose command line names a folder under pytest's temporary root. Live runs of others on
+    this machine, and anything not marked, are never touched."""
+    root = tmp_path_factory.getbasetemp().parent  # /tmp/pytest-of-<user>
+    killed = sweep_orphans([root])
+    if killed:
+        print(f"\nswept {len(killed)} leftover process(es) of earlier killed test runs: {killed}")
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,10 @@ process killed with -9 leaves every row of what its application saw; ``close`` p
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from sdk.audit import ACK_COLUMNS, AuditWriter
 
@@ -25,3 +28,31 @@ def test_rows_reach_the_file_before_write_rows_returns_and_close_publishes(tmp_p
     assert (tmp_path / "acks" / "p-1.tsv.part").read_text().splitlines()[1].split("\t")[3] == "3"
     w.close()
     assert sorted(f.name for f in (tmp_path / "acks").iterdir()) == ["p-0.tsv", "p-1.tsv"]
+
+
+def test_a_write_that_fails_half_way_leaves_no_half_row_to_glue_onto_the_next(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: a row missing from the middle of a delivery audit. A write that fails after
+    part of a batch reached the file left half a row; the retry's rows glued onto it into one
+    unreadable line, which readers drop."""
+    w = AuditWriter(tmp_path, "acks", writer_id="p")
+    w.write_rows([_row(0)])
+    real_write = os.write
+    calls: list[int] = []
+
+    def half_then_fail(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            real_write(fd, bytes(data[: len(data) // 2]))  # part of the batch reaches the file
+            raise InterruptedError("write interrupted")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_fail)
+    with pytest.raises(InterruptedError):
+        w.write_rows([_row(1), _row(2), _row(3)])
+    w.write_rows([_row(4)])
+    monkeypatch.undo()
+    w.close()
+    lines = (tmp_path / "acks" / "p-0.tsv").read_text().splitlines()
+    assert all(len(line.split("\t")) == len(ACK_COLUMNS) for line in lines), lines
+    assert [int(line.split("\t")[3]) for line in lines[1:]] == [0, 1, 2, 3, 4]
