@@ -43,6 +43,8 @@ _COUNTERS = {
     "replication_breaks": ("ordq_broker_replication_breaks", "Times the master's stream to its slave broke"),
     "torn_bytes_truncated": ("ordq_broker_torn_bytes_truncated", "Bytes of torn log tails cut at start"),
     "reconciled": ("ordq_broker_reconciled_segments", "Segments reconciled with the peer"),
+    "corrupt_reads": ("ordq_broker_corrupt_reads", "Sealed copies a read found corrupt (CRC), set aside and "
+                      "repaired from the peer"),
 }
 
 

@@ -113,6 +113,8 @@ class BrokerConfig:
     rpc_workers: int = 512
     # Calls beyond this are refused at once (RESOURCE_EXHAUSTED), not queued without bound.
     max_concurrent_rpcs: int = 1024
+    # CRC-check every batch read from a sealed segment before it is sent (docs/BENCHMARKS.md).
+    verify_sealed_reads: bool = True
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
@@ -187,6 +189,7 @@ class BrokerStats:
     replication_breaks: int = 0
     torn_bytes_truncated: int = 0
     corrupt_segments: int = 0
+    corrupt_reads: int = 0  # sealed copies found corrupt by a read (set aside, repaired from the peer)
     reconciled: int = 0
     held_back: int = 0  # produce requests that waited for syncs (max_inflight_bytes)
     refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
@@ -876,25 +879,54 @@ class Broker:
             max_bytes = min(max(req.max_bytes, 1), self.config.max_fetch_bytes)
             # Read on the loop when the log is free (page cache: microseconds for what a
             # follower asks); behind a sync holding it, or for a long read, in a worker.
-            if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
-                try:
-                    batches = self._read_locked(s, req.offset, max_bytes, upto)
-                finally:
-                    s.io_lock.release()
-            else:
-                batches = await self.loop.run_blocking(self._read, s, req.offset, max_bytes, upto)
+            # A sealed segment's bytes may have rotted since they were written and scanned:
+            # they are CRC-checked on the way out (docs/BENCHMARKS.md, "Outbound CRC check").
+            verify = sealed and self.config.verify_sealed_reads
+            try:
+                if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
+                    try:
+                        batches = self._read_locked(s, req.offset, max_bytes, upto, verify)
+                    finally:
+                        s.io_lock.release()
+                else:
+                    batches = await self.loop.run_blocking(self._read, s, req.offset, max_bytes, upto, verify)
+            except CorruptLog as exc:
+                self._set_aside(s, exc)
+                raise
             count_fetch(self.stats, batches)
         return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
 
-    def _read(self, s: Segment, offset: int, max_bytes: int, upto: int) -> list[bytes]:
+    def _read(self, s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         with s.io_lock:
-            return self._read_locked(s, offset, max_bytes, upto)
+            return self._read_locked(s, offset, max_bytes, upto, verify)
 
     @staticmethod
-    def _read_locked(s: Segment, offset: int, max_bytes: int, upto: int) -> list[bytes]:
+    def _read_locked(s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         if s.log is None:  # set aside as corrupt since the check
             raise s.corrupt or BrokerUnavailable("?", f"segment {s.key} is not served")
-        return s.log.read(offset, max_bytes=max_bytes, upto=upto)
+        return s.log.read(offset, max_bytes=max_bytes, upto=upto, verify_crc=verify)
+
+    def _set_aside(self, s: Segment, exc: CorruptLog) -> None:
+        """A served read found bytes that no longer match their CRC: take this copy out of
+        service (every later read of it is refused with ``exc``, so readers go to the peer),
+        count it, say so, and have the reconciler rebuild it from the peer (its rename keeps
+        the bad file as evidence). Only a sealed copy is checked, and only a sealed one can
+        be rebuilt: its end is decided in ZooKeeper."""
+        with s.io_lock:  # never together with _cv (module docstring)
+            if s.log is None:
+                return  # set aside already (another reader found it first)
+            s.log.close()
+            s.log = None
+        with self._cv:
+            s.corrupt = exc
+            s.reconciled = False
+            s.replica.freeze("corrupt log")
+            self.stats.corrupt_segments += 1
+            self.stats.corrupt_reads += 1
+            self.changed()
+        log.error("segment %s/%d: a served read found corrupt bytes (%s); this copy is not served and is "
+                  "being repaired from the peer", *s.key, exc)
+        self.repair.kick.set()
 
     def _fetch_absent(self, req: pb.FetchRequest) -> pb.FetchResponse:
         """In a worker thread: a fetch of a segment this replica holds no copy of."""
