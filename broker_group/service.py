@@ -42,7 +42,9 @@ import grpc
 from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
+from broker_group.answer import Answer, encode
 from broker_group.auth import Gate
+from broker_group.budget import BudgetConfig, Lease, MemoryBudget, tune_malloc
 from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
@@ -115,6 +117,8 @@ class BrokerConfig:
     max_concurrent_rpcs: int = 1024
     # CRC-check every batch read from a sealed segment before it is sent (docs/BENCHMARKS.md).
     verify_sealed_reads: bool = True
+    # What the broker holds for clients at once, in all and per connection/token (budget.py).
+    budget: BudgetConfig = attrs.field(factory=BudgetConfig)
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
@@ -221,6 +225,10 @@ class Broker:
         # The loop every call runs on, and the signal its waiters wake on (ordq/loop.py).
         self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
         self.signal = Signal(self.loop)
+        # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
+        # that a released answer wakes only the calls waiting for room.
+        self.budget = MemoryBudget(config.budget)
+        self.room = Signal(self.loop)
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
         self.repair = Repairer(self)
@@ -240,6 +248,7 @@ class Broker:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        tune_malloc()  # freed answers go back to the system (budget.py)
         self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
                                       auth=cfg.credentials.zk_auth)
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
@@ -841,9 +850,16 @@ class Broker:
 
     # -- the read path ----------------------------------------------------------------------------
 
-    async def fetch(self, req: pb.FetchRequest) -> pb.FetchResponse:
+    def lease(self, holders: Sequence[str]) -> Lease:
+        """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
+        return Lease(self.budget, self.room, holders, self.address)
+
+    async def fetch(self, req: pb.FetchRequest, lease: Lease | None = None, *,
+                    wait_s: float | None = None) -> Answer:
         """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
-        long-polling (on ``signal``) while nothing is readable."""
+        long-polling (on ``signal``) while nothing is readable. With a ``lease`` the answer
+        is charged to it (shorter when the budget has less room; waiting up to ``wait_s``
+        for room, then ResourceExhausted); the caller releases it once the answer is sent."""
         self.stats.fetches += 1
         known_end = req.known_end if req.known_end >= 0 else None
         deadline = time.monotonic() + min(req.max_wait_ms, self.config.max_fetch_wait_ms) / 1000.0
@@ -877,6 +893,8 @@ class Broker:
         batches: list[bytes] = []
         if upto > req.offset:
             max_bytes = min(max(req.max_bytes, 1), self.config.max_fetch_bytes)
+            if lease is not None:
+                max_bytes = await lease.acquire(max_bytes, wait_s=wait_s)
             # Read on the loop when the log is free (page cache: microseconds for what a
             # follower asks); behind a sync holding it, or for a long read, in a worker.
             # A sealed segment's bytes may have rotted since they were written and scanned:
@@ -893,8 +911,11 @@ class Broker:
             except CorruptLog as exc:
                 self._set_aside(s, exc)
                 raise
+            if lease is not None:
+                lease.settle(sum(map(len, batches)))
             count_fetch(self.stats, batches)
-        return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
+        end = seglog.parse_header(batches[-1], verify_crc=False).end_offset if batches else req.offset
+        return encode(batches, offset=req.offset, end_offset=end, readable_end=upto, sealed=sealed)
 
     def _read(self, s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         with s.io_lock:
@@ -928,7 +949,7 @@ class Broker:
                   "being repaired from the peer", *s.key, exc)
         self.repair.kick.set()
 
-    def _fetch_absent(self, req: pb.FetchRequest) -> pb.FetchResponse:
+    def _fetch_absent(self, req: pb.FetchRequest) -> Answer:
         """In a worker thread: a fetch of a segment this replica holds no copy of."""
         z, _ = self._zk_segment(req.queue, req.seg)
         if z is None or z.gid != self.config.gid:
@@ -938,7 +959,8 @@ class Broker:
             # disk): the reader must go to the peer, not wait here for data that never comes.
             raise BrokerUnavailable(self.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
                                     f"({z.end} messages): read it from the peer")
-        return pb.FetchResponse(readable_end=0, sealed=z.status is SegStatus.SEALED and not z.end)
+        return encode([], offset=req.offset, end_offset=req.offset, readable_end=0,
+                      sealed=z.status is SegStatus.SEALED and not z.end)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -951,6 +973,7 @@ class Broker:
             stats = attrs.asdict(self.stats)
             stats["segments"] = len(self._segments)
             stats["epoch_lookups"] = self.epochs.lookups
+            stats["budget"] = attrs.asdict(self.budget.stats)
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self._segments.items() if s.corrupt is not None]
             connected = bool(self.replication is not None and self.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.incarnation,
