@@ -77,7 +77,7 @@ def main() -> None:
         with ReplicaReader(cluster.store) as reader:
             roll_queue(cluster.store, reader, QUEUE)  # segment 0 sealed: what is checked on the way out
         end = cluster.store.load_state(QUEUE)[0].consume[0].end
-        assert end == args.messages, end
+        assert end is not None and end == args.messages, end
         base_argv = master.proc.argv
         results: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
         for _ in range(args.rounds):

@@ -75,11 +75,23 @@ log = logging.getLogger("ordq.broker")
 def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
     """The broker's server side: a request holds at most one split's worth of batches (a
     split ends at the first batch past REQUEST_BYTES, and a batch is at most max_batch_bytes),
-    not the 256 MiB a channel accepts; a connection carries a bounded number of streams."""
+    not the 256 MiB a channel accepts; a connection carries a bounded number of streams.
+    Connections are bounded too (docs/SECURITY.md, Limits): one that has not finished its TLS
+    and HTTP/2 handshake within ``handshake_timeout_ms`` is closed (a socket that never sends
+    a ClientHello holds a descriptor otherwise); one without calls for ``idle_connection_ms``
+    is closed (clients reconnect by themselves); keepalive pings find dead peers of open
+    streams; at most ``max_connections`` are accepted. No maximum connection age: it would cut
+    a producer's long-lived stream and make it fail over."""
     limit = REQUEST_BYTES + cfg.max_batch_bytes + (1 << 20)
     return [(k, v) for k, v in GRPC_OPTIONS if k != "grpc.max_receive_message_length"] + [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+        ("grpc.max_metadata_size", cfg.max_metadata_bytes),
+        ("grpc.server_handshake_timeout_ms", cfg.handshake_timeout_ms),
+        ("grpc.max_connection_idle_ms", cfg.idle_connection_ms),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.max_allowed_incoming_connections", cfg.max_connections),
     ]
 
 
@@ -110,6 +122,10 @@ class BrokerConfig:
     # stop being read (gRPC flow control then holds the senders back) until syncs catch up.
     max_inflight_bytes: int = 256 << 20
     max_streams_per_connection: int = 100  # HTTP/2 concurrent streams of one client connection
+    max_connections: int = 4096  # accepted at once (gRPC refuses the next)
+    handshake_timeout_ms: int = 10_000  # TLS + HTTP/2 handshake of a new connection
+    idle_connection_ms: int = 300_000  # a connection without calls this long is closed
+    max_metadata_bytes: int = 16 << 10  # request headers (a token is ~50 bytes)
     # Worker threads for the blocking parts of calls (ZooKeeper reads, Fence/Seal/Reconcile), made
     # as needed. Streams and long-polls hold none: they wait on the loop (bench/bench_abandoned.py).
     rpc_workers: int = 512
@@ -131,7 +147,8 @@ class BrokerConfig:
         if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
             raise ConfigError("lac_push_ms and reconcile_interval_s must be > 0")
         if min(self.max_fetch_bytes, self.max_fetch_wait_ms, self.max_inflight_bytes, self.max_streams_per_connection,
-               self.rpc_workers, self.max_concurrent_rpcs) < 1:
+               self.rpc_workers, self.max_concurrent_rpcs, self.max_connections, self.handshake_timeout_ms,
+               self.idle_connection_ms, self.max_metadata_bytes) < 1:
             raise ConfigError("broker limits must be >= 1")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import zlib
 from pathlib import Path
@@ -195,3 +196,27 @@ def test_an_encoded_answer_is_the_fetch_response_protobuf_would_send(sizes: list
     assert ans.wire == pb.FetchResponse(batches=batches, readable_end=readable_end, sealed=sealed).SerializeToString()
     assert ans.batch_bytes == sum(sizes) and ans.batches == len(sizes)
     assert ans.end_offset == (9 if batches else 3)
+
+
+def _fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def test_connections_that_never_finish_their_handshake_are_closed_and_do_not_lock_clients_out(
+        cluster: Cluster) -> None:
+    cluster.add_groups("g1")
+    master = cluster.groups["g1"].master
+    pid = master.proc.pid
+    assert pid is not None and master.address is not None
+    host, port = master.address.rsplit(":", 1)
+    before = _fds(pid)
+    silent = [socket.create_connection((host, int(port)), timeout=5) for _ in range(100)]  # no ClientHello, ever
+    try:
+        wait_until(lambda: _fds(pid) >= before + 90, timeout_s=10, what="the broker accepted them")
+        assert cluster.transport.health(master.address).role == "master"  # a real client still gets in
+        # Closed by the broker at its handshake deadline (10 s), not held for ever.
+        wait_until(lambda: _fds(pid) <= before + 5, timeout_s=40, interval_s=0.2,
+                   what=f"the silent connections closed (fds {_fds(pid)}, {before} before)")
+    finally:
+        for s in silent:
+            s.close()
