@@ -13,9 +13,9 @@ Rules:
 - ``MemoryBudget`` is pure accounting: no gRPC, no clock, no waiting. It is used on the broker's
   event loop only (not thread-safe); the waiting lives in ``Lease`` (below), which sleeps on
   the broker's ``Signal`` and asks again.
-- What is charged is the answer's or request's batch bytes. Python and gRPC make copies of an
-  answer on its way out (the read buffer, the message, its serialisation), so the process
-  holds up to ~3x the charged bytes at the peak: size the budget with that (docs/OPERATIONS.md).
+- What is charged is the answer's or request's batch bytes. An answer lives twice on its way
+  out (its encoded bytes, broker_group/answer.py, and gRPC's copy), so the process holds up to
+  ~2x the charged bytes: size the budget with that (docs/OPERATIONS.md).
 - Freed memory goes back to the system (``tune_malloc``): glibc otherwise keeps freed large
   blocks in its heap once one has been freed (its dynamic mmap threshold), and RSS never drops.
 """
