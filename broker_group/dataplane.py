@@ -36,6 +36,11 @@ if TYPE_CHECKING:
     from broker_group.service import Broker, ProduceStreamState
 
 log = logging.getLogger("ordq.broker")
+
+try:  # what grpc.aio raises from ``write`` when the call ended under it (the client cancelled)
+    from grpc._cython.cygrpc import ExecuteBatchError as _SEND_FAILED
+except ImportError:  # pragma: no cover - another grpcio layout
+    _SEND_FAILED = grpc.aio.UsageError  # type: ignore[misc,assignment]
 T = TypeVar("T")
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -153,10 +158,10 @@ async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None
                 b.budget.stats.idle_closed += 1
                 raise ResourceExhausted(b.address, "read idle", b.budget.config.idle_ms,
                                         f"the reader took no answer for {idle_s:g} s: stream closed") from None
-            except Exception:
-                if context.cancelled() or context.done():
-                    return  # the reader went away meanwhile: nothing to answer, nothing to log
-                raise
+            except _SEND_FAILED:
+                # The reader went away (cancelled, closed): end as a cancelled call, which gRPC
+                # does not log (returning normally makes it try to send a status, and log that).
+                raise asyncio.CancelledError from None
             lease.release()
             if not res.batches or time.monotonic() >= until:
                 return
