@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
 
-from broker_group import log as seglog
+from broker_group.answer import as_is
 from broker_group.auth import ALL_QUEUES
-from broker_group.errors import abort
+from broker_group.budget import holders_of
+from broker_group.errors import ResourceExhausted, abort
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from ordq.errors import ConfigError, OrdqError
@@ -36,12 +37,41 @@ if TYPE_CHECKING:
     from broker_group.service import Broker, ProduceStreamState
 
 log = logging.getLogger("ordq.broker")
+
+try:  # what grpc.aio raises from ``write`` when the call ended under it (the client cancelled)
+    from grpc._cython.cygrpc import ExecuteBatchError as _SEND_FAILED
+except ImportError:  # pragma: no cover - another grpcio layout
+    _SEND_FAILED = grpc.aio.UsageError  # type: ignore[misc,assignment]
 T = TypeVar("T")
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 def add_servicer(broker: Broker, server: grpc.aio.Server) -> None:
-    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(broker), server)
+    captured = _Handlers()
+    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(broker), captured)
+    handlers = dict(captured.handlers)
+    # Fetch and Read answers leave the read path encoded (broker_group/answer.py): sent as they are.
+    for name in ("Fetch", "Read"):
+        handlers[name] = handlers[name]._replace(response_serializer=as_is)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+SERVICE = "ordq.v1.Broker"
+
+
+class _Handlers:
+    """Stands in for the server while the generated code registers the handlers, so that two
+    of them can be changed before the real server sees them."""
+
+    handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, _handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        assert service == SERVICE, service
+        self.handlers = handlers
 
 
 async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
@@ -74,12 +104,18 @@ async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context
 
 async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIterator[pb.ProduceRequest],
                         context: Context) -> None:
+    lease = b.lease(holders_of(context))
     try:
         async for req in requests:
+            # The request is in memory already: charged while it is checked and placed (then
+            # it counts in max_inflight_bytes). Over budget, the stream is not read further
+            # (gRPC flow control holds the sender back) until there is room, for wait_ms.
+            await lease.admit(sum(map(len, req.batches)), what="produce request")
             # Every request, not only the first: a token revoked mid-stream ends the stream.
             # (A refusal is counted once, where ``produce`` answers with it.)
             b.gate.check(context, "Produce", req.queue)
             await b.accept_produce(stream, req)
+            lease.release()
     except OrdqError as exc:
         with b._cv:
             stream.error = stream.error or exc
@@ -89,6 +125,7 @@ async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIt
         with b._cv:
             stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
     finally:
+        lease.release()
         with b._cv:
             stream.done = True
             b.changed()
@@ -97,18 +134,40 @@ async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIt
 async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None:
     """Fetch after fetch on one stream, each from where the last one's batches ended, until an
     empty answer, the answer that reaches the sealed end, or ``stream_ms`` (capped at
-    ``max_fetch_wait_ms``): the reader's deadline for the stream bounds every answer."""
+    ``max_fetch_wait_ms``): the reader's deadline for the stream bounds every answer.
+
+    Each answer is charged to the memory budget until gRPC took it (``write`` returns once
+    the reader's flow-control window has room). A reader that takes nothing is therefore not
+    fed past its share; after ``idle_ms`` without room, or without the reader taking an
+    answer, the stream is closed (ResourceExhausted, counted)."""
     offset = req.offset
     until = time.monotonic() + min(req.stream_ms, b.config.max_fetch_wait_ms) / 1000.0
-    while True:
-        res = await b.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset, max_bytes=req.max_bytes,
-                                            max_wait_ms=req.max_wait_ms, known_end=req.known_end))
-        await context.write(res)
-        if not res.batches or time.monotonic() >= until:
-            return
-        offset = seglog.parse_header(res.batches[-1], verify_crc=False).end_offset
-        if res.sealed and offset >= res.readable_end:
-            return
+    lease = b.lease(holders_of(context))
+    idle_s = b.budget.config.idle_ms / 1000.0
+    try:
+        while True:
+            res = await b.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset,
+                                                max_bytes=req.max_bytes, max_wait_ms=req.max_wait_ms,
+                                                known_end=req.known_end), lease, wait_s=idle_s)
+            try:
+                async with asyncio.timeout(idle_s):
+                    await context.write(res.wire)
+            except TimeoutError:
+                b.budget.stats.idle_closed += 1
+                raise ResourceExhausted(b.address, "read idle", b.budget.config.idle_ms,
+                                        f"the reader took no answer for {idle_s:g} s: stream closed") from None
+            except _SEND_FAILED:
+                # The reader went away (cancelled, closed): end as a cancelled call, which gRPC
+                # does not log (returning normally makes it try to send a status, and log that).
+                raise asyncio.CancelledError from None
+            lease.release()
+            if not res.batches or time.monotonic() >= until:
+                return
+            offset = res.end_offset
+            if res.sealed and offset >= res.readable_end:
+                return
+    finally:
+        lease.release()
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
@@ -150,9 +209,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             await abort(context, exc)
         await serve_replicate(self.b, request_iterator, context)
 
-    async def Fetch(self, request: pb.FetchRequest, context: Context) -> pb.FetchResponse:
-        async def fetch() -> pb.FetchResponse:
-            return await self.b.fetch(request)
+    async def Fetch(self, request: pb.FetchRequest, context: Context) -> bytes:
+        async def fetch() -> bytes:
+            # Charged to the budget while it is built; released as it is handed to gRPC.
+            lease = self.b.lease(holders_of(context))
+            try:
+                return (await self.b.fetch(request, lease)).wire
+            finally:
+                lease.release()
 
         return await self._answer(context, "Fetch", request.queue, fetch)  # type: ignore[no-any-return]
 

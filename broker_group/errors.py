@@ -60,6 +60,18 @@ class SegmentNotWritable(BrokerUnavailable):
         self.why = why
 
 
+class ResourceExhausted(BrokerUnavailable):
+    """The broker has no room for this call now: its memory budget (``resource`` "memory",
+    broker_group/budget.py) or a Read stream's idle deadline. Retriable: the same call may
+    pass once others finished; a reader may ask the other replica meanwhile."""
+
+    def __init__(self, address: str, resource: str, limit: int, why: str) -> None:
+        super().__init__(address, f"resource exhausted ({resource}, limit {limit}): {why}")
+        self.resource = resource
+        self.limit = limit
+        self.why = why
+
+
 # kind -> (status code, builder from fields). Builders take the fields the server sent.
 def _fenced(f: dict[str, Any]) -> OrdqError:
     return FencedError(f["queue"], f["epoch"], f["current_epoch"])
@@ -71,6 +83,10 @@ def _not_issued(f: dict[str, Any]) -> OrdqError:
 
 def _not_writable(f: dict[str, Any]) -> OrdqError:
     return SegmentNotWritable(f.get("address", "?"), f["queue"], f["seg"], f["why"])
+
+
+def _exhausted(f: dict[str, Any]) -> OrdqError:
+    return ResourceExhausted(f.get("address", "?"), f["resource"], f["limit"], f["why"])
 
 
 def _unavailable(f: dict[str, Any]) -> OrdqError:
@@ -156,6 +172,7 @@ _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
     "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
     "epoch_not_issued": (grpc.StatusCode.PERMISSION_DENIED, _not_issued),
     "not_writable": (grpc.StatusCode.UNAVAILABLE, _not_writable),
+    "exhausted": (grpc.StatusCode.RESOURCE_EXHAUSTED, _exhausted),
     "unavailable": (grpc.StatusCode.UNAVAILABLE, _unavailable),
     "not_found": (grpc.StatusCode.NOT_FOUND, _not_found),
     "too_large": (grpc.StatusCode.RESOURCE_EXHAUSTED, _too_large),
@@ -174,6 +191,8 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
                                     "key_mismatch": getattr(exc, "key_mismatch", False)}
     if isinstance(exc, SegmentNotWritable):
         return "not_writable", {"address": exc.address, "queue": exc.queue, "seg": exc.seg, "why": exc.why}
+    if isinstance(exc, ResourceExhausted):
+        return "exhausted", {"address": exc.address, "resource": exc.resource, "limit": exc.limit, "why": exc.why}
     if isinstance(exc, BrokerUnavailable):
         return "unavailable", {"address": exc.address, "detail": str(exc)}
     if isinstance(exc, SegmentNotFound):
@@ -240,7 +259,7 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> OrdqError:
         try:
             doc = json.loads(raw)
             fields = dict(doc["fields"])
-            if doc["kind"] in ("not_writable", "unavailable"):
+            if doc["kind"] in ("not_writable", "unavailable", "exhausted"):
                 fields["address"] = address
             return _KINDS[doc["kind"]][1](fields)  # type: ignore[no-any-return]
         except (ValueError, KeyError, TypeError):

@@ -43,6 +43,8 @@ _COUNTERS = {
     "replication_breaks": ("ordq_broker_replication_breaks", "Times the master's stream to its slave broke"),
     "torn_bytes_truncated": ("ordq_broker_torn_bytes_truncated", "Bytes of torn log tails cut at start"),
     "reconciled": ("ordq_broker_reconciled_segments", "Segments reconciled with the peer"),
+    "corrupt_reads": ("ordq_broker_corrupt_reads", "Sealed copies a read found corrupt (CRC), set aside and "
+                      "repaired from the peer"),
 }
 
 
@@ -99,6 +101,19 @@ class BrokerMetrics(Collector):
             refused.add_metric([*values, reason], n)
         yield refused
         yield one("gauge", "ordq_broker_corrupt_segments", "Segments not served: corrupt log", lb, corrupt)
+        budget = b.budget.stats  # plain integers the loop updates; a scrape reads a moment's view
+        yield one("gauge", "ordq_broker_budget_used_bytes", "Bytes held for clients now (memory budget)", lb,
+                  budget.used_bytes)
+        yield one("gauge", "ordq_broker_budget_peak_bytes", "Most bytes held for clients at once since start", lb,
+                  budget.peak_bytes)
+        yield one("counter", "ordq_broker_budget_waits", "Calls that waited for room in the memory budget", lb,
+                  budget.waited)
+        yield one("counter", "ordq_broker_budget_refused", "Calls refused for lack of room (ResourceExhausted)", lb,
+                  budget.refused)
+        yield one("counter", "ordq_broker_budget_shortened", "Fetch/Read answers made shorter for lack of room", lb,
+                  budget.shortened)
+        yield one("counter", "ordq_broker_read_idle_closed", "Read streams closed: the reader took nothing for "
+                  "idle_ms", lb, budget.idle_closed)
         if link is not None:  # the master: its stream to the slave
             yield one("gauge", "ordq_broker_replication_connected", "1 while the slave stream is up", lb,
                       int(connected))

@@ -42,7 +42,9 @@ import grpc
 from kazoo.protocol.states import KazooState
 
 from broker_group import log as seglog
+from broker_group.answer import Answer, encode
 from broker_group.auth import Gate
+from broker_group.budget import BudgetConfig, Lease, MemoryBudget, tune_malloc
 from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable, short
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
@@ -74,11 +76,23 @@ log = logging.getLogger("ordq.broker")
 def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
     """The broker's server side: a request holds at most one split's worth of batches (a
     split ends at the first batch past REQUEST_BYTES, and a batch is at most max_batch_bytes),
-    not the 256 MiB a channel accepts; a connection carries a bounded number of streams."""
+    not the 256 MiB a channel accepts; a connection carries a bounded number of streams.
+    Connections are bounded too (docs/SECURITY.md, Limits): one that has not finished its TLS
+    and HTTP/2 handshake within ``handshake_timeout_ms`` is closed (a socket that never sends
+    a ClientHello holds a descriptor otherwise); one without calls for ``idle_connection_ms``
+    is closed (clients reconnect by themselves); keepalive pings find dead peers of open
+    streams; at most ``max_connections`` are accepted. No maximum connection age: it would cut
+    a producer's long-lived stream and make it fail over."""
     limit = REQUEST_BYTES + cfg.max_batch_bytes + (1 << 20)
     return [(k, v) for k, v in GRPC_OPTIONS if k != "grpc.max_receive_message_length"] + [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+        ("grpc.max_metadata_size", cfg.max_metadata_bytes),
+        ("grpc.server_handshake_timeout_ms", cfg.handshake_timeout_ms),
+        ("grpc.max_connection_idle_ms", cfg.idle_connection_ms),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.max_allowed_incoming_connections", cfg.max_connections),
     ]
 
 
@@ -109,11 +123,19 @@ class BrokerConfig:
     # stop being read (gRPC flow control then holds the senders back) until syncs catch up.
     max_inflight_bytes: int = 256 << 20
     max_streams_per_connection: int = 100  # HTTP/2 concurrent streams of one client connection
+    max_connections: int = 4096  # accepted at once (gRPC refuses the next)
+    handshake_timeout_ms: int = 10_000  # TLS + HTTP/2 handshake of a new connection
+    idle_connection_ms: int = 300_000  # a connection without calls this long is closed
+    max_metadata_bytes: int = 16 << 10  # request headers (a token is ~50 bytes)
     # Worker threads for the blocking parts of calls (ZooKeeper reads, Fence/Seal/Reconcile), made
     # as needed. Streams and long-polls hold none: they wait on the loop (bench/bench_abandoned.py).
     rpc_workers: int = 512
     # Calls beyond this are refused at once (RESOURCE_EXHAUSTED), not queued without bound.
     max_concurrent_rpcs: int = 1024
+    # CRC-check every batch read from a sealed segment before it is sent (docs/BENCHMARKS.md).
+    verify_sealed_reads: bool = True
+    # What the broker holds for clients at once, in all and per connection/token (budget.py).
+    budget: BudgetConfig = attrs.field(factory=BudgetConfig)
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
@@ -126,7 +148,8 @@ class BrokerConfig:
         if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
             raise ConfigError("lac_push_ms and reconcile_interval_s must be > 0")
         if min(self.max_fetch_bytes, self.max_fetch_wait_ms, self.max_inflight_bytes, self.max_streams_per_connection,
-               self.rpc_workers, self.max_concurrent_rpcs) < 1:
+               self.rpc_workers, self.max_concurrent_rpcs, self.max_connections, self.handshake_timeout_ms,
+               self.idle_connection_ms, self.max_metadata_bytes) < 1:
             raise ConfigError("broker limits must be >= 1")
 
 
@@ -191,6 +214,7 @@ class BrokerStats:
     replication_breaks: int = 0
     torn_bytes_truncated: int = 0
     corrupt_segments: int = 0
+    corrupt_reads: int = 0  # sealed copies found corrupt by a read (set aside, repaired from the peer)
     reconciled: int = 0
     held_back: int = 0  # produce requests that waited for syncs (max_inflight_bytes)
     refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
@@ -222,6 +246,10 @@ class Broker:
         # The loop every call runs on, and the signal its waiters wake on (ordq/loop.py).
         self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
         self.signal = Signal(self.loop)
+        # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
+        # that a released answer wakes only the calls waiting for room.
+        self.budget = MemoryBudget(config.budget)
+        self.room = Signal(self.loop)
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
         self.repair = Repairer(self)
@@ -241,6 +269,7 @@ class Broker:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
         seglog.private_dir(cfg.data_dir)  # data at rest: the broker's user only (docs/SECURITY.md)
+        tune_malloc()  # freed answers go back to the system (budget.py)
         self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
                                       auth=cfg.credentials.zk_auth)
         self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
@@ -861,9 +890,16 @@ class Broker:
 
     # -- the read path ----------------------------------------------------------------------------
 
-    async def fetch(self, req: pb.FetchRequest) -> pb.FetchResponse:
+    def lease(self, holders: Sequence[str]) -> Lease:
+        """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
+        return Lease(self.budget, self.room, holders, self.address)
+
+    async def fetch(self, req: pb.FetchRequest, lease: Lease | None = None, *,
+                    wait_s: float | None = None) -> Answer:
         """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
-        long-polling (on ``signal``) while nothing is readable."""
+        long-polling (on ``signal``) while nothing is readable. With a ``lease`` the answer
+        is charged to it (shorter when the budget has less room; waiting up to ``wait_s``
+        for room, then ResourceExhausted); the caller releases it once the answer is sent."""
         self.stats.fetches += 1
         known_end = req.known_end if req.known_end >= 0 else None
         deadline = time.monotonic() + min(req.max_wait_ms, self.config.max_fetch_wait_ms) / 1000.0
@@ -897,29 +933,63 @@ class Broker:
         batches: list[bytes] = []
         if upto > req.offset:
             max_bytes = min(max(req.max_bytes, 1), self.config.max_fetch_bytes)
+            if lease is not None:
+                max_bytes = await lease.acquire(max_bytes, wait_s=wait_s)
             # Read on the loop when the log is free (page cache: microseconds for what a
             # follower asks); behind a sync holding it, or for a long read, in a worker.
-            if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
-                try:
-                    batches = self._read_locked(s, req.offset, max_bytes, upto)
-                finally:
-                    s.io_lock.release()
-            else:
-                batches = await self.loop.run_blocking(self._read, s, req.offset, max_bytes, upto)
+            # A sealed segment's bytes may have rotted since they were written and scanned:
+            # they are CRC-checked on the way out (docs/BENCHMARKS.md, "Outbound CRC check").
+            verify = sealed and self.config.verify_sealed_reads
+            try:
+                if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
+                    try:
+                        batches = self._read_locked(s, req.offset, max_bytes, upto, verify)
+                    finally:
+                        s.io_lock.release()
+                else:
+                    batches = await self.loop.run_blocking(self._read, s, req.offset, max_bytes, upto, verify)
+            except CorruptLog as exc:
+                self._set_aside(s, exc)
+                raise
+            if lease is not None:
+                lease.settle(sum(map(len, batches)))
             count_fetch(self.stats, batches)
-        return pb.FetchResponse(batches=batches, readable_end=upto, sealed=sealed)
+        end = seglog.parse_header(batches[-1], verify_crc=False).end_offset if batches else req.offset
+        return encode(batches, offset=req.offset, end_offset=end, readable_end=upto, sealed=sealed)
 
-    def _read(self, s: Segment, offset: int, max_bytes: int, upto: int) -> list[bytes]:
+    def _read(self, s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         with s.io_lock:
-            return self._read_locked(s, offset, max_bytes, upto)
+            return self._read_locked(s, offset, max_bytes, upto, verify)
 
     @staticmethod
-    def _read_locked(s: Segment, offset: int, max_bytes: int, upto: int) -> list[bytes]:
+    def _read_locked(s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         if s.log is None:  # set aside as corrupt since the check
             raise s.corrupt or BrokerUnavailable("?", f"segment {s.key} is not served")
-        return s.log.read(offset, max_bytes=max_bytes, upto=upto)
+        return s.log.read(offset, max_bytes=max_bytes, upto=upto, verify_crc=verify)
 
-    def _fetch_absent(self, req: pb.FetchRequest) -> pb.FetchResponse:
+    def _set_aside(self, s: Segment, exc: CorruptLog) -> None:
+        """A served read found bytes that no longer match their CRC: take this copy out of
+        service (every later read of it is refused with ``exc``, so readers go to the peer),
+        count it, say so, and have the reconciler rebuild it from the peer (its rename keeps
+        the bad file as evidence). Only a sealed copy is checked, and only a sealed one can
+        be rebuilt: its end is decided in ZooKeeper."""
+        with s.io_lock:  # never together with _cv (module docstring)
+            if s.log is None:
+                return  # set aside already (another reader found it first)
+            s.log.close()
+            s.log = None
+        with self._cv:
+            s.corrupt = exc
+            s.reconciled = False
+            s.replica.freeze("corrupt log")
+            self.stats.corrupt_segments += 1
+            self.stats.corrupt_reads += 1
+            self.changed()
+        log.error("segment %s/%d: a served read found corrupt bytes (%s); this copy is not served and is "
+                  "being repaired from the peer", *s.key, exc)
+        self.repair.kick.set()
+
+    def _fetch_absent(self, req: pb.FetchRequest) -> Answer:
         """In a worker thread: a fetch of a segment this replica holds no copy of."""
         z, _ = self._zk_segment(req.queue, req.seg)
         if z is None or z.gid != self.config.gid:
@@ -929,7 +999,8 @@ class Broker:
             # disk): the reader must go to the peer, not wait here for data that never comes.
             raise BrokerUnavailable(self.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
                                     f"({z.end} messages): read it from the peer")
-        return pb.FetchResponse(readable_end=0, sealed=z.status is SegStatus.SEALED and not z.end)
+        return encode([], offset=req.offset, end_offset=req.offset, readable_end=0,
+                      sealed=z.status is SegStatus.SEALED and not z.end)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -943,6 +1014,7 @@ class Broker:
             stats["segments"] = len(self._segments)
             stats["epoch_lookups"] = self.epochs.lookups
             stats["epoch_key_refusals"] = self.epochs.key_refusals
+            stats["budget"] = attrs.asdict(self.budget.stats)
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self._segments.items() if s.corrupt is not None]
             connected = bool(self.replication is not None and self.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.incarnation,

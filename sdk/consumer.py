@@ -61,6 +61,7 @@ from ordq.errors import (
     ConfigError,
     ConflictError,
     CoordinationUnavailable,
+    CorruptLog,
     GapDetected,
     HandlerError,
     IllegalTransition,
@@ -204,6 +205,10 @@ class Consumer:
         self._read_end = (-1, 0)
         self._read_ts_us = 0
         self._stalled_since: float | None = None
+        # (seg, address) of the replica that last failed a read of that segment (corrupt, not
+        # served, down): the other one is asked first until the cursor leaves the segment.
+        self._avoid: tuple[int, str] | None = None
+        self._served_by = ""  # address of the replica that answered the last fetch
         self._metrics: ConsumerMetrics | None = None
         self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
         self._view: QueueView | None = None  # the queue's state and replicas, cached
@@ -799,7 +804,20 @@ class Consumer:
         self._read_end = (segment.seg, res.readable_end)
         last_before = self._filter.last_seq
         try:
-            delivered = self._deliver(segment, res.batches)
+            try:
+                delivered = self._deliver(segment, res.batches)
+            except CorruptLog as exc:
+                # A copy that rotted (or bytes damaged on the way): the same range from the
+                # other replica. Both bad: raised (never skipped).
+                bad = self._served_by
+                log.warning("queue %s seg %d: broker %s sent a corrupt batch reading from offset %d (%s); "
+                            "reading the same range from the other replica", self.config.queue, segment.seg, bad,
+                            cur.offset, exc)
+                self._avoid = (segment.seg, bad)
+                res = self._fetch(segment, cur.offset, max_wait_ms=0, skip=bad)
+                if res is None:
+                    return []
+                delivered = self._deliver(segment, res.batches)
         except GapDetected as gap:
             # A consumer frozen past its session resumes behind a successor that read, committed
             # and popped on: the "gap" is the successor's progress. It is deposed (NotLeader),
@@ -831,8 +849,9 @@ class Consumer:
         offset = cur.offset
         limit = segment.end if segment.status is SegStatus.SEALED else None
         seg = segment.seg
-        for raw in batches:
-            header, messages = decode_batch(raw)
+        # Every batch decoded (CRC checked) before anything moves: a corrupt one raises with
+        # the filter and the cursor untouched, so the range can be read again elsewhere.
+        for header, messages in [decode_batch(raw) for raw in batches]:
             first_off, first_seq, n = header.first_offset, header.first_seq, header.count
             if (first_off >= offset and (limit is None or first_off + n <= limit)
                     and self._filter.admit_run(first_seq, n)):
@@ -899,33 +918,46 @@ class Consumer:
             self._require_view().wait_change(self.config.fetch_wait_ms)
 
     def _fetch(self, segment: Segment, offset: int, *, max_wait_ms: int,
-               max_bytes: int | None = None) -> FetchResult | None:
-        """Read from the master, or the slave when the master is down; None when neither
-        answers (the caller waits at this segment: consumers never skip it)."""
+               max_bytes: int | None = None, skip: str | None = None) -> FetchResult | None:
+        """Read from the master, or the slave when the master is down (or refused the read:
+        a corrupt copy, not served there); None when neither answers (the caller waits at
+        this segment: consumers never skip it). ``skip``: an address not to ask this time.
+        A replica that failed a read of this segment is asked last until the cursor moves on."""
         view = self._require_view()
         if self._reads is None:
             self._reads = self._require_transport().reader()
         reads = self._reads
         members = view.replicas(segment.gid)
-        errors = []
-        for role in ("master", "slave"):
+        errors: list[tuple[str, str]] = []
+        avoid = self._avoid[1] if self._avoid is not None and self._avoid[0] == segment.seg else None
+        master = members.get("master")
+        roles = ("slave", "master") if master is not None and master.address == avoid else ("master", "slave")
+        for role in roles:
             info = members.get(role)
             if info is None:
                 view.mark_stale(segment.gid)  # look again next time: it may be back
+                continue
+            if info.address == skip:
                 continue
             try:
                 res = reads.fetch(info.address, self.config.queue, segment.seg, offset,
                                       max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
                                       known_end=segment.end if segment.status is SegStatus.SEALED else None)
                 self._stalled_since = None
+                self._served_by = info.address
+                if errors and self._avoid != (segment.seg, errors[0][0]):
+                    self._avoid = (segment.seg, errors[0][0])
+                    log.warning("queue %s seg %d: read from offset %d refused by %s; read from the %s at %s "
+                                "instead", self.config.queue, segment.seg, offset, "; ".join(e for _, e in errors),
+                                role, info.address)
                 return res
             except OrdqError as exc:
-                errors.append(f"{role}: {exc}")
+                errors.append((info.address, f"{role} {info.address}: {exc}"))
                 view.mark_stale(segment.gid)
         if self._stalled_since is None:
             self._stalled_since = time.monotonic()
         log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,
-                 "; ".join(errors) or "none live")
+                 "; ".join(e for _, e in errors) or "none live")
         view.wait_change(max(max_wait_ms, 50))
         return None
 

@@ -39,6 +39,16 @@ def register(subparsers: Any) -> None:
     run.add_argument("--register-wait", type=seconds(allow_zero=True), default=30.0, metavar="SECONDS",
                      help="when the role is still live in ZooKeeper (a killed predecessor's session not yet "
                      "expired), wait this long for it to go before giving up (default %(default)s)")
+    limits = run.add_argument_group("memory budget (docs/OPERATIONS.md, Sizing the memory budget)")
+    limits.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
+                        help="bytes held for clients at once: Fetch/Read answers being built and sent, "
+                        "produce requests being placed (default 256)")
+    limits.add_argument("--connection-budget", type=int, default=None, metavar="MIB",
+                        help="one connection's (and one token's) share of --memory-budget (default 32)")
+    limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
+                        help="close a Read stream whose reader takes nothing this long (default 30)")
+    limits.add_argument("--no-verify-reads", action="store_true",
+                        help="do not CRC-check batches of sealed segments before serving them (benchmarks)")
     tls = run.add_argument_group("TLS (every hop is mutual TLS unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, metavar="PEM", help="this broker's certificate, signed by --tls-ca")
     tls.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert")
@@ -65,13 +75,28 @@ def broker_credentials(args: argparse.Namespace) -> Credentials:
                        zk_auth=zk_auth)
 
 
+def budget_config(args: argparse.Namespace) -> Any:
+    """The memory budget the flags ask for (BudgetConfig's defaults for those not given)."""
+    from broker_group.budget import BudgetConfig
+
+    given: dict[str, int] = {}
+    if args.memory_budget is not None:
+        given["total_bytes"] = args.memory_budget << 20
+    if args.connection_budget is not None:
+        given["holder_bytes"] = args.connection_budget << 20
+    if args.read_idle is not None:
+        given["idle_ms"] = int(args.read_idle * 1000)
+    return BudgetConfig(**given)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from broker_group.replica import Role
     from broker_group.service import Broker, BrokerConfig
 
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
-                       register_wait_s=args.register_wait, credentials=broker_credentials(args))
+                       register_wait_s=args.register_wait, credentials=broker_credentials(args),
+                       budget=budget_config(args), verify_sealed_reads=not args.no_verify_reads)
     broker = Broker(cfg)
     if args.metrics:
         from ordq.metrics import serve

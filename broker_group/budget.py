@@ -1,0 +1,225 @@
+"""One memory budget per broker for what it holds for its clients (issue 25).
+
+Guarantee: the bytes a broker holds for clients at once — Fetch answers being built, Read
+answers being built and sent (until the reader's gRPC window took them), produce requests
+received and not yet placed — stay under ``total_bytes``, and under ``holder_bytes`` for one
+holder: a connection (gRPC peer) and, when the caller shows a token, that token. One client
+therefore cannot take the whole budget, nor a few tokens' worth of connections starve the rest.
+A call that finds no room waits (``wait_ms``) on the broker's signal and is then refused with
+``ResourceExhausted`` (typed, counted); a Read stream whose reader takes nothing for
+``idle_ms`` is closed.
+
+Rules:
+- ``MemoryBudget`` is pure accounting: no gRPC, no clock, no waiting. It is used on the broker's
+  event loop only (not thread-safe); the waiting lives in ``Lease`` (below), which sleeps on
+  the broker's ``Signal`` and asks again.
+- What is charged is the answer's or request's batch bytes. An answer lives twice on its way
+  out (its encoded bytes, broker_group/answer.py, and gRPC's copy), so the process holds up to
+  ~2x the charged bytes: size the budget with that (docs/OPERATIONS.md).
+- Freed memory goes back to the system (``tune_malloc``): glibc otherwise keeps freed large
+  blocks in its heap once one has been freed (its dynamic mmap threshold), and RSS never drops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from broker_group.errors import ResourceExhausted
+from ordq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ordq.loop import Signal
+
+log = logging.getLogger("ordq.broker")
+
+
+@attrs.frozen(kw_only=True)
+class BudgetConfig:
+    """The broker's memory budget (docs/SECURITY.md, Limits; sizing in docs/OPERATIONS.md)."""
+
+    total_bytes: int = 256 << 20  # everything held for clients at once
+    holder_bytes: int = 32 << 20  # one connection's (and one token's) share of it
+    wait_ms: int = 5_000  # how long a call waits for room before it is refused
+    idle_ms: int = 30_000  # a Read stream whose reader takes nothing this long is closed
+    # A call gets a shorter answer rather than wait, down to this (an answer is whole batches:
+    # one batch larger than the grant is still sent, and charged).
+    min_grant_bytes: int = 64 << 10
+
+    def __attrs_post_init__(self) -> None:
+        if min(self.total_bytes, self.holder_bytes, self.wait_ms, self.idle_ms, self.min_grant_bytes) < 1:
+            raise ConfigError("memory budget limits must be >= 1")
+        if self.holder_bytes > self.total_bytes:
+            raise ConfigError("holder_bytes (one connection's share) must be <= total_bytes")
+
+
+@attrs.define
+class BudgetStatistics:
+    used_bytes: int = 0
+    peak_bytes: int = 0
+    grants: int = 0
+    shortened: int = 0  # answers made shorter than asked for lack of room
+    waited: int = 0  # calls that waited for room
+    refused: int = 0  # calls refused (ResourceExhausted) after waiting
+    idle_closed: int = 0  # Read streams closed because their reader took nothing for idle_ms
+
+
+@attrs.define
+class MemoryBudget:
+    config: BudgetConfig
+    stats: BudgetStatistics = attrs.field(factory=BudgetStatistics)
+    _held: dict[str, int] = attrs.field(factory=dict)  # holder -> bytes
+
+    def room(self, holders: Sequence[str]) -> int:
+        """Bytes these holders may still take."""
+        room = self.config.total_bytes - self.stats.used_bytes
+        for h in holders:
+            room = min(room, self.config.holder_bytes - self._held.get(h, 0))
+        return max(room, 0)
+
+    def grant(self, holders: Sequence[str], want: int) -> int:
+        """Take up to ``want`` bytes (at least ``min(want, min_grant_bytes)``) and return how
+        many; 0: no room now (nothing taken)."""
+        room = self.room(holders)
+        if room < min(want, self.config.min_grant_bytes):
+            return 0
+        n = min(want, room)
+        self.take(holders, n)
+        self.stats.grants += 1
+        self.stats.shortened += n < want
+        return n
+
+    def take(self, holders: Sequence[str], n: int) -> None:
+        """Charge ``n`` bytes unconditionally (bytes already in memory, or an answer's last
+        batch past its grant)."""
+        for h in holders:
+            self._held[h] = self._held.get(h, 0) + n
+        self.stats.used_bytes += n
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.used_bytes)
+
+    def release(self, holders: Sequence[str], n: int) -> None:
+        for h in holders:
+            left = self._held.get(h, 0) - n
+            if left > 0:
+                self._held[h] = left
+            else:
+                self._held.pop(h, None)
+        self.stats.used_bytes -= n
+
+    def held(self, holder: str) -> int:
+        return self._held.get(holder, 0)
+
+
+def holders_of(context: Any) -> tuple[str, ...]:
+    """Who a call's bytes are charged to: its connection, and its token when it shows one
+    (a hash: the token itself is never kept)."""
+    out = [f"peer:{context.peer()}"]
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            out.append("token:" + hashlib.sha256(value.encode()).hexdigest()[:16])
+    return tuple(out)
+
+
+class Lease:
+    """The bytes one call holds in the budget; released (all of them) by ``release``."""
+
+    def __init__(self, budget: MemoryBudget, signal: Signal, holders: Sequence[str], address: str) -> None:
+        self.budget, self.signal, self.holders, self.address = budget, signal, tuple(holders), address
+        self.bytes = 0
+
+    async def acquire(self, want: int, *, wait_s: float | None = None, what: str = "answer") -> int:
+        """Take up to ``want`` more bytes, waiting up to ``wait_s`` (default ``wait_ms``) for
+        room; ResourceExhausted (counted) if none came."""
+        b = self.budget
+        n = b.grant(self.holders, want)
+        if n:
+            self.bytes += n
+            return n
+        cfg = b.config
+        deadline = time.monotonic() + (cfg.wait_ms / 1000.0 if wait_s is None else wait_s)
+        b.stats.waited += 1
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                b.stats.refused += 1
+                raise ResourceExhausted(
+                    self.address, "memory", cfg.total_bytes if b.room(()) == 0 else cfg.holder_bytes,
+                    f"no room for a {what} of up to {want} bytes: this connection/token holds "
+                    f"{max(b.held(h) for h in self.holders)} of its {cfg.holder_bytes}, the broker "
+                    f"{b.stats.used_bytes} of {cfg.total_bytes}")
+            await self.signal.wait(min(left, 0.05))
+            n = b.grant(self.holders, want)
+            if n:
+                self.bytes += n
+                return n
+
+    async def admit(self, n: int, *, what: str = "request") -> None:
+        """Charge ``n`` bytes that are in memory already (a received request); while that puts
+        one of the holders or the broker over budget because of *other* calls, wait (up to
+        ``wait_ms``) for them to release, then release it and raise ResourceExhausted."""
+        b = self.budget
+        b.take(self.holders, n)
+        self.bytes += n
+        if not self._crowded():
+            return
+        cfg = b.config
+        deadline = time.monotonic() + cfg.wait_ms / 1000.0
+        b.stats.waited += 1
+        while self._crowded():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                b.stats.refused += 1
+                self.release()
+                raise ResourceExhausted(self.address, "memory", cfg.total_bytes,
+                                        f"no room for a {what} of {n} bytes: the broker holds "
+                                        f"{b.stats.used_bytes} of {cfg.total_bytes}")
+            await self.signal.wait(min(left, 0.05))
+
+    def _crowded(self) -> bool:
+        """Over budget, and not only by this lease's own bytes (waiting would not help)."""
+        b, cfg = self.budget, self.budget.config
+        if cfg.total_bytes < b.stats.used_bytes > self.bytes:
+            return True
+        return any(cfg.holder_bytes < b.held(h) > self.bytes for h in self.holders)
+
+    def settle(self, actual: int) -> None:
+        """The call holds ``actual`` bytes now (an answer came out shorter, or one batch longer,
+        than granted)."""
+        if actual > self.bytes:
+            self.budget.take(self.holders, actual - self.bytes)
+        elif actual < self.bytes:
+            self.budget.release(self.holders, self.bytes - actual)
+            self.signal.fire()
+        self.bytes = actual
+
+    def release(self) -> None:
+        if self.bytes:
+            self.budget.release(self.holders, self.bytes)
+            self.bytes = 0
+            self.signal.fire()  # calls waiting for room
+
+
+# -- giving freed memory back ---------------------------------------------------------------------
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def tune_malloc() -> bool:
+    """Have glibc serve blocks of 1 MiB and more (answers, requests) with mmap, returned to the
+    system when freed. Fixing the threshold turns off glibc's dynamic one, which rises to the
+    size of the largest block freed (up to 32 MiB) so that later large blocks come from the
+    heap and stay in RSS after they are freed (the issue's "never released"). False where
+    there is no glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError):
+        return False

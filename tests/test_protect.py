@@ -1,0 +1,222 @@
+"""A broker that protects itself (issue 25), on real broker processes and real ZooKeeper.
+
+- Bytes checked on the way out: a byte flipped in a sealed segment of a running master is
+  never delivered; the master sets its copy aside (counted, logged), readers go to the slave,
+  and the master's copy is rebuilt from the slave.
+- One memory budget per broker: huge fetches and unread Read streams are bounded, memory
+  comes back when they end, and a producer of another queue on the same broker keeps being
+  acked without failing over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import zlib
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker_group import log as seglog
+from broker_group.answer import encode
+from broker_group.errors import from_rpc_error
+from broker_group.framing import GRPC_OPTIONS
+from broker_group.wire import ordq_pb2 as pb
+from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from ordq.admin.groups import roll_queue
+from ordq.admin.read import ReplicaReader
+from ordq.security import channel as security_channel
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - fixture
+from tests.order_check import check_delivery
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+
+def _copy(data_dir: Path, queue: str, seg: int) -> list[tuple[int, int]]:
+    """(seq, payload crc) of every message of one replica's copy, read from its file."""
+    path = seglog.segment_dir(data_dir, queue, seg) / seglog.SEGMENT_FILE
+    out = []
+    for header, messages in seglog.iter_file_batches(path):
+        out.extend((header.first_seq + i, zlib.crc32(m.payload)) for i, m in enumerate(messages))
+    return out
+
+
+def _stats(cluster: Cluster, address: str) -> dict:
+    return dict(json.loads(cluster.transport.health(address).stats_json))
+
+
+def test_a_byte_flipped_in_a_sealed_segment_of_a_running_master_is_never_delivered_and_repaired(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    n = 3000
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    producer = cluster.producer(n=n, rate=None)
+    producer.start()
+    producer.join(60)
+    with ReplicaReader(cluster.store) as reader:
+        roll_queue(cluster.store, reader, "q")  # segment 0 sealed, writes go on in segment 1
+    cluster.wait_state(lambda st: st.consume[0].seg == 0 and st.consume[0].end == n, what="segment 0 sealed")
+    subs = [f"s{i}" for i in range(6)]
+    for sub in subs:  # all subscribed before anyone reads: nobody pops segment 0 early
+        cluster.store.create_subscription("q", sub)
+    group = cluster.groups["g1"]
+    master = cluster.store.live_members("g1")["master"].address
+    path = seglog.segment_dir(group.master.data_dir, "q", 0) / seglog.SEGMENT_FILE
+    good = _copy(group.slave.data_dir, "q", 0)
+    with open(path, "r+b") as f:  # the running master's file: its page cache sees the change
+        size = f.seek(0, 2)
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+    caplog.set_level(logging.WARNING, logger="ordq.consumer")
+    consumers = [cluster.consumer(until=n - 1, sub=sub) for sub in subs]
+    for c in consumers:
+        c.start()
+    for c in consumers:
+        c.join(90)
+    for c in consumers:
+        summary = check_delivery(producer.acked, [c.delivered])
+        assert summary.acked == summary.delivered == n
+
+    # The master found it on the way out, counted it, said which segment, and rebuilt it.
+    assert "segment q/0: a served read found corrupt bytes" in group.master.log_tail(200)
+    assert any("seg 0" in r.getMessage() and master in r.getMessage() for r in caplog.records), \
+        "the consumer names the broker and segment it fell back from"
+    wait_until(lambda: (s := _stats(cluster, master))["corrupt"] == [] and s["reconciled"] >= 1,
+               timeout_s=30, what="the master's copy repaired")
+    stats = _stats(cluster, master)
+    assert stats["corrupt_reads"] == 1
+    assert _copy(group.master.data_dir, "q", 0) == good
+    assert list(path.parent.glob("segment.log.corrupt-*")), "the corrupt copy is kept as evidence"
+    res = cluster.transport.fetch(master, "q", 0, 0, max_bytes=64 << 20, max_wait_ms=0, known_end=n)
+    assert sum(seglog.parse_header(b).count for b in res.batches) == n  # served (and checked) again
+
+
+# -- one memory budget per broker ----------------------------------------------------------------
+
+HUGE = (1 << 32) - 1  # max_bytes a hostile reader asks for
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+class _Sampler:
+    """The peak RSS of one process, sampled every 20 ms in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _rss_mib(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak
+
+
+def test_huge_fetches_and_unread_streams_stay_in_the_budget_and_a_neighbour_keeps_writing(cluster: Cluster) -> None:
+    cluster.add_groups("g1")
+    cluster.create_queue("a", ["g1"])
+    cluster.create_queue("b", ["g1"])
+    fill = cluster.producer(n=48_000, queue="a", writer="A", size=1000, rate=None, send_timeout_s=30.0)  # ~48 MB
+    fill.start()
+    fill.join(120)
+    group = cluster.groups["g1"]
+    pid = group.master.proc.pid
+    assert pid is not None
+    address = cluster.store.live_members("g1")["master"].address
+    neighbour = cluster.producer(n=10**9, queue="b", writer="B", rate=500, send_timeout_s=20.0)
+    neighbour.start()
+    wait_until(lambda: len(neighbour.acked) >= 500, timeout_s=30, what="the neighbour writing")
+    baseline = _rss_mib(pid)
+    sampler = _Sampler(pid)
+
+    ch = security_channel(address, cluster.credentials, GRPC_OPTIONS)
+    stub = pb_grpc.BrokerStub(ch)
+    huge = pb.FetchRequest(queue="a", seg=0, offset=0, max_bytes=HUGE, max_wait_ms=0, known_end=-1)
+    outcomes: dict[str, int] = {}
+    try:
+        # 24 unread Read streams: started, never read.
+        streams = [stub.Read(pb.FetchRequest(queue="a", seg=0, offset=0, max_bytes=HUGE, max_wait_ms=0,
+                                             known_end=-1, stream_ms=60_000), timeout=120) for _ in range(24)]
+        # 24 Fetch calls at once, three rounds (their answers are read).
+        acked_before = len(neighbour.acked)
+        for _ in range(3):
+            calls = [stub.Fetch.future(huge, timeout=60) for _ in range(24)]
+            for call in calls:
+                try:
+                    call.result()
+                    outcomes["ok"] = outcomes.get("ok", 0) + 1
+                except grpc.RpcError as exc:
+                    err = from_rpc_error(exc, address)
+                    outcomes[type(err).__name__] = outcomes.get(type(err).__name__, 0) + 1
+        assert len(neighbour.acked) > acked_before, "the neighbour was acked while the fetches ran"
+        during = sampler.peak
+        for s in streams:
+            s.cancel()
+    finally:
+        ch.close()
+    peak = sampler.stop()
+    print(f"master RSS: baseline {baseline:.0f} MiB, peak {peak:.0f} MiB (during fetches {during:.0f}); "
+          f"fetch outcomes {outcomes}")
+    stats = neighbour.statistics()
+    assert stats is not None and stats.failovers == 0, f"the neighbour failed over: {stats}"
+    assert neighbour.error is None
+    assert peak - baseline < 200, f"master RSS grew {peak - baseline:.0f} MiB (bound 200 MiB)"
+    wait_until(lambda: _rss_mib(pid) < baseline * 1.10, timeout_s=30, interval_s=0.2,
+               what=f"master RSS back within 10% of its baseline {baseline:.0f} MiB")
+    assert "Traceback" not in group.master.log_tail(400), "cancelled streams log no tracebacks"
+    assert "ExecuteBatchError" not in group.master.log_tail(400)
+    neighbour.stop()
+
+
+@pytest.mark.parametrize("sizes, readable_end, sealed", [
+    ([], 0, False), ([], 0, True), ([], 5, False), ([1], 1, False), ([127, 128, 300], 2**40, True),
+    ([70_000, 3], 7, False), ([(1 << 21) + 5], 1, True),
+])
+def test_an_encoded_answer_is_the_fetch_response_protobuf_would_send(sizes: list[int], readable_end: int,
+                                                                      sealed: bool) -> None:
+    batches = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    ans = encode(batches, offset=3, end_offset=9, readable_end=readable_end, sealed=sealed)
+    assert ans.wire == pb.FetchResponse(batches=batches, readable_end=readable_end, sealed=sealed).SerializeToString()
+    assert ans.batch_bytes == sum(sizes) and ans.batches == len(sizes)
+    assert ans.end_offset == (9 if batches else 3)
+
+
+def _fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def test_connections_that_never_finish_their_handshake_are_closed_and_do_not_lock_clients_out(
+        cluster: Cluster) -> None:
+    cluster.add_groups("g1")
+    master = cluster.groups["g1"].master
+    pid = master.proc.pid
+    assert pid is not None and master.address is not None
+    host, port = master.address.rsplit(":", 1)
+    before = _fds(pid)
+    silent = [socket.create_connection((host, int(port)), timeout=5) for _ in range(100)]  # no ClientHello, ever
+    try:
+        wait_until(lambda: _fds(pid) >= before + 90, timeout_s=10, what="the broker accepted them")
+        assert cluster.transport.health(master.address).role == "master"  # a real client still gets in
+        # Closed by the broker at its handshake deadline (10 s), not held for ever.
+        wait_until(lambda: _fds(pid) <= before + 5, timeout_s=40, interval_s=0.2,
+                   what=f"the silent connections closed (fds {_fds(pid)}, {before} before)")
+    finally:
+        for s in silent:
+            s.close()
