@@ -64,11 +64,11 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
         assert [m.seq for m in got] == [0]
         real_commit: Callable = first._commit
 
-        def frozen_commit(cursor: object) -> None:
+        def frozen_commit(cursor: object, **kwargs: object) -> None:
             # The periodic commit _checks() runs after confirming the lease: it lands, then the
             # process "freezes" past its session while a successor takes over and delivers.
             first._commit = real_commit  # once
-            real_commit(cursor)
+            real_commit(cursor, **kwargs)
             expire_session(cluster, first)
             lease = first._lease
             assert lease is not None

@@ -14,7 +14,6 @@ import attrs
 
 from coordinator import state as sm
 from coordinator.paths import check_name
-from coordinator.seal import run_seal
 from coordinator.state import SegStatus
 from coordinator.store import ZkStore, roll_transition
 from ordq.admin.read import ReplicaReader
@@ -68,17 +67,29 @@ def drain_group(store: ZkStore, reader: ReplicaReader, gid: str, *, force: bool 
     return out
 
 
+# How long an admin verb waits for the coordinator to seal (it completes the seal later anyway).
+SEAL_TIMEOUT_S = 10.0
+
+
 def seal_now(store: ZkStore, reader: ReplicaReader, st: sm.QueueState, seg: int) -> tuple[sm.QueueState, bool]:
     """Seal ``seg`` (a segment just failed over or rolled) so its master refuses further
-    writes and producers follow the new segment at once. Best effort: False when no replica
-    answered (the coordinator daemon or the consumer that reaches its end completes it)."""
+    writes and producers follow the new segment at once. The coordinator runs the Seal
+    protocol (brokers take Seal only from coordinators and brokers): asked here, best effort.
+    False when it could not seal now (no coordinator or no replica answered; the elected
+    coordinator completes it later, or the consumer that reaches its end asks again)."""
+    from coordinator.client import CoordinatorClient
+    from ordq.security import of_store
+
     target = st.segment(seg)
     if target is None or target.status is not SegStatus.SEALING:
         return st, True
     try:
-        return run_seal(store, reader.transport, st.queue, seg), True
+        with CoordinatorClient(store, credentials=of_store(store), timeout_s=SEAL_TIMEOUT_S) as coord:
+            st = coord.seal(st.queue, seg)
     except OrdqError:
         return st, False
+    done = st.segment(seg)
+    return st, done is None or done.status is SegStatus.SEALED
 
 
 @attrs.frozen
