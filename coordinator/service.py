@@ -221,7 +221,7 @@ class CoordinatorService:
         self._tokens.watch(self.store.client, self.store.paths.root)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
                                                         thread_name_prefix="ordq-coord-rpc"), options=GRPC_OPTIONS)
-        pb_grpc.add_CoordinatorServicer_to_server(self, server)
+        pb_grpc.add_CoordinatorServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         if self.credentials.tls:
             from ordq.security import server_credentials
 
