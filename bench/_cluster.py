@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -16,7 +17,8 @@ import attrs
 
 from broker_group.process import BrokerGroupProcesses
 from coordinator.store import ZkStore
-from ordq.security import Credentials, provision, unregister
+from ordq.proc import ManagedProcess
+from ordq.security import Credentials, ensure_coordinator_pki, provision, unregister
 from ordq.zk_server import ZkServer
 from sdk import Producer
 
@@ -46,6 +48,7 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None, tls: bool = Tr
     broker_tls, client_tls = provision(base / "tls", zk.connection_string, ROOT, tls=tls)
     procs: list[BrokerGroupProcesses] = []
     store = None
+    coordinator: ManagedProcess | None = None
     try:
         store = ZkStore.connect(zk.connection_string, ROOT)
         gids = [f"g{i + 1}" for i in range(groups)]
@@ -60,9 +63,21 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None, tls: bool = Tr
                 raise RuntimeError("broker groups did not come up")
             time.sleep(0.05)
         store.create_queue(QUEUE, gids)
+        # Producers claim their epoch from the coordinator service (issue 23): one coordinator.
+        tls_args = ["--insecure"]
+        if tls:
+            c = ensure_coordinator_pki(base / "tls")
+            tls_args = ["--tls-cert", str(c.cert_file), "--tls-key", str(c.key_file), "--tls-ca", str(c.ca_file)]
+        coordinator = ManagedProcess("coordinator", [sys.executable, "-m", "ordq.cli", "--zk", zk.connection_string,
+                                                     "--root", ROOT, "coordinator", "run", *tls_args],
+                                     run_dir=base / "coordinator")
+        coordinator.start()
+        coordinator.wait_for_line("READY ", timeout_s=30)
         yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls)
     finally:
         unregister(zk.connection_string, ROOT)
+        if coordinator is not None and coordinator.alive():
+            coordinator.kill()
         for g in procs:
             g.kill()
         if store is not None:

@@ -25,7 +25,7 @@ import attrs
 
 from coordinator.paths import Paths
 from coordinator.state import Cursor, QueueState
-from ordq.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader, OrdqError
+from ordq.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader
 from ordq.security import Credentials, channel, token_metadata
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -104,7 +104,7 @@ class CoordinatorClient:
                 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 
                 ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
-                stub = self._stubs[address] = pb_grpc.CoordinatorStub(ch)
+                stub = self._stubs[address] = pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
             return stub
 
     def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
@@ -215,8 +215,8 @@ class CoordinatorClient:
         caller's lock node) leads the subscription's election; the new version. ConflictError
         when it moved, NotLeader when the holder does not lead."""
         pb = self._pb()
-        req = pb.CommitRequest(queue=queue, subscription=subscription, cursor_json=json.dumps(cursor.to_dict()).encode(),
-                               version=version, holder=holder)
+        req = pb.CommitRequest(queue=queue, subscription=subscription, version=version, holder=holder,
+                               cursor_json=json.dumps(cursor.to_dict()).encode())
         return int(self._call("Commit", req, timeout_s).version)
 
     def subscribe(self, queue: str, subscription: str, start: Sequence[str] = ("earliest",), *,
@@ -238,5 +238,3 @@ class CoordinatorClient:
 def _ms(seconds: float) -> int:
     return max(1, min(int(seconds * 1000), 2**32 - 1))
 
-
-__all__ = ["Claimed", "CoordinatorClient", "OrdqError"]

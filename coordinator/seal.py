@@ -130,7 +130,8 @@ def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Calla
     return sealer
 
 
-def make_prober(store: ZkStore, credentials: Credentials | None = None) -> Callable[[str, str, int], OpenSegment] | None:
+def make_prober(store: ZkStore,
+                credentials: Credentials | None = None) -> Callable[[str, str, int], OpenSegment] | None:
     """A (queue, gid, seg) -> OpenSegment asker of the group's master (for rolling by size
     and age), or None if the broker client is unavailable. ``credentials`` as for ``make_sealer``."""
     try:

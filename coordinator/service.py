@@ -124,6 +124,28 @@ class ServiceStats:
     calls: dict[str, int] = attrs.field(factory=dict)  # rpc -> requests
     refused: dict[str, int] = attrs.field(factory=dict)  # error type -> refusals
     not_leader: int = 0
+    outcomes: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (rpc, "ok" or error type) -> requests
+
+
+class _RequestsCollector:
+    """``ordq_coordinator_requests_total{rpc, outcome}`` from the service's stats."""
+
+    def __init__(self, service: CoordinatorService) -> None:
+        self._service = service
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily("ordq_coordinator_requests", "Coordinator service requests by outcome "
+                                     "(ok, or the refusal's error type)", labels=["rpc", "outcome"])
+        with self._service._stats_lock:
+            outcomes = dict(self._service.stats.outcomes)
+        for (rpc, outcome), n in sorted(outcomes.items()):
+            family.add_metric([rpc, outcome], n)
+        yield family
 
 
 class _Tokens:
@@ -175,15 +197,11 @@ class CoordinatorService:
         self._server: Any = None
         self.address = ""
         self._pb: Any = None
-        self._requests: Any = None
 
     def export_metrics(self, registry: Any) -> None:
-        """Count requests in ``registry``: ``ordq_coordinator_requests_total{rpc, outcome}``
-        (outcome ``ok`` or the refusal's error type)."""
-        from prometheus_client import Counter
-
-        self._requests = Counter("ordq_coordinator_requests", "Coordinator service requests by outcome "
-                                 "(ok, or the refusal's error type)", ["rpc", "outcome"], registry=registry)
+        """Serve the request counts in ``registry``: ``ordq_coordinator_requests_total{rpc,
+        outcome}`` (outcome ``ok`` or the refusal's error type)."""
+        registry.register(_RequestsCollector(self))
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -203,7 +221,7 @@ class CoordinatorService:
         self._tokens.watch(self.store.client, self.store.paths.root)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
                                                         thread_name_prefix="ordq-coord-rpc"), options=GRPC_OPTIONS)
-        pb_grpc.add_CoordinatorServicer_to_server(self, server)
+        pb_grpc.add_CoordinatorServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         if self.credentials.tls:
             from ordq.security import server_credentials
 
@@ -246,9 +264,12 @@ class CoordinatorService:
             log.exception("%s %s failed", rpc, queue)
             self._count(rpc, exc)
             abort_sync(context, OrdqError(f"coordinator error: {exc!r}"))
-        if self._requests is not None:
-            self._requests.labels(rpc=rpc, outcome="ok").inc()
+        self._outcome(rpc, "ok")
         return answer
+
+    def _outcome(self, rpc: str, outcome: str) -> None:
+        with self._stats_lock:
+            self.stats.outcomes[(rpc, outcome)] = self.stats.outcomes.get((rpc, outcome), 0) + 1
 
     def _count(self, rpc: str, exc: BaseException) -> None:
         name = type(exc).__name__
@@ -257,8 +278,7 @@ class CoordinatorService:
                 self.stats.not_leader += 1
             else:
                 self.stats.refused[name] = self.stats.refused.get(name, 0) + 1
-        if self._requests is not None:
-            self._requests.labels(rpc=rpc, outcome=name).inc()
+        self._outcome(rpc, name)
 
     def _leader_address(self) -> str:
         try:

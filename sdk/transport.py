@@ -93,7 +93,8 @@ class AsyncProduceStream(Protocol):
 class AsyncBrokerTransport(Protocol):
     """The data path of ``BrokerTransport`` on one event loop (made, used and closed there)."""
 
-    def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "") -> AsyncProduceStream: ...
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int,
+                     epoch_key: str = "") -> AsyncProduceStream: ...
 
     async def fetch(
         self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
