@@ -347,8 +347,9 @@ def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
     (``--token`` and ``--zk-auth`` set them for a command)."""
     entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
     creds = Credentials.from_dict(entry)
-    overrides: dict[str, Any] = {field: os.environ[env] for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
-                 if os.environ.get(env)}
+    overrides: dict[str, Any] = {field: os.environ[env]
+                                 for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
+                                 if os.environ.get(env)}
     return attrs.evolve(creds, **overrides) if overrides else creds
 
 
