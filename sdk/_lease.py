@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 from kazoo.client import KazooClient, KazooState
@@ -167,3 +168,20 @@ class SessionLease:
             last_sent = self._renew_once()
             if self._clock.valid_until == answered_before and self._clock.lost_reason is None:
                 time.sleep(RETRY_S)  # unanswered: try again soon, not at the next period
+
+
+def release_bounded(client: KazooClient, lock: Any, timeout_s: float) -> None:
+    """Give up ``lock`` (a kazoo Lock) waiting at most ``timeout_s`` for ZooKeeper.
+
+    kazoo's ``Lock.release`` retries a lost connection for ever, and its delete waits for an
+    answer without a timeout: with ZooKeeper gone (stopped, partitioned) a closing client hung
+    for good (Ctrl-C on ``ordq consume``, a test's teardown; issue 26). Giving up is safe: the
+    caller then stops the client, which ends the session, and the ephemeral lock node with it."""
+    if not getattr(lock, "is_acquired", False) or not getattr(lock, "node", None):
+        return
+    try:
+        client.delete_async(f"{lock.path}/{lock.node}").get(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - gone already, or ZooKeeper away: the session takes the node
+        log.debug("lock node %s/%s not deleted; it goes with the session", lock.path, lock.node)
+    lock.is_acquired = False
+    lock.node = None

@@ -46,7 +46,6 @@ from typing import Any, NamedTuple
 
 import attrs
 from kazoo.client import KazooClient
-from kazoo.retry import KazooRetry
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
@@ -73,7 +72,7 @@ from ordq.errors import (
 )
 from ordq.security import Credentials, lookup
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
-from sdk._lease import SessionLease
+from sdk._lease import SessionLease, release_bounded
 from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.failure import FailurePolicy
@@ -333,16 +332,8 @@ class Consumer:
             self._failing.close()
         if self._lease is not None:
             self._lease.stop()
-        if self._election is not None:
-            # Bounded: kazoo's Lock.release retries a lost connection for ever, backing off up
-            # to an hour (Ctrl-C on `ordq consume` hung for minutes on a loaded machine, issue
-            # 26). Giving up is safe: client.stop() ends the session, and the lock node with it.
-            retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=0.5,
-                               deadline=self.config.zk_session_timeout_s)
-            try:
-                retry(self._election._inner_release)
-            except Exception:  # noqa: BLE001 - session gone or ZooKeeper away: the node goes with it
-                pass
+        if self._election is not None and self._client is not None:
+            release_bounded(self._client, self._election, self.config.zk_session_timeout_s)
         if self._coord is not None:
             self._coord.close()
         if self._client is not None:

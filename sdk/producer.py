@@ -45,6 +45,7 @@ from ordq.errors import (
 from ordq.loop import LoopThread
 from ordq.security import Credentials, lookup
 from sdk._futures import BatchOutcome, SendFuture
+from sdk._lease import release_bounded
 from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from sdk._producer_io import ProducerIO
 from sdk.audit import AuditWriter, new_writer_id
@@ -254,11 +255,8 @@ class Producer(ProducerIO):
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        if self._lease is not None:
-            try:
-                self._lease.release()
-            except Exception:  # noqa: BLE001 - the session may be gone; the node goes with it
-                pass
+        if self._lease is not None and self._client is not None:
+            release_bounded(self._client, self._lease, self.config.zk_session_timeout_s)
         if self._coordinator is not None:
             self._coordinator.close()
         if self._client is not None:
