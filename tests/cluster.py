@@ -79,6 +79,20 @@ _CLUSTER = pytest.StashKey["Cluster"]()
 _PLUGIN_NAME = "ordq-cluster-log-tails"
 
 
+
+def start_coordinator(name: str, hosts: str, root: str, run_dir: Path, *, interval_s: float = 0.2,
+                      session_timeout_s: float = 1.0) -> ManagedProcess:
+    """A coordinator process (daemon and service) on a test cluster, serving once it returns:
+    producers and consumers ask it (issue 23). It finds its certificate next to the CA
+    registered for ``hosts`` and ``root``; the caller stops it."""
+    argv = [sys.executable, "-m", "ordq.cli", "--zk", hosts, "--root", root, "coordinator", "run",
+            "--metrics", "127.0.0.1:0", "--interval", str(interval_s), "--session-timeout", str(session_timeout_s)]
+    proc = ManagedProcess(name, argv, run_dir=run_dir, env={"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+                          cwd=REPO)
+    proc.start()
+    proc.wait_for_line("READY", timeout_s=30)
+    return proc
+
 class Cluster:
     """Broker groups, helper programs and daemons of one test, on one ZooKeeper root."""
 
@@ -210,10 +224,9 @@ class Cluster:
 
     def start_daemon(self, name: str, *, interval_s: float = 0.2, session_timeout_s: float = 1.0) -> ManagedProcess:
         """A coordinator process (daemon and service; its session as short as the brokers')."""
-        proc = self.spawn(name, ["-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, "coordinator", "run",
-                                 "--metrics", "127.0.0.1:0", "--interval", str(interval_s),
-                                 "--session-timeout", str(session_timeout_s)])
-        proc.wait_for_line("READY", timeout_s=30)
+        proc = start_coordinator(name, self.hosts, self.root, self.run_dir, interval_s=interval_s,
+                                 session_timeout_s=session_timeout_s)
+        self.programs.append(proc)
         self.coordinators.append(proc)
         stand_in, self._stand_in = self._stand_in, None
         if stand_in is not None and stand_in.alive():

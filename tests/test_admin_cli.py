@@ -29,8 +29,10 @@ from coordinator import state as sm
 from coordinator.store import ZkStore
 from ordq.cli import main
 from ordq.errors import ConflictError
+from ordq.proc import ManagedProcess
 from ordq.security import of_store, provision
 from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
+from tests.cluster import start_coordinator
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -82,6 +84,7 @@ def make_cluster(zk_server, zk_root, tmp_path: Path, capsys) -> Iterator[Callabl
     processes), create queue ``q`` on them. Everything is killed at teardown."""
     store = ZkStore.connect(zk_server.connection_string, zk_root)
     started: list[BrokerGroupProcesses] = []
+    coordinators: list[ManagedProcess] = []
 
     broker_tls, _ = provision(tmp_path / "tls", zk_server.connection_string, zk_root)
 
@@ -96,6 +99,9 @@ def make_cluster(zk_server, zk_root, tmp_path: Path, capsys) -> Iterator[Callabl
             list(pool.map(lambda g: g.start(), groups.values()))
         wait_until(lambda: store.live_groups(list(gids)) == set(gids), what="groups live")
         store.create_queue(Q, list(gids))
+        if not coordinators:  # producers and consumers ask it (issue 23)
+            coordinators.append(start_coordinator("coordinator-0", zk_server.connection_string, zk_root,
+                                                  tmp_path / "run"))
         return Cluster(zk_server.connection_string, zk_root, store, groups, capsys)
 
     try:
@@ -105,6 +111,9 @@ def make_cluster(zk_server, zk_root, tmp_path: Path, capsys) -> Iterator[Callabl
             for p in g.members:
                 print(f"--- {p.gid} {p.role} log tail ---\n{p.log_tail(20)}")
             g.kill()
+        for proc in coordinators:
+            print(f"--- {proc.name} log tail ---\n{proc.log_tail(20)}")
+            proc.kill()
         store.close()
 
 
