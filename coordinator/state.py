@@ -184,11 +184,17 @@ class QueueState:
         )
 
     def admission_order(self, facts: Facts, *, last: str | None = None) -> list[str]:
-        """The eligible groups, in the order to admit them: those without backlog first
-        (in the queue's group order), then those with backlog, and ``last`` (the group that
-        just failed over) at the very end. Why: a group that just failed is not made head
-        again ahead of the others (churn), and backlog spreads over groups when it can."""
+        """The groups to admit now, in order: those without backlog first (in the queue's
+        group order), then those with backlog, and ``last`` (the group that just failed over)
+        at the very end. While some group takes writes, a group with backlog waits until its
+        segments are read (JMQ's rule, kept as a preference): a head that just failed holds
+        the segment it failed, and its killed master's liveness node lingers for a session, so
+        it would otherwise rejoin at once and be tried again. Only when no group takes writes
+        is a group with backlog admitted (order rests on segment ids, I3), so a queue whose
+        groups all restarted is writable again at once."""
         ok = [g for g in self.groups if self.eligible(g, facts)]
+        if self.send:
+            ok = [g for g in ok if not self.has_backlog(g)]
         return sorted(ok, key=lambda g: (g == last, self.has_backlog(g)))
 
     def earliest_cursor(self) -> Cursor:

@@ -308,16 +308,7 @@ class Consumer:
         try:
             if (not lease_error and self._store is not None and self._lease is not None
                     and self._lease.lost_reason is None and self._policy_pending()):
-                cursor = self._finished_pos()
-                deadline = time.monotonic() + self.config.zk_outage_s
-                while True:  # ride out a short ZooKeeper outage, as poll() does
-                    try:
-                        self._commit(cursor)
-                        break
-                    except CoordinationUnavailable:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)
+                self._commit_riding_out(self._finished_pos())
         finally:
             for audit in (self._audit, self._skips):
                 if audit is not None:
@@ -725,7 +716,21 @@ class Consumer:
             self._finish_handed()
         else:
             self._mark_finished(through)
-        self._commit(self._finished_pos())
+        self._commit_riding_out(self._finished_pos())
+
+    def _commit_riding_out(self, cursor: Cursor) -> None:
+        """Commit ``cursor``, riding out a ZooKeeper or coordinator outage of up to
+        ``zk_outage_s`` as ``poll`` does (the coordinator answers UNAVAILABLE while it cannot
+        reach ZooKeeper); CoordinationUnavailable after that."""
+        deadline = time.monotonic() + self.config.zk_outage_s
+        while True:
+            try:
+                self._commit(cursor)
+                return
+            except CoordinationUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def _periodic_commit_due(self, now: float) -> bool:
         """A commit is due by the policy, ZooKeeper is up (the coordinator checks the lock node

@@ -30,7 +30,10 @@ pytestmark = pytest.mark.zk
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 ALERTS = DOCS / "alerts.yml"
 # listed in docs/OPERATIONS.md but exposed only once something happened (a seal, a conflict)
-CONDITIONAL = {"ordq_coordinator_seal_seconds", "ordq_coordinator_conflicts_total", "ordq_coordinator_actions_total"}
+# Series with labels that appear only once something happened (a seal, a conflict, a queue
+# whose state does not parse).
+CONDITIONAL = {"ordq_coordinator_seal_seconds", "ordq_coordinator_conflicts_total", "ordq_coordinator_actions_total",
+               "ordq_queue_state_corrupt"}
 N = 20_000
 
 # process kind -> series (sample names) that must grow under load, with the labels to pick

@@ -153,8 +153,9 @@ class UndrainedQueue:
 
 
 def undrain_group(store: ZkStore, gid: str) -> list[UndrainedQueue]:
-    """Clear the drain mark and admit ``gid`` at the tail of the send lists it is eligible
-    for now, backlog or not (the coordinator daemon admits it to the others once it is live)."""
+    """Clear the drain mark and admit ``gid`` at the tail of the send lists it may join now
+    (``QueueState.admission_order``: live, and no unread segments while another group takes
+    writes); the coordinator daemon admits it to the others once it may."""
     store.get_group(gid)
     store.set_group_drained(gid, False)
     out = []
@@ -165,8 +166,16 @@ def undrain_group(store: ZkStore, gid: str) -> list[UndrainedQueue]:
         if gid in st.send:
             out.append(UndrainedQueue(queue, True, None))
             continue
+        def admit(s: sm.QueueState, f: sm.Facts) -> sm.QueueState:
+            if gid in s.send:
+                return s
+            if s.eligible(gid, f) and gid not in s.admission_order(f):
+                raise IllegalTransition("admit", f"group {gid} still holds unconsumed segments of {s.queue} (admitted "
+                                        "once they are read, or as soon as no other group takes writes)")
+            return sm.admit(s, gid, f)
+
         try:
-            st = store.apply(queue, lambda s, f: sm.admit(s, gid, f) if gid not in s.send else s)
+            st = store.apply(queue, admit)
             out.append(UndrainedQueue(queue, True, None))
         except IllegalTransition as exc:
             out.append(UndrainedQueue(queue, False, exc.reason))
