@@ -36,18 +36,11 @@ class Verifier:
 
     def _spark(self) -> Any:
         if self._session is None:
-            from pyspark.sql import SparkSession
-
-            from spark_order_check._session import make_session
+            from spark_order_check._session import make_session, running_session
 
             # A session already running in this process (an in-process ``ordq demo`` in the
             # tests) is used and never stopped: getOrCreate would hand it over all the same.
-            # getActiveSession only sees a session made on this thread; a drill verifies on
-            # another, so the process-wide default session counts too (else it was stopped).
-            running = SparkSession.getActiveSession() or SparkSession._instantiatedSession
-            if running is not None and running.sparkContext._jsc is None:
-                running = None  # stopped
-            self._session = running
+            self._session = running_session()
             self._own = self._session is None
         if self._session is None:
 

@@ -14,6 +14,16 @@ DEFAULT_MASTER = "local[*]"
 OPEN_COST_BYTES = 1 << 40
 
 
+def running_session() -> SparkSession | None:
+    """The SparkSession this process already runs, if any, from whichever thread made it
+    (``getActiveSession`` sees only the current thread's): a caller that finds one uses it and
+    never stops it (it belongs to whoever made it: a test session, an in-process demo)."""
+    running = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    if running is None or running.sparkContext._jsc is None:  # none, or stopped
+        return None
+    return running
+
+
 def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = None,
                  driver_memory: str | None = None, app_name: str = "ordq-verify") -> SparkSession:
     """Get or create a session. ``master=None`` keeps what spark-submit chose, else ``local[*]``.

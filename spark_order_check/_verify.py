@@ -33,7 +33,7 @@ from spark_order_check._scan import (
     scan_deliveries,
     scan_skips,
 )
-from spark_order_check._session import default_partitions, make_session, scan_settings
+from spark_order_check._session import default_partitions, make_session, running_session, scan_settings
 from spark_order_check.report import (
     CLASSES,
     EXAMPLES,
@@ -130,7 +130,7 @@ def verify(
         seg_files = _list_segments_local(seg_paths) if seg_paths else None
     if not 1 <= bucket_bits <= 40:
         raise ConfigError("bucket_bits must be between 1 and 40")
-    session = spark or SparkSession.getActiveSession()
+    session = spark or running_session()
     own = session is None  # a session this call creates, it also stops
     if session is None:
         session = make_session(master, conf=conf, driver_memory=driver_memory)

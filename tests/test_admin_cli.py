@@ -318,7 +318,9 @@ def test_drain_moves_the_head_keeps_the_group_out_and_remove_is_consistent(make_
     # Seqs are found in either segment; once a segment is popped its seqs are gone.
     assert (c.json("peek", Q, "--seq", "5")["seg"], c.json("peek", Q, "--seq", "25")["offset"]) == (0, 5)
     undrained = c.json("group", "undrain", "g1")["queues"]
-    assert undrained == [{"queue": Q, "admitted": True, "why_not": None}]  # issue 23: with its backlog, at the tail
+    # g2 takes writes: g1, holding unread segment 0, waits until it is read (JMQ's rule)
+    assert [(q["queue"], q["admitted"]) for q in undrained] == [(Q, False)]
+    assert "still holds unconsumed segments" in undrained[0]["why_not"]
     with c.consumer("s1") as consumer:
         assert [m.seq for m in take(consumer, 40)] == list(range(40))
         wait_until(lambda: c.store.load_state(Q)[0].trimmed_seq == 19, what="segment 0 popped")
