@@ -9,12 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, Permissions
 
@@ -41,6 +39,7 @@ from ordq.proc import ManagedProcess
 from ordq.security import Credentials
 from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import REPO
+from tests.util import raw_zk as raw
 from tests.util import wait_until
 
 ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"
@@ -119,17 +118,6 @@ def test_paths_outside_the_root_and_bad_credentials() -> None:
 
 
 # -- a real ZooKeeper ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def raw(hosts: str, auth: str | None = None) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
-    client.start(timeout=30)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 @pytest.mark.zk

@@ -13,7 +13,6 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from coordinator.acl import AclIds
@@ -22,21 +21,11 @@ from coordinator.paths import Paths
 from coordinator.store import ZkStore
 from drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
 from ordq.errors import ZkAccessDenied
+from tests.util import raw_zk as raw
 
 ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"
 IDS = AclIds.of(ADMIN, CLIENT)
 POLICY = {"on_failure": "block", "attempts": 3, "backoff_s": [0.1]}
-
-
-@contextlib.contextmanager
-def raw(hosts: str, auth: str | None = None) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
-    client.start(timeout=30)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 @pytest.fixture

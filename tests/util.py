@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
+
+from kazoo.client import KazooClient
 
 T = TypeVar("T")
 
@@ -30,3 +33,16 @@ def wait_until(
             detail = f" (last error: {last_exc!r})" if last_exc else ""
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}{detail}")
         time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def raw_zk(hosts: str, auth: str | None = None) -> Iterator[KazooClient]:
+    """A bare kazoo client (no ordq wrapper), with a digest credential or none: what an
+    attacker or an outside tool would use."""
+    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
