@@ -211,12 +211,17 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     async def Fetch(self, request: pb.FetchRequest, context: Context) -> bytes:
         async def fetch() -> bytes:
-            # Charged to the budget while it is built; released as it is handed to gRPC.
+            # Charged to the budget from when it is built until gRPC finished the call: a
+            # returned answer still sits in gRPC's send buffer until a slow reader's
+            # flow-control window takes it, and releasing it at return let one reader's
+            # unread answers pile up past its share (issue 25).
             lease = self.b.lease(holders_of(context))
+            context.add_done_callback(lambda _ctx: lease.release())
             try:
                 return (await self.b.fetch(request, lease)).wire
-            finally:
+            except BaseException:
                 lease.release()
+                raise
 
         return await self._answer(context, "Fetch", request.queue, fetch)  # type: ignore[no-any-return]
 

@@ -70,9 +70,13 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
             os.kill(members["g2"].pid, signal.SIGKILL)
             st = store.wait_state("q", lambda s: s.head == "g3", timeout_s=15)
             assert [s.status for s in st.consume[:2]] == [SegStatus.SEALING, SegStatus.SEALING]
-            body = urllib.request.urlopen(standby_url, timeout=5).read().decode()
+            # The daemon counts an action once its write landed: the state can be seen first.
+            def standby_counted() -> str | None:
+                body = urllib.request.urlopen(standby_url, timeout=5).read().decode()
+                return body if 'ordq_coordinator_actions_total{kind="fail_over"}' in body else None
+
+            body = wait_until(standby_counted, timeout_s=10, interval_s=0.1, what="the standby to count its fail-over")
             assert "ordq_coordinator_leader 1" in body
-            assert 'ordq_coordinator_actions_total{kind="fail_over"}' in body
     finally:
         for p in procs:
             if p.poll() is None:
