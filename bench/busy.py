@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
-from ordq.proc import dies_with
+from ordq.proc import dying_with_parent
 
 # The loop itself: spins, looking at the clock and at its parent every ~2^16 iterations
 # (a few ms); exits when either says so.
@@ -40,8 +40,8 @@ while time.monotonic() < end and os.getppid() == parent:
 def start_loops(n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
     """Start ``n`` busy loops that stop after ``seconds`` or when this process dies."""
     me = os.getpid()
-    return [subprocess.Popen([sys.executable, "-c", _LOOP, str(me), str(seconds)], stdin=subprocess.DEVNULL,
-                             preexec_fn=dies_with(me)) for _ in range(n)]
+    return [subprocess.Popen(dying_with_parent([sys.executable, "-c", _LOOP, str(me), str(seconds)]),
+                             stdin=subprocess.DEVNULL) for _ in range(n)]
 
 
 def stop_loops(loops: Sequence[subprocess.Popen[bytes]]) -> None:

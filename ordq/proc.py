@@ -15,7 +15,10 @@ Guarantees:
   it): the child gets ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies when its starter dies, even by
   kill -9 (issue 26: a killed test run left 14 brokers and three ZooKeepers running). Linux
   sends it when the *thread* that forked the child ends, so such children are forked by one
-  spawner thread that lives as long as the process. Every child also carries ``ORDQ_OWNER`` (the starter's
+  spawner thread that lives as long as the process. The signal is set by util-linux's
+  ``setpriv --pdeathsig`` exec'ing the program, never by Python code between fork and exec
+  (``preexec_fn``): in a process with threads that child can deadlock before exec — seen in
+  CI as a restarted broker that never printed a line. Every child also carries ``ORDQ_OWNER`` (the starter's
   pid and start time), inherited by what it starts in turn, so ``sweep_orphans`` can find the
   leftovers of a dead owner.
 """
@@ -23,9 +26,9 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ordq.errors import ExternalProcessError
 
@@ -53,10 +56,8 @@ _DETACHED: list[subprocess.Popen[bytes]] = []
 # servers running after it exits.
 DIE_WITH_PARENT = False
 OWNER_ENV = "ORDQ_OWNER"
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_prctl: Any = None  # resolved here, not in the child between fork and exec (no dlopen there)
-with contextlib.suppress(OSError, AttributeError):  # not Linux: no parent-death signal
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+# util-linux's setpriv sets the parent-death signal and execs the program (same pid).
+_SETPRIV = shutil.which("setpriv")
 
 
 def announce(line: str) -> None:
@@ -118,9 +119,8 @@ class ManagedProcess:
             self._log_start = log.tell()
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env, cwd=self.cwd, start_new_session=True,
-                    preexec_fn=dies_with(os.getpid()) if die else None,
+                    dying_with_parent(self.argv) if die else self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env=env, cwd=self.cwd, start_new_session=True,
                 )
 
             try:
@@ -371,14 +371,16 @@ def _spawner() -> ThreadPoolExecutor:
         return _SPAWNER
 
 
-def dies_with(parent: int) -> Callable[[], None]:
-    """``preexec_fn`` (in the child, between fork and exec): SIGKILL when ``parent`` dies."""
-    def preexec() -> None:
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took hold: nobody would kill us
-            os._exit(1)
-    return preexec
+def dying_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv`` run so that it gets SIGKILL when the thread that forks it ends (Linux, with
+    util-linux's setpriv; elsewhere unchanged). Fork it from a thread that lives as long as
+    the starter (``_spawner``). A starter that dies before setpriv ran leaves the child to
+    ``sweep_orphans``."""
+    if not _SETPRIV:
+        return list(argv)
+    if shutil.which(argv[0]) is None:  # setpriv would start, then fail to exec: say it here
+        raise FileNotFoundError(2, "no such program", argv[0])
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def _start_time(pid: int) -> str | None:
