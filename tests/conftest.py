@@ -64,7 +64,8 @@ def _sweep_earlier_runs(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Kill what killed earlier runs left behind: processes whose owner (``ORDQ_OWNER``) is dead
     and whose command line names a folder under pytest's temporary root. Live runs of others on
     this machine, and anything not marked, are never touched."""
-    root = tmp_path_factory.getbasetemp().parent  # /tmp/pytest-of-<user>
+    base = tmp_path_factory.getbasetemp()  # .../pytest-of-<user>/pytest-N[/popen-gwK under xdist]
+    root = next((p for p in (base, *base.parents) if p.name.startswith("pytest-of-")), base.parent)
     killed = sweep_orphans([root])
     if killed:
         print(f"\nswept {len(killed)} leftover process(es) of earlier killed test runs: {killed}")
