@@ -47,6 +47,11 @@ class BudgetConfig:
 
     total_bytes: int = 256 << 20  # everything held for clients at once
     holder_bytes: int = 32 << 20  # one connection's (and one token's) share of it
+    # Kept for produce requests: answers (Fetch, Read) may hold at most total - this, so that
+    # readers on many connections with many tokens cannot leave a producer waiting for room
+    # (an acked write must never starve behind reads; 8 readers' shares filled 256 MiB).
+    # None: a quarter of total_bytes (64 MiB of the default 256).
+    write_reserve_bytes: int | None = None
     wait_ms: int = 5_000  # how long a call waits for room before it is refused
     idle_ms: int = 30_000  # a Read stream whose reader takes nothing this long is closed
     # A call gets a shorter answer rather than wait, down to this (an answer is whole batches:
@@ -58,6 +63,13 @@ class BudgetConfig:
             raise ConfigError("memory budget limits must be >= 1")
         if self.holder_bytes > self.total_bytes:
             raise ConfigError("holder_bytes (one connection's share) must be <= total_bytes")
+        if not 0 <= self.reserve_bytes < self.total_bytes:
+            raise ConfigError("write_reserve_bytes must be >= 0 and < total_bytes")
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What answers leave to produce requests (``write_reserve_bytes``, else total / 4)."""
+        return self.total_bytes // 4 if self.write_reserve_bytes is None else self.write_reserve_bytes
 
 
 @attrs.define
@@ -77,17 +89,18 @@ class MemoryBudget:
     stats: BudgetStatistics = attrs.field(factory=BudgetStatistics)
     _held: dict[str, int] = attrs.field(factory=dict)  # holder -> bytes
 
-    def room(self, holders: Sequence[str]) -> int:
-        """Bytes these holders may still take."""
-        room = self.config.total_bytes - self.stats.used_bytes
+    def room(self, holders: Sequence[str], *, reserve: int = 0) -> int:
+        """Bytes these holders may still take, leaving ``reserve`` of the total untaken."""
+        room = self.config.total_bytes - reserve - self.stats.used_bytes
         for h in holders:
             room = min(room, self.config.holder_bytes - self._held.get(h, 0))
         return max(room, 0)
 
     def grant(self, holders: Sequence[str], want: int) -> int:
-        """Take up to ``want`` bytes (at least ``min(want, min_grant_bytes)``) and return how
-        many; 0: no room now (nothing taken)."""
-        room = self.room(holders)
+        """Take up to ``want`` bytes for an answer (at least ``min(want, min_grant_bytes)``),
+        leaving ``write_reserve_bytes`` to produce requests, and return how many; 0: no room
+        now (nothing taken)."""
+        room = self.room(holders, reserve=self.config.reserve_bytes)
         if room < min(want, self.config.min_grant_bytes):
             return 0
         n = min(want, room)
@@ -149,8 +162,9 @@ class Lease:
             left = deadline - time.monotonic()
             if left <= 0:
                 b.stats.refused += 1
+                full = b.room((), reserve=cfg.reserve_bytes) == 0
                 raise ResourceExhausted(
-                    self.address, "memory", cfg.total_bytes if b.room(()) == 0 else cfg.holder_bytes,
+                    self.address, "memory", cfg.total_bytes - cfg.reserve_bytes if full else cfg.holder_bytes,
                     f"no room for a {what} of up to {want} bytes: this connection/token holds "
                     f"{max(b.held(h) for h in self.holders)} of its {cfg.holder_bytes}, the broker "
                     f"{b.stats.used_bytes} of {cfg.total_bytes}")
