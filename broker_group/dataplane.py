@@ -60,6 +60,7 @@ def add_servicer(broker: Broker, server: grpc.aio.Server) -> None:
 
 
 SERVICE = "ordq.v1.Broker"
+SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
 
 
 def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
@@ -90,7 +91,7 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
             b.count_refused(bad)
             await abort(context, bad)
 
-    if handler.request_streaming:
+    if handler.request_streaming:  # Produce, Replicate: their requests are the batches
         behavior = handler.stream_stream or handler.stream_unary
 
         async def streamed(requests: AsyncIterator[Any], context: Context) -> Any:
@@ -101,14 +102,26 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
         return handler._replace(**{key: streamed})
 
     behavior = handler.unary_stream or handler.unary_unary
+    parse = handler.request_deserializer
+
+    def deserialize(raw: bytes) -> Any:
+        # gRPC's receive limit is one for the whole server, sized for Produce: the other
+        # calls' requests are a few hundred bytes, and one past SMALL_REQUEST_BYTES is refused
+        # here, typed and counted (gRPC's own refusal, past the server's limit, is neither).
+        if len(raw) > SMALL_REQUEST_BYTES:
+            raise ConfigError(f"bad {rpc} request: {len(raw)} bytes, over this call's limit of "
+                              f"{SMALL_REQUEST_BYTES}")
+        return parse(raw)
 
     async def unary(requests: AsyncIterator[Any], context: Context) -> Any:
         await refused(context)
         return await behavior(await one(requests, context), context)
 
     if handler.response_streaming:
-        return handler._replace(request_streaming=True, unary_stream=None, stream_stream=unary)
-    return handler._replace(request_streaming=True, unary_unary=None, stream_unary=unary)
+        return handler._replace(request_streaming=True, unary_stream=None, stream_stream=unary,
+                                request_deserializer=deserialize)
+    return handler._replace(request_streaming=True, unary_unary=None, stream_unary=unary,
+                            request_deserializer=deserialize)
 
 
 class _Handlers:
