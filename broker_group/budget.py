@@ -11,8 +11,9 @@ A call that finds no room waits (``wait_ms``) on the broker's signal and is then
 
 Rules:
 - ``MemoryBudget`` is pure accounting: no gRPC, no clock, no waiting. It is used on the broker's
-  event loop only (not thread-safe); the waiting lives in ``Lease`` (below), which sleeps on
-  the broker's ``Signal`` and asks again.
+  event loop only (not thread-safe); the waiting lives in ``Lease`` (below): an answer waits
+  for a release by what holds it back (its fullest holder, or anyone when the whole budget is
+  full: ``on_release``), a produce request on the broker's ``Signal``; then it asks again.
 - What is charged is the answer's or request's batch bytes. An answer lives twice on its way
   out (its encoded bytes, broker_group/answer.py, and gRPC's copy), so the process holds up to
   ~2x the charged bytes: size the budget with that (docs/OPERATIONS.md).
@@ -22,12 +23,14 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
     from ordq.loop import Signal
 
 log = logging.getLogger("ordq.broker")
+
+ALL = "*"  # what an answer waits on when the whole budget, not one holder's share, is full
 
 
 @attrs.frozen(kw_only=True)
@@ -88,6 +93,7 @@ class MemoryBudget:
     config: BudgetConfig
     stats: BudgetStatistics = attrs.field(factory=BudgetStatistics)
     _held: dict[str, int] = attrs.field(factory=dict)  # holder -> bytes
+    _wakers: dict[str, list[Callable[[], None]]] = attrs.field(factory=dict)  # blocked on -> answers waiting
 
     def room(self, holders: Sequence[str], *, reserve: int = 0) -> int:
         """Bytes these holders may still take, leaving ``reserve`` of the total untaken."""
@@ -125,9 +131,34 @@ class MemoryBudget:
             else:
                 self._held.pop(h, None)
         self.stats.used_bytes -= n
+        # Wake only the answers this can help: those held back by one of these holders'
+        # shares, and those held back by the whole budget. (Waking every waiter at every
+        # release, and polling every 50 ms, cost an abused broker most of its loop: 28 calls
+        # waiting on one abuser's share woke at each of a neighbour's produce requests.)
+        for key in (*holders, ALL):
+            for wake in self._wakers.pop(key, ()):
+                wake()
 
     def held(self, holder: str) -> int:
         return self._held.get(holder, 0)
+
+    def blocked_on(self, holders: Sequence[str], want: int) -> str:
+        """What keeps an answer of ``want`` bytes from these holders waiting: ``ALL`` (the
+        budget, less the write reserve) or the holder whose share is fullest."""
+        need = min(want, self.config.min_grant_bytes)
+        if self.config.total_bytes - self.config.reserve_bytes - self.stats.used_bytes < need or not holders:
+            return ALL
+        return max(holders, key=self.held)
+
+    def on_release(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (once) at the next release by holder ``key`` (``ALL``: by anyone);
+        returns what cancels that."""
+        self._wakers.setdefault(key, []).append(wake)
+
+        def cancel() -> None:
+            with contextlib.suppress(ValueError):
+                self._wakers.get(key, []).remove(wake)
+        return cancel
 
 
 def holders_of(context: Any) -> tuple[str, ...]:
@@ -158,6 +189,7 @@ class Lease:
         cfg = b.config
         deadline = time.monotonic() + (cfg.wait_ms / 1000.0 if wait_s is None else wait_s)
         b.stats.waited += 1
+        loop = asyncio.get_running_loop()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -168,7 +200,18 @@ class Lease:
                     f"no room for a {what} of up to {want} bytes: this connection/token holds "
                     f"{max(b.held(h) for h in self.holders)} of its {cfg.holder_bytes}, the broker "
                     f"{b.stats.used_bytes} of {cfg.total_bytes}")
-            await self.signal.wait(min(left, 0.05))
+            # Until a release that can help (budget.release), not a poll.
+            woken: asyncio.Future[None] = loop.create_future()
+
+            def wake(f: asyncio.Future[None] = woken) -> None:
+                if not f.done():
+                    f.set_result(None)
+
+            cancel = b.on_release(b.blocked_on(self.holders, want), wake)
+            try:
+                await asyncio.wait((woken,), timeout=left)
+            finally:
+                cancel()
             n = b.grant(self.holders, want)
             if n:
                 self.bytes += n
