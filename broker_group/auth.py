@@ -36,7 +36,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from broker_group.errors import short
 from coordinator.paths import NAME_RULE, check_name
-from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, load_tokens
+from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, identify, load_tokens
 from ordq.errors import CoordinationUnavailable, InvalidName, PermissionDenied
 from ordq.security import BROKER_CN, COORDINATOR_CN, peer_common_name
 
@@ -140,6 +140,32 @@ class Gate:
         timer.daemon = True
         timer.start()
 
+    def check_caller(self, context: grpc.ServicerContext, rpc: str) -> None:
+        """What can be refused from the call's headers alone, before its request is read
+        (a 25 MiB body with a bad token costs the broker the body's first flow-control window,
+        not the body): PermissionDenied (queue ``*``: the request naming it was never read)
+        for a client certificate calling what only the cluster may, and, when tokens are
+        enforced, for no token, an unknown or revoked one, or one without the call's role on
+        any queue. ``check`` decides the rest once the request is read."""
+        role = ROLE_OF[rpc]
+        cn = peer_common_name(context) if self._tls else None
+        if cn in CLUSTER_CNS:
+            return
+        if role == CLUSTER:
+            if self._tls:
+                raise PermissionDenied(ALL_QUEUES, CLUSTER, f"only brokers and coordinators (certificate "
+                                       f"{BROKER_CN!r} or {COORDINATOR_CN!r}) may call {rpc}; the peer's "
+                                       f"certificate is {cn!r}")
+            return  # plaintext: decided with the request (check)
+        with self._lock:
+            if not self._enforced:
+                return
+            records = self._records
+        rec = identify(records, _token(context), ALL_QUEUES, role)  # known, not revoked: else refused
+        if not any(role == ANY or "admin" in have or role in have for have in rec.grants.values()):
+            raise PermissionDenied(ALL_QUEUES, role, f"token {rec.tid} ({rec.name or 'unnamed'}) has the role on "
+                                   "no queue")
+
     def check(self, context: grpc.ServicerContext, rpc: str, queue: str) -> None:
         """PermissionDenied unless the caller may make ``rpc`` on ``queue``."""
         if queue != ALL_QUEUES:
@@ -164,8 +190,13 @@ class Gate:
             if not self._enforced:
                 return
             records = self._records
-        token = None
-        for key, value in context.invocation_metadata():
-            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                token = value[len("Bearer "):]
-        authorize(records, token, queue, role)
+        authorize(records, _token(context), queue, role)
+
+
+def _token(context: grpc.ServicerContext) -> str | None:
+    """The caller's token (``authorization: Bearer``), if it shows one."""
+    token = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            token = value[len("Bearer "):]
+    return token

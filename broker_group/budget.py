@@ -11,8 +11,9 @@ A call that finds no room waits (``wait_ms``) on the broker's signal and is then
 
 Rules:
 - ``MemoryBudget`` is pure accounting: no gRPC, no clock, no waiting. It is used on the broker's
-  event loop only (not thread-safe); the waiting lives in ``Lease`` (below), which sleeps on
-  the broker's ``Signal`` and asks again.
+  event loop only (not thread-safe); the waiting lives in ``Lease`` (below): an answer waits
+  for a release by what holds it back (its fullest holder, or anyone when the whole budget is
+  full: ``on_release``), a produce request on the broker's ``Signal``; then it asks again.
 - What is charged is the answer's or request's batch bytes. An answer lives twice on its way
   out (its encoded bytes, broker_group/answer.py, and gRPC's copy), so the process holds up to
   ~2x the charged bytes: size the budget with that (docs/OPERATIONS.md).
@@ -22,12 +23,14 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ordq.broker")
 
+ALL = "*"  # what an answer waits on when the whole budget, not one holder's share, is full
+
 
 @attrs.frozen(kw_only=True)
 class BudgetConfig:
@@ -47,6 +52,11 @@ class BudgetConfig:
 
     total_bytes: int = 256 << 20  # everything held for clients at once
     holder_bytes: int = 32 << 20  # one connection's (and one token's) share of it
+    # Kept for produce requests: answers (Fetch, Read) may hold at most total - this, so that
+    # readers on many connections with many tokens cannot leave a producer waiting for room
+    # (an acked write must never starve behind reads; 8 readers' shares filled 256 MiB).
+    # None: a quarter of total_bytes (64 MiB of the default 256).
+    write_reserve_bytes: int | None = None
     wait_ms: int = 5_000  # how long a call waits for room before it is refused
     idle_ms: int = 30_000  # a Read stream whose reader takes nothing this long is closed
     # A call gets a shorter answer rather than wait, down to this (an answer is whole batches:
@@ -58,6 +68,13 @@ class BudgetConfig:
             raise ConfigError("memory budget limits must be >= 1")
         if self.holder_bytes > self.total_bytes:
             raise ConfigError("holder_bytes (one connection's share) must be <= total_bytes")
+        if not 0 <= self.reserve_bytes < self.total_bytes:
+            raise ConfigError("write_reserve_bytes must be >= 0 and < total_bytes")
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What answers leave to produce requests (``write_reserve_bytes``, else total / 4)."""
+        return self.total_bytes // 4 if self.write_reserve_bytes is None else self.write_reserve_bytes
 
 
 @attrs.define
@@ -76,18 +93,20 @@ class MemoryBudget:
     config: BudgetConfig
     stats: BudgetStatistics = attrs.field(factory=BudgetStatistics)
     _held: dict[str, int] = attrs.field(factory=dict)  # holder -> bytes
+    _wakers: dict[str, list[Callable[[], None]]] = attrs.field(factory=dict)  # blocked on -> answers waiting
 
-    def room(self, holders: Sequence[str]) -> int:
-        """Bytes these holders may still take."""
-        room = self.config.total_bytes - self.stats.used_bytes
+    def room(self, holders: Sequence[str], *, reserve: int = 0) -> int:
+        """Bytes these holders may still take, leaving ``reserve`` of the total untaken."""
+        room = self.config.total_bytes - reserve - self.stats.used_bytes
         for h in holders:
             room = min(room, self.config.holder_bytes - self._held.get(h, 0))
         return max(room, 0)
 
     def grant(self, holders: Sequence[str], want: int) -> int:
-        """Take up to ``want`` bytes (at least ``min(want, min_grant_bytes)``) and return how
-        many; 0: no room now (nothing taken)."""
-        room = self.room(holders)
+        """Take up to ``want`` bytes for an answer (at least ``min(want, min_grant_bytes)``),
+        leaving ``write_reserve_bytes`` to produce requests, and return how many; 0: no room
+        now (nothing taken)."""
+        room = self.room(holders, reserve=self.config.reserve_bytes)
         if room < min(want, self.config.min_grant_bytes):
             return 0
         n = min(want, room)
@@ -112,9 +131,34 @@ class MemoryBudget:
             else:
                 self._held.pop(h, None)
         self.stats.used_bytes -= n
+        # Wake only the answers this can help: those held back by one of these holders'
+        # shares, and those held back by the whole budget. (Waking every waiter at every
+        # release, and polling every 50 ms, cost an abused broker most of its loop: 28 calls
+        # waiting on one abuser's share woke at each of a neighbour's produce requests.)
+        for key in (*holders, ALL):
+            for wake in self._wakers.pop(key, ()):
+                wake()
 
     def held(self, holder: str) -> int:
         return self._held.get(holder, 0)
+
+    def blocked_on(self, holders: Sequence[str], want: int) -> str:
+        """What keeps an answer of ``want`` bytes from these holders waiting: ``ALL`` (the
+        budget, less the write reserve) or the holder whose share is fullest."""
+        need = min(want, self.config.min_grant_bytes)
+        if self.config.total_bytes - self.config.reserve_bytes - self.stats.used_bytes < need or not holders:
+            return ALL
+        return max(holders, key=self.held)
+
+    def on_release(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (once) at the next release by holder ``key`` (``ALL``: by anyone);
+        returns what cancels that."""
+        self._wakers.setdefault(key, []).append(wake)
+
+        def cancel() -> None:
+            with contextlib.suppress(ValueError):
+                self._wakers.get(key, []).remove(wake)
+        return cancel
 
 
 def holders_of(context: Any) -> tuple[str, ...]:
@@ -145,16 +189,29 @@ class Lease:
         cfg = b.config
         deadline = time.monotonic() + (cfg.wait_ms / 1000.0 if wait_s is None else wait_s)
         b.stats.waited += 1
+        loop = asyncio.get_running_loop()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 b.stats.refused += 1
+                full = b.room((), reserve=cfg.reserve_bytes) == 0
                 raise ResourceExhausted(
-                    self.address, "memory", cfg.total_bytes if b.room(()) == 0 else cfg.holder_bytes,
+                    self.address, "memory", cfg.total_bytes - cfg.reserve_bytes if full else cfg.holder_bytes,
                     f"no room for a {what} of up to {want} bytes: this connection/token holds "
                     f"{max(b.held(h) for h in self.holders)} of its {cfg.holder_bytes}, the broker "
                     f"{b.stats.used_bytes} of {cfg.total_bytes}")
-            await self.signal.wait(min(left, 0.05))
+            # Until a release that can help (budget.release), not a poll.
+            woken: asyncio.Future[None] = loop.create_future()
+
+            def wake(f: asyncio.Future[None] = woken) -> None:
+                if not f.done():
+                    f.set_result(None)
+
+            cancel = b.on_release(b.blocked_on(self.holders, want), wake)
+            try:
+                await asyncio.wait((woken,), timeout=left)
+            finally:
+                cancel()
             n = b.grant(self.holders, want)
             if n:
                 self.bytes += n

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from broker_group.answer import as_is
 from broker_group.auth import ALL_QUEUES
@@ -53,11 +54,74 @@ def add_servicer(broker: Broker, server: grpc.aio.Server) -> None:
     # Fetch and Read answers leave the read path encoded (broker_group/answer.py): sent as they are.
     for name in ("Fetch", "Read"):
         handlers[name] = handlers[name]._replace(response_serializer=as_is)
+    handlers = {name: _checked_first(broker, name, h) for name, h in handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
 
 
 SERVICE = "ordq.v1.Broker"
+SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
+
+
+def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
+    """``handler`` made to check its caller (``Gate.check_caller``) before it reads a request.
+
+    gRPC reads a unary call's request whole before its handler runs (a 25 MiB body with a bad
+    token was received in full, then refused): every handler is served as a request *stream*
+    here, which gRPC starts before any message is read. The check runs on the headers; a
+    refusal ends the call (typed, counted) with the body unread, past the stream's first
+    flow-control window. Clients see no difference: a unary call is a stream of one."""
+
+    async def refused(context: Context) -> None:
+        try:
+            b.gate.check_caller(context, rpc)
+        except OrdqError as exc:
+            b.count_refused(exc)
+            await abort(context, exc)
+
+    async def one(requests: AsyncIterator[Any], context: Context) -> Any:
+        try:
+            async for request in requests:
+                return request
+            raise ConfigError(f"bad {rpc} request: none sent")
+        except (ConfigError, DecodeError) as exc:
+            # A body that is no protobuf of the call's type: typed and counted (gRPC's own
+            # answer was an UNKNOWN status, counted nowhere).
+            bad = exc if isinstance(exc, ConfigError) else ConfigError(f"bad {rpc} request: {exc}")
+            b.count_refused(bad)
+            await abort(context, bad)
+
+    if handler.request_streaming:  # Produce, Replicate: their requests are the batches
+        behavior = handler.stream_stream or handler.stream_unary
+
+        async def streamed(requests: AsyncIterator[Any], context: Context) -> Any:
+            await refused(context)
+            return await behavior(requests, context)
+
+        key = "stream_stream" if handler.response_streaming else "stream_unary"
+        return handler._replace(**{key: streamed})
+
+    behavior = handler.unary_stream or handler.unary_unary
+    parse = handler.request_deserializer
+
+    def deserialize(raw: bytes) -> Any:
+        # gRPC's receive limit is one for the whole server, sized for Produce: the other
+        # calls' requests are a few hundred bytes, and one past SMALL_REQUEST_BYTES is refused
+        # here, typed and counted (gRPC's own refusal, past the server's limit, is neither).
+        if len(raw) > SMALL_REQUEST_BYTES:
+            raise ConfigError(f"bad {rpc} request: {len(raw)} bytes, over this call's limit of "
+                              f"{SMALL_REQUEST_BYTES}")
+        return parse(raw)
+
+    async def unary(requests: AsyncIterator[Any], context: Context) -> Any:
+        await refused(context)
+        return await behavior(await one(requests, context), context)
+
+    if handler.response_streaming:
+        return handler._replace(request_streaming=True, unary_stream=None, stream_stream=unary,
+                                request_deserializer=deserialize)
+    return handler._replace(request_streaming=True, unary_unary=None, stream_unary=unary,
+                            request_deserializer=deserialize)
 
 
 class _Handlers:

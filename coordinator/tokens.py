@@ -113,6 +113,15 @@ def make_record(tid: str, token: str, grants: dict[str, list[str]], name: str) -
 
 def authorize(records: Mapping[str, TokenRecord], token: str | None, queue: str, role: str) -> TokenRecord:
     """The record of ``token`` if it grants ``role`` on ``queue``, else PermissionDenied."""
+    rec = identify(records, token, queue, role)
+    if not rec.allows(queue, role):
+        raise PermissionDenied(queue, role, f"token {rec.tid} ({rec.name or 'unnamed'}) lacks the role")
+    return rec
+
+
+def identify(records: Mapping[str, TokenRecord], token: str | None, queue: str, role: str) -> TokenRecord:
+    """The record of ``token``, whatever it grants; PermissionDenied (naming ``queue`` and
+    ``role``, what the call wanted) for no token or an unknown or revoked one."""
     if not token:
         raise PermissionDenied(queue, role, "no token (give --token, ORDQ_TOKEN, or credentials from ordq up)")
     m = _TOKEN_RE.fullmatch(token)
@@ -120,8 +129,6 @@ def authorize(records: Mapping[str, TokenRecord], token: str | None, queue: str,
     # compare_digest: how much of a guessed hash matched must not show in the timing.
     if rec is None or not hmac.compare_digest(rec.hash, hash_token(token)):
         raise PermissionDenied(queue, role, "unknown or revoked token")
-    if not rec.allows(queue, role):
-        raise PermissionDenied(queue, role, f"token {rec.tid} ({rec.name or 'unnamed'}) lacks the role")
     return rec
 
 

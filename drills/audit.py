@@ -22,6 +22,7 @@ class AckRow:
     seq: int
     seg: int
     ack_us: int
+    send_us: int = 0  # when the batch holding it went out (ack_us - send_us: its ack latency)
 
 
 @attrs.frozen
@@ -57,7 +58,8 @@ def _rows(directory: Path, width: int) -> Iterator[list[str]]:
 def read_acks(audit_dir: Path) -> list[AckRow]:
     c = {name: i for i, name in enumerate(ACK_COLUMNS)}
     return [AckRow(producer=f[c["producer"]], seq=int(f[c["seq"]]), seg=int(f[c["seg"]]),
-                   ack_us=int(f[c["ack_us"]])) for f in _rows(audit_dir / "acks", len(ACK_COLUMNS))]
+                   ack_us=int(f[c["ack_us"]]), send_us=int(f[c["send_us"]]))
+            for f in _rows(audit_dir / "acks", len(ACK_COLUMNS))]
 
 
 def read_deliveries(audit_dir: Path) -> list[DeliveryRow]:

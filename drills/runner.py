@@ -106,6 +106,8 @@ class Drill:
     consumer_options: Callable[[DrillContext], list[str]] | None = None
     # extra checks over the finished run (acks, deliveries) -> [(what, ok)]
     check: Callable[[DrillContext, list[audit.AckRow], list[audit.DeliveryRow]], list[tuple[str, bool]]] | None = None
+    # the drill's own load, made from the one asked for (the neighbour drill's fixed rate)
+    load: Callable[[LoadConfig], LoadConfig] | None = None
 
 
 @attrs.define(eq=False)
@@ -341,6 +343,8 @@ def execute_drill(
     'reorder') is the test hook that alters the recorded deliveries before the verdict.
     ``monitor(ctx, done)`` runs in a thread while the load runs (the demo's live display)."""
     load = load or LoadConfig()
+    if drill.load is not None:
+        load = drill.load(load)
     run_seed = drill_seed(seed, drill.name, round_)
     rng = random.Random(run_seed)
     started = time.monotonic()

@@ -15,6 +15,9 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
   shared with tests/test_zk_attacks.py): the client credential rewrites no state, cursor,
   policy, queue or subscription (issue 23).
 - ``abandoned_streams``: produce streams and long-polls opened and never read or closed.
+- ``noisy_neighbour``: a token holder abuses its own queue (huge fetches, unread streams,
+  oversized and malformed requests) beside the drill queue on the same broker; the drill
+  queue's ack p99 stays within 2x of its quiet baseline and it never fails over (issue 25).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import grpc
@@ -32,6 +37,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions
 
+from broker_group.auth import ALL_QUEUES
 from broker_group.client import GrpcTransport
 from broker_group.errors import from_rpc_error
 from broker_group.framing import GRPC_OPTIONS
@@ -41,6 +47,7 @@ from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.store import ZkStore
 from coordinator.tokens import create_token, revoke_token, touch
 from drills.runner import SUBSCRIPTION, DrillContext
+from drills.workload import now_us
 from ordq.errors import BrokerUnavailable, EpochNotIssued, OrdqError, PermissionDenied
 from ordq.security import Credentials, channel, token_metadata
 
@@ -48,11 +55,13 @@ REVOKE_TIMEOUT_S = 10.0  # how soon every broker must refuse a revoked token (a 
 
 
 def _denied(call: Callable[[], object], role: str, queue: str) -> bool:
-    """True when ``call`` raises PermissionDenied naming ``role`` and ``queue``."""
+    """True when ``call`` raises PermissionDenied naming ``role`` and ``queue`` (or ``*``: a
+    caller without a known token is refused on its headers, before the request naming the
+    queue is read)."""
     try:
         call()
     except PermissionDenied as exc:
-        return exc.role == role and exc.queue == queue
+        return exc.role == role and exc.queue in (queue, ALL_QUEUES)
     except OrdqError:
         return False
     return False
@@ -437,3 +446,230 @@ def control_calls(ctx: DrillContext) -> None:
     ctx.expect(f"{gid} is still the send head and segment {seg} still open (nothing sealed, dropped or fenced)",
                st.head == gid and still is not None and still.status.value == "open"
                and st.producer_epoch == state_before.producer_epoch)
+
+
+# -- a noisy neighbour (issue 25) ----------------------------------------------------------------
+
+NEIGHBOUR_RATE = 2_000.0  # the drill queue's producer: msgs/s while its neighbour is abused
+NEIGHBOUR_MESSAGES = 130_000  # 65 s: the fault at 20-60 %, then the fill, baseline, abuse, a tail
+SETTLE_S = 2.0  # after the abuser's fill, before the baseline
+QUIET_S = 8.0  # the drill queue's quiet baseline, right before the abuse
+ABUSE_S = 8.0  # how long the abuse lasts
+FILL_MESSAGES = 24_000  # 1,000-byte messages the abuser writes first: what its huge fetches read
+FILL_RATE = 4_000.0  # msgs/s of that fill (4 MB/s)
+LATENCY_RATIO = 2.0  # the drill queue's ack p99 under abuse / quiet
+HUGE = (1 << 32) - 1  # max_bytes the abuser asks for
+OVERSIZED_BYTES = 30 << 20  # a request body past the broker's receive limit (25 MiB by default)
+
+
+def neighbour_load(load: Any) -> Any:
+    """The neighbour drill's load: 2,000 msgs/s, long enough for both windows."""
+    return attrs.evolve(load, rate=NEIGHBOUR_RATE, messages=NEIGHBOUR_MESSAGES)
+
+
+def _raw(s: _Stub, method: str) -> Any:
+    """A unary call of the broker's that sends and returns bytes as they are (no protobuf)."""
+    return s.channel.unary_unary(f"/ordq.v1.Broker/{method}")
+
+
+class _Abuser:
+    """One token holder's abuse of its own queue, in threads, until ``stop``: huge fetches (the
+    answers read), Read streams never read, produce streams never written, request bodies past
+    the receive limit, malformed requests. Each outcome is counted by its gRPC status."""
+
+    def __init__(self, address: str, creds: Credentials, queue: str, seg: int) -> None:
+        self.address, self.creds, self.queue, self.seg = address, creds, queue, seg
+        self.stop_event = threading.Event()
+        self.outcomes: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stubs: list[_Stub] = []
+        self._held: list[Any] = []  # unread streams: a dropped call object is cancelled
+        self._threads: list[threading.Thread] = []
+
+    def _stub(self) -> _Stub:
+        s = _Stub(self.address, self.creds)
+        self._stubs.append(s)
+        return s
+
+    def _count(self, what: str, call: Callable[[], object]) -> None:
+        try:
+            call()
+            outcome = "ok"
+        except grpc.RpcError as exc:
+            outcome = exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
+        with self._lock:
+            self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
+
+    def _loop(self, every_s: float, what: str, call: Callable[[], object]) -> None:
+        while not self.stop_event.is_set():
+            self._count(what, call)
+            self.stop_event.wait(every_s)
+
+    def start(self) -> None:
+        huge = pb.FetchRequest(queue=self.queue, seg=self.seg, offset=0, max_bytes=HUGE, max_wait_ms=0,
+                               known_end=-1)
+        for _ in range(8):  # 24 Read streams on 8 connections, never read
+            s = self._stub()
+            for _ in range(3):
+                self._held.append(s.stub.Read(attrs_evolve_read(huge), metadata=s.metadata, timeout=ABUSE_S * 6))
+        for _ in range(10):  # produce streams never written to
+            s = self._stub()
+            requests: queue.SimpleQueue[pb.ProduceRequest | None] = queue.SimpleQueue()
+            self._held.append((requests, s.stub.Produce(iter(requests.get, None), metadata=s.metadata)))
+        body = huge.SerializeToString()
+        loops: list[tuple[float, str, Callable[[], object]]] = []
+        meta = token_metadata(self.creds)
+
+        def fetcher() -> Callable[[], object]:
+            fetch = _raw(self._stub(), "Fetch")
+            return lambda: fetch(body, metadata=meta, timeout=30)
+
+        # huge fetches, answers read (as bytes: the abuser's own CPU spared)
+        loops += [(0.0, "huge fetch", fetcher()) for _ in range(4)]
+        oversized = _raw(self._stub(), "Fetch")
+        padding = b"\x00" * OVERSIZED_BYTES
+        loops.append((0.5, "oversized request", lambda: oversized(body + _unknown_field(padding),
+                                                                 metadata=meta, timeout=30)))
+        garbage = _raw(self._stub(), "Fetch")
+        loops.append((0.02, "malformed request", lambda: garbage(b"\xff\xff\xff\xff\x0f" + b"\x00" * 64,
+                                                                metadata=meta, timeout=10)))
+        s = self._stub()
+        bad_batch = pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=1, batches=[b"\x07" * 200])
+        loops.append((0.02, "malformed batch",
+                       lambda: list(s.stub.Produce(iter([bad_batch]), metadata=s.metadata, timeout=10))))
+        for every_s, what, call in loops:
+            t = threading.Thread(target=self._loop, args=(every_s, what, call), name=f"abuse-{what}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> dict[str, int]:
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(35)
+        for held in self._held:
+            if isinstance(held, tuple):
+                held[0].put(None)
+            else:
+                held.cancel()
+        for s in self._stubs:
+            with contextlib.suppress(Exception):
+                s.channel.close()
+        return dict(self.outcomes)
+
+
+def attrs_evolve_read(req: pb.FetchRequest) -> pb.FetchRequest:
+    """``req`` as a Read stream's request (held open a minute)."""
+    out = pb.FetchRequest()
+    out.CopyFrom(req)
+    out.stream_ms = 60_000
+    return out
+
+
+def _unknown_field(data: bytes) -> bytes:
+    """``data`` as protobuf field 15 (length-delimited), which FetchRequest does not have: a
+    well-formed request made as large as wanted."""
+    n, varint = len(data), bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        varint.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    return bytes([(15 << 3) | 2]) + bytes(varint) + data
+
+
+def _fill(c: Any, queue_: str, creds: Credentials) -> None:
+    """The abuser writes its own queue first (what its huge fetches then read)."""
+    from sdk import Producer, ProducerConfig
+
+    producer = Producer(ProducerConfig(zk_hosts=c.zk_hosts, root=c.root, queue=queue_, credentials=creds,
+                                       send_timeout_s=10.0))
+    producer.start()
+    try:
+        payload = b"n" * 1000
+        start = time.monotonic()
+        for i in range(FILL_MESSAGES):
+            if i % 100 == 0:  # paced: a bulk writer at full speed delays the neighbour's acks by itself
+                time.sleep(max(0.0, start + i / FILL_RATE - time.monotonic()))
+            producer.send(payload)
+        producer.flush(timeout_s=120)
+    finally:
+        producer.close()
+
+
+def noisy_neighbour(ctx: DrillContext) -> None:
+    """The ``security-noisy-neighbour`` drill: a second queue on the head group, written by its
+    own token holder; then QUIET_S of the drill queue alone (its baseline), then ABUSE_S of
+    abuse of the second queue; ``check_neighbour`` judges the drill queue's producer over the
+    finished run."""
+    gid, _seg = ctx.head()
+    c = ctx.cluster
+    abused = ctx.queue + "-abused"
+    with c.store() as store:
+        store.create_queue(abused, [gid])
+        st = store.wait_state(abused, lambda s: s.open_segment is not None, timeout_s=30)
+        aseg = st.open_segment
+        assert aseg is not None
+        address = store.live_members(gid)["master"].address
+        rec, token = create_token(store.client, store.paths.root, {abused: ["produce", "consume"]},
+                                  "drill: noisy neighbour")
+        touch(store.client, store.paths.root)
+    creds = attrs.evolve(c.credentials, token=token)
+    ctx.expect("the abuser's token works on its own queue",
+               _within(lambda: not _denied(_fetch(creds, address, abused, aseg.seg), "consume", abused)))
+    ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
+    _fill(c, abused, creds)
+    time.sleep(SETTLE_S)
+    quiet = now_us()
+    ctx.hold(QUIET_S, f"the quiet baseline of {ctx.queue}")
+    abuser = _Abuser(address, creds, abused, aseg.seg)
+    start = now_us()
+    ctx.fault(f"the holder of a token for {abused} (on {gid}, beside {ctx.queue}) abuses it for {ABUSE_S:g} s: "
+              "4 loops of huge fetches, 24 unread Read streams, 10 unwritten produce streams, a 30 MiB request "
+              "every 0.5 s, malformed requests and batches every 20 ms", at_us=start)
+    try:
+        abuser.start()
+        time.sleep(ABUSE_S)  # the abuse's length: part of the fault's story
+    finally:
+        ctx.notes["neighbour_us"] = (quiet, start, now_us())
+        outcomes = abuser.stop()
+    ctx.event(f"abuse ended: {outcomes}")
+    ctx.expect("the abuser's huge fetches were answered (bounded) or refused (typed)",
+               any(k.startswith("huge fetch") for k in outcomes))
+    ctx.expect("the oversized requests were refused (RESOURCE_EXHAUSTED)",
+               outcomes.get("oversized request RESOURCE_EXHAUSTED", 0) > 0
+               and not outcomes.get("oversized request ok"))
+    ctx.expect("the malformed requests were refused", not outcomes.get("malformed request ok")
+               and not outcomes.get("malformed batch ok"))
+    with c.store() as store:
+        revoke_token(store.client, store.paths.root, rec.tid)
+        touch(store.client, store.paths.root)
+        store.delete_queue(abused)
+
+
+def _p99_ms(rows: list[Any]) -> float:
+    lat = sorted(r.ack_us - r.send_us for r in rows)
+    return lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000.0 if lat else float("nan")
+
+
+def check_neighbour(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
+    """The drill queue's ack p99 (batch sent -> acked) while its neighbour was abused, against
+    its quiet baseline of the same run (the QUIET_S before the abuse); and its producer never
+    failed over."""
+    times = ctx.notes.get("neighbour_us")
+    if times is None or not acks:
+        return [("the abuse ran", False)]
+    q0, a0, a1 = times
+    quiet = [a for a in acks if q0 <= a.send_us < a0]
+    abused = [a for a in acks if a0 <= a.send_us < a1]
+    q, b = _p99_ms(quiet), _p99_ms(abused)
+    ctx.notes["neighbour_p99_ms"] = (q, b)
+    failovers = sum(int(w.status().get("failovers") or 0) for w in ctx.producers)
+    segs = {a.seg for a in acks}
+    ctx.event(f"ack p99 quiet {q:.1f} ms, abused {b:.1f} ms")
+    return [
+        (f"the neighbour's ack p99 under abuse {b:.1f} ms ({len(abused)} acks) is within {LATENCY_RATIO:g}x of its "
+         f"quiet {q:.1f} ms ({len(quiet)} acks): {b / q:.2f}x", len(quiet) > 1000 and len(abused) > 1000
+         and b <= LATENCY_RATIO * q),
+        (f"the neighbour never failed over (failovers {failovers}, segments {sorted(segs)})",
+         failovers == 0 and len(segs) == 1),
+    ]

@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
+import subprocess
 import threading
+import time
 import zlib
 from pathlib import Path
 
+import attrs
 import grpc
 import pytest
 
 from broker_group import log as seglog
 from broker_group.answer import encode
+from broker_group.client import GrpcTransport
 from broker_group.errors import from_rpc_error
 from broker_group.framing import GRPC_OPTIONS
 from broker_group.wire import ordq_pb2 as pb
@@ -220,3 +225,95 @@ def test_connections_that_never_finish_their_handshake_are_closed_and_do_not_loc
     finally:
         for s in silent:
             s.close()
+
+
+# -- refused before the body is read -------------------------------------------------------------
+
+BODY = 20 << 20  # a request body a hostile caller sends with its call
+
+
+def _received(port: int) -> int:
+    """Bytes received so far on the server side of every TCP connection to ``port`` (the
+    kernel's tcp_info, via ``ss``): what the broker took in, whoever read it."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"], capture_output=True,
+                         text=True, check=True).stdout
+    return sum(int(n) for n in re.findall(r"bytes_received:(\d+)", out))
+
+
+def _padded(req: pb.FetchRequest, n: int) -> bytes:
+    """``req`` grown to ``n`` more bytes by a field FetchRequest does not have (still valid)."""
+    size, varint = n, bytearray()
+    while True:
+        byte, size = size & 0x7F, size >> 7
+        varint.append(byte | (0x80 if size else 0))
+        if not size:
+            break
+    return req.SerializeToString() + bytes([(15 << 3) | 2]) + bytes(varint) + b"\0" * n
+
+
+def test_a_bad_token_is_refused_before_the_request_body_is_read(cluster: Cluster) -> None:
+    """The broker used to receive a 25 MiB request whole before it checked the token. Now the
+    headers are checked first: a caller without a known token is refused, typed and counted,
+    the broker having taken in the body's first flow-control window (1.5-5 MiB measured), not
+    the 20 MiB. A Fetch request past its call's own limit is refused typed and counted."""
+    from coordinator.tokens import create_token, touch
+    from ordq.errors import ConfigError, PermissionDenied
+
+    cluster.add_groups("g1")
+    cluster.create_queue("a", ["g1"])
+    _, token = create_token(cluster.store.client, cluster.root, {"*": ["consume"]}, "a real reader")
+    touch(cluster.store.client, cluster.root)
+    master = cluster.groups["g1"].master
+    address = master.address
+    assert address is not None
+    port = int(address.rsplit(":", 1)[1])
+    req = pb.FetchRequest(queue="a", seg=0, offset=0, max_bytes=1, max_wait_ms=0, known_end=-1)
+    body = _padded(req, BODY)
+    channels = [security_channel(address, cluster.credentials,
+                                 [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]) for _ in range(2)]
+
+    def call(tok: str, ch: grpc.Channel) -> tuple[Exception | None, int, float]:
+        before, t0 = _received(port), time.monotonic()
+        try:
+            ch.unary_unary("/ordq.v1.Broker/Fetch")(body, metadata=(("authorization", f"Bearer {tok}"),), timeout=30)
+            err = None
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc, address)
+        return err, _received(port) - before, time.monotonic() - t0
+
+    reader = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=token))
+
+    def refused(kind: str = "PermissionDenied") -> int:
+        return int(json.loads(reader.health(address).stats_json)["refused"].get(kind, 0))
+
+    try:
+        wait_until(lambda: reader.fetch(address, "a", 0, 0, max_bytes=1, max_wait_ms=0) is not None, timeout_s=20,
+                   what="the real token loaded")
+        refused_before = refused()
+        # A caller on a connection of its own, then on one that just carried a 20 MiB body
+        # (its flow-control windows grown by it): the first window is what the broker takes in.
+        results = [call(bad, channels[0]) for bad in ("ordq_nosuchtoken", "", token[:-4] + "AAAA")]
+        refused_after = refused()
+        # With the real token the body is read whole; a Fetch request past its call's limit
+        # (64 KiB) is then refused by the broker, typed and counted (gRPC's own receive limit,
+        # 25 MiB for every call, refuses untyped and uncounted).
+        config_before = refused("ConfigError")
+        big, good_bytes, good_s = call(token, channels[1])
+        config_after = refused("ConfigError")
+        results += [call("ordq_nosuchtoken", channels[1])]
+    finally:
+        reader.close()
+        for ch in channels:
+            ch.close()
+    print(f"a known token: {good_bytes / 2**20:.1f} MiB received in {good_s * 1000:.0f} ms, then refused; bad tokens: "
+          + ", ".join(f"{type(e).__name__} after {n / 2**10:.0f} KiB in {s * 1000:.0f} ms" for e, n, s in results))
+    assert good_bytes >= BODY  # what the broker takes in of a body it reads: the measure is real
+    for i, (err, n, _s) in enumerate(results):
+        assert isinstance(err, PermissionDenied), err
+        # A connection's first window (fresh: 1.5-4 MiB measured), or the windows a 20 MiB
+        # body grew on it (up to ~10 MiB: HTTP/2 windows and the kernel's receive buffer).
+        bound = BODY // 2 if i < 3 else BODY * 3 // 4
+        assert n < bound, f"the broker took in {n} bytes of a {BODY}-byte body it refused"
+    assert refused_after - refused_before == 3
+    assert isinstance(big, ConfigError) and "over this call's limit" in str(big), big
+    assert config_after - config_before == 1

@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
                         "produce requests being placed (default 256)")
     limits.add_argument("--connection-budget", type=int, default=None, metavar="MIB",
                         help="one connection's (and one token's) share of --memory-budget (default 32)")
+    limits.add_argument("--write-reserve", type=int, default=None, metavar="MIB",
+                        help="part of --memory-budget kept for produce requests: answers never take it "
+                        "(default a quarter of the budget)")
     limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
                         help="close a Read stream whose reader takes nothing this long (default 30)")
     limits.add_argument("--no-verify-reads", action="store_true",
@@ -84,6 +87,8 @@ def budget_config(args: argparse.Namespace) -> Any:
         given["total_bytes"] = args.memory_budget << 20
     if args.connection_budget is not None:
         given["holder_bytes"] = args.connection_budget << 20
+    if args.write_reserve is not None:
+        given["write_reserve_bytes"] = args.write_reserve << 20
     if args.read_idle is not None:
         given["idle_ms"] = int(args.read_idle * 1000)
     return BudgetConfig(**given)
