@@ -258,7 +258,7 @@ class ZkStore(SubscriptionRecords):
             ) from exc
         try:
             return cls(client, Paths(root), owns_client=True, op_timeout_s=op_timeout_s)
-        except ConfigError:
+        except BaseException:  # a bad root, or ZooKeeper gone again: no client left running
             client.stop()
             client.close()
             raise

@@ -22,10 +22,18 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from kazoo.exceptions import ConnectionClosedError
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    OperationTimeoutError,
+    SessionExpiredError,
+    SessionMovedError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import RetryFailedError
 
 from coordinator.store import zk_errors
-from ordq.errors import CoordinationUnavailable, NotCoordinatorLeader
+from ordq.errors import CoordinationUnavailable
 
 log = logging.getLogger("ordq.zk")
 
@@ -39,12 +47,19 @@ FIRST_DELAY_S = 0.05
 MAX_DELAY_S = 1.0
 
 
+# ZooKeeper did not answer (as opposed to answering no); but not ConnectionClosedError, a
+# client we closed ourselves. RetryFailedError: a read's own retry (ZkStore) gave up.
+TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError, SessionMovedError, KazooTimeoutError,
+             RetryFailedError)
+
+
 def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` (after ``zk_errors``) is worth another try: ZooKeeper did not answer,
-    as opposed to answering no. A client we closed ourselves is not transient."""
-    if not isinstance(exc, CoordinationUnavailable) or isinstance(exc, NotCoordinatorLeader):
-        return False
-    return not isinstance(exc.__cause__, ConnectionClosedError)
+    """Whether ``exc`` (after ``zk_errors``) is worth another try: a CoordinationUnavailable
+    that a transient ZooKeeper error caused. Not one from the coordinator service (it bounds
+    its own retries), nor a client closed under us."""
+    cause = exc.__cause__
+    return (isinstance(exc, CoordinationUnavailable) and isinstance(cause, TRANSIENT)
+            and not isinstance(cause, ConnectionClosedError))  # kazoo derives it from SessionExpiredError
 
 
 def retry_zk(call: Callable[[], T], what: str, *, bound_s: float = START_BOUND_S, hosts: str = "",
