@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 import grpc
-from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError, SessionMovedError
-from kazoo.retry import KazooRetry, RetryFailedError
 
 from broker_group.errors import short
 from coordinator.paths import NAME_RULE, check_name
 from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, identify, load_tokens
+from coordinator.zk_retry import retry_zk
 from ordq.errors import CoordinationUnavailable, InvalidName, PermissionDenied
 from ordq.security import BROKER_CN, COORDINATOR_CN, peer_common_name
 
@@ -44,20 +42,13 @@ log = logging.getLogger("ordq.broker.auth")
 
 LOAD_DEADLINE_S = 30.0  # how long a load rides out transient ZooKeeper errors
 RELOAD_AFTER_S = 1.0  # while serving with the gate closed: the next try
-# Worth another try; anything else (no permission, bad data) is a definite answer.
-TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionMovedError, SessionExpiredError)
 
 
 def load_tokens_retrying(client: Any, root: str, deadline_s: float = LOAD_DEADLINE_S) -> dict[str, TokenRecord]:
-    """``load_tokens``, retrying transient ZooKeeper errors for up to ``deadline_s``;
-    CoordinationUnavailable once that bound is exhausted."""
-    retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=deadline_s)
-    retry.retry_exceptions = TRANSIENT
-    try:
-        return retry(load_tokens, client, root)
-    except RetryFailedError as exc:
-        raise CoordinationUnavailable(f"cannot load the tokens under {auth_root(root)}: ZooKeeper did not answer "
-                                      f"for {deadline_s:g}s") from exc
+    """``load_tokens``, retrying transient ZooKeeper errors for up to ``deadline_s``
+    (coordinator/zk_retry.py); CoordinationUnavailable once that bound is exhausted."""
+    return retry_zk(lambda: load_tokens(client, root), f"cannot load the tokens under {auth_root(root)}",
+                    bound_s=deadline_s)
 
 
 CLUSTER = "cluster"  # not a token role: only a broker or coordinator certificate has it
@@ -99,25 +90,12 @@ class Gate:
                 self._enforced, self._records = data is not None, records
             log.info("tokens %s: %d loaded", "enforced" if data is not None else "not enforced", len(records))
 
-        deadline = time.monotonic() + deadline_s
-        while True:
-            try:
-                client.DataWatch(auth_root(root))(changed)
-                return
-            except (*TRANSIENT, RetryFailedError) as exc:  # the watch's own first read
-                if time.monotonic() > deadline:
-                    raise CoordinationUnavailable(f"cannot watch {auth_root(root)}: ZooKeeper did not answer "
-                                                  f"for {deadline_s:g}s") from exc
-                time.sleep(0.1)
+        retry_zk(lambda: client.DataWatch(auth_root(root))(changed),  # the watch's own first read
+                 f"cannot watch {auth_root(root)}", bound_s=deadline_s)
 
     def _load_now(self, client: Any, root: str, deadline_s: float = LOAD_DEADLINE_S) -> None:
-        retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=deadline_s)
-        retry.retry_exceptions = TRANSIENT
-        try:
-            enforced = retry(client.exists, auth_root(root)) is not None
-        except RetryFailedError as exc:
-            raise CoordinationUnavailable(f"cannot read {auth_root(root)}: ZooKeeper did not answer "
-                                          f"for {deadline_s:g}s") from exc
+        enforced = retry_zk(lambda: client.exists(auth_root(root)), f"cannot read {auth_root(root)}",
+                            bound_s=deadline_s) is not None
         records = load_tokens_retrying(client, root, deadline_s) if enforced else {}
         with self._lock:
             self._enforced, self._records = enforced, records

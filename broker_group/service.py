@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import grpc
@@ -54,6 +54,7 @@ from broker_group.replica import Placement, Refused, Role, SegmentReplica
 from broker_group.wire import ordq_pb2 as pb
 from coordinator.state import QueueState, SegStatus
 from coordinator.store import ZkStore
+from coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -71,6 +72,7 @@ from ordq.loop import LoopThread, Signal
 from ordq.security import Credentials, server_credentials
 
 log = logging.getLogger("ordq.broker")
+T = TypeVar("T")
 
 
 def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
@@ -270,10 +272,13 @@ class Broker:
         cfg = self.config
         seglog.private_dir(cfg.data_dir)  # data at rest: the broker's user only (docs/SECURITY.md)
         tune_malloc()  # freed answers go back to the system (budget.py)
-        self._store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
-                                      auth=cfg.credentials.zk_auth)
-        self._store.get_group(cfg.gid)  # GroupNotFound before we serve anything
-        self._load_folder()
+        # Every ZooKeeper step of the start rides out transient errors for a bounded time
+        # (coordinator/zk_retry.py): one ConnectionLoss on a busy machine must not stop a broker.
+        self._store = self._retry(lambda: ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
+                                                          auth=cfg.credentials.zk_auth), "connect to ZooKeeper")
+        store = self._store
+        self._retry(lambda: store.get_group(cfg.gid), "read the group")  # GroupNotFound before we serve anything
+        self._retry(self._load_folder, "read the queues for the data folder's record")
         self._recover()
         try:
             self.free_space()  # a deleted queue's or popped segments go before anything is served
@@ -286,7 +291,7 @@ class Broker:
             if port == 0:
                 raise ConfigError(f"cannot listen on {cfg.listen}")
             self.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
-            self._wait_role_free()
+            self._retry(self._wait_role_free, "wait for the role to be free")
             assert self._server is not None
             self.loop.run(self._server.start())
             if cfg.role is Role.MASTER:
@@ -297,13 +302,20 @@ class Broker:
 
                 self.replication = ReplicationLink(self)
                 self.replication.start()
-            self._register()
+            self._retry(self._register, "register liveness")
+            store.client.add_listener(self._on_zk_state)
+            # a deleted queue: free at once
+            self._retry(lambda: store.watch_queue_list(lambda _queues: self.repair.kick.set()), "watch the queues")
         except BaseException:
             self.stop()
             raise
-        self._store.client.add_listener(self._on_zk_state)
-        self._store.watch_queue_list(lambda _queues: self.repair.kick.set())  # a deleted queue: free at once
         return self.address
+
+    def _retry(self, call: Callable[[], T], what: str, *, bound_s: float = START_BOUND_S) -> T:
+        """``call()`` with transient ZooKeeper errors retried for ``bound_s`` (not past a stop)."""
+        cfg = self.config
+        return retry_zk(call, f"broker {cfg.gid}/{cfg.role.value}: {what}", bound_s=bound_s, hosts=cfg.zk_hosts,
+                        stopped=lambda: self._stopping)
 
     async def _bind(self) -> int:
         """On the loop: the gRPC server with every handler (broker_group/dataplane.py), bound."""
@@ -345,14 +357,12 @@ class Broker:
         # new session is up (in a thread: kazoo forbids blocking calls in listeners).
         if state == KazooState.LOST:
             def again() -> None:
-                deadline = time.monotonic() + 60
-                while not self._stopping and time.monotonic() < deadline:
-                    try:
-                        self._register()
-                        log.info("re-registered liveness after a lost ZooKeeper session")
-                        return
-                    except OrdqError:
-                        time.sleep(0.2)
+                try:
+                    self._retry(self._register, "register liveness again after a lost session", bound_s=60.0)
+                except OrdqError as exc:
+                    log.error("%s", exc)
+                    return
+                log.info("re-registered liveness after a lost ZooKeeper session")
 
             threading.Thread(target=again, daemon=True).start()
 

@@ -18,7 +18,13 @@ from typing import Any
 
 import attrs
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, OperationTimeoutError, SessionExpiredError
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    OperationTimeoutError,
+    SessionExpiredError,
+    SessionMovedError,
+)
 from kazoo.recipe.election import Election
 
 from coordinator import state as sm
@@ -33,7 +39,8 @@ log = logging.getLogger("ordq.coordinator")
 # Transient ZooKeeper errors of the election itself: contend again (after this pause) rather
 # than let the election thread end.
 ELECTION_RETRY_S = 0.5
-_ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, ConnectionClosedError)
+_ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, OperationTimeoutError,
+                       ConnectionClosedError)
 
 # Seal runner: (queue, seg) -> None; raises OrdqError when no replica answers.
 Sealer = Callable[[str, int], None]

@@ -39,6 +39,7 @@ from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState
 from coordinator.store import ZkStore, roll_transition, zk_errors
 from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, load_tokens
+from coordinator.zk_retry import retry_zk
 from ordq.errors import (
     AlreadyExists,
     ConfigError,
@@ -162,7 +163,8 @@ class _Tokens:
             with self._lock:
                 self.enforced, self.records = data is not None, records
 
-        client.DataWatch(auth_root(root))(changed)
+        # its first load at start rides out transient ZooKeeper errors (coordinator/zk_retry.py)
+        retry_zk(lambda: client.DataWatch(auth_root(root))(changed), f"coordinator: watch {auth_root(root)}")
 
     def check(self, context: Any, queue: str, role: str) -> TokenRecord | None:
         """The caller's record (None: tokens off, or a broker/coordinator peer); else

@@ -35,6 +35,7 @@ from kazoo.exceptions import (
     NotEmptyError,
     OperationTimeoutError,
     SessionExpiredError,
+    SessionMovedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
@@ -202,7 +203,7 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
     except KazooTimeoutError as exc:  # no answer within the operation timeout (ZkStore._wait)
         where = f" at {hosts}" if hosts else ""
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: no answer in time") from exc
-    except (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
+    except (ConnectionLoss, SessionExpiredError, SessionMovedError, ConnectionClosedError, OperationTimeoutError,
             RetryFailedError) as exc:
         where = f" at {hosts}" if hosts else ""
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
@@ -257,7 +258,7 @@ class ZkStore(SubscriptionRecords):
             ) from exc
         try:
             return cls(client, Paths(root), owns_client=True, op_timeout_s=op_timeout_s)
-        except ConfigError:
+        except BaseException:  # a bad root, or ZooKeeper gone again: no client left running
             client.stop()
             client.close()
             raise
@@ -383,13 +384,17 @@ class ZkStore(SubscriptionRecords):
                 raise GroupNotFound(gid) from exc
 
     def register_live(self, gid: str, role: str, address: str, incarnation: str) -> None:
-        """Create this process's ephemeral liveness node (gone when its session ends)."""
+        """Create this process's ephemeral liveness node (gone when its session ends).
+        Safe to repeat (coordinator/zk_retry.py): a node already there with this
+        ``incarnation`` is our own create, landed before its connection dropped."""
         self.get_group(gid)  # GroupNotFound for an unregistered group
         data = _dumps({"address": address, "incarnation": incarnation, "pid": os.getpid()})
         with self._errors():
             try:
                 self._wait(self.client.create_async(self.paths.live(gid, role), data, ephemeral=True, makepath=True))
             except NodeExistsError as exc:
+                if self.live_members(gid).get(role, LiveInfo("", "", 0)).incarnation == incarnation:
+                    return
                 raise AlreadyExists(
                     f"a {role} of group {gid!r} is already live (another process holds the role)"
                 ) from exc

@@ -40,18 +40,21 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from broker_group.process import BrokerGroupProcesses, BrokerProcess
 from coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
 from coordinator.store import ZkStore
+from coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.metrics import scrape
 from ordq.proc import ManagedProcess
 from ordq.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls, unregister
 from ordq.zk_server import ZkServer
+
+T = TypeVar("T")
 
 STATE_FILE = "ordq-cluster.json"
 OWN_CREDENTIALS = "credentials.json"  # the cluster's own entry, for its own processes
@@ -340,10 +343,13 @@ class LocalCluster:
         self._register_own()
         try:
             self._start_zk(deadline)
-            self._protect()
-            self._register_groups()
+            # ZooKeeper steps ride out transient errors (a server still settling, a busy
+            # machine) within the start's deadline (coordinator/zk_retry.py). Each is safe to
+            # repeat; the admin token's create, if it landed unseen, leaves one unused token.
+            self._zk(self._protect, "protect the root", deadline)
+            self._zk(self._register_groups, "register the groups", deadline)
             if self.config.tokens:
-                self._ensure_admin_token()
+                self._zk(self._ensure_admin_token, "make the admin token", deadline)
             self._start_brokers(deadline)
             self._start_coordinators(deadline)
             self.wait_healthy(timeout_s=max(deadline - time.monotonic(), 1.0))
@@ -568,6 +574,12 @@ class LocalCluster:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _zk(self, call: Callable[[], T], what: str, deadline: float) -> T:
+        """A ZooKeeper step of ``start``: transient errors retried until the start's deadline
+        (at most START_BOUND_S)."""
+        bound = max(min(START_BOUND_S, deadline - time.monotonic()), 1.0)
+        return retry_zk(call, f"ordq up: {what}", bound_s=bound, hosts=self.zk_hosts)
+
     def _start_zk(self, deadline: float) -> None:
         try:
             self.zk.start(timeout_s=max(deadline - time.monotonic(), 1.0))
@@ -616,9 +628,10 @@ class LocalCluster:
         def start_one(item: tuple[str, BrokerProcess]) -> None:
             name, member = item
             gid, role = name.split("/")
-            self._wait_previous_gone(gid, role, deadline)
+            self._zk(lambda: self._wait_previous_gone(gid, role, deadline), f"wait for {name} to be free", deadline)
             member.start(timeout_s=max(deadline - time.monotonic(), 1.0))
-            self._wait_live(gid, role, member, max(deadline - time.monotonic(), 1.0))
+            self._zk(lambda: self._wait_live(gid, role, member, max(deadline - time.monotonic(), 1.0)),
+                     f"wait for {name} to be live", deadline)
 
         _run_all(start_one, todo)
 

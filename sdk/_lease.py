@@ -185,3 +185,16 @@ def release_bounded(client: KazooClient, lock: Any, timeout_s: float) -> None:
         log.debug("lock node %s/%s not deleted; it goes with the session", lock.path, lock.node)
     lock.is_acquired = False
     lock.node = None
+
+
+def acquire_within(lock: Any, timeout_s: float | None) -> Callable[[], bool]:
+    """A call that joins ``lock``'s election (a kazoo Lock) and waits to lead until ``timeout_s``
+    after its first call (None: without limit), True once elected. Repeated by ``retry_zk``
+    after a transient ZooKeeper error, it waits only for what is left of ``timeout_s``."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def acquire() -> bool:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        return bool(lock.acquire(blocking=True, timeout=left))
+
+    return acquire

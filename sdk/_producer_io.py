@@ -16,11 +16,14 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from ordq.errors import (
     BrokerUnavailable,
@@ -60,6 +63,38 @@ _LATE_S = 0.05
 _STARVED_EXTRA = 4.0
 
 
+@attrs.define
+class FailoverPacing:
+    """How long the ack deadline gives a head, from this producer's recent failovers (issue 26).
+
+    A producer that failed over within the last ``window_timeouts`` send timeouts gives the
+    next head ``send_timeout_s`` × 2^k (k such failovers, at most ``max_factor`` ×): a machine
+    so loaded that a new head cannot sync the resent backlog within one send timeout must not
+    make the producer walk the whole send list, sealing a segment on every group. The first
+    failover of a quiet period keeps the plain send timeout (a single fault is as fast as
+    before); a broken stream or a refusal is a definite answer and never waits for this.
+
+    Pure: times come in as arguments; the loop owns it (no lock of its own)."""
+
+    send_timeout_s: float
+    window_timeouts: float = 10.0
+    max_factor: int = 8
+    _at: collections.deque[float] = attrs.field(factory=collections.deque)
+
+    def failed_over(self, now: float) -> None:
+        self._at.append(now)
+
+    def recent(self, now: float) -> int:
+        """Failovers within the window before ``now``."""
+        window = self.send_timeout_s * self.window_timeouts
+        while self._at and now - self._at[0] > window:
+            self._at.popleft()
+        return len(self._at)
+
+    def ack_timeout(self, now: float) -> float:
+        return self.send_timeout_s * min(2 ** self.recent(now), self.max_factor)
+
+
 class ProducerIO:
     """The loop side of ``sdk.producer.Producer`` (which owns the fields declared here)."""
 
@@ -92,6 +127,9 @@ class ProducerIO:
         self._linger_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._pacing = FailoverPacing(self.config.send_timeout_s)
+        # (gid, seg) whose missed ack deadline was forgiven once: the head was still live
+        self._graced: tuple[str | None, int | None] | None = None
 
     def _require_store(self) -> ZkStore:
         raise NotImplementedError
@@ -136,7 +174,7 @@ class ProducerIO:
                     self._send_us.setdefault(b.first_seq, now_us)
             self._stream.send([b.encoded for b in ready])
             if self._deadline_timer is None:
-                due_at = now + self.config.send_timeout_s
+                due_at = now + self._pacing.ack_timeout(now)
                 self._deadline_timer = loop.call_at(due_at, self._on_deadline, due_at)
         due = core.next_deadline()
         if due is not None:
@@ -161,12 +199,12 @@ class ProducerIO:
         and the deadline looks again, up to ``_STARVED_EXTRA`` timeouts later (issue 26)."""
         self._deadline_timer = None
         assert self._core is not None and self._loop is not None
-        timeout = self.config.send_timeout_s
         with self._mutex:
             oldest = self._core.oldest_sent_at()
             if oldest is None or self._failure is not None:
                 return
             now = time.monotonic()
+            timeout = self._pacing.ack_timeout(now)  # longer right after failovers (FailoverPacing)
             if now - oldest < timeout:
                 self._deadline_timer = self._loop.loop.call_at(oldest + timeout, self._on_deadline, oldest + timeout)
                 return
@@ -178,8 +216,45 @@ class ProducerIO:
                 self._deadline_timer = self._loop.loop.call_at(again, self._on_deadline, again)
                 return
             stream = self._stream
-        if stream is not None:
-            self._fail(stream, BrokerUnavailable(f"group {self._gid}", f"no ack within send_timeout_s={timeout:g}"))
+            recent = self._pacing.recent(now)
+            judge = recent > 0 and self._graced != (self._gid, self._seg)
+        if stream is None:
+            return
+        failure = BrokerUnavailable(f"group {self._gid}", f"no ack within {timeout:g}s (send_timeout_s="
+                                    f"{self.config.send_timeout_s:g}, {recent} failovers just before)")
+        if judge:  # a failover again, so soon: is this head really failed?
+            self._spawn(self._judge_head(stream, failure, timeout))
+        else:
+            self._fail(stream, failure)
+
+    async def _judge_head(self, stream: AsyncProduceStream, failure: BrokerUnavailable, timeout: float) -> None:
+        """After failovers just before, a missed ack deadline alone does not fail the head:
+        while its master and slave are both live in ZooKeeper (a hung or dead process loses
+        its session), it gets one more ``timeout``, once per segment; then it fails over."""
+        assert self._loop is not None
+        gid, seg = self._gid, self._seg
+        try:
+            live = await self._loop.run_blocking(self._group_live, gid)
+        except OrdqError:
+            live = False
+        with self._mutex:
+            if self._stream is not stream or self._failure is not None or self._closed:
+                return
+            if live:
+                self._graced = (gid, seg)
+                log.warning("queue %s: no ack from group %s within %gs, but it is live and this producer just "
+                            "failed over: one more %gs before failing it over", self.config.queue, gid, timeout,
+                            timeout)
+                again = time.monotonic() + timeout
+                if self._deadline_timer is not None:  # armed by a send meanwhile
+                    self._deadline_timer.cancel()
+                self._deadline_timer = self._loop.loop.call_at(again, self._on_deadline, again)
+                return
+        self._fail(stream, failure)
+
+    def _group_live(self, gid: str | None) -> bool:
+        """Worker thread: are the master and slave of ``gid`` both live in ZooKeeper?"""
+        return gid is not None and len(self._require_store().live_members(gid)) == 2
 
     def _cancel_timers(self) -> None:
         for timer in (self._linger_timer, self._deadline_timer):
@@ -314,6 +389,8 @@ class ProducerIO:
         with self._mutex:
             self._core.rewind()  # the unacked suffix goes again, in order, with the same seqs
             self._stats.failovers += 1
+            if gid != first_gid:
+                self._pacing.failed_over(time.monotonic())
             self._failure = None
             self._lock.notify_all()
             self._pump(time.monotonic())
@@ -340,6 +417,14 @@ class ProducerIO:
             except BrokerUnavailable:
                 if time.monotonic() > deadline:
                     raise
+                # The new head's master is not live in ZooKeeper: failed, or its session lapsed
+                # for a moment (a starved machine). It gets up to one ack timeout to come back
+                # before we fail over from it too: no walk down the whole send list, sealing a
+                # segment on every group, in one burst (issue 26).
+                now = time.monotonic()
+                address = self._wait_master(open_seg.gid, min(self._pacing.ack_timeout(now), deadline - now))
+                if address is not None:
+                    return open_seg.gid, open_seg.seg, address
                 gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
             except CoordinationUnavailable:
                 # ZooKeeper away while we look up the new head's master: try again (the
@@ -347,6 +432,17 @@ class ProducerIO:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    def _wait_master(self, gid: str, timeout_s: float) -> str | None:
+        """Worker thread: the address of ``gid``'s master once it is live, within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._master_address(gid)
+            except (BrokerUnavailable, CoordinationUnavailable):
+                if time.monotonic() >= deadline or self._closed:
+                    return None
+                time.sleep(0.05)
 
     def _master_address(self, gid: str) -> str:
         master = self._require_store().live_members(gid).get("master")

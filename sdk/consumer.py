@@ -42,7 +42,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
 from kazoo.client import KazooClient
@@ -53,6 +53,7 @@ from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Segment, SegStatus
 from coordinator.store import ZkStore, new_client
+from coordinator.zk_retry import retry_zk
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -72,7 +73,7 @@ from ordq.errors import (
 )
 from ordq.security import Credentials, lookup
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
-from sdk._lease import SessionLease, release_bounded
+from sdk._lease import SessionLease, acquire_within, release_bounded
 from sdk._queue_view import QueueView
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.failure import FailurePolicy
@@ -82,6 +83,7 @@ from sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_k
 from sdk.transport import BrokerTransport, FetchResult, Reader
 
 log = logging.getLogger("ordq.consumer")
+T = TypeVar("T")
 
 # A periodic commit is a request to the coordinator made on the delivering thread: bounded
 # short, and after one that got no answer the next waits this long (delivery goes on; what is
@@ -260,23 +262,29 @@ class Consumer:
         except Exception as exc:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
-        self._store = ZkStore(self._client, paths)
+        self._store = store = ZkStore(self._client, paths)
+
+        def zk(call: Callable[[], T], what: str) -> T:  # transient errors ridden out (coordinator/zk_retry.py)
+            return retry_zk(call, f"consumer {cfg.queue}/{cfg.subscription}: {what}", hosts=cfg.zk_hosts,
+                            stopped=lambda: self._closed)
+
         self._coord = CoordinatorClient(self._store, credentials=creds)
-        self._view = QueueView(self._store, self._client, cfg.queue)
-        self._ensure_subscription()
-        self._election = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
-        if not self._election.acquire(blocking=True, timeout=cfg.leader_timeout_s):
+        self._view = view = QueueView(self._store, self._client, cfg.queue)
+        zk(self._ensure_subscription, "read or create the subscription")
+        self._election = election = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
+        if not zk(acquire_within(election, cfg.leader_timeout_s), "join the subscription's election"):
             raise WaitTimeout(
                 f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
             )
         self._lease = SessionLease(self._client, f"{self._election.path}/{self._election.node}",
                                    session_timeout_s=cfg.zk_session_timeout_s)
         self._lease.start()
-        self._cursor, self._cursor_version = self._store.get_cursor(cfg.queue, cfg.subscription)
+        self._cursor, self._cursor_version = zk(lambda: store.get_cursor(cfg.queue, cfg.subscription),
+                                                "read the cursor")
         self._finished_base = self._cursor
         self._filter = DeliveryFilter(cfg.queue, last_seq=self._cursor.last_seq)
         self._policy.committed(time.monotonic())
-        self._view.refresh()
+        zk(view.refresh, "read the queue")
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
             self._metrics = ConsumerMetrics(self)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None

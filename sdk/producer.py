@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 from kazoo.client import KazooClient
@@ -33,6 +33,7 @@ from broker_group.log import Message, decode_batch
 from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.store import ZkStore, new_client
+from coordinator.zk_retry import retry_zk
 from ordq.errors import (
     BrokerUnavailable,
     ClosedError,
@@ -45,7 +46,7 @@ from ordq.errors import (
 from ordq.loop import LoopThread
 from ordq.security import Credentials, lookup
 from sdk._futures import BatchOutcome, SendFuture
-from sdk._lease import release_bounded
+from sdk._lease import acquire_within, release_bounded
 from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from sdk._producer_io import ProducerIO
 from sdk.audit import AuditWriter, new_writer_id
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from broker_group.aio_client import AioTransport
 
 log = logging.getLogger("ordq.producer")
+T = TypeVar("T")
 _new_message = tuple.__new__  # Message(...) without its Python-level __new__ (fields positional)
 
 
@@ -188,8 +190,13 @@ class Producer(ProducerIO):
         except Exception as exc:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
-        self._store = ZkStore(self._client, paths)
-        queue_cfg = self._store.queue_config(cfg.queue)  # QueueNotFound early
+        self._store = store = ZkStore(self._client, paths)
+
+        def zk(call: Callable[[], T], what: str) -> T:  # transient errors ridden out (coordinator/zk_retry.py)
+            return retry_zk(call, f"producer of {cfg.queue!r}: {what}", hosts=cfg.zk_hosts,
+                            stopped=lambda: self._closed)
+
+        queue_cfg = zk(lambda: store.queue_config(cfg.queue), "read the queue")  # QueueNotFound early
         queue_limit = queue_cfg.max_message_bytes
         self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)
         batch_limit = cfg.batching.max_batch_bytes - 64
@@ -199,8 +206,8 @@ class Producer(ProducerIO):
             self._max_message, self._max_message_of = batch_limit, "this producer's max_batch_bytes"
         self._coordinator = CoordinatorClient(self._client, paths, creds)
         election = paths.producer_leader(cfg.queue)
-        self._lease = self._client.Lock(election, cfg.producer_id)
-        if not self._lease.acquire(blocking=True, timeout=cfg.leader_timeout_s):
+        self._lease = lease = self._client.Lock(election, cfg.producer_id)
+        if not zk(acquire_within(lease, cfg.leader_timeout_s), "join the producer election"):
             raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
         # The coordinator bumps the epoch (bound to a key only we learn), fences the open
         # segment and finds where seq continues; it checks we lead the election first.

@@ -11,6 +11,7 @@ from coordinator.state import Cursor
 from ordq.errors import ConfigError, GapDetected
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter, FinishedTracker
 from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
+from sdk._producer_io import FailoverPacing
 
 
 def fake_encode(messages, *, epoch: int, first_seq: int) -> bytes:
@@ -252,3 +253,16 @@ def test_finished_tracker_matches_a_naive_model(data: st.DataObject) -> None:
         assert t.position == model()
     if entries:
         assert t.position == entries[-1][1] and t.pending == 0
+
+
+def test_failover_pacing_backs_off_after_failovers_and_forgets_them_after_the_window() -> None:
+    pacing = FailoverPacing(1.0)  # send timeout 1 s, window 10 timeouts, at most 8x
+    assert pacing.ack_timeout(0.0) == 1.0  # a quiet period: a single fault is judged as before
+    pacing.failed_over(0.0)
+    assert pacing.ack_timeout(0.5) == 2.0
+    pacing.failed_over(1.0)
+    pacing.failed_over(2.0)
+    assert pacing.ack_timeout(2.0) == 8.0
+    pacing.failed_over(3.0)
+    assert pacing.ack_timeout(3.0) == 8.0  # capped
+    assert pacing.recent(10.5) == 3 and pacing.ack_timeout(13.5) == 1.0  # all older than 10 s

@@ -7,17 +7,48 @@ raises ``ConnectionLoss`` on chosen calls and passes everything else through.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+import threading
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss, NoAuthError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionMovedError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
 
 from broker_group.auth import Gate
+from broker_group.replica import Role
+from broker_group.service import Broker, BrokerConfig
+from coordinator.store import ZkStore
 from coordinator.tokens import create_token
-from ordq.errors import CoordinationUnavailable, PermissionDenied
+from coordinator.zk_retry import retry_zk
+from ordq.errors import (
+    AlreadyExists,
+    CoordinationUnavailable,
+    GroupNotFound,
+    NotCoordinatorLeader,
+    OrdqError,
+    PermissionDenied,
+    ZkAccessDenied,
+)
+from ordq.proc import ManagedProcess
 from ordq.zk_server import ZkServer
+from tests.cluster import REPO
+from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 
@@ -101,6 +132,166 @@ def test_zookeeper_silent_past_the_bound_stops_the_start_with_one_clear_error(zk
 def test_a_definite_refusal_is_not_retried(zk: KazooClient, zk_root: str) -> None:
     create_token(zk, zk_root, {"q": ["produce"]})
     flaky = Flaky(zk, get_children=NoAuthError())
-    with pytest.raises(NoAuthError):
+    with pytest.raises(ZkAccessDenied):  # one clear line, not a kazoo traceback
         Gate(tls=False).watch(flaky, zk_root, deadline_s=30)
     assert flaky.raised == 1
+
+
+# -- the one helper (coordinator/zk_retry.py), on a fake clock ---------------------------------
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_retry_zk_rides_out_transient_errors_with_back_off() -> None:
+    clock = _Clock()
+    faults = [ConnectionLoss(), SessionMovedError(), OperationTimeoutError(), KazooTimeoutError()]
+
+    def call() -> str:
+        if faults:
+            raise faults.pop(0)
+        return "ok"
+
+    assert retry_zk(call, "step", bound_s=5, sleep=clock.sleep, clock=lambda: clock.now) == "ok"
+    assert clock.slept == [0.05, 0.1, 0.2, 0.4]
+
+
+def test_retry_zk_stops_with_one_line_when_the_bound_runs_out() -> None:
+    clock = _Clock()
+
+    def call() -> None:
+        raise ConnectionLoss()
+
+    with pytest.raises(CoordinationUnavailable) as info:
+        retry_zk(call, "broker g1/master: register liveness", bound_s=3, sleep=clock.sleep, clock=lambda: clock.now)
+    assert str(info.value).startswith("broker g1/master: register liveness: ZooKeeper did not answer for 3s")
+    assert "\n" not in str(info.value)
+    assert 3.0 <= clock.now <= 3.0 + 1e-9  # never sleeps past the bound
+
+
+@pytest.mark.parametrize("refusal", [NoAuthError(), BadVersionError(), NoNodeError(), ConnectionClosedError(),
+                                     NotCoordinatorLeader("x:1"), GroupNotFound("g1")])
+def test_retry_zk_does_not_retry_a_definite_answer(refusal: Exception) -> None:
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        raise refusal
+
+    with pytest.raises((OrdqError, KazooException)):
+        retry_zk(call, "step", bound_s=30, sleep=lambda _s: pytest.fail("slept"))
+    assert len(calls) == 1
+
+
+def test_a_registration_that_landed_before_its_answer_was_lost_is_ours(zk_server: ZkServer, zk_root: str) -> None:
+    with ZkStore.connect(zk_server.connection_string, zk_root, timeout_s=10) as store:
+        store.add_group("g1")
+        real = store.client.create_async
+        lost = []
+
+        def create_then_lose(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            if not lost:  # the create lands; its answer is lost with the connection
+                lost.append(result.get(timeout=10))
+                raise ConnectionLoss()
+            return result
+
+        store.client.create_async = create_then_lose  # type: ignore[method-assign]
+        retry_zk(lambda: store.register_live("g1", "master", "127.0.0.1:1", "inc-1"), "register", bound_s=10)
+        assert lost and store.live_members("g1")["master"].incarnation == "inc-1"
+        with pytest.raises(AlreadyExists):  # another incarnation is still refused
+            store.register_live("g1", "master", "127.0.0.1:2", "inc-2")
+
+
+# -- starts while the ZooKeeper server is paused (SIGSTOP), on a server of this module's own ----
+
+@pytest.fixture(scope="module")
+def own_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
+    server = ZkServer(tmp_path_factory.mktemp("paused-zk"))
+    server.start(timeout_s=90)
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@contextlib.contextmanager
+def paused(server: ZkServer) -> Iterator[None]:
+    [proc] = server.processes
+    proc.pause()
+    try:
+        yield
+    finally:
+        proc.resume()
+
+
+class _Seen(logging.Handler):
+    """Set once a record of ``logger`` contains ``text``."""
+
+    def __init__(self, logger: str, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text, self.event, self._logger = text, threading.Event(), logging.getLogger(logger)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+    def __enter__(self) -> threading.Event:
+        self._logger.addHandler(self)
+        return self.event
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+
+
+def test_a_broker_started_while_zookeeper_is_paused_serves_once_it_answers(own_zk: ZkServer, tmp_path: Path) -> None:
+    root = f"/t{uuid.uuid4().hex[:8]}"
+    with ZkStore.connect(own_zk.connection_string, root, timeout_s=10) as store:
+        store.add_group("g1")
+    broker = Broker(BrokerConfig(gid="g1", role=Role.SLAVE, data_dir=tmp_path / "d", zk_hosts=own_zk.connection_string,
+                                 root=root, zk_session_timeout_s=1.0))
+    (tmp_path / "d").mkdir()
+    outcome: list[object] = []
+    try:
+        with _Seen("ordq.zk", "retrying") as retrying, paused(own_zk):
+            starter = threading.Thread(target=lambda: outcome.append(_outcome(broker.start)), daemon=True)
+            starter.start()
+            # before: the connect timed out after the 1 s session and the start failed
+            wait_until(lambda: retrying.is_set() or outcome, timeout_s=30, what="the start to retry or end")
+        starter.join(timeout=60)
+        assert outcome and isinstance(outcome[0], str), outcome  # the address, not an error
+        with ZkStore.connect(own_zk.connection_string, root, timeout_s=10) as store:
+            assert store.live_members("g1")["slave"].incarnation == broker.incarnation
+    finally:
+        broker.stop()
+
+
+def test_a_coordinator_started_while_zookeeper_is_paused_serves_once_it_answers(own_zk: ZkServer,
+                                                                                tmp_path: Path) -> None:
+    root = f"/t{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-m", "ordq.cli", "--zk", own_zk.connection_string, "--root", root, "coordinator", "run",
+            "--insecure", "--session-timeout", "1"]
+    proc = ManagedProcess("coordinator", argv, run_dir=tmp_path, env={"PYTHONPATH": str(REPO),
+                                                                      "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+    try:
+        with paused(own_zk):
+            proc.start()
+            # before: "cannot reach ZooKeeper ... within 1s" and exit 1
+            proc.wait_ready(lambda: "coordinator: connect to ZooKeeper" in proc.log_path.read_text(), timeout_s=60,
+                            what="the coordinator to retry")
+        proc.wait_for_line("READY coordinator", timeout_s=60)
+    finally:
+        proc.stop()
+
+
+def _outcome(call: Any) -> object:
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - handed to the test thread
+        return exc

@@ -152,3 +152,46 @@ def test_a_late_ack_from_a_starved_producer_is_not_a_failed_head(cluster: Cluste
         p.flush(timeout_s=60)
         stats = p.statistics()
     assert stats.failovers == 0, stats
+
+
+@pytest.mark.zk
+def test_a_head_slow_for_a_moment_right_after_a_failover_is_not_failed_over_too(cluster: Cluster) -> None:
+    """Failovers are paced (sdk/_producer_io.py FailoverPacing): right after one, the next head
+    gets twice the send timeout, and is failed over only once it is also not live in ZooKeeper
+    or stays silent one period more. Before, a head that missed one send timeout right after a
+    failover was failed over too: on a loaded box the producer walked the send list, sealing a
+    segment on every group (issue 26)."""
+    cluster.add_groups("g1", "g2")  # two are enough: g1 (resumed) would be admitted again
+    cluster.create_queue()
+    cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=0.5,
+                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+    with Producer(cfg) as p:
+        p.send(b"warm-up").result(60)
+        first = cluster.head()
+        first.master.pause()  # a real fault: hung past the send timeout, the producer moves on
+        try:
+            fut = p.send(b"to the next head")
+            wait_until(lambda: p.statistics().failovers >= 1, timeout_s=60, what="the first failover")
+        finally:
+            first.master.resume()
+        fut.result(60)
+        stats = p.statistics()
+        failovers, head, seg = stats.failovers, stats.head, stats.seg
+        second = cluster.head()
+        assert second.gid == head
+        # Right after: the new head hangs for 0.7 s (longer than the 0.5 s send timeout, shorter
+        # than its 1 s ZooKeeper session), as a starved broker does.
+        second.master.pause()
+        paused_at = time.monotonic()
+        try:
+            fut = p.send(b"while the new head is slow")
+            wait_until(lambda: time.monotonic() - paused_at >= 0.7 or p.statistics().failovers > failovers,
+                       timeout_s=30, what="0.7 s")
+        finally:
+            second.master.resume()
+        fut.result(60)
+        for i in range(20):
+            p.send(b"after %d" % i)
+        p.flush(timeout_s=60)
+        stats = p.statistics()
+    assert (stats.failovers, stats.head, stats.seg) == (failovers, head, seg), stats

@@ -83,9 +83,12 @@ def coordinator_credentials(args: argparse.Namespace) -> Credentials:
 def cmd_run(args: argparse.Namespace) -> int:
     from coordinator.daemon import CoordinatorDaemon
     from coordinator.service import CoordinatorService
+    from coordinator.zk_retry import retry_zk
 
     creds = coordinator_credentials(args)
-    store = open_store(args)
+    # A transient ZooKeeper error at start (a restarting server, a busy machine) is ridden
+    # out for a bounded time (coordinator/zk_retry.py); a refusal stops it with one line.
+    store = retry_zk(lambda: open_store(args), f"coordinator: connect to ZooKeeper at {args.zk}")
     holder: list[Any] = []
     service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader,
                                  credentials=creds, subscriber=_subscriber(creds))
