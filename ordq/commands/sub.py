@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import add_command, int_in, open_store, wants_json
+from ordq.commands import add_command, check_admin, check_token, int_in, open_store, wants_json
 from ordq.errors import ConfigError
 from ordq.output import emit_json, table
 
@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "sub", help="inspect subscriptions and reset their cursors")
     sub = parser.add_subparsers(dest="sub_command", metavar="ACTION")
     sub.required = True
-    ls = add_command(sub, "list", func=cmd_list,
+    ls = add_command(sub, "list", func=cmd_list, reads=True,
                      help="subscriptions of a queue with cursor, lag and the consumer holding each")
     ls.add_argument("queue")
     reset = add_command(
@@ -152,6 +152,7 @@ def cmd_parked(args: argparse.Namespace) -> int:
 
     queue, sub = names
     with open_store(args) as store:
+        check_token(store, queue)
         records = store.parked(queue, sub)
     if wants_json(args):
         emit_json({"queue": queue, "subscription": sub, "parked": records})
@@ -190,6 +191,7 @@ def _cmd_resolve(args: argparse.Namespace, action: str, queue: str, sub: str) ->
         except ValueError:
             raise ConfigError(f"bad --key-hex {args.key_hex!r}: hex digits, two per byte") from None
     with open_store(args) as store:
+        check_admin(store, queue)
         seqs = resolve_parked(store, queue, sub, action, seq=args.seq, key=key, every=args.all, reason=args.reason)
     if wants_json(args):
         emit_json({"queue": queue, "subscription": sub, "action": action, "seqs": seqs})
