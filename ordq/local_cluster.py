@@ -77,10 +77,11 @@ class ClusterConfig:
     # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
     zk_acl: bool = True
     # ZooKeeper serves clients over TLS only (its secureClientPort), with a certificate of the
-    # cluster CA, and requires theirs; every ordq client finds this in the credentials file.
-    # Off by default (`ordq up --zk-tls`): a TLS connect costs ~0.5 s (kazoo loads the system CA
-    # bundle at every attempt, then the handshake), which a broker's 1 s session cannot spare
-    # on a loaded machine; and the drills reach ZooKeeper with raw kazoo clients too.
+    # cluster CA, and requires theirs; every ordq client finds this in the credentials file and
+    # connects with one SSL context per process (coordinator/zk_tls.py: a handshake, ~10-30 ms
+    # on a quiet machine, where kazoo's own connect loaded the system CA bundle at every attempt).
+    # On in `ordq up` unless --no-zk-tls or --insecure; off here, for the clusters tests and
+    # drills build themselves.
     zk_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
