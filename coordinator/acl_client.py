@@ -45,14 +45,15 @@ def read_credential(folder: Path, role: str) -> str | None:
 
 
 def write_credential(folder: Path, role: str) -> None:
-    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file)."""
+    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file);
+    ``<role>.new``: the next one, while a rotation runs (``LocalCluster.rotate_zk_credentials``)."""
     path = Path(folder) / AUTH_DIR / role
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"{AUTH_USERS[role]}:{secrets.token_urlsafe(24)}\n")
+        f.write(f"{AUTH_USERS[role.removesuffix('.new')]}:{secrets.token_urlsafe(24)}\n")
 
 
 def check_identity(client: KazooClient, root: str, credential: str | None, *, required: bool) -> None:

@@ -370,3 +370,52 @@ def test_sdk_refusal(env: Env, entry: str, case: str) -> None:
     else:
         assert env.snapshot() == before
         assert env.admin.list_subscriptions(Q) == subs_before
+
+
+# -- rotating the ZooKeeper credentials (docs/SECURITY.md) -------------------------------------
+
+
+@pytest.mark.slow  # two cluster starts: ~25 s quiet, 65 s at load 13
+def test_rotated_zookeeper_credentials_refuse_the_old_ones_and_the_cluster_serves_with_the_new(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kazoo.exceptions import NoAuthError
+
+    from coordinator.acl_client import read_credential
+    from coordinator.paths import Paths
+    from tests.util import raw_zk
+
+    folder = tmp_path / "c"
+    cluster = LocalCluster(folder, ClusterConfig(groups=1, coordinators=1, root="/rot"))
+    made = [cluster]  # each object stops the processes it started (their Popen handles)
+    try:
+        cluster.start()
+        old_admin, old_client = cluster.admin_auth, cluster.client_auth
+        zk = ["--zk", cluster.zk_hosts, "--root", cluster.root]
+        assert main([*zk, "queue", "create", Q]) == 0
+        assert main([*zk, "zk", "rotate-auth", "--dir", str(folder)]) == 1  # refused while it runs
+        assert "stop the cluster first" in capsys.readouterr().err
+        cluster.stop()
+        assert main([*zk, "zk", "rotate-auth", "--dir", str(folder)]) == 0
+        capsys.readouterr()
+        new_admin, new_client = read_credential(folder, "admin"), read_credential(folder, "client")
+        assert new_admin not in (None, old_admin) and new_client not in (None, old_client)
+        assert not list((folder / "zk-auth").glob("*.new"))
+        restarted = LocalCluster(folder)
+        made.append(restarted)
+        restarted.start()  # brokers and the coordinator act with the new admin credential
+        p = Paths(cluster.root)
+        with raw_zk(cluster.zk_hosts, old_admin) as old:
+            with pytest.raises(NoAuthError):
+                old.set(p.queue(Q), b"{}")
+        creds = attrs.evolve(restarted.credentials, zk_auth=old_client)
+        with pytest.raises(ZkAccessDenied), Producer(ProducerConfig(zk_hosts=cluster.zk_hosts, root=cluster.root,
+                                                                   queue=Q, credentials=creds)):
+            pass
+        creds = attrs.evolve(restarted.credentials, zk_auth=new_client)
+        with Producer(ProducerConfig(zk_hosts=cluster.zk_hosts, root=cluster.root, queue=Q, credentials=creds)) as pr:
+            pr.send(b"after the rotation").result(timeout=30)
+        assert main([*zk, "queue", "update", Q, "--max-message-bytes", "2000"]) == 0  # the new admin, registered
+    finally:
+        for made_cluster in reversed(made):
+            made_cluster.stop()
+        made[-1].destroy()
