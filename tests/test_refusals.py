@@ -404,9 +404,8 @@ def test_rotated_zookeeper_credentials_refuse_the_old_ones_and_the_cluster_serve
         made.append(restarted)
         restarted.start()  # brokers and the coordinator act with the new admin credential
         p = Paths(cluster.root)
-        with raw_zk(cluster.zk_hosts, old_admin) as old:
-            with pytest.raises(NoAuthError):
-                old.set(p.queue(Q), b"{}")
+        with raw_zk(cluster.zk_hosts, old_admin) as old, pytest.raises(NoAuthError):
+            old.set(p.queue(Q), b"{}")
         creds = attrs.evolve(restarted.credentials, zk_auth=old_client)
         with pytest.raises(ZkAccessDenied), Producer(ProducerConfig(zk_hosts=cluster.zk_hosts, root=cluster.root,
                                                                    queue=Q, credentials=creds)):
