@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from ordq.commands import add_command, check_admin, check_token, int_in, open_store, wants_json
-from ordq.errors import ConfigError
+from ordq.errors import ConfigError, OrdqError
 from ordq.output import emit_json, table
 
 
@@ -97,13 +97,29 @@ def cmd_create(args: argparse.Namespace) -> int:
     target = parse_reset_target(args.start)
     with open_store(args) as store, ReplicaReader(store) as reader:
         cursor, starts_at = create_subscription(store, reader, args.queue, args.subscription, target)
+        first = _next_text(store, reader, args.queue, cursor, starts_at)
     if wants_json(args):
         emit_json({"queue": args.queue, "subscription": args.subscription, "start": str(target),
                    "cursor": cursor.to_dict(), "next_seq": starts_at.seq if starts_at else None})
         return 0
-    first = f"seq {starts_at.seq}" if starts_at is not None else f"seq {cursor.last_seq + 1}, once it is sent"
     print(f"subscription {args.queue}/{args.subscription} created at {target}: first delivered: {first}")
     return 0
+
+
+def _next_text(store: Any, reader: Any, queue: str, cursor: Any, starts_at: Any) -> str:
+    """``seq N``, the message a consumer at ``cursor`` delivers next, with ``, once it is
+    sent`` only when it is not stored yet (``earliest`` on a queue holding messages resolves
+    to a cursor, not a message: issue 24 found it called seq 0 unsent)."""
+    from ordq.admin.reset import latest_cursor
+
+    if starts_at is not None:
+        return f"seq {starts_at.seq}"
+    nxt = cursor.last_seq + 1
+    try:
+        stored = latest_cursor(store, reader, store.load_state(queue)[0]).last_seq >= nxt
+    except OrdqError:  # no replica of an open segment answered: say only what is certain
+        return f"seq {nxt}"
+    return f"seq {nxt}" if stored else f"seq {nxt}, once it is sent"
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -241,6 +257,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     target = parse_reset_target(args.to)
     with open_store(args) as store, ReplicaReader(store) as reader:
         result = reset_subscription(store, reader, args.queue, args.subscription, target, force=args.force)
+        nxt = _next_text(store, reader, args.queue, result.after, result.starts_at)
     if wants_json(args):
         emit_json(result.to_dict())
         return 0
@@ -248,10 +265,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     print(f"subscription {args.queue}/{args.subscription} reset to {result.target}: "
           f"cursor seg {b.seg} offset {b.offset} last_seq {b.last_seq} -> "
           f"seg {a.seg} offset {a.offset} last_seq {a.last_seq}")
-    if result.starts_at is not None:
-        print(f"next delivered: seq {result.starts_at.seq}")
-    else:
-        print(f"next delivered: seq {a.last_seq + 1}, once it is sent")
+    print(f"next delivered: {nxt}")
     if result.forced:
         print(f"forced while held by {result.held_by}: that consumer's next commit fails; restart it")
     return 0
