@@ -175,10 +175,25 @@ def cmd_parked(args: argparse.Namespace) -> int:
     elif not records:
         print(f"nothing parked for {queue}/{sub}")
     else:
-        table([{**r, "status": r.get("status", "parked"), "parked_at": format_time_us(r["parked_at_us"]),
-                "error": r.get("reason") or r["error"]} for r in records],
+        table([{**r, "key": key_text(r.get("key")), "status": r.get("status", "parked"),
+                "parked_at": format_time_us(r["parked_at_us"]), "error": r.get("reason") or r["error"]}
+               for r in records],
               ["seq", "key", "status", "attempts", "parked_at", "parking_queue", "parked_seq", "error"])
     return 0
+
+
+def key_text(key_hex: str | None) -> str | None:
+    """A ledger key (hex) as ``--key`` takes it: its text when it is printable UTF-8 without
+    spaces at either end, else ``hex:<hex>`` (for ``--key-hex``). JSON keeps the hex."""
+    if key_hex is None:
+        return None
+    try:
+        text = bytes.fromhex(key_hex).decode("utf-8")
+    except ValueError:  # not hex (a record from elsewhere) or not UTF-8
+        return f"hex:{key_hex}"
+    if text and text.isprintable() and text == text.strip() and not text.startswith("hex:"):
+        return text
+    return f"hex:{key_hex}"
 
 
 def _parked_action(args: argparse.Namespace) -> tuple[str, tuple[str, str]]:
