@@ -21,7 +21,16 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
-from coordinator.acl import ACL_NODE, QUEUE_PARENTS, SUB_PARENTS, AclIds, acl_for, check_credential, relative
+from coordinator.acl import (
+    ACL_NODE,
+    QUEUE_PARENTS,
+    SUB_PARENTS,
+    AclIds,
+    acl_for,
+    check_credential,
+    digest_id,
+    relative,
+)
 from ordq.errors import ZkAccessDenied
 
 AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
@@ -36,14 +45,38 @@ def read_credential(folder: Path, role: str) -> str | None:
 
 
 def write_credential(folder: Path, role: str) -> None:
-    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file)."""
+    """Generate ``role``'s credential in ``folder`` unless there is one (owner-only file);
+    ``<role>.new``: the next one, while a rotation runs (``LocalCluster.rotate_zk_credentials``)."""
     path = Path(folder) / AUTH_DIR / role
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"{AUTH_USERS[role]}:{secrets.token_urlsafe(24)}\n")
+        f.write(f"{AUTH_USERS[role.removesuffix('.new')]}:{secrets.token_urlsafe(24)}\n")
+
+
+def check_identity(client: KazooClient, root: str, credential: str | None, *, required: bool) -> None:
+    """ZkAccessDenied at once when ``root`` is protected and ``credential`` is not one of its
+    two identities (a wrong password, another cluster's credential), or is missing while
+    ``required`` (producers and consumers write election nodes). ZooKeeper itself accepts any
+    digest credential at connect and refuses only the first write, after a client may already
+    have asked the coordinator for a subscription (issue 24). Reads ``<root>/acl``, which
+    every identity may read."""
+    try:
+        data, _ = client.get(f"{root}/{ACL_NODE}")
+    except NoNodeError:
+        return  # not protected: any credential (or none) writes
+    if credential is None:
+        if required:
+            raise ZkAccessDenied(f"the ZooKeeper root {root} is protected and no ZooKeeper credential was given "
+                                 "(--zk-auth-file, ORDQ_ZK_AUTH, or the credentials file: docs/SECURITY.md)")
+        return
+    ids = AclIds(**json.loads(data))
+    if digest_id(credential) not in (ids.admin, ids.client):
+        user = credential.partition(":")[0]
+        raise ZkAccessDenied(f"the ZooKeeper credential of user {user!r} is not one of {root}'s identities "
+                             "(a wrong password, or another cluster's credential)")
 
 
 class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped

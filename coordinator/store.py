@@ -46,6 +46,7 @@ from coordinator.acl_client import AclClient
 from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
 from coordinator.store_subs import SubscriptionRecords
+from coordinator.zk_tls import TlsHandler
 from ordq.errors import (
     AlreadyExists,
     ConfigError,
@@ -189,8 +190,11 @@ def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None)
 
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
     # TLS when the cluster at this address serves ZooKeeper over TLS (ordq/security.py)
+    tls = zk_tls_options(hosts)
+    if tls:  # one SSL context per process, not one (with the system CA bundle) per attempt
+        tls["handler"] = TlsHandler()
     return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth,
-                     **zk_tls_options(hosts))
+                     **tls)
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from broker_group.framing import GRPC_OPTIONS
 from broker_group.log import Message, encode_batch
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator.store import ZkStore
+from coordinator.store import ZkStore, new_client
 from coordinator.tokens import create_token, revoke_token, touch
 from drills.runner import SUBSCRIPTION, DrillContext
 from drills.workload import now_us
@@ -298,7 +298,7 @@ def probe_zk_writes(hosts: str, root: str, queue: str, sub: str, client_auth: st
     (refused: NoAuthError; any other outcome, NoNode included, is not the refusal wanted)."""
     out = []
     for what, auth, write in zk_write_attempts(root, queue, sub, client_auth):
-        client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
+        client = new_client(hosts, session_timeout_s=5.0, auth=auth)  # TLS when the cluster's ZooKeeper is
         client.start(timeout=15)
         try:
             write(client)

@@ -80,10 +80,11 @@ class ClusterConfig:
     # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
     zk_acl: bool = True
     # ZooKeeper serves clients over TLS only (its secureClientPort), with a certificate of the
-    # cluster CA, and requires theirs; every ordq client finds this in the credentials file.
-    # Off by default (`ordq up --zk-tls`): a TLS connect costs ~0.5 s (kazoo loads the system CA
-    # bundle at every attempt, then the handshake), which a broker's 1 s session cannot spare
-    # on a loaded machine; and the drills reach ZooKeeper with raw kazoo clients too.
+    # cluster CA, and requires theirs; every ordq client finds this in the credentials file and
+    # connects with one SSL context per process (coordinator/zk_tls.py: a handshake, ~10-30 ms
+    # on a quiet machine, where kazoo's own connect loaded the system CA bundle at every attempt).
+    # On in `ordq up` unless --no-zk-tls or --insecure; off here, for the clusters tests and
+    # drills build themselves.
     zk_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -238,6 +239,45 @@ class LocalCluster:
         self._register_own()
         with self.store() as store:
             protect(store.client, self.root, AclIds.of(admin, client))
+
+    def rotate_zk_credentials(self, *, timeout_s: float = 60.0) -> None:
+        """Replace the admin and client ZooKeeper credentials of this stopped cluster: new ones
+        are generated (``<dir>/zk-auth/*.new`` until done), every node's ACL is set to name them
+        (``protect``, as the old admin, which loses every right), then they replace the files
+        and the credentials registered for the cluster. ZooKeeper is started for it when it
+        is not running and stopped again. A rotation cut short is finished by running it again
+        (the client also presents the new admin credential). ConfigError while a broker or
+        coordinator runs (it would lose its rights), or without ZooKeeper ACLs."""
+        from coordinator.acl import AclIds
+        from coordinator.acl_client import protect
+
+        if not self.config.zk_acl or self.admin_auth is None:
+            raise ConfigError(f"the cluster in {self.folder} has no ZooKeeper credentials to rotate (--no-zk-acl)")
+        running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
+        if running:
+            raise ConfigError(f"{', '.join(running)} still run with the current credential: stop the cluster first "
+                              f"(ordq down --dir {self.folder})")
+        auth = self.folder / AUTH_DIR
+        for role in AUTH_USERS:
+            write_credential(self.folder, f"{role}.new")
+        new = {role: read_credential(self.folder, f"{role}.new") for role in AUTH_USERS}
+        assert new["admin"] is not None and new["client"] is not None
+        started_zk = not any(p.alive() for p in self.zk.processes)
+        if started_zk:
+            self._start_zk(time.monotonic() + timeout_s)
+        try:
+            with self.store() as store:
+                store.client.add_auth("digest", new["admin"])  # a second run, after the ACLs changed
+                protect(store.client, self.root, AclIds.of(new["admin"], new["client"]))
+        finally:
+            if started_zk:
+                self.zk.stop()
+        for role in AUTH_USERS:
+            os.replace(auth / f"{role}.new", auth / role)
+        self.credentials = attrs.evolve(self.credentials, zk_auth=new["admin"])
+        self._use_credentials()
+        self._register_own()
+        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id)
 
     @classmethod
     def load(cls, folder: Path) -> LocalCluster:

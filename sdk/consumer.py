@@ -49,6 +49,7 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
+from coordinator.acl_client import check_identity
 from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Segment, SegStatus
@@ -67,6 +68,7 @@ from ordq.errors import (
     IllegalTransition,
     NotLeader,
     OrdqError,
+    PermissionDenied,
     RetentionOvertook,
     SubscriptionNotFound,
     WaitTimeout,
@@ -106,6 +108,8 @@ class ConsumerConfig:
     fetch_wait_ms: int = 200  # long-poll when nothing is readable
     leader_timeout_s: float | None = None
     zk_session_timeout_s: float = 2.0
+    # how long start() tries to reach ZooKeeper before CoordinationUnavailable
+    zk_connect_timeout_s: float = 10.0
     # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
     # poll() rides out a ZooKeeper outage (a lost ensemble node, a re-election) this long,
     # reading from the replicas it knows, before it raises CoordinationUnavailable
@@ -137,6 +141,8 @@ class ConsumerConfig:
             raise ConfigError("zk_outage_s must be >= 0")
         if self.zk_session_timeout_s <= 0:
             raise ConfigError("zk_session_timeout_s must be > 0")
+        if self.zk_connect_timeout_s <= 0:
+            raise ConfigError("zk_connect_timeout_s must be > 0")
         if self.leader_timeout_s is not None and self.leader_timeout_s < 0:
             raise ConfigError("leader_timeout_s must be >= 0 or None (wait forever)")
 
@@ -258,7 +264,7 @@ class Consumer:
             self._transport = GrpcTransport(credentials=creds)
         self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
         try:
-            self._client.start(timeout=10)
+            self._client.start(timeout=cfg.zk_connect_timeout_s)
         except Exception as exc:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
@@ -268,6 +274,8 @@ class Consumer:
             return retry_zk(call, f"consumer {cfg.queue}/{cfg.subscription}: {what}", hosts=cfg.zk_hosts,
                             stopped=lambda: self._closed)
 
+        zk(lambda: check_identity(self._client, paths.root, creds.zk_auth, required=True),
+           "check the ZooKeeper credential")
         self._coord = CoordinatorClient(self._store, credentials=creds)
         self._view = view = QueueView(self._store, self._client, cfg.queue)
         zk(self._ensure_subscription, "read or create the subscription")
@@ -933,6 +941,7 @@ class Consumer:
         reads = self._reads
         members = view.replicas(segment.gid)
         errors: list[tuple[str, str]] = []
+        denied: list[PermissionDenied] = []
         avoid = self._avoid[1] if self._avoid is not None and self._avoid[0] == segment.seg else None
         master = members.get("master")
         roles = ("slave", "master") if master is not None and master.address == avoid else ("master", "slave")
@@ -958,6 +967,14 @@ class Consumer:
             except OrdqError as exc:
                 errors.append((info.address, f"{role} {info.address}: {exc}"))
                 view.mark_stale(segment.gid)
+                if isinstance(exc, PermissionDenied):
+                    denied.append(exc)
+        if denied and len(denied) == len(errors):
+            # Every replica asked refused this consumer's token (revoked, or without the
+            # consume role): final, as for the producer; waiting would only spin (issue 24).
+            # One replica refusing while the other failed otherwise is not final: a broker
+            # whose token reload failed refuses every token until it loads again.
+            raise denied[0]
         if self._stalled_since is None:
             self._stalled_since = time.monotonic()
         log.info("queue %s seg %d: no replica readable (%s)", self.config.queue, segment.seg,

@@ -143,11 +143,13 @@ class FailureHandling:
         me = threading.get_ident()
         failures = 0
         since = time.monotonic()
+        outcome = "not done (stopped)"  # unless the handler returned or it was parked
         try:
             while True:
                 may_start()
                 try:
                     handler(m)
+                    outcome = "done"
                     return True
                 except Exception as exc:  # noqa: BLE001 - the policy decides, HandlerError carries it
                     failures += 1
@@ -156,9 +158,11 @@ class FailureHandling:
                         self._blocked[me] = BlockedMessage(m.seq, m.key, failures, repr(exc),
                                                            time.monotonic() - since)
                     if step.action == "raise":
+                        outcome = "raised to the application"
                         raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc
                     if step.action == "park":
                         on_park(m, failures, exc)
+                        outcome = "parked"
                         return True
                     with self._lock:
                         self.redeliveries += 1  # the same message is tried again
@@ -167,9 +171,9 @@ class FailureHandling:
                     if wait(step.delay_s):
                         return False
         finally:
-            self._unblocked(me, m, failures)
+            self._unblocked(me, m, failures, outcome)
 
-    def _unblocked(self, me: int, m: Delivered, failures: int) -> None:
+    def _unblocked(self, me: int, m: Delivered, failures: int, outcome: str) -> None:
         with self._lock:
             self._blocked.pop(me, None)
             was_alarmed = me in self._alarmed
@@ -182,8 +186,10 @@ class FailureHandling:
                                     owner=self.config.consumer_id)
         except (CoordinationUnavailable, NotFound):
             pass  # the node goes with our session at the latest
-        log.warning("queue %s/%s: seq %d done after %d failed attempts; unblocked", self.config.queue,
-                    self.config.subscription, m.seq, failures)
+        # "done" only when the handler returned: a consumer stopped while blocked leaves the
+        # message unfinished (issue 24 found it logged "done" then).
+        log.warning("queue %s/%s: seq %d %s after %d failed attempts; unblocked", self.config.queue,
+                    self.config.subscription, m.seq, outcome, failures)
 
     def _alarmed_record(self) -> dict[str, Any] | None:
         """The alarm to show: the lowest alarmed seq (under the lock)."""

@@ -30,6 +30,7 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import Message, decode_batch
+from coordinator.acl_client import check_identity
 from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.store import ZkStore, new_client
@@ -73,6 +74,8 @@ class ProducerConfig:
     leader_timeout_s: float | None = None  # None: a standby waits until it leads
     no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
     zk_session_timeout_s: float = 2.0
+    # how long start() tries to reach ZooKeeper before CoordinationUnavailable
+    zk_connect_timeout_s: float = 10.0
     # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
     audit_dir: Path | None = None
     producer_id: str = attrs.field(factory=new_writer_id)
@@ -90,6 +93,8 @@ class ProducerConfig:
         Paths(self.root)  # InvalidName for a bad root
         if self.zk_session_timeout_s <= 0:
             raise ConfigError("zk_session_timeout_s must be > 0")
+        if self.zk_connect_timeout_s <= 0:
+            raise ConfigError("zk_connect_timeout_s must be > 0")
         if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
             raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
 
@@ -186,7 +191,7 @@ class Producer(ProducerIO):
             self._transport = GrpcTransport(credentials=creds)
         self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
         try:
-            self._client.start(timeout=10)
+            self._client.start(timeout=cfg.zk_connect_timeout_s)
         except Exception as exc:
             raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
         paths = Paths(cfg.root)
@@ -196,6 +201,8 @@ class Producer(ProducerIO):
             return retry_zk(call, f"producer of {cfg.queue!r}: {what}", hosts=cfg.zk_hosts,
                             stopped=lambda: self._closed)
 
+        zk(lambda: check_identity(self._client, paths.root, creds.zk_auth, required=True),
+           "check the ZooKeeper credential")
         queue_cfg = zk(lambda: store.queue_config(cfg.queue), "read the queue")  # QueueNotFound early
         queue_limit = queue_cfg.max_message_bytes
         self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)

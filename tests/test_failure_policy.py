@@ -118,7 +118,8 @@ def test_raise_stops_with_handler_error_and_commits_nothing_at_or_past_it(queue:
     assert queue.ordq("sub", "parked", "q", "s").stdout.decode().strip() == "nothing parked for q/s"
 
 
-def test_the_subscription_policy_and_the_blocked_alarm_seen_by_operators(queue: Cluster) -> None:
+def test_the_subscription_policy_and_the_blocked_alarm_seen_by_operators(queue: Cluster,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     """`ordq sub policy` sets what a consumer without its own policy does; a consumer blocked
     past its attempts shows in `ordq sub list` until the message goes through."""
     shown = queue.ordq("sub", "policy", "q", "s")
@@ -155,9 +156,14 @@ def test_the_subscription_policy_and_the_blocked_alarm_seen_by_operators(queue: 
         assert alarm["seq"] == 10 and alarm["attempts"] >= 2 and "downstream is down" in alarm["error"]
         assert handled == list(range(10))  # nothing after the blocked message
         assert "BLOCKED" in queue.ordq("sub", "list", "q").stdout.decode()
-        fixed.set()
+        stop.set()  # stopped while blocked: seq 10 is not done, and the log says so (issue 24)
         runner.join(60)
         assert not runner.is_alive()
+    assert "seq 10 not done (stopped) after" in caplog.text and "seq 10 done" not in caplog.text
+    fixed.set()
+    stop.clear()
+    with Consumer(cfg) as c:  # the next one starts at seq 10 (never committed)
+        c.run(handler, stop=stop)
     assert handled == list(range(N))
     assert blocked() is None
 

@@ -293,3 +293,12 @@ def test_selection_needs_exactly_one_target() -> None:
         select([], "replay")
     with pytest.raises(ConfigError, match="exactly one"):
         select([], "drop", seq=1, every=True)
+
+
+def test_sub_parked_shows_a_key_as_replay_takes_it() -> None:
+    from ordq.commands.sub import key_text
+
+    assert key_text(b"acct-3".hex()) == "acct-3"  # what --key takes
+    for raw in (b"\x00\xff", b" padded", b"tab\there", "é\n".encode(), b"hex:ab"):
+        assert key_text(raw.hex()) == f"hex:{raw.hex()}"  # what --key-hex takes
+    assert key_text(None) is None

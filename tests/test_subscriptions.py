@@ -48,6 +48,9 @@ def test_create_at_seq_latest_and_delete(cluster: Cluster) -> None:
     assert late["cursor"]["last_seq"] == 99
     later = cluster.ordq("sub", "create", "q", "later", "--start", "latest")
     assert b"first delivered: seq 100, once it is sent" in later.stdout, later.stdout  # not stored yet
+    early = cluster.ordq("sub", "create", "q", "early")  # earliest: seq 0 is stored (issue 24: "once it is sent")
+    assert early.stdout.endswith(b"first delivered: seq 0\n"), early.stdout
+    assert cluster.ordq("sub", "delete", "q", "early").returncode == 0
     assert cluster.ordq("sub", "delete", "q", "later").returncode == 0
     with consumer(cluster, "at40") as c:
         assert first_seq(c) == 40

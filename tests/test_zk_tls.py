@@ -5,6 +5,7 @@ four-letter word is answered."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,14 +15,15 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from coordinator.store import ZkStore
+from coordinator.zk_tls import _CONTEXTS
 from ordq.security import ensure_pki, remember_zk_tls, zk_tls_options
 from ordq.zk_server import ZkServer, four_letter_word, server_mode
 
 pytestmark = pytest.mark.zk
 
 
-def test_zookeeper_serves_tls_only_and_ordq_clients_find_it(tmp_path: Path,
-                                                            make_zk: Callable[..., ZkServer]) -> None:
+def test_zookeeper_serves_tls_only_and_ordq_clients_find_it(tmp_path: Path, make_zk: Callable[..., ZkServer],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     server_tls, client_tls = ensure_pki(tmp_path / "tls")
     zk = make_zk(tls=server_tls)
     zk.start(timeout_s=60)
@@ -44,9 +46,18 @@ def test_zookeeper_serves_tls_only_and_ordq_clients_find_it(tmp_path: Path,
     assert zk_tls_options(zk.connection_string) == {}
     remember_zk_tls(zk.connection_string, attrs.evolve(client_tls, zk_tls=True))
     assert zk_tls_options(zk.connection_string)["use_ssl"] is True
-    with ZkStore.connect(zk.connection_string, "/tls-test", timeout_s=10) as store:
-        store.add_group("g1")
-        assert store.list_groups() == ["g1"]
+    # One SSL context per process with the cluster CA only: the system CA bundle, which kazoo
+    # loaded at every attempt (140-500 ms each), is never loaded.
+    monkeypatch.setattr(ssl.SSLContext, "load_default_certs", _never)
+    for _ in range(3):
+        with ZkStore.connect(zk.connection_string, "/tls-test", timeout_s=10) as store:
+            store.add_group("g1") if not store.list_groups() else None
+            assert store.list_groups() == ["g1"]
+    assert len(_CONTEXTS) == 1
+
+
+def _never(*_args: object) -> None:
+    raise AssertionError("the system CA bundle was loaded")
 
 
 def test_a_local_cluster_with_zookeeper_over_tls_serves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,9 +67,8 @@ def test_a_local_cluster_with_zookeeper_over_tls_serves(tmp_path: Path, capsys: 
     from ordq.cli import main
     from ordq.local_cluster import ClusterConfig, LocalCluster
 
-    # 2 s sessions: a TLS connect takes ~0.5 s, more under load (see ClusterConfig.zk_tls)
-    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1, zk_tls=True,
-                                                         session_timeout_s=2.0))
+    # The brokers' default 1 s sessions: a TLS connect is a handshake (coordinator/zk_tls.py)
+    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1, zk_tls=True))
     try:
         cluster.start()
         assert "secureClientPort" in (tmp_path / "c" / "zk" / "node0" / "zoo.cfg").read_text()

@@ -26,6 +26,7 @@ def add_command(
     description: str | None = None,
     daemon: bool = False,
     admin: bool = False,
+    reads: bool = False,
 ) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         name, help=help, description=description or help
@@ -40,8 +41,9 @@ def add_command(
     parser.add_argument("--zk-auth-file", type=Path, default=argparse.SUPPRESS, metavar="PATH",
                         help="read the ZooKeeper credential from this file")
     if func is not None:
-        # daemon: a long-running process (logs INFO); admin: needs the admin role (open_store checks)
-        parser.set_defaults(func=func, daemon=daemon, admin=admin)
+        # daemon: a long-running process (logs INFO); admin: needs the admin role; reads: a
+        # valid token with any role on the queue(s) it shows (open_store checks both)
+        parser.set_defaults(func=func, daemon=daemon, admin=admin, reads=reads)
     return parser
 
 
@@ -121,18 +123,27 @@ MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConf
 def open_store(args: argparse.Namespace) -> Any:
     """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down).
     For an admin command, PermissionDenied unless the caller's token has the admin role on
-    ``args.queue`` (on every queue when it names none) while the cluster enforces tokens."""
-    from coordinator.store import ZkStore
+    ``args.queue`` (on every queue when it names none) while the cluster enforces tokens; for
+    a reading one (``reads``), unless it is a valid token with a role on ``args.queue`` or each
+    of ``args.queues`` (on some queue when it names none): ZooKeeper lets anyone read, so
+    without this a refused caller would see a table of ``?`` and exit 0."""
+    from coordinator.acl_client import check_identity
+    from coordinator.store import ZkStore, zk_errors
     from ordq.security import lookup
 
-    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)),
-                            auth=lookup(args.zk, args.root).zk_auth)
-    if getattr(args, "admin", False):
-        try:
+    auth = lookup(args.zk, args.root).zk_auth
+    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth)
+    try:
+        with zk_errors(args.zk):
+            check_identity(store.client, store.paths.root, auth, required=False)
+        if getattr(args, "admin", False):
             check_admin(store, getattr(args, "queue", None) or "*")
-        except BaseException:
-            store.close()
-            raise
+        elif getattr(args, "reads", False):
+            for queue in getattr(args, "queues", None) or [getattr(args, "queue", None) or "*"]:
+                check_token(store, queue)
+    except BaseException:
+        store.close()
+        raise
     return store
 
 

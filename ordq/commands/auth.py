@@ -6,6 +6,7 @@ import argparse
 import re
 from typing import Any
 
+from coordinator.store import zk_errors
 from ordq.commands import add_command, check_admin, open_store, wants_json
 from ordq.errors import ConfigError, NotFound
 from ordq.output import emit_json, table
@@ -46,8 +47,9 @@ def cmd_create(args: argparse.Namespace) -> int:
             # on the queue meant, far from here. Creating the queue later is what the flag is for.
             raise NotFound(f"no queue {', '.join(unknown)} (see: ordq queue list); give --allow-unknown-queue "
                            "to grant roles on a queue created later")
-        rec, token = create_token(store.client, args.root, grants, args.name)
-        touch(store.client, args.root)
+        with zk_errors(args.zk):  # a wrong ZooKeeper credential: one line
+            rec, token = create_token(store.client, args.root, grants, args.name)
+            touch(store.client, args.root)
     if wants_json(args):
         emit_json({**rec.describe(), "token": token})
     else:
@@ -78,8 +80,9 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     tid = _token_id(args.id, token_id)
     with open_store(args) as store:
         check_admin(store, "*")
-        revoke_token(store.client, args.root, tid)
-        touch(store.client, args.root)
+        with zk_errors(args.zk):
+            revoke_token(store.client, args.root, tid)
+            touch(store.client, args.root)
     if wants_json(args):
         emit_json({"revoked": tid})
     else:

@@ -68,7 +68,7 @@ def _produce(args: argparse.Namespace) -> int:
     from sdk import Producer, ProducerConfig
 
     cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
-                         audit_dir=args.audit_dir,
+                         audit_dir=args.audit_dir, zk_connect_timeout_s=args.zk_timeout,
                          send_timeout_s=args.send_timeout)
     key = args.key.encode() if args.key else None
     sent = 0
@@ -165,7 +165,7 @@ def _consume_command(args: argparse.Namespace) -> int:
 
     cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
                          subscription=args.subscription,
-                         start=args.start, audit_dir=args.audit_dir)
+                         start=args.start, audit_dir=args.audit_dir, zk_connect_timeout_s=args.zk_timeout)
     if args.workers is not None:
         n, last_seq = _consume_keyed(args, Consumer(cfg))
     else:

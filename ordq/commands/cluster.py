@@ -43,9 +43,10 @@ def register(subparsers: Any) -> None:
     up.add_argument("--no-zk-acl", action="store_true",
                     help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin and "
                          "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
-    up.add_argument("--zk-tls", action="store_true",
-                    help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA (clients "
-                         "find that in the credentials file; each connect costs ~0.5 s more; docs/SECURITY.md)")
+    up.add_argument("--zk-tls", action=argparse.BooleanOptionalAction, default=None,
+                    help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA, and "
+                         "requires the clients' (they find that in the credentials file); the default unless "
+                         "--insecure; --no-zk-tls: plaintext ZooKeeper (docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -68,10 +69,13 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
     asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
-    asked = asked or args.no_zk_acl or args.zk_tls
-    if args.zk_tls and not fresh and not LocalCluster(args.dir).config.zk_tls:
-        raise ConfigError(f"the cluster in {args.dir} was started with a plaintext ZooKeeper: --zk-tls is for a new "
-                          f"cluster (ordq down --wipe --dir {args.dir} first)")
+    asked = asked or args.no_zk_acl or args.zk_tls is not None
+    if args.zk_tls is not None and not fresh and LocalCluster(args.dir).config.zk_tls != args.zk_tls:
+        had = "TLS" if not args.zk_tls else "a plaintext ZooKeeper"
+        raise ConfigError(f"the cluster in {args.dir} was started with {had}: --{'' if args.zk_tls else 'no-'}zk-tls "
+                          f"is for a new cluster (ordq down --wipe --dir {args.dir} first)")
+    if fresh and args.zk_tls and args.insecure:
+        raise ConfigError("--zk-tls needs the cluster's certificates: not with --insecure")
     if not fresh and not asked:
         return None
     saved = LocalCluster(args.dir).config if not fresh else ClusterConfig()
@@ -86,9 +90,9 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         tls=not args.insecure if fresh else saved.tls,
         tokens=not args.insecure if fresh else saved.tokens,
         zk_acl=saved.zk_acl and not args.no_zk_acl,
-        # TLS to ZooKeeper: asked for a new cluster; a cluster started before keeps what it had
-        # (its ZooKeeper and its clients must agree).
-        zk_tls=bool(args.zk_tls) if fresh else saved.zk_tls,
+        # TLS to ZooKeeper: on for a new cluster with TLS unless --no-zk-tls; a cluster started
+        # before keeps what it had (its ZooKeeper and its clients must agree).
+        zk_tls=(args.zk_tls if args.zk_tls is not None else not args.insecure) if fresh else saved.zk_tls,
     )
 
 

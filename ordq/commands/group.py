@@ -15,7 +15,7 @@ def register(subparsers: Any) -> None:
     sub.required = True
     add = add_command(sub, "add", help="register a broker group", func=cmd_add, admin=True)
     add.add_argument("gid", help="group id, [A-Za-z0-9._-]{1,128}")
-    add_command(sub, "list", help="list groups with the liveness of master and slave", func=cmd_list)
+    add_command(sub, "list", help="list groups with the liveness of master and slave", func=cmd_list, reads=True)
     drain = add_command(
         sub, "drain", func=cmd_drain, admin=True,
         help="take a group out of every send list for maintenance (and keep it out)",

@@ -8,8 +8,8 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import add_command, int_in, open_store, wants_json
-from ordq.errors import ConfigError
+from ordq.commands import add_command, check_admin, check_token, int_in, open_store, wants_json
+from ordq.errors import ConfigError, OrdqError
 from ordq.output import emit_json, table
 
 
@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "sub", help="inspect subscriptions and reset their cursors")
     sub = parser.add_subparsers(dest="sub_command", metavar="ACTION")
     sub.required = True
-    ls = add_command(sub, "list", func=cmd_list,
+    ls = add_command(sub, "list", func=cmd_list, reads=True,
                      help="subscriptions of a queue with cursor, lag and the consumer holding each")
     ls.add_argument("queue")
     reset = add_command(
@@ -97,13 +97,29 @@ def cmd_create(args: argparse.Namespace) -> int:
     target = parse_reset_target(args.start)
     with open_store(args) as store, ReplicaReader(store) as reader:
         cursor, starts_at = create_subscription(store, reader, args.queue, args.subscription, target)
+        first = _next_text(store, reader, args.queue, cursor, starts_at)
     if wants_json(args):
         emit_json({"queue": args.queue, "subscription": args.subscription, "start": str(target),
                    "cursor": cursor.to_dict(), "next_seq": starts_at.seq if starts_at else None})
         return 0
-    first = f"seq {starts_at.seq}" if starts_at is not None else f"seq {cursor.last_seq + 1}, once it is sent"
     print(f"subscription {args.queue}/{args.subscription} created at {target}: first delivered: {first}")
     return 0
+
+
+def _next_text(store: Any, reader: Any, queue: str, cursor: Any, starts_at: Any) -> str:
+    """``seq N``, the message a consumer at ``cursor`` delivers next, with ``, once it is
+    sent`` only when it is not stored yet (``earliest`` on a queue holding messages resolves
+    to a cursor, not a message: issue 24 found it called seq 0 unsent)."""
+    from ordq.admin.reset import latest_cursor
+
+    if starts_at is not None:
+        return f"seq {starts_at.seq}"
+    nxt = cursor.last_seq + 1
+    try:
+        stored = latest_cursor(store, reader, store.load_state(queue)[0]).last_seq >= nxt
+    except OrdqError:  # no replica of an open segment answered: say only what is certain
+        return f"seq {nxt}"
+    return f"seq {nxt}" if stored else f"seq {nxt}, once it is sent"
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -152,16 +168,32 @@ def cmd_parked(args: argparse.Namespace) -> int:
 
     queue, sub = names
     with open_store(args) as store:
+        check_token(store, queue)
         records = store.parked(queue, sub)
     if wants_json(args):
         emit_json({"queue": queue, "subscription": sub, "parked": records})
     elif not records:
         print(f"nothing parked for {queue}/{sub}")
     else:
-        table([{**r, "status": r.get("status", "parked"), "parked_at": format_time_us(r["parked_at_us"]),
-                "error": r.get("reason") or r["error"]} for r in records],
+        table([{**r, "key": key_text(r.get("key")), "status": r.get("status", "parked"),
+                "parked_at": format_time_us(r["parked_at_us"]), "error": r.get("reason") or r["error"]}
+               for r in records],
               ["seq", "key", "status", "attempts", "parked_at", "parking_queue", "parked_seq", "error"])
     return 0
+
+
+def key_text(key_hex: str | None) -> str | None:
+    """A ledger key (hex) as ``--key`` takes it: its text when it is printable UTF-8 without
+    spaces at either end, else ``hex:<hex>`` (for ``--key-hex``). JSON keeps the hex."""
+    if key_hex is None:
+        return None
+    try:
+        text = bytes.fromhex(key_hex).decode("utf-8")
+    except ValueError:  # not hex (a record from elsewhere) or not UTF-8
+        return f"hex:{key_hex}"
+    if text and text.isprintable() and text == text.strip() and not text.startswith("hex:"):
+        return text
+    return f"hex:{key_hex}"
 
 
 def _parked_action(args: argparse.Namespace) -> tuple[str, tuple[str, str]]:
@@ -190,6 +222,7 @@ def _cmd_resolve(args: argparse.Namespace, action: str, queue: str, sub: str) ->
         except ValueError:
             raise ConfigError(f"bad --key-hex {args.key_hex!r}: hex digits, two per byte") from None
     with open_store(args) as store:
+        check_admin(store, queue)
         seqs = resolve_parked(store, queue, sub, action, seq=args.seq, key=key, every=args.all, reason=args.reason)
     if wants_json(args):
         emit_json({"queue": queue, "subscription": sub, "action": action, "seqs": seqs})
@@ -239,6 +272,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     target = parse_reset_target(args.to)
     with open_store(args) as store, ReplicaReader(store) as reader:
         result = reset_subscription(store, reader, args.queue, args.subscription, target, force=args.force)
+        nxt = _next_text(store, reader, args.queue, result.after, result.starts_at)
     if wants_json(args):
         emit_json(result.to_dict())
         return 0
@@ -246,10 +280,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     print(f"subscription {args.queue}/{args.subscription} reset to {result.target}: "
           f"cursor seg {b.seg} offset {b.offset} last_seq {b.last_seq} -> "
           f"seg {a.seg} offset {a.offset} last_seq {a.last_seq}")
-    if result.starts_at is not None:
-        print(f"next delivered: seq {result.starts_at.seq}")
-    else:
-        print(f"next delivered: seq {a.last_seq + 1}, once it is sent")
+    print(f"next delivered: {nxt}")
     if result.forced:
         print(f"forced while held by {result.held_by}: that consumer's next commit fails; restart it")
     return 0

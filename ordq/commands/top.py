@@ -21,7 +21,7 @@ SUB_COLUMNS = ["queue", "subscription", "seg", "last_seq", "lag", "consume_rate"
 
 def register(subparsers: Any) -> None:
     top = add_command(
-        subparsers, "top", func=cmd_top,
+        subparsers, "top", func=cmd_top, reads=True,
         help="live view of queues, lists, produce/consume rates and lag (Ctrl-C quits)",
         description="Redraw, every --interval seconds, each queue's send head and list, consume-list head, "
         "segments, stored messages, last readable seq and produce rate (msgs/s from seq progress), and "

@@ -38,6 +38,27 @@ def register(subparsers: Any) -> None:
     status = add_command(sub, "status", func=cmd_status,
                          help="pid, port and mode of each node (exit 3 if a node is not serving)")
     _dir_option(status)
+    rotate = add_command(sub, "rotate-auth", func=cmd_rotate_auth,
+                         help="new ZooKeeper admin and client credentials for the stopped local cluster in --dir",
+                         description="Generate new admin and client ZooKeeper credentials for the local cluster "
+                         "in --dir (stopped: ordq down first), set every node's ACL to name them, and replace "
+                         "<dir>/zk-auth/admin and client and the registered credentials. The old ones are "
+                         "refused from then on; give applications the new client credential. docs/SECURITY.md.")
+    rotate.add_argument("--dir", type=Path, default=Path(".ordq"),
+                        help="folder of the local cluster (ordq up --dir; default %(default)s)")
+
+
+def cmd_rotate_auth(args: argparse.Namespace) -> int:
+    from ordq.local_cluster import LocalCluster
+
+    cluster = LocalCluster.load(args.dir)
+    cluster.rotate_zk_credentials()
+    if wants_json(args):
+        emit_json({"dir": str(cluster.folder), "rotated": True})
+    else:
+        print(f"ZooKeeper credentials of {cluster.folder} rotated; start it with: ordq up --dir {args.dir}; "
+              f"applications need the new client credential ({cluster.folder}/zk-auth/client)")
+    return 0
 
 
 def _dir_option(parser: argparse.ArgumentParser) -> None:
