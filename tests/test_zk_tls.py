@@ -53,7 +53,8 @@ def test_zookeeper_serves_tls_only_and_ordq_clients_find_it(tmp_path: Path, make
         with ZkStore.connect(zk.connection_string, "/tls-test", timeout_s=10) as store:
             store.add_group("g1") if not store.list_groups() else None
             assert store.list_groups() == ["g1"]
-    assert len(_CONTEXTS) == 1
+    # (other tests of this worker process may have made contexts for their own clusters' CAs)
+    assert len([key for key in _CONTEXTS if str(tmp_path) in repr(key)]) == 1
 
 
 def _never(*_args: object) -> None:
