@@ -17,7 +17,8 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
 - ``abandoned_streams``: produce streams and long-polls opened and never read or closed.
 - ``noisy_neighbour``: a token holder abuses its own queue (huge fetches, unread streams,
   oversized and malformed requests) beside the drill queue on the same broker; the drill
-  queue's ack p99 stays within 2x of its quiet baseline and it never fails over (issue 25).
+  queue's ack p99 stays within 2x of its quiet baseline and it never fails over (issue 25). The
+  abuser's client runs in its own process at idle priority (in production it is another host).
 """
 
 from __future__ import annotations
@@ -690,7 +691,17 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     """The ``security-noisy-neighbour`` drill: a second queue on the head group, written by its
     own token holder; then QUIET_S of the drill queue alone (its baseline), then ABUSE_S of
     abuse of the second queue; ``check_neighbour`` judges the drill queue's producer over the
-    finished run."""
+    finished run (ack p99 under abuse <= 2x the quiet p99 of the same run; no fail-over).
+
+    In production the abuser is on another host; here its client runs in a process of its own at
+    idle priority (``_AbuserProcess``: nice 19, SCHED_IDLE) so that the p99 measures the broker,
+    not the lab machine's scheduler. What the abuse costs the broker (TLS decryption, typed
+    refusals, the memory budget, answers built and encrypted) still counts: that is what is
+    tested. With the abuser's client at normal priority the 2-core machine gave 6.6-9.7x, and
+    2.9x when the same abuse was aimed at another group (sharing nothing with the neighbour but
+    the cores): the abuser's own CPU, not the broker. On a busy machine the idle abuser gets
+    less CPU, so less abuse is sent (its outcomes are logged); each kind must still have been
+    sent and refused. The CPU each process used in both windows is logged beside the p99."""
     gid, _seg = ctx.head()
     c = ctx.cluster
     abused = ctx.queue + "-abused"
@@ -738,8 +749,9 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     ctx.expect("the oversized requests were refused (RESOURCE_EXHAUSTED)",
                outcomes.get("oversized request RESOURCE_EXHAUSTED", 0) > 0
                and not outcomes.get("oversized request ok"))
-    ctx.expect("the malformed requests were refused", not outcomes.get("malformed request ok")
-               and not outcomes.get("malformed batch ok"))
+    ctx.expect("the malformed requests and batches were sent and refused",
+               all(any(k.startswith(what) for k in outcomes) and not outcomes.get(f"{what} ok")
+                   for what in ("malformed request", "malformed batch")))
     with c.store() as store:
         revoke_token(store.client, store.paths.root, rec.tid)
         touch(store.client, store.paths.root)
