@@ -17,13 +17,16 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
 - ``abandoned_streams``: produce streams and long-polls opened and never read or closed.
 - ``noisy_neighbour``: a token holder abuses its own queue (huge fetches, unread streams,
   oversized and malformed requests) beside the drill queue on the same broker; the drill
-  queue's ack p99 stays within 2x of its quiet baseline and it never fails over (issue 25).
+  queue's ack p99 stays within 2x of its quiet baseline and it never fails over (issue 25). The
+  abuser's client runs in its own process at idle priority (in production it is another host).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -451,7 +454,8 @@ def control_calls(ctx: DrillContext) -> None:
 # -- a noisy neighbour (issue 25) ----------------------------------------------------------------
 
 NEIGHBOUR_RATE = 2_000.0  # the drill queue's producer: msgs/s while its neighbour is abused
-NEIGHBOUR_MESSAGES = 130_000  # 65 s: the fault at 20-60 %, then the fill, baseline, abuse, a tail
+NEIGHBOUR_MESSAGES = 200_000  # 100 s: the fill, baseline and abuse take ~40 s quiet, ~75 s under six busy
+# loops (the fill alone 19 s and 44 s): the drill queue must still be written through the abuse
 SETTLE_S = 2.0  # after the abuser's fill, before the baseline
 QUIET_S = 8.0  # the drill queue's quiet baseline, right before the abuse
 ABUSE_S = 8.0  # how long the abuse lasts
@@ -557,6 +561,77 @@ class _Abuser:
         return dict(self.outcomes)
 
 
+ABUSER_START_S = 60.0  # how long the abuser's process may take to start (a loaded box)
+
+
+def _idle_priority() -> str:
+    """Make this process (and the threads it starts afterwards: gRPC's included) run only on CPU
+    nothing else wants: nice 19 and, where Linux allows it, SCHED_IDLE. Returns what was set."""
+    os.nice(19 - os.nice(0))
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError, PermissionError):
+        return "nice 19"
+    return "nice 19, SCHED_IDLE"
+
+
+def _abuser_process(address: str, creds: Credentials, queue_: str, seg: int, conn: Any) -> None:
+    """The abuser's own process (spawned): at idle priority, it waits for ``go``, abuses until
+    ``stop``, then sends back its outcomes."""
+    priority = _idle_priority()
+    abuser = _Abuser(address, creds, queue_, seg)
+    conn.send(("ready", priority))
+    conn.recv()
+    abuser.start()
+    conn.recv()
+    abuser.stop_event.set()
+    with abuser._lock:
+        conn.send(dict(abuser.outcomes))  # at once: at idle priority the threads may take long to end
+    abuser.stop()
+
+
+class _AbuserProcess:
+    """``_Abuser`` in a process of its own at idle priority (``_idle_priority``). In production
+    the abuser is on another host: its client's CPU (its TLS encryption of 30 MiB bodies, its
+    gRPC threads, reading the huge answers) is not taken from the broker or the neighbour's
+    clients. Here it is, on the same cores, unless it runs only when nothing else wants the CPU;
+    so the neighbour's p99 measures the broker's isolation (what the abuse costs the broker:
+    TLS decryption, refusals, the budget), not the lab machine's scheduler."""
+
+    def __init__(self, address: str, creds: Credentials, queue_: str, seg: int) -> None:
+        mp = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
+        self._conn, child = mp.Pipe()
+        self._proc = mp.Process(target=_abuser_process, args=(address, creds, queue_, seg, child),
+                                name="ordq-abuser", daemon=True)
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(ABUSER_START_S):
+            self._kill()
+            raise RuntimeError(f"the abuser's process did not start within {ABUSER_START_S:g} s")
+        _ready, self.priority = self._conn.recv()
+        self.pid = self._proc.pid
+
+    def start(self) -> None:
+        self._conn.send("go")
+
+    def stop(self) -> dict[str, int]:
+        try:
+            self._conn.send("stop")
+            if not self._conn.poll(30):
+                return {"abuser did not answer": 1}
+            outcomes: dict[str, int] = self._conn.recv()
+            return outcomes
+        finally:
+            self._proc.join(10)
+            self._kill()
+
+    def _kill(self) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+        self._conn.close()
+
+
 def attrs_evolve_read(req: pb.FetchRequest) -> pb.FetchRequest:
     """``req`` as a Read stream's request (held open a minute)."""
     out = pb.FetchRequest()
@@ -596,11 +671,41 @@ def _fill(c: Any, queue_: str, creds: Credentials) -> None:
         producer.close()
 
 
+def _cpu_s(pids: dict[str, int | None]) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used so far, from /proc; ``machine busy``:
+    the whole machine's non-idle CPU seconds. What the drill reports beside the p99 to say where
+    the CPU went."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+    with contextlib.suppress(OSError, ValueError):
+        cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        out["machine busy"] = (sum(cpu) - cpu[3] - cpu[4]) / tick
+    return out
+
+
+def _cpu_story(a: dict[str, float], b: dict[str, float], seconds: float) -> str:
+    return ", ".join(f"{k} {(b[k] - a[k]) / seconds:.2f}" for k in b if k in a)
+
+
 def noisy_neighbour(ctx: DrillContext) -> None:
     """The ``security-noisy-neighbour`` drill: a second queue on the head group, written by its
     own token holder; then QUIET_S of the drill queue alone (its baseline), then ABUSE_S of
     abuse of the second queue; ``check_neighbour`` judges the drill queue's producer over the
-    finished run."""
+    finished run (ack p99 under abuse <= 2x the quiet p99 of the same run; no fail-over).
+
+    In production the abuser is on another host; here its client runs in a process of its own at
+    idle priority (``_AbuserProcess``: nice 19, SCHED_IDLE) so that the p99 measures the broker,
+    not the lab machine's scheduler. What the abuse costs the broker (TLS decryption, typed
+    refusals, the memory budget, answers built and encrypted) still counts: that is what is
+    tested. With the abuser's client at normal priority the 2-core machine gave 6.6-9.7x, and
+    2.9x when the same abuse was aimed at another group (sharing nothing with the neighbour but
+    the cores): the abuser's own CPU, not the broker. On a busy machine the idle abuser gets
+    less CPU, so less abuse is sent (its outcomes are logged); each kind must still have been
+    sent and refused. The CPU each process used in both windows is logged beside the p99."""
     gid, _seg = ctx.head()
     c = ctx.cluster
     abused = ctx.queue + "-abused"
@@ -618,19 +723,31 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                _within(lambda: not _denied(_fetch(creds, address, abused, aseg.seg), "consume", abused)))
     ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
     _fill(c, abused, creds)
-    time.sleep(SETTLE_S)
-    quiet = now_us()
-    ctx.hold(QUIET_S, f"the quiet baseline of {ctx.queue}")
-    abuser = _Abuser(address, creds, abused, aseg.seg)
-    start = now_us()
-    ctx.fault(f"the holder of a token for {abused} (on {gid}, beside {ctx.queue}) abuses it for {ABUSE_S:g} s: "
-              "4 loops of huge fetches, 24 unread Read streams, 10 unwritten produce streams, a 30 MiB request "
-              "every 0.5 s, malformed requests and batches every 20 ms", at_us=start)
+    abuser = _AbuserProcess(address, creds, abused, aseg.seg)  # started (and idle) before the baseline
+    quiet = start = 0
+    pids = {f"{gid}/master": c.broker(gid, "master").proc.pid, f"{gid}/slave": c.broker(gid, "slave").proc.pid,
+            "producer": ctx.producers[0].proc.pid, "abuser": abuser.pid}
     try:
+        time.sleep(SETTLE_S)
+        quiet = now_us()
+        cpu0 = _cpu_s(pids)
+        ctx.hold(QUIET_S, f"the quiet baseline of {ctx.queue}")
+        start = now_us()
+        cpu1 = _cpu_s(pids)
+        ctx.fault(f"the holder of a token for {abused} (on {gid}, beside {ctx.queue}) abuses it for {ABUSE_S:g} s "
+                  f"from a process at idle priority ({abuser.priority}: in production it is another host): "
+                  "4 loops of huge fetches, 24 unread Read streams, 10 unwritten produce streams, a 30 MiB request "
+                  "every 0.5 s, malformed requests and batches every 20 ms", at_us=start)
         abuser.start()
         time.sleep(ABUSE_S)  # the abuse's length: part of the fault's story
+        cpu2 = _cpu_s(pids)
+        ctx.expect("the drill queue's producer ran through the baseline and the abuse (else: "
+                   "NEIGHBOUR_MESSAGES is too few for this machine's speed)", ctx.producers[0].proc.alive())
+        ctx.event(f"CPU cores used, quiet: {_cpu_story(cpu0, cpu1, (start - quiet) / 1e6)}; "
+                  f"abused: {_cpu_story(cpu1, cpu2, (now_us() - start) / 1e6)}")
     finally:
-        ctx.notes["neighbour_us"] = (quiet, start, now_us())
+        if start:
+            ctx.notes["neighbour_us"] = (quiet, start, now_us())
         outcomes = abuser.stop()
     ctx.event(f"abuse ended: {outcomes}")
     ctx.expect("the abuser's huge fetches were answered (bounded) or refused (typed)",
@@ -638,8 +755,9 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     ctx.expect("the oversized requests were refused (RESOURCE_EXHAUSTED)",
                outcomes.get("oversized request RESOURCE_EXHAUSTED", 0) > 0
                and not outcomes.get("oversized request ok"))
-    ctx.expect("the malformed requests were refused", not outcomes.get("malformed request ok")
-               and not outcomes.get("malformed batch ok"))
+    ctx.expect("the malformed requests and batches were sent and refused",
+               all(any(k.startswith(what) for k in outcomes) and not outcomes.get(f"{what} ok")
+                   for what in ("malformed request", "malformed batch")))
     with c.store() as store:
         revoke_token(store.client, store.paths.root, rec.tid)
         touch(store.client, store.paths.root)
