@@ -55,11 +55,12 @@ proto: venv
 
 # Real ZooKeeper and broker processes; a test that hangs fails after 10 minutes instead of CI.
 # Most of a test's time is spent waiting (sessions expiring, processes starting), so test files
-# run in $(TEST_WORKERS) worker processes, each with its own ZooKeeper (--dist loadfile keeps a
-# file's tests, and its module-scoped clusters, in one worker). TEST_WORKERS=0: one process.
+# run in $(TEST_WORKERS) worker processes, each with its own ZooKeeper (--dist loadgroup with the
+# groups tests/conftest.py gives: a file's tests, and its module-scoped clusters, stay in one
+# worker; the long docs tests are spread). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: test-deps venv lint types proto
-	$(VENV)/bin/pytest -m "not slow" --timeout=600 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow" --timeout=600 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The default suite beside $(BUSY_PROCS) busy-loop processes (issue 26: under load the product is
 # slower, never stuck, never wrong). bench/busy.py stops the loops when the suite ends or is
@@ -67,7 +68,7 @@ test: test-deps venv lint types proto
 BUSY_PROCS ?= 6
 test-loaded: test-deps venv
 	$(PY) -m bench.busy --procs $(BUSY_PROCS) --seconds 10800 -- \
-	  $(VENV)/bin/pytest -m "not slow" --timeout=1200 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	  $(VENV)/bin/pytest -m "not slow" --timeout=1200 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: system-deps venv
 	$(VENV)/bin/ordq demo

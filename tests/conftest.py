@@ -132,3 +132,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             for node, tail in server.log_tails(40):
                 report.sections.append((f"ZooKeeper {node} log, last lines ({server.folder})", tail))
     return report
+
+
+# Test files whose tests are long and share no module-scoped fixture: under xdist each test is
+# its own unit of work (each doc of test_docs.py runs 30 s to 4 min; as one file they were the
+# run's critical path). Every other file stays whole in one worker, with its module fixtures.
+_SPREAD_FILES = {"test_docs.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for ``--dist loadgroup`` (Makefile): one per file, or per test in _SPREAD_FILES."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            name = item.nodeid if item.path.name in _SPREAD_FILES else str(item.path.name)
+            item.add_marker(pytest.mark.xdist_group(name))
