@@ -49,12 +49,10 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import decode_batch
-from coordinator.acl_client import check_identity
 from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Segment, SegStatus
-from coordinator.store import ZkStore, new_client
-from coordinator.zk_retry import retry_zk
+from coordinator.store import ZkStore
 from ordq.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -77,6 +75,7 @@ from ordq.security import Credentials, lookup
 from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
 from sdk._lease import SessionLease, acquire_within, release_bounded
 from sdk._queue_view import QueueView
+from sdk._zk_start import connect
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.failure import FailurePolicy
 from sdk.keyed import KeyedWorkers
@@ -262,20 +261,11 @@ class Consumer:
             from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
-        try:
-            self._client.start(timeout=cfg.zk_connect_timeout_s)
-        except Exception as exc:
-            raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
+        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,
+                                   connect_timeout_s=cfg.zk_connect_timeout_s,
+                                   who=f"consumer {cfg.queue}/{cfg.subscription}", stopped=lambda: self._closed)
         paths = Paths(cfg.root)
         self._store = store = ZkStore(self._client, paths)
-
-        def zk(call: Callable[[], T], what: str) -> T:  # transient errors ridden out (coordinator/zk_retry.py)
-            return retry_zk(call, f"consumer {cfg.queue}/{cfg.subscription}: {what}", hosts=cfg.zk_hosts,
-                            stopped=lambda: self._closed)
-
-        zk(lambda: check_identity(self._client, paths.root, creds.zk_auth, required=True),
-           "check the ZooKeeper credential")
         self._coord = CoordinatorClient(self._store, credentials=creds)
         self._view = view = QueueView(self._store, self._client, cfg.queue)
         zk(self._ensure_subscription, "read or create the subscription")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,16 +30,13 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from broker_group.log import Message, decode_batch
-from coordinator.acl_client import check_identity
 from coordinator.client import CoordinatorClient
 from coordinator.paths import Paths, check_name, check_zk_hosts
-from coordinator.store import ZkStore, new_client
-from coordinator.zk_retry import retry_zk
+from coordinator.store import ZkStore
 from ordq.errors import (
     BrokerUnavailable,
     ClosedError,
     ConfigError,
-    CoordinationUnavailable,
     MessageTooLarge,
     OrdqError,
     WaitTimeout,
@@ -50,6 +47,7 @@ from sdk._futures import BatchOutcome, SendFuture
 from sdk._lease import acquire_within, release_bounded
 from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from sdk._producer_io import ProducerIO
+from sdk._zk_start import connect
 from sdk.audit import AuditWriter, new_writer_id
 from sdk.metrics import ProducerMetrics
 from sdk.transport import AsyncProduceStream, BrokerTransport
@@ -189,20 +187,11 @@ class Producer(ProducerIO):
             from broker_group.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client = new_client(cfg.zk_hosts, session_timeout_s=cfg.zk_session_timeout_s, auth=creds.zk_auth)
-        try:
-            self._client.start(timeout=cfg.zk_connect_timeout_s)
-        except Exception as exc:
-            raise CoordinationUnavailable(f"cannot reach ZooKeeper at {cfg.zk_hosts}") from exc
+        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,
+                                   connect_timeout_s=cfg.zk_connect_timeout_s, who=f"producer of {cfg.queue!r}",
+                                   stopped=lambda: self._closed)
         paths = Paths(cfg.root)
         self._store = store = ZkStore(self._client, paths)
-
-        def zk(call: Callable[[], T], what: str) -> T:  # transient errors ridden out (coordinator/zk_retry.py)
-            return retry_zk(call, f"producer of {cfg.queue!r}: {what}", hosts=cfg.zk_hosts,
-                            stopped=lambda: self._closed)
-
-        zk(lambda: check_identity(self._client, paths.root, creds.zk_auth, required=True),
-           "check the ZooKeeper credential")
         queue_cfg = zk(lambda: store.queue_config(cfg.queue), "read the queue")  # QueueNotFound early
         queue_limit = queue_cfg.max_message_bytes
         self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)
