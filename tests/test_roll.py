@@ -72,10 +72,14 @@ def test_roll_to_next_spreads_segments_over_the_groups_and_loses_nothing(cluster
     assert "to the next group" in cluster.ordq("queue", "describe", "q").stdout.decode()
     cluster.start_daemon("coordinator")  # admits a drained head back at the tail
     wait_until(lambda: cluster.state().send == ("g1", "g2"), timeout_s=30, what="both groups sending")
-    producer, consumer = start_load(cluster, N)
+    # The flow must outlast the four rolls and rejoins: the last old head can rejoin only once
+    # its segment is popped, which waits for a message after it (a group keeps the queue's
+    # newest message for a new producer leader). Each roll and rejoin takes 3-5 s at load ~6.
+    n = 3 * N
+    producer, consumer = start_load(cluster, n)
     heads = []
     for i in range(4):
-        wait_acked(producer, (i + 1) * N // 6)
+        wait_acked(producer, (i + 1) * n // 18)
         before = cluster.state().head
         r = roll(cluster, cli=i % 2 == 0)
         assert r["sealed"] and r["head"] != before, (r, before)  # writes moved to the other group
@@ -85,5 +89,5 @@ def test_roll_to_next_spreads_segments_over_the_groups_and_loses_nothing(cluster
                    what=f"{before} rejoining the send list once its segment was read")
     finish(producer, consumer)
     summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == N
+    assert summary.acked == summary.delivered == n
     assert heads == ["g2", "g1", "g2", "g1"]
