@@ -130,6 +130,8 @@ class ManagedProcess:
                 self._popen = _spawner().submit(spawn).result() if die else spawn()
             except OSError as exc:
                 raise ExternalProcessError(f"cannot start {self.name} ({self.argv[0]}): {exc}") from exc
+            if die:
+                _wait_exec_past_setpriv(self._popen.pid)
         # Written via a rename so that a reader never sees a half-written pid.
         tmp = self.pid_path.with_suffix(".pid.tmp")
         tmp.write_text(f"{self._popen.pid}\n")
@@ -369,6 +371,21 @@ def _spawner() -> ThreadPoolExecutor:
         if _SPAWNER is None:
             _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordq-spawner")
         return _SPAWNER
+
+
+def _wait_exec_past_setpriv(pid: int, timeout_s: float = 5.0) -> None:
+    """Return once ``pid`` runs the program itself, setpriv having set the death signal (a few
+    ms): a process signalled before that — paused by a test right after start, or its starter
+    killed — would be left without one (seen: a SIGSTOPped child outliving its killed owner)."""
+    deadline = time.monotonic() + timeout_s
+    while _SETPRIV and time.monotonic() < deadline:
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return  # gone, or not ours to read: nothing to wait for
+        if exe != os.path.realpath(_SETPRIV):
+            return
+        time.sleep(0.001)
 
 
 def dying_with_parent(argv: Sequence[str]) -> list[str]:
