@@ -36,7 +36,7 @@ from coordinator.paths import NAME_RULE, check_name
 from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, identify, load_tokens
 from coordinator.zk_retry import retry_zk
 from ordq.errors import CoordinationUnavailable, InvalidName, PermissionDenied
-from ordq.security import BROKER_CN, COORDINATOR_CN, peer_common_name
+from ordq.security import BROKER_CN, COORDINATOR_CN, bearer_token, peer_common_name
 
 log = logging.getLogger("ordq.broker.auth")
 
@@ -139,7 +139,7 @@ class Gate:
             if not self._enforced:
                 return
             records = self._records
-        rec = identify(records, _token(context), ALL_QUEUES, role)  # known, not revoked: else refused
+        rec = identify(records, bearer_token(context), ALL_QUEUES, role)  # known, not revoked: else refused
         if not any(role == ANY or "admin" in have or role in have for have in rec.grants.values()):
             raise PermissionDenied(ALL_QUEUES, role, f"token {rec.tid} ({rec.name or 'unnamed'}) has the role on "
                                    "no queue")
@@ -168,13 +168,5 @@ class Gate:
             if not self._enforced:
                 return
             records = self._records
-        authorize(records, _token(context), queue, role)
+        authorize(records, bearer_token(context), queue, role)
 
-
-def _token(context: grpc.ServicerContext) -> str | None:
-    """The caller's token (``authorization: Bearer``), if it shows one."""
-    token = None
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            token = value[len("Bearer "):]
-    return token

@@ -37,6 +37,7 @@ import attrs
 
 from broker_group.errors import ResourceExhausted
 from ordq.errors import ConfigError
+from ordq.security import bearer_token
 
 if TYPE_CHECKING:
     from ordq.loop import Signal
@@ -164,11 +165,10 @@ class MemoryBudget:
 def holders_of(context: Any) -> tuple[str, ...]:
     """Who a call's bytes are charged to: its connection, and its token when it shows one
     (a hash: the token itself is never kept)."""
-    out = [f"peer:{context.peer()}"]
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            out.append("token:" + hashlib.sha256(value.encode()).hexdigest()[:16])
-    return tuple(out)
+    token = bearer_token(context)
+    if token is None:
+        return (f"peer:{context.peer()}",)
+    return (f"peer:{context.peer()}", "token:" + hashlib.sha256(token.encode()).hexdigest()[:16])
 
 
 class Lease:

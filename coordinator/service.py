@@ -55,7 +55,7 @@ from ordq.errors import (
     PermissionDenied,
     QueueNotFound,
 )
-from ordq.security import BROKER_CN, COORDINATOR_CN, Credentials, peer_common_name
+from ordq.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 
 log = logging.getLogger("ordq.coordinator.service")
 
@@ -173,11 +173,7 @@ class _Tokens:
             enforced, records = self.enforced, self.records
         if not enforced or peer_common_name(context) in (BROKER_CN, COORDINATOR_CN):
             return None
-        token = None
-        for key, value in context.invocation_metadata():
-            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                token = value[len("Bearer "):]
-        return authorize(records, token, queue, role)
+        return authorize(records, bearer_token(context), queue, role)
 
 
 class CoordinatorService:

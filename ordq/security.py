@@ -130,6 +130,16 @@ def token_metadata(creds: Credentials) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {creds.token}"),) if creds.token else ()
 
 
+def bearer_token(context: Any) -> str | None:
+    """The token a gRPC call shows (``authorization: Bearer``, the last one if several), if any:
+    what ``token_metadata`` sends."""
+    token = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            token = value[len("Bearer "):]
+    return token
+
+
 # -- certificates -------------------------------------------------------------------------------
 
 def ensure_pki(folder: Path, *, create: bool = True) -> tuple[Credentials, Credentials]:
