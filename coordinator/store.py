@@ -46,7 +46,7 @@ from coordinator.acl_client import AclClient
 from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
 from coordinator.state import Cursor, Facts, QueueState
 from coordinator.store_subs import SubscriptionRecords
-from coordinator.zk_tls import TlsHandler
+from coordinator.zk_tls import CONNECT_TIMEOUT_S, TlsHandler
 from ordq.errors import (
     AlreadyExists,
     ConfigError,
@@ -251,13 +251,16 @@ class ZkStore(SubscriptionRecords):
         ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request; ``auth``
         (``user:password``) is the ZooKeeper digest identity it acts as (docs/SECURITY.md)."""
         client = new_client(hosts, session_timeout_s=timeout_s, auth=auth)
+        # Over TLS, at least one connect attempt's budget (coordinator/zk_tls.py): a daemon's
+        # 1 s session must not cut off a handshake under way, to start another from scratch.
+        wait_s = max(timeout_s, CONNECT_TIMEOUT_S) if client.use_ssl else timeout_s
         try:
-            client.start(timeout=timeout_s)
+            client.start(timeout=wait_s)
         except KazooTimeoutError as exc:
             client.stop()
             client.close()
             raise CoordinationUnavailable(
-                f"cannot reach ZooKeeper at {hosts} within {timeout_s:g}s "
+                f"cannot reach ZooKeeper at {hosts} within {wait_s:g}s "
                 "(is it running? start one with: ordq zk start)"
             ) from exc
         try:

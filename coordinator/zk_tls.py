@@ -8,20 +8,49 @@ an ordq ZooKeeper's certificate is checked against is the cluster's own. ``TlsHa
 connects with one context per set of files per process, holding only that CA (and the
 client's certificate, which the server requires), built once and reused while the files
 are unchanged.
+
+A TLS connect has its own budget, ``CONNECT_TIMEOUT_S``, not the session timeout kazoo gives
+it. kazoo bounds each connection attempt (TCP connect and handshake, then the session request)
+by the client's session timeout: 1 s for a broker or a coordinator, chosen for how fast a dead
+process is noticed, not for the work of a handshake. Under load a handshake takes longer (the
+ZooKeeper JVM spends ~10 ms of CPU on each, and gets a small share of 2 busy cores), so the
+daemons' attempts were cut off at 1 s, retried within 50-250 ms and cut off again: each
+abandoned handshake had cost the server its CPU, the server fell further behind, and a doc
+run saw ~90 abandoned handshakes per 10 s for 50 s, during which a command's own 5 s connect
+failed (issue 24's note has the measurements). A handshake that is under way now finishes.
+
+The handshake also ends only once the server has checked the client's certificate: in TLS 1.3
+the client's side is done when it has sent its certificate and Finished, and the server's
+check of them (two signature verifications) would otherwise fall into kazoo's session request,
+bounded by the session timeout again. The server's first record after the handshake (its
+session ticket) says it is done; the ticket is kept, and the next connect of this process to
+that address resumes the TLS session (no certificate signing or checking: ~20% less CPU for
+the server on a reconnect).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import ssl
 import threading
+import time
 from typing import Any
 
 from kazoo.handlers import utils
 from kazoo.handlers.threading import SequentialThreadingHandler
 
+# How long a TLS connect (TCP connect, handshake, the server's check of the client) may take,
+# whatever the session timeout. Measured (ordq's client against `ordq up`'s ZooKeeper, P-256
+# certificates): p99 78 ms quiet, 253 ms at load ~7, 777 ms (max 1.02 s) at load ~30; 2.3 s
+# was the slowest that completed in the storm described above. 5 s: twice that, and the CLI's
+# default --zk-timeout.
+CONNECT_TIMEOUT_S = 5.0
+
 _CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
+# the last TLS session per (context, address): a reconnect resumes it
+_SESSIONS: dict[tuple[int, Any], ssl.SSLSession] = {}
 _LOCK = threading.Lock()
 
 
@@ -56,13 +85,45 @@ class TlsHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo is 
             return super().create_connection(address, hostname=hostname, timeout=timeout, use_ssl=use_ssl, ca=ca,
                                              certfile=certfile, keyfile=keyfile, **options)
         ctx = client_context(ca, certfile, keyfile)
+        deadline = time.monotonic() + max(timeout or 0.0, CONNECT_TIMEOUT_S)
         family = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)[0][0]
-        conn = ctx.wrap_socket(socket.socket(family), server_hostname=hostname)
+        key = (id(ctx), tuple(address))
+        with _LOCK:
+            session = _SESSIONS.get(key)
+        conn = ctx.wrap_socket(socket.socket(family), server_hostname=hostname, session=session)
         try:
-            conn.settimeout(timeout)
+            conn.settimeout(CONNECT_TIMEOUT_S if timeout is None else max(timeout, CONNECT_TIMEOUT_S))
             conn.connect(address)
+            _await_server_done(conn, deadline)
         except BaseException:
             conn.close()
             raise
+        if conn.session is not None:
+            with _LOCK:
+                _SESSIONS[key] = conn.session
         utils._set_default_tcpsock_options(socket, conn)
         return conn
+
+
+def _await_server_done(conn: ssl.SSLSocket, deadline: float) -> None:
+    """Return once the server has finished its side of the handshake (TLS 1.3: its first
+    record after the handshake, a session ticket, arrived; TLS 1.2 and a resumed session end
+    with the server's Finished). TimeoutError past ``deadline``; OSError when the server
+    refused the client's certificate. No application data can arrive before the client sends
+    its session request, so nothing is read that kazoo would miss."""
+    if conn.version() != "TLSv1.3" or conn.session_reused:
+        return
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([conn], [], [], left)[0]:
+            raise TimeoutError("TLS handshake: the server did not finish it in time")
+        conn.setblocking(False)
+        try:
+            data = conn.recv(1)
+        except ssl.SSLWantReadError:
+            return  # the ticket was read, no data: the server is done
+        finally:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        if not data:
+            raise ConnectionResetError("TLS handshake: the server closed the connection (client certificate refused?)")
+        raise ssl.SSLError("TLS handshake: unexpected data from the server before the session request")

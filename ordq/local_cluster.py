@@ -83,7 +83,7 @@ class ClusterConfig:
     # cluster CA, and requires theirs; every ordq client finds this in the credentials file and
     # connects with one SSL context per process (coordinator/zk_tls.py: a handshake, ~10-30 ms
     # on a quiet machine, where kazoo's own connect loaded the system CA bundle at every attempt).
-    # On in `ordq up --zk-tls` (not the default yet: issue 24); off here, for the clusters tests and
+    # On in `ordq up` unless --no-zk-tls or --insecure; off here, for the clusters tests and
     # drills build themselves.
     zk_tls: bool = False
 

@@ -45,8 +45,8 @@ def register(subparsers: Any) -> None:
                          "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
     up.add_argument("--zk-tls", action=argparse.BooleanOptionalAction, default=None,
                     help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA, and "
-                         "requires the clients' (they find that in the credentials file); not with --insecure; "
-                         "default: plaintext ZooKeeper, with digest credentials (docs/SECURITY.md)")
+                         "requires the clients' (they find that in the credentials file); the default unless "
+                         "--insecure; --no-zk-tls: plaintext ZooKeeper (docs/SECURITY.md)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -90,10 +90,9 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         tls=not args.insecure if fresh else saved.tls,
         tokens=not args.insecure if fresh else saved.tokens,
         zk_acl=saved.zk_acl and not args.no_zk_acl,
-        # TLS to ZooKeeper: only when asked (--zk-tls); a cluster started before keeps what it
-        # had (its ZooKeeper and its clients must agree). Not the default yet: a client's TLS
-        # connect failed within --zk-timeout in doc runs (issue 24's note).
-        zk_tls=bool(args.zk_tls) if fresh else saved.zk_tls,
+        # TLS to ZooKeeper: on for a new cluster with TLS unless --no-zk-tls; a cluster started
+        # before keeps what it had (its ZooKeeper and its clients must agree).
+        zk_tls=(args.zk_tls if args.zk_tls is not None else not args.insecure) if fresh else saved.zk_tls,
     )
 
 
