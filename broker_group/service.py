@@ -275,7 +275,8 @@ class Broker:
         # Every ZooKeeper step of the start rides out transient errors for a bounded time
         # (coordinator/zk_retry.py): one ConnectionLoss on a busy machine must not stop a broker.
         self._store = self._retry(lambda: ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
-                                                          auth=cfg.credentials.zk_auth), "connect to ZooKeeper")
+                                                          auth=cfg.credentials.zk_auth, daemon=True),
+                                  "connect to ZooKeeper")
         store = self._store
         self._retry(lambda: store.get_group(cfg.gid), "read the group")  # GroupNotFound before we serve anything
         self._retry(self._load_folder, "read the queues for the data folder's record")

@@ -245,15 +245,17 @@ class ZkStore(SubscriptionRecords):
     @classmethod
     def connect(
         cls, hosts: str, root: str = "/ordq", *, timeout_s: float = 5.0, op_timeout_s: float = OP_TIMEOUT_S,
-        auth: str | None = None,
+        auth: str | None = None, daemon: bool = False,
     ) -> ZkStore:
         """Connect a new client (closed by ``close()``); CoordinationUnavailable on failure.
-        ``timeout_s`` bounds the connection, ``op_timeout_s`` each later request; ``auth``
-        (``user:password``) is the ZooKeeper digest identity it acts as (docs/SECURITY.md)."""
+        ``timeout_s`` is the session timeout and bounds the connection, ``op_timeout_s`` each
+        later request; ``auth`` (``user:password``) is the ZooKeeper digest identity it acts as
+        (docs/SECURITY.md). ``daemon``: the session timeout is a failure detector (a broker's or
+        coordinator's 1 s), not a caller's patience, so over TLS the connection may take a
+        handshake's budget (coordinator/zk_tls.py): waiting less would give up on a handshake
+        under way, and the daemon's retry would start another from scratch."""
         client = new_client(hosts, session_timeout_s=timeout_s, auth=auth)
-        # Over TLS, at least one connect attempt's budget (coordinator/zk_tls.py): a daemon's
-        # 1 s session must not cut off a handshake under way, to start another from scratch.
-        wait_s = max(timeout_s, CONNECT_TIMEOUT_S) if client.use_ssl else timeout_s
+        wait_s = max(timeout_s, CONNECT_TIMEOUT_S) if daemon and client.use_ssl else timeout_s
         try:
             client.start(timeout=wait_s)
         except KazooTimeoutError as exc:

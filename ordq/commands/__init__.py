@@ -120,8 +120,9 @@ def byte_size(low: int, high: int) -> Callable[[str], int]:
 MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConfig)
 
 
-def open_store(args: argparse.Namespace) -> Any:
-    """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down).
+def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
+    """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down);
+    ``daemon``: see ``ZkStore.connect``.
     For an admin command, PermissionDenied unless the caller's token has the admin role on
     ``args.queue`` (on every queue when it names none) while the cluster enforces tokens; for
     a reading one (``reads``), unless it is a valid token with a role on ``args.queue`` or each
@@ -132,7 +133,8 @@ def open_store(args: argparse.Namespace) -> Any:
     from ordq.security import lookup
 
     auth = lookup(args.zk, args.root).zk_auth
-    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth)
+    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth,
+                            daemon=daemon)
     try:
         with zk_errors(args.zk):
             check_identity(store.client, store.paths.root, auth, required=False)

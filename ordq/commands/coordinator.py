@@ -88,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     creds = coordinator_credentials(args)
     # A transient ZooKeeper error at start (a restarting server, a busy machine) is ridden
     # out for a bounded time (coordinator/zk_retry.py); a refusal stops it with one line.
-    store = retry_zk(lambda: open_store(args), f"coordinator: connect to ZooKeeper at {args.zk}")
+    store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     holder: list[Any] = []
     service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader,
                                  credentials=creds, subscriber=_subscriber(creds))
