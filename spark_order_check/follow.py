@@ -185,6 +185,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     # Micro-batches are small: a few shuffle partitions, not Spark's default 200.
     spark = make_session(o.master, conf={"spark.sql.shuffle.partitions": "2", **o.conf}, app_name="ordq-verify-follow")
     spark.sparkContext.setLogLevel("ERROR")  # the running summary is the output; a failure ends in the verdict
+    _quiet_stream_logs(spark)
     register(spark)
     state = FollowState(o.queue)
 
@@ -272,7 +273,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
             scratch.cleanup()
     exc = query.exception()
     if exc is not None and not state.violations:
-        text = _first_line(exc)
+        text = late_worker_line(restarts + 1) if worker_late(exc) else _first_line(exc)
         if text.startswith("GapDetected"):  # the source met a missing seq while reading
             state.violations.append(Violation(cls="gap", count=1, seq=None, seq2=None, at=None, at2=None,
                                               batch=state.batches, text=text))
@@ -318,16 +319,29 @@ def worker_late(exc: BaseException) -> bool:
     return any(m in str(exc) for m in _WORKER_LATE)
 
 
+def late_worker_line(attempts: int) -> str:
+    """The one line a query ends with when its Python worker was late ``attempts`` times."""
+    return (f"Spark's Python worker did not connect back within Spark's fixed 10 s ({attempts} attempt"
+            f"{'s' if attempts > 1 else ''}): the machine is too busy to start a Python interpreter in time "
+            "(run again when it is less loaded)")
+
+
+def _quiet_stream_logs(spark: SparkSession) -> None:
+    """Spark's streaming engine logs a failed query's Java trace (25 lines and more) at ERROR:
+    the verdict names the cause in one line, so those logs are off while following."""
+    try:
+        jvm: Any = spark._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF)
+    except Exception:  # noqa: BLE001 - another logging backend: the trace stays, the verdict is the same
+        pass
+
+
 def _first_line(exc: BaseException) -> str:
     """``GapDetected: message`` when the ordq source raised it (deep in the Java/Python
-    traceback a failed query carries), the cause in one line when a Python worker did not
-    connect back in time, else the failure's first line."""
+    traceback a failed query carries), else the failure's first line."""
     found = re.search(r"GapDetected: (.+)$", str(exc), re.M)
     if found:
         return f"GapDetected: {found.group(1).strip()}"
-    if worker_late(exc):
-        return (f"Spark's Python worker did not connect back within Spark's fixed 10 s, {WORKER_RESTARTS + 1} "
-                "times: the machine is too busy to start a Python interpreter in time (run again when it is "
-                "less loaded)")
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
