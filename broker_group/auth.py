@@ -16,40 +16,29 @@ A queue name outside the naming rule is refused before anything else (a typed In
 its echo truncated: a 5,000-character name must not make the error itself too long for gRPC's
 metadata).
 
-Transient ZooKeeper errors (connection loss, operation timeout, session moved) while loading
-are retried for ``LOAD_DEADLINE_S`` (issue 26: one ConnectionLoss on a busy machine killed a
-broker at start). At start an exhausted bound stops the broker with one clear line; while
-serving, the gate closes instead (every token refused, broker peers still pass: a revoked
-token must not pass because a reload failed) and loads again until it succeeds.
+The token copy itself is a ``TokenBook`` (coordinator/token_book.py): loaded at start
+(transient ZooKeeper errors ridden out for ``LOAD_DEADLINE_S``; an exhausted bound stops the
+broker with one clear line), reloaded on change, refreshed before a well-formed but unknown
+token is refused (``needs_refresh``: a token used the moment ``auth create`` printed it), and,
+while a reload fails, answering TokensUnavailable (retriable) for every client token instead
+of a refusal; broker peers still pass.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import grpc
 
 from broker_group.errors import short
 from coordinator.paths import NAME_RULE, check_name
-from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, identify, load_tokens
-from coordinator.zk_retry import retry_zk
-from ordq.errors import CoordinationUnavailable, InvalidName, PermissionDenied
+from coordinator.token_book import LOAD_DEADLINE_S, TokenBook
+from coordinator.tokens import ANY, authorize, identify
+from ordq.errors import InvalidName, PermissionDenied, TokensUnavailable
 from ordq.security import BROKER_CN, COORDINATOR_CN, bearer_token, peer_common_name
 
 log = logging.getLogger("ordq.broker.auth")
-
-LOAD_DEADLINE_S = 30.0  # how long a load rides out transient ZooKeeper errors
-RELOAD_AFTER_S = 1.0  # while serving with the gate closed: the next try
-
-
-def load_tokens_retrying(client: Any, root: str, deadline_s: float = LOAD_DEADLINE_S) -> dict[str, TokenRecord]:
-    """``load_tokens``, retrying transient ZooKeeper errors for up to ``deadline_s``
-    (coordinator/zk_retry.py); CoordinationUnavailable once that bound is exhausted."""
-    return retry_zk(lambda: load_tokens(client, root), f"cannot load the tokens under {auth_root(root)}",
-                    bound_s=deadline_s)
-
 
 CLUSTER = "cluster"  # not a token role: only a broker or coordinator certificate has it
 CLUSTER_CNS = frozenset({BROKER_CN, COORDINATOR_CN})
@@ -67,56 +56,25 @@ class Gate:
     peer has an identity: the control calls then need what they needed before identities
     existed (any token role on the queue when tokens are enforced; Replicate nothing)."""
 
-    def __init__(self, *, tls: bool) -> None:
+    def __init__(self, *, tls: bool, book: TokenBook | None = None) -> None:
         self._tls = tls
-        self._lock = threading.Lock()
-        self._enforced = False
-        self._records: dict[str, TokenRecord] = {}
+        self.book = book or TokenBook()
 
     def watch(self, client: Any, root: str, *, deadline_s: float = LOAD_DEADLINE_S) -> None:
         """Load the tokens now and again on every change of ``<root>/auth``. At start,
         CoordinationUnavailable when ZooKeeper did not answer for ``deadline_s``."""
-        # The first load here, not in the watch's first call: kazoo logs a traceback for an
-        # exception raised there, and the broker must stop with one clear line.
-        self._load_now(client, root, deadline_s)
+        self.book.watch(client, root, deadline_s=deadline_s)
 
-        def changed(data: bytes | None, _stat: Any, *_event: Any) -> None:
-            try:
-                records = load_tokens_retrying(client, root, deadline_s) if data is not None else {}
-            except CoordinationUnavailable as exc:
-                self._close_gate(client, root, exc)
-                return
-            with self._lock:
-                self._enforced, self._records = data is not None, records
-            log.info("tokens %s: %d loaded", "enforced" if data is not None else "not enforced", len(records))
-
-        retry_zk(lambda: client.DataWatch(auth_root(root))(changed),  # the watch's own first read
-                 f"cannot watch {auth_root(root)}", bound_s=deadline_s)
-
-    def _load_now(self, client: Any, root: str, deadline_s: float = LOAD_DEADLINE_S) -> None:
-        enforced = retry_zk(lambda: client.exists(auth_root(root)), f"cannot read {auth_root(root)}",
-                            bound_s=deadline_s) is not None
-        records = load_tokens_retrying(client, root, deadline_s) if enforced else {}
-        with self._lock:
-            self._enforced, self._records = enforced, records
-
-    def _close_gate(self, client: Any, root: str, exc: Exception) -> None:
-        """A reload failed while serving: refuse every token until one succeeds."""
-        with self._lock:
-            self._enforced, self._records = True, {}
-        log.error("tokens: %s; refusing every client token until they load", exc)
-
-        def again() -> None:
-            try:
-                self._load_now(client, root)
-            except CoordinationUnavailable as err:
-                self._close_gate(client, root, err)
-                return
-            log.info("tokens loaded again: %d", len(self._records))
-
-        timer = threading.Timer(RELOAD_AFTER_S, again)
-        timer.daemon = True
-        timer.start()
+    def needs_refresh(self, context: grpc.ServicerContext, rpc: str) -> bool:
+        """Whether the caller's token is well formed but unknown here: then await
+        ``book.fresh_after(arrived)`` before ``check_caller`` judges it (it may have been
+        created a moment ago and the watch not fired yet)."""
+        if ROLE_OF[rpc] == CLUSTER or (self._tls and peer_common_name(context) in CLUSTER_CNS):
+            return False
+        try:
+            return self.book.unknown(bearer_token(context))
+        except TokensUnavailable:
+            return False  # check_caller answers it
 
     def check_caller(self, context: grpc.ServicerContext, rpc: str) -> None:
         """What can be refused from the call's headers alone, before its request is read
@@ -135,10 +93,9 @@ class Gate:
                                        f"{BROKER_CN!r} or {COORDINATOR_CN!r}) may call {rpc}; the peer's "
                                        f"certificate is {cn!r}")
             return  # plaintext: decided with the request (check)
-        with self._lock:
-            if not self._enforced:
-                return
-            records = self._records
+        enforced, records = self.book.current()  # TokensUnavailable while unreadable: retriable
+        if not enforced:
+            return
         rec = identify(records, bearer_token(context), ALL_QUEUES, role)  # known, not revoked: else refused
         if not any(role == ANY or "admin" in have or role in have for have in rec.grants.values()):
             raise PermissionDenied(ALL_QUEUES, role, f"token {rec.tid} ({rec.name or 'unnamed'}) has the role on "
@@ -164,9 +121,8 @@ class Gate:
             if rpc == "Replicate":
                 return  # plaintext: a slave cannot tell its master from anyone (as before)
             role = ANY
-        with self._lock:
-            if not self._enforced:
-                return
-            records = self._records
+        enforced, records = self.book.current()
+        if not enforced:
+            return
         authorize(records, bearer_token(context), queue, role)
 

@@ -72,8 +72,13 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
     refusal ends the call (typed, counted) with the body unread, past the stream's first
     flow-control window. Clients see no difference: a unary call is a stream of one."""
 
-    async def refused(context: Context) -> None:
+    async def refused(context: Context, arrived: float) -> None:
         try:
+            if b.gate.needs_refresh(context, rpc):
+                # A token this broker does not know yet (created a moment ago, before the
+                # watch fired) or any more: judged on a load made after the call arrived
+                # (shared and rate-limited, coordinator/token_book.py), never a stale copy.
+                await asyncio.wrap_future(b.gate.book.fresh_after(arrived))
             b.gate.check_caller(context, rpc)
         except OrdqError as exc:
             b.count_refused(exc)
@@ -95,7 +100,7 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
         behavior = handler.stream_stream or handler.stream_unary
 
         async def streamed(requests: AsyncIterator[Any], context: Context) -> Any:
-            await refused(context)
+            await refused(context, b.gate.book.now())
             return await behavior(requests, context)
 
         key = "stream_stream" if handler.response_streaming else "stream_unary"
@@ -114,7 +119,7 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
         return parse(raw)
 
     async def unary(requests: AsyncIterator[Any], context: Context) -> Any:
-        await refused(context)
+        await refused(context, b.gate.book.now())
         return await behavior(await one(requests, context), context)
 
     if handler.response_streaming:

@@ -34,6 +34,7 @@ from ordq.errors import (
     QueueNotFound,
     SegmentNotFound,
     SubscriptionNotFound,
+    TokensUnavailable,
     WaitTimeout,
 )
 
@@ -150,6 +151,10 @@ def _coordination(f: dict[str, Any]) -> OrdqError:
     return CoordinationUnavailable(f["message"])
 
 
+def _tokens_unavailable(f: dict[str, Any]) -> OrdqError:
+    return TokensUnavailable(f["detail"])
+
+
 def _not_leader(f: dict[str, Any]) -> OrdqError:
     return NotLeader(f["queue"], f["subscription"], f["reason"])
 
@@ -167,6 +172,7 @@ _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
     "sub_not_found": (grpc.StatusCode.NOT_FOUND, _sub_not_found),
     "no_group": (grpc.StatusCode.UNAVAILABLE, _no_group),
     "coordination": (grpc.StatusCode.UNAVAILABLE, _coordination),
+    "tokens_unavailable": (grpc.StatusCode.UNAVAILABLE, _tokens_unavailable),
     "not_leader": (grpc.StatusCode.FAILED_PRECONDITION, _not_leader),
     "timeout": (grpc.StatusCode.DEADLINE_EXCEEDED, _timeout),
     "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
@@ -205,6 +211,8 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
         return "disk_full", {"message": str(exc)}
     if isinstance(exc, PermissionDenied):
         return "denied", {"queue": exc.queue, "role": exc.role, "why": exc.why}
+    if isinstance(exc, TokensUnavailable):
+        return "tokens_unavailable", {"detail": exc.detail}
     if isinstance(exc, NotCoordinatorLeader):
         return "not_coordinator", {"leader": exc.leader}
     if isinstance(exc, IllegalTransition):

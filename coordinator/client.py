@@ -25,7 +25,7 @@ import attrs
 
 from coordinator.paths import Paths
 from coordinator.state import Cursor, QueueState
-from ordq.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader
+from ordq.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
 from ordq.security import Credentials, channel, token_metadata
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -138,6 +138,13 @@ class CoordinatorClient:
                 code = exc.code()
                 if METADATA_KEY in trailing:
                     err = from_rpc_error(exc, address)
+                    if isinstance(err, TokensUnavailable):
+                        # Its token store is unreadable for a moment: not a refusal; again
+                        # until the deadline (then CoordinationUnavailable naming it).
+                        last = err
+                        time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
+                        attempt += 1
+                        continue
                     if not isinstance(err, NotCoordinatorLeader):
                         raise err from exc
                     # A follower: go where it points, else read the election again.

@@ -38,8 +38,8 @@ from coordinator.paths import check_name
 from coordinator.seal import run_seal
 from coordinator.state import Cursor, QueueState
 from coordinator.store import ZkStore, roll_transition, zk_errors
-from coordinator.tokens import ANY, TokenRecord, auth_root, authorize, load_tokens
-from coordinator.zk_retry import retry_zk
+from coordinator.token_book import TokenBook
+from coordinator.tokens import ANY, TokenRecord, authorize
 from ordq.errors import (
     AlreadyExists,
     ConfigError,
@@ -150,30 +150,29 @@ class _RequestsCollector:
 
 
 class _Tokens:
-    """The token records, reloaded on every change of ``<root>/auth`` (as the brokers' Gate)."""
+    """The token records (a TokenBook, as the brokers' Gate): reloaded on every change of
+    ``<root>/auth``; a well-formed but unknown token waits for a load made after its call
+    arrived before it is refused; TokensUnavailable (retriable), not a refusal, while the
+    store cannot be read."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.enforced = False
-        self.records: dict[str, TokenRecord] = {}
+        self.book = TokenBook()
 
     def watch(self, client: Any, root: str) -> None:
-        def changed(data: bytes | None, _stat: Any, *_event: Any) -> None:
-            records = load_tokens(client, root) if data is not None else {}
-            with self._lock:
-                self.enforced, self.records = data is not None, records
-
         # its first load at start rides out transient ZooKeeper errors (coordinator/zk_retry.py)
-        retry_zk(lambda: client.DataWatch(auth_root(root))(changed), f"coordinator: watch {auth_root(root)}")
+        self.book.watch(client, root)
 
     def check(self, context: Any, queue: str, role: str) -> TokenRecord | None:
         """The caller's record (None: tokens off, or a broker/coordinator peer); else
-        PermissionDenied."""
-        with self._lock:
-            enforced, records = self.enforced, self.records
-        if not enforced or peer_common_name(context) in (BROKER_CN, COORDINATOR_CN):
+        PermissionDenied (TokensUnavailable when no token can be judged now)."""
+        if peer_common_name(context) in (BROKER_CN, COORDINATOR_CN):
             return None
-        return authorize(records, bearer_token(context), queue, role)
+        token = bearer_token(context)
+        self.book.fresh_for(token, self.book.now())  # a token created a moment ago: found
+        enforced, records = self.book.current()
+        if not enforced:
+            return None
+        return authorize(records, token, queue, role)
 
 
 class CoordinatorService:

@@ -18,7 +18,8 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── CorruptState                      one queue's state in ZooKeeper does not parse (that queue only)
     ├── ConflictError                     conditional write lost a race (retriable)
     ├── CoordinationUnavailable           ZooKeeper unreachable (retriable)
-    │   └── NotCoordinatorLeader          this coordinator does not lead; ask the one named (retriable)
+    │   ├── NotCoordinatorLeader          this coordinator does not lead; ask the one named (retriable)
+    │   └── TokensUnavailable             a server cannot judge tokens now: its token store is unreadable (retriable)
     ├── ZkAccessDenied                    ZooKeeper's ACLs refuse this identity the operation
     ├── BrokerUnavailable                 a broker process did not answer (retriable)
     ├── NoGroupAvailable                  no eligible broker group to write to (retriable)
@@ -151,6 +152,16 @@ class NotCoordinatorLeader(CoordinationUnavailable):
     def __init__(self, leader: str) -> None:
         super().__init__(f"this coordinator does not lead; the leader is {leader or 'not elected yet'}")
         self.leader = leader
+
+
+class TokensUnavailable(CoordinationUnavailable):
+    """A broker or the coordinator service cannot judge any token now: its copy of the token
+    store failed to load (ZooKeeper away) and it refuses to guess. Not a refusal: the same call
+    may pass once it loads again (retriable; the SDK waits within its bounds)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"cannot check tokens now (the token store is unreadable: {detail}); retry shortly")
+        self.detail = detail
 
 
 class ZkAccessDenied(OrdqError):

@@ -6,7 +6,9 @@ Rules:
   touches the core, except ``_fail_over`` and ``_roll`` (blocking calls to the coordinator
   service, on a worker thread: they are rare).
 - A refusal (PermissionDenied, EpochNotIssued: this process may not write with this epoch)
-  is final, like Fenced: pending and later sends fail with it at once; no failover.
+  is final, like Fenced: pending and later sends fail with it at once; no failover. A head
+  that cannot check tokens now (TokensUnavailable: its token store is unreadable) is no
+  refusal: the same segment is opened again, bounded by ``no_group_timeout_s``.
 - An ack is settled where it is read: the window moves, the audit rows are written and the
   futures resolve on the loop thread, with no hop between the response and the outcome.
 - Order: batches reach the stream only through ``_pump``, under the lock, in seq order; after
@@ -36,6 +38,7 @@ from ordq.errors import (
     NoGroupAvailable,
     OrdqError,
     PermissionDenied,
+    TokensUnavailable,
 )
 from sdk._futures import SendFuture
 from sdk._producer_core import PendingBatch
@@ -60,6 +63,8 @@ _FATAL = (FencedError, MessageTooLarge, ConfigError, PermissionDenied, EpochNotI
 # The ack deadline fired this late (or 10 % of the send timeout, if more): the producer's own
 # loop was starved, not (yet) the head. At most this many extra send timeouts are granted.
 _LATE_S = 0.05
+# A head that cannot check tokens now (TokensUnavailable) is asked again after this pause.
+_TOKENS_AGAIN_S = 0.2
 _STARVED_EXTRA = 4.0
 
 
@@ -128,6 +133,8 @@ class ProducerIO:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pacing = FailoverPacing(self.config.send_timeout_s)
+        # since when the head has answered "cannot check tokens now" in a row (None: it has not)
+        self._tokens_since: float | None = None
         # (gid, seg) whose missed ack deadline was forgiven once: the head was still live
         self._graced: tuple[str | None, int | None] | None = None
 
@@ -306,6 +313,7 @@ class ProducerIO:
                     self._fail_locked(stream, BrokerUnavailable(f"group {self._gid}", str(exc)))
                     break
                 self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
+                self._tokens_since = None
                 self._count_for_roll(done)
                 self._stats.acked += ack.count
                 self._stats.batches_acked += len(done)
@@ -367,6 +375,8 @@ class ProducerIO:
         if isinstance(failure, _FATAL):
             self._stop_fatal(failure)
             return
+        if isinstance(failure, TokensUnavailable) and await self._same_head_again(failure):
+            return
         first_gid, first_seg = self._gid, self._seg
         try:
             gid, seg, address = await self._loop.run_blocking(self._fail_over)
@@ -379,7 +389,7 @@ class ProducerIO:
             return
         if self._closed:
             return
-        self._open_stream(gid, seg, address)
+        self._resume(gid, seg, address)
         if gid == first_gid:
             log.info("queue %s: segment %s of %s ended (%s); continuing on segment %s", self.config.queue,
                      first_seg, first_gid, failure, seg)
@@ -387,10 +397,42 @@ class ProducerIO:
             log.warning("queue %s: head %s seg %s failed (%s); failed over to %s seg %s", self.config.queue,
                         first_gid, first_seg, failure, gid, seg)
         with self._mutex:
-            self._core.rewind()  # the unacked suffix goes again, in order, with the same seqs
             self._stats.failovers += 1
             if gid != first_gid:
                 self._pacing.failed_over(time.monotonic())
+
+    async def _same_head_again(self, failure: TokensUnavailable) -> bool:
+        """The head's master cannot judge tokens now (its token store is unreadable; issue 24):
+        not a refusal and not the head's failure. Open the same segment again after a pause,
+        for up to ``no_group_timeout_s`` from the first such answer in a row; False past that
+        bound (then it fails over like any head in trouble)."""
+        assert self._loop is not None
+        now = time.monotonic()
+        if self._tokens_since is None:
+            self._tokens_since = now
+            log.warning("queue %s: group %s cannot check tokens now (%s); sending again for up to %gs",
+                        self.config.queue, self._gid, failure, self.config.no_group_timeout_s)
+        if now - self._tokens_since >= self.config.no_group_timeout_s:
+            return False
+        with self._mutex:
+            self._stats.tokens_unavailable += 1
+        gid, seg = self._gid, self._seg
+        await asyncio.sleep(_TOKENS_AGAIN_S)
+        if self._closed or gid is None or seg is None:
+            return self._closed
+        address = await self._loop.run_blocking(self._wait_master, gid, self.config.send_timeout_s)
+        if address is None or self._closed:
+            return self._closed
+        self._resume(gid, seg, address)
+        return True
+
+    def _resume(self, gid: str, seg: int, address: str) -> None:
+        """On the loop, after a failure: a new stream to ``seg`` on ``gid``, and the unacked
+        suffix sent again on it, in order, with the same seqs."""
+        assert self._core is not None
+        self._open_stream(gid, seg, address)
+        with self._mutex:
+            self._core.rewind()
             self._failure = None
             self._lock.notify_all()
             self._pump(time.monotonic())

@@ -116,6 +116,7 @@ class ProducerStats:
     acked: int = 0
     batches_acked: int = 0
     failovers: int = 0
+    tokens_unavailable: int = 0  # times the head could not check tokens and was asked again
     epoch: int = 0
     seg: int | None = None
     head: str | None = None

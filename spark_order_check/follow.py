@@ -45,6 +45,12 @@ from spark_order_check._session import make_session
 
 VIOLATIONS = ("duplicate", "gap", "out_of_order")
 _STREAM = "follow"  # the subscription / consumer columns of the rule code's stream key
+PROG = "ordq verify --follow"
+# A query whose Python worker did not connect back in time is started again this many times
+# (from its checkpoint: nothing is checked twice or skipped); then it ends with one line.
+WORKER_RESTARTS = 3
+STOP_WAIT_S = 30.0  # at the end, how long a running micro-batch may finish before the query stops
+_WORKER_LATE = ("Python worker failed to connect back", "waiting for the Python worker to connect back")
 OFFSET_BITS = 32  # pos = seg << 32 | offset: storage order as one number
 _ROWS = T.StructType([
     T.StructField("q", T.StringType()), T.StructField("b", T.LongType()), T.StructField("s", T.StringType()),
@@ -179,6 +185,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     # Micro-batches are small: a few shuffle partitions, not Spark's default 200.
     spark = make_session(o.master, conf={"spark.sql.shuffle.partitions": "2", **o.conf}, app_name="ordq-verify-follow")
     spark.sparkContext.setLogLevel("ERROR")  # the running summary is the output; a failure ends in the verdict
+    _quiet_stream_logs(spark)
     register(spark)
     state = FollowState(o.queue)
 
@@ -212,10 +219,14 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
 
     scratch = None if o.checkpoint else tempfile.TemporaryDirectory(prefix="ordq-follow-")
     checkpoint = o.checkpoint or scratch.name  # type: ignore[union-attr]
-    df = (spark.readStream.format("ordq").option("zk", o.zk).option("root", o.root).option("queue", o.queue)
-          .option("start", o.start).option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
-    query = (df.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
-             .trigger(processingTime=f"{int(o.trigger_s * 1000)} milliseconds").start())
+
+    def start() -> Any:
+        df = (spark.readStream.format("ordq").option("zk", o.zk).option("root", o.root).option("queue", o.queue)
+              .option("start", o.start).option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
+        return (df.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
+                .trigger(processingTime=f"{int(o.trigger_s * 1000)} milliseconds").start())
+
+    query = start()
     state.started = time.monotonic()  # rows/s from here: Spark's start-up is not checking time
     if o.as_json:
         emit("started")
@@ -228,15 +239,30 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     # the gateway connection half-read, and the query must still be stopped cleanly.
     old_handler = (signal.signal(signal.SIGINT, lambda *_: interrupted.set())
                    if threading.current_thread() is threading.main_thread() else None)
+    restarts = 0
     try:
-        while not _ended(query) and not interrupted.is_set():
-            with state.lock:
-                if state.violations:
+        while True:
+            while not _ended(query) and not interrupted.is_set():
+                with state.lock:
+                    if state.violations:
+                        break
+                    if o.until_seq is not None and state.last_seq is not None and state.last_seq >= o.until_seq:
+                        break
+                if deadline is not None and time.monotonic() >= deadline:
                     break
-                if o.until_seq is not None and state.last_seq is not None and state.last_seq >= o.until_seq:
-                    break
-            if deadline is not None and time.monotonic() >= deadline:
+            _stop_between_batches(query)
+            exc = query.exception()
+            if (exc is None or not worker_late(exc) or restarts >= WORKER_RESTARTS or interrupted.is_set()
+                    or (deadline is not None and time.monotonic() >= deadline)):
                 break
+            # Spark's streaming source starts a Python interpreter of its own, not from the
+            # daemon, and waits a fixed 10 s for it to connect back (no setting changes it in
+            # Spark 4): on a busy machine it can be late. The query resumes from its checkpoint.
+            restarts += 1
+            print(f"{PROG}: Spark's Python worker did not connect back within Spark's fixed 10 s (a busy "
+                  f"machine); starting the query again from its checkpoint ({restarts}/{WORKER_RESTARTS})",
+                  file=sys.stderr, flush=True)
+            query = start()
     finally:
         if old_handler is not None:
             signal.signal(signal.SIGINT, old_handler)
@@ -247,7 +273,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
             scratch.cleanup()
     exc = query.exception()
     if exc is not None and not state.violations:
-        text = _first_line(exc)
+        text = late_worker_line(restarts + 1) if worker_late(exc) else _first_line(exc)
         if text.startswith("GapDetected"):  # the source met a missing seq while reading
             state.violations.append(Violation(cls="gap", count=1, seq=None, seq2=None, at=None, at2=None,
                                               batch=state.batches, text=text))
@@ -264,12 +290,51 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     return state
 
 
+def _stop_between_batches(query: Any, wait_s: float = STOP_WAIT_S) -> None:
+    """Stop the query once its running micro-batch (if any) is done, waiting at most
+    ``wait_s``: stopped mid-batch, Spark interrupts the batch's job and prints a Java trace
+    (and py4j a Python one) hundreds of lines long, for a stop that was asked for."""
+    deadline = time.monotonic() + wait_s
+    while query.isActive and time.monotonic() < deadline:
+        try:
+            if not query.status.get("isTriggerActive", False):
+                break
+        except Exception:  # noqa: BLE001 - the query ended meanwhile: nothing to wait for
+            break
+        time.sleep(0.05)
+    query.stop()
+
+
 def _ended(query: Any) -> bool:
     """Wait a little for the query to end (a failure is read from ``query.exception()``)."""
     try:
         return bool(query.awaitTermination(0.2))
     except StreamingQueryException:
         return True
+
+
+def worker_late(exc: BaseException) -> bool:
+    """Whether a failed query failed because a Python worker Spark started did not connect
+    back in time (Spark's PythonWorkerFactory: a fixed 10 s wait)."""
+    return any(m in str(exc) for m in _WORKER_LATE)
+
+
+def late_worker_line(attempts: int) -> str:
+    """The one line a query ends with when its Python worker was late ``attempts`` times."""
+    return (f"Spark's Python worker did not connect back within Spark's fixed 10 s ({attempts} attempt"
+            f"{'s' if attempts > 1 else ''}): the machine is too busy to start a Python interpreter in time "
+            "(run again when it is less loaded)")
+
+
+def _quiet_stream_logs(spark: SparkSession) -> None:
+    """Spark's streaming engine logs a failed query's Java trace (25 lines and more) at ERROR:
+    the verdict names the cause in one line, so those logs are off while following."""
+    try:
+        jvm: Any = spark._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF)
+    except Exception:  # noqa: BLE001 - another logging backend: the trace stays, the verdict is the same
+        pass
 
 
 def _first_line(exc: BaseException) -> str:

@@ -133,3 +133,44 @@ def test_follow_flags_a_segment_dropped_before_it_was_read_and_stops_clean_on_ct
     verdict = events[-1]
     assert verdict["verdict"] == "violations" and [v["cls"] for v in verdict["violations"]] == ["gap"]
     assert "expected seq 100, got 200" in verdict["violations"][0]["text"], verdict
+
+
+def test_a_late_python_worker_is_named_in_one_line() -> None:
+    """Spark's fixed 10 s wait for its Python worker (a busy machine): recognised, so the query
+    is started again from its checkpoint, and said in one line once that is exhausted."""
+    from spark_order_check.follow import late_worker_line, worker_late
+
+    trace = ("org.apache.spark.SparkException: Python worker failed to connect back.\n"
+             "\tat org.apache.spark.api.python.PythonWorkerFactory.createSimpleWorker(PythonWorkerFactory.scala:252)\n"
+             "Caused by: java.net.SocketTimeoutException: Timed out while waiting for the Python worker to connect "
+             "back\n" + "\tat java.base/Thread.run(Thread.java:840)\n" * 20)
+    assert worker_late(RuntimeError(trace))
+    line = late_worker_line(4)
+    assert "\n" not in line and "did not connect back within Spark's fixed 10 s (4 attempts)" in line
+    assert not worker_late(RuntimeError("GapDetected: seq 5 missing"))
+
+
+@pytest.mark.zk
+@pytest.mark.slow  # a Spark start in a subprocess and a 12 s late worker: ~90 s on the shared box
+def test_follow_survives_a_python_worker_that_connects_back_late(cluster: Cluster, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streaming source's own Python worker starting 12 s late the first time (Spark waits
+    a fixed 10 s; a busy machine): the query is started again from its checkpoint and checks
+    every row, and no Java trace is printed (failed on the old code: error, a 25-line trace)."""
+    import sys
+
+    mark, wrapper = tmp_path / "late-once", tmp_path / "python"
+    wrapper.write_text("#!/bin/sh\ncase \"$*\" in *python_streaming_source_runner*)\n"
+                       f"  if [ ! -e {mark} ]; then touch {mark}; sleep 12; fi;;\nesac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PYSPARK_PYTHON", str(wrapper))  # what Spark starts its Python workers with
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    _produce(cluster, 100)
+    rc, events, err = _events(_follow(cluster, "--until-seq", "99", "--until", "240s"), timeout_s=400)
+    assert mark.exists()  # the late start happened
+    assert rc == 0, err
+    assert (events[-1]["verdict"], events[-1]["rows"], events[-1]["last_seq"]) == ("clean", 100, 99), events[-1]
+    assert "starting the query again from its checkpoint (1/3)" in err
+    assert "MicroBatchExecution" not in err and "\tat org.apache.spark" not in err

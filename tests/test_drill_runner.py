@@ -1,0 +1,54 @@
+"""The drill runner's own rules, without a cluster (issue 24: ``ordq drill kill-head-master
+--messages 100`` ended in ERROR, its verdict cut off, g1's master left down)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from drills.runner import MIN_STREAM_S, Drill, DrillContext, DrillError, LoadConfig, execute_drill, judge_all
+
+
+def test_a_short_stream_is_paced_to_outlast_its_fault() -> None:
+    short = LoadConfig(messages=100, rate=4_000.0)  # over in 25 ms: before any fault
+    paced = short.lasting(MIN_STREAM_S)
+    assert paced.messages == 100 and paced.duration_s == MIN_STREAM_S
+    ci = LoadConfig(messages=8_000, rate=4_000.0)
+    assert ci.lasting(MIN_STREAM_S) is ci  # a stream long enough keeps its rate (the CI drills' timing)
+
+
+@attrs.define
+class _FakeCluster:
+    folder: Path
+    heals: int = 0
+    down: list[str] = attrs.field(factory=list)
+    zk: Any = attrs.field(factory=lambda: type("Zk", (), {"ensemble": False})())
+
+    def heal(self) -> list[str]:
+        self.heals += 1
+        started, self.down = self.down, []
+        return started
+
+    @contextlib.contextmanager
+    def store(self) -> Iterator[Any]:
+        yield type("Store", (), {"create_queue": lambda _self, _q: None})()
+
+
+def test_a_drill_that_errs_heals_the_cluster_and_says_why_in_full(tmp_path: Path) -> None:
+    why = "kill-head-master: timed out after 30s waiting for an ack on a segment after 0 (a long cause, whole)"
+
+    def inject(ctx: DrillContext) -> None:
+        ctx.cluster.down.append("g1-master")  # type: ignore[attr-defined]  # the fault, left in place
+        raise DrillError(why)
+
+    cluster = _FakeCluster(tmp_path)
+    drill = Drill("fake", "a fault", "something", inject, own_load=True)
+    run = execute_drill(cluster, drill, queue="fake-q")  # type: ignore[arg-type]
+    assert run.error is not None and cluster.heals == 2 and not cluster.down  # healed after the error too
+    assert any("healed the cluster after the error: started g1-master" in text for _t, text in run.ctx.events)
+    [res] = judge_all([run], verify=lambda *_a, **_k: None, keep=True)
+    assert not res.ok and res.verdict == f"ERROR (DrillError: {why})"
