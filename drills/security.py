@@ -785,6 +785,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                         outcomes[k] = outcomes.get(k, 0) + n
                     time.sleep(RECOVER_S)
                     windows.append((q0, t0, now_us()))
+                    ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
                 c1 = _cpu_s(cpu_pids)
                 cpu[kind] += (now_us() - t0) / 1e6
                 for k in c1:
@@ -841,9 +842,10 @@ def check_neighbour(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[t
     ctx.event(f"ack p99 quiet {q:.1f} ms, abused {b:.1f} ms (per window quiet/abused: "
               + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in per) + ")")
     return [
-        (f"the neighbour's ack p99 under abuse {b:.1f} ms ({len(abused)} acks, {len(windows)} windows) is within "
-         f"{LATENCY_RATIO:g}x of its quiet {q:.1f} ms ({len(quiet)} acks, interleaved): {b / q:.2f}x; judged "
-         + judgement.split(":")[0], len(quiet) > 1000 and len(abused) > 1000 and b <= LATENCY_RATIO * q),
+        (f"ack p99 abused/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, within {LATENCY_RATIO:g}x (the neighbour's "
+         f"acks: {len(abused)} in {len(windows)} abuse windows, {len(quiet)} in the quiet windows between them; "
+         f"judged {judgement.split(':')[0]})",
+         len(quiet) > 1000 and len(abused) > 1000 and b <= LATENCY_RATIO * q),
         (f"the neighbour never failed over (failovers {failovers}, segments {sorted(segs)})",
          failovers == 0 and len(segs) == 1),
     ]
