@@ -842,7 +842,7 @@ def check_neighbour(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[t
     ctx.event(f"ack p99 quiet {q:.1f} ms, abused {b:.1f} ms (per window quiet/abused: "
               + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in per) + ")")
     return [
-        (f"ack p99 abused/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, within {LATENCY_RATIO:g}x (the neighbour's "
+        (f"ack p99 abused/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x (the neighbour's "
          f"acks: {len(abused)} in {len(windows)} abuse windows, {len(quiet)} in the quiet windows between them; "
          f"judged {judgement.split(':')[0]})",
          len(quiet) > 1000 and len(abused) > 1000 and b <= LATENCY_RATIO * q),
