@@ -941,32 +941,44 @@ class Broker:
             if upto > req.offset or sealed or self._stopping or left <= 0:
                 break
             await self.signal.wait(left)
-        batches: list[bytes] = []
-        if upto > req.offset:
-            max_bytes = min(max(req.max_bytes, 1), self.config.max_fetch_bytes)
-            if lease is not None:
-                max_bytes = await lease.acquire(max_bytes, wait_s=wait_s)
-            # Read on the loop when the log is free (page cache: microseconds for what a
-            # follower asks); behind a sync holding it, or for a long read, in a worker.
-            # A sealed segment's bytes may have rotted since they were written and scanned:
-            # they are CRC-checked on the way out (docs/BENCHMARKS.md, "Outbound CRC check").
-            verify = sealed and self.config.verify_sealed_reads
-            try:
-                if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
-                    try:
-                        batches = self._read_locked(s, req.offset, max_bytes, upto, verify)
-                    finally:
-                        s.io_lock.release()
-                else:
-                    batches = await self.loop.run_blocking(self._read, s, req.offset, max_bytes, upto, verify)
-            except CorruptLog as exc:
-                self._set_aside(s, exc)
-                raise
-            if lease is not None:
-                lease.settle(sum(map(len, batches)))
-            count_fetch(self.stats, batches)
-        end = seglog.parse_header(batches[-1], verify_crc=False).end_offset if batches else req.offset
-        return encode(batches, offset=req.offset, end_offset=end, readable_end=upto, sealed=sealed)
+        if upto <= req.offset:
+            return encode([], offset=req.offset, end_offset=req.offset, readable_end=upto, sealed=sealed)
+        max_bytes = min(max(req.max_bytes, 1), self.config.max_fetch_bytes)
+        if lease is not None:
+            max_bytes = await lease.acquire(max_bytes, wait_s=wait_s)
+        # Read on the loop when the log is free (page cache: microseconds for what a
+        # follower asks); behind a sync holding it, or for a long read, in a worker, which
+        # also encodes the answer: a 32 MiB answer's join held the loop (and with it every
+        # neighbour's produce and ack) for tens of ms (issue 25, the noisy-neighbour drill).
+        # A sealed segment's bytes may have rotted since they were written and scanned:
+        # they are CRC-checked on the way out (docs/BENCHMARKS.md, "Outbound CRC check").
+        verify = sealed and self.config.verify_sealed_reads
+        try:
+            if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
+                try:
+                    batches, answer = self._answer(self._read_locked(s, req.offset, max_bytes, upto, verify),
+                                                   req.offset, upto, sealed)
+                finally:
+                    s.io_lock.release()
+            else:
+                batches, answer = await self.loop.run_blocking(self._read_answer, s, req.offset, max_bytes, upto,
+                                                               sealed, verify)
+        except CorruptLog as exc:
+            self._set_aside(s, exc)
+            raise
+        if lease is not None:
+            lease.settle(answer.batch_bytes)
+        count_fetch(self.stats, batches)
+        return answer
+
+    @staticmethod
+    def _answer(batches: list[bytes], offset: int, upto: int, sealed: bool) -> tuple[list[bytes], Answer]:
+        end = seglog.parse_header(batches[-1], verify_crc=False).end_offset if batches else offset
+        return batches, encode(batches, offset=offset, end_offset=end, readable_end=upto, sealed=sealed)
+
+    def _read_answer(self, s: Segment, offset: int, max_bytes: int, upto: int, sealed: bool,
+                     verify: bool) -> tuple[list[bytes], Answer]:
+        return self._answer(self._read(s, offset, max_bytes, upto, verify), offset, upto, sealed)
 
     def _read(self, s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         with s.io_lock:

@@ -534,10 +534,11 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("security-abandoned-streams", "100 produce streams and 100 fetch long-polls opened on the head master "
           "and never read or closed", "the master's memory stays bounded and the real producer keeps being acked",
           security.abandoned_streams, failover=False),
-    Drill("security-noisy-neighbour", "the holder of a token for another queue on the head group abuses it for "
-          f"{security.ABUSE_S:g} s: huge fetches, unread Read streams, unwritten produce streams, oversized and "
-          f"malformed requests, while the drill queue is written at {security.NEIGHBOUR_RATE:,.0f} msgs/s",
-          f"the drill queue's ack p99 stays within {security.LATENCY_RATIO:g}x of its quiet baseline (same run) and "
+    Drill("security-noisy-neighbour", "the holder of a token for another queue on the head group abuses it in "
+          f"{security.ROUNDS} windows of {security.ABUSE_S:g} s between quiet ones: huge fetches, "
+          "unread Read streams, unwritten produce streams, oversized and malformed requests"
+          f", while the drill queue is written at {security.NEIGHBOUR_RATE:,.0f} msgs/s",
+          f"the drill queue's ack p99 stays within {security.LATENCY_RATIO:g}x of the quiet windows' (same run) and "
           "it never fails over; each abuse is answered within the budget or refused", security.noisy_neighbour,
           failover=False, load=security.neighbour_load, check=security.check_neighbour),
 )}

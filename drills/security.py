@@ -17,8 +17,10 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
 - ``abandoned_streams``: produce streams and long-polls opened and never read or closed.
 - ``noisy_neighbour``: a token holder abuses its own queue (huge fetches, unread streams,
   oversized and malformed requests) beside the drill queue on the same broker; the drill
-  queue's ack p99 stays within 2x of its quiet baseline and it never fails over (issue 25). The
-  abuser's client runs in its own process at idle priority (in production it is another host).
+  queue's ack p99, pooled over abuse windows interleaved with quiet ones, stays within 2x of the
+  quiet windows' and it never fails over (issue 25). The abuser's client runs in its own process,
+  under a CPU quota in a cgroup of its own, and the cluster keeps its CPU (``drills.cpu_isolation``;
+  without cgroups: idle priority, and the output says so).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from coordinator.store import ZkStore, new_client
 from coordinator.tokens import create_token, revoke_token, touch
+from drills import cpu_isolation
 from drills.runner import SUBSCRIPTION, DrillContext
 from drills.workload import now_us
 from ordq.errors import BrokerUnavailable, EpochNotIssued, OrdqError, PermissionDenied
@@ -454,11 +457,14 @@ def control_calls(ctx: DrillContext) -> None:
 # -- a noisy neighbour (issue 25) ----------------------------------------------------------------
 
 NEIGHBOUR_RATE = 2_000.0  # the drill queue's producer: msgs/s while its neighbour is abused
-NEIGHBOUR_MESSAGES = 200_000  # 100 s: the fill, baseline and abuse take ~40 s quiet, ~75 s under six busy
-# loops (the fill alone 19 s and 44 s): the drill queue must still be written through the abuse
-SETTLE_S = 2.0  # after the abuser's fill, before the baseline
-QUIET_S = 8.0  # the drill queue's quiet baseline, right before the abuse
-ABUSE_S = 8.0  # how long the abuse lasts
+NEIGHBOUR_MESSAGES = 260_000  # 130 s: the fault comes at 20-60 % of the stream; the fill and the windows
+# after it take ~50 s: the drill queue must still be written through the last window
+SETTLE_S = 2.0  # after the abuser's fill, before the first quiet window
+ROUNDS = 4  # quiet and abuse windows, interleaved: the baseline is pooled from the same minutes
+QUIET_S = 3.0  # each quiet window (the drill queue alone)
+ABUSE_S = 4.0  # each abuse window
+RECOVER_S = 1.0  # after each abuse window ends, still judged as abused (what the abuse left behind)
+ABUSER_CORES = 0.5  # the abuser's "host": its client's CPU quota where cgroups are available
 FILL_MESSAGES = 24_000  # 1,000-byte messages the abuser writes first: what its huge fetches read
 FILL_RATE = 4_000.0  # msgs/s of that fill (4 MB/s)
 LATENCY_RATIO = 2.0  # the drill queue's ack p99 under abuse / quiet
@@ -548,13 +554,13 @@ class _Abuser:
 
     def stop(self) -> dict[str, int]:
         self.stop_event.set()
-        for t in self._threads:
-            t.join(35)
         for held in self._held:
             if isinstance(held, tuple):
                 held[0].put(None)
             else:
                 held.cancel()
+        for t in self._threads:
+            t.join(35)
         for s in self._stubs:
             with contextlib.suppress(Exception):
                 s.channel.close()
@@ -575,33 +581,31 @@ def _idle_priority() -> str:
     return "nice 19, SCHED_IDLE"
 
 
-def _abuser_process(address: str, creds: Credentials, queue_: str, seg: int, conn: Any) -> None:
-    """The abuser's own process (spawned): at idle priority, it waits for ``go``, abuses until
-    ``stop``, then sends back its outcomes."""
-    priority = _idle_priority()
-    abuser = _Abuser(address, creds, queue_, seg)
+def _abuser_process(address: str, creds: Credentials, queue_: str, seg: int, conn: Any, idle: bool) -> None:
+    """The abuser's own process (spawned): at idle priority if ``idle``; each ``go`` starts a
+    window of abuse, the next ``stop`` ends it (everything it opened closed) and sends back its
+    outcomes; ``exit`` ends the process."""
+    priority = _idle_priority() if idle else "normal priority"
     conn.send(("ready", priority))
-    conn.recv()
-    abuser.start()
-    conn.recv()
-    abuser.stop_event.set()
-    with abuser._lock:
-        conn.send(dict(abuser.outcomes))  # at once: at idle priority the threads may take long to end
-    abuser.stop()
+    while conn.recv() == "go":
+        abuser = _Abuser(address, creds, queue_, seg)
+        abuser.start()
+        conn.recv()
+        conn.send(abuser.stop())
 
 
 class _AbuserProcess:
-    """``_Abuser`` in a process of its own at idle priority (``_idle_priority``). In production
-    the abuser is on another host: its client's CPU (its TLS encryption of 30 MiB bodies, its
-    gRPC threads, reading the huge answers) is not taken from the broker or the neighbour's
-    clients. Here it is, on the same cores, unless it runs only when nothing else wants the CPU;
-    so the neighbour's p99 measures the broker's isolation (what the abuse costs the broker:
-    TLS decryption, refusals, the budget), not the lab machine's scheduler."""
+    """``_Abuser`` in a process of its own. In production the abuser is on another host: its
+    client's CPU (TLS encryption of 30 MiB bodies, gRPC threads, reading the huge answers) is not
+    taken from the broker or the neighbour's clients. The drill puts this process in a cgroup
+    under a CPU quota (``drills.cpu_isolation``); where there are no cgroups it runs at idle
+    priority (``idle``: ``_idle_priority``). ``abuse()`` starts one window of abuse, ``pause()``
+    ends it (streams cancelled, calls finished) and returns its outcomes."""
 
-    def __init__(self, address: str, creds: Credentials, queue_: str, seg: int) -> None:
+    def __init__(self, address: str, creds: Credentials, queue_: str, seg: int, *, idle: bool) -> None:
         mp = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
         self._conn, child = mp.Pipe()
-        self._proc = mp.Process(target=_abuser_process, args=(address, creds, queue_, seg, child),
+        self._proc = mp.Process(target=_abuser_process, args=(address, creds, queue_, seg, child, idle),
                                 name="ordq-abuser", daemon=True)
         self._proc.start()
         child.close()
@@ -611,19 +615,21 @@ class _AbuserProcess:
         _ready, self.priority = self._conn.recv()
         self.pid = self._proc.pid
 
-    def start(self) -> None:
+    def abuse(self) -> None:
         self._conn.send("go")
 
-    def stop(self) -> dict[str, int]:
-        try:
-            self._conn.send("stop")
-            if not self._conn.poll(30):
-                return {"abuser did not answer": 1}
-            outcomes: dict[str, int] = self._conn.recv()
-            return outcomes
-        finally:
-            self._proc.join(10)
-            self._kill()
+    def pause(self) -> dict[str, int]:
+        self._conn.send("stop")
+        if not self._conn.poll(60):
+            raise RuntimeError("the abuser did not end its window within 60 s")
+        outcomes: dict[str, int] = self._conn.recv()
+        return outcomes
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.send("exit")
+        self._proc.join(10)
+        self._kill()
 
     def _kill(self) -> None:
         if self._proc.is_alive():
@@ -691,21 +697,42 @@ def _cpu_story(a: dict[str, float], b: dict[str, float], seconds: float) -> str:
     return ", ".join(f"{k} {(b[k] - a[k]) / seconds:.2f}" for k in b if k in a)
 
 
+def _isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | None, str]:
+    """The drill's CPU isolation (``drills.cpu_isolation``): the cluster, the drill's clients and
+    this process in a group with the highest shares; returns it (None where cgroups cannot be
+    used) and the judgement in words, which the drill logs and its verdict repeats."""
+    iso, how = cpu_isolation.open_isolation()
+    if iso is None:
+        return None, (f"WITHOUT CPU isolation ({how}): the abuser's client at idle priority, the cluster "
+                      "sharing the cores with everything else; the ratio also measures this machine's contention")
+    try:
+        iso.group("protected")
+        iso.group("capped", quota_cores=ABUSER_CORES)
+        moved = iso.add("protected", [os.getpid(), *pids.values()])
+    except OSError as exc:
+        iso.close()
+        return None, (f"WITHOUT CPU isolation (cgroup setup failed: {exc}): the abuser's client at idle priority; "
+                      "the ratio also measures this machine's contention")
+    return iso, (f"CPU isolated by cgroups ({how}): the cluster, the drill's clients and the drill ({moved} "
+                 f"processes) at cpu.shares {cpu_isolation.MAX_SHARES} (busy loops cannot take their CPU), the "
+                 f"abuser's client capped at {ABUSER_CORES:g} core (its own host); the ratio judges the broker")
+
+
 def noisy_neighbour(ctx: DrillContext) -> None:
     """The ``security-noisy-neighbour`` drill: a second queue on the head group, written by its
-    own token holder; then QUIET_S of the drill queue alone (its baseline), then ABUSE_S of
-    abuse of the second queue; ``check_neighbour`` judges the drill queue's producer over the
-    finished run (ack p99 under abuse <= 2x the quiet p99 of the same run; no fail-over).
+    own token holder; then ROUNDS of QUIET_S of the drill queue alone and ABUSE_S of abuse of the
+    second queue (+ RECOVER_S after it, judged as abused), interleaved; ``check_neighbour``
+    judges the drill queue's producer over the finished run (pooled ack p99 of the abuse windows
+    <= 2x the pooled p99 of the quiet windows; no fail-over).
 
-    In production the abuser is on another host; here its client runs in a process of its own at
-    idle priority (``_AbuserProcess``: nice 19, SCHED_IDLE) so that the p99 measures the broker,
-    not the lab machine's scheduler. What the abuse costs the broker (TLS decryption, typed
-    refusals, the memory budget, answers built and encrypted) still counts: that is what is
-    tested. With the abuser's client at normal priority the 2-core machine gave 6.6-9.7x, and
-    2.9x when the same abuse was aimed at another group (sharing nothing with the neighbour but
-    the cores): the abuser's own CPU, not the broker. On a busy machine the idle abuser gets
-    less CPU, so less abuse is sent (its outcomes are logged); each kind must still have been
-    sent and refused. The CPU each process used in both windows is logged beside the p99."""
+    In production the abuser is on another host. Here, with cgroups (``_isolate``), its client
+    runs under a CPU quota of its own and the cluster and the drill's clients keep their CPU
+    against busy loops, so the ratio judges what the abuse costs the broker (TLS decryption,
+    typed refusals, the memory budget, answers built and encrypted), not the machine. Before
+    (no isolation, one quiet window before the abuse) the 2-core machine gave 0.6-9.7x, the
+    baseline moved 41-222 ms between runs, and abuse aimed at another group gave 2.9x. Without
+    cgroups the abuser runs at idle priority and the output says the judgement had no
+    isolation. Each kind of abuse must have been sent and refused or bounded."""
     gid, _seg = ctx.head()
     c = ctx.cluster
     abused = ctx.queue + "-abused"
@@ -719,36 +746,63 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                                   "drill: noisy neighbour")
         touch(store.client, store.paths.root)
     creds = attrs.evolve(c.credentials, token=token)
-    ctx.expect("the abuser's token works on its own queue",
-               _within(lambda: not _denied(_fetch(creds, address, abused, aseg.seg), "consume", abused)))
-    ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
-    _fill(c, abused, creds)
-    abuser = _AbuserProcess(address, creds, abused, aseg.seg)  # started (and idle) before the baseline
-    quiet = start = 0
-    pids = {f"{gid}/master": c.broker(gid, "master").proc.pid, f"{gid}/slave": c.broker(gid, "slave").proc.pid,
-            "producer": ctx.producers[0].proc.pid, "abuser": abuser.pid}
+    pids = {name: p.pid for name, p in c.processes()}
+    pids |= {f"producer {i}": w.proc.pid for i, w in enumerate(ctx.producers)}
+    pids |= {f"consumer {i}": w.proc.pid for i, w in enumerate(ctx.consumers)}
+    iso, judgement = _isolate(pids)
+    ctx.notes["neighbour_judgement"] = judgement
+    ctx.event(f"judgement: {judgement}")
+    abuser: _AbuserProcess | None = None
+    windows: list[tuple[int, int, int]] = []
+    outcomes: dict[str, int] = {}
     try:
+        ctx.expect("the abuser's token works on its own queue",
+                   _within(lambda: not _denied(_fetch(creds, address, abused, aseg.seg), "consume", abused)))
+        ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
+        _fill(c, abused, creds)
+        abuser = _AbuserProcess(address, creds, abused, aseg.seg, idle=iso is None)
+        if iso is not None:
+            iso.add("capped", [abuser.pid])
+        cpu_pids = {f"{gid}/master": pids[f"{gid}/master"], f"{gid}/slave": pids[f"{gid}/slave"],
+                    "producer": ctx.producers[0].proc.pid, "abuser": abuser.pid}
         time.sleep(SETTLE_S)
-        quiet = now_us()
-        cpu0 = _cpu_s(pids)
-        ctx.hold(QUIET_S, f"the quiet baseline of {ctx.queue}")
-        start = now_us()
-        cpu1 = _cpu_s(pids)
-        ctx.fault(f"the holder of a token for {abused} (on {gid}, beside {ctx.queue}) abuses it for {ABUSE_S:g} s "
-                  f"from a process at idle priority ({abuser.priority}: in production it is another host): "
-                  "4 loops of huge fetches, 24 unread Read streams, 10 unwritten produce streams, a 30 MiB request "
-                  "every 0.5 s, malformed requests and batches every 20 ms", at_us=start)
-        abuser.start()
-        time.sleep(ABUSE_S)  # the abuse's length: part of the fault's story
-        cpu2 = _cpu_s(pids)
-        ctx.expect("the drill queue's producer ran through the baseline and the abuse (else: "
-                   "NEIGHBOUR_MESSAGES is too few for this machine's speed)", ctx.producers[0].proc.alive())
-        ctx.event(f"CPU cores used, quiet: {_cpu_story(cpu0, cpu1, (start - quiet) / 1e6)}; "
-                  f"abused: {_cpu_story(cpu1, cpu2, (now_us() - start) / 1e6)}")
+        ctx.fault(f"the holder of a token for {abused} (on {gid}, beside {ctx.queue}) abuses it in {ROUNDS} windows "
+                  f"of {ABUSE_S:g} s, each after {QUIET_S:g} s quiet, from a process of its own "
+                  f"({abuser.priority}): 4 loops of huge fetches, 24 unread Read streams, 10 unwritten produce "
+                  "streams, a 30 MiB request every 0.5 s, malformed requests and batches every 20 ms")
+        cpu = {"quiet": 0.0, "abused": 0.0}
+        use: dict[str, dict[str, float]] = {"quiet": {}, "abused": {}}
+        for _ in range(ROUNDS):
+            for kind in ("quiet", "abused"):
+                t0, c0 = now_us(), _cpu_s(cpu_pids)
+                if kind == "quiet":
+                    q0 = t0
+                    time.sleep(QUIET_S)
+                else:
+                    abuser.abuse()
+                    time.sleep(ABUSE_S)
+                    for k, n in abuser.pause().items():
+                        outcomes[k] = outcomes.get(k, 0) + n
+                    time.sleep(RECOVER_S)
+                    windows.append((q0, t0, now_us()))
+                    ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
+                c1 = _cpu_s(cpu_pids)
+                cpu[kind] += (now_us() - t0) / 1e6
+                for k in c1:
+                    if k in c0:
+                        use[kind][k] = use[kind].get(k, 0.0) + c1[k] - c0[k]
+        ctx.expect("the drill queue's producer ran through every window (else: NEIGHBOUR_MESSAGES is too few for "
+                   "this machine's speed)", ctx.producers[0].proc.alive())
+        ctx.event("CPU cores used, " + "; ".join(
+            f"{kind}: " + ", ".join(f"{k} {v / cpu[kind]:.2f}" for k, v in use[kind].items()) for kind in use))
     finally:
-        if start:
-            ctx.notes["neighbour_us"] = (quiet, start, now_us())
-        outcomes = abuser.stop()
+        ctx.notes["neighbour_windows"] = windows
+        if abuser is not None:
+            abuser.close()
+        if iso is not None:
+            left = iso.close()
+            ctx.event("cgroups removed, processes back in the root group" if not left
+                      else f"cgroups NOT removed (swept by the next run): {left}")
     ctx.event(f"abuse ended: {outcomes}")
     ctx.expect("the abuser's huge fetches were answered (bounded) or refused (typed)",
                any(k.startswith("huge fetch") for k in outcomes))
@@ -770,24 +824,28 @@ def _p99_ms(rows: list[Any]) -> float:
 
 
 def check_neighbour(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
-    """The drill queue's ack p99 (batch sent -> acked) while its neighbour was abused, against
-    its quiet baseline of the same run (the QUIET_S before the abuse); and its producer never
-    failed over."""
-    times = ctx.notes.get("neighbour_us")
-    if times is None or not acks:
+    """The drill queue's ack p99 (batch sent -> acked) pooled over the abuse windows, against
+    its p99 pooled over the quiet windows interleaved with them (same run, same minutes); and
+    its producer never failed over."""
+    windows = ctx.notes.get("neighbour_windows")
+    if not windows or not acks:
         return [("the abuse ran", False)]
-    q0, a0, a1 = times
-    quiet = [a for a in acks if q0 <= a.send_us < a0]
-    abused = [a for a in acks if a0 <= a.send_us < a1]
+    quiet = [a for a in acks if any(q0 <= a.send_us < a0 for q0, a0, _ in windows)]
+    abused = [a for a in acks if any(a0 <= a.send_us < a1 for _, a0, a1 in windows)]
     q, b = _p99_ms(quiet), _p99_ms(abused)
     ctx.notes["neighbour_p99_ms"] = (q, b)
+    per = [(_p99_ms([a for a in acks if q0 <= a.send_us < a0]), _p99_ms([a for a in acks if a0 <= a.send_us < a1]))
+           for q0, a0, a1 in windows]
     failovers = sum(int(w.status().get("failovers") or 0) for w in ctx.producers)
     segs = {a.seg for a in acks}
-    ctx.event(f"ack p99 quiet {q:.1f} ms, abused {b:.1f} ms")
+    judgement = ctx.notes.get("neighbour_judgement", "?")
+    ctx.event(f"ack p99 quiet {q:.1f} ms, abused {b:.1f} ms (per window quiet/abused: "
+              + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in per) + ")")
     return [
-        (f"the neighbour's ack p99 under abuse {b:.1f} ms ({len(abused)} acks) is within {LATENCY_RATIO:g}x of its "
-         f"quiet {q:.1f} ms ({len(quiet)} acks): {b / q:.2f}x", len(quiet) > 1000 and len(abused) > 1000
-         and b <= LATENCY_RATIO * q),
+        (f"ack p99 abused/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x (the neighbour's "
+         f"acks: {len(abused)} in {len(windows)} abuse windows, {len(quiet)} in the quiet windows between them; "
+         f"judged {judgement.split(':')[0]})",
+         len(quiet) > 1000 and len(abused) > 1000 and b <= LATENCY_RATIO * q),
         (f"the neighbour never failed over (failovers {failovers}, segments {sorted(segs)})",
          failovers == 0 and len(segs) == 1),
     ]

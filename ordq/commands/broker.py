@@ -15,6 +15,8 @@ from ordq.errors import ConfigError
 from ordq.proc import announce
 from ordq.security import Credentials
 
+SWITCH_INTERVAL_S = 0.0005  # the broker process's GIL switch interval (Python's default: 5 ms)
+
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "broker", help="run a broker process")
@@ -102,6 +104,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
                        register_wait_s=args.register_wait, credentials=broker_credentials(args),
                        budget=budget_config(args), verify_sealed_reads=not args.no_verify_reads)
+    # The GIL changes hands every 0.5 ms rather than 5: a worker building a huge answer for one
+    # client must not keep the loop, and every other queue's produce and ack, waiting (issue 25).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     broker = Broker(cfg)
     if args.metrics:
         from ordq.metrics import serve

@@ -1,0 +1,156 @@
+"""CPU isolation of a drill's processes with the cgroup v1 ``cpu`` controller, as separate hosts
+would give it (the noisy-neighbour drill, issue 25).
+
+On a small machine with no idle CPU, any extra work slows every process, so a latency ratio
+judges the machine rather than the broker. With the controller writable (root, cgroup v1
+``cpu`` at ``/sys/fs/cgroup/cpu``) a drill makes child groups of the hierarchy's root:
+
+- ``protected``: the cluster and the drill's clients, with the highest ``cpu.shares``, so that
+  busy loops and other work in the root group cannot take their CPU away;
+- ``capped``: the abuser's client, under a CPU quota (its own small "host"), at the same shares
+  so that it does get that quota beside busy loops.
+
+Every group is named ``ordq-drill-<owner pid>-<owner start time>-<name>``. ``close`` moves its
+processes back to the root group and removes it; a group whose owner is gone (a drill killed
+with SIGKILL) is swept by the next ``open_isolation``. Where the controller is not there or not
+writable, ``open_isolation`` returns None and the reason: the drill then says it runs without
+isolation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+PREFIX = "ordq-drill-"
+MAX_SHARES = 262_144  # the kernel's ceiling for cpu.shares (v1)
+PERIOD_US = 100_000
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the
+    pid it names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(name: str) -> bool:
+    parts = name[len(PREFIX):].split("-", 2)
+    if len(parts) < 3 or not parts[0].isdigit():
+        return True  # not ours to judge: leave it
+    return _start_time(int(parts[0])) == parts[1]
+
+
+def _procs(group: Path) -> list[int]:
+    with contextlib.suppress(OSError, ValueError):
+        return [int(x) for x in (group / "cgroup.procs").read_text().split()]
+    return []
+
+
+def _move(pid: int, group: Path) -> bool:
+    """Put process ``pid`` (all its threads) in ``group``; False if it has exited."""
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        if exc.errno == 3:  # ESRCH
+            return False
+        raise
+    return True
+
+
+def _remove(group: Path, root: Path) -> bool:
+    """Move what is left in ``group`` to ``root`` and remove it (a few tries: a process may fork
+    while it is moved)."""
+    for _ in range(20):
+        for pid in _procs(group):
+            with contextlib.suppress(OSError):
+                _move(pid, root)
+        try:
+            group.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def sweep(root: Path = CPU_ROOT) -> list[str]:
+    """Remove the drill groups whose owner process is gone; returns their names."""
+    out = []
+    with contextlib.suppress(OSError):
+        for d in sorted(root.glob(PREFIX + "*")):
+            if d.is_dir() and not _owner_alive(d.name) and _remove(d, root):
+                out.append(d.name)
+    return out
+
+
+def unavailable(root: Path = CPU_ROOT) -> str | None:
+    """Why the cpu controller cannot be used here, or None."""
+    if not (root / "cpu.shares").exists() or not (root / "cgroup.procs").exists():
+        return f"no cgroup v1 cpu controller at {root}"
+    if not os.access(root, os.W_OK) or not os.access(root / "cgroup.procs", os.W_OK):
+        return f"{root} is not writable by this user (uid {os.getuid()}): not root"
+    return None
+
+
+class CpuIsolation:
+    """The cgroups of one drill run: ``group(name, shares, quota_cores)``, ``add(name, pids)``,
+    ``close()`` (also as a context manager)."""
+
+    def __init__(self, root: Path = CPU_ROOT) -> None:
+        self.root = root
+        me = os.getpid()
+        self._stem = f"{PREFIX}{me}-{_start_time(me)}-"
+        self.groups: dict[str, Path] = {}
+
+    def group(self, name: str, *, shares: int = MAX_SHARES, quota_cores: float | None = None) -> Path:
+        path = self.root / (self._stem + name)
+        path.mkdir(exist_ok=True)
+        self.groups[name] = path
+        (path / "cpu.shares").write_text(str(shares))
+        (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        quota = -1 if quota_cores is None else max(1000, int(quota_cores * PERIOD_US))
+        (path / "cpu.cfs_quota_us").write_text(str(quota))
+        return path
+
+    def add(self, name: str, pids: list[int | None]) -> int:
+        """Move the processes in ``pids`` (None and exited ones skipped) to group ``name``;
+        returns how many were moved."""
+        return sum(_move(pid, self.groups[name]) for pid in pids if pid is not None)
+
+    def close(self) -> list[str]:
+        """Every group's processes back to the root group, the groups removed; returns the
+        names that could not be removed (swept by a later run)."""
+        return [p.name for p in self.groups.values() if not _remove(p, self.root)]
+
+    def __enter__(self) -> CpuIsolation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_isolation(root: Path = CPU_ROOT) -> tuple[CpuIsolation | None, str]:
+    """Sweep stale drill groups, then a new ``CpuIsolation`` and what was done, or None and why
+    not."""
+    why = unavailable(root)
+    if why is not None:
+        return None, why
+    swept = sweep(root)
+    iso = CpuIsolation(root)
+    try:
+        probe = iso.group("probe")
+    except OSError as exc:
+        iso.close()
+        return None, f"cannot make a cgroup under {root}: {exc}"
+    _remove(probe, root)
+    del iso.groups["probe"]
+    return iso, f"cgroup v1 cpu controller at {root}" + (f" (swept stale groups {swept})" if swept else "")

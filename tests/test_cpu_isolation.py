@@ -1,0 +1,66 @@
+"""drills.cpu_isolation: the noisy-neighbour drill's cgroups are made, hold the processes put in
+them, and are always removed (by ``close``, or by the next run's sweep when the owner died)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drills import cpu_isolation as ci
+
+
+def test_unavailable_says_why(tmp_path: Path) -> None:
+    assert "no cgroup v1 cpu controller" in (ci.unavailable(tmp_path) or "")
+
+
+needs_cgroups = pytest.mark.skipif(ci.unavailable() is not None, reason=f"{ci.unavailable()}")
+
+
+def _cpu_cgroup(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return ""
+
+
+@needs_cgroups
+def test_groups_hold_processes_and_are_removed() -> None:
+    iso, how = ci.open_isolation()
+    assert iso is not None, how
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with iso:
+            capped = iso.group("capped", quota_cores=0.25)
+            assert (capped / "cpu.cfs_quota_us").read_text().strip() == "25000"
+            assert iso.add("capped", [child.pid, None]) == 1
+            assert _cpu_cgroup(child.pid) == "/" + capped.name
+        assert not capped.exists()
+        assert _cpu_cgroup(child.pid) == "/"  # back in the root group
+    finally:
+        child.kill()
+        child.wait()
+
+
+@needs_cgroups
+def test_a_dead_owners_groups_are_swept() -> None:
+    owner = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    dead = int(owner.stdout)
+    stale = ci.CPU_ROOT / f"{ci.PREFIX}{dead}-1-stale"  # start time 1: no live process has it
+    stale.mkdir()
+    try:
+        assert stale.name in ci.sweep()
+        assert not stale.exists()
+    finally:
+        if stale.exists():
+            stale.rmdir()
+    iso, _ = ci.open_isolation()
+    assert iso is not None
+    with iso:
+        mine = iso.group("mine")
+        assert mine.name not in ci.sweep()  # a live owner's group stays
+        assert mine.exists()
