@@ -25,11 +25,13 @@ def running_session() -> SparkSession | None:
 
 
 def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = None,
-                 driver_memory: str | None = None, app_name: str = "ordq-verify") -> SparkSession:
+                 driver_memory: str | None = None, app_name: str = "ordq-verify",
+                 small_input: bool = False) -> SparkSession:
     """Get or create a session. ``master=None`` keeps what spark-submit chose, else ``local[*]``.
 
     Local masters bind the driver to 127.0.0.1, run without the web UI and with the parallel
-    garbage collector; ``conf`` entries win over every default here.
+    garbage collector, and for a ``small_input`` (under one partition's worth) with the C1 JIT
+    only; ``conf`` entries win over every default here.
     """
     builder = SparkSession.builder.appName(app_name)
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -46,7 +48,10 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
                 # The throughput collector: the verification is a batch job with no pause goal.
                 # Measured at 10^7 messages on local[2]: 82 s of JVM + driver CPU against 92 s
                 # with the default G1 (docs/BENCHMARKS.md). Only the driver JVM runs in local mode.
-                "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+                # C1 only for small inputs: C2 spent more CPU compiling Spark's generated code
+                # than it saved (tests/spark_fixtures.py; ~2x less CPU for a 1 MB verify).
+                "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"
+                                                 + (" -XX:TieredStopAtLevel=1" if small_input else ""),
                 "spark.pyspark.python": sys.executable,
             })
             # Python workers (and the planner of a Python data source, which reads only the

@@ -33,7 +33,13 @@ from spark_order_check._scan import (
     scan_deliveries,
     scan_skips,
 )
-from spark_order_check._session import default_partitions, make_session, running_session, scan_settings
+from spark_order_check._session import (
+    PARTITION_INPUT_BYTES,
+    default_partitions,
+    make_session,
+    running_session,
+    scan_settings,
+)
 from spark_order_check.report import (
     CLASSES,
     EXAMPLES,
@@ -133,7 +139,8 @@ def verify(
     session = spark or running_session()
     own = session is None  # a session this call creates, it also stops
     if session is None:
-        session = make_session(master, conf=conf, driver_memory=driver_memory)
+        small = local_only and sum(f.size for f in fa + fd) < PARTITION_INPUT_BYTES
+        session = make_session(master, conf=conf, driver_memory=driver_memory, small_input=small)
     try:
         if not local_only:
             fa, fd = _list(session, ack_paths, "acks"), _list(session, del_paths, "deliveries")

@@ -146,3 +146,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("xdist_group") is None:
             name = item.nodeid if item.path.name in _SPREAD_FILES else str(item.path.name)
             item.add_marker(pytest.mark.xdist_group(name))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` that works: xdist 3.8 names a test's group by setting ``item._nodeid``,
+    which pytest 9 no longer reads (``nodeid`` comes from ``item._id``), so every test was its
+    own unit of work and a file's tests, with their module fixtures (test_drills.py's CI
+    drills: ~2 min each time), ran on both workers. The same groups, taken from the node id."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # a pytest whose nodeid carries xdist's group suffix
+                return nodeid.rsplit("@", 1)[-1]
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.rsplit("/", 1)[-1] in _SPREAD_FILES else path
+
+    return _ByFile(config, log)
