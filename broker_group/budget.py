@@ -63,6 +63,11 @@ class BudgetConfig:
     # A call gets a shorter answer rather than wait, down to this (an answer is whole batches:
     # one batch larger than the grant is still sent, and charged).
     min_grant_bytes: int = 64 << 10
+    # Answer bytes per second one token may take (ReadPace; None: no limit). Memory is not
+    # the only thing one reader can take: building, encrypting and sending ~400 MB/s of huge
+    # answers for one token held the loop and the GIL that a neighbour queue's produce, ack
+    # and replication need (noisy-neighbour drill: its ack p99 4-19x its quiet p99).
+    read_rate_bytes: int | None = 64 << 20
 
     def __attrs_post_init__(self) -> None:
         if min(self.total_bytes, self.holder_bytes, self.wait_ms, self.idle_ms, self.min_grant_bytes) < 1:
@@ -71,6 +76,8 @@ class BudgetConfig:
             raise ConfigError("holder_bytes (one connection's share) must be <= total_bytes")
         if not 0 <= self.reserve_bytes < self.total_bytes:
             raise ConfigError("write_reserve_bytes must be >= 0 and < total_bytes")
+        if self.read_rate_bytes is not None and self.read_rate_bytes < 1:
+            raise ConfigError("read_rate_bytes (answer bytes per second per token) must be >= 1, or None")
 
     @property
     def reserve_bytes(self) -> int:
@@ -87,6 +94,8 @@ class BudgetStatistics:
     waited: int = 0  # calls that waited for room
     refused: int = 0  # calls refused (ResourceExhausted) after waiting
     idle_closed: int = 0  # Read streams closed because their reader took nothing for idle_ms
+    paced: int = 0  # answers that waited for their token's read rate (ReadPace)
+    paced_ms: int = 0  # how long they waited, in all
 
 
 @attrs.define
@@ -162,25 +171,86 @@ class MemoryBudget:
         return cancel
 
 
+@attrs.define
+class ReadPace:
+    """Answer bytes per second per token: a token bucket (``rate`` bytes/s, holding at most
+    ``burst``) per token holder; an answer waits while its token is in debt. Pure: the caller
+    gives the clock. Calls without a token (the group's own peers: replication, repair) are
+    not paced.
+
+    Guarantee: over any interval of t seconds, a token is granted at most
+    ``burst + rate * t`` bytes plus what its answers already granted were allowed to
+    overrun (an answer is whole batches, settled to its actual size)."""
+
+    rate: float
+    burst: float
+    _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (bytes left, at)
+
+    def _now_level(self, holder: str, now: float) -> float:
+        level, at = self._level.get(holder, (self.burst, now))
+        return min(self.burst, level + max(now - at, 0.0) * self.rate)
+
+    def wait_s(self, holders: Sequence[str], now: float) -> float:
+        """How long an answer for these holders must wait before it may be granted."""
+        debt = max((-self._now_level(h, now) for h in holders if h.startswith(TOKEN)), default=0.0)
+        return debt / self.rate if debt > 0 else 0.0
+
+    def debit(self, holders: Sequence[str], n: float, now: float) -> None:
+        """Charge ``n`` answer bytes (negative: give back what an answer did not use)."""
+        for h in holders:
+            if h.startswith(TOKEN):
+                self._level[h] = (self._now_level(h, now) - n, now)
+        if len(self._level) > 4096:  # forget tokens whose bucket is full again (as new)
+            self._level = {h: (lv, at) for h, (lv, at) in self._level.items()
+                           if lv + (now - at) * self.rate < self.burst}
+
+
+TOKEN = "token:"
+
+
 def holders_of(context: Any) -> tuple[str, ...]:
     """Who a call's bytes are charged to: its connection, and its token when it shows one
     (a hash: the token itself is never kept)."""
     token = bearer_token(context)
     if token is None:
         return (f"peer:{context.peer()}",)
-    return (f"peer:{context.peer()}", "token:" + hashlib.sha256(token.encode()).hexdigest()[:16])
+    return (f"peer:{context.peer()}", TOKEN + hashlib.sha256(token.encode()).hexdigest()[:16])
 
 
 class Lease:
     """The bytes one call holds in the budget; released (all of them) by ``release``."""
 
-    def __init__(self, budget: MemoryBudget, signal: Signal, holders: Sequence[str], address: str) -> None:
+    def __init__(self, budget: MemoryBudget, signal: Signal, holders: Sequence[str], address: str,
+                 pace: ReadPace | None = None) -> None:
         self.budget, self.signal, self.holders, self.address = budget, signal, tuple(holders), address
+        self.pace = pace
         self.bytes = 0
+        self.paced_bytes = 0  # answer bytes debited to the token's read rate, not yet settled
 
     async def acquire(self, want: int, *, wait_s: float | None = None, what: str = "answer") -> int:
-        """Take up to ``want`` more bytes, waiting up to ``wait_s`` (default ``wait_ms``) for
-        room; ResourceExhausted (counted) if none came."""
+        """Take up to ``want`` more bytes for an answer, first waiting for the token's read rate
+        (``pace``), then up to ``wait_s`` (default ``wait_ms``) for room; ResourceExhausted
+        (counted) if none came."""
+        await self._paced()
+        n = await self._granted(want, wait_s, what)
+        if self.pace is not None:
+            self.pace.debit(self.holders, n, time.monotonic())
+            self.paced_bytes += n
+        return n
+
+    async def _paced(self) -> None:
+        """Wait (asleep: no CPU, nothing held) while this call's token is over its read rate."""
+        if self.pace is None:
+            return
+        waited = 0.0
+        while (w := self.pace.wait_s(self.holders, time.monotonic())) > 0:
+            await asyncio.sleep(w)  # others of the same token may have run meanwhile: ask again
+            waited += w
+        if waited:
+            self.budget.stats.paced += 1
+            self.budget.stats.paced_ms += int(waited * 1000)
+
+    async def _granted(self, want: int, wait_s: float | None, what: str) -> int:
         b = self.budget
         n = b.grant(self.holders, want)
         if n:
@@ -248,7 +318,10 @@ class Lease:
 
     def settle(self, actual: int) -> None:
         """The call holds ``actual`` bytes now (an answer came out shorter, or one batch longer,
-        than granted)."""
+        than granted); its token's read rate is charged what the answer really holds."""
+        if self.pace is not None:
+            self.pace.debit(self.holders, actual - self.paced_bytes, time.monotonic())
+            self.paced_bytes = 0
         if actual > self.bytes:
             self.budget.take(self.holders, actual - self.bytes)
         elif actual < self.bytes:

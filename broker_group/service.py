@@ -44,7 +44,7 @@ from kazoo.protocol.states import KazooState
 from broker_group import log as seglog
 from broker_group.answer import Answer, encode
 from broker_group.auth import Gate
-from broker_group.budget import BudgetConfig, Lease, MemoryBudget, tune_malloc
+from broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace, tune_malloc
 from broker_group.epochs import EpochGate
 from broker_group.errors import SegmentNotWritable, short
 from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
@@ -251,6 +251,8 @@ class Broker:
         # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
         # that a released answer wakes only the calls waiting for room.
         self.budget = MemoryBudget(config.budget)
+        rate = config.budget.read_rate_bytes
+        self.read_pace = None if rate is None else ReadPace(rate, burst=config.budget.holder_bytes)
         self.room = Signal(self.loop)
         self._store: ZkStore | None = None
         self._threads: list[threading.Thread] = []
@@ -903,7 +905,7 @@ class Broker:
 
     def lease(self, holders: Sequence[str]) -> Lease:
         """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
-        return Lease(self.budget, self.room, holders, self.address)
+        return Lease(self.budget, self.room, holders, self.address, self.read_pace)
 
     async def fetch(self, req: pb.FetchRequest, lease: Lease | None = None, *,
                     wait_s: float | None = None) -> Answer:

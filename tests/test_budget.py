@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from broker_group.budget import BudgetConfig, Lease, MemoryBudget
+from broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace
 from broker_group.errors import ResourceExhausted
 from ordq.errors import ConfigError
 
@@ -85,5 +88,73 @@ def test_an_answer_waiting_on_one_holders_share_wakes_only_when_that_holder_rele
         assert not waiting.done() and list(budget._wakers) == ["token:abuser"]
         full.release()
         assert await asyncio.wait_for(waiting, 1.0) == MiB
+
+    asyncio.run(run())
+
+
+# -- the read rate per token (ReadPace) -------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 8 * MiB)), min_size=1, max_size=60))
+def test_a_token_is_never_granted_more_than_its_burst_plus_its_rate(steps: list[tuple[float, int]]) -> None:
+    """However answers of a token arrive, what it is granted by time t is at most
+    burst + rate * t plus the one answer that may overrun (granted while not in debt)."""
+    rate, burst = 4 * MiB, 8 * MiB
+    pace = ReadPace(rate, burst=burst)
+    now, granted, biggest = 0.0, 0, 0
+    for dt, n in steps:
+        now += dt + pace.wait_s(("token:a",), now + dt)  # an answer waits out the debt, then is granted
+        assert pace.wait_s(("token:a",), now) == 0
+        pace.debit(("peer:x", "token:a"), n, now)
+        granted += n
+        biggest = max(biggest, n)
+        assert granted <= burst + rate * now + biggest + 1e-6 * rate
+
+
+def test_one_tokens_reads_wait_for_its_rate_while_another_token_and_the_groups_peers_do_not() -> None:
+    """Issue 25's noisy neighbour: one token's huge fetches took ~400 MB/s of answers; now at
+    64 MiB/s with a 32 MiB bucket, the third 32 MiB answer of a token comes >= 0.5 s after the
+    first (the bucket's 32 MiB, then one answer granted while not yet in debt)."""
+    budget = MemoryBudget(BudgetConfig())
+    pace = ReadPace(64 * MiB, burst=32 * MiB)
+    signal: Any = _Signal()
+
+    def lease(*holders: str) -> Lease:
+        return Lease(budget, signal, holders, "127.0.0.1:1", pace)
+
+    async def answer(le: Lease) -> float:
+        await le.acquire(32 * MiB)
+        le.settle(32 * MiB)
+        le.release()
+        return time.monotonic()
+
+    async def run() -> None:
+        t0 = time.monotonic()
+        await answer(lease("peer:a1", "token:a"))
+        await answer(lease("peer:a2", "token:a"))  # another connection, same token
+        assert budget.stats.paced == 0
+        t1 = await answer(lease("peer:a3", "token:a"))
+        assert t1 - t0 >= 0.45
+        assert budget.stats.paced == 1 and budget.stats.paced_ms >= 450
+        await answer(lease("peer:b", "token:b"))  # a neighbour's token: its own bucket
+        await answer(lease("peer:slave"))  # the group's own peer (no token): never paced
+        await answer(lease("peer:slave"))
+        assert budget.stats.paced == 1
+
+    asyncio.run(run())
+
+
+def test_an_answer_shorter_than_granted_gives_its_token_the_rest_back() -> None:
+    pace = ReadPace(1 * MiB, burst=32 * MiB)
+    budget = MemoryBudget(BudgetConfig())
+    le = Lease(budget, _Signal(), ("peer:a", "token:a"), "127.0.0.1:1", pace)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        for _ in range(10):  # ten 32 MiB grants that each came out 1 KiB: never in debt
+            await le.acquire(32 * MiB)
+            le.settle(1024)
+            le.release()
+        assert pace.wait_s(("token:a",), time.monotonic()) == 0
+        assert budget.stats.paced == 0
 
     asyncio.run(run())

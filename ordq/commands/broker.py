@@ -50,6 +50,9 @@ def register(subparsers: Any) -> None:
     limits.add_argument("--write-reserve", type=int, default=None, metavar="MIB",
                         help="part of --memory-budget kept for produce requests: answers never take it "
                         "(default a quarter of the budget)")
+    limits.add_argument("--read-rate", type=int, default=None, metavar="MIB",
+                        help="Fetch/Read answer MiB per second one token may take, 0 for no limit "
+                        "(default 64): one reader's huge reads cannot slow a neighbour queue's writes")
     limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
                         help="close a Read stream whose reader takes nothing this long (default 30)")
     limits.add_argument("--no-verify-reads", action="store_true",
@@ -84,13 +87,15 @@ def budget_config(args: argparse.Namespace) -> Any:
     """The memory budget the flags ask for (BudgetConfig's defaults for those not given)."""
     from broker_group.budget import BudgetConfig
 
-    given: dict[str, int] = {}
+    given: dict[str, Any] = {}
     if args.memory_budget is not None:
         given["total_bytes"] = args.memory_budget << 20
     if args.connection_budget is not None:
         given["holder_bytes"] = args.connection_budget << 20
     if args.write_reserve is not None:
         given["write_reserve_bytes"] = args.write_reserve << 20
+    if args.read_rate is not None:
+        given["read_rate_bytes"] = (args.read_rate << 20) or None
     if args.read_idle is not None:
         given["idle_ms"] = int(args.read_idle * 1000)
     return BudgetConfig(**given)
