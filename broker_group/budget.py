@@ -17,6 +17,9 @@ Rules:
 - What is charged is the answer's or request's batch bytes. An answer lives twice on its way
   out (its encoded bytes, broker_group/answer.py, and gRPC's copy), so the process holds up to
   ~2x the charged bytes: size the budget with that (docs/OPERATIONS.md).
+- Memory is not all one reader can take: the bytes of answers a token is given per second
+  are paced too (``ReadPace``, ``read_rate_bytes``), because building and sending them takes
+  the loop, the GIL and the CPU a neighbour queue's writes need.
 - Freed memory goes back to the system (``tune_malloc``): glibc otherwise keeps freed large
   blocks in its heap once one has been freed (its dynamic mmap threshold), and RSS never drops.
 """
@@ -68,9 +71,15 @@ class BudgetConfig:
     # answers for one token held the loop and the GIL that a neighbour queue's produce, ack
     # and replication need (noisy-neighbour drill: its ack p99 4-19x its quiet p99).
     read_rate_bytes: int | None = 64 << 20
+    # The largest answer one call of a token gets (peers: max_fetch_bytes). An answer is built,
+    # copied into gRPC and sent in one piece on the loop's watch: a 32 MiB one held it for tens
+    # of ms, a neighbour's acks with it. The SDK asks 4 MiB (fetch_max_bytes); an answer
+    # shorter than asked is normal (the reader asks again from where it ended).
+    token_answer_bytes: int = 4 << 20
 
     def __attrs_post_init__(self) -> None:
-        if min(self.total_bytes, self.holder_bytes, self.wait_ms, self.idle_ms, self.min_grant_bytes) < 1:
+        if min(self.total_bytes, self.holder_bytes, self.wait_ms, self.idle_ms, self.min_grant_bytes,
+               self.token_answer_bytes) < 1:
             raise ConfigError("memory budget limits must be >= 1")
         if self.holder_bytes > self.total_bytes:
             raise ConfigError("holder_bytes (one connection's share) must be <= total_bytes")
@@ -232,6 +241,8 @@ class Lease:
         (``pace``), then up to ``wait_s`` (default ``wait_ms``) for room; ResourceExhausted
         (counted) if none came."""
         await self._paced()
+        if any(h.startswith(TOKEN) for h in self.holders):
+            want = min(want, self.budget.config.token_answer_bytes)
         n = await self._granted(want, wait_s, what)
         if self.pace is not None:
             self.pace.debit(self.holders, n, time.monotonic())

@@ -114,6 +114,10 @@ class BrokerMetrics(Collector):
                   budget.shortened)
         yield one("counter", "ordq_broker_read_idle_closed", "Read streams closed: the reader took nothing for "
                   "idle_ms", lb, budget.idle_closed)
+        yield one("counter", "ordq_broker_read_paced", "Fetch/Read answers that waited for their token's read "
+                  "rate (--read-rate)", lb, budget.paced)
+        yield one("counter", "ordq_broker_read_paced_seconds", "Time answers waited for their token's read rate",
+                  lb, budget.paced_ms / 1000.0)
         if link is not None:  # the master: its stream to the slave
             yield one("gauge", "ordq_broker_replication_connected", "1 while the slave stream is up", lb,
                       int(connected))

@@ -36,7 +36,7 @@ def test_readers_on_many_connections_and_tokens_leave_room_for_a_producer() -> N
     """Issue 25: eight readers, each on its own connection with its own token, filled the
     256 MiB budget with answers (32 MiB each); a producer then waited 5 s, was refused and
     failed over. Answers now leave a quarter of the budget to produce requests."""
-    budget = MemoryBudget(BudgetConfig(wait_ms=200))
+    budget = MemoryBudget(BudgetConfig(wait_ms=200, token_answer_bytes=32 * MiB))
     readers = [_lease(budget, f"peer:r{i}", f"token:t{i}") for i in range(8)]
     got = []
 
@@ -72,7 +72,7 @@ def test_an_answer_waiting_on_one_holders_share_wakes_only_when_that_holder_rele
     abused broker, 28 calls waiting on the abuser's share woke at each produce request of a
     neighbour (py-spy: a quarter of the loop's time). Now a waiter sleeps until a release by
     what holds it back."""
-    budget = MemoryBudget(BudgetConfig(wait_ms=5_000))
+    budget = MemoryBudget(BudgetConfig(wait_ms=5_000, token_answer_bytes=32 * MiB))
 
     async def run() -> None:
         full = _lease(budget, "peer:a1", "token:abuser")
@@ -115,7 +115,7 @@ def test_one_tokens_reads_wait_for_its_rate_while_another_token_and_the_groups_p
     """Issue 25's noisy neighbour: one token's huge fetches took ~400 MB/s of answers; now at
     64 MiB/s with a 32 MiB bucket, the third 32 MiB answer of a token comes >= 0.5 s after the
     first (the bucket's 32 MiB, then one answer granted while not yet in debt)."""
-    budget = MemoryBudget(BudgetConfig())
+    budget = MemoryBudget(BudgetConfig(token_answer_bytes=32 * MiB))
     pace = ReadPace(64 * MiB, burst=32 * MiB)
     signal: Any = _Signal()
 
@@ -146,7 +146,7 @@ def test_one_tokens_reads_wait_for_its_rate_while_another_token_and_the_groups_p
 
 def test_an_answer_shorter_than_granted_gives_its_token_the_rest_back() -> None:
     pace = ReadPace(1 * MiB, burst=32 * MiB)
-    budget = MemoryBudget(BudgetConfig())
+    budget = MemoryBudget(BudgetConfig(token_answer_bytes=32 * MiB))
     le = Lease(budget, _Signal(), ("peer:a", "token:a"), "127.0.0.1:1", pace)  # type: ignore[arg-type]
 
     async def run() -> None:
@@ -156,5 +156,19 @@ def test_an_answer_shorter_than_granted_gives_its_token_the_rest_back() -> None:
             le.release()
         assert pace.wait_s(("token:a",), time.monotonic()) == 0
         assert budget.stats.paced == 0
+
+    asyncio.run(run())
+
+
+def test_a_tokens_answer_is_at_most_token_answer_bytes_a_peers_up_to_its_share() -> None:
+    """A 32 MiB answer held the broker's loop for tens of ms while it was built and handed to
+    gRPC, and a neighbour's acks waited behind it: a token's answers are 4 MiB at most (what
+    the SDK asks), the group's own peers' (replication, repair) up to their share."""
+    budget = MemoryBudget(BudgetConfig())
+
+    async def run() -> None:
+        client, peer = _lease(budget, "peer:c", "token:c"), _lease(budget, "peer:slave")
+        assert await client.acquire(32 * MiB) == 4 * MiB
+        assert await peer.acquire(32 * MiB) == 32 * MiB
 
     asyncio.run(run())
