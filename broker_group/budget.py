@@ -202,7 +202,7 @@ class ReadPace:
     def wait_s(self, holders: Sequence[str], now: float) -> float:
         """How long an answer for these holders must wait before it may be granted."""
         debt = max((-self._now_level(h, now) for h in holders if h.startswith(TOKEN)), default=0.0)
-        return debt / self.rate if debt > 0 else 0.0
+        return debt / self.rate if debt >= 1.0 else 0.0  # less than a byte: float dust of a wait just made
 
     def debit(self, holders: Sequence[str], n: float, now: float) -> None:
         """Charge ``n`` answer bytes (negative: give back what an answer did not use)."""
