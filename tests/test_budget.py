@@ -172,3 +172,14 @@ def test_a_tokens_answer_is_at_most_token_answer_bytes_a_peers_up_to_its_share()
         assert await peer.acquire(32 * MiB) == 32 * MiB
 
     asyncio.run(run())
+
+
+def test_read_rate_flag_sets_the_rate_and_zero_turns_it_off() -> None:
+    import argparse
+
+    from ordq.commands.broker import budget_config
+
+    flags = dict(memory_budget=None, connection_budget=None, write_reserve=None, read_idle=None)
+    assert BudgetConfig().read_rate_bytes == 64 * MiB
+    assert budget_config(argparse.Namespace(**flags, read_rate=16)).read_rate_bytes == 16 * MiB
+    assert budget_config(argparse.Namespace(**flags, read_rate=0)).read_rate_bytes is None
