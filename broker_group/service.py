@@ -374,6 +374,7 @@ class Broker:
             self._stopping = True
             self.changed()
             self._dirty_cv.notify_all()
+        self.gate.book.close()
         if self.replication is not None:
             self.replication.stop()
         if self._server is not None:

@@ -233,6 +233,7 @@ class CoordinatorService:
         return self.address
 
     def stop(self, grace_s: float = 1.0) -> None:
+        self._tokens.book.close()
         if self._server is not None:
             self._server.stop(grace_s).wait()
             self._server = None

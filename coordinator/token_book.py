@@ -32,6 +32,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from kazoo.exceptions import ConnectionClosedError
+
 from coordinator.tokens import TokenRecord, auth_root, load_tokens, token_id
 from coordinator.zk_retry import retry_zk
 from ordq.errors import ConfigError, OrdqError, TokensUnavailable
@@ -54,6 +56,15 @@ def well_formed_id(token: str | None) -> str | None:
         return None
 
 
+def _client_closed(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the kazoo client itself was closed."""
+    while exc is not None:
+        if isinstance(exc, ConnectionClosedError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class TokenBook:
     """The token records one server checks calls against (see the module's guarantees)."""
 
@@ -71,6 +82,7 @@ class TokenBook:
         self._last_start = float("-inf")
         self._client: Any = None
         self._root = ""
+        self._closed = False  # the server stopped: no more reloads (a test's ZooKeeper is gone)
         self.refreshes = 0  # loads made for unknown token ids (statistics, tests)
 
     # -- loading ------------------------------------------------------------------------------
@@ -113,13 +125,26 @@ class TokenBook:
         else:
             log.info("tokens %s: %d loaded", "enforced" if enforced else "not enforced", len(records))
 
-    def _unreadable_now(self, exc: Exception) -> None:
-        """A load failed while serving: judge no token until one succeeds."""
+    def close(self) -> None:
+        """The server stopped: end the retries of an unreadable copy (else they go on, every
+        ``reload_after_s`` plus the load's bound, for as long as the process lives)."""
         with self._lock:
+            self._closed = True
+
+    def _unreadable_now(self, exc: Exception) -> None:
+        """A load failed while serving: judge no token until one succeeds (or the owner closed
+        its ZooKeeper client: then the server is stopping, and reloads end)."""
+        with self._lock:
+            if _client_closed(exc):
+                self._closed = True
+            if self._closed:
+                return
             self._unreadable, self._records = str(exc), {}
         log.error("tokens: %s; answering every client token 'cannot check tokens now' until they load", exc)
 
         def again() -> None:
+            if self._closed:
+                return
             try:
                 self._load(LOAD_DEADLINE_S)
             except OrdqError as err:
