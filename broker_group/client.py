@@ -123,9 +123,11 @@ class StreamedReads:
     + the transport's ``rpc_timeout_s``) also bounds every answer when a broker hangs."""
 
     STREAM_S = 1.0
+    WATCHDOG_GRACE_S = 1.0  # past the deadline, before this side cancels a stream itself
 
     def __init__(self, transport: GrpcTransport) -> None:
         self._t = transport
+        self._watchdog: threading.Timer | None = None
         self._key: tuple[Any, ...] | None = None  # what the open stream reads, and from where next
         self._call: Any = None
 
@@ -154,9 +156,20 @@ class StreamedReads:
 
     def _open(self, address: str, req: pb.FetchRequest) -> Any:
         timeout = self.STREAM_S + req.max_wait_ms / 1000.0 + self._t.rpc_timeout_s
-        return self._t._call(address, lambda s: s.Read(req, timeout=timeout, metadata=self._t._md))
+        call = self._t._call(address, lambda s: s.Read(req, timeout=timeout, metadata=self._t._md))
+        # The call's own deadline, enforced by this side too: a consumer was seen blocked in
+        # a Read stream's next() for minutes past its 3.2 s deadline, the broker idle (issue
+        # 26, test_ctrl_c_on_consume). Cancelling ends that next() with CANCELLED, which the
+        # reader takes as an unavailable broker and tries again.
+        self._watchdog = threading.Timer(timeout + self.WATCHDOG_GRACE_S, call.cancel)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        return call
 
     def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._call is not None:
             self._call.cancel()
         self._call = self._key = None
