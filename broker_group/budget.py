@@ -180,6 +180,9 @@ class MemoryBudget:
         return cancel
 
 
+TOKEN = "token:"  # the prefix of a token holder (holders_of); the others are connections
+
+
 @attrs.define
 class ReadPace:
     """Answer bytes per second per token: a token bucket (``rate`` bytes/s, holding at most
@@ -214,9 +217,6 @@ class ReadPace:
                            if lv + (now - at) * self.rate < self.burst}
 
 
-TOKEN = "token:"
-
-
 def holders_of(context: Any) -> tuple[str, ...]:
     """Who a call's bytes are charged to: its connection, and its token when it shows one
     (a hash: the token itself is never kept)."""
@@ -233,6 +233,7 @@ class Lease:
                  pace: ReadPace | None = None) -> None:
         self.budget, self.signal, self.holders, self.address = budget, signal, tuple(holders), address
         self.pace = pace
+        self.for_token = any(h.startswith(TOKEN) for h in self.holders)  # a client's call, not a peer's
         self.bytes = 0
         self.paced_bytes = 0  # answer bytes debited to the token's read rate, not yet settled
 
@@ -241,7 +242,7 @@ class Lease:
         (``pace``), then up to ``wait_s`` (default ``wait_ms``) for room; ResourceExhausted
         (counted) if none came."""
         await self._paced()
-        if any(h.startswith(TOKEN) for h in self.holders):
+        if self.for_token:
             want = min(want, self.budget.config.token_answer_bytes)
         n = await self._granted(want, wait_s, what)
         if self.pace is not None:
@@ -251,7 +252,7 @@ class Lease:
 
     async def _paced(self) -> None:
         """Wait (asleep: no CPU, nothing held) while this call's token is over its read rate."""
-        if self.pace is None:
+        if self.pace is None or not self.for_token:
             return
         waited = 0.0
         while (w := self.pace.wait_s(self.holders, time.monotonic())) > 0:
