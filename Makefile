@@ -47,7 +47,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 types: venv
-	$(VENV)/bin/mypy coordinator ordq broker_group sdk bench drills spark_order_check
+	$(VENV)/bin/mypy ordq bench
 
 proto: venv
 	PATH=$(VENV)/bin:$$PATH bash proto/generate.sh

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import attrs
 
-from broker_group.process import BrokerGroupProcesses
-from coordinator.store import ZkStore
-from ordq.proc import ManagedProcess
-from ordq.security import Credentials, ensure_coordinator_pki, provision, unregister
+from ordq.broker_group.process import BrokerGroupProcesses
+from ordq.common.proc import ManagedProcess
+from ordq.common.security import Credentials, ensure_coordinator_pki, provision, unregister
+from ordq.coordinator.store import ZkStore
+from ordq.sdk import Producer
 from ordq.zk_server import ZkServer
-from sdk import Producer
 
 ROOT = "/bench"
 QUEUE = "bench"

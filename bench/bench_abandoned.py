@@ -17,13 +17,13 @@ import grpc
 
 from bench._cluster import QUEUE, bench_cluster
 from bench.bench_broker import pipelined
-from broker_group.client import GrpcTransport
-from broker_group.framing import GRPC_OPTIONS
-from broker_group.log import Message, encode_batch
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator import state as sm
-from ordq.security import channel
+from ordq.broker_group.log import Message, encode_batch
+from ordq.common.security import channel
+from ordq.coordinator import state as sm
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.client import GrpcTransport
+from ordq.wire.framing import GRPC_OPTIONS
 
 
 def rss_mib(pid: int) -> float:

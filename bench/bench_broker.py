@@ -17,9 +17,9 @@ import time
 from collections import deque
 
 from bench._cluster import QUEUE, bench_cluster, summary_ms
-from broker_group.client import GrpcTransport
-from broker_group.log import Message, encode_batch
-from coordinator import state as sm
+from ordq.broker_group.log import Message, encode_batch
+from ordq.coordinator import state as sm
+from ordq.wire.client import GrpcTransport
 
 
 def pipelined(transport: GrpcTransport, address: str, *, messages: int, batch: int, inflight: int,

@@ -43,8 +43,8 @@ from bench._cluster import (
     send_at_rate,
     summary_ms,
 )
-from ordq.proc import announce
-from sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.common.proc import announce
+from ordq.sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
 def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:

@@ -3,7 +3,7 @@ Not a test: prints numbers for docs/BENCHMARKS.md ("Failover time").
 
     .venv/bin/python -m bench.bench_failover [--kills 20] [--messages 6000] [--rate 3000] [--no-verify]
 
-Each kill is one run of the kill-head-master drill (``drills.catalog``) on one local cluster
+Each kill is one run of the kill-head-master drill (``ordq.drills.catalog``) on one local cluster
 (ZooKeeper, 3 groups, 2 coordinators; ``ordq.local_cluster``): a producer process sends a
 steady stream to a fresh queue, a consumer process reads it, the head master is killed at a
 random moment (seeded) and restarted once the producer is acked on the next group. Failover
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from drills.catalog import DRILLS
-from drills.runner import LoadConfig, execute_drill, failover_seconds, judge_all
-from drills.verdict import Verifier
+from ordq.drills.catalog import DRILLS
+from ordq.drills.runner import LoadConfig, execute_drill, failover_seconds, judge_all
+from ordq.drills.verdict import Verifier
 from ordq.local_cluster import ClusterConfig, LocalCluster
 
 

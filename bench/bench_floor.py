@@ -37,8 +37,8 @@ import attrs
 import grpc
 
 from bench._cluster import cpu_seconds, percentile
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
 
 _REPLY = pb.ProduceResponse(acks=[pb.Ack(seg=0, first_offset=0, first_seq=0, count=1)])
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker_group.log import (
+from ordq.broker_group.log import (
     Message,
     SegmentLog,
     decode_batch,

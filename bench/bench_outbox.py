@@ -7,7 +7,7 @@ test: prints numbers for docs/BENCHMARKS.md.
         [--no-mariadb] [--no-outbox] [--apply-workers 1,4] [--apply-mariadb]
 
 One broker group of real processes (both replicas fsynced before each ack), one queue per
-phase. The backlog is written first (transactions of 100 rows through ``sdk.outbox.add``; its
+phase. The backlog is written first (transactions of 100 rows through ``ordq.sdk.outbox.add``; its
 rate is printed too), then one relay in this process ships it until the table is empty
 (``--until-empty``); rows/s counts from the relay's first read to its last delete. PostgreSQL
 is Debian's, started in a temp folder (drills/dbservers/postgres.py), fsync on. Last, ``ordq cdc
@@ -32,7 +32,7 @@ from typing import Any
 from bench._cluster import ROOT, BenchCluster, bench_cluster
 from ordq.outbox.db import OutboxDb
 from ordq.outbox.relay import Relay, RelayConfig
-from sdk import Producer, ProducerConfig, outbox
+from ordq.sdk import Producer, ProducerConfig, outbox
 
 
 def _payload(i: int, size: int) -> bytes:
@@ -127,7 +127,7 @@ def apply(cluster: BenchCluster, kind: str, server: Any, queue: str, rows: int, 
     """rows/s of ``ordq cdc apply``'s applier replaying ``rows`` changes of ``queue`` into a
     fresh target database with ``workers`` keyed workers."""
     from ordq.cdc.apply import Applier, Target
-    from sdk import Consumer, ConsumerConfig
+    from ordq.sdk import Consumer, ConsumerConfig
 
     dsn, sql = _target_db(kind, server)
     applier = Applier(Target.parse(dsn), f"bench-{kind}-{workers}")
@@ -159,8 +159,8 @@ def binlog(cluster: BenchCluster, rows: int, size: int, targets: dict[str, Any],
     first, then shipped from the binlog until its end; rows/s of each."""
     import warnings
 
-    from drills.dbservers.mariadb import MariaDbServer
     from ordq.cdc.mysql import BinlogShipper
+    from ordq.drills.dbservers.mariadb import MariaDbServer
 
     warnings.filterwarnings("ignore", "'db' is deprecated", DeprecationWarning)  # mysql-replication 1.0
     server = MariaDbServer.start()
@@ -209,7 +209,7 @@ def main() -> None:
     args = ap.parse_args()
     pg = None
     if not args.no_postgres:
-        from drills.dbservers.postgres import PostgresServer
+        from ordq.drills.dbservers.postgres import PostgresServer
 
         pg = PostgresServer.start()
     try:
@@ -219,7 +219,7 @@ def main() -> None:
             if not args.no_mariadb:
                 targets: dict[str, Any] = {"postgresql": pg} if pg is not None else {}
                 if args.apply_mariadb:
-                    from drills.dbservers.mariadb import MariaDbServer
+                    from ordq.drills.dbservers.mariadb import MariaDbServer
 
                     targets["mariadb"] = maria_target = MariaDbServer.start()
                 try:

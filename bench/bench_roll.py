@@ -18,8 +18,8 @@ import time
 
 from bench._cluster import QUEUE, ROOT, bench_cluster, send_at_rate, summary_ms
 from ordq.admin.groups import roll_queue
-from ordq.admin.read import ReplicaReader
-from sdk import Producer, ProducerConfig
+from ordq.sdk import Producer, ProducerConfig
+from ordq.sdk.replicas import ReplicaReader
 
 WINDOW_S = 0.25  # a message sent this soon after a roll started counts as "near" it
 

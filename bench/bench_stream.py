@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from bench._cluster import QUEUE, ROOT, BenchCluster, bench_cluster
-from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
 def fill(cluster: BenchCluster, messages: int, size: int) -> None:
@@ -41,8 +41,8 @@ def consume(cluster: BenchCluster, messages: int) -> float:
 
 
 def stream(cluster: BenchCluster, messages: int, master: str) -> tuple[float, float, int]:
+    from ordq.spark_order_check._session import make_session
     from ordq.spark_source import register
-    from spark_order_check._session import make_session
 
     spark = make_session(master, app_name="ordq-bench-stream", conf={"spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")

@@ -24,7 +24,7 @@ In one Spark session on ``--master``, it then times:
   of any verification that reads the columns the way the verifier does;
 - ``verify``: ``spark_order_check.verify`` on the same session, every check (the best of
   ``--repeat`` runs);
-- ``reference`` (before Spark starts): ``spark_order_check.reference.check``, the same
+- ``reference`` (before Spark starts): ``ordq.spark_order_check.reference.check``, the same
   audit-file rules as a plain single-process Python checker, on one core: the simplest honest
   alternative. Both are reported as rows/s per core (Spark: divided by the master's cores).
 
@@ -48,13 +48,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
-from spark_order_check import reference, verify
-from spark_order_check._files import list_local
-from spark_order_check._scan import scan_acks, scan_deliveries
-from spark_order_check._session import make_session, scan_settings
-from spark_order_check.generate import Scenario, generate
-from spark_order_check.report import CLASS_BY_NAME
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from ordq.spark_order_check import reference, verify
+from ordq.spark_order_check._files import list_local
+from ordq.spark_order_check._scan import scan_acks, scan_deliveries
+from ordq.spark_order_check._session import make_session, scan_settings
+from ordq.spark_order_check.generate import Scenario, generate
+from ordq.spark_order_check.report import CLASS_BY_NAME
 
 ROWS_PER_FILE = 1_000_000  # the SDK audit hook's default (sdk/audit.py)
 

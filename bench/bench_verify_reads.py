@@ -18,12 +18,12 @@ import time
 
 from bench._cluster import QUEUE, bench_cluster, cpu_seconds
 from bench.bench_broker import pipelined
-from broker_group.client import GrpcTransport
-from broker_group.log import parse_header
-from broker_group.process import BrokerProcess
-from coordinator import state as sm
 from ordq.admin.groups import roll_queue
-from ordq.admin.read import ReplicaReader
+from ordq.broker_group.log import parse_header
+from ordq.broker_group.process import BrokerProcess
+from ordq.coordinator import state as sm
+from ordq.sdk.replicas import ReplicaReader
+from ordq.wire.client import GrpcTransport
 
 
 def restart(master: BrokerProcess, store: object, *, verify: bool, base_argv: tuple[str, ...]) -> str:

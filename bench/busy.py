@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
-from ordq.proc import dying_with_parent
+from ordq.common.proc import dying_with_parent
 
 # The loop itself: spins, looking at the clock and at its parent every ~2^16 iterations
 # (a few ms); exits when either says so.

@@ -7,7 +7,7 @@ Two kinds of caller (DESIGN §7, "who may do what"):
   on its next call, an open produce stream included (every request is checked, not only the
   first). A client may make the data calls its token's role on the queue allows.
 - **The cluster** (``CLUSTER``): brokers and coordinators, known by the subject of their
-  verified certificate (``ordq-broker``, ``ordq-coordinator``; mutual TLS, ordq/security.py).
+  verified certificate (``ordq-broker``, ``ordq-coordinator``; mutual TLS, ordq/common/security.py).
   Only they may make the control calls that change what a replica holds or will take (Fence,
   Seal, Reconcile, Replicate): a token of any role is not enough, as Kafka keeps LeaderAndIsr
   behind ``CLUSTER_ACTION``. They may make every other call too, as their own process could.
@@ -31,12 +31,12 @@ from typing import Any
 
 import grpc
 
-from broker_group.errors import short
-from coordinator.paths import NAME_RULE, check_name
-from coordinator.token_book import LOAD_DEADLINE_S, TokenBook
-from coordinator.tokens import ANY, authorize, identify
-from ordq.errors import InvalidName, PermissionDenied, TokensUnavailable
-from ordq.security import BROKER_CN, COORDINATOR_CN, bearer_token, peer_common_name
+from ordq.common.errors import InvalidName, PermissionDenied, TokensUnavailable
+from ordq.common.security import BROKER_CN, COORDINATOR_CN, bearer_token, peer_common_name
+from ordq.coordinator.paths import NAME_RULE, check_name
+from ordq.coordinator.token_book import LOAD_DEADLINE_S, TokenBook
+from ordq.coordinator.tokens import ANY, authorize, identify
+from ordq.wire.errors import short
 
 log = logging.getLogger("ordq.broker.auth")
 

@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from broker_group.errors import ResourceExhausted
-from ordq.errors import ConfigError
-from ordq.security import bearer_token
+from ordq.common.errors import ConfigError
+from ordq.common.security import bearer_token
+from ordq.wire.errors import ResourceExhausted
 
 if TYPE_CHECKING:
-    from ordq.loop import Signal
+    from ordq.common.loop import Signal
 
 log = logging.getLogger("ordq.broker")
 

@@ -1,4 +1,4 @@
-"""The broker's gRPC handlers, all on its event loop (ordq/loop.py).
+"""The broker's gRPC handlers, all on its event loop (ordq/common/loop.py).
 
 Guarantee: the same as broker_group/service.py's: acks in order, each only when both
 replicas synced its batch. What this module adds is where the work runs:
@@ -12,7 +12,7 @@ replicas synced its batch. What this module adds is where the work runs:
 - Control calls (Fence, Seal, Reconcile, SegmentInfo, Health) wait on locks, disks and
   peers: they run in the loop's worker threads, as before. Fence, Seal, Reconcile and
   Replicate are taken only from brokers and coordinators (broker_group/auth.py).
-Errors become typed gRPC statuses in one place (``_answer``, ``broker_group.errors.abort``).
+Errors become typed gRPC statuses in one place (``_answer``, ``ordq.wire.errors.abort``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from broker_group.answer import as_is
-from broker_group.auth import ALL_QUEUES
-from broker_group.budget import holders_of
-from broker_group.errors import ResourceExhausted, abort
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from ordq.errors import ConfigError, OrdqError
+from ordq.broker_group.answer import as_is
+from ordq.broker_group.auth import ALL_QUEUES
+from ordq.broker_group.budget import holders_of
+from ordq.common.errors import ConfigError, OrdqError
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.errors import ResourceExhausted, abort
 
 if TYPE_CHECKING:
-    from broker_group.service import Broker, ProduceStreamState
+    from ordq.broker_group.service import Broker, ProduceStreamState
 
 log = logging.getLogger("ordq.broker")
 
@@ -145,7 +145,7 @@ class _Handlers:
 
 async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
     """Master: acks for one produce stream, in order, as the LAC covers their batches."""
-    from broker_group.service import ProduceStreamState
+    from ordq.broker_group.service import ProduceStreamState
 
     stream = ProduceStreamState()
     with b._cv:
@@ -268,7 +268,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         await produce(self.b, request_iterator, context)
 
     async def Replicate(self, request_iterator: Any, context: Context) -> None:
-        from broker_group.replication import serve_replicate
+        from ordq.broker_group.replication import serve_replicate
 
         try:
             # Only the cluster (a broker's or coordinator's certificate) may feed a slave.

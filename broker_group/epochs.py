@@ -25,7 +25,7 @@ import hmac
 import threading
 from collections.abc import Callable
 
-from ordq.errors import EpochNotIssued, FencedError
+from ordq.common.errors import EpochNotIssued, FencedError
 
 # lookup(queue) -> the epoch, or (epoch, key hash or None), as ZooKeeper holds them now
 Lookup = Callable[[str], "int | tuple[int, str | None]"]

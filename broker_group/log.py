@@ -50,8 +50,8 @@ from typing import NamedTuple, NoReturn
 
 import attrs
 
-from coordinator.paths import check_name
-from ordq.errors import ClosedError, CorruptLog, DiskFull, SegmentNotFound
+from ordq.common.errors import ClosedError, CorruptLog, DiskFull, SegmentNotFound
+from ordq.coordinator.paths import check_name
 
 SEGMENT_FILE = "segment.log"
 MAGIC = 0xA1  # format version 1; any other value is corruption (or a newer format)

@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from broker_group import log as seglog
-from ordq.metrics import one
+from ordq.broker_group import log as seglog
+from ordq.common.metrics import one
 
 if TYPE_CHECKING:
-    from broker_group.service import Broker, BrokerStats
+    from ordq.broker_group.service import Broker, BrokerStats
 
 # fdatasync of a group commit: ~0.2 ms typical on the development disk, spikes to ~100 ms.
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)

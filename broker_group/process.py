@@ -11,8 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ordq.proc import ManagedProcess
-from ordq.security import Credentials
+from ordq.common.proc import ManagedProcess
+from ordq.common.security import Credentials
 
 READY_TIMEOUT_S = 30.0
 

@@ -26,16 +26,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from broker_group import log as seglog
-from broker_group.errors import short
-from broker_group.replica import Role
-from broker_group.wire import ordq_pb2 as pb
-from coordinator.state import SegStatus
-from ordq.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
+from ordq.broker_group import log as seglog
+from ordq.broker_group.replica import Role
+from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
+from ordq.coordinator.state import SegStatus
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import short
 
 if TYPE_CHECKING:
-    from broker_group.service import Broker
-    from coordinator.store import LiveInfo
+    from ordq.broker_group.service import Broker
+    from ordq.coordinator.store import LiveInfo
 
 log = logging.getLogger("ordq.broker")
 
@@ -80,8 +80,8 @@ class Repairer:
         """Make this copy of a sealed segment exactly ``end`` messages long (ZooKeeper's sealed
         end: the callers read it there): truncate past it, or copy [our end, end) from the
         group's registered peer. A corrupt copy is set aside and copied whole."""
-        from broker_group.client import GrpcTransport
-        from broker_group.service import _write_meta
+        from ordq.broker_group.service import _write_meta
+        from ordq.wire.client import GrpcTransport
 
         b = self.b
         s = b.segment_for_control(queue, seg, to_copy=True)

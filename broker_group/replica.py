@@ -23,7 +23,7 @@ import enum
 
 import attrs
 
-from ordq.errors import ConfigError, FencedError
+from ordq.common.errors import ConfigError, FencedError
 
 
 class Role(enum.Enum):

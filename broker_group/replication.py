@@ -13,7 +13,7 @@ The master pushes its LAC for every segment it forwarded on this stream whenever
 on the next batches, or alone at most every ``lac_push_ms``, so the slave can serve reads up
 to it (only a reader of the slave, i.e. while the master is down, waits for it).
 
-Both ends run on their broker's event loop (ordq/loop.py): the master's sender task
+Both ends run on their broker's event loop (ordq/common/loop.py): the master's sender task
 writes what produce streams queued the moment it is woken, its reader task counts the
 slave's answers and wakes the produce streams whose acks that releases (no thread between
 the slave's answer and the ack); the slave appends, syncs and answers in its handler.
@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from broker_group.errors import SegmentNotWritable, abort
-from broker_group.framing import GRPC_OPTIONS, chunks
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from ordq import security
-from ordq.errors import OrdqError
-from ordq.loop import Signal
+from ordq.common import security
+from ordq.common.errors import OrdqError
+from ordq.common.loop import Signal
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.errors import SegmentNotWritable, abort
+from ordq.wire.framing import GRPC_OPTIONS, chunks
 
 if TYPE_CHECKING:
-    from broker_group.service import Broker, Segment
+    from ordq.broker_group.service import Broker, Segment
 
 log = logging.getLogger("ordq.replication")
 

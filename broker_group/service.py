@@ -12,7 +12,7 @@ Guarantees (DESIGN §4):
   ZooKeeper is reconciled (truncated past its end, or completed from the peer) before it is
   served past what this copy holds.
 
-Threads: every gRPC call runs on one asyncio loop (ordq/loop.py; the handlers are in
+Threads: every gRPC call runs on one asyncio loop (ordq/common/loop.py; the handlers are in
 broker_group/dataplane.py): a produce request is checked, placed and forwarded to the slave
 in the loop, one sync thread group-commits the master's copy and wakes the loop, the
 replication reader releases acks on the loop, the slave appends, syncs and answers on its
@@ -41,21 +41,15 @@ import attrs
 import grpc
 from kazoo.protocol.states import KazooState
 
-from broker_group import log as seglog
-from broker_group.answer import Answer, encode
-from broker_group.auth import Gate
-from broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace, tune_malloc
-from broker_group.epochs import EpochGate
-from broker_group.errors import SegmentNotWritable, short
-from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES
-from broker_group.metrics import BrokerMetrics, count_fetch
-from broker_group.repair import Repairer
-from broker_group.replica import Placement, Refused, Role, SegmentReplica
-from broker_group.wire import ordq_pb2 as pb
-from coordinator.state import QueueState, SegStatus
-from coordinator.store import ZkStore
-from coordinator.zk_retry import START_BOUND_S, retry_zk
-from ordq.errors import (
+from ordq.broker_group import log as seglog
+from ordq.broker_group.answer import Answer, encode
+from ordq.broker_group.auth import Gate
+from ordq.broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace, tune_malloc
+from ordq.broker_group.epochs import EpochGate
+from ordq.broker_group.metrics import BrokerMetrics, count_fetch
+from ordq.broker_group.repair import Repairer
+from ordq.broker_group.replica import Placement, Refused, Role, SegmentReplica
+from ordq.common.errors import (
     AlreadyExists,
     BrokerUnavailable,
     ClosedError,
@@ -68,8 +62,14 @@ from ordq.errors import (
     QueueNotFound,
     SegmentNotFound,
 )
-from ordq.loop import LoopThread, Signal
-from ordq.security import Credentials, server_credentials
+from ordq.common.loop import LoopThread, Signal
+from ordq.common.security import Credentials, server_credentials
+from ordq.coordinator.state import QueueState, SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import SegmentNotWritable, short
+from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES
 
 log = logging.getLogger("ordq.broker")
 T = TypeVar("T")
@@ -141,7 +141,7 @@ class BrokerConfig:
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
-    # What it serves with and shows its peer (ordq/security.py); no CA: plaintext (--insecure).
+    # What it serves with and shows its peer (ordq/common/security.py); no CA: plaintext (--insecure).
     credentials: Credentials = attrs.field(factory=Credentials)
 
     def __attrs_post_init__(self) -> None:
@@ -245,7 +245,7 @@ class Broker:
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
         self._stopping = False
         self._server: grpc.aio.Server | None = None
-        # The loop every call runs on, and the signal its waiters wake on (ordq/loop.py).
+        # The loop every call runs on, and the signal its waiters wake on (ordq/common/loop.py).
         self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
         self.signal = Signal(self.loop)
         # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
@@ -258,7 +258,7 @@ class Broker:
         self._threads: list[threading.Thread] = []
         self.repair = Repairer(self)
         self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
-        self.replication: Any = None  # master: broker_group.replication.ReplicationLink
+        self.replication: Any = None  # master: ordq.broker_group.replication.ReplicationLink
         # Per queue, the first segment opened after this data folder was created; the queues
         # whose older segments of this group still need copying from the peer (a new disk).
         self._born_at: dict[str, int] = {}
@@ -301,7 +301,7 @@ class Broker:
                 self._spawn(self._sync_loop, "ordq-sync")
             self._spawn(self.repair.run, "ordq-reconcile")
             if cfg.role is Role.MASTER:
-                from broker_group.replication import ReplicationLink
+                from ordq.broker_group.replication import ReplicationLink
 
                 self.replication = ReplicationLink(self)
                 self.replication.start()
@@ -322,7 +322,7 @@ class Broker:
 
     async def _bind(self) -> int:
         """On the loop: the gRPC server with every handler (broker_group/dataplane.py), bound."""
-        from broker_group.dataplane import add_servicer
+        from ordq.broker_group.dataplane import add_servicer
 
         cfg = self.config
         self._server = grpc.aio.server(options=server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)

@@ -25,7 +25,7 @@ coordinator/service.py, which acts with the admin identity):
   liveness, the coordinator's election, and this module's own record ``acl``.
 
 ZooKeeper ACLs are per node and not inherited: every node gets its ACL when it is created
-(``coordinator.store``'s client asks ``acl_for`` for each path), and ``ordq up`` sets them on
+(``ordq.coordinator.store``'s client asks ``acl_for`` for each path), and ``ordq up`` sets them on
 a tree that existed before (``ZkStore.protect``).
 """
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import attrs
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 
 READ, WRITE, CREATE, DELETE = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
 ACL_NODE = "acl"  # <root>/acl: the two identities' digests (never the passwords)

@@ -21,7 +21,8 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
-from coordinator.acl import (
+from ordq.common.errors import ZkAccessDenied
+from ordq.coordinator.acl import (
     ACL_NODE,
     QUEUE_PARENTS,
     SUB_PARENTS,
@@ -31,7 +32,6 @@ from coordinator.acl import (
     digest_id,
     relative,
 )
-from ordq.errors import ZkAccessDenied
 
 AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
 AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}

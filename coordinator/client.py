@@ -23,10 +23,10 @@ from typing import Any
 
 import attrs
 
-from coordinator.paths import Paths
-from coordinator.state import Cursor, QueueState
-from ordq.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
-from ordq.security import Credentials, channel, token_metadata
+from ordq.common.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
+from ordq.common.security import Credentials, channel, token_metadata
+from ordq.coordinator.paths import Paths
+from ordq.coordinator.state import Cursor, QueueState
 
 DEFAULT_TIMEOUT_S = 10.0
 _RETRY_PAUSE_S = (0.02, 0.05, 0.1, 0.2)  # between attempts while no coordinator answers
@@ -86,7 +86,7 @@ class CoordinatorClient:
 
     def leader(self) -> str:
         """The elected coordinator's address as the election says now ("" when none leads)."""
-        from coordinator.service import leader_address
+        from ordq.coordinator.service import leader_address
 
         self.resolves += 1
         try:
@@ -100,8 +100,8 @@ class CoordinatorClient:
                 raise ClosedError("coordinator client is closed")
             stub = self._stubs.get(address)
             if stub is None:
-                from broker_group.framing import GRPC_OPTIONS
-                from broker_group.wire import ordq_pb2_grpc as pb_grpc
+                from ordq.wire import ordq_pb2_grpc as pb_grpc
+                from ordq.wire.framing import GRPC_OPTIONS
 
                 ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
                 stub = self._stubs[address] = pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
@@ -110,8 +110,8 @@ class CoordinatorClient:
     def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
         import grpc
 
-        from broker_group.errors import METADATA_KEY, from_rpc_error
-        from coordinator.service import LEADER_METADATA_KEY
+        from ordq.coordinator.service import LEADER_METADATA_KEY
+        from ordq.wire.errors import METADATA_KEY, from_rpc_error
 
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         address = self._leader
@@ -165,7 +165,7 @@ class CoordinatorClient:
 
     @staticmethod
     def _pb() -> Any:
-        from broker_group.wire import ordq_pb2 as pb
+        from ordq.wire import ordq_pb2 as pb
 
         return pb
 

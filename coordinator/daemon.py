@@ -1,7 +1,7 @@
 """The coordinator daemon: HA (one elected among several), never needed for correctness.
 
 Guarantee: every change it makes is a conditional transition through ``ZkStore.apply`` (or a
-Seal run, which ends in one), planned by the pure ``coordinator.duties.plan``; a daemon that
+Seal run, which ends in one), planned by the pure ``ordq.coordinator.duties.plan``; a daemon that
 lost leadership or acted on a stale view only loses a CAS. Producers and consumers fail over,
 seal and pop on their own; the daemon makes it faster (it reacts to a liveness node vanishing
 within one watch event) and keeps lists tidy.
@@ -27,13 +27,13 @@ from kazoo.exceptions import (
 )
 from kazoo.recipe.election import Election
 
-from coordinator import state as sm
-from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.store import QueueConfig, ZkStore, roll_transition
-from ordq.errors import CorruptState, IllegalTransition, OrdqError
-from ordq.metrics import MetricsServer
-from ordq.metrics import serve as metrics_serve
+from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
+from ordq.common.metrics import MetricsServer
+from ordq.common.metrics import serve as metrics_serve
+from ordq.coordinator import state as sm
+from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+from ordq.coordinator.metrics import CoordinatorMetrics
+from ordq.coordinator.store import QueueConfig, ZkStore, roll_transition
 
 log = logging.getLogger("ordq.coordinator")
 # Transient ZooKeeper errors of the election itself: contend again (after this pause) rather
@@ -249,8 +249,8 @@ class CoordinatorDaemon:
     # -- metrics ----------------------------------------------------------------------------
 
     def serve_metrics(self, listen: str) -> MetricsServer:
-        """Serve this daemon's metrics (``coordinator.metrics``) at ``listen`` (port 0 ok),
-        and its status page at /status (``coordinator.status``)."""
-        from coordinator.status import pages
+        """Serve this daemon's metrics (``ordq.coordinator.metrics``) at ``listen`` (port 0 ok),
+        and its status page at /status (``ordq.admin.status_page``)."""
+        from ordq.admin.status_page import pages
 
         return metrics_serve(self.metrics.registry, listen, pages=pages(self))

@@ -14,7 +14,7 @@ import enum
 
 import attrs
 
-from coordinator.state import Facts, QueueState, SegStatus, holds_newest
+from ordq.coordinator.state import Facts, QueueState, SegStatus, holds_newest
 
 
 class Kind(enum.Enum):

@@ -4,7 +4,7 @@ taking over after a claim, and failing the head over. Run by the coordinator ser
 and calls no control RPC (it holds a client certificate, which brokers refuse them from).
 
 Rules:
-- Talks only to ZooKeeper (CAS transitions of ``coordinator.state``) and to brokers (Fence,
+- Talks only to ZooKeeper (CAS transitions of ``ordq.coordinator.state``) and to brokers (Fence,
   Seal) through an injected ``HeadTransport``; holds no batches and no producer state, so the
   producer decides what to resend. Imports nothing of broker_group.
 - Never moves the head for a deposed leader: every CAS it writes first checks that no
@@ -22,11 +22,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from coordinator import state as sm
-from coordinator.seal import ReplicaEnd, SealTransport, run_seal
-from coordinator.state import QueueState, SegStatus
-from coordinator.store import ZkStore
-from ordq.errors import (
+from ordq.common.errors import (
     BrokerUnavailable,
     CoordinationUnavailable,
     FencedError,
@@ -35,6 +31,10 @@ from ordq.errors import (
     OrdqError,
     WaitTimeout,
 )
+from ordq.coordinator import state as sm
+from ordq.coordinator.seal import ReplicaEnd, SealTransport, run_seal
+from ordq.coordinator.state import QueueState, SegStatus
+from ordq.coordinator.store import ZkStore
 
 log = logging.getLogger("ordq.coordinator.head")
 

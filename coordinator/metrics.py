@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from coordinator.daemon import DaemonStats
+    from ordq.coordinator.daemon import DaemonStats
 
 # Seal runs take a few ms (both replicas answer) to a few s (one is down: RPC timeouts).
 SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -18,7 +18,7 @@ import re
 
 import attrs
 
-from ordq.errors import ConfigError, InvalidName
+from ordq.common.errors import ConfigError, InvalidName
 
 NAME_RULE = r"[A-Za-z0-9._-]{1,128}"
 _NAME_RE = re.compile(NAME_RULE)

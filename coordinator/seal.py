@@ -17,12 +17,12 @@ from typing import Protocol
 
 import attrs
 
-from coordinator import state as sm
-from coordinator.duties import OpenSegment
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore
-from ordq.errors import BrokerUnavailable, IllegalTransition, OrdqError, SegmentNotFound
-from ordq.security import Credentials
+from ordq.common.errors import BrokerUnavailable, IllegalTransition, OrdqError, SegmentNotFound
+from ordq.common.security import Credentials
+from ordq.coordinator import state as sm
+from ordq.coordinator.duties import OpenSegment
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore
 
 
 @attrs.frozen
@@ -117,10 +117,10 @@ def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Calla
     ``credentials``: what it presents to brokers (a coordinator's certificate); None: those
     registered for the cluster."""
     try:
-        from broker_group.client import GrpcSealTransport
+        from ordq.wire.client import GrpcSealTransport
     except ImportError:
         return None
-    from ordq.security import of_store
+    from ordq.common.security import of_store
 
     transport = GrpcSealTransport(credentials=credentials or of_store(store))
 
@@ -135,10 +135,10 @@ def make_prober(store: ZkStore,
     """A (queue, gid, seg) -> OpenSegment asker of the group's master (for rolling by size
     and age), or None if the broker client is unavailable. ``credentials`` as for ``make_sealer``."""
     try:
-        from broker_group.client import GrpcTransport
+        from ordq.wire.client import GrpcTransport
     except ImportError:
         return None
-    from ordq.security import of_store
+    from ordq.common.security import of_store
 
     transport = GrpcTransport(credentials=credentials or of_store(store))
 

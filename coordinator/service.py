@@ -3,7 +3,7 @@ change a queue's lists, epochs and cursors.
 
 Guarantee: every request is checked against the caller's token for the role its RPC needs on
 that queue (a peer with the broker or coordinator certificate may do anything), then applied
-as the same CAS transitions of ``coordinator.state`` the daemon uses — so a refusal changes
+as the same CAS transitions of ``ordq.coordinator.state`` the daemon uses — so a refusal changes
 nothing, and a request served by a coordinator that just lost its leadership only loses a CAS.
 Only the elected process answers; the others refuse with ``NotCoordinatorLeader`` and the
 leader's address in the ``ordq-leader`` trailer (``coordinator/client.py`` follows it).
@@ -13,7 +13,7 @@ bumped epoch in one write and returns the key to the caller only; FailOver and R
 brokers, for Produce) refuse that epoch without it.
 
 Rules: imports broker_group (stubs, wire errors, the broker transport) only inside functions,
-as ``coordinator/seal.py`` does; the take-over and fail-over steps are ``coordinator.head``.
+as ``coordinator/seal.py`` does; the take-over and fail-over steps are ``ordq.coordinator.head``.
 """
 
 from __future__ import annotations
@@ -32,15 +32,7 @@ from typing import Any
 import attrs
 from kazoo.exceptions import NoNodeError
 
-from coordinator import state as sm
-from coordinator.head import HeadProtocol, HeadTransport
-from coordinator.paths import check_name
-from coordinator.seal import run_seal
-from coordinator.state import Cursor, QueueState
-from coordinator.store import ZkStore, roll_transition, zk_errors
-from coordinator.token_book import TokenBook
-from coordinator.tokens import ANY, TokenRecord, authorize
-from ordq.errors import (
+from ordq.common.errors import (
     AlreadyExists,
     ConfigError,
     ConflictError,
@@ -55,7 +47,15 @@ from ordq.errors import (
     PermissionDenied,
     QueueNotFound,
 )
-from ordq.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
+from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
+from ordq.coordinator import state as sm
+from ordq.coordinator.head import HeadProtocol, HeadTransport
+from ordq.coordinator.paths import check_name
+from ordq.coordinator.seal import run_seal
+from ordq.coordinator.state import Cursor, QueueState
+from ordq.coordinator.store import ZkStore, roll_transition, zk_errors
+from ordq.coordinator.token_book import TokenBook
+from ordq.coordinator.tokens import ANY, TokenRecord, authorize
 
 log = logging.getLogger("ordq.coordinator.service")
 
@@ -206,13 +206,13 @@ class CoordinatorService:
         """Serve on ``listen`` (port 0: any); returns the address bound (``host:port``)."""
         import grpc
 
-        from broker_group.framing import GRPC_OPTIONS
-        from broker_group.wire import ordq_pb2 as pb
-        from broker_group.wire import ordq_pb2_grpc as pb_grpc
+        from ordq.wire import ordq_pb2 as pb
+        from ordq.wire import ordq_pb2_grpc as pb_grpc
+        from ordq.wire.framing import GRPC_OPTIONS
 
         self._pb = pb
         if self._transport is None:
-            from broker_group.client import GrpcTransport
+            from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=self.credentials)
         self._tokens.watch(self.store.client, self.store.paths.root)
@@ -220,7 +220,7 @@ class CoordinatorService:
                                                         thread_name_prefix="ordq-coord-rpc"), options=GRPC_OPTIONS)
         pb_grpc.add_CoordinatorServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         if self.credentials.tls:
-            from ordq.security import server_credentials
+            from ordq.common.security import server_credentials
 
             port = server.add_secure_port(listen, server_credentials(self.credentials))
         else:
@@ -243,7 +243,7 @@ class CoordinatorService:
     # -- the frame of every call ------------------------------------------------------------
 
     def _serve(self, rpc: str, queue: str, context: Any, handle: Callable[[TokenRecord | None], Any]) -> Any:
-        from broker_group.errors import abort_sync
+        from ordq.wire.errors import abort_sync
 
         with self._stats_lock:
             self.stats.calls[rpc] = self.stats.calls.get(rpc, 0) + 1

@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import IllegalTransition, InvariantViolation
+from ordq.common.errors import IllegalTransition, InvariantViolation
 
 
 class SegStatus(enum.Enum):

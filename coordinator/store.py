@@ -6,8 +6,8 @@ cannot corrupt it: ``apply`` re-reads and re-applies on a version conflict. A tr
 reads subscription cursors (``pop``) also checks their versions in the same transaction.
 
 Rules: this module is the only place that talks kazoo for ordq state; kazoo exceptions are
-translated to ``ordq.errors`` here, once. No policy lives here: decisions are in
-``coordinator.state``.
+translated to ``ordq.common.errors`` here, once. No policy lives here: decisions are in
+``ordq.coordinator.state``.
 """
 
 from __future__ import annotations
@@ -40,14 +40,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from coordinator import state as sm
-from coordinator.acl import QUEUE_PARENTS, SUB_PARENTS
-from coordinator.acl_client import AclClient
-from coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
-from coordinator.state import Cursor, Facts, QueueState
-from coordinator.store_subs import SubscriptionRecords
-from coordinator.zk_tls import CONNECT_TIMEOUT_S, TlsHandler
-from ordq.errors import (
+from ordq.common.errors import (
     AlreadyExists,
     ConfigError,
     ConflictError,
@@ -62,6 +55,13 @@ from ordq.errors import (
     WaitTimeout,
     ZkAccessDenied,
 )
+from ordq.coordinator import state as sm
+from ordq.coordinator.acl import QUEUE_PARENTS, SUB_PARENTS
+from ordq.coordinator.acl_client import AclClient
+from ordq.coordinator.paths import ROLES, Paths, check_name, check_zk_hosts
+from ordq.coordinator.state import Cursor, Facts, QueueState
+from ordq.coordinator.store_subs import SubscriptionRecords
+from ordq.coordinator.zk_tls import CONNECT_TIMEOUT_S, TlsHandler
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 DEFAULT_SEGMENT_BYTES = 256 << 20
@@ -186,10 +186,10 @@ def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None)
     time to keep its session whenever the servers kept it.
 
     ``auth``: ``user:password`` of a ZooKeeper digest identity (coordinator/acl.py), or None."""
-    from ordq.security import zk_tls_options
+    from ordq.common.security import zk_tls_options
 
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
-    # TLS when the cluster at this address serves ZooKeeper over TLS (ordq/security.py)
+    # TLS when the cluster at this address serves ZooKeeper over TLS (ordq/common/security.py)
     tls = zk_tls_options(hosts)
     if tls:  # one SSL context per process, not one (with the system CA bundle) per attempt
         tls["handler"] = TlsHandler()

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import BadVersionError, NoChildrenForEphemeralsError, NodeExistsError, NoNodeError
 
-from coordinator.paths import check_name
-from ordq.errors import ConflictError, NotFound
+from ordq.common.errors import ConflictError, NotFound
+from ordq.coordinator.paths import check_name
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
-    from coordinator.paths import Paths
-    from coordinator.state import Cursor
+    from ordq.coordinator.paths import Paths
+    from ordq.coordinator.state import Cursor
 
 
 def _json_bytes(obj: Any) -> bytes:

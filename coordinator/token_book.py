@@ -34,9 +34,9 @@ from typing import Any
 
 from kazoo.exceptions import ConnectionClosedError
 
-from coordinator.tokens import TokenRecord, auth_root, load_tokens, token_id
-from coordinator.zk_retry import retry_zk
-from ordq.errors import ConfigError, OrdqError, TokensUnavailable
+from ordq.common.errors import ConfigError, OrdqError, TokensUnavailable
+from ordq.coordinator.tokens import TokenRecord, auth_root, load_tokens, token_id
+from ordq.coordinator.zk_retry import retry_zk
 
 log = logging.getLogger("ordq.tokens")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import ConfigError, PermissionDenied
+from ordq.common.errors import ConfigError, PermissionDenied
 
 ROLES = ("produce", "consume", "admin")
 ANY = "any"  # a call any role on the queue may make (seal, segment info, health)
@@ -65,7 +65,7 @@ def parse_grants(specs: list[str]) -> dict[str, list[str]]:
             raise ConfigError(f"unknown role {role!r} in {spec!r}: one of {', '.join(ROLES)} (ROLE[:QUEUE])")
         queue = queue or "*"
         if queue != "*":
-            from coordinator.paths import check_name
+            from ordq.coordinator.paths import check_name
 
             check_name("queue", queue)
         roles = grants.setdefault(queue, [])
@@ -168,7 +168,7 @@ def enforced(client: Any, root: str) -> bool:
 def revoke_token(client: Any, root: str, tid: str) -> None:
     from kazoo.exceptions import NoNodeError
 
-    from ordq.errors import NotFound
+    from ordq.common.errors import NotFound
 
     if not re.fullmatch(r"[0-9a-f]{8}", tid):
         raise ConfigError(f"not a token id: {tid!r} (8 hex digits, as ordq auth list shows)")

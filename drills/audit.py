@@ -1,5 +1,5 @@
 """Small reads of a drill's audit files (docs/AUDIT_FORMAT.md): the counts and timings of the
-summary table. The verdict is never decided here: ``drills.verdict`` asks spark_order_check.
+summary table. The verdict is never decided here: ``ordq.drills.verdict`` asks spark_order_check.
 
 Also the test hook that makes a run lose or reorder one delivery (``tamper``), so the tests
 can show that such a run fails.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
 
 
 @attrs.frozen

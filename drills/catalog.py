@@ -1,7 +1,7 @@
 """The drills: every fault of DESIGN §6, plus a stale producer, a torn tail, a corrupt batch and
 a replaced disk.
 
-Each ``inject`` runs at a random moment of a steady load (``drills.runner``), marks the fault
+Each ``inject`` runs at a random moment of a steady load (``ordq.drills.runner``), marks the fault
 (``ctx.fault``: the failover time runs from there), and plays the fault's story through to
 its end — a killed process is restarted, a hung one resumed, a full disk freed — so the run
 then finishes and the cluster is whole for the next drill. ``check`` functions add what must
@@ -14,14 +14,14 @@ import resource
 from collections.abc import Callable
 from typing import Any
 
-from broker_group.log import Message, encode_batch, iter_file_batches
-from coordinator.state import SegStatus
-from drills import security
-from drills.audit import AckRow, DeliveryRow
-from drills.cdc import require_servers, run_cdc
-from drills.failing import FIXED, HANDLED, order_faults, read_handled
-from drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
-from drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
+from ordq.broker_group.log import Message, encode_batch, iter_file_batches
+from ordq.coordinator.state import SegStatus
+from ordq.drills import security
+from ordq.drills.audit import AckRow, DeliveryRow
+from ordq.drills.cdc import require_servers, run_cdc
+from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
+from ordq.drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
+from ordq.drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
 
 _ROLES = ("master", "slave")
 
@@ -225,7 +225,7 @@ def roll_under_failover(ctx: DrillContext) -> None:
     """``ordq queue roll`` every quarter second under traffic, the head master killed among
     the rolls: seal-and-continue and failover racing on the same open segment."""
     from ordq.admin.groups import roll_queue
-    from ordq.admin.read import ReplicaReader
+    from ordq.sdk.replicas import ReplicaReader
 
     killed: tuple[str, int] | None = None
     with ctx.cluster.store() as store, ReplicaReader(store) as reader:
@@ -365,7 +365,7 @@ def disk_full(ctx: DrillContext) -> None:
     ctx.restart_broker(gid, "master")
 
 
-# -- a failing handler (issue 13; the consumer process is drills.failing) -------------------------
+# -- a failing handler (issue 13; the consumer process is ordq.drills.failing) -------------------------
 
 
 def _failing_consumer(mode: str) -> Callable[[DrillContext], list[str]]:

@@ -23,11 +23,11 @@ from typing import Any
 
 import attrs
 
-from drills.dbservers.mariadb import MARIADBD, MariaDbServer, ShopApp
-from drills.dbservers.postgres import PostgresServer
-from drills.runner import SUBSCRIPTION, DrillContext, DrillError
-from ordq.errors import ConfigError, OrdqError
-from ordq.proc import ManagedProcess
+from ordq.common.errors import ConfigError, OrdqError
+from ordq.common.proc import ManagedProcess
+from ordq.drills.dbservers.mariadb import MARIADBD, MariaDbServer, ShopApp
+from ordq.drills.dbservers.postgres import PostgresServer
+from ordq.drills.runner import SUBSCRIPTION, DrillContext, DrillError
 
 TABLES = {"items": "id INT PRIMARY KEY, name VARCHAR(20), qty INT NOT NULL",
           "drill_end": "id INT PRIMARY KEY, note VARCHAR(20)"}
@@ -53,7 +53,7 @@ class Reader(threading.Thread):
 
     def __init__(self, ctx: DrillContext) -> None:
         super().__init__(name="cdc-drill-reader", daemon=True)
-        from sdk import ConsumerConfig
+        from ordq.sdk import ConsumerConfig
 
         self.cfg = ConsumerConfig(zk_hosts=ctx.cluster.zk_hosts, root=ctx.cluster.root, queue=ctx.queue,
                                   subscription=SUBSCRIPTION, audit_dir=ctx.run_dir / "audit",
@@ -65,7 +65,7 @@ class Reader(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from sdk import Consumer
+        from ordq.sdk import Consumer
 
         try:
             with Consumer(self.cfg) as c:

@@ -9,7 +9,7 @@ load, with the head master killed meanwhile.
   ``replay --all`` hands them to the fixed handler; every seq is handled, one key's in seq order
   across parking and replay, and every parked seq has its ledger record, replayed.
 
-The consumer process is ``python -m drills.failing`` (options of ``drills.workload consume``
+The consumer process is ``python -m ordq.drills.failing`` (options of ``ordq.drills.workload consume``
 plus the failure ones). It handles until every seq 0..total-1 was handled (directly or by a
 replay), logging each handling to ``--handled-log`` (seq, key, replayed, µs).
 """
@@ -23,8 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from drills.workload import EXIT_DONE, EXIT_ERROR, StatusWriter, build_parser, closed, now_us, payload_seq
-from ordq.proc import announce
+from ordq.common.proc import announce
+from ordq.drills.workload import EXIT_DONE, EXIT_ERROR, StatusWriter, build_parser, closed, now_us, payload_seq
 
 FIXED = "fixed"  # the file that tells the handler it works now
 HANDLED = "handled.tsv"
@@ -70,8 +70,8 @@ class FailingConsumer:
                 self.stop.set()
 
     def run(self) -> int:
-        from ordq.errors import OrdqError
-        from sdk import Consumer, ConsumerConfig, FailurePolicy
+        from ordq.common.errors import OrdqError
+        from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
 
         a = self.args
         policy = FailurePolicy(on_failure=a.on_failure, attempts=2, backoff_s=(0.05,))
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     import signal
 
     args, rest = build_parser().parse_known_args(["consume", *(sys.argv[1:] if argv is None else argv)])
-    extra = argparse.ArgumentParser(prog="python -m drills.failing")
+    extra = argparse.ArgumentParser(prog="python -m ordq.drills.failing")
     extra.add_argument("--fail-seqs", required=True, help="the handler fails on these seqs (comma separated)")
     extra.add_argument("--fixed-file", type=Path, required=True, help="until this file exists")
     extra.add_argument("--handled-log", type=Path, required=True)

@@ -1,14 +1,14 @@
 """Run a drill: steady load through a real cluster, one fault at a random moment, a verdict.
 
-A drill (``drills.catalog``) on a :class:`ordq.local_cluster.LocalCluster`:
+A drill (``ordq.drills.catalog``) on a :class:`ordq.local_cluster.LocalCluster`:
 
 1. heals the cluster (starts whatever a previous drill left down) and creates a fresh queue;
-2. starts a consumer and a producer process (``drills.workload``; standbys too when the
+2. starts a consumer and a producer process (``ordq.drills.workload``; standbys too when the
    fault hits the producer or the consumer leader), writing audit files;
 3. once acks flow, waits a random part of the run (seeded) and injects its fault, which
    also undoes it when the fault's story says so (restart, resume, free the disk);
 4. lets the producers finish the stream (seqs 0..N-1) and the consumer deliver all of it;
-5. asks ``spark_order_check`` for the verdict over the audit files (``drills.verdict``),
+5. asks ``spark_order_check`` for the verdict over the audit files (``ordq.drills.verdict``),
    and checks that the fault had its effect (it failed over, the stale producer was fenced,
    the torn tail was counted, ...): a fault that did nothing proves nothing.
 
@@ -31,11 +31,11 @@ from typing import Any, Protocol, TextIO, TypeVar
 
 import attrs
 
-from drills import audit
-from drills.workload import now_us, read_status
-from ordq.errors import OrdqError
+from ordq.common.errors import OrdqError
+from ordq.common.proc import ManagedProcess
+from ordq.drills import audit
+from ordq.drills.workload import now_us, read_status
 from ordq.local_cluster import LocalCluster
-from ordq.proc import ManagedProcess
 
 T = TypeVar("T")
 
@@ -109,12 +109,12 @@ class Drill:
     standby_consumer: bool = False
     late_consumer: bool = False  # the consumer starts after the fault (it finds the damage unread)
     needs_ensemble: bool = False
-    # ``inject`` runs the whole load itself, faults included (the CDC drill: drills.cdc)
+    # ``inject`` runs the whole load itself, faults included (the CDC drill: ordq.drills.cdc)
     own_load: bool = False
     # raises a one-line OrdqError when the drill cannot run here (before any cluster starts)
     requires: Callable[[], None] | None = None
     failover: bool = True  # the fault makes something fail over (the failover time is measured)
-    # the consumer process's own options (drills.failing), made when it starts; None: drills.workload
+    # the consumer process's own options (ordq.drills.failing), made when it starts; None: ordq.drills.workload
     consumer_options: Callable[[DrillContext], list[str]] | None = None
     # extra checks over the finished run (acks, deliveries) -> [(what, ok)]
     check: Callable[[DrillContext, list[audit.AckRow], list[audit.DeliveryRow]], list[tuple[str, bool]]] | None = None
@@ -224,7 +224,7 @@ class DrillContext:
         """The broker's Health statistics ({} when it does not answer)."""
         import json
 
-        from broker_group.client import GrpcTransport
+        from ordq.wire.client import GrpcTransport
 
         with self.cluster.store() as store:
             info = store.live_members(gid).get(role)
@@ -240,7 +240,7 @@ class DrillContext:
             transport.close()
 
     def segment_file(self, gid: str, role: str, seg: int) -> Path:
-        from broker_group.log import SEGMENT_FILE, segment_dir
+        from ordq.broker_group.log import SEGMENT_FILE, segment_dir
 
         return segment_dir(self.cluster.broker(gid, role).data_dir, self.queue, seg) / SEGMENT_FILE
 
@@ -257,7 +257,8 @@ class DrillContext:
         status = self.run_dir / f"{name}.status.json"
         c, load = self.cluster, self.load
         custom = self.drill.consumer_options if role == "consumer" else None
-        entry = ["drills.failing"] if custom else ["drills.workload", "produce" if role == "producer" else "consume"]
+        role_verb = "produce" if role == "producer" else "consume"
+        entry = ["ordq.drills.failing"] if custom else ["ordq.drills.workload", role_verb]
         argv = [c.python, "-m", *entry,
                 "--zk", c.zk_hosts, "--root", c.root, "--queue", self.queue, "--total", str(load.messages),
                 "--status", str(status), "--writer", writer, "--audit-dir", str(self.run_dir / "audit"),

@@ -19,7 +19,7 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
   oversized and malformed requests) beside the drill queue on the same broker; the drill
   queue's ack p99, pooled over abuse windows interleaved with quiet ones, stays within 2x of the
   quiet windows' and it never fails over (issue 25). The abuser's client runs in its own process,
-  under a CPU quota in a cgroup of its own, and the cluster keeps its CPU (``drills.cpu_isolation``;
+  under a CPU quota in a cgroup of its own, and the cluster keeps its CPU (``ordq.drills.cpu_isolation``;
   without cgroups: idle priority, and the output says so).
 """
 
@@ -42,20 +42,20 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions
 
-from broker_group.auth import ALL_QUEUES
-from broker_group.client import GrpcTransport
-from broker_group.errors import from_rpc_error
-from broker_group.framing import GRPC_OPTIONS
-from broker_group.log import Message, encode_batch
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator.store import ZkStore, new_client
-from coordinator.tokens import create_token, revoke_token, touch
-from drills import cpu_isolation
-from drills.runner import SUBSCRIPTION, DrillContext
-from drills.workload import now_us
-from ordq.errors import BrokerUnavailable, EpochNotIssued, OrdqError, PermissionDenied
-from ordq.security import Credentials, channel, token_metadata
+from ordq.broker_group.auth import ALL_QUEUES
+from ordq.broker_group.log import Message, encode_batch
+from ordq.common.errors import BrokerUnavailable, EpochNotIssued, OrdqError, PermissionDenied
+from ordq.common.security import Credentials, channel, token_metadata
+from ordq.coordinator.store import ZkStore, new_client
+from ordq.coordinator.tokens import create_token, revoke_token, touch
+from ordq.drills import cpu_isolation
+from ordq.drills.runner import SUBSCRIPTION, DrillContext
+from ordq.drills.workload import now_us
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.client import GrpcTransport
+from ordq.wire.errors import from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS
 
 REVOKE_TIMEOUT_S = 10.0  # how soon every broker must refuse a revoked token (a ZooKeeper watch)
 
@@ -253,8 +253,8 @@ def zk_write_attempts(root: str, queue: str, sub: str, client_auth: str | None
     consumer holds (issue 23). Each ``write`` takes a connected kazoo client and must raise
     NoAuthError. ``queue`` is one the attacker holds no token for; ``sub`` one of its
     subscriptions, with a failure policy set."""
-    from coordinator.acl import digest_id
-    from coordinator.paths import Paths
+    from ordq.coordinator.acl import digest_id
+    from ordq.coordinator.paths import Paths
 
     p = Paths(root)
     anyone_all = [ACL(Permissions.ALL, Id("world", "anyone"))]
@@ -327,7 +327,7 @@ def zk_write_without_acl(ctx: DrillContext) -> None:
     queue or subscription (ACL naming only itself, or open), change a group, the queue's
     configuration, the ACL record. Each is refused; nothing was created; the policy is as set."""
     c = ctx.cluster
-    from coordinator.paths import Paths
+    from ordq.coordinator.paths import Paths
 
     p = Paths(c.root)
     policy = {"on_failure": "block", "attempts": 3, "backoff_s": [0.1]}
@@ -598,7 +598,7 @@ class _AbuserProcess:
     """``_Abuser`` in a process of its own. In production the abuser is on another host: its
     client's CPU (TLS encryption of 30 MiB bodies, gRPC threads, reading the huge answers) is not
     taken from the broker or the neighbour's clients. The drill puts this process in a cgroup
-    under a CPU quota (``drills.cpu_isolation``); where there are no cgroups it runs at idle
+    under a CPU quota (``ordq.drills.cpu_isolation``); where there are no cgroups it runs at idle
     priority (``idle``: ``_idle_priority``). ``abuse()`` starts one window of abuse, ``pause()``
     ends it (streams cancelled, calls finished) and returns its outcomes."""
 
@@ -660,7 +660,7 @@ def _unknown_field(data: bytes) -> bytes:
 
 def _fill(c: Any, queue_: str, creds: Credentials) -> None:
     """The abuser writes its own queue first (what its huge fetches then read)."""
-    from sdk import Producer, ProducerConfig
+    from ordq.sdk import Producer, ProducerConfig
 
     producer = Producer(ProducerConfig(zk_hosts=c.zk_hosts, root=c.root, queue=queue_, credentials=creds,
                                        send_timeout_s=10.0))
@@ -698,7 +698,7 @@ def _cpu_story(a: dict[str, float], b: dict[str, float], seconds: float) -> str:
 
 
 def _isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | None, str]:
-    """The drill's CPU isolation (``drills.cpu_isolation``): the cluster, the drill's clients and
+    """The drill's CPU isolation (``ordq.drills.cpu_isolation``): the cluster, the drill's clients and
     this process in a group with the highest shares; returns it (None where cgroups cannot be
     used) and the judgement in words, which the drill logs and its verdict repeats."""
     iso, how = cpu_isolation.open_isolation()

@@ -27,7 +27,7 @@ class Verifier:
     def __call__(self, audit_dirs: Sequence[Path], *, report_path: Path | None = None) -> Any:
         """Verify the runs whose audit folders (``acks/``, ``deliveries/``, ``skips/`` when a
         consumer parked) are given, in one job."""
-        import spark_order_check
+        from ordq import spark_order_check
 
         skips = [d / "skips" for d in audit_dirs if any((d / "skips").glob("*.tsv*"))]
         return spark_order_check.verify(acks=[d / "acks" for d in audit_dirs],
@@ -36,7 +36,7 @@ class Verifier:
 
     def _spark(self) -> Any:
         if self._session is None:
-            from spark_order_check._session import make_session, running_session
+            from ordq.spark_order_check._session import make_session, running_session
 
             # A session already running in this process (an in-process ``ordq demo`` in the
             # tests) is used and never stopped: getOrCreate would hand it over all the same.

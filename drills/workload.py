@@ -1,7 +1,7 @@
 """Producer and consumer processes for the drills, the demo and the failover bench.
 
-    python -m drills.workload produce --zk H --root R --queue Q --total N --status FILE [...]
-    python -m drills.workload consume --zk H --root R --queue Q --subscription S --total N --status FILE [...]
+    python -m ordq.drills.workload produce --zk H --root R --queue Q --total N --status FILE [...]
+    python -m ordq.drills.workload consume --zk H --root R --queue Q --subscription S --total N --status FILE [...]
 
 The producer waits to be elected (a standby blocks), then sends the queue's stream up to seq
 ``total - 1``: a standby that takes over continues where the stored stream ends, so however
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ordq.proc import announce
+from ordq.common.proc import announce
 
 EXIT_DONE = 0
 EXIT_ERROR = 2
@@ -153,9 +153,9 @@ class ProducerRun:
             self.seg_first_ack_us[res.seg] = t
 
     def run(self) -> int:
-        from ordq.errors import FencedError, GapDetected, OrdqError
-        from sdk import Producer, ProducerConfig
-        from sdk._producer_core import BatchingConfig
+        from ordq.common.errors import FencedError, GapDetected, OrdqError
+        from ordq.sdk import Producer, ProducerConfig
+        from ordq.sdk._producer_core import BatchingConfig
 
         a = self.args
         cfg = ProducerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, send_timeout_s=a.send_timeout,
@@ -238,8 +238,8 @@ class ConsumerRun:
         }
 
     def run(self) -> int:
-        from ordq.errors import GapDetected, NotLeader, OrdqError
-        from sdk import Consumer, ConsumerConfig
+        from ordq.common.errors import GapDetected, NotLeader, OrdqError
+        from ordq.sdk import Consumer, ConsumerConfig
 
         a = self.args
         cfg = ConsumerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, subscription=a.subscription,
@@ -281,7 +281,7 @@ class ConsumerRun:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m drills.workload", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ordq.drills.workload", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="role", required=True)
     for role in ("produce", "consume"):
         p = sub.add_parser(role)

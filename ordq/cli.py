@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ordq import __version__
-from ordq.errors import ConfigError, OrdqError
+from ordq.common.errors import ConfigError, OrdqError
 
 # Order is the order shown in --help.
 COMMAND_MODULES = (
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
     # --token[-file] / --zk-auth[-file]: the env every credentials lookup of this command sees
-    # (ordq/security.py), restored after it (main() also runs inside tests).
+    # (ordq/common/security.py), restored after it (main() also runs inside tests).
     try:
         token = _secret(args.token, args.token_file, "--token-file")
         zk_auth = _secret(args.zk_auth, getattr(args, "zk_auth_file", None), "--zk-auth-file")

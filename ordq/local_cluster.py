@@ -44,14 +44,14 @@ from typing import Any, TypeVar
 
 import attrs
 
-from broker_group.process import BrokerGroupProcesses, BrokerProcess
-from coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
-from coordinator.store import ZkStore
-from coordinator.zk_retry import START_BOUND_S, retry_zk
-from ordq.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
-from ordq.metrics import scrape
-from ordq.proc import ManagedProcess
-from ordq.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls, unregister
+from ordq.broker_group.process import BrokerGroupProcesses, BrokerProcess
+from ordq.common.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
+from ordq.common.metrics import scrape
+from ordq.common.proc import ManagedProcess
+from ordq.common.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls, unregister
+from ordq.coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.zk_server import ZkServer
 
 T = TypeVar("T")
@@ -74,7 +74,7 @@ class ClusterConfig:
     coordinators: int = 2
     root: str = "/ordq"
     session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
-    tls: bool = True  # mutual TLS on every gRPC hop, with a CA made in <folder>/tls (ordq/security.py)
+    tls: bool = True  # mutual TLS on every gRPC hop, with a CA made in <folder>/tls (ordq/common/security.py)
     tokens: bool = True  # enforce access tokens; start() makes an admin token (<folder>/admin.token)
     # ZooKeeper ACLs on the root (docs/SECURITY.md): admin and client digest credentials are
     # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
@@ -218,8 +218,8 @@ class LocalCluster:
         or an older ordq) is upgraded in place (coordinator/acl_client.py)."""
         if not self.config.zk_acl:
             return
-        from coordinator.acl import ACL_NODE, AclIds
-        from coordinator.acl_client import protect
+        from ordq.coordinator.acl import ACL_NODE, AclIds
+        from ordq.coordinator.acl_client import protect
 
         running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
         if running:
@@ -248,8 +248,8 @@ class LocalCluster:
         is not running and stopped again. A rotation cut short is finished by running it again
         (the client also presents the new admin credential). ConfigError while a broker or
         coordinator runs (it would lose its rights), or without ZooKeeper ACLs."""
-        from coordinator.acl import AclIds
-        from coordinator.acl_client import protect
+        from ordq.coordinator.acl import AclIds
+        from ordq.coordinator.acl_client import protect
 
         if not self.config.zk_acl or self.admin_auth is None:
             raise ConfigError(f"the cluster in {self.folder} has no ZooKeeper credentials to rotate (--no-zk-acl)")
@@ -568,7 +568,7 @@ class LocalCluster:
 
     def _broker_status(self, live: dict[str, dict[str, Any]], zk_error: str | None,
                        rpc_timeout_s: float) -> list[ProcessStatus]:
-        from broker_group.client import GrpcTransport
+        from ordq.wire.client import GrpcTransport
 
         out = []
         transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=self.credentials)
@@ -639,7 +639,7 @@ class LocalCluster:
     def _ensure_admin_token(self) -> None:
         """An admin token on every queue for this cluster's own clients (the CLI after
         ``ordq up``, the tests, the drills), made once and kept in the folder (mode 0600)."""
-        from coordinator.tokens import create_token, load_tokens, token_id, touch
+        from ordq.coordinator.tokens import create_token, load_tokens, token_id, touch
 
         token = self.credentials.token
         with self.store() as store:

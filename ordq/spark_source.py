@@ -10,7 +10,7 @@ seq order within each micro-batch's partitions (one partition per segment range,
 in segment order); a restarted query resumes at the checkpointed offset, so across restarts
 no seq is read twice and none is skipped. A missing seq raises ``GapDetected`` (never skipped).
 
-How it reads: directly from the replicas by position (``ordq.admin.read.ReplicaReader``: the
+How it reads: directly from the replicas by position (``ordq.sdk.replicas.ReplicaReader``: the
 segment's master, or its slave when the master does not answer), like ``ordq peek``. Spark
 owns the position: the offset ``{"seg", "offset", "seq"}`` is a ``Cursor`` (read position and
 last seq read) kept in Spark's checkpoint, so no subscription, cursor or consumer election is
@@ -22,7 +22,7 @@ Rules:
   never passed: the query waits there until someone seals it (the producer does on failover,
   a consumer or the coordinator otherwise).
 - Duplicates by seq (a resend after failover lands in the next segment) are dropped exactly as
-  the SDK consumer drops them (``sdk._consumer_core.DeliveryFilter``: seq <= last read).
+  the SDK consumer drops them (``ordq.sdk._consumer_core.DeliveryFilter``: seq <= last read).
 - Segments are popped only by subscriptions (``docs/SPARK.md``, "Retention"): a query behind a
   popped segment fails with ``GapDetected`` rather than skip.
 """
@@ -39,13 +39,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from broker_group.log import Message, decode_messages, parse_header
-from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from coordinator.store import ZkStore
-from ordq.admin.read import ReplicaReader
-from ordq.admin.reset import parse_reset_target, resolve_target
-from ordq.errors import BrokerUnavailable, ConfigError, NotFound
-from sdk._consumer_core import DeliveryFilter
+from ordq.broker_group.log import Message, decode_messages, parse_header
+from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound
+from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.sdk._consumer_core import DeliveryFilter
+from ordq.sdk.positions import parse_reset_target, resolve_target
+from ordq.sdk.replicas import ReplicaReader
 
 NAME = "ordq"
 SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key: string, value: binary>>, "

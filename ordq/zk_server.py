@@ -5,7 +5,7 @@ Used by ``ordq zk``, the local cluster, the tests and the drills. Guarantees:
   (an ensemble: every live node is leader or follower and exactly one is leader). It fails
   fast, with the node's log tail, if a node dies, and refuses to start a node whose port is
   taken, so a leftover server can never make a failed start look ready.
-- Each node is a :class:`ordq.proc.ManagedProcess` with its own ``zoo.cfg``, ``data/myid``,
+- Each node is a :class:`ordq.common.proc.ManagedProcess` with its own ``zoo.cfg``, ``data/myid``,
   log and pid file under ``<folder>/node<i>/``; ports are kept in ``<folder>/cluster.json``,
   so a restart keeps them and ``ZkServer.load(folder)`` in another process finds the servers.
 - ``tickTime`` is 200 ms by default: ZooKeeper only grants sessions of 2–20 ticks unless told
@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ordq.errors import ConfigError, ExternalProcessError
-from ordq.proc import ManagedProcess
+from ordq.common.errors import ConfigError, ExternalProcessError
+from ordq.common.proc import ManagedProcess
 
 if TYPE_CHECKING:
-    from ordq.security import Credentials
+    from ordq.common.security import Credentials
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
@@ -395,7 +395,7 @@ class ZkServer:
         tmp.replace(self.folder / CONFIG_FILE)
 
     def _read_saved_tls(self) -> Credentials | None:
-        from ordq.security import Credentials
+        from ordq.common.security import Credentials
 
         try:
             doc = json.loads((self.folder / CONFIG_FILE).read_text())

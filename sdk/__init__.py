@@ -1,6 +1,6 @@
 """ordq client SDK: ordered producer and consumer (sync and asyncio), audit hook.
 
-    from sdk import Producer, ProducerConfig, Consumer, ConsumerConfig
+    from ordq.sdk import Producer, ProducerConfig, Consumer, ConsumerConfig
 
     with Producer(ProducerConfig(zk_hosts="127.0.0.1:2181", queue="orders")) as p:
         p.send(b"payload").result()          # (seq, seg, offset) once on both replicas
@@ -10,13 +10,13 @@
             handle(m.seq, m.payload)
 """
 
-from sdk._consumer_core import CommitConfig
-from sdk._futures import SendFuture, SendResult
-from sdk._producer_core import BatchingConfig
-from sdk.aio import AsyncConsumer, AsyncProducer
-from sdk.consumer import BlockedMessage, Consumer, ConsumerConfig, Delivered
-from sdk.failure import FailurePolicy
-from sdk.producer import Producer, ProducerConfig, StoredMessage
+from ordq.sdk._consumer_core import CommitConfig
+from ordq.sdk._futures import SendFuture, SendResult
+from ordq.sdk._producer_core import BatchingConfig
+from ordq.sdk.aio import AsyncConsumer, AsyncProducer
+from ordq.sdk.consumer import BlockedMessage, Consumer, ConsumerConfig, Delivered
+from ordq.sdk.failure import FailurePolicy
+from ordq.sdk.producer import Producer, ProducerConfig, StoredMessage
 
 __all__ = [
     "AsyncConsumer",

@@ -20,8 +20,8 @@ from collections import deque
 
 import attrs
 
-from coordinator.state import Cursor
-from ordq.errors import ConfigError, GapDetected
+from ordq.common.errors import ConfigError, GapDetected
+from ordq.coordinator.state import Cursor
 
 
 @attrs.define

@@ -16,15 +16,15 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from broker_group.log import Message, encode_batch, message_size
-from ordq.errors import ConfigError
+from ordq.broker_group.log import Message, encode_batch, message_size
+from ordq.common.errors import ConfigError
 
 MESSAGE_OVERHEAD = 32  # about what a message adds to a batch beyond its bytes (its record header)
 
 
 def message_bytes(payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
     """A message's own bytes as stored: payload, key and encoded headers
-    (``broker_group.log.message_size``, what a queue's ``max_message_bytes`` limits)."""
+    (``ordq.broker_group.log.message_size``, what a queue's ``max_message_bytes`` limits)."""
     if not headers:  # the common case, on the per-message path: no call, no generator
         return len(payload) + (len(key) if key else 0)
     return message_size(payload, key, headers)

@@ -1,4 +1,4 @@
-"""The producer's data path on its event loop (``ordq.loop``): the produce stream's writes
+"""The producer's data path on its event loop (``ordq.common.loop``): the produce stream's writes
 and ack reads, the linger and ack-deadline timers, settling acked batches, and failover.
 
 Rules:
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ordq.errors import (
+from ordq.common.errors import (
     BrokerUnavailable,
     ClosedError,
     ConfigError,
@@ -40,19 +40,19 @@ from ordq.errors import (
     PermissionDenied,
     TokensUnavailable,
 )
-from sdk._futures import SendFuture
-from sdk._producer_core import PendingBatch
-from sdk.transport import Ack, AsyncProduceStream
+from ordq.sdk._futures import SendFuture
+from ordq.sdk._producer_core import PendingBatch
+from ordq.wire.transport import Ack, AsyncProduceStream
 
 if TYPE_CHECKING:
-    from broker_group.aio_client import AioTransport
-    from coordinator.client import CoordinatorClient
-    from coordinator.store import ZkStore
-    from ordq.loop import LoopThread
-    from sdk._producer_core import ProducerCore
-    from sdk.audit import AuditWriter
-    from sdk.metrics import ProducerMetrics
-    from sdk.producer import ProducerConfig, ProducerStats
+    from ordq.common.loop import LoopThread
+    from ordq.coordinator.client import CoordinatorClient
+    from ordq.coordinator.store import ZkStore
+    from ordq.sdk._producer_core import ProducerCore
+    from ordq.sdk.audit import AuditWriter
+    from ordq.sdk.metrics import ProducerMetrics
+    from ordq.sdk.producer import ProducerConfig, ProducerStats
+    from ordq.wire.aio_client import AioTransport
 
 log = logging.getLogger("ordq.producer")
 
@@ -101,7 +101,7 @@ class FailoverPacing:
 
 
 class ProducerIO:
-    """The loop side of ``sdk.producer.Producer`` (which owns the fields declared here)."""
+    """The loop side of ``ordq.sdk.producer.Producer`` (which owns the fields declared here)."""
 
     config: ProducerConfig
     _mutex: threading.RLock
@@ -538,7 +538,7 @@ class ProducerIO:
             threading.Thread(target=self._roll, args=(gid, seg), name="ordq-producer-roll", daemon=True).start()
 
     def _roll(self, gid: str, seg: int) -> None:
-        """Ask the coordinator to roll (``coordinator.state.roll``; it seals the old segment):
+        """Ask the coordinator to roll (``ordq.coordinator.state.roll``; it seals the old segment):
         its master then refuses further writes, our stream ends, and ``_handle_failure``
         continues on the new segment with what was in flight, as after a failover (on the
         same head). Rolled or failed over by someone else first: nothing to do."""

@@ -17,9 +17,9 @@ import time
 
 from kazoo.client import KazooClient
 
-from coordinator.state import QueueState
-from coordinator.store import LiveInfo, ZkStore
-from ordq.errors import CoordinationUnavailable
+from ordq.common.errors import CoordinationUnavailable
+from ordq.coordinator.state import QueueState
+from ordq.coordinator.store import LiveInfo, ZkStore
 
 
 class QueueView:

@@ -14,10 +14,10 @@ from typing import TypeVar
 
 from kazoo.client import KazooClient
 
-from coordinator.acl_client import check_identity
-from coordinator.store import new_client
-from coordinator.zk_retry import retry_zk
-from ordq.errors import CoordinationUnavailable
+from ordq.common.errors import CoordinationUnavailable
+from ordq.coordinator.acl_client import check_identity
+from ordq.coordinator.store import new_client
+from ordq.coordinator.zk_retry import retry_zk
 
 T = TypeVar("T")
 

@@ -15,11 +15,11 @@ import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from ordq.errors import WaitTimeout
-from sdk._futures import SendFuture, SendResult
-from sdk.consumer import Consumer, ConsumerConfig, Delivered
-from sdk.producer import Producer, ProducerConfig, StoredMessage
-from sdk.transport import BrokerTransport
+from ordq.common.errors import WaitTimeout
+from ordq.sdk._futures import SendFuture, SendResult
+from ordq.sdk.consumer import Consumer, ConsumerConfig, Delivered
+from ordq.sdk.producer import Producer, ProducerConfig, StoredMessage
+from ordq.wire.transport import BrokerTransport
 
 
 class AsyncProducer:

@@ -4,7 +4,7 @@ segment, delivers each seq once and in order, and moves on segment by segment.
 Guarantee: messages are handed to the application in seq order, each seq once per consumer
 instance; a missing seq raises ``GapDetected`` (never skipped). Only one instance delivers at a
 time: before handing out a message the consumer checks, by its own clock, that it still holds
-the subscription's lease (``sdk._lease``); when it cannot be sure it hands out nothing, and
+the subscription's lease (``ordq.sdk._lease``); when it cannot be sure it hands out nothing, and
 when the lease is gone it raises ``NotLeader`` and commits nothing more.
 
 What is committed (docs/SDK.md, "What is committed"): never past what the application
@@ -22,7 +22,7 @@ read returns waits in a buffer and is handed out as the application asks (``poll
 to ``max_messages``). At the end of a ``sealing`` segment the consumer asks the coordinator to
 seal it; at the end of a sealed one it advances its cursor to the next segment and asks for a
 ``pop``. What it knows of ZooKeeper (the queue's state, the groups' live processes) is cached
-in ``sdk._queue_view``.
+in ``ordq.sdk._queue_view``.
 
 Who writes what (issue 23): the consumer only reads ZooKeeper, and holds its contender node in
 the subscription's election (and, in ``run``, its alarm and the parked ledger: sdk/parking.py).
@@ -48,12 +48,8 @@ import attrs
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
-from broker_group.log import decode_batch
-from coordinator.client import CoordinatorClient
-from coordinator.paths import Paths, check_name, check_zk_hosts
-from coordinator.state import Cursor, Segment, SegStatus
-from coordinator.store import ZkStore
-from ordq.errors import (
+from ordq.broker_group.log import decode_batch
+from ordq.common.errors import (
     AlreadyExists,
     BrokerUnavailable,
     ClosedError,
@@ -71,17 +67,21 @@ from ordq.errors import (
     SubscriptionNotFound,
     WaitTimeout,
 )
-from ordq.security import Credentials, lookup
-from sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
-from sdk._lease import SessionLease, acquire_within, release_bounded
-from sdk._queue_view import QueueView
-from sdk._zk_start import connect
-from sdk.audit import AuditWriter, new_writer_id
-from sdk.failure import FailurePolicy
-from sdk.keyed import KeyedWorkers
-from sdk.metrics import ConsumerMetrics
-from sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_key_filter
-from sdk.transport import BrokerTransport, FetchResult, Reader
+from ordq.common.security import Credentials, lookup
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.coordinator.state import Cursor, Segment, SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter
+from ordq.sdk._lease import SessionLease, acquire_within, release_bounded
+from ordq.sdk._queue_view import QueueView
+from ordq.sdk._zk_start import connect
+from ordq.sdk.audit import AuditWriter, new_writer_id
+from ordq.sdk.failure import FailurePolicy
+from ordq.sdk.keyed import KeyedWorkers
+from ordq.sdk.metrics import ConsumerMetrics
+from ordq.sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_key_filter
+from ordq.wire.transport import BrokerTransport, FetchResult, Reader
 
 log = logging.getLogger("ordq.consumer")
 T = TypeVar("T")
@@ -119,7 +119,7 @@ class ConsumerConfig:
     # policy (``ordq sub policy``), else block with the default ladder.
     on_failure: FailurePolicy | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
-    # TLS files and token for the brokers (ordq/security.py); None: as registered for zk_hosts.
+    # TLS files and token for the brokers (ordq/common/security.py); None: as registered for zk_hosts.
     credentials: Credentials | None = None
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
     # ``Consumer.metrics_url``) and/or kept in the application's registry.
@@ -131,7 +131,7 @@ class ConsumerConfig:
         check_name("queue", self.queue)
         check_name("subscription", self.subscription)
         Paths(self.root)  # InvalidName for a bad root
-        from ordq.admin.reset import parse_reset_target
+        from ordq.sdk.positions import parse_reset_target
 
         parse_reset_target(self.start.split())  # ConfigError for a bad start
         if self.fetch_max_bytes < 1024 or self.fetch_wait_ms < 0:
@@ -147,7 +147,7 @@ class ConsumerConfig:
 
 
 class Delivered(NamedTuple):
-    """One delivered message. A NamedTuple, like ``broker_group.log.Message``, not an attrs
+    """One delivered message. A NamedTuple, like ``ordq.broker_group.log.Message``, not an attrs
     class: one is built per message on the hot path (~0.3 µs instead of ~1.5 µs)."""
 
     seq: int
@@ -258,7 +258,7 @@ class Consumer:
         cfg = self.config
         creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
         if self._transport is None:
-            from broker_group.client import GrpcTransport
+            from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
         self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,

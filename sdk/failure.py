@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 
 MODES = ("block", "park", "raise")
 

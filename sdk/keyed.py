@@ -32,11 +32,11 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from coordinator.state import Cursor
-from sdk._consumer_core import FinishedTracker
+from ordq.coordinator.state import Cursor
+from ordq.sdk._consumer_core import FinishedTracker
 
 if TYPE_CHECKING:
-    from sdk.consumer import Delivered
+    from ordq.sdk.consumer import Delivered
 
 _STOP: Any = object()
 _CONTROL: Any = object()  # run ``on_control(worker)`` on that worker, between its messages

@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from coordinator.state import SegStatus
-from ordq.metrics import MetricsServer, one, serve
+from ordq.common.metrics import MetricsServer, one, serve
+from ordq.coordinator.state import SegStatus
 
 if TYPE_CHECKING:
-    from sdk._producer_core import PendingBatch
-    from sdk.consumer import Consumer
-    from sdk.producer import Producer
+    from ordq.sdk._producer_core import PendingBatch
+    from ordq.sdk.consumer import Consumer
+    from ordq.sdk.producer import Producer
 
 # send() to ack: a few ms on a quiet loopback cluster, up to seconds through a failover.
 ACK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -2,7 +2,7 @@
 change it describes; ``ordq outbox relay`` ships it to the queue once that transaction commits.
 
     import sqlite3
-    from sdk import outbox
+    from ordq.sdk import outbox
 
     db = sqlite3.connect("app.db")
     outbox.create_tables(db)                         # once (or: ordq outbox init app.db)
@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ordq.errors import ConfigError, OutboxError, OutboxTableMissing
+from ordq.common.errors import ConfigError, OutboxError, OutboxTableMissing
 
 OUTBOX_ID_HEADER = "x-ordq-outbox-id"
 DEFAULT_TABLE = "ordq_outbox"
@@ -155,7 +155,7 @@ def add(
     text (they are kept as JSON). Raises ConfigError for a bad argument, OutboxTableMissing
     when the table was never created, OutboxError for another database error (the caller's
     transaction is then to be rolled back, as after any failed statement)."""
-    from coordinator.paths import check_name
+    from ordq.coordinator.paths import check_name
 
     check_name("queue", queue)
     dialect = dialect_of(conn)

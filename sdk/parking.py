@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ordq.errors import (
+from ordq.common.errors import (
     ConfigError,
     CoordinationUnavailable,
     HandlerError,
@@ -38,15 +38,15 @@ from ordq.errors import (
     OrdqError,
     QueueNotFound,
 )
-from sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parking_queue, replay_plan
-from sdk.keyed import worker_of
+from ordq.sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parking_queue, replay_plan
+from ordq.sdk.keyed import worker_of
 
 if TYPE_CHECKING:
-    from broker_group.log import Message
-    from coordinator.client import CoordinatorClient
-    from coordinator.store import ZkStore
-    from sdk.audit import AuditWriter
-    from sdk.consumer import ConsumerConfig, Delivered
+    from ordq.broker_group.log import Message
+    from ordq.coordinator.client import CoordinatorClient
+    from ordq.coordinator.store import ZkStore
+    from ordq.sdk.audit import AuditWriter
+    from ordq.sdk.consumer import ConsumerConfig, Delivered
 
 log = logging.getLogger("ordq.consumer")
 
@@ -238,7 +238,7 @@ class FailureHandling:
 
     def _park(self, m: Delivered, *, attempts: int, error: str, follows: int | None) -> None:
         """Send ``m`` to the parking queue (acked before anything else), then record it."""
-        from sdk.producer import Producer, ProducerConfig
+        from ordq.sdk.producer import Producer, ProducerConfig
 
         cfg = self.config
         with self._lock:
@@ -328,7 +328,7 @@ class FailureHandling:
     def _prefetch(self, plan: list[dict[str, Any]]) -> dict[tuple[str, int], Message]:
         """The parked messages of ``plan`` read in a few large fetches (one per ~1 MiB), not
         one lookup each; what cannot be read now is looked up one by one later."""
-        from ordq.admin.read import ReplicaReader, read_messages
+        from ordq.sdk.replicas import ReplicaReader, read_messages
 
         if self._reader is None:
             self._reader = ReplicaReader(self._store)
@@ -345,8 +345,8 @@ class FailureHandling:
         return out
 
     def _from_parking_queue(self, r: dict[str, Any], fetched: dict[tuple[str, int], Message]) -> Delivered | None:
-        from ordq.admin.read import ReplicaReader, read_message
-        from sdk.consumer import Delivered
+        from ordq.sdk.consumer import Delivered
+        from ordq.sdk.replicas import ReplicaReader, read_message
 
         pm = fetched.get((str(r["parking_queue"]), int(r["parked_seq"])))
         if pm is None:

@@ -7,11 +7,11 @@ same seqs, to the new head segment, so the stored history holds every acked seq 
 see each seq once, in order. A ``FencedError`` means another leader took over: stop.
 
 Threads: callers of ``send`` add to the core under a lock and wake the producer's event loop
-(``ordq.loop``) only when a batch is cut or due, at most once per batch; the loop writes the
+(``ordq.common.loop``) only when a batch is cut or due, at most once per batch; the loop writes the
 produce stream, reads its acks and settles them, and keeps the linger and ack-deadline timers
-(``sdk._producer_io``). Failover's blocking calls run on a worker thread. Batching and the
-window are ``sdk._producer_core``. The producer writes nothing to ZooKeeper but its election
-node: it asks the coordinator service (``coordinator.client``) for its epoch (Claim, which
+(``ordq.sdk._producer_io``). Failover's blocking calls run on a worker thread. Batching and the
+window are ``ordq.sdk._producer_core``. The producer writes nothing to ZooKeeper but its election
+node: it asks the coordinator service (``ordq.coordinator.client``) for its epoch (Claim, which
 also fences and recovers the tail), to fail over and to roll; the epoch key the claim returns
 goes with every Produce, and a refusal (PermissionDenied, EpochNotIssued) is final.
 """
@@ -29,11 +29,8 @@ import attrs
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
-from broker_group.log import Message, decode_batch
-from coordinator.client import CoordinatorClient
-from coordinator.paths import Paths, check_name, check_zk_hosts
-from coordinator.store import ZkStore
-from ordq.errors import (
+from ordq.broker_group.log import Message, decode_batch
+from ordq.common.errors import (
     BrokerUnavailable,
     ClosedError,
     ConfigError,
@@ -41,19 +38,22 @@ from ordq.errors import (
     OrdqError,
     WaitTimeout,
 )
-from ordq.loop import LoopThread
-from ordq.security import Credentials, lookup
-from sdk._futures import BatchOutcome, SendFuture
-from sdk._lease import acquire_within, release_bounded
-from sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
-from sdk._producer_io import ProducerIO
-from sdk._zk_start import connect
-from sdk.audit import AuditWriter, new_writer_id
-from sdk.metrics import ProducerMetrics
-from sdk.transport import AsyncProduceStream, BrokerTransport
+from ordq.common.loop import LoopThread
+from ordq.common.security import Credentials, lookup
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.coordinator.store import ZkStore
+from ordq.sdk._futures import BatchOutcome, SendFuture
+from ordq.sdk._lease import acquire_within, release_bounded
+from ordq.sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
+from ordq.sdk._producer_io import ProducerIO
+from ordq.sdk._zk_start import connect
+from ordq.sdk.audit import AuditWriter, new_writer_id
+from ordq.sdk.metrics import ProducerMetrics
+from ordq.wire.transport import AsyncProduceStream, BrokerTransport
 
 if TYPE_CHECKING:
-    from broker_group.aio_client import AioTransport
+    from ordq.wire.aio_client import AioTransport
 
 log = logging.getLogger("ordq.producer")
 T = TypeVar("T")
@@ -81,7 +81,7 @@ class ProducerConfig:
     # ``Producer.metrics_url``) and/or kept in the application's registry.
     metrics_listen: str | None = None
     metrics_registry: CollectorRegistry | None = None
-    # TLS files and token for the brokers (ordq/security.py); None: as registered for zk_hosts
+    # TLS files and token for the brokers (ordq/common/security.py); None: as registered for zk_hosts
     # in the credentials file (``ordq up`` registers the clusters it starts).
     credentials: Credentials | None = None
 
@@ -185,7 +185,7 @@ class Producer(ProducerIO):
         cfg = self.config
         creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
         if self._transport is None:
-            from broker_group.client import GrpcTransport
+            from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
         self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,
@@ -226,7 +226,7 @@ class Producer(ProducerIO):
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
 
     async def _start_io(self, creds: Credentials, gid: str, seg: int, address: str) -> None:
-        from broker_group.aio_client import AioTransport
+        from ordq.wire.aio_client import AioTransport
 
         self._aio = AioTransport(credentials=creds)
         self._open_stream(gid, seg, address)
@@ -280,7 +280,7 @@ class Producer(ProducerIO):
         timeout_s: float | None = None,
     ) -> SendFuture:
         """Queue one message; returns a future resolved with its (seq, seg, offset) once both
-        replicas synced it (``sdk._futures.SendFuture``: result/exception/done/
+        replicas synced it (``ordq.sdk._futures.SendFuture``: result/exception/done/
         add_done_callback). Blocks while ``max_inflight_bytes`` are unacked (backpressure).
 
         Raises MessageTooLarge, FencedError (another leader took over), ClosedError.

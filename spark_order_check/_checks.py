@@ -25,9 +25,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_order_check._files import ROW_BITS
-from spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, TORN
-from spark_order_check.report import HIST_BINS_PER_DECADE, NONPOSITIVE_BIN
+from ordq.spark_order_check._files import ROW_BITS
+from ordq.spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, TORN
+from ordq.spark_order_check.report import HIST_BINS_PER_DECADE, NONPOSITIVE_BIN
 
 EXAMPLES = 20
 

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import attrs
 
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 
 KINDS = ("acks", "deliveries")
 _NAME = re.compile(r"^(?P<writer>.+)-(?P<n>\d+)\.tsv(?P<part>\.part)?$")

@@ -33,8 +33,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
-from spark_order_check._files import ROW_BITS, AuditFile
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
+from ordq.spark_order_check._files import ROW_BITS, AuditFile
 
 ACK, DELIVERY, MALFORMED, TORN = 0, 1, 2, 3
 SKIP = 4  # scan_skips rows only, never in E

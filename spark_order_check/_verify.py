@@ -19,10 +19,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ordq.errors import ConfigError, OrdqError
-from spark_order_check import _checks as C
-from spark_order_check._files import ROW_BITS, AuditFile, list_local, list_remote, partition_paths
-from spark_order_check._scan import (
+from ordq.common.errors import ConfigError, OrdqError
+from ordq.spark_order_check import _checks as C
+from ordq.spark_order_check._files import ROW_BITS, AuditFile, list_local, list_remote, partition_paths
+from ordq.spark_order_check._scan import (
     ACK,
     BUCKET_BITS,
     DELIVERY,
@@ -33,14 +33,14 @@ from spark_order_check._scan import (
     scan_deliveries,
     scan_skips,
 )
-from spark_order_check._session import (
+from ordq.spark_order_check._session import (
     PARTITION_INPUT_BYTES,
     default_partitions,
     make_session,
     running_session,
     scan_settings,
 )
-from spark_order_check.report import (
+from ordq.spark_order_check.report import (
     CLASSES,
     EXAMPLES,
     ClassResult,
@@ -155,20 +155,20 @@ def verify(
     if report_path is not None:
         Path(report_path).write_text(report.to_json() + "\n")
     if plot_path is not None:
-        from spark_order_check.plot import latency_histogram_png
+        from ordq.spark_order_check.plot import latency_histogram_png
 
         latency_histogram_png(hist, Path(plot_path), report)
     return report
 
 
 def _list_segments_local(paths: Sequence[str]) -> list[Any]:
-    from spark_order_check.segments import list_segment_files
+    from ordq.spark_order_check.segments import list_segment_files
 
     return list_segment_files(None, paths)
 
 
 def _list_segments(spark: SparkSession, paths: Sequence[str]) -> list[Any]:
-    from spark_order_check.segments import list_segment_files
+    from ordq.spark_order_check.segments import list_segment_files
 
     return list_segment_files(spark, paths)
 
@@ -253,7 +253,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
                     broadcast_keys=raw_counts["_unacked"] <= BROADCAST_KEYS_MAX, bucket_bits=bucket_bits))
         segment_stats = None
         if seg_files is not None:
-            from spark_order_check.segments import segment_findings
+            from ordq.spark_order_check.segments import segment_findings
 
             seg_df, segment_stats = segment_findings(spark, seg_files, e, bucket_bits, kept)
             parts.append(seg_df)
@@ -535,7 +535,7 @@ def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, 
                 "successor_first_at": at(r.pos2, files), "overlap_us": r.crc}
     if cls in ("malformed_row", "torn_row"):
         return {"at": at(r.pos, files), "text": r.text}
-    from spark_order_check.segments import segment_example
+    from ordq.spark_order_check.segments import segment_example
 
     return segment_example(cls, r)
 

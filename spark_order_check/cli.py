@@ -1,4 +1,4 @@
-"""Command line of the verifier, shared by ``python -m spark_order_check`` and ``ordq verify``.
+"""Command line of the verifier, shared by ``python -m ordq.spark_order_check`` and ``ordq verify``.
 
 Exit codes: 0 clean, 1 violations found, 2 could not verify (bad input, Spark failure).
 Importing this module does not import PySpark.
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ordq.errors import ConfigError, OrdqError
+from ordq.common.errors import ConfigError, OrdqError
 
 EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_ERROR = 0, 1, 2
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         skips = list(args.skips) + [os.path.join(d, "skips") for d in args.audit_dirs
                                     if glob.glob(os.path.join(glob.escape(d), "skips", "*.tsv*"))]
         conf = _conf(args.conf)
-        from spark_order_check._verify import verify
+        from ordq.spark_order_check._verify import verify
 
         report = verify(acks=acks, deliveries=deliveries, skips=skips or None, segments=args.segments or None,
                         keyed=args.keyed,
@@ -108,7 +108,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_order_check", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m ordq.spark_order_check", description=DESCRIPTION)
     add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
     args = parser.parse_args(argv)

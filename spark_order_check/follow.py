@@ -36,12 +36,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from coordinator.state import Cursor
-from coordinator.store import ZkStore
-from ordq.admin.read import ReplicaReader
+from ordq.coordinator.state import Cursor
+from ordq.coordinator.store import ZkStore
+from ordq.sdk.replicas import ReplicaReader
+from ordq.spark_order_check._checks import instance_findings
+from ordq.spark_order_check._session import make_session
 from ordq.spark_source import readable_end, register
-from spark_order_check._checks import instance_findings
-from spark_order_check._session import make_session
 
 VIOLATIONS = ("duplicate", "gap", "out_of_order")
 _STREAM = "follow"  # the subscription / consumer columns of the rule code's stream key

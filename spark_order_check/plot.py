@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spark_order_check.report import NONPOSITIVE_BIN, Report, bin_high_us, bin_low_us
+from ordq.spark_order_check.report import NONPOSITIVE_BIN, Report, bin_high_us, bin_low_us
 
 
 def latency_histogram_png(hist: list[tuple[str, str, int, int]], path: Path, report: Report) -> None:

@@ -2,7 +2,7 @@
 
 It is the honest alternative the Spark job is measured against (bench/bench_verify.py: rows/s
 per core of each on the same files), and a second reading of the rules: on generated data it
-must count every class exactly as ``spark_order_check.generate`` expects, as Spark does
+must count every class exactly as ``ordq.spark_order_check.generate`` expects, as Spark does
 (tests/test_reference_checker.py). It reads only audit files (no segment files) and keeps
 per-seq state in memory (about 200 bytes per acked seq): a machine's worth, not a cluster's.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import attrs
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
-from spark_order_check._files import AuditFile, list_local
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
+from ordq.spark_order_check._files import AuditFile, list_local
 
 _ACK_REQUIRED = tuple(ACK_COLUMNS.index(c) for c in ("queue", "producer", "seq", "seg", "crc32"))
 _DELIVERY_REQUIRED = tuple(DELIVERY_COLUMNS.index(c) for c in

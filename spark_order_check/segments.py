@@ -1,7 +1,7 @@
 """Checks over broker segment files: stored order, replica agreement, every acked seq stored.
 
 Segment files (``<data>/<queue>/<seg:012d>/segment.log``, one data directory per broker
-process) are parsed inside Spark tasks, one task per file, with ``broker_group.log``'s own
+process) are parsed inside Spark tasks, one task per file, with ``ordq.broker_group.log``'s own
 reader (``iter_file_batches``: streaming, CRC-checked, stops at a torn tail, raises
 ``CorruptLog`` on a bad batch before the tail). There is one parser of the log format in the
 project; this module only turns its output into rows.
@@ -34,8 +34,8 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import ConfigError
-from spark_order_check._files import is_remote
+from ordq.common.errors import ConfigError
+from ordq.spark_order_check._files import is_remote
 
 SEGMENT_FILE = "segment.log"
 
@@ -76,8 +76,8 @@ def parse_segment(item: tuple[str, str]) -> Iterator[tuple[Any, ...]]:
     """Rows of one segment file (runs in a Spark task): ("msg", replica, queue, seg, offset,
     seq, crc32, None) per message; ("order", ..., offset, seq, expected_seq, None) where a
     batch does not continue the previous one; ("unreadable", ..., text) if it cannot be read."""
-    from broker_group.log import iter_file_batches, parse_segment_path
-    from ordq.errors import CorruptLog
+    from ordq.broker_group.log import iter_file_batches, parse_segment_path
+    from ordq.common.errors import CorruptLog
 
     replica, path = item
     queue, seg = parse_segment_path(path)
@@ -102,8 +102,8 @@ def segment_findings(spark: Any, files: Sequence[SegmentFile], e: Any, bucket_bi
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from spark_order_check import _checks as C
-    from spark_order_check._scan import ACK
+    from ordq.spark_order_check import _checks as C
+    from ordq.spark_order_check._scan import ACK
 
     schema = T.StructType([
         T.StructField("t", T.StringType()), T.StructField("replica", T.StringType()),

@@ -41,18 +41,18 @@ from typing import Any
 
 import pytest
 
-from broker_group.client import GrpcTransport
-from broker_group.process import BrokerGroupProcesses, BrokerProcess
-from coordinator.paths import Paths
-from coordinator.state import QueueState
-from coordinator.store import ZkStore
-from ordq.errors import NotLeader
-from ordq.proc import ManagedProcess
-from ordq.security import provision, unregister
+from ordq.broker_group.process import BrokerGroupProcesses, BrokerProcess
+from ordq.common.errors import NotLeader
+from ordq.common.proc import ManagedProcess
+from ordq.common.security import provision, unregister
+from ordq.coordinator.paths import Paths
+from ordq.coordinator.state import QueueState
+from ordq.coordinator.store import ZkStore
+from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk.consumer import ConsumerStats
+from ordq.sdk.producer import ProducerStats
+from ordq.wire.client import GrpcTransport
 from ordq.zk_server import ZkServer
-from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
-from sdk.consumer import ConsumerStats
-from sdk.producer import ProducerStats
 from tests.helpers.load import (
     AckRec,
     DeliveryRec,

@@ -9,7 +9,7 @@
 - When a test fails, the log tails of the ZooKeeper servers it used are added to its report.
 Every server is stopped in a ``finally``/yield teardown: no java process outlives the run.
 Should the run itself be killed (a CI timeout, kill -9), what it started dies with it: every
-``ManagedProcess`` it starts gets the parent-death signal (``ordq.proc.DIE_WITH_PARENT``), and
+``ManagedProcess`` it starts gets the parent-death signal (``ordq.common.proc.DIE_WITH_PARENT``), and
 the first fixture sweeps what earlier killed runs left detached (``ordq up`` run by a test),
 only processes marked with a dead run as owner and naming pytest's temporary folders.
 """
@@ -26,20 +26,20 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
-import ordq.proc
-from ordq.proc import OWNER_ENV, owner_token, sweep_orphans
+import ordq.common.proc
+from ordq.common.proc import OWNER_ENV, owner_token, sweep_orphans
 from ordq.zk_server import ZkServer
 from tests.util import wait_until
 
 # Everything this run starts dies with it (issue 26: a killed run left 14 brokers, three
 # ZooKeepers and a PostgreSQL running for most of an hour).
-ordq.proc.DIE_WITH_PARENT = True
+ordq.common.proc.DIE_WITH_PARENT = True
 # This run owns everything started under it, also through `ordq up` run as a subprocess (whose
 # own process exits at once): the sweep of another run must see a live owner in them.
 os.environ[OWNER_ENV] = owner_token()
 
 # Clusters the tests start register their TLS credentials here, never in the real home
-# (ordq/security.py); set at import so every program a test spawns inherits it.
+# (ordq/common/security.py); set at import so every program a test spawns inherits it.
 os.environ["ORDQ_CREDENTIALS"] = os.path.join(tempfile.mkdtemp(prefix="ordq-creds-"), "credentials.json")
 os.environ.pop("ORDQ_TOKEN", None)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
 from tests.helpers.load import AckRec, DeliveryRec
 
 MAX_REPORTED = 20

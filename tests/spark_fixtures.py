@@ -13,7 +13,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from spark_order_check._session import make_session
+    from ordq.spark_order_check._session import make_session
 
     session = make_session(
         "local[2]",

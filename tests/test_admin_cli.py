@@ -23,15 +23,15 @@ from typing import Any
 import attrs
 import pytest
 
-from broker_group.client import GrpcTransport
-from broker_group.process import BrokerGroupProcesses
-from coordinator import state as sm
-from coordinator.store import ZkStore
+from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.cli import main
-from ordq.errors import ConflictError
-from ordq.proc import ManagedProcess
-from ordq.security import of_store, provision
-from sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
+from ordq.common.errors import ConflictError
+from ordq.common.proc import ManagedProcess
+from ordq.common.security import of_store, provision
+from ordq.coordinator import state as sm
+from ordq.coordinator.store import ZkStore
+from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
+from ordq.wire.client import GrpcTransport
 from tests.cluster import start_coordinator
 from tests.util import wait_until
 

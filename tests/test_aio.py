@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sdk import BatchingConfig, CommitConfig, ConsumerConfig, ProducerConfig
-from sdk.aio import AsyncConsumer, AsyncProducer
+from ordq.sdk import BatchingConfig, CommitConfig, ConsumerConfig, ProducerConfig
+from ordq.sdk.aio import AsyncConsumer, AsyncProducer
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     CLIENT_SESSION_TIMEOUT_S,
     SEND_TIMEOUT_S,
@@ -35,7 +35,7 @@ def test_asyncio_producer_and_consumer_through_a_head_master_kill(cluster: Clust
             threads_used += 1
         return await to_thread(fn, *args, **kwargs)
 
-    monkeypatch.setattr("sdk.aio.asyncio.to_thread", counting_to_thread)
+    monkeypatch.setattr("ordq.sdk.aio.asyncio.to_thread", counting_to_thread)
     # A window of one batch: sends outrun the acks, so some must wait for room.
     batching = BatchingConfig(max_batch_bytes=64 << 10, max_inflight_bytes=64 << 10)
     pcfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk.audit import ACK_COLUMNS, AuditWriter
+from ordq.sdk.audit import ACK_COLUMNS, AuditWriter
 
 
 def _row(seq: int) -> tuple[object, ...]:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from ordq.cli import build_parser, main
-from ordq.errors import ConfigError
-from sdk import BatchingConfig, CommitConfig, ConsumerConfig, ProducerConfig
+from ordq.common.errors import ConfigError
+from ordq.sdk import BatchingConfig, CommitConfig, ConsumerConfig, ProducerConfig
 from tests.cluster import Cluster
 
 # Options that make a command given good values return at once (a live view, a consumer).

@@ -19,19 +19,10 @@ import attrs
 import grpc
 import pytest
 
-from broker_group import log as seglog
-from broker_group.client import GrpcTransport
-from broker_group.errors import SegmentNotWritable, from_rpc_error
-from broker_group.framing import GRPC_OPTIONS
-from broker_group.log import Message, encode_batch
-from broker_group.process import BrokerGroupProcesses
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator import state as sm
-from coordinator.seal import run_seal
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore
-from ordq.errors import (
+from ordq.broker_group import log as seglog
+from ordq.broker_group.log import Message, encode_batch
+from ordq.broker_group.process import BrokerGroupProcesses
+from ordq.common.errors import (
     BrokerUnavailable,
     ConfigError,
     EpochNotIssued,
@@ -40,9 +31,18 @@ from ordq.errors import (
     OrdqError,
     SegmentNotFound,
 )
-from ordq.security import Credentials, ensure_coordinator_pki, provision, token_metadata
-from ordq.security import channel as security_channel
-from sdk.transport import Ack
+from ordq.common.security import Credentials, ensure_coordinator_pki, provision, token_metadata
+from ordq.common.security import channel as security_channel
+from ordq.coordinator import state as sm
+from ordq.coordinator.seal import run_seal
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.client import GrpcTransport
+from ordq.wire.errors import SegmentNotWritable, from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS
+from ordq.wire.transport import Ack
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace
-from broker_group.errors import ResourceExhausted
-from ordq.errors import ConfigError
+from ordq.broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace
+from ordq.common.errors import ConfigError
+from ordq.wire.errors import ResourceExhausted
 
 MiB = 1 << 20
 

@@ -17,10 +17,10 @@ from typing import Any
 import attrs
 import pytest
 
-from drills.dbservers.mariadb import MariaDbServer, ShopApp
-from drills.dbservers.postgres import PostgresServer
 from ordq.cli import main
-from sdk import Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
+from ordq.drills.dbservers.mariadb import MariaDbServer, ShopApp
+from ordq.drills.dbservers.postgres import PostgresServer
+from ordq.sdk import Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.servers import running
 from tests.util import wait_until
@@ -228,7 +228,7 @@ def test_target_equals_source_through_random_kills(cluster: Cluster, maria: Mari
     ORDQ_SEED), each started again at once; the tables compared at the end. ORDQ_SEED=3 used
     to fail in the shipper: a restarted shipper could not read the queue's last message once its
     segment was popped (every subscription had read it and a failover opened an empty one);
-    the segment now stays (coordinator.state.holds_newest). ``ordq drill cdc`` is the same run
+    the segment now stays (ordq.coordinator.state.holds_newest). ``ordq drill cdc`` is the same run
     with the Spark verifier."""
     seed = int(os.environ.get("ORDQ_SEED", "16"))
     rng = random.Random(seed)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from drills.dbservers.mariadb import MariaDbServer, ShopApp
 from ordq.cdc.mysql import change_messages
 from ordq.cli import main
-from sdk import Consumer, ConsumerConfig
+from ordq.drills.dbservers.mariadb import MariaDbServer, ShopApp
+from ordq.sdk import Consumer, ConsumerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.servers import running
 from tests.util import wait_until
@@ -140,8 +140,8 @@ def test_a_restarted_shipper_resumes_after_a_failover_to_an_empty_segment(cluste
     opened a new, empty segment; the segment holding that message was popped, and every
     shipper started after that exited 1 ("cannot read the queue's last message"). The
     segment now stays until a later message is stored, and the shipper resumes."""
-    from coordinator import state as sm
-    from ordq.errors import IllegalTransition
+    from ordq.common.errors import IllegalTransition
+    from ordq.coordinator import state as sm
 
     maria.fresh_shop()
     cluster.add_groups("g1", "g2")

@@ -191,7 +191,7 @@ def test_a_bad_or_revoked_token_is_refused_at_once(zk_server, zk_root, tmp_path,
             assert "permission denied" in line, (why, verb, line)
             assert time.monotonic() - began < 5, (why, verb)
     # nothing was created on the way: no subscription
-    with __import__("coordinator.store", fromlist=["ZkStore"]).ZkStore.connect(zk_server.connection_string,
+    with __import__("ordq.coordinator.store", fromlist=["ZkStore"]).ZkStore.connect(zk_server.connection_string,
                                                                               zk_root) as store:
         assert store.list_subscriptions("q") == []
 
@@ -201,9 +201,9 @@ def test_a_wrong_zookeeper_credential_is_one_line_for_produce_and_consume(
         zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
     import contextlib
 
-    from coordinator.acl import AclIds
-    from coordinator.acl_client import protect
-    from coordinator.store import ZkStore
+    from ordq.coordinator.acl import AclIds
+    from ordq.coordinator.acl_client import protect
+    from ordq.coordinator.store import ZkStore
 
     admin_auth = "ordq-admin:a-secret"
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)

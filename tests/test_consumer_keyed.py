@@ -16,9 +16,9 @@ from collections import defaultdict
 
 import pytest
 
-from ordq.errors import HandlerError
-from sdk import CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
-from sdk.aio import AsyncConsumer
+from ordq.common.errors import HandlerError
+from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
+from ordq.sdk.aio import AsyncConsumer
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     CLIENT_SESSION_TIMEOUT_S,
     SEND_TIMEOUT_S,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdk import Consumer, ConsumerConfig
+from ordq.sdk import Consumer, ConsumerConfig
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     CLIENT_SESSION_TIMEOUT_S,
     FINISH_S,

@@ -22,23 +22,23 @@ import attrs
 import grpc
 import pytest
 
-from broker_group import log as seglog
-from broker_group.client import GrpcTransport
-from broker_group.errors import from_rpc_error
-from broker_group.framing import GRPC_OPTIONS
-from broker_group.log import Message, encode_batch
-from broker_group.process import BrokerGroupProcesses
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator import state as sm
-from coordinator.seal import run_seal
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore
-from coordinator.tokens import create_token, touch
-from ordq import security
-from ordq.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
-from ordq.metrics import scrape, value
-from ordq.security import Credentials, channel, ensure_coordinator_pki, ensure_pki, provision, token_metadata
+from ordq.broker_group import log as seglog
+from ordq.broker_group.log import Message, encode_batch
+from ordq.broker_group.process import BrokerGroupProcesses
+from ordq.common import security
+from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
+from ordq.common.metrics import scrape, value
+from ordq.common.security import Credentials, channel, ensure_coordinator_pki, ensure_pki, provision, token_metadata
+from ordq.coordinator import state as sm
+from ordq.coordinator.seal import run_seal
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.tokens import create_token, touch
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.client import GrpcTransport
+from ordq.wire.errors import from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS
 from tests.util import wait_until
 
 Q = "q"

@@ -12,11 +12,11 @@ import uuid
 import attrs
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.state import Cursor
-from coordinator.tokens import create_token, touch
-from ordq.errors import NotLeader, OrdqError, PermissionDenied
-from ordq.metrics import scrape, value
+from ordq.common.errors import NotLeader, OrdqError, PermissionDenied
+from ordq.common.metrics import scrape, value
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.state import Cursor
+from ordq.coordinator.tokens import create_token, touch
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import wait_until
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from kazoo.recipe.election import Election
 
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -92,7 +92,7 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
 
 # -- issue 23: the coordinator keeps every list live; bad state is one queue's problem ------------
 
-from sdk import Producer, ProducerConfig  # noqa: E402
+from ordq.sdk import Producer, ProducerConfig  # noqa: E402
 from tests.cluster import (  # noqa: E402, F401 - cluster_fixture provides the ``cluster`` fixture
     CLIENT_SESSION_TIMEOUT_S,
     SEND_TIMEOUT_S,
@@ -239,7 +239,7 @@ def test_one_queue_s_bad_state_or_bug_leaves_the_others_served(zk_server, zk_roo
     """In process: garbage in queue a's state and a bug in queue b's round; queue c still gets
     its failover, the round goes on, and both are counted (no broker needed: liveness nodes
     are written by this test's own session)."""
-    from coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon import CoordinatorDaemon
 
     with ZkStore.connect(zk_server.connection_string, zk_root) as store:
         for g in ("g1", "g2"):
@@ -276,8 +276,8 @@ def test_a_coordinator_whose_election_thread_dies_exits_non_zero(zk_server, zk_r
     """Issue 23: the election thread died silently and the process went on, showing standby."""
     import signal as signal_module
 
-    from coordinator.daemon import CoordinatorDaemon
     from ordq.cli import main
+    from ordq.coordinator.daemon import CoordinatorDaemon
 
     def broken_round(self: CoordinatorDaemon) -> None:
         raise RuntimeError("a bug outside any queue")

@@ -11,14 +11,14 @@ import time
 import grpc
 import pytest
 
-from broker_group.log import Message, decode_batch, encode_batch
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator.client import CoordinatorClient
-from coordinator.service import LEADER_METADATA_KEY, leader_address
-from coordinator.state import SegStatus
-from ordq.errors import EpochNotIssued, FencedError, NotCoordinatorLeader, PermissionDenied
-from ordq.security import channel, ensure_coordinator_pki
+from ordq.broker_group.log import Message, decode_batch, encode_batch
+from ordq.common.errors import EpochNotIssued, FencedError, NotCoordinatorLeader, PermissionDenied
+from ordq.common.security import channel, ensure_coordinator_pki
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.service import LEADER_METADATA_KEY, leader_address
+from ordq.coordinator.state import SegStatus
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.util import wait_until
 
@@ -121,7 +121,7 @@ def test_a_follower_names_the_leader(cluster: Cluster) -> None:
         assert client._leader == first
     finally:
         client.close()
-    from broker_group.errors import from_rpc_error
+    from ordq.wire.errors import from_rpc_error
 
     assert isinstance(from_rpc_error(info.value, second), NotCoordinatorLeader)
 
@@ -183,10 +183,10 @@ def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(clust
     the real producer goes on unaffected. (On main's broker the rogue batch was stored.)"""
     import attrs
 
-    from broker_group.client import GrpcTransport
-    from coordinator.tokens import create_token, touch
-    from ordq.security import register
-    from sdk import BatchingConfig, Producer, ProducerConfig
+    from ordq.common.security import register
+    from ordq.coordinator.tokens import create_token, touch
+    from ordq.sdk import BatchingConfig, Producer, ProducerConfig
+    from ordq.wire.client import GrpcTransport
     from tests.helpers.load import make_payload, parse_payload
 
     cluster.add_groups("g1")
@@ -219,7 +219,7 @@ def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(clust
             with pytest.raises(grpc.RpcError) as info:
                 list(call)
             assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED, info.value
-            from broker_group.errors import from_rpc_error
+            from ordq.wire.errors import from_rpc_error
 
             assert isinstance(from_rpc_error(info.value, master), EpochNotIssued)
         finally:
@@ -240,8 +240,8 @@ def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(clust
 
 
 def test_consumer_calls_subscribe_commit_pop_and_the_parking_queue(cluster: Cluster) -> None:
-    from coordinator.state import Cursor
-    from ordq.errors import AlreadyExists, ConflictError, IllegalTransition, NotLeader
+    from ordq.common.errors import AlreadyExists, ConflictError, IllegalTransition, NotLeader
+    from ordq.coordinator.state import Cursor
 
     cluster.add_groups("g1")
     cluster.create_queue("q")
@@ -287,9 +287,9 @@ def test_a_refusal_is_final_for_the_producer(cluster: Cluster) -> None:
     every later send with it at once: no failover, no seal, no new segment."""
     import attrs
 
-    from coordinator.tokens import create_token, revoke_token, token_id, touch
-    from ordq.security import register
-    from sdk import BatchingConfig, Producer, ProducerConfig
+    from ordq.common.security import register
+    from ordq.coordinator.tokens import create_token, revoke_token, token_id, touch
+    from ordq.sdk import BatchingConfig, Producer, ProducerConfig
 
     cluster.add_groups("g1", "g2")
     client, root = cluster.store.client, cluster.root

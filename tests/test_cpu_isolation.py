@@ -1,4 +1,4 @@
-"""drills.cpu_isolation: the noisy-neighbour drill's cgroups are made, hold the processes put in
+"""ordq.drills.cpu_isolation: the noisy-neighbour drill's cgroups are made, hold the processes put in
 them, and are always removed (by ``close``, or by the next run's sweep when the owner died)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drills import cpu_isolation as ci
+from ordq.drills import cpu_isolation as ci
 
 
 def test_unavailable_says_why(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from drills.audit import read_acks, read_deliveries
-from ordq.proc import ManagedProcess
-from sdk import Consumer, ConsumerConfig
-from spark_order_check import verify
+from ordq.common.proc import ManagedProcess
+from ordq.drills.audit import read_acks, read_deliveries
+from ordq.sdk import Consumer, ConsumerConfig
+from ordq.spark_order_check import verify
 from tests import spark_fixtures
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 from tests.util import wait_until

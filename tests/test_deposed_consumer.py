@@ -18,8 +18,8 @@ import attrs
 import pytest
 from kazoo.client import KazooClient
 
-from ordq.errors import NotLeader
-from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.common.errors import NotLeader
+from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
 

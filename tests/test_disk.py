@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.util import wait_until
 
@@ -257,7 +257,7 @@ def test_segment_rolls_by_age(cluster: Cluster) -> None:
 
 
 def test_retention_by_time_overtaking_a_stopped_subscription_is_a_clear_error(cluster: Cluster) -> None:
-    from ordq.errors import RetentionOvertook
+    from ordq.common.errors import RetentionOvertook
 
     cluster.add_groups("g1", "g2")
     cluster.create_queue()  # segments roll only when told here (the default age is an hour)

@@ -1,6 +1,6 @@
 """Failover drills on real processes, verdicts from spark_order_check.
 
-Default run: a CI-sized subset (``drills.catalog.CI_DRILLS``) plus two runs made to lose and
+Default run: a CI-sized subset (``ordq.drills.catalog.CI_DRILLS``) plus two runs made to lose and
 to reorder one delivery (the test hook), all verified in one Spark job; the hooked runs must
 fail. ``-m slow`` (tox -e slow): every drill on a cluster with a 3-node ZooKeeper, and the
 CLI's exit code for a failing drill.
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from drills.catalog import CI_DRILLS, DRILLS
-from drills.runner import DrillResult, LoadConfig, execute_drill, judge_all, run_series
-from drills.verdict import Verifier
 from ordq.cli import main
+from ordq.drills.catalog import CI_DRILLS, DRILLS
+from ordq.drills.runner import DrillResult, LoadConfig, execute_drill, judge_all, run_series
+from ordq.drills.verdict import Verifier
 from ordq.local_cluster import ClusterConfig, LocalCluster
 from tests import spark_fixtures
 
@@ -112,9 +112,9 @@ def test_cdc_drill_passes_and_the_demo_prints_its_summary(tmp_path: Path, spark:
 
 def test_cdc_drill_without_database_servers_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    import drills.cdc
+    import ordq.drills.cdc
 
-    monkeypatch.setattr(drills.cdc, "MARIADBD", Path("/nonexistent/mariadbd"))
+    monkeypatch.setattr(ordq.drills.cdc, "MARIADBD", Path("/nonexistent/mariadbd"))
     assert main(["drill", "cdc"]) == 1
     assert capsys.readouterr().err == ("ordq: error: the cdc drill needs the database servers mariadb-server "
                                        "installed (make test-deps, or: apt-get install mariadb-server)\n")

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_group.epochs import EpochGate, judge
-from ordq.errors import EpochNotIssued, FencedError
+from ordq.broker_group.epochs import EpochGate, judge
+from ordq.common.errors import EpochNotIssued, FencedError
 
 
 @given(claimed=st.integers(0, 50), current=st.integers(0, 50))
@@ -62,7 +62,7 @@ def test_a_write_needs_the_key_issued_with_the_epoch_and_the_hot_path_neither_re
     gate.check("q", 3, "secret")
     gate.check("q", 3)  # a control call (Fence): no key to check, the certificate gate decides
     n = gate.lookups
-    import broker_group.epochs as epochs
+    import ordq.broker_group.epochs as epochs
 
     def no_hashing(*_a: object) -> bool:
         raise AssertionError("hashed on the hot path")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker_group.errors import SegmentNotWritable
-from broker_group.log import Message, encode_batch
-from coordinator.state import SegStatus
-from ordq.errors import OrdqError
+from ordq.broker_group.log import Message, encode_batch
+from ordq.common.errors import OrdqError
+from ordq.coordinator.state import SegStatus
+from ordq.wire.errors import SegmentNotWritable
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     FINISH_S,
     LOAD_RATE,

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from kazoo.recipe.election import Election
 
-from coordinator.state import SegStatus
+from ordq.coordinator.state import SegStatus
 from ordq.zk_server import ZkServer
 from tests.cluster import (  # noqa: F401 - fixture
     CLIENT_SESSION_TIMEOUT_S,

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.errors import ConfigError, HandlerError
-from sdk import Consumer, ConsumerConfig, FailurePolicy
-from sdk.failure import after_failure, parking_queue
+from ordq.common.errors import ConfigError, HandlerError
+from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
+from ordq.sdk.failure import after_failure, parking_queue
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.test_everyday import (
     N,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_group import log as seglog
-from broker_group.service import _write_json_durably
+from ordq.broker_group import log as seglog
+from ordq.broker_group.service import _write_json_durably
 from ordq.zk_server import ZkServer
 
 

@@ -1,11 +1,11 @@
-"""The split of batches into stream messages (broker_group/framing.py), without I/O."""
+"""The split of batches into stream messages (ordq/wire/framing.py), without I/O."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_group.framing import chunks
+from ordq.wire.framing import chunks
 
 
 @given(st.lists(st.integers(min_value=1, max_value=50)), st.integers(min_value=1, max_value=60))

@@ -1,4 +1,4 @@
-"""The consumer's lease arithmetic (``sdk._lease.LeaseClock``), pure: no ZooKeeper, no clock.
+"""The consumer's lease arithmetic (``ordq.sdk._lease.LeaseClock``), pure: no ZooKeeper, no clock.
 
 The property that makes one active consumer per subscription: whatever the renewals and the
 pauses, the lease is never valid at a time when ZooKeeper may already have expired the
@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdk._lease import RENEW_EVERY, TRUST, LeaseClock
+from ordq.sdk._lease import RENEW_EVERY, TRUST, LeaseClock
 
 T = 2.0
 

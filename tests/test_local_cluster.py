@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ordq.cli import main
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 from ordq.local_cluster import STATE_FILE, ClusterConfig, LocalCluster
 from ordq.zk_server import free_ports
 from tests.util import wait_until

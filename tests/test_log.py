@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import broker_group.log as log_mod
-from broker_group.log import (
+import ordq.broker_group.log as log_mod
+from ordq.broker_group.log import (
     HEAD_BYTES,
     SEGMENT_FILE,
     BatchHeader,
@@ -36,7 +36,7 @@ from broker_group.log import (
     split_batches,
     stamp_offset,
 )
-from ordq.errors import ClosedError, CorruptLog, DiskFull, InvalidName, SegmentNotFound
+from ordq.common.errors import ClosedError, CorruptLog, DiskFull, InvalidName, SegmentNotFound
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

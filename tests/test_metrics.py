@@ -17,9 +17,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ordq.errors import SegmentNotFound
-from ordq.metrics import Sample, parse, scrape, value
-from sdk import Consumer, ConsumerConfig, FailurePolicy
+from ordq.common.errors import SegmentNotFound
+from ordq.common.metrics import Sample, parse, scrape, value
+from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.test_everyday import N as QUEUED
 from tests.test_everyday import queue_fixture  # noqa: F401 - the "queue" fixture: QUEUED messages on g1, g2

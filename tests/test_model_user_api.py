@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 )
 
 from ordq.cli import main as ordq_main
-from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 
 pytestmark = pytest.mark.zk

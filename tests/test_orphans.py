@@ -1,7 +1,7 @@
 """Nothing left running (issue 26): what a test starts dies with it, and leftovers of an owner
 that died anyway are swept — only those.
 
-- ``ordq.proc.DIE_WITH_PARENT`` (set for the whole test run in conftest.py): children get
+- ``ordq.common.proc.DIE_WITH_PARENT`` (set for the whole test run in conftest.py): children get
   ``PR_SET_PDEATHSIG``; kill -9 of the process that started a ZooKeeper and a broker-like
   child takes them with it, a SIGSTOPped one too.
 - ``sweep_orphans``: a detached child (as ``ordq up`` leaves them) of a dead owner whose command
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
-import ordq.proc
-from ordq.proc import OWNER_ENV, ManagedProcess, owner_token, sweep_orphans
+import ordq.common.proc
+from ordq.common.proc import OWNER_ENV, ManagedProcess, owner_token, sweep_orphans
 from tests.cluster import REPO
 from tests.util import wait_until
 
 OWNER = """
 import sys, time
 from pathlib import Path
-import ordq.proc as proc
+import ordq.common.proc as proc
 from ordq.zk_server import ZkServer
 
 folder, die, with_zk = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
@@ -121,7 +121,7 @@ def test_the_sweep_kills_only_leftovers_of_a_dead_owner_in_its_folders(tmp_path:
 def test_a_child_started_from_a_thread_that_ended_lives_on(tmp_path: Path) -> None:
     """The death signal follows the thread that forked: children are forked by a spawner
     thread that lives as long as the process, not by the (pool) thread that asked."""
-    assert ordq.proc.DIE_WITH_PARENT  # as conftest.py sets it for the whole run
+    assert ordq.common.proc.DIE_WITH_PARENT  # as conftest.py sets it for the whole run
     p = ManagedProcess("child", [sys.executable, "-c", "import time; time.sleep(1); print('ALIVE', flush=True); "
                                  "time.sleep(600)"], run_dir=tmp_path)
     t = threading.Thread(target=p.start)

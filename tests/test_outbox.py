@@ -1,4 +1,4 @@
-"""The transactional outbox (``sdk.outbox``) and its relay (``ordq outbox relay``).
+"""The transactional outbox (``ordq.sdk.outbox``) and its relay (``ordq outbox relay``).
 
 - Without I/O: where a relay resumes (``resume_point``), argument checks.
 - On a real SQLite file and a real PostgreSQL server (Debian's, started by
@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from broker_group.log import Message
-from drills.dbservers.postgres import PostgresServer
+from ordq.broker_group.log import Message
 from ordq.cli import main
-from ordq.errors import ConfigError, OutboxPositionError, OutboxTableMissing
+from ordq.common.errors import ConfigError, OutboxPositionError, OutboxTableMissing
+from ordq.drills.dbservers.postgres import PostgresServer
 from ordq.outbox.db import OutboxDb, Position
 from ordq.outbox.relay import resume_point
-from sdk import Consumer, ConsumerConfig, StoredMessage, outbox
-from sdk.outbox import OUTBOX_ID_HEADER
+from ordq.sdk import Consumer, ConsumerConfig, StoredMessage, outbox
+from ordq.sdk.outbox import OUTBOX_ID_HEADER
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.servers import running
 from tests.util import wait_until
@@ -230,7 +230,7 @@ def test_unknown_queue_is_one_clear_line(cluster: Cluster, tmp_path: Path) -> No
 
 def test_a_row_over_the_queues_limit_stops_the_relay_before_it_never_skips_it(cluster: Cluster,
                                                                               tmp_path: Path) -> None:
-    from coordinator.store import QueueConfig
+    from ordq.coordinator.store import QueueConfig
 
     cluster.add_groups("g1")
     cluster.store.create_queue("q", ["g1"], QueueConfig(max_message_bytes=1000))

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.errors import ConfigError
-from sdk import Consumer, ConsumerConfig, Delivered, FailurePolicy, Producer, ProducerConfig
-from sdk.failure import parked_keys, replay_plan, select, status_of
-from sdk.parking import REPLAYED_HEADER
-from spark_order_check.reference import check
+from ordq.common.errors import ConfigError
+from ordq.sdk import Consumer, ConsumerConfig, Delivered, FailurePolicy, Producer, ProducerConfig
+from ordq.sdk.failure import parked_keys, replay_plan, select, status_of
+from ordq.sdk.parking import REPLAYED_HEADER
+from ordq.spark_order_check.reference import check
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, SEND_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401
 from tests.util import wait_until
 
@@ -172,7 +172,7 @@ def test_keyed_block_holds_only_the_key_and_raises_the_alarm(cluster: Cluster) -
     cluster.create_queue()
     produce(cluster, 0, 200)
     handler = Handler()
-    from sdk.keyed import worker_of
+    from ordq.sdk.keyed import worker_of
 
     stuck_worker = worker_of(key_of(BAD), WORKERS)
     elsewhere = {s for s in range(200) if worker_of(key_of(s), WORKERS) != stuck_worker}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ordq.errors import ExternalProcessError
-from ordq.proc import ManagedProcess
+from ordq.common.errors import ExternalProcessError
+from ordq.common.proc import ManagedProcess
 from tests.util import wait_until
 
 # Prints a few lines, then waits for signals; SIGTERM makes it say so and exit 0.

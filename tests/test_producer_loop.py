@@ -1,4 +1,4 @@
-"""The producer's event loop (ordq/loop.py, sdk/_producer_io.py): what runs where, and what a
+"""The producer's event loop (ordq/common/loop.py, sdk/_producer_io.py): what runs where, and what a
 send costs the loop. Failover over the loop is in test_failover.py and test_producer_leader.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from ordq.loop import LoopThread
-from sdk import BatchingConfig, Producer, ProducerConfig
+from ordq.common.loop import LoopThread
+from ordq.sdk import BatchingConfig, Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 
 

@@ -24,16 +24,16 @@ import attrs
 import grpc
 import pytest
 
-from broker_group import log as seglog
-from broker_group.answer import encode
-from broker_group.client import GrpcTransport
-from broker_group.errors import from_rpc_error
-from broker_group.framing import GRPC_OPTIONS
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from ordq.admin.groups import roll_queue
-from ordq.admin.read import ReplicaReader
-from ordq.security import channel as security_channel
+from ordq.broker_group import log as seglog
+from ordq.broker_group.answer import encode
+from ordq.common.security import channel as security_channel
+from ordq.sdk.replicas import ReplicaReader
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.client import GrpcTransport
+from ordq.wire.errors import from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.order_check import check_delivery
 from tests.util import wait_until
@@ -256,8 +256,8 @@ def test_a_bad_token_is_refused_before_the_request_body_is_read(cluster: Cluster
     headers are checked first: a caller without a known token is refused, typed and counted,
     the broker having taken in the body's first flow-control window (1.5-5 MiB measured), not
     the 20 MiB. A Fetch request past its call's own limit is refused typed and counted."""
-    from coordinator.tokens import create_token, touch
-    from ordq.errors import ConfigError, PermissionDenied
+    from ordq.common.errors import ConfigError, PermissionDenied
+    from ordq.coordinator.tokens import create_token, touch
 
     cluster.add_groups("g1")
     cluster.create_queue("a", ["g1"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdk import Consumer, ConsumerConfig
+from ordq.sdk import Consumer, ConsumerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.test_disk import produce
 

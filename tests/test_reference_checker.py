@@ -1,4 +1,4 @@
-"""The plain Python checker (spark_order_check.reference) counts every audit-file class
+"""The plain Python checker (ordq.spark_order_check.reference) counts every audit-file class
 exactly as the generator expects, as the Spark verifier does on the same data
 (tests/test_spark_verify.py): the reference the verifier's speed is measured against is a
 correct one."""
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_order_check.generate import Injections, Scenario, generate
-from spark_order_check.reference import check
-from spark_order_check.report import AUDIT_CLASS_NAMES as AUDIT_CLASSES
+from ordq.spark_order_check.generate import Injections, Scenario, generate
+from ordq.spark_order_check.reference import check
+from ordq.spark_order_check.report import AUDIT_CLASS_NAMES as AUDIT_CLASSES
 
 
 def skips(d: Path) -> list[Path]:

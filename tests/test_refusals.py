@@ -30,14 +30,14 @@ from typing import Any
 import attrs
 import pytest
 
-from coordinator.store import ZkStore
-from coordinator.tokens import create_token, revoke_token, token_id, touch
 from ordq.cli import main
-from ordq.errors import CoordinationUnavailable, OrdqError, PermissionDenied, ZkAccessDenied
+from ordq.common.errors import CoordinationUnavailable, OrdqError, PermissionDenied, ZkAccessDenied
+from ordq.common.security import Credentials, register
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.tokens import create_token, revoke_token, token_id, touch
 from ordq.local_cluster import ClusterConfig, LocalCluster
-from ordq.security import Credentials, register
+from ordq.sdk import AsyncConsumer, AsyncProducer, Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.zk_server import free_ports
-from sdk import AsyncConsumer, AsyncProducer, Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -388,8 +388,8 @@ def test_rotated_zookeeper_credentials_refuse_the_old_ones_and_the_cluster_serve
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kazoo.exceptions import NoAuthError
 
-    from coordinator.acl_client import read_credential
-    from coordinator.paths import Paths
+    from ordq.coordinator.acl_client import read_credential
+    from ordq.coordinator.paths import Paths
     from tests.util import raw_zk
 
     folder = tmp_path / "c"

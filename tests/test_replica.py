@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_group.replica import Placement, Refused, Role, SegmentReplica
-from ordq.errors import FencedError
+from ordq.broker_group.replica import Placement, Refused, Role, SegmentReplica
+from ordq.common.errors import FencedError
 
 
 def master() -> SegmentReplica:

@@ -1,4 +1,4 @@
-"""Rolling a queue's open segment (``ordq queue roll``, ``coordinator.state.roll``) under load
+"""Rolling a queue's open segment (``ordq queue roll``, ``ordq.coordinator.state.roll``) under load
 on real brokers: the head seals its segment and continues on the next one on the same group;
 the producer follows with the next seq, the consumer reads across every boundary, nothing is
 lost or reordered, also when the head master is killed between rolls.
@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from coordinator.state import SegStatus
 from ordq.admin.groups import roll_queue
-from ordq.admin.read import ReplicaReader
+from ordq.coordinator.state import SegStatus
+from ordq.sdk.replicas import ReplicaReader
 from tests.cluster import Cluster, cluster_fixture, finish, start_load, wait_acked  # noqa: F401 - fixture
 from tests.order_check import check_delivery
 from tests.util import wait_until

@@ -13,7 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.tokens import (
+from ordq.cli import main
+from ordq.common.errors import ConfigError, PermissionDenied
+from ordq.common.metrics import scrape, value
+from ordq.common.security import Credentials, credentials_path, ensure_pki, lookup, register, unregister
+from ordq.coordinator.tokens import (
     ANY,
     ROLES,
     authorize,
@@ -24,12 +28,8 @@ from coordinator.tokens import (
     token_id,
     touch,
 )
-from drills.security import probe_intruders
-from ordq.cli import main
-from ordq.errors import ConfigError, PermissionDenied
-from ordq.metrics import scrape, value
-from ordq.security import Credentials, credentials_path, ensure_pki, lookup, register, unregister
-from sdk import Producer, ProducerConfig
+from ordq.drills.security import probe_intruders
+from ordq.sdk import Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 
 # -- grants (no I/O) --------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from ordq.errors import FencedError
-from sdk._futures import BatchOutcome, SendFuture, SendResult
-from sdk.aio import _BatchBridge
+from ordq.common.errors import FencedError
+from ordq.sdk._futures import BatchOutcome, SendFuture, SendResult
+from ordq.sdk.aio import _BatchBridge
 
 
 def test_each_message_gets_its_own_offset_from_the_batch_ack() -> None:

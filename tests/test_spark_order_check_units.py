@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from ordq.cli import main as ordq_main
-from ordq.errors import ConfigError
-from spark_order_check import cli
-from spark_order_check._files import list_local
-from spark_order_check._verify import LineOrderUnavailable, _check_row_numbering
-from spark_order_check.generate import Injections, Scenario, generate
-from spark_order_check.report import CLASSES, ClassResult, Inputs, Latency, Report, SubscriptionStats
+from ordq.common.errors import ConfigError
+from ordq.spark_order_check import cli
+from ordq.spark_order_check._files import list_local
+from ordq.spark_order_check._verify import LineOrderUnavailable, _check_row_numbering
+from ordq.spark_order_check.generate import Injections, Scenario, generate
+from ordq.spark_order_check.report import CLASSES, ClassResult, Inputs, Latency, Report, SubscriptionStats
 
 
 def _write(path: Path, text: str) -> None:
@@ -49,7 +49,7 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_python_m_entry_point_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "spark_order_check", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "ordq.spark_order_check", "--help"], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     out = " ".join(out.split())
     assert "--segments" in out and "--keyed" in out and "Exit 0 only when clean" in out

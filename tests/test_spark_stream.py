@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
-from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from coordinator.store import ZkStore
-from ordq.admin.read import ReplicaReader
-from ordq.errors import ConfigError, GapDetected
+from ordq.common.errors import ConfigError, GapDetected
+from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.sdk.replicas import ReplicaReader
 from ordq.spark_source import SegmentRange, SourceOptions, capped_end, plan, read_range, register
 from tests import spark_fixtures
 from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture

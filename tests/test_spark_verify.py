@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ordq.cli import main as ordq_main
-from spark_order_check.generate import (
+from ordq.spark_order_check.generate import (
     Expected,
     Injections,
     Scenario,
@@ -22,7 +22,7 @@ from spark_order_check.generate import (
     generate,
     generate_segments,
 )
-from spark_order_check.report import AUDIT_CLASS_NAMES, CLASSES, SEGMENT_CLASS_NAMES, Report
+from ordq.spark_order_check.report import AUDIT_CLASS_NAMES, CLASSES, SEGMENT_CLASS_NAMES, Report
 from tests import spark_fixtures
 
 pytestmark = pytest.mark.spark
@@ -35,7 +35,7 @@ SEGMENT_CLASSES = list(SEGMENT_CLASS_NAMES)
 
 @pytest.fixture(scope="module")
 def anomalies(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[Path, Expected, Report]:
-    from spark_order_check import verify
+    from ordq.spark_order_check import verify
 
     d = tmp_path_factory.mktemp("anomalies")
     expected = generate(d, SCENARIO, Injections.every(3))
@@ -44,9 +44,9 @@ def anomalies(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[Pat
 
 
 def test_the_plain_python_checker_counts_what_spark_counts(anomalies: tuple[Path, Expected, Report]) -> None:
-    """The reference the verifier's speed is measured against (spark_order_check.reference)
+    """The reference the verifier's speed is measured against (ordq.spark_order_check.reference)
     reads the same files to the same count in every audit class, 3 injections of each."""
-    from spark_order_check.reference import check
+    from ordq.spark_order_check.reference import check
 
     d, _expected, report = anomalies
     result = check(d / "acks", d / "deliveries", keyed=["s2"], skips=d / "skips")
@@ -101,7 +101,7 @@ def test_anomalies_fail_the_run_and_nothing_else_fires(anomalies: tuple[Path, Ex
 def test_results_do_not_depend_on_the_seq_bucket_width(anomalies: tuple[Path, Expected, Report], spark: Any) -> None:
     """2000 seqs in buckets of 8: nearly every pair of neighbours straddles a bucket edge, so
     the boundary stitching must find exactly what the one-bucket run found."""
-    from spark_order_check import verify
+    from ordq.spark_order_check import verify
 
     d, _, report = anomalies
     small = verify(acks=d / "acks", deliveries=d / "deliveries", skips=d / "skips", keyed=["s2"], spark=spark,
@@ -111,7 +111,7 @@ def test_results_do_not_depend_on_the_seq_bucket_width(anomalies: tuple[Path, Ex
 
 
 def test_segment_checks(tmp_path: Path, spark: Any) -> None:
-    from spark_order_check import verify
+    from ordq.spark_order_check import verify
 
     generate(tmp_path, SCENARIO)
     expected = generate_segments(tmp_path, SCENARIO, SegmentInjections(
@@ -130,8 +130,8 @@ def test_segment_checks(tmp_path: Path, spark: Any) -> None:
 
 
 def test_blank_and_non_numeric_lines_are_malformed_at_their_line(tmp_path: Path, spark: Any) -> None:
-    from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
-    from spark_order_check import verify
+    from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+    from ordq.spark_order_check import verify
 
     def ack(seq: int) -> str:
         return f"q\tp1\t1\t{seq}\t0\t{seq}\t\t{100 + seq}\t1000\t1500"
@@ -158,9 +158,9 @@ def test_unacked_neighbours_in_out_of_order_acks(tmp_path: Path, spark: Any) -> 
     the statistics keep; around seq 3 the acks are out of order (p1 acks 5 before 4), so the
     run holding 4 is unsure and the verifier reads the ack rows instead. Seq 3 sits inside
     p1's stream (a violation), seq 7 between p1 and p2 (in flight). The reference agrees."""
-    from sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
-    from spark_order_check import verify
-    from spark_order_check.reference import check
+    from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
+    from ordq.spark_order_check import verify
+    from ordq.spark_order_check.reference import check
 
     def write(path: Path, columns: tuple[str, ...], lines: list[str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

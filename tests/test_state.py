@@ -8,9 +8,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from coordinator import state as sm
-from coordinator.state import Cursor, Facts, QueueState, Segment, SegStatus
-from ordq.errors import IllegalTransition, InvariantViolation
+from ordq.common.errors import IllegalTransition, InvariantViolation
+from ordq.coordinator import state as sm
+from ordq.coordinator.state import Cursor, Facts, QueueState, Segment, SegStatus
 
 GROUPS = ("g1", "g2", "g3")
 ALL_LIVE = Facts(live_groups=frozenset(GROUPS))
@@ -368,7 +368,7 @@ def test_broken_pop_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_duties_plan() -> None:
-    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+    from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 
     s = started()
     assert plan(s, ALL_LIVE) == []
@@ -401,7 +401,7 @@ def test_duties_plan() -> None:
 
 
 def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
-    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+    from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 
     s = started()
     limits = Limits(segment_bytes=1000, segment_age_s=60)
@@ -431,8 +431,8 @@ def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
 
 
 def test_seal_decision() -> None:
-    from coordinator.seal import ReplicaEnd, SealPlan, decide
-    from ordq.errors import BrokerUnavailable
+    from ordq.common.errors import BrokerUnavailable
+    from ordq.coordinator.seal import ReplicaEnd, SealPlan, decide
 
     m = ReplicaEnd(end=12, first_seq=100, last_seq=111)
     s = ReplicaEnd(end=10, first_seq=100, last_seq=109)
@@ -449,7 +449,7 @@ def test_seal_decision() -> None:
 def test_duties_roll_a_frozen_open_segment_without_any_producer() -> None:
     """Issue 23: a master restarted while the segment was open never writes it again; the
     daemon rolls it (whatever its size or age), so it gets sealed and writes resume."""
-    from coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+    from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 
     s = started()
     restarted = OpenSegment(bytes=4_000, first_write_ms=None, frozen=True)  # restored: no first-write time
@@ -571,8 +571,8 @@ def test_admitting_groups_with_backlog_keeps_order(seq: list[tuple[str, str, int
      "names queue 'other'"),
 ])
 def test_state_that_does_not_parse_is_corrupt_state_of_that_queue(data: bytes, why: str) -> None:
-    from coordinator.store import parse_state
-    from ordq.errors import CorruptState, OrdqError
+    from ordq.common.errors import CorruptState, OrdqError
+    from ordq.coordinator.store import parse_state
 
     with pytest.raises(CorruptState) as err:
         parse_state("q", data)
@@ -583,7 +583,7 @@ def test_state_that_does_not_parse_is_corrupt_state_of_that_queue(data: bytes, w
 def test_a_valid_state_parses() -> None:
     import json
 
-    from coordinator.store import parse_state
+    from ordq.coordinator.store import parse_state
 
     s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 5, 0, 4)
     assert parse_state("q", json.dumps(s.to_dict()).encode()) == s

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ordq.metrics import scrape, value
+from ordq.common.metrics import scrape, value
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.chromium import Chromium
 from tests.util import wait_until

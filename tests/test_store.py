@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import state as sm
-from coordinator.state import Cursor, SegStatus
-from coordinator.store import ZkStore
-from ordq.errors import (
+from ordq.common.errors import (
     AlreadyExists,
     ConflictError,
     CoordinationUnavailable,
@@ -24,6 +21,9 @@ from ordq.errors import (
     QueueNotFound,
     SubscriptionNotFound,
 )
+from ordq.coordinator import state as sm
+from ordq.coordinator.state import Cursor, SegStatus
+from ordq.coordinator.store import ZkStore
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from coordinator import state as sm
-from coordinator.store import OP_TIMEOUT_S, ZkStore
 from ordq.cli import main
-from ordq.errors import ConfigError, CoordinationUnavailable, QueueNotFound, SubscriptionNotFound
+from ordq.common.errors import ConfigError, CoordinationUnavailable, QueueNotFound, SubscriptionNotFound
+from ordq.coordinator import state as sm
+from ordq.coordinator.store import OP_TIMEOUT_S, ZkStore
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from ordq.errors import NotLeader
-from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.common.errors import NotLeader
+from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
 

@@ -22,19 +22,19 @@ import attrs
 import grpc
 import pytest
 
-from broker_group.errors import from_rpc_error
-from broker_group.framing import GRPC_OPTIONS
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator.client import CoordinatorClient
-from coordinator.store import ZkStore
-from coordinator.token_book import REFRESH_EVERY_S, TokenBook
-from coordinator.tokens import create_token, tokens_path, touch
 from ordq.cli import main
-from ordq.errors import PermissionDenied, QueueNotFound, TokensUnavailable
+from ordq.common.errors import PermissionDenied, QueueNotFound, TokensUnavailable
+from ordq.common.security import channel
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.token_book import REFRESH_EVERY_S, TokenBook
+from ordq.coordinator.tokens import create_token, tokens_path, touch
 from ordq.local_cluster import ClusterConfig, LocalCluster
-from ordq.security import channel
-from sdk import Producer, ProducerConfig
+from ordq.sdk import Producer, ProducerConfig
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.errors import from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk

@@ -30,13 +30,10 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 
-from broker_group.auth import Gate
-from broker_group.replica import Role
-from broker_group.service import Broker, BrokerConfig
-from coordinator.store import ZkStore
-from coordinator.tokens import create_token
-from coordinator.zk_retry import retry_zk
-from ordq.errors import (
+from ordq.broker_group.auth import Gate
+from ordq.broker_group.replica import Role
+from ordq.broker_group.service import Broker, BrokerConfig
+from ordq.common.errors import (
     AlreadyExists,
     CoordinationUnavailable,
     GroupNotFound,
@@ -45,7 +42,10 @@ from ordq.errors import (
     PermissionDenied,
     ZkAccessDenied,
 )
-from ordq.proc import ManagedProcess
+from ordq.common.proc import ManagedProcess
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.tokens import create_token
+from ordq.coordinator.zk_retry import retry_zk
 from ordq.zk_server import ZkServer
 from tests.cluster import REPO
 from tests.util import wait_until

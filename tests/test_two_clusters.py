@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ordq.common.security import credentials_path
 from ordq.local_cluster import LocalCluster
-from ordq.security import credentials_path
 from ordq.zk_server import free_ports
 
 pytestmark = pytest.mark.zk
@@ -97,7 +97,7 @@ def test_two_clusters_side_by_side_and_a_third_on_a_taken_port_breaks_neither(tm
 def test_stopping_a_cluster_leaves_another_clusters_entry_at_the_same_address(tmp_path: Path) -> None:
     # An entry names the cluster it is for: a folder whose cluster never served at an address
     # (or no longer does) does not remove the entry of the one that does.
-    from ordq.security import Credentials, register, unregister
+    from ordq.common.security import Credentials, register, unregister
 
     register("127.0.0.1:1", "/ordq", Credentials(token="a"), cluster="A")
     assert not unregister("127.0.0.1:1", "/ordq", cluster="B")

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from bench.busy import busy_loops
-from drills.audit import read_acks, read_deliveries
-from ordq.errors import NotLeader
-from sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
-from spark_order_check import verify
+from ordq.common.errors import NotLeader
+from ordq.drills.audit import read_acks, read_deliveries
+from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.spark_order_check import verify
 from tests import spark_fixtures
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, REPO, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 from tests.util import wait_until

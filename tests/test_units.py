@@ -1,4 +1,4 @@
-"""Durations and sizes as people write them (ordq.units): the one parser behind every option
+"""Durations and sizes as people write them (ordq.common.units): the one parser behind every option
 that takes them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.errors import ConfigError
-from ordq.units import format_duration, format_size, parse_duration, parse_size
+from ordq.common.errors import ConfigError
+from ordq.common.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

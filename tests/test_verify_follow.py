@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from coordinator import state as sm
-from coordinator.store import ZkStore
-from spark_order_check.follow import OFFSET_BITS, Violation, check_rows
+from ordq.coordinator import state as sm
+from ordq.coordinator.store import ZkStore
+from ordq.spark_order_check.follow import OFFSET_BITS, Violation, check_rows
 from tests import spark_fixtures
 from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
 
@@ -32,7 +32,7 @@ def _rows(spark: Any, stored: list[tuple[int, int, int]]) -> Any:
 
 def _check(spark: Any, stored: list[tuple[int, int, int]], carry: tuple[int, int] | None = None
            ) -> tuple[dict[str, Violation], tuple[int, int] | None]:
-    from spark_order_check.follow import stream_rows
+    from ordq.spark_order_check.follow import stream_rows
 
     found, new = check_rows(spark, stream_rows(_rows(spark, stored), "q"), carry, "q", 7)
     return {v.cls: v for v in found}, new
@@ -138,7 +138,7 @@ def test_follow_flags_a_segment_dropped_before_it_was_read_and_stops_clean_on_ct
 def test_a_late_python_worker_is_named_in_one_line() -> None:
     """Spark's fixed 10 s wait for its Python worker (a busy machine): recognised, so the query
     is started again from its checkpoint, and said in one line once that is exhausted."""
-    from spark_order_check.follow import late_worker_line, worker_late
+    from ordq.spark_order_check.follow import late_worker_line, worker_late
 
     trace = ("org.apache.spark.SparkException: Python worker failed to connect back.\n"
              "\tat org.apache.spark.api.python.PythonWorkerFactory.createSimpleWorker(PythonWorkerFactory.scala:252)\n"

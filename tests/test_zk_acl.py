@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, Permissions
 
-from broker_group.process import BrokerGroupProcesses
-from coordinator import state as sm
-from coordinator.acl import (
+from ordq.broker_group.process import BrokerGroupProcesses
+from ordq.common.errors import ConfigError, ZkAccessDenied
+from ordq.common.proc import ManagedProcess
+from ordq.common.security import Credentials
+from ordq.coordinator import state as sm
+from ordq.coordinator.acl import (
     CREATE,
     DELETE,
     QUEUE_PARENTS,
@@ -31,13 +34,10 @@ from coordinator.acl import (
     client_rights,
     relative,
 )
-from coordinator.acl_client import missing_parents, protect
-from coordinator.paths import Paths
-from coordinator.store import ZkStore
-from ordq.errors import ConfigError, ZkAccessDenied
-from ordq.proc import ManagedProcess
-from ordq.security import Credentials
-from sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.coordinator.acl_client import missing_parents, protect
+from ordq.coordinator.paths import Paths
+from ordq.coordinator.store import ZkStore
+from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import REPO
 from tests.util import raw_zk as raw
 from tests.util import wait_until

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from coordinator.acl import AclIds
-from coordinator.acl_client import protect
-from coordinator.paths import Paths
-from coordinator.store import ZkStore
-from drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
-from ordq.errors import ZkAccessDenied
+from ordq.common.errors import ZkAccessDenied
+from ordq.coordinator.acl import AclIds
+from ordq.coordinator.acl_client import protect
+from ordq.coordinator.paths import Paths
+from ordq.coordinator.store import ZkStore
+from ordq.drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
 from tests.util import raw_zk as raw
 
 ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import state as sm
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore
+from ordq.coordinator import state as sm
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from ordq import zk_server as zk_module
 from ordq.cli import main
-from ordq.errors import ConfigError, ExternalProcessError
+from ordq.common.errors import ConfigError, ExternalProcessError
 from ordq.zk_server import ZkServer, free_ports, server_mode
 
 pytestmark = pytest.mark.zk

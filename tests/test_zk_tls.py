@@ -14,9 +14,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from coordinator.store import ZkStore
-from coordinator.zk_tls import _CONTEXTS, TlsHandler
-from ordq.security import ensure_pki, remember_zk_tls, zk_tls_options
+from ordq.common.security import ensure_pki, remember_zk_tls, zk_tls_options
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.zk_tls import _CONTEXTS, TlsHandler
 from ordq.zk_server import ZkServer, four_letter_word, server_mode
 
 pytestmark = pytest.mark.zk
@@ -65,7 +65,7 @@ def test_zookeeper_serves_tls_only_and_ordq_clients_find_it(tmp_path: Path, make
     files = {"ca": client_tls.ca_file, "certfile": client_tls.cert_file, "keyfile": client_tls.key_file}
     for resumed in (False, True):
         if not resumed:
-            from coordinator import zk_tls
+            from ordq.coordinator import zk_tls
             monkeypatch.setattr(zk_tls, "_SESSIONS", {})
         conn = TlsHandler().create_connection((host, int(port_s)), hostname=host, timeout=0.0001, use_ssl=True,
                                               **files)

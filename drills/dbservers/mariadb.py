@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
-from drills.dbservers import server_folder
-from drills.dbservers.postgres import _free_port
-from ordq.errors import ExternalProcessError
+from ordq.common.errors import ExternalProcessError
+from ordq.drills.dbservers import server_folder
+from ordq.drills.dbservers.postgres import _free_port
 
 MARIADBD = Path("/usr/sbin/mariadbd")
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import attrs
 
-from drills.dbservers import server_folder
-from ordq.errors import ExternalProcessError
+from ordq.common.errors import ExternalProcessError
+from ordq.drills.dbservers import server_folder
 
 
 def bin_dir() -> Path:

@@ -2,17 +2,27 @@
 ``ordq peek``, ``ordq top``, ``ordq group drain|undrain|remove``): one library that the CLI,
 drills and tests call.
 
-- ``ordq.admin.read``: segment extents (best effort from the replicas, ``None`` when none
+- ``ordq.sdk.replicas``: segment extents (best effort from the replicas, ``None`` when none
   answers), queue views with backlog and lag, ``locate_seq`` (the one seq -> (seg, offset)
   mapping), ``locate_time``, ``read_message``.
-- ``ordq.admin.reset``: ``reset_subscription`` (refused while a consumer holds the
+- ``ordq.sdk.positions``: ``reset_subscription`` (refused while a consumer holds the
   subscription unless forced; conditional on cursor and queue state).
 - ``ordq.admin.groups``: ``drain_group``, ``undrain_group``, ``remove_group``.
 - ``ordq.admin.top``: samples and frames of ``ordq top``.
 """
 
 from ordq.admin.groups import DrainedQueue, UndrainedQueue, drain_group, remove_group, undrain_group
-from ordq.admin.read import (
+from ordq.admin.top import Sample, frames, sample, top_frame
+from ordq.sdk.positions import (
+    ResetResult,
+    ResetTarget,
+    SubscriptionHeld,
+    latest_cursor,
+    parse_reset_target,
+    reset_subscription,
+    resolve_target,
+)
+from ordq.sdk.replicas import (
     Extent,
     Location,
     PeekedMessage,
@@ -30,16 +40,6 @@ from ordq.admin.read import (
     read_message,
     render_bytes,
 )
-from ordq.admin.reset import (
-    ResetResult,
-    ResetTarget,
-    SubscriptionHeld,
-    latest_cursor,
-    parse_reset_target,
-    reset_subscription,
-    resolve_target,
-)
-from ordq.admin.top import Sample, frames, sample, top_frame
 
 __all__ = [
     "DrainedQueue",

@@ -1,7 +1,7 @@
 """Taking broker groups out of service: drain (out of every send list, kept out), undrain,
 remove (unregister once nothing needs it); and rolling a queue's open segment.
 
-Guarantee: every list change is a conditional transition of ``coordinator.state`` applied by
+Guarantee: every list change is a conditional transition of ``ordq.coordinator.state`` applied by
 the store; a drain mark is checked in the same write as any admit (``ZkStore.apply``), so a
 drained group is never re-admitted behind the operator's back.
 """
@@ -12,12 +12,12 @@ from typing import Any
 
 import attrs
 
-from coordinator import state as sm
-from coordinator.paths import check_name
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore, roll_transition
-from ordq.admin.read import ReplicaReader
-from ordq.errors import IllegalTransition, OrdqError
+from ordq.common.errors import IllegalTransition, OrdqError
+from ordq.coordinator import state as sm
+from ordq.coordinator.paths import check_name
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore, roll_transition
+from ordq.sdk.replicas import ReplicaReader
 
 # -- draining and removing groups --------------------------------------------------------------
 
@@ -77,8 +77,8 @@ def seal_now(store: ZkStore, reader: ReplicaReader, st: sm.QueueState, seg: int)
     protocol (brokers take Seal only from coordinators and brokers): asked here, best effort.
     False when it could not seal now (no coordinator or no replica answered; the elected
     coordinator completes it later, or the consumer that reaches its end asks again)."""
-    from coordinator.client import CoordinatorClient
-    from ordq.security import of_store
+    from ordq.common.security import of_store
+    from ordq.coordinator.client import CoordinatorClient
 
     target = st.segment(seg)
     if target is None or target.status is not SegStatus.SEALING:
@@ -106,7 +106,7 @@ class RolledQueue:
 
 def roll_queue(store: ZkStore, reader: ReplicaReader, queue: str) -> RolledQueue:
     """Seal the open segment of ``queue``'s head and open the next one, on the same head or
-    the next group as the queue's ``roll_to`` says (``coordinator.state.roll``), then seal the
+    the next group as the queue's ``roll_to`` says (``ordq.coordinator.state.roll``), then seal the
     old one: producers continue on the new segment
     with the next seq; the old one can be popped once every subscription read it.
     IllegalTransition when the queue has no open segment (no writable group)."""

@@ -14,9 +14,9 @@ import getpass
 import time
 from typing import Any
 
-from coordinator.store import ZkStore
-from ordq.errors import ConfigError
-from sdk.failure import moved, select
+from ordq.common.errors import ConfigError
+from ordq.coordinator.store import ZkStore
+from ordq.sdk.failure import moved, select
 
 
 def resolve_parked(store: ZkStore, queue: str, sub: str, action: str, *, seq: int | None = None,

@@ -8,9 +8,9 @@ from typing import Any
 
 import attrs
 
-from coordinator.store import ZkStore
-from ordq.admin.read import QueueView, ReplicaReader, describe_queue
-from ordq.errors import NotFound
+from ordq.common.errors import NotFound
+from ordq.coordinator.store import ZkStore
+from ordq.sdk.replicas import QueueView, ReplicaReader, describe_queue
 
 # -- top ---------------------------------------------------------------------------------------
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import ApplyTargetError, ApplyTargetUnavailable, ConfigError
-from sdk.consumer import Delivered
+from ordq.common.errors import ApplyTargetError, ApplyTargetUnavailable, ConfigError
+from ordq.sdk.consumer import Delivered
 
 POSITION_TABLE = "ordq_apply"
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import BinlogUnavailable, ConfigError, OutboxPositionError
-from sdk._futures import SendFuture
-from sdk.producer import Producer, StoredMessage
+from ordq.common.errors import BinlogUnavailable, ConfigError, OutboxPositionError
+from ordq.sdk._futures import SendFuture
+from ordq.sdk.producer import Producer, StoredMessage
 
 log = logging.getLogger("ordq.cdc")
 BINLOG_HEADER = "x-ordq-binlog"

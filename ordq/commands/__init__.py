@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ordq.errors import ConfigError
-from ordq.units import format_duration, format_size, parse_duration, parse_size
+from ordq.common.errors import ConfigError
+from ordq.common.units import format_duration, format_size, parse_duration, parse_size
 
 
 def add_command(
@@ -128,9 +128,9 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
     a reading one (``reads``), unless it is a valid token with a role on ``args.queue`` or each
     of ``args.queues`` (on some queue when it names none): ZooKeeper lets anyone read, so
     without this a refused caller would see a table of ``?`` and exit 0."""
-    from coordinator.acl_client import check_identity
-    from coordinator.store import ZkStore, zk_errors
-    from ordq.security import lookup
+    from ordq.common.security import lookup
+    from ordq.coordinator.acl_client import check_identity
+    from ordq.coordinator.store import ZkStore, zk_errors
 
     auth = lookup(args.zk, args.root).zk_auth
     store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth,
@@ -152,8 +152,8 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
 def check_admin(store: Any, queue: str) -> None:
     """The CLI's side of the admin role: the command itself writes ZooKeeper, so it checks
     the token there (ZooKeeper's own ACLs are what stop a client that skips this)."""
-    from coordinator.tokens import authorize, enforced, load_tokens
-    from ordq.security import of_store
+    from ordq.common.security import of_store
+    from ordq.coordinator.tokens import authorize, enforced, load_tokens
 
     root = store.paths.root
     if enforced(store.client, root):
@@ -166,9 +166,9 @@ def check_token(store: Any, queue: str = "*", role: str | None = None) -> None:
     role) on ``queue`` (``*``: on some queue). Without it the brokers refuse every call, and
     a reading command would print ``?`` in every column and exit 0, as if the replicas were
     down."""
-    from coordinator.tokens import ANY, authorize, enforced, load_tokens
-    from ordq.errors import PermissionDenied
-    from ordq.security import of_store
+    from ordq.common.errors import PermissionDenied
+    from ordq.common.security import of_store
+    from ordq.coordinator.tokens import ANY, authorize, enforced, load_tokens
 
     root = store.paths.root
     if not enforced(store.client, root):

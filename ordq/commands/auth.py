@@ -6,9 +6,9 @@ import argparse
 import re
 from typing import Any
 
-from coordinator.store import zk_errors
 from ordq.commands import add_command, check_admin, open_store, wants_json
-from ordq.errors import ConfigError, NotFound
+from ordq.common.errors import ConfigError, NotFound
+from ordq.coordinator.store import zk_errors
 from ordq.output import emit_json, table
 
 
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from coordinator.tokens import create_token, parse_grants, touch
+    from ordq.coordinator.tokens import create_token, parse_grants, touch
 
     grants = parse_grants(args.roles)
     with open_store(args) as store:
@@ -60,7 +60,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from coordinator.tokens import enforced, load_tokens
+    from ordq.coordinator.tokens import enforced, load_tokens
 
     with open_store(args) as store:
         check_admin(store, "*")
@@ -75,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    from coordinator.tokens import revoke_token, token_id, touch
+    from ordq.coordinator.tokens import revoke_token, token_id, touch
 
     tid = _token_id(args.id, token_id)
     with open_store(args) as store:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, seconds
-from ordq.errors import ConfigError
-from ordq.proc import announce
-from ordq.security import Credentials
+from ordq.common.errors import ConfigError
+from ordq.common.proc import announce
+from ordq.common.security import Credentials
 
 SWITCH_INTERVAL_S = 0.0005  # the broker process's GIL switch interval (Python's default: 5 ms)
 
@@ -85,7 +85,7 @@ def broker_credentials(args: argparse.Namespace) -> Credentials:
 
 def budget_config(args: argparse.Namespace) -> Any:
     """The memory budget the flags ask for (BudgetConfig's defaults for those not given)."""
-    from broker_group.budget import BudgetConfig
+    from ordq.broker_group.budget import BudgetConfig
 
     given: dict[str, Any] = {}
     if args.memory_budget is not None:
@@ -102,8 +102,8 @@ def budget_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from broker_group.replica import Role
-    from broker_group.service import Broker, BrokerConfig
+    from ordq.broker_group.replica import Role
+    from ordq.broker_group.service import Broker, BrokerConfig
 
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     broker = Broker(cfg)
     if args.metrics:
-        from ordq.metrics import serve
+        from ordq.common.metrics import serve
 
         announce(f"METRICS {serve(broker.metrics.registry, args.metrics).url}")
     done = threading.Event()

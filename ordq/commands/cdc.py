@@ -15,7 +15,7 @@ from typing import Any
 
 from ordq.commands import add_command, int_in, seconds, wants_json
 from ordq.commands.outbox import _status
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 from ordq.output import emit_json
 
 
@@ -76,7 +76,7 @@ def parse_source(source: str) -> dict[str, Any]:
 
 def cmd_mysql(args: argparse.Namespace) -> int:
     from ordq.cdc.mysql import BinlogShipper
-    from sdk import Producer, ProducerConfig
+    from ordq.sdk import Producer, ProducerConfig
 
     connection = parse_source(args.source)
     try:
@@ -117,8 +117,8 @@ def cmd_mysql(args: argparse.Namespace) -> int:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from ordq.cdc.apply import Applier, Target
-    from ordq.errors import HandlerError, OrdqError
-    from sdk import Consumer, ConsumerConfig, FailurePolicy
+    from ordq.common.errors import HandlerError, OrdqError
+    from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
 
     target = Target.parse(args.target)
     config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,

@@ -15,9 +15,9 @@ from typing import Any
 
 import attrs
 
-from coordinator.store import zk_errors
 from ordq.commands import MAX_PAYLOAD_BYTES, add_command, check_token, int_in, open_store, rate, seconds
-from ordq.errors import HandlerError
+from ordq.common.errors import HandlerError
+from ordq.coordinator.store import zk_errors
 from ordq.output import emit_json
 
 
@@ -65,7 +65,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from sdk import Producer, ProducerConfig
+    from ordq.sdk import Producer, ProducerConfig
 
     cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
                          audit_dir=args.audit_dir, zk_connect_timeout_s=args.zk_timeout,
@@ -161,7 +161,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def _consume_command(args: argparse.Namespace) -> int:
-    from sdk import Consumer, ConsumerConfig
+    from ordq.sdk import Consumer, ConsumerConfig
 
     cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
                          subscription=args.subscription,

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
-from ordq.errors import ConfigError, ExternalProcessError
+from ordq.common.errors import ConfigError, ExternalProcessError
+from ordq.common.security import credentials_path
 from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus, wipe_files
 from ordq.output import emit_json, table
-from ordq.security import credentials_path
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
 EXIT_UNHEALTHY = 3

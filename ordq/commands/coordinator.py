@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, open_store, seconds
-from ordq.errors import ConfigError
-from ordq.proc import announce
-from ordq.security import Credentials
+from ordq.common.errors import ConfigError
+from ordq.common.proc import announce
+from ordq.common.security import Credentials
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +51,7 @@ def coordinator_credentials(args: argparse.Namespace) -> Credentials:
     """What the service serves with and presents to brokers: the flags; else the coordinator
     certificate beside the CA registered for this cluster (ensure_coordinator_pki, which makes
     it when the CA key is there); plaintext when asked for, or when the cluster has no TLS."""
-    from ordq.security import ensure_coordinator_pki, lookup
+    from ordq.common.security import ensure_coordinator_pki, lookup
 
     zk_auth = os.environ.get("ORDQ_ZK_AUTH") or None
     registered = lookup(args.zk, args.root)
@@ -81,9 +81,9 @@ def coordinator_credentials(args: argparse.Namespace) -> Credentials:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from coordinator.daemon import CoordinatorDaemon
-    from coordinator.service import CoordinatorService
-    from coordinator.zk_retry import retry_zk
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.service import CoordinatorService
+    from ordq.coordinator.zk_retry import retry_zk
 
     creds = coordinator_credentials(args)
     # A transient ZooKeeper error at start (a restarting server, a busy machine) is ridden
@@ -135,9 +135,9 @@ def _run_then_wake(daemon: Any, stop: threading.Event) -> None:
 def _subscriber(creds: Credentials) -> Any:
     """Resolves a subscription's start target (latest, seq N, time T read from the brokers)."""
     def subscribe(store: Any, queue: str, sub: str, words: Sequence[str]) -> Any:
-        from broker_group.client import GrpcTransport
-        from ordq.admin.read import ReplicaReader
-        from ordq.admin.reset import create_subscription, parse_reset_target
+        from ordq.sdk.positions import create_subscription, parse_reset_target
+        from ordq.sdk.replicas import ReplicaReader
+        from ordq.wire.client import GrpcTransport
 
         target = parse_reset_target(list(words))
         with ReplicaReader(store, GrpcTransport(rpc_timeout_s=1.0, credentials=creds)) as reader:
@@ -150,7 +150,7 @@ def _subscriber(creds: Credentials) -> Any:
 def _prober(store: Any, creds: Credentials) -> Any:
     """Asks head masters of their open segment's size and age (rolling), when available."""
     try:
-        from coordinator.seal import make_prober
+        from ordq.coordinator.seal import make_prober
     except ImportError:
         return None
     return make_prober(store, creds)
@@ -159,7 +159,7 @@ def _prober(store: Any, creds: Credentials) -> Any:
 def _sealer(store: Any, creds: Credentials) -> Any:
     """The Seal protocol runner, when the broker client is available."""
     try:
-        from coordinator.seal import make_sealer
+        from ordq.coordinator.seal import make_sealer
     except ImportError:
         return None
     return make_sealer(store, creds)

@@ -1,6 +1,6 @@
 """ordq demo: a local cluster, ordered traffic, the head master killed mid-run, a Spark verdict.
 
-The kill-head-master drill (``drills.catalog``) with a live display: acked, delivered, the
+The kill-head-master drill (``ordq.drills.catalog``) with a live display: acked, delivered, the
 send head and the consume head, refreshed in place; then ``spark_order_check`` over the run's
 audit files and its report. Everything it started is stopped in a ``finally`` (Ctrl-C too);
 the files (logs, audit, report) stay in ``--dir``.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ordq.commands import add_command, int_in, rate
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 from ordq.output import table
 
 DEMO_MARKER = ".ordq-demo"
@@ -47,9 +47,9 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from drills.catalog import DRILLS
-    from drills.runner import TABLE_COLUMNS, LoadConfig, execute_drill, judge_all
-    from drills.verdict import Verifier
+    from ordq.drills.catalog import DRILLS
+    from ordq.drills.runner import TABLE_COLUMNS, LoadConfig, execute_drill, judge_all
+    from ordq.drills.verdict import Verifier
     from ordq.local_cluster import ClusterConfig, LocalCluster
 
     out = sys.stdout
@@ -189,7 +189,7 @@ class LiveDisplay:
 
     def monitor(self, ctx: Any, done: threading.Event) -> None:
         """The progress line of a drill run, from its status files and ZooKeeper."""
-        from ordq.errors import OrdqError
+        from ordq.common.errors import OrdqError
 
         started = time.monotonic()
         try:

@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from drills.catalog import DRILLS
+    from ordq.drills.catalog import DRILLS
 
     if args.names == ["list"]:
         rows = [{"drill": d.name, "fault": d.fault, "must_happen": d.must} for d in DRILLS.values()]
@@ -64,11 +64,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
     names = list(DRILLS) if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in DRILLS]
     if unknown:
-        from ordq.errors import ConfigError
+        from ordq.common.errors import ConfigError
 
         raise ConfigError(f"unknown drill(s) {', '.join(unknown)}; see: ordq drill list")
     if args.rounds < 1:
-        from ordq.errors import ConfigError
+        from ordq.common.errors import ConfigError
 
         raise ConfigError("--rounds must be >= 1")
     drills = [DRILLS[n] for n in names]
@@ -80,8 +80,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
-    from drills.runner import TABLE_COLUMNS, LoadConfig, run_series, summarize
-    from drills.verdict import Verifier
+    from ordq.drills.runner import TABLE_COLUMNS, LoadConfig, run_series, summarize
+    from ordq.drills.verdict import Verifier
     from ordq.local_cluster import ClusterConfig, LocalCluster
 
     out = sys.stderr if wants_json(args) else sys.stdout

@@ -1,4 +1,4 @@
-"""ordq outbox init|relay|status: the transactional outbox (sdk.outbox) and its relay."""
+"""ordq outbox init|relay|status: the transactional outbox (ordq.sdk.outbox) and its relay."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import attrs
 
 from ordq.commands import add_command, int_in, seconds, wants_json
+from ordq.common.proc import announce
 from ordq.output import emit_json, table
-from ordq.proc import announce
 
 DATABASE_HELP = "an SQLite file path, or a PostgreSQL URI (postgresql://user@host:port/dbname)"
 
@@ -22,7 +22,7 @@ DATABASE_HELP = "an SQLite file path, or a PostgreSQL URI (postgresql://user@hos
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "outbox", help="ship a database's outbox table to a queue, in commit order",
                          description="The transactional outbox: applications add messages to an outbox table "
-                         "in their own transactions (sdk.outbox.add); the relay ships each committed row to its "
+                         "in their own transactions (ordq.sdk.outbox.add); the relay ships each committed row to its "
                          "queue exactly once, in commit order (docs/INTEGRATIONS.md).")
     sub = parser.add_subparsers(dest="outbox_command", metavar="ACTION")
     sub.required = True
@@ -78,7 +78,7 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
     """``ordq outbox relay`` with the relay class given (tests pass one that crashes itself)."""
     from ordq.outbox.db import OutboxDb
     from ordq.outbox.relay import RelayConfig
-    from sdk import Producer, ProducerConfig
+    from ordq.sdk import Producer, ProducerConfig
 
     if not args.until_empty:  # a long-running process: its log is the operator's record
         logging.getLogger("ordq").setLevel(logging.INFO)
@@ -124,7 +124,7 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
 
 
 def _status(line: str) -> None:
-    """A status line a parent process waits for, in one write (ordq.proc.announce); printed
+    """A status line a parent process waits for, in one write (ordq.common.proc.announce); printed
     plainly when stdout is no file (the CLI called in-process, e.g. by a test)."""
     try:
         sys.stdout.fileno()

@@ -8,15 +8,6 @@ from typing import Any
 
 import attrs
 
-from coordinator.state import QueueState
-from coordinator.store import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_SEGMENT_AGE_S,
-    DEFAULT_SEGMENT_BYTES,
-    MIN_SEGMENT_BYTES,
-    ROLL_TO,
-    QueueConfig,
-)
 from ordq.commands import (
     MAX_PAYLOAD_BYTES,
     add_command,
@@ -27,9 +18,18 @@ from ordq.commands import (
     open_store,
     wants_json,
 )
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
+from ordq.common.units import format_duration, format_size
+from ordq.coordinator.state import QueueState
+from ordq.coordinator.store import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_SEGMENT_AGE_S,
+    DEFAULT_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
+    ROLL_TO,
+    QueueConfig,
+)
 from ordq.output import emit_json, table
-from ordq.units import format_duration, format_size
 
 
 def register(subparsers: Any) -> None:
@@ -184,7 +184,7 @@ def _print_lists(args: argparse.Namespace, st: QueueState, what: str) -> int:
 
 def cmd_roll(args: argparse.Namespace) -> int:
     from ordq.admin.groups import roll_queue
-    from ordq.admin.read import ReplicaReader
+    from ordq.sdk.replicas import ReplicaReader
 
     with open_store(args) as store, ReplicaReader(store) as reader:
         rolled = roll_queue(store, reader, args.queue)
@@ -218,7 +218,7 @@ def unknown(value: Any) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, describe_queue
-    from ordq.errors import CorruptState
+    from ordq.common.errors import CorruptState
 
     views, corrupt = [], []  # corrupt: one line per queue whose state does not parse
     with open_store(args) as store, ReplicaReader(store) as reader:

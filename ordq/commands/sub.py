@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from ordq.commands import add_command, check_admin, check_token, int_in, open_store, wants_json
-from ordq.errors import ConfigError, OrdqError
+from ordq.common.errors import ConfigError, OrdqError
 from ordq.output import emit_json, table
 
 
@@ -92,7 +92,7 @@ def register_create_delete(sub: Any) -> None:
 
 def cmd_create(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader
-    from ordq.admin.reset import create_subscription, parse_reset_target
+    from ordq.sdk.positions import create_subscription, parse_reset_target
 
     target = parse_reset_target(args.start)
     with open_store(args) as store, ReplicaReader(store) as reader:
@@ -110,7 +110,7 @@ def _next_text(store: Any, reader: Any, queue: str, cursor: Any, starts_at: Any)
     """``seq N``, the message a consumer at ``cursor`` delivers next, with ``, once it is
     sent`` only when it is not stored yet (``earliest`` on a queue holding messages resolves
     to a cursor, not a message: issue 24 found it called seq 0 unsent)."""
-    from ordq.admin.reset import latest_cursor
+    from ordq.sdk.positions import latest_cursor
 
     if starts_at is not None:
         return f"seq {starts_at.seq}"
@@ -123,7 +123,7 @@ def _next_text(store: Any, reader: Any, queue: str, cursor: Any, starts_at: Any)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from ordq.admin.reset import delete_subscription
+    from ordq.sdk.positions import delete_subscription
 
     with open_store(args) as store:
         holder = delete_subscription(store, args.queue, args.subscription, force=args.force)
@@ -137,7 +137,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_policy(args: argparse.Namespace) -> int:
-    from sdk.failure import FailurePolicy
+    from ordq.sdk.failure import FailurePolicy
 
     with open_store(args) as store:
         stored = store.sub_policy(args.queue, args.subscription)
@@ -164,7 +164,7 @@ def cmd_parked(args: argparse.Namespace) -> int:
     action, names = _parked_action(args)
     if action != "list":
         return _cmd_resolve(args, action, *names)
-    from ordq.admin.read import format_time_us
+    from ordq.sdk.replicas import format_time_us
 
     queue, sub = names
     with open_store(args) as store:

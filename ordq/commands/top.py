@@ -63,7 +63,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, frames
 
     if args.interval <= 0:
-        from ordq.errors import ConfigError
+        from ordq.common.errors import ConfigError
 
         raise ConfigError("--interval must be > 0")
     out = sys.stdout

@@ -1,8 +1,8 @@
 """ordq verify: check an ordq run from its audit files with Spark (spark_order_check), or
 ``--follow QUEUE``: run the ordering checks continuously on the live queue
-(``spark_order_check.follow``).
+(``ordq.spark_order_check.follow``).
 
-Same options, output and exit codes as ``python -m spark_order_check``: 0 clean, 1 violations,
+Same options, output and exit codes as ``python -m ordq.spark_order_check``: 0 clean, 1 violations,
 2 could not verify. PySpark is imported only when the command runs.
 """
 
@@ -13,8 +13,8 @@ import importlib.util
 from typing import Any
 
 from ordq.commands import add_command, duration, int_in
-from ordq.errors import ConfigError
-from spark_order_check.cli import (
+from ordq.common.errors import ConfigError
+from ordq.spark_order_check.cli import (
     DESCRIPTION,
     EXIT_CLEAN,
     EXIT_ERROR,
@@ -70,8 +70,8 @@ def _follow(args: argparse.Namespace) -> int:
         if args.audit_dirs or args.acks or args.deliveries or args.skips or args.segments or args.keyed:
             raise ConfigError("--follow reads the live queue: give no AUDIT_DIR, --acks, --deliveries, --skips, "
                               "--segments or --keyed with it")
-        from ordq.admin.reset import parse_reset_target
-        from spark_order_check.follow import FollowOptions, follow
+        from ordq.sdk.positions import parse_reset_target
+        from ordq.spark_order_check.follow import FollowOptions, follow
 
         parse_reset_target(args.start.split())
         state = follow(FollowOptions(

@@ -1,5 +1,5 @@
 """The relay's side of the outbox database: read one queue's pending rows in id order (which
-``sdk.outbox`` makes commit order), and after their ack delete or mark them and record the
+``ordq.sdk.outbox`` makes commit order), and after their ack delete or mark them and record the
 position, in one transaction.
 
 Rules: this module knows SQL and the two drivers (sqlite3, psycopg 3), nothing of queues or
@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import ConfigError, OutboxError, OutboxTableMissing, OutboxUnavailable
-from sdk.outbox import (
+from ordq.common.errors import ConfigError, OutboxError, OutboxTableMissing, OutboxUnavailable
+from ordq.sdk.outbox import (
     DEFAULT_TABLE,
     check_table,
     decode_headers,

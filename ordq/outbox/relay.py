@@ -1,7 +1,7 @@
 """The outbox relay: the queue's producer, shipping one queue's outbox rows in commit order.
 
-Guarantee: every row that a committed transaction added for the queue (``sdk.outbox.add``) is
-stored in the queue exactly once, in id order (which ``sdk.outbox`` makes commit order), with
+Guarantee: every row that a committed transaction added for the queue (``ordq.sdk.outbox.add``) is
+stored in the queue exactly once, in id order (which ``ordq.sdk.outbox`` makes commit order), with
 its id in the ``x-ordq-outbox-id`` header. A row is deleted (or marked) only after its ack.
 A relay killed at any point (kill -9) loses nothing and stores nothing twice: the producer
 resends an unacked batch with the same seqs, which consumers drop as duplicates by seq, and a
@@ -30,25 +30,25 @@ from typing import Any
 
 import attrs
 
-from ordq.errors import MessageTooLarge, OutboxError, OutboxPositionError
+from ordq.common.errors import MessageTooLarge, OutboxError, OutboxPositionError
 from ordq.outbox.db import AFTER_ACK, OutboxDb, Position, Row
-from sdk._futures import SendFuture
-from sdk.outbox import OUTBOX_ID_HEADER
-from sdk.producer import Producer, StoredMessage
+from ordq.sdk._futures import SendFuture
+from ordq.sdk.outbox import OUTBOX_ID_HEADER
+from ordq.sdk.producer import Producer, StoredMessage
 
 log = logging.getLogger("ordq.outbox")
 
 
 def _check_after_ack(_inst: object, _attr: object, value: str) -> None:
     if value not in AFTER_ACK:
-        from ordq.errors import ConfigError
+        from ordq.common.errors import ConfigError
 
         raise ConfigError(f"after_ack must be one of {', '.join(AFTER_ACK)}, not {value!r}")
 
 
 def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
-        from ordq.errors import ConfigError
+        from ordq.common.errors import ConfigError
 
         raise ConfigError(f"{attr.name} must be > 0, not {value!r}")
 

@@ -10,10 +10,10 @@ import json
 import random
 import sys
 
-from coordinator import state as sm
-from coordinator.state import SegStatus
-from coordinator.store import ZkStore
-from ordq.errors import IllegalTransition
+from ordq.common.errors import IllegalTransition
+from ordq.coordinator import state as sm
+from ordq.coordinator.state import SegStatus
+from ordq.coordinator.store import ZkStore
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import attrs
 
-from ordq.proc import announce
-from sdk import Consumer
+from ordq.common.proc import announce
+from ordq.sdk import Consumer
 from tests.helpers.load import (
     RecordWriter,
     consumer_arguments,

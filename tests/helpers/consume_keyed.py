@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
-from ordq.proc import announce
-from sdk import Consumer, Delivered
+from ordq.common.proc import announce
+from ordq.sdk import Consumer, Delivered
 from tests.helpers.load import RecordWriter, consumer_arguments, consumer_config, program_logging, record_failure
 
 

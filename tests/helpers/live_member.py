@@ -10,9 +10,9 @@ import threading
 
 from kazoo.client import KazooClient
 
-from coordinator.paths import Paths
-from coordinator.store import ZkStore
-from ordq.proc import announce
+from ordq.common.proc import announce
+from ordq.coordinator.paths import Paths
+from ordq.coordinator.store import ZkStore
 
 
 def main() -> None:

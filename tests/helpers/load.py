@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import attrs
 
-from sdk import CommitConfig, ConsumerConfig
+from ordq.sdk import CommitConfig, ConsumerConfig
 
 
 def make_payload(seq: int, writer: str, size: int) -> bytes:

@@ -15,7 +15,7 @@ import sys
 
 from ordq.cli import build_parser
 from ordq.commands.outbox import run_relay
-from ordq.errors import OrdqError
+from ordq.common.errors import OrdqError
 from ordq.outbox.relay import Relay
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import attrs
 
-from ordq.errors import FencedError
-from ordq.proc import announce
-from sdk import Producer, ProducerConfig, SendFuture
-from sdk._producer_core import BatchingConfig
+from ordq.common.errors import FencedError
+from ordq.common.proc import announce
+from ordq.sdk import Producer, ProducerConfig, SendFuture
+from ordq.sdk._producer_core import BatchingConfig
 from tests.helpers.load import RecordWriter, make_payload, parse_payload, program_logging, record_failure
 
 EXIT_FENCED = 3

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from ordq.errors import (
+from ordq.common.errors import (
     AlreadyExists,
     BrokerUnavailable,
     ConfigError,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from broker_group.wire import ordq_pb2 as broker__group_dot_wire_dot_ordq__pb2
+from ordq.wire import ordq_pb2 as ordq_dot_wire_dot_ordq__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in broker_group/wire/ordq_pb2_grpc.py depends on'
+        + ' but the generated code in ordq/wire/ordq_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,48 +36,48 @@ class BrokerStub:
         """
         self.Produce = channel.stream_stream(
                 '/ordq.v1.Broker/Produce',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.ProduceRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.ProduceResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.ProduceResponse.FromString,
                 _registered_method=True)
         self.Replicate = channel.stream_stream(
                 '/ordq.v1.Broker/Replicate',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.ReplicateRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.ReplicateResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.ReplicateResponse.FromString,
                 _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/ordq.v1.Broker/Fetch',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
                 _registered_method=True)
         self.Read = channel.unary_stream(
                 '/ordq.v1.Broker/Read',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
                 _registered_method=True)
         self.Fence = channel.unary_unary(
                 '/ordq.v1.Broker/Fence',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.FenceRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.FenceRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
                 _registered_method=True)
         self.Seal = channel.unary_unary(
                 '/ordq.v1.Broker/Seal',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
                 _registered_method=True)
         self.Reconcile = channel.unary_unary(
                 '/ordq.v1.Broker/Reconcile',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.ReconcileRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.ReconcileRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
                 _registered_method=True)
         self.SegmentInfo = channel.unary_unary(
                 '/ordq.v1.Broker/SegmentInfo',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/ordq.v1.Broker/Health',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.HealthRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.HealthResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.HealthRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.HealthResponse.FromString,
                 _registered_method=True)
 
 
@@ -157,48 +157,48 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Produce': grpc.stream_stream_rpc_method_handler(
                     servicer.Produce,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.ProduceRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.ProduceResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.ProduceRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.ProduceResponse.SerializeToString,
             ),
             'Replicate': grpc.stream_stream_rpc_method_handler(
                     servicer.Replicate,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.ReplicateRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.ReplicateResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.ReplicateRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.ReplicateResponse.SerializeToString,
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.FetchRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.FetchResponse.SerializeToString,
             ),
             'Read': grpc.unary_stream_rpc_method_handler(
                     servicer.Read,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.FetchRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.FetchResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.FetchRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.FetchResponse.SerializeToString,
             ),
             'Fence': grpc.unary_unary_rpc_method_handler(
                     servicer.Fence,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.FenceRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.FenceRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
             ),
             'Seal': grpc.unary_unary_rpc_method_handler(
                     servicer.Seal,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SegmentRef.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.SegmentRef.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
             ),
             'Reconcile': grpc.unary_unary_rpc_method_handler(
                     servicer.Reconcile,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.ReconcileRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.ReconcileRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
             ),
             'SegmentInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.SegmentInfo,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SegmentRef.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.SegmentRef.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.SegmentEnd.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.HealthRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.HealthResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.HealthRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.HealthResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,8 +226,8 @@ class Broker:
             request_iterator,
             target,
             '/ordq.v1.Broker/Produce',
-            broker__group_dot_wire_dot_ordq__pb2.ProduceRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.ProduceResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.ProduceRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -253,8 +253,8 @@ class Broker:
             request_iterator,
             target,
             '/ordq.v1.Broker/Replicate',
-            broker__group_dot_wire_dot_ordq__pb2.ReplicateRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.ReplicateResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.ReplicateRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.ReplicateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -280,8 +280,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Fetch',
-            broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -307,8 +307,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Read',
-            broker__group_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.FetchRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -334,8 +334,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Fence',
-            broker__group_dot_wire_dot_ordq__pb2.FenceRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+            ordq_dot_wire_dot_ordq__pb2.FenceRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
             options,
             channel_credentials,
             insecure,
@@ -361,8 +361,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Seal',
-            broker__group_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+            ordq_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
             options,
             channel_credentials,
             insecure,
@@ -388,8 +388,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Reconcile',
-            broker__group_dot_wire_dot_ordq__pb2.ReconcileRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+            ordq_dot_wire_dot_ordq__pb2.ReconcileRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
             options,
             channel_credentials,
             insecure,
@@ -415,8 +415,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/SegmentInfo',
-            broker__group_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
+            ordq_dot_wire_dot_ordq__pb2.SegmentRef.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.SegmentEnd.FromString,
             options,
             channel_credentials,
             insecure,
@@ -442,8 +442,8 @@ class Broker:
             request,
             target,
             '/ordq.v1.Broker/Health',
-            broker__group_dot_wire_dot_ordq__pb2.HealthRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.HealthResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.HealthRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.HealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -462,8 +462,8 @@ class CoordinatorStub:
     the elected one answers, the others refuse with NotLeader and name the leader's address
     in the `ordq-leader` trailer. Every call is checked against the caller's token (the role
     it needs on the request's queue) and applied as a CAS transition of coordinator/state.py.
-    States travel as the JSON of coordinator.state.QueueState (`state_json`), cursors as the
-    JSON of coordinator.state.Cursor (`cursor_json`).
+    States travel as the JSON of ordq.coordinator.state.QueueState (`state_json`), cursors as the
+    JSON of ordq.coordinator.state.Cursor (`cursor_json`).
     """
 
     def __init__(self, channel):
@@ -474,43 +474,43 @@ class CoordinatorStub:
         """
         self.Claim = channel.unary_unary(
                 '/ordq.v1.Coordinator/Claim',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.ClaimRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.ClaimResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.ClaimResponse.FromString,
                 _registered_method=True)
         self.FailOver = channel.unary_unary(
                 '/ordq.v1.Coordinator/FailOver',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
                 _registered_method=True)
         self.Roll = channel.unary_unary(
                 '/ordq.v1.Coordinator/Roll',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
                 _registered_method=True)
         self.Seal = channel.unary_unary(
                 '/ordq.v1.Coordinator/Seal',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SealRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.SealRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.StateResponse.FromString,
                 _registered_method=True)
         self.Pop = channel.unary_unary(
                 '/ordq.v1.Coordinator/Pop',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.StateResponse.FromString,
                 _registered_method=True)
         self.Commit = channel.unary_unary(
                 '/ordq.v1.Coordinator/Commit',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.CommitRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.CommitResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.CommitRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.CommitResponse.FromString,
                 _registered_method=True)
         self.Subscribe = channel.unary_unary(
                 '/ordq.v1.Coordinator/Subscribe',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeResponse.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
         self.EnsureParkingQueue = channel.unary_unary(
                 '/ordq.v1.Coordinator/EnsureParkingQueue',
-                request_serializer=broker__group_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
-                response_deserializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.QueueRef.FromString,
                 _registered_method=True)
 
 
@@ -521,8 +521,8 @@ class CoordinatorServicer:
     the elected one answers, the others refuse with NotLeader and name the leader's address
     in the `ordq-leader` trailer. Every call is checked against the caller's token (the role
     it needs on the request's queue) and applied as a CAS transition of coordinator/state.py.
-    States travel as the JSON of coordinator.state.QueueState (`state_json`), cursors as the
-    JSON of coordinator.state.Cursor (`cursor_json`).
+    States travel as the JSON of ordq.coordinator.state.QueueState (`state_json`), cursors as the
+    JSON of ordq.coordinator.state.Cursor (`cursor_json`).
     """
 
     def Claim(self, request, context):
@@ -590,43 +590,43 @@ def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Claim': grpc.unary_unary_rpc_method_handler(
                     servicer.Claim,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.ClaimRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.ClaimResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.ClaimRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.ClaimResponse.SerializeToString,
             ),
             'FailOver': grpc.unary_unary_rpc_method_handler(
                     servicer.FailOver,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.HeadRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.HeadResponse.SerializeToString,
             ),
             'Roll': grpc.unary_unary_rpc_method_handler(
                     servicer.Roll,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.HeadRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.HeadResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.HeadRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.HeadResponse.SerializeToString,
             ),
             'Seal': grpc.unary_unary_rpc_method_handler(
                     servicer.Seal,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SealRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.SealRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.StateResponse.SerializeToString,
             ),
             'Pop': grpc.unary_unary_rpc_method_handler(
                     servicer.Pop,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.StateResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.StateResponse.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.CommitRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.CommitResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.CommitRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.CommitResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_unary_rpc_method_handler(
                     servicer.Subscribe,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeRequest.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.SubscribeResponse.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.SubscribeRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.SubscribeResponse.SerializeToString,
             ),
             'EnsureParkingQueue': grpc.unary_unary_rpc_method_handler(
                     servicer.EnsureParkingQueue,
-                    request_deserializer=broker__group_dot_wire_dot_ordq__pb2.SubscriptionRef.FromString,
-                    response_serializer=broker__group_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.SubscriptionRef.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -643,8 +643,8 @@ class Coordinator:
     the elected one answers, the others refuse with NotLeader and name the leader's address
     in the `ordq-leader` trailer. Every call is checked against the caller's token (the role
     it needs on the request's queue) and applied as a CAS transition of coordinator/state.py.
-    States travel as the JSON of coordinator.state.QueueState (`state_json`), cursors as the
-    JSON of coordinator.state.Cursor (`cursor_json`).
+    States travel as the JSON of ordq.coordinator.state.QueueState (`state_json`), cursors as the
+    JSON of ordq.coordinator.state.Cursor (`cursor_json`).
     """
 
     @staticmethod
@@ -662,8 +662,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/Claim',
-            broker__group_dot_wire_dot_ordq__pb2.ClaimRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.ClaimResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.ClaimRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.ClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -689,8 +689,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/FailOver',
-            broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -716,8 +716,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/Roll',
-            broker__group_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.HeadRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.HeadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -743,8 +743,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/Seal',
-            broker__group_dot_wire_dot_ordq__pb2.SealRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.SealRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.StateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -770,8 +770,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/Pop',
-            broker__group_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.StateResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.StateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -797,8 +797,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/Commit',
-            broker__group_dot_wire_dot_ordq__pb2.CommitRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.CommitResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.CommitRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.CommitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -824,8 +824,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/Subscribe',
-            broker__group_dot_wire_dot_ordq__pb2.SubscribeRequest.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.SubscribeResponse.FromString,
+            ordq_dot_wire_dot_ordq__pb2.SubscribeRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -851,8 +851,8 @@ class Coordinator:
             request,
             target,
             '/ordq.v1.Coordinator/EnsureParkingQueue',
-            broker__group_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
-            broker__group_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+            ordq_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.QueueRef.FromString,
             options,
             channel_credentials,
             insecure,

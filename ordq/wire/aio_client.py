@@ -1,12 +1,12 @@
 """The SDK's data path to brokers on grpc.aio: ``AioTransport`` implements
-``sdk.transport.AsyncBrokerTransport`` (the produce stream and Fetch) for a client whose I/O
-runs on one event loop (``ordq.loop``). Control calls (fence, seal, ...) stay on the sync
+``ordq.wire.transport.AsyncBrokerTransport`` (the produce stream and Fetch) for a client whose I/O
+runs on one event loop (``ordq.common.loop``). Control calls (fence, seal, ...) stay on the sync
 ``GrpcTransport``; the wire protocol is the same.
 
 Rules:
 - Make it, use it and close it on one event loop: grpc.aio channels belong to the loop that
   made them. One channel per broker address, closed with the transport.
-- Every failed call raises an ordq error (``broker_group.errors.from_rpc_error``), as the sync
+- Every failed call raises an ordq error (``ordq.wire.errors.from_rpc_error``), as the sync
   client does.
 """
 
@@ -17,13 +17,13 @@ from collections.abc import Sequence
 
 import grpc
 
-from broker_group.errors import from_rpc_error
-from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from ordq.errors import BrokerUnavailable, ClosedError
-from ordq.security import Credentials, aio_channel, token_metadata
-from sdk.transport import Ack, FetchResult
+from ordq.common.errors import BrokerUnavailable, ClosedError
+from ordq.common.security import Credentials, aio_channel, token_metadata
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.errors import from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from ordq.wire.transport import Ack, FetchResult
 
 
 class AioTransport:

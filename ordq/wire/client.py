@@ -1,7 +1,7 @@
 """The client side of the broker protocol: ``GrpcTransport`` implements the SDK's
 ``BrokerTransport`` and the Seal protocol's ``SealTransport`` over gRPC.
 
-Every failed call raises an ordq error (``broker_group.errors.from_rpc_error``): typed when the
+Every failed call raises an ordq error (``ordq.wire.errors.from_rpc_error``): typed when the
 broker said what went wrong, ``BrokerUnavailable`` when it could not answer at all. Channels
 are cached per address and closed with the transport.
 """
@@ -15,15 +15,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from broker_group.errors import from_rpc_error
-from broker_group.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
-from broker_group.log import parse_header
-from broker_group.wire import ordq_pb2 as pb
-from broker_group.wire import ordq_pb2_grpc as pb_grpc
-from coordinator.seal import ReplicaEnd
-from ordq.errors import BrokerUnavailable, ClosedError
-from ordq.security import Credentials, channel, token_metadata
-from sdk.transport import Ack, FetchResult
+from ordq.broker_group.log import parse_header
+from ordq.common.errors import BrokerUnavailable, ClosedError
+from ordq.common.security import Credentials, channel, token_metadata
+from ordq.coordinator.seal import ReplicaEnd
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.errors import from_rpc_error
+from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from ordq.wire.transport import Ack, FetchResult
 
 T = TypeVar("T")
 

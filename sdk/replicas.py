@@ -28,12 +28,12 @@ from typing import Any, Protocol
 
 import attrs
 
-from broker_group.log import BatchHeader, Message, decode_batch
-from coordinator.state import Cursor, QueueState, Segment, SegStatus
-from coordinator.store import QueueConfig, ZkStore
-from ordq.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
-from ordq.units import parse_duration
-from sdk.transport import FetchResult
+from ordq.broker_group.log import BatchHeader, Message, decode_batch
+from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
+from ordq.common.units import parse_duration
+from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
+from ordq.coordinator.store import QueueConfig, ZkStore
+from ordq.wire.transport import FetchResult
 
 # -- errors ------------------------------------------------------------------------------------
 
@@ -52,7 +52,7 @@ class SeqNotFound(NotFound):
 
 
 class AdminTransport(Protocol):
-    """The broker calls admin needs (``broker_group.client.GrpcTransport`` implements them)."""
+    """The broker calls admin needs (``ordq.wire.client.GrpcTransport`` implements them)."""
 
     def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
               known_end: int | None = None) -> FetchResult: ...
@@ -92,8 +92,8 @@ class ReplicaReader:
     def __init__(self, store: ZkStore, transport: AdminTransport | None = None, *, rpc_timeout_s: float = 1.0) -> None:
         self.store = store
         if transport is None:
-            from broker_group.client import GrpcTransport
-            from ordq.security import of_store
+            from ordq.common.security import of_store
+            from ordq.wire.client import GrpcTransport
 
             transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=of_store(store))
         self.transport: AdminTransport = transport

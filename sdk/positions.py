@@ -20,10 +20,11 @@ from typing import Any
 
 import attrs
 
-from coordinator import state as sm
-from coordinator.state import Cursor, QueueState, SegStatus
-from coordinator.store import ZkStore
-from ordq.admin.read import (
+from ordq.common.errors import BrokerUnavailable, ConfigError, ConflictError, OrdqError
+from ordq.coordinator import state as sm
+from ordq.coordinator.state import Cursor, QueueState, SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.sdk.replicas import (
     Location,
     ReplicaReader,
     SeqNotFound,
@@ -33,7 +34,6 @@ from ordq.admin.read import (
     locate_time,
     parse_time,
 )
-from ordq.errors import BrokerUnavailable, ConfigError, ConflictError, OrdqError
 
 
 class SubscriptionHeld(OrdqError):

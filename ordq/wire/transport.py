@@ -1,6 +1,6 @@
 """What the SDK needs from brokers: a small interface, implemented over gRPC in
-``broker_group/client.py`` (blocking calls) and ``broker_group/aio_client.py`` (the data path
-on a client's event loop); the wire protocol lives in one place. Errors are ``ordq.errors``
+``ordq/wire/client.py`` (blocking calls) and ``ordq/wire/aio_client.py`` (the data path
+on a client's event loop); the wire protocol lives in one place. Errors are ``ordq.common.errors``
 types (translated where they enter)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Protocol
 
 import attrs
 
-from coordinator.seal import ReplicaEnd, SealTransport
+from ordq.coordinator.seal import ReplicaEnd, SealTransport
 
 
 @attrs.frozen

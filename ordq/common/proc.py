@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
-from ordq.errors import ExternalProcessError
+from ordq.common.errors import ExternalProcessError
 
 T = TypeVar("T")
 

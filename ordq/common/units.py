@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

@@ -22,11 +22,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 
 __all__ = ["CollectorRegistry", "MetricsServer", "Page", "Sample", "parse_listen", "scrape", "serve"]
 
-log = logging.getLogger("ordq.metrics")
+log = logging.getLogger("ordq.common.metrics")
 
 # A page served beside /metrics: () -> (content type, body), called per request.
 Page = Callable[[], tuple[str, bytes]]

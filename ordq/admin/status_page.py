@@ -12,17 +12,17 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ordq.errors import CorruptState, NotFound, OrdqError
-from ordq.metrics import Page
+from ordq.common.errors import CorruptState, NotFound, OrdqError
+from ordq.common.metrics import Page
 
 if TYPE_CHECKING:
-    from coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon import CoordinatorDaemon
 
 PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one must not stall it
 
 
 def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
-    from ordq.admin.read import ReplicaReader, describe_queue
+    from ordq.sdk.replicas import ReplicaReader, describe_queue
 
     store = daemon.store
     queues = []

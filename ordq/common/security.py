@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import grpc
 
-from ordq.errors import ConfigError
+from ordq.common.errors import ConfigError
 
 BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
 CLIENT_CN = "ordq-client"

@@ -1,0 +1,1 @@
+"""The ground of ordq: what every layer above may import."""
