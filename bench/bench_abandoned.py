@@ -17,11 +17,11 @@ import grpc
 
 from bench._cluster import QUEUE, bench_cluster
 from bench.bench_broker import pipelined
-from ordq.broker_group.log import Message, encode_batch
 from ordq.common.security import channel
 from ordq.coordinator import state as sm
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 from ordq.wire.framing import GRPC_OPTIONS
 

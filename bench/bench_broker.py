@@ -17,8 +17,8 @@ import time
 from collections import deque
 
 from bench._cluster import QUEUE, bench_cluster, summary_ms
-from ordq.broker_group.log import Message, encode_batch
 from ordq.coordinator import state as sm
+from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 
 

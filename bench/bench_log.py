@@ -27,15 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ordq.broker_group.log import (
-    Message,
-    SegmentLog,
-    decode_batch,
-    encode_batch,
-    parse_header,
-    split_batches,
-    stamp_offset,
-)
+from ordq.broker_group.log import SegmentLog
+from ordq.wire.batch import Message, decode_batch, encode_batch, parse_header, split_batches, stamp_offset
 
 
 def _median_rate(fn: Callable[[], int], repeat: int) -> tuple[float, float, int]:

@@ -19,10 +19,10 @@ import time
 from bench._cluster import QUEUE, bench_cluster, cpu_seconds
 from bench.bench_broker import pipelined
 from ordq.admin.groups import roll_queue
-from ordq.broker_group.log import parse_header
 from ordq.broker_group.process import BrokerProcess
 from ordq.coordinator import state as sm
 from ordq.sdk.replicas import ReplicaReader
+from ordq.wire.batch import parse_header
 from ordq.wire.client import GrpcTransport
 
 

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ordq.broker_group import log as seglog
 from ordq.common.metrics import one
+from ordq.wire import batch as batch_format
 
 if TYPE_CHECKING:
     from ordq.broker_group.service import Broker, BrokerStats
@@ -53,8 +53,8 @@ def count_fetch(stats: BrokerStats, batches: list[bytes]) -> None:
     headers (two header reads, no CRC: the log checked them)."""
     if not batches:
         return
-    first = seglog.parse_header(batches[0], verify_crc=False)
-    last = seglog.parse_header(batches[-1], verify_crc=False) if len(batches) > 1 else first
+    first = batch_format.parse_header(batches[0], verify_crc=False)
+    last = batch_format.parse_header(batches[-1], verify_crc=False) if len(batches) > 1 else first
     stats.fetch_batches += len(batches)
     stats.fetch_messages += last.first_offset + last.count - first.first_offset
     stats.fetch_bytes += sum(map(len, batches))

@@ -30,6 +30,7 @@ from ordq.broker_group import log as seglog
 from ordq.broker_group.replica import Role
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
 from ordq.coordinator.state import SegStatus
+from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import short
 
@@ -110,7 +111,7 @@ class Repairer:
                         if not res.batches:
                             raise BrokerUnavailable(peer, f"peer holds only {res.readable_end} of {end} messages")
                         for batch in res.batches:
-                            if seglog.parse_header(batch).end_offset <= end:
+                            if batch_format.parse_header(batch).end_offset <= end:
                                 lg.append(batch)
                         lg.sync()
                 finally:

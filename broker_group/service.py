@@ -67,6 +67,7 @@ from ordq.common.security import Credentials, server_credentials
 from ordq.coordinator.state import QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
+from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import SegmentNotWritable, short
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES
@@ -640,7 +641,7 @@ class Broker:
                     self.stats.duplicates += 1
                     resent = True
                 else:
-                    stamped = seglog.stamp_offset(raw, p.first_offset)
+                    stamped = batch_format.stamp_offset(raw, p.first_offset)
                     if not s.first_write_ms:  # the segment's age, for rolling by age
                         s.first_write_ms = int(time.time() * 1000)
                     s.pending.append(stamped)
@@ -704,18 +705,18 @@ class Broker:
         limit = self._message_limits[queue]
         for raw in batches:
             if len(raw) > limit:
-                largest = seglog.largest_message(raw)
+                largest = batch_format.largest_message(raw)
                 if largest > limit:
                     self.stats.refused_too_large += 1
                     raise MessageTooLarge(largest, limit, f"queue {queue!r} max_message_bytes")
 
-    def _checked_header(self, raw: bytes) -> seglog.BatchHeader:
+    def _checked_header(self, raw: bytes) -> batch_format.BatchHeader:
         """CRC and structure of a batch from the network. The master also walks the message
         lengths (a CRC-valid batch from a buggy encoder must not reach the log, where every
         reader would trip on it); the slave trusts what its master checked."""
         if len(raw) > self.config.max_batch_bytes:
             raise MessageTooLarge(len(raw), self.config.max_batch_bytes)
-        check = seglog.check_messages if self.config.role is Role.MASTER else seglog.parse_header
+        check = batch_format.check_messages if self.config.role is Role.MASTER else batch_format.parse_header
         try:
             return check(raw)
         except (CorruptLog, ValueError) as exc:
@@ -976,7 +977,7 @@ class Broker:
 
     @staticmethod
     def _answer(batches: list[bytes], offset: int, upto: int, sealed: bool) -> tuple[list[bytes], Answer]:
-        end = seglog.parse_header(batches[-1], verify_crc=False).end_offset if batches else offset
+        end = batch_format.parse_header(batches[-1], verify_crc=False).end_offset if batches else offset
         return batches, encode(batches, offset=offset, end_offset=end, readable_end=upto, sealed=sealed)
 
     def _read_answer(self, s: Segment, offset: int, max_bytes: int, upto: int, sealed: bool,

@@ -9,14 +9,11 @@ within one watch event) and keeps lists tidy.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
-import attrs
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionClosedError,
@@ -28,11 +25,11 @@ from kazoo.exceptions import (
 from kazoo.recipe.election import Election
 
 from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
-from ordq.common.metrics import MetricsServer
+from ordq.common.metrics import MetricsServer, Page
 from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
-from ordq.coordinator.metrics import CoordinatorMetrics
+from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
 from ordq.coordinator.store import QueueConfig, ZkStore, roll_transition
 
 log = logging.getLogger("ordq.coordinator")
@@ -47,22 +44,6 @@ Sealer = Callable[[str, int], None]
 # What the head master says of the open segment: (queue, gid, seg) -> its size and age;
 # raises OrdqError when it does not answer.
 Prober = Callable[[str, str, int], OpenSegment]
-
-
-@attrs.define
-class DaemonStats:
-    rounds: int = 0
-    actions: dict[str, int] = attrs.field(factory=dict)
-    conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
-    errors: int = 0
-    is_leader: bool = False
-    # queues whose state does not parse, with why (CorruptState), and how often it was met
-    corrupt: dict[str, str] = attrs.field(factory=dict)
-    corrupt_seen: int = 0
-    unexpected: int = 0  # queue rounds that raised something not an OrdqError (a bug): logged
-    queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
-    # the last send-list head changes seen (a failover by anyone), newest last: the status page
-    failovers: collections.deque[dict[str, Any]] = attrs.field(factory=lambda: collections.deque(maxlen=20))
 
 
 class CoordinatorDaemon:
@@ -248,9 +229,8 @@ class CoordinatorDaemon:
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def serve_metrics(self, listen: str) -> MetricsServer:
+    def serve_metrics(self, listen: str, pages: Mapping[str, Page] | None = None) -> MetricsServer:
         """Serve this daemon's metrics (``ordq.coordinator.metrics``) at ``listen`` (port 0 ok),
-        and its status page at /status (``ordq.admin.status_page``)."""
-        from ordq.admin.status_page import pages
-
-        return metrics_serve(self.metrics.registry, listen, pages=pages(self))
+        and ``pages`` beside them (the status page, which ``ordq coordinator run`` builds above
+        this package: it reads replicas through the SDK)."""
+        return metrics_serve(self.metrics.registry, listen, pages=pages)

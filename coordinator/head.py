@@ -32,9 +32,10 @@ from ordq.common.errors import (
     WaitTimeout,
 )
 from ordq.coordinator import state as sm
-from ordq.coordinator.seal import ReplicaEnd, SealTransport, run_seal
+from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
+from ordq.wire.transport import ReplicaEnd, SealTransport
 
 log = logging.getLogger("ordq.coordinator.head")
 

@@ -6,18 +6,35 @@ daemon's state and never talks to ZooKeeper (a scrape must not cost a ZooKeeper 
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
+import attrs
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from ordq.coordinator.daemon import DaemonStats
-
 # Seal runs take a few ms (both replicas answer) to a few s (one is down: RPC timeouts).
 SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@attrs.define
+class DaemonStats:
+    """What the daemon counted; its metrics and status page read it."""
+
+    rounds: int = 0
+    actions: dict[str, int] = attrs.field(factory=dict)
+    conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
+    errors: int = 0
+    is_leader: bool = False
+    # queues whose state does not parse, with why (CorruptState), and how often it was met
+    corrupt: dict[str, str] = attrs.field(factory=dict)
+    corrupt_seen: int = 0
+    unexpected: int = 0  # queue rounds that raised something not an OrdqError (a bug): logged
+    queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    # the last send-list head changes seen (a failover by anyone), newest last: the status page
+    failovers: collections.deque[dict[str, Any]] = attrs.field(factory=lambda: collections.deque(maxlen=20))
 
 
 class CoordinatorMetrics(Collector):

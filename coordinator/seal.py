@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import attrs
 
@@ -23,16 +22,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.duties import OpenSegment
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import ZkStore
-
-
-@attrs.frozen
-class ReplicaEnd:
-    """What a replica reports for one segment after Seal or Fence."""
-
-    end: int  # durable message count
-    first_seq: int | None
-    last_seq: int | None
-    bytes: int = 0  # on disk
+from ordq.wire.transport import ReplicaEnd, SealTransport
 
 
 @attrs.frozen
@@ -59,14 +49,6 @@ def decide(replies: Mapping[str, ReplicaEnd | None]) -> SealPlan:
     if shorter:
         plan = attrs.evolve(plan, copy_to=shorter[0], copy_from=longest_role)
     return plan
-
-
-class SealTransport(Protocol):
-    """What the Seal protocol needs from brokers (implemented over gRPC in broker_group)."""
-
-    def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd: ...
-
-    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd: ...
 
 
 def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> sm.QueueState:

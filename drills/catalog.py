@@ -14,7 +14,7 @@ import resource
 from collections.abc import Callable
 from typing import Any
 
-from ordq.broker_group.log import Message, encode_batch, iter_file_batches
+from ordq.broker_group.log import iter_file_batches
 from ordq.coordinator.state import SegStatus
 from ordq.drills import security
 from ordq.drills.audit import AckRow, DeliveryRow
@@ -22,6 +22,7 @@ from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
 from ordq.drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
 from ordq.drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
+from ordq.wire.batch import Message, encode_batch
 
 _ROLES = ("master", "slave")
 

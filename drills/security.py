@@ -43,7 +43,6 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions
 
 from ordq.broker_group.auth import ALL_QUEUES
-from ordq.broker_group.log import Message, encode_batch
 from ordq.common.errors import BrokerUnavailable, EpochNotIssued, OrdqError, PermissionDenied
 from ordq.common.security import Credentials, channel, token_metadata
 from ordq.coordinator.store import ZkStore, new_client
@@ -53,6 +52,7 @@ from ordq.drills.runner import SUBSCRIPTION, DrillContext
 from ordq.drills.workload import now_us
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS

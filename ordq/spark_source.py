@@ -39,13 +39,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from ordq.broker_group.log import Message, decode_messages, parse_header
 from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.sdk._consumer_core import DeliveryFilter
 from ordq.sdk.positions import parse_reset_target, resolve_target
 from ordq.sdk.replicas import ReplicaReader
+from ordq.wire.batch import Message, decode_messages, parse_header
 
 NAME = "ordq"
 SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key: string, value: binary>>, "

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from ordq.broker_group.log import Message, encode_batch, message_size
 from ordq.common.errors import ConfigError
+from ordq.wire.batch import Message, encode_batch, message_size
 
 MESSAGE_OVERHEAD = 32  # about what a message adds to a batch beyond its bytes (its record header)
 

@@ -48,7 +48,6 @@ import attrs
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
-from ordq.broker_group.log import decode_batch
 from ordq.common.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -81,6 +80,7 @@ from ordq.sdk.failure import FailurePolicy
 from ordq.sdk.keyed import KeyedWorkers
 from ordq.sdk.metrics import ConsumerMetrics
 from ordq.sdk.parking import BlockedMessage, FailureHandling, stored_policy, worker_key_filter
+from ordq.wire.batch import decode_batch
 from ordq.wire.transport import BrokerTransport, FetchResult, Reader
 
 log = logging.getLogger("ordq.consumer")

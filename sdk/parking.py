@@ -42,11 +42,11 @@ from ordq.sdk.failure import FailurePolicy, after_failure, moved, parked_keys, p
 from ordq.sdk.keyed import worker_of
 
 if TYPE_CHECKING:
-    from ordq.broker_group.log import Message
     from ordq.coordinator.client import CoordinatorClient
     from ordq.coordinator.store import ZkStore
     from ordq.sdk.audit import AuditWriter
     from ordq.sdk.consumer import ConsumerConfig, Delivered
+    from ordq.wire.batch import Message
 
 log = logging.getLogger("ordq.consumer")
 

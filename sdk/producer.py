@@ -29,7 +29,6 @@ import attrs
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
-from ordq.broker_group.log import Message, decode_batch
 from ordq.common.errors import (
     BrokerUnavailable,
     ClosedError,
@@ -50,6 +49,7 @@ from ordq.sdk._producer_io import ProducerIO
 from ordq.sdk._zk_start import connect
 from ordq.sdk.audit import AuditWriter, new_writer_id
 from ordq.sdk.metrics import ProducerMetrics
+from ordq.wire.batch import Message, decode_batch
 from ordq.wire.transport import AsyncProduceStream, BrokerTransport
 
 if TYPE_CHECKING:

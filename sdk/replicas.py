@@ -28,11 +28,11 @@ from typing import Any, Protocol
 
 import attrs
 
-from ordq.broker_group.log import BatchHeader, Message, decode_batch
 from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
 from ordq.common.units import parse_duration
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
 from ordq.coordinator.store import QueueConfig, ZkStore
+from ordq.wire.batch import BatchHeader, Message, decode_batch
 from ordq.wire.transport import FetchResult
 
 # -- errors ------------------------------------------------------------------------------------

@@ -493,7 +493,8 @@ def generate_segments(directory: Path, scenario: Scenario = Scenario(),
     segment 0 (group g1) holds seqs 0 .. k-1, segment 1 (g1) the resent seqs, segment 2 (g2)
     k .. N-1, in batches of 100, with payload ``b"<queue>:<seq>"`` (whose CRC the acks hold).
     Returns the counts and first examples of the segment classes (others are not set)."""
-    from ordq.broker_group.log import Message, encode_batch, segment_dir, stamp_offset
+    from ordq.broker_group.log import segment_dir
+    from ordq.wire.batch import Message, encode_batch, stamp_offset
 
     sc, inj = scenario, inject
     n_msgs = sc.messages

@@ -23,7 +23,6 @@ import grpc
 import pytest
 
 from ordq.broker_group import log as seglog
-from ordq.broker_group.log import Message, encode_batch
 from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.common import security
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
@@ -36,6 +35,7 @@ from ordq.coordinator.store import ZkStore
 from ordq.coordinator.tokens import create_token, touch
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS

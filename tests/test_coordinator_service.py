@@ -11,7 +11,6 @@ import time
 import grpc
 import pytest
 
-from ordq.broker_group.log import Message, decode_batch, encode_batch
 from ordq.common.errors import EpochNotIssued, FencedError, NotCoordinatorLeader, PermissionDenied
 from ordq.common.security import channel, ensure_coordinator_pki
 from ordq.coordinator.client import CoordinatorClient
@@ -19,6 +18,7 @@ from ordq.coordinator.service import LEADER_METADATA_KEY, leader_address
 from ordq.coordinator.state import SegStatus
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import Message, decode_batch, encode_batch
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.util import wait_until
 

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from ordq.broker_group.log import Message, encode_batch
 from ordq.common.errors import ConfigError, MessageTooLarge
 from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.wire.batch import Message, encode_batch
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 
 pytestmark = pytest.mark.zk

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from ordq.broker_group.log import Message, encode_batch
 from ordq.common.errors import OrdqError
 from ordq.coordinator.state import SegStatus
+from ordq.wire.batch import Message, encode_batch
 from ordq.wire.errors import SegmentNotWritable
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     FINISH_S,

@@ -20,23 +20,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ordq.broker_group.log as log_mod
-from ordq.broker_group.log import (
+from ordq.broker_group.log import SEGMENT_FILE, SegmentLog, iter_file_batches, parse_segment_path, segment_dir
+from ordq.common.errors import ClosedError, CorruptLog, DiskFull, InvalidName, SegmentNotFound
+from ordq.wire.batch import (
     HEAD_BYTES,
-    SEGMENT_FILE,
     BatchHeader,
     Message,
-    SegmentLog,
     check_messages,
     decode_batch,
     encode_batch,
-    iter_file_batches,
     parse_header,
-    parse_segment_path,
-    segment_dir,
     split_batches,
     stamp_offset,
 )
-from ordq.common.errors import ClosedError, CorruptLog, DiskFull, InvalidName, SegmentNotFound
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from ordq.broker_group.log import Message
 from ordq.cli import main
 from ordq.common.errors import ConfigError, OutboxPositionError, OutboxTableMissing
 from ordq.drills.dbservers.postgres import PostgresServer
@@ -31,6 +30,7 @@ from ordq.outbox.db import OutboxDb, Position
 from ordq.outbox.relay import resume_point
 from ordq.sdk import Consumer, ConsumerConfig, StoredMessage, outbox
 from ordq.sdk.outbox import OUTBOX_ID_HEADER
+from ordq.wire.batch import Message
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.servers import running
 from tests.util import wait_until

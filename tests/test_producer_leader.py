@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from ordq.broker_group.log import Message, encode_batch
 from ordq.common.errors import FencedError
 from ordq.sdk import Producer, ProducerConfig
+from ordq.wire.batch import Message, encode_batch
 from tests.cluster import (
     CLIENT_SESSION_TIMEOUT_S,
     FINISH_S,

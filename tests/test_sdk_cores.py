@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordq.broker_group.log import Message
 from ordq.common.errors import ConfigError, GapDetected
 from ordq.coordinator.state import Cursor
 from ordq.sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter, FinishedTracker
 from ordq.sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from ordq.sdk._producer_io import FailoverPacing
+from ordq.wire.batch import Message
 
 
 def fake_encode(messages, *, epoch: int, first_seq: int) -> bytes:

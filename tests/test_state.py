@@ -432,7 +432,8 @@ def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
 
 def test_seal_decision() -> None:
     from ordq.common.errors import BrokerUnavailable
-    from ordq.coordinator.seal import ReplicaEnd, SealPlan, decide
+    from ordq.coordinator.seal import SealPlan, decide
+    from ordq.wire.transport import ReplicaEnd
 
     m = ReplicaEnd(end=12, first_seq=100, last_seq=111)
     s = ReplicaEnd(end=10, first_seq=100, last_seq=109)

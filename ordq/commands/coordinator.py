@@ -100,7 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
-        announce(f"METRICS {daemon.serve_metrics(args.metrics).url}")
+        from ordq.admin.status_page import pages
+
+        announce(f"METRICS {daemon.serve_metrics(args.metrics, pages=pages(daemon)).url}")
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:

@@ -15,15 +15,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ordq.broker_group.log import parse_header
 from ordq.common.errors import BrokerUnavailable, ClosedError
 from ordq.common.security import Credentials, channel, token_metadata
-from ordq.coordinator.seal import ReplicaEnd
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import parse_header
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
-from ordq.wire.transport import Ack, FetchResult
+from ordq.wire.transport import Ack, FetchResult, ReplicaEnd
 
 T = TypeVar("T")
 

@@ -10,7 +10,23 @@ from typing import Protocol
 
 import attrs
 
-from ordq.coordinator.seal import ReplicaEnd, SealTransport
+
+@attrs.frozen
+class ReplicaEnd:
+    """What a replica reports for one segment after Seal or Fence."""
+
+    end: int  # durable message count
+    first_seq: int | None
+    last_seq: int | None
+    bytes: int = 0  # on disk
+
+
+class SealTransport(Protocol):
+    """What the Seal protocol needs from brokers (implemented over gRPC in ``client.py``)."""
+
+    def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd: ...
+
+    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd: ...
 
 
 @attrs.frozen
