@@ -43,15 +43,18 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# ruff, then the import contracts of pyproject.toml: the layers import only downward and no
+# module imports back a module that imports it (docs/CONTRIBUTING.md).
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 types: venv
 	$(VENV)/bin/mypy ordq bench
 
 proto: venv
 	PATH=$(VENV)/bin:$$PATH bash proto/generate.sh
-	git diff --exit-code -- broker_group/wire
+	git diff --exit-code -- ordq/wire
 
 # Real ZooKeeper and broker processes; a test that hangs fails after 10 minutes instead of CI.
 # Most of a test's time is spent waiting (sessions expiring, processes starting), so test files
