@@ -1,8 +1,63 @@
 """ordq: a strictly ordered, replicated message queue.
 
-Packages: ``coordinator`` (state machine, ZooKeeper store, daemon), ``broker_group``
-(segment log, master/slave broker), ``sdk`` (producer, consumer, audit), ``spark_order_check``
-(verifier); this package holds what they share: errors, names and the ``ordq`` CLI.
+    from ordq import Producer, ProducerConfig, Consumer, ConsumerConfig
+
+One namespace, in layers that import only downward (docs/CONTRIBUTING.md): ``ordq.common``
+(errors, units, processes, TLS, metrics) and ``ordq.wire`` (the wire protocol and the broker
+client) at the ground; ``ordq.coordinator``; ``ordq.broker_group``; ``ordq.sdk``; what is built
+on the SDK (``ordq.outbox``, ``ordq.cdc``, ``ordq.spark_source``, ``ordq.spark_order_check``);
+the ``ordq`` CLI, local cluster and drills on top.
+
+The SDK's names are loaded on first use, so a broker or a CLI command that never touches them
+does not import the client.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from ordq.sdk import (
+        AsyncConsumer,
+        AsyncProducer,
+        BatchingConfig,
+        BlockedMessage,
+        CommitConfig,
+        Consumer,
+        ConsumerConfig,
+        Delivered,
+        FailurePolicy,
+        Producer,
+        ProducerConfig,
+        SendFuture,
+        SendResult,
+        StoredMessage,
+    )
+
+__all__ = [
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BatchingConfig",
+    "BlockedMessage",
+    "CommitConfig",
+    "Consumer",
+    "ConsumerConfig",
+    "Delivered",
+    "FailurePolicy",
+    "Producer",
+    "ProducerConfig",
+    "SendFuture",
+    "SendResult",
+    "StoredMessage",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        import ordq.sdk
+
+        return getattr(ordq.sdk, name)
+    raise AttributeError(f"module 'ordq' has no attribute {name!r}")
