@@ -14,7 +14,7 @@ import resource
 from collections.abc import Callable
 from typing import Any
 
-from ordq.broker_group.log import iter_file_batches
+from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.coordinator.state import SegStatus
 from ordq.drills import security
 from ordq.drills.audit import AckRow, DeliveryRow

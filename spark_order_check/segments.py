@@ -76,7 +76,8 @@ def parse_segment(item: tuple[str, str]) -> Iterator[tuple[Any, ...]]:
     """Rows of one segment file (runs in a Spark task): ("msg", replica, queue, seg, offset,
     seq, crc32, None) per message; ("order", ..., offset, seq, expected_seq, None) where a
     batch does not continue the previous one; ("unreadable", ..., text) if it cannot be read."""
-    from ordq.broker_group.log import iter_file_batches, parse_segment_path
+    from ordq.broker_group.log import parse_segment_path
+    from ordq.broker_group.segment_scan import iter_file_batches
     from ordq.common.errors import CorruptLog
 
     replica, path = item

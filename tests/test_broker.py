@@ -21,6 +21,7 @@ import pytest
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.process import BrokerGroupProcesses
+from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -98,7 +99,7 @@ def stored(data_dir: Path, seg: int = 0) -> list[tuple[int, int]]:
     """(seq, payload crc) of every message in one replica's copy, read from its file."""
     path = seglog.segment_dir(data_dir, Q, seg) / seglog.SEGMENT_FILE
     out = []
-    for header, messages in seglog.iter_file_batches(path):
+    for header, messages in iter_file_batches(path):
         out.extend((header.first_seq + i, zlib.crc32(m.payload)) for i, m in enumerate(messages))
     return out
 

@@ -24,6 +24,7 @@ import pytest
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.process import BrokerGroupProcesses
+from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common import security
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
 from ordq.common.metrics import scrape, value
@@ -135,7 +136,7 @@ def stored(g: Group, role: str, seg: int = 0) -> list[tuple[int, int]]:
     """(seq, payload CRC) of every message in one replica's file, read without the broker."""
     path = seglog.segment_dir(g.data_dir(role), Q, seg) / seglog.SEGMENT_FILE
     out: list[tuple[int, int]] = []
-    for header, messages in seglog.iter_file_batches(path):
+    for header, messages in iter_file_batches(path):
         out.extend((header.first_seq + i, zlib.crc32(m.payload)) for i, m in enumerate(messages))
     return out
 

@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ordq.broker_group.log as log_mod
-from ordq.broker_group.log import SEGMENT_FILE, SegmentLog, iter_file_batches, parse_segment_path, segment_dir
+import ordq.broker_group.segment_scan as segment_scan
+from ordq.broker_group.log import SEGMENT_FILE, SegmentLog, parse_segment_path, segment_dir
+from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.errors import ClosedError, CorruptLog, DiskFull, InvalidName, SegmentNotFound
 from ordq.wire.batch import (
     HEAD_BYTES,
@@ -50,8 +52,8 @@ def read_sizes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Run a recovery test with the scan's buffers as they are and with tiny ones, so batches
     and search candidates straddle every read-ahead window and search chunk boundary."""
     if request.param == "tiny":
-        monkeypatch.setattr(log_mod, "_WINDOW_BYTES", 7)
-        monkeypatch.setattr(log_mod, "_SEARCH_CHUNK_BYTES", 5)
+        monkeypatch.setattr(segment_scan, "_WINDOW_BYTES", 7)
+        monkeypatch.setattr(segment_scan, "_SEARCH_CHUNK_BYTES", 5)
     return str(request.param)
 
 
@@ -502,7 +504,7 @@ def test_the_follow_on_search_is_what_catches_a_corrupt_middle(tmp_path: Path, m
     fail against it; this shows the failure they guard against is real."""
     raws = build([[msg(0)], [msg(1)], [msg(2)]])
     write_segment(tmp_path, flip(b"".join(raws), len(raws[0]) * 8 + 200))
-    monkeypatch.setattr(log_mod, "_find_valid_batch", lambda *a: None)
+    monkeypatch.setattr(segment_scan, "_find_valid_batch", lambda *a: None)
     with SegmentLog.open(tmp_path, "q", 0) as log:
         assert log.end == 1  # two batches, one of them intact and acked, silently gone
     monkeypatch.undo()

@@ -27,6 +27,7 @@ import pytest
 from ordq.admin.groups import roll_queue
 from ordq.broker_group import log as seglog
 from ordq.broker_group.answer import encode
+from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.security import channel as security_channel
 from ordq.sdk.replicas import ReplicaReader
 from ordq.wire import ordq_pb2 as pb
@@ -45,7 +46,7 @@ def _copy(data_dir: Path, queue: str, seg: int) -> list[tuple[int, int]]:
     """(seq, payload crc) of every message of one replica's copy, read from its file."""
     path = seglog.segment_dir(data_dir, queue, seg) / seglog.SEGMENT_FILE
     out = []
-    for header, messages in seglog.iter_file_batches(path):
+    for header, messages in iter_file_batches(path):
         out.extend((header.first_seq + i, zlib.crc32(m.payload)) for i, m in enumerate(messages))
     return out
 
