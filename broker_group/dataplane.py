@@ -4,7 +4,7 @@ Guarantee: the same as broker_group/service.py's: acks in order, each only when 
 replicas synced its batch. What this module adds is where the work runs:
 - Produce: one task reads the stream and places each request's batches (on the loop, with
   the slave's forward queued at once); the handler itself answers with acks whenever the
-  LAC moves (the replication reader or the sync thread fires ``Broker.signal``). No thread
+  LAC moves (the replication reader or the sync thread fires ``Shared.signal``). No thread
   stands between a request arriving and its ack leaving but the sync thread's fdatasync.
 - Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
 - Fetch: long-polls on the loop; reads the log inline when it is free. Read: the same,
@@ -21,21 +21,25 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
+import attrs
 import grpc
 from google.protobuf.message import DecodeError
 
 from ordq.broker_group.answer import as_is
-from ordq.broker_group.auth import ALL_QUEUES
+from ordq.broker_group.auth import ALL_QUEUES, Gate
 from ordq.broker_group.budget import holders_of
+from ordq.broker_group.control import Control
+from ordq.broker_group.read_path import ReadPath
+from ordq.broker_group.repair import Repairer
+from ordq.broker_group.replication import serve_replicate
+from ordq.broker_group.shared import Shared
+from ordq.broker_group.write_path import ProduceStreamState, WritePath
 from ordq.common.errors import ConfigError, OrdqError
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import ResourceExhausted, abort
-
-if TYPE_CHECKING:
-    from ordq.broker_group.service import Broker, ProduceStreamState
 
 log = logging.getLogger("ordq.broker")
 
@@ -47,14 +51,27 @@ T = TypeVar("T")
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
-def add_servicer(broker: Broker, server: grpc.aio.Server) -> None:
+@attrs.frozen
+class Parts:
+    """What the handlers call: the broker's parts (broker_group/service.py wires them)."""
+
+    shared: Shared
+    gate: Gate
+    write: WritePath
+    read: ReadPath
+    control: Control
+    repair: Repairer
+    health: Callable[[], pb.HealthResponse]
+
+
+def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
     captured = _Handlers()
-    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(broker), captured)
+    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(parts), captured)
     handlers = dict(captured.handlers)
     # Fetch and Read answers leave the read path encoded (broker_group/answer.py): sent as they are.
     for name in ("Fetch", "Read"):
         handlers[name] = handlers[name]._replace(response_serializer=as_is)
-    handlers = {name: _checked_first(broker, name, h) for name, h in handlers.items()}
+    handlers = {name: _checked_first(parts, name, h) for name, h in handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
 
@@ -63,7 +80,7 @@ SERVICE = "ordq.v1.Broker"
 SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
 
 
-def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
+def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
     """``handler`` made to check its caller (``Gate.check_caller``) before it reads a request.
 
     gRPC reads a unary call's request whole before its handler runs (a 25 MiB body with a bad
@@ -81,7 +98,7 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
                 await asyncio.wrap_future(b.gate.book.fresh_after(arrived))
             b.gate.check_caller(context, rpc)
         except OrdqError as exc:
-            b.count_refused(exc)
+            b.shared.count_refused(exc)
             await abort(context, exc)
 
     async def one(requests: AsyncIterator[Any], context: Context) -> Any:
@@ -93,7 +110,7 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
             # A body that is no protobuf of the call's type: typed and counted (gRPC's own
             # answer was an UNKNOWN status, counted nowhere).
             bad = exc if isinstance(exc, ConfigError) else ConfigError(f"bad {rpc} request: {exc}")
-            b.count_refused(bad)
+            b.shared.count_refused(bad)
             await abort(context, bad)
 
     if handler.request_streaming:  # Produce, Replicate: their requests are the batches
@@ -143,37 +160,35 @@ class _Handlers:
         self.handlers = handlers
 
 
-async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
+async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
     """Master: acks for one produce stream, in order, as the LAC covers their batches."""
-    from ordq.broker_group.service import ProduceStreamState
-
     stream = ProduceStreamState()
-    with b._cv:
-        b._streams.add(stream)
+    with b.shared.cv:
+        b.write.streams.add(stream)
     reader = asyncio.get_running_loop().create_task(_read_produce(b, stream, requests, context))
     try:
         while True:
-            with b._cv:
-                ready = b.take_ready_acks(stream)
+            with b.shared.cv:
+                ready = b.write.take_ready_acks(stream)
                 error, finished = stream.error, stream.done and not stream.pending
             if ready:
                 await context.write(pb.ProduceResponse(acks=ready))
                 continue
             if error is not None:
-                b.count_refused(error)
+                b.shared.count_refused(error)
                 await abort(context, error)
-            if finished or b._stopping:
+            if finished or b.shared.stopping:
                 return
-            await b.signal.wait()
+            await b.shared.signal.wait()
     finally:
         reader.cancel()
-        with b._cv:
-            b._streams.discard(stream)
+        with b.shared.cv:
+            b.write.streams.discard(stream)
 
 
-async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIterator[pb.ProduceRequest],
+async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIterator[pb.ProduceRequest],
                         context: Context) -> None:
-    lease = b.lease(holders_of(context))
+    lease = b.read.lease(holders_of(context))
     try:
         async for req in requests:
             # The request is in memory already: charged while it is checked and placed (then
@@ -183,24 +198,24 @@ async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIt
             # Every request, not only the first: a token revoked mid-stream ends the stream.
             # (A refusal is counted once, where ``produce`` answers with it.)
             b.gate.check(context, "Produce", req.queue)
-            await b.accept_produce(stream, req)
+            await b.write.accept_produce(stream, req)
             lease.release()
     except OrdqError as exc:
-        with b._cv:
+        with b.shared.cv:
             stream.error = stream.error or exc
     except (asyncio.CancelledError, grpc.aio.BaseError, grpc.RpcError):
         pass  # the client went away (or the handler ended): nothing to answer
     except Exception as exc:  # noqa: BLE001 - the client sent garbage
-        with b._cv:
+        with b.shared.cv:
             stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
     finally:
         lease.release()
-        with b._cv:
+        with b.shared.cv:
             stream.done = True
-            b.changed()
+            b.shared.changed()
 
 
-async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None:
+async def read_stream(b: Parts, req: pb.FetchRequest, context: Context) -> None:
     """Fetch after fetch on one stream, each from where the last one's batches ended, until an
     empty answer, the answer that reaches the sealed end, or ``stream_ms`` (capped at
     ``max_fetch_wait_ms``): the reader's deadline for the stream bounds every answer.
@@ -210,20 +225,20 @@ async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None
     fed past its share; after ``idle_ms`` without room, or without the reader taking an
     answer, the stream is closed (ResourceExhausted, counted)."""
     offset = req.offset
-    until = time.monotonic() + min(req.stream_ms, b.config.max_fetch_wait_ms) / 1000.0
-    lease = b.lease(holders_of(context))
-    idle_s = b.budget.config.idle_ms / 1000.0
+    until = time.monotonic() + min(req.stream_ms, b.shared.config.max_fetch_wait_ms) / 1000.0
+    lease = b.read.lease(holders_of(context))
+    idle_s = b.read.budget.config.idle_ms / 1000.0
     try:
         while True:
-            res = await b.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset,
+            res = await b.read.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset,
                                                 max_bytes=req.max_bytes, max_wait_ms=req.max_wait_ms,
                                                 known_end=req.known_end), lease, wait_s=idle_s)
             try:
                 async with asyncio.timeout(idle_s):
                     await context.write(res.wire)
             except TimeoutError:
-                b.budget.stats.idle_closed += 1
-                raise ResourceExhausted(b.address, "read idle", b.budget.config.idle_ms,
+                b.read.budget.stats.idle_closed += 1
+                raise ResourceExhausted(b.shared.address, "read idle", b.read.budget.config.idle_ms,
                                         f"the reader took no answer for {idle_s:g} s: stream closed") from None
             except _SEND_FAILED:
                 # The reader went away (cancelled, closed): end as a cancelled call, which gRPC
@@ -240,10 +255,10 @@ async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
-    """gRPC entry points: translate requests to Broker calls and ordq errors to statuses."""
+    """gRPC entry points: translate requests to calls of the broker's parts and ordq errors to statuses."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, parts: Parts) -> None:
+        self.b = parts
 
     async def _answer(self, context: Context, rpc: str, queue: str, call: Callable[[], Any]) -> Any:
         """Check the caller's role, then ``call()`` (a coroutine function, or a blocking
@@ -252,31 +267,29 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             self.b.gate.check(context, rpc, queue)
             if asyncio.iscoroutinefunction(call):
                 return await call()
-            return await self.b.loop.run_blocking(call)
+            return await self.b.shared.loop.run_blocking(call)
         except OrdqError as exc:
-            self.b.count_refused(exc)
+            self.b.shared.count_refused(exc)
             await abort(context, exc)
         except (ValueError, OverflowError) as exc:
             # A value no check above foresaw (a number out of a protobuf field's range): the
             # caller's mistake, typed and counted, not an uncaught traceback in the broker.
             log.warning("%s refused: %r", rpc, exc)
             refused = ConfigError(f"bad {rpc} request: {exc}")
-            self.b.count_refused(refused)
+            self.b.shared.count_refused(refused)
             await abort(context, refused)
 
     async def Produce(self, request_iterator: Any, context: Context) -> None:
         await produce(self.b, request_iterator, context)
 
     async def Replicate(self, request_iterator: Any, context: Context) -> None:
-        from ordq.broker_group.replication import serve_replicate
-
         try:
             # Only the cluster (a broker's or coordinator's certificate) may feed a slave.
             self.b.gate.check(context, "Replicate", ALL_QUEUES)
         except OrdqError as exc:
-            self.b.count_refused(exc)
+            self.b.shared.count_refused(exc)
             await abort(context, exc)
-        await serve_replicate(self.b, request_iterator, context)
+        await serve_replicate(self.b.shared, self.b.write, request_iterator, context)
 
     async def Fetch(self, request: pb.FetchRequest, context: Context) -> bytes:
         async def fetch() -> bytes:
@@ -284,10 +297,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             # returned answer still sits in gRPC's send buffer until a slow reader's
             # flow-control window takes it, and releasing it at return let one reader's
             # unread answers pile up past its share (issue 25).
-            lease = self.b.lease(holders_of(context))
+            lease = self.b.read.lease(holders_of(context))
             context.add_done_callback(lambda _ctx: lease.release())
             try:
-                return (await self.b.fetch(request, lease)).wire
+                return (await self.b.read.fetch(request, lease)).wire
             except BaseException:
                 lease.release()
                 raise
@@ -302,11 +315,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     async def Fence(self, request: pb.FenceRequest, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "Fence", request.queue,  # type: ignore[no-any-return]
-                                  lambda: self.b.fence(request.queue, request.seg, request.epoch))
+                                  lambda: self.b.control.fence(request.queue, request.seg, request.epoch))
 
     async def Seal(self, request: pb.SegmentRef, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "Seal", request.queue,  # type: ignore[no-any-return]
-                                  lambda: self.b.seal(request.queue, request.seg))
+                                  lambda: self.b.control.seal(request.queue, request.seg))
 
     async def Reconcile(self, request: pb.ReconcileRequest, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "Reconcile", request.queue,  # type: ignore[no-any-return]
@@ -315,7 +328,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     async def SegmentInfo(self, request: pb.SegmentRef, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "SegmentInfo", request.queue,  # type: ignore[no-any-return]
-                                  lambda: self.b.segment_info(request.queue, request.seg))
+                                  lambda: self.b.control.segment_info(request.queue, request.seg))
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
         return await self._answer(context, "Health", ALL_QUEUES, self.b.health)  # type: ignore[no-any-return]

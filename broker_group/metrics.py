@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ordq.broker_group.budget import MemoryBudget
+from ordq.broker_group.shared import BrokerStats, Shared
 from ordq.common.metrics import one
 from ordq.wire import batch as batch_format
-
-if TYPE_CHECKING:
-    from ordq.broker_group.service import Broker, BrokerStats
 
 # fdatasync of a group commit: ~0.2 ms typical on the development disk, spikes to ~100 ms.
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -63,10 +62,13 @@ def count_fetch(stats: BrokerStats, batches: list[bytes]) -> None:
 class BrokerMetrics(Collector):
     """The broker's registry (``registry``) and the histogram its sync path observes."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, shared: Shared, budget: MemoryBudget, link: Callable[[], Any]) -> None:
+        """``link()``: the master's replication link, None before it starts and on a slave."""
+        self.shared = shared
+        self.budget = budget
+        self.link = link
         self.registry = CollectorRegistry(auto_describe=True)
-        cfg = broker.config
+        cfg = shared.config
         self._labels = {"group": cfg.gid, "role": cfg.role.value}
         self.fsync_seconds = Histogram("ordq_broker_fsync_seconds", "Write+fdatasync of one group commit",
                                        list(self._labels), buckets=FSYNC_BUCKETS,
@@ -77,19 +79,19 @@ class BrokerMetrics(Collector):
         return iter(())  # collected only at scrape time
 
     def collect(self) -> Iterator[Metric]:
-        b = self.broker
+        b = self.shared
         names, values = list(self._labels), list(self._labels.values())
-        with b._cv:
+        with b.cv:
             stats = attrs.asdict(b.stats)
             per_queue: dict[str, list[int]] = {}  # queue -> [open segments, segments, bytes]
             corrupt = 0
-            for (queue, _seg), s in b._segments.items():
+            for (queue, _seg), s in b.segments.items():
                 row = per_queue.setdefault(queue, [0, 0, 0])
                 row[0] += int(not s.replica.sealed)
                 row[1] += 1
                 row[2] += s.log.synced_bytes if s.log is not None else 0
                 corrupt += s.corrupt is not None
-            link = b.replication
+            link = self.link()
             connected = bool(link is not None and link.connected)
             lag_bytes, lag_s = link.lag(time.monotonic()) if link is not None else (0, 0.0)
         lb = self._labels
@@ -101,7 +103,7 @@ class BrokerMetrics(Collector):
             refused.add_metric([*values, reason], n)
         yield refused
         yield one("gauge", "ordq_broker_corrupt_segments", "Segments not served: corrupt log", lb, corrupt)
-        budget = b.budget.stats  # plain integers the loop updates; a scrape reads a moment's view
+        budget = self.budget.stats  # plain integers the loop updates; a scrape reads a moment's view
         yield one("gauge", "ordq_broker_budget_used_bytes", "Bytes held for clients now (memory budget)", lb,
                   budget.used_bytes)
         yield one("gauge", "ordq_broker_budget_peak_bytes", "Most bytes held for clients at once since start", lb,

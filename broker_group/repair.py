@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.replica import Role
+from ordq.broker_group.segments import SegmentStore, write_meta
+from ordq.broker_group.shared import Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
 from ordq.coordinator.state import SegStatus
 from ordq.wire import batch as batch_format
@@ -35,35 +37,35 @@ from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import short
 
 if TYPE_CHECKING:
-    from ordq.broker_group.service import Broker
     from ordq.coordinator.store import LiveInfo
 
 log = logging.getLogger("ordq.broker")
 
 
 class Repairer:
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, shared: Shared, segments: SegmentStore) -> None:
+        self.shared = shared
+        self.segments = segments
         self.kick = threading.Event()  # run a round now (a reader found a copy to complete)
 
     def run(self) -> None:
         """The reconcile thread: a round per interval, never ended by an error."""
-        while not self.b._stopping:
+        while not self.shared.stopping:
             try:
                 self._round()
             except OrdqError as exc:
                 log.info("reconcile round deferred: %s", exc)
             except Exception:  # a bug must not silently end reconciliation for good
                 log.exception("reconcile round failed")
-            self.kick.wait(self.b.config.reconcile_interval_s)
+            self.kick.wait(self.shared.config.reconcile_interval_s)
             self.kick.clear()
 
     def reconcile_request(self, queue: str, seg: int, end: int, peer: str) -> pb.SegmentEnd:
         """The Reconcile RPC: ``end`` and ``peer`` are only cross-checked against ZooKeeper's
         sealed end and the group's registered peer; a request that disagrees is refused
         (ConfigError) and changes nothing."""
-        z, _ = self.b._zk_segment(queue, seg)
-        if z is None or z.gid != self.b.config.gid:
+        z, _ = self.segments.zk_segment(queue, seg)
+        if z is None or z.gid != self.shared.config.gid:
             raise SegmentNotFound(queue, seg)
         if z.status is not SegStatus.SEALED or z.end is None:
             raise ConfigError(f"Reconcile {short(queue)}/{seg}: ZooKeeper records no sealed end for it yet "
@@ -81,29 +83,28 @@ class Repairer:
         """Make this copy of a sealed segment exactly ``end`` messages long (ZooKeeper's sealed
         end: the callers read it there): truncate past it, or copy [our end, end) from the
         group's registered peer. A corrupt copy is set aside and copied whole."""
-        from ordq.broker_group.service import _write_meta
         from ordq.wire.client import GrpcTransport
 
-        b = self.b
-        s = b.segment_for_control(queue, seg, to_copy=True)
-        with b._cv:
+        cfg = self.shared.config
+        s = self.segments.for_control(queue, seg, to_copy=True)
+        with self.shared.cv:
             s.replica.freeze("sealed")
-            b._settle(s)
+            self.shared.settle(s)
         with s.io_lock:
             if s.log is None:  # corrupt: keep the evidence, rebuild from the peer
                 bad = s.directory / "segment.log"
                 if bad.exists():
                     bad.rename(s.directory / f"segment.log.corrupt-{int(time.time())}")
-                s.log = seglog.SegmentLog.open(b.config.data_dir, queue, seg, create=True)
+                s.log = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
             lg = s.log
             if lg.synced_end > end:
                 lg.truncate(end)
             if lg.synced_end < end:
                 live = self._live_peer()
                 if live is None:
-                    raise BrokerUnavailable(f"group {b.config.gid}", f"no live peer to copy {queue}/{seg} from")
+                    raise BrokerUnavailable(f"group {cfg.gid}", f"no live peer to copy {queue}/{seg} from")
                 peer = live.address  # from ZooKeeper: never an address a caller named
-                transport = GrpcTransport(rpc_timeout_s=b.config.rpc_timeout_s, credentials=b.config.credentials)
+                transport = GrpcTransport(rpc_timeout_s=cfg.rpc_timeout_s, credentials=cfg.credentials)
                 try:
                     while lg.synced_end < end:
                         res = transport.fetch(peer, queue, seg, lg.synced_end, max_bytes=8 << 20, max_wait_ms=0,
@@ -116,31 +117,30 @@ class Repairer:
                         lg.sync()
                 finally:
                     transport.close()
-        with b._cv:
+        with self.shared.cv:
             s.replica.seal()
             s.replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
             s.corrupt = None
             s.reconciled = True
-            b.stats.reconciled += 1
+            self.shared.stats.reconciled += 1
             out = s.end()
-            b.changed()
-        _write_meta(s)
+            self.shared.changed()
+        write_meta(s)
         log.info("segment %s/%d reconciled to end %d", queue, seg, end)
         return out
 
     def _live_peer(self) -> LiveInfo | None:
-        store = self.b.require_store()
-        peer_role = "slave" if self.b.config.role is Role.MASTER else "master"
-        return store.live_members(self.b.config.gid).get(peer_role)
+        store = self.shared.require_store()
+        peer_role = "slave" if self.shared.config.role is Role.MASTER else "master"
+        return store.live_members(self.shared.config.gid).get(peer_role)
 
     def _round(self) -> None:
-        b = self.b
-        store = b.require_store()
-        b.free_space()
-        if b._refill:
+        store = self.shared.require_store()
+        self.segments.free_space()
+        if self.segments.refill:
             self._refill_round()
-        with b._cv:
-            todo = [s for s in b._segments.values() if not s.reconciled]
+        with self.shared.cv:
+            todo = [s for s in self.shared.segments.values() if not s.reconciled]
         states: dict[str, Any] = {}
         for s in todo:
             queue, seg = s.key
@@ -155,16 +155,16 @@ class Repairer:
             z = st.segment(seg)
             if z is None:
                 continue  # popped: free_space removes it
-            if z.status is not SegStatus.SEALED or z.gid != b.config.gid:
+            if z.status is not SegStatus.SEALED or z.gid != self.shared.config.gid:
                 continue
             assert z.end is not None
-            with b._cv:
+            with self.shared.cv:
                 exact = s.replica.sealed and s.replica.local_synced == z.end and s.corrupt is None
             if exact:
                 s.reconciled = True
                 continue
             peer = self._live_peer()
-            with b._cv:
+            with self.shared.cv:
                 needs_peer = s.corrupt is not None or s.replica.local_synced < z.end
             if needs_peer and peer is None:
                 continue  # try again when the peer is back
@@ -177,21 +177,20 @@ class Repairer:
         """After a new disk: copy from the peer every segment of this group that was opened
         before the folder existed, once ZooKeeper shows it sealed, so the group holds two
         copies again. A queue is done when none of those is left uncopied."""
-        b = self.b
-        store = b.require_store()
+        store = self.shared.require_store()
         peer = self._live_peer()
-        for queue in sorted(b._refill):
+        for queue in sorted(self.segments.refill):
             try:
                 st, _ = store.load_state(queue)
             except QueueNotFound:
-                b._refill.discard(queue)
+                self.segments.refill.discard(queue)
                 continue
             waiting = False
             for z in st.consume:
-                if z.seg >= b._born_at[queue] or z.gid != b.config.gid:
+                if z.seg >= self.segments.born_at[queue] or z.gid != self.shared.config.gid:
                     continue
-                with b._cv:
-                    if (queue, z.seg) in b._segments:
+                with self.shared.cv:
+                    if (queue, z.seg) in self.shared.segments:
                         continue
                 if z.status is not SegStatus.SEALED or peer is None:
                     waiting = True  # copied once sealed, from a live peer
@@ -205,5 +204,5 @@ class Repairer:
                     waiting = True
                     log.warning("segment %s/%d: copy from the peer deferred: %s", queue, z.seg, exc)
             if not waiting:
-                b._refill.discard(queue)
+                self.segments.refill.discard(queue)
                 log.info("queue %s: every segment of this group opened before this data folder is copied", queue)

@@ -27,10 +27,12 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
+from ordq.broker_group.shared import Segment, Shared
+from ordq.broker_group.write_path import WritePath
 from ordq.common import security
 from ordq.common.errors import OrdqError
 from ordq.common.loop import Signal
@@ -38,9 +40,6 @@ from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import SegmentNotWritable, abort
 from ordq.wire.framing import GRPC_OPTIONS, chunks
-
-if TYPE_CHECKING:
-    from ordq.broker_group.service import Broker, Segment
 
 log = logging.getLogger("ordq.replication")
 
@@ -53,10 +52,11 @@ class ReplicationLink:
     is guarded by the broker lock (metrics read it from other threads); its tasks run on the
     broker's loop."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
-        self._cv = broker._cv  # one lock for all broker state
-        self.wake = Signal(broker.loop)  # batches queued, window freed, address changed, stop
+    def __init__(self, shared: Shared, write: WritePath) -> None:
+        self.shared = shared
+        self.write = write
+        self._cv = shared.cv  # one lock for all broker state
+        self.wake = Signal(shared.loop)  # batches queued, window freed, address changed, stop
         self.connected = False
         self._gen = 0  # bumped on every (re)connect; a stale sender stops
         self._out: list[tuple[Segment, bytes]] = []
@@ -73,14 +73,14 @@ class ReplicationLink:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        store = self.b.require_store()
-        path = store.paths.live(self.b.config.gid, "slave")
+        store = self.shared.require_store()
+        path = store.paths.live(self.shared.config.gid, "slave")
         store.client.DataWatch(path)(self._on_slave_node)
 
         async def spawn() -> asyncio.Task[None]:
             return asyncio.get_running_loop().create_task(self._run())
 
-        self._task = self.b.loop.run(spawn())
+        self._task = self.shared.loop.run(spawn())
 
     def stop(self) -> None:
         with self._cv:
@@ -98,7 +98,7 @@ class ReplicationLink:
                     pass
 
         try:
-            self.b.loop.run(finish(), timeout_s=5)
+            self.shared.loop.run(finish(), timeout_s=5)
         except Exception:  # noqa: BLE001 - the loop is gone already: nothing left to stop
             pass
 
@@ -150,9 +150,9 @@ class ReplicationLink:
             await self.wake.wait(0.1)  # a short pause before reconnecting (or a new address)
 
     async def _stream_once(self, address: str, gen: int) -> None:
-        channel = security.aio_channel(address, self.b.config.credentials, GRPC_OPTIONS)
+        channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
         call = pb_grpc.BrokerStub(channel).Replicate()
-        sender = self.b.loop.loop.create_task(self._send(call, gen))
+        sender = self.shared.loop.loop.create_task(self._send(call, gen))
         try:
             async for resp in call:
                 with self._cv:
@@ -164,10 +164,10 @@ class ReplicationLink:
                         if self._unanswered:
                             self._unanswered.popleft()
                     for r in resp.synced:
-                        s = self.b._segments.get((r.queue, r.seg))
+                        s = self.shared.segments.get((r.queue, r.seg))
                         if s is not None:
                             s.replica.peer_progress(r.synced_end)
-                    self.b.changed()  # acks released: the produce streams answer now
+                    self.shared.changed()  # acks released: the produce streams answer now
                     waiting = bool(self._out)
                 if waiting:
                     self.wake.fire()  # the window has room again for what waits
@@ -189,13 +189,13 @@ class ReplicationLink:
             self.connected = False
             self._gen += 1  # stops the sender of this stream
             frozen = []
-            for s in self.b._segments.values():
+            for s in self.shared.segments.values():
                 if s.replica.writable and s.replica.next_offset > 0:
                     s.replica.freeze("the replication stream to the slave broke")
                     frozen.append(s)
             if was:
-                self.b.stats.replication_breaks += 1
-            self.b.fail_streams(SegmentNotWritable(self.b.address, "*", -1, "the slave is not connected"))
+                self.shared.stats.replication_breaks += 1
+            self.write.fail_streams(SegmentNotWritable(self.shared.address, "*", -1, "the slave is not connected"))
         if frozen:
             log.warning("froze %d segments after the slave stream broke", len(frozen))
 
@@ -204,7 +204,7 @@ class ReplicationLink:
         with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
         leave together, one sync on the slave for all of them (group commit). A moved LAC
         rides on the next batches, or goes alone once ``lac_push_ms`` passed since the last."""
-        push_s = self.b.config.lac_push_ms / 1000
+        push_s = self.shared.config.lac_push_ms / 1000
         pushed_at = 0.0
         await call.write(pb.ReplicateRequest(hello=True))
         while True:
@@ -258,27 +258,27 @@ def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], 
             yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
 
 
-async def serve_replicate(broker: Broker, requests: AsyncIterator[pb.ReplicateRequest],
+async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncIterator[pb.ReplicateRequest],
                           context: grpc.aio.ServicerContext[Any, Any]) -> None:
     """Slave side: append and sync what the master sends, then answer with the synced end,
     all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
     is as urgent as the ack it holds up). Exactly one answer per request that carries
     batches (the master counts them), none for a LAC-only request, an empty one for hello."""
-    if broker.config.role.value != "slave":
-        await abort(context, SegmentNotWritable(broker.address, "*", -1,
+    if shared.config.role.value != "slave":
+        await abort(context, SegmentNotWritable(shared.address, "*", -1,
                                                 "replication goes to the slave, this is the master"))
     try:
         async for req in requests:
             if req.hello:
                 await context.write(pb.ReplicateResponse())
                 continue
-            s = await broker.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
+            s = await write.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
             if req.batches:
-                with broker._cv:
+                with shared.cv:
                     end = s.replica.local_synced
                 await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
                                                                                    synced_end=end)]))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
-        broker.count_refused(exc)
+        shared.count_refused(exc)
         await abort(context, exc)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ordq.broker_group import log as seglog
-from ordq.broker_group.service import _write_json_durably
+from ordq.broker_group.segments import write_json_durably
 from ordq.zk_server import ZkServer
 
 
@@ -46,7 +46,7 @@ def test_a_folder_from_before_is_tightened_and_state_files_are_private(tmp_path:
     os.chmod(old, 0o755)
     seglog.private_dir(old)
     assert mode(old) == 0o700
-    _write_json_durably(old / "incarnation.json", "x")
+    write_json_durably(old / "incarnation.json", "x")
     assert mode(old / "incarnation.json") == 0o600
 
 

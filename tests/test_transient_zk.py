@@ -31,8 +31,9 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ordq.broker_group.auth import Gate
+from ordq.broker_group.config import BrokerConfig
 from ordq.broker_group.replica import Role
-from ordq.broker_group.service import Broker, BrokerConfig
+from ordq.broker_group.service import Broker
 from ordq.common.errors import (
     AlreadyExists,
     CoordinationUnavailable,

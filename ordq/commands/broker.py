@@ -102,8 +102,9 @@ def budget_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ordq.broker_group.config import BrokerConfig
     from ordq.broker_group.replica import Role
-    from ordq.broker_group.service import Broker, BrokerConfig
+    from ordq.broker_group.service import Broker
 
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,

@@ -1,0 +1,86 @@
+"""A broker's configuration (``ordq broker run`` flags) and the gRPC server options it implies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from ordq.broker_group.budget import BudgetConfig
+from ordq.broker_group.replica import Role
+from ordq.common.errors import ConfigError
+from ordq.common.security import Credentials
+from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES
+
+
+@attrs.frozen(kw_only=True)
+class BrokerConfig:
+    gid: str
+    role: Role
+    data_dir: Path
+    zk_hosts: str
+    root: str = "/ordq"
+    listen: str = "127.0.0.1:0"
+    zk_session_timeout_s: float = 2.0
+    max_batch_bytes: int = 16 << 20  # one encoded batch on the wire
+    lac_push_ms: float = 20.0  # how soon the slave learns an advanced LAC when no batch carries it
+    reconcile_interval_s: float = 1.0
+    rpc_timeout_s: float = 5.0  # calls this broker makes to its peer while reconciling
+    # Limits (docs/SECURITY.md, Limits): what one client can make this process hold.
+    max_fetch_bytes: int = 32 << 20  # one Fetch answer, whatever max_bytes the reader asks
+    max_fetch_wait_ms: int = 30_000  # one Fetch long-poll, whatever max_wait_ms the reader asks
+    # Master: bytes accepted but not yet synced here and on the slave; past it, produce streams
+    # stop being read (gRPC flow control then holds the senders back) until syncs catch up.
+    max_inflight_bytes: int = 256 << 20
+    max_streams_per_connection: int = 100  # HTTP/2 concurrent streams of one client connection
+    max_connections: int = 4096  # accepted at once (gRPC refuses the next)
+    handshake_timeout_ms: int = 10_000  # TLS + HTTP/2 handshake of a new connection
+    idle_connection_ms: int = 300_000  # a connection without calls this long is closed
+    max_metadata_bytes: int = 16 << 10  # request headers (a token is ~50 bytes)
+    # Worker threads for the blocking parts of calls (ZooKeeper reads, Fence/Seal/Reconcile), made
+    # as needed. Streams and long-polls hold none: they wait on the loop (bench/bench_abandoned.py).
+    rpc_workers: int = 512
+    # Calls beyond this are refused at once (RESOURCE_EXHAUSTED), not queued without bound.
+    max_concurrent_rpcs: int = 1024
+    # CRC-check every batch read from a sealed segment before it is sent (docs/BENCHMARKS.md).
+    verify_sealed_reads: bool = True
+    # What the broker holds for clients at once, in all and per connection/token (budget.py).
+    budget: BudgetConfig = attrs.field(factory=BudgetConfig)
+    # A process restarted right after a kill finds its predecessor's liveness node still there
+    # until that ZooKeeper session expires: wait this long for it before giving up.
+    register_wait_s: float = 30.0
+    # What it serves with and shows its peer (ordq/common/security.py); no CA: plaintext (--insecure).
+    credentials: Credentials = attrs.field(factory=Credentials)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_batch_bytes < 1024:
+            raise ConfigError("max_batch_bytes must be >= 1024")
+        if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
+            raise ConfigError("lac_push_ms and reconcile_interval_s must be > 0")
+        if min(self.max_fetch_bytes, self.max_fetch_wait_ms, self.max_inflight_bytes, self.max_streams_per_connection,
+               self.rpc_workers, self.max_concurrent_rpcs, self.max_connections, self.handshake_timeout_ms,
+               self.idle_connection_ms, self.max_metadata_bytes) < 1:
+            raise ConfigError("broker limits must be >= 1")
+
+
+def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
+    """The broker's server side: a request holds at most one split's worth of batches (a
+    split ends at the first batch past REQUEST_BYTES, and a batch is at most max_batch_bytes),
+    not the 256 MiB a channel accepts; a connection carries a bounded number of streams.
+    Connections are bounded too (docs/SECURITY.md, Limits): one that has not finished its TLS
+    and HTTP/2 handshake within ``handshake_timeout_ms`` is closed (a socket that never sends
+    a ClientHello holds a descriptor otherwise); one without calls for ``idle_connection_ms``
+    is closed (clients reconnect by themselves); keepalive pings find dead peers of open
+    streams; at most ``max_connections`` are accepted. No maximum connection age: it would cut
+    a producer's long-lived stream and make it fail over."""
+    limit = REQUEST_BYTES + cfg.max_batch_bytes + (1 << 20)
+    return [(k, v) for k, v in GRPC_OPTIONS if k != "grpc.max_receive_message_length"] + [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+        ("grpc.max_metadata_size", cfg.max_metadata_bytes),
+        ("grpc.server_handshake_timeout_ms", cfg.handshake_timeout_ms),
+        ("grpc.max_connection_idle_ms", cfg.idle_connection_ms),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.max_allowed_incoming_connections", cfg.max_connections),
+    ]

@@ -1,0 +1,58 @@
+"""Control calls on one copy of a segment: Fence, Seal, SegmentInfo, Reconcile (taken only
+from brokers and coordinators: broker_group/auth.py).
+
+Guarantee (DESIGN §4-5): Fence and Seal are persisted before they are answered, and answered
+only after every batch accepted before them is synced, so the end they report is durable.
+"""
+
+from __future__ import annotations
+
+from ordq.broker_group.repair import Repairer
+from ordq.broker_group.segments import SegmentStore, write_meta
+from ordq.broker_group.shared import Shared
+from ordq.broker_group.write_path import WritePath
+from ordq.common.errors import SegmentNotFound
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import SegmentNotWritable
+
+
+class Control:
+    def __init__(self, shared: Shared, segments: SegmentStore, write: WritePath, repair: Repairer) -> None:
+        self.shared = shared
+        self.segments = segments
+        self.write = write
+        self.repair = repair
+
+    def fence(self, queue: str, seg: int, epoch: int) -> pb.SegmentEnd:
+        self.write.epochs.check(queue, epoch)
+        s = self.segments.for_control(queue, seg)
+        with self.shared.cv:
+            s.replica.fence(epoch)
+            self.shared.settle(s)
+            end = s.end()
+        write_meta(s)
+        return end
+
+    def seal(self, queue: str, seg: int) -> pb.SegmentEnd:
+        s = self.segments.for_control(queue, seg)
+        with self.shared.cv:
+            s.replica.freeze("sealed")
+            self.shared.settle(s)
+            s.replica.seal()
+            end = s.end()
+            # Producers still waiting for acks in this segment learn it is over now.
+            self.write.fail_streams(SegmentNotWritable(self.shared.address, queue, seg, "sealed"),
+                              only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
+        write_meta(s)
+        return end
+
+    def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:
+        with self.shared.cv:
+            s = self.shared.segments.get((queue, seg))
+            if s is None:
+                raise SegmentNotFound(queue, seg)
+            return s.end()
+
+    def reconcile(self, queue: str, seg: int, end: int) -> pb.SegmentEnd:
+        """Bring this copy of a sealed segment to ``end``, ZooKeeper's (broker_group/repair.py)."""
+        return self.repair.reconcile(queue, seg, end)

@@ -1,0 +1,167 @@
+"""The read path: Fetch and Read answers from a copy of a segment, within the memory budget.
+
+Guarantees (DESIGN §4): readers never see past the LAC of an open segment, nor past the end
+of a sealed one (nor past the end ZooKeeper decided, when the reader tells it). A sealed
+copy's bytes are CRC-checked on the way out; a corrupt copy is set aside and repaired from
+the peer, never served.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from ordq.broker_group.answer import Answer, encode
+from ordq.broker_group.budget import Lease, MemoryBudget, ReadPace
+from ordq.broker_group.metrics import count_fetch
+from ordq.broker_group.segments import SegmentStore
+from ordq.broker_group.shared import Segment, Shared
+from ordq.common.errors import BrokerUnavailable, CorruptLog, SegmentNotFound
+from ordq.common.loop import Signal
+from ordq.coordinator.state import SegStatus
+from ordq.wire import batch as batch_format
+from ordq.wire import ordq_pb2 as pb
+
+log = logging.getLogger("ordq.broker")
+
+INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worker thread, off the loop
+
+
+class ReadPath:
+    def __init__(self, shared: Shared, segments: SegmentStore, repair_kick: threading.Event) -> None:
+        self.shared = shared
+        self.segments = segments
+        self._repair_kick = repair_kick  # the reconciler runs a round now
+        config = shared.config
+        # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
+        # that a released answer wakes only the calls waiting for room.
+        self.budget = MemoryBudget(config.budget)
+        rate = config.budget.read_rate_bytes
+        self.read_pace = None if rate is None else ReadPace(rate, burst=config.budget.holder_bytes)
+        self.room = Signal(shared.loop)
+
+    def lease(self, holders: Sequence[str]) -> Lease:
+        """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
+        return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace)
+
+    async def fetch(self, req: pb.FetchRequest, lease: Lease | None = None, *,
+                    wait_s: float | None = None) -> Answer:
+        """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
+        long-polling (on ``signal``) while nothing is readable. With a ``lease`` the answer
+        is charged to it (shorter when the budget has less room; waiting up to ``wait_s``
+        for room, then ResourceExhausted); the caller releases it once the answer is sent."""
+        self.shared.stats.fetches += 1
+        known_end = req.known_end if req.known_end >= 0 else None
+        deadline = time.monotonic() + min(req.max_wait_ms, self.shared.config.max_fetch_wait_ms) / 1000.0
+        key = (req.queue, req.seg)
+        s = self.shared.segments.get(key)
+        while s is None and not self.shared.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await self.shared.signal.wait(left)
+            s = self.shared.segments.get(key)
+        if s is None:
+            return await self.shared.loop.run_blocking(self._fetch_absent, req)
+        r = s.replica
+        while True:
+            with self.shared.cv:
+                if s.corrupt is not None:
+                    raise s.corrupt
+                if (r.sealed and known_end is not None and req.offset >= r.local_synced
+                        and r.local_synced < known_end):
+                    self._repair_kick.set()
+                    raise BrokerUnavailable(self.shared.address, f"this copy of {req.queue}/{req.seg} holds "
+                                            f"{r.local_synced} of its sealed end {known_end}; "
+                                            "reconciling from the peer")
+                upto = r.readable_end(known_end)
+                sealed = r.sealed
+            left = deadline - time.monotonic()
+            if upto > req.offset or sealed or self.shared.stopping or left <= 0:
+                break
+            await self.shared.signal.wait(left)
+        if upto <= req.offset:
+            return encode([], offset=req.offset, end_offset=req.offset, readable_end=upto, sealed=sealed)
+        max_bytes = min(max(req.max_bytes, 1), self.shared.config.max_fetch_bytes)
+        if lease is not None:
+            max_bytes = await lease.acquire(max_bytes, wait_s=wait_s)
+        # Read on the loop when the log is free (page cache: microseconds for what a
+        # follower asks); behind a sync holding it, or for a long read, in a worker, which
+        # also encodes the answer: a 32 MiB answer's join held the loop (and with it every
+        # neighbour's produce and ack) for tens of ms (issue 25, the noisy-neighbour drill).
+        # A sealed segment's bytes may have rotted since they were written and scanned:
+        # they are CRC-checked on the way out (docs/BENCHMARKS.md, "Outbound CRC check").
+        verify = sealed and self.shared.config.verify_sealed_reads
+        try:
+            if upto - req.offset <= INLINE_READ_MESSAGES and s.io_lock.acquire(blocking=False):
+                try:
+                    batches, answer = self._answer(self._read_locked(s, req.offset, max_bytes, upto, verify),
+                                                   req.offset, upto, sealed)
+                finally:
+                    s.io_lock.release()
+            else:
+                batches, answer = await self.shared.loop.run_blocking(self._read_answer, s, req.offset, max_bytes, upto,
+                                                               sealed, verify)
+        except CorruptLog as exc:
+            self.set_aside(s, exc)
+            raise
+        if lease is not None:
+            lease.settle(answer.batch_bytes)
+        count_fetch(self.shared.stats, batches)
+        return answer
+
+    @staticmethod
+    def _answer(batches: list[bytes], offset: int, upto: int, sealed: bool) -> tuple[list[bytes], Answer]:
+        end = batch_format.parse_header(batches[-1], verify_crc=False).end_offset if batches else offset
+        return batches, encode(batches, offset=offset, end_offset=end, readable_end=upto, sealed=sealed)
+
+    def _read_answer(self, s: Segment, offset: int, max_bytes: int, upto: int, sealed: bool,
+                     verify: bool) -> tuple[list[bytes], Answer]:
+        return self._answer(self._read(s, offset, max_bytes, upto, verify), offset, upto, sealed)
+
+    def _read(self, s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
+        with s.io_lock:
+            return self._read_locked(s, offset, max_bytes, upto, verify)
+
+    @staticmethod
+    def _read_locked(s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
+        if s.log is None:  # set aside as corrupt since the check
+            raise s.corrupt or BrokerUnavailable("?", f"segment {s.key} is not served")
+        return s.log.read(offset, max_bytes=max_bytes, upto=upto, verify_crc=verify)
+
+    def set_aside(self, s: Segment, exc: CorruptLog) -> None:
+        """A served read found bytes that no longer match their CRC: take this copy out of
+        service (every later read of it is refused with ``exc``, so readers go to the peer),
+        count it, say so, and have the reconciler rebuild it from the peer (its rename keeps
+        the bad file as evidence). Only a sealed copy is checked, and only a sealed one can
+        be rebuilt: its end is decided in ZooKeeper."""
+        with s.io_lock:  # never together with _cv (module docstring)
+            if s.log is None:
+                return  # set aside already (another reader found it first)
+            s.log.close()
+            s.log = None
+        with self.shared.cv:
+            s.corrupt = exc
+            s.reconciled = False
+            s.replica.freeze("corrupt log")
+            self.shared.stats.corrupt_segments += 1
+            self.shared.stats.corrupt_reads += 1
+            self.shared.changed()
+        log.error("segment %s/%d: a served read found corrupt bytes (%s); this copy is not served and is "
+                  "being repaired from the peer", *s.key, exc)
+        self._repair_kick.set()
+
+    def _fetch_absent(self, req: pb.FetchRequest) -> Answer:
+        """In a worker thread: a fetch of a segment this replica holds no copy of."""
+        z, _ = self.segments.zk_segment(req.queue, req.seg)
+        if z is None or z.gid != self.shared.config.gid:
+            raise SegmentNotFound(req.queue, req.seg)
+        if z.status is SegStatus.SEALED and z.end:
+            # Sealed with messages, yet no copy here (this replica restarted on an empty
+            # disk): the reader must go to the peer, not wait here for data that never comes.
+            raise BrokerUnavailable(self.shared.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
+                                    f"({z.end} messages): read it from the peer")
+        return encode([], offset=req.offset, end_offset=req.offset, readable_end=0,
+                      sealed=z.status is SegStatus.SEALED and not z.end)

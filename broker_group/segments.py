@@ -1,0 +1,278 @@
+"""The segments one broker holds: its data folder, recovery at start, creating and dropping
+segments, and which segment a write, a control call or the slave's stream may use.
+
+Guarantees (DESIGN §4): a segment held open before a restart is never appended to again; a
+copy is created only where ZooKeeper places the segment on this group; a replica on a new
+disk never answers for a segment opened before its folder existed (``vouches_for_absent``).
+Fence and seal state is persisted (``write_meta``) before it is acted on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ordq.broker_group import log as seglog
+from ordq.broker_group.replica import SegmentReplica
+from ordq.broker_group.shared import Segment, Shared
+from ordq.common.errors import BrokerUnavailable, ConfigError, CorruptLog, CorruptState, QueueNotFound, SegmentNotFound
+from ordq.coordinator.state import QueueState, SegStatus
+from ordq.wire.errors import SegmentNotWritable
+
+log = logging.getLogger("ordq.broker")
+
+META_FILE = "meta.json"
+FOLDER_FILE = "folder.json"  # the data folder's birth record (see SegmentStore.load_folder)
+INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the queue its segments belong to
+
+
+class SegmentStore:
+    """The segments in ``shared.segments``: found on disk, created, dropped, looked up."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        # Per queue, the first segment opened after this data folder was created; the queues
+        # whose older segments of this group still need copying from the peer (a new disk).
+        self.born_at: dict[str, int] = {}
+        self.refill: set[str] = set()
+        # Held while a queue's folder changes hands between incarnations or loses segments,
+        # so a segment of a re-created queue is never removed as the deleted queue's.
+        self._folder_lock = threading.Lock()
+
+    def load_folder(self) -> None:
+        """Read (or write, for a new folder) the data folder's birth record.
+
+        A folder that is empty when first seen (a new broker, or a replaced disk) records, per
+        queue, the next segment ZooKeeper will open. Of a segment below that mark it holds no
+        copy, and it cannot tell what was acked there: it must not answer Fence or Seal for it
+        (``end 0`` would cut off acked messages), and it copies the sealed ones from its peer
+        (broker_group/repair.py, ``_refill_round``). A folder that already holds segments but
+        no record predates the record: it has seen every segment of its group."""
+        cfg = self.shared.config
+        path = cfg.data_dir / FOLDER_FILE
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            born: dict[str, int] = {}
+            if not any(p.is_dir() for p in cfg.data_dir.iterdir()):
+                store = self.shared.require_store()
+                for queue in store.list_queues():
+                    try:
+                        born[queue] = store.load_state(queue)[0].next_seg
+                    except QueueNotFound:
+                        continue  # deleted meanwhile
+            record = {"created": time.time(), "born_at": born}
+            write_json_durably(path, record)
+            if any(born.values()):
+                log.warning("new data folder for a group with history: segments below %s are copied from the peer "
+                            "and not vouched for here", born)
+        except ValueError as exc:
+            raise ConfigError(f"unreadable {path}: {exc} (it says which segments this folder can vouch for; "
+                              "restore it, or empty the folder to start this replica afresh)") from exc
+        self.born_at = {q: int(n) for q, n in record.get("born_at", {}).items()}
+        self.refill = {q for q, n in self.born_at.items() if n > 0}
+
+    def vouches_for_absent(self, queue: str, seg: int) -> bool:
+        """Can this replica say "nothing acked" of a segment it holds no copy of? Only when
+        its data folder existed before the segment was opened: every ack needs its sync."""
+        return seg >= self.born_at.get(queue, 0)
+
+    def recover(self) -> None:
+        """Open every segment on disk. Torn tails are truncated (and counted); a corrupt middle
+        batch takes that segment out of service; anything not sealed here is never written
+        again (its peer may hold synced batches this copy lost)."""
+        for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if p.is_dir()):
+            for sdir in sorted(p for p in qdir.iterdir() if p.is_dir() and p.name.isdigit()):
+                queue, seg = qdir.name, int(sdir.name)
+                meta = read_meta(sdir)
+                replica = SegmentReplica(queue, seg, self.shared.config.role,
+                                         fenced_epoch=meta.get("fenced_epoch", 0),
+                                         sealed=bool(meta.get("sealed", False)))
+                segment = Segment(replica=replica, directory=sdir, log=None)
+                try:
+                    lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg)
+                except CorruptLog as exc:
+                    log.error("segment %s/%d is corrupt and will not be served: %s", queue, seg, exc)
+                    segment.corrupt = exc
+                    self.shared.stats.corrupt_segments += 1
+                    replica.freeze("corrupt log")
+                else:
+                    segment.log = lg
+                    self.shared.stats.torn_bytes_truncated += lg.recovery.truncated_bytes
+                    if lg.recovery.truncated_bytes:
+                        log.warning("segment %s/%d: truncated a torn tail of %d bytes", queue, seg,
+                                    lg.recovery.truncated_bytes)
+                    replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
+                replica.freeze("held open before this broker restarted")
+                self.shared.segments[segment.key] = segment
+
+    def create(self, queue: str, seg: int, fenced_epoch: int) -> Segment:
+        """A new, empty, writable segment (or the one another thread created meanwhile)."""
+        with self.shared.cv:
+            existing = self.shared.segments.get((queue, seg))
+            if existing is not None:
+                return existing
+        directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
+        with self._folder_lock:
+            self._claim_queue_folder(queue)
+            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
+        replica = SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=fenced_epoch)
+        segment = Segment(replica=replica, directory=directory, log=lg)
+        write_meta(segment)
+        with self.shared.cv:
+            existing = self.shared.segments.setdefault((queue, seg), segment)
+            self.shared.changed()  # a fetch may be waiting for it
+        if existing is not segment:
+            lg.close()
+        return existing
+
+    def _claim_queue_folder(self, queue: str) -> None:
+        """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
+        incarnation ZooKeeper shows (files of a deleted queue of the same name go first)."""
+        st, _ = self.shared.require_store().load_state(queue)
+        held = _folder_incarnation(self.shared.config.data_dir / queue)
+        if held == st.incarnation:
+            return
+        if held is not None:
+            self.drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
+        seglog.private_dir(self.shared.config.data_dir / queue)
+        write_json_durably(self.shared.config.data_dir / queue / INCARNATION_FILE, st.incarnation)
+
+    def free_space(self) -> None:
+        """Remove the files of every segment no queue needs any more: popped from its consume
+        list (read by every subscription, or dropped by retention), or of a deleted queue."""
+        for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if _is_queue_folder(p)):
+            with self._folder_lock:
+                try:
+                    st: QueueState | None = self.shared.require_store().load_state(qdir.name)[0]
+                except QueueNotFound:
+                    st = None
+                except CorruptState as exc:  # that queue's problem: keep its files, free the others'
+                    log.warning("not freeing space of %s: %s", qdir.name, exc)
+                    continue
+                held = _folder_incarnation(qdir)
+                if st is None or (held is not None and held != st.incarnation):
+                    self.drop_segments(qdir.name, lambda seg: True, "its queue was deleted")
+                    shutil.rmtree(qdir, ignore_errors=True)
+                    continue
+                low = st.consume[0].seg if st.consume else st.next_seg
+                self.drop_segments(qdir.name, lambda seg: seg < low,  # noqa: B023 - called at once
+                                    "read by every subscription or past retention")
+
+    def drop_segments(self, queue: str, which: Callable[[int], bool], why: str) -> None:
+        with self.shared.cv:
+            gone = [s for (q, seg), s in self.shared.segments.items() if q == queue and which(seg)]
+            for s in gone:
+                del self.shared.segments[s.key]
+        for s in gone:
+            with s.io_lock:
+                if s.log is not None:
+                    s.log.close()
+                shutil.rmtree(s.directory, ignore_errors=True)
+            log.info("segment %s/%d removed: %s", queue, s.key[1], why)
+
+    def zk_segment(self, queue: str, seg: int) -> tuple[Any, int]:
+        """(the ZooKeeper view of the segment or None, the queue's producer epoch)."""
+        st, _ = self.shared.require_store().load_state(queue)
+        return st.segment(seg), st.producer_epoch
+
+    def for_write(self, queue: str, seg: int, epoch: int) -> Segment:
+        """Master: the segment a producer writes; created only if ZooKeeper says it is this
+        group's open segment, fenced at the queue's current epoch (so a stale producer that
+        never saw the takeover cannot write to a segment opened after it)."""
+        with self.shared.cv:
+            s = self.shared.segments.get((queue, seg))
+        if s is not None:
+            return s
+        z, producer_epoch = self.zk_segment(queue, seg)
+        if z is None or z.gid != self.shared.config.gid or z.status is not SegStatus.OPEN:
+            raise SegmentNotWritable(self.shared.address, queue, seg, "not this group's open segment in ZooKeeper")
+        s = self.create(queue, seg, producer_epoch)
+        with self.shared.cv:
+            s.replica.check_epoch(epoch)
+        return s
+
+    def for_control(self, queue: str, seg: int, *, to_copy: bool = False) -> Segment:
+        """Fence/Seal/Reconcile target: created empty when ZooKeeper places it on this group
+        but nothing was ever written here. Without a copy of a segment opened before this
+        data folder existed, only a copy into it (``to_copy``) is allowed: Fence and Seal get
+        BrokerUnavailable, so the Seal protocol decides from the peer (or waits for it)."""
+        with self.shared.cv:
+            s = self.shared.segments.get((queue, seg))
+        if s is not None:
+            return s
+        z, _ = self.zk_segment(queue, seg)
+        if z is None or z.gid != self.shared.config.gid:
+            raise SegmentNotFound(queue, seg)
+        if not to_copy and not self.vouches_for_absent(queue, seg):
+            raise BrokerUnavailable(
+                self.shared.address, f"holds no copy of {queue}/{seg}, which was opened before this broker's data "
+                "folder existed (a new disk): it cannot tell what was acked there; ask its peer")
+        return self.create(queue, seg, 0)
+
+    def for_replica(self, queue: str, seg: int) -> Segment:
+        with self.shared.cv:
+            s = self.shared.segments.get((queue, seg))
+        return s if s is not None else self.create(queue, seg, 0)
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((directory / META_FILE).read_text()))
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        log.warning("unreadable %s in %s: treating the segment as not sealed", META_FILE, directory)
+        return {}
+
+
+# One meta write at a time: concurrent Fence/Seal calls on a segment (a producer's seal and a
+# consumer's at once) shared the tmp file, and the second rename failed (FileNotFoundError).
+_META_LOCK = threading.Lock()
+
+
+def write_meta(s: Segment) -> None:
+    """Persist fence and seal state (atomic rename, synced) before they are acted on."""
+    with _META_LOCK:  # the state is read under it too, so the last write holds the latest
+        r = s.replica
+        write_json_durably(s.directory / META_FILE,
+                            {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end})
+
+
+def _is_queue_folder(path: Path) -> bool:
+    """Only folders this broker made count (anything else in the data folder is left alone)."""
+    return path.is_dir() and ((path / INCARNATION_FILE).exists() or any(
+        p.is_dir() and p.name.isdigit() for p in path.iterdir()))
+
+
+def _folder_incarnation(qdir: Path) -> str | None:
+    """The incarnation a queue's folder belongs to; None: no record (a folder from before
+    records were kept, or none yet)."""
+    try:
+        return str(json.loads((qdir / INCARNATION_FILE).read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def write_json_durably(path: Path, obj: Any) -> None:
+    """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -1,0 +1,121 @@
+"""What every part of one broker process shares (broker_group/service.py wires the parts):
+its configuration and counters, the segments it holds, the one lock that guards them, its
+event loop and its ZooKeeper session.
+
+Rules: shared state is guarded by ``cv`` (never waited on in the loop); ``changed()`` wakes
+thread and loop waiters alike. A segment's log file has its own ``io_lock`` (held across a
+sync, never together with ``cv`` waiting on it).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import attrs
+
+from ordq.broker_group import log as seglog
+from ordq.broker_group.config import BrokerConfig
+from ordq.broker_group.replica import SegmentReplica
+from ordq.common.errors import BrokerUnavailable, CorruptLog, OrdqError
+from ordq.common.loop import LoopThread, Signal
+from ordq.coordinator.store import ZkStore
+from ordq.wire import ordq_pb2 as pb
+
+
+@attrs.define(eq=False)
+class Segment:
+    """One (queue, seg) on this replica: decisions in ``replica``, bytes in ``log``."""
+
+    replica: SegmentReplica
+    directory: Path
+    log: seglog.SegmentLog | None  # None while corrupt (not served)
+    corrupt: CorruptLog | None = None
+    pending: list[bytes] = attrs.field(factory=list)  # accepted, not yet appended to the log
+    syncing: int = 0  # commits under way (appended or being synced, verdict not yet known)
+    io_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    reconciled: bool = False  # matches ZooKeeper's sealed end (or nothing to reconcile yet)
+    first_write_ms: int = 0  # master: wall clock of the first batch it accepted (0: none yet)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.replica.queue, self.replica.seg)
+
+    def settled(self) -> bool:
+        """Everything accepted so far has reached a commit's verdict (synced or dropped)."""
+        return not self.pending and self.syncing == 0
+
+    def end(self) -> pb.SegmentEnd:
+        r = self.replica
+        return pb.SegmentEnd(
+            end=r.local_synced,
+            first_seq=-1 if r.first_seq is None or r.local_synced == 0 else r.first_seq,
+            last_seq=-1 if r.last_seq is None or r.local_synced == 0 else r.last_seq,
+            sealed=r.sealed, fenced_epoch=r.fenced_epoch,
+            bytes=self.log.synced_bytes if self.log is not None else 0, first_write_ms=self.first_write_ms,
+            # Why: a master restarted (or whose disk or slave stream failed) never writes this
+            # segment again; the coordinator reads this to roll it with no producer around.
+            frozen=not r.writable,
+        )
+
+
+@attrs.define
+class BrokerStats:
+    batches_in: int = 0
+    messages_in: int = 0
+    bytes_in: int = 0
+    duplicates: int = 0
+    syncs: int = 0
+    batches_synced: int = 0
+    acks: int = 0
+    fetches: int = 0
+    fetch_batches: int = 0
+    fetch_messages: int = 0
+    fetch_bytes: int = 0
+    replication_breaks: int = 0
+    torn_bytes_truncated: int = 0
+    corrupt_segments: int = 0
+    corrupt_reads: int = 0  # sealed copies found corrupt by a read (set aside, repaired from the peer)
+    reconciled: int = 0
+    held_back: int = 0  # produce requests that waited for syncs (max_inflight_bytes)
+    refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
+    refused: dict[str, int] = attrs.field(factory=dict)  # requests refused, by error kind (metrics)
+
+
+class Shared:
+    """The state the parts of one broker share, and the lock guarding it."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.address = ""  # set once the server is bound
+        self.stats = BrokerStats()
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
+        self.segments: dict[tuple[str, int], Segment] = {}
+        self.stopping = False
+        # The loop every call runs on, and the signal its waiters wake on (ordq/common/loop.py).
+        self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
+        self.signal = Signal(self.loop)
+        self.store: ZkStore | None = None
+
+    def changed(self) -> None:
+        """Caller holds cv: state changed; wake every waiter (threads on ``cv``, the loop's
+        tasks on ``signal``)."""
+        self.cv.notify_all()
+        self.signal.fire()
+
+    def require_store(self) -> ZkStore:
+        if self.store is None:
+            raise BrokerUnavailable(self.address, "not started")
+        return self.store
+
+    def count_refused(self, exc: OrdqError) -> None:
+        with self.cv:
+            self.stats.refused[type(exc).__name__] = self.stats.refused.get(type(exc).__name__, 0) + 1
+
+    def settle(self, s: Segment) -> None:
+        """Caller holds cv: wait until every accepted batch of ``s`` was synced or dropped."""
+        while not s.settled():
+            self.cv.wait(0.5)

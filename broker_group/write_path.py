@@ -1,0 +1,345 @@
+"""The write path: produce requests accepted by the master, replicated batches by the slave,
+group commit, and acks.
+
+Guarantees (DESIGN §4): a produce batch is acked only when master and slave have both synced
+it, and acks return in order. The master assigns offsets, writes locally and forwards the same
+bytes to the slave at once; one sync thread group-commits every batch that arrived meanwhile.
+Only the producer epoch ZooKeeper issued may write (broker_group/epochs.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ordq.broker_group.epochs import EpochGate
+from ordq.broker_group.replica import Placement, Refused, Role
+from ordq.broker_group.segments import SegmentStore
+from ordq.broker_group.shared import Segment, Shared
+from ordq.common.errors import ClosedError, ConfigError, CorruptLog, DiskFull, MessageTooLarge, OrdqError
+from ordq.wire import batch as batch_format
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import SegmentNotWritable, short
+
+log = logging.getLogger("ordq.broker")
+
+SLAVE_CONNECT_WAIT_S = 1.0
+
+
+@attrs.define(eq=False)
+class ProduceStreamState:
+    """Acks owed on one produce stream, in order."""
+
+    pending: list[tuple[Segment, Placement]] = attrs.field(factory=list)
+    error: OrdqError | None = None
+    done: bool = False
+
+
+class WritePath:
+    """Accepts, stores and acks batches; ``replication`` is the master's link to its slave
+    (set once it is started; None on a slave)."""
+
+    def __init__(self, shared: Shared, segments: SegmentStore, fsync_seconds: Any) -> None:
+        self.shared = shared
+        self.segments = segments
+        self._fsync_seconds = fsync_seconds  # the metrics' histogram of one group commit
+        self.replication: Any = None  # master: ordq.broker_group.replication.ReplicationLink
+        self._message_limits: dict[str, int] = {}  # queue -> max_message_bytes, read on first use
+        # Only the producer epoch ZooKeeper issued may write or fence (broker_group/epochs.py).
+        self.epochs = EpochGate(self._issued_epoch)
+        # The sync thread waits on its own condition (same lock): the many ``changed()`` of
+        # the data path must not wake it for nothing (a thread switch and the GIL, per batch).
+        self._dirty_cv = threading.Condition(shared.lock)
+        self._held = 0  # produce requests waiting in _hold_back (a sync's end must wake them)
+        self._dirty: list[Segment] = []
+        self.streams: set[ProduceStreamState] = set()
+        self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
+
+    def stop(self) -> None:
+        """Caller holds cv, ``shared.stopping`` set: the sync thread ends."""
+        self._dirty_cv.notify_all()
+
+    def _issued_epoch(self, queue: str) -> tuple[int, str | None]:
+        """The queue's producer epoch and its key hash as ZooKeeper holds them now (synced)."""
+        store = self.shared.require_store()
+        store.producer_epoch(queue)  # syncs: a claim another client just made is seen
+        st, _ = store.load_state(queue)
+        return st.producer_epoch, st.producer_key
+
+    def _write_ready(self, queue: str, seg: int, epoch: int, key: str = "") -> bool:
+        """Can a produce request for (queue, seg, epoch, key) be taken on the loop without a
+        ZooKeeper read (its segment exists, its epoch, key and message limit are known)?"""
+        return (self.epochs.knows(queue, epoch, key) and queue in self._message_limits
+                and (queue, seg) in self.shared.segments)
+
+    def _prepare_write(self, queue: str, seg: int, epoch: int, key: str = "") -> None:
+        """In a worker thread: the ZooKeeper reads a produce request may need first (the
+        epoch ZooKeeper issued and its key, the segment's creation, the queue's message limit)."""
+        self.epochs.check(queue, epoch, key)
+        if (queue, seg) not in self.shared.segments:
+            self._message_limits.pop(queue, None)  # a new segment reads the queue's config again
+        self.segments.for_write(queue, seg, epoch)
+        if queue not in self._message_limits:
+            self._message_limits[queue] = self.shared.require_store().queue_config(queue).max_message_bytes
+
+    async def accept_produce(self, stream: ProduceStreamState, req: pb.ProduceRequest) -> None:
+        """Master, on the loop: place each batch, queue it for the slave and the local sync."""
+        if self.shared.config.role is not Role.MASTER:
+            raise ConfigError(f"this is the slave of group {self.shared.config.gid}: producers write to the master")
+        headers = [self._checked_header(raw) for raw in req.batches]
+        # The epoch key on every request, not only the first: nothing is stored without it.
+        while not self._write_ready(req.queue, req.seg, req.epoch, req.epoch_key):
+            await self.shared.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch, req.epoch_key)
+        s = self.shared.segments[(req.queue, req.seg)]
+        self._check_message_sizes(req.queue, req.batches)
+        link = self.replication
+        # Just after start the slave stream may still be connecting: a short wait spares
+        # the producer a needless failover. A broken stream fails producers by itself.
+        deadline = time.monotonic() + SLAVE_CONNECT_WAIT_S
+        while link is not None and not link.connected and not self.shared.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await self.shared.signal.wait(left)
+        if link is None or not link.connected:
+            raise SegmentNotWritable(self.shared.address, req.queue, req.seg, "the slave is not connected")
+        await self._hold_back(link)
+        resent = False  # a batch already stored and synced here: its ack may be due at once
+        with self.shared.cv:
+            for raw, h in zip(req.batches, headers, strict=True):
+                if h.epoch != req.epoch:
+                    raise ConfigError(f"batch epoch {h.epoch} differs from the stream's epoch {req.epoch}")
+                try:
+                    p = s.replica.place(req.epoch, h.first_seq, h.count)
+                except Refused as exc:
+                    raise self._refused(s, exc) from None
+                if p.duplicate:
+                    self.shared.stats.duplicates += 1
+                    resent = True
+                else:
+                    stamped = batch_format.stamp_offset(raw, p.first_offset)
+                    if not s.first_write_ms:  # the segment's age, for rolling by age
+                        s.first_write_ms = int(time.time() * 1000)
+                    s.pending.append(stamped)
+                    self._inflight_bytes += len(stamped)
+                    link.forward(s, stamped)
+                    self.shared.stats.batches_in += 1
+                    self.shared.stats.messages_in += h.count
+                    self.shared.stats.bytes_in += len(raw)
+                stream.pending.append((s, p))
+            if s.pending and s not in self._dirty:
+                self._dirty.append(s)
+            self._dirty_cv.notify()  # the sync thread
+            if resent:
+                self.shared.signal.fire()
+        link.wake.fire()  # the sender writes these to the slave as soon as this task yields
+
+    async def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
+        """Slave, on the loop: append the master's batches at the master's offsets and sync
+        them right here (the handler answers right after: no thread hand-off on the slave's
+        side of an ack); learn the master's LAC. The master sends the batches that queued up
+        while earlier ones were synced together: one group commit."""
+        headers = [self._checked_header(raw) for raw in batches]
+        s = self.shared.segments.get((queue, seg))
+        if s is None:
+            s = await self.shared.loop.run_blocking(self.segments.for_replica, queue, seg)
+        accepted: list[bytes] = []
+        with self.shared.cv:
+            # The master's LAC counts only what this copy reported synced: one past what this
+            # copy holds (with this request's batches) is not a LAC but a lie, and taking it
+            # would let readers of this copy see batches the master never had acked.
+            # (A sealed copy no longer reads up to a LAC: nothing to check there.)
+            most = s.replica.next_offset + sum(h.count for h in headers)
+            if lac > most and not s.replica.sealed:
+                raise ConfigError(f"replicated LAC {lac} of {short(queue)}/{seg} is past this copy's end {most}")
+            if lac >= 0:
+                s.replica.peer_progress(lac)
+                self.shared.changed()
+            if s.replica.sealed:
+                # Sealed here first (the Seal protocol reached us before these in-flight
+                # batches): ignore them; the protocol copies any difference from the master.
+                return s
+            for raw, h in zip(batches, headers, strict=True):
+                try:
+                    s.replica.accept_replica(h.epoch, h.first_offset, h.first_seq, h.count)
+                except Refused as exc:
+                    raise self._refused(s, exc) from None
+                accepted.append(raw)
+                self.shared.stats.batches_in += 1
+                self.shared.stats.messages_in += h.count
+                self.shared.stats.bytes_in += len(raw)
+            if not accepted:
+                return s
+            s.syncing += 1
+        self.commit(s, accepted)
+        return s
+
+    def _check_message_sizes(self, queue: str, batches: Sequence[bytes]) -> None:
+        """Master: refuse a batch holding a message over the queue's ``max_message_bytes``
+        (the SDK checks before sending; this stops any other client). A batch no longer than
+        the limit cannot hold a larger message, so only longer ones are walked."""
+        limit = self._message_limits[queue]
+        for raw in batches:
+            if len(raw) > limit:
+                largest = batch_format.largest_message(raw)
+                if largest > limit:
+                    self.shared.stats.refused_too_large += 1
+                    raise MessageTooLarge(largest, limit, f"queue {queue!r} max_message_bytes")
+
+    def _checked_header(self, raw: bytes) -> batch_format.BatchHeader:
+        """CRC and structure of a batch from the network. The master also walks the message
+        lengths (a CRC-valid batch from a buggy encoder must not reach the log, where every
+        reader would trip on it); the slave trusts what its master checked."""
+        if len(raw) > self.shared.config.max_batch_bytes:
+            raise MessageTooLarge(len(raw), self.shared.config.max_batch_bytes)
+        check = batch_format.check_messages if self.shared.config.role is Role.MASTER else batch_format.parse_header
+        try:
+            return check(raw)
+        except (CorruptLog, ValueError) as exc:
+            raise ConfigError(f"malformed batch: {exc}") from exc
+
+    def _refused(self, s: Segment, exc: Refused) -> OrdqError:
+        if exc.kind == "not_writable":
+            return SegmentNotWritable(self.shared.address, s.replica.queue, s.replica.seg, exc.why)
+        return ConfigError(f"queue {s.replica.queue!r} segment {s.replica.seg}: {exc.why}")
+
+    def sync_loop(self) -> None:
+        """Master: group commit. One write + fdatasync per segment covers every batch that
+        arrived while the previous sync ran; nothing is acked before it."""
+        while True:
+            with self.shared.cv:
+                while not self._dirty and not self.shared.stopping:
+                    self._dirty_cv.wait()
+                if self.shared.stopping:
+                    return
+                work = [(s, s.pending) for s in self._dirty]
+                for s, _ in work:
+                    s.pending = []
+                    s.syncing += 1
+                self._dirty.clear()
+            for s, batches in work:
+                self.commit(s, batches, inflight=sum(map(len, batches)))
+
+    async def _hold_back(self, link: Any) -> None:
+        """While more than ``max_inflight_bytes`` wait for a sync here or on the slave, do not
+        take this request (its stream is not read meanwhile: the sender is held back by gRPC
+        flow control, and the broker's memory stays bounded)."""
+        limit = self.shared.config.max_inflight_bytes
+        waited = False
+        try:
+            while not self.shared.stopping:
+                with self.shared.cv:
+                    if self._inflight_bytes + link.lag(time.monotonic())[0] <= limit:
+                        return
+                    if not waited:
+                        self.shared.stats.held_back += 1
+                        self._held += 1
+                        waited = True
+                await self.shared.signal.wait(0.05)
+        finally:
+            if waited:
+                with self.shared.cv:
+                    self._held -= 1
+
+    def commit(self, s: Segment, batches: list[bytes], *, inflight: int = 0) -> None:
+        """Append ``batches`` (checked when they arrived) to ``s``'s log and fdatasync them,
+        then count them synced (and ``inflight`` bytes no longer in flight). The caller
+        counted this commit in ``s.syncing``. A failed write cuts the log back to what is
+        durable and freezes the segment."""
+        error: OrdqError | None = None
+        end = None
+        try:
+            # The log is locked to append and write, and again to count the sync, but not
+            # across the fdatasync: fetches read the synced prefix meanwhile (Fence, Seal and
+            # Reconcile wait for ``syncing`` to drop, so nothing truncates it in between).
+            with s.io_lock:
+                assert s.log is not None
+                started = time.perf_counter()
+                for b in batches:
+                    s.log.append(b, verify_crc=False)
+                written = s.log.begin_sync()
+            failed = None
+            if written is not None:
+                try:
+                    os.fdatasync(written.fd)
+                except OSError as exc:
+                    failed = exc
+            with s.io_lock:
+                end = s.log.end_sync(written, failed) if written is not None else s.log.synced_end
+            self._fsync_seconds.observe(time.perf_counter() - started)
+        except (DiskFull, OSError, ValueError, CorruptLog, ClosedError) as exc:
+            error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
+            log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
+            self._drop_unsynced(s)
+        with self.shared.cv:
+            s.syncing -= 1
+            self._inflight_bytes -= inflight
+            lac = s.replica.lac
+            if error is None and end is not None:
+                s.replica.synced(end)
+                self.shared.stats.syncs += 1
+                self.shared.stats.batches_synced += len(batches)
+            else:
+                self._fail_segment(s, error or DiskFull("write failed"))
+            if error is not None or s.replica.lac != lac or self._held:
+                self.shared.changed()
+            else:
+                # Usually the slave's answer, not this sync, moves the LAC: waking the loop
+                # for nothing would cost a wake-up per batch. Fence/Seal wait here on _cv.
+                self.shared.cv.notify_all()
+
+    @staticmethod
+    def _drop_unsynced(s: Segment) -> None:
+        """After a failed group commit, forget batches appended but not synced, so the log ends
+        exactly at what is durable (a later reconcile appends from there)."""
+        with s.io_lock:
+            if s.log is None:
+                return
+            try:
+                s.log.truncate(s.log.synced_end)
+            except (OrdqError, OSError, ValueError) as exc:
+                log.error("segment %s/%d: cannot drop unsynced batches: %s", *s.key, exc)
+
+    def _fail_segment(self, s: Segment, error: OrdqError) -> None:
+        """The disk refused a write: stop writing this segment and fail its producers (they
+        fail over; nothing half-written is served because the log truncated to synced)."""
+        s.replica.freeze(f"write failed: {error}")
+        if s.log is not None:
+            s.replica.next_offset = s.replica.local_synced  # what was dropped never existed
+        for stream in self.streams:
+            if any(seg is s for seg, _ in stream.pending) and stream.error is None:
+                stream.error = error
+
+    def fail_streams(self, error: OrdqError, *, only: Callable[[Segment], bool] | None = None) -> None:
+        """Caller holds _cv. Fail every produce stream (that waits on a matching segment)."""
+        for stream in self.streams:
+            if stream.error is None and (only is None or any(only(seg) for seg, _ in stream.pending)):
+                stream.error = error
+        self.shared.changed()
+
+    def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
+        """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,
+        contiguous runs merged into one ack."""
+        out: list[pb.Ack] = []
+        n = 0
+        for s, p in stream.pending:
+            if s.replica.lac < p.end_offset:
+                break
+            n += 1
+            prev = out[-1] if out else None
+            if (prev is not None and prev.seg == s.replica.seg and prev.first_offset + prev.count == p.first_offset
+                    and prev.first_seq + prev.count == p.first_seq):
+                prev.count += p.count
+            else:
+                out.append(pb.Ack(seg=s.replica.seg, first_offset=p.first_offset, first_seq=p.first_seq,
+                                  count=p.count))
+        if n:
+            del stream.pending[:n]
+            self.shared.stats.acks += n
+        return out
