@@ -3,8 +3,8 @@
 Guarantees:
 - A copy of a segment sealed in ZooKeeper ends exactly at the decided ``end``: longer copies
   are truncated, shorter or corrupt ones are completed (or rebuilt) from the peer, before the
-  segment is served past what this copy holds (``Broker.fetch`` refuses until then).
-- After a new disk (``Broker._load_folder``), every segment of this group opened before the
+  segment is served past what this copy holds (``ReadPath.fetch`` refuses until then).
+- After a new disk (``SegmentStore.load_folder``), every segment of this group opened before the
   folder existed is copied from the peer once sealed, so the group holds two copies again.
 - The files of a segment popped from the consume list (read by every subscription, or dropped
   by retention) and of a deleted queue are removed (``Broker.free_space``), on both replicas.

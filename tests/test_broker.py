@@ -37,6 +37,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import ZkStore
+from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.batch import Message, encode_batch
@@ -209,7 +210,8 @@ def test_seal_stops_writes_on_both_and_they_report_the_same_end(group: Group) ->
     for role in ("master", "slave"):
         res = group.transport.fetch(group.address(role), Q, 0, 0, max_bytes=1 << 20, max_wait_ms=0)
         assert res.sealed and res.readable_end == 70
-        seqs = [h.first_seq + i for b in res.batches for h, ms in [seglog.decode_batch(b)] for i in range(len(ms))]
+        decoded = [batch_format.decode_batch(b) for b in res.batches]
+        seqs = [h.first_seq + i for h, ms in decoded for i in range(len(ms))]
         assert seqs == list(range(70))
 
 
@@ -351,7 +353,7 @@ def test_a_broker_restarted_at_once_after_kill_9_waits_for_its_old_session_then_
 
 def _read_all(group: Group, role: str, end: int) -> list[int]:
     res = group.transport.fetch(group.address(role), Q, 0, 0, max_bytes=1 << 24, max_wait_ms=0, known_end=end)
-    return [h.first_seq + i for b in res.batches for h, ms in [seglog.decode_batch(b)] for i in range(len(ms))]
+    return [h.first_seq + i for b in res.batches for h, ms in [batch_format.decode_batch(b)] for i in range(len(ms))]
 
 
 def test_a_replica_on_a_new_disk_copies_the_sealed_segments_it_never_had(group: Group) -> None:
@@ -457,7 +459,8 @@ def test_read_streams_each_range_once_from_where_the_last_ended_until_quiet(grou
     try:
         answers = read(15)  # from the batch holding offset 15 (seq 10), one batch per answer
         *full, quiet = answers
-        seqs = [h.first_seq + i for a in full for h, ms in [seglog.decode_batch(a.batches[0])] for i in range(len(ms))]
+        decoded = [batch_format.decode_batch(a.batches[0]) for a in full]
+        seqs = [h.first_seq + i for h, ms in decoded for i in range(len(ms))]
         assert all(len(a.batches) == 1 and not a.sealed for a in full) and seqs == list(range(10, 70))
         assert not quiet.batches and quiet.readable_end == 70 and not quiet.sealed  # then the stream ended
         group.transport.seal(group.address("master"), Q, 0)

@@ -34,6 +34,7 @@ from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.tokens import create_token, touch
+from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.batch import Message, encode_batch
@@ -197,7 +198,7 @@ class ForgingServer:
             def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:  # noqa: N802
                 outer.fetches += 1
                 end = request.known_end if request.known_end > 0 else request.offset + 5
-                forged = seglog.stamp_offset(batch(1000 + request.offset, end - request.offset, forged=True),
+                forged = batch_format.stamp_offset(batch(1000 + request.offset, end - request.offset, forged=True),
                                              request.offset)
                 return pb.FetchResponse(batches=[forged], readable_end=end, sealed=True)
 
@@ -328,7 +329,7 @@ def test_a_client_cannot_feed_a_slave_and_a_broker_cannot_claim_a_lac_past_the_c
     g = group
     produce(g, 0, 10)
     slave = g.address("slave")
-    forged = seglog.stamp_offset(batch(10, 5, forged=True), 10)
+    forged = batch_format.stamp_offset(batch(10, 5, forged=True), 10)
     feed = [pb.ReplicateRequest(hello=True), pb.ReplicateRequest(queue=Q, seg=0, batches=[forged], lac=15)]
     before = g.refused("slave", "PermissionDenied")
     err = refusal(slave, g.intruder, lambda s, md: list(s.Replicate(iter(feed), timeout=10, metadata=md)))

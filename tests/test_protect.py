@@ -30,6 +30,7 @@ from ordq.broker_group.answer import encode
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.security import channel as security_channel
 from ordq.sdk.replicas import ReplicaReader
+from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.client import GrpcTransport
@@ -101,7 +102,7 @@ def test_a_byte_flipped_in_a_sealed_segment_of_a_running_master_is_never_deliver
     assert _copy(group.master.data_dir, "q", 0) == good
     assert list(path.parent.glob("segment.log.corrupt-*")), "the corrupt copy is kept as evidence"
     res = cluster.transport.fetch(master, "q", 0, 0, max_bytes=64 << 20, max_wait_ms=0, known_end=n)
-    assert sum(seglog.parse_header(b).count for b in res.batches) == n  # served (and checked) again
+    assert sum(batch_format.parse_header(b).count for b in res.batches) == n  # served (and checked) again
 
 
 # -- one memory budget per broker ----------------------------------------------------------------
