@@ -389,8 +389,9 @@ def test_a_replica_on_a_new_disk_never_decides_a_segment_it_did_not_see(group: G
     st = run_seal(group.store, GrpcTransport(rpc_timeout_s=1.0, credentials=group.transport.credentials), Q, 0)
     seg = st.segment(0)
     assert seg is not None and seg.status is SegStatus.SEALED and seg.end == 50
-    wait_until(lambda: len(stored(group.procs.slave.data_dir)) == 50, what="the new slave copied segment 0")
-    assert _read_all(group, "slave", 50) == list(range(50))
+    # The copy's bytes reach the disk before the copy is marked sealed and served: wait for the reads.
+    wait_until(lambda: _read_all(group, "slave", 50) == list(range(50)), what="the new slave serves segment 0")
+    assert len(stored(group.procs.slave.data_dir)) == 50
 
 
 # -- a rogue writer: a hand-made client (the generated stubs) claiming an epoch ZooKeeper never issued.
