@@ -22,10 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from ordq.cluster_config import ClusterConfig
 from ordq.drills.catalog import DRILLS
 from ordq.drills.runner import LoadConfig, execute_drill, failover_seconds, judge_all
 from ordq.drills.verdict import Verifier
-from ordq.local_cluster import ClusterConfig, LocalCluster
+from ordq.local_cluster import LocalCluster
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -31,11 +31,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -45,81 +43,21 @@ from typing import Any, TypeVar
 import attrs
 
 from ordq.broker_group.process import BrokerGroupProcesses, BrokerProcess
+from ordq.cluster_config import OWN_CREDENTIALS, STATE_FILE, ClusterConfig, describe, shape
+from ordq.cluster_credentials import ClusterCredentials
+from ordq.cluster_health import ROLES, ClusterHealth, ProcessStatus
 from ordq.common.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
-from ordq.common.metrics import scrape
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls, unregister
-from ordq.coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
+from ordq.common.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls
+from ordq.coordinator.acl_client import AUTH_DIR
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.zk_server import ZkServer
 
 T = TypeVar("T")
 
-STATE_FILE = "ordq-cluster.json"
-OWN_CREDENTIALS = "credentials.json"  # the cluster's own entry, for its own processes
 CLUSTER_DIRS = ("brokers", "coordinators", "zk", "drills", "tls", AUTH_DIR)
-DEFAULT_FOLDER = Path(".ordq")
-ROLES = ("master", "slave")
 _STARTUP_TIMEOUT_S = 120.0
-
-
-@attrs.frozen(kw_only=True)
-class ClusterConfig:
-    """Shape of a local cluster. ``zk_port`` None picks free ports (tests, drills)."""
-
-    groups: int = 3
-    zk_nodes: int = 1
-    zk_port: int | None = None
-    coordinators: int = 2
-    root: str = "/ordq"
-    session_timeout_s: float = 1.0  # broker ZooKeeper sessions: how fast a dead process is noticed
-    tls: bool = True  # mutual TLS on every gRPC hop, with a CA made in <folder>/tls (ordq/common/security.py)
-    tokens: bool = True  # enforce access tokens; start() makes an admin token (<folder>/admin.token)
-    # ZooKeeper ACLs on the root (docs/SECURITY.md): admin and client digest credentials are
-    # generated into <folder>/zk-auth/; brokers and coordinators act as admin.
-    zk_acl: bool = True
-    # ZooKeeper serves clients over TLS only (its secureClientPort), with a certificate of the
-    # cluster CA, and requires theirs; every ordq client finds this in the credentials file and
-    # connects with one SSL context per process (coordinator/zk_tls.py: a handshake, ~10-30 ms
-    # on a quiet machine, where kazoo's own connect loaded the system CA bundle at every attempt).
-    # On in `ordq up` unless --no-zk-tls or --insecure; off here, for the clusters tests and
-    # drills build themselves.
-    zk_tls: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if not 1 <= self.groups <= 26:
-            raise ConfigError(f"groups must be 1..26, not {self.groups}")
-        if self.zk_nodes not in (1, 3):
-            raise ConfigError(f"a local ZooKeeper has 1 or 3 nodes, not {self.zk_nodes}")
-        if not 0 <= self.coordinators <= 5:
-            raise ConfigError(f"coordinators must be 0..5, not {self.coordinators}")
-        if self.zk_port is not None and not 1 <= self.zk_port <= 65533:
-            raise ConfigError(f"zk_port must be 1..65533, not {self.zk_port}")
-        if self.session_timeout_s <= 0:
-            raise ConfigError("session_timeout_s must be > 0")
-        if self.zk_tls and not self.tls:
-            raise ConfigError("TLS to ZooKeeper needs the cluster's certificates (tls)")
-
-    @property
-    def gids(self) -> tuple[str, ...]:
-        return tuple(f"g{i + 1}" for i in range(self.groups))
-
-
-@attrs.frozen
-class ProcessStatus:
-    """One process of the cluster as seen now."""
-
-    name: str  # zk1 | g1/master | coordinator-1
-    kind: str  # zookeeper | broker | coordinator
-    pid: int | None
-    listen: str | None
-    state: str  # e.g. standalone, leader, live, standby, down
-    healthy: bool
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
 
 
 @attrs.frozen
@@ -128,7 +66,7 @@ class StartReport:
     notes: tuple[str, ...]
 
 
-class LocalCluster:
+class LocalCluster(ClusterCredentials):
     """A local cluster in ``folder`` (created if missing).
 
     Args:
@@ -144,10 +82,10 @@ class LocalCluster:
         saved = self._read_state()
         if saved is not None:
             saved_cfg = ClusterConfig(**saved["config"])
-            if config is not None and _shape(config) != _shape(saved_cfg):
+            if config is not None and shape(config) != shape(saved_cfg):
                 raise ConfigError(
-                    f"{self.folder} holds a local cluster of another shape ({_describe(saved_cfg)}), "
-                    f"not {_describe(config)}: stop and wipe it first (ordq down --wipe --dir {folder})"
+                    f"{self.folder} holds a local cluster of another shape ({describe(saved_cfg)}), "
+                    f"not {describe(config)}: stop and wipe it first (ordq down --wipe --dir {folder})"
                 )
             config = saved_cfg
             python = python or saved.get("python")
@@ -192,93 +130,6 @@ class LocalCluster:
 
         self._use_credentials()
 
-    @property
-    def admin_auth(self) -> str | None:
-        """The admin ZooKeeper credential (None: ACLs off, or not generated yet)."""
-        return read_credential(self.folder, "admin") if self.config.zk_acl else None
-
-    @property
-    def client_auth(self) -> str | None:
-        """The credential producers and consumers of this cluster use."""
-        return read_credential(self.folder, "client") if self.config.zk_acl else None
-
-    def _use_credentials(self) -> None:
-        """Brokers and coordinators act as admin (passed in their environment, never argv),
-        and find the cluster's credentials in its own file."""
-        env = {"ORDQ_CREDENTIALS": str(self.own_credentials_file)}
-        admin = self.admin_auth
-        if admin is not None:
-            env["ORDQ_ZK_AUTH"] = admin
-        for _, proc in self.processes():
-            if proc not in self.zk.processes:
-                proc.env = {**(proc.env or {}), **env}
-
-    def _protect(self) -> None:
-        """Generate the credentials (once) and protect the root: a tree from before (ACLs off,
-        or an older ordq) is upgraded in place (coordinator/acl_client.py)."""
-        if not self.config.zk_acl:
-            return
-        from ordq.coordinator.acl import ACL_NODE, AclIds
-        from ordq.coordinator.acl_client import protect
-
-        running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
-        if running:
-            with self.store() as store:
-                protected = store.client.exists(f"{self.root}/{ACL_NODE}") is not None
-            if not protected:
-                raise ConfigError(
-                    f"the ZooKeeper root {self.root} of the cluster in {self.folder} is not protected yet, and "
-                    f"{', '.join(running)} run without credentials (they could not write to it once protected): "
-                    f"stop them first (ordq down --dir {self.folder}), then ordq up protects it")
-        for role in AUTH_USERS:
-            write_credential(self.folder, role)
-        self._use_credentials()
-        admin, client = self.admin_auth, self.client_auth
-        assert admin is not None and client is not None
-        self.credentials = attrs.evolve(self.credentials, zk_auth=admin)
-        self._register_own()
-        with self.store() as store:
-            protect(store.client, self.root, AclIds.of(admin, client))
-
-    def rotate_zk_credentials(self, *, timeout_s: float = 60.0) -> None:
-        """Replace the admin and client ZooKeeper credentials of this stopped cluster: new ones
-        are generated (``<dir>/zk-auth/*.new`` until done), every node's ACL is set to name them
-        (``protect``, as the old admin, which loses every right), then they replace the files
-        and the credentials registered for the cluster. ZooKeeper is started for it when it
-        is not running and stopped again. A rotation cut short is finished by running it again
-        (the client also presents the new admin credential). ConfigError while a broker or
-        coordinator runs (it would lose its rights), or without ZooKeeper ACLs."""
-        from ordq.coordinator.acl import AclIds
-        from ordq.coordinator.acl_client import protect
-
-        if not self.config.zk_acl or self.admin_auth is None:
-            raise ConfigError(f"the cluster in {self.folder} has no ZooKeeper credentials to rotate (--no-zk-acl)")
-        running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
-        if running:
-            raise ConfigError(f"{', '.join(running)} still run with the current credential: stop the cluster first "
-                              f"(ordq down --dir {self.folder})")
-        auth = self.folder / AUTH_DIR
-        for role in AUTH_USERS:
-            write_credential(self.folder, f"{role}.new")
-        new = {role: read_credential(self.folder, f"{role}.new") for role in AUTH_USERS}
-        assert new["admin"] is not None and new["client"] is not None
-        started_zk = not any(p.alive() for p in self.zk.processes)
-        if started_zk:
-            self._start_zk(time.monotonic() + timeout_s)
-        try:
-            with self.store() as store:
-                store.client.add_auth("digest", new["admin"])  # a second run, after the ACLs changed
-                protect(store.client, self.root, AclIds.of(new["admin"], new["client"]))
-        finally:
-            if started_zk:
-                self.zk.stop()
-        for role in AUTH_USERS:
-            os.replace(auth / f"{role}.new", auth / role)
-        self.credentials = attrs.evolve(self.credentials, zk_auth=new["admin"])
-        self._use_credentials()
-        self._register_own()
-        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id)
-
     @classmethod
     def load(cls, folder: Path) -> LocalCluster:
         """The cluster set up in ``folder`` (by ``ordq up`` in another process, say)."""
@@ -294,14 +145,6 @@ class LocalCluster:
         return f"<LocalCluster {self.folder} zk={self.zk_hosts} root={self.root}>"
 
     # -- facts -------------------------------------------------------------------------------
-
-    @property
-    def zk_hosts(self) -> str:
-        return self.zk.connection_string
-
-    @property
-    def root(self) -> str:
-        return self.config.root
 
     @property
     def gids(self) -> tuple[str, ...]:
@@ -329,7 +172,7 @@ class LocalCluster:
         (by this object or, as saved, by another ``ordq up``)."""
         saved = self._saved.get("brokers", {})
         out = {name: b.metrics_url or saved.get(name, {}).get("metrics") for name, b in self.brokers()}
-        out.update({p.name: self._metrics_url(p.name) for p in self.coordinators})
+        out.update({p.name: self.metrics_url(p.name) for p in self.coordinators})
         return {name: url for name, url in out.items() if url}
 
     def running(self) -> list[str]:
@@ -434,30 +277,6 @@ class LocalCluster:
         self.unregister()
         wipe_files(self.folder)
 
-    def unregister(self) -> bool:
-        """Remove this cluster's entry from the user's credentials file; an entry another
-        cluster registered at the same address stays. True when removed."""
-        return unregister(self.zk_hosts, self.root, cluster=self.cluster_id)
-
-    @property
-    def cluster_id(self) -> str:
-        """This cluster's identity (made at its first start, kept in the state file): what its
-        credentials entry is registered under besides its address."""
-        cid = self._saved.get("cluster_id")
-        if not cid:
-            cid = self._saved["cluster_id"] = uuid.uuid4().hex
-        return str(cid)
-
-    @property
-    def own_credentials_file(self) -> Path:
-        """The folder's credentials file, holding only this cluster (mode 0600): its own
-        processes read it (ORDQ_CREDENTIALS), never the user's."""
-        return self.folder / OWN_CREDENTIALS
-
-    def _register_own(self) -> None:
-        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id,
-                 path=self.own_credentials_file)
-
     def restart_broker(self, gid: str, role: str, *, timeout_s: float = 30.0) -> str:
         """Start a stopped/killed broker again (same data folder); wait until it is live in
         ZooKeeper. Returns its new address."""
@@ -477,140 +296,20 @@ class LocalCluster:
             proc.stop()
         self._start_coordinators(time.monotonic() + timeout_s)
         self._save()
-        return self._metrics_url(name) or ""
+        return self.metrics_url(name) or ""
 
     # -- health ------------------------------------------------------------------------------
 
     def wait_healthy(self, *, timeout_s: float = 60.0) -> None:
-        """Wait until every process runs, every group is live in ZooKeeper (both roles, with
-        the incarnation that runs now) and one coordinator leads. ExternalProcessError naming
-        what is not healthy on timeout, or at once when a process died."""
-        deadline = time.monotonic() + timeout_s
-        interval = 0.02
-        while True:
-            dead = [name for name, p in self.processes() if not p.alive()]
-            if dead:
-                name, proc = next((n, p) for n, p in self.processes() if n == dead[0])
-                raise ExternalProcessError(
-                    f"{name} is not running (pid file {proc.pid_path}); last lines of {proc.log_path}:\n"
-                    f"{proc.log_tail(20)}"
-                )
-            problem = self._health_problem()
-            if problem is None:
-                return
-            if time.monotonic() >= deadline:
-                raise ExternalProcessError(
-                    f"local cluster in {self.folder} not healthy after {timeout_s:g}s: {problem}"
-                )
-            time.sleep(interval)
-            interval = min(interval * 1.5, 0.25)
-
-    def _health_problem(self) -> str | None:
-        try:
-            with self.store(timeout_s=5.0) as store:
-                for gid in self.gids:
-                    live = store.live_members(gid)
-                    for role in ROLES:
-                        member = self.broker(gid, role)
-                        info = live.get(role)
-                        if info is None:
-                            return f"{gid}/{role} is not live in ZooKeeper"
-                        if member.incarnation is not None and info.incarnation != member.incarnation:
-                            return f"{gid}/{role}: ZooKeeper still shows a previous incarnation"
-        except OrdqError as exc:
-            return f"ZooKeeper: {exc}"
-        if self.coordinators and self.coordinator_leader() is None:
-            return "no coordinator daemon leads yet"
-        return None
+        """Wait until everything serves (``ClusterHealth.wait_healthy``)."""
+        ClusterHealth(self).wait_healthy(timeout_s=timeout_s)
 
     def coordinator_leader(self) -> str | None:
-        """Name of the coordinator daemon that reports itself leader (via its metrics)."""
-        for proc in self.coordinators:
-            if proc.alive() and _coordinator_metrics(self._metrics_url(proc.name)).get("ordq_coordinator_leader") == 1:
-                return proc.name
-        return None
+        return ClusterHealth(self).coordinator_leader()
 
     def status(self, *, rpc_timeout_s: float = 1.0) -> list[ProcessStatus]:
-        """Every process with its pid, where it listens and its health, asked live:
-        ZooKeeper ``srvr``, each broker's liveness node and ``Health`` RPC, each coordinator's
-        metrics."""
-        out: list[ProcessStatus] = []
-        for st, proc in zip(self.zk.status(), self.zk.processes, strict=True):
-            mode = st.mode
-            out.append(ProcessStatus(name=proc.name, kind="zookeeper", pid=st.pid, listen=f"127.0.0.1:{st.port}",
-                                     state=st.state, healthy=mode in ("standalone", "leader", "follower")))
-        live: dict[str, dict[str, Any]] = {}
-        zk_error = None
-        try:
-            with self.store(timeout_s=2.0) as store:
-                live = {gid: store.live_members(gid) for gid in self.gids}
-        except OrdqError as exc:
-            zk_error = str(exc)
-        out += self._broker_status(live, zk_error, rpc_timeout_s)
-        for proc in self.coordinators:
-            pid = proc.pid
-            url = self._metrics_url(proc.name)
-            if pid is None:
-                out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=None, listen=None, state="down",
-                                         healthy=False))
-                continue
-            metrics = _coordinator_metrics(url, timeout_s=rpc_timeout_s)
-            if not metrics:
-                out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url, state="no answer",
-                                         healthy=False, detail="metrics endpoint does not answer"))
-                continue
-            leader = metrics.get("ordq_coordinator_leader") == 1
-            detail = f"rounds {int(metrics.get('ordq_coordinator_rounds_total', 0))}"
-            detail += f", errors {int(metrics.get('ordq_coordinator_errors_total', 0))}"
-            out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url,
-                                     state="leader" if leader else "standby", healthy=True, detail=detail))
-        return _no_leader_unhealthy(out)
-
-    def _broker_status(self, live: dict[str, dict[str, Any]], zk_error: str | None,
-                       rpc_timeout_s: float) -> list[ProcessStatus]:
-        from ordq.wire.client import GrpcTransport
-
-        out = []
-        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=self.credentials)
-        try:
-            for name, member in self.brokers():
-                gid, role = name.split("/")
-                pid = member.proc.pid
-                info = live.get(gid, {}).get(role)
-                address = info.address if info is not None else self._saved_address(name)
-                if pid is None:
-                    out.append(ProcessStatus(name=name, kind="broker", pid=None, listen=address, state="down",
-                                             healthy=False, detail="live in ZooKeeper (session not expired yet)"
-                                             if info is not None else ""))
-                    continue
-                if info is None:
-                    why = zk_error or "not registered live in ZooKeeper"
-                    out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=address, state="not live",
-                                             healthy=False, detail=why))
-                    continue
-                try:
-                    health = transport.health(info.address)
-                except OrdqError as exc:
-                    out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=info.address,
-                                             state="no answer", healthy=False, detail=str(exc)))
-                    continue
-                stats = json.loads(health.stats_json or "{}")
-                problems = []
-                if role == "master" and not health.slave_connected:
-                    problems.append("slave not connected")
-                if stats.get("corrupt"):
-                    problems.append(f"corrupt segments {','.join(stats['corrupt'])}")
-                detail = f"segments {stats.get('segments', 0)}"
-                if stats.get("torn_bytes_truncated"):
-                    detail += f", torn tail bytes truncated {stats['torn_bytes_truncated']}"
-                if stats.get("reconciled"):
-                    detail += f", reconciled {stats['reconciled']}"
-                out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=info.address,
-                                         state="live" if not problems else "degraded", healthy=not problems,
-                                         detail="; ".join([*problems, detail])))
-        finally:
-            transport.close()
-        return out
+        """Every process, asked live (ordq/cluster_health.py)."""
+        return ClusterHealth(self).status(rpc_timeout_s=rpc_timeout_s)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -631,26 +330,6 @@ class LocalCluster:
                     "(or --zk-port 0 for any free port)"
                 ) from exc
             raise
-
-    @property
-    def _token_file(self) -> Path:
-        return self.folder / "admin.token"
-
-    def _ensure_admin_token(self) -> None:
-        """An admin token on every queue for this cluster's own clients (the CLI after
-        ``ordq up``, the tests, the drills), made once and kept in the folder (mode 0600)."""
-        from ordq.coordinator.tokens import create_token, load_tokens, token_id, touch
-
-        token = self.credentials.token
-        with self.store() as store:
-            if token is None or token_id(token) not in load_tokens(store.client, self.root):
-                _, token = create_token(store.client, self.root, {"*": ["admin"]}, "ordq up")
-                touch(store.client, self.root)
-                fd = os.open(self._token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(token + "\n")
-        self.credentials = attrs.evolve(self.credentials, token=token)
-        self._register_own()
 
     def _register_groups(self) -> None:
         # Groups exist in ZooKeeper before their processes start (a broker refuses to serve
@@ -730,11 +409,11 @@ class LocalCluster:
             grace = max(deadline - time.monotonic(), 0.5)
             _run_all(functools.partial(_stop_item, grace_s=grace), todo, swallow=True)
 
-    def _metrics_url(self, name: str) -> str | None:
+    def metrics_url(self, name: str) -> str | None:
         url = self._saved.get("coordinator_metrics", {}).get(name)
         return str(url) if url else None
 
-    def _saved_address(self, name: str) -> str | None:
+    def saved_address(self, name: str) -> str | None:
         member = dict(self.brokers())[name]
         if member.address:
             return member.address
@@ -794,32 +473,11 @@ def wipe_files(folder: Path) -> list[str]:
     return gone
 
 
-def _shape(cfg: ClusterConfig) -> tuple[Any, ...]:
-    # zk_port None means "any": it does not contradict a saved port.
-    return (cfg.groups, cfg.zk_nodes, cfg.coordinators, cfg.root)
-
-
-def _describe(cfg: ClusterConfig) -> str:
-    zk = "3-node ZooKeeper" if cfg.zk_nodes == 3 else "standalone ZooKeeper"
-    return f"{cfg.groups} groups, {zk}, {cfg.coordinators} coordinators, root {cfg.root}"
-
-
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _coordinator_metrics(url: str | None, *, timeout_s: float = 1.0) -> dict[str, float]:
-    """Unlabelled gauges/counters of a coordinator's /metrics ({} when it does not answer)."""
-    if not url:
-        return {}
-    try:
-        samples = scrape(url, timeout_s=timeout_s)
-    except (OSError, ValueError):
-        return {}
-    return {s.name: s.value for s in samples if not s.labels}
 
 
 def _stop_item(item: tuple[str, ManagedProcess], *, grace_s: float) -> int | None:
@@ -838,13 +496,3 @@ def _run_all(fn: Callable[[Any], Any], items: list[tuple[str, Any]], *, swallow:
     first = next((e for e in errors if e is not None), None)
     if first is not None and not swallow:
         raise first
-
-
-def _no_leader_unhealthy(statuses: list[ProcessStatus]) -> list[ProcessStatus]:
-    """Coordinators all up but none leading (e.g. every election thread stuck) is not a
-    healthy cluster: nobody fails heads over or seals (issue 23: both showed "standby yes")."""
-    coordinators = [s for s in statuses if s.kind == "coordinator"]
-    if not coordinators or any(s.state == "leader" for s in coordinators):
-        return statuses
-    return [attrs.evolve(s, healthy=False, detail="; ".join(filter(None, [s.detail, "no coordinator leads"])))
-            if s.kind == "coordinator" else s for s in statuses]

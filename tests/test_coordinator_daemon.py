@@ -289,7 +289,7 @@ def test_a_coordinator_whose_election_thread_dies_exits_non_zero(zk_server, zk_r
 
 
 def test_status_calls_a_cluster_with_no_leading_coordinator_unhealthy() -> None:
-    from ordq.local_cluster import ProcessStatus, _no_leader_unhealthy
+    from ordq.cluster_health import ProcessStatus, _no_leader_unhealthy
 
     def coordinator(state: str) -> ProcessStatus:
         return ProcessStatus(name=f"c-{state}", kind="coordinator", pid=1, listen="x", state=state, healthy=True)

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from ordq.cli import main
+from ordq.cluster_config import ClusterConfig
 from ordq.drills.catalog import CI_DRILLS, DRILLS
 from ordq.drills.runner import DrillResult, LoadConfig, execute_drill, judge_all, run_series
 from ordq.drills.verdict import Verifier
-from ordq.local_cluster import ClusterConfig, LocalCluster
+from ordq.local_cluster import LocalCluster
 from tests import spark_fixtures
 
 pytestmark = [pytest.mark.zk, pytest.mark.spark, pytest.mark.timeout(1800)]

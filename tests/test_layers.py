@@ -59,6 +59,15 @@ def test_no_module_imports_back_what_imports_it() -> None:
     assert import_cycles(graph) == []
 
 
+def test_every_package_and_module_of_ordq_has_a_layer() -> None:
+    """A new module must be placed in the layers contract, or the contract never checks it."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in config if c["type"] == "layers"]
+    named = {m.strip() for layer in layers for m in re.split(r"[:|]", layer)}
+    children = {m for m in grimp.build_graph("ordq").find_children("ordq")}
+    assert children - named == set(), "add these to a layer in pyproject.toml's layers contract"
+
+
 def test_a_cycle_is_found() -> None:
     """The check above can fail: one import back closes a cycle it reports."""
     graph = grimp.build_graph("ordq")

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from ordq.cli import main
+from ordq.cluster_config import STATE_FILE, ClusterConfig
 from ordq.common.errors import ConfigError
-from ordq.local_cluster import STATE_FILE, ClusterConfig, LocalCluster
+from ordq.local_cluster import LocalCluster
 from ordq.zk_server import free_ports
 from tests.util import wait_until
 

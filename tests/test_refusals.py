@@ -31,11 +31,12 @@ import attrs
 import pytest
 
 from ordq.cli import main
+from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import CoordinationUnavailable, OrdqError, PermissionDenied, ZkAccessDenied
 from ordq.common.security import Credentials, register
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.tokens import create_token, revoke_token, token_id, touch
-from ordq.local_cluster import ClusterConfig, LocalCluster
+from ordq.local_cluster import LocalCluster
 from ordq.sdk import AsyncConsumer, AsyncProducer, Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.zk_server import free_ports
 from tests.util import wait_until

@@ -23,13 +23,14 @@ import grpc
 import pytest
 
 from ordq.cli import main
+from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import PermissionDenied, QueueNotFound, TokensUnavailable
 from ordq.common.security import channel
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.token_book import REFRESH_EVERY_S, TokenBook
 from ordq.coordinator.tokens import create_token, tokens_path, touch
-from ordq.local_cluster import ClusterConfig, LocalCluster
+from ordq.local_cluster import LocalCluster
 from ordq.sdk import Producer, ProducerConfig
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc

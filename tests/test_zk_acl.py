@@ -213,7 +213,8 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
 
 @pytest.mark.zk
 def test_ordq_up_upgrades_an_open_cluster_only_once_its_processes_are_stopped(tmp_path) -> None:
-    from ordq.local_cluster import STATE_FILE, ClusterConfig, LocalCluster
+    from ordq.cluster_config import STATE_FILE, ClusterConfig
+    from ordq.local_cluster import LocalCluster
 
     folder = tmp_path / "c"
     open_cluster = LocalCluster(folder, ClusterConfig(groups=1, coordinators=0, zk_acl=False))

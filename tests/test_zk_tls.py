@@ -86,7 +86,8 @@ def test_a_local_cluster_with_zookeeper_over_tls_serves(tmp_path: Path, capsys: 
     import sys
 
     from ordq.cli import main
-    from ordq.local_cluster import ClusterConfig, LocalCluster
+    from ordq.cluster_config import ClusterConfig
+    from ordq.local_cluster import LocalCluster
 
     # The brokers' default 1 s sessions: a TLS connect is a handshake (coordinator/zk_tls.py)
     cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1, zk_tls=True))

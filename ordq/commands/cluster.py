@@ -11,10 +11,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ordq.cluster_config import DEFAULT_FOLDER, ClusterConfig
+from ordq.cluster_health import ProcessStatus
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
 from ordq.common.errors import ConfigError, ExternalProcessError
 from ordq.common.security import credentials_path
-from ordq.local_cluster import DEFAULT_FOLDER, ClusterConfig, LocalCluster, ProcessStatus, wipe_files
+from ordq.local_cluster import LocalCluster, wipe_files
 from ordq.output import emit_json, table
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works

@@ -47,10 +47,11 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ordq.cluster_config import ClusterConfig
     from ordq.drills.catalog import DRILLS
     from ordq.drills.runner import TABLE_COLUMNS, LoadConfig, execute_drill, judge_all
     from ordq.drills.verdict import Verifier
-    from ordq.local_cluster import ClusterConfig, LocalCluster
+    from ordq.local_cluster import LocalCluster
 
     out = sys.stdout
     drill = DRILLS["cdc" if args.cdc else "kill-head-master"]

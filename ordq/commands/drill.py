@@ -80,9 +80,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
+    from ordq.cluster_config import ClusterConfig
     from ordq.drills.runner import TABLE_COLUMNS, LoadConfig, run_series, summarize
     from ordq.drills.verdict import Verifier
-    from ordq.local_cluster import ClusterConfig, LocalCluster
+    from ordq.local_cluster import LocalCluster
 
     out = sys.stderr if wants_json(args) else sys.stdout
     load = LoadConfig(messages=args.messages, rate=args.rate)

@@ -27,7 +27,8 @@ from types import TracebackType
 
 import attrs
 
-from ordq.local_cluster import STATE_FILE, LocalCluster
+from ordq.cluster_config import STATE_FILE
+from ordq.local_cluster import LocalCluster
 from ordq.zk_server import CONFIG_FILE, ZkServer
 from tests.helpers.doc_blocks import DOC_ZK, Mismatch, Step, check, parse_doc
 
