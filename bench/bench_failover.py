@@ -24,7 +24,8 @@ from pathlib import Path
 
 from ordq.cluster_config import ClusterConfig
 from ordq.drills.catalog import DRILLS
-from ordq.drills.runner import LoadConfig, execute_drill, failover_seconds, judge_all
+from ordq.drills.judge import failover_seconds, judge_all
+from ordq.drills.runner import LoadConfig, execute_drill
 from ordq.drills.verdict import Verifier
 from ordq.local_cluster import LocalCluster
 

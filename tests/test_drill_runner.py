@@ -10,7 +10,8 @@ from typing import Any
 
 import attrs
 
-from ordq.drills.runner import MIN_STREAM_S, Drill, DrillContext, DrillError, LoadConfig, execute_drill, judge_all
+from ordq.drills.judge import judge_all
+from ordq.drills.runner import MIN_STREAM_S, Drill, DrillContext, DrillError, LoadConfig, execute_drill
 
 
 def test_a_short_stream_is_paced_to_outlast_its_fault() -> None:

@@ -17,7 +17,8 @@ import pytest
 from ordq.cli import main
 from ordq.cluster_config import ClusterConfig
 from ordq.drills.catalog import CI_DRILLS, DRILLS
-from ordq.drills.runner import DrillResult, LoadConfig, execute_drill, judge_all, run_series
+from ordq.drills.judge import DrillResult, judge_all, run_series
+from ordq.drills.runner import LoadConfig, execute_drill
 from ordq.drills.verdict import Verifier
 from ordq.local_cluster import LocalCluster
 from tests import spark_fixtures

@@ -49,7 +49,8 @@ def register(subparsers: Any) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ordq.cluster_config import ClusterConfig
     from ordq.drills.catalog import DRILLS
-    from ordq.drills.runner import TABLE_COLUMNS, LoadConfig, execute_drill, judge_all
+    from ordq.drills.judge import TABLE_COLUMNS, judge_all
+    from ordq.drills.runner import LoadConfig, execute_drill
     from ordq.drills.verdict import Verifier
     from ordq.local_cluster import LocalCluster
 

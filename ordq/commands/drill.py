@@ -81,7 +81,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
     from ordq.cluster_config import ClusterConfig
-    from ordq.drills.runner import TABLE_COLUMNS, LoadConfig, run_series, summarize
+    from ordq.drills.judge import TABLE_COLUMNS, run_series, summarize
+    from ordq.drills.runner import LoadConfig
     from ordq.drills.verdict import Verifier
     from ordq.local_cluster import LocalCluster
 
