@@ -11,6 +11,7 @@ consume --count`` committing a whole batch, a new subscription at ``latest``, an
 from __future__ import annotations
 
 import json
+import select
 import signal
 import subprocess
 import time
@@ -217,11 +218,19 @@ def _seqs(lines: bytes) -> list[int]:
     return [int(line.split(b"\t")[0]) for line in lines.splitlines()]
 
 
-def _interrupt_after(proc: subprocess.Popen[bytes], lines: int) -> tuple[list[int], str]:
-    """Read ``lines`` lines of ``ordq consume`` output, press Ctrl-C, collect the rest."""
+def _interrupt_after(proc: subprocess.Popen[bytes], lines: int, *,
+                     timeout_s: float = 120.0) -> tuple[list[int], str]:
+    """Read ``lines`` lines of ``ordq consume`` output (within ``timeout_s``), press Ctrl-C,
+    collect the rest."""
     assert proc.stdout is not None
     seen = b""
+    deadline = time.monotonic() + timeout_s
     while seen.count(b"\n") < lines:
+        ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
+        if not ready:
+            proc.kill()
+            printed = seen.count(b"\n")
+            raise AssertionError(f"ordq consume printed {printed} of {lines} lines in {timeout_s:g} s")
         chunk = proc.stdout.read1(65536)
         assert chunk, "ordq consume ended before it was interrupted"
         seen += chunk
@@ -234,14 +243,19 @@ def _interrupt_after(proc: subprocess.Popen[bytes], lines: int) -> tuple[list[in
 def test_ctrl_c_on_consume_commits_exactly_what_it_printed(queue: Cluster) -> None:
     """Ctrl-C at any point of a running `ordq consume` (traffic still arriving): the commit
     covers exactly the messages printed, so the next run starts right after the last one."""
-    queue.spawn_ordq("traffic", "produce", "q", "--count", "40000", "--rate", "2000")  # outlasts the test
+    # Traffic arrives for as long as the runs below take (on a busy machine a run's start alone
+    # takes seconds; a bounded count ran out, and a run then waited for lines that never came).
+    traffic = queue.spawn_ordq("traffic", "produce", "q", "--count", "100000000", "--rate", "2000")
     start = 0
-    for lines in (1, 300, 1000, 2000):
-        seqs, err = _interrupt_after(queue.ordq_piped("consume", "q", "-s", "ctrlc"), lines)
-        assert seqs == list(range(start, start + len(seqs))), (start, seqs[:3], seqs[-3:])
-        assert f"delivered {len(seqs)} messages from q/ctrlc, last seq {seqs[-1]}" in err
-        assert committed(queue, "ctrlc") == seqs[-1]
-        start = seqs[-1] + 1
+    try:
+        for lines in (1, 300, 1000, 2000):
+            seqs, err = _interrupt_after(queue.ordq_piped("consume", "q", "-s", "ctrlc"), lines)
+            assert seqs == list(range(start, start + len(seqs))), (start, seqs[:3], seqs[-3:])
+            assert f"delivered {len(seqs)} messages from q/ctrlc, last seq {seqs[-1]}" in err
+            assert committed(queue, "ctrlc") == seqs[-1]
+            start = seqs[-1] + 1
+    finally:
+        traffic.stop()
 
 
 def test_ctrl_c_on_keyed_consume_loses_nothing(queue: Cluster) -> None:
