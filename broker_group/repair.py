@@ -36,7 +36,7 @@ from ordq.wire.errors import short
 
 if TYPE_CHECKING:
     from ordq.broker_group.service import Broker
-    from ordq.coordinator.store import LiveInfo
+    from ordq.coordinator.store_values import LiveInfo
 
 log = logging.getLogger("ordq.broker")
 
