@@ -37,7 +37,7 @@ from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import short
 
 if TYPE_CHECKING:
-    from ordq.coordinator.store import LiveInfo
+    from ordq.coordinator.store_values import LiveInfo
 
 log = logging.getLogger("ordq.broker")
 

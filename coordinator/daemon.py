@@ -30,7 +30,8 @@ from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
-from ordq.coordinator.store import QueueConfig, ZkStore, roll_transition
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import QueueConfig, roll_transition
 
 log = logging.getLogger("ordq.coordinator")
 # Transient ZooKeeper errors of the election itself: contend again (after this pause) rather

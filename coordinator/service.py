@@ -22,7 +22,6 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import secrets
 import threading
 from collections.abc import Callable, Sequence
@@ -53,7 +52,10 @@ from ordq.coordinator.head import HeadProtocol, HeadTransport
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import Cursor, QueueState
-from ordq.coordinator.store import ZkStore, roll_transition, zk_errors
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_base import zk_errors
+from ordq.coordinator.store_cursors import LOCK_NODE
+from ordq.coordinator.store_values import roll_transition
 from ordq.coordinator.token_book import TokenBook
 from ordq.coordinator.tokens import ANY, TokenRecord, authorize
 
@@ -63,8 +65,6 @@ LEADER_METADATA_KEY = "ordq-leader"
 # RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
 ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
            "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume"}
-# A contender node of a kazoo Lock / Election: "<uuid>__lock__<10-digit sequence>".
-_LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
 MAX_WAIT_S = 60.0  # a request's timeout_ms is capped here: a handler thread is never held longer
 
 # (store, queue, subscription, start words) -> (cursor, first seq it delivers or None): resolves
@@ -99,7 +99,7 @@ def lock_contenders(store: ZkStore, path: str) -> list[str]:
             children = client.get_children_async(path).get(timeout=5.0)
         except NoNodeError:
             return []
-    nodes = sorted((int(m.group(1)), c) for c in children if (m := _LOCK_NODE.search(c)) is not None)
+    nodes = sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None)
     return [c for _, c in nodes]
 
 
@@ -110,7 +110,7 @@ def leader_address(client: Any, path: str, *, timeout_s: float = 5.0) -> str:
         children = client.get_children_async(path).get(timeout=timeout_s)
     except NoNodeError:
         return ""
-    for _, child in sorted((int(m.group(1)), c) for c in children if (m := _LOCK_NODE.search(c)) is not None):
+    for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
         try:
             data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
         except NoNodeError:

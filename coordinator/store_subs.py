@@ -1,7 +1,7 @@
 """What ZooKeeper keeps per subscription besides its cursor: the failure policy, the blocked
 alarm and the ledger of parked messages (sdk/failure.py decides what goes in them).
 
-Rules: a mixin of ``ZkStore`` (its connection, paths and error translation); kazoo errors
+Rules: a part of ``ZkStore`` (coordinator/store.py) over the cursors' (``store_cursors``); kazoo errors
 become ordq's here, as everywhere in the store. The ledger's records change only with a
 version check (``update_parked``): the consumer and an operator may change one at once.
 """
@@ -9,41 +9,19 @@ version check (``update_parked``): the consumer and an operator may change one a
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kazoo.exceptions import BadVersionError, NoChildrenForEphemeralsError, NodeExistsError, NoNodeError
 
 from ordq.common.errors import ConflictError, NotFound
 from ordq.coordinator.paths import check_name
-
-if TYPE_CHECKING:
-    from kazoo.client import KazooClient
-
-    from ordq.coordinator.paths import Paths
-    from ordq.coordinator.state import Cursor
+from ordq.coordinator.store_cursors import CursorRecords
+from ordq.coordinator.store_values import json_bytes, json_value
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _json_value(data: bytes) -> Any:
-    return json.loads(data.decode()) if data else {}
-
-
-class SubscriptionRecords:
-    """Policy, alarm and parked-message ledger of a subscription (mixed into ZkStore)."""
-
-    if TYPE_CHECKING:
-        client: KazooClient
-        paths: Paths
-
-        def _errors(self) -> contextlib.AbstractContextManager[None]: ...
-        def _wait(self, request: Any) -> Any: ...
-        def _read(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
-        def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]: ...
+class SubscriptionRecords(CursorRecords):
+    """Policy, alarm and parked-message ledger of a subscription (a part of ZkStore)."""
 
     def set_sub_policy(self, queue: str, sub: str, policy: Mapping[str, Any]) -> None:
         self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
@@ -84,23 +62,23 @@ class SubscriptionRecords:
             except NoNodeError:
                 return None
             if data:  # an older consumer's alarm: the node itself (gone with its session)
-                return dict(_json_value(data)), int(stat.ctime)
+                return dict(json_value(data)), int(stat.ctime)
             for name in names:
                 try:
                     data, stat = self._read(self.client.get_async, f"{base}/{name}")
                 except NoNodeError:
                     continue  # cleared meanwhile
                 if data and (best is None or stat.ctime > best[1]):
-                    best = dict(_json_value(data)), int(stat.ctime)
+                    best = dict(json_value(data)), int(stat.ctime)
         return best
 
     def _put_json(self, path: str, record: Mapping[str, Any], *, ephemeral: bool = False) -> None:
         """Create or overwrite the node at ``path`` with ``record`` as JSON."""
         with self._errors():
             try:
-                self._wait(self.client.create_async(path, _json_bytes(dict(record)), ephemeral=ephemeral))
+                self._wait(self.client.create_async(path, json_bytes(dict(record)), ephemeral=ephemeral))
             except NodeExistsError:
-                self._wait(self.client.set_async(path, _json_bytes(dict(record))))
+                self._wait(self.client.set_async(path, json_bytes(dict(record))))
 
     def _get_json(self, path: str) -> dict[str, Any] | None:
         """The JSON record at ``path``; None when there is no node."""
@@ -109,7 +87,7 @@ class SubscriptionRecords:
                 data, _ = self._read(self.client.get_async, path)
             except NoNodeError:
                 return None
-        return dict(_json_value(data))
+        return dict(json_value(data))
 
     def record_parked(self, queue: str, sub: str, seq: int, record: Mapping[str, Any]) -> None:
         """Add a parked message's record to the subscription's ledger (idempotent per seq)."""
@@ -118,7 +96,7 @@ class SubscriptionRecords:
             # upgraded: only an admin may create it then.
             self._wait(self.client.ensure_path_async(self.paths.parked(queue, sub)))
             try:
-                self._wait(self.client.create_async(self.paths.parked(queue, sub, seq), _json_bytes(dict(record))))
+                self._wait(self.client.create_async(self.paths.parked(queue, sub, seq), json_bytes(dict(record))))
             except NodeExistsError:
                 pass  # recorded before a restart: the same message, parked again
 
@@ -136,7 +114,7 @@ class SubscriptionRecords:
                     data, _ = self._read(self.client.get_async, f"{self.paths.parked(queue, sub)}/{name}")
                 except NoNodeError:
                     continue
-                out.append(_json_value(data))
+                out.append(json_value(data))
         return out
 
     def update_parked(self, queue: str, sub: str, seq: int,
@@ -151,9 +129,9 @@ class SubscriptionRecords:
                     data, stat = self._read(self.client.get_async, path)
                 except NoNodeError as exc:
                     raise NotFound(f"{queue}/{sub}: seq {seq} is not in the ledger of parked messages") from exc
-                new = change(dict(_json_value(data)))
+                new = change(dict(json_value(data)))
                 try:
-                    self._wait(self.client.set_async(path, _json_bytes(new), version=stat.version))
+                    self._wait(self.client.set_async(path, json_bytes(new), version=stat.version))
                     return new
                 except BadVersionError:
                     continue  # changed meanwhile: decide again on what is there now

@@ -5,7 +5,7 @@ ZooKeeper gives a *transient* answer — connection loss, session moved or expir
 timeout, no answer in time (a paused or restarting server, a process of ours starved past a
 ping) — for at most ``bound_s``; then it raises one CoordinationUnavailable that names the step
 (``what``), the bound and the last error. A *definite* answer stops it at once: NoAuth becomes
-ZkAccessDenied (kazoo errors are translated by ``ordq.coordinator.store.zk_errors``, the one place
+ZkAccessDenied (kazoo errors are translated by ``ordq.coordinator.store_base.zk_errors``, the one place
 they enter); anything else (NoNode, BadVersion, ordq's own errors, a closed client) propagates
 unchanged, so callers keep their meaning.
 
@@ -33,7 +33,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import RetryFailedError
 
 from ordq.common.errors import CoordinationUnavailable
-from ordq.coordinator.store import zk_errors
+from ordq.coordinator.store_base import zk_errors
 
 log = logging.getLogger("ordq.zk")
 

@@ -45,7 +45,8 @@ from kazoo.security import ACL, Id, Permissions
 from ordq.broker_group.auth import ALL_QUEUES
 from ordq.common.errors import BrokerUnavailable, EpochNotIssued, OrdqError, PermissionDenied
 from ordq.common.security import Credentials, channel, token_metadata
-from ordq.coordinator.store import ZkStore, new_client
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_base import new_client
 from ordq.coordinator.tokens import create_token, revoke_token, touch
 from ordq.drills import cpu_isolation
 from ordq.drills.runner import SUBSCRIPTION, DrillContext

@@ -11,12 +11,15 @@
 """
 
 from ordq.sdk._consumer_core import CommitConfig
+from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._futures import SendFuture, SendResult
 from ordq.sdk._producer_core import BatchingConfig
+from ordq.sdk._producer_types import ProducerConfig, StoredMessage
 from ordq.sdk.aio import AsyncConsumer, AsyncProducer
-from ordq.sdk.consumer import BlockedMessage, Consumer, ConsumerConfig, Delivered
+from ordq.sdk.consumer import Consumer
 from ordq.sdk.failure import FailurePolicy
-from ordq.sdk.producer import Producer, ProducerConfig, StoredMessage
+from ordq.sdk.parking import BlockedMessage
+from ordq.sdk.producer import Producer
 
 __all__ = [
     "AsyncConsumer",

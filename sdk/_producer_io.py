@@ -49,9 +49,9 @@ if TYPE_CHECKING:
     from ordq.coordinator.client import CoordinatorClient
     from ordq.coordinator.store import ZkStore
     from ordq.sdk._producer_core import ProducerCore
+    from ordq.sdk._producer_types import ProducerConfig, ProducerStats
     from ordq.sdk.audit import AuditWriter
     from ordq.sdk.metrics import ProducerMetrics
-    from ordq.sdk.producer import ProducerConfig, ProducerStats
     from ordq.wire.aio_client import AioTransport
 
 log = logging.getLogger("ordq.producer")

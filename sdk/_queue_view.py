@@ -19,7 +19,8 @@ from kazoo.client import KazooClient
 
 from ordq.common.errors import CoordinationUnavailable
 from ordq.coordinator.state import QueueState
-from ordq.coordinator.store import LiveInfo, ZkStore
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import LiveInfo
 
 
 class QueueView:

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 from ordq.common.errors import CoordinationUnavailable
 from ordq.coordinator.acl_client import check_identity
-from ordq.coordinator.store import new_client
+from ordq.coordinator.store_base import new_client
 from ordq.coordinator.zk_retry import retry_zk
 
 T = TypeVar("T")

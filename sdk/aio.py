@@ -16,9 +16,11 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from ordq.common.errors import WaitTimeout
+from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._futures import SendFuture, SendResult
-from ordq.sdk.consumer import Consumer, ConsumerConfig, Delivered
-from ordq.sdk.producer import Producer, ProducerConfig, StoredMessage
+from ordq.sdk._producer_types import ProducerConfig, StoredMessage
+from ordq.sdk.consumer import Consumer
+from ordq.sdk.producer import Producer
 from ordq.wire.transport import BrokerTransport
 
 

@@ -36,7 +36,7 @@ from ordq.coordinator.state import Cursor
 from ordq.sdk._consumer_core import FinishedTracker
 
 if TYPE_CHECKING:
-    from ordq.sdk.consumer import Delivered
+    from ordq.sdk._consumer_types import Delivered
 
 _STOP: Any = object()
 _CONTROL: Any = object()  # run ``on_control(worker)`` on that worker, between its messages

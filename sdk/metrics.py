@@ -10,31 +10,54 @@ worst case), and a consumer notes one position and one timestamp per read round.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import attrs
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ordq.common.metrics import MetricsServer, one, serve
-from ordq.coordinator.state import SegStatus
+from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats
+from ordq.sdk._producer_types import ProducerConfig, ProducerStats
 
 if TYPE_CHECKING:
     from ordq.sdk._producer_core import PendingBatch
-    from ordq.sdk.consumer import Consumer
-    from ordq.sdk.producer import Producer
 
 # send() to ack: a few ms on a quiet loopback cluster, up to seconds through a failover.
 ACK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class ProducerMetrics(Collector):
-    """A producer's series, labelled with its queue."""
+@attrs.frozen
+class ProducerSnapshot:
+    """What a producer's collector shows, taken by the producer at scrape time."""
 
-    def __init__(self, producer: Producer) -> None:
-        cfg = producer.config
-        self.producer = producer
+    stats: ProducerStats
+    inflight_bytes: int  # sent and not acked yet
+
+
+@attrs.frozen
+class ConsumerSnapshot:
+    """What a consumer's collector shows, taken by the consumer at scrape time."""
+
+    stats: ConsumerStats
+    # Messages stored and not yet handed out: what is read and not handed out, what is
+    # readable in the current segment past the read position, and the messages of the sealed
+    # segments after it (a later segment still open or sealing counts 0 here).
+    lag_messages: int
+    read_ts_us: int  # timestamp of the newest message read (0: none yet)
+    handed_seq: int  # the last seq handed to the application
+    alarmed: bool  # a message blocked past its failure policy's attempts
+    blocked_attempts: int  # failed attempts of the message run() is retrying (0: none)
+    stalled_since: float | None  # monotonic: since when no replica of the current segment answers
+
+
+class ProducerMetrics(Collector):
+    """A producer's series, labelled with its queue; ``snapshot`` is called at each scrape."""
+
+    def __init__(self, cfg: ProducerConfig, snapshot: Callable[[], ProducerSnapshot]) -> None:
+        self._snapshot = snapshot
         self.registry = cfg.metrics_registry if cfg.metrics_registry is not None else CollectorRegistry()
         self._labels = {"queue": cfg.queue}
         self._histogram = Histogram(
@@ -62,9 +85,8 @@ class ProducerMetrics(Collector):
         return self.collect()
 
     def collect(self) -> Iterator[Metric]:
-        p = self.producer
-        st = p.statistics()
-        core = p._core
+        snap = self._snapshot()
+        st = snap.stats
         labels = self._labels
         yield one("counter", "ordq_producer_sent_messages", "Messages given to send()", labels, st.sent)
         yield one("counter", "ordq_producer_acked_messages", "Messages acked (stored on both replicas)", labels,
@@ -74,16 +96,16 @@ class ProducerMetrics(Collector):
                   st.failovers)
         yield one("gauge", "ordq_producer_inflight_bytes",
                   "Bytes sent and not acked yet (send() blocks at max_inflight_bytes)", labels,
-                  core.inflight_bytes if core is not None else 0)
+                  snap.inflight_bytes)
         yield one("gauge", "ordq_producer_epoch", "The producer epoch this leader writes with", labels, st.epoch)
 
 
 class ConsumerMetrics(Collector):
-    """A consumer's series, labelled with its queue and subscription."""
+    """A consumer's series, labelled with its queue and subscription; ``snapshot`` is called
+    at each scrape."""
 
-    def __init__(self, consumer: Consumer) -> None:
-        cfg = consumer.config
-        self.consumer = consumer
+    def __init__(self, cfg: ConsumerConfig, snapshot: Callable[[], ConsumerSnapshot]) -> None:
+        self._snapshot = snapshot
         self.registry = cfg.metrics_registry if cfg.metrics_registry is not None else CollectorRegistry()
         self._labels = {"queue": cfg.queue, "subscription": cfg.subscription}
         self.registry.register(self)
@@ -99,24 +121,9 @@ class ConsumerMetrics(Collector):
         # start) instead of exposing its series twice.
         return self.collect()
 
-    def lag(self) -> int:
-        """Messages stored and not yet handed out: what is read and not handed out, what is
-        readable in the current segment past the read position, and the messages of the
-        sealed segments after it (a later segment still open or sealing counts 0 here)."""
-        c = self.consumer
-        cur = c._cursor
-        lag = len(c._buffer)
-        seg, end = c._read_end
-        if seg == cur.seg:
-            lag += max(end - cur.offset, 0)
-        st = c._view.cached() if c._view is not None else None
-        if st is not None:
-            lag += sum(x.end or 0 for x in st.consume if x.seg > cur.seg and x.status is SegStatus.SEALED)
-        return lag
-
     def collect(self) -> Iterator[Metric]:
-        c = self.consumer
-        st = c.statistics()
+        snap = self._snapshot()
+        st = snap.stats
         for name, doc, v in (
             ("ordq_consumer_delivered_messages", "Messages handed to the application", st.delivered),
             ("ordq_consumer_duplicates_dropped", "Resent copies dropped by seq (after a producer failover)",
@@ -129,24 +136,16 @@ class ConsumerMetrics(Collector):
         ):
             yield one("counter", name, doc, self._labels, v)
         now = time.monotonic()
-        lag = self.lag()
-        ts_us = c._read_ts_us
-        blocked = c.blocked
-        stalled = c._stalled_since
-        buffered = c._buffer
-        try:  # the buffer holds the next seqs, contiguous: what was handed out ends before it
-            handed = buffered[0].seq - 1 if buffered else st.last_seq
-        except IndexError:  # emptied meanwhile by the consumer's thread
-            handed = st.last_seq
+        lag, ts_us, stalled = snap.lag_messages, snap.read_ts_us, snap.stalled_since
         for name, doc, value in (
             ("ordq_consumer_lag_messages", "Messages stored and not yet handed to the application", lag),
             ("ordq_consumer_lag_seconds", "Age of the newest message read, while messages wait (else 0)",
              max(time.time() - ts_us / 1e6, 0.0) if lag and ts_us else 0.0),
-            ("ordq_consumer_last_seq", "The last seq handed to the application", handed),
+            ("ordq_consumer_last_seq", "The last seq handed to the application", snap.handed_seq),
             ("ordq_consumer_blocked", "1 while run() retries a message past its failure policy's attempts",
-             int(c.alarmed)),
+             int(snap.alarmed)),
             ("ordq_consumer_blocked_attempts", "Failed attempts of the message run() is retrying (0: none)",
-             blocked.attempts if blocked is not None else 0),
+             snap.blocked_attempts),
             ("ordq_consumer_stalled_seconds", "Seconds no replica of the current segment's group has answered",
              now - stalled if stalled is not None else 0.0),
         ):

@@ -38,6 +38,8 @@ from ordq.common.errors import (
     OrdqError,
     QueueNotFound,
 )
+from ordq.sdk._consumer_types import ConsumerConfig, Delivered
+from ordq.sdk._producer_types import ProducerConfig
 from ordq.sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parking_queue, replay_plan
 from ordq.sdk.keyed import worker_of
 
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
     from ordq.coordinator.client import CoordinatorClient
     from ordq.coordinator.store import ZkStore
     from ordq.sdk.audit import AuditWriter
-    from ordq.sdk.consumer import ConsumerConfig, Delivered
     from ordq.wire.batch import Message
 
 log = logging.getLogger("ordq.consumer")
@@ -238,7 +239,7 @@ class FailureHandling:
 
     def _park(self, m: Delivered, *, attempts: int, error: str, follows: int | None) -> None:
         """Send ``m`` to the parking queue (acked before anything else), then record it."""
-        from ordq.sdk.producer import Producer, ProducerConfig
+        from ordq.sdk.producer import Producer
 
         cfg = self.config
         with self._lock:
@@ -345,7 +346,6 @@ class FailureHandling:
         return out
 
     def _from_parking_queue(self, r: dict[str, Any], fetched: dict[tuple[str, int], Message]) -> Delivered | None:
-        from ordq.sdk.consumer import Delivered
         from ordq.sdk.replicas import ReplicaReader, read_message
 
         pm = fetched.get((str(r["parking_queue"]), int(r["parked_seq"])))

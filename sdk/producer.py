@@ -22,17 +22,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 from kazoo.client import KazooClient
-from prometheus_client import CollectorRegistry
 
 from ordq.common.errors import (
     BrokerUnavailable,
     ClosedError,
-    ConfigError,
     MessageTooLarge,
     OrdqError,
     WaitTimeout,
@@ -40,15 +37,16 @@ from ordq.common.errors import (
 from ordq.common.loop import LoopThread
 from ordq.common.security import Credentials, lookup
 from ordq.coordinator.client import CoordinatorClient
-from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.coordinator.paths import Paths
 from ordq.coordinator.store import ZkStore
 from ordq.sdk._futures import BatchOutcome, SendFuture
 from ordq.sdk._lease import acquire_within, release_bounded
-from ordq.sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
+from ordq.sdk._producer_core import ProducerCore, message_bytes
 from ordq.sdk._producer_io import ProducerIO
+from ordq.sdk._producer_types import ProducerConfig, ProducerStats, StoredMessage
 from ordq.sdk._zk_start import connect
-from ordq.sdk.audit import AuditWriter, new_writer_id
-from ordq.sdk.metrics import ProducerMetrics
+from ordq.sdk.audit import AuditWriter
+from ordq.sdk.metrics import ProducerMetrics, ProducerSnapshot
 from ordq.wire.batch import Message, decode_batch
 from ordq.wire.transport import AsyncProduceStream, BrokerTransport
 
@@ -58,68 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ordq.producer")
 T = TypeVar("T")
 _new_message = tuple.__new__  # Message(...) without its Python-level __new__ (fields positional)
-
-
-@attrs.frozen(kw_only=True)
-class ProducerConfig:
-    """Producer options; every field is keyword-only and validated."""
-
-    zk_hosts: str
-    queue: str
-    root: str = "/ordq"
-    batching: BatchingConfig = BatchingConfig()
-    send_timeout_s: float = 2.0  # an unacked batch older than this means the head is gone
-    leader_timeout_s: float | None = None  # None: a standby waits until it leads
-    no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
-    zk_session_timeout_s: float = 2.0
-    # how long start() tries to reach ZooKeeper before CoordinationUnavailable
-    zk_connect_timeout_s: float = 10.0
-    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
-    audit_dir: Path | None = None
-    producer_id: str = attrs.field(factory=new_writer_id)
-    # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
-    # ``Producer.metrics_url``) and/or kept in the application's registry.
-    metrics_listen: str | None = None
-    metrics_registry: CollectorRegistry | None = None
-    # TLS files and token for the brokers (ordq/common/security.py); None: as registered for zk_hosts
-    # in the credentials file (``ordq up`` registers the clusters it starts).
-    credentials: Credentials | None = None
-
-    def __attrs_post_init__(self) -> None:
-        check_zk_hosts(self.zk_hosts)
-        check_name("queue", self.queue)
-        Paths(self.root)  # InvalidName for a bad root
-        if self.zk_session_timeout_s <= 0:
-            raise ConfigError("zk_session_timeout_s must be > 0")
-        if self.zk_connect_timeout_s <= 0:
-            raise ConfigError("zk_connect_timeout_s must be > 0")
-        if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
-            raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
-
-
-@attrs.frozen
-class StoredMessage:
-    """The last message stored for the queue (what ``last_committed()`` returns). ``seq`` is
-    always exact; ``message`` is None when it could not be read back, and ``message_error``
-    then says why (its segment was already dropped, or no replica of its group answers)."""
-
-    seq: int
-    seg: int | None  # None when its segment was already dropped (only the seq is known)
-    offset: int | None
-    message: Message | None
-    message_error: str | None = None
-
-
-@attrs.define
-class ProducerStats:
-    sent: int = 0
-    acked: int = 0
-    batches_acked: int = 0
-    failovers: int = 0
-    tokens_unavailable: int = 0  # times the head could not check tokens and was asked again
-    epoch: int = 0
-    seg: int | None = None
-    head: str | None = None
 
 
 class Producer(ProducerIO):
@@ -222,7 +158,7 @@ class Producer(ProducerIO):
         log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
                  cfg.queue, cfg.producer_id, t.epoch, t.seg, next_seq)
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
-            self._metrics = ProducerMetrics(self)
+            self._metrics = ProducerMetrics(cfg, self._metrics_snapshot)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
 
     async def _start_io(self, creds: Credentials, gid: str, seg: int, address: str) -> None:
@@ -346,6 +282,11 @@ class Producer(ProducerIO):
     def statistics(self) -> ProducerStats:
         with self._lock:
             return attrs.evolve(self._stats)
+
+    def _metrics_snapshot(self) -> ProducerSnapshot:
+        """What the metrics collector shows (read on its scrape thread)."""
+        core = self._core
+        return ProducerSnapshot(stats=self.statistics(), inflight_bytes=core.inflight_bytes if core is not None else 0)
 
     def last_committed(self) -> StoredMessage | None:
         """The last message stored for the queue when this producer took over, or the last

@@ -31,7 +31,8 @@ import attrs
 from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
 from ordq.common.units import parse_duration
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
-from ordq.coordinator.store import QueueConfig, ZkStore
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import QueueConfig
 from ordq.wire.batch import BatchHeader, Message, decode_batch
 from ordq.wire.transport import FetchResult
 

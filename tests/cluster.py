@@ -49,8 +49,8 @@ from ordq.coordinator.paths import Paths
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store import ZkStore
 from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
-from ordq.sdk.consumer import ConsumerStats
-from ordq.sdk.producer import ProducerStats
+from ordq.sdk._consumer_types import ConsumerStats
+from ordq.sdk._producer_types import ProducerStats
 from ordq.wire.client import GrpcTransport
 from ordq.zk_server import ZkServer
 from tests.helpers.load import (

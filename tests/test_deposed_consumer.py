@@ -61,12 +61,15 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
     try:
         got = first.poll(max_messages=1)  # one read buffers all 20; seq 0 is in hand
         assert [m.seq for m in got] == [0]
-        real_commit: Callable = first._commit
+        commits = first._commits
+        assert commits is not None
+        real_commit: Callable = commits.commit
 
         def frozen_commit(cursor: object, **kwargs: object) -> None:
-            # The periodic commit _checks() runs after confirming the lease: it lands, then the
-            # process "freezes" past its session while a successor takes over and delivers.
-            first._commit = real_commit  # once
+            # The periodic commit the check before handing out runs after confirming the lease:
+            # it lands, then the process "freezes" past its session while a successor takes
+            # over and delivers.
+            commits.commit = real_commit  # type: ignore[method-assign]  # once
             real_commit(cursor, **kwargs)
             expire_session(cluster, first)
             lease = first._lease
@@ -77,8 +80,9 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
                     successor.extend(m.seq for m in second.poll(timeout_s=0.1))
                 second.commit()
 
-        first._commit = frozen_commit  # type: ignore[method-assign]
-        # Finishes seq 0, so a commit is due (every message): the hook runs inside _checks().
+        commits.commit = frozen_commit  # type: ignore[method-assign]
+        # Finishes seq 0, so a commit is due (every message): the hook runs inside the check
+        # before handing out (LeaseChecks.before_hand_out).
         with pytest.raises(NotLeader):
             late = first.poll(max_messages=1)
             pytest.fail(f"the deposed consumer handed out {[m.seq for m in late]} after its successor "

@@ -230,7 +230,7 @@ def test_unknown_queue_is_one_clear_line(cluster: Cluster, tmp_path: Path) -> No
 
 def test_a_row_over_the_queues_limit_stops_the_relay_before_it_never_skips_it(cluster: Cluster,
                                                                               tmp_path: Path) -> None:
-    from ordq.coordinator.store import QueueConfig
+    from ordq.coordinator.store_values import QueueConfig
 
     cluster.add_groups("g1")
     cluster.store.create_queue("q", ["g1"], QueueConfig(max_message_bytes=1000))

@@ -266,3 +266,85 @@ def test_failover_pacing_backs_off_after_failovers_and_forgets_them_after_the_wi
     pacing.failed_over(3.0)
     assert pacing.ack_timeout(3.0) == 8.0  # capped
     assert pacing.recent(10.5) == 3 and pacing.ack_timeout(13.5) == 1.0  # all older than 10 s
+
+
+class FakeLease:
+    """What ``LeaseChecks`` reads of a ``SessionLease``; the test sets whether it holds."""
+
+    def __init__(self) -> None:
+        self.holds = True
+        self.lost_reason: str | None = None
+        self.valid_until = 100.0
+
+    def valid(self) -> bool:
+        return self.holds
+
+    def wait_valid(self, timeout_s: float) -> bool:
+        return self.holds
+
+
+def lease_checks(lease: FakeLease, **cfg: object) -> object:
+    from ordq.sdk import ConsumerConfig
+    from ordq.sdk._consumer_lease import LeaseChecks
+
+    config = ConsumerConfig(zk_hosts="127.0.0.1:2181", queue="q", subscription="s", fetch_wait_ms=0, **cfg)
+    return LeaseChecks(lease, config)  # type: ignore[arg-type]
+
+
+def test_lease_checked_again_after_the_periodic_commit() -> None:
+    """The promise of issue 26: a check made before a blocking call proves nothing after it.
+    The periodic commit runs between two confirmations; losing the lease meanwhile hands out
+    nothing (NotLeader), being unsure of it hands out nothing now (False)."""
+    from ordq.common.errors import NotLeader
+
+    lease = FakeLease()
+    checks = lease_checks(lease)
+
+    def commit_then_deposed(now: float) -> bool:
+        lease.holds, lease.lost_reason = False, "ZooKeeper session expired"
+        return True  # a commit ran
+
+    with pytest.raises(NotLeader):
+        checks.before_hand_out(0.0, commit_then_deposed)
+
+    lease = FakeLease()
+    checks = lease_checks(lease, zk_outage_s=60.0)
+
+    def commit_then_unsure(now: float) -> bool:
+        lease.holds = False
+        return True
+
+    assert checks.before_hand_out(0.0, commit_then_unsure) is False
+
+    lease = FakeLease()
+    checks = lease_checks(lease, commit=CommitConfig(every_ms=5000.0))
+    assert checks.before_hand_out(0.0, lambda now: False) is True
+    assert checks.next_check == 5.0  # the next timed commit, before the lease runs out
+    lease.valid_until = 1.0
+    assert checks.before_hand_out(0.0, lambda now: False) is True
+    assert checks.next_check == 1.0  # the lease runs out first
+
+
+def test_handout_finishes_only_what_was_handed_out() -> None:
+    from collections import deque
+
+    from ordq.sdk import ConsumerConfig, Delivered
+    from ordq.sdk._consumer_commit import Handout
+    from ordq.sdk._consumer_types import ConsumerStats
+
+    read_at = Cursor(seg=0, offset=5, last_seq=4)
+    h = Handout(ConsumerConfig(zk_hosts="127.0.0.1:2181", queue="q", subscription="s"),
+                CommitPolicy(CommitConfig()), ConsumerStats(), audit=None, read_position=lambda: read_at)
+    h.finished_base = Cursor(seg=0)
+    h.buffer = deque(Delivered(i, 0, i, b"", None, (), 0) for i in range(5))
+    first = h.take(2)
+    assert [m.seq for m in first] == [0, 1] and h.finished_pos() == Cursor(seg=0)  # in hand: not finished
+    h.mark_finished(first[0])
+    assert h.finished_pos() == Cursor(seg=0, offset=1, last_seq=0)
+    with pytest.raises(ConfigError):
+        h.mark_finished(Delivered(3, 0, 3, b"", None, (), 0))  # not handed out yet
+    h.finish_handed()
+    assert h.finished_pos() == Cursor(seg=0, offset=2, last_seq=1)
+    h.take(None)
+    h.finish_handed()  # nothing left in the buffer: the read position itself
+    assert h.finished_pos() == read_at

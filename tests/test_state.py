@@ -573,7 +573,7 @@ def test_admitting_groups_with_backlog_keeps_order(seq: list[tuple[str, str, int
 ])
 def test_state_that_does_not_parse_is_corrupt_state_of_that_queue(data: bytes, why: str) -> None:
     from ordq.common.errors import CorruptState, OrdqError
-    from ordq.coordinator.store import parse_state
+    from ordq.coordinator.store_values import parse_state
 
     with pytest.raises(CorruptState) as err:
         parse_state("q", data)
@@ -584,7 +584,7 @@ def test_state_that_does_not_parse_is_corrupt_state_of_that_queue(data: bytes, w
 def test_a_valid_state_parses() -> None:
     import json
 
-    from ordq.coordinator.store import parse_state
+    from ordq.coordinator.store_values import parse_state
 
     s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 5, 0, 4)
     assert parse_state("q", json.dumps(s.to_dict()).encode()) == s

@@ -14,7 +14,8 @@ import pytest
 from ordq.cli import main
 from ordq.common.errors import ConfigError, CoordinationUnavailable, QueueNotFound, SubscriptionNotFound
 from ordq.coordinator import state as sm
-from ordq.coordinator.store import OP_TIMEOUT_S, ZkStore
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_base import OP_TIMEOUT_S
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk

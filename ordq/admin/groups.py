@@ -16,7 +16,8 @@ from ordq.common.errors import IllegalTransition, OrdqError
 from ordq.coordinator import state as sm
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.state import SegStatus
-from ordq.coordinator.store import ZkStore, roll_transition
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import roll_transition
 from ordq.sdk.replicas import ReplicaReader
 
 # -- draining and removing groups --------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import ApplyTargetError, ApplyTargetUnavailable, ConfigError
-from ordq.sdk.consumer import Delivered
+from ordq.sdk import Delivered
 
 POSITION_TABLE = "ordq_apply"
 

@@ -31,8 +31,8 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import BinlogUnavailable, ConfigError, OutboxPositionError
+from ordq.sdk import Producer, StoredMessage
 from ordq.sdk._futures import SendFuture
-from ordq.sdk.producer import Producer, StoredMessage
 
 log = logging.getLogger("ordq.cdc")
 BINLOG_HEADER = "x-ordq-binlog"

@@ -130,7 +130,8 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
     without this a refused caller would see a table of ``?`` and exit 0."""
     from ordq.common.security import lookup
     from ordq.coordinator.acl_client import check_identity
-    from ordq.coordinator.store import ZkStore, zk_errors
+    from ordq.coordinator.store import ZkStore
+    from ordq.coordinator.store_base import zk_errors
 
     auth = lookup(args.zk, args.root).zk_auth
     store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth,

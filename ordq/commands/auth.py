@@ -8,7 +8,7 @@ from typing import Any
 
 from ordq.commands import add_command, check_admin, open_store, wants_json
 from ordq.common.errors import ConfigError, NotFound
-from ordq.coordinator.store import zk_errors
+from ordq.coordinator.store_base import zk_errors
 from ordq.output import emit_json, table
 
 

@@ -17,7 +17,7 @@ import attrs
 
 from ordq.commands import MAX_PAYLOAD_BYTES, add_command, check_token, int_in, open_store, rate, seconds
 from ordq.common.errors import HandlerError
-from ordq.coordinator.store import zk_errors
+from ordq.coordinator.store_base import zk_errors
 from ordq.output import emit_json
 
 

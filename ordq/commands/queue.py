@@ -21,7 +21,7 @@ from ordq.commands import (
 from ordq.common.errors import ConfigError
 from ordq.common.units import format_duration, format_size
 from ordq.coordinator.state import QueueState
-from ordq.coordinator.store import (
+from ordq.coordinator.store_values import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SEGMENT_AGE_S,
     DEFAULT_SEGMENT_BYTES,

@@ -381,7 +381,7 @@ def remember_zk_tls(zk_hosts: str, creds: Credentials) -> None:
 def zk_tls_options(zk_hosts: str) -> dict[str, Any]:
     """kazoo's TLS options for a ZooKeeper connection string: those of a cluster registered at
     that address (any root) with ``zk_tls``, or remembered by this process; {} for plaintext.
-    Every ZooKeeper client ordq makes asks here (coordinator/store.py ``new_client``), so a
+    Every ZooKeeper client ordq makes asks here (coordinator/store_base.py ``new_client``), so a
     cluster's ZooKeeper TLS needs no option on any command or config."""
     creds = _ZK_TLS.get(zk_hosts)
     if creds is None:

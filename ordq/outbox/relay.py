@@ -32,9 +32,9 @@ import attrs
 
 from ordq.common.errors import MessageTooLarge, OutboxError, OutboxPositionError
 from ordq.outbox.db import AFTER_ACK, OutboxDb, Position, Row
+from ordq.sdk import Producer, StoredMessage
 from ordq.sdk._futures import SendFuture
 from ordq.sdk.outbox import OUTBOX_ID_HEADER
-from ordq.sdk.producer import Producer, StoredMessage
 
 log = logging.getLogger("ordq.outbox")
 

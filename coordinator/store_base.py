@@ -1,0 +1,217 @@
+"""The ZooKeeper store's plumbing: the kazoo client it is made with, the translation of kazoo's
+errors (``zk_errors``, the one place they enter), every request bounded in time, and the reads
+of a queue's settings and state that every part of the store needs.
+
+Rules: no policy (decisions are in ``ordq.coordinator.state``); a part of the store
+(``store_groups``, ``store_cursors``, ``store_subs``, ``store``) subclasses ``ZkBase`` and sends
+every request through ``_wait``/``_read`` under ``_errors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionExpiredError,
+    SessionMovedError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from ordq.common.errors import ConfigError, CoordinationUnavailable, OrdqError, QueueNotFound, ZkAccessDenied
+from ordq.coordinator.acl_client import AclClient
+from ordq.coordinator.paths import Paths, check_zk_hosts
+from ordq.coordinator.state import QueueState
+from ordq.coordinator.store_values import QueueConfig, json_value, parse_state
+from ordq.coordinator.zk_tls import TlsHandler
+
+# How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
+# by itself (to another node of an ensemble, or to the same one after a stall of this process
+# made it miss a heartbeat: with a 1 s session the answer to a ping must come within ~0.3 s);
+# such a blip must not fail a producer's failover or a consumer's poll.
+READ_RETRY_S = 10.0
+# How long one request to ZooKeeper waits for its answer. kazoo queues a request made while the
+# connection is down and would wait for the whole outage; 5 s rides out a reconnection (leader
+# re-election ~0.4 s, reconnecting to a restarted standalone server 1-3 s: STACK-NOTES) and still
+# lets a CLI command, the coordinator or a producer's failover report or retry within seconds.
+OP_TIMEOUT_S = 5.0
+T = TypeVar("T")
+
+
+def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> AclClient:
+    """A kazoo client that tries to reconnect at least every quarter of its session.
+
+    kazoo's default reconnect back-off doubles up to an hour: after a ZooKeeper outage of a
+    few seconds (a lost quorum) its next attempt could come seconds after the servers are
+    back, when a short session has already expired there, so every leader would lose its
+    lease for an outage it had survived. Capped at a quarter session, a client reconnects in
+    time to keep its session whenever the servers kept it.
+
+    ``auth``: ``user:password`` of a ZooKeeper digest identity (coordinator/acl.py), or None."""
+    from ordq.common.security import zk_tls_options
+
+    retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
+    # TLS when the cluster at this address serves ZooKeeper over TLS (ordq/common/security.py)
+    tls = zk_tls_options(hosts)
+    if tls:  # one SSL context per process, not one (with the system CA bundle) per attempt
+        tls["handler"] = TlsHandler()
+    return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth,
+                     **tls)
+
+
+@contextlib.contextmanager
+def zk_errors(hosts: str = "") -> Iterator[None]:
+    """Translate kazoo's connection errors to ordq's (the one place they enter)."""
+    try:
+        yield
+    except NoAuthError as exc:
+        raise ZkAccessDenied(f"{type(exc).__name__} at {hosts or 'ZooKeeper'}") from exc
+    except KazooTimeoutError as exc:  # no answer within the operation timeout (ZkBase._wait)
+        where = f" at {hosts}" if hosts else ""
+        raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: no answer in time") from exc
+    except (ConnectionLoss, SessionExpiredError, SessionMovedError, ConnectionClosedError, OperationTimeoutError,
+            RetryFailedError) as exc:
+        where = f" at {hosts}" if hosts else ""
+        raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
+
+
+class ZkBase:
+    """One cluster's ZooKeeper (under ``paths.root``) through one kazoo client: the requests
+    every part of the store makes."""
+
+    def __init__(self, client: KazooClient, paths: Paths, *, owns_client: bool = False,
+                 read_retry_s: float = READ_RETRY_S, op_timeout_s: float = OP_TIMEOUT_S) -> None:
+        """``op_timeout_s``: how long one request waits for ZooKeeper's answer (then
+        CoordinationUnavailable); every operation is bounded by it (a read retried across a
+        lost connection by up to ``read_retry_s`` more)."""
+        if not op_timeout_s > 0:
+            raise ConfigError(f"op_timeout_s must be > 0, not {op_timeout_s}")
+        self.client = client
+        self._op_timeout_s = op_timeout_s
+        self.paths = paths
+        self._owns_client = owns_client
+        self._hosts = str(getattr(client, "hosts", ""))
+        self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
+                                 ignore_expire=True)
+        if isinstance(client, AclClient) and client.connected:
+            with self._errors():
+                client.follow(paths.root)  # nodes it creates get their ACL once the root is protected
+
+    @property
+    def hosts(self) -> str:
+        """The ZooKeeper connection string this store's client was made with ("h:p,h:p")."""
+        hosts = getattr(self.client, "hosts", None)
+        if isinstance(hosts, list):
+            return ",".join(f"{h}:{p}" for h, p in hosts)
+        return self._hosts
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.stop()
+            self.client.close()
+
+    def _acl_of(self, path: str) -> Any:
+        """The ACL a node created at ``path`` gets (None: the default; coordinator/acl.py) —
+        for transactions, which do not go through the client's ``create_async``."""
+        return self.client.acl_of(path) if isinstance(self.client, AclClient) else None
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return zk_errors(self._hosts)
+
+    def _wait(self, request: Any) -> Any:
+        """The answer to one kazoo request (the result of a ``*_async`` call), waited for at
+        most ``op_timeout_s``, else KazooTimeoutError (CoordinationUnavailable under
+        ``_errors``). kazoo queues a request made while disconnected and its blocking calls
+        wait for the whole outage: every request of this store goes through here. A request
+        that timed out may still be sent and applied after a reconnection (in order, before
+        any later request of this client), like a write whose connection dropped in flight.
+        kazoo's async results are thread-safe: callers may be on any thread."""
+        return request.get(timeout=self._op_timeout_s)
+
+    def _read(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Send a read (``get_async``, ``get_children_async``) and wait for it (``_wait``);
+        send it again while the connection is lost or the session was replaced, up to
+        ``read_retry_s`` (then RetryFailedError: CoordinationUnavailable under ``_errors``).
+        A read that gets no answer within ``op_timeout_s`` (ZooKeeper down) is not retried.
+        Other kazoo errors (NoNodeError, ...) propagate at once. Never for writes: a write lost
+        in flight may have landed (see ``apply``, ``commit_cursor``)."""
+        return self._retry.copy()(lambda: self._wait(request(*args, **kwargs)))
+
+    def _delete_tree(self, path: str) -> None:
+        """Delete ``path`` and everything under it, children first, each request bounded.
+        NoNodeError when ``path`` itself is missing (kazoo's recursive delete ignores that,
+        and waits without limit while disconnected)."""
+        for child in self._read(self.client.get_children_async, path):
+            with contextlib.suppress(NoNodeError):  # deleted meanwhile
+                self._delete_tree(f"{path}/{child}")
+        self._wait(self.client.delete_async(path))
+
+    def _in_thread(self, call: Callable[[], T], undo: Callable[[T], object] | None = None) -> T:
+        """Run a kazoo recipe call (Lock), whose blocking requests take no timeout, on a helper
+        thread and wait for it at most ``op_timeout_s`` (else KazooTimeoutError). The call goes
+        on in the background when we stop waiting; ``undo`` is then applied to its result."""
+        done = threading.Event()
+        guard = threading.Lock()
+        outcome: list[Any] = []  # [result] or [None, exception]
+        gave_up = False
+
+        def run() -> None:
+            try:
+                outcome.append(call())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                outcome.extend((None, exc))
+            with guard:
+                late = gave_up
+                done.set()
+            if late and undo is not None and len(outcome) == 1:
+                with contextlib.suppress(Exception):
+                    undo(outcome[0])
+
+        threading.Thread(target=run, name="ordq-zk-recipe", daemon=True).start()
+        if not done.wait(self._op_timeout_s):
+            with guard:
+                if not done.is_set():
+                    gave_up = True
+                    raise KazooTimeoutError(f"no answer within {self._op_timeout_s:g}s")
+        if len(outcome) == 2:
+            raise outcome[1]
+        result: T = outcome[0]
+        return result
+
+    def queue_config(self, queue: str) -> QueueConfig:
+        with self._errors():
+            try:
+                data, _ = self._read(self.client.get_async, self.paths.queue(queue))
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return QueueConfig(**json_value(data))
+
+    def load_state(self, queue: str, *, watch: Callable[[Any], None] | None = None) -> tuple[QueueState, int]:
+        """The queue's state and the znode version to write it back against; ``watch`` is
+        called once on the next change (pass the same callable each time: kazoo keeps a set)."""
+        with self._errors():
+            try:
+                data, stat = self._read(self.client.get_async, self.paths.state(queue), watch=watch)
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return parse_state(queue, data), stat.version
+
+
+def raise_first(results: list[Any]) -> None:
+    """Raise what a failed transaction's results say (ZkAccessDenied first)."""
+    denied = next((r for r in results if isinstance(r, NoAuthError)), None)
+    if denied is not None:  # the others only say "rolled back"
+        raise ZkAccessDenied(f"a transaction was refused ({type(denied).__name__})") from denied
+    for r in results:
+        if isinstance(r, KazooException):
+            raise OrdqError(f"ZooKeeper transaction failed: {type(r).__name__}") from r

@@ -1,0 +1,202 @@
+"""Subscriptions and their cursors in ZooKeeper: creating and deleting one, committing,
+resetting, and the consumer election that decides who may commit.
+
+Guarantee: a cursor changes only with a version check (``commit_cursor``, ``reset_cursor``);
+a commit with a ``holder`` applies only while that lock node exists (a consumer whose session
+expired cannot move the cursor).
+
+Rules: a part of ``ZkStore`` (coordinator/store.py) over ``ZkBase``'s requests; kazoo errors
+become ordq's here, as everywhere in the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+
+from ordq.common.errors import (
+    AlreadyExists,
+    ConfigError,
+    ConflictError,
+    CoordinationUnavailable,
+    NotLeader,
+    OrdqError,
+    QueueNotFound,
+    SubscriptionNotFound,
+)
+from ordq.coordinator import state as sm
+from ordq.coordinator.acl import SUB_PARENTS
+from ordq.coordinator.paths import check_name
+from ordq.coordinator.state import Cursor
+from ordq.coordinator.store_base import ZkBase, raise_first
+from ordq.coordinator.store_values import json_bytes, json_value
+
+# A contender node of a kazoo Lock / Election: "<uuid>__lock__<10-digit sequence>" (the
+# consumer election of a subscription, the coordinators' election).
+LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
+
+
+class CursorRecords(ZkBase):
+    """Subscriptions, their cursors and their consumer election (a part of ZkStore)."""
+
+    def create_subscription(self, queue: str, sub: str, *, at: str | Cursor = "earliest") -> Cursor:
+        """Create ``sub`` at ``earliest`` (the oldest kept message) or at an explicit cursor.
+        (``latest`` needs the open segment's current end: the SDK resolves it to a Cursor.)"""
+        check_name("subscription", sub)
+        st, _ = self.load_state(queue)
+        if isinstance(at, Cursor):
+            cursor = at
+        elif at == "earliest":
+            cursor = st.earliest_cursor()
+        else:
+            raise ConfigError(f"subscription start must be 'earliest' or a cursor, not {at!r}")
+        sm.check_invariants(st, {sub: cursor})
+        path = self.paths.sub(queue, sub)
+        with self._errors():
+            # With the parents of what its consumers may create (election, alarm, ledger):
+            # clients may not create them (coordinator/acl.py).
+            tx = self.client.transaction()
+            tx.create(path, json_bytes(cursor.to_dict()), acl=self._acl_of(path))
+            for name in SUB_PARENTS:
+                tx.create(f"{path}/{name}", b"", acl=self._acl_of(f"{path}/{name}"))
+            results = self._wait(tx.commit_async())
+        if isinstance(results[0], NodeExistsError):
+            raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists")
+        if isinstance(results[0], NoNodeError):
+            raise QueueNotFound(queue)
+        raise_first(results)
+        return cursor
+
+    def list_subscriptions(self, queue: str) -> list[str]:
+        with self._errors():
+            try:
+                return sorted(self._read(self.client.get_children_async, self.paths.subs(queue)))
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+
+    def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]:
+        with self._errors():
+            try:
+                data, stat = self._read(self.client.get_async, self.paths.sub(queue, sub))
+            except NoNodeError as exc:
+                self.queue_config(queue)  # QueueNotFound first
+                raise SubscriptionNotFound(queue, sub) from exc
+        return Cursor.from_dict(json_value(data)), stat.version
+
+    def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *, holder: str | None = None) -> int:
+        """Write the cursor if nobody else did since ``version``; return the new version.
+        ConflictError when it moved (another consumer or an admin reset took over).
+
+        ``holder``: the committer's lock node (an ephemeral node of its session). The write
+        then applies only while that node exists, in the same transaction, so a consumer whose
+        session expired cannot move the cursor, not even after kazoo opened a new session for
+        it: NotLeader instead."""
+        path, data = self.paths.sub(queue, sub), json_bytes(cursor.to_dict())
+        for _ in range(50):
+            try:
+                with self._errors():
+                    return self._write_cursor(queue, sub, path, data, version, holder)
+            except CoordinationUnavailable:
+                # The write was in flight when the connection dropped: look whether it landed.
+                with self._errors():
+                    try:
+                        now, stat = self._read(self.client.get_async, path)
+                    except NoNodeError as exc:
+                        raise SubscriptionNotFound(queue, sub) from exc
+                if stat.version == version + 1 and now == data:
+                    return int(stat.version)  # it did (or another wrote the very same cursor)
+                if stat.version != version:
+                    raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from None
+                # it did not: write it again
+        raise CoordinationUnavailable(f"cursor of {queue}/{sub}: 50 writes lost on the way to ZooKeeper")
+
+    def _write_cursor(self, queue: str, sub: str, path: str, data: bytes, version: int, holder: str | None) -> int:
+        if holder is None:
+            try:
+                return int(self._wait(self.client.set_async(path, data, version=version)).version)
+            except BadVersionError as exc:
+                raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}") from exc
+            except NoNodeError as exc:
+                raise SubscriptionNotFound(queue, sub) from exc
+        tx = self.client.transaction()
+        tx.check(holder, -1)  # -1: any version; fails only when the node is gone
+        tx.set_data(path, data, version=version)
+        results = self._wait(tx.commit_async())
+        if not any(isinstance(r, Exception) for r in results):
+            return int(results[1].version)
+        if isinstance(results[0], NoNodeError):
+            raise NotLeader(queue, sub, "its lock node is gone: the session expired")
+        if isinstance(results[1], BadVersionError):
+            raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}")
+        if isinstance(results[1], NoNodeError):
+            raise SubscriptionNotFound(queue, sub)
+        raise CoordinationUnavailable(f"cursor of {queue}/{sub}: unexpected transaction results {results!r}")
+
+    def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int, state_version: int) -> int:
+        """An operator's reset: write ``cursor`` only if neither the cursor nor the queue state
+        changed since they were read at these versions (so the target, checked against that
+        state, is still inside the consume list: I5). Returns the new cursor version;
+        ConflictError when either moved (read both again and retry)."""
+        with self._errors():
+            tx = self.client.transaction()
+            tx.check(self.paths.state(queue), state_version)
+            tx.set_data(self.paths.sub(queue, sub), json_bytes(cursor.to_dict()), version=cursor_version)
+            results = self._wait(tx.commit_async())
+        if not any(isinstance(r, Exception) for r in results):
+            return int(results[1].version)
+        if any(isinstance(r, NoNodeError) for r in results):
+            self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
+        if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
+            raise ConflictError(f"cursor of {queue}/{sub} or the queue state moved during the reset")
+        raise_first(results)
+        raise ConflictError(f"cursor reset of {queue}/{sub} failed: {results}")  # pragma: no cover
+
+    def subscription_holders(self, queue: str, sub: str) -> list[str]:
+        """Identifiers of the consumers in the subscription's election (kazoo Lock contenders),
+        the one holding it first; [] when no consumer holds it."""
+        path = self.paths.sub_leader(queue, sub)
+        with self._errors():
+            try:
+                children = self._read(self.client.get_children_async, path)
+            except NoNodeError:
+                self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
+                return []
+            nodes = sorted((m.group(1), c) for c in children if (m := LOCK_NODE.search(c)) is not None)
+            holders = []
+            for _, child in nodes:
+                try:
+                    data, _ = self._read(self.client.get_async, f"{path}/{child}")
+                except NoNodeError:
+                    continue  # released meanwhile
+                holders.append(data.decode("utf-8", "replace") if data else "")
+        return holders
+
+    @contextlib.contextmanager
+    def subscription_lease(self, queue: str, sub: str, identifier: str) -> Iterator[bool]:
+        """Try, without waiting, to hold the subscription's consumer election for the block;
+        yields whether it got it. While held, no consumer can start on the subscription (a
+        starting one waits, then reads the cursor as this block left it)."""
+        self.get_cursor(queue, sub)  # never create the election under a missing subscription
+        lock = self.client.Lock(self.paths.sub_leader(queue, sub), identifier)
+        with self._errors():
+            # if we stop waiting and it gets the lock later, it lets it go at once
+            got = self._in_thread(lambda: bool(lock.acquire(blocking=False)), undo=lambda won: won and lock.release())
+        try:
+            yield got
+        finally:
+            if got:
+                with self._errors():
+                    self._in_thread(lock.release)  # on a timeout it goes on in the background
+
+    def delete_subscription(self, queue: str, sub: str) -> None:
+        with self._errors():
+            try:
+                self._delete_tree(self.paths.sub(queue, sub))
+            except NoNodeError as exc:  # kazoo's recursive delete ignored a missing node
+                self.queue_config(queue)  # QueueNotFound first
+                raise SubscriptionNotFound(queue, sub) from exc
+            except NotEmptyError as exc:  # a node was created under it meanwhile
+                raise OrdqError(str(exc)) from exc

@@ -1,0 +1,139 @@
+"""Broker groups in ZooKeeper: their registration and config (the drain mark), and the
+ephemeral nodes their live processes hold.
+
+Rules: a part of ``ZkStore`` (coordinator/store.py) over ``ZkBase``'s requests; kazoo errors
+become ordq's here, as everywhere in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from ordq.common.errors import AlreadyExists, ConflictError, GroupNotFound
+from ordq.coordinator.paths import ROLES
+from ordq.coordinator.store_base import ZkBase
+from ordq.coordinator.store_values import LiveInfo, json_bytes, json_value
+
+
+class GroupRecords(ZkBase):
+    """Broker groups and their live processes (a part of ZkStore)."""
+
+    def add_group(self, gid: str, config: Mapping[str, Any] | None = None) -> None:
+        path = self.paths.group(gid)
+        with self._errors():
+            try:
+                self._wait(self.client.create_async(path, json_bytes(dict(config or {})), makepath=True))
+            except NodeExistsError as exc:
+                raise AlreadyExists(f"broker group {gid!r} already exists") from exc
+            self._wait(self.client.ensure_path_async(self.paths.live(gid)))
+
+    def list_groups(self) -> list[str]:
+        with self._errors():
+            try:
+                return sorted(self._read(self.client.get_children_async, self.paths.groups))
+            except NoNodeError:
+                return []
+
+    def get_group(self, gid: str) -> dict[str, Any]:
+        with self._errors():
+            try:
+                data, _ = self._read(self.client.get_async, self.paths.group(gid))
+            except NoNodeError as exc:
+                raise GroupNotFound(gid) from exc
+        return dict(json_value(data))
+
+    def register_live(self, gid: str, role: str, address: str, incarnation: str) -> None:
+        """Create this process's ephemeral liveness node (gone when its session ends).
+        Safe to repeat (coordinator/zk_retry.py): a node already there with this
+        ``incarnation`` is our own create, landed before its connection dropped."""
+        self.get_group(gid)  # GroupNotFound for an unregistered group
+        data = json_bytes({"address": address, "incarnation": incarnation, "pid": os.getpid()})
+        with self._errors():
+            try:
+                self._wait(self.client.create_async(self.paths.live(gid, role), data, ephemeral=True, makepath=True))
+            except NodeExistsError as exc:
+                if self.live_members(gid).get(role, LiveInfo("", "", 0)).incarnation == incarnation:
+                    return
+                raise AlreadyExists(
+                    f"a {role} of group {gid!r} is already live (another process holds the role)"
+                ) from exc
+
+    def live_members(self, gid: str) -> dict[str, LiveInfo]:
+        out: dict[str, LiveInfo] = {}
+        with self._errors():
+            for role in ROLES:
+                try:
+                    data, _ = self._read(self.client.get_async, self.paths.live(gid, role))
+                except NoNodeError:
+                    continue
+                d = json_value(data)
+                out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"])
+        return out
+
+    def live_groups(self, gids: tuple[str, ...] | list[str]) -> frozenset[str]:
+        """The groups among ``gids`` whose master and slave are both live."""
+        return frozenset(g for g in gids if len(self.live_members(g)) == len(ROLES))
+
+    def set_group_drained(self, gid: str, drained: bool) -> bool:
+        """Mark (or unmark) ``gid`` as drained for maintenance in its config znode and return
+        the previous mark. A drained group is never admitted to a send list (``Facts.drained``);
+        taking it out of the send lists it is in is the caller's transition (``remove_from_send``)."""
+        path = self.paths.group(gid)
+        for _ in range(50):
+            with self._errors():
+                try:
+                    data, stat = self._read(self.client.get_async, path)
+                    config = dict(json_value(data))
+                    before = bool(config.get("drained", False))
+                    if before == drained:
+                        return before
+                    if drained:
+                        config["drained"] = True
+                    else:
+                        config.pop("drained", None)
+                    self._wait(self.client.set_async(path, json_bytes(config), version=stat.version))
+                    return before
+                except NoNodeError as exc:
+                    raise GroupNotFound(gid) from exc
+                except BadVersionError:
+                    continue  # the config changed meanwhile: read it again
+        raise ConflictError(f"group {gid!r}: gave up marking it drained after 50 conflicting writes")
+
+    def _drained_with_versions(self, gids: tuple[str, ...] | list[str]) -> tuple[frozenset[str], dict[str, int]]:
+        drained: set[str] = set()
+        versions: dict[str, int] = {}
+        with self._errors():
+            for gid in gids:
+                try:
+                    data, stat = self._read(self.client.get_async, self.paths.group(gid))
+                except NoNodeError:
+                    continue
+                versions[gid] = stat.version
+                if json_value(data).get("drained"):
+                    drained.add(gid)
+        return frozenset(drained), versions
+
+    def drained_groups(self, gids: tuple[str, ...] | list[str]) -> frozenset[str]:
+        """The groups among ``gids`` an operator drained (``set_group_drained``)."""
+        return self._drained_with_versions(gids)[0]
+
+    def wait_not_live(self, gid: str, role: str, *, timeout_s: float) -> bool:
+        """Block until no process is registered live as ``role`` of ``gid`` (watch-driven);
+        False if one still is after ``timeout_s``."""
+        gone = threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            gone.clear()
+            with self._errors():
+                stat = self._read(self.client.exists_async, self.paths.live(gid, role), watch=lambda _e: gone.set())
+            if stat is None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not gone.wait(left):
+                return False

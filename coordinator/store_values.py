@@ -1,0 +1,118 @@
+"""What the ZooKeeper store keeps, as values: a queue's settings, a live process's node, the
+queue state read from its node's bytes, and the JSON the store writes.
+
+Rules: values and pure functions only (no kazoo, no I/O); the store (coordinator/store.py and
+its parts) reads and writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ordq.common.errors import ConfigError, CorruptState, InvariantViolation
+from ordq.coordinator import state as sm
+from ordq.coordinator.state import Facts, QueueState
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+DEFAULT_SEGMENT_BYTES = 256 << 20
+DEFAULT_SEGMENT_AGE_S = 3600.0
+MIN_SEGMENT_BYTES = 4 << 10
+
+@attrs.frozen
+class LiveInfo:
+    """Content of a process's ephemeral liveness node."""
+
+    address: str
+    incarnation: str
+    pid: int
+
+
+ROLL_TO = ("same", "next")
+
+
+@attrs.frozen
+class QueueConfig:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    retention_segments: int | None = None  # keep at most this many sealed segments (None: all)
+    # The open segment is rolled (sealed, the next one opened on the same head) once it holds
+    # this many bytes or its first message is this old: segments stay small enough to free.
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_age_s: float = DEFAULT_SEGMENT_AGE_S
+    # Sealed segments are dropped, read or not, once older than this (since sealed) or while
+    # the sealed ones take more than this many bytes (None: kept until every subscription read them).
+    retention_time_s: float | None = None
+    retention_bytes: int | None = None
+    # Where a roll opens the next segment: "same" (the head keeps taking writes) or "next"
+    # (writes move to the next group of the send list; the old head rejoins once drained).
+    roll_to: str = "same"
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.max_message_bytes <= 64 << 20:
+            raise ConfigError(f"max_message_bytes must be 1..{64 << 20}, not {self.max_message_bytes}")
+        if self.retention_segments is not None and self.retention_segments < 1:
+            raise ConfigError("retention_segments must be >= 1")
+        if not MIN_SEGMENT_BYTES <= self.segment_bytes <= 1 << 40:
+            raise ConfigError(f"segment_bytes must be {MIN_SEGMENT_BYTES}..{1 << 40}, not {self.segment_bytes}")
+        if not 1.0 <= self.segment_age_s <= 10**8:
+            raise ConfigError(f"segment_age_s must be 1..{10**8} seconds, not {self.segment_age_s}")
+        if self.retention_time_s is not None and not 1.0 <= self.retention_time_s <= 10**9:
+            raise ConfigError(f"retention_time_s must be 1..{10**9} seconds, not {self.retention_time_s}")
+        if self.roll_to not in ROLL_TO:
+            raise ConfigError(f"roll_to must be one of {', '.join(ROLL_TO)}, not {self.roll_to!r}")
+        if self.retention_bytes is not None and self.retention_bytes < MIN_SEGMENT_BYTES:
+            raise ConfigError(f"retention_bytes must be >= {MIN_SEGMENT_BYTES}, not {self.retention_bytes}")
+
+
+Transition = Callable[[QueueState, Facts], QueueState]
+
+
+def roll_transition(cfg: QueueConfig, gid: str, seg: int) -> Transition:
+    """The roll of ``gid``'s open segment ``seg`` as the queue's ``roll_to`` policy says (one
+    definition for the coordinator, the producer and ``ordq queue roll``)."""
+    to_next = cfg.roll_to == "next"
+    return lambda s, f: sm.roll(s, gid, seg, f, to_next=to_next)
+
+
+def json_bytes(obj: Any) -> bytes:
+    """How the store writes a JSON node (keys sorted, compact)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def json_value(data: bytes) -> Any:
+    """A JSON node's value ({} for an empty node)."""
+    return json.loads(data.decode()) if data else {}
+
+
+def parse_state(queue: str, data: bytes) -> QueueState:
+    """The queue's state from its node's bytes; CorruptState when they are not a valid state
+    (garbage, not UTF-8, not JSON, a missing or mistyped field, broken invariants). Why: one
+    queue's bad node must fail only that queue, never the reader's thread (issue 23: garbage
+    killed both coordinators' election threads)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+        for key, kind in (("groups", list), ("send", list), ("consume", list)):
+            if not isinstance(doc.get(key), kind):
+                raise TypeError(f"field {key!r} is not a list")
+        if not all(isinstance(c, dict) for c in doc["consume"]):
+            raise TypeError("a consume-list entry is not an object")
+        st = QueueState.from_dict(doc)
+        sm.check_invariants(st)
+    except UnicodeDecodeError as exc:
+        raise CorruptState(queue, f"not UTF-8 at byte {exc.start}") from exc
+    except json.JSONDecodeError as exc:
+        raise CorruptState(queue, f"not JSON: {exc.msg} at {exc.pos}") from exc
+    except KeyError as exc:
+        raise CorruptState(queue, f"field {exc.args[0]!r} missing") from exc
+    except InvariantViolation as exc:
+        raise CorruptState(queue, str(exc)) from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CorruptState(queue, f"{type(exc).__name__}: {exc}") from exc
+    if st.queue != queue:
+        raise CorruptState(queue, f"it names queue {st.queue!r}")
+    return st

@@ -1,0 +1,271 @@
+"""The consumer's delivery and commit: what was handed to the application, what it finished,
+and the cursor commits of what finished.
+
+Guarantee (docs/SDK.md, "What is committed"): a commit never covers more than the application
+finished. A message counts as finished once the application asks for another or says so
+(``Handout.finish_handed``, ``mark_finished``); with keyed delivery, the contiguous prefix the
+workers finished. Commits are requests to the coordinator, checked against this consumer's
+lock node (``holder``); one that got no answer is kept "in doubt", so that a later conflict
+with it is recognised as our own write.
+
+Rules: ``Handout`` holds no I/O but the audit rows of what it hands out; ``Committer`` commits
+and pops and never decides what is finished (it asks ``finished``). Neither checks the lease:
+the consumer does before handing out (``ordq.sdk._consumer_lease``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+
+from ordq.common.errors import ConfigError, ConflictError, CoordinationUnavailable, IllegalTransition, OrdqError
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.state import Cursor
+from ordq.coordinator.store import ZkStore
+from ordq.sdk._consumer_core import CommitPolicy
+from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered
+from ordq.sdk._queue_view import QueueView
+from ordq.sdk.audit import AuditWriter
+from ordq.sdk.keyed import KeyedWorkers
+
+log = logging.getLogger("ordq.consumer")
+
+# A periodic commit is a request to the coordinator made on the delivering thread: bounded
+# short, and after one that got no answer the next waits this long (delivery goes on; what is
+# not committed is redelivered at worst).
+COMMIT_TIMEOUT_S = 3.0
+COMMIT_RETRY_S = 1.0
+
+
+class Handout:
+    """The read buffer, the message in hand and what the application finished."""
+
+    def __init__(self, config: ConsumerConfig, policy: CommitPolicy, stats: ConsumerStats, *,
+                 audit: AuditWriter | None, read_position: Callable[[], Cursor]) -> None:
+        self.config = config
+        self._policy = policy
+        self._stats = stats
+        self._audit = audit
+        self._read_position = read_position  # where the next read starts (past dropped duplicates too)
+        self.buffer: deque[Delivered] = deque()  # read, not handed out yet
+        self.in_hand: Delivered | None = None  # the last message handed out, not finished
+        self.done: Delivered | None = None  # the last finished message (None: finished_base)
+        self.finished_base = Cursor(seg=0)  # finished position when done is None
+        self.keyed: KeyedWorkers | None = None  # while run_keyed runs: what is done is theirs to say
+
+    def finish_handed(self) -> None:
+        """The application asked for more (or said so): everything handed out is finished.
+        With nothing left in the buffer, that is the read position itself (past duplicates
+        dropped at the end of the last read)."""
+        if self.in_hand is not None:
+            self.done, self.in_hand = self.in_hand, None
+        if not self.buffer and self.keyed is None:
+            self.done, self.finished_base = None, self._read_position()
+
+    def mark_finished(self, m: Delivered) -> None:
+        """The application finished ``m`` (a message handed out) and everything before it."""
+        if m.seq <= (self.done.seq if self.done is not None else self.finished_base.last_seq):
+            return  # finished already
+        last = self.in_hand
+        if last is None or m.seq > last.seq:
+            raise ConfigError(f"seq {m.seq} was not handed out by this consumer")
+        if m.seq == last.seq:
+            self.finish_handed()
+        else:
+            self.done = m
+
+    def finished_pos(self) -> Cursor:
+        """The position after the last finished message: what a commit may write."""
+        if self.keyed is not None:
+            return self.keyed.position()
+        done = self.done
+        if done is None:
+            return self.finished_base
+        return Cursor(seg=done.seg, offset=done.offset + 1, last_seq=done.seq)
+
+    def moved(self, cursor: Cursor) -> None:
+        """The read position moved on to ``cursor`` without delivering anything (next segment,
+        or past a segment dropped by retention). Only called in a read round, when the buffer
+        is empty and the application finished everything handed out before (keyed: once
+        finished)."""
+        if self.keyed is not None:
+            self.keyed.moved(cursor)
+            self.sync_keyed()
+            return
+        self.done, self.finished_base = None, cursor
+
+    def sync_keyed(self) -> None:
+        """Keyed delivery: count the messages the workers finished since the last look, so the
+        commit policy commits them (a move to the next segment counts as one)."""
+        assert self.keyed is not None
+        pos = self.keyed.position()
+        if pos != self.finished_base:
+            self._policy.delivered(max(1, pos.last_seq - self.finished_base.last_seq))
+            self.finished_base = pos
+
+    def keyed_start(self, pool: KeyedWorkers, start: Cursor) -> None:
+        self.keyed, self.finished_base = pool, start
+
+    def keyed_end(self) -> Cursor:
+        """Keyed delivery ended: what the workers finished is the finished position; what was
+        read past it is dropped (read again from there)."""
+        self.sync_keyed()
+        self.keyed = None
+        self.done = self.in_hand = None
+        self.buffer.clear()
+        return self.finished_base
+
+    def take_one(self) -> Delivered:
+        m = self.buffer.popleft()
+        self.in_hand = m
+        self._stats.delivered += 1
+        self._policy.delivered(1)
+        self._audit_out([m])
+        return m
+
+    def take(self, max_messages: int | None) -> list[Delivered]:
+        buf = self.buffer
+        if max_messages is None or max_messages >= len(buf):
+            out = list(buf)
+            buf.clear()
+        else:
+            out = [buf.popleft() for _ in range(max_messages)]
+        self.in_hand = out[-1]
+        self._stats.delivered += len(out)
+        self._policy.delivered(len(out))
+        self._audit_out(out)
+        return out
+
+    def take_keyed(self) -> list[Delivered]:
+        """Everything buffered, for the keyed workers (their pool counts what finishes)."""
+        out = list(self.buffer)
+        self.buffer.clear()
+        self._stats.delivered += len(out)
+        self._audit_out(out)
+        return out
+
+    def _audit_out(self, out: list[Delivered]) -> None:
+        """Audit rows of messages about to be handed out; they reach the OS before the
+        application sees the messages (docs/AUDIT_FORMAT.md)."""
+        if self._audit is not None:
+            now_us = time.time_ns() // 1000
+            self._audit.write_rows([self._audit_row(m, now_us) for m in out])
+
+    def _audit_row(self, m: Delivered, now_us: int) -> tuple[object, ...]:
+        cfg = self.config
+        return (cfg.queue, cfg.subscription, cfg.consumer_id, m.seq, m.seg, m.offset, (m.key or b"").hex(),
+                zlib.crc32(m.payload), m.timestamp_us, now_us)
+
+
+class Committer:
+    """Cursor commits (periodic, explicit, on close) and the pops they allow."""
+
+    def __init__(self, config: ConsumerConfig, store: ZkStore, coordinator: CoordinatorClient, view: QueueView,
+                 policy: CommitPolicy, stats: ConsumerStats, *, holder: Callable[[], str],
+                 finished: Callable[[], Cursor], audit: AuditWriter | None, version: int) -> None:
+        self.config = config
+        self._store = store
+        self._coord = coordinator
+        self._view = view
+        self._policy = policy
+        self._stats = stats
+        self._holder = holder  # the election's node: the coordinator commits only for its holder
+        self._finished = finished
+        self._audit = audit
+        self.version = version  # of the cursor node, as last written or read
+        self._retry_at = float("-inf")  # monotonic: no periodic commit before (the last got no answer)
+        self._in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
+        self._pop_after: int | None = None  # last_seq of a sealed segment whose pop waits for a later commit
+
+    def due(self, now: float) -> bool:
+        """A commit is due by the policy, ZooKeeper is up (the coordinator checks the lock node
+        there) and the last attempt did not just go unanswered."""
+        return self._policy.due(now) and now >= self._retry_at and self._view.connected()
+
+    def if_due(self, now: float) -> bool:
+        """Commit what finished if a commit is due (an unanswered one is tried again after
+        ``COMMIT_RETRY_S``); True when one was tried."""
+        if not self.due(now):
+            return False
+        try:
+            self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
+        except CoordinationUnavailable:
+            pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock
+        return True
+
+    def commit_finished(self) -> None:
+        """A periodic commit of what finished, bounded short (CoordinationUnavailable raised)."""
+        self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
+
+    def riding_out(self, cursor: Cursor) -> None:
+        """Commit ``cursor``, riding out a ZooKeeper or coordinator outage of up to
+        ``zk_outage_s`` as ``poll`` does (the coordinator answers UNAVAILABLE while it cannot
+        reach ZooKeeper); CoordinationUnavailable after that."""
+        deadline = time.monotonic() + self.config.zk_outage_s
+        while True:
+            try:
+                self.commit(cursor)
+                return
+            except CoordinationUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def commit(self, cur: Cursor, *, timeout_s: float | None = None) -> None:
+        if self._audit is not None:
+            # The audit rows of what the cursor covers reach the file first: after a crash the
+            # standby starts past them, so rows still in the buffer would read as lost.
+            self._audit.flush()
+        store, q, sub = self._store, self.config.queue, self.config.subscription
+        coord = self._coord
+        holder = self._holder()
+        try:
+            try:
+                self.version = coord.commit(q, sub, cur, self.version, holder, timeout_s=timeout_s)
+            except ConflictError:
+                # A commit of ours may have landed without our hearing of it (the client sends
+                # again after a lost answer; an earlier one timed out): then the cursor moved to
+                # one we wrote, not to another consumer's. Go on from there; anything else is
+                # a real conflict.
+                now, version = store.get_cursor(q, sub)
+                if now == cur:
+                    self.version = version
+                elif now in self._in_doubt:
+                    self.version = coord.commit(q, sub, cur, version, holder, timeout_s=timeout_s)
+                else:
+                    raise
+        except CoordinationUnavailable:
+            self._in_doubt.append(cur)
+            self._retry_at = time.monotonic() + COMMIT_RETRY_S
+            raise
+        self._in_doubt.clear()
+        self._retry_at = float("-inf")
+        self._policy.committed(time.monotonic())
+        self._stats.commits += 1
+        if self._pop_after is not None and cur.last_seq > self._pop_after:
+            self._pop_after = None
+            try:
+                self.try_pop()
+            except OrdqError as exc:  # the commit is done; popping only frees disk (the daemon does it too)
+                log.debug("queue %s: pop after commit deferred: %s", self.config.queue, exc)
+
+    def segment_done(self, last_seq: int | None) -> None:
+        """The read position left a sealed segment (its last seq ``last_seq``): commit, and
+        try to pop it."""
+        self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
+        # Refused while nothing after this segment is stored (it keeps the queue's newest
+        # message for a new producer leader: state.holds_newest): try again once a commit
+        # covers a later seq, as no coordinator daemon may be running to do it.
+        self._pop_after = last_seq
+        self.try_pop()
+
+    def try_pop(self) -> None:
+        # The coordinator pops what every subscription passed (nothing when another is still
+        # behind, someone popped it already, or it is kept) and answers with the state.
+        try:
+            self._view.learnt(self._coord.pop(self.config.queue))
+        except IllegalTransition:
+            pass

@@ -1,0 +1,110 @@
+"""The consumer's lease checks: whether it may hand out a message now (``ordq.sdk._lease`` keeps
+the lease; this says what the consumer does with it).
+
+Guarantee: nothing is handed out unless the lease holds by the consumer's own clock at that
+moment; a check made before a blocking call (a commit, a read) proves nothing after it, so
+``before_hand_out`` confirms again after the periodic commit it runs. When the lease is gone
+the consumer raises ``NotLeader``; while ZooKeeper does not answer it hands out nothing, and
+after ``zk_outage_s`` of that raises ``CoordinationUnavailable``.
+
+Rules: owns the outage clock (since when ZooKeeper has not answered) and the time of the next
+check; never reads, commits or touches the buffer itself (the periodic commit is a callable).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from ordq.common.errors import CoordinationUnavailable, NotLeader
+from ordq.sdk._consumer_types import ConsumerConfig
+from ordq.sdk._lease import SessionLease
+
+log = logging.getLogger("ordq.consumer")
+
+
+class LeaseChecks:
+    """The checks a consumer runs before handing out, over its ``SessionLease``."""
+
+    def __init__(self, lease: SessionLease, config: ConsumerConfig) -> None:
+        self.lease = lease
+        self.config = config
+        self.next_check = float("-inf")  # monotonic time of the next lease/commit check
+        self._zk_down_since: float | None = None
+
+    def before_hand_out(self, now: float, periodic_commit: Callable[[float], bool]) -> bool:
+        """Before handing out: the lease (NotLeader when it is gone; False when not sure now,
+        after waiting a little) and ``periodic_commit(now)`` of what is finished (True when it
+        ran one: a blocking call, after which the lease is confirmed again)."""
+        if not self.confirmed():
+            return False
+        lease = self.lease
+        if periodic_commit(now):
+            # The commit blocks (a round trip; seconds on a loaded box, or the process frozen
+            # meanwhile): the lease confirmed before it proves nothing now. A consumer frozen
+            # here past its session handed out one more message beside its successor (issue 26).
+            if not self.confirmed():
+                return False
+            now = time.monotonic()
+        # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
+        # meanwhile only makes that look early and cheap).
+        self.next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
+        return True
+
+    def confirmed(self) -> bool:
+        """The lease holds by our clock (waiting a little for a renewal when it is about to
+        run out); False when not sure now; NotLeader when it is gone."""
+        lease = self.lease
+        if not lease.valid() and not lease.wait_valid(self.config.fetch_wait_ms / 1000.0):
+            if lease.lost_reason is not None:
+                raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
+            self._unsure_of_zookeeper()
+            return False
+        self._zk_down_since = None
+        return True
+
+    def _unsure_of_zookeeper(self) -> None:
+        """No lease renewal answered for a while: hand out nothing; after ``zk_outage_s`` of
+        this, raise CoordinationUnavailable."""
+        now = time.monotonic()
+        if self._zk_down_since is None:
+            self._zk_down_since = now
+        if now - self._zk_down_since > self.config.zk_outage_s:
+            raise CoordinationUnavailable(
+                f"queue {self.config.queue}/{self.config.subscription}: no answer from ZooKeeper for "
+                f"{now - self._zk_down_since:.1f}s; cannot be sure this consumer still leads")
+        log.warning("queue %s/%s: lease not confirmed by ZooKeeper; delivering nothing until it is",
+                    self.config.queue, self.config.subscription)
+
+    def zk_unavailable(self, exc: CoordinationUnavailable) -> None:
+        """A read round met a ZooKeeper outage: ``exc`` is raised once it lasted past
+        ``zk_outage_s``, else logged (the round is tried again)."""
+        now = time.monotonic()
+        if self._zk_down_since is None:
+            self._zk_down_since = now
+        if now - self._zk_down_since > self.config.zk_outage_s:
+            raise exc
+        log.warning("queue %s/%s: ZooKeeper unavailable for %.1fs, retrying: %s", self.config.queue,
+                    self.config.subscription, now - self._zk_down_since, exc)
+
+    def zk_answered(self) -> None:
+        self._zk_down_since = None
+
+    def wait_sure(self) -> None:
+        """``run``: before each attempt, until the lease is sure (NotLeader if it is lost)."""
+        while not self.confirmed():
+            pass  # not sure of the lease: no new attempt until it is (NotLeader if lost)
+
+    def worker_may_start(self) -> None:
+        """Called by a keyed worker before each handler call: returns when the lease is sure,
+        raises NotLeader when it is gone (CoordinationUnavailable after ``zk_outage_s``)."""
+        lease = self.lease
+        if lease.valid():
+            return
+        if lease.wait_valid(self.config.zk_outage_s):
+            return
+        if lease.lost_reason is not None:
+            raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
+        raise CoordinationUnavailable(f"queue {self.config.queue}/{self.config.subscription}: lease not "
+                                      f"confirmed by ZooKeeper for {self.config.zk_outage_s}s")

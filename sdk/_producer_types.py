@@ -1,0 +1,81 @@
+"""The producer's values that cross its parts and the SDK's other modules: its config, its
+statistics and the stored tail it reports (``ordq.sdk.producer`` is the producer).
+
+Rules: values only (no I/O); nothing here imports the producer or its loop side.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+from prometheus_client import CollectorRegistry
+
+from ordq.common.errors import ConfigError
+from ordq.common.security import Credentials
+from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.sdk._producer_core import BatchingConfig
+from ordq.sdk.audit import new_writer_id
+from ordq.wire.batch import Message
+
+
+@attrs.frozen(kw_only=True)
+class ProducerConfig:
+    """Producer options; every field is keyword-only and validated."""
+
+    zk_hosts: str
+    queue: str
+    root: str = "/ordq"
+    batching: BatchingConfig = BatchingConfig()
+    send_timeout_s: float = 2.0  # an unacked batch older than this means the head is gone
+    leader_timeout_s: float | None = None  # None: a standby waits until it leads
+    no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
+    zk_session_timeout_s: float = 2.0
+    # how long start() tries to reach ZooKeeper before CoordinationUnavailable
+    zk_connect_timeout_s: float = 10.0
+    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
+    audit_dir: Path | None = None
+    producer_id: str = attrs.field(factory=new_writer_id)
+    # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
+    # ``Producer.metrics_url``) and/or kept in the application's registry.
+    metrics_listen: str | None = None
+    metrics_registry: CollectorRegistry | None = None
+    # TLS files and token for the brokers (ordq/common/security.py); None: as registered for zk_hosts
+    # in the credentials file (``ordq up`` registers the clusters it starts).
+    credentials: Credentials | None = None
+
+    def __attrs_post_init__(self) -> None:
+        check_zk_hosts(self.zk_hosts)
+        check_name("queue", self.queue)
+        Paths(self.root)  # InvalidName for a bad root
+        if self.zk_session_timeout_s <= 0:
+            raise ConfigError("zk_session_timeout_s must be > 0")
+        if self.zk_connect_timeout_s <= 0:
+            raise ConfigError("zk_connect_timeout_s must be > 0")
+        if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
+            raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
+
+
+@attrs.frozen
+class StoredMessage:
+    """The last message stored for the queue (what ``last_committed()`` returns). ``seq`` is
+    always exact; ``message`` is None when it could not be read back, and ``message_error``
+    then says why (its segment was already dropped, or no replica of its group answers)."""
+
+    seq: int
+    seg: int | None  # None when its segment was already dropped (only the seq is known)
+    offset: int | None
+    message: Message | None
+    message_error: str | None = None
+
+
+@attrs.define
+class ProducerStats:
+    sent: int = 0
+    acked: int = 0
+    batches_acked: int = 0
+    failovers: int = 0
+    tokens_unavailable: int = 0  # times the head could not check tokens and was asked again
+    epoch: int = 0
+    seg: int | None = None
+    head: str | None = None
