@@ -83,6 +83,7 @@ def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
     from drills.runner import TABLE_COLUMNS, LoadConfig, run_series, summarize
     from drills.verdict import Verifier
     from ordq.local_cluster import ClusterConfig, LocalCluster
+    from ordq.proc import owning_children
 
     out = sys.stderr if wants_json(args) else sys.stdout
     load = LoadConfig(messages=args.messages, rate=args.rate)
@@ -103,23 +104,26 @@ def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
     out.flush()
     started = time.monotonic()
     results = []
-    try:
-        if own:
-            cluster.start()
-        out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
-                  f"{load.rate:g}/s each\n")
-        with Verifier(master=args.master) as verifier:
-            results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
-                                 tamper=args.test_hook, keep=args.keep, out=out,
-                                 report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
-    finally:
-        if own:
-            failed = any(not r.ok for r in results) or not results
-            if temporary and not failed and not args.keep:
-                cluster.destroy()
-            else:
-                cluster.stop()
-                out.write(f"cluster stopped; files kept in {cluster.folder}\n")
+    # Killed or interrupted, the drill stops what it started: SIGTERM unwinds like Ctrl-C
+    # (the finally below), and kill -9 takes its own cluster's processes with it.
+    with owning_children(die_with_parent=own):
+        try:
+            if own:
+                cluster.start()
+            out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
+                      f"{load.rate:g}/s each\n")
+            with Verifier(master=args.master) as verifier:
+                results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
+                                     tamper=args.test_hook, keep=args.keep, out=out,
+                                     report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
+        finally:
+            if own:
+                failed = any(not r.ok for r in results) or not results
+                if temporary and not failed and not args.keep:
+                    cluster.destroy()
+                else:
+                    cluster.stop()
+                    out.write(f"cluster stopped; files kept in {cluster.folder}\n")
     total = time.monotonic() - started
     ok = all(r.ok for r in results)
     if wants_json(args):
