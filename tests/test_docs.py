@@ -219,15 +219,17 @@ def test_a_session_runs_steps_in_one_shell_and_one_python_and_reports_drift(tmp_
 
 
 DETACHED = ("from pathlib import Path; from ordq.proc import ManagedProcess; "
-            "p = ManagedProcess('server', ['sleep', '600'], run_dir=Path('run').absolute()); p.start(); p.detach(); "
+            "p = ManagedProcess('server', ['sh', '-c', 'sleep 600', str(Path('run').absolute())], "
+            "run_dir=Path('run')); p.start(); p.detach(); "
             "print(p.pid)")
 
 
 def test_what_a_doc_leaves_running_is_this_runs_and_no_other_suites_sweep_takes_it(tmp_path: Path) -> None:
     """Issue 26: two suites on one machine. A doc's ``ordq up`` exits and leaves its servers
-    running; they must carry this run as owner (as the tests' own processes do), or the other
-    suite's sweep at its start kills them in the middle of the doc. Its credentials go to a
-    file of its own, not the user's."""
+    running (here: a detached process naming the doc's folder, as brokers do); they must carry
+    this run as owner (as the tests' own processes do), or the other suite's sweep at its
+    start kills them in the middle of the doc. Its credentials go to a file of its own, not
+    the user's."""
     with DocSession(tmp_path / "run", doc="docs/S.md") as session:
         [started] = run_doc(session, f"```console\n$ python -c \"{DETACHED}\"\n...\n```\n")
         server = int(started.output.split()[-1])
@@ -238,7 +240,7 @@ def test_what_a_doc_leaves_running_is_this_runs_and_no_other_suites_sweep_takes_
             assert Path(session.env["ORDQ_CREDENTIALS"]).is_relative_to(tmp_path)
         finally:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(server, signal.SIGKILL)
+                os.killpg(server, signal.SIGKILL)  # its own group: sh and its sleep
 
 
 def test_the_required_docs_opt_in() -> None:
