@@ -113,7 +113,7 @@ class DocSession:
             PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
             ORDQ_ZK=self.zk, PYTHONUNBUFFERED="1", LC_ALL="C.UTF-8", LANG="C.UTF-8",
             # Not the user's ~/.config/ordq/credentials.json: another suite's docs register there too.
-            ORDQ_CREDENTIALS=str(folder.parent / f"{folder.name}-credentials.json"),
+            ORDQ_CREDENTIALS=str(folder.parent / f"{folder.name}-home" / "credentials.json"),
         )
         if OWNER_ENV in os.environ:
             # What the doc starts (`ordq up` exits at once and leaves its servers running) is this
