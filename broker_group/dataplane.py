@@ -75,16 +75,21 @@ async def _metered(b: Broker, context: Context, run: Callable[[], Any]) -> Any:
     if token is None or rt.config.share is None:
         return await run()
     now = time.monotonic()
-    wait = rt.admit(token, now)
+    wait, refuse = rt.admit(token, now)
     rt.charge(token, rt.config.call_cost_us / 1e6, now)
-    if wait is None:
+    if wait:
+        rt.enter(token)
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            rt.leave(token)
+    if refuse:
         exc = ResourceExhausted(b.address, "request time", int(rt.config.share * 1000),
                                 f"this token took more than its share of the broker's request time "
-                                f"({rt.config.share:g} s per s); retry in {rt.delay_s(token, now):.1f} s")
+                                f"({rt.config.share:g} s per s); retry in "
+                                f"{rt.delay_s(token, time.monotonic()):.1f} s")
         b.count_refused(exc)
         await abort(context, exc)
-    if wait:
-        await asyncio.sleep(wait)
     return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
 
 

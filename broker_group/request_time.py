@@ -8,7 +8,10 @@ requests received and of its answers sent (TLS, copies). A token that took more
 than ``share`` of the loop (seconds per second, over a window of ``burst_s``) is in debt: its
 next call (or the next request of its produce stream, the next answer of its Read stream)
 waits, asleep, until the debt is paid; a call that would wait longer than ``max_delay_ms`` is
-refused at once, before its request is read, with ``ResourceExhausted`` (retriable, counted).
+refused after that long (at once past ``max_held`` waiting calls of the token), before its
+request is read, with ``ResourceExhausted`` (retriable, counted). Delaying, as Kafka does,
+slows a client that calls again as soon as it is answered; a refusal at once did not (one
+token's huge fetches, refused at once, came back at ~85 calls/s).
 One token's abuse therefore costs its own share, not the loop its neighbours' acks need.
 Calls without a token (the group's own peers: replication, repair, the coordinators) are
 neither charged nor held.
@@ -43,7 +46,8 @@ class RequestTimeConfig:
     # thread: 0.2 leaves 80 % to the others however hard one token pushes.
     share: float | None = 0.2
     burst_s: float = 0.1  # what a token may take at once before it is held (its bucket)
-    max_delay_ms: int = 2_000  # a call that would wait longer than this is refused instead
+    max_delay_ms: int = 2_000  # a call that would wait longer than this is refused (after this long)
+    max_held: int = 32  # calls of one token waiting at once; past it, a refusal comes at once
     # What a call costs the loop before and after its handler (gRPC's call object, context,
     # status), charged to its token on top of the handler's measured steps.
     call_cost_us: int = 150
@@ -54,7 +58,7 @@ class RequestTimeConfig:
     def __attrs_post_init__(self) -> None:
         if self.share is not None and not 0 < self.share <= 1:
             raise ConfigError("request-time share must be > 0 and <= 1 (seconds of loop time per second), or None")
-        if self.burst_s <= 0 or self.max_delay_ms < 0 or self.call_cost_us < 0 or self.byte_cost_ns < 0:
+        if self.burst_s <= 0 or min(self.max_delay_ms, self.max_held, self.call_cost_us, self.byte_cost_ns) < 0:
             raise ConfigError("request-time burst must be > 0; delays and costs >= 0")
 
     def byte_cost_s(self, n: int) -> float:
@@ -81,6 +85,7 @@ class RequestTime:
     config: RequestTimeConfig
     stats: RequestTimeStatistics = attrs.field(factory=RequestTimeStatistics)
     _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (seconds left, at)
+    _waiting: dict[str, int] = attrs.field(factory=dict)  # token -> calls waiting (admit)
 
     def _now_level(self, token: str, now: float) -> float:
         cfg = self.config
@@ -94,14 +99,31 @@ class RequestTime:
         debt = -self._now_level(token, now)
         return debt / self.config.share if debt > 1e-9 else 0.0
 
-    def admit(self, token: str | None, now: float) -> float | None:
-        """The wait before a new call of ``token`` runs, or None: refuse it (the wait would
-        exceed ``max_delay_ms``). Counts what it decides."""
+    def admit(self, token: str | None, now: float) -> tuple[float, bool]:
+        """(wait, refuse): how long a new call of ``token`` waits before it runs, and whether
+        it is then refused instead (its token's wait would exceed ``max_delay_ms``). A refused
+        call still waits ``max_delay_ms`` first, unless ``max_held`` calls of its token wait
+        already: a client that retries at once after a refusal is slowed down as one that
+        waits, while the calls it holds stay bounded (and cost nothing: the body is unread).
+        The caller brackets the wait with ``enter``/``leave``. Counts what it decides."""
         wait = self.delay_s(token, now)
-        if wait * 1000 > self.config.max_delay_ms:
-            self.stats.refused += 1
-            return None
-        return self.held(wait)
+        cfg = self.config
+        if wait * 1000 <= cfg.max_delay_ms:
+            return self.held(wait), False
+        self.stats.refused += 1
+        if token is not None and self._waiting.get(token, 0) < cfg.max_held:
+            return self.held(cfg.max_delay_ms / 1000.0), True
+        return 0.0, True
+
+    def enter(self, token: str) -> None:
+        self._waiting[token] = self._waiting.get(token, 0) + 1
+
+    def leave(self, token: str) -> None:
+        left = self._waiting.get(token, 0) - 1
+        if left > 0:
+            self._waiting[token] = left
+        else:
+            self._waiting.pop(token, None)
 
     def step(self, token: str | None, now: float) -> float:
         """The wait before the next step of an open stream of ``token`` (a produce request, a

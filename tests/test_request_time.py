@@ -25,8 +25,8 @@ def test_a_token_let_through_is_never_charged_more_than_its_burst_plus_its_share
     now, charged = 0.0, 0.0
     for dt, cost in calls:
         now += dt
-        wait = rt.admit("token:a", now)
-        assert wait is not None
+        wait, refused = rt.admit("token:a", now)
+        assert not refused
         now += wait  # the call waits out its token's debt, then runs
         assert rt.delay_s("token:a", now) == 0
         rt.charge("token:a", cost, now)
@@ -39,27 +39,33 @@ def test_an_abusers_calls_are_delayed_then_refused_while_another_token_and_the_p
     the parser) took the loop its neighbour's acks needed. Charged to its own share, it is
     held once in debt, and refused at once when the wait would pass max_delay_ms; another
     token and calls without one (the group's peers) run at once."""
-    rt = RequestTime(RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=500, call_cost_us=0))
+    rt = RequestTime(RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=500, max_held=2, call_cost_us=0))
     now = 0.0
-    assert rt.admit("token:abuser", now) == 0
+    assert rt.admit("token:abuser", now) == (0, False)
     rt.charge("token:abuser", 0.06, now)  # 10 ms past its burst: 0.1 s of debt at 0.1 s/s
-    assert rt.admit("token:abuser", now) == pytest.approx(0.1)
+    wait, refused = rt.admit("token:abuser", now)
+    assert wait == pytest.approx(0.1) and not refused
     rt.charge("token:abuser", 0.1, now)  # more calls ran: 1.1 s to wait, past max_delay_ms
-    assert rt.admit("token:abuser", now) is None
-    assert rt.admit("token:neighbour", now) == 0
-    assert rt.admit(None, now) == 0
+    assert rt.admit("token:abuser", now) == (0.5, True)  # refused after max_delay_ms
+    rt.enter("token:abuser")
+    rt.enter("token:abuser")
+    assert rt.admit("token:abuser", now) == (0, True)  # max_held waiting already: refused at once
+    rt.leave("token:abuser")
+    assert rt.admit("token:abuser", now) == (0.5, True)
+    assert rt.admit("token:neighbour", now) == (0, False)
+    assert rt.admit(None, now) == (0, False)
     rt.charge(None, 10.0, now)  # a peer is never charged
-    assert rt.admit(None, now) == 0
+    assert rt.admit(None, now) == (0, False)
     assert rt.step("token:abuser", now) == pytest.approx(0.5)  # a stream is held, at most max_delay
-    assert (rt.stats.throttled, rt.stats.refused) == (2, 1)
-    assert rt.admit("token:abuser", now + 1.1) == 0  # the debt paid off at its share
+    assert (rt.stats.throttled, rt.stats.refused) == (4, 3)
+    assert rt.admit("token:abuser", now + 1.1) == (0, False)  # the debt paid off at its share
 
 
 def test_no_share_charges_nothing_and_config_is_checked() -> None:
     rt = RequestTime(RequestTimeConfig(share=None))
     rt.charge("token:a", 100.0, 0.0)
-    assert rt.admit("token:a", 0.0) == 0
-    for bad in ({"share": 0.0}, {"share": 1.5}, {"burst_s": 0.0}, {"max_delay_ms": -1}):
+    assert rt.admit("token:a", 0.0) == (0, False)
+    for bad in ({"share": 0.0}, {"share": 1.5}, {"burst_s": 0.0}, {"max_delay_ms": -1}, {"max_held": -1}):
         with pytest.raises(ConfigError):
             RequestTimeConfig(**bad)  # type: ignore[arg-type]
 
