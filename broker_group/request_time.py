@@ -45,7 +45,9 @@ class RequestTimeConfig:
     # Seconds of loop time per second one token may take (None: no limit). The loop is one
     # thread: 0.2 leaves 80 % to the others however hard one token pushes.
     share: float | None = 0.2
-    burst_s: float = 0.1  # what a token may take at once before it is held (its bucket)
+    # What a token may take at once before it is held (its bucket): small, because a burst is
+    # what a neighbour's p99 feels (an abuser's 50 calls opened at once).
+    burst_s: float = 0.025
     max_delay_ms: int = 2_000  # a call that would wait longer than this is refused (after this long)
     max_held: int = 32  # calls of one token waiting at once; past it, a refusal comes at once
     # What a call costs the loop before and after its handler (gRPC's call object, context,

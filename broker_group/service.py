@@ -258,7 +258,12 @@ class Broker:
         # that a released answer wakes only the calls waiting for room.
         self.budget = MemoryBudget(config.budget)
         rate = config.budget.read_rate_bytes
-        self.read_pace = None if rate is None else ReadPace(rate, burst=config.budget.holder_bytes)
+        # A bucket of two answers, not the connection's 32 MiB share: a token's 24 Read streams
+        # opened at once were all given their first answers at once, and the neighbour queue's
+        # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
+        # 0.5 s of each abuse window). A steady reader's rate is the same either way.
+        burst = min(config.budget.holder_bytes, 2 * config.budget.token_answer_bytes)
+        self.read_pace = None if rate is None else ReadPace(rate, burst=burst)
         self.room = Signal(self.loop)
         self.request_time = RequestTime(config.request_time)
         self._read_slots: dict[str, list[Any]] = {}  # token -> [lock, users]: see _read_slot
