@@ -66,10 +66,11 @@ SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Rep
 
 async def _metered(b: Broker, context: Context, run: Callable[[], Any]) -> Any:
     """``run()`` (a coroutine function: a whole call) charged to its token's share of the
-    loop (broker_group/request_time.py): a token in debt waits first, asleep, or is refused
-    at once (typed, counted, retriable) when the wait would pass ``max_delay_ms``. Checked
+    broker's request time (broker_group/request_time.py): a token in debt waits first,
+    asleep; when the wait would pass ``max_delay_ms`` the call waits that long and is refused
+    (typed, counted, retriable; at once past ``max_held`` waiting calls of the token). Decided
     on the headers, before the request is read: an abuser's refused call costs its share,
-    not the body. Calls without a token are not charged."""
+    not its body. Calls without a token (the group's peers) are not charged."""
     rt = b.request_time
     token = token_holder(context)
     if token is None or rt.config.share is None:
