@@ -28,8 +28,9 @@ from google.protobuf.message import DecodeError
 
 from broker_group.answer import as_is
 from broker_group.auth import ALL_QUEUES
-from broker_group.budget import holders_of
+from broker_group.budget import holders_of, token_holder
 from broker_group.errors import ResourceExhausted, abort
+from broker_group.request_time import timed
 from broker_group.wire import ordq_pb2 as pb
 from broker_group.wire import ordq_pb2_grpc as pb_grpc
 from ordq.errors import ConfigError, OrdqError
@@ -63,6 +64,44 @@ SERVICE = "ordq.v1.Broker"
 SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
 
 
+async def _metered(b: Broker, context: Context, run: Callable[[], Any]) -> Any:
+    """``run()`` (a coroutine function: a whole call) charged to its token's share of the
+    broker's request time (broker_group/request_time.py): a token in debt waits first,
+    asleep; when the wait would pass ``max_delay_ms`` the call waits that long and is refused
+    (typed, counted, retriable; at once past ``max_held`` waiting calls of the token). Decided
+    on the headers, before the request is read: an abuser's refused call costs its share,
+    not its body. Calls without a token (the group's peers) are not charged."""
+    rt = b.request_time
+    token = token_holder(context)
+    if token is None or rt.config.share is None:
+        return await run()
+    now = time.monotonic()
+    wait, refuse = rt.admit(token, now)
+    rt.charge(token, rt.config.call_cost_us / 1e6, now)
+    if wait:
+        rt.enter(token)
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            rt.leave(token)
+    if refuse:
+        exc = ResourceExhausted(b.address, "request time", int(rt.config.share * 1000),
+                                f"this token took more than its share of the broker's request time "
+                                f"({rt.config.share:g} s per s); retry in "
+                                f"{rt.delay_s(token, time.monotonic()):.1f} s")
+        b.count_refused(exc)
+        await abort(context, exc)
+    return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
+
+
+async def hold_stream(b: Broker, token: str | None) -> None:
+    """Before the next step of an open stream (a produce request, a Read answer): wait while
+    its token is over its share of the loop (request_time.py)."""
+    rt = b.request_time
+    while (wait := rt.step(token, time.monotonic())) > 0:
+        await asyncio.sleep(wait)
+
+
 def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
     """``handler`` made to check its caller (``Gate.check_caller``) before it reads a request.
 
@@ -84,10 +123,17 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
             b.count_refused(exc)
             await abort(context, exc)
 
+    def received_whole_limit(context: Context) -> None:
+        # No request came (gRPC refused the body itself, past the server's receive limit,
+        # having taken it in; or the call ended first): charged as that many bytes received.
+        b.request_time.charge(token_holder(context), b.request_time.config.byte_cost_s(receive_limit),
+                              time.monotonic())
+
     async def one(requests: AsyncIterator[Any], context: Context) -> Any:
         try:
             async for request in requests:
                 return request
+            received_whole_limit(context)
             raise ConfigError(f"bad {rpc} request: none sent")
         except (ConfigError, DecodeError) as exc:
             # A body that is no protobuf of the call's type: typed and counted (gRPC's own
@@ -95,19 +141,28 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
             bad = exc if isinstance(exc, ConfigError) else ConfigError(f"bad {rpc} request: {exc}")
             b.count_refused(bad)
             await abort(context, bad)
+        except BaseException:
+            received_whole_limit(context)
+            raise
 
     if handler.request_streaming:  # Produce, Replicate: their requests are the batches
         behavior = handler.stream_stream or handler.stream_unary
 
         async def streamed(requests: AsyncIterator[Any], context: Context) -> Any:
-            await refused(context, b.gate.book.now())
-            return await behavior(requests, context)
+            async def run() -> Any:
+                await refused(context, b.gate.book.now())
+                return await behavior(requests, context)
+
+            return await _metered(b, context, run)
 
         key = "stream_stream" if handler.response_streaming else "stream_unary"
         return handler._replace(**{key: streamed})
 
     behavior = handler.unary_stream or handler.unary_unary
     parse = handler.request_deserializer
+    from broker_group.service import server_options
+
+    receive_limit = dict(server_options(b.config))["grpc.max_receive_message_length"]
 
     def deserialize(raw: bytes) -> Any:
         # gRPC's receive limit is one for the whole server, sized for Produce: the other
@@ -119,8 +174,11 @@ def _checked_first(b: Broker, rpc: str, handler: Any) -> Any:
         return parse(raw)
 
     async def unary(requests: AsyncIterator[Any], context: Context) -> Any:
-        await refused(context, b.gate.book.now())
-        return await behavior(await one(requests, context), context)
+        async def run() -> Any:
+            await refused(context, b.gate.book.now())
+            return await behavior(await one(requests, context), context)
+
+        return await _metered(b, context, run)
 
     if handler.response_streaming:
         return handler._replace(request_streaming=True, unary_stream=None, stream_stream=unary,
@@ -150,7 +208,12 @@ async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context
     stream = ProduceStreamState()
     with b._cv:
         b._streams.add(stream)
-    reader = asyncio.get_running_loop().create_task(_read_produce(b, stream, requests, context))
+    token = token_holder(context)
+    rt = b.request_time
+    # The reader is a task of its own: its steps are charged to the token as the handler's are.
+    reader = asyncio.get_running_loop().create_task(timed(
+        _read_produce(b, stream, requests, context, token),
+        lambda seconds: rt.charge(token, seconds, time.monotonic())))
     try:
         while True:
             with b._cv:
@@ -172,19 +235,26 @@ async def produce(b: Broker, requests: AsyncIterator[pb.ProduceRequest], context
 
 
 async def _read_produce(b: Broker, stream: ProduceStreamState, requests: AsyncIterator[pb.ProduceRequest],
-                        context: Context) -> None:
+                        context: Context, token: str | None) -> None:
     lease = b.lease(holders_of(context))
+    rt = b.request_time
     try:
+        await hold_stream(b, token)
         async for req in requests:
+            size = sum(map(len, req.batches))
+            rt.charge(token, rt.config.byte_cost_s(size), time.monotonic())
             # The request is in memory already: charged while it is checked and placed (then
             # it counts in max_inflight_bytes). Over budget, the stream is not read further
             # (gRPC flow control holds the sender back) until there is room, for wait_ms.
-            await lease.admit(sum(map(len, req.batches)), what="produce request")
+            await lease.admit(size, what="produce request")
             # Every request, not only the first: a token revoked mid-stream ends the stream.
             # (A refusal is counted once, where ``produce`` answers with it.)
             b.gate.check(context, "Produce", req.queue)
             await b.accept_produce(stream, req)
             lease.release()
+            # The next request is not read while the token is over its share of the loop
+            # (gRPC flow control then holds its sender back).
+            await hold_stream(b, token)
     except OrdqError as exc:
         with b._cv:
             stream.error = stream.error or exc
@@ -212,9 +282,11 @@ async def read_stream(b: Broker, req: pb.FetchRequest, context: Context) -> None
     offset = req.offset
     until = time.monotonic() + min(req.stream_ms, b.config.max_fetch_wait_ms) / 1000.0
     lease = b.lease(holders_of(context))
+    token = token_holder(context)
     idle_s = b.budget.config.idle_ms / 1000.0
     try:
         while True:
+            await hold_stream(b, token)
             res = await b.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset,
                                                 max_bytes=req.max_bytes, max_wait_ms=req.max_wait_ms,
                                                 known_end=req.known_end), lease, wait_s=idle_s)

@@ -118,6 +118,15 @@ class BrokerMetrics(Collector):
                   "rate (--read-rate)", lb, budget.paced)
         yield one("counter", "ordq_broker_read_paced_seconds", "Time answers waited for their token's read rate",
                   lb, budget.paced_ms / 1000.0)
+        rt = b.request_time.stats  # each token's share of the loop (request_time.py)
+        yield one("counter", "ordq_broker_request_time_charged_seconds", "Loop time charged to tokens' calls "
+                  "(--request-share)", lb, rt.charged_ms / 1000.0)
+        yield one("counter", "ordq_broker_request_time_throttled", "Calls and stream steps held for their token's "
+                  "request-time share", lb, rt.throttled)
+        yield one("counter", "ordq_broker_request_time_throttled_seconds", "Time calls and stream steps were held "
+                  "for their token's request-time share", lb, rt.throttled_ms / 1000.0)
+        yield one("counter", "ordq_broker_request_time_refused", "Calls refused at once: their token's wait for "
+                  "its request-time share would pass max_delay_ms (ResourceExhausted)", lb, rt.refused)
         if link is not None:  # the master: its stream to the slave
             yield one("gauge", "ordq_broker_replication_connected", "1 while the slave stream is up", lb,
                       int(connected))
