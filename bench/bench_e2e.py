@@ -2,7 +2,7 @@
 messages, both replicas fsynced before every ack. Not a test: prints numbers for
 docs/BENCHMARKS.md.
 
-    .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--rate 2000 --rate-seconds 10]
+    .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--rate 2000 --rate-seconds 10] [--token]
 
 It first measures the floor of the stack (bench/bench_floor.py, fdatasync in the cluster's
 folder) in the same run, and ends with issue 15's four figures against their goals:
@@ -125,6 +125,10 @@ def main() -> None:
     ap.add_argument("--sdk-metrics", action="store_true", help="producer and consumer serve Prometheus metrics")
     ap.add_argument("--floor-round-trips", type=int, default=2000, help="bench_floor's round trips (0: no floor)")
     ap.add_argument("--floor-syncs", type=int, default=500, help="bench_floor's fdatasyncs")
+    ap.add_argument("--token", action="store_true",
+                    help="producer and consumer call with a token (produce, consume on the queue), as an "
+                    "application does: charged to its request-time share and its read rate, answers of at most "
+                    "4 MiB (the cluster's certificate alone is none of these)")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consume:
@@ -134,6 +138,13 @@ def main() -> None:
     payload = b"x" * args.size
     figures: dict[str, float] = {}
     with bench_cluster(2) as cluster:
+        if args.token:
+            from ordq.coordinator.tokens import create_token, touch
+
+            _rec, token = create_token(cluster.store.client, ROOT, {QUEUE: ["produce", "consume"]}, "bench_e2e")
+            touch(cluster.store.client, ROOT)
+            os.environ["ORDQ_TOKEN"] = token  # the producer here and the consumer child (ordq.common.security)
+            time.sleep(1.0)  # the brokers' token watch (milliseconds)
         if args.floor_round_trips:
             floor = bench_floor.measure(args.floor_round_trips, args.floor_syncs, cluster.folder)
             print("\n".join(floor.lines))

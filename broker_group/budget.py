@@ -217,13 +217,17 @@ class ReadPace:
                            if lv + (now - at) * self.rate < self.burst}
 
 
-def holders_of(context: Any) -> tuple[str, ...]:
-    """Who a call's bytes are charged to: its connection, and its token when it shows one
-    (a hash: the token itself is never kept)."""
+def token_holder(context: Any) -> str | None:
+    """The holder a call's token stands for (a hash: the token itself is never kept); None
+    for a call without one (the group's own peers)."""
     token = bearer_token(context)
-    if token is None:
-        return (f"peer:{context.peer()}",)
-    return (f"peer:{context.peer()}", TOKEN + hashlib.sha256(token.encode()).hexdigest()[:16])
+    return None if token is None else TOKEN + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def holders_of(context: Any) -> tuple[str, ...]:
+    """Who a call's bytes are charged to: its connection, and its token when it shows one."""
+    token = token_holder(context)
+    return (f"peer:{context.peer()}",) if token is None else (f"peer:{context.peer()}", token)
 
 
 class Lease:
@@ -233,7 +237,8 @@ class Lease:
                  pace: ReadPace | None = None) -> None:
         self.budget, self.signal, self.holders, self.address = budget, signal, tuple(holders), address
         self.pace = pace
-        self.for_token = any(h.startswith(TOKEN) for h in self.holders)  # a client's call, not a peer's
+        self.token = next((h for h in self.holders if h.startswith(TOKEN)), None)
+        self.for_token = self.token is not None  # a client's call, not a peer's
         self.bytes = 0
         self.paced_bytes = 0  # answer bytes debited to the token's read rate, not yet settled
 

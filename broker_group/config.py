@@ -8,6 +8,7 @@ import attrs
 
 from ordq.broker_group.budget import BudgetConfig
 from ordq.broker_group.replica import Role
+from ordq.broker_group.request_time import RequestTimeConfig
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES
@@ -46,6 +47,9 @@ class BrokerConfig:
     verify_sealed_reads: bool = True
     # What the broker holds for clients at once, in all and per connection/token (budget.py).
     budget: BudgetConfig = attrs.field(factory=BudgetConfig)
+    # Each token's share of the broker's loop (request_time.py): one token's calls, refused
+    # ones included, cannot take the time its neighbours' produce and acks need.
+    request_time: RequestTimeConfig = attrs.field(factory=RequestTimeConfig)
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0

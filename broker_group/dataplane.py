@@ -29,11 +29,13 @@ from google.protobuf.message import DecodeError
 
 from ordq.broker_group.answer import as_is
 from ordq.broker_group.auth import ALL_QUEUES, Gate
-from ordq.broker_group.budget import holders_of
+from ordq.broker_group.budget import holders_of, token_holder
+from ordq.broker_group.config import server_options
 from ordq.broker_group.control import Control
 from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replication import serve_replicate
+from ordq.broker_group.request_time import RequestTime, timed
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
 from ordq.common.errors import ConfigError, OrdqError
@@ -61,6 +63,7 @@ class Parts:
     read: ReadPath
     control: Control
     repair: Repairer
+    request_time: RequestTime
     health: Callable[[], pb.HealthResponse]
 
 
@@ -78,6 +81,44 @@ def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
 
 SERVICE = "ordq.v1.Broker"
 SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
+
+
+async def _metered(b: Parts, context: Context, run: Callable[[], Any]) -> Any:
+    """``run()`` (a coroutine function: a whole call) charged to its token's share of the
+    broker's request time (broker_group/request_time.py): a token in debt waits first,
+    asleep; when the wait would pass ``max_delay_ms`` the call waits that long and is refused
+    (typed, counted, retriable; at once past ``max_held`` waiting calls of the token). Decided
+    on the headers, before the request is read: an abuser's refused call costs its share,
+    not its body. Calls without a token (the group's peers) are not charged."""
+    rt = b.request_time
+    token = token_holder(context)
+    if token is None or rt.config.share is None:
+        return await run()
+    now = time.monotonic()
+    wait, refuse = rt.admit(token, now)
+    rt.charge(token, rt.config.call_cost_us / 1e6, now)
+    if wait:
+        rt.enter(token)
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            rt.leave(token)
+    if refuse:
+        exc = ResourceExhausted(b.shared.address, "request time", int(rt.config.share * 1000),
+                                f"this token took more than its share of the broker's request time "
+                                f"({rt.config.share:g} s per s); retry in "
+                                f"{rt.delay_s(token, time.monotonic()):.1f} s")
+        b.shared.count_refused(exc)
+        await abort(context, exc)
+    return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
+
+
+async def hold_stream(b: Parts, token: str | None) -> None:
+    """Before the next step of an open stream (a produce request, a Read answer): wait while
+    its token is over its share of the loop (request_time.py)."""
+    rt = b.request_time
+    while (wait := rt.step(token, time.monotonic())) > 0:
+        await asyncio.sleep(wait)
 
 
 def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
@@ -101,10 +142,17 @@ def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
             b.shared.count_refused(exc)
             await abort(context, exc)
 
+    def received_whole_limit(context: Context) -> None:
+        # No request came (gRPC refused the body itself, past the server's receive limit,
+        # having taken it in; or the call ended first): charged as that many bytes received.
+        b.request_time.charge(token_holder(context), b.request_time.config.byte_cost_s(receive_limit),
+                              time.monotonic())
+
     async def one(requests: AsyncIterator[Any], context: Context) -> Any:
         try:
             async for request in requests:
                 return request
+            received_whole_limit(context)
             raise ConfigError(f"bad {rpc} request: none sent")
         except (ConfigError, DecodeError) as exc:
             # A body that is no protobuf of the call's type: typed and counted (gRPC's own
@@ -112,19 +160,26 @@ def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
             bad = exc if isinstance(exc, ConfigError) else ConfigError(f"bad {rpc} request: {exc}")
             b.shared.count_refused(bad)
             await abort(context, bad)
+        except BaseException:
+            received_whole_limit(context)
+            raise
 
     if handler.request_streaming:  # Produce, Replicate: their requests are the batches
         behavior = handler.stream_stream or handler.stream_unary
 
         async def streamed(requests: AsyncIterator[Any], context: Context) -> Any:
-            await refused(context, b.gate.book.now())
-            return await behavior(requests, context)
+            async def run() -> Any:
+                await refused(context, b.gate.book.now())
+                return await behavior(requests, context)
+
+            return await _metered(b, context, run)
 
         key = "stream_stream" if handler.response_streaming else "stream_unary"
         return handler._replace(**{key: streamed})
 
     behavior = handler.unary_stream or handler.unary_unary
     parse = handler.request_deserializer
+    receive_limit = dict(server_options(b.shared.config))["grpc.max_receive_message_length"]
 
     def deserialize(raw: bytes) -> Any:
         # gRPC's receive limit is one for the whole server, sized for Produce: the other
@@ -136,8 +191,11 @@ def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
         return parse(raw)
 
     async def unary(requests: AsyncIterator[Any], context: Context) -> Any:
-        await refused(context, b.gate.book.now())
-        return await behavior(await one(requests, context), context)
+        async def run() -> Any:
+            await refused(context, b.gate.book.now())
+            return await behavior(await one(requests, context), context)
+
+        return await _metered(b, context, run)
 
     if handler.response_streaming:
         return handler._replace(request_streaming=True, unary_stream=None, stream_stream=unary,
@@ -165,7 +223,12 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
     stream = ProduceStreamState()
     with b.shared.cv:
         b.write.streams.add(stream)
-    reader = asyncio.get_running_loop().create_task(_read_produce(b, stream, requests, context))
+    token = token_holder(context)
+    rt = b.request_time
+    # The reader is a task of its own: its steps are charged to the token as the handler's are.
+    reader = asyncio.get_running_loop().create_task(timed(
+        _read_produce(b, stream, requests, context, token),
+        lambda seconds: rt.charge(token, seconds, time.monotonic())))
     try:
         while True:
             with b.shared.cv:
@@ -187,19 +250,26 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
 
 
 async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIterator[pb.ProduceRequest],
-                        context: Context) -> None:
+                        context: Context, token: str | None) -> None:
     lease = b.read.lease(holders_of(context))
+    rt = b.request_time
     try:
+        await hold_stream(b, token)
         async for req in requests:
+            size = sum(map(len, req.batches))
+            rt.charge(token, rt.config.byte_cost_s(size), time.monotonic())
             # The request is in memory already: charged while it is checked and placed (then
             # it counts in max_inflight_bytes). Over budget, the stream is not read further
             # (gRPC flow control holds the sender back) until there is room, for wait_ms.
-            await lease.admit(sum(map(len, req.batches)), what="produce request")
+            await lease.admit(size, what="produce request")
             # Every request, not only the first: a token revoked mid-stream ends the stream.
             # (A refusal is counted once, where ``produce`` answers with it.)
             b.gate.check(context, "Produce", req.queue)
             await b.write.accept_produce(stream, req)
             lease.release()
+            # The next request is not read while the token is over its share of the loop
+            # (gRPC flow control then holds its sender back).
+            await hold_stream(b, token)
     except OrdqError as exc:
         with b.shared.cv:
             stream.error = stream.error or exc
@@ -227,9 +297,11 @@ async def read_stream(b: Parts, req: pb.FetchRequest, context: Context) -> None:
     offset = req.offset
     until = time.monotonic() + min(req.stream_ms, b.shared.config.max_fetch_wait_ms) / 1000.0
     lease = b.read.lease(holders_of(context))
+    token = token_holder(context)
     idle_s = b.read.budget.config.idle_ms / 1000.0
     try:
         while True:
+            await hold_stream(b, token)
             res = await b.read.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset,
                                                 max_bytes=req.max_bytes, max_wait_ms=req.max_wait_ms,
                                                 known_end=req.known_end), lease, wait_s=idle_s)

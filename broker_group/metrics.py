@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ordq.broker_group.budget import MemoryBudget
+from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.shared import BrokerStats, Shared
 from ordq.common.metrics import one
 from ordq.wire import batch as batch_format
@@ -62,10 +63,12 @@ def count_fetch(stats: BrokerStats, batches: list[bytes]) -> None:
 class BrokerMetrics(Collector):
     """The broker's registry (``registry``) and the histogram its sync path observes."""
 
-    def __init__(self, shared: Shared, budget: MemoryBudget, link: Callable[[], Any]) -> None:
+    def __init__(self, shared: Shared, budget: MemoryBudget, request_time: RequestTime,
+                 link: Callable[[], Any]) -> None:
         """``link()``: the master's replication link, None before it starts and on a slave."""
         self.shared = shared
         self.budget = budget
+        self.request_time = request_time
         self.link = link
         self.registry = CollectorRegistry(auto_describe=True)
         cfg = shared.config
@@ -120,6 +123,15 @@ class BrokerMetrics(Collector):
                   "rate (--read-rate)", lb, budget.paced)
         yield one("counter", "ordq_broker_read_paced_seconds", "Time answers waited for their token's read rate",
                   lb, budget.paced_ms / 1000.0)
+        rt = self.request_time.stats  # each token's share of the loop (request_time.py)
+        yield one("counter", "ordq_broker_request_time_charged_seconds", "Loop time charged to tokens' calls "
+                  "(--request-share)", lb, rt.charged_ms / 1000.0)
+        yield one("counter", "ordq_broker_request_time_throttled", "Calls and stream steps held for their token's "
+                  "request-time share", lb, rt.throttled)
+        yield one("counter", "ordq_broker_request_time_throttled_seconds", "Time calls and stream steps were held "
+                  "for their token's request-time share", lb, rt.throttled_ms / 1000.0)
+        yield one("counter", "ordq_broker_request_time_refused", "Calls refused at once: their token's wait for "
+                  "its request-time share would pass max_delay_ms (ResourceExhausted)", lb, rt.refused)
         if link is not None:  # the master: its stream to the slave
             yield one("gauge", "ordq_broker_replication_connected", "1 while the slave stream is up", lb,
                       int(connected))

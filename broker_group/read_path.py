@@ -8,14 +8,18 @@ the peer, never served.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from ordq.broker_group.answer import Answer, encode
 from ordq.broker_group.budget import Lease, MemoryBudget, ReadPace
 from ordq.broker_group.metrics import count_fetch
+from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, CorruptLog, SegmentNotFound
@@ -30,17 +34,25 @@ INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worke
 
 
 class ReadPath:
-    def __init__(self, shared: Shared, segments: SegmentStore, repair_kick: threading.Event) -> None:
+    def __init__(self, shared: Shared, segments: SegmentStore, repair_kick: threading.Event,
+                 request_time: RequestTime) -> None:
         self.shared = shared
         self.segments = segments
         self._repair_kick = repair_kick  # the reconciler runs a round now
+        self.request_time = request_time  # each token's share of the loop (request_time.py)
         config = shared.config
         # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
         # that a released answer wakes only the calls waiting for room.
         self.budget = MemoryBudget(config.budget)
         rate = config.budget.read_rate_bytes
-        self.read_pace = None if rate is None else ReadPace(rate, burst=config.budget.holder_bytes)
+        # A bucket of two answers, not the connection's 32 MiB share: a token's 24 Read streams
+        # opened at once were all given their first answers at once, and the neighbour queue's
+        # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
+        # 0.5 s of each abuse window). A steady reader's rate is the same either way.
+        burst = min(config.budget.holder_bytes, 2 * config.budget.token_answer_bytes)
+        self.read_pace = None if rate is None else ReadPace(rate, burst=burst)
         self.room = Signal(shared.loop)
+        self._read_slots: dict[str, list[Any]] = {}  # token -> [lock, users]: see _read_slot
 
     def lease(self, holders: Sequence[str]) -> Lease:
         """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
@@ -102,15 +114,44 @@ class ReadPath:
                 finally:
                     s.io_lock.release()
             else:
-                batches, answer = await self.shared.loop.run_blocking(self._read_answer, s, req.offset, max_bytes, upto,
-                                                               sealed, verify)
+                token = lease.token if lease is not None else None
+                async with self._read_slot(token):
+                    batches, answer, took = await self.shared.loop.run_blocking(self._read_answer, s, req.offset,
+                                                                                max_bytes, upto, sealed, verify)
+                # A worker's read and encoding hold the GIL the loop needs: charged to the token
+                # as its loop time is (request_time.py).
+                self.request_time.charge(token, took, time.monotonic())
         except CorruptLog as exc:
             self.set_aside(s, exc)
             raise
         if lease is not None:
             lease.settle(answer.batch_bytes)
+            # Its copies into gRPC and its encryption on the way out: charged as its bytes.
+            rt = self.request_time
+            rt.charge(lease.token, rt.config.byte_cost_s(answer.batch_bytes), time.monotonic())
         count_fetch(self.shared.stats, batches)
         return answer
+
+    @contextlib.asynccontextmanager
+    async def _read_slot(self, token: str | None) -> AsyncIterator[None]:
+        """One worker at a time builds a token's answers (the group's peers: no limit). Each
+        worker building an answer takes the GIL from the loop in turns: one token's 24 Read
+        streams opened at once had 8 answers built in parallel (its 32 MiB share), and the
+        neighbour queue's acks waited 5-8x their quiet p99 (noisy-neighbour drill)."""
+        if token is None:
+            yield
+            return
+        slot = self._read_slots.get(token)
+        if slot is None:
+            slot = self._read_slots[token] = [asyncio.Lock(), 0]
+        slot[1] += 1
+        try:
+            async with slot[0]:
+                yield
+        finally:
+            slot[1] -= 1
+            if not slot[1]:
+                del self._read_slots[token]
 
     @staticmethod
     def _answer(batches: list[bytes], offset: int, upto: int, sealed: bool) -> tuple[list[bytes], Answer]:
@@ -118,8 +159,11 @@ class ReadPath:
         return batches, encode(batches, offset=offset, end_offset=end, readable_end=upto, sealed=sealed)
 
     def _read_answer(self, s: Segment, offset: int, max_bytes: int, upto: int, sealed: bool,
-                     verify: bool) -> tuple[list[bytes], Answer]:
-        return self._answer(self._read(s, offset, max_bytes, upto, verify), offset, upto, sealed)
+                     verify: bool) -> tuple[list[bytes], Answer, float]:
+        """In a worker: the answer, and the CPU seconds this thread spent on it."""
+        t0 = time.thread_time()
+        batches, answer = self._answer(self._read(s, offset, max_bytes, upto, verify), offset, upto, sealed)
+        return batches, answer, time.thread_time() - t0
 
     def _read(self, s: Segment, offset: int, max_bytes: int, upto: int, verify: bool) -> list[bytes]:
         with s.io_lock:

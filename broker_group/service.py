@@ -52,6 +52,7 @@ from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replica import Role
 from ordq.broker_group.replication import ReplicationLink
+from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import WritePath
@@ -73,14 +74,16 @@ class Broker:
         self.shared = Shared(config)
         self.segments = SegmentStore(self.shared)
         self.repair = Repairer(self.shared, self.segments)
-        self.read = ReadPath(self.shared, self.segments, self.repair.kick)
+        self.request_time = RequestTime(config.request_time)  # each token's share of the loop
+        self.read = ReadPath(self.shared, self.segments, self.repair.kick, self.request_time)
         # broker_group/metrics.py: served by ``ordq broker run --metrics``
-        self.metrics = BrokerMetrics(self.shared, self.read.budget, lambda: self.write.replication)
+        self.metrics = BrokerMetrics(self.shared, self.read.budget, self.request_time, lambda: self.write.replication)
         self.write = WritePath(self.shared, self.segments, self.metrics.fsync_seconds)
         self.control = Control(self.shared, self.segments, self.write, self.repair)
         self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
         self.parts = Parts(shared=self.shared, gate=self.gate, write=self.write, read=self.read,
-                           control=self.control, repair=self.repair, health=self.health)
+                           control=self.control, repair=self.repair, request_time=self.request_time,
+                           health=self.health)
         self._server: grpc.aio.Server | None = None
         self._threads: list[threading.Thread] = []
 
@@ -223,6 +226,7 @@ class Broker:
             stats["epoch_lookups"] = self.write.epochs.lookups
             stats["epoch_key_refusals"] = self.write.epochs.key_refusals
             stats["budget"] = attrs.asdict(self.read.budget.stats)
+            stats["request_time"] = attrs.asdict(self.request_time.stats)
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self.shared.segments.items() if s.corrupt is not None]
             connected = bool(self.write.replication is not None and self.write.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.shared.incarnation,

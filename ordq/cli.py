@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,9 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OrdqError as exc:
         print(f"ordq: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("ordq: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)  # ordq.common.proc.Terminated: SIGTERM or SIGHUP
+        print("ordq: interrupted" if signum == signal.SIGINT else f"ordq: terminated ({signal.Signals(signum).name})",
+              file=sys.stderr)
+        return 128 + int(signum)
     except BrokenPipeError:
         # The reader went away (`ordq ... | head`): stop quietly, as Unix tools do, and keep
         # Python from complaining again when it flushes stdout at exit.

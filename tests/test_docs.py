@@ -15,6 +15,9 @@ drifted doc is reported as such.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +26,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ordq.common.proc import OWNER_ENV, owner_token, sweep_orphans
 from tests.helpers.doc_blocks import (
     DocFormatError,
     Expected,
@@ -212,6 +216,31 @@ def test_a_session_runs_steps_in_one_shell_and_one_python_and_reports_drift(tmp_
     assert drift is not None
     assert drift.render().splitlines()[:2] == ["docs/S.md:31: output differs from the doc from its line 32",
                                                "  $ echo drifted"]
+
+
+DETACHED = ("from pathlib import Path; from ordq.common.proc import ManagedProcess; "
+            "p = ManagedProcess('server', ['sh', '-c', 'sleep 600', str(Path('run').absolute())], "
+            "run_dir=Path('run')); p.start(); p.detach(); "
+            "print(p.pid)")
+
+
+def test_what_a_doc_leaves_running_is_this_runs_and_no_other_suites_sweep_takes_it(tmp_path: Path) -> None:
+    """Issue 26: two suites on one machine. A doc's ``ordq up`` exits and leaves its servers
+    running (here: a detached process naming the doc's folder, as brokers do); they must carry
+    this run as owner (as the tests' own processes do), or the other suite's sweep at its
+    start kills them in the middle of the doc. Its credentials go to a file of its own, not
+    the user's."""
+    with DocSession(tmp_path / "run", doc="docs/S.md") as session:
+        [started] = run_doc(session, f"```console\n$ python -c \"{DETACHED}\"\n...\n```\n")
+        server = int(started.output.split()[-1])
+        try:
+            assert server not in sweep_orphans([tmp_path])  # what another suite's sweep does
+            assert Path(f"/proc/{server}").exists()
+            assert session.env[OWNER_ENV] == owner_token()
+            assert Path(session.env["ORDQ_CREDENTIALS"]).is_relative_to(tmp_path)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server, signal.SIGKILL)  # its own group: sh and its sleep
 
 
 def test_the_required_docs_opt_in() -> None:

@@ -7,6 +7,7 @@ that died anyway are swept — only those.
 - ``sweep_orphans``: a detached child (as ``ordq up`` leaves them) of a dead owner whose command
   line names the swept folder is killed; a live owner's child, a process without an owner
   mark and one outside the folder are not.
+- ``ordq drill`` ended by SIGTERM, SIGINT or kill -9 leaves none of the processes it started.
 """
 
 from __future__ import annotations
@@ -177,3 +178,60 @@ def test_what_a_test_starts_through_a_cli_that_exits_is_owned_by_the_run() -> No
     out = subprocess.run([sys.executable, "-c", f"import os; print(os.environ[{OWNER_ENV!r}])"],
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == owner_token()
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``ORDQ_OWNER=mark`` (inherited by everything a
+    drill started with it starts: ZooKeeper, brokers, coordinators, workloads, the Spark JVM)."""
+    want = f"{OWNER_ENV}={mark}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in environ and not _gone(int(name)):
+            found.append(int(name))
+    return found
+
+
+# The cheapest drill with a cluster of its own: one ZooKeeper, brokers, two coordinators.
+DRILL = ["drill", "kill-coordinator", "--messages", "2000", "--rate", "1000", "--seed", "1", "--master", "local[1]"]
+
+
+@pytest.mark.zk
+@pytest.mark.parametrize(("sig", "moment"), [
+    (signal.SIGTERM, "load running"),
+    pytest.param(signal.SIGKILL, "load running", marks=pytest.mark.slow),  # the death signal: test_kill_9_... above
+    pytest.param(signal.SIGINT, "verifying", marks=[pytest.mark.spark, pytest.mark.slow]),
+], ids=["sigterm-under-load", "kill-9-under-load", "sigint-while-verifying"])
+def test_a_killed_drill_leaves_nothing_running(tmp_path: Path, sig: signal.Signals, moment: str) -> None:
+    """Issue 26: SIGTERM did not end ``ordq drill``; after SIGINT its ZooKeeper ran on with
+    parent pid 1. Whatever ends it, nothing it started is left, found by an owner mark in the
+    environment (not by program name: other runs' servers on this machine are not ours)."""
+    mark = f"drill-test-{os.getpid()}-{time.monotonic_ns()}"  # not pid:start, so no sweep ever takes it
+    out_path = tmp_path / "drill.out"
+    with open(out_path, "wb") as out:
+        drill = subprocess.Popen([sys.executable, "-m", "ordq.cli", *DRILL, "--dir", str(tmp_path / "c")], cwd=REPO,
+                                 env={**os.environ, OWNER_ENV: mark}, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        wait_until(lambda: moment in out_path.read_text() or drill.poll() is not None, timeout_s=240,
+                   interval_s=0.05, what=f"the drill to reach {moment!r}")
+        assert drill.poll() is None, out_path.read_text()
+        started = _marked(mark)
+        assert len(started) >= 9, started  # ZooKeeper, 6 brokers, 2 coordinators (and workloads)
+        os.kill(drill.pid, sig)
+        drill.wait(timeout=90)
+        wait_until(lambda: not _marked(mark), timeout_s=60, interval_s=0.1,
+                   what="every process the drill started to end")
+        if sig != signal.SIGKILL:
+            assert drill.returncode == 128 + sig, out_path.read_text()
+            assert "cluster stopped" in out_path.read_text()  # stopped by the drill, not only by the death signal
+    finally:
+        if drill.poll() is None:
+            drill.kill()
+            drill.wait()
+        _kill_all(_marked(mark))

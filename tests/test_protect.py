@@ -322,3 +322,73 @@ def test_a_bad_token_is_refused_before_the_request_body_is_read(cluster: Cluster
     assert refused_after - refused_before == 3
     assert isinstance(big, ConfigError) and "over this call's limit" in str(big), big
     assert config_after - config_before == 1
+
+
+@pytest.mark.slow
+def test_a_tokens_calls_cost_its_own_share_of_the_broker_and_are_refused_before_their_body(cluster: Cluster) -> None:
+    """Issue 25, the noisy neighbour: a token's requests past gRPC's receive limit (30 MiB,
+    each received and decrypted up to 25 MiB before gRPC refused it) cost the broker what its
+    neighbours' acks needed. Now the time the broker spends on a token's calls, refused ones
+    included, is charged to that token (broker_group/request_time.py): once over its share,
+    its next calls wait or are refused at once, typed (ResourceExhausted, "request time"),
+    counted, before their body is read, while another token is served."""
+    from ordq.coordinator.tokens import create_token, touch
+    from ordq.wire.errors import ResourceExhausted
+
+    cluster.add_groups("g1")
+    # A share this test's client can exceed (its TLS sends ~7 bodies of 30 MiB a second, each
+    # charged ~26 ms: under the default 0.2 s per s).
+    master = cluster.groups["g1"].master
+    master.stop()
+    master.proc.argv += ("--request-share", "0.02")
+    cluster.restart(master)
+    cluster.create_queue("a", ["g1"])
+    _, abuser = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "an abuser")
+    _, other = create_token(cluster.store.client, cluster.root, {"*": ["consume"]}, "a neighbour")
+    touch(cluster.store.client, cluster.root)
+    address = cluster.store.live_members("g1")["master"].address
+    assert address is not None
+    neighbour = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=other))
+    wait_until(lambda: neighbour.fetch(address, "a", 0, 0, max_bytes=1, max_wait_ms=0) is not None, timeout_s=20,
+               what="the neighbour's token loaded")
+    body = _padded(pb.FetchRequest(queue="a", seg=0, offset=0, max_bytes=1, max_wait_ms=0, known_end=-1), 30 << 20)
+    outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def abuse() -> None:
+        ch = security_channel(address, cluster.credentials, [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+        try:
+            while not stop.is_set():
+                try:
+                    ch.unary_unary("/ordq.v1.Broker/Fetch")(body, metadata=(("authorization", f"Bearer {abuser}"),),
+                                                            timeout=30)
+                    what = "ok"
+                except grpc.RpcError as exc:
+                    err = from_rpc_error(exc, address)
+                    what = (f"ResourceExhausted {err.resource}" if isinstance(err, ResourceExhausted)
+                            else type(err).__name__)
+                with lock:
+                    outcomes[what] = outcomes.get(what, 0) + 1
+        finally:
+            ch.close()
+
+    threads = [threading.Thread(target=abuse, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: outcomes.get("ResourceExhausted request time", 0) >= 3, timeout_s=60,
+                   what="the abuser's calls refused for its share of request time")
+        assert neighbour.fetch(address, "a", 0, 0, max_bytes=1, max_wait_ms=0) is not None  # served meanwhile
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        print(f"abuser outcomes {outcomes}")
+        try:
+            stats = json.loads(neighbour.health(address).stats_json)
+        finally:
+            neighbour.close()
+    print(f"request time {stats['request_time']}")
+    assert not outcomes.get("ok")
+    assert stats["request_time"]["refused"] >= 3 and stats["refused"].get("ResourceExhausted", 0) >= 3

@@ -53,6 +53,10 @@ def register(subparsers: Any) -> None:
     limits.add_argument("--read-rate", type=int, default=None, metavar="MIB",
                         help="Fetch/Read answer MiB per second one token may take, 0 for no limit "
                         "(default 64): one reader's huge reads cannot slow a neighbour queue's writes")
+    limits.add_argument("--request-share", type=float, default=None, metavar="FRACTION",
+                        help="seconds of the broker's loop per second one token's calls may take, refused ones "
+                        "included, 0 for no limit (default 0.2): a token over it is held, then refused "
+                        "(ResourceExhausted, retriable)")
     limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
                         help="close a Read stream whose reader takes nothing this long (default 30)")
     limits.add_argument("--no-verify-reads", action="store_true",
@@ -101,6 +105,15 @@ def budget_config(args: argparse.Namespace) -> Any:
     return BudgetConfig(**given)
 
 
+def request_time_config(args: argparse.Namespace) -> Any:
+    """Each token's share of the broker's loop the flags ask for (RequestTimeConfig's defaults)."""
+    from ordq.broker_group.request_time import RequestTimeConfig
+
+    if args.request_share is None:
+        return RequestTimeConfig()
+    return RequestTimeConfig(share=args.request_share or None)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ordq.broker_group.config import BrokerConfig
     from ordq.broker_group.replica import Role
@@ -109,7 +122,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
                        root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
                        register_wait_s=args.register_wait, credentials=broker_credentials(args),
-                       budget=budget_config(args), verify_sealed_reads=not args.no_verify_reads)
+                       budget=budget_config(args), request_time=request_time_config(args),
+                       verify_sealed_reads=not args.no_verify_reads)
     # The GIL changes hands every 0.5 ms rather than 5: a worker building a huge answer for one
     # client must not keep the loop, and every other queue's produce and ack, waiting (issue 25).
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -81,6 +81,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
     from ordq.cluster_config import ClusterConfig
+    from ordq.common.proc import owning_children
     from ordq.drills.judge import TABLE_COLUMNS, run_series, summarize
     from ordq.drills.runner import LoadConfig
     from ordq.drills.verdict import Verifier
@@ -105,23 +106,26 @@ def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
     out.flush()
     started = time.monotonic()
     results = []
-    try:
-        if own:
-            cluster.start()
-        out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
-                  f"{load.rate:g}/s each\n")
-        with Verifier(master=args.master) as verifier:
-            results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
-                                 tamper=args.test_hook, keep=args.keep, out=out,
-                                 report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
-    finally:
-        if own:
-            failed = any(not r.ok for r in results) or not results
-            if temporary and not failed and not args.keep:
-                cluster.destroy()
-            else:
-                cluster.stop()
-                out.write(f"cluster stopped; files kept in {cluster.folder}\n")
+    # Killed or interrupted, the drill stops what it started: SIGTERM unwinds like Ctrl-C
+    # (the finally below), and kill -9 takes its own cluster's processes with it.
+    with owning_children(die_with_parent=own):
+        try:
+            if own:
+                cluster.start()
+            out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
+                      f"{load.rate:g}/s each\n")
+            with Verifier(master=args.master) as verifier:
+                results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
+                                     tamper=args.test_hook, keep=args.keep, out=out,
+                                     report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
+        finally:
+            if own:
+                failed = any(not r.ok for r in results) or not results
+                if temporary and not failed and not args.keep:
+                    cluster.destroy()
+                else:
+                    cluster.stop()
+                    out.write(f"cluster stopped; files kept in {cluster.folder}\n")
     total = time.monotonic() - started
     ok = all(r.ok for r in results)
     if wants_json(args):

@@ -21,6 +21,9 @@ Guarantees:
   CI as a restarted broker that never printed a line. Every child also carries ``ORDQ_OWNER`` (the starter's
   pid and start time), inherited by what it starts in turn, so ``sweep_orphans`` can find the
   leftovers of a dead owner.
+- A command that owns what it starts (``ordq drill``) runs inside ``owning_children()``: its
+  children get the death signal, and SIGTERM/SIGHUP raise ``Terminated`` (a
+  ``KeyboardInterrupt``) in the main thread, so its ``finally`` blocks stop them as Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ordq.common.errors import ExternalProcessError
 
@@ -68,6 +71,49 @@ def announce(line: str) -> None:
     log line glued to its incarnation, so its restart was never recognised)."""
     sys.stdout.flush()
     os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived inside ``owning_children()``: unwinds like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def owning_children(*, die_with_parent: bool = True) -> Iterator[None]:
+    """Meanwhile, everything this process starts dies with it, and it ends cleanly when
+    terminated (issue 26: SIGTERM left a drill's ZooKeeper and brokers running).
+
+    - Every ``ManagedProcess`` started meanwhile gets the parent-death signal, so even kill -9
+      of this process leaves none of them running (``die_with_parent=False``: not, e.g. for a
+      broker a drill restarts in a cluster it uses but does not own).
+    - SIGTERM and SIGHUP raise ``Terminated`` in the main thread (only there can Python handle
+      signals; elsewhere the handlers are left as they are), SIGINT ``KeyboardInterrupt``:
+      ``finally`` blocks stop what was started. A second signal during that cleanup
+      interrupts it; the death signal still takes the children.
+    """
+    global DIE_WITH_PARENT
+    saved_die = DIE_WITH_PARENT
+    DIE_WITH_PARENT = DIE_WITH_PARENT or die_with_parent
+    previous: dict[signal.Signals, Any] = {}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise Terminated(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, on_signal)
+        # Ctrl-C too, even when this process was started with SIGINT ignored (as a shell's
+        # background job is): seen as a drill that a SIGINT did not end.
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        DIE_WITH_PARENT = saved_die
 
 
 class ManagedProcess:

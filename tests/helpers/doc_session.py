@@ -28,6 +28,7 @@ from types import TracebackType
 import attrs
 
 from ordq.cluster_config import STATE_FILE
+from ordq.common.proc import OWNER_ENV
 from ordq.local_cluster import LocalCluster
 from ordq.zk_server import CONFIG_FILE, ZkServer
 from tests.helpers.doc_blocks import DOC_ZK, Mismatch, Step, check, parse_doc
@@ -112,7 +113,15 @@ class DocSession:
         env.update(
             PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
             ORDQ_ZK=self.zk, PYTHONUNBUFFERED="1", LC_ALL="C.UTF-8", LANG="C.UTF-8",
+            # Not the user's ~/.config/ordq/credentials.json: another suite's docs register there too.
+            ORDQ_CREDENTIALS=str(folder.parent / f"{folder.name}-home" / "credentials.json"),
         )
+        if OWNER_ENV in os.environ:
+            # What the doc starts (`ordq up` exits at once and leaves its servers running) is this
+            # test run's: without the mark they carry the dead `ordq up` as owner, and another
+            # suite's sweep at its start kills them mid-doc (issue 26: "cannot reach ZooKeeper",
+            # shown as 127.0.0.1:2181 since the harness writes the session's port as the doc's).
+            env[OWNER_ENV] = os.environ[OWNER_ENV]
         self.env = env
         self._shell = self._spawn(["bash", "--noprofile", "--norc"])
         self._shell_out = _Stream(self._shell)

@@ -1,0 +1,101 @@
+"""Each token's share of the broker's request time (broker_group/request_time.py), as pure
+accounting and one coroutine driver: no broker, no gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ordq.broker_group.request_time import RequestTime, RequestTimeConfig, timed
+from ordq.common.errors import ConfigError
+
+
+@given(st.lists(st.tuples(st.floats(0, 0.2), st.floats(0, 0.05)), min_size=1, max_size=80),
+       st.floats(0.05, 1.0))
+def test_a_token_let_through_is_never_charged_more_than_its_burst_plus_its_share(
+        calls: list[tuple[float, float]], share: float) -> None:
+    """However a token's calls arrive and whatever each costs, the loop time charged by calls
+    it was let through is at most burst + share * t, plus the last call's own cost (charged
+    after it ran, while not in debt)."""
+    cfg = RequestTimeConfig(share=share, burst_s=0.1, max_delay_ms=10**9, call_cost_us=0)
+    rt = RequestTime(cfg)
+    now, charged = 0.0, 0.0
+    for dt, cost in calls:
+        now += dt
+        wait, refused = rt.admit("token:a", now)
+        assert not refused
+        now += wait  # the call waits out its token's debt, then runs
+        assert rt.delay_s("token:a", now) == 0
+        rt.charge("token:a", cost, now)
+        charged += cost
+        assert charged <= cfg.burst_s + share * now + cost + 1e-9
+
+
+def test_an_abusers_calls_are_delayed_then_refused_while_another_token_and_the_peers_are_not() -> None:
+    """The noisy neighbour: one token's cheap refused calls (~100/s, each through the gate and
+    the parser) took the loop its neighbour's acks needed. Charged to its own share, it is
+    held once in debt, and refused at once when the wait would pass max_delay_ms; another
+    token and calls without one (the group's peers) run at once."""
+    rt = RequestTime(RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=500, max_held=2, call_cost_us=0))
+    now = 0.0
+    assert rt.admit("token:abuser", now) == (0, False)
+    rt.charge("token:abuser", 0.06, now)  # 10 ms past its burst: 0.1 s of debt at 0.1 s/s
+    wait, refused = rt.admit("token:abuser", now)
+    assert wait == pytest.approx(0.1) and not refused
+    rt.charge("token:abuser", 0.1, now)  # more calls ran: 1.1 s to wait, past max_delay_ms
+    assert rt.admit("token:abuser", now) == (0.5, True)  # refused after max_delay_ms
+    rt.enter("token:abuser")
+    rt.enter("token:abuser")
+    assert rt.admit("token:abuser", now) == (0, True)  # max_held waiting already: refused at once
+    rt.leave("token:abuser")
+    assert rt.admit("token:abuser", now) == (0.5, True)
+    assert rt.admit("token:neighbour", now) == (0, False)
+    assert rt.admit(None, now) == (0, False)
+    rt.charge(None, 10.0, now)  # a peer is never charged
+    assert rt.admit(None, now) == (0, False)
+    assert rt.step("token:abuser", now) == pytest.approx(0.5)  # a stream is held, at most max_delay
+    assert (rt.stats.throttled, rt.stats.refused) == (4, 3)
+    assert rt.admit("token:abuser", now + 1.1) == (0, False)  # the debt paid off at its share
+
+
+def test_no_share_charges_nothing_and_config_is_checked() -> None:
+    rt = RequestTime(RequestTimeConfig(share=None))
+    rt.charge("token:a", 100.0, 0.0)
+    assert rt.admit("token:a", 0.0) == (0, False)
+    for bad in ({"share": 0.0}, {"share": 1.5}, {"burst_s": 0.0}, {"max_delay_ms": -1}, {"max_held": -1}):
+        with pytest.raises(ConfigError):
+            RequestTimeConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_timed_charges_each_step_and_passes_results_and_errors_through() -> None:
+    """``timed`` charges a coroutine's steps (not its sleeps) and behaves as the coroutine."""
+    charged: list[float] = []
+
+    async def busy(n: int) -> int:
+        total = 0
+        for _ in range(3):
+            total += sum(range(n))
+            await asyncio.sleep(0.05)
+        return total
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("bad")
+
+    async def main() -> int:
+        result = await timed(busy(200_000), charged.append)
+        with pytest.raises(ValueError):
+            await timed(fails(), charged.append)
+        task = asyncio.create_task(timed(asyncio.sleep(10), charged.append))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return result
+
+    assert asyncio.run(main()) == 3 * sum(range(200_000))
+    assert len(charged) >= 4 + 2
+    assert sum(charged) < 0.15  # the three 50 ms sleeps are not charged
