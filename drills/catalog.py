@@ -16,7 +16,7 @@ from typing import Any
 
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.coordinator.state import SegStatus
-from ordq.drills import security
+from ordq.drills import neighbour, security
 from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
@@ -516,7 +516,7 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
           "each restarted process resumes: the target tables equal the source row for row, and nothing the "
           "shipper got acked is lost or reordered", run_cdc, own_load=True, requires=require_servers),
-    # -- security (drills/security.py, docs/SECURITY.md): hostile clients, each refused, counted,
+    # -- security (drills/security.py, drills/neighbour.py, docs/SECURITY.md): hostile clients, refused,
     # nothing stored ------------------------------------------------------------------------
     Drill("security-intruders", "callers without a token, with the wrong role, for another queue, with a revoked "
           "token, in plaintext and without a client certificate, at the head master under load",
@@ -536,12 +536,12 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "and never read or closed", "the master's memory stays bounded and the real producer keeps being acked",
           security.abandoned_streams, failover=False),
     Drill("security-noisy-neighbour", "the holder of a token for another queue on the head group abuses it in "
-          f"{security.ROUNDS} windows of {security.ABUSE_S:g} s between quiet ones: huge fetches, "
+          f"{neighbour.ROUNDS} windows of {neighbour.ABUSE_S:g} s between quiet ones: huge fetches, "
           "unread Read streams, unwritten produce streams, oversized and malformed requests"
-          f", while the drill queue is written at {security.NEIGHBOUR_RATE:,.0f} msgs/s",
-          f"the drill queue's ack p99 stays within {security.LATENCY_RATIO:g}x of the quiet windows' (same run) and "
-          "it never fails over; each abuse is answered within the budget or refused", security.noisy_neighbour,
-          failover=False, load=security.neighbour_load, check=security.check_neighbour),
+          f", while the drill queue is written at {neighbour.NEIGHBOUR_RATE:,.0f} msgs/s",
+          f"the drill queue's ack p99 stays within {neighbour.LATENCY_RATIO:g}x of the quiet windows' (same run) and "
+          "it never fails over; each abuse is answered within the budget or refused", neighbour.noisy_neighbour,
+          failover=False, load=neighbour.neighbour_load, check=neighbour.check_neighbour),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow).
