@@ -229,6 +229,7 @@ def _interrupt_after(proc: subprocess.Popen[bytes], lines: int, *,
         ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
         if not ready:
             proc.kill()
+            proc.communicate()  # closes its pipes
             printed = seen.count(b"\n")
             raise AssertionError(f"ordq consume printed {printed} of {lines} lines in {timeout_s:g} s")
         chunk = proc.stdout.read1(65536)

@@ -131,19 +131,25 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
     from ordq.common.security import lookup
     from ordq.coordinator.acl_client import check_identity
     from ordq.coordinator.store import ZkStore
-    from ordq.coordinator.store_base import zk_errors
+    from ordq.coordinator.zk_retry import retry_zk
 
     auth = lookup(args.zk, args.root).zk_auth
     store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth,
                             daemon=daemon)
-    try:
-        with zk_errors(args.zk):
-            check_identity(store.client, store.paths.root, auth, required=False)
+    timeout_s = float(getattr(args, "zk_timeout", 5.0))
+
+    def checks() -> None:
+        check_identity(store.client, store.paths.root, auth, required=False)
         if getattr(args, "admin", False):
             check_admin(store, getattr(args, "queue", None) or "*")
         elif getattr(args, "reads", False):
             for queue in getattr(args, "queues", None) or [getattr(args, "queue", None) or "*"]:
                 check_token(store, queue)
+
+    try:
+        # A session expired or a connection lost under load is retried within --zk-timeout; it
+        # was an uncaught kazoo traceback (test_refusals at load 10).
+        retry_zk(checks, "check the caller's credentials", bound_s=timeout_s, hosts=args.zk)
     except BaseException:
         store.close()
         raise
