@@ -1,5 +1,5 @@
-"""Control calls on one copy of a segment: Fence, Seal, SegmentInfo, Reconcile (taken only
-from brokers and coordinators: broker_group/auth.py).
+"""Control calls on one copy of a segment: Fence, Seal, SegmentInfo (Fence and Seal taken only
+from brokers and coordinators: broker_group/auth.py; Reconcile is broker_group/repair.py's).
 
 Guarantee (DESIGN §4-5): Fence and Seal are persisted before they are answered, and answered
 only after every batch accepted before them is synced, so the end they report is durable.
@@ -7,7 +7,6 @@ only after every batch accepted before them is synced, so the end they report is
 
 from __future__ import annotations
 
-from ordq.broker_group.repair import Repairer
 from ordq.broker_group.segments import SegmentStore, write_meta
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import WritePath
@@ -17,11 +16,10 @@ from ordq.wire.errors import SegmentNotWritable
 
 
 class Control:
-    def __init__(self, shared: Shared, segments: SegmentStore, write: WritePath, repair: Repairer) -> None:
+    def __init__(self, shared: Shared, segments: SegmentStore, write: WritePath) -> None:
         self.shared = shared
         self.segments = segments
         self.write = write
-        self.repair = repair
 
     def fence(self, queue: str, seg: int, epoch: int) -> pb.SegmentEnd:
         self.write.epochs.check(queue, epoch)
@@ -42,7 +40,7 @@ class Control:
             end = s.end()
             # Producers still waiting for acks in this segment learn it is over now.
             self.write.fail_streams(SegmentNotWritable(self.shared.address, queue, seg, "sealed"),
-                              only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
+                                    only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
         write_meta(s)
         return end
 
@@ -52,7 +50,3 @@ class Control:
             if s is None:
                 raise SegmentNotFound(queue, seg)
             return s.end()
-
-    def reconcile(self, queue: str, seg: int, end: int) -> pb.SegmentEnd:
-        """Bring this copy of a sealed segment to ``end``, ZooKeeper's (broker_group/repair.py)."""
-        return self.repair.reconcile(queue, seg, end)

@@ -79,7 +79,7 @@ class Broker:
         # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self.metrics = BrokerMetrics(self.shared, self.read.budget, self.request_time, lambda: self.write.replication)
         self.write = WritePath(self.shared, self.segments, self.metrics.fsync_seconds)
-        self.control = Control(self.shared, self.segments, self.write, self.repair)
+        self.control = Control(self.shared, self.segments, self.write)
         self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
         self.parts = Parts(shared=self.shared, gate=self.gate, write=self.write, read=self.read,
                            control=self.control, repair=self.repair, request_time=self.request_time,
