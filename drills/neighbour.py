@@ -26,7 +26,7 @@ from ordq.common.security import Credentials, token_metadata
 from ordq.coordinator.tokens import create_token, revoke_token, touch
 from ordq.drills import cpu_isolation
 from ordq.drills.runner import DrillContext
-from ordq.drills.security import _denied, _fetch, _Stub, _within
+from ordq.drills.security import Stub, denied, fetch_call, within
 from ordq.drills.workload import now_us
 from ordq.wire import ordq_pb2 as pb
 
@@ -65,7 +65,7 @@ def neighbour_load(load: Any) -> Any:
     return attrs.evolve(load, rate=NEIGHBOUR_RATE, messages=NEIGHBOUR_MESSAGES)
 
 
-def _raw(s: _Stub, method: str) -> Any:
+def _raw(s: Stub, method: str) -> Any:
     """A unary call of the broker's that sends and returns bytes as they are (no protobuf)."""
     return s.channel.unary_unary(f"/ordq.v1.Broker/{method}")
 
@@ -82,12 +82,12 @@ class _Abuser:
         self.stop_event = threading.Event()
         self.outcomes: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._stubs: list[_Stub] = []
+        self._stubs: list[Stub] = []
         self._held: list[Any] = []  # unread streams: a dropped call object is cancelled
         self._threads: list[threading.Thread] = []
 
-    def _stub(self) -> _Stub:
-        s = _Stub(self.address, self.creds)
+    def _stub(self) -> Stub:
+        s = Stub(self.address, self.creds)
         self._stubs.append(s)
         return s
 
@@ -356,7 +356,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     outcomes: dict[str, int] = {}
     try:
         ctx.expect("the abuser's token works on its own queue",
-                   _within(lambda: not _denied(_fetch(creds, address, abused, aseg.seg), "consume", abused)))
+                   within(lambda: not denied(fetch_call(creds, address, abused, aseg.seg), "consume", abused)))
         ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
         _fill(c, abused, creds)
         abuser = _AbuserProcess(address, creds, abused, aseg.seg, idle=iso is None, kinds=kinds)

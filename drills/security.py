@@ -50,7 +50,7 @@ from ordq.wire.framing import GRPC_OPTIONS
 REVOKE_TIMEOUT_S = 10.0  # how soon every broker must refuse a revoked token (a ZooKeeper watch)
 
 
-def _denied(call: Callable[[], object], role: str, queue: str) -> bool:
+def denied(call: Callable[[], object], role: str, queue: str) -> bool:
     """True when ``call`` raises PermissionDenied naming ``role`` and ``queue`` (or ``*``: a
     caller without a known token is refused on its headers, before the request naming the
     queue is read)."""
@@ -63,7 +63,7 @@ def _denied(call: Callable[[], object], role: str, queue: str) -> bool:
     return False
 
 
-def _within(check: Callable[[], bool], timeout_s: float = REVOKE_TIMEOUT_S) -> bool:
+def within(check: Callable[[], bool], timeout_s: float = REVOKE_TIMEOUT_S) -> bool:
     """Call ``check`` until it holds (True) or ``timeout_s`` passed (False)."""
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -84,7 +84,7 @@ def _unreachable(call: Callable[[], object]) -> bool:
     return False
 
 
-def _fetch(creds: Credentials, address: str, queue: str, seg: int) -> Callable[[], object]:
+def fetch_call(creds: Credentials, address: str, queue: str, seg: int) -> Callable[[], object]:
     def call() -> object:
         transport = GrpcTransport(rpc_timeout_s=2.0, credentials=creds)
         try:
@@ -123,24 +123,24 @@ def probe_intruders(store: ZkStore, creds: Credentials, address: str, queue: str
 
     # The brokers learn of new tokens through the same ZooKeeper watch as of revoked ones: wait
     # (bounded) until the consume token works, so what follows tests refusals, not that watch.
-    worked = _within(lambda: not _denied(_fetch(with_token(consume_tok), address, queue, seg), "consume", queue))
+    worked = within(lambda: not denied(fetch_call(with_token(consume_tok), address, queue, seg), "consume", queue))
     out = [
         ("a client without a token is refused (consume)",
-         _denied(_fetch(with_token(None), address, queue, seg), "consume", queue)),
+         denied(fetch_call(with_token(None), address, queue, seg), "consume", queue)),
         ("a consume-only token cannot produce",
-         _denied(_produce(with_token(consume_tok), address, queue, seg), "produce", queue)),
+         denied(_produce(with_token(consume_tok), address, queue, seg), "produce", queue)),
         ("a token for another queue cannot read this one",
-         _denied(_fetch(with_token(other_tok), address, queue, seg), "consume", queue)),
+         denied(fetch_call(with_token(other_tok), address, queue, seg), "consume", queue)),
         ("a plaintext client cannot talk to a TLS broker",
-         _unreachable(_fetch(Credentials(token=creds.token), address, queue, seg))),
+         _unreachable(fetch_call(Credentials(token=creds.token), address, queue, seg))),
         ("a TLS client without a certificate signed by the cluster CA cannot talk to it",
-         _unreachable(_fetch(Credentials(ca_file=creds.ca_file, token=creds.token), address, queue, seg))),
+         _unreachable(fetch_call(Credentials(ca_file=creds.ca_file, token=creds.token), address, queue, seg))),
     ]
     # Revocation: the token works (above), is revoked, and is refused within REVOKE_TIMEOUT_S.
     revoke_token(store.client, root, consume_rec.tid)
     touch(store.client, root)
     revoked_at = time.monotonic()
-    refused = _within(lambda: _denied(_fetch(with_token(consume_tok), address, queue, seg), "consume", queue))
+    refused = within(lambda: denied(fetch_call(with_token(consume_tok), address, queue, seg), "consume", queue))
     # Brokers learn of it through a ZooKeeper watch: milliseconds, not literally the next call.
     took_ms = (time.monotonic() - revoked_at) * 1000
     out.append((f"a revoked token is refused once the brokers' watch fires ({took_ms:.0f} ms, "
@@ -165,7 +165,7 @@ ABANDONED = 100  # produce streams and fetch long-polls left open by the abandon
 ABANDONED_RSS_MIB = 64.0  # what they may add to the master's memory (measured ~19 MiB per 100 pairs)
 
 
-class _Stub:
+class Stub:
     """A hand-made client of the generated stubs with the cluster's own client credentials (a
     certificate and a token): an insider, past TLS and tokens, on a connection of its own
     (gRPC would share one between channels), as a separate client has."""
@@ -176,8 +176,8 @@ class _Stub:
         self.metadata = token_metadata(creds)
 
 
-def _refusal(address: str, creds: Credentials, call: Callable[[_Stub], object]) -> Exception | None:
-    s = _Stub(address, creds)
+def _refusal(address: str, creds: Credentials, call: Callable[[Stub], object]) -> Exception | None:
+    s = Stub(address, creds)
     try:
         call(s)
         return None
@@ -360,13 +360,13 @@ def abandoned_streams(ctx: DrillContext) -> None:
         address = store.live_members(gid)["master"].address
     before_rss = _rss_mib(pid) if pid else 0.0
     acked_before = sum(int(w.status().get("acked", 0)) for w in ctx.producers)
-    stubs: list[_Stub] = []
+    stubs: list[Stub] = []
     blockers: list[queue.SimpleQueue[pb.ProduceRequest | None]] = []
     calls: list[object] = []  # held: a dropped call object is cancelled
     ctx.fault(f"{ABANDONED} produce streams and {ABANDONED} fetch long-polls opened on {gid} master and abandoned")
     try:
         for _ in range(ABANDONED):
-            s = _Stub(address, ctx.cluster.credentials)
+            s = Stub(address, ctx.cluster.credentials)
             stubs.append(s)
             requests: queue.SimpleQueue[pb.ProduceRequest | None] = queue.SimpleQueue()
             blockers.append(requests)
@@ -403,9 +403,9 @@ def control_calls(ctx: DrillContext) -> None:
     creds = attrs.evolve(c.credentials, token=token)
     master = members["master"].address
     ctx.expect("the consume-only token works for reading (the brokers loaded it)",
-               _within(lambda: not _denied(_fetch(creds, master, ctx.queue, seg), "consume", ctx.queue)))
+               within(lambda: not denied(fetch_call(creds, master, ctx.queue, seg), "consume", ctx.queue)))
     before = {role: ctx.broker_stats(gid, role).get("refused", {}).get("PermissionDenied", 0) for role in members}
-    calls: list[tuple[str, Callable[[_Stub], object]]] = [
+    calls: list[tuple[str, Callable[[Stub], object]]] = [
         ("Seal of the open segment",
          lambda s: s.stub.Seal(pb.SegmentRef(queue=ctx.queue, seg=seg), timeout=10, metadata=s.metadata)),
         ("Fence of the open segment at the current epoch",
