@@ -10,7 +10,8 @@ again and retry until the deadline — so a killed leader stalls a caller for ab
 election. Every request is safe to send twice: the service applies conditional transitions
 (a FailOver or Roll already done is followed, a Commit already written is a ConflictError).
 
-Rules: broker_group (the generated stubs, the wire errors) is imported only inside functions.
+Rules: ``ordq.wire`` (the generated stubs, the wire errors) is imported only inside functions,
+so importing this module does not load gRPC.
 """
 
 from __future__ import annotations

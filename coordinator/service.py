@@ -12,8 +12,8 @@ The epoch is bound to who claimed it: Claim stores the SHA-256 of a fresh random
 bumped epoch in one write and returns the key to the caller only; FailOver and Roll (and the
 brokers, for Produce) refuse that epoch without it.
 
-Rules: imports broker_group (stubs, wire errors, the broker transport) only inside functions,
-as ``coordinator/seal.py`` does; the take-over and fail-over steps are ``ordq.coordinator.head``.
+Rules: imports ``ordq.wire`` (stubs, wire errors, the broker transport) only inside functions,
+as ``coordinator/seal.py`` does, so importing this module does not load gRPC; the take-over and fail-over steps are ``ordq.coordinator.head``.
 """
 
 from __future__ import annotations
