@@ -13,7 +13,8 @@ bumped epoch in one write and returns the key to the caller only; FailOver and R
 brokers, for Produce) refuse that epoch without it.
 
 Rules: imports ``ordq.wire`` (stubs, wire errors, the broker transport) only inside functions,
-as ``coordinator/seal.py`` does, so importing this module does not load gRPC; the take-over and fail-over steps are ``ordq.coordinator.head``.
+as ``coordinator/seal.py`` does, so importing this module does not load gRPC; the take-over
+and fail-over steps are ``ordq.coordinator.head``.
 """
 
 from __future__ import annotations
