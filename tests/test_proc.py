@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ordq.common import proc as proc_module
 from ordq.common.errors import ExternalProcessError
 from ordq.common.proc import ManagedProcess
 from tests.util import wait_until
@@ -91,6 +92,29 @@ def test_pid_file_naming_a_live_process_refuses_start_and_lets_others_stop_it(tm
         assert not first.pid_path.exists()
     finally:
         first.kill()
+
+
+@pytest.mark.skipif(not proc_module._SETPRIV, reason="setpriv (util-linux) wraps children only where installed")
+def test_a_process_still_in_setpriv_is_found_through_the_pid_file(tmp_path: Path) -> None:
+    """CI, loaded machine: a detached child still ran setpriv (the 5 s wait for its exec had
+    passed), so its pid was 'not ours' and ``pid`` said None. A program named setpriv whose
+    arguments end in ``-- sleep`` stands in for it."""
+    fake = tmp_path / "setpriv"
+    fake.symlink_to(sys.executable)
+    held = subprocess.Popen([str(fake), "-c", "import time; time.sleep(60)", "--", "sleep", "60"])
+    try:
+        wait_until(lambda: Path(f"/proc/{held.pid}/cmdline").read_bytes().startswith(bytes(fake)), timeout_s=30)
+        p = ManagedProcess("sleeper", ["sleep", "60"], run_dir=tmp_path / "run")
+        p.run_dir.mkdir()
+        p.pid_path.write_text(f"{held.pid}\n")
+        assert p.pid == held.pid
+        other = ManagedProcess("other", ["cat"], run_dir=tmp_path / "run2")  # another program: not ours
+        other.run_dir.mkdir()
+        other.pid_path.write_text(f"{held.pid}\n")
+        assert other.pid is None
+    finally:
+        held.kill()
+        held.wait()
 
 
 def test_wait_ready_fails_at_once_when_the_process_exits(tmp_path: Path) -> None:

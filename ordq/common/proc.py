@@ -348,7 +348,10 @@ class ManagedProcess:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return True  # no /proc to ask: trust the pid
-        return os.path.basename(cmdline[0].decode(errors="replace")) == os.path.basename(self.argv[0])
+        program = cmdline[0]
+        if _SETPRIV and os.path.basename(program) == b"setpriv" and b"--" in cmdline[:-1]:
+            program = cmdline[cmdline.index(b"--") + 1]  # still in setpriv (a loaded machine): ours all the same
+        return os.path.basename(program.decode(errors="replace")) == os.path.basename(self.argv[0])
 
     def _require_pid(self) -> int:
         pid = self.pid
