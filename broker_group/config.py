@@ -9,6 +9,7 @@ import attrs
 from ordq.broker_group.budget import BudgetConfig
 from ordq.broker_group.replica import Role
 from ordq.broker_group.request_time import RequestTimeConfig
+from ordq.common import addresses
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES
@@ -21,7 +22,10 @@ class BrokerConfig:
     data_dir: Path
     zk_hosts: str
     root: str = "/ordq"
-    listen: str = "127.0.0.1:0"
+    listen: str = "127.0.0.1:0"  # HOST:PORT bound (port 0: any free one)
+    # HOST[:PORT] registered in ZooKeeper, where clients and the peer dial this broker; None: the
+    # listen host with the bound port (ordq/common/addresses.py).
+    advertise: str | None = None
     zk_session_timeout_s: float = 2.0
     max_batch_bytes: int = 16 << 20  # one encoded batch on the wire
     lac_push_ms: float = 20.0  # how soon the slave learns an advanced LAC when no batch carries it
@@ -57,6 +61,7 @@ class BrokerConfig:
     credentials: Credentials = attrs.field(factory=Credentials)
 
     def __attrs_post_init__(self) -> None:
+        addresses.check(self.listen, self.advertise)
         if self.max_batch_bytes < 1024:
             raise ConfigError("max_batch_bytes must be >= 1024")
         if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:

@@ -19,7 +19,10 @@ READY_TIMEOUT_S = 30.0
 
 class BrokerProcess:
     def __init__(self, *, gid: str, role: str, zk_hosts: str, root: str, data_dir: Path, run_dir: Path,
-                 session_timeout_s: float = 1.0, tls: Credentials | None = None) -> None:
+                 session_timeout_s: float = 1.0, tls: Credentials | None = None, host: str = "127.0.0.1",
+                 advertise: str | None = None) -> None:
+        """``host``: the address it binds (any free port) and serves metrics on; ``advertise``:
+        the address it registers instead of ``host:port`` (``ordq broker run --advertise``)."""
         self.gid, self.role = gid, role
         self.data_dir = data_dir
         self.address: str | None = None
@@ -27,7 +30,8 @@ class BrokerProcess:
         self.metrics_url: str | None = None
         argv = [sys.executable, "-m", "ordq.cli", "--zk", zk_hosts, "--root", root, "broker", "run",
                 "--group", gid, "--role", role, "--data", str(data_dir),
-                "--session-timeout", str(session_timeout_s), "--metrics", "127.0.0.1:0", *tls_args(tls)]
+                "--session-timeout", str(session_timeout_s), "--listen", f"{host}:0", "--metrics", f"{host}:0",
+                *(["--advertise", advertise] if advertise else []), *tls_args(tls)]
         self.proc = ManagedProcess(f"broker-{gid}-{role}", argv, run_dir=run_dir)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> str:

@@ -56,6 +56,7 @@ from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import WritePath
+from ordq.common import addresses
 from ordq.common.errors import AlreadyExists, ConfigError, OrdqError
 from ordq.common.security import server_credentials
 from ordq.coordinator.store import ZkStore
@@ -121,7 +122,7 @@ class Broker:
             port = self.shared.loop.run(self._bind())
             if port == 0:
                 raise ConfigError(f"cannot listen on {cfg.listen}")
-            self.shared.address = f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
+            self.shared.address = addresses.advertised(cfg.listen, cfg.advertise, port)
             self._retry(self._wait_role_free, "wait for the role to be free")
             assert self._server is not None
             self.shared.loop.run(self._server.start())

@@ -203,8 +203,13 @@ class CoordinatorService:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def start(self, listen: str = "127.0.0.1:0") -> str:
-        """Serve on ``listen`` (port 0: any); returns the address bound (``host:port``)."""
+    def start(self, listen: str = "127.0.0.1:0", *, advertise: str | None = None) -> str:
+        """Serve on ``listen`` (port 0: any); returns the address clients dial (``host:port``):
+        ``advertise`` (HOST[:PORT]; no port: the one bound), else the listen host and the port
+        bound (ordq/common/addresses.py). ConfigError when it cannot bind or advertise."""
+        from ordq.common import addresses
+
+        addresses.check(listen, advertise)
         import grpc
 
         from ordq.wire import ordq_pb2 as pb
@@ -230,7 +235,7 @@ class CoordinatorService:
             raise ConfigError(f"coordinator service cannot listen on {listen}")
         server.start()
         self._server = server
-        self.address = f"{listen.rpartition(':')[0]}:{port}"
+        self.address = addresses.advertised(listen, advertise, port)
         return self.address
 
     def stop(self, grace_s: float = 1.0) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ordq import __version__
+from ordq.commands import Given
 from ordq.common.errors import ConfigError, OrdqError
 
 # Order is the order shown in --help.
@@ -50,13 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ordq {__version__}")
     parser.add_argument(
-        "--zk",
+        "--zk", action=Given,
         default=os.environ.get("ORDQ_ZK", DEFAULT_ZK),
         help="ZooKeeper connection string host:port[,host:port...] "
         "(env ORDQ_ZK; default %(default)s)",
     )
     parser.add_argument(
-        "--root",
+        "--root", action=Given,
         default=os.environ.get("ORDQ_ROOT", DEFAULT_ROOT),
         help="ZooKeeper path prefix of this cluster, so several can share one ZooKeeper "
         "(env ORDQ_ROOT; default %(default)s)",

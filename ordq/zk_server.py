@@ -1,4 +1,4 @@
-"""Launch Debian's ZooKeeper as a standalone server or a 3-node ensemble on 127.0.0.1.
+"""Launch Debian's ZooKeeper as a standalone server or a 3-node ensemble.
 
 Used by ``ordq zk``, the local cluster, the tests and the drills. Guarantees:
 - ``start()`` returns only when ZooKeeper serves: every node answers ``srvr`` with a ``Mode:``
@@ -12,6 +12,11 @@ Used by ``ordq zk``, the local cluster, the tests and the drills. Guarantees:
   otherwise, and a 1 s session (an ephemeral node gone ~1 s after its process is killed) needs
   a tick of at most 500 ms (STACK-NOTES).
 
+- Each node listens on its own address (``NodeSpec.host``: 127.0.0.1 unless told otherwise),
+  for clients and for the quorum: an ensemble may span machines. This object runs the nodes
+  in ``local`` (all by default); on a machine that runs one node of an ensemble it runs that
+  one and only asks the others, over the network, how they serve (``ordq zk start --config``).
+
 Nodes are numbered from 0 in this API (``kill(0)``); ZooKeeper's ``myid`` is that number + 1.
 """
 
@@ -23,7 +28,7 @@ import random
 import shutil
 import socket
 import ssl
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +63,13 @@ _PORT_RANGE = (12000, 32000)
 
 @attrs.frozen
 class NodeSpec:
-    """Where one node listens (kept in cluster.json)."""
+    """Where one node listens (kept in cluster.json): clients on ``host:client_port``, the
+    other nodes on ``host:quorum_port`` and ``host:election_port``."""
 
     client_port: int
     quorum_port: int
     election_port: int
+    host: str = HOST
 
 
 @attrs.frozen
@@ -75,21 +82,25 @@ class NodeStatus:
     port: int
     pid: int | None
     mode: str | None
+    host: str = HOST
+    remote: bool = False  # run by another machine: only its answer is known
 
     @property
     def state(self) -> str:
+        if self.remote:
+            return self.mode or "unreachable"
         if self.pid is None:
             return "down"
         return self.mode or "not serving"
 
 
 def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0,
-                     tls: Credentials | None = None) -> str:
-    """Send a ZooKeeper four-letter command to 127.0.0.1:port and return the answer (OSError
+                     tls: Credentials | None = None, host: str = HOST) -> str:
+    """Send a ZooKeeper four-letter command to host:port and return the answer (OSError
     if nobody answers). ``tls``: the server listens on its TLS port only; these are the CA
     to trust and the certificate to show."""
-    with socket.create_connection((HOST, port), timeout=timeout_s) as raw, (
-            _tls_context(tls).wrap_socket(raw, server_hostname=HOST) if tls is not None else raw) as sock:
+    with socket.create_connection((host, port), timeout=timeout_s) as raw, (
+            _tls_context(tls).wrap_socket(raw, server_hostname=host) if tls is not None else raw) as sock:
         sock.sendall(word.encode())
         chunks = []
         while data := sock.recv(4096):
@@ -104,10 +115,10 @@ def _tls_context(tls: Credentials) -> ssl.SSLContext:
     return ctx
 
 
-def server_mode(port: int, tls: Credentials | None = None) -> str | None:
-    """The ``Mode:`` a server on ``port`` reports, or None if it does not serve."""
+def server_mode(port: int, tls: Credentials | None = None, *, host: str = HOST) -> str | None:
+    """The ``Mode:`` a server on ``host:port`` reports, or None if it does not serve."""
     try:
-        answer = four_letter_word(port, tls=tls)
+        answer = four_letter_word(port, tls=tls, host=host)
     except OSError:
         return None
     for line in answer.splitlines():
@@ -116,25 +127,25 @@ def server_mode(port: int, tls: Credentials | None = None) -> str | None:
     return None  # "This ZooKeeper instance is not currently serving requests"
 
 
-def port_free(port: int) -> bool:
-    """Can a server listen on 127.0.0.1:port now? (SO_REUSEADDR as servers use it, so
+def port_free(port: int, host: str = HOST) -> bool:
+    """Can a server listen on host:port now? (SO_REUSEADDR as servers use it, so
     connections lingering in TIME_WAIT from a previous run do not count as taken.)"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((HOST, port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def free_ports(count: int, exclude: Collection[int] = ()) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now, below the ephemeral range."""
+def free_ports(count: int, exclude: Collection[int] = (), *, host: str = HOST) -> list[int]:
+    """``count`` distinct ports free on ``host`` now, below the ephemeral range."""
     rng = random.SystemRandom()
     ports: list[int] = []
     while len(ports) < count:
         port = rng.randrange(*_PORT_RANGE)
-        if port not in exclude and port not in ports and port_free(port):
+        if port not in exclude and port not in ports and port_free(port, host):
             ports.append(port)
     return ports
 
@@ -150,8 +161,15 @@ class ZkServer:
             else free ports are picked.
         tick_time_ms: ZooKeeper's tick (sessions may last 2 ticks to 60 s).
         java: the java executable; default ``$JAVA_HOME/bin/java`` or ``java`` on PATH.
+        hosts: each node's address (clients and quorum), one per node; None: as saved, else
+            127.0.0.1 for every node. Ports are picked free on each node's own address.
+        specs: every node's address and ports, given whole (an ensemble across machines:
+            ``ordq zk start --config``); None: as saved, else picked as above.
+        local: the nodes this object runs (the others run elsewhere and are only asked how
+            they serve); None: as saved, else all of them.
 
-    Raises ConfigError when ``nodes``/``client_port`` contradict what ``folder`` holds.
+    Raises ConfigError when ``nodes``/``client_port``/``hosts``/``specs`` contradict what
+    ``folder`` holds.
     """
 
     def __init__(
@@ -163,9 +181,18 @@ class ZkServer:
         tick_time_ms: int = 200,
         java: str | None = None,
         tls: Credentials | None = None,
+        hosts: Sequence[str] | None = None,
+        specs: Sequence[NodeSpec] | None = None,
+        local: Collection[int] | None = None,
     ) -> None:
+        if specs is not None:
+            nodes = nodes or len(specs)
+            if len(specs) != nodes:
+                raise ConfigError(f"{len(specs)} node specs for a {nodes}-node ZooKeeper")
         if nodes not in (None, 1, 3):
             raise ConfigError(f"a ZooKeeper has 1 or 3 nodes, not {nodes}")
+        if hosts is not None and len(hosts) != (nodes or 1):
+            raise ConfigError(f"give one host per node ({nodes or 1}), not {len(hosts)}")
         if not 10 <= tick_time_ms <= 10_000:
             raise ConfigError(f"tick_time_ms must be 10..10000, not {tick_time_ms}")
         self.folder = Path(folder).absolute()
@@ -176,6 +203,7 @@ class ZkServer:
         # certificate, and require theirs signed by the same CA. None: as saved, else plaintext.
         self.tls = tls if tls is not None else self._read_saved_tls()
         if saved is not None:
+            given = list(specs) if specs is not None else None
             specs = saved
             if nodes is not None and nodes != len(specs):
                 raise ConfigError(
@@ -187,11 +215,23 @@ class ZkServer:
                     f"{self.folder} holds a ZooKeeper on port {specs[0].client_port}, not {client_port}: "
                     "use another folder, or remove this one"
                 )
-        else:
-            specs = self._new_specs(nodes or 1, client_port)
+            if (given is not None and given != specs) or (hosts is not None and list(hosts) != [s.host for s in specs]):
+                raise ConfigError(f"{self.folder} holds a ZooKeeper at {_describe(specs)}, not "
+                                  f"{_describe(given) if given else ','.join(hosts or ())}: "
+                                  "use another folder, or remove this one")
+        elif specs is None:
+            specs = self._new_specs(nodes or 1, client_port, list(hosts) if hosts else [HOST] * (nodes or 1))
         self.specs: tuple[NodeSpec, ...] = tuple(specs)
+        saved_local = self._read_saved_local()
+        if local is not None and saved_local is not None and set(local) != set(saved_local):
+            raise ConfigError(f"{self.folder} runs ZooKeeper node(s) {sorted(saved_local)}, not {sorted(local)}: "
+                              "use another folder, or remove this one")
+        chosen = local if local is not None else saved_local
+        self.local: tuple[int, ...] = tuple(sorted(chosen)) if chosen is not None else tuple(range(len(self.specs)))
+        if not self.local or not set(self.local) <= set(range(len(self.specs))):
+            raise ConfigError(f"local nodes {sorted(self.local)} are not among nodes 0..{len(self.specs) - 1}")
         self.processes: tuple[ManagedProcess, ...] = tuple(
-            ManagedProcess(f"zk{i + 1}", self._argv(i), run_dir=self._node_dir(i)) for i in range(len(specs))
+            ManagedProcess(f"zk{i + 1}", self._argv(i), run_dir=self._node_dir(i)) for i in range(len(self.specs))
         )
 
     @classmethod
@@ -211,19 +251,27 @@ class ZkServer:
     @property
     def connection_string(self) -> str:
         """host:port,host:port,... for clients (kazoo ``hosts``)."""
-        return ",".join(f"{HOST}:{s.client_port}" for s in self.specs)
+        return ",".join(f"{s.host}:{s.client_port}" for s in self.specs)
 
     @property
     def ensemble(self) -> bool:
         return len(self.specs) > 1
 
+    @property
+    def runs_all(self) -> bool:
+        """Does this object run every node (not one node of an ensemble across machines)?"""
+        return len(self.local) == len(self.specs)
+
     def status(self) -> list[NodeStatus]:
-        """Each node's pid (None: down) and mode (None: down or not serving)."""
+        """Each node's pid (None: down) and mode (None: down or not serving); a node run
+        elsewhere (not in ``local``) is only asked for its mode."""
         out = []
         for i, (spec, proc) in enumerate(zip(self.specs, self.processes, strict=True)):
-            pid = proc.pid
-            out.append(NodeStatus(node=i, myid=i + 1, port=spec.client_port, pid=pid,
-                                  mode=server_mode(spec.client_port, self.tls) if pid is not None else None))
+            remote = i not in self.local
+            pid = None if remote else proc.pid
+            asked = remote or pid is not None
+            out.append(NodeStatus(node=i, myid=i + 1, port=spec.client_port, pid=pid, host=spec.host, remote=remote,
+                                  mode=server_mode(spec.client_port, self.tls, host=spec.host) if asked else None))
         return out
 
     def leader(self) -> int | None:
@@ -235,7 +283,8 @@ class ZkServer:
 
     def log_tails(self, lines: int = 50) -> Iterator[tuple[str, str]]:
         """(node name, last log lines) of every node that has a log."""
-        for proc in self.processes:
+        for i in self.local:
+            proc = self.processes[i]
             tail = proc.log_tail(lines)
             if tail:
                 yield proc.name, tail
@@ -248,7 +297,14 @@ class ZkServer:
         Raises ExternalProcessError if Java or the jars are missing, a port is taken, a node
         dies while starting, or it does not serve within ``timeout_s``.
         """
-        todo = [i for i, proc in enumerate(self.processes) if not proc.alive()]
+        self.start_nodes()
+        self.wait_serving(timeout_s=timeout_s)
+
+    def start_nodes(self) -> None:
+        """Start every local node that is not running; do not wait for it to serve (a node
+        of an ensemble across machines serves only once a majority of the nodes run, so the
+        first machine's cannot wait for it: ``ordq zk start --no-wait``)."""
+        todo = [i for i in self.local if not self.processes[i].alive()]
         if todo:
             self._check_installed()
             self._check_ports(todo)
@@ -257,13 +313,13 @@ class ZkServer:
                 self._write_node_files(i)
             for i in todo:
                 self.processes[i].start()
-        self.wait_serving(timeout_s=timeout_s)
 
     def wait_serving(self, *, timeout_s: float = 30.0) -> None:
         """Wait until every running node serves (an ensemble: each live node is leader or
         follower and exactly one is leader, so after a leader dies this waits for a *new*
-        one). ExternalProcessError if one of them dies meanwhile, or on timeout."""
-        required = [i for i, proc in enumerate(self.processes) if proc.alive()]
+        one; when other machines run some of the nodes, each local one is leader or follower).
+        ExternalProcessError if one of them dies meanwhile, or on timeout."""
+        required = [i for i in self.local if self.processes[i].alive()]
         if not required:
             raise ExternalProcessError(f"no ZooKeeper node is running in {self.folder}")
 
@@ -272,23 +328,23 @@ class ZkServer:
             for i in required:
                 if not self.processes[i].alive():
                     raise self._died(i)
-                mode = server_mode(self.specs[i].client_port, self.tls)
+                mode = server_mode(self.specs[i].client_port, self.tls, host=self.specs[i].host)
                 if mode is None:
                     return None
                 modes[i] = mode
             roles = sorted(modes.values())
             if not self.ensemble:
                 return modes if roles == ["standalone"] else None
-            ok = roles.count("leader") == 1 and set(roles) <= {"leader", "follower"}
+            ok = set(roles) <= {"leader", "follower"} and (roles.count("leader") == 1 or not self.runs_all)
             return modes if ok else None
 
         what = f"ZooKeeper at {self.connection_string} to serve"
         self.processes[required[0]].wait_ready(serving, timeout_s=timeout_s, what=what)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every node (SIGTERM, then SIGKILL); the data stays."""
-        for proc in self.processes:
-            proc.stop(timeout_s)
+        """Stop every local node (SIGTERM, then SIGKILL); the data stays."""
+        for i in self.local:
+            self.processes[i].stop(timeout_s)
 
     def kill(self, i: int) -> None:
         """kill -9 node ``i`` (and reap it). Does not wait for the others to re-elect."""
@@ -305,13 +361,13 @@ class ZkServer:
 
     def detach(self) -> None:
         """Leave the nodes running when this object goes away (``ordq zk start``)."""
-        for proc in self.processes:
-            proc.detach()
+        for i in self.local:
+            self.processes[i].detach()
 
     def destroy(self) -> None:
-        """Stop every node and wipe its data, logs and ``cluster.json``."""
+        """Stop every local node and wipe its data, logs and ``cluster.json``."""
         self.stop()
-        for i in range(len(self.specs)):
+        for i in self.local:
             shutil.rmtree(self._node_dir(i), ignore_errors=True)
         (self.folder / CONFIG_FILE).unlink(missing_ok=True)
         try:
@@ -352,9 +408,9 @@ class ZkServer:
             spec = self.specs[i]
             ports = [spec.client_port] + ([spec.quorum_port, spec.election_port] if self.ensemble else [])
             for port in ports:
-                if not port_free(port):
+                if not port_free(port, spec.host):
                     raise ExternalProcessError(
-                        f"cannot start ZooKeeper node {i}: {HOST}:{port} is already in use "
+                        f"cannot start ZooKeeper node {i}: {spec.host}:{port} is already in use "
                         f"(another ZooKeeper still running? stop it, e.g. ordq zk stop --dir DIR, "
                         f"or choose another port)"
                     )
@@ -366,11 +422,16 @@ class ZkServer:
             f"(code {proc.returncode}) while starting; last lines of {proc.log_path}:\n{proc.log_tail(30)}"
         )
 
-    def _new_specs(self, nodes: int, client_port: int | None) -> list[NodeSpec]:
+    def _new_specs(self, nodes: int, client_port: int | None, hosts: list[str]) -> list[NodeSpec]:
         wanted = [client_port + i for i in range(nodes)] if client_port is not None else []
-        picked = iter(free_ports(3 * nodes - len(wanted), wanted))
-        clients = wanted or [next(picked) for _ in range(nodes)]
-        return [NodeSpec(clients[i], next(picked), next(picked)) for i in range(nodes)]
+        specs: list[NodeSpec] = []
+        for i, host in enumerate(hosts):
+            # ports free on this node's own address, distinct from those of nodes on the same one
+            taken = [p for s in specs if s.host == host for p in (s.client_port, s.quorum_port, s.election_port)]
+            picked = iter(free_ports(2 if wanted else 3, [*wanted, *taken], host=host))
+            client = wanted[i] if wanted else next(picked)
+            specs.append(NodeSpec(client, next(picked), next(picked), host))
+        return specs
 
     def _read_saved(self) -> list[NodeSpec] | None:
         try:
@@ -381,6 +442,13 @@ class ZkServer:
             raise ConfigError(f"{self.folder / CONFIG_FILE} is not valid JSON: {exc}") from exc
         return [NodeSpec(**n) for n in doc["nodes"]]
 
+    def _read_saved_local(self) -> list[int] | None:
+        try:
+            doc = json.loads((self.folder / CONFIG_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return list(doc.get("local", range(len(doc["nodes"]))))
+
     def _save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         doc: dict[str, Any] = {
@@ -388,6 +456,8 @@ class ZkServer:
             "tick_time_ms": self.tick_time_ms,
             "nodes": [attrs.asdict(s) for s in self.specs],
         }
+        if not self.runs_all:
+            doc["local"] = list(self.local)
         if self.tls is not None:
             doc["tls"] = self.tls.to_dict()
         tmp = self.folder / f"{CONFIG_FILE}.tmp"
@@ -403,11 +473,11 @@ class ZkServer:
             return None
         return Credentials.from_dict(doc["tls"]) if doc.get("tls") else None
 
-    def _client_lines(self, node_dir: Path, port: int) -> list[str]:
+    def _client_lines(self, node_dir: Path, port: int, host: str) -> list[str]:
         """zoo.cfg lines of where clients connect: plaintext, or TLS only (a Netty
         secureClientPort on the same port number, client certificates required)."""
         if self.tls is None:
-            return [f"clientPort={port}", f"clientPortAddress={HOST}"]
+            return [f"clientPort={port}", f"clientPortAddress={host}"]
         assert self.tls.ca_file and self.tls.cert_file and self.tls.key_file
         keystore = node_dir / KEYSTORE_FILE  # ZooKeeper's PEM key store: key and certificate in one file
         fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -415,7 +485,7 @@ class ZkServer:
             f.write(Path(self.tls.key_file).read_bytes() + Path(self.tls.cert_file).read_bytes())
         return [
             f"secureClientPort={port}",
-            f"secureClientPortAddress={HOST}",
+            f"secureClientPortAddress={host}",
             "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
             f"ssl.keyStore.location={keystore}",
             "ssl.keyStore.type=PEM",
@@ -438,7 +508,7 @@ class ZkServer:
         lines = [
             f"tickTime={self.tick_time_ms}",
             f"dataDir={data_dir}",
-            *self._client_lines(node_dir, spec.client_port),
+            *self._client_lines(node_dir, spec.client_port, spec.host),
             # ticks a follower may take to connect and sync with a leader / stay in sync
             f"initLimit={max(10, 10_000 // self.tick_time_ms)}",
             f"syncLimit={max(5, 5_000 // self.tick_time_ms)}",
@@ -454,6 +524,11 @@ class ZkServer:
         ]
         if self.ensemble:
             lines.append("standaloneEnabled=false")
-            lines += [f"server.{j + 1}={HOST}:{s.quorum_port}:{s.election_port}" for j, s in enumerate(self.specs)]
+            # each node binds its own quorum and election address (quorumListenOnAllIPs is false)
+            lines += [f"server.{j + 1}={s.host}:{s.quorum_port}:{s.election_port}" for j, s in enumerate(self.specs)]
         (node_dir / "zoo.cfg").write_text("\n".join(lines) + "\n")
 
+
+
+def _describe(specs: Sequence[NodeSpec]) -> str:
+    return ",".join(f"{s.host}:{s.client_port}" for s in specs)

@@ -17,6 +17,17 @@ from ordq.common.errors import ConfigError
 from ordq.common.units import format_duration, format_size, parse_duration, parse_size
 
 
+class Given(argparse._StoreAction):
+    """Store the value and note that it was given (``args.given``), so that a config file
+    does not override a flag whose value came from the command line rather than a default
+    (``ordq.commands.process_config.apply_globals``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
 def add_command(
     subparsers: Any,
     name: str,
@@ -34,8 +45,8 @@ def add_command(
     parser.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
     )
-    parser.add_argument("--zk", default=argparse.SUPPRESS, help="ZooKeeper connection string")
-    parser.add_argument("--root", default=argparse.SUPPRESS, help="ZooKeeper path prefix")
+    parser.add_argument("--zk", action=Given, default=argparse.SUPPRESS, help="ZooKeeper connection string")
+    parser.add_argument("--root", action=Given, default=argparse.SUPPRESS, help="ZooKeeper path prefix")
     parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",
                         help="ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
     parser.add_argument("--zk-auth-file", type=Path, default=argparse.SUPPRESS, metavar="PATH",

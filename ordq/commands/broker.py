@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -10,11 +11,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, seconds
+from ordq.commands import add_command, process_config, seconds
 from ordq.common.errors import ConfigError
 from ordq.common.proc import announce
 from ordq.common.security import Credentials
 
+DEFAULT_LISTEN = "127.0.0.1:0"
 SWITCH_INTERVAL_S = 0.0005  # the broker process's GIL switch interval (Python's default: 5 ms)
 
 
@@ -26,21 +28,29 @@ def register(subparsers: Any) -> None:
         sub, "run", func=cmd_run, daemon=True,
         help="run the master or slave of a broker group until SIGTERM/SIGINT",
         description="Run one broker process. It recovers its data folder, serves the broker protocol, "
-        "registers itself live in ZooKeeper and prints 'READY <address> <incarnation>' when it serves.",
+        "registers itself live in ZooKeeper and prints 'READY <address> <incarnation>' when it serves. "
+        "Settings come from the flags, else from --config FILE (TOML, docs/OPERATIONS.md), else the defaults.",
     )
-    run.add_argument("--group", required=True, help="broker group id (register it first: ordq group add G)")
-    run.add_argument("--role", required=True, choices=["master", "slave"])
-    run.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
-                     help="address to serve on; port 0 picks a free one (default %(default)s)")
+    run.add_argument("--config", type=Path, default=None, metavar="FILE",
+                     help="TOML file of this process's settings (keys: zk, root, group, role, listen, advertise, "
+                     "metrics, data, session_timeout_s, register_wait_s, [tls] cert/key/ca/insecure); "
+                     "flags override it")
+    run.add_argument("--group", default=None, help="broker group id (register it first: ordq group add G)")
+    run.add_argument("--role", default=None, choices=["master", "slave"])
+    run.add_argument("--listen", default=None, metavar="HOST:PORT",
+                     help=f"address to serve on; port 0 picks a free one (default {DEFAULT_LISTEN})")
+    run.add_argument("--advertise", default=None, metavar="HOST[:PORT]",
+                     help="address registered in ZooKeeper, where clients and the peer dial this broker "
+                     "(default: the --listen host and the port bound; required when listening on 0.0.0.0)")
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any); "
                      "prints 'METRICS <url>'")
-    run.add_argument("--data", required=True, type=Path, help="data folder of this process")
-    run.add_argument("--session-timeout", type=seconds(), default=2.0, metavar="SECONDS",
-                     help="ZooKeeper session timeout: how fast a dead process is noticed (default %(default)s)")
-    run.add_argument("--register-wait", type=seconds(allow_zero=True), default=30.0, metavar="SECONDS",
+    run.add_argument("--data", default=None, type=Path, help="data folder of this process")
+    run.add_argument("--session-timeout", type=seconds(), default=None, metavar="SECONDS",
+                     help="ZooKeeper session timeout: how fast a dead process is noticed (default 2)")
+    run.add_argument("--register-wait", type=seconds(allow_zero=True), default=None, metavar="SECONDS",
                      help="when the role is still live in ZooKeeper (a killed predecessor's session not yet "
-                     "expired), wait this long for it to go before giving up (default %(default)s)")
+                     "expired), wait this long for it to go before giving up (default 30)")
     limits = run.add_argument_group("memory budget (docs/OPERATIONS.md, Sizing the memory budget)")
     limits.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
                         help="bytes held for clients at once: Fetch/Read answers being built and sent, "
@@ -66,7 +76,8 @@ def register(subparsers: Any) -> None:
     tls.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert")
     tls.add_argument("--tls-ca", type=Path, metavar="PEM",
                      help="the cluster CA: peers (brokers and clients) must show a certificate it signed")
-    tls.add_argument("--insecure", action="store_true", help="serve plaintext gRPC: anyone on the network may call")
+    tls.add_argument("--insecure", action="store_true", default=None,
+                     help="serve plaintext gRPC: anyone on the network may call")
 
 
 def broker_credentials(args: argparse.Namespace) -> Credentials:
@@ -114,16 +125,37 @@ def request_time_config(args: argparse.Namespace) -> Any:
     return RequestTimeConfig(share=args.request_share or None)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def broker_config(args: argparse.Namespace) -> Any:
+    """The BrokerConfig of the flags over --config FILE over the defaults (ConfigError when
+    the group, role or data folder is named by neither, or the file is refused). Settings
+    outside BrokerConfig (ZooKeeper, TLS files, metrics) are resolved into ``args``."""
     from ordq.broker_group.config import BrokerConfig
     from ordq.broker_group.replica import Role
+
+    file = process_config.load(args.config, process_config.BrokerFile) if args.config else process_config.BrokerFile()
+    process_config.apply_globals(args, file)
+    process_config.tls_from(args, file)
+    pick = functools.partial(process_config.pick, args)
+    args.metrics = pick("metrics", file.metrics, None)
+    missing = [flag for flag, value in (("--group", pick("group", file.group, None)),
+                                        ("--role", pick("role", file.role, None)),
+                                        ("--data", pick("data", file.data, None))) if value is None]
+    if missing:
+        raise ConfigError(f"ordq broker run needs {', '.join(missing)} (a flag, or group/role/data in --config)")
+    return BrokerConfig(gid=pick("group", file.group, None), role=Role(pick("role", file.role, None)),
+                        data_dir=pick("data", file.data, None), zk_hosts=args.zk, root=args.root,
+                        listen=pick("listen", file.listen, DEFAULT_LISTEN),
+                        advertise=pick("advertise", file.advertise, None),
+                        zk_session_timeout_s=pick("session_timeout", file.session_timeout_s, 2.0),
+                        register_wait_s=pick("register_wait", file.register_wait_s, 30.0),
+                        credentials=broker_credentials(args), budget=budget_config(args),
+                        request_time=request_time_config(args), verify_sealed_reads=not args.no_verify_reads)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     from ordq.broker_group.service import Broker
 
-    cfg = BrokerConfig(gid=args.group, role=Role(args.role), data_dir=args.data, zk_hosts=args.zk,
-                       root=args.root, listen=args.listen, zk_session_timeout_s=args.session_timeout,
-                       register_wait_s=args.register_wait, credentials=broker_credentials(args),
-                       budget=budget_config(args), request_time=request_time_config(args),
-                       verify_sealed_reads=not args.no_verify_reads)
+    cfg = broker_config(args)
     # The GIL changes hands every 0.5 ms rather than 5: a worker building a huge answer for one
     # client must not keep the loop, and every other queue's produce and ack, waiting (issue 25).
     sys.setswitchinterval(SWITCH_INTERVAL_S)

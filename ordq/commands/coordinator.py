@@ -4,6 +4,7 @@ duties and the Coordinator gRPC service (coordinator/service.py), answered by th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import socket
@@ -13,10 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, open_store, seconds
+from ordq.commands import add_command, open_store, process_config, seconds
+from ordq.common import addresses
 from ordq.common.errors import ConfigError
 from ordq.common.proc import announce
 from ordq.common.security import Credentials
+
+DEFAULT_LISTEN = "127.0.0.1:0"
 
 
 def register(subparsers: Any) -> None:
@@ -28,23 +32,47 @@ def register(subparsers: Any) -> None:
         help="run a coordinator daemon until SIGTERM/SIGINT (start several for HA)",
         description="Run one coordinator process: it serves the Coordinator gRPC service on --listen "
         "(answered only while it is the elected one) and, while elected, does the duties. Prints "
-        "'SERVING <address>' and 'READY coordinator <identifier>'.",
+        "'SERVING <address>' and 'READY coordinator <identifier>'. Settings come from the flags, else from "
+        "--config FILE (TOML, docs/OPERATIONS.md), else the defaults.",
     )
-    run.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
-                     help="address of the Coordinator service; port 0 picks a free one (default %(default)s)")
+    run.add_argument("--config", type=Path, default=None, metavar="FILE",
+                     help="TOML file of this process's settings (keys: zk, root, listen, advertise, metrics, "
+                     "interval_s, session_timeout_s, [tls] cert/key/ca/insecure); flags override it")
+    run.add_argument("--listen", default=None, metavar="HOST:PORT",
+                     help=f"address of the Coordinator service; port 0 picks a free one (default {DEFAULT_LISTEN})")
+    run.add_argument("--advertise", default=None, metavar="HOST[:PORT]",
+                     help="address named in the election, where clients find the elected coordinator "
+                     "(default: the --listen host and the port bound; required when listening on 0.0.0.0)")
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any)")
-    run.add_argument("--interval", type=seconds(), default=0.5, metavar="SECONDS",
-                     help="duty round period when nothing wakes it (default %(default)s)")
-    run.add_argument("--session-timeout", dest="zk_timeout", type=seconds(), default=5.0, metavar="SECONDS",
+    run.add_argument("--interval", type=seconds(), default=None, metavar="SECONDS",
+                     help="duty round period when nothing wakes it (default 0.5)")
+    run.add_argument("--session-timeout", dest="session_timeout", type=seconds(), default=None, metavar="SECONDS",
                      help="ZooKeeper session timeout: how fast a standby takes over when this one dies "
-                     "(default %(default)s)")
+                     "(default 5)")
     tls = run.add_argument_group("TLS (mutual TLS unless --insecure; without --tls-* flags: the coordinator "
                                  "certificate beside the CA registered for --zk, made there if missing)")
     tls.add_argument("--tls-cert", type=Path, metavar="PEM", help="the coordinator certificate (CN ordq-coordinator)")
     tls.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert")
     tls.add_argument("--tls-ca", type=Path, metavar="PEM", help="the cluster CA")
-    tls.add_argument("--insecure", action="store_true", help="serve plaintext gRPC: anyone on the network may call")
+    tls.add_argument("--insecure", action="store_true", default=None,
+                     help="serve plaintext gRPC: anyone on the network may call")
+
+
+def resolve_settings(args: argparse.Namespace) -> None:
+    """The flags over --config FILE over the defaults, resolved into ``args`` (ConfigError
+    when the file is refused or the addresses are not dialable)."""
+    file = (process_config.load(args.config, process_config.CoordinatorFile) if args.config
+            else process_config.CoordinatorFile())
+    process_config.apply_globals(args, file)
+    process_config.tls_from(args, file)
+    pick = functools.partial(process_config.pick, args)
+    args.listen = pick("listen", file.listen, DEFAULT_LISTEN)
+    args.advertise = pick("advertise", file.advertise, None)
+    args.metrics = pick("metrics", file.metrics, None)
+    args.interval = pick("interval", file.interval_s, 0.5)
+    args.zk_timeout = pick("session_timeout", file.session_timeout_s, 5.0)
+    addresses.check(args.listen, args.advertise)
 
 
 def coordinator_credentials(args: argparse.Namespace) -> Credentials:
@@ -85,6 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ordq.coordinator.service import CoordinatorService
     from ordq.coordinator.zk_retry import retry_zk
 
+    resolve_settings(args)
     creds = coordinator_credentials(args)
     # A transient ZooKeeper error at start (a restarting server, a busy machine) is ridden
     # out for a bounded time (coordinator/zk_retry.py); a refusal stops it with one line.
@@ -92,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     holder: list[Any] = []
     service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader,
                                  credentials=creds, subscriber=_subscriber(creds))
-    address = service.start(args.listen)
+    address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.
     ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
     daemon = CoordinatorDaemon(store, interval_s=args.interval, identifier=ident,
