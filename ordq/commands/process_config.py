@@ -146,7 +146,7 @@ def _build(cls: Any, doc: Any, prefix: str, base: Path) -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     unknown = sorted(set(doc) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]!r} (known keys: {', '.join(sorted(fields))})")
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}' (known keys: {', '.join(sorted(fields))})")
     values: dict[str, Any] = {}
     for name, value in doc.items():
         kind = fields[name].type

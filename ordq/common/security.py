@@ -11,6 +11,9 @@
   no TLS peer accepts it from a server: a client cannot pose as a broker that a broker dials
   for a copy. Brokers and coordinators (``ensure_coordinator_pki``) are both. A client
   certificate made before that rule (it also says ``serverAuth``) is issued again.
+- ``make_ca(folder)`` and ``issue(...)``: a CA of its own for a cluster across machines, and a
+  certificate from it naming the addresses (IPs, DNS names) its process is dialled at
+  (``ordq cert ca``, ``ordq cert issue``).
 - The credentials file (like a kubeconfig): ``ordq up`` registers the cluster it started under
   its ZooKeeper address and root, so every CLI command and SDK client finds them from ``--zk``
   alone. ``$ORDQ_CREDENTIALS``, else ``$ORDQ_HOME/credentials.json``, else
@@ -25,7 +28,7 @@ import fcntl
 import ipaddress
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,12 @@ CLIENT_CN = "ordq-client"
 # control calls from (Seal, Fence, Reconcile), and the server name clients of the coordinator
 # service (coordinator/service.py) see.
 COORDINATOR_CN = "ordq-coordinator"
+ZOOKEEPER_CN = "ordq-zookeeper"
+# What a certificate is for (``ordq cert issue --role``): its subject, and whether it may serve.
+ROLES: dict[str, tuple[str, bool]] = {"broker": (BROKER_CN, True), "coordinator": (COORDINATOR_CN, True),
+                                      "zookeeper": (ZOOKEEPER_CN, True), "client": (CLIENT_CN, False)}
+LOCAL_NAMES = (("localhost",), ("127.0.0.1",))  # (DNS names, IPs) of the certificates ensure_pki makes
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 @attrs.frozen(kw_only=True)
@@ -184,12 +193,81 @@ def ensure_coordinator_pki(folder: Path, *, create: bool = True) -> Credentials:
     return Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key))
 
 
+def make_ca(folder: Path) -> Path:
+    """A new cluster CA in ``folder`` (``ca.pem``, and ``ca-key.pem`` with mode 0600); returns
+    the path of ``ca.pem``. AlreadyExists when the folder holds one (never replaced: every
+    certificate it signed would stop being trusted)."""
+    from ordq.common.errors import AlreadyExists
+
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca_pem, ca_key = folder / "ca.pem", folder / "ca-key.pem"
+    if ca_pem.exists() or ca_key.exists():
+        raise AlreadyExists(f"{folder} holds a CA already (ca.pem/ca-key.pem): it is kept, since replacing it "
+                            "would untrust every certificate it signed")
+    _make_ca(ca_pem, ca_key)
+    return ca_pem
+
+
+def issue(ca_folder: Path, out: Path, name: str, *, role: str = "broker", ips: Sequence[str] = (),
+          dns: Sequence[str] = (), replace: bool = False) -> Credentials:
+    """A certificate signed by the CA in ``ca_folder`` (``ca.pem``, ``ca-key.pem``) for a
+    process of ``role`` (``ROLES``: its subject CN, and whether it may serve), naming ``ips``
+    and ``dns`` in its subjectAltName: a client dialling the process at any of them accepts
+    it, at any other name refuses it. Written to ``out/NAME.pem`` and ``out/NAME-key.pem``,
+    the key created with mode 0600. Returns the credentials (with ``ca.pem`` of ``ca_folder``).
+
+    Raises ConfigError for a bad name, IP or DNS name, a serving role without any address,
+    no CA (or its key) in ``ca_folder``, or files already there unless ``replace``."""
+    if not name or not set(name) <= _NAME_CHARS or name.startswith("."):
+        raise ConfigError(f"certificate name {name!r}: use letters, digits, '.', '_' and '-' (it names the files)")
+    if role not in ROLES:
+        raise ConfigError(f"role {role!r}: one of {', '.join(ROLES)}")
+    addrs = []
+    for ip in ips:
+        try:
+            addrs.append(ipaddress.ip_address(ip.strip("[]")))
+        except ValueError:
+            raise ConfigError(f"--ip {ip!r} is not an IP address (a DNS name goes in --dns)") from None
+    for host in dns:
+        labels = host.rstrip(".").split(".")
+        if not host or any(not label or not set(label) <= _NAME_CHARS - {"."} or label.startswith("-")
+                           for label in labels) or _is_ip(host):
+            raise ConfigError(f"--dns {host!r} is not a DNS name (an address goes in --ip)")
+    cn, server = ROLES[role]
+    if server and not addrs and not dns:
+        raise ConfigError(f"a {role} certificate must name where it is dialled: give --ip and/or --dns")
+    ca_pem, ca_key = ca_folder / "ca.pem", ca_folder / "ca-key.pem"
+    if not ca_pem.is_file():
+        raise ConfigError(f"no CA in {ca_folder} (no ca.pem): make one with ordq cert ca --out {ca_folder}, "
+                          "or give --ca-dir where it is")
+    if not ca_key.is_file():
+        raise ConfigError(f"{ca_folder} holds the CA certificate but not its key (ca-key.pem): issue "
+                          "certificates where the CA key is kept")
+    cert, key = out / f"{name}.pem", out / f"{name}-key.pem"
+    if not replace and (cert.exists() or key.exists()):
+        raise ConfigError(f"{cert} or {key} exists already: give --replace to issue it again")
+    out.mkdir(parents=True, exist_ok=True)
+    _make_cert(ca_pem, ca_key, cert, key, cn, server=server, dns=tuple(dns), ips=tuple(str(a) for a in addrs))
+    return Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key))
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _write_key(path: Path, key: Any) -> None:
     from cryptography.hazmat.primitives import serialization
 
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+    # Created with its mode, never chmod-ed after: O_EXCL, so a leftover file of another
+    # mode (O_TRUNC would keep its mode) is replaced by a new one rather than reused.
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
 
@@ -228,9 +306,11 @@ def _make_ca(cert_path: Path, key_path: Path) -> None:
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path, cn: str, *, server: bool) -> None:
+def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path, cn: str, *, server: bool,
+               dns: Sequence[str] = LOCAL_NAMES[0], ips: Sequence[str] = LOCAL_NAMES[1]) -> None:
     """A certificate for ``cn`` signed by the CA: for client authentication, and also for
-    server authentication when ``server`` (brokers and coordinators serve; clients never do)."""
+    server authentication when ``server`` (brokers and coordinators serve; clients never do);
+    valid for the names ``dns`` and addresses ``ips``."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -241,10 +321,11 @@ def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path
     key = ec.generate_private_key(ec.SECP256R1())
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server \
         else [ExtendedKeyUsageOID.CLIENT_AUTH]
-    san = x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                       x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-    cert = (_builder(_name(cn), ca.subject, key.public_key())
-            .add_extension(san, critical=False)
+    names = [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
+    builder = _builder(_name(cn), ca.subject, key.public_key())
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = (builder
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]

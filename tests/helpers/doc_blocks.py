@@ -18,8 +18,8 @@ writers: docs/CONTRIBUTING.md):
   durations, timestamps and generated ids are written ``...``. A command with nothing after
   it must print nothing. A ``$`` line ending in ``\\`` continues on the next line.
 - **Plain shell blocks** (``bash``/``sh``/``shell``, no ``$`` line): each line (``\\``
-  continues it; ``#`` comments and blank lines skipped) runs in the same session and must
-  exit 0; what it prints is not checked.
+  continues it, a here-document ``<<EOF`` runs to its ``EOF`` line; ``#`` comments and blank
+  lines skipped) runs in the same session and must exit 0; what it prints is not checked.
 - **Python blocks** (``python``): run in order in one Python process per doc, sharing their
   globals (like a REPL session, or doctest), so a later block can use ``cfg`` from an earlier
   one; each must finish without an exception. A block directly followed by an ``output``
@@ -168,13 +168,26 @@ def _adjacent(lines: list[str], start: int, body: tuple[str, ...], next_start: i
     return all(not line.strip() for line in lines[close:next_start - 1])
 
 
+HEREDOC_RE = re.compile(r"<<-?\s*(?P<q>['\"]?)(?P<word>[A-Za-z_][A-Za-z0-9_]*)(?P=q)")
+
+
 def _join_continued(items: list[tuple[int, str]]) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     pending: tuple[int, str] | None = None
+    heredoc: str | None = None  # the word that ends the here-document being read
     for n, text in items:
         if pending is not None:
             n, text = pending[0], pending[1] + "\n" + text
             pending = None
+        if heredoc is not None:
+            if text.rsplit("\n", 1)[-1].strip() != heredoc:
+                pending = (n, text)
+                continue
+            heredoc = None
+        elif m := HEREDOC_RE.search(text):
+            heredoc = m["word"]
+            pending = (n, text)
+            continue
         if text.endswith("\\"):
             pending = (n, text)
             continue
