@@ -318,3 +318,46 @@ def test_zookeeper_and_coordinator_files_are_checked_too(tmp_path: Path) -> None
         process_config.load(_toml(tmp_path / "z3.toml", '[[servers]]\nhost = "a"\n' * 3), process_config.ZkFile)
     with pytest.raises(ConfigError, match="unknown key 'group'"):
         process_config.load(_toml(tmp_path / "c.toml", 'group = "g1"\n'), process_config.CoordinatorFile)
+
+
+def test_cert_register_keeps_the_token_and_zookeeper_credential(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from ordq.common.security import lookup
+
+    zk = "10.9.9.9:2181"
+    register(zk, ROOT, Credentials(token="tok", zk_auth="u:p"), cluster="c1")
+    files = []
+    for name in ("c.pem", "c-key.pem", "ca.pem"):
+        (tmp_path / name).write_text("x")
+        files.append(str(tmp_path / name))
+    assert main(["--zk", zk, "cert", "register", "--cert", files[0], "--key", files[1], "--ca", files[2]]) == 0
+    got = lookup(zk, ROOT)
+    assert (got.cert_file, got.key_file, got.ca_file, got.token, got.zk_auth) == (*files, "tok", "u:p")
+    capsys.readouterr()
+    assert main(["--zk", zk, "cert", "register", "--cert", "nope.pem", "--key", files[1], "--ca", files[2]]) == 1
+    assert "nope.pem does not exist" in capsys.readouterr().err
+
+
+def test_an_ensemble_across_hosts_is_kept_and_contradictions_refused(tmp_path: Path) -> None:
+    from ordq.zk_server import NodeSpec
+
+    specs = [NodeSpec(2181, 2888, 3888, host) for host in (HOST1, HOST2, HOST3)]
+    server = ZkServer(tmp_path / "zk", specs=specs, local=[1])
+    assert server.connection_string == f"{HOST1}:2181,{HOST2}:2181,{HOST3}:2181"
+    assert not server.runs_all and server.local == (1,)
+    server._save()  # what start() writes before it starts the node
+    server._write_node_files(1)
+    cfg = (tmp_path / "zk" / "node1" / "zoo.cfg").read_text()
+    assert f"clientPortAddress={HOST2}" in cfg and f"server.3={HOST3}:2888:3888" in cfg
+    assert (tmp_path / "zk" / "node1" / "data" / "myid").read_text() == "2\n"
+    again = ZkServer.load(tmp_path / "zk")
+    assert again.specs == server.specs and again.local == (1,)
+    with pytest.raises(ConfigError, match="runs ZooKeeper node"):
+        ZkServer(tmp_path / "zk", local=[0])
+    with pytest.raises(ConfigError, match="holds a ZooKeeper at"):
+        ZkServer(tmp_path / "zk", specs=[NodeSpec(2181, 2888, 3888, h) for h in (HOST1, HOST2, "10.0.0.9")])
+    # hosts without ports: free ports picked on each node's own address
+    picked = ZkServer(tmp_path / "zk2", nodes=3, hosts=[HOST1, HOST1, HOST2])
+    assert [s.host for s in picked.specs] == [HOST1, HOST1, HOST2]
+    ports = [p for s in picked.specs[:2] for p in (s.client_port, s.quorum_port, s.election_port)]
+    assert len(set(ports)) == 6

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, wants_json
+from ordq.common import security
 from ordq.common.errors import ConfigError
-from ordq.common.security import ROLES, issue, lookup, make_ca
+from ordq.common.security import ROLES, Credentials, issue, lookup, make_ca
 from ordq.output import emit_json
 
 
@@ -40,6 +41,15 @@ def register(subparsers: Any) -> None:
     iss.add_argument("--out", type=Path, default=None, metavar="DIR",
                      help="where to write the certificate and key (default: the CA's folder)")
     iss.add_argument("--replace", action="store_true", help="issue again over an existing NAME.pem")
+    reg = add_command(sub, "register", func=cmd_register,
+                      help="make the CLI and SDK clients on this machine present these files to the cluster at --zk",
+                      description="Register a client certificate, its key and the cluster CA for the cluster at "
+                      "--zk/--root in this user's credentials file ($ORDQ_CREDENTIALS, else "
+                      "~/.config/ordq/credentials.json; docs/SECURITY.md): every ordq command and SDK client "
+                      "on this machine then reaches that cluster over mutual TLS with them.")
+    for flag, what in (("--cert", "the client certificate (ordq cert issue --role client)"), ("--key", "its key"),
+                       ("--ca", "the cluster CA (ca.pem)")):
+        reg.add_argument(flag, type=Path, required=True, metavar="PEM", help=what)
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
@@ -48,6 +58,20 @@ def cmd_ca(args: argparse.Namespace) -> int:
         emit_json({"ca": str(ca_pem), "key": str(args.out / "ca-key.pem")})
     else:
         print(f"CA made: {ca_pem} (give it to every machine); its key {args.out / 'ca-key.pem'} stays here")
+    return 0
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    for f in (args.cert, args.key, args.ca):
+        if not f.is_file():
+            raise ConfigError(f"{f} does not exist")
+    creds = Credentials(ca_file=str(args.ca.absolute()), cert_file=str(args.cert.absolute()),
+                        key_file=str(args.key.absolute()))
+    security.register_tls(args.zk, args.root, creds)
+    if wants_json(args):
+        emit_json({"cluster": f"{args.zk}{args.root}", **creds.to_dict()})
+    else:
+        print(f"clients of {args.zk}{args.root} on this machine present {args.cert} (CA {args.ca})")
     return 0
 
 

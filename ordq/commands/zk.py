@@ -154,6 +154,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         emit_json({"dir": str(server.folder), "connection_string": server.connection_string, "nodes": rows})
     else:
         print(f"ZooKeeper in {args.dir}: {server.connection_string}")
-        table(rows, ["node", "myid", "host", "port", "pid", "mode"])
+        spread = any(r["host"] != "127.0.0.1" for r in rows)  # an ensemble across machines
+        table(rows, ["node", "myid", *(["host"] if spread else []), "port", "pid", "mode"])
     serving = all(r["mode"] in ("standalone", "leader", "follower") for r in rows)
     return 0 if serving else 3

@@ -397,6 +397,16 @@ def register(zk_hosts: str, root: str, creds: Credentials, *, cluster: str | Non
         clusters[_key(zk_hosts, root)] = entry
 
 
+def register_tls(zk_hosts: str, root: str, creds: Credentials) -> None:
+    """Present the TLS files of ``creds`` (CA, certificate, key) to the cluster at
+    (``zk_hosts``, ``root``) from now on (``ordq cert register``); what the entry holds besides
+    (token, ZooKeeper credential, the cluster's identity) is kept."""
+    with _locked_file() as clusters:
+        entry = clusters.setdefault(_key(zk_hosts, root), {})
+        for field in ("ca_file", "cert_file", "key_file"):
+            entry[field] = getattr(creds, field)
+
+
 def unregister(zk_hosts: str, root: str, *, cluster: str | None = None, path: Path | None = None) -> bool:
     """Remove the entry for (``zk_hosts``, ``root``); with ``cluster``, only when it is that
     cluster's (an entry without an identity, from an older ordq, counts as anyone's): stopping
