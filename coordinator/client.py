@@ -17,15 +17,14 @@ so importing this module does not load gRPC.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ordq.common.errors import ClosedError, CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
-from ordq.common.security import Credentials, channel, token_metadata
+from ordq.common.errors import CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
+from ordq.common.security import Credentials, StubCache, channel, token_metadata
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.state import Cursor, QueueState
 
@@ -63,18 +62,12 @@ class CoordinatorClient:
         self.credentials = credentials or Credentials()
         self.timeout_s = timeout_s
         self._md = token_metadata(self.credentials)
-        self._lock = threading.Lock()
         self._leader: str | None = None
-        self._channels: dict[str, Any] = {}
-        self._stubs: dict[str, Any] = {}
-        self._closed = False
+        self._stubs: StubCache[Any, Any] = StubCache(self._open_channel, self._make_stub, "coordinator client")
         self.resolves = 0  # election reads (tests: how often the leader was looked up)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-        for ch in channels:
+        for ch in self._stubs.close():
             ch.close()
 
     def __enter__(self) -> CoordinatorClient:
@@ -95,18 +88,19 @@ class CoordinatorClient:
         except Exception:  # noqa: BLE001 - ZooKeeper away: the caller retries until its deadline
             return ""
 
-    def _stub(self, address: str) -> Any:
-        with self._lock:
-            if self._closed:
-                raise ClosedError("coordinator client is closed")
-            stub = self._stubs.get(address)
-            if stub is None:
-                from ordq.wire import ordq_pb2_grpc as pb_grpc
-                from ordq.wire.framing import GRPC_OPTIONS
+    def _open_channel(self, address: str) -> Any:
+        from ordq.wire.framing import GRPC_OPTIONS
 
-                ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
-                stub = self._stubs[address] = pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
-            return stub
+        return channel(address, self.credentials, GRPC_OPTIONS)
+
+    @staticmethod
+    def _make_stub(ch: Any) -> Any:
+        from ordq.wire import ordq_pb2_grpc as pb_grpc
+
+        return pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
+
+    def _stub(self, address: str) -> Any:
+        return self._stubs.get(address)
 
     def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
         import grpc

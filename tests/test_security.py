@@ -14,9 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ordq.cli import main
-from ordq.common.errors import ConfigError, PermissionDenied
+from ordq.common.errors import ClosedError, ConfigError, PermissionDenied
 from ordq.common.metrics import scrape, value
-from ordq.common.security import Credentials, credentials_path, ensure_pki, lookup, register, unregister
+from ordq.common.security import (
+    Credentials,
+    StubCache,
+    credentials_path,
+    ensure_pki,
+    lookup,
+    register,
+    unregister,
+)
 from ordq.coordinator.tokens import (
     ANY,
     ROLES,
@@ -33,6 +41,18 @@ from ordq.sdk import Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 
 # -- grants (no I/O) --------------------------------------------------------------------------
+
+
+def test_one_channel_and_stub_per_address_until_closed() -> None:
+    """The clients of brokers (sync and grpc.aio) and of the coordinator share this cache."""
+    opened: list[str] = []
+    cache: StubCache[str, tuple[str]] = StubCache(lambda a: opened.append(a) or f"ch:{a}", lambda ch: (ch,), "client")
+    assert cache.get("a:1") is cache.get("a:1") and cache.get("b:2") == ("ch:b:2",)
+    assert opened == ["a:1", "b:2"]
+    assert cache.close() == ["ch:a:1", "ch:b:2"]  # the caller closes them (sync, or awaited on the loop)
+    with pytest.raises(ClosedError, match="client is closed"):
+        cache.get("a:1")
+    assert cache.close() == []
 
 
 def test_grants_parse_roles_on_queues_and_refuse_nonsense() -> None:

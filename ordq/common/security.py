@@ -28,14 +28,15 @@ import fcntl
 import ipaddress
 import json
 import os
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 import grpc
 
-from ordq.common.errors import ConfigError
+from ordq.common.errors import ClosedError, ConfigError
 
 BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
 CLIENT_CN = "ordq-client"
@@ -101,6 +102,44 @@ def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
     if tls is None:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, tls, options=options)
+
+
+C = TypeVar("C")
+S = TypeVar("S")
+
+
+class StubCache(Generic[C, S]):
+    """One channel and one stub per address: a stub builds a callable per method (~100 µs),
+    so one per channel, not one per call. Thread-safe; ``close()`` hands back the channels
+    for the caller to close (sync or grpc.aio) and later ``get`` raises ClosedError."""
+
+    def __init__(self, open_channel: Callable[[str], C], make_stub: Callable[[C], S], what: str) -> None:
+        self._open_channel = open_channel
+        self._make_stub = make_stub
+        self._what = what
+        self._channels: dict[str, C] = {}
+        self._stubs: dict[str, S] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self, address: str) -> S:
+        stub = self._stubs.get(address)  # no lock on the hot path: a dict read is atomic
+        if stub is not None and not self._closed:
+            return stub
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"{self._what} is closed")
+            stub = self._stubs.get(address)
+            if stub is None:
+                ch = self._channels[address] = self._open_channel(address)
+                stub = self._stubs[address] = self._make_stub(ch)
+            return stub
+
+    def close(self) -> list[C]:
+        with self._lock:
+            self._closed = True
+            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        return channels
 
 
 def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Channel:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import grpc
 
-from ordq.common.errors import BrokerUnavailable, ClosedError
-from ordq.common.security import Credentials, aio_channel, token_metadata
+from ordq.common.errors import BrokerUnavailable
+from ordq.common.security import Credentials, StubCache, aio_channel, token_metadata
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import from_rpc_error
@@ -31,18 +31,11 @@ class AioTransport:
         self.credentials = credentials or Credentials()
         self.rpc_timeout_s = rpc_timeout_s
         self._md = token_metadata(self.credentials)
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, pb_grpc.BrokerStub] = {}  # one per channel: a stub costs ~100 µs
-        self._closed = False
+        self._stubs: StubCache[grpc.aio.Channel, pb_grpc.BrokerStub] = StubCache(
+            lambda address: aio_channel(address, self.credentials, GRPC_OPTIONS), pb_grpc.BrokerStub, "transport")
 
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
-        if self._closed:
-            raise ClosedError("transport is closed")
-        stub = self._stubs.get(address)
-        if stub is None:
-            ch = self._channels[address] = aio_channel(address, self.credentials, GRPC_OPTIONS)
-            stub = self._stubs[address] = pb_grpc.BrokerStub(ch)
-        return stub
+        return self._stubs.get(address)
 
     def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "") -> AioProduceStream:
         return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
@@ -59,9 +52,7 @@ class AioTransport:
         return FetchResult(batches=list(res.batches), readable_end=res.readable_end, sealed=res.sealed)
 
     async def close(self) -> None:
-        self._closed = True
-        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-        for ch in channels:
+        for ch in self._stubs.close():
             await ch.close()
 
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ordq.common.errors import BrokerUnavailable, ClosedError
-from ordq.common.security import Credentials, channel, token_metadata
+from ordq.common.errors import BrokerUnavailable
+from ordq.common.security import Credentials, StubCache, channel, token_metadata
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.batch import parse_header
@@ -41,24 +41,11 @@ class GrpcTransport:
         self._md = token_metadata(self.credentials)
         self.rpc_timeout_s = rpc_timeout_s
         self.copy_timeout_s = copy_timeout_s
-        self._channels: dict[str, grpc.Channel] = {}
-        # A stub builds a callable per method (~100 µs): one per channel, not one per call.
-        self._stubs: dict[str, pb_grpc.BrokerStub] = {}
-        self._lock = threading.Lock()
-        self._closed = False
+        self._stubs: StubCache[grpc.Channel, pb_grpc.BrokerStub] = StubCache(
+            lambda address: channel(address, self.credentials, GRPC_OPTIONS), pb_grpc.BrokerStub, "transport")
 
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
-        stub = self._stubs.get(address)
-        if stub is not None and not self._closed:
-            return stub
-        with self._lock:
-            if self._closed:
-                raise ClosedError("transport is closed")
-            ch = self._channels.get(address)
-            if ch is None:
-                ch = self._channels[address] = channel(address, self.credentials, GRPC_OPTIONS)
-                self._stubs[address] = pb_grpc.BrokerStub(ch)
-            return self._stubs[address]
+        return self._stubs.get(address)
 
     def _call(self, address: str, fn: Callable[[pb_grpc.BrokerStub], T]) -> T:
         try:
@@ -67,10 +54,7 @@ class GrpcTransport:
             raise from_rpc_error(exc, address) from exc
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-        for ch in channels:
+        for ch in self._stubs.close():
             ch.close()
 
     # -- control ------------------------------------------------------------------------------
