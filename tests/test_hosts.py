@@ -158,6 +158,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
 
 
 @needs_aliases
+@pytest.mark.zk
 def test_each_process_binds_and_advertises_only_its_own_address(deployed: Deployed,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     own = {"master": HOST2, "slave": HOST3, "coordinator": HOST3}
@@ -178,6 +179,7 @@ def test_each_process_binds_and_advertises_only_its_own_address(deployed: Deploy
 
 
 @needs_aliases
+@pytest.mark.zk
 def test_produce_and_consume_across_the_hosts(deployed: Deployed, capsys: pytest.CaptureFixture[str]) -> None:
     zk = ["--zk", deployed.zk_hosts]
     assert main([*zk, "queue", "create", "orders"]) == 0
@@ -205,6 +207,7 @@ def _health(address: str, creds: Credentials, name: str | None = None) -> grpc.R
 
 
 @needs_aliases
+@pytest.mark.zk
 def test_a_certificate_is_accepted_at_the_address_it_names_and_refused_at_another(deployed: Deployed) -> None:
     master = deployed.addresses["master"]  # 127.0.0.3:port, its certificate names 127.0.0.3
     assert _health(master, deployed.client) is None
