@@ -5,7 +5,7 @@ The "machines" are loopback aliases: Linux routes all of 127.0.0.0/8 to ``lo``, 
 can bind 127.0.0.2 without root or any setup. One cluster for the module, deployed the way
 docs/OPERATIONS.md ("Deploying on three machines") does it, from per-process config files:
 
-    host1 127.0.0.2  ZooKeeper (``ordq zk start --config``)
+    host1 127.0.0.2  ZooKeeper, TLS clients only (``ordq zk start --config``)
     host2 127.0.0.3  the master of g1 (``ordq broker run --config``)
     host3 127.0.0.4  the slave of g1 and a coordinator (``ordq coordinator run --config``)
 
@@ -19,6 +19,7 @@ import ipaddress
 import json
 import os
 import socket
+import ssl
 import stat
 import sys
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from ordq.commands.broker import broker_config
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
 from ordq.common.security import Credentials, register
-from ordq.zk_server import ZkServer, free_ports
+from ordq.zk_server import ZkServer, four_letter_word, free_ports
 
 HOST1, HOST2, HOST3 = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 ROOT = "/ordq"
@@ -88,9 +89,10 @@ def _toml(path: Path, text: str) -> Path:
     return path
 
 
-def _tls(certs: Path, name: str) -> str:
+def _tls(certs: Path, name: str, *, zookeeper: bool = True) -> str:
     cert, key = certs / f"{name}.pem", certs / f"{name}-key.pem"
-    return f'[tls]\ncert = "{cert}"\nkey = "{key}"\nca = "{certs / "ca.pem"}"\n'
+    return (f'[tls]\ncert = "{cert}"\nkey = "{key}"\nca = "{certs / "ca.pem"}"\n'
+            + ("zookeeper = true\n" if zookeeper else ""))
 
 
 @attrs.frozen
@@ -117,20 +119,22 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     assert main(["cert", "ca", "--out", str(ca)]) == 0
     (certs).mkdir()
     (certs / "ca.pem").write_bytes((ca / "ca.pem").read_bytes())  # what each machine gets
+    _issue(ca, certs, "zk", "zookeeper", HOST1)
     _issue(ca, certs, "master", "broker", HOST2)
     _issue(ca, certs, "slave", "broker", HOST3)
     _issue(ca, certs, "coordinator", "coordinator", HOST3)
     _issue(ca, certs, "client", "client")
     [zk_port] = free_ports(1, host=HOST1)
     zk_file = _toml(folder / "host1" / "zk.toml",
-                    f'dir = "zk"\n[[servers]]\nhost = "{HOST1}"\nclient_port = {zk_port}\n')
+                    f'dir = "zk"\n[[servers]]\nhost = "{HOST1}"\nclient_port = {zk_port}\n'
+                    + _tls(certs, "zk", zookeeper=False))
     zk_hosts = f"{HOST1}:{zk_port}"
     assert main(["zk", "start", "--config", str(zk_file)]) == 0
     zk = ZkServer.load(folder / "host1" / "zk")
     processes: dict[str, ManagedProcess] = {}
     try:
         client = Credentials(ca_file=str(certs / "ca.pem"), cert_file=str(certs / "client.pem"),
-                             key_file=str(certs / "client-key.pem"))
+                             key_file=str(certs / "client-key.pem"), zk_tls=True)
         register(zk_hosts, ROOT, client)  # where CLI commands and SDK clients of this test find them
         assert main(["--zk", zk_hosts, "group", "add", "g1"]) == 0
         for name, host, role in (("slave", HOST3, "slave"), ("master", HOST2, "master")):
@@ -144,10 +148,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         processes["coordinator"] = ManagedProcess("coordinator", [sys.executable, "-m", "ordq.cli", "coordinator",
                                                                   "run", "--config", str(cfg)], run_dir=folder / "run")
         addresses = {}
-        for name in ("slave", "master", "coordinator"):  # a slave first: the master takes writes with one
-            proc = processes[name]
+        for proc in processes.values():  # all at once: each waits for what it needs by itself
             proc.start()
-            line = proc.wait_for_line("SERVING " if name == "coordinator" else "READY ", timeout_s=60)
+        for name, proc in processes.items():
+            line = proc.wait_for_line("SERVING " if name == "coordinator" else "READY ", timeout_s=90)
             addresses[name] = line.split()[0]
         processes["coordinator"].wait_for_line("READY coordinator", timeout_s=60)
         yield Deployed(folder, zk, zk_hosts, processes, addresses, client)
@@ -214,6 +218,13 @@ def test_a_certificate_is_accepted_at_the_address_it_names_and_refused_at_anothe
     for other in ("127.0.0.9", "host2.example"):  # names its certificate does not carry
         refused = _health(master, deployed.client, name=other)
         assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, other
+    # ZooKeeper's certificate too: it names 127.0.0.2, where it is dialled, and nothing else
+    port = deployed.zk.specs[0].client_port
+    assert "Mode: standalone" in four_letter_word(port, tls=deployed.client, host=HOST1)
+    ctx = ssl.create_default_context(cafile=deployed.client.ca_file)
+    ctx.load_cert_chain(str(deployed.client.cert_file), deployed.client.key_file)
+    with socket.create_connection((HOST1, port), timeout=10) as raw, pytest.raises(ssl.SSLCertVerificationError):
+        ctx.wrap_socket(raw, server_hostname="127.0.0.9")
 
 
 # -- ordq cert issue, config files: no cluster ----------------------------------------------

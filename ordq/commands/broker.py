@@ -14,7 +14,7 @@ from typing import Any
 from ordq.commands import add_command, process_config, seconds
 from ordq.common.errors import ConfigError
 from ordq.common.proc import announce
-from ordq.common.security import Credentials
+from ordq.common.security import Credentials, remember_zk_tls
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 SWITCH_INTERVAL_S = 0.0005  # the broker process's GIL switch interval (Python's default: 5 ms)
@@ -78,6 +78,8 @@ def register(subparsers: Any) -> None:
                      help="the cluster CA: peers (brokers and clients) must show a certificate it signed")
     tls.add_argument("--insecure", action="store_true", default=None,
                      help="serve plaintext gRPC: anyone on the network may call")
+    tls.add_argument("--zk-tls", action="store_true", default=None,
+                     help="reach ZooKeeper over TLS (its secure client port), presenting --tls-cert")
 
 
 def broker_credentials(args: argparse.Namespace) -> Credentials:
@@ -95,7 +97,7 @@ def broker_credentials(args: argparse.Namespace) -> Credentials:
         if not f.is_file():
             raise ConfigError(f"TLS file {f} does not exist")
     return Credentials(ca_file=str(args.tls_ca), cert_file=str(args.tls_cert), key_file=str(args.tls_key),
-                       zk_auth=zk_auth)
+                       zk_auth=zk_auth, zk_tls=bool(getattr(args, "zk_tls", None)))
 
 
 def budget_config(args: argparse.Namespace) -> Any:
@@ -156,6 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ordq.broker_group.service import Broker
 
     cfg = broker_config(args)
+    if cfg.credentials.zk_tls:  # every ZooKeeper client of this process (ordq.common.security.zk_tls_options)
+        remember_zk_tls(cfg.zk_hosts, cfg.credentials)
     # The GIL changes hands every 0.5 ms rather than 5: a worker building a huge answer for one
     # client must not keep the loop, and every other queue's produce and ack, waiting (issue 25).
     sys.setswitchinterval(SWITCH_INTERVAL_S)

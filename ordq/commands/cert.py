@@ -50,6 +50,8 @@ def register(subparsers: Any) -> None:
     for flag, what in (("--cert", "the client certificate (ordq cert issue --role client)"), ("--key", "its key"),
                        ("--ca", "the cluster CA (ca.pem)")):
         reg.add_argument(flag, type=Path, required=True, metavar="PEM", help=what)
+    reg.add_argument("--zk-tls", action="store_true",
+                     help="the cluster's ZooKeeper serves TLS: present the certificate to it too")
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
@@ -66,7 +68,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         if not f.is_file():
             raise ConfigError(f"{f} does not exist")
     creds = Credentials(ca_file=str(args.ca.absolute()), cert_file=str(args.cert.absolute()),
-                        key_file=str(args.key.absolute()))
+                        key_file=str(args.key.absolute()), zk_tls=args.zk_tls)
     security.register_tls(args.zk, args.root, creds)
     if wants_json(args):
         emit_json({"cluster": f"{args.zk}{args.root}", **creds.to_dict()})

@@ -57,6 +57,8 @@ def register(subparsers: Any) -> None:
     tls.add_argument("--tls-ca", type=Path, metavar="PEM", help="the cluster CA")
     tls.add_argument("--insecure", action="store_true", default=None,
                      help="serve plaintext gRPC: anyone on the network may call")
+    tls.add_argument("--zk-tls", action="store_true", default=None,
+                     help="reach ZooKeeper over TLS (its secure client port), presenting --tls-cert")
 
 
 def resolve_settings(args: argparse.Namespace) -> None:
@@ -97,7 +99,7 @@ def coordinator_credentials(args: argparse.Namespace) -> Credentials:
             if not f.is_file():
                 raise ConfigError(f"TLS file {f} does not exist")
         return Credentials(ca_file=str(args.tls_ca), cert_file=str(args.tls_cert), key_file=str(args.tls_key),
-                           zk_auth=zk_auth, token=token)
+                           zk_auth=zk_auth, token=token, zk_tls=bool(getattr(args, "zk_tls", None)))
     if registered.ca_file is None:
         return Credentials(zk_auth=zk_auth, token=token)
     folder = Path(registered.ca_file).parent
@@ -115,6 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     resolve_settings(args)
     creds = coordinator_credentials(args)
+    if creds.zk_tls:  # every ZooKeeper client of this process (ordq.common.security.zk_tls_options)
+        from ordq.common.security import remember_zk_tls
+
+        remember_zk_tls(args.zk, creds)
     # A transient ZooKeeper error at start (a restarting server, a busy machine) is ridden
     # out for a bounded time (coordinator/zk_retry.py); a refusal stops it with one line.
     store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")

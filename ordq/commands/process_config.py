@@ -47,12 +47,14 @@ def _address(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None
 
 @attrs.frozen(kw_only=True)
 class TlsFiles:
-    """``[tls]``: the process's certificate and key, the cluster CA; or ``insecure = true``."""
+    """``[tls]``: the process's certificate and key, the cluster CA; or ``insecure = true``.
+    ``zookeeper = true``: reach ZooKeeper over TLS too, presenting the same certificate."""
 
     cert: Path | None = attrs.field(default=None, validator=_path)
     key: Path | None = attrs.field(default=None, validator=_path)
     ca: Path | None = attrs.field(default=None, validator=_path)
     insecure: bool = attrs.field(default=False, validator=_bool)
+    zookeeper: bool = attrs.field(default=False, validator=_bool)
 
 
 @attrs.frozen(kw_only=True)
@@ -187,7 +189,10 @@ def apply_globals(args: argparse.Namespace, cfg: ServerFile) -> None:
 
 def tls_from(args: argparse.Namespace, cfg: ServerFile) -> None:
     """``--tls-cert/--tls-key/--tls-ca/--insecure`` from the file's ``[tls]`` unless some TLS
-    flag was given (TLS settings are taken from one place, never mixed)."""
+    flag was given (TLS settings are taken from one place, never mixed); ``--zk-tls`` from
+    ``zookeeper`` unless given."""
+    if getattr(args, "zk_tls", None) is None:
+        args.zk_tls = cfg.tls.zookeeper
     if any(getattr(args, f, None) for f in ("tls_cert", "tls_key", "tls_ca", "insecure")):
         return
     args.tls_cert, args.tls_key, args.tls_ca = cfg.tls.cert, cfg.tls.key, cfg.tls.ca
