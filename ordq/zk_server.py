@@ -88,7 +88,7 @@ class NodeStatus:
     @property
     def state(self) -> str:
         if self.remote:
-            return self.mode or "unreachable"
+            return self.mode or "not serving"  # (or unreachable: from here, the same)
         if self.pid is None:
             return "down"
         return self.mode or "not serving"
