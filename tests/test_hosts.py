@@ -375,3 +375,27 @@ def test_an_ensemble_across_hosts_is_kept_and_contradictions_refused(tmp_path: P
     assert [s.host for s in picked.specs] == [HOST1, HOST1, HOST2]
     ports = [p for s in picked.specs[:2] for p in (s.client_port, s.quorum_port, s.election_port)]
     assert len(set(ports)) == 6
+
+
+def test_the_advertised_address_is_the_listen_host_unless_given() -> None:
+    from ordq.broker_group.config import BrokerConfig
+    from ordq.broker_group.replica import Role
+    from ordq.common.addresses import advertised, split_host_port
+
+    assert advertised("127.0.0.3:0", None, 4711) == "127.0.0.3:4711"
+    assert advertised("0.0.0.0:7000", "10.0.0.2", 7000) == "10.0.0.2:7000"
+    assert advertised("0.0.0.0:0", "host2.example:9000", 41234) == "host2.example:9000"  # a NAT's port
+    assert advertised("[::1]:0", None, 5) == "[::1]:5"
+    assert split_host_port("[fd00::2]:7000") == ("[fd00::2]", 7000)
+    assert split_host_port("fd00::2", port_optional=True) == ("fd00::2", None)
+    for listen, advertise, says in (("0.0.0.0:7000", None, "needs an advertised address"),
+                                    ("[::]:7000", None, "needs an advertised address"),
+                                    ("10.0.0.2", None, "must be HOST:PORT"),
+                                    ("10.0.0.2:70000", None, "port 0..65535"),
+                                    ("0.0.0.0:0", "0.0.0.0", "no address a client can dial"),
+                                    ("0.0.0.0:0", "10.0.0.2:0", "no address a client can dial")):
+        with pytest.raises(ConfigError, match=says):
+            advertised(listen, advertise, 1)
+        with pytest.raises(ConfigError, match=says):  # refused when built, before anything binds
+            BrokerConfig(gid="g", role=Role.MASTER, data_dir=Path("d"), zk_hosts="z:1", listen=listen,
+                         advertise=advertise)
