@@ -182,6 +182,7 @@ def test_a_here_document_runs_as_one_step() -> None:
         "```\n"
     )
     [block] = parse_doc("d.md", doc)
+    assert block.host is None
     assert [(s.source, s.line) for s in block.steps] == [
         ('cat > a.toml <<EOF\nhost = "$HOST1"\n# a line of the file, not a comment\nEOF', 2),
         ("cat > b.toml <<'END'\nx = 1\nEND", 6), ("echo done", 9)]
@@ -332,6 +333,8 @@ def test_deploying_on_three_machines_runs_as_written(tmp_path: Path) -> None:
     net = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
     hosts = f"export HOST1={net}.2 HOST2={net}.3 HOST3={net}.4"
     text = doc_section("docs/OPERATIONS.md", THREE_MACHINES)
+    hosts_of_blocks = {b.host for b in parse_doc("docs/OPERATIONS.md", text) if b.runs}
+    assert hosts_of_blocks == {"host1", "host2", "host3", "every host"}  # what the lab runs where
     with DocSession(tmp_path / "run", doc="docs/OPERATIONS.md") as session:
         out, code = session.run(Step("run", hosts, 0), timeout_s=10)
         assert code == 0, out

@@ -28,6 +28,10 @@ writers: docs/CONTRIBUTING.md):
   quoting a doc), and a block whose
   preceding line is ``<!-- doc-test: skip REASON -->`` (the reason is required, e.g. "this is
   what CI runs").
+- **Where a block runs** (a doc deploying on several machines, docs/OPERATIONS.md): a comment
+  ``<!-- on: host2 -->`` among the comment lines before a block names the machine
+  (``Block.host``); the lab of network namespaces runs the block there, a one-machine run
+  (loopback aliases) runs every block in its one session.
 - ``127.0.0.1:2181`` (the default ZooKeeper address) stands for the session's ZooKeeper:
   replaced by its real address in commands and Python code, and the real address is shown
   as ``127.0.0.1:2181`` in what they print, so a doc reads as on a fresh machine.
@@ -42,6 +46,7 @@ from pathlib import Path
 import attrs
 
 OPT_IN = "<!-- doc-test -->"
+ON_RE = re.compile(r"^<!--\s*on:\s*(?P<host>.*?)\s*-->\s*$")
 SKIP_RE = re.compile(r"^<!--\s*doc-test:\s*skip\b\s*(?P<reason>.*?)\s*-->\s*$")
 EXIT_RE = re.compile(r"^\[exit (?P<code>\d+)\]$")
 FENCE_RE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
@@ -85,6 +90,7 @@ class Block:
     body: tuple[str, ...]
     skip_reason: str | None = None
     steps: tuple[Step, ...] = ()
+    host: str | None = None  # the machine it runs on (``<!-- on: NAME -->``), if the doc says
 
     @property
     def runs(self) -> bool:
@@ -118,7 +124,7 @@ def parse_doc(path: str, text: str) -> list[Block]:
             steps = _dollar_steps(path, start, body)
         elif info in SHELL_INFOS:
             steps = _shell_steps(start, body)
-        blocks.append(Block(path, start, info, tuple(body), skip, steps))
+        blocks.append(Block(path, start, info, tuple(body), skip, steps, _on_host(lines, start - 1)))
         i += 1
     return blocks
 
@@ -146,6 +152,16 @@ def _fenced_blocks(path: str, lines: list[str]) -> list[tuple[int, str, tuple[st
         out.append((start, m["info"].lower(), tuple(body), skip))
         i += 1
     return out
+
+
+def _on_host(lines: list[str], fence_index: int) -> str | None:
+    """The ``<!-- on: NAME -->`` among the blank and comment lines right above a fence."""
+    j = fence_index - 1
+    while j >= 0 and (not lines[j].strip() or lines[j].strip().startswith("<!--")):
+        if m := ON_RE.match(lines[j].strip()):
+            return m["host"]
+        j -= 1
+    return None
 
 
 def _skip_reason(path: str, lines: list[str], fence_index: int) -> str | None:
