@@ -21,6 +21,7 @@ import os
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ from ordq.commands import process_config
 from ordq.commands.broker import broker_config
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, register
+from ordq.common.security import Credentials, register, unregister
 from ordq.zk_server import ZkServer, four_letter_word, free_ports
 
 HOST1, HOST2, HOST3 = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -235,12 +236,13 @@ def test_cert_issue_names_the_addresses_and_writes_the_key_0600(tmp_path: Path) 
     assert main(["cert", "ca", "--out", str(ca)]) == 0
     assert stat.S_IMODE((ca / "ca-key.pem").stat().st_mode) == 0o600
     assert main(["cert", "ca", "--out", str(ca)]) == 1  # never replaced
-    old_umask = os.umask(0)  # a permissive umask: the mode is the one the key is created with
-    try:
-        assert main(["cert", "issue", "--ca-dir", str(ca), "--out", str(tmp_path / "o"), "--name", "b1",
-                     "--ip", "10.0.0.7", "--ip", "fd00::7", "--dns", "host7.example"]) == 0
-    finally:
-        os.umask(old_umask)
+    # under a permissive umask (in a process of its own: the umask is the whole process's), so
+    # the mode seen is the one the key is created with
+    argv = ["cert", "issue", "--ca-dir", str(ca), "--out", str(tmp_path / "o"), "--name", "b1",
+            "--ip", "10.0.0.7", "--ip", "fd00::7", "--dns", "host7.example"]
+    code = f"import os, sys; os.umask(0); from ordq.cli import main; sys.exit(main({argv!r}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
     assert stat.S_IMODE((tmp_path / "o" / "b1-key.pem").stat().st_mode) == 0o600
     cert = x509.load_pem_x509_certificate((tmp_path / "o" / "b1.pem").read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -338,18 +340,22 @@ def test_cert_register_keeps_the_token_and_zookeeper_credential(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from ordq.common.security import lookup
 
-    zk = "10.9.9.9:2181"
+    zk = f"10.9.9.9:{os.getpid()}"
     register(zk, ROOT, Credentials(token="tok", zk_auth="u:p"), cluster="c1")
-    files = []
-    for name in ("c.pem", "c-key.pem", "ca.pem"):
-        (tmp_path / name).write_text("x")
-        files.append(str(tmp_path / name))
-    assert main(["--zk", zk, "cert", "register", "--cert", files[0], "--key", files[1], "--ca", files[2]]) == 0
-    got = lookup(zk, ROOT)
-    assert (got.cert_file, got.key_file, got.ca_file, got.token, got.zk_auth) == (*files, "tok", "u:p")
-    capsys.readouterr()
-    assert main(["--zk", zk, "cert", "register", "--cert", "nope.pem", "--key", files[1], "--ca", files[2]]) == 1
-    assert "nope.pem does not exist" in capsys.readouterr().err
+    try:
+        files = []
+        for name in ("c.pem", "c-key.pem", "ca.pem"):
+            (tmp_path / name).write_text("x")
+            files.append(str(tmp_path / name))
+        assert main(["--zk", zk, "cert", "register", "--cert", files[0], "--key", files[1], "--ca", files[2]]) == 0
+        got = lookup(zk, ROOT)
+        assert (got.cert_file, got.key_file, got.ca_file, got.token, got.zk_auth) == (*files, "tok", "u:p")
+        assert not got.zk_tls
+        capsys.readouterr()
+        assert main(["--zk", zk, "cert", "register", "--cert", "nope.pem", "--key", files[1], "--ca", files[2]]) == 1
+        assert "nope.pem does not exist" in capsys.readouterr().err
+    finally:
+        unregister(zk, ROOT)
 
 
 def test_an_ensemble_across_hosts_is_kept_and_contradictions_refused(tmp_path: Path) -> None:
