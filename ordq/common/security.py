@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 import grpc
 
+from ordq.common.addresses import is_ip
 from ordq.common.errors import ClosedError, ConfigError
 
 BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
@@ -270,7 +271,7 @@ def issue(ca_folder: Path, out: Path, name: str, *, role: str = "broker", ips: S
     for host in dns:
         labels = host.rstrip(".").split(".")
         if not host or any(not label or not set(label) <= _NAME_CHARS - {"."} or label.startswith("-")
-                           for label in labels) or _is_ip(host):
+                           for label in labels) or is_ip(host):
             raise ConfigError(f"--dns {host!r} is not a DNS name (an address goes in --ip)")
     cn, server = ROLES[role]
     if server and not addrs and not dns:
@@ -288,14 +289,6 @@ def issue(ca_folder: Path, out: Path, name: str, *, role: str = "broker", ips: S
     out.mkdir(parents=True, exist_ok=True)
     _make_cert(ca_pem, ca_key, cert, key, cn, server=server, dns=tuple(dns), ips=tuple(str(a) for a in addrs))
     return Credentials(ca_file=str(ca_pem), cert_file=str(cert), key_file=str(key))
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _write_key(path: Path, key: Any) -> None:
