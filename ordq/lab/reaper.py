@@ -1,0 +1,53 @@
+"""The lab's reaper: ``python -m ordq.lab.reaper --lab ID --owner PID:START``.
+
+A detached process (its own session; it outlives its owner on purpose) that holds a pidfd of
+the lab's owner and, when the owner dies — kill -9 included — removes the lab
+(``ordq.lab.netns.teardown``) and its registry entry, then exits. SIGTERM (the owner removed
+the lab itself) ends it without doing anything. It prints ``READY`` once it holds the pidfd:
+from then on no death of the owner can go unseen. An owner already gone (or whose pid now
+names another process: the start time differs) is treated as dead at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import sys
+from pathlib import Path
+
+from ordq.common.proc import announce, owner_token
+from ordq.lab.netns import teardown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ordq.lab.reaper")
+    parser.add_argument("--lab", required=True, help="the lab's id")
+    parser.add_argument("--owner", required=True, help="PID:START of the owner (ordq.common.proc.owner_token)")
+    parser.add_argument("--registry", type=Path, required=True, help="folder of the lab registry")
+    args = parser.parse_args(argv)
+    pid = int(args.owner.partition(":")[0])
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = None
+    # Checked after opening: the pidfd then names the process whose start time matched.
+    if pidfd is not None and owner_token(pid) == args.owner:
+        announce("READY")
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():  # readable once the owner has exited
+            pass
+    else:
+        announce("READY")
+    print(f"owner {args.owner} is gone: removing lab {args.lab}", flush=True)
+    deleted = teardown(args.lab, timeout_s=30.0)
+    with contextlib.suppress(FileNotFoundError):
+        (args.registry / f"{args.lab}.json").unlink()
+    print(f"lab {args.lab} removed ({len(deleted)} namespaces)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
