@@ -21,6 +21,7 @@ from ordq.lab.partition import (
     flaky,
     isolate,
     one_way,
+    restore_inputs,
     rule_spec,
     rules_of,
     split,
@@ -106,6 +107,13 @@ def test_the_commands_leave_exactly_the_state_and_heal_leaves_nothing(ops: list[
     for command in transition(state.rules, state.heal().rules, ADDRESSES):
         fake.run(command)
     assert fake.untouched()
+
+
+def test_each_host_gets_one_restore_transaction_in_command_order() -> None:
+    commands = transition(frozenset(), rules_of(one_way("h1", "h2") | one_way("h3", "h2")), ADDRESSES)
+    assert restore_inputs(commands) == {"h2": "*filter\n-N ORDQ-NEMESIS\n-I INPUT 1 -j ORDQ-NEMESIS\n"
+                                              "-A ORDQ-NEMESIS -i eth0 -s 10.200.0.1/32 -j DROP\n"
+                                              "-A ORDQ-NEMESIS -i eth0 -s 10.200.0.3/32 -j DROP\nCOMMIT\n"}
 
 
 @settings(deadline=None)  # no timing: under load a case may take long

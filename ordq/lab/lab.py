@@ -129,6 +129,10 @@ class Lab:
             if lab.owner is not None:
                 lab._start_reaper()
             lab._build()
+            if lab._reaper is not None:
+                # Waited for only now: once spawned it checks the owner whenever that dies (at
+                # once if already dead), so the build need not wait for Python to start.
+                lab._reaper.wait_for_line("READY", timeout_s=60.0)
         except BaseException:
             lab.down()
             raise
@@ -157,11 +161,7 @@ class Lab:
             assert self.reaper_token is not None
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(self.reaper_token.partition(":")[0]), signal.SIGTERM)
-        with contextlib.suppress(FileNotFoundError):
-            (registry_dir() / f"{self.id}.json").unlink()
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads((self.folder / STATE_FILE).read_text())["id"] == self.id:  # not a newer lab's
-                (self.folder / STATE_FILE).unlink()
+        forget(self.id, self.folder)
         return deleted
 
     def detach(self) -> None:
@@ -248,7 +248,6 @@ class Lab:
         assert pid is not None
         self.reaper_token = owner_token(pid)
         self._save(self._record())
-        reaper.wait_for_line("READY", timeout_s=30.0)  # it holds the owner's pidfd from here on
 
     def _build(self) -> None:
         switch = namespace(self.id, SWITCH)
@@ -293,6 +292,17 @@ def registered() -> list[dict[str, Any]]:
         with contextlib.suppress(OSError, ValueError):
             found.append(json.loads(path.read_text()))
     return found
+
+
+def forget(lab_id: str, folder: Path | None) -> None:
+    """Drop the records of a removed lab: its registry entry, and ``folder``'s state file when
+    it names this lab (not a newer one made there since)."""
+    with contextlib.suppress(FileNotFoundError):
+        (registry_dir() / f"{lab_id}.json").unlink()
+    if folder is not None:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if json.loads((folder / STATE_FILE).read_text())["id"] == lab_id:
+                (folder / STATE_FILE).unlink()
 
 
 def remove(lab_id: str) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from ordq.common.errors import ConfigError, ExternalProcessError
 from ordq.lab.netns import in_namespace, run
-from ordq.lab.partition import CHAIN, Command, NemesisState, Partition, transition
+from ordq.lab.partition import CHAIN, Command, NemesisState, Partition, restore_inputs, transition
 
 
 class Nemesis:
@@ -70,11 +70,11 @@ class Nemesis:
     def _to(self, new: NemesisState) -> None:
         if shutil.which("iptables") is None:
             raise ConfigError("the nemesis needs iptables (apt-get install iptables)")
-        for command in transition(self.state.rules, new.rules, self._addresses):
+        for host, script in restore_inputs(transition(self.state.rules, new.rules, self._addresses)).items():
             try:
-                self._iptables(command)
+                run(in_namespace(self._namespaces[host], ["iptables-restore", "--noflush", "-w", "5"]), stdin=script)
             except ExternalProcessError:
-                self._unsure = True
+                self._unsure = True  # that host's transaction did not apply; those before it did
                 raise
         self.state = new
 

@@ -13,6 +13,7 @@ Rules:
 - ``NemesisState`` is what the nemesis installed; ``transition`` is the list of iptables
   commands from one set of rules to another, creating a host's chain with its first rule and
   removing chain and jump with its last, so healing leaves no trace of the nemesis.
+- Each host's commands are one ``iptables-restore --noflush`` transaction (``restore_inputs``).
 - This module never runs a command, reads a clock or draws a random number (a flaky link draws
   in the kernel: ``-m statistic --mode random``). ``ordq/lab/nemesis.py`` runs the commands.
 """
@@ -187,6 +188,15 @@ def transition(old: frozenset[Rule], new: frozenset[Rule], addresses: Mapping[st
     for rule in sorted(new - old):
         commands.append(Command(rule.host, ("-A", CHAIN, *rule_spec(rule, addresses))))
     return commands
+
+
+def restore_inputs(commands: Sequence[Command]) -> dict[str, str]:
+    """The commands as one ``iptables-restore --noflush`` input per host, in their order: each
+    host's changes then apply as one transaction (all or none), in one process."""
+    lines: dict[str, list[str]] = {}
+    for command in commands:
+        lines.setdefault(command.host, []).append(" ".join(command.args))
+    return {host: "*filter\n" + "\n".join(body) + "\nCOMMIT\n" for host, body in lines.items()}
 
 
 @attrs.frozen

@@ -2,7 +2,8 @@
 
 A detached process (its own session; it outlives its owner on purpose) that holds a pidfd of
 the lab's owner and, when the owner dies — kill -9 included — removes the lab
-(``ordq.lab.netns.teardown``) and its registry entry, then exits. SIGTERM (the owner removed
+(``ordq.lab.netns.teardown``) and its records (registry entry, the folder's state file), then
+exits. SIGTERM (the owner removed
 the lab itself) ends it without doing anything. It prints ``READY`` once it holds the pidfd:
 from then on no death of the owner can go unseen. An owner already gone (or whose pid now
 names another process: the start time differs) is treated as dead at once.
@@ -11,13 +12,14 @@ names another process: the start time differs) is treated as dead at once.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import os
 import select
 import sys
 from pathlib import Path
 
 from ordq.common.proc import announce, owner_token
+from ordq.lab.lab import REGISTRY_ENV, forget
 from ordq.lab.netns import teardown
 
 
@@ -42,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         announce("READY")
     print(f"owner {args.owner} is gone: removing lab {args.lab}", flush=True)
+    try:
+        folder: Path | None = Path(json.loads((args.registry / f"{args.lab}.json").read_text())["dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        folder = None
     deleted = teardown(args.lab, timeout_s=30.0)
-    with contextlib.suppress(FileNotFoundError):
-        (args.registry / f"{args.lab}.json").unlink()
+    os.environ[REGISTRY_ENV] = str(args.registry)
+    forget(args.lab, folder)
     print(f"lab {args.lab} removed ({len(deleted)} namespaces)", flush=True)
     return 0
 
