@@ -64,15 +64,13 @@ def _why_no_lab() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def lab_ok() -> None:
-    reason = _why_no_lab()
-    if reason:
-        pytest.skip(f"the lab needs root, ip netns and iptables: {reason}")
+_NO_LAB = _why_no_lab()
+if _NO_LAB:  # one line for the whole module, not one per test
+    pytest.skip(f"the lab needs root, ip netns and iptables: {_NO_LAB}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
-def lab(lab_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     started = time.monotonic()
     the_lab = Lab.create(tmp_path_factory.mktemp("lab"), hosts=4)
     print(f"\nlab of 4 hosts made in {time.monotonic() - started:.2f}s")
@@ -198,7 +196,7 @@ def _ours(lab_id: str) -> tuple[list[str], list[str]]:
     return [n for n in list_namespaces() if n.startswith(f"ordq-{lab_id}-")], links
 
 
-def test_down_leaves_nothing(lab_ok: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_down_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through the CLI, in-process: up, status, down; the start and teardown times printed."""
     links_before = _ours("none")[1]
     rules_before = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
@@ -259,7 +257,7 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_kill_9_of_the_owner_leaves_nothing(lab_ok: None, tmp_path: Path) -> None:
+def test_kill_9_of_the_owner_leaves_nothing(tmp_path: Path) -> None:
     owner, lab_id, sleeper, reaper = _start_owner(tmp_path / "lab")
     try:
         assert lab_id in lab_ids() and _running(sleeper)
@@ -276,7 +274,7 @@ def test_kill_9_of_the_owner_leaves_nothing(lab_ok: None, tmp_path: Path) -> Non
             Lab.load(tmp_path / "lab").down()
 
 
-def test_a_lab_whose_owner_and_reaper_died_is_swept_at_the_next_start(lab_ok: None, tmp_path: Path) -> None:
+def test_a_lab_whose_owner_and_reaper_died_is_swept_at_the_next_start(tmp_path: Path) -> None:
     owner, lab_id, sleeper, reaper = _start_owner(tmp_path / "lab")
     try:
         os.kill(reaper, signal.SIGKILL)
@@ -295,7 +293,7 @@ def test_a_lab_whose_owner_and_reaper_died_is_swept_at_the_next_start(lab_ok: No
             Lab.load(tmp_path / "lab").down()
 
 
-def test_the_lab_section_of_operations_runs(lab_ok: None, tmp_path: Path) -> None:
+def test_the_lab_section_of_operations_runs(tmp_path: Path) -> None:
     """docs/OPERATIONS.md, "A lab of hosts on one machine": its commands, run as the doc shows
     them (the rest of that doc is not a doc-test), with the output it shows."""
     path = "docs/OPERATIONS.md"
