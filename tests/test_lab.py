@@ -136,7 +136,7 @@ def test_the_hosts_reach_each_other_on_lab_links_only(lab: Lab) -> None:
         str(lab.subnet.network_address).rsplit(".", 1)[0] + ".")], "the root namespace holds no lab address"
     assert str(lab.subnet) not in ip("-4", "route", "show", "table", "all")
     for h in lab.hosts:
-        routes = ip("-4", "route", "show", namespace=lab.namespace(h)).splitlines()
+        routes = lab.call(h, ["ip", "-4", "route", "show"]).splitlines()
         assert routes == [f"{lab.subnet} dev eth0 proto kernel scope link src {lab.address(h)} "], routes
         # A route lookup sends nothing: no address outside the lab is reachable from a host.
         assert subprocess.run(["ip", "-n", lab.namespace(h), "route", "get", "192.0.2.1"],

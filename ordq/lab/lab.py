@@ -41,7 +41,17 @@ from typing import Any
 from ordq.common.errors import ConfigError, ExternalProcessError
 from ordq.common.proc import OWNER_ENV, ManagedProcess, owner_token
 from ordq.lab.nemesis import Nemesis
-from ordq.lab.netns import in_namespace, ip, lab_ids, list_namespaces, namespace, socket_in, taken_networks, teardown
+from ordq.lab.netns import (
+    in_namespace,
+    ip,
+    lab_ids,
+    list_namespaces,
+    namespace,
+    run,
+    socket_in,
+    taken_networks,
+    teardown,
+)
 from ordq.lab.partition import LINK
 
 REGISTRY_ENV = "ORDQ_LAB_REGISTRY"
@@ -201,6 +211,12 @@ class Lab:
         process.start()
         self._processes.append(process)
         return process
+
+    def call(self, host: str, argv: Sequence[str], *, timeout_s: float = 60.0, stdin: str | None = None) -> str:
+        """Run ``argv`` inside ``host`` to completion and return its stdout (a command that
+        starts a server and returns, as ``ordq zk start`` does: the server stays in the host).
+        ExternalProcessError with its stderr when it fails or outlasts ``timeout_s``."""
+        return run(in_namespace(self.namespace(host), argv), stdin=stdin, timeout_s=timeout_s)
 
     def socket(self, host: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
         """An IPv4 socket inside ``host`` (this process stays where it is): to probe the lab."""
