@@ -27,10 +27,11 @@ from pathlib import Path
 import pytest
 
 from ordq.cli import main
+from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
 from ordq.lab import Lab, Partition, bridge, cut_pair, flaky, isolate, one_way, split, sweep
 from ordq.lab.lab import registry_dir
-from ordq.lab.netns import in_namespace, ip, lab_ids, list_namespaces
+from ordq.lab.netns import in_namespace, ip, lab_ids, list_namespaces, taken_networks
 from tests.helpers.doc_blocks import check, parse_doc
 from tests.util import wait_until
 
@@ -142,6 +143,14 @@ def test_the_hosts_reach_each_other_on_lab_links_only(lab: Lab) -> None:
         assert subprocess.run(["ip", "-n", lab.namespace(h), "route", "get", "192.0.2.1"],
                               capture_output=True).returncode != 0
         assert "inet6" not in ip("addr", "show", "eth0", namespace=lab.namespace(h))
+
+
+def test_a_subnet_in_use_is_refused(lab: Lab, tmp_path: Path) -> None:
+    machine = [str(n) for n in taken_networks() if not n.is_loopback and not n.overlaps(lab.subnet)][:1]
+    for taken in (str(lab.subnet), f"{lab.address('h2')}/32", "127.0.0.0/24", *machine):
+        with pytest.raises(ConfigError, match="already in use on this machine"):
+            Lab.create(tmp_path / "lab", hosts=2, subnet=taken)
+    assert not (tmp_path / "lab" / "lab.json").exists()
 
 
 @pytest.mark.parametrize("make", [

@@ -113,7 +113,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    import os
+    import subprocess
 
     from ordq.common.errors import ConfigError
     from ordq.lab import Lab
@@ -123,4 +123,5 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not argv:
         raise ConfigError("name the command to run: ordq lab exec HOST -- COMMAND")
     lab = Lab.load(args.dir)
-    os.execvp("ip", in_namespace(lab.namespace(args.host), argv))  # returns only by raising
+    # A child, not exec: main() also runs inside other programs (the tests).
+    return subprocess.run(in_namespace(lab.namespace(args.host), argv), check=False).returncode

@@ -89,7 +89,7 @@ def taken_networks() -> list[ipaddress.IPv4Network]:
                 found.append(ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False))
     for route in json.loads(ip("-j", "-4", "route", "show", "table", "all") or "[]"):
         dst = route.get("dst", "")
-        if dst in ("default", "") or route.get("type") in ("broadcast", "local") and dst.startswith("127."):
+        if dst in ("default", ""):
             continue
         with contextlib.suppress(ValueError):
             net = ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False)
