@@ -267,6 +267,7 @@ def _running(pid: int) -> bool:
 
 
 def test_kill_9_of_the_owner_leaves_nothing(tmp_path: Path) -> None:
+    links_before = _ours("none")[1]
     owner, lab_id, sleeper, reaper = _start_owner(tmp_path / "lab")
     try:
         assert lab_id in lab_ids() and _running(sleeper)
@@ -275,6 +276,7 @@ def test_kill_9_of_the_owner_leaves_nothing(tmp_path: Path) -> None:
         owner.wait()
         wait_until(lambda: lab_id not in lab_ids() and not _running(sleeper) and not _running(reaper), timeout_s=60)
         print(f"\nreaped {time.monotonic() - started:.2f}s after the owner's kill -9")
+        assert _ours(lab_id) == ([], links_before)
         assert not (registry_dir() / f"{lab_id}.json").exists() and not (tmp_path / "lab" / "lab.json").exists()
         assert "removed" in (tmp_path / "lab" / "reaper.log").read_text()
     finally:
