@@ -33,7 +33,6 @@ import shutil
 import signal
 import socket
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -358,14 +357,4 @@ def status() -> list[dict[str, Any]]:
     for lab_id in sorted(live - seen):
         rows.append({"id": lab_id, "subnet": None, "hosts": None, "dir": None, "up": True, "owner": "unknown"})
     return rows
-
-
-def wait_down(lab_id: str, timeout_s: float) -> bool:
-    """Whether lab ``lab_id`` has no namespace left within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while lab_id in lab_ids():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
