@@ -285,6 +285,32 @@ def test_kill_9_of_the_owner_leaves_nothing(tmp_path: Path) -> None:
             Lab.load(tmp_path / "lab").down()
 
 
+DIES_BUILDING = """
+import os, signal, sys
+import ordq.lab.lab as module
+real_ip = module.ip
+def ip(*args, **kwargs):
+    out = real_ip(*args, **kwargs)
+    if kwargs.get("namespace"):  # the namespaces and links exist, the switch is set up: die
+        print(kwargs["namespace"], flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+module.ip = ip
+module.Lab.create(sys.argv[1], hosts=2)
+"""
+
+
+def test_kill_9_of_the_owner_half_way_through_the_build_leaves_nothing(tmp_path: Path) -> None:
+    links_before = _ours("none")[1]
+    owner = subprocess.run([sys.executable, "-c", DIES_BUILDING, str(tmp_path / "lab")], timeout=120,
+                           capture_output=True, text=True)
+    assert owner.returncode == -signal.SIGKILL, owner.stderr
+    lab_id = owner.stdout.split("-")[1]  # ordq-<id>-sw
+    wait_until(lambda: not (tmp_path / "lab" / "lab.json").exists(), timeout_s=60, what="the reaper's cleanup")
+    assert _ours(lab_id) == ([], links_before)
+    assert not (registry_dir() / f"{lab_id}.json").exists()
+
+
 def test_a_lab_whose_owner_and_reaper_died_is_swept_at_the_next_start(tmp_path: Path) -> None:
     owner, lab_id, sleeper, reaper = _start_owner(tmp_path / "lab")
     try:
