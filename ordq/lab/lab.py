@@ -168,8 +168,11 @@ class Lab:
             self._reaper.stop(timeout_s=5.0)
         elif _alive(self.reaper_token):
             assert self.reaper_token is not None
+            pid = int(self.reaper_token.partition(":")[0])
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(self.reaper_token.partition(":")[0]), signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ChildProcessError):  # ours (detached by this process): reap it
+                os.waitpid(pid, 0)
         forget(self.id, self.folder)
         return deleted
 
