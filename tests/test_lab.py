@@ -260,6 +260,18 @@ def _end(owner: subprocess.Popen[str]) -> None:
         owner.stdout.close()
 
 
+def _left(lab_id: str, pids: list[int]) -> dict[str, object]:
+    """What remains of a lab, for a failure message: its namespaces, and the given processes
+    still running (state and command line)."""
+    running = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            running[pid] = (stat.rpartition(")")[2].split()[:2],
+                            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return {"namespaces": _ours(lab_id)[0], "processes": running}
+
+
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "ZX"
@@ -275,7 +287,11 @@ def test_kill_9_of_the_owner_leaves_nothing(tmp_path: Path) -> None:
         started = time.monotonic()
         owner.kill()
         owner.wait()
-        wait_until(lambda: lab_id not in lab_ids() and not _running(sleeper) and not _running(reaper), timeout_s=60)
+        try:
+            wait_until(lambda: lab_id not in lab_ids() and not _running(sleeper) and not _running(reaper),
+                       timeout_s=60)
+        except AssertionError:
+            pytest.fail(f"left after 60 s: {_left(lab_id, [sleeper, reaper])}")
         print(f"\nreaped {time.monotonic() - started:.2f}s after the owner's kill -9")
         assert _ours(lab_id) == ([], links_before)
         assert not (registry_dir() / f"{lab_id}.json").exists() and not (tmp_path / "lab" / "lab.json").exists()

@@ -131,6 +131,7 @@ def teardown(lab_id: str, *, timeout_s: float = 10.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     mark = f"{PREFIX}{lab_id}-"
     deleted: list[str] = []
+    failure = ""
     while True:
         pids = processes_of(lab_id)
         for pid in pids:
@@ -139,15 +140,18 @@ def teardown(lab_id: str, *, timeout_s: float = 10.0) -> list[str]:
         _wait_gone(pids, deadline)
         names = [n for n in list_namespaces() if n.startswith(mark)]
         for ns in names:
-            with contextlib.suppress(ExternalProcessError):  # deleted by someone else meanwhile
+            try:
                 ip("netns", "delete", ns)
-            deleted.append(ns)
+                deleted.append(ns)
+            except ExternalProcessError as exc:  # deleted by someone else meanwhile, or busy: next pass
+                failure = str(exc)
         if not pids and not names:
             return deleted
         if time.monotonic() > deadline:
             left = processes_of(lab_id), [n for n in list_namespaces() if n.startswith(mark)]
             raise ExternalProcessError(f"lab {lab_id}: still there after {timeout_s:g}s: processes {left[0]}, "
-                                       f"namespaces {left[1]}")
+                                       f"namespaces {left[1]} (last error: {failure or 'none'})")
+        time.sleep(0.01)
 
 
 def _wait_gone(pids: Iterable[int], deadline: float) -> None:

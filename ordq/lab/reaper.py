@@ -18,9 +18,12 @@ import select
 import sys
 from pathlib import Path
 
+from ordq.common.errors import ExternalProcessError
 from ordq.common.proc import announce, owner_token
 from ordq.lab.lab import REGISTRY_ENV, forget
 from ordq.lab.netns import teardown
+
+_ATTEMPTS = 5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         folder: Path | None = Path(json.loads((args.registry / f"{args.lab}.json").read_text())["dir"])
     except (OSError, ValueError, KeyError, TypeError):
         folder = None
-    deleted = teardown(args.lab, timeout_s=30.0)
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            deleted = teardown(args.lab, timeout_s=30.0)
+            break
+        except ExternalProcessError as exc:  # something outlived SIGKILL for 30 s: try again, say so
+            print(f"attempt {attempt} to remove lab {args.lab} failed: {exc}", flush=True)
+    else:
+        return 1
     os.environ[REGISTRY_ENV] = str(args.registry)
     forget(args.lab, folder)
     print(f"lab {args.lab} removed ({len(deleted)} namespaces)", flush=True)
