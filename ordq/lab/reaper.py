@@ -16,6 +16,7 @@ import json
 import os
 import select
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from ordq.common.errors import ExternalProcessError
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     else:
         announce("READY")
-    print(f"owner {args.owner} is gone: removing lab {args.lab}", flush=True)
+    _say(f"owner {args.owner} is gone: removing lab {args.lab}")
     try:
         folder: Path | None = Path(json.loads((args.registry / f"{args.lab}.json").read_text())["dir"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -56,13 +57,17 @@ def main(argv: list[str] | None = None) -> int:
             deleted = teardown(args.lab, timeout_s=30.0)
             break
         except ExternalProcessError as exc:  # something outlived SIGKILL for 30 s: try again, say so
-            print(f"attempt {attempt} to remove lab {args.lab} failed: {exc}", flush=True)
+            _say(f"attempt {attempt} to remove lab {args.lab} failed: {exc}")
     else:
         return 1
     os.environ[REGISTRY_ENV] = str(args.registry)
     forget(args.lab, folder)
-    print(f"lab {args.lab} removed ({len(deleted)} namespaces)", flush=True)
+    _say(f"lab {args.lab} removed ({len(deleted)} namespaces)")
     return 0
+
+
+def _say(line: str) -> None:
+    print(f"{datetime.now().isoformat(timespec='milliseconds')} {line}", flush=True)
 
 
 if __name__ == "__main__":
