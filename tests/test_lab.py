@@ -147,10 +147,13 @@ def test_the_hosts_reach_each_other_on_lab_links_only(lab: Lab) -> None:
 
 
 def test_a_subnet_in_use_is_refused(lab: Lab, tmp_path: Path) -> None:
-    machine = [str(n) for n in taken_networks() if not n.is_loopback and not n.overlaps(lab.subnet)][:1]
-    for taken in (str(lab.subnet), f"{lab.address('h2')}/32", "127.0.0.0/24", *machine):
+    machine = [str(n) for n in taken_networks()
+               if n.is_private and not n.is_loopback and not n.overlaps(lab.subnet)][:1]
+    for taken in (str(lab.subnet), f"{lab.address('h2')}/32", *machine):
         with pytest.raises(ConfigError, match="already in use on this machine"):
             Lab.create(tmp_path / "lab", hosts=2, subnet=taken)
+    with pytest.raises(ConfigError, match="must be private"):
+        Lab.create(tmp_path / "lab", hosts=2, subnet="8.8.8.0/24")
     assert not (tmp_path / "lab" / "lab.json").exists()
 
 

@@ -290,7 +290,9 @@ def _choose_subnet(subnet: str | None) -> tuple[str, ipaddress.IPv4Network]:
             net = ipaddress.IPv4Network(subnet)
         except ValueError as exc:
             raise ConfigError(f"not a subnet: {subnet!r} ({exc})") from None
-        clash = [str(t) for t in taken if t.overlaps(net)]
+        if not net.is_private or net.is_loopback:
+            raise ConfigError(f"a lab's subnet must be private (such as 10.0.0.0/8), not {net}")
+        clash = sorted({str(t) for t in taken if t.overlaps(net)})
         if clash:
             raise ConfigError(f"subnet {net} is already in use on this machine ({', '.join(clash)})")
         return secrets.token_hex(3), net
