@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
     _dir_option(up)
     up.add_argument("--hosts", type=int_in(1, 50), default=3, help="how many hosts (default %(default)s)")
     up.add_argument("--subnet", default=None, metavar="CIDR",
-                    help="the lab's IPv4 subnet (default: a 10.200-239.Y.0/24 derived from the lab's id)")
+                    help="the lab's private IPv4 subnet (default: a 10.200-239.Y.0/24 derived from the lab's id)")
     down = add_command(sub, "down", func=cmd_down,
                        help="remove the lab in --dir (or --id): its processes, namespaces, links and rules")
     _dir_option(down)
