@@ -24,7 +24,7 @@ from ordq.common.errors import ConfigError, OrdqError
 # Order is the order shown in --help.
 COMMAND_MODULES = (
     "cluster", "zk", "cert", "auth", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients",
-    "verify", "drill", "demo", "outbox", "cdc",
+    "verify", "drill", "demo", "outbox", "cdc", "lab",
 )
 
 DEFAULT_ZK = "127.0.0.1:2181"

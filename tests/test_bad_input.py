@@ -34,9 +34,11 @@ HOSTILE_FLOATS = ["-1", "nan", "inf", "1e999", "abc", ""]
 NEVER_VALID = {"nan", "inf", "1e999", "abc", "1.5", "9" * 40}
 BAD_ZK = ["", " ", "foo:bar:baz", "host:99999", ",", "h:1,,:"]
 # Commands that start processes or long work: only refusals at parse time are tried.
-STARTS_PROCESSES = {("up",), ("zk", "start"), ("broker", "run"), ("coordinator", "run"), ("demo",), ("drill",)}
+STARTS_PROCESSES = {("up",), ("zk", "start"), ("broker", "run"), ("coordinator", "run"), ("demo",), ("drill",),
+                    ("lab", "up")}
 # Commands that only read local folders: ZooKeeper strings do not matter to them.
-LOCAL_ONLY = {("down",), ("status",), ("zk", "stop"), ("zk", "status"), ("verify",), ("drill",), ("demo",)}
+LOCAL_ONLY = {("down",), ("status",), ("zk", "stop"), ("zk", "status"), ("verify",), ("drill",), ("demo",),
+              ("lab", "up"), ("lab", "down"), ("lab", "status"), ("lab", "exec")}
 
 
 def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
@@ -154,7 +156,7 @@ def test_every_command_gets_bad_input() -> None:
     (a table entry here), not a silent pass."""
     names = {" ".join(p) for p in COMMANDS}
     tried = {name for name in names if any(case.startswith(name + " ") for case in CASES)}
-    untried = names - tried - {"down", "status", "zk stop", "zk status"}  # a folder only: --dir
+    untried = names - tried - {"down", "status", "zk stop", "zk status", "lab down", "lab status"}  # --dir only
     assert not untried, f"commands with no bad-input case: {sorted(untried)}"
 
 

@@ -117,6 +117,17 @@ def test_a_process_still_in_setpriv_is_found_through_the_pid_file(tmp_path: Path
         held.wait()
 
 
+def test_the_program_of_a_wrapped_command_is_the_one_it_execs() -> None:
+    """setpriv and ``ip netns exec`` (ordq.lab) exec the program in the same pid: a pid file's
+    process is recognised by that program, whichever wrapper it still runs or has left."""
+    program = proc_module._program
+    assert program(["setpriv", "--pdeathsig", "KILL", "--", "ip", "netns", "exec", "ordq-ab12cd-h1",
+                    "/usr/bin/python3", "-c", "x"]) == "python3"
+    assert program(["ip", "netns", "exec", "ordq-ab12cd-h1", "sleep", "9", ""]) == "sleep"  # /proc's trailing ""
+    assert program(["/usr/sbin/ip", "link"]) == "ip"
+    assert program(["setpriv", "--"]) == "setpriv"
+
+
 def test_wait_ready_fails_at_once_when_the_process_exits(tmp_path: Path) -> None:
     p = ManagedProcess("dies", [sys.executable, "-c", "print('boom: bad config'); raise SystemExit(3)"],
                        run_dir=tmp_path)

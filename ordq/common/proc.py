@@ -348,10 +348,7 @@ class ManagedProcess:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return True  # no /proc to ask: trust the pid
-        program = cmdline[0]
-        if _SETPRIV and os.path.basename(program) == b"setpriv" and b"--" in cmdline[:-1]:
-            program = cmdline[cmdline.index(b"--") + 1]  # still in setpriv (a loaded machine): ours all the same
-        return os.path.basename(program.decode(errors="replace")) == os.path.basename(self.argv[0])
+        return _program([a.decode(errors="replace") for a in cmdline]) == _program(self.argv)
 
     def _require_pid(self) -> int:
         pid = self.pid
@@ -498,6 +495,22 @@ def sweep_orphans(roots: Sequence[str | Path]) -> list[int]:
             os.kill(pid, signal.SIGKILL)  # SIGKILL works on a stopped process too
             killed.append(pid)
     return killed
+
+
+def _program(argv: Sequence[str]) -> str:
+    """The name of the program ``argv`` runs in the end: past ``setpriv ... --`` (a process
+    still in setpriv on a loaded machine is ours all the same) and ``ip netns exec NS`` (a
+    process of ``ordq.lab``, which execs the program in the same pid)."""
+    args = list(argv)
+    while args:
+        name = os.path.basename(args[0])
+        if name == "setpriv" and "--" in args[:-1]:
+            args = args[args.index("--") + 1:]
+        elif name == "ip" and args[1:3] == ["netns", "exec"] and len(args) > 4:
+            args = args[4:]
+        else:
+            return name
+    return ""
 
 
 def _all_threads_stopped(pid: int) -> bool:
