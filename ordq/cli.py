@@ -8,14 +8,16 @@ root prefix, --json) are parsed here once.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ordq import __version__
 from ordq.commands import Given
@@ -31,10 +33,31 @@ DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"
 
 
+@functools.cache
+def _help_width() -> int:
+    return shutil.get_terminal_size().columns - 2  # what argparse's HelpFormatter takes
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter with the terminal's width read once per process: argparse makes a
+    formatter for every ``add_argument`` (to check it), and each read the terminal size and
+    the environment; that was half of building the parser (75 ms of every ``ordq`` command and
+    of every in-process ``main()`` call of the tests, ~900 of them in tests/test_bad_input.py)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _help_width() if width is None else width)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's error contract (docs/CLI.md): a usage error is one line on
     stderr, ``ordq: error: ...``, and exit 1 (argparse prints its usage block and exits 2).
-    Subcommand parsers are made of the same class (``add_subparsers`` uses ``type(self)``)."""
+    Subcommand parsers are made of the same class (``add_subparsers`` uses ``type(self)``),
+    and the same formatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(1, f"ordq: error: {message} (see: {self.prog} --help)\n")
@@ -99,8 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.lru_cache(maxsize=4)
+def _parser(zk_default: str | None, root_default: str | None) -> argparse.ArgumentParser:
+    """``build_parser()`` once per process (per value of the variables its defaults come from): parsing leaves
+    the parser as it was, and a process that calls ``main`` many times (the tests: ~1,100
+    in-process commands) paid ~40 ms a call for building it again."""
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or a usage error (1, one line printed)

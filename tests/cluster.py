@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from ordq.broker_group.process import BrokerGroupProcesses, BrokerProcess
@@ -447,6 +448,20 @@ class LoadProducer(_LoadThread):
         return f"acked {len(self.acked)} of {self.n}, stats {self.statistics()}"
 
 
+@attrs.frozen
+class HandedOut:
+    """One ``poll`` that handed out messages, on the system-wide monotonic clock (the same in
+    every process of the machine): it was called at ``called_at`` (the hand-out, after the
+    consumer's lease check, came later) and returned at ``returned_at``, before the messages
+    were looked at (checking a payload is slow: counting deliveries lags the hand-outs)."""
+
+    called_at: float
+    returned_at: float
+    count: int
+    first_seq: int
+    valid_until: float  # the consumer's lease as it stood right after (diagnostics)
+
+
 class LoadConsumer(_LoadThread):
     """Consumes a subscription until it delivered seq ``until``; records every delivery.
     ``pause_s`` per poll makes it a slow subscription. ``rejoin``: on NotLeader (its session
@@ -461,6 +476,7 @@ class LoadConsumer(_LoadThread):
                                      fetch_max_bytes=fetch_max_bytes,
                                      commit=CommitConfig(every_messages=1000, every_ms=200.0))
         self.delivered: list[DeliveryRec] = []  # by every instance, in delivery order
+        self.handed_out: list[HandedOut] = []  # each poll that handed out messages, as it returned
         self.instances: list[list[DeliveryRec]] = []  # the same, one list per consumer instance
         self.rejoin = rejoin
         self._consumer: Consumer | None = None
@@ -474,7 +490,14 @@ class LoadConsumer(_LoadThread):
                 with Consumer(self.config) as consumer:
                     self._consumer = consumer
                     while last < self.until and not self._stop.is_set():
-                        for m in consumer.poll(0.2):
+                        called_at = time.monotonic()
+                        batch = consumer.poll(0.2)
+                        if batch:
+                            lease = consumer._checks.lease if consumer._checks is not None else None
+                            self.handed_out.append(HandedOut(
+                                called_at, time.monotonic(), len(batch), batch[0].seq,
+                                lease.valid_until if lease is not None else float("nan")))
+                        for m in batch:
                             d = delivery_of(m.seq, m.payload)
                             self.delivered.append(d)
                             instance.append(d)

@@ -16,10 +16,12 @@ only processes marked with a dead run as owner and naming pytest's temporary fol
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,6 +141,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # run's critical path). Every other file stays whole in one worker, with its module fixtures.
 _SPREAD_FILES = {"test_docs.py"}
 
+# Seconds each group of --dist loadgroup took in a whole default run (written by
+# `--store-group-seconds`; the last local run's, in pytest's cache, wins): the longest groups
+# start first. xdist starts the groups with the most tests first, so the single long docs tests
+# and the wheel test started last and the run ended with one worker alone on them for minutes.
+GROUP_SECONDS = Path(__file__).with_name("group_seconds.json")
+_CACHE_KEY = "ordq/group_seconds"
+_UNKNOWN_TEST_S = 0.5  # a group not measured yet: so much per test (most files are quick)
+
+
+def _group_of(nodeid: str) -> str:
+    """The --dist loadgroup group of a test: its file, or the test itself in _SPREAD_FILES."""
+    if "@" in nodeid:  # a pytest whose nodeid carries xdist's group suffix
+        return nodeid.rsplit("@", 1)[-1]
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path.rsplit("/", 1)[-1] in _SPREAD_FILES else path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-group-seconds", action="store_true",
+                     help=f"write each group's seconds in this run to tests/{GROUP_SECONDS.name} "
+                     "(after a whole default run)")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for ``--dist loadgroup`` (Makefile): one per file, or per test in _SPREAD_FILES."""
@@ -148,20 +172,60 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(name))
 
 
+def _expected_seconds(config: pytest.Config) -> dict[str, float]:
+    seconds: dict[str, float] = json.loads(GROUP_SECONDS.read_text()) if GROUP_SECONDS.exists() else {}
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        seconds.update(cache.get(_CACHE_KEY, {}))
+    return seconds
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the controller (and without xdist): the seconds of each group, setup and teardown in."""
+    _measured[_group_of(report.nodeid)] = _measured.get(_group_of(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or not _measured:
+        return  # an xdist worker: the controller saw every report
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        cache.set(_CACHE_KEY, {**cache.get(_CACHE_KEY, {}), **{k: round(v, 1) for k, v in _measured.items()}})
+    if config.getoption("store_group_seconds"):
+        ordered = dict(sorted(((k, round(v, 1)) for k, v in _measured.items()), key=lambda kv: -kv[1]))
+        GROUP_SECONDS.write_text(json.dumps(ordered, indent=0) + "\n")
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` that works: xdist 3.8 names a test's group by setting ``item._nodeid``,
     which pytest 9 no longer reads (``nodeid`` comes from ``item._id``), so every test was its
     own unit of work and a file's tests, with their module fixtures (test_drills.py's CI
-    drills: ~2 min each time), ran on both workers. The same groups, taken from the node id."""
+    drills: ~2 min each time), ran on both workers. The same groups, taken from the node id,
+    handed out longest first (by GROUP_SECONDS: longest-processing-time-first keeps the end
+    of the run from waiting on one long group)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    expected = _expected_seconds(config)
+
     class _ByFile(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
-            if "@" in nodeid:  # a pytest whose nodeid carries xdist's group suffix
-                return nodeid.rsplit("@", 1)[-1]
-            path = nodeid.split("::", 1)[0]
-            return nodeid if path.rsplit("/", 1)[-1] in _SPREAD_FILES else path
+            return _group_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the first assignment: the queue is complete, none taken yet
+                self._ordered = True
+                units = sorted(self.workqueue.items(),
+                               key=lambda unit: -expected.get(unit[0], _UNKNOWN_TEST_S * len(unit[1])))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return _ByFile(config, log)

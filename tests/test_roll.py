@@ -13,7 +13,14 @@ import pytest
 from ordq.admin.groups import roll_queue
 from ordq.coordinator.state import SegStatus
 from ordq.sdk.replicas import ReplicaReader
-from tests.cluster import Cluster, cluster_fixture, finish, start_load, wait_acked  # noqa: F401 - fixture
+from tests.cluster import (  # noqa: F401 - fixture
+    FINISH_S,
+    Cluster,
+    cluster_fixture,
+    finish,
+    start_load,
+    wait_acked,
+)
 from tests.order_check import check_delivery
 from tests.util import wait_until
 
@@ -74,20 +81,31 @@ def test_roll_to_next_spreads_segments_over_the_groups_and_loses_nothing(cluster
     wait_until(lambda: cluster.state().send == ("g1", "g2"), timeout_s=30, what="both groups sending")
     # The flow must outlast the four rolls and rejoins: the last old head can rejoin only once
     # its segment is popped, which waits for a message after it (a group keeps the queue's
-    # newest message for a new producer leader). Each roll and rejoin takes 3-5 s at load ~6.
-    n = 3 * N
-    producer, consumer = start_load(cluster, n)
+    # newest message for a new producer leader). It is open-ended, stopped after the last
+    # rejoin (issue 26: a fixed count of 72,000 was all sent, acks recorded behind, before the
+    # third roll at load ~15: its sealed segment held the newest message, never popped).
+    # The consumer rejoins after losing its lease, as an application does (under load its 2 s
+    # ZooKeeper session expired; it stopped reading and no old head could rejoin).
+    producer, consumer = start_load(cluster, 10**7, rejoin=True)
     heads = []
     for i in range(4):
-        wait_acked(producer, (i + 1) * n // 18)
+        wait_acked(producer, (i + 1) * N // 6)
         before = cluster.state().head
         r = roll(cluster, cli=i % 2 == 0)
         assert r["sealed"] and r["head"] != before, (r, before)  # writes moved to the other group
         heads.append(r["head"])
-        # The old head holds backlog: out of the send list until its segments are popped.
+        # The old head holds backlog: out of the send list until its segments are popped, which
+        # is once the consumer (behind on a loaded box) has read past them.
+        sealed = cluster.state().segment(r["sealing_seg"])
+        if sealed is not None and sealed.last_seq is not None:  # (else read and popped already, or empty)
+            wait_until(lambda last=sealed.last_seq: consumer.last_seq() > last, timeout_s=120, interval_s=0.1,
+                       what=f"the consumer to read past seg {sealed.seg} (last seq {sealed.last_seq})")
         wait_until(lambda old=before: old in cluster.state().send, timeout_s=30,
                    what=f"{before} rejoining the send list once its segment was read")
-    finish(producer, consumer)
-    summary = check_delivery(producer.acked, [consumer.delivered])
-    assert summary.acked == summary.delivered == n
+    producer.stop_sending()
+    producer.join(FINISH_S)
+    consumer.until = producer.n - 1
+    consumer.join(FINISH_S)
+    summary = check_delivery(producer.acked, consumer.instances, redelivery=len(consumer.instances) > 1)
+    assert summary.acked == summary.delivered == producer.n
     assert heads == ["g2", "g1", "g2", "g1"]
