@@ -50,3 +50,12 @@ class Control:
             if s is None:
                 raise SegmentNotFound(queue, seg)
             return s.end()
+
+    def open_segments(self) -> pb.OpenSegmentsResponse:
+        """Every segment this copy holds that is not sealed, with its ``SegmentInfo``: one
+        answer for all queues (the coordinator's probe). In memory only; costs a pass over the
+        segments held, none for a queue that wrote nothing here."""
+        with self.shared.cv:
+            return pb.OpenSegmentsResponse(segments=[
+                pb.OpenSegment(queue=s.replica.queue, seg=s.replica.seg, end=s.end())
+                for s in self.shared.segments.values() if not s.replica.sealed])

@@ -110,26 +110,40 @@ class ZkStore(GroupRecords, SubscriptionRecords):
         every eligible one, so it is writable at once when its groups are live."""
         check_name("queue", queue)
         gids = list(groups) if groups is not None else self.list_groups()
-        for gid in gids:
-            self.get_group(gid)
         if not gids:
             raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
         cfg = config or QueueConfig()
-        initial = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
         with self._errors():
             self._wait(self.client.ensure_path_async(self.paths.queues))
-            tx = self.client.transaction()
-            tx.create(self.paths.queue(queue), json_bytes(attrs.asdict(cfg)), acl=self._acl_of(self.paths.queue(queue)))
-            tx.create(self.paths.state(queue), json_bytes(initial.to_dict()), acl=self._acl_of(self.paths.state(queue)))
-            tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
-            for name in QUEUE_PARENTS:  # the producer election's parent: clients may not create it
-                path = f"{self.paths.queue(queue)}/{name}"
-                tx.create(path, b"", acl=self._acl_of(path))
-            results = self._wait(tx.commit_async())
-        if any(isinstance(r, NodeExistsError) for r in results):
-            raise AlreadyExists(f"queue {queue!r} already exists")
-        raise_first(results)
-        return self.apply(queue, lambda st, facts: sm.admit_all(st, facts))
+        created = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
+        for _ in range(50):
+            # Admitted in the creating write (issue 29: one write, not a create and an apply):
+            # the drain marks it read are checked in the same transaction, as ``apply`` does.
+            drained, group_versions = self._drained_with_versions(gids)
+            for gid in gids:
+                if gid not in group_versions:
+                    raise GroupNotFound(gid)
+            initial = sm.admit_all(created, Facts(live_groups=self.live_groups(gids), drained=drained))
+            with self._errors():
+                tx = self.client.transaction()
+                for gid, version in group_versions.items():
+                    tx.check(self.paths.group(gid), version)
+                tx.create(self.paths.queue(queue), json_bytes(attrs.asdict(cfg)),
+                          acl=self._acl_of(self.paths.queue(queue)))
+                tx.create(self.paths.state(queue), json_bytes(initial.to_dict()),
+                          acl=self._acl_of(self.paths.state(queue)))
+                tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
+                for name in QUEUE_PARENTS:  # the producer election's parent: clients may not create it
+                    path = f"{self.paths.queue(queue)}/{name}"
+                    tx.create(path, b"", acl=self._acl_of(path))
+                results = self._wait(tx.commit_async())
+            if any(isinstance(r, NodeExistsError) for r in results):
+                raise AlreadyExists(f"queue {queue!r} already exists")
+            if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
+                continue  # a drain mark changed (or a group went) meanwhile: read again
+            raise_first(results)
+            return initial
+        raise ConflictError(f"queue {queue!r}: gave up creating it after 50 conflicting writes")
 
     def list_queues(self) -> list[str]:
         with self._errors():
