@@ -7,7 +7,7 @@ only after every batch accepted before them is synced, so the end they report is
 
 from __future__ import annotations
 
-from ordq.broker_group.segments import SegmentStore, write_meta
+from ordq.broker_group.segments import SegmentStore, park, write_meta
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common.errors import SegmentNotFound
@@ -42,6 +42,7 @@ class Control:
             self.write.fail_streams(SegmentNotWritable(self.shared.address, queue, seg, "sealed"),
                                     only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
         write_meta(s)
+        park(s)
         return end
 
     def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:

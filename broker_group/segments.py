@@ -125,6 +125,8 @@ class SegmentStore:
                     replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
                 replica.freeze("held open before this broker restarted")
                 self.shared.segments[segment.key] = segment
+                if replica.sealed:
+                    park(segment)
 
     def create(self, queue: str, seg: int, fenced_epoch: int) -> Segment:
         """A new, empty, writable segment (or the one another thread created meanwhile)."""
@@ -257,6 +259,14 @@ class SegmentStore:
         with self.shared.cv:
             s = self.shared.segments.get((queue, seg))
         return s if s is not None else self.create(queue, seg, 0)
+
+
+def park(s: Segment) -> None:
+    """Close a sealed segment's file until it is next read (``SegmentLog.park``): a broker
+    holds no file descriptor for a segment nobody reads (issue 29)."""
+    with s.io_lock:
+        if s.log is not None and s.replica.sealed:
+            s.log.park()
 
 
 def read_meta(directory: Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ after a reconnection; a new session is a new leadership term, which reads everyt
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -41,7 +42,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
-from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import QueueConfig, roll_transition
 
 log = logging.getLogger("ordq.coordinator")
@@ -65,6 +66,10 @@ SWEEP_INTERVAL_S = 300.0
 # again after this; after an unexpected error (a bug, logged each time) after the longer one.
 RETRY_S = 1.0
 BUG_RETRY_S = 10.0
+# Queues planned (and acted on) at once when a round has several.
+ROUND_WORKERS = 8
+# Seals run at once, beside the rounds (``_seal_later``).
+SEAL_WORKERS = 4
 
 
 class CoordinatorDaemon:
@@ -92,6 +97,10 @@ class CoordinatorDaemon:
         self._open: dict[str, tuple[int, OpenSegment]] = {}  # queue -> (seg, what its master said)
         self._next_sweep = 0.0
         self._next_probe = 0.0
+        self._lock = threading.Lock()  # the stats, when queues are planned in parallel
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._seal_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sealing_now: set[tuple[str, int]] = set()
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats)
         self._stop = threading.Event()
@@ -171,6 +180,9 @@ class CoordinatorDaemon:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        for executor in (self._executor, self._seal_executor):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
     # -- one round --------------------------------------------------------------------------
 
@@ -194,29 +206,13 @@ class CoordinatorDaemon:
             return
         finally:
             self.stats.zk_reads = view.reads
-        for queue in queues:
-            # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
-            retry_s: float | None = None
-            try:
-                self._queue_round(queue)
-                self.stats.corrupt.pop(queue, None)  # restored
-            except CorruptState as exc:  # planned again when its state is written (a watch)
-                self.stats.errors += 1
-                self.stats.corrupt_seen += 1
-                if self.stats.corrupt.get(queue) != exc.detail:
-                    log.error("queue %s: %s", queue, exc)  # once per distinct problem, not per round
-                self.stats.corrupt[queue] = exc.detail
-            except OrdqError as exc:
-                self.stats.errors += 1
-                retry_s = RETRY_S
-                log.warning("queue %s: %s", queue, exc)
-            except Exception:  # noqa: BLE001 - a bug in one queue's round must not end the leadership
-                self.stats.errors += 1
-                self.stats.unexpected += 1
-                retry_s = BUG_RETRY_S
-                log.exception("queue %s: unexpected error in the duty round", queue)
-            if retry_s is not None:
-                view.schedule(queue, time.monotonic() + retry_s)
+        if len(queues) > 1:
+            # Why a pool: after a head master dies every queue it headed fails over, each a
+            # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
+            list(self._pool().map(self._guarded_round, queues))
+        else:
+            for queue in queues:
+                self._guarded_round(queue)
         self.stats.planned += len(queues)
         self.stats.zk_reads = view.reads
         for gone in set(self.stats.corrupt) - set(view.entries):
@@ -224,6 +220,85 @@ class CoordinatorDaemon:
         for gone in set(self.stats.queues) - set(view.entries):
             del self.stats.queues[gone]
         self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def _guarded_round(self, queue: str) -> None:
+        """One queue's round; whatever it raises is counted and logged, and the queue planned
+        again later (a corrupt state: when it is written again, which fires its watch)."""
+        # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
+        retry_s: float | None = None
+        try:
+            self._queue_round(queue)
+            with self._lock:
+                self.stats.corrupt.pop(queue, None)  # restored
+        except CorruptState as exc:
+            with self._lock:
+                self.stats.errors += 1
+                self.stats.corrupt_seen += 1
+                if self.stats.corrupt.get(queue) != exc.detail:
+                    log.error("queue %s: %s", queue, exc)  # once per distinct problem, not per round
+                self.stats.corrupt[queue] = exc.detail
+        except OrdqError as exc:
+            with self._lock:
+                self.stats.errors += 1
+            retry_s = RETRY_S
+            log.warning("queue %s: %s", queue, exc)
+        except Exception:  # noqa: BLE001 - a bug in one queue's round must not end the leadership
+            with self._lock:
+                self.stats.errors += 1
+                self.stats.unexpected += 1
+            retry_s = BUG_RETRY_S
+            log.exception("queue %s: unexpected error in the duty round", queue)
+        if retry_s is not None and self.view is not None:
+            self.view.schedule(queue, time.monotonic() + retry_s)
+
+    def _seal_later(self, queue: str, action: Action) -> None:
+        """Run a seal on the sealing pool, the round going on meanwhile: a seal asks both
+        replicas (a dead one may take an RPC timeout), and after a head master died there is
+        one per queue it headed; a failover of another group must not wait behind them. One
+        seal of a queue at a time; its state write (the watch) or a failure (a timer) brings the
+        queue back to a round."""
+        if self.sealer is None:
+            return
+        assert action.seg is not None
+        key = (queue, action.seg)
+        with self._lock:
+            if key in self._sealing_now:
+                return
+            self._sealing_now.add(key)
+            if self._seal_executor is None:
+                self._seal_executor = concurrent.futures.ThreadPoolExecutor(SEAL_WORKERS,
+                                                                            thread_name_prefix="ordq-seal")
+            executor = self._seal_executor
+        view = self.view
+
+        def run() -> None:
+            try:
+                self._do(queue, action, QueueConfig())  # a seal reads no settings
+                with self._lock:
+                    self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + 1
+            except IllegalTransition:
+                with self._lock:
+                    self.stats.conflicts[Kind.SEAL.value] = self.stats.conflicts.get(Kind.SEAL.value, 0) + 1
+            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed round
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("queue %s: seal of segment %s deferred: %s", queue, action.seg, exc)
+                if view is not None:
+                    view.schedule(queue, time.monotonic() + RETRY_S)
+            finally:
+                with self._lock:
+                    self._sealing_now.discard(key)
+
+        try:
+            executor.submit(run)
+        except RuntimeError:  # shut down: stopping
+            with self._lock:
+                self._sealing_now.discard(key)
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(ROUND_WORKERS, thread_name_prefix="ordq-duty")
+        return self._executor
 
     def _probe(self, view: DaemonView) -> None:
         """Ask every live head master of all its open segments (one call each); mark the
@@ -292,31 +367,42 @@ class CoordinatorDaemon:
         due = next_due_ms(st, limits, open_info=open_info)
         if due is not None:
             view.schedule(queue, time.monotonic() + max(0.0, (due - now_ms) / 1000))
+        # the first write of this round goes against these copies (no re-read; versions checked)
+        known: Known | None = Known(state=st, version=entry.version, facts=facts,
+                                    group_versions=view.group_versions)
         for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
+            if action.kind is Kind.SEAL:
+                self._seal_later(queue, action)
+                continue
             try:
-                self._do(queue, action, cfg)
+                self._do(queue, action, cfg, known)
             except IllegalTransition:
-                self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
+                with self._lock:
+                    self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
                 continue  # someone else acted first: its write fires our watch, planned again
-            self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
+            finally:
+                known = None  # the state moved on: later actions read it afresh
+            with self._lock:
+                self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
-    def _do(self, queue: str, action: Action, cfg: QueueConfig) -> None:
+    def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None) -> None:
+        """``known``: the copies the action was planned on, for transitions that read no cursors."""
         log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)
         if action.kind is Kind.FAIL_OVER:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg
-            self.store.apply(queue, lambda s, f: sm.fail_over(s, gid, seg, f))
+            self.store.apply(queue, lambda s, f: sm.fail_over(s, gid, seg, f), known=known)
         elif action.kind is Kind.ADMIT:
             assert action.gid is not None
             gid = action.gid
-            self.store.apply(queue, lambda s, f: sm.admit(s, gid, f))
+            self.store.apply(queue, lambda s, f: sm.admit(s, gid, f), known=known)
         elif action.kind is Kind.POP:
             later = action.later_stored
             self.store.apply(queue, lambda s, f: sm.pop(s, f, later_stored=later))
         elif action.kind is Kind.ROLL:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg
-            self.store.apply(queue, roll_transition(cfg, gid, seg))
+            self.store.apply(queue, roll_transition(cfg, gid, seg), known=known)
             # its state write fires our watch: the rolled segment is sealed in the next round
         elif action.kind is Kind.RETAIN:
             later = action.later_stored

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -43,6 +43,17 @@ from ordq.coordinator.store_groups import GroupRecords
 from ordq.coordinator.store_subs import SubscriptionRecords
 from ordq.coordinator.store_values import QueueConfig, Transition, json_bytes, json_value, parse_state
 from ordq.coordinator.zk_tls import CONNECT_TIMEOUT_S
+
+
+@attrs.frozen
+class Known:
+    """A queue's state as read (with its znode version), the facts around it and the versions
+    of the group configs its drain marks were read from: ``ZkStore.apply``'s first attempt."""
+
+    state: QueueState
+    version: int
+    facts: Facts
+    group_versions: Mapping[str, int]
 
 
 class ZkStore(GroupRecords, SubscriptionRecords):
@@ -211,14 +222,25 @@ class ZkStore(GroupRecords, SubscriptionRecords):
         return facts, versions, group_versions
 
     def apply(
-        self, queue: str, transition: Transition, *, max_attempts: int = 50
+        self, queue: str, transition: Transition, *, max_attempts: int = 50, known: Known | None = None
     ) -> QueueState:
         """Apply ``transition`` to the current state with a conditional write; on a version
         conflict re-read and re-apply. ``IllegalTransition`` propagates (the caller decides:
-        e.g. a producer whose fail_over lost the race follows the new head)."""
-        for _ in range(max_attempts):
-            current, version = self.load_state(queue)
-            facts, cursor_versions, group_versions = self._facts_and_versions(current)
+        e.g. a producer whose fail_over lost the race follows the new head).
+
+        ``known``: what the caller already read (the coordinator daemon's watched copies), used
+        for the first attempt instead of reading it again; only for a transition that reads no
+        cursors (its facts carry none, so none is checked). The state's version and the drain
+        marks' versions are checked in the write as always, so a stale copy costs one retry."""
+        for attempt in range(max_attempts):
+            if attempt == 0 and known is not None:
+                current, version = known.state, known.version
+                facts = attrs.evolve(known.facts, cursors={})  # unchecked cursors are never used
+                cursor_versions: dict[str, int] = {}
+                group_versions = {g: v for g, v in known.group_versions.items() if g in current.groups}
+            else:
+                current, version = self.load_state(queue)
+                facts, cursor_versions, group_versions = self._facts_and_versions(current)
             new = transition(current, facts)
             if new == current:
                 return current

@@ -36,6 +36,7 @@ def setup(zk_server, tmp_path_factory) -> Iterator[tuple[ZkStore, CoordinatorDae
         store.create_queue("solo", ["g3"])
         daemon = CoordinatorDaemon(store, identifier="t")
         yield store, daemon
+        daemon.stop()
         if daemon.view is not None:
             daemon.view.close()
         # The root is left (a fresh uuid in the session's throwaway ZooKeeper): deleting its
