@@ -66,10 +66,13 @@ SWEEP_INTERVAL_S = 300.0
 # again after this; after an unexpected error (a bug, logged each time) after the longer one.
 RETRY_S = 1.0
 BUG_RETRY_S = 10.0
-# Queues planned (and acted on) at once when a round has several.
-ROUND_WORKERS = 8
+# Queues planned (and acted on) at once when a round has several. Few: the duties are never
+# urgent for correctness (producers and consumers fail over and seal on their own, through
+# the coordinator service in this same process), and every thread more takes the GIL from
+# the service's answer to a producer (10,000 queues: bench/bench_queues.py).
+ROUND_WORKERS = 4
 # Seals run at once, beside the rounds (``_seal_later``).
-SEAL_WORKERS = 4
+SEAL_WORKERS = 2
 
 
 class CoordinatorDaemon:
