@@ -104,6 +104,7 @@ class CoordinatorDaemon:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._seal_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._sealing_now: set[tuple[str, int]] = set()
+        self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats)
         self._stop = threading.Event()
@@ -218,10 +219,12 @@ class CoordinatorDaemon:
                 self._guarded_round(queue)
         self.stats.planned += len(queues)
         self.stats.zk_reads = view.reads
-        for gone in set(self.stats.corrupt) - set(view.entries):
-            del self.stats.corrupt[gone]  # deleted queue
-        for gone in set(self.stats.queues) - set(view.entries):
-            del self.stats.queues[gone]
+        if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
+            self._list_seen = view.list_changes
+            for gone in set(self.stats.corrupt) - set(view.entries):
+                del self.stats.corrupt[gone]
+            for gone in set(self.stats.queues) - set(view.entries):
+                del self.stats.queues[gone]
         self.metrics.round_seconds.observe(time.monotonic() - started)
 
     def _guarded_round(self, queue: str) -> None:

@@ -72,6 +72,7 @@ class DaemonView:
         self.group_versions: dict[str, int] = {}
         self.masters: dict[str, str] = {}  # gid -> its live master's address
         self.reads = 0  # ZooKeeper reads sent (statistics, tests)
+        self.list_changes = 0  # times the queue list was read (queues created or deleted)
         self._root = store.paths.queues + "/"
 
     # -- watches (kazoo's event thread: mark and wake, nothing else) ---------------------------
@@ -157,7 +158,7 @@ class DaemonView:
             self._dirty.clear()
             while self._due and self._due[0][0] <= now:
                 todo.add(heapq.heappop(self._due)[1])
-            todo &= set(self.entries)
+            todo = {q for q in todo if q in self.entries}  # not a set of every queue: O(changed)
         try:
             self._read_queues(todo)
         except BaseException:
@@ -191,6 +192,7 @@ class DaemonView:
             for new in names - set(self.entries):
                 self.entries[new] = QueueEntry()
                 self._dirty.add(new)
+            self.list_changes += 1
 
     def _read_groups(self) -> None:
         """Every group's drain mark and live roles; queues of a group that changed get dirty."""

@@ -21,7 +21,7 @@ from ordq.common.security import Credentials
 from ordq.coordinator import state as sm
 from ordq.coordinator.duties import OpenSegment
 from ordq.coordinator.state import SegStatus
-from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store import Known, ZkStore
 from ordq.wire.transport import ReplicaEnd, SealTransport
 
 
@@ -56,7 +56,7 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
 
     Raises BrokerUnavailable when no replica answers (consumers wait at that segment;
     producers are not blocked)."""
-    st, _ = store.load_state(queue)
+    st, version = store.load_state(queue)
     target = st.segment(seg)
     if target is None or target.status is SegStatus.SEALED:
         return st
@@ -71,9 +71,14 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
         except OrdqError:
             replies[role] = None
     plan = decide(replies)
+    # The seal reads no facts: the first attempt writes against the state read above (its
+    # version checked), without reading liveness, drain marks and cursors again (issue 29: a
+    # failover of 10,000 idle queues is as many seals).
+    known = Known(state=st, version=version, facts=sm.Facts(), group_versions={})
     try:
         st = store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq,
-                                                      at_ms=int(time.time() * 1000), size=plan.bytes))
+                                                      at_ms=int(time.time() * 1000), size=plan.bytes),
+                         known=known)
     except IllegalTransition:
         st, _ = store.load_state(queue)  # sealed by someone else meanwhile: idempotent
         done = st.segment(seg)
