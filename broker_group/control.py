@@ -7,7 +7,7 @@ only after every batch accepted before them is synced, so the end they report is
 
 from __future__ import annotations
 
-from ordq.broker_group.segments import SegmentStore, write_meta
+from ordq.broker_group.segments import SegmentStore, park, write_meta
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common.errors import SegmentNotFound
@@ -42,6 +42,7 @@ class Control:
             self.write.fail_streams(SegmentNotWritable(self.shared.address, queue, seg, "sealed"),
                                     only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
         write_meta(s)
+        park(s)
         return end
 
     def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:
@@ -50,3 +51,12 @@ class Control:
             if s is None:
                 raise SegmentNotFound(queue, seg)
             return s.end()
+
+    def open_segments(self) -> pb.OpenSegmentsResponse:
+        """Every segment this copy holds that is not sealed, with its ``SegmentInfo``: one
+        answer for all queues (the coordinator's probe). In memory only; costs a pass over the
+        segments held, none for a queue that wrote nothing here."""
+        with self.shared.cv:
+            return pb.OpenSegmentsResponse(segments=[
+                pb.OpenSegment(queue=s.replica.queue, seg=s.replica.seg, end=s.end())
+                for s in self.shared.segments.values() if not s.replica.sealed])

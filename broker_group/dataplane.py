@@ -9,7 +9,7 @@ replicas synced its batch. What this module adds is where the work runs:
 - Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
 - Fetch: long-polls on the loop; reads the log inline when it is free. Read: the same,
   fetch after fetch on one stream (a follower's way: no call per batch).
-- Control calls (Fence, Seal, Reconcile, SegmentInfo, Health) wait on locks, disks and
+- Control calls (Fence, Seal, Reconcile, SegmentInfo, OpenSegments, Health) wait on locks, disks and
   peers: they run in the loop's worker threads, as before. Fence, Seal, Reconcile and
   Replicate are taken only from brokers and coordinators (broker_group/auth.py).
 Errors become typed gRPC statuses in one place (``_answer``, ``ordq.wire.errors.abort``).
@@ -401,6 +401,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def SegmentInfo(self, request: pb.SegmentRef, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "SegmentInfo", request.queue,  # type: ignore[no-any-return]
                                   lambda: self.b.control.segment_info(request.queue, request.seg))
+
+    async def OpenSegments(self, request: pb.OpenSegmentsRequest, context: Context) -> pb.OpenSegmentsResponse:
+        return await self._answer(context, "OpenSegments", ALL_QUEUES,  # type: ignore[no-any-return]
+                                  self.b.control.open_segments)
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
         return await self._answer(context, "Health", ALL_QUEUES, self.b.health)  # type: ignore[no-any-return]

@@ -33,6 +33,12 @@ FOLDER_FILE = "folder.json"  # the data folder's birth record (see SegmentStore.
 INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the queue its segments belong to
 
 
+# Every queue folder is looked at again this often although no watch fired: a watch dies with
+# a lost ZooKeeper session (a 1 s session can expire in a stall), and freeing a popped
+# segment's files a minute late costs nothing but the disk space meanwhile.
+FULL_SCAN_S = 60.0
+
+
 class SegmentStore:
     """The segments in ``shared.segments``: found on disk, created, dropped, looked up."""
 
@@ -45,6 +51,13 @@ class SegmentStore:
         # Held while a queue's folder changes hands between incarnations or loses segments,
         # so a segment of a re-created queue is never removed as the deleted queue's.
         self._folder_lock = threading.Lock()
+        # free_space looks again only at the queues whose state changed (a ZooKeeper data watch
+        # on each queue it holds files of, re-armed by that look) or that it never looked at,
+        # and at every folder every FULL_SCAN_S: an idle queue costs no read a round (issue 29).
+        self._watched: set[str] = set()
+        self._changed: set[str] = set()
+        self._changed_lock = threading.Lock()
+        self._next_full_scan = 0.0
 
     def load_folder(self) -> None:
         """Read (or write, for a new folder) the data folder's birth record.
@@ -112,6 +125,8 @@ class SegmentStore:
                     replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
                 replica.freeze("held open before this broker restarted")
                 self.shared.segments[segment.key] = segment
+                if replica.sealed:
+                    park(segment)
 
     def create(self, queue: str, seg: int, fenced_epoch: int) -> Segment:
         """A new, empty, writable segment (or the one another thread created meanwhile)."""
@@ -148,23 +163,46 @@ class SegmentStore:
     def free_space(self) -> None:
         """Remove the files of every segment no queue needs any more: popped from its consume
         list (read by every subscription, or dropped by retention), or of a deleted queue."""
-        for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if _is_queue_folder(p)):
+        data_dir = self.shared.config.data_dir
+        now = time.monotonic()
+        if now >= self._next_full_scan:
+            self._next_full_scan = now + FULL_SCAN_S
+            with self._changed_lock:
+                self._changed.clear()
+            names = sorted(p.name for p in data_dir.iterdir() if _is_queue_folder(p))
+        else:
+            with self._changed_lock:
+                changed, self._changed = self._changed, set()
+            with self.shared.cv:
+                held = {q for q, _ in self.shared.segments}
+            names = sorted(q for q in changed | (held - self._watched) if _is_queue_folder(data_dir / q))
+        for name in names:
+            qdir = data_dir / name
             with self._folder_lock:
                 try:
-                    st: QueueState | None = self.shared.require_store().load_state(qdir.name)[0]
+                    st: QueueState | None = self.shared.require_store().load_state(name, watch=self._on_state)[0]
+                    self._watched.add(name)
                 except QueueNotFound:
                     st = None
+                    self._watched.discard(name)
                 except CorruptState as exc:  # that queue's problem: keep its files, free the others'
-                    log.warning("not freeing space of %s: %s", qdir.name, exc)
+                    log.warning("not freeing space of %s: %s", name, exc)
                     continue
-                held = _folder_incarnation(qdir)
-                if st is None or (held is not None and held != st.incarnation):
-                    self.drop_segments(qdir.name, lambda seg: True, "its queue was deleted")
+                held_incarnation = _folder_incarnation(qdir)
+                if st is None or (held_incarnation is not None and held_incarnation != st.incarnation):
+                    self.drop_segments(name, lambda seg: True, "its queue was deleted")
                     shutil.rmtree(qdir, ignore_errors=True)
                     continue
                 low = st.consume[0].seg if st.consume else st.next_seg
-                self.drop_segments(qdir.name, lambda seg: seg < low,  # noqa: B023 - called at once
-                                    "read by every subscription or past retention")
+                self.drop_segments(name, lambda seg: seg < low,  # noqa: B023 - called at once
+                                   "read by every subscription or past retention")
+
+    def _on_state(self, event: Any) -> None:
+        """A held queue's state changed or went (kazoo's event thread): look again next round."""
+        parts = str(getattr(event, "path", "")).rsplit("/", 2)
+        if len(parts) == 3:
+            with self._changed_lock:
+                self._changed.add(parts[1])
 
     def drop_segments(self, queue: str, which: Callable[[int], bool], why: str) -> None:
         with self.shared.cv:
@@ -221,6 +259,14 @@ class SegmentStore:
         with self.shared.cv:
             s = self.shared.segments.get((queue, seg))
         return s if s is not None else self.create(queue, seg, 0)
+
+
+def park(s: Segment) -> None:
+    """Close a sealed segment's file until it is next read (``SegmentLog.park``): a broker
+    holds no file descriptor for a segment nobody reads (issue 29)."""
+    with s.io_lock:
+        if s.log is not None and s.replica.sealed:
+            s.log.park()
 
 
 def read_meta(directory: Path) -> dict[str, Any]:

@@ -5,10 +5,21 @@ Seal run, which ends in one), planned by the pure ``ordq.coordinator.duties.plan
 lost leadership or acted on a stale view only loses a CAS. Producers and consumers fail over,
 seal and pop on their own; the daemon makes it faster (it reacts to a liveness node vanishing
 within one watch event) and keeps lists tidy.
+
+Cost (issue 29): a round plans only the queues that changed or have a duty due, never every
+queue. ``DaemonView`` (coordinator/daemon_view.py) keeps copies of queue and group records
+current through ZooKeeper watches and marks what changed; the head masters are asked of all
+their open segments in one call each (``OpenSegments``) and a queue whose answer changed is
+marked; a duty that falls due by the clock (segment age, retention time: ``duties.next_due_ms``)
+or a round that failed (a seal no replica answered) sets a timer for its queue. Every
+``sweep_interval_s`` every queue is read again and planned: the safety net, should a watch ever
+be missed (none is expected: ZooKeeper delivers them within a session and kazoo re-arms them
+after a reconnection; a new session is a new leadership term, which reads everything anyway).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -28,9 +39,10 @@ from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
 from ordq.common.metrics import MetricsServer, Page
 from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
-from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, plan
+from ordq.coordinator.daemon_view import DaemonView
+from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
-from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import QueueConfig, roll_transition
 
 log = logging.getLogger("ordq.coordinator")
@@ -42,9 +54,25 @@ _ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, O
 
 # Seal runner: (queue, seg) -> None; raises OrdqError when no replica answers.
 Sealer = Callable[[str, int], None]
-# What the head master says of the open segment: (queue, gid, seg) -> its size and age;
-# raises OrdqError when it does not answer.
-Prober = Callable[[str, str, int], OpenSegment]
+# What a head master says of every open segment it holds: its address -> {(queue, seg): size
+# and age}; raises OrdqError when it does not answer.
+Prober = Callable[[str], Mapping[tuple[str, int], OpenSegment]]
+# Every queue read again and planned this often although no watch fired (see the module doc).
+# Why 5 min: a sweep of 10,000 queues is ~20,000 pipelined reads, ~1-2 s of this process's
+# CPU; every 5 min that is under 1 % of a core, and it only repairs what is not expected to
+# break (correctness never rests on the daemon: producers and consumers act on their own).
+SWEEP_INTERVAL_S = 300.0
+# A queue whose round failed (a seal no replica answered, ZooKeeper unavailable) is planned
+# again after this; after an unexpected error (a bug, logged each time) after the longer one.
+RETRY_S = 1.0
+BUG_RETRY_S = 10.0
+# Queues planned (and acted on) at once when a round has several. Few: the duties are never
+# urgent for correctness (producers and consumers fail over and seal on their own, through
+# the coordinator service in this same process), and every thread more takes the GIL from
+# the service's answer to a producer (10,000 queues: bench/bench_queues.py).
+ROUND_WORKERS = 4
+# Seals run at once, beside the rounds (``_seal_later``).
+SEAL_WORKERS = 2
 
 
 class CoordinatorDaemon:
@@ -58,12 +86,25 @@ class CoordinatorDaemon:
         prober: Prober | None = None,
         interval_s: float = 0.5,
         identifier: str = "",
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
     ) -> None:
+        """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
+        fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc."""
         self.store = store
         self.sealer = sealer
         self.prober = prober
         self.interval_s = interval_s
+        self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
+        self.view: DaemonView | None = None  # this leadership term's copies (made by the first round)
+        self._open: dict[str, tuple[int, OpenSegment]] = {}  # queue -> (seg, what its master said)
+        self._next_sweep = 0.0
+        self._next_probe = 0.0
+        self._lock = threading.Lock()  # the stats, when queues are planned in parallel
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._seal_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sealing_now: set[tuple[str, int]] = set()
+        self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats)
         self._stop = threading.Event()
@@ -111,61 +152,200 @@ class CoordinatorDaemon:
     def _lead(self) -> None:
         self.stats.is_leader = True
         log.info("coordinator %s elected", self.identifier)
+        self._new_term()
         try:
             while not self._stop.is_set() and not self._session_lost.is_set():
+                self._wake.clear()  # before the round: a watch firing during it wakes the next
                 self.round()
-                self._wake.wait(self.interval_s)
-                self._wake.clear()
+                self._wake.wait(self._until_next())
         finally:
             self.stats.is_leader = False
+            if self.view is not None:
+                self.view.close()
+            self.view = None
+
+    def _new_term(self) -> DaemonView:
+        """Fresh copies for a leadership term: everything is read (and watched) in its first round."""
+        if self.view is not None:
+            self.view.close()
+        self.view = DaemonView(self.store, self._wake.set)
+        self._open = {}
+        self._next_sweep = time.monotonic() + self.sweep_interval_s
+        self._next_probe = 0.0
+        return self.view
+
+    def _until_next(self) -> float:
+        """Seconds to the next timer (a due duty, the probe, the sweep), at most ``interval_s``."""
+        now = time.monotonic()
+        due = self.view.next_due() if self.view is not None else None
+        nearest = min(x for x in (due, self._next_probe, self._next_sweep, now + self.interval_s) if x is not None)
+        return max(0.0, min(self.interval_s, nearest - now))
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-
-    def _watch_liveness(self, gids: list[str]) -> None:
-        """Wake the loop as soon as any group's liveness changes (a process died)."""
-        for gid in gids:
-            try:
-                self.store.client.get_children(self.store.paths.live(gid), watch=lambda _e: self._wake.set())
-            except Exception:  # noqa: BLE001 - a missing group is planned around next round
-                log.debug("cannot watch liveness of %s", gid)
+        for executor in (self._executor, self._seal_executor):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
     # -- one round --------------------------------------------------------------------------
 
     def round(self) -> None:
+        """Plan (and act on) every queue that changed or has a duty due; see the module doc."""
+        started = time.monotonic()
         self.stats.rounds += 1
+        view = self.view or self._new_term()
+        if started >= self._next_sweep:
+            self._next_sweep = started + self.sweep_interval_s
+            self.stats.sweeps += 1
+            view.mark_all()
+        if self.prober is not None and started >= self._next_probe:
+            self._next_probe = started + self.interval_s
+            self._probe(view)
         try:
-            queues = self.store.list_queues()
-            self._watch_liveness(self.store.list_groups())
-        except OrdqError:
+            queues = view.refresh(started)
+        except OrdqError as exc:
             self.stats.errors += 1
+            log.warning("coordinator round: %s", exc)
             return
-        for queue in queues:
-            # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
-            try:
-                self._queue_round(queue)
+        finally:
+            self.stats.zk_reads = view.reads
+        if len(queues) > 1:
+            # Why a pool: after a head master dies every queue it headed fails over, each a
+            # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
+            list(self._pool().map(self._guarded_round, queues))
+        else:
+            for queue in queues:
+                self._guarded_round(queue)
+        self.stats.planned += len(queues)
+        self.stats.zk_reads = view.reads
+        if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
+            self._list_seen = view.list_changes
+            for gone in set(self.stats.corrupt) - set(view.entries):
+                del self.stats.corrupt[gone]
+            for gone in set(self.stats.queues) - set(view.entries):
+                del self.stats.queues[gone]
+        self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def _guarded_round(self, queue: str) -> None:
+        """One queue's round; whatever it raises is counted and logged, and the queue planned
+        again later (a corrupt state: when it is written again, which fires its watch)."""
+        # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
+        retry_s: float | None = None
+        try:
+            self._queue_round(queue)
+            with self._lock:
                 self.stats.corrupt.pop(queue, None)  # restored
-            except CorruptState as exc:
+        except CorruptState as exc:
+            with self._lock:
                 self.stats.errors += 1
                 self.stats.corrupt_seen += 1
                 if self.stats.corrupt.get(queue) != exc.detail:
                     log.error("queue %s: %s", queue, exc)  # once per distinct problem, not per round
                 self.stats.corrupt[queue] = exc.detail
-            except OrdqError as exc:
+        except OrdqError as exc:
+            with self._lock:
                 self.stats.errors += 1
-                log.warning("queue %s: %s", queue, exc)
-            except Exception:  # noqa: BLE001 - a bug in one queue's round must not end the leadership
+            retry_s = RETRY_S
+            log.warning("queue %s: %s", queue, exc)
+        except Exception:  # noqa: BLE001 - a bug in one queue's round must not end the leadership
+            with self._lock:
                 self.stats.errors += 1
                 self.stats.unexpected += 1
-                log.exception("queue %s: unexpected error in the duty round", queue)
-        for gone in set(self.stats.corrupt) - set(queues):
-            del self.stats.corrupt[gone]  # deleted queue
+            retry_s = BUG_RETRY_S
+            log.exception("queue %s: unexpected error in the duty round", queue)
+        if retry_s is not None and self.view is not None:
+            self.view.schedule(queue, time.monotonic() + retry_s)
+
+    def _seal_later(self, queue: str, action: Action) -> None:
+        """Run a seal on the sealing pool, the round going on meanwhile: a seal asks both
+        replicas (a dead one may take an RPC timeout), and after a head master died there is
+        one per queue it headed; a failover of another group must not wait behind them. One
+        seal of a queue at a time; its state write (the watch) or a failure (a timer) brings the
+        queue back to a round."""
+        if self.sealer is None:
+            return
+        assert action.seg is not None
+        key = (queue, action.seg)
+        with self._lock:
+            if key in self._sealing_now:
+                return
+            self._sealing_now.add(key)
+            if self._seal_executor is None:
+                self._seal_executor = concurrent.futures.ThreadPoolExecutor(SEAL_WORKERS,
+                                                                            thread_name_prefix="ordq-seal")
+            executor = self._seal_executor
+        view = self.view
+
+        def run() -> None:
+            try:
+                self._do(queue, action, QueueConfig())  # a seal reads no settings
+                with self._lock:
+                    self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + 1
+            except IllegalTransition:
+                with self._lock:
+                    self.stats.conflicts[Kind.SEAL.value] = self.stats.conflicts.get(Kind.SEAL.value, 0) + 1
+            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed round
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("queue %s: seal of segment %s deferred: %s", queue, action.seg, exc)
+                if view is not None:
+                    view.schedule(queue, time.monotonic() + RETRY_S)
+            finally:
+                with self._lock:
+                    self._sealing_now.discard(key)
+
+        try:
+            executor.submit(run)
+        except RuntimeError:  # shut down: stopping
+            with self._lock:
+                self._sealing_now.discard(key)
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(ROUND_WORKERS, thread_name_prefix="ordq-duty")
+        return self._executor
+
+    def _probe(self, view: DaemonView) -> None:
+        """Ask every live head master of all its open segments (one call each); mark the
+        queues whose answer changed. A master that does not answer keeps its queues' last answer."""
+        assert self.prober is not None
+        heard: dict[str, tuple[int, OpenSegment]] = {}
+        silent: set[str] = set()
+        for gid, address in sorted(view.masters.items()):
+            self.stats.probes += 1
+            try:
+                answer = self.prober(address)
+            except OrdqError as exc:
+                silent.add(gid)
+                log.debug("group %s: open segments not probed: %s", gid, exc)
+                continue
+            for (queue, seg), info in answer.items():
+                entry = view.entries.get(queue)
+                open_seg = entry.state.open_segment if entry is not None and entry.state is not None else None
+                if open_seg is not None and open_seg.seg == seg and open_seg.gid == gid:
+                    heard[queue] = (seg, info)
+        for queue, (seg, info) in self._open.items():
+            entry = view.entries.get(queue)
+            open_seg = entry.state.open_segment if entry is not None and entry.state is not None else None
+            if open_seg is not None and open_seg.seg == seg and open_seg.gid in silent:
+                heard.setdefault(queue, (seg, info))
+        changed = {q for q in set(heard) | set(self._open) if heard.get(q) != self._open.get(q)}
+        self._open = heard
+        view.mark(changed)
 
     def _queue_round(self, queue: str) -> None:
-        st, _ = self.store.load_state(queue)
-        facts, _ = self.store.facts(st)
-        cfg = self.store.queue_config(queue)
+        view = self.view
+        assert view is not None
+        entry = view.entries.get(queue)
+        if entry is None:
+            return  # deleted
+        if entry.problem is not None:
+            raise entry.problem
+        if entry.state is None or entry.config is None:
+            return  # not read yet: marked again when it is
+        st, cfg = entry.state, entry.config
+        facts = view.facts(entry)
         before = self.stats.queues.get(queue, {}).get("send")
         if before and before[0] != st.head:
             open_seg = st.open_segment
@@ -184,38 +364,52 @@ class CoordinatorDaemon:
                         retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
                         segment_age_s=cfg.segment_age_s)
         open_seg = st.open_segment
+        probed = self._open.get(queue)
         open_info = None
-        if open_seg is not None and self.prober is not None and open_seg.gid in facts.live_groups:
+        if open_seg is not None and open_seg.gid in facts.live_groups and self.prober is not None:
+            # what its master said of this very segment; holding none of it: nothing written yet
+            open_info = probed[1] if probed is not None and probed[0] == open_seg.seg else OpenSegment(0, None)
+        now_ms = int(time.time() * 1000)
+        due = next_due_ms(st, limits, open_info=open_info)
+        if due is not None:
+            view.schedule(queue, time.monotonic() + max(0.0, (due - now_ms) / 1000))
+        # the first write of this round goes against these copies (no re-read; versions checked)
+        known: Known | None = Known(state=st, version=entry.version, facts=facts,
+                                    group_versions=view.group_versions)
+        for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
+            if action.kind is Kind.SEAL:
+                self._seal_later(queue, action)
+                continue
             try:
-                open_info = self.prober(queue, open_seg.gid, open_seg.seg)
-            except OrdqError as exc:
-                log.debug("queue %s: open segment %d not probed: %s", queue, open_seg.seg, exc)
-        for action in plan(st, facts, limits, now_ms=int(time.time() * 1000), open_info=open_info):
-            try:
-                self._do(queue, action, cfg)
+                self._do(queue, action, cfg, known)
             except IllegalTransition:
-                self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
-                continue  # someone else acted first: re-planned next round
-            self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
+                with self._lock:
+                    self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
+                continue  # someone else acted first: its write fires our watch, planned again
+            finally:
+                known = None  # the state moved on: later actions read it afresh
+            with self._lock:
+                self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
-    def _do(self, queue: str, action: Action, cfg: QueueConfig) -> None:
+    def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None) -> None:
+        """``known``: the copies the action was planned on, for transitions that read no cursors."""
         log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)
         if action.kind is Kind.FAIL_OVER:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg
-            self.store.apply(queue, lambda s, f: sm.fail_over(s, gid, seg, f))
+            self.store.apply(queue, lambda s, f: sm.fail_over(s, gid, seg, f), known=known)
         elif action.kind is Kind.ADMIT:
             assert action.gid is not None
             gid = action.gid
-            self.store.apply(queue, lambda s, f: sm.admit(s, gid, f))
+            self.store.apply(queue, lambda s, f: sm.admit(s, gid, f), known=known)
         elif action.kind is Kind.POP:
             later = action.later_stored
             self.store.apply(queue, lambda s, f: sm.pop(s, f, later_stored=later))
         elif action.kind is Kind.ROLL:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg
-            self.store.apply(queue, roll_transition(cfg, gid, seg))
-            self._wake.set()  # seal the rolled segment in the next round, not an interval later
+            self.store.apply(queue, roll_transition(cfg, gid, seg), known=known)
+            # its state write fires our watch: the rolled segment is sealed in the next round
         elif action.kind is Kind.RETAIN:
             later = action.later_stored
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True, later_stored=later))

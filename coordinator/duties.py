@@ -111,3 +111,20 @@ def past_retention(state: QueueState, limits: Limits, now_ms: int) -> bool:
             and now_ms - head.sealed_ms > limits.retention_time_s * 1000):
         return True
     return limits.retention_bytes is not None and sum(s.bytes or 0 for s in sealed) > limits.retention_bytes
+
+
+def next_due_ms(state: QueueState, limits: Limits, *, open_info: OpenSegment | None = None) -> int | None:
+    """When a duty of this queue falls due by the clock alone (wall clock, ms), or None: the
+    open segment's age limit (counted from its first message) and the sealed head segment's
+    retention time. Other duties follow a change the daemon is told of (a watch, a probe), so a
+    daemon that plans a queue again at this time misses none (``coordinator/daemon_view.py``)."""
+    due: list[int] = []
+    open_seg = state.open_segment
+    if (open_seg is not None and open_info is not None and open_info.first_write_ms is not None
+            and limits.segment_age_s is not None):
+        due.append(open_info.first_write_ms + int(limits.segment_age_s * 1000))
+    head = state.consume[0] if state.consume else None
+    if (head is not None and head.status is SegStatus.SEALED and head.sealed_ms is not None
+            and limits.retention_time_s is not None):
+        due.append(head.sealed_ms + int(limits.retention_time_s * 1000) + 1)  # past_retention: strictly after
+    return min(due) if due else None

@@ -17,6 +17,8 @@ from prometheus_client.registry import Collector
 
 # Seal runs take a few ms (both replicas answer) to a few s (one is down: RPC timeouts).
 SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A round with nothing to do takes microseconds; a first load of 10,000 queues some seconds.
+ROUND_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 20.0)
 
 
 @attrs.define
@@ -24,6 +26,10 @@ class DaemonStats:
     """What the daemon counted; its metrics and status page read it."""
 
     rounds: int = 0
+    planned: int = 0  # queue plans made (a round plans only what changed or fell due)
+    sweeps: int = 0  # safety-net rounds that read every queue again
+    zk_reads: int = 0  # ZooKeeper reads the daemon's view sent (not counting its writes' own)
+    probes: int = 0  # OpenSegments calls to head masters (one per live group and probe)
     actions: dict[str, int] = attrs.field(factory=dict)
     conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
     errors: int = 0
@@ -45,6 +51,8 @@ class CoordinatorMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=True)
         self.seal_seconds = Histogram("ordq_coordinator_seal_seconds", "Seal protocol runs by this daemon",
                                       ["outcome"], buckets=SEAL_BUCKETS, registry=self.registry)
+        self.round_seconds = Histogram("ordq_coordinator_round_seconds", "Duty rounds of this daemon, by duration",
+                                       buckets=ROUND_BUCKETS, registry=self.registry)
         self.registry.register(self)
 
     def describe(self) -> Iterator[Metric]:
@@ -55,6 +63,14 @@ class CoordinatorMetrics(Collector):
         yield GaugeMetricFamily("ordq_coordinator_leader", "1 while this daemon is the elected one",
                                 value=int(st.is_leader))
         yield CounterMetricFamily("ordq_coordinator_rounds", "Duty rounds run", value=st.rounds)
+        yield CounterMetricFamily("ordq_coordinator_planned", "Queues planned (changed or due) over all rounds",
+                                  value=st.planned)
+        yield CounterMetricFamily("ordq_coordinator_sweeps", "Safety-net rounds that read every queue again",
+                                  value=st.sweeps)
+        yield CounterMetricFamily("ordq_coordinator_zk_reads", "ZooKeeper reads sent by the duty rounds",
+                                  value=st.zk_reads)
+        yield CounterMetricFamily("ordq_coordinator_probes", "OpenSegments calls to head masters",
+                                  value=st.probes)
         yield CounterMetricFamily("ordq_coordinator_errors", "Duty rounds or queues that failed (ZooKeeper, RPC)",
                                   value=st.errors)
         yield CounterMetricFamily("ordq_coordinator_corrupt_state",

@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from ordq.common.errors import BrokerUnavailable, IllegalTransition, OrdqError, SegmentNotFound
+from ordq.common.errors import BrokerUnavailable, IllegalTransition, OrdqError
 from ordq.common.security import Credentials
 from ordq.coordinator import state as sm
 from ordq.coordinator.duties import OpenSegment
 from ordq.coordinator.state import SegStatus
-from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store import Known, ZkStore
 from ordq.wire.transport import ReplicaEnd, SealTransport
 
 
@@ -56,7 +56,7 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
 
     Raises BrokerUnavailable when no replica answers (consumers wait at that segment;
     producers are not blocked)."""
-    st, _ = store.load_state(queue)
+    st, version = store.load_state(queue)
     target = st.segment(seg)
     if target is None or target.status is SegStatus.SEALED:
         return st
@@ -71,9 +71,14 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
         except OrdqError:
             replies[role] = None
     plan = decide(replies)
+    # The seal reads no facts: the first attempt writes against the state read above (its
+    # version checked), without reading liveness, drain marks and cursors again (issue 29: a
+    # failover of 10,000 idle queues is as many seals).
+    known = Known(state=st, version=version, facts=sm.Facts(), group_versions={})
     try:
         st = store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq,
-                                                      at_ms=int(time.time() * 1000), size=plan.bytes))
+                                                      at_ms=int(time.time() * 1000), size=plan.bytes),
+                         known=known)
     except IllegalTransition:
         st, _ = store.load_state(queue)  # sealed by someone else meanwhile: idempotent
         done = st.segment(seg)
@@ -112,10 +117,11 @@ def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Calla
     return sealer
 
 
-def make_prober(store: ZkStore,
-                credentials: Credentials | None = None) -> Callable[[str, str, int], OpenSegment] | None:
-    """A (queue, gid, seg) -> OpenSegment asker of the group's master (for rolling by size
-    and age), or None if the broker client is unavailable. ``credentials`` as for ``make_sealer``."""
+def make_prober(store: ZkStore, credentials: Credentials | None = None
+                ) -> Callable[[str], Mapping[tuple[str, int], OpenSegment]] | None:
+    """An asker of a head master (by address) of every open segment it holds, as
+    {(queue, seg): OpenSegment} (for rolling by size and age, and frozen segments), or None
+    if the broker client is unavailable. ``credentials`` as for ``make_sealer``."""
     try:
         from ordq.wire.client import GrpcTransport
     except ImportError:
@@ -124,15 +130,11 @@ def make_prober(store: ZkStore,
 
     transport = GrpcTransport(credentials=credentials or of_store(store))
 
-    def prober(queue: str, gid: str, seg: int) -> OpenSegment:
-        master = store.live_members(gid).get("master")
-        if master is None:
-            raise BrokerUnavailable(f"group {gid}", "no live master")
-        try:
-            info = transport.segment_info(master.address, queue, seg)
-        except SegmentNotFound:
-            return OpenSegment(bytes=0, first_write_ms=None)  # nothing written yet
-        return OpenSegment(bytes=int(info.bytes), first_write_ms=int(info.first_write_ms) or None,
-                           frozen=bool(info.frozen))
+    def prober(address: str) -> Mapping[tuple[str, int], OpenSegment]:
+        answer = transport.open_segments(address)
+        return {(s.queue, int(s.seg)): OpenSegment(bytes=int(s.end.bytes),
+                                                   first_write_ms=int(s.end.first_write_ms) or None,
+                                                   frozen=bool(s.end.frozen))
+                for s in answer.segments}
 
     return prober

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -43,6 +43,17 @@ from ordq.coordinator.store_groups import GroupRecords
 from ordq.coordinator.store_subs import SubscriptionRecords
 from ordq.coordinator.store_values import QueueConfig, Transition, json_bytes, json_value, parse_state
 from ordq.coordinator.zk_tls import CONNECT_TIMEOUT_S
+
+
+@attrs.frozen
+class Known:
+    """A queue's state as read (with its znode version), the facts around it and the versions
+    of the group configs its drain marks were read from: ``ZkStore.apply``'s first attempt."""
+
+    state: QueueState
+    version: int
+    facts: Facts
+    group_versions: Mapping[str, int]
 
 
 class ZkStore(GroupRecords, SubscriptionRecords):
@@ -110,26 +121,40 @@ class ZkStore(GroupRecords, SubscriptionRecords):
         every eligible one, so it is writable at once when its groups are live."""
         check_name("queue", queue)
         gids = list(groups) if groups is not None else self.list_groups()
-        for gid in gids:
-            self.get_group(gid)
         if not gids:
             raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
         cfg = config or QueueConfig()
-        initial = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
         with self._errors():
             self._wait(self.client.ensure_path_async(self.paths.queues))
-            tx = self.client.transaction()
-            tx.create(self.paths.queue(queue), json_bytes(attrs.asdict(cfg)), acl=self._acl_of(self.paths.queue(queue)))
-            tx.create(self.paths.state(queue), json_bytes(initial.to_dict()), acl=self._acl_of(self.paths.state(queue)))
-            tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
-            for name in QUEUE_PARENTS:  # the producer election's parent: clients may not create it
-                path = f"{self.paths.queue(queue)}/{name}"
-                tx.create(path, b"", acl=self._acl_of(path))
-            results = self._wait(tx.commit_async())
-        if any(isinstance(r, NodeExistsError) for r in results):
-            raise AlreadyExists(f"queue {queue!r} already exists")
-        raise_first(results)
-        return self.apply(queue, lambda st, facts: sm.admit_all(st, facts))
+        created = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
+        for _ in range(50):
+            # Admitted in the creating write (issue 29: one write, not a create and an apply):
+            # the drain marks it read are checked in the same transaction, as ``apply`` does.
+            drained, group_versions = self._drained_with_versions(gids)
+            for gid in gids:
+                if gid not in group_versions:
+                    raise GroupNotFound(gid)
+            initial = sm.admit_all(created, Facts(live_groups=self.live_groups(gids), drained=drained))
+            with self._errors():
+                tx = self.client.transaction()
+                for gid, version in group_versions.items():
+                    tx.check(self.paths.group(gid), version)
+                tx.create(self.paths.queue(queue), json_bytes(attrs.asdict(cfg)),
+                          acl=self._acl_of(self.paths.queue(queue)))
+                tx.create(self.paths.state(queue), json_bytes(initial.to_dict()),
+                          acl=self._acl_of(self.paths.state(queue)))
+                tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
+                for name in QUEUE_PARENTS:  # the producer election's parent: clients may not create it
+                    path = f"{self.paths.queue(queue)}/{name}"
+                    tx.create(path, b"", acl=self._acl_of(path))
+                results = self._wait(tx.commit_async())
+            if any(isinstance(r, NodeExistsError) for r in results):
+                raise AlreadyExists(f"queue {queue!r} already exists")
+            if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
+                continue  # a drain mark changed (or a group went) meanwhile: read again
+            raise_first(results)
+            return initial
+        raise ConflictError(f"queue {queue!r}: gave up creating it after 50 conflicting writes")
 
     def list_queues(self) -> list[str]:
         with self._errors():
@@ -197,14 +222,25 @@ class ZkStore(GroupRecords, SubscriptionRecords):
         return facts, versions, group_versions
 
     def apply(
-        self, queue: str, transition: Transition, *, max_attempts: int = 50
+        self, queue: str, transition: Transition, *, max_attempts: int = 50, known: Known | None = None
     ) -> QueueState:
         """Apply ``transition`` to the current state with a conditional write; on a version
         conflict re-read and re-apply. ``IllegalTransition`` propagates (the caller decides:
-        e.g. a producer whose fail_over lost the race follows the new head)."""
-        for _ in range(max_attempts):
-            current, version = self.load_state(queue)
-            facts, cursor_versions, group_versions = self._facts_and_versions(current)
+        e.g. a producer whose fail_over lost the race follows the new head).
+
+        ``known``: what the caller already read (the coordinator daemon's watched copies), used
+        for the first attempt instead of reading it again; only for a transition that reads no
+        cursors (its facts carry none, so none is checked). The state's version and the drain
+        marks' versions are checked in the write as always, so a stale copy costs one retry."""
+        for attempt in range(max_attempts):
+            if attempt == 0 and known is not None:
+                current, version = known.state, known.version
+                facts = attrs.evolve(known.facts, cursors={})  # unchecked cursors are never used
+                cursor_versions: dict[str, int] = {}
+                group_versions = {g: v for g, v in known.group_versions.items() if g in current.groups}
+            else:
+                current, version = self.load_state(queue)
+                facts, cursor_versions, group_versions = self._facts_and_versions(current)
             new = transition(current, facts)
             if new == current:
                 return current

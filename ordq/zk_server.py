@@ -516,9 +516,9 @@ class ZkServer:
             "maxSessionTimeout=60000",
             "maxClientCnxns=0",
             "admin.enableServer=false",  # else every node starts a web server on :8080
-            # Only what readiness and status ask (four_letter_word): cons, wchc, dump... list
+            # Only what readiness, status and benches ask (four_letter_word): cons, wchc, dump... list
             # every client and session to anyone who can connect.
-            "4lw.commands.whitelist=ruok,srvr",
+            "4lw.commands.whitelist=ruok,srvr,mntr",  # mntr: counts only (bench/bench_queues.py)
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
         ]

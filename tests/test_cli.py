@@ -230,3 +230,23 @@ def test_options_of_a_command_are_not_taken_for_abbreviated_global_ones(capsys: 
     line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.2", "sub", "reset", "q", "s",
                           "--to", "seq", "1")
     assert "cannot reach ZooKeeper" in line
+
+
+def test_listings_page_by_name_with_prefix_limit_and_after(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: ``queue list``, ``sub list`` and ``top`` show a page; stderr names the next."""
+    from ordq.commands.paging import page, say_next
+
+    args = build_parser().parse_args(["queue", "list", "--prefix", "o", "--limit", "2"])
+    names = ["scratch", "orders-3", "orders-1", "other", "orders-2"]
+    first = page(names, args)
+    assert first.names == ["orders-1", "orders-2"] and first.next_after == "orders-2"
+    say_next(first, "queues")
+    assert capsys.readouterr().err == "ordq: 2 queues shown, more follow: add --after orders-2\n"
+    args = build_parser().parse_args(["queue", "list", "--prefix", "o", "--limit", "2", "--after", "orders-2"])
+    last = page(names, args)
+    assert last.names == ["orders-3", "other"] and last.next_after is None
+    say_next(last, "queues")
+    assert capsys.readouterr().err == ""
+    for argv in (["sub", "list", "q", "--limit", "5"], ["top", "--prefix", "x", "--once"]):
+        assert build_parser().parse_args(argv).limit in (5, 100)
+    assert "must be from 1" in one_error_line(capsys, "queue", "list", "--limit", "0")

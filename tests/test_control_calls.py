@@ -316,6 +316,13 @@ def test_a_token_holder_cannot_seal_or_fence_the_open_segment(group: Group) -> N
         info = call(g.address(role), g.coordinator,
                     lambda s, md: s.SegmentInfo(pb.SegmentRef(queue=Q, seg=0), timeout=10, metadata=md))
         assert not info.sealed and info.end == 10
+    # OpenSegments (issue 29: the coordinator's one probe of a master) lists every queue: cluster only
+    listing = pb.OpenSegmentsRequest()
+    err = refusal(g.address("master"), g.writer, lambda s, md: s.OpenSegments(listing, timeout=10, metadata=md))
+    assert isinstance(err, PermissionDenied) and err.role == "cluster", err
+    answer = call(g.address("master"), g.coordinator,
+                  lambda s, md: s.OpenSegments(listing, timeout=10, metadata=md))
+    assert [(o.queue, o.seg, o.end.end) for o in answer.segments] == [(Q, 0, 10)]
     st = g.store.load_state(Q)[0]
     assert st.head == "g1" and st.open_segment is not None and st.open_segment.seg == 0
     produce(g, 10, 10)  # the real producer goes on in the same segment

@@ -136,6 +136,25 @@ def test_closed_log_refuses_calls(tmp_path: Path) -> None:
     assert SegmentLog.open(tmp_path, "q", 0).end == 0
 
 
+def test_a_parked_log_holds_no_file_descriptor_and_reopens_on_use(tmp_path: Path) -> None:
+    """Issue 29: a sealed segment nobody reads must not hold a descriptor (10,000 idle queues)."""
+    log = SegmentLog.open(tmp_path, "q", 0, create=True)
+    raws = build([[msg(0), msg(1)]])
+    log.append(raws[0])
+    log.park()  # something buffered: not parked
+    assert log.sync() == 2
+    fds = len(os.listdir("/proc/self/fd"))
+    log.park()
+    assert len(os.listdir("/proc/self/fd")) == fds - 1 and not log.closed
+    assert log.read(0, max_bytes=1 << 20, upto=2) == raws  # reopened
+    assert len(os.listdir("/proc/self/fd")) == fds
+    log.park()
+    log.close()
+    assert log.closed
+    with pytest.raises(ClosedError):
+        log.read(0, max_bytes=1, upto=1)
+
+
 # -- reads ----------------------------------------------------------------------------------
 
 

@@ -22,8 +22,12 @@ class Sample:
 
 
 def sample(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None = None,
-           *, clock: Callable[[], float] = time.monotonic) -> Sample:
+           *, clock: Callable[[], float] = time.monotonic,
+           select: Callable[[list[str]], list[str]] | None = None) -> Sample:
+    """``queues`` (all if None); ``select``: of those, the ones to describe (a page)."""
     names = list(queues) if queues else store.list_queues()
+    if select is not None:
+        names = select(names)
     views = {}
     for q in names:
         try:
@@ -73,11 +77,12 @@ def top_frame(cur: Sample, prev: Sample | None = None) -> dict[str, Any]:
 
 
 def frames(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None, interval_s: float,
-           *, sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
+           *, sleep: Callable[[float], None] = time.sleep,
+           select: Callable[[list[str]], list[str]] | None = None) -> Iterator[dict[str, Any]]:
     """Frames forever, one every ``interval_s``; rates are over the last interval."""
-    prev = sample(store, reader, queues)
+    prev = sample(store, reader, queues, select=select)
     while True:
         sleep(max(0.0, interval_s - (time.monotonic() - prev.at_s)))
-        cur = sample(store, reader, queues)
+        cur = sample(store, reader, queues, select=select)
         yield top_frame(cur, prev)
         prev = cur

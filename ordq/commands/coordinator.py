@@ -130,8 +130,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.
     ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
-    daemon = CoordinatorDaemon(store, interval_s=args.interval, identifier=ident,
-                               sealer=_sealer(store, creds), prober=_prober(store, creds))
+    # The duties on a ZooKeeper session of their own (issue 29): after a head master dies the
+    # daemon fails over every queue it headed, and a producer's FailOver through the service
+    # must not queue behind those requests on one session (ZooKeeper answers a session in order).
+    duty_store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
+    daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
+                               sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds))
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
@@ -152,6 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker.start()
     stop.wait()
     service.stop()
+    daemon.stop()
+    duty_store.close()
     store.close()
     worker.join(timeout=5)
     if daemon.failure is not None:  # never silently: a supervisor restarts a process that exits non-zero

@@ -18,6 +18,7 @@ from ordq.commands import (
     open_store,
     wants_json,
 )
+from ordq.commands.paging import add_paging, page, say_next
 from ordq.common.errors import ConfigError
 from ordq.common.units import format_duration, format_size
 from ordq.coordinator.state import QueueState
@@ -49,8 +50,9 @@ def register(subparsers: Any) -> None:
         "past a new retention limit are dropped, read or not.", admin=True)
     update.add_argument("queue")
     add_settings(update, defaults=False)
-    add_command(sub, "list", help="list queues with their send head, stored messages and last seq",
-                func=cmd_list)
+    ls = add_command(sub, "list", help="list queues with their send head, stored messages and last seq",
+                     func=cmd_list)
+    add_paging(ls, "queues")
     desc = add_command(
         sub, "describe", func=cmd_describe,
         help="send list, consume list with segments, per-group backlog, subscriptions and their lag",
@@ -218,27 +220,32 @@ def unknown(value: Any) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from ordq.admin import ReplicaReader, describe_queue
-    from ordq.common.errors import CorruptState
+    from ordq.common.errors import CorruptState, QueueNotFound
 
     views, corrupt = [], []  # corrupt: one line per queue whose state does not parse
     with open_store(args) as store, ReplicaReader(store) as reader:
         check_token(store)
-        for q in store.list_queues():
+        shown = page(store.list_queues(), args)  # names only: one read, however many queues
+        for q in shown.names:
             try:
                 views.append(describe_queue(store, reader, q))
             except CorruptState as bad:  # one queue's problem: one line, the others listed
                 corrupt.append(str(bad))
+            except QueueNotFound:
+                continue  # deleted meanwhile
     for line in corrupt:
         print(f"ordq: error: {line}", file=sys.stderr)
     rows = [{**summary(v.state, [s.name for s in v.subscriptions]), "last_seq": v.last_seq, "stored": v.stored}
             for v in views]
     if wants_json(args):
         emit_json(rows)
-    elif not rows:
-        print("no queues (create one: ordq queue create NAME)")
-    else:
+    elif not rows and not corrupt:
+        print("no queues (create one: ordq queue create NAME)" if not (args.prefix or args.after)
+              else "no queues match")
+    elif rows:
         table([{**r, "last_seq": unknown(r["last_seq"]), "stored": unknown(r["stored"])} for r in rows],
               ["queue", "head", "send", "open_segment", "segments", "stored", "last_seq", "epoch", "subscriptions"])
+    say_next(shown, "queues")
     return 1 if corrupt else 0
 
 

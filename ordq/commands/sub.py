@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from ordq.commands import add_command, check_admin, check_token, int_in, open_store, wants_json
+from ordq.commands.paging import add_paging, page, say_next
 from ordq.common.errors import ConfigError, OrdqError
 from ordq.output import emit_json, table
 
@@ -20,6 +21,7 @@ def register(subparsers: Any) -> None:
     ls = add_command(sub, "list", func=cmd_list, reads=True,
                      help="subscriptions of a queue with cursor, lag and the consumer holding each")
     ls.add_argument("queue")
+    add_paging(ls, "subscriptions")
     reset = add_command(
         sub, "reset", func=cmd_reset, admin=True,
         help="move a subscription's cursor: earliest, latest, a seq or a time",
@@ -246,17 +248,22 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     with open_store(args) as store, ReplicaReader(store) as reader:
         view = describe_queue(store, reader, args.queue)
-    rows = [s.to_dict() for s in view.subscriptions]
+    by_name = {s.name: s.to_dict() for s in view.subscriptions}
+    shown = page(by_name, args)
+    rows = [by_name[name] for name in shown.names]
     if wants_json(args):
         emit_json({"queue": args.queue, "last_seq": view.last_seq, "subscriptions": rows})
-    elif not rows:
+    elif not rows and not by_name:
         print(f"queue {args.queue} has no subscriptions (a consumer creates one: ordq consume {args.queue} -s NAME)")
+    elif not rows:
+        print(f"no subscriptions of queue {args.queue} match")
     else:
         columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"]
         if any(r["blocked"] for r in rows):  # a consumer stuck on a message: say which, and why
             columns.append("blocked")
         table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": blocked_text(r["blocked"])}
                for r in rows], columns)
+    say_next(shown, "subscriptions")
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any, TextIO
 
 from ordq.commands import add_command, open_store, seconds, wants_json
+from ordq.commands.paging import Page, add_paging, page, say_next
 from ordq.commands.sub import blocked_text
 from ordq.output import emit_json, table
 
@@ -34,6 +35,7 @@ def register(subparsers: Any) -> None:
     top.add_argument("--interval", type=seconds(), default=1.0, metavar="SECONDS",
                      help="refresh period and rate window (default %(default)s)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
+    add_paging(top, "queues")
 
 
 def render(frame: dict[str, Any], out: TextIO) -> None:
@@ -69,11 +71,19 @@ def cmd_top(args: argparse.Namespace) -> int:
     out = sys.stdout
     live = not (args.once or wants_json(args))
     with open_store(args) as store, ReplicaReader(store) as reader:
-        stream = frames(store, reader, args.queues or None, args.interval)
+        pages: list[Page] = []
+
+        def select(names: list[str]) -> list[str]:
+            # the page is chosen again at every frame (queues come and go while it runs)
+            pages[:] = [page(names, args)]
+            return pages[0].names
+
+        stream = frames(store, reader, args.queues or None, args.interval, select=select)
         try:
             for frame in stream:
                 if wants_json(args):
                     emit_json(frame)
+                    say_next(pages[0], "queues")
                     return 0
                 if live and out.isatty():
                     out.write(CLEAR)
@@ -81,6 +91,7 @@ def cmd_top(args: argparse.Namespace) -> int:
                     out.write("\n")
                 render(frame, out)
                 if not live:
+                    say_next(pages[0], "queues")
                     return 0
         except KeyboardInterrupt:
             return 0

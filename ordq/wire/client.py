@@ -76,6 +76,11 @@ class GrpcTransport:
         req = pb.SegmentRef(queue=queue, seg=seg)
         return self._call(address, lambda s: s.SegmentInfo(req, timeout=self.rpc_timeout_s, metadata=self._md))
 
+    def open_segments(self, address: str) -> pb.OpenSegmentsResponse:
+        """Every segment the broker at ``address`` holds and has not sealed (cluster only)."""
+        req = pb.OpenSegmentsRequest()
+        return self._call(address, lambda s: s.OpenSegments(req, timeout=self.rpc_timeout_s, metadata=self._md))
+
     def health(self, address: str) -> pb.HealthResponse:
         req = pb.HealthRequest()
         return self._call(address, lambda s: s.Health(req, timeout=self.rpc_timeout_s, metadata=self._md))

@@ -134,6 +134,26 @@ class SegmentEnd(_message.Message):
     frozen: bool
     def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ..., frozen: _Optional[bool] = ...) -> None: ...
 
+class OpenSegmentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenSegment(_message.Message):
+    __slots__ = ("queue", "seg", "end")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    seg: int
+    end: SegmentEnd
+    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., end: _Optional[_Union[SegmentEnd, _Mapping]] = ...) -> None: ...
+
+class OpenSegmentsResponse(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[OpenSegment]
+    def __init__(self, segments: _Optional[_Iterable[_Union[OpenSegment, _Mapping]]] = ...) -> None: ...
+
 class ReconcileRequest(_message.Message):
     __slots__ = ("queue", "seg", "end", "peer")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

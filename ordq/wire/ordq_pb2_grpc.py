@@ -79,6 +79,11 @@ class BrokerStub:
                 request_serializer=ordq_dot_wire_dot_ordq__pb2.HealthRequest.SerializeToString,
                 response_deserializer=ordq_dot_wire_dot_ordq__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.OpenSegments = channel.unary_unary(
+                '/ordq.v1.Broker/OpenSegments',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -152,6 +157,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSegments(self, request, context):
+        """Cluster only. Every segment this copy holds that is not sealed, each with what
+        SegmentInfo says of it: the coordinator's one probe of a master for all its queues
+        (a queue of which the master holds nothing has written nothing since it opened there).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +213,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=ordq_dot_wire_dot_ordq__pb2.HealthRequest.FromString,
                     response_serializer=ordq_dot_wire_dot_ordq__pb2.HealthResponse.SerializeToString,
+            ),
+            'OpenSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSegments,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +463,33 @@ class Broker:
             '/ordq.v1.Broker/Health',
             ordq_dot_wire_dot_ordq__pb2.HealthRequest.SerializeToString,
             ordq_dot_wire_dot_ordq__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Broker/OpenSegments',
+            ordq_dot_wire_dot_ordq__pb2.OpenSegmentsRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.OpenSegmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

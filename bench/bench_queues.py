@@ -1,0 +1,321 @@
+"""Many queues on one local cluster: what idle queues cost, and a busy queue's failover among them.
+Not a test: prints numbers for docs/BENCHMARKS.md ("Many queues").
+
+    .venv/bin/python -m bench.bench_queues [--counts 100,1000,10000] [--window 20] [--kills 10] [--json]
+
+One local cluster (``ordq.local_cluster``: one ZooKeeper, 3 broker groups, 2 coordinators, TLS),
+grown in steps to each count of idle queues (never written). At each step:
+
+- the time to create the step's queues (``ZkStore.create_queue``, ``--threads`` at once);
+- ZooKeeper's node count, approximate data size and watch count (``mntr``);
+- each broker's RSS, threads and open files (/proc);
+- the CPU every process spent over ``--window`` seconds of idleness;
+- the elected coordinator's duty rounds in that window (``ordq_coordinator_rounds``) and, when it
+  exports it, the mean time of one (``ordq_coordinator_round_seconds``);
+- ``--kills`` times (after the idle window): one busy queue (a producer in this process, ``--rate`` msgs/s) has its head
+  master killed (SIGKILL); failover = the kill → the first ack on a later segment; then the
+  master is restarted. Also how long until every idle queue headed by that group has moved on
+  (a sample of ``--sample`` of them), which the coordinator daemon does by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench._cluster import cpu_seconds, percentile
+from ordq.cluster_config import ClusterConfig
+from ordq.common.errors import OrdqError
+from ordq.coordinator.store import ZkStore
+from ordq.local_cluster import LocalCluster
+from ordq.sdk import Producer, ProducerConfig
+from ordq.zk_server import four_letter_word
+
+BUSY = "busy"
+
+
+def proc_facts(pid: int) -> dict[str, Any]:
+    """RSS (MiB), threads and open files of a live process."""
+    rss_kb, threads = 0, 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss_kb = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return {"rss_mib": round(rss_kb / 1024, 1), "threads": threads, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def zk_facts(cluster: LocalCluster) -> dict[str, Any]:
+    port = cluster.zk.specs[0].client_port
+    out: dict[str, Any] = {}
+    try:
+        text = four_letter_word(port, "mntr", timeout_s=5.0)
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 2 and parts[0] in ("zk_znode_count", "zk_approximate_data_size", "zk_watch_count"):
+            out[parts[0][3:]] = int(parts[1])
+    if not out:  # an older config: srvr only says the node count
+        for line in four_letter_word(port, "srvr", timeout_s=5.0).splitlines():
+            if line.startswith("Node count:"):
+                out["znode_count"] = int(line.split(":")[1])
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sample name -> value of one Prometheus endpoint (unlabelled samples only)."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.labels:
+                out[s.name] = s.value
+    return out
+
+
+def leader_metrics(cluster: LocalCluster) -> tuple[str, dict[str, float]] | None:
+    for name, url in cluster.metrics_urls().items():
+        if not name.startswith("coordinator"):
+            continue
+        try:
+            m = scrape(url)
+        except OSError:
+            continue
+        if m.get("ordq_coordinator_leader") == 1:
+            return name, m
+    return None
+
+
+def create_queues(store: ZkStore, names: list[str], threads: int) -> float:
+    started = time.monotonic()
+
+    def one(name: str) -> None:
+        for _ in range(20):
+            try:
+                store.create_queue(name)
+                return
+            except OrdqError as exc:
+                if "already exists" in str(exc):
+                    return
+                time.sleep(0.2)
+        raise RuntimeError(f"could not create {name}")
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, names))
+    return time.monotonic() - started
+
+
+def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
+    pids = {name: p.pid for name, p in cluster.processes() if p.pid is not None}
+    # The scrapes stay outside the CPU window: at 10,000 queues a coordinator's page holds
+    # 50,000 per-queue series, and rendering it costs the coordinator about a second.
+    lead0 = leader_metrics(cluster)
+    s0 = time.monotonic()
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    t0 = time.monotonic()
+    time.sleep(window_s)
+    wall = time.monotonic() - t0
+    cpu = {name: round((cpu_seconds(pid) - before[name]) / wall * 100, 1) for name, pid in pids.items()}
+    lead1 = leader_metrics(cluster)
+    between = time.monotonic() - s0
+    out: dict[str, Any] = {"window_s": round(wall, 1), "cpu_pct": cpu}
+    if lead0 and lead1 and lead0[0] == lead1[0]:
+        m0, m1 = lead0[1], lead1[1]
+        rounds = m1.get("ordq_coordinator_rounds_total", 0) - m0.get("ordq_coordinator_rounds_total", 0)
+        out["coordinator"] = lead1[0]
+        out["rounds_per_s"] = round(rounds / between, 2)
+        n = m1.get("ordq_coordinator_round_seconds_count", 0) - m0.get("ordq_coordinator_round_seconds_count", 0)
+        s = m1.get("ordq_coordinator_round_seconds_sum", 0) - m0.get("ordq_coordinator_round_seconds_sum", 0)
+        if n:
+            out["round_ms_mean"] = round(s / n * 1000, 2)
+        for key in ("ordq_coordinator_zk_reads_total", "ordq_coordinator_probes_total"):
+            if key in m1:
+                out[key.removeprefix("ordq_coordinator_").removesuffix("_total") + "_per_s"] = round(
+                    (m1[key] - m0.get(key, 0)) / between, 1)
+    return out
+
+
+class BusyProducer:
+    """A producer in this process sending ``rate`` msgs/s to BUSY; records each ack's segment."""
+
+    def __init__(self, cluster: LocalCluster, rate: float) -> None:
+        self.producer = Producer(ProducerConfig(zk_hosts=cluster.zk_hosts, root=cluster.root, queue=BUSY,
+                                                credentials=cluster.credentials, send_timeout_s=2.0))
+        self.rate = rate
+        self.acks: list[tuple[float, int]] = []  # (monotonic, seg)
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.producer.start()
+        self.thread.start()
+
+    def _on_ack(self, future: Any) -> None:
+        try:
+            seg = future.result().seg
+        except Exception:  # noqa: BLE001 - a failed send is not a sample
+            return
+        with self.lock:
+            self.acks.append((time.monotonic(), seg))
+
+    def _run(self) -> None:
+        i = 0
+        start = time.monotonic()
+        while not self.stopping.is_set():
+            pause = start + i / self.rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self.producer.send(b"x" * 100).add_done_callback(self._on_ack)
+            i += 1
+
+    def first_ack_after(self, t: float, seg: int, timeout_s: float) -> float | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                hit = next((at for at, s in self.acks if at >= t and s > seg), None)
+            if hit is not None:
+                return hit
+            time.sleep(0.01)
+        return None
+
+    def last_seg(self) -> int:
+        with self.lock:
+            return self.acks[-1][1] if self.acks else -1
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.producer.close()
+
+
+def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
+              sample: int, rng: random.Random, idle_wait_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while busy.last_seg() < 0 or (st := store.load_state(BUSY)[0]).open_segment is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("busy queue acks nothing")
+        time.sleep(0.05)
+    open_seg = st.open_segment
+    assert open_seg is not None
+    gid, seg = open_seg.gid, open_seg.seg
+    watched = [q for q in rng.sample(idle, min(sample, len(idle)))]
+    watched = [q for q in watched if (o := store.load_state(q)[0].open_segment) is not None and o.gid == gid]
+    t_kill = time.monotonic()
+    cluster.broker(gid, "master").kill()
+    acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
+    idle_moved: float | None = None
+    left = set(watched)
+    deadline = time.monotonic() + idle_wait_s
+    while left and time.monotonic() < deadline:
+        for q in list(left):
+            o = store.load_state(q)[0].open_segment
+            if o is not None and o.gid != gid:
+                left.discard(q)
+        if left:
+            time.sleep(0.05)
+    if not left:
+        idle_moved = time.monotonic() - t_kill
+    cluster.restart_broker(gid, "master")
+    return {"group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
+            "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--counts", default="100,1000", help="idle queue counts, ascending")
+    ap.add_argument("--window", type=float, default=20.0, help="idle seconds measured per step")
+    ap.add_argument("--kills", type=int, default=5, help="head-master kills per step")
+    ap.add_argument("--rate", type=float, default=200.0, help="busy queue msgs/s")
+    ap.add_argument("--threads", type=int, default=8, help="queues created at once")
+    ap.add_argument("--sample", type=int, default=30, help="idle queues watched for the daemon's failover")
+    ap.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait for the idle queues to move")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    counts = [int(c) for c in args.counts.split(",")]
+    rng = random.Random(args.seed)
+    folder = Path(tempfile.mkdtemp(prefix="ordq-bench-queues-"))
+    cluster = LocalCluster(folder / "c", ClusterConfig(groups=3, zk_nodes=1, coordinators=2))
+    steps: list[dict[str, Any]] = []
+    busy: BusyProducer | None = None
+    try:
+        cluster.start()
+        with cluster.store() as store:
+            store.create_queue(BUSY)
+            have: list[str] = []
+            for count in counts:
+                names = [f"idle-{i:06d}" for i in range(len(have), count)]
+                load0 = os.getloadavg()[0]
+                created_s = create_queues(store, names, args.threads)
+                have += names
+                step: dict[str, Any] = {"queues": count, "created": len(names), "create_s": round(created_s, 1),
+                                        "create_per_s": round(len(names) / created_s, 1) if names else None}
+                time.sleep(min(10.0, args.window / 2))  # let the creation's work drain
+                step["load_before"] = round(os.getloadavg()[0], 2)
+                step["idle"] = idle_window(cluster, args.window)
+                step["load_after"] = round(os.getloadavg()[0], 2)
+                step["zk"] = zk_facts(cluster)
+                step["brokers"] = {name: proc_facts(b.proc.pid) for name, b in cluster.brokers()
+                                   if b.proc.pid is not None}
+                # the busy producer runs only now: the idle window above is idle
+                busy = BusyProducer(cluster, args.rate)
+                busy.start()
+                kills = [kill_once(cluster, store, busy, have, args.sample, rng, args.idle_wait)
+                         for _ in range(args.kills)]
+                busy.close()
+                busy = None
+                fo = [k["failover_s"] for k in kills if k["failover_s"] is not None]
+                moved = [k["idle_moved_s"] for k in kills if k["idle_moved_s"] is not None]
+                step["kills"] = kills
+                if fo:
+                    step["failover_ms"] = {"p50": round(percentile(fo, 50) * 1000), "p99": round(
+                        percentile(fo, 99) * 1000), "max": round(max(fo) * 1000), "n": len(fo)}
+                if moved:
+                    step["idle_moved_s"] = {"p50": percentile(moved, 50), "max": max(moved)}
+                step["load_create_start"] = round(load0, 2)
+                steps.append(step)
+                print(json.dumps(step) if args.json else summary(step), flush=True)
+    finally:
+        if busy is not None:
+            busy.close()
+        cluster.destroy()
+    return 0
+
+
+def summary(step: dict[str, Any]) -> str:
+    idle = step["idle"]
+    cpu = idle["cpu_pct"]
+    brokers = step["brokers"]
+    b: dict[str, Any] = next(iter(brokers.values()), {})
+    lines = [
+        f"== {step['queues']} idle queues (load {step['load_before']} -> {step['load_after']})",
+        f"created {step['created']} in {step['create_s']} s ({step['create_per_s']}/s)",
+        f"zookeeper: {step['zk']}",
+        f"broker g1/master: {b}; all brokers RSS MiB: {[v['rss_mib'] for v in brokers.values()]}",
+        f"idle CPU % over {idle['window_s']} s: {cpu}",
+        f"coordinator {idle.get('coordinator')}: {idle.get('rounds_per_s')} rounds/s, "
+        f"round {idle.get('round_ms_mean', '?')} ms, zk reads/s {idle.get('zk_reads_per_s', '?')}, "
+        f"probes/s {idle.get('probes_per_s', '?')}",
+        f"busy-queue failover: {step.get('failover_ms')}; idle queues moved on: {step.get('idle_moved_s')}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

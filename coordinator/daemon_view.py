@@ -1,0 +1,307 @@
+"""What the elected coordinator daemon knows of the cluster, kept current by ZooKeeper watches,
+so that a round costs what changed and not the number of queues (issue 29).
+
+Guarantee: a queue whose state, settings or (while its head segment is sealed) subscription
+cursors change, or whose group's liveness or drain mark changes, is marked dirty and handed to
+the next round, which re-reads exactly the parts that changed. Nothing here decides anything:
+the daemon plans on these copies with the pure ``duties.plan``, and every change it makes is a
+conditional write (``ZkStore.apply``), so a copy that is stale only costs a lost CAS.
+
+How (one-shot ZooKeeper watches, re-armed by the read that follows them):
+- ``<root>/queues``: a child watch; a create or delete re-lists the names (at most once a round).
+- each queue's config node and ``state`` node: a data watch, set by the read of it.
+- each queue's ``subs`` children and cursors: watched only while its head segment is sealed (a
+  pop or retention candidate); otherwise cursors decide nothing and are not read at all.
+- ``<root>/groups``, each group's config (its drain mark) and its ``live`` children: a change
+  re-reads the few group nodes and marks dirty every queue that uses a group that changed.
+Watch callbacks run on kazoo's event thread and only mark (under a lock) and wake the daemon.
+Reads of many queues are sent together and then awaited (kazoo pipelines them on one
+connection), so a first load of 10,000 queues is ~10,000 reads in flight, not 10,000 round trips.
+
+Rules: I/O (kazoo) and bookkeeping only; no policy. ``mark_all`` is the safety net the daemon
+calls on a slow timer: should a watch ever be missed, a queue is re-read within that period.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+from kazoo.exceptions import NoNodeError
+
+from ordq.common.errors import CorruptState, OrdqError
+from ordq.coordinator.paths import ROLES
+from ordq.coordinator.state import Cursor, Facts, QueueState, SegStatus
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import QueueConfig, json_value, parse_state
+
+STATE, CONFIG, SUBS = "state", "config", "subs"
+
+
+@attrs.define
+class QueueEntry:
+    """One queue as last read (with the watches those reads set)."""
+
+    state: QueueState | None = None
+    version: int = -1
+    config: QueueConfig | None = None
+    cursors: dict[str, Cursor] | None = None  # None: not read (the head segment is not sealed)
+    stale: set[str] = attrs.field(factory=lambda: {STATE, CONFIG})
+    problem: BaseException | None = None  # why the state could not be used (CorruptState...)
+
+
+class DaemonView:
+    """The daemon's copy of queue and group records; ``refresh()`` brings the dirty ones up to
+    date and returns them. Made per leadership term; ``close()`` silences its watches."""
+
+    def __init__(self, store: ZkStore, wake: Callable[[], None]) -> None:
+        self.store = store
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._closed = False
+        self.entries: dict[str, QueueEntry] = {}
+        self._dirty: set[str] = set()
+        self._due: list[tuple[float, str]] = []  # (monotonic deadline, queue): a duty's timer
+        self._queues_stale = True
+        self._groups_stale = True
+        self.live: frozenset[str] = frozenset()
+        self.drained: frozenset[str] = frozenset()
+        self.group_versions: dict[str, int] = {}
+        self.masters: dict[str, str] = {}  # gid -> its live master's address
+        self.reads = 0  # ZooKeeper reads sent (statistics, tests)
+        self.list_changes = 0  # times the queue list was read (queues created or deleted)
+        self._root = store.paths.queues + "/"
+
+    # -- watches (kazoo's event thread: mark and wake, nothing else) ---------------------------
+
+    def _on_queues(self, _event: Any) -> None:
+        with self._lock:
+            self._queues_stale = True
+        self._poke()
+
+    def _on_groups(self, _event: Any) -> None:
+        with self._lock:
+            self._groups_stale = True
+        self._poke()
+
+    def _on_queue_node(self, event: Any) -> None:
+        path = getattr(event, "path", "") or ""
+        if not path.startswith(self._root):
+            return
+        parts = path[len(self._root):].split("/")
+        part = CONFIG if len(parts) == 1 else STATE if parts[1] == STATE else SUBS
+        with self._lock:
+            entry = self.entries.get(parts[0])
+            if entry is None:
+                return
+            entry.stale.add(part)
+            self._dirty.add(parts[0])
+        self._poke()
+
+    def _poke(self) -> None:
+        if not self._closed:
+            self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- what the daemon asks ------------------------------------------------------------------
+
+    def mark_all(self) -> None:
+        """The safety net: every queue and group is read again in the next round."""
+        with self._lock:
+            self._queues_stale = self._groups_stale = True
+            for queue, entry in self.entries.items():
+                entry.stale |= {STATE, CONFIG, SUBS}
+                self._dirty.add(queue)
+
+    def mark(self, queues: Iterable[str]) -> None:
+        """Plan these queues again next round (their copies are kept)."""
+        with self._lock:
+            self._dirty.update(q for q in queues if q in self.entries)
+
+    def schedule(self, queue: str, at: float) -> None:
+        """Plan ``queue`` again once ``time.monotonic()`` reaches ``at`` (a duty's timer)."""
+        with self._lock:
+            heapq.heappush(self._due, (at, queue))
+
+    def next_due(self) -> float | None:
+        with self._lock:
+            return self._due[0][0] if self._due else None
+
+    def facts(self, entry: QueueEntry) -> Facts:
+        assert entry.state is not None
+        groups = set(entry.state.groups)
+        return Facts(live_groups=self.live & groups, cursors=dict(entry.cursors or {}),
+                     drained=self.drained & groups)
+
+    def refresh(self, now: float) -> list[str]:
+        """Re-read what changed; return the queues to plan this round (dirty or due), sorted.
+        CoordinationUnavailable (ZooKeeper gone): what was not read stays marked."""
+        if self._take_flag("_queues_stale"):
+            try:
+                self._read_queue_list()
+            except BaseException:
+                self._queues_stale = True
+                raise
+        if self._take_flag("_groups_stale"):
+            try:
+                self._read_groups()
+            except BaseException:
+                self._groups_stale = True
+                raise
+        with self._lock:
+            todo = set(self._dirty)
+            self._dirty.clear()
+            while self._due and self._due[0][0] <= now:
+                todo.add(heapq.heappop(self._due)[1])
+            todo = {q for q in todo if q in self.entries}  # not a set of every queue: O(changed)
+        try:
+            self._read_queues(todo)
+        except BaseException:
+            self.mark(todo)
+            raise
+        return sorted(q for q in todo if q in self.entries)
+
+    def _take_flag(self, name: str) -> bool:
+        with self._lock:
+            value = bool(getattr(self, name))
+            setattr(self, name, False)
+            return value
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _get(self, request: Any) -> Any:
+        self.reads += 1
+        return self.store._wait(request)
+
+    def _read_queue_list(self) -> None:
+        store = self.store
+        with store._errors():
+            try:
+                names = set(self._get(store.client.get_children_async(store.paths.queues, watch=self._on_queues)))
+            except NoNodeError:
+                store.client.ensure_path(store.paths.queues)
+                names = set(self._get(store.client.get_children_async(store.paths.queues, watch=self._on_queues)))
+        with self._lock:
+            for gone in set(self.entries) - names:
+                del self.entries[gone]
+            for new in names - set(self.entries):
+                self.entries[new] = QueueEntry()
+                self._dirty.add(new)
+            self.list_changes += 1
+
+    def _read_groups(self) -> None:
+        """Every group's drain mark and live roles; queues of a group that changed get dirty."""
+        store, p = self.store, self.store.paths
+        with store._errors():
+            try:
+                gids = sorted(self._get(store.client.get_children_async(p.groups, watch=self._on_groups)))
+            except NoNodeError:
+                gids = []
+            configs = {g: store.client.get_async(p.group(g), watch=self._on_groups) for g in gids}
+            lives = {g: store.client.get_children_async(p.live(g), watch=self._on_groups) for g in gids}
+            live, drained, versions = set(), set(), {}
+            for g in gids:
+                try:
+                    data, stat = self._get(configs[g])
+                except NoNodeError:
+                    continue
+                versions[g] = stat.version
+                if json_value(data).get("drained"):
+                    drained.add(g)
+                try:
+                    roles = set(self._get(lives[g]))
+                except NoNodeError:
+                    roles = set()
+                if set(ROLES) <= roles:
+                    live.add(g)
+            masters: dict[str, str] = {}
+            for g in sorted(live):
+                try:
+                    data, _ = self._get(store.client.get_async(p.live(g, "master")))
+                    masters[g] = str(json_value(data)["address"])
+                except NoNodeError:
+                    continue  # gone meanwhile: its children watch fired, read again next round
+        changed = (set(live) ^ set(self.live)) | (drained ^ set(self.drained)) | {
+            g for g in set(masters) | set(self.masters) if masters.get(g) != self.masters.get(g)}
+        self.live, self.drained, self.group_versions, self.masters = (
+            frozenset(live), frozenset(drained), versions, masters)
+        if changed:
+            with self._lock:
+                self._dirty.update(q for q, e in self.entries.items()
+                                   if e.state is None or changed & set(e.state.groups))
+
+    def _read_queues(self, queues: set[str]) -> None:
+        """Send every stale part's read at once (each re-arming its watch), then take answers."""
+        store, p = self.store, self.store.paths
+        with self._lock:
+            wanted = {q: set(self.entries[q].stale) for q in queues}
+            for q in queues:
+                self.entries[q].stale.clear()
+        with store._errors():
+            sent: dict[tuple[str, str], Any] = {}
+            for q, parts in wanted.items():
+                if STATE in parts:
+                    sent[(q, STATE)] = store.client.get_async(p.state(q), watch=self._on_queue_node)
+                if CONFIG in parts:
+                    sent[(q, CONFIG)] = store.client.get_async(p.queue(q), watch=self._on_queue_node)
+            try:
+                for (q, part), request in sent.items():
+                    self._take(q, part, request)
+            except BaseException:
+                with self._lock:  # what was not taken is read again next time
+                    for q, parts in wanted.items():
+                        if q in self.entries:
+                            self.entries[q].stale |= parts
+                raise
+            for q, parts in wanted.items():
+                entry = self.entries.get(q)
+                if entry is None or entry.state is None:
+                    continue
+                head = entry.state.consume[0] if entry.state.consume else None
+                if head is None or head.status is not SegStatus.SEALED:
+                    entry.cursors = None  # a later fire of an old watch just marks it dirty once
+                elif entry.cursors is None or SUBS in parts:
+                    self._read_cursors(q, entry)
+
+    def _take(self, queue: str, part: str, request: Any) -> None:
+        entry = self.entries.get(queue)
+        try:
+            data, stat = self._get(request)
+        except NoNodeError:
+            with self._lock:
+                self.entries.pop(queue, None)  # deleted: the queue list's watch says so too
+            return
+        if entry is None:
+            return
+        if part == STATE:
+            try:
+                entry.state, entry.version, entry.problem = parse_state(queue, data), stat.version, None
+            except CorruptState as exc:
+                entry.state, entry.problem = None, exc
+        else:
+            try:
+                entry.config = QueueConfig(**json_value(data))
+            except (OrdqError, TypeError, ValueError) as exc:
+                entry.config, entry.problem = None, exc
+
+    def _read_cursors(self, queue: str, entry: QueueEntry) -> None:
+        store, p = self.store, self.store.paths
+        try:
+            subs = self._get(store.client.get_children_async(p.subs(queue), watch=self._on_queue_node))
+        except NoNodeError:
+            entry.cursors = {}
+            return
+        sent = {s: store.client.get_async(p.sub(queue, s), watch=self._on_queue_node) for s in subs}
+        cursors: dict[str, Cursor] = {}
+        for sub, request in sent.items():
+            try:
+                data, _ = self._get(request)
+            except NoNodeError:
+                continue  # deleted meanwhile
+            cursors[sub] = Cursor.from_dict(json_value(data))
+        entry.cursors = cursors
