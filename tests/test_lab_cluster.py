@@ -127,7 +127,9 @@ class Outcome:
     head: str
     partition: Partition
     to_next_ack_s: float | None  # cut -> first ack on a later segment (the failover)
-    old_segment_acks_after_cut: int  # acks on the cut head's segment stamped after the cut
+    old_segment_acks_after_cut: int  # acks on the cut head's segment stamped after the cut began
+    old_segment_acks_after_in_place: int  # ... after its rules were in place in every host
+    install_s: float  # how long installing the cut took
     acked: int
     delivered: int
     violations: dict[str, int]
@@ -150,6 +152,7 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     partition = make(master, slave)
     cut_us = now_us()
     cluster.lab.nemesis.replace(partition)
+    in_place_us = now_us()  # the rules are in every host (iptables-restore in each took a while)
     print(f"\n{kind}: head {head} (master {master}, slave {slave}) segment {seg}; cut {sorted(partition.cuts)}")
     try:
         wait_until(lambda: any(int(s) > seg for s in run.status("p1").get("seg_first_ack_us", {})),
@@ -169,10 +172,13 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     outcome = Outcome(kind=kind, head=head, partition=partition,
                       to_next_ack_s=(min(later) - cut_us) / 1e6 if later else None,
                       old_segment_acks_after_cut=sum(1 for a in acks if a.seg == seg and a.ack_us > cut_us),
+                      old_segment_acks_after_in_place=sum(1 for a in acks if a.seg == seg and a.ack_us > in_place_us),
+                      install_s=(in_place_us - cut_us) / 1e6,
                       acked=len({a.seq for a in acks}), delivered=len({d.seq for d in deliveries}),
                       violations=violations)
     print(f"{kind}: next ack {outcome.to_next_ack_s}s after the cut; acks on the cut segment after it: "
-          f"{outcome.old_segment_acks_after_cut}; acked {outcome.acked}, delivered {outcome.delivered}; "
+          f"{outcome.old_segment_acks_after_cut} ({outcome.old_segment_acks_after_in_place} after its rules were "
+          f"in place, {outcome.install_s:.2f}s later); acked {outcome.acked}, delivered {outcome.delivered}; "
           f"violations {violations or 'none'}; producer: {run.producer.log_tail(3)}")
     assert not violations, outcome
     assert outcome.acked == MESSAGES and outcome.delivered == MESSAGES, outcome
