@@ -179,7 +179,9 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     print(f"{kind}: next ack {outcome.to_next_ack_s}s after the cut; acks on the cut segment after it: "
           f"{outcome.old_segment_acks_after_cut} ({outcome.old_segment_acks_after_in_place} after its rules were "
           f"in place, {outcome.install_s:.2f}s later); acked {outcome.acked}, delivered {outcome.delivered}; "
-          f"violations {violations or 'none'}; producer: {run.producer.log_tail(3)}")
+          f"violations {violations or 'none'}")
+    recorded = attrs.asdict(outcome, filter=lambda a, _v: a.name != "partition")
+    (folder / "outcome.json").write_text(json.dumps({**recorded, "cut_us": cut_us, "segment": seg}, indent=2))
     assert not violations, outcome
     assert outcome.acked == MESSAGES and outcome.delivered == MESSAGES, outcome
     assert outcome.to_next_ack_s is not None, outcome
