@@ -96,10 +96,15 @@ def test_a_full_cluster_starts_in_the_lab_and_carries_a_queue(cluster: LabCluste
 
 @attrs.define
 class Run:
+    """A drill's load: a producer and a consumer, each with a standby on the other client
+    host. A partition that cuts a ZooKeeper node expires the sessions of the clients connected
+    to it (the majority expires them while the cut-off node still holds their connections):
+    such a leader stops, by design (a consumer that lost its lease delivers nothing more), and
+    its standby takes over, as an application's would."""
+
     queue: str
     folder: Path
-    producer: Any
-    consumer: Any
+    procs: dict[str, Any] = attrs.field(factory=dict)  # p1, p2, c1, c2
 
     @property
     def audit_dir(self) -> Path:
@@ -108,17 +113,22 @@ class Run:
     def status(self, who: str) -> dict[str, Any]:
         return read_status(self.folder / f"{who}.status.json")
 
+    def acked_on_later_segment(self, seg: int) -> bool:
+        return any(int(s) > seg for who in ("p1", "p2") for s in self.status(who).get("seg_first_ack_us", {}))
 
-def _workload(cluster: LabCluster, run: Run, role: str) -> Any:
-    host = PRODUCER_HOST if role == "produce" else CONSUMER_HOST
-    who = "p1" if role == "produce" else "c1"
+    def done(self, role: str) -> bool:
+        return any(self.status(f"{role}{k}").get("state") == "done" for k in (1, 2))
+
+
+def _workload(cluster: LabCluster, run: Run, who: str, host: str) -> None:
+    role = "produce" if who.startswith("p") else "consume"
     argv = [sys.executable, "-m", "ordq.drills.workload", role, "--zk", cluster.zk_hosts, "--root", ROOT,
             "--queue", run.queue, "--total", str(MESSAGES), "--status", str(run.folder / f"{who}.status.json"),
             "--writer", f"{who}-{run.queue}", "--audit-dir", str(run.audit_dir), "--session-timeout", "2.0"]
     argv += (["--rate", str(RATE), "--send-timeout", "1.0"] if role == "produce" else ["--subscription", "drill"])
     proc = cluster.lab.run(host, argv, name=f"{run.queue}-{who}", env=cluster.client_env())
     proc.wait_for_line("STARTED", timeout_s=60)
-    return proc
+    run.procs[who] = proc
 
 
 @attrs.frozen
@@ -142,11 +152,13 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     queue = f"part-{kind}"
     folder.mkdir()
     cluster.call(PRODUCER_HOST, ["queue", "create", queue])
-    run = Run(queue, folder, None, None)
-    run.consumer = _workload(cluster, run, "consume")
-    run.producer = _workload(cluster, run, "produce")
+    run = Run(queue, folder)
+    _workload(cluster, run, "c1", CONSUMER_HOST)
+    _workload(cluster, run, "p1", PRODUCER_HOST)
     at = wait_until(lambda: (s := run.status("p1")).get("acked", 0) >= MESSAGES // 4 and s, timeout_s=60,
                     what="a quarter of the stream acked")
+    _workload(cluster, run, "c2", PRODUCER_HOST)  # the standbys, once the leaders lead
+    _workload(cluster, run, "p2", CONSUMER_HOST)
     head, seg = at["head"], at["seg"]
     master, slave = cluster.host_of(head, "master"), cluster.host_of(head, "slave")
     partition = make(master, slave)
@@ -155,13 +167,15 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     in_place_us = now_us()  # the rules are in every host (iptables-restore in each took a while)
     print(f"\n{kind}: head {head} (master {master}, slave {slave}) segment {seg}; cut {sorted(partition.cuts)}")
     try:
-        wait_until(lambda: any(int(s) > seg for s in run.status("p1").get("seg_first_ack_us", {})),
-                   timeout_s=60, what="an ack on a later segment while partitioned")
+        wait_until(lambda: run.acked_on_later_segment(seg), timeout_s=60,
+                   what="an ack on a later segment while partitioned")
         time.sleep(2.0)  # keep the cut for a while: whatever takes writes past its session would show
     finally:
         cluster.lab.nemesis.heal()
-    run.producer.wait_for_line("EXIT ", timeout_s=120)
-    run.consumer.wait_for_line("EXIT ", timeout_s=120)
+    wait_until(lambda: run.done("p") and run.done("c"), timeout_s=120, what="the stream produced and delivered")
+    for proc in run.procs.values():  # the standbys that never led
+        proc.stop(timeout_s=5.0)
+    leaders = {who: run.status(who).get("state") for who in run.procs}
     assert wait_until(lambda: _whole(cluster), timeout_s=90, what="the cluster whole after heal")
     acks = audit.read_acks(run.audit_dir)
     deliveries = audit.read_deliveries(run.audit_dir)
@@ -179,11 +193,13 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     print(f"{kind}: next ack {outcome.to_next_ack_s}s after the cut; acks on the cut segment after it: "
           f"{outcome.old_segment_acks_after_cut} ({outcome.old_segment_acks_after_in_place} after its rules were "
           f"in place, {outcome.install_s:.2f}s later); acked {outcome.acked}, delivered {outcome.delivered}; "
-          f"violations {violations or 'none'}")
+          f"violations {violations or 'none'}; clients: {leaders}")
     recorded = attrs.asdict(outcome, filter=lambda a, _v: a.name != "partition")
-    (folder / "outcome.json").write_text(json.dumps({**recorded, "cut_us": cut_us, "segment": seg}, indent=2))
+    (folder / "outcome.json").write_text(json.dumps({**recorded, "cut_us": cut_us, "segment": seg,
+                                                     "clients": leaders}, indent=2))
     assert not violations, outcome
-    assert outcome.acked == MESSAGES and outcome.delivered == MESSAGES, outcome
+    # a deposed producer's last acks may never have reached it: every seq is stored and delivered
+    assert max(a.seq for a in acks) == MESSAGES - 1 and outcome.delivered == MESSAGES, outcome
     assert outcome.to_next_ack_s is not None, outcome
     return outcome
 
