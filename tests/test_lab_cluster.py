@@ -125,7 +125,8 @@ def _workload(cluster: LabCluster, run: Run, who: str, host: str) -> None:
     argv = [sys.executable, "-m", "ordq.drills.workload", role, "--zk", cluster.zk_hosts, "--root", ROOT,
             "--queue", run.queue, "--total", str(MESSAGES), "--status", str(run.folder / f"{who}.status.json"),
             "--writer", f"{who}-{run.queue}", "--audit-dir", str(run.audit_dir), "--session-timeout", "2.0"]
-    argv += (["--rate", str(RATE), "--send-timeout", "1.0"] if role == "produce" else ["--subscription", "drill"])
+    argv += (["--rate", str(RATE), "--send-timeout", "1.0", "--go-file", str(run.folder / "go")] if role == "produce"
+             else ["--subscription", "drill"])
     proc = cluster.lab.run(host, argv, name=f"{run.queue}-{who}", env=cluster.client_env())
     proc.wait_for_line("STARTED", timeout_s=60)
     run.procs[who] = proc
@@ -155,10 +156,12 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     run = Run(queue, folder)
     _workload(cluster, run, "c1", CONSUMER_HOST)
     _workload(cluster, run, "p1", PRODUCER_HOST)
-    at = wait_until(lambda: (s := run.status("p1")).get("acked", 0) >= MESSAGES // 4 and s, timeout_s=60,
-                    what="a quarter of the stream acked")
+    wait_until(lambda: run.status("p1").get("state") == "leading", timeout_s=60, what="p1 leads")
     _workload(cluster, run, "c2", PRODUCER_HOST)  # the standbys, once the leaders lead
     _workload(cluster, run, "p2", CONSUMER_HOST)
+    (folder / "go").touch()  # the stream starts only now: the cut must find it running
+    at = wait_until(lambda: (s := run.status("p1")).get("acked", 0) >= MESSAGES // 4 and s, timeout_s=60,
+                    what="a quarter of the stream acked")
     head, seg = at["head"], at["seg"]
     master, slave = cluster.host_of(head, "master"), cluster.host_of(head, "slave")
     partition = make(master, slave)
@@ -227,3 +230,17 @@ def test_head_master_on_the_zookeeper_minority_side_loses_nothing(cluster: LabCl
         return split([master], [h for h in ZK_HOSTS if h != master])
 
     _drill(cluster, spark, tmp_path / "d", "zk-minority-head", make)
+
+
+@pytest.mark.slow
+def test_isolating_the_elected_coordinators_host_loses_nothing(cluster: LabCluster, spark: Any,
+                                                              tmp_path: Path) -> None:
+    """The elected coordinator's host (h1 or h2: it also holds the head's master or slave) is
+    cut from every other host: the producer's FailOver goes to a coordinator that never
+    answers, until the standby is elected (coordinator/client.py follows the election)."""
+    def make(_master: str, _slave: str) -> Partition:
+        host = cluster.elected_coordinator()
+        assert host is not None
+        return isolate(host, cluster.lab.hosts)
+
+    _drill(cluster, spark, tmp_path / "d", "isolate-coordinator", make)

@@ -185,6 +185,12 @@ class LabCluster:
         """Run ``ordq argv`` in ``host`` as a client of this cluster; its stdout."""
         return self.lab.call(host, self.client_argv(argv), timeout_s=timeout_s)
 
+    def elected_coordinator(self) -> str | None:
+        """The host of the coordinator elected last (from their logs: each logs its election)."""
+        elected = [(line[:23], host) for host, proc in self.coordinators.items()
+                   for line in proc.log_tail(200).splitlines() if line.endswith(" elected")]
+        return max(elected)[1] if elected else None
+
     def host_of(self, gid: str, role: str) -> str:
         return GROUPS[gid][0 if role == "master" else 1]
 
