@@ -7,7 +7,10 @@ leader's address is the part after the last '@' of the first contender of
 follower's ``ordq-leader`` answer is followed, and a coordinator that does not answer
 (UNAVAILABLE, DEADLINE_EXCEEDED without an ordq error) makes the client read the election
 again and retry until the deadline — so a killed leader stalls a caller for about one
-election. Every request is safe to send twice: the service applies conditional transitions
+election. A call unanswered for ``_ELECTION_CHECK_S`` reads the election (then again as often):
+once it names another leader the call is cancelled and sent there, so a leader behind a
+partition, which never answers nor refuses, stalls a caller for about one election too.
+Every request is safe to send twice: the service applies conditional transitions
 (a FailOver or Roll already done is followed, a Commit already written is a ConflictError).
 
 Rules: ``ordq.wire`` (the generated stubs, the wire errors) is imported only inside functions,
@@ -30,6 +33,8 @@ from ordq.coordinator.state import Cursor, QueueState
 
 DEFAULT_TIMEOUT_S = 10.0
 _RETRY_PAUSE_S = (0.02, 0.05, 0.1, 0.2)  # between attempts while no coordinator answers
+_ELECTION_CHECK_S = 0.5  # a call unanswered this long reads the election again (then every as long)
+_MOVED = object()  # _answer: another coordinator leads now
 
 
 @attrs.frozen
@@ -125,7 +130,12 @@ class CoordinatorClient:
                     attempt += 1
                     continue
             try:
-                answer = getattr(self._stub(address), method)(request, timeout=left, metadata=self._md)
+                call = getattr(self._stub(address), method).future(request, timeout=left, metadata=self._md)
+                answer = self._answer(call, address)
+                if answer is _MOVED:
+                    last = CoordinationUnavailable(f"coordinator {address} was replaced while the call was in flight")
+                    self._leader = address = ""
+                    continue
                 self._leader = address
                 return answer
             except grpc.RpcError as exc:
@@ -157,6 +167,24 @@ class CoordinatorClient:
                 self._leader = address = ""
                 time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
                 attempt += 1
+
+    def _answer(self, call: Any, address: str) -> Any:
+        """The answer of ``call`` (a gRPC future) to the coordinator at ``address``, raising
+        as the call does; ``_MOVED`` (the call cancelled) once the election names another
+        leader while it waits. A coordinator behind a partition never answers nor refuses:
+        without this the call would wait its whole deadline on it, although a standby leads
+        one session timeout after the cut."""
+        import grpc
+
+        while True:
+            try:
+                return call.result(timeout=_ELECTION_CHECK_S)
+            except grpc.FutureTimeoutError:
+                pass
+            now = self.leader()
+            if now and now != address:
+                call.cancel()
+                return _MOVED
 
     @staticmethod
     def _pb() -> Any:

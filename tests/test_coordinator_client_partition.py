@@ -1,0 +1,109 @@
+"""The coordinator client when the elected coordinator is cut off by a partition (issue 28's
+lab drill, isolate the head master's host, found it): a partitioned coordinator does not refuse
+a call, it never answers, and the client used to wait its whole deadline on it (40 s for a
+FailOver) although a standby was elected two seconds after the cut. A call in flight now
+follows the election: once another coordinator leads it is cancelled and sent there.
+
+No cluster: the election and the stubs are fakes (coordinator/client.py's seams)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from ordq.common.errors import CoordinationUnavailable
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.paths import Paths
+
+
+class _Deadline(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "Deadline Exceeded"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+class _Hung:
+    """A call to a coordinator behind a partition: no answer until its deadline."""
+
+    def __init__(self, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.cancelled = threading.Event()
+
+    def result(self, timeout: float | None = None) -> Any:
+        wait = self.deadline - time.monotonic()
+        if timeout is not None and timeout < wait:
+            if self.cancelled.wait(timeout):
+                raise grpc.FutureCancelledError()
+            raise grpc.FutureTimeoutError()
+        if self.cancelled.wait(max(wait, 0)):
+            raise grpc.FutureCancelledError()
+        raise _Deadline()
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+
+class _Answered:
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.answer
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _Method:
+    def __init__(self, address: str, calls: list[str]) -> None:
+        self.address, self.calls = address, calls
+
+    def __call__(self, request: Any, timeout: float, metadata: Any) -> Any:
+        return self.future(request, timeout=timeout, metadata=metadata).result()
+
+    def future(self, request: Any, timeout: float, metadata: Any) -> Any:
+        self.calls.append(self.address)
+        return _Hung(timeout) if self.address == "old:7100" else _Answered(f"answer from {self.address}")
+
+
+class _Stub:
+    def __init__(self, address: str, calls: list[str]) -> None:
+        self.FailOver = _Method(address, calls)
+
+
+def _client(election: list[str], calls: list[str], monkeypatch: pytest.MonkeyPatch) -> CoordinatorClient:
+    client = CoordinatorClient(object(), Paths("/ordq"), timeout_s=30.0)
+    monkeypatch.setattr(client, "leader", lambda: election[0])
+    monkeypatch.setattr(client, "_stub", lambda address: _Stub(address, calls))
+    return client
+
+
+def test_a_call_in_flight_to_a_partitioned_coordinator_follows_the_election(monkeypatch: pytest.MonkeyPatch) -> None:
+    election, calls = ["old:7100"], []
+    client = _client(election, calls, monkeypatch)
+    # the standby is elected 1 s into the call (the old leader's session expired behind the cut)
+    threading.Timer(1.0, lambda: election.__setitem__(0, "new:7100")).start()
+    started = time.monotonic()
+    answer = client._call("FailOver", object(), 30.0)
+    took = time.monotonic() - started
+    assert answer == "answer from new:7100"
+    assert calls == ["old:7100", "new:7100"]
+    assert took < 15.0, f"waited {took:.1f}s on the partitioned coordinator (deadline 30 s)"
+
+
+def test_a_call_waits_on_its_coordinator_while_the_election_still_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No other leader: the call keeps waiting on the one elected, to its deadline."""
+    client = _client(["old:7100"], calls := [], monkeypatch)
+    with pytest.raises(CoordinationUnavailable, match="old:7100: DEADLINE_EXCEEDED"):
+        client._call("FailOver", object(), 1.5)
+    assert calls == ["old:7100"]
