@@ -62,7 +62,14 @@ def _why_no_lab() -> str | None:
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"ip netns add failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], check=True)
+    try:  # a container may allow namespaces but not netfilter or veth links inside them
+        for argv, what in ((["iptables", "-S"], "iptables"), (["ip", "link", "add", "p0", "type", "veth", "peer", "p1"],
+                                                                "a veth link")):
+            tried = subprocess.run(["ip", "netns", "exec", probe, *argv], capture_output=True, text=True)
+            if tried.returncode != 0:
+                return f"{what} inside a namespace failed: {tried.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "delete", probe], check=True)
     return None
 
 
