@@ -56,4 +56,4 @@ def test_zookeeper_data_folders_are_private_and_four_letter_words_limited(tmp_pa
     node = tmp_path / "zk" / "node0"
     assert mode(node) == 0o700 and mode(node / "data") == 0o700
     cfg = (node / "zoo.cfg").read_text().splitlines()
-    assert "4lw.commands.whitelist=ruok,srvr" in cfg  # cons, dump, wchc list clients and sessions
+    assert "4lw.commands.whitelist=ruok,srvr,mntr" in cfg  # counts only; cons, dump, wchc list clients and sessions

@@ -351,6 +351,12 @@ def test_cert_register_keeps_the_token_and_zookeeper_credential(tmp_path: Path,
         got = lookup(zk, ROOT)
         assert (got.cert_file, got.key_file, got.ca_file, got.token, got.zk_auth) == (*files, "tok", "u:p")
         assert not got.zk_tls
+        # ``ordq up`` registers TLS to its ZooKeeper: a certificate registered later keeps it
+        # (CI: docs/CLI.md's ``ordq group list`` after ``cert register`` could not reach ZooKeeper)
+        register(zk, ROOT, Credentials(token="tok", zk_auth="u:p", zk_tls=True, ca_file=files[2], cert_file=files[0],
+                                       key_file=files[1]), cluster="c1")
+        assert main(["--zk", zk, "cert", "register", "--cert", files[0], "--key", files[1], "--ca", files[2]]) == 0
+        assert lookup(zk, ROOT).zk_tls
         capsys.readouterr()
         assert main(["--zk", zk, "cert", "register", "--cert", "nope.pem", "--key", files[1], "--ca", files[2]]) == 1
         assert "nope.pem does not exist" in capsys.readouterr().err

@@ -238,11 +238,18 @@ def remove_group_from_queue(store: ZkStore, queue: str, gid: str, *, force: bool
     if st.send == (gid,) and not force:
         raise IllegalTransition("remove_group", f"group {gid} is the only group taking writes to {queue}: its "
                                 "producers would wait (add another group first, or pass --force)")
-    if gid in st.send:
-        st = store.apply(queue, lambda s, f: sm.remove_from_send(s, gid, f) if gid in s.send else s)
+
+    def leave(s: sm.QueueState, facts: sm.Facts) -> sm.QueueState:
+        # One write: between a write that takes it out of the send list and one that removes
+        # it, the daemon (which reacts to the change at once) would admit it again.
+        if gid in s.send:
+            s = sm.remove_from_send(s, gid, facts)
+        return s if s.has_backlog(gid) else sm.remove_group(s, gid)
+
+    st = store.apply(queue, leave)
     held = [s.seg for s in st.consume if s.gid == gid]
     if held:
         raise IllegalTransition("remove_group", f"group {gid} left the send list of {queue} but still holds segments "
                                 f"{held} that subscriptions have not read: run this again once they are popped "
                                 f"(ordq queue describe {queue})")
-    return store.apply(queue, lambda s, _f: sm.remove_group(s, gid))
+    return st

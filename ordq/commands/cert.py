@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
                        ("--ca", "the cluster CA (ca.pem)")):
         reg.add_argument(flag, type=Path, required=True, metavar="PEM", help=what)
     reg.add_argument("--zk-tls", action="store_true",
-                     help="the cluster's ZooKeeper serves TLS: present the certificate to it too")
+                     help="the cluster's ZooKeeper serves TLS: present the certificate to it too "
+                          "(kept when already registered, as by ordq up)")
 
 
 def cmd_ca(args: argparse.Namespace) -> int:

@@ -433,12 +433,11 @@ def register_tls(zk_hosts: str, root: str, creds: Credentials) -> None:
     """Present the TLS files of ``creds`` (CA, certificate, key) to the cluster at
     (``zk_hosts``, ``root``) from now on, and to its ZooKeeper too when ``creds.zk_tls``
     (``ordq cert register``); what the entry holds besides (token, ZooKeeper credential, the
-    cluster's identity) is kept."""
+    cluster's identity, and TLS to ZooKeeper, which ``ordq up`` turns on) is kept."""
     with _locked_file() as clusters:
         entry = clusters.setdefault(_key(zk_hosts, root), {})
         for field in ("ca_file", "cert_file", "key_file"):
             entry[field] = getattr(creds, field)
-        entry.pop("zk_tls", None)
         if creds.zk_tls:
             entry["zk_tls"] = True
 
