@@ -342,7 +342,7 @@ class ManagedProcess:
     def _is_ours(self, pid: int) -> bool:
         """Is ``pid`` a running (not zombie) process of the same program as argv[0]?
         The program check keeps a recycled pid from looking like our process."""
-        if not _pid_running(pid):
+        if not pid_running(pid):
             return False
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -374,7 +374,7 @@ class ManagedProcess:
                 return False
             return True
         deadline = time.monotonic() + timeout_s
-        while _pid_running(pid):  # not our child: we cannot wait(), only watch it go
+        while pid_running(pid):  # not our child: we cannot wait(), only watch it go
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_POLL_FIRST_S)
@@ -538,7 +538,7 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (exited, waiting to be reaped)."""
     try:
         os.kill(pid, 0)

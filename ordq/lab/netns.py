@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ordq.common.errors import ExternalProcessError
+from ordq.common.proc import pid_running
 
 NETNS_DIR = Path("/run/netns")  # where `ip netns` keeps its names (bind mounts of each namespace)
 PREFIX = "ordq-"
@@ -156,16 +157,8 @@ def teardown(lab_id: str, *, timeout_s: float = 10.0) -> list[str]:
 
 def _wait_gone(pids: Iterable[int], deadline: float) -> None:
     for pid in pids:
-        while _running(pid) and time.monotonic() < deadline:
+        while pid_running(pid) and time.monotonic() < deadline:
             time.sleep(0.005)
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def socket_in(ns: str, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
