@@ -245,8 +245,7 @@ def test_isolating_the_elected_coordinators_host_loses_nothing(cluster: LabClust
     cut from every other host: the producer's FailOver goes to a coordinator that never
     answers, until the standby is elected (coordinator/client.py follows the election)."""
     def make(_master: str, _slave: str) -> Partition:
-        host = cluster.elected_coordinator()
-        assert host is not None
+        host = wait_until(cluster.elected_coordinator, timeout_s=60, what="a coordinator's election in its log")
         return isolate(host, cluster.lab.hosts)
 
     _drill(cluster, spark, tmp_path / "d", "isolate-coordinator", make)

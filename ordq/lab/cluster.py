@@ -186,9 +186,10 @@ class LabCluster:
         return self.lab.call(host, self.client_argv(argv), timeout_s=timeout_s)
 
     def elected_coordinator(self) -> str | None:
-        """The host of the coordinator elected last (from their logs: each logs its election)."""
+        """The host of the coordinator elected last (from their logs: each logs its election).
+        The whole log: after a few drills the election line is far from the tail."""
         elected = [(line[:23], host) for host, proc in self.coordinators.items()
-                   for line in proc.log_tail(200).splitlines() if line.endswith(" elected")]
+                   for line in _log_text(proc).splitlines() if line.endswith(" elected")]
         return max(elected)[1] if elected else None
 
     def host_of(self, gid: str, role: str) -> str:
@@ -197,3 +198,10 @@ class LabCluster:
     def stop(self) -> None:
         for proc in [*self.coordinators.values(), *self.brokers.values()]:
             proc.stop(timeout_s=5.0)
+
+
+def _log_text(proc: ManagedProcess) -> str:
+    try:
+        return proc.log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
