@@ -141,18 +141,8 @@ class DaemonView:
     def refresh(self, now: float) -> list[str]:
         """Re-read what changed; return the queues to plan this round (dirty or due), sorted.
         CoordinationUnavailable (ZooKeeper gone): what was not read stays marked."""
-        if self._take_flag("_queues_stale"):
-            try:
-                self._read_queue_list()
-            except BaseException:
-                self._queues_stale = True
-                raise
-        if self._take_flag("_groups_stale"):
-            try:
-                self._read_groups()
-            except BaseException:
-                self._groups_stale = True
-                raise
+        self._reread_if_stale("_queues_stale", self._read_queue_list)
+        self._reread_if_stale("_groups_stale", self._read_groups)
         with self._lock:
             todo = set(self._dirty)
             self._dirty.clear()
@@ -166,11 +156,18 @@ class DaemonView:
             raise
         return sorted(q for q in todo if q in self.entries)
 
-    def _take_flag(self, name: str) -> bool:
+    def _reread_if_stale(self, flag: str, read: Callable[[], None]) -> None:
+        """Run ``read`` when the watch set ``flag``; a read that fails leaves it set (next round)."""
         with self._lock:
-            value = bool(getattr(self, name))
-            setattr(self, name, False)
-            return value
+            stale = bool(getattr(self, flag))
+            setattr(self, flag, False)
+        if not stale:
+            return
+        try:
+            read()
+        except BaseException:
+            setattr(self, flag, True)
+            raise
 
     # -- reads ---------------------------------------------------------------------------------
 
