@@ -8,6 +8,8 @@
     <root>/queues/<q>/subs/<sub>/leader    election of the subscription's consumer
     <root>/queues/<q>/producer-leader      election of the queue's producer
     <root>/coordinator/leader              election of the coordinator daemon
+    <root>/topics/<t>                      topic config (JSON, coordinator/topics.py); its
+                                           partitions are the queues <t>.p0 .. <t>.p<N-1>
 
 Several clusters (and test runs) share one ZooKeeper by using different roots.
 """
@@ -84,6 +86,13 @@ class Paths:
         if role not in ROLES:
             raise InvalidName("role", role, "master|slave")
         return f"{base}/{role}"
+
+    @property
+    def topics(self) -> str:
+        return f"{self.root}/topics"
+
+    def topic(self, topic: str) -> str:
+        return f"{self.topics}/{check_name('topic', topic)}"
 
     def queue(self, queue: str) -> str:
         return f"{self.queues}/{check_name('queue', queue)}"
