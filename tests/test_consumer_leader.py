@@ -16,9 +16,9 @@ from tests.cluster import (  # noqa: F401 - cluster_fixture
     FINISH_S,
     LOAD_RATE,
     Cluster,
-    ConsumerProgram,
     cluster_fixture,
 )
+from tests.helpers.load import ConsumerProgram
 from tests.order_check import check_delivery
 from tests.util import wait_until
 

@@ -19,10 +19,9 @@ from tests.cluster import (
     LOAD_RATE,
     Cluster,
     LoadConsumer,
-    ProducerProgram,
     cluster_fixture,  # noqa: F401 - fixture
 )
-from tests.helpers.load import make_payload, parse_payload
+from tests.helpers.load import ProducerProgram, make_payload, parse_payload
 from tests.helpers.produce import EXIT_FENCED
 from tests.order_check import check_delivery
 from tests.util import wait_until

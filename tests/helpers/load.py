@@ -27,7 +27,9 @@ from typing import IO, Any
 
 import attrs
 
+from ordq.common.proc import ManagedProcess
 from ordq.sdk import CommitConfig, ConsumerConfig
+from tests.util import wait_until
 
 
 def make_payload(seq: int, writer: str, size: int) -> bytes:
@@ -192,3 +194,60 @@ def program_logging() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+
+
+class _Program:
+    def __init__(self, name: str, proc: ManagedProcess, out: Path, go_file: Path) -> None:
+        self.name, self.proc, self.out, self.go_file = name, proc, out, go_file
+        self._tail = RecordsTail(out)
+
+    def go(self) -> None:
+        """Let a held program connect (and contend for leadership)."""
+        self.proc.wait_for_line("STARTED", timeout_s=60)
+        self.go_file.touch()
+
+    def records(self) -> list[dict[str, Any]]:
+        """Complete records so far (a torn last line of a killed program is left out)."""
+        return self._tail.read()
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        found = events_in(self.records(), name)
+        return found[-1] if found else None
+
+    def count(self, key: str) -> int:
+        return sum(1 for r in self.records() if key in r)
+
+    def wait_leader(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The program's leader event, once it leads."""
+        return wait_until(lambda: self.event("leader"), timeout_s=timeout_s, interval_s=0.02,
+                          what=f"{self.proc.name} to lead ({self.proc.log_path})")
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Its exit code once it exited (negative: killed by that signal)."""
+        wait_until(lambda: not self.proc.alive(), timeout_s=timeout_s, interval_s=0.05,
+                   what=f"{self.proc.name} to finish ({self.proc.log_path})")
+        return self.proc.returncode
+
+
+class ProducerProgram(_Program):
+    """A ``tests.helpers.produce`` process and what it wrote."""
+
+    def __init__(self, writer: str, proc: ManagedProcess, out: Path, go_file: Path) -> None:
+        super().__init__(writer, proc, out, go_file)
+        self.writer = writer
+
+    def acks(self) -> list[AckRec]:
+        return acks_in(self.records(), self.writer)
+
+    def acked_count(self) -> int:
+        return self.count("a")
+
+
+class ConsumerProgram(_Program):
+    """A ``tests.helpers.consume`` process and what it wrote."""
+
+    def deliveries(self) -> list[DeliveryRec]:
+        return deliveries_in(self.records())
+
+    def delivered_count(self) -> int:
+        return self.count("d")
