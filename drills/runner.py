@@ -167,15 +167,28 @@ class DrillContext:
 
     # -- wait ----------------------------------------------------------------------------
 
-    def wait(self, condition: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
-        deadline = time.monotonic() + timeout_s
+    def wait(self, condition: Callable[[], T | None], *, timeout_s: float, what: str,
+             progress: Callable[[], int] | None = None) -> T:
+        """``condition()``'s first true value. Without ``progress``, DrillError after
+        ``timeout_s``. With it, ``timeout_s`` is the longest wait without progress (the count
+        ``progress()`` returns did not grow): a loaded machine that is slow but moving is
+        waited for, a stuck one fails as soon (issue 26: timeouts follow what the machine shows)."""
+        start = next_look = time.monotonic()
+        deadline = start + timeout_s
         interval = 0.01
+        seen = -1 << 62
         while True:
             value = condition()
             if value:
                 return value
-            if time.monotonic() >= deadline:
-                raise DrillError(f"{self.drill.name}: timed out after {timeout_s:g}s waiting for {what}")
+            now = time.monotonic()
+            if progress is not None and now >= next_look:  # once a second: progress may cost a query
+                next_look = now + 1.0
+                if (count := progress()) > seen:
+                    seen, deadline = count, now + timeout_s
+            if now >= deadline:
+                stalled = f" without progress (at {seen}; {now - start:.0f}s in all)" if progress is not None else ""
+                raise DrillError(f"{self.drill.name}: timed out after {timeout_s:g}s{stalled} waiting for {what}")
             time.sleep(interval)
             interval = min(interval * 1.5, 0.1)
 

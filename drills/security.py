@@ -176,15 +176,35 @@ class Stub:
         self.metadata = token_metadata(creds)
 
 
+UNANSWERED_TRIES = 5  # a call the broker never answered (BrokerUnavailable) is made again, at most this often
+
+
 def _refusal(address: str, creds: Credentials, call: Callable[[Stub], object]) -> Exception | None:
-    s = Stub(address, creds)
-    try:
-        call(s)
-        return None
-    except grpc.RpcError as exc:
-        return from_rpc_error(exc, address)
-    finally:
-        s.channel.close()
+    """What the broker answers ``call`` (None: it went through). A call that got no answer at
+    all (the connection failed: BrokerUnavailable, seen at load 25-30) says nothing about the
+    guard, so it is made again on a new connection, up to UNANSWERED_TRIES times; the last
+    error is returned either way, so a broker that never answers still fails the check."""
+    err: Exception | None = None
+    for _ in range(UNANSWERED_TRIES):
+        s = Stub(address, creds)
+        try:
+            call(s)
+            return None
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc, address)
+        finally:
+            s.channel.close()
+        if not isinstance(err, BrokerUnavailable):
+            return err
+        time.sleep(0.2)
+    return err
+
+
+def _named(err: Exception | None, wanted: type[Exception] = PermissionDenied) -> str:
+    """An answer as a check line shows it: the type, and the whole error when unexpected."""
+    if err is None:
+        return "it went through"
+    return type(err).__name__ if isinstance(err, wanted) else repr(err)
 
 
 def rogue_epoch(ctx: DrillContext) -> None:
@@ -202,13 +222,13 @@ def rogue_epoch(ctx: DrillContext) -> None:
     creds = ctx.cluster.credentials
     wrote = _refusal(members["master"].address, creds,
                      lambda s: list(s.stub.Produce(iter([request]), timeout=10, metadata=s.metadata)))
-    ctx.expect(f"the rogue batch was refused with EpochNotIssued ({type(wrote).__name__})",
+    ctx.expect(f"the rogue batch was refused with EpochNotIssued ({_named(wrote, EpochNotIssued)})",
                isinstance(wrote, EpochNotIssued))
     fence = pb.FenceRequest(queue=ctx.queue, seg=seg, epoch=epoch)
     for role, info in members.items():
         # A client certificate may not fence at all (only brokers and coordinators may).
         fenced = _refusal(info.address, creds, lambda s: s.stub.Fence(fence, timeout=10, metadata=s.metadata))
-        ctx.expect(f"the rogue Fence was refused by the {role} ({type(fenced).__name__})",
+        ctx.expect(f"the rogue Fence was refused by the {role} ({_named(fenced)})",
                    isinstance(fenced, PermissionDenied))
     after = {role: ctx.broker_stats(gid, role).get("refused", {}).get("EpochNotIssued", 0) for role in members}
     ctx.expect(f"the rogue batch's refusal counted by the master (EpochNotIssued {before} -> {after})",
@@ -423,13 +443,13 @@ def control_calls(ctx: DrillContext) -> None:
     for role, info in members.items():
         for what, call in calls:
             err = _refusal(info.address, creds, call)
-            ctx.expect(f"{what} refused by the {role} ({type(err).__name__})", isinstance(err, PermissionDenied))
+            ctx.expect(f"{what} refused by the {role} ({_named(err)})", isinstance(err, PermissionDenied))
     if "slave" in members:
         forged = pb.ReplicateRequest(queue=ctx.queue, seg=seg, batches=[encode_batch(
             [Message(payload=b"forged")], epoch=state_before.producer_epoch, first_seq=ROGUE_SEQ)], lac=1 << 40)
         err = _refusal(members["slave"].address, creds, lambda s: list(s.stub.Replicate(
             iter([pb.ReplicateRequest(hello=True), forged]), timeout=10, metadata=s.metadata)))
-        ctx.expect(f"Replicate into the slave refused ({type(err).__name__})", isinstance(err, PermissionDenied))
+        ctx.expect(f"Replicate into the slave refused ({_named(err)})", isinstance(err, PermissionDenied))
     after = {role: ctx.broker_stats(gid, role).get("refused", {}).get("PermissionDenied", 0) for role in members}
     want = {role: len(calls) + (role == "slave") for role in members}
     ctx.expect(f"each refusal counted by its broker (PermissionDenied {before} -> {after}, {want} more wanted)",

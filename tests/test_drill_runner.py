@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,3 +55,26 @@ def test_a_drill_that_errs_heals_the_cluster_and_says_why_in_full(tmp_path: Path
     assert any("healed the cluster after the error: started g1-master" in text for _t, text in run.ctx.events)
     [res] = judge_all([run], verify=lambda *_a, **_k: None, keep=True)
     assert not res.ok and res.verdict == f"ERROR (DrillError: {why})"
+
+
+def _context(tmp_path: Path) -> DrillContext:
+    drill = Drill("fake", "a fault", "something", lambda _ctx: None, own_load=True)
+    return DrillContext(_FakeCluster(tmp_path), drill, 1, random.Random(0), "fake-q", tmp_path,  # type: ignore[arg-type]
+                        LoadConfig(messages=100, rate=100.0))
+
+
+def test_a_wait_with_progress_outlasts_its_timeout_while_moving_and_fails_once_stalled(tmp_path: Path) -> None:
+    # The cdc drill at load 30 moved at ~43 row changes/s and was failed by a fixed 110 s bound
+    # (issue 26). A wait given a progress count now fails only after timeout_s without progress.
+    ctx = _context(tmp_path)
+    began = time.monotonic()
+    moving = lambda: int((time.monotonic() - began) * 10)  # noqa: E731 - grows all the time
+    assert ctx.wait(lambda: time.monotonic() - began > 3.5, timeout_s=1.5, what="x", progress=moving)
+    stuck_at = lambda: 7  # noqa: E731
+    began = time.monotonic()
+    try:
+        ctx.wait(lambda: False, timeout_s=1.5, what="the end", progress=stuck_at)
+    except DrillError as exc:
+        assert "without progress (at 7" in str(exc) and 1.5 <= time.monotonic() - began < 10
+    else:
+        raise AssertionError("a stalled wait must fail")
