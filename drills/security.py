@@ -21,6 +21,7 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
 from __future__ import annotations
 
 import contextlib
+import logging
 import json
 import queue
 import time
@@ -47,6 +48,7 @@ from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS
 
+log = logging.getLogger("ordq.drills")
 REVOKE_TIMEOUT_S = 10.0  # how soon every broker must refuse a revoked token (a ZooKeeper watch)
 
 
@@ -196,6 +198,7 @@ def _refusal(address: str, creds: Credentials, call: Callable[[Stub], object]) -
             s.channel.close()
         if not isinstance(err, BrokerUnavailable):
             return err
+        log.warning("no answer from %s (%r): the call is made again", address, err)
         time.sleep(0.2)
     return err
 
