@@ -21,8 +21,8 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
 from __future__ import annotations
 
 import contextlib
-import logging
 import json
+import logging
 import queue
 import time
 from collections.abc import Callable
