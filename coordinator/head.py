@@ -39,6 +39,9 @@ from ordq.wire.transport import ReplicaEnd, SealTransport
 
 log = logging.getLogger("ordq.coordinator.head")
 
+# Why no group takes writes (backlog does not count when none does: DESIGN I4)
+NO_WRITABLE_GROUP = "no group of the queue has master and slave live (and is not drained)"
+
 
 class HeadTransport(SealTransport, Protocol):
     """What the head protocol needs from brokers: Seal, the repair copy, and Fence."""
@@ -190,11 +193,11 @@ class HeadProtocol:
                     return st
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise NoGroupAvailable(q, "no group with master and slave live and no backlog")
+                    raise NoGroupAvailable(q, NO_WRITABLE_GROUP)
                 return store.wait_state(q, lambda s: s.open_segment is not None, timeout_s=min(left, 0.5))
             except (WaitTimeout, CoordinationUnavailable):
                 if time.monotonic() >= deadline:
-                    raise NoGroupAvailable(q, "no group with master and slave live and no backlog") from None
+                    raise NoGroupAvailable(q, NO_WRITABLE_GROUP) from None
 
 
 def _last_of_sealed(st: QueueState) -> tuple[int, int, int] | None:

@@ -49,7 +49,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
-from ordq.coordinator.head import HeadProtocol, HeadTransport
+from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import Cursor, QueueState
@@ -340,7 +340,7 @@ class CoordinatorService:
         st = head.fail_over_from(req.gid, req.seg, req.epoch)
         head.check_epoch(st, req.epoch)
         if st.open_segment is None:
-            raise NoGroupAvailable(q, "no group with master and slave live and no backlog")
+            raise NoGroupAvailable(q, NO_WRITABLE_GROUP)
         return self._pb.HeadResponse(state_json=self._state_json(st))
 
     def Roll(self, request: Any, context: Any) -> Any:  # noqa: N802

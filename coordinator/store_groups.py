@@ -51,18 +51,38 @@ class GroupRecords(ZkBase):
     def register_live(self, gid: str, role: str, address: str, incarnation: str) -> None:
         """Create this process's ephemeral liveness node (gone when its session ends).
         Safe to repeat (coordinator/zk_retry.py): a node already there with this
-        ``incarnation`` is our own create, landed before its connection dropped."""
+        ``incarnation`` is our own create, landed before its connection dropped.
+
+        A node with this ``incarnation`` held by an *earlier* session of this process (the
+        registration again after a lost session, while ZooKeeper has not expired the old one
+        yet: a new leader expires it only a session timeout after it starts) is replaced by
+        one of this session: kept, it would go with the old session, and the group would look
+        dead for good (issue 26: no group admitted, NoGroupAvailable)."""
         self.get_group(gid)  # GroupNotFound for an unregistered group
+        path = self.paths.live(gid, role)
         data = json_bytes({"address": address, "incarnation": incarnation, "pid": os.getpid()})
         with self._errors():
-            try:
-                self._wait(self.client.create_async(self.paths.live(gid, role), data, ephemeral=True, makepath=True))
-            except NodeExistsError as exc:
-                if self.live_members(gid).get(role, LiveInfo("", "", 0)).incarnation == incarnation:
+            for _ in range(50):
+                try:
+                    self._wait(self.client.create_async(path, data, ephemeral=True, makepath=True))
                     return
-                raise AlreadyExists(
-                    f"a {role} of group {gid!r} is already live (another process holds the role)"
-                ) from exc
+                except NodeExistsError as exc:
+                    try:
+                        held, stat = self._read(self.client.get_async, path)
+                    except NoNodeError:
+                        continue  # the old session just ended: create it again
+                    if json_value(held).get("incarnation") != incarnation:
+                        raise AlreadyExists(
+                            f"a {role} of group {gid!r} is already live (another process holds the role)"
+                        ) from exc
+                    session = self.client.client_id
+                    if session is not None and stat.ephemeralOwner == session[0]:
+                        return
+                    try:  # ours, from a lost session that ZooKeeper has not expired yet
+                        self._wait(self.client.delete_async(path, version=stat.version))
+                    except (NoNodeError, BadVersionError):
+                        pass
+        raise ConflictError(f"group {gid!r}: gave up registering the {role} after 50 conflicting writes")
 
     def live_members(self, gid: str) -> dict[str, LiveInfo]:
         out: dict[str, LiveInfo] = {}

@@ -69,6 +69,19 @@ def read_deliveries(audit_dir: Path) -> list[DeliveryRow]:
             for f in _rows(audit_dir / "deliveries", len(DELIVERY_COLUMNS))]
 
 
+def copy_as(audit_dir: Path, dest: Path, queue: str, new_queue: str) -> None:
+    """Copy a run's audit files to ``dest`` with ``queue`` renamed ``new_queue`` in every row
+    and file name (writer ids name the queue): a second run of the same data that one
+    verification tells apart from the first (the tests tamper with such a copy instead of
+    running a drill again)."""
+    for kind in ("acks", "deliveries", "skips"):
+        for path in _files(audit_dir / kind):
+            text = path.read_text(encoding="ascii", errors="replace")
+            (dest / kind).mkdir(parents=True, exist_ok=True)
+            name = path.name.replace(queue, new_queue) if queue in path.name else f"{new_queue}-{path.name}"
+            (dest / kind / name).write_text(text.replace(queue, new_queue), encoding="ascii")
+
+
 def tamper(audit_dir: Path, how: str, rng: random.Random) -> str:
     """Test hook: make the recorded run lose (``lose``) or reorder (``reorder``) one delivery,
     by rewriting the delivery audit file that holds it. Returns what was done."""

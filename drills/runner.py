@@ -308,6 +308,20 @@ class DrillRun:
         return self.ctx.run_dir / "audit"
 
 
+def tampered_copy(run: DrillRun, how: str, *, seed: int = 0) -> DrillRun:
+    """The test hook (``audit.tamper``: ``lose`` or ``reorder`` one delivery) on a copy of a
+    finished run, as a run of its own (its queue renamed in every row, so one verification
+    judges both): what ``execute_drill(..., tamper=how)`` checks, without running the drill's
+    load and fault again."""
+    ctx = run.ctx
+    queue = f"{ctx.queue}-{how}"
+    copy = attrs.evolve(ctx, queue=queue, run_dir=ctx.run_dir.with_name(queue), events=list(ctx.events),
+                        expectations=list(ctx.expectations), notes=dict(ctx.notes), out=None)
+    audit.copy_as(run.audit_dir, copy.run_dir / "audit", ctx.queue, queue)
+    copy.event(f"TEST HOOK: {audit.tamper(copy.run_dir / 'audit', how, random.Random(drill_seed(seed, how, 0)))}")
+    return attrs.evolve(run, ctx=copy)
+
+
 def execute_drill(
     cluster: LocalCluster,
     drill: Drill,

@@ -210,6 +210,27 @@ def test_a_registration_that_landed_before_its_answer_was_lost_is_ours(zk_server
             store.register_live("g1", "master", "127.0.0.1:2", "inc-2")
 
 
+def test_a_registration_again_after_a_lost_session_outlives_the_old_sessions_node(zk_server: ZkServer,
+                                                                                    zk_root: str) -> None:
+    """A broker whose session was lost registers its liveness again on a new session. After a
+    ZooKeeper leader change the old session can outlive that (the new leader expires it only
+    one session timeout after it starts): the create finds the old node, with this process's
+    incarnation, and took it for its own; when the old session then expired, the node went
+    and the group was never live again, so no group could be admitted and the producer
+    ended with NoGroupAvailable (issue 26, test_failover_infra at load 22)."""
+    with ZkStore.connect(zk_server.connection_string, zk_root, timeout_s=10) as new:
+        new.add_group("g1")
+        with ZkStore.connect(zk_server.connection_string, zk_root, timeout_s=10) as old:
+            old.register_live("g1", "master", "127.0.0.1:1", "inc-1")  # the lost session's node
+            new.register_live("g1", "master", "127.0.0.1:1", "inc-1")  # the same process, again
+        # the old session has ended (its close: as its expiry would)
+        wait_until(lambda: "master" in new.live_members("g1"), timeout_s=10, what="the liveness node")
+        _, stat = new.client.get(new.paths.live("g1", "master"))
+        assert stat.ephemeralOwner == new.client.client_id[0]
+        with pytest.raises(AlreadyExists):  # another incarnation is still refused
+            new.register_live("g1", "master", "127.0.0.1:2", "inc-2")
+
+
 # -- starts while the ZooKeeper server is paused (SIGSTOP), on a server of this module's own ----
 
 @pytest.fixture(scope="module")
