@@ -11,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 # Large batches ride in one gRPC message: lift gRPC's 4 MiB default on every channel/server.
+# Reconnect quickly after a broker restarts (attempts 100 ms apart, at most 1 s), but give each
+# attempt CONNECT_ATTEMPT_MS to finish TCP, TLS and HTTP/2: gRPC core takes
+# ``min_reconnect_backoff_ms`` as the *minimum connect timeout* (doc/connection-backoff.md), so
+# at 100 ms a handshake slower than that on a busy machine failed the call at once with
+# UNAVAILABLE "timed out before receiving SETTINGS frame", whatever the call's own deadline.
+CONNECT_ATTEMPT_MS = 10_000  # as long as a broker waits for a handshake (handshake_timeout_ms)
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
     ("grpc.max_receive_message_length", 256 << 20),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_ATTEMPT_MS),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size
