@@ -134,7 +134,8 @@ def test_produce_routes_by_key_and_a_rekey_stops_a_running_producer(
         code, _, err = ordq(cluster, capsys, "topic", "alter", "events", "--partitions", "4", "--rekey")
         assert code == 0 and "order holds among the messages sent before" in err
         assert cluster.store.read_topic("events").partitions == 4
-        assert sorted(cluster.store.list_queues())[-4:] == ["events.p0", "events.p1", "events.p2", "events.p3"]
+        assert [q for q in cluster.store.list_queues() if q.startswith("events.")] == [
+            "events.p0", "events.p1", "events.p2", "events.p3"]
 
         def refused() -> bool:
             try:
