@@ -34,6 +34,8 @@ if TYPE_CHECKING:
         SendFuture,
         SendResult,
         StoredMessage,
+        TopicProducer,
+        TopicProducerConfig,
     )
 
 __all__ = [
@@ -51,6 +53,8 @@ __all__ = [
     "SendFuture",
     "SendResult",
     "StoredMessage",
+    "TopicProducer",
+    "TopicProducerConfig",
     "__version__",
 ]
 

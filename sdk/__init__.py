@@ -8,6 +8,9 @@
     with Consumer(ConsumerConfig(zk_hosts=..., queue="orders", subscription="billing")) as c:
         for m in c:                           # in seq order, each seq once
             handle(m.seq, m.payload)
+
+    with TopicProducer(TopicProducerConfig(zk_hosts=..., topic="payments")) as p:
+        p.send(b"paid", key="customer-42")    # same key, same partition: in order
 """
 
 from ordq.sdk._consumer_core import CommitConfig
@@ -20,6 +23,7 @@ from ordq.sdk.consumer import Consumer
 from ordq.sdk.failure import FailurePolicy
 from ordq.sdk.parking import BlockedMessage
 from ordq.sdk.producer import Producer
+from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
 
 __all__ = [
     "AsyncConsumer",
@@ -36,4 +40,6 @@ __all__ = [
     "SendFuture",
     "SendResult",
     "StoredMessage",
+    "TopicProducer",
+    "TopicProducerConfig",
 ]

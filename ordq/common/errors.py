@@ -11,7 +11,8 @@ translated once, where they enter, with ``raise ... from exc``.
     │   ├── QueueNotFound
     │   ├── GroupNotFound
     │   ├── SegmentNotFound
-    │   └── SubscriptionNotFound
+    │   ├── SubscriptionNotFound
+    │   └── TopicNotFound
     ├── AlreadyExists
     ├── IllegalTransition                 a state-machine transition whose precondition fails
     ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
@@ -28,6 +29,8 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── NotLeader                         this consumer lost its subscription's lease: stop
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
     ├── HandlerError                      keyed delivery: the application's handler raised
+    ├── PartitionNotLed                   a topic's key routes to a partition this producer does not lead
+    ├── TopicChanged                      a topic's partition count changed under its producer: stop
     ├── MessageTooLarge (ValueError)
     ├── CorruptLog                        bad CRC before the tail of a stored segment
     ├── DiskFull                          the log could not be written: nothing half-served
@@ -97,6 +100,12 @@ class SubscriptionNotFound(NotFound):
         super().__init__(f"queue {queue!r} has no subscription {sub!r}")
         self.queue = queue
         self.sub = sub
+
+
+class TopicNotFound(NotFound):
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"unknown topic {topic!r} (create it with: ordq topic create {topic} --partitions N)")
+        self.topic = topic
 
 
 class AlreadyExists(OrdqError):
@@ -284,6 +293,26 @@ class HandlerError(OrdqError):
         self.subscription = subscription
         self.seq = seq
         self.key = key
+
+
+class PartitionNotLed(OrdqError):
+    """A key routes to a partition this producer does not lead."""
+
+    def __init__(self, topic: str, partition: int, led: tuple[int, ...]) -> None:
+        super().__init__(
+            f"topic {topic!r}: the key routes to partition {partition}, which this producer does not lead (it leads "
+            f"{', '.join(map(str, led)) or 'none'}); send it from the process that leads it, or add it to partitions=")
+        self.topic, self.partition, self.led = topic, partition, tuple(led)
+
+
+class TopicChanged(OrdqError):
+    """The topic's partition count changed while this producer ran: keys route differently."""
+
+    def __init__(self, topic: str, old: int, new: int | None) -> None:
+        now = "was deleted" if new is None else f"has {new} partitions now"
+        super().__init__(f"topic {topic!r} had {old} partitions when this producer started and {now}: keys route "
+                         "differently, so this producer stopped sending; start a new one")
+        self.topic, self.old, self.new = topic, old, new
 
 
 class MessageTooLarge(OrdqError, ValueError):
