@@ -12,6 +12,9 @@ grown in steps to each count of idle queues (never written). At each step:
 - the CPU every process spent over ``--window`` seconds of idleness;
 - the elected coordinator's duty rounds in that window (``ordq_coordinator_rounds``) and, when it
   exports it, the mean time of one (``ordq_coordinator_round_seconds``);
+- with ``--profile DIR``: after the idle window, ``py-spy record`` (the dev extra) samples the
+  elected coordinator and one broker for ``--window`` seconds more (collapsed stacks in DIR,
+  ``<count>-<process>.txt``; ``bench/spy_top.py`` sums them), outside the CPU window;
 - ``--kills`` times (after the idle window): one busy queue (a producer in this process, ``--rate`` msgs/s) has its head
   master killed (SIGKILL); failover = the kill → the first ack on a later segment; then the
   master is restarted. Also how long until every idle queue headed by that group has moved on
@@ -25,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -150,6 +154,25 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     return out
 
 
+def profile(cluster: LocalCluster, folder: Path, count: int, window_s: float) -> dict[str, str]:
+    """``py-spy record`` the elected coordinator and g1's master for ``window_s`` at once;
+    process name -> its collapsed-stacks file."""
+    lead = leader_metrics(cluster)
+    pids = dict((name, p.pid) for name, p in cluster.processes() if p.pid is not None)
+    targets = [n for n in ((lead[0] if lead else None), "g1/master") if n is not None and n in pids]
+    folder.mkdir(parents=True, exist_ok=True)
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    for name in targets:
+        out = folder / f"{count}-{name.replace('/', '-')}.txt"
+        cmd = [spy, "record", "--pid", str(pids[name]), "--duration", str(int(window_s)), "--rate", "50",
+               "--format", "raw", "--threads", "--idle", "--output", str(out), "--nonblocking"]
+        running[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out)
+    for proc, _ in running.values():
+        proc.wait(window_s + 60)
+    return {name: str(out) for name, (_, out) in running.items()}
+
+
 class BusyProducer:
     """A producer in this process sending ``rate`` msgs/s to BUSY; records each ack's segment."""
 
@@ -246,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=int, default=30, help="idle queues watched for the daemon's failover")
     ap.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait for the idle queues to move")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", type=Path, help="py-spy the leader coordinator and g1/master into this folder")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -273,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                 step["zk"] = zk_facts(cluster)
                 step["brokers"] = {name: proc_facts(b.proc.pid) for name, b in cluster.brokers()
                                    if b.proc.pid is not None}
+                if args.profile is not None:
+                    step["profiles"] = profile(cluster, args.profile, count, args.window)
                 # the busy producer runs only now: the idle window above is idle
                 busy = BusyProducer(cluster, args.rate)
                 busy.start()
