@@ -12,7 +12,7 @@ grown in steps to each count of idle queues (never written). At each step:
 - the CPU every process spent over ``--window`` seconds of idleness;
 - the elected coordinator's duty rounds in that window (``ordq_coordinator_rounds``) and, when it
   exports it, the mean time of one (``ordq_coordinator_round_seconds``);
-- with ``--profile DIR``: after the idle window, ``py-spy record`` (the dev extra) samples the
+- with ``--profile DIR``: after the idle window, ``py-spy record --gil`` (the dev extra) samples the
   elected coordinator and one broker for ``--window`` seconds more (collapsed stacks in DIR,
   ``<count>-<process>.txt``; ``bench/spy_top.py`` sums them), outside the CPU window;
 - ``--kills`` times (after the idle window): one busy queue (a producer in this process, ``--rate`` msgs/s) has its head
@@ -154,23 +154,59 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     return out
 
 
-def profile(cluster: LocalCluster, folder: Path, count: int, window_s: float) -> dict[str, str]:
-    """``py-spy record`` the elected coordinator and g1's master for ``window_s`` at once;
-    process name -> its collapsed-stacks file."""
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of a live process, by its OS thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def profile(cluster: LocalCluster, folder: Path, count: int, window_s: float) -> dict[str, Any]:
+    """Over ``window_s`` at once, for the elected coordinator and g1's master: ``py-spy record
+    --gil`` (samples of whichever thread holds the GIL: where Python's CPU goes; collapsed
+    stacks in ``folder``, summed by ``bench/spy_top.py``) and each thread's CPU from /proc,
+    named by one ``py-spy dump`` (its OS thread id -> the Python thread's top frame)."""
     lead = leader_metrics(cluster)
     pids = dict((name, p.pid) for name, p in cluster.processes() if p.pid is not None)
     targets = [n for n in ((lead[0] if lead else None), "g1/master") if n is not None and n in pids]
     folder.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).with_name("py-spy"))
     running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    before = {name: thread_cpu(pids[name]) for name in targets}
+    started = time.monotonic()
     for name in targets:
         out = folder / f"{count}-{name.replace('/', '-')}.txt"
-        cmd = [spy, "record", "--pid", str(pids[name]), "--duration", str(int(window_s)), "--rate", "50",
-               "--format", "raw", "--threads", "--idle", "--output", str(out), "--nonblocking"]
+        cmd = [spy, "record", "--pid", str(pids[name]), "--duration", str(int(window_s)), "--rate", "100",
+               "--format", "raw", "--gil", "--output", str(out), "--nonblocking"]
         running[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out)
     for proc, _ in running.values():
         proc.wait(window_s + 60)
-    return {name: str(out) for name, (_, out) in running.items()}
+    wall = time.monotonic() - started
+    result: dict[str, Any] = {}
+    for name in targets:
+        after = thread_cpu(pids[name])
+        dump = subprocess.run([spy, "dump", "--pid", str(pids[name]), "--nonblocking"], capture_output=True,
+                              text=True, timeout=60).stdout
+        (folder / f"{count}-{name.replace('/', '-')}.dump").write_text(dump)
+        names: dict[int, str] = {}
+        lines = dump.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("Thread "):
+                parts = line.split()
+                tid = int(parts[1], 16) if parts[1].startswith("0x") else int(parts[1])
+                top = lines[i + 1].strip() if i + 1 < len(lines) else ""
+                names[tid] = f"{' '.join(parts[2:])} {top}"[:120]
+        busy = sorted(((after[t] - before[name].get(t, 0.0), t) for t in after), reverse=True)[:8]
+        result[name] = {"spy": str(running[name][1]),
+                        "thread_cpu_pct": [(round(c / wall * 100, 2), t, names.get(t, "?")) for c, t in busy]}
+    return result
 
 
 class BusyProducer:
@@ -298,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
                 step["brokers"] = {name: proc_facts(b.proc.pid) for name, b in cluster.brokers()
                                    if b.proc.pid is not None}
                 if args.profile is not None:
-                    step["profiles"] = profile(cluster, args.profile, count, args.window)
+                    try:
+                        step["profiles"] = profile(cluster, args.profile, count, args.window)
+                    except (OSError, subprocess.SubprocessError, ValueError) as exc:  # numbers go on without it
+                        step["profiles"] = {"failed": repr(exc)}
                 # the busy producer runs only now: the idle window above is idle
                 busy = BusyProducer(cluster, args.rate)
                 busy.start()

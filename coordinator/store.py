@@ -117,15 +117,19 @@ class ZkStore(GroupRecords, SubscriptionRecords):
     def create_queue(
         self, queue: str, groups: list[str] | None = None, config: QueueConfig | None = None
     ) -> QueueState:
-        """Create a queue served by ``groups`` (default: every registered group) and admit
-        every eligible one, so it is writable at once when its groups are live."""
+        """Create a queue served by ``groups`` (default: every registered group, rotated by
+        the number of queues that exist: ``state.spread``, so queues' heads are spread over the
+        groups) and admit every eligible one, so it is writable at once when its groups are live."""
         check_name("queue", queue)
-        gids = list(groups) if groups is not None else self.list_groups()
+        with self._errors():
+            self._wait(self.client.ensure_path_async(self.paths.queues))
+            if groups is None:
+                stat = self._read(self.client.exists_async, self.paths.queues)
+                groups = list(sm.spread(self.list_groups(), stat.numChildren if stat is not None else 0))
+        gids = list(groups)
         if not gids:
             raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
         cfg = config or QueueConfig()
-        with self._errors():
-            self._wait(self.client.ensure_path_async(self.paths.queues))
         created = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
         for _ in range(50):
             # Admitted in the creating write (issue 29: one write, not a create and an apply):

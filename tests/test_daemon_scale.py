@@ -82,3 +82,56 @@ def test_a_group_losing_a_process_is_acted_on_for_its_queues_only(setup) -> None
     # only the queue that uses g3 was planned (again after its own write), not the 300 others
     assert daemon.stats.planned - planned <= 3
     assert daemon.stats.actions.get("fail_over", 0) >= 1
+
+
+def test_default_groups_spread_queue_heads_over_the_groups(setup) -> None:
+    """A queue created on every registered group (no groups named) gets them rotated by the
+    number of queues that exist, so consecutive queues head different groups (issue 29)."""
+    store, _ = setup
+    for i in range(6):
+        store.create_queue(f"spread-{i}")
+    orders = [store.load_state(f"spread-{i}")[0].groups for i in range(6)]
+    # 301 queues existed: k = 301..306; (g3's master may be gone: the head is then the next group)
+    assert sorted(o[0] for o in orders) == ["g1", "g1", "g2", "g2", "g3", "g3"]
+    assert sorted(o[:2] for o in orders) == sorted((a, b) for a in ("g1", "g2", "g3") for b in ("g1", "g2", "g3")
+                                                   if a != b)
+
+
+def test_written_queues_come_first_in_rounds_and_seals() -> None:
+    """After a head master dies, the failover and the seal of a queue a probe saw written come
+    before those of the idle queues it also headed (pure order; then the seal pool's order)."""
+    import threading
+    import time
+
+    from ordq.coordinator.daemon import SEAL_WORKERS, WRITTEN_S, is_written, urgent_first
+    from ordq.coordinator.duties import Action, Kind
+
+    now = 1000.0
+    written = {"q-busy": now - 1, "q-old": now - WRITTEN_S - 1}
+    assert is_written("q-busy", written, now) and not is_written("q-old", written, now)
+    assert not is_written("q-never", written, now)
+    assert urgent_first(["a", "q-busy", "q-old", "z"], written, now) == ["q-busy", "a", "q-old", "z"]
+    assert urgent_first(["b", "a"], {}, now) == ["b", "a"]  # nothing written: the order given
+
+    sealed: list[str] = []
+    release = threading.Event()
+
+    def sealer(queue: str, seg: int, **_known: object) -> None:
+        if queue.startswith("block"):
+            release.wait(DEADLINE_S)  # hold every seal worker while the rest queue up
+        sealed.append(queue)
+
+    daemon = CoordinatorDaemon(None, sealer=sealer, identifier="order")  # type: ignore[arg-type]
+    daemon._written = {"q-busy": time.monotonic()}
+    try:
+        for i in range(SEAL_WORKERS):
+            daemon._seal_later(f"block-{i}", Action(Kind.SEAL, gid="g1", seg=1))
+        wait_until(lambda: not daemon._seals, timeout_s=DEADLINE_S, what="the workers took the blockers")
+        for q in ("q-idle-1", "q-idle-2", "q-busy", "q-idle-3"):
+            daemon._seal_later(q, Action(Kind.SEAL, gid="g1", seg=1))
+        release.set()
+        wait_until(lambda: len(sealed) == SEAL_WORKERS + 4, timeout_s=DEADLINE_S, what="every seal ran")
+        rest = [q for q in sealed if not q.startswith("block")]
+        assert rest[0] == "q-busy" and rest[1:] == ["q-idle-1", "q-idle-2", "q-idle-3"]
+    finally:
+        daemon.stop()
