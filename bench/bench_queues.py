@@ -128,7 +128,9 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     pids = {name: p.pid for name, p in cluster.processes() if p.pid is not None}
     # The scrapes stay outside the CPU window: at 10,000 queues a coordinator's page holds
     # 50,000 per-queue series, and rendering it costs the coordinator about a second.
+    scrape_started = time.monotonic()
     lead0 = leader_metrics(cluster)
+    scrape_s = time.monotonic() - scrape_started  # both coordinators' pages (the standby's is short)
     s0 = time.monotonic()
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     t0 = time.monotonic()
@@ -137,7 +139,7 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     cpu = {name: round((cpu_seconds(pid) - before[name]) / wall * 100, 1) for name, pid in pids.items()}
     lead1 = leader_metrics(cluster)
     between = time.monotonic() - s0
-    out: dict[str, Any] = {"window_s": round(wall, 1), "cpu_pct": cpu}
+    out: dict[str, Any] = {"window_s": round(wall, 1), "cpu_pct": cpu, "scrape_s": round(scrape_s, 2)}
     if lead0 and lead1 and lead0[0] == lead1[0]:
         m0, m1 = lead0[1], lead1[1]
         rounds = m1.get("ordq_coordinator_rounds_total", 0) - m0.get("ordq_coordinator_rounds_total", 0)
@@ -220,6 +222,29 @@ class BusyProducer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+        # (start, end) of each failover call (the coordinator's FailOver and the new head's
+        # master looked up): the spans of one failover (bench-only: wraps the SDK's own step)
+        self.failover_calls: list[tuple[float, float]] = []
+        inner = self.producer._fail_over
+
+        def timed() -> tuple[str, int, str]:
+            started = time.monotonic()
+            try:
+                return inner()
+            finally:
+                with self.lock:
+                    self.failover_calls.append((started, time.monotonic()))
+
+        self.producer._fail_over = timed  # type: ignore[method-assign]
+
+    def spans(self, t_kill: float, t_ack: float | None) -> dict[str, float] | None:
+        """kill -> failover call -> its answer -> first ack on the new segment, in ms."""
+        with self.lock:
+            call = next(((a, b) for a, b in self.failover_calls if a >= t_kill), None)
+        if call is None or t_ack is None:
+            return None
+        return {"detect_ms": round((call[0] - t_kill) * 1000), "failover_call_ms": round((call[1] - call[0]) * 1000),
+                "to_ack_ms": round((t_ack - call[1]) * 1000)}
 
     def start(self) -> None:
         self.producer.start()
@@ -292,6 +317,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
         idle_moved = time.monotonic() - t_kill
     cluster.restart_broker(gid, "master")
     return {"group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
+            "spans": busy.spans(t_kill, acked_at),
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched)}
 
 

@@ -135,3 +135,43 @@ def test_written_queues_come_first_in_rounds_and_seals() -> None:
         assert rest[0] == "q-busy" and rest[1:] == ["q-idle-1", "q-idle-2", "q-idle-3"]
     finally:
         daemon.stop()
+
+
+def test_a_seal_on_the_daemon_s_copies_reads_nothing_first_and_survives_a_stale_copy(setup) -> None:
+    """The daemon's seal runs on the state it planned on and the members its view knows (no
+    reads first, issue 29); a copy that went stale meanwhile costs a retry, never a wrong write."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.seal import run_seal
+    from ordq.coordinator.state import SegStatus
+    from ordq.coordinator.store_values import LiveInfo
+    from ordq.wire.transport import ReplicaEnd
+
+    store, _ = setup
+    asked: list[str] = []
+
+    class Replicas:
+        def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd:
+            asked.append(address)
+            return ReplicaEnd(end=3, first_seq=0, last_seq=2, bytes=300)
+
+        def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
+            raise AssertionError("one replica answered: nothing to copy")
+
+    for queue, stale in (("seal-fresh", False), ("seal-stale", True)):
+        store.create_queue(queue, ["g1", "g2"])
+        st = store.load_state(queue)[0]
+        seg = st.open_segment.seg
+        failed = store.apply(queue, lambda s, f, seg=seg: sm.fail_over(s, "g1", seg, f))
+        known = store.load_state(queue)
+        assert known[0] == failed
+        if stale:  # another write lands after the daemon's copy was taken
+            store.update_queue_config(queue, retention_segments=3)  # not the state: same version
+            store.apply(queue, lambda s, _f: sm.bump_epoch(s))
+        members = {"slave": LiveInfo(address="known-slave:1", incarnation="t", pid=1)}
+        done = run_seal(store, Replicas(), queue, seg, known=known, members=members)
+        sealed = done.segment(seg)
+        assert sealed is not None and sealed.status is SegStatus.SEALED and sealed.end == 3
+        assert store.load_state(queue)[0] == done
+        if stale:
+            assert done.producer_epoch == known[0].producer_epoch + 1  # the later write kept
+    assert asked == ["known-slave:1", "known-slave:1"]  # the view's members, no liveness read
