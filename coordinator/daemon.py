@@ -253,6 +253,7 @@ class CoordinatorDaemon:
                 del self.stats.corrupt[gone]
             for gone in set(self.stats.queues) - set(view.entries):
                 del self.stats.queues[gone]
+                self.stats.queues_version += 1
         self.metrics.round_seconds.observe(time.monotonic() - started)
 
     def _guarded_round(self, queue: str) -> None:
@@ -400,7 +401,7 @@ class CoordinatorDaemon:
             open_seg = st.open_segment
             self.stats.failovers.append({"at_ms": int(time.time() * 1000), "queue": queue, "from": before[0],
                                          "to": st.head, "seg": open_seg.seg if open_seg else None})
-        self.stats.queues[queue] = {
+        seen = {
             "send": list(st.send),
             "segments": len(st.consume),
             "epoch": st.producer_epoch,
@@ -409,6 +410,10 @@ class CoordinatorDaemon:
             # unconsumed segments whose group has not both processes live: consumers may wait there
             "not_live": sum(1 for c in st.consume if c.gid not in facts.live_groups),
         }
+        if self.stats.queues.get(queue) != seen:
+            with self._lock:
+                self.stats.queues[queue] = seen
+                self.stats.queues_version += 1  # the per-queue series are rendered again
         limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
                         retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
                         segment_age_s=cfg.segment_age_s)
@@ -480,4 +485,4 @@ class CoordinatorDaemon:
         """Serve this daemon's metrics (``ordq.coordinator.metrics``) at ``listen`` (port 0 ok),
         and ``pages`` beside them (the status page, which ``ordq coordinator run`` builds above
         this package: it reads replicas through the SDK)."""
-        return metrics_serve(self.metrics.registry, listen, pages=pages)
+        return metrics_serve(self.metrics.registry, listen, pages={"/metrics": self.metrics.page, **(pages or {})})

@@ -175,3 +175,24 @@ def test_a_seal_on_the_daemon_s_copies_reads_nothing_first_and_survives_a_stale_
         if stale:
             assert done.producer_epoch == known[0].producer_epoch + 1  # the later write kept
     assert asked == ["known-slave:1", "known-slave:1"]  # the view's members, no liveness read
+
+
+def test_per_queue_series_are_rendered_again_only_when_a_queue_changed() -> None:
+    """At 10,000 queues the per-queue gauges are 50,000 series: the /metrics page renders them
+    once per change of the daemon's per-queue stats, not at every scrape (issue 29)."""
+    from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
+
+    stats = DaemonStats(is_leader=True)
+    stats.queues = {f"q{i}": {"send": ["g1", "g2"], "segments": 1, "epoch": 0, "sealing": 0, "not_live": 0}
+                    for i in range(3)}
+    metrics = CoordinatorMetrics(stats)
+    _, first = metrics.page()
+    assert b'ordq_queue_send_groups{queue="q1"} 2.0' in first
+    assert b"ordq_coordinator_leader 1.0" in first
+    assert metrics.per_queue_text() is metrics.per_queue_text()  # nothing changed: not rendered again
+    stats.queues["q1"] = {**stats.queues["q1"], "sealing": 1}
+    stats.queues_version += 1
+    _, second = metrics.page()
+    assert b'ordq_queue_sealing_segments{queue="q1"} 1.0' in second
+    stats.is_leader = False  # a standby's view is stale: no per-queue series
+    assert b'queue="q1"' not in metrics.page()[1]
