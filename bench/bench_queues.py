@@ -12,6 +12,9 @@ grown in steps to each count of idle queues (never written). At each step:
 - the CPU every process spent over ``--window`` seconds of idleness;
 - the elected coordinator's duty rounds in that window (``ordq_coordinator_rounds``) and, when it
   exports it, the mean time of one (``ordq_coordinator_round_seconds``);
+- with ``--profile DIR``: after the idle window, ``py-spy record --gil`` (the dev extra) samples the
+  elected coordinator and one broker for ``--window`` seconds more (collapsed stacks in DIR,
+  ``<count>-<process>.txt``; ``bench/spy_top.py`` sums them), outside the CPU window;
 - ``--kills`` times (after the idle window): one busy queue (a producer in this process, ``--rate`` msgs/s) has its head
   master killed (SIGKILL); failover = the kill → the first ack on a later segment; then the
   master is restarted. Also how long until every idle queue headed by that group has moved on
@@ -25,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -124,7 +128,9 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     pids = {name: p.pid for name, p in cluster.processes() if p.pid is not None}
     # The scrapes stay outside the CPU window: at 10,000 queues a coordinator's page holds
     # 50,000 per-queue series, and rendering it costs the coordinator about a second.
+    scrape_started = time.monotonic()
     lead0 = leader_metrics(cluster)
+    scrape_s = time.monotonic() - scrape_started  # both coordinators' pages (the standby's is short)
     s0 = time.monotonic()
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     t0 = time.monotonic()
@@ -133,7 +139,7 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     cpu = {name: round((cpu_seconds(pid) - before[name]) / wall * 100, 1) for name, pid in pids.items()}
     lead1 = leader_metrics(cluster)
     between = time.monotonic() - s0
-    out: dict[str, Any] = {"window_s": round(wall, 1), "cpu_pct": cpu}
+    out: dict[str, Any] = {"window_s": round(wall, 1), "cpu_pct": cpu, "scrape_s": round(scrape_s, 2)}
     if lead0 and lead1 and lead0[0] == lead1[0]:
         m0, m1 = lead0[1], lead1[1]
         rounds = m1.get("ordq_coordinator_rounds_total", 0) - m0.get("ordq_coordinator_rounds_total", 0)
@@ -150,6 +156,61 @@ def idle_window(cluster: LocalCluster, window_s: float) -> dict[str, Any]:
     return out
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of a live process, by its OS thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def profile(cluster: LocalCluster, folder: Path, count: int, window_s: float) -> dict[str, Any]:
+    """Over ``window_s`` at once, for the elected coordinator and g1's master: ``py-spy record
+    --gil`` (samples of whichever thread holds the GIL: where Python's CPU goes; collapsed
+    stacks in ``folder``, summed by ``bench/spy_top.py``) and each thread's CPU from /proc,
+    named by one ``py-spy dump`` (its OS thread id -> the Python thread's top frame)."""
+    lead = leader_metrics(cluster)
+    pids = dict((name, p.pid) for name, p in cluster.processes() if p.pid is not None)
+    targets = [n for n in ((lead[0] if lead else None), "g1/master") if n is not None and n in pids]
+    folder.mkdir(parents=True, exist_ok=True)
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    before = {name: thread_cpu(pids[name]) for name in targets}
+    started = time.monotonic()
+    for name in targets:
+        out = folder / f"{count}-{name.replace('/', '-')}.txt"
+        cmd = [spy, "record", "--pid", str(pids[name]), "--duration", str(int(window_s)), "--rate", "100",
+               "--format", "raw", "--gil", "--output", str(out), "--nonblocking"]
+        running[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out)
+    for proc, _ in running.values():
+        proc.wait(window_s + 60)
+    wall = time.monotonic() - started
+    result: dict[str, Any] = {}
+    for name in targets:
+        after = thread_cpu(pids[name])
+        dump = subprocess.run([spy, "dump", "--pid", str(pids[name]), "--nonblocking"], capture_output=True,
+                              text=True, timeout=60).stdout
+        (folder / f"{count}-{name.replace('/', '-')}.dump").write_text(dump)
+        names: dict[int, str] = {}
+        lines = dump.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("Thread "):
+                parts = line.split()
+                tid = int(parts[1], 16) if parts[1].startswith("0x") else int(parts[1])
+                top = lines[i + 1].strip() if i + 1 < len(lines) else ""
+                names[tid] = f"{' '.join(parts[2:])} {top}"[:120]
+        busy = sorted(((after[t] - before[name].get(t, 0.0), t) for t in after), reverse=True)[:8]
+        result[name] = {"spy": str(running[name][1]),
+                        "thread_cpu_pct": [(round(c / wall * 100, 2), t, names.get(t, "?")) for c, t in busy]}
+    return result
+
+
 class BusyProducer:
     """A producer in this process sending ``rate`` msgs/s to BUSY; records each ack's segment."""
 
@@ -161,6 +222,29 @@ class BusyProducer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+        # (start, end) of each failover call (the coordinator's FailOver and the new head's
+        # master looked up): the spans of one failover (bench-only: wraps the SDK's own step)
+        self.failover_calls: list[tuple[float, float]] = []
+        inner = self.producer._fail_over
+
+        def timed() -> tuple[str, int, str]:
+            started = time.monotonic()
+            try:
+                return inner()
+            finally:
+                with self.lock:
+                    self.failover_calls.append((started, time.monotonic()))
+
+        self.producer._fail_over = timed  # type: ignore[method-assign]
+
+    def spans(self, t_kill: float, t_ack: float | None) -> dict[str, float] | None:
+        """kill -> failover call -> its answer -> first ack on the new segment, in ms."""
+        with self.lock:
+            call = next(((a, b) for a, b in self.failover_calls if a >= t_kill), None)
+        if call is None or t_ack is None:
+            return None
+        return {"detect_ms": round((call[0] - t_kill) * 1000), "failover_call_ms": round((call[1] - call[0]) * 1000),
+                "to_ack_ms": round((t_ack - call[1]) * 1000)}
 
     def start(self) -> None:
         self.producer.start()
@@ -233,6 +317,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
         idle_moved = time.monotonic() - t_kill
     cluster.restart_broker(gid, "master")
     return {"group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
+            "spans": busy.spans(t_kill, acked_at),
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched)}
 
 
@@ -246,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=int, default=30, help="idle queues watched for the daemon's failover")
     ap.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait for the idle queues to move")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", type=Path, help="py-spy the leader coordinator and g1/master into this folder")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -273,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                 step["zk"] = zk_facts(cluster)
                 step["brokers"] = {name: proc_facts(b.proc.pid) for name, b in cluster.brokers()
                                    if b.proc.pid is not None}
+                if args.profile is not None:
+                    try:
+                        step["profiles"] = profile(cluster, args.profile, count, args.window)
+                    except (OSError, subprocess.SubprocessError, ValueError) as exc:  # numbers go on without it
+                        step["profiles"] = {"failed": repr(exc)}
                 # the busy producer runs only now: the idle window above is idle
                 busy = BusyProducer(cluster, args.rate)
                 busy.start()

@@ -20,6 +20,8 @@ after a reconnection; a new session is a new leadership term, which reads everyt
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -43,7 +45,7 @@ from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
 from ordq.coordinator.store import Known, ZkStore
-from ordq.coordinator.store_values import QueueConfig, roll_transition
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
 
 log = logging.getLogger("ordq.coordinator")
 # Transient ZooKeeper errors of the election itself: contend again (after this pause) rather
@@ -52,8 +54,9 @@ ELECTION_RETRY_S = 0.5
 _ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, OperationTimeoutError,
                        ConnectionClosedError)
 
-# Seal runner: (queue, seg) -> None; raises OrdqError when no replica answers.
-Sealer = Callable[[str, int], None]
+# Seal runner: (queue, seg, known=(state, version) | None, members={role: LiveInfo} | None)
+# -> None (``seal.run_seal``); raises OrdqError when no replica answers.
+Sealer = Callable[..., None]
 # What a head master says of every open segment it holds: its address -> {(queue, seg): size
 # and age}; raises OrdqError when it does not answer.
 Prober = Callable[[str], Mapping[tuple[str, int], OpenSegment]]
@@ -73,6 +76,25 @@ BUG_RETRY_S = 10.0
 ROUND_WORKERS = 4
 # Seals run at once, beside the rounds (``_seal_later``).
 SEAL_WORKERS = 2
+# A queue whose open segment a probe saw grow within this long is "written": after a head
+# master dies its failover and seal come before those of the idle queues it also headed
+# (``urgent_first``): a producer or consumer may wait on it; 10,000 idle ones wait on nobody.
+WRITTEN_S = 60.0
+
+
+def is_written(queue: str, written: Mapping[str, float], now: float) -> bool:
+    """Whether a probe saw ``queue``'s open segment grow within ``WRITTEN_S`` of ``now``
+    (``written``: queue -> when it last did)."""
+    at = written.get(queue)
+    return at is not None and now - at <= WRITTEN_S
+
+
+def urgent_first(queues: list[str], written: Mapping[str, float], now: float) -> list[str]:
+    """``queues`` with the written ones (``is_written``) first, each part in its given order."""
+    hot = [q for q in queues if is_written(q, written, now)]
+    if not hot:
+        return queues
+    return hot + [q for q in queues if not is_written(q, written, now)]
 
 
 class CoordinatorDaemon:
@@ -98,12 +120,16 @@ class CoordinatorDaemon:
         self.identifier = identifier
         self.view: DaemonView | None = None  # this leadership term's copies (made by the first round)
         self._open: dict[str, tuple[int, OpenSegment]] = {}  # queue -> (seg, what its master said)
+        self._written: dict[str, float] = {}  # queue -> when a probe last saw its open segment grow
         self._next_sweep = 0.0
         self._next_probe = 0.0
         self._lock = threading.Lock()  # the stats, when queues are planned in parallel
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._seal_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._sealing_now: set[tuple[str, int]] = set()
+        # seals waiting for a worker, written queues' first: (0 written / 1 idle, order, job)
+        self._seals: list[tuple[int, int, Callable[[], None]]] = []
+        self._seal_order = itertools.count()
         self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats)
@@ -170,6 +196,7 @@ class CoordinatorDaemon:
             self.view.close()
         self.view = DaemonView(self.store, self._wake.set)
         self._open = {}
+        self._written = {}
         self._next_sweep = time.monotonic() + self.sweep_interval_s
         self._next_probe = 0.0
         return self.view
@@ -211,6 +238,7 @@ class CoordinatorDaemon:
         finally:
             self.stats.zk_reads = view.reads
         if len(queues) > 1:
+            queues = urgent_first(queues, self._written, started)
             # Why a pool: after a head master dies every queue it headed fails over, each a
             # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
             list(self._pool().map(self._guarded_round, queues))
@@ -225,6 +253,7 @@ class CoordinatorDaemon:
                 del self.stats.corrupt[gone]
             for gone in set(self.stats.queues) - set(view.entries):
                 del self.stats.queues[gone]
+                self.stats.queues_version += 1
         self.metrics.round_seconds.observe(time.monotonic() - started)
 
     def _guarded_round(self, queue: str) -> None:
@@ -257,12 +286,13 @@ class CoordinatorDaemon:
         if retry_s is not None and self.view is not None:
             self.view.schedule(queue, time.monotonic() + retry_s)
 
-    def _seal_later(self, queue: str, action: Action) -> None:
+    def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, int] | None = None) -> None:
         """Run a seal on the sealing pool, the round going on meanwhile: a seal asks both
         replicas (a dead one may take an RPC timeout), and after a head master died there is
         one per queue it headed; a failover of another group must not wait behind them. One
         seal of a queue at a time; its state write (the watch) or a failure (a timer) brings the
-        queue back to a round."""
+        queue back to a round. ``known``: the (state, version) it was planned on; with the
+        segment group's members as this view knows them, the seal reads nothing first."""
         if self.sealer is None:
             return
         assert action.seg is not None
@@ -279,7 +309,8 @@ class CoordinatorDaemon:
 
         def run() -> None:
             try:
-                self._do(queue, action, QueueConfig())  # a seal reads no settings
+                members = view.members.get(action.gid or "", {}) if view is not None else None
+                self._do(queue, action, QueueConfig(), seal_known=(known, members))  # a seal reads no settings
                 with self._lock:
                     self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + 1
             except IllegalTransition:
@@ -295,11 +326,21 @@ class CoordinatorDaemon:
                 with self._lock:
                     self._sealing_now.discard(key)
 
+        urgent = is_written(queue, self._written, time.monotonic())
+        with self._lock:
+            heapq.heappush(self._seals, (0 if urgent else 1, next(self._seal_order), run))
         try:
-            executor.submit(run)
+            executor.submit(self._next_seal)  # one worker task per job; each runs the most urgent
         except RuntimeError:  # shut down: stopping
             with self._lock:
                 self._sealing_now.discard(key)
+
+    def _next_seal(self) -> None:
+        with self._lock:
+            if not self._seals:
+                return
+            _, _, job = heapq.heappop(self._seals)
+        job()
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
@@ -331,6 +372,15 @@ class CoordinatorDaemon:
             if open_seg is not None and open_seg.seg == seg and open_seg.gid in silent:
                 heard.setdefault(queue, (seg, info))
         changed = {q for q in set(heard) | set(self._open) if heard.get(q) != self._open.get(q)}
+        now = time.monotonic()
+        for q in changed:
+            seg_info = heard.get(q)
+            before = self._open.get(q)
+            if seg_info is not None and seg_info[1].bytes > (before[1].bytes if before and before[0] == seg_info[0]
+                                                              else 0):
+                self._written[q] = now
+        if len(self._written) > 2 * len(heard) + 1000:  # forget the long quiet ones (bounded memory)
+            self._written = {q: t for q, t in self._written.items() if now - t <= WRITTEN_S}
         self._open = heard
         view.mark(changed)
 
@@ -351,7 +401,7 @@ class CoordinatorDaemon:
             open_seg = st.open_segment
             self.stats.failovers.append({"at_ms": int(time.time() * 1000), "queue": queue, "from": before[0],
                                          "to": st.head, "seg": open_seg.seg if open_seg else None})
-        self.stats.queues[queue] = {
+        seen = {
             "send": list(st.send),
             "segments": len(st.consume),
             "epoch": st.producer_epoch,
@@ -360,6 +410,10 @@ class CoordinatorDaemon:
             # unconsumed segments whose group has not both processes live: consumers may wait there
             "not_live": sum(1 for c in st.consume if c.gid not in facts.live_groups),
         }
+        if self.stats.queues.get(queue) != seen:
+            with self._lock:
+                self.stats.queues[queue] = seen
+                self.stats.queues_version += 1  # the per-queue series are rendered again
         limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
                         retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
                         segment_age_s=cfg.segment_age_s)
@@ -378,7 +432,7 @@ class CoordinatorDaemon:
                                     group_versions=view.group_versions)
         for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
             if action.kind is Kind.SEAL:
-                self._seal_later(queue, action)
+                self._seal_later(queue, action, known=(st, entry.version))
                 continue
             try:
                 self._do(queue, action, cfg, known)
@@ -391,8 +445,10 @@ class CoordinatorDaemon:
             with self._lock:
                 self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
-    def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None) -> None:
-        """``known``: the copies the action was planned on, for transitions that read no cursors."""
+    def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None,
+            seal_known: tuple[tuple[sm.QueueState, int] | None, Mapping[str, LiveInfo] | None] = (None, None)) -> None:
+        """``known``: the copies the action was planned on, for transitions that read no cursors;
+        ``seal_known``: a seal's (state, version) and the segment group's members, the same."""
         log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)
         if action.kind is Kind.FAIL_OVER:
             assert action.gid is not None and action.seg is not None
@@ -417,7 +473,8 @@ class CoordinatorDaemon:
             assert action.seg is not None
             started, outcome = time.monotonic(), "failed"
             try:
-                self.sealer(queue, action.seg)
+                state_known, members = seal_known
+                self.sealer(queue, action.seg, known=state_known, members=members)
                 outcome = "sealed"
             finally:
                 self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
@@ -428,4 +485,4 @@ class CoordinatorDaemon:
         """Serve this daemon's metrics (``ordq.coordinator.metrics``) at ``listen`` (port 0 ok),
         and ``pages`` beside them (the status page, which ``ordq coordinator run`` builds above
         this package: it reads replicas through the SDK)."""
-        return metrics_serve(self.metrics.registry, listen, pages=pages)
+        return metrics_serve(self.metrics.registry, listen, pages={"/metrics": self.metrics.page, **(pages or {})})

@@ -36,7 +36,7 @@ from ordq.common.errors import CorruptState, OrdqError
 from ordq.coordinator.paths import ROLES
 from ordq.coordinator.state import Cursor, Facts, QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
-from ordq.coordinator.store_values import QueueConfig, json_value, parse_state
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, json_value, parse_state
 
 STATE, CONFIG, SUBS = "state", "config", "subs"
 
@@ -70,7 +70,8 @@ class DaemonView:
         self.live: frozenset[str] = frozenset()
         self.drained: frozenset[str] = frozenset()
         self.group_versions: dict[str, int] = {}
-        self.masters: dict[str, str] = {}  # gid -> its live master's address
+        self.masters: dict[str, str] = {}  # gid -> its live master's address (groups with both live)
+        self.members: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> liveness node, of every live process
         self.reads = 0  # ZooKeeper reads sent (statistics, tests)
         self.list_changes = 0  # times the queue list was read (queues created or deleted)
         self._root = store.paths.queues + "/"
@@ -202,6 +203,7 @@ class DaemonView:
             configs = {g: store.client.get_async(p.group(g), watch=self._on_groups) for g in gids}
             lives = {g: store.client.get_children_async(p.live(g), watch=self._on_groups) for g in gids}
             live, drained, versions = set(), set(), {}
+            roles_of: dict[str, set[str]] = {}
             for g in gids:
                 try:
                     data, stat = self._get(configs[g])
@@ -214,19 +216,26 @@ class DaemonView:
                     roles = set(self._get(lives[g]))
                 except NoNodeError:
                     roles = set()
+                roles_of[g] = roles & set(ROLES)
                 if set(ROLES) <= roles:
                     live.add(g)
-            masters: dict[str, str] = {}
-            for g in sorted(live):
+            # every live process's node (seals ask the replicas at these addresses)
+            nodes = {(g, role): store.client.get_async(p.live(g, role)) for g in gids
+                     for role in sorted(roles_of.get(g, set()))}
+            members: dict[str, dict[str, LiveInfo]] = {}
+            for (g, role), request in nodes.items():
                 try:
-                    data, _ = self._get(store.client.get_async(p.live(g, "master")))
-                    masters[g] = str(json_value(data)["address"])
+                    data, _ = self._get(request)
                 except NoNodeError:
                     continue  # gone meanwhile: its children watch fired, read again next round
+                d = json_value(data)
+                members.setdefault(g, {})[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"],
+                                                           pid=d["pid"])
+            masters = {g: members[g]["master"].address for g in sorted(live) if "master" in members.get(g, {})}
         changed = (set(live) ^ set(self.live)) | (drained ^ set(self.drained)) | {
             g for g in set(masters) | set(self.masters) if masters.get(g) != self.masters.get(g)}
-        self.live, self.drained, self.group_versions, self.masters = (
-            frozenset(live), frozenset(drained), versions, masters)
+        self.live, self.drained, self.group_versions, self.masters, self.members = (
+            frozenset(live), frozenset(drained), versions, masters, members)
         if changed:
             with self._lock:
                 self._dirty.update(q for q, e in self.entries.items()

@@ -22,6 +22,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.duties import OpenSegment
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import Known, ZkStore
+from ordq.coordinator.store_values import LiveInfo
 from ordq.wire.transport import ReplicaEnd, SealTransport
 
 
@@ -51,18 +52,29 @@ def decide(replies: Mapping[str, ReplicaEnd | None]) -> SealPlan:
     return plan
 
 
-def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> sm.QueueState:
+def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
+             known: tuple[sm.QueueState, int] | None = None,
+             members: Mapping[str, LiveInfo] | None = None) -> sm.QueueState:
     """Seal ``seg`` of ``queue`` if it is ``sealing`` and return the resulting state.
+
+    ``known``: (state, version) the caller already read, ``members``: the segment group's live
+    processes it knows (the coordinator daemon's watched copies), used instead of reading them
+    again (issue 29: after a head master's death one seal per queue it headed). A stale copy is
+    harmless: the write checks the version (a conflict re-reads), and a replica that does not
+    answer at a stale address counts as not answering.
 
     Raises BrokerUnavailable when no replica answers (consumers wait at that segment;
     producers are not blocked)."""
-    st, version = store.load_state(queue)
+    st, version = known if known is not None else store.load_state(queue)
     target = st.segment(seg)
     if target is None or target.status is SegStatus.SEALED:
-        return st
+        return st if known is None else run_seal(store, transport, queue, seg)  # a copy may be old: read
     if target.status is not SegStatus.SEALING:
+        if known is not None:
+            return run_seal(store, transport, queue, seg)
         raise IllegalTransition("seal", f"segment {seg} of {queue} is {target.status.value}")
-    members = store.live_members(target.gid)
+    if members is None:
+        members = store.live_members(target.gid)
     replies: dict[str, ReplicaEnd | None] = {}
     for role in ("master", "slave"):
         info = members.get(role)
@@ -74,11 +86,11 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
     # The seal reads no facts: the first attempt writes against the state read above (its
     # version checked), without reading liveness, drain marks and cursors again (issue 29: a
     # failover of 10,000 idle queues is as many seals).
-    known = Known(state=st, version=version, facts=sm.Facts(), group_versions={})
+    first = Known(state=st, version=version, facts=sm.Facts(), group_versions={})
     try:
         st = store.apply(queue, lambda s, _f: sm.seal(s, seg, plan.end, plan.first_seq, plan.last_seq,
                                                       at_ms=int(time.time() * 1000), size=plan.bytes),
-                         known=known)
+                         known=first)
     except IllegalTransition:
         st, _ = store.load_state(queue)  # sealed by someone else meanwhile: idempotent
         done = st.segment(seg)
@@ -99,8 +111,9 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int) -> 
     return st
 
 
-def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[[str, int], None] | None:
-    """A (queue, seg) -> None runner over the gRPC transport, or None if it is unavailable.
+def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[..., None] | None:
+    """A (queue, seg, known=, members=) -> None runner (``run_seal``) over the gRPC transport,
+    or None if it is unavailable.
     ``credentials``: what it presents to brokers (a coordinator's certificate); None: those
     registered for the cluster."""
     try:
@@ -111,8 +124,9 @@ def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Calla
 
     transport = GrpcSealTransport(credentials=credentials or of_store(store))
 
-    def sealer(queue: str, seg: int) -> None:
-        run_seal(store, transport, queue, seg)
+    def sealer(queue: str, seg: int, *, known: tuple[sm.QueueState, int] | None = None,
+               members: Mapping[str, LiveInfo] | None = None) -> None:
+        run_seal(store, transport, queue, seg, known=known, members=members)
 
     return sealer
 

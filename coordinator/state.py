@@ -306,6 +306,25 @@ def create(queue: str, groups: Iterable[str], incarnation: str = "") -> QueueSta
     return _checked(QueueState(queue=queue, groups=gs, incarnation=incarnation))
 
 
+def spread(groups: Iterable[str], k: int) -> tuple[str, ...]:
+    """The order of ``groups`` (deduplicated) that the ``k``-th queue created on "every
+    registered group" gets (the store passes how many queues exist): the head (``send[0]``:
+    where the first segment opens, and what fails over when its master dies) is group
+    ``k mod n``, and the groups after it are rotated by ``k div n``, so n consecutive queues
+    head each group once and n(n-1) consecutive ones also split each head's successor evenly
+    (issue 29: with 10,000 idle queues headed by one group, one master's death meant 10,000
+    failovers, seals and re-admissions at once; with one successor per head, a failover would
+    herd a dead head's queues onto one group). The first queue keeps the registered order."""
+    gs = tuple(dict.fromkeys(groups))
+    n = len(gs)
+    if n < 2:
+        return gs
+    h = k % n
+    rest = gs[h + 1:] + gs[:h]
+    r = (k // n) % (n - 1)
+    return (gs[h],) + rest[r:] + rest[:r]
+
+
 def add_group(state: QueueState, gid: str) -> QueueState:
     if gid in state.groups:
         raise IllegalTransition("add_group", f"group {gid} already serves queue {state.queue}")

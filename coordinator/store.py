@@ -33,6 +33,7 @@ from ordq.common.errors import (
     SubscriptionNotFound,
     WaitTimeout,
 )
+from ordq.coordinator import state as sm
 from ordq.coordinator.paths import Paths, check_name
 from ordq.coordinator.state import Cursor, Facts, QueueState
 from ordq.coordinator.store_base import OP_TIMEOUT_S, new_client, raise_first
@@ -117,15 +118,21 @@ class ZkStore(TopicRecords, SubscriptionRecords):
     def create_queue(
         self, queue: str, groups: list[str] | None = None, config: QueueConfig | None = None
     ) -> QueueState:
-        """Create a queue served by ``groups`` (default: every registered group) and admit
-        every eligible one, so it is writable at once when its groups are live. AlreadyExists
-        also when a topic has that name, or the name is one of a topic's partitions (``T.pN``)."""
+        """Create a queue served by ``groups`` (default: every registered group, rotated by
+        the number of queues that exist: ``state.spread``, so queues' heads are spread over the
+        groups) and admit every eligible one, so it is writable at once when its groups are live.
+        AlreadyExists also when a topic has that name, or the name is one of a topic's
+        partitions (``T.pN``)."""
         check_name("queue", queue)
-        gids = list(groups) if groups is not None else self.list_groups()
+        if groups is None:
+            with self._errors():
+                self._wait(self.client.ensure_path_async(self.paths.queues))
+                stat = self._read(self.client.exists_async, self.paths.queues)
+            groups = list(sm.spread(self.list_groups(), stat.numChildren if stat is not None else 0))
         for topic in (queue, topic_of(queue)):
             if topic is not None and self._exists(self.paths.topic(topic)):
                 raise AlreadyExists(f"queue {queue!r}: the name belongs to topic {topic!r}")
-        [initial] = self._create_queues([NewQueue(queue, tuple(gids), config or QueueConfig())])
+        [initial] = self._create_queues([NewQueue(queue, tuple(groups), config or QueueConfig())])
         return initial
 
     def list_queues(self) -> list[str]:

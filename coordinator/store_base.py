@@ -33,7 +33,7 @@ from ordq.coordinator.acl_client import AclClient
 from ordq.coordinator.paths import Paths, check_zk_hosts
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store_values import QueueConfig, json_value, parse_state
-from ordq.coordinator.zk_tls import TlsHandler
+from ordq.coordinator.zk_tls import PollHandler, TlsHandler
 
 # How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
 # by itself (to another node of an ensemble, or to the same one after a stall of this process
@@ -63,8 +63,9 @@ def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None)
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
     # TLS when the cluster at this address serves ZooKeeper over TLS (ordq/common/security.py)
     tls = zk_tls_options(hosts)
-    if tls:  # one SSL context per process, not one (with the system CA bundle) per attempt
-        tls["handler"] = TlsHandler()
+    # one SSL context per process, not one (with the system CA bundle) per attempt; poll(2)
+    # instead of a new epoll selector per request and answer (zk_tls.poll_select)
+    tls["handler"] = TlsHandler() if tls else PollHandler()
     return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth,
                      **tls)
 

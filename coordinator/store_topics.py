@@ -14,25 +14,17 @@ everywhere in the store. What may change is decided by ``topics.check_alter`` (p
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 
 import attrs
 from kazoo.exceptions import NoNodeError
 
 from ordq.common.errors import AlreadyExists, ConfigError, QueueNotFound, TopicNotFound
+from ordq.coordinator import state as sm
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store_create import NewNode, NewQueue, QueueCreation
 from ordq.coordinator.store_values import QueueConfig, json_bytes, json_value
 from ordq.coordinator.topics import MAX_TOPIC_NAME, PARTITION_SEPARATOR, TopicConfig, check_alter, partition_queue
-
-
-def spread(groups: Sequence[str], partition: int) -> tuple[str, ...]:
-    """Partition ``partition``'s group order: ``groups`` rotated by the partition number, so the
-    partitions' heads (the first eligible group) spread over the groups instead of all writing
-    to the first one."""
-    k = partition % len(groups) if groups else 0
-    return tuple(groups[k:]) + tuple(groups[:k])
 
 
 class TopicRecords(QueueCreation):
@@ -60,7 +52,7 @@ class TopicRecords(QueueCreation):
         with self._errors():
             self._wait(self.client.ensure_path_async(self.paths.topics))
         record = NewNode(self.paths.topic(topic), json_bytes(attrs.asdict(tc)), f"topic {topic!r}")
-        news = [NewQueue(partition_queue(topic, i), spread(gids, i), cfg) for i in range(tc.partitions)]
+        news = [NewQueue(partition_queue(topic, i), sm.spread(gids, i), cfg) for i in range(tc.partitions)]
         states = self._create_queues(news, [record])
         return {st.queue: st for st in states}
 
@@ -102,7 +94,7 @@ class TopicRecords(QueueCreation):
             st, _ = self.load_state(first)
         except QueueNotFound as exc:
             raise ConfigError(f"topic {topic!r} lacks its partition {first}: delete and create it again") from exc
-        news = [NewQueue(partition_queue(topic, i), spread(st.groups, i), cfg)
+        news = [NewQueue(partition_queue(topic, i), sm.spread(st.groups, i), cfg)
                 for i in range(old.partitions, new.partitions)]
         record = NewNode(self.paths.topic(topic), json_bytes(attrs.asdict(new)), f"topic {topic!r}", version)
         self._create_queues(news, [record])

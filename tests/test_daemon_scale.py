@@ -82,3 +82,117 @@ def test_a_group_losing_a_process_is_acted_on_for_its_queues_only(setup) -> None
     # only the queue that uses g3 was planned (again after its own write), not the 300 others
     assert daemon.stats.planned - planned <= 3
     assert daemon.stats.actions.get("fail_over", 0) >= 1
+
+
+def test_default_groups_spread_queue_heads_over_the_groups(setup) -> None:
+    """A queue created on every registered group (no groups named) gets them rotated by the
+    number of queues that exist, so consecutive queues head different groups (issue 29)."""
+    store, _ = setup
+    for i in range(6):
+        store.create_queue(f"spread-{i}")
+    orders = [store.load_state(f"spread-{i}")[0].groups for i in range(6)]
+    # 301 queues existed: k = 301..306; (g3's master may be gone: the head is then the next group)
+    assert sorted(o[0] for o in orders) == ["g1", "g1", "g2", "g2", "g3", "g3"]
+    assert sorted(o[:2] for o in orders) == sorted((a, b) for a in ("g1", "g2", "g3") for b in ("g1", "g2", "g3")
+                                                   if a != b)
+
+
+def test_written_queues_come_first_in_rounds_and_seals() -> None:
+    """After a head master dies, the failover and the seal of a queue a probe saw written come
+    before those of the idle queues it also headed (pure order; then the seal pool's order)."""
+    import threading
+    import time
+
+    from ordq.coordinator.daemon import SEAL_WORKERS, WRITTEN_S, is_written, urgent_first
+    from ordq.coordinator.duties import Action, Kind
+
+    now = 1000.0
+    written = {"q-busy": now - 1, "q-old": now - WRITTEN_S - 1}
+    assert is_written("q-busy", written, now) and not is_written("q-old", written, now)
+    assert not is_written("q-never", written, now)
+    assert urgent_first(["a", "q-busy", "q-old", "z"], written, now) == ["q-busy", "a", "q-old", "z"]
+    assert urgent_first(["b", "a"], {}, now) == ["b", "a"]  # nothing written: the order given
+
+    sealed: list[str] = []
+    release = threading.Event()
+
+    def sealer(queue: str, seg: int, **_known: object) -> None:
+        if queue.startswith("block"):
+            release.wait(DEADLINE_S)  # hold every seal worker while the rest queue up
+        sealed.append(queue)
+
+    daemon = CoordinatorDaemon(None, sealer=sealer, identifier="order")  # type: ignore[arg-type]
+    daemon._written = {"q-busy": time.monotonic()}
+    try:
+        for i in range(SEAL_WORKERS):
+            daemon._seal_later(f"block-{i}", Action(Kind.SEAL, gid="g1", seg=1))
+        wait_until(lambda: not daemon._seals, timeout_s=DEADLINE_S, what="the workers took the blockers")
+        for q in ("q-idle-1", "q-idle-2", "q-busy", "q-idle-3"):
+            daemon._seal_later(q, Action(Kind.SEAL, gid="g1", seg=1))
+        release.set()
+        wait_until(lambda: len(sealed) == SEAL_WORKERS + 4, timeout_s=DEADLINE_S, what="every seal ran")
+        rest = [q for q in sealed if not q.startswith("block")]
+        assert rest[0] == "q-busy" and rest[1:] == ["q-idle-1", "q-idle-2", "q-idle-3"]
+    finally:
+        daemon.stop()
+
+
+def test_a_seal_on_the_daemon_s_copies_reads_nothing_first_and_survives_a_stale_copy(setup) -> None:
+    """The daemon's seal runs on the state it planned on and the members its view knows (no
+    reads first, issue 29); a copy that went stale meanwhile costs a retry, never a wrong write."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.seal import run_seal
+    from ordq.coordinator.state import SegStatus
+    from ordq.coordinator.store_values import LiveInfo
+    from ordq.wire.transport import ReplicaEnd
+
+    store, _ = setup
+    asked: list[str] = []
+
+    class Replicas:
+        def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd:
+            asked.append(address)
+            return ReplicaEnd(end=3, first_seq=0, last_seq=2, bytes=300)
+
+        def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
+            raise AssertionError("one replica answered: nothing to copy")
+
+    for queue, stale in (("seal-fresh", False), ("seal-stale", True)):
+        store.create_queue(queue, ["g1", "g2"])
+        st = store.load_state(queue)[0]
+        seg = st.open_segment.seg
+        failed = store.apply(queue, lambda s, f, seg=seg: sm.fail_over(s, "g1", seg, f))
+        known = store.load_state(queue)
+        assert known[0] == failed
+        if stale:  # another write lands after the daemon's copy was taken
+            store.update_queue_config(queue, retention_segments=3)  # not the state: same version
+            store.apply(queue, lambda s, _f: sm.bump_epoch(s))
+        members = {"slave": LiveInfo(address="known-slave:1", incarnation="t", pid=1)}
+        done = run_seal(store, Replicas(), queue, seg, known=known, members=members)
+        sealed = done.segment(seg)
+        assert sealed is not None and sealed.status is SegStatus.SEALED and sealed.end == 3
+        assert store.load_state(queue)[0] == done
+        if stale:
+            assert done.producer_epoch == known[0].producer_epoch + 1  # the later write kept
+    assert asked == ["known-slave:1", "known-slave:1"]  # the view's members, no liveness read
+
+
+def test_per_queue_series_are_rendered_again_only_when_a_queue_changed() -> None:
+    """At 10,000 queues the per-queue gauges are 50,000 series: the /metrics page renders them
+    once per change of the daemon's per-queue stats, not at every scrape (issue 29)."""
+    from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
+
+    stats = DaemonStats(is_leader=True)
+    stats.queues = {f"q{i}": {"send": ["g1", "g2"], "segments": 1, "epoch": 0, "sealing": 0, "not_live": 0}
+                    for i in range(3)}
+    metrics = CoordinatorMetrics(stats)
+    _, first = metrics.page()
+    assert b'ordq_queue_send_groups{queue="q1"} 2.0' in first
+    assert b"ordq_coordinator_leader 1.0" in first
+    assert metrics.per_queue_text() is metrics.per_queue_text()  # nothing changed: not rendered again
+    stats.queues["q1"] = {**stats.queues["q1"], "sealing": 1}
+    stats.queues_version += 1
+    _, second = metrics.page()
+    assert b'ordq_queue_sealing_segments{queue="q1"} 1.0' in second
+    stats.is_leader = False  # a standby's view is stale: no per-queue series
+    assert b'queue="q1"' not in metrics.page()[1]

@@ -588,3 +588,20 @@ def test_a_valid_state_parses() -> None:
 
     s = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, 5, 0, 4)
     assert parse_state("q", json.dumps(s.to_dict()).encode()) == s
+
+
+@given(groups=st.lists(st.sampled_from(("g1", "g2", "g3", "g4", "g5")), max_size=8), k=st.integers(0, 10**6))
+def test_spread_heads_each_group_equally_and_splits_each_heads_successor(groups: list[str], k: int) -> None:
+    """Queues created on every group get an order by how many queues exist: a permutation of
+    the groups; n consecutive queues head each of n groups once, and n(n-1) consecutive ones
+    give each head every other group as successor once (a dead head's queues do not herd)."""
+    distinct = tuple(dict.fromkeys(groups))
+    n = len(distinct)
+    order = sm.spread(groups, k)
+    assert sorted(order) == sorted(distinct)
+    assert sm.spread(groups, 0) == distinct  # the first queue keeps the registered order
+    if n >= 2:
+        heads = [sm.spread(groups, k + i)[0] for i in range(n)]
+        assert sorted(heads) == sorted(distinct)
+        pairs = [sm.spread(groups, k + i)[:2] for i in range(n * (n - 1))]
+        assert sorted(pairs) == sorted((a, b) for a in distinct for b in distinct if a != b)

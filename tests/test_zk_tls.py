@@ -108,3 +108,35 @@ def test_a_local_cluster_with_zookeeper_over_tls_serves(tmp_path: Path, capsys: 
         assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
     finally:
         cluster.destroy()
+
+
+def test_poll_select_answers_as_select_does() -> None:
+    """kazoo's handler ``select`` over poll(2) (issue 29: kazoo's own built a new epoll selector
+    per request and answer): ready lists as ``select.select`` gives them, and a timeout."""
+    import select
+    import socket
+    import time
+
+    from ordq.coordinator.zk_tls import PollHandler, poll_select
+
+    a, b = socket.socketpair()
+    try:
+        def both(r: list, w: list, timeout: float) -> tuple:  # type: ignore[type-arg]
+            return poll_select(r, w, [], timeout), select.select(r, w, [], timeout)
+
+        got, want = both([a, b], [a], 0)  # nothing to read; room to write
+        assert got == want == ([], [a], [])
+        b.send(b"x")
+        got, want = both([a, b], [], 0)
+        assert got == want == ([a], [], [])
+        a.recv(1)
+        started = time.monotonic()
+        assert poll_select([a], [], [], 0.05) == ([], [], [])  # waited, nothing came
+        assert time.monotonic() - started >= 0.04
+        b.close()  # end of file: readable, as select says
+        got, want = both([a], [], 0)
+        assert got == want == ([a], [], [])
+        assert PollHandler().select([a.fileno()], [], [], 0) == ([a.fileno()], [], [])  # descriptors too
+    finally:
+        a.close()
+        b.close()
