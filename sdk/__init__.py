@@ -18,6 +18,7 @@ from ordq.sdk._producer_types import ProducerConfig, StoredMessage
 from ordq.sdk.aio import AsyncConsumer, AsyncProducer
 from ordq.sdk.consumer import Consumer
 from ordq.sdk.failure import FailurePolicy
+from ordq.sdk.group import GroupConfig, GroupMember
 from ordq.sdk.parking import BlockedMessage
 from ordq.sdk.producer import Producer
 
@@ -31,6 +32,8 @@ __all__ = [
     "ConsumerConfig",
     "Delivered",
     "FailurePolicy",
+    "GroupConfig",
+    "GroupMember",
     "Producer",
     "ProducerConfig",
     "SendFuture",
