@@ -7,25 +7,24 @@ reads subscription cursors (``pop``) also checks their versions in the same tran
 
 Rules: this module and its parts (``store_base``: the client, bounded requests and the one
 translation of kazoo's exceptions to ``ordq.common.errors``; ``store_groups``; ``store_cursors``;
-``store_subs``; the values in ``store_values``) are the only place that talks kazoo for ordq
-state. No policy lives here: decisions are in ``ordq.coordinator.state``.
+``store_subs``; ``store_create``; ``store_topics``; the values in ``store_values``) are the only
+place that talks kazoo for ordq state. No policy lives here: decisions are in
+``ordq.coordinator.state``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ordq.common.errors import (
     AlreadyExists,
-    ConfigError,
     ConflictError,
     CoordinationUnavailable,
     GroupNotFound,
@@ -34,14 +33,14 @@ from ordq.common.errors import (
     SubscriptionNotFound,
     WaitTimeout,
 )
-from ordq.coordinator import state as sm
-from ordq.coordinator.acl import QUEUE_PARENTS
 from ordq.coordinator.paths import Paths, check_name
 from ordq.coordinator.state import Cursor, Facts, QueueState
 from ordq.coordinator.store_base import OP_TIMEOUT_S, new_client, raise_first
-from ordq.coordinator.store_groups import GroupRecords
+from ordq.coordinator.store_create import NewQueue
 from ordq.coordinator.store_subs import SubscriptionRecords
+from ordq.coordinator.store_topics import TopicRecords
 from ordq.coordinator.store_values import QueueConfig, Transition, json_bytes, json_value, parse_state
+from ordq.coordinator.topics import topic_of
 from ordq.coordinator.zk_tls import CONNECT_TIMEOUT_S
 
 
@@ -56,10 +55,11 @@ class Known:
     group_versions: Mapping[str, int]
 
 
-class ZkStore(GroupRecords, SubscriptionRecords):
+class ZkStore(TopicRecords, SubscriptionRecords):
     """ordq's view of one cluster in ZooKeeper (under ``paths.root``): queues and their state
-    here; groups (``store_groups``), cursors (``store_cursors``) and what else a subscription
-    keeps (``store_subs``) in its parts, over the requests of ``store_base.ZkBase``."""
+    here; groups (``store_groups``), the creation of queues (``store_create``), keyed topics
+    (``store_topics``), cursors (``store_cursors``) and what else a subscription keeps
+    (``store_subs``) in its parts, over the requests of ``store_base.ZkBase``."""
 
     @classmethod
     def connect(
@@ -118,43 +118,15 @@ class ZkStore(GroupRecords, SubscriptionRecords):
         self, queue: str, groups: list[str] | None = None, config: QueueConfig | None = None
     ) -> QueueState:
         """Create a queue served by ``groups`` (default: every registered group) and admit
-        every eligible one, so it is writable at once when its groups are live."""
+        every eligible one, so it is writable at once when its groups are live. AlreadyExists
+        also when a topic has that name, or the name is one of a topic's partitions (``T.pN``)."""
         check_name("queue", queue)
         gids = list(groups) if groups is not None else self.list_groups()
-        if not gids:
-            raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
-        cfg = config or QueueConfig()
-        with self._errors():
-            self._wait(self.client.ensure_path_async(self.paths.queues))
-        created = sm.create(queue, gids, incarnation=uuid.uuid4().hex[:12])
-        for _ in range(50):
-            # Admitted in the creating write (issue 29: one write, not a create and an apply):
-            # the drain marks it read are checked in the same transaction, as ``apply`` does.
-            drained, group_versions = self._drained_with_versions(gids)
-            for gid in gids:
-                if gid not in group_versions:
-                    raise GroupNotFound(gid)
-            initial = sm.admit_all(created, Facts(live_groups=self.live_groups(gids), drained=drained))
-            with self._errors():
-                tx = self.client.transaction()
-                for gid, version in group_versions.items():
-                    tx.check(self.paths.group(gid), version)
-                tx.create(self.paths.queue(queue), json_bytes(attrs.asdict(cfg)),
-                          acl=self._acl_of(self.paths.queue(queue)))
-                tx.create(self.paths.state(queue), json_bytes(initial.to_dict()),
-                          acl=self._acl_of(self.paths.state(queue)))
-                tx.create(self.paths.subs(queue), b"", acl=self._acl_of(self.paths.subs(queue)))
-                for name in QUEUE_PARENTS:  # the producer election's parent: clients may not create it
-                    path = f"{self.paths.queue(queue)}/{name}"
-                    tx.create(path, b"", acl=self._acl_of(path))
-                results = self._wait(tx.commit_async())
-            if any(isinstance(r, NodeExistsError) for r in results):
-                raise AlreadyExists(f"queue {queue!r} already exists")
-            if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
-                continue  # a drain mark changed (or a group went) meanwhile: read again
-            raise_first(results)
-            return initial
-        raise ConflictError(f"queue {queue!r}: gave up creating it after 50 conflicting writes")
+        for topic in (queue, topic_of(queue)):
+            if topic is not None and self._exists(self.paths.topic(topic)):
+                raise AlreadyExists(f"queue {queue!r}: the name belongs to topic {topic!r}")
+        [initial] = self._create_queues([NewQueue(queue, tuple(gids), config or QueueConfig())])
+        return initial
 
     def list_queues(self) -> list[str]:
         with self._errors():
@@ -185,7 +157,12 @@ class ZkStore(GroupRecords, SubscriptionRecords):
         return cfg
 
     def delete_queue(self, queue: str) -> None:
-        self.queue_config(queue)  # QueueNotFound: kazoo's recursive delete ignores a missing node
+        """Delete a queue's records (its brokers then drop its data). Refused for a partition of
+        a topic: that is deleted with its topic (``delete_topic``)."""
+        cfg = self.queue_config(queue)  # QueueNotFound: kazoo's recursive delete ignores a missing node
+        if cfg.topic is not None:
+            raise OrdqError(f"queue {queue!r} is a partition of topic {cfg.topic!r}: delete the whole topic with: "
+                            f"ordq topic delete {cfg.topic}")
         with self._errors():
             try:
                 self._delete_tree(self.paths.queue(queue))

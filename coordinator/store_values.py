@@ -49,6 +49,9 @@ class QueueConfig:
     # Where a roll opens the next segment: "same" (the head keeps taking writes) or "next"
     # (writes move to the next group of the send list; the old head rejoins once drained).
     roll_to: str = "same"
+    # The topic this queue is a partition of (coordinator/topics.py), None for a plain queue: a
+    # partition is created and deleted with its topic only (``ordq queue delete`` refuses it).
+    topic: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.max_message_bytes <= 64 << 20:

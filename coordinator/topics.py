@@ -52,3 +52,42 @@ def partition_queues(topic: str, config: TopicConfig) -> list[str]:
 def partition_of(key: bytes, partitions: int) -> int:
     """The partition of ``key`` among ``partitions`` (see the module's docstring)."""
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % partitions
+
+
+# What a re-key (``ordq topic alter T --partitions M --rekey``) leaves of the order guarantee.
+REKEY_NOTE = (
+    "keys now route among the new partition count: a key whose partition changed has its earlier messages in "
+    "its old partition and its later ones in the new one, so its order holds among the messages sent before "
+    "the re-key and among those sent after, but not across it unless consumers finish the old partition's "
+    "backlog first; producers that still route with the old count must be restarted (a TopicProducer stops "
+    "sending when it sees the change)"
+)
+
+
+def check_alter(topic: str, old: TopicConfig, partitions: int, *, rekey: bool) -> TopicConfig:
+    """The topic's config after changing its partition count to ``partitions``, or ConfigError
+    saying why not: a change moves keys between partitions, which breaks their order, so it is
+    refused unless the caller asks for a re-key; and even then the count only grows (shrinking
+    would drop partitions that hold messages)."""
+    new = TopicConfig(partitions=partitions, hash=old.hash)
+    if new.partitions == old.partitions:
+        raise ConfigError(f"topic {topic!r} has {old.partitions} partitions already")
+    if not rekey:
+        raise ConfigError(
+            f"changing topic {topic!r} from {old.partitions} to {new.partitions} partitions moves keys to other "
+            "partitions, which breaks their order (a key's earlier and later messages would sit in two "
+            "partitions, read in no set order); refused. To do it anyway, add --rekey (growing only)")
+    if new.partitions < old.partitions:
+        raise ConfigError(
+            f"topic {topic!r}: shrinking from {old.partitions} to {new.partitions} partitions would drop "
+            f"partitions {partition_queue(topic, new.partitions)}..{partition_queue(topic, old.partitions - 1)}"
+            " and the messages they hold; a re-key may only grow a topic")
+    return new
+
+
+def topic_of(queue: str) -> str | None:
+    """The topic whose partition ``queue`` would be by its name (``T.p3`` -> ``T``), else None."""
+    base, sep, number = queue.rpartition(PARTITION_SEPARATOR)
+    if not sep or not base or not number.isdigit() or str(int(number)) != number:
+        return None
+    return base

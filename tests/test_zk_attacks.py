@@ -113,3 +113,27 @@ def test_an_alarm_goes_with_the_session_that_raised_it(zk_server, zk_root, prote
         found = protected.blocked_alarm("q2", "s")
         assert found is not None and found[0] == {"seq": 9} and found[1] > 0
     assert protected.blocked("q2", "s") is None  # its session closed: the ephemeral node went
+
+
+@pytest.mark.zk
+def test_the_client_credential_creates_changes_and_deletes_no_topic(zk_server, zk_root, protected: ZkStore) -> None:
+    """A topic's record (``<root>/topics/<T>``) is the admin's: a client may read it (a
+    TopicProducer routes by it), never write it (a changed partition count breaks key order)."""
+    protected.create_topic("t", 2, ["g1"])
+    before = snapshot(protected)
+    p = Paths(zk_root)
+    with raw(zk_server.connection_string, CLIENT) as rogue:
+        assert rogue.get(p.topic("t"))[0]  # readable
+        for write in (lambda: rogue.set(p.topic("t"), b'{"hash":"blake2b-64-mod","partitions":4}'),
+                      lambda: rogue.delete(p.topic("t")),
+                      lambda: rogue.create(p.topic("t2"), b'{"hash":"blake2b-64-mod","partitions":1}'),
+                      lambda: rogue.create(f"{p.topic('t')}/x", b"")):
+            with pytest.raises(NoAuthError):
+                write()
+    with ZkStore.connect(zk_server.connection_string, zk_root, auth=CLIENT) as client:
+        assert client.read_topic("t").partitions == 2
+        for action in (lambda: client.create_topic("t3", 1, ["g1"]), lambda: client.alter_topic("t", 3, rekey=True),
+                       lambda: client.delete_topic("t")):
+            with pytest.raises(ZkAccessDenied):
+                action()
+    assert snapshot(protected) == before

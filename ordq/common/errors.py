@@ -11,7 +11,8 @@ translated once, where they enter, with ``raise ... from exc``.
     │   ├── QueueNotFound
     │   ├── GroupNotFound
     │   ├── SegmentNotFound
-    │   └── SubscriptionNotFound
+    │   ├── SubscriptionNotFound
+    │   └── TopicNotFound
     ├── AlreadyExists
     ├── IllegalTransition                 a state-machine transition whose precondition fails
     ├── InvariantViolation                a transition produced a state breaking I1–I5 (a bug)
@@ -97,6 +98,12 @@ class SubscriptionNotFound(NotFound):
         super().__init__(f"queue {queue!r} has no subscription {sub!r}")
         self.queue = queue
         self.sub = sub
+
+
+class TopicNotFound(NotFound):
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"unknown topic {topic!r} (create it with: ordq topic create {topic} --partitions N)")
+        self.topic = topic
 
 
 class AlreadyExists(OrdqError):
