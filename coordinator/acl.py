@@ -26,7 +26,8 @@ coordinator/service.py, which acts with the admin identity):
   The client's CREATE and DELETE there let it add or remove *any* member node of a group (as any
   contender of an election): a forged or removed member only makes the members rebalance; it
   cannot make two of them deliver one partition, which the partition's election and the
-  consumer's lease forbid. It cannot move a cursor, write a topic record or a queue list.
+  consumer's lease forbid (a persistent forged member would hold the partitions assigned to it
+  idle, as a persistent node planted in an election holds it: the same trust as today's). It cannot move a cursor, write a topic record or a queue list.
 - never a client: a queue's ``state``, cursors (``subs/<sub>``), the ``subs`` and ``queues``
   lists (no queue or subscription is created or deleted by a client), queue configuration,
   a subscription's failure ``policy`` and the operators' ``parked-changed`` signal, groups and

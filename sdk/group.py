@@ -62,7 +62,7 @@ from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.group_assign import assign_partitions
 from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
 from ordq.coordinator.store import ZkStore
-from ordq.coordinator.topics import HASH_NAME, TopicConfig, partition_queue
+from ordq.coordinator.topics import partition_queue
 from ordq.sdk._consumer_core import CommitConfig
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._zk_start import connect
@@ -120,16 +120,6 @@ class GroupConfig:
 
 def member_consumer_id(member_id: str, partition: int) -> str:
     return f"{member_id}-p{partition}"
-
-
-def read_topic(store: ZkStore, topic: str) -> TopicConfig:
-    """The topic's record (``<root>/topics/<topic>``); NotFound when there is none."""
-    try:
-        data, _ = store.client.get(store.paths.topic(topic))
-    except NoNodeError:
-        raise NotFound(f"unknown topic {topic!r} (create it with: ordq topic create {topic} --partitions N)") from None
-    d = json.loads(data or b"{}")
-    return TopicConfig(partitions=int(d["partitions"]), hash=str(d.get("hash", HASH_NAME)))
 
 
 def group_members(store: ZkStore, topic: str, group: str) -> dict[str, dict[str, Any]]:
@@ -246,7 +236,7 @@ class GroupMember:
 
     def start(self) -> None:
         """Connect, read the topic, make sure every partition has the group's subscription (the
-        coordinator creates what is missing) and join the group. NotFound: no such topic."""
+        coordinator creates what is missing) and join the group. TopicNotFound: no such topic."""
         cfg = self.config
         creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
         self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,
@@ -254,7 +244,7 @@ class GroupMember:
                                    who=f"group member {cfg.topic}/{cfg.group}", stopped=lambda: self._closed)
         try:
             self._store = store = ZkStore(self._client, Paths(cfg.root))
-            self._partitions = zk(lambda: read_topic(store, cfg.topic), "read the topic").partitions
+            self._partitions = zk(lambda: store.read_topic(cfg.topic), "read the topic").partitions
             coord = CoordinatorClient(store, credentials=creds)
             try:
                 for p in range(self._partitions):
@@ -419,4 +409,4 @@ class GroupMember:
 
 
 __all__ = ["GroupConfig", "GroupMember", "GroupStats", "assign_partitions", "group_members", "member_consumer_id",
-           "read_topic"]
+]

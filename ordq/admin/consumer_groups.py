@@ -11,7 +11,7 @@ from ordq.common.errors import QueueNotFound
 from ordq.coordinator.group_assign import owner_of
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.topics import partition_queue
-from ordq.sdk.group import group_members, read_topic
+from ordq.sdk.group import group_members
 from ordq.sdk.replicas import ReplicaReader, describe_queue
 
 
@@ -27,8 +27,8 @@ def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, g
     """``{"topic", "group", "partitions", "members": {id: {...}}, "rows": [per partition]}``;
     each row: partition, queue, owner (the member delivering it now, None: nobody),
     assigned (the member it should go to), cursor position, lag (None: unknown) and
-    standbys (members waiting in its election). TopicNotFound / NotFound for the topic."""
-    tc = read_topic(store, topic)
+    standbys (members waiting in its election). TopicNotFound."""
+    tc = store.read_topic(topic)
     members = group_members(store, topic, group)
     assigned = owner_of(members, tc.partitions)
     rows: list[dict[str, Any]] = []

@@ -65,11 +65,10 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     per message (partitions in parallel, each in order) until Ctrl-C/SIGTERM or ``--idle-exit``;
     on the way out every partition commits what was printed and is released."""
     from ordq.sdk import GroupConfig, GroupMember
-    from ordq.sdk.group import read_topic
 
     check_member_args(args)
     with open_store(args) as store:
-        partitions = read_topic(store, args.topic).partitions
+        partitions = store.read_topic(args.topic).partitions
         for p in (0, partitions - 1):
             check_token(store, f"{args.topic}.p{p}", "consume")
     cfg = GroupConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, group=args.group, start=args.start,
