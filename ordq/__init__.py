@@ -36,6 +36,8 @@ if TYPE_CHECKING:
         SendFuture,
         SendResult,
         StoredMessage,
+        TopicProducer,
+        TopicProducerConfig,
     )
 
 __all__ = [
@@ -55,6 +57,8 @@ __all__ = [
     "SendFuture",
     "SendResult",
     "StoredMessage",
+    "TopicProducer",
+    "TopicProducerConfig",
     "__version__",
 ]
 

@@ -25,8 +25,8 @@ from ordq.common.errors import ConfigError, OrdqError
 
 # Order is the order shown in --help.
 COMMAND_MODULES = (
-    "cluster", "zk", "cert", "auth", "group", "queue", "sub", "peek", "top", "broker", "coordinator", "clients",
-    "verify", "drill", "demo", "outbox", "cdc", "lab",
+    "cluster", "zk", "cert", "auth", "group", "queue", "topic", "sub", "peek", "top", "broker", "coordinator",
+    "clients", "verify", "drill", "demo", "outbox", "cdc", "lab",
 )
 
 DEFAULT_ZK = "127.0.0.1:2181"

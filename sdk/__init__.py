@@ -8,6 +8,9 @@
     with Consumer(ConsumerConfig(zk_hosts=..., queue="orders", subscription="billing")) as c:
         for m in c:                           # in seq order, each seq once
             handle(m.seq, m.payload)
+
+    with TopicProducer(TopicProducerConfig(zk_hosts=..., topic="payments")) as p:
+        p.send(b"paid", key="customer-42")    # same key, same partition: in order
 """
 
 from ordq.sdk._consumer_core import CommitConfig
@@ -21,6 +24,7 @@ from ordq.sdk.failure import FailurePolicy
 from ordq.sdk.group import GroupConfig, GroupMember
 from ordq.sdk.parking import BlockedMessage
 from ordq.sdk.producer import Producer
+from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
 
 __all__ = [
     "AsyncConsumer",
@@ -39,4 +43,6 @@ __all__ = [
     "SendFuture",
     "SendResult",
     "StoredMessage",
+    "TopicProducer",
+    "TopicProducerConfig",
 ]

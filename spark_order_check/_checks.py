@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ordq.spark_order_check._files import ROW_BITS
-from ordq.spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, TORN
+from ordq.spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, TORN, topic_column
 from ordq.spark_order_check.report import HIST_BINS_PER_DECADE, NONPOSITIVE_BIN
 
 EXAMPLES = 20
@@ -178,6 +178,24 @@ def key_findings(deliveries: DataFrame) -> DataFrame:
         when_finding(~dup & (pos < ppos), "key_order", **common, seq=pseq, seq2=seq, n=1, pos=ppos, pos2=pos),
         when_finding(flag != 0, "_kbnd", **common, seq=seq, pos=F.col("fpos"), b=F.col("b"), flag=flag),
     ])
+
+
+def key_partition_findings(e: DataFrame, topics: Sequence[str]) -> DataFrame:
+    """key_partitions: a key of a topic acked or delivered in two of its partitions (its
+    messages then have no one order). One finding per (topic, key): ``q`` and ``c2`` the lowest
+    and highest partition it is in, ``seq``/``pos`` and ``seq2``/``pos2`` a row of each, ``text``
+    the topic. Rows of keyless messages (key "") are not a key's.
+
+    Cost: one aggregation of the topics' rows by (topic, key), with no string buffer but the
+    partition names of the (few) rows kept per key."""
+    topic = topic_column(F.col("q"))
+    rows = e.filter((F.col("kind") <= DELIVERY) & F.col("key").isNotNull() & (F.col("key") != "")).select(
+        topic.alias("topic"), "key", "q", "seq", "pos").filter(F.col("topic").isin(list(topics)))
+    per_key = rows.groupBy("topic", "key").agg(F.min(F.struct("q", "pos", "seq")).alias("a"),
+                                                F.max(F.struct("q", "pos", "seq")).alias("z"))
+    return per_key.filter(F.col("a.q") != F.col("z.q")).select(finding(
+        "key_partitions", q=F.col("a.q"), c2=F.col("z.q"), key=F.col("key"), text=F.col("topic"), n=1,
+        seq=F.col("a.seq"), pos=F.col("a.pos"), seq2=F.col("z.seq"), pos2=F.col("z.pos")).alias("f")).select("f.*")
 
 
 def stitch_boundaries(bnd: DataFrame) -> DataFrame:

@@ -57,7 +57,7 @@ E_SCHEMA = T.StructType([
     T.StructField("seg", T.LongType()),  # acks only: the segment the ack placed the seq in
     T.StructField("lat", T.LongType()),  # deliver_us - msg_us; null for acks
     T.StructField("t", T.LongType()),  # deliver_us; null for acks
-    T.StructField("key", T.StringType()),  # only for keyed subscriptions
+    T.StructField("key", T.StringType()),  # only for keyed subscriptions and topics' partitions
     T.StructField("bad", T.StringType()),  # the raw line of an unreadable row
 ])
 
@@ -118,7 +118,9 @@ def _bad_text(columns: Sequence[str]) -> Any:
     return F.substring(F.coalesce(F.col(_BAD), joined), 1, 300)
 
 
-def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket_bits: int = BUCKET_BITS) -> DataFrame:
+def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket_bits: int = BUCKET_BITS,
+              topics: Sequence[str] = ()) -> DataFrame:
+    """Ack rows; those of ``topics``' partitions carry their key (the others null)."""
     df = _read(spark, files, ACK_COLUMNS, fid0)
     kind = _kind(ACK, ("queue", "producer", "seq", "seg", "crc32"))
     df = df.withColumn("kind", kind)
@@ -135,17 +137,28 @@ def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket
         F.col("seg").alias("seg"),
         F.lit(None).cast("long").alias("lat"),
         F.lit(None).cast("long").alias("t"),
-        F.lit(None).cast("string").alias("key"),
+        (F.when(keyed_condition((), topics), F.coalesce(F.col("key"), F.lit(""))) if topics else F.lit(None)
+         ).cast("string").alias("key"),
         # Fields of unreadable rows are left as parsed (maybe null): every check filters on kind.
         F.when(k > DELIVERY, _bad_text(ACK_COLUMNS)).alias("bad"),
     )
 
 
-def keyed_condition(keyed: Sequence[str]) -> Any:
-    """True for rows of keyed subscriptions: entries are ``SUB`` (any queue) or ``QUEUE/SUB``."""
+# A topic's partition queue, ``T.p<N>`` (coordinator/topics.py): group 1 is the topic.
+PARTITION_PATTERN = r"^(.+)\.p(0|[1-9][0-9]*)$"
+
+
+def topic_column(queue: Any) -> Any:
+    """The topic whose partition ``queue`` is, by its name ("" when it is none)."""
+    return F.regexp_extract(queue, PARTITION_PATTERN, 1)
+
+
+def keyed_condition(keyed: Sequence[str], topics: Sequence[str] = ()) -> Any:
+    """True for rows of keyed subscriptions: entries are ``SUB`` (any queue) or ``QUEUE/SUB``;
+    and for every subscription of a partition of one of ``topics`` (a topic's order is per key)."""
     subs = [k for k in keyed if "/" not in k]
     pairs = [k for k in keyed if "/" in k]
-    cond = F.lit(False)
+    cond = topic_column(F.col("queue")).isin(list(topics)) if topics else F.lit(False)
     if subs:
         cond = cond | F.col("subscription").isin(subs)
     if pairs:
@@ -154,13 +167,14 @@ def keyed_condition(keyed: Sequence[str]) -> Any:
 
 
 def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, keyed: Sequence[str],
-                    bucket_bits: int = BUCKET_BITS) -> DataFrame:
+                    bucket_bits: int = BUCKET_BITS, topics: Sequence[str] = ()) -> DataFrame:
     df = _read(spark, files, DELIVERY_COLUMNS, fid0)
     kind = _kind(DELIVERY, ("queue", "subscription", "consumer", "seq", "crc32", "msg_us", "deliver_us"))
     df = df.withColumn("kind", kind)
     k = F.col("kind")
     # Keyed subscriptions carry the key ("" for a message without one); others carry null.
-    key = F.when(keyed_condition(keyed), F.coalesce(F.col("key"), F.lit(""))) if keyed else F.lit(None)
+    key = (F.when(keyed_condition(keyed, topics), F.coalesce(F.col("key"), F.lit(""))) if keyed or topics
+           else F.lit(None))
     return df.select(
         k.alias("kind"),
         F.col("queue").alias("q"),

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ordq.common.errors import ConfigError, OrdqError
+from ordq.coordinator.topics import topic_of
 from ordq.spark_order_check import _checks as C
 from ordq.spark_order_check._files import ROW_BITS, AuditFile, list_local, list_remote, partition_paths
 from ordq.spark_order_check._scan import (
@@ -89,6 +90,7 @@ def verify(
     segments: str | Path | Iterable[str | Path] | None = None,
     skips: str | Path | Iterable[str | Path] | None = None,
     keyed: Iterable[str] = (),
+    topics: Iterable[str] = (),
     master: str | None = None,
     spark: SparkSession | None = None,
     conf: dict[str, str] | None = None,
@@ -109,6 +111,10 @@ def verify(
             check the stored order, replica agreement and that every acked seq is stored.
         keyed: subscriptions consumed with per-key ordering (``SUB`` or ``QUEUE/SUB``): their
             global order is not checked, their per-key order is.
+        topics: keyed topics (coordinator/topics.py) whose partitions ``T.p<N>`` are in the
+            run: every subscription of a partition is checked as keyed (per-key order), and no
+            key may be in two partitions of its topic (``key_partitions``). Lost messages and
+            two consumers of one partition at once are checked per partition as for any queue.
         master: Spark master when this call creates the session (default ``local[*]``, or the
             one spark-submit set). Ignored when a session is given or already active.
         spark: an existing session to reuse (default: the active one, if any); a session this
@@ -128,7 +134,7 @@ def verify(
     skip_paths = _paths(skips)
     if not ack_paths or not del_paths:
         raise ConfigError("give both acks and deliveries audit paths")
-    keyed = tuple(keyed)
+    keyed, topics = tuple(keyed), tuple(topics)
     local_only = not any(partition_paths(p)[1] for p in (ack_paths, del_paths, seg_paths, skip_paths))
     if local_only:  # report a bad path before paying for a Spark start
         fa, fd = _list(None, ack_paths, "acks"), _list(None, del_paths, "deliveries")
@@ -148,7 +154,7 @@ def verify(
             seg_files = _list_segments(session, seg_paths) if seg_paths else None
         input_bytes = sum(f.size for f in fa + fd)
         with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)):
-            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0)
+            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0, topics)
     finally:
         if own:
             session.stop()
@@ -175,7 +181,7 @@ def _list_segments(spark: SparkSession, paths: Sequence[str]) -> list[Any]:
 
 def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list[AuditFile],
          seg_files: list[Any] | None, keyed: tuple[str, ...], bucket_bits: int,
-         t0: float) -> tuple[Report, list[tuple[str, str, int, int]]]:
+         t0: float, topics: tuple[str, ...] = ()) -> tuple[Report, list[tuple[str, str, int, int]]]:
     files = fa + fd + fs
     mark = [time.monotonic()]
 
@@ -184,7 +190,8 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         log.info("%s: %.2f s", name, now - mark[0])
         mark[0] = now
 
-    e = scan_acks(spark, fa, 0, bucket_bits).unionByName(scan_deliveries(spark, fd, len(fa), keyed, bucket_bits))
+    e = scan_acks(spark, fa, 0, bucket_bits, topics).unionByName(
+        scan_deliveries(spark, fd, len(fa), keyed, bucket_bits, topics))
     e = C.reuse_shuffle(e.repartition("q", "b"))
     kept: list[DataFrame] = [e]
     try:
@@ -205,7 +212,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         subs = sorted({(r.q, r.s) for r in fstats if r.kind == DELIVERY})
         queues_with_acks = sorted({r.q for r in fstats if r.kind == ACK})
         sub_rows = [(q, s, i == 0 or subs[i - 1][0] != q) for i, (q, s) in enumerate(subs)]
-        windowed = _instances_to_window(fstats, keyed)
+        windowed = _instances_to_window(fstats, keyed, topics)
 
         # 2. Raw findings: acks against deliveries for every seq; order windows only for the
         #    consumer instances whose files are not one run of consecutive seqs.
@@ -219,8 +226,10 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
             d = e.filter(F.col("kind") == DELIVERY).join(
                 F.broadcast(local_table(spark, windowed, INSTANCES)), ["q", "s", "c"], "left_semi")
             parts.append(C.instance_findings(d))
-            if keyed:
+            if keyed or topics:
                 parts.append(C.key_findings(d))
+        if topics:
+            parts.append(C.key_partition_findings(e, topics))
         if any(r.kind in (MALFORMED, TORN) for r in fstats):
             parts.append(C.unreadable_findings(e))
         raw = C.checkpoint(_union(parts))
@@ -306,7 +315,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         notes.append("no ack rows: every delivered seq counts as unacked")
     report = Report(
         ok=ok, classes=tuple(results), inputs=inputs, queues=queues, subscriptions=subscriptions,
-        instances=instances, latency_method=LATENCY_METHOD, seconds=time.monotonic() - t0, keyed=keyed,
+        instances=instances, latency_method=LATENCY_METHOD, seconds=time.monotonic() - t0, keyed=keyed, topics=topics,
         notes=tuple(notes), histogram=tuple(hist),
     )
     return report, list(report.histogram)
@@ -385,11 +394,12 @@ def _subscriptions_with_overlap(fstats: list[_FileStats]) -> list[tuple[str, str
     return out
 
 
-def is_keyed(keyed: Sequence[str], q: str | None, s: str | None) -> bool:
-    return s in keyed or f"{q}/{s}" in keyed
+def is_keyed(keyed: Sequence[str], q: str | None, s: str | None, topics: Sequence[str] = ()) -> bool:
+    return s in keyed or f"{q}/{s}" in keyed or (q is not None and topic_of(q) in topics)
 
 
-def _instances_to_window(fstats: list[_FileStats], keyed: Sequence[str]) -> list[tuple[str, str, str]]:
+def _instances_to_window(fstats: list[_FileStats], keyed: Sequence[str],
+                         topics: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     """Consumer instances whose order must be checked row by row: every instance of a keyed
     subscription, and every other one whose files, in order, are not one run of consecutive
     seqs (each file one run, each file starting right after the previous one ended). The
@@ -403,7 +413,7 @@ def _instances_to_window(fstats: list[_FileStats], keyed: Sequence[str]) -> list
         fs.sort(key=lambda f: f.fid)
         chained = all(b.min_seq == a.max_seq + 1 for a, b in zip(fs, fs[1:], strict=False)  # type: ignore[operator]
                       ) and len({f.fid for f in fs}) == len(fs)
-        if is_keyed(keyed, q, s) or not chained or not all(f.one_run for f in fs):
+        if is_keyed(keyed, q, s, topics) or not chained or not all(f.one_run for f in fs):
             out.append((q, s, c))
     return out
 
@@ -533,6 +543,9 @@ def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, 
         return {"queue": r.q, "subscription": r.s, "consumer": r.c, "deliveries_after": r.n,
                 "first_seq_after": r.seq, "at": at(r.pos, files), "successor": r.c2, "successor_first_seq": r.seq2,
                 "successor_first_at": at(r.pos2, files), "overlap_us": r.crc}
+    if cls == "key_partitions":
+        return {"topic": r.text, "key": r.key, "partition": r.q, "seq": r.seq, "at": at(r.pos, files),
+                "other_partition": r.c2, "other_seq": r.seq2, "other_at": at(r.pos2, files)}
     if cls in ("malformed_row", "torn_row"):
         return {"at": at(r.pos, files), "text": r.text}
     from ordq.spark_order_check.segments import segment_example

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(repeatable): also check the stored order and replica agreement")
     parser.add_argument("--keyed", action="append", default=[], metavar="SUB",
                         help="subscription consumed with per-key order, SUB or QUEUE/SUB (repeatable)")
+    parser.add_argument("--topic", action="append", default=[], dest="topics", metavar="TOPIC",
+                        help="a keyed topic in the run (repeatable): its partitions' subscriptions are checked "
+                             "per key, and no key may be in two of its partitions")
     parser.add_argument("--master", default=None,
                         help="Spark master (default local[*], or what spark-submit set)")
     parser.add_argument("--driver-memory", default=None, metavar="SIZE",
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         from ordq.spark_order_check._verify import verify
 
         report = verify(acks=acks, deliveries=deliveries, skips=skips or None, segments=args.segments or None,
-                        keyed=args.keyed,
+                        keyed=args.keyed, topics=args.topics,
                         master=args.master, conf=conf, driver_memory=args.driver_memory,
                         report_path=args.report, plot_path=args.plot)
     except Exception as exc:  # noqa: BLE001 - an OrdqError or a Spark/Java failure: one line

@@ -53,13 +53,17 @@ CLASSES: tuple[AnomalyClass, ...] = (
                  "a seq the subscription's consumer parked (failure policy park) with its skip record and did not "
                  "replay: explicitly skipped, not lost"),
     AnomalyClass("torn_row", False, "rows", "the cut last line of a crashed writer's .tsv.part file (dropped)"),
+    AnomalyClass("key_partitions", True, "keys",
+                 "topic: one key's messages in two partitions of the topic (acked or delivered there)"),
 )
 CLASS_BY_NAME = {c.name: c for c in CLASSES}
 # The classes the brokers' segment files feed (``verify(segments=...)``); the rest come from
 # the audit files alone.
 SEGMENT_CLASS_NAMES = ("crc_conflict_replicas", "crc_mismatch_stored", "stored_gap", "stored_order",
                        "acked_not_stored", "unreadable_segment")
-AUDIT_CLASS_NAMES = tuple(c.name for c in CLASSES if c.name not in SEGMENT_CLASS_NAMES)
+# The classes only a topic's check feeds (``verify(topics=...)``).
+TOPIC_CLASS_NAMES = ("key_partitions",)
+AUDIT_CLASS_NAMES = tuple(c.name for c in CLASSES if c.name not in SEGMENT_CLASS_NAMES + TOPIC_CLASS_NAMES)
 
 
 @attrs.frozen
@@ -155,6 +159,7 @@ class Report:
     seconds: float
     keyed: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()  # topics checked as such (their partitions' keys; ``key_partitions``)
     # (queue, subscription, bin, count); bin k covers [10^(k/20), 10^((k+1)/20)) µs, -1000 is <= 0
     histogram: tuple[tuple[str, str, int, int], ...] = ()
 
@@ -180,6 +185,7 @@ class Report:
             "consumer_instances": [attrs.asdict(i) for i in self.instances],
             "latency_method": self.latency_method,
             "keyed_subscriptions": list(self.keyed),
+            "topics": list(self.topics),
             "notes": list(self.notes),
             "latency_histogram": [
                 {"queue": q, "subscription": s, "low_us": bin_low_us(b), "high_us": bin_high_us(b), "count": n}

@@ -23,8 +23,11 @@ from ordq.output import emit_json
 
 def register(subparsers: Any) -> None:
     prod = add_command(subparsers, "produce", func=cmd_produce,
-                       help="send stdin lines (or generated messages) to a queue, in order")
-    prod.add_argument("queue")
+                       help="send stdin lines (or generated messages) to a queue, in order",
+                       description="Send stdin lines (or --count generated messages) to QUEUE, in order; or to "
+                       "the partition of a keyed topic that --key routes to (--topic T --key K).")
+    prod.add_argument("queue", nargs="?", help="the queue (not with --topic)")
+    prod.add_argument("--topic", default=None, help="send to this keyed topic, to the partition of --key (required)")
     prod.add_argument("--count", type=int_in(1, 10**12), default=None,
                       help="generate this many messages instead of reading stdin")
     prod.add_argument("--size", type=int_in(12, MAX_PAYLOAD_BYTES), default=100,
@@ -61,22 +64,44 @@ def preflight(args: argparse.Namespace, role: str) -> None:
         check_token(store, args.queue, role)
 
 
+def route(args: argparse.Namespace) -> None:
+    """``produce --topic T --key K``: ``args.queue`` becomes the partition of K (TopicNotFound)."""
+    if args.topic is None:
+        if args.queue is None:
+            raise ConfigError("give the QUEUE (or --topic T --key K)")
+        return
+    from ordq.coordinator.topics import partition_of, partition_queue
+
+    if args.queue is not None or not args.key:
+        raise ConfigError("with --topic give no QUEUE, and a --key: it picks the partition")
+    with open_store(args) as store:
+        args.partition = partition_of(args.key.encode(), store.read_topic(args.topic).partitions)
+    args.queue = partition_queue(args.topic, args.partition)
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
+    route(args)
     preflight(args, "produce")
     with zk_errors(args.zk):  # kazoo's own errors (a wrong --zk-auth) as one line
         return _produce(args)
 
 
-def _produce(args: argparse.Namespace) -> int:
-    from ordq.sdk import Producer, ProducerConfig
+def _producer(args: argparse.Namespace) -> Any:
+    """The queue's producer, or a topic's leading only the partition of --key (preflight found it)."""
+    from ordq.sdk import Producer, ProducerConfig, TopicProducer, TopicProducerConfig
 
-    cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
-                         audit_dir=args.audit_dir, zk_connect_timeout_s=args.zk_timeout,
-                         send_timeout_s=args.send_timeout)
+    options = {"zk_hosts": args.zk, "root": args.root, "audit_dir": args.audit_dir,
+               "zk_connect_timeout_s": args.zk_timeout, "send_timeout_s": args.send_timeout}
+    if args.topic is not None:
+        return TopicProducer(TopicProducerConfig(topic=args.topic, partitions=(args.partition,), **options))
+    return Producer(ProducerConfig(queue=args.queue, **options))
+
+
+def _produce(args: argparse.Namespace) -> int:
     key = args.key.encode() if args.key else None
     sent = 0
     last = None
-    with Producer(cfg) as producer, _Interrupt() as interrupt:
+    with _producer(args) as producer, _Interrupt() as interrupt:
         # The clock starts once this process leads: --rate paces from here (with the election
         # counted, the first messages went out in a burst to catch up), and msgs/s is the rate.
         start = time.monotonic()
@@ -91,6 +116,8 @@ def _produce(args: argparse.Namespace) -> int:
                 break
         producer.flush()
         stats = producer.statistics()
+        if isinstance(stats, dict):  # a topic's producer: the one partition it led
+            stats = stats[args.queue]
     elapsed = time.monotonic() - start
     result = {"queue": args.queue, "sent": sent, "acked": stats.acked, "failovers": stats.failovers,
               "seconds": round(elapsed, 3), "msgs_per_s": round(sent / elapsed, 1) if elapsed else None,

@@ -67,9 +67,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _follow(args: argparse.Namespace) -> int:
     prog = "ordq verify --follow"
     try:
-        if args.audit_dirs or args.acks or args.deliveries or args.skips or args.segments or args.keyed:
+        if args.audit_dirs or args.acks or args.deliveries or args.skips or args.segments or args.keyed or args.topics:
             raise ConfigError("--follow reads the live queue: give no AUDIT_DIR, --acks, --deliveries, --skips, "
-                              "--segments or --keyed with it")
+                              "--segments, --keyed or --topic with it")
         from ordq.sdk.positions import parse_reset_target
         from ordq.spark_order_check.follow import FollowOptions, follow
 

@@ -29,6 +29,8 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── NotLeader                         this consumer lost its subscription's lease: stop
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
     ├── HandlerError                      keyed delivery: the application's handler raised
+    ├── PartitionNotLed                   a topic's key routes to a partition this producer does not lead
+    ├── TopicChanged                      a topic's partition count changed under its producer: stop
     ├── MessageTooLarge (ValueError)
     ├── CorruptLog                        bad CRC before the tail of a stored segment
     ├── DiskFull                          the log could not be written: nothing half-served
@@ -291,6 +293,26 @@ class HandlerError(OrdqError):
         self.subscription = subscription
         self.seq = seq
         self.key = key
+
+
+class PartitionNotLed(OrdqError):
+    """A key routes to a partition this producer does not lead."""
+
+    def __init__(self, topic: str, partition: int, led: tuple[int, ...]) -> None:
+        super().__init__(
+            f"topic {topic!r}: the key routes to partition {partition}, which this producer does not lead (it leads "
+            f"{', '.join(map(str, led)) or 'none'}); send it from the process that leads it, or add it to partitions=")
+        self.topic, self.partition, self.led = topic, partition, tuple(led)
+
+
+class TopicChanged(OrdqError):
+    """The topic's partition count changed while this producer ran: keys route differently."""
+
+    def __init__(self, topic: str, old: int, new: int | None) -> None:
+        now = "was deleted" if new is None else f"has {new} partitions now"
+        super().__init__(f"topic {topic!r} had {old} partitions when this producer started and {now}: keys route "
+                         "differently, so this producer stopped sending; start a new one")
+        self.topic, self.old, self.new = topic, old, new
 
 
 class MessageTooLarge(OrdqError, ValueError):
