@@ -27,11 +27,13 @@ coordinator/service.py, which acts with the admin identity):
   contender of an election): a forged or removed member only makes the members rebalance; it
   cannot make two of them deliver one partition, which the partition's election and the
   consumer's lease forbid (a persistent forged member would hold the partitions assigned to it
-  idle, as a persistent node planted in an election holds it: the same trust as today's). It cannot move a cursor, write a topic record or a queue list.
+  idle, as a persistent node planted in an election holds it: the same trust as today's).
+  It cannot move a cursor, write a topic record or a queue list.
 - never a client: a queue's ``state``, cursors (``subs/<sub>``), the ``subs`` and ``queues``
   lists (no queue or subscription is created or deleted by a client), queue configuration,
   a subscription's failure ``policy`` and the operators' ``parked-changed`` signal, groups and
-  liveness, the coordinator's election, topics (``topics/<t>``), and this module's own record ``acl``.
+  liveness, the coordinator's election, topics (``topics/<t>``), and this module's own record
+  ``acl``.
 
 ZooKeeper ACLs are per node and not inherited: every node gets its ACL when it is created
 (``ordq.coordinator.store``'s client asks ``acl_for`` for each path), and ``ordq up`` sets them on

@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -105,21 +106,34 @@ class GroupConfig:
         if self.takeover_poll_s <= 0 or self.workers_per_partition < 1:
             raise ConfigError("takeover_poll_s must be > 0 and workers_per_partition >= 1")
 
-    def consumer_config(self, partition: int) -> ConsumerConfig:
-        """The config of the member's consumer of ``partition``: its id names the member and
-        the partition (the audit's consumer column, the election's contender data)."""
+    def consumer_config(self, partition: int, tenure: int = 0) -> ConsumerConfig:
+        """The config of the member's ``tenure``-th consumer of ``partition``: its id names the
+        member, the partition and the tenure (the audit's consumer column, the election's
+        contender data). A new id for each consumer: the verifier tells consumer instances
+        apart by it (one taking a partition back is a new instance, not the old one again)."""
         return ConsumerConfig(
             zk_hosts=self.zk_hosts, queue=partition_queue(self.topic, partition), subscription=self.group,
             root=self.root, start=self.start, commit=self.commit, fetch_wait_ms=self.fetch_wait_ms,
             leader_timeout_s=self.takeover_poll_s, zk_session_timeout_s=self.zk_session_timeout_s,
             zk_connect_timeout_s=self.zk_connect_timeout_s, zk_outage_s=self.zk_outage_s,
             audit_dir=self.audit_dir, on_failure=self.on_failure, consumer_id=member_consumer_id(self.member_id,
-                                                                                                   partition),
+                                                                                                   partition, tenure),
             credentials=self.credentials)
 
 
-def member_consumer_id(member_id: str, partition: int) -> str:
-    return f"{member_id}-p{partition}"
+def member_consumer_id(member_id: str, partition: int, tenure: int) -> str:
+    return f"{member_id}-p{partition}-{tenure}"
+
+
+def member_of_consumer(consumer_id: str | None) -> str | None:
+    """The member a group consumer's id names (``member_consumer_id``); else the id itself."""
+    if consumer_id is None:
+        return None
+    m = _CONSUMER_ID.fullmatch(consumer_id)
+    return m.group(1) if m else consumer_id
+
+
+_CONSUMER_ID = re.compile(r"(.+)-p\d+-\d+")
 
 
 def group_members(store: ZkStore, topic: str, group: str) -> dict[str, dict[str, Any]]:
@@ -163,15 +177,14 @@ class _Partition:
         self.thread = threading.Thread(target=self._run, name=f"group-p{partition}", daemon=True)
 
     def _run(self) -> None:
-        cfg = self._member.config.consumer_config(self.partition)
         try:
-            consumer = self._elected(cfg)
+            consumer = self._elected()
             if consumer is None:
                 return
             self.leading = self.led = True
             self._member.stats.takeovers += 1
-            log.info("group %s/%s: member %s leads partition %d", cfg.queue, cfg.subscription,
-                     self._member.config.member_id, self.partition)
+            log.info("group %s/%s: %s leads partition %d", self._member.config.topic, self._member.config.group,
+                     consumer.config.consumer_id, self.partition)
             with contextlib.ExitStack() as leaving:  # the consumer's exit (it is started already):
                 leaving.push(consumer)  # commits what finished, then releases the election
                 self._deliver(consumer)
@@ -185,9 +198,9 @@ class _Partition:
             self.leading = False
             self._member.wake()
 
-    def _elected(self, cfg: ConsumerConfig) -> Consumer | None:
+    def _elected(self) -> Consumer | None:
         while not self.stop.is_set():
-            consumer = Consumer(cfg)
+            consumer = Consumer(self._member.consumer_config(self.partition))
             try:
                 consumer.start()
                 return consumer
@@ -224,6 +237,8 @@ class GroupMember:
         self._owned: dict[int, _Partition] = {}
         self._changed = threading.Event()
         self._closed = False
+        self._tenures = 0  # consumers made so far (each gets a new id)
+        self._tenure_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -283,6 +298,11 @@ class GroupMember:
         if self._client is not None:
             self._client.stop()  # the membership node goes with the session
             self._client.close()
+
+    def consumer_config(self, partition: int) -> ConsumerConfig:
+        with self._tenure_lock:
+            self._tenures += 1
+            return self.config.consumer_config(partition, self._tenures)
 
     # -- membership ------------------------------------------------------------------------
 
@@ -409,4 +429,4 @@ class GroupMember:
 
 
 __all__ = ["GroupConfig", "GroupMember", "GroupStats", "assign_partitions", "group_members", "member_consumer_id",
-]
+           "member_of_consumer"]

@@ -11,16 +11,8 @@ from ordq.common.errors import QueueNotFound
 from ordq.coordinator.group_assign import owner_of
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.topics import partition_queue
-from ordq.sdk.group import group_members
+from ordq.sdk.group import group_members, member_of_consumer
 from ordq.sdk.replicas import ReplicaReader, describe_queue
-
-
-def _member_of(consumer_id: str | None, partition: int) -> str | None:
-    """The member a partition consumer's id names (``<member>-p<i>``, sdk/group.py)."""
-    if consumer_id is None:
-        return None
-    suffix = f"-p{partition}"
-    return consumer_id.removesuffix(suffix) if consumer_id.endswith(suffix) else consumer_id
 
 
 def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, group: str) -> dict[str, Any]:
@@ -43,8 +35,8 @@ def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, g
             continue
         sub = next((s for s in view.subscriptions if s.name == group), None)
         if sub is not None:
-            row.update(owner=_member_of(sub.held_by, p), seg=sub.cursor.seg, last_seq=sub.cursor.last_seq,
-                       lag=sub.lag, standbys=[_member_of(s, p) for s in sub.standbys])
+            row.update(owner=member_of_consumer(sub.held_by), seg=sub.cursor.seg, last_seq=sub.cursor.last_seq,
+                       lag=sub.lag, standbys=[member_of_consumer(s) for s in sub.standbys])
         rows.append(row)
     owns = {m: [r["partition"] for r in rows if r["owner"] == m] for m in members}
     return {"topic": topic, "group": group, "partitions": tc.partitions,

@@ -186,7 +186,7 @@ class _Interrupt:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     if args.topic is not None:
-        from ordq.commands.consumer_group import consume_group
+        from ordq.commands.topic_group import consume_group
 
         with zk_errors(args.zk), _Interrupt() as interrupt:
             return consume_group(args, interrupt)

@@ -18,7 +18,7 @@ from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
 
-def register_describe(topic_subparsers: Any) -> None:
+def register(topic_subparsers: Any) -> None:
     """``ordq topic group T G``: called by the ``topic`` command's ``register``."""
     p = add_command(topic_subparsers, "group", func=cmd_describe, reads=True,
                     help="a consumer group of a topic: its members, the partitions each owns, lag per partition")
