@@ -130,7 +130,7 @@ class _Run:
                                  self.topic, "--group", GROUP, "--member", name, "--quiet", "--audit-dir",
                                  str(self.audit)])
         self.members[name] = proc
-        proc.wait_for_line("STARTED", timeout_s=60)
+        proc.wait_for_line("joined group", timeout_s=60)
         self.ctx.wait(lambda: name in self.live(), timeout_s=30, what=f"member {name} in the group")
         self.ctx.event(f"member {name} joined: members {self.live()}")
 

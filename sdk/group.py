@@ -377,7 +377,9 @@ class GroupMember:
         try:
             while not stop.is_set():
                 self._step(handler)
-                self._changed.wait(recheck_s)
+                deadline = time.monotonic() + recheck_s  # a change, ``stop`` or the recheck: next step
+                while not stop.is_set() and not self._changed.wait(0.05) and time.monotonic() < deadline:
+                    pass
                 self._changed.clear()
         finally:
             self._give_up(set(self._owned))

@@ -91,12 +91,14 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
 
     def watch_idle() -> None:
         while not stop.wait(0.1):
-            if time.monotonic() - count[1] > args.idle_exit:
+            if not member.assignment():
+                count[1] = time.monotonic()  # idle counts once it delivers from a partition
+            elif time.monotonic() - count[1] > args.idle_exit:
                 stop.set()
 
     member = GroupMember(cfg)
     with member:
-        print(f"STARTED member {cfg.member_id} of {args.topic}/{args.group}", file=sys.stderr, flush=True)
+        print(f"joined group {args.group} of {args.topic} as member {cfg.member_id}", file=sys.stderr, flush=True)
         if args.idle_exit is not None:
             threading.Thread(target=watch_idle, daemon=True).start()
         member.run(handler, stop=stop)
