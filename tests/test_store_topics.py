@@ -87,3 +87,20 @@ def test_refusals_are_pure() -> None:
     assert check_alter("t", old, 8, rekey=True).partitions == 8
     assert [topic_of(n) for n in ("t.p0", "a.b.p12", "t.p", "t.p01", ".p1", "q")] == ["t", "a.b", None, None, None,
                                                                                         None]
+
+
+def test_a_topic_producer_config_is_checked_when_built() -> None:
+    from ordq.coordinator.store_topics import spread
+    from ordq.sdk import TopicProducerConfig
+
+    cfg = TopicProducerConfig(zk_hosts="127.0.0.1:2181", topic="t", partitions=[2, 0], producer_id="w")
+    assert cfg.partitions == (2, 0)
+    p2 = cfg.partition_config(2)
+    assert (p2.queue, p2.producer_id, p2.send_timeout_s) == ("t.p2", "w.p2", 2.0)  # ProducerConfig's default
+    for bad in ([], [1, 1], [-1]):
+        with pytest.raises(ConfigError, match="partitions"):
+            TopicProducerConfig(zk_hosts="127.0.0.1:2181", topic="t", partitions=bad)
+    with pytest.raises(ConfigError, match="topic"):
+        TopicProducerConfig(zk_hosts="127.0.0.1:2181", topic="a/b")
+    assert [spread(["g1", "g2", "g3"], i) for i in range(4)] == [
+        ("g1", "g2", "g3"), ("g2", "g3", "g1"), ("g3", "g1", "g2"), ("g1", "g2", "g3")]

@@ -4,6 +4,7 @@ name (coordinator/topics.py; docs/CLI.md, "Topics")."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any
 
@@ -53,12 +54,12 @@ def register(subparsers: Any) -> None:
                          help="delete a topic: its record and every partition queue (their data on every replica)")
     delete.add_argument("topic")
     try:  # consumer groups of topics (``ordq topic group ...``), in a module of their own
-        from ordq.commands import topic_group  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as exc:
+        groups = importlib.import_module("ordq.commands.topic_group")
+    except ModuleNotFoundError as exc:
         if exc.name != "ordq.commands.topic_group":
             raise
     else:
-        topic_group.register(sub)
+        groups.register(sub)
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -100,7 +101,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if views:
         print(f"settings: {settings_line(views[0].config)}")
     table([{**r, "stored": unknown(r["stored"]), "last_seq": unknown(r["last_seq"]),
-            "subscriptions": ", ".join(f"{n} lag {unknown(s['lag'])}" for n, s in r["subscriptions"].items())}
+            "subscriptions": ", ".join(f"{n} lag {unknown(s['lag'])}" for n, s in r["subscriptions"].items()) or None}
            for r in rows],
           ["partition", "queue", "head", "send", "open_segment", "stored", "last_seq", "epoch", "subscriptions"])
     return 0
