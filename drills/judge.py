@@ -122,11 +122,11 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
         return DrillResult(**base, ok=True, skipped=True, verdict=run.skipped)
     acks = audit.read_acks(run.audit_dir)
     deliveries = audit.read_deliveries(run.audit_dir)
-    acked = {a.seq for a in acks}
-    delivered = {d.seq for d in deliveries}
+    acked = {(a.queue, a.seq) for a in acks}  # by queue: a topic drill's partitions each count from 0
+    delivered = {(d.queue, d.seq) for d in deliveries}
     error = run.error
     if error is None and not ctx.drill.topic:
-        top = max(acked, default=-1)
+        top = max((seq for _q, seq in acked), default=-1)
         ctx.expect(f"the stream completed: last acked seq {top} of {ctx.load.messages - 1}",
                    top == ctx.load.messages - 1, quiet=True)
     if error is None:
