@@ -19,10 +19,21 @@ coordinator/service.py, which acts with the admin identity):
   ledger of parked messages (``subs/<sub>/parked/<seq>``, created and updated). A client can
   thus forge or hide another subscription's alarm or ledger records of its queue's tree; it
   cannot move a cursor, a list, an epoch or a policy.
+- consumer-group member (sdk/group.py): its membership, one ephemeral node under
+  ``subs/<group>/members`` of the topic's partition 0 (``<topic>.p0``). The parent is made with
+  the subscription, as ``leader`` is: by the coordinator service's Subscribe (the first member
+  asks for the group's subscription of every partition) or an admin verb, never by a client.
+  The client's CREATE and DELETE there let it add or remove *any* member node of a group (as any
+  contender of an election): a forged or removed member only makes the members rebalance; it
+  cannot make two of them deliver one partition, which the partition's election and the
+  consumer's lease forbid (a persistent forged member would hold the partitions assigned to it
+  idle, as a persistent node planted in an election holds it: the same trust as today's).
+  It cannot move a cursor, write a topic record or a queue list.
 - never a client: a queue's ``state``, cursors (``subs/<sub>``), the ``subs`` and ``queues``
   lists (no queue or subscription is created or deleted by a client), queue configuration,
   a subscription's failure ``policy`` and the operators' ``parked-changed`` signal, groups and
-  liveness, the coordinator's election, and this module's own record ``acl``.
+  liveness, the coordinator's election, topics (``topics/<t>``), and this module's own record
+  ``acl``.
 
 ZooKeeper ACLs are per node and not inherited: every node gets its ACL when it is created
 (``ordq.coordinator.store``'s client asks ``acl_for`` for each path), and ``ordq up`` sets them on
@@ -50,12 +61,13 @@ _CLIENT: dict[tuple[str, ...], int] = {
     ("queues", "*", "subs", "*", "blocked", "*"): READ | WRITE,
     ("queues", "*", "subs", "*", "parked"): READ | CREATE,
     ("queues", "*", "subs", "*", "parked", "*"): READ | WRITE,
+    ("queues", "*", "subs", "*", "members"): READ | CREATE | DELETE,
 }
 
 # The nodes a queue and a subscription are created with, so that clients find the parents of
 # what they may create (relative to the queue node and to the subscription node).
 QUEUE_PARENTS = ("producer-leader",)
-SUB_PARENTS = ("leader", "blocked", "parked")
+SUB_PARENTS = ("leader", "blocked", "parked", "members")
 
 
 def check_credential(credential: str) -> str:

@@ -6,6 +6,7 @@
     <root>/queues/<q>/state                QueueState (JSON), written only with a version check
     <root>/queues/<q>/subs/<sub>           cursor (JSON), written only with a version check
     <root>/queues/<q>/subs/<sub>/leader    election of the subscription's consumer
+    <root>/queues/<t>.p0/subs/<g>/members/<m>  ephemeral: member m of consumer group g of topic t
     <root>/queues/<q>/producer-leader      election of the queue's producer
     <root>/coordinator/leader              election of the coordinator daemon
     <root>/topics/<t>                      topic config (JSON, coordinator/topics.py); its
@@ -125,6 +126,11 @@ class Paths:
 
     def sub_leader(self, queue: str, sub: str) -> str:
         return f"{self.sub(queue, sub)}/leader"
+
+    def sub_members(self, queue: str, sub: str) -> str:
+        """A consumer group's members (sdk/group.py): one ephemeral node each, under the
+        group's subscription of its topic's partition 0."""
+        return f"{self.sub(queue, sub)}/members"
 
     def producer_leader(self, queue: str) -> str:
         return f"{self.queue(queue)}/producer-leader"

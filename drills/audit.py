@@ -23,6 +23,7 @@ class AckRow:
     seg: int
     ack_us: int
     send_us: int = 0  # when the batch holding it went out (ack_us - send_us: its ack latency)
+    queue: str = ""
 
 
 @attrs.frozen
@@ -31,6 +32,7 @@ class DeliveryRow:
     seq: int
     seg: int
     deliver_us: int
+    queue: str = ""
 
 
 def _files(directory: Path) -> list[Path]:
@@ -58,14 +60,14 @@ def _rows(directory: Path, width: int) -> Iterator[list[str]]:
 def read_acks(audit_dir: Path) -> list[AckRow]:
     c = {name: i for i, name in enumerate(ACK_COLUMNS)}
     return [AckRow(producer=f[c["producer"]], seq=int(f[c["seq"]]), seg=int(f[c["seg"]]),
-                   ack_us=int(f[c["ack_us"]]), send_us=int(f[c["send_us"]]))
+                   ack_us=int(f[c["ack_us"]]), send_us=int(f[c["send_us"]]), queue=f[c["queue"]])
             for f in _rows(audit_dir / "acks", len(ACK_COLUMNS))]
 
 
 def read_deliveries(audit_dir: Path) -> list[DeliveryRow]:
     c = {name: i for i, name in enumerate(DELIVERY_COLUMNS)}
     return [DeliveryRow(consumer=f[c["consumer"]], seq=int(f[c["seq"]]), seg=int(f[c["seg"]]),
-                        deliver_us=int(f[c["deliver_us"]]))
+                        deliver_us=int(f[c["deliver_us"]]), queue=f[c["queue"]])
             for f in _rows(audit_dir / "deliveries", len(DELIVERY_COLUMNS))]
 
 

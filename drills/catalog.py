@@ -16,7 +16,7 @@ from typing import Any
 
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.coordinator.state import SegStatus
-from ordq.drills import neighbour, security
+from ordq.drills import keyed_topic, neighbour, security
 from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
@@ -516,6 +516,11 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
           "each restarted process resumes: the target tables equal the source row for row, and nothing the "
           "shipper got acked is lost or reordered", run_cdc, own_load=True, requires=require_servers),
+    Drill("keyed-topic", f"a keyed topic of {keyed_topic.PARTITIONS} partitions read by a consumer group: two head "
+          "masters killed (-9), a member joins, a member hangs (SIGSTOP) past its session and resumes, a member "
+          "leaves", "the group rebalances after each change (a member gives a partition up only once it stopped "
+          "delivering from it): nothing lost, every key in order, no partition delivered by two members at once",
+          keyed_topic.keyed_topic, own_load=True, failover=False, topic=True),
     # -- security (drills/security.py, drills/neighbour.py, docs/SECURITY.md): hostile clients, refused,
     # nothing stored ------------------------------------------------------------------------
     Drill("security-intruders", "callers without a token, with the wrong role, for another queue, with a revoked "

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import attrs
 
 from ordq.common.errors import OrdqError
+from ordq.coordinator.topics import topic_of
 from ordq.drills import audit
 from ordq.drills.runner import Drill, DrillContext, DrillRun, LoadConfig, execute_drill
 from ordq.local_cluster import LocalCluster
@@ -82,6 +83,8 @@ def judge_all(runs: Sequence[DrillRun], verify: Callable[..., Any], *, keep: boo
             if not res.skipped:
                 with contextlib.suppress(OrdqError), run.ctx.cluster.store() as store:
                     store.delete_queue(run.ctx.queue)
+                    if "topic" in run.ctx.notes:
+                        store.delete_topic(run.ctx.notes["topic"])
             shutil.rmtree(run.ctx.run_dir, ignore_errors=True)
     return results
 
@@ -119,13 +122,14 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
         return DrillResult(**base, ok=True, skipped=True, verdict=run.skipped)
     acks = audit.read_acks(run.audit_dir)
     deliveries = audit.read_deliveries(run.audit_dir)
-    acked = {a.seq for a in acks}
-    delivered = {d.seq for d in deliveries}
+    acked = {(a.queue, a.seq) for a in acks}  # by queue: a topic drill's partitions each count from 0
+    delivered = {(d.queue, d.seq) for d in deliveries}
     error = run.error
-    if error is None:
-        top = max(acked, default=-1)
+    if error is None and not ctx.drill.topic:
+        top = max((seq for _q, seq in acked), default=-1)
         ctx.expect(f"the stream completed: last acked seq {top} of {ctx.load.messages - 1}",
                    top == ctx.load.messages - 1, quiet=True)
+    if error is None:
         ctx.expect(f"the consumers delivered messages ({len(delivered)})", bool(delivered), quiet=True)
         if ctx.drill.check is not None:
             for what, ok in ctx.drill.check(ctx, acks, deliveries):
@@ -136,7 +140,7 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
     if report is not None:
         for c in report.classes:
             # The queue is unique to this drill; a finding of no queue counts against every drill.
-            n = sum(k for q, _s, k in c.by_subscription if q in (ctx.queue, None))
+            n = sum(k for q, _s, k in c.by_subscription if q in (ctx.queue, None) or _in_topic(ctx, q))
             counts[c.name] = n
             if c.violation and n:
                 violations[c.name] = n
@@ -156,6 +160,12 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
         redelivered=counts.get("redelivered_after_takeover"), failover_s=_failover_s(ctx, acks, deliveries),
         expectations=tuple(ctx.expectations), events=tuple(ctx.events), report=report,
     )
+
+
+def _in_topic(ctx: DrillContext, queue: str) -> bool:
+    """``queue`` is a partition of the drill's topic (a keyed-topic drill)."""
+    topic = ctx.notes.get("topic")
+    return topic is not None and topic_of(queue) == topic
 
 
 def run_drill(

@@ -118,6 +118,9 @@ class Drill:
     check: Callable[[DrillContext, list[audit.AckRow], list[audit.DeliveryRow]], list[tuple[str, bool]]] | None = None
     # the drill's own load, made from the one asked for (the neighbour drill's fixed rate)
     load: Callable[[LoadConfig], LoadConfig] | None = None
+    # the drill's stream is a keyed topic (``ctx.notes["topic"]``, partitions ``<topic>.pN``), not ctx.queue:
+    # its findings are those of the partitions, and its own checks say whether the stream completed
+    topic: bool = False
 
 
 @attrs.define(eq=False)

@@ -30,9 +30,12 @@ class Verifier:
         from ordq import spark_order_check
 
         skips = [d / "skips" for d in audit_dirs if any((d / "skips").glob("*.tsv*"))]
+        # A keyed-topic run names its topic in ``topics`` (one per line): checked per key too.
+        topics = [t for d in audit_dirs if (d / "topics").is_file()
+                  for t in (d / "topics").read_text(encoding="ascii").split()]
         return spark_order_check.verify(acks=[d / "acks" for d in audit_dirs],
                                         deliveries=[d / "deliveries" for d in audit_dirs], skips=skips or None,
-                                        spark=self._spark(), report_path=report_path)
+                                        topics=topics, spark=self._spark(), report_path=report_path)
 
     def _spark(self) -> Any:
         if self._session is None:

@@ -21,6 +21,7 @@ from ordq.sdk._producer_types import ProducerConfig, StoredMessage
 from ordq.sdk.aio import AsyncConsumer, AsyncProducer
 from ordq.sdk.consumer import Consumer
 from ordq.sdk.failure import FailurePolicy
+from ordq.sdk.group import GroupConfig, GroupMember
 from ordq.sdk.parking import BlockedMessage
 from ordq.sdk.producer import Producer
 from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
@@ -35,6 +36,8 @@ __all__ = [
     "ConsumerConfig",
     "Delivered",
     "FailurePolicy",
+    "GroupConfig",
+    "GroupMember",
     "Producer",
     "ProducerConfig",
     "SendFuture",

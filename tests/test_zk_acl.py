@@ -78,16 +78,16 @@ def test_every_parent_a_client_creates_under_is_made_with_its_queue_or_subscript
     assert creatable == made  # each parent made is one a client may create in, and no other
 
 
-@given(parts=st.lists(name | st.sampled_from(["queues", "subs", "state", "leader", "parked", "blocked",
+@given(parts=st.lists(name | st.sampled_from(["queues", "subs", "state", "leader", "parked", "blocked", "members",
                                               "producer-leader", "policy", "groups"]), max_size=7))
 def test_a_client_creates_or_deletes_only_under_the_parents_made_for_it(parts: list[str]) -> None:
     """CREATE/DELETE on a node lets its holder create/delete any child: the client has them
-    only on election, alarm and ledger parents, never where a state, cursor, policy, queue or
-    subscription lives; WRITE only on alarm and ledger records."""
+    only on election, alarm, ledger and consumer-group membership parents, never where a state,
+    cursor, policy, queue or subscription lives; WRITE only on alarm and ledger records."""
     rights = client_rights(tuple(parts))
     if rights & (CREATE | DELETE):
         assert len(parts) in (3, 5) and parts[0] == "queues"
-        assert parts[-1] in ("producer-leader", "leader", "blocked", "parked")
+        assert parts[-1] in ("producer-leader", "leader", "blocked", "parked", "members")
         assert parts[-1] == "producer-leader" if len(parts) == 3 else parts[2] == "subs"
     if rights & WRITE:
         assert len(parts) == 6 and parts[2] == "subs" and parts[4] in ("blocked", "parked")

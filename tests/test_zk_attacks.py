@@ -16,7 +16,7 @@ import pytest
 from kazoo.exceptions import NoAuthError
 
 from ordq.common.errors import ZkAccessDenied
-from ordq.coordinator.acl import AclIds
+from ordq.coordinator.acl import READ, AclIds, client_rights
 from ordq.coordinator.acl_client import protect
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.store import ZkStore
@@ -137,3 +137,38 @@ def test_the_client_credential_creates_changes_and_deletes_no_topic(zk_server, z
             with pytest.raises(ZkAccessDenied):
                 action()
     assert snapshot(protected) == before
+
+
+@pytest.mark.zk
+def test_a_group_member_registers_itself_and_writes_nothing_else(zk_server, zk_root, protected: ZkStore) -> None:
+    """Consumer groups (sdk/group.py): the membership parent ``T.p0/subs/G/members`` is made
+    with the subscription (admin or coordinator); a client creates and deletes its ephemeral
+    member node there, and with it moves no cursor, changes no topic and plants or deletes
+    nothing else (not under its member node, not beside ``members``, not the parent)."""
+    protected.create_topic("t", 2, ["g1"])
+    for q in ("t.p0", "t.p1"):
+        protected.create_subscription(q, "G")
+    p = Paths(zk_root)
+    members = p.sub_members("t.p0", "G")
+    assert protected.client.exists(members) is not None  # made with the subscription
+    with ZkStore.connect(zk_server.connection_string, zk_root, auth=CLIENT) as store:
+        member = store.client  # as GroupMember registers: the policy's ACL on what it creates
+        member.create(f"{members}/m1", b'{"pid": 1}', ephemeral=True)
+        before = snapshot(protected)
+        cursor = p.sub("t.p0", "G")
+        for write in (lambda: member.set(cursor, b'{"seg": 9, "offset": 0, "last_seq": 99}'),
+                      lambda: member.set(p.topic("t"), b'{"hash":"blake2b-64-mod","partitions":4}'),
+                      lambda: member.set(f"{members}/m1", b"{}"),
+                      lambda: member.create(f"{members}/m1/x", b""),
+                      lambda: member.create(f"{cursor}/x", b""),
+                      lambda: member.delete(members),
+                      lambda: member.create(f"{p.subs('t.p1')}/G2", b""),
+                      lambda: member.delete(p.sub_leader("t.p0", "G"))):
+            with pytest.raises(NoAuthError):
+                write()
+        assert client_rights(("queues", "t.p0", "subs", "G", "members", "m1")) == READ
+        assert snapshot(protected) == before
+        with raw(zk_server.connection_string) as anon, pytest.raises(NoAuthError):
+            anon.delete(f"{members}/m1")
+        member.delete(f"{members}/m1")  # its own, as leaving the group does
+    assert protected.client.get_children(members) == []

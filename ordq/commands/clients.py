@@ -39,8 +39,11 @@ def register(subparsers: Any) -> None:
 
     cons = add_command(subparsers, "consume", func=cmd_consume,
                        help="read a queue in order through a subscription and print or count messages")
-    cons.add_argument("queue")
-    cons.add_argument("--subscription", "-s", required=True)
+    cons.add_argument("queue", nargs="?", default=None)
+    cons.add_argument("--subscription", "-s", default=None)
+    cons.add_argument("--topic", default=None, help="join a consumer group of this keyed topic instead (--group)")
+    cons.add_argument("--group", "-g", default=None, help="with --topic: the consumer group (docs/SDK.md)")
+    cons.add_argument("--member", default=None, help="with --topic: this member's id (default: host-pid-random)")
     cons.add_argument("--start", choices=["earliest", "latest"], default="earliest",
                       help="where a new subscription starts (default %(default)s)")
     cons.add_argument("--count", type=int_in(1, 10**12), default=None, help="stop after this many messages")
@@ -182,6 +185,13 @@ class _Interrupt:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    if args.topic is not None:
+        from ordq.commands.topic_group import consume_group
+
+        with zk_errors(args.zk), _Interrupt() as interrupt:
+            return consume_group(args, interrupt)
+    if args.queue is None or args.subscription is None:
+        raise ConfigError("give a queue and --subscription (or --topic and --group)")
     preflight(args, "consume")
     with zk_errors(args.zk):
         return _consume_command(args)

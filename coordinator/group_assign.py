@@ -1,0 +1,46 @@
+"""Consumer groups on keyed topics: which member owns which partition. Pure.
+
+Rules: a deterministic function of the sorted live members and the partition count, and
+nothing else (no previous assignment, no clock, no randomness): every member computes the
+same answer from the same membership, so no member needs to tell another what it owns.
+
+Guarantee (property-tested, tests/test_consumer_group.py): every partition has exactly one
+owner; the owners' counts differ by at most one; the answer does not depend on the order the
+members are given in. Moves are few (a bonus, not a guarantee): each partition ranks the
+members by a hash of (partition, member) — rendezvous hashing — and goes to the highest-ranked
+member that still has room, so a join or a leave mostly moves only the partitions the
+newcomer ranks first or the leaver held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+
+def _rank(partition: int, member: str) -> bytes:
+    return hashlib.blake2b(f"{partition}\0{member}".encode(), digest_size=8).digest()
+
+
+def assign_partitions(members: Iterable[str], partitions: int) -> dict[str, list[int]]:
+    """``{member: [partition, ...]}`` for every member (an empty list when there are more
+    members than partitions); {} when there is no member."""
+    names = sorted(set(members))
+    if not names:
+        return {}
+    base, extra = divmod(partitions, len(names))
+    owned: dict[str, list[int]] = {m: [] for m in names}
+    with_extra = 0  # members already at base + 1 (at most ``extra`` of them)
+    for p in range(partitions):
+        for m in sorted(names, key=lambda m: (_rank(p, m), m), reverse=True):
+            n = len(owned[m])
+            if n < base or (n == base and with_extra < extra):
+                owned[m].append(p)
+                with_extra += n == base
+                break
+    return owned
+
+
+def owner_of(members: Iterable[str], partitions: int) -> dict[int, str]:
+    """``{partition: member}``: the inverse of ``assign_partitions``."""
+    return {p: m for m, ps in assign_partitions(members, partitions).items() for p in ps}

@@ -1,0 +1,47 @@
+"""What ``ordq topic group T G`` shows: a consumer group's members, which partitions each owns
+(delivers from now: holds the partition's election) and should own (the assignment every member
+computes from the live members), and the lag of each partition. Read at one moment; nothing here
+writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ordq.common.errors import QueueNotFound
+from ordq.coordinator.group_assign import owner_of
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.topics import partition_queue
+from ordq.sdk.group import group_members, member_of_consumer
+from ordq.sdk.replicas import ReplicaReader, describe_queue
+
+
+def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, group: str) -> dict[str, Any]:
+    """``{"topic", "group", "partitions", "members": {id: {...}}, "rows": [per partition]}``;
+    each row: partition, queue, owner (the member delivering it now, None: nobody),
+    assigned (the member it should go to), cursor position, lag (None: unknown) and
+    standbys (members waiting in its election). TopicNotFound."""
+    tc = store.read_topic(topic)
+    members = group_members(store, topic, group)
+    assigned = owner_of(members, tc.partitions)
+    rows: list[dict[str, Any]] = []
+    for p in range(tc.partitions):
+        queue = partition_queue(topic, p)
+        row: dict[str, Any] = {"partition": p, "queue": queue, "owner": None, "assigned": assigned.get(p),
+                               "seg": None, "last_seq": None, "lag": None, "standbys": []}
+        try:
+            view = describe_queue(store, reader, queue)
+        except QueueNotFound:
+            rows.append(row)
+            continue
+        sub = next((s for s in view.subscriptions if s.name == group), None)
+        if sub is not None:
+            row.update(owner=member_of_consumer(sub.held_by), seg=sub.cursor.seg, last_seq=sub.cursor.last_seq,
+                       lag=sub.lag, standbys=[member_of_consumer(s) for s in sub.standbys])
+        rows.append(row)
+    owns = {m: [r["partition"] for r in rows if r["owner"] == m] for m in members}
+    return {"topic": topic, "group": group, "partitions": tc.partitions,
+            "members": {m: {**info, "owns": owns[m], "assigned": [p for p, a in assigned.items() if a == m]}
+                        for m, info in members.items()},
+            "rows": rows,
+            "lag": sum(r["lag"] for r in rows if r["lag"] is not None),
+            "lag_known": all(r["lag"] is not None for r in rows)}
