@@ -109,6 +109,9 @@ class WritePath:
             await self.shared.signal.wait(left)
         if link is None or not link.connected:
             raise SegmentNotWritable(self.shared.address, req.queue, req.seg, "the slave is not connected")
+        doubt = self.shared.session_doubtful(time.monotonic())
+        if doubt is not None:  # the session guard: no write past the session (DESIGN §6)
+            raise SegmentNotWritable(self.shared.address, req.queue, req.seg, doubt)
         await self._hold_back(link)
         resent = False  # a batch already stored and synced here: its ack may be due at once
         with self.shared.cv:
@@ -315,6 +318,18 @@ class WritePath:
         for stream in self.streams:
             if any(seg is s for seg, _ in stream.pending) and stream.error is None:
                 stream.error = error
+
+    def freeze_writable(self, why: str, *, empty_too: bool = True, error: str | None = None) -> int:
+        """Caller holds _cv. Freeze every segment this master could still write (``empty_too``:
+        those holding nothing yet as well) and fail every produce stream: its producers fail
+        over. Returns how many segments were frozen."""
+        frozen = 0
+        for s in self.shared.segments.values():
+            if s.replica.writable and (empty_too or s.replica.next_offset > 0):
+                s.replica.freeze(why)
+                frozen += 1
+        self.fail_streams(SegmentNotWritable(self.shared.address, "*", -1, error or why))
+        return frozen
 
     def fail_streams(self, error: OrdqError, *, only: Callable[[Segment], bool] | None = None) -> None:
         """Caller holds _cv. Fail every produce stream (that waits on a matching segment)."""

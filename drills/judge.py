@@ -111,6 +111,20 @@ def _failover_s(ctx: DrillContext, acks: list[audit.AckRow], deliveries: list[au
     return (min(times) - t0) / 1e6 if times else None
 
 
+def findings(report: Any, queue: str) -> tuple[dict[str, int], dict[str, int]]:
+    """What the verifier's ``report`` found on ``queue``: (count per class, count per
+    violating class found). The queue is unique to a drill; a finding of no queue counts
+    against every drill."""
+    counts: dict[str, int] = {}
+    violations: dict[str, int] = {}
+    for c in report.classes:
+        n = sum(k for q, _s, k in c.by_subscription if q in (queue, None))
+        counts[c.name] = n
+        if c.violation and n:
+            violations[c.name] = n
+    return counts, violations
+
+
 def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResult:
     ctx = run.ctx
     base: dict[str, Any] = {"name": ctx.drill.name, "round": ctx.round, "seed": run.seed, "queue": ctx.queue,
@@ -131,15 +145,7 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
             for what, ok in ctx.drill.check(ctx, acks, deliveries):
                 ctx.expect(what, ok, quiet=True)
     unmet = [what for what, ok in ctx.expectations if not ok]
-    counts: dict[str, int] = {}
-    violations: dict[str, int] = {}
-    if report is not None:
-        for c in report.classes:
-            # The queue is unique to this drill; a finding of no queue counts against every drill.
-            n = sum(k for q, _s, k in c.by_subscription if q in (ctx.queue, None))
-            counts[c.name] = n
-            if c.violation and n:
-                violations[c.name] = n
+    counts, violations = findings(report, ctx.queue) if report is not None else ({}, {})
     if error is not None:
         verdict = f"ERROR ({error.splitlines()[0]})"  # whole: the cause is what the reader needs
     elif report is None:
