@@ -150,6 +150,12 @@ class WritePath:
         while earlier ones were synced together: one group commit."""
         headers = [self._checked_header(raw) for raw in batches]
         s = self.shared.segments.get((queue, seg))
+        if s is None and headers and headers[0].first_offset > 0:
+            # No copy here (removed once read by every subscription, or never had) and the
+            # batch does not start it: refused before a copy is made. A partition can hold
+            # such a batch in a TCP buffer past the seal and the removal (issue 28's lab).
+            raise ConfigError(f"replicated batch at offset {headers[0].first_offset} of {short(queue)}/{seg}: "
+                              "no copy of that segment here")
         if s is None:
             s = await self.shared.loop.run_blocking(self.segments.for_replica, queue, seg)
         accepted: list[bytes] = []

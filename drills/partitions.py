@@ -143,6 +143,8 @@ class Stream:
         if (self.folder / "stop").exists():
             return started
         for role in ("p", "c"):
+            if any(self.status(w).get("state") == "done" for w in self.names(role)):
+                continue  # that role finished the stream
             live = [w for w in self.names(role) if self.procs[w].alive()]
             if len(live) < 2:
                 taken = {self.hosts[w] for w in live}
@@ -308,6 +310,9 @@ def inject(cluster: LabCluster, stream: Stream, fault: Fault, *, hold_s: float =
     """Put ``fault`` in, wait for its effect, hold, heal; the cluster is whole again after."""
     s = scene(cluster, stream)
     leaders = {r: stream.leader(r) for r in ("p", "c")}
+    # what each producer acked and each consumer delivered so far: a takeover is a rise by
+    # another than the leader at the fault (earlier ones may have acked before)
+    counted = {w: int(stream.status(w).get("acked" if w[0] == "p" else "delivered", 0)) for w in stream.procs}
     undo: Callable[[], None] = cluster.lab.nemesis.heal
     cut_us = now_us()
     if fault.make is not None:
@@ -324,7 +329,8 @@ def inject(cluster: LabCluster, stream: Stream, fault: Fault, *, hold_s: float =
                     return stream.later_segment_acked(s.seg)
                 role = str(fault.effect)[0]
                 key = "acked" if role == "p" else "delivered"
-                return any(int(stream.status(w).get(key, 0)) > 0 for w in stream.names(role) if w != leaders[role])
+                return any(int(stream.status(w).get(key, 0)) > counted.get(w, 0)
+                           for w in stream.names(role) if w != leaders[role])
 
             wait(seen, timeout_s=EFFECT_TIMEOUT_S, what=f"the effect of {fault.name} ({fault.effect})")
             effect_s = (now_us() - cut_us) / 1e6
