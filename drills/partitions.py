@@ -28,6 +28,7 @@ is skipped with one line.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import secrets
 import statistics
@@ -54,7 +55,7 @@ HOLD_S = 2.0  # a cut stays this long after its effect
 EFFECT_TIMEOUT_S = 60.0
 FLAKY_DROP = 0.3  # the flaky link drops each packet with this probability
 SESSION_TIMEOUT_S = 2.0  # the clients' ZooKeeper sessions (the cluster's own: ordq.lab.cluster)
-FAULTS_PER_STREAM = 10  # the randomized run: faults on one stream before the next one
+FAULTS_PER_STREAM = 20  # the randomized run: faults on one stream before the next one
 
 
 class LabDrillError(OrdqError):
@@ -493,8 +494,8 @@ def _pct(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] if q < 1 else values[-1]
 
 
-def randomized(folder: Path, *, rounds: int, seed: int, verify: Callable[..., Any], rate: float = 500.0,
-               hold_s: tuple[float, float] = (0.5, 2.0), out: TextIO | None = None) -> RandomizedRun:
+def randomized(folder: Path, *, rounds: int, seed: int, verify: Callable[..., Any], rate: float = 100.0,
+               hold_s: tuple[float, float] = (0.3, 1.0), out: TextIO | None = None) -> RandomizedRun:
     """``rounds`` faults drawn at random (seeded) from the partition kinds, kills and pauses,
     on one lab cluster, ``FAULTS_PER_STREAM`` on each stream; then one verification of every
     stream."""
@@ -520,6 +521,8 @@ def randomized(folder: Path, *, rounds: int, seed: int, verify: Callable[..., An
                 out.flush()
             try:
                 outcomes.append(inject(cluster, stream, fault, hold_s=rng.uniform(*hold_s), out=out))
+                with open(folder / "outcomes.jsonl", "a") as f:  # kept as it goes: a cut-short run still counts
+                    f.write(json.dumps(attrs.asdict(outcomes[-1])) + "\n")
                 stream.replenish()
                 stream.wait_leaders()
                 error = None

@@ -199,7 +199,9 @@ def run_randomized(args: argparse.Namespace, seed: int) -> int:
         raise ConfigError(f"ordq drill partitions needs a lab (root, ip netns, iptables): {why}")
     out = sys.stderr if wants_json(args) else sys.stdout
     folder = args.dir or Path(tempfile.mkdtemp(prefix="ordq-partitions-"))
-    load = f"{args.rounds} faults, a stream at {args.rate:g} msgs/s, a new stream every 10 faults"
+    from ordq.drills.partitions import FAULTS_PER_STREAM
+
+    load = f"{args.rounds} faults, a stream at {args.rate:g} msgs/s, a new stream every {FAULTS_PER_STREAM} faults"
     out.write(f"seed {seed}; {load}; files in {folder}\n")
     out.flush()
     with owning_children(die_with_parent=True), Verifier(master=args.master) as verifier:
