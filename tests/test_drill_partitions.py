@@ -103,7 +103,8 @@ def test_partition_drills_through_ordq_drill(capsys: pytest.CaptureFixture[str])
 @needs_lab
 def test_randomized_partitions_report_the_next_ack_per_kind(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["drill", "partitions", "--rounds", "4", "--seed", "3", "--dir", str(tmp_path / "p"), "--json"])
+    code = main(["drill", "partitions", "--rounds", "4", "--seed", "3", "--rate", "100", "--dir", str(tmp_path / "p"),
+                 "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0, doc
     assert sum(k["faults"] for k in doc["per_kind"]) == 4

@@ -50,7 +50,8 @@ def register(subparsers: Any) -> None:
                              "ensemble, else 1)")
     parser.add_argument("--messages", type=int_in(1, 10**9), default=20_000,
                         help="messages per drill (default %(default)s)")
-    parser.add_argument("--rate", type=rate(), default=4_000.0, help="messages per second (default %(default)s)")
+    parser.add_argument("--rate", type=rate(), default=None,
+                        help="messages per second (default 4000; 100 for 'partitions')")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
     parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None,
@@ -146,7 +147,7 @@ def _run_local(args: argparse.Namespace, drills: list[Any], seed: int, verifier:
     from ordq.drills.runner import LoadConfig
     from ordq.local_cluster import LocalCluster
 
-    load = LoadConfig(messages=args.messages, rate=args.rate)
+    load = LoadConfig(messages=args.messages, rate=args.rate or 4_000.0)
     # A running cluster in --dir is used as it is and left running; a stopped one is started
     # and stopped again (its data kept); only a folder made for this run is deleted after it.
     own = True
@@ -201,6 +202,7 @@ def run_randomized(args: argparse.Namespace, seed: int) -> int:
     folder = args.dir or Path(tempfile.mkdtemp(prefix="ordq-partitions-"))
     from ordq.drills.partitions import FAULTS_PER_STREAM
 
+    args.rate = args.rate or 100.0
     load = f"{args.rounds} faults, a stream at {args.rate:g} msgs/s, a new stream every {FAULTS_PER_STREAM} faults"
     out.write(f"seed {seed}; {load}; files in {folder}\n")
     out.flush()
