@@ -188,16 +188,12 @@ class ReplicationLink:
             was = self.connected
             self.connected = False
             self._gen += 1  # stops the sender of this stream
-            frozen = []
-            for s in self.shared.segments.values():
-                if s.replica.writable and s.replica.next_offset > 0:
-                    s.replica.freeze("the replication stream to the slave broke")
-                    frozen.append(s)
+            frozen = self.write.freeze_writable("the replication stream to the slave broke", empty_too=False,
+                                                error="the slave is not connected")
             if was:
                 self.shared.stats.replication_breaks += 1
-            self.write.fail_streams(SegmentNotWritable(self.shared.address, "*", -1, "the slave is not connected"))
         if frozen:
-            log.warning("froze %d segments after the slave stream broke", len(frozen))
+            log.warning("froze %d segments after the slave stream broke", frozen)
 
     async def _send(self, call: Any, gen: int) -> None:
         """The stream's requests. Batches go out while fewer than MAX_INFLIGHT requests

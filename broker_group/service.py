@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -73,6 +74,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.shared = Shared(config)
+        self._lost = False  # the ZooKeeper session was lost and liveness is not registered again
         self.segments = SegmentStore(self.shared)
         self.repair = Repairer(self.shared, self.segments)
         self.request_time = RequestTime(config.request_time)  # each token's share of the loop
@@ -181,15 +183,32 @@ class Broker:
         log.info("%s/%s: the previous process's session expired; starting", cfg.gid, cfg.role.value)
 
     def _on_zk_state(self, state: str) -> None:
+        # The session guard: a master takes no write while ZooKeeper has been silent for a
+        # third of the session (Shared.session_doubtful), nor after its session was lost
+        # until it registered again; its segments then fail over (the coordinator already
+        # moved writes on when the session expired).
+        with self.shared.cv:
+            if state == KazooState.CONNECTED and self.shared.zk_silent_since is not None and not self._lost:
+                self.shared.zk_silent_since = None
+            elif state != KazooState.CONNECTED and self.shared.zk_silent_since is None:
+                self.shared.zk_silent_since = time.monotonic()
         # The ephemeral liveness node dies with an expired session: register again once a
         # new session is up (in a thread: kazoo forbids blocking calls in listeners).
         if state == KazooState.LOST:
+            self._lost = True
+            if self.write.replication is not None:
+                with self.shared.cv:
+                    self.write.freeze_writable("the ZooKeeper session expired")
+
             def again() -> None:
                 try:
                     self._retry(self._register, "register liveness again after a lost session", bound_s=60.0)
                 except OrdqError as exc:
                     log.error("%s", exc)
                     return
+                with self.shared.cv:
+                    self._lost = False
+                    self.shared.zk_silent_since = None
                 log.info("re-registered liveness after a lost ZooKeeper session")
 
             threading.Thread(target=again, daemon=True).start()

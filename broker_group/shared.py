@@ -99,6 +99,19 @@ class Shared:
         self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
         self.signal = Signal(self.loop)
         self.store: ZkStore | None = None
+        # The session guard (DESIGN §6): since when this broker has not heard from ZooKeeper
+        # (its connection SUSPENDED or its session LOST; None while connected and registered).
+        self.zk_silent_since: float | None = None
+
+    def session_doubtful(self, now: float) -> str | None:
+        """Why a master must take no write now, or None: ZooKeeper silent for more than a
+        third of the session (kazoo suspends a connection after two thirds of silence, so by
+        then the session may be about to expire and a successor be made), or the session
+        lost and liveness not yet registered again."""
+        since = self.zk_silent_since
+        if since is None or now - since <= self.config.zk_session_timeout_s / 3:
+            return None
+        return f"ZooKeeper silent for {now - since:.1f} s (the session may have expired)"
 
     def changed(self) -> None:
         """Caller holds cv: state changed; wake every waiter (threads on ``cv``, the loop's

@@ -109,6 +109,9 @@ class WritePath:
             await self.shared.signal.wait(left)
         if link is None or not link.connected:
             raise SegmentNotWritable(self.shared.address, req.queue, req.seg, "the slave is not connected")
+        doubt = self.shared.session_doubtful(time.monotonic())
+        if doubt is not None:  # the session guard: no write past the session (DESIGN §6)
+            raise SegmentNotWritable(self.shared.address, req.queue, req.seg, doubt)
         await self._hold_back(link)
         resent = False  # a batch already stored and synced here: its ack may be due at once
         with self.shared.cv:
@@ -147,6 +150,12 @@ class WritePath:
         while earlier ones were synced together: one group commit."""
         headers = [self._checked_header(raw) for raw in batches]
         s = self.shared.segments.get((queue, seg))
+        if s is None and headers and headers[0].first_offset > 0:
+            # No copy here (removed once read by every subscription, or never had) and the
+            # batch does not start it: refused before a copy is made. A partition can hold
+            # such a batch in a TCP buffer past the seal and the removal (issue 28's lab).
+            raise ConfigError(f"replicated batch at offset {headers[0].first_offset} of {short(queue)}/{seg}: "
+                              "no copy of that segment here")
         if s is None:
             s = await self.shared.loop.run_blocking(self.segments.for_replica, queue, seg)
         accepted: list[bytes] = []
@@ -315,6 +324,18 @@ class WritePath:
         for stream in self.streams:
             if any(seg is s for seg, _ in stream.pending) and stream.error is None:
                 stream.error = error
+
+    def freeze_writable(self, why: str, *, empty_too: bool = True, error: str | None = None) -> int:
+        """Caller holds _cv. Freeze every segment this master could still write (``empty_too``:
+        those holding nothing yet as well) and fail every produce stream: its producers fail
+        over. Returns how many segments were frozen."""
+        frozen = 0
+        for s in self.shared.segments.values():
+            if s.replica.writable and (empty_too or s.replica.next_offset > 0):
+                s.replica.freeze(why)
+                frozen += 1
+        self.fail_streams(SegmentNotWritable(self.shared.address, "*", -1, error or why))
+        return frozen
 
     def fail_streams(self, error: OrdqError, *, only: Callable[[Segment], bool] | None = None) -> None:
         """Caller holds _cv. Fail every produce stream (that waits on a matching segment)."""

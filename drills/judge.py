@@ -114,6 +114,21 @@ def _failover_s(ctx: DrillContext, acks: list[audit.AckRow], deliveries: list[au
     return (min(times) - t0) / 1e6 if times else None
 
 
+def findings(report: Any, queue: str, topic: str | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """What the verifier's ``report`` found on ``queue`` (and on the partitions of ``topic``,
+    a keyed-topic drill's): (count per class, count per violating class found). The queue is
+    unique to a drill; a finding of no queue counts against every drill."""
+    counts: dict[str, int] = {}
+    violations: dict[str, int] = {}
+    for c in report.classes:
+        n = sum(k for q, _s, k in c.by_subscription
+                if q in (queue, None) or (topic is not None and topic_of(q) == topic))
+        counts[c.name] = n
+        if c.violation and n:
+            violations[c.name] = n
+    return counts, violations
+
+
 def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResult:
     ctx = run.ctx
     base: dict[str, Any] = {"name": ctx.drill.name, "round": ctx.round, "seed": run.seed, "queue": ctx.queue,
@@ -135,15 +150,8 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
             for what, ok in ctx.drill.check(ctx, acks, deliveries):
                 ctx.expect(what, ok, quiet=True)
     unmet = [what for what, ok in ctx.expectations if not ok]
-    counts: dict[str, int] = {}
-    violations: dict[str, int] = {}
-    if report is not None:
-        for c in report.classes:
-            # The queue is unique to this drill; a finding of no queue counts against every drill.
-            n = sum(k for q, _s, k in c.by_subscription if q in (ctx.queue, None) or _in_topic(ctx, q))
-            counts[c.name] = n
-            if c.violation and n:
-                violations[c.name] = n
+    topic = ctx.notes.get("topic")
+    counts, violations = findings(report, ctx.queue, topic) if report is not None else ({}, {})
     if error is not None:
         verdict = f"ERROR ({error.splitlines()[0]})"  # whole: the cause is what the reader needs
     elif report is None:
@@ -160,12 +168,6 @@ def _judge(run: DrillRun, report: Any, verifier_error: str | None) -> DrillResul
         redelivered=counts.get("redelivered_after_takeover"), failover_s=_failover_s(ctx, acks, deliveries),
         expectations=tuple(ctx.expectations), events=tuple(ctx.events), report=report,
     )
-
-
-def _in_topic(ctx: DrillContext, queue: str) -> bool:
-    """``queue`` is a partition of the drill's topic (a keyed-topic drill)."""
-    topic = ctx.notes.get("topic")
-    return topic is not None and topic_of(queue) == topic
 
 
 def run_drill(

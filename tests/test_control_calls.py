@@ -347,6 +347,14 @@ def test_a_client_cannot_feed_a_slave_and_a_broker_cannot_claim_a_lac_past_the_c
     err = refusal(slave, g.broker, lambda s, md: list(s.Replicate(iter(lie), timeout=10, metadata=md)))
     assert isinstance(err, ConfigError) and "past this copy's end" in str(err), err
     assert g.refused("slave", "ConfigError") == before + 1
+    # A batch that does not start a segment the slave holds no copy of is refused before any
+    # copy is made (issue 28's lab: a partition held one in a TCP buffer past the seal and the
+    # removal of its segment; after the heal the slave made an empty copy again).
+    late = [pb.ReplicateRequest(hello=True),
+            pb.ReplicateRequest(queue=Q, seg=7, batches=[batch_format.stamp_offset(batch(1909, 5), 1909)], lac=-1)]
+    err = refusal(slave, g.broker, lambda s, md: list(s.Replicate(iter(late), timeout=10, metadata=md)))
+    assert isinstance(err, ConfigError) and "no copy of that segment here" in str(err), err
+    assert not seglog.segment_dir(g.data_dir("slave"), Q, 7).exists()
     res = call(slave, g.intruder, lambda s, md: s.Fetch(pb.FetchRequest(queue=Q, seg=0, offset=0, max_bytes=1 << 20,
                                                                          known_end=-1), timeout=10, metadata=md))
     assert res.readable_end <= 10

@@ -15,7 +15,6 @@ import json
 import os
 import select
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,7 +30,7 @@ from ordq.cli import main
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
 from ordq.lab import Lab, Partition, bridge, cut_pair, flaky, isolate, one_way, split, sweep
-from ordq.lab.lab import registry_dir
+from ordq.lab.lab import registry_dir, unavailable
 from ordq.lab.netns import in_namespace, ip, lab_ids, list_namespaces, taken_networks
 from tests.helpers.doc_blocks import check, parse_doc
 from tests.util import wait_until
@@ -52,28 +51,7 @@ while True:
 """
 
 
-def _why_no_lab() -> str | None:
-    if os.geteuid() != 0:
-        return "not root"
-    for tool in ("ip", "iptables"):
-        if shutil.which(tool) is None:
-            return f"no {tool} (apt-get install iproute2 iptables)"
-    probe = f"ordqtest-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    try:  # a container may allow namespaces but not netfilter or veth links inside them
-        for argv, what in ((["iptables", "-S"], "iptables"), (["ip", "link", "add", "p0", "type", "veth", "peer", "p1"],
-                                                                "a veth link")):
-            tried = subprocess.run(["ip", "netns", "exec", probe, *argv], capture_output=True, text=True)
-            if tried.returncode != 0:
-                return f"{what} inside a namespace failed: {tried.stderr.strip()}"
-    finally:
-        subprocess.run(["ip", "netns", "delete", probe], check=True)
-    return None
-
-
-_NO_LAB = _why_no_lab()
+_NO_LAB = unavailable()
 if _NO_LAB:  # one line for the whole module, not one per test
     pytest.skip(f"the lab needs root, ip netns and iptables: {_NO_LAB}", allow_module_level=True)
 

@@ -4,8 +4,9 @@ inside their hosts, cuts the network with the nemesis while acks flow, heals, le
 finish, and takes its verdict from ``spark_order_check`` over the audit files, as ``ordq drill``
 does: 0 acked lost, 0 reordered, 0 delivered twice by one consumer, 0 concurrent consumers.
 
-The drills are slow tests, not ``ordq drill`` drills: the drill runner drives a LocalCluster
-from the root namespace (its workloads could not reach the lab's addresses).
+These four drills run on the module docstring's layout (ZooKeeper sharing hosts with brokers);
+the ``ordq drill part-*`` drills (drills/partitions.py, tests/test_drill_partitions.py) run nine
+kinds on the ``SPREAD`` layout, ZooKeeper on hosts of its own.
 
 One cluster for the module (about 16 s to start at load 13). Needs root, ``ip netns`` and
 iptables: skipped with one line elsewhere (tests/test_lab.py's condition).

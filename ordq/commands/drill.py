@@ -1,14 +1,19 @@
-"""ordq drill NAME... | all | list: failover drills on a local cluster, verified with Spark.
+"""ordq drill NAME... | all | list | partitions: failover drills verified with Spark.
 
 Each drill runs a producer and a consumer under steady load, injects its fault at a random
 (seeded) moment, lets the run finish and asks ``spark_order_check`` for the verdict
-(docs/OPERATIONS.md). The exit code is 1 when any drill fails.
+(docs/OPERATIONS.md). The drills of processes and disks run on a local cluster; the partition
+drills (``part-*``, ``ordq.drills.partitions``) on a cluster deployed in a lab of network
+namespaces (root only: skipped with one line elsewhere). ``partitions`` mixes partitions, kills
+and pauses at random for ``--rounds`` faults on one lab cluster and reports, per kind, the time
+from each fault to the next acknowledged send. The exit code is 1 when any drill fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import tempfile
 import time
@@ -31,7 +36,9 @@ def register(subparsers: Any) -> None:
         "(kept when a drill fails); a cluster running in --dir is used and left running; a stopped or new one "
         "there is started and stopped again, its files kept.",
     )
-    parser.add_argument("names", nargs="+", metavar="NAME", help="drill name(s), 'all', or 'list'")
+    parser.add_argument("names", nargs="+", metavar="NAME",
+                        help="drill name(s), 'all', 'list', or 'partitions' (random partitions, kills and pauses "
+                        "in a lab: --rounds faults)")
     parser.add_argument("--rounds", type=int_in(1, 1000), default=1, help="run each drill this many times (default 1)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault moments and choices "
                         "(default: random, printed)")
@@ -43,7 +50,8 @@ def register(subparsers: Any) -> None:
                              "ensemble, else 1)")
     parser.add_argument("--messages", type=int_in(1, 10**9), default=20_000,
                         help="messages per drill (default %(default)s)")
-    parser.add_argument("--rate", type=rate(), default=4_000.0, help="messages per second (default %(default)s)")
+    parser.add_argument("--rate", type=rate(), default=None,
+                        help="messages per second (default 4000; 100 for 'partitions')")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
     parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None,
@@ -53,16 +61,21 @@ def register(subparsers: Any) -> None:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     from ordq.drills.catalog import DRILLS
+    from ordq.drills.partitions import PARTITIONS
 
     if args.names == ["list"]:
         rows = [{"drill": d.name, "fault": d.fault, "must_happen": d.must} for d in DRILLS.values()]
+        rows += [{"drill": f.name, "fault": f.fault, "must_happen": f.must} for f in PARTITIONS.values()]
         if wants_json(args):
             emit_json(rows)
         else:
             table(rows, ["drill", "fault", "must_happen"])
         return 0
-    names = list(DRILLS) if args.names == ["all"] else args.names
-    unknown = [n for n in names if n not in DRILLS]
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    if args.names == ["partitions"]:
+        return run_randomized(args, seed)
+    names = [*DRILLS, *PARTITIONS] if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in DRILLS and n not in PARTITIONS]
     if unknown:
         from ordq.common.errors import ConfigError
 
@@ -71,61 +84,41 @@ def cmd_drill(args: argparse.Namespace) -> int:
         from ordq.common.errors import ConfigError
 
         raise ConfigError("--rounds must be >= 1")
-    drills = [DRILLS[n] for n in names]
+    drills = [DRILLS[n] for n in names if n in DRILLS]
     for drill in drills:
         if drill.requires is not None:
             drill.requires()  # e.g. the cdc drill's database servers: one line before any cluster starts
-    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
-    return run_drills(args, drills, seed)
+    return run_drills(args, drills, [n for n in names if n in PARTITIONS], seed)
 
 
-def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
-    from ordq.cluster_config import ClusterConfig
+def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str], seed: int) -> int:
     from ordq.common.proc import owning_children
-    from ordq.drills.judge import TABLE_COLUMNS, run_series, summarize
-    from ordq.drills.runner import LoadConfig
+    from ordq.drills.judge import TABLE_COLUMNS, summarize
     from ordq.drills.verdict import Verifier
-    from ordq.local_cluster import LocalCluster
 
     out = sys.stderr if wants_json(args) else sys.stdout
-    load = LoadConfig(messages=args.messages, rate=args.rate)
-    # A running cluster in --dir is used as it is and left running; a stopped one is started
-    # and stopped again (its data kept); only a folder made for this run is deleted after it.
-    own = True
-    temporary = args.dir is None
-    folder = args.dir or Path(tempfile.mkdtemp(prefix="ordq-drills-"))
-    if LocalCluster.exists(folder):
-        cluster = LocalCluster.load(folder)
-        own = not cluster.running()
-        out.write(f"{'starting' if own else 'using'} the local cluster in {cluster.folder}\n")
-    else:
-        zk_nodes = args.zk_nodes or (3 if any(d.needs_ensemble for d in drills) else 1)
-        cluster = LocalCluster(folder, ClusterConfig(zk_nodes=zk_nodes))
-        out.write(f"starting a local cluster in {cluster.folder} ({zk_nodes} ZooKeeper node(s), "
-                  f"{cluster.config.groups} groups, {cluster.config.coordinators} coordinators)\n")
-    out.flush()
     started = time.monotonic()
-    results = []
-    # Killed or interrupted, the drill stops what it started: SIGTERM unwinds like Ctrl-C
-    # (the finally below), and kill -9 takes its own cluster's processes with it.
-    with owning_children(die_with_parent=own):
-        try:
-            if own:
-                cluster.start()
-            out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
-                      f"{load.rate:g}/s each\n")
-            with Verifier(master=args.master) as verifier:
-                results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
-                                     tamper=args.test_hook, keep=args.keep, out=out,
-                                     report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
-        finally:
-            if own:
-                failed = any(not r.ok for r in results) or not results
-                if temporary and not failed and not args.keep:
-                    cluster.destroy()
+    results: list[Any] = []
+    with Verifier(master=args.master) as verifier:
+        if drills:
+            results += _run_local(args, drills, seed, verifier, out)
+        if lab_drills:
+            from ordq.drills.partitions import run_lab_drills
+
+            # Killed or interrupted, the lab goes with this process (its reaper removes it).
+            with owning_children(die_with_parent=True):
+                folder = Path(tempfile.mkdtemp(prefix="ordq-lab-drills-"))
+                out.write(f"partition drills: a lab cluster in {folder}\n")
+                out.flush()
+                lab_results = run_lab_drills(folder, lab_drills, verify=verifier, rounds=args.rounds, seed=seed,
+                                             keep=args.keep, out=out)
+                if all(r.ok for r in lab_results) and not args.keep:
+                    shutil.rmtree(folder, ignore_errors=True)
                 else:
-                    cluster.stop()
-                    out.write(f"cluster stopped; files kept in {cluster.folder}\n")
+                    out.write(f"partition drills: files kept in {folder}\n")
+                for verdict in {r.verdict for r in lab_results if r.skipped}:  # one clear line, not one per drill
+                    out.write(f"partition drills: {verdict}\n")
+            results += lab_results
     total = time.monotonic() - started
     ok = all(r.ok for r in results)
     if wants_json(args):
@@ -144,3 +137,87 @@ def run_drills(args: argparse.Namespace, drills: list[Any], seed: int) -> int:
                     if r.report is not None and not r.report.ok:
                         print(r.report.summary())
     return 0 if ok else EXIT_FAILED
+
+
+def _run_local(args: argparse.Namespace, drills: list[Any], seed: int, verifier: Any, out: Any) -> list[Any]:
+    """The drills of processes and disks, on a local cluster (see the command's description)."""
+    from ordq.cluster_config import ClusterConfig
+    from ordq.common.proc import owning_children
+    from ordq.drills.judge import run_series
+    from ordq.drills.runner import LoadConfig
+    from ordq.local_cluster import LocalCluster
+
+    load = LoadConfig(messages=args.messages, rate=args.rate or 4_000.0)
+    # A running cluster in --dir is used as it is and left running; a stopped one is started
+    # and stopped again (its data kept); only a folder made for this run is deleted after it.
+    own = True
+    temporary = args.dir is None
+    folder = args.dir or Path(tempfile.mkdtemp(prefix="ordq-drills-"))
+    if LocalCluster.exists(folder):
+        cluster = LocalCluster.load(folder)
+        own = not cluster.running()
+        out.write(f"{'starting' if own else 'using'} the local cluster in {cluster.folder}\n")
+    else:
+        zk_nodes = args.zk_nodes or (3 if any(d.needs_ensemble for d in drills) else 1)
+        cluster = LocalCluster(folder, ClusterConfig(zk_nodes=zk_nodes))
+        out.write(f"starting a local cluster in {cluster.folder} ({zk_nodes} ZooKeeper node(s), "
+                  f"{cluster.config.groups} groups, {cluster.config.coordinators} coordinators)\n")
+    out.flush()
+    results = []
+    # Killed or interrupted, the drill stops what it started: SIGTERM unwinds like Ctrl-C
+    # (the finally below), and kill -9 takes its own cluster's processes with it.
+    with owning_children(die_with_parent=own):
+        try:
+            if own:
+                cluster.start()
+            out.write(f"seed {seed}; {len(drills)} drill(s) x {args.rounds} round(s); {load.messages} messages at "
+                      f"{load.rate:g}/s each\n")
+            results = run_series(cluster, drills, verify=verifier, rounds=args.rounds, seed=seed, load=load,
+                                 tamper=args.test_hook, keep=args.keep, out=out,
+                                 report_path=cluster.folder / "drills" / f"report-seed{seed}.json")
+        finally:
+            if own:
+                failed = any(not r.ok for r in results) or not results
+                if temporary and not failed and not args.keep:
+                    cluster.destroy()
+                else:
+                    cluster.stop()
+                    out.write(f"cluster stopped; files kept in {cluster.folder}\n")
+    return results
+
+
+def run_randomized(args: argparse.Namespace, seed: int) -> int:
+    """``ordq drill partitions``: random partitions, kills and pauses on one lab cluster."""
+    from ordq.common.errors import ConfigError
+    from ordq.common.proc import owning_children
+    from ordq.drills.judge import TABLE_COLUMNS, summarize
+    from ordq.drills.partitions import randomized
+    from ordq.drills.verdict import Verifier
+    from ordq.lab.lab import unavailable
+
+    why = unavailable()
+    if why is not None:
+        raise ConfigError(f"ordq drill partitions needs a lab (root, ip netns, iptables): {why}")
+    out = sys.stderr if wants_json(args) else sys.stdout
+    folder = args.dir or Path(tempfile.mkdtemp(prefix="ordq-partitions-"))
+    from ordq.drills.partitions import FAULTS_PER_STREAM
+
+    args.rate = args.rate or 100.0
+    load = f"{args.rounds} faults, a stream at {args.rate:g} msgs/s, a new stream every {FAULTS_PER_STREAM} faults"
+    out.write(f"seed {seed}; {load}; files in {folder}\n")
+    out.flush()
+    with owning_children(die_with_parent=True), Verifier(master=args.master) as verifier:
+        run = randomized(folder, rounds=args.rounds, seed=seed, verify=verifier, rate=args.rate, out=out)
+    if wants_json(args):
+        emit_json({"ok": run.ok, "seed": seed, "rounds": run.rounds, "seconds": round(run.seconds, 1),
+                   "per_kind": run.per_kind(), "streams": [r.to_dict() for r in run.results]})
+    else:
+        print()
+        table(run.per_kind(), ["kind", "faults", "no_effect", "next_ack_p50_s", "next_ack_p99_s", "next_ack_max_s"])
+        print()
+        table(summarize(run.results), TABLE_COLUMNS)
+        verdict = "PASS" if run.ok else "FAIL"
+        print(f"\n{verdict}: {run.rounds} faults on {len(run.results)} stream(s) in {run.seconds:.0f}s (seed {seed})")
+    if run.ok and not args.keep and args.dir is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0 if run.ok else EXIT_FAILED

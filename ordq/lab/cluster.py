@@ -12,6 +12,9 @@ Layout (``LabCluster.start``; hosts of a 5-host lab):
     h4  clients (producers)
     h5  clients (consumers)
 
+``SPREAD`` is another ``Layout``: ZooKeeper on h1-h3 alone, brokers and coordinators on
+h4-h6, clients on h7 and h8 (a partition can then cut a process from ZooKeeper only).
+
 Guarantees:
 - Every server binds its host's lab address only, advertises it, and presents a certificate
   naming it; ZooKeeper is reached over TLS (``[tls] zookeeper = true``).
@@ -23,11 +26,13 @@ Guarantees:
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -43,6 +48,37 @@ GROUPS = {"g1": ("h1", "h2"), "g2": ("h2", "h3"), "g3": ("h3", "h1")}
 COORDINATORS = ("h1", "h2")
 PRODUCER_HOST, CONSUMER_HOST = "h4", "h5"
 HOSTS = 5
+
+
+@attrs.frozen
+class Layout:
+    """Which host runs what: ZooKeeper nodes, each group's (master, slave), coordinators, and
+    the two client hosts (producers, consumers; each also runs the other role's standby)."""
+
+    zk_hosts: tuple[str, ...] = ZK_HOSTS
+    groups: dict[str, tuple[str, str]] = attrs.field(factory=lambda: dict(GROUPS))
+    coordinators: tuple[str, ...] = COORDINATORS
+    producer_host: str = PRODUCER_HOST
+    consumer_host: str = CONSUMER_HOST
+
+    @property
+    def hosts(self) -> int:
+        """How many hosts the lab needs (h1..hN)."""
+        named = {*self.zk_hosts, *(h for pair in self.groups.values() for h in pair), *self.coordinators,
+                 self.producer_host, self.consumer_host}
+        return max(int(h[1:]) for h in named)
+
+    @property
+    def clients(self) -> tuple[str, str]:
+        return (self.producer_host, self.consumer_host)
+
+
+# The module docstring's layout: ZooKeeper shares hosts with brokers (5 hosts).
+SHARED = Layout()
+# ZooKeeper on hosts of its own (8 hosts): a partition can cut a broker or a client from
+# ZooKeeper alone, the brokers and the other clients still reachable (the partition drills).
+SPREAD = Layout(zk_hosts=("h1", "h2", "h3"), groups={"g1": ("h4", "h5"), "g2": ("h5", "h6"), "g3": ("h6", "h4")},
+                coordinators=("h4", "h5"), producer_host="h7", consumer_host="h8")
 BROKER_PORT, METRICS_PORT, COORDINATOR_PORT = 7000, 9100, 7100
 SESSION_TIMEOUT_S = 2.0
 
@@ -66,6 +102,7 @@ class LabCluster:
     folder: Path
     zk_hosts: str
     credentials_file: Path
+    layout: Layout = SHARED
     brokers: dict[tuple[str, str], ManagedProcess] = attrs.field(factory=dict)
     coordinators: dict[str, ManagedProcess] = attrs.field(factory=dict)
     timings: dict[str, float] = attrs.field(factory=dict)
@@ -73,42 +110,44 @@ class LabCluster:
     # -- starting ---------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, lab: Lab, *, groups: Sequence[str] = tuple(GROUPS), coordinators: Sequence[str] = COORDINATORS,
-              session_timeout_s: float = SESSION_TIMEOUT_S) -> LabCluster:
-        """Deploy the cluster in ``lab`` (5 hosts at least), files under ``<lab folder>/cluster``.
-        OrdqError (ExternalProcessError, ConfigError) when a step fails; what started is
-        stopped with the lab."""
-        if len(lab.hosts) < HOSTS:
-            raise OrdqError(f"a lab cluster needs {HOSTS} hosts, the lab has {len(lab.hosts)}")
+    def start(cls, lab: Lab, *, groups: Sequence[str] | None = None, coordinators: Sequence[str] | None = None,
+              session_timeout_s: float = SESSION_TIMEOUT_S, layout: Layout = SHARED) -> LabCluster:
+        """Deploy the cluster in ``lab`` (``layout.hosts`` hosts at least), files under
+        ``<lab folder>/cluster``. OrdqError (ExternalProcessError, ConfigError) when a step
+        fails; what started is stopped with the lab."""
+        if len(lab.hosts) < layout.hosts:
+            raise OrdqError(f"a lab cluster needs {layout.hosts} hosts, the lab has {len(lab.hosts)}")
+        groups = tuple(layout.groups) if groups is None else groups
+        coordinators = layout.coordinators if coordinators is None else coordinators
         t0 = time.monotonic()
         folder = lab.folder / "cluster"
         folder.mkdir()
-        zk_hosts = ",".join(f"{lab.address(h)}:2181" for h in ZK_HOSTS)
-        cluster = cls(lab, folder, zk_hosts, folder / "credentials.json")
+        zk_hosts = ",".join(f"{lab.address(h)}:2181" for h in layout.zk_hosts)
+        cluster = cls(lab, folder, zk_hosts, folder / "credentials.json", layout)
         # ZooKeeper boots (seconds of JVM) while the other certificates are issued and the
         # coordinators start (each waits for ZooKeeper by itself); brokers need their group
         # registered first (GroupNotFound), which needs ZooKeeper serving.
-        cluster._issue([(h, "zk", "zookeeper") for h in ZK_HOSTS], ca=True)
+        cluster._issue([(h, "zk", "zookeeper") for h in layout.zk_hosts], ca=True)
         cluster._zookeeper(wait=False)
-        broker_hosts = sorted({h for gid in groups for h in GROUPS[gid]})
+        broker_hosts = sorted({h for gid in groups for h in layout.groups[gid]})
         cluster._issue([(h, "broker", "broker") for h in broker_hosts]
                        + [(h, "coordinator", "coordinator") for h in coordinators]
-                       + [(h, "client", "client") for h in (PRODUCER_HOST, CONSUMER_HOST)])
+                       + [(h, "client", "client") for h in layout.clients])
         cluster.timings["certificates"] = time.monotonic() - t0
         for host in coordinators:
             cluster.coordinators[host] = cluster._coordinator(host, session_timeout_s)
         ca = str(folder / "ca" / "ca.pem")
-        client = folder / CONSUMER_HOST
+        client = folder / layout.consumer_host
         register(zk_hosts, ROOT, Credentials(ca_file=ca, cert_file=str(client / "client.pem"),
                                              key_file=str(client / "client-key.pem"), zk_tls=True),
                  path=cluster.credentials_file)
         cluster._zookeeper(wait=True)
         cluster.timings["zookeeper"] = time.monotonic() - t0
         with ThreadPoolExecutor(len(groups)) as pool:
-            list(pool.map(lambda gid: cluster.call(PRODUCER_HOST, ["group", "add", gid]), groups))
+            list(pool.map(lambda gid: cluster.call(layout.producer_host, ["group", "add", gid]), groups))
         cluster.timings["groups"] = time.monotonic() - t0
         for gid in groups:
-            for role, host in zip(("master", "slave"), GROUPS[gid], strict=True):
+            for role, host in zip(("master", "slave"), layout.groups[gid], strict=True):
                 cluster.brokers[(gid, role)] = cluster._broker(gid, role, host, session_timeout_s)
         for proc in cluster.brokers.values():
             proc.wait_for_line("READY ", timeout_s=90)
@@ -139,22 +178,23 @@ class LabCluster:
         """Start each node (``wait=False``: at once, none serves before a majority runs), or
         start node 1 again, which waits until it serves: a quorum is up (as OPERATIONS.md
         does on host1)."""
-        configs = {h: self._host_dir(h) / "zk.toml" for h in ZK_HOSTS}
+        zk = self.layout.zk_hosts
+        configs = {h: self._host_dir(h) / "zk.toml" for h in zk}
         if wait:
-            self.lab.call(ZK_HOSTS[0], [ordq_command(), "zk", "start", "--config", str(configs[ZK_HOSTS[0]])],
+            self.lab.call(zk[0], [ordq_command(), "zk", "start", "--config", str(configs[zk[0]])],
                           timeout_s=120)
             return
-        servers = "".join(f'\n[[servers]]\nhost = "{self.lab.address(h)}"\n' for h in ZK_HOSTS)
-        for myid, host in enumerate(ZK_HOSTS, 1):
+        servers = "".join(f'\n[[servers]]\nhost = "{self.lab.address(h)}"\n' for h in zk)
+        for myid, host in enumerate(zk, 1):
             configs[host].write_text(f'myid = {myid}\ndir = "zk"\ntick_time_ms = 200\n{servers}'
                                      + _tls("zk", zookeeper=False))
-        with ThreadPoolExecutor(len(ZK_HOSTS)) as pool:
+        with ThreadPoolExecutor(len(zk)) as pool:
             list(pool.map(lambda h: self.lab.call(h, [ordq_command(), "zk", "start", "--config", str(configs[h]),
-                                                      "--no-wait"], timeout_s=120), ZK_HOSTS))
+                                                      "--no-wait"], timeout_s=120), zk))
 
     def _broker(self, gid: str, role: str, host: str, session_timeout_s: float) -> ManagedProcess:
         address = self.lab.address(host)
-        port = list(GROUPS).index(gid)  # two brokers share a host: one port each
+        port = list(self.layout.groups).index(gid)  # two brokers share a host: one port each
         config = self._host_dir(host) / f"broker-{gid}-{role}.toml"
         config.write_text(f'zk = "{self.zk_hosts}"\ngroup = "{gid}"\nrole = "{role}"\n'
                           f'listen = "{address}:{BROKER_PORT + port}"\nmetrics = "{address}:{METRICS_PORT + port}"\n'
@@ -185,6 +225,21 @@ class LabCluster:
         """Run ``ordq argv`` in ``host`` as a client of this cluster; its stdout."""
         return self.lab.call(host, self.client_argv(argv), timeout_s=timeout_s)
 
+    def groups(self) -> list[dict[str, Any]]:
+        """``ordq group list --json`` as a client host sees it."""
+        doc = json.loads(self.call(self.layout.producer_host, ["group", "list", "--json"]))
+        return list(doc if isinstance(doc, list) else doc.get("groups", doc))
+
+    def whole(self) -> bool:
+        """Every group healthy, with a master and a slave registered (False while ZooKeeper or
+        the CLI does not answer)."""
+        try:
+            groups = self.groups()
+        except (OrdqError, ValueError):
+            return False
+        return len(groups) == len({gid for gid, _role in self.brokers}) and all(
+            g.get("healthy") in (True, "yes") and g.get("master") and g.get("slave") for g in groups)
+
     def elected_coordinator(self) -> str | None:
         """The host of the coordinator elected last (from their logs: each logs its election).
         The whole log: after a few drills the election line is far from the tail."""
@@ -193,7 +248,16 @@ class LabCluster:
         return max(elected)[1] if elected else None
 
     def host_of(self, gid: str, role: str) -> str:
-        return GROUPS[gid][0 if role == "master" else 1]
+        return self.layout.groups[gid][0 if role == "master" else 1]
+
+    def restart_broker(self, gid: str, role: str) -> ManagedProcess:
+        """Start ``gid``'s ``role`` again in its host (after a kill), from its config file and
+        data folder, and wait until it serves."""
+        proc = self.brokers[(gid, role)]
+        proc.stop(timeout_s=5.0)
+        proc.start()
+        proc.wait_for_line("READY ", timeout_s=90)
+        return proc
 
     def stop(self) -> None:
         for proc in [*self.coordinators.values(), *self.brokers.values()]:

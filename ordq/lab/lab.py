@@ -32,6 +32,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,6 +78,30 @@ def require_root() -> None:
         raise ConfigError("the lab needs root (network namespaces, links and iptables)")
     if shutil.which("ip") is None:
         raise ConfigError("the lab needs iproute2's ip (apt-get install iproute2)")
+
+
+def unavailable() -> str | None:
+    """Why no lab can be made here (not root, no ``ip``/``iptables``, namespaces refused, or
+    netfilter or veth links refused inside one: a container may allow one but not the
+    others), or None. Tries a throwaway namespace, which it deletes."""
+    if os.geteuid() != 0:
+        return "not root"
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            return f"no {tool} (apt-get install iproute2 iptables)"
+    probe = f"ordqtest-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    try:
+        for argv, what in ((["iptables", "-S"], "iptables"),
+                           (["ip", "link", "add", "p0", "type", "veth", "peer", "p1"], "a veth link")):
+            tried = subprocess.run(["ip", "netns", "exec", probe, *argv], capture_output=True, text=True, check=False)
+            if tried.returncode != 0:
+                return f"{what} inside a namespace failed: {tried.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "delete", probe], check=True)
+    return None
 
 
 def _alive(token: str | None) -> bool:
