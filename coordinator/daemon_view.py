@@ -215,6 +215,11 @@ class DaemonView:
                 try:
                     roles = set(self._get(lives[g]))
                 except NoNodeError:
+                    # ZooKeeper sets no child watch on a missing node: watch for its creation
+                    # (``group add`` writes the group, then its live folder), else the group's
+                    # processes registering later would go unseen until the sweep.
+                    if self._get(store.client.exists_async(p.live(g), watch=self._on_groups)) is not None:
+                        self._on_groups(None)  # created meanwhile: read the groups again
                     roles = set()
                 roles_of[g] = roles & set(ROLES)
                 if set(ROLES) <= roles:

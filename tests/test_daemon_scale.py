@@ -84,6 +84,25 @@ def test_a_group_losing_a_process_is_acted_on_for_its_queues_only(setup) -> None
     assert daemon.stats.actions.get("fail_over", 0) >= 1
 
 
+def test_a_group_whose_live_folder_comes_after_the_daemon_read_it_is_seen_live(setup) -> None:
+    """``group add`` writes the group, then its ``live`` folder. A daemon that read the group
+    in between got NoNode for ``live``, and ZooKeeper sets no child watch on a missing node:
+    the group's processes registering later went unseen (until the 5-minute sweep), so its
+    queues were failed over from a live group again and again (the lab's churn, stop 27)."""
+    store, daemon = setup
+    daemon.round()
+    store.client.create(store.paths.group("late"), b"{}")
+    try:
+        daemon.round()  # reads the new group: no live folder yet
+        assert daemon.view is not None and "late" not in daemon.view.live
+        for role in ("master", "slave"):
+            store.register_live("late", role, address=f"127.0.0.1:0/late/{role}", incarnation="t")
+        _round_until(daemon, lambda: "late" in daemon.view.live,  # type: ignore[union-attr]
+                     "the late group seen live")
+    finally:  # the module's other tests count the registered groups
+        store.client.delete(store.paths.group("late"), recursive=True)
+
+
 def test_default_groups_spread_queue_heads_over_the_groups(setup) -> None:
     """A queue created on every registered group (no groups named) gets them rotated by the
     number of queues that exist, so consecutive queues head different groups (issue 29)."""
