@@ -56,14 +56,17 @@ def test_zookeeper_leader_node_killed(cluster: Cluster, zk_ensemble: ZkServer) -
         zk_ensemble.restart(victim)
     summary = check_delivery(producer.acked, [consumer.delivered])
     assert summary.acked == summary.delivered == N
-    assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
+    assert producer.stats is not None and producer.stats.failovers <= 1, producer.stats  # no churn
 
 
 @pytest.mark.ensemble
 def test_zookeeper_quorum_lost_for_longer_than_a_request_timeout(cluster: Cluster, zk_ensemble: ZkServer) -> None:
     """Two of three nodes hang for 7.5 s (> the store's 5 s request timeout; no quorum, nobody
-    is served once the leader notices) under load: the producer keeps writing to its head (brokers fence any
-    successor), nothing fails over, nothing is lost. The consumer keeps reading, but it hands
+    is served once the leader notices) under load: nothing is lost. The head master takes no
+    write once ZooKeeper has been silent for its session (the session guard, issue 28: it cannot
+    tell a lost quorum from being cut off from a live one), so the producer waits and may fail
+    over once, after the quorum is back (before the guard it wrote on through the outage).
+    The consumer keeps reading, but it hands
     out nothing once it cannot be sure of its lease (two thirds of its session after the last
     answered renewal): it cannot tell a lost quorum from being cut off from a live one, where
     a successor may already deliver. When ZooKeeper is back it goes on where it stopped if its
@@ -85,7 +88,7 @@ def test_zookeeper_quorum_lost_for_longer_than_a_request_timeout(cluster: Cluste
     try:
         for i in followers:
             zk_ensemble.processes[i].pause()
-        wait_acked(producer, N // 4 + 4000)  # writes and acks go on without ZooKeeper
+        wait_acked(producer, N // 4 + 4000)  # acks go on while the lone leader still answers
         # The leader left alone answers reads until it notices its followers are gone (syncLimit,
         # 5 s here), a window in which no successor can be elected either (that needs a quorum,
         # then a whole session of silence); lease renewals answered then are true. After it, the
@@ -112,7 +115,7 @@ def test_zookeeper_quorum_lost_for_longer_than_a_request_timeout(cluster: Cluste
     finish(producer, consumer)
     summary = check_delivery(producer.acked, consumer.instances, redelivery=len(consumer.instances) > 1)
     assert summary.acked == summary.delivered == n
-    assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
+    assert producer.stats is not None and producer.stats.failovers <= 1, producer.stats  # no churn
 
 
 def _timeline(handed_out: list[HandedOut], paused_at: float, cutoff: float) -> str:
@@ -148,7 +151,7 @@ def test_coordinator_daemon_killed(cluster: Cluster) -> None:
     finish(producer, consumer)
     summary = check_delivery(producer.acked, [consumer.delivered])
     assert summary.acked == summary.delivered == N
-    assert producer.stats is not None and producer.stats.failovers == 0, producer.stats
+    assert producer.stats is not None and producer.stats.failovers <= 1, producer.stats  # no churn
 
     head = cluster.head()
     seg = cluster.state().open_segment
