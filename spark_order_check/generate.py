@@ -417,6 +417,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         "concurrent_consumers": inj.concurrent_consumers,
         "torn_row": int(inj.torn_row),
         "skipped": inj.skipped - (1 if inj.skipped >= 2 else 0),
+        "key_partitions": 0,  # the generated queues are no topic's partitions
     }
     first = examples(positions.at)
     percentiles = {}
