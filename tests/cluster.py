@@ -27,6 +27,7 @@ stopped (cleanly, so the election moves at once) as soon as the first of them is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -521,6 +523,19 @@ class _LogTailReporter:
             for title, text in cluster.log_sections():
                 report.sections.append((title, text))
         return report
+
+
+@contextlib.contextmanager
+def module_cluster(zk: ZkServer, tmp_path_factory: pytest.TempPathFactory, name: str,
+                   *groups: str) -> Iterator[Cluster]:
+    """One cluster shared by a module's tests (under a fresh root), with ``groups`` started;
+    closed (every process it started stopped) after the module."""
+    c = Cluster(zk, f"/{name}-{uuid.uuid4().hex}", tmp_path_factory.mktemp(name))
+    try:
+        c.add_groups(*groups)
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture(name="cluster")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 from ordq.cli import build_parser, main
 from ordq.common.errors import ConfigError
 from ordq.sdk import BatchingConfig, CommitConfig, ConsumerConfig, ProducerConfig
-from tests.cluster import Cluster
+from tests.cluster import Cluster, module_cluster
 
 # Options that make a command given good values return at once (a live view, a consumer).
 BASELINE_OPTIONS = {("top",): ["--once"], ("consume",): ["--idle-exit", "0.2"], ("outbox", "relay"): ["--until-empty"],
@@ -111,13 +110,9 @@ CASES = dict(cases())
 @pytest.fixture(scope="module")
 def cluster(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One live group g1 and a queue q, so that a command given good values finishes fast."""
-    c = Cluster(zk_server, f"/bad-input-{uuid.uuid4().hex}", tmp_path_factory.mktemp("bad-input"))
-    try:
-        c.add_groups("g1")
+    with module_cluster(zk_server, tmp_path_factory, "bad-input", "g1") as c:
         c.create_queue("q")
         yield c
-    finally:
-        c.close()
 
 
 def run(argv: list[str], cluster: Cluster, capsys: pytest.CaptureFixture[str],

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from ordq.coordinator.group_assign import assign_partitions, owner_of
 from ordq.coordinator.topics import partition_of, partition_queue
 from ordq.sdk import CommitConfig, Delivered, GroupConfig, GroupMember, Producer, ProducerConfig
-from tests.cluster import CLIENT_SESSION_TIMEOUT_S, SEND_TIMEOUT_S, Cluster
+from tests.cluster import CLIENT_SESSION_TIMEOUT_S, SEND_TIMEOUT_S, Cluster, module_cluster
 from tests.util import wait_until
 
 members_st = st.lists(st.text("abcdefgh0123456789-", min_size=1, max_size=6), min_size=1, max_size=12, unique=True)
@@ -65,27 +65,12 @@ KEYS = [b"key-%02d" % i for i in range(24)]
 
 @pytest.fixture(scope="module")
 def cluster(zk_server, tmp_path_factory) -> Cluster:  # type: ignore[no-untyped-def]
-    import uuid
-
-    c = Cluster(zk_server, f"/group-{uuid.uuid4().hex[:10]}", tmp_path_factory.mktemp("group"))
-    try:
-        c.add_groups("g1", "g2")
+    with module_cluster(zk_server, tmp_path_factory, "group", "g1", "g2") as c:
         yield c
-    finally:
-        c.close()
 
 
 def make_topic(cluster: Cluster, topic: str, partitions: int = PARTITIONS) -> None:
-    create = getattr(cluster.store, "create_topic", None)
-    if create is not None:
-        create(topic, partitions)
-        return
-    import json
-
-    for p in range(partitions):
-        cluster.create_queue(partition_queue(topic, p))
-    cluster.store.client.ensure_path(cluster.paths.topics)
-    cluster.store.client.create(cluster.paths.topic(topic), json.dumps({"partitions": partitions}).encode())
+    cluster.store.create_topic(topic, partitions)
 
 
 def produce(cluster: Cluster, topic: str, n: int, *, start: int = 0) -> dict[int, list[tuple[int, bytes]]]:

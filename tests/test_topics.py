@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import sys
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from ordq.cli import main
 from ordq.common.errors import ConfigError, PartitionNotLed, TopicChanged
 from ordq.coordinator.topics import partition_of
 from ordq.sdk import Consumer, ConsumerConfig, TopicProducer, TopicProducerConfig
-from tests.cluster import Cluster
+from tests.cluster import Cluster, module_cluster
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -25,12 +24,8 @@ pytestmark = pytest.mark.zk
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(zk_server, f"/topics-{uuid.uuid4().hex}", tmp_path_factory.mktemp("topics"))
-    try:
-        c.add_groups("g1", "g2")
+    with module_cluster(zk_server, tmp_path_factory, "topics", "g1", "g2") as c:
         yield c
-    finally:
-        c.close()
 
 
 def ordq(cluster: Cluster, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
