@@ -299,3 +299,39 @@ def test_status_calls_a_cluster_with_no_leading_coordinator_unhealthy() -> None:
     both_standby = _no_leader_unhealthy([zk, coordinator("standby"), coordinator("standby")])
     assert [s.healthy for s in both_standby] == [True, False, False]
     assert "no coordinator leads" in both_standby[1].detail
+
+
+def test_a_topic_and_its_consumer_group_come_back_whole_after_every_broker_and_coordinator_is_killed(
+        cluster: Cluster) -> None:
+    """Issue 29: topic and group state lives in ZooKeeper records and ordinary subscriptions;
+    this drives it through a kill -9 of every broker and the coordinator while a member reads,
+    then a new member joins: every message of every key is delivered, in order, no partition by
+    two members at once."""
+    from tests.test_consumer_group import Recorder, Running, make_topic, member, produce
+
+    cluster.add_groups("g1", "g2")
+    make_topic(cluster, "t")
+    daemon = cluster.start_daemon("coordinator-1")
+    rec = Recorder()
+    running = [Running(member(cluster, "t", "a"), rec)]
+    try:
+        expected = {pl for ps in produce(cluster, "t", 120).values() for _s, pl in ps}
+        wait_until(lambda: rec.payloads() >= expected, timeout_s=DEADLINE_S, what="the first 120 delivered")
+
+        daemon.kill()  # every broker and coordinator -9; member a stays
+        for group in cluster.groups.values():
+            group.kill()
+        for group in cluster.groups.values():
+            group.start()
+        cluster.wait_live("g1", "g2")
+        cluster.start_daemon("coordinator-2")
+
+        running.append(Running(member(cluster, "t", "b"), rec))  # a member joins after the restart
+        expected |= {pl for ps in produce(cluster, "t", 120, start=120).values() for _s, pl in ps}
+        wait_until(lambda: rec.payloads() >= expected, timeout_s=DEADLINE_S, what="all 240 delivered")
+        assert cluster.store.read_topic("t").partitions == 4
+    finally:
+        for r in running:
+            r.leave()
+    rec.check()
+    assert rec.payloads() == expected
