@@ -16,10 +16,13 @@ drifted doc is reported as such.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ordq.common.proc import OWNER_ENV, owner_token, sweep_orphans
+from ordq.drills import audit
 from tests.helpers.doc_blocks import (
     DocFormatError,
     Expected,
@@ -37,7 +41,7 @@ from tests.helpers.doc_blocks import (
     match_lines,
     parse_doc,
 )
-from tests.helpers.doc_session import DocSession, run_doc
+from tests.helpers.doc_session import EVERY_HOST, DocSession, StepRun, run_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = ("README.md", "docs/CLI.md", "docs/SDK.md")
@@ -321,26 +325,101 @@ def doc_section(rel: str, heading: str) -> str:
     return "\n" * start + "\n".join(lines[start:end]) + "\n"
 
 
-@pytest.mark.slow
-@pytest.mark.zk
-def test_deploying_on_three_machines_runs_as_written(tmp_path: Path) -> None:
-    """docs/OPERATIONS.md, "Deploying on three machines", on three loopback aliases (Linux
-    routes all of 127/8 to lo: no root needed), a random 127.x.y.2-4 so that a parallel run
-    never meets this one's fixed ports. Every block runs in one shell here; the lab of network
-    namespaces (issue 28) runs each on the host its ``<!-- on: hostN -->`` names."""
-    import random
+MACHINES = ("host1", "host2", "host3")
+CLIENT_MESSAGES = 500
+FOLDER_RE = re.compile(r"\bhost\d/")
 
-    net = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
-    hosts = f"export HOST1={net}.2 HOST2={net}.3 HOST3={net}.4"
+
+@functools.cache
+def _no_lab() -> str | None:
+    """Why the lab cannot run here, or None (asked once: it tries a throwaway namespace)."""
+    from ordq.lab.lab import unavailable
+
+    return unavailable()
+
+
+def deploy_on_three_machines(folder: Path, addresses: dict[str, str], wraps: dict[str, list[str]]) -> None:
+    """Run docs/OPERATIONS.md's "Deploying on three machines" with one session per machine
+    (its own shell, environment and credentials file; ``wraps``: the argv prefix that puts
+    each of ``host1``-``host3`` and ``client`` where it runs), each block on the machine it
+    names, ``$HOST1``-``$HOST3`` set to ``addresses``' (the doc's own line setting them is
+    skipped). Then, from the client machine, what an application's machine does: register
+    the client certificate host1 issued (copied), produce to the doc's queue, and consume the
+    whole queue from its start through a new subscription: every message, in order, once."""
     text = doc_section("docs/OPERATIONS.md", THREE_MACHINES)
-    hosts_of_blocks = {b.host for b in parse_doc("docs/OPERATIONS.md", text) if b.runs}
-    assert hosts_of_blocks == {"host1", "host2", "host3", "every host"}  # what the lab runs where
-    with DocSession(tmp_path / "run", doc="docs/OPERATIONS.md") as session:
-        out, code = session.run(Step("run", hosts, 0), timeout_s=10)
-        assert code == 0, out
+    blocks = [b for b in parse_doc("docs/OPERATIONS.md", text) if b.runs]
+    assert {b.host for b in blocks} == {*MACHINES, EVERY_HOST}, [b.host for b in blocks]  # what runs where
+    # host1 prepares every machine's folder; the others read only their own (the lab's hosts
+    # share one file system: this is what says a command would find its files on a machine)
+    strays = {f"{b.path}:{b.line} (on {b.host})": found for b in blocks if b.host in MACHINES[1:]
+              if (found := set(FOLDER_RE.findall("\n".join(b.body))) - {f"{b.host}/"})}
+    assert not strays, f"a machine reading another machine's folder: {strays}"
+    exports = "export " + " ".join(f"HOST{k}={addresses[h]}" for k, h in enumerate(MACHINES, 1))
+    with contextlib.ExitStack() as stack:
+        sessions = {h: stack.enter_context(DocSession(folder, doc="docs/OPERATIONS.md", wrap=wraps[h],
+                                                      home=folder.parent / f"{h}-home"))
+                    for h in (*MACHINES, "client")}
+        for session in sessions.values():
+            out, code = session.run(Step("run", exports, 0), timeout_s=10)
+            assert code == 0, out
         runs = []
-        for run in run_doc(session, text):
+        for run in run_doc({h: sessions[h] for h in MACHINES}, text):
             runs.append(run)
             if run.mismatch is not None:
-                pytest.fail(f"{run.mismatch.render()}\n(files, logs: {session.folder})", pytrace=False)
-    assert len(runs) > 20
+                pytest.fail(f"on {run.host}: {run.mismatch.render()}\n(files, logs: {folder})", pytrace=False)
+        assert len(runs) > 20
+        audit_dir = folder / "client" / "audit"
+        for command in ("export ORDQ_ZK=$HOST1:2181,$HOST2:2181,$HOST3:2181",
+                        "mkdir client && cp host1/ca.pem host1/client.pem host1/client-key.pem client/",
+                        "ordq cert register --cert client/client.pem --key client/client-key.pem --ca client/ca.pem "
+                        "--zk-tls",
+                        f"ordq produce orders --count {CLIENT_MESSAGES} --audit-dir {audit_dir}",
+                        f"ordq consume orders -s client --count {1000 + CLIENT_MESSAGES} --quiet "
+                        f"--audit-dir {audit_dir}"):
+            started = time.monotonic()
+            out, code = sessions["client"].run(Step("run", command, 0), timeout_s=180)
+            runs.append(StepRun(Step("run", command, 0), out, code, time.monotonic() - started, None, "client"))
+            assert code == 0, f"on the client machine: {command}\n{out}"
+    slowest = ", ".join(f"{r.host}:{r.step.line or r.step.source[:20]} {r.seconds:.1f}s"
+                        for r in sorted(runs, key=lambda r: -r.seconds)[:5])
+    print(f"{len(runs)} steps in {sum(r.seconds for r in runs):.1f}s; slowest: {slowest}")
+    acked = sorted(a.seq for a in audit.read_acks(audit_dir))
+    delivered = [d.seq for d in audit.read_deliveries(audit_dir)]
+    assert acked == list(range(1000, 1000 + CLIENT_MESSAGES))  # after the doc's 1000
+    assert delivered == list(range(1000 + CLIENT_MESSAGES)), "every message of the queue, in order, once"
+
+
+@pytest.mark.zk
+def test_deploying_on_three_machines_runs_as_written_in_the_lab(tmp_path: Path) -> None:
+    """docs/OPERATIONS.md, "Deploying on three machines", inside the lab of network namespaces
+    (issue 28): each block on the lab host its ``<!-- on: hostN -->`` names (h1-h3, each
+    reaching the others at its own lab address only), the client machine h4. Needs root,
+    ``ip netns`` and iptables; the lab (namespaces, links, every process in them) is removed
+    afterwards whatever happened, by its owner here or, if this process dies, its reaper."""
+    from ordq.lab import Lab
+    from ordq.lab.netns import in_namespace
+
+    if reason := _no_lab():
+        pytest.skip(f"the lab needs root, ip netns and iptables: {reason}")
+    started = time.monotonic()
+    with Lab.create(tmp_path / "lab", hosts=4) as lab:
+        print(f"\nlab of 4 hosts made in {time.monotonic() - started:.1f}s")
+        hosts = dict(zip((*MACHINES, "client"), lab.hosts, strict=True))
+        deploy_on_three_machines(tmp_path / "run", {m: lab.address(h) for m, h in hosts.items()},
+                                 {m: in_namespace(lab.namespace(h), []) for m, h in hosts.items()})
+    print(f"deployed, used and removed in {time.monotonic() - started:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.zk
+def test_deploying_on_three_machines_runs_as_written_on_loopback(tmp_path: Path) -> None:
+    """The same where the lab cannot run (not root, no namespaces): each machine a loopback
+    alias (Linux routes all of 127/8 to lo), a random 127.x.y.2-4 so that a parallel run never
+    meets this one's fixed ports. Where the lab runs, the test above covers it."""
+    import random
+
+    if _no_lab() is None:
+        pytest.skip("the lab runs this doc (test_deploying_on_three_machines_runs_as_written_in_the_lab)")
+    net = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+    addresses = {h: f"{net}.{k}" for k, h in enumerate((*MACHINES, "client"), 2)}
+    deploy_on_three_machines(tmp_path / "run", addresses, {h: [] for h in addresses})

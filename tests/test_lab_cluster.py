@@ -1,5 +1,6 @@
 """A whole cluster in the lab (ordq/lab/cluster.py), deployed host by host, and partition drills
-on it (issue 28): each drill runs a producer (h4) and a consumer (h5) of ``ordq.drills.workload``
+on it (issue 28): each drill runs a stream (drills/partitions.py's ``Stream``: a producer in h4
+and a consumer in h5 of ``ordq.drills.workload``, each with a standby in the other client host)
 inside their hosts, cuts the network with the nemesis while acks flow, heals, lets the stream
 finish, and takes its verdict from ``spark_order_check`` over the audit files, as ``ordq drill``
 does: 0 acked lost, 0 reordered, 0 delivered twice by one consumer, 0 concurrent consumers.
@@ -15,7 +16,6 @@ iptables: skipped with one line elsewhere (tests/test_lab.py's condition).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,10 +25,11 @@ import attrs
 import pytest
 
 from ordq.drills import audit
+from ordq.drills.partitions import Stream
 from ordq.drills.verdict import Verifier
-from ordq.drills.workload import now_us, read_status
+from ordq.drills.workload import now_us
 from ordq.lab import Lab, Partition, cut_pair, isolate, split
-from ordq.lab.cluster import CONSUMER_HOST, PRODUCER_HOST, ROOT, ZK_HOSTS, LabCluster
+from ordq.lab.cluster import CONSUMER_HOST, PRODUCER_HOST, ZK_HOSTS, LabCluster
 from tests import spark_fixtures
 from tests.test_lab import _NO_LAB
 from tests.util import wait_until
@@ -60,27 +61,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCluster]:
             the_cluster.stop()
 
 
-def _groups(cluster: LabCluster) -> list[dict[str, Any]]:
-    doc = json.loads(cluster.call(PRODUCER_HOST, ["group", "list", "--json"]))
-    return list(doc if isinstance(doc, list) else doc.get("groups", doc))
-
-
-def _whole(cluster: LabCluster) -> bool:
-    """Every group healthy, with a master and a slave, at their own hosts' addresses."""
-    try:
-        groups = _groups(cluster)
-    except Exception:  # noqa: BLE001 - not yet answering: not whole
-        return False
-    return len(groups) == 3 and all(g.get("healthy") in (True, "yes") and g.get("master") and g.get("slave")
-                                    for g in groups)
-
-
 @pytest.mark.slow
 def test_a_full_cluster_starts_in_the_lab_and_carries_a_queue(cluster: LabCluster, tmp_path: Path) -> None:
     # Measured and printed (the acceptance is 30 s); only a gross bound is asserted: the time
     # depends on the load beside the test (16 s at load 13, 52 s at load 13 with more starting).
     assert cluster.timings["total"] < 4 * START_BUDGET_S, cluster.timings
-    groups = {g["gid"] if "gid" in g else g["group"]: g for g in _groups(cluster)}
+    groups = {g["gid"] if "gid" in g else g["group"]: g for g in cluster.groups()}
     for (gid, role), _proc in cluster.brokers.items():  # each at its own host's lab address
         assert str(groups[gid][role]).startswith(cluster.lab.address(cluster.host_of(gid, role)) + ":"), groups
     out = cluster.call(PRODUCER_HOST, ["queue", "create", "orders"])
@@ -93,44 +79,6 @@ def test_a_full_cluster_starts_in_the_lab_and_carries_a_queue(cluster: LabCluste
 
 
 # -- partition drills ---------------------------------------------------------------------------
-
-
-@attrs.define
-class Run:
-    """A drill's load: a producer and a consumer, each with a standby on the other client
-    host. A partition that cuts a ZooKeeper node expires the sessions of the clients connected
-    to it (the majority expires them while the cut-off node still holds their connections):
-    such a leader stops, by design (a consumer that lost its lease delivers nothing more), and
-    its standby takes over, as an application's would."""
-
-    queue: str
-    folder: Path
-    procs: dict[str, Any] = attrs.field(factory=dict)  # p1, p2, c1, c2
-
-    @property
-    def audit_dir(self) -> Path:
-        return self.folder / "audit"
-
-    def status(self, who: str) -> dict[str, Any]:
-        return read_status(self.folder / f"{who}.status.json")
-
-    def acked_on_later_segment(self, seg: int) -> bool:
-        return any(int(s) > seg for who in ("p1", "p2") for s in self.status(who).get("seg_first_ack_us", {}))
-
-    def done(self, role: str) -> bool:
-        return any(self.status(f"{role}{k}").get("state") == "done" for k in (1, 2))
-
-
-def _workload(cluster: LabCluster, run: Run, who: str, host: str) -> None:
-    role = "produce" if who.startswith("p") else "consume"
-    argv = [sys.executable, "-m", "ordq.drills.workload", role, "--zk", cluster.zk_hosts, "--root", ROOT,
-            "--queue", run.queue, "--total", str(MESSAGES), "--status", str(run.folder / f"{who}.status.json"),
-            "--writer", f"{who}-{run.queue}", "--audit-dir", str(run.audit_dir), "--session-timeout", "2.0"]
-    argv += (["--rate", str(RATE), "--send-timeout", "1.0", "--go-file", str(run.folder / "go")] if role == "produce"
-             else ["--subscription", "drill"])
-    proc = cluster.lab.run(host, argv, name=f"{run.queue}-{who}", env=cluster.client_env())
-    proc.wait_for_line("STARTED", timeout_s=60)
-    run.procs[who] = proc
 
 
 @attrs.frozen
@@ -150,17 +98,9 @@ class Outcome:
 def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
            make: Callable[[str, str], Partition]) -> Outcome:
     """Run one partition drill: ``make(master host, slave host)`` of the head group is the cut."""
-    assert wait_until(lambda: _whole(cluster), timeout_s=60, what="the cluster whole before the drill")
-    queue = f"part-{kind}"
-    folder.mkdir()
-    cluster.call(PRODUCER_HOST, ["queue", "create", queue])
-    run = Run(queue, folder)
-    _workload(cluster, run, "c1", CONSUMER_HOST)
-    _workload(cluster, run, "p1", PRODUCER_HOST)
-    wait_until(lambda: run.status("p1").get("state") == "leading", timeout_s=60, what="p1 leads")
-    _workload(cluster, run, "c2", PRODUCER_HOST)  # the standbys, once the leaders lead
-    _workload(cluster, run, "p2", CONSUMER_HOST)
-    (folder / "go").touch()  # the stream starts only now: the cut must find it running
+    assert wait_until(cluster.whole, timeout_s=60, what="the cluster whole before the drill")
+    run = Stream(cluster, f"part-{kind}", folder, MESSAGES, RATE)
+    run.start()  # leaders and standbys; the stream goes only then: the cut must find it running
     at = wait_until(lambda: (s := run.status("p1")).get("acked", 0) >= MESSAGES // 4 and s, timeout_s=60,
                     what="a quarter of the stream acked")
     head, seg = at["head"], at["seg"]
@@ -171,16 +111,14 @@ def _drill(cluster: LabCluster, spark: Any, folder: Path, kind: str,
     in_place_us = now_us()  # the rules are in every host (iptables-restore in each took a while)
     print(f"\n{kind}: head {head} (master {master}, slave {slave}) segment {seg}; cut {sorted(partition.cuts)}")
     try:
-        wait_until(lambda: run.acked_on_later_segment(seg), timeout_s=60,
+        wait_until(lambda: run.later_segment_acked(seg), timeout_s=60,
                    what="an ack on a later segment while partitioned")
         time.sleep(2.0)  # keep the cut for a while: whatever takes writes past its session would show
     finally:
         cluster.lab.nemesis.heal()
-    wait_until(lambda: run.done("p") and run.done("c"), timeout_s=120, what="the stream produced and delivered")
-    for proc in run.procs.values():  # the standbys that never led
-        proc.stop(timeout_s=5.0)
+    run.finish(stop=False, timeout_s=120)  # every acked message delivered; the standbys stopped
     leaders = {who: run.status(who).get("state") for who in run.procs}
-    assert wait_until(lambda: _whole(cluster), timeout_s=90, what="the cluster whole after heal")
+    assert wait_until(cluster.whole, timeout_s=90, what="the cluster whole after heal")
     acks = audit.read_acks(run.audit_dir)
     deliveries = audit.read_deliveries(run.audit_dir)
     later = [a.ack_us for a in acks if a.seg > seg and a.ack_us >= cut_us]

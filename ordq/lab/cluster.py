@@ -124,9 +124,10 @@ class LabCluster:
         folder.mkdir()
         zk_hosts = ",".join(f"{lab.address(h)}:2181" for h in layout.zk_hosts)
         cluster = cls(lab, folder, zk_hosts, folder / "credentials.json", layout)
-        # ZooKeeper boots (seconds of JVM) while the other certificates are issued and the
-        # coordinators start (each waits for ZooKeeper by itself); brokers need their group
-        # registered first (GroupNotFound), which needs ZooKeeper serving.
+        # ZooKeeper boots (seconds of JVM) while the other certificates are issued; the
+        # coordinators start once it serves (a coordinator rides out an unreachable ZooKeeper
+        # for 30 s at start, then exits: at load 37 a quorum took longer than that), beside the
+        # groups' registration, which brokers need first (GroupNotFound).
         cluster._issue([(h, "zk", "zookeeper") for h in layout.zk_hosts], ca=True)
         cluster._zookeeper(wait=False)
         broker_hosts = sorted({h for gid in groups for h in layout.groups[gid]})
@@ -134,8 +135,6 @@ class LabCluster:
                        + [(h, "coordinator", "coordinator") for h in coordinators]
                        + [(h, "client", "client") for h in layout.clients])
         cluster.timings["certificates"] = time.monotonic() - t0
-        for host in coordinators:
-            cluster.coordinators[host] = cluster._coordinator(host, session_timeout_s)
         ca = str(folder / "ca" / "ca.pem")
         client = folder / layout.consumer_host
         register(zk_hosts, ROOT, Credentials(ca_file=ca, cert_file=str(client / "client.pem"),
@@ -143,6 +142,8 @@ class LabCluster:
                  path=cluster.credentials_file)
         cluster._zookeeper(wait=True)
         cluster.timings["zookeeper"] = time.monotonic() - t0
+        for host in coordinators:
+            cluster.coordinators[host] = cluster._coordinator(host, session_timeout_s)
         with ThreadPoolExecutor(len(groups)) as pool:
             list(pool.map(lambda gid: cluster.call(layout.producer_host, ["group", "add", gid]), groups))
         cluster.timings["groups"] = time.monotonic() - t0

@@ -30,8 +30,9 @@ writers: docs/CONTRIBUTING.md):
   what CI runs").
 - **Where a block runs** (a doc deploying on several machines, docs/OPERATIONS.md): a comment
   ``<!-- on: host2 -->`` among the comment lines before a block names the machine
-  (``Block.host``); the lab of network namespaces runs the block there, a one-machine run
-  (loopback aliases) runs every block in its one session.
+  (``Block.host``; ``every host``: each of them): run with a session per machine
+  (``doc_session.run_doc``), the block runs in that machine's, inside its host of the lab of
+  network namespaces (or, where no lab can run, on a loopback alias).
 - ``127.0.0.1:2181`` (the default ZooKeeper address) stands for the session's ZooKeeper:
   replaced by its real address in commands and Python code, and the real address is shown
   as ``127.0.0.1:2181`` in what they print, so a doc reads as on a fresh machine.

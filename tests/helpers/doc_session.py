@@ -7,6 +7,11 @@ globals the blocks share. Each step's output (stdout and stderr on one pipe, in 
 written: ``PYTHONUNBUFFERED``) is cut out of the stream by a marker line carrying a random
 token and the exit code. ``close()`` stops and wipes every local cluster and ZooKeeper the
 doc started in the folder, then kills what the session still runs (its own process groups).
+
+A doc that deploys on several machines (``<!-- on: hostN -->``, ``doc_blocks.Block.host``)
+runs with one session per machine (``run_doc`` given a mapping of host to session): each
+its own shell, environment and credentials file, all in one folder (the doc's ``cp`` between
+machines); ``wrap`` starts a session's shell inside a host of the lab (``ip netns exec``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -31,10 +36,11 @@ from ordq.cluster_config import STATE_FILE
 from ordq.common.proc import OWNER_ENV
 from ordq.local_cluster import LocalCluster
 from ordq.zk_server import CONFIG_FILE, ZkServer
-from tests.helpers.doc_blocks import DOC_ZK, Mismatch, Step, check, parse_doc
+from tests.helpers.doc_blocks import DOC_ZK, Block, DocFormatError, Mismatch, Step, check, parse_doc
 
 DRIVER = Path(__file__).with_name("doc_python.py")
 STEP_TIMEOUT_S = 180.0
+EVERY_HOST = "every host"  # ``<!-- on: every host -->``: the block runs on each machine
 
 
 def free_port() -> int:
@@ -100,21 +106,27 @@ class _Stream:
 
 class DocSession:
     """Run the steps of ``doc`` (its path, for tracebacks) in ``folder`` (created), with its
-    ZooKeeper address on ``zk_port`` (default: a free port)."""
+    ZooKeeper address on ``zk_port`` (default: a free port). ``wrap``: the argv prefix that
+    starts its shell and Python where they run (a lab host's ``ip netns exec NS``); ``home``:
+    the folder of its credentials file (default ``<folder>-home``; one per machine)."""
 
-    def __init__(self, folder: Path, *, doc: str = "doc", zk_port: int | None = None) -> None:
+    def __init__(self, folder: Path, *, doc: str = "doc", zk_port: int | None = None, wrap: Sequence[str] = (),
+                 home: Path | None = None) -> None:
         self.folder = folder
         self.doc = doc
+        self.wrap = list(wrap)
         folder.mkdir(parents=True, exist_ok=True)
         # The doc reads as run from a checkout: `.venv/bin/ordq` works there.
-        (folder / ".venv").symlink_to(Path(sys.prefix))
+        if not (folder / ".venv").is_symlink():  # the sessions of several machines share a folder
+            (folder / ".venv").symlink_to(Path(sys.prefix))
+        home = home or folder.parent / f"{folder.name}-home"
         self.zk = f"127.0.0.1:{zk_port or free_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORDQ_")}
         env.update(
             PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
             ORDQ_ZK=self.zk, PYTHONUNBUFFERED="1", LC_ALL="C.UTF-8", LANG="C.UTF-8",
             # Not the user's ~/.config/ordq/credentials.json: another suite's docs register there too.
-            ORDQ_CREDENTIALS=str(folder.parent / f"{folder.name}-home" / "credentials.json"),
+            ORDQ_CREDENTIALS=str(home / "credentials.json"),
         )
         if OWNER_ENV in os.environ:
             # What the doc starts (`ordq up` exits at once and leaves its servers running) is this
@@ -136,8 +148,8 @@ class DocSession:
         self.close(wipe=exc_type is None)
 
     def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd=self.folder, env=self.env, start_new_session=True)
+        return subprocess.Popen([*self.wrap, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=self.folder, env=self.env, start_new_session=True)
 
     def run(self, step: Step, *, timeout_s: float) -> tuple[str, int | None]:
         """Run one step; (what it printed, exit code or None if it did not finish)."""
@@ -209,22 +221,39 @@ class StepRun:
     exit_code: int | None
     seconds: float
     mismatch: Mismatch | None
+    host: str | None = None  # the machine it ran on (a doc run with a session per machine)
 
 
-def run_doc(session: DocSession, text: str, *, stop_at_mismatch: bool = True,
+def run_doc(sessions: DocSession | Mapping[str, DocSession], text: str, *, stop_at_mismatch: bool = True,
             timeout_s: float = STEP_TIMEOUT_S) -> Iterator[StepRun]:
-    """Run the doc's steps in order in ``session``, yielding each with its verdict; stop after
-    the first mismatch unless told not to (what follows a failed step tends to fail too)."""
-    for block in parse_doc(session.doc, text):
+    """Run the doc's steps in order, yielding each with its verdict; stop after the first
+    mismatch unless told not to (what follows a failed step tends to fail too). Given one
+    session, every block runs there; given a session per machine, each block runs on the
+    machine its ``<!-- on: NAME -->`` names (``every host``: on each, in the mapping's
+    order), and a block naming none, or an unknown one, is a DocFormatError."""
+    doc = sessions.doc if isinstance(sessions, DocSession) else next(iter(sessions.values())).doc
+    for block in parse_doc(doc, text):
         if not block.runs:
             continue
-        for step in block.steps:
-            started = time.monotonic()
-            output, code = session.run(step, timeout_s=timeout_s)
-            bad = check(session.doc, step, output, code)
-            yield StepRun(step, output, code, time.monotonic() - started, bad)
-            if bad is not None and stop_at_mismatch:
-                return
+        for host, session in _where(sessions, block):
+            for step in block.steps:
+                started = time.monotonic()
+                output, code = session.run(step, timeout_s=timeout_s)
+                bad = check(session.doc, step, output, code)
+                yield StepRun(step, output, code, time.monotonic() - started, bad, host)
+                if bad is not None and stop_at_mismatch:
+                    return
+
+
+def _where(sessions: DocSession | Mapping[str, DocSession], block: Block) -> list[tuple[str | None, DocSession]]:
+    if isinstance(sessions, DocSession):
+        return [(None, sessions)]
+    if block.host == EVERY_HOST:
+        return list(sessions.items())
+    if block.host is None or block.host not in sessions:
+        raise DocFormatError(f"{block.path}:{block.line}: a block of a doc run on machines {', '.join(sessions)} "
+                             f"must name one (<!-- on: NAME -->), not {block.host!r}")
+    return [(block.host, sessions[block.host])]
 
 
 def main(argv: list[str] | None = None) -> int:
