@@ -23,11 +23,19 @@ from ordq import __version__
 from ordq.commands import Given
 from ordq.common.errors import ConfigError, OrdqError
 
-# Order is the order shown in --help.
-COMMAND_MODULES = (
-    "cluster", "zk", "cert", "auth", "group", "queue", "topic", "sub", "peek", "top", "broker", "coordinator",
-    "clients", "verify", "drill", "demo", "outbox", "cdc", "lab",
-)
+# Each command module and the top-level commands it registers, in the order --help shows them
+# (tests/test_cli.py checks the names against what each module registers).
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "cluster": ("up", "down", "status"), "zk": ("zk",), "cert": ("cert",), "auth": ("auth",),
+    "group": ("group",), "queue": ("queue",), "topic": ("topic",), "sub": ("sub",), "peek": ("peek",),
+    "top": ("top",), "broker": ("broker",), "coordinator": ("coordinator",), "clients": ("produce", "consume"),
+    "verify": ("verify",), "drill": ("drill",), "demo": ("demo",), "outbox": ("outbox",), "cdc": ("cdc",),
+    "lab": ("lab",),
+}
+_MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
+# Global options that take a value: their value is not the command's name.
+_VALUED_GLOBALS = frozenset({"--zk", "--root", "--zk-auth", "--zk-auth-file", "--token", "--token-file",
+                             "--zk-timeout"})
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"
@@ -63,7 +71,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"ordq: error: {message} (see: {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser: every command, or only the commands of module ``only`` (of ``COMMANDS``)."""
     parser = _Parser(
         prog="ordq",
         # No abbreviations of the global options: argparse matches them against every later
@@ -111,27 +120,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"ordq.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"ordq.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(sub)
+    for name in COMMANDS if only is None else (only,):
+        importlib.import_module(f"ordq.commands.{name}").register(sub)
     return parser
 
 
-@functools.lru_cache(maxsize=4)
-def _parser(zk_default: str | None, root_default: str | None) -> argparse.ArgumentParser:
+def command_module(argv: Sequence[str]) -> str | None:
+    """The module of the command ``argv`` names, or None when it names none (``--help``,
+    ``--version``, a typo: the whole parser answers those)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help", "--version"):
+            return None
+        if word in _VALUED_GLOBALS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return _MODULE_OF.get(word)
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _parser(zk_default: str | None, root_default: str | None, only: str | None) -> argparse.ArgumentParser:
     """``build_parser()`` once per process (per value of the variables its defaults come from): parsing leaves
     the parser as it was, and a process that calls ``main`` many times (the tests: ~1,100
     in-process commands) paid ~40 ms a call for building it again."""
-    return build_parser()
+    return build_parser(only)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"))
+    argv = sys.argv[1:] if argv is None else argv
+    # Only the named command's module is imported: importing every command's (grpc, kazoo, the
+    # broker, Spark's report) cost each ``ordq`` process ~0.6 s of CPU before it did anything.
+    parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"), command_module(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or a usage error (1, one line printed)

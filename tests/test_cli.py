@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
-from ordq.cli import build_parser, main
+from ordq.cli import COMMANDS, build_parser, command_module, main
 from ordq.zk_server import free_ports
 
 
@@ -29,6 +31,37 @@ def test_help_exits_0(path: tuple[str, ...], capsys: pytest.CaptureFixture[str])
     assert exit_.value.code == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"usage: ordq {' '.join(path)}".rstrip()) and err == ""
+
+
+def test_each_module_registers_the_commands_the_cli_imports_it_for() -> None:
+    """main() imports only the named command's module (COMMANDS): a name registered by another
+    module than the one COMMANDS says would not be found."""
+    for module, commands in COMMANDS.items():
+        parser = build_parser(module)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        assert tuple(sub.choices) == commands, module
+    full = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert tuple(full.choices) == tuple(c for cs in COMMANDS.values() for c in cs)
+
+
+@pytest.mark.parametrize(("argv", "module"), [
+    (["queue", "list"], "queue"), (["--zk", "queue", "--root", "/r", "produce", "q"], "clients"),
+    (["-v", "--json", "up"], "cluster"), (["--zk-timeout", "3", "topic", "list"], "topic"),
+    (["--help", "queue"], None), (["--version"], None), (["qeueu", "list"], None), ([], None),
+])
+def test_the_command_is_found_past_the_global_options(argv: list[str], module: str | None) -> None:
+    assert command_module(argv) == module
+
+
+def test_a_command_imports_neither_kazoo_nor_grpc_until_it_needs_them() -> None:
+    """Every ``ordq`` process paid ~0.6 s of CPU importing every command's modules (grpc,
+    kazoo, the broker) before it did anything; a doc test runs hundreds of commands."""
+    code = ("import sys; from ordq.cli import main\n"
+            "try:\n    main(['queue', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('grpc', 'kazoo', 'pyspark') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "[]"
 
 
 def test_commands_are_registered() -> None:
