@@ -46,6 +46,7 @@ import attrs
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from ordq.common.errors import ConfigError
+from ordq.coordinator.tokens import token_id
 
 READ, WRITE, CREATE, DELETE = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
 ACL_NODE = "acl"  # <root>/acl: the two identities' digests (never the passwords)
@@ -82,6 +83,13 @@ def digest_id(credential: str) -> str:
     """ZooKeeper's digest id of ``user:password``: ``user:base64(sha1(user:password))``."""
     user, _, password = check_credential(credential).partition(":")
     return str(make_digest_acl_credential(user, password))
+
+
+def token_credential(token: str) -> str:
+    """The ZooKeeper digest credential of an ordq token: ``token-<id>:<token>``. A token
+    holder adds it to its session beside the client credential; ZooKeeper then checks the
+    token itself (the policy names its digest on the queues it grants)."""
+    return f"token-{token_id(token)}:{token}"
 
 
 @attrs.frozen

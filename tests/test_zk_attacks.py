@@ -13,13 +13,15 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from kazoo.exceptions import NoAuthError
+from kazoo.client import KazooClient
+from kazoo.exceptions import LockTimeout, NoAuthError
 
 from ordq.common.errors import ZkAccessDenied
-from ordq.coordinator.acl import READ, AclIds, client_rights
+from ordq.coordinator.acl import READ, AclIds, client_rights, token_credential
 from ordq.coordinator.acl_client import protect
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.store import ZkStore
+from ordq.coordinator.tokens import create_token, revoke_token, token_id
 from ordq.drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
 from tests.util import raw_zk as raw
 
@@ -172,3 +174,98 @@ def test_a_group_member_registers_itself_and_writes_nothing_else(zk_server, zk_r
             anon.delete(f"{members}/m1")
         member.delete(f"{members}/m1")  # its own, as leaving the group does
     assert protected.client.get_children(members) == []
+
+
+# -- issue 29: a token of one queue plants nothing in another's elections, members or ledger ----
+
+PLANT = "planted__lock__-0000000000"  # sorts before every real contender: kazoo's Lock waits behind it
+
+
+@contextlib.contextmanager
+def as_holder(hosts: str, token: str) -> Iterator[KazooClient]:
+    """A raw kazoo client with everything a token holder has: the shared client credential,
+    and its token as its per-queue identity (coordinator/acl.py, ``token_credential``)."""
+    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", CLIENT), ("digest", token_credential(token))])
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def elected(hosts: str, token: str, path: str, timeout_s: float) -> bool:
+    """Whether the holder of ``token`` is elected at ``path`` within ``timeout_s``."""
+    with as_holder(hosts, token) as client:
+        lock = client.Lock(path, "the real contender")
+        try:
+            lock.acquire(timeout=timeout_s)
+        except LockTimeout:
+            return False
+        lock.release()
+        return True
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: the shared client credential may plant in any queue's elections")
+@pytest.mark.zk
+def test_a_token_of_one_queue_plants_deletes_and_forges_nothing_in_another_queues_zookeeper_nodes(
+        zk_server, zk_root, protected: ZkStore) -> None:
+    """The attack: a token holder of queue ``q`` (so with the client credential) plants a
+    persistent node at the head of queue ``q2``'s consumer and producer elections and among its
+    group's members, forges a parked record and an alarm, deletes q2's real contender. Before
+    the guard each went through and q2's consumer was never elected again: its acked messages
+    hidden for as long as the planted node stays. With the guard (per-queue rights for the
+    tokens of that queue) every one is NoAuth, nothing changed, and q2's own token holder
+    is elected; a consume-only token cannot join the producer election; a revoked one
+    nothing."""
+    hosts, p = zk_server.connection_string, Paths(zk_root)
+    protected.create_topic("t", 2, ["g1"])
+    for q in ("t.p0", "t.p1"):
+        protected.create_subscription(q, "G")
+    protected.create_subscription("q", "s")
+    _, token_a = create_token(protected.client, zk_root, {"q": ["produce", "consume"]}, "holder of q")
+    _, token_b = create_token(protected.client, zk_root, {q: ["produce", "consume"] for q in ("q2", "t.p0", "t.p1")},
+                              "owner of q2 and t")
+    _, reader_b = create_token(protected.client, zk_root, {"q2": ["consume"]}, "a reader of q2")
+    protected.record_parked("q2", "s", 7, {"seq": 7, "status": "parked"})
+    with as_holder(hosts, token_b) as owner:
+        contender = owner.Lock(p.sub_leader("q2", "s"), "q2's consumer")
+        assert contender.acquire(timeout=10)
+        before = snapshot(protected)
+        went_through = []
+        with as_holder(hosts, token_a) as rogue:
+            for what, write in (
+                    ("plant at the head of q2's consumer election",
+                     lambda: rogue.create(f"{p.sub_leader('q2', 's')}/{PLANT}", b"")),
+                    ("plant at the head of q2's producer election",
+                     lambda: rogue.create(f"{p.producer_leader('q2')}/{PLANT}", b"")),
+                    ("plant a member of t's group G", lambda: rogue.create(f"{p.sub_members('t.p0', 'G')}/m0", b"{}")),
+                    ("forge a parked record of q2", lambda: rogue.create(p.parked("q2", "s", 9), b"{}")),
+                    ("rewrite a parked record of q2", lambda: rogue.set(p.parked("q2", "s", 7), b"{}")),
+                    ("forge q2's alarm", lambda: rogue.create(f"{p.sub_blocked('q2', 's')}/c9", b"{}")),
+                    ("delete q2's elected consumer",
+                     lambda: rogue.delete(f"{contender.path}/{contender.node}"))):
+                try:
+                    write()
+                    went_through.append(what)
+                except NoAuthError:
+                    pass
+            # Its own queue: its part still works.
+            assert elected(hosts, token_a, p.sub_leader("q", "s"), 10)
+            assert elected(hosts, token_a, p.producer_leader("q"), 10)
+        after = snapshot(protected)
+        contender.release()
+    # q2's consumer: elected unless a node was planted ahead of it (then never, while it stays)
+    q2_consumer_elected = elected(hosts, token_b, p.sub_leader("q2", "s"), 3)
+    assert went_through == [] and q2_consumer_elected, (
+        f"a token of q went through on q2: {went_through}; q2's consumer elected: {q2_consumer_elected}")
+    assert after == before
+    # Roles: a consume-only token of q2 joins its consumer election, not its producer's.
+    assert elected(hosts, reader_b, p.sub_leader("q2", "s"), 10)
+    with as_holder(hosts, reader_b) as reader, pytest.raises(NoAuthError):
+        reader.create(f"{p.producer_leader('q2')}/{PLANT}", b"", ephemeral=True)
+    # Revoked: the token's ZooKeeper rights go with it.
+    revoke_token(protected.client, zk_root, token_id(reader_b))
+    with as_holder(hosts, reader_b) as reader, pytest.raises(NoAuthError):
+        reader.create(f"{p.sub_leader('q2', 's')}/{PLANT}", b"", ephemeral=True)
+    assert elected(hosts, token_b, p.sub_leader("q2", "s"), 10)
