@@ -42,27 +42,30 @@ a tree that existed before (``ZkStore.protect``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import attrs
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from ordq.common.errors import ConfigError
-from ordq.coordinator.tokens import token_id
 
 READ, WRITE, CREATE, DELETE = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
 ACL_NODE = "acl"  # <root>/acl: the two identities' digests (never the passwords)
 
-# Rights of the client identity, by path under the root ("*" stands for one name). A parent's
-# CREATE and DELETE rights let a client create and delete *any* child of it: so no client has
-# them on a queue, ``subs`` or a subscription node (it could delete or plant a ``policy``, or
-# create a subscription), only on the parents made for what it may create.
-_CLIENT: dict[tuple[str, ...], int] = {
-    ("queues", "*", "producer-leader"): READ | CREATE | DELETE,
-    ("queues", "*", "subs", "*", "leader"): READ | CREATE | DELETE,
-    ("queues", "*", "subs", "*", "blocked"): READ | CREATE | DELETE,
-    ("queues", "*", "subs", "*", "blocked", "*"): READ | WRITE,
-    ("queues", "*", "subs", "*", "parked"): READ | CREATE,
-    ("queues", "*", "subs", "*", "parked", "*"): READ | WRITE,
-    ("queues", "*", "subs", "*", "members"): READ | CREATE | DELETE,
+# What clients write, by path under the root ("*" stands for one name): the rights and the
+# role a token needs on the queue (``parts[1]``) to have them. A parent's CREATE and DELETE
+# rights let their holder create and delete *any* child of it: so no client has them on a
+# queue, ``subs`` or a subscription node (it could delete or plant a ``policy``, or create a
+# subscription), only on the parents made for what it may create.
+_CLIENT: dict[tuple[str, ...], tuple[int, str]] = {
+    ("queues", "*", "producer-leader"): (READ | CREATE | DELETE, "produce"),
+    ("queues", "*", "subs", "*", "leader"): (READ | CREATE | DELETE, "consume"),
+    ("queues", "*", "subs", "*", "blocked"): (READ | CREATE | DELETE, "consume"),
+    ("queues", "*", "subs", "*", "blocked", "*"): (READ | WRITE, "consume"),
+    ("queues", "*", "subs", "*", "parked"): (READ | CREATE, "consume"),
+    ("queues", "*", "subs", "*", "parked", "*"): (READ | WRITE, "consume"),
+    ("queues", "*", "subs", "*", "members"): (READ | CREATE | DELETE, "consume"),
 }
 
 # The nodes a queue and a subscription are created with, so that clients find the parents of
@@ -85,19 +88,25 @@ def digest_id(credential: str) -> str:
     return str(make_digest_acl_credential(user, password))
 
 
-def token_credential(token: str) -> str:
-    """The ZooKeeper digest credential of an ordq token: ``token-<id>:<token>``. A token
-    holder adds it to its session beside the client credential; ZooKeeper then checks the
-    token itself (the policy names its digest on the queues it grants)."""
-    return f"token-{token_id(token)}:{token}"
+def grants_allow(grants: Mapping[str, Sequence[str]], queue: str, role: str) -> bool:
+    """Whether a token's grants (``{queue or "*": [roles]}``, coordinator/tokens.py) give
+    ``role`` on ``queue``: ``admin`` implies every role, ``any`` is any role."""
+    for scope in (queue, "*"):
+        have = grants.get(scope, ())
+        if "admin" in have or role in have or (role == "any" and have):
+            return True
+    return False
 
 
 @attrs.frozen
 class AclIds:
-    """The digest ids (``user:hash``) of the two identities, as kept in ``<root>/acl``."""
+    """The digest ids (``user:hash``) of the two identities, as kept in ``<root>/acl``; and
+    ``writers``, the digest id of every token (``tokens.token_credential``) with its grants,
+    once tokens are enforced (None before: then the client identity writes for every queue)."""
 
     admin: str
     client: str
+    writers: Mapping[str, Mapping[str, tuple[str, ...]]] | None = attrs.field(default=None, hash=False)
 
     @classmethod
     def of(cls, admin_credential: str, client_credential: str) -> AclIds:
@@ -106,12 +115,18 @@ class AclIds:
             raise ConfigError("the admin and client ZooKeeper credentials need different user names")
         return ids
 
-    def to_dict(self) -> dict[str, str]:
-        return {"admin": self.admin, "client": self.client}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"admin": self.admin, "client": self.client}
+        if self.writers is not None:
+            d["writers"] = {w: {q: list(r) for q, r in g.items()} for w, g in sorted(self.writers.items())}
+        return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, str]) -> AclIds:
-        return cls(admin=str(d["admin"]), client=str(d["client"]))
+    def from_dict(cls, d: Mapping[str, Any]) -> AclIds:
+        writers = d.get("writers")
+        return cls(admin=str(d["admin"]), client=str(d["client"]),
+                   writers=None if writers is None else {str(w): {str(q): tuple(r) for q, r in g.items()}
+                                                         for w, g in writers.items()})
 
 
 def relative(path: str, root: str) -> tuple[str, ...] | None:
@@ -124,21 +139,36 @@ def relative(path: str, root: str) -> tuple[str, ...] | None:
     return tuple(path[len(prefix):].split("/"))
 
 
-def client_rights(parts: tuple[str, ...]) -> int:
-    """What the client identity may do on the node at ``parts`` under the root."""
-    for pattern, rights in _CLIENT.items():
+def _client_part(parts: tuple[str, ...]) -> tuple[int, str] | None:
+    """The rights clients have on the node at ``parts`` and the role they need; None: read only."""
+    for pattern, part in _CLIENT.items():
         if len(pattern) == len(parts) and all(w in ("*", g) for w, g in zip(pattern, parts, strict=True)):
-            return rights
-    return int(READ)
+            return part
+    return None
+
+
+def client_rights(parts: tuple[str, ...]) -> int:
+    """What a client may do on the node at ``parts`` under the root (the client identity
+    until tokens are enforced; then a token with the path's role on its queue)."""
+    part = _client_part(parts)
+    return int(READ) if part is None else part[0]
 
 
 def acl_for(path: str, root: str, ids: AclIds) -> list[ACL] | None:
-    """The ACL a node at ``path`` gets; None outside ``root`` (left to ZooKeeper's default)."""
+    """The ACL a node at ``path`` gets; None outside ``root`` (left to ZooKeeper's default).
+    Once tokens are enforced (``ids.writers``), what a client writes under queue Q is given to
+    the tokens with the path's role on Q, and the shared client identity only reads it."""
     parts = relative(path, root)
     if parts is None:
         return None
-    return [
-        ACL(Permissions.ALL, Id("digest", ids.admin)),
-        ACL(client_rights(parts), Id("digest", ids.client)),
-        ACL(READ, Id("world", "anyone")),
-    ]
+    part = _client_part(parts)
+    acl = [ACL(Permissions.ALL, Id("digest", ids.admin))]
+    if part is None or ids.writers is None:
+        acl.append(ACL(client_rights(parts), Id("digest", ids.client)))
+    else:
+        rights, role = part
+        acl.append(ACL(READ, Id("digest", ids.client)))
+        acl.extend(ACL(rights, Id("digest", w)) for w, grants in sorted(ids.writers.items())
+                   if grants_allow(grants, parts[1], role))
+    acl.append(ACL(READ, Id("world", "anyone")))
+    return acl

@@ -12,18 +12,24 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import attrs
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import LockTimeout, NoAuthError
 
-from ordq.common.errors import ZkAccessDenied
-from ordq.coordinator.acl import READ, AclIds, client_rights, token_credential
-from ordq.coordinator.acl_client import protect
+from ordq.cluster_config import ClusterConfig
+from ordq.common.errors import WaitTimeout, ZkAccessDenied
+from ordq.coordinator.acl import READ, AclIds, client_rights
+from ordq.coordinator.acl_client import protect, tokens_changed
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.store import ZkStore
-from ordq.coordinator.tokens import create_token, revoke_token, token_id
+from ordq.coordinator.store_base import new_client
+from ordq.coordinator.tokens import create_token, revoke_token, token_credential, token_id
 from ordq.drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
+from ordq.local_cluster import LocalCluster
+from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.util import raw_zk as raw
+from tests.util import wait_until
 
 ADMIN, CLIENT = "ordq-admin:a-secret", "ordq-client:c-secret"
 IDS = AclIds.of(ADMIN, CLIENT)
@@ -184,7 +190,7 @@ PLANT = "planted__lock__-0000000000"  # sorts before every real contender: kazoo
 @contextlib.contextmanager
 def as_holder(hosts: str, token: str) -> Iterator[KazooClient]:
     """A raw kazoo client with everything a token holder has: the shared client credential,
-    and its token as its per-queue identity (coordinator/acl.py, ``token_credential``)."""
+    and its token as its per-queue identity (coordinator/tokens.py, ``token_credential``)."""
     client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", CLIENT), ("digest", token_credential(token))])
     client.start(timeout=30)
     try:
@@ -206,7 +212,6 @@ def elected(hosts: str, token: str, path: str, timeout_s: float) -> bool:
         return True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the shared client credential may plant in any queue's elections")
 @pytest.mark.zk
 def test_a_token_of_one_queue_plants_deletes_and_forges_nothing_in_another_queues_zookeeper_nodes(
         zk_server, zk_root, protected: ZkStore) -> None:
@@ -227,6 +232,7 @@ def test_a_token_of_one_queue_plants_deletes_and_forges_nothing_in_another_queue
     _, token_b = create_token(protected.client, zk_root, {q: ["produce", "consume"] for q in ("q2", "t.p0", "t.p1")},
                               "owner of q2 and t")
     _, reader_b = create_token(protected.client, zk_root, {"q2": ["consume"]}, "a reader of q2")
+    tokens_changed(protected.client, zk_root)  # as ordq auth create does
     protected.record_parked("q2", "s", 7, {"seq": 7, "status": "parked"})
     with as_holder(hosts, token_b) as owner:
         contender = owner.Lock(p.sub_leader("q2", "s"), "q2's consumer")
@@ -266,6 +272,55 @@ def test_a_token_of_one_queue_plants_deletes_and_forges_nothing_in_another_queue
         reader.create(f"{p.producer_leader('q2')}/{PLANT}", b"", ephemeral=True)
     # Revoked: the token's ZooKeeper rights go with it.
     revoke_token(protected.client, zk_root, token_id(reader_b))
+    tokens_changed(protected.client, zk_root)  # as ordq auth revoke does
     with as_holder(hosts, reader_b) as reader, pytest.raises(NoAuthError):
         reader.create(f"{p.sub_leader('q2', 's')}/{PLANT}", b"", ephemeral=True)
     assert elected(hosts, token_b, p.sub_leader("q2", "s"), 10)
+
+
+@pytest.mark.slow
+def test_a_token_of_one_queue_cannot_hide_another_queues_acked_messages(tmp_path) -> None:
+    """The same attack end to end, on ``ordq up``'s cluster (ZooKeeper ACLs, tokens, TLS): q2's
+    messages are acked; the holder of a token of q plants a node at the head of q2's consumer
+    election. Without the guard that went through and q2's consumer was never elected
+    (WaitTimeout: its acked messages hidden); with it the plant is NoAuth and q2's consumer,
+    with q2's token, delivers every message."""
+    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1))
+    cluster.start()
+    try:
+        hosts, client_auth = cluster.zk_hosts, cluster.client_auth
+        p = Paths(cluster.root)
+        with ZkStore.connect(hosts, cluster.root, auth=cluster.admin_auth) as admin:
+            for q in ("q", "q2"):
+                admin.create_queue(q, ["g1"])
+            admin.create_subscription("q2", "s")
+            _, token_a = create_token(admin.client, cluster.root, {"q": ["produce", "consume"]}, "holder of q")
+            _, token_b = create_token(admin.client, cluster.root, {"q2": ["produce", "consume"]}, "owner of q2")
+            tokens_changed(admin.client, cluster.root)  # as ordq auth create does
+        owner = attrs.evolve(cluster.credentials, zk_auth=client_auth, token=token_b)
+        with Producer(ProducerConfig(zk_hosts=hosts, root=cluster.root, queue="q2", credentials=owner)) as producer:
+            for i in range(20):
+                producer.send(b"m%d" % i)
+            producer.flush()  # acked
+        assert client_auth is not None
+        rogue = new_client(hosts, session_timeout_s=5.0, auth=client_auth, token=token_a)  # all a holder of q has
+        rogue.start(timeout=30)
+        try:
+            rogue.create(f"{p.sub_leader('q2', 's')}/{PLANT}", b"")
+            planted = True
+        except NoAuthError:
+            planted = False
+        finally:
+            rogue.stop()
+            rogue.close()
+        config = ConsumerConfig(zk_hosts=hosts, root=cluster.root, queue="q2", subscription="s", credentials=owner,
+                                leader_timeout_s=10)
+        got: list[bytes] = []
+        with contextlib.suppress(WaitTimeout, LockTimeout), Consumer(config) as consumer:  # never elected
+            wait_until(lambda: got.extend(m.payload for m in consumer.poll(timeout_s=0.5)) or len(got) >= 20,
+                       timeout_s=60, what="q2's 20 acked messages delivered")
+        assert not planted and got == [b"m%d" % i for i in range(20)], (
+            f"planted at the head of q2's election: {planted}; q2 delivered {len(got)} of its 20 acked messages")
+    finally:
+        cluster.stop()
+        cluster.destroy()
