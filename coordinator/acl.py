@@ -1,10 +1,28 @@
 """Who may do what under an ordq root in ZooKeeper: the ACL of every path, per role. Pure.
 
-Two digest identities (``user:password``, ZooKeeper's ``digest`` scheme):
+Digest identities (``user:password``, ZooKeeper's ``digest`` scheme):
 
 - **admin** — brokers, coordinators, ``ordq`` admin commands: every right everywhere.
-- **client** — producers and consumers: read everything, and write only what their protocol
-  writes (``client_rights``). Anyone else (no credentials): read only.
+- **client** — producers and consumers: read everything. Until tokens are enforced it also
+  writes what their protocol writes (``client_rights``), on every queue.
+- **a token** (issue 29) — once tokens are enforced, each token is an identity of its own,
+  ``token-<id>:<token>`` (``tokens.token_credential``; a producer or consumer adds it to its
+  session beside the client credential, so ZooKeeper checks the token itself). What the client
+  protocol writes under queue Q is writable only by the tokens with the path's role on Q
+  (``produce`` for the producer election, ``consume`` for the rest; ``admin`` and ``*`` grants
+  count, as for brokers): ``<root>/acl`` lists every token's digest id with its grants
+  (``writers``), and ``acl_for`` names those that qualify in each such node's ACL.
+- anyone else (no credential): read only.
+
+The guard: a token holder of queue A (who has the client credential) cannot plant, delete or
+forge a node of queue B's elections, group members, alarm or parked ledger — before it could
+plant a persistent node at the head of B's consumer election and hide B's acked messages for
+as long as it liked (tests/test_zk_attacks.py). Issuing or revoking a token sets the ACLs again
+(``acl_client.tokens_changed``: ``ordq auth create|revoke``), so a revoked token's ZooKeeper
+writes are refused too. Limits: a token recorded before issue 29 has no digest id and is left
+out (its holders can no longer join elections: reissue it; ``ordq up`` upgrades its own); a
+queue or subscription created by a process whose copy of ``<root>/acl`` is milliseconds old
+may miss a token issued meanwhile (running ``ordq up`` or ``auth create`` sets every ACL again).
 
 What the client protocol writes (issue 23: everything else it asks the coordinator service for,
 coordinator/service.py, which acts with the admin identity):
@@ -14,20 +32,21 @@ coordinator/service.py, which acts with the admin identity):
   and deletes it; its ``ensure_path`` of the parent only looks, as the parent exists: whoever
   creates a queue or subscription — the coordinator or an admin verb, coordinator/store.py —
   creates these parents with it, and ``protect`` adds them to a tree from before).
-- consumer (sdk/parking.py), left for a later stop: the alarm it shows while blocked (one
-  ephemeral node per consumer under ``subs/<sub>/blocked``, so it goes with its session) and the
-  ledger of parked messages (``subs/<sub>/parked/<seq>``, created and updated). A client can
-  thus forge or hide another subscription's alarm or ledger records of its queue's tree; it
-  cannot move a cursor, a list, an epoch or a policy.
+- consumer (sdk/parking.py): the alarm it shows while blocked (one ephemeral node per consumer
+  under ``subs/<sub>/blocked``, so it goes with its session) and the ledger of parked messages
+  (``subs/<sub>/parked/<seq>``, created and updated). A consume token of Q can thus forge or
+  hide the alarm or ledger records of Q's subscriptions, no other queue's; it cannot move a
+  cursor, a list, an epoch or a policy.
 - consumer-group member (sdk/group.py): its membership, one ephemeral node under
-  ``subs/<group>/members`` of the topic's partition 0 (``<topic>.p0``). The parent is made with
-  the subscription, as ``leader`` is: by the coordinator service's Subscribe (the first member
-  asks for the group's subscription of every partition) or an admin verb, never by a client.
-  The client's CREATE and DELETE there let it add or remove *any* member node of a group (as any
-  contender of an election): a forged or removed member only makes the members rebalance; it
-  cannot make two of them deliver one partition, which the partition's election and the
-  consumer's lease forbid (a persistent forged member would hold the partitions assigned to it
-  idle, as a persistent node planted in an election holds it: the same trust as today's).
+  ``subs/<group>/members`` of the topic's partition 0 (``<topic>.p0``: a consume grant on it).
+  The parent is made with the subscription, as ``leader`` is: by the coordinator service's
+  Subscribe (the first member asks for the group's subscription of every partition) or an
+  admin verb, never by a client. CREATE and DELETE there let a consume token of ``<topic>.p0``
+  add or remove *any* member node of its groups (as any contender of an election): a forged
+  or removed member only makes the members rebalance; it cannot make two of them deliver one
+  partition, which the partition's election and the consumer's lease forbid (a persistent
+  forged member would hold the partitions assigned to it idle, as a persistent node planted in
+  an election holds it: a holder of a consume token of that queue is trusted not to).
   It cannot move a cursor, write a topic record or a queue list.
 - never a client: a queue's ``state``, cursors (``subs/<sub>``), the ``subs`` and ``queues``
   lists (no queue or subscription is created or deleted by a client), queue configuration,
@@ -51,7 +70,7 @@ from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 from ordq.common.errors import ConfigError
 
 READ, WRITE, CREATE, DELETE = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
-ACL_NODE = "acl"  # <root>/acl: the two identities' digests (never the passwords)
+ACL_NODE = "acl"  # <root>/acl: the identities' digests (never the passwords) and the tokens' grants
 
 # What clients write, by path under the root ("*" stands for one name): the rights and the
 # role a token needs on the queue (``parts[1]``) to have them. A parent's CREATE and DELETE
