@@ -10,6 +10,7 @@ ledger) it still can, and what it creates there an anonymous client cannot touch
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 
 import attrs
@@ -19,12 +20,12 @@ from kazoo.exceptions import LockTimeout, NoAuthError
 
 from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import WaitTimeout, ZkAccessDenied
-from ordq.coordinator.acl import READ, AclIds, client_rights
+from ordq.coordinator.acl import CREATE, DELETE, READ, AclIds, acl_for, client_rights, digest_id
 from ordq.coordinator.acl_client import protect, tokens_changed
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_base import new_client
-from ordq.coordinator.tokens import create_token, revoke_token, token_credential, token_id
+from ordq.coordinator.tokens import TokenRecord, create_token, revoke_token, token_credential, token_id, tokens_path
 from ordq.drills.security import ROGUE_QUEUE, ROGUE_SUB, probe_zk_writes
 from ordq.local_cluster import LocalCluster
 from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
@@ -280,11 +281,11 @@ def test_a_token_of_one_queue_plants_deletes_and_forges_nothing_in_another_queue
 
 @pytest.mark.slow
 def test_a_token_of_one_queue_cannot_hide_another_queues_acked_messages(tmp_path) -> None:
-    """The same attack end to end, on ``ordq up``'s cluster (ZooKeeper ACLs, tokens, TLS): q2's
-    messages are acked; the holder of a token of q plants a node at the head of q2's consumer
-    election. Without the guard that went through and q2's consumer was never elected
-    (WaitTimeout: its acked messages hidden); with it the plant is NoAuth and q2's consumer,
-    with q2's token, delivers every message."""
+    """The same attack end to end, on ``ordq up``'s cluster (ZooKeeper ACLs, tokens, TLS), after
+    ``ordq up`` upgraded a tree from before the guard: q2's messages are acked; the holder of a
+    token of q plants a node at the head of q2's consumer election. Without the guard that went
+    through and q2's consumer was never elected (its acked messages hidden); with it the plant
+    is NoAuth and q2's consumer, with q2's token, delivers every message."""
     cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1))
     cluster.start()
     try:
@@ -294,6 +295,21 @@ def test_a_token_of_one_queue_cannot_hide_another_queues_acked_messages(tmp_path
             for q in ("q", "q2"):
                 admin.create_queue(q, ["g1"])
             admin.create_subscription("q2", "s")
+            # ordq up upgrades a tree from before the guard: its own token recorded without a
+            # digest id, <root>/acl without writers, the client identity writing every election.
+            older = attrs.evolve(AclIds.from_dict(json.loads(admin.client.get(f"{cluster.root}/acl")[0])),
+                                 writers=None)
+            admin.client.set(f"{cluster.root}/acl", json.dumps(older.to_dict()).encode())
+            own = cluster.credentials.token
+            assert own is not None
+            path = f"{tokens_path(cluster.root)}/{token_id(own)}"
+            admin.client.set(path, attrs.evolve(TokenRecord.from_json(token_id(own), admin.client.get(path)[0]),
+                                                zk="").to_json())
+            admin.client.set_acls(p.producer_leader("q2"), acl_for(p.producer_leader("q2"), cluster.root, older))
+            cluster._protect()  # what ordq up runs on a cluster folder (local_cluster.py)
+            cluster._ensure_admin_token()
+            acl = {a.id.id: a.perms for a in admin.client.get_acls(p.producer_leader("q2"))[0]}
+            assert acl[older.client] == READ and acl[digest_id(token_credential(own))] == READ | CREATE | DELETE
             _, token_a = create_token(admin.client, cluster.root, {"q": ["produce", "consume"]}, "holder of q")
             _, token_b = create_token(admin.client, cluster.root, {"q2": ["produce", "consume"]}, "owner of q2")
             tokens_changed(admin.client, cluster.root)  # as ordq auth create does
