@@ -7,7 +7,10 @@ be replayed. A plain hash (not a slow password hash) is enough because the secre
 bits: there is no dictionary to try, and the broker checks it on every call.
 
 Grants: ``{queue or "*": [roles]}``, roles ``produce``, ``consume``, ``admin`` (admin implies
-the other two). Tokens are enforced once ``<root>/auth`` exists (``ordq up`` and the first
+the other two). A token is also a ZooKeeper digest identity (``token_credential``; its digest id
+is kept in the record as ``zk``): once tokens are enforced, only the tokens of a queue may write
+its elections, group members, alarm and parked ledger (coordinator/acl.py, issue 29).
+Tokens are enforced once ``<root>/auth`` exists (``ordq up`` and the first
 ``ordq auth create`` make it): until then a cluster accepts any caller, as before.
 """
 

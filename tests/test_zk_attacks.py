@@ -267,6 +267,10 @@ def test_a_token_of_one_queue_plants_deletes_and_forges_nothing_in_another_queue
     assert went_through == [] and q2_consumer_elected, (
         f"a token of q went through on q2: {went_through}; q2's consumer elected: {q2_consumer_elected}")
     assert after == before
+    # q2's and t's own token: a group member of t registers itself, as sdk/group.py does.
+    with as_holder(hosts, token_b) as member:
+        member.create(f"{p.sub_members('t.p0', 'G')}/m1", b"{}", ephemeral=True)
+        member.delete(f"{p.sub_members('t.p0', 'G')}/m1")
     # Roles: a consume-only token of q2 joins its consumer election, not its producer's.
     assert elected(hosts, reader_b, p.sub_leader("q2", "s"), 10)
     with as_holder(hosts, reader_b) as reader, pytest.raises(NoAuthError):
