@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
-from ordq.common.errors import ZkAccessDenied
+from ordq.common.errors import ConfigError, ZkAccessDenied
 from ordq.coordinator.acl import (
     ACL_NODE,
     QUEUE_PARENTS,
@@ -32,9 +34,12 @@ from ordq.coordinator.acl import (
     digest_id,
     relative,
 )
+from ordq.coordinator.tokens import enforced, load_tokens, token_credential, touch
 
 AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
 AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
+log = logging.getLogger("ordq.acl")
+
 
 def read_credential(folder: Path, role: str) -> str | None:
     """The ``user:password`` ``ordq up`` generated for ``role`` (admin | client) in ``folder``."""
@@ -72,7 +77,7 @@ def check_identity(client: KazooClient, root: str, credential: str | None, *, re
             raise ZkAccessDenied(f"the ZooKeeper root {root} is protected and no ZooKeeper credential was given "
                                  "(--zk-auth-file, ORDQ_ZK_AUTH, or the credentials file: docs/SECURITY.md)")
         return
-    ids = AclIds(**json.loads(data))
+    ids = AclIds.from_dict(json.loads(data))
     if digest_id(credential) not in (ids.admin, ids.client):
         user = credential.partition(":")[0]
         raise ZkAccessDenied(f"the ZooKeeper credential of user {user!r} is not one of {root}'s identities "
@@ -80,9 +85,16 @@ def check_identity(client: KazooClient, root: str, credential: str | None, *, re
 
 
 class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
-    def __init__(self, *args: Any, auth: str | None = None, **kwargs: Any) -> None:
-        if auth is not None:
-            kwargs["auth_data"] = [("digest", check_credential(auth))]
+    def __init__(self, *args: Any, auth: str | None = None, token: str | None = None, **kwargs: Any) -> None:
+        """``auth``: the identity's ``user:password``; ``token``: an ordq token, added as a
+        second digest identity (``tokens.token_credential``): ZooKeeper lets it write the
+        client-written nodes of the queues it grants (coordinator/acl.py)."""
+        auth_data = [("digest", check_credential(auth))] if auth is not None else []
+        if token:
+            with contextlib.suppress(ConfigError):  # not an ordq token: no identity (brokers refuse it)
+                auth_data.append(("digest", token_credential(token)))
+        if auth_data:
+            kwargs["auth_data"] = auth_data
         super().__init__(*args, **kwargs)
         self.auth = auth
         self._root: str | None = None
@@ -126,9 +138,10 @@ def protect(client: KazooClient, root: str, ids: AclIds, *, on_node: Callable[[s
     identities in ``<root>/acl`` and set every existing node's ACL by the policy. Idempotent.
     Returns the number of nodes set. ZkAccessDenied when the tree is protected for another
     admin identity."""
-    if isinstance(client, AclClient):
-        client.use(root, ids)  # what it creates from now on (this call's nodes too) is protected
     try:
+        ids = attrs.evolve(ids, writers=token_writers(client, root))
+        if isinstance(client, AclClient):
+            client.use(root, ids)  # what it creates from now on (this call's nodes too) is protected
         client.ensure_path(root, acl=acl_for(root, root, ids))
         data = json.dumps(ids.to_dict()).encode()
         path = f"{root}/{ACL_NODE}"
@@ -151,6 +164,34 @@ def protect(client: KazooClient, root: str, ids: AclIds, *, on_node: Callable[[s
     except NoAuthError as exc:
         raise ZkAccessDenied(f"cannot protect {root}: it is protected for another admin identity, or this "
                              "client has no admin credential") from exc
+
+
+def token_writers(client: KazooClient, root: str) -> dict[str, dict[str, tuple[str, ...]]] | None:
+    """The ``writers`` of the ACL policy: every token's ZooKeeper digest id with its grants;
+    None while tokens are not enforced (coordinator/tokens.py). A token recorded before issue
+    29 has no digest id: it is left out (its holders may no longer write in ZooKeeper; reissue
+    it), and said so."""
+    if not enforced(client, root):
+        return None
+    records = load_tokens(client, root)
+    for rec in records.values():
+        if not rec.zk:
+            log.warning("token %s (%s) predates per-queue ZooKeeper rights: its producers and consumers cannot "
+                        "join elections; issue a new one (ordq auth create) and revoke it", rec.tid,
+                        rec.name or "unnamed")
+    return {rec.zk: dict(rec.grants) for rec in records.values() if rec.zk}
+
+
+def tokens_changed(client: KazooClient, root: str) -> int:
+    """After a token was issued or revoked: tell the brokers (``touch``) and, on a protected
+    root, set the ACLs again so ZooKeeper grants exactly the tokens now recorded (a revoked
+    token's writes are refused). Returns the nodes set (0: the root is not protected)."""
+    touch(client, root)
+    try:
+        data, _ = client.get(f"{root}/{ACL_NODE}")
+    except NoNodeError:
+        return 0
+    return protect(client, root, AclIds.from_dict(json.loads(data)))
 
 
 def missing_parents(parts: tuple[str, ...]) -> tuple[str, ...]:

@@ -170,15 +170,18 @@ class ClusterCredentials:
     def _ensure_admin_token(self) -> None:
         """An admin token on every queue for this cluster's own clients (the CLI after
         ``ordq up``, the tests, the drills), made once and kept in the folder (mode 0600)."""
-        from ordq.coordinator.tokens import create_token, load_tokens, token_id, touch
+        from ordq.coordinator.acl_client import tokens_changed
+        from ordq.coordinator.tokens import add_zk_identity, create_token, load_tokens, token_id
 
         token = self.credentials.token
         with self.store() as store:
             if token is None or token_id(token) not in load_tokens(store.client, self.root):
                 _, token = create_token(store.client, self.root, {"*": ["admin"]}, "ordq up")
-                touch(store.client, self.root)
+                tokens_changed(store.client, self.root)
                 fd = os.open(self._token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(token + "\n")
+            elif add_zk_identity(store.client, self.root, token):  # a token from before issue 29
+                tokens_changed(store.client, self.root)
         self.credentials = attrs.evolve(self.credentials, token=token)
         self._register_own()

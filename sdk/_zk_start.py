@@ -15,6 +15,7 @@ from typing import TypeVar
 from kazoo.client import KazooClient
 
 from ordq.common.errors import CoordinationUnavailable
+from ordq.common.security import Credentials
 from ordq.coordinator.acl_client import check_identity
 from ordq.coordinator.store_base import new_client
 from ordq.coordinator.zk_retry import retry_zk
@@ -33,11 +34,14 @@ class ZkSteps:
         return retry_zk(call, f"{self.who}: {what}", hosts=self.hosts, stopped=self.stopped)
 
 
-def connect(hosts: str, root: str, zk_auth: str | None, *, session_timeout_s: float, connect_timeout_s: float,
+def connect(hosts: str, root: str, creds: Credentials, *, session_timeout_s: float, connect_timeout_s: float,
             who: str, stopped: Callable[[], bool]) -> tuple[KazooClient, ZkSteps]:
     """A started client whose credential the cluster knows, and the steps runner; on any
-    failure nothing is left connected."""
-    client = new_client(hosts, session_timeout_s=session_timeout_s, auth=zk_auth)
+    failure nothing is left connected. It authenticates with the client credential
+    (``creds.zk_auth``) and with its token: ZooKeeper lets the token write only the election,
+    member, alarm and ledger nodes of the queues it grants (coordinator/acl.py)."""
+    zk_auth = creds.zk_auth
+    client = new_client(hosts, session_timeout_s=session_timeout_s, auth=zk_auth, token=creds.token)
     try:
         client.start(timeout=connect_timeout_s)
     except Exception as exc:

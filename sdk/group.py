@@ -254,7 +254,7 @@ class GroupMember:
         coordinator creates what is missing) and join the group. TopicNotFound: no such topic."""
         cfg = self.config
         creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
-        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,
+        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds, session_timeout_s=cfg.zk_session_timeout_s,
                                    connect_timeout_s=cfg.zk_connect_timeout_s,
                                    who=f"group member {cfg.topic}/{cfg.group}", stopped=lambda: self._closed)
         try:

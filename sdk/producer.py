@@ -124,7 +124,7 @@ class Producer(ProducerIO):
             from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds.zk_auth, session_timeout_s=cfg.zk_session_timeout_s,
+        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds, session_timeout_s=cfg.zk_session_timeout_s,
                                    connect_timeout_s=cfg.zk_connect_timeout_s, who=f"producer of {cfg.queue!r}",
                                    stopped=lambda: self._closed)
         paths = Paths(cfg.root)

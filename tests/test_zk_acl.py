@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -106,6 +107,37 @@ def test_every_node_under_the_root_gives_admin_all_and_nobody_else_more_than_the
     assert by_id[("world", "anyone")] == READ  # reads are open; no write without a credential
     if not parts or parts[0] != "queues":
         assert client == READ  # groups, liveness, the coordinator, the acl record: admin only
+
+
+def test_once_tokens_are_enforced_a_queues_client_nodes_are_written_only_by_its_tokens_with_the_role() -> None:
+    """Issue 29: with ``writers`` (every token's digest id and grants), the nodes clients write
+    under queue Q name the tokens with the path's role on Q (admin and ``*`` grants count);
+    the shared client identity only reads them; every other node is as before."""
+    p = Paths("/r")
+    writers = {"token-1:a": {"q": ("produce",)}, "token-2:b": {"q": ("consume",)}, "token-3:c": {"*": ("admin",)},
+               "token-4:d": {"q2": ("produce", "consume")}, "token-5:e": {"*": ("consume",)}}
+    ids = attrs.evolve(IDS, writers=writers)
+    assert AclIds.from_dict(json.loads(json.dumps(ids.to_dict()))) == ids  # as kept in <root>/acl
+
+    def rights(path: str) -> dict[str, int]:
+        acl = acl_for(path, "/r", ids)
+        assert acl is not None
+        return {a.id.id: a.perms for a in acl if a.id.scheme == "digest"}
+
+    assert rights(p.producer_leader("q")) == {IDS.admin: Permissions.ALL, IDS.client: READ,
+                                              "token-1:a": READ | CREATE | DELETE, "token-3:c": READ | CREATE | DELETE}
+    parent, record = READ | CREATE | DELETE, READ | WRITE
+    for path, perms in ((p.sub_leader("q", "s"), parent), (p.sub_members("q", "G"), parent),
+                        (p.sub_blocked("q", "s"), parent), (p.parked("q", "s"), READ | CREATE),
+                        (p.parked("q", "s", 7), record), (p.sub_blocked("q", "s") + "/c1", record)):
+        assert rights(path) == {IDS.admin: Permissions.ALL, IDS.client: READ, "token-2:b": perms,
+                                "token-3:c": perms, "token-5:e": perms}, path
+    contender = f"{p.sub_leader('q', 's')}/x__lock__0000000001"
+    for other in (p.state("q"), p.sub("q", "s"), p.sub_policy("q", "s"), contender, p.group("g1"), "/r/acl"):
+        assert rights(other) == {IDS.admin: Permissions.ALL, IDS.client: READ}, other
+    # Before tokens are enforced (no writers) the client identity writes them, as before.
+    assert {a.id.id: a.perms for a in acl_for(p.producer_leader("q"), "/r", IDS) or []}[IDS.client] == (
+        READ | CREATE | DELETE)
 
 
 def test_paths_outside_the_root_and_bad_credentials() -> None:

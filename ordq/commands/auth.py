@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from ordq.coordinator.tokens import create_token, parse_grants, touch
+    from ordq.coordinator.acl_client import tokens_changed
+    from ordq.coordinator.tokens import create_token, parse_grants
 
     grants = parse_grants(args.roles)
     with open_store(args) as store:
@@ -49,7 +50,7 @@ def cmd_create(args: argparse.Namespace) -> int:
                            "to grant roles on a queue created later")
         with zk_errors(args.zk):  # a wrong ZooKeeper credential: one line
             rec, token = create_token(store.client, args.root, grants, args.name)
-            touch(store.client, args.root)
+            tokens_changed(store.client, args.root)  # brokers reload; ZooKeeper's ACLs name it
     if wants_json(args):
         emit_json({**rec.describe(), "token": token})
     else:
@@ -75,14 +76,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    from ordq.coordinator.tokens import revoke_token, token_id, touch
+    from ordq.coordinator.acl_client import tokens_changed
+    from ordq.coordinator.tokens import revoke_token, token_id
 
     tid = _token_id(args.id, token_id)
     with open_store(args) as store:
         check_admin(store, "*")
         with zk_errors(args.zk):
             revoke_token(store.client, args.root, tid)
-            touch(store.client, args.root)
+            tokens_changed(store.client, args.root)  # brokers refuse it; ZooKeeper's ACLs no longer name it
     if wants_json(args):
         emit_json({"revoked": tid})
     else:
