@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config: pytest.Config) -> None:
     """Bytecode for every process the run starts (brokers, daemons, each CLI command a test or
-    a doc runs: thousands). With ``PYTHONDONTWRITEBYTECODE`` set, as on the shared box, Python
+    a doc runs). With ``PYTHONDONTWRITEBYTECODE`` set, as on the shared box, Python
     never writes it, so every one of them compiled each ordq module it imported from source
     (~0.25 s of CPU per process). Written once here, on the controller before its workers
     start; up-to-date files are skipped, and what changes during the run is compiled in memory
@@ -62,7 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # compile_dir does not follow links: ordq's linked folders are compiled where they are
     linked = [p.resolve() for p in (ROOT / "ordq").iterdir() if p.is_symlink()]
     for folder in (ROOT / "ordq", *linked, ROOT / "bench", ROOT / "tests"):
-        compileall.compile_dir(folder, quiet=1)
+        # quiet: a checkout we cannot write, or a file that does not compile, is left as it is
+        # (its import says what is wrong, as without this)
+        compileall.compile_dir(folder, quiet=2)
 
 
 # Session servers by fixture name, and the servers a test made itself: for failure reports.
