@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import zlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import NoReturn
 
@@ -191,6 +191,12 @@ class SegmentLog:
     def synced_bytes(self) -> int:
         """Bytes of the file that are synced: what this segment takes on disk."""
         return self._synced_bytes
+
+    def bytes_before(self, offset: int) -> int:
+        """Bytes of the file before message ``offset`` (a batch boundary, such as the LAC): where
+        the first batch at or past it starts, or the file's synced length if none does."""
+        i = bisect_left(self._offsets, offset)
+        return self._positions[i] if i < len(self._offsets) else self._synced_bytes
 
     def _index(self, pos: int, header: BatchHeader) -> None:
         self._offsets.append(header.first_offset)

@@ -54,6 +54,7 @@ class Segment:
             last_seq=-1 if r.last_seq is None or r.local_synced == 0 else r.last_seq,
             sealed=r.sealed, fenced_epoch=r.fenced_epoch,
             bytes=self.log.synced_bytes if self.log is not None else 0, first_write_ms=self.first_write_ms,
+            acked_bytes=self.log.bytes_before(r.lac) if self.log is not None else 0,
             # Why: a master restarted (or whose disk or slave stream failed) never writes this
             # segment again; the coordinator reads this to roll it with no producer around.
             frozen=not r.writable,

@@ -148,7 +148,9 @@ def make_prober(store: ZkStore, credentials: Credentials | None = None
         answer = transport.open_segments(address)
         return {(s.queue, int(s.seg)): OpenSegment(bytes=int(s.end.bytes),
                                                    first_write_ms=int(s.end.first_write_ms) or None,
-                                                   frozen=bool(s.end.frozen))
+                                                   frozen=bool(s.end.frozen),
+                                                   acked_bytes=int(s.end.acked_bytes)
+                                                   if s.end.HasField("acked_bytes") else None)
                 for s in answer.segments}
 
     return prober

@@ -15,12 +15,10 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import grpc
 import pytest
 
 from ordq.broker_group import log as seglog
-from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.errors import (
     BrokerUnavailable,
@@ -31,12 +29,11 @@ from ordq.common.errors import (
     OrdqError,
     SegmentNotFound,
 )
-from ordq.common.security import Credentials, ensure_coordinator_pki, provision, token_metadata
+from ordq.common.security import Credentials, token_metadata
 from ordq.common.security import channel as security_channel
 from ordq.coordinator import state as sm
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import SegStatus
-from ordq.coordinator.store import ZkStore
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
@@ -45,45 +42,16 @@ from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import SegmentNotWritable, from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS
 from ordq.wire.transport import Ack
+from tests.helpers.one_group import Group, Q, one_group
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
-Q = "q"
-
-
-@attrs.define
-class Group:
-    store: ZkStore
-    procs: BrokerGroupProcesses
-    # With the coordinators' certificate: these tests drive the brokers' control calls (Fence,
-    # Seal, Reconcile) as a coordinator does; no client certificate may make them.
-    transport: GrpcTransport
-    client: Credentials  # the client certificate ``ordq up`` issues (an insider past TLS)
-
-    def address(self, role: str) -> str:
-        return self.store.live_members("g1")[role].address
 
 
 @pytest.fixture
 def group(zk_server, zk_root, tmp_path: Path) -> Iterator[Group]:
-    store = ZkStore.connect(zk_server.connection_string, zk_root)
-    broker_tls, client_tls = provision(tmp_path / "tls", zk_server.connection_string, zk_root)
-    procs = BrokerGroupProcesses("g1", zk_hosts=zk_server.connection_string, root=zk_root, base_dir=tmp_path,
-                                 tls=broker_tls)
-    transport = GrpcTransport(credentials=ensure_coordinator_pki(tmp_path / "tls"))
-    try:
-        store.add_group("g1")
-        procs.start()
-        wait_until(lambda: store.live_groups(["g1"]), what="g1 live")
-        store.create_queue(Q, ["g1"])
-        store.apply(Q, lambda st, _f: sm.bump_epoch(st))  # epoch 1: the raw streams below write with it
-        yield Group(store, procs, transport, client_tls)
-    finally:
-        for p in procs.members:
-            print(f"--- {p.gid} {p.role} log tail ---\n{p.log_tail(30)}")
-        transport.close()
-        procs.kill()
-        store.close()
+    with one_group(zk_server.connection_string, zk_root, tmp_path) as g:
+        yield g
 
 
 def payload(seq: int) -> bytes:

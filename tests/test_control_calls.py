@@ -323,6 +323,9 @@ def test_a_token_holder_cannot_seal_or_fence_the_open_segment(group: Group) -> N
     answer = call(g.address("master"), g.coordinator,
                   lambda s, md: s.OpenSegments(listing, timeout=10, metadata=md))
     assert [(o.queue, o.seg, o.end.end) for o in answer.segments] == [(Q, 0, 10)]
+    # every message acked: all its bytes count for a roll by size (coordinator/duties.py)
+    assert answer.segments[0].end.HasField("acked_bytes")
+    assert answer.segments[0].end.acked_bytes == answer.segments[0].end.bytes > 0
     st = g.store.load_state(Q)[0]
     assert st.head == "g1" and st.open_segment is not None and st.open_segment.seg == 0
     produce(g, 10, 10)  # the real producer goes on in the same segment

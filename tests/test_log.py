@@ -217,6 +217,21 @@ def test_read_at_boundaries(tmp_path: Path) -> None:
             log.read(-1, max_bytes=1, upto=5)
 
 
+def test_bytes_before_an_offset_is_where_its_batch_starts(tmp_path: Path) -> None:
+    """What a master reports acked (``SegmentEnd.acked_bytes``): the bytes before the LAC."""
+    raws = build([[msg(0), msg(1)], [msg(2)], [msg(3), msg(4)]])
+    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
+        assert log.bytes_before(0) == 0
+        log.append(raws[0])
+        log.sync()
+        log.append(raws[1])  # buffered, not synced: still where it starts
+        assert [log.bytes_before(at) for at in (0, 2, 3)] == [0, len(raws[0]), len(raws[0])]
+        log.append(raws[2])
+        log.sync()
+        assert log.bytes_before(3) == len(raws[0]) + len(raws[1])
+        assert log.bytes_before(5) == log.synced_bytes == sum(map(len, raws))
+
+
 # -- truncate -------------------------------------------------------------------------------
 
 

@@ -21,16 +21,13 @@ from pathlib import Path
 import pytest
 
 from ordq.broker_group.process import BrokerGroupProcesses
-from ordq.common.security import ensure_coordinator_pki, provision
-from ordq.coordinator import state as sm
 from ordq.coordinator.store import ZkStore
 from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import SegmentNotWritable
-from tests.util import wait_until
+from tests.helpers.one_group import Q, one_group
 
 pytestmark = pytest.mark.zk
-Q = "q"
 SESSION_S = 1.0
 
 
@@ -94,24 +91,11 @@ def proxied(zk_server, zk_root, tmp_path: Path) -> Iterator[tuple[ZkStore, Broke
                                                                   SilentProxy]]:
     host, port = zk_server.connection_string.split(",")[0].rsplit(":", 1)
     proxy = SilentProxy((host, int(port)))
-    store = ZkStore.connect(zk_server.connection_string, zk_root)
-    broker_tls, _client = provision(tmp_path / "tls", zk_server.connection_string, zk_root)
-    procs = BrokerGroupProcesses("g1", zk_hosts=f"127.0.0.1:{proxy.port}", root=zk_root, base_dir=tmp_path,
-                                 tls=broker_tls, session_timeout_s=SESSION_S)
-    transport = GrpcTransport(credentials=ensure_coordinator_pki(tmp_path / "tls"))
     try:
-        store.add_group("g1")
-        procs.start()
-        wait_until(lambda: store.live_groups(["g1"]), what="g1 live")
-        store.create_queue(Q, ["g1"])
-        store.apply(Q, lambda st, _f: sm.bump_epoch(st))
-        yield store, procs, transport, proxy
+        with one_group(zk_server.connection_string, zk_root, tmp_path, brokers_zk=f"127.0.0.1:{proxy.port}",
+                       session_timeout_s=SESSION_S, log_lines=20) as g:
+            yield g.store, g.procs, g.transport, proxy
     finally:
-        for p in procs.members:
-            print(f"--- {p.gid} {p.role} log tail ---\n{p.log_tail(20)}")
-        transport.close()
-        procs.kill()
-        store.close()
         proxy.close()
 
 

@@ -414,6 +414,20 @@ def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
     assert plan(s, ALL_LIVE, limits, now_ms=10**12, open_info=empty) == []
     assert plan(s, ALL_LIVE, Limits(), now_ms=10**12, open_info=OpenSegment(10**12, 0)) == []  # no limits
 
+    # By size, a broker that says what is acked: the size acked, and no less acked than not
+    # (issue 26: after a roll the producer resends its unacked window on the new segment;
+    # counted by what the master wrote, that segment was over the size at once and rolled again
+    # before any of it was acked, and so on: each segment a copy of the last, 32 MB on disk for
+    # a 16 MB run).
+    by_size = Limits(segment_bytes=1000)
+    roll = [Action(Kind.ROLL, gid="g1", seg=0)]
+    resent = OpenSegment(bytes=5000, first_write_ms=0, acked_bytes=0)
+    assert plan(s, ALL_LIVE, by_size, open_info=resent) == []
+    assert plan(s, ALL_LIVE, by_size, open_info=attrs.evolve(resent, acked_bytes=999)) == []
+    assert plan(s, ALL_LIVE, by_size, open_info=attrs.evolve(resent, acked_bytes=2499)) == []  # more to resend
+    assert plan(s, ALL_LIVE, by_size, open_info=attrs.evolve(resent, acked_bytes=2500)) == roll
+    assert plan(s, ALL_LIVE, by_size, open_info=OpenSegment(bytes=1000, first_write_ms=0, acked_bytes=1000)) == roll
+
     # Two rolled segments, sealed at t=10 s and t=20 s, 600 and 500 bytes; a subscription is
     # still in the first one.
     s = sm.seal(sm.roll(s, "g1", 0), 0, 2, 0, 1, at_ms=10_000, size=600)

@@ -115,7 +115,7 @@ class FenceRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentEnd(_message.Message):
-    __slots__ = ("end", "first_seq", "last_seq", "sealed", "fenced_epoch", "bytes", "first_write_ms", "frozen")
+    __slots__ = ("end", "first_seq", "last_seq", "sealed", "fenced_epoch", "bytes", "first_write_ms", "frozen", "acked_bytes")
     END_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class SegmentEnd(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     FIRST_WRITE_MS_FIELD_NUMBER: _ClassVar[int]
     FROZEN_FIELD_NUMBER: _ClassVar[int]
+    ACKED_BYTES_FIELD_NUMBER: _ClassVar[int]
     end: int
     first_seq: int
     last_seq: int
@@ -132,7 +133,8 @@ class SegmentEnd(_message.Message):
     bytes: int
     first_write_ms: int
     frozen: bool
-    def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ..., frozen: _Optional[bool] = ...) -> None: ...
+    acked_bytes: int
+    def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ..., frozen: _Optional[bool] = ..., acked_bytes: _Optional[int] = ...) -> None: ...
 
 class OpenSegmentsRequest(_message.Message):
     __slots__ = ()
