@@ -75,6 +75,9 @@ BUG_RETRY_S = 10.0
 # the coordinator service in this same process), and every thread more takes the GIL from
 # the service's answer to a producer (10,000 queues: bench/bench_queues.py).
 ROUND_WORKERS = 4
+# Queues handed to the round pool at once; between two slices the daemon waits while the
+# service answers a producer's FailOver (``coordinator/pacing.py``).
+ROUND_SLICE = 250
 # Seals run at once, beside the rounds (``_seal_later``).
 SEAL_WORKERS = 2
 # A queue whose open segment a probe saw grow within this long is "written": after a head
@@ -235,7 +238,7 @@ class CoordinatorDaemon:
             self._next_probe = started + self.interval_s
             self._probe(view)
         try:
-            queues = view.refresh(started, pause=self.requests_first.wait_turn if self.requests_first else None)
+            queues = view.refresh(started, pause=self._wait_turn)
         except OrdqError as exc:
             self.stats.errors += 1
             log.warning("coordinator round: %s", exc)
@@ -246,7 +249,13 @@ class CoordinatorDaemon:
             queues = urgent_first(queues, self._written, started)
             # Why a pool: after a head master dies every queue it headed fails over, each a
             # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
-            list(self._pool().map(self._guarded_round, queues))
+            # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
+            # on a loaded box (a future each); between slices a producer's FailOver goes first.
+            pool = self._pool()
+            for i in range(0, len(queues), ROUND_SLICE):
+                if i:
+                    self._wait_turn()
+                list(pool.map(self._guarded_round, queues[i:i + ROUND_SLICE]))
         else:
             for queue in queues:
                 self._guarded_round(queue)
@@ -345,7 +354,12 @@ class CoordinatorDaemon:
     def _idle_waits_turn(self, queue: str) -> None:
         """An idle queue's job (not ``is_written``) starts once the service's urgent requests
         in flight are answered (``coordinator/pacing.py``); a written one at once."""
-        if self.requests_first is not None and not is_written(queue, self._written, time.monotonic()):
+        if not is_written(queue, self._written, time.monotonic()):
+            self._wait_turn()
+
+    def _wait_turn(self) -> None:
+        """Wait while this process's service answers an urgent request (bounded; pacing.py)."""
+        if self.requests_first is not None:
             self.requests_first.wait_turn()
 
     def _next_seal(self) -> None:

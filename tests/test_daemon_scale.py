@@ -218,6 +218,44 @@ def test_a_long_refresh_reads_in_slices_and_pauses_between_them(setup, monkeypat
     assert at_pause == sorted(at_pause) and at_pause[0] > 0 and at_pause[-1] < view.reads
 
 
+def test_a_round_of_many_queues_hands_them_to_the_pool_in_slices(setup, monkeypatch) -> None:
+    """After a group's liveness changes every queue using it is planned: they go to the pool
+    ``ROUND_SLICE`` at a time, and the round waits its turn (a FailOver served) between two
+    slices, not only after all of them (coordinator/pacing.py)."""
+    import threading
+
+    from ordq.coordinator import daemon as daemon_mod
+    from ordq.coordinator.pacing import RequestsFirst
+
+    store, daemon = setup
+    monkeypatch.setattr(daemon_mod, "ROUND_SLICE", 100)
+    if daemon.view is None:
+        daemon.round()
+    assert daemon.view is not None
+    planned: list[str] = []
+    inner = daemon._queue_round
+
+    def counted(queue: str) -> None:
+        planned.append(queue)
+        inner(queue)
+
+    at_pause: list[int] = []
+
+    class Counting(RequestsFirst):
+        def wait_turn(self) -> float:
+            if threading.current_thread() is threading.main_thread():  # the round's own, not a worker's
+                at_pause.append(len(planned))
+            return super().wait_turn()
+
+    monkeypatch.setattr(daemon, "_queue_round", counted)
+    monkeypatch.setattr(daemon, "requests_first", Counting())
+    daemon.view.mark_all()
+    daemon.round()
+    assert len(planned) >= N + 1
+    between = [n for n in at_pause if 0 < n < len(planned)]
+    assert len(between) >= 3 and between == sorted(between)  # 301+ queues: 4 slices of 100
+
+
 def test_a_seal_on_the_daemon_s_copies_reads_nothing_first_and_survives_a_stale_copy(setup) -> None:
     """The daemon's seal runs on the state it planned on and the members its view knows (no
     reads first, issue 29); a copy that went stale meanwhile costs a retry, never a wrong write."""
