@@ -255,6 +255,8 @@ class CoordinatorDaemon:
             for i in range(0, len(queues), ROUND_SLICE):
                 if i:
                     self._wait_turn()
+                if self._stop.is_set():
+                    break  # stop() shut the pool down
                 list(pool.map(self._guarded_round, queues[i:i + ROUND_SLICE]))
         else:
             for queue in queues:
