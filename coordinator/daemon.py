@@ -44,6 +44,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
+from ordq.coordinator.pacing import RequestsFirst
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
 
@@ -74,6 +75,9 @@ BUG_RETRY_S = 10.0
 # the coordinator service in this same process), and every thread more takes the GIL from
 # the service's answer to a producer (10,000 queues: bench/bench_queues.py).
 ROUND_WORKERS = 4
+# Queues handed to the round pool at once; between two slices the daemon waits while the
+# service answers a producer's FailOver (``coordinator/pacing.py``).
+ROUND_SLICE = 250
 # Seals run at once, beside the rounds (``_seal_later``).
 SEAL_WORKERS = 2
 # A queue whose open segment a probe saw grow within this long is "written": after a head
@@ -109,15 +113,19 @@ class CoordinatorDaemon:
         interval_s: float = 0.5,
         identifier: str = "",
         sweep_interval_s: float = SWEEP_INTERVAL_S,
+        requests_first: RequestsFirst | None = None,
     ) -> None:
         """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
-        fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc."""
+        fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc;
+        ``requests_first``: shared with this process's coordinator service, whose urgent
+        requests an idle queue's round or seal waits for (``coordinator/pacing.py``)."""
         self.store = store
         self.sealer = sealer
         self.prober = prober
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
+        self.requests_first = requests_first
         self.view: DaemonView | None = None  # this leadership term's copies (made by the first round)
         self._open: dict[str, tuple[int, OpenSegment]] = {}  # queue -> (seg, what its master said)
         self._written: dict[str, float] = {}  # queue -> when a probe last saw its open segment grow
@@ -230,7 +238,7 @@ class CoordinatorDaemon:
             self._next_probe = started + self.interval_s
             self._probe(view)
         try:
-            queues = view.refresh(started)
+            queues = view.refresh(started, pause=self._wait_turn)
         except OrdqError as exc:
             self.stats.errors += 1
             log.warning("coordinator round: %s", exc)
@@ -241,7 +249,15 @@ class CoordinatorDaemon:
             queues = urgent_first(queues, self._written, started)
             # Why a pool: after a head master dies every queue it headed fails over, each a
             # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
-            list(self._pool().map(self._guarded_round, queues))
+            # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
+            # on a loaded box (a future each); between slices a producer's FailOver goes first.
+            pool = self._pool()
+            for i in range(0, len(queues), ROUND_SLICE):
+                if i:
+                    self._wait_turn()
+                if self._stop.is_set():
+                    break  # stop() shut the pool down
+                list(pool.map(self._guarded_round, queues[i:i + ROUND_SLICE]))
         else:
             for queue in queues:
                 self._guarded_round(queue)
@@ -261,6 +277,7 @@ class CoordinatorDaemon:
         again later (a corrupt state: when it is written again, which fires its watch)."""
         # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
         retry_s: float | None = None
+        self._idle_waits_turn(queue)
         try:
             self._queue_round(queue)
             with self._lock:
@@ -308,6 +325,7 @@ class CoordinatorDaemon:
         view = self.view
 
         def run() -> None:
+            self._idle_waits_turn(queue)
             try:
                 members = view.members.get(action.gid or "", {}) if view is not None else None
                 self._do(queue, action, QueueConfig(), seal_known=(known, members))  # a seal reads no settings
@@ -334,6 +352,17 @@ class CoordinatorDaemon:
         except RuntimeError:  # shut down: stopping
             with self._lock:
                 self._sealing_now.discard(key)
+
+    def _idle_waits_turn(self, queue: str) -> None:
+        """An idle queue's job (not ``is_written``) starts once the service's urgent requests
+        in flight are answered (``coordinator/pacing.py``); a written one at once."""
+        if not is_written(queue, self._written, time.monotonic()):
+            self._wait_turn()
+
+    def _wait_turn(self) -> None:
+        """Wait while this process's service answers an urgent request (bounded; pacing.py)."""
+        if self.requests_first is not None:
+            self.requests_first.wait_turn()
 
     def _next_seal(self) -> None:
         with self._lock:

@@ -16,7 +16,10 @@ How (one-shot ZooKeeper watches, re-armed by the read that follows them):
   re-reads the few group nodes and marks dirty every queue that uses a group that changed.
 Watch callbacks run on kazoo's event thread and only mark (under a lock) and wake the daemon.
 Reads of many queues are sent together and then awaited (kazoo pipelines them on one
-connection), so a first load of 10,000 queues is ~10,000 reads in flight, not 10,000 round trips.
+connection), ``READ_SLICE`` queues at a time, so a first load of 10,000 queues is 40 slices of
+reads in flight, not 10,000 round trips; between two slices ``refresh`` calls its ``pause``
+(the daemon's: wait while this process's coordinator service answers a producer's FailOver,
+``coordinator/pacing.py``), so such a load never holds the GIL for seconds on end.
 
 Rules: I/O (kazoo) and bookkeeping only; no policy. ``mark_all`` is the safety net the daemon
 calls on a slow timer: should a watch ever be missed, a queue is re-read within that period.
@@ -39,6 +42,10 @@ from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, json_value, parse_state
 
 STATE, CONFIG, SUBS = "state", "config", "subs"
+# Queues whose reads are in flight at once (see the module doc). Why 250: a slice's answers
+# take this process ~30-50 ms of CPU (parsing states; more on a loaded box), the longest a
+# producer's FailOver waits behind them; and 40 slices cost 10,000 queues 40 round trips.
+READ_SLICE = 250
 
 
 @attrs.define
@@ -139,9 +146,10 @@ class DaemonView:
         return Facts(live_groups=self.live & groups, cursors=dict(entry.cursors or {}),
                      drained=self.drained & groups)
 
-    def refresh(self, now: float) -> list[str]:
+    def refresh(self, now: float, pause: Callable[[], object] | None = None) -> list[str]:
         """Re-read what changed; return the queues to plan this round (dirty or due), sorted.
-        CoordinationUnavailable (ZooKeeper gone): what was not read stays marked."""
+        ``pause``: called between two slices of reads (``READ_SLICE``). CoordinationUnavailable
+        (ZooKeeper gone): what was not read stays marked."""
         self._reread_if_stale("_queues_stale", self._read_queue_list)
         self._reread_if_stale("_groups_stale", self._read_groups)
         with self._lock:
@@ -151,7 +159,11 @@ class DaemonView:
                 todo.add(heapq.heappop(self._due)[1])
             todo = {q for q in todo if q in self.entries}  # not a set of every queue: O(changed)
         try:
-            self._read_queues(todo)
+            order = sorted(todo)
+            for i in range(0, len(order), READ_SLICE):
+                if i and pause is not None:
+                    pause()
+                self._read_queues(order[i:i + READ_SLICE])
         except BaseException:
             self.mark(todo)
             raise
@@ -246,7 +258,7 @@ class DaemonView:
                 self._dirty.update(q for q, e in self.entries.items()
                                    if e.state is None or changed & set(e.state.groups))
 
-    def _read_queues(self, queues: set[str]) -> None:
+    def _read_queues(self, queues: list[str]) -> None:
         """Send every stale part's read at once (each re-arming its watch), then take answers."""
         store, p = self.store, self.store.paths
         with self._lock:

@@ -19,6 +19,7 @@ and fail-over steps are ``ordq.coordinator.head``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -50,6 +51,7 @@ from ordq.common.errors import (
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
+from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import Cursor, QueueState
@@ -182,8 +184,11 @@ class CoordinatorService:
 
     def __init__(self, store: ZkStore, *, is_leader: Callable[[], bool], credentials: Credentials | None = None,
                  transport: HeadTransport | None = None, subscriber: Subscriber | None = None,
-                 max_workers: int = 16) -> None:
+                 max_workers: int = 16, requests_first: RequestsFirst | None = None) -> None:
+        """``requests_first``: shared with this process's daemon, whose idle work waits while
+        an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``)."""
         self.store = store
+        self.requests_first = requests_first
         self.is_leader = is_leader
         self.credentials = credentials or Credentials()
         self._transport = transport
@@ -257,7 +262,9 @@ class CoordinatorService:
             if not self.is_leader():
                 raise NotCoordinatorLeader(self._leader_address())
             check_name("queue", queue)
-            answer = handle(self._tokens.check(context, queue, ROLE_OF[rpc]))
+            first = self.requests_first if rpc in URGENT_RPCS else None
+            with first.serving() if first is not None else contextlib.nullcontext():
+                answer = handle(self._tokens.check(context, queue, ROLE_OF[rpc]))
         except OrdqError as exc:
             self._count(rpc, exc)
             extra = ((LEADER_METADATA_KEY, exc.leader),) if isinstance(exc, NotCoordinatorLeader) else ()

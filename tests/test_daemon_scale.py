@@ -156,6 +156,106 @@ def test_written_queues_come_first_in_rounds_and_seals() -> None:
         daemon.stop()
 
 
+def test_idle_work_waits_while_a_producer_s_failover_is_served() -> None:
+    """One process, one GIL (coordinator/pacing.py): while the service serves a FailOver, an
+    idle queue's round and seal start only once it is answered; a written queue's at once, and
+    a request that never ends holds idle work no longer than ``max_hold_s``. Pure (no cluster)."""
+    import threading
+    import time
+
+    from ordq.coordinator.duties import Action, Kind
+    from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
+
+    assert {"FailOver", "Claim"} <= URGENT_RPCS and "Commit" not in URGENT_RPCS
+    first = RequestsFirst(max_hold_s=DEADLINE_S)
+    sealed: list[str] = []
+    daemon = CoordinatorDaemon(None, sealer=lambda queue, seg, **_k: sealed.append(queue),  # type: ignore[arg-type]
+                               identifier="pacing", requests_first=first)
+    daemon._written = {"q-busy": time.monotonic()}
+    rounds: list[str] = []
+    daemon._queue_round = rounds.append  # type: ignore[method-assign]
+    try:
+        with first.serving():
+            idle = threading.Thread(target=daemon._guarded_round, args=("q-idle",))
+            idle.start()
+            daemon._seal_later("q-idle", Action(Kind.SEAL, gid="g1", seg=1))
+            daemon._guarded_round("q-busy")
+            daemon._seal_later("q-busy", Action(Kind.SEAL, gid="g1", seg=1))
+            wait_until(lambda: sealed == ["q-busy"], timeout_s=DEADLINE_S, what="the written queue's seal")
+            assert rounds == ["q-busy"]
+            idle.join(0.2)  # it waits for the request: still there (nothing is timed but the bound below)
+            assert idle.is_alive() and sealed == ["q-busy"]
+        idle.join(DEADLINE_S)
+        wait_until(lambda: sorted(sealed) == ["q-busy", "q-idle"], timeout_s=DEADLINE_S, what="the idle seal")
+        assert rounds == ["q-busy", "q-idle"] and first.held == 2
+    finally:
+        daemon.stop()
+    bounded = RequestsFirst(max_hold_s=0.05)
+    with bounded.serving():
+        assert bounded.wait_turn() >= 0.04  # a request that never ends holds idle work only so long
+    assert bounded.wait_turn() == 0.0
+
+
+def test_a_long_refresh_reads_in_slices_and_pauses_between_them(setup, monkeypatch) -> None:
+    """A first load (or a failover storm's re-reads) of many queues is sent ``READ_SLICE``
+    queues at a time, and the daemon's pause (wait while a FailOver is served) runs between
+    two slices, not after all of them (coordinator/pacing.py)."""
+    import time
+
+    from ordq.coordinator import daemon_view
+    from ordq.coordinator.daemon_view import DaemonView
+
+    store, _ = setup
+    monkeypatch.setattr(daemon_view, "READ_SLICE", 100)
+    view = DaemonView(store, lambda: None)
+    at_pause: list[int] = []
+    try:
+        queues = view.refresh(time.monotonic(), pause=lambda: at_pause.append(view.reads))
+    finally:
+        view.close()
+    assert len(queues) >= N + 1 and view.reads >= 2 * len(queues)  # N and the other tests' few
+    assert len(at_pause) == (len(queues) - 1) // 100  # 301-399 queues: 4 slices, 3 pauses
+    assert at_pause == sorted(at_pause) and at_pause[0] > 0 and at_pause[-1] < view.reads
+
+
+def test_a_round_of_many_queues_hands_them_to_the_pool_in_slices(setup, monkeypatch) -> None:
+    """After a group's liveness changes every queue using it is planned: they go to the pool
+    ``ROUND_SLICE`` at a time, and the round waits its turn (a FailOver served) between two
+    slices, not only after all of them (coordinator/pacing.py)."""
+    import threading
+
+    from ordq.coordinator import daemon as daemon_mod
+    from ordq.coordinator.pacing import RequestsFirst
+
+    store, daemon = setup
+    monkeypatch.setattr(daemon_mod, "ROUND_SLICE", 100)
+    if daemon.view is None:
+        daemon.round()
+    assert daemon.view is not None
+    planned: list[str] = []
+    inner = daemon._queue_round
+
+    def counted(queue: str) -> None:
+        planned.append(queue)
+        inner(queue)
+
+    at_pause: list[int] = []
+
+    class Counting(RequestsFirst):
+        def wait_turn(self) -> float:
+            if threading.current_thread() is threading.main_thread():  # the round's own, not a worker's
+                at_pause.append(len(planned))
+            return super().wait_turn()
+
+    monkeypatch.setattr(daemon, "_queue_round", counted)
+    monkeypatch.setattr(daemon, "requests_first", Counting())
+    daemon.view.mark_all()
+    daemon.round()
+    assert len(planned) >= N + 1
+    between = [n for n in at_pause if 0 < n < len(planned)]
+    assert len(between) >= 3 and between == sorted(between)  # 301+ queues: 4 slices of 100
+
+
 def test_a_seal_on_the_daemon_s_copies_reads_nothing_first_and_survives_a_stale_copy(setup) -> None:
     """The daemon's seal runs on the state it planned on and the members its view knows (no
     reads first, issue 29); a copy that went stale meanwhile costs a retry, never a wrong write."""

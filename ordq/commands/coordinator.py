@@ -112,6 +112,7 @@ def coordinator_credentials(args: argparse.Namespace) -> Credentials:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.pacing import RequestsFirst
     from ordq.coordinator.service import CoordinatorService
     from ordq.coordinator.zk_retry import retry_zk
 
@@ -125,8 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # out for a bounded time (coordinator/zk_retry.py); a refusal stops it with one line.
     store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     holder: list[Any] = []
+    # One process, one GIL: the daemon's idle work waits while a producer's FailOver or Claim
+    # is served (coordinator/pacing.py).
+    requests_first = RequestsFirst()
     service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader,
-                                 credentials=creds, subscriber=_subscriber(creds))
+                                 credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first)
     address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.
     ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
@@ -135,7 +139,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # must not queue behind those requests on one session (ZooKeeper answers a session in order).
     duty_store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
-                               sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds))
+                               sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
+                               requests_first=requests_first)
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:

@@ -1,0 +1,77 @@
+"""A producer's urgent request before the daemon's idle work, in one coordinator process (issue 29).
+
+The coordinator service (``service.py``) and the elected daemon (``daemon.py``) share one
+process, hence one GIL. After a head master dies (or comes back) the daemon fails over, seals
+and admits every queue that group headed: at 10,000 queues ~3,300 of each, minutes of
+ZooKeeper writes and broker calls whose answers each take the GIL. A producer's ``FailOver``
+(or a new leader's ``Claim``) is a handful of ZooKeeper round trips, each waiting its turn for
+the GIL behind that storm: 219 ms median, 731 ms worst at 10,000 idle queues against 34 ms at
+1,000 (BENCHMARKS, "10,000 queues"). Its writes stop until it is answered; the idle queues wait
+on nobody.
+
+So the service marks each urgent request while it is served (``RequestsFirst.serving``), and
+the daemon waits while one is (``wait_turn``) before each idle queue's round or seal, and
+between two slices of its re-reads (``daemon_view.READ_SLICE``) and of the queues it hands its
+round pool (``daemon.ROUND_SLICE``): no new idle work starts until the request is answered, and
+none that started holds the GIL for long (a profile of the storm, stop 28: re-reads 22-26 %,
+queue rounds 21-24 %, handing 10,000 queues to the pool at once 15 % of its GIL time). Written
+queues (``daemon.is_written``) never wait: a producer or consumer may be waiting on them too.
+
+Guarantees: only timing changes. What the daemon does and how it writes (compare-and-set
+transitions of ``state``) is the same, only later; a wait is bounded (``max_hold_s``), so a
+stream of requests slows the idle work, never stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+# The service's requests that hold the daemon's idle work while served: those a producer's
+# writes stop on until answered (a failover, a new leader's claim). Not Commit, Pop, Subscribe:
+# consumers call them all the time, and nothing stops while they are served.
+URGENT_RPCS = frozenset({"Claim", "FailOver"})
+# The longest one idle queue's round or seal waits for urgent requests to end. A FailOver is
+# tens of ms when its turns for the GIL are not behind the storm; 1 s bounds what a steady
+# stream of them could hold the idle work back.
+MAX_HOLD_S = 1.0
+
+
+class RequestsFirst:
+    """Urgent requests in flight, and idle work waiting for none to be (see the module doc)."""
+
+    def __init__(self, *, max_hold_s: float = MAX_HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_hold_s = max_hold_s
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._serving = 0
+        self.held = 0  # idle jobs that waited (a metric)
+        self.held_s = 0.0  # and how long, in all
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Around one urgent request: idle work starting meanwhile waits (``wait_turn``)."""
+        with self._cond:
+            self._serving += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving -= 1
+                if self._serving == 0:
+                    self._cond.notify_all()
+
+    def wait_turn(self) -> float:
+        """Before one idle job: return once no urgent request is in flight, or after
+        ``max_hold_s``; the seconds waited (0.0 at once when none is: the common case, one lock)."""
+        with self._cond:
+            if self._serving == 0:
+                return 0.0
+            started = self._clock()
+            self._cond.wait_for(lambda: self._serving == 0, timeout=self.max_hold_s)
+            waited = self._clock() - started
+            self.held += 1
+            self.held_s += waited
+            return waited
