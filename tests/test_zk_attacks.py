@@ -188,17 +188,10 @@ def test_a_group_member_registers_itself_and_writes_nothing_else(zk_server, zk_r
 PLANT = "planted__lock__-0000000000"  # sorts before every real contender: kazoo's Lock waits behind it
 
 
-@contextlib.contextmanager
-def as_holder(hosts: str, token: str) -> Iterator[KazooClient]:
+def as_holder(hosts: str, token: str) -> contextlib.AbstractContextManager[KazooClient]:
     """A raw kazoo client with everything a token holder has: the shared client credential,
     and its token as its per-queue identity (coordinator/tokens.py, ``token_credential``)."""
-    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", CLIENT), ("digest", token_credential(token))])
-    client.start(timeout=30)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
+    return raw(hosts, CLIENT, token_credential(token))
 
 
 def elected(hosts: str, token: str, path: str, timeout_s: float) -> bool:

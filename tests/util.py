@@ -36,10 +36,10 @@ def wait_until(
 
 
 @contextlib.contextmanager
-def raw_zk(hosts: str, auth: str | None = None) -> Iterator[KazooClient]:
-    """A bare kazoo client (no ordq wrapper), with a digest credential or none: what an
+def raw_zk(hosts: str, *auths: str | None) -> Iterator[KazooClient]:
+    """A bare kazoo client (no ordq wrapper), with digest credentials or none: what an
     attacker or an outside tool would use."""
-    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", auth)] if auth else None)
+    client = KazooClient(hosts=hosts, timeout=5.0, auth_data=[("digest", a) for a in auths if a] or None)
     client.start(timeout=30)
     try:
         yield client
