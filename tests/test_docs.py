@@ -41,7 +41,7 @@ from tests.helpers.doc_blocks import (
     match_lines,
     parse_doc,
 )
-from tests.helpers.doc_session import EVERY_HOST, DocSession, StepRun, run_doc
+from tests.helpers.doc_session import EVERY_HOST, DocSession, StepRun, run_doc, step_timeout_s
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = ("README.md", "docs/CLI.md", "docs/SDK.md")
@@ -377,7 +377,7 @@ def deploy_on_three_machines(folder: Path, addresses: dict[str, str], wraps: dic
                         f"ordq consume orders -s client --count {1000 + CLIENT_MESSAGES} --quiet "
                         f"--audit-dir {audit_dir}"):
             started = time.monotonic()
-            out, code = sessions["client"].run(Step("run", command, 0), timeout_s=180)
+            out, code = sessions["client"].run(Step("run", command, 0), timeout_s=step_timeout_s())
             runs.append(StepRun(Step("run", command, 0), out, code, time.monotonic() - started, None, "client"))
             assert code == 0, f"on the client machine: {command}\n{out}"
     slowest = ", ".join(f"{r.host}:{r.step.line or r.step.source[:20]} {r.seconds:.1f}s"
