@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, SessionExpiredError
+from kazoo.exceptions import KazooException, LockTimeout, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 log = logging.getLogger("ordq.lease")
@@ -195,6 +195,9 @@ def acquire_within(lock: Any, timeout_s: float | None) -> Callable[[], bool]:
 
     def acquire() -> bool:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        return bool(lock.acquire(blocking=True, timeout=left))
+        try:
+            return bool(lock.acquire(blocking=True, timeout=left))
+        except LockTimeout:  # kazoo raises (and removes its node) where a False was expected
+            return False
 
     return acquire

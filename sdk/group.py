@@ -46,7 +46,7 @@ from typing import Any
 
 import attrs
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import LockTimeout, NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from ordq.common.errors import (
     AlreadyExists,
@@ -204,7 +204,7 @@ class _Partition:
             try:
                 consumer.start()
                 return consumer
-            except (WaitTimeout, LockTimeout):
+            except WaitTimeout:
                 continue  # still held by the old owner: look again whether we should wait
         return None
 

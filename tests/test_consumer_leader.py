@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from ordq.common.errors import WaitTimeout
 from ordq.sdk import Consumer, ConsumerConfig
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     CLIENT_SESSION_TIMEOUT_S,
@@ -138,3 +139,21 @@ def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
     assert instances[-1].wait_exit(FINISH_S) == 0
     starts = [None] + [c.event("leader")["last_seq"] for c in instances[1:]]  # type: ignore[index]
     check_delivery(producer.acked, [c.deliveries() for c in instances], redelivery=True, starts=starts)
+
+
+def test_a_consumer_not_elected_in_time_raises_wait_timeout(cluster: Cluster) -> None:
+    """kazoo's Lock raises LockTimeout where the SDK expected False: a consumer not elected
+    within ``leader_timeout_s`` raised kazoo's exception, not ordq's WaitTimeout."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    cluster.store.create_subscription("q", "s")
+    holder = cluster.store.client.Lock(cluster.paths.sub_leader("q", "s"), "another consumer")
+    assert holder.acquire(timeout=30)
+    try:
+        config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
+                                leader_timeout_s=1.0)
+        with pytest.raises(WaitTimeout, match="not elected consumer in 1.0s"):
+            Consumer(config).start()
+        assert cluster.lock_contenders(cluster.paths.sub_leader("q", "s")) == ["another consumer"]  # left no node
+    finally:
+        holder.release()
