@@ -171,11 +171,23 @@ def check_admin(store: Any, queue: str) -> None:
     """The CLI's side of the admin role: the command itself writes ZooKeeper, so it checks
     the token there (ZooKeeper's own ACLs are what stop a client that skips this)."""
     from ordq.common.security import of_store
-    from ordq.coordinator.tokens import authorize, enforced, load_tokens
+    from ordq.coordinator.tokens import authorize
+
+    records = tokens_in_force(store)
+    if records is not None:
+        authorize(records, of_store(store).token, queue, "admin")
+
+
+def tokens_in_force(store: Any) -> dict[str, Any] | None:
+    """The token records while the cluster enforces tokens, else None. A connection lost or a
+    session moved under load is retried (bounded): it was a raw kazoo traceback from the verbs
+    that check a token themselves (test_refusals beside busy loops, load 26)."""
+    from ordq.coordinator.tokens import enforced, load_tokens
+    from ordq.coordinator.zk_retry import retry_zk
 
     root = store.paths.root
-    if enforced(store.client, root):
-        authorize(load_tokens(store.client, root), of_store(store).token, queue, "admin")
+    return retry_zk(lambda: load_tokens(store.client, root) if enforced(store.client, root) else None,
+                    "read the access tokens")
 
 
 def check_token(store: Any, queue: str = "*", role: str | None = None) -> None:
@@ -186,12 +198,12 @@ def check_token(store: Any, queue: str = "*", role: str | None = None) -> None:
     down."""
     from ordq.common.errors import PermissionDenied
     from ordq.common.security import of_store
-    from ordq.coordinator.tokens import ANY, authorize, enforced, load_tokens
+    from ordq.coordinator.tokens import ANY, authorize
 
-    root = store.paths.root
-    if not enforced(store.client, root):
+    records = tokens_in_force(store)
+    if records is None:
         return
-    records, token = load_tokens(store.client, root), of_store(store).token
+    token = of_store(store).token
     scopes = [queue] if queue != "*" else ["*", *sorted({q for r in records.values() for q in r.grants})]
     first: PermissionDenied | None = None
     for scope in scopes:
