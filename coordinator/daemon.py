@@ -44,7 +44,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
-from ordq.coordinator.pacing import RequestsFirst
+from ordq.coordinator.pacing import RequestsFirst, in_slices
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
 
@@ -252,12 +252,10 @@ class CoordinatorDaemon:
             # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
             # on a loaded box (a future each); between slices a producer's FailOver goes first.
             pool = self._pool()
-            for i in range(0, len(queues), ROUND_SLICE):
-                if i:
-                    self._wait_turn()
+            for part in in_slices(queues, ROUND_SLICE, self._wait_turn):
                 if self._stop.is_set():
                     break  # stop() shut the pool down
-                list(pool.map(self._guarded_round, queues[i:i + ROUND_SLICE]))
+                list(pool.map(self._guarded_round, part))
         else:
             for queue in queues:
                 self._guarded_round(queue)

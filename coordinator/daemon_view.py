@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 from kazoo.exceptions import NoNodeError
 
 from ordq.common.errors import CorruptState, OrdqError
+from ordq.coordinator.pacing import in_slices
 from ordq.coordinator.paths import ROLES
 from ordq.coordinator.state import Cursor, Facts, QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
@@ -159,11 +160,8 @@ class DaemonView:
                 todo.add(heapq.heappop(self._due)[1])
             todo = {q for q in todo if q in self.entries}  # not a set of every queue: O(changed)
         try:
-            order = sorted(todo)
-            for i in range(0, len(order), READ_SLICE):
-                if i and pause is not None:
-                    pause()
-                self._read_queues(order[i:i + READ_SLICE])
+            for part in in_slices(sorted(todo), READ_SLICE, pause):
+                self._read_queues(part)
         except BaseException:
             self.mark(todo)
             raise
@@ -258,7 +256,7 @@ class DaemonView:
                 self._dirty.update(q for q, e in self.entries.items()
                                    if e.state is None or changed & set(e.state.groups))
 
-    def _read_queues(self, queues: list[str]) -> None:
+    def _read_queues(self, queues: Sequence[str]) -> None:
         """Send every stale part's read at once (each re-arming its watch), then take answers."""
         store, p = self.store, self.store.paths
         with self._lock:

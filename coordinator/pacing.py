@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # The service's requests that hold the daemon's idle work while served: those a producer's
 # writes stop on until answered (a failover, a new leader's claim). Not Commit, Pop, Subscribe:
@@ -75,3 +78,11 @@ class RequestsFirst:
             self.held += 1
             self.held_s += waited
             return waited
+
+
+def in_slices(items: Sequence[T], size: int, pause: Callable[[], object] | None) -> Iterator[Sequence[T]]:
+    """``items`` ``size`` at a time, calling ``pause`` (a ``wait_turn``) between two slices."""
+    for i in range(0, len(items), size):
+        if i and pause is not None:
+            pause()
+        yield items[i:i + size]
