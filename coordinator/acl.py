@@ -14,15 +14,16 @@ Digest identities (``user:password``, ZooKeeper's ``digest`` scheme):
   (``writers``), and ``acl_for`` names those that qualify in each such node's ACL.
 - anyone else (no credential): read only.
 
-The guard: a token holder of queue A (who has the client credential) cannot plant, delete or
-forge a node of queue B's elections, group members, alarm or parked ledger — before it could
-plant a persistent node at the head of B's consumer election and hide B's acked messages for
-as long as it liked (tests/test_zk_attacks.py). Issuing or revoking a token sets the ACLs again
-(``acl_client.tokens_changed``: ``ordq auth create|revoke``), so a revoked token's ZooKeeper
-writes are refused too. Limits: a token recorded before issue 29 has no digest id and is left
-out (its holders can no longer join elections: reissue it; ``ordq up`` upgrades its own); a
-queue or subscription created by a process whose copy of ``<root>/acl`` is milliseconds old
-may miss a token issued meanwhile (running ``ordq up`` or ``auth create`` sets every ACL again).
+The guard: a token holder of queue A (who has the client credential) cannot plant, delete or forge a
+node of queue B's elections, group members, alarm or parked ledger — before it could plant a
+persistent node at the head of B's consumer election and hide B's acked messages for as long as it
+liked (tests/test_zk_attacks.py). Issuing or revoking a token sets the ACLs again where its rights
+change, its queues' client-written nodes (``acl_client.tokens_changed``: ``ordq auth
+create|revoke``), so a revoked token's ZooKeeper writes are refused too. Limits: a token recorded
+before issue 29 has no digest id and is left out (its holders can no longer join elections: reissue
+it; ``ordq up`` upgrades its own); a queue or subscription created by a process whose copy of
+``<root>/acl`` is milliseconds old may miss a token issued meanwhile (running ``ordq up`` sets every
+ACL again).
 
 What the client protocol writes (issue 23: everything else it asks the coordinator service for,
 coordinator/service.py, which acts with the admin identity):
@@ -86,6 +87,7 @@ _CLIENT: dict[tuple[str, ...], tuple[int, str]] = {
     ("queues", "*", "subs", "*", "parked", "*"): (READ | WRITE, "consume"),
     ("queues", "*", "subs", "*", "members"): (READ | CREATE | DELETE, "consume"),
 }
+CLIENT_PATTERNS = tuple(_CLIENT)  # the only nodes whose ACL names the tokens (acl_client.tokens_changed)
 
 # The nodes a queue and a subscription are created with, so that clients find the parents of
 # what they may create (relative to the queue node and to the subscription node).

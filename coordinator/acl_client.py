@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from ordq.common.errors import ConfigError, ZkAccessDenied
 from ordq.coordinator.acl import (
     ACL_NODE,
+    CLIENT_PATTERNS,
     QUEUE_PARENTS,
     SUB_PARENTS,
     AclIds,
@@ -39,6 +40,7 @@ from ordq.coordinator.tokens import enforced, load_tokens, token_credential, tou
 AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
 AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
 log = logging.getLogger("ordq.acl")
+_WINDOW = 500  # ZooKeeper requests in flight at once on one session (pipelined, answered in order)
 
 
 def read_credential(folder: Path, role: str) -> str | None:
@@ -185,13 +187,85 @@ def token_writers(client: KazooClient, root: str) -> dict[str, dict[str, tuple[s
 def tokens_changed(client: KazooClient, root: str) -> int:
     """After a token was issued or revoked: tell the brokers (``touch``) and, on a protected
     root, set the ACLs again so ZooKeeper grants exactly the tokens now recorded (a revoked
-    token's writes are refused). Returns the nodes set (0: the root is not protected)."""
+    token's writes are refused). Only the client-written nodes of the queues whose writers
+    changed are set (every queue's for a ``*`` grant); the whole tree only when tokens just
+    became enforced (then the shared client identity loses its writes everywhere). Returns
+    the nodes set (0: the root is not protected)."""
     touch(client, root)
     try:
         data, _ = client.get(f"{root}/{ACL_NODE}")
     except NoNodeError:
         return 0
-    return protect(client, root, AclIds.from_dict(json.loads(data)))
+    old = AclIds.from_dict(json.loads(data))
+    writers = token_writers(client, root)
+    if old.writers is None or writers is None:
+        return protect(client, root, old)  # it reads the writers itself
+    scopes = changed_scopes(old.writers, writers)
+    if not scopes:
+        return 0
+    ids = attrs.evolve(old, writers=writers)
+    if isinstance(client, AclClient):
+        client.use(root, ids)  # what it creates from now on names the new writers
+    client.set(f"{root}/{ACL_NODE}", json.dumps(ids.to_dict()).encode())
+    nodes = client_written_nodes(client, root, None if "*" in scopes else scopes)
+    return _set_acls(client, nodes, lambda node: acl_for(node, root, ids))
+
+
+def changed_scopes(old: Mapping[str, Mapping[str, Sequence[str]]],
+                   new: Mapping[str, Mapping[str, Sequence[str]]]) -> set[str]:
+    """The queues (or ``*``) named by the grants of every writer added, removed or changed."""
+    scopes: set[str] = set()
+    for writer in old.keys() | new.keys():
+        before, after = old.get(writer, {}), new.get(writer, {})
+        if {q: tuple(r) for q, r in before.items()} != {q: tuple(r) for q, r in after.items()}:
+            scopes.update(before, after)
+    return scopes
+
+
+def client_written_nodes(client: KazooClient, root: str, queues: Collection[str] | None) -> list[str]:
+    """The existing nodes whose ACL names token writers (``acl.CLIENT_PATTERNS``) under
+    ``queues`` (None: every queue): each pattern's ``*`` resolved by listing children, many
+    listings in flight at once (10⁴ queues: one round trip per level, not per node)."""
+    children: dict[str, list[str]] = {}
+    found: set[str] = set()
+    for pattern in CLIENT_PATTERNS:
+        paths = [root]
+        for depth, part in enumerate(pattern):
+            if part != "*":
+                paths = [f"{p}/{part}" for p in paths]
+            elif depth == 1 and queues is not None:
+                paths = [f"{p}/{q}" for p in paths for q in sorted(queues)]
+            else:
+                _list_children(client, [p for p in paths if p not in children], children)
+                paths = [f"{p}/{c}" for p in paths for c in children[p]]
+        found.update(paths)
+    return sorted(found)
+
+
+def _list_children(client: KazooClient, paths: list[str], into: dict[str, list[str]]) -> None:
+    """``into[p]``: the children of each of ``paths`` ([] for a missing node), _WINDOW calls in flight."""
+    for start in range(0, len(paths), _WINDOW):
+        chunk = paths[start:start + _WINDOW]
+        for path, pending in [(p, client.get_children_async(p)) for p in chunk]:
+            try:
+                into[path] = pending.get()
+            except NoNodeError:
+                into[path] = []
+
+
+def _set_acls(client: KazooClient, nodes: list[str], acl: Callable[[str], Any]) -> int:
+    """Set each node's ACL, _WINDOW calls in flight; a node gone meanwhile is skipped.
+    Returns the nodes set."""
+    count = 0
+    for start in range(0, len(nodes), _WINDOW):
+        chunk = nodes[start:start + _WINDOW]
+        for pending in [client.set_acls_async(n, acl(n)) for n in chunk]:
+            try:
+                pending.get()
+                count += 1
+            except NoNodeError:
+                pass
+    return count
 
 
 def missing_parents(parts: tuple[str, ...]) -> tuple[str, ...]:
