@@ -28,7 +28,7 @@ from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common import security
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
 from ordq.common.metrics import scrape, value
-from ordq.common.security import Credentials, channel, ensure_coordinator_pki, ensure_pki, provision, token_metadata
+from ordq.common.security import Credentials, channel, ensure_coordinator_pki, ensure_pki, token_metadata
 from ordq.coordinator import state as sm
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.state import SegStatus
@@ -41,9 +41,9 @@ from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS
+from tests.helpers.one_group import Q, one_group
 from tests.util import wait_until
 
-Q = "q"
 ACKED = 30  # messages acked into segment 0 before each attack
 
 
@@ -70,31 +70,17 @@ class Group:
 
 @pytest.fixture
 def group(zk_server: Any, zk_root: str, tmp_path: Path) -> Iterator[Group]:
-    hosts = zk_server.connection_string
-    store = ZkStore.connect(hosts, zk_root)
-    broker_tls, client_tls = provision(tmp_path / "tls", hosts, zk_root)
-    coordinator_tls = ensure_coordinator_pki(tmp_path / "tls")
-    procs = BrokerGroupProcesses("g1", zk_hosts=hosts, root=zk_root, base_dir=tmp_path, tls=broker_tls)
-    try:
-        store.add_group("g1")
-        procs.start()
-        wait_until(lambda: store.live_groups(["g1"]), what="g1 live")
-        store.create_queue(Q, ["g1"])
-        store.apply(Q, lambda st, _f: sm.bump_epoch(st))  # epoch 1: the real producer writes with it
+    with one_group(zk_server.connection_string, zk_root, tmp_path) as base:
+        store = base.store
         _, produce_token = create_token(store.client, zk_root, {Q: ["produce", "consume"]}, "the real producer")
         _, consume_token = create_token(store.client, zk_root, {Q: ["consume"]}, "an intruder: consume only")
         touch(store.client, zk_root)
-        g = Group(store, procs, broker_tls, coordinator_tls, attrs.evolve(client_tls, token=produce_token),
-                  attrs.evolve(client_tls, token=consume_token))
+        g = Group(store, base.procs, base.broker_tls, base.coordinator_tls,
+                  attrs.evolve(base.client, token=produce_token), attrs.evolve(base.client, token=consume_token))
         # Brokers learn tokens through a ZooKeeper watch: wait until the intruder's token reads,
         # so what follows tests the control calls, not that watch.
         wait_until(lambda: _reads(g, "master") and _reads(g, "slave"), timeout_s=20, what="tokens loaded")
         yield g
-    finally:
-        for p in procs.members:
-            print(f"--- {p.gid} {p.role} log tail ---\n{p.log_tail(30)}")
-        procs.kill()
-        store.close()
 
 
 def _reads(g: Group, role: str) -> bool:
