@@ -507,7 +507,7 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("failing-handler-block", "the handler fails on one seq (policy block) and the head master is killed "
           "(-9) while it blocks", "the alarm names it; nothing after it is handled until it goes through; then "
           "every seq handled once, in order", failing_handler_block,
-          consumer_options=_failing_consumer("block"), check=check_failing_block),
+          consumer_options=_failing_consumer("block"), check=check_failing_block, hold_at=0.8),
     Drill("failing-handler-park", "keyed delivery: the handler fails on two seqs (policy park), the head master "
           "is killed (-9), then an operator replays", "the failing messages and every later one of their keys "
           "parked with records while the other keys go on; the replay hands them over in per-key order",
