@@ -25,6 +25,10 @@ from ordq.drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
 from ordq.wire.batch import Message, encode_batch
 
 _ROLES = ("master", "slave")
+# Drills that wait for the producer to be acked after a head fault hold the last 20 % of the
+# stream until the fault (Drill.hold_at): at load 20-26 the 2 s CI stream had ended before the
+# kill in failing-handler-block and failing-handler-park, and no failover could follow.
+_HELD = 0.8
 
 
 # -- head group faults ---------------------------------------------------------------------------
@@ -466,15 +470,18 @@ def check_failing_park(ctx: DrillContext, _a: list[AckRow], _d: list[DeliveryRow
 DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("kill-head-master", "head master killed (-9)",
           "producer fails over to the next group and resends; old segment sealed from the slave; consumer drains "
-          "it from the slave, then moves on", kill_head_master),
+          "it from the slave, then moves on", kill_head_master, hold_at=_HELD),
     Drill("kill-head-slave", "head slave killed (-9)",
-          "master can no longer ack: fail over; seal from the master", kill_head_slave),
+          "master can no longer ack: fail over; seal from the master", kill_head_slave, hold_at=_HELD),
     Drill("kill-head-group", "both processes of the head group killed (-9)",
-          "producers fail over; consumers wait at that segment until one process returns", kill_head_group),
+          "producers fail over; consumers wait at that segment until one process returns", kill_head_group,
+          hold_at=_HELD),
     Drill("pause-head-master", "head master hung (SIGSTOP), resumed later",
-          "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_master),
+          "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_master,
+          hold_at=_HELD),
     Drill("pause-head-slave", "head slave hung (SIGSTOP), resumed later",
-          "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_slave),
+          "producer deadline expires: fail over; when it resumes it is fenced and reconciles", pause_head_slave,
+          hold_at=_HELD),
     Drill("kill-producer", "producer leader killed (-9)",
           "standby takes over, fences, continues", kill_producer, standby_producer=True,
           check=check_killed_producer),
@@ -495,23 +502,24 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("kill-coordinator", "leading coordinator daemon killed (-9)",
           "no effect on produce/consume; a standby takes its duties", kill_coordinator),
     Drill("torn-tail", "head replica killed and restarted with a torn tail",
-          "the torn tail is truncated and counted", torn_tail),
+          "the torn tail is truncated and counted", torn_tail, hold_at=_HELD),
     Drill("corrupt-batch", "a middle batch of one replica's sealed segment corrupted",
           "the replica reports it and does not serve it; rebuilt from its peer; consumers read the peer",
-          corrupt_batch, late_consumer=True),
+          corrupt_batch, late_consumer=True, hold_at=_HELD),
     Drill("replace-disk", "head replica killed (-9) and restarted on an empty data folder",
           "sealed from the peer; the new disk never vouches for what it did not see and copies the segment "
-          "from the peer", replace_disk, late_consumer=True),
+          "from the peer", replace_disk, late_consumer=True, hold_at=_HELD),
     Drill("disk-full", "disk full on the head master",
-          "clear error and fail over, never silent loss", disk_full),
+          "clear error and fail over, never silent loss", disk_full, hold_at=_HELD),
     Drill("failing-handler-block", "the handler fails on one seq (policy block) and the head master is killed "
           "(-9) while it blocks", "the alarm names it; nothing after it is handled until it goes through; then "
           "every seq handled once, in order", failing_handler_block,
-          consumer_options=_failing_consumer("block"), check=check_failing_block),
+          consumer_options=_failing_consumer("block"), check=check_failing_block, hold_at=_HELD),
     Drill("failing-handler-park", "keyed delivery: the handler fails on two seqs (policy park), the head master "
           "is killed (-9), then an operator replays", "the failing messages and every later one of their keys "
           "parked with records while the other keys go on; the replay hands them over in per-key order",
-          failing_handler_park, consumer_options=_failing_consumer("park"), check=check_failing_park),
+          failing_handler_park, consumer_options=_failing_consumer("park"), check=check_failing_park,
+          hold_at=_HELD),
     Drill("cdc", "MariaDB binlog -> ordq cdc mysql -> queue -> ordq cdc apply -> PostgreSQL under inserts, updates "
           "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
           "each restarted process resumes: the target tables equal the source row for row, and nothing the "

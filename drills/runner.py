@@ -30,7 +30,8 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from ordq.common.errors import OrdqError
-from ordq.common.proc import ManagedProcess
+from ordq.common.proc import ManagedProcess, load_stretched
+from ordq.coordinator.state import SegStatus
 from ordq.drills import audit
 from ordq.drills.workload import now_us, read_status
 from ordq.local_cluster import LocalCluster
@@ -121,6 +122,11 @@ class Drill:
     # the drill's stream is a keyed topic (``ctx.notes["topic"]``, partitions ``<topic>.pN``), not ctx.queue:
     # its findings are those of the partitions, and its own checks say whether the stream completed
     topic: bool = False
+    # The producers send this part of the stream (0-1), then wait for the fault (``ctx.fault``)
+    # before sending on: a fault that waits for something first (the failing-handler-block
+    # drill's alarm) still finds the stream running however slow the machine (issue 26: at
+    # load 25 the 2 s stream ended first, and the failover it waited for could never come).
+    hold_at: float | None = None
 
 
 @attrs.define(eq=False)
@@ -157,9 +163,11 @@ class DrillContext:
 
     def fault(self, text: str, *, kind: str | None = None, seg: int | None = None, writer: str | None = None,
               at_us: int | None = None) -> None:
-        """Mark the moment of the fault: ``at_us`` (taken right before doing it), else now."""
+        """Mark the moment of the fault: ``at_us`` (taken right before doing it), else now.
+        Producers held before it (``Drill.hold_at``) send on."""
         self.fault_us = at_us if at_us is not None else now_us()
         self.failover_kind, self.fault_seg, self.fault_writer = kind, seg, writer
+        self.fault_file.touch()
         self.event(f"FAULT: {text}")
 
     def expect(self, what: str, ok: bool, *, quiet: bool = False) -> None:
@@ -216,16 +224,38 @@ class DrillContext:
                                       None), timeout_s=30, what=f"a leading {role}")
 
     def wait_acks_after(self, seg: int, timeout_s: float = 30.0) -> int:
-        """Wait until a producer got an ack on a segment after ``seg``; return that segment."""
+        """Wait until a producer got an ack on a segment after ``seg``; return that segment.
+
+        ``timeout_s``, stretched by the machine's load (``load_stretched``), bounds the wait
+        without progress, not the whole wait. Progress is the failover's steps: the queue's
+        state moving past ``seg`` (a new segment, ``seg`` sealed) and the producers' own
+        (failovers, acks). A failover slowed by a loaded machine is waited for; one stuck fails
+        as soon as before, naming where it stood (issue 26: a fixed 30 s overran at load 25)."""
         def later() -> int | None:
+            running = any(w.proc.alive() for w in self.producers)  # before the statuses: a last one is read
             for w in self.producers:
                 segs = [int(s) for s in w.status().get("seg_first_ack_us", {})]
                 later = [s for s in segs if s > seg]
                 if later:
                     return min(later)
+            if not running:  # nobody left to be acked: say why
+                raise DrillError(f"{self.drill.name}: no ack on a segment after {seg} and no producer running: "
+                                 + "; ".join(f"{w.proc.name} {w.status().get('state')} {w.status().get('error')!r}"
+                                             for w in self.producers))
             return None
 
-        new = self.wait(later, timeout_s=timeout_s, what=f"an ack on a segment after {seg}")
+        with self.cluster.store() as store:
+            def moved() -> int:
+                steps = sum(st.get("acked", 0) + st.get("failovers", 0) for st in (w.status() for w in self.producers))
+                try:
+                    qs, _ = store.load_state(self.queue)
+                except OrdqError:
+                    return steps  # ZooKeeper slow to answer: the producers' steps alone
+                old = qs.segment(seg)
+                return steps + qs.next_seg + (old is None or old.status is not SegStatus.OPEN)
+
+            new = self.wait(later, timeout_s=load_stretched(timeout_s), what=f"an ack on a segment after {seg}",
+                            progress=moved)
         self.event(f"producer acked on segment {new}")
         return new
 
@@ -264,6 +294,11 @@ class DrillContext:
     def go_file(self) -> Path:
         return self.run_dir / "go"
 
+    @property
+    def fault_file(self) -> Path:
+        """Exists once the fault was injected (``fault``) or the inject step ended."""
+        return self.run_dir / "fault"
+
     def start_workload(self, role: str) -> Workload:
         group = self.producers if role == "producer" else self.consumers
         name = f"{role[0]}{len(group) + 1}"
@@ -280,6 +315,8 @@ class DrillContext:
         if role == "producer":
             argv += ["--rate", str(load.rate), "--size", str(load.size), "--send-timeout", str(load.send_timeout_s),
                      "--go-file", str(self.go_file)]
+            if self.drill.hold_at is not None:
+                argv += ["--hold-at", str(int(self.drill.hold_at * load.messages)), "--hold-file", str(self.fault_file)]
         else:
             argv += ["--subscription", SUBSCRIPTION, *(custom(self) if custom else [])]
         # Producers and consumers act as the cluster's client identity (ZooKeeper ACLs).
@@ -420,7 +457,10 @@ def _run_load(ctx: DrillContext) -> None:
     at = int(ctx.rng.uniform(0.2, 0.6) * load.messages)
     ctx.wait(lambda: sum(w.status().get("acked", 0) for w in ctx.producers) >= at,
              timeout_s=load.duration_s * 4 + 60, what=f"{at} messages acked")
-    drill.inject(ctx)
+    try:
+        drill.inject(ctx)
+    finally:
+        ctx.fault_file.touch()  # a held producer never waits past the inject step
     if drill.late_consumer:
         ctx.start_workload("consumer")
         ctx.event("consumer started")

@@ -179,6 +179,9 @@ class ProducerRun:
             for i, seq in enumerate(range(self.next_seq, a.total)):
                 if a.stop_file is not None and i % 50 == 0 and a.stop_file.exists():
                     break  # the stream ends here (a run of many faults on one stream is over)
+                if seq == a.hold_at and a.hold_file is not None:
+                    while not a.hold_file.exists():  # the rest of the stream waits for the fault
+                        time.sleep(0.01)
                 if a.rate:
                     pause = start + i / a.rate - time.monotonic()
                     if pause > 0:
@@ -304,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--linger-ms", type=float, default=2.0)
             p.add_argument("--max-inflight", type=int, default=2000, help="messages sent but not acked at most")
             p.add_argument("--go-file", type=Path, default=None, help="once leading, wait for this file to exist")
+            p.add_argument("--hold-at", type=int, default=None, metavar="SEQ",
+                           help="before sending this seq, wait for --hold-file to exist (the drill's fault)")
+            p.add_argument("--hold-file", type=Path, default=None)
             p.add_argument("--stop-file", type=Path, default=None,
                            help="stop sending once this file exists (the stream then ends before --total)")
             p.add_argument("--flush-timeout", type=float, default=120.0, metavar="SECONDS")

@@ -66,6 +66,9 @@ _LATE_S = 0.05
 # A head that cannot check tokens now (TokensUnavailable) is asked again after this pause.
 _TOKENS_AGAIN_S = 0.2
 _STARVED_EXTRA = 4.0
+# A FailOver the coordinator could not serve (its ZooKeeper silent) is asked again after this
+# pause, doubling up to the second figure, until ``no_group_timeout_s`` from the failure.
+_COORDINATION_AGAIN_S = (0.1, 1.0)
 
 
 @attrs.define
@@ -441,14 +444,29 @@ class ProducerIO:
         """Worker thread: ask the coordinator to fail the head over from the segment we wrote
         (it follows whoever moved it first, seals the old segment in the background and
         waits for a writable head) until a head whose master is live: (gid, seg, master
-        address). A rolled segment (sealed on a healthy head) ends the stream the same way."""
+        address). A rolled segment (sealed on a healthy head) ends the stream the same way.
+        A coordinator that cannot reach ZooKeeper now is asked again: everything here is
+        bounded by ``no_group_timeout_s`` from the failure, on this process's monotonic clock."""
         assert self._gid is not None and self._seg is not None and self._core is not None
         gid, seg, epoch = self._gid, self._seg, self._core.epoch
         cfg = self.config
         deadline = time.monotonic() + cfg.no_group_timeout_s
+        pause = _COORDINATION_AGAIN_S[0]
         while True:
             left = max(deadline - time.monotonic(), 0.1)
-            st = self._require_coordinator().fail_over(cfg.queue, gid, seg, epoch, self._epoch_key, wait_s=left)
+            try:
+                st = self._require_coordinator().fail_over(cfg.queue, gid, seg, epoch, self._epoch_key, wait_s=left)
+            except CoordinationUnavailable as exc:
+                # The coordinator's ZooKeeper did not answer (a lost quorum, a starved box): no
+                # refusal, the same as ZooKeeper away anywhere else. Ask again until the bound
+                # (issue 26: the producer gave up for good at the first such answer).
+                if time.monotonic() + pause > deadline or self._closed:
+                    raise
+                log.warning("queue %s: failover from %s seg %s not answered (%s); asking again for up to %.0fs",
+                            cfg.queue, gid, seg, exc, deadline - time.monotonic())
+                time.sleep(pause)
+                pause = min(pause * 2, _COORDINATION_AGAIN_S[1])
+                continue
             if st.producer_epoch > epoch:
                 raise FencedError(cfg.queue, epoch, st.producer_epoch)
             open_seg = st.open_segment

@@ -9,6 +9,7 @@ one handled nothing is lost (redelivery of messages after the lowest unfinished 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -16,7 +17,7 @@ from collections import defaultdict
 
 import pytest
 
-from ordq.common.errors import HandlerError
+from ordq.common.errors import HandlerError, NotLeader
 from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
 from ordq.sdk.aio import AsyncConsumer
 from tests.cluster import (  # noqa: F401 - cluster_fixture
@@ -30,6 +31,7 @@ from tests.order_check import check_delivery, read_audit
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
+log = logging.getLogger("tests.consumer_keyed")
 
 KEYS = 16
 WORKERS = 4
@@ -60,28 +62,63 @@ def consumer_config(cluster: Cluster, **options: object) -> ConsumerConfig:
 
 
 class Handled:
-    """What a handler finished, per key in the order it finished them (thread-safe)."""
+    """What a handler finished, per key in the order it finished them (thread-safe). Each
+    consumer instance (``instance``) is judged alone for order and doubles; a later one may
+    hand out again only what an earlier one finished after the cursor it starts from."""
 
     def __init__(self, keys: list[bytes], *, until: int, stop: threading.Event) -> None:
         self.keys, self.until, self.stop = keys, until, stop
         self.lock = threading.Lock()
         self.seqs: set[int] = set()
-        self.by_key: dict[bytes, list[int]] = defaultdict(list)
-        self.twice: list[int] = []
+        self.orders: list[dict[bytes, list[int]]] = []
+        self.twice: list[int] = []  # handed out twice by one instance, or again below its start
+        self.redelivered: list[int] = []  # handed out again by a later instance, above its start
+        self.starts: list[int] = []
+        self.mine: set[int] = set()
+        self.instance(-1)
+
+    def instance(self, start: int) -> None:
+        """A consumer instance starts after ``start`` (its committed cursor); it replaces the
+        current one if that one handled nothing."""
+        with self.lock:
+            if self.starts and not self.mine:
+                self.starts.pop()
+                self.orders.pop()
+            self.starts.append(start)
+            self.orders.append(defaultdict(list))
+            self.mine = set()
 
     def record(self, m: Delivered) -> None:
         assert m.payload == str(m.seq).encode() and m.key == self.keys[m.seq], m
         with self.lock:
-            if m.seq in self.seqs:
+            if m.seq in self.mine or (m.seq in self.seqs and m.seq <= self.starts[-1]):
                 self.twice.append(m.seq)
+            elif m.seq in self.seqs:
+                self.redelivered.append(m.seq)
+            self.mine.add(m.seq)
             self.seqs.add(m.seq)
-            self.by_key[m.key or b""].append(m.seq)
+            self.orders[-1][m.key or b""].append(m.seq)
             if len(self.seqs) == self.until:
                 self.stop.set()
 
     def check_key_order(self) -> None:
-        for key, seqs in self.by_key.items():
-            assert seqs == sorted(seqs), f"key {key!r} handled out of order"
+        for by_key in self.orders:
+            for key, seqs in by_key.items():
+                assert seqs == sorted(seqs), f"key {key!r} handled out of order"
+
+
+def run_keyed_rejoining(cluster: Cluster, handled: Handled, stop: threading.Event) -> None:
+    """``run_keyed`` until ``stop``, as a supervised application runs it: a consumer that lost
+    its lease (NotLeader: its 2 s ZooKeeper session expired while a loaded box starved it) is
+    replaced by a new one, which resumes from the committed cursor (docs/SDK.md: NotLeader).
+    Measured at load 24: this process went unscheduled for 2.4 s, past the session (issue 26)."""
+    while not stop.is_set():
+        try:
+            with Consumer(consumer_config(cluster)) as c:
+                handled.instance(c.statistics().last_seq)
+                c.run_keyed(handled.record, workers=WORKERS, stop=stop)
+        except NotLeader as exc:
+            log.warning("keyed consumer lost its lease (%s); a new one joins the election", exc)
 
 
 def watchdog(stop: threading.Event, timeout_s: float) -> threading.Timer:
@@ -188,11 +225,9 @@ def test_keyed_consumer_killed_while_a_key_is_stuck_resumes_from_the_finished_pr
     stop = threading.Event()
     handled = Handled(keys, until=n - block, stop=stop)
     timer = watchdog(stop, 60)
-    with Consumer(consumer_config(cluster)) as c:  # waits for the killed one's session to expire
-        start = c.statistics().last_seq
-        c.run_keyed(handled.record, workers=WORKERS, stop=stop)
+    run_keyed_rejoining(cluster, handled, stop)  # the first election waits for the killed one's session to expire
     timer.cancel()
-    assert start == block - 1
+    assert handled.starts[0] == block - 1
     assert handled.seqs == set(range(block, n)) and handled.twice == []
     handled.check_key_order()
     assert set(first_seqs) | handled.seqs == set(range(n))  # nothing lost

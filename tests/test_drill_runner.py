@@ -78,3 +78,32 @@ def test_a_wait_with_progress_outlasts_its_timeout_while_moving_and_fails_once_s
         assert "without progress (at 7" in str(exc) and 1.5 <= time.monotonic() - began < 10
     else:
         raise AssertionError("a stalled wait must fail")
+
+
+def test_waiting_for_a_failover_with_no_producer_left_fails_at_once_and_says_why(tmp_path: Path) -> None:
+    """The failing-handler-block drill at load 25 killed the head master after its 2 s stream had
+    ended: the producer was done, all acked on segment 0, and the wait for an ack on a later
+    segment ran its whole 30 s to say only "timed out" (issue 26). Now it says so at once."""
+    import json
+
+    from ordq.drills.runner import Workload
+
+    ctx = _context(tmp_path)
+    status = tmp_path / "p1.status.json"
+    status.write_text(json.dumps({"state": "done", "error": "", "acked": 100, "seg_first_ack_us": {"0": 1}}))
+    proc = type("Proc", (), {"name": "p1", "alive": lambda _self: False})()
+    ctx.producers.append(Workload(writer="p1-fake-q", role="producer", proc=proc, status_path=status))  # type: ignore[arg-type]
+    began = time.monotonic()
+    try:
+        ctx.wait_acks_after(0)
+    except DrillError as exc:
+        assert "no producer running: p1 done" in str(exc) and time.monotonic() - began < 10, exc
+    else:
+        raise AssertionError("no ack can come")
+
+
+def test_the_fault_releases_producers_held_for_it(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    assert not ctx.fault_file.exists()
+    ctx.fault("kill -9 something", kind="segment", seg=0)
+    assert ctx.fault_file.exists()  # what a producer started with --hold-file waits for

@@ -16,6 +16,7 @@ import pytest
 
 from ordq.cli import main
 from ordq.cluster_config import ClusterConfig
+from ordq.common.proc import load_stretched
 from ordq.drills.catalog import CI_DRILLS, DRILLS
 from ordq.drills.judge import DrillResult, judge_all, run_series
 from ordq.drills.runner import LoadConfig, execute_drill, tampered_copy
@@ -76,7 +77,8 @@ def test_ci_drill_passes(ci_results: dict[str, DrillResult], name: str) -> None:
     if not DRILLS[name].failover:  # a hostile client is refused: nothing fails over
         assert res.failover_s is None and res.expectations and all(ok for _, ok in res.expectations)
     else:
-        assert res.failover_s is not None and res.failover_s < 30
+        # 30 s on an idle box; a loaded one fails over slower, not never (issue 26)
+        assert res.failover_s is not None and res.failover_s < load_stretched(30.0)
 
 
 def test_a_run_made_to_lose_one_message_fails(ci_results: dict[str, DrillResult]) -> None:

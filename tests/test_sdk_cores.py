@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordq.common.errors import ConfigError, GapDetected
+from ordq.common.errors import ConfigError, CoordinationUnavailable, GapDetected
 from ordq.coordinator.state import Cursor
 from ordq.sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter, FinishedTracker
 from ordq.sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
@@ -348,3 +348,57 @@ def test_handout_finishes_only_what_was_handed_out() -> None:
     h.take(None)
     h.finish_handed()  # nothing left in the buffer: the read position itself
     assert h.finished_pos() == read_at
+
+
+class _FailOverStub:
+    """The parts of ``ProducerIO._fail_over`` meets: a coordinator that answers FailOver with
+    ``CoordinationUnavailable`` (its ZooKeeper silent) ``outage`` times, then with a new head."""
+
+    def __init__(self, outage: int, *, no_group_timeout_s: float = 30.0) -> None:
+        from ordq.coordinator.state import QueueState, Segment
+        from ordq.coordinator.store_values import LiveInfo
+        from ordq.sdk import ProducerConfig
+        from ordq.sdk._producer_io import ProducerIO
+
+        class Coordinator:
+            calls = 0
+
+            def fail_over(self, queue: str, gid: str, seg: int, epoch: int, key: str, *, wait_s: float) -> object:
+                Coordinator.calls += 1
+                if Coordinator.calls <= outage:
+                    raise CoordinationUnavailable("ZooKeeper unreachable: no answer in time")
+                return QueueState(queue, groups=("g1", "g2"), send=("g2",), consume=(Segment(1, "g2"),),
+                                  producer_epoch=epoch)
+
+        class Store:
+            def live_members(self, gid: str) -> dict[str, LiveInfo]:
+                return {"master": LiveInfo(address=f"{gid}:1", incarnation="i", pid=1)}
+
+        class Core:
+            epoch = 1
+
+        self.coordinator, store = Coordinator(), Store()
+        io = ProducerIO.__new__(ProducerIO)
+        io.config = ProducerConfig(zk_hosts="127.0.0.1:2181", queue="q", no_group_timeout_s=no_group_timeout_s)
+        io._gid, io._seg, io._core, io._epoch_key, io._closed = "g1", 0, Core(), "key", False  # type: ignore[assignment]
+        io._pacing = FailoverPacing(io.config.send_timeout_s)
+        io._require_coordinator = lambda: self.coordinator  # type: ignore[method-assign]
+        io._require_store = lambda: store  # type: ignore[method-assign]
+        self.io = io
+
+
+def test_failover_waits_out_a_coordinator_whose_zookeeper_is_silent_within_its_bound() -> None:
+    """A coordinator that cannot reach ZooKeeper answers FailOver CoordinationUnavailable (after
+    its store's request timeout): transient, like a ZooKeeper outage anywhere else. The producer
+    asks again until ``no_group_timeout_s`` from the failure, not only once (issue 26: a quorum
+    lost for 7.5 s under load made the producer give up for good at the first answer)."""
+    stub = _FailOverStub(outage=3)
+    assert stub.io._fail_over() == ("g2", 1, "g2:1")
+    assert stub.coordinator.calls == 4
+
+
+def test_failover_gives_up_when_its_bound_runs_out_with_the_coordinator_s_answer() -> None:
+    stub = _FailOverStub(outage=1 << 30, no_group_timeout_s=0.3)
+    with pytest.raises(CoordinationUnavailable, match="no answer in time"):
+        stub.io._fail_over()
+    assert stub.coordinator.calls >= 2

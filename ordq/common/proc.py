@@ -63,6 +63,14 @@ OWNER_ENV = "ORDQ_OWNER"
 _SETPRIV = shutil.which("setpriv")
 
 
+def load_stretched(idle_s: float, *, most: float = 4.0) -> float:
+    """A time limit measured on an idle machine, ``idle_s``, stretched by how oversubscribed
+    the CPUs are now (the 1-minute load average per CPU, at least 1, at most ``most`` times):
+    on a loaded machine work is slower, not stuck (issue 26). A wait that can see progress
+    should bound the time without it, and stretch that."""
+    return idle_s * min(most, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+
+
 def announce(line: str) -> None:
     """Write a status line that a parent process waits for (``ManagedProcess.wait_for_line``:
     READY, METRICS, STARTED, LEADER, EXIT) in one write. Managed processes send stdout and

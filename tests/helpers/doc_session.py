@@ -33,7 +33,7 @@ from types import TracebackType
 import attrs
 
 from ordq.cluster_config import STATE_FILE
-from ordq.common.proc import OWNER_ENV
+from ordq.common.proc import OWNER_ENV, load_stretched
 from ordq.local_cluster import LocalCluster
 from ordq.zk_server import CONFIG_FILE, ZkServer
 from tests.helpers.doc_blocks import DOC_ZK, Block, DocFormatError, Mismatch, Step, check, parse_doc
@@ -228,7 +228,7 @@ def step_timeout_s(idle_s: float = STEP_TIMEOUT_S, *, most: float = 4.0) -> floa
     """A step's time limit: ``idle_s`` stretched by how oversubscribed the CPUs are now (at most
     ``most`` times). A Spark verify that needs ~40 s of CPU got ~8 % of a core beside 26
     runnable processes on 2 cores and overran a fixed 180 s (issue 26: slower, not stuck)."""
-    return idle_s * min(most, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+    return load_stretched(idle_s, most=most)
 
 
 def run_doc(sessions: DocSession | Mapping[str, DocSession], text: str, *, stop_at_mismatch: bool = True,
