@@ -98,9 +98,13 @@ def test_anomalies_fail_the_run_and_nothing_else_fires(anomalies: tuple[Path, Ex
     assert "FAIL" in report.summary().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_seq_bucket_width(anomalies: tuple[Path, Expected, Report], spark: Any) -> None:
     """2000 seqs in buckets of 8: nearly every pair of neighbours straddles a bucket edge, so
-    the boundary stitching must find exactly what the one-bucket run found."""
+    the boundary stitching must find exactly what the one-bucket run found. Slow (a second
+    verification, ~24 s): in the default run bucket edges are crossed by
+    test_unacked_neighbours_in_out_of_order_acks (buckets of 2 against one bucket, and the
+    plain-Python reference) and test_segment_checks (buckets of 16)."""
     from ordq.spark_order_check import verify
 
     d, _, report = anomalies
