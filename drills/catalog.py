@@ -557,6 +557,10 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           failover=False, load=neighbour.neighbour_load, check=neighbour.check_neighbour),
 )}
 
-# The CI-sized subset run by the default test run (the rest: tox -e slow).
+# The CI-sized subset run by the default test run (the rest: tox -e slow). Of the security
+# drills only the intruders: the refusals the others drill are each the assertion of a default
+# test on real processes (rogue epoch: test_broker.py::test_a_claimed_epoch_zookeeper_never_issued
+# _is_refused_and_the_leader_goes_on; control calls: test_control_calls.py; ZooKeeper writes:
+# test_zk_acl.py::test_a_protected_root_refuses_writes_without_the_right_credential).
 CI_DRILLS = ("kill-head-master", "stale-producer", "corrupt-batch", "failing-handler-block", "failing-handler-park",
-             "security-intruders", "security-rogue-epoch", "security-control-calls", "security-zk-write")
+             "security-intruders")

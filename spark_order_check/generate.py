@@ -143,6 +143,9 @@ class _Positions:
         return f"{writer}-{n}.tsv{'.part' if (writer, n) in self.parts else ''}:{line}"
 
 
+FLUSH_LINES = 8192  # a writer's lines buffered before a write
+
+
 class _Writer:
     """Rolling TSV files of one writer id, recording (writer, file n, line) of wanted tags."""
 
@@ -170,7 +173,7 @@ class _Writer:
         self.buf.append(text)
         self.rows += 1
         self.total += 1
-        if len(self.buf) >= 8192:
+        if len(self.buf) >= FLUSH_LINES:
             fh.write("\n".join(self.buf) + "\n")
             self.buf.clear()
         if self.rows >= self.rows_per_file:

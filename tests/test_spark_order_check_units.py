@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import ordq.spark_order_check.generate
 from ordq.cli import main as ordq_main
 from ordq.common.errors import ConfigError
 from ordq.spark_order_check import cli
@@ -116,13 +117,15 @@ def _generator_peak_bytes(directory: Path, messages: int) -> int:
     return peak
 
 
-def test_generator_memory_does_not_grow_with_messages(tmp_path: Path) -> None:
-    # 1.5x the messages (96k against 64k rows; both fill the writers' line buffers): a record
-    # per row, as the generator kept before, adds ~5 MB (~20 MB at 3x). Measured peaks under
-    # tracemalloc: 1.89 MB at 10k messages, 2.61 MB at 20k, 30k and 60k (within 300 bytes);
-    # 60k cost 40 s of CPU under tracemalloc, 30k 19 s.
-    small = _generator_peak_bytes(tmp_path / "small", 20_000)
-    large = _generator_peak_bytes(tmp_path / "large", 30_000)
+def test_generator_memory_does_not_grow_with_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1.5x the messages (~19k against ~13k rows), the writers' line buffers made small
+    # (FLUSH_LINES) so that both runs fill them. Measured peaks under tracemalloc: 96 KB at 4k,
+    # 6k and 8k messages (within 400 bytes); with a record kept per row, as the generator kept
+    # before, 1.41 MB at 4k and 2.18 MB at 6k (3x the margin). With the 8192-line buffers it
+    # took 20k against 30k messages to fill them: 34 s of CPU under tracemalloc; this, ~5 s.
+    monkeypatch.setattr(ordq.spark_order_check.generate, "FLUSH_LINES", 256)
+    small = _generator_peak_bytes(tmp_path / "small", 4_000)
+    large = _generator_peak_bytes(tmp_path / "large", 6_000)
     assert large < small + 256 * 1024, (small, large)
 
 

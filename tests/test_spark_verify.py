@@ -98,9 +98,13 @@ def test_anomalies_fail_the_run_and_nothing_else_fires(anomalies: tuple[Path, Ex
     assert "FAIL" in report.summary().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_seq_bucket_width(anomalies: tuple[Path, Expected, Report], spark: Any) -> None:
     """2000 seqs in buckets of 8: nearly every pair of neighbours straddles a bucket edge, so
-    the boundary stitching must find exactly what the one-bucket run found."""
+    the boundary stitching must find exactly what the one-bucket run found. Slow (a second
+    verification, ~24 s): in the default run bucket edges are crossed by
+    test_unacked_neighbours_in_out_of_order_acks (buckets of 2 against one bucket, and the
+    plain-Python reference) and test_segment_checks (buckets of 16)."""
     from ordq.spark_order_check import verify
 
     d, _, report = anomalies
@@ -129,56 +133,79 @@ def test_segment_checks(tmp_path: Path, spark: Any) -> None:
     assert report.inputs.segment_files == 12
 
 
-def test_blank_and_non_numeric_lines_are_malformed_at_their_line(tmp_path: Path, spark: Any) -> None:
+def _write(path: Path, columns: tuple[str, ...], lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(["\t".join(columns), *lines]) + "\n")
+
+
+def _ack(queue: str, producer: str, seq: int) -> str:
+    return f"{queue}\t{producer}\t1\t{seq}\t0\t{seq}\t\t{100 + seq}\t1000\t1500"
+
+
+def _delivery(queue: str, consumer: str, seq: int | str) -> str:
+    crc = 100 + seq if isinstance(seq, int) else 1
+    return f"{queue}\ts\t{consumer}\t{seq}\t0\t{seq}\t\t{crc}\t1000\t2000"
+
+
+@pytest.fixture(scope="module")
+def hand_written(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[Path, dict[int, Report]]:
+    """Two hand-written runs in folders of their own, on queues of their own, verified together
+    (one verification per bucket width instead of one per test; a finding belongs to its queue,
+    an unreadable row to no queue):
+
+    - ``blank/``, queue ``m``: a blank and a non-numeric delivery line among good ones;
+    - ``neighbours/``, queue ``q``: a never-acked seq among out-of-order acks (below).
+
+    Returns the folder and the reports for buckets of 2**16 (one bucket) and of 2 seqs."""
     from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
     from ordq.spark_order_check import verify
 
-    def ack(seq: int) -> str:
-        return f"q\tp1\t1\t{seq}\t0\t{seq}\t\t{100 + seq}\t1000\t1500"
-
-    def delivery(seq: int | str) -> str:
-        crc = 100 + seq if isinstance(seq, int) else 1
-        return f"q\ts\tc1\t{seq}\t0\t{seq}\t\t{crc}\t1000\t2000"
-
-    (tmp_path / "acks").mkdir()
-    (tmp_path / "deliveries").mkdir()
-    (tmp_path / "acks" / "p1-0.tsv").write_text("\n".join(["\t".join(ACK_COLUMNS), *map(ack, range(3))]) + "\n")
-    lines = ["\t".join(DELIVERY_COLUMNS), delivery(0), "", delivery("x1"), delivery(1), delivery(2)]
-    (tmp_path / "deliveries" / "c1-0.tsv").write_text("\n".join(lines) + "\n")
-    report = verify(acks=tmp_path / "acks", deliveries=tmp_path / "deliveries", spark=spark)
-    by_name = {c.name: c for c in report.classes}
-    assert {c.name: c.count for c in report.classes if c.count} == {"malformed_row": 2}
-    assert [e["at"] for e in by_name["malformed_row"].examples] == ["c1-0.tsv:3", "c1-0.tsv:4"]
-    assert by_name["malformed_row"].examples[1]["text"] == delivery("x1")
-    assert (report.inputs.ack_rows, report.inputs.delivery_rows, report.inputs.unreadable_rows) == (3, 3, 2)
+    d = tmp_path_factory.mktemp("hand_written")
+    _write(d / "blank" / "acks" / "pm-0.tsv", ACK_COLUMNS, [_ack("m", "pm", x) for x in range(3)])
+    _write(d / "blank" / "deliveries" / "cm-0.tsv", DELIVERY_COLUMNS,
+           [_delivery("m", "cm", 0), "", _delivery("m", "cm", "x1"), _delivery("m", "cm", 1), _delivery("m", "cm", 2)])
+    _write(d / "neighbours" / "acks" / "p1-0.tsv", ACK_COLUMNS, [_ack("q", "p1", x) for x in (0, 1, 2, 5, 4, 6)])
+    _write(d / "neighbours" / "acks" / "p2-0.tsv", ACK_COLUMNS, [_ack("q", "p2", x) for x in (8, 9)])
+    _write(d / "neighbours" / "deliveries" / "c1-0.tsv", DELIVERY_COLUMNS, [_delivery("q", "c1", x) for x in range(10)])
+    runs = ("blank", "neighbours")
+    reports = {bits: verify(acks=[d / r / "acks" for r in runs], deliveries=[d / r / "deliveries" for r in runs],
+                            spark=spark, bucket_bits=bits) for bits in (16, 1)}
+    return d, reports
 
 
-def test_unacked_neighbours_in_out_of_order_acks(tmp_path: Path, spark: Any) -> None:
+def _counts(report: Report) -> dict[str, int]:
+    return {c.name: c.count for c in report.classes if c.count}
+
+
+def test_blank_and_non_numeric_lines_are_malformed_at_their_line(hand_written: tuple[Path, dict[int, Report]]) -> None:
+    _d, reports = hand_written
+    for report in reports.values():
+        by_name = {c.name: c for c in report.classes}
+        assert by_name["malformed_row"].count == 2
+        assert [e["at"] for e in by_name["malformed_row"].examples] == ["cm-0.tsv:3", "cm-0.tsv:4"]
+        assert by_name["malformed_row"].examples[1]["text"] == _delivery("m", "cm", "x1")
+        # nothing else is found on queue m: its good rows are read, whole and in order
+        assert not [(c.name, k) for c in report.classes for q, _s, k in c.by_subscription if q == "m" and k]
+        assert report.inputs.unreadable_rows == 2
+        assert [(q.ack_rows, q.min_seq, q.max_seq) for q in report.queues if q.queue == "m"] == [(3, 0, 2)]
+        assert [(s.deliveries, s.min_seq, s.max_seq) for s in report.subscriptions if s.queue == "m"] == [(3, 0, 2)]
+
+
+def test_unacked_neighbours_in_out_of_order_acks(hand_written: tuple[Path, dict[int, Report]]) -> None:
     """Who acked the seqs around a never-acked one is read from the runs of acks in seq order
     the statistics keep; around seq 3 the acks are out of order (p1 acks 5 before 4), so the
     run holding 4 is unsure and the verifier reads the ack rows instead. Seq 3 sits inside
-    p1's stream (a violation), seq 7 between p1 and p2 (in flight). The reference agrees."""
-    from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS
-    from ordq.spark_order_check import verify
+    p1's stream (a violation), seq 7 between p1 and p2 (in flight). The same in one bucket and
+    in buckets of 2 (every neighbour across an edge). The reference agrees."""
     from ordq.spark_order_check.reference import check
 
-    def write(path: Path, columns: tuple[str, ...], lines: list[str]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(["\t".join(columns), *lines]) + "\n")
-
-    def ack(producer: str, seq: int) -> str:
-        return f"q\t{producer}\t1\t{seq}\t0\t{seq}\t\t{100 + seq}\t1000\t1500"
-
-    write(tmp_path / "acks" / "p1-0.tsv", ACK_COLUMNS, [ack("p1", x) for x in (0, 1, 2, 5, 4, 6)])
-    write(tmp_path / "acks" / "p2-0.tsv", ACK_COLUMNS, [ack("p2", x) for x in (8, 9)])
-    write(tmp_path / "deliveries" / "c1-0.tsv", DELIVERY_COLUMNS,
-          [f"q\ts\tc1\t{x}\t0\t{x}\t\t{100 + x}\t1000\t2000" for x in range(10)])
-    for bits in (16, 1):
-        report = verify(acks=tmp_path / "acks", deliveries=tmp_path / "deliveries", spark=spark, bucket_bits=bits)
-        assert {c.name: c.count for c in report.classes if c.count} == {"unacked": 1, "unacked_in_flight": 1}
+    d, reports = hand_written
+    for report in reports.values():
+        assert _counts(report) == {"unacked": 1, "unacked_in_flight": 1, "malformed_row": 2}  # the latter: queue m's
+        assert report["unacked"].by_subscription == (("q", "s", 1),)
         assert report["unacked"].examples[0] == {
             "queue": "q", "subscription": "s", "first_seq": 3, "last_seq": 3, "count": 1,
             "acked_before_by": "p1", "acked_after_by": "p1"}
         assert report["unacked_in_flight"].examples[0]["acked_after_by"] == "p2"
-    assert {n: c for n, c in check(tmp_path / "acks", tmp_path / "deliveries").counts.items() if c} == {
+    assert {n: c for n, c in check(d / "neighbours" / "acks", d / "neighbours" / "deliveries").counts.items() if c} == {
         "unacked": 1, "unacked_in_flight": 1}
