@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shlex
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
+import pyspark
+from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
@@ -22,6 +30,47 @@ def running_session() -> SparkSession | None:
     if running is None or running.sparkContext._jsc is None:  # none, or stopped
         return None
     return running
+
+
+@functools.cache
+def worker_python() -> str:
+    """The program Spark starts its Python workers with in a local session: this interpreter
+    (they must import ordq), importing pyspark and py4j from the installed packages rather than
+    from Spark's zipped copies of them.
+
+    Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's zip) first on every worker's
+    PYTHONPATH, and Python compiles what it imports from a zip anew at each start: it never
+    caches that bytecode. The streaming source's own worker (and a data source's planner) is a
+    fresh interpreter per query that Spark waits a fixed 10 s for, no setting changes that in
+    Spark 4 (PythonWorkerFactory.createSimpleWorker): its imports took 1.6-1.9 s of CPU from the
+    zip against 0.5-0.65 s from the installed package (measured at load 8-10), and beside six
+    busy loops it connected back too late (issue 26). When SPARK_HOME is the installed pyspark
+    package itself (a pip install), the zips hold the same files as the package, so a small
+    launcher drops them from PYTHONPATH and runs this interpreter; with a Spark distribution of
+    its own, its zips are kept and this interpreter is started as it is."""
+    home = Path(_find_spark_home()).resolve()
+    if home != Path(pyspark.__file__).resolve().parent:
+        return sys.executable
+    folder = Path(tempfile.mkdtemp(prefix="ordq-spark-python-"))
+    atexit.register(shutil.rmtree, folder, True)
+    launcher = folder / "python"
+    # POSIX sh, no other program. The zips are matched by their names under any spelling of
+    # SPARK_HOME (a linked venv); every other PYTHONPATH entry is kept, in its order.
+    launcher.write_text(
+        "#!/bin/sh\n"
+        "# ordq (spark_order_check/_session.py): Spark's Python workers import pyspark and py4j\n"
+        "# from the installed packages, whose bytecode is cached, not from Spark's zips.\n"
+        "set -f\nIFS=:\nkept=\n"
+        "for entry in $PYTHONPATH; do\n"
+        "    case \"$entry\" in\n"
+        "    */python/lib/pyspark.zip|*/python/lib/py4j-*-src.zip) ;;\n"
+        "    *) kept=\"${kept:+$kept:}$entry\" ;;\n"
+        "    esac\n"
+        "done\n"
+        "unset IFS\nPYTHONPATH=$kept\nexport PYTHONPATH\n"
+        f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    launcher.chmod(0o755)
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable  # a noexec temp folder
 
 
 def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = None,
@@ -52,18 +101,25 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
                 # than it saved (tests/spark_fixtures.py; ~2x less CPU for a 1 MB verify).
                 "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"
                                                  + (" -XX:TieredStopAtLevel=1" if small_input else ""),
-                "spark.pyspark.python": sys.executable,
+                "spark.pyspark.python": worker_python(),
             })
-            # Python workers (and the planner of a Python data source, which reads only the
-            # environment) run this interpreter: by default Spark starts ``python3`` from PATH,
-            # which may lack ordq's dependencies (the ordq streaming source needs them).
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if driver_memory:
         settings["spark.driver.memory"] = driver_memory
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    if master is None or not master.startswith("local") or "PYSPARK_PYTHON" in os.environ:
+        return builder.getOrCreate()
+    # Python workers (and the planner of a Python data source) run this interpreter: by default
+    # Spark starts ``python3`` from PATH, which may lack ordq's dependencies (the ordq streaming
+    # source needs them). PySpark reads it from the environment when the session starts (as
+    # does the JVM it launches), and only then: it is set meanwhile, so that what this process
+    # starts later does not inherit a launcher that goes when this process ends.
+    os.environ["PYSPARK_PYTHON"] = worker_python()
+    try:
+        return builder.getOrCreate()
+    finally:
+        del os.environ["PYSPARK_PYTHON"]
 
 
 PARTITION_INPUT_BYTES = 256 << 20
