@@ -27,7 +27,7 @@ from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common import security
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
-from ordq.common.metrics import scrape, value
+from ordq.common.metrics import value
 from ordq.common.security import Credentials, channel, ensure_coordinator_pki, ensure_pki, token_metadata
 from ordq.coordinator import state as sm
 from ordq.coordinator.seal import run_seal
@@ -42,7 +42,7 @@ from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS
 from tests.helpers.one_group import Q, one_group
-from tests.util import wait_until
+from tests.util import read_metrics, wait_until
 
 ACKED = 30  # messages acked into segment 0 before each attack
 
@@ -65,7 +65,7 @@ class Group:
     def refused(self, role: str, reason: str) -> float:
         member = self.procs.master if role == "master" else self.procs.slave
         assert member.metrics_url is not None
-        return value(scrape(member.metrics_url), "ordq_broker_refused_requests_total", reason=reason) or 0.0
+        return value(read_metrics(member.metrics_url), "ordq_broker_refused_requests_total", reason=reason) or 0.0
 
 
 @pytest.fixture

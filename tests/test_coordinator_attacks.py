@@ -13,12 +13,12 @@ import attrs
 import pytest
 
 from ordq.common.errors import NotLeader, OrdqError, PermissionDenied
-from ordq.common.metrics import scrape, value
+from ordq.common.metrics import value
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.util import wait_until
+from tests.util import read_metrics, wait_until
 
 pytestmark = pytest.mark.zk
 
@@ -34,7 +34,7 @@ def refused(call: object) -> OrdqError | None:
 def refusals(cluster: Cluster, outcome: str) -> float:
     """Requests the coordinator refused with ``outcome`` (an error type), all RPCs."""
     line = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30)
-    return value(scrape(line.split()[-1]), "ordq_coordinator_requests_total", outcome=outcome) or 0.0
+    return value(read_metrics(line.split()[-1]), "ordq_coordinator_requests_total", outcome=outcome) or 0.0
 
 
 def test_a_consume_token_of_one_queue_cannot_commit_or_subscribe_on_another(cluster: Cluster) -> None:

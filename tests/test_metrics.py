@@ -18,12 +18,13 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ordq.common.errors import SegmentNotFound
-from ordq.common.metrics import Sample, parse, scrape, value
+from ordq.common.metrics import Sample, parse, value
+from ordq.common.proc import load_stretched
 from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.test_everyday import N as QUEUED
 from tests.test_everyday import queue_fixture  # noqa: F401 - the "queue" fixture: QUEUED messages on g1, g2
-from tests.util import wait_until
+from tests.util import read_metrics, wait_until
 
 pytestmark = pytest.mark.zk
 
@@ -90,13 +91,13 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
     assert all(urls.values()), urls
     assert len(set(urls.values())) == len(urls), urls  # each process kind on its own endpoint
     wait_until(lambda: len(producer.acked) >= 1000, timeout_s=30, what="1000 acks")
-    refused = value(scrape(urls["master"]), "ordq_broker_refused_requests_total", reason="SegmentNotFound") or 0
+    refused = value(read_metrics(urls["master"]), "ordq_broker_refused_requests_total", reason="SegmentNotFound") or 0
     with pytest.raises(SegmentNotFound):  # a refused request, counted by its reason
         cluster.transport.fetch(head.master.address, "q", 999, 0, max_bytes=1024, max_wait_ms=0)
-    first = {kind: scrape(url) for kind, url in urls.items()}
+    first = {kind: read_metrics(url) for kind, url in urls.items()}
 
     def moved() -> dict[str, list[Sample]] | None:
-        now = {kind: scrape(url) for kind, url in urls.items()}
+        now = {kind: read_metrics(url) for kind, url in urls.items()}
         for kind, series in MOVING.items():
             for name, labels in series:
                 before, after = value(first[kind], name, **labels), value(now[kind], name, **labels)
@@ -128,7 +129,7 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
 
     # Prometheus's own linter on what each process kind exposes (names, units, help, types).
     for kind, url in urls.items():
-        text = urllib.request.urlopen(url, timeout=5).read()
+        text = urllib.request.urlopen(url, timeout=load_stretched(5.0)).read()
         lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, timeout=60)
         assert lint.returncode == 0, f"{kind}: {lint.stdout.decode()}{lint.stderr.decode()}"
 
@@ -193,13 +194,13 @@ def test_a_blocked_message_and_a_dead_group_show_in_the_consumer_and_coordinator
         group.kill()  # both processes of the group the consumer reads
         wait_until(lambda: (metric("ordq_consumer_stalled_seconds") or 0) > 0.5, timeout_s=30,
                    what="the consumer to report waiting at a dead group")
-        wait_until(lambda: value(scrape(coordinator), "ordq_queue_segments_not_live", queue="q") == 1,
+        wait_until(lambda: value(read_metrics(coordinator), "ordq_queue_segments_not_live", queue="q") == 1,
                    timeout_s=30, what="the coordinator to count the segment on the dead group")
         for member in (group.slave, group.master):
             queue.restart(member)
         wait_until(lambda: metric("ordq_consumer_stalled_seconds") == 0, timeout_s=30,
                    what="the consumer to read again")
-        wait_until(lambda: value(scrape(coordinator), "ordq_queue_segments_not_live", queue="q") == 0,
+        wait_until(lambda: value(read_metrics(coordinator), "ordq_queue_segments_not_live", queue="q") == 0,
                    timeout_s=30, what="the coordinator to see the group live")
     finally:
         stop.set()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ordq.cli import main
 from ordq.common.errors import ClosedError, ConfigError, PermissionDenied
-from ordq.common.metrics import scrape, value
+from ordq.common.metrics import value
 from ordq.common.security import (
     Credentials,
     StubCache,
@@ -39,6 +39,7 @@ from ordq.coordinator.tokens import (
 from ordq.drills.security import probe_intruders
 from ordq.sdk import Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.util import read_metrics
 
 # -- grants (no I/O) --------------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ def test_intruders_are_refused_typed_and_counted_while_the_owner_produces(cluste
         assert [what for what, ok in results if not ok] == []
         p.send(b"after").result(timeout=10)  # the owner was never disturbed
     assert master.metrics_url is not None
-    refused = value(scrape(master.metrics_url), "ordq_broker_refused_requests_total", reason="PermissionDenied")
+    refused = value(read_metrics(master.metrics_url), "ordq_broker_refused_requests_total", reason="PermissionDenied")
     assert refused is not None and refused >= 4
 
 
