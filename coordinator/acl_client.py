@@ -135,9 +135,10 @@ class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
         return super().create_async(path, value, acl if acl is not None else self.acl_of(path), *args, **kwargs)
 
 
-def protect(client: KazooClient, root: str, ids: AclIds, *, on_node: Callable[[str], None] | None = None) -> int:
+def protect(client: KazooClient, root: str, ids: AclIds) -> int:
     """Protect the tree under ``root`` (the client holds the admin credential): record the
-    identities in ``<root>/acl`` and set every existing node's ACL by the policy. Idempotent.
+    identities in ``<root>/acl`` and set every existing node's ACL by the policy, one level of
+    the tree at a time (its calls pipelined: 40,000 nodes at 10⁴ queues). Idempotent.
     Returns the number of nodes set. ZkAccessDenied when the tree is protected for another
     admin identity."""
     try:
@@ -152,16 +153,14 @@ def protect(client: KazooClient, root: str, ids: AclIds, *, on_node: Callable[[s
         except NodeExistsError:
             client.set(path, data)
         count = 0
-        pending = [root]
-        while pending:
-            node = pending.pop()
-            with contextlib.suppress(NoNodeError):  # gone meanwhile (an ephemeral node, a lock contender)
-                client.set_acls(node, acl_for(node, root, ids))
-                count += 1
-                if on_node is not None:
-                    on_node(node)
-                _add_parents(client, node, root, ids)
-                pending.extend(f"{node}/{c}" for c in client.get_children(node))
+        level = [root]
+        while level:
+            count += _set_acls(client, level, lambda node: acl_for(node, root, ids))
+            children: dict[str, list[str]] = {}
+            _list_children(client, level, children)
+            for node in level:
+                children[node] += _add_parents(client, node, root, ids, children[node])
+            level = [f"{node}/{c}" for node in level for c in children[node]]
         return count
     except NoAuthError as exc:
         raise ZkAccessDenied(f"cannot protect {root}: it is protected for another admin identity, or this "
@@ -279,12 +278,19 @@ def missing_parents(parts: tuple[str, ...]) -> tuple[str, ...]:
     return ()
 
 
-def _add_parents(client: KazooClient, node: str, root: str, ids: AclIds) -> None:
+def _add_parents(client: KazooClient, node: str, root: str, ids: AclIds, children: list[str]) -> list[str]:
     """Create the parents a queue or subscription made before issue 23 lacks (a client made
-    them on first use; it no longer may). An existing one is left as it is (an old consumer's
-    ephemeral ``blocked`` node goes with its session)."""
-    parts = relative(node, root)
-    for name in missing_parents(parts or ()):
-        path = f"{node}/{name}"
-        with contextlib.suppress(NodeExistsError):
-            client.create(path, b"", acl=acl_for(path, root, ids))
+    them on first use; it no longer may); returns their names. An existing one is left as it
+    is (an old consumer's ephemeral ``blocked`` node goes with its session)."""
+    made = []
+    for name in missing_parents(relative(node, root) or ()):
+        if name in children:
+            continue
+        try:
+            client.create(f"{node}/{name}", b"", acl=acl_for(f"{node}/{name}", root, ids))
+        except NodeExistsError:
+            pass  # made meanwhile: walked all the same
+        except NoNodeError:
+            continue  # the node itself went meanwhile (a queue deleted)
+        made.append(name)
+    return made
