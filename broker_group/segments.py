@@ -128,15 +128,17 @@ class SegmentStore:
                 if replica.sealed:
                     park(segment)
 
-    def create(self, queue: str, seg: int, fenced_epoch: int) -> Segment:
-        """A new, empty, writable segment (or the one another thread created meanwhile)."""
+    def create(self, queue: str, seg: int, fenced_epoch: int, *, state: QueueState | None = None) -> Segment:
+        """A new, empty, writable segment (or the one another thread created meanwhile).
+        ``state``: the queue's state just read from ZooKeeper, if the caller has it (one read
+        less on a new segment's first write: the failover path)."""
         with self.shared.cv:
             existing = self.shared.segments.get((queue, seg))
             if existing is not None:
                 return existing
         directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
         with self._folder_lock:
-            self._claim_queue_folder(queue)
+            self._claim_queue_folder(queue, state)
             lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
         replica = SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=fenced_epoch)
         segment = Segment(replica=replica, directory=directory, log=lg)
@@ -148,10 +150,12 @@ class SegmentStore:
             lg.close()
         return existing
 
-    def _claim_queue_folder(self, queue: str) -> None:
+    def _claim_queue_folder(self, queue: str, st: QueueState | None = None) -> None:
         """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
-        incarnation ZooKeeper shows (files of a deleted queue of the same name go first)."""
-        st, _ = self.shared.require_store().load_state(queue)
+        incarnation ZooKeeper shows (``st``, else read now; files of a deleted queue of the
+        same name go first)."""
+        if st is None:
+            st, _ = self.shared.require_store().load_state(queue)
         held = _folder_incarnation(self.shared.config.data_dir / queue)
         if held == st.incarnation:
             return
@@ -229,10 +233,11 @@ class SegmentStore:
             s = self.shared.segments.get((queue, seg))
         if s is not None:
             return s
-        z, producer_epoch = self.zk_segment(queue, seg)
+        st, _ = self.shared.require_store().load_state(queue)
+        z = st.segment(seg)
         if z is None or z.gid != self.shared.config.gid or z.status is not SegStatus.OPEN:
             raise SegmentNotWritable(self.shared.address, queue, seg, "not this group's open segment in ZooKeeper")
-        s = self.create(queue, seg, producer_epoch)
+        s = self.create(queue, seg, st.producer_epoch, state=st)
         with self.shared.cv:
             s.replica.check_epoch(epoch)
         return s
