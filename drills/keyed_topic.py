@@ -127,20 +127,26 @@ class _Run:
     def join(self, name: str) -> None:
         c = self.ctx.cluster
         proc = self.spawn(name, ["-m", "ordq.cli", "--zk", c.zk_hosts, "--root", c.root, "consume", "--topic",
-                                 self.topic, "--group", GROUP, "--member", name, "--quiet", "--audit-dir",
-                                 str(self.audit)])
+                                 self.topic, "--group", GROUP, "--member", self.member_id(name), "--quiet",
+                                 "--audit-dir", str(self.audit)])
         self.members[name] = proc
         proc.wait_for_line("joined group", timeout_s=60)
         self.ctx.wait(lambda: name in self.live(), timeout_s=30, what=f"member {name} in the group")
         self.ctx.event(f"member {name} joined: members {self.live()}")
+
+    def member_id(self, name: str) -> str:
+        """Member ``name``'s id in this run: unique among runs (its consumers' ids name the audit
+        files, and one verification reads every run's: ``drill all --rounds 2`` gave two runs'
+        ``m1-p0-1-0.tsv``, which the verifier refuses), as the producer's ``tp-<queue>``."""
+        return f"{name}-{self.ctx.queue}"
 
     def live(self) -> list[str]:
         with self.ctx.cluster.store() as store:
             from ordq.coordinator.topics import partition_queue
 
             try:
-                return sorted(store.client.get_children(store.paths.sub_members(partition_queue(self.topic, 0),
-                                                                                  GROUP)))
+                ids = store.client.get_children(store.paths.sub_members(partition_queue(self.topic, 0), GROUP))
+                return sorted(n for n in self.members if self.member_id(n) in ids)
             except Exception:  # noqa: BLE001 - not there yet
                 return []
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import socket
 import threading
@@ -66,7 +67,13 @@ class AuditWriter:
     def __attrs_post_init__(self) -> None:
         if self.kind not in KIND_COLUMNS:
             raise ValueError(f"audit kind must be one of {sorted(KIND_COLUMNS)}, not {self.kind!r}")
-        (self.directory / self.kind).mkdir(parents=True, exist_ok=True)
+        folder = self.directory / self.kind
+        folder.mkdir(parents=True, exist_ok=True)
+        # A writer restarted with the same id (a fixed consumer or member id) numbers its files
+        # after those already there: they are the evidence of what the one before it saw.
+        mine = re.compile(re.escape(self.writer_id) + r"-(\d+)\.tsv(?:\.part)?")
+        taken = [int(m[1]) for m in map(mine.fullmatch, os.listdir(folder)) if m]
+        self._n = max(taken) + 1 if taken else 0
 
     def _path(self, final: bool) -> Path:
         name = f"{self.writer_id}-{self._n}.tsv" + ("" if final else ".part")
@@ -88,7 +95,7 @@ class AuditWriter:
             return
         data = ("\n".join(self._pending) + "\n").encode("ascii")
         if self._fd is None:
-            self._fd = os.open(self._path(final=False), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fd = self._create()
             self._size = 0
         if self._size == 0:
             data = ("\t".join(KIND_COLUMNS[self.kind]) + "\n").encode("ascii") + data
@@ -103,6 +110,16 @@ class AuditWriter:
             raise
         self._size += len(data)
         self._pending.clear()
+
+    def _create(self) -> int:
+        """This writer's next file, never one that exists (another process with the same id)."""
+        while True:
+            if not self._path(final=True).exists():
+                try:
+                    return os.open(self._path(final=False), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    pass
+            self._n += 1
 
     def _roll(self) -> None:
         self._flush()

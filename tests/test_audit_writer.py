@@ -56,3 +56,23 @@ def test_a_write_that_fails_half_way_leaves_no_half_row_to_glue_onto_the_next(tm
     lines = (tmp_path / "acks" / "p-0.tsv").read_text().splitlines()
     assert all(len(line.split("\t")) == len(ACK_COLUMNS) for line in lines), lines
     assert [int(line.split("\t")[3]) for line in lines[1:]] == [0, 1, 2, 3, 4]
+
+
+def test_a_writer_restarted_with_the_same_id_keeps_what_the_last_one_wrote(tmp_path: Path) -> None:
+    """A consumer with a fixed id (``ordq consume --member m1``, a ConsumerConfig.consumer_id)
+    restarted into the same audit folder: the rows of the instance before it stay, killed (a
+    ``.part``) or closed, and the new one numbers its files after them, so they sort in the
+    order written. Before, the new writer truncated the same ``m1-0.tsv.part`` and replaced
+    ``m1-0.tsv``: the evidence of every earlier delivery was gone."""
+    killed = AuditWriter(tmp_path, "acks", writer_id="m1")
+    killed.write_rows([_row(0), _row(1)])  # killed -9 here: its file stays a .part
+    closed = AuditWriter(tmp_path, "acks", writer_id="m1")
+    closed.write_rows([_row(2)])
+    closed.close()
+    again = AuditWriter(tmp_path, "acks", writer_id="m1")
+    again.write_rows([_row(3)])
+    again.close()
+    files = sorted((tmp_path / "acks").iterdir(), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+    assert [f.name for f in files] == ["m1-0.tsv.part", "m1-1.tsv", "m1-2.tsv"]
+    assert [[line.split("\t")[3] for line in f.read_text().splitlines()[1:]] for f in files] == [
+        ["0", "1"], ["2"], ["3"]]
