@@ -109,6 +109,12 @@ class StatusWriter:
 # -- producer ----------------------------------------------------------------------------------
 
 
+
+def _wait_for_file(path: Path) -> None:
+    """Until the drill creates ``path`` (it kills this process if it never does)."""
+    while not path.exists():
+        time.sleep(0.01)
+
 class ProducerRun:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -172,16 +178,15 @@ class ProducerRun:
             self.state = "leading"
             status.write()
             announce(f"LEADER next_seq={self.next_seq}")
-            while a.go_file is not None and not a.go_file.exists():  # held until every process is up
-                time.sleep(0.01)
+            if a.go_file is not None:
+                _wait_for_file(a.go_file)  # held until every process is up
             keys = [b"k%d" % i for i in range(a.keys)] if a.keys else None
             start = time.monotonic()
             for i, seq in enumerate(range(self.next_seq, a.total)):
                 if a.stop_file is not None and i % 50 == 0 and a.stop_file.exists():
                     break  # the stream ends here (a run of many faults on one stream is over)
                 if seq == a.hold_at and a.hold_file is not None:
-                    while not a.hold_file.exists():  # the rest of the stream waits for the fault
-                        time.sleep(0.01)
+                    _wait_for_file(a.hold_file)  # the rest of the stream waits for the fault
                 if a.rate:
                     pause = start + i / a.rate - time.monotonic()
                     if pause > 0:
