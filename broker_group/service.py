@@ -74,7 +74,6 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.shared = Shared(config)
-        self._lost = False  # the ZooKeeper session was lost and liveness is not registered again
         self.segments = SegmentStore(self.shared)
         self.repair = Repairer(self.shared, self.segments)
         self.request_time = RequestTime(config.request_time)  # each token's share of the loop
@@ -184,20 +183,32 @@ class Broker:
 
     def _on_zk_state(self, state: str) -> None:
         # The session guard: a master takes no write while ZooKeeper has been silent for a
-        # third of the session (Shared.session_doubtful), nor after its session was lost
-        # until it registered again; its segments then fail over (the coordinator already
-        # moved writes on when the session expired).
-        with self.shared.cv:
-            if state == KazooState.CONNECTED and self.shared.zk_silent_since is not None and not self._lost:
-                self.shared.zk_silent_since = None
-            elif state != KazooState.CONNECTED and self.shared.zk_silent_since is None:
-                self.shared.zk_silent_since = time.monotonic()
+        # third of the session (Shared.session_doubtful) unless kazoo reconnects on the same
+        # session meanwhile (a write waits for that, WritePath.confirm_session), nor after its
+        # session was lost until it registered again; its segments then fail over (the
+        # coordinator already moved writes on when the session expired). kazoo calls this in
+        # its connection thread, in the order the states came: a reconnect after an expiry
+        # comes as LOST, then CONNECTED on the new session.
+        shared = self.shared
+        now = time.monotonic()
+        with shared.cv:
+            since = shared.zk_silent_since
+            if state == KazooState.CONNECTED and since is not None and not shared.zk_session_lost:
+                # kazoo resumes a session only if ZooKeeper still holds it: it was alive just now.
+                shared.zk_silent_since = None
+                log.info("ZooKeeper connection back, same session, %.2f s after it was suspended", now - since)
+            elif state != KazooState.CONNECTED and since is None:
+                shared.zk_silent_since = now
+                if not shared.stopping:
+                    log.info("ZooKeeper connection %s", state.lower())
+            if state == KazooState.LOST:
+                shared.zk_session_lost = True
+            shared.changed()  # writes waiting for the session's fate (WritePath.confirm_session)
         # The ephemeral liveness node dies with an expired session: register again once a
         # new session is up (in a thread: kazoo forbids blocking calls in listeners).
         if state == KazooState.LOST:
-            self._lost = True
             if self.write.replication is not None:
-                with self.shared.cv:
+                with shared.cv:
                     self.write.freeze_writable("the ZooKeeper session expired")
 
             def again() -> None:
@@ -206,9 +217,10 @@ class Broker:
                 except OrdqError as exc:
                     log.error("%s", exc)
                     return
-                with self.shared.cv:
-                    self._lost = False
-                    self.shared.zk_silent_since = None
+                with shared.cv:
+                    shared.zk_session_lost = False
+                    shared.zk_silent_since = None
+                    shared.changed()
                 log.info("re-registered liveness after a lost ZooKeeper session")
 
             threading.Thread(target=again, daemon=True).start()
@@ -248,6 +260,9 @@ class Broker:
             stats["budget"] = attrs.asdict(self.read.budget.stats)
             stats["request_time"] = attrs.asdict(self.request_time.stats)
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self.shared.segments.items() if s.corrupt is not None]
+            # the session guard: why a master would hold writes now ("" if it would not), how many wait
+            stats["session_doubt"] = self.shared.session_doubtful(time.monotonic()) or ""
+            stats["session_waiting"] = self.shared.session_waiting
             connected = bool(self.write.replication is not None and self.write.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.shared.incarnation,
                                  slave_connected=connected, stats_json=json.dumps(stats))

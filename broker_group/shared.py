@@ -81,6 +81,9 @@ class BrokerStats:
     reconciled: int = 0
     held_back: int = 0  # produce requests that waited for syncs (max_inflight_bytes)
     refused_too_large: int = 0  # batches holding a message over the queue's max_message_bytes
+    # produce requests that found ZooKeeper silent past a third of the session, waited, and were
+    # taken once kazoo reconnected on the same session (the session guard; refusals: ``refused``)
+    session_confirmed: int = 0
     refused: dict[str, int] = attrs.field(factory=dict)  # requests refused, by error kind (metrics)
 
 
@@ -103,16 +106,32 @@ class Shared:
         # The session guard (DESIGN §6): since when this broker has not heard from ZooKeeper
         # (its connection SUSPENDED or its session LOST; None while connected and registered).
         self.zk_silent_since: float | None = None
+        self.zk_session_lost = False  # the session expired and liveness is not registered again
+        self.session_waiting = 0  # produce requests waiting for ZooKeeper to confirm the session
 
     def session_doubtful(self, now: float) -> str | None:
         """Why a master must take no write now, or None: ZooKeeper silent for more than a
         third of the session (kazoo suspends a connection after two thirds of silence, so by
         then the session may be about to expire and a successor be made), or the session
         lost and liveness not yet registered again."""
+        if self.zk_session_lost:
+            return "the ZooKeeper session expired (liveness not registered again yet)"
         since = self.zk_silent_since
         if since is None or now - since <= self.config.zk_session_timeout_s / 3:
             return None
         return f"ZooKeeper silent for {now - since:.1f} s (the session may have expired)"
+
+    def session_wait_until(self) -> float:
+        """Until when (monotonic) a doubtful master may wait for kazoo to resume its session
+        before it refuses a write: two sessions after the suspension. kazoo reconnects at once
+        and waits up to a session for ZooKeeper's answer (one server; then again after at most
+        a quarter of a session, ``coordinator/store_base.new_client``), so this covers two
+        attempts answered late. Measured at load 18-28 with 1 s sessions (the README's
+        cluster, issue 26): 25 suspensions, each resumed on the same session after 0.09-1.25 s
+        (median 0.52). The bound is for liveness only: a write is taken after the wait only
+        once kazoo resumed the same session, which ZooKeeper does only while it holds it."""
+        since = self.zk_silent_since
+        return (since if since is not None else 0.0) + 2 * self.config.zk_session_timeout_s
 
     def changed(self) -> None:
         """Caller holds cv: state changed; wake every waiter (threads on ``cv``, the loop's

@@ -109,9 +109,7 @@ class WritePath:
             await self.shared.signal.wait(left)
         if link is None or not link.connected:
             raise SegmentNotWritable(self.shared.address, req.queue, req.seg, "the slave is not connected")
-        doubt = self.shared.session_doubtful(time.monotonic())
-        if doubt is not None:  # the session guard: no write past the session (DESIGN §6)
-            raise SegmentNotWritable(self.shared.address, req.queue, req.seg, doubt)
+        await self.confirm_session(req.queue, req.seg)
         await self._hold_back(link)
         resent = False  # a batch already stored and synced here: its ack may be due at once
         with self.shared.cv:
@@ -142,6 +140,36 @@ class WritePath:
             if resent:
                 self.shared.signal.fire()
         link.wake.fire()  # the sender writes these to the slave as soon as this task yields
+
+    async def confirm_session(self, queue: str, seg: int) -> None:
+        """The session guard (DESIGN §6): no write past the session. While ZooKeeper has been
+        silent for more than a third of the session (``Shared.session_doubtful``) the session
+        may have expired and a successor been made: wait, on the loop, for kazoo to reconnect.
+        kazoo resumes the same session only if ZooKeeper still holds it, so a reconnect proves
+        this master was not replaced: take the write. A lost session, no reconnect by
+        ``Shared.session_wait_until`` (two sessions after the suspension) or a stop: refuse
+        (SegmentNotWritable; the producer fails over). On a loaded box kazoo suspends a
+        connection whose ping answer came a few hundred ms late and resumes the same session
+        within a second or so: those writes are late, not refused (issue 26: the README's
+        demo failed over a second time on such a refusal)."""
+        shared = self.shared
+        doubt = shared.session_doubtful(time.monotonic())
+        if doubt is None:
+            return
+        with shared.cv:
+            shared.session_waiting += 1
+        try:
+            while doubt is not None:
+                left = shared.session_wait_until() - time.monotonic()
+                if shared.zk_session_lost or shared.stopping or left <= 0:
+                    raise SegmentNotWritable(shared.address, queue, seg, doubt)
+                await shared.signal.wait(left)  # _on_zk_state fires it on every state change
+                doubt = shared.session_doubtful(time.monotonic())
+        finally:
+            with shared.cv:
+                shared.session_waiting -= 1
+        with shared.cv:
+            shared.stats.session_confirmed += 1
 
     async def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
         """Slave, on the loop: append the master's batches at the master's offsets and sync
