@@ -147,13 +147,23 @@ class ProducerCore:
             return self._open_since
         return self._open_since + self.config.linger_ms / 1000.0
 
-    def take_ready(self, now_s: float) -> list[PendingBatch]:
+    def take_ready(self, now_s: float, budget_bytes: int | None = None) -> list[PendingBatch]:
         """Batches to send now, in seq order: every cut batch not sent since the last rewind,
-        after cutting the open batch if it is due (``next_deadline``)."""
+        after cutting the open batch if it is due (``next_deadline``). ``budget_bytes``: hand
+        out batches only while fewer than that many (encoded) bytes were handed out in this
+        call, the one that crosses it included; 0 or less: none."""
         deadline = self.next_deadline()
         if deadline is not None and now_s >= deadline:
             self._cut()
-        out = [b for b in self._window if not b.sent]
+        out = []
+        for b in self._window:
+            if b.sent:
+                continue
+            if budget_bytes is not None:
+                if budget_bytes <= 0:
+                    break
+                budget_bytes -= len(b.encoded)
+            out.append(b)
         for b in out:
             b.sent = True
             b.sent_at = now_s

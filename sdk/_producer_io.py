@@ -129,6 +129,8 @@ class ProducerIO:
     _seg_bytes: int
     _seg_started: float | None
     _rolling: bool
+    _seg_sent: int
+    _past_size: bool
     _epoch_key: str
 
     def _init_io(self) -> None:
@@ -175,9 +177,10 @@ class ProducerIO:
         assert core is not None and self._loop is not None
         if self._failure is not None or self._stream is None or self._closed:
             return
-        ready = core.take_ready(now)
+        ready = core.take_ready(now, self._segment_room())
         loop = self._loop.loop
         if ready:
+            self._seg_sent += sum(len(b.encoded) for b in ready)
             if self._audit is not None:
                 now_us = time.time_ns() // 1000
                 for b in ready:
@@ -282,6 +285,7 @@ class ProducerIO:
         with self._mutex:
             self._stream, self._gid, self._seg = stream, gid, seg
             self._seg_bytes, self._seg_started, self._rolling = 0, None, False
+            self._seg_sent, self._past_size = 0, False
             self._stats.seg, self._stats.head = seg, gid
         self._spawn(self._read_acks(stream))
 
@@ -538,6 +542,17 @@ class ProducerIO:
 
     # -- rolling the segment --------------------------------------------------------------------
 
+    def _segment_room(self) -> int | None:
+        """Caller holds the lock: how many more bytes may be sent on the current segment (the
+        batch that crosses the queue's segment size is the last), None: no bound. A segment
+        ends near its size however long its roll takes: at 4 MB/s through 256 KiB segments,
+        sending on while the roll was decided and sealed made segments of 1-3 MB on a loaded
+        box (issue 26, test_disk); sent bytes wait for the roll instead (a short pause, which
+        send() feels once ``max_inflight_bytes`` are pending)."""
+        if self._segment_limits is None or self._past_size:
+            return None
+        return self._segment_limits[0] - self._seg_sent
+
     def _count_for_roll(self, done: list[PendingBatch]) -> None:
         """Caller holds the lock: once the segment holds the queue's segment size, or its first
         ack is the segment age old, roll it (once per segment, in a thread: ZooKeeper and the
@@ -556,11 +571,14 @@ class ProducerIO:
             threading.Thread(target=self._roll, args=(gid, seg), name="ordq-producer-roll", daemon=True).start()
 
     def _roll(self, gid: str, seg: int) -> None:
-        """Ask the coordinator to roll (``ordq.coordinator.state.roll``; it seals the old segment):
-        its master then refuses further writes, our stream ends, and ``_handle_failure``
-        continues on the new segment with what was in flight, as after a failover (on the
-        same head). Rolled or failed over by someone else first: nothing to do."""
-        assert self._core is not None
+        """Ask the coordinator to roll (``ordq.coordinator.state.roll``; it seals the old segment),
+        then continue on the new segment with what was in flight or held back, as after a
+        failover (on the same head): the master refuses a write after the seal, but a producer
+        that holds its sends at the size sends nothing there any more, so the roll's answer
+        ends the stream. Rolled by someone else first: the same. Not rolled: writes go on
+        past the size on this segment (the coordinator daemon rolls it)."""
+        assert self._core is not None and self._loop is not None
+        loop = self._loop
         try:
             st = self._require_coordinator().roll(self.config.queue, gid, seg, self._core.epoch, self._epoch_key)
         except ClosedError:
@@ -568,7 +586,23 @@ class ProducerIO:
         except OrdqError as exc:
             log.warning("queue %s: rolling segment %d failed: %s (the coordinator rolls it)", self.config.queue,
                         seg, exc)
+            loop.call_soon(self._after_roll, gid, seg, False)
             return
         rolled = st.segment(seg)
-        if rolled is not None and rolled.status.value != "open":
+        done = rolled is not None and rolled.status.value != "open"
+        if done:
             log.info("queue %s: rolled segment %d of %s (size or age limit)", self.config.queue, seg, gid)
+        loop.call_soon(self._after_roll, gid, seg, done)
+
+    def _after_roll(self, gid: str, seg: int, rolled: bool) -> None:
+        """On the loop: the roll of ``seg`` answered. Rolled: end its stream (the next segment
+        follows, ``_handle_failure``); not: send on past the size."""
+        with self._mutex:
+            stream = self._stream
+            if stream is None or (self._gid, self._seg) != (gid, seg) or self._failure is not None or self._closed:
+                return  # that stream already ended (the seal refused it, a failover, close)
+            if rolled:
+                self._fail_locked(stream, BrokerUnavailable(f"group {gid}", f"segment {seg} rolled"))
+            else:
+                self._past_size = True
+                self._pump(time.monotonic())

@@ -95,6 +95,10 @@ class Producer(ProducerIO):
         self._seg_bytes = 0  # acked on the current segment by this producer
         self._seg_started: float | None = None  # monotonic time of its first ack
         self._rolling = False
+        # Sent on the current segment; past the size nothing more is sent there until it rolled
+        # (``_past_size``: its roll failed, writes go on past the size on it).
+        self._seg_sent = 0
+        self._past_size = False
         self._metrics: ProducerMetrics | None = None
         self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
         self._init_io()
