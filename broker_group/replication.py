@@ -167,6 +167,8 @@ class ReplicationLink:
                         s = self.shared.segments.get((r.queue, r.seg))
                         if s is not None:
                             s.replica.peer_progress(r.synced_end)
+                            if s.first_write is not None and s.first_write.replicated is None:
+                                s.first_write.replicated = time.monotonic()
                     self.shared.changed()  # acks released: the produce streams answer now
                     waiting = bool(self._out)
                 if waiting:
@@ -272,8 +274,15 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
             if req.batches:
                 with shared.cv:
                     end = s.replica.local_synced
+                    fw = s.first_write
+                    if fw is not None and fw.done is None:
+                        fw.done = time.monotonic()
+                    else:
+                        fw = None
                 await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
                                                                                    synced_end=end)]))
+                if fw is not None:  # a new segment's first answer went out: how long it took
+                    log.info("%s", fw.line("slave"))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
         shared.count_refused(exc)

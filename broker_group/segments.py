@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ordq.broker_group import log as seglog
+from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError, CorruptLog, CorruptState, QueueNotFound, SegmentNotFound
@@ -128,21 +129,31 @@ class SegmentStore:
                 if replica.sealed:
                     park(segment)
 
-    def create(self, queue: str, seg: int, fenced_epoch: int, *, state: QueueState | None = None) -> Segment:
+    def create(self, queue: str, seg: int, fenced_epoch: int, *, state: QueueState | None = None,
+               timing: FirstWrite | None = None) -> Segment:
         """A new, empty, writable segment (or the one another thread created meanwhile).
         ``state``: the queue's state just read from ZooKeeper, if the caller has it (one read
-        less on a new segment's first write: the failover path)."""
+        less on a new segment's first write: the failover path). ``timing``: the first
+        write's record, given the durations of the steps here (``state``, ``files``)."""
         with self.shared.cv:
             existing = self.shared.segments.get((queue, seg))
             if existing is not None:
                 return existing
         directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
         with self._folder_lock:
+            if state is None:
+                started = time.monotonic()
+                state, _ = self.shared.require_store().load_state(queue)
+                if timing is not None:
+                    timing.step("state", time.monotonic() - started)
+            started = time.monotonic()
             self._claim_queue_folder(queue, state)
             lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
         replica = SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=fenced_epoch)
         segment = Segment(replica=replica, directory=directory, log=lg)
         write_meta(segment)
+        if timing is not None:
+            timing.step("files", time.monotonic() - started)
         with self.shared.cv:
             existing = self.shared.segments.setdefault((queue, seg), segment)
             self.shared.changed()  # a fetch may be waiting for it
@@ -150,12 +161,10 @@ class SegmentStore:
             lg.close()
         return existing
 
-    def _claim_queue_folder(self, queue: str, st: QueueState | None = None) -> None:
+    def _claim_queue_folder(self, queue: str, st: QueueState) -> None:
         """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
-        incarnation ZooKeeper shows (``st``, else read now; files of a deleted queue of the
-        same name go first)."""
-        if st is None:
-            st, _ = self.shared.require_store().load_state(queue)
+        incarnation ZooKeeper shows (``st``; files of a deleted queue of the same name go
+        first)."""
         held = _folder_incarnation(self.shared.config.data_dir / queue)
         if held == st.incarnation:
             return
@@ -225,7 +234,7 @@ class SegmentStore:
         st, _ = self.shared.require_store().load_state(queue)
         return st.segment(seg), st.producer_epoch
 
-    def for_write(self, queue: str, seg: int, epoch: int) -> Segment:
+    def for_write(self, queue: str, seg: int, epoch: int, *, timing: FirstWrite | None = None) -> Segment:
         """Master: the segment a producer writes; created only if ZooKeeper says it is this
         group's open segment, fenced at the queue's current epoch (so a stale producer that
         never saw the takeover cannot write to a segment opened after it)."""
@@ -233,11 +242,14 @@ class SegmentStore:
             s = self.shared.segments.get((queue, seg))
         if s is not None:
             return s
+        started = time.monotonic()
         st, _ = self.shared.require_store().load_state(queue)
+        if timing is not None:
+            timing.step("state", time.monotonic() - started)
         z = st.segment(seg)
         if z is None or z.gid != self.shared.config.gid or z.status is not SegStatus.OPEN:
             raise SegmentNotWritable(self.shared.address, queue, seg, "not this group's open segment in ZooKeeper")
-        s = self.create(queue, seg, st.producer_epoch, state=st)
+        s = self.create(queue, seg, st.producer_epoch, state=st, timing=timing)
         with self.shared.cv:
             s.replica.check_epoch(epoch)
         return s
@@ -260,10 +272,10 @@ class SegmentStore:
                 "folder existed (a new disk): it cannot tell what was acked there; ask its peer")
         return self.create(queue, seg, 0)
 
-    def for_replica(self, queue: str, seg: int) -> Segment:
+    def for_replica(self, queue: str, seg: int, timing: FirstWrite | None = None) -> Segment:
         with self.shared.cv:
             s = self.shared.segments.get((queue, seg))
-        return s if s is not None else self.create(queue, seg, 0)
+        return s if s is not None else self.create(queue, seg, 0, timing=timing)
 
 
 def park(s: Segment) -> None:
