@@ -102,6 +102,9 @@ class SegmentStore:
         """Open every segment on disk. Torn tails are truncated (and counted); a corrupt middle
         batch takes that segment out of service; anything not sealed here is never written
         again (its peer may hold synced batches this copy lost)."""
+        # Every queue folder's name durable once: from here on a new segment syncs only its
+        # own folder and its queue's (``create``), a new queue folder the data folder.
+        seglog.sync_dir(self.shared.config.data_dir)
         for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if p.is_dir()):
             for sdir in sorted(p for p in qdir.iterdir() if p.is_dir() and p.name.isdigit()):
                 queue, seg = qdir.name, int(sdir.name)
@@ -148,10 +151,15 @@ class SegmentStore:
                     timing.step("state", time.monotonic() - started)
             started = time.monotonic()
             self._claim_queue_folder(queue, state)
-            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
+            made = seglog.private_dir(directory)
+            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True, sync_dirs=False)
         replica = SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=fenced_epoch)
         segment = Segment(replica=replica, directory=directory, log=lg)
-        write_meta(segment)
+        # The log's and the meta file's names made durable by one sync of the new folder (and
+        # one of the queue's folder for the new folder's name), not one for each file: on a
+        # busy disk every fsync of a folder waits for a journal commit (failover path).
+        write_meta(segment, sync_dir=False)
+        seglog.sync_new_names(directory, made)
         if timing is not None:
             timing.step("files", time.monotonic() - started)
         with self.shared.cv:
@@ -172,6 +180,8 @@ class SegmentStore:
             self.drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
         seglog.private_dir(self.shared.config.data_dir / queue)
         write_json_durably(self.shared.config.data_dir / queue / INCARNATION_FILE, st.incarnation)
+        # The queue folder's own name (a segment's creation syncs only the queue's folder)
+        seglog.sync_dir(self.shared.config.data_dir)
 
     def free_space(self) -> None:
         """Remove the files of every segment no queue needs any more: popped from its consume
@@ -234,21 +244,28 @@ class SegmentStore:
         st, _ = self.shared.require_store().load_state(queue)
         return st.segment(seg), st.producer_epoch
 
-    def for_write(self, queue: str, seg: int, epoch: int, *, timing: FirstWrite | None = None) -> Segment:
+    def for_write(self, queue: str, seg: int, epoch: int, *, state: QueueState | None = None,
+                  timing: FirstWrite | None = None, placed: Callable[[], None] | None = None) -> Segment:
         """Master: the segment a producer writes; created only if ZooKeeper says it is this
         group's open segment, fenced at the queue's current epoch (so a stale producer that
-        never saw the takeover cannot write to a segment opened after it)."""
+        never saw the takeover cannot write to a segment opened after it). ``state``: the
+        queue's state the caller just read (else read here); ``placed()`` is called once
+        ZooKeeper's placement is checked, before the segment is created."""
         with self.shared.cv:
             s = self.shared.segments.get((queue, seg))
         if s is not None:
             return s
-        started = time.monotonic()
-        st, _ = self.shared.require_store().load_state(queue)
-        if timing is not None:
-            timing.step("state", time.monotonic() - started)
+        st = state
+        if st is None:
+            started = time.monotonic()
+            st, _ = self.shared.require_store().load_state(queue)
+            if timing is not None:
+                timing.step("state", time.monotonic() - started)
         z = st.segment(seg)
         if z is None or z.gid != self.shared.config.gid or z.status is not SegStatus.OPEN:
             raise SegmentNotWritable(self.shared.address, queue, seg, "not this group's open segment in ZooKeeper")
+        if placed is not None:
+            placed()
         s = self.create(queue, seg, st.producer_epoch, state=st, timing=timing)
         with self.shared.cv:
             s.replica.check_epoch(epoch)
@@ -301,12 +318,14 @@ def read_meta(directory: Path) -> dict[str, Any]:
 _META_LOCK = threading.Lock()
 
 
-def write_meta(s: Segment) -> None:
-    """Persist fence and seal state (atomic rename, synced) before they are acted on."""
+def write_meta(s: Segment, *, sync_dir: bool = True) -> None:
+    """Persist fence and seal state (atomic rename, synced) before they are acted on.
+    ``sync_dir`` False: the caller syncs the segment's folder (the new name) itself."""
     with _META_LOCK:  # the state is read under it too, so the last write holds the latest
         r = s.replica
         write_json_durably(s.directory / META_FILE,
-                            {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end})
+                           {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end},
+                           sync_dir=sync_dir)
 
 
 def _is_queue_folder(path: Path) -> bool:
@@ -324,8 +343,9 @@ def _folder_incarnation(qdir: Path) -> str | None:
         return None
 
 
-def write_json_durably(path: Path, obj: Any) -> None:
-    """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced."""
+def write_json_durably(path: Path, obj: Any, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced
+    (unless ``sync_dir`` is False: then the caller syncs the folder before relying on it)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -334,8 +354,5 @@ def write_json_durably(path: Path, obj: Any) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    if sync_dir:
+        seglog.sync_dir(path.parent)

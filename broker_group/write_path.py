@@ -86,18 +86,34 @@ class WritePath:
         """In a worker thread: the ZooKeeper reads a produce request may need first (the
         epoch ZooKeeper issued and its key, the segment's creation, the queue's message limit).
         ``timing``: a new segment's first write, given each step's duration."""
-        started = time.monotonic()
-        self.epochs.check(queue, epoch, key)
-        if timing is not None:
-            timing.step("epoch", time.monotonic() - started)
         if (queue, seg) not in self.shared.segments:
-            self._message_limits.pop(queue, None)  # a new segment reads the queue's config again
-        self.segments.for_write(queue, seg, epoch, timing=timing)
+            self._prepare_segment(queue, seg, epoch, key, timing)
+            return
+        self.epochs.check(queue, epoch, key)
         if queue not in self._message_limits:
-            started = time.monotonic()
             self._message_limits[queue] = self.shared.require_store().queue_config(queue).max_message_bytes
-            if timing is not None:
-                timing.step("config", time.monotonic() - started)
+
+    def _prepare_segment(self, queue: str, seg: int, epoch: int, key: str, timing: FirstWrite | None) -> None:
+        """A new segment's first write (after a failover or a roll: on a producer's way to its
+        next ack). What it needs from ZooKeeper comes in one round trip: the queue's state
+        (synced first when the epoch is not known here: it says the issued epoch and key, and
+        whether the segment is this group's open one) and its message limit (read again for a
+        new segment). Once ZooKeeper placed the segment here, the slave is told to create its
+        copy while this master creates its own (``ReplicationLink.announce``)."""
+        started = time.monotonic()
+        st, queue_config = self.shared.require_store().state_and_config(
+            queue, sync=not self.epochs.knows(queue, epoch, key))
+        if timing is not None:
+            timing.step("zk", time.monotonic() - started)
+        self.epochs.check(queue, epoch, key, read=lambda: (st.producer_epoch, st.producer_key))
+        self._message_limits[queue] = queue_config.max_message_bytes
+        self.segments.for_write(queue, seg, epoch, state=st, timing=timing,
+                                placed=lambda: self.shared.loop.call_soon(self._announce, queue, seg))
+
+    def _announce(self, queue: str, seg: int) -> None:
+        """On the loop: have the slave create its copy of a new segment now (master only)."""
+        if self.replication is not None:
+            self.replication.announce(queue, seg)
 
     async def accept_produce(self, stream: ProduceStreamState, req: pb.ProduceRequest) -> None:
         """Master, on the loop: place each batch, queue it for the slave and the local sync."""
