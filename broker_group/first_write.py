@@ -18,13 +18,14 @@ import attrs
 
 @attrs.define
 class FirstWrite:
-    """The first write of one new segment on this replica (monotonic seconds).
+    """The first write of one new segment on this replica (monotonic seconds; ``arrived``:
+    the first request for it, the producer's on the master, the master's on the slave).
 
-    ``steps`` are the set-up steps' durations, in the order they ran: on the master
-    ``epoch`` (the producer's epoch read from ZooKeeper; 0 when it was known), ``state`` (the
-    queue's state read to check the segment is this group's open one), ``files`` (the
-    segment's folder, log and meta file created and synced), ``config`` (the queue's message
-    limit read); on the slave ``state`` and ``files``. The stamps after them: ``ready`` (the
+    ``steps`` are the set-up steps' durations, in the order they ran: on the master ``zk``
+    (one round trip: the queue's state, synced first when the producer's epoch is new here,
+    and its settings) and ``files`` (the segment's folder, log and meta file created, their
+    names synced); on the slave ``state`` (the queue's state read: which incarnation its
+    folder belongs to) and ``files``. The stamps after them: ``ready`` (the
     set-up done, back on the loop), ``placed`` (master: the batches placed and handed to the
     replication stream), ``synced`` (this replica's first group commit of it ended),
     ``replicated`` (master: the slave's first answer for it), ``done`` (master: its first ack

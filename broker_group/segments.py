@@ -114,7 +114,7 @@ class SegmentStore:
                                          sealed=bool(meta.get("sealed", False)))
                 segment = Segment(replica=replica, directory=sdir, log=None)
                 try:
-                    lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg)
+                    lg = self._open_found(queue, seg)
                 except CorruptLog as exc:
                     log.error("segment %s/%d is corrupt and will not be served: %s", queue, seg, exc)
                     segment.corrupt = exc
@@ -131,6 +131,18 @@ class SegmentStore:
                 self.shared.segments[segment.key] = segment
                 if replica.sealed:
                     park(segment)
+
+    def _open_found(self, queue: str, seg: int) -> seglog.SegmentLog:
+        """The log of a segment folder found at start. A folder without its log is a creation
+        cut short (the process was killed between the two): it holds nothing, and is opened as
+        the empty log it would have had a moment later (then frozen like every segment held
+        open before a restart), not a reason to refuse to start."""
+        try:
+            return seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg)
+        except SegmentNotFound:
+            log.warning("segment %s/%d: its folder has no log (its creation was cut short); recovered empty",
+                        queue, seg)
+            return seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
 
     def create(self, queue: str, seg: int, fenced_epoch: int, *, state: QueueState | None = None,
                timing: FirstWrite | None = None) -> Segment:
