@@ -19,6 +19,9 @@ grown in steps to each count of idle queues (never written). At each step:
   master killed (SIGKILL); failover = the kill → the first ack on a later segment; then the
   master is restarted. Also how long until every idle queue headed by that group has moved on
   (a sample of ``--sample`` of them), which the coordinator daemon does by itself.
+  Each failover's parts (ms, ``spans``): from the producer's ``statistics().last_failover``
+  (``FailoverTimes``) and the new head's master's and slave's ``first write of busy/<seg>``
+  log lines (``broker_group/first_write.py``), on the one monotonic clock of the machine.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._cluster import cpu_seconds, percentile
+from ordq.broker_group.first_write import Reported, parse_line
 from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import OrdqError
 from ordq.coordinator.store import ZkStore
@@ -222,29 +226,49 @@ class BusyProducer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
-        # (start, end) of each failover call (the coordinator's FailOver and the new head's
-        # master looked up): the spans of one failover (bench-only: wraps the SDK's own step)
-        self.failover_calls: list[tuple[float, float]] = []
-        inner = self.producer._fail_over
 
-        def timed() -> tuple[str, int, str]:
-            started = time.monotonic()
-            try:
-                return inner()
-            finally:
-                with self.lock:
-                    self.failover_calls.append((started, time.monotonic()))
-
-        self.producer._fail_over = timed  # type: ignore[method-assign]
-
-    def spans(self, t_kill: float, t_ack: float | None) -> dict[str, float] | None:
-        """kill -> failover call -> its answer -> first ack on the new segment, in ms."""
-        with self.lock:
-            call = next(((a, b) for a, b in self.failover_calls if a >= t_kill), None)
-        if call is None or t_ack is None:
+    def spans(self, cluster: LocalCluster, t_kill: float) -> dict[str, Any] | None:
+        """The parts of the failover after ``t_kill``, in ms: the producer's steps
+        (``FailoverTimes``) and its new head's master's and slave's first write of the segment
+        (their log lines), laid end to end."""
+        fo = self.producer.statistics().last_failover
+        if fo is None or fo.failed_at < t_kill or fo.acked_at is None or fo.answered_at is None:
             return None
-        return {"detect_ms": round((call[0] - t_kill) * 1000), "failover_call_ms": round((call[1] - call[0]) * 1000),
-                "to_ack_ms": round((t_ack - call[1]) * 1000)}
+        out: dict[str, Any] = {"detect_ms": ms(fo.failed_at - t_kill), "failover_call_ms": ms(
+            fo.answered_at - (fo.asked_at or fo.failed_at)), "to_ack_ms": ms(fo.acked_at - fo.answered_at),
+            "producer": fo.spans_ms(), "new_channel": fo.new_channel}
+        if fo.gid is None or fo.seg is None:
+            return out
+        master = first_write_line(cluster, fo.gid, "master", fo.seg)
+        slave = first_write_line(cluster, fo.gid, "slave", fo.seg)
+        out["master"] = None if master is None else master.ms
+        out["slave"] = None if slave is None else slave.ms
+        if master is None or fo.opened_at is None:
+            return out
+        at = master.at
+        head_at = fo.head_at or fo.answered_at
+        # answer -> head known -> stream made -> the master has the first request -> set up
+        # (epoch, state, files, config) -> placed and forwarded -> the slave's answer -> ack
+        # taken -> the producer reads it
+        out["parts_ms"] = {
+            "head_lookup": ms(head_at - fo.answered_at),
+            "open": ms(fo.opened_at - head_at),
+            "to_master": ms(master.arrived - fo.opened_at),
+            "master_setup": ms(at("ready_at") - master.arrived),
+            "place": ms(at("placed_at") - at("ready_at")),
+            "replicate": ms(at("replicated_at") - at("placed_at")),
+            "ack_taken": ms(at("done_at") - at("replicated_at")),
+            "ack_back": ms(fo.acked_at - at("done_at")),
+        }
+        out["master_synced_after_placed_ms"] = ms(at("synced_at") - at("placed_at"))
+        if slave is not None:
+            out["slave_parts_ms"] = {
+                "to_slave": ms(slave.arrived - at("placed_at")),
+                "slave_setup": ms(slave.at("ready_at") - slave.arrived),
+                "slave_sync": ms(slave.at("synced_at") - slave.at("ready_at")),
+                "answer_back": ms(at("replicated_at") - slave.at("done_at")),
+            }
+        return out
 
     def start(self) -> None:
         self.producer.start()
@@ -288,6 +312,25 @@ class BusyProducer:
         self.producer.close()
 
 
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def first_write_line(cluster: LocalCluster, gid: str, role: str, seg: int) -> Reported | None:
+    """The fields of the ``first write of busy/<seg>`` line in that broker's log (the last one)."""
+    path = cluster.broker(gid, role).proc.log_path
+    marker = f"first write of {BUSY}/{seg} ("
+    found = None
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if marker in line:
+                    found = parse_line(line)
+    except OSError:
+        return None
+    return found
+
+
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
               sample: int, rng: random.Random, idle_wait_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + 30
@@ -303,6 +346,14 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     t_kill = time.monotonic()
     cluster.broker(gid, "master").kill()
     acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
+    # the brokers log a first write's line once its ack is written: give it a moment
+    spans = None
+    until = time.monotonic() + 5
+    while acked_at is not None and time.monotonic() < until:
+        spans = busy.spans(cluster, t_kill)
+        if spans is None or (spans.get("master") is not None and spans.get("slave") is not None):
+            break
+        time.sleep(0.1)
     idle_moved: float | None = None
     left = set(watched)
     deadline = time.monotonic() + idle_wait_s
@@ -321,7 +372,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     cluster.restart_broker(gid, "master", timeout_s=180.0)
     return {"restart_s": round(time.monotonic() - restarted, 1),
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
-            "spans": busy.spans(t_kill, acked_at),
+            "spans": spans,
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched)}
 
 
@@ -386,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                         percentile(fo, 99) * 1000), "max": round(max(fo) * 1000), "n": len(fo)}
                 if moved:
                     step["idle_moved_s"] = {"p50": percentile(moved, 50), "max": max(moved)}
+                step["spans_ms"] = span_summary([k["spans"] for k in kills if k["spans"] is not None])
                 step["load_create_start"] = round(load0, 2)
                 steps.append(step)
                 print(json.dumps(step) if args.json else summary(step), flush=True)
@@ -394,6 +446,23 @@ def main(argv: list[str] | None = None) -> int:
             busy.close()
         cluster.destroy()
     return 0
+
+
+def span_summary(spans: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """p50 / p99 / max of each part of the failovers (``BusyProducer.spans``), in ms."""
+    values: dict[str, list[float]] = {}
+    for sp in spans:
+        flat = {k: v for k, v in sp.items() if k.endswith("_ms") and isinstance(v, (int, float))}
+        flat.update(sp.get("parts_ms") or {})
+        flat.update(sp.get("slave_parts_ms") or {})
+        for side in ("master", "slave"):
+            for k, v in (sp.get(side) or {}).items():
+                if k in ("epoch", "state", "files", "config", "synced_at"):
+                    flat[f"{side}.{k}"] = v
+        for k, v in flat.items():
+            values.setdefault(k, []).append(float(v))
+    return {k: {"p50": percentile(v, 50), "p99": percentile(v, 99), "max": max(v), "n": len(v)}
+            for k, v in values.items()}
 
 
 def summary(step: dict[str, Any]) -> str:

@@ -236,6 +236,9 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 error, finished = stream.error, stream.done and not stream.pending
             if ready:
                 await context.write(pb.ProduceResponse(acks=ready))
+                if stream.first_write is not None:  # a new segment's first ack went out: how long it took
+                    log.info("%s", stream.first_write.line("master"))
+                    stream.first_write = None
                 continue
             if error is not None:
                 b.shared.count_refused(error)

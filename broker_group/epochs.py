@@ -61,10 +61,13 @@ class EpochGate:
         return (known is not None and known[1] == claimed
                 and (key is None or known[2] is None or known[3] == key))
 
-    def check(self, queue: str, claimed: int, key: str | None = None) -> None:
+    def check(self, queue: str, claimed: int, key: str | None = None, *,
+              read: Callable[[], tuple[int, str | None]] | None = None) -> None:
         """Refuse ``claimed`` unless it is the issued epoch; with ``key`` (a Produce's
         ``epoch_key``; None: a control call, whose callers the gate of certificates checks)
-        unless it is also the key issued with it (EpochNotIssued)."""
+        unless it is also the key issued with it (EpochNotIssued). ``read``: when the cache
+        does not decide, returns (epoch, key hash) as ZooKeeper holds them now, read as
+        ``lookup`` would (synced) by a caller that needs other reads in the same round trip."""
         if self.knows(queue, claimed, key):
             return
         known = self._known.get(queue)
@@ -74,7 +77,7 @@ class EpochGate:
         with self._lock:
             self.lookups += 1
             number = self.lookups
-        found = self._lookup(queue)
+        found = self._lookup(queue) if read is None else read()
         current, digest = (found, None) if isinstance(found, int) else found
         with self._lock:
             # Two lookups in flight: the one started last wins, so a slow, older answer never

@@ -129,12 +129,15 @@ class SegmentLog:
     # -- opening ----------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: Path, queue: str, seg: int, *, create: bool = False) -> SegmentLog:
+    def open(cls, directory: Path, queue: str, seg: int, *, create: bool = False,
+             sync_dirs: bool = True) -> SegmentLog:
         """Open the log of (queue, seg) under the data directory ``directory``.
 
         Scans the whole file: every batch's CRC and first_offset are checked. A torn tail is
         truncated (durably) and counted in ``recovery.truncated_bytes``. With ``create`` a
-        missing segment is created empty (folders fsynced); without it, SegmentNotFound.
+        missing segment is created empty (folders fsynced; with ``sync_dirs`` False the
+        caller does it, ``sync_new_names``, before anything is acked from it); without it,
+        SegmentNotFound.
 
         Raises:
             SegmentNotFound: no ``segment.log`` and not ``create``.
@@ -148,14 +151,12 @@ class SegmentLog:
         folder = segment_dir(Path(directory), queue, seg)
         path = folder / SEGMENT_FILE
         if create and not path.exists():
-            private_dir(folder)
+            made = private_dir(folder)
             # Messages are the users' data: readable by the broker's user only (the umask can
             # only take bits away from 0600).
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            # Make the new file's name durable: a synced batch in a file whose directory
-            # entry was lost would be lost with it.
-            for d in (folder, folder.parent, folder.parent.parent):
-                _fsync_dir(d)
+            if sync_dirs:
+                sync_new_names(folder, made)
         else:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -492,10 +493,10 @@ class SegmentLog:
         return f"<SegmentLog {self.path} end={self.end} synced_end={self.synced_end}>"
 
 
-def private_dir(path: Path) -> None:
+def private_dir(path: Path) -> list[Path]:
     """Make ``path`` (and its missing parents) folders only their owner may list or enter: 0700,
     set with chmod as well because mkdir's mode passes through the umask and leaves a
-    folder made by an older version as it was."""
+    folder made by an older version as it was. Returns the folders it made, outermost first."""
     missing = []
     while not path.exists():
         missing.append(path)
@@ -504,6 +505,22 @@ def private_dir(path: Path) -> None:
         folder.mkdir(mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)
     os.chmod(missing[0] if missing else path, 0o700)
+    return list(reversed(missing))
+
+
+def sync_new_names(folder: Path, made: list[Path]) -> None:
+    """Make durable the names just created in a segment's ``folder`` (its files) and the
+    folder's own name in its queue's folder; and, for each folder in ``made`` (created just
+    now, by ``private_dir``), its name in its parent. A synced batch in a file whose directory
+    entry was lost would be lost with it. (A queue's folder that existed already was made
+    durable when it was created: ``SegmentStore`` syncs the data folder then, and at start.)"""
+    for d in dict.fromkeys([folder, folder.parent, *(m.parent for m in made)]):
+        _fsync_dir(d)
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a folder: the names created or removed in it are durable after this."""
+    _fsync_dir(path)
 
 
 def segment_dir(data_dir: Path, queue: str, seg: int) -> Path:

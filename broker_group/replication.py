@@ -60,6 +60,7 @@ class ReplicationLink:
         self.connected = False
         self._gen = 0  # bumped on every (re)connect; a stale sender stops
         self._out: list[tuple[Segment, bytes]] = []
+        self._announced: list[tuple[str, int]] = []  # new segments the slave is to create now
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
         self._inflight = 0  # requests with batches the slave has not answered yet
@@ -117,6 +118,16 @@ class ReplicationLink:
         self._out_bytes += len(stamped)
         self._active[s.key] = s
 
+    def announce(self, queue: str, seg: int) -> None:
+        """On the loop: a new segment ZooKeeper placed on this group is about to be written.
+        The slave is sent a request for it without batches (``serve_replicate`` creates its
+        copy on any request, and answers none without batches) ahead of the first ones, so
+        it creates its copy (a ZooKeeper read, files synced) while this master creates its
+        own, not after: one set-up less on the way from a failover to its first ack."""
+        with self._cv:
+            self._announced.append((queue, seg))
+        self.wake.fire()
+
     def lag(self, now: float) -> tuple[int, float]:
         """Caller holds the broker lock: (bytes forwarded that the slave has not synced yet,
         seconds since the oldest of them was forwarded)."""
@@ -136,6 +147,7 @@ class ReplicationLink:
                     self._gen += 1
                     gen = self._gen
                     self._out.clear()
+                    self._announced.clear()
                     self._active.clear()
                     self._lac_sent.clear()
                     self._inflight = 0
@@ -167,6 +179,8 @@ class ReplicationLink:
                         s = self.shared.segments.get((r.queue, r.seg))
                         if s is not None:
                             s.replica.peer_progress(r.synced_end)
+                            if s.first_write is not None and s.first_write.replicated is None:
+                                s.first_write.replicated = time.monotonic()
                     self.shared.changed()  # acks released: the produce streams answer now
                     waiting = bool(self._out)
                 if waiting:
@@ -210,10 +224,11 @@ class ReplicationLink:
                     return
                 lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
                 can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
+                announced, self._announced = self._announced, []
                 now = time.monotonic()
                 # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
                 # steady flow of small batches does not cost a message per batch.
-                if can_send or (lacs and now >= pushed_at + push_s):
+                if can_send or announced or (lacs and now >= pushed_at + push_s):
                     out: list[tuple[Segment, bytes]] = []
                     since = self._out_since
                     if can_send:
@@ -221,7 +236,9 @@ class ReplicationLink:
                     if lacs:
                         pushed_at = now
                     self._lac_sent.update(lacs)
-                    reqs = list(_requests_for(out, lacs))
+                    # New segments first (no batches, no LAC: the slave creates its copy, no answer)
+                    reqs = [pb.ReplicateRequest(queue=q, seg=n, lac=-1) for q, n in announced]
+                    reqs += _requests_for(out, lacs)
                     for r in reqs:
                         if r.batches:
                             self._inflight += 1
@@ -272,8 +289,15 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
             if req.batches:
                 with shared.cv:
                     end = s.replica.local_synced
+                    fw = s.first_write
+                    if fw is not None and fw.done is None:
+                        fw.done = time.monotonic()
+                    else:
+                        fw = None
                 await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
                                                                                    synced_end=end)]))
+                if fw is not None:  # a new segment's first answer went out: how long it took
+                    log.info("%s", fw.line("slave"))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
         shared.count_refused(exc)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ordq.broker_group import log as seglog
+from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError, CorruptLog, CorruptState, QueueNotFound, SegmentNotFound
@@ -101,6 +102,9 @@ class SegmentStore:
         """Open every segment on disk. Torn tails are truncated (and counted); a corrupt middle
         batch takes that segment out of service; anything not sealed here is never written
         again (its peer may hold synced batches this copy lost)."""
+        # Every queue folder's name durable once: from here on a new segment syncs only its
+        # own folder and its queue's (``create``), a new queue folder the data folder.
+        seglog.sync_dir(self.shared.config.data_dir)
         for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if p.is_dir()):
             for sdir in sorted(p for p in qdir.iterdir() if p.is_dir() and p.name.isdigit()):
                 queue, seg = qdir.name, int(sdir.name)
@@ -110,7 +114,7 @@ class SegmentStore:
                                          sealed=bool(meta.get("sealed", False)))
                 segment = Segment(replica=replica, directory=sdir, log=None)
                 try:
-                    lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg)
+                    lg = self._open_found(queue, seg)
                 except CorruptLog as exc:
                     log.error("segment %s/%d is corrupt and will not be served: %s", queue, seg, exc)
                     segment.corrupt = exc
@@ -128,21 +132,48 @@ class SegmentStore:
                 if replica.sealed:
                     park(segment)
 
-    def create(self, queue: str, seg: int, fenced_epoch: int, *, state: QueueState | None = None) -> Segment:
+    def _open_found(self, queue: str, seg: int) -> seglog.SegmentLog:
+        """The log of a segment folder found at start. A folder without its log is a creation
+        cut short (the process was killed between the two): it holds nothing, and is opened as
+        the empty log it would have had a moment later (then frozen like every segment held
+        open before a restart), not a reason to refuse to start."""
+        try:
+            return seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg)
+        except SegmentNotFound:
+            log.warning("segment %s/%d: its folder has no log (its creation was cut short); recovered empty",
+                        queue, seg)
+            return seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
+
+    def create(self, queue: str, seg: int, fenced_epoch: int, *, state: QueueState | None = None,
+               timing: FirstWrite | None = None) -> Segment:
         """A new, empty, writable segment (or the one another thread created meanwhile).
         ``state``: the queue's state just read from ZooKeeper, if the caller has it (one read
-        less on a new segment's first write: the failover path)."""
+        less on a new segment's first write: the failover path). ``timing``: the first
+        write's record, given the durations of the steps here (``state``, ``files``)."""
         with self.shared.cv:
             existing = self.shared.segments.get((queue, seg))
             if existing is not None:
                 return existing
         directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
         with self._folder_lock:
+            if state is None:
+                started = time.monotonic()
+                state, _ = self.shared.require_store().load_state(queue)
+                if timing is not None:
+                    timing.step("state", time.monotonic() - started)
+            started = time.monotonic()
             self._claim_queue_folder(queue, state)
-            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)
+            made = seglog.private_dir(directory)
+            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True, sync_dirs=False)
         replica = SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=fenced_epoch)
         segment = Segment(replica=replica, directory=directory, log=lg)
-        write_meta(segment)
+        # The log's and the meta file's names made durable by one sync of the new folder (and
+        # one of the queue's folder for the new folder's name), not one for each file: on a
+        # busy disk every fsync of a folder waits for a journal commit (failover path).
+        write_meta(segment, sync_dir=False)
+        seglog.sync_new_names(directory, made)
+        if timing is not None:
+            timing.step("files", time.monotonic() - started)
         with self.shared.cv:
             existing = self.shared.segments.setdefault((queue, seg), segment)
             self.shared.changed()  # a fetch may be waiting for it
@@ -150,12 +181,10 @@ class SegmentStore:
             lg.close()
         return existing
 
-    def _claim_queue_folder(self, queue: str, st: QueueState | None = None) -> None:
+    def _claim_queue_folder(self, queue: str, st: QueueState) -> None:
         """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
-        incarnation ZooKeeper shows (``st``, else read now; files of a deleted queue of the
-        same name go first)."""
-        if st is None:
-            st, _ = self.shared.require_store().load_state(queue)
+        incarnation ZooKeeper shows (``st``; files of a deleted queue of the same name go
+        first)."""
         held = _folder_incarnation(self.shared.config.data_dir / queue)
         if held == st.incarnation:
             return
@@ -163,6 +192,8 @@ class SegmentStore:
             self.drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
         seglog.private_dir(self.shared.config.data_dir / queue)
         write_json_durably(self.shared.config.data_dir / queue / INCARNATION_FILE, st.incarnation)
+        # The queue folder's own name (a segment's creation syncs only the queue's folder)
+        seglog.sync_dir(self.shared.config.data_dir)
 
     def free_space(self) -> None:
         """Remove the files of every segment no queue needs any more: popped from its consume
@@ -225,19 +256,29 @@ class SegmentStore:
         st, _ = self.shared.require_store().load_state(queue)
         return st.segment(seg), st.producer_epoch
 
-    def for_write(self, queue: str, seg: int, epoch: int) -> Segment:
+    def for_write(self, queue: str, seg: int, epoch: int, *, state: QueueState | None = None,
+                  timing: FirstWrite | None = None, placed: Callable[[], None] | None = None) -> Segment:
         """Master: the segment a producer writes; created only if ZooKeeper says it is this
         group's open segment, fenced at the queue's current epoch (so a stale producer that
-        never saw the takeover cannot write to a segment opened after it)."""
+        never saw the takeover cannot write to a segment opened after it). ``state``: the
+        queue's state the caller just read (else read here); ``placed()`` is called once
+        ZooKeeper's placement is checked, before the segment is created."""
         with self.shared.cv:
             s = self.shared.segments.get((queue, seg))
         if s is not None:
             return s
-        st, _ = self.shared.require_store().load_state(queue)
+        st = state
+        if st is None:
+            started = time.monotonic()
+            st, _ = self.shared.require_store().load_state(queue)
+            if timing is not None:
+                timing.step("state", time.monotonic() - started)
         z = st.segment(seg)
         if z is None or z.gid != self.shared.config.gid or z.status is not SegStatus.OPEN:
             raise SegmentNotWritable(self.shared.address, queue, seg, "not this group's open segment in ZooKeeper")
-        s = self.create(queue, seg, st.producer_epoch, state=st)
+        if placed is not None:
+            placed()
+        s = self.create(queue, seg, st.producer_epoch, state=st, timing=timing)
         with self.shared.cv:
             s.replica.check_epoch(epoch)
         return s
@@ -260,10 +301,10 @@ class SegmentStore:
                 "folder existed (a new disk): it cannot tell what was acked there; ask its peer")
         return self.create(queue, seg, 0)
 
-    def for_replica(self, queue: str, seg: int) -> Segment:
+    def for_replica(self, queue: str, seg: int, timing: FirstWrite | None = None) -> Segment:
         with self.shared.cv:
             s = self.shared.segments.get((queue, seg))
-        return s if s is not None else self.create(queue, seg, 0)
+        return s if s is not None else self.create(queue, seg, 0, timing=timing)
 
 
 def park(s: Segment) -> None:
@@ -289,12 +330,14 @@ def read_meta(directory: Path) -> dict[str, Any]:
 _META_LOCK = threading.Lock()
 
 
-def write_meta(s: Segment) -> None:
-    """Persist fence and seal state (atomic rename, synced) before they are acted on."""
+def write_meta(s: Segment, *, sync_dir: bool = True) -> None:
+    """Persist fence and seal state (atomic rename, synced) before they are acted on.
+    ``sync_dir`` False: the caller syncs the segment's folder (the new name) itself."""
     with _META_LOCK:  # the state is read under it too, so the last write holds the latest
         r = s.replica
         write_json_durably(s.directory / META_FILE,
-                            {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end})
+                           {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end},
+                           sync_dir=sync_dir)
 
 
 def _is_queue_folder(path: Path) -> bool:
@@ -312,8 +355,9 @@ def _folder_incarnation(qdir: Path) -> str | None:
         return None
 
 
-def write_json_durably(path: Path, obj: Any) -> None:
-    """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced."""
+def write_json_durably(path: Path, obj: Any, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``obj`` as JSON: temporary file synced, renamed, folder synced
+    (unless ``sync_dir`` is False: then the caller syncs the folder before relying on it)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -322,8 +366,5 @@ def write_json_durably(path: Path, obj: Any) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    if sync_dir:
+        seglog.sync_dir(path.parent)

@@ -17,6 +17,7 @@ import attrs
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.config import BrokerConfig
+from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
 from ordq.common.errors import BrokerUnavailable, CorruptLog, OrdqError
 from ordq.common.loop import LoopThread, Signal
@@ -37,6 +38,8 @@ class Segment:
     io_lock: threading.Lock = attrs.field(factory=threading.Lock)
     reconciled: bool = False  # matches ZooKeeper's sealed end (or nothing to reconcile yet)
     first_write_ms: int = 0  # master: wall clock of the first batch it accepted (0: none yet)
+    # The timing of the first write that created this segment here (first_write.py), until reported
+    first_write: FirstWrite | None = None
 
     @property
     def key(self) -> tuple[str, int]:

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ordq.broker_group.epochs import EpochGate
+from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import Placement, Refused, Role
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
@@ -39,6 +40,8 @@ class ProduceStreamState:
     pending: list[tuple[Segment, Placement]] = attrs.field(factory=list)
     error: OrdqError | None = None
     done: bool = False
+    # A new segment's first ack was taken: its timing, for the handler to log once written
+    first_write: FirstWrite | None = None
 
 
 class WritePath:
@@ -78,25 +81,55 @@ class WritePath:
         return (self.epochs.knows(queue, epoch, key) and queue in self._message_limits
                 and (queue, seg) in self.shared.segments)
 
-    def _prepare_write(self, queue: str, seg: int, epoch: int, key: str = "") -> None:
+    def _prepare_write(self, queue: str, seg: int, epoch: int, key: str = "",
+                       timing: FirstWrite | None = None) -> None:
         """In a worker thread: the ZooKeeper reads a produce request may need first (the
-        epoch ZooKeeper issued and its key, the segment's creation, the queue's message limit)."""
-        self.epochs.check(queue, epoch, key)
+        epoch ZooKeeper issued and its key, the segment's creation, the queue's message limit).
+        ``timing``: a new segment's first write, given each step's duration."""
         if (queue, seg) not in self.shared.segments:
-            self._message_limits.pop(queue, None)  # a new segment reads the queue's config again
-        self.segments.for_write(queue, seg, epoch)
+            self._prepare_segment(queue, seg, epoch, key, timing)
+            return
+        self.epochs.check(queue, epoch, key)
         if queue not in self._message_limits:
             self._message_limits[queue] = self.shared.require_store().queue_config(queue).max_message_bytes
+
+    def _prepare_segment(self, queue: str, seg: int, epoch: int, key: str, timing: FirstWrite | None) -> None:
+        """A new segment's first write (after a failover or a roll: on a producer's way to its
+        next ack). What it needs from ZooKeeper comes in one round trip: the queue's state
+        (synced first when the epoch is not known here: it says the issued epoch and key, and
+        whether the segment is this group's open one) and its message limit (read again for a
+        new segment). Once ZooKeeper placed the segment here, the slave is told to create its
+        copy while this master creates its own (``ReplicationLink.announce``)."""
+        started = time.monotonic()
+        st, queue_config = self.shared.require_store().state_and_config(
+            queue, sync=not self.epochs.knows(queue, epoch, key))
+        if timing is not None:
+            timing.step("zk", time.monotonic() - started)
+        self.epochs.check(queue, epoch, key, read=lambda: (st.producer_epoch, st.producer_key))
+        self._message_limits[queue] = queue_config.max_message_bytes
+        self.segments.for_write(queue, seg, epoch, state=st, timing=timing,
+                                placed=lambda: self.shared.loop.call_soon(self._announce, queue, seg))
+
+    def _announce(self, queue: str, seg: int) -> None:
+        """On the loop: have the slave create its copy of a new segment now (master only)."""
+        if self.replication is not None:
+            self.replication.announce(queue, seg)
 
     async def accept_produce(self, stream: ProduceStreamState, req: pb.ProduceRequest) -> None:
         """Master, on the loop: place each batch, queue it for the slave and the local sync."""
         if self.shared.config.role is not Role.MASTER:
             raise ConfigError(f"this is the slave of group {self.shared.config.gid}: producers write to the master")
         headers = [self._checked_header(raw) for raw in req.batches]
+        timing: FirstWrite | None = None  # the first write of a segment new here: timed (first_write.py)
         # The epoch key on every request, not only the first: nothing is stored without it.
         while not self._write_ready(req.queue, req.seg, req.epoch, req.epoch_key):
-            await self.shared.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch, req.epoch_key)
+            if timing is None and (req.queue, req.seg) not in self.shared.segments:
+                timing = FirstWrite(req.queue, req.seg, time.monotonic())
+            await self.shared.loop.run_blocking(self._prepare_write, req.queue, req.seg, req.epoch, req.epoch_key,
+                                                timing)
         s = self.shared.segments[(req.queue, req.seg)]
+        if timing is not None:
+            timing.ready = time.monotonic()
         self._check_message_sizes(req.queue, req.batches)
         link = self.replication
         # Just after start the slave stream may still be connecting: a short wait spares
@@ -134,6 +167,9 @@ class WritePath:
                     self.shared.stats.messages_in += h.count
                     self.shared.stats.bytes_in += len(raw)
                 stream.pending.append((s, p))
+            if timing is not None and s.first_write is None:
+                timing.placed = time.monotonic()
+                s.first_write = timing
             if s.pending and s not in self._dirty:
                 self._dirty.append(s)
             self._dirty_cv.notify()  # the sync thread
@@ -184,10 +220,15 @@ class WritePath:
             # such a batch in a TCP buffer past the seal and the removal (issue 28's lab).
             raise ConfigError(f"replicated batch at offset {headers[0].first_offset} of {short(queue)}/{seg}: "
                               "no copy of that segment here")
+        timing: FirstWrite | None = None
         if s is None:
-            s = await self.shared.loop.run_blocking(self.segments.for_replica, queue, seg)
+            timing = FirstWrite(queue, seg, time.monotonic())
+            s = await self.shared.loop.run_blocking(self.segments.for_replica, queue, seg, timing)
+            timing.ready = time.monotonic()
         accepted: list[bytes] = []
         with self.shared.cv:
+            if timing is not None and s.first_write is None:
+                s.first_write = timing
             # The master's LAC counts only what this copy reported synced: one past what this
             # copy holds (with this request's batches) is not a LAC but a lie, and taking it
             # would let readers of this copy see batches the master never had acked.
@@ -322,6 +363,8 @@ class WritePath:
                 s.replica.synced(end)
                 self.shared.stats.syncs += 1
                 self.shared.stats.batches_synced += len(batches)
+                if s.first_write is not None and s.first_write.synced is None:
+                    s.first_write.synced = time.monotonic()
             else:
                 self._fail_segment(s, error or DiskFull("write failed"))
             if error is not None or s.replica.lac != lac or self._held:
@@ -389,6 +432,10 @@ class WritePath:
                 out.append(pb.Ack(seg=s.replica.seg, first_offset=p.first_offset, first_seq=p.first_seq,
                                   count=p.count))
         if n:
+            fw = stream.pending[n - 1][0].first_write
+            if fw is not None and fw.done is None:  # a new segment's first ack: reported by the handler
+                fw.done = time.monotonic()
+                stream.first_write = fw
             del stream.pending[:n]
             self.shared.stats.acks += n
         return out

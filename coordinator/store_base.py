@@ -199,6 +199,27 @@ class ZkBase:
                 raise QueueNotFound(queue) from exc
         return QueueConfig(**json_value(data))
 
+    def state_and_config(self, queue: str, *, sync: bool = False) -> tuple[QueueState, QueueConfig]:
+        """The queue's state and settings in one round trip (the reads pipelined), after a
+        ``sync`` when asked (then a write another client's session just made is seen, as by
+        ``ZkStore.producer_epoch``): what a broker reads for a new segment's first write."""
+        state_path, config_path = self.paths.state(queue), self.paths.queue(queue)
+
+        def once() -> tuple[bytes, bytes]:
+            synced = self.client.sync_async(state_path) if sync else None
+            state = self.client.get_async(state_path)
+            config = self.client.get_async(config_path)
+            if synced is not None:
+                self._wait(synced)
+            return self._wait(state)[0], self._wait(config)[0]
+
+        with self._errors():
+            try:
+                state_data, config_data = self._retry.copy()(once)
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return parse_state(queue, state_data), QueueConfig(**json_value(config_data))
+
     def load_state(self, queue: str, *, watch: Callable[[Any], None] | None = None) -> tuple[QueueState, int]:
         """The queue's state and the znode version to write it back against; ``watch`` is
         called once on the next change (pass the same callable each time: kazoo keeps a set)."""

@@ -85,16 +85,24 @@ class GroupRecords(ZkBase):
         raise ConflictError(f"group {gid!r}: gave up registering the {role} after 50 conflicting writes")
 
     def live_members(self, gid: str) -> dict[str, LiveInfo]:
-        out: dict[str, LiveInfo] = {}
-        with self._errors():
-            for role in ROLES:
+        """The group's live processes by role. Both liveness nodes are read in one round trip
+        (pipelined; a producer's failover looks its new head's master up this way)."""
+
+        def both() -> dict[str, LiveInfo]:
+            asked = [(role, self.client.get_async(self.paths.live(gid, role))) for role in ROLES]
+            out: dict[str, LiveInfo] = {}
+            for role, request in asked:
                 try:
-                    data, _ = self._read(self.client.get_async, self.paths.live(gid, role))
+                    data, _ = self._wait(request)
                 except NoNodeError:
                     continue
                 d = json_value(data)
                 out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"])
-        return out
+            return out
+
+        with self._errors():
+            found: dict[str, LiveInfo] = self._retry.copy()(both)
+        return found
 
     def live_groups(self, gids: tuple[str, ...] | list[str]) -> frozenset[str]:
         """The groups among ``gids`` whose master and slave are both live."""

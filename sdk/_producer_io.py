@@ -42,6 +42,7 @@ from ordq.common.errors import (
 )
 from ordq.sdk._futures import SendFuture
 from ordq.sdk._producer_core import PendingBatch
+from ordq.sdk._producer_types import FailoverTimes
 from ordq.wire.transport import Ack, AsyncProduceStream
 
 if TYPE_CHECKING:
@@ -142,6 +143,8 @@ class ProducerIO:
         self._tokens_since: float | None = None
         # (gid, seg) whose missed ack deadline was forgiven once: the head was still live
         self._graced: tuple[str | None, int | None] | None = None
+        # The failover under way, step by step, until its first ack (then ``last_failover``)
+        self._fo: FailoverTimes | None = None
 
     def _require_store(self) -> ZkStore:
         raise NotImplementedError
@@ -281,7 +284,10 @@ class ProducerIO:
         """On the loop: open the produce stream to ``gid``'s master for ``seg``; its acks are
         read by a task of its own."""
         assert self._aio is not None and self._core is not None
+        new_channel = not self._aio.has_channel(address)
         stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch, self._epoch_key)
+        if self._fo is not None:
+            self._fo = attrs.evolve(self._fo, new_channel=new_channel, opened_at=time.monotonic())
         with self._mutex:
             self._stream, self._gid, self._seg = stream, gid, seg
             self._seg_bytes, self._seg_started, self._rolling = 0, None, False
@@ -320,6 +326,10 @@ class ProducerIO:
                     self._fail_locked(stream, BrokerUnavailable(f"group {self._gid}", str(exc)))
                     break
                 self._last = (ack.last_seq, ack.seg, ack.first_offset + ack.count - 1)
+                if self._fo is not None:  # the first ack after a failover: its steps are known now
+                    self._stats.last_failover = attrs.evolve(self._fo, sent_at=stream.first_write_at,
+                                                             acked_at=time.monotonic())
+                    self._fo = None
                 self._tokens_since = None
                 self._count_for_roll(done)
                 self._stats.acked += ack.count
@@ -371,6 +381,7 @@ class ProducerIO:
             return
         self._failure = exc
         self._lock.notify_all()
+        self._fo = FailoverTimes(from_gid=self._gid, from_seg=self._seg, failed_at=time.monotonic())
         self._spawn(self._handle_failure(exc))
 
     async def _handle_failure(self, failure: BaseException) -> None:
@@ -456,10 +467,12 @@ class ProducerIO:
         cfg = self.config
         deadline = time.monotonic() + cfg.no_group_timeout_s
         pause = _COORDINATION_AGAIN_S[0]
+        self._failover_step(asked_at=time.monotonic())
         while True:
             left = max(deadline - time.monotonic(), 0.1)
             try:
                 st = self._require_coordinator().fail_over(cfg.queue, gid, seg, epoch, self._epoch_key, wait_s=left)
+                self._failover_step(answered_at=time.monotonic())
             except CoordinationUnavailable as exc:
                 # The coordinator's ZooKeeper did not answer (a lost quorum, a starved box): no
                 # refusal, the same as ZooKeeper away anywhere else. Ask again until the bound
@@ -477,7 +490,9 @@ class ProducerIO:
             if open_seg is None:
                 raise NoGroupAvailable(cfg.queue, "the coordinator found no writable group")
             try:
-                return open_seg.gid, open_seg.seg, self._master_address(open_seg.gid)
+                address = self._master_address(open_seg.gid)
+                self._failover_step(head_at=time.monotonic(), gid=open_seg.gid, seg=open_seg.seg)
+                return open_seg.gid, open_seg.seg, address
             except BrokerUnavailable:
                 if time.monotonic() > deadline:
                     raise
@@ -486,9 +501,10 @@ class ProducerIO:
                 # before we fail over from it too: no walk down the whole send list, sealing a
                 # segment on every group, in one burst (issue 26).
                 now = time.monotonic()
-                address = self._wait_master(open_seg.gid, min(self._pacing.ack_timeout(now), deadline - now))
-                if address is not None:
-                    return open_seg.gid, open_seg.seg, address
+                waited = self._wait_master(open_seg.gid, min(self._pacing.ack_timeout(now), deadline - now))
+                if waited is not None:
+                    self._failover_step(head_at=time.monotonic(), gid=open_seg.gid, seg=open_seg.seg)
+                    return open_seg.gid, open_seg.seg, waited
                 gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
             except CoordinationUnavailable:
                 # ZooKeeper away while we look up the new head's master: try again (the
@@ -496,6 +512,12 @@ class ProducerIO:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    def _failover_step(self, **times: Any) -> None:
+        """Worker thread (the loop awaits it meanwhile): note a step of the failover under way."""
+        with self._mutex:
+            if self._fo is not None:
+                self._fo = attrs.evolve(self._fo, **times)
 
     def _wait_master(self, gid: str, timeout_s: float) -> str | None:
         """Worker thread: the address of ``gid``'s master once it is live, within ``timeout_s``."""

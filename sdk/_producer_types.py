@@ -69,6 +69,38 @@ class StoredMessage:
     message_error: str | None = None
 
 
+@attrs.frozen
+class FailoverTimes:
+    """The steps of a producer's last failover (or roll) to a new segment, each when it
+    happened, in ``time.monotonic()`` seconds (one clock for every process of the machine,
+    so they lie beside a broker's ``first write`` log line). None: not reached (yet)."""
+
+    from_gid: str | None
+    from_seg: int | None
+    failed_at: float  # the stream's failure seen (broken, refused, no ack within the deadline)
+    asked_at: float | None = None  # the coordinator's FailOver (or the follow of a roll) asked
+    answered_at: float | None = None  # its last answer: the new head and segment
+    head_at: float | None = None  # the new head's master address known (a ZooKeeper read)
+    gid: str | None = None
+    seg: int | None = None
+    new_channel: bool = False  # no channel to that master's address before: one was opened
+    opened_at: float | None = None  # the new produce stream made
+    sent_at: float | None = None  # its first request handed to gRPC (connected, written)
+    acked_at: float | None = None  # its first ack read
+
+    def spans_ms(self) -> dict[str, float]:
+        """Each step's duration after the one before it, in ms, for the steps reached."""
+        out: dict[str, float] = {}
+        prev = self.failed_at
+        for name in ("asked_at", "answered_at", "head_at", "opened_at", "sent_at", "acked_at"):
+            at = getattr(self, name)
+            if at is None:
+                continue
+            out[name.removesuffix("_at")] = round((at - prev) * 1000, 1)
+            prev = at
+        return out
+
+
 @attrs.define
 class ProducerStats:
     sent: int = 0
@@ -79,3 +111,4 @@ class ProducerStats:
     epoch: int = 0
     seg: int | None = None
     head: str | None = None
+    last_failover: FailoverTimes | None = None  # set at the first ack on the new segment

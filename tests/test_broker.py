@@ -437,3 +437,21 @@ def test_read_streams_each_range_once_from_where_the_last_ended_until_quiet(grou
         assert not last.batches and last.sealed and last.readable_end == 70
     finally:
         ch.close()
+
+
+def test_a_broker_killed_between_a_segment_folder_and_its_log_starts_again(group: Group) -> None:
+    """A kill -9 while a segment was being created (the bench's 1,000 idle queues: the daemon
+    seals ~300 of them on a killed group's slave and restarted master at once) can leave its
+    folder without ``segment.log``. Such a copy holds nothing: the broker starts, recovers it
+    as the empty copy it would have been a moment later, and never writes it (held open
+    before the restart). Before, the start failed with "queue 'q' has no segment 7"."""
+    produce(group, 0, batches=1, per_batch=5)  # the queue's folder exists
+    group.procs.master.kill()
+    cut_short = seglog.segment_dir(group.procs.master.data_dir, Q, 7)
+    cut_short.mkdir(mode=0o700)
+    wait_until(lambda: "master" not in group.store.live_members("g1"), what="master's liveness gone")
+    group.procs.master.start()
+    assert (cut_short / seglog.SEGMENT_FILE).exists()
+    info = group.transport.segment_info(group.address("master"), Q, 7)
+    assert info.end == 0 and info.frozen
+    assert len(stored(group.procs.master.data_dir)) == 5  # segment 0 as it was

@@ -89,3 +89,28 @@ def test_state_from_before_keys_lets_any_key_pass() -> None:
     gate.check("q", 2, "anything")
     with pytest.raises(EpochNotIssued):
         gate.check("q", 3, "")
+
+
+def test_a_read_handed_in_replaces_the_lookup_and_is_judged_the_same() -> None:
+    """A new segment's first write reads the epoch with the queue's state in one round trip
+    (``WritePath._prepare_segment``): that read is judged as the gate's own lookup is, and
+    the next claim equal to it takes the hot path."""
+
+    def no_lookup(_q: str) -> tuple[int, str | None]:
+        raise AssertionError("looked up although a read was handed in")
+
+    gate = EpochGate(no_lookup)
+    reads = []
+
+    def read() -> tuple[int, str | None]:
+        reads.append(1)
+        return 5, _hash("k")
+
+    with pytest.raises(FencedError):
+        gate.check("q", 4, "k", read=read)
+    with pytest.raises(EpochNotIssued):
+        gate.check("q", 5, "other", read=read)
+    gate.check("q", 5, "k", read=read)
+    n = len(reads)
+    gate.check("q", 5, "k", read=read)  # cached: the read is not called
+    assert len(reads) == n and gate.knows("q", 5, "k")

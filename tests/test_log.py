@@ -518,3 +518,24 @@ def test_iter_file_batches_survives_the_file_shrinking(tmp_path: Path, read_size
     os.truncate(path, len(raws[0]) + 10)  # batch 1 is cut in the middle
     rest = list(it)
     assert [h.first_offset for h, _ in rest] in ([], [1, 2])  # [1, 2]: already read ahead
+
+
+def test_a_created_segment_syncs_every_folder_that_got_a_new_name_and_only_those(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new file's name (its folder), the new folder's (the queue's folder) and, when the
+    queue's folder is new too, its name in the data folder: each synced once. A second segment
+    of the same queue leaves the data folder alone (a failover's way to its first ack)."""
+    synced: list[Path] = []
+    real = log_mod._fsync_dir
+    monkeypatch.setattr(log_mod, "_fsync_dir", lambda p: (synced.append(Path(p)), real(p)))
+    with SegmentLog.open(tmp_path, "q", 0, create=True):
+        pass
+    assert sorted(synced) == sorted([segment_dir(tmp_path, "q", 0), tmp_path / "q", tmp_path])
+    synced.clear()
+    with SegmentLog.open(tmp_path, "q", 1, create=True):
+        pass
+    assert sorted(synced) == sorted([segment_dir(tmp_path, "q", 1), tmp_path / "q"])
+    synced.clear()
+    with SegmentLog.open(tmp_path, "q", 2, create=True, sync_dirs=False):
+        pass
+    assert synced == []

@@ -136,6 +136,9 @@ class StubCache(Generic[C, S]):
                 stub = self._stubs[address] = self._make_stub(ch)
             return stub
 
+    def has(self, address: str) -> bool:
+        return address in self._stubs
+
     def close(self) -> list[C]:
         with self._lock:
             self._closed = True

@@ -13,6 +13,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -36,6 +37,10 @@ class AioTransport:
 
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
         return self._stubs.get(address)
+
+    def has_channel(self, address: str) -> bool:
+        """Is a channel to ``address`` open already (a stream there needs no new connection)?"""
+        return self._stubs.has(address)
 
     def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "") -> AioProduceStream:
         return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
@@ -71,6 +76,7 @@ class AioProduceStream:
         self._pending: list[bytes] = []
         self._wake: asyncio.Future[None] | None = None
         self._closed = False
+        self.first_write_at: float | None = None  # monotonic: the first request handed to gRPC
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     def send(self, batches: Sequence[bytes]) -> None:
@@ -91,6 +97,8 @@ class AioProduceStream:
                 for chunk in chunks(batches, REQUEST_BYTES):
                     await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
                                                              epoch_key=self.epoch_key, batches=chunk))
+                if self.first_write_at is None:  # once per stream: a failover's timing (FailoverTimes)
+                    self.first_write_at = time.monotonic()
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # the call failed or ended: read_acks reports why
 

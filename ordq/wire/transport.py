@@ -99,6 +99,9 @@ class AsyncProduceStream(Protocol):
     """``ProduceStream`` on an event loop: ``send`` never waits; ``read_acks`` returns the
     acks of the next response, in order, and ends by raising an OrdqError."""
 
+    # time.monotonic() when its first request was handed to the transport (None: not yet)
+    first_write_at: float | None
+
     def send(self, batches: Sequence[bytes]) -> None: ...
 
     async def read_acks(self) -> list[Ack]: ...
