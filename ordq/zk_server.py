@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import ssl
@@ -56,6 +57,10 @@ JVM_OPTIONS = (
     "-Dorg.slf4j.simpleLogger.showDateTime=true",
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
 )
+# ZooKeeper's own variable for extra server JVM flags (its zkServer.sh reads it): given after
+# JVM_OPTIONS, so a flag there wins (a bigger -Xmx). The tests set -XX:TieredStopAtLevel=1
+# (tests/conftest.py): their servers live seconds to minutes.
+JVM_FLAGS_ENV = "SERVER_JVMFLAGS"
 # Ports are chosen below the kernel's ephemeral range (32768+ on Linux): a port there may be
 # taken as the source port of some outgoing connection between a node's stop and its restart.
 _PORT_RANGE = (12000, 32000)
@@ -391,7 +396,8 @@ class ZkServer:
     def _argv(self, i: int) -> list[str]:
         java = self._java_path() or self._java or "java"
         classpath = ":".join((ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR, *(NETTY_JARS if self.tls else ())))
-        return [java, *JVM_OPTIONS, "-cp", classpath, MAIN_CLASS, str(self._node_dir(i) / "zoo.cfg")]
+        extra = shlex.split(os.environ.get(JVM_FLAGS_ENV, ""))
+        return [java, *JVM_OPTIONS, *extra, "-cp", classpath, MAIN_CLASS, str(self._node_dir(i) / "zoo.cfg")]
 
     def _check_installed(self) -> None:
         hint = f"install Debian's packages: apt-get install {APT_PACKAGES} (or run: make system-deps)"

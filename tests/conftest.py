@@ -47,6 +47,15 @@ os.environ[OWNER_ENV] = owner_token()
 os.environ["ORDQ_CREDENTIALS"] = os.path.join(tempfile.mkdtemp(prefix="ordq-creds-"), "credentials.json")
 os.environ.pop("ORDQ_TOKEN", None)
 
+# Every JVM this run starts lives seconds to minutes on tiny inputs: the C1 JIT only, for Spark's
+# driver (SPARK_SUBMIT_OPTS: also the sessions a doc makes itself, and `ordq verify --follow`,
+# which keep full JIT as products) and for ZooKeeper servers (SERVER_JVMFLAGS, ordq/zk_server.py).
+# The C2 compiler spent more CPU compiling than it saved (beside six busy loops, load 15-20):
+# docs/SPARK.md's example 34 -> 18 CPU s, `ordq verify --follow` to seq 1000 27 -> 15, a
+# ZooKeeper serving 4,000 requests 3.1 -> 1.9. Appended to: a flag set outside wins.
+for _name in ("SPARK_SUBMIT_OPTS", "SERVER_JVMFLAGS"):
+    os.environ[_name] = " ".join(("-XX:TieredStopAtLevel=1", os.environ.get(_name, ""))).strip()
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -35,12 +35,18 @@ def znode_value(server: ZkServer, path: str, value: bytes | None = None) -> byte
         client.close()
 
 
-def test_standalone_start_status_kill_restart_destroy(make_zk) -> None:
+def test_standalone_start_status_kill_restart_destroy(make_zk, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ZooKeeper's SERVER_JVMFLAGS come after ordq's own JVM options (a flag there wins), split as
+    # a shell would
+    monkeypatch.setenv("SERVER_JVMFLAGS", "-XX:TieredStopAtLevel=1 -Dordq.test='a b'")
     server = make_zk()
     server.start()
     [st] = server.status()
     assert (st.node, st.myid, st.mode, st.state) == (0, 1, "standalone", "standalone")
     assert st.pid is not None and server.connection_string == f"127.0.0.1:{st.port}"
+    argv = Path(f"/proc/{st.pid}/cmdline").read_text().split("\0")
+    assert argv[len(zk_module.JVM_OPTIONS) + 1:][:3] == ["-XX:TieredStopAtLevel=1", "-Dordq.test=a b", "-cp"]
+    assert argv[1:len(zk_module.JVM_OPTIONS) + 1] == list(zk_module.JVM_OPTIONS)
     assert server.leader() == 0
     assert znode_value(server, "/kept", b"v1") == b"v1"
 
