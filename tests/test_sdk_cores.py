@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -382,6 +384,7 @@ class _FailOverStub:
         io.config = ProducerConfig(zk_hosts="127.0.0.1:2181", queue="q", no_group_timeout_s=no_group_timeout_s)
         io._gid, io._seg, io._core, io._epoch_key, io._closed = "g1", 0, Core(), "key", False  # type: ignore[assignment]
         io._pacing = FailoverPacing(io.config.send_timeout_s)
+        io._mutex, io._fo = threading.RLock(), None  # no failover timing recorded here
         io._require_coordinator = lambda: self.coordinator  # type: ignore[method-assign]
         io._require_store = lambda: store  # type: ignore[method-assign]
         self.io = io
