@@ -157,10 +157,7 @@ class SegmentStore:
         directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
         with self._folder_lock:
             if state is None:
-                started = time.monotonic()
-                state, _ = self.shared.require_store().load_state(queue)
-                if timing is not None:
-                    timing.step("state", time.monotonic() - started)
+                state = self._read_state(queue, timing)
             started = time.monotonic()
             self._claim_queue_folder(queue, state)
             made = seglog.private_dir(directory)
@@ -180,6 +177,15 @@ class SegmentStore:
         if existing is not segment:
             lg.close()
         return existing
+
+    def _read_state(self, queue: str, timing: FirstWrite | None) -> QueueState:
+        """The queue's state from ZooKeeper now; ``timing``: a first write, given the read's
+        duration as its ``state`` step."""
+        started = time.monotonic()
+        st, _ = self.shared.require_store().load_state(queue)
+        if timing is not None:
+            timing.step("state", time.monotonic() - started)
+        return st
 
     def _claim_queue_folder(self, queue: str, st: QueueState) -> None:
         """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
@@ -267,12 +273,7 @@ class SegmentStore:
             s = self.shared.segments.get((queue, seg))
         if s is not None:
             return s
-        st = state
-        if st is None:
-            started = time.monotonic()
-            st, _ = self.shared.require_store().load_state(queue)
-            if timing is not None:
-                timing.step("state", time.monotonic() - started)
+        st = state if state is not None else self._read_state(queue, timing)
         z = st.segment(seg)
         if z is None or z.gid != self.shared.config.gid or z.status is not SegStatus.OPEN:
             raise SegmentNotWritable(self.shared.address, queue, seg, "not this group's open segment in ZooKeeper")
