@@ -136,10 +136,15 @@ class SegmentStore:
         """The log of a segment folder found at start. A folder without its log is a creation
         cut short (the process was killed between the two): it holds nothing, and is opened as
         the empty log it would have had a moment later (then frozen like every segment held
-        open before a restart), not a reason to refuse to start."""
+        open before a restart), not a reason to refuse to start. Only an empty folder is
+        one: the log is created before anything else in it, so a folder holding other files
+        (``meta.json``) had a log that is gone, and an empty copy of it could let a seal with
+        its peer away cut acked batches off; that start still fails (SegmentNotFound)."""
         try:
             return seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg)
         except SegmentNotFound:
+            if any(seglog.segment_dir(self.shared.config.data_dir, queue, seg).iterdir()):
+                raise
             log.warning("segment %s/%d: its folder has no log (its creation was cut short); recovered empty",
                         queue, seg)
             return seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True)

@@ -24,6 +24,7 @@ from ordq.common.errors import (
     BrokerUnavailable,
     ConfigError,
     EpochNotIssued,
+    ExternalProcessError,
     FencedError,
     MessageTooLarge,
     OrdqError,
@@ -455,3 +456,22 @@ def test_a_broker_killed_between_a_segment_folder_and_its_log_starts_again(group
     info = group.transport.segment_info(group.address("master"), Q, 7)
     assert info.end == 0 and info.frozen
     assert len(stored(group.procs.master.data_dir)) == 5  # segment 0 as it was
+
+
+def test_a_segment_folder_whose_log_is_gone_is_not_recovered_as_an_empty_copy(group: Group) -> None:
+    """Only an empty folder is a creation cut short: the log is made before anything else in
+    it. A folder that holds its meta file but no log lost a log that may have held acked
+    batches; an empty copy of it could let a seal with its peer away cut them off. The broker
+    refuses to start on it, as it did before cut-short folders were recovered."""
+    produce(group, 0, batches=1, per_batch=5)
+    group.procs.master.kill()
+    lost = seglog.segment_dir(group.procs.master.data_dir, Q, 7)
+    lost.mkdir(mode=0o700)
+    (lost / "meta.json").write_text(json.dumps({"fenced_epoch": 1, "sealed": False, "sealed_end": None}))
+    wait_until(lambda: "master" not in group.store.live_members("g1"), what="master's liveness gone")
+    with pytest.raises(ExternalProcessError):
+        group.procs.master.start()
+    assert not (lost / seglog.SEGMENT_FILE).exists()
+    (lost / "meta.json").unlink()  # as an operator would after looking: now a cut-short creation
+    group.procs.master.start()
+    assert group.transport.segment_info(group.address("master"), Q, 7).end == 0
