@@ -52,8 +52,13 @@ class LoopThread:
         return threading.current_thread() is self._thread
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop, from any thread (never waits)."""
-        self.loop.call_soon_threadsafe(fn, *args)
+        """Run ``fn(*args)`` on the loop, from any thread (never waits). Dropped once the loop
+        is closed (``stop``): nothing runs there any more, and a thread finishing late (a
+        producer's roll answered after ``close``) must not die of it."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result (from another thread only)."""
@@ -121,10 +126,7 @@ class Signal:
         if self._lt.in_loop:
             self._fire()
         else:
-            try:
-                self._lt.loop.call_soon_threadsafe(self._fire)
-            except RuntimeError:
-                pass  # the loop is closed: nobody waits any more
+            self._lt.call_soon(self._fire)  # dropped when the loop is closed: nobody waits any more
 
     def _fire(self) -> None:
         waiters, self._waiters = self._waiters, set()
