@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ordq.common.errors import CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
+from ordq.common.errors import ConfigError, CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
 from ordq.common.security import Credentials, StubCache, channel, token_metadata
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.state import Cursor, QueueState
@@ -34,6 +34,7 @@ from ordq.coordinator.state import Cursor, QueueState
 DEFAULT_TIMEOUT_S = 10.0
 _RETRY_PAUSE_S = (0.02, 0.05, 0.1, 0.2)  # between attempts while no coordinator answers
 _ELECTION_CHECK_S = 0.5  # a call unanswered this long reads the election again (then every as long)
+_ASK_TIMEOUT_S = 2.0  # bootstrap mode: one coordinator's answer to "who leads"
 _MOVED = object()  # _answer: another coordinator leads now
 
 
@@ -51,19 +52,43 @@ class Claimed:
     state: QueueState
 
 
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    """The coordinator addresses of a bootstrap list ("host:port,host:port" or a sequence);
+    ConfigError when it names none or one is not host:port."""
+    items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"bad coordinator address {item!r} in the bootstrap list: expected host:port")
+        if item not in out:
+            out.append(item)
+    if not out:
+        raise ConfigError("the bootstrap list names no coordinator (host:port[,host:port...])")
+    return out
+
+
 class CoordinatorClient:
     """Calls to the elected coordinator. Thread-safe; ``close()`` closes the channels.
 
-    ``zk``: a ZkStore, or a kazoo client (then give ``paths``) — only read, to find the
-    leader. ``credentials``: TLS files and token, as for the brokers."""
+    Found either from ``bootstrap`` (coordinator addresses, as Kafka's ``bootstrap.servers``:
+    any of them names the others and the leader, ``Coordinators``; clients hold no ZooKeeper
+    session) or, for the processes that are the cluster, from ``zk``: a ZkStore, or a kazoo
+    client (then give ``paths``) — only read, to find the leader. ``credentials``: TLS files
+    and token, as for the brokers."""
 
-    def __init__(self, zk: Any, paths: Paths | None = None, credentials: Credentials | None = None, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, zk: Any = None, paths: Paths | None = None, credentials: Credentials | None = None, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, bootstrap: str | Sequence[str] | None = None) -> None:
+        if (zk is None) == (bootstrap is None):
+            raise TypeError("CoordinatorClient needs either zk or bootstrap")
         self._zk = getattr(zk, "client", zk)
         paths = paths or getattr(zk, "paths", None)
-        if paths is None:
+        if zk is not None and paths is None:
             raise TypeError("CoordinatorClient needs paths with a kazoo client")
         self.paths = paths
+        self._known = parse_bootstrap(bootstrap) if bootstrap is not None else []
+        self._bootstrap = list(self._known)
+        self._next = 0  # where the next look for the leader starts in ``_known``
         self.credentials = credentials or Credentials()
         self.timeout_s = timeout_s
         self._md = token_metadata(self.credentials)
@@ -85,13 +110,40 @@ class CoordinatorClient:
 
     def leader(self) -> str:
         """The elected coordinator's address as the election says now ("" when none leads)."""
+        self.resolves += 1
+        if self._zk is None:
+            return self._ask_leader()
         from ordq.coordinator.service import leader_address
 
-        self.resolves += 1
+        assert self.paths is not None
         try:
             return leader_address(self._zk, self.paths.coordinator_leader, timeout_s=2.0)
         except Exception:  # noqa: BLE001 - ZooKeeper away: the caller retries until its deadline
             return ""
+
+    def _ask_leader(self) -> str:
+        """Bootstrap mode: ask the known coordinators in turn who contends (the leader first);
+        the first answer also refreshes the known list. "" when none answers."""
+        pb = self._pb()
+        known = list(self._known)
+        for i in range(len(known)):
+            address = known[(self._next + i) % len(known)]
+            try:
+                res = self._stub(address).Coordinators(pb.CoordinatorsRequest(), timeout=_ASK_TIMEOUT_S,
+                                                         metadata=self._md)
+            except Exception:  # noqa: BLE001 - down or not serving: the next one
+                continue
+            self._next = (self._next + i) % len(known)
+            answered = [a for a in res.addresses if a]
+            self._known = answered + [a for a in self._bootstrap if a not in answered]
+            return answered[0] if answered else ""
+        self._next = (self._next + 1) % max(len(known), 1)
+        return ""
+
+    @property
+    def coordinators(self) -> list[str]:
+        """The coordinator addresses this client knows (bootstrap mode), the leader first once asked."""
+        return list(self._known)
 
     def _open_channel(self, address: str) -> Any:
         from ordq.wire.framing import GRPC_OPTIONS
@@ -198,12 +250,17 @@ class CoordinatorClient:
 
     # -- producer --------------------------------------------------------------------------------
 
-    def claim(self, queue: str, leader_node: str, *, wait_s: float = 30.0, timeout_s: float | None = None) -> Claimed:
-        """After winning the queue's producer election (``leader_node``: the caller's node in
-        it): the next epoch and its key, the open segment fenced at it, where seq continues.
-        ``wait_s``: how long the coordinator may wait for a writable head (NoGroupAvailable)."""
+    def claim(self, queue: str, leader: str | Held, *, wait_s: float = 30.0, timeout_s: float | None = None) -> Claimed:
+        """As the queue's producer leader (``leader``: the producer lease held, or before leases
+        the caller's node in the ZooKeeper election): the next epoch and its key, the open segment
+        fenced at it, where seq continues. ``wait_s``: how long the coordinator may wait for a
+        writable head (NoGroupAvailable)."""
         pb = self._pb()
-        req = pb.ClaimRequest(queue=queue, leader_node=leader_node, timeout_ms=_ms(wait_s))
+        if isinstance(leader, Held):
+            req = pb.ClaimRequest(queue=queue, generation=leader.generation, lease_key=leader.key,
+                                  timeout_ms=_ms(wait_s))
+        else:
+            req = pb.ClaimRequest(queue=queue, leader_node=leader, timeout_ms=_ms(wait_s))
         res = self._call("Claim", req, timeout_s if timeout_s is not None else wait_s + self.timeout_s)
         last = (res.last_seq, res.last_seg, res.last_offset) if res.has_last else None
         return Claimed(epoch=res.epoch, key=res.epoch_key, gid=res.gid, seg=res.seg, last=last,
@@ -239,14 +296,18 @@ class CoordinatorClient:
 
     # -- consumer --------------------------------------------------------------------------------
 
-    def commit(self, queue: str, subscription: str, cursor: Cursor, version: int, holder: str, *,
+    def commit(self, queue: str, subscription: str, cursor: Cursor, version: int, holder: str | Held, *,
                timeout_s: float | None = None) -> int:
         """Write the cursor (forward only) if it is still at ``version`` and ``holder`` (the
-        caller's lock node) leads the subscription's election; the new version. ConflictError
-        when it moved, NotLeader when the holder does not lead."""
+        consumer lease held; before leases the caller's lock node) holds the subscription; the
+        new version. ConflictError when it moved, NotLeader (LeaseLost) when the holder does not."""
         pb = self._pb()
-        req = pb.CommitRequest(queue=queue, subscription=subscription, version=version, holder=holder,
+        req = pb.CommitRequest(queue=queue, subscription=subscription, version=version,
                                cursor_json=json.dumps(cursor.to_dict()).encode())
+        if isinstance(holder, Held):
+            req.generation, req.lease_key = holder.generation, holder.key
+        else:
+            req.holder = holder
         return int(self._call("Commit", req, timeout_s).version)
 
     def subscribe(self, queue: str, subscription: str, start: Sequence[str] = ("earliest",), *,
@@ -263,6 +324,114 @@ class CoordinatorClient:
         pb = self._pb()
         req = pb.SubscriptionRef(queue=queue, subscription=subscription)
         return str(self._call("EnsureParkingQueue", req, timeout_s).queue)
+
+
+    # -- leases (coordinator/leases.py) ------------------------------------------------------
+
+    def acquire(self, kind: str, queue: str, sub: str, holder: str, *, ttl_ms: int = 0, wait_ms: int = 0,
+                timeout_s: float | None = None) -> Held | Refusal:
+        """Ask for a lease (``kind``: producer | consumer | member): Held when granted, else
+        who holds it and when to ask again."""
+        pb = self._pb()
+        req = pb.LeaseRequest(kind=_LEASE_KINDS[kind], queue=queue, subscription=sub, holder=holder,
+                              ttl_ms=ttl_ms, wait_ms=wait_ms)
+        res = self._call("Acquire", req, timeout_s)
+        if not res.granted:
+            return Refusal(holder=res.holder, retry_s=res.retry_ms / 1000.0)
+        return Held(kind=kind, queue=queue, sub=sub, holder=holder, generation=res.generation, key=res.lease_key,
+                    ttl_ms=res.ttl_ms, group_generation=res.group_generation, partitions=tuple(res.partitions))
+
+    def heartbeat(self, lease: Held, *, timeout_s: float | None = None) -> Held:
+        """Renew ``lease``: it as the coordinator has it now (a member's partitions may have
+        changed). LeaseLost when it is not the caller's any more."""
+        res = self._call("Heartbeat", self._lease_request(lease), timeout_s)
+        return attrs.evolve(lease, ttl_ms=res.ttl_ms, group_generation=res.group_generation,
+                            partitions=tuple(res.partitions))
+
+    def release(self, lease: Held, *, timeout_s: float | None = None) -> None:
+        """Give ``lease`` back (a successor may be granted at once)."""
+        self._call("Release", self._lease_request(lease), timeout_s)
+
+    def _lease_request(self, lease: Held) -> Any:
+        pb = self._pb()
+        return pb.LeaseRequest(kind=_LEASE_KINDS[lease.kind], queue=lease.queue, subscription=lease.sub,
+                               holder=lease.holder, generation=lease.generation, lease_key=lease.key)
+
+    # -- what a client reads ---------------------------------------------------------------
+
+    def describe(self, queue: str, *, subscription: str = "", with_config: bool = False, with_live: bool = False,
+                 timeout_s: float | None = None) -> Described:
+        """The queue's state (and settings, its groups' live processes, a subscription's
+        cursor, as asked) as the coordinator reads them from ZooKeeper now."""
+        from ordq.coordinator.store_values import LiveInfo, QueueConfig
+
+        pb = self._pb()
+        req = pb.DescribeRequest(queue=queue, subscription=subscription, with_config=with_config,
+                                 with_live=with_live)
+        res = self._call("Describe", req, timeout_s)
+        live: dict[str, dict[str, LiveInfo]] = {}
+        for p in res.live:
+            live.setdefault(p.gid, {})[p.role] = LiveInfo(address=p.address, incarnation=p.incarnation, pid=0)
+        return Described(
+            state=self._state(res.state_json), version=res.state_version,
+            config=QueueConfig(**json.loads(res.config_json)) if with_config else None,
+            live=live if with_live else None,
+            cursor=Cursor.from_dict(json.loads(res.cursor_json)) if subscription else None,
+            cursor_version=res.cursor_version if subscription else -1)
+
+    def describe_topic(self, topic: str, *, timeout_s: float | None = None) -> Any:
+        """A keyed topic's config (``coordinator.topics.TopicConfig``); TopicNotFound."""
+        from ordq.coordinator.topics import TopicConfig
+
+        res = self._call("Describe", self._pb().DescribeRequest(topic=topic), timeout_s)
+        return TopicConfig(**json.loads(res.topic_json))
+
+    def record(self, lease: Held, op: str, body: Any = None, *, timeout_s: float | None = None) -> Any:
+        """A subscription record kept by its consumer lease holder (``op``: set_blocked,
+        record_parked, update_parked, parked, policy; coordinator/service_leases.py)."""
+        pb = self._pb()
+        req = pb.RecordRequest(queue=lease.queue, subscription=lease.sub, generation=lease.generation,
+                               lease_key=lease.key, op=op, body_json=json.dumps(body).encode())
+        return json.loads(self._call("SubscriptionRecord", req, timeout_s).body_json or b"null")
+
+
+_LEASE_KINDS = {"producer": 1, "consumer": 2, "member": 3}
+
+
+@attrs.frozen
+class Held:
+    """A lease the coordinator granted (coordinator/leases.py): ``key`` is a secret only its
+    holder learns; ``generation`` and ``key`` go with the requests it guards."""
+
+    kind: str
+    queue: str
+    sub: str
+    holder: str
+    generation: int
+    key: str = attrs.field(repr=False)
+    ttl_ms: int
+    group_generation: int = 0  # member leases: the group's generation and this member's partitions
+    partitions: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class Refusal:
+    """A lease not granted: who holds it and in how many seconds to ask again at the soonest."""
+
+    holder: str
+    retry_s: float
+
+
+@attrs.frozen
+class Described:
+    """What Describe answered (None/-1 for what was not asked)."""
+
+    state: QueueState
+    version: int
+    config: Any = None  # QueueConfig
+    live: Any = None  # {gid: {role: LiveInfo}} (pid 0: not told)
+    cursor: Cursor | None = None
+    cursor_version: int = -1
 
 
 def _ms(seconds: float) -> int:

@@ -184,6 +184,7 @@ class CoordinatorDaemon:
             self._wake.set()
 
     def _lead(self) -> None:
+        self.stats.term += 1
         self.stats.is_leader = True
         log.info("coordinator %s elected", self.identifier)
         self._new_term()

@@ -35,6 +35,7 @@ class DaemonStats:
     conflicts: dict[str, int] = attrs.field(factory=dict)  # actions someone else did first
     errors: int = 0
     is_leader: bool = False
+    term: int = 0  # bumped each time this process starts leading (the service's leases follow it)
     # queues whose state does not parse, with why (CorruptState), and how often it was met
     corrupt: dict[str, str] = attrs.field(factory=dict)
     corrupt_seen: int = 0

@@ -7,7 +7,11 @@
     <root>/queues/<q>/subs/<sub>           cursor (JSON), written only with a version check
     <root>/queues/<q>/subs/<sub>/leader    election of the subscription's consumer
     <root>/queues/<t>.p0/subs/<g>/members/<m>  ephemeral: member m of consumer group g of topic t
-    <root>/queues/<q>/producer-leader      election of the queue's producer
+    <root>/queues/<q>/producer-leader      election of the queue's producer (before issue 37)
+    <root>/queues/<q>/leases/producer      the producer lease (coordinator/leases.py), written
+                                           only by the coordinator, like every lease below
+    <root>/queues/<q>/leases/consumer/<sub>          the consumer lease of a subscription
+    <root>/queues/<t>.p0/leases/member/<g>/<m>       member m of consumer group g of topic t
     <root>/coordinator/leader              election of the coordinator daemon
     <root>/topics/<t>                      topic config (JSON, coordinator/topics.py); its
                                            partitions are the queues <t>.p0 .. <t>.p<N-1>
@@ -134,6 +138,21 @@ class Paths:
 
     def producer_leader(self, queue: str) -> str:
         return f"{self.queue(queue)}/producer-leader"
+
+    def leases(self, queue: str) -> str:
+        return f"{self.queue(queue)}/leases"
+
+    def lease(self, kind: str, queue: str, sub: str = "", member: str = "") -> str:
+        """The node of a lease (``kind``: producer | consumer | member)."""
+        base = self.leases(queue)
+        if kind == "producer":
+            return f"{base}/producer"
+        if kind == "consumer":
+            return f"{base}/consumer/{check_name('subscription', sub)}"
+        if kind == "member":
+            group = f"{base}/member/{check_name('group', sub)}"
+            return group if not member else f"{group}/{check_name('member', member)}"
+        raise InvalidName("lease kind", kind, "producer|consumer|member")
 
     @property
     def coordinator_leader(self) -> str:

@@ -51,9 +51,12 @@ from ordq.common.errors import (
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
+from ordq.coordinator.lease_desk import LeaseDesk
+from ordq.coordinator.leases import Kind
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
+from ordq.coordinator.service_leases import LeaseCalls, check_lease
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_base import zk_errors
@@ -67,7 +70,7 @@ log = logging.getLogger("ordq.coordinator.service")
 LEADER_METADATA_KEY = "ordq-leader"
 # RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
 ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
-           "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume"}
+           "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume", "Describe": ANY}
 MAX_WAIT_S = 60.0  # a request's timeout_ms is capped here: a handler thread is never held longer
 
 # (store, queue, subscription, start words) -> (cursor, first seq it delivers or None): resolves
@@ -178,16 +181,20 @@ class _Tokens:
         return authorize(records, token, queue, role)
 
 
-class CoordinatorService:
+class CoordinatorService(LeaseCalls):
     """The ``Coordinator`` servicer and its server. ``is_leader``: whether this process is
-    the elected coordinator now (the daemon's ``stats.is_leader``)."""
+    the elected coordinator now, its ZooKeeper connection up (the daemon's ``stats.is_leader``
+    and its client's state); ``term``: its leadership term (the daemon's ``stats.term``): the
+    leases of a new term are read from ZooKeeper and honoured in full (coordinator/leases.py)."""
 
     def __init__(self, store: ZkStore, *, is_leader: Callable[[], bool], credentials: Credentials | None = None,
                  transport: HeadTransport | None = None, subscriber: Subscriber | None = None,
-                 max_workers: int = 16, requests_first: RequestsFirst | None = None) -> None:
+                 max_workers: int = 16, requests_first: RequestsFirst | None = None,
+                 term: Callable[[], int] | None = None) -> None:
         """``requests_first``: shared with this process's daemon, whose idle work waits while
         an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``)."""
         self.store = store
+        self.leases = LeaseDesk(store, term=term if term is not None else (lambda: 0))
         self.requests_first = requests_first
         self.is_leader = is_leader
         self.credentials = credentials or Credentials()
@@ -253,7 +260,10 @@ class CoordinatorService:
 
     # -- the frame of every call ------------------------------------------------------------
 
-    def _serve(self, rpc: str, queue: str, context: Any, handle: Callable[[TokenRecord | None], Any]) -> Any:
+    def _serve(self, rpc: str, queue: str, context: Any, handle: Callable[[TokenRecord | None], Any], *,
+               role: str | None = None) -> Any:
+        """Count, check leadership, the queue's name and the caller's ``role`` on it (default:
+        ``ROLE_OF[rpc]``), then ``handle(token record)``; every refusal typed on the wire."""
         from ordq.wire.errors import abort_sync
 
         with self._stats_lock:
@@ -264,7 +274,7 @@ class CoordinatorService:
             check_name("queue", queue)
             first = self.requests_first if rpc in URGENT_RPCS else None
             with first.serving() if first is not None else contextlib.nullcontext():
-                answer = handle(self._tokens.check(context, queue, ROLE_OF[rpc]))
+                answer = handle(self._tokens.check(context, queue, role or ROLE_OF[rpc]))
         except OrdqError as exc:
             self._count(rpc, exc)
             extra = ((LEADER_METADATA_KEY, exc.leader),) if isinstance(exc, NotCoordinatorLeader) else ()
@@ -312,7 +322,10 @@ class CoordinatorService:
 
     def _claim(self, req: Any) -> Any:
         q = req.queue
-        self._check_first(q, self.store.paths.producer_leader(q), req.leader_node, "producer election")
+        if req.lease_key or not req.leader_node:
+            check_lease(self.leases, Kind.PRODUCER, q, "", req.generation, req.lease_key, "produce")
+        else:  # a client from before leases (issue 37), in its ZooKeeper election
+            self._check_first(q, self.store.paths.producer_leader(q), req.leader_node, "producer election")
         key = secrets.token_urlsafe(32)
         digest = key_hash(key)
         # Epoch and key in one write: there is no moment the new epoch is usable without the key.
@@ -408,13 +421,20 @@ class CoordinatorService:
             cursor = Cursor.from_dict(json.loads(req.cursor_json))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"bad cursor: {exc}") from exc
-        path = self.store.paths.sub_leader(q, sub)
-        name = req.holder.rpartition("/")[2]
-        if not name or (req.holder.startswith("/") and req.holder.rpartition("/")[0] != path):
-            raise NotLeader(q, sub, "the commit names no lock node of the subscription's election")
-        first = lock_contenders(self.store, path)
-        if not first or first[0] != name:
-            raise NotLeader(q, sub, "its lock node is not the first of the subscription's election")
+        holder: str | tuple[str, int]
+        if req.lease_key or not req.holder:
+            _who, lease_version = check_lease(self.leases, Kind.CONSUMER, q, sub, req.generation, req.lease_key,
+                                              "consume")
+            holder = (self.store.paths.lease(Kind.CONSUMER.value, q, sub), lease_version)
+        else:  # a client from before leases (issue 37), in its ZooKeeper election
+            path = self.store.paths.sub_leader(q, sub)
+            name = req.holder.rpartition("/")[2]
+            if not name or (req.holder.startswith("/") and req.holder.rpartition("/")[0] != path):
+                raise NotLeader(q, sub, "the commit names no lock node of the subscription's election")
+            first = lock_contenders(self.store, path)
+            if not first or first[0] != name:
+                raise NotLeader(q, sub, "its lock node is not the first of the subscription's election")
+            holder = f"{path}/{name}"
         current, version = self.store.get_cursor(q, sub)
         if version != req.version:
             raise ConflictError(f"cursor of {q}/{sub} moved since version {req.version}")
@@ -427,7 +447,7 @@ class CoordinatorService:
         except InvariantViolation as exc:
             raise IllegalTransition("commit", f"cursor {cursor} is outside the consume list: {exc.detail}") from exc
         # The write itself is conditional on the version and on the holder's node existing.
-        new_version = self.store.commit_cursor(q, sub, cursor, version, holder=f"{path}/{name}")
+        new_version = self.store.commit_cursor(q, sub, cursor, version, holder=holder)
         return self._pb.CommitResponse(version=new_version)
 
     def Subscribe(self, request: Any, context: Any) -> Any:  # noqa: N802

@@ -38,6 +38,7 @@ from ordq.coordinator.paths import Paths, check_name
 from ordq.coordinator.state import Cursor, Facts, QueueState
 from ordq.coordinator.store_base import OP_TIMEOUT_S, new_client, raise_first
 from ordq.coordinator.store_create import NewQueue
+from ordq.coordinator.store_leases import LeaseRecords
 from ordq.coordinator.store_subs import SubscriptionRecords
 from ordq.coordinator.store_topics import TopicRecords
 from ordq.coordinator.store_values import QueueConfig, Transition, json_bytes, json_value, parse_state
@@ -56,7 +57,7 @@ class Known:
     group_versions: Mapping[str, int]
 
 
-class ZkStore(TopicRecords, SubscriptionRecords):
+class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
     """ordq's view of one cluster in ZooKeeper (under ``paths.root``): queues and their state
     here; groups (``store_groups``), the creation of queues (``store_create``), keyed topics
     (``store_topics``), cursors (``store_cursors``) and what else a subscription keeps

@@ -86,14 +86,16 @@ class CursorRecords(ZkBase):
                 raise SubscriptionNotFound(queue, sub) from exc
         return Cursor.from_dict(json_value(data)), stat.version
 
-    def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *, holder: str | None = None) -> int:
+    def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *,
+                      holder: str | tuple[str, int] | None = None) -> int:
         """Write the cursor if nobody else did since ``version``; return the new version.
         ConflictError when it moved (another consumer or an admin reset took over).
 
         ``holder``: the committer's lock node (an ephemeral node of its session). The write
         then applies only while that node exists, in the same transaction, so a consumer whose
         session expired cannot move the cursor, not even after kazoo opened a new session for
-        it: NotLeader instead."""
+        it: NotLeader instead. A ``(lease node, version)`` pair: the write applies only while the
+        consumer lease's node is at that version (no grant since: coordinator/store_leases.py)."""
         path, data = self.paths.sub(queue, sub), json_bytes(cursor.to_dict())
         for _ in range(50):
             try:
@@ -113,7 +115,8 @@ class CursorRecords(ZkBase):
                 # it did not: write it again
         raise CoordinationUnavailable(f"cursor of {queue}/{sub}: 50 writes lost on the way to ZooKeeper")
 
-    def _write_cursor(self, queue: str, sub: str, path: str, data: bytes, version: int, holder: str | None) -> int:
+    def _write_cursor(self, queue: str, sub: str, path: str, data: bytes, version: int,
+                      holder: str | tuple[str, int] | None) -> int:
         if holder is None:
             try:
                 return int(self._wait(self.client.set_async(path, data, version=version)).version)
@@ -122,11 +125,16 @@ class CursorRecords(ZkBase):
             except NoNodeError as exc:
                 raise SubscriptionNotFound(queue, sub) from exc
         tx = self.client.transaction()
-        tx.check(holder, -1)  # -1: any version; fails only when the node is gone
+        if isinstance(holder, tuple):
+            tx.check(holder[0], holder[1])  # the lease node, as at its grant
+        else:
+            tx.check(holder, -1)  # -1: any version; fails only when the node is gone
         tx.set_data(path, data, version=version)
         results = self._wait(tx.commit_async())
         if not any(isinstance(r, Exception) for r in results):
             return int(results[1].version)
+        if isinstance(results[0], BadVersionError):
+            raise NotLeader(queue, sub, "its consumer lease was granted again since")
         if isinstance(results[0], NoNodeError):
             raise NotLeader(queue, sub, "its lock node is gone: the session expired")
         if isinstance(results[1], BadVersionError):

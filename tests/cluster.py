@@ -55,7 +55,7 @@ from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Pro
 from ordq.sdk._consumer_types import ConsumerStats
 from ordq.sdk._producer_types import ProducerStats
 from ordq.wire.client import GrpcTransport
-from ordq.zk_server import ZkServer
+from ordq.zk_server import ZkServer, free_ports
 from tests.helpers.load import AckRec, ConsumerProgram, DeliveryRec, ProducerProgram, delivery_of, make_payload
 from tests.util import wait_until
 
@@ -67,6 +67,7 @@ SESSION_TIMEOUT_S = 1.0  # brokers (ZooKeeper here ticks every 200 ms, so 1 s is
 # the fault a test injected).
 CLIENT_SESSION_TIMEOUT_S = 2.0
 SEND_TIMEOUT_S = 1.0  # producer ack deadline in these tests
+COORDINATOR_SLOTS = 4  # coordinator ports a test cluster reserves (its bootstrap list)
 
 log = logging.getLogger("tests.cluster")
 _CLUSTER = pytest.StashKey["Cluster"]()
@@ -75,12 +76,15 @@ _PLUGIN_NAME = "ordq-cluster-log-tails"
 
 
 def start_coordinator(name: str, hosts: str, root: str, run_dir: Path, *, interval_s: float = 0.2,
-                      session_timeout_s: float = 1.0) -> ManagedProcess:
+                      session_timeout_s: float = 1.0, listen: str | None = None) -> ManagedProcess:
     """A coordinator process (daemon and service) on a test cluster, serving once it returns:
     producers and consumers ask it (issue 23). It finds its certificate next to the CA
-    registered for ``hosts`` and ``root``; the caller stops it."""
+    registered for ``hosts`` and ``root``; the caller stops it. ``listen``: where its service
+    answers (default: any port)."""
     argv = [sys.executable, "-m", "ordq.cli", "--zk", hosts, "--root", root, "coordinator", "run",
             "--metrics", "127.0.0.1:0", "--interval", str(interval_s), "--session-timeout", str(session_timeout_s)]
+    if listen is not None:
+        argv += ["--listen", listen]
     proc = ManagedProcess(name, argv, run_dir=run_dir, env={"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
                           cwd=REPO)
     proc.start()
@@ -105,6 +109,10 @@ class Cluster:
         self._threads: list[LoadProducer | LoadConsumer] = []
         self.coordinators: list[ManagedProcess] = []
         self._stand_in: ManagedProcess | None = None  # started by create_queue, until the test starts its own
+        # Clients find the coordinators by address only (issue 37): each coordinator of this
+        # cluster listens on one of these ports, so ``bootstrap`` names every one it may run.
+        self.coordinator_ports = free_ports(COORDINATOR_SLOTS)
+        self._coordinator_port: dict[str, int] = {}  # name -> its port
 
     # -- brokers -------------------------------------------------------------------------------
 
@@ -216,10 +224,25 @@ class Cluster:
             program.go()
         return program
 
+    @property
+    def bootstrap(self) -> str:
+        """The coordinators' addresses, as a client is given them (``host:port,...``)."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.coordinator_ports)
+
     def start_daemon(self, name: str, *, interval_s: float = 0.2, session_timeout_s: float = 1.0) -> ManagedProcess:
-        """A coordinator process (daemon and service; its session as short as the brokers')."""
+        """A coordinator process (daemon and service; its session as short as the brokers'), on
+        its port of ``coordinator_ports`` (the same again when a name is started again)."""
+        port = self._coordinator_port.get(name)
+        if port is None:
+            taken = {self._coordinator_port[p.name] for p in self.coordinators
+                     if p.alive() and p.name in self._coordinator_port}
+            free = [p for p in self.coordinator_ports if p not in taken and p not in self._coordinator_port.values()]
+            free = free or [p for p in self.coordinator_ports if p not in taken]
+            if not free:
+                raise RuntimeError(f"more than {COORDINATOR_SLOTS} coordinators at once in one test cluster")
+            port = self._coordinator_port[name] = free[0]
         proc = start_coordinator(name, self.hosts, self.root, self.run_dir, interval_s=interval_s,
-                                 session_timeout_s=session_timeout_s)
+                                 session_timeout_s=session_timeout_s, listen=f"127.0.0.1:{port}")
         self.programs.append(proc)
         self.coordinators.append(proc)
         stand_in, self._stand_in = self._stand_in, None

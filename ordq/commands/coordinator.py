@@ -129,7 +129,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One process, one GIL: the daemon's idle work waits while a producer's FailOver or Claim
     # is served (coordinator/pacing.py).
     requests_first = RequestsFirst()
-    service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader,
+    # Leads only while elected and its election's session is connected: a coordinator cut off
+    # from ZooKeeper renews no lease its successor may be about to grant (coordinator/leases.py).
+    service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader
+                                 and bool(holder[0].store.client.connected),
+                                 term=lambda: holder[0].stats.term if holder else 0,
                                  credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first)
     address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.

@@ -27,6 +27,7 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── FencedError                       a higher producer epoch took over: stop
     ├── EpochNotIssued                    a writer claimed a producer epoch ZooKeeper never issued
     ├── NotLeader                         this consumer lost its subscription's lease: stop
+    │   └── LeaseLost                     the coordinator granted the lease to another (the SDK rejoins)
     ├── GapDetected                       a seq is missing in delivery: stop and alarm
     ├── HandlerError                      keyed delivery: the application's handler raised
     ├── PartitionNotLed                   a topic's key routes to a partition this producer does not lead
@@ -246,6 +247,20 @@ class NotLeader(OrdqError):
                          f"subscription's leader ({reason}); it stopped delivering")
         self.queue = queue
         self.subscription = subscription
+        self.reason = reason
+
+
+class LeaseLost(NotLeader):
+    """The coordinator no longer counts this client as the holder of its lease (``kind``:
+    producer, consumer or member; ``name``: the subscription or group, "" for a producer):
+    another generation was granted after it expired, or it was released. The SDK's clients
+    rejoin by themselves (a new Acquire); only a final refusal ends them."""
+
+    def __init__(self, kind: str, queue: str, name: str, reason: str) -> None:
+        OrdqError.__init__(self, f"{kind} lease of {queue!r}{'/' + repr(name) if name else ''} lost: {reason}")
+        self.kind = kind
+        self.queue = queue
+        self.subscription = name
         self.reason = reason
 
 

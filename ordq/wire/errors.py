@@ -25,6 +25,7 @@ from ordq.common.errors import (
     EpochNotIssued,
     FencedError,
     IllegalTransition,
+    LeaseLost,
     MessageTooLarge,
     NoGroupAvailable,
     NotCoordinatorLeader,
@@ -159,6 +160,10 @@ def _not_leader(f: dict[str, Any]) -> OrdqError:
     return NotLeader(f["queue"], f["subscription"], f["reason"])
 
 
+def _lease_lost(f: dict[str, Any]) -> OrdqError:
+    return LeaseLost(f["kind"], f["queue"], f["name"], f["reason"])
+
+
 def _timeout(f: dict[str, Any]) -> OrdqError:
     return WaitTimeout(f["message"])
 
@@ -174,6 +179,7 @@ _KINDS: dict[str, tuple[grpc.StatusCode, Any]] = {
     "coordination": (grpc.StatusCode.UNAVAILABLE, _coordination),
     "tokens_unavailable": (grpc.StatusCode.UNAVAILABLE, _tokens_unavailable),
     "not_leader": (grpc.StatusCode.FAILED_PRECONDITION, _not_leader),
+    "lease_lost": (grpc.StatusCode.FAILED_PRECONDITION, _lease_lost),
     "timeout": (grpc.StatusCode.DEADLINE_EXCEEDED, _timeout),
     "fenced": (grpc.StatusCode.FAILED_PRECONDITION, _fenced),
     "epoch_not_issued": (grpc.StatusCode.PERMISSION_DENIED, _not_issued),
@@ -229,6 +235,8 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
         return "no_group", {"queue": exc.queue, "detail": str(exc).partition("for writes: ")[2]}
     if isinstance(exc, CoordinationUnavailable):
         return "coordination", {"message": str(exc)}
+    if isinstance(exc, LeaseLost):
+        return "lease_lost", {"kind": exc.kind, "queue": exc.queue, "name": exc.subscription, "reason": exc.reason}
     if isinstance(exc, NotLeader):
         return "not_leader", {"queue": exc.queue, "subscription": exc.subscription, "reason": exc.reason}
     if isinstance(exc, WaitTimeout):

@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class LeaseKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEASE_KIND_UNSPECIFIED: _ClassVar[LeaseKind]
+    PRODUCER: _ClassVar[LeaseKind]
+    CONSUMER: _ClassVar[LeaseKind]
+    MEMBER: _ClassVar[LeaseKind]
+LEASE_KIND_UNSPECIFIED: LeaseKind
+PRODUCER: LeaseKind
+CONSUMER: LeaseKind
+MEMBER: LeaseKind
 
 class SegmentRef(_message.Message):
     __slots__ = ("queue", "seg")
@@ -186,6 +198,122 @@ class HealthResponse(_message.Message):
     stats_json: str
     def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., incarnation: _Optional[str] = ..., slave_connected: _Optional[bool] = ..., stats_json: _Optional[str] = ...) -> None: ...
 
+class LeaseRequest(_message.Message):
+    __slots__ = ("kind", "queue", "subscription", "holder", "generation", "lease_key", "ttl_ms", "wait_ms")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: LeaseKind
+    queue: str
+    subscription: str
+    holder: str
+    generation: int
+    lease_key: str
+    ttl_ms: int
+    wait_ms: int
+    def __init__(self, kind: _Optional[_Union[LeaseKind, str]] = ..., queue: _Optional[str] = ..., subscription: _Optional[str] = ..., holder: _Optional[str] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class LeaseResponse(_message.Message):
+    __slots__ = ("granted", "generation", "lease_key", "ttl_ms", "holder", "retry_ms", "group_generation", "partitions")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    generation: int
+    lease_key: str
+    ttl_ms: int
+    holder: str
+    retry_ms: int
+    group_generation: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, granted: _Optional[bool] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ..., retry_ms: _Optional[int] = ..., group_generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("queue", "subscription", "with_config", "with_live", "topic")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    WITH_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    WITH_LIVE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    subscription: str
+    with_config: bool
+    with_live: bool
+    topic: str
+    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., with_config: _Optional[bool] = ..., with_live: _Optional[bool] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class LiveProcess(_message.Message):
+    __slots__ = ("gid", "role", "address", "incarnation")
+    GID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    gid: str
+    role: str
+    address: str
+    incarnation: str
+    def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("state_json", "state_version", "config_json", "live", "cursor_json", "cursor_version", "topic_json")
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_JSON_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_JSON_FIELD_NUMBER: _ClassVar[int]
+    state_json: bytes
+    state_version: int
+    config_json: bytes
+    live: _containers.RepeatedCompositeFieldContainer[LiveProcess]
+    cursor_json: bytes
+    cursor_version: int
+    topic_json: bytes
+    def __init__(self, state_json: _Optional[bytes] = ..., state_version: _Optional[int] = ..., config_json: _Optional[bytes] = ..., live: _Optional[_Iterable[_Union[LiveProcess, _Mapping]]] = ..., cursor_json: _Optional[bytes] = ..., cursor_version: _Optional[int] = ..., topic_json: _Optional[bytes] = ...) -> None: ...
+
+class CoordinatorsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CoordinatorsResponse(_message.Message):
+    __slots__ = ("addresses",)
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RecordRequest(_message.Message):
+    __slots__ = ("queue", "subscription", "generation", "lease_key", "op", "body_json")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    BODY_JSON_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    subscription: str
+    generation: int
+    lease_key: str
+    op: str
+    body_json: bytes
+    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., op: _Optional[str] = ..., body_json: _Optional[bytes] = ...) -> None: ...
+
+class RecordResponse(_message.Message):
+    __slots__ = ("body_json",)
+    BODY_JSON_FIELD_NUMBER: _ClassVar[int]
+    body_json: bytes
+    def __init__(self, body_json: _Optional[bytes] = ...) -> None: ...
+
 class QueueRef(_message.Message):
     __slots__ = ("queue",)
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -201,14 +329,18 @@ class SubscriptionRef(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("queue", "leader_node", "timeout_ms")
+    __slots__ = ("queue", "leader_node", "timeout_ms", "generation", "lease_key")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     LEADER_NODE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     leader_node: str
     timeout_ms: int
-    def __init__(self, queue: _Optional[str] = ..., leader_node: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    generation: int
+    lease_key: str
+    def __init__(self, queue: _Optional[str] = ..., leader_node: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
     __slots__ = ("epoch", "epoch_key", "gid", "seg", "has_last", "last_seq", "last_seg", "last_offset", "state_json")
@@ -269,18 +401,22 @@ class StateResponse(_message.Message):
     def __init__(self, state_json: _Optional[bytes] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("queue", "subscription", "cursor_json", "version", "holder")
+    __slots__ = ("queue", "subscription", "cursor_json", "version", "holder", "generation", "lease_key")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CURSOR_JSON_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     subscription: str
     cursor_json: bytes
     version: int
     holder: str
-    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., cursor_json: _Optional[bytes] = ..., version: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+    generation: int
+    lease_key: str
+    def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., cursor_json: _Optional[bytes] = ..., version: _Optional[int] = ..., holder: _Optional[str] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("version",)

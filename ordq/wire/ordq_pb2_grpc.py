@@ -558,6 +558,36 @@ class CoordinatorStub:
                 request_serializer=ordq_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
                 response_deserializer=ordq_dot_wire_dot_ordq__pb2.QueueRef.FromString,
                 _registered_method=True)
+        self.Acquire = channel.unary_unary(
+                '/ordq.v1.Coordinator/Acquire',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.LeaseResponse.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/ordq.v1.Coordinator/Heartbeat',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.LeaseResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/ordq.v1.Coordinator/Release',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.LeaseResponse.FromString,
+                _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/ordq.v1.Coordinator/Describe',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.DescribeResponse.FromString,
+                _registered_method=True)
+        self.Coordinators = channel.unary_unary(
+                '/ordq.v1.Coordinator/Coordinators',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.CoordinatorsRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.CoordinatorsResponse.FromString,
+                _registered_method=True)
+        self.SubscriptionRecord = channel.unary_unary(
+                '/ordq.v1.Coordinator/SubscriptionRecord',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.RecordRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.RecordResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -631,6 +661,54 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Acquire(self, request, context):
+        """Leases (DESIGN §5 Leases; coordinator/leases.py): producer leadership of a queue (role
+        produce), consumer leadership of a subscription and membership of a consumer group (role
+        consume). Granted only once the previous holder's lease expired on the coordinator's clock
+        plus a margin, or was released; kept by Heartbeat on the client's channel. A lease's
+        generation and key go with the requests it guards (Claim, Commit, SubscriptionRecord).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Describe(self, request, context):
+        """What a client reads of a queue (any role on it): its state, settings, the live processes
+        of its groups and, when a subscription is named, its cursor. Clients hold no ZooKeeper
+        session: this is how they learn what the coordinator keeps there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Coordinators(self, request, context):
+        """The coordinators' addresses, so a client refreshes its bootstrap list (any caller with
+        the client certificate).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubscriptionRecord(self, request, context):
+        """A subscription's records that its lease holder keeps (role consume + the consumer lease):
+        the alarm of a blocked message and the ledger of parked ones (sdk/parking.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -673,6 +751,36 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.EnsureParkingQueue,
                     request_deserializer=ordq_dot_wire_dot_ordq__pb2.SubscriptionRef.FromString,
                     response_serializer=ordq_dot_wire_dot_ordq__pb2.QueueRef.SerializeToString,
+            ),
+            'Acquire': grpc.unary_unary_rpc_method_handler(
+                    servicer.Acquire,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.LeaseRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.LeaseResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.LeaseRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.LeaseResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.LeaseRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.LeaseResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.DescribeRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.DescribeResponse.SerializeToString,
+            ),
+            'Coordinators': grpc.unary_unary_rpc_method_handler(
+                    servicer.Coordinators,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.CoordinatorsRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.CoordinatorsResponse.SerializeToString,
+            ),
+            'SubscriptionRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubscriptionRecord,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.RecordRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.RecordResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -899,6 +1007,168 @@ class Coordinator:
             '/ordq.v1.Coordinator/EnsureParkingQueue',
             ordq_dot_wire_dot_ordq__pb2.SubscriptionRef.SerializeToString,
             ordq_dot_wire_dot_ordq__pb2.QueueRef.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Acquire(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Acquire',
+            ordq_dot_wire_dot_ordq__pb2.LeaseRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.LeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Heartbeat',
+            ordq_dot_wire_dot_ordq__pb2.LeaseRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.LeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Release',
+            ordq_dot_wire_dot_ordq__pb2.LeaseRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.LeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Describe',
+            ordq_dot_wire_dot_ordq__pb2.DescribeRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Coordinators(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Coordinators',
+            ordq_dot_wire_dot_ordq__pb2.CoordinatorsRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.CoordinatorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscriptionRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/SubscriptionRecord',
+            ordq_dot_wire_dot_ordq__pb2.RecordRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.RecordResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,212 @@
+"""The coordinator service's calls for clients that hold no ZooKeeper session (issue 37): leases
+(Acquire, Heartbeat, Release), what a client reads (Describe, Coordinators) and the records a
+consumer keeps (SubscriptionRecord). A part of ``CoordinatorService`` (coordinator/service.py),
+which frames every call: leadership, the token's role on the queue, typed refusals, counts.
+
+Guarantee: a lease is granted, renewed and checked only by the elected coordinator while its
+ZooKeeper connection is up (``is_leader`` says both), through ``lease_desk.LeaseDesk``; a
+refused renewal is ``LeaseLost``. Describe reads what the caller's token may read on that queue
+and nothing else (no other queue, no token record, no ACL).
+
+Rules: imports ``ordq.wire`` only inside functions (as service.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+from kazoo.exceptions import NoNodeError
+
+from ordq.common.errors import ConfigError, OrdqError, PermissionDenied
+from ordq.coordinator.lease_desk import Grant, LeaseDesk
+from ordq.coordinator.leases import Kind, LeaseName
+from ordq.coordinator.paths import check_name
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_cursors import LOCK_NODE
+from ordq.coordinator.tokens import TokenRecord
+from ordq.coordinator.topics import partition_queue
+
+# LeaseKind on the wire (proto enum numbers) -> our kind and the role its holder needs.
+_KINDS = {1: (Kind.PRODUCER, "produce"), 2: (Kind.CONSUMER, "consume"), 3: (Kind.MEMBER, "consume")}
+
+
+def lease_name(req: Any) -> tuple[LeaseName, str]:
+    """The lease a LeaseRequest names and the role it needs; ConfigError when malformed."""
+    kind, role = _KINDS.get(int(req.kind), (None, ""))
+    if kind is None:
+        raise ConfigError(f"unknown lease kind {int(req.kind)}")
+    check_name("queue", req.queue)
+    if kind is Kind.PRODUCER:
+        return LeaseName(kind, req.queue), role
+    check_name("subscription" if kind is Kind.CONSUMER else "group", req.subscription)
+    if kind is Kind.MEMBER:  # kept with the topic's partition 0, whose consume grant it needs
+        check_name("topic", req.queue)
+        return LeaseName(kind, partition_queue(req.queue, 0), req.subscription, check_name("member", req.holder)), role
+    return LeaseName(kind, req.queue, req.subscription), role
+
+
+def coordinator_addresses(client: Any, path: str, *, timeout_s: float = 5.0) -> list[str]:
+    """Every contending coordinator's address (what follows the last '@' of its identifier),
+    the leader first: what a client refreshes its bootstrap list with."""
+    try:
+        children = client.get_children_async(path).get(timeout=timeout_s)
+    except NoNodeError:
+        return []
+    out: list[str] = []
+    for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
+        try:
+            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
+        except NoNodeError:
+            continue
+        ident = data.decode("utf-8", "replace") if data else ""
+        if "@" in ident and (address := ident.rpartition("@")[2]) not in out:
+            out.append(address)
+    return out
+
+
+class LeaseCalls:
+    """Acquire, Heartbeat, Release, Describe, Coordinators, SubscriptionRecord."""
+
+    store: ZkStore
+    leases: LeaseDesk
+    _pb: Any
+
+    def _serve(self, rpc: str, queue: str, context: Any, handle: Any, *, role: str | None = None) -> Any:
+        raise NotImplementedError  # CoordinatorService's frame
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def Acquire(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        name, role = lease_name(request)
+        return self._serve("Acquire", name.queue, context, lambda _rec: self._acquire(name, request), role=role)
+
+    def _acquire(self, name: LeaseName, req: Any) -> Any:
+        check_name("holder", req.holder)
+        self._check_exists(name)
+        got = self.leases.acquire(name, req.holder, ttl_ms=req.ttl_ms, hold_s=req.wait_ms / 1000.0)
+        if isinstance(got, Grant):
+            r = got.record
+            return self._pb.LeaseResponse(granted=True, generation=r.generation, lease_key=got.key, ttl_ms=r.ttl_ms)
+        return self._pb.LeaseResponse(granted=False, generation=got.generation, holder=got.holder,
+                                      retry_ms=max(1, int(got.retry_s * 1000)))
+
+    def _check_exists(self, name: LeaseName) -> None:
+        """A lease only of what exists: QueueNotFound, SubscriptionNotFound, TopicNotFound."""
+        if name.kind is Kind.PRODUCER:
+            self.store.queue_config(name.queue)
+        elif name.kind is Kind.CONSUMER:
+            self.store.get_cursor(name.queue, name.sub)
+        elif self.store.queue_config(name.queue).topic is None:
+            raise ConfigError(f"{name.queue!r} is not a partition of a keyed topic")
+
+    def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
+        name, role = lease_name(request)
+
+        def beat(_rec: TokenRecord | None) -> Any:
+            r = self.leases.heartbeat(name, request.generation, request.lease_key)
+            return self._pb.LeaseResponse(granted=True, generation=r.generation, ttl_ms=r.ttl_ms)
+
+        return self._serve("Heartbeat", name.queue, context, beat, role=role)
+
+    def Release(self, request: Any, context: Any) -> Any:  # noqa: N802
+        name, role = lease_name(request)
+
+        def release(_rec: TokenRecord | None) -> Any:
+            self.leases.release(name, request.generation, request.lease_key)
+            return self._pb.LeaseResponse(granted=False, generation=request.generation)
+
+        return self._serve("Release", name.queue, context, release, role=role)
+
+    # -- what clients read -------------------------------------------------------------------
+
+    def Describe(self, request: Any, context: Any) -> Any:  # noqa: N802
+        if request.topic:
+            check_name("topic", request.topic)
+            return self._serve("Describe", partition_queue(request.topic, 0), context,
+                               lambda _rec: self._describe_topic(request.topic))
+        return self._serve("Describe", request.queue, context, lambda _rec: self._describe(request))
+
+    def _describe_topic(self, topic: str) -> Any:
+        cfg = self.store.read_topic(topic)
+        return self._pb.DescribeResponse(topic_json=json.dumps(attrs.asdict(cfg)).encode())
+
+    def _describe(self, req: Any) -> Any:
+        q = req.queue
+        st, version = self.store.load_state(q)
+        out = self._pb.DescribeResponse(state_json=json.dumps(st.to_dict(), sort_keys=True).encode(),
+                                        state_version=version)
+        if req.with_config:
+            out.config_json = json.dumps(attrs.asdict(self.store.queue_config(q))).encode()
+        if req.with_live:
+            for gid in st.groups:
+                for role, info in sorted(self.store.live_members(gid).items()):
+                    out.live.add(gid=gid, role=role, address=info.address, incarnation=str(info.incarnation))
+        if req.subscription:
+            check_name("subscription", req.subscription)
+            cursor, cversion = self.store.get_cursor(q, req.subscription)
+            out.cursor_json = json.dumps(cursor.to_dict()).encode()
+            out.cursor_version = cversion
+        return out
+
+    def Coordinators(self, request: Any, context: Any) -> Any:  # noqa: N802
+        from ordq.wire.errors import abort_sync
+
+        try:
+            addresses = coordinator_addresses(self.store.client, self.store.paths.coordinator_leader)
+        except OrdqError as exc:
+            abort_sync(context, exc)
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper away: the client keeps its list
+            abort_sync(context, OrdqError(f"coordinators unknown now: {type(exc).__name__}", retriable=True))
+        return self._pb.CoordinatorsResponse(addresses=addresses)
+
+    # -- a subscription's records, kept by its lease holder ---------------------------------------
+
+    def SubscriptionRecord(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._serve("SubscriptionRecord", request.queue, context, lambda _rec: self._record(request),
+                           role="consume")
+
+    def _record(self, req: Any) -> Any:
+        q, sub = req.queue, req.subscription
+        check_name("subscription", sub)
+        name = LeaseName(Kind.CONSUMER, q, sub)
+        record, _version = self.leases.check(name, req.generation, req.lease_key)
+        try:
+            body = json.loads(req.body_json) if req.body_json else None
+        except ValueError as exc:
+            raise ConfigError(f"{req.op}: the body is not JSON") from exc
+        result: Any = None
+        if req.op == "set_blocked":
+            if body is not None and not isinstance(body, dict):
+                raise ConfigError("set_blocked: the body is a JSON object or null")
+            self.store.set_blocked(q, sub, body, owner=record.holder)
+        elif req.op == "record_parked":
+            if not isinstance(body, dict) or not isinstance(body.get("seq"), int):
+                raise ConfigError("record_parked: the body is a JSON object with an integer seq")
+            self.store.record_parked(q, sub, body["seq"], body)
+        elif req.op == "update_parked":
+            if not isinstance(body, dict) or not isinstance(body.get("seq"), int) or not isinstance(
+                    body.get("set"), dict):
+                raise ConfigError("update_parked: the body is {\"seq\": N, \"set\": {...}}")
+            changes = body["set"]
+            result = self.store.update_parked(q, sub, body["seq"], lambda r: {**r, **changes})
+        elif req.op == "parked":
+            result = self.store.parked(q, sub)
+        elif req.op == "policy":
+            result = self.store.sub_policy(q, sub)
+        else:
+            raise ConfigError(f"unknown record op {req.op!r}")
+        return self._pb.RecordResponse(body_json=json.dumps(result).encode())
+
+
+def check_lease(desk: LeaseDesk, kind: Kind, queue: str, sub: str, generation: int, key: str,
+                role: str) -> tuple[str, int]:
+    """For Claim and Commit: the holder and lease node version of the caller's lease
+    (PermissionDenied when the request carries none; LeaseLost when not the current holder)."""
+    if not key:
+        raise PermissionDenied(queue, role, f"the request carries no {kind.value} lease")
+    name = LeaseName(kind, queue, sub)
+    record, version = desk.check(name, generation, key)
+    return record.holder, version
+
