@@ -57,7 +57,7 @@ class Reader(threading.Thread):
 
         self.cfg = ConsumerConfig(zk_hosts=ctx.cluster.zk_hosts, root=ctx.cluster.root, queue=ctx.queue,
                                   subscription=SUBSCRIPTION, audit_dir=ctx.run_dir / "audit",
-                                  consumer_id=f"c1-{ctx.queue}", zk_session_timeout_s=ctx.load.session_timeout_s)
+                                  consumer_id=f"c1-{ctx.queue}", lease_ttl_s=ctx.load.session_timeout_s)
         self.delivered = 0
         self.last_seq = -1
         self.end_seq: int | None = None

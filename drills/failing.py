@@ -76,7 +76,7 @@ class FailingConsumer:
         a = self.args
         policy = FailurePolicy(on_failure=a.on_failure, attempts=2, backoff_s=(0.05,))
         cfg = ConsumerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, subscription=a.subscription,
-                             zk_session_timeout_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer,
+                             lease_ttl_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer,
                              on_failure=policy)
         status = StatusWriter(a.status, self.snapshot, a.status_every)
         status.start()

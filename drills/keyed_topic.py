@@ -51,7 +51,7 @@ def produce(args: argparse.Namespace) -> int:
     from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
 
     cfg = TopicProducerConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, audit_dir=args.audit_dir,
-                              send_timeout_s=args.send_timeout, zk_session_timeout_s=args.session_timeout,
+                              send_timeout_s=args.send_timeout, lease_ttl_s=args.session_timeout,
                               producer_id=args.writer)
     acked = 0
     pending: deque[Any] = deque()

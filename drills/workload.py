@@ -165,7 +165,7 @@ class ProducerRun:
 
         a = self.args
         cfg = ProducerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, send_timeout_s=a.send_timeout,
-                             zk_session_timeout_s=a.session_timeout, audit_dir=a.audit_dir, producer_id=a.writer,
+                             lease_ttl_s=a.session_timeout, audit_dir=a.audit_dir, producer_id=a.writer,
                              batching=BatchingConfig(linger_ms=a.linger_ms))
         status = StatusWriter(a.status, self.snapshot, a.status_every)
         status.start()
@@ -253,7 +253,7 @@ class ConsumerRun:
 
         a = self.args
         cfg = ConsumerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, subscription=a.subscription,
-                             zk_session_timeout_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer)
+                             lease_ttl_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer)
         status = StatusWriter(a.status, self.snapshot, a.status_every)
         status.start()
         announce("STARTED")

@@ -202,9 +202,9 @@ class Committer:
 
     def riding_out(self, cursor: Cursor) -> None:
         """Commit ``cursor``, riding out a ZooKeeper or coordinator outage of up to
-        ``zk_outage_s`` as ``poll`` does (the coordinator answers UNAVAILABLE while it cannot
+        ``coordinator_outage_s`` as ``poll`` does (the coordinator answers UNAVAILABLE while it cannot
         reach ZooKeeper); CoordinationUnavailable after that."""
-        deadline = time.monotonic() + self.config.zk_outage_s
+        deadline = time.monotonic() + self.config.coordinator_outage_s
         while True:
             try:
                 self.commit(cursor)

@@ -5,7 +5,7 @@ Guarantee: nothing is handed out unless the lease holds by the consumer's own cl
 moment; a check made before a blocking call (a commit, a read) proves nothing after it, so
 ``before_hand_out`` confirms again after the periodic commit it runs. When the lease is gone
 the consumer raises ``NotLeader``; while ZooKeeper does not answer it hands out nothing, and
-after ``zk_outage_s`` of that raises ``CoordinationUnavailable``.
+after ``coordinator_outage_s`` of that raises ``CoordinationUnavailable``.
 
 Rules: owns the outage clock (since when ZooKeeper has not answered) and the time of the next
 check; never reads, commits or touches the buffer itself (the periodic commit is a callable).
@@ -65,12 +65,12 @@ class LeaseChecks:
         return True
 
     def _unsure_of_zookeeper(self) -> None:
-        """No lease renewal answered for a while: hand out nothing; after ``zk_outage_s`` of
+        """No lease renewal answered for a while: hand out nothing; after ``coordinator_outage_s`` of
         this, raise CoordinationUnavailable."""
         now = time.monotonic()
         if self._zk_down_since is None:
             self._zk_down_since = now
-        if now - self._zk_down_since > self.config.zk_outage_s:
+        if now - self._zk_down_since > self.config.coordinator_outage_s:
             raise CoordinationUnavailable(
                 f"queue {self.config.queue}/{self.config.subscription}: no answer from ZooKeeper for "
                 f"{now - self._zk_down_since:.1f}s; cannot be sure this consumer still leads")
@@ -79,11 +79,11 @@ class LeaseChecks:
 
     def zk_unavailable(self, exc: CoordinationUnavailable) -> None:
         """A read round met a ZooKeeper outage: ``exc`` is raised once it lasted past
-        ``zk_outage_s``, else logged (the round is tried again)."""
+        ``coordinator_outage_s``, else logged (the round is tried again)."""
         now = time.monotonic()
         if self._zk_down_since is None:
             self._zk_down_since = now
-        if now - self._zk_down_since > self.config.zk_outage_s:
+        if now - self._zk_down_since > self.config.coordinator_outage_s:
             raise exc
         log.warning("queue %s/%s: ZooKeeper unavailable for %.1fs, retrying: %s", self.config.queue,
                     self.config.subscription, now - self._zk_down_since, exc)
@@ -98,13 +98,13 @@ class LeaseChecks:
 
     def worker_may_start(self) -> None:
         """Called by a keyed worker before each handler call: returns when the lease is sure,
-        raises NotLeader when it is gone (CoordinationUnavailable after ``zk_outage_s``)."""
+        raises NotLeader when it is gone (CoordinationUnavailable after ``coordinator_outage_s``)."""
         lease = self.lease
         if lease.valid():
             return
-        if lease.wait_valid(self.config.zk_outage_s):
+        if lease.wait_valid(self.config.coordinator_outage_s):
             return
         if lease.lost_reason is not None:
             raise NotLeader(self.config.queue, self.config.subscription, lease.lost_reason)
         raise CoordinationUnavailable(f"queue {self.config.queue}/{self.config.subscription}: lease not "
-                                      f"confirmed by ZooKeeper for {self.config.zk_outage_s}s")
+                                      f"confirmed by ZooKeeper for {self.config.coordinator_outage_s}s")

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
-from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.coordinator.paths import check_name
+from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster
 from ordq.sdk._consumer_core import CommitConfig
 from ordq.sdk.audit import new_writer_id
 from ordq.sdk.failure import FailurePolicy
@@ -22,9 +23,12 @@ from ordq.sdk.failure import FailurePolicy
 
 @attrs.frozen(kw_only=True)
 class ConsumerConfig:
-    zk_hosts: str
     queue: str
     subscription: str
+    # The coordinators' addresses, host:port[,host:port...] (no ZooKeeper: sdk/_cluster.py);
+    # None: those registered for the cluster that zk_hosts and root name (`ordq up` registers).
+    bootstrap: str | None = None
+    zk_hosts: str | None = None
     root: str = "/ordq"
     # Where a new subscription starts: earliest | latest | "seq N" (an application that keeps
     # its position in its own database resumes exactly there) | "time T" (as for sub reset).
@@ -33,20 +37,21 @@ class ConsumerConfig:
     fetch_max_bytes: int = 4 << 20
     fetch_wait_ms: int = 200  # long-poll when nothing is readable
     leader_timeout_s: float | None = None
-    zk_session_timeout_s: float = 2.0
-    # how long start() tries to reach ZooKeeper before CoordinationUnavailable
-    zk_connect_timeout_s: float = 10.0
-    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
-    # poll() rides out a ZooKeeper outage (a lost ensemble node, a re-election) this long,
-    # reading from the replicas it knows, before it raises CoordinationUnavailable
-    zk_outage_s: float = 30.0
+    # The subscription's lease from the coordinator (coordinator/leases.py): renewed every
+    # quarter of it; a dead holder's successor starts about this long after its last renewal.
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    # how long start() tries to reach a coordinator before CoordinationUnavailable
+    connect_timeout_s: float = 10.0
+    # poll() rides out a coordinator outage (a re-election, a partition) this long, reading
+    # from the replicas it knows, before it raises CoordinationUnavailable
+    coordinator_outage_s: float = 30.0
     audit_dir: Path | None = None
     # What ``run(handler)`` does when the handler raises (sdk/failure.py): block, park or
     # raise, after how many attempts, with which waits between them. None: the subscription's
     # policy (``ordq sub policy``), else block with the default ladder.
     on_failure: FailurePolicy | None = None
     consumer_id: str = attrs.field(factory=new_writer_id)
-    # TLS files and token for the brokers (ordq/common/security.py); None: as registered for zk_hosts.
+    # TLS files and token (ordq/common/security.py); None: as registered for the cluster.
     credentials: Credentials | None = None
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
     # ``Consumer.metrics_url``) and/or kept in the application's registry.
@@ -54,21 +59,20 @@ class ConsumerConfig:
     metrics_registry: CollectorRegistry | None = None
 
     def __attrs_post_init__(self) -> None:
-        check_zk_hosts(self.zk_hosts)
+        check_cluster(self.bootstrap, self.zk_hosts, self.root)
         check_name("queue", self.queue)
         check_name("subscription", self.subscription)
-        Paths(self.root)  # InvalidName for a bad root
         from ordq.sdk.positions import parse_reset_target
 
         parse_reset_target(self.start.split())  # ConfigError for a bad start
         if self.fetch_max_bytes < 1024 or self.fetch_wait_ms < 0:
             raise ConfigError("fetch_max_bytes must be >= 1024 and fetch_wait_ms >= 0")
-        if self.zk_outage_s < 0:
-            raise ConfigError("zk_outage_s must be >= 0")
-        if self.zk_session_timeout_s <= 0:
-            raise ConfigError("zk_session_timeout_s must be > 0")
-        if self.zk_connect_timeout_s <= 0:
-            raise ConfigError("zk_connect_timeout_s must be > 0")
+        if self.coordinator_outage_s < 0:
+            raise ConfigError("coordinator_outage_s must be >= 0")
+        if self.lease_ttl_s <= 0:
+            raise ConfigError("lease_ttl_s must be > 0")
+        if self.connect_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s must be > 0")
         if self.leader_timeout_s is not None and self.leader_timeout_s < 0:
             raise ConfigError("leader_timeout_s must be >= 0 or None (wait forever)")
 

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
-from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.coordinator.paths import check_name
+from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster
 from ordq.sdk._producer_core import BatchingConfig
 from ordq.sdk.audit import new_writer_id
 from ordq.wire.batch import Message
@@ -23,35 +24,37 @@ from ordq.wire.batch import Message
 class ProducerConfig:
     """Producer options; every field is keyword-only and validated."""
 
-    zk_hosts: str
     queue: str
+    # The coordinators' addresses, host:port[,host:port...] (no ZooKeeper: sdk/_cluster.py);
+    # None: those registered for the cluster that zk_hosts and root name (`ordq up` registers).
+    bootstrap: str | None = None
+    zk_hosts: str | None = None
     root: str = "/ordq"
     batching: BatchingConfig = BatchingConfig()
     send_timeout_s: float = 2.0  # an unacked batch older than this means the head is gone
     leader_timeout_s: float | None = None  # None: a standby waits until it leads
     no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
-    zk_session_timeout_s: float = 2.0
-    # how long start() tries to reach ZooKeeper before CoordinationUnavailable
-    zk_connect_timeout_s: float = 10.0
-    # ZooKeeper digest credential "user:password" when the root is protected (docs/SECURITY.md)
+    # The producer lease from the coordinator (coordinator/leases.py), renewed every quarter of it.
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    # how long start() tries to reach a coordinator before CoordinationUnavailable
+    connect_timeout_s: float = 10.0
     audit_dir: Path | None = None
     producer_id: str = attrs.field(factory=new_writer_id)
     # Prometheus series (sdk/metrics.py), opt-in: served at HOST:PORT (port 0: any; the URL is
     # ``Producer.metrics_url``) and/or kept in the application's registry.
     metrics_listen: str | None = None
     metrics_registry: CollectorRegistry | None = None
-    # TLS files and token for the brokers (ordq/common/security.py); None: as registered for zk_hosts
-    # in the credentials file (``ordq up`` registers the clusters it starts).
+    # TLS files and token (ordq/common/security.py); None: as registered for the cluster in the
+    # credentials file (``ordq up`` registers the clusters it starts).
     credentials: Credentials | None = None
 
     def __attrs_post_init__(self) -> None:
-        check_zk_hosts(self.zk_hosts)
+        check_cluster(self.bootstrap, self.zk_hosts, self.root)
         check_name("queue", self.queue)
-        Paths(self.root)  # InvalidName for a bad root
-        if self.zk_session_timeout_s <= 0:
-            raise ConfigError("zk_session_timeout_s must be > 0")
-        if self.zk_connect_timeout_s <= 0:
-            raise ConfigError("zk_connect_timeout_s must be > 0")
+        if self.lease_ttl_s <= 0:
+            raise ConfigError("lease_ttl_s must be > 0")
+        if self.connect_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s must be > 0")
         if self.send_timeout_s <= 0 or self.no_group_timeout_s <= 0:
             raise ConfigError("send_timeout_s and no_group_timeout_s must be > 0")
 

@@ -1,6 +1,6 @@
 """How an SDK client starts on ZooKeeper — one way for the producer and the consumer.
 
-Connect within the client's own timeout (``zk_connect_timeout_s``), check its ZooKeeper
+Connect within the client's own timeout (``connect_timeout_s``), check its ZooKeeper
 credential against the cluster's (a wrong one is refused here, before anything is written:
 ZooKeeper itself accepts any digest and refuses only the first write), then run the start's
 steps through ``ZkSteps``, which rides out transient errors with a bound (coordinator/zk_retry.py).

@@ -30,7 +30,7 @@ Cursor commits, creating the subscription, seals, pops and the parking queue are
 the elected coordinator (coordinator/client.py), which checks the consume token and that the
 commit comes from the election's holder. While no coordinator answers the consumer goes on
 delivering; commits wait (tried again every ``COMMIT_RETRY_S``) and ``close`` retries its
-commit up to ``zk_outage_s``.
+commit up to ``coordinator_outage_s``.
 
 The parts (this module is the façade that wires them): ``_consumer_lease`` (lease and the
 checks before handing out), ``_consumer_read`` (reading), ``_consumer_commit`` (delivery and
@@ -140,13 +140,13 @@ class Consumer:
 
     def _start(self) -> None:
         cfg = self.config
-        creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
+        creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
         if self._transport is None:
             from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds, session_timeout_s=cfg.zk_session_timeout_s,
-                                   connect_timeout_s=cfg.zk_connect_timeout_s,
+        self._client, zk = connect(cfg.zk_hosts or "", cfg.root, creds, session_timeout_s=cfg.lease_ttl_s,
+                                   connect_timeout_s=cfg.connect_timeout_s,
                                    who=f"consumer {cfg.queue}/{cfg.subscription}", stopped=lambda: self._closed)
         paths = Paths(cfg.root)
         self._store = store = ZkStore(self._client, paths)
@@ -159,7 +159,7 @@ class Consumer:
                 f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
             )
         self._lease = lease = SessionLease(self._client, f"{self._election.path}/{self._election.node}",
-                                           session_timeout_s=cfg.zk_session_timeout_s)
+                                           session_timeout_s=cfg.lease_ttl_s)
         lease.start()
         cursor, version = zk(lambda: store.get_cursor(cfg.queue, cfg.subscription), "read the cursor")
         handout = self._handout
@@ -223,7 +223,7 @@ class Consumer:
         if self._lease is not None:
             self._lease.stop()
         if self._election is not None and self._client is not None:
-            release_bounded(self._client, self._election, self.config.zk_session_timeout_s)
+            release_bounded(self._client, self._election, self.config.lease_ttl_s)
         if self._coord is not None:
             self._coord.close()
         if self._client is not None:
@@ -337,7 +337,7 @@ class Consumer:
             self._handout.buffer.extend(reader.read_round(timeout_s))
         except CoordinationUnavailable as exc:
             # Reads go on from the replicas we know while ZooKeeper is away; what needs it
-            # (commits, moving on, sealing) is tried again next round, up to zk_outage_s.
+            # (commits, moving on, sealing) is tried again next round, up to coordinator_outage_s.
             # (Handing out waits for the lease: _hand_out_ok.)
             checks.zk_unavailable(exc)
             view.mark_changed()  # read the state again once ZooKeeper answers

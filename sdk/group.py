@@ -61,9 +61,10 @@ from ordq.common.errors import (
 from ordq.common.security import Credentials, lookup
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.group_assign import assign_partitions
-from ordq.coordinator.paths import Paths, check_name, check_zk_hosts
+from ordq.coordinator.paths import Paths, check_name
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.topics import partition_queue
+from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster
 from ordq.sdk._consumer_core import CommitConfig
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._zk_start import connect
@@ -78,16 +79,17 @@ Handler = Callable[[int, Delivered], object]
 
 @attrs.frozen(kw_only=True)
 class GroupConfig:
-    zk_hosts: str
     topic: str
     group: str  # the subscription name on every partition queue
+    bootstrap: str | None = None  # the coordinators (ConsumerConfig's, same meaning)
+    zk_hosts: str | None = None
     root: str = "/ordq"
     member_id: str = attrs.field(factory=new_writer_id)  # unique among the group's live members
     start: str = "earliest"  # where the group's subscriptions start when the first member makes them
     commit: CommitConfig = CommitConfig()
-    zk_session_timeout_s: float = 2.0  # a hung member leaves the group (and its elections) after this
-    zk_connect_timeout_s: float = 10.0
-    zk_outage_s: float = 30.0
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S  # a hung member leaves the group (and its partitions) after this
+    connect_timeout_s: float = 10.0
+    coordinator_outage_s: float = 30.0
     fetch_wait_ms: int = 200
     # A new owner waits this long in a partition's election before it looks again whether the
     # partition is still its own (the old owner is finishing, or its session is expiring).
@@ -98,11 +100,10 @@ class GroupConfig:
     credentials: Credentials | None = None
 
     def __attrs_post_init__(self) -> None:
-        check_zk_hosts(self.zk_hosts)
+        check_cluster(self.bootstrap, self.zk_hosts, self.root)
         check_name("topic", self.topic)
         check_name("subscription", self.group)
         check_name("member", self.member_id)
-        Paths(self.root)
         if self.takeover_poll_s <= 0 or self.workers_per_partition < 1:
             raise ConfigError("takeover_poll_s must be > 0 and workers_per_partition >= 1")
 
@@ -112,10 +113,11 @@ class GroupConfig:
         contender data). A new id for each consumer: the verifier tells consumer instances
         apart by it (one taking a partition back is a new instance, not the old one again)."""
         return ConsumerConfig(
-            zk_hosts=self.zk_hosts, queue=partition_queue(self.topic, partition), subscription=self.group,
+            bootstrap=self.bootstrap, zk_hosts=self.zk_hosts, queue=partition_queue(self.topic, partition),
+            subscription=self.group,
             root=self.root, start=self.start, commit=self.commit, fetch_wait_ms=self.fetch_wait_ms,
-            leader_timeout_s=self.takeover_poll_s, zk_session_timeout_s=self.zk_session_timeout_s,
-            zk_connect_timeout_s=self.zk_connect_timeout_s, zk_outage_s=self.zk_outage_s,
+            leader_timeout_s=self.takeover_poll_s, lease_ttl_s=self.lease_ttl_s,
+            connect_timeout_s=self.connect_timeout_s, coordinator_outage_s=self.coordinator_outage_s,
             audit_dir=self.audit_dir, on_failure=self.on_failure, consumer_id=member_consumer_id(self.member_id,
                                                                                                    partition, tenure),
             credentials=self.credentials)
@@ -253,9 +255,9 @@ class GroupMember:
         """Connect, read the topic, make sure every partition has the group's subscription (the
         coordinator creates what is missing) and join the group. TopicNotFound: no such topic."""
         cfg = self.config
-        creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
-        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds, session_timeout_s=cfg.zk_session_timeout_s,
-                                   connect_timeout_s=cfg.zk_connect_timeout_s,
+        creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
+        self._client, zk = connect(cfg.zk_hosts or "", cfg.root, creds, session_timeout_s=cfg.lease_ttl_s,
+                                   connect_timeout_s=cfg.connect_timeout_s,
                                    who=f"group member {cfg.topic}/{cfg.group}", stopped=lambda: self._closed)
         try:
             self._store = store = ZkStore(self._client, Paths(cfg.root))

@@ -246,7 +246,7 @@ class FailureHandling:
             if self._producer is None:
                 self._ensure_parking_queue()
                 self._producer = Producer(ProducerConfig(zk_hosts=cfg.zk_hosts, root=cfg.root, queue=self.target,
-                                                         zk_session_timeout_s=cfg.zk_session_timeout_s))
+                                                         lease_ttl_s=cfg.lease_ttl_s))
                 self._producer.start()
             producer = self._producer
         headers = [*m.headers, ("x-ordq-parked-from", f"{cfg.queue}/{cfg.subscription}/{m.seq}".encode()),

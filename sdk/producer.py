@@ -123,13 +123,13 @@ class Producer(ProducerIO):
 
     def _start(self) -> None:
         cfg = self.config
-        creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
+        creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
         if self._transport is None:
             from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client, zk = connect(cfg.zk_hosts, cfg.root, creds, session_timeout_s=cfg.zk_session_timeout_s,
-                                   connect_timeout_s=cfg.zk_connect_timeout_s, who=f"producer of {cfg.queue!r}",
+        self._client, zk = connect(cfg.zk_hosts or "", cfg.root, creds, session_timeout_s=cfg.lease_ttl_s,
+                                   connect_timeout_s=cfg.connect_timeout_s, who=f"producer of {cfg.queue!r}",
                                    stopped=lambda: self._closed)
         paths = Paths(cfg.root)
         self._store = store = ZkStore(self._client, paths)
@@ -200,7 +200,7 @@ class Producer(ProducerIO):
             self._metrics.close()
             self._metrics = None
         if self._lease is not None and self._client is not None:
-            release_bounded(self._client, self._lease, self.config.zk_session_timeout_s)
+            release_bounded(self._client, self._lease, self.config.lease_ttl_s)
         if self._coordinator is not None:
             self._coordinator.close()
         if self._client is not None:

@@ -53,16 +53,17 @@ class TopicProducerConfig:
     """Options of a ``TopicProducer``: the topic, the partitions this process leads (None: all),
     and the options each partition's ``Producer`` gets (``ProducerConfig``'s, same meaning)."""
 
-    zk_hosts: str
     topic: str
+    bootstrap: str | None = None  # the coordinators (ProducerConfig's, same meaning)
+    zk_hosts: str | None = None
     root: str = "/ordq"
     partitions: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
     batching: BatchingConfig = BatchingConfig()
     send_timeout_s: float = _default("send_timeout_s")
     leader_timeout_s: float | None = _default("leader_timeout_s")
     no_group_timeout_s: float = _default("no_group_timeout_s")
-    zk_session_timeout_s: float = _default("zk_session_timeout_s")
-    zk_connect_timeout_s: float = _default("zk_connect_timeout_s")
+    lease_ttl_s: float = _default("lease_ttl_s")
+    connect_timeout_s: float = _default("connect_timeout_s")
     audit_dir: Path | None = None
     producer_id: str = attrs.field(factory=new_writer_id)  # partition i's producer is "<id>.p<i>"
     credentials: Credentials | None = None
@@ -77,10 +78,11 @@ class TopicProducerConfig:
     def partition_config(self, partition: int) -> ProducerConfig:
         """The config of the producer of partition ``partition``."""
         return ProducerConfig(
-            zk_hosts=self.zk_hosts, queue=partition_queue(self.topic, partition), root=self.root,
+            bootstrap=self.bootstrap, zk_hosts=self.zk_hosts, queue=partition_queue(self.topic, partition),
+            root=self.root,
             batching=self.batching, send_timeout_s=self.send_timeout_s, leader_timeout_s=self.leader_timeout_s,
-            no_group_timeout_s=self.no_group_timeout_s, zk_session_timeout_s=self.zk_session_timeout_s,
-            zk_connect_timeout_s=self.zk_connect_timeout_s, audit_dir=self.audit_dir,
+            no_group_timeout_s=self.no_group_timeout_s, lease_ttl_s=self.lease_ttl_s,
+            connect_timeout_s=self.connect_timeout_s, audit_dir=self.audit_dir,
             producer_id=f"{self.producer_id}.p{partition}", credentials=self.credentials)
 
 
@@ -126,8 +128,8 @@ class TopicProducer:
         any error nothing is left running."""
         cfg = self.config
         try:
-            creds = cfg.credentials or lookup(cfg.zk_hosts, cfg.root)
-            self._store = store = ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=cfg.zk_session_timeout_s,
+            creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
+            self._store = store = ZkStore.connect(cfg.zk_hosts or "", cfg.root, timeout_s=cfg.lease_ttl_s,
                                                   auth=creds.zk_auth)
             topic = store.read_topic(cfg.topic)
             self._partitions = n = topic.partitions

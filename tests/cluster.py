@@ -47,7 +47,7 @@ import pytest
 from ordq.broker_group.process import BrokerGroupProcesses, BrokerProcess
 from ordq.common.errors import NotLeader
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import provision, unregister
+from ordq.common.security import provision, register_coordinators, unregister
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store import ZkStore
@@ -113,6 +113,7 @@ class Cluster:
         # cluster listens on one of these ports, so ``bootstrap`` names every one it may run.
         self.coordinator_ports = free_ports(COORDINATOR_SLOTS)
         self._coordinator_port: dict[str, int] = {}  # name -> its port
+        register_coordinators(self.hosts, root, self.bootstrap.split(","))  # clients named by hosts/root find them
 
     # -- brokers -------------------------------------------------------------------------------
 
@@ -355,7 +356,7 @@ class LoadProducer(_LoadThread):
         super().__init__(f"load-producer-{writer}")
         self.cluster, self.n, self.queue, self.writer, self.size, self.rate = cluster, n, queue, writer, size, rate
         self.config = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue,
-                                     send_timeout_s=send_timeout_s, zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
+                                     send_timeout_s=send_timeout_s, lease_ttl_s=CLIENT_SESSION_TIMEOUT_S,
                                      audit_dir=audit_dir, batching=BatchingConfig(linger_ms=2.0))
         self.acked: list[AckRec] = []
         self.stats: ProducerStats | None = None
@@ -431,7 +432,7 @@ class LoadConsumer(_LoadThread):
         super().__init__(f"load-consumer-{sub}")
         self.until, self.pause_s = until, pause_s
         self.config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue, subscription=sub,
-                                     zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit_dir,
+                                     lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit_dir,
                                      fetch_max_bytes=fetch_max_bytes,
                                      commit=CommitConfig(every_messages=1000, every_ms=200.0))
         self.delivered: list[DeliveryRec] = []  # by every instance, in delivery order

@@ -39,9 +39,9 @@ def test_asyncio_producer_and_consumer_through_a_head_master_kill(cluster: Clust
     # A window of one batch: sends outrun the acks, so some must wait for room.
     batching = BatchingConfig(max_batch_bytes=64 << 10, max_inflight_bytes=64 << 10)
     pcfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, batching=batching)
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, batching=batching)
     ccfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, commit=CommitConfig(every_ms=50))
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, commit=CommitConfig(every_ms=50))
 
     async def produce() -> list[int]:
         async with AsyncProducer(pcfg) as p:

@@ -156,22 +156,24 @@ def test_every_command_gets_bad_input() -> None:
 
 
 @pytest.mark.parametrize("options", [
-    {"zk_hosts": ""}, {"zk_hosts": "a:b:c"}, {"queue": ""}, {"queue": "a/b"}, {"queue": "x" * 200},
-    {"root": "no-slash"}, {"send_timeout_s": 0}, {"no_group_timeout_s": -1}, {"zk_session_timeout_s": 0},
+    {"bootstrap": ""}, {"bootstrap": "a:b:c"}, {"bootstrap": None}, {"queue": ""}, {"queue": "a/b"},
+    {"queue": "x" * 200},
+    {"root": "no-slash"}, {"send_timeout_s": 0}, {"no_group_timeout_s": -1}, {"lease_ttl_s": 0},
 ])
 def test_producer_config_refuses_bad_values(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
-        ProducerConfig(**{"zk_hosts": "127.0.0.1:2181", "queue": "q", **options})
+        ProducerConfig(**{"bootstrap": "127.0.0.1:7301", "queue": "q", **options})
 
 
 @pytest.mark.parametrize("options", [
-    {"zk_hosts": ""}, {"zk_hosts": "host:99999"}, {"queue": ".."}, {"subscription": ""},
+    {"bootstrap": ""}, {"bootstrap": "host:99999"}, {"bootstrap": "127.0.0.1:7301,"}, {"queue": ".."},
+    {"subscription": ""},
     {"subscription": "a\x00b"}, {"start": "yesterday"}, {"fetch_max_bytes": 0}, {"fetch_wait_ms": -1},
-    {"zk_outage_s": -1}, {"zk_session_timeout_s": 0}, {"leader_timeout_s": -5},
+    {"coordinator_outage_s": -1}, {"lease_ttl_s": 0}, {"leader_timeout_s": -5},
 ])
 def test_consumer_config_refuses_bad_values(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
-        ConsumerConfig(**{"zk_hosts": "127.0.0.1:2181", "queue": "q", "subscription": "s", **options})
+        ConsumerConfig(**{"bootstrap": "127.0.0.1:7301", "queue": "q", "subscription": "s", **options})
 
 
 @pytest.mark.parametrize("build", [

@@ -79,7 +79,7 @@ def produce(cluster: Cluster, topic: str, n: int, *, start: int = 0) -> dict[int
     sent: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
     producers = {p: Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=partition_queue(topic, p),
                                             send_timeout_s=SEND_TIMEOUT_S,
-                                            zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S))
+                                            lease_ttl_s=CLIENT_SESSION_TIMEOUT_S))
                  for p in range(PARTITIONS)}
     try:
         for pr in producers.values():
@@ -139,7 +139,7 @@ class Recorder:
 
 def member(cluster: Cluster, topic: str, name: str) -> GroupMember:
     return GroupMember(GroupConfig(zk_hosts=cluster.hosts, root=cluster.root, topic=topic, group="G", member_id=name,
-                                   zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, takeover_poll_s=0.5,
+                                   lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, takeover_poll_s=0.5,
                                    commit=CommitConfig(every_messages=20, every_ms=50)))
 
 

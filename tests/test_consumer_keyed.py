@@ -43,7 +43,7 @@ def produce(cluster: Cluster, n: int, *, fail_over_at: int | None = None) -> lis
     rnd = random.Random(7)
     keys = [b"k%02d" % rnd.randrange(KEYS) for _ in range(n)]
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=cluster.base / "audit")
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=cluster.base / "audit")
     with Producer(cfg) as p:
         futures = []
         for i, key in enumerate(keys):
@@ -57,7 +57,7 @@ def produce(cluster: Cluster, n: int, *, fail_over_at: int | None = None) -> lis
 
 def consumer_config(cluster: Cluster, **options: object) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30,
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30,
                           commit=CommitConfig(every_messages=100, every_ms=20), **options)  # type: ignore[arg-type]
 
 

@@ -92,7 +92,7 @@ def test_iterating_consumer_commits_only_what_the_application_finished(cluster: 
     producer.start()
     producer.join(FINISH_S)
     cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
 
     class AppFailed(Exception):
         pass

@@ -177,7 +177,7 @@ def test_a_queue_whose_only_group_restarted_takes_writes_again_within_seconds(cl
     assert st.consume[0].seg == 0 and st.consume[0].gid == "g1"  # its backlog, still there
     assert cluster.store.list_subscriptions("q") == []  # nobody read the backlog
     config = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
-                            zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                            lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     with Producer(config) as producer:  # a new producer leader: seqs go on
         futures = [producer.send(make_payload(20 + i, "P2", 200)) for i in range(10)]
         producer.flush(timeout_s=DEADLINE_S)

@@ -35,7 +35,7 @@ def produce(cluster: Cluster, n: int) -> None:
 
 def consumer_config(cluster: Cluster) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S,
                           commit=CommitConfig(every_messages=1, every_ms=50.0))
 
 
@@ -139,7 +139,7 @@ def test_close_while_zookeeper_does_not_answer_finishes_within_seconds(cluster: 
     cluster.add_groups("g1")
     cluster.create_queue()
     produce(cluster, 5)
-    cfg = attrs.evolve(consumer_config(cluster), zk_outage_s=1.0)
+    cfg = attrs.evolve(consumer_config(cluster), coordinator_outage_s=1.0)
     c = Consumer(cfg)
     c.start()
     seqs: list[int] = []

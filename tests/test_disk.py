@@ -35,7 +35,7 @@ def consume_all(cluster: Cluster, through_seq: int, queue: str = "q",
     """Read through ``through_seq`` and go on polling (the consumer moves past a drained
     sealed segment on its next read) until ``until()``."""
     cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue, subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     seqs: list[int] = []
     with Consumer(cfg) as c:
         while not seqs or seqs[-1] < through_seq or not until():
@@ -317,7 +317,7 @@ def test_retention_by_time_overtaking_a_stopped_subscription_is_a_clear_error(cl
     cluster.create_queue()  # segments roll only when told here (the default age is an hour)
     produce(cluster, 100)
     cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     with Consumer(cfg) as c:  # reads 10 and stops
         got: list[int] = []
         while len(got) < 10:

@@ -38,7 +38,7 @@ def produce(cluster: Cluster, n: int, first: int = 0) -> None:
 def consumer_config(cluster: Cluster, sub: str = "s", **options: object) -> ConsumerConfig:
     # Periodic commits far apart: every cursor these tests see was written by the path under test.
     return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription=sub,
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S,
                           commit=CommitConfig(every_messages=10**9, every_ms=10**9), **options)  # type: ignore[arg-type]
 
 

@@ -47,7 +47,7 @@ def test_bad_policies_are_clear_errors(bad: dict) -> None:
 
 def config(cluster: Cluster, policy: FailurePolicy) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, on_failure=policy)
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, on_failure=policy)
 
 
 def test_block_retries_the_same_message_and_delivers_nothing_after_it(queue: Cluster) -> None:
@@ -97,7 +97,7 @@ def test_park_moves_the_message_aside_with_a_record_and_goes_on(queue: Cluster) 
     assert "PARKING_QUEUE" in human and "q.parked.s" in human
     # The parking queue is an ordinary queue: the parked messages, in order, with their origin.
     with Consumer(ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue=parking_queue("q", "s"),
-                                 subscription="ops", zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)) as ops:
+                                 subscription="ops", lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)) as ops:
         got = []
         while len(got) < 2:
             got.extend(ops.poll())
@@ -148,7 +148,7 @@ def test_the_subscription_policy_and_the_blocked_alarm_seen_by_operators(queue: 
         return next(s for s in listed if s["subscription"] == "s")["blocked"]
 
     cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)  # no policy: the subscription's
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)  # no policy: the subscription's
     with Consumer(cfg) as c:
         runner = threading.Thread(target=c.run, args=(handler,), kwargs={"stop": stop})
         runner.start()
@@ -181,7 +181,7 @@ def test_a_stored_park_policy_applies(queue: Cluster) -> None:
             stop.set()
 
     cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     with Consumer(cfg) as c:
         c.run(handler, stop=stop)
     parked = json.loads(queue.ordq("sub", "parked", "q", "s", "--json").stdout)["parked"]

@@ -156,7 +156,7 @@ def test_a_blocked_message_and_a_dead_group_show_in_the_consumer_and_coordinator
     daemon = queue.start_daemon("coordinator-1")
     coordinator = daemon.wait_for_line("METRICS ", timeout_s=5)
     cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, metrics_registry=registry,
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, metrics_registry=registry,
                          on_failure=FailurePolicy(on_failure="block", attempts=2, backoff_s=(0.05,)))
     healed, stop = threading.Event(), threading.Event()
     handled: list[int] = []

@@ -92,7 +92,7 @@ class UserApi(RuleBasedStateMachine):
 
     def _config(self, sub: str, start: str) -> ConsumerConfig:
         return ConsumerConfig(zk_hosts=self.cluster.hosts, root=self.cluster.root, queue=self.queue,
-                              subscription=sub, start=start, zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S,
+                              subscription=sub, start=start, lease_ttl_s=CLIENT_SESSION_TIMEOUT_S,
                               fetch_wait_ms=50, commit=CommitConfig(every_messages=10**9, every_ms=10**9))
 
     def _available(self, sub: str) -> int:

@@ -39,7 +39,7 @@ def key_of(seq: int) -> bytes:
 
 def produce(cluster: Cluster, first: int, n: int) -> None:
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=cluster.base / "audit")
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=cluster.base / "audit")
     with Producer(cfg) as p:
         futures = [p.send(b"m%d" % s, key=key_of(s)) for s in range(first, first + n)]
         assert [f.result(timeout=60).seq for f in futures] == list(range(first, first + n))
@@ -47,7 +47,7 @@ def produce(cluster: Cluster, first: int, n: int) -> None:
 
 def config(cluster: Cluster, policy: FailurePolicy) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                          zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30, on_failure=policy,
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30, on_failure=policy,
                           audit_dir=cluster.base / "audit")
 
 

@@ -138,7 +138,7 @@ def test_last_committed_after_producer_crash(cluster: Cluster) -> None:
     p1.proc.kill()
     acked = p1.acks()
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, leader_timeout_s=30)
     with Producer(cfg) as p2:
         last = p2.last_committed()
         assert last is not None and last.message is not None

@@ -35,7 +35,7 @@ def test_add_and_remove_a_group_of_a_running_queue(cluster: Cluster) -> None:
     assert cluster.state().send == ("g2",)
     produce(cluster, 100)  # seqs 100..199 on g2
     cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     with Consumer(cfg) as c:
         seqs: list[int] = []
         while len(seqs) < 200:

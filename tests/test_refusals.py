@@ -295,12 +295,12 @@ SDK_ROLE = {"Producer": "produce", "AsyncProducer": "produce", "Consumer": "cons
 
 
 def _producer_config(env: Env, hosts: str, creds: Credentials) -> ProducerConfig:
-    return ProducerConfig(zk_hosts=hosts, root=env.root, queue=Q, credentials=creds, zk_connect_timeout_s=0.3)
+    return ProducerConfig(zk_hosts=hosts, root=env.root, queue=Q, credentials=creds, connect_timeout_s=0.3)
 
 
 def _consumer_config(env: Env, hosts: str, creds: Credentials) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=hosts, root=env.root, queue=Q, subscription="sdk-fresh", credentials=creds,
-                          zk_connect_timeout_s=0.3, fetch_wait_ms=100)
+                          connect_timeout_s=0.3, fetch_wait_ms=100)
 
 
 def run_sdk(entry: str, config: Any, on_running: Callable[[], None] | None = None) -> None:

@@ -310,7 +310,7 @@ def test_lease_checked_again_after_the_periodic_commit() -> None:
         checks.before_hand_out(0.0, commit_then_deposed)
 
     lease = FakeLease()
-    checks = lease_checks(lease, zk_outage_s=60.0)
+    checks = lease_checks(lease, coordinator_outage_s=60.0)
 
     def commit_then_unsure(now: float) -> bool:
         lease.holds = False

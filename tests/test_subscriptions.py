@@ -27,7 +27,7 @@ def produce(cluster: Cluster, n: int) -> None:
 
 def consumer(cluster: Cluster, sub: str) -> Consumer:
     return Consumer(ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription=sub,
-                                   zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S))
+                                   lease_ttl_s=CLIENT_SESSION_TIMEOUT_S))
 
 
 def first_seq(c: Consumer) -> int:

@@ -40,7 +40,7 @@ def ordq(cluster: Cluster, capsys: pytest.CaptureFixture[str], *argv: str) -> tu
 
 def producer(cluster: Cluster, topic: str, partitions: tuple[int, ...] | None = None) -> TopicProducer:
     return TopicProducer(TopicProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, topic=topic,
-                                             partitions=partitions, zk_session_timeout_s=2.0))
+                                             partitions=partitions, lease_ttl_s=2.0))
 
 
 def read_all(cluster: Cluster, queue: str, n: int) -> list[tuple[int, bytes | None, bytes]]:

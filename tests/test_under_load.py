@@ -58,7 +58,7 @@ def test_the_audit_holds_what_the_consumer_handed_out_in_its_order_beside_cpu_ho
         while last < N - 1:
             assert time.monotonic() < deadline, f"delivered up to {last} in 300 s"
             cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                                 zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit,
+                                 lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit,
                                  commit=CommitConfig(every_messages=500, every_ms=100.0))
             mine = handed.setdefault(cfg.consumer_id, [])
             consumer = Consumer(cfg)
@@ -140,7 +140,7 @@ def test_a_late_ack_from_a_starved_producer_is_not_a_failed_head(cluster: Cluste
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=1.0,
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     with Producer(cfg) as p:
         p.send(b"warm-up").result(60)  # leading, stream open, pipe idle
         loop = p._loop
@@ -165,7 +165,7 @@ def test_a_head_slow_for_a_moment_right_after_a_failover_is_not_failed_over_too(
     cluster.add_groups("g1", "g2")  # two are enough: g1 (resumed) would be admitted again
     cluster.create_queue()
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=0.5,
-                         zk_session_timeout_s=CLIENT_SESSION_TIMEOUT_S)
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
     with Producer(cfg) as p:
         p.send(b"warm-up").result(60)
         first = cluster.head()

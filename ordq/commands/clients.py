@@ -91,7 +91,7 @@ def _producer(args: argparse.Namespace) -> Any:
     from ordq.sdk import Producer, ProducerConfig, TopicProducer, TopicProducerConfig
 
     options = {"zk_hosts": args.zk, "root": args.root, "audit_dir": args.audit_dir,
-               "zk_connect_timeout_s": args.zk_timeout, "send_timeout_s": args.send_timeout}
+               "connect_timeout_s": args.zk_timeout, "send_timeout_s": args.send_timeout}
     if args.topic is not None:
         return TopicProducer(TopicProducerConfig(topic=args.topic, partitions=(args.partition,), **options))
     return Producer(ProducerConfig(queue=args.queue, **options))
@@ -202,7 +202,7 @@ def _consume_command(args: argparse.Namespace) -> int:
 
     cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
                          subscription=args.subscription,
-                         start=args.start, audit_dir=args.audit_dir, zk_connect_timeout_s=args.zk_timeout)
+                         start=args.start, audit_dir=args.audit_dir, connect_timeout_s=args.zk_timeout)
     if args.workers is not None:
         n, last_seq = _consume_keyed(args, Consumer(cfg))
     else:

@@ -72,7 +72,7 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
         for p in (0, partitions - 1):
             check_token(store, f"{args.topic}.p{p}", "consume")
     cfg = GroupConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, group=args.group, start=args.start,
-                      audit_dir=args.audit_dir, zk_connect_timeout_s=args.zk_timeout,
+                      audit_dir=args.audit_dir, connect_timeout_s=args.zk_timeout,
                       workers_per_partition=args.workers or 1,
                       **({"member_id": args.member} if args.member else {}))
     lock = threading.Lock()

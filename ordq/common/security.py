@@ -460,6 +460,35 @@ def unregister(zk_hosts: str, root: str, *, cluster: str | None = None, path: Pa
         return True
 
 
+COORDINATORS_FIELD = "coordinators"  # the cluster's coordinator addresses: a client's bootstrap list
+
+
+def register_coordinators(zk_hosts: str, root: str, addresses: Sequence[str], *, path: Path | None = None) -> None:
+    """Record where the coordinators of the cluster at (``zk_hosts``, ``root``) answer: what a
+    client named by that cluster finds them by (``registered_bootstrap``); clients hold no
+    ZooKeeper session (issue 37). The rest of the entry is kept."""
+    with _locked_file(path) as clusters:
+        clusters.setdefault(_key(zk_hosts, root), {})[COORDINATORS_FIELD] = list(addresses)
+
+
+def registered_bootstrap(zk_hosts: str, root: str) -> str | None:
+    """The coordinators' addresses registered for (``zk_hosts``, ``root``) as "h:p,h:p", if any."""
+    entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
+    addresses = entry.get(COORDINATORS_FIELD)
+    return ",".join(str(a) for a in addresses) if addresses else None
+
+
+def lookup_bootstrap(bootstrap: str) -> Credentials:
+    """The credentials registered for the cluster whose coordinators ``bootstrap`` names (any
+    one address in common), with the environment's overrides as ``lookup``; plaintext with no
+    token when no entry names them."""
+    wanted = {a.strip() for a in bootstrap.split(",") if a.strip()}
+    for entry in _load(credentials_path()).values():
+        if isinstance(entry, dict) and wanted & {str(a) for a in entry.get(COORDINATORS_FIELD) or ()}:
+            return _with_overrides(Credentials.from_dict(entry))
+    return _with_overrides(Credentials())
+
+
 def registered_cluster(zk_hosts: str, root: str) -> str | None:
     """The identity of the cluster registered at (``zk_hosts``, ``root``), if any."""
     entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
@@ -485,7 +514,10 @@ def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
     with ``$ORDQ_TOKEN`` overriding the token and ``$ORDQ_ZK_AUTH`` the ZooKeeper credential
     (``--token`` and ``--zk-auth`` set them for a command)."""
     entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
-    creds = Credentials.from_dict(entry)
+    return _with_overrides(Credentials.from_dict(entry))
+
+
+def _with_overrides(creds: Credentials) -> Credentials:
     overrides: dict[str, Any] = {field: os.environ[env]
                                  for field, env in (("token", "ORDQ_TOKEN"), ("zk_auth", "ORDQ_ZK_AUTH"))
                                  if os.environ.get(env)}

@@ -186,7 +186,7 @@ def consumer_arguments(*, session_timeout_s: float) -> argparse.ArgumentParser:
 def consumer_config(args: argparse.Namespace, **more: Any) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.sub,
                           commit=CommitConfig(every_messages=args.commit_every, every_ms=args.commit_ms),
-                          zk_session_timeout_s=args.session_timeout, **more)
+                          lease_ttl_s=args.session_timeout, **more)
 
 
 def program_logging() -> None:

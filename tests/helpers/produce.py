@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = RecordWriter(args.out)
     cfg = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout,
-                         zk_session_timeout_s=args.session_timeout, audit_dir=args.audit,
+                         lease_ttl_s=args.session_timeout, audit_dir=args.audit,
                          producer_id=f"{args.writer}", batching=BatchingConfig(linger_ms=2.0))
     producer = Producer(cfg)
     announce("STARTED")
