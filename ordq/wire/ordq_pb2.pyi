@@ -198,6 +198,20 @@ class HealthResponse(_message.Message):
     stats_json: str
     def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., incarnation: _Optional[str] = ..., slave_connected: _Optional[bool] = ..., stats_json: _Optional[str] = ...) -> None: ...
 
+class AdminRequest(_message.Message):
+    __slots__ = ("verb", "args_json")
+    VERB_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    verb: str
+    args_json: bytes
+    def __init__(self, verb: _Optional[str] = ..., args_json: _Optional[bytes] = ...) -> None: ...
+
+class AdminResponse(_message.Message):
+    __slots__ = ("result_json",)
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    result_json: bytes
+    def __init__(self, result_json: _Optional[bytes] = ...) -> None: ...
+
 class LeaseRequest(_message.Message):
     __slots__ = ("kind", "queue", "subscription", "holder", "generation", "lease_key", "ttl_ms", "wait_ms")
     KIND_FIELD_NUMBER: _ClassVar[int]

@@ -588,6 +588,11 @@ class CoordinatorStub:
                 request_serializer=ordq_dot_wire_dot_ordq__pb2.RecordRequest.SerializeToString,
                 response_deserializer=ordq_dot_wire_dot_ordq__pb2.RecordResponse.FromString,
                 _registered_method=True)
+        self.Admin = channel.unary_unary(
+                '/ordq.v1.Coordinator/Admin',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.AdminRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.AdminResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -709,6 +714,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Admin(self, request, context):
+        """The admin API (issue 37): the CLI's verbs on queues, subscriptions, topics, groups and
+        tokens, run by the coordinator with its own identity once the caller's token allows the
+        verb (coordinator/admin_api.py). The CLI holds no ZooKeeper session for them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -781,6 +795,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SubscriptionRecord,
                     request_deserializer=ordq_dot_wire_dot_ordq__pb2.RecordRequest.FromString,
                     response_serializer=ordq_dot_wire_dot_ordq__pb2.RecordResponse.SerializeToString,
+            ),
+            'Admin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Admin,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.AdminRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.AdminResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1169,6 +1188,33 @@ class Coordinator:
             '/ordq.v1.Coordinator/SubscriptionRecord',
             ordq_dot_wire_dot_ordq__pb2.RecordRequest.SerializeToString,
             ordq_dot_wire_dot_ordq__pb2.RecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Admin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Coordinator/Admin',
+            ordq_dot_wire_dot_ordq__pb2.AdminRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.AdminResponse.FromString,
             options,
             channel_credentials,
             insecure,
