@@ -482,3 +482,10 @@ class CoordinatorService(LeaseCalls):
             return self._pb.QueueRef(queue=target)
 
         return self._serve("EnsureParkingQueue", request.queue, context, ensure)
+
+    # -- the admin API --------------------------------------------------------------------------
+
+    def Admin(self, request: Any, context: Any) -> Any:  # noqa: N802
+        from ordq.wire.errors import abort_sync
+
+        abort_sync(context, ConfigError("this coordinator does not serve the admin API yet"))
