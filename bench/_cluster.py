@@ -17,7 +17,7 @@ import attrs
 
 from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, ensure_coordinator_pki, provision, unregister
+from ordq.common.security import Credentials, ensure_coordinator_pki, provision, register_coordinators, unregister
 from ordq.coordinator.store import ZkStore
 from ordq.sdk import Producer
 from ordq.zk_server import ZkServer
@@ -33,6 +33,8 @@ class BenchCluster:
     groups: list[BrokerGroupProcesses]
     folder: Path
     credentials: Credentials  # what a client of this cluster presents (registered for hosts/ROOT)
+    coordinator: ManagedProcess
+    bootstrap: str  # the coordinator's address: what a client is given
 
     @property
     def hosts(self) -> str:
@@ -72,8 +74,12 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None, tls: bool = Tr
                                                      "--root", ROOT, "coordinator", "run", *tls_args],
                                      run_dir=base / "coordinator")
         coordinator.start()
+        address = coordinator.wait_for_line("SERVING ", timeout_s=30)
         coordinator.wait_for_line("READY ", timeout_s=30)
-        yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls)
+        # Clients reach the cluster by its coordinators only (issue 37): named by hosts/ROOT, they find it here.
+        register_coordinators(zk.connection_string, ROOT, [address])
+        yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls,
+                           coordinator=coordinator, bootstrap=address)
     finally:
         unregister(zk.connection_string, ROOT)
         if coordinator is not None and coordinator.alive():
