@@ -17,7 +17,7 @@ import attrs
 
 from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, ensure_coordinator_pki, provision, unregister
+from ordq.common.security import Credentials, ensure_coordinator_pki, provision, register_coordinators, unregister
 from ordq.coordinator.store import ZkStore
 from ordq.sdk import Producer
 from ordq.zk_server import ZkServer
@@ -72,7 +72,10 @@ def bench_cluster(groups: int = 1, *, folder: Path | None = None, tls: bool = Tr
                                                      "--root", ROOT, "coordinator", "run", *tls_args],
                                      run_dir=base / "coordinator")
         coordinator.start()
+        serving = coordinator.wait_for_line("SERVING ", timeout_s=30).split()[0]
         coordinator.wait_for_line("READY ", timeout_s=30)
+        # clients named by (zk, ROOT) find it by its address (issue 37)
+        register_coordinators(zk.connection_string, ROOT, [serving])
         yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls)
     finally:
         unregister(zk.connection_string, ROOT)
