@@ -36,6 +36,9 @@ _RETRY_PAUSE_S = (0.02, 0.05, 0.1, 0.2)  # between attempts while no coordinator
 _ELECTION_CHECK_S = 0.5  # a call unanswered this long reads the election again (then every as long)
 _ASK_TIMEOUT_S = 2.0  # bootstrap mode: one coordinator's answer to "who leads"
 _MOVED = object()  # _answer: another coordinator leads now
+# The trailer in which a follower names the leader (coordinator/service.py sets it). Here, not
+# imported from the service: that would load the whole coordinator, kazoo included, into clients.
+LEADER_METADATA_KEY = "ordq-leader"
 
 
 @attrs.frozen
@@ -162,7 +165,6 @@ class CoordinatorClient:
     def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
         import grpc
 
-        from ordq.coordinator.service import LEADER_METADATA_KEY
         from ordq.wire.errors import METADATA_KEY, from_rpc_error
 
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)

@@ -50,6 +50,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
+from ordq.coordinator.client import LEADER_METADATA_KEY
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
@@ -67,7 +68,6 @@ from ordq.coordinator.tokens import ANY, TokenRecord, authorize
 
 log = logging.getLogger("ordq.coordinator.service")
 
-LEADER_METADATA_KEY = "ordq-leader"
 # RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
 ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
            "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume", "Describe": ANY}

@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ordq.bootstrap import cluster_options
 from ordq.common.proc import announce
 from ordq.drills.workload import EXIT_DONE, EXIT_ERROR, StatusWriter, build_parser, closed, now_us, payload_seq
 
@@ -75,7 +76,7 @@ class FailingConsumer:
 
         a = self.args
         policy = FailurePolicy(on_failure=a.on_failure, attempts=2, backoff_s=(0.05,))
-        cfg = ConsumerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, subscription=a.subscription,
+        cfg = ConsumerConfig(**cluster_options(a), queue=a.queue, subscription=a.subscription,
                              lease_ttl_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer,
                              on_failure=policy)
         status = StatusWriter(a.status, self.snapshot, a.status_every)

@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ordq.bootstrap import add_cluster_arguments, cluster_options
 from ordq.common.errors import OrdqError
 from ordq.common.proc import ManagedProcess, announce
 from ordq.drills.runner import DrillContext
@@ -50,7 +51,7 @@ def topic_of_drill(ctx: DrillContext) -> str:
 def produce(args: argparse.Namespace) -> int:
     from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
 
-    cfg = TopicProducerConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, audit_dir=args.audit_dir,
+    cfg = TopicProducerConfig(**cluster_options(args), topic=args.topic, audit_dir=args.audit_dir,
                               send_timeout_s=args.send_timeout, lease_ttl_s=args.session_timeout,
                               producer_id=args.writer)
     acked = 0
@@ -86,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ordq.drills.keyed_topic")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("produce")
-    p.add_argument("--zk", required=True)
-    p.add_argument("--root", required=True)
+    add_cluster_arguments(p)
     p.add_argument("--topic", required=True)
     p.add_argument("--total", type=int, required=True)
     p.add_argument("--rate", type=float, default=RATE)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ordq.bootstrap import add_cluster_arguments, cluster_options
 from ordq.common.proc import announce
 
 EXIT_DONE = 0
@@ -164,7 +165,7 @@ class ProducerRun:
         from ordq.sdk._producer_core import BatchingConfig
 
         a = self.args
-        cfg = ProducerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, send_timeout_s=a.send_timeout,
+        cfg = ProducerConfig(**cluster_options(a), queue=a.queue, send_timeout_s=a.send_timeout,
                              lease_ttl_s=a.session_timeout, audit_dir=a.audit_dir, producer_id=a.writer,
                              batching=BatchingConfig(linger_ms=a.linger_ms))
         status = StatusWriter(a.status, self.snapshot, a.status_every)
@@ -252,7 +253,7 @@ class ConsumerRun:
         from ordq.sdk import Consumer, ConsumerConfig
 
         a = self.args
-        cfg = ConsumerConfig(zk_hosts=a.zk, root=a.root, queue=a.queue, subscription=a.subscription,
+        cfg = ConsumerConfig(**cluster_options(a), queue=a.queue, subscription=a.subscription,
                              lease_ttl_s=a.session_timeout, audit_dir=a.audit_dir, consumer_id=a.writer)
         status = StatusWriter(a.status, self.snapshot, a.status_every)
         status.start()
@@ -295,8 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="role", required=True)
     for role in ("produce", "consume"):
         p = sub.add_parser(role)
-        p.add_argument("--zk", required=True)
-        p.add_argument("--root", required=True)
+        add_cluster_arguments(p)
         p.add_argument("--queue", required=True)
         p.add_argument("--total", type=int, required=True, help="the stream is seqs 0..total-1")
         p.add_argument("--status", type=Path, required=True, help="JSON status file, rewritten as it runs")

@@ -1,8 +1,8 @@
 """``ordq``: the admin CLI. ``main(argv) -> exit code``; errors are one line on stderr.
 
 Each subcommand lives in ``ordq/commands/<name>.py`` with ``register(subparsers)``; a command
-function takes the parsed ``args`` and returns an exit code. Global options (ZooKeeper address,
-root prefix, --json) are parsed here once.
+function takes the parsed ``args`` and returns an exit code. Global options (the coordinators'
+addresses, ZooKeeper address, root prefix, --json) are parsed here once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 }
 _MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
 # Global options that take a value: their value is not the command's name.
-_VALUED_GLOBALS = frozenset({"--zk", "--root", "--zk-auth", "--zk-auth-file", "--token", "--token-file",
+_VALUED_GLOBALS = frozenset({"--bootstrap", "--zk", "--root", "--zk-auth", "--zk-auth-file", "--token", "--token-file",
                              "--zk-timeout"})
 
 DEFAULT_ZK = "127.0.0.1:2181"
@@ -95,6 +95,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "(env ORDQ_ROOT; default %(default)s)",
     )
     parser.add_argument(
+        "--bootstrap", default=os.environ.get("ORDQ_BOOTSTRAP") or None, metavar="HOST:PORT[,...]",
+        help="the coordinators' addresses, where client commands (produce, consume, cdc, outbox) find the "
+        "cluster (env ORDQ_BOOTSTRAP; `ordq status` prints them); default: those registered for --zk/--root "
+        "by ordq up",
+    )
+    parser.add_argument(
         "--zk-auth", default=None, metavar="USER:PASSWORD",
         help="ZooKeeper digest credential when the root is protected by ACLs (env ORDQ_ZK_AUTH; "
         "default: the one registered for --zk by ordq up, docs/SECURITY.md); prefer --zk-auth-file",
@@ -140,7 +146,8 @@ def command_module(argv: Sequence[str]) -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _parser(zk_default: str | None, root_default: str | None, only: str | None) -> argparse.ArgumentParser:
+def _parser(zk_default: str | None, root_default: str | None, bootstrap_default: str | None,
+            only: str | None) -> argparse.ArgumentParser:
     """``build_parser()`` once per process (per value of the variables its defaults come from): parsing leaves
     the parser as it was, and a process that calls ``main`` many times (the tests: ~1,100
     in-process commands) paid ~40 ms a call for building it again."""
@@ -151,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Only the named command's module is imported: importing every command's (grpc, kazoo, the
     # broker, Spark's report) cost each ``ordq`` process ~0.6 s of CPU before it did anything.
-    parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"), command_module(argv))
+    parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"), os.environ.get("ORDQ_BOOTSTRAP"),
+                     command_module(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or a usage error (1, one line printed)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ordq.common.errors import ConfigError
+from ordq.common.errors import ConfigError, ExternalProcessError
+from ordq.zk_server import free_ports, port_free
 
 STATE_FILE = "ordq-cluster.json"
 OWN_CREDENTIALS = "credentials.json"  # the cluster's own entry, for its own processes
 DEFAULT_FOLDER = Path(".ordq")
+COORDINATOR_HOST = "127.0.0.1"  # where a local cluster's coordinators listen
+
+
+def _ports(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(p) for p in value)
 
 
 @attrs.frozen(kw_only=True)
@@ -36,6 +43,9 @@ class ClusterConfig:
     # On in `ordq up` unless --no-zk-tls or --insecure; off here, for the clusters tests and
     # drills build themselves.
     zk_tls: bool = False
+    # The coordinators' ports (127.0.0.1), one each: picked at the cluster's first start and
+    # kept, so its bootstrap list (what clients find it by, issue 37) never changes; () until then.
+    coordinator_ports: tuple[int, ...] = attrs.field(default=(), converter=_ports)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:
@@ -48,6 +58,10 @@ class ClusterConfig:
             raise ConfigError(f"zk_port must be 1..65533, not {self.zk_port}")
         if self.session_timeout_s <= 0:
             raise ConfigError("session_timeout_s must be > 0")
+        if self.coordinator_ports and len(self.coordinator_ports) != self.coordinators:
+            raise ConfigError(f"{self.coordinators} coordinators need as many ports, not {self.coordinator_ports}")
+        if any(not 1 <= p <= 65535 for p in self.coordinator_ports):
+            raise ConfigError(f"coordinator ports must be 1..65535, not {self.coordinator_ports}")
         if self.zk_tls and not self.tls:
             raise ConfigError("TLS to ZooKeeper needs the cluster's certificates (tls)")
 
@@ -64,3 +78,25 @@ def shape(cfg: ClusterConfig) -> tuple[Any, ...]:
 def describe(cfg: ClusterConfig) -> str:
     zk = "3-node ZooKeeper" if cfg.zk_nodes == 3 else "standalone ZooKeeper"
     return f"{cfg.groups} groups, {zk}, {cfg.coordinators} coordinators, root {cfg.root}"
+
+
+def with_coordinator_ports(cfg: ClusterConfig, exclude: Collection[int] = ()) -> ClusterConfig:
+    """``cfg`` with a port for each coordinator: those it keeps, else free ones picked now."""
+    if cfg.coordinator_ports or not cfg.coordinators:
+        return cfg
+    return attrs.evolve(cfg, coordinator_ports=tuple(free_ports(cfg.coordinators, exclude, host=COORDINATOR_HOST)))
+
+
+def coordinator_addresses(cfg: ClusterConfig) -> list[str]:
+    """The coordinators' addresses (``host:port``), in order: the cluster's bootstrap list."""
+    return [f"{COORDINATOR_HOST}:{p}" for p in cfg.coordinator_ports]
+
+
+def check_coordinator_port(name: str, port: int, folder: Path) -> None:
+    """ExternalProcessError naming the port when another process listens on ``port``: the
+    coordinator ``name`` keeps it (clients find the cluster by it), so it never moves."""
+    if not port_free(port, COORDINATOR_HOST):
+        raise ExternalProcessError(
+            f"cannot start {name}: its port {COORDINATOR_HOST}:{port} is taken by another process; the cluster "
+            f"keeps it ({folder / STATE_FILE}: clients find its coordinators there), so stop what listens on it "
+            f"(ss -ltnp 'sport = :{port}'), or ordq down --wipe --dir {folder} to start anew on other ports")

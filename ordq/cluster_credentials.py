@@ -16,10 +16,10 @@ from typing import Any
 
 import attrs
 
-from ordq.cluster_config import OWN_CREDENTIALS, ClusterConfig
+from ordq.cluster_config import OWN_CREDENTIALS, ClusterConfig, coordinator_addresses
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, register, unregister
+from ordq.common.security import Credentials, register, register_coordinators, unregister
 from ordq.coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
 from ordq.coordinator.store import ZkStore
 from ordq.zk_server import ZkServer
@@ -137,7 +137,7 @@ class ClusterCredentials:
         self.credentials = attrs.evolve(self.credentials, zk_auth=new["admin"])
         self._use_credentials()
         self._register_own()
-        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id)
+        self._register_user()
 
     def unregister(self) -> bool:
         """Remove this cluster's entry from the user's credentials file; an entry another
@@ -159,9 +159,23 @@ class ClusterCredentials:
         processes read it (ORDQ_CREDENTIALS), never the user's."""
         return self.folder / OWN_CREDENTIALS
 
+    @property
+    def bootstrap(self) -> str:
+        """The coordinators' addresses, ``host:port,...``: what a client finds this cluster by
+        (``bootstrap=``, ``ordq --bootstrap``); fixed at its first start ("" without coordinators)."""
+        return ",".join(coordinator_addresses(self.config))
+
     def _register_own(self) -> None:
         register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id,
                  path=self.own_credentials_file)
+        register_coordinators(self.zk_hosts, self.root, coordinator_addresses(self.config),
+                              path=self.own_credentials_file)
+
+    def _register_user(self) -> None:
+        """The user's credentials file: this cluster's credentials and its coordinators, so a
+        client named by (ZooKeeper address, root) finds them (``ordq down`` removes the entry)."""
+        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id)
+        register_coordinators(self.zk_hosts, self.root, coordinator_addresses(self.config))
 
     @property
     def _token_file(self) -> Path:

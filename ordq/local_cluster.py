@@ -43,16 +43,25 @@ from typing import Any, TypeVar
 import attrs
 
 from ordq.broker_group.process import BrokerGroupProcesses, BrokerProcess
-from ordq.cluster_config import OWN_CREDENTIALS, STATE_FILE, ClusterConfig, describe, shape
+from ordq.cluster_config import (
+    COORDINATOR_HOST,
+    OWN_CREDENTIALS,
+    STATE_FILE,
+    ClusterConfig,
+    check_coordinator_port,
+    describe,
+    shape,
+    with_coordinator_ports,
+)
 from ordq.cluster_credentials import ClusterCredentials
 from ordq.cluster_health import ROLES, ClusterHealth, ProcessStatus
 from ordq.common.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, ensure_coordinator_pki, ensure_pki, register, remember_zk_tls
+from ordq.common.security import Credentials, ensure_coordinator_pki, ensure_pki, remember_zk_tls
 from ordq.coordinator.acl_client import AUTH_DIR
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
-from ordq.zk_server import ZkServer
+from ordq.zk_server import ZkServer, free_ports, port_free
 
 T = TypeVar("T")
 
@@ -97,6 +106,9 @@ class LocalCluster(ClusterCredentials):
         self.zk = ZkServer(self.folder / "zk", nodes=self.config.zk_nodes, client_port=self.config.zk_port,
                            tls=broker_tls if self.config.zk_tls else None)
         hosts = self.zk.connection_string
+        # The coordinators' ports, fixed at the first start (kept in the state file's config).
+        zk_ports = {p for spec in self.zk.specs for p in (spec.client_port, spec.quorum_port, spec.election_port)}
+        self.config = with_coordinator_ports(self.config, zk_ports)
         self.broker_credentials = broker_tls if self.config.tls else Credentials()
         self.credentials = client_tls if self.config.tls else Credentials()
         if self.config.zk_tls:
@@ -115,20 +127,18 @@ class LocalCluster(ClusterCredentials):
                 member.proc.argv = (self.python, *member.proc.argv[1:])
             self.groups[gid] = group
         # Coordinators serve the Coordinator service and call brokers with their own certificate.
+        self.coordinators = [ManagedProcess(f"coordinator-{i + 1}", self._coordinator_argv(port),
+                                            run_dir=self.folder / "coordinators")
+                             for i, port in enumerate(self.config.coordinator_ports)]
+
+        self._use_credentials()
+
+    def _coordinator_argv(self, port: int) -> list[str]:
         coord_tls = ensure_coordinator_pki(self.folder / "tls", create=False)
         tls_args = (["--tls-cert", str(coord_tls.cert_file), "--tls-key", str(coord_tls.key_file),
                      "--tls-ca", str(coord_tls.ca_file)] if self.config.tls else ["--insecure"])
-        self.coordinators = [
-            ManagedProcess(
-                f"coordinator-{i + 1}",
-                [self.python, "-m", "ordq.cli", "--zk", hosts, "--root", self.config.root,
-                 "coordinator", "run", "--metrics", "127.0.0.1:0", *tls_args],
-                run_dir=self.folder / "coordinators",
-            )
-            for i in range(self.config.coordinators)
-        ]
-
-        self._use_credentials()
+        return [self.python, "-m", "ordq.cli", "--zk", self.zk.connection_string, "--root", self.config.root,
+                "coordinator", "run", "--listen", f"{COORDINATOR_HOST}:{port}", "--metrics", "127.0.0.1:0", *tls_args]
 
     @classmethod
     def load(cls, folder: Path) -> LocalCluster:
@@ -215,6 +225,8 @@ class LocalCluster(ClusterCredentials):
         todo = [name for name, p in procs if not p.alive()]
         deadline = time.monotonic() + timeout_s
         fresh = not self.exists(self.folder)
+        if fresh:
+            self._repick_taken_coordinator_ports()
         self._save()
         if self.config.tls:
             ensure_pki(self.folder / "tls")
@@ -242,7 +254,7 @@ class LocalCluster(ClusterCredentials):
                 wipe_files(self.folder)
             raise
         self._save()
-        register(self.zk_hosts, self.root, self.credentials, cluster=self.cluster_id)
+        self._register_user()
         return StartReport(started=tuple(todo), notes=tuple(notes))
 
     def heal(self, *, timeout_s: float = _STARTUP_TIMEOUT_S) -> list[str]:
@@ -380,8 +392,21 @@ class LocalCluster(ClusterCredentials):
 
             member.proc.wait_ready(live_now, timeout_s=timeout_s, what=f"{gid}/{role} to be live in ZooKeeper")
 
+    def _repick_taken_coordinator_ports(self) -> None:
+        """Before a new cluster first serves, a port taken since it was picked is picked again
+        (once served, the ports never move: ``check_coordinator_port``)."""
+        ports = list(self.config.coordinator_ports)
+        for i, port in enumerate(ports):
+            if not port_free(port, COORDINATOR_HOST):
+                ports[i] = free_ports(1, ports, host=COORDINATOR_HOST)[0]
+                self.coordinators[i].argv = tuple(self._coordinator_argv(ports[i]))
+        self.config = attrs.evolve(self.config, coordinator_ports=tuple(ports))
+
     def _start_coordinators(self, deadline: float) -> None:
         todo = [p for p in self.coordinators if not p.alive()]
+        for proc, port in zip(self.coordinators, self.config.coordinator_ports, strict=True):
+            if proc in todo:
+                check_coordinator_port(proc.name, port, self.folder)
 
         def start_one(proc: ManagedProcess) -> None:
             proc.start()

@@ -11,6 +11,7 @@ import pytest
 
 from ordq.cli import COMMANDS, build_parser, command_module, main
 from ordq.zk_server import free_ports
+from tests.cluster import cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 
 
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -163,17 +164,60 @@ def test_verify_without_pyspark_is_one_line(monkeypatch: pytest.MonkeyPatch,
         "ordq verify: error: ordq verify needs PySpark and Java 17+: pip install 'ordq[spark]' (docs/VERIFIER.md)"]
 
 
-@pytest.mark.parametrize("verb", [("produce", "q", "--count", "1"), ("consume", "q", "-s", "s1", "--count", "1")],
-                         ids=lambda v: v[0])
-def test_produce_and_consume_give_up_within_the_zk_timeout(verb: tuple[str, ...],
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+CLIENT_VERBS = [("produce", "q", "--count", "1"), ("consume", "q", "-s", "s1", "--count", "1"),
+                ("produce", "--topic", "t", "--key", "k"), ("consume", "--topic", "t", "--group", "g")]
+
+
+@pytest.mark.parametrize("verb", CLIENT_VERBS, ids=" ".join)
+def test_a_client_command_without_coordinators_says_to_pass_bootstrap(verb: tuple[str, ...],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Guard: a client command finds its cluster by the coordinators' addresses only (issue 37):
+    with none registered for --zk/--root and no --bootstrap it says what to pass, at once,
+    without trying ZooKeeper."""
     import time
 
-    [closed] = free_ports(1)  # a stopped cluster: nobody listens there
+    [closed] = free_ports(1)  # nobody listens there, and nothing is registered for it
     began = time.monotonic()
-    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", *verb)
-    assert time.monotonic() - began < 0.5 + 1.0 + 1.0  # --zk-timeout + 1 s, + 1 s for a loaded box
-    assert f"cannot reach ZooKeeper at 127.0.0.1:{closed}" in line
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--root", "/nowhere", *verb)
+    assert time.monotonic() - began < 2.0
+    assert "no coordinators are registered" in line and "--bootstrap HOST:PORT" in line, line
+
+
+@pytest.mark.parametrize("verb", CLIENT_VERBS, ids=" ".join)
+def test_a_client_command_given_a_bootstrap_nobody_listens_on_fails_in_one_line(
+        verb: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    """Guard: ``--bootstrap`` naming an address where no coordinator listens is one line naming
+    it, a non-zero exit and no traceback, within --zk-timeout (+ slack for a loaded box)."""
+    import time
+
+    [closed] = free_ports(1)
+    began = time.monotonic()
+    line = one_error_line(capsys, "--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", *verb)
+    assert time.monotonic() - began < 0.5 + 2.0 + 2.0  # --zk-timeout, one ask of each address, a loaded box
+    assert f"no coordinator of the cluster answered at 127.0.0.1:{closed} (given)" in line, line
+
+
+def test_a_client_command_given_a_bad_bootstrap_or_env_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """--bootstrap after the command name, and ORDQ_BOOTSTRAP, mean the same as before it."""
+    line = one_error_line(capsys, "produce", "q", "--count", "1", "--bootstrap", "nohost")
+    assert "bad coordinator address 'nohost'" in line
+    [closed] = free_ports(1)
+    monkeypatch.setenv("ORDQ_BOOTSTRAP", f"127.0.0.1:{closed}")
+    line = one_error_line(capsys, "--zk-timeout", "0.5", "consume", "q", "-s", "s1")
+    assert f"answered at 127.0.0.1:{closed}" in line, line
+
+
+def test_the_client_commands_import_no_zookeeper_client() -> None:
+    """Guard: the client commands hold no ZooKeeper session (issue 37): their modules, and the
+    CLI up to the point where the SDK starts, import no kazoo."""
+    code = ("import sys\nfrom ordq.cli import main\n"
+            "import ordq.commands.clients, ordq.commands.topic_group, ordq.commands.cdc, ordq.commands.outbox\n"
+            "import ordq.bootstrap\n"
+            "main(['--bootstrap', '127.0.0.1:1', '--zk-timeout', '0.2', 'produce', 'q', '--count', '1'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('kazoo'))[:3])\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
 @pytest.mark.zk
@@ -192,13 +236,14 @@ def test_auth_revoke_never_echoes_a_token_and_create_refuses_unknown_queues(
 
 
 @pytest.mark.zk
-def test_a_bad_or_revoked_token_is_refused_at_once(zk_server, zk_root, tmp_path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_or_revoked_token_is_refused_at_once(cluster, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The client commands are refused by the coordinator they ask (its Describe), the admin
+    ones where they read."""
     import json
     import time
 
-    zk = ("--zk", zk_server.connection_string, "--root", zk_root)
-    assert main([*zk, "group", "add", "g1"]) == 0
+    zk = ("--zk", cluster.hosts, "--root", cluster.root)
+    cluster.add_groups("g1")  # and a coordinator, registered for (hosts, root)
     assert main([*zk, "queue", "create", "q"]) == 0
     capsys.readouterr()
     assert main([*zk, "--json", "auth", "create", "--role", "admin"]) == 0  # tokens enforced from here
@@ -224,37 +269,7 @@ def test_a_bad_or_revoked_token_is_refused_at_once(zk_server, zk_root, tmp_path,
             assert "permission denied" in line, (why, verb, line)
             assert time.monotonic() - began < 5, (why, verb)
     # nothing was created on the way: no subscription
-    with __import__("ordq.coordinator.store", fromlist=["ZkStore"]).ZkStore.connect(zk_server.connection_string,
-                                                                              zk_root) as store:
-        assert store.list_subscriptions("q") == []
-
-
-@pytest.mark.zk
-def test_a_wrong_zookeeper_credential_is_one_line_for_produce_and_consume(
-        zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
-    import contextlib
-
-    from ordq.coordinator.acl import AclIds
-    from ordq.coordinator.acl_client import protect
-    from ordq.coordinator.store import ZkStore
-
-    admin_auth = "ordq-admin:a-secret"
-    zk = ("--zk", zk_server.connection_string, "--root", zk_root)
-    admin = ZkStore.connect(zk_server.connection_string, zk_root, auth=admin_auth)
-    try:
-        admin.add_group("g1")
-        admin.create_queue("q", ["g1"])
-        # Made by the admin: a consumer asks the coordinator for a missing one (none runs
-        # here), and the credential is first used in the subscription's election.
-        admin.create_subscription("q", "s1")
-        protect(admin.client, zk_root, AclIds.of(admin_auth, "ordq-client:c-secret"))
-        for verb in (("produce", "q", "--count", "1"), ("consume", "q", "-s", "s1", "--count", "1")):
-            line = one_error_line(capsys, *zk, "--zk-auth", "ordq-admin:wrong", *verb)
-            assert "ZooKeeper refused access" in line, line
-    finally:
-        with contextlib.suppress(Exception):
-            admin._delete_tree(zk_root)  # the fixture's cleanup has no credential
-        admin.close()
+    assert cluster.store.list_subscriptions("q") == []
 
 
 def test_options_of_a_command_are_not_taken_for_abbreviated_global_ones(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,7 +36,7 @@ from ordq.commands import process_config
 from ordq.commands.broker import broker_config
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, register, unregister
+from ordq.common.security import Credentials, register, register_coordinators, unregister
 from ordq.zk_server import ZkServer, four_letter_word, free_ports
 
 HOST1, HOST2, HOST3 = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -155,6 +155,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
             line = proc.wait_for_line("SERVING " if name == "coordinator" else "READY ", timeout_s=90)
             addresses[name] = line.split()[0]
         processes["coordinator"].wait_for_line("READY coordinator", timeout_s=60)
+        # clients named by (zk_hosts, ROOT) find the coordinator by its address (issue 37)
+        register_coordinators(zk_hosts, ROOT, [addresses["coordinator"]])
         yield Deployed(folder, zk, zk_hosts, processes, addresses, client)
     finally:
         for proc in processes.values():

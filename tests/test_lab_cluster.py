@@ -69,6 +69,12 @@ def test_a_full_cluster_starts_in_the_lab_and_carries_a_queue(cluster: LabCluste
     groups = {g["gid"] if "gid" in g else g["group"]: g for g in cluster.groups()}
     for (gid, role), _proc in cluster.brokers.items():  # each at its own host's lab address
         assert str(groups[gid][role]).startswith(cluster.lab.address(cluster.host_of(gid, role)) + ":"), groups
+    # the coordinators' lab addresses, registered where the clients in the hosts look (issue 37):
+    # the client commands below find the cluster by them
+    entries = json.loads(cluster.credentials_file.read_text())["clusters"]
+    assert [e.get("coordinators") for e in entries.values()] == [cluster.bootstrap.split(",")], entries
+    assert all(a.startswith(cluster.lab.address(h) + ":") for a, h in zip(cluster.bootstrap.split(","),
+                                                                          cluster.coordinators, strict=True))
     out = cluster.call(PRODUCER_HOST, ["queue", "create", "orders"])
     assert "send head" in out, out
     cluster.call(PRODUCER_HOST, ["produce", "orders", "--count", "500"])

@@ -45,6 +45,8 @@ def add_command(
     parser.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
     )
+    parser.add_argument("--bootstrap", default=argparse.SUPPRESS, metavar="HOST:PORT[,...]",
+                        help="the coordinators' addresses (env ORDQ_BOOTSTRAP)")
     parser.add_argument("--zk", action=Given, default=argparse.SUPPRESS, help="ZooKeeper connection string")
     parser.add_argument("--root", action=Given, default=argparse.SUPPRESS, help="ZooKeeper path prefix")
     parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",

@@ -13,6 +13,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from ordq.bootstrap import cluster_options
 from ordq.commands import add_command, int_in, seconds, wants_json
 from ordq.commands.outbox import _status
 from ordq.common.errors import ConfigError
@@ -94,7 +95,7 @@ def cmd_mysql(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         _status(f"STARTED cdc mysql {connection['host']}:{connection['port']} -> {args.queue}")
-        config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, send_timeout_s=args.send_timeout,
+        config = ProducerConfig(**cluster_options(args), queue=args.queue, send_timeout_s=args.send_timeout,
                                 audit_dir=args.audit_dir)
         with Producer(config) as producer:
             shipper = BinlogShipper(connection, producer, queue=args.queue,
@@ -121,8 +122,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
 
     target = Target.parse(args.target)
-    config = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
-                         subscription=args.subscription,
+    config = ConsumerConfig(**cluster_options(args), queue=args.queue, subscription=args.subscription,
                             start=args.start, on_failure=FailurePolicy(on_failure="raise", attempts=1))
     applier = Applier(target, args.subscription)
     stop = threading.Event()

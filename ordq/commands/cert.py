@@ -46,7 +46,9 @@ def register(subparsers: Any) -> None:
                       description="Register a client certificate, its key and the cluster CA for the cluster at "
                       "--zk/--root in this user's credentials file ($ORDQ_CREDENTIALS, else "
                       "~/.config/ordq/credentials.json; docs/SECURITY.md): every ordq command and SDK client "
-                      "on this machine then reaches that cluster over mutual TLS with them.")
+                      "on this machine then reaches that cluster over mutual TLS with them. With --bootstrap "
+                      "HOST:PORT,... (its coordinators' addresses) it also records where they answer, so that "
+                      "clients named by --zk/--root find them (clients hold no ZooKeeper session).")
     for flag, what in (("--cert", "the client certificate (ordq cert issue --role client)"), ("--key", "its key"),
                        ("--ca", "the cluster CA (ca.pem)")):
         reg.add_argument(flag, type=Path, required=True, metavar="PEM", help=what)
@@ -71,10 +73,17 @@ def cmd_register(args: argparse.Namespace) -> int:
     creds = Credentials(ca_file=str(args.ca.absolute()), cert_file=str(args.cert.absolute()),
                         key_file=str(args.key.absolute()), zk_tls=args.zk_tls)
     security.register_tls(args.zk, args.root, creds)
+    bootstrap = getattr(args, "bootstrap", None)
+    if bootstrap:  # where this cluster's coordinators answer: clients named by --zk/--root find them
+        from ordq.coordinator.client import parse_bootstrap
+
+        security.register_coordinators(args.zk, args.root, parse_bootstrap(bootstrap))
     if wants_json(args):
-        emit_json({"cluster": f"{args.zk}{args.root}", **creds.to_dict()})
+        emit_json({"cluster": f"{args.zk}{args.root}", **creds.to_dict(),
+                   "coordinators": security.registered_bootstrap(args.zk, args.root)})
     else:
-        print(f"clients of {args.zk}{args.root} on this machine present {args.cert} (CA {args.ca})")
+        print(f"clients of {args.zk}{args.root} on this machine present {args.cert} (CA {args.ca})"
+              + (f"; its coordinators: {bootstrap}" if bootstrap else ""))
     return 0
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, check_token, int_in, open_store, rate, seconds
+from ordq.bootstrap import check_queue, cluster_options, topic_partitions
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds
 from ordq.common.errors import ConfigError, HandlerError
-from ordq.coordinator.store_base import zk_errors
 from ordq.output import emit_json
 
 
@@ -55,13 +55,12 @@ def register(subparsers: Any) -> None:
                       help="keyed parallel delivery: N workers by key, per-key order only (docs/SDK.md)")
 
 
-def preflight(args: argparse.Namespace, role: str) -> None:
+def preflight(args: argparse.Namespace) -> None:
     """What the CLI checks before the SDK starts, so that a command that cannot work says why
-    in one line at once: ZooKeeper answers within --zk-timeout (the SDK waits longer), the
-    queue exists, and the token may ``role`` on it (the brokers would refuse every call)."""
-    with open_store(args) as store:
-        store.queue_config(args.queue)  # QueueNotFound
-        check_token(store, args.queue, role)
+    in one line at once: the coordinators answer within --zk-timeout (the SDK waits longer),
+    the queue exists, and the token has a role on it (the coordinator's Describe answers all
+    three; the role itself is checked when the client asks for its lease)."""
+    check_queue(args, args.queue)
 
 
 def route(args: argparse.Namespace) -> None:
@@ -74,23 +73,21 @@ def route(args: argparse.Namespace) -> None:
 
     if args.queue is not None or not args.key:
         raise ConfigError("with --topic give no QUEUE, and a --key: it picks the partition")
-    with open_store(args) as store:
-        args.partition = partition_of(args.key.encode(), store.read_topic(args.topic).partitions)
+    args.partition = partition_of(args.key.encode(), topic_partitions(args, args.topic))
     args.queue = partition_queue(args.topic, args.partition)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
     route(args)
-    preflight(args, "produce")
-    with zk_errors(args.zk):  # kazoo's own errors (a wrong --zk-auth) as one line
-        return _produce(args)
+    preflight(args)
+    return _produce(args)
 
 
 def _producer(args: argparse.Namespace) -> Any:
     """The queue's producer, or a topic's leading only the partition of --key (preflight found it)."""
     from ordq.sdk import Producer, ProducerConfig, TopicProducer, TopicProducerConfig
 
-    options = {"zk_hosts": args.zk, "root": args.root, "audit_dir": args.audit_dir,
+    options = {**cluster_options(args), "audit_dir": args.audit_dir,
                "connect_timeout_s": args.zk_timeout, "send_timeout_s": args.send_timeout}
     if args.topic is not None:
         return TopicProducer(TopicProducerConfig(topic=args.topic, partitions=(args.partition,), **options))
@@ -188,20 +185,18 @@ def cmd_consume(args: argparse.Namespace) -> int:
     if args.topic is not None:
         from ordq.commands.topic_group import consume_group
 
-        with zk_errors(args.zk), _Interrupt() as interrupt:
+        with _Interrupt() as interrupt:
             return consume_group(args, interrupt)
     if args.queue is None or args.subscription is None:
         raise ConfigError("give a queue and --subscription (or --topic and --group)")
-    preflight(args, "consume")
-    with zk_errors(args.zk):
-        return _consume_command(args)
+    preflight(args)
+    return _consume_command(args)
 
 
 def _consume_command(args: argparse.Namespace) -> int:
     from ordq.sdk import Consumer, ConsumerConfig
 
-    cfg = ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
-                         subscription=args.subscription,
+    cfg = ConsumerConfig(**cluster_options(args), queue=args.queue, subscription=args.subscription,
                          start=args.start, audit_dir=args.audit_dir, connect_timeout_s=args.zk_timeout)
     if args.workers is not None:
         n, last_seq = _consume_keyed(args, Consumer(cfg))

@@ -105,7 +105,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     statuses = cluster.status()
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root,
-                   "started": list(report.started), "notes": list(report.notes),
+                   "bootstrap": cluster.bootstrap, "started": list(report.started), "notes": list(report.notes),
                    "processes": [s.to_dict() for s in statuses], "metrics": cluster.metrics_urls()})
         return 0
     for note in report.notes:
@@ -124,6 +124,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if pages:
         print(f"status page: {pages[0]} (every coordinator serves one)")
     print(f"\nZooKeeper: {cluster.zk_hosts}   root: {cluster.root}   logs: {cluster.folder}/*/")
+    print(f"coordinators (bootstrap): {cluster.bootstrap or '-'}   (clients: --bootstrap, or bootstrap= in the SDK)")
     creds = cluster.credentials
     print(f"security: {'mutual TLS (CA ' + str(creds.ca_file) + ')' if creds.tls else 'plaintext (--insecure)'}"
           f"{', ZooKeeper over TLS' if creds.zk_tls else ''}, "
@@ -178,9 +179,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     healthy = all(s.healthy for s in statuses)
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root, "healthy": healthy,
-                   "processes": [s.to_dict() for s in statuses]})
+                   "bootstrap": cluster.bootstrap, "processes": [s.to_dict() for s in statuses]})
     else:
         print(f"local cluster in {cluster.folder}: ZooKeeper {cluster.zk_hosts}, root {cluster.root}")
+        print(f"coordinators (bootstrap): {cluster.bootstrap or '-'}")
         _print_table(statuses)
         if not healthy:
             print("\nunhealthy: " + ", ".join(s.name for s in statuses if not s.healthy)

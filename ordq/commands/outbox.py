@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from ordq.bootstrap import cluster_options
 from ordq.commands import add_command, int_in, seconds, wants_json
 from ordq.common.proc import announce
 from ordq.output import emit_json, table
@@ -84,7 +85,7 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
         logging.getLogger("ordq").setLevel(logging.INFO)
     config = RelayConfig(queue=args.queue, batch_rows=args.batch_rows, poll_interval_s=args.poll_interval,
                          after_ack=args.after_ack, until_empty=args.until_empty)
-    producer_config = ProducerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue,
+    producer_config = ProducerConfig(**cluster_options(args), queue=args.queue,
                                      send_timeout_s=args.send_timeout)
     stop = threading.Event()
     leading = threading.Event()

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ordq.commands import add_command, check_token, open_store, wants_json
+from ordq.commands import add_command, open_store, wants_json
 from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
@@ -64,14 +64,15 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     """One member of group ``--group`` on ``--topic``: prints ``partition<TAB>seq<TAB>payload``
     per message (partitions in parallel, each in order) until Ctrl-C/SIGTERM or ``--idle-exit``;
     on the way out every partition commits what was printed and is released."""
+    from ordq.bootstrap import check_queue, cluster_options, topic_partitions
+    from ordq.coordinator.topics import partition_queue
     from ordq.sdk import GroupConfig, GroupMember
 
     check_member_args(args)
-    with open_store(args) as store:
-        partitions = store.read_topic(args.topic).partitions
-        for p in (0, partitions - 1):
-            check_token(store, f"{args.topic}.p{p}", "consume")
-    cfg = GroupConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, group=args.group, start=args.start,
+    partitions = topic_partitions(args, args.topic)  # TopicNotFound; the coordinators answer
+    for p in {0, partitions - 1}:
+        check_queue(args, partition_queue(args.topic, p))  # a token with no role there: one line now
+    cfg = GroupConfig(**cluster_options(args), topic=args.topic, group=args.group, start=args.start,
                       audit_dir=args.audit_dir, connect_timeout_s=args.zk_timeout,
                       workers_per_partition=args.workers or 1,
                       **({"member_id": args.member} if args.member else {}))

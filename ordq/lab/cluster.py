@@ -38,7 +38,7 @@ import attrs
 
 from ordq.common.errors import OrdqError
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import Credentials, issue, make_ca, register
+from ordq.common.security import Credentials, issue, make_ca, register, register_coordinators
 from ordq.lab.lab import Lab
 
 ROOT = "/ordq"
@@ -140,6 +140,9 @@ class LabCluster:
         register(zk_hosts, ROOT, Credentials(ca_file=ca, cert_file=str(client / "client.pem"),
                                              key_file=str(client / "client-key.pem"), zk_tls=True),
                  path=cluster.credentials_file)
+        # Clients find the coordinators by these addresses (issue 37), named by (zk_hosts, ROOT).
+        register_coordinators(zk_hosts, ROOT, [cluster.coordinator_address(h) for h in coordinators],
+                              path=cluster.credentials_file)
         cluster._zookeeper(wait=True)
         cluster.timings["zookeeper"] = time.monotonic() - t0
         for host in coordinators:
@@ -203,10 +206,19 @@ class LabCluster:
         return self.lab.run(host, [ordq_command(), "broker", "run", "--config", str(config)],
                             name=f"{host}-broker-{gid}-{role}")
 
+    def coordinator_address(self, host: str) -> str:
+        """Where the coordinator of ``host`` answers (its lab address)."""
+        return f"{self.lab.address(host)}:{COORDINATOR_PORT}"
+
+    @property
+    def bootstrap(self) -> str:
+        """The coordinators' addresses (``host:port,...``), as the cluster's clients are given them."""
+        return ",".join(self.coordinator_address(h) for h in self.coordinators)
+
     def _coordinator(self, host: str, session_timeout_s: float) -> ManagedProcess:
         address = self.lab.address(host)
         config = self._host_dir(host) / "coordinator.toml"
-        config.write_text(f'zk = "{self.zk_hosts}"\nlisten = "{address}:{COORDINATOR_PORT}"\n'
+        config.write_text(f'zk = "{self.zk_hosts}"\nlisten = "{self.coordinator_address(host)}"\n'
                           f'metrics = "{address}:{METRICS_PORT + 10}"\nsession_timeout_s = {session_timeout_s}\n'
                           + _tls("coordinator"))
         return self.lab.run(host, [ordq_command(), "coordinator", "run", "--config", str(config)],

@@ -1,0 +1,116 @@
+"""How a client program finds its cluster: the coordinators' addresses (issue 37).
+
+``--bootstrap HOST:PORT[,...]`` (env ORDQ_BOOTSTRAP) names them; without it, ``--zk``/``--root``
+*name* a cluster whose coordinators ``ordq up`` (or a harness) registered in the credentials
+file: a name looked up in a local file, never a ZooKeeper connection. The client commands
+(produce, consume, cdc, outbox, the drills' workload programs) pass what this returns to their
+SDK configs, and ask the coordinator (``Describe``) what they check before they start.
+
+Rules: no kazoo, no ZkStore; the coordinator's answers are the only source of the cluster's state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ordq.common.errors import ConfigError, CoordinationUnavailable
+from ordq.common.security import credentials_path, registered_bootstrap
+
+HINT = ("pass --bootstrap HOST:PORT[,HOST:PORT...] (the coordinators' addresses: `ordq status` prints them "
+        "as 'coordinators (bootstrap)'; env ORDQ_BOOTSTRAP)")
+
+
+def bootstrap_of(args: argparse.Namespace) -> str | None:
+    """The bootstrap list the command was given (--bootstrap, else ORDQ_BOOTSTRAP), if any."""
+    value = getattr(args, "bootstrap", None)
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options naming the cluster in an SDK config: ``bootstrap`` when given, else the
+    registered (``zk_hosts``, ``root``). ConfigError (one line saying what to pass) when
+    neither names coordinators."""
+    bootstrap = bootstrap_of(args)
+    if bootstrap is not None:
+        from ordq.coordinator.client import parse_bootstrap
+
+        parse_bootstrap(bootstrap)  # ConfigError for a bad address
+        return {"bootstrap": bootstrap, "credentials": credentials_for(args, bootstrap)}
+    if not getattr(args, "zk", None):
+        raise ConfigError(f"no cluster named: {HINT}")
+    if registered_bootstrap(args.zk, args.root) is None:
+        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root} in "
+                          f"{credentials_path()}: {HINT}, or start that cluster with ordq up")
+    return {"zk_hosts": args.zk, "root": args.root}
+
+
+def credentials_for(args: argparse.Namespace, bootstrap: str) -> Any:
+    """What a client given ``bootstrap`` presents: the entry that registered those coordinators
+    (``lookup_bootstrap``), else the one registered for --zk/--root (``ordq cert register``, as
+    every CLI command's TLS files and token), with ORDQ_TOKEN over either."""
+    from ordq.common.security import lookup, lookup_bootstrap
+
+    found = lookup_bootstrap(bootstrap)
+    if found != lookup_bootstrap("") or not getattr(args, "zk", None):  # an entry names them
+        return found
+    return lookup(args.zk, args.root)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """--bootstrap, --zk and --root of a program outside the CLI (the drills' workload
+    programs): the same meaning as the CLI's global options."""
+    import os
+
+    parser.add_argument("--bootstrap", default=os.environ.get("ORDQ_BOOTSTRAP") or None, metavar="HOST:PORT[,...]",
+                        help="the coordinators' addresses (env ORDQ_BOOTSTRAP); else those registered for --zk/--root")
+    parser.add_argument("--zk", default=None, help="the ZooKeeper address naming a registered cluster")
+    parser.add_argument("--root", default="/ordq", help="its root (default %(default)s)")
+
+
+def timeout_of(args: argparse.Namespace) -> float:
+    return float(getattr(args, "zk_timeout", 5.0))
+
+
+@contextlib.contextmanager
+def coordinator(args: argparse.Namespace) -> Iterator[Any]:
+    """A client of the cluster's coordinators, with the credentials registered for them (as
+    ``sdk._cluster.open_coordinator`` finds them; not imported from there: the SDK package
+    still loads kazoo), closed on exit. A call none answers within --zk-timeout is one line
+    naming the addresses tried."""
+    from ordq.common.security import lookup
+    from ordq.coordinator.client import CoordinatorClient
+
+    options = cluster_options(args)
+    if "bootstrap" in options:
+        addresses, creds = options["bootstrap"], options["credentials"]
+    else:
+        addresses = registered_bootstrap(args.zk, args.root) or ""
+        creds = lookup(args.zk, args.root)
+    client = CoordinatorClient(bootstrap=addresses, credentials=creds)
+    try:
+        yield client
+    except CoordinationUnavailable as exc:
+        given = "given" if "bootstrap" in options else f"registered for {args.zk}{args.root}"
+        raise CoordinationUnavailable(
+            f"no coordinator of the cluster answered at {addresses} ({given}) within {timeout_of(args):g}s "
+            "(--zk-timeout): is the cluster running, and are these its coordinators? `ordq status` prints them "
+            "as 'coordinators (bootstrap)'") from exc
+    finally:
+        client.close()
+
+
+def check_queue(args: argparse.Namespace, queue: str) -> None:
+    """QueueNotFound, PermissionDenied (a token with no role on it) or CoordinationUnavailable,
+    as the coordinator answers, before a client starts: one line at once, where the SDK would
+    wait for longer. The role the client needs is checked when it asks for its lease."""
+    with coordinator(args) as client:
+        client.describe(queue, timeout_s=timeout_of(args))
+
+
+def topic_partitions(args: argparse.Namespace, topic: str) -> int:
+    """How many partitions ``topic`` has (TopicNotFound), as the coordinator answers."""
+    with coordinator(args) as client:
+        return int(client.describe_topic(topic, timeout_s=timeout_of(args)).partitions)
