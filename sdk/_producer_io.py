@@ -42,6 +42,7 @@ from ordq.common.errors import (
 )
 from ordq.sdk._futures import SendFuture
 from ordq.sdk._producer_core import PendingBatch
+from ordq.sdk._producer_lookup import LiveLookup
 from ordq.sdk._producer_types import FailoverTimes
 from ordq.wire.transport import Ack, AsyncProduceStream
 
@@ -276,8 +277,12 @@ class ProducerIO:
         """Worker thread: ``gid``'s live processes by role, as the coordinator reads them now
         (Describe with the live processes of the queue's groups: one call; the producer holds no
         ZooKeeper session). {} when ``gid`` is no group of the queue any more."""
+        return dict(self._live_of_queue(timeout_s).get(gid, {}))
+
+    def _live_of_queue(self, timeout_s: float | None = None) -> dict[str, dict[str, LiveInfo]]:
+        """The live processes of every group of the queue, by gid and role (one Describe)."""
         described = self._require_coordinator().describe(self.config.queue, with_live=True, timeout_s=timeout_s)
-        return dict((described.live or {}).get(gid, {}))
+        return dict(described.live or {})
 
     def _cancel_timers(self) -> None:
         for timer in (self._linger_timer, self._deadline_timer):
@@ -474,6 +479,9 @@ class ProducerIO:
         cfg = self.config
         deadline = time.monotonic() + cfg.no_group_timeout_s
         pause = _COORDINATION_AGAIN_S[0]
+        # The masters' addresses, asked now beside the FailOver (whichever group it answers
+        # with): the Describe's round trip overlaps the FailOver's instead of following it.
+        early: LiveLookup | None = LiveLookup(lambda: self._live_of_queue(cfg.no_group_timeout_s))
         self._failover_step(asked_at=time.monotonic())
         while True:
             left = max(deadline - time.monotonic(), 0.1)
@@ -497,7 +505,10 @@ class ProducerIO:
             if open_seg is None:
                 raise NoGroupAvailable(cfg.queue, "the coordinator found no writable group")
             try:
-                address = self._master_address(open_seg.gid)
+                address = early.master(open_seg.gid, max(deadline - time.monotonic(), 0.1)) if early else None
+                early = None  # once: a later head is looked up when it is known
+                if address is None:  # not live when asked (or unanswered): ask again now
+                    address = self._master_address(open_seg.gid)
                 self._failover_step(head_at=time.monotonic(), gid=open_seg.gid, seg=open_seg.seg)
                 return open_seg.gid, open_seg.seg, address
             except BrokerUnavailable:
