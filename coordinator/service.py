@@ -322,10 +322,9 @@ class CoordinatorService(LeaseCalls):
 
     def _claim(self, req: Any) -> Any:
         q = req.queue
-        if req.lease_key or not req.leader_node:
-            check_lease(self.leases, Kind.PRODUCER, q, "", req.generation, req.lease_key, "produce")
-        else:  # a client from before leases (issue 37), in its ZooKeeper election
-            self._check_first(q, self.store.paths.producer_leader(q), req.leader_node, "producer election")
+        # Only the holder of the queue's producer lease claims (issue 37). A node in the old
+        # ZooKeeper election proves nothing: anyone with a token could plant one first.
+        check_lease(self.leases, Kind.PRODUCER, q, "", req.generation, req.lease_key, "produce")
         key = secrets.token_urlsafe(32)
         digest = key_hash(key)
         # Epoch and key in one write: there is no moment the new epoch is usable without the key.
@@ -338,15 +337,6 @@ class CoordinatorService(LeaseCalls):
             epoch=epoch, epoch_key=key, gid=t.gid, seg=t.seg, has_last=last is not None,
             last_seq=last[0] if last else -1, last_seg=last[1] if last else -1, last_offset=last[2] if last else -1,
             state_json=self._state_json(st))
-
-    def _check_first(self, queue: str, path: str, node: str, what: str) -> None:
-        """PermissionDenied unless ``node`` (a path or child name) is the first contender."""
-        name = node.rpartition("/")[2]
-        if node.startswith("/") and node.rpartition("/")[0] != path:
-            raise PermissionDenied(queue, "produce", f"{node} is not a node of the queue's {what}")
-        first = lock_contenders(self.store, path)
-        if not name or not first or first[0] != name:
-            raise PermissionDenied(queue, "produce", f"the caller does not lead the queue's {what}")
 
     def FailOver(self, request: Any, context: Any) -> Any:  # noqa: N802
         return self._serve("FailOver", request.queue, context, lambda _rec: self._fail_over(request))

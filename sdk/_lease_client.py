@@ -28,7 +28,7 @@ from collections.abc import Callable
 import attrs
 
 from ordq.common.errors import CoordinationUnavailable, LeaseLost, OrdqError, WaitTimeout
-from ordq.coordinator.client import CoordinatorClient, Held
+from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from ordq.coordinator.leases import CLIENT_TRUST
 
 log = logging.getLogger("ordq.lease")
@@ -77,14 +77,16 @@ class CoordinatorLease:
 
     def __init__(self, coord: CoordinatorClient, kind: str, queue: str, sub: str, holder: str, *,
                  ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 on_renewed: Callable[[Held], None] | None = None) -> None:
+                 on_renewed: Callable[[Held], None] | None = None,
+                 on_refused: Callable[[Refusal], None] | None = None) -> None:
         """``on_renewed``: called on the renewal thread with each answer (a member learns its
-        partitions so)."""
+        partitions so); ``on_refused``: called in ``acquire`` with each refusal (who holds it)."""
         self._coord = coord
         self.kind, self.queue, self.sub, self.holder = kind, queue, sub, holder
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._now = clock
         self._on_renewed = on_renewed
+        self._on_refused = on_refused
         self._clock = LeaseClock(ttl_s)
         self._held: Held | None = None
         self._wake = threading.Event()
@@ -157,6 +159,8 @@ class CoordinatorLease:
             if isinstance(got, Held):
                 self._granted(got, sent, rejoin)
                 return True
+            if self._on_refused is not None:
+                self._on_refused(got)
             wait = min(max(got.retry_s, RETRY_S), STANDBY_POLL_S)
             time.sleep(wait if left is None else min(wait, max(left, 0.0)))
         return False

@@ -42,13 +42,14 @@ from ordq.common.errors import (
 )
 from ordq.sdk._futures import SendFuture
 from ordq.sdk._producer_core import PendingBatch
+from ordq.sdk._producer_lookup import LiveLookup
 from ordq.sdk._producer_types import FailoverTimes
 from ordq.wire.transport import Ack, AsyncProduceStream
 
 if TYPE_CHECKING:
     from ordq.common.loop import LoopThread
     from ordq.coordinator.client import CoordinatorClient
-    from ordq.coordinator.store import ZkStore
+    from ordq.coordinator.store_values import LiveInfo
     from ordq.sdk._producer_core import ProducerCore
     from ordq.sdk._producer_types import ProducerConfig, ProducerStats
     from ordq.sdk.audit import AuditWriter
@@ -70,6 +71,8 @@ _STARVED_EXTRA = 4.0
 # A FailOver the coordinator could not serve (its ZooKeeper silent) is asked again after this
 # pause, doubling up to the second figure, until ``no_group_timeout_s`` from the failure.
 _COORDINATION_AGAIN_S = (0.1, 1.0)
+# While a new head's master is not live, the coordinator is asked for it again this often.
+_MASTER_POLL_S = 0.05
 
 
 @attrs.define
@@ -145,9 +148,6 @@ class ProducerIO:
         self._graced: tuple[str | None, int | None] | None = None
         # The failover under way, step by step, until its first ack (then ``last_failover``)
         self._fo: FailoverTimes | None = None
-
-    def _require_store(self) -> ZkStore:
-        raise NotImplementedError
 
     def _require_coordinator(self) -> CoordinatorClient:
         raise NotImplementedError
@@ -245,8 +245,9 @@ class ProducerIO:
 
     async def _judge_head(self, stream: AsyncProduceStream, failure: BrokerUnavailable, timeout: float) -> None:
         """After failovers just before, a missed ack deadline alone does not fail the head:
-        while its master and slave are both live in ZooKeeper (a hung or dead process loses
-        its session), it gets one more ``timeout``, once per segment; then it fails over."""
+        while its master and slave are both live (as the coordinator reads their ZooKeeper
+        sessions: a hung or dead process loses its session), it gets one more ``timeout``, once
+        per segment; then it fails over."""
         assert self._loop is not None
         gid, seg = self._gid, self._seg
         try:
@@ -269,8 +270,19 @@ class ProducerIO:
         self._fail(stream, failure)
 
     def _group_live(self, gid: str | None) -> bool:
-        """Worker thread: are the master and slave of ``gid`` both live in ZooKeeper?"""
-        return gid is not None and len(self._require_store().live_members(gid)) == 2
+        """Worker thread: are the master and slave of ``gid`` both live (the coordinator's Describe)?"""
+        return gid is not None and len(self._live_members(gid)) == 2
+
+    def _live_members(self, gid: str, timeout_s: float | None = None) -> dict[str, LiveInfo]:
+        """Worker thread: ``gid``'s live processes by role, as the coordinator reads them now
+        (Describe with the live processes of the queue's groups: one call; the producer holds no
+        ZooKeeper session). {} when ``gid`` is no group of the queue any more."""
+        return dict(self._live_of_queue(timeout_s).get(gid, {}))
+
+    def _live_of_queue(self, timeout_s: float | None = None) -> dict[str, dict[str, LiveInfo]]:
+        """The live processes of every group of the queue, by gid and role (one Describe)."""
+        described = self._require_coordinator().describe(self.config.queue, with_live=True, timeout_s=timeout_s)
+        return dict(described.live or {})
 
     def _cancel_timers(self) -> None:
         for timer in (self._linger_timer, self._deadline_timer):
@@ -467,6 +479,9 @@ class ProducerIO:
         cfg = self.config
         deadline = time.monotonic() + cfg.no_group_timeout_s
         pause = _COORDINATION_AGAIN_S[0]
+        # The masters' addresses, asked now beside the FailOver (whichever group it answers
+        # with): the Describe's round trip overlaps the FailOver's instead of following it.
+        early: LiveLookup | None = LiveLookup(lambda: self._live_of_queue(cfg.no_group_timeout_s))
         self._failover_step(asked_at=time.monotonic())
         while True:
             left = max(deadline - time.monotonic(), 0.1)
@@ -490,13 +505,17 @@ class ProducerIO:
             if open_seg is None:
                 raise NoGroupAvailable(cfg.queue, "the coordinator found no writable group")
             try:
-                address = self._master_address(open_seg.gid)
+                address = early.master(open_seg.gid, max(deadline - time.monotonic(), 0.1)) if early else None
+                early = None  # once: a later head is looked up when it is known
+                if address is None:  # not live when asked (or unanswered): ask again now
+                    address = self._master_address(open_seg.gid)
                 self._failover_step(head_at=time.monotonic(), gid=open_seg.gid, seg=open_seg.seg)
                 return open_seg.gid, open_seg.seg, address
             except BrokerUnavailable:
                 if time.monotonic() > deadline:
                     raise
-                # The new head's master is not live in ZooKeeper: failed, or its session lapsed
+                # The new head's master is not live (its ZooKeeper session, as the coordinator
+                # reads it): failed, or its session lapsed
                 # for a moment (a starved machine). It gets up to one ack timeout to come back
                 # before we fail over from it too: no walk down the whole send list, sealing a
                 # segment on every group, in one burst (issue 26).
@@ -507,8 +526,8 @@ class ProducerIO:
                     return open_seg.gid, open_seg.seg, waited
                 gid, seg = open_seg.gid, open_seg.seg  # the new head is down too: next one
             except CoordinationUnavailable:
-                # ZooKeeper away while we look up the new head's master: try again (the
-                # fail over is then a no-op that follows the head), bounded.
+                # No coordinator answered while we looked up the new head's master: try again
+                # (the fail over is then a no-op that follows the head), bounded.
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
@@ -520,18 +539,21 @@ class ProducerIO:
                 self._fo = attrs.evolve(self._fo, **times)
 
     def _wait_master(self, gid: str, timeout_s: float) -> str | None:
-        """Worker thread: the address of ``gid``'s master once it is live, within ``timeout_s``."""
+        """Worker thread: the address of ``gid``'s master once it is live, within ``timeout_s``
+        (asking the coordinator every ``_MASTER_POLL_S``)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return self._master_address(gid)
+                return self._master_address(gid, max(deadline - time.monotonic(), 0.5))
             except (BrokerUnavailable, CoordinationUnavailable):
                 if time.monotonic() >= deadline or self._closed:
                     return None
-                time.sleep(0.05)
+                time.sleep(_MASTER_POLL_S)
 
-    def _master_address(self, gid: str) -> str:
-        master = self._require_store().live_members(gid).get("master")
+    def _master_address(self, gid: str, timeout_s: float | None = None) -> str:
+        """Worker thread: the address of ``gid``'s live master (one Describe); BrokerUnavailable
+        when it is not live, CoordinationUnavailable when no coordinator answered."""
+        master = self._live_members(gid, timeout_s).get("master")
         if master is None:
             raise BrokerUnavailable(f"group {gid}", "master not live")
         return master.address

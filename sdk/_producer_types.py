@@ -51,6 +51,7 @@ class ProducerConfig:
     def __attrs_post_init__(self) -> None:
         check_cluster(self.bootstrap, self.zk_hosts, self.root)
         check_name("queue", self.queue)
+        check_name("producer_id", self.producer_id)  # the lease's holder name (coordinator/service_leases.py)
         if self.lease_ttl_s <= 0:
             raise ConfigError("lease_ttl_s must be > 0")
         if self.connect_timeout_s <= 0:
@@ -83,7 +84,7 @@ class FailoverTimes:
     failed_at: float  # the stream's failure seen (broken, refused, no ack within the deadline)
     asked_at: float | None = None  # the coordinator's FailOver (or the follow of a roll) asked
     answered_at: float | None = None  # its last answer: the new head and segment
-    head_at: float | None = None  # the new head's master address known (a ZooKeeper read)
+    head_at: float | None = None  # the new head's master address known (the coordinator's Describe)
     gid: str | None = None
     seg: int | None = None
     new_channel: bool = False  # no channel to that master's address before: one was opened
@@ -115,3 +116,7 @@ class ProducerStats:
     seg: int | None = None
     head: str | None = None
     last_failover: FailoverTimes | None = None  # set at the first ack on the new segment
+    # The producer lease (sdk/producer.py's docstring: what a lapse and a loss mean).
+    lease_lapses: int = 0  # ran out unrenewed, then revived by the coordinator: nothing else happened
+    lease_lost: int = 0  # granted to another holder meanwhile: fenced once that one claims
+    lease_rejoins: int = 0  # granted again after a loss (no successor had claimed)

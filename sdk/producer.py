@@ -1,5 +1,5 @@
-"""Ordered producer: one elected leader per queue writes to the send head, fails over
-without reordering, and is fenced when a successor takes over.
+"""Ordered producer: one leader per queue (a lease from the coordinator) writes to the send
+head, fails over without reordering, and is fenced when a successor takes over.
 
 Guarantee: ``send()`` futures resolve in seq order, each only when its batch is synced on
 master and slave. After a broker failure every unacked batch is resent, in order, with the
@@ -10,10 +10,31 @@ Threads: callers of ``send`` add to the core under a lock and wake the producer'
 (``ordq.common.loop``) only when a batch is cut or due, at most once per batch; the loop writes the
 produce stream, reads its acks and settles them, and keeps the linger and ack-deadline timers
 (``ordq.sdk._producer_io``). Failover's blocking calls run on a worker thread. Batching and the
-window are ``ordq.sdk._producer_core``. The producer writes nothing to ZooKeeper but its election
-node: it asks the coordinator service (``ordq.coordinator.client``) for its epoch (Claim, which
-also fences and recovers the tail), to fail over and to roll; the epoch key the claim returns
-goes with every Produce, and a refusal (PermissionDenied, EpochNotIssued) is final.
+window are ``ordq.sdk._producer_core``.
+
+The cluster: the producer holds no ZooKeeper session (issue 37). It speaks to the coordinator
+service (``ordq.coordinator.client``) only: the producer lease of its queue (Acquire, renewed by
+heartbeats, ``ordq.sdk._lease_client``; standbys wait in Acquire), its epoch (Claim with the
+lease, which also fences and recovers the tail), fail over and roll (with the epoch and its key),
+and what it reads (Describe: the queue's settings, a head's master address, the tail's replicas).
+The epoch key the Claim returns goes with every Produce; a refusal (PermissionDenied,
+EpochNotIssued) is final.
+
+The lease guards the Claim only; what keeps one writer per queue is the epoch, which the brokers
+check on every write (DESIGN §5 Producer). So:
+- a lease that *lapses* (a pause, a loaded box, the coordinator away) changes nothing: the
+  producer writes on at its epoch, since a successor could write only after a Claim, which
+  fences the open segment first. If the coordinator then revives the lease, that is counted
+  (``ProducerStats.lease_lapses``) and logged by the lease, nothing more.
+- a lease *lost* (the coordinator granted it to another holder after ours expired) is counted
+  (``lease_lost``) and logged. The successor's Claim fences this producer: its writes are then
+  refused and it stops with ``FencedError`` (final: another leader took over). Until that Claim
+  (the successor may be slow, or die before claiming) this producer is still the only writer
+  of its epoch, so it writes on: safe, for the Claim recovers the tail it stored, in order. It
+  also asks for the lease again (``lease_rejoins``): should the successor die before claiming,
+  it holds the lease again and standbys wait behind it as before. Its epoch is checked with a
+  Describe at the loss and after each wait and rejoin, so a producer the successor's Claim
+  superseded stops with ``FencedError`` at once, even while it sends nothing.
 """
 
 from __future__ import annotations
@@ -22,29 +43,29 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
-from kazoo.client import KazooClient
 
 from ordq.common.errors import (
     BrokerUnavailable,
     ClosedError,
+    FencedError,
+    LeaseLost,
     MessageTooLarge,
     OrdqError,
+    PermissionDenied,
     WaitTimeout,
 )
 from ordq.common.loop import LoopThread
-from ordq.common.security import Credentials, lookup
-from ordq.coordinator.client import CoordinatorClient
-from ordq.coordinator.paths import Paths
-from ordq.coordinator.store import ZkStore
+from ordq.common.security import Credentials
+from ordq.coordinator.client import CoordinatorClient, Refusal
+from ordq.sdk._cluster import open_coordinator
 from ordq.sdk._futures import BatchOutcome, SendFuture
-from ordq.sdk._lease import acquire_within, release_bounded
+from ordq.sdk._lease_client import CoordinatorLease
 from ordq.sdk._producer_core import ProducerCore, message_bytes
 from ordq.sdk._producer_io import ProducerIO
 from ordq.sdk._producer_types import ProducerConfig, ProducerStats, StoredMessage
-from ordq.sdk._zk_start import connect
 from ordq.sdk.audit import AuditWriter
 from ordq.sdk.metrics import ProducerMetrics, ProducerSnapshot
 from ordq.wire.batch import Message, decode_batch
@@ -82,11 +103,11 @@ class Producer(ProducerIO):
         self._audit = AuditWriter(config.audit_dir, "acks", writer_id=config.producer_id) if config.audit_dir else None
         self._open_outcome = BatchOutcome()
         self._send_us: dict[int, int] = {}  # first seq of batch -> send time (audit only)
-        self._client: KazooClient | None = None
-        self._store: ZkStore | None = None  # reads only (queue config, live members, state)
-        self._coordinator: CoordinatorClient | None = None
+        self._coordinator: CoordinatorClient | None = None  # the producer's one line to the cluster
         self._epoch_key = ""  # the Claim's secret: sent with every Produce
-        self._lease: Any = None
+        self._lease: CoordinatorLease | None = None
+        self._standby_logged = False
+        self._rejoining = False  # a lost lease is being asked for again (``_rejoin``)
         self._max_message = config.batching.max_batch_bytes - 64  # until start() reads the queue's
         self._max_message_of = "this producer's max_batch_bytes"
         # Rolling the segment we write once it reaches the queue's size or age (the coordinator
@@ -113,8 +134,11 @@ class Producer(ProducerIO):
         self.close()
 
     def start(self) -> None:
-        """Connect, wait to be elected leader (standbys block here), take over the tail.
-        On any error nothing is left running (ZooKeeper session, election node, channels)."""
+        """Reach the coordinator, wait for the producer lease (standbys block here), claim the
+        epoch and take over the tail. On any error nothing is left running (lease, channels).
+
+        Raises QueueNotFound, WaitTimeout (no lease within ``leader_timeout_s``),
+        CoordinationUnavailable (no coordinator within ``connect_timeout_s``), PermissionDenied."""
         try:
             self._start()
         except BaseException:
@@ -123,17 +147,13 @@ class Producer(ProducerIO):
 
     def _start(self) -> None:
         cfg = self.config
-        creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
+        self._coordinator, creds = coord, creds = open_coordinator(cfg.bootstrap, cfg.zk_hosts, cfg.root,
+                                                                   cfg.credentials)
         if self._transport is None:
             from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client, zk = connect(cfg.zk_hosts or "", cfg.root, creds, session_timeout_s=cfg.lease_ttl_s,
-                                   connect_timeout_s=cfg.connect_timeout_s, who=f"producer of {cfg.queue!r}",
-                                   stopped=lambda: self._closed)
-        paths = Paths(cfg.root)
-        self._store = store = ZkStore(self._client, paths)
-        queue_cfg = zk(lambda: store.queue_config(cfg.queue), "read the queue")  # QueueNotFound early
+        queue_cfg = coord.describe(cfg.queue, with_config=True, timeout_s=cfg.connect_timeout_s).config  # QueueNotFound
         queue_limit = queue_cfg.max_message_bytes
         self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)
         batch_limit = cfg.batching.max_batch_bytes - 64
@@ -141,14 +161,26 @@ class Producer(ProducerIO):
             self._max_message, self._max_message_of = queue_limit, f"queue {cfg.queue!r} max_message_bytes"
         else:
             self._max_message, self._max_message_of = batch_limit, "this producer's max_batch_bytes"
-        self._coordinator = CoordinatorClient(self._client, paths, creds)
-        election = paths.producer_leader(cfg.queue)
-        self._lease = lease = self._client.Lock(election, cfg.producer_id)
-        if not zk(acquire_within(lease, cfg.leader_timeout_s), "join the producer election"):
-            raise WaitTimeout(f"queue {cfg.queue!r}: not elected producer leader in {cfg.leader_timeout_s}s")
-        # The coordinator bumps the epoch (bound to a key only we learn), fences the open
-        # segment and finds where seq continues; it checks we lead the election first.
-        t = self._coordinator.claim(cfg.queue, f"{election}/{self._lease.node}", wait_s=cfg.no_group_timeout_s)
+        self._lease = lease = CoordinatorLease(coord, "producer", cfg.queue, "", cfg.producer_id,
+                                               ttl_s=cfg.lease_ttl_s, on_refused=self._on_standby)
+        deadline = None if cfg.leader_timeout_s is None else time.monotonic() + cfg.leader_timeout_s
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)  # 0: ask once
+            if not lease.acquire(left, stopped=lambda: self._closed):
+                if self._closed:
+                    raise ClosedError("producer closed while it waited for the producer lease")
+                raise WaitTimeout(f"queue {cfg.queue!r}: the producer lease was not granted in "
+                                  f"{cfg.leader_timeout_s}s (another producer leads)")
+            # The coordinator checks the lease, bumps the epoch (bound to a key only we learn),
+            # fences the open segment and finds where seq continues.
+            try:
+                t = coord.claim(cfg.queue, lease.held, wait_s=cfg.no_group_timeout_s)
+                break
+            except LeaseLost as exc:  # paused between the grant and the claim, and superseded
+                with self._lock:
+                    self._stats.lease_lost += 1
+                log.warning("queue %s: producer %s lost its lease before it claimed (%s); waiting again",
+                            cfg.queue, cfg.producer_id, exc.reason)
         self._epoch_key = t.key
         next_seq = t.last[0] + 1 if t.last is not None else 0
         with self._lock:
@@ -161,9 +193,80 @@ class Producer(ProducerIO):
         self._loop.run(self._start_io(creds, t.gid, t.seg, address))
         log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
                  cfg.queue, cfg.producer_id, t.epoch, t.seg, next_seq)
+        self._loop.call_soon(self._check_lease)
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
             self._metrics = ProducerMetrics(cfg, self._metrics_snapshot)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
+
+    def _on_standby(self, refusal: Refusal) -> None:
+        """The lease is held by another producer: say once that this one waits as its standby."""
+        if not self._standby_logged:
+            self._standby_logged = True
+            log.warning("queue %s: producer %s waits as a standby: the producer lease is held by %s",
+                        self.config.queue, self.config.producer_id, refusal.holder or "another producer")
+
+    # -- the lease after the claim (module docstring: what a lapse and a loss mean) ----------------
+
+    def _check_lease(self) -> None:
+        """On the loop, every quarter of the lease's ttl: a lease lost (its renewal thread was
+        refused) starts the rejoin on a thread of its own (the loop's worker stays free for
+        failovers; the coordinator may keep it waiting a long time)."""
+        lease, loop = self._lease, self._loop
+        if lease is None or loop is None or self._closed or self._fatal is not None:
+            return
+        if lease.lost_reason is not None and not self._rejoining:
+            self._rejoining = True
+            threading.Thread(target=self._rejoin, args=(lease,), name="ordq-producer-rejoin", daemon=True).start()
+        loop.loop.call_later(max(self.config.lease_ttl_s / 4, 0.05), self._check_lease)
+
+    def _rejoin(self, lease: CoordinatorLease) -> None:
+        """Thread: the lease was lost. Stop with FencedError if a successor claimed; else ask
+        for the lease again, checking the epoch after every wait (module docstring)."""
+        assert self._core is not None
+        epoch, cfg = self._core.epoch, self.config
+        log.warning("queue %s: producer %s lost its lease (%s); it writes on at epoch %d until a successor's "
+                    "claim fences it, and asks for the lease again", cfg.queue, cfg.producer_id,
+                    lease.lost_reason, epoch)
+        try:
+            while not self._closed and self._fatal is None:
+                if self._superseded(epoch):
+                    return
+                if lease.acquire(cfg.lease_ttl_s, stopped=lambda: self._closed):
+                    if not self._superseded(epoch):
+                        log.warning("queue %s: producer %s holds its lease again, still at epoch %d", cfg.queue,
+                                    cfg.producer_id, epoch)
+                    self._rejoining = False  # (a later loss rejoins again)
+                    return
+        except PermissionDenied as exc:  # a final refusal (a revoked token): the brokers refuse it too
+            self._stop_from_lease(exc)
+        except OrdqError as exc:  # e.g. the queue deleted: its writes are refused as well (no more tries)
+            log.warning("queue %s: producer %s cannot ask for its lease again: %s", cfg.queue, cfg.producer_id, exc)
+
+    def _superseded(self, epoch: int) -> bool:
+        """Has a successor claimed a later epoch? Then stop with FencedError now (idle or not)."""
+        try:
+            current = self._require_coordinator().describe(self.config.queue).state.producer_epoch
+        except OrdqError as exc:  # unsure now: the brokers still fence us if it is so
+            log.debug("queue %s: epoch not read: %s", self.config.queue, exc)
+            return False
+        if current <= epoch:
+            return False
+        self._stop_from_lease(FencedError(self.config.queue, epoch, current))
+        return True
+
+    def _stop_from_lease(self, exc: FencedError | PermissionDenied) -> None:
+        """Any thread: stop as a broker's refusal of the stream would (final, no failover)."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon(self._fail_current, exc)
+
+    def _fail_current(self, exc: BaseException) -> None:
+        """On the loop: fail the current stream with ``exc`` (fatal: the producer stops). With no
+        stream (a failover under way) the coordinator's FailOver meets the same fence."""
+        with self._mutex:
+            stream = self._stream
+            if stream is not None:
+                self._fail_locked(stream, exc)
 
     async def _start_io(self, creds: Credentials, gid: str, seg: int, address: str) -> None:
         from ordq.wire.aio_client import AioTransport
@@ -185,7 +288,8 @@ class Producer(ProducerIO):
             self._shutdown()
 
     def _shutdown(self) -> None:
-        """Stop the loop (stream, channels), fail what is pending, release ZooKeeper."""
+        """Stop the loop (stream, channels), fail what is pending, then give the lease back
+        (a standby may start at once: nothing of ours is written any more)."""
         self._closed = True
         if self._loop is not None:
             try:
@@ -199,13 +303,10 @@ class Producer(ProducerIO):
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        if self._lease is not None and self._client is not None:
-            release_bounded(self._client, self._lease, self.config.lease_ttl_s)
+        if self._lease is not None:
+            self._lease.stop(release=True, timeout_s=self.config.lease_ttl_s)
         if self._coordinator is not None:
             self._coordinator.close()
-        if self._client is not None:
-            self._client.stop()
-            self._client.close()
         if self._transport is not None:
             self._transport.close()
 
@@ -285,7 +386,13 @@ class Producer(ProducerIO):
 
     def statistics(self) -> ProducerStats:
         with self._lock:
-            return attrs.evolve(self._stats)
+            stats = attrs.evolve(self._stats)
+        lease = self._lease
+        if lease is not None:  # its renewal thread counts; a loss at the claim is counted here
+            stats.lease_lapses += lease.stats.lapses
+            stats.lease_lost += lease.stats.lost
+            stats.lease_rejoins += lease.stats.rejoins
+        return stats
 
     def _metrics_snapshot(self) -> ProducerSnapshot:
         """What the metrics collector shows (read on its scrape thread)."""
@@ -318,11 +425,6 @@ class Producer(ProducerIO):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _require_store(self) -> ZkStore:
-        if self._store is None:
-            raise ClosedError("producer not started")
-        return self._store
-
     def _require_coordinator(self) -> CoordinatorClient:
         if self._coordinator is None:
             raise ClosedError("producer not started")
@@ -334,12 +436,12 @@ class Producer(ProducerIO):
         return self._transport
 
     def _read_message(self, seg: int, offset: int) -> Message:
-        store, transport = self._require_store(), self._require_transport()
-        st, _ = store.load_state(self.config.queue)
-        segment = st.segment(seg)
+        coord, transport = self._require_coordinator(), self._require_transport()
+        described = coord.describe(self.config.queue, with_live=True)  # the state and its groups' replicas
+        segment = described.state.segment(seg)
         if segment is None:
             raise OrdqError(f"segment {seg} holding the last message was already popped")
-        for info in store.live_members(segment.gid).values():
+        for info in (described.live or {}).get(segment.gid, {}).values():
             try:
                 res = transport.fetch(info.address, self.config.queue, seg, offset, max_bytes=1, max_wait_ms=0)
             except OrdqError:

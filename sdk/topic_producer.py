@@ -12,14 +12,18 @@ as its standby. A send whose key routes to a partition this process does not lea
 ``PartitionNotLed`` at once (it never waits: a key's messages must come from one process to
 have one order). When the topic's partition count changes (``ordq topic alter --rekey``),
 every later send raises ``TopicChanged``: keys route differently now; make a new producer.
+The topic is read from the coordinator (Describe) every ``TOPIC_POLL_S``, so a change is seen
+within that (plus one call); nothing here holds a ZooKeeper session (issue 37).
 
 Threads: ``send`` is the hot path: one hash and a list lookup on top of ``Producer.send``.
-The partitions' producers are started in parallel (one waiting for its election must not hold
-up the others) and each keeps its own ZooKeeper session, event loop and streams.
+The partitions' producers are started in parallel (one waiting for its lease must not hold
+up the others) and each keeps its own lease, event loop and streams; one more thread reads
+the topic.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,18 +32,21 @@ from typing import Any
 
 import attrs
 
-from ordq.common.errors import ClosedError, ConfigError, OrdqError, PartitionNotLed, TopicChanged
-from ordq.common.security import Credentials, lookup
+from ordq.common.errors import ClosedError, ConfigError, OrdqError, PartitionNotLed, TopicChanged, TopicNotFound
+from ordq.common.security import Credentials
+from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.paths import check_name
-from ordq.coordinator.store import ZkStore
-from ordq.coordinator.store_values import json_value
-from ordq.coordinator.topics import TopicConfig, partition_of, partition_queue
+from ordq.coordinator.topics import partition_of, partition_queue
+from ordq.sdk._cluster import open_coordinator
 from ordq.sdk._futures import SendFuture
 from ordq.sdk._producer_core import BatchingConfig
 from ordq.sdk._producer_types import ProducerConfig, ProducerStats
 from ordq.sdk.audit import new_writer_id
 from ordq.sdk.producer import Producer
 from ordq.wire.transport import BrokerTransport
+
+log = logging.getLogger("ordq.producer")
+TOPIC_POLL_S = 1.0  # how often the topic's partition count is read again
 
 
 def _default(option: str) -> Any:
@@ -96,11 +103,12 @@ class TopicProducer:
     def __init__(self, config: TopicProducerConfig, *, transport: BrokerTransport | None = None) -> None:
         self.config = config
         self._transport = transport
-        self._store: ZkStore | None = None
+        self._coordinator: CoordinatorClient | None = None  # reads the topic (Describe)
+        self._poll_stop = threading.Event()
         self._partitions = 0  # the topic's partition count, read at start
         self._producers: list[Producer | None] = []  # by partition: ours, or None
         self._led: tuple[int, ...] = ()
-        self._stale: OrdqError | None = None  # set by the topic record's watch: sends refused
+        self._stale: OrdqError | None = None  # set by the topic's poll: sends refused
         self._closed = False
         self._lock = threading.Lock()
 
@@ -123,21 +131,20 @@ class TopicProducer:
 
     def start(self) -> None:
         """Read the topic, then start (in parallel) the producer of every partition it is to
-        lead; returns once each leads (a standby waits for its election, bounded by
+        lead; returns once each leads (a standby waits for its lease, bounded by
         ``leader_timeout_s``). TopicNotFound; ConfigError for a partition the topic lacks. On
         any error nothing is left running."""
         cfg = self.config
         try:
-            creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
-            self._store = store = ZkStore.connect(cfg.zk_hosts or "", cfg.root, timeout_s=cfg.lease_ttl_s,
-                                                  auth=creds.zk_auth)
-            topic = store.read_topic(cfg.topic)
+            self._coordinator, _ = coord, _ = open_coordinator(cfg.bootstrap, cfg.zk_hosts, cfg.root,
+                                                               cfg.credentials)
+            topic = coord.describe_topic(cfg.topic, timeout_s=cfg.connect_timeout_s)
             self._partitions = n = topic.partitions
             led = tuple(sorted(cfg.partitions)) if cfg.partitions is not None else tuple(range(n))
             missing = [i for i in led if i >= n]
             if missing:
                 raise ConfigError(f"topic {cfg.topic!r} has partitions 0..{n - 1}, not {missing}")
-            store.client.DataWatch(store.paths.topic(cfg.topic), self._topic_changed)
+            threading.Thread(target=self._poll_topic, name="ordq-topic-poll", daemon=True).start()
             producers = {i: Producer(cfg.partition_config(i), transport=self._transport) for i in led}
             self._producers = [None] * n
             for i, p in producers.items():
@@ -150,16 +157,22 @@ class TopicProducer:
             self.close()
             raise
 
-    def _topic_changed(self, data: bytes | None, _stat: object) -> None:
-        """The topic record's watch (kazoo's thread): a changed count (or a deleted topic)
-        stops every later send."""
-        try:
-            new = None if data is None else TopicConfig(**json_value(data)).partitions
-        except (ValueError, TypeError) as exc:  # not ours to judge here: stop sending, say why
-            self._stale = OrdqError(f"topic {self.config.topic!r}: its record no longer parses ({exc})")
-            return
-        if self._partitions and new != self._partitions:
-            self._stale = TopicChanged(self.config.topic, self._partitions, new)
+    def _poll_topic(self) -> None:
+        """Thread: read the topic every ``TOPIC_POLL_S``; a changed count (or a deleted topic)
+        stops every later send. A coordinator that does not answer now is asked again."""
+        coord = self._coordinator
+        assert coord is not None
+        while not self._poll_stop.wait(TOPIC_POLL_S):
+            try:
+                new: int | None = coord.describe_topic(self.config.topic, timeout_s=max(TOPIC_POLL_S, 2.0)).partitions
+            except TopicNotFound:
+                new = None
+            except OrdqError as exc:  # no answer now (or a refusal): sends go on, asked again
+                log.debug("topic %s: not read now: %s", self.config.topic, exc)
+                continue
+            if self._partitions and new != self._partitions:
+                self._stale = TopicChanged(self.config.topic, self._partitions, new)
+                return
 
     def partition_for(self, key: bytes | str) -> int:
         """The partition ``key`` routes to."""
@@ -192,7 +205,7 @@ class TopicProducer:
             p.flush(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush and close every partition's producer (releasing their elections)."""
+        """Flush and close every partition's producer (releasing their leases)."""
         with self._lock:
             if self._closed:
                 return
@@ -206,8 +219,9 @@ class TopicProducer:
                     first = first or exc
         finally:
             self._producers = []
-            if self._store is not None:
-                self._store.close()
+            self._poll_stop.set()
+            if self._coordinator is not None:
+                self._coordinator.close()
         if first is not None:
             raise first
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import time
 
+import attrs
 import grpc
 import pytest
 
-from ordq.common.errors import EpochNotIssued, FencedError, NotCoordinatorLeader, PermissionDenied
+from ordq.common.errors import EpochNotIssued, FencedError, LeaseLost, NotCoordinatorLeader, PermissionDenied
 from ordq.common.security import channel, ensure_coordinator_pki
-from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from ordq.coordinator.service import LEADER_METADATA_KEY, leader_address
 from ordq.coordinator.state import SegStatus
 from ordq.wire import ordq_pb2 as pb
@@ -46,21 +47,21 @@ def elected(cluster: Cluster) -> str:
     return address
 
 
-def lead_producer_election(cluster: Cluster, ident: str = "P") -> object:
-    lock = cluster.store.client.Lock(cluster.paths.producer_leader("q"), ident)
-    assert lock.acquire(timeout=10)
-    return lock
+def lead_producer(client: CoordinatorClient, holder: str = "P") -> Held:
+    """The producer lease of q (a long ttl: the test's steps must not outlast it)."""
+    got = client.acquire("producer", "q", "", holder, ttl_ms=60_000)
+    assert isinstance(got, Held), got
+    return got
 
 
 def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue("q")  # add_groups started coordinator-0
     elected(cluster)
-    lock = lead_producer_election(cluster)
     client = CoordinatorClient(cluster.store, credentials=cluster.credentials)
     try:
-        path = cluster.paths.producer_leader("q")
-        c = client.claim("q", f"{path}/{lock.node}")
+        lease = lead_producer(client)
+        c = client.claim("q", lease)
         st = cluster.state()
         assert c.epoch == st.producer_epoch == 1 and c.last is None
         assert st.producer_key is not None and c.key and st.producer_key != c.key
@@ -71,12 +72,14 @@ def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
         stream.send([encode_batch([Message(b"x", None, (), 0)], epoch=c.epoch, first_seq=0)])
         assert next(stream.acks()).count == 1
         stream.close()
-        # a claim by a node that is not the first contender is refused, changing nothing
-        other = cluster.store.client.Lock(path, "other")
+        # a claim by another holder (refused the lease), with a forged key, or without a lease
+        # is refused, changing nothing (tests/test_producer_lease.py: the planted election node)
+        assert isinstance(client.acquire("producer", "q", "", "other"), Refusal)
+        with pytest.raises(LeaseLost):
+            client.claim("q", attrs.evolve(lease, holder="other", key="forged"))
         with pytest.raises(PermissionDenied):
-            client.claim("q", f"{path}/not-a-node__lock__0000000099")
+            client.claim("q", attrs.evolve(lease, key=""))
         assert cluster.state().producer_epoch == 1
-        del other
         # fail over: sealed in the background, the new head opened on g2
         with pytest.raises(EpochNotIssued):
             client.fail_over("q", c.gid, c.seg, c.epoch, "wrong-key")
@@ -88,13 +91,13 @@ def test_claim_fail_over_roll_through_the_service(cluster: Cluster) -> None:
         st = client.roll("q", st.head, seg, c.epoch, c.key)
         assert st.open_segment is not None and st.open_segment.seg == seg + 1
         # a second claim fences the first epoch
-        c2 = client.claim("q", f"{path}/{lock.node}")
+        c2 = client.claim("q", lease)
         assert c2.epoch == c.epoch + 1
         with pytest.raises(FencedError):
             client.fail_over("q", st.head, st.open_segment.seg, c.epoch, c.key)
+        client.release(lease)
     finally:
         client.close()
-        lock.release()
 
 
 def test_a_follower_names_the_leader(cluster: Cluster) -> None:

@@ -116,8 +116,18 @@ def test_producer_frozen_past_its_session_is_fenced_and_exits_cleanly(cluster: C
     wait_until(lambda: len(read_acks(audit)) >= 300, timeout_s=60, interval_s=0.05,
                what="the first producer to get acks")
     second = cluster.spawn_ordq("p2", "produce", "q", "--count", "2000", "--rate", "1000", "--audit-dir", str(audit))
-    freeze_past_the_session(cluster, first, cluster.paths.producer_leader("q"),
-                            lambda: len({a.producer for a in read_acks(audit)}) == 2, "fenced")
+    # The standby waits for the producer lease (no election node: it logs the refusal once).
+    wait_until(lambda: "waits as a standby" in second.log_tail(200), timeout_s=30, interval_s=0.05,
+               what="the standby to wait for the producer lease")
+    first.pause()
+    try:
+        wait_until(lambda: len({a.producer for a in read_acks(audit)}) == 2, timeout_s=30, interval_s=0.05,
+                   what="the standby to take over and act")
+        time.sleep(FROZEN_S - SESSION_S)  # the fault: stay frozen well past the lease
+    finally:
+        first.resume()
+    assert exit_code(first, 60) == 1, first.log_tail()
+    clean_error(first, "fenced")
     assert exit_code(second) == 0, second.log_tail()
 
     acks = read_acks(audit)

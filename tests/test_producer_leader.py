@@ -1,9 +1,10 @@
 """Producer leader faults (DESIGN §5, §6): the producers are separate processes
-(``tests.helpers.produce``) under load; the fault hits the leader; a standby waiting in the
-election takes over, fences the old epoch and continues the same seq stream right after the
-last stored message (``last_committed()``), so the consumer sees seq 0..N-1 once, in order:
-every seq below the standby's first one written by the old leader, every one from it on by
-the standby (so no late write of the old leader was stored after the takeover).
+(``tests.helpers.produce``) under load; the fault hits the leader; a standby waiting for the
+producer lease (the coordinator's Acquire) takes over, fences the old epoch and continues the
+same seq stream right after the last stored message (``last_committed()``), so the consumer
+sees seq 0..N-1 once, in order: every seq below the standby's first one written by the old
+leader, every one from it on by the standby (so no late write of the old leader was stored
+after the takeover).
 """
 
 from __future__ import annotations
@@ -34,15 +35,20 @@ N = 16_000
 # the order check allows the redelivery from its last commit (issue 26).
 
 
+def wait_standby(program: ProducerProgram) -> None:
+    """Until ``program`` waits for the producer lease, refused while another holds it (the
+    producer logs that once: sdk/producer.py ``_on_standby``)."""
+    wait_until(lambda: "waits as a standby" in program.proc.log_tail(200), timeout_s=30, interval_s=0.05,
+               what=f"{program.writer} to wait for the producer lease")
+
+
 def leader_and_standby(cluster: Cluster, n: int) -> tuple[ProducerProgram, ProducerProgram]:
     leader = cluster.spawn_producer("P1", total=n, rate=LOAD_RATE, hold=True)
     standby = cluster.spawn_producer("P2", total=n, rate=LOAD_RATE, hold=True)
     leader.go()
     leader.wait_leader()
     standby.go()
-    path = cluster.paths.producer_leader("q")
-    wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
-               what="the standby to wait in the producer election")
+    wait_standby(standby)
     assert standby.event("leader") is None
     return leader, standby
 
@@ -165,14 +171,12 @@ def test_producer_leaders_killed_and_hung_in_turn_long(cluster: Cluster) -> None
     n = 200_000
     consumer = cluster.consumer(until=n - 1)
     consumer.start()
-    path = cluster.paths.producer_leader("q")
     programs = [cluster.spawn_producer("P1", total=n, rate=LOAD_RATE)]
     programs[0].wait_leader()
     for k in range(2, 6):
         standby = cluster.spawn_producer(f"P{k}", total=n, rate=LOAD_RATE, hold=True)
         standby.go()
-        wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
-                   what="a standby waiting")
+        wait_standby(standby)
         old = programs[-1]
         wait_acked(old, 3000, timeout_s=120)
         if k % 2:

@@ -354,9 +354,11 @@ def test_handout_finishes_only_what_was_handed_out() -> None:
 
 class _FailOverStub:
     """The parts of ``ProducerIO._fail_over`` meets: a coordinator that answers FailOver with
-    ``CoordinationUnavailable`` (its ZooKeeper silent) ``outage`` times, then with a new head."""
+    ``CoordinationUnavailable`` (its ZooKeeper silent) ``outage`` times, then with a new head,
+    and Describe with the live processes of the queue's groups (one call per failover)."""
 
     def __init__(self, outage: int, *, no_group_timeout_s: float = 30.0) -> None:
+        from ordq.coordinator.client import Described
         from ordq.coordinator.state import QueueState, Segment
         from ordq.coordinator.store_values import LiveInfo
         from ordq.sdk import ProducerConfig
@@ -364,29 +366,30 @@ class _FailOverStub:
 
         class Coordinator:
             calls = 0
+            describes = 0
+            state = QueueState("q", groups=("g1", "g2"), send=("g2",), consume=(Segment(1, "g2"),), producer_epoch=1)
 
             def fail_over(self, queue: str, gid: str, seg: int, epoch: int, key: str, *, wait_s: float) -> object:
                 Coordinator.calls += 1
                 if Coordinator.calls <= outage:
                     raise CoordinationUnavailable("ZooKeeper unreachable: no answer in time")
-                return QueueState(queue, groups=("g1", "g2"), send=("g2",), consume=(Segment(1, "g2"),),
-                                  producer_epoch=epoch)
+                return self.state
 
-        class Store:
-            def live_members(self, gid: str) -> dict[str, LiveInfo]:
-                return {"master": LiveInfo(address=f"{gid}:1", incarnation="i", pid=1)}
+            def describe(self, queue: str, *, with_live: bool = False, timeout_s: float | None = None) -> Described:
+                Coordinator.describes += 1
+                live = {g: {"master": LiveInfo(address=f"{g}:1", incarnation="i", pid=0)} for g in ("g1", "g2")}
+                return Described(state=self.state, version=1, live=live if with_live else None)
 
         class Core:
             epoch = 1
 
-        self.coordinator, store = Coordinator(), Store()
+        self.coordinator = Coordinator()
         io = ProducerIO.__new__(ProducerIO)
         io.config = ProducerConfig(zk_hosts="127.0.0.1:2181", queue="q", no_group_timeout_s=no_group_timeout_s)
         io._gid, io._seg, io._core, io._epoch_key, io._closed = "g1", 0, Core(), "key", False  # type: ignore[assignment]
         io._pacing = FailoverPacing(io.config.send_timeout_s)
         io._mutex, io._fo = threading.RLock(), None  # no failover timing recorded here
         io._require_coordinator = lambda: self.coordinator  # type: ignore[method-assign]
-        io._require_store = lambda: store  # type: ignore[method-assign]
         self.io = io
 
 
@@ -398,6 +401,7 @@ def test_failover_waits_out_a_coordinator_whose_zookeeper_is_silent_within_its_b
     stub = _FailOverStub(outage=3)
     assert stub.io._fail_over() == ("g2", 1, "g2:1")
     assert stub.coordinator.calls == 4
+    assert stub.coordinator.describes == 1  # the new head's master: one Describe after the answer
 
 
 def test_failover_gives_up_when_its_bound_runs_out_with_the_coordinator_s_answer() -> None:

@@ -213,9 +213,10 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
                                      run_dir=tmp_path / "run", env={"ORDQ_ZK_AUTH": ADMIN, "PYTHONPATH": str(REPO)},
                                      cwd=REPO)
         coordinator.start()
+        serving = coordinator.wait_for_line("SERVING ", timeout_s=60).split()[-1]  # the producer's bootstrap
         coordinator.wait_for_line("READY", timeout_s=60)
         wait_until(lambda: admin.live_groups(["g1"]), what="g1 live")
-        with Producer(ProducerConfig(zk_hosts=hosts, root=zk_root, queue="q",
+        with Producer(ProducerConfig(bootstrap=serving, queue="q",
                                      credentials=Credentials(zk_auth=CLIENT))) as producer:
             for i in range(20):
                 producer.send(b"m%d" % i)
@@ -232,7 +233,7 @@ def test_a_protected_root_refuses_writes_without_the_right_credential(zk_server,
                                      credentials=Credentials(zk_auth=CLIENT))):
             assert admin.get_cursor("q", "s3")[0].last_seq == 19  # created by the coordinator
         assert admin.load_state("q")[0].producer_epoch == 1
-        acl, _ = admin.client.get_acls(p.producer_leader("q"))  # made by the producer, under the policy
+        acl, _ = admin.client.get_acls(p.producer_leader("q"))  # made by the upgrade (producers hold leases now)
         assert {a.id.id: a.perms for a in acl}[IDS.client] == READ | CREATE | DELETE
     finally:
         procs.kill()

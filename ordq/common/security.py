@@ -429,6 +429,10 @@ def register(zk_hosts: str, root: str, creds: Credentials, *, cluster: str | Non
     if cluster is not None:
         entry[CLUSTER_FIELD] = cluster
     with _locked_file(path) as clusters:
+        # the coordinators' addresses stay (register_coordinators): clients find the cluster by them
+        known = (clusters.get(_key(zk_hosts, root)) or {}).get(COORDINATORS_FIELD)
+        if known and COORDINATORS_FIELD not in entry:
+            entry[COORDINATORS_FIELD] = known
         clusters[_key(zk_hosts, root)] = entry
 
 
