@@ -4,9 +4,9 @@ and the cursor commits of what finished.
 Guarantee (docs/SDK.md, "What is committed"): a commit never covers more than the application
 finished. A message counts as finished once the application asks for another or says so
 (``Handout.finish_handed``, ``mark_finished``); with keyed delivery, the contiguous prefix the
-workers finished. Commits are requests to the coordinator, checked against this consumer's
-lock node (``holder``); one that got no answer is kept "in doubt", so that a later conflict
-with it is recognised as our own write.
+workers finished. Commits are requests to the coordinator carrying this consumer's lease
+(``held``: generation and key; the coordinator refuses any other with LeaseLost); one that got
+no answer is kept "in doubt", so that a later conflict with it is recognised as our own write.
 
 Rules: ``Handout`` holds no I/O but the audit rows of what it hands out; ``Committer`` commits
 and pops and never decides what is finished (it asks ``finished``). Neither checks the lease:
@@ -21,10 +21,16 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 
-from ordq.common.errors import ConfigError, ConflictError, CoordinationUnavailable, IllegalTransition, OrdqError
-from ordq.coordinator.client import CoordinatorClient
+from ordq.common.errors import (
+    ConfigError,
+    ConflictError,
+    CoordinationUnavailable,
+    IllegalTransition,
+    LeaseLost,
+    OrdqError,
+)
+from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
-from ordq.coordinator.store import ZkStore
 from ordq.sdk._consumer_core import CommitPolicy
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered
 from ordq.sdk._queue_view import QueueView
@@ -97,6 +103,13 @@ class Handout:
             return
         self.done, self.finished_base = None, cursor
 
+    def rejoined(self, cursor: Cursor) -> None:
+        """The lease was granted again: what was read and not handed out is dropped, and the
+        committed ``cursor`` is where the application's finished position stands."""
+        self.buffer.clear()
+        self.in_hand = self.done = None
+        self.finished_base = cursor
+
     def sync_keyed(self) -> None:
         """Keyed delivery: count the messages the workers finished since the last look, so the
         commit policy commits them (a move to the next segment counts as one)."""
@@ -163,16 +176,15 @@ class Handout:
 class Committer:
     """Cursor commits (periodic, explicit, on close) and the pops they allow."""
 
-    def __init__(self, config: ConsumerConfig, store: ZkStore, coordinator: CoordinatorClient, view: QueueView,
-                 policy: CommitPolicy, stats: ConsumerStats, *, holder: Callable[[], str],
+    def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, view: QueueView,
+                 policy: CommitPolicy, stats: ConsumerStats, *, held: Callable[[], Held],
                  finished: Callable[[], Cursor], audit: AuditWriter | None, version: int) -> None:
         self.config = config
-        self._store = store
         self._coord = coordinator
         self._view = view
         self._policy = policy
         self._stats = stats
-        self._holder = holder  # the election's node: the coordinator commits only for its holder
+        self._held = held  # the consumer lease: the coordinator commits only for its current holder
         self._finished = finished
         self._audit = audit
         self.version = version  # of the cursor node, as last written or read
@@ -181,9 +193,17 @@ class Committer:
         self._pop_after: int | None = None  # last_seq of a sealed segment whose pop waits for a later commit
 
     def due(self, now: float) -> bool:
-        """A commit is due by the policy, ZooKeeper is up (the coordinator checks the lock node
-        there) and the last attempt did not just go unanswered."""
-        return self._policy.due(now) and now >= self._retry_at and self._view.connected()
+        """A commit is due by the policy and the last attempt did not just go unanswered (or
+        refused for the lease: the lease's renewal says soon whether it is still ours)."""
+        return self._policy.due(now) and now >= self._retry_at
+
+    def rejoined(self, version: int) -> None:
+        """The lease was granted again and the cursor read at ``version``: commits start over there."""
+        self.version = version
+        self._in_doubt.clear()
+        self._pop_after = None
+        self._retry_at = float("-inf")
+        self._policy.committed(time.monotonic())
 
     def if_due(self, now: float) -> bool:
         """Commit what finished if a commit is due (an unanswered one is tried again after
@@ -192,8 +212,8 @@ class Committer:
             return False
         try:
             self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
-        except CoordinationUnavailable:
-            pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock
+        except (CoordinationUnavailable, LeaseLost):
+            pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock and says if it is lost
         return True
 
     def commit_finished(self) -> None:
@@ -219,9 +239,9 @@ class Committer:
             # The audit rows of what the cursor covers reach the file first: after a crash the
             # standby starts past them, so rows still in the buffer would read as lost.
             self._audit.flush()
-        store, q, sub = self._store, self.config.queue, self.config.subscription
+        q, sub = self.config.queue, self.config.subscription
         coord = self._coord
-        holder = self._holder()
+        holder = self._held()
         try:
             try:
                 self.version = coord.commit(q, sub, cur, self.version, holder, timeout_s=timeout_s)
@@ -230,7 +250,9 @@ class Committer:
                 # again after a lost answer; an earlier one timed out): then the cursor moved to
                 # one we wrote, not to another consumer's. Go on from there; anything else is
                 # a real conflict.
-                now, version = store.get_cursor(q, sub)
+                got = coord.describe(q, subscription=sub, timeout_s=timeout_s)
+                assert got.cursor is not None
+                now, version = got.cursor, got.cursor_version
                 if now == cur:
                     self.version = version
                 elif now in self._in_doubt:
@@ -239,6 +261,11 @@ class Committer:
                     raise
         except CoordinationUnavailable:
             self._in_doubt.append(cur)
+            self._retry_at = time.monotonic() + COMMIT_RETRY_S
+            raise
+        except LeaseLost:
+            # Not ours now: lapsed (a renewal may revive it) or granted to another (the lease
+            # learns it at its next renewal and the consumer rejoins). Nothing was written.
             self._retry_at = time.monotonic() + COMMIT_RETRY_S
             raise
         self._in_doubt.clear()
