@@ -61,6 +61,11 @@ class Handout:
         self.done: Delivered | None = None  # the last finished message (None: finished_base)
         self.finished_base = Cursor(seg=0)  # finished position when done is None
         self.keyed: KeyedWorkers | None = None  # while run_keyed runs: what is done is theirs to say
+        self.handed_max = -1  # the highest seq handed out
+        # The audit rows' consumer: a new instance after each rejoin (docs/AUDIT_FORMAT.md), as
+        # the verifier judges each instance from the cursor it started at.
+        self.audit_consumer = config.consumer_id
+        self.handed_before_rejoin = -1  # the highest seq handed out before the last rejoin
 
     def finish_handed(self) -> None:
         """The application asked for more (or said so): everything handed out is finished.
@@ -76,6 +81,8 @@ class Handout:
         if m.seq <= (self.done.seq if self.done is not None else self.finished_base.last_seq):
             return  # finished already
         last = self.in_hand
+        if (last is None or m.seq > last.seq) and m.seq <= self.handed_before_rejoin:
+            return  # handed out before a rejoin: it comes again from the cursor, nothing to finish now
         if last is None or m.seq > last.seq:
             raise ConfigError(f"seq {m.seq} was not handed out by this consumer")
         if m.seq == last.seq:
@@ -103,12 +110,15 @@ class Handout:
             return
         self.done, self.finished_base = None, cursor
 
-    def rejoined(self, cursor: Cursor) -> None:
-        """The lease was granted again: what was read and not handed out is dropped, and the
-        committed ``cursor`` is where the application's finished position stands."""
+    def rejoined(self, cursor: Cursor, rejoins: int) -> None:
+        """The lease was granted again (the ``rejoins``th time): what was read and not handed
+        out is dropped, and the committed ``cursor`` is where the application's finished
+        position stands."""
+        self.audit_consumer = f"{self.config.consumer_id}#{rejoins}"
         self.buffer.clear()
         self.in_hand = self.done = None
         self.finished_base = cursor
+        self.handed_before_rejoin = self.handed_max
 
     def sync_keyed(self) -> None:
         """Keyed delivery: count the messages the workers finished since the last look, so the
@@ -134,6 +144,7 @@ class Handout:
     def take_one(self) -> Delivered:
         m = self.buffer.popleft()
         self.in_hand = m
+        self.handed_max = max(self.handed_max, m.seq)
         self._stats.delivered += 1
         self._policy.delivered(1)
         self._audit_out([m])
@@ -147,6 +158,7 @@ class Handout:
         else:
             out = [buf.popleft() for _ in range(max_messages)]
         self.in_hand = out[-1]
+        self.handed_max = max(self.handed_max, out[-1].seq)
         self._stats.delivered += len(out)
         self._policy.delivered(len(out))
         self._audit_out(out)
@@ -169,7 +181,7 @@ class Handout:
 
     def _audit_row(self, m: Delivered, now_us: int) -> tuple[object, ...]:
         cfg = self.config
-        return (cfg.queue, cfg.subscription, cfg.consumer_id, m.seq, m.seg, m.offset, (m.key or b"").hex(),
+        return (cfg.queue, cfg.subscription, self.audit_consumer, m.seq, m.seg, m.offset, (m.key or b"").hex(),
                 zlib.crc32(m.payload), m.timestamp_us, now_us)
 
 

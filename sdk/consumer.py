@@ -207,7 +207,7 @@ class Consumer:
         cfg, lease = self.config, self._require(self._lease)
         handout, reader = self._handout, self._require(self._reader)
         was = reader.filter.last_seq
-        handout.rejoined(handout.finished_base)  # nothing read is handed out from here on
+        handout.buffer.clear()  # nothing read is handed out from here on
         if not lease.acquire(None, stopped=lambda: self._closed):
             raise ClosedError("consumer is closed")
         while True:
@@ -218,11 +218,11 @@ class Consumer:
                 self._require(self._checks).coordinator_unavailable(exc)
         assert got.cursor is not None
         cursor = got.cursor
-        handout.rejoined(cursor)
+        self._stats.rejoins += 1
+        handout.rejoined(cursor, self._stats.rejoins)
         reader.rejoined(cursor)
         self._require(self._commits).rejoined(got.cursor_version)
         self._require(self._checks).rejoined()
-        self._stats.rejoins += 1
         log.warning("queue %s/%s: lease lost (%s); rejoined as %s at generation %d, reading on from the "
                     "committed cursor (seg %d offset %d, seq %d; read up to seq %d before: delivered again)",
                     cfg.queue, cfg.subscription, reason, cfg.consumer_id, lease.held.generation, cursor.seg,

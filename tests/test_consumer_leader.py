@@ -235,7 +235,35 @@ def test_a_consumer_paused_past_its_lease_rejoins_and_completes_the_run(cluster:
     by: dict[str, list[int]] = {}
     for d in read_deliveries(audit):
         by.setdefault(d.consumer, []).append(d.deliver_us)
-    assert len(by) == 2
+    rejoined_ids = [c for c in by if c.endswith("#1")]
+    assert len(by) == 3 and len(rejoined_ids) == 1 and rejoined_ids[0][:-2] in by, sorted(by)  # c1 after its rejoin
     counts = check(audit / "acks", audit / "deliveries").counts
     violations = {c.name: counts[c.name] for c in CLASSES if c.violation and counts.get(c.name)}
     assert not violations and counts["concurrent_consumers"] == 0, violations
+
+
+def test_an_idle_consumer_describes_the_queue_at_most_once_per_fetch_wait(cluster: Cluster) -> None:
+    """Guard: ``QueueView.idle`` (no watch: at the end of an open segment the state is read
+    again at most every ``fetch_wait_ms``, one Describe per wait, never one per fetch). Here the
+    application polls every 20 ms with ``fetch_wait_ms`` 200: per fetch that was ~50 Describes a
+    second; the coordinator sees at most ~5, and the consumer still learns of a roll."""
+    import time
+
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s", fetch_wait_ms=200)
+    with Consumer(cfg) as c:
+        assert c.poll(timeout_s=0.02) == []
+        before = cluster.coordinator_requests(rpc="Describe")
+        started = time.monotonic()
+        polls = 0
+        while time.monotonic() - started < 3.0:
+            assert c.poll(timeout_s=0.02) == []
+            polls += 1
+        took = time.monotonic() - started
+        asked = cluster.coordinator_requests(rpc="Describe") - before
+        print(f"{polls} polls in {took:.1f} s: {asked:.0f} Describe calls")
+        assert 1 <= asked <= took / 0.2 + 3, (asked, polls, took)
+        assert cluster.ordq("queue", "roll", "q").returncode == 0
+        wait_until(lambda: (c.poll(timeout_s=0.02), c._require(c._view).cached().segment(1))[1] is not None,
+                   timeout_s=30, what="the consumer to learn of the roll")

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from ordq.commands import MAX_PAYLOAD_BYTES, add_command, check_token, int_in, open_store, rate, seconds
-from ordq.common.errors import ConfigError, HandlerError
+from ordq.common.errors import ConfigError, HandlerError, LeaseLost
 from ordq.coordinator.store_base import zk_errors
 from ordq.output import emit_json
 
@@ -237,7 +237,13 @@ def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
                 n += 1
                 last = m
         if last is not None:
-            consumer.commit(through=last)
+            try:
+                consumer.commit(through=last)
+            except LeaseLost as exc:
+                # Frozen past its lease, another consumer holds the subscription now: what was
+                # printed since the last commit is delivered again (at-least-once), not lost.
+                print(f"ordq: warning: not committed ({exc.reason}): the messages printed since the last commit "
+                      "are delivered again", file=sys.stderr)
     return n, (last.seq if last is not None else None)
 
 
