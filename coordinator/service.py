@@ -53,7 +53,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.client import LEADER_METADATA_KEY
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
-from ordq.coordinator.leases import Kind
+from ordq.coordinator.leases import Kind, LeaseName
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
@@ -417,6 +417,10 @@ class CoordinatorService(LeaseCalls):
                                               "consume")
             holder = (self.store.paths.lease(Kind.CONSUMER.value, q, sub), lease_version)
         else:  # a client from before leases (issue 37), in its ZooKeeper election
+            if self.leases.holder(LeaseName(Kind.CONSUMER, q, sub)) is not None:
+                # The subscription's consumers hold leases now: nobody contends in its election,
+                # so a node planted there would be "first" (issue 37's forged-holder commit).
+                raise NotLeader(q, sub, "the subscription's consumer holds a lease: commits carry it")
             path = self.store.paths.sub_leader(q, sub)
             name = req.holder.rpartition("/")[2]
             if not name or (req.holder.startswith("/") and req.holder.rpartition("/")[0] != path):

@@ -14,12 +14,13 @@ Rules: imports ``ordq.wire`` only inside functions (as service.py).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import attrs
 from kazoo.exceptions import NoNodeError
 
-from ordq.common.errors import ConfigError, OrdqError, PermissionDenied
+from ordq.common.errors import ConfigError, ConflictError, OrdqError, PermissionDenied
 from ordq.coordinator.lease_desk import Grant, LeaseDesk
 from ordq.coordinator.leases import Kind, LeaseName
 from ordq.coordinator.paths import check_name
@@ -27,6 +28,8 @@ from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_cursors import LOCK_NODE
 from ordq.coordinator.tokens import TokenRecord
 from ordq.coordinator.topics import partition_queue
+
+log = logging.getLogger("ordq.coordinator.service")
 
 # LeaseKind on the wire (proto enum numbers) -> our kind and the role its holder needs.
 _KINDS = {1: (Kind.PRODUCER, "produce"), 2: (Kind.CONSUMER, "consume"), 3: (Kind.MEMBER, "consume")}
@@ -88,6 +91,8 @@ class LeaseCalls:
         got = self.leases.acquire(name, req.holder, ttl_ms=req.ttl_ms, hold_s=req.wait_ms / 1000.0)
         if isinstance(got, Grant):
             r = got.record
+            if name.kind is Kind.CONSUMER:
+                self._clear_alarms(name, keep=r.holder)  # a dead holder's alarm goes with its lease
             return self._pb.LeaseResponse(granted=True, generation=r.generation, lease_key=got.key, ttl_ms=r.ttl_ms)
         return self._pb.LeaseResponse(granted=False, generation=got.generation, holder=got.holder,
                                       retry_ms=max(1, int(got.retry_s * 1000)))
@@ -115,6 +120,8 @@ class LeaseCalls:
 
         def release(_rec: TokenRecord | None) -> Any:
             self.leases.release(name, request.generation, request.lease_key)
+            if name.kind is Kind.CONSUMER:
+                self._clear_alarms(name, keep=None)  # a consumer that leaves shows no alarm
             return self._pb.LeaseResponse(granted=False, generation=request.generation)
 
         return self._serve("Release", name.queue, context, release, role=role)
@@ -168,6 +175,20 @@ class LeaseCalls:
                            role="consume")
 
     def _record(self, req: Any) -> Any:
+        """One op on the records the consumer lease guards (the lease checked first: LeaseLost
+        otherwise; a record of another subscription needs that subscription's lease):
+
+        - ``set_blocked`` {alarm} | null: show or clear the alarm of the lease's holder
+          (``blocked/<holder>``, written by the coordinator: cleared on release and when the
+          lease is granted to another holder, so a dead consumer's alarm does not stay);
+        - ``record_parked`` {seq, ...}: add a ledger record (idempotent per seq);
+        - ``update_parked`` {seq, expect_status, set}: change a record only while its status is
+          still ``expect_status`` (ConflictError otherwise: an operator changed it; read and
+          decide again); ``seq`` cannot change;
+        - ``parked``: the ledger; ``policy``: the subscription's failure policy;
+        - ``parked_signal``: the version of the operators' "parked-changed" signal (-1: none),
+          which a consumer polls to learn that the ledger changed.
+        """
         q, sub = req.queue, req.subscription
         check_name("subscription", sub)
         name = LeaseName(Kind.CONSUMER, q, sub)
@@ -180,24 +201,50 @@ class LeaseCalls:
         if req.op == "set_blocked":
             if body is not None and not isinstance(body, dict):
                 raise ConfigError("set_blocked: the body is a JSON object or null")
-            self.store.set_blocked(q, sub, body, owner=record.holder)
+            self.store.set_blocked(q, sub, body, owner=record.holder, ephemeral=False)
         elif req.op == "record_parked":
-            if not isinstance(body, dict) or not isinstance(body.get("seq"), int):
-                raise ConfigError("record_parked: the body is a JSON object with an integer seq")
+            if not isinstance(body, dict) or not _is_int(body.get("seq")) or body["seq"] < 0:
+                raise ConfigError("record_parked: the body is a JSON object with an integer seq >= 0")
             self.store.record_parked(q, sub, body["seq"], body)
         elif req.op == "update_parked":
-            if not isinstance(body, dict) or not isinstance(body.get("seq"), int) or not isinstance(
-                    body.get("set"), dict):
-                raise ConfigError("update_parked: the body is {\"seq\": N, \"set\": {...}}")
-            changes = body["set"]
-            result = self.store.update_parked(q, sub, body["seq"], lambda r: {**r, **changes})
+            result = self._update_parked(q, sub, body)
         elif req.op == "parked":
             result = self.store.parked(q, sub)
         elif req.op == "policy":
             result = self.store.sub_policy(q, sub)
+        elif req.op == "parked_signal":
+            result = self.store.parked_signal_version(q, sub)
         else:
             raise ConfigError(f"unknown record op {req.op!r}")
         return self._pb.RecordResponse(body_json=json.dumps(result).encode())
+
+    def _update_parked(self, q: str, sub: str, body: Any) -> Any:
+        if (not isinstance(body, dict) or not _is_int(body.get("seq")) or not isinstance(body.get("set"), dict)
+                or not isinstance(body.get("expect_status"), str | None)):
+            raise ConfigError('update_parked: the body is {"seq": N, "expect_status": S, "set": {...}}')
+        seq, expect, changes = body["seq"], body.get("expect_status"), body["set"]
+        if "seq" in changes and changes["seq"] != seq:
+            raise ConfigError("update_parked: a record's seq cannot change")
+
+        def change(r: dict[str, Any]) -> dict[str, Any]:
+            if r.get("status", "parked") != (expect or "parked"):
+                raise ConflictError(f"{q}/{sub}: the ledger record of seq {seq} is {r.get('status', 'parked')} "
+                                    f"now, not {expect or 'parked'}")
+            return {**r, **changes}
+
+        return self.store.update_parked(q, sub, seq, change)
+
+    def _clear_alarms(self, name: LeaseName, *, keep: str | None) -> None:
+        """Delete the alarms of the subscription's holders but ``keep``; best effort (a lease
+        answer never fails on it: the next grant or release tries again)."""
+        try:
+            self.store.clear_blocked(name.queue, name.sub, keep=keep)
+        except OrdqError as exc:
+            log.info("%s: alarms not cleared: %s", name, exc)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_lease(desk: LeaseDesk, kind: Kind, queue: str, sub: str, generation: int, key: str,

@@ -30,21 +30,39 @@ class SubscriptionRecords(CursorRecords):
     def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
         return self._get_json(self.paths.sub_policy(queue, sub))
 
-    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None, *, owner: str) -> None:
-        """Show (an ephemeral node ``blocked/<owner>``: it goes with the consumer's session) or
-        clear the message the subscription's consumer ``owner`` is blocked on. (A node per
-        consumer under a parent the subscription was created with: clients may create nodes
-        there, never beside the subscription's policy: coordinator/acl.py.)"""
+    def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None, *, owner: str,
+                    ephemeral: bool = True) -> None:
+        """Show (a node ``blocked/<owner>``) or clear the message the subscription's consumer
+        ``owner`` is blocked on. Ephemeral when a consumer's own session writes it (it goes
+        with that session); the coordinator writes it persistent for a consumer lease holder
+        and clears it when the lease is released or granted to another (``clear_blocked``)."""
         path = f"{self.paths.sub_blocked(queue, sub)}/{check_name('consumer', owner)}"
         if record is not None:
             try:
-                self._put_json(path, record, ephemeral=True)
+                self._put_json(path, record, ephemeral=ephemeral)
             except (NoNodeError, NoChildrenForEphemeralsError) as exc:
                 # no parent: a subscription made before issue 23 and not upgraded (ordq up)
                 raise NotFound(f"{queue}/{sub}: no alarm node (run ordq up to upgrade the tree)") from exc
             return
         with self._errors(), contextlib.suppress(NoNodeError):
             self._wait(self.client.delete_async(path))
+
+    def clear_blocked(self, queue: str, sub: str, *, keep: str | None) -> int:
+        """Delete every consumer's alarm under the subscription but ``keep``'s; how many."""
+        base = self.paths.sub_blocked(queue, sub)
+        gone = 0
+        with self._errors():
+            try:
+                names = self._read(self.client.get_children_async, base)
+            except NoNodeError:
+                return 0
+            for name in names:
+                if name == keep:
+                    continue
+                with contextlib.suppress(NoNodeError):
+                    self._wait(self.client.delete_async(f"{base}/{name}"))
+                    gone += 1
+        return gone
 
     def blocked(self, queue: str, sub: str) -> dict[str, Any] | None:
         """The alarm its consumer shows (the newest, should two consumers' sessions overlap)."""
@@ -136,6 +154,12 @@ class SubscriptionRecords(CursorRecords):
                 except BadVersionError:
                     continue  # changed meanwhile: decide again on what is there now
         raise ConflictError(f"{queue}/{sub}: the ledger record of seq {seq} kept changing; try again")
+
+    def parked_signal_version(self, queue: str, sub: str) -> int:
+        """How often operators signalled a ledger change (the signal node's version; -1: never)."""
+        with self._errors():
+            stat = self._read(self.client.exists_async, self.paths.parked_signal(queue, sub))
+        return -1 if stat is None else int(stat.version)
 
     def signal_parked(self, queue: str, sub: str) -> None:
         """Tell the subscription's consumer the ledger changed (an operator replayed or dropped):

@@ -21,7 +21,7 @@ from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
 from ordq.drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
-from ordq.drills.workload import EXIT_FENCED, EXIT_NOT_LEADER, now_us
+from ordq.drills.workload import EXIT_DONE, EXIT_FENCED, now_us
 from ordq.wire.batch import Message, encode_batch
 
 _ROLES = ("master", "slave")
@@ -177,15 +177,18 @@ def pause_consumer(ctx: DrillContext) -> None:
     ctx.event(f"standby {standby.proc.name} took over and delivers; resuming the frozen leader")
     leader.proc.resume()
     ctx.notes["deposed"] = leader
-    ctx.wait(lambda: not leader.proc.alive(), timeout_s=30, what="the resumed consumer to stop")
-    ctx.event(f"resumed consumer exited: {leader.status().get('state')}: {leader.status().get('error', '')[:100]}")
+    # It learns its lease went to the standby and waits to be granted it again (issue 37).
+    ctx.wait(lambda: leader.status().get("rejoining") or leader.status().get("rejoins", 0) > 0
+             or not leader.proc.alive(), timeout_s=30, what="the resumed consumer to find its lease gone")
+    ctx.event(f"resumed consumer {leader.proc.name} waits to rejoin: {leader.status().get('state')}")
 
 
 def check_deposed_consumer(ctx: DrillContext, _a: list[AckRow], deliveries: list[DeliveryRow]
                            ) -> list[tuple[str, bool]]:
-    """One active consumer per subscription: the resumed leader must stop on its own clock
-    (NotLeader), and deliver nothing once its successor has delivered (the verifier's
-    ``concurrent_consumers`` checks the same from the audit files alone)."""
+    """One active consumer per subscription: the resumed leader must stop delivering on its own
+    clock, deliver nothing once its successor has delivered (the verifier's
+    ``concurrent_consumers`` checks the same from the audit files alone), and rejoin by itself
+    (issue 37): it finishes once the successor has, from the committed cursor."""
     deposed = ctx.notes.get("deposed")
     if deposed is None:
         return [("the consumer leader was frozen and resumed", False)]
@@ -193,7 +196,8 @@ def check_deposed_consumer(ctx: DrillContext, _a: list[AckRow], deliveries: list
     late = [d for d in deliveries if d.consumer == deposed.writer and first_new is not None
             and d.deliver_us >= first_new]
     return [
-        ("the resumed consumer stopped with NotLeader", deposed.proc.returncode == EXIT_NOT_LEADER),
+        ("the resumed consumer rejoined by itself and finished",
+         deposed.proc.returncode == EXIT_DONE and deposed.status().get("rejoins", 0) >= 1),
         (f"no delivery by it after its successor's first ({len(late)} found)", first_new is not None and not late),
     ]
 
@@ -491,8 +495,9 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("kill-consumer", "consumer leader killed (-9)",
           "standby resumes from the committed cursor, in order", kill_consumer, standby_consumer=True),
     Drill("pause-consumer", "consumer leader hung (SIGSTOP) past its session and resumed after a standby took over",
-          "the standby resumes from the committed cursor; the resumed leader delivers nothing more and stops "
-          "(NotLeader): one active consumer at a time", pause_consumer, standby_consumer=True,
+          "the standby resumes from the committed cursor; the resumed leader delivers nothing beside it, "
+          "rejoins by itself and finishes from the committed cursor: one active consumer at a time",
+          pause_consumer, standby_consumer=True,
           check=check_deposed_consumer),
     Drill("roll-under-failover", "the open segment rolled every 0.25 s under traffic, the head master killed "
           "among the rolls", "each roll seals and continues on the same head; the kill fails over; producers "

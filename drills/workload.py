@@ -34,7 +34,7 @@ EXIT_DONE = 0
 EXIT_ERROR = 2
 EXIT_FENCED = 3
 EXIT_GAP = 4
-EXIT_NOT_LEADER = 5  # a consumer that lost its lease (frozen past its session) and stopped
+EXIT_NOT_LEADER = 5  # a consumer that lost its lease and stopped (an SDK from before rejoins: issue 37)
 
 
 def now_us() -> int:
@@ -246,6 +246,8 @@ class ConsumerRun:
             "first_delivery_us": self.first_delivery_us, "payload_mismatches": self.payload_mismatches,
             "seg": stats.seg if stats else None, "offset": stats.offset if stats else None,
             "duplicates_dropped": stats.duplicates_dropped if stats else 0,
+            "rejoins": stats.rejoins if stats else 0,
+            "rejoining": self.consumer.rejoining if self.consumer is not None else False,
         }
 
     def run(self) -> int:
@@ -265,8 +267,15 @@ class ConsumerRun:
             self.state = "leading"
             status.write()
             announce("LEADER")
+            rejoins = 0
             while self.last_seq < a.total - 1 and not self.stop.is_set():
-                for m in consumer.poll(0.2):
+                batch = consumer.poll(0.2)
+                if consumer.statistics().rejoins != rejoins:
+                    # Its lease went to another (frozen past it) and came back: it reads on from
+                    # the committed cursor (the successor may have finished the stream).
+                    rejoins = consumer.statistics().rejoins
+                    self.last_seq = consumer.statistics().last_seq
+                for m in batch:
                     if self.first_delivery_us is None:
                         self.first_delivery_us = now_us()
                     if payload_seq(m.payload) != m.seq:

@@ -4,9 +4,9 @@ and the cursor commits of what finished.
 Guarantee (docs/SDK.md, "What is committed"): a commit never covers more than the application
 finished. A message counts as finished once the application asks for another or says so
 (``Handout.finish_handed``, ``mark_finished``); with keyed delivery, the contiguous prefix the
-workers finished. Commits are requests to the coordinator, checked against this consumer's
-lock node (``holder``); one that got no answer is kept "in doubt", so that a later conflict
-with it is recognised as our own write.
+workers finished. Commits are requests to the coordinator carrying this consumer's lease
+(``held``: generation and key; the coordinator refuses any other with LeaseLost); one that got
+no answer is kept "in doubt", so that a later conflict with it is recognised as our own write.
 
 Rules: ``Handout`` holds no I/O but the audit rows of what it hands out; ``Committer`` commits
 and pops and never decides what is finished (it asks ``finished``). Neither checks the lease:
@@ -21,10 +21,16 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 
-from ordq.common.errors import ConfigError, ConflictError, CoordinationUnavailable, IllegalTransition, OrdqError
-from ordq.coordinator.client import CoordinatorClient
+from ordq.common.errors import (
+    ConfigError,
+    ConflictError,
+    CoordinationUnavailable,
+    IllegalTransition,
+    LeaseLost,
+    OrdqError,
+)
+from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
-from ordq.coordinator.store import ZkStore
 from ordq.sdk._consumer_core import CommitPolicy
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered
 from ordq.sdk._queue_view import QueueView
@@ -55,6 +61,11 @@ class Handout:
         self.done: Delivered | None = None  # the last finished message (None: finished_base)
         self.finished_base = Cursor(seg=0)  # finished position when done is None
         self.keyed: KeyedWorkers | None = None  # while run_keyed runs: what is done is theirs to say
+        self.handed_max = -1  # the highest seq handed out
+        # The audit rows' consumer: a new instance after each rejoin (docs/AUDIT_FORMAT.md), as
+        # the verifier judges each instance from the cursor it started at.
+        self.audit_consumer = config.consumer_id
+        self.handed_before_rejoin = -1  # the highest seq handed out before the last rejoin
 
     def finish_handed(self) -> None:
         """The application asked for more (or said so): everything handed out is finished.
@@ -70,6 +81,8 @@ class Handout:
         if m.seq <= (self.done.seq if self.done is not None else self.finished_base.last_seq):
             return  # finished already
         last = self.in_hand
+        if (last is None or m.seq > last.seq) and m.seq <= self.handed_before_rejoin:
+            return  # handed out before a rejoin: it comes again from the cursor, nothing to finish now
         if last is None or m.seq > last.seq:
             raise ConfigError(f"seq {m.seq} was not handed out by this consumer")
         if m.seq == last.seq:
@@ -97,6 +110,16 @@ class Handout:
             return
         self.done, self.finished_base = None, cursor
 
+    def rejoined(self, cursor: Cursor, rejoins: int) -> None:
+        """The lease was granted again (the ``rejoins``th time): what was read and not handed
+        out is dropped, and the committed ``cursor`` is where the application's finished
+        position stands."""
+        self.audit_consumer = f"{self.config.consumer_id}#{rejoins}"
+        self.buffer.clear()
+        self.in_hand = self.done = None
+        self.finished_base = cursor
+        self.handed_before_rejoin = self.handed_max
+
     def sync_keyed(self) -> None:
         """Keyed delivery: count the messages the workers finished since the last look, so the
         commit policy commits them (a move to the next segment counts as one)."""
@@ -121,6 +144,7 @@ class Handout:
     def take_one(self) -> Delivered:
         m = self.buffer.popleft()
         self.in_hand = m
+        self.handed_max = max(self.handed_max, m.seq)
         self._stats.delivered += 1
         self._policy.delivered(1)
         self._audit_out([m])
@@ -134,6 +158,7 @@ class Handout:
         else:
             out = [buf.popleft() for _ in range(max_messages)]
         self.in_hand = out[-1]
+        self.handed_max = max(self.handed_max, out[-1].seq)
         self._stats.delivered += len(out)
         self._policy.delivered(len(out))
         self._audit_out(out)
@@ -156,23 +181,22 @@ class Handout:
 
     def _audit_row(self, m: Delivered, now_us: int) -> tuple[object, ...]:
         cfg = self.config
-        return (cfg.queue, cfg.subscription, cfg.consumer_id, m.seq, m.seg, m.offset, (m.key or b"").hex(),
+        return (cfg.queue, cfg.subscription, self.audit_consumer, m.seq, m.seg, m.offset, (m.key or b"").hex(),
                 zlib.crc32(m.payload), m.timestamp_us, now_us)
 
 
 class Committer:
     """Cursor commits (periodic, explicit, on close) and the pops they allow."""
 
-    def __init__(self, config: ConsumerConfig, store: ZkStore, coordinator: CoordinatorClient, view: QueueView,
-                 policy: CommitPolicy, stats: ConsumerStats, *, holder: Callable[[], str],
+    def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, view: QueueView,
+                 policy: CommitPolicy, stats: ConsumerStats, *, held: Callable[[], Held],
                  finished: Callable[[], Cursor], audit: AuditWriter | None, version: int) -> None:
         self.config = config
-        self._store = store
         self._coord = coordinator
         self._view = view
         self._policy = policy
         self._stats = stats
-        self._holder = holder  # the election's node: the coordinator commits only for its holder
+        self._held = held  # the consumer lease: the coordinator commits only for its current holder
         self._finished = finished
         self._audit = audit
         self.version = version  # of the cursor node, as last written or read
@@ -181,9 +205,17 @@ class Committer:
         self._pop_after: int | None = None  # last_seq of a sealed segment whose pop waits for a later commit
 
     def due(self, now: float) -> bool:
-        """A commit is due by the policy, ZooKeeper is up (the coordinator checks the lock node
-        there) and the last attempt did not just go unanswered."""
-        return self._policy.due(now) and now >= self._retry_at and self._view.connected()
+        """A commit is due by the policy and the last attempt did not just go unanswered (or
+        refused for the lease: the lease's renewal says soon whether it is still ours)."""
+        return self._policy.due(now) and now >= self._retry_at
+
+    def rejoined(self, version: int) -> None:
+        """The lease was granted again and the cursor read at ``version``: commits start over there."""
+        self.version = version
+        self._in_doubt.clear()
+        self._pop_after = None
+        self._retry_at = float("-inf")
+        self._policy.committed(time.monotonic())
 
     def if_due(self, now: float) -> bool:
         """Commit what finished if a commit is due (an unanswered one is tried again after
@@ -192,8 +224,8 @@ class Committer:
             return False
         try:
             self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
-        except CoordinationUnavailable:
-            pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock
+        except (CoordinationUnavailable, LeaseLost):
+            pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock and says if it is lost
         return True
 
     def commit_finished(self) -> None:
@@ -219,9 +251,9 @@ class Committer:
             # The audit rows of what the cursor covers reach the file first: after a crash the
             # standby starts past them, so rows still in the buffer would read as lost.
             self._audit.flush()
-        store, q, sub = self._store, self.config.queue, self.config.subscription
+        q, sub = self.config.queue, self.config.subscription
         coord = self._coord
-        holder = self._holder()
+        holder = self._held()
         try:
             try:
                 self.version = coord.commit(q, sub, cur, self.version, holder, timeout_s=timeout_s)
@@ -230,7 +262,9 @@ class Committer:
                 # again after a lost answer; an earlier one timed out): then the cursor moved to
                 # one we wrote, not to another consumer's. Go on from there; anything else is
                 # a real conflict.
-                now, version = store.get_cursor(q, sub)
+                got = coord.describe(q, subscription=sub, timeout_s=timeout_s)
+                assert got.cursor is not None
+                now, version = got.cursor, got.cursor_version
                 if now == cur:
                     self.version = version
                 elif now in self._in_doubt:
@@ -239,6 +273,11 @@ class Committer:
                     raise
         except CoordinationUnavailable:
             self._in_doubt.append(cur)
+            self._retry_at = time.monotonic() + COMMIT_RETRY_S
+            raise
+        except LeaseLost:
+            # Not ours now: lapsed (a renewal may revive it) or granted to another (the lease
+            # learns it at its next renewal and the consumer rejoins). Nothing was written.
             self._retry_at = time.monotonic() + COMMIT_RETRY_S
             raise
         self._in_doubt.clear()

@@ -5,8 +5,10 @@ consumer's parts.
 Guarantee: every handler attempt first makes sure the lease still holds (``wait_sure`` in
 ``run``, ``worker_may_start`` on a keyed worker); keyed delivery hands a read's messages to the
 workers only after the consumer's check before handing out, and commits only the contiguous
-prefix the workers finished. What the handler's failure leads to (block, park, raise) is the
-failure policy's (sdk/failure.py decides, sdk/parking.py does).
+prefix the workers finished. When the lease is lost (``LeaseGone``) delivery stops (keyed: the
+workers finish only the calls in progress), the consumer rejoins (``rejoin``) and goes on from
+the committed cursor: the message in hand is tried again. What the handler's failure leads to
+(block, park, raise) is the failure policy's (sdk/failure.py decides, sdk/parking.py does).
 
 Rules: reads, hands out and commits only through the consumer's parts (``Handout``,
 ``Committer``, ``LeaseChecks``, ``SegmentReader``) and the ``poll``/``read_more`` it is given.
@@ -20,11 +22,11 @@ from collections.abc import Callable
 
 from ordq.common.errors import HandlerError
 from ordq.coordinator.client import CoordinatorClient
-from ordq.coordinator.store import ZkStore
 from ordq.sdk._consumer_commit import Committer, Handout
-from ordq.sdk._consumer_lease import LeaseChecks
+from ordq.sdk._consumer_lease import LeaseChecks, LeaseGone
 from ordq.sdk._consumer_read import SegmentReader
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
+from ordq.sdk._lease_client import CoordinatorLease
 from ordq.sdk.audit import AuditWriter
 from ordq.sdk.failure import FailurePolicy
 from ordq.sdk.keyed import KeyedWorkers
@@ -35,12 +37,14 @@ class FailurePolicies:
     """``run`` and ``run_keyed`` of one consumer, and the failure handling they leave behind
     (what ``Consumer.blocked``, ``alarmed`` and ``statistics`` show)."""
 
-    def __init__(self, config: ConsumerConfig, store: ZkStore, coordinator: CoordinatorClient, *,
+    def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, lease: CoordinatorLease, *,
                  handout: Handout, checks: LeaseChecks, committer: Committer, reader: SegmentReader,
-                 poll: Callable[..., list[Delivered]], read_more: Callable[[float | None], None]) -> None:
+                 poll: Callable[..., list[Delivered]], read_more: Callable[[float | None], None],
+                 rejoin: Callable[[str], None]) -> None:
         self.config = config
-        self._store = store
         self._coord = coordinator
+        self._lease = lease
+        self._rejoin = rejoin
         self._handout = handout
         self._checks = checks
         self._committer = committer
@@ -76,24 +80,30 @@ class FailurePolicies:
             return False
 
         while stop is None or not stop.is_set():
-            if failing.changed.is_set():
-                failing.changed.clear()
-                if not failing.resolve(handler, mine=lambda key: True, may_start=may_start, wait=wait):
-                    return  # stopped while a replayed message was retried: it stays asked for
-            batch = self._poll(max_messages=1)
-            if not batch:
+            try:
+                failing.look_for_changes()
+                if failing.changed.is_set():
+                    failing.changed.clear()
+                    if not failing.resolve(handler, mine=lambda key: True, may_start=may_start, wait=wait):
+                        return  # stopped while a replayed message was retried: it stays asked for
+                batch = self._poll(max_messages=1)
+                if not batch:
+                    continue
+                if not failing.attempt(batch[0], handler, may_start=may_start, wait=wait, on_park=failing.park):
+                    return  # stopped while blocked: the message stays unfinished
+            except LeaseGone as gone:
+                self._rejoin(gone.reason)  # the message in hand is delivered again from the cursor
+                failing.changed.set()  # and the ledger read again
                 continue
-            if not failing.attempt(batch[0], handler, may_start=may_start, wait=wait, on_park=failing.park):
-                return  # stopped while blocked: the message stays unfinished
             self._handout.finish_handed()
 
     def _start_failure_handling(self, default: FailurePolicy, *, keyed: bool) -> FailureHandling:
-        cfg, store = self.config, self._store
-        policy = cfg.on_failure or stored_policy(store, cfg.queue, cfg.subscription) or default
+        cfg = self.config
+        policy = cfg.on_failure or stored_policy(self._coord, self._lease) or default
         if self.failing is not None:
             self.failing.close()
-        self.failing = FailureHandling(cfg, store, policy, audit=self._skips_audit(), keyed=keyed,
-                                       coordinator=self._coord)
+        self.failing = FailureHandling(cfg, self._coord, self._lease, policy, audit=self._skips_audit(),
+                                       keyed=keyed)
         return self.failing
 
     def _skips_audit(self) -> AuditWriter | None:
@@ -105,7 +115,17 @@ class FailurePolicies:
 
     def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int, stop: threading.Event | None,
                   max_pending: int, drain: bool) -> None:
-        """``Consumer.run_keyed`` (arguments checked, consumer open)."""
+        """``Consumer.run_keyed`` (arguments checked, consumer open): keyed delivery, again
+        from the committed cursor after each rejoin."""
+        while True:
+            try:
+                self._run_keyed(handler, workers=workers, stop=stop, max_pending=max_pending, drain=drain)
+                return
+            except LeaseGone as gone:
+                self._rejoin(gone.reason)
+
+    def _run_keyed(self, handler: Callable[[Delivered], object], *, workers: int, stop: threading.Event | None,
+                   max_pending: int, drain: bool) -> None:
         handout = self._handout
         handout.finish_handed()  # messages handed out before this call count as done
         start = handout.finished_pos()
@@ -133,6 +153,7 @@ class FailurePolicies:
         clean = False
         try:
             while (stop is None or not stop.is_set()) and pool.failure is None and pool.fatal is None:
+                failing.look_for_changes()
                 if failing.changed.is_set():  # an operator replayed or dropped: each worker looks
                     failing.changed.clear()
                     pool.control(stop=stop, waiting=self._commit_if_due)
@@ -148,6 +169,8 @@ class FailurePolicies:
             raise pool.fatal
         if pool.failure is not None:
             m, exc = pool.failure
+            if isinstance(exc, LeaseGone):  # lost while parking or recording: rejoin
+                raise exc
             if isinstance(exc, HandlerError):  # the policy's (raise): from the handler's exception
                 raise exc
             raise HandlerError(self.config.queue, self.config.subscription, m.seq, m.key) from exc

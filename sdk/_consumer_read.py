@@ -10,6 +10,8 @@ it moves the read position to the next segment (``segment_done``: the consumer c
 Rules: owns the read position (``cursor``, the seq ``filter``) and what the metrics show of
 reading; hands out nothing and commits nothing itself (``moved`` and ``segment_done`` are the
 consumer's); checks the lease only to tell a deposed consumer from one overtaken by retention.
+What it knows of the queue comes from the coordinator's Describe (``QueueView``), read again
+when a replica or a segment's end says the state changed.
 """
 
 from __future__ import annotations
@@ -83,6 +85,15 @@ class SegmentReader:
             lag += sum(x.end or 0 for x in st.consume if x.seg > cur.seg and x.status is SegStatus.SEALED)
         return lag
 
+    def rejoined(self, cursor: Cursor) -> None:
+        """The lease was granted again: read on from the committed ``cursor``, and deliver
+        every seq after its ``last_seq`` again (the filter reset there: what a successor
+        committed past our last delivered seq is not a gap, what we delivered past the cursor
+        is not a duplicate)."""
+        self.cursor = cursor
+        self.filter.last_seq = cursor.last_seq
+        self._avoid = None
+
     def rewind(self, cursor: Cursor) -> None:
         """Read on from ``cursor`` (keyed delivery ended: from the first message not finished)."""
         if cursor != self.cursor:
@@ -129,9 +140,9 @@ class SegmentReader:
                     return []
                 delivered = self._deliver(segment, res.batches)
         except GapDetected as gap:
-            # A consumer frozen past its session resumes behind a successor that read, committed
-            # and popped on: the "gap" is the successor's progress. It is deposed (NotLeader),
-            # not overtaken by retention (whose advice, a reset to earliest, redelivers all).
+            # A consumer frozen past its lease resumes behind a successor that read, committed
+            # and popped on: the "gap" is the successor's progress. Its lease is gone (it rejoins:
+            # LeaseGone), not overtaken by retention (whose advice, a reset to earliest, redelivers all).
             if not self._lease_confirmed():
                 # Not sure yet: read this again later. The filter admitted the seqs before the
                 # gap, which were never handed out: forget them, or the reread drops them.
@@ -148,7 +159,9 @@ class SegmentReader:
             if segment.status is SegStatus.SEALING:
                 self._seal(segment)  # at its readable end: decide the end ourselves
             elif res.sealed:
-                view.refresh()  # the replica knows more than our cached state
+                view.mark_changed()  # the replica knows more than our cached state
+            elif segment.status is SegStatus.OPEN:
+                view.idle()  # at the end of an open segment: has the state moved on? (no watch)
         return delivered
 
     def _deliver(self, segment: Segment, batches: list[bytes]) -> list[Delivered]:
@@ -187,8 +200,8 @@ class SegmentReader:
         tries to pop."""
         self._move(Cursor(seg=segment.seg + 1, offset=0, last_seq=self.filter.last_seq))
         self._stats.segments_done += 1
+        self._view.mark_changed()
         self._segment_done(segment.last_seq)
-        self._view.refresh()
 
     def _move(self, cursor: Cursor) -> None:
         """The read position moved on without delivering anything (next segment, or past a

@@ -108,3 +108,5 @@ class ConsumerStats:
     alarms: int = 0  # messages that blocked past the policy's attempts (export it as a metric)
     redeliveries: int = 0  # run()/run_keyed(): handler attempts repeated after a failure
     gaps: int = 0  # GapDetected raised
+    rejoins: int = 0  # the lease was lost (granted to another) and granted back: read on from the cursor
+    lease_lapses: int = 0  # the lease ran out unrenewed and the coordinator revived it (nobody took it)

@@ -1,46 +1,64 @@
-"""What a consumer knows of ZooKeeper: the queue's state and the live processes of its
-groups, cached so that reading goes on while ZooKeeper is unreachable.
+"""What a consumer knows of its queue: the state and the live processes of its groups, as the
+coordinator describes them (``CoordinatorClient.describe(queue, with_live=True)``), cached so
+that reading goes on while no coordinator answers. The consumer holds no ZooKeeper session
+(issue 37), so there is no watch: the state is read again when a reader learns it changed.
 
 Rules:
-- The state is read again only when a watch said it changed (or a reader learnt more, e.g.
-  a replica answered "sealed"), and only while ZooKeeper is connected: no read round waits on
-  a request that cannot be answered.
-- A group's live processes are read again only after one of them failed or was missing
-  (``mark_stale``); while ZooKeeper is away the last known addresses serve.
-- Reads ZooKeeper, never writes it.
+- One Describe answers both the state and every group's live processes; it names the
+  subscription too, so a deleted subscription or queue, or a revoked token, is learnt at the
+  next one (SubscriptionNotFound, QueueNotFound, PermissionDenied: final, they propagate).
+- The state is read again only when marked changed (a replica answered "sealed" or was not
+  found, a segment's end reached, a lease change) or, while a reader waits at the end of an
+  open segment, at most every ``every_s`` (``idle``): one Describe per consumer per wait,
+  never one per fetch.
+- After a Describe that got no answer the cached state and replicas serve, and the next
+  Describe waits ``RETRY_S``: no read round stalls on a coordinator that cannot answer.
+- Reads only; never writes.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-
-from kazoo.client import KazooClient
+from collections.abc import Callable
 
 from ordq.common.errors import CoordinationUnavailable
+from ordq.coordinator.client import CoordinatorClient, Described
 from ordq.coordinator.state import QueueState
-from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_values import LiveInfo
+
+DESCRIBE_TIMEOUT_S = 2.0  # one Describe of the view; the cached state serves meanwhile
+RETRY_S = 1.0  # after a Describe that got no answer
 
 
 class QueueView:
-    def __init__(self, store: ZkStore, client: KazooClient, queue: str) -> None:
-        self._store, self._client, self.queue = store, client, queue
+    def __init__(self, coord: CoordinatorClient, queue: str, subscription: str, *, every_s: float,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._coord, self.queue, self.subscription = coord, queue, subscription
+        self._every_s = max(every_s, 0.05)
+        self._now, self._sleep = clock, sleep
         self._state: QueueState | None = None
-        self._changed = threading.Event()
         self._replicas: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> live process
-        self._stale: set[str] = set()  # gids whose cached processes failed or were missing
+        self._changed = True
+        self._read_at = float("-inf")  # monotonic time of the last Describe answered
+        self._retry_at = float("-inf")  # no Describe before this (the last got no answer)
+        self._answered = True  # did the last Describe answer?
+        self.describes = 0  # Describe calls made (tests: the coordinator's load)
 
     def connected(self) -> bool:
-        """Is the ZooKeeper connection up now?"""
-        return bool(self._client.connected)
+        """Did the last Describe get an answer?"""
+        return self._answered
 
     # -- the queue's state -------------------------------------------------------------------
 
     def state(self) -> QueueState:
-        """The cached state, read again first if it changed and ZooKeeper answers."""
-        if self._state is None or (self._changed.is_set() and self.connected()):
-            self.refresh()
+        """The cached state, read again first if it changed (and a coordinator answers;
+        CoordinationUnavailable only while nothing was ever read)."""
+        if self._state is None or (self._changed and self._now() >= self._retry_at):
+            try:
+                self.refresh()
+            except CoordinationUnavailable:
+                if self._state is None:
+                    raise
         assert self._state is not None
         return self._state
 
@@ -49,49 +67,71 @@ class QueueView:
         return self._state
 
     def refresh(self) -> None:
-        """Read the state now (and set the watch that tells when it changes)."""
-        self._changed.clear()
+        """Describe the queue now (state and live processes). CoordinationUnavailable when no
+        coordinator answered (it is tried again after ``RETRY_S``)."""
+        self.describes += 1
         try:
-            self._state, _ = self._store.load_state(self.queue, watch=lambda _event: self._changed.set())
+            got = self._coord.describe(self.queue, subscription=self.subscription, with_live=True,
+                                       timeout_s=DESCRIBE_TIMEOUT_S)
         except CoordinationUnavailable:
-            self._changed.set()  # not read (nor the watch set): read it again later
+            self._answered, self._changed = False, True
+            self._retry_at = self._now() + RETRY_S
             raise
+        self.learn(got)
+
+    def learn(self, got: Described) -> None:
+        """What a Describe answered (the consumer's own, e.g. on a rejoin)."""
+        self._state = got.state
+        if got.live is not None:
+            # A group without a live process is known as such (empty): read again when marked stale.
+            self._replicas = {gid: dict(got.live.get(gid, {})) for gid in got.state.groups}
+        self._answered, self._changed = True, False
+        self._read_at = self._now()
 
     def learnt(self, st: QueueState) -> None:
-        """A state this consumer wrote itself (e.g. by sealing): newer than the cache."""
+        """A state the coordinator answered to this consumer (a seal, a pop): newer than the cache."""
         self._state = st
 
     def mark_changed(self) -> None:
-        """Read the state again at the next chance (e.g. once ZooKeeper answers)."""
-        self._changed.set()
+        """Read the state again at the next chance."""
+        self._changed = True
+
+    def idle(self) -> None:
+        """A reader is at the end of an open segment: the state may have moved on (a failover,
+        a roll) without any replica saying so. Read it again if the last read is ``every_s`` old."""
+        if self._now() - self._read_at >= self._every_s:
+            self._changed = True
 
     def wait_change(self, wait_ms: int) -> None:
-        """Up to ``wait_ms`` for the state to change; read it then, if ZooKeeper answers."""
-        if not self._changed.wait(wait_ms / 1000.0):
-            return
-        if self.connected():
-            self.refresh()
-        else:
-            time.sleep(wait_ms / 1000.0)  # it changed, but ZooKeeper is away: read it later
+        """Nothing to read until the state changes (no next segment yet, no replica answers):
+        wait ``wait_ms`` (no watch tells sooner), then read the state again if a coordinator answers."""
+        self._sleep(max(wait_ms, 50) / 1000.0)
+        if self._now() >= self._retry_at:
+            try:
+                self.refresh()
+            except CoordinationUnavailable:
+                pass  # the cached state serves; again after RETRY_S
 
     # -- the groups' live processes --------------------------------------------------------------
 
     def replicas(self, gid: str) -> dict[str, LiveInfo]:
-        """The group's live processes, as last read from ZooKeeper: read again when one of
-        them failed or was missing since, and kept as they were while ZooKeeper is
-        unreachable (so consuming never needs ZooKeeper between two segments)."""
+        """The group's live processes as last described: read again (with the state) once one
+        of them failed or was missing, and kept as they were while no coordinator answers
+        (so consuming never needs the coordinator between two segments)."""
         known = self._replicas.get(gid)
-        if known is None or (gid in self._stale and self.connected()):
-            try:
-                known = self._store.live_members(gid)
-            except CoordinationUnavailable:
-                if known is None:
-                    raise
-                return known
-            self._replicas[gid] = known
-            self._stale.discard(gid)
+        if known is None:  # a group the cached state did not name yet
+            self._try_refresh()
+            known = self._replicas.get(gid, {})
         return known
 
+    def _try_refresh(self) -> None:
+        if self._now() < self._retry_at:
+            return
+        try:
+            self.refresh()
+        except CoordinationUnavailable:
+            pass
+
     def mark_stale(self, gid: str) -> None:
-        """A process of ``gid`` failed or was missing: look it up again next time."""
-        self._stale.add(gid)
+        """A process of ``gid`` failed or was missing: describe again next time."""
+        self._changed = True

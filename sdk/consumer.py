@@ -1,40 +1,49 @@
-"""Ordered consumer: one elected consumer per (queue, subscription) reads the cursor's
-segment, delivers each seq once and in order, and moves on segment by segment.
+"""Ordered consumer: one consumer per (queue, subscription) holds the subscription's lease from
+the coordinator, reads the cursor's segment, delivers each seq in order, and moves on segment by
+segment.
 
-Guarantee: messages are handed to the application in seq order, each seq once per consumer
-instance; a missing seq raises ``GapDetected`` (never skipped). Only one instance delivers at a
-time: before handing out a message the consumer checks, by its own clock, that it still holds
-the subscription's lease (``ordq.sdk._lease``); when it cannot be sure it hands out nothing, and
-when the lease is gone it raises ``NotLeader`` and commits nothing more.
+Guarantee: messages are handed to the application in seq order, never with a gap (a missing
+seq raises ``GapDetected``, never skipped). Only one instance delivers at a time: before handing
+out a message the consumer checks, by its own clock, that it still holds the subscription's
+consumer lease (``ordq.sdk._lease_client``: trusted for less than the coordinator keeps it, counted
+from before the renewal was sent); when it cannot be sure it hands out nothing.
+
+A lease lost (the coordinator granted it to another consumer after ours lapsed: a pause, load,
+a partition) does not end the consumer (issue 37, "clients that stay"): it drops what it read
+and did not hand out, waits as a standby until granted again, reads the committed cursor and
+goes on from there; ``statistics().rejoins`` counts it and one WARNING line says so. The
+messages after the committed cursor are delivered again (at-least-once), in order, never with
+a gap. A lapse the coordinator revives (nobody took the lease) just resumes. Only a final
+refusal ends it: ``PermissionDenied`` (revoked token), ``QueueNotFound`` /
+``SubscriptionNotFound`` (deleted).
 
 What is committed (docs/SDK.md, "What is committed"): never past what the application
 finished. A message counts as finished once the application asks for another (the next step
 of ``for m in consumer``, another ``poll``) or says so (``commit()``, ``commit(through=m)``).
 The message in hand when a loop breaks or raises, and the last ``poll`` batch, are not
 finished: ``close`` and leaving ``with`` commit only what was, so they are redelivered to the
-next consumer. The cursor is written with a conditional write, checked against this
-consumer's lock node, every N messages / T ms and on close. With ``run_keyed`` (opt-in),
-messages are hashed by key to N worker threads (per-key order, not global) and commits cover
-only the contiguous prefix of finished messages.
+next consumer. The cursor is written by the coordinator with a conditional write, only for the
+lease's current holder (generation and key), every N messages / T ms and on close. With
+``run_keyed`` (opt-in), messages are hashed by key to N worker threads (per-key order, not
+global) and commits cover only the contiguous prefix of finished messages.
 
 Reading: the master of the segment's group, or its slave when the master is down; what one
 read returns waits in a buffer and is handed out as the application asks (``poll`` takes up
 to ``max_messages``). At the end of a ``sealing`` segment the consumer asks the coordinator to
 seal it; at the end of a sealed one it advances its cursor to the next segment and asks for a
-``pop``. What it knows of ZooKeeper (the queue's state, the groups' live processes) is cached
-in ``ordq.sdk._queue_view``.
+``pop``. What it knows of the queue (its state, the groups' live processes) comes from the
+coordinator's Describe, cached in ``ordq.sdk._queue_view``.
 
-Who writes what (issue 23): the consumer only reads ZooKeeper, and holds its contender node in
-the subscription's election (and, in ``run``, its alarm and the parked ledger: sdk/parking.py).
-Cursor commits, creating the subscription, seals, pops and the parking queue are requests to
-the elected coordinator (coordinator/client.py), which checks the consume token and that the
-commit comes from the election's holder. While no coordinator answers the consumer goes on
-delivering; commits wait (tried again every ``COMMIT_RETRY_S``) and ``close`` retries its
-commit up to ``coordinator_outage_s``.
+Who writes what (issue 37): the consumer holds no ZooKeeper session. Its lease, cursor commits,
+creating the subscription, seals, pops, the parking queue, the alarm and the parked ledger
+(sdk/parking.py) are requests to the elected coordinator (coordinator/client.py), which checks
+the consume token and the lease. While no coordinator answers the consumer reads on from the
+replicas it knows and hands out while its lease is still sure; commits wait (tried again every
+``COMMIT_RETRY_S``) and ``close`` retries its commit up to ``coordinator_outage_s``.
 
-The parts (this module is the façade that wires them): ``_consumer_lease`` (lease and the
-checks before handing out), ``_consumer_read`` (reading), ``_consumer_commit`` (delivery and
-commit), ``_consumer_policies`` (``run``/``run_keyed``: the keyed and failure policies).
+The parts (this module is the façade that wires them): ``_consumer_lease`` (the checks before
+handing out), ``_consumer_read`` (reading), ``_consumer_commit`` (delivery and commit),
+``_consumer_policies`` (``run``/``run_keyed``: the keyed and failure policies).
 """
 
 from __future__ import annotations
@@ -43,35 +52,31 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
-from kazoo.client import KazooClient
 
 from ordq.common.errors import (
     AlreadyExists,
     ClosedError,
     ConfigError,
     CoordinationUnavailable,
-    NotLeader,
+    LeaseLost,
     OrdqError,
     SubscriptionNotFound,
     WaitTimeout,
 )
-from ordq.common.security import lookup
-from ordq.coordinator.client import CoordinatorClient
-from ordq.coordinator.paths import Paths
+from ordq.coordinator.client import CoordinatorClient, Described
 from ordq.coordinator.state import Cursor
-from ordq.coordinator.store import ZkStore
+from ordq.sdk._cluster import open_coordinator
 from ordq.sdk._consumer_commit import Committer, Handout
 from ordq.sdk._consumer_core import CommitPolicy
-from ordq.sdk._consumer_lease import LeaseChecks
+from ordq.sdk._consumer_lease import LeaseChecks, LeaseGone
 from ordq.sdk._consumer_policies import FailurePolicies
 from ordq.sdk._consumer_read import SegmentReader
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered
-from ordq.sdk._lease import SessionLease, acquire_within, release_bounded
+from ordq.sdk._lease_client import CoordinatorLease
 from ordq.sdk._queue_view import QueueView
-from ordq.sdk._zk_start import connect
 from ordq.sdk.audit import AuditWriter
 from ordq.sdk.metrics import ConsumerMetrics, ConsumerSnapshot
 from ordq.sdk.parking import BlockedMessage
@@ -88,11 +93,8 @@ class Consumer:
     def __init__(self, config: ConsumerConfig, *, transport: BrokerTransport | None = None) -> None:
         self.config = config
         self._transport = transport
-        self._client: KazooClient | None = None
-        self._store: ZkStore | None = None
-        self._coord: CoordinatorClient | None = None  # commits, seals, pops, subscribing: asked of the coordinator
-        self._election: Any = None  # the kazoo Lock of the subscription
-        self._lease: SessionLease | None = None
+        self._coord: CoordinatorClient | None = None  # lease, commits, seals, pops, subscribing, describing
+        self._lease: CoordinatorLease | None = None
         self._view: QueueView | None = None  # the queue's state and replicas, cached
         self._closed = False
         self._stats = ConsumerStats()
@@ -118,20 +120,21 @@ class Consumer:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         # Leaving the block commits what the application finished (never the message or poll
-        # batch in hand). After NotLeader nothing is committed: the lease is gone.
+        # batch in hand).
         if exc is None:
-            self._close(lease_error=False)
+            self._close()
             return
         try:
-            self._close(lease_error=isinstance(exc, NotLeader))
+            self._close()
         except OrdqError as close_exc:
             # The application's error is the one to see; the commit's is a consequence.
             log.warning("queue %s/%s: closing after %s: %s", self.config.queue, self.config.subscription,
                         type(exc).__name__, close_exc)
 
     def start(self) -> None:
-        """Connect, create the subscription if needed (``start``), wait to be elected, read the
-        cursor. On any error nothing is left running (ZooKeeper session, lease, channels)."""
+        """Reach the coordinator, create the subscription if needed (``start``), wait for the
+        subscription's lease (a standby waits here, up to ``leader_timeout_s``), read the
+        cursor. On any error nothing is left running (lease, channels)."""
         try:
             self._start()
         except BaseException:
@@ -140,73 +143,113 @@ class Consumer:
 
     def _start(self) -> None:
         cfg = self.config
-        creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
+        self._coord, creds = coord, creds = open_coordinator(cfg.bootstrap, cfg.zk_hosts, cfg.root, cfg.credentials)
         if self._transport is None:
             from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        self._client, zk = connect(cfg.zk_hosts or "", cfg.root, creds, session_timeout_s=cfg.lease_ttl_s,
-                                   connect_timeout_s=cfg.connect_timeout_s,
-                                   who=f"consumer {cfg.queue}/{cfg.subscription}", stopped=lambda: self._closed)
-        paths = Paths(cfg.root)
-        self._store = store = ZkStore(self._client, paths)
-        self._coord = coord = CoordinatorClient(self._store, credentials=creds)
-        self._view = view = QueueView(self._store, self._client, cfg.queue)
-        zk(self._ensure_subscription, "read or create the subscription")
-        self._election = election = self._client.Lock(paths.sub_leader(cfg.queue, cfg.subscription), cfg.consumer_id)
-        if not zk(acquire_within(election, cfg.leader_timeout_s), "join the subscription's election"):
-            raise WaitTimeout(
-                f"{cfg.queue}/{cfg.subscription}: not elected consumer in {cfg.leader_timeout_s}s"
-            )
-        self._lease = lease = SessionLease(self._client, f"{self._election.path}/{self._election.node}",
-                                           session_timeout_s=cfg.lease_ttl_s)
-        lease.start()
-        cursor, version = zk(lambda: store.get_cursor(cfg.queue, cfg.subscription), "read the cursor")
+        self._view = view = QueueView(coord, cfg.queue, cfg.subscription, every_s=cfg.fetch_wait_ms / 1000.0)
+        self._ensure_subscription()
+        self._lease = lease = CoordinatorLease(coord, "consumer", cfg.queue, cfg.subscription, cfg.consumer_id,
+                                               ttl_s=cfg.lease_ttl_s)
+        if not lease.acquire(cfg.leader_timeout_s, stopped=lambda: self._closed):
+            raise WaitTimeout(f"{cfg.queue}/{cfg.subscription}: no consumer lease in {cfg.leader_timeout_s}s")
+        got = self._describe_cursor()
+        assert got.cursor is not None
+        cursor = got.cursor
         handout = self._handout
         handout.finished_base = cursor
         self._checks = checks = LeaseChecks(lease, cfg)
-        self._commits = commits = Committer(cfg, store, coord, view, self._policy, self._stats,
-                                            holder=lambda: lease.node, finished=handout.finished_pos,
-                                            audit=self._audit, version=version)
+        self._commits = commits = Committer(cfg, coord, view, self._policy, self._stats,
+                                            held=lambda: lease.held, finished=handout.finished_pos,
+                                            audit=self._audit, version=got.cursor_version)
         self._reader = reader = SegmentReader(cfg, view, self._transport, coord, self._stats, start=cursor,
                                               moved=handout.moved, segment_done=commits.segment_done,
                                               lease_confirmed=checks.confirmed)
-        self._policies = FailurePolicies(cfg, store, coord, handout=handout, checks=checks, committer=commits,
-                                         reader=reader, poll=self.poll, read_more=self._read_more)
+        self._policies = FailurePolicies(cfg, coord, lease, handout=handout, checks=checks, committer=commits,
+                                         reader=reader, poll=self.poll, read_more=self._read_more,
+                                         rejoin=self._rejoin)
         self._policy.committed(time.monotonic())
-        zk(view.refresh, "read the queue")
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
             self._metrics = ConsumerMetrics(cfg, self._metrics_snapshot)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
 
+    def _describe_cursor(self) -> Described:
+        """The queue as the coordinator has it now, with the subscription's cursor (the view
+        learns the state and replicas); retried up to ``connect_timeout_s``."""
+        cfg = self.config
+        got = self._require(self._coord).describe(cfg.queue, subscription=cfg.subscription, with_live=True,
+                                                  timeout_s=cfg.connect_timeout_s)
+        self._require(self._view).learn(got)
+        return got
+
     def _ensure_subscription(self) -> None:
-        store, cfg = self._require(self._store), self.config
+        cfg = self.config
+        coord = self._require(self._coord)
         try:
-            store.get_cursor(cfg.queue, cfg.subscription)
+            self._describe_cursor()
             return
         except SubscriptionNotFound:
             pass
-        # The coordinator creates it (clients may not: coordinator/acl.py), resolving the start
-        # target as `ordq sub create --start` does.
+        # The coordinator creates it (clients may not), resolving the start target as
+        # `ordq sub create --start` does.
         try:
-            self._require(self._coord).subscribe(cfg.queue, cfg.subscription, cfg.start.split())
+            coord.subscribe(cfg.queue, cfg.subscription, cfg.start.split(), timeout_s=cfg.connect_timeout_s)
         except AlreadyExists:
             pass  # another consumer of the subscription created it first
 
+    def _rejoin(self, reason: str) -> None:
+        """The coordinator granted the subscription's lease to another consumer after ours
+        lapsed (``reason``): drop what was read and not handed out, wait as a standby until the
+        lease is ours again, and read on from the committed cursor (redelivering what was
+        handed out after it). Final refusals (PermissionDenied, QueueNotFound,
+        SubscriptionNotFound) propagate."""
+        cfg, lease = self.config, self._require(self._lease)
+        handout, reader = self._handout, self._require(self._reader)
+        was = reader.filter.last_seq
+        handout.buffer.clear()  # nothing read is handed out from here on
+        if not lease.acquire(None, stopped=lambda: self._closed):
+            raise ClosedError("consumer is closed")
+        while True:
+            try:
+                got = self._describe_cursor()
+                break
+            except CoordinationUnavailable as exc:  # granted, but the cursor unread: again
+                self._require(self._checks).coordinator_unavailable(exc)
+        assert got.cursor is not None
+        cursor = got.cursor
+        self._stats.rejoins += 1
+        handout.rejoined(cursor, self._stats.rejoins)
+        reader.rejoined(cursor)
+        self._require(self._commits).rejoined(got.cursor_version)
+        self._require(self._checks).rejoined()
+        log.warning("queue %s/%s: lease lost (%s); rejoined as %s at generation %d, reading on from the "
+                    "committed cursor (seg %d offset %d, seq %d; read up to seq %d before: delivered again)",
+                    cfg.queue, cfg.subscription, reason, cfg.consumer_id, lease.held.generation, cursor.seg,
+                    cursor.offset, cursor.last_seq, was)
+
     def close(self) -> None:
         """Commit what the application finished (not the message or ``poll`` batch in hand:
-        call ``commit()`` first to include it), release the subscription and disconnect.
-        Raises ``NotLeader`` if the lease was lost before that commit could be written."""
-        self._close(lease_error=False)
+        call ``commit()`` first to include it), release the subscription's lease (a standby
+        takes over at once) and disconnect. When the lease was lost meanwhile nothing is
+        committed (logged: what finished since the last commit is delivered again)."""
+        self._close()
 
-    def _close(self, *, lease_error: bool) -> None:
+    def _close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if (not lease_error and self._commits is not None and self._lease is not None
-                    and self._lease.lost_reason is None and self._policy_pending()):
-                self._commits.riding_out(self._handout.finished_pos())
+            if self._commits is not None and self._lease is not None and self._policy_pending():
+                try:
+                    if self._lease.lost_reason is not None:
+                        raise LeaseLost("consumer", self.config.queue, self.config.subscription,
+                                        self._lease.lost_reason)
+                    self._commits.riding_out(self._handout.finished_pos())
+                except LeaseLost as exc:
+                    log.warning("queue %s/%s: closed without its last commit (%s): what finished since the "
+                                "last commit is delivered again", self.config.queue, self.config.subscription,
+                                exc.reason)
         finally:
             if self._audit is not None:
                 self._audit.close()
@@ -221,14 +264,9 @@ class Consumer:
         if self._policies is not None:
             self._policies.close()
         if self._lease is not None:
-            self._lease.stop()
-        if self._election is not None and self._client is not None:
-            release_bounded(self._client, self._election, self.config.lease_ttl_s)
+            self._lease.stop(timeout_s=min(self.config.lease_ttl_s, 2.0))
         if self._coord is not None:
             self._coord.close()
-        if self._client is not None:
-            self._client.stop()
-            self._client.close()
         if self._reader is not None:
             self._reader.close()
         if self._transport is not None:
@@ -245,7 +283,7 @@ class Consumer:
             self._stats, seg=cur.seg, offset=cur.offset, last_seq=r.filter.last_seq if r is not None else -1,
             duplicates_dropped=r.filter.duplicates_dropped if r is not None else 0, parked=f.parked if f else 0,
             replayed=f.replayed if f else 0, alarms=f.alarms if f else 0,
-            redeliveries=f.redeliveries if f else 0,
+            redeliveries=f.redeliveries if f else 0, lease_lapses=self._lease.stats.lapses if self._lease else 0,
         )
 
     def _metrics_snapshot(self) -> ConsumerSnapshot:
@@ -269,6 +307,12 @@ class Consumer:
         return self._policies.blocked() if self._policies is not None else None
 
     @property
+    def rejoining(self) -> bool:
+        """True while the subscription's lease is someone else's and this consumer waits, as a
+        standby, to be granted it again (``statistics().rejoins`` counts the rejoins done)."""
+        return self._lease is not None and self._lease.lost_reason is not None
+
+    @property
     def alarmed(self) -> bool:
         """True while a message is blocked past its failure policy's attempts (the alarm)."""
         return self._policies.alarmed() if self._policies is not None else False
@@ -285,13 +329,16 @@ class Consumer:
         handout = self._handout
         handout.finish_handed()
         while True:
-            while not handout.buffer:
-                self._read_more(None)
-                handout.finish_handed()
-            now = time.monotonic()
-            checks = self._require(self._checks)
-            if (now < checks.next_check and not self._policy.due_count()) or self._hand_out_ok(now):
-                break
+            try:
+                while not handout.buffer:
+                    self._read_more(None)
+                    handout.finish_handed()
+                now = time.monotonic()
+                checks = self._require(self._checks)
+                if (now < checks.next_check and not self._policy.due_count()) or self._hand_out_ok(now):
+                    break
+            except LeaseGone as gone:
+                self._rejoin(gone.reason)
         return handout.take_one()
 
     def poll(self, timeout_s: float | None = None, *, max_messages: int | None = None) -> list[Delivered]:
@@ -307,13 +354,17 @@ class Consumer:
             raise ConfigError(f"max_messages must be >= 1, not {max_messages}")
         handout = self._handout
         handout.finish_handed()
-        if not handout.buffer:
-            self._read_more(timeout_s)
-            handout.finish_handed()
+        try:
             if not handout.buffer:
-                return []
-        if not self._hand_out_ok(time.monotonic()):
-            return []  # not sure of the lease right now: hand out nothing
+                self._read_more(timeout_s)
+                handout.finish_handed()
+                if not handout.buffer:
+                    return []
+            if not self._hand_out_ok(time.monotonic()):
+                return []  # not sure of the lease right now: hand out nothing
+        except LeaseGone as gone:
+            self._rejoin(gone.reason)  # the batch in hand is delivered again from the cursor
+            return []
         return handout.take(max_messages)
 
     def _hand_out_ok(self, now: float) -> bool:
@@ -335,16 +386,21 @@ class Consumer:
             if commits.due(time.monotonic()):  # else: later
                 commits.commit_finished()
             self._handout.buffer.extend(reader.read_round(timeout_s))
+        except LeaseLost:
+            # A commit refused for the lease: nothing was written; the lease's renewal tells
+            # soon whether it lapsed (revived: go on) or was granted to another (LeaseGone: rejoin).
+            checks.confirmed()
+            return
         except CoordinationUnavailable as exc:
-            # Reads go on from the replicas we know while ZooKeeper is away; what needs it
-            # (commits, moving on, sealing) is tried again next round, up to coordinator_outage_s.
-            # (Handing out waits for the lease: _hand_out_ok.)
-            checks.zk_unavailable(exc)
-            view.mark_changed()  # read the state again once ZooKeeper answers
+            # Reads go on from the replicas we know while no coordinator answers; what needs
+            # one (commits, moving on, sealing) is tried again next round, up to
+            # coordinator_outage_s. (Handing out waits for the lease: _hand_out_ok.)
+            checks.coordinator_unavailable(exc)
+            view.mark_changed()  # read the state again once a coordinator answers
             time.sleep(0.05)
             return
         if view.connected():
-            checks.zk_answered()
+            checks.coordinator_answered()
 
     def run(self, handler: Callable[[Delivered], object], *, stop: threading.Event | None = None) -> None:
         """Call ``handler(m)`` for each message, in order, until ``stop`` is set. A message is
@@ -356,7 +412,8 @@ class Consumer:
         subscription's parking queue with a record in its ledger (``ordq sub parked``) and
         goes on; ``raise`` raises HandlerError. Parked messages an operator asked to replay
         are handed to ``handler`` between two messages (sdk/parking.py). Every attempt first
-        makes sure the lease still holds (NotLeader otherwise)."""
+        makes sure the lease still holds; when it was lost the consumer rejoins and the message
+        is tried again from the committed cursor."""
         self._require(self._policies).run(handler, stop=stop)
 
     def run_keyed(self, handler: Callable[[Delivered], object], *, workers: int,
@@ -379,7 +436,8 @@ class Consumer:
 
         Raises ``HandlerError(queue, subscription, seq, key)`` from the handler's exception
         (the lowest failed seq) once every worker stopped: no commit covers that seq.
-        ``NotLeader`` when the lease was lost. Consumer errors (``GapDetected``, ...) stop the
+        When the lease is lost the workers stop (no drain), the consumer rejoins and keyed
+        delivery goes on from the committed cursor. Consumer errors (``GapDetected``, ...) stop the
         workers likewise and propagate; ``ConfigError`` for ``workers`` or ``max_pending`` < 1.
         """
         if workers < 1 or max_pending < 1:
@@ -392,7 +450,9 @@ class Consumer:
     def commit(self, through: Delivered | None = None) -> None:
         """Say the application finished every message handed out (or, with ``through``,
         that message and all before it), and write the cursor now, conditionally.
-        ConflictError: someone else moved it (an admin reset); NotLeader: the lease is gone."""
+        ConflictError: someone else moved it (an admin reset); LeaseLost (a NotLeader): the
+        lease is not ours now, nothing was written (the consumer rejoins at the next read and
+        delivers again from the committed cursor)."""
         if self._handout.keyed is not None:
             raise ConfigError("commit() is not for keyed delivery: run_keyed commits what finished")
         if through is None:

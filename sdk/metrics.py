@@ -133,6 +133,8 @@ class ConsumerMetrics(Collector):
             ("ordq_consumer_gaps", "Missing seqs detected (delivery stopped with GapDetected)", st.gaps),
             ("ordq_consumer_parked_messages", "Messages run() moved to the parking queue", st.parked),
             ("ordq_consumer_commits", "Cursor commits", st.commits),
+            ("ordq_consumer_rejoins", "Times the lease was lost to another consumer and granted back "
+             "(delivery went on from the committed cursor)", st.rejoins),
         ):
             yield one("counter", name, doc, self._labels, v)
         now = time.monotonic()

@@ -16,6 +16,13 @@ Guarantees (docs/SDK.md, "A message that keeps failing"):
   it takes the next message of the key from the queue. A record that fails again goes back to
   ``parked`` (the policy's attempts again) and holds its key's later records back.
 
+The alarm and the ledger are kept by the coordinator (``CoordinatorClient.record`` with the
+consumer's lease: only the subscription's current holder may write them, coordinator/
+service_leases.py); the alarm is cleared when the consumer releases its lease, and when the
+coordinator grants the lease to another consumer (a dead consumer's alarm does not stay). An
+operator's replay or drop is learnt by polling the "parked-changed" signal's version every
+``SIGNAL_POLL_S`` while delivering.
+
 Rules: no decision here (``after_failure``, ``replay_plan``, ``parked_keys`` decide); thread-safe
 (keyed workers call in parallel, each for its own keys); nothing here commits a cursor.
 """
@@ -32,12 +39,16 @@ import attrs
 
 from ordq.common.errors import (
     ConfigError,
+    ConflictError,
     CoordinationUnavailable,
     HandlerError,
+    LeaseLost,
     NotFound,
     OrdqError,
-    QueueNotFound,
 )
+from ordq.coordinator.state import QueueState
+from ordq.coordinator.store_values import LiveInfo
+from ordq.sdk._consumer_lease import LeaseGone
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._producer_types import ProducerConfig
 from ordq.sdk.failure import FailurePolicy, after_failure, moved, parked_keys, parking_queue, replay_plan
@@ -45,13 +56,15 @@ from ordq.sdk.keyed import worker_of
 
 if TYPE_CHECKING:
     from ordq.coordinator.client import CoordinatorClient
-    from ordq.coordinator.store import ZkStore
+    from ordq.sdk._lease_client import CoordinatorLease
     from ordq.sdk.audit import AuditWriter
     from ordq.wire.batch import Message
 
 log = logging.getLogger("ordq.consumer")
 
 REPLAYED_HEADER = "x-ordq-replayed"
+SIGNAL_POLL_S = 1.0  # how often a delivering consumer asks whether an operator changed the ledger
+UPDATE_TRIES = 20  # a ledger record changed by an operator meanwhile: read and decide again
 
 
 @attrs.frozen
@@ -70,9 +83,24 @@ def key_hex(key: bytes | None) -> str:
     return (key or b"").hex()
 
 
-def stored_policy(store: ZkStore, queue: str, sub: str) -> FailurePolicy | None:
+def guarded(coord: CoordinatorClient, lease: CoordinatorLease, op: str, body: Any = None) -> Any:
+    """``coord.record(lease.held, op, body)``; a refusal for the lease waits for the lease's
+    verdict: revived (nobody took it) -> sent again; granted to another -> LeaseGone (the
+    consumer rejoins); no coordinator confirms it -> CoordinationUnavailable."""
+    while True:
+        try:
+            return coord.record(lease.held, op, body)
+        except LeaseLost as exc:
+            if lease.wait_valid(2 * lease.held.ttl_ms / 1000.0):
+                continue
+            if lease.lost_reason is not None:
+                raise LeaseGone(lease.lost_reason) from exc
+            raise CoordinationUnavailable(f"{op}: the consumer lease is not confirmed") from exc
+
+
+def stored_policy(coord: CoordinatorClient, lease: CoordinatorLease) -> FailurePolicy | None:
     """The subscription's policy set with ``ordq sub policy`` (None: none set)."""
-    stored = store.sub_policy(queue, sub)
+    stored = guarded(coord, lease, "policy")
     if stored is None:
         return None
     return FailurePolicy(on_failure=stored["on_failure"], attempts=int(stored["attempts"]),
@@ -82,13 +110,13 @@ def stored_policy(store: ZkStore, queue: str, sub: str) -> FailurePolicy | None:
 class FailureHandling:
     """One consumer's failure policy at work (made by ``Consumer.run``/``run_keyed``)."""
 
-    def __init__(self, config: ConsumerConfig, store: ZkStore, policy: FailurePolicy, *,
-                 audit: AuditWriter | None, keyed: bool, coordinator: CoordinatorClient) -> None:
+    def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, lease: CoordinatorLease,
+                 policy: FailurePolicy, *, audit: AuditWriter | None, keyed: bool) -> None:
         self.config = config
-        self._coord = coordinator  # creates the parking queue (clients may not: coordinator/acl.py)
+        self._coord = coordinator  # the parking queue, the alarm, the ledger: asked of the coordinator
+        self._lease = lease
         self.policy = policy
         self.keyed = keyed
-        self._store = store
         self._audit = audit
         self._lock = threading.Lock()
         self._blocked: dict[int, BlockedMessage] = {}  # per delivering thread
@@ -105,7 +133,8 @@ class FailureHandling:
         self.changed = threading.Event()
         self.changed.set()
         self._closed = False
-        store.client.DataWatch(store.paths.parked_signal(config.queue, config.subscription), self._signalled)
+        self._signal_version: int | None = None  # of the operators' "parked-changed" signal, as last seen
+        self._signal_at = float("-inf")  # monotonic time of the last look at it
         self._keys: dict[str, int] = {}
         self._recorded: set[int] = set()  # seqs in the ledger: parked already, never twice
         if keyed:
@@ -113,9 +142,21 @@ class FailureHandling:
             self._keys = parked_keys(ledger)
             self._recorded = {int(r["seq"]) for r in ledger}
 
-    def _signalled(self, data: object, stat: object) -> bool:
-        self.changed.set()
-        return not self._closed  # False ends the watch
+    def look_for_changes(self, *, now: float | None = None) -> None:
+        """Every ``SIGNAL_POLL_S`` (called between messages): ask whether an operator changed
+        the ledger since the last look (``changed`` is set then). Unanswered: the next look."""
+        now = time.monotonic() if now is None else now
+        if now - self._signal_at < SIGNAL_POLL_S:
+            return
+        self._signal_at = now
+        try:
+            version = int(guarded(self._coord, self._lease, "parked_signal"))
+        except (CoordinationUnavailable, NotFound) as exc:
+            log.debug("queue %s/%s: the parked signal not read: %s", self.config.queue, self.config.subscription, exc)
+            return
+        if self._signal_version is not None and version != self._signal_version:
+            self.changed.set()
+        self._signal_version = version
 
     # -- status ------------------------------------------------------------------------------
 
@@ -183,10 +224,9 @@ class FailureHandling:
         if not was_alarmed:
             return
         try:
-            self._store.set_blocked(self.config.queue, self.config.subscription, others,
-                                    owner=self.config.consumer_id)
-        except (CoordinationUnavailable, NotFound):
-            pass  # the node goes with our session at the latest
+            self._coord.record(self._lease.held, "set_blocked", others)
+        except OrdqError:
+            pass  # the coordinator clears it when our lease is released or granted to another
         # "done" only when the handler returned: a consumer stopped while blocked leaves the
         # message unfinished (issue 24 found it logged "done" then).
         log.warning("queue %s/%s: seq %d %s after %d failed attempts; unblocked", self.config.queue,
@@ -215,9 +255,8 @@ class FailureHandling:
                       self.config.queue, self.config.subscription, m.seq, m.key, failures,
                       "its key" if self.keyed else "the subscription", exc)
         try:
-            self._store.set_blocked(self.config.queue, self.config.subscription, record,
-                                    owner=self.config.consumer_id)
-        except (CoordinationUnavailable, NotFound):
+            self._coord.record(self._lease.held, "set_blocked", record)
+        except OrdqError:
             pass  # shown at the next attempt (NotFound: not until ordq up upgrades the tree); the log has it
 
     # -- parking -----------------------------------------------------------------------------
@@ -245,15 +284,17 @@ class FailureHandling:
         with self._lock:
             if self._producer is None:
                 self._ensure_parking_queue()
-                self._producer = Producer(ProducerConfig(zk_hosts=cfg.zk_hosts, root=cfg.root, queue=self.target,
-                                                         lease_ttl_s=cfg.lease_ttl_s))
+                self._producer = Producer(ProducerConfig(bootstrap=cfg.bootstrap, zk_hosts=cfg.zk_hosts, root=cfg.root,
+                                                         credentials=cfg.credentials, queue=self.target,
+                                                         lease_ttl_s=cfg.lease_ttl_s,
+                                                         connect_timeout_s=cfg.connect_timeout_s))
                 self._producer.start()
             producer = self._producer
         headers = [*m.headers, ("x-ordq-parked-from", f"{cfg.queue}/{cfg.subscription}/{m.seq}".encode()),
                    ("x-ordq-parked-attempts", str(attempts).encode()), ("x-ordq-parked-error", error.encode())]
         ack = producer.send(m.payload, key=m.key, headers=headers).result(60)
         now_us = time.time_ns() // 1000
-        self._store.record_parked(cfg.queue, cfg.subscription, m.seq, {
+        guarded(self._coord, self._lease, "record_parked", {
             "seq": m.seq, "seg": m.seg, "offset": m.offset, "key": m.key.hex() if m.key is not None else None,
             "attempts": attempts, "error": error, "parked_at_us": now_us, "parking_queue": self.target,
             "parked_seq": ack.seq, "status": "parked", "keyed": self.keyed, "follows": follows})
@@ -270,12 +311,9 @@ class FailureHandling:
                 f"after {attempts} failed attempts: {error}" if attempts else error)
 
     def _ensure_parking_queue(self) -> None:
-        try:
-            self._store.queue_config(self.target)  # a ZooKeeper read: most often it is there
-        except QueueNotFound:
-            made = self._coord.ensure_parking_queue(self.config.queue, self.config.subscription)
-            if made != self.target:  # one naming rule (sdk/failure.py parking_queue) on both sides
-                raise ConfigError(f"the coordinator made parking queue {made!r}, not {self.target!r}") from None
+        made = self._coord.ensure_parking_queue(self.config.queue, self.config.subscription)  # idempotent
+        if made != self.target:  # one naming rule (sdk/failure.py parking_queue) on both sides
+            raise ConfigError(f"the coordinator made parking queue {made!r}, not {self.target!r}")
 
     def _audit_skip(self, seq: int, key: bytes | None, action: str, parked_seq: int, at_us: int) -> None:
         if self._audit is not None:
@@ -286,7 +324,34 @@ class FailureHandling:
     # -- replay ------------------------------------------------------------------------------
 
     def _ledger(self) -> list[dict[str, Any]]:
-        return self._store.parked(self.config.queue, self.config.subscription)
+        return list(guarded(self._coord, self._lease, "parked"))
+
+    def _replica_reader(self) -> Any:
+        from ordq.sdk.replicas import ReplicaReader
+        from ordq.wire.client import GrpcTransport
+
+        if self._reader is None:
+            self._reader = ReplicaReader(_DescribedQueues(self._coord),  # type: ignore[arg-type]
+                                         GrpcTransport(rpc_timeout_s=1.0, credentials=self._coord.credentials))
+        return self._reader
+
+    def _update_parked(self, seq: int, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Replace the ledger record of ``seq`` by ``change(record)`` (which raises to refuse),
+        only if nobody changed its status meanwhile (else read and decide again). NotFound
+        when there is none."""
+        for _ in range(UPDATE_TRIES):
+            now = next((r for r in self._ledger() if int(r["seq"]) == seq), None)
+            if now is None:
+                raise NotFound(f"{self.config.queue}/{self.config.subscription}: seq {seq} is not in the ledger "
+                               "of parked messages")
+            new = change(dict(now))
+            try:
+                return dict(guarded(self._coord, self._lease, "update_parked",
+                                    {"seq": seq, "expect_status": now.get("status"), "set": new}))
+            except ConflictError:
+                continue  # an operator changed it meanwhile: decide again on what is there now
+        raise ConflictError(f"{self.config.queue}/{self.config.subscription}: the ledger record of seq {seq} "
+                            "kept changing; try again")
 
     def resolve(self, handler: Callable[[Delivered], object], *, mine: Callable[[str], bool],
                 may_start: Callable[[], None], wait: Callable[[float], bool]) -> bool:
@@ -329,14 +394,13 @@ class FailureHandling:
     def _prefetch(self, plan: list[dict[str, Any]]) -> dict[tuple[str, int], Message]:
         """The parked messages of ``plan`` read in a few large fetches (one per ~1 MiB), not
         one lookup each; what cannot be read now is looked up one by one later."""
-        from ordq.sdk.replicas import ReplicaReader, read_messages
+        from ordq.sdk.replicas import read_messages
 
-        if self._reader is None:
-            self._reader = ReplicaReader(self._store)
+        reader = self._replica_reader()
         out: dict[tuple[str, int], Message] = {}
         for target in sorted({str(r["parking_queue"]) for r in plan}):
             try:
-                got = read_messages(self._store, self._reader, target,
+                got = read_messages(reader.store, reader, target,
                                     [int(r["parked_seq"]) for r in plan if r["parking_queue"] == target])
             except OrdqError as exc:
                 log.warning("queue %s/%s: reading parked messages from %s: %s", self.config.queue,
@@ -346,14 +410,13 @@ class FailureHandling:
         return out
 
     def _from_parking_queue(self, r: dict[str, Any], fetched: dict[tuple[str, int], Message]) -> Delivered | None:
-        from ordq.sdk.replicas import ReplicaReader, read_message
+        from ordq.sdk.replicas import read_message
 
         pm = fetched.get((str(r["parking_queue"]), int(r["parked_seq"])))
         if pm is None:
-            if self._reader is None:
-                self._reader = ReplicaReader(self._store)
+            reader = self._replica_reader()
             try:
-                pm = read_message(self._store, self._reader, str(r["parking_queue"]), int(r["parked_seq"])).message
+                pm = read_message(reader.store, reader, str(r["parking_queue"]), int(r["parked_seq"])).message
             except (NotFound, CoordinationUnavailable) as exc:
                 log.error("queue %s/%s: cannot read parked seq %d (%s seq %s) to replay it: %s", self.config.queue,
                           self.config.subscription, r["seq"], r["parking_queue"], r["parked_seq"], exc)
@@ -366,7 +429,7 @@ class FailureHandling:
             return {**r, "status": moved(r, "failed"), "attempts": int(r.get("attempts", 0)) + failures,
                     "error": repr(exc)[:500]}
 
-        self._store.update_parked(self.config.queue, self.config.subscription, m.seq, change)
+        self._update_parked(m.seq, change)
         log.warning("queue %s/%s: replayed seq %d failed %d more times; parked again", self.config.queue,
                     self.config.subscription, m.seq, failures)
 
@@ -375,13 +438,18 @@ class FailureHandling:
             return {**r, "status": moved(r, event), "resolved_at_us": time.time_ns() // 1000}
 
         try:
-            self._store.update_parked(self.config.queue, self.config.subscription, seq, change)
+            self._update_parked(seq, change)
         except ConfigError as exc:  # dropped by an operator while its replay ran: it ran anyway
             log.warning("queue %s/%s: replayed seq %d, but the ledger says: %s", self.config.queue,
                         self.config.subscription, seq, exc)
 
     def close(self) -> None:
         self._closed = True
+        if self._alarmed:
+            try:  # the coordinator clears it on release too; this is the quick way
+                self._coord.record(self._lease.held, "set_blocked", None, timeout_s=2.0)
+            except OrdqError:
+                pass
         if self._producer is not None:
             self._producer.close()
         if self._reader is not None:
@@ -391,3 +459,20 @@ class FailureHandling:
 def worker_key_filter(worker: int, workers: int) -> Callable[[str], bool]:
     """Keys (hex) whose messages go to ``worker``."""
     return lambda k: worker_of(bytes.fromhex(k), workers) == worker
+
+
+class _DescribedQueues:
+    """What ``sdk.replicas`` reads of a store (a queue's state, a group's live processes),
+    answered by the coordinator's Describe: the consumer holds no ZooKeeper session."""
+
+    def __init__(self, coord: CoordinatorClient) -> None:
+        self._coord = coord
+        self._live: dict[str, dict[str, LiveInfo]] = {}
+
+    def load_state(self, queue: str) -> tuple[QueueState, int]:
+        got = self._coord.describe(queue, with_live=True)
+        self._live.update(got.live or {})
+        return got.state, got.version
+
+    def live_members(self, gid: str) -> dict[str, LiveInfo]:
+        return dict(self._live.get(gid, {}))

@@ -188,25 +188,55 @@ def create_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: 
 
 def delete_subscription(store: ZkStore, queue: str, sub: str, *, force: bool = False) -> str | None:
     """Delete ``sub`` and its cursor, so it no longer keeps segments from being popped.
-    Refused (SubscriptionHeld) while a consumer holds it, unless ``force``: that consumer's
-    lock node goes with the subscription, so it finds its lease gone and stops (NotLeader).
-    Returns the holder it was deleted under, if forced."""
-    holders = store.subscription_holders(queue, sub)  # QueueNotFound / SubscriptionNotFound
-    if holders and not force:
-        raise SubscriptionHeld(queue, sub, holders[0])
-    store.delete_subscription(queue, sub)
-    return holders[0] if holders else None
+    Refused (SubscriptionHeld) while a consumer holds it, unless ``force``: that consumer then
+    finds the subscription gone (SubscriptionNotFound, final) and stops. Returns the holder it
+    was deleted under, if forced."""
+    store.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
+    with _consumer_lease(store, queue, sub, "delete") as holder:
+        if holder is None:  # consumers from before leases hold the election
+            holders = store.subscription_holders(queue, sub)
+            holder = holders[0] if holders else None
+        if holder is not None and not force:
+            raise SubscriptionHeld(queue, sub, holder)
+        store.delete_subscription(queue, sub)
+    return holder
+
+
+@contextlib.contextmanager
+def _consumer_lease(store: ZkStore, queue: str, sub: str, action: str) -> Iterator[str | None]:
+    """Hold the subscription's consumer lease from the coordinator for the block (yields None),
+    so no consumer starts meanwhile (one granted after reads the cursor as the block left it);
+    else yield the id of the consumer holding it."""
+    from ordq.common.security import of_store
+    from ordq.coordinator.client import CoordinatorClient, Held
+
+    with CoordinatorClient(store, credentials=of_store(store)) as coord:
+        got = coord.acquire("consumer", queue, sub, admin_id(action), ttl_ms=60_000)
+        if not isinstance(got, Held):
+            yield got.holder or "?"
+            return
+        try:
+            yield None
+        finally:
+            try:
+                coord.release(got, timeout_s=5.0)
+            except OrdqError:  # deleted with the subscription, or unreachable: it runs out
+                pass
 
 
 @contextlib.contextmanager
 def _reset_lease(store: ZkStore, queue: str, sub: str) -> Iterator[str | None]:
-    """Hold the subscription's election for the reset (yields None), or yield the id of the
-    consumer holding it."""
-    with store.subscription_lease(queue, sub, admin_id("reset")) as got:
-        if got:
-            yield None
-        else:
-            holders = store.subscription_holders(queue, sub)
-            yield holders[0] if holders else "?"
+    """Hold the subscription for the reset (yields None): its consumer lease, and its election
+    for consumers from before leases; else yield the id of the consumer holding it."""
+    with _consumer_lease(store, queue, sub, "reset") as holder:
+        if holder is not None:
+            yield holder
+            return
+        with store.subscription_lease(queue, sub, admin_id("reset")) as got:
+            if got:
+                yield None
+            else:
+                holders = store.subscription_holders(queue, sub)
+                yield holders[0] if holders else "?"
 
 

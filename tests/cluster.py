@@ -254,6 +254,25 @@ class Cluster:
     def lock_contenders(self, path: str) -> list[str]:
         return list(self.store.client.Lock(path).contenders())
 
+    def coordinator_requests(self, **labels: str) -> float:
+        """``ordq_coordinator_requests_total`` with ``labels`` (rpc, outcome), summed over the
+        coordinators running now (only the leader answers requests)."""
+        from ordq.common.metrics import value
+        from tests.util import read_metrics
+
+        total = 0.0
+        for proc in self.coordinators:
+            if proc.alive():
+                url = proc.wait_for_line("METRICS ", timeout_s=30).split()[-1]
+                total += value(read_metrics(url), "ordq_coordinator_requests_total", **labels) or 0.0
+        return total
+
+    def consumer_lease(self, queue: str = "q", sub: str = "s") -> Any:
+        """The subscription's consumer lease record as the coordinator wrote it (None: never granted)."""
+        from ordq.coordinator.leases import Kind, LeaseName
+
+        return self.store.read_lease(LeaseName(Kind.CONSUMER, queue, sub))[0]
+
     # -- threads in this process ---------------------------------------------------------------
 
     def producer(self, *, n: int, **options: Any) -> LoadProducer:
@@ -424,8 +443,9 @@ class HandedOut:
 
 class LoadConsumer(_LoadThread):
     """Consumes a subscription until it delivered seq ``until``; records every delivery.
-    ``pause_s`` per poll makes it a slow subscription. ``rejoin``: on NotLeader (its session
-    expired) start a new consumer, as an application would; else the thread fails."""
+    ``pause_s`` per poll makes it a slow subscription. A consumer whose lease went to another
+    rejoins by itself: what it delivers after that is a new entry of ``instances``. ``rejoin``:
+    on NotLeader start a new consumer, as an application would; else the thread fails."""
 
     def __init__(self, cluster: Cluster, *, until: int, queue: str = "q", sub: str = "s", pause_s: float = 0.0,
                  fetch_max_bytes: int = 4 << 20, audit_dir: Path | None = None, rejoin: bool = False) -> None:
@@ -449,9 +469,17 @@ class LoadConsumer(_LoadThread):
             try:
                 with Consumer(self.config) as consumer:
                     self._consumer = consumer
+                    rejoins = 0
                     while last < self.until and not self._stop.is_set():
                         called_at = time.monotonic()
                         batch = consumer.poll(0.2)
+                        st = consumer.statistics()
+                        if st.rejoins != rejoins:
+                            # Its lease went to another and came back: it reads on from the
+                            # committed cursor, a new stretch of delivery (an "instance").
+                            rejoins, last = st.rejoins, st.last_seq
+                            instance = []
+                            self.instances.append(instance)
                         if batch:
                             lease = consumer._checks.lease if consumer._checks is not None else None
                             self.handed_out.append(HandedOut(

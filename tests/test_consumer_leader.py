@@ -1,5 +1,5 @@
 """Consumer leader faults (DESIGN §6): the consumer is a separate process, killed -9 under load;
-a standby waiting in the subscription's election resumes from the committed cursor.
+a standby waiting for the subscription's lease resumes from the committed cursor.
 
 Here, and only here, redelivery is allowed: the standby redelivers exactly the messages after
 the last committed cursor, in order. Each instance sees strictly increasing seqs; together
@@ -29,15 +29,16 @@ N = 16_000
 
 
 def start_pair(cluster: Cluster, n: int, **options: object) -> tuple[ConsumerProgram, ConsumerProgram]:
-    """A leading consumer program and a standby waiting in the election behind it."""
+    """A leading consumer program and a standby waiting for the lease behind it."""
     leader = cluster.spawn_consumer("c1", until=n - 1, hold=True, **options)  # type: ignore[arg-type]
     standby = cluster.spawn_consumer("c2", until=n - 1, hold=True)
     leader.go()
     leader.wait_leader()
+    asked = cluster.coordinator_requests(rpc="Acquire")
     standby.go()
-    path = cluster.paths.sub_leader("q", "s")
-    wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
-               what="the standby to wait in the subscription's election")
+    # A standby asks for the lease again and again (refused while the leader renews it).
+    wait_until(lambda: cluster.coordinator_requests(rpc="Acquire") >= asked + 2, timeout_s=30, interval_s=0.1,
+               what="the standby to wait for the subscription's lease")
     assert standby.event("leader") is None
     return leader, standby
 
@@ -125,11 +126,11 @@ def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
     producer.start()
     instances = [cluster.spawn_consumer("c0", until=n - 1)]
     instances[0].wait_leader()
-    path = cluster.paths.sub_leader("q", "s")
     for k in range(1, 4):
+        asked = cluster.coordinator_requests(rpc="Acquire")
         standby = cluster.spawn_consumer(f"c{k}", until=n - 1)
-        wait_until(lambda: len(cluster.lock_contenders(path)) == 2, timeout_s=30, interval_s=0.05,
-                   what="a standby waiting")
+        wait_until(lambda asked=asked: cluster.coordinator_requests(rpc="Acquire") >= asked + 2, timeout_s=30,
+                   interval_s=0.1, what="a standby waiting for the lease")
         wait_until(lambda k=k: sum(c.delivered_count() for c in instances) >= k * n // 6, timeout_s=120,
                    interval_s=0.01, what="progress")
         instances[-1].proc.kill()
@@ -141,19 +142,128 @@ def test_consumer_leader_killed_repeatedly_long(cluster: Cluster) -> None:
     check_delivery(producer.acked, [c.deliveries() for c in instances], redelivery=True, starts=starts)
 
 
-def test_a_consumer_not_elected_in_time_raises_wait_timeout(cluster: Cluster) -> None:
-    """kazoo's Lock raises LockTimeout where the SDK expected False: a consumer not elected
-    within ``leader_timeout_s`` raised kazoo's exception, not ordq's WaitTimeout."""
+def test_a_consumer_not_granted_the_lease_in_time_raises_wait_timeout(cluster: Cluster) -> None:
+    """A consumer whose subscription's lease another holds past ``leader_timeout_s`` raises
+    ordq's WaitTimeout (and takes nothing: the holder keeps it)."""
+    from ordq.coordinator.client import CoordinatorClient, Held
+    from ordq.sdk._lease_client import CoordinatorLease
+
     cluster.add_groups("g1")
     cluster.create_queue()
     cluster.store.create_subscription("q", "s")
-    holder = cluster.store.client.Lock(cluster.paths.sub_leader("q", "s"), "another consumer")
-    assert holder.acquire(timeout=30)
+    coord = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials)
+    holder = CoordinatorLease(coord, "consumer", "q", "s", "another-consumer", ttl_s=2.0)
     try:
+        assert holder.acquire(30)
         config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
                                 leader_timeout_s=1.0)
-        with pytest.raises(WaitTimeout, match="not elected consumer in 1.0s"):
+        with pytest.raises(WaitTimeout, match="no consumer lease in 1.0s"):
             Consumer(config).start()
-        assert cluster.lock_contenders(cluster.paths.sub_leader("q", "s")) == ["another consumer"]  # left no node
+        assert holder.valid() or holder.wait_valid(5.0)
+        assert isinstance(holder.held, Held) and cluster.consumer_lease().holder == "another-consumer"
     finally:
-        holder.release()
+        holder.stop()
+        coord.close()
+
+
+def test_a_consumer_paused_past_its_lease_rejoins_and_completes_the_run(cluster: Cluster) -> None:
+    """Clients that stay (issue 37). Guards: the check before handing out (``LeaseChecks``:
+    nothing is handed out unless ``lease.valid()`` by the consumer's own clock, confirmed again
+    after any blocking call) and the rejoin (``Consumer._rejoin``: what was read and not handed
+    out dropped, the cursor read again, the seq filter reset to its ``last_seq``).
+
+    A consumer program SIGSTOPped past its lease delivers nothing beside its successor (the
+    audit's ``concurrent_consumers`` is 0). Resumed, it learns the lease went to another, waits
+    as a standby and, once the successor dies, reads on from the committed cursor by itself and
+    completes the run: every acked seq delivered, in order within each stretch, no gap. On the
+    election SDK the resumed program stopped for good with NotLeader (exit 2)."""
+    from ordq.drills.audit import read_deliveries
+    from ordq.spark_order_check import CLASSES
+    from ordq.spark_order_check.reference import check
+
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    audit = cluster.base / "audit"
+    n = 8000
+    first = cluster.spawn_consumer("c1", until=n - 1, commit_ms=100.0, hold=True)
+    second = cluster.spawn_consumer("c2", until=n - 1, commit_ms=100.0, hold=True)
+    first.go()
+    first.wait_leader()
+    asked = cluster.coordinator_requests(rpc="Acquire")
+    second.go()
+    wait_until(lambda: cluster.coordinator_requests(rpc="Acquire") >= asked + 2, timeout_s=60, interval_s=0.1,
+               what="c2 to wait for the lease")
+    # A slow stream (16 s), started once both consumers run: the faults land while it flows.
+    producer = cluster.producer(n=n, rate=500.0, audit_dir=audit)
+    producer.start()
+    wait_until(lambda: first.delivered_count() >= n // 8, timeout_s=120, interval_s=0.05, what="c1 to deliver")
+    first.proc.pause()
+    try:
+        second.wait_leader(60)  # granted only once c1's lease ran out on the coordinator's clock
+        at = second.delivered_count()
+        wait_until(lambda: second.delivered_count() >= at + 200, timeout_s=120, interval_s=0.05,
+                   what="c2 to deliver")
+    finally:
+        first.proc.resume()
+    # Resumed: it is a standby now (it asks for the lease again), alive, delivering nothing.
+    asked = cluster.coordinator_requests(rpc="Acquire")
+    wait_until(lambda: cluster.coordinator_requests(rpc="Acquire") >= asked + 2, timeout_s=60, interval_s=0.1,
+               what="the resumed c1 to wait for the lease again")
+    assert first.proc.alive() and first.event("error") is None, first.records()[-3:]
+    wait_until(lambda: second.delivered_count() >= n // 2, timeout_s=120, interval_s=0.05,
+               what="c2 to deliver half")
+    second.proc.kill()
+    producer.join(FINISH_S)
+    assert first.wait_exit(FINISH_S) == 0, first.records()[-3:]
+    rejoined = first.event("rejoined")
+    assert rejoined is not None, first.records()[-3:]
+    done = first.event("done")
+    assert done is not None and done["stats"]["rejoins"] == 1, done
+
+    # c1 before its pause, c2, c1 after its rejoin: each stretch starts right after the cursor
+    # it read, in order, and together they cover every acked seq.
+    records = first.records()
+    cut = records.index(rejoined)
+    before, after = [r for r in records[:cut] if "d" in r], [r for r in records[cut:] if "d" in r]
+    from tests.helpers.load import deliveries_in
+
+    start2 = second.event("leader")
+    assert start2 is not None
+    check_delivery(producer.acked, [deliveries_in(before), second.deliveries(), deliveries_in(after)],
+                   redelivery=True, starts=[None, start2["last_seq"], rejoined["last_seq"]])
+    # No delivery beside another consumer: the audit's own verdict (the verifier's rules).
+    by: dict[str, list[int]] = {}
+    for d in read_deliveries(audit):
+        by.setdefault(d.consumer, []).append(d.deliver_us)
+    rejoined_ids = [c for c in by if c.endswith("#1")]
+    assert len(by) == 3 and len(rejoined_ids) == 1 and rejoined_ids[0][:-2] in by, sorted(by)  # c1 after its rejoin
+    counts = check(audit / "acks", audit / "deliveries").counts
+    violations = {c.name: counts[c.name] for c in CLASSES if c.violation and counts.get(c.name)}
+    assert not violations and counts["concurrent_consumers"] == 0, violations
+
+
+def test_an_idle_consumer_describes_the_queue_at_most_once_per_fetch_wait(cluster: Cluster) -> None:
+    """Guard: ``QueueView.idle`` (no watch: at the end of an open segment the state is read
+    again at most every ``fetch_wait_ms``, one Describe per wait, never one per fetch). Here the
+    application polls every 20 ms with ``fetch_wait_ms`` 200: per fetch that was ~50 Describes a
+    second; the coordinator sees at most ~5, and the consumer still learns of a roll."""
+    import time
+
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s", fetch_wait_ms=200)
+    with Consumer(cfg) as c:
+        assert c.poll(timeout_s=0.02) == []
+        before = cluster.coordinator_requests(rpc="Describe")
+        started = time.monotonic()
+        polls = 0
+        while time.monotonic() - started < 3.0:
+            assert c.poll(timeout_s=0.02) == []
+            polls += 1
+        took = time.monotonic() - started
+        asked = cluster.coordinator_requests(rpc="Describe") - before
+        print(f"{polls} polls in {took:.1f} s: {asked:.0f} Describe calls")
+        assert 1 <= asked <= took / 0.2 + 3, (asked, polls, took)
+        assert cluster.ordq("queue", "roll", "q").returncode == 0
+        wait_until(lambda: (c.poll(timeout_s=0.02), c._require(c._view).cached().segment(1))[1] is not None,
+                   timeout_s=30, what="the consumer to learn of the roll")

@@ -1,11 +1,13 @@
 """A consumer deposed while it was inside a blocking call (issue 26), reproduced in-process and
-deterministically: the "freeze" is a hook in the consumer's own commit that expires its
-ZooKeeper session (as a SIGSTOP past the session does), lets a successor take over and
-deliver, and only then returns.
+deterministically: the "freeze" is a hook in the consumer's own commit that stops its lease's
+heartbeats (as a SIGSTOP past the lease does), lets a successor take over and deliver, and only
+then lets the heartbeats go on.
 
 The promise (DESIGN §5 Consumer, sdk/consumer.py): no hand-out without a lease check after
-any blocking call; a resumed deposed consumer raises ``NotLeader`` — never ``RetentionOvertook``
-with advice to reset the subscription to earliest (that would redeliver all of it).
+any blocking call; a resumed deposed consumer learns its lease went to another and rejoins
+(issue 37): it hands out nothing beside its successor, waits as a standby, and reads on from
+the committed cursor — never ``RetentionOvertook`` with advice to reset the subscription to
+earliest (that would redeliver all of it), never a gap, never an exception.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from collections.abc import Callable
 
 import attrs
 import pytest
-from kazoo.client import KazooClient
 
-from ordq.common.errors import NotLeader
+from ordq.common.errors import OrdqError
 from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk._lease_client import CoordinatorLease
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
 
@@ -39,16 +41,20 @@ def consumer_config(cluster: Cluster) -> ConsumerConfig:
                           commit=CommitConfig(every_messages=1, every_ms=50.0))
 
 
-def expire_session(cluster: Cluster, consumer: Consumer) -> None:
-    """What a freeze past the session does to ``consumer``: ZooKeeper ends its session (its lock
-    node goes, a standby is elected). kazoo's own harness trick: close the session from another
-    client holding the same session id and password."""
-    client = consumer._client
-    assert client is not None
-    other = KazooClient(hosts=cluster.hosts, client_id=client.client_id, timeout=2.0)
-    other.start(timeout=10)
-    other.stop()
-    other.close()
+def freeze_heartbeats(consumer: Consumer) -> Callable[[], None]:
+    """What a freeze past the lease does to ``consumer``: no heartbeat reaches the coordinator
+    (the renewal thread's calls do nothing), so the lease runs out on both clocks and the
+    coordinator grants it to a standby. Returns the thaw (heartbeats go on: the next one is
+    refused, the lease having gone to another)."""
+    lease = consumer._lease
+    assert isinstance(lease, CoordinatorLease)
+    real = lease._renew_once
+    lease._renew_once = lambda: None  # type: ignore[method-assign]
+
+    def thaw() -> None:
+        lease._renew_once = real  # type: ignore[method-assign]
+
+    return thaw
 
 
 def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(cluster: Cluster) -> None:
@@ -67,35 +73,42 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
 
         def frozen_commit(cursor: object, **kwargs: object) -> None:
             # The periodic commit the check before handing out runs after confirming the lease:
-            # it lands, then the process "freezes" past its session while a successor takes
-            # over and delivers.
+            # it lands, then the process "freezes" past its lease while a successor takes over,
+            # delivers, commits and leaves.
             commits.commit = real_commit  # type: ignore[method-assign]  # once
             real_commit(cursor, **kwargs)
-            expire_session(cluster, first)
+            thaw = freeze_heartbeats(first)
             lease = first._lease
             assert lease is not None
             wait_until(lambda: not lease.valid(), timeout_s=30, what="the frozen consumer's lease to run out")
             with Consumer(consumer_config(cluster)) as second:
-                while not successor:
-                    successor.extend(m.seq for m in second.poll(timeout_s=0.1))
+                while len(successor) < 5:
+                    successor.extend(m.seq for m in second.poll(timeout_s=0.1, max_messages=5 - len(successor)))
                 second.commit()
+            thaw()
 
         commits.commit = frozen_commit  # type: ignore[method-assign]
         # Finishes seq 0, so a commit is due (every message): the hook runs inside the check
-        # before handing out (LeaseChecks.before_hand_out).
-        with pytest.raises(NotLeader):
+        # before handing out (LeaseChecks.before_hand_out). What it buffered (seqs 1..19) is
+        # never handed out: it rejoins and reads on from the successor's cursor.
+        deadline = time.monotonic() + 60
+        while first.statistics().rejoins == 0:
+            assert time.monotonic() < deadline, first.statistics()
             late = first.poll(max_messages=1)
-            pytest.fail(f"the deposed consumer handed out {[m.seq for m in late]} after its successor "
-                        f"delivered {successor}")
-        assert successor[0] == 1  # the successor resumed after the committed seq 0
+            assert not late, f"the deposed consumer handed out {[m.seq for m in late]} after its successor " \
+                             f"delivered {successor}"
+        assert successor == [1, 2, 3, 4, 5]  # the successor resumed after the committed seq 0
+        assert first.statistics().rejoins == 1
+        rest: list[int] = []
+        while len(rest) < 14:
+            assert time.monotonic() < deadline, rest
+            rest.extend(m.seq for m in first.poll(timeout_s=0.1))
+        assert rest == list(range(6, 20))  # from the successor's committed cursor, in order
     finally:
-        try:
-            first.close()
-        except NotLeader:
-            pass
+        first.close()
 
 
-def test_resumed_deposed_consumer_behind_popped_segments_raises_not_leader(cluster: Cluster) -> None:
+def test_resumed_deposed_consumer_behind_popped_segments_rejoins_at_the_successors_cursor(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     produce(cluster, 10)
@@ -106,7 +119,10 @@ def test_resumed_deposed_consumer_behind_popped_segments_raises_not_leader(clust
         while len(seqs) < 10:
             seqs.extend(m.seq for m in first.poll(timeout_s=0.1))
         first.commit()  # its cursor: segment 0, offset 10, seq 9
-        expire_session(cluster, first)  # frozen from here on
+        thaw = freeze_heartbeats(first)  # frozen from here on
+        lease = first._lease
+        assert lease is not None
+        wait_until(lambda: not lease.valid(), timeout_s=30, what="the frozen consumer's lease to run out")
         # Meanwhile the queue moves on: more in segment 0, a roll, segment 1; the successor
         # reads it all and segment 0 is popped.
         produce(cluster, 40)
@@ -121,21 +137,28 @@ def test_resumed_deposed_consumer_behind_popped_segments_raises_not_leader(clust
                     last = m.seq
                 second.commit()
         assert cluster.state().trimmed_seq >= 49
-        # The first resumes: its next reads find segment 0 gone and seqs 10..49 with it.
+        # The first resumes: its next reads would find segment 0 gone and seqs 10..49 with it;
+        # it learns its lease went to another instead, and reads on after seq 59.
+        thaw()
         deadline = time.monotonic() + 30
-        with pytest.raises(NotLeader):  # RetentionOvertook here advised a reset to earliest
-            while time.monotonic() < deadline:
-                assert not first.poll(timeout_s=0.1), "the deposed consumer handed out messages"
+        while first.statistics().rejoins == 0:  # RetentionOvertook here advised a reset to earliest
+            assert time.monotonic() < deadline, first.statistics()
+            assert not first.poll(timeout_s=0.1), "the deposed consumer handed out messages"
+        assert first.statistics().last_seq == 59
+        produce(cluster, 3)
+        more: list[int] = []
+        while len(more) < 3:
+            assert time.monotonic() < deadline + 60, more
+            more.extend(m.seq for m in first.poll(timeout_s=0.1))
+        assert more == [60, 61, 62]
     finally:
-        try:
-            first.close()
-        except NotLeader:
-            pass
+        first.close()
 
 
-def test_close_while_zookeeper_does_not_answer_finishes_within_seconds(cluster: Cluster) -> None:
-    """Ctrl-C on `ordq consume` (issue 26): the lock release on close rode out a lost
-    connection for ever, kazoo's default retry backing off up to an hour."""
+def test_close_while_no_coordinator_answers_finishes_within_seconds(cluster: Cluster) -> None:
+    """Ctrl-C on `ordq consume` (issue 26): closing must not wait on an answer that never comes.
+    Here every coordinator is frozen (SIGSTOP): the last commit rides out ``coordinator_outage_s``
+    and the lease's release gives up after its own short timeout."""
     cluster.add_groups("g1")
     cluster.create_queue()
     produce(cluster, 5)
@@ -145,15 +168,24 @@ def test_close_while_zookeeper_does_not_answer_finishes_within_seconds(cluster: 
     seqs: list[int] = []
     while len(seqs) < 5:
         seqs.extend(m.seq for m in c.poll(timeout_s=0.1))
-    c.commit()
-    lock, client = c._election, c._client
-    assert lock is not None and client is not None
-    # The delete goes out and no answer ever comes (ZooKeeper stopped or cut off): kazoo's own
-    # release waits on it without a timeout. An answer that never comes is a result never set.
-    client.delete_async = lambda *_a, **_k: client.handler.async_result()  # type: ignore[method-assign]
-    closer = threading.Thread(target=c.close, daemon=True)
-    started = time.monotonic()
-    closer.start()
-    closer.join(timeout=60)
-    assert not closer.is_alive(), "close() still releasing the lock after 60 s"
-    assert time.monotonic() - started < 30
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            c.close()
+        except OrdqError as exc:  # the last commit got no answer: said so, not hung
+            errors.append(exc)
+
+    frozen = [p for p in cluster.coordinators if p.alive()]
+    for p in frozen:
+        p.pause()
+    try:
+        closer = threading.Thread(target=close, daemon=True)
+        started = time.monotonic()
+        closer.start()
+        closer.join(timeout=60)
+        assert not closer.is_alive(), "close() still waiting after 60 s"
+        assert time.monotonic() - started < 30
+    finally:
+        for p in frozen:
+            p.resume()

@@ -186,3 +186,46 @@ def test_a_stored_park_policy_applies(queue: Cluster) -> None:
         c.run(handler, stop=stop)
     parked = json.loads(queue.ordq("sub", "parked", "q", "s", "--json").stdout)["parked"]
     assert [(r["seq"], r["attempts"]) for r in parked] == [(3, 1)]
+
+
+def test_a_dead_consumers_alarm_goes_when_its_lease_is_granted_to_another(queue: Cluster) -> None:
+    """Guard: the coordinator writes a consumer's alarm (``blocked/<holder>``, no client session
+    to take it away) and clears the alarms of every other holder when it grants the
+    subscription's lease (coordinator/service_leases.py ``_clear_alarms``), and the holder's own
+    on release. Failing first: the alarm of a consumer that died while blocked stayed in
+    ``ordq sub list`` for good (written on the coordinator's session, not the dead consumer's)."""
+    from ordq.coordinator.client import CoordinatorClient
+    from ordq.sdk._lease_client import CoordinatorLease
+
+    def blocked() -> dict | None:
+        listed = json.loads(queue.ordq("sub", "list", "q", "--json").stdout)["subscriptions"]
+        return next(s for s in listed if s["subscription"] == "s")["blocked"]
+
+    cfg = ConsumerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", subscription="s",
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
+    with Consumer(cfg):
+        pass  # the subscription exists
+    coord = CoordinatorClient(bootstrap=queue.bootstrap, credentials=queue.credentials)
+    dead = CoordinatorLease(coord, "consumer", "q", "s", "dead-consumer", ttl_s=CLIENT_SESSION_TIMEOUT_S)
+    try:
+        assert dead.acquire(30)
+        coord.record(dead.held, "set_blocked", {"seq": 10, "key": None, "attempts": 7, "error": "down",
+                                                "consumer": "dead-consumer"})
+        alarm = wait_until(blocked, timeout_s=30, what="the alarm in sub list")
+        assert alarm["seq"] == 10 and alarm["consumer"] == "dead-consumer"
+        dead.stop(release=False)  # it dies: no release, no clearing of its own
+        assert blocked() is not None
+        with Consumer(cfg) as c:  # granted once the dead one's lease ran out: its alarm goes
+            assert c.statistics().delivered == 0
+            assert blocked() is None
+        # A consumer that leaves takes its alarm with it too (release).
+        again = CoordinatorLease(coord, "consumer", "q", "s", "leaving-consumer", ttl_s=CLIENT_SESSION_TIMEOUT_S)
+        assert again.acquire(30)
+        coord.record(again.held, "set_blocked", {"seq": 11, "attempts": 3, "error": "down",
+                                                 "consumer": "leaving-consumer"})
+        assert blocked() is not None
+        again.stop()
+        assert blocked() is None
+    finally:
+        dead.stop(release=False)
+        coord.close()

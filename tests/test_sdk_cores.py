@@ -271,7 +271,7 @@ def test_failover_pacing_backs_off_after_failovers_and_forgets_them_after_the_wi
 
 
 class FakeLease:
-    """What ``LeaseChecks`` reads of a ``SessionLease``; the test sets whether it holds."""
+    """What ``LeaseChecks`` reads of a ``CoordinatorLease``; the test sets whether it holds."""
 
     def __init__(self) -> None:
         self.holds = True
@@ -296,18 +296,21 @@ def lease_checks(lease: FakeLease, **cfg: object) -> object:
 def test_lease_checked_again_after_the_periodic_commit() -> None:
     """The promise of issue 26: a check made before a blocking call proves nothing after it.
     The periodic commit runs between two confirmations; losing the lease meanwhile hands out
-    nothing (NotLeader), being unsure of it hands out nothing now (False)."""
-    from ordq.common.errors import NotLeader
+    nothing (LeaseGone: the consumer rejoins, the application sees no error), being unsure of
+    it hands out nothing now (False)."""
+    from ordq.common.errors import OrdqError
+    from ordq.sdk._consumer_lease import LeaseGone
 
     lease = FakeLease()
     checks = lease_checks(lease)
 
     def commit_then_deposed(now: float) -> bool:
-        lease.holds, lease.lost_reason = False, "ZooKeeper session expired"
+        lease.holds, lease.lost_reason = False, "generation 1 was superseded by 2 (c2)"
         return True  # a commit ran
 
-    with pytest.raises(NotLeader):
+    with pytest.raises(LeaseGone, match="superseded") as caught:
         checks.before_hand_out(0.0, commit_then_deposed)
+    assert not isinstance(caught.value, OrdqError)  # a signal inside the consumer, not an application error
 
     lease = FakeLease()
     checks = lease_checks(lease, coordinator_outage_s=60.0)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from ordq.common.errors import NotLeader
+from ordq.common.errors import SubscriptionNotFound
 from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
 from tests.util import wait_until
@@ -69,13 +69,14 @@ def test_create_at_seq_latest_and_delete(cluster: Cluster) -> None:
         def stopped() -> bool:
             try:
                 held.poll(timeout_s=0.05)
-            except NotLeader:
+            except SubscriptionNotFound:  # final: the consumer does not rejoin a deleted subscription
                 return True
             return False
 
-        wait_until(stopped, timeout_s=10, what="the held consumer to find its lease gone")
+        wait_until(stopped, timeout_s=30, what="the held consumer to find its subscription gone")
     finally:
-        held.__exit__(NotLeader, NotLeader("q", "at40", "deleted"), None)
+        gone = SubscriptionNotFound("q", "at40")
+        held.__exit__(SubscriptionNotFound, gone, None)
     subs = json.loads(cluster.ordq("sub", "list", "q", "--json").stdout)["subscriptions"]
     assert [s["subscription"] for s in subs] == ["late"]
 

@@ -17,7 +17,7 @@ import attrs
 
 from ordq.bootstrap import check_queue, cluster_options, topic_partitions
 from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds
-from ordq.common.errors import ConfigError, HandlerError
+from ordq.common.errors import ConfigError, HandlerError, LeaseLost
 from ordq.output import emit_json
 
 
@@ -232,7 +232,13 @@ def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
                 n += 1
                 last = m
         if last is not None:
-            consumer.commit(through=last)
+            try:
+                consumer.commit(through=last)
+            except LeaseLost as exc:
+                # Frozen past its lease, another consumer holds the subscription now: what was
+                # printed since the last commit is delivered again (at-least-once), not lost.
+                print(f"ordq: warning: not committed ({exc.reason}): the messages printed since the last commit "
+                      "are delivered again", file=sys.stderr)
     return n, (last.seq if last is not None else None)
 
 

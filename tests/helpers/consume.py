@@ -10,6 +10,7 @@ when elected (``last_seq``: of the committed cursor it resumes from). Writes to 
 lines; each poll's messages are written and flushed before the next poll, which is when the
 SDK may commit them):
   {"event": "leader", "last_seq": n, "seg": s, "offset": o}
+  {"event": "rejoined", "last_seq": n, "seg": s, "offset": o}   lease lost and granted back
   {"d": seq, "pseq": payload seq, "w": writer, "ok": intact, "crc": crc32}   per delivery
   {"event": "done", "stats": {...}}        delivered --until, consumer closed (exit 0)
   {"event": "error", "type": ..., "error": ...}   (exit 2)
@@ -59,10 +60,17 @@ def main(argv: list[str] | None = None) -> int:
         st = consumer.statistics()
         out.write({"event": "leader", "last_seq": st.last_seq, "seg": st.seg, "offset": st.offset})
         announce(f"LEADER {st.last_seq}")
-        last = st.last_seq
+        last, rejoins = st.last_seq, st.rejoins
         while last < args.until:
             records = []
-            for m in consumer.poll(0.2):
+            batch = consumer.poll(0.2)
+            st = consumer.statistics()
+            if st.rejoins != rejoins:
+                # Its lease was lost (a pause past it) and granted back: it reads on from the
+                # committed cursor, whatever it delivered before.
+                rejoins, last = st.rejoins, st.last_seq
+                out.write({"event": "rejoined", "last_seq": st.last_seq, "seg": st.seg, "offset": st.offset})
+            for m in batch:
                 if m.seq == args.crash_at:
                     out.write(*records)
                     os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,110 @@
+"""Issue 37's attack on a subscription, against consumers that hold leases: a client with a
+consume token of queue Q forges a commit for another subscription of Q. Every forgery is
+refused (LeaseLost or PermissionDenied), counted in ``ordq_coordinator_requests_total``, and the
+other subscription's cursor and records are unchanged."""
+
+from __future__ import annotations
+
+import uuid
+
+import attrs
+import pytest
+
+from ordq.common.errors import LeaseLost, NotLeader, OrdqError, PermissionDenied
+from ordq.coordinator.client import CoordinatorClient, Held
+from ordq.coordinator.state import Cursor
+from ordq.coordinator.tokens import create_token, touch
+from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk._lease_client import CoordinatorLease
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+
+def refused(call: object) -> OrdqError | None:
+    try:
+        call()  # type: ignore[operator]
+    except OrdqError as exc:
+        return exc
+    return None
+
+
+def test_a_consume_token_cannot_commit_for_another_subscription(cluster: Cluster) -> None:
+    """Guards: ``check_lease`` in Commit and ``LeaseDesk.check`` in SubscriptionRecord (a lease
+    is checked against the record of the subscription the request names: its generation and the
+    digest of its secret key), and the election path's refusal once a subscription's consumer
+    holds a lease (coordinator/service.py ``_commit``). Failing first: before that refusal, a
+    node planted in subscription b's (now empty) election was its "first contender", and a
+    commit naming it moved b's cursor past messages b's consumer never delivered."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q", ["g1"])
+    with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=30.0)) as p:
+        p.send(b"m").result(60)
+    for sub in ("a", "b"):
+        cluster.store.create_subscription("q", sub)
+    _, token = create_token(cluster.store.client, cluster.root, {"q": ["consume"]}, "consumer of q/a")
+    _, real_token = create_token(cluster.store.client, cluster.root, {"q": ["consume"]}, "consumer of q/b")
+    touch(cluster.store.client, cluster.root)
+    attacker = CoordinatorClient(bootstrap=cluster.bootstrap, timeout_s=5,
+                                 credentials=attrs.evolve(cluster.credentials, token=token))
+    anonymous = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials, timeout_s=5)
+    own = CoordinatorLease(attacker, "consumer", "q", "a", "attacker", ttl_s=3.0)
+    # b's real consumer holds b's lease.
+    real = Consumer(ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="b",
+                                   credentials=attrs.evolve(cluster.credentials, token=real_token)))
+    try:
+        wait_until(lambda: isinstance(refused(lambda: anonymous.pop("q")), PermissionDenied), timeout_s=30,
+                   interval_s=0.05, what="the coordinator service enforcing tokens")
+        real.start()
+        assert own.acquire(30)  # the attacker's own, legitimate lease of subscription a
+        before, version = cluster.store.get_cursor("q", "b")
+        b_lease = cluster.consumer_lease("q", "b")
+        assert b_lease is not None and b_lease.holder == real.config.consumer_id
+        moved = Cursor(seg=before.seg, offset=before.offset + 1, last_seq=before.last_seq + 1)
+        lost0 = cluster.coordinator_requests(rpc="Commit", outcome="LeaseLost")
+        denied0 = cluster.coordinator_requests(rpc="Commit", outcome="PermissionDenied")
+        not_leader0 = cluster.coordinator_requests(rpc="Commit", outcome="NotLeader")
+        records0 = cluster.coordinator_requests(rpc="SubscriptionRecord", outcome="LeaseLost")
+
+        forged = Held(kind="consumer", queue="q", sub="b", holder="attacker", generation=b_lease.generation,
+                      key=uuid.uuid4().hex, ttl_ms=3000)
+        guessed = attrs.evolve(forged, generation=b_lease.generation + 1)
+        a_for_b = attrs.evolve(own.held, sub="b")  # its own lease of a, named for b
+        for what, held in (("b's generation with a made-up key", forged), ("a made-up generation", guessed),
+                           ("its lease of a, used for b", a_for_b)):
+            exc = refused(lambda held=held: attacker.commit("q", "b", moved, version, held))
+            assert isinstance(exc, LeaseLost), (what, exc)
+            for op, body in (("set_blocked", {"seq": 0, "error": "planted"}),
+                             ("record_parked", {"seq": 0, "status": "replay", "parking_queue": "q",
+                                                "parked_seq": 0}),
+                             ("parked", None)):
+                exc = refused(lambda held=held, op=op, body=body: attacker.record(held, op, body))
+                assert isinstance(exc, LeaseLost), (what, op, exc)
+        # A commit with no lease at all, and one naming a node planted in b's election.
+        no_lease = Held(kind="consumer", queue="q", sub="b", holder="attacker", generation=0, key="", ttl_ms=3000)
+        assert isinstance(refused(lambda: attacker.commit("q", "b", moved, version, no_lease)), PermissionDenied)
+        planted = cluster.store.client.create(f"{cluster.paths.sub_leader('q', 'b')}/x__lock__", b"attacker",
+                                              ephemeral=True, sequence=True, makepath=True)
+        exc = refused(lambda: attacker.commit("q", "b", moved, version, planted))
+        assert isinstance(exc, NotLeader), exc
+
+        assert cluster.store.get_cursor("q", "b") == (before, version)  # nothing moved
+        assert cluster.store.parked("q", "b") == [] and cluster.store.blocked("q", "b") is None
+        assert cluster.consumer_lease("q", "b") == b_lease  # b's consumer keeps its lease
+        assert cluster.coordinator_requests(rpc="Commit", outcome="LeaseLost") == lost0 + 3
+        assert cluster.coordinator_requests(rpc="Commit", outcome="PermissionDenied") == denied0 + 1
+        assert cluster.coordinator_requests(rpc="Commit", outcome="NotLeader") == not_leader0 + 1
+        assert cluster.coordinator_requests(rpc="SubscriptionRecord", outcome="LeaseLost") == records0 + 9
+        # b's consumer is untouched: it delivers seq 0 and commits.
+        got: list[int] = []
+        wait_until(lambda: got.extend(m.seq for m in real.poll(timeout_s=0.1)) or got, timeout_s=30,
+                   what="b's consumer to deliver")
+        assert got == [0]
+        real.commit()
+        assert cluster.store.get_cursor("q", "b")[0].last_seq == 0
+    finally:
+        real.close()
+        own.stop()
+        attacker.close()
+        anonymous.close()
