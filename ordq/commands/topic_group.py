@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ordq.commands import add_command, check_token, open_store, wants_json
+from ordq.commands import add_command, open_store, wants_json
 from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
@@ -36,12 +36,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
         emit_json(doc)
         return 0
     members = doc["members"]
-    print(f"topic {doc['topic']}, group {doc['group']}: {doc['partitions']} partitions, {len(members)} member(s), "
+    print(f"topic {doc['topic']}, group {doc['group']}: {doc['partitions']} partitions, {len(members)} member(s) "
+          f"in generation {doc['generation']}, "
           f"lag {doc['lag']}{'' if doc['lag_known'] else ' (some unknown)'}")
     if members:
-        table([{"member": m, "host": i.get("host"), "pid": i.get("pid"), "owns": _plist(i["owns"]),
+        table([{"member": m, "lease": i.get("lease_generation"), "owns": _plist(i["owns"]),
                 "assigned": _plist(i["assigned"])} for m, i in members.items()],
-              ["member", "host", "pid", "owns", "assigned"])
+              ["member", "lease", "owns", "assigned"])
     table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "standbys": len(r["standbys"])} for r in doc["rows"]],
           ["partition", "queue", "owner", "assigned", "seg", "last_seq", "lag", "standbys"])
     return 0
@@ -67,10 +68,6 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     from ordq.sdk import GroupConfig, GroupMember
 
     check_member_args(args)
-    with open_store(args) as store:
-        partitions = store.read_topic(args.topic).partitions
-        for p in (0, partitions - 1):
-            check_token(store, f"{args.topic}.p{p}", "consume")
     cfg = GroupConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, group=args.group, start=args.start,
                       audit_dir=args.audit_dir, connect_timeout_s=args.zk_timeout,
                       workers_per_partition=args.workers or 1,
@@ -105,7 +102,7 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     st = member.statistics()
     summary = {"topic": args.topic, "group": args.group, "member": cfg.member_id, "delivered": count[0],
                "by_partition": {str(p): n for p, n in sorted(st.delivered.items())}, "rebalances": st.rebalances,
-               "takeovers": st.takeovers, "deposed": st.deposed}
+               "takeovers": st.takeovers, "deposed": st.deposed, "rejoins": st.rejoins, "generation": st.generation}
     if args.json:
         emit_json(summary)
     else:
