@@ -14,6 +14,7 @@ newcomer ranks first or the leaver held.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 MAX_MEMBERS = 1000  # per group: the coordinator refuses a member lease beyond this (counted)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a coordinator re-assigns a group at every generation
 def _rank(partition: int, member: str) -> bytes:
     return hashlib.blake2b(f"{partition}\0{member}".encode(), digest_size=8).digest()
 
@@ -35,12 +37,12 @@ def assign_partitions(members: Iterable[str], partitions: int) -> dict[str, list
     owned: dict[str, list[int]] = {m: [] for m in names}
     with_extra = 0  # members already at base + 1 (at most ``extra`` of them)
     for p in range(partitions):
-        for m in sorted(names, key=lambda m: (_rank(p, m), m), reverse=True):
-            n = len(owned[m])
-            if n < base or (n == base and with_extra < extra):
-                owned[m].append(p)
-                with_extra += n == base
-                break
+        # The highest-ranked member that still has room (a max, not a sort: a coordinator
+        # computes this for every generation of a group of up to MAX_MEMBERS members).
+        room = [m for m in names if len(owned[m]) < base or (len(owned[m]) == base and with_extra < extra)]
+        m = max(room, key=lambda m: (_rank(p, m), m))
+        with_extra += len(owned[m]) == base
+        owned[m].append(p)
     return owned
 
 

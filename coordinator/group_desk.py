@@ -67,7 +67,7 @@ class Leases(Protocol):
     def acquire(self, name: LeaseName, holder: str, *, ttl_ms: int = 0, hold_s: float = 0.0) -> Any: ...
     def heartbeat(self, name: LeaseName, generation: int, key: str) -> LeaseRecord: ...
     def release(self, name: LeaseName, generation: int, key: str) -> None: ...
-    def live(self, name: LeaseName) -> bool: ...
+    def expires_at(self, name: LeaseName) -> float | None: ...
     def evict(self, name: LeaseName) -> bool: ...
     def holder(self, name: LeaseName) -> LeaseRecord | None: ...
     def check(self, name: LeaseName, generation: int, key: str) -> tuple[LeaseRecord, int]: ...
@@ -94,6 +94,7 @@ class GroupState:
     members: tuple[str, ...] = ()  # live, sorted
     assignment: dict[str, list[int]] = attrs.field(factory=dict)
     owners: dict[int, str] = attrs.field(factory=dict)
+    next_expiry: float = float("-inf")  # no member can have expired before this (look then)
 
     @property
     def topic_queue(self) -> str:
@@ -164,27 +165,54 @@ class GroupDesk:
         if found is None and not create:
             self._groups[key] = None  # no member ever joined: its partitions' leases are plain ones
             return None
-        generation, version = found if found is not None else (0, -1)
-        g = GroupState(topic=topic, group=group, partitions=0, generation=generation, version=version)
-        names = self.store.lease_members(tq, group) if found is not None else []
+        g = GroupState(topic=topic, group=group, partitions=self.store.read_topic(topic).partitions)
         self._groups[key] = g
-        self._refresh(g, known=names, force=True)  # a new term: a new generation
+        if found is None:  # the first member: the folder (generation 0) before its lease node
+            try:
+                g.version = self.store.write_group(tq, group, 0, -1)
+            except ConflictError:
+                self._groups.pop(key, None)
+                raise
+            return g
+        g.generation, g.version = found
+        self._refresh(g, known=self.store.lease_members(tq, group), force=True)  # a new term: a new generation
         return g
 
     def _refresh(self, g: GroupState, *, known: list[str] | None = None, force: bool = False,
-                 joined: str = "") -> None:
-        """Evict the members whose lease expired or was released; bump the generation when the
-        live set changed (or ``force``), with ``joined`` added."""
+                 joined: str = "", left: str = "") -> None:
+        """Evict the members whose lease expired (or ``left``: released); bump the generation
+        when the live set changed (or ``force``), with ``joined`` added. The members are looked
+        at only once the earliest expiry they had may have come (``g.next_expiry``): a
+        heartbeat costs O(1), not O(members)."""
+        now = self._now()
+        if known is None and not force and now < g.next_expiry:  # nobody can have expired
+            if not (joined or left):
+                return
+            live = [m for m in g.members if m != left]
+            if left and self._desk.evict(g.member_lease(left)):
+                log.info("group %s/%s: member %s left", g.topic, g.group, left)
+            if joined:
+                live.append(joined)
+                until = self._desk.expires_at(g.member_lease(joined))
+                g.next_expiry = min(g.next_expiry, until if until is not None else now)
+            self._bump(g, live)
+            return
         live = []
+        soonest = float("inf")
         for m in (g.members if known is None else known):
             name = g.member_lease(m)
-            if self._desk.live(name):
+            until = self._desk.expires_at(name)
+            if until is not None and now < until:
                 live.append(m)
+                soonest = min(soonest, until)
             elif self._desk.evict(name):
-                self.stats.expired += 1
-                log.info("group %s/%s: member %s expired or left", g.topic, g.group, m)
+                self.stats.expired += m != left
+                log.info("group %s/%s: member %s %s", g.topic, g.group, m, "left" if m == left else "expired")
         if joined:
             live.append(joined)
+            until = self._desk.expires_at(g.member_lease(joined))
+            soonest = min(soonest, until if until is not None else now)
+        g.next_expiry = soonest
         if force or tuple(sorted(set(live))) != g.members:
             self._bump(g, live)
 
@@ -240,7 +268,7 @@ class GroupDesk:
             g = self._load(topic, name.sub, create=False)
             self._desk.release(name, generation, key)
             if g is not None:
-                self._refresh(g)
+                self._refresh(g, left=name.member)
                 self.stats.left += 1
 
     # -- the partitions' consumer leases ----------------------------------------------------------

@@ -172,11 +172,11 @@ class LeaseDesk:
 
     # -- for consumer groups (coordinator/group_desk.py) -------------------------------------
 
-    def live(self, name: LeaseName) -> bool:
-        """Someone holds ``name`` and it has not expired on our clock (read from ZooKeeper
-        first if this term has not seen it: then honoured as renewed now)."""
+    def expires_at(self, name: LeaseName) -> float | None:
+        """When ``name`` expires on our clock if not renewed (None: nobody holds it), read from
+        ZooKeeper first if this term has not seen it (then honoured as renewed now)."""
         with self._lock_of(name):
-            return self._known(name).held(name, self._now())
+            return self._known(name).expires_at(name)
 
     def evict(self, name: LeaseName) -> bool:
         """Remove the node of ``name`` if nobody holds it now (expired or released): a member

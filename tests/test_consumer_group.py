@@ -25,8 +25,10 @@ from ordq.cli import main
 from ordq.common.errors import LeaseLost, PermissionDenied
 from ordq.common.metrics import value
 from ordq.common.proc import ManagedProcess
+from ordq.coordinator import group_desk
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.group_assign import (
+    MAX_MEMBERS,
     assign_partitions,
     member_consumer_id,
     member_of_consumer,
@@ -34,7 +36,9 @@ from ordq.coordinator.group_assign import (
     parse_consumer_id,
 )
 from ordq.coordinator.group_desk import split_partition_queue
-from ordq.coordinator.topics import partition_of, partition_queue
+from ordq.coordinator.lease_desk import Grant, LeaseDesk
+from ordq.coordinator.leases import Kind, LeaseName, margin_s
+from ordq.coordinator.topics import TopicConfig, partition_of, partition_queue
 from ordq.sdk import CommitConfig, Delivered, GroupConfig, GroupMember, Producer, ProducerConfig
 from ordq.sdk._lease_client import CoordinatorLease
 from ordq.spark_order_check.reference import check
@@ -412,3 +416,113 @@ def test_a_forged_member_takes_partitions_only_by_joining_and_only_while_it_stay
         for r in running:
             r.leave()
     rec.check()
+
+
+# -- the group desk on an in-memory store (the coordinator's logic, no I/O) ------------------------
+
+class MemoryStore:
+    """What LeaseDesk and GroupDesk read and write of ZooKeeper, in memory (unit tests only)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.leases: dict[object, tuple[object, int]] = {}
+        self.groups: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def read_lease(self, name):  # type: ignore[no-untyped-def]
+        return self.leases.get(name, (None, -1))
+
+    def write_lease(self, name, record, version):  # type: ignore[no-untyped-def]
+        assert self.leases.get(name, (None, -1))[1] == version
+        self.leases[name] = (record, version + 1)
+        return version + 1
+
+    def delete_lease(self, name, version):  # type: ignore[no-untyped-def]
+        self.leases.pop(name, None)
+
+    def lease_members(self, tq, group):  # type: ignore[no-untyped-def]
+        return sorted(n.member for n in self.leases if n.queue == tq and n.sub == group and n.member)
+
+    def read_group(self, tq, group):  # type: ignore[no-untyped-def]
+        return self.groups.get((tq, group))
+
+    def write_group(self, tq, group, generation, version):  # type: ignore[no-untyped-def]
+        assert self.groups.get((tq, group), (0, -1))[1] == version
+        self.groups[(tq, group)] = (generation, version + 1)
+        return version + 1
+
+    def read_topic(self, topic):  # type: ignore[no-untyped-def]
+        return TopicConfig(partitions=self.partitions)
+
+
+def desk_at(partitions: int = 4):  # type: ignore[no-untyped-def]
+    now = [0.0]
+    desk = LeaseDesk(MemoryStore(partitions), term=lambda: 1, clock=lambda: now[0], sleep=lambda s: None)  # type: ignore[arg-type]
+    return desk, now
+
+
+def join(desk: LeaseDesk, member: str, ttl_ms: int = 1000):  # type: ignore[no-untyped-def]
+    got, answer = desk.groups.join(LeaseName(Kind.MEMBER, "t.p0", "G", member), "t", ttl_ms)
+    return got, answer
+
+
+def test_the_generation_moves_with_every_join_expiry_and_leave() -> None:
+    """Guard: group_desk bumps the generation on a grant to a new member, an expiry and a
+    release, and answers each member's partitions of that generation; an expired member's
+    renewal is refused (it rejoins) instead of reviving it."""
+    desk, now = desk_at()
+    a, ans_a = join(desk, "a")
+    assert ans_a.generation == 1 and ans_a.partitions == (0, 1, 2, 3)
+    b, ans_b = join(desk, "b")
+    assert ans_b.generation == 2 and set(ans_b.partitions) == set(assign_partitions(["a", "b"], 4)["b"])
+    again, none = join(desk, "b")  # the same member id while b lives: not granted
+    assert none is None and again.holder == "b"
+    _, beat = desk.groups.beat(LeaseName(Kind.MEMBER, "t.p0", "G", "a"), "t", a.record.generation, a.key)
+    assert beat.generation == 2 and set(beat.partitions) == set(assign_partitions(["a", "b"], 4)["a"])
+    now[0] = 0.9  # a renews, b does not
+    desk.groups.beat(LeaseName(Kind.MEMBER, "t.p0", "G", "a"), "t", a.record.generation, a.key)
+    now[0] = 1.3  # b's ttl + margin ran out
+    _, beat = desk.groups.beat(LeaseName(Kind.MEMBER, "t.p0", "G", "a"), "t", a.record.generation, a.key)
+    assert beat.generation == 3 and beat.partitions == (0, 1, 2, 3)
+    with pytest.raises(LeaseLost):
+        desk.groups.beat(LeaseName(Kind.MEMBER, "t.p0", "G", "b"), "t", b.record.generation, b.key)
+    b2, ans_b2 = join(desk, "b")  # b rejoins: a new generation
+    assert ans_b2 is not None and ans_b2.generation == 4 and ans_b2.partitions
+    desk.groups.leave(LeaseName(Kind.MEMBER, "t.p0", "G", "b"), "t", b2.record.generation, b2.key)
+    _, beat = desk.groups.beat(LeaseName(Kind.MEMBER, "t.p0", "G", "a"), "t", a.record.generation, a.key)
+    assert beat.generation == 5 and beat.partitions == (0, 1, 2, 3)
+    assert desk.groups.stats.generations == 5 and desk.groups.stats.expired >= 1
+
+
+def test_a_group_has_at_most_max_members_and_only_owners_get_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guard: the member bound (refused, counted) and the owner check of a partition's consumer
+    lease, with the grace after which a former owner's renewals are refused. (The bound is
+    lowered here: 1,000 joins one by one cost ~10 s of CPU on a loaded box.)"""
+    assert MAX_MEMBERS == 1000
+    monkeypatch.setattr(group_desk, "MAX_MEMBERS", 64)
+    desk, now = desk_at(partitions=2)
+    for i in range(64):
+        join(desk, f"m{i}", ttl_ms=60_000)
+    with pytest.raises(PermissionDenied, match="members"):
+        join(desk, "one-more")
+    assert desk.groups.stats.refused_full == 1
+    owners = owner_of([f"m{i}" for i in range(64)], 2)
+    name = LeaseName(Kind.CONSUMER, "t.p1", "G")
+    with pytest.raises(PermissionDenied):
+        desk.groups.check_consumer(name, member_consumer_id("m-not", 1, 1), renewing=False)
+    not_owner = next(m for m in (f"m{i}" for i in range(64)) if m != owners[1])
+    with pytest.raises(PermissionDenied):
+        desk.groups.check_consumer(name, member_consumer_id(not_owner, 1, 1), renewing=False)
+    with pytest.raises(PermissionDenied):  # the owner's id but for another partition's lease
+        desk.groups.check_consumer(name, member_consumer_id(owners[0], 0, 1), renewing=False)
+    holder = member_consumer_id(owners[1], 1, 1)
+    desk.groups.check_consumer(name, holder, renewing=False)
+    granted = desk.acquire(name, holder, ttl_ms=1000)
+    assert isinstance(granted, Grant)
+    # every membership expires (nobody renews): p1 has no owner; its consumer renews for the grace only
+    now[0] = 100.0  # every member expired (60 s + margin); the consumer lease revived meanwhile
+    desk.heartbeat(name, granted.record.generation, granted.key)
+    desk.groups.check_consumer(name, holder, renewing=True)  # a new generation now: the grace starts
+    now[0] = 100.0 + 1.0 + margin_s(1000)
+    with pytest.raises(LeaseLost):
+        desk.groups.check_consumer(name, holder, renewing=True)
+    assert desk.groups.stats.refused_renewals == 1
