@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ordq.commands import add_command, open_store, wants_json
+from ordq.commands import add_command, check_token, open_store, wants_json
 from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
@@ -68,6 +68,10 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     from ordq.sdk import GroupConfig, GroupMember
 
     check_member_args(args)
+    with open_store(args) as store:
+        partitions = store.read_topic(args.topic).partitions
+        for p in (0, partitions - 1):
+            check_token(store, f"{args.topic}.p{p}", "consume")
     cfg = GroupConfig(zk_hosts=args.zk, root=args.root, topic=args.topic, group=args.group, start=args.start,
                       audit_dir=args.audit_dir, connect_timeout_s=args.zk_timeout,
                       workers_per_partition=args.workers or 1,
