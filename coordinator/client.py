@@ -331,12 +331,15 @@ class CoordinatorClient:
     # -- leases (coordinator/leases.py) ------------------------------------------------------
 
     def acquire(self, kind: str, queue: str, sub: str, holder: str, *, ttl_ms: int = 0, wait_ms: int = 0,
-                timeout_s: float | None = None) -> Held | Refusal:
+                timeout_s: float | None = None, member: Held | None = None) -> Held | Refusal:
         """Ask for a lease (``kind``: producer | consumer | member): Held when granted, else
-        who holds it and when to ask again."""
+        who holds it and when to ask again. ``member``: for a group's partition, the member
+        lease of the member ``holder`` names (the coordinator grants only to its owner)."""
         pb = self._pb()
         req = pb.LeaseRequest(kind=_LEASE_KINDS[kind], queue=queue, subscription=sub, holder=holder,
                               ttl_ms=ttl_ms, wait_ms=wait_ms)
+        if member is not None:
+            req.generation, req.lease_key = member.generation, member.key
         res = self._call("Acquire", req, timeout_s)
         if not res.granted:
             return Refusal(holder=res.holder, retry_s=res.retry_ms / 1000.0)

@@ -61,6 +61,14 @@ class LeaseDesk:
         self._locks: dict[LeaseName, threading.Lock] = {}
         self._guard = threading.Lock()
         self.stats = LeaseStats()
+        # Consumer groups (MEMBER leases): membership, generation, assignment, partition owners.
+        from ordq.coordinator.group_desk import GroupDesk
+
+        self.groups = GroupDesk(self, store, clock=clock)
+
+    def term(self) -> int:
+        """The leadership term the desk answers for now."""
+        return self._term()
 
     # -- the book of this term -------------------------------------------------------------
 
@@ -161,3 +169,30 @@ class LeaseDesk:
         """The current record of ``name`` (an operator's view), None when never granted."""
         with self._lock_of(name):
             return self._known(name).record(name)
+
+    # -- for consumer groups (coordinator/group_desk.py) -------------------------------------
+
+    def expires_at(self, name: LeaseName) -> float | None:
+        """When ``name`` expires on our clock if not renewed (None: nobody holds it), read from
+        ZooKeeper first if this term has not seen it (then honoured as renewed now)."""
+        with self._lock_of(name):
+            return self._known(name).expires_at(name)
+
+    def evict(self, name: LeaseName) -> bool:
+        """Remove the node of ``name`` if nobody holds it now (expired or released): a member
+        that left. False when it is held (renewed meanwhile). A later renewal is refused
+        (LeaseLost: no such lease): the member rejoins with a new Acquire."""
+        with self._lock_of(name):
+            book = self._known(name)
+            if book.held(name, self._now()):
+                return False
+            version = self._versions.get(name, -1)
+            if version >= 0:
+                try:
+                    self.store.delete_lease(name, version)
+                except ConflictError:
+                    book.forget(name)
+                    raise
+            book.forget(name)
+            self._versions.pop(name, None)
+            return True

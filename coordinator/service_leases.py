@@ -22,7 +22,7 @@ from kazoo.exceptions import NoNodeError
 
 from ordq.common.errors import ConfigError, ConflictError, OrdqError, PermissionDenied
 from ordq.coordinator.lease_desk import Grant, LeaseDesk
-from ordq.coordinator.leases import Kind, LeaseName
+from ordq.coordinator.leases import Decision, Kind, LeaseName
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_cursors import LOCK_NODE
@@ -88,12 +88,28 @@ class LeaseCalls:
     def _acquire(self, name: LeaseName, req: Any) -> Any:
         check_name("holder", req.holder)
         self._check_exists(name)
+        if name.kind is Kind.MEMBER:
+            return self._join(name, req)
+        if name.kind is Kind.CONSUMER:  # a group's partition: only its owner's consumer (group_desk.py)
+            proof = (int(req.generation), str(req.lease_key)) if req.lease_key else None  # the member's lease
+            self.leases.groups.check_consumer(name, req.holder, renewing=False, proof=proof)
         got = self.leases.acquire(name, req.holder, ttl_ms=req.ttl_ms, hold_s=req.wait_ms / 1000.0)
         if isinstance(got, Grant):
             r = got.record
             if name.kind is Kind.CONSUMER:
                 self._clear_alarms(name, keep=r.holder)  # a dead holder's alarm goes with its lease
             return self._pb.LeaseResponse(granted=True, generation=r.generation, lease_key=got.key, ttl_ms=r.ttl_ms)
+        return self._pb.LeaseResponse(granted=False, generation=got.generation, holder=got.holder,
+                                      retry_ms=max(1, int(got.retry_s * 1000)))
+
+    def _join(self, name: LeaseName, req: Any) -> Any:
+        """A member lease: granted with the group's generation and the member's partitions."""
+        got, answer = self.leases.groups.join(name, req.queue, req.ttl_ms)
+        if isinstance(got, Grant) and answer is not None:
+            r = got.record
+            return self._pb.LeaseResponse(granted=True, generation=r.generation, lease_key=got.key, ttl_ms=r.ttl_ms,
+                                          group_generation=answer.generation, partitions=list(answer.partitions))
+        assert isinstance(got, Decision)
         return self._pb.LeaseResponse(granted=False, generation=got.generation, holder=got.holder,
                                       retry_ms=max(1, int(got.retry_s * 1000)))
 
@@ -110,6 +126,12 @@ class LeaseCalls:
         name, role = lease_name(request)
 
         def beat(_rec: TokenRecord | None) -> Any:
+            if name.kind is Kind.MEMBER:
+                r, answer = self.leases.groups.beat(name, request.queue, request.generation, request.lease_key)
+                return self._pb.LeaseResponse(granted=True, generation=r.generation, ttl_ms=r.ttl_ms,
+                                              group_generation=answer.generation, partitions=list(answer.partitions))
+            if name.kind is Kind.CONSUMER:
+                self.leases.groups.check_consumer(name, request.holder, renewing=True)
             r = self.leases.heartbeat(name, request.generation, request.lease_key)
             return self._pb.LeaseResponse(granted=True, generation=r.generation, ttl_ms=r.ttl_ms)
 
@@ -119,7 +141,10 @@ class LeaseCalls:
         name, role = lease_name(request)
 
         def release(_rec: TokenRecord | None) -> Any:
-            self.leases.release(name, request.generation, request.lease_key)
+            if name.kind is Kind.MEMBER:  # the member leaves: a new generation without it
+                self.leases.groups.leave(name, request.queue, request.generation, request.lease_key)
+            else:
+                self.leases.release(name, request.generation, request.lease_key)
             if name.kind is Kind.CONSUMER:
                 self._clear_alarms(name, keep=None)  # a consumer that leaves shows no alarm
             return self._pb.LeaseResponse(granted=False, generation=request.generation)

@@ -67,3 +67,43 @@ class LeaseRecords(ZkBase):
                                          self.paths.lease(Kind.MEMBER.value, topic_queue, group)))
             except NoNodeError:
                 return []
+
+    # -- consumer groups: the member leases' folder keeps the group's generation ----------------
+
+    def delete_lease(self, name: LeaseName, version: int) -> None:
+        """Remove a lease node (a member that left or expired) if it is still at ``version``;
+        gone already is fine. ConflictError when another write came first."""
+        with self._errors():
+            try:
+                self._wait(self.client.delete_async(self.lease_path(name), version=version))
+            except NoNodeError:
+                return
+            except BadVersionError as exc:
+                raise ConflictError(f"lease {name} changed meanwhile") from exc
+
+    def read_group(self, topic_queue: str, group: str) -> tuple[int, int] | None:
+        """(generation, node version) of a consumer group's member folder; None when no member
+        ever joined it."""
+        with self._errors():
+            try:
+                data, stat = self._read(self.client.get_async, self.paths.lease(Kind.MEMBER.value, topic_queue, group))
+            except NoNodeError:
+                return None
+        try:
+            generation = int(dict(json_value(data)).get("generation", 0)) if data else 0
+        except (OrdqError, TypeError, ValueError):
+            generation = 0  # garbled: the next bump rewrites it (members only compare generations)
+        return generation, int(stat.version)
+
+    def write_group(self, topic_queue: str, group: str, generation: int, version: int) -> int:
+        """Write the group's generation if its folder is still at ``version`` (-1: create it);
+        the new version. ConflictError when another coordinator wrote first."""
+        path, data = self.paths.lease(Kind.MEMBER.value, topic_queue, group), json_bytes({"generation": generation})
+        with self._errors():
+            try:
+                if version < 0:
+                    self._wait(self.client.create_async(path, data, makepath=True))
+                    return 0
+                return int(self._wait(self.client.set_async(path, data, version=version)).version)
+            except (NodeExistsError, BadVersionError, NoNodeError) as exc:
+                raise ConflictError(f"group {topic_queue}/{group} changed meanwhile") from exc

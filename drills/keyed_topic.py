@@ -8,8 +8,8 @@ session.
 The story (each step at a share of the stream acked, so it falls inside the stream on a slow
 machine): two members share the partitions; the head master of partition 0 is killed (-9) and
 restarted once its partition failed over; a third member joins; member 1 is hung (SIGSTOP) until
-its session expired and the others took its partitions, then resumed (it is deposed: NotLeader,
-and joins again); member 2 leaves (SIGTERM: it finishes, commits, releases); the head master of
+its member lease expired and the others took its partitions, then resumed (its lease is lost: it
+joins again); member 2 leaves (SIGTERM: it finishes, commits, releases); the head master of
 partition 2 is killed. Once the stream is acked and the group's lag is 0 the members are
 stopped. The verdict is the verifier's over every partition (lost, out of order, duplicates,
 ``concurrent_consumers``: two consumers of one partition delivering at once) and per key
@@ -142,10 +142,10 @@ class _Run:
 
     def live(self) -> list[str]:
         with self.ctx.cluster.store() as store:
-            from ordq.coordinator.topics import partition_queue
+            from ordq.admin.consumer_groups import group_members
 
-            try:
-                ids = store.client.get_children(store.paths.sub_members(partition_queue(self.topic, 0), GROUP))
+            try:  # the member leases the coordinator keeps (an expired one goes once it noticed)
+                ids = group_members(store, self.topic, GROUP)
                 return sorted(n for n in self.members if self.member_id(n) in ids)
             except Exception:  # noqa: BLE001 - not there yet
                 return []

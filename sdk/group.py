@@ -1,27 +1,31 @@
 """Consumer groups on keyed topics: the members of group G share the partitions of topic T.
 
-    member = GroupMember(GroupConfig(zk_hosts=..., topic="orders", group="billing"))
+    member = GroupMember(GroupConfig(bootstrap="h:p,h:p", topic="orders", group="billing"))
     with member:
         member.run(lambda partition, m: handle(m.key, m.payload), stop=stop_event)
 
 Each partition ``T.p<i>`` is consumed as the subscription ``G`` of that queue by the ordinary
-elected ``Consumer`` (sdk/consumer.py). The group decides only *who tries* to lead which
-partition; the partition's election and the consumer's lease decide *who delivers*, so two
-members never deliver one partition at once, whatever the membership says.
+``Consumer`` (sdk/consumer.py). The group decides only *who may ask* for which partition; the
+partition's consumer lease decides *who delivers*, so two members never deliver one partition at
+once, whatever the membership says.
 
-Membership: one ephemeral node per member under ``subs/G/members`` of ``T.p0`` (made with the
-subscription by the coordinator: clients may not create it, coordinator/acl.py), so a member
-that dies or hangs past its ZooKeeper session leaves the group by itself. Every member watches
-the members and computes the same assignment from them (``assign_partitions``: a pure function
-of the sorted live members and the partition count) on every change.
+Membership is a MEMBER lease from the coordinator (Kafka's group coordinator is the model,
+coordinator/group_desk.py): the coordinator keeps the live members (leases renewed in time on its
+clock), bumps the group's **generation** whenever they change (a join, an expiry, a leave) and
+computes the assignment of that generation (``assign_partitions``, pure). Every renewal answers
+the generation and this member's partitions. The coordinator grants a partition's consumer lease
+only to the consumer of the member owning it now (its id names the member:
+``member_consumer_id``). A member that dies or hangs past its lease leaves the group by itself;
+one whose lease was lost (it hung past it, or the coordinator evicted it) rejoins by itself
+(``stats.rejoins``, a log line) and gets partitions in a new generation. No ZooKeeper here.
 
-The rebalance rule: a member gives a partition up only after it stopped delivering from it: it
-stops handing out (the handler in progress finishes), commits what finished, closes the
-partition's consumer and with it releases the election. The new owner joins that election
-meanwhile and leads once it is released (or once the old owner's session expired, when it hung
-or died): it resumes from the committed cursor, so what the old owner handed out but did not
-finish is delivered again (at-least-once, in order). Each key lives in one partition, and a
-partition is delivered in order by one member at a time: every key's order holds.
+The rebalance rule: a member gives a partition up as soon as a renewal says it is not its own any
+more: it stops handing out (the handler in progress finishes), commits what finished, closes the
+partition's consumer and with it releases the consumer lease. The new owner's consumer waits for
+that lease meanwhile and gets it once released (or once it expired, when the old owner hung or
+died): it resumes from the committed cursor, so what the old owner handed out but did not finish
+is delivered again (at-least-once, in order). Each key lives in one partition, and a partition is
+delivered in order by one member at a time: every key's order holds.
 
 Delivery: ``run(handler)`` calls ``handler(partition, m)`` for each message; the partitions a
 member owns run in parallel (one thread each, so the handler must be thread-safe), each in seq
@@ -33,11 +37,7 @@ them and hold one partition's batch while another is given away.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import re
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -45,29 +45,30 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from ordq.common.errors import (
     AlreadyExists,
     ClosedError,
     ConfigError,
     CoordinationUnavailable,
-    NotFound,
     NotLeader,
-    SubscriptionNotFound,
+    PermissionDenied,
     WaitTimeout,
 )
-from ordq.common.security import Credentials, lookup
-from ordq.coordinator.client import CoordinatorClient
-from ordq.coordinator.group_assign import assign_partitions
-from ordq.coordinator.paths import Paths, check_name
-from ordq.coordinator.store import ZkStore
+from ordq.common.security import Credentials
+from ordq.coordinator.client import CoordinatorClient, Held
+from ordq.coordinator.group_assign import (
+    assign_partitions,
+    member_consumer_id,
+    member_of_consumer,
+    parse_consumer_id,
+)
+from ordq.coordinator.paths import check_name
 from ordq.coordinator.topics import partition_queue
-from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster
+from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster, open_coordinator
 from ordq.sdk._consumer_core import CommitConfig
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
-from ordq.sdk._zk_start import connect
+from ordq.sdk._lease_client import CoordinatorLease
 from ordq.sdk.audit import new_writer_id
 from ordq.sdk.consumer import Consumer
 from ordq.sdk.failure import FailurePolicy
@@ -91,8 +92,9 @@ class GroupConfig:
     connect_timeout_s: float = 10.0
     coordinator_outage_s: float = 30.0
     fetch_wait_ms: int = 200
-    # A new owner waits this long in a partition's election before it looks again whether the
-    # partition is still its own (the old owner is finishing, or its session is expiring).
+    # A new owner's consumer waits this long for the partition's consumer lease before the member
+    # looks again whether the partition is still its own (the old owner is finishing, or its
+    # lease is expiring).
     takeover_poll_s: float = 1.0
     workers_per_partition: int = 1  # > 1: Consumer.run_keyed inside each partition
     on_failure: FailurePolicy | None = None
@@ -109,9 +111,10 @@ class GroupConfig:
 
     def consumer_config(self, partition: int, tenure: int = 0) -> ConsumerConfig:
         """The config of the member's ``tenure``-th consumer of ``partition``: its id names the
-        member, the partition and the tenure (the audit's consumer column, the election's
-        contender data). A new id for each consumer: the verifier tells consumer instances
-        apart by it (one taking a partition back is a new instance, not the old one again)."""
+        member, the partition and the tenure (the audit's consumer column; the coordinator grants
+        the partition's consumer lease only to the id of the partition's owner). A new id for
+        each consumer: the verifier tells consumer instances apart by it (one taking a partition
+        back is a new instance, not the old one again)."""
         return ConsumerConfig(
             bootstrap=self.bootstrap, zk_hosts=self.zk_hosts, queue=partition_queue(self.topic, partition),
             subscription=self.group,
@@ -123,58 +126,28 @@ class GroupConfig:
             credentials=self.credentials)
 
 
-def member_consumer_id(member_id: str, partition: int, tenure: int) -> str:
-    return f"{member_id}-p{partition}-{tenure}"
-
-
-def member_of_consumer(consumer_id: str | None) -> str | None:
-    """The member a group consumer's id names (``member_consumer_id``); else the id itself."""
-    if consumer_id is None:
-        return None
-    m = _CONSUMER_ID.fullmatch(consumer_id)
-    return m.group(1) if m else consumer_id
-
-
-_CONSUMER_ID = re.compile(r"(.+)-p\d+-\d+")
-
-
-def group_members(store: ZkStore, topic: str, group: str) -> dict[str, dict[str, Any]]:
-    """The live members of ``group`` on ``topic``: ``{member_id: {"host", "pid", ...}}``."""
-    path = store.paths.sub_members(partition_queue(topic, 0), group)
-    try:
-        names = store.client.get_children(path)
-    except NoNodeError:
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    for name in sorted(names):
-        try:
-            data, _ = store.client.get(f"{path}/{name}")
-        except NoNodeError:
-            continue
-        out[name] = json.loads(data or b"{}")
-    return out
-
-
 @attrs.define
 class GroupStats:
-    rebalances: int = 0  # membership changes that changed this member's partitions
+    rebalances: int = 0  # new generations that changed this member's partitions
     takeovers: int = 0  # partitions this member started to lead
     given_up: int = 0  # partitions it stopped delivering from and released
     deposed: int = 0  # partitions whose consumer lost its lease (NotLeader) and was restarted
+    rejoins: int = 0  # member leases lost (hung past the ttl, evicted) and acquired again
+    generation: int = 0  # the group generation of the last answer
     delivered: dict[int, int] = attrs.field(factory=dict)  # per partition, by this member
 
 
 class _Partition:
-    """One partition's consumer thread: join the election (looking every ``takeover_poll_s``
-    whether the partition is still ours), then deliver until asked to stop."""
+    """One partition's consumer thread: wait for the partition's consumer lease (looking every
+    ``takeover_poll_s`` whether the partition is still ours), then deliver until asked to stop."""
 
     def __init__(self, member: GroupMember, partition: int, handler: Handler) -> None:
         self.partition = partition
         self.stop = threading.Event()
         self.leading = False
-        self.led = False  # it was elected at some point
+        self.led = False  # it got the lease at some point
         self.error: BaseException | None = None
-        self.lost = False  # the lease was lost (NotLeader) or ZooKeeper was away too long
+        self.lost = False  # the lease was lost (NotLeader) or no coordinator answered too long
         self._member, self._handler = member, handler
         self.thread = threading.Thread(target=self._run, name=f"group-p{partition}", daemon=True)
 
@@ -188,7 +161,7 @@ class _Partition:
             log.info("group %s/%s: %s leads partition %d", self._member.config.topic, self._member.config.group,
                      consumer.config.consumer_id, self.partition)
             with contextlib.ExitStack() as leaving:  # the consumer's exit (it is started already):
-                leaving.push(consumer)  # commits what finished, then releases the election
+                leaving.push(consumer)  # commits what finished, then releases the lease
                 self._deliver(consumer)
         except (NotLeader, CoordinationUnavailable) as exc:
             self.lost = True
@@ -208,6 +181,13 @@ class _Partition:
                 return consumer
             except WaitTimeout:
                 continue  # still held by the old owner: look again whether we should wait
+            except PermissionDenied as exc:
+                # The coordinator says another member owns it now: a generation newer than our
+                # last answer. Our next renewal tells us; wait for it unless it went already.
+                log.info("group %s: partition %d refused to member %s: %s", self._member.config.topic,
+                         self.partition, self._member.config.member_id, exc.why)
+                if self.partition not in self._member.assigned() or self.stop.wait(self._member.renew_period()):
+                    return None
         return None
 
     def _deliver(self, consumer: Consumer) -> None:
@@ -231,11 +211,10 @@ class GroupMember:
     def __init__(self, config: GroupConfig) -> None:
         self.config = config
         self.stats = GroupStats()
-        self._client: KazooClient | None = None
-        self._store: ZkStore | None = None
+        self._coord: CoordinatorClient | None = None
+        self._lease: CoordinatorLease | None = None
         self._partitions = 0
-        self._members_path = ""
-        self._members: list[str] = []
+        self._assigned: tuple[int, ...] = ()  # this member's partitions in the last answer
         self._owned: dict[int, _Partition] = {}
         self._changed = threading.Event()
         self._closed = False
@@ -252,44 +231,33 @@ class GroupMember:
         self.close()
 
     def start(self) -> None:
-        """Connect, read the topic, make sure every partition has the group's subscription (the
-        coordinator creates what is missing) and join the group. TopicNotFound: no such topic."""
+        """Reach the coordinators, read the topic, make sure every partition has the group's
+        subscription (the coordinator creates what is missing) and join the group (a member
+        lease). TopicNotFound: no such topic; WaitTimeout: another live member has this member
+        id (it leaves within its ttl when it died)."""
         cfg = self.config
-        creds = cfg.credentials or lookup(cfg.zk_hosts or "", cfg.root)
-        self._client, zk = connect(cfg.zk_hosts or "", cfg.root, creds, session_timeout_s=cfg.lease_ttl_s,
-                                   connect_timeout_s=cfg.connect_timeout_s,
-                                   who=f"group member {cfg.topic}/{cfg.group}", stopped=lambda: self._closed)
+        coord, _creds = open_coordinator(cfg.bootstrap, cfg.zk_hosts, cfg.root, cfg.credentials)
+        self._coord = coord
         try:
-            self._store = store = ZkStore(self._client, Paths(cfg.root))
-            self._partitions = zk(lambda: store.read_topic(cfg.topic), "read the topic").partitions
-            coord = CoordinatorClient(store, credentials=creds)
-            try:
-                for p in range(self._partitions):
-                    zk(lambda p=p: self._ensure_subscription(coord, p), f"subscribe partition {p}")  # type: ignore[misc]
-            finally:
-                coord.close()
-            self._members_path = store.paths.sub_members(partition_queue(cfg.topic, 0), cfg.group)
-            self._client.add_listener(self._on_state)
-            zk(self._register, "join the group")
+            self._partitions = coord.describe_topic(cfg.topic, timeout_s=cfg.connect_timeout_s).partitions
+            for p in range(self._partitions):
+                try:
+                    coord.subscribe(partition_queue(cfg.topic, p), cfg.group, cfg.start.split(),
+                                    timeout_s=cfg.connect_timeout_s)
+                except AlreadyExists:
+                    pass  # made by another member, or by us before
+            self._lease = CoordinatorLease(coord, "member", cfg.topic, cfg.group, cfg.member_id,
+                                           ttl_s=cfg.lease_ttl_s, on_renewed=self._on_renewed)
+            if not self._lease.acquire(cfg.connect_timeout_s + cfg.lease_ttl_s, stopped=lambda: self._closed):
+                raise WaitTimeout(f"group {cfg.group} of {cfg.topic}: member id {cfg.member_id} is held by another "
+                                  "live member")
         except BaseException:
             self._disconnect()
             raise
 
-    def _ensure_subscription(self, coord: CoordinatorClient, partition: int) -> None:
-        store, queue = self._require(self._store), partition_queue(self.config.topic, partition)
-        try:
-            store.get_cursor(queue, self.config.group)
-            return
-        except SubscriptionNotFound:
-            pass
-        try:
-            coord.subscribe(queue, self.config.group, self.config.start.split())
-        except AlreadyExists:
-            pass  # another member made it first
-
     def close(self) -> None:
         """Stop delivering from every partition (each commits what finished and releases its
-        election), then leave the group."""
+        consumer lease), then leave the group (its partitions go to the others at once)."""
         if self._closed:
             return
         self._closed = True
@@ -297,9 +265,10 @@ class GroupMember:
         self._disconnect()
 
     def _disconnect(self) -> None:
-        if self._client is not None:
-            self._client.stop()  # the membership node goes with the session
-            self._client.close()
+        if self._lease is not None:
+            self._lease.stop(release=True)
+        if self._coord is not None:
+            self._coord.close()
 
     def consumer_config(self, partition: int) -> ConsumerConfig:
         with self._tenure_lock:
@@ -308,77 +277,60 @@ class GroupMember:
 
     # -- membership ------------------------------------------------------------------------
 
-    @property
-    def _my_path(self) -> str:
-        return f"{self._members_path}/{self.config.member_id}"
-
-    def _register(self) -> None:
-        client = self._require(self._client)
-        data = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since_us": time.time_ns() // 1000})
-        try:
-            client.create(self._my_path, data.encode(), ephemeral=True)
-        except NodeExistsError:
-            _, stat = client.get(self._my_path)
-            if stat.ephemeralOwner != client.client_id[0]:
-                # Our own node of an expired session (it goes shortly), or another live member
-                # with our id (a configuration error, seen when it does not go).
-                raise AlreadyExists(f"group {self.config.group}: member {self.config.member_id} is registered "
-                                    "by another session") from None
-        except NoNodeError:
-            raise NotFound(f"topic {self.config.topic}: the group's membership node is missing "
-                           f"({self._members_path}); run `ordq up` to add it to a tree from before") from None
-
-    def _on_state(self, state: str) -> None:
-        if state in (KazooState.LOST, KazooState.CONNECTED):
-            self.wake()  # after a lost session: register again (the control loop does it)
+    def _on_renewed(self, held: Held) -> None:
+        """Each grant and renewal (on the lease's thread): the generation and our partitions."""
+        changed = tuple(sorted(held.partitions)) != self._assigned or held.group_generation != self.stats.generation
+        self._assigned = tuple(sorted(held.partitions))
+        self.stats.generation = held.group_generation
+        if changed:
+            self.wake()
 
     def wake(self) -> None:
         self._changed.set()
 
-    def _watch(self, _event: object) -> None:
-        self.wake()
+    def assigned(self) -> tuple[int, ...]:
+        """This member's partitions in the generation the coordinator last answered."""
+        return self._assigned
 
-    def _read_members(self) -> list[str] | None:
-        """The live members (re-arming the watch); registers this member again when its node is
-        gone (its session expired); None when ZooKeeper does not answer now."""
-        client = self._require(self._client)
-        try:
-            members = client.get_children(self._members_path, watch=self._watch)
-            if self.config.member_id not in members:
-                self._register()
-                members = client.get_children(self._members_path, watch=self._watch)
-        except AlreadyExists:
-            return None  # our old session's node: look again once it went
-        except Exception as exc:  # kazoo's connection errors: try again on the next round
-            if isinstance(exc, (NotFound, ConfigError)):
-                raise
-            log.debug("group %s: reading the members: %s", self.config.group, exc)
-            return None
-        return sorted(members)
+    def generation(self) -> int:
+        """The group generation the coordinator last answered."""
+        return self.stats.generation
+
+    def renew_period(self) -> float:
+        return self.config.lease_ttl_s / 4
+
+    def _rejoin(self, stop: threading.Event) -> bool:
+        """Our member lease was lost: give every partition up (they may be others' now), then
+        join again (a new generation). False when ``stop`` came first."""
+        lease = self._require(self._lease)
+        reason = lease.lost_reason
+        self._assigned = ()
+        self._give_up(set(self._owned))
+        self.stats.rejoins += 1
+        log.warning("group %s/%s: member %s lost its membership (%s); joining again", self.config.topic,
+                    self.config.group, self.config.member_id, reason)
+        return bool(lease.acquire(None, stopped=lambda: stop.is_set() or self._closed))
 
     # -- the control loop ------------------------------------------------------------------
 
     def assignment(self) -> list[int]:
-        """The partitions this member delivers from now (elected and running)."""
+        """The partitions this member delivers from now (lease held and running)."""
         return sorted(p for p, w in self._owned.items() if w.leading)
-
-    def members(self) -> list[str]:
-        """The live members as this member last read them."""
-        return list(self._members)
 
     def run(self, handler: Handler, *, stop: threading.Event | None = None, recheck_s: float = 2.0) -> None:
         """Deliver ``handler(partition, m)`` from this member's partitions until ``stop`` is
-        set, following every membership change; on return every partition was given up (what
+        set, following every new generation; on return every partition was given up (what
         finished committed). Raises the first error of a handler or consumer other than a lost
         lease (``HandlerError``, ``GapDetected``, ...) after giving every partition up; a
-        partition whose lease was lost (the process hung past its session) is taken again if it
-        is still this member's. ``recheck_s``: the membership is read at least this often."""
+        partition whose lease was lost (the process hung past it) is taken again if it is still
+        this member's, and a lost membership is joined again. ``recheck_s``: the partitions'
+        consumers are looked at at least this often."""
         if self._closed:
             raise ClosedError("group member is closed")
         stop = stop or threading.Event()
         try:
             while not stop.is_set():
-                self._step(handler)
+                self._step(handler, stop)
                 deadline = time.monotonic() + recheck_s  # a change, ``stop`` or the recheck: next step
                 while not stop.is_set() and not self._changed.wait(0.05) and time.monotonic() < deadline:
                     pass
@@ -386,7 +338,7 @@ class GroupMember:
         finally:
             self._give_up(set(self._owned))
 
-    def _step(self, handler: Handler) -> None:
+    def _step(self, handler: Handler, stop: threading.Event) -> None:
         for p, w in list(self._owned.items()):
             if not w.thread.is_alive():
                 del self._owned[p]
@@ -395,17 +347,15 @@ class GroupMember:
                     raise w.error
                 if w.lost:
                     self.stats.deposed += 1
-        members = self._read_members()
-        if members is None:
+        lease = self._require(self._lease)
+        if lease.lost_reason is not None and not self._rejoin(stop):
             return
-        self._members = members
-        mine = set(assign_partitions(members, self._partitions).get(self.config.member_id, []))
-        owned = set(self._owned)
+        mine, owned = set(self._assigned), set(self._owned)
         if mine != owned:
             self.stats.rebalances += 1
-            log.info("group %s/%s: member %s of %s: partitions %s -> %s", self.config.topic, self.config.group,
-                     self.config.member_id, members, sorted(owned), sorted(mine))
-        self._give_up(owned - mine)  # first: the new owners wait in the elections meanwhile
+            log.info("group %s/%s: member %s in generation %d: partitions %s -> %s", self.config.topic,
+                     self.config.group, self.config.member_id, self.stats.generation, sorted(owned), sorted(mine))
+        self._give_up(owned - mine)  # first: the new owners wait for the consumer leases meanwhile
         for p in sorted(mine - owned):
             w = _Partition(self, p, handler)
             self._owned[p] = w
@@ -413,7 +363,7 @@ class GroupMember:
 
     def _give_up(self, partitions: set[int]) -> None:
         """Stop delivering from ``partitions`` and wait until each consumer committed what
-        finished and released its election (only then may the new owner lead it)."""
+        finished and released its lease (only then may the new owner lead it)."""
         workers = [self._owned.pop(p) for p in sorted(partitions) if p in self._owned]
         for w in workers:
             w.stop.set()
@@ -432,5 +382,5 @@ class GroupMember:
         return part
 
 
-__all__ = ["GroupConfig", "GroupMember", "GroupStats", "assign_partitions", "group_members", "member_consumer_id",
-           "member_of_consumer"]
+__all__ = ["GroupConfig", "GroupMember", "GroupStats", "assign_partitions", "member_consumer_id",
+           "member_of_consumer", "parse_consumer_id"]

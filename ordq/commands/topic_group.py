@@ -36,12 +36,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
         emit_json(doc)
         return 0
     members = doc["members"]
-    print(f"topic {doc['topic']}, group {doc['group']}: {doc['partitions']} partitions, {len(members)} member(s), "
+    print(f"topic {doc['topic']}, group {doc['group']}: {doc['partitions']} partitions, {len(members)} member(s) "
+          f"in generation {doc['generation']}, "
           f"lag {doc['lag']}{'' if doc['lag_known'] else ' (some unknown)'}")
     if members:
-        table([{"member": m, "host": i.get("host"), "pid": i.get("pid"), "owns": _plist(i["owns"]),
+        table([{"member": m, "lease": i.get("lease_generation"), "owns": _plist(i["owns"]),
                 "assigned": _plist(i["assigned"])} for m, i in members.items()],
-              ["member", "host", "pid", "owns", "assigned"])
+              ["member", "lease", "owns", "assigned"])
     table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "standbys": len(r["standbys"])} for r in doc["rows"]],
           ["partition", "queue", "owner", "assigned", "seg", "last_seq", "lag", "standbys"])
     return 0
@@ -106,7 +107,7 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     st = member.statistics()
     summary = {"topic": args.topic, "group": args.group, "member": cfg.member_id, "delivered": count[0],
                "by_partition": {str(p): n for p, n in sorted(st.delivered.items())}, "rebalances": st.rebalances,
-               "takeovers": st.takeovers, "deposed": st.deposed}
+               "takeovers": st.takeovers, "deposed": st.deposed, "rejoins": st.rejoins, "generation": st.generation}
     if args.json:
         emit_json(summary)
     else:
