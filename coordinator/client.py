@@ -116,7 +116,7 @@ class CoordinatorClient:
         self.resolves += 1
         if self._zk is None:
             return self._ask_leader()
-        from ordq.coordinator.service import leader_address
+        from ordq.coordinator.service_leases import leader_address
 
         assert self.paths is not None
         try:

@@ -57,7 +57,7 @@ from ordq.coordinator.leases import Kind, LeaseName
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
-from ordq.coordinator.service_leases import LeaseCalls, check_lease
+from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_base import zk_errors
@@ -107,23 +107,6 @@ def lock_contenders(store: ZkStore, path: str) -> list[str]:
             return []
     nodes = sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None)
     return [c for _, c in nodes]
-
-
-def leader_address(client: Any, path: str, *, timeout_s: float = 5.0) -> str:
-    """The address of the elected coordinator: what follows the last '@' of the first
-    contender's identifier ("" when none leads or it names no address)."""
-    try:
-        children = client.get_children_async(path).get(timeout=timeout_s)
-    except NoNodeError:
-        return ""
-    for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
-        try:
-            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
-        except NoNodeError:
-            continue  # gone meanwhile: the next one leads
-        ident = data.decode("utf-8", "replace") if data else ""
-        return ident.rpartition("@")[2] if "@" in ident else ""
-    return ""
 
 
 @attrs.define

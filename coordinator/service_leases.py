@@ -50,6 +50,23 @@ def lease_name(req: Any) -> tuple[LeaseName, str]:
     return LeaseName(kind, req.queue, req.subscription), role
 
 
+def leader_address(client: Any, path: str, *, timeout_s: float = 5.0) -> str:
+    """The address of the elected coordinator: what follows the last '@' of the first
+    contender's identifier ("" when none leads or it names no address)."""
+    try:
+        children = client.get_children_async(path).get(timeout=timeout_s)
+    except NoNodeError:
+        return ""
+    for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
+        try:
+            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
+        except NoNodeError:
+            continue  # gone meanwhile: the next one leads
+        ident = data.decode("utf-8", "replace") if data else ""
+        return ident.rpartition("@")[2] if "@" in ident else ""
+    return ""
+
+
 def coordinator_addresses(client: Any, path: str, *, timeout_s: float = 5.0) -> list[str]:
     """Every contending coordinator's address (what follows the last '@' of its identifier),
     the leader first: what a client refreshes its bootstrap list with."""
