@@ -16,11 +16,13 @@ One token's abuse therefore costs its own share, not the loop its neighbours' ac
 Calls without a token (the group's own peers: replication, repair, the coordinators) are
 neither charged nor held.
 
-Work-conserving (issue 39): the share is enforced only while another token contends, i.e.
-made a call, a stream step or a wait within the last ``contention_s``. A token alone on the
-broker is never held, and what it takes meanwhile is not kept as debt (its bucket is
-empty, not overdrawn, when a neighbour comes): held at share 0.2 while alone, one
-producer and its consumer got half the pipelined rate with the loop 78 % idle.
+Work-conserving (issue 39): the share is enforced only while another token that keeps to
+its own share (more than half its bucket left) made a call, a stream step or a wait within
+the last ``contention_s``. A token alone on the broker is never held, nor are tokens that
+are all over their shares (the loop's queue shares it among them), and what a token takes
+meanwhile is not kept as debt (its bucket is empty, not overdrawn, when a neighbour comes):
+held at share 0.2 while alone, one producer and its consumer got half the pipelined rate
+with the loop 78 % idle.
 
 Rules:
 - ``RequestTime`` is pure accounting: no gRPC, no clock, no waiting; the caller gives ``now``.
@@ -62,9 +64,9 @@ class RequestTimeConfig:
     # What a request byte costs the broker as it is received (TLS decryption, copies); a
     # request refused by gRPC's receive limit is charged as that many bytes.
     byte_cost_ns: float = 1.0
-    # A token is held only while another token has been active within this long (a call, a
-    # stream step, a wait): alone, it may take the whole loop. None: always held (not
-    # work-conserving).
+    # A token is held only while another token keeping to its share has been active within
+    # this long (a call, a stream step, a wait): alone, it may take the whole loop. None:
+    # always held (not work-conserving).
     contention_s: float | None = 0.5
 
     def __attrs_post_init__(self) -> None:
@@ -92,7 +94,7 @@ class RequestTime:
     """A token bucket of loop seconds per token: filled at ``share`` seconds per second up to
     ``burst_s``; calls are charged what they took. Pure: the caller gives the clock.
 
-    Guarantee: while another token contends (``contended``), a token is let through
+    Guarantee: while another token keeping to its share is active (``contended``), a token is let through
     (``delay_s`` 0) only while it is not in debt; hence over any interval of t seconds of
     contention it is charged at most ``burst_s + share * t`` plus what the calls let through
     before the debt showed cost (each call is charged after its steps). A token alone is let
@@ -102,26 +104,28 @@ class RequestTime:
     stats: RequestTimeStatistics = attrs.field(factory=RequestTimeStatistics)
     _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (seconds left, at)
     _waiting: dict[str, int] = attrs.field(factory=dict)  # token -> calls waiting (admit)
-    # The two tokens active most recently, newest first, with when: enough to tell whether any
-    # token other than a given one was active within contention_s (O(1) per call).
-    _recent: list[tuple[str, float]] = attrs.field(factory=list)
+    _active: dict[str, float] = attrs.field(factory=dict)  # token -> when last active (contention_s)
 
     def seen(self, token: str, now: float) -> None:
         """``token`` is active now (a call, a step, a wait)."""
-        recent = self._recent
-        if recent and recent[0][0] == token:
-            recent[0] = (token, now)
-        else:
-            recent.insert(0, (token, now))
-            del recent[2:]
+        active = self._active
+        active[token] = now
+        window = self.config.contention_s
+        if len(active) > 64 and window is not None:  # forget tokens gone quiet (few are active at once)
+            self._active = {t: at for t, at in active.items() if now - at <= window}
 
     def contended(self, token: str, now: float) -> bool:
-        """Whether a token other than ``token`` was active within ``contention_s`` (always,
-        when ``contention_s`` is None): only then is a token's share enforced."""
+        """Whether another token keeping to its share (more than half its bucket left) was
+        active within ``contention_s`` (always, when ``contention_s`` is None): only then is
+        a token's share enforced. The share protects those who keep to it: a token alone,
+        or among tokens all over their shares, is not held (the loop's queue shares it
+        among them), and a neighbour held for its debt is no reason to hold another."""
         window = self.config.contention_s
         if window is None:
             return True
-        return any(other != token and now - at <= window for other, at in self._recent)
+        half = self.config.burst_s / 2
+        return any(other != token and now - at <= window and self._now_level(other, now) > half
+                   for other, at in self._active.items())
 
     def _now_level(self, token: str, now: float) -> float:
         cfg = self.config

@@ -88,25 +88,45 @@ def test_a_token_alone_is_never_held_and_owes_nothing_when_a_neighbour_comes() -
     assert rt.step("token:a", now) == 0 and rt.admit("token:a", now) == (0, False)
 
 
-def test_two_tokens_contending_are_each_held_to_their_share() -> None:
-    """Both busy: each is charged at most burst + share * t (the share as before issue 39)."""
+def test_busy_tokens_are_held_to_their_share_while_a_token_keeping_to_its_own_is_active() -> None:
+    """Two tokens that each would take the whole loop, and a light one (a neighbour's acks,
+    5 % of the loop): while the light one is active, each busy one is charged at most
+    burst + share * t and the light one is never held; once it is gone, the busy two share
+    the whole loop between them (work-conserving; one may be held while the other runs)."""
     cfg = RequestTimeConfig(share=0.2, burst_s=0.025, max_delay_ms=10**9, call_cost_us=0)
     rt = RequestTime(cfg)
-    now, charged = 0.0, {"token:a": 0.0, "token:b": 0.0}
-    ready = dict.fromkeys(charged, 0.0)
-    while now < 5.0:
-        for token in charged:
-            if now >= ready[token]:
-                wait = rt.step(token, now)
-                if wait:
-                    ready[token] = now + wait
-                    continue
-                rt.charge(token, 0.005, now)
-                charged[token] += 0.005
-        now += 0.001
-    for token, took in charged.items():
-        assert took <= cfg.burst_s + 0.2 * now + 0.005 + 1e-9, (token, took)
+    busy = {"token:a": 0.0, "token:b": 0.0}
+    ready = dict.fromkeys(busy, 0.0)
+    now, light_held, step = 0.0, 0, 0.001
+
+    def run(until: float, light: bool) -> None:
+        nonlocal now, light_held
+        while now < until:
+            if light and round(now / step) % 20 == 0:  # the light token: 1 ms of every 20
+                light_held += rt.step("token:light", now) > 0
+                rt.charge("token:light", step, now)
+            else:  # the busy ones in turns, as the loop's queue serves them
+                for token in sorted(busy, key=lambda t: (round(now / step) + (t == "token:b")) % 2):
+                    if now >= ready[token]:
+                        wait = rt.step(token, now)
+                        if wait:
+                            ready[token] = now + wait
+                            continue
+                        rt.charge(token, step, now)
+                        busy[token] += step
+                        break
+            now += step
+
+    run(5.0, light=True)
+    assert light_held == 0
+    for token, took in busy.items():
+        assert took <= cfg.burst_s + 0.2 * now + step + 1e-9, (token, took)
         assert took >= 0.2 * now * 0.8, (token, took)  # and each does get its share
+    start, before = now, dict(busy)
+    run(now + 5.6, light=False)
+    # From 0.5 s after the light one's last call the loop is never idle, and both get on.
+    assert sum(busy.values()) - sum(before.values()) >= 0.99 * (now - start) - 0.5
+    assert all(busy[t] - before[t] >= 0.25 * (now - start) for t in busy), (busy, before)
 
 
 def test_no_share_charges_nothing_and_config_is_checked() -> None:
