@@ -191,8 +191,9 @@ class ReadPace:
     not paced.
 
     Work-conserving (issue 39): ``contended(token, now)`` (request_time.RequestTime's: another
-    token active lately) says whether others wait; a token alone is not paced, and what it is
-    granted meanwhile empties its bucket but makes no debt. None: always paced.
+    token keeping to its request-time share active lately) says whether others wait; a token
+    alone is not paced, and what it is granted meanwhile empties its bucket but makes no
+    debt. None: always paced.
 
     Guarantee: over any interval of t seconds of contention, a token is granted at most
     ``burst + rate * t`` bytes plus what its answers already granted were allowed to
