@@ -4,8 +4,11 @@ Two kinds of caller (DESIGN §7, "who may do what"):
 - **Clients** (producers, consumers, the CLI) carry a token (``authorization: Bearer``);
   tokens (coordinator/tokens.py) are loaded from ZooKeeper and reloaded whenever
   ``<root>/auth`` changes (``ordq auth create|revoke`` touch it), so a revoked token is refused
-  on its next call, an open produce stream included (every request is checked, not only the
-  first). A client may make the data calls its token's role on the queue allows.
+  on its next call, an open produce stream included (every request is judged, not only the
+  first: ``stream_check`` keeps a stream's verdict for a queue only while the token copy is
+  the one it was judged on, ``TokenBook.generation``; issue 39: judged whole, the check of
+  every request cost the data path). A client may make the data calls its token's role on
+  the queue allows.
 - **The cluster** (``CLUSTER``): brokers and coordinators, known by the subject of their
   verified certificate (``ordq-broker``, ``ordq-coordinator``; mutual TLS, ordq/common/security.py).
   Only they may make the control calls that change what a replica holds or will take (Fence,
@@ -27,6 +30,7 @@ of a refusal; broker peers still pass.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -103,13 +107,37 @@ class Gate:
 
     def check(self, context: grpc.ServicerContext, rpc: str, queue: str) -> None:
         """PermissionDenied unless the caller may make ``rpc`` on ``queue``."""
+        self._judge(peer_common_name(context) if self._tls else None, bearer_token(context), rpc, queue)
+
+    def stream_check(self, context: grpc.ServicerContext, rpc: str) -> Callable[[str], None]:
+        """``check`` for each request of one stream (``rpc``: Produce): the same verdict, but a
+        pass is kept for the queue it was given on while the token copy is the same
+        (``TokenBook.generation``): a revoke, any reload, or the copy turning unreadable makes
+        the next request judged again. A refusal is never kept. The peer's certificate and the
+        token are the stream's, read once."""
+        cn = peer_common_name(context) if self._tls else None
+        token = bearer_token(context)
+        book = self.book
+        passed: tuple[str, int] | None = None  # (queue, generation) of the last pass
+
+        def check(queue: str) -> None:
+            nonlocal passed
+            generation = book.generation  # read before judging: a reload meanwhile is seen next time
+            if passed is not None and passed[1] == generation and passed[0] == queue:
+                return
+            passed = None
+            self._judge(cn, token, rpc, queue)
+            passed = (queue, generation)
+
+        return check
+
+    def _judge(self, cn: str | None, token: str | None, rpc: str, queue: str) -> None:
         if queue != ALL_QUEUES:
             try:
                 check_name("queue", queue)
             except InvalidName:
                 raise InvalidName("queue", short(queue), NAME_RULE) from None
         role = ROLE_OF[rpc]
-        cn = peer_common_name(context) if self._tls else None
         if cn in CLUSTER_CNS:
             return  # a broker or coordinator: anything its own process could do
         if role == CLUSTER:
@@ -124,5 +152,4 @@ class Gate:
         enforced, records = self.book.current()
         if not enforced:
             return
-        authorize(records, bearer_token(context), queue, role)
-
+        authorize(records, token, queue, role)

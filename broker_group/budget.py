@@ -190,28 +190,42 @@ class ReadPace:
     gives the clock. Calls without a token (the group's own peers: replication, repair) are
     not paced.
 
-    Guarantee: over any interval of t seconds, a token is granted at most
+    Work-conserving (issue 39): ``contended(token, now)`` (request_time.RequestTime's: another
+    token keeping to its request-time share active lately) says whether others wait; a token
+    alone is not paced, and what it is granted meanwhile empties its bucket but makes no
+    debt. None: always paced.
+
+    Guarantee: over any interval of t seconds of contention, a token is granted at most
     ``burst + rate * t`` bytes plus what its answers already granted were allowed to
     overrun (an answer is whole batches, settled to its actual size)."""
 
     rate: float
     burst: float
+    contended: Callable[[str, float], bool] | None = None
     _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (bytes left, at)
 
     def _now_level(self, holder: str, now: float) -> float:
         level, at = self._level.get(holder, (self.burst, now))
         return min(self.burst, level + max(now - at, 0.0) * self.rate)
 
+    def _contended(self, holder: str, now: float) -> bool:
+        return self.contended is None or self.contended(holder, now)
+
     def wait_s(self, holders: Sequence[str], now: float) -> float:
         """How long an answer for these holders must wait before it may be granted."""
-        debt = max((-self._now_level(h, now) for h in holders if h.startswith(TOKEN)), default=0.0)
+        debt = max((-self._now_level(h, now) for h in holders if h.startswith(TOKEN) and self._contended(h, now)),
+                   default=0.0)
         return debt / self.rate if debt >= 1.0 else 0.0  # less than a byte: float dust of a wait just made
 
     def debit(self, holders: Sequence[str], n: float, now: float) -> None:
         """Charge ``n`` answer bytes (negative: give back what an answer did not use)."""
         for h in holders:
             if h.startswith(TOKEN):
-                self._level[h] = (self._now_level(h, now) - n, now)
+                level = self._now_level(h, now)
+                left = level - n
+                if not self._contended(h, now):
+                    left = max(left, min(level, 0.0))  # alone: the bucket empties, no new debt
+                self._level[h] = (left, now)
         if len(self._level) > 4096:  # forget tokens whose bucket is full again (as new)
             self._level = {h: (lv, at) for h, (lv, at) in self._level.items()
                            if lv + (now - at) * self.rate < self.burst}

@@ -256,6 +256,7 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
                         context: Context, token: str | None) -> None:
     lease = b.read.lease(holders_of(context))
     rt = b.request_time
+    check = b.gate.stream_check(context, "Produce")
     try:
         await hold_stream(b, token)
         async for req in requests:
@@ -265,9 +266,10 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
             # it counts in max_inflight_bytes). Over budget, the stream is not read further
             # (gRPC flow control holds the sender back) until there is room, for wait_ms.
             await lease.admit(size, what="produce request")
-            # Every request, not only the first: a token revoked mid-stream ends the stream.
-            # (A refusal is counted once, where ``produce`` answers with it.)
-            b.gate.check(context, "Produce", req.queue)
+            # Every request, not only the first: a token revoked mid-stream ends the stream
+            # (judged again whenever the token copy changed: Gate.stream_check). A refusal is
+            # counted once, where ``produce`` answers with it.
+            check(req.queue)
             await b.write.accept_produce(stream, req)
             lease.release()
             # The next request is not read while the token is over its share of the loop

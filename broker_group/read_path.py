@@ -50,7 +50,8 @@ class ReadPath:
         # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
         # 0.5 s of each abuse window). A steady reader's rate is the same either way.
         burst = min(config.budget.holder_bytes, 2 * config.budget.token_answer_bytes)
-        self.read_pace = None if rate is None else ReadPace(rate, burst=burst)
+        # Paced only while another token is active (work-conserving, issue 39).
+        self.read_pace = None if rate is None else ReadPace(rate, burst=burst, contended=request_time.contended)
         self.room = Signal(shared.loop)
         self._read_slots: dict[str, list[Any]] = {}  # token -> [lock, users]: see _read_slot
 

@@ -14,6 +14,9 @@ Guarantees:
   (0.2 s: at most 5 loads a second per server, whatever a flood of garbage tokens sends). A
   token that is not ``ordq_<8 hex>_<secret>``, or whose id is known with another hash, is
   judged without any load. Waiting callers hold a future, not a thread (the broker awaits it).
+- **A generation per copy (issue 39).** ``generation`` changes whenever the copy in effect
+  does (a load landed, or the copy dropped as unreadable): a verdict kept while it is the
+  same (a stream's, broker_group/auth.py) is as fresh as a check made again.
 - **Never a guess (issue 24).** When a load fails while serving (ZooKeeper away past its
   bound, or refusing this identity) the copy is dropped and every token check raises
   TokensUnavailable (retriable, gRPC UNAVAILABLE) — not PermissionDenied, which is final for
@@ -84,6 +87,7 @@ class TokenBook:
         self._root = ""
         self._closed = False  # the server stopped: no more reloads (a test's ZooKeeper is gone)
         self.refreshes = 0  # loads made for unknown token ids (statistics, tests)
+        self.generation = 0  # changes with every copy put in effect (or dropped): see the module's guarantees
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -119,6 +123,7 @@ class TokenBook:
             if started < self._loaded_from:
                 return  # a load that started later has already landed: keep the newer copy
             self._enforced, self._records, self._loaded_from = enforced, records, started
+            self.generation += 1
             was, self._unreadable = self._unreadable, None
         if was is not None:
             log.info("tokens loaded again: %d", len(records))
@@ -140,6 +145,7 @@ class TokenBook:
             if self._closed:
                 return
             self._unreadable, self._records = str(exc), {}
+            self.generation += 1
         log.error("tokens: %s; answering every client token 'cannot check tokens now' until they load", exc)
 
         def again() -> None:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ordq.broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace
+from ordq.broker_group.request_time import RequestTime, RequestTimeConfig
 from ordq.common.errors import ConfigError
 from ordq.wire.errors import ResourceExhausted
 
@@ -142,6 +143,26 @@ def test_one_tokens_reads_wait_for_its_rate_while_another_token_and_the_groups_p
         assert budget.stats.paced == 1
 
     asyncio.run(run())
+
+
+def test_a_token_alone_is_not_paced_and_is_paced_from_an_empty_bucket_once_another_is_active() -> None:
+    """Issue 39: the read rate is work-conserving. A token alone on the broker takes answers
+    past its rate and owes nothing for them; once another token is active (a call within the
+    request-time contention window) its rate holds, from an empty bucket."""
+    rt = RequestTime(RequestTimeConfig(contention_s=0.5))
+    pace = ReadPace(4 * MiB, burst=8 * MiB, contended=rt.contended)
+    now = 100.0
+    for _ in range(100):  # 400 MiB in 1 s, alone: 100x its rate
+        rt.seen("token:a", now)
+        assert pace.wait_s(("peer:a", "token:a"), now) == 0
+        pace.debit(("peer:a", "token:a"), 4 * MiB, now)
+        now += 0.01
+    rt.seen("token:b", now)  # a neighbour comes
+    assert pace.wait_s(("peer:a", "token:a"), now) == 0  # an empty bucket, no debt
+    pace.debit(("peer:a", "token:a"), 4 * MiB, now)
+    assert pace.wait_s(("peer:a", "token:a"), now) == pytest.approx(1.0, rel=0.05)  # 4 MiB at 4 MiB/s
+    assert pace.wait_s(("peer:b", "token:b"), now) == 0  # the neighbour has its own bucket
+    assert pace.wait_s(("peer:a", "token:a"), now + 0.6) == 0  # the neighbour quiet: alone again
 
 
 def test_an_answer_shorter_than_granted_gives_its_token_the_rest_back() -> None:

@@ -18,16 +18,18 @@ from ordq.common.errors import ConfigError
 def test_a_token_let_through_is_never_charged_more_than_its_burst_plus_its_share(
         calls: list[tuple[float, float]], share: float) -> None:
     """However a token's calls arrive and whatever each costs, the loop time charged by calls
-    it was let through is at most burst + share * t, plus the last call's own cost (charged
-    after it ran, while not in debt)."""
+    it was let through while another token contends is at most burst + share * t, plus the
+    last call's own cost (charged after it ran, while not in debt)."""
     cfg = RequestTimeConfig(share=share, burst_s=0.1, max_delay_ms=10**9, call_cost_us=0)
     rt = RequestTime(cfg)
     now, charged = 0.0, 0.0
     for dt, cost in calls:
         now += dt
+        rt.seen("token:neighbour", now)  # contended throughout
         wait, refused = rt.admit("token:a", now)
         assert not refused
         now += wait  # the call waits out its token's debt, then runs
+        rt.seen("token:neighbour", now)
         assert rt.delay_s("token:a", now) == 0
         rt.charge("token:a", cost, now)
         charged += cost
@@ -41,6 +43,7 @@ def test_an_abusers_calls_are_delayed_then_refused_while_another_token_and_the_p
     token and calls without one (the group's peers) run at once."""
     rt = RequestTime(RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=500, max_held=2, call_cost_us=0))
     now = 0.0
+    assert rt.admit("token:neighbour", now) == (0, False)  # the neighbour is active: the share holds
     assert rt.admit("token:abuser", now) == (0, False)
     rt.charge("token:abuser", 0.06, now)  # 10 ms past its burst: 0.1 s of debt at 0.1 s/s
     wait, refused = rt.admit("token:abuser", now)
@@ -61,11 +64,77 @@ def test_an_abusers_calls_are_delayed_then_refused_while_another_token_and_the_p
     assert rt.admit("token:abuser", now + 1.1) == (0, False)  # the debt paid off at its share
 
 
+def test_a_token_alone_is_never_held_and_owes_nothing_when_a_neighbour_comes() -> None:
+    """Issue 39: one producer and its consumer (one token) were held at share 0.2 with the
+    broker's loop 78 % idle: the pipelined rate halved. Work-conserving now: alone, a token
+    takes what it needs; once another token is active its share holds, from an empty
+    bucket (not the seconds it took alone as debt); when the neighbour has been quiet for
+    contention_s, it is alone again."""
+    cfg = RequestTimeConfig(share=0.2, burst_s=0.025, max_delay_ms=2_000, call_cost_us=0, contention_s=0.5)
+    rt = RequestTime(cfg)
+    now = 0.0
+    for _ in range(1000):  # 10 s of loop in 10 s: far past its share, alone
+        assert rt.admit("token:a", now) == (0, False)
+        assert rt.step("token:a", now) == 0
+        rt.charge("token:a", 0.01, now)
+        now += 0.01
+    assert rt.stats.throttled == rt.stats.refused == 0
+    assert rt.admit("token:b", now) == (0, False)  # a neighbour comes: the share of a holds
+    rt.charge("token:a", 0.01, now)
+    assert 0 < rt.step("token:a", now) <= 0.01 / 0.2 + 1e-9  # its last step's debt, not 10 s
+    assert rt.admit("token:b", now) == (0, False)  # the neighbour is not in debt
+    now += 0.6  # the neighbour quiet for longer than contention_s: alone again
+    rt.charge("token:a", 1.0, now)
+    assert rt.step("token:a", now) == 0 and rt.admit("token:a", now) == (0, False)
+
+
+def test_busy_tokens_are_held_to_their_share_while_a_token_keeping_to_its_own_is_active() -> None:
+    """Two tokens that each would take the whole loop, and a light one (a neighbour's acks,
+    5 % of the loop): while the light one is active, each busy one is charged at most
+    burst + share * t and the light one is never held; once it is gone, the busy two share
+    the whole loop between them (work-conserving; one may be held while the other runs)."""
+    cfg = RequestTimeConfig(share=0.2, burst_s=0.025, max_delay_ms=10**9, call_cost_us=0)
+    rt = RequestTime(cfg)
+    busy = {"token:a": 0.0, "token:b": 0.0}
+    ready = dict.fromkeys(busy, 0.0)
+    now, light_held, step = 0.0, 0, 0.001
+
+    def run(until: float, light: bool) -> None:
+        nonlocal now, light_held
+        while now < until:
+            if light and round(now / step) % 20 == 0:  # the light token: 1 ms of every 20
+                light_held += rt.step("token:light", now) > 0
+                rt.charge("token:light", step, now)
+            else:  # the busy ones in turns, as the loop's queue serves them
+                for token in sorted(busy, key=lambda t: (round(now / step) + (t == "token:b")) % 2):
+                    if now >= ready[token]:
+                        wait = rt.step(token, now)
+                        if wait:
+                            ready[token] = now + wait
+                            continue
+                        rt.charge(token, step, now)
+                        busy[token] += step
+                        break
+            now += step
+
+    run(5.0, light=True)
+    assert light_held == 0
+    for token, took in busy.items():
+        assert took <= cfg.burst_s + 0.2 * now + step + 1e-9, (token, took)
+        assert took >= 0.2 * now * 0.8, (token, took)  # and each does get its share
+    start, before = now, dict(busy)
+    run(now + 5.6, light=False)
+    # From 0.5 s after the light one's last call the loop is never idle, and both get on.
+    assert sum(busy.values()) - sum(before.values()) >= 0.99 * (now - start) - 0.5
+    assert all(busy[t] - before[t] >= 0.25 * (now - start) for t in busy), (busy, before)
+
+
 def test_no_share_charges_nothing_and_config_is_checked() -> None:
     rt = RequestTime(RequestTimeConfig(share=None))
     rt.charge("token:a", 100.0, 0.0)
     assert rt.admit("token:a", 0.0) == (0, False)
-    for bad in ({"share": 0.0}, {"share": 1.5}, {"burst_s": 0.0}, {"max_delay_ms": -1}, {"max_held": -1}):
+    for bad in ({"share": 0.0}, {"share": 1.5}, {"burst_s": 0.0}, {"max_delay_ms": -1}, {"max_held": -1},
+                {"contention_s": 0.0}):
         with pytest.raises(ConfigError):
             RequestTimeConfig(**bad)  # type: ignore[arg-type]
 
