@@ -247,7 +247,7 @@ def test_a_wrong_zookeeper_credential_is_one_line_for_produce_and_consume(
         # Made by the admin: a consumer asks the coordinator for a missing one (none runs
         # here), and the credential is first used in the subscription's election.
         admin.create_subscription("q", "s1")
-        protect(admin.client, zk_root, AclIds.of(admin_auth, "ordq-client:c-secret"))
+        protect(admin.client, zk_root, AclIds.of(admin_auth, "ordq-coordinator:c-secret", "ordq-broker:b-secret"))
         for verb in (("produce", "q", "--count", "1"), ("consume", "q", "-s", "s1", "--count", "1")):
             line = one_error_line(capsys, *zk, "--zk-auth", "ordq-admin:wrong", *verb)
             assert "ZooKeeper refused access" in line, line
