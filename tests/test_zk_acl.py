@@ -285,3 +285,34 @@ def test_ordq_up_upgrades_an_open_cluster_only_once_its_processes_are_stopped(tm
         for cluster in reversed(made):
             cluster.stop()
         made[-1].destroy()
+
+
+@pytest.mark.zk
+def test_a_rotation_restarts_a_running_zookeeper_so_the_old_admin_is_no_super_user(tmp_path) -> None:
+    """Guard: ``rotate_zk_credentials`` restarts a ZooKeeper it found running, with the new
+    admin's digest as its super-user (ordq/cluster_credentials.py). Without the restart the
+    old admin would stay ZooKeeper's super-user, able to read and change every node, until
+    the next ``ordq down``."""
+    from ordq.cluster_config import ClusterConfig
+    from ordq.local_cluster import LocalCluster
+    from ordq.zk_server import JVM_ARGS_FILE
+
+    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=1, coordinators=1, zk_tls=False))
+    try:
+        cluster.start()
+        old_admin = cluster.admin_auth
+        assert old_admin is not None
+        cluster._stop_named({name for name, _ in cluster.processes() if not name.startswith("zk")})
+        with raw(cluster.zk_hosts, "evil:pw") as evil:
+            evil.create("/planted", b"", acl=[make_digest_acl("evil", "pw", all=True)])
+        cluster.rotate_zk_credentials()
+        new_admin = cluster.admin_auth
+        assert new_admin not in (None, old_admin) and all(p.alive() for p in cluster.zk.processes)
+        assert digest_id(str(new_admin)) in (cluster.zk.folder / "node0" / JVM_ARGS_FILE).read_text()
+        with raw(cluster.zk_hosts, old_admin) as old, pytest.raises(NoAuthError):
+            old.get("/planted")
+        with raw(cluster.zk_hosts, new_admin) as new:
+            new.delete("/planted")
+    finally:
+        cluster.stop()
+        cluster.destroy()
