@@ -1,32 +1,32 @@
 """The kazoo side of ZooKeeper ACLs (the policy itself is coordinator/acl.py, pure).
 
 ``AclClient`` is a KazooClient that gives every node it creates the ACL the policy names for
-its path — nodes created by ordq's store, by kazoo recipes (the Lock elections) and by
-``ensure_path`` alike — once ``follow(root)`` has found the root protected. ``protect`` turns
-protection on for a tree, setting the ACL of every node that exists (an unprotected tree from
-before, or one protected by an older policy, is upgraded in place: that includes creating the
-election and parking parents a client may no longer create itself).
+its path — nodes created by ordq's store, by kazoo recipes and by ``ensure_path`` alike — once
+``follow(root)`` has found the root protected. ``protect`` turns protection on for a tree and
+repairs it: every node that exists gets the policy's ACL, whoever made it and whatever ACL they
+gave it (an unprotected tree from before, one protected by an older ordq with a client identity
+and tokens' digests, a node a client planted with an ACL only it can read: issue 37). It runs
+as the admin identity, ZooKeeper's super-user when ordq started ZooKeeper; on a ZooKeeper
+without that super-user a node whose ACL shuts the admin out is deleted instead when it can be
+(its parent is the admin's), else named in a warning, and the walk goes on.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import secrets
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, NotEmptyError
 
-from ordq.common.errors import ConfigError, ZkAccessDenied
+from ordq.common.errors import ZkAccessDenied
 from ordq.coordinator.acl import (
     ACL_NODE,
-    CLIENT_PATTERNS,
     QUEUE_PARENTS,
     SUB_PARENTS,
     AclIds,
@@ -35,16 +35,16 @@ from ordq.coordinator.acl import (
     digest_id,
     relative,
 )
-from ordq.coordinator.tokens import enforced, load_tokens, token_credential, touch
 
-AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,client}: "user:password", readable by the owner only
-AUTH_USERS = {"admin": "ordq-admin", "client": "ordq-client"}
+AUTH_DIR = "zk-auth"  # <folder>/zk-auth/{admin,coordinator,broker}: "user:password", readable by the owner only
+AUTH_USERS = {"admin": "ordq-admin", "coordinator": "ordq-coordinator", "broker": "ordq-broker"}
+RETIRED = ("client",)  # credentials an older ordq generated: removed once the tree no longer names them
 log = logging.getLogger("ordq.acl")
 _WINDOW = 500  # ZooKeeper requests in flight at once on one session (pipelined, answered in order)
 
 
 def read_credential(folder: Path, role: str) -> str | None:
-    """The ``user:password`` ``ordq up`` generated for ``role`` (admin | client) in ``folder``."""
+    """The ``user:password`` ``ordq up`` generated for ``role`` (admin | coordinator | broker) in ``folder``."""
     try:
         return (Path(folder) / AUTH_DIR / role).read_text().strip() or None
     except (FileNotFoundError, NotADirectoryError):
@@ -65,38 +65,39 @@ def write_credential(folder: Path, role: str) -> None:
 
 def check_identity(client: KazooClient, root: str, credential: str | None, *, required: bool) -> None:
     """ZkAccessDenied at once when ``root`` is protected and ``credential`` is not one of its
-    two identities (a wrong password, another cluster's credential), or is missing while
-    ``required`` (producers and consumers write election nodes). ZooKeeper itself accepts any
-    digest credential at connect and refuses only the first write, after a client may already
-    have asked the coordinator for a subscription (issue 24). Reads ``<root>/acl``, which
-    every identity may read."""
-    try:
-        data, _ = client.get(f"{root}/{ACL_NODE}")
-    except NoNodeError:
+    identities (a wrong password, another cluster's credential, a client's from before issue
+    37), or is missing while ``required``. ZooKeeper itself accepts any digest credential at
+    connect and refuses only the first request. ``<root>/acl`` is readable by the identities
+    only: a refused read is the answer."""
+    path = f"{root}/{ACL_NODE}"
+    if client.exists(path) is None:  # exists checks no ACL
         return  # not protected: any credential (or none) writes
     if credential is None:
         if required:
             raise ZkAccessDenied(f"the ZooKeeper root {root} is protected and no ZooKeeper credential was given "
                                  "(--zk-auth-file, ORDQ_ZK_AUTH, or the credentials file: docs/SECURITY.md)")
         return
-    ids = AclIds.from_dict(json.loads(data))
-    if digest_id(credential) not in (ids.admin, ids.client):
-        user = credential.partition(":")[0]
+    user = credential.partition(":")[0]
+    try:
+        data, _ = client.get(path)
+        ids = AclIds.from_dict(json.loads(data))
+    except NoNodeError:
+        return
+    except NoAuthError:
+        ids = None
+    except (ValueError, KeyError, TypeError):
+        return  # recorded by an older ordq: ordq up rewrites it, the requests themselves say
+    if ids is None or digest_id(credential) not in (ids.admin, ids.coordinator, ids.broker):
         raise ZkAccessDenied(f"the ZooKeeper credential of user {user!r} is not one of {root}'s identities "
-                             "(a wrong password, or another cluster's credential)")
+                             "(a wrong password, another cluster's credential, or a client's: clients speak "
+                             "only to the coordinator, docs/SECURITY.md)")
 
 
 class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
-    def __init__(self, *args: Any, auth: str | None = None, token: str | None = None, **kwargs: Any) -> None:
-        """``auth``: the identity's ``user:password``; ``token``: an ordq token, added as a
-        second digest identity (``tokens.token_credential``): ZooKeeper lets it write the
-        client-written nodes of the queues it grants (coordinator/acl.py)."""
-        auth_data = [("digest", check_credential(auth))] if auth is not None else []
-        if token:
-            with contextlib.suppress(ConfigError):  # not an ordq token: no identity (brokers refuse it)
-                auth_data.append(("digest", token_credential(token)))
-        if auth_data:
-            kwargs["auth_data"] = auth_data
+    def __init__(self, *args: Any, auth: str | None = None, **kwargs: Any) -> None:
+        """``auth``: the identity's ``user:password`` (coordinator/acl.py)."""
+        if auth is not None:
+            kwargs["auth_data"] = [("digest", check_credential(auth))]
         super().__init__(*args, **kwargs)
         self.auth = auth
         self._root: str | None = None
@@ -104,7 +105,7 @@ class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
         self._watched: set[str] = set()
 
     def follow(self, root: str) -> None:
-        """Watch ``<root>/acl``: while it names the two identities, nodes created under
+        """Watch ``<root>/acl``: while it names the three identities, nodes created under
         ``root`` get the policy's ACL. (Read when the store opens, then watched: kazoo calls
         back on its own thread, where no blocking request may be made.)"""
         self._root = root
@@ -118,7 +119,10 @@ class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
             except (ValueError, KeyError, TypeError):
                 self._ids = None
 
-        self.DataWatch(f"{root}/{ACL_NODE}", changed)
+        try:
+            self.DataWatch(f"{root}/{ACL_NODE}", changed)
+        except NoAuthError:  # none of the root's identities: it creates nothing there (check_identity says so)
+            self._watched.discard(root)
 
     def use(self, root: str, ids: AclIds) -> None:
         """Apply the policy from now on (the caller just protected ``root``: no waiting for
@@ -136,109 +140,61 @@ class AclClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
 
 
 def protect(client: KazooClient, root: str, ids: AclIds) -> int:
-    """Protect the tree under ``root`` (the client holds the admin credential): record the
-    identities in ``<root>/acl`` and set every existing node's ACL by the policy, one level of
-    the tree at a time (its calls pipelined: 40,000 nodes at 10⁴ queues). Idempotent.
-    Returns the number of nodes set. ZkAccessDenied when the tree is protected for another
-    admin identity."""
+    """Protect and repair the tree under ``root`` (the client holds the admin credential):
+    record the identities in ``<root>/acl`` and set every existing node's ACL by the policy,
+    one level of the tree at a time (its calls pipelined: 40,000 nodes at 10⁴ queues).
+    Idempotent; returns the number of nodes set. A node the admin may not administer (a
+    ZooKeeper without ordq's super-user, and a node whose ACL shuts the admin out) is deleted
+    when it can be, else left and named in a warning (module doc). ZkAccessDenied only when
+    the root itself or its ACL record cannot be set (this client is not the admin, and
+    ZooKeeper has no super-user for it)."""
     try:
-        ids = attrs.evolve(ids, writers=token_writers(client, root))
         if isinstance(client, AclClient):
             client.use(root, ids)  # what it creates from now on (this call's nodes too) is protected
         client.ensure_path(root, acl=acl_for(root, root, ids))
+        client.set_acls(root, acl_for(root, root, ids))
         data = json.dumps(ids.to_dict()).encode()
         path = f"{root}/{ACL_NODE}"
         try:
             client.create(path, data, acl=acl_for(path, root, ids))
         except NodeExistsError:
+            client.set_acls(path, acl_for(path, root, ids))
             client.set(path, data)
-        count = 0
-        level = [root]
-        while level:
-            count += _set_acls(client, level, lambda node: acl_for(node, root, ids))
-            children: dict[str, list[str]] = {}
-            _list_children(client, level, children)
-            for node in level:
-                children[node] += _add_parents(client, node, root, ids, children[node])
-            level = [f"{node}/{c}" for node in level for c in children[node]]
-        return count
     except NoAuthError as exc:
-        raise ZkAccessDenied(f"cannot protect {root}: it is protected for another admin identity, or this "
-                             "client has no admin credential") from exc
+        raise ZkAccessDenied(f"cannot protect {root}: this client has no admin credential of it, and the "
+                             "ZooKeeper has no super-user for it (ordq up starts ZooKeeper with one)") from exc
+    count = 0
+    level = [root]
+    while level:
+        set_now, refused = _set_acls(client, level, lambda node: acl_for(node, root, ids))
+        count += set_now
+        gone = _remove_foreign(client, refused)
+        level = [node for node in level if node not in gone]
+        children: dict[str, list[str]] = {}
+        _list_children(client, level, children)
+        for node in level:
+            children[node] += _add_parents(client, node, root, ids, children[node])
+        level = [f"{node}/{c}" for node in level for c in children[node]]
+    return count
 
 
-def token_writers(client: KazooClient, root: str) -> dict[str, dict[str, tuple[str, ...]]] | None:
-    """The ``writers`` of the ACL policy: every token's ZooKeeper digest id with its grants;
-    None while tokens are not enforced (coordinator/tokens.py). A token recorded before issue
-    29 has no digest id: it is left out (its holders may no longer write in ZooKeeper; reissue
-    it), and said so."""
-    if not enforced(client, root):
-        return None
-    records = load_tokens(client, root)
-    for rec in records.values():
-        if not rec.zk:
-            log.warning("token %s (%s) predates per-queue ZooKeeper rights: its producers and consumers cannot "
-                        "join elections; issue a new one (ordq auth create) and revoke it", rec.tid,
-                        rec.name or "unnamed")
-    return {rec.zk: dict(rec.grants) for rec in records.values() if rec.zk}
-
-
-def tokens_changed(client: KazooClient, root: str) -> int:
-    """After a token was issued or revoked: tell the brokers (``touch``) and, on a protected
-    root, set the ACLs again so ZooKeeper grants exactly the tokens now recorded (a revoked
-    token's writes are refused). Only the client-written nodes of the queues whose writers
-    changed are set (every queue's for a ``*`` grant); the whole tree only when tokens just
-    became enforced (then the shared client identity loses its writes everywhere). Returns
-    the nodes set (0: the root is not protected)."""
-    touch(client, root)
-    try:
-        data, _ = client.get(f"{root}/{ACL_NODE}")
-    except NoNodeError:
-        return 0
-    old = AclIds.from_dict(json.loads(data))
-    writers = token_writers(client, root)
-    if old.writers is None or writers is None:
-        return protect(client, root, old)  # it reads the writers itself
-    scopes = changed_scopes(old.writers, writers)
-    if not scopes:
-        return 0
-    ids = attrs.evolve(old, writers=writers)
-    if isinstance(client, AclClient):
-        client.use(root, ids)  # what it creates from now on names the new writers
-    client.set(f"{root}/{ACL_NODE}", json.dumps(ids.to_dict()).encode())
-    nodes = client_written_nodes(client, root, None if "*" in scopes else scopes)
-    return _set_acls(client, nodes, lambda node: acl_for(node, root, ids))
-
-
-def changed_scopes(old: Mapping[str, Mapping[str, Sequence[str]]],
-                   new: Mapping[str, Mapping[str, Sequence[str]]]) -> set[str]:
-    """The queues (or ``*``) named by the grants of every writer added, removed or changed."""
-    scopes: set[str] = set()
-    for writer in old.keys() | new.keys():
-        before, after = old.get(writer, {}), new.get(writer, {})
-        if {q: tuple(r) for q, r in before.items()} != {q: tuple(r) for q, r in after.items()}:
-            scopes.update(before, after)
-    return scopes
-
-
-def client_written_nodes(client: KazooClient, root: str, queues: Collection[str] | None) -> list[str]:
-    """The existing nodes whose ACL names token writers (``acl.CLIENT_PATTERNS``) under
-    ``queues`` (None: every queue): each pattern's ``*`` resolved by listing children, many
-    listings in flight at once (10⁴ queues: one round trip per level, not per node)."""
-    children: dict[str, list[str]] = {}
-    found: set[str] = set()
-    for pattern in CLIENT_PATTERNS:
-        paths = [root]
-        for depth, part in enumerate(pattern):
-            if part != "*":
-                paths = [f"{p}/{part}" for p in paths]
-            elif depth == 1 and queues is not None:
-                paths = [f"{p}/{q}" for p in paths for q in sorted(queues)]
-            else:
-                _list_children(client, [p for p in paths if p not in children], children)
-                paths = [f"{p}/{c}" for p in paths for c in children[p]]
-        found.update(paths)
-    return sorted(found)
+def _remove_foreign(client: KazooClient, nodes: list[str]) -> set[str]:
+    """Delete each node whose ACL the admin could not set (a ZooKeeper without ordq's super-
+    user): a node made outside the policy, with an ACL shutting the admin out. Deleting needs
+    only DELETE on its parent, which the policy gives the admin; a node with children it may
+    not list stays, named in a warning. Returns the nodes deleted or gone."""
+    gone: set[str] = set()
+    for node in nodes:
+        try:
+            client.delete(node)
+            log.warning("protect: deleted %s, a node whose ACL shut the admin identity out", node)
+            gone.add(node)
+        except NoNodeError:
+            gone.add(node)
+        except (NoAuthError, NotEmptyError):
+            log.warning("protect: cannot repair or delete %s (its ACL shuts the admin identity out; start "
+                        "ZooKeeper with the admin's super digest, as ordq up does)", node)
+    return gone
 
 
 def _list_children(client: KazooClient, paths: list[str], into: dict[str, list[str]]) -> None:
@@ -248,29 +204,31 @@ def _list_children(client: KazooClient, paths: list[str], into: dict[str, list[s
         for path, pending in [(p, client.get_children_async(p)) for p in chunk]:
             try:
                 into[path] = pending.get()
-            except NoNodeError:
+            except (NoNodeError, NoAuthError):  # gone; or foreign and not deleted (protect warned)
                 into[path] = []
 
 
-def _set_acls(client: KazooClient, nodes: list[str], acl: Callable[[str], Any]) -> int:
+def _set_acls(client: KazooClient, nodes: list[str], acl: Callable[[str], Any]) -> tuple[int, list[str]]:
     """Set each node's ACL, _WINDOW calls in flight; a node gone meanwhile is skipped.
-    Returns the nodes set."""
-    count = 0
+    Returns the nodes set and those refused (NoAuth: the admin may not administer them)."""
+    count, refused = 0, []
     for start in range(0, len(nodes), _WINDOW):
         chunk = nodes[start:start + _WINDOW]
-        for pending in [client.set_acls_async(n, acl(n)) for n in chunk]:
+        for node, pending in [(n, client.set_acls_async(n, acl(n))) for n in chunk]:
             try:
                 pending.get()
                 count += 1
             except NoNodeError:
                 pass
-    return count
+            except NoAuthError:
+                refused.append(node)
+    return count, refused
 
 
 def missing_parents(parts: tuple[str, ...]) -> tuple[str, ...]:
-    """The children a node at ``parts`` (under the root) is created with so that clients find
-    the parents of what they may create: a queue's election, a subscription's election, alarm
-    and ledger (coordinator/acl.py). () for any other node."""
+    """The children a node at ``parts`` (under the root) is created with, so that what is later
+    created under them finds its parent: a queue's election, a subscription's election, alarm,
+    ledger and group members (coordinator/acl.py). () for any other node."""
     if len(parts) == 2 and parts[0] == "queues":
         return QUEUE_PARENTS
     if len(parts) == 4 and parts[0] == "queues" and parts[2] == "subs":
@@ -280,8 +238,8 @@ def missing_parents(parts: tuple[str, ...]) -> tuple[str, ...]:
 
 def _add_parents(client: KazooClient, node: str, root: str, ids: AclIds, children: list[str]) -> list[str]:
     """Create the parents a queue or subscription made before issue 23 lacks (a client made
-    them on first use; it no longer may); returns their names. An existing one is left as it
-    is (an old consumer's ephemeral ``blocked`` node goes with its session)."""
+    them on first use); returns their names. An existing one is left as it is (an old
+    consumer's ephemeral ``blocked`` node goes with its session)."""
     made = []
     for name in missing_parents(relative(node, root) or ()):
         if name in children:

@@ -48,8 +48,7 @@ OP_TIMEOUT_S = 5.0
 T = TypeVar("T")
 
 
-def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None,
-               token: str | None = None) -> AclClient:
+def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None) -> AclClient:
     """A kazoo client that tries to reconnect at least every quarter of its session.
 
     kazoo's default reconnect back-off doubles up to an hour: after a ZooKeeper outage of a
@@ -58,8 +57,7 @@ def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None,
     lease for an outage it had survived. Capped at a quarter session, a client reconnects in
     time to keep its session whenever the servers kept it.
 
-    ``auth``: ``user:password`` of a ZooKeeper digest identity (coordinator/acl.py), or None;
-    ``token``: a producer's or consumer's ordq token, its identity for its queues' nodes."""
+    ``auth``: ``user:password`` of a ZooKeeper digest identity (coordinator/acl.py), or None."""
     from ordq.common.security import zk_tls_options
 
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=max(0.05, session_timeout_s / 4))
@@ -68,8 +66,7 @@ def new_client(hosts: str, *, session_timeout_s: float, auth: str | None = None,
     # one SSL context per process, not one (with the system CA bundle) per attempt; poll(2)
     # instead of a new epoll selector per request and answer (zk_tls.poll_select)
     tls["handler"] = TlsHandler() if tls else PollHandler()
-    return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth,
-                     token=token, **tls)
+    return AclClient(hosts=check_zk_hosts(hosts), timeout=session_timeout_s, connection_retry=retry, auth=auth, **tls)
 
 
 @contextlib.contextmanager

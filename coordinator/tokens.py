@@ -7,9 +7,10 @@ be replayed. A plain hash (not a slow password hash) is enough because the secre
 bits: there is no dictionary to try, and the broker checks it on every call.
 
 Grants: ``{queue or "*": [roles]}``, roles ``produce``, ``consume``, ``admin`` (admin implies
-the other two). A token is also a ZooKeeper digest identity (``token_credential``; its digest id
-is kept in the record as ``zk``): once tokens are enforced, only the tokens of a queue may write
-its elections, group members, alarm and parked ledger (coordinator/acl.py, issue 29).
+the other two). A token is no ZooKeeper identity (issue 37: clients hold no ZooKeeper session;
+a record from issue 29 to 37 also kept a ``zk`` digest id, now ignored and dropped when the
+record is rewritten): the records are readable by the cluster's identities only
+(coordinator/acl.py).
 Tokens are enforced once ``<root>/auth`` exists (``ordq up`` and the first
 ``ordq auth create`` make it): until then a cluster accepts any caller, as before.
 """
@@ -28,7 +29,7 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import ConfigError, PermissionDenied
-from ordq.coordinator.acl import digest_id, grants_allow
+from ordq.coordinator.acl import grants_allow
 
 ROLES = ("produce", "consume", "admin")
 ANY = "any"  # a call any role on the queue may make (seal, segment info, health)
@@ -87,37 +88,28 @@ class TokenRecord:
     grants: Mapping[str, tuple[str, ...]]
     name: str = ""
     created_ms: int = 0
-    zk: str = ""  # the token's ZooKeeper digest id (token_credential); "" in a record from before issue 29
 
     def allows(self, queue: str, role: str) -> bool:
         return grants_allow(self.grants, queue, role)
 
     def to_json(self) -> bytes:
         return json.dumps({"hash": self.hash, "grants": {q: list(r) for q, r in self.grants.items()},
-                           "name": self.name, "created_ms": self.created_ms, "zk": self.zk}).encode()
+                           "name": self.name, "created_ms": self.created_ms}).encode()
 
     @classmethod
     def from_json(cls, tid: str, raw: bytes) -> TokenRecord:
         d = json.loads(raw)
         return cls(tid=tid, hash=d["hash"], grants={q: tuple(r) for q, r in d["grants"].items()},
-                   name=d.get("name", ""), created_ms=int(d.get("created_ms", 0)), zk=d.get("zk", ""))
+                   name=d.get("name", ""), created_ms=int(d.get("created_ms", 0)))
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.tid, "name": self.name, "grants": {q: list(r) for q, r in self.grants.items()},
                 "created_ms": self.created_ms}
 
 
-def token_credential(token: str) -> str:
-    """The token as a ZooKeeper digest credential, ``token-<id>:<token>``: a producer or
-    consumer adds it to its session beside the client credential, and ZooKeeper checks the
-    token itself where the ACLs name its digest id (coordinator/acl.py: the client-written
-    nodes of the queues it grants)."""
-    return f"token-{token_id(token)}:{token}"
-
-
 def make_record(tid: str, token: str, grants: dict[str, list[str]], name: str) -> TokenRecord:
     return TokenRecord(tid=tid, hash=hash_token(token), grants={q: tuple(r) for q, r in grants.items()},
-                       name=name, created_ms=int(time.time() * 1000), zk=digest_id(token_credential(token)))
+                       name=name, created_ms=int(time.time() * 1000))
 
 
 def authorize(records: Mapping[str, TokenRecord], token: str | None, queue: str, role: str) -> TokenRecord:
@@ -151,18 +143,6 @@ def create_token(client: Any, root: str, grants: dict[str, list[str]], name: str
     client.ensure_path(tokens_path(root))
     client.create(f"{tokens_path(root)}/{tid}", rec.to_json())
     return rec, token
-
-
-def add_zk_identity(client: Any, root: str, token: str) -> bool:
-    """Give the record of ``token``, made before issue 29, its ZooKeeper digest id (only the
-    holder of the token can: ``ordq up`` does for its own). True when the record changed."""
-    path = f"{tokens_path(root)}/{token_id(token)}"
-    raw, stat = client.get(path)
-    rec = TokenRecord.from_json(token_id(token), raw)
-    if rec.zk or not hmac.compare_digest(rec.hash, hash_token(token)):
-        return False
-    client.set(path, attrs.evolve(rec, zk=digest_id(token_credential(token))).to_json(), version=stat.version)
-    return True
 
 
 def load_tokens(client: Any, root: str) -> dict[str, TokenRecord]:

@@ -547,9 +547,10 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "Reconcile (to end 0, from its own address) on both replicas and Replicate into the slave, under load",
           "each refused (PermissionDenied: only brokers and coordinators may) and counted; the head stays, "
           "nothing truncated or forged; the load goes on untouched", security.control_calls, failover=False),
-    Drill("security-zk-write", "ZooKeeper clients without the admin credential (none, or the client one) write "
-          "the queue's state/config, a group, a subscription, the ACL record", "each write refused by ZooKeeper "
-          "(NoAuth); nothing changed", security.zk_write_without_acl, failover=False),
+    Drill("security-zk-write", "ZooKeeper clients that are none of the cluster's identities (no credential, or "
+          "a client's from before issue 37) plant a node in the alarm folder, forge election contenders and a "
+          "parked record, read the tokens, write the queue's state/config, a group, a subscription, the ACL record",
+          "each refused by ZooKeeper (NoAuth); nothing changed", security.zk_write_without_acl, failover=False),
     Drill("security-abandoned-streams", "100 produce streams and 100 fetch long-polls opened on the head master "
           "and never read or closed", "the master's memory stays bounded and the real producer keeps being acked",
           security.abandoned_streams, failover=False),

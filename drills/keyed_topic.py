@@ -118,9 +118,8 @@ class _Run:
 
     def spawn(self, name: str, argv: list[str]) -> ManagedProcess:
         c = self.ctx.cluster
-        auth = c.client_auth  # producers and consumers act as the cluster's client identity
-        proc = ManagedProcess(name, [c.python, *argv], run_dir=self.ctx.run_dir,
-                              env={"ORDQ_ZK_AUTH": auth} if auth else None)
+        # no ZooKeeper identity for producers and consumers (issue 37): the cluster's credentials only
+        proc = ManagedProcess(name, [c.python, *argv], run_dir=self.ctx.run_dir)
         proc.start()
         return proc
 

@@ -319,9 +319,8 @@ class DrillContext:
                 argv += ["--hold-at", str(int(self.drill.hold_at * load.messages)), "--hold-file", str(self.fault_file)]
         else:
             argv += ["--subscription", SUBSCRIPTION, *(custom(self) if custom else [])]
-        # Producers and consumers act as the cluster's client identity (ZooKeeper ACLs).
-        auth = c.client_auth
-        proc = ManagedProcess(name, argv, run_dir=self.run_dir, env={"ORDQ_ZK_AUTH": auth} if auth else None)
+        # Producers and consumers hold no ZooKeeper identity (issue 37): the cluster's credentials only.
+        proc = ManagedProcess(name, argv, run_dir=self.run_dir)
         proc.start()
         w = Workload(writer=writer, role=role, proc=proc, status_path=status)
         group.append(w)

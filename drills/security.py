@@ -11,9 +11,9 @@ consumer unaffected (a rogue batch that got stored would show up as a gap or an 
 - ``control_calls``: a token holder of the queue (consume only) calls what only brokers and
   coordinators may: Seal and Fence on the head's open segment, Reconcile to end 0 and from an
   address of its own, Replicate into the slave.
-- ``zk_write_without_acl``: ZooKeeper writes without the admin credential (``probe_zk_writes``,
-  shared with tests/test_zk_attacks.py): the client credential rewrites no state, cursor,
-  policy, queue or subscription (issue 23).
+- ``zk_write_without_acl``: ZooKeeper requests by whoever is none of the cluster's identities
+  (``probe_zk_writes``, shared with tests/test_zk_attacks.py): no node planted, no election
+  forged, no record rewritten or read (issues 23 and 37).
 - ``abandoned_streams``: produce streams and long-polls opened and never read or closed.
 - ``noisy_neighbour``: in drills/neighbour.py.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -225,7 +226,7 @@ def rogue_epoch(ctx: DrillContext) -> None:
                after.get("master", 0) - before.get("master", 0) == 1)
 
 
-ROGUE_QUEUE = "zz-rogue-queue"  # what an attacker with the client credential tries to create
+ROGUE_QUEUE = "zz-rogue-queue"  # what an attacker with no identity of the cluster tries to create
 ROGUE_SUB = "zz-rogue-sub"
 
 
@@ -246,38 +247,71 @@ def _rogue_cursor(data: bytes) -> bytes:
     return json.dumps(d).encode()
 
 
-def zk_write_attempts(root: str, queue: str, sub: str, client_auth: str | None
+OLD_CLIENT_USER = "ordq-client"  # the shared client identity of ordq before issue 37
+FORGED_CONTENDER = "x__lock__-0000000001"  # issue 37: a negative sequence sorts first; kazoo's lock pattern takes it
+
+
+def zk_write_attempts(root: str, queue: str, sub: str, outsider_auth: str
                       ) -> list[tuple[str, str | None, Callable[[KazooClient], object]]]:
-    """[(what, credential, write)]: writes to ZooKeeper only the coordinator (admin) may make,
-    by an anonymous client and by one holding the client credential every producer and
-    consumer holds (issue 23). Each ``write`` takes a connected kazoo client and must raise
-    NoAuthError. ``queue`` is one the attacker holds no token for; ``sub`` one of its
-    subscriptions, with a failure policy set."""
+    """[(what, credential, attempt)]: what only the cluster's identities (admin, coordinator,
+    broker: coordinator/acl.py) may do in ZooKeeper, each tried by an anonymous client and by
+    one holding ``outsider_auth``, a credential that is none of them (a producer's or
+    consumer's from before issue 37, a token's digest, a guess: ZooKeeper lets anyone
+    authenticate as any ``user:password``, the ACLs decide). Each ``attempt`` takes a connected
+    kazoo client and must raise NoAuthError: the issue's attacks (a node planted in a
+    subscription's ``blocked`` folder with an ACL only its creator can read, a forged election
+    node, a parked record open to ``world:anyone``, the token records read), and every write
+    of issue 23. ``queue`` is a queue of the cluster; ``sub`` one of its subscriptions, with a
+    failure policy set."""
     from ordq.coordinator.acl import digest_id
     from ordq.coordinator.paths import Paths
+    from ordq.coordinator.tokens import tokens_path
 
     p = Paths(root)
     anyone_all = [ACL(Permissions.ALL, Id("world", "anyone"))]
 
-    def only_me(k: KazooClient) -> list[ACL]:  # an ACL naming only the attacker: locks the admin out
-        return [ACL(Permissions.ALL, Id("digest", digest_id(client_auth)))] if client_auth else anyone_all
+    def only_me(k: KazooClient) -> list[ACL]:  # an ACL naming only the attacker: locks everyone else out
+        mine = [auth for scheme, auth in (k.auth_data or ()) if scheme == "digest"]
+        return [ACL(Permissions.ALL, Id("digest", digest_id(mine[0])))] if mine else anyone_all
 
     def set_from(path: str, change: Callable[[bytes], bytes]) -> Callable[[KazooClient], object]:
         def write(k: KazooClient) -> object:
-            data, stat = k.get(path)
-            return k.set(path, change(data), version=stat.version)
+            try:
+                data, stat = k.get(path)
+                version = stat.version
+            except NoAuthError:  # not even readable: written blind
+                data, version = b"", -1
+            return k.set(path, change(data), version=version)
         return write
 
-    client: list[tuple[str, Callable[[KazooClient], object]]] = [
+    def read_tokens(k: KazooClient) -> object:
+        return [k.get(f"{tokens_path(root)}/{t}") for t in k.get_children(tokens_path(root))]
+
+    attempts: list[tuple[str, Callable[[KazooClient], object]]] = [
+        # issue 37
+        ("plant a node in the subscription's alarm folder readable only by itself",
+         lambda k: k.create(p.sub_blocked(queue, sub) + "/planted", b"{}", acl=only_me(k))),
+        (f"forge a contender {FORGED_CONTENDER} in the producer election",
+         lambda k: k.create(f"{p.producer_leader(queue)}/{FORGED_CONTENDER}", b"", ephemeral=True)),
+        (f"forge a contender {FORGED_CONTENDER} in the subscription's election",
+         lambda k: k.create(f"{p.sub_leader(queue, sub)}/{FORGED_CONTENDER}", b"", ephemeral=True)),
+        ("create a contender in the producer election",
+         lambda k: k.create(p.producer_leader(queue) + "/x-", b"", ephemeral=True, sequence=True)),
+        ("forge a parked record open to world:anyone",
+         lambda k: k.create(p.parked(queue, sub, 999_999), b"garbage", acl=anyone_all)),
+        ("register a member of the subscription's group", lambda k: k.create(p.sub_members(queue, sub) + "/m0", b"{}")),
+        ("read the token records", read_tokens),
+        ("read the subscription's cursor", lambda k: k.get(p.sub(queue, sub))),
+        # issue 23
         ("set the queue's config", lambda k: k.set(p.queue(queue), b"{}")),
-        ("change a group", lambda k: k.set(p.groups + "/" + (k.get_children(p.groups) or ["g1"])[0], b"{}")),
+        ("register a group of its own", lambda k: k.create(p.group("zz-rogue-group"), b"{}")),
         ("delete the consumer's subscription", lambda k: k.delete(p.sub(queue, sub))),
         ("rewrite the ACL record", lambda k: k.set(f"{root}/acl", b"{}")),
         ("rewrite the queue's state (consume list emptied, epoch moved)", set_from(p.state(queue), _rogue_state)),
         ("write garbage into the queue's state", lambda k: k.set(p.state(queue), b"\xff\xfe{not json")),
         ("move the subscription's cursor 13 messages forward", set_from(p.sub(queue, sub), _rogue_cursor)),
         ("delete the subscription's failure policy", lambda k: k.delete(p.sub_policy(queue, sub))),
-        ("replace the failure policy (world:anyone ALL)",
+        ("replace the failure policy",
          lambda k: k.set(p.sub_policy(queue, sub), b'{"on_failure":"park","attempts":1,"backoff_s":[]}')),
         ("plant a node beside the policy (world:anyone ALL)",
          lambda k: k.create(p.sub(queue, sub) + "/planted", b"", acl=anyone_all)),
@@ -289,25 +323,19 @@ def zk_write_attempts(root: str, queue: str, sub: str, client_auth: str | None
         ("delete the producer election", lambda k: k.delete(p.producer_leader(queue), recursive=False)),
         ("open the subscription's election to anyone", lambda k: k.set_acls(p.sub_leader(queue, sub), anyone_all)),
     ]
-    anonymous: list[tuple[str, Callable[[KazooClient], object]]] = [
-        ("set the queue's state", lambda k: k.set(p.state(queue), b"{}")),
-        ("set the queue's config", lambda k: k.set(p.queue(queue), b"{}")),
-        ("create a contender in the producer election",
-         lambda k: k.create(p.producer_leader(queue) + "/x-", b"", ephemeral=True, sequence=True)),
-    ]
-    return [(what, None, w) for what, w in anonymous] + [(what, client_auth, w) for what, w in client]
+    return [(what, auth, attempt) for auth in (None, outsider_auth) for what, attempt in attempts]
 
 
-def probe_zk_writes(hosts: str, root: str, queue: str, sub: str, client_auth: str | None
+def probe_zk_writes(hosts: str, root: str, queue: str, sub: str, outsider_auth: str
                     ) -> list[tuple[str, bool]]:
-    """Try every ``zk_write_attempts`` write, each on a connection of its own; [(what, refused)]
+    """Try every ``zk_write_attempts`` attempt, each on a connection of its own; [(what, refused)]
     (refused: NoAuthError; any other outcome, NoNode included, is not the refusal wanted)."""
     out = []
-    for what, auth, write in zk_write_attempts(root, queue, sub, client_auth):
+    for what, auth, attempt in zk_write_attempts(root, queue, sub, outsider_auth):
         client = new_client(hosts, session_timeout_s=5.0, auth=auth)  # TLS when the cluster's ZooKeeper is
         client.start(timeout=15)
         try:
-            write(client)
+            attempt(client)
             ok = False
         except NoAuthError:
             ok = True
@@ -316,16 +344,19 @@ def probe_zk_writes(hosts: str, root: str, queue: str, sub: str, client_auth: st
         finally:
             client.stop()
             client.close()
-        out.append((f"{'an anonymous client' if auth is None else 'the client credential'} refused: {what}", ok))
+        who = "an anonymous client" if auth is None else f"credential {auth.partition(':')[0]!r}"
+        out.append((f"{who} refused: {what}", ok))
     return out
 
 
 def zk_write_without_acl(ctx: DrillContext) -> None:
-    """Clients without a credential, and with the client one every producer and consumer
-    holds, try what only the coordinator and admins may: rewrite the queue's state (valid and
-    garbage), move the subscription's cursor, delete or replace its failure policy, create a
-    queue or subscription (ACL naming only itself, or open), change a group, the queue's
-    configuration, the ACL record. Each is refused; nothing was created; the policy is as set."""
+    """Clients without a credential, and with one that is none of the cluster's identities (as
+    a producer's or consumer's from before issue 37), try what only the cluster's processes and
+    its admin may: plant a node readable only by itself in the alarm folder, forge election
+    contenders, a parked record open to anyone, a group member; read the token records and a
+    cursor; rewrite the queue's state (valid and garbage), move the cursor, delete or replace
+    the failure policy, create a queue, subscription or group, the ACL record. Each is refused;
+    nothing was created; the policy is as set."""
     c = ctx.cluster
     from ordq.coordinator.paths import Paths
 
@@ -336,8 +367,9 @@ def zk_write_without_acl(ctx: DrillContext) -> None:
         if store.sub_policy(ctx.queue, SUBSCRIPTION) is None:
             store.set_sub_policy(ctx.queue, SUBSCRIPTION, policy)
         policy = store.sub_policy(ctx.queue, SUBSCRIPTION) or policy
-    results = probe_zk_writes(c.zk_hosts, c.root, ctx.queue, SUBSCRIPTION, c.client_auth)
-    ctx.fault(f"{len(results)} ZooKeeper writes by clients without the admin credential")
+    outsider = f"{OLD_CLIENT_USER}:{secrets.token_urlsafe(12)}"  # a credential none of the cluster's identities
+    results = probe_zk_writes(c.zk_hosts, c.root, ctx.queue, SUBSCRIPTION, outsider)
+    ctx.fault(f"{len(results)} ZooKeeper requests by clients that are none of the cluster's identities")
     for what, ok in results:
         ctx.expect(what, ok)
     with c.store() as store:

@@ -1,5 +1,6 @@
-"""A local cluster's credentials: the ZooKeeper ACL credentials it generates and rotates,
-the admin token of its own clients, and where it registers them (docs/SECURITY.md).
+"""A local cluster's credentials: the ZooKeeper ACL credentials it generates and rotates (one
+per identity: admin, coordinator, broker; coordinator/acl.py), the admin token of its own
+clients, and where it registers them (docs/SECURITY.md).
 
 ``ClusterCredentials`` is the part of ``LocalCluster`` that owns them; it reads the cluster's
 folder, configuration, processes and ZooKeeper through the few members declared below.
@@ -20,7 +21,8 @@ from ordq.cluster_config import OWN_CREDENTIALS, ClusterConfig, coordinator_addr
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
 from ordq.common.security import Credentials, register, register_coordinators, unregister
-from ordq.coordinator.acl_client import AUTH_DIR, AUTH_USERS, read_credential, write_credential
+from ordq.coordinator.acl import digest_id
+from ordq.coordinator.acl_client import AUTH_DIR, AUTH_USERS, RETIRED, read_credential, write_credential
 from ordq.coordinator.store import ZkStore
 from ordq.zk_server import ZkServer
 
@@ -34,8 +36,13 @@ class ClusterCredentials:
     zk: ZkServer
     _saved: dict[str, Any]
 
+    coordinators: list[ManagedProcess]
+
     # What the cluster provides (ordq/local_cluster.py).
     def processes(self) -> list[tuple[str, ManagedProcess]]:
+        raise NotImplementedError
+
+    def broker_processes(self) -> list[ManagedProcess]:
         raise NotImplementedError
 
     def store(self, timeout_s: float = 10.0) -> contextlib.AbstractContextManager[ZkStore]:
@@ -58,24 +65,45 @@ class ClusterCredentials:
         return read_credential(self.folder, "admin") if self.config.zk_acl else None
 
     @property
-    def client_auth(self) -> str | None:
-        """The credential producers and consumers of this cluster use."""
-        return read_credential(self.folder, "client") if self.config.zk_acl else None
+    def coordinator_auth(self) -> str | None:
+        """The ZooKeeper credential of this cluster's coordinators."""
+        return read_credential(self.folder, "coordinator") if self.config.zk_acl else None
+
+    @property
+    def broker_auth(self) -> str | None:
+        """The ZooKeeper credential of this cluster's brokers."""
+        return read_credential(self.folder, "broker") if self.config.zk_acl else None
 
     def _use_credentials(self) -> None:
-        """Brokers and coordinators act as admin (passed in their environment, never argv),
-        and find the cluster's credentials in its own file."""
-        env = {"ORDQ_CREDENTIALS": str(self.own_credentials_file)}
+        """Brokers and coordinators act each with their own identity (passed in their
+        environment, never argv), and find the cluster's credentials in its own file. ZooKeeper
+        makes the admin identity its super-user (ordq/zk_server.py), from its next start."""
+        common = {"ORDQ_CREDENTIALS": str(self.own_credentials_file)}
         admin = self.admin_auth
-        if admin is not None:
-            env["ORDQ_ZK_AUTH"] = admin
-        for _, proc in self.processes():
-            if proc not in self.zk.processes:
-                proc.env = {**(proc.env or {}), **env}
+        self.zk.super_digest = digest_id(admin) if admin is not None else None
+        for procs, auth in ((self.broker_processes(), self.broker_auth), (self.coordinators, self.coordinator_auth)):
+            for proc in procs:
+                env = {**(proc.env or {}), **common}
+                if auth is not None:
+                    env["ORDQ_ZK_AUTH"] = auth
+                else:
+                    env.pop("ORDQ_ZK_AUTH", None)
+                proc.env = env
+
+    def _ensure_zk_credentials(self) -> None:
+        """Generate the identities' credentials (once), before ZooKeeper starts: it starts
+        with the admin's digest as its super-user. Nothing with ACLs off."""
+        if not self.config.zk_acl:
+            return
+        for role in AUTH_USERS:
+            write_credential(self.folder, role)
+        self._use_credentials()
 
     def _protect(self) -> None:
         """Generate the credentials (once) and protect the root: a tree from before (ACLs off,
-        or an older ordq) is upgraded in place (coordinator/acl_client.py)."""
+        or an older ordq: a client identity, tokens' digests) is upgraded in place, and a node
+        someone else made is repaired (coordinator/acl_client.py). The older ordq's client
+        credential is removed once the tree names it no more."""
         if not self.config.zk_acl:
             return
         from ordq.coordinator.acl import ACL_NODE, AclIds
@@ -90,24 +118,26 @@ class ClusterCredentials:
                     f"the ZooKeeper root {self.root} of the cluster in {self.folder} is not protected yet, and "
                     f"{', '.join(running)} run without credentials (they could not write to it once protected): "
                     f"stop them first (ordq down --dir {self.folder}), then ordq up protects it")
-        for role in AUTH_USERS:
-            write_credential(self.folder, role)
-        self._use_credentials()
-        admin, client = self.admin_auth, self.client_auth
-        assert admin is not None and client is not None
+        self._ensure_zk_credentials()
+        admin, coordinator, broker = self.admin_auth, self.coordinator_auth, self.broker_auth
+        assert admin is not None and coordinator is not None and broker is not None
         self.credentials = attrs.evolve(self.credentials, zk_auth=admin)
         self._register_own()
         with self.store() as store:
-            protect(store.client, self.root, AclIds.of(admin, client))
+            protect(store.client, self.root, AclIds.of(admin, coordinator, broker))
+        for role in RETIRED:
+            (self.folder / AUTH_DIR / role).unlink(missing_ok=True)
 
     def rotate_zk_credentials(self, *, timeout_s: float = 60.0) -> None:
-        """Replace the admin and client ZooKeeper credentials of this stopped cluster: new ones
-        are generated (``<dir>/zk-auth/*.new`` until done), every node's ACL is set to name them
-        (``protect``, as the old admin, which loses every right), then they replace the files
-        and the credentials registered for the cluster. ZooKeeper is started for it when it
-        is not running and stopped again. A rotation cut short is finished by running it again
-        (the client also presents the new admin credential). ConfigError while a broker or
-        coordinator runs (it would lose its rights), or without ZooKeeper ACLs."""
+        """Replace the admin, coordinator and broker ZooKeeper credentials of this stopped
+        cluster: new ones are generated (``<dir>/zk-auth/*.new`` until done), every node's ACL
+        is set to name them (``protect``, as the old admin, which loses every right), then they
+        replace the files and the credentials registered for the cluster. ZooKeeper is started
+        for it when it is not running and stopped again; when it was running it is restarted,
+        so that the new admin, not the old one, is its super-user. A rotation cut short is
+        finished by running it again (the client also presents the new admin credential).
+        ConfigError while a broker or coordinator runs (it would lose its rights), or without
+        ZooKeeper ACLs."""
         from ordq.coordinator.acl import AclIds
         from ordq.coordinator.acl_client import protect
 
@@ -121,21 +151,27 @@ class ClusterCredentials:
         for role in AUTH_USERS:
             write_credential(self.folder, f"{role}.new")
         new = {role: read_credential(self.folder, f"{role}.new") for role in AUTH_USERS}
-        assert new["admin"] is not None and new["client"] is not None
+        assert new["admin"] is not None and new["coordinator"] is not None and new["broker"] is not None
+        deadline = time.monotonic() + timeout_s
         started_zk = not any(p.alive() for p in self.zk.processes)
         if started_zk:
-            self._start_zk(time.monotonic() + timeout_s)
+            self._start_zk(deadline)
         try:
             with self.store() as store:
                 store.client.add_auth("digest", new["admin"])  # a second run, after the ACLs changed
-                protect(store.client, self.root, AclIds.of(new["admin"], new["client"]))
+                protect(store.client, self.root, AclIds.of(new["admin"], new["coordinator"], new["broker"]))
         finally:
             if started_zk:
                 self.zk.stop()
         for role in AUTH_USERS:
             os.replace(auth / f"{role}.new", auth / role)
+        for role in RETIRED:
+            (auth / role).unlink(missing_ok=True)
         self.credentials = attrs.evolve(self.credentials, zk_auth=new["admin"])
-        self._use_credentials()
+        self._use_credentials()  # ZooKeeper's super-user: the new admin, from its next start
+        if not started_zk:  # it runs with the old admin as its super-user: not a moment longer
+            self.zk.stop()
+            self._start_zk(deadline)
         self._register_own()
         self._register_user()
 
@@ -184,18 +220,15 @@ class ClusterCredentials:
     def _ensure_admin_token(self) -> None:
         """An admin token on every queue for this cluster's own clients (the CLI after
         ``ordq up``, the tests, the drills), made once and kept in the folder (mode 0600)."""
-        from ordq.coordinator.acl_client import tokens_changed
-        from ordq.coordinator.tokens import add_zk_identity, create_token, load_tokens, token_id
+        from ordq.coordinator.tokens import create_token, load_tokens, token_id, touch
 
         token = self.credentials.token
         with self.store() as store:
             if token is None or token_id(token) not in load_tokens(store.client, self.root):
                 _, token = create_token(store.client, self.root, {"*": ["admin"]}, "ordq up")
-                tokens_changed(store.client, self.root)
+                touch(store.client, self.root)  # brokers reload
                 fd = os.open(self._token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(token + "\n")
-            elif add_zk_identity(store.client, self.root, token):  # a token from before issue 29
-                tokens_changed(store.client, self.root)
         self.credentials = attrs.evolve(self.credentials, token=token)
         self._register_own()

@@ -170,6 +170,9 @@ class LocalCluster(ClusterCredentials):
             for role, member in zip(ROLES, group.members, strict=True):
                 yield f"{gid}/{role}", member
 
+    def broker_processes(self) -> list[ManagedProcess]:
+        return [b.proc for _, b in self.brokers()]
+
     def processes(self) -> list[tuple[str, ManagedProcess]]:
         """Every process of the cluster, by name, in start order."""
         out = [(p.name, p) for p in self.zk.processes]
@@ -237,6 +240,7 @@ class LocalCluster(ClusterCredentials):
         # replaces the entry of the cluster that works there.
         self._register_own()
         try:
+            self._ensure_zk_credentials()  # ZooKeeper starts with the admin as its super-user
             self._start_zk(deadline)
             # ZooKeeper steps ride out transient errors (a server still settling, a busy
             # machine) within the start's deadline (coordinator/zk_retry.py). Each is safe to

@@ -12,6 +12,13 @@ Used by ``ordq zk``, the local cluster, the tests and the drills. Guarantees:
   otherwise, and a 1 s session (an ephemeral node gone ~1 s after its process is killed) needs
   a tick of at most 500 ms (STACK-NOTES).
 
+- ``super_digest`` (``user:base64(sha1(user:password))``, coordinator/acl.py ``digest_id``): the
+  ZooKeeper super-user, who may read, repair and delete every node whatever its ACL. ``ordq up``
+  gives it the admin identity's digest, so its protect walk can repair a node someone else made
+  with an ACL that shuts everyone else out (issue 37). It reaches the JVM through an argument
+  file in the node's folder (0600), never the command line (``ps`` shows argv to everyone, and
+  each start is logged with its argv).
+
 - Each node listens on its own address (``NodeSpec.host``: 127.0.0.1 unless told otherwise),
   for clients and for the quorum: an ensemble may span machines. This object runs the nodes
   in ``local`` (all by default); on a machine that runs one node of an ensemble it runs that
@@ -47,6 +54,8 @@ SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
 # there is only a manifest, so the parts are named).
 NETTY_JARS = tuple(f"/usr/share/java/netty-{part}.jar"
                    for part in ("common", "buffer", "codec", "handler", "transport", "resolver"))
+JVM_ARGS_FILE = "jvm.args"  # java @file: the super-user's digest (0600), when there is one
+SUPER_DIGEST_PROPERTY = "zookeeper.DigestAuthenticationProvider.superDigest"
 KEYSTORE_FILE = "keystore.pem"  # the server's key and certificate, in a node's folder (0600)
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 APT_PACKAGES = "zookeeper libslf4j-java default-jre-headless"
@@ -172,6 +181,8 @@ class ZkServer:
             ``ordq zk start --config``); None: as saved, else picked as above.
         local: the nodes this object runs (the others run elsewhere and are only asked how
             they serve); None: as saved, else all of them.
+        super_digest: the digest id of ZooKeeper's super-user (module doc); None: none. It
+            takes effect when a node (re)starts: set ``super_digest`` before ``start()``.
 
     Raises ConfigError when ``nodes``/``client_port``/``hosts``/``specs`` contradict what
     ``folder`` holds.
@@ -189,6 +200,7 @@ class ZkServer:
         hosts: Sequence[str] | None = None,
         specs: Sequence[NodeSpec] | None = None,
         local: Collection[int] | None = None,
+        super_digest: str | None = None,
     ) -> None:
         if specs is not None:
             nodes = nodes or len(specs)
@@ -203,6 +215,7 @@ class ZkServer:
         self.folder = Path(folder).absolute()
         self.tick_time_ms = tick_time_ms
         self._java = java
+        self.super_digest = super_digest
         saved = self._read_saved()
         # TLS: serve clients on a TLS port only (secureClientPort, same number), with this
         # certificate, and require theirs signed by the same CA. None: as saved, else plaintext.
@@ -397,7 +410,8 @@ class ZkServer:
         java = self._java_path() or self._java or "java"
         classpath = ":".join((ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR, *(NETTY_JARS if self.tls else ())))
         extra = shlex.split(os.environ.get(JVM_FLAGS_ENV, ""))
-        return [java, *JVM_OPTIONS, *extra, "-cp", classpath, MAIN_CLASS, str(self._node_dir(i) / "zoo.cfg")]
+        secret = [f"@{self._node_dir(i) / JVM_ARGS_FILE}"] if self.super_digest else []
+        return [java, *JVM_OPTIONS, *extra, *secret, "-cp", classpath, MAIN_CLASS, str(self._node_dir(i) / "zoo.cfg")]
 
     def _check_installed(self) -> None:
         hint = f"install Debian's packages: apt-get install {APT_PACKAGES} (or run: make system-deps)"
@@ -510,6 +524,7 @@ class ZkServer:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(folder, 0o700)
         (data_dir / "myid").write_text(f"{i + 1}\n")
+        self._write_jvm_args(i)
         spec = self.specs[i]
         lines = [
             f"tickTime={self.tick_time_ms}",
@@ -534,6 +549,19 @@ class ZkServer:
             lines += [f"server.{j + 1}={s.host}:{s.quorum_port}:{s.election_port}" for j, s in enumerate(self.specs)]
         (node_dir / "zoo.cfg").write_text("\n".join(lines) + "\n")
 
+    def _write_jvm_args(self, i: int) -> None:
+        """The node's argument file (the super-user's digest, 0600) and its command line, as
+        ``super_digest`` says now (a rotated admin credential takes effect at the restart)."""
+        path = self._node_dir(i) / JVM_ARGS_FILE
+        if self.super_digest:
+            if any(c.isspace() or c in "\"'\\#" for c in self.super_digest) or ":" not in self.super_digest:
+                raise ConfigError("super_digest must be a digest id, user:base64(sha1(user:password))")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"-D{SUPER_DIGEST_PROPERTY}={self.super_digest}\n")
+        else:
+            path.unlink(missing_ok=True)
+        self.processes[i].argv = tuple(self._argv(i))
 
 
 def _describe(specs: Sequence[NodeSpec]) -> str:

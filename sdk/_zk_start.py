@@ -37,11 +37,11 @@ class ZkSteps:
 def connect(hosts: str, root: str, creds: Credentials, *, session_timeout_s: float, connect_timeout_s: float,
             who: str, stopped: Callable[[], bool]) -> tuple[KazooClient, ZkSteps]:
     """A started client whose credential the cluster knows, and the steps runner; on any
-    failure nothing is left connected. It authenticates with the client credential
-    (``creds.zk_auth``) and with its token: ZooKeeper lets the token write only the election,
-    member, alarm and ledger nodes of the queues it grants (coordinator/acl.py)."""
+    failure nothing is left connected. It authenticates with ``creds.zk_auth`` (on a protected
+    root only the cluster's own identities are let in: until the clients are on leases, this
+    path serves only unprotected roots and the cluster's own processes; coordinator/acl.py)."""
     zk_auth = creds.zk_auth
-    client = new_client(hosts, session_timeout_s=session_timeout_s, auth=zk_auth, token=creds.token)
+    client = new_client(hosts, session_timeout_s=session_timeout_s, auth=zk_auth)
     try:
         client.start(timeout=connect_timeout_s)
     except Exception as exc:

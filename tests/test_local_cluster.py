@@ -66,6 +66,45 @@ def test_up_prints_where_everything_listens_and_status_is_healthy(cluster_dir: P
     assert doc["zk"] == LocalCluster.load(cluster_dir).zk_hosts
 
 
+def test_each_process_has_its_own_zookeeper_identity_and_the_admin_is_the_super_user(cluster_dir: Path) -> None:
+    """Issue 37: ``ordq up`` generates the admin, coordinator and broker credentials (no
+    client one), starts ZooKeeper with the admin's digest as its super-user (in a 0600 file,
+    not on its command line), and each process runs with its own identity."""
+    from kazoo.exceptions import NoAuthError
+
+    from ordq.coordinator.acl import digest_id
+    from ordq.coordinator.store_base import new_client
+    from ordq.coordinator.tokens import tokens_path
+    from ordq.zk_server import JVM_ARGS_FILE
+
+    c = LocalCluster.load(cluster_dir)
+    assert sorted(p.name for p in (cluster_dir / "zk-auth").iterdir()) == ["admin", "broker", "coordinator"]
+    assert c.admin_auth and len({c.admin_auth, c.coordinator_auth, c.broker_auth}) == 3
+    args = cluster_dir / "zk" / "node0" / JVM_ARGS_FILE
+    assert digest_id(c.admin_auth) in args.read_text() and (args.stat().st_mode & 0o077) == 0
+    zk_pid = c.zk.processes[0].pid
+    assert zk_pid is not None and digest_id(c.admin_auth).encode() not in Path(f"/proc/{zk_pid}/cmdline").read_bytes()
+    for name, proc in c.processes():
+        if proc.pid is None or name.startswith("zk"):
+            continue
+        raw = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        env = dict(kv.split(b"=", 1) for kv in raw if b"=" in kv)
+        want = c.coordinator_auth if name.startswith("coordinator") else c.broker_auth
+        assert env.get(b"ORDQ_ZK_AUTH", b"").decode() == want, name
+    for auth in (None, c.admin_auth):  # kazoo with TLS, as the cluster's ZooKeeper serves it
+        client = new_client(c.zk_hosts, session_timeout_s=5.0, auth=auth)
+        client.start(timeout=30)
+        try:
+            if auth is None:
+                with pytest.raises(NoAuthError):
+                    client.get_children(tokens_path(c.root))
+            else:
+                assert client.get_children(tokens_path(c.root))  # ordq up's own admin token
+        finally:
+            client.stop()
+            client.close()
+
+
 def test_the_cluster_serves_ordered_traffic(cluster_dir: Path) -> None:
     c = LocalCluster.load(cluster_dir)
     base = ["--zk", c.zk_hosts, "--root", c.root, "--zk-auth", str(c.admin_auth)]  # ACLs are on: act as admin

@@ -36,8 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from ordq.coordinator.acl_client import tokens_changed
-    from ordq.coordinator.tokens import create_token, parse_grants
+    from ordq.coordinator.tokens import create_token, parse_grants, touch
 
     grants = parse_grants(args.roles)
     with open_store(args) as store:
@@ -50,7 +49,7 @@ def cmd_create(args: argparse.Namespace) -> int:
                            "to grant roles on a queue created later")
         with zk_errors(args.zk):  # a wrong ZooKeeper credential: one line
             rec, token = create_token(store.client, args.root, grants, args.name)
-            tokens_changed(store.client, args.root)  # brokers reload; ZooKeeper's ACLs name it
+            touch(store.client, args.root)  # brokers reload (a token is no ZooKeeper identity: no ACL changes)
     if wants_json(args):
         emit_json({**rec.describe(), "token": token})
     else:
@@ -76,15 +75,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    from ordq.coordinator.acl_client import tokens_changed
-    from ordq.coordinator.tokens import revoke_token, token_id
+    from ordq.coordinator.tokens import revoke_token, token_id, touch
 
     tid = _token_id(args.id, token_id)
     with open_store(args) as store:
         check_admin(store, "*")
         with zk_errors(args.zk):
             revoke_token(store.client, args.root, tid)
-            tokens_changed(store.client, args.root)  # brokers refuse it; ZooKeeper's ACLs no longer name it
+            touch(store.client, args.root)  # brokers refuse it
     if wants_json(args):
         emit_json({"revoked": tid})
     else:

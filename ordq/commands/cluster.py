@@ -43,8 +43,9 @@ def register(subparsers: Any) -> None:
     up.add_argument("--insecure", action="store_true", default=None,
                     help="a new cluster without TLS and tokens: anyone on this machine may call it (docs/SECURITY.md)")
     up.add_argument("--no-zk-acl", action="store_true",
-                    help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin and "
-                         "client credentials generated into --dir/zk-auth; docs/SECURITY.md)")
+                    help="leave the ZooKeeper root open to any client (default: protected by ACLs, with admin, "
+                         "coordinator and broker credentials generated into --dir/zk-auth, the admin ZooKeeper's "
+                         "super-user; docs/SECURITY.md)")
     up.add_argument("--zk-tls", action=argparse.BooleanOptionalAction, default=None,
                     help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA, and "
                          "requires the clients' (they find that in the credentials file); the default unless "

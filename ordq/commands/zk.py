@@ -51,11 +51,13 @@ def register(subparsers: Any) -> None:
                          help="pid, port and mode of each node (exit 3 if a node is not serving)")
     _dir_option(status)
     rotate = add_command(sub, "rotate-auth", func=cmd_rotate_auth,
-                         help="new ZooKeeper admin and client credentials for the stopped local cluster in --dir",
-                         description="Generate new admin and client ZooKeeper credentials for the local cluster "
-                         "in --dir (stopped: ordq down first), set every node's ACL to name them, and replace "
-                         "<dir>/zk-auth/admin and client and the registered credentials. The old ones are "
-                         "refused from then on; give applications the new client credential. docs/SECURITY.md.")
+                         help="new ZooKeeper admin, coordinator and broker credentials for the stopped local "
+                              "cluster in --dir",
+                         description="Generate new admin, coordinator and broker ZooKeeper credentials for the local "
+                         "cluster in --dir (stopped: ordq down first), set every node's ACL to name them, and "
+                         "replace <dir>/zk-auth/{admin,coordinator,broker} and the registered credentials; a "
+                         "running ZooKeeper is restarted with the new admin as its super-user. The old ones are "
+                         "refused from then on. Applications hold no ZooKeeper credential. docs/SECURITY.md.")
     rotate.add_argument("--dir", type=Path, default=Path(".ordq"),
                         help="folder of the local cluster (ordq up --dir; default %(default)s)")
 
@@ -68,8 +70,7 @@ def cmd_rotate_auth(args: argparse.Namespace) -> int:
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "rotated": True})
     else:
-        print(f"ZooKeeper credentials of {cluster.folder} rotated; start it with: ordq up --dir {args.dir}; "
-              f"applications need the new client credential ({cluster.folder}/zk-auth/client)")
+        print(f"ZooKeeper credentials of {cluster.folder} rotated; start it with: ordq up --dir {args.dir}")
     return 0
 
 
