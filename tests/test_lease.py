@@ -1,8 +1,9 @@
-"""The consumer's lease arithmetic (``ordq.sdk._lease.LeaseClock``), pure: no ZooKeeper, no clock.
+"""A lease holder's arithmetic (``ordq.sdk._lease_client.LeaseClock``), pure: no coordinator, no clock.
 
-The property that makes one active consumer per subscription: whatever the renewals and the
-pauses, the lease is never valid at a time when ZooKeeper may already have expired the
-session, i.e. later than (send time of the last answered renewal) + the session timeout.
+The property that makes one holder at a time: whatever the renewals and the pauses, the lease
+is never valid at a time when the coordinator may already count it expired, i.e. later than
+(send time of the last answered renewal) + the ttl (the coordinator adds its margin on top:
+coordinator/leases.py, tests/test_leases.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.sdk._lease import RENEW_EVERY, TRUST, LeaseClock
+from ordq.sdk._lease_client import CLIENT_TRUST as TRUST
+from ordq.sdk._lease_client import RENEW_EVERY, LeaseClock
 
 T = 2.0
 
@@ -25,12 +27,12 @@ def test_a_renewal_trusts_two_thirds_of_the_session_from_its_send_time() -> None
     assert not c.renew_due(10.0 + T * RENEW_EVERY / 2, last_sent=10.0)
 
 
-def test_lost_is_final() -> None:
+def test_lost_stays_lost_until_the_next_grant() -> None:
     c = LeaseClock(T)
     c.renewed(sent_at=1.0)
     c.lose("session expired")
     assert not c.valid(1.0) and c.lost_reason == "session expired"
-    c.renewed(sent_at=2.0)  # a late answer cannot revive it
+    c.renewed(sent_at=2.0)  # a late answer cannot revive it (a new grant makes a new clock)
     assert not c.valid(2.0)
     c.lose("another reason")
     assert c.lost_reason == "session expired"
