@@ -73,6 +73,7 @@ LEADER_METADATA_KEY = "ordq-leader"
 # RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
 ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
            "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume", "Describe": ANY}
+MAX_SUBSCRIPTIONS_PER_QUEUE = 1_000  # Subscribe refuses a queue's next one (docs/SECURITY.md, Limits)
 MAX_WAIT_S = 60.0  # a request's timeout_ms is capped here: a handler thread is never held longer
 
 # (store, queue, subscription, start words) -> (cursor, first seq it delivers or None): resolves
@@ -209,11 +210,13 @@ class CoordinatorService(LeaseCalls):
                  transport: HeadTransport | None = None, subscriber: Subscriber | None = None,
                  max_workers: int | None = None, requests_first: RequestsFirst | None = None,
                  term: Callable[[], int] | None = None, frame: FrameConfig | None = None,
-                 fair: FairShareConfig | None = None) -> None:
+                 fair: FairShareConfig | None = None,
+                 max_subscriptions_per_queue: int = MAX_SUBSCRIPTIONS_PER_QUEUE) -> None:
         """``requests_first``: shared with this process's daemon, whose idle work waits while
         an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``).
         ``frame``: the server's bounds (coordinator/service_frame.py); ``fair``: each caller's
-        turns (coordinator/fair_share.py)."""
+        turns (coordinator/fair_share.py); ``max_subscriptions_per_queue``: Subscribe refuses a
+        queue's next one (ConfigError naming the setting)."""
         self.store = store
         self.leases = LeaseDesk(store, term=term if term is not None else (lambda: 0))
         self.requests_first = requests_first
@@ -222,6 +225,9 @@ class CoordinatorService(LeaseCalls):
         self._transport = transport
         self._subscriber = subscriber
         self.frame = frame or FrameConfig()
+        if max_subscriptions_per_queue < 1:
+            raise ConfigError("max_subscriptions_per_queue must be >= 1")
+        self.max_subscriptions_per_queue = max_subscriptions_per_queue
         self.turns = FairTurns(fair)  # each caller's fair turn (coordinator/fair_share.py)
         # Calls waiting for a turn, or a refusal, hold a worker: never all of them.
         self._max_workers = max_workers or self.turns.config.threads
@@ -504,6 +510,10 @@ class CoordinatorService(LeaseCalls):
         q, sub = req.queue, req.subscription
         check_name("subscription", sub)
         words = list(req.start) or ["earliest"]
+        subs = self.store.list_subscriptions(q)  # QueueNotFound first
+        if sub not in subs and len(subs) >= self.max_subscriptions_per_queue:
+            raise ConfigError(f"queue {q!r} has {len(subs)} subscriptions, the most a queue may have "
+                              f"(coordinator setting max_subscriptions_per_queue); delete one first")
         if self._subscriber is not None:
             cursor, starts_at = self._subscriber(self.store, q, sub, words)
         elif words == ["earliest"]:
@@ -517,6 +527,7 @@ class CoordinatorService(LeaseCalls):
         def ensure(_rec: TokenRecord | None) -> Any:
             q, sub = request.queue, request.subscription
             check_name("subscription", sub)
+            self.store.get_cursor(q, sub)  # only a subscription that exists parks: SubscriptionNotFound
             target = f"{q}.parked.{sub}"
             try:
                 self.store.queue_config(target)

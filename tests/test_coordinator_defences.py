@@ -290,3 +290,42 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
         assert outcomes(cluster, "ResourceExhausted") >= counts["RESOURCE_EXHAUSTED+hint"]
     finally:
         client.close()
+
+
+def test_subscriptions_per_queue_are_bounded_and_parking_queues_only_for_subscriptions_that_exist(
+        coordinator: tuple[Cluster, str]) -> None:
+    """Guards: subscriptions per queue (``max_subscriptions_per_queue``, default 1,000): the
+    next Subscribe is refused with a clear, typed error; EnsureParkingQueue only for a
+    subscription that exists. (On main: a consume token created subscriptions without bound,
+    and 30 real queues from made-up subscription names in 1.2 s.)"""
+    from ordq.coordinator.service import MAX_SUBSCRIPTIONS_PER_QUEUE
+
+    cluster, address = coordinator
+    store = cluster.store
+    _, token = create_token(store.client, cluster.root, {"a": ["consume"]}, "consumer of a")
+    touch(store.client, cluster.root)
+    stub, ch = stub_of(address, cluster, token=token)
+    try:
+        # a made-up subscription gets no parking queue, and nothing is created
+        queues = set(store.list_queues())
+        err = refusal(lambda: stub.EnsureParkingQueue(pb.SubscriptionRef(queue="a", subscription="made-up"),
+                                                      timeout=30))
+        assert err.code() is grpc.StatusCode.NOT_FOUND and kind(err) == "sub_not_found", err
+        assert set(store.list_queues()) == queues
+        # up to the bound, subscriptions are created (as fast as ZooKeeper takes them here)
+        wait_until(lambda: stub.Subscribe(pb.SubscribeRequest(queue="a", subscription="s0"), timeout=30),
+                   timeout_s=30, interval_s=0.05, what="the token known")
+        data, _ = store.client.get(cluster.paths.sub("a", "s0"))
+        pending = [store.client.create_async(cluster.paths.sub("a", f"s{i}"), data)
+                   for i in range(1, MAX_SUBSCRIPTIONS_PER_QUEUE)]
+        for p in pending:
+            p.get(timeout=60)
+        err = refusal(lambda: stub.Subscribe(pb.SubscribeRequest(queue="a", subscription="one-more"), timeout=30))
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "max_subscriptions_per_queue" in err.details()
+        assert "one-more" not in store.list_subscriptions("a")
+        assert len(store.list_subscriptions("a")) == MAX_SUBSCRIPTIONS_PER_QUEUE
+        # its own parking queue: allowed
+        res = stub.EnsureParkingQueue(pb.SubscriptionRef(queue="a", subscription="s0"), timeout=30)
+        assert res.queue == "a.parked.s0" and "a.parked.s0" in store.list_queues()
+    finally:
+        ch.close()
