@@ -10,8 +10,11 @@ again and retry until the deadline — so a killed leader stalls a caller for ab
 election. A call unanswered for ``_ELECTION_CHECK_S`` reads the election (then again as often):
 once it names another leader the call is cancelled and sent there, so a leader behind a
 partition, which never answers nor refuses, stalls a caller for about one election too.
-Every request is safe to send twice: the service applies conditional transitions
-(a FailOver or Roll already done is followed, a Commit already written is a ConflictError).
+A transient refusal (the coordinator's own ZooKeeper connection reconnecting:
+CoordinationUnavailable; its token store unreadable: TokensUnavailable) is retried with the same
+backoff until the deadline, as a leader change is. Every request is safe to send twice: the
+service applies conditional transitions (a FailOver or Roll already done is followed, a Commit
+already written is a ConflictError).
 
 Rules: ``ordq.wire`` (the generated stubs, the wire errors) is imported only inside functions,
 so importing this module does not load gRPC.
@@ -197,11 +200,20 @@ class CoordinatorClient:
                 code = exc.code()
                 if METADATA_KEY in trailing:
                     err = from_rpc_error(exc, address)
-                    if isinstance(err, TokensUnavailable):
-                        # Its token store is unreadable for a moment: not a refusal; again
+                    if isinstance(err, TokensUnavailable) or (isinstance(err, CoordinationUnavailable)
+                                                              and not isinstance(err, NotCoordinatorLeader)):
+                        # Its token store is unreadable, or its own ZooKeeper connection is
+                        # reconnecting, for a moment: not a refusal; again, with the backoff,
                         # until the deadline (then CoordinationUnavailable naming it).
                         last = err
                         time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
+                        attempt += 1
+                        continue
+                    hint = trailing.get("ordq-retry-ms")  # a refused turn (coordinator/fair_share.py)
+                    if hint is not None and str(hint).isdigit():
+                        last = err
+                        time.sleep(min(max(int(str(hint)) / 1000.0, _RETRY_PAUSE_S[min(attempt, 3)]),
+                                       max(deadline - time.monotonic(), 0)))
                         attempt += 1
                         continue
                     if not isinstance(err, NotCoordinatorLeader):

@@ -51,12 +51,14 @@ from ordq.common.errors import (
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
 from ordq.coordinator.client import LEADER_METADATA_KEY
+from ordq.coordinator.fair_share import FairShareConfig, FairTurns
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind, LeaseName
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
+from ordq.coordinator.service_frame import FrameConfig, safe, shown
 from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store import ZkStore
@@ -64,13 +66,20 @@ from ordq.coordinator.store_base import zk_errors
 from ordq.coordinator.store_cursors import LOCK_NODE
 from ordq.coordinator.store_values import roll_transition
 from ordq.coordinator.token_book import TokenBook
-from ordq.coordinator.tokens import ANY, TokenRecord, authorize
+from ordq.coordinator.tokens import ANY, TokenRecord, authorize, identify
 
 log = logging.getLogger("ordq.coordinator.service")
+
+# Served without waiting for a fair turn: the calls that keep a lease or a producer's writes
+# going. A holder's heartbeat held past ⅔ of its ttl stops it delivering (coordinator/leases.py),
+# and a Claim or FailOver may wait seconds for a writable head: in a slot, two of them stalled
+# every other caller. Each is cheap to refuse (token first, then its lease or epoch key).
+NO_TURN = URGENT_RPCS | {"Heartbeat", "Release", "Coordinators", "Roll"}
 
 # RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
 ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
            "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume", "Describe": ANY}
+MAX_SUBSCRIPTIONS_PER_QUEUE = 1_000  # Subscribe refuses a queue's next one (docs/SECURITY.md, Limits)
 MAX_WAIT_S = 60.0  # a request's timeout_ms is capped here: a handler thread is never held longer
 
 # (store, queue, subscription, start words) -> (cursor, first seq it delivers or None): resolves
@@ -163,6 +172,22 @@ class _Tokens:
             return None
         return authorize(records, token, queue, role)
 
+    def caller(self, context: Any, rpc: str) -> str:
+        """On a call's headers, before its request is read: who it is charged to (its token's
+        hash, else its connection); PermissionDenied when tokens are enforced and it shows no
+        valid one (``OPEN_RPCS`` excepted)."""
+        from ordq.coordinator.service_frame import OPEN_RPCS
+
+        token = bearer_token(context)
+        if peer_common_name(context) not in (BROKER_CN, COORDINATOR_CN) and rpc not in OPEN_RPCS:
+            self.book.fresh_for(token, self.book.now())
+            enforced, records = self.book.current()
+            if enforced:
+                identify(records, token, "", ROLE_OF.get(rpc, ANY))
+        if token:
+            return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+        return f"peer:{context.peer()}"
+
 
 class CoordinatorService(LeaseCalls):
     """The ``Coordinator`` servicer and its server. ``is_leader``: whether this process is
@@ -172,10 +197,15 @@ class CoordinatorService(LeaseCalls):
 
     def __init__(self, store: ZkStore, *, is_leader: Callable[[], bool], credentials: Credentials | None = None,
                  transport: HeadTransport | None = None, subscriber: Subscriber | None = None,
-                 max_workers: int = 16, requests_first: RequestsFirst | None = None,
-                 term: Callable[[], int] | None = None) -> None:
+                 max_workers: int | None = None, requests_first: RequestsFirst | None = None,
+                 term: Callable[[], int] | None = None, frame: FrameConfig | None = None,
+                 fair: FairShareConfig | None = None,
+                 max_subscriptions_per_queue: int = MAX_SUBSCRIPTIONS_PER_QUEUE) -> None:
         """``requests_first``: shared with this process's daemon, whose idle work waits while
-        an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``)."""
+        an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``).
+        ``frame``: the server's bounds (coordinator/service_frame.py); ``fair``: each caller's
+        turns (coordinator/fair_share.py); ``max_subscriptions_per_queue``: Subscribe refuses a
+        queue's next one (ConfigError naming the setting)."""
         self.store = store
         self.leases = LeaseDesk(store, term=term if term is not None else (lambda: 0))
         self.requests_first = requests_first
@@ -183,7 +213,13 @@ class CoordinatorService(LeaseCalls):
         self.credentials = credentials or Credentials()
         self._transport = transport
         self._subscriber = subscriber
-        self._max_workers = max_workers
+        self.frame = frame or FrameConfig()
+        if max_subscriptions_per_queue < 1:
+            raise ConfigError("max_subscriptions_per_queue must be >= 1")
+        self.max_subscriptions_per_queue = max_subscriptions_per_queue
+        self.turns = FairTurns(fair)  # each caller's fair turn (coordinator/fair_share.py)
+        # Calls waiting for a turn, or a refusal, hold a worker: never all of them.
+        self._max_workers = max_workers or self.turns.config.threads
         self.stats = ServiceStats()
         self._stats_lock = threading.Lock()
         self._tokens = _Tokens()
@@ -207,9 +243,8 @@ class CoordinatorService(LeaseCalls):
         addresses.check(listen, advertise)
         import grpc
 
+        from ordq.coordinator import service_frame
         from ordq.wire import ordq_pb2 as pb
-        from ordq.wire import ordq_pb2_grpc as pb_grpc
-        from ordq.wire.framing import GRPC_OPTIONS
 
         self._pb = pb
         if self._transport is None:
@@ -218,8 +253,12 @@ class CoordinatorService(LeaseCalls):
             self._transport = GrpcTransport(credentials=self.credentials)
         self._tokens.watch(self.store.client, self.store.paths.root)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
-                                                        thread_name_prefix="ordq-coord-rpc"), options=GRPC_OPTIONS)
-        pb_grpc.add_CoordinatorServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+                                                        thread_name_prefix="ordq-coord-rpc"),
+                             options=service_frame.server_options(self.frame),
+                             maximum_concurrent_rpcs=4 * self._max_workers)  # past it gRPC refuses at once
+        # Every method framed (size, caller, fair turn, typed refusals) before its handler runs.
+        service_frame.register(server, service_frame.framed(self, self.frame, self._tokens.caller,
+                                                            self._refuse_call, self._turn))
         if self.credentials.tls:
             from ordq.common.security import server_credentials
 
@@ -233,6 +272,10 @@ class CoordinatorService(LeaseCalls):
         self.address = addresses.advertised(listen, advertise, port)
         return self.address
 
+    def _turn(self, holder: str, rpc: str) -> contextlib.AbstractContextManager[Any]:
+        """The call's fair turn (coordinator/fair_share.py), except for ``NO_TURN``."""
+        return contextlib.nullcontext() if rpc in NO_TURN else self.turns.turn(holder, rpc)
+
     def stop(self, grace_s: float = 1.0) -> None:
         self._tokens.book.close()
         if self._server is not None:
@@ -245,31 +288,51 @@ class CoordinatorService(LeaseCalls):
 
     def _serve(self, rpc: str, queue: str, context: Any, handle: Callable[[TokenRecord | None], Any], *,
                role: str | None = None) -> Any:
-        """Count, check leadership, the queue's name and the caller's ``role`` on it (default:
-        ``ROLE_OF[rpc]``), then ``handle(token record)``; every refusal typed on the wire."""
+        """Count, check the queue's name, the caller's ``role`` on it (default:
+        ``ROLE_OF[rpc]``) and leadership, then ``handle(token record)``; every refusal typed on
+        the wire. The frame (service_frame.py) checked the request's size and the caller's token
+        before its body was read."""
         from ordq.wire.errors import abort_sync
 
         with self._stats_lock:
             self.stats.calls[rpc] = self.stats.calls.get(rpc, 0) + 1
         try:
+            check_name("queue", queue)  # the name rule first: nothing else sees an unchecked name
+            rec = self._tokens.check(context, queue, role or ROLE_OF[rpc])  # the token before any work
             if not self.is_leader():
                 raise NotCoordinatorLeader(self._leader_address())
-            check_name("queue", queue)
             first = self.requests_first if rpc in URGENT_RPCS else None
             with first.serving() if first is not None else contextlib.nullcontext():
-                answer = handle(self._tokens.check(context, queue, role or ROLE_OF[rpc]))
+                answer = handle(rec)
         except OrdqError as exc:
-            self._count(rpc, exc)
-            extra = ((LEADER_METADATA_KEY, exc.leader),) if isinstance(exc, NotCoordinatorLeader) else ()
-            if not isinstance(exc, NotCoordinatorLeader):
-                log.info("%s %s refused: %s", rpc, queue, exc)
-            abort_sync(context, exc, extra)
+            self._refuse(rpc, queue, context, exc)
         except Exception as exc:  # noqa: BLE001 - a bug: typed, never retried by the client as a blip
-            log.exception("%s %s failed", rpc, queue)
+            log.exception("%s %s failed", rpc, shown(queue))
             self._count(rpc, exc)
-            abort_sync(context, OrdqError(f"coordinator error: {exc!r}"))
+            abort_sync(context, OrdqError(f"coordinator error: {shown(repr(exc), 1024)}"))
         self._outcome(rpc, "ok")
         return answer
+
+    def _refuse(self, rpc: str, queue: str, context: Any, exc: OrdqError) -> Any:
+        """Count, log (the caller's names in their shown form only) and answer a refusal typed."""
+        from ordq.wire.errors import abort_sync
+
+        exc = safe(exc)
+        self._count(rpc, exc)
+        extra = ((LEADER_METADATA_KEY, exc.leader),) if isinstance(exc, NotCoordinatorLeader) else ()
+        if hasattr(exc, "retry_ms"):  # a refused turn: when to ask again
+            from ordq.coordinator.service_frame import RETRY_METADATA_KEY
+
+            extra = ((RETRY_METADATA_KEY, str(exc.retry_ms)),)
+        elif not isinstance(exc, NotCoordinatorLeader):
+            log.info("%s %s refused: %s", rpc, shown(queue) if queue else "-", shown(str(exc), 1024))
+        abort_sync(context, exc, extra)
+
+    def _refuse_call(self, rpc: str, context: Any, exc: OrdqError) -> Any:
+        """A refusal by the frame, before ``_serve`` (service_frame.py): counted as any."""
+        with self._stats_lock:
+            self.stats.calls[rpc] = self.stats.calls.get(rpc, 0) + 1
+        self._refuse(rpc, "", context, exc)
 
     def _outcome(self, rpc: str, outcome: str) -> None:
         with self._stats_lock:
@@ -434,6 +497,10 @@ class CoordinatorService(LeaseCalls):
         q, sub = req.queue, req.subscription
         check_name("subscription", sub)
         words = list(req.start) or ["earliest"]
+        subs = self.store.list_subscriptions(q)  # QueueNotFound first
+        if sub not in subs and len(subs) >= self.max_subscriptions_per_queue:
+            raise ConfigError(f"queue {q!r} has {len(subs)} subscriptions, the most a queue may have "
+                              f"(coordinator setting max_subscriptions_per_queue); delete one first")
         if self._subscriber is not None:
             cursor, starts_at = self._subscriber(self.store, q, sub, words)
         elif words == ["earliest"]:
@@ -447,6 +514,7 @@ class CoordinatorService(LeaseCalls):
         def ensure(_rec: TokenRecord | None) -> Any:
             q, sub = request.queue, request.subscription
             check_name("subscription", sub)
+            self.store.get_cursor(q, sub)  # only a subscription that exists parks: SubscriptionNotFound
             target = f"{q}.parked.{sub}"
             try:
                 self.store.queue_config(target)

@@ -259,8 +259,10 @@ def abort_sync(context: grpc.ServicerContext, exc: OrdqError,
     """As ``abort``, for a sync ``grpc.server`` handler; ``extra`` trailing metadata rides along
     (the coordinator's ``ordq-leader``)."""
     kind, fields = _kind_and_fields(exc)
+    # As ``abort``: what the caller sent may be long; the answer must fit gRPC's metadata.
+    fields = {k: short(v, DETAIL_CHARS) if isinstance(v, str) else v for k, v in fields.items()}
     context.set_trailing_metadata(((METADATA_KEY, json.dumps({"kind": kind, "fields": fields})), *extra))
-    context.abort(_KINDS[kind][0], str(exc))
+    context.abort(_KINDS[kind][0], short(str(exc), DETAIL_CHARS))
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 

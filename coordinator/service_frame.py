@@ -1,0 +1,203 @@
+"""The frame of every coordinator call, before its handler (issue 38): size before body, the
+caller before its request, a fair turn per caller, no traceback for bad input.
+
+Guarantees, for every method of the ``Coordinator`` service (the generated handlers are wrapped
+here at registration, so a method added later is framed too):
+- **Size before body.** The server's receive limit (``server_options``) is the largest
+  legitimate request (``LARGE_REQUEST_BYTES`` and a little: a SubscriptionRecord body or Admin
+  arguments, at most a ZooKeeper node); gRPC refuses a larger one itself, RESOURCE_EXHAUSTED,
+  before it is buffered. A control call's own limit (``SMALL_REQUEST_BYTES``) is checked on the
+  raw bytes before they are parsed: ``MessageTooLarge`` (RESOURCE_EXHAUSTED), counted.
+- **The caller before its request.** Each unary method is served as a request *stream* (gRPC
+  starts it before any message is read): the caller's token is checked on the headers
+  (``check_caller``) and its fair turn taken (``turn``) before the body is read, so an
+  unauthenticated call costs its headers, whatever it sends.
+- **No traceback for bad input.** Bytes that are no protobuf of the call's type become
+  ``Undecodable`` (INVALID_ARGUMENT, counted): the deserializer given to gRPC never raises
+  (gRPC logs a traceback at ERROR and answers INTERNAL when it does). Any ``OrdqError`` a
+  handler raises before its own frame (``_serve``) is answered typed and counted, not as
+  ``UNKNOWN`` with gRPC's traceback.
+
+Rules: imports ``grpc`` only inside functions (as service.py); what to do with a refusal
+(count, log, abort) is the service's (``refuse``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from ordq.common.errors import ConfigError, InvalidName, MessageTooLarge, OrdqError
+from ordq.coordinator.fair_share import TurnRefused
+
+SERVICE = "ordq.v1.Coordinator"
+SMALL_REQUEST_BYTES = 64 << 10  # a control call: names, a cursor, a lease key (a few hundred bytes)
+LARGE_REQUEST_BYTES = 1 << 20  # ZooKeeper's default node limit (jute.maxbuffer): what a record may hold
+LARGE_RPCS = frozenset({"SubscriptionRecord", "Admin"})  # a parked record's body; an admin verb's arguments
+# Calls that need no token (a client finds the leader with it): framed, sized and paced all the same.
+OPEN_RPCS = frozenset({"Coordinators"})
+SHOWN_CHARS = 64  # a caller's name in the log or an answer: cut here, control characters escaped
+
+
+@attrs.frozen(kw_only=True)
+class FrameConfig:
+    """The coordinator server's bounds (docs/SECURITY.md, Limits)."""
+
+    small_request_bytes: int = SMALL_REQUEST_BYTES
+    large_request_bytes: int = LARGE_REQUEST_BYTES
+    # HTTP/2 streams one connection may have open: a client's calls past it wait in the client.
+    max_streams_per_connection: int = 100
+    max_metadata_bytes: int = 16 << 10
+    handshake_timeout_ms: int = 10_000
+    max_connections: int = 1_000
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 < self.small_request_bytes <= self.large_request_bytes:
+            raise ConfigError("request limits must be > 0, the small one at most the large one")
+        if min(self.max_streams_per_connection, self.max_metadata_bytes, self.handshake_timeout_ms,
+               self.max_connections) <= 0:
+            raise ConfigError("streams per connection, metadata bytes, handshake timeout, connections must be > 0")
+
+    def limit_of(self, rpc: str) -> int:
+        return self.large_request_bytes if rpc in LARGE_RPCS else self.small_request_bytes
+
+    @property
+    def receive_limit(self) -> int:
+        """gRPC's own limit: the largest call's, and room for the rest of its message."""
+        return self.large_request_bytes + (64 << 10)
+
+
+def server_options(cfg: FrameConfig) -> list[tuple[str, int]]:
+    """The coordinator server's channel arguments: answers may be large (a queue's state), requests
+    not (``FrameConfig.receive_limit``); connections and streams bounded (as the brokers')."""
+    from ordq.wire.framing import GRPC_OPTIONS
+
+    return [(k, v) for k, v in GRPC_OPTIONS if k != "grpc.max_receive_message_length"] + [
+        ("grpc.max_receive_message_length", cfg.receive_limit),
+        ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+        ("grpc.max_metadata_size", cfg.max_metadata_bytes),
+        ("grpc.server_handshake_timeout_ms", cfg.handshake_timeout_ms),
+        ("grpc.max_allowed_incoming_connections", cfg.max_connections),
+    ]
+
+
+class Undecodable(ConfigError):
+    """A request that is no protobuf of its call's type (INVALID_ARGUMENT, counted as such)."""
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A caller's text as it may reach a log line or an answer: cut (``wire.errors.short``)
+    and with control characters (a new line forging a log line) escaped."""
+    from ordq.wire.errors import short
+
+    cut = short(str(text), limit)
+    return cut if cut.isprintable() else cut.encode("unicode_escape").decode("ascii")
+
+
+def safe(exc: OrdqError) -> OrdqError:
+    """``exc`` with the caller's text in it cut: an invalid name is echoed in its short form."""
+    if isinstance(exc, InvalidName) and len(str(exc)) > 4 * SHOWN_CHARS + 200:
+        from ordq.coordinator.paths import NAME_RULE
+
+        return InvalidName(exc.kind, shown(exc.name), NAME_RULE)
+    return exc
+
+
+RETRY_METADATA_KEY = "ordq-retry-ms"  # a RESOURCE_EXHAUSTED refusal's hint: when to ask again
+
+
+def exhausted(exc: TurnRefused) -> OrdqError:
+    """The wire's ResourceExhausted for a refused turn, carrying its ``retry_ms`` hint."""
+    from ordq.wire.errors import ResourceExhausted
+
+    out = ResourceExhausted("coordinator", "turns", exc.retry_ms, exc.why + f"; retry in {exc.retry_ms} ms")
+    out.retry_ms = exc.retry_ms  # type: ignore[attr-defined]
+    return out
+
+
+class _Bad:
+    """What the deserializer hands over instead of raising (gRPC would log a traceback)."""
+
+    def __init__(self, error: OrdqError) -> None:
+        self.error = error
+
+
+# (context, rpc) -> who the call is charged to (a token's hash, else its connection); raises
+# PermissionDenied when the call needs a token and shows none that is valid.
+CheckCaller = Callable[[Any, str], str]
+# (rpc, context, exc) -> never returns: counts, logs (shown forms only) and aborts the call typed.
+Refuse = Callable[[str, Any, OrdqError], Any]
+# (holder, rpc) -> a context manager around the call's work: its fair turn (service_fair.py).
+Turn = Callable[[str, str], contextlib.AbstractContextManager[Any]]
+
+
+def no_turn(_holder: str, _rpc: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+def framed(servicer: Any, cfg: FrameConfig, check_caller: CheckCaller, refuse: Refuse,
+           turn: Turn = no_turn) -> dict[str, Any]:
+    """The generated handlers of ``servicer``, each framed (see the module doc)."""
+    from ordq.wire import ordq_pb2_grpc as pb_grpc
+
+    captured = _Handlers()
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, captured)  # type: ignore[no-untyped-call]
+    return {name: _frame(name, h, cfg, check_caller, refuse, turn) for name, h in captured.handlers.items()}
+
+
+def register(server: Any, handlers: dict[str, Any]) -> None:
+    import grpc
+
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def _frame(rpc: str, handler: Any, cfg: FrameConfig, check_caller: CheckCaller, refuse: Refuse,
+           turn: Turn) -> Any:
+    assert not handler.request_streaming and not handler.response_streaming, rpc  # all unary today
+    behavior = handler.unary_unary
+    parse = handler.request_deserializer
+    limit = cfg.limit_of(rpc)
+
+    def deserialize(raw: bytes) -> Any:
+        if len(raw) > limit:
+            return _Bad(MessageTooLarge(len(raw), limit, f"a {rpc} request"))
+        try:
+            return parse(raw)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError (and anything like it): typed
+            return _Bad(Undecodable(f"bad {rpc} request: {type(exc).__name__}: {shown(str(exc), 200)}"))
+
+    def unary(requests: Iterator[Any], context: Any) -> Any:
+        try:
+            holder = check_caller(context, rpc)  # on the headers: nothing of the body read yet
+            with turn(holder, rpc):
+                request = next(requests, None)
+                if request is None:  # gRPC refused the body itself (past its receive limit), or none came
+                    raise Undecodable(f"bad {rpc} request: none arrived whole (none sent, or over the "
+                                      f"server's receive limit of {cfg.receive_limit} bytes)")
+                if isinstance(request, _Bad):
+                    raise request.error
+                return behavior(request, context)
+        except TurnRefused as exc:  # no fair turn now: typed RESOURCE_EXHAUSTED, with its hint
+            refuse(rpc, context, exhausted(exc))
+        except OrdqError as exc:  # raised before the handler's own frame (``_serve``) caught it
+            refuse(rpc, context, exc)
+
+    return handler._replace(request_streaming=True, unary_unary=None, stream_unary=unary,
+                            request_deserializer=deserialize)
+
+
+class _Handlers:
+    """Stands in for the server while the generated code registers the handlers."""
+
+    handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, _handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        assert service == SERVICE, service
+        self.handlers = handlers
