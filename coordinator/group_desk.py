@@ -52,12 +52,11 @@ from ordq.coordinator.topics import PARTITION_SEPARATOR, partition_queue
 
 log = logging.getLogger("ordq.coordinator.groups")
 
-# A group consumer's Acquire may carry its member's lease (generation + key in the request's
-# lease fields) as proof that it speaks for the member its id names. Until every Consumer sends
-# it (sdk/consumer.py, issue 37), a request without one is judged by the id alone: then a client
-# that knows a member's id could ask for that member's partition in its name (it still gets the
-# lease only when nobody holds it: never two deliverers at once).
-REQUIRE_MEMBER_PROOF = False
+# A group consumer's Acquire carries its member's lease (generation + key in the request's lease
+# fields) as proof that it speaks for the member its id names (ConsumerConfig.member_lease, set
+# by sdk/group.py): without it, a client that knew a member's id could ask for that member's
+# partition in its name.
+REQUIRE_MEMBER_PROOF = True
 
 
 class Leases(Protocol):

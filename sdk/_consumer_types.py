@@ -6,6 +6,7 @@ Rules: values only (no I/O); nothing here imports the consumer or its parts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
+from ordq.coordinator.client import Held
 from ordq.coordinator.paths import check_name
 from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster
 from ordq.sdk._consumer_core import CommitConfig
@@ -57,6 +59,9 @@ class ConsumerConfig:
     # ``Consumer.metrics_url``) and/or kept in the application's registry.
     metrics_listen: str | None = None
     metrics_registry: CollectorRegistry | None = None
+    # A consumer group's partition consumer (sdk/group.py): its member's lease, shown with each
+    # Acquire of the partition's consumer lease (the coordinator grants it only to the owner).
+    member_lease: Callable[[], Held] | None = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_cluster(self.bootstrap, self.zk_hosts, self.root)

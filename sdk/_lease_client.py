@@ -78,15 +78,18 @@ class CoordinatorLease:
     def __init__(self, coord: CoordinatorClient, kind: str, queue: str, sub: str, holder: str, *,
                  ttl_s: float, clock: Callable[[], float] = time.monotonic,
                  on_renewed: Callable[[Held], None] | None = None,
-                 on_refused: Callable[[Refusal], None] | None = None) -> None:
+                 on_refused: Callable[[Refusal], None] | None = None,
+                 proof: Callable[[], Held] | None = None) -> None:
         """``on_renewed``: called on the renewal thread with each answer (a member learns its
-        partitions so); ``on_refused``: called in ``acquire`` with each refusal (who holds it)."""
+        partitions so); ``on_refused``: called in ``acquire`` with each refusal (who holds it);
+        ``proof``: a lease shown with each Acquire (a group's partition: its member's lease)."""
         self._coord = coord
         self.kind, self.queue, self.sub, self.holder = kind, queue, sub, holder
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._now = clock
         self._on_renewed = on_renewed
         self._on_refused = on_refused
+        self._proof = proof
         self._clock = LeaseClock(ttl_s)
         self._held: Held | None = None
         self._wake = threading.Event()
@@ -150,7 +153,8 @@ class CoordinatorLease:
             try:
                 got = self._coord.acquire(self.kind, self.queue, self.sub, self.holder, ttl_ms=self._ttl_ms,
                                           wait_ms=int(STANDBY_POLL_S * 1000),
-                                          timeout_s=None if left is None else max(left, 0.5))
+                                          timeout_s=None if left is None else max(left, 0.5),
+                                          member=self._proof() if self._proof is not None else None)
             except (CoordinationUnavailable, WaitTimeout) as exc:
                 log.warning("%s lease of %s: no coordinator answered (%s); asking again", self.kind,
                             self._what(), exc)

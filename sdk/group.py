@@ -273,7 +273,9 @@ class GroupMember:
     def consumer_config(self, partition: int) -> ConsumerConfig:
         with self._tenure_lock:
             self._tenures += 1
-            return self.config.consumer_config(partition, self._tenures)
+            # shown with the partition's Acquire: only the owner may consume it (coordinator/group_desk.py)
+            return attrs.evolve(self.config.consumer_config(partition, self._tenures),
+                                member_lease=lambda: self._require(self._lease).held)
 
     # -- membership ------------------------------------------------------------------------
 
