@@ -163,7 +163,10 @@ class _Partition:
             with contextlib.ExitStack() as leaving:  # the consumer's exit (it is started already):
                 leaving.push(consumer)  # commits what finished, then releases the lease
                 self._deliver(consumer)
-        except (NotLeader, CoordinationUnavailable) as exc:
+        except (NotLeader, CoordinationUnavailable, PermissionDenied) as exc:
+            # PermissionDenied here: the consumer's rejoin was refused the partition, another
+            # member owns it in a newer generation (a revoked token ends the member at its own
+            # lease, not here).
             self.lost = True
             log.warning("group %s: member %s lost partition %d: %s", self._member.config.topic,
                         self._member.config.member_id, self.partition, exc)

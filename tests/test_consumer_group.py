@@ -500,8 +500,7 @@ def test_a_group_has_at_most_max_members_and_only_owners_get_partitions(monkeypa
     assert MAX_MEMBERS == 1000
     monkeypatch.setattr(group_desk, "MAX_MEMBERS", 64)
     desk, now = desk_at(partitions=2)
-    for i in range(64):
-        join(desk, f"m{i}", ttl_ms=60_000)
+    members = {f"m{i}": join(desk, f"m{i}", ttl_ms=60_000)[0] for i in range(64)}
     with pytest.raises(PermissionDenied, match="members"):
         join(desk, "one-more")
     assert desk.groups.stats.refused_full == 1
@@ -515,7 +514,10 @@ def test_a_group_has_at_most_max_members_and_only_owners_get_partitions(monkeypa
     with pytest.raises(PermissionDenied):  # the owner's id but for another partition's lease
         desk.groups.check_consumer(name, member_consumer_id(owners[0], 0, 1), renewing=False)
     holder = member_consumer_id(owners[1], 1, 1)
-    desk.groups.check_consumer(name, holder, renewing=False)
+    with pytest.raises(PermissionDenied, match="without that member's lease"):  # the owner's id, no proof
+        desk.groups.check_consumer(name, holder, renewing=False)
+    member = members[owners[1]]
+    desk.groups.check_consumer(name, holder, renewing=False, proof=(member.record.generation, member.key))
     granted = desk.acquire(name, holder, ttl_ms=1000)
     assert isinstance(granted, Grant)
     # every membership expires (nobody renews): p1 has no owner; its consumer renews for the grace only
