@@ -395,6 +395,16 @@ class CoordinatorClient:
         return json.loads(self._call("SubscriptionRecord", req, timeout_s).body_json or b"null")
 
 
+    # -- the admin API (coordinator/admin_api.py) -----------------------------------------------
+
+    def admin(self, verb: str, *, timeout_s: float | None = None, **args: Any) -> Any:
+        """Run an admin verb (``queue describe``, ``auth create``, ...) on the elected
+        coordinator with ``args`` (JSON-able); its result as JSON data. Refusals are typed as
+        every other call's (PermissionDenied, QueueNotFound, ...)."""
+        req = self._pb().AdminRequest(verb=verb, args_json=json.dumps(args).encode())
+        return json.loads(self._call("Admin", req, timeout_s).result_json or b"null")
+
+
 _LEASE_KINDS = {"producer": 1, "consumer": 2, "member": 3}
 
 

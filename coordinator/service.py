@@ -50,6 +50,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
+from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
@@ -63,7 +64,7 @@ from ordq.coordinator.store_base import zk_errors
 from ordq.coordinator.store_cursors import LOCK_NODE
 from ordq.coordinator.store_values import roll_transition
 from ordq.coordinator.token_book import TokenBook
-from ordq.coordinator.tokens import ANY, TokenRecord, authorize
+from ordq.coordinator.tokens import ANY, TokenRecord, authorize, identify
 
 log = logging.getLogger("ordq.coordinator.service")
 
@@ -178,6 +179,11 @@ class _Tokens:
         enforced, records = self.book.current()
         if not enforced:
             return None
+        if role == SOME:  # a listing: a valid token with a role on some queue (it sees those)
+            rec = identify(records, token, queue, ANY)
+            if not any(rec.grants.values()):
+                raise PermissionDenied(queue, ANY, f"token {rec.tid} ({rec.name or 'unnamed'}) has no role")
+            return rec
         return authorize(records, token, queue, role)
 
 
@@ -190,9 +196,10 @@ class CoordinatorService(LeaseCalls):
     def __init__(self, store: ZkStore, *, is_leader: Callable[[], bool], credentials: Credentials | None = None,
                  transport: HeadTransport | None = None, subscriber: Subscriber | None = None,
                  max_workers: int = 16, requests_first: RequestsFirst | None = None,
-                 term: Callable[[], int] | None = None) -> None:
+                 term: Callable[[], int] | None = None, admin: AdminVerbs | None = None) -> None:
         """``requests_first``: shared with this process's daemon, whose idle work waits while
-        an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``)."""
+        an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``).
+        ``admin``: the admin API's verbs (coordinator/admin_api.py; None: not served)."""
         self.store = store
         self.leases = LeaseDesk(store, term=term if term is not None else (lambda: 0))
         self.requests_first = requests_first
@@ -200,6 +207,7 @@ class CoordinatorService(LeaseCalls):
         self.credentials = credentials or Credentials()
         self._transport = transport
         self._subscriber = subscriber
+        self._admin = admin
         self._max_workers = max_workers
         self.stats = ServiceStats()
         self._stats_lock = threading.Lock()
@@ -271,7 +279,8 @@ class CoordinatorService(LeaseCalls):
         try:
             if not self.is_leader():
                 raise NotCoordinatorLeader(self._leader_address())
-            check_name("queue", queue)
+            if not (rpc == "Admin" and queue == EVERY_QUEUE):  # an admin verb about no one queue
+                check_name("queue", queue)
             first = self.requests_first if rpc in URGENT_RPCS else None
             with first.serving() if first is not None else contextlib.nullcontext():
                 answer = handle(self._tokens.check(context, queue, role or ROLE_OF[rpc]))
@@ -486,6 +495,22 @@ class CoordinatorService(LeaseCalls):
     # -- the admin API --------------------------------------------------------------------------
 
     def Admin(self, request: Any, context: Any) -> Any:  # noqa: N802
-        from ordq.wire.errors import abort_sync
+        """An admin verb (coordinator/admin_api.py): its arguments bounded before they are
+        parsed, the caller's token checked for the verb's role before its handler runs."""
+        try:
+            spec, args, queue = prepare(self._admin, request.verb, request.args_json)
+        except OrdqError as exc:
+            refusal = exc
 
-        abort_sync(context, ConfigError("this coordinator does not serve the admin API yet"))
+            def refuse(_rec: TokenRecord | None) -> Any:
+                raise refusal
+
+            return self._serve("Admin", EVERY_QUEUE, context, refuse, role=SOME)
+
+        def handle(rec: TokenRecord | None) -> Any:
+            result = spec.handler(AdminCall(self.store, args, rec))
+            if spec.changes_tokens:  # a load started after the change: the caller's next call is judged on it
+                self._tokens.book.fresh_after(self._tokens.book.now()).result(timeout=MAX_WAIT_S)
+            return self._pb.AdminResponse(result_json=json.dumps(result).encode())
+
+        return self._serve("Admin", queue, context, handle, role=spec.role)

@@ -27,11 +27,12 @@ from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.cli import main
 from ordq.common.errors import ConflictError
 from ordq.common.proc import ManagedProcess
-from ordq.common.security import of_store, provision
+from ordq.common.security import of_store, provision, register_coordinators
 from ordq.coordinator import state as sm
 from ordq.coordinator.store import ZkStore
 from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Delivered, Producer, ProducerConfig
 from ordq.wire.client import GrpcTransport
+from ordq.zk_server import free_ports
 from tests.cluster import start_coordinator
 from tests.util import wait_until
 
@@ -99,9 +100,11 @@ def make_cluster(zk_server, zk_root, tmp_path: Path, capsys) -> Iterator[Callabl
             list(pool.map(lambda g: g.start(), groups.values()))
         wait_until(lambda: store.live_groups(list(gids)) == set(gids), what="groups live")
         store.create_queue(Q, list(gids))
-        if not coordinators:  # producers and consumers ask it (issue 23)
+        if not coordinators:  # producers, consumers and the admin CLI ask it (issues 23, 37)
+            port = free_ports(1)[0]
             coordinators.append(start_coordinator("coordinator-0", zk_server.connection_string, zk_root,
-                                                  tmp_path / "run"))
+                                                  tmp_path / "run", listen=f"127.0.0.1:{port}"))
+            register_coordinators(zk_server.connection_string, zk_root, [f"127.0.0.1:{port}"])
         return Cluster(zk_server.connection_string, zk_root, store, groups, capsys)
 
     try:

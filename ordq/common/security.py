@@ -429,6 +429,11 @@ def register(zk_hosts: str, root: str, creds: Credentials, *, cluster: str | Non
     if cluster is not None:
         entry[CLUSTER_FIELD] = cluster
     with _locked_file(path) as clusters:
+        # the coordinators' addresses stay (register_coordinators): new credentials for a
+        # cluster do not move it; without them its clients could no longer find it
+        coordinators = (clusters.get(_key(zk_hosts, root)) or {}).get(COORDINATORS_FIELD)
+        if coordinators:
+            entry.setdefault(COORDINATORS_FIELD, coordinators)
         clusters[_key(zk_hosts, root)] = entry
 
 
