@@ -8,7 +8,8 @@ ZooKeeper before (``ordq/admin``, ``sdk/replicas.py``, ``coordinator/store*.py``
 may not import them, so the table is injected into ``CoordinatorService`` at start
 (``ordq/commands/coordinator.py``), as the ``subscriber`` is.
 
-Guarantee: a request's arguments over ``MAX_ARGS_BYTES`` are refused before they are parsed;
+Guarantee: a request's arguments over ``MAX_ARGS_BYTES`` are refused before they are parsed
+(typed, ConfigError), and a request over ``MAX_REQUEST_BYTES`` before it is even received whole;
 the caller's token is checked for the verb's role (in the service's frame, ``_serve``) before
 the handler runs; a listing (``SOME``) shows only the queues the token has a role on.
 
@@ -29,6 +30,12 @@ from ordq.coordinator.tokens import ANY, TokenRecord
 from ordq.coordinator.topics import partition_queue
 
 MAX_ARGS_BYTES = 1 << 20  # a verb's arguments (JSON): larger is refused unread
+# Any request to the coordinator service: gRPC itself refuses a larger one while reading it,
+# before a byte of it is a Python object (RESOURCE_EXHAUSTED). No coordinator RPC carries
+# more than an admin verb's arguments; the service's answers are not bounded by it. Measured
+# (tests/test_admin_api.py): 2 MiB requests refused after gRPC had received and decoded them
+# still grew a coordinator's RSS by ~44 MB (buffers in each handler thread's malloc arena).
+MAX_REQUEST_BYTES = MAX_ARGS_BYTES + (64 << 10)
 EVERY_QUEUE = "*"  # the scope of a verb that names no queue (tokens, topics' records, listings)
 SOME = "some"  # the role of a listing: a valid token with any role on some queue; it sees those queues
 

@@ -401,7 +401,12 @@ class CoordinatorClient:
         """Run an admin verb (``queue describe``, ``auth create``, ...) on the elected
         coordinator with ``args`` (JSON-able); its result as JSON data. Refusals are typed as
         every other call's (PermissionDenied, QueueNotFound, ...)."""
-        req = self._pb().AdminRequest(verb=verb, args_json=json.dumps(args).encode())
+        from ordq.coordinator.admin_api import MAX_ARGS_BYTES
+
+        raw = json.dumps(args).encode()
+        if len(raw) > MAX_ARGS_BYTES:  # the coordinator refuses it unread: say so without sending it
+            raise ConfigError(f"admin request too large: {len(raw)} bytes of arguments (at most {MAX_ARGS_BYTES})")
+        req = self._pb().AdminRequest(verb=verb, args_json=raw)
         return json.loads(self._call("Admin", req, timeout_s).result_json or b"null")
 
 

@@ -50,7 +50,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
-from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
+from ordq.coordinator.admin_api import EVERY_QUEUE, MAX_REQUEST_BYTES, SOME, AdminCall, AdminVerbs, prepare
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
@@ -243,7 +243,9 @@ class CoordinatorService(LeaseCalls):
             self._transport = GrpcTransport(credentials=self.credentials)
         self._tokens.watch(self.store.client, self.store.paths.root)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
-                                                        thread_name_prefix="ordq-coord-rpc"), options=GRPC_OPTIONS)
+                                                        thread_name_prefix="ordq-coord-rpc"),
+                             options=[*(o for o in GRPC_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+                                      ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
         pb_grpc.add_CoordinatorServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         if self.credentials.tls:
             from ordq.common.security import server_credentials
