@@ -100,11 +100,12 @@ def make_cluster(zk_server, zk_root, tmp_path: Path, capsys) -> Iterator[Callabl
             list(pool.map(lambda g: g.start(), groups.values()))
         wait_until(lambda: store.live_groups(list(gids)) == set(gids), what="groups live")
         store.create_queue(Q, list(gids))
-        if not coordinators:  # producers, consumers and the admin CLI ask it (issues 23, 37)
-            port = free_ports(1)[0]
+        if not coordinators:  # producers and consumers ask it (issue 23)
+            # on a port registered for (zk, root): clients named by them find it (issue 37)
+            address = f"127.0.0.1:{free_ports(1)[0]}"
+            register_coordinators(zk_server.connection_string, zk_root, [address])
             coordinators.append(start_coordinator("coordinator-0", zk_server.connection_string, zk_root,
-                                                  tmp_path / "run", listen=f"127.0.0.1:{port}"))
-            register_coordinators(zk_server.connection_string, zk_root, [f"127.0.0.1:{port}"])
+                                                  tmp_path / "run", listen=address))
         return Cluster(zk_server.connection_string, zk_root, store, groups, capsys)
 
     try:
