@@ -412,6 +412,21 @@ class CoordinatorClient:
         return json.loads(self._call("SubscriptionRecord", req, timeout_s).body_json or b"null")
 
 
+    # -- the admin API (coordinator/admin_api.py) -----------------------------------------------
+
+    def admin(self, verb: str, *, timeout_s: float | None = None, **args: Any) -> Any:
+        """Run an admin verb (``queue describe``, ``auth create``, ...) on the elected
+        coordinator with ``args`` (JSON-able); its result as JSON data. Refusals are typed as
+        every other call's (PermissionDenied, QueueNotFound, ...)."""
+        from ordq.coordinator.admin_api import MAX_ARGS_BYTES
+
+        raw = json.dumps(args).encode()
+        if len(raw) > MAX_ARGS_BYTES:  # the coordinator refuses it unread: say so without sending it
+            raise ConfigError(f"admin request too large: {len(raw)} bytes of arguments (at most {MAX_ARGS_BYTES})")
+        req = self._pb().AdminRequest(verb=verb, args_json=raw)
+        return json.loads(self._call("Admin", req, timeout_s).result_json or b"null")
+
+
 _LEASE_KINDS = {"producer": 1, "consumer": 2, "member": 3}
 
 

@@ -50,6 +50,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
+from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
 from ordq.coordinator.client import LEADER_METADATA_KEY
 from ordq.coordinator.fair_share import FairShareConfig, FairTurns
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
@@ -170,6 +171,11 @@ class _Tokens:
         enforced, records = self.book.current()
         if not enforced:
             return None
+        if role == SOME:  # a listing: a valid token with a role on some queue (it sees those)
+            rec = identify(records, token, queue, ANY)
+            if not any(rec.grants.values()):
+                raise PermissionDenied(queue, ANY, f"token {rec.tid} ({rec.name or 'unnamed'}) has no role")
+            return rec
         return authorize(records, token, queue, role)
 
     def caller(self, context: Any, rpc: str) -> str:
@@ -200,12 +206,14 @@ class CoordinatorService(LeaseCalls):
                  max_workers: int | None = None, requests_first: RequestsFirst | None = None,
                  term: Callable[[], int] | None = None, frame: FrameConfig | None = None,
                  fair: FairShareConfig | None = None,
-                 max_subscriptions_per_queue: int = MAX_SUBSCRIPTIONS_PER_QUEUE) -> None:
+                 max_subscriptions_per_queue: int = MAX_SUBSCRIPTIONS_PER_QUEUE,
+                 admin: AdminVerbs | None = None) -> None:
         """``requests_first``: shared with this process's daemon, whose idle work waits while
         an urgent request (``pacing.URGENT_RPCS``) is served (``coordinator/pacing.py``).
         ``frame``: the server's bounds (coordinator/service_frame.py); ``fair``: each caller's
         turns (coordinator/fair_share.py); ``max_subscriptions_per_queue``: Subscribe refuses a
-        queue's next one (ConfigError naming the setting)."""
+        queue's next one (ConfigError naming the setting); ``admin``: the admin API's verbs
+        (coordinator/admin_api.py; None: not served)."""
         self.store = store
         self.leases = LeaseDesk(store, term=term if term is not None else (lambda: 0))
         self.requests_first = requests_first
@@ -220,6 +228,7 @@ class CoordinatorService(LeaseCalls):
         self.turns = FairTurns(fair)  # each caller's fair turn (coordinator/fair_share.py)
         # Calls waiting for a turn, or a refusal, hold a worker: never all of them.
         self._max_workers = max_workers or self.turns.config.threads
+        self._admin = admin
         self.stats = ServiceStats()
         self._stats_lock = threading.Lock()
         self._tokens = _Tokens()
@@ -297,7 +306,8 @@ class CoordinatorService(LeaseCalls):
         with self._stats_lock:
             self.stats.calls[rpc] = self.stats.calls.get(rpc, 0) + 1
         try:
-            check_name("queue", queue)  # the name rule first: nothing else sees an unchecked name
+            if not (rpc == "Admin" and queue == EVERY_QUEUE):  # an admin verb about no one queue
+                check_name("queue", queue)  # the name rule first: nothing else sees an unchecked name
             rec = self._tokens.check(context, queue, role or ROLE_OF[rpc])  # the token before any work
             if not self.is_leader():
                 raise NotCoordinatorLeader(self._leader_address())
@@ -531,6 +541,22 @@ class CoordinatorService(LeaseCalls):
     # -- the admin API --------------------------------------------------------------------------
 
     def Admin(self, request: Any, context: Any) -> Any:  # noqa: N802
-        from ordq.wire.errors import abort_sync
+        """An admin verb (coordinator/admin_api.py): its arguments bounded before they are
+        parsed, the caller's token checked for the verb's role before its handler runs."""
+        try:
+            spec, args, queue = prepare(self._admin, request.verb, request.args_json)
+        except OrdqError as exc:
+            refusal = exc
 
-        abort_sync(context, ConfigError("this coordinator does not serve the admin API yet"))
+            def refuse(_rec: TokenRecord | None) -> Any:
+                raise refusal
+
+            return self._serve("Admin", EVERY_QUEUE, context, refuse, role=SOME)
+
+        def handle(rec: TokenRecord | None) -> Any:
+            result = spec.handler(AdminCall(self.store, args, rec))
+            if spec.changes_tokens:  # a load started after the change: the caller's next call is judged on it
+                self._tokens.book.fresh_after(self._tokens.book.now()).result(timeout=MAX_WAIT_S)
+            return self._pb.AdminResponse(result_json=json.dumps(result).encode())
+
+        return self._serve("Admin", queue, context, handle, role=spec.role)

@@ -6,12 +6,17 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 from ordq.cli import COMMANDS, build_parser, command_module, main
+from ordq.common.security import register_coordinators, unregister
 from ordq.zk_server import free_ports
-from tests.cluster import cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.cluster import (
+    cluster_fixture,  # noqa: F401 - provides the ``cluster`` fixture
+    start_coordinator,
+)
 
 
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -71,6 +76,21 @@ def test_commands_are_registered() -> None:
     )
 
 
+@pytest.fixture
+def coordinator(zk_server, zk_root, tmp_path) -> Iterator[str]:
+    """A coordinator on the test's root, registered for it: the admin CLI asks its admin API
+    (issue 37). Its address."""
+    [port] = free_ports(1)
+    address = f"127.0.0.1:{port}"
+    proc = start_coordinator("coordinator-0", zk_server.connection_string, zk_root, tmp_path / "run", listen=address)
+    register_coordinators(zk_server.connection_string, zk_root, [address])
+    try:
+        yield address
+    finally:
+        unregister(zk_server.connection_string, zk_root)
+        proc.kill()
+
+
 def one_error_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -82,7 +102,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 @pytest.mark.zk
-def test_bad_input_is_one_clear_line(zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_clear_line(zk_server, zk_root, coordinator, capsys: pytest.CaptureFixture[str]) -> None:
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)
     assert "unknown queue 'nope'" in one_error_line(capsys, *zk, "queue", "describe", "nope")
     assert "invalid queue name 'bad/name'" in one_error_line(capsys, *zk, "queue", "create", "bad/name")
@@ -96,8 +116,25 @@ def test_bad_input_is_one_clear_line(zk_server, zk_root, capsys: pytest.CaptureF
 
 def test_unreachable_zookeeper_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
     [closed] = free_ports(1)  # nobody listens there
-    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", "queue", "list")
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", "group", "list")
     assert f"cannot reach ZooKeeper at 127.0.0.1:{closed}" in line
+
+
+def test_an_admin_verb_without_a_coordinator_is_one_clear_line(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The admin CLI speaks to the coordinators (issue 37): none registered, or none answering
+    at the registered addresses, is one line naming them, exit 1, within --zk-timeout."""
+    import time
+
+    monkeypatch.setenv("ORDQ_CREDENTIALS", str(tmp_path / "credentials.json"))
+    [closed, dead] = free_ports(2)
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", "queue", "list")
+    assert "no coordinators are registered" in line and "ordq up" in line
+    register_coordinators(f"127.0.0.1:{closed}", "/ordq", [f"127.0.0.1:{dead}"])
+    began = time.monotonic()
+    line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.5", "queue", "list")
+    assert f"no coordinator answered at 127.0.0.1:{dead}" in line and "ordq up" in line
+    assert time.monotonic() - began < 5
 
 
 def test_zk_status_without_a_server_is_one_clear_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,7 +142,8 @@ def test_zk_status_without_a_server_is_one_clear_line(tmp_path, capsys: pytest.C
 
 
 @pytest.mark.zk
-def test_removing_an_unknown_group_is_an_error(zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
+def test_removing_an_unknown_group_is_an_error(zk_server, zk_root, coordinator,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)
     assert "unknown broker group 'g9'" in one_error_line(capsys, *zk, "group", "remove", "g9")
     assert "unknown queue 'q9'" in one_error_line(capsys, *zk, "queue", "delete", "q9")
@@ -222,7 +260,7 @@ def test_the_client_commands_import_no_zookeeper_client() -> None:
 
 @pytest.mark.zk
 def test_auth_revoke_never_echoes_a_token_and_create_refuses_unknown_queues(
-        zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
+        zk_server, zk_root, coordinator, capsys: pytest.CaptureFixture[str]) -> None:
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)
     secret = "S3cr3tS3cr3tS3cr3tS3cr3tS3cr3tS3cr3tS3cr3tA"
     line = one_error_line(capsys, *zk, "auth", "revoke", f"ordq_0123abcd_{secret}")
@@ -277,7 +315,7 @@ def test_options_of_a_command_are_not_taken_for_abbreviated_global_ones(capsys: 
     [closed] = free_ports(1)
     line = one_error_line(capsys, "--zk", f"127.0.0.1:{closed}", "--zk-timeout", "0.2", "sub", "reset", "q", "s",
                           "--to", "seq", "1")
-    assert "cannot reach ZooKeeper" in line
+    assert "no coordinators are registered" in line
 
 
 def test_listings_page_by_name_with_prefix_limit_and_after(capsys: pytest.CaptureFixture[str]) -> None:

@@ -64,6 +64,7 @@ def test_rolls_under_load_and_a_head_master_kill_lose_nothing(cluster: Cluster) 
 def test_roll_of_a_queue_without_an_open_segment_is_a_clear_error(cluster: Cluster) -> None:
     cluster.store.add_group("g9")  # registered, never started: nothing can be admitted
     cluster.store.create_queue("idle", ["g9"])
+    cluster.start_daemon("coordinator")  # the admin CLI asks its admin API (issue 37)
     out = cluster.ordq("queue", "roll", "idle")
     assert out.returncode == 1 and b"Traceback" not in out.stderr
     assert b"has no open segment" in out.stderr, out.stderr

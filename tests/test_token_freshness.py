@@ -25,7 +25,7 @@ import pytest
 from ordq.cli import main
 from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import PermissionDenied, QueueNotFound, TokensUnavailable
-from ordq.common.security import channel
+from ordq.common.security import channel, register_coordinators
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.token_book import REFRESH_EVERY_S, TokenBook
@@ -56,6 +56,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     cluster = LocalCluster(tmp_path_factory.mktemp("fresh") / "c",
                            ClusterConfig(groups=1, coordinators=1, root="/fresh"))
     cluster.start()
+    # where its coordinators answer, as a client finds them: the admin CLI asks them (issue 37)
+    register_coordinators(cluster.zk_hosts, cluster.root,
+                          [p.wait_for_line("SERVING ", timeout_s=30) for p in cluster.coordinators])
     admin = ZkStore.connect(cluster.zk_hosts, cluster.root, auth=cluster.admin_auth)
     channels: list[grpc.Channel] = []
     try:

@@ -20,16 +20,18 @@ from ordq.sdk.failure import moved, select
 
 
 def resolve_parked(store: ZkStore, queue: str, sub: str, action: str, *, seq: int | None = None,
-                   key: bytes | None = None, every: bool = False, reason: str | None = None) -> list[int]:
+                   key: bytes | None = None, every: bool = False, reason: str | None = None,
+                   who: str | None = None) -> list[int]:
     """Replay or drop the parked messages named by exactly one of ``seq``, ``key`` or
-    ``every``; returns their seqs (in order). ConfigError names why nothing can be done
+    ``every``; returns their seqs (in order). ``who``: the operator recorded (default: this
+    process's user). ConfigError names why nothing can be done
     (unknown seq, already resolved, replay out of its key's order, drop without a reason)."""
     if action == "drop" and not (reason and reason.strip()):
         raise ConfigError("drop needs --reason TEXT: it is recorded in the ledger")
     records = store.parked(queue, sub)
     chosen = select(records, action, seq=seq, key=key.hex() if key is not None else None, every=every)
     now_us = time.time_ns() // 1000
-    who = _operator()
+    who = who or _operator()
 
     def change(r: dict[str, Any]) -> dict[str, Any]:
         out = {**r, "status": moved(r, action)}

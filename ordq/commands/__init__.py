@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,32 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
         store.close()
         raise
     return store
+
+
+ADMIN_CALL_TIMEOUT_S = 300.0  # an admin verb's answer (a listing reads every shown queue's replicas)
+
+
+def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
+    """Run the admin verb ``verb`` on the cluster's elected coordinator (its admin API,
+    coordinator/admin_api.py) and return its result: the admin CLI holds no ZooKeeper session
+    (issue 37). The coordinators are found as clients find them: ``--bootstrap``, else the
+    ones registered for ``--zk``/``--root`` (a name, never a connection). The caller's token
+    (``--token``, ORDQ_TOKEN, the registered one) is checked by the coordinator.
+    CoordinationUnavailable, naming the addresses tried, when none answers within
+    ``--zk-timeout``."""
+    from ordq.bootstrap import coordinator, timeout_of
+    from ordq.common.errors import CoordinationUnavailable
+
+    with coordinator(args) as client:
+        tried = client.coordinators
+        deadline = time.monotonic() + timeout_of(args)
+        while not client.leader():
+            if time.monotonic() >= deadline:
+                raise CoordinationUnavailable(
+                    f"no coordinator answered at {', '.join(tried)} (`ordq up` starts the cluster; `ordq status` "
+                    "says what runs)")
+            time.sleep(0.1)
+        return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, **verb_args)
 
 
 def check_admin(store: Any, queue: str) -> None:

@@ -6,9 +6,8 @@ import argparse
 import re
 from typing import Any
 
-from ordq.commands import add_command, check_admin, open_store, wants_json
-from ordq.common.errors import ConfigError, NotFound
-from ordq.coordinator.store_base import zk_errors
+from ordq.commands import add_command, admin_call, wants_json
+from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
 
@@ -36,36 +35,23 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from ordq.coordinator.tokens import create_token, parse_grants, touch
+    from ordq.coordinator.tokens import parse_grants
 
-    grants = parse_grants(args.roles)
-    with open_store(args) as store:
-        check_admin(store, "*")
-        unknown = sorted(set(grants) - {"*"} - set(store.list_queues()))
-        if unknown and not args.allow_unknown_queue:
-            # A grant on a name no queue has is most often a typo: the token would be refused
-            # on the queue meant, far from here. Creating the queue later is what the flag is for.
-            raise NotFound(f"no queue {', '.join(unknown)} (see: ordq queue list); give --allow-unknown-queue "
-                           "to grant roles on a queue created later")
-        with zk_errors(args.zk):  # a wrong ZooKeeper credential: one line
-            rec, token = create_token(store.client, args.root, grants, args.name)
-            touch(store.client, args.root)  # brokers reload (a token is no ZooKeeper identity: no ACL changes)
+    parse_grants(args.roles)  # a usage error here, before any call
+    doc = admin_call(args, "auth create", roles=args.roles, name=args.name,
+                     allow_unknown_queue=args.allow_unknown_queue)
     if wants_json(args):
-        emit_json({**rec.describe(), "token": token})
+        emit_json(doc)
     else:
-        print(token)
-        print(f"token {rec.tid} created ({_grants(rec.describe()['grants'])}); give it with --token-file, "
+        print(doc["token"])
+        print(f"token {doc['id']} created ({_grants(doc['grants'])}); give it with --token-file, "
               "ORDQ_TOKEN, or the SDK's credentials: it is not shown again")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ordq.coordinator.tokens import enforced, load_tokens
-
-    with open_store(args) as store:
-        check_admin(store, "*")
-        on = enforced(store.client, args.root)
-        rows = [r.describe() for r in sorted(load_tokens(store.client, args.root).values(), key=lambda r: r.tid)]
+    doc = admin_call(args, "auth list")
+    on, rows = doc["enforced"], doc["tokens"]
     if wants_json(args):
         emit_json({"enforced": on, "tokens": rows})
         return 0
@@ -75,14 +61,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    from ordq.coordinator.tokens import revoke_token, token_id, touch
+    from ordq.coordinator.tokens import token_id
 
-    tid = _token_id(args.id, token_id)
-    with open_store(args) as store:
-        check_admin(store, "*")
-        with zk_errors(args.zk):
-            revoke_token(store.client, args.root, tid)
-            touch(store.client, args.root)  # brokers refuse it
+    tid = _token_id(args.id, token_id)  # a whole token never leaves this process
+    admin_call(args, "auth revoke", id=tid)
     if wants_json(args):
         emit_json({"revoked": tid})
     else:

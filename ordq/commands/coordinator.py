@@ -134,7 +134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     service = CoordinatorService(store, is_leader=lambda: bool(holder) and holder[0].stats.is_leader
                                  and bool(holder[0].store.client.connected),
                                  term=lambda: holder[0].stats.term if holder else 0,
-                                 credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first)
+                                 credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first,
+                                 admin=_admin_verbs(creds))
     address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.
     ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
@@ -197,6 +198,16 @@ def _subscriber(creds: Credentials) -> Any:
         return cursor, (at.seq if at is not None else None)
 
     return subscribe
+
+
+def _admin_verbs(creds: Credentials) -> Any:
+    """The admin API's verbs (ordq/admin/api.py), reading replicas with this coordinator's
+    credentials: the admin CLI holds no ZooKeeper session (issue 37)."""
+    from ordq.admin.api import admin_verbs
+    from ordq.sdk.replicas import ReplicaReader
+    from ordq.wire.client import GrpcTransport
+
+    return admin_verbs(lambda store: ReplicaReader(store, GrpcTransport(rpc_timeout_s=1.0, credentials=creds)))
 
 
 def _prober(store: Any, creds: Credentials) -> Any:

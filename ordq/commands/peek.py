@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ordq.commands import add_command, int_in, open_store, wants_json
+from ordq.commands import add_command, admin_call, int_in, wants_json
 from ordq.output import emit_json
 
 LIMIT_BYTES = 256  # payload, key and header values shown without --full
@@ -32,11 +32,7 @@ def _show(value: dict[str, Any], size: int | None = None) -> str:
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, read_message
-
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        peeked = read_message(store, reader, args.queue, args.seq)
-    doc = peeked.to_dict(full=args.full, limit=LIMIT_BYTES)
+    doc = admin_call(args, "peek", queue=args.queue, seq=args.seq, full=args.full, limit=LIMIT_BYTES)
     if wants_json(args):
         emit_json(doc)
         return 0

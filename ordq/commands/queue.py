@@ -11,14 +11,13 @@ import attrs
 from ordq.commands import (
     MAX_PAYLOAD_BYTES,
     add_command,
+    admin_call,
     byte_size,
-    check_token,
     duration,
     int_in,
-    open_store,
     wants_json,
 )
-from ordq.commands.paging import add_paging, page, say_next
+from ordq.commands.paging import Page, add_paging, say_next
 from ordq.common.errors import ConfigError
 from ordq.common.units import format_duration, format_size
 from ordq.coordinator.state import QueueState
@@ -122,8 +121,8 @@ def add_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
 def cmd_create(args: argparse.Namespace) -> int:
     groups = [g for g in args.groups.split(",") if g] if args.groups else None
     cfg = QueueConfig(**{name: getattr(args, name) for name in SETTINGS})
-    with open_store(args) as store:
-        st = store.create_queue(args.queue, groups, cfg)
+    st = QueueState.from_dict(admin_call(args, "queue create", queue=args.queue, groups=groups,
+                                         config=attrs.asdict(cfg)))
     if wants_json(args):
         emit_json(st.to_dict())
     else:
@@ -136,8 +135,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     changes = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
     if not changes:
         raise ConfigError("nothing to change: give at least one setting (see ordq queue update --help)")
-    with open_store(args) as store:
-        cfg = store.update_queue_config(args.queue, **changes)
+    doc = admin_call(args, "queue update", queue=args.queue, changes=changes)
+    cfg = QueueConfig(**doc["config"])
     if wants_json(args):
         emit_json({"queue": args.queue, "config": attrs.asdict(cfg)})
     else:
@@ -161,18 +160,13 @@ def settings_line(cfg: QueueConfig) -> str:
 
 
 def cmd_add_group(args: argparse.Namespace) -> int:
-    from ordq.admin.groups import add_group_to_queue
-
-    with open_store(args) as store:
-        st = add_group_to_queue(store, args.queue, args.group)
+    st = QueueState.from_dict(admin_call(args, "queue add-group", queue=args.queue, group=args.group))
     return _print_lists(args, st, f"group {args.group} serves queue {args.queue}")
 
 
 def cmd_remove_group(args: argparse.Namespace) -> int:
-    from ordq.admin.groups import remove_group_from_queue
-
-    with open_store(args) as store:
-        st = remove_group_from_queue(store, args.queue, args.group, force=args.force)
+    st = QueueState.from_dict(admin_call(args, "queue remove-group", queue=args.queue, group=args.group,
+                                         force=args.force))
     return _print_lists(args, st, f"group {args.group} removed from queue {args.queue}")
 
 
@@ -185,32 +179,14 @@ def _print_lists(args: argparse.Namespace, st: QueueState, what: str) -> int:
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    from ordq.admin.groups import roll_queue
-    from ordq.sdk.replicas import ReplicaReader
-
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        rolled = roll_queue(store, reader, args.queue)
+    rolled = admin_call(args, "queue roll", queue=args.queue)
     if wants_json(args):
-        emit_json(rolled.to_dict())
+        emit_json(rolled)
     else:
-        state = "sealed" if rolled.sealed else "sealing (completed later: no replica answered)"
-        print(f"queue {rolled.queue}: segment {rolled.sealing_seg} {state}; segment {rolled.new_seg} open on "
-              f"{rolled.head}")
+        state = "sealed" if rolled["sealed"] else "sealing (completed later: no replica answered)"
+        print(f"queue {rolled['queue']}: segment {rolled['sealing_seg']} {state}; segment {rolled['new_seg']} "
+              f"open on {rolled['head']}")
     return 0
-
-
-def summary(st: QueueState, subs: list[str]) -> dict[str, Any]:
-    open_seg = st.open_segment
-    return {
-        "queue": st.queue,
-        "groups": list(st.groups),
-        "send": list(st.send),
-        "head": st.head,
-        "open_segment": open_seg.seg if open_seg else None,
-        "segments": len(st.consume),
-        "epoch": st.producer_epoch,
-        "subscriptions": subs,
-    }
 
 
 def unknown(value: Any) -> Any:
@@ -219,24 +195,13 @@ def unknown(value: Any) -> Any:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, describe_queue
-    from ordq.common.errors import CorruptState, QueueNotFound
-
-    views, corrupt = [], []  # corrupt: one line per queue whose state does not parse
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        check_token(store)
-        shown = page(store.list_queues(), args)  # names only: one read, however many queues
-        for q in shown.names:
-            try:
-                views.append(describe_queue(store, reader, q))
-            except CorruptState as bad:  # one queue's problem: one line, the others listed
-                corrupt.append(str(bad))
-            except QueueNotFound:
-                continue  # deleted meanwhile
+    # Only the queues the caller's token has a role on (issue 42); each described by the
+    # coordinator (its replicas read there), one page at a time.
+    doc = admin_call(args, "queue list", prefix=args.prefix, after=args.after, limit=args.limit)
+    shown = Page(names=doc["names"], more=doc["more"])
+    rows, corrupt = doc["rows"], doc["corrupt"]
     for line in corrupt:
         print(f"ordq: error: {line}", file=sys.stderr)
-    rows = [{**summary(v.state, [s.name for s in v.subscriptions]), "last_seq": v.last_seq, "stored": v.stored}
-            for v in views]
     if wants_json(args):
         emit_json(rows)
     elif not rows and not corrupt:
@@ -250,25 +215,22 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, describe_queue
-
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        check_token(store, args.queue)
-        view = describe_queue(store, reader, args.queue)
+    view = admin_call(args, "queue describe", queue=args.queue)
     if wants_json(args):
-        emit_json(view.to_dict())
+        emit_json(view)
         return 0
-    st, cfg = view.state, view.config
-    print(f"queue {st.queue}  (producer epoch {st.producer_epoch}, state version {view.version})")
+    cfg = QueueConfig(**view["config"])
+    print(f"queue {view['queue']}  (producer epoch {view['producer_epoch']}, state version {view['version']})")
     print(f"settings: {settings_line(cfg)}")
-    print(f"send list: {' -> '.join(st.send) if st.send else '(empty: producers wait for a group)'}")
-    print(f"last readable seq: {unknown(view.last_seq)}   stored messages: {unknown(view.stored)}")
+    send = view["send"]
+    print(f"send list: {' -> '.join(send) if send else '(empty: producers wait for a group)'}")
+    print(f"last readable seq: {unknown(view['last_seq'])}   stored messages: {unknown(view['stored'])}")
     print("\nconsume list:")
-    if view.extents:
+    if view["consume"]:
         rows = []
-        for e in view.extents:
-            d = {**e.to_dict(), "bytes": unknown(view.sizes.get(e.seg))}
-            if e.end is None:  # no replica answered: the seq range is unknown, not empty
+        for e in view["consume"]:
+            d = {**e, "bytes": unknown(e["bytes"])}
+            if e["messages"] is None:  # no replica answered: the seq range is unknown, not empty
                 d.update(messages="?", first_seq="?", last_seq="?", read_from="(no replica answered)")
             rows.append(d)
         table(rows, ["seg", "gid", "status", "messages", "bytes", "first_seq", "last_seq", "read_from"])
@@ -276,11 +238,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         print("(empty)")
     print("\ngroups:")
     table([{**g, "live": ",".join(g["live"]) or "down", "backlog": unknown(g["backlog"]), "bytes": unknown(g["bytes"])}
-           for g in view.group_rows()],
+           for g in view["groups"]],
           ["group", "live", "drained", "in_send", "segments", "backlog", "bytes"])
     print("\nsubscriptions:")
-    if view.subscriptions:
-        table([{**s.to_dict(), "lag": unknown(s.lag)} for s in view.subscriptions],
+    if view["subscriptions"]:
+        table([{**s, "lag": unknown(s["lag"])} for s in view["subscriptions"]],
               ["subscription", "seg", "offset", "last_seq", "lag", "held_by"])
     else:
         print("(none)")
@@ -288,8 +250,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        store.delete_queue(args.queue)
+    admin_call(args, "queue delete", queue=args.queue)
     if wants_json(args):
         emit_json({"deleted": args.queue})
     else:

@@ -8,9 +8,9 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import add_command, check_admin, check_token, int_in, open_store, wants_json
+from ordq.commands import add_command, admin_call, int_in, wants_json
 from ordq.commands.paging import add_paging, page, say_next
-from ordq.common.errors import ConfigError, OrdqError
+from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
 
@@ -93,42 +93,21 @@ def register_create_delete(sub: Any) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader
-    from ordq.sdk.positions import create_subscription, parse_reset_target
+    from ordq.sdk.positions import parse_reset_target
 
-    target = parse_reset_target(args.start)
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        cursor, starts_at = create_subscription(store, reader, args.queue, args.subscription, target)
-        first = _next_text(store, reader, args.queue, cursor, starts_at)
+    parse_reset_target(args.start)  # a usage error here, before any call
+    doc = admin_call(args, "sub create", queue=args.queue, subscription=args.subscription, start=args.start)
+    first = doc.pop("first")
     if wants_json(args):
-        emit_json({"queue": args.queue, "subscription": args.subscription, "start": str(target),
-                   "cursor": cursor.to_dict(), "next_seq": starts_at.seq if starts_at else None})
+        emit_json(doc)
         return 0
-    print(f"subscription {args.queue}/{args.subscription} created at {target}: first delivered: {first}")
+    print(f"subscription {args.queue}/{args.subscription} created at {doc['start']}: first delivered: {first}")
     return 0
 
 
-def _next_text(store: Any, reader: Any, queue: str, cursor: Any, starts_at: Any) -> str:
-    """``seq N``, the message a consumer at ``cursor`` delivers next, with ``, once it is
-    sent`` only when it is not stored yet (``earliest`` on a queue holding messages resolves
-    to a cursor, not a message: issue 24 found it called seq 0 unsent)."""
-    from ordq.sdk.positions import latest_cursor
-
-    if starts_at is not None:
-        return f"seq {starts_at.seq}"
-    nxt = cursor.last_seq + 1
-    try:
-        stored = latest_cursor(store, reader, store.load_state(queue)[0]).last_seq >= nxt
-    except OrdqError:  # no replica of an open segment answered: say only what is certain
-        return f"seq {nxt}"
-    return f"seq {nxt}" if stored else f"seq {nxt}, once it is sent"
-
-
 def cmd_delete(args: argparse.Namespace) -> int:
-    from ordq.sdk.positions import delete_subscription
-
-    with open_store(args) as store:
-        holder = delete_subscription(store, args.queue, args.subscription, force=args.force)
+    doc = admin_call(args, "sub delete", queue=args.queue, subscription=args.subscription, force=args.force)
+    holder = doc["held_by"]
     if wants_json(args):
         emit_json({"queue": args.queue, "subscription": args.subscription, "deleted": True, "held_by": holder})
         return 0
@@ -141,19 +120,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_policy(args: argparse.Namespace) -> int:
     from ordq.sdk.failure import FailurePolicy
 
-    with open_store(args) as store:
-        stored = store.sub_policy(args.queue, args.subscription)
-        current = FailurePolicy(**{**stored, "backoff_s": tuple(stored["backoff_s"])}) if stored else FailurePolicy()
-        if args.on_failure is not None or args.attempts is not None or args.backoff is not None:
-            try:
-                backoff = tuple(float(b) for b in args.backoff.split(",")) if args.backoff else current.backoff_s
-            except ValueError:
-                raise ConfigError(f"bad --backoff {args.backoff!r}: seconds separated by commas") from None
-            current = FailurePolicy(on_failure=args.on_failure or current.on_failure,
-                                    attempts=args.attempts or current.attempts, backoff_s=backoff)
-            store.set_sub_policy(args.queue, args.subscription, attrs.asdict(current))
-        else:
-            store.get_cursor(args.queue, args.subscription)  # unknown queue or subscription: an error
+    change: dict[str, Any] | None = None
+    if args.on_failure is not None or args.attempts is not None or args.backoff is not None:
+        try:
+            backoff = [float(b) for b in args.backoff.split(",")] if args.backoff else None
+        except ValueError:
+            raise ConfigError(f"bad --backoff {args.backoff!r}: seconds separated by commas") from None
+        change = {"on_failure": args.on_failure, "attempts": args.attempts, "backoff_s": backoff}
+    doc = admin_call(args, "sub policy", queue=args.queue, subscription=args.subscription, set=change)
+    current = FailurePolicy(on_failure=doc["on_failure"], attempts=doc["attempts"], backoff_s=tuple(doc["backoff_s"]))
     if wants_json(args):
         emit_json({"queue": args.queue, "subscription": args.subscription, **attrs.asdict(current)})
     else:
@@ -169,9 +144,7 @@ def cmd_parked(args: argparse.Namespace) -> int:
     from ordq.sdk.replicas import format_time_us
 
     queue, sub = names
-    with open_store(args) as store:
-        check_token(store, queue)
-        records = store.parked(queue, sub)
+    records = admin_call(args, "sub parked", queue=queue, subscription=sub)["parked"]
     if wants_json(args):
         emit_json({"queue": queue, "subscription": sub, "parked": records})
     elif not records:
@@ -211,7 +184,7 @@ def _parked_action(args: argparse.Namespace) -> tuple[str, tuple[str, str]]:
 
 
 def _cmd_resolve(args: argparse.Namespace, action: str, queue: str, sub: str) -> int:
-    from ordq.admin.parked import resolve_parked
+    import getpass
 
     if args.reason is not None and action == "replay":
         raise ConfigError("--reason is for drop")
@@ -223,9 +196,13 @@ def _cmd_resolve(args: argparse.Namespace, action: str, queue: str, sub: str) ->
             key = bytes.fromhex(args.key_hex)
         except ValueError:
             raise ConfigError(f"bad --key-hex {args.key_hex!r}: hex digits, two per byte") from None
-    with open_store(args) as store:
-        check_admin(store, queue)
-        seqs = resolve_parked(store, queue, sub, action, seq=args.seq, key=key, every=args.all, reason=args.reason)
+    try:
+        operator = getpass.getuser()
+    except (KeyError, OSError):
+        operator = "unknown"
+    seqs = admin_call(args, "sub parked resolve", queue=queue, subscription=sub, action=action, seq=args.seq,
+                      key_hex=key.hex() if key is not None else None, all=args.all, reason=args.reason,
+                      operator=operator)["seqs"]
     if wants_json(args):
         emit_json({"queue": queue, "subscription": sub, "action": action, "seqs": seqs})
     elif not seqs:
@@ -244,15 +221,12 @@ def _seq_list(seqs: list[int]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, describe_queue
-
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        view = describe_queue(store, reader, args.queue)
-    by_name = {s.name: s.to_dict() for s in view.subscriptions}
+    doc = admin_call(args, "sub list", queue=args.queue)
+    by_name = {s["subscription"]: s for s in doc["subscriptions"]}
     shown = page(by_name, args)
     rows = [by_name[name] for name in shown.names]
     if wants_json(args):
-        emit_json({"queue": args.queue, "last_seq": view.last_seq, "subscriptions": rows})
+        emit_json({"queue": args.queue, "last_seq": doc["last_seq"], "subscriptions": rows})
     elif not rows and not by_name:
         print(f"queue {args.queue} has no subscriptions (a consumer creates one: ordq consume {args.queue} -s NAME)")
     elif not rows:
@@ -274,20 +248,20 @@ def blocked_text(blocked: dict[str, Any] | None) -> str | None:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, parse_reset_target, reset_subscription
+    from ordq.admin import parse_reset_target
 
-    target = parse_reset_target(args.to)
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        result = reset_subscription(store, reader, args.queue, args.subscription, target, force=args.force)
-        nxt = _next_text(store, reader, args.queue, result.after, result.starts_at)
+    parse_reset_target(args.to)  # a usage error here, before any call
+    doc = admin_call(args, "sub reset", queue=args.queue, subscription=args.subscription, to=args.to,
+                     force=args.force)
+    result, nxt = doc["result"], doc["next"]
     if wants_json(args):
-        emit_json(result.to_dict())
+        emit_json(result)
         return 0
-    b, a = result.before, result.after
-    print(f"subscription {args.queue}/{args.subscription} reset to {result.target}: "
-          f"cursor seg {b.seg} offset {b.offset} last_seq {b.last_seq} -> "
-          f"seg {a.seg} offset {a.offset} last_seq {a.last_seq}")
+    b, a = result["before"], result["after"]
+    print(f"subscription {args.queue}/{args.subscription} reset to {result['target']}: "
+          f"cursor seg {b['seg']} offset {b['offset']} last_seq {b['last_seq']} -> "
+          f"seg {a['seg']} offset {a['offset']} last_seq {a['last_seq']}")
     print(f"next delivered: {nxt}")
-    if result.forced:
-        print(f"forced while held by {result.held_by}: that consumer's next commit fails; restart it")
+    if result["forced"]:
+        print(f"forced while held by {result['held_by']}: that consumer's next commit fails; restart it")
     return 0

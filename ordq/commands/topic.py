@@ -8,8 +8,10 @@ import importlib
 import sys
 from typing import Any
 
-from ordq.commands import add_command, check_token, int_in, open_store, wants_json
-from ordq.commands.paging import add_paging, page, say_next
+import attrs
+
+from ordq.commands import add_command, admin_call, int_in, wants_json
+from ordq.commands.paging import Page, add_paging, say_next
 from ordq.commands.queue import SETTINGS, add_settings, settings_line, unknown
 from ordq.coordinator.store_values import QueueConfig
 from ordq.coordinator.topics import HASH_NAME, MAX_PARTITIONS, REKEY_NOTE, partition_queue
@@ -65,41 +67,26 @@ def register(subparsers: Any) -> None:
 def cmd_create(args: argparse.Namespace) -> int:
     groups = [g for g in args.groups.split(",") if g] if args.groups else None
     cfg = QueueConfig(**{name: getattr(args, name) for name in SETTINGS})
-    with open_store(args) as store:
-        states = store.create_topic(args.topic, args.partitions, groups, cfg)
+    doc = admin_call(args, "topic create", topic=args.topic, partitions=args.partitions, groups=groups,
+                     config=attrs.asdict(cfg))
     if wants_json(args):
-        emit_json({"topic": args.topic, "partitions": args.partitions, "hash": HASH_NAME,
-                   "queues": {q: st.to_dict() for q, st in states.items()}})
+        emit_json(doc)
     else:
-        heads = [st.head or "none yet" for st in states.values()]
+        heads = [st["send"][0] if st["send"] else "none yet" for st in doc["queues"].values()]
         print(f"topic {args.topic} created: {args.partitions} partitions {partition_queue(args.topic, 0)}.."
               f"{partition_queue(args.topic, args.partitions - 1)}; heads: {', '.join(heads)}")
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, describe_queue
-
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        topic = store.read_topic(args.topic)
-        queues = [partition_queue(args.topic, i) for i in range(topic.partitions)]
-        for q in queues:
-            check_token(store, q)
-        views = [describe_queue(store, reader, q) for q in queues]
-    rows: list[dict[str, Any]] = []
-    for i, v in enumerate(views):
-        st = v.state
-        rows.append({"partition": i, "queue": st.queue, "head": st.head, "send": list(st.send),
-                     "open_segment": st.open_segment.seg if st.open_segment else None, "segments": len(st.consume),
-                     "stored": v.stored, "last_seq": v.last_seq, "epoch": st.producer_epoch,
-                     "subscriptions": {s.name: {"lag": s.lag, "held_by": s.held_by} for s in v.subscriptions}})
+    doc = admin_call(args, "topic describe", topic=args.topic)
     if wants_json(args):
-        emit_json({"topic": args.topic, "partitions": topic.partitions, "hash": topic.hash,
-                   "config": views[0].to_dict()["config"] if views else None, "queues": rows})
+        emit_json(doc)
         return 0
-    print(f"topic {args.topic}  ({topic.partitions} partitions, hash {topic.hash})")
-    if views:
-        print(f"settings: {settings_line(views[0].config)}")
+    rows = doc["queues"]
+    print(f"topic {args.topic}  ({doc['partitions']} partitions, hash {doc['hash']})")
+    if doc["config"] is not None:
+        print(f"settings: {settings_line(QueueConfig(**doc['config']))}")
     table([{**r, "stored": unknown(r["stored"]), "last_seq": unknown(r["last_seq"]),
             "subscriptions": ", ".join(f"{n} lag {unknown(s['lag'])}" for n, s in r["subscriptions"].items()) or None}
            for r in rows],
@@ -108,19 +95,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ordq.common.errors import NotFound
-
-    rows = []
-    with open_store(args) as store:
-        shown = page(store.list_topics(), args)
-        for name in shown.names:
-            try:
-                topic = store.read_topic(name)
-                first = store.load_state(partition_queue(name, 0))[0]
-            except NotFound:
-                continue  # deleted meanwhile
-            rows.append({"topic": name, "partitions": topic.partitions, "hash": topic.hash,
-                         "groups": list(first.groups)})
+    # Only the topics whose partitions the caller's token has a role on (issue 42).
+    doc = admin_call(args, "topic list", prefix=args.prefix, after=args.after, limit=args.limit)
+    rows, shown = doc["rows"], Page(names=doc["names"], more=doc["more"])
     if wants_json(args):
         emit_json(rows)
     elif not rows:
@@ -133,19 +110,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_alter(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        new = store.alter_topic(args.topic, args.partitions, rekey=args.rekey)
+    new = admin_call(args, "topic alter", topic=args.topic, partitions=args.partitions, rekey=args.rekey)
     if wants_json(args):
-        emit_json({"topic": args.topic, "partitions": new.partitions, "hash": new.hash, "note": REKEY_NOTE})
+        emit_json({"topic": args.topic, "partitions": new["partitions"], "hash": new["hash"], "note": REKEY_NOTE})
     else:
-        print(f"topic {args.topic} re-keyed to {new.partitions} partitions")
+        print(f"topic {args.topic} re-keyed to {new['partitions']} partitions")
         print(f"note: {REKEY_NOTE}", file=sys.stderr)
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        store.delete_topic(args.topic)
+    admin_call(args, "topic delete", topic=args.topic)
     if wants_json(args):
         emit_json({"deleted": args.topic})
     else:

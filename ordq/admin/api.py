@@ -1,0 +1,340 @@
+"""The admin API's verbs (coordinator/admin_api.py): what ``ordq queue|sub|topic|auth|peek``
+ask the elected coordinator to do, each row the admin library function the CLI ran against
+ZooKeeper before (one way to do each thing). ``ordq coordinator run`` injects ``admin_verbs``
+into its service; the CLI renders the results (ordq/commands/*).
+
+Results are JSON data: what the command prints with ``--json``, or what its table is made of.
+A listing (``queue list``, ``topic list``) shows only the queues the caller's token has a role
+on (issue 42: a one-queue token listed every queue).
+
+Rules: a handler reads and writes through the store and the replicas it is given, never the
+caller's ZooKeeper session (the caller has none).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from ordq.common.errors import ConfigError, CorruptState, NotFound, OrdqError, QueueNotFound
+from ordq.coordinator.admin_api import SOME, AdminCall, AdminVerb, everywhere, on_arg
+from ordq.coordinator.state import QueueState
+from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import QueueConfig
+from ordq.coordinator.tokens import ANY
+from ordq.coordinator.topics import HASH_NAME, partition_queue
+from ordq.sdk.replicas import ReplicaReader
+
+Readers = Callable[[ZkStore], ReplicaReader]  # a reader of the replicas, with the coordinator's credentials
+
+
+def page_names(names: Iterable[str], prefix: str, after: str, limit: int) -> tuple[list[str], bool]:
+    """The names that start with ``prefix``, after ``after``, at most ``limit`` of them, in
+    name order; and whether more match (ordq/commands/paging.py)."""
+    matching = sorted(n for n in names if n.startswith(prefix) and n > after)
+    return matching[:limit], len(matching) > limit
+
+
+def _paging(call: AdminCall) -> tuple[str, str, int]:
+    prefix, after, limit = call.arg("prefix", ""), call.arg("after", ""), call.arg("limit", 100)
+    if not isinstance(prefix, str) or not isinstance(after, str) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError("paging: prefix and after are names, limit a positive integer")
+    return prefix, after, limit
+
+
+def queue_summary(st: QueueState, subs: list[str]) -> dict[str, Any]:
+    """One row of ``ordq queue list``."""
+    open_seg = st.open_segment
+    return {"queue": st.queue, "groups": list(st.groups), "send": list(st.send), "head": st.head,
+            "open_segment": open_seg.seg if open_seg else None, "segments": len(st.consume),
+            "epoch": st.producer_epoch, "subscriptions": subs}
+
+
+def _config(call: AdminCall) -> QueueConfig:
+    raw = call.arg("config", {})
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be an object of queue settings")
+    try:
+        return QueueConfig(**raw)
+    except TypeError as exc:
+        raise ConfigError(f"bad queue settings: {exc}") from None
+
+
+def _groups(call: AdminCall) -> list[str] | None:
+    groups = call.arg("groups", None)
+    if groups is not None and (not isinstance(groups, list) or not all(isinstance(g, str) for g in groups)):
+        raise ConfigError("groups must be a list of group names")
+    return groups
+
+
+def admin_verbs(readers: Readers) -> dict[str, AdminVerb]:
+    """The table of verbs a coordinator serves; ``readers(store)`` opens a ReplicaReader."""
+    from ordq.admin.groups import add_group_to_queue, remove_group_from_queue, roll_queue
+    from ordq.admin.parked import resolve_parked
+    from ordq.sdk.positions import (
+        create_subscription,
+        delete_subscription,
+        latest_cursor,
+        parse_reset_target,
+        reset_subscription,
+    )
+    from ordq.sdk.replicas import describe_queue, read_message
+
+    def next_text(store: ZkStore, reader: ReplicaReader, queue: str, cursor: Any, starts_at: Any) -> str:
+        # ``seq N``, the message a consumer at ``cursor`` delivers next, with ``, once it is
+        # sent`` only when it is not stored yet (issue 24: ``earliest`` on a queue holding
+        # messages resolves to a cursor, not a message)
+        if starts_at is not None:
+            return f"seq {starts_at.seq}"
+        nxt = cursor.last_seq + 1
+        try:
+            stored = latest_cursor(store, reader, store.load_state(queue)[0]).last_seq >= nxt
+        except OrdqError:  # no replica of an open segment answered: say only what is certain
+            return f"seq {nxt}"
+        return f"seq {nxt}" if stored else f"seq {nxt}, once it is sent"
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def queue_list(call: AdminCall) -> Any:
+        store = call.store
+        names, more = page_names((q for q in store.list_queues() if call.may_read(q)), *_paging(call))
+        rows, corrupt = [], []
+        with readers(store) as reader:
+            for q in names:
+                try:
+                    v = describe_queue(store, reader, q)
+                except CorruptState as bad:  # one queue's problem: one line, the others listed
+                    corrupt.append(str(bad))
+                    continue
+                except QueueNotFound:
+                    continue  # deleted meanwhile
+                rows.append({**queue_summary(v.state, [s.name for s in v.subscriptions]),
+                             "last_seq": v.last_seq, "stored": v.stored})
+        return {"rows": rows, "corrupt": corrupt, "names": names, "more": more}
+
+    def queue_describe(call: AdminCall) -> Any:
+        with readers(call.store) as reader:
+            return describe_queue(call.store, reader, call.arg("queue")).to_dict()
+
+    def queue_create(call: AdminCall) -> Any:
+        return call.store.create_queue(call.arg("queue"), _groups(call), _config(call)).to_dict()
+
+    def queue_update(call: AdminCall) -> Any:
+        changes = call.arg("changes")
+        if not isinstance(changes, dict) or not changes:
+            raise ConfigError("nothing to change: give at least one setting (see ordq queue update --help)")
+        return {"queue": call.arg("queue"), "config": attrs.asdict(call.store.update_queue_config(call.arg("queue"),
+                                                                                                  **changes))}
+
+    def queue_add_group(call: AdminCall) -> Any:
+        return add_group_to_queue(call.store, call.arg("queue"), call.arg("group")).to_dict()
+
+    def queue_remove_group(call: AdminCall) -> Any:
+        return remove_group_from_queue(call.store, call.arg("queue"), call.arg("group"),
+                                       force=bool(call.arg("force", False))).to_dict()
+
+    def queue_roll(call: AdminCall) -> Any:
+        with readers(call.store) as reader:
+            return roll_queue(call.store, reader, call.arg("queue")).to_dict()
+
+    def queue_delete(call: AdminCall) -> Any:
+        call.store.delete_queue(call.arg("queue"))
+        return {"deleted": call.arg("queue")}
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    def sub_list(call: AdminCall) -> Any:
+        with readers(call.store) as reader:
+            view = describe_queue(call.store, reader, call.arg("queue"))
+        return {"queue": call.arg("queue"), "last_seq": view.last_seq,
+                "subscriptions": [s.to_dict() for s in view.subscriptions]}
+
+    def sub_create(call: AdminCall) -> Any:
+        queue, sub = call.arg("queue"), call.arg("subscription")
+        target = parse_reset_target(call.arg("start", ["earliest"]))
+        with readers(call.store) as reader:
+            cursor, starts_at = create_subscription(call.store, reader, queue, sub, target)
+            first = next_text(call.store, reader, queue, cursor, starts_at)
+        return {"queue": queue, "subscription": sub, "start": str(target), "cursor": cursor.to_dict(),
+                "next_seq": starts_at.seq if starts_at else None, "first": first}
+
+    def sub_reset(call: AdminCall) -> Any:
+        queue, sub = call.arg("queue"), call.arg("subscription")
+        target = parse_reset_target(call.arg("to"))
+        with readers(call.store) as reader:
+            result = reset_subscription(call.store, reader, queue, sub, target, force=bool(call.arg("force", False)))
+            nxt = next_text(call.store, reader, queue, result.after, result.starts_at)
+        return {"result": result.to_dict(), "next": nxt}
+
+    def sub_delete(call: AdminCall) -> Any:
+        queue, sub = call.arg("queue"), call.arg("subscription")
+        holder = delete_subscription(call.store, queue, sub, force=bool(call.arg("force", False)))
+        return {"queue": queue, "subscription": sub, "deleted": True, "held_by": holder}
+
+    def sub_policy(call: AdminCall) -> Any:
+        from ordq.sdk.failure import FailurePolicy
+
+        queue, sub, store = call.arg("queue"), call.arg("subscription"), call.store
+        stored = store.sub_policy(queue, sub)
+        current = FailurePolicy(**{**stored, "backoff_s": tuple(stored["backoff_s"])}) if stored else FailurePolicy()
+        change = call.arg("set", None)
+        if change:
+            backoff = change.get("backoff_s")
+            current = FailurePolicy(on_failure=change.get("on_failure") or current.on_failure,
+                                    attempts=change.get("attempts") or current.attempts,
+                                    backoff_s=tuple(backoff) if backoff else current.backoff_s)
+            store.set_sub_policy(queue, sub, attrs.asdict(current))
+        else:
+            store.get_cursor(queue, sub)  # unknown queue or subscription: an error
+        return {"queue": queue, "subscription": sub, **attrs.asdict(current)}
+
+    def sub_parked(call: AdminCall) -> Any:
+        queue, sub = call.arg("queue"), call.arg("subscription")
+        return {"queue": queue, "subscription": sub, "parked": call.store.parked(queue, sub)}
+
+    def sub_parked_resolve(call: AdminCall) -> Any:
+        queue, sub, action = call.arg("queue"), call.arg("subscription"), call.arg("action")
+        if action not in ("replay", "drop"):
+            raise ConfigError(f"parked: replay or drop, not {action!r}")
+        key_hex = call.arg("key_hex", None)
+        who = call.arg("operator", "") or "unknown"
+        if call.token is not None:
+            who = f"{who} (token {call.token.tid})"
+        seqs = resolve_parked(call.store, queue, sub, action, seq=call.arg("seq", None),
+                              key=bytes.fromhex(key_hex) if key_hex is not None else None,
+                              every=bool(call.arg("all", False)), reason=call.arg("reason", None), who=who)
+        return {"queue": queue, "subscription": sub, "action": action, "seqs": seqs}
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def topic_list(call: AdminCall) -> Any:
+        store = call.store
+        names, more = page_names((t for t in store.list_topics() if call.may_read(partition_queue(t, 0))),
+                                 *_paging(call))
+        rows = []
+        for name in names:
+            try:
+                topic = store.read_topic(name)
+                first = store.load_state(partition_queue(name, 0))[0]
+            except NotFound:
+                continue  # deleted meanwhile
+            rows.append({"topic": name, "partitions": topic.partitions, "hash": topic.hash,
+                         "groups": list(first.groups)})
+        return {"rows": rows, "names": names, "more": more}
+
+    def topic_describe(call: AdminCall) -> Any:
+        store, name = call.store, call.arg("topic")
+        topic = store.read_topic(name)
+        queues = [partition_queue(name, i) for i in range(topic.partitions)]
+        for q in queues:
+            call.require(q, ANY)
+        with readers(store) as reader:
+            views = [describe_queue(store, reader, q) for q in queues]
+        rows: list[dict[str, Any]] = []
+        for i, v in enumerate(views):
+            st = v.state
+            rows.append({"partition": i, "queue": st.queue, "head": st.head, "send": list(st.send),
+                         "open_segment": st.open_segment.seg if st.open_segment else None,
+                         "segments": len(st.consume), "stored": v.stored, "last_seq": v.last_seq,
+                         "epoch": st.producer_epoch,
+                         "subscriptions": {s.name: {"lag": s.lag, "held_by": s.held_by} for s in v.subscriptions}})
+        return {"topic": name, "partitions": topic.partitions, "hash": topic.hash,
+                "config": views[0].to_dict()["config"] if views else None, "queues": rows}
+
+    def topic_create(call: AdminCall) -> Any:
+        name, partitions = call.arg("topic"), call.arg("partitions")
+        states = call.store.create_topic(name, partitions, _groups(call), _config(call))
+        return {"topic": name, "partitions": partitions, "hash": HASH_NAME,
+                "queues": {q: st.to_dict() for q, st in states.items()}}
+
+    def topic_alter(call: AdminCall) -> Any:
+        new = call.store.alter_topic(call.arg("topic"), call.arg("partitions"), rekey=bool(call.arg("rekey", False)))
+        return {"topic": call.arg("topic"), "partitions": new.partitions, "hash": new.hash}
+
+    def topic_delete(call: AdminCall) -> Any:
+        call.store.delete_topic(call.arg("topic"))
+        return {"deleted": call.arg("topic")}
+
+    # -- tokens ------------------------------------------------------------------------------
+
+    def auth_create(call: AdminCall) -> Any:
+        from ordq.coordinator.store_base import zk_errors
+        from ordq.coordinator.tokens import create_token, parse_grants, touch
+
+        store = call.store
+        roles = call.arg("roles")
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise ConfigError("roles must be a list of ROLE[:QUEUE]")
+        grants = parse_grants(roles)
+        unknown = sorted(set(grants) - {"*"} - set(store.list_queues()))
+        if unknown and not call.arg("allow_unknown_queue", False):
+            # A grant on a name no queue has is most often a typo: the token would be refused
+            # on the queue meant, far from here. Creating the queue later is what the flag is for.
+            raise NotFound(f"no queue {', '.join(unknown)} (see: ordq queue list); give --allow-unknown-queue "
+                           "to grant roles on a queue created later")
+        with zk_errors(store.hosts):
+            rec, token = create_token(store.client, store.paths.root, grants, str(call.arg("name", "")))
+            touch(store.client, store.paths.root)  # brokers reload (a token is no ZooKeeper identity)
+        return {**rec.describe(), "token": token}
+
+    def auth_list(call: AdminCall) -> Any:
+        from ordq.coordinator.tokens import enforced, load_tokens
+
+        client, root = call.store.client, call.store.paths.root
+        on = enforced(client, root)
+        return {"enforced": on, "tokens": [r.describe() for r in sorted(load_tokens(client, root).values(),
+                                                                        key=lambda r: r.tid)]}
+
+    def auth_revoke(call: AdminCall) -> Any:
+        from ordq.coordinator.store_base import zk_errors
+        from ordq.coordinator.tokens import revoke_token, touch
+
+        tid = call.arg("id")
+        if not isinstance(tid, str) or not re.fullmatch(r"[0-9a-f]{8}", tid):
+            raise ConfigError("not a token id: 8 hex digits, as ordq auth list shows (or the whole token)")
+        store = call.store
+        with zk_errors(store.hosts):
+            revoke_token(store.client, store.paths.root, tid)
+            touch(store.client, store.paths.root)  # brokers refuse it
+        return {"revoked": tid}
+
+    # -- one message -------------------------------------------------------------------------
+
+    def peek(call: AdminCall) -> Any:
+        seq = call.arg("seq")
+        if not isinstance(seq, int) or seq < 0:
+            raise ConfigError("peek: seq must be an integer >= 0")
+        with readers(call.store) as reader:
+            peeked = read_message(call.store, reader, call.arg("queue"), seq)
+        return peeked.to_dict(full=bool(call.arg("full", False)), limit=int(call.arg("limit", 256)))
+
+    queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
+    return {
+        "queue list": AdminVerb(SOME, everywhere, queue_list),
+        "queue describe": AdminVerb(ANY, queue, queue_describe),
+        "queue create": AdminVerb("admin", queue, queue_create),
+        "queue update": AdminVerb("admin", queue, queue_update),
+        "queue add-group": AdminVerb("admin", queue, queue_add_group),
+        "queue remove-group": AdminVerb("admin", queue, queue_remove_group),
+        "queue roll": AdminVerb("admin", queue, queue_roll),
+        "queue delete": AdminVerb("admin", queue, queue_delete),
+        "sub list": AdminVerb(ANY, sub_queue, sub_list),
+        "sub create": AdminVerb("admin", sub_queue, sub_create),
+        "sub reset": AdminVerb("admin", sub_queue, sub_reset),
+        "sub delete": AdminVerb("admin", sub_queue, sub_delete),
+        "sub policy": AdminVerb("admin", sub_queue, sub_policy),
+        "sub parked": AdminVerb(ANY, sub_queue, sub_parked),
+        "sub parked resolve": AdminVerb("admin", sub_queue, sub_parked_resolve),
+        "topic list": AdminVerb(SOME, everywhere, topic_list),
+        "topic describe": AdminVerb(ANY, topic, topic_describe),
+        "topic create": AdminVerb("admin", everywhere, topic_create),
+        "topic alter": AdminVerb("admin", everywhere, topic_alter),
+        "topic delete": AdminVerb("admin", everywhere, topic_delete),
+        "auth create": AdminVerb("admin", everywhere, auth_create, changes_tokens=True),
+        "auth list": AdminVerb("admin", everywhere, auth_list),
+        "auth revoke": AdminVerb("admin", everywhere, auth_revoke, changes_tokens=True),
+        "peek": AdminVerb("consume", queue, peek),
+    }

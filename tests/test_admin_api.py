@@ -1,0 +1,143 @@
+"""The admin CLI speaks to the coordinator's admin API, not ZooKeeper (issue 37), against real
+ZooKeeper, broker and coordinator processes: each verb authorised by the caller's token on the
+coordinator, refusals typed and counted, a listing shows only what the token may read, and an
+oversized request is refused before it is parsed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from ordq.cli import main
+from ordq.common.errors import ConfigError, OrdqError, PermissionDenied
+from ordq.common.metrics import value
+from ordq.common.security import register
+from ordq.coordinator.admin_api import MAX_ARGS_BYTES
+from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.tokens import create_token, touch
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.util import read_metrics, wait_until
+
+pytestmark = pytest.mark.zk
+
+
+def _token(cluster: Cluster, grants: dict[str, list[str]], name: str) -> str:
+    token = create_token(cluster.store.client, cluster.root, grants, name)[1]
+    touch(cluster.store.client, cluster.root)
+    return token
+
+
+def _run(cluster: Cluster, capsys: pytest.CaptureFixture[str], token: str, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["--zk", cluster.hosts, "--root", cluster.root, "--token", token, *argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def _refused(samples: Any) -> float:
+    return value(samples, "ordq_coordinator_requests_total", rpc="Admin", outcome="PermissionDenied") or 0.0
+
+
+def _coordinator_metrics(cluster: Cluster) -> str:
+    [coordinator] = [p for p in cluster.coordinators if p.alive()]
+    return coordinator.wait_for_line("METRICS ", timeout_s=10)
+
+
+def test_a_consume_token_of_one_queue_sees_and_changes_only_what_it_may(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Guard: the admin API's authorisation (coordinator/admin_api.py, CoordinatorService.Admin).
+    A consume token of queue a: ``queue list`` shows only a (issue 42: a one-queue token listed
+    every queue); ``queue describe b`` and ``queue delete a`` refused, typed PermissionDenied and
+    counted by the coordinator; nothing changed. An admin token does all of it."""
+    cluster.add_groups("g1")
+    cluster.create_queue("a")
+    cluster.create_queue("b")
+    cluster.start_daemon("coordinator")
+    admin = _token(cluster, {"*": ["admin"]}, "ops")
+    register(cluster.hosts, cluster.root, attrs.evolve(cluster.credentials, token=admin))
+    reader = _token(cluster, {"a": ["consume"]}, "reader-of-a")
+    url = _coordinator_metrics(cluster)
+
+    def listed(token: str) -> list[str] | None:
+        code, out, _ = _run(cluster, capsys, token, "queue", "list", "--json")
+        return [r["queue"] for r in json.loads(out)] if code == 0 else None
+
+    # the coordinator takes both tokens once it has read them (an unknown one waits for a load)
+    assert wait_until(lambda: listed(reader), timeout_s=30, what="the reader's listing") == ["a"]
+    code, out, _ = _run(cluster, capsys, reader, "topic", "list", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = _run(cluster, capsys, reader, "queue", "describe", "a", "--json")
+    assert code == 0 and json.loads(out)["queue"] == "a"
+    before = _refused(read_metrics(url))
+    for argv in (("queue", "describe", "b"), ("queue", "delete", "a"), ("sub", "list", "b"),
+                 ("sub", "create", "a", "s"), ("auth", "list")):
+        code, out, err = _run(cluster, capsys, reader, *argv)
+        assert code == 1 and out == "" and "permission denied" in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1
+    assert _refused(read_metrics(url)) >= before + 5
+    assert sorted(cluster.store.list_queues()) == ["a", "b"] and cluster.store.list_subscriptions("a") == []
+    # typed on the wire: the client raises PermissionDenied itself
+    with CoordinatorClient(bootstrap=cluster.bootstrap, credentials=attrs.evolve(cluster.credentials, token=reader)
+                           ) as client, pytest.raises(PermissionDenied):
+        client.admin("queue describe", queue="b", timeout_s=30)
+    # the admin token does all of it
+    assert sorted(listed(admin) or []) == ["a", "b"]
+    for argv in (("queue", "describe", "b"), ("sub", "create", "a", "s"), ("sub", "list", "a"), ("auth", "list"),
+                 ("queue", "delete", "b")):
+        code, out, err = _run(cluster, capsys, admin, *argv)
+        assert code == 0, (argv, err)
+    assert cluster.store.list_queues() == ["a"] and cluster.store.list_subscriptions("a") == ["s"]
+
+
+def _rss_kib(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+def test_an_oversized_admin_request_is_refused_before_it_is_parsed(cluster: Cluster) -> None:
+    """Guards: ``admin_api.prepare``'s bound (MAX_ARGS_BYTES, 1 MiB: typed ConfigError, counted)
+    and the coordinator server's receive limit (MAX_REQUEST_BYTES: gRPC refuses the request
+    while reading it). Arguments just over 1 MiB that are not JSON at all are refused as too
+    large, so they were never parsed; 2 MiB ones are refused by gRPC itself, and twenty of them
+    leave the coordinator's RSS within a few MiB (measured before the receive limit: +44 MB
+    for ten, refused after gRPC had decoded them; parsed, each would make ~700k Python lists);
+    the CLI's client refuses such arguments without sending them."""
+    cluster.add_groups("g1")
+    cluster.create_queue("a")
+    cluster.start_daemon("coordinator")
+    admin = _token(cluster, {"*": ["admin"]}, "ops")
+    [coordinator] = [p for p in cluster.coordinators if p.alive()]
+    assert coordinator.pid is not None
+    pb = CoordinatorClient._pb()
+    huge = b'{"prefix": "", "x": [' + b"[]," * ((2 << 20) // 3) + b"[]]}"  # ~700k lists, parsed
+    not_json = b"{" + b"x" * (MAX_ARGS_BYTES + 1024)
+    url = _coordinator_metrics(cluster)
+    with CoordinatorClient(bootstrap=cluster.bootstrap,
+                           credentials=attrs.evolve(cluster.credentials, token=admin)) as client:
+        wait_until(lambda: client.admin("queue list", timeout_s=30) is not None, timeout_s=30,
+                   what="the coordinator takes the admin token")
+        with pytest.raises(ConfigError, match="too large"):  # not sent
+            client.admin("queue list", prefix="x" * (2 << 20))
+        for _ in range(3):
+            with pytest.raises(ConfigError, match="too large"):  # typed: read, bounded, not parsed
+                client._call("Admin", pb.AdminRequest(verb="queue list", args_json=not_json), 30)
+        assert (value(read_metrics(url), "ordq_coordinator_requests_total", rpc="Admin", outcome="ConfigError")
+                or 0) >= 3
+        before = _rss_kib(coordinator.pid)
+        for _ in range(20):
+            began = time.monotonic()
+            with pytest.raises(OrdqError, match="RESOURCE_EXHAUSTED"):
+                client._call("Admin", pb.AdminRequest(verb="queue list", args_json=huge), 30)
+            assert time.monotonic() - began < 10
+        grown_kib = _rss_kib(coordinator.pid) - before
+        print(f"coordinator RSS {before} KiB, +{grown_kib} KiB after twenty 2 MiB admin requests")
+        assert grown_kib < 16 << 10, grown_kib
+        assert client.admin("queue list", timeout_s=30)["names"] == ["a"]  # and it serves on
