@@ -228,8 +228,6 @@ def test_the_coordinators_keep_their_addresses_across_down_up_and_a_restart(clus
     described()
 
 
-@pytest.mark.xfail(strict=True, reason="the SDK's Producer still opens ZooKeeper (zk_hosts) until the producer "
-                   "moves to the coordinator (branch hprod): remove this mark then")
 def test_a_producer_given_only_bootstrap_sends_before_and_after_down_up(cluster_dir: Path) -> None:
     """Guard: ``ProducerConfig(bootstrap=...)``, no zk_hosts, reaches the local cluster, and
     the same bootstrap list reaches it after ``ordq down && ordq up`` (ports kept)."""
