@@ -163,8 +163,14 @@ class CursorRecords(ZkBase):
         raise ConflictError(f"cursor reset of {queue}/{sub} failed: {results}")  # pragma: no cover
 
     def subscription_holders(self, queue: str, sub: str) -> list[str]:
-        """Identifiers of the consumers in the subscription's election (kazoo Lock contenders),
-        the one holding it first; [] when no consumer holds it."""
+        """Who consumes the subscription: the holder of its consumer lease (issue 37), else the
+        consumers in its election from before leases (kazoo Lock contenders), the one holding
+        it first; [] when no consumer holds it."""
+        from ordq.coordinator.leases import Kind, LeaseName
+
+        record, _ = self.read_lease(LeaseName(Kind.CONSUMER, queue, sub))  # type: ignore[attr-defined]
+        if record is not None and not record.released:
+            return [record.holder]
         path = self.paths.sub_leader(queue, sub)
         with self._errors():
             try:

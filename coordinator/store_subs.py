@@ -12,7 +12,14 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NoChildrenForEphemeralsError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    NoAuthError,
+    NoChildrenForEphemeralsError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 
 from ordq.common.errors import ConflictError, NotFound
 from ordq.coordinator.paths import check_name
@@ -59,7 +66,9 @@ class SubscriptionRecords(CursorRecords):
             for name in names:
                 if name == keep:
                     continue
-                with contextlib.suppress(NoNodeError):
+                # NotEmpty, NoAuth: no alarm an ordq consumer shows (`ordq up` repairs what someone
+                # else made); a grant or a release must not fail on it
+                with contextlib.suppress(NoNodeError, NotEmptyError, NoAuthError):
                     self._wait(self.client.delete_async(f"{base}/{name}"))
                     gone += 1
         return gone
@@ -86,6 +95,8 @@ class SubscriptionRecords(CursorRecords):
                     data, stat = self._read(self.client.get_async, f"{base}/{name}")
                 except NoNodeError:
                     continue  # cleared meanwhile
+                except NoAuthError:  # a node no ordq process made (`ordq up` repairs it): not an alarm
+                    continue
                 if data and (best is None or stat.ctime > best[1]):
                     best = dict(json_value(data)), int(stat.ctime)
         return best

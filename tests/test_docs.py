@@ -372,8 +372,8 @@ def deploy_on_three_machines(folder: Path, addresses: dict[str, str], wraps: dic
         for command in ("export ORDQ_ZK=$HOST1:2181,$HOST2:2181,$HOST3:2181",
                         "mkdir client && cp host1/ca.pem host1/client.pem host1/client-key.pem client/",
                         # the coordinators' addresses come with the certificate: clients hold no ZooKeeper session
-                        "ordq --bootstrap $HOST1:7100 cert register --cert client/client.pem --key client/client-key.pem "
-                        "--ca client/ca.pem --zk-tls",
+                        "ordq --bootstrap $HOST1:7100 cert register --cert client/client.pem "
+                        "--key client/client-key.pem --ca client/ca.pem --zk-tls",
                         f"ordq produce orders --count {CLIENT_MESSAGES} --audit-dir {audit_dir}",
                         f"ordq consume orders -s client --count {1000 + CLIENT_MESSAGES} --quiet "
                         f"--audit-dir {audit_dir}"):

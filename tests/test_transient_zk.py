@@ -277,7 +277,7 @@ def test_a_broker_started_while_zookeeper_is_paused_serves_once_it_answers(own_z
     with ZkStore.connect(own_zk.connection_string, root, timeout_s=10) as store:
         store.add_group("g1")
     broker = Broker(BrokerConfig(gid="g1", role=Role.SLAVE, data_dir=tmp_path / "d", zk_hosts=own_zk.connection_string,
-                                 root=root, lease_ttl_s=1.0))
+                                 root=root, zk_session_timeout_s=1.0))
     (tmp_path / "d").mkdir()
     outcome: list[object] = []
     try:
