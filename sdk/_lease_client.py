@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import attrs
 
-from ordq.common.errors import CoordinationUnavailable, LeaseLost, OrdqError, WaitTimeout
+from ordq.common.errors import CoordinationUnavailable, LeaseLost, OrdqError, PermissionDenied, WaitTimeout
 from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from ordq.coordinator.leases import CLIENT_TRUST
 
@@ -213,6 +213,13 @@ class CoordinatorLease:
             self.stats.lost += 1
             self._clock.lose(exc.reason)
             log.warning("%s lease of %s lost: %s", self.kind, self._what(), exc.reason)
+            return
+        except PermissionDenied as exc:
+            # A refusal no retry changes (a revoked token): lost; the holder's rejoin (a new
+            # Acquire) is refused in turn and ends it, instead of waiting as if unanswered.
+            self.stats.lost += 1
+            self._clock.lose(f"refused: {exc}")
+            log.warning("%s lease of %s refused: %s", self.kind, self._what(), exc)
             return
         except OrdqError as exc:
             log.debug("%s lease of %s: renewal unanswered: %s", self.kind, self._what(), exc)
