@@ -47,7 +47,12 @@ class LeaseRecords(ZkBase):
     def write_lease(self, name: LeaseName, record: LeaseRecord, version: int) -> int:
         """Write ``record`` if the node is still at ``version`` (-1: create it); its new version.
         ConflictError when another write came first."""
-        path, data = self.lease_path(name), json_bytes(record.to_dict())
+        return self._write_versioned(self.lease_path(name), json_bytes(record.to_dict()), version, f"lease {name}")
+
+    def _write_versioned(self, path: str, data: bytes, version: int, what: str) -> int:
+        """Write ``data`` at ``path`` if the node is still at ``version`` (-1: create it, with
+        its parents); the new version. ConflictError when another write came first (or the
+        node was removed meanwhile)."""
         with self._errors():
             try:
                 if version < 0:
@@ -55,9 +60,9 @@ class LeaseRecords(ZkBase):
                     return 0
                 return int(self._wait(self.client.set_async(path, data, version=version)).version)
             except (NodeExistsError, BadVersionError) as exc:
-                raise ConflictError(f"lease {name} changed meanwhile") from exc
+                raise ConflictError(f"{what} changed meanwhile") from exc
             except NoNodeError as exc:
-                raise ConflictError(f"lease {name} was removed meanwhile") from exc
+                raise ConflictError(f"{what} was removed meanwhile") from exc
 
     def lease_members(self, topic_queue: str, group: str) -> list[str]:
         """The member names with a lease node in ``group`` (of the topic's partition-0 queue)."""
@@ -98,12 +103,5 @@ class LeaseRecords(ZkBase):
     def write_group(self, topic_queue: str, group: str, generation: int, version: int) -> int:
         """Write the group's generation if its folder is still at ``version`` (-1: create it);
         the new version. ConflictError when another coordinator wrote first."""
-        path, data = self.paths.lease(Kind.MEMBER.value, topic_queue, group), json_bytes({"generation": generation})
-        with self._errors():
-            try:
-                if version < 0:
-                    self._wait(self.client.create_async(path, data, makepath=True))
-                    return 0
-                return int(self._wait(self.client.set_async(path, data, version=version)).version)
-            except (NodeExistsError, BadVersionError, NoNodeError) as exc:
-                raise ConflictError(f"group {topic_queue}/{group} changed meanwhile") from exc
+        return self._write_versioned(self.paths.lease(Kind.MEMBER.value, topic_queue, group),
+                                     json_bytes({"generation": generation}), version, f"group {topic_queue}/{group}")
