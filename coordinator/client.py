@@ -310,18 +310,15 @@ class CoordinatorClient:
 
     # -- consumer --------------------------------------------------------------------------------
 
-    def commit(self, queue: str, subscription: str, cursor: Cursor, version: int, holder: str | Held, *,
+    def commit(self, queue: str, subscription: str, cursor: Cursor, version: int, lease: Held, *,
                timeout_s: float | None = None) -> int:
-        """Write the cursor (forward only) if it is still at ``version`` and ``holder`` (the
-        consumer lease held; before leases the caller's lock node) holds the subscription; the
-        new version. ConflictError when it moved, NotLeader (LeaseLost) when the holder does not."""
+        """Write the cursor (forward only) if it is still at ``version`` and ``lease`` (the
+        subscription's consumer lease) is held; the new version. ConflictError when it moved,
+        LeaseLost when the lease is not the caller's any more."""
         pb = self._pb()
         req = pb.CommitRequest(queue=queue, subscription=subscription, version=version,
-                               cursor_json=json.dumps(cursor.to_dict()).encode())
-        if isinstance(holder, Held):
-            req.generation, req.lease_key = holder.generation, holder.key
-        else:
-            req.holder = holder
+                               cursor_json=json.dumps(cursor.to_dict()).encode(),
+                               generation=lease.generation, lease_key=lease.key)
         return int(self._call("Commit", req, timeout_s).version)
 
     def subscribe(self, queue: str, subscription: str, start: Sequence[str] = ("earliest",), *,

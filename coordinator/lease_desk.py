@@ -99,13 +99,23 @@ class LeaseDesk:
         ``MAX_HOLD_S``) for it to expire, then answer the Decision (who holds it, when to ask
         again). ConflictError when another coordinator wrote the lease meanwhile."""
         deadline = self._now() + min(max(hold_s, 0.0), MAX_HOLD_S)
+        conflicted = False
         while True:
             with self._lock_of(name):
                 book = self._known(name)
                 now = self._now()
                 decision = book.decide(name, now)
                 if decision.free:
-                    return self._grant(name, holder, decision, ttl_ms, book)
+                    try:
+                        return self._grant(name, holder, decision, ttl_ms, book)
+                    except ConflictError:
+                        # The node moved under the book (its queue or subscription deleted and
+                        # made again; another coordinator's write): decide once more on what
+                        # ZooKeeper holds now; a second conflict is the caller's.
+                        if conflicted:
+                            raise
+                        conflicted = True
+                        continue
             if decision.retry_s > deadline - now:
                 self.stats.refused_held += 1
                 return decision

@@ -31,7 +31,6 @@ from concurrent import futures
 from typing import Any
 
 import attrs
-from kazoo.exceptions import NoNodeError
 
 from ordq.common.errors import (
     AlreadyExists,
@@ -43,7 +42,6 @@ from ordq.common.errors import (
     InvariantViolation,
     NoGroupAvailable,
     NotCoordinatorLeader,
-    NotLeader,
     OrdqError,
     PermissionDenied,
     QueueNotFound,
@@ -55,7 +53,7 @@ from ordq.coordinator.client import LEADER_METADATA_KEY
 from ordq.coordinator.fair_share import FairShareConfig, FairTurns
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
-from ordq.coordinator.leases import Kind, LeaseName
+from ordq.coordinator.leases import Kind
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.seal import run_seal
@@ -63,8 +61,6 @@ from ordq.coordinator.service_frame import FrameConfig, safe, shown
 from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store import ZkStore
-from ordq.coordinator.store_base import zk_errors
-from ordq.coordinator.store_cursors import LOCK_NODE
 from ordq.coordinator.store_values import roll_transition
 from ordq.coordinator.token_book import TokenBook
 from ordq.coordinator.tokens import ANY, TokenRecord, authorize, identify
@@ -103,20 +99,6 @@ def check_epoch_key(st: QueueState, epoch: int, key: str) -> None:
         raise EpochNotIssued(st.queue, epoch, st.producer_epoch)
     if st.producer_key is not None and not hmac.compare_digest(key_hash(key), st.producer_key):
         raise EpochNotIssued(st.queue, epoch, st.producer_epoch, key_mismatch=True)
-
-
-def lock_contenders(store: ZkStore, path: str) -> list[str]:
-    """Child names of a kazoo Lock/Election node, first contender first (synced first: the
-    caller may have just created its node through another ZooKeeper server)."""
-    client = store.client
-    with zk_errors(store.hosts):
-        try:
-            client.sync_async(path).get(timeout=5.0)
-            children = client.get_children_async(path).get(timeout=5.0)
-        except NoNodeError:
-            return []
-    nodes = sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None)
-    return [c for _, c in nodes]
 
 
 @attrs.define
@@ -467,24 +449,11 @@ class CoordinatorService(LeaseCalls):
             cursor = Cursor.from_dict(json.loads(req.cursor_json))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"bad cursor: {exc}") from exc
-        holder: str | tuple[str, int]
-        if req.lease_key or not req.holder:
-            _who, lease_version = check_lease(self.leases, Kind.CONSUMER, q, sub, req.generation, req.lease_key,
-                                              "consume")
-            holder = (self.store.paths.lease(Kind.CONSUMER.value, q, sub), lease_version)
-        else:  # a client from before leases (issue 37), in its ZooKeeper election
-            if self.leases.holder(LeaseName(Kind.CONSUMER, q, sub)) is not None:
-                # The subscription's consumers hold leases now: nobody contends in its election,
-                # so a node planted there would be "first" (issue 37's forged-holder commit).
-                raise NotLeader(q, sub, "the subscription's consumer holds a lease: commits carry it")
-            path = self.store.paths.sub_leader(q, sub)
-            name = req.holder.rpartition("/")[2]
-            if not name or (req.holder.startswith("/") and req.holder.rpartition("/")[0] != path):
-                raise NotLeader(q, sub, "the commit names no lock node of the subscription's election")
-            first = lock_contenders(self.store, path)
-            if not first or first[0] != name:
-                raise NotLeader(q, sub, "its lock node is not the first of the subscription's election")
-            holder = f"{path}/{name}"
+        # Only the holder of the subscription's consumer lease commits (issue 37): the write is
+        # conditional on the lease node's version, so a successor's grant fences it.
+        _who, lease_version = check_lease(self.leases, Kind.CONSUMER, q, sub, req.generation, req.lease_key,
+                                          "consume")
+        holder = (self.store.paths.lease(Kind.CONSUMER.value, q, sub), lease_version)
         current, version = self.store.get_cursor(q, sub)
         if version != req.version:
             raise ConflictError(f"cursor of {q}/{sub} moved since version {req.version}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import attrs
@@ -25,7 +26,6 @@ from ordq.coordinator.lease_desk import Grant, LeaseDesk
 from ordq.coordinator.leases import Decision, Kind, LeaseName
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.store import ZkStore
-from ordq.coordinator.store_cursors import LOCK_NODE
 from ordq.coordinator.tokens import TokenRecord
 from ordq.coordinator.topics import partition_queue
 
@@ -33,6 +33,10 @@ log = logging.getLogger("ordq.coordinator.service")
 
 # LeaseKind on the wire (proto enum numbers) -> our kind and the role its holder needs.
 _KINDS = {1: (Kind.PRODUCER, "produce"), 2: (Kind.CONSUMER, "consume"), 3: (Kind.MEMBER, "consume")}
+
+# A contender node of the coordinators' election (a kazoo Election):
+# "<uuid>__lock__<10-digit sequence>"; the first in sequence order leads.
+LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
 
 
 def lease_name(req: Any) -> tuple[LeaseName, str]:

@@ -11,10 +11,6 @@ become ordq's here, as everywhere in the store.
 
 from __future__ import annotations
 
-import contextlib
-import re
-from collections.abc import Iterator
-
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from ordq.common.errors import (
@@ -34,13 +30,9 @@ from ordq.coordinator.state import Cursor
 from ordq.coordinator.store_base import ZkBase, raise_first
 from ordq.coordinator.store_values import json_bytes, json_value
 
-# A contender node of a kazoo Lock / Election: "<uuid>__lock__<10-digit sequence>" (the
-# consumer election of a subscription, the coordinators' election).
-LOCK_NODE = re.compile(r"__lock__(-?\d{10})$")
-
 
 class CursorRecords(ZkBase):
-    """Subscriptions, their cursors and their consumer election (a part of ZkStore)."""
+    """Subscriptions and their cursors (a part of ZkStore)."""
 
     def create_subscription(self, queue: str, sub: str, *, at: str | Cursor = "earliest") -> Cursor:
         """Create ``sub`` at ``earliest`` (the oldest kept message) or at an explicit cursor.
@@ -87,15 +79,14 @@ class CursorRecords(ZkBase):
         return Cursor.from_dict(json_value(data)), stat.version
 
     def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *,
-                      holder: str | tuple[str, int] | None = None) -> int:
+                      holder: tuple[str, int] | None = None) -> int:
         """Write the cursor if nobody else did since ``version``; return the new version.
         ConflictError when it moved (another consumer or an admin reset took over).
 
-        ``holder``: the committer's lock node (an ephemeral node of its session). The write
-        then applies only while that node exists, in the same transaction, so a consumer whose
-        session expired cannot move the cursor, not even after kazoo opened a new session for
-        it: NotLeader instead. A ``(lease node, version)`` pair: the write applies only while the
-        consumer lease's node is at that version (no grant since: coordinator/store_leases.py)."""
+        ``holder``: the committer's consumer lease as ``(lease node, version)``: the write
+        applies, in the same transaction, only while that node is at that version (no grant
+        since: coordinator/store_leases.py), so a consumer whose lease was granted again
+        cannot move the cursor: NotLeader instead."""
         path, data = self.paths.sub(queue, sub), json_bytes(cursor.to_dict())
         for _ in range(50):
             try:
@@ -116,7 +107,7 @@ class CursorRecords(ZkBase):
         raise CoordinationUnavailable(f"cursor of {queue}/{sub}: 50 writes lost on the way to ZooKeeper")
 
     def _write_cursor(self, queue: str, sub: str, path: str, data: bytes, version: int,
-                      holder: str | tuple[str, int] | None) -> int:
+                      holder: tuple[str, int] | None) -> int:
         if holder is None:
             try:
                 return int(self._wait(self.client.set_async(path, data, version=version)).version)
@@ -125,18 +116,13 @@ class CursorRecords(ZkBase):
             except NoNodeError as exc:
                 raise SubscriptionNotFound(queue, sub) from exc
         tx = self.client.transaction()
-        if isinstance(holder, tuple):
-            tx.check(holder[0], holder[1])  # the lease node, as at its grant
-        else:
-            tx.check(holder, -1)  # -1: any version; fails only when the node is gone
+        tx.check(holder[0], holder[1])  # the lease node, as at its grant
         tx.set_data(path, data, version=version)
         results = self._wait(tx.commit_async())
         if not any(isinstance(r, Exception) for r in results):
             return int(results[1].version)
-        if isinstance(results[0], BadVersionError):
+        if isinstance(results[0], (BadVersionError, NoNodeError)):
             raise NotLeader(queue, sub, "its consumer lease was granted again since")
-        if isinstance(results[0], NoNodeError):
-            raise NotLeader(queue, sub, "its lock node is gone: the session expired")
         if isinstance(results[1], BadVersionError):
             raise ConflictError(f"cursor of {queue}/{sub} moved since version {version}")
         if isinstance(results[1], NoNodeError):
@@ -162,48 +148,16 @@ class CursorRecords(ZkBase):
         raise_first(results)
         raise ConflictError(f"cursor reset of {queue}/{sub} failed: {results}")  # pragma: no cover
 
-    def subscription_holders(self, queue: str, sub: str) -> list[str]:
-        """Who consumes the subscription: the holder of its consumer lease (issue 37), else the
-        consumers in its election from before leases (kazoo Lock contenders), the one holding
-        it first; [] when no consumer holds it."""
+    def subscription_holder(self, queue: str, sub: str) -> str | None:
+        """The holder of the subscription's consumer lease (issue 37) as last granted; None
+        when none was granted or it was released. SubscriptionNotFound when it is gone."""
         from ordq.coordinator.leases import Kind, LeaseName
 
         record, _ = self.read_lease(LeaseName(Kind.CONSUMER, queue, sub))  # type: ignore[attr-defined]
         if record is not None and not record.released:
-            return [record.holder]
-        path = self.paths.sub_leader(queue, sub)
-        with self._errors():
-            try:
-                children = self._read(self.client.get_children_async, path)
-            except NoNodeError:
-                self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
-                return []
-            nodes = sorted((m.group(1), c) for c in children if (m := LOCK_NODE.search(c)) is not None)
-            holders = []
-            for _, child in nodes:
-                try:
-                    data, _ = self._read(self.client.get_async, f"{path}/{child}")
-                except NoNodeError:
-                    continue  # released meanwhile
-                holders.append(data.decode("utf-8", "replace") if data else "")
-        return holders
-
-    @contextlib.contextmanager
-    def subscription_lease(self, queue: str, sub: str, identifier: str) -> Iterator[bool]:
-        """Try, without waiting, to hold the subscription's consumer election for the block;
-        yields whether it got it. While held, no consumer can start on the subscription (a
-        starting one waits, then reads the cursor as this block left it)."""
-        self.get_cursor(queue, sub)  # never create the election under a missing subscription
-        lock = self.client.Lock(self.paths.sub_leader(queue, sub), identifier)
-        with self._errors():
-            # if we stop waiting and it gets the lock later, it lets it go at once
-            got = self._in_thread(lambda: bool(lock.acquire(blocking=False)), undo=lambda won: won and lock.release())
-        try:
-            yield got
-        finally:
-            if got:
-                with self._errors():
-                    self._in_thread(lock.release)  # on a timeout it goes on in the background
+            return str(record.holder)
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
+        return None
 
     def delete_subscription(self, queue: str, sub: str) -> None:
         with self._errors():

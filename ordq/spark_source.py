@@ -55,6 +55,15 @@ CHUNK_MESSAGES = 50_000  # per Spark task (a range of one segment)
 _OPTIONS = ("zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch")
 
 
+def operator_store(zk: str, root: str, **connect: Any) -> ZkStore:
+    """The cluster's ZooKeeper as its operator reads it: with the ZooKeeper credential the
+    credentials file (or ORDQ_ZK_AUTH) holds for it; ZooKeeper lets no one else read a
+    cluster's nodes (issue 37). The Spark workers of a local run find the same file."""
+    from ordq.common.security import lookup
+
+    return ZkStore.connect(zk, root, auth=lookup(zk, root).zk_auth, **connect)
+
+
 def register(spark: SparkSession) -> None:
     """Make ``spark.readStream.format("ordq")`` available in this session."""
     spark.dataSource.register(OrdqDataSource)
@@ -350,7 +359,7 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
     def _connect(self) -> tuple[ZkStore, ReplicaReader]:
         if self._store is None or self._reader is None:
             o = self.options
-            self._store = ZkStore.connect(o.zk, o.root)
+            self._store = operator_store(o.zk, o.root)
             self._reader = ReplicaReader(self._store, rpc_timeout_s=o.rpc_timeout_s)
         return self._store, self._reader
 
@@ -389,7 +398,7 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         if not isinstance(partition, SegmentRange):
             raise TypeError(f"not an ordq segment range: {partition!r}")
         o = self.options
-        with ZkStore.connect(o.zk, o.root) as store, ReplicaReader(store, rpc_timeout_s=o.rpc_timeout_s) as reader:
+        with operator_store(o.zk, o.root) as store, ReplicaReader(store, rpc_timeout_s=o.rpc_timeout_s) as reader:
             for got in read_range(reader, partition, replica_wait_s=o.replica_wait_s):
                 if got.seqs:
                     yield to_arrow(partition.segment.seg, got)

@@ -1,7 +1,7 @@
 """Moving a subscription's cursor (``ordq sub reset``).
 
 Guarantee: a cursor is written only while this process holds the subscription's consumer
-election itself (so no consumer runs on the old cursor meanwhile), unless forced, and only if
+lease itself (so no consumer runs on the old cursor meanwhile), unless forced, and only if
 neither the cursor nor the queue state moved since the target was computed (so it is inside
 the consume list: I5). A reset cursor names the position of its target message *and*
 ``last_seq = target seq - 1``: the consumer's delivery filter drops seqs <= ``last_seq``, so
@@ -158,7 +158,7 @@ def reset_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: s
     the subscription unless ``force``; the write is conditional on the cursor and the queue
     state not moving since the target was computed, re-computed on a conflict."""
     store.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
-    with _reset_lease(store, queue, sub) as holder:
+    with _consumer_lease(store, queue, sub, "reset") as holder:
         if holder is not None and not force:
             raise SubscriptionHeld(queue, sub, holder)
         for _ in range(attempts):
@@ -193,9 +193,6 @@ def delete_subscription(store: ZkStore, queue: str, sub: str, *, force: bool = F
     was deleted under, if forced."""
     store.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound
     with _consumer_lease(store, queue, sub, "delete") as holder:
-        if holder is None:  # consumers from before leases hold the election
-            holders = store.subscription_holders(queue, sub)
-            holder = holders[0] if holders else None
         if holder is not None and not force:
             raise SubscriptionHeld(queue, sub, holder)
         store.delete_subscription(queue, sub)
@@ -222,21 +219,5 @@ def _consumer_lease(store: ZkStore, queue: str, sub: str, action: str) -> Iterat
                 coord.release(got, timeout_s=5.0)
             except OrdqError:  # deleted with the subscription, or unreachable: it runs out
                 pass
-
-
-@contextlib.contextmanager
-def _reset_lease(store: ZkStore, queue: str, sub: str) -> Iterator[str | None]:
-    """Hold the subscription for the reset (yields None): its consumer lease, and its election
-    for consumers from before leases; else yield the id of the consumer holding it."""
-    with _consumer_lease(store, queue, sub, "reset") as holder:
-        if holder is not None:
-            yield holder
-            return
-        with store.subscription_lease(queue, sub, admin_id("reset")) as got:
-            if got:
-                yield None
-            else:
-                holders = store.subscription_holders(queue, sub)
-                yield holders[0] if holders else "?"
 
 

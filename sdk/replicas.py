@@ -207,13 +207,12 @@ class SubscriptionView:
     name: str
     cursor: Cursor
     lag: int | None
-    held_by: str | None  # the consumer holding the subscription's election
-    standbys: tuple[str, ...]
+    held_by: str | None  # the consumer its consumer lease was last granted to (None: released, never)
     blocked: dict[str, Any] | None = None  # the message its consumer is blocked on (Consumer.run, block)
 
     def to_dict(self) -> dict[str, Any]:
         return {"subscription": self.name, **self.cursor.to_dict(), "lag": self.lag, "held_by": self.held_by,
-                "standbys": list(self.standbys), "blocked": self.blocked}
+                "blocked": self.blocked}
 
 
 @attrs.frozen
@@ -282,12 +281,11 @@ def subscription_views(store: ZkStore, queue: str, last_seq: int | None) -> list
     for sub in store.list_subscriptions(queue):
         try:
             cursor, _ = store.get_cursor(queue, sub)
-            holders = store.subscription_holders(queue, sub)
+            holder = store.subscription_holder(queue, sub)
             blocked = store.blocked(queue, sub)
         except NotFound:
             continue  # deleted meanwhile
-        out.append(SubscriptionView(sub, cursor, lag(cursor, last_seq), holders[0] if holders else None,
-                                    tuple(holders[1:]), blocked))
+        out.append(SubscriptionView(sub, cursor, lag(cursor, last_seq), holder, blocked))
     return out
 
 

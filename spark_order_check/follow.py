@@ -37,11 +37,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ordq.coordinator.state import Cursor
-from ordq.coordinator.store import ZkStore
 from ordq.sdk.replicas import ReplicaReader
 from ordq.spark_order_check._checks import instance_findings
 from ordq.spark_order_check._session import make_session
-from ordq.spark_source import readable_end, register
+from ordq.spark_source import operator_store, readable_end, register
 
 VIOLATIONS = ("duplicate", "gap", "out_of_order")
 _STREAM = "follow"  # the subscription / consumer columns of the rule code's stream key
@@ -175,7 +174,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     """Check the queue until a violation, ``until_s`` / ``until_seq``, or Ctrl-C; the verdict
     is ``clean``, ``violations`` or ``error`` (the query failed for another reason)."""
     # A missing ZooKeeper or queue: a one-line error before Spark starts.
-    store = ZkStore.connect(o.zk, o.root, timeout_s=o.zk_timeout_s)
+    store = operator_store(o.zk, o.root, timeout_s=o.zk_timeout_s)
     try:
         store.load_state(o.queue)
     except BaseException:

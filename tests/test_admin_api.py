@@ -143,3 +143,19 @@ def test_an_oversized_admin_request_is_refused_before_it_is_parsed(cluster: Clus
         print(f"coordinator RSS {before} KiB, +{grown_kib} KiB after twenty 2 MiB admin requests")
         assert grown_kib < 16 << 10, grown_kib
         assert client.admin("queue list", timeout_s=30)["names"] == ["a"]  # and it serves on
+
+
+def test_unknown_names_exit_1_with_one_line(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Removing or reading what does not exist is an error of one line, not a silent success
+    nor a traceback (the admin API types QueueNotFound, SubscriptionNotFound on the wire)."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    zk = ["--zk", cluster.hosts, "--root", cluster.root]
+    for argv, message in [(("queue", "delete", "nosuch"), "unknown queue 'nosuch'"),
+                          (("queue", "describe", "nosuch"), "unknown queue 'nosuch'"),
+                          (("sub", "delete", "q", "nosuch"), "nosuch"),
+                          (("sub", "delete", "nosuch", "s"), "unknown queue 'nosuch'")]:
+        assert main([*zk, *argv]) == 1, argv
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ordq: error: ") and message in lines[0], (argv, err)

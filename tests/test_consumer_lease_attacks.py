@@ -5,17 +5,19 @@ other subscription's cursor and records are unchanged."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import attrs
 import pytest
 
-from ordq.common.errors import LeaseLost, NotLeader, OrdqError, PermissionDenied
+from ordq.common.errors import LeaseLost, OrdqError, PermissionDenied
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
 from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.sdk._lease_client import CoordinatorLease
+from ordq.wire import ordq_pb2 as pb
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import wait_until
 
@@ -33,10 +35,11 @@ def refused(call: object) -> OrdqError | None:
 def test_a_consume_token_cannot_commit_for_another_subscription(cluster: Cluster) -> None:
     """Guards: ``check_lease`` in Commit and ``LeaseDesk.check`` in SubscriptionRecord (a lease
     is checked against the record of the subscription the request names: its generation and the
-    digest of its secret key), and the election path's refusal once a subscription's consumer
-    holds a lease (coordinator/service.py ``_commit``). Failing first: before that refusal, a
-    node planted in subscription b's (now empty) election was its "first contender", and a
-    commit naming it moved b's cursor past messages b's consumer never delivered."""
+    digest of its secret key); a commit carrying no lease is refused, whatever lock node it
+    names (coordinator/service.py ``_commit``: the election path from before leases is gone).
+    Failing first: while that path was there, a node planted in subscription b's (now empty)
+    election was its "first contender", and a commit naming it moved b's cursor past messages
+    b's consumer never delivered."""
     cluster.add_groups("g1")
     cluster.create_queue("q", ["g1"])
     with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=30.0)) as p:
@@ -64,7 +67,6 @@ def test_a_consume_token_cannot_commit_for_another_subscription(cluster: Cluster
         moved = Cursor(seg=before.seg, offset=before.offset + 1, last_seq=before.last_seq + 1)
         lost0 = cluster.coordinator_requests(rpc="Commit", outcome="LeaseLost")
         denied0 = cluster.coordinator_requests(rpc="Commit", outcome="PermissionDenied")
-        not_leader0 = cluster.coordinator_requests(rpc="Commit", outcome="NotLeader")
         records0 = cluster.coordinator_requests(rpc="SubscriptionRecord", outcome="LeaseLost")
 
         forged = Held(kind="consumer", queue="q", sub="b", holder="attacker", generation=b_lease.generation,
@@ -86,15 +88,16 @@ def test_a_consume_token_cannot_commit_for_another_subscription(cluster: Cluster
         assert isinstance(refused(lambda: attacker.commit("q", "b", moved, version, no_lease)), PermissionDenied)
         planted = cluster.store.client.create(f"{cluster.paths.sub_leader('q', 'b')}/x__lock__", b"attacker",
                                               ephemeral=True, sequence=True, makepath=True)
-        exc = refused(lambda: attacker.commit("q", "b", moved, version, planted))
-        assert isinstance(exc, NotLeader), exc
+        naming_it = pb.CommitRequest(queue="q", subscription="b", version=version, holder=planted,
+                                     cursor_json=json.dumps(moved.to_dict()).encode())
+        exc = refused(lambda: attacker._call("Commit", naming_it, 5.0))  # as a client from before leases sent it
+        assert isinstance(exc, PermissionDenied), exc
 
         assert cluster.store.get_cursor("q", "b") == (before, version)  # nothing moved
         assert cluster.store.parked("q", "b") == [] and cluster.store.blocked("q", "b") is None
         assert cluster.consumer_lease("q", "b") == b_lease  # b's consumer keeps its lease
         assert cluster.coordinator_requests(rpc="Commit", outcome="LeaseLost") == lost0 + 3
-        assert cluster.coordinator_requests(rpc="Commit", outcome="PermissionDenied") == denied0 + 1
-        assert cluster.coordinator_requests(rpc="Commit", outcome="NotLeader") == not_leader0 + 1
+        assert cluster.coordinator_requests(rpc="Commit", outcome="PermissionDenied") == denied0 + 2
         assert cluster.coordinator_requests(rpc="SubscriptionRecord", outcome="LeaseLost") == records0 + 9
         # b's consumer is untouched: it delivers seq 0 and commits.
         got: list[int] = []

@@ -1,6 +1,7 @@
 """Issue 23: what a client may ask the coordinator service for, consumer side. A consume token of
 one queue commits and subscribes on that queue only; a commit moves a cursor only for the holder
-of the subscription's election. Refusals are typed, counted by the service, and move nothing.
+of the subscription's consumer lease (issue 37; forged leases: tests/test_consumer_lease_attacks.py).
+Refusals are typed, counted by the service, and move nothing.
 
 The service is the coordinator process the test cluster starts with its first queue; refusals
 are read from its metrics (``ordq_coordinator_requests_total{rpc, outcome}``)."""
@@ -12,9 +13,9 @@ import uuid
 import attrs
 import pytest
 
-from ordq.common.errors import NotLeader, OrdqError, PermissionDenied
+from ordq.common.errors import LeaseLost, OrdqError, PermissionDenied
 from ordq.common.metrics import value
-from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
@@ -43,6 +44,7 @@ def test_a_consume_token_of_one_queue_cannot_commit_or_subscribe_on_another(clus
         cluster.create_queue(q, ["g1"])
     cluster.store.create_subscription("b", "s")
     _, token_a = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "consumer of a")
+    _, token_b = create_token(cluster.store.client, cluster.root, {"b": ["consume"]}, "consumer of b")
     touch(cluster.store.client, cluster.root)
     anonymous = CoordinatorClient(cluster.store, credentials=cluster.credentials, timeout_s=5)
     holder_of_a = CoordinatorClient(cluster.store, credentials=attrs.evolve(cluster.credentials, token=token_a),
@@ -51,16 +53,17 @@ def test_a_consume_token_of_one_queue_cannot_commit_or_subscribe_on_another(clus
         # The service learns of tokens through a ZooKeeper watch: wait until it enforces them.
         wait_until(lambda: isinstance(refused(lambda: anonymous.pop("b")), PermissionDenied), timeout_s=30,
                    interval_s=0.05, what="the coordinator service enforcing tokens")
-        lock = cluster.store.client.Lock(cluster.paths.sub_leader("b", "s"), "the real consumer of b")
-        assert lock.acquire(timeout=10)
+        with CoordinatorClient(cluster.store, credentials=attrs.evolve(cluster.credentials, token=token_b),
+                               timeout_s=5) as consumer_of_b:
+            real = consumer_of_b.acquire("consumer", "b", "s", "real-consumer-of-b")
+        assert isinstance(real, Held)
         before = cluster.store.get_cursor("b", "s")
         subs_before = cluster.store.list_subscriptions("b")
         denied_before = refusals(cluster, "PermissionDenied")
         moved = Cursor(seg=before[0].seg, offset=before[0].offset + 13, last_seq=before[0].last_seq + 13)
-        holder = f"{lock.path}/{lock.node}"
         for what, call in (
                 ("Subscribe on b", lambda: holder_of_a.subscribe("b", "stolen")),
-                ("Commit on b", lambda: holder_of_a.commit("b", "s", moved, before[1], holder)),
+                ("Commit on b", lambda: holder_of_a.commit("b", "s", moved, before[1], real)),
                 ("EnsureParkingQueue on b", lambda: holder_of_a.ensure_parking_queue("b", "s"))):
             err = refused(call)
             assert isinstance(err, PermissionDenied), (what, err)
@@ -73,42 +76,42 @@ def test_a_consume_token_of_one_queue_cannot_commit_or_subscribe_on_another(clus
         # Its own queue: allowed.
         cursor, _ = holder_of_a.subscribe("a", "mine")
         assert cluster.store.get_cursor("a", "mine")[0] == cursor
-        lock.release()
     finally:
         anonymous.close()
         holder_of_a.close()
 
 
-def test_a_commit_from_anyone_but_the_election_holder_moves_nothing(cluster: Cluster) -> None:
+def test_a_commit_from_anyone_but_the_lease_holder_moves_nothing(cluster: Cluster) -> None:
+    """Guard: ``check_lease`` in ``_commit`` (coordinator/service.py), then the cursor write
+    conditional on the lease node's version. The election path from before leases is gone:
+    a commit naming a lock node (as the issue's forged ``x__lock__-0000000001`` did) carries
+    no lease and is refused."""
     cluster.add_groups("g1")
     cluster.create_queue("q", ["g1"])
     cluster.store.create_subscription("q", "s")
     cluster.store.create_subscription("q", "other")
-    path = cluster.paths.sub_leader("q", "s")
-    lock = cluster.store.client.Lock(path, "the real consumer")
-    assert lock.acquire(timeout=10)
-    other = cluster.store.client.Lock(cluster.paths.sub_leader("q", "other"), "holder of another subscription")
-    assert other.acquire(timeout=10)
-    # A second contender, in line behind the holder (as a standby consumer is).
-    behind = cluster.store.client.create(f"{path}/{uuid.uuid4().hex}__lock__", b"standby", ephemeral=True,
-                                         sequence=True)
     client = CoordinatorClient(cluster.store, credentials=cluster.credentials, timeout_s=5)
     try:
+        lease = client.acquire("consumer", "q", "s", "real-consumer")
+        other = client.acquire("consumer", "q", "other", "holder-of-other")
+        assert isinstance(lease, Held) and isinstance(other, Held)
         cursor, version = cluster.store.get_cursor("q", "s")
         moved = Cursor(seg=cursor.seg, offset=cursor.offset + 13, last_seq=cursor.last_seq + 13)
-        denied_before = refusals(cluster, "NotLeader")
-        for what, holder in (("a contender behind the holder", behind), ("no lock node", ""),
-                             ("a lock node name only", behind.rpartition("/")[2]),
-                             ("the holder of another subscription", f"{other.path}/{other.node}"),
-                             ("a made-up node", f"{path}/{uuid.uuid4().hex}__lock__0000000099")):
-            err = refused(lambda h=holder: client.commit("q", "s", moved, version, h))
-            assert isinstance(err, NotLeader), (what, err)
-        assert refusals(cluster, "NotLeader") - denied_before == 5  # counted
+        lost_before, denied_before = refusals(cluster, "LeaseLost"), refusals(cluster, "PermissionDenied")
+        forged = f"{cluster.paths.root}/x__lock__-0000000001"
+        for what, held, expected in (
+                ("no lease", attrs.evolve(lease, generation=0, key=""), PermissionDenied),
+                ("the lease of another subscription", attrs.evolve(other, sub="s"), LeaseLost),
+                ("a guessed key", attrs.evolve(lease, key=uuid.uuid4().hex), LeaseLost),
+                ("an earlier generation", attrs.evolve(lease, generation=lease.generation - 1), LeaseLost),
+                ("a lock node name for a key", attrs.evolve(lease, key=forged), LeaseLost)):
+            err = refused(lambda h=held: client.commit("q", "s", moved, version, h))
+            assert isinstance(err, expected), (what, err)
+        assert refusals(cluster, "LeaseLost") - lost_before == 4  # counted
+        assert refusals(cluster, "PermissionDenied") - denied_before == 1
         assert cluster.store.get_cursor("q", "s") == (cursor, version)  # nothing moved
         # The holder itself commits.
-        new_version = client.commit("q", "s", moved, version, f"{lock.path}/{lock.node}")
+        new_version = client.commit("q", "s", moved, version, lease)
         assert cluster.store.get_cursor("q", "s") == (moved, new_version)
     finally:
         client.close()
-        lock.release()
-        other.release()

@@ -257,32 +257,26 @@ def test_consumer_calls_subscribe_commit_pop_and_the_parking_queue(cluster: Clus
         assert cursor == cluster.store.get_cursor("q", "s")[0] and starts_at is None
         with pytest.raises(AlreadyExists):
             client.subscribe("q", "s")
-        path = cluster.paths.sub_leader("q", "s")
-        holder = cluster.store.client.Lock(path, "consumer-1")
-        assert holder.acquire(timeout=10)
-        # a second contender, waiting behind the holder
-        standby = cluster.store.client.create(f"{path}/standby__lock__", b"consumer-2", ephemeral=True, sequence=True)
+        holder = client.acquire("consumer", "q", "s", "consumer-1")
+        standby = client.acquire("consumer", "q", "s", "consumer-2")
+        assert isinstance(holder, Held) and isinstance(standby, Refusal) and standby.holder == "consumer-1"
         try:
             _, version = cluster.store.get_cursor("q", "s")
             ahead = Cursor(seg=cursor.seg, offset=5, last_seq=4)
-            # only the holder of the election commits
-            nodes = cluster.store.client.get_children(path)
-            other = next(n for n in nodes if n != holder.node)
-            assert standby.endswith(other)
-            with pytest.raises(NotLeader):
-                client.commit("q", "s", ahead, version, f"{path}/{other}")
-            v2 = client.commit("q", "s", ahead, version, f"{path}/{holder.node}")
+            # only the holder of the consumer lease commits
+            with pytest.raises(NotLeader):  # LeaseLost: a key that is not the holder's
+                client.commit("q", "s", ahead, version, attrs.evolve(holder, key="standby's guess"))
+            v2 = client.commit("q", "s", ahead, version, holder)
             assert cluster.store.get_cursor("q", "s") == (ahead, v2)
             with pytest.raises(ConflictError):  # a stale version
-                client.commit("q", "s", ahead, version, f"{path}/{holder.node}")
+                client.commit("q", "s", ahead, version, holder)
             with pytest.raises(IllegalTransition):  # never backward
-                client.commit("q", "s", cursor, v2, f"{path}/{holder.node}")
+                client.commit("q", "s", cursor, v2, holder)
             with pytest.raises(IllegalTransition):  # never past the consume list
-                client.commit("q", "s", Cursor(seg=99, offset=0, last_seq=4), v2, f"{path}/{holder.node}")
+                client.commit("q", "s", Cursor(seg=99, offset=0, last_seq=4), v2, holder)
             assert cluster.store.get_cursor("q", "s") == (ahead, v2)
         finally:
-            cluster.store.client.delete(standby)
-            holder.release()
+            client.release(holder)
         assert client.pop("q").queue == "q"  # nothing to pop: the state as it is
         assert client.ensure_parking_queue("q", "s") == "q.parked.s"
         assert cluster.store.load_state("q.parked.s")[0].groups == ("g1",)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -159,7 +160,7 @@ def test_leases_through_the_service_with_no_zookeeper_session(cluster: Cluster) 
         with pytest.raises(LeaseLost):
             c.commit("q", "s", Cursor(seg=0), st.cursor_version + 1, forged)
         with pytest.raises(PermissionDenied):  # no lease at all (and no election node either)
-            c.commit("q", "s", Cursor(seg=0), st.cursor_version + 1, "")
+            c.commit("q", "s", Cursor(seg=0), st.cursor_version + 1, attrs.evolve(a, generation=0, key=""))
         # A stops renewing (a pause): B is granted once A's lease ran out, not before
         asked = time.monotonic()
         got = wait_until(lambda: (r if isinstance(r := c.acquire("consumer", "q", "s", "B", ttl_ms=1000), Held)

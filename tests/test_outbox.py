@@ -221,6 +221,8 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_unknown_queue_is_one_clear_line(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.add_groups("g1")
+    cluster.create_queue("q")  # the test cluster starts its coordinator with its first queue
     db = str(tmp_path / "app.db")
     assert main(["outbox", "init", db]) == 0
     proc = cluster.ordq("outbox", "relay", db, "nope")

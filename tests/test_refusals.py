@@ -174,8 +174,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         # the coordinators' addresses, registered as a client finds them (issue 37)
         coordinators = [p.wait_for_line("SERVING ", timeout_s=30) for p in cluster.coordinators]
         register_coordinators(cluster.zk_hosts, cluster.root, coordinators)
+        # A stopped cluster: its name registered with coordinators nobody answers at.
+        dead_zk, dead_coordinator = (f"127.0.0.1:{port}" for port in free_ports(2))
+        register_coordinators(dead_zk, cluster.root, [dead_coordinator])
         e = Env(cluster, cluster.zk_hosts, cluster.root, admin, cluster.credentials, tokens, pool,
-                f"127.0.0.1:{free_ports(1)[0]}", creds_dir, coordinators)
+                dead_zk, creds_dir, coordinators)
 
         def sent_first_message() -> bool:
             creds = attrs.evolve(e.creds, token=probe)

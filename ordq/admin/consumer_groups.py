@@ -38,8 +38,8 @@ def group_generation(store: ZkStore, topic: str, group: str) -> int:
 def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, group: str) -> dict[str, Any]:
     """``{"topic", "group", "partitions", "members": {id: {...}}, "rows": [per partition]}``;
     each row: partition, queue, owner (the member delivering it now, None: nobody),
-    assigned (the member it should go to), cursor position, lag (None: unknown) and
-    standbys (members waiting in its election). TopicNotFound."""
+    assigned (the member it should go to), cursor position and lag (None: unknown).
+    TopicNotFound."""
     tc = store.read_topic(topic)
     members = group_members(store, topic, group)
     assigned = owner_of(members, tc.partitions)
@@ -47,7 +47,7 @@ def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, g
     for p in range(tc.partitions):
         queue = partition_queue(topic, p)
         row: dict[str, Any] = {"partition": p, "queue": queue, "owner": None, "assigned": assigned.get(p),
-                               "seg": None, "last_seq": None, "lag": None, "standbys": []}
+                               "seg": None, "last_seq": None, "lag": None}
         try:
             view = describe_queue(store, reader, queue)
         except QueueNotFound:
@@ -56,7 +56,7 @@ def describe_consumer_group(store: ZkStore, reader: ReplicaReader, topic: str, g
         sub = next((s for s in view.subscriptions if s.name == group), None)
         if sub is not None:
             row.update(owner=member_of_consumer(sub.held_by), seg=sub.cursor.seg, last_seq=sub.cursor.last_seq,
-                       lag=sub.lag, standbys=[member_of_consumer(s) for s in sub.standbys])
+                       lag=sub.lag)
         rows.append(row)
     owns = {m: [r["partition"] for r in rows if r["owner"] == m] for m in members}
     return {"topic": topic, "group": group, "partitions": tc.partitions,

@@ -85,8 +85,6 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
         logging.getLogger("ordq").setLevel(logging.INFO)
     config = RelayConfig(queue=args.queue, batch_rows=args.batch_rows, poll_interval_s=args.poll_interval,
                          after_ack=args.after_ack, until_empty=args.until_empty)
-    producer_config = ProducerConfig(**cluster_options(args), queue=args.queue,
-                                     send_timeout_s=args.send_timeout)
     stop = threading.Event()
     leading = threading.Event()
 
@@ -99,6 +97,9 @@ def run_relay(args: argparse.Namespace, *, relay_class: Any) -> int:
     db = None
     try:
         db = OutboxDb.open(args.database, table=args.table)  # bad input fails before the election
+        # (and before the coordinators are looked up: a wrong path is the first thing to say)
+        producer_config = ProducerConfig(**cluster_options(args), queue=args.queue,
+                                         send_timeout_s=args.send_timeout)
         _status(f"STARTED outbox relay for queue {args.queue} from {db.database}")
         with Producer(producer_config) as producer:
             leading.set()

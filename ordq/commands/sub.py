@@ -232,7 +232,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no subscriptions of queue {args.queue} match")
     else:
-        columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "standbys"]
+        columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by"]
         if any(r["blocked"] for r in rows):  # a consumer stuck on a message: say which, and why
             columns.append("blocked")
         table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": blocked_text(r["blocked"])}

@@ -43,8 +43,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
         table([{"member": m, "lease": i.get("lease_generation"), "owns": _plist(i["owns"]),
                 "assigned": _plist(i["assigned"])} for m, i in members.items()],
               ["member", "lease", "owns", "assigned"])
-    table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "standbys": len(r["standbys"])} for r in doc["rows"]],
-          ["partition", "queue", "owner", "assigned", "seg", "last_seq", "lag", "standbys"])
+    table([{**r, "lag": "?" if r["lag"] is None else r["lag"]} for r in doc["rows"]],
+          ["partition", "queue", "owner", "assigned", "seg", "last_seq", "lag"])
     return 0
 
 

@@ -367,7 +367,9 @@ class PermissionDenied(OrdqError):
     """The broker refused the caller: no or unknown credentials, or they lack ``role`` on ``queue``."""
 
     def __init__(self, queue: str, role: str, why: str) -> None:
-        super().__init__(f"permission denied: {role!r} on queue {queue!r}: {why}")
+        # No queue: refused before the request's body was read (an unknown token, none at all)
+        super().__init__(f"permission denied: {role!r} on queue {queue!r}: {why}" if queue
+                         else f"permission denied: {why}")
         self.queue, self.role, self.why = queue, role, why
 
 

@@ -645,7 +645,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Commit(self, request, context):
-        """Commit a subscription's cursor (role consume): only by the holder of its election,
+        """Commit a subscription's cursor (role consume): only by the holder of its consumer lease,
         only forward, only inside the consume list.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
