@@ -31,8 +31,6 @@ import attrs
 from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError, SegmentNotFound
 from ordq.common.units import parse_duration
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
-from ordq.coordinator.store import ZkStore
-from ordq.coordinator.store_values import QueueConfig
 from ordq.wire.batch import BatchHeader, Message, decode_batch
 from ordq.wire.transport import FetchResult
 
@@ -50,6 +48,15 @@ class SeqNotFound(NotFound):
 
 
 # -- reading replicas --------------------------------------------------------------------------
+
+
+class QueueReads(Protocol):
+    """What the reader asks of the cluster's records (ZooKeeper's store for an operator's tool;
+    the coordinator's Describe for a consumer: sdk/parking.py): no ZooKeeper client here."""
+
+    def load_state(self, queue: str) -> tuple[QueueState, int]: ...
+
+    def live_members(self, gid: str) -> dict[str, Any]: ...
 
 
 class AdminTransport(Protocol):
@@ -90,7 +97,8 @@ class Extent:
 class ReplicaReader:
     """Reads segments from their group's master, or its slave when the master does not answer."""
 
-    def __init__(self, store: ZkStore, transport: AdminTransport | None = None, *, rpc_timeout_s: float = 1.0) -> None:
+    def __init__(self, store: QueueReads, transport: AdminTransport | None = None, *,
+                 rpc_timeout_s: float = 1.0) -> None:
         self.store = store
         if transport is None:
             from ordq.common.security import of_store
@@ -199,111 +207,6 @@ def lag(cursor: Cursor, last_seq: int | None) -> int | None:
     return None if last_seq is None else max(0, last_seq - cursor.last_seq)
 
 
-# -- describing a queue ------------------------------------------------------------------------
-
-
-@attrs.frozen
-class SubscriptionView:
-    name: str
-    cursor: Cursor
-    lag: int | None
-    held_by: str | None  # the consumer its consumer lease was last granted to (None: released, never)
-    blocked: dict[str, Any] | None = None  # the message its consumer is blocked on (Consumer.run, block)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"subscription": self.name, **self.cursor.to_dict(), "lag": self.lag, "held_by": self.held_by,
-                "blocked": self.blocked}
-
-
-@attrs.frozen
-class QueueView:
-    """Everything ``ordq queue describe`` shows, read at one moment."""
-
-    state: QueueState
-    version: int
-    config: QueueConfig
-    extents: tuple[Extent, ...]
-    live: dict[str, tuple[str, ...]]  # group -> live roles
-    drained: frozenset[str]
-    subscriptions: tuple[SubscriptionView, ...]
-    last_seq: int | None
-    sizes: dict[int, int | None] = attrs.field(factory=dict)  # seg -> bytes on disk (None: unknown)
-
-    def group_bytes(self, gid: str) -> int | None:
-        """Bytes on disk of ``gid``'s segments of this queue (per replica)."""
-        sizes = [self.sizes.get(s.seg) for s in self.state.consume if s.gid == gid]
-        return None if any(b is None for b in sizes) else sum(b for b in sizes if b is not None)
-
-    def backlog(self, gid: str) -> int | None:
-        """Messages stored in ``gid``'s segments of this queue that are not popped yet."""
-        total = 0
-        for e in self.extents:
-            if e.gid == gid:
-                if e.end is None:
-                    return None
-                total += e.end
-        return total
-
-    @property
-    def stored(self) -> int | None:
-        ends = [e.end for e in self.extents]
-        return None if any(e is None for e in ends) else sum(e for e in ends if e is not None)
-
-    def group_rows(self) -> list[dict[str, Any]]:
-        st = self.state
-        return [{"group": g, "live": list(self.live.get(g, ())), "drained": g in self.drained,
-                 "in_send": g in st.send, "segments": [s.seg for s in st.consume if s.gid == g],
-                 "backlog": self.backlog(g), "bytes": self.group_bytes(g)} for g in st.groups]
-
-    def to_dict(self) -> dict[str, Any]:
-        st = self.state
-        open_seg = st.open_segment
-        return {
-            "queue": st.queue,
-            "version": self.version,
-            "config": attrs.asdict(self.config),
-            "producer_epoch": st.producer_epoch,
-            "send": list(st.send),
-            "head": st.head,
-            "open_segment": open_seg.seg if open_seg else None,
-            "next_seg": st.next_seg,
-            "trimmed_seq": st.trimmed_seq,
-            "last_seq": self.last_seq,
-            "stored": self.stored,
-            "consume": [{**e.to_dict(), "bytes": self.sizes.get(e.seg)} for e in self.extents],
-            "groups": self.group_rows(),
-            "subscriptions": [s.to_dict() for s in self.subscriptions],
-        }
-
-
-def subscription_views(store: ZkStore, queue: str, last_seq: int | None) -> list[SubscriptionView]:
-    out = []
-    for sub in store.list_subscriptions(queue):
-        try:
-            cursor, _ = store.get_cursor(queue, sub)
-            holder = store.subscription_holder(queue, sub)
-            blocked = store.blocked(queue, sub)
-        except NotFound:
-            continue  # deleted meanwhile
-        out.append(SubscriptionView(sub, cursor, lag(cursor, last_seq), holder, blocked))
-    return out
-
-
-def describe_queue(store: ZkStore, reader: ReplicaReader, queue: str) -> QueueView:
-    st, version = store.load_state(queue)
-    cfg = store.queue_config(queue)
-    extents = reader.extents(st)
-    last = last_readable_seq(st, extents)
-    return QueueView(
-        state=st, version=version, config=cfg, extents=tuple(extents),
-        live={g: tuple(sorted(store.live_members(g))) for g in st.groups},
-        drained=store.drained_groups(st.groups),
-        subscriptions=tuple(subscription_views(store, queue, last)),
-        last_seq=last,
-        sizes={s.seg: reader.stored_bytes(queue, s) for s in st.consume},
-    )
-
-
 # -- locating messages -------------------------------------------------------------------------
 
 
@@ -322,7 +225,7 @@ class Location:
         return Cursor(seg=self.seg, offset=self.offset, last_seq=self.seq - 1)
 
 
-def locate_seq(store: ZkStore, reader: ReplicaReader, queue: str, seq: int, *,
+def locate_seq(store: QueueReads, reader: ReplicaReader, queue: str, seq: int, *,
                state: QueueState | None = None) -> Location:
     """The (seg, offset) holding ``seq`` in the kept segments (the earliest readable copy).
 
@@ -385,7 +288,7 @@ class PeekedMessage:
         }
 
 
-def read_message(store: ZkStore, reader: ReplicaReader, queue: str, seq: int) -> PeekedMessage:
+def read_message(store: QueueReads, reader: ReplicaReader, queue: str, seq: int) -> PeekedMessage:
     """The message with ``seq``, from the master of its segment or the slave when the master
     does not answer. Errors as ``locate_seq``."""
     st, _ = store.load_state(queue)
@@ -400,7 +303,7 @@ def read_message(store: ZkStore, reader: ReplicaReader, queue: str, seq: int) ->
     return PeekedMessage(loc, messages[i], role)
 
 
-def read_messages(store: ZkStore, reader: ReplicaReader, queue: str, seqs: Sequence[int]) -> dict[int, Message]:
+def read_messages(store: QueueReads, reader: ReplicaReader, queue: str, seqs: Sequence[int]) -> dict[int, Message]:
     """The messages with these seqs (``read_message`` for many): located once, then read
     forward in large fetches. A seq not found is missing from the result; errors as
     ``locate_seq`` for the first one."""
@@ -453,7 +356,7 @@ def format_time_us(us: int) -> str:
 # -- time search -------------------------------------------------------------------------------
 
 
-def locate_time(store: ZkStore, reader: ReplicaReader, queue: str, t_us: int, *,
+def locate_time(store: QueueReads, reader: ReplicaReader, queue: str, t_us: int, *,
                 state: QueueState | None = None) -> Location | None:
     """The first message with ``timestamp_us >= t_us`` (see the module docstring for the
     precision), or None when every readable message is older. BrokerUnavailable when a

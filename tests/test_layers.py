@@ -96,3 +96,16 @@ def test_ordq_offers_the_sdk_and_loads_it_only_when_asked() -> None:
              "assert set(ordq.__all__) - {'__version__'} == set(ordq.sdk.__all__)\n"
              "assert Producer is ordq.sdk.Producer and Consumer is ordq.sdk.Consumer\n")
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=REPO)
+
+
+def test_the_sdk_and_the_client_commands_load_no_zookeeper_client() -> None:
+    """Issue 37: clients speak only to the cluster (the coordinators), so neither the SDK nor
+    the commands that run clients (produce, consume) may load kazoo, even by a path rarely taken."""
+    probe = ("import importlib, pkgutil, sys\n"
+             "import ordq.sdk\n"
+             "for m in pkgutil.walk_packages(ordq.sdk.__path__, 'ordq.sdk.'):\n"
+             "    importlib.import_module(m.name)\n"
+             "importlib.import_module('ordq.commands.clients')\n"
+             "loaded = sorted(k for k in sys.modules if k.split('.')[0] == 'kazoo')\n"
+             "assert not loaded, loaded\n")
+    subprocess.run([sys.executable, "-c", probe], check=True, cwd=REPO)

@@ -3,34 +3,26 @@
 drills and tests call.
 
 - ``ordq.sdk.replicas``: segment extents (best effort from the replicas, ``None`` when none
-  answers), queue views with backlog and lag, ``locate_seq`` (the one seq -> (seg, offset)
-  mapping), ``locate_time``, ``read_message``.
-- ``ordq.sdk.positions``: ``reset_subscription`` (refused while a consumer holds the
-  subscription unless forced; conditional on cursor and queue state).
+  answers), ``locate_seq`` (the one seq -> (seg, offset) mapping), ``locate_time``,
+  ``read_message``.
+- ``ordq.admin.queue_views``: queue views with backlog, lag and lease holders.
+- ``ordq.admin.subscriptions``: ``reset_subscription`` (refused while a consumer holds the
+  subscription unless forced; conditional on cursor and queue state), create, delete.
 - ``ordq.admin.groups``: ``drain_group``, ``undrain_group``, ``remove_group``.
 - ``ordq.admin.top``: samples and frames of ``ordq top``.
 """
 
 from ordq.admin.groups import DrainedQueue, UndrainedQueue, drain_group, remove_group, undrain_group
+from ordq.admin.queue_views import QueueView, SubscriptionView, describe_queue
+from ordq.admin.subscriptions import ResetResult, SubscriptionHeld, reset_subscription
 from ordq.admin.top import Sample, frames, sample, top_frame
-from ordq.sdk.positions import (
-    ResetResult,
-    ResetTarget,
-    SubscriptionHeld,
-    latest_cursor,
-    parse_reset_target,
-    reset_subscription,
-    resolve_target,
-)
+from ordq.sdk.positions import ResetTarget, latest_cursor, parse_reset_target, resolve_target
 from ordq.sdk.replicas import (
     Extent,
     Location,
     PeekedMessage,
-    QueueView,
     ReplicaReader,
     SeqNotFound,
-    SubscriptionView,
-    describe_queue,
     format_time_us,
     lag,
     last_readable_seq,

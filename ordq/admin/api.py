@@ -74,14 +74,10 @@ def admin_verbs(readers: Readers) -> dict[str, AdminVerb]:
     """The table of verbs a coordinator serves; ``readers(store)`` opens a ReplicaReader."""
     from ordq.admin.groups import add_group_to_queue, remove_group_from_queue, roll_queue
     from ordq.admin.parked import resolve_parked
-    from ordq.sdk.positions import (
-        create_subscription,
-        delete_subscription,
-        latest_cursor,
-        parse_reset_target,
-        reset_subscription,
-    )
-    from ordq.sdk.replicas import describe_queue, read_message
+    from ordq.admin.queue_views import describe_queue
+    from ordq.admin.subscriptions import create_subscription, delete_subscription, reset_subscription
+    from ordq.sdk.positions import latest_cursor, parse_reset_target
+    from ordq.sdk.replicas import read_message
 
     def next_text(store: ZkStore, reader: ReplicaReader, queue: str, cursor: Any, starts_at: Any) -> str:
         # ``seq N``, the message a consumer at ``cursor`` delivers next, with ``, once it is

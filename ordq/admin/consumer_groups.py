@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ordq.admin.queue_views import describe_queue
 from ordq.common.errors import QueueNotFound
 from ordq.coordinator.group_assign import member_of_consumer, owner_of
 from ordq.coordinator.leases import Kind, LeaseName
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.topics import partition_queue
-from ordq.sdk.replicas import ReplicaReader, describe_queue
+from ordq.sdk.replicas import ReplicaReader
 
 
 def group_members(store: ZkStore, topic: str, group: str) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,8 @@ PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one mus
 
 
 def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
-    from ordq.sdk.replicas import ReplicaReader, describe_queue
+    from ordq.admin.queue_views import describe_queue
+    from ordq.sdk.replicas import ReplicaReader
 
     store = daemon.store
     queues = []

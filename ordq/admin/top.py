@@ -8,9 +8,10 @@ from typing import Any
 
 import attrs
 
+from ordq.admin.queue_views import QueueView, describe_queue
 from ordq.common.errors import NotFound
 from ordq.coordinator.store import ZkStore
-from ordq.sdk.replicas import QueueView, ReplicaReader, describe_queue
+from ordq.sdk.replicas import ReplicaReader
 
 # -- top ---------------------------------------------------------------------------------------
 

@@ -188,7 +188,8 @@ def _run_then_wake(daemon: Any, stop: threading.Event) -> None:
 def _subscriber(creds: Credentials) -> Any:
     """Resolves a subscription's start target (latest, seq N, time T read from the brokers)."""
     def subscribe(store: Any, queue: str, sub: str, words: Sequence[str]) -> Any:
-        from ordq.sdk.positions import create_subscription, parse_reset_target
+        from ordq.admin.subscriptions import create_subscription
+        from ordq.sdk.positions import parse_reset_target
         from ordq.sdk.replicas import ReplicaReader
         from ordq.wire.client import GrpcTransport
 
