@@ -260,3 +260,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return _ByFile(config, log)
+
+
+@pytest.fixture
+def zk_client(zk_server: ZkServer, zk_root: str) -> Iterator[KazooClient]:
+    """A plain ZooKeeper client of the session's server, its test's root made."""
+    client = KazooClient(hosts=zk_server.connection_string, timeout=5.0)
+    client.start(timeout=30)
+    client.ensure_path(zk_root)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()

@@ -11,7 +11,7 @@ import uuid
 import attrs
 import pytest
 
-from ordq.common.errors import LeaseLost, OrdqError, PermissionDenied
+from ordq.common.errors import LeaseLost, PermissionDenied
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
@@ -19,17 +19,11 @@ from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.sdk._lease_client import CoordinatorLease
 from ordq.wire import ordq_pb2 as pb
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.util import wait_until
+from tests.util import refused, wait_until
 
 pytestmark = pytest.mark.zk
 
 
-def refused(call: object) -> OrdqError | None:
-    try:
-        call()  # type: ignore[operator]
-    except OrdqError as exc:
-        return exc
-    return None
 
 
 def test_a_consume_token_cannot_commit_for_another_subscription(cluster: Cluster) -> None:

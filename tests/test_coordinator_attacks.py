@@ -13,23 +13,17 @@ import uuid
 import attrs
 import pytest
 
-from ordq.common.errors import LeaseLost, OrdqError, PermissionDenied
+from ordq.common.errors import LeaseLost, PermissionDenied
 from ordq.common.metrics import value
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.util import read_metrics, wait_until
+from tests.util import read_metrics, refused, wait_until
 
 pytestmark = pytest.mark.zk
 
 
-def refused(call: object) -> OrdqError | None:
-    try:
-        call()  # type: ignore[operator]
-    except OrdqError as exc:
-        return exc
-    return None
 
 
 def refusals(cluster: Cluster, outcome: str) -> float:

@@ -49,7 +49,7 @@ from ordq.coordinator.tokens import create_token
 from ordq.coordinator.zk_retry import retry_zk
 from ordq.zk_server import ZkServer
 from tests.cluster import REPO
-from tests.util import wait_until
+from tests.util import TokenContext, wait_until
 
 pytestmark = pytest.mark.zk
 
@@ -79,44 +79,23 @@ class Flaky:
         return call
 
 
-@pytest.fixture
-def zk(zk_server: ZkServer, zk_root: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zk_server.connection_string, timeout=5.0)
-    client.start(timeout=30)
-    client.ensure_path(zk_root)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
-class _Context:
-    def __init__(self, token: str | None) -> None:
-        self._meta = [("authorization", f"Bearer {token}")] if token else []
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return self._meta
-
-    def auth_context(self) -> dict[str, Any]:
-        return {}
-
-
-def test_one_connection_loss_while_loading_tokens_does_not_stop_a_broker_start(zk: KazooClient,
+def test_one_connection_loss_while_loading_tokens_does_not_stop_a_broker_start(zk_client: KazooClient,
                                                                                zk_root: str) -> None:
-    _, token = create_token(zk, zk_root, {"q": ["produce"]})
-    flaky = Flaky(zk, get_children=[ConnectionLoss()], exists=[ConnectionLoss()])
+    _, token = create_token(zk_client, zk_root, {"q": ["produce"]})
+    flaky = Flaky(zk_client, get_children=[ConnectionLoss()], exists=[ConnectionLoss()])
     gate = Gate(tls=False)
     gate.watch(flaky, zk_root)  # raised ConnectionLoss out of broker start before
     assert flaky.raised == 2
-    gate.check(_Context(token), "Produce", "q")  # the token loaded: allowed
+    gate.check(TokenContext(token), "Produce", "q")  # the token loaded: allowed
     with pytest.raises(PermissionDenied):
-        gate.check(_Context(None), "Produce", "q")  # enforced
+        gate.check(TokenContext(None), "Produce", "q")  # enforced
 
 
-def test_zookeeper_silent_past_the_bound_stops_the_start_with_one_clear_error(zk: KazooClient,
+def test_zookeeper_silent_past_the_bound_stops_the_start_with_one_clear_error(zk_client: KazooClient,
                                                                               zk_root: str) -> None:
-    create_token(zk, zk_root, {"q": ["produce"]})
+    create_token(zk_client, zk_root, {"q": ["produce"]})
 
     class Always(Flaky):
         def __getattr__(self, name: str) -> Any:
@@ -127,12 +106,12 @@ def test_zookeeper_silent_past_the_bound_stops_the_start_with_one_clear_error(zk
             return getattr(self._client, name)
 
     with pytest.raises(CoordinationUnavailable, match="ZooKeeper did not answer for 0.5s"):
-        Gate(tls=False).watch(Always(zk), zk_root, deadline_s=0.5)
+        Gate(tls=False).watch(Always(zk_client), zk_root, deadline_s=0.5)
 
 
-def test_a_definite_refusal_is_not_retried(zk: KazooClient, zk_root: str) -> None:
-    create_token(zk, zk_root, {"q": ["produce"]})
-    flaky = Flaky(zk, get_children=NoAuthError())
+def test_a_definite_refusal_is_not_retried(zk_client: KazooClient, zk_root: str) -> None:
+    create_token(zk_client, zk_root, {"q": ["produce"]})
+    flaky = Flaky(zk_client, get_children=NoAuthError())
     with pytest.raises(ZkAccessDenied):  # one clear line, not a kazoo traceback
         Gate(tls=False).watch(flaky, zk_root, deadline_s=30)
     assert flaky.raised == 1

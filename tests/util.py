@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 
+from ordq.common.errors import OrdqError
 from ordq.common.metrics import Sample, scrape
 from ordq.common.proc import load_stretched
 
@@ -57,3 +58,25 @@ def raw_zk(hosts: str, *auths: str | None) -> Iterator[KazooClient]:
     finally:
         client.stop()
         client.close()
+
+
+class TokenContext:
+    """A gRPC server context as a handler sees it: the caller's token in its metadata, no TLS peer."""
+
+    def __init__(self, token: str | None) -> None:
+        self._meta = [("authorization", f"Bearer {token}")] if token else []
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self._meta
+
+    def auth_context(self) -> dict[str, Any]:
+        return {}
+
+
+def refused(call: Callable[[], object]) -> OrdqError | None:
+    """The OrdqError ``call`` raised, None when it returned."""
+    try:
+        call()
+    except OrdqError as exc:
+        return exc
+    return None
