@@ -29,6 +29,7 @@ Rules: no decision here (``after_failure``, ``replay_plan``, ``parked_keys`` dec
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -335,12 +336,21 @@ class FailureHandling:
                                          GrpcTransport(rpc_timeout_s=1.0, credentials=self._coord.credentials))
         return self._reader
 
-    def _update_parked(self, seq: int, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    def _record_of(self, seq: int) -> dict[str, Any] | None:
+        """The ledger record of ``seq`` (None: none), read alone: the whole ledger is a
+        ZooKeeper read per record, and a replay of N records must not read it N times."""
+        got = guarded(self._coord, self._lease, "parked", {"seq": seq})
+        # a list (a coordinator that ignores the seq answers the whole ledger: pick it out)
+        return next((dict(r) for r in got if int(r["seq"]) == seq), None)
+
+    def _update_parked(self, seq: int, change: Callable[[dict[str, Any]], dict[str, Any]],
+                       known: dict[str, Any] | None = None) -> dict[str, Any]:
         """Replace the ledger record of ``seq`` by ``change(record)`` (which raises to refuse),
-        only if nobody changed its status meanwhile (else read and decide again). NotFound
-        when there is none."""
+        only if nobody changed its status meanwhile (else read and decide again). ``known``:
+        the record as last read (the first try decides on it; the write's status check tells
+        whether it still holds). NotFound when there is none."""
         for _ in range(UPDATE_TRIES):
-            now = next((r for r in self._ledger() if int(r["seq"]) == seq), None)
+            now, known = known if known is not None else self._record_of(seq), None
             if now is None:
                 raise NotFound(f"{self.config.queue}/{self.config.subscription}: seq {seq} is not in the ledger "
                                "of parked messages")
@@ -360,9 +370,9 @@ class FailureHandling:
         failed: set[str] = set()  # keys whose replay failed again in this round: the rest waits
         again: list[int] = []  # the record in hand was parked again
 
-        def parked_again(m: Delivered, failures: int, exc: Exception) -> None:
+        def parked_again(m: Delivered, failures: int, exc: Exception, r: dict[str, Any]) -> None:
             again.append(failures)
-            self._failed_again(m, failures, exc)
+            self._failed_again(m, failures, exc, r)
 
         plan = [r for r in replay_plan(self._ledger()) if mine(str(r.get("key") or ""))]
         fetched = self._prefetch(plan)
@@ -375,12 +385,13 @@ class FailureHandling:
                 failed.add(k)
                 continue
             again.clear()
-            if not self.attempt(m, handler, may_start=may_start, wait=wait, on_park=parked_again):
+            on_park = functools.partial(parked_again, r=r)
+            if not self.attempt(m, handler, may_start=may_start, wait=wait, on_park=on_park):
                 return False
             if again:
                 failed.add(k)
                 continue
-            self._settle(m.seq, "handled")
+            self._settle(m.seq, "handled", r)
             self._audit_skip(m.seq, m.key, "replayed", int(r["parked_seq"]), time.time_ns() // 1000)
             with self._lock:
                 self.replayed += 1
@@ -424,21 +435,21 @@ class FailureHandling:
         return Delivered(int(r["seq"]), int(r.get("seg", -1)), int(r.get("offset", -1)), pm.payload, pm.key,
                          (*pm.headers, (REPLAYED_HEADER, b"1")), pm.timestamp_us)
 
-    def _failed_again(self, m: Delivered, failures: int, exc: Exception) -> None:
+    def _failed_again(self, m: Delivered, failures: int, exc: Exception, known: dict[str, Any]) -> None:
         def change(r: dict[str, Any]) -> dict[str, Any]:
             return {**r, "status": moved(r, "failed"), "attempts": int(r.get("attempts", 0)) + failures,
                     "error": repr(exc)[:500]}
 
-        self._update_parked(m.seq, change)
+        self._update_parked(m.seq, change, known)
         log.warning("queue %s/%s: replayed seq %d failed %d more times; parked again", self.config.queue,
                     self.config.subscription, m.seq, failures)
 
-    def _settle(self, seq: int, event: str) -> None:
+    def _settle(self, seq: int, event: str, known: dict[str, Any]) -> None:
         def change(r: dict[str, Any]) -> dict[str, Any]:
             return {**r, "status": moved(r, event), "resolved_at_us": time.time_ns() // 1000}
 
         try:
-            self._update_parked(seq, change)
+            self._update_parked(seq, change, known)
         except ConfigError as exc:  # dropped by an operator while its replay ran: it ran anyway
             log.warning("queue %s/%s: replayed seq %d, but the ledger says: %s", self.config.queue,
                         self.config.subscription, seq, exc)
