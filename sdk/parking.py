@@ -47,8 +47,6 @@ from ordq.common.errors import (
     NotFound,
     OrdqError,
 )
-from ordq.coordinator.state import QueueState
-from ordq.coordinator.store_values import LiveInfo
 from ordq.sdk._consumer_lease import LeaseGone
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._producer_types import ProducerConfig
@@ -328,11 +326,11 @@ class FailureHandling:
         return list(guarded(self._coord, self._lease, "parked"))
 
     def _replica_reader(self) -> Any:
-        from ordq.sdk.replicas import ReplicaReader
+        from ordq.sdk.replicas import DescribedQueues, ReplicaReader
         from ordq.wire.client import GrpcTransport
 
         if self._reader is None:
-            self._reader = ReplicaReader(_DescribedQueues(self._coord),  # type: ignore[arg-type]
+            self._reader = ReplicaReader(DescribedQueues(self._coord),  # type: ignore[arg-type]
                                          GrpcTransport(rpc_timeout_s=1.0, credentials=self._coord.credentials))
         return self._reader
 
@@ -470,20 +468,3 @@ class FailureHandling:
 def worker_key_filter(worker: int, workers: int) -> Callable[[str], bool]:
     """Keys (hex) whose messages go to ``worker``."""
     return lambda k: worker_of(bytes.fromhex(k), workers) == worker
-
-
-class _DescribedQueues:
-    """What ``sdk.replicas`` reads of a store (a queue's state, a group's live processes),
-    answered by the coordinator's Describe: the consumer holds no ZooKeeper session."""
-
-    def __init__(self, coord: CoordinatorClient) -> None:
-        self._coord = coord
-        self._live: dict[str, dict[str, LiveInfo]] = {}
-
-    def load_state(self, queue: str) -> tuple[QueueState, int]:
-        got = self._coord.describe(queue, with_live=True)
-        self._live.update(got.live or {})
-        return got.state, got.version
-
-    def live_members(self, gid: str) -> dict[str, LiveInfo]:
-        return dict(self._live.get(gid, {}))
