@@ -231,7 +231,9 @@ class LeaseCalls:
         - ``update_parked`` {seq, expect_status, set}: change a record only while its status is
           still ``expect_status`` (ConflictError otherwise: an operator changed it; read and
           decide again); ``seq`` cannot change;
-        - ``parked``: the ledger; ``policy``: the subscription's failure policy;
+        - ``parked``: the ledger; with {seq} only that record (a list of at most one: one
+          read, where the ledger is a read per record); ``policy``: the subscription's failure
+          policy;
         - ``parked_signal``: the version of the operators' "parked-changed" signal (-1: none),
           which a consumer polls to learn that the ledger changed.
         """
@@ -255,7 +257,13 @@ class LeaseCalls:
         elif req.op == "update_parked":
             result = self._update_parked(q, sub, body)
         elif req.op == "parked":
-            result = self.store.parked(q, sub)
+            if body is None:
+                result = self.store.parked(q, sub)
+            elif isinstance(body, dict) and _is_int(body.get("seq")):
+                one = self.store.parked_record(q, sub, body["seq"])
+                result = [] if one is None else [one]
+            else:
+                raise ConfigError('parked: the body is null (the ledger) or {"seq": N} (that record)')
         elif req.op == "policy":
             result = self.store.sub_policy(q, sub)
         elif req.op == "parked_signal":

@@ -146,6 +146,11 @@ class SubscriptionRecords(CursorRecords):
                 out.append(json_value(data))
         return out
 
+    def parked_record(self, queue: str, sub: str, seq: int) -> dict[str, Any] | None:
+        """The ledger record of ``seq`` (None: none): one read, not the whole ledger."""
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        return self._get_json(self.paths.parked(queue, sub, seq))
+
     def update_parked(self, queue: str, sub: str, seq: int,
                       change: Callable[[dict[str, Any]], dict[str, Any]], *, tries: int = 20) -> dict[str, Any]:
         """Replace the ledger record of ``seq`` by ``change(record)``, conditionally (read,

@@ -2,7 +2,7 @@
 
     from ordq.spark_source import register
     register(spark)
-    df = (spark.readStream.format("ordq").option("zk", "127.0.0.1:2181")
+    df = (spark.readStream.format("ordq").option("bootstrap", "127.0.0.1:7600")
           .option("queue", "orders").load())
 
 Guarantee: with a checkpoint, every readable seq of the queue reaches the query once and in
@@ -14,7 +14,10 @@ How it reads: directly from the replicas by position (``ordq.sdk.replicas.Replic
 segment's master, or its slave when the master does not answer), like ``ordq peek``. Spark
 owns the position: the offset ``{"seg", "offset", "seq"}`` is a ``Cursor`` (read position and
 last seq read) kept in Spark's checkpoint, so no subscription, cursor or consumer election is
-involved, and nothing here writes to ZooKeeper or the brokers.
+involved, and nothing here writes to ZooKeeper or the brokers. Like every client it holds no
+ZooKeeper session (issue 37): the queue's state and its groups' live processes come from the
+coordinator's Describe (``ordq.sdk.replicas.DescribedQueues``), with the cluster's registered
+client credentials (or ``bootstrap`` and the credentials registered for it).
 
 Rules:
 - A micro-batch ends at what is readable: the end of a sealed segment, the LAC of an open one.
@@ -40,11 +43,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound
+from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
-from ordq.coordinator.store import ZkStore
+from ordq.sdk._cluster import check_cluster, open_coordinator
 from ordq.sdk._consumer_core import DeliveryFilter
 from ordq.sdk.positions import parse_reset_target, resolve_target
-from ordq.sdk.replicas import ReplicaReader
+from ordq.sdk.replicas import DescribedQueues, ReplicaReader
 from ordq.wire.batch import Message, decode_messages, parse_header
 
 NAME = "ordq"
@@ -52,16 +56,7 @@ SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key
           "timestamp timestamp, payload binary")
 FETCH_MAX_BYTES = 4 << 20
 CHUNK_MESSAGES = 50_000  # per Spark task (a range of one segment)
-_OPTIONS = ("zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch")
-
-
-def operator_store(zk: str, root: str, **connect: Any) -> ZkStore:
-    """The cluster's ZooKeeper as its operator reads it: with the ZooKeeper credential the
-    credentials file (or ORDQ_ZK_AUTH) holds for it; ZooKeeper lets no one else read a
-    cluster's nodes (issue 37). The Spark workers of a local run find the same file."""
-    from ordq.common.security import lookup
-
-    return ZkStore.connect(zk, root, auth=lookup(zk, root).zk_auth, **connect)
+_OPTIONS = ("bootstrap", "zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch")
 
 
 def register(spark: SparkSession) -> None:
@@ -73,8 +68,9 @@ def register(spark: SparkSession) -> None:
 class SourceOptions:
     """The source's options (names are case-insensitive in Spark)."""
 
-    zk: str
     queue: str
+    bootstrap: str | None = None  # the coordinators' addresses; or a cluster `ordq up` registered:
+    zk: str | None = None  # its name (ZooKeeper hosts, and root): looked up, never connected to
     root: str = "/ordq"
     start: str = "earliest"  # earliest | latest | seq N | time T: where a new query starts
     rpc_timeout_s: float = 1.0
@@ -88,14 +84,18 @@ class SourceOptions:
         opts = {k.lower(): v for k, v in options.items()}
         unknown = sorted(set(opts) - set(_OPTIONS) - {"path"})
         if unknown:
-            raise ConfigError(f"unknown ordq source option(s): {', '.join(unknown)} (known: zk, root, queue, start, "
-                              "rpcTimeoutS, replicaWaitS, maxRowsPerBatch)")
-        for required in ("zk", "queue"):
-            if not opts.get(required):
-                raise ConfigError(f"the ordq source needs .option({required!r}, ...)")
+            raise ConfigError(f"unknown ordq source option(s): {', '.join(unknown)} (known: bootstrap, zk, root, "
+                              "queue, start, rpcTimeoutS, replicaWaitS, maxRowsPerBatch)")
+        if not opts.get("queue"):
+            raise ConfigError("the ordq source needs .option('queue', ...)")
+        if not opts.get("bootstrap") and not opts.get("zk"):
+            raise ConfigError("the ordq source needs .option('bootstrap', 'host:port,...') (the coordinators), "
+                              "or .option('zk', ...) naming a cluster `ordq up` registered")
+        check_cluster(opts.get("bootstrap") or None, opts.get("zk") or None, opts.get("root", "/ordq"))
         parse_reset_target(opts.get("start", "earliest").split())  # ConfigError when bad
         try:
-            return cls(zk=opts["zk"], queue=opts["queue"], root=opts.get("root", "/ordq"),
+            return cls(bootstrap=opts.get("bootstrap") or None, zk=opts.get("zk") or None, queue=opts["queue"],
+                       root=opts.get("root", "/ordq"),
                        start=opts.get("start", "earliest"),
                        rpc_timeout_s=float(opts.get("rpctimeouts", 1.0)),
                        replica_wait_s=float(opts.get("replicawaits", 30.0)),
@@ -323,6 +323,35 @@ def to_arrow(seg: int, got: Rows) -> Any:
 # -- the Spark classes ---------------------------------------------------------------------------------
 
 
+@attrs.define
+class Clients:
+    """What the source reads the cluster with: the coordinators (the queue's state and live
+    processes) and the replicas, with the cluster's client credentials."""
+
+    coord: CoordinatorClient
+    store: DescribedQueues
+    reader: ReplicaReader
+
+    @classmethod
+    def open(cls, o: SourceOptions) -> Clients:
+        from ordq.wire.client import GrpcTransport
+
+        coord, credentials = open_coordinator(o.bootstrap, o.zk, o.root, None)
+        store = DescribedQueues(coord)
+        transport = GrpcTransport(rpc_timeout_s=o.rpc_timeout_s, credentials=credentials)
+        return cls(coord, store, ReplicaReader(store, transport))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.reader.close()
+        self.coord.close()
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class OrdqDataSource(DataSource):  # type: ignore[misc]
     """``spark.readStream.format("ordq")``; options: see ``SourceOptions`` and docs/SPARK.md."""
 
@@ -343,12 +372,11 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._store: ZkStore | None = None
-        self._reader: ReplicaReader | None = None
+        self._clients: Clients | None = None
         self._target: Cursor | None = None  # availableNow: what was readable when the query started
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_store": None, "_reader": None, "_target": None}  # clients do not travel
+        return {"options": self.options, "_clients": None, "_target": None}  # clients do not travel
 
     def prepareForTriggerAvailableNow(self) -> None:
         store, reader = self._connect()
@@ -356,17 +384,16 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         origin = Cursor(seg=min((s.seg for s in st.consume), default=st.next_seg), offset=0, last_seq=-1)
         self._target = readable_end(reader, st, origin)
 
-    def _connect(self) -> tuple[ZkStore, ReplicaReader]:
-        if self._store is None or self._reader is None:
-            o = self.options
-            self._store = operator_store(o.zk, o.root)
-            self._reader = ReplicaReader(self._store, rpc_timeout_s=o.rpc_timeout_s)
-        return self._store, self._reader
+    def _connect(self) -> tuple[DescribedQueues, ReplicaReader]:
+        if self._clients is None:
+            self._clients = Clients.open(self.options)
+        return self._clients.store, self._clients.reader
 
     def initialOffset(self) -> dict[str, int]:
         store, reader = self._connect()
         st, _ = store.load_state(self.options.queue)
-        cursor, _loc = resolve_target(store, reader, st, parse_reset_target(self.options.start.split()))
+        target = parse_reset_target(self.options.start.split())
+        cursor, _loc = resolve_target(store, reader, st, target)  # type: ignore[arg-type]
         return to_offset(cursor)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -398,8 +425,9 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         if not isinstance(partition, SegmentRange):
             raise TypeError(f"not an ordq segment range: {partition!r}")
         o = self.options
-        with operator_store(o.zk, o.root) as store, ReplicaReader(store, rpc_timeout_s=o.rpc_timeout_s) as reader:
-            for got in read_range(reader, partition, replica_wait_s=o.replica_wait_s):
+        with Clients.open(o) as clients:
+            clients.store.load_state(partition.queue)  # the groups' live processes
+            for got in read_range(clients.reader, partition, replica_wait_s=o.replica_wait_s):
                 if got.seqs:
                     yield to_arrow(partition.segment.seg, got)
 
@@ -407,8 +435,6 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         pass  # the checkpoint is the cursor: nothing to write on ordq's side
 
     def stop(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-        if self._store is not None:
-            self._store.close()
-        self._store = self._reader = None
+        if self._clients is not None:
+            self._clients.close()
+        self._clients = None

@@ -29,6 +29,7 @@ Rules: no decision here (``after_failure``, ``replay_plan``, ``parked_keys`` dec
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -46,8 +47,6 @@ from ordq.common.errors import (
     NotFound,
     OrdqError,
 )
-from ordq.coordinator.state import QueueState
-from ordq.coordinator.store_values import LiveInfo
 from ordq.sdk._consumer_lease import LeaseGone
 from ordq.sdk._consumer_types import ConsumerConfig, Delivered
 from ordq.sdk._producer_types import ProducerConfig
@@ -327,20 +326,29 @@ class FailureHandling:
         return list(guarded(self._coord, self._lease, "parked"))
 
     def _replica_reader(self) -> Any:
-        from ordq.sdk.replicas import ReplicaReader
+        from ordq.sdk.replicas import DescribedQueues, ReplicaReader
         from ordq.wire.client import GrpcTransport
 
         if self._reader is None:
-            self._reader = ReplicaReader(_DescribedQueues(self._coord),  # type: ignore[arg-type]
+            self._reader = ReplicaReader(DescribedQueues(self._coord),  # type: ignore[arg-type]
                                          GrpcTransport(rpc_timeout_s=1.0, credentials=self._coord.credentials))
         return self._reader
 
-    def _update_parked(self, seq: int, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    def _record_of(self, seq: int) -> dict[str, Any] | None:
+        """The ledger record of ``seq`` (None: none), read alone: the whole ledger is a
+        ZooKeeper read per record, and a replay of N records must not read it N times."""
+        got = guarded(self._coord, self._lease, "parked", {"seq": seq})
+        # a list (a coordinator that ignores the seq answers the whole ledger: pick it out)
+        return next((dict(r) for r in got if int(r["seq"]) == seq), None)
+
+    def _update_parked(self, seq: int, change: Callable[[dict[str, Any]], dict[str, Any]],
+                       known: dict[str, Any] | None = None) -> dict[str, Any]:
         """Replace the ledger record of ``seq`` by ``change(record)`` (which raises to refuse),
-        only if nobody changed its status meanwhile (else read and decide again). NotFound
-        when there is none."""
+        only if nobody changed its status meanwhile (else read and decide again). ``known``:
+        the record as last read (the first try decides on it; the write's status check tells
+        whether it still holds). NotFound when there is none."""
         for _ in range(UPDATE_TRIES):
-            now = next((r for r in self._ledger() if int(r["seq"]) == seq), None)
+            now, known = known if known is not None else self._record_of(seq), None
             if now is None:
                 raise NotFound(f"{self.config.queue}/{self.config.subscription}: seq {seq} is not in the ledger "
                                "of parked messages")
@@ -360,9 +368,9 @@ class FailureHandling:
         failed: set[str] = set()  # keys whose replay failed again in this round: the rest waits
         again: list[int] = []  # the record in hand was parked again
 
-        def parked_again(m: Delivered, failures: int, exc: Exception) -> None:
+        def parked_again(m: Delivered, failures: int, exc: Exception, r: dict[str, Any]) -> None:
             again.append(failures)
-            self._failed_again(m, failures, exc)
+            self._failed_again(m, failures, exc, r)
 
         plan = [r for r in replay_plan(self._ledger()) if mine(str(r.get("key") or ""))]
         fetched = self._prefetch(plan)
@@ -375,12 +383,13 @@ class FailureHandling:
                 failed.add(k)
                 continue
             again.clear()
-            if not self.attempt(m, handler, may_start=may_start, wait=wait, on_park=parked_again):
+            on_park = functools.partial(parked_again, r=r)
+            if not self.attempt(m, handler, may_start=may_start, wait=wait, on_park=on_park):
                 return False
             if again:
                 failed.add(k)
                 continue
-            self._settle(m.seq, "handled")
+            self._settle(m.seq, "handled", r)
             self._audit_skip(m.seq, m.key, "replayed", int(r["parked_seq"]), time.time_ns() // 1000)
             with self._lock:
                 self.replayed += 1
@@ -424,21 +433,21 @@ class FailureHandling:
         return Delivered(int(r["seq"]), int(r.get("seg", -1)), int(r.get("offset", -1)), pm.payload, pm.key,
                          (*pm.headers, (REPLAYED_HEADER, b"1")), pm.timestamp_us)
 
-    def _failed_again(self, m: Delivered, failures: int, exc: Exception) -> None:
+    def _failed_again(self, m: Delivered, failures: int, exc: Exception, known: dict[str, Any]) -> None:
         def change(r: dict[str, Any]) -> dict[str, Any]:
             return {**r, "status": moved(r, "failed"), "attempts": int(r.get("attempts", 0)) + failures,
                     "error": repr(exc)[:500]}
 
-        self._update_parked(m.seq, change)
+        self._update_parked(m.seq, change, known)
         log.warning("queue %s/%s: replayed seq %d failed %d more times; parked again", self.config.queue,
                     self.config.subscription, m.seq, failures)
 
-    def _settle(self, seq: int, event: str) -> None:
+    def _settle(self, seq: int, event: str, known: dict[str, Any]) -> None:
         def change(r: dict[str, Any]) -> dict[str, Any]:
             return {**r, "status": moved(r, event), "resolved_at_us": time.time_ns() // 1000}
 
         try:
-            self._update_parked(seq, change)
+            self._update_parked(seq, change, known)
         except ConfigError as exc:  # dropped by an operator while its replay ran: it ran anyway
             log.warning("queue %s/%s: replayed seq %d, but the ledger says: %s", self.config.queue,
                         self.config.subscription, seq, exc)
@@ -459,20 +468,3 @@ class FailureHandling:
 def worker_key_filter(worker: int, workers: int) -> Callable[[str], bool]:
     """Keys (hex) whose messages go to ``worker``."""
     return lambda k: worker_of(bytes.fromhex(k), workers) == worker
-
-
-class _DescribedQueues:
-    """What ``sdk.replicas`` reads of a store (a queue's state, a group's live processes),
-    answered by the coordinator's Describe: the consumer holds no ZooKeeper session."""
-
-    def __init__(self, coord: CoordinatorClient) -> None:
-        self._coord = coord
-        self._live: dict[str, dict[str, LiveInfo]] = {}
-
-    def load_state(self, queue: str) -> tuple[QueueState, int]:
-        got = self._coord.describe(queue, with_live=True)
-        self._live.update(got.live or {})
-        return got.state, got.version
-
-    def live_members(self, gid: str) -> dict[str, LiveInfo]:
-        return dict(self._live.get(gid, {}))

@@ -24,7 +24,7 @@ import decimal
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -33,6 +33,10 @@ from ordq.common.units import parse_duration
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
 from ordq.wire.batch import BatchHeader, Message, decode_batch
 from ordq.wire.transport import FetchResult
+
+if TYPE_CHECKING:
+    from ordq.coordinator.client import CoordinatorClient
+    from ordq.coordinator.store_values import LiveInfo
 
 # -- errors ------------------------------------------------------------------------------------
 
@@ -92,6 +96,38 @@ class Extent:
     def to_dict(self) -> dict[str, Any]:
         return {"seg": self.seg, "gid": self.gid, "status": self.status.value, "messages": self.end,
                 "first_seq": self.first_seq, "last_seq": self.last_seq, "read_from": self.source}
+
+
+class DescribedQueues:
+    """What ``ReplicaReader`` and the locating functions read of a store (a queue's state, a
+    group's live processes), answered by the coordinator's Describe: a client holds no
+    ZooKeeper session (issue 37). The live processes are those of the last Describe, asked
+    again once older than ``live_max_age_s`` (a failover moves them; unanswered: the last
+    known)."""
+
+    def __init__(self, coord: CoordinatorClient, *, live_max_age_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._coord = coord
+        self._max_age_s = live_max_age_s
+        self._clock = clock
+        self._live: dict[str, dict[str, LiveInfo]] = {}
+        self._queue: str | None = None  # of the last Describe
+        self._at = float("-inf")
+
+    def load_state(self, queue: str) -> tuple[QueueState, int]:
+        got = self._coord.describe(queue, with_live=True)
+        live = got.live or {}
+        self._live.update({gid: dict(live.get(gid, {})) for gid in {*got.state.groups, *live}})
+        self._queue, self._at = queue, self._clock()
+        return got.state, got.version
+
+    def live_members(self, gid: str) -> dict[str, LiveInfo]:
+        if self._queue is not None and self._clock() - self._at > self._max_age_s:
+            try:
+                self.load_state(self._queue)
+            except OrdqError:
+                pass  # no coordinator answers now: the last known
+        return dict(self._live.get(gid, {}))
 
 
 class ReplicaReader:

@@ -37,10 +37,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ordq.coordinator.state import Cursor
-from ordq.sdk.replicas import ReplicaReader
 from ordq.spark_order_check._checks import instance_findings
 from ordq.spark_order_check._session import make_session
-from ordq.spark_source import operator_store, readable_end, register
+from ordq.spark_source import Clients, SourceOptions, readable_end, register
 
 VIOLATIONS = ("duplicate", "gap", "out_of_order")
 _STREAM = "follow"  # the subscription / consumer columns of the rule code's stream key
@@ -167,20 +166,21 @@ class FollowOptions:
     # Spark's checkpoint: a later run with the same directory resumes where this one stopped
     # (the source checks seq continuity from there). None: a temporary one.
     checkpoint: str | None = None
-    zk_timeout_s: float = 5.0
+    bootstrap: str | None = None  # the coordinators' addresses (else zk/root name a registered cluster)
 
 
 def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     """Check the queue until a violation, ``until_s`` / ``until_seq``, or Ctrl-C; the verdict
     is ``clean``, ``violations`` or ``error`` (the query failed for another reason)."""
     # A missing ZooKeeper or queue: a one-line error before Spark starts.
-    store = operator_store(o.zk, o.root, timeout_s=o.zk_timeout_s)
+    # Read as any client reads (issue 37): the coordinators, then the replicas.
+    clients = Clients.open(SourceOptions(queue=o.queue, bootstrap=o.bootstrap, zk=o.zk, root=o.root))
+    store, reader = clients.store, clients.reader
     try:
         store.load_state(o.queue)
     except BaseException:
-        store.close()
+        clients.close()
         raise
-    reader = ReplicaReader(store)
     # Micro-batches are small: a few shuffle partitions, not Spark's default 200.
     spark = make_session(o.master, conf={"spark.sql.shuffle.partitions": "2", **o.conf}, app_name="ordq-verify-follow")
     spark.sparkContext.setLogLevel("ERROR")  # the running summary is the output; a failure ends in the verdict
@@ -220,8 +220,11 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     checkpoint = o.checkpoint or scratch.name  # type: ignore[union-attr]
 
     def start() -> Any:
-        df = (spark.readStream.format("ordq").option("zk", o.zk).option("root", o.root).option("queue", o.queue)
-              .option("start", o.start).option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
+        source = spark.readStream.format("ordq").option("zk", o.zk).option("root", o.root)
+        if o.bootstrap:
+            source = source.option("bootstrap", o.bootstrap)
+        df = (source.option("queue", o.queue).option("start", o.start)
+              .option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
         return (df.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
                 .trigger(processingTime=f"{int(o.trigger_s * 1000)} milliseconds").start())
 
@@ -266,8 +269,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
         if old_handler is not None:
             signal.signal(signal.SIGINT, old_handler)
         query.stop()
-        reader.close()
-        store.close()
+        clients.close()
         if scratch is not None:
             scratch.cleanup()
     exc = query.exception()

@@ -246,6 +246,83 @@ def test_global_park_replay_and_drop(cluster: Cluster) -> None:
     assert check(audit / "acks", audit / "deliveries").counts.get("lost") == 1  # without its record: lost
 
 
+@pytest.mark.zk
+def test_a_replay_changes_each_record_alone_not_reading_the_ledger_per_record(cluster: Cluster,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay of N parked records asks the coordinator for the whole ledger a few times, not
+    once per record: each record's change decides on the record as the replay plan read it,
+    and reads that record alone (``parked`` with its seq) only when an operator changed it
+    meanwhile. Failing first (issue 37 regression): every settled replay read the whole ledger
+    (a ZooKeeper read per record on the coordinator), so replaying the drill's 689 records took
+    minutes and the failing-handler-park drill timed out."""
+    from ordq.coordinator.client import CoordinatorClient
+    from ordq.sdk._lease_client import CoordinatorLease
+
+    n, poison = 60, set(range(10, 70))
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    produce(cluster, 0, 100)
+    policy = FailurePolicy(on_failure="park", attempts=1)
+    fixed = threading.Event()
+    handled: list[tuple[int, bool]] = []
+    dropped_meanwhile = 40  # an operator drops this one while its replay runs: it ran anyway
+
+    def handle(m: Delivered) -> None:
+        if m.seq in poison and not fixed.is_set():
+            raise ValueError("poison")
+        replayed = dict(m.headers).get(REPLAYED_HEADER) == b"1"
+        if replayed and m.seq == dropped_meanwhile:
+            out = cluster.ordq("sub", "parked", "drop", "q", "s", "--seq", str(m.seq), "--reason", "meanwhile")
+            assert out.returncode == 0, out.stderr
+        handled.append((m.seq, replayed))
+
+    done = threading.Event()
+    with Consumer(config(cluster, policy)) as c:
+        t = threading.Thread(target=c.run, args=(handle,), kwargs={"stop": done}, daemon=True)
+        t.start()
+        until("everything handled or parked", lambda: c.statistics().parked == n and len(handled) == 100 - n)
+        done.set()
+        t.join(30)
+    assert [r["seq"] for r in ledger(cluster)] == sorted(poison)
+
+    # The coordinator's op: one record by seq (a list of at most one), the ledger without a body.
+    coord = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials)
+    holder = CoordinatorLease(coord, "consumer", "q", "s", "a-reader", ttl_s=CLIENT_SESSION_TIMEOUT_S)
+    try:
+        assert holder.acquire(30)
+        assert [r["seq"] for r in coord.record(holder.held, "parked", {"seq": 11})] == [11]
+        assert coord.record(holder.held, "parked", {"seq": 9}) == []
+        assert len(coord.record(holder.held, "parked")) == n
+        with pytest.raises(ConfigError, match="parked: the body"):
+            coord.record(holder.held, "parked", {"seq": "11"})
+    finally:
+        holder.stop()
+        coord.close()
+
+    asked: list[tuple[str, object]] = []
+    record = CoordinatorClient.record
+
+    def counted(self: CoordinatorClient, lease: object, op: str, body: object = None, **kw: object) -> object:
+        asked.append((op, body))
+        return record(self, lease, op, body, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CoordinatorClient, "record", counted)
+    fixed.set()
+    assert cluster.ordq("sub", "parked", "replay", "q", "s", "--all").returncode == 0
+    done = threading.Event()
+    with Consumer(config(cluster, policy)) as c:
+        t = threading.Thread(target=c.run, args=(handle,), kwargs={"stop": done}, daemon=True)
+        t.start()
+        until("every parked seq replayed", lambda: {s for s, r in handled if r} == poison)
+        done.set()
+        t.join(30)
+    whole = [op for op, body in asked if op == "parked" and body is None]
+    assert 1 <= len(whole) <= 5, f"the whole ledger read {len(whole)} times for a replay of {n} records"
+    assert [body for op, body in asked if op == "parked" and body is not None] == [{"seq": dropped_meanwhile}]
+    assert [(r["seq"], status_of(r)) for r in ledger(cluster)] == [
+        (s, "dropped" if s == dropped_meanwhile else "replayed") for s in sorted(poison)]
+
+
 # -- the rules, as properties ----------------------------------------------------------------
 
 records_st = st.lists(

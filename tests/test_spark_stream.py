@@ -105,6 +105,11 @@ def test_unknown_or_missing_options_are_refused() -> None:
     with pytest.raises(ConfigError, match="maxRowsPerBatch"):
         SourceOptions.parse({"zk": "127.0.0.1:1", "queue": "q", "maxRowsPerBatch": "0"})
     assert SourceOptions.parse({"zk": "z", "queue": "q", "MAXROWSPERBATCH": "7"}).max_rows_per_batch == 7
+    with pytest.raises(ConfigError, match="bootstrap"):  # the cluster: its coordinators, or a registered name
+        SourceOptions.parse({"queue": "q"})
+    with pytest.raises(ConfigError):
+        SourceOptions.parse({"bootstrap": "no-port", "queue": "q"})
+    assert SourceOptions.parse({"bootstrap": "127.0.0.1:7100", "queue": "q"}).zk is None
 
 
 def test_a_plan_cuts_segments_into_ranges_that_start_after_the_right_seq() -> None:

@@ -78,7 +78,7 @@ def _follow(args: argparse.Namespace) -> int:
             zk=args.zk, root=args.root, queue=args.follow, start=args.start, until_s=args.until,
             until_seq=args.until_seq, trigger_s=args.trigger, max_rows_per_batch=args.max_rows_per_batch,
             master=args.master, conf=_conf(args.conf), checkpoint=args.checkpoint,
-            zk_timeout_s=float(getattr(args, "zk_timeout", 5.0)),
+            bootstrap=getattr(args, "bootstrap", None) or None,
             as_json=bool(getattr(args, "json", False))))
     except Exception as exc:  # noqa: BLE001 - an OrdqError or a Spark/Java failure: one line
         return failed(prog, exc)
