@@ -16,7 +16,7 @@ from typing import Any
 
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.coordinator.state import SegStatus
-from ordq.drills import keyed_topic, neighbour, security
+from ordq.drills import control_plane, keyed_topic, neighbour, security
 from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
@@ -534,8 +534,8 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "leaves", "the group rebalances after each change (a member gives a partition up only once it stopped "
           "delivering from it): nothing lost, every key in order, no partition delivered by two members at once",
           keyed_topic.keyed_topic, own_load=True, failover=False, topic=True),
-    # -- security (drills/security.py, drills/neighbour.py, docs/SECURITY.md): hostile clients, refused,
-    # nothing stored ------------------------------------------------------------------------
+    # -- security (drills/security.py, drills/neighbour.py, drills/control_plane.py, docs/SECURITY.md): hostile
+    # clients, refused, nothing stored ------------------------------------------------------------
     Drill("security-intruders", "callers without a token, with the wrong role, for another queue, with a revoked "
           "token, in plaintext and without a client certificate, at the head master under load",
           "each refused (PermissionDenied naming queue and role, or no TLS handshake); the load goes on untouched",
@@ -561,6 +561,17 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           f"the drill queue's ack p99 stays within {neighbour.LATENCY_RATIO:g}x of the quiet windows' (same run) and "
           "it never fails over; each abuse is answered within the budget or refused", neighbour.noisy_neighbour,
           failover=False, load=neighbour.neighbour_load, check=neighbour.check_neighbour),
+    Drill("security-control-plane", "hand-made clients attack the leading coordinator in "
+          f"{control_plane.ROUNDS} windows of {control_plane.ATTACK_S:g} s between quiet ones: Pop naming a "
+          f"{control_plane.HUGE_NAME_BYTES >> 20} MiB queue with the client certificate and no token, "
+          f"{control_plane.FLOOD_THREADS} threads of Describe and Subscribe with one consume token, Subscribe past "
+          "the bound, EnsureParkingQueue for made-up names, undecodable bytes, a queue name with a new line; the "
+          "drill queue is written and another token commits on it",
+          "every attack refused and counted by the leader (ordq_coordinator_requests_total), which stays under "
+          f"{control_plane.RSS_BUDGET_BYTES >> 20} MiB RSS and keeps leading; nothing created or changed; the "
+          f"drill queue's produce and commit p99 within {control_plane.LATENCY_RATIO:g}x of the quiet windows'",
+          control_plane.control_plane, failover=False, load=control_plane.control_plane_load,
+          check=control_plane.check_control_plane),
 )}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow). Of the security

@@ -164,7 +164,7 @@ class _Abuser:
 ABUSER_START_S = 60.0  # how long the abuser's process may take to start (a loaded box)
 
 
-def _idle_priority() -> str:
+def idle_priority() -> str:
     """Make this process (and the threads it starts afterwards: gRPC's included) run only on CPU
     nothing else wants: nice 19 and, where Linux allows it, SCHED_IDLE. Returns what was set."""
     os.nice(19 - os.nice(0))
@@ -180,7 +180,7 @@ def _abuser_process(address: str, creds: Credentials, queue_: str, seg: int, con
     """The abuser's own process (spawned): at idle priority if ``idle``; each ``go`` starts a
     window of abuse, the next ``stop`` ends it (everything it opened closed) and sends back its
     outcomes; ``exit`` ends the process."""
-    priority = _idle_priority() if idle else "normal priority"
+    priority = idle_priority() if idle else "normal priority"
     conn.send(("ready", priority))
     while conn.recv() == "go":
         abuser = _Abuser(address, creds, queue_, seg, kinds)
@@ -194,7 +194,7 @@ class _AbuserProcess:
     client's CPU (TLS encryption of 30 MiB bodies, gRPC threads, reading the huge answers) is not
     taken from the broker or the neighbour's clients. The drill puts this process in a cgroup
     under a CPU quota (``ordq.drills.cpu_isolation``); where there are no cgroups it runs at idle
-    priority (``idle``: ``_idle_priority``). ``abuse()`` starts one window of abuse, ``pause()``
+    priority (``idle``: ``idle_priority``). ``abuse()`` starts one window of abuse, ``pause()``
     ends it (streams cancelled, calls finished) and returns its outcomes."""
 
     def __init__(self, address: str, creds: Credentials, queue_: str, seg: int, *, idle: bool,
@@ -273,7 +273,7 @@ def _fill(c: Any, queue_: str, creds: Credentials) -> None:
         producer.close()
 
 
-def _cpu_s(pids: dict[str, int | None]) -> dict[str, float]:
+def cpu_seconds(pids: dict[str, int | None]) -> dict[str, float]:
     """CPU seconds (user + system) each process has used so far, from /proc; ``machine busy``:
     the whole machine's non-idle CPU seconds. What the drill reports beside the p99 to say where
     the CPU went."""
@@ -293,7 +293,7 @@ def _cpu_story(a: dict[str, float], b: dict[str, float], seconds: float) -> str:
     return ", ".join(f"{k} {(b[k] - a[k]) / seconds:.2f}" for k in b if k in a)
 
 
-def _isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | None, str]:
+def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | None, str]:
     """The drill's CPU isolation (``ordq.drills.cpu_isolation``): the cluster, the drill's clients and
     this process in a group with the highest shares; returns it (None where cgroups cannot be
     used) and the judgement in words, which the drill logs and its verdict repeats."""
@@ -321,7 +321,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     judges the drill queue's producer over the finished run (pooled ack p99 of the abuse windows
     <= 2x the pooled p99 of the quiet windows; no fail-over).
 
-    In production the abuser is on another host. Here, with cgroups (``_isolate``), its client
+    In production the abuser is on another host. Here, with cgroups (``isolate``), its client
     runs under a CPU quota of its own and the cluster and the drill's clients keep their CPU
     against busy loops, so the ratio judges what the abuse costs the broker (TLS decryption,
     typed refusals, the memory budget, answers built and encrypted), not the machine. Before
@@ -345,7 +345,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     pids = {name: p.pid for name, p in c.processes()}
     pids |= {f"producer {i}": w.proc.pid for i, w in enumerate(ctx.producers)}
     pids |= {f"consumer {i}": w.proc.pid for i, w in enumerate(ctx.consumers)}
-    iso, judgement = _isolate(pids)
+    iso, judgement = isolate(pids)
     kinds = abuse_kinds()
     if kinds != ABUSE_KINDS:
         judgement += f"; ONLY {'+'.join(kinds)} abuse ({ABUSE_ENV}): a measurement, not the acceptance"
@@ -373,7 +373,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
         use: dict[str, dict[str, float]] = {"quiet": {}, "abused": {}}
         for _ in range(ROUNDS):
             for kind in ("quiet", "abused"):
-                t0, c0 = now_us(), _cpu_s(cpu_pids)
+                t0, c0 = now_us(), cpu_seconds(cpu_pids)
                 if kind == "quiet":
                     q0 = t0
                     time.sleep(QUIET_S)
@@ -385,7 +385,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                     time.sleep(RECOVER_S)
                     windows.append((q0, t0, now_us()))
                     ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
-                c1 = _cpu_s(cpu_pids)
+                c1 = cpu_seconds(cpu_pids)
                 cpu[kind] += (now_us() - t0) / 1e6
                 for k in c1:
                     if k in c0:

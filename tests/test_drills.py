@@ -182,3 +182,26 @@ def test_keyed_topic_drill_passes(tmp_path: Path, verifier: Verifier) -> None:
     assert found["concurrent_consumers"] == found["lost"] == found["key_partitions"] == 0, found
     texts = " ".join(text for _t, text in res.events)
     assert "SIGSTOP member m1" in texts and "member m1 joined again" in texts and "member m2 left" in texts
+
+
+@pytest.mark.slow
+def test_security_control_plane_drill_passes(tmp_path: Path, verifier: Verifier) -> None:
+    """The security-control-plane drill alone (issue 38): hand-made clients attack the leading
+    coordinator in windows between quiet ones (a 200 MiB-named Pop without a token, a 64-thread
+    flood of one consume token, Subscribe past the bound, EnsureParkingQueue for made-up names,
+    undecodable bytes, a name with a new line) while the drill queue is written and another token
+    commits on it. ~3 min of load (the windows start at 20-60 % of a 160 s stream), then Spark."""
+    cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=3, coordinators=2))
+    try:
+        cluster.start()
+        run = execute_drill(cluster, DRILLS["security-control-plane"], seed=38)
+        res = judge_all([run], verifier, keep=True)[0]
+    finally:
+        cluster.stop()
+    assert res.ok, _explain(res)
+    met = " ".join(what for what, ok in res.expectations if ok)
+    for what in ("huge: refused denied", "flood:Subscribe: refused bad_request", "parking: refused sub_not_found",
+                 "undecodable: refused bad_request", "newline:token: refused bad_request",
+                 "the leader counted PermissionDenied", "the leader counted Undecodable", "kept leading",
+                 "no subscription created or removed", "produce ack p99", "commit p99"):
+        assert what in met, _explain(res)

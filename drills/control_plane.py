@@ -1,0 +1,435 @@
+"""The ``security-control-plane`` drill (issue 38; docs/SECURITY.md, "The coordinator service's
+limits"): hand-made clients attack the leading coordinator under load, in windows interleaved
+with quiet ones, while the drill queue is produced to and another caller commits on it.
+
+The attacker holds real credentials: the cluster's client certificate with no token, and a
+consume token for a queue of its own (the *attacked* queue, at its subscription bound). Its
+attacks, all at once in each window, from a process of its own (its own "host": a CPU quota in a
+cgroup, as the noisy-neighbour drill's abuser, ``ordq.drills.neighbour``):
+
+- ``huge``: ``Pop`` requests naming a 200 MiB queue, with the certificate and no token (2 at once);
+- ``flood``: 64 threads over 4 connections calling ``Describe`` and ``Subscribe`` with the token;
+- ``bound``: ``Subscribe`` of new names past the queue's ``max_subscriptions_per_queue``;
+- ``parking``: ``EnsureParkingQueue`` for made-up subscriptions;
+- ``undecodable``: bytes that are no protobuf, raw, to ``Pop``, ``Commit``, ``Acquire``, ``Describe``;
+- ``newline``: a queue name with a new line forging a log line, with the token and without.
+
+It must hold (``check_control_plane`` and the expectations of ``control_plane``): every attack
+refused (no call of a refused kind answered ``ok``; each kind's own refusal seen) and counted by
+the leader (``ordq_coordinator_requests_total{rpc, outcome}`` grew by at least what the attacker
+was refused); the leader's RSS stays under ``RSS_BUDGET_BYTES`` and it keeps leading (the same
+election node before and after: its ZooKeeper session never lapsed); nothing created or changed
+(queues, subscriptions); no forged line, no traceback and no name over 4 KiB in its log; and the
+drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the attack windows,
+within ``LATENCY_RATIO`` of the same pooled over the quiet windows between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ordq.common.metrics import scrape
+from ordq.common.security import Credentials
+from ordq.coordinator.client import CoordinatorClient, Held
+from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
+from ordq.coordinator.tokens import create_token, revoke_token, touch
+from ordq.drills import neighbour
+from ordq.drills.control_plane_attacks import (
+    ATTACKS,
+    ATTACKS_ENV,
+    FLOOD_THREADS,
+    FORGED,
+    HUGE_AT_ONCE,
+    HUGE_NAME_BYTES,
+    AttackerProcess,
+    attack_kinds,
+    judge_attacks,
+)
+from ordq.drills.runner import DrillContext
+from ordq.drills.workload import now_us
+
+ROUNDS = 4  # quiet and attack windows, interleaved (as the noisy-neighbour drill's)
+QUIET_S = 3.0
+ATTACK_S = 4.0
+RECOVER_S = 1.0  # after each attack window, still judged as attacked
+LATENCY_RATIO = 2.0  # the neighbour's produce and commit p99, attacked / quiet
+MIN_ACKS = 1000  # produce acks in each kind of window (the noisy-neighbour drill's rule)
+MIN_COMMITS = 200  # the neighbour's commits in each kind of window
+PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after the last answer
+RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
+# 160 s at 2,000 msgs/s: the attacks start at 20-60 % of the stream and take ~55 s with their
+# set-up (each window ends once the attacker's calls in flight are answered, ~5 s after ATTACK_S);
+# the drill queue must still be written through the last window.
+MESSAGES = 320_000
+
+
+def control_plane_load(load: Any) -> Any:
+    """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them."""
+    return attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
+
+
+class _CommitProbe:
+    """The neighbour: another token's consumer lease on a subscription of the drill queue,
+    committing its cursor every ``PROBE_EVERY_S``; each Commit's time (µs at its start, ms it
+    took) recorded, its failures counted."""
+
+    def __init__(self, bootstrap: list[str], creds: Credentials, queue: str, sub: str) -> None:
+        self.queue, self.sub = queue, sub
+        self.client = CoordinatorClient(bootstrap=bootstrap, credentials=creds, timeout_s=30)
+        self.samples: list[tuple[int, float]] = []
+        self.failures: list[str] = []
+        self.stop_event = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="commit-probe", daemon=True)
+        self.lease: Held | None = None
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:  # the token, a moment old, may not be known to the leader yet
+            try:
+                lease = self.client.acquire("consumer", self.queue, self.sub, "drill-neighbour", ttl_ms=30_000)
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            if isinstance(lease, Held):
+                self.lease = lease
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the neighbour got no consumer lease on {self.queue}/{self.sub}: {lease}")
+            time.sleep(0.1)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self.lease is not None
+        d = self.client.describe(self.queue, subscription=self.sub)
+        assert d.cursor is not None
+        cursor, version = d.cursor, d.cursor_version
+        renewed = time.monotonic()
+        while not self.stop_event.wait(PROBE_EVERY_S):
+            try:
+                if time.monotonic() - renewed > 5.0:
+                    self.lease, renewed = self.client.heartbeat(self.lease), time.monotonic()
+                t0, at = time.perf_counter(), now_us()
+                version = self.client.commit(self.queue, self.sub, cursor, version, self.lease)
+                self.samples.append((at, (time.perf_counter() - t0) * 1000.0))
+            except Exception as exc:  # noqa: BLE001 - a neighbour's failed commit is a finding
+                self.failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                d = self.client.describe(self.queue, subscription=self.sub)
+                cursor, version = d.cursor or cursor, d.cursor_version
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self._thread.join(60)
+        if self.lease is not None:
+            with contextlib.suppress(Exception):
+                self.client.release(self.lease)
+        self.client.close()
+
+
+class _CpuUse:
+    """The CPU each process used (cores), per kind of window (``neighbour.cpu_seconds``)."""
+
+    def __init__(self, pids: dict[str, int | None]) -> None:
+        self.pids = pids
+        self.wall: dict[str, float] = {}
+        self.used: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def measure(self, kind: str) -> Iterator[None]:
+        t0, c0 = time.monotonic(), neighbour.cpu_seconds(self.pids)
+        try:
+            yield
+        finally:
+            c1 = neighbour.cpu_seconds(self.pids)
+            self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
+            use = self.used.setdefault(kind, {})
+            for k in c1:
+                if k in c0:
+                    use[k] = use.get(k, 0.0) + c1[k] - c0[k]
+
+    def __str__(self) -> str:
+        return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
+                         for kind, use in self.used.items())
+
+
+def _rss(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM: the peak RSS since the process started) of ``pid``, in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+
+
+class _RssWatch:
+    """The leading coordinator's RSS, sampled every 50 ms while the attacks run."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.before, self.hwm_before = _rss(pid)
+        self.peak = self.before
+        self.stop_event = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(0.05):
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                self.peak = max(self.peak, _rss(self.pid)[0])
+
+    def stop(self) -> tuple[int, int, int]:
+        """(RSS before, the peak seen, RSS now); the peak is the process's own high-water mark
+        when that grew meanwhile (a spike between two samples)."""
+        self.stop_event.set()
+        self._thread.join(5)
+        now, hwm = _rss(self.pid)
+        return self.before, max(self.peak, now, hwm if hwm > self.hwm_before else 0), now
+
+
+def _election_head(client: Any, path: str) -> str | None:
+    """The leading contender's election node (a new one after any lapse of its session)."""
+    nodes = sorted((int(m.group(1)), c) for c in client.get_children(path) if (m := LOCK_NODE.search(c)))
+    return nodes[0][1] if nodes else None
+
+
+def _counted(url: str) -> dict[str, float]:
+    """The leader's ``ordq_coordinator_requests_total`` by outcome (summed over the rpcs)."""
+    out: dict[str, float] = {}
+    for s in scrape(url, timeout_s=10.0):
+        if s.name == "ordq_coordinator_requests_total":
+            outcome = s.labels.get("outcome", "")
+            out[outcome] = out.get(outcome, 0.0) + s.value
+    return out
+
+
+@attrs.define
+class _Stage:
+    """What the drill set up before its attacks, and undoes after them (``_set_up``, ``_clear``)."""
+
+    leader: str  # the leading coordinator's process name
+    pid: int
+    metrics_url: str
+    log: Path
+    address: str  # where it serves
+    bootstrap: list[str]
+    election: str | None  # its election node
+    attacked: str  # the attacker's queue (at its subscription bound)
+    probe_sub: str  # the neighbour's subscription of the drill queue
+    token: str  # the attacker's (consume on ``attacked``)
+    neighbour_token: str  # the neighbour's (consume on the drill queue)
+    token_ids: list[str]
+    queues: list[str]  # before the attacks
+    subs: dict[str, list[str]]
+
+
+def _set_up(ctx: DrillContext) -> _Stage:
+    from ordq.coordinator.service import MAX_SUBSCRIPTIONS_PER_QUEUE
+
+    c = ctx.cluster
+    attacked, probe_sub = ctx.queue + "-attacked", "drill-neighbour"
+    leader = ctx.wait(c.coordinator_leader, timeout_s=30, what="a coordinator leader")
+    proc = next(p for p in c.coordinators if p.name == leader)
+    url = c.metrics_url(leader)
+    assert proc.pid is not None and url is not None
+    with c.store() as store:
+        paths = store.paths
+        store.create_queue(attacked)
+        # The attacked queue at its bound (the coordinator's max_subscriptions_per_queue, 1,000 by
+        # default), made by ZooKeeper writes in transactions of 100: 999 creates sent at once held
+        # ZooKeeper long enough for the brokers' 1 s sessions to expire (and the producer to fail over).
+        store.create_subscription(attacked, "s0")
+        data, _ = store.client.get(paths.sub(attacked, "s0"))
+        for first in range(1, MAX_SUBSCRIPTIONS_PER_QUEUE, 100):
+            tx = store.client.transaction()
+            for i in range(first, min(first + 100, MAX_SUBSCRIPTIONS_PER_QUEUE)):
+                tx.create(paths.sub(attacked, f"s{i}"), data)
+            tx.commit()
+        store.create_subscription(ctx.queue, probe_sub)
+        attacker_rec, token = create_token(store.client, paths.root, {attacked: ["consume"]},
+                                           "drill: control-plane attacker")
+        neighbour_rec, neighbour_token = create_token(store.client, paths.root, {ctx.queue: ["consume"]},
+                                                      "drill: control-plane neighbour")
+        touch(store.client, paths.root)
+        stage = _Stage(leader=leader, pid=proc.pid, metrics_url=url, log=proc.log_path,
+                       address=leader_address(store.client, paths.coordinator_leader),
+                       bootstrap=coordinator_addresses(store.client, paths.coordinator_leader),
+                       election=_election_head(store.client, paths.coordinator_leader), attacked=attacked,
+                       probe_sub=probe_sub, token=token, neighbour_token=neighbour_token,
+                       token_ids=[attacker_rec.tid, neighbour_rec.tid], queues=sorted(store.list_queues()),
+                       subs={q: sorted(store.list_subscriptions(q)) for q in (attacked, ctx.queue)})
+    ctx.event(f"leader {leader} at {stage.address} (pid {stage.pid}); {attacked} at its bound of "
+              f"{MAX_SUBSCRIPTIONS_PER_QUEUE} subscriptions; the neighbour commits on {ctx.queue}/{probe_sub}")
+    return stage
+
+
+def _clear(ctx: DrillContext, stage: _Stage) -> None:
+    """Undo ``_set_up`` (whatever is there of it)."""
+    with ctx.cluster.store() as store:
+        with contextlib.suppress(Exception):
+            store.delete_subscription(ctx.queue, stage.probe_sub)
+        for tid in stage.token_ids:
+            revoke_token(store.client, store.paths.root, tid)
+        touch(store.client, store.paths.root)
+        with contextlib.suppress(Exception):
+            store.delete_queue(stage.attacked)
+
+
+def control_plane(ctx: DrillContext) -> None:
+    """The ``security-control-plane`` drill (see the module doc): ROUNDS of QUIET_S quiet then
+    ATTACK_S of attacks (+ RECOVER_S, judged as attacked); the produce ack p99 is judged over
+    the finished run (``check_control_plane``), the rest here."""
+    stage = _set_up(ctx)
+    try:
+        _attack(ctx, stage)
+    finally:
+        _clear(ctx, stage)
+
+
+def _attack(ctx: DrillContext, stage: _Stage) -> None:
+    c = ctx.cluster
+    pids = {name: p.pid for name, p in c.processes()}
+    pids |= {f"producer {i}": w.proc.pid for i, w in enumerate(ctx.producers)}
+    pids |= {f"consumer {i}": w.proc.pid for i, w in enumerate(ctx.consumers)}
+    iso, judgement = neighbour.isolate(pids)
+    kinds = attack_kinds()
+    if kinds != ATTACKS:
+        judgement += f"; ONLY {'+'.join(kinds)} attacks ({ATTACKS_ENV}): a measurement, not the acceptance"
+    ctx.notes["neighbour_judgement"] = judgement
+    ctx.event(f"judgement: {judgement}")
+    log_from = stage.log.stat().st_size
+    probe = _CommitProbe(stage.bootstrap, attrs.evolve(c.credentials, token=stage.neighbour_token), ctx.queue,
+                         stage.probe_sub)
+    attacker: AttackerProcess | None = None
+    windows: list[tuple[int, int, int]] = []
+    outcomes: dict[str, int] = {}
+    rss: _RssWatch | None = None
+    try:
+        probe.start()
+        attacker = AttackerProcess(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
+                                    kinds=kinds)
+        if iso is not None:
+            iso.add("capped", [attacker.pid])
+        counted_before = _counted(stage.metrics_url)
+        rss = _RssWatch(stage.pid)
+        ctx.fault(f"an attacker with the client certificate and a consume token for {stage.attacked} attacks the "
+                  f"leading coordinator {stage.leader} in {ROUNDS} windows of {ATTACK_S:g} s, each after "
+                  f"{QUIET_S:g} s quiet, from a process of its own ({attacker.priority}): {HUGE_AT_ONCE} Pop "
+                  f"requests at a time naming a {HUGE_NAME_BYTES >> 20} MiB queue without a token, "
+                  f"{FLOOD_THREADS} threads of Describe and Subscribe, Subscribe past the bound, EnsureParkingQueue "
+                  "for made-up names, undecodable bytes, a queue name with a new line")
+        gid, _seg = ctx.head()
+        cpu = _CpuUse({stage.leader: stage.pid, "zookeeper": c.zk.processes[0].pid,
+                       f"{gid}/master": pids.get(f"{gid}/master"), "producer": ctx.producers[0].proc.pid,
+                       "attacker": attacker.pid, "drill": os.getpid()})
+        for _ in range(ROUNDS):
+            q0 = now_us()
+            with cpu.measure("quiet"):
+                time.sleep(QUIET_S)
+            a0 = now_us()
+            with cpu.measure("attacked"):
+                attacker.attack()
+                time.sleep(ATTACK_S)
+                for k, n in attacker.pause().items():
+                    outcomes[k] = outcomes.get(k, 0) + n
+                time.sleep(RECOVER_S)
+            windows.append((q0, a0, now_us()))
+            ctx.event(f"window (quiet from, attack from, attack to; µs): {windows[-1]}")
+        ctx.event(f"CPU cores used, {cpu}")
+        ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
+                   "for this machine's speed)", ctx.producers[0].proc.alive())
+    finally:
+        ctx.notes["neighbour_windows"] = windows
+        peak = rss.stop() if rss is not None else None
+        if attacker is not None:
+            attacker.close()
+        probe.stop()
+        if iso is not None:
+            left = iso.close()
+            ctx.event("cgroups removed, processes back in the root group" if not left
+                      else f"cgroups NOT removed (swept by the next run): {left}")
+    ctx.notes["commit_samples"] = probe.samples
+    ctx.event(f"attacks ended: {dict(sorted(outcomes.items()))}")
+    counted_after = _counted(stage.metrics_url)
+    counted = {k: v - counted_before.get(k, 0.0) for k, v in counted_after.items() if v > counted_before.get(k, 0.0)}
+    ctx.notes["counted"] = counted
+    ctx.notes["outcomes"] = outcomes
+    ctx.event(f"the leader counted meanwhile: {counted}")
+    ctx.expect(f"every kind of attack was sent ({', '.join(kinds)}; {ATTACKS_ENV} unset)", kinds == ATTACKS)
+    for what, ok in judge_attacks(outcomes, counted, kinds):
+        ctx.expect(what, ok)
+    ctx.expect(f"the neighbour's commits never failed ({len(probe.failures)} failed: {probe.failures[:3]})",
+               not probe.failures)
+    if peak is not None:
+        before, top, now = peak
+        ctx.notes["rss_mib"] = (before / 2**20, top / 2**20, now / 2**20)
+        ctx.expect(f"the leader's RSS stayed under {RSS_BUDGET_BYTES >> 20} MiB: {before / 2**20:.0f} MiB before, "
+                   f"peak {top / 2**20:.0f} MiB, {now / 2**20:.0f} MiB after", top < RSS_BUDGET_BYTES)
+    _check_unchanged(ctx, stage, log_from)
+
+
+def _check_unchanged(ctx: DrillContext, stage: _Stage, log_from: int) -> None:
+    """The leader kept leading; no queue or subscription made or removed; its log clean."""
+    with ctx.cluster.store() as store:
+        still = _election_head(store.client, store.paths.coordinator_leader)
+        ctx.expect(f"{stage.leader} kept leading (election node {stage.election} before, {still} after)",
+                   still == stage.election and ctx.cluster.coordinator_leader() == stage.leader)
+        queues = sorted(store.list_queues())
+        subs = {q: sorted(store.list_subscriptions(q)) for q in stage.subs}
+    new = sorted(set(subs[stage.attacked]) - set(stage.subs[stage.attacked]))
+    ctx.expect(f"no queue created or removed ({len(stage.queues)} before, {len(queues)} after: "
+               f"{sorted(set(queues) ^ set(stage.queues))})", queues == stage.queues)
+    ctx.expect(f"no subscription created or removed ({', '.join(f'{q}: {len(s)}' for q, s in subs.items())}; "
+               f"new: {new[:5]})", subs == stage.subs)
+    with open(stage.log, "rb") as f:
+        f.seek(log_from)
+        lines = f.read().decode(errors="replace").splitlines()
+    ctx.expect(f"the leader's log: no forged line, no traceback, no line over 4 KiB ({len(lines)} lines written, "
+               f"longest {max((len(x) for x in lines), default=0)} characters)",
+               not any(x.startswith(FORGED) for x in lines) and not any("Traceback" in x for x in lines)
+               and all(len(x) < 4096 for x in lines))
+
+
+def _p99(values: list[float]) -> float:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else float("nan")
+
+
+def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
+    """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
+    attack windows against the same pooled over the quiet windows between them (same run, same
+    minutes: the noisy-neighbour drill's rule, ``neighbour.check_neighbour``); no fail-over."""
+    windows = ctx.notes.get("neighbour_windows")
+    if not windows or not acks:
+        return [("the attacks ran", False)]
+    judgement = ctx.notes.get("neighbour_judgement", "?").split(":")[0]
+    out: list[tuple[str, bool]] = []
+    series = {"produce ack": ([(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks], MIN_ACKS),
+              "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
+    for what, (samples, least) in series.items():
+        quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
+        attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
+        q, b = _p99(quiet), _p99(attacked)
+        per = [(_p99([ms for at, ms in samples if q0 <= at < a0]), _p99([ms for at, ms in samples if a0 <= at < a1]))
+               for q0, a0, a1 in windows]
+        ctx.notes[f"{what} p99 ms"] = (q, b)
+        ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked: "
+                  + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in per) + ")")
+        out.append((f"{what} p99 attacked/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x "
+                    f"({len(attacked)} in {len(windows)} attack windows, {len(quiet)} in the quiet ones between "
+                    f"them; at least {least} each; judged {judgement})",
+                    len(quiet) >= least and len(attacked) >= least and b <= LATENCY_RATIO * q))
+    # A fail-over before the attacks (the runner's steady load, beside busy loops, before the
+    # drill isolates the cluster's CPU) is not theirs: the attacks' span is judged.
+    first, last = windows[0][0], windows[-1][2]
+    moves = sorted(int(us) for w in ctx.producers for seg, us in (w.status().get("seg_first_ack_us") or {}).items()
+                   if int(seg) > min(a.seg for a in acks))
+    during = [us for us in moves if first <= us <= last + 5_000_000]  # its first ack: >= 1 s after the fault
+    out.append((f"the drill queue's producer did not fail over during the attacks ({len(during)}; "
+                f"{len(moves)} in the whole run)", not during))
+    return out

@@ -1,0 +1,281 @@
+"""The attacker of the ``security-control-plane`` drill (drills/control_plane.py): hand-made
+clients of the coordinator service holding real credentials (the client certificate with no
+token; a consume token for one queue), in a process of its own, and the judgement of what it was
+answered against what the leader counted.
+
+Each attack outcome is the ordq error kind of the refusal (the ``ordq-error`` trailer;
+``exhausted+hint``: a refused turn with its ``ordq-retry-ms`` hint), ``ok``, or the bare gRPC
+status when ordq did not type it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import grpc
+
+from ordq.common.security import Credentials, channel
+from ordq.coordinator.service_frame import RETRY_METADATA_KEY
+from ordq.drills import neighbour
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.errors import METADATA_KEY
+
+HUGE_NAME_BYTES = 200 << 20  # the queue name of the huge Pop requests
+HUGE_AT_ONCE = 2
+FLOOD_THREADS = 64
+FLOOD_CONNECTIONS = 4
+TARGETED_THREADS = 4  # of each attack but the huge one and the flood
+FORGED = "FORGED-LINE"  # what the newline attack tries to start a log line with
+ATTACKER_START_S = 60.0
+# The attack kinds and the leader's outcome label each refusal is counted under (the client sees
+# the ordq error kind in the ``ordq-error`` trailer; "exhausted" is a refused turn, with its hint).
+ATTACKS = ("huge", "flood", "bound", "parking", "undecodable", "newline")
+COUNTED_AS = {"denied": "PermissionDenied", "exhausted": "ResourceExhausted", "sub_not_found": "SubscriptionNotFound"}
+UNDECODABLE_RPCS = ("Pop", "Commit", "Acquire", "Describe")
+# ``ORDQ_CONTROL_PLANE_ATTACKS=huge,flood`` sends only those kinds (to measure what each costs the
+# neighbour); the drill then says so and fails its "every kind sent" check: only a full run is the
+# acceptance (as ``ORDQ_NEIGHBOUR_ABUSE`` for the noisy-neighbour drill).
+ATTACKS_ENV = "ORDQ_CONTROL_PLANE_ATTACKS"
+
+
+def attack_kinds() -> tuple[str, ...]:
+    """The kinds of attack this run sends (``ATTACKS_ENV``; all of them by default)."""
+    asked = tuple(k.strip() for k in os.environ.get(ATTACKS_ENV, "").split(",") if k.strip())
+    unknown = [k for k in asked if k not in ATTACKS]
+    if unknown:
+        raise ValueError(f"{ATTACKS_ENV}: unknown kind(s) {unknown}; known: {', '.join(ATTACKS)}")
+    return asked or ATTACKS
+
+
+def _outcome(exc: grpc.RpcError) -> str:
+    """An attack call's outcome: the ordq error kind of its refusal (``exhausted+hint`` for a refused
+    turn carrying its retry hint), else the bare gRPC status (not typed by ordq)."""
+    trailers = dict(exc.trailing_metadata() or ()) if isinstance(exc, grpc.Call) else {}
+    raw = trailers.get(METADATA_KEY)
+    if raw:
+        kind = str(json.loads(raw)["kind"])
+        return kind + ("+hint" if RETRY_METADATA_KEY in trailers else "")
+    return exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """``data`` as protobuf length-delimited field ``number``."""
+    n, varint = len(data), bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        varint.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    return bytes([(number << 3) | 2]) + bytes(varint) + data
+
+
+class _Attacker:
+    """One window of every attack, in threads, until ``stop``; outcomes counted per attack (an
+    attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
+
+    def __init__(self, address: str, creds: Credentials, token: str, queue: str, huge: bytes,
+                 kinds: tuple[str, ...] = ATTACKS) -> None:
+        self.address, self.queue, self.huge, self.kinds = address, queue, huge, kinds
+        self.anonymous = attrs.evolve(creds, token=None)
+        self.md = (("authorization", f"Bearer {token}"),)
+        self.stop_event = threading.Event()
+        self.outcomes: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._channels: list[grpc.Channel] = []
+        self._threads: list[threading.Thread] = []
+        self._made_up = 0
+
+    def _channel(self, options: Any = ()) -> grpc.Channel:
+        ch = channel(self.address, self.anonymous, options)  # the token travels in each call's metadata
+        self._channels.append(ch)
+        return ch
+
+    def _count(self, what: str, call: Callable[[], object]) -> None:
+        try:
+            call()
+            outcome = "ok"
+        except grpc.RpcError as exc:
+            outcome = _outcome(exc)
+        with self._lock:
+            self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
+
+    def _loop(self, what: str, call: Callable[[], object], every_s: float = 0.0) -> None:
+        while not self.stop_event.is_set():
+            self._count(what, call)
+            if every_s:
+                self.stop_event.wait(every_s)
+
+    def _call(self, method: Callable[..., object], request: object) -> Callable[[], object]:
+        """``method(request)`` with the token, as a loop's call."""
+        return lambda: method(request, timeout=30, metadata=self.md)
+
+    def _name(self, prefix: str) -> str:
+        with self._lock:
+            self._made_up += 1
+            return f"{prefix}{self._made_up}"
+
+    def start(self) -> None:
+        loops: list[tuple[str, Callable[[], object], float]] = []
+        if "huge" in self.kinds:  # the certificate, no token; gRPC's send limit raised so it is sent at all
+            big = self._channel(options=[("grpc.max_send_message_length", HUGE_NAME_BYTES + (1 << 20))])
+            huge_pop = big.unary_unary("/ordq.v1.Coordinator/Pop")
+            loops += [("huge", lambda: huge_pop(self.huge, timeout=30), 0.0)] * HUGE_AT_ONCE
+        if "flood" in self.kinds:  # one token, 64 threads, 4 connections, Describe and Subscribe as fast as answered
+            stubs = [pb_grpc.CoordinatorStub(self._channel()) for _ in range(FLOOD_CONNECTIONS)]  # type: ignore[no-untyped-call]
+            for i in range(FLOOD_THREADS):
+                stub = stubs[i % FLOOD_CONNECTIONS]
+                if i % 2:
+                    describe = pb.DescribeRequest(queue=self.queue, with_config=True, with_live=True)
+                    loops.append(("flood:Describe", self._call(stub.Describe, describe), 0.0))
+                else:
+                    subscribe = pb.SubscribeRequest(queue=self.queue, subscription=f"flood{i}")
+                    loops.append(("flood:Subscribe", self._call(stub.Subscribe, subscribe), 0.0))
+        # Each of these in TARGETED_THREADS threads: the token is the flood's, so most of its calls
+        # are refused a turn (RESOURCE_EXHAUSTED) before their body is read; the guard behind the
+        # turn must still be reached (its own refusal seen) in every run.
+        own = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+        forged = pb.QueueRef(queue=f"{self.queue}\n{FORGED} coordinator elected")
+        garbage = b"\xff\xff\xff\xff\x0f" + b"\x00" * 64
+        raw = self._channel()
+        for i in range(TARGETED_THREADS):
+            if "bound" in self.kinds:
+                loops.append(("bound", lambda: own.Subscribe(pb.SubscribeRequest(queue=self.queue,
+                                                                                 subscription=self._name("over")),
+                                                             timeout=30, metadata=self.md), 0.05))
+            if "parking" in self.kinds:
+                loops.append(("parking", lambda: own.EnsureParkingQueue(
+                    pb.SubscriptionRef(queue=self.queue, subscription=self._name("made-up")), timeout=30,
+                    metadata=self.md), 0.05))
+            if "undecodable" in self.kinds:
+                rpc = UNDECODABLE_RPCS[i % len(UNDECODABLE_RPCS)]
+                loops.append((f"undecodable:{rpc}",
+                              self._call(raw.unary_unary(f"/ordq.v1.Coordinator/{rpc}"), garbage), 0.05))
+            if "newline" in self.kinds:
+                loops.append(("newline:token", lambda: own.Pop(forged, timeout=30, metadata=self.md), 0.05))
+        if "newline" in self.kinds:
+            anonymous = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+            loops.append(("newline:anonymous", lambda: anonymous.Pop(forged, timeout=30), 0.1))
+        for what, call, every_s in loops:
+            t = threading.Thread(target=self._loop, args=(what, call, every_s), name=f"attack-{what}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> dict[str, int]:
+        """End the window: each thread finishes its call in flight (no call is cancelled)."""
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(40)
+        for ch in self._channels:
+            with contextlib.suppress(Exception):
+                ch.close()
+        return dict(self.outcomes)
+
+
+def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,
+                      kinds: tuple[str, ...]) -> None:
+    """The attacker's own process (spawned): each ``go`` starts a window of every attack, the
+    next ``stop`` ends it and sends back its outcomes; ``exit`` ends the process."""
+    priority = neighbour.idle_priority() if idle else "normal priority"
+    huge = _field(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""  # a QueueRef (field 1: queue), sent raw
+    conn.send(("ready", priority))
+    while conn.recv() == "go":
+        attacker = _Attacker(address, creds, token, queue, huge, kinds)
+        attacker.start()
+        conn.recv()
+        conn.send(attacker.stop())
+
+
+class AttackerProcess:
+    """``_Attacker`` in a process of its own (``neighbour._AbuserProcess``'s pattern)."""
+
+    def __init__(self, address: str, creds: Credentials, token: str, queue: str, *, idle: bool,
+                 kinds: tuple[str, ...]) -> None:
+        mp = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
+        self._conn, child = mp.Pipe()
+        self._proc = mp.Process(target=_attacker_process, args=(address, creds, token, queue, child, idle, kinds),
+                                name="ordq-attacker", daemon=True)
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(ATTACKER_START_S):
+            self.close()
+            raise RuntimeError(f"the attacker's process did not start within {ATTACKER_START_S:g} s")
+        _ready, self.priority = self._conn.recv()
+        self.pid = self._proc.pid
+
+    def attack(self) -> None:
+        self._conn.send("go")
+
+    def pause(self) -> dict[str, int]:
+        self._conn.send("stop")
+        if not self._conn.poll(90):
+            raise RuntimeError("the attacker did not end its window within 90 s")
+        outcomes: dict[str, int] = self._conn.recv()
+        return outcomes
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.send("exit")
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+        self._conn.close()
+
+
+def _server_label(attack: str, outcome: str) -> str | None:
+    """The leader's outcome label an attack's refusal is counted under (None: not a refusal)."""
+    kind = outcome.split("+")[0]
+    if kind in COUNTED_AS:
+        return COUNTED_AS[kind]
+    if kind == "bad_request":
+        return {"bound": "ConfigError", "flood": "ConfigError", "undecodable": "Undecodable",
+                "newline": "InvalidName"}.get(attack)
+    return None
+
+
+# The refusal each attack must have got at least once (besides a refused turn, "exhausted+hint"),
+# over its calls of every method ("undecodable": Pop, Commit, Acquire and Describe together).
+OWN_REFUSAL = {"huge": "denied", "flood:Describe": "exhausted+hint", "flood:Subscribe": "bad_request",
+               "bound": "bad_request", "parking": "sub_not_found", "undecodable": "bad_request",
+               "newline:token": "bad_request", "newline:anonymous": "denied"}
+
+
+def judge_attacks(outcomes: dict[str, int], counted: dict[str, float], kinds: tuple[str, ...] = ATTACKS
+                  ) -> list[tuple[str, bool]]:
+    """Every attack refused (``flood:Describe`` may be served: a consume token may describe its
+    queue; its excess is refused) with its own refusal seen, and counted by the leader."""
+    out: list[tuple[str, bool]] = []
+    per: dict[str, dict[str, int]] = {}
+    for key, n in outcomes.items():
+        what, _, outcome = key.partition(" ")
+        per.setdefault(what, {})[outcome] = n
+    for what, own in OWN_REFUSAL.items():
+        if what.split(":")[0] not in kinds:
+            continue
+        seen: dict[str, int] = {}
+        for sub, outcomes_of in per.items():
+            if sub == what or sub.startswith(what + ":"):
+                for outcome, n in outcomes_of.items():
+                    seen[outcome] = seen.get(outcome, 0) + n
+        served = seen.get("ok", 0) if what != "flood:Describe" else 0
+        untyped = {k: v for k, v in seen.items() if k not in (own, "exhausted+hint", "ok")}
+        out.append((f"{what}: refused {own} {seen.get(own, 0)}x ({seen or 'never sent'})",
+                    seen.get(own, 0) > 0 and not served and not untyped))
+    expected: dict[str, int] = {}
+    for what, seen in per.items():
+        for outcome, n in seen.items():
+            label = _server_label(what.split(":")[0], outcome)
+            if label is not None:
+                expected[label] = expected.get(label, 0) + n
+    for label, n in sorted(expected.items()):
+        out.append((f"the leader counted {label}: {counted.get(label, 0):.0f} >= the attacker's {n}",
+                    counted.get(label, 0) >= n))
+    return out
