@@ -105,6 +105,7 @@ class SegmentStore:
         # Every queue folder's name durable once: from here on a new segment syncs only its
         # own folder and its queue's (``create``), a new queue folder the data folder.
         seglog.sync_dir(self.shared.config.data_dir)
+        sweep_removals(self.shared.config.data_dir)
         for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if p.is_dir()):
             for sdir in sorted(p for p in qdir.iterdir() if p.is_dir() and p.name.isdigit()):
                 queue, seg = qdir.name, int(sdir.name)
@@ -237,7 +238,7 @@ class SegmentStore:
                 held_incarnation = _folder_incarnation(qdir)
                 if st is None or (held_incarnation is not None and held_incarnation != st.incarnation):
                     self.drop_segments(name, lambda seg: True, "its queue was deleted")
-                    shutil.rmtree(qdir, ignore_errors=True)
+                    remove_folder(qdir)
                     continue
                 low = st.consume[0].seg if st.consume else st.next_seg
                 self.drop_segments(name, lambda seg: seg < low,  # noqa: B023 - called at once
@@ -259,7 +260,7 @@ class SegmentStore:
             with s.io_lock:
                 if s.log is not None:
                     s.log.close()
-                shutil.rmtree(s.directory, ignore_errors=True)
+                remove_folder(s.directory)
             log.info("segment %s/%d removed: %s", queue, s.key[1], why)
 
     def zk_segment(self, queue: str, seg: int) -> tuple[Any, int]:
@@ -346,9 +347,41 @@ def write_meta(s: Segment, *, sync_dir: bool = True) -> None:
                            sync_dir=sync_dir)
 
 
+# A folder being removed is first renamed to its name + this (a character no queue name and no
+# segment number has), so that a kill -9 in the middle of deleting its files never leaves a
+# segment folder with its meta file and no log: such a folder refuses the next start (its log
+# may have held acked batches: ``_open_found``). The next start finishes what is left.
+REMOVING = "~removing"
+
+
+def remove_folder(path: Path) -> None:
+    """Remove a segment's or a queue's folder, crash-safe: renamed out of the way (the rename
+    made durable) before any file in it goes."""
+    doomed = path.with_name(path.name + REMOVING)
+    shutil.rmtree(doomed, ignore_errors=True)  # an earlier removal's leftover of the same name
+    try:
+        path.rename(doomed)
+    except FileNotFoundError:
+        return
+    seglog.sync_dir(path.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def sweep_removals(data_dir: Path) -> None:
+    """Finish the removals a killed broker left half done (``remove_folder``), at start."""
+    for qdir in [p for p in data_dir.iterdir() if p.is_dir()]:
+        if qdir.name.endswith(REMOVING):
+            shutil.rmtree(qdir, ignore_errors=True)
+            log.info("removed the leftover of an interrupted removal: %s", qdir.name)
+            continue
+        for sdir in [p for p in qdir.iterdir() if p.is_dir() and p.name.endswith(REMOVING)]:
+            shutil.rmtree(sdir, ignore_errors=True)
+            log.info("removed the leftover of an interrupted removal: %s/%s", qdir.name, sdir.name)
+
+
 def _is_queue_folder(path: Path) -> bool:
     """Only folders this broker made count (anything else in the data folder is left alone)."""
-    return path.is_dir() and ((path / INCARNATION_FILE).exists() or any(
+    return path.is_dir() and not path.name.endswith(REMOVING) and ((path / INCARNATION_FILE).exists() or any(
         p.is_dir() and p.name.isdigit() for p in path.iterdir()))
 
 

@@ -458,6 +458,52 @@ def test_a_broker_killed_between_a_segment_folder_and_its_log_starts_again(group
     assert len(stored(group.procs.master.data_dir)) == 5  # segment 0 as it was
 
 
+def test_a_removal_cut_short_leaves_no_segment_folder_without_its_log(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guard: ``remove_folder`` (broker_group/segments.py) renames a popped segment's folder out
+    of the way before deleting its files. Failing first: ``drill all`` killed a head master (-9)
+    while it removed a popped segment (roll-under-failover pops every 0.25 s); the folder was
+    left with its meta file and no log, which refuses a start (the next test), and the master
+    never came back: every later drill failed "broker-g1-master exited with code 1"."""
+    from ordq.broker_group import segments
+
+    folder = tmp_path / "q" / "7"
+    folder.mkdir(parents=True)
+    (folder / seglog.SEGMENT_FILE).write_bytes(b"x")
+    (folder / "meta.json").write_text("{}")
+
+    def killed_midway(path: Path, ignore_errors: bool = False) -> None:
+        if path.exists():
+            (path / seglog.SEGMENT_FILE).unlink()  # the log first, then the kill
+            raise SystemExit("kill -9")
+
+    monkeypatch.setattr(segments.shutil, "rmtree", killed_midway)
+    with pytest.raises(SystemExit):
+        segments.remove_folder(folder)
+    assert not folder.exists()  # no segment folder to recover at the next start
+    monkeypatch.undo()
+    segments.sweep_removals(tmp_path)  # the next start finishes it
+    assert [p.name for p in (tmp_path / "q").iterdir()] == []
+
+
+def test_a_broker_finishes_the_removals_a_kill_left_half_done(group: Group) -> None:
+    """What a kill -9 inside ``remove_folder`` leaves (a renamed segment folder, a renamed queue
+    folder, each holding part of its files) is removed when the broker starts, and it serves."""
+    produce(group, 0, batches=1, per_batch=5)
+    group.procs.master.kill()
+    data = Path(group.procs.master.data_dir)
+    half = data / Q / "3~removing"
+    half.mkdir()
+    (half / "meta.json").write_text("{}")
+    gone_queue = data / "old~removing" / "0"
+    gone_queue.mkdir(parents=True)
+    (gone_queue / "meta.json").write_text("{}")
+    wait_until(lambda: "master" not in group.store.live_members("g1"), what="master's liveness gone")
+    group.procs.master.start()
+    assert not half.exists() and not gone_queue.parent.exists()
+    assert len(stored(group.procs.master.data_dir)) == 5  # segment 0 as it was
+
+
 def test_a_segment_folder_whose_log_is_gone_is_not_recovered_as_an_empty_copy(group: Group) -> None:
     """Only an empty folder is a creation cut short: the log is made before anything else in
     it. A folder that holds its meta file but no log lost a log that may have held acked
