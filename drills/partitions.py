@@ -254,12 +254,15 @@ PARTITIONS: dict[str, Fault] = {f.name: f for f in (
           "segment", make=_zk_minority),
     Fault("part-master-slave", "only the head master <-> its slave cut", "the master can no longer ack: fail over; "
           "seal", "segment", make=lambda s: cut_pair(s.master, s.slave)),
-    Fault("part-producer-zk", "the producer leader's host cut from ZooKeeper only (it still reaches the brokers)",
-          "its session expires: it stops; the standby takes over and fences it; nothing lost, no two writers",
+    Fault("part-producer-zk", "the producer leader's host cut from the control plane only (ZooKeeper and the "
+          "coordinators; it still reaches the brokers)",
+          "its producer lease runs out: the standby is granted it, claims a higher epoch and fences it; nothing lost, "
+          "no two writers",
           "producer", make=lambda s: split([s.producer], list(s.zk))),
-    Fault("part-consumer-zk", "the consumer leader's host cut from ZooKeeper only (it still reaches the brokers)",
-          "its lease ends by its own clock: it stops delivering; the standby resumes from the cursor; never two "
-          "consumers at once", "consumer", make=lambda s: split([s.consumer], list(s.zk))),
+    Fault("part-consumer-zk", "the consumer leader's host cut from the control plane only (ZooKeeper and the "
+          "coordinators; it still reaches the brokers)",
+          "its consumer lease ends by its own clock: it stops delivering; the standby is granted it and resumes "
+          "from the cursor; never two consumers at once", "consumer", make=lambda s: split([s.consumer], list(s.zk))),
     Fault("part-one-way", "one way only: packets from the head's slave to its master dropped (the other way "
           "flows)", "a one-way loss breaks the replication stream: fail over", "segment",
           make=lambda s: one_way(s.slave, s.master)),
@@ -269,7 +272,7 @@ PARTITIONS: dict[str, Fault] = {f.name: f for f in (
     Fault("part-flaky", f"a flaky link: {FLAKY_DROP:.0%} of the packets between the head master and its slave "
           "dropped at random", "slower, never wrong", None, make=lambda s: flaky(s.master, s.slave, FLAKY_DROP)),
     Fault("part-isolate-coordinator", "the elected coordinator's host cut from every other host",
-          "its clients move to the standby coordinator once it leads; the broker on that host fails over", None,
+          "its clients move to the standby coordinator once it leads; ZooKeeper keeps its quorum", None,
           make=lambda s: isolate(s.coordinator or s.hosts[3], s.hosts)),
 )}
 

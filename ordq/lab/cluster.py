@@ -12,8 +12,10 @@ Layout (``LabCluster.start``; hosts of a 5-host lab):
     h4  clients (producers)
     h5  clients (consumers)
 
-``SPREAD`` is another ``Layout``: ZooKeeper on h1-h3 alone, brokers and coordinators on
-h4-h6, clients on h7 and h8 (a partition can then cut a process from ZooKeeper only).
+``SPREAD`` is another ``Layout``: the control plane (ZooKeeper on h1-h3, the coordinators on
+h1 and h2) apart from the brokers on h4-h6, clients on h7 and h8: a partition can then cut a
+broker from ZooKeeper only, or a client from the coordinators only (issue 37: clients speak to
+the coordinators, not to ZooKeeper).
 
 Guarantees:
 - Every server binds its host's lab address only, advertises it, and presents a certificate
@@ -75,10 +77,11 @@ class Layout:
 
 # The module docstring's layout: ZooKeeper shares hosts with brokers (5 hosts).
 SHARED = Layout()
-# ZooKeeper on hosts of its own (8 hosts): a partition can cut a broker or a client from
-# ZooKeeper alone, the brokers and the other clients still reachable (the partition drills).
+# The control plane (ZooKeeper, the coordinators) on hosts of its own (8 hosts): a partition can
+# cut a broker from ZooKeeper or a client from the coordinators alone, the brokers and the
+# other clients still reachable (the partition drills).
 SPREAD = Layout(zk_hosts=("h1", "h2", "h3"), groups={"g1": ("h4", "h5"), "g2": ("h5", "h6"), "g3": ("h6", "h4")},
-                coordinators=("h4", "h5"), producer_host="h7", consumer_host="h8")
+                coordinators=("h1", "h2"), producer_host="h7", consumer_host="h8")
 BROKER_PORT, METRICS_PORT, COORDINATOR_PORT = 7000, 9100, 7100
 SESSION_TIMEOUT_S = 2.0
 
