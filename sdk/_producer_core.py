@@ -7,6 +7,11 @@ Rules:
 - A batch leaves the window only when its ack arrives, in order. After a failover every
   unacked batch is handed out again (``rewind``) with the same seqs and the same bytes, so the
   new segment receives exactly the unacked suffix in order and consumers drop duplicates by seq.
+- Resends are gated (issue 39): after a rewind, batches handed out before go out again only as
+  far as the new stream has acked bytes (``RESEND_GROWTH`` of them; one batch at a time while it
+  has acked nothing). A head that stores what it gets but never acks (its slave hung, a
+  machine too loaded to sync) thus holds one resent batch, not the whole window: a storm of
+  failovers no longer stores the unacked window again on every head it passes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from ordq.common.errors import ConfigError
 from ordq.wire.batch import Message, encode_batch, message_size
 
 MESSAGE_OVERHEAD = 32  # about what a message adds to a batch beyond its bytes (its record header)
+# After a rewind, resent batches in flight on the new stream may reach this share of the bytes
+# it has acked (at least one batch): the resend grows by 1.5x per round trip on a healthy head,
+# and what a failing head holds of it unacked stays under half of what it acked.
+RESEND_GROWTH = 0.5
 
 
 def message_bytes(payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
@@ -64,6 +73,7 @@ class PendingBatch:
     epoch: int
     encoded: bytes = b""
     sent: bool = False  # handed out since the last rewind
+    resent: bool = False  # handed out before the last rewind: handing it out again is a resend
     sent_at: float = 0.0  # when it was last handed out (take_ready's now_s)
 
     @property
@@ -92,6 +102,8 @@ class ProducerCore:
     _window: deque[PendingBatch] = attrs.field(factory=deque)  # cut, not yet acked, in seq order
     _inflight_bytes: int = 0
     _sent: int = 0  # batches of the window handed out since the last rewind
+    _stream_acked: int = 0  # bytes acked since the last rewind (on the current stream)
+    _resend_out: int = 0  # bytes of resent batches handed out since the last rewind, not yet acked
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -151,7 +163,9 @@ class ProducerCore:
         """Batches to send now, in seq order: every cut batch not sent since the last rewind,
         after cutting the open batch if it is due (``next_deadline``). ``budget_bytes``: hand
         out batches only while fewer than that many (encoded) bytes were handed out in this
-        call, the one that crosses it included; 0 or less: none."""
+        call, the one that crosses it included; 0 or less: none. A resent batch waits while
+        resent batches in flight would pass ``RESEND_GROWTH`` of the bytes acked since the last
+        rewind (one at a time while none were acked), and every batch after it with it."""
         deadline = self.next_deadline()
         if deadline is not None and now_s >= deadline:
             self._cut()
@@ -159,14 +173,18 @@ class ProducerCore:
         for b in self._window:
             if b.sent:
                 continue
+            if b.resent and self._resend_out > 0 and \
+                    self._resend_out + b.size > self._stream_acked * RESEND_GROWTH:
+                break
             if budget_bytes is not None:
                 if budget_bytes <= 0:
                     break
                 budget_bytes -= len(b.encoded)
             out.append(b)
-        for b in out:
             b.sent = True
             b.sent_at = now_s
+            if b.resent:
+                self._resend_out += b.size
         self._sent += len(out)
         return out
 
@@ -189,16 +207,21 @@ class ProducerCore:
             b = self._window.popleft()
             self._inflight_bytes -= b.size
             self._sent -= b.sent
+            self._stream_acked += b.size
+            if b.resent and b.sent:
+                self._resend_out -= b.size
             done.append(b)
         if not done or done[-1].last_seq != last_seq:
             raise ValueError(f"ack for seqs {first_seq}..{last_seq} does not end on a batch boundary")
         return done
 
     def rewind(self) -> None:
-        """After a failover: every unacked batch is to be sent again (same seqs, same bytes)."""
+        """After a failover: every unacked batch is to be sent again (same seqs, same bytes);
+        those handed out before are resends, gated by what the new stream acks."""
         for b in self._window:
+            b.resent = b.resent or b.sent
             b.sent = False
-        self._sent = 0
+        self._sent = self._stream_acked = self._resend_out = 0
 
     def reset(self, epoch: int, next_seq: int) -> None:
         """A new epoch (takeover) with nothing pending: re-encode nothing, start at next_seq."""
@@ -233,5 +256,5 @@ class ProducerCore:
         tokens = [t for b in self._window for t in b.tokens] + list(self._open_tokens)
         self._window.clear()
         self._open, self._open_tokens, self._open_bytes, self._open_since = [], [], 0, None
-        self._inflight_bytes = self._sent = 0
+        self._inflight_bytes = self._sent = self._stream_acked = self._resend_out = 0
         return tokens

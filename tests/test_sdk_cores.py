@@ -56,9 +56,38 @@ def test_a_batch_goes_at_once_while_the_pipe_is_idle() -> None:
     c.on_ack(0, 0)  # the pipe has room again: the open batch is due now
     assert c.next_deadline() == pytest.approx(0.001)
     assert [(b.first_seq, b.count) for b in c.take_ready(0.002)] == [(2, 3)]
-    c.rewind()  # nothing counts as sent after a failover: resends go, the next batch too
+    c.rewind()  # nothing counts as sent after a failover: resends go (gated), the next batch too
     c.add(Message(payload=b"d"), 5, 0.003)
-    assert [b.first_seq for b in c.take_ready(0.003)] == [1, 2, 5]
+    assert [b.first_seq for b in c.take_ready(0.003)] == [1]  # the new stream acked nothing yet
+    c.on_ack(1, 1)
+    assert [b.first_seq for b in c.take_ready(0.003)] == [2, 5]
+
+
+def test_resends_go_only_as_far_as_the_new_stream_acks() -> None:
+    """Issue 39: after a rewind a head that stores but never acks gets one resent batch, not
+    the window; on one that acks, resent batches in flight grow to RESEND_GROWTH of the bytes
+    it acked; batches never sent before follow the resends in seq order."""
+    c = core(max_batch_messages=1, linger_ms=0)
+    for i in range(20):
+        c.add(Message(payload=b"p" * 100), i, 0.0)
+    c.flush()
+    assert len(c.take_ready(0.0)) == 20
+    c.on_ack(0, 0)
+    c.rewind()
+    c.add(Message(payload=b"new"), 20, 0.0)
+    for _ in range(3):  # stalled heads in a row: each is handed the oldest unacked batch only
+        assert [b.first_seq for b in c.take_ready(0.0)] == [1]
+        assert c.take_ready(0.0) == []
+        c.rewind()
+    assert [b.first_seq for b in c.take_ready(0.0)] == [1]
+    out = []
+    while c.unacked:  # a head that acks: stop-and-wait at first, then 1.5x per round trip
+        while c.unacked and c.unacked[0].sent:
+            c.on_ack(c.unacked[0].first_seq, c.unacked[0].first_seq)
+        ready = c.take_ready(0.0)
+        if ready:
+            out.append([b.first_seq for b in ready])
+    assert out == [[2], [3], [4], [5, 6], [7, 8, 9], [10, 11, 12, 13], [14, 15, 16, 17, 18, 19, 20]]
 
 
 def test_ack_pops_in_order_and_rejects_mismatch() -> None:
