@@ -49,8 +49,8 @@ from ordq.drills.control_plane_attacks import (
     FORGED,
     HUGE_AT_ONCE,
     HUGE_NAME_BYTES,
-    AttackerProcess,
     attack_kinds,
+    attacker_process,
     judge_attacks,
 )
 from ordq.drills.runner import DrillContext
@@ -305,13 +305,13 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     log_from = stage.log.stat().st_size
     probe = _CommitProbe(stage.bootstrap, attrs.evolve(c.credentials, token=stage.neighbour_token), ctx.queue,
                          stage.probe_sub)
-    attacker: AttackerProcess | None = None
+    attacker: neighbour.WindowedProcess | None = None
     windows: list[tuple[int, int, int]] = []
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
     try:
         probe.start()
-        attacker = AttackerProcess(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
+        attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
                                     kinds=kinds)
         if iso is not None:
             iso.add("capped", [attacker.pid])
@@ -333,7 +333,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                 time.sleep(QUIET_S)
             a0 = now_us()
             with cpu.measure("attacked"):
-                attacker.attack()
+                attacker.go()
                 time.sleep(ATTACK_S)
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n

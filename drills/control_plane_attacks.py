@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +32,6 @@ FLOOD_THREADS = 64
 FLOOD_CONNECTIONS = 4
 TARGETED_THREADS = 4  # of each attack but the huge one and the flood
 FORGED = "FORGED-LINE"  # what the newline attack tries to start a log line with
-ATTACKER_START_S = 60.0
 # The attack kinds and the leader's outcome label each refusal is counted under (the client sees
 # the ordq error kind in the ``ordq-error`` trailer; "exhausted" is a refused turn, with its hint).
 ATTACKS = ("huge", "flood", "bound", "parking", "undecodable", "newline")
@@ -48,11 +45,7 @@ ATTACKS_ENV = "ORDQ_CONTROL_PLANE_ATTACKS"
 
 def attack_kinds() -> tuple[str, ...]:
     """The kinds of attack this run sends (``ATTACKS_ENV``; all of them by default)."""
-    asked = tuple(k.strip() for k in os.environ.get(ATTACKS_ENV, "").split(",") if k.strip())
-    unknown = [k for k in asked if k not in ATTACKS]
-    if unknown:
-        raise ValueError(f"{ATTACKS_ENV}: unknown kind(s) {unknown}; known: {', '.join(ATTACKS)}")
-    return asked or ATTACKS
+    return neighbour.kinds_from_env(ATTACKS_ENV, ATTACKS)
 
 
 def _outcome(exc: grpc.RpcError) -> str:
@@ -193,41 +186,11 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
         conn.send(attacker.stop())
 
 
-class AttackerProcess:
-    """``_Attacker`` in a process of its own (``neighbour._AbuserProcess``'s pattern)."""
-
-    def __init__(self, address: str, creds: Credentials, token: str, queue: str, *, idle: bool,
-                 kinds: tuple[str, ...]) -> None:
-        mp = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
-        self._conn, child = mp.Pipe()
-        self._proc = mp.Process(target=_attacker_process, args=(address, creds, token, queue, child, idle, kinds),
-                                name="ordq-attacker", daemon=True)
-        self._proc.start()
-        child.close()
-        if not self._conn.poll(ATTACKER_START_S):
-            self.close()
-            raise RuntimeError(f"the attacker's process did not start within {ATTACKER_START_S:g} s")
-        _ready, self.priority = self._conn.recv()
-        self.pid = self._proc.pid
-
-    def attack(self) -> None:
-        self._conn.send("go")
-
-    def pause(self) -> dict[str, int]:
-        self._conn.send("stop")
-        if not self._conn.poll(90):
-            raise RuntimeError("the attacker did not end its window within 90 s")
-        outcomes: dict[str, int] = self._conn.recv()
-        return outcomes
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.send("exit")
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(10)
-        self._conn.close()
+def attacker_process(address: str, creds: Credentials, token: str, queue: str, *, idle: bool,
+                     kinds: tuple[str, ...]) -> neighbour.WindowedProcess:
+    """``_Attacker`` in a process of its own (drills/neighbour.py ``WindowedProcess``)."""
+    return neighbour.WindowedProcess(_attacker_process, (address, creds, token, queue), (idle, kinds), name="attacker",
+                           end_s=90)
 
 
 def _server_label(attack: str, outcome: str) -> str | None:

@@ -51,13 +51,19 @@ ABUSE_KINDS = ("huge", "streams", "oversized", "malformed")
 ABUSE_ENV = "ORDQ_NEIGHBOUR_ABUSE"
 
 
+def kinds_from_env(env: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds a run sends: those the environment variable ``env`` names (comma-separated),
+    every one of ``known`` by default; ValueError naming an unknown one."""
+    asked = tuple(k.strip() for k in os.environ.get(env, "").split(",") if k.strip())
+    unknown = [k for k in asked if k not in known]
+    if unknown:
+        raise ValueError(f"{env}: unknown kind(s) {unknown}; known: {', '.join(known)}")
+    return asked or known
+
+
 def abuse_kinds() -> tuple[str, ...]:
     """The kinds of abuse this run sends (``ABUSE_ENV``; all of them by default)."""
-    asked = tuple(k.strip() for k in os.environ.get(ABUSE_ENV, "").split(",") if k.strip())
-    unknown = [k for k in asked if k not in ABUSE_KINDS]
-    if unknown:
-        raise ValueError(f"{ABUSE_ENV}: unknown kind(s) {unknown}; known: {', '.join(ABUSE_KINDS)}")
-    return asked or ABUSE_KINDS
+    return kinds_from_env(ABUSE_ENV, ABUSE_KINDS)
 
 
 def neighbour_load(load: Any) -> Any:
@@ -189,35 +195,36 @@ def _abuser_process(address: str, creds: Credentials, queue_: str, seg: int, con
         conn.send(abuser.stop())
 
 
-class _AbuserProcess:
-    """``_Abuser`` in a process of its own. In production the abuser is on another host: its
-    client's CPU (TLS encryption of 30 MiB bodies, gRPC threads, reading the huge answers) is not
-    taken from the broker or the neighbour's clients. The drill puts this process in a cgroup
-    under a CPU quota (``ordq.drills.cpu_isolation``); where there are no cgroups it runs at idle
-    priority (``idle``: ``idle_priority``). ``abuse()`` starts one window of abuse, ``pause()``
-    ends it (streams cancelled, calls finished) and returns its outcomes."""
+class WindowedProcess:
+    """A hand-made client in a process of its own, driven in windows. In production an abuser
+    is on another host: its client's CPU (TLS, gRPC threads, reading huge answers) is not taken
+    from the cluster or the neighbour's clients. The drill puts this process in a cgroup under a
+    CPU quota (``ordq.drills.cpu_isolation``); where there are no cgroups it runs at idle
+    priority. ``target(*head, conn, *tail)`` runs in the child: it sends ``(ready, priority)``,
+    then for each "go" starts a window and for the next message ends it and sends its
+    outcomes; "exit" ends it. ``go()`` starts one window, ``pause()`` ends it and returns them."""
 
-    def __init__(self, address: str, creds: Credentials, queue_: str, seg: int, *, idle: bool,
-                 kinds: tuple[str, ...] = ABUSE_KINDS) -> None:
+    def __init__(self, target: Callable[..., None], head: tuple[Any, ...], tail: tuple[Any, ...], *, name: str,
+                 end_s: float) -> None:
         mp = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
+        self._name, self._end_s = name, end_s
         self._conn, child = mp.Pipe()
-        self._proc = mp.Process(target=_abuser_process, args=(address, creds, queue_, seg, child, idle, kinds),
-                                name="ordq-abuser", daemon=True)
+        self._proc = mp.Process(target=target, args=(*head, child, *tail), name=f"ordq-{name}", daemon=True)
         self._proc.start()
         child.close()
         if not self._conn.poll(ABUSER_START_S):
-            self._kill()
-            raise RuntimeError(f"the abuser's process did not start within {ABUSER_START_S:g} s")
+            self.close()
+            raise RuntimeError(f"the {name}'s process did not start within {ABUSER_START_S:g} s")
         _ready, self.priority = self._conn.recv()
         self.pid = self._proc.pid
 
-    def abuse(self) -> None:
+    def go(self) -> None:
         self._conn.send("go")
 
     def pause(self) -> dict[str, int]:
         self._conn.send("stop")
-        if not self._conn.poll(60):
-            raise RuntimeError("the abuser did not end its window within 60 s")
+        if not self._conn.poll(self._end_s):
+            raise RuntimeError(f"the {self._name} did not end its window within {self._end_s:g} s")
         outcomes: dict[str, int] = self._conn.recv()
         return outcomes
 
@@ -225,13 +232,17 @@ class _AbuserProcess:
         with contextlib.suppress(OSError):
             self._conn.send("exit")
         self._proc.join(10)
-        self._kill()
-
-    def _kill(self) -> None:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(10)
         self._conn.close()
+
+
+def abuser_process(address: str, creds: Credentials, queue_: str, seg: int, *, idle: bool,
+                   kinds: tuple[str, ...] = ABUSE_KINDS) -> WindowedProcess:
+    """``_Abuser`` in a process of its own (``WindowedProcess``): ``go()`` starts one window
+    of abuse, ``pause()`` ends it (streams cancelled, calls finished)."""
+    return WindowedProcess(_abuser_process, (address, creds, queue_, seg), (idle, kinds), name="abuser", end_s=60)
 
 
 def attrs_evolve_read(req: pb.FetchRequest) -> pb.FetchRequest:
@@ -351,7 +362,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
         judgement += f"; ONLY {'+'.join(kinds)} abuse ({ABUSE_ENV}): a measurement, not the acceptance"
     ctx.notes["neighbour_judgement"] = judgement
     ctx.event(f"judgement: {judgement}")
-    abuser: _AbuserProcess | None = None
+    abuser: WindowedProcess | None = None
     windows: list[tuple[int, int, int]] = []
     outcomes: dict[str, int] = {}
     try:
@@ -359,7 +370,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                    within(lambda: not denied(fetch_call(creds, address, abused, aseg.seg), "consume", abused)))
         ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
         _fill(c, abused, creds)
-        abuser = _AbuserProcess(address, creds, abused, aseg.seg, idle=iso is None, kinds=kinds)
+        abuser = abuser_process(address, creds, abused, aseg.seg, idle=iso is None, kinds=kinds)
         if iso is not None:
             iso.add("capped", [abuser.pid])
         cpu_pids = {f"{gid}/master": pids[f"{gid}/master"], f"{gid}/slave": pids[f"{gid}/slave"],
@@ -378,7 +389,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                     q0 = t0
                     time.sleep(QUIET_S)
                 else:
-                    abuser.abuse()
+                    abuser.go()
                     time.sleep(ABUSE_S)
                     for k, n in abuser.pause().items():
                         outcomes[k] = outcomes.get(k, 0) + n
