@@ -46,7 +46,8 @@ _COUNTERS = {
     "corrupt_reads": ("ordq_broker_corrupt_reads", "Sealed copies a read found corrupt (CRC), set aside and "
                       "repaired from the peer"),
     "session_confirmed": ("ordq_broker_session_confirmed_writes", "Produce requests that found ZooKeeper silent "
-                          "past a third of the session and were taken once kazoo resumed the same session"),
+                          "past a third of the session (or its quorum unheard for half of it) and were taken once "
+                          "kazoo resumed the same session (or the quorum answered)"),
 }
 
 

@@ -49,6 +49,7 @@ from ordq.broker_group.config import BrokerConfig, server_options
 from ordq.broker_group.control import Control
 from ordq.broker_group.dataplane import Parts, add_servicer
 from ordq.broker_group.metrics import BrokerMetrics
+from ordq.broker_group.quorum_probe import QuorumProbe
 from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replica import Role
@@ -81,6 +82,7 @@ class Broker:
         # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self.metrics = BrokerMetrics(self.shared, self.read.budget, self.request_time, lambda: self.write.replication)
         self.write = WritePath(self.shared, self.segments, self.metrics.fsync_seconds)
+        self._quorum_probe: QuorumProbe | None = None
         self.control = Control(self.shared, self.segments, self.write)
         self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
         self.parts = Parts(shared=self.shared, gate=self.gate, write=self.write, read=self.read,
@@ -134,7 +136,11 @@ class Broker:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
             self._retry(self._register, "register liveness")
+            self.shared.quorum_heard(time.monotonic())  # registering went through the quorum
             store.client.add_listener(self._on_zk_state)
+            if cfg.role is Role.MASTER:  # only a master's writes are guarded
+                self._quorum_probe = QuorumProbe(self.shared, store.client)
+                self._spawn(self._quorum_probe.run, "ordq-quorum-probe")
             # a deleted queue: free at once
             self._retry(lambda: store.watch_queue_list(lambda _queues: self.repair.kick.set()), "watch the queues")
         except BaseException:
@@ -226,6 +232,8 @@ class Broker:
             threading.Thread(target=again, daemon=True).start()
 
     def stop(self) -> None:
+        if self._quorum_probe is not None:
+            self._quorum_probe.stop()
         with self.shared.cv:
             self.shared.stopping = True
             self.shared.changed()

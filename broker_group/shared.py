@@ -10,6 +10,7 @@ sync, never together with ``cv`` waiting on it).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,42 @@ from ordq.common.errors import BrokerUnavailable, CorruptLog, OrdqError
 from ordq.common.loop import LoopThread, Signal
 from ordq.coordinator.store import ZkStore
 from ordq.wire import ordq_pb2 as pb
+
+
+@attrs.frozen
+class SessionView:
+    """What the session guard knows (``session_doubt``)."""
+
+    silent_since: float | None  # ZooKeeper silent since (connection SUSPENDED or LOST)
+    lost: bool  # the session expired and liveness is not registered again
+    quorum_heard_at: float | None  # the last answered quorum probe was sent then
+    timeout_s: float  # the session timeout
+
+
+def session_doubt(now: float, v: SessionView) -> tuple[str | None, float | None]:
+    """The session guard (DESIGN §6): why a master must take no write now (None: it may), and
+    since when it has been in doubt. In doubt: the session lost; ZooKeeper silent for more
+    than a third of the session (kazoo suspends a connection after two thirds of silence, so
+    by then the session may be about to expire and a successor be made); or the quorum not
+    heard for more than half a session. The last one covers a server cut from its ensemble:
+    it keeps answering this broker's pings for up to syncLimit x tickTime while the leader,
+    which no longer hears of this session, expires it after one session timeout. A quorum
+    probe (a ``sync``, which goes through the leader) answered proves the session alive when
+    it was sent, so it cannot expire before that time + the timeout."""
+    if v.lost:
+        return "the ZooKeeper session expired (liveness not registered again yet)", v.silent_since
+    doubts: list[tuple[float, str]] = []
+    if v.silent_since is not None and now - v.silent_since > v.timeout_s / 3:
+        doubts.append((v.silent_since, f"ZooKeeper silent for {now - v.silent_since:.1f} s "
+                                       "(the session may have expired)"))
+    if v.quorum_heard_at is not None and now - v.quorum_heard_at > v.timeout_s / 2:
+        doubts.append((v.quorum_heard_at + v.timeout_s / 2,
+                       f"ZooKeeper's quorum not heard for {now - v.quorum_heard_at:.1f} s (the server "
+                       "this broker talks to may be cut from its ensemble: the session may have expired)"))
+    if not doubts:
+        return None, None
+    since, why = min(doubts)
+    return why, since
 
 
 @attrs.define(eq=False)
@@ -110,31 +147,39 @@ class Shared:
         # (its connection SUSPENDED or its session LOST; None while connected and registered).
         self.zk_silent_since: float | None = None
         self.zk_session_lost = False  # the session expired and liveness is not registered again
+        # When the last quorum probe that came back was sent (QuorumProbe; None: no probe yet)
+        self.quorum_heard_at: float | None = None
         self.session_waiting = 0  # produce requests waiting for ZooKeeper to confirm the session
 
     def session_doubtful(self, now: float) -> str | None:
-        """Why a master must take no write now, or None: ZooKeeper silent for more than a
-        third of the session (kazoo suspends a connection after two thirds of silence, so by
-        then the session may be about to expire and a successor be made), or the session
-        lost and liveness not yet registered again."""
-        if self.zk_session_lost:
-            return "the ZooKeeper session expired (liveness not registered again yet)"
-        since = self.zk_silent_since
-        if since is None or now - since <= self.config.zk_session_timeout_s / 3:
-            return None
-        return f"ZooKeeper silent for {now - since:.1f} s (the session may have expired)"
+        """Why a master must take no write now, or None (``session_doubt``)."""
+        return session_doubt(now, self._session_view())[0]
 
     def session_wait_until(self) -> float:
-        """Until when (monotonic) a doubtful master may wait for kazoo to resume its session
-        before it refuses a write: two sessions after the suspension. kazoo reconnects at once
-        and waits up to a session for ZooKeeper's answer (one server; then again after at most
-        a quarter of a session, ``coordinator/store_base.new_client``), so this covers two
-        attempts answered late. Measured at load 18-28 with 1 s sessions (the README's
-        cluster, issue 26): 25 suspensions, each resumed on the same session after 0.09-1.25 s
-        (median 0.52). The bound is for liveness only: a write is taken after the wait only
-        once kazoo resumed the same session, which ZooKeeper does only while it holds it."""
-        since = self.zk_silent_since
+        """Until when (monotonic) a doubtful master may wait for kazoo to resume its session,
+        or the quorum to answer again, before it refuses a write: two sessions after the doubt
+        began. kazoo reconnects at once and waits up to a session for ZooKeeper's answer (one
+        server; then again after at most a quarter of a session,
+        ``coordinator/store_base.new_client``), so this covers two attempts answered late.
+        Measured at load 18-28 with 1 s sessions (the README's cluster, issue 26): 25
+        suspensions, each resumed on the same session after 0.09-1.25 s (median 0.52). The
+        bound is for liveness only: a write is taken after the wait only once kazoo resumed the
+        same session, which ZooKeeper does only while it holds it, and the quorum answered."""
+        since = session_doubt(time.monotonic(), self._session_view())[1]
         return (since if since is not None else 0.0) + 2 * self.config.zk_session_timeout_s
+
+    def quorum_heard(self, asked_at: float) -> None:
+        """The quorum answered a probe sent at ``asked_at`` (``QuorumProbe``): wake writes
+        waiting on a doubt it clears."""
+        with self.cv:
+            was = self.session_doubtful(time.monotonic())
+            self.quorum_heard_at = max(asked_at, self.quorum_heard_at or asked_at)
+            if was is not None:
+                self.changed()
+
+    def _session_view(self) -> SessionView:
+        return SessionView(silent_since=self.zk_silent_since, lost=self.zk_session_lost,
+                           quorum_heard_at=self.quorum_heard_at, timeout_s=self.config.zk_session_timeout_s)
 
     def changed(self) -> None:
         """Caller holds cv: state changed; wake every waiter (threads on ``cv``, the loop's

@@ -179,10 +179,12 @@ class WritePath:
 
     async def confirm_session(self, queue: str, seg: int) -> None:
         """The session guard (DESIGN §6): no write past the session. While ZooKeeper has been
-        silent for more than a third of the session (``Shared.session_doubtful``) the session
-        may have expired and a successor been made: wait, on the loop, for kazoo to reconnect.
-        kazoo resumes the same session only if ZooKeeper still holds it, so a reconnect proves
-        this master was not replaced: take the write. A lost session, no reconnect by
+        silent for more than a third of the session, or its quorum unheard for half of it
+        (``shared.session_doubt``), the session may have expired and a successor been made:
+        wait, on the loop, for kazoo to reconnect or the quorum probe to be answered. kazoo
+        resumes the same session only if ZooKeeper still holds it, and the quorum answers a
+        probe only while it does, so either proves this master was not replaced: take the
+        write. A lost session, no answer by
         ``Shared.session_wait_until`` (two sessions after the suspension) or a stop: refuse
         (SegmentNotWritable; the producer fails over). On a loaded box kazoo suspends a
         connection whose ping answer came a few hundred ms late and resumes the same session
@@ -199,7 +201,7 @@ class WritePath:
                 left = shared.session_wait_until() - time.monotonic()
                 if shared.zk_session_lost or shared.stopping or left <= 0:
                     raise SegmentNotWritable(shared.address, queue, seg, doubt)
-                await shared.signal.wait(left)  # _on_zk_state fires it on every state change
+                await shared.signal.wait(left)  # fired on every ZooKeeper state change and probe answer
                 doubt = shared.session_doubtful(time.monotonic())
         finally:
             with shared.cv:
