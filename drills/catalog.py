@@ -169,7 +169,7 @@ def kill_consumer(ctx: DrillContext) -> None:
 def pause_consumer(ctx: DrillContext) -> None:
     leader = ctx.leader("consumer")
     leader.proc.pause()
-    ctx.fault(f"SIGSTOP the consumer leader {leader.proc.name} (frozen past its ZooKeeper session)",
+    ctx.fault(f"SIGSTOP the consumer leader {leader.proc.name} (frozen past its consumer lease)",
               kind="consumer", writer=leader.writer)
     standby = ctx.wait(lambda: next((w for w in ctx.consumers
                                      if w is not leader and w.status().get("delivered", 0) > 0), None),
