@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +69,7 @@ def _field(number: int, data: bytes) -> bytes:
     return bytes([(number << 3) | 2]) + bytes(varint) + data
 
 
-class _Attacker:
+class _Attacker(neighbour.CallLoops):
     """One window of every attack, in threads, until ``stop``; outcomes counted per attack (an
     attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
 
@@ -79,32 +78,14 @@ class _Attacker:
         self.address, self.queue, self.huge, self.kinds = address, queue, huge, kinds
         self.anonymous = attrs.evolve(creds, token=None)
         self.md = (("authorization", f"Bearer {token}"),)
-        self.stop_event = threading.Event()
-        self.outcomes: dict[str, int] = {}
-        self._lock = threading.Lock()
+        super().__init__(_outcome)
         self._channels: list[grpc.Channel] = []
-        self._threads: list[threading.Thread] = []
         self._made_up = 0
 
     def _channel(self, options: Any = ()) -> grpc.Channel:
         ch = channel(self.address, self.anonymous, options)  # the token travels in each call's metadata
         self._channels.append(ch)
         return ch
-
-    def _count(self, what: str, call: Callable[[], object]) -> None:
-        try:
-            call()
-            outcome = "ok"
-        except grpc.RpcError as exc:
-            outcome = _outcome(exc)
-        with self._lock:
-            self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
-
-    def _loop(self, what: str, call: Callable[[], object], every_s: float = 0.0) -> None:
-        while not self.stop_event.is_set():
-            self._count(what, call)
-            if every_s:
-                self.stop_event.wait(every_s)
 
     def _call(self, method: Callable[..., object], request: object) -> Callable[[], object]:
         """``method(request)`` with the token, as a loop's call."""
@@ -156,20 +137,15 @@ class _Attacker:
         if "newline" in self.kinds:
             anonymous = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
             loops.append(("newline:anonymous", lambda: anonymous.Pop(forged, timeout=30), 0.1))
-        for what, call, every_s in loops:
-            t = threading.Thread(target=self._loop, args=(what, call, every_s), name=f"attack-{what}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self.start_loops(loops, "attack")
 
     def stop(self) -> dict[str, int]:
         """End the window: each thread finishes its call in flight (no call is cancelled)."""
-        self.stop_event.set()
-        for t in self._threads:
-            t.join(40)
+        outcomes = self.join_loops(40)
         for ch in self._channels:
             with contextlib.suppress(Exception):
                 ch.close()
-        return dict(self.outcomes)
+        return outcomes
 
 
 def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,

@@ -76,7 +76,53 @@ def _raw(s: Stub, method: str) -> Any:
     return s.channel.unary_unary(f"/ordq.v1.Broker/{method}")
 
 
-class _Abuser:
+class CallLoops:
+    """Calls made over and over, each loop in a thread of its own, until ``stop``: each call's
+    outcome counted as ``"<what> <outcome>"`` (``outcome(exc)`` names a refusal; ``ok``). The
+    base of a window's hand-made client (the abuser here, the control plane's attacker)."""
+
+    def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None) -> None:
+        self.stop_event = threading.Event()
+        self.outcomes: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._outcome = outcome or grpc_status
+
+    def _count(self, what: str, call: Callable[[], object]) -> None:
+        try:
+            call()
+            outcome = "ok"
+        except grpc.RpcError as exc:
+            outcome = self._outcome(exc)
+        with self._lock:
+            self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
+
+    def _loop(self, what: str, call: Callable[[], object], every_s: float) -> None:
+        while not self.stop_event.is_set():
+            self._count(what, call)
+            if every_s:
+                self.stop_event.wait(every_s)
+
+    def start_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
+        """One thread per (what, call, pause between calls)."""
+        for what, call, every_s in loops:
+            t = threading.Thread(target=self._loop, args=(what, call, every_s), name=f"{prefix}-{what}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def join_loops(self, timeout_s: float) -> dict[str, int]:
+        """End the window: each thread finishes its call in flight (none is cancelled)."""
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(timeout_s)
+        return dict(self.outcomes)
+
+
+def grpc_status(exc: grpc.RpcError) -> str:
+    return exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
+
+
+class _Abuser(CallLoops):
     """One token holder's abuse of its own queue, in threads, until ``stop``: huge fetches (the
     answers read), Read streams never read, produce streams never written, request bodies past
     the receive limit, malformed requests. Each outcome is counted by its gRPC status."""
@@ -85,31 +131,14 @@ class _Abuser:
                  kinds: tuple[str, ...] = ABUSE_KINDS) -> None:
         self.address, self.creds, self.queue, self.seg = address, creds, queue, seg
         self.kinds = kinds
-        self.stop_event = threading.Event()
-        self.outcomes: dict[str, int] = {}
-        self._lock = threading.Lock()
+        super().__init__()
         self._stubs: list[Stub] = []
         self._held: list[Any] = []  # unread streams: a dropped call object is cancelled
-        self._threads: list[threading.Thread] = []
 
     def _stub(self) -> Stub:
         s = Stub(self.address, self.creds)
         self._stubs.append(s)
         return s
-
-    def _count(self, what: str, call: Callable[[], object]) -> None:
-        try:
-            call()
-            outcome = "ok"
-        except grpc.RpcError as exc:
-            outcome = exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
-        with self._lock:
-            self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
-
-    def _loop(self, every_s: float, what: str, call: Callable[[], object]) -> None:
-        while not self.stop_event.is_set():
-            self._count(what, call)
-            self.stop_event.wait(every_s)
 
     def start(self) -> None:
         huge = pb.FetchRequest(queue=self.queue, seg=self.seg, offset=0, max_bytes=HUGE, max_wait_ms=0,
@@ -125,7 +154,7 @@ class _Abuser:
                 requests: queue.SimpleQueue[pb.ProduceRequest | None] = queue.SimpleQueue()
                 self._held.append((requests, s.stub.Produce(iter(requests.get, None), metadata=s.metadata)))
         body = huge.SerializeToString()
-        loops: list[tuple[float, str, Callable[[], object]]] = []
+        loops: list[tuple[str, Callable[[], object], float]] = []
         meta = token_metadata(self.creds)
 
         def fetcher() -> Callable[[], object]:
@@ -133,24 +162,21 @@ class _Abuser:
             return lambda: fetch(body, metadata=meta, timeout=30)
 
         if "huge" in self.kinds:  # huge fetches, answers read (as bytes: the abuser's own CPU spared)
-            loops += [(0.0, "huge fetch", fetcher()) for _ in range(4)]
+            loops += [("huge fetch", fetcher(), 0.0) for _ in range(4)]
         if "oversized" in self.kinds:
             oversized = _raw(self._stub(), "Fetch")
             padding = b"\x00" * OVERSIZED_BYTES
-            loops.append((0.5, "oversized request", lambda: oversized(body + _unknown_field(padding),
-                                                                     metadata=meta, timeout=30)))
+            loops.append(("oversized request", lambda: oversized(body + _unknown_field(padding), metadata=meta,
+                                                                timeout=30), 0.5))
         if "malformed" in self.kinds:
             garbage = _raw(self._stub(), "Fetch")
-            loops.append((0.02, "malformed request", lambda: garbage(b"\xff\xff\xff\xff\x0f" + b"\x00" * 64,
-                                                                    metadata=meta, timeout=10)))
+            loops.append(("malformed request", lambda: garbage(b"\xff\xff\xff\xff\x0f" + b"\x00" * 64,
+                                                              metadata=meta, timeout=10), 0.02))
             s = self._stub()
             bad_batch = pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=1, batches=[b"\x07" * 200])
-            loops.append((0.02, "malformed batch",
-                           lambda: list(s.stub.Produce(iter([bad_batch]), metadata=s.metadata, timeout=10))))
-        for every_s, what, call in loops:
-            t = threading.Thread(target=self._loop, args=(every_s, what, call), name=f"abuse-{what}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            loops.append(("malformed batch",
+                          lambda: list(s.stub.Produce(iter([bad_batch]), metadata=s.metadata, timeout=10)), 0.02))
+        self.start_loops(loops, "abuse")
 
     def stop(self) -> dict[str, int]:
         self.stop_event.set()
@@ -159,12 +185,11 @@ class _Abuser:
                 held[0].put(None)
             else:
                 held.cancel()
-        for t in self._threads:
-            t.join(35)
+        outcomes = self.join_loops(35)
         for s in self._stubs:
             with contextlib.suppress(Exception):
                 s.channel.close()
-        return dict(self.outcomes)
+        return outcomes
 
 
 ABUSER_START_S = 60.0  # how long the abuser's process may take to start (a loaded box)
