@@ -62,11 +62,19 @@ def fetch(url: str, timeout_s: float = 120.0) -> tuple[int, float] | None:
 
 
 def leader_url(cluster: LocalCluster) -> tuple[str, str] | None:
-    name = cluster.coordinator_leader()
-    if name is None:
-        return None
-    url = cluster.metrics_url(name)
-    return (name, url) if url else None
+    """The elected coordinator and its metrics URL, read with a long timeout (before issue 43
+    a health check gave up after 1 s on a page of ~300 B a queue)."""
+    for proc in cluster.coordinators:
+        url = cluster.metrics_url(proc.name)
+        if not url:
+            continue
+        try:
+            with urllib.request.urlopen(url, timeout=120) as r:  # noqa: S310 - our own http URL
+                if b"ordq_coordinator_leader 1" in r.read():
+                    return proc.name, url
+        except OSError:
+            continue
+    return None
 
 
 def threads_of(pid: int | None) -> int | None:
