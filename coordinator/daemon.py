@@ -25,7 +25,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -41,9 +41,9 @@ from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
 from ordq.common.metrics import MetricsServer, Page
 from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
-from ordq.coordinator.daemon_view import DaemonView
+from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
-from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
+from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst, in_slices
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
@@ -114,11 +114,14 @@ class CoordinatorDaemon:
         identifier: str = "",
         sweep_interval_s: float = SWEEP_INTERVAL_S,
         requests_first: RequestsFirst | None = None,
+        per_queue_series: int | None = DEFAULT_PER_QUEUE_SERIES,
     ) -> None:
         """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
         fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc;
         ``requests_first``: shared with this process's coordinator service, whose urgent
-        requests an idle queue's round or seal waits for (``coordinator/pacing.py``)."""
+        requests an idle queue's round or seal waits for (``coordinator/pacing.py``);
+        ``per_queue_series``: how many queues get per-queue series on /metrics (None: all;
+        ``coordinator/metrics.py`` ``top_queues``)."""
         self.store = store
         self.sealer = sealer
         self.prober = prober
@@ -140,7 +143,8 @@ class CoordinatorDaemon:
         self._seal_order = itertools.count()
         self._list_seen = -1
         self.stats = DaemonStats()
-        self.metrics = CoordinatorMetrics(self.stats)
+        self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
+                                          written=lambda: self._written)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._session_lost = threading.Event()
@@ -267,8 +271,8 @@ class CoordinatorDaemon:
             for gone in set(self.stats.corrupt) - set(view.entries):
                 del self.stats.corrupt[gone]
             for gone in set(self.stats.queues) - set(view.entries):
-                del self.stats.queues[gone]
-                self.stats.queues_version += 1
+                with self._lock:
+                    self.stats.drop_queue(gone)
         self.metrics.round_seconds.observe(time.monotonic() - started)
 
     def _guarded_round(self, queue: str) -> None:
@@ -440,8 +444,7 @@ class CoordinatorDaemon:
         }
         if self.stats.queues.get(queue) != seen:
             with self._lock:
-                self.stats.queues[queue] = seen
-                self.stats.queues_version += 1  # the per-queue series are rendered again
+                self.stats.set_queue(queue, seen)  # the per-queue series are rendered again
         limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
                         retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
                         segment_age_s=cfg.segment_age_s)
@@ -507,10 +510,32 @@ class CoordinatorDaemon:
             finally:
                 self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
 
+    # -- what the admin API reads of this daemon's copies -----------------------------------
+
+    def known_queues(self, queues: Iterable[str]) -> dict[str, tuple[sm.QueueState, int, list[str] | None]]:
+        """Of ``queues``, those this daemon's copies hold (it leads and has read them): state,
+        its version and the subscriptions' names when it keeps their cursors (else None). Kept
+        current by watches (``DaemonView``), so ``queue list`` of 10^5 queues reads no
+        ZooKeeper node for them (issue 43). Nothing when not leading."""
+        view = self.view
+        if view is None or not self.stats.is_leader:
+            return {}
+        out: dict[str, tuple[sm.QueueState, int, list[str] | None]] = {}
+        entries = view.entries
+        for q in queues:
+            entry = entries.get(q)
+            stale = set(entry.stale) if entry is not None else set()
+            if entry is None or entry.state is None or entry.problem is not None or STATE in stale:
+                continue  # not read yet, or changed and not read again: the caller reads it
+            cursors = entry.cursors if SUBS not in stale else None
+            out[q] = (entry.state, entry.version, sorted(cursors) if cursors is not None else None)
+        return out
+
     # -- metrics ----------------------------------------------------------------------------
 
     def serve_metrics(self, listen: str, pages: Mapping[str, Page] | None = None) -> MetricsServer:
         """Serve this daemon's metrics (``ordq.coordinator.metrics``) at ``listen`` (port 0 ok),
         and ``pages`` beside them (the status page, which ``ordq coordinator run`` builds above
         this package: it reads replicas through the SDK)."""
-        return metrics_serve(self.metrics.registry, listen, pages={"/metrics": self.metrics.page, **(pages or {})})
+        own = {"/metrics": self.metrics.page, "/health": self.metrics.health}
+        return metrics_serve(self.metrics.registry, listen, pages={**own, **(pages or {})})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
@@ -28,7 +28,14 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from ordq.common.errors import ConfigError, CoordinationUnavailable, OrdqError, QueueNotFound, ZkAccessDenied
+from ordq.common.errors import (
+    ConfigError,
+    CoordinationUnavailable,
+    CorruptState,
+    OrdqError,
+    QueueNotFound,
+    ZkAccessDenied,
+)
 from ordq.coordinator.acl_client import AclClient
 from ordq.coordinator.paths import Paths, check_zk_hosts
 from ordq.coordinator.state import QueueState
@@ -226,6 +233,31 @@ class ZkBase:
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
         return parse_state(queue, data), stat.version
+
+
+    def load_states(self, queues: Sequence[str], *, with_subs: bool = False,
+                    slice_size: int = 500) -> dict[str, tuple[QueueState, int, list[str] | None] | CorruptState]:
+        """Many queues' states (and their subscriptions' names when ``with_subs``), the reads
+        sent ``slice_size`` at a time and then awaited (kazoo pipelines them on one connection):
+        what ``queue list`` reads of the queues the coordinator's copy does not hold (issue 43).
+        A queue deleted meanwhile is left out; one whose state does not parse is its CorruptState."""
+        out: dict[str, tuple[QueueState, int, list[str] | None] | CorruptState] = {}
+        with self._errors():
+            for i in range(0, len(queues), slice_size):
+                part = queues[i:i + slice_size]
+                states = [self.client.get_async(self.paths.state(q)) for q in part]
+                subs = [self.client.get_children_async(self.paths.subs(q)) for q in part] if with_subs else None
+                for j, q in enumerate(part):
+                    try:
+                        data, stat = self._wait(states[j])
+                        names = sorted(self._wait(subs[j])) if subs is not None else None
+                    except NoNodeError:
+                        continue  # deleted meanwhile
+                    try:
+                        out[q] = (parse_state(q, data), stat.version, names)
+                    except CorruptState as bad:
+                        out[q] = bad
+        return out
 
 
 def raise_first(results: list[Any]) -> None:

@@ -55,10 +55,12 @@ class NewNode:
 class QueueCreation(GroupRecords):
     """Creates queues (and the records that go with them) in one transaction."""
 
-    def _create_queues(self, queues: Sequence[NewQueue], nodes: Sequence[NewNode] = ()) -> list[QueueState]:
+    def _create_queues(self, queues: Sequence[NewQueue], nodes: Sequence[NewNode] = (), *,
+                       incarnation: str | None = None) -> list[QueueState]:
         """Create ``queues`` and ``nodes`` in one transaction (the parents of ``nodes`` must
         exist); return each queue's initial state. AlreadyExists naming the first queue or node
-        that exists; GroupNotFound; ConflictError after 50 lost races with drain marks."""
+        that exists; GroupNotFound; ConflictError after 50 lost races with drain marks.
+        ``incarnation``: the queues' (default: a new one each)."""
         gids = list(dict.fromkeys(g for q in queues for g in q.groups))
         for q in queues:
             check_name("queue", q.queue)
@@ -66,7 +68,7 @@ class QueueCreation(GroupRecords):
                 raise ConfigError("a queue needs at least one broker group (add one: ordq group add G)")
         with self._errors():
             self._wait(self.client.ensure_path_async(self.paths.queues))
-        created = [sm.create(q.queue, q.groups, incarnation=uuid.uuid4().hex[:12]) for q in queues]
+        created = [sm.create(q.queue, q.groups, incarnation=incarnation or uuid.uuid4().hex[:12]) for q in queues]
         for _ in range(MAX_ATTEMPTS):
             # Admitted in the creating write (issue 29: one write, not a create and an apply):
             # the drain marks it read are checked in the same transaction, as ``apply`` does.

@@ -99,7 +99,7 @@ class ClusterCredentials:
             write_credential(self.folder, role)
         self._use_credentials()
 
-    def _protect(self) -> None:
+    def _protect(self, *, walk: bool = False) -> None:
         """Generate the credentials (once) and protect the root: a tree from before (ACLs off,
         or an older ordq: a client identity, tokens' digests) is upgraded in place, and a node
         someone else made is repaired (coordinator/acl_client.py). The older ordq's client
@@ -107,7 +107,7 @@ class ClusterCredentials:
         if not self.config.zk_acl:
             return
         from ordq.coordinator.acl import ACL_NODE, AclIds
-        from ordq.coordinator.acl_client import protect
+        from ordq.coordinator.acl_client import protect, protected_by
 
         running = [name for name, proc in self.processes() if proc.alive() and proc not in self.zk.processes]
         if running:
@@ -123,8 +123,12 @@ class ClusterCredentials:
         assert admin is not None and coordinator is not None and broker is not None
         self.credentials = attrs.evolve(self.credentials, zk_auth=admin)
         self._register_own()
+        ids = AclIds.of(admin, coordinator, broker)
         with self.store() as store:
-            protect(store.client, self.root, AclIds.of(admin, coordinator, broker))
+            # The whole tree only when its record does not name these identities (a first start,
+            # a rotation, a tree an older ordq protected): every node made since is made by the
+            # policy, and the walk took a restart minutes at 10^4 queues (issue 43).
+            protect(store.client, self.root, ids, walk=walk or not protected_by(store.client, self.root, ids))
         for role in RETIRED:
             (self.folder / AUTH_DIR / role).unlink(missing_ok=True)
 

@@ -1,6 +1,6 @@
 """What ``ordq status`` and ``ordq up`` see of a local cluster: each process, where it listens
 and whether it is healthy, asked live (ZooKeeper ``srvr``, each broker's liveness node and
-``Health`` RPC, each coordinator's metrics); and waiting until everything is.
+``Health`` RPC, each coordinator's /health page); and waiting until everything is.
 
 Rules: read-only; every question is bounded by a short timeout, so a hung process shows as
 "no answer" instead of stalling the status.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +20,6 @@ import attrs
 
 from ordq.broker_group.process import BrokerProcess
 from ordq.common.errors import ExternalProcessError, OrdqError
-from ordq.common.metrics import scrape
 from ordq.common.proc import ManagedProcess
 from ordq.common.security import Credentials
 from ordq.coordinator.store import ZkStore
@@ -115,16 +115,16 @@ class ClusterHealth:
         return None
 
     def coordinator_leader(self) -> str | None:
-        """Name of the coordinator daemon that reports itself leader (via its metrics)."""
+        """Name of the coordinator daemon that reports itself leader (its /health page)."""
         for proc in self.c.coordinators:
-            if proc.alive() and _coordinator_metrics(self.c.metrics_url(proc.name)).get("ordq_coordinator_leader") == 1:
+            if proc.alive() and coordinator_health(self.c.metrics_url(proc.name)).get("leader") is True:
                 return proc.name
         return None
 
     def status(self, *, rpc_timeout_s: float = 1.0) -> list[ProcessStatus]:
         """Every process with its pid, where it listens and its health, asked live:
         ZooKeeper ``srvr``, each broker's liveness node and ``Health`` RPC, each coordinator's
-        metrics."""
+        /health page."""
         out: list[ProcessStatus] = []
         for st, proc in zip(self.c.zk.status(), self.c.zk.processes, strict=True):
             mode = st.mode
@@ -145,14 +145,13 @@ class ClusterHealth:
                 out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=None, listen=None, state="down",
                                          healthy=False))
                 continue
-            metrics = _coordinator_metrics(url, timeout_s=rpc_timeout_s)
-            if not metrics:
+            health = coordinator_health(url, timeout_s=rpc_timeout_s)
+            if not health:
                 out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url, state="no answer",
-                                         healthy=False, detail="metrics endpoint does not answer"))
+                                         healthy=False, detail="health endpoint does not answer"))
                 continue
-            leader = metrics.get("ordq_coordinator_leader") == 1
-            detail = f"rounds {int(metrics.get('ordq_coordinator_rounds_total', 0))}"
-            detail += f", errors {int(metrics.get('ordq_coordinator_errors_total', 0))}"
+            leader = health.get("leader") is True
+            detail = f"rounds {int(health.get('rounds', 0))}, errors {int(health.get('errors', 0))}"
             out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url,
                                      state="leader" if leader else "standby", healthy=True, detail=detail))
         return _no_leader_unhealthy(out)
@@ -204,15 +203,23 @@ class ClusterHealth:
         return out
 
 
-def _coordinator_metrics(url: str | None, *, timeout_s: float = 1.0) -> dict[str, float]:
-    """Unlabelled gauges/counters of a coordinator's /metrics ({} when it does not answer)."""
+def health_url(metrics_url: str) -> str:
+    """A coordinator's /health page, served beside its /metrics."""
+    return metrics_url.rsplit("/", 1)[0] + "/health"
+
+
+def coordinator_health(url: str | None, *, timeout_s: float = 1.0) -> dict[str, Any]:
+    """A coordinator's /health document (``CoordinatorMetrics.health``: leader, term, rounds,
+    errors, queues), given its metrics URL; {} when it does not answer within ``timeout_s``.
+    Never the /metrics page: its size grows with the queues (issue 43)."""
     if not url:
         return {}
     try:
-        samples = scrape(url, timeout_s=timeout_s)
+        with urllib.request.urlopen(health_url(url), timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
+            doc = json.loads(resp.read(64 << 10))
     except (OSError, ValueError):
         return {}
-    return {s.name: s.value for s in samples if not s.labels}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _no_leader_unhealthy(statuses: list[ProcessStatus]) -> list[ProcessStatus]:

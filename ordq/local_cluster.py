@@ -208,8 +208,10 @@ class LocalCluster(ClusterCredentials):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, *, timeout_s: float = _STARTUP_TIMEOUT_S) -> StartReport:
+    def start(self, *, timeout_s: float = _STARTUP_TIMEOUT_S, repair_acls: bool = False) -> StartReport:
         """Start every process that is not running and wait until the cluster serves.
+        ``repair_acls``: set every ZooKeeper node's ACL to the policy (``ordq up --repair-acls``;
+        otherwise only when the tree's ACL record asks for it: ``ClusterCredentials._protect``).
 
         Raises AlreadyExists when everything already runs, ExternalProcessError when a process
         cannot start (Java missing, port in use, a process died: the message says which and
@@ -245,7 +247,7 @@ class LocalCluster(ClusterCredentials):
             # ZooKeeper steps ride out transient errors (a server still settling, a busy
             # machine) within the start's deadline (coordinator/zk_retry.py). Each is safe to
             # repeat; the admin token's create, if it landed unseen, leaves one unused token.
-            self._zk(self._protect, "protect the root", deadline)
+            self._zk(lambda: self._protect(walk=repair_acls), "protect the root", deadline)
             self._zk(self._register_groups, "register the groups", deadline)
             if self.config.tokens:
                 self._zk(self._ensure_admin_token, "make the admin token", deadline)

@@ -159,3 +159,47 @@ def test_unknown_names_exit_1_with_one_line(cluster: Cluster, capsys: pytest.Cap
         out, err = capsys.readouterr()
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("ordq: error: ") and message in lines[0], (argv, err)
+
+
+def test_many_queues_created_at_once_and_listed_from_the_coordinators_copy(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Issue 43: ``queue create A B ...`` and ``--names-from`` create many queues in batched
+    transactions (heads spread), leave the ones that exist and name them (exit 1); the admin role
+    is needed on every name before any is created. ``queue list`` of them all in one page
+    (states from the elected coordinator's copies, one OpenSegments per group) says what a
+    describe says of each, also of a queue written to (stored messages, last seq)."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    cluster.start_daemon("coordinator")
+    admin = _token(cluster, {"*": ["admin"]}, "ops")
+    register(cluster.hosts, cluster.root, attrs.evolve(cluster.credentials, token=admin))
+    narrow = _token(cluster, {"m-900": ["admin"]}, "admin-of-m-900")
+    producer = cluster.producer(n=300, rate=3000.0)
+    producer.start()
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"m-{i:03d}\n" for i in range(1, 240)))
+    code, out, err = _run(cluster, capsys, admin, "--json", "queue", "create", "m-000", "--names-from", str(names))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [r["queue"] for r in doc["created"]] == [f"m-{i:03d}" for i in range(240)] and doc["existing"] == []
+    heads = [r["head"] for r in doc["created"]]
+    assert abs(heads.count("g1") - heads.count("g2")) <= 1  # spread
+    code, _, err = _run(cluster, capsys, narrow, "queue", "create", "m-900", "other")  # not admin of "other": none made
+    assert code != 0 and "lacks the role" in err, err
+    code, out, err = _run(cluster, capsys, admin, "queue", "create", "m-000", "m-900")
+    assert code == 1 and out.startswith("created 1 queues") and "1 already existed" in err and "m-000" in err
+    wait_until(lambda: len(producer.acked) >= 300, timeout_s=60, what="300 acks")
+    producer.join(60)
+
+    code, out, err = _run(cluster, capsys, admin, "--json", "queue", "list", "--limit", "1000")
+    assert code == 0, err
+    rows = {r["queue"]: r for r in json.loads(out)}
+    assert set(rows) == {"q", "m-900", *(f"m-{i:03d}" for i in range(240))}
+    for q in ("q", "m-000", "m-239"):
+        code, out, _ = _run(cluster, capsys, admin, "--json", "queue", "describe", q)
+        view = json.loads(out)
+        row = rows[q]
+        assert (row["head"], row["send"], row["last_seq"], row["stored"]) == (
+            view["send"][0] if view["send"] else None, view["send"], view["last_seq"], view["stored"]), q
+    assert rows["q"]["last_seq"] == 299 and rows["q"]["stored"] == 300
+    assert rows["m-000"]["subscriptions"] == []

@@ -313,8 +313,7 @@ def test_per_queue_series_are_rendered_again_only_when_a_queue_changed() -> None
     assert b'ordq_queue_send_groups{queue="q1"} 2.0' in first
     assert b"ordq_coordinator_leader 1.0" in first
     assert metrics.per_queue_text() is metrics.per_queue_text()  # nothing changed: not rendered again
-    stats.queues["q1"] = {**stats.queues["q1"], "sealing": 1}
-    stats.queues_version += 1
+    stats.set_queue("q1", {**stats.queues["q1"], "sealing": 1})
     _, second = metrics.page()
     assert b'ordq_queue_sealing_segments{queue="q1"} 1.0' in second
     stats.is_leader = False  # a standby's view is stale: no per-queue series

@@ -196,12 +196,15 @@ def test_a_blocked_message_and_a_dead_group_show_in_the_consumer_and_coordinator
                    what="the consumer to report waiting at a dead group")
         wait_until(lambda: value(read_metrics(coordinator), "ordq_queue_segments_not_live", queue="q") == 1,
                    timeout_s=30, what="the coordinator to count the segment on the dead group")
+        # the count over every queue, which the alert watches (issue 43: per-queue series top-N)
+        assert value(read_metrics(coordinator), "ordq_coordinator_queues_not_live") == 1
         for member in (group.slave, group.master):
             queue.restart(member)
         wait_until(lambda: metric("ordq_consumer_stalled_seconds") == 0, timeout_s=30,
                    what="the consumer to read again")
         wait_until(lambda: value(read_metrics(coordinator), "ordq_queue_segments_not_live", queue="q") == 0,
                    timeout_s=30, what="the coordinator to see the group live")
+        assert value(read_metrics(coordinator), "ordq_coordinator_queues_not_live") == 0
     finally:
         stop.set()
         thread.join(30)

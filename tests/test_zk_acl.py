@@ -42,7 +42,7 @@ from ordq.coordinator.acl import (
     relative,
     rights,
 )
-from ordq.coordinator.acl_client import missing_parents, protect
+from ordq.coordinator.acl_client import missing_parents, protect, protected_by
 from ordq.coordinator.paths import Paths
 from ordq.coordinator.store import ZkStore
 from ordq.zk_server import JVM_ARGS_FILE
@@ -156,6 +156,15 @@ def test_a_protected_root_refuses_everyone_but_the_three_identities(zk_server, z
     try:
         assert protect(admin.client, zk_root, IDS) >= 7  # upgraded in place
         assert protect(admin.client, zk_root, IDS) >= 7  # and again: idempotent
+        # Issue 43: a restart walks the tree only when its record does not name these
+        # identities, or a walk was cut short (the record says so while one is under way).
+        assert protected_by(admin.client, zk_root, IDS)
+        assert protect(admin.client, zk_root, IDS, walk=False) == 0
+        record = f"{zk_root}/acl"
+        admin.client.set(record, json.dumps({**IDS.to_dict(), "walking": True}).encode())
+        assert not protected_by(admin.client, zk_root, IDS)
+        assert not protected_by(admin.client, zk_root, AclIds.of(ADMIN_AUTH, COORDINATOR, "another:pw"))
+        assert protect(admin.client, zk_root, IDS) >= 7 and protected_by(admin.client, zk_root, IDS)
         other = ZkStore.connect(hosts, zk_root, auth="other-admin:pw")  # not this tree's admin: refused
         with other, pytest.raises(ZkAccessDenied, match="no admin credential"):
             protect(other.client, zk_root, AclIds.of("other-admin:pw", COORDINATOR, BROKER))

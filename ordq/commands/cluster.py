@@ -50,6 +50,9 @@ def register(subparsers: Any) -> None:
                     help="a new cluster's ZooKeeper serves TLS only, with a certificate of the cluster CA, and "
                          "requires the clients' (they find that in the credentials file); the default unless "
                          "--insecure; --no-zk-tls: plaintext ZooKeeper (docs/SECURITY.md)")
+    up.add_argument("--repair-acls", action="store_true",
+                    help="set every ZooKeeper node's ACL to the policy (otherwise done only on a first start, after "
+                         "a rotation or a walk cut short: two requests a node, minutes at 10^5 queues)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -101,7 +104,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.dir, _config(args))
-    report = cluster.start(timeout_s=args.timeout)
+    report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
     cluster.detach()  # they keep running after this command
     statuses = cluster.status()
     if wants_json(args):

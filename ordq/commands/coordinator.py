@@ -45,6 +45,11 @@ def register(subparsers: Any) -> None:
                      "(default: the --listen host and the port bound; required when listening on 0.0.0.0)")
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any)")
+    run.add_argument("--per-queue-series", dest="per_queue_series", type=_series_count, default=100, metavar="N|all",
+                     help="queues with per-queue series on /metrics: the N that need looking at first (segments "
+                     "on a group down, seals waiting, then the most recently written), 0 for none, 'all' for "
+                     "every queue (default %(default)s; every queue's figures stay in ordq top and the status "
+                     "page)")
     run.add_argument("--interval", type=seconds(), default=None, metavar="SECONDS",
                      help="duty round period when nothing wakes it (default 0.5)")
     run.add_argument("--session-timeout", dest="session_timeout", type=seconds(), default=None, metavar="SECONDS",
@@ -135,7 +140,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  and bool(holder[0].store.client.connected),
                                  term=lambda: holder[0].stats.term if holder else 0,
                                  credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first,
-                                 admin=_admin_verbs(creds))
+                                 admin=_admin_verbs(creds, known=lambda names: holder[0].known_queues(names)
+                                                    if holder else {}))
     address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.
     ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
@@ -145,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     duty_store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
-                               requests_first=requests_first)
+                               requests_first=requests_first, per_queue_series=args.per_queue_series)
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
@@ -177,6 +183,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _series_count(raw: str) -> int | None:
+    """``--per-queue-series``: a count, or ``all`` (None)."""
+    if raw == "all":
+        return None
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"a count or 'all', not {raw!r}")
+    return int(raw)
+
+
 def _run_then_wake(daemon: Any, stop: threading.Event) -> None:
     """The election thread: when it ends (stopped, or died of a bug) the main thread wakes."""
     try:
@@ -201,14 +216,16 @@ def _subscriber(creds: Credentials) -> Any:
     return subscribe
 
 
-def _admin_verbs(creds: Credentials) -> Any:
+def _admin_verbs(creds: Credentials, known: Any = None) -> Any:
     """The admin API's verbs (ordq/admin/api.py), reading replicas with this coordinator's
-    credentials: the admin CLI holds no ZooKeeper session (issue 37)."""
+    credentials: the admin CLI holds no ZooKeeper session (issue 37). ``known``: the queues
+    the daemon's copies hold (a listing reads no ZooKeeper node for them, issue 43)."""
     from ordq.admin.api import admin_verbs
     from ordq.sdk.replicas import ReplicaReader
     from ordq.wire.client import GrpcTransport
 
-    return admin_verbs(lambda store: ReplicaReader(store, GrpcTransport(rpc_timeout_s=1.0, credentials=creds)))
+    return admin_verbs(lambda store: ReplicaReader(store, GrpcTransport(rpc_timeout_s=1.0, credentials=creds)),
+                       known=known)
 
 
 def _prober(store: Any, creds: Credentials) -> Any:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -36,8 +38,13 @@ def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "queue", help="create and inspect queues")
     sub = parser.add_subparsers(dest="queue_command", metavar="ACTION")
     sub.required = True
-    create = add_command(sub, "create", help="create a queue", func=cmd_create, admin=True)
-    create.add_argument("queue", help="queue name, [A-Za-z0-9._-]{1,128}")
+    create = add_command(sub, "create", help="create queues", func=cmd_create, admin=True,
+                         description="Create one queue, or many at once (names given, or one a line in "
+                         "--names-from): many are created in batched ZooKeeper transactions, and names that "
+                         "already exist are left alone and named on stderr (exit code 1).")
+    create.add_argument("queue", nargs="*", help="queue names, [A-Za-z0-9._-]{1,128}")
+    create.add_argument("--names-from", dest="names_from", metavar="FILE",
+                        help="more names, one a line ('-': standard input)")
     create.add_argument(
         "--groups", help="comma-separated broker groups serving it (default: every registered group)"
     )
@@ -118,16 +125,60 @@ def add_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
                         help="keep at most this many sealed segments (default: all until consumed)")
 
 
+def _names(args: argparse.Namespace) -> list[str]:
+    names = list(args.queue)
+    if args.names_from:
+        try:
+            text = sys.stdin.read() if args.names_from == "-" else Path(args.names_from).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--names-from {args.names_from}: {exc.strerror or exc}") from None
+        names += [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise ConfigError("name at least one queue (or --names-from FILE)")
+    return list(dict.fromkeys(names))
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     groups = [g for g in args.groups.split(",") if g] if args.groups else None
     cfg = QueueConfig(**{name: getattr(args, name) for name in SETTINGS})
-    st = QueueState.from_dict(admin_call(args, "queue create", queue=args.queue, groups=groups,
+    names = _names(args)
+    if len(names) > 1 or args.names_from:
+        return _create_many(args, names, groups, cfg)
+    st = QueueState.from_dict(admin_call(args, "queue create", queue=names[0], groups=groups,
                                          config=attrs.asdict(cfg)))
     if wants_json(args):
         emit_json(st.to_dict())
     else:
         head = st.head or "none yet (no group has master and slave live)"
-        print(f"queue {args.queue} created on groups {', '.join(st.groups)}; send head: {head}")
+        print(f"queue {st.queue} created on groups {', '.join(st.groups)}; send head: {head}")
+    return 0
+
+
+def _create_many(args: argparse.Namespace, names: list[str], groups: list[str] | None, cfg: QueueConfig) -> int:
+    """Many queues, ``MAX_CREATE_NAMES`` per admin request (each a few batched transactions)."""
+    from ordq.admin.api import MAX_CREATE_NAMES
+
+    created: list[dict[str, Any]] = []
+    existing: list[str] = []
+    for i in range(0, len(names), MAX_CREATE_NAMES):
+        # the request's id: if its answer is lost and the call is sent again, what the first
+        # attempt created is not reported as "already existed"
+        doc = admin_call(args, "queue create-many", queues=names[i:i + MAX_CREATE_NAMES], groups=groups,
+                         config=attrs.asdict(cfg), request=uuid.uuid4().hex[:12])
+        created += doc["created"]
+        existing += doc["existing"]
+    if wants_json(args):
+        emit_json({"created": created, "existing": existing})
+    else:
+        heads: dict[str, int] = {}
+        for row in created:
+            heads[row["head"] or "none"] = heads.get(row["head"] or "none", 0) + 1
+        spread = ", ".join(f"{g} {n}" for g, n in sorted(heads.items()))
+        print(f"created {len(created)} queues" + (f"; send heads: {spread}" if created else ""))
+    if existing:
+        shown = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
+        print(f"ordq: error: {len(existing)} already existed (left as they are): {shown}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,6 +31,39 @@ log = logging.getLogger("ordq.common.metrics")
 # A page served beside /metrics: () -> (content type, body), called per request.
 Page = Callable[[], tuple[str, bytes]]
 
+# Bounds on the HTTP server of every process (issue 43: health checks that gave up on a slow
+# /metrics page left their handler threads behind, 25 -> 164 threads in a coordinator): a
+# request not read or written within REQUEST_TIMEOUT_S ends, and beyond MAX_HANDLERS requests in
+# progress a new connection is closed at once (the caller retries) instead of taking a thread.
+REQUEST_TIMEOUT_S = 10.0
+MAX_HANDLERS = 16
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    daemon_threads = True
+    refused = 0  # connections closed at once: MAX_HANDLERS requests were in progress
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 @attrs.frozen
 class MetricsServer:
@@ -38,6 +71,11 @@ class MetricsServer:
 
     url: str
     _httpd: ThreadingHTTPServer
+
+    @property
+    def refused(self) -> int:
+        """Connections closed unanswered: MAX_HANDLERS requests were in progress."""
+        return getattr(self._httpd, "refused", 0)
 
     @property
     def base_url(self) -> str:
@@ -67,6 +105,8 @@ def serve(registry: CollectorRegistry, listen: str = "127.0.0.1:0", *,
     routes.update(pages or {})
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S  # the socket's: reading the request, writing the answer
+
         def do_GET(self) -> None:  # noqa: N802 - http.server API
             page = routes.get(self.path.split("?", 1)[0])
             if page is None:
@@ -88,8 +128,7 @@ def serve(registry: CollectorRegistry, listen: str = "127.0.0.1:0", *,
         def log_message(self, *args: Any) -> None:
             pass  # a scrape every few seconds is not news
 
-    httpd = ThreadingHTTPServer((host, port), Handler)
-    httpd.daemon_threads = True
+    httpd = _BoundedServer((host, port), Handler)
     threading.Thread(target=httpd.serve_forever, name="ordq-metrics-http", daemon=True).start()
     bound_host, bound_port = httpd.server_address[:2]
     return MetricsServer(url=f"http://{bound_host!s}:{bound_port}/metrics", httpd=httpd)
