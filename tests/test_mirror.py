@@ -124,3 +124,93 @@ def test_mirror_copies_in_order_through_a_leader_kill_and_head_master_kills_on_b
     wait_until(lambda: "copying from seq" in m1.log_tail(20), timeout_s=30, what="m1 resumed")
     assert f"copying from seq {n}" in m1.log_tail(20)
     assert last_readable(b) == n - 1
+
+
+def produce(c: Cluster, seqs: range, *, queue: str = "q") -> None:
+    """Send the payloads of ``seqs`` (make_payload) to ``queue`` and wait for their acks."""
+    from ordq.sdk import Producer, ProducerConfig
+    from tests.helpers.load import make_payload
+
+    with Producer(ProducerConfig(zk_hosts=c.hosts, root=c.root, queue=queue, send_timeout_s=1.0)) as p:
+        futures = [p.send(make_payload(i, "A", 120)) for i in seqs]
+        p.flush(60)
+        assert [f.result().seq for f in futures] == list(seqs)
+
+
+def mirror_metric(url: str, name: str) -> float | None:
+    from ordq.common.metrics import value
+    from tests.util import read_metrics
+
+    return value(read_metrics(url), name)
+
+
+def test_mirror_waits_while_the_target_is_down_and_catches_up_in_order(two: tuple[Cluster, Cluster]) -> None:
+    a, b = two
+    a.add_groups("g1")
+    b.add_groups("g1")
+    a.create_queue("q")
+    b.create_queue("q")
+    m = spawn_mirror(a, b, "m", "--metrics", "127.0.0.1:0")
+    url = m.wait_for_line("METRICS ", timeout_s=60).split()[-1]
+    m.wait_for_line("LEADING", timeout_s=60)
+    produce(a, range(500))
+    wait_until(lambda: mirror_metric(url, "ordq_mirror_copied_messages_total") == 500, timeout_s=60,
+               what="the first 500 copied")
+    b.groups["g1"].stop()  # the target's brokers go (the link to B, as the mirror sees it)
+    produce(a, range(500, 2500))  # the source takes every message while the target is down
+    # The mirror waits and says so; the source's backlog shows in its lag.
+    wait_until(lambda: "trying again" in m.log_tail(40), timeout_s=90, what="the mirror's retry line")
+    wait_until(lambda: (mirror_metric(url, "ordq_mirror_lag_messages") or 0) >= 1000, timeout_s=60,
+               what="the lag metric showing the backlog")
+    assert mirror_metric(url, "ordq_mirror_copied_messages_total") is not None
+    b.groups["g1"].start()
+    b.wait_live("g1")
+    copy = read_copy(b, 2500, timeout_s=180)
+    check_copy(copy, 2500)
+    assert last_readable(b) == 2499
+    wait_until(lambda: mirror_metric(url, "ordq_mirror_lag_messages") == 0, timeout_s=60, what="lag back to 0")
+
+
+def test_shapes_mirror_of_a_mirror_two_mirrors_from_one_source_and_a_loop_refused(
+        zk_server: ZkServer, zk_root: str, tmp_path: Path) -> None:
+    clusters = [Cluster(zk_server, f"{zk_root}/{n}", tmp_path / n) for n in "abc"]
+    a, b, c = clusters
+    try:
+        for x in clusters:
+            x.add_groups("g1")
+        a.create_queue("q")
+        a.create_queue("back")
+        b.create_queue("q")
+        c.create_queue("q")
+        c.create_queue("direct")
+        ab = spawn_mirror(a, b, "ab")
+        bc = spawn_mirror(b, c, "bc")  # a mirror of a mirror
+        ac = spawn_mirror(a, c, "ac", target_queue="direct")  # a second mirror of the same source
+        for m in (ab, bc, ac):
+            m.wait_for_line("LEADING", timeout_s=90)
+        produce(a, range(300))
+        check_copy(read_copy(b, 300), 300)
+        check_copy(read_copy(c, 300, queue="direct"), 300)
+        two_hops = read_copy(c, 300)
+        check_copy(two_hops, 300, hops=2)
+        ids = [parse_chain_ids(chain) for _, _, chain in two_hops]
+        assert all(i == [f"{a.hosts}{a.root}", f"{b.hosts}{b.root}"] for i in ids)
+        assert all(chain[0].seq == i for i, (_, _, chain) in enumerate(two_hops))  # A's seq kept in the chain
+        # B -> A: B's copies came from A: refused, nothing written to A.
+        loop = a.spawn("ba", ["-m", "ordq.cli", "mirror", "run", "--from", end(b), "--to", end(a, "back"),
+                              "--lease-ttl", "2", "--instance", "ba"])
+        wait_until(lambda: loop.returncode is not None, timeout_s=90, what="the looping mirror's exit")
+        assert loop.returncode == 1
+        assert "mirror loop refused" in loop.log_tail(10), loop.log_tail(10)
+        assert a.state("back").consume[-1].first_seq is None
+        res = a.ordq("mirror", "run", "--from", end(a), "--to", end(a, "back"))
+        assert res.returncode == 1 and b"to itself would loop" in res.stderr, res.stderr
+    finally:
+        for name, x in zip("ABC", clusters, strict=True):
+            for title, text in x.log_sections(30):
+                print(f"==== cluster {name}: {title}\n{text}")
+            x.close()
+
+
+def parse_chain_ids(chain: list) -> list[str]:
+    return [h.cluster for h in chain]

@@ -45,6 +45,8 @@ from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerC
 
 log = logging.getLogger("ordq.mirror")
 STANDBY_ASK_S = 2.0
+# How long the target's producer waits for a writable group before the mirror starts over (and says so)
+NO_GROUP_TIMEOUT_S = 10.0
 FINAL = (MirrorError, PermissionDenied, NotFound, ConfigError, GapDetected)
 
 
@@ -87,7 +89,8 @@ class Mirror:
         cfg = self.config
         extra = {"producer_id": cfg.instance} if cfg.instance else {}
         return ProducerConfig(queue=cfg.target.queue, **cfg.target.options(), send_timeout_s=cfg.send_timeout_s,
-                              lease_ttl_s=cfg.lease_ttl_s, audit_dir=cfg.audit_dir, **extra)
+                              lease_ttl_s=cfg.lease_ttl_s, audit_dir=cfg.audit_dir,
+                              no_group_timeout_s=NO_GROUP_TIMEOUT_S, **extra)
 
     def _consumer_config(self) -> ConsumerConfig:
         cfg = self.config
