@@ -6,7 +6,6 @@ source message once, in source order, each copy carrying its source seq in its c
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ordq.common.proc import ManagedProcess
-from ordq.mirror.chain import MIRROR_HEADER, parse_chain
+from ordq.mirror.chain import parse_chain
 from ordq.sdk import Consumer, ConsumerConfig
 from ordq.zk_server import ZkServer
 from tests.cluster import Cluster, LoadProducer, wait_acked
@@ -91,6 +90,7 @@ def last_readable(c: Cluster, queue: str = "q") -> int:
     return found[-1]
 
 
+@pytest.mark.slow
 def test_mirror_copies_in_order_through_a_leader_kill_and_head_master_kills_on_both_sides(
         two: tuple[Cluster, Cluster]) -> None:
     a, b = two
@@ -144,6 +144,7 @@ def mirror_metric(url: str, name: str) -> float | None:
     return value(read_metrics(url), name)
 
 
+@pytest.mark.slow
 def test_mirror_waits_while_the_target_is_down_and_catches_up_in_order(two: tuple[Cluster, Cluster]) -> None:
     a, b = two
     a.add_groups("g1")
@@ -171,6 +172,7 @@ def test_mirror_waits_while_the_target_is_down_and_catches_up_in_order(two: tupl
     wait_until(lambda: mirror_metric(url, "ordq_mirror_lag_messages") == 0, timeout_s=60, what="lag back to 0")
 
 
+@pytest.mark.slow
 def test_shapes_mirror_of_a_mirror_two_mirrors_from_one_source_and_a_loop_refused(
         zk_server: ZkServer, zk_root: str, tmp_path: Path) -> None:
     clusters = [Cluster(zk_server, f"{zk_root}/{n}", tmp_path / n) for n in "abc"]

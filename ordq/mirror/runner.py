@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -87,14 +88,14 @@ class Mirror:
 
     def _producer_config(self) -> ProducerConfig:
         cfg = self.config
-        extra = {"producer_id": cfg.instance} if cfg.instance else {}
+        extra: dict[str, Any] = {"producer_id": cfg.instance} if cfg.instance else {}
         return ProducerConfig(queue=cfg.target.queue, **cfg.target.options(), send_timeout_s=cfg.send_timeout_s,
                               lease_ttl_s=cfg.lease_ttl_s, audit_dir=cfg.audit_dir,
                               no_group_timeout_s=NO_GROUP_TIMEOUT_S, **extra)
 
     def _consumer_config(self) -> ConsumerConfig:
         cfg = self.config
-        extra = {"consumer_id": cfg.instance} if cfg.instance else {}
+        extra: dict[str, Any] = {"consumer_id": cfg.instance} if cfg.instance else {}
         return ConsumerConfig(queue=cfg.source.queue, subscription=cfg.sub, **cfg.source.options(), start=cfg.start,
                               lease_ttl_s=cfg.lease_ttl_s, commit=CommitConfig(every_messages=1000, every_ms=500.0),
                               **extra)
