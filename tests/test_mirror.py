@@ -18,7 +18,7 @@ from ordq.sdk import Consumer, ConsumerConfig
 from ordq.zk_server import ZkServer
 from tests.cluster import Cluster, LoadProducer, wait_acked
 from tests.helpers.load import parse_payload
-from tests.util import wait_until
+from tests.util import read_metrics, wait_until
 
 pytestmark = pytest.mark.zk
 
@@ -139,7 +139,6 @@ def produce(c: Cluster, seqs: range, *, queue: str = "q") -> None:
 
 def mirror_metric(url: str, name: str) -> float | None:
     from ordq.common.metrics import value
-    from tests.util import read_metrics
 
     return value(read_metrics(url), name)
 
@@ -154,6 +153,16 @@ def test_mirror_waits_while_the_target_is_down_and_catches_up_in_order(two: tupl
     m = spawn_mirror(a, b, "m", "--metrics", "127.0.0.1:0")
     url = m.wait_for_line("METRICS ", timeout_s=60).split()[-1]
     m.wait_for_line("LEADING", timeout_s=60)
+    # What the mirror exposes: every series docs/alerts.yml names of a mirror, in a form
+    # Prometheus's linter accepts.
+    from tests.test_metrics import alert_rules, promtool
+
+    exposed = {s.name for s in read_metrics(url)}
+    named = {n for rule in alert_rules() for n in re.findall(r"\bordq_mirror_[a-z0-9_]+", rule["expr"])}
+    assert named and not named - exposed, named - exposed
+    lint = subprocess.run([promtool(), "check", "metrics"], input=urllib.request.urlopen(url, timeout=10).read(),
+                          capture_output=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
     produce(a, range(500))
     wait_until(lambda: mirror_metric(url, "ordq_mirror_copied_messages_total") == 500, timeout_s=60,
                what="the first 500 copied")
