@@ -6,7 +6,10 @@ source message once, in source order, each copy carrying its source seq in its c
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
