@@ -228,3 +228,28 @@ def test_shapes_mirror_of_a_mirror_two_mirrors_from_one_source_and_a_loop_refuse
 
 def parse_chain_ids(chain: list) -> list[str]:
     return [h.cluster for h in chain]
+
+
+@pytest.mark.slow
+def test_a_leader_paused_past_its_lease_is_fenced_and_waits_as_a_standby(two: tuple[Cluster, Cluster]) -> None:
+    a, b = two
+    a.add_groups("g1")
+    b.add_groups("g1")
+    a.create_queue("q")
+    b.create_queue("q")
+    m1 = spawn_mirror(a, b, "m1")
+    m1.wait_for_line("LEADING", timeout_s=60)
+    m2 = spawn_mirror(a, b, "m2")
+    m2.wait_for_line("STANDBY", timeout_s=60)
+    n = 5000
+    producer = LoadProducer(a, n=n, rate=1500.0, writer="A")
+    producer.start()
+    wait_acked(producer, 1500)
+    m1.pause()  # SIGSTOP: past its lease (2 s) the standby takes over and fences it
+    m2.wait_for_line("LEADING", timeout_s=60)
+    wait_acked(producer, 3000)
+    m1.resume()  # it finds itself fenced and waits as a standby; nothing of it is written twice
+    wait_until(lambda: "another instance leads now" in m1.log_tail(60), timeout_s=60, what="m1 fenced")
+    producer.join(120)
+    check_copy(read_copy(b, n), n)
+    assert last_readable(b) == n - 1

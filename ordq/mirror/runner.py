@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -156,7 +155,15 @@ class Mirror:
                         "-" if next_seq is None else next_seq - 1,
                         "the subscription's cursor" if next_seq is None else f"seq {next_seq}")
             with Consumer(self._consumer_config()) as consumer:
-                self._copy(producer, consumer, SourceFilter(cfg.source.identity, next_seq), stop)
+                watch = _FencedWatch(producer, consumer, every_s=cfg.lease_ttl_s / 4)
+                try:
+                    self._copy(producer, consumer, SourceFilter(cfg.source.identity, next_seq), stop)
+                except OrdqError:  # ClosedError (the watch closed the consumer), or what its closing broke
+                    if producer.failure is not None:
+                        raise producer.failure from None
+                    raise
+                finally:
+                    watch.stop()
         finally:
             producer.close(timeout_s=cfg.send_timeout_s)
 
@@ -207,5 +214,24 @@ class Mirror:
                     st.last_source_seq, st.last_source_ts_us = last.seq, last.timestamp_us
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
+class _FencedWatch:
+    """Closes the source consumer once the target producer stopped (fenced by a successor):
+    a consumer whose lease went to that successor waits inside ``poll`` to be granted it again,
+    and would hold this process there instead of letting it go back to the standbys."""
+
+    def __init__(self, producer: Producer, consumer: Consumer, *, every_s: float) -> None:
+        self._producer, self._consumer, self._every_s = producer, consumer, max(every_s, 0.05)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ordq-mirror-fenced", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            if self._producer.failure is not None:
+                log.warning("the target's producer stopped (%s): closing the source consumer", self._producer.failure)
+                self._consumer.close()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
