@@ -44,7 +44,7 @@ from ordq.mirror.config import MirrorConfig
 from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, StoredMessage
 
 log = logging.getLogger("ordq.mirror")
-STANDBY_ASK_S = 2.0
+STANDBY_ASK_S = 30.0
 # How long the target's producer waits for a writable group before the mirror starts over (and says so)
 NO_GROUP_TIMEOUT_S = 10.0
 FINAL = (MirrorError, PermissionDenied, NotFound, ConfigError, GapDetected)
