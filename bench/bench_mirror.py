@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=2_000.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--max-batch", type=int, default=2000, help="the mirror's --max-batch")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result: dict[str, object] = {}
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         b = stack.enter_context(bench_cluster(1))
         produce(a, args.backlog, args.size, None)
         mirror = ManagedProcess("mirror", [sys.executable, "-m", "ordq.cli", "mirror", "run", "--from", end(a),
-                                           "--to", end(b)], run_dir=a.folder / "mirror")
+                                           "--to", end(b), "--max-batch", str(args.max_batch)],
+                                 run_dir=a.folder / "mirror")
         mirror.start()
         stack.callback(mirror.kill)
         mirror.wait_for_line("LEADING", timeout_s=60)
