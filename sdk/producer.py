@@ -399,6 +399,12 @@ class Producer(ProducerIO):
         core = self._core
         return ProducerSnapshot(stats=self.statistics(), inflight_bytes=core.inflight_bytes if core is not None else 0)
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped this producer (``FencedError``: another leader took over), or
+        None while it runs; what its next ``send``/``flush`` would raise."""
+        return self._fatal
+
     def last_committed(self) -> StoredMessage | None:
         """The last message stored for the queue when this producer took over, or the last
         one it got acked since — what an application resumes its source from. None: the

@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", action="append", default=[], dest="topics", metavar="TOPIC",
                         help="a keyed topic in the run (repeatable): its partitions' subscriptions are checked "
                              "per key, and no key may be in two of its partitions")
+    parser.add_argument("--copy-of", default=None, metavar="SOURCE_AUDIT_DIR",
+                        help="check the copy AUDIT_DIR (a mirror's target: its deliveries/, else acks/) against this "
+                             "source run's acks/: nothing lost, no duplicate, order kept; names the first divergence "
+                             "(no Spark)")
     parser.add_argument("--master", default=None,
                         help="Spark master (default local[*], or what spark-submit set)")
     parser.add_argument("--driver-memory", default=None, metavar="SIZE",
@@ -64,6 +68,8 @@ def _conf(items: Sequence[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace, *, prog: str) -> int:
     """Run the verification the parsed ``args`` describe; print the summary or JSON."""
+    if getattr(args, "copy_of", None):
+        return run_copy(args, prog=prog)
     try:
         acks = list(args.acks) + [os.path.join(d, "acks") for d in args.audit_dirs]
         deliveries = list(args.deliveries) + [os.path.join(d, "deliveries") for d in args.audit_dirs]
@@ -117,3 +123,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return run(args, prog="spark_order_check")
 
+
+
+def run_copy(args: argparse.Namespace, *, prog: str) -> int:
+    """``--copy-of SOURCE COPY``: the copy check (ordq.spark_order_check.copy_check)."""
+    from ordq.spark_order_check.copy_check import check_copy, copy_rows, source_acks
+
+    try:
+        if len(args.audit_dirs) != 1 or args.acks or args.deliveries:
+            raise ConfigError("--copy-of SOURCE_AUDIT_DIR takes one AUDIT_DIR, the copy's")
+        copy_dir = args.audit_dirs[0]
+        deliveries = os.path.join(copy_dir, "deliveries")
+        result = check_copy(source_acks([os.path.join(args.copy_of, "acks")]),
+                            copy_rows([deliveries] if os.path.isdir(deliveries) else [],
+                                      [os.path.join(copy_dir, "acks")]))
+    except OrdqError as exc:
+        return failed(prog, exc)
+    report = result.to_dict()
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=2)
+    if getattr(args, "json", False):
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{prog} --copy-of: {report['verdict']}")
+        print(f"source: {result.source_messages:,} acked messages from seq {result.first_source_seq}; "
+              f"copy: {result.copy_messages:,} messages")
+        print("  ".join(f"{k} {result.counts[k]}" for k in ("lost", "duplicated", "reordered", "foreign")))
+        if result.first_divergence is not None:
+            print(f"first divergence: {result.first_divergence.describe()}")
+    return EXIT_CLEAN if result.clean else EXIT_VIOLATIONS

@@ -31,6 +31,9 @@ BENCHES = [
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50", "--tls", "both"],
           ["tls pipelined", "plaintext pipelined", "tls synchronous", "plaintext synchronous"]),
     bench("bench_abandoned", ["--streams", "5"], ["master RSS:", "a real producer meanwhile"]),
+    # Two clusters and a mirror process (~1-2 min here): slow only.
+    bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
+          pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
     bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),

@@ -54,6 +54,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if getattr(args, "copy_of", None):  # the copy check needs no Spark
+        return run(args, prog="ordq verify")
     # PySpark is an optional extra: say so in one line instead of a ModuleNotFoundError
     # traceback from deep inside the verifier.
     if importlib.util.find_spec("pyspark") is None:

@@ -39,13 +39,16 @@ translated once, where they enter, with ``raise ... from exc``.
     ├── ClosedError                       you closed it
     ├── PermissionDenied                  no credentials, or they lack the role the call needs
     ├── ExternalProcessError              ZooKeeper/Java missing or a child process failed
-    └── OutboxError                       the outbox database refused or disagrees with the queue
-        ├── OutboxUnavailable             the database cannot be reached (retriable)
-        ├── OutboxTableMissing (NotFound) the outbox table was never created
-        ├── OutboxPositionError           the queue's tail and the outbox (or binlog) do not fit together
-        ├── BinlogUnavailable             ordq cdc: the source database's binlog cannot be read (retriable)
-        ├── ApplyTargetUnavailable        ordq cdc apply: the target database cannot be reached (retriable)
-        └── ApplyTargetError              ordq cdc apply: the target refused a change (missing table, column)
+    ├── OutboxError                       the outbox database refused or disagrees with the queue
+    │   ├── OutboxUnavailable             the database cannot be reached (retriable)
+    │   ├── OutboxTableMissing (NotFound) the outbox table was never created
+    │   ├── OutboxPositionError           the queue's tail and the outbox (or binlog) do not fit together
+    │   ├── BinlogUnavailable             ordq cdc: the source database's binlog cannot be read (retriable)
+    │   ├── ApplyTargetUnavailable        ordq cdc apply: the target database cannot be reached (retriable)
+    │   └── ApplyTargetError              ordq cdc apply: the target refused a change (missing table, column)
+    └── MirrorError                       ordq mirror: the copy and its source do not fit together
+        ├── MirrorLoop                    a message's origin chain names the target cluster (A -> B -> A)
+        └── MirrorDiverged                the source cannot continue the copy (a moved cursor, dropped messages)
 """
 
 from __future__ import annotations
@@ -448,3 +451,29 @@ class ApplyTargetError(OutboxError):
         self.table = table
         self.seq = seq
         self.reason = reason
+
+
+class MirrorError(OrdqError):
+    """``ordq mirror``: the copy and its source cannot be carried on together (a loop, a
+    copy that is not this source's, a source position the copy cannot continue from)."""
+
+
+class MirrorLoop(MirrorError):
+    """A message's origin chain already names the target cluster: mirroring it would loop
+    (A -> B -> A). Nothing of it is written."""
+
+    def __init__(self, queue: str, seq: int, target: str, chain: list[str]) -> None:
+        super().__init__(f"mirror loop refused: {queue} seq {seq} came from {' -> '.join(chain)}, and the target "
+                         f"cluster {target} is in that chain (a mirror must not write a copy back where it came from)")
+        self.queue, self.seq, self.target, self.chain = queue, seq, target, chain
+
+
+class MirrorDiverged(MirrorError):
+    """The copy and the source do not continue each other: the source delivered seq ``got``
+    where the copy needs ``expected`` next (its subscription was moved past what the copy
+    holds, or the messages were dropped by retention), or the copy's last message is not
+    this source's."""
+
+    def __init__(self, source: str, detail: str, *, expected: int | None = None, got: int | None = None) -> None:
+        super().__init__(f"mirror of {source}: {detail}")
+        self.source, self.expected, self.got = source, expected, got

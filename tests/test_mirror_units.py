@@ -1,0 +1,94 @@
+"""The mirror's pure parts (issue 40): the x-ordq-mirror chain, where a mirror goes on, the
+gate between the source and the target, the names of its two ends. No I/O."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ordq.common.errors import ConfigError, MirrorDiverged, MirrorLoop
+from ordq.mirror.chain import MIRROR_HEADER, Hop, SourceFilter, copy_headers, encode_chain, parse_chain, resume_from
+from ordq.mirror.config import MirrorConfig, MirrorEnd, RetryPolicy, split_end
+
+
+def test_a_copy_keeps_the_applications_headers_and_adds_a_hop() -> None:
+    out = copy_headers((("trace", b"t1"),), queue="q", source="A", seq=7, ts_us=99, target="B")
+    assert out[0] == ("trace", b"t1")
+    assert parse_chain(out) == [Hop("A", 7, 99)]
+    again = copy_headers(out, queue="q", source="B", seq=3, ts_us=100, target="C")
+    assert parse_chain(again) == [Hop("A", 7, 99), Hop("B", 3, 100)]
+    assert [n for n, _ in again].count(MIRROR_HEADER) == 1
+
+
+def test_a_loop_is_refused_with_the_chain_named() -> None:
+    out = copy_headers((), queue="q", source="A", seq=7, ts_us=1, target="B")
+    with pytest.raises(MirrorLoop, match="A -> B") as info:
+        copy_headers(out, queue="q", source="B", seq=0, ts_us=1, target="A")
+    assert info.value.chain == ["A", "B"] and info.value.target == "A"
+
+
+def test_a_malformed_chain_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="malformed"):
+        parse_chain(((MIRROR_HEADER, b"[1,2"),))
+
+
+def test_resume_from_the_targets_last_message() -> None:
+    assert resume_from("q", None, None, source="A") is None  # empty target: the cursor says
+    last = ((MIRROR_HEADER, encode_chain([Hop("A", 41, 5)])),)
+    assert resume_from("q", last, 9, source="A") == 42
+    with pytest.raises(MirrorDiverged, match="no mirror copy"):
+        resume_from("q", (("x", b"y"),), 9, source="A")
+    with pytest.raises(MirrorDiverged, match="a copy of C"):
+        resume_from("q", ((MIRROR_HEADER, encode_chain([Hop("C", 1, 5)])),), 9, source="A")
+
+
+def test_the_gate_drops_what_the_target_holds_and_refuses_a_gap() -> None:
+    gate = SourceFilter("A", 5)
+    assert [gate.admit(s) for s in (3, 4, 5, 5, 6)] == [False, False, True, False, True]
+    assert gate.skipped == 3 and gate.next_seq == 7
+    with pytest.raises(MirrorDiverged, match="seq 9 where the copy needs seq 7") as info:
+        gate.admit(9)
+    assert (info.value.expected, info.value.got) == (7, 9)
+    fresh = SourceFilter("A", None)  # an empty target: the first delivered seq starts the copy
+    assert fresh.admit(100) and fresh.next_seq == 101
+
+
+@given(st.integers(0, 50), st.lists(st.integers(0, 60), max_size=60))
+def test_the_gate_lets_through_each_seq_once_in_order(start: int, deliveries: list[int]) -> None:
+    """Whatever a source redelivers (rejoins, restarts: any run of already-seen seqs), what
+    passes is start, start+1, ... with no gap and no repeat, or the gate refuses."""
+    gate = SourceFilter("A", start)
+    passed: list[int] = []
+    for seq in deliveries:
+        try:
+            if gate.admit(seq):
+                passed.append(seq)
+        except MirrorDiverged:
+            assert seq > gate.next_seq  # type: ignore[operator]
+            break
+    assert passed == list(range(start, start + len(passed)))
+
+
+def test_ends_are_named_as_the_cli_names_clusters() -> None:
+    assert split_end("127.0.0.1:2181/ordq/orders") == ("127.0.0.1:2181", "/ordq", "orders")
+    assert split_end("h1:1,h2:2/t-1/a/q") == ("h1:1,h2:2", "/t-1/a", "q")
+    for bad in ("orders", "127.0.0.1:2181/orders", "/ordq/orders", "127.0.0.1:2181/ordq/"):
+        with pytest.raises(ConfigError, match="ZK_HOSTS/ROOT/QUEUE"):
+            split_end(bad)
+
+
+def test_config_refuses_a_mirror_onto_itself_and_names_the_subscription() -> None:
+    a = MirrorEnd(name="z:1/a", zk_hosts="z:1", root="/a", queue="q", identity="z:1/a")
+    b = MirrorEnd(name="z:1/b", zk_hosts="z:1", root="/b", queue="q", identity="f00d")
+    assert MirrorConfig(source=a, target=b).sub == "mirror.f00d"
+    assert MirrorConfig(source=b, target=a).sub == "mirror.z_1_a"
+    with pytest.raises(ConfigError, match="to itself"):
+        MirrorConfig(source=a, target=MirrorEnd(name="z:1/a", zk_hosts="z:1", root="/a", queue="r", identity="z:1/a"))
+
+
+def test_retry_waits_double_up_to_the_bound() -> None:
+    r = RetryPolicy(first_s=0.5, max_s=3.0)
+    assert [r.wait_s(n) for n in (1, 2, 3, 4, 9)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    with pytest.raises(ConfigError):
+        RetryPolicy(first_s=0)
