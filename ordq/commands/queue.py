@@ -134,7 +134,7 @@ def _names(args: argparse.Namespace) -> list[str]:
             raise ConfigError(f"--names-from {args.names_from}: {exc.strerror or exc}") from None
         names += [line.strip() for line in text.splitlines() if line.strip()]
     if not names:
-        raise ConfigError("name at least one queue (or --names-from FILE)")
+        raise ConfigError("name at least one queue (or --names-from FILE) (see: ordq queue create --help)")
     return list(dict.fromkeys(names))
 
 
