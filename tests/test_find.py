@@ -18,7 +18,12 @@ from ordq.broker_group.seg_index import INDEX_FILE, IndexFormatError, build_inde
 from ordq.coordinator.topics import partition_of, partition_queue
 from ordq.sdk import BatchingConfig, FindResult, TopicProducer, TopicProducerConfig, find_messages
 from ordq.wire.batch import Message, encode_batch, stamp_offset
-from tests.test_admin_cli import Q, Cluster, make_cluster, produce, take  # noqa: F401 - make_cluster: a fixture
+from tests.test_admin_cli import (
+    Cluster,
+    Q,
+    make_cluster,  # noqa: F401 - the fixture the tests take
+    take,
+)
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -51,7 +56,7 @@ def sealed_segments(c: Cluster) -> list[int]:
     return [s.seg for s in c.store.load_state(Q)[0].consume if s.status.value == "sealed"]
 
 
-def test_find_by_key_and_time_across_sealed_and_open_segments(make_cluster, tmp_path: Path) -> None:
+def test_find_by_key_and_time_in_sealed_and_open_segments(make_cluster, tmp_path: Path) -> None:  # noqa: F811
     c = make_cluster("g1", "g2")
     seqs = keyed(c, 0, 40)
     roll(c)
@@ -114,7 +119,7 @@ def test_find_by_key_and_time_across_sealed_and_open_segments(make_cluster, tmp_
     assert "a from-time goes with a key" in c.error("find", Q, "--time", "1h", "--from-time", "2h")
 
 
-def test_a_corrupted_or_deleted_index_is_rebuilt_and_the_answer_is_unchanged(make_cluster, tmp_path: Path) -> None:
+def test_a_corrupt_or_deleted_index_is_rebuilt_same_answer(make_cluster, tmp_path: Path) -> None:  # noqa: F811
     c = make_cluster("g1")
     keyed(c, 0, 30)
     roll(c)
@@ -178,7 +183,7 @@ def test_a_corrupted_or_deleted_index_is_rebuilt_and_the_answer_is_unchanged(mak
     assert sealed and all(m["read_from"] == "slave" for m in sealed)
 
 
-def test_find_in_a_keyed_topic_searches_the_partition_the_key_routes_to(make_cluster) -> None:
+def test_find_in_a_keyed_topic_searches_the_partition_the_key_routes_to(make_cluster) -> None:  # noqa: F811
     c = make_cluster("g1", "g2")
     assert c.run("topic", "create", "pay", "--partitions", "4")[0] == 0
     keys = [f"cust-{i}" for i in range(12)]
