@@ -38,12 +38,14 @@ from ordq.broker_group.seg_index import (
     SegmentIndex,
     decode_index,
     encode_index,
+    first_at_or_after,
+    message_at,
 )
 from ordq.broker_group.segments import park
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError
 from ordq.wire import ordq_pb2 as pb
-from ordq.wire.batch import decode_batch
+from ordq.wire.batch import parse_header
 
 log = logging.getLogger("ordq.broker.index")
 
@@ -75,7 +77,9 @@ class Finder:
         self.shared = shared
         self.stats = IndexStats()
         self._lock = threading.Lock()
-        self._sealed: OrderedDict[tuple[str, int], tuple[Segment, SegmentIndex]] = OrderedDict()
+        # Sealed copies' indexes, with the identity of the file each was read from or written
+        # to: a file replaced, damaged or deleted since is looked at again (one stat a lookup).
+        self._sealed: OrderedDict[tuple[str, int], tuple[Segment, SegmentIndex, tuple[int, ...]]] = OrderedDict()
         self._cached_bytes = 0
         self._cache_bytes = cache_bytes
         self._open: dict[tuple[str, int], _Open] = {}
@@ -115,12 +119,15 @@ class Finder:
         "built", "memory")."""
         if not s.replica.sealed:
             return self._open_index(s), "memory"
+        path = s.directory / INDEX_FILE
         with self._lock:
             hit = self._sealed.get(s.key)
-            if hit is not None and hit[0] is s and not at_seal and self._matches(s, hit[1]):
-                self._sealed.move_to_end(s.key)
-                return hit[1], "file"
-        path = s.directory / INDEX_FILE
+        if hit is not None and hit[0] is s and not at_seal and hit[2] and hit[2] == _identity(path) and \
+                self._matches(s, hit[1]):
+            with self._lock:
+                if s.key in self._sealed:
+                    self._sealed.move_to_end(s.key)
+            return hit[1], "file"
         ix: SegmentIndex | None = None
         why = "missing"
         if not at_seal:
@@ -150,7 +157,7 @@ class Finder:
         else:
             with self._lock:
                 self.stats.loaded += 1
-        self._keep(s, ix)
+        self._keep(s, ix, _identity(path))
         with self._lock:
             self._open.pop(s.key, None)
         return ix, source
@@ -160,15 +167,15 @@ class Finder:
         return lg is not None and ix.end == lg.synced_end and ix.log_bytes == lg.synced_bytes and \
             ix.first_seq == (lg.first_seq if lg.first_seq is not None and lg.synced_end else -1)
 
-    def _keep(self, s: Segment, ix: SegmentIndex) -> None:
+    def _keep(self, s: Segment, ix: SegmentIndex, identity: tuple[int, ...]) -> None:
         with self._lock:
             old = self._sealed.pop(s.key, None)
             if old is not None:
                 self._cached_bytes -= old[1].nbytes()
-            self._sealed[s.key] = (s, ix)
+            self._sealed[s.key] = (s, ix, identity)
             self._cached_bytes += ix.nbytes()
             while self._cached_bytes > self._cache_bytes and len(self._sealed) > 1:
-                _, (_, gone) = self._sealed.popitem(last=False)
+                _, (_, gone, _) = self._sealed.popitem(last=False)
                 self._cached_bytes -= gone.nbytes()
 
     def _build(self, s: Segment) -> SegmentIndex:
@@ -276,12 +283,11 @@ def _confirm_key(s: Segment, offsets: list[int], key: bytes, from_us: int, upto:
     while i < len(offsets) and len(found) < limit:
         # one read per batch: it holds every candidate up to its end
         [raw] = _read_one(s, offsets[i], upto)
-        header, messages = decode_batch(raw)
-        while i < len(offsets) and offsets[i] < header.end_offset:
-            o = offsets[i]
-            m = messages[o - header.first_offset]
-            if m.key == key and m.timestamp_us >= from_us and len(found) < limit:
-                found.append((o, header.first_seq + o - header.first_offset, m.timestamp_us))
+        end = parse_header(raw, verify_crc=False).end_offset
+        while i < len(offsets) and offsets[i] < end:
+            seq, ts, got = message_at(raw, offsets[i])
+            if got == key and ts >= from_us and len(found) < limit:
+                found.append((offsets[i], seq, ts))
             i += 1
     return found
 
@@ -303,17 +309,25 @@ def _first_at_or_after(s: Segment, start: int, stop: int, t_us: int) -> list[tup
         if not batches:
             break
         for raw in batches:
-            header, messages = decode_batch(raw)
-            for i, m in enumerate(messages):
-                if m.timestamp_us >= t_us:
-                    o = header.first_offset + i
-                    return [(o, header.first_seq + i, m.timestamp_us)]
-            offset = header.end_offset
+            hit = first_at_or_after(raw, t_us)
+            if hit is not None:
+                return [hit]
+            offset = parse_header(raw, verify_crc=False).end_offset
     return []
 
 
+def _identity(path: Path) -> tuple[int, ...]:
+    """Which file ``path`` is now (inode, size, mtime); () when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _write(path: Path, ix: SegmentIndex) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # a name of this thread's own: a lookup and the seal's build may write the same index at once
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         data = encode_index(ix)

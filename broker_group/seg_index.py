@@ -198,6 +198,33 @@ class IndexBuilder:
         return self._snapshot
 
 
+def message_at(batch: BytesLike, offset: int) -> tuple[int, int, bytes | None]:
+    """(seq, timestamp_us, key) of the message at ``offset`` of a batch the log checked: a
+    walk over the length fields, no message decoded but that one."""
+    _length, _crc, first_offset, _magic, _flags, _epoch, first_seq, count = _BATCH.unpack_from(batch)
+    if not first_offset <= offset < first_offset + count:
+        raise ValueError(f"offset {offset} is not in the batch at {first_offset} (+{count})")
+    pos, unpack = _BATCH.size, _MSG.unpack_from
+    for _ in range(offset - first_offset):
+        _ts, klen, hlen, plen = unpack(batch, pos)
+        pos += 20 + max(klen, 0) + hlen + plen
+    ts, klen, _hlen, _plen = unpack(batch, pos)
+    key = bytes(batch[pos + 20:pos + 20 + klen]) if klen >= 0 else None
+    return first_seq + offset - first_offset, ts, key
+
+
+def first_at_or_after(batch: BytesLike, t_us: int) -> tuple[int, int, int] | None:
+    """(offset, seq, timestamp_us) of the batch's first message at or after ``t_us``, or None."""
+    _length, _crc, first_offset, _magic, _flags, _epoch, first_seq, count = _BATCH.unpack_from(batch)
+    pos, unpack = _BATCH.size, _MSG.unpack_from
+    for i in range(count):
+        ts, klen, hlen, plen = unpack(batch, pos)
+        if ts >= t_us:
+            return first_offset + i, first_seq + i, ts
+        pos += 20 + max(klen, 0) + hlen + plen
+    return None
+
+
 def build_index(batches: list[bytes], *, block_messages: int = BLOCK_MESSAGES) -> SegmentIndex:
     """The index of a whole segment given as its batches (tests, tools)."""
     b = IndexBuilder(block_messages=block_messages)
