@@ -50,7 +50,9 @@ from ordq.wire.batch import parse_header
 log = logging.getLogger("ordq.broker.index")
 
 READ_BYTES = 4 << 20  # one read of the log while building or scanning a block
-CACHE_BYTES = 64 << 20  # sealed segments' indexes kept in memory, least recently used out first
+# Sealed segments' indexes kept in memory, least recently used out first: 8 bytes per keyed
+# message, so a queue of 10^7 (80 MB) fits; past it each lookup reads and CRC-checks the files.
+CACHE_BYTES = 256 << 20
 MAX_LIMIT = 10_000
 
 
