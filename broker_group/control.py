@@ -7,8 +7,10 @@ only after every batch accepted before them is synced, so the end they report is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ordq.broker_group.segments import SegmentStore, park, write_meta
-from ordq.broker_group.shared import Shared
+from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common.errors import SegmentNotFound
 from ordq.wire import ordq_pb2 as pb
@@ -16,10 +18,12 @@ from ordq.wire.errors import SegmentNotWritable
 
 
 class Control:
-    def __init__(self, shared: Shared, segments: SegmentStore, write: WritePath) -> None:
+    def __init__(self, shared: Shared, segments: SegmentStore, write: WritePath,
+                 on_sealed: Callable[[Segment], None] = lambda s: None) -> None:
         self.shared = shared
         self.segments = segments
         self.write = write
+        self.on_sealed = on_sealed  # builds the sealed copy's key and time index (finder.py)
 
     def fence(self, queue: str, seg: int, epoch: int) -> pb.SegmentEnd:
         self.write.epochs.check(queue, epoch)
@@ -43,6 +47,7 @@ class Control:
                                     only=lambda x: x is s and x.replica.lac < x.replica.next_offset)
         write_meta(s)
         park(s)
+        self.on_sealed(s)
         return end
 
     def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:

@@ -32,6 +32,7 @@ from ordq.broker_group.auth import ALL_QUEUES, Gate
 from ordq.broker_group.budget import holders_of, token_holder
 from ordq.broker_group.config import server_options
 from ordq.broker_group.control import Control
+from ordq.broker_group.finder import Finder
 from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replication import serve_replicate
@@ -65,6 +66,7 @@ class Parts:
     repair: Repairer
     request_time: RequestTime
     health: Callable[[], pb.HealthResponse]
+    finder: Finder
 
 
 def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
@@ -413,3 +415,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
         return await self._answer(context, "Health", ALL_QUEUES, self.b.health)  # type: ignore[no-any-return]
+
+    async def Find(self, request: pb.FindRequest, context: Context) -> pb.FindResponse:
+        return await self._answer(context, "Find", request.queue,  # type: ignore[no-any-return]
+                                  lambda: self.b.finder.find(request))

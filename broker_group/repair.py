@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.replica import Role
 from ordq.broker_group.segments import SegmentStore, write_meta
-from ordq.broker_group.shared import Shared
+from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
 from ordq.coordinator.state import SegStatus
 from ordq.wire import batch as batch_format
@@ -43,9 +44,11 @@ log = logging.getLogger("ordq.broker")
 
 
 class Repairer:
-    def __init__(self, shared: Shared, segments: SegmentStore) -> None:
+    def __init__(self, shared: Shared, segments: SegmentStore,
+                 on_sealed: Callable[[Segment], None] = lambda s: None) -> None:
         self.shared = shared
         self.segments = segments
+        self.on_sealed = on_sealed  # builds the reconciled copy's key and time index (finder.py)
         self.kick = threading.Event()  # run a round now (a reader found a copy to complete)
 
     def run(self) -> None:
@@ -126,6 +129,7 @@ class Repairer:
             out = s.end()
             self.shared.changed()
         write_meta(s)
+        self.on_sealed(s)
         log.info("segment %s/%d reconciled to end %d", queue, seg, end)
         return out
 

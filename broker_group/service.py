@@ -48,6 +48,7 @@ from ordq.broker_group.budget import tune_malloc
 from ordq.broker_group.config import BrokerConfig, server_options
 from ordq.broker_group.control import Control
 from ordq.broker_group.dataplane import Parts, add_servicer
+from ordq.broker_group.finder import Finder
 from ordq.broker_group.metrics import BrokerMetrics
 from ordq.broker_group.quorum_probe import QuorumProbe
 from ordq.broker_group.read_path import ReadPath
@@ -76,18 +77,19 @@ class Broker:
         self.config = config
         self.shared = Shared(config)
         self.segments = SegmentStore(self.shared)
-        self.repair = Repairer(self.shared, self.segments)
+        self.finder = Finder(self.shared)  # key and time indexes, the Find RPC (finder.py)
+        self.repair = Repairer(self.shared, self.segments, on_sealed=self.finder.sealed)
         self.request_time = RequestTime(config.request_time)  # each token's share of the loop
         self.read = ReadPath(self.shared, self.segments, self.repair.kick, self.request_time)
         # broker_group/metrics.py: served by ``ordq broker run --metrics``
         self.metrics = BrokerMetrics(self.shared, self.read.budget, self.request_time, lambda: self.write.replication)
         self.write = WritePath(self.shared, self.segments, self.metrics.fsync_seconds)
         self._quorum_probe: QuorumProbe | None = None
-        self.control = Control(self.shared, self.segments, self.write)
+        self.control = Control(self.shared, self.segments, self.write, on_sealed=self.finder.sealed)
         self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
         self.parts = Parts(shared=self.shared, gate=self.gate, write=self.write, read=self.read,
                            control=self.control, repair=self.repair, request_time=self.request_time,
-                           health=self.health)
+                           health=self.health, finder=self.finder)
         self._server: grpc.aio.Server | None = None
         self._threads: list[threading.Thread] = []
 
@@ -248,6 +250,7 @@ class Broker:
                 log.warning("stopping the gRPC server: %r", exc)
         self.shared.loop.stop()
         self.repair.kick.set()
+        self.finder.stop()
         for t in self._threads:
             t.join(timeout=5)
         if self.shared.store is not None:
@@ -271,6 +274,8 @@ class Broker:
             # the session guard: why a master would hold writes now ("" if it would not), how many wait
             stats["session_doubt"] = self.shared.session_doubtful(time.monotonic()) or ""
             stats["session_waiting"] = self.shared.session_waiting
+        stats["index"] = self.finder.statistics()
+        with self.shared.cv:
             connected = bool(self.write.replication is not None and self.write.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.shared.incarnation,
                                  slave_connected=connected, stats_json=json.dumps(stats))

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         TopicProducer,
         TopicProducerConfig,
     )
+    from ordq.sdk.find import FindResult, FoundMessage, find_messages
 
 __all__ = [
     "AsyncConsumer",
@@ -60,6 +61,9 @@ __all__ = [
     "TopicProducer",
     "TopicProducerConfig",
     "__version__",
+    "FindResult",
+    "FoundMessage",
+    "find_messages",
 ]
 
 

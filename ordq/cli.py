@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "group": ("group",), "queue": ("queue",), "topic": ("topic",), "sub": ("sub",), "peek": ("peek",),
     "top": ("top",), "broker": ("broker",), "coordinator": ("coordinator",), "clients": ("produce", "consume"),
     "verify": ("verify",), "drill": ("drill",), "demo": ("demo",), "outbox": ("outbox",), "cdc": ("cdc",),
-    "lab": ("lab",), "mirror": ("mirror",),
+    "lab": ("lab",), "mirror": ("mirror",), "find": ("find",),
 }
 _MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
 # Global options that take a value: their value is not the command's name.

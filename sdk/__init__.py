@@ -21,6 +21,7 @@ from ordq.sdk._producer_types import ProducerConfig, StoredMessage
 from ordq.sdk.aio import AsyncConsumer, AsyncProducer
 from ordq.sdk.consumer import Consumer
 from ordq.sdk.failure import FailurePolicy
+from ordq.sdk.find import FindResult, FoundMessage, find_messages
 from ordq.sdk.group import GroupConfig, GroupMember
 from ordq.sdk.parking import BlockedMessage
 from ordq.sdk.producer import Producer
@@ -45,4 +46,7 @@ __all__ = [
     "StoredMessage",
     "TopicProducer",
     "TopicProducerConfig",
+    "FindResult",
+    "FoundMessage",
+    "find_messages",
 ]

@@ -75,6 +75,8 @@ class AdminTransport(Protocol):
 
     def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> Any: ...
 
+    def find(self, address: str, req: Any) -> Any: ...
+
     def close(self) -> None: ...
 
 
@@ -164,6 +166,11 @@ class ReplicaReader:
             except OrdqError as exc:
                 errors.append(f"{role}: {exc}")
         raise BrokerUnavailable(f"group {gid}", f"no replica answered {what} ({'; '.join(errors) or 'none is live'})")
+
+    def first_answer(self, gid: str, what: str, call: Callable[[str, str], Any]) -> Any:
+        """``call(role, address)`` on the group's master, else its slave: the first answer.
+        BrokerUnavailable, naming each replica's error, when none answers."""
+        return self._first_answer(gid, what, call)
 
     def fetch(self, queue: str, segment: Segment, offset: int, *, max_bytes: int = 1) -> tuple[FetchResult, str]:
         """Whole batches from the one holding ``offset`` (at least one if readable), and the

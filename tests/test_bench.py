@@ -36,6 +36,8 @@ BENCHES = [
           pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
+    bench("bench_index", ["--messages", "20000", "--segments", "2", "--keys", "2000", "--lookups", "10"],
+          ["% of the segment", "seal-time build+write", "| key, warm", "| time, cold"]),
     bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),
     bench("bench_outbox", ["--rows", "300"], ["bare Producer:", "sqlite:", "postgres:", "mariadb binlog:",
                                               "cdc apply into postgresql, 4 workers"]),

@@ -69,6 +69,7 @@ def _verbs() -> list[Verb]:
         Verb("produce", ("produce", Q, "--count", "1000000", "--rate", "50"), "produce", long_running=True),
         Verb("consume", ("consume", Q, "-s", "fresh", "--idle-exit", "30", "--quiet"), "consume", long_running=True),
         Verb("peek", ("peek", Q, "--seq", "0"), "consume", admin_api=True),
+        Verb("find", ("find", Q, "--key", "k"), "consume", admin_api=True),
         Verb("queue list", ("queue", "list"), "read", admin_api=True,
              na={**read, "wrong-queue": "it lists the queues the token may read (none of q's numbers)"}),
         Verb("queue describe", ("queue", "describe", Q), "read", admin_api=True, na=read),

@@ -326,6 +326,42 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
             peeked = read_message(call.store, reader, call.arg("queue"), seq)
         return peeked.to_dict(full=bool(call.arg("full", False)), limit=int(call.arg("limit", 256)))
 
+    # -- finding by key or time (issue 41) ------------------------------------------------------
+
+    def _find(call: AdminCall, queue: str) -> Any:
+        from ordq.common.errors import SubscriptionNotFound
+        from ordq.sdk.find import describe_search, find_in_queue, key_of
+
+        key = key_of(call.args)
+        time_us, from_us, limit = call.arg("time_us", None), call.arg("from_time_us", 0), call.arg("limit", 100)
+        if not all(isinstance(v, int) for v in (from_us, limit)) or not isinstance(time_us, int | None):
+            raise ConfigError("find: times are integers (microseconds), limit an integer")
+        cursors = {}
+        for sub in call.store.list_subscriptions(queue):
+            try:
+                cursors[sub] = call.store.get_cursor(queue, sub)[0]
+            except SubscriptionNotFound:
+                continue  # deleted meanwhile
+        with readers(call.store) as reader:
+            found = find_in_queue(call.store, reader, queue, key=key, time_us=time_us, from_time_us=from_us,
+                                  limit=limit, cursors=cursors)
+        return {**found.to_dict(), "searched_for": describe_search(key, time_us, from_us)}
+
+    def find(call: AdminCall) -> Any:
+        return _find(call, call.arg("queue"))
+
+    def find_topic(call: AdminCall) -> Any:
+        from ordq.coordinator.topics import partition_of
+        from ordq.sdk.find import key_of
+
+        name, key = call.arg("topic"), key_of(call.args)
+        if key is None:
+            raise ConfigError("find --topic needs a key: it searches the one partition the key routes to")
+        config = call.store.read_topic(name)
+        q = partition_queue(name, partition_of(key, config.partitions))
+        call.require(q, "consume")
+        return _find(call, q)
+
     queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
     return {
         "queue list": AdminVerb(SOME, everywhere, queue_list),
@@ -353,4 +389,6 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
         "auth list": AdminVerb("admin", everywhere, auth_list),
         "auth revoke": AdminVerb("admin", everywhere, auth_revoke, changes_tokens=True),
         "peek": AdminVerb("consume", queue, peek),
+        "find": AdminVerb("consume", queue, find),
+        "find topic": AdminVerb(ANY, topic, find_topic),
     }

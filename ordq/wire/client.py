@@ -81,6 +81,10 @@ class GrpcTransport:
         req = pb.OpenSegmentsRequest()
         return self._call(address, lambda s: s.OpenSegments(req, timeout=self.rpc_timeout_s, metadata=self._md))
 
+    def find(self, address: str, req: pb.FindRequest) -> pb.FindResponse:
+        """Key or time lookup (issue 41); the copy timeout: a missing index is rebuilt first."""
+        return self._call(address, lambda s: s.Find(req, timeout=self.copy_timeout_s, metadata=self._md))
+
     def health(self, address: str) -> pb.HealthResponse:
         req = pb.HealthRequest()
         return self._call(address, lambda s: s.Health(req, timeout=self.rpc_timeout_s, metadata=self._md))

@@ -455,3 +455,55 @@ class SubscribeResponse(_message.Message):
     cursor_json: bytes
     starts_at: int
     def __init__(self, cursor_json: _Optional[bytes] = ..., starts_at: _Optional[int] = ...) -> None: ...
+
+class FindSegmentRef(_message.Message):
+    __slots__ = ("seg", "known_end")
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_END_FIELD_NUMBER: _ClassVar[int]
+    seg: int
+    known_end: int
+    def __init__(self, seg: _Optional[int] = ..., known_end: _Optional[int] = ...) -> None: ...
+
+class FindRequest(_message.Message):
+    __slots__ = ("queue", "segments", "key", "time_us", "limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TIME_US_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    segments: _containers.RepeatedCompositeFieldContainer[FindSegmentRef]
+    key: bytes
+    time_us: int
+    limit: int
+    def __init__(self, queue: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[FindSegmentRef, _Mapping]]] = ..., key: _Optional[bytes] = ..., time_us: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class FindMatch(_message.Message):
+    __slots__ = ("seg", "offset", "seq", "timestamp_us")
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_US_FIELD_NUMBER: _ClassVar[int]
+    seg: int
+    offset: int
+    seq: int
+    timestamp_us: int
+    def __init__(self, seg: _Optional[int] = ..., offset: _Optional[int] = ..., seq: _Optional[int] = ..., timestamp_us: _Optional[int] = ...) -> None: ...
+
+class FindSegmentResult(_message.Message):
+    __slots__ = ("seg", "readable_end", "index")
+    SEG_FIELD_NUMBER: _ClassVar[int]
+    READABLE_END_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    seg: int
+    readable_end: int
+    index: str
+    def __init__(self, seg: _Optional[int] = ..., readable_end: _Optional[int] = ..., index: _Optional[str] = ...) -> None: ...
+
+class FindResponse(_message.Message):
+    __slots__ = ("matches", "segments")
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    matches: _containers.RepeatedCompositeFieldContainer[FindMatch]
+    segments: _containers.RepeatedCompositeFieldContainer[FindSegmentResult]
+    def __init__(self, matches: _Optional[_Iterable[_Union[FindMatch, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[FindSegmentResult, _Mapping]]] = ...) -> None: ...

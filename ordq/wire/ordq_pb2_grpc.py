@@ -84,6 +84,11 @@ class BrokerStub:
                 request_serializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsRequest.SerializeToString,
                 response_deserializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsResponse.FromString,
                 _registered_method=True)
+        self.Find = channel.unary_unary(
+                '/ordq.v1.Broker/Find',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.FindRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.FindResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -166,6 +171,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Find(self, request, context):
+        """Either role: the messages of `key` in the segments named, or the first message at or after
+        a time, answered from each segment's key and time index (built when it seals; the open
+        segment's kept in memory), no scan (issue 41).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +232,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.OpenSegments,
                     request_deserializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsRequest.FromString,
                     response_serializer=ordq_dot_wire_dot_ordq__pb2.OpenSegmentsResponse.SerializeToString,
+            ),
+            'Find': grpc.unary_unary_rpc_method_handler(
+                    servicer.Find,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.FindRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.FindResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -490,6 +509,33 @@ class Broker:
             '/ordq.v1.Broker/OpenSegments',
             ordq_dot_wire_dot_ordq__pb2.OpenSegmentsRequest.SerializeToString,
             ordq_dot_wire_dot_ordq__pb2.OpenSegmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Find(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Broker/Find',
+            ordq_dot_wire_dot_ordq__pb2.FindRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.FindResponse.FromString,
             options,
             channel_credentials,
             insecure,
