@@ -36,6 +36,7 @@ from ordq.broker_group.write_path import WritePath
 from ordq.common import security
 from ordq.common.errors import OrdqError
 from ordq.common.loop import Signal
+from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import SegmentNotWritable, abort
@@ -171,6 +172,7 @@ class ReplicationLink:
                     if not self.connected:
                         self.connected = True
                         log.info("replicating to slave at %s", address)
+                    stamp("M.slave_answer")
                     if resp.synced:  # the answer to one request with batches
                         self._inflight -= 1
                         if self._unanswered:
@@ -251,6 +253,7 @@ class ReplicationLink:
             if reqs is None:
                 await self.wake.wait(timeout)
                 continue
+            stamp("M.forward")
             for r in reqs:
                 await call.write(r)
 
@@ -285,6 +288,7 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
             if req.hello:
                 await context.write(pb.ReplicateResponse())
                 continue
+            stamp("S.request")
             s = await write.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
             if req.batches:
                 with shared.cv:
@@ -294,6 +298,7 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
                         fw.done = time.monotonic()
                     else:
                         fw = None
+                stamp("S.answer")
                 await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
                                                                                    synced_end=end)]))
                 if fw is not None:  # a new segment's first answer went out: how long it took

@@ -24,6 +24,7 @@ from ordq.broker_group.replica import Placement, Refused, Role
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import ClosedError, ConfigError, CorruptLog, DiskFull, MessageTooLarge, OrdqError
+from ordq.common.stages import stamp
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import SegmentNotWritable, short
@@ -305,6 +306,7 @@ class WritePath:
                 self._dirty.clear()
             for s, batches in work:
                 self.commit(s, batches, inflight=sum(map(len, batches)))
+                stamp("M.synced")
 
     async def _hold_back(self, link: Any) -> None:
         """While more than ``max_inflight_bytes`` wait for a sync here or on the slave, do not

@@ -40,6 +40,7 @@ from ordq.common.errors import (
     PermissionDenied,
     TokensUnavailable,
 )
+from ordq.common.stages import stamp
 from ordq.sdk._futures import SendFuture
 from ordq.sdk._producer_core import PendingBatch
 from ordq.sdk._producer_lookup import LiveLookup
@@ -355,6 +356,7 @@ class ProducerIO:
                 if metrics is not None:
                     metrics.acked(done)
                 self._resolve(done, ack)
+                stamp("P.resolved")
         finally:
             with self._mutex:
                 self._resolving -= 1

@@ -59,6 +59,7 @@ from ordq.common.errors import (
 )
 from ordq.common.loop import LoopThread
 from ordq.common.security import Credentials
+from ordq.common.stages import stamp
 from ordq.coordinator.client import CoordinatorClient, Refusal
 from ordq.sdk._cluster import open_coordinator
 from ordq.sdk._futures import BatchOutcome, SendFuture
@@ -347,6 +348,7 @@ class Producer(ProducerIO):
             if core.starts_batch(size):
                 self._open_outcome = BatchOutcome()  # one per batch: they are acked together
             # add() gives the message seq next_seq + open_count, whether or not it cuts first.
+            stamp("send")
             fut = SendFuture(core.next_seq + core.open_count, self._open_outcome)
             cut_before = core.next_seq
             now = time.monotonic()

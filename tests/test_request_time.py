@@ -147,7 +147,7 @@ def test_timed_charges_each_step_and_passes_results_and_errors_through() -> None
         total = 0
         for _ in range(3):
             total += sum(range(n))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
         return total
 
     async def fails() -> None:
@@ -155,7 +155,7 @@ def test_timed_charges_each_step_and_passes_results_and_errors_through() -> None
         raise ValueError("bad")
 
     async def main() -> int:
-        result = await timed(busy(200_000), charged.append)
+        result = await timed(busy(2_000), charged.append)
         with pytest.raises(ValueError):
             await timed(fails(), charged.append)
         task = asyncio.create_task(timed(asyncio.sleep(10), charged.append))
@@ -165,6 +165,9 @@ def test_timed_charges_each_step_and_passes_results_and_errors_through() -> None
             await task
         return result
 
-    assert asyncio.run(main()) == 3 * sum(range(200_000))
+    assert asyncio.run(main()) == 3 * sum(range(2_000))
     assert len(charged) >= 4 + 2
-    assert sum(charged) < 0.15  # the three 50 ms sleeps are not charged
+    # The three 200 ms sleeps are not charged: charged, they alone would make 0.6 s. The steps
+    # are tiny (tens of µs), so that a loaded box's preemptions (at load 33, 4 ms of work was
+    # charged 0.2-0.34 s) cannot reach the bound by themselves.
+    assert sum(charged) < 0.3

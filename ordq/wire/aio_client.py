@@ -20,6 +20,7 @@ import grpc
 
 from ordq.common.errors import BrokerUnavailable
 from ordq.common.security import Credentials, StubCache, aio_channel, token_metadata
+from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import from_rpc_error
@@ -95,6 +96,7 @@ class AioProduceStream:
                     continue
                 batches, self._pending = self._pending, []
                 for chunk in chunks(batches, REQUEST_BYTES):
+                    stamp("P.write")
                     await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
                                                              epoch_key=self.epoch_key, batches=chunk))
                 if self.first_write_at is None:  # once per stream: a failover's timing (FailoverTimes)
@@ -105,6 +107,7 @@ class AioProduceStream:
     async def read_acks(self) -> list[Ack]:
         try:
             resp = await self._call.read()
+            stamp("P.ack")
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address) from exc
         if resp is grpc.aio.EOF:
