@@ -42,8 +42,11 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     if not getattr(args, "zk", None):
         raise ConfigError(f"no cluster named: {HINT}")
     if registered_bootstrap(args.zk, args.root) is None:
-        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root} in "
-                          f"{credentials_path()}: {HINT}, or start that cluster with ordq up")
+        from ordq.common.security import registration_problem
+
+        problem = registration_problem(args.zk, args.root) or f"its entry in {credentials_path()} names none"
+        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root} ({problem}): "
+                          f"{HINT}, or start that cluster with ordq up")
     return {"zk_hosts": args.zk, "root": args.root}
 
 

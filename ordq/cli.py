@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -156,6 +157,21 @@ def _parser(zk_default: str | None, root_default: str | None, bootstrap_default:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # SIGINT is taken before anything is imported: one during the start-up of a command that was
+    # started with SIGINT ignored (a background job) was lost (issue 42); a daemon gets the
+    # previous handler back once its command is known.
+    sigint = _take_sigint()
+    try:
+        return _main(argv, sigint)
+    except KeyboardInterrupt:  # while the command's module was imported or its arguments parsed
+        print("ordq: interrupted", file=sys.stderr)
+        return 128 + int(signal.SIGINT)
+    finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _main(argv: Sequence[str], sigint: Any) -> int:
     # Only the named command's module is imported: importing every command's (grpc, kazoo, the
     # broker, Spark's report) cost each ``ordq`` process ~0.6 s of CPU before it did anything.
     parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"), os.environ.get("ORDQ_BOOTSTRAP"),
@@ -172,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     if getattr(args, "daemon", False):
+        if sigint is not None:  # a daemon handles its signals itself
+            signal.signal(signal.SIGINT, sigint)
         # A long-running process's log is its operator's record: ordq's own INFO lines
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
@@ -207,6 +225,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.environ.pop(env, None)
             else:
                 os.environ[env] = value
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    from ordq.commands import INTERRUPTED
+
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def _take_sigint() -> Any:
+    """A command stops on SIGINT, even when it was started with SIGINT ignored (a shell's
+    background job: ``ordq produce ... &`` ran on until it was elected, issue 42), and notes it
+    in ``INTERRUPTED``. Returns the handler to put back (main() also runs inside tests), or
+    None when nothing was changed (not the main thread: signals are the main thread's)."""
+    from ordq.commands import INTERRUPTED
+
+    INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, _on_sigint)
 
 
 def _secret(value: str | None, path: Path | None, flag: str) -> str | None:
