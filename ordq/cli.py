@@ -34,6 +34,33 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "lab": ("lab",),
 }
 _MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
+# Each command's line in `ordq --help`, so that the top-level help imports no command module
+# (issue 42: it imported all of them, grpc and the cluster health code among them, 0.35 s on
+# a quiet box; tests/test_cli.py checks these against what each module registers).
+COMMAND_HELP: dict[str, str] = {
+    "up": "start a local cluster: ZooKeeper, broker groups (master + slave) and coordinators",
+    "down": "stop the local cluster in --dir (data is kept unless --wipe)",
+    "status": "every process of the local cluster with its health (exit 3 if one is unhealthy)",
+    "zk": "run a local ZooKeeper for development and tests",
+    "cert": "make a cluster CA and issue certificates from it",
+    "auth": "create, list and revoke access tokens",
+    "group": "register and inspect broker groups",
+    "queue": "create and inspect queues",
+    "topic": "create and inspect keyed topics (N ordered partitions)",
+    "sub": "inspect subscriptions and reset their cursors",
+    "peek": "show the message with a given seq (read from the master, or the slave when it is down)",
+    "top": "live view of queues, lists, produce/consume rates and lag (Ctrl-C quits)",
+    "broker": "run a broker process",
+    "coordinator": "run the coordinator daemon",
+    "produce": "send stdin lines (or generated messages) to a queue, in order",
+    "consume": "read a queue in order through a subscription and print or count messages",
+    "verify": "verify a run from its audit files, or a live queue (Spark)",
+    "drill": "run failover drills (faults under load, verified with Spark)",
+    "demo": "see it work: local cluster, ordered traffic, head master killed mid-run, Spark verdict",
+    "outbox": "ship a database's outbox table to a queue, in commit order",
+    "cdc": "change data capture: a database's binlog into a queue",
+    "lab": "a lab of hosts on this machine: network namespaces (needs root)",
+}
 # Global options that take a value: their value is not the command's name.
 _VALUED_GLOBALS = frozenset({"--bootstrap", "--zk", "--root", "--zk-auth", "--zk-auth-file", "--token", "--token-file",
                              "--zk-timeout"})
@@ -72,8 +99,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"ordq: error: {message} (see: {self.prog} --help)\n")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser: every command, or only the commands of module ``only`` (of ``COMMANDS``)."""
+def build_parser(only: str | None = None, *, stubs: bool = False) -> argparse.ArgumentParser:
+    """The CLI's parser: every command, or only the commands of module ``only`` (of ``COMMANDS``);
+    ``stubs``: every command by its name and help line only (``COMMAND_HELP``), no module
+    imported: what ``ordq --help``, ``--version`` and a mistyped command need."""
     parser = _Parser(
         prog="ordq",
         # No abbreviations of the global options: argparse matches them against every later
@@ -127,6 +156,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    if stubs:
+        for name in _MODULE_OF:
+            sub.add_parser(name, help=COMMAND_HELP[name], add_help=False)
+        return parser
     for name in COMMANDS if only is None else (only,):
         importlib.import_module(f"ordq.commands.{name}").register(sub)
     return parser
@@ -152,7 +185,7 @@ def _parser(zk_default: str | None, root_default: str | None, bootstrap_default:
     """``build_parser()`` once per process (per value of the variables its defaults come from): parsing leaves
     the parser as it was, and a process that calls ``main`` many times (the tests: ~1,100
     in-process commands) paid ~40 ms a call for building it again."""
-    return build_parser(only)
+    return build_parser(only, stubs=only is None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,6 +215,8 @@ def _main(argv: Sequence[str], sigint: Any) -> int:
         if exc.code in (0, None):
             raise
         return int(exc.code) if isinstance(exc.code, int) else 1
+    if not hasattr(args, "func"):  # a command name argparse took where the CLI saw none
+        parser.error("give a COMMAND")
     # kazoo logs every failed connection attempt; the CLI reports one clear line instead.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

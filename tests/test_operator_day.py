@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -141,6 +142,7 @@ def _background(env: Env, *args: str, name: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "ordq.cli", "--zk", c.hosts, "--root", c.root, *args]
     with open(c.base / f"{name}.log", "wb") as log:  # the child has its own copy
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "ORDQ_PROGRESS": "1"},  # its waits said, as on a terminal
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import threading
 import time
@@ -170,10 +171,11 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False, new_root: bool
 
     store: Any = None
     try:
-        store = ZkStore.connect(args.zk, args.root, timeout_s=timeout_s, auth=auth, daemon=daemon)
-        # A session expired or a connection lost under load is retried within --zk-timeout; it
-        # was an uncaught kazoo traceback (test_refusals at load 10).
-        retry_zk(checks, "check the caller's credentials", bound_s=timeout_s, hosts=args.zk)
+        with saying(f"connecting to ZooKeeper at {args.zk}", after_s=None if daemon else SAY_AFTER_S):
+            store = ZkStore.connect(args.zk, args.root, timeout_s=timeout_s, auth=auth, daemon=daemon)
+            # A session expired or a connection lost under load is retried within --zk-timeout; it
+            # was an uncaught kazoo traceback (test_refusals at load 10).
+            retry_zk(checks, "check the caller's credentials", bound_s=timeout_s, hosts=args.zk)
     except (CoordinationUnavailable, ZkAccessDenied) as exc:
         if store is not None:
             store.close()
@@ -237,13 +239,15 @@ def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
     with coordinator(args) as client:
         tried = client.coordinators
         deadline = time.monotonic() + timeout_of(args)
-        while not client.leader():
-            if time.monotonic() >= deadline:
-                raise CoordinationUnavailable(
-                    f"no coordinator answered at {', '.join(tried)} (`ordq up` starts the cluster; `ordq status` "
-                    "says what runs)")
-            time.sleep(0.1)
-        return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, **verb_args)
+        with saying(f"connecting to the coordinators at {', '.join(tried)}"):
+            while not client.leader():
+                if time.monotonic() >= deadline:
+                    raise CoordinationUnavailable(
+                        f"no coordinator answered at {', '.join(tried)} (`ordq up` starts the cluster; `ordq status` "
+                        "says what runs)")
+                time.sleep(0.1)
+        with saying(f"waiting for the coordinator's answer to {verb}"):
+            return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, **verb_args)
 
 
 def check_admin(store: Any, queue: str) -> None:
@@ -340,15 +344,20 @@ SAY_AFTER_S = 1.0  # a wait longer than this says what it waits for
 
 
 @contextlib.contextmanager
-def saying(what: str, after_s: float = SAY_AFTER_S) -> Iterator[None]:
+def saying(what: str, after_s: float | None = SAY_AFTER_S) -> Iterator[None]:
     """Print ``ordq: WHAT ...`` on stderr once, if the block is still running after
-    ``after_s``: a command that waits says what for (issue 42: ``produce`` waited 7-10 s on a
-    busy machine without a word)."""
+    ``after_s`` (None: never): a command that waits says what for (issue 42: ``produce``
+    waited 7-10 s on a busy machine without a word). Only to a terminal, or with
+    ``ORDQ_PROGRESS=1``: a script reading the output is not given lines it never asked for."""
+    stream = sys.stderr
+    if after_s is None or not (os.environ.get("ORDQ_PROGRESS") == "1" or stream.isatty()):
+        yield
+        return
     done = threading.Event()
 
     def say() -> None:
         if not done.wait(after_s):
-            print(f"ordq: {what} ...", file=sys.stderr, flush=True)
+            print(f"ordq: {what} ...", file=stream, flush=True)
 
     threading.Thread(target=say, name="ordq-saying", daemon=True).start()
     try:

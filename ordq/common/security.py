@@ -31,13 +31,15 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
-import grpc
 
 from ordq.common.addresses import is_ip
 from ordq.common.errors import ClosedError, ConfigError
+
+if TYPE_CHECKING:  # grpc is imported where a channel is made: `ordq --help` and the
+    import grpc  # commands that only read the credentials file do not load it (issue 42)
 
 BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
 CLIENT_CN = "ordq-client"
@@ -99,6 +101,8 @@ def _client_pair(creds: Credentials) -> tuple[bytes | None, bytes | None]:
 
 def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
     """A channel to a broker: mutual TLS when ``creds`` trust a CA, else plaintext."""
+    import grpc
+
     tls = _channel_credentials(creds)
     if tls is None:
         return grpc.insecure_channel(address, options=options)
@@ -148,6 +152,8 @@ class StubCache(Generic[C, S]):
 
 def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Channel:
     """As ``channel``, for grpc.aio (make it on the event loop that will use it)."""
+    import grpc
+
     tls = _channel_credentials(creds)
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
@@ -155,6 +161,8 @@ def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Chan
 
 
 def _channel_credentials(creds: Credentials) -> grpc.ChannelCredentials | None:
+    import grpc
+
     if not creds.tls:
         return None
     assert creds.ca_file is not None
@@ -165,6 +173,8 @@ def _channel_credentials(creds: Credentials) -> grpc.ChannelCredentials | None:
 
 def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
     """A broker's side: its certificate, and every peer must show one signed by the CA."""
+    import grpc
+
     key, cert = _client_pair(creds)
     if creds.ca_file is None or key is None or cert is None:
         raise ConfigError("a TLS broker needs --tls-cert, --tls-key and --tls-ca (or --insecure)")
