@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "group": ("group",), "queue": ("queue",), "topic": ("topic",), "sub": ("sub",), "peek": ("peek",),
     "top": ("top",), "broker": ("broker",), "coordinator": ("coordinator",), "clients": ("produce", "consume"),
     "verify": ("verify",), "drill": ("drill",), "demo": ("demo",), "outbox": ("outbox",), "cdc": ("cdc",),
-    "lab": ("lab",),
+    "lab": ("lab",), "context": ("context",),
 }
 _MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
 # Each command's line in `ordq --help`, so that the top-level help imports no command module
@@ -60,10 +60,16 @@ COMMAND_HELP: dict[str, str] = {
     "outbox": "ship a database's outbox table to a queue, in commit order",
     "cdc": "change data capture: a database's binlog into a queue",
     "lab": "a lab of hosts on this machine: network namespaces (needs root)",
+    "context": "named clusters and the current one, which every client command uses",
 }
+# The modules whose commands find their cluster through the current context (ordq/contexts.py)
+# when no flag or environment variable names one; not those that start local processes on
+# --zk's port (up, zk, demo, drill, lab) or read config files (broker, coordinator).
+_CONTEXT_MODULES = frozenset({"auth", "group", "queue", "topic", "sub", "peek", "top", "clients", "verify",
+                              "outbox", "cdc"})
 # Global options that take a value: their value is not the command's name.
 _VALUED_GLOBALS = frozenset({"--bootstrap", "--zk", "--root", "--zk-auth", "--zk-auth-file", "--token", "--token-file",
-                             "--zk-timeout"})
+                             "--zk-timeout", "--context"})
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"
@@ -154,6 +160,10 @@ def build_parser(only: str | None = None, *, stubs: bool = False) -> argparse.Ar
         help="how long to try to reach ZooKeeper before giving up (default %(default)s)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages too")
+    parser.add_argument(
+        "--context", default=None, metavar="NAME",  # ORDQ_CONTEXT is read when it applies (_apply_context)
+        help="the cluster of this context (`ordq context list`; env ORDQ_CONTEXT; default: the current one), "
+        "where --zk, --root and --bootstrap (or their env) say nothing")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     if stubs:
@@ -217,6 +227,12 @@ def _main(argv: Sequence[str], sigint: Any) -> int:
         return int(exc.code) if isinstance(exc.code, int) else 1
     if not hasattr(args, "func"):  # a command name argparse took where the CLI saw none
         parser.error("give a COMMAND")
+    if command_module(argv) in _CONTEXT_MODULES:
+        try:
+            _apply_context(args)
+        except OrdqError as exc:
+            print(f"ordq: error: {exc}", file=sys.stderr)
+            return 1
     # kazoo logs every failed connection attempt; the CLI reports one clear line instead.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -260,6 +276,26 @@ def _main(argv: Sequence[str], sigint: Any) -> int:
                 os.environ.pop(env, None)
             else:
                 os.environ[env] = value
+
+
+def _apply_context(args: argparse.Namespace) -> None:
+    """--zk, --root and --bootstrap from the context (--context, ORDQ_CONTEXT, else the current
+    one) where neither the command line nor the environment gives them (issue 42: after
+    ``ordq up --zk-port 0``, ``ordq queue create`` tried 127.0.0.1:2181)."""
+    given: set[str] = set(getattr(args, "given", ()))
+    name = args.context or os.environ.get("ORDQ_CONTEXT") or None
+    if "zk" in given or os.environ.get("ORDQ_ZK") or (args.bootstrap and not name):
+        return  # the command line or the environment names the cluster
+    from ordq.contexts import selected
+
+    context = selected(name)
+    if context is None:
+        return
+    args.zk = context.zk or args.zk
+    if "root" not in given and not os.environ.get("ORDQ_ROOT"):
+        args.root = context.root
+    if not args.bootstrap and context.bootstrap:
+        args.bootstrap = context.bootstrap
 
 
 def _on_sigint(signum: int, frame: object) -> None:
