@@ -44,8 +44,9 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     if registered_bootstrap(args.zk, args.root) is None:
         from ordq.common.security import registration_problem
 
-        problem = registration_problem(args.zk, args.root) or f"its entry in {credentials_path()} names none"
-        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root} ({problem}): "
+        problem = registration_problem(args.zk, args.root)
+        where = f": {problem}" if problem else f" in {credentials_path()}"
+        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root}{where}: "
                           f"{HINT}, or start that cluster with ordq up")
     return {"zk_hosts": args.zk, "root": args.root}
 

@@ -32,11 +32,11 @@ import attrs
 
 from ordq.common.errors import ConfigError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"invalid context name {name!r}: letters, digits, '.', '_', '-', at most 64")
     return name
 
@@ -78,7 +78,8 @@ class Contexts:
         try:
             return self.contexts[name]
         except KeyError:
-            known = ", ".join(sorted(self.contexts)) or "none (ordq context add NAME --zk ... adds one)"
+            known = ", ".join(sorted(n for n in self.contexts if _NAME.fullmatch(n))) or (
+                "none (ordq context add NAME --zk ... adds one)")
             raise ConfigError(f"unknown context {name!r} (contexts: {known})") from None
 
 

@@ -573,16 +573,15 @@ def zk_tls_options(zk_hosts: str) -> dict[str, Any]:
 
 def registration_problem(zk_hosts: str, root: str) -> str | None:
     """Why nothing is registered for the cluster (``zk_hosts``, ``root``) in the credentials
-    file, in words an error can end with, or None when an entry is there (issue 42: a missing
-    file read "cannot reach ZooKeeper ... start one with: ordq zk start" while ZooKeeper ran).
-    Names the file, and the roots registered for the same ZooKeeper (a mistyped ``--root``)."""
+    file, in words an error can end with, when there is more to say than that (issue 42: a
+    missing file read "cannot reach ZooKeeper ... start one with: ordq zk start" while
+    ZooKeeper ran): the file does not exist, or it registers other roots of the same ZooKeeper
+    (a mistyped ``--root``). None otherwise (an entry is there, or none of that ZooKeeper)."""
     path = credentials_path()
     if not path.exists():
-        return (f"the credentials file {path} does not exist (`ordq up` writes it; `ordq cert register` adds a "
-                "cluster to it; env ORDQ_CREDENTIALS names another)")
+        return f"the credentials file {path} does not exist (ordq up writes it)"
     clusters = _load(path)
     if _key(zk_hosts, root) in clusters:
         return None
     roots = sorted(key.removeprefix(zk_hosts) for key in clusters if key.startswith(f"{zk_hosts}/"))
-    there = f"; registered for {zk_hosts}: --root {', '.join(roots)}" if roots else ""
-    return f"{path} holds nothing for {zk_hosts}{root}{there}"
+    return f"{path} registers {zk_hosts} with --root {', '.join(roots)} only" if roots else None
