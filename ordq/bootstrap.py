@@ -42,8 +42,12 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     if not getattr(args, "zk", None):
         raise ConfigError(f"no cluster named: {HINT}")
     if registered_bootstrap(args.zk, args.root) is None:
-        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root} in "
-                          f"{credentials_path()}: {HINT}, or start that cluster with ordq up")
+        from ordq.common.security import registration_problem
+
+        problem = registration_problem(args.zk, args.root)
+        where = f": {problem}" if problem else f" in {credentials_path()}"
+        raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root}{where}: "
+                          f"{HINT}, or start that cluster with ordq up")
     return {"zk_hosts": args.zk, "root": args.root}
 
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,12 +31,47 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "group": ("group",), "queue": ("queue",), "topic": ("topic",), "sub": ("sub",), "peek": ("peek",),
     "top": ("top",), "broker": ("broker",), "coordinator": ("coordinator",), "clients": ("produce", "consume"),
     "verify": ("verify",), "drill": ("drill",), "demo": ("demo",), "outbox": ("outbox",), "cdc": ("cdc",),
-    "lab": ("lab",), "mirror": ("mirror",), "find": ("find",),
+    "lab": ("lab",), "mirror": ("mirror",), "find": ("find",), "context": ("context",),
 }
 _MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
+# Each command's line in `ordq --help`, so that the top-level help imports no command module
+# (issue 42: it imported all of them, grpc and the cluster health code among them, 0.35 s on
+# a quiet box; tests/test_cli.py checks these against what each module registers).
+COMMAND_HELP: dict[str, str] = {
+    "up": "start a local cluster: ZooKeeper, broker groups (master + slave) and coordinators",
+    "down": "stop the local cluster in --dir (data is kept unless --wipe)",
+    "status": "every process of the local cluster with its health (exit 3 if one is unhealthy)",
+    "zk": "run a local ZooKeeper for development and tests",
+    "cert": "make a cluster CA and issue certificates from it",
+    "auth": "create, list and revoke access tokens",
+    "group": "register and inspect broker groups",
+    "queue": "create and inspect queues",
+    "topic": "create and inspect keyed topics (N ordered partitions)",
+    "sub": "inspect subscriptions and reset their cursors",
+    "peek": "show the message with a given seq (read from the master, or the slave when it is down)",
+    "top": "live view of queues, lists, produce/consume rates and lag (Ctrl-C quits)",
+    "broker": "run a broker process",
+    "coordinator": "run the coordinator daemon",
+    "produce": "send stdin lines (or generated messages) to a queue, in order",
+    "consume": "read a queue in order through a subscription and print or count messages",
+    "verify": "verify a run from its audit files, or a live queue (Spark)",
+    "drill": "run failover drills (faults under load, verified with Spark)",
+    "demo": "see it work: local cluster, ordered traffic, head master killed mid-run, Spark verdict",
+    "outbox": "ship a database's outbox table to a queue, in commit order",
+    "cdc": "change data capture: a database's binlog into a queue",
+    "lab": "a lab of hosts on this machine: network namespaces (needs root)",
+    "mirror": "copy a queue to another cluster, in order, each message once",
+    "find": "find messages by key, or the first message at or after a time, without a scan",
+    "context": "named clusters and the current one, which every client command uses",
+}
+# The modules whose commands find their cluster through the current context (ordq/contexts.py)
+# when no flag or environment variable names one; not those that start local processes on
+# --zk's port (up, zk, demo, drill, lab) or read config files (broker, coordinator).
+_CONTEXT_MODULES = frozenset({"auth", "group", "queue", "topic", "sub", "peek", "top", "clients", "verify",
+                              "outbox", "cdc", "find"})
 # Global options that take a value: their value is not the command's name.
 _VALUED_GLOBALS = frozenset({"--bootstrap", "--zk", "--root", "--zk-auth", "--zk-auth-file", "--token", "--token-file",
-                             "--zk-timeout"})
+                             "--zk-timeout", "--context"})
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ROOT = "/ordq"
@@ -71,8 +107,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"ordq: error: {message} (see: {self.prog} --help)\n")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser: every command, or only the commands of module ``only`` (of ``COMMANDS``)."""
+def build_parser(only: str | None = None, *, stubs: bool = False) -> argparse.ArgumentParser:
+    """The CLI's parser: every command, or only the commands of module ``only`` (of ``COMMANDS``);
+    ``stubs``: every command by its name and help line only (``COMMAND_HELP``), no module
+    imported: what ``ordq --help``, ``--version`` and a mistyped command need."""
     parser = _Parser(
         prog="ordq",
         # No abbreviations of the global options: argparse matches them against every later
@@ -124,8 +162,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="how long to try to reach ZooKeeper before giving up (default %(default)s)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages too")
+    parser.add_argument(
+        "--context", default=None, metavar="NAME",  # ORDQ_CONTEXT is read when it applies (_apply_context)
+        help="the cluster of this context (`ordq context list`; env ORDQ_CONTEXT; default: the current one), "
+        "where --zk, --root and --bootstrap (or their env) say nothing")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    if stubs:
+        for name in _MODULE_OF:
+            sub.add_parser(name, help=COMMAND_HELP[name], add_help=False)
+        return parser
     for name in COMMANDS if only is None else (only,):
         importlib.import_module(f"ordq.commands.{name}").register(sub)
     return parser
@@ -151,11 +197,26 @@ def _parser(zk_default: str | None, root_default: str | None, bootstrap_default:
     """``build_parser()`` once per process (per value of the variables its defaults come from): parsing leaves
     the parser as it was, and a process that calls ``main`` many times (the tests: ~1,100
     in-process commands) paid ~40 ms a call for building it again."""
-    return build_parser(only)
+    return build_parser(only, stubs=only is None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # SIGINT is taken before anything is imported: one during the start-up of a command that was
+    # started with SIGINT ignored (a background job) was lost (issue 42); a daemon gets the
+    # previous handler back once its command is known.
+    sigint = _take_sigint()
+    try:
+        return _main(argv, sigint)
+    except KeyboardInterrupt:  # while the command's module was imported or its arguments parsed
+        print("ordq: interrupted", file=sys.stderr)
+        return 128 + int(signal.SIGINT)
+    finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _main(argv: Sequence[str], sigint: Any) -> int:
     # Only the named command's module is imported: importing every command's (grpc, kazoo, the
     # broker, Spark's report) cost each ``ordq`` process ~0.6 s of CPU before it did anything.
     parser = _parser(os.environ.get("ORDQ_ZK"), os.environ.get("ORDQ_ROOT"), os.environ.get("ORDQ_BOOTSTRAP"),
@@ -166,12 +227,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.code in (0, None):
             raise
         return int(exc.code) if isinstance(exc.code, int) else 1
+    if not hasattr(args, "func"):  # a command name argparse took where the CLI saw none
+        parser.error("give a COMMAND")
+    if command_module(argv) in _CONTEXT_MODULES:
+        try:
+            _apply_context(args)
+        except OrdqError as exc:
+            print(f"ordq: error: {exc}", file=sys.stderr)
+            return 1
     # kazoo logs every failed connection attempt; the CLI reports one clear line instead.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.verbose:
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     if getattr(args, "daemon", False):
+        if sigint is not None:  # a daemon handles its signals itself
+            signal.signal(signal.SIGINT, sigint)
         # A long-running process's log is its operator's record: ordq's own INFO lines
         # (failovers, seals, reconciles, re-registrations) always go in, library chatter not.
         logging.getLogger("ordq").setLevel(logging.INFO)
@@ -207,6 +278,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.environ.pop(env, None)
             else:
                 os.environ[env] = value
+
+
+def _apply_context(args: argparse.Namespace) -> None:
+    """--zk, --root and --bootstrap from the context (--context, ORDQ_CONTEXT, else the current
+    one) where neither the command line nor the environment gives them (issue 42: after
+    ``ordq up --zk-port 0``, ``ordq queue create`` tried 127.0.0.1:2181)."""
+    given: set[str] = set(getattr(args, "given", ()))
+    name = args.context or os.environ.get("ORDQ_CONTEXT") or None
+    if "zk" in given or os.environ.get("ORDQ_ZK") or (args.bootstrap and not name):
+        return  # the command line or the environment names the cluster
+    from ordq.contexts import selected
+
+    context = selected(name)
+    if context is None:
+        return
+    args.zk = context.zk or args.zk
+    if "root" not in given and not os.environ.get("ORDQ_ROOT"):
+        args.root = context.root
+    if not args.bootstrap and context.bootstrap:
+        args.bootstrap = context.bootstrap
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    from ordq.commands import INTERRUPTED
+
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def _take_sigint() -> Any:
+    """A command stops on SIGINT, even when it was started with SIGINT ignored (a shell's
+    background job: ``ordq produce ... &`` ran on until it was elected, issue 42), and notes it
+    in ``INTERRUPTED``. Returns the handler to put back (main() also runs inside tests), or
+    None when nothing was changed (not the main thread: signals are the main thread's)."""
+    from ordq.commands import INTERRUPTED
+
+    INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, _on_sigint)
 
 
 def _secret(value: str | None, path: Path | None, flag: str) -> str | None:

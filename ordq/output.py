@@ -18,6 +18,27 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out: TextIO
         out.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
+def wrapped_table(rows: Sequence[Mapping[str, Any]], key: str, texts: Sequence[tuple[str, str]], *,
+                  width: int = 100, out: TextIO | None = None) -> None:
+    """Rows as a table of two columns that fits ``width`` columns: ``key``, and the texts of
+    ``texts`` ((column, label) pairs) one after another, each wrapped, the second on labelled
+    with ``label:`` (issue 42: ``ordq drill list`` was 400 columns wide)."""
+    import textwrap
+
+    out = out or sys.stdout
+    key_width = max([len(key)] + [len(_cell(r.get(key))) for r in rows])
+    room = max(20, width - key_width - 2)
+    title = " / ".join(label.upper() for _column, label in texts)
+    out.write(f"{key.upper().ljust(key_width)}  {title}\n")
+    for r in rows:
+        lines: list[str] = []
+        for i, (column, label) in enumerate(texts):
+            text = _cell(r.get(column)) if i == 0 else f"{label}: {_cell(r.get(column))}"
+            lines += textwrap.wrap(text, room, subsequent_indent="  " if i else "") or ["-"]
+        for i, line in enumerate(lines):
+            out.write(f"{(_cell(r.get(key)) if i == 0 else '').ljust(key_width)}  {line}".rstrip() + "\n")
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"

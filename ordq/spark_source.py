@@ -56,7 +56,7 @@ SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key
           "timestamp timestamp, payload binary")
 FETCH_MAX_BYTES = 4 << 20
 CHUNK_MESSAGES = 50_000  # per Spark task (a range of one segment)
-_OPTIONS = ("bootstrap", "zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch")
+_OPTIONS = ("bootstrap", "zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch", "untilseq")
 
 
 def register(spark: SparkSession) -> None:
@@ -78,6 +78,9 @@ class SourceOptions:
     replica_wait_s: float = 30.0
     # Admission control: at most this many stored messages per micro-batch (None: all readable).
     max_rows_per_batch: int | None = None
+    # No micro-batch reads past this seq (``ordq verify --follow --until-seq``): the query then
+    # stops there, where a first batch of a big queue read its whole row cap first (issue 42).
+    until_seq: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -85,7 +88,7 @@ class SourceOptions:
         unknown = sorted(set(opts) - set(_OPTIONS) - {"path"})
         if unknown:
             raise ConfigError(f"unknown ordq source option(s): {', '.join(unknown)} (known: bootstrap, zk, root, "
-                              "queue, start, rpcTimeoutS, replicaWaitS, maxRowsPerBatch)")
+                              "queue, start, rpcTimeoutS, replicaWaitS, maxRowsPerBatch, untilSeq)")
         if not opts.get("queue"):
             raise ConfigError("the ordq source needs .option('queue', ...)")
         if not opts.get("bootstrap") and not opts.get("zk"):
@@ -99,7 +102,8 @@ class SourceOptions:
                        start=opts.get("start", "earliest"),
                        rpc_timeout_s=float(opts.get("rpctimeouts", 1.0)),
                        replica_wait_s=float(opts.get("replicawaits", 30.0)),
-                       max_rows_per_batch=_positive_int(opts.get("maxrowsperbatch")))
+                       max_rows_per_batch=_positive_int(opts.get("maxrowsperbatch")),
+                       until_seq=int(opts["untilseq"]) if opts.get("untilseq") is not None else None)
         except ValueError as exc:
             raise ConfigError(f"ordq source: {exc}") from exc
 
@@ -182,6 +186,18 @@ def capped_end(st: QueueState, start: Cursor, end: Cursor, max_rows: int,
         if segment.last_seq is not None:
             after = max(after, segment.last_seq)
     return end
+
+
+def until_end(st: QueueState, start: Cursor, end: Cursor, until_seq: int,
+              first_seqs: Mapping[int, int] | None = None) -> Cursor:
+    """``end``, or an earlier position holding no seq past ``until_seq``: ``start`` once it is
+    there. A batch then stops at ``until_seq`` (a stored message moves the seq by one at most,
+    so ``until_seq - start.last_seq`` rows do not pass it; resends make it fall short, and the
+    next batch goes on)."""
+    if end.last_seq <= until_seq:
+        return end
+    left = until_seq - start.last_seq
+    return start if left <= 0 else capped_end(st, start, end, left, first_seqs)
 
 
 def unsealed_first_seqs(reader: ReplicaReader, st: QueueState, first: Cursor, last: Cursor) -> dict[int, int]:
@@ -410,8 +426,14 @@ class OrdqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             t = self._target
             end = first if (t.seg, t.offset) <= (first.seg, first.offset) else attrs.evolve(
                 t, last_seq=max(t.last_seq, first.last_seq))
-        if isinstance(limit, ReadMaxRows):  # ReadAllAvailable (e.g. availableNow) takes everything
-            end = capped_end(st, first, end, limit.max_rows, unsealed_first_seqs(reader, st, first, end))
+        capped = isinstance(limit, ReadMaxRows)  # ReadAllAvailable (e.g. availableNow) takes everything
+        until = self.options.until_seq
+        if capped or (until is not None and end.last_seq > until):
+            first_seqs = unsealed_first_seqs(reader, st, first, end)
+            if isinstance(limit, ReadMaxRows):
+                end = capped_end(st, first, end, limit.max_rows, first_seqs)
+            if until is not None:
+                end = until_end(st, first, end, until, first_seqs)
         return to_offset(end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SegmentRange]:

@@ -25,6 +25,7 @@ from ordq.common.errors import ConfigError
 from ordq.wire.batch import Message, encode_batch, message_size
 
 MESSAGE_OVERHEAD = 32  # about what a message adds to a batch beyond its bytes (its record header)
+BATCH_FRAMING_BYTES = 64  # what a batch adds around its messages: a batch fits one message this much smaller
 # After a rewind, resent batches in flight on the new stream may reach this share of the bytes
 # it has acked (at least one batch): the resend grows by 1.5x per round trip on a healthy head,
 # and what a failing head holds of it unacked stays under half of what it acked.
@@ -49,7 +50,9 @@ class BatchingConfig:
     linger_ms: float = 5.0
     eager_batches: int = 1
     max_batch_messages: int = 256
-    max_batch_bytes: int = 1 << 20
+    # one message of a queue's default limit (1 MiB) plus its framing: `ordq produce --size 1048576`
+    # to such a queue was refused by the producer's own limit (issue 42)
+    max_batch_bytes: int = (1 << 20) + BATCH_FRAMING_BYTES
     max_inflight_bytes: int = 32 << 20  # send() blocks beyond this many unacked bytes
 
     def __attrs_post_init__(self) -> None:

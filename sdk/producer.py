@@ -64,7 +64,7 @@ from ordq.coordinator.client import CoordinatorClient, Refusal
 from ordq.sdk._cluster import open_coordinator
 from ordq.sdk._futures import BatchOutcome, SendFuture
 from ordq.sdk._lease_client import CoordinatorLease
-from ordq.sdk._producer_core import ProducerCore, message_bytes
+from ordq.sdk._producer_core import BATCH_FRAMING_BYTES, ProducerCore, message_bytes
 from ordq.sdk._producer_io import ProducerIO
 from ordq.sdk._producer_types import ProducerConfig, ProducerStats, StoredMessage
 from ordq.sdk.audit import AuditWriter
@@ -109,7 +109,7 @@ class Producer(ProducerIO):
         self._lease: CoordinatorLease | None = None
         self._standby_logged = False
         self._rejoining = False  # a lost lease is being asked for again (``_rejoin``)
-        self._max_message = config.batching.max_batch_bytes - 64  # until start() reads the queue's
+        self._max_message = config.batching.max_batch_bytes - BATCH_FRAMING_BYTES  # until start() reads the queue's
         self._max_message_of = "this producer's max_batch_bytes"
         # Rolling the segment we write once it reaches the queue's size or age (the coordinator
         # does it too; whoever is first wins the conditional write, the other one is refused).
@@ -157,7 +157,7 @@ class Producer(ProducerIO):
         queue_cfg = coord.describe(cfg.queue, with_config=True, timeout_s=cfg.connect_timeout_s).config  # QueueNotFound
         queue_limit = queue_cfg.max_message_bytes
         self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)
-        batch_limit = cfg.batching.max_batch_bytes - 64
+        batch_limit = cfg.batching.max_batch_bytes - BATCH_FRAMING_BYTES
         if queue_limit <= batch_limit:
             self._max_message, self._max_message_of = queue_limit, f"queue {cfg.queue!r} max_message_bytes"
         else:

@@ -223,6 +223,8 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
         source = spark.readStream.format("ordq").option("zk", o.zk).option("root", o.root)
         if o.bootstrap:
             source = source.option("bootstrap", o.bootstrap)
+        if o.until_seq is not None:  # no micro-batch reads past it: the query stops there
+            source = source.option("untilSeq", str(o.until_seq))
         df = (source.option("queue", o.queue).option("start", o.start)
               .option("maxRowsPerBatch", str(o.max_rows_per_batch)).load())
         return (df.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)

@@ -336,3 +336,66 @@ def test_listings_page_by_name_with_prefix_limit_and_after(capsys: pytest.Captur
     for argv in (["sub", "list", "q", "--limit", "5"], ["top", "--prefix", "x", "--once"]):
         assert build_parser().parse_args(argv).limit in (5, 100)
     assert "must be from 1" in one_error_line(capsys, "queue", "list", "--limit", "0")
+
+
+def test_the_top_level_help_imports_no_command_module() -> None:
+    """Issue 42: ``ordq --help`` took 0.35 s on a quiet box (3-4 s at load 14): building the
+    parser imported every command's module, grpc, asyncio and the cluster health code among
+    them. ``import ordq.cli``, ``--help``, ``--version`` and a mistyped command import none."""
+    code = ("import sys\nfrom ordq.cli import build_parser, main\n"
+            "build_parser(stubs=True)\n"
+            "for argv in (['--help'], ['--version'], ['qeueu', 'list'], []):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'asyncio', 'kazoo', 'attrs', 'attr')\n"
+            "             or m.startswith(('ordq.commands.', 'ordq.cluster_health', 'ordq.coordinator'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_top_level_help_lines_are_the_commands_own() -> None:
+    """``COMMAND_HELP`` (what ``ordq --help`` shows without importing the commands) says what
+    each module registers, in the same order."""
+    from ordq.cli import COMMAND_HELP
+
+    full = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {a.dest: a.help for a in full._choices_actions} == COMMAND_HELP
+    stubs = next(a for a in build_parser(stubs=True)._actions if isinstance(a, argparse._SubParsersAction))
+    assert [a.dest for a in stubs._choices_actions] == [a.dest for a in full._choices_actions]
+
+
+def test_a_wait_says_what_it_waits_for_after_a_second(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: a command that waited (for ZooKeeper, the coordinators, its election) said
+    nothing; now one line once the wait is longer than SAY_AFTER_S, on a terminal or with
+    ORDQ_PROGRESS=1, and none for a short wait or in a script."""
+    import threading
+
+    from ordq.commands import saying
+    from tests.util import wait_until
+
+    monkeypatch.setenv("ORDQ_PROGRESS", "1")
+    with saying("waiting to be elected the producer of q", after_s=0.05):
+        seen = wait_until(lambda: capsys.readouterr().err or None, timeout_s=10, what="the waiting line")
+    assert seen == "ordq: waiting to be elected the producer of q ...\n"
+    with saying("quick", after_s=5.0):
+        pass
+    monkeypatch.delenv("ORDQ_PROGRESS")
+    with saying("in a script", after_s=0.0):  # not a terminal: no line, even at once
+        pass
+    for thread in [t for t in threading.enumerate() if t.name == "ordq-saying"]:
+        thread.join(timeout=10)  # whatever a thread was to print is printed
+    assert capsys.readouterr().err == ""
+
+
+def test_drill_list_fits_100_columns(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42: ``ordq drill list`` was one table row per drill, 400 columns wide."""
+    from ordq.drills.catalog import DRILLS
+    from ordq.drills.partitions import PARTITIONS
+
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal still gets 100 at most
+    capsys.readouterr()
+    assert main(["drill", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert {line.split()[0] for line in lines[1:] if not line.startswith(" ")} == {*DRILLS, *PARTITIONS}

@@ -424,3 +424,47 @@ def test_deploying_on_three_machines_runs_as_written_on_loopback(tmp_path: Path)
     net = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
     addresses = {h: f"{net}.{k}" for k, h in enumerate((*MACHINES, "client"), 2)}
     deploy_on_three_machines(tmp_path / "run", addresses, {h: [] for h in addresses})
+
+
+def test_three_machines_configs_name_the_whole_ensemble(tmp_path: Path) -> None:
+    """Issue 42: the doc's `sed` that makes host2's broker.toml from host3's replaced $HOST3 in
+    the `zk` line too, so host2's master listed ZooKeeper node 2 twice and node 3 not at all.
+    Runs every line of the section that writes a config file (the `cat > hostN/...toml` blocks
+    and the `sed` lines deriving one from another), as written, and checks each host's files:
+    every `zk = ...` names the three nodes once each, and each zk.toml lists the three
+    servers with that host's own `myid`."""
+    text = doc_section("docs/OPERATIONS.md", THREE_MACHINES)
+    script = []
+    for block in parse_doc("docs/OPERATIONS.md", text):
+        body = "\n".join(block.body)
+        if block.runs and re.search(r"^cat > host\d/\w+\.toml <<EOF$", body, re.M):
+            # only the files' lines: a daemon a block starts afterwards is not part of this check
+            lines = block.body
+            end = lines.index("EOF", 1) + 1
+            script += list(lines[:end]) + [line for line in lines[end:] if line.startswith("sed ")]
+    hosts = {"HOST1": "10.9.0.1", "HOST2": "10.9.0.2", "HOST3": "10.9.0.3"}
+    ensemble = f"{hosts['HOST1']}:2181,{hosts['HOST2']}:2181,{hosts['HOST3']}:2181"
+    for machine in MACHINES:
+        (tmp_path / machine).mkdir()
+    done = subprocess.run(["bash", "-euc", "\n".join(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **hosts, "ORDQ_ZK": ensemble}, check=False)
+    assert done.returncode == 0, done.stderr
+    written = sorted(tmp_path.glob("host*/*.toml"))
+    assert {p.relative_to(tmp_path).as_posix() for p in written} >= {
+        "host1/zk.toml", "host2/zk.toml", "host3/zk.toml", "host2/broker.toml", "host3/broker.toml",
+        "host1/coordinator.toml"}
+    for path in written:
+        lines = path.read_text().splitlines()
+        zk_lines = [line for line in lines if line.startswith("zk =")]
+        for line in zk_lines:
+            assert line == f'zk = "{ensemble}"', f"{path.relative_to(tmp_path)}: {line}"
+        if path.name == "zk.toml":
+            number = path.parent.name.removeprefix("host")
+            assert f"myid = {number}" in lines, f"{path.relative_to(tmp_path)}: {lines}"
+            servers = [line for line in lines if line.startswith("host =")]
+            assert servers == [f'host = "{hosts[h]}"' for h in ("HOST1", "HOST2", "HOST3")], servers
+        elif path.name in ("broker.toml", "coordinator.toml"):
+            assert zk_lines, f"{path.relative_to(tmp_path)} names no ZooKeeper"
+            own = hosts["HOST" + path.parent.name.removeprefix("host")]
+            listens = [line for line in lines if line.startswith(("listen =", "metrics ="))]
+            assert listens and all(f'"{own}:' in line for line in listens), listens

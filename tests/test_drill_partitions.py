@@ -110,3 +110,46 @@ def test_randomized_partitions_report_the_next_ack_per_kind(tmp_path: Path,
     assert sum(k["faults"] for k in doc["per_kind"]) == 4
     assert all(k["next_ack_p50_s"] is not None for k in doc["per_kind"]), doc["per_kind"]
     assert all(s["lost"] == 0 and s["reordered"] == 0 for s in doc["streams"])
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_set_up_is_tried_again_within_its_budget_then_fails_naming_the_attempts() -> None:
+    """Issue 42: the partition drills' set-up had no retry (2 of 3 runs failed at load 25).
+    ``within_budget`` makes a failed set-up again, from scratch, while its budget lasts."""
+    from ordq.common.errors import OrdqError
+    from ordq.drills.partitions import LabDrillError, within_budget
+
+    clock = _Clock()
+    retried: list[int] = []
+
+    def flaky(n: int) -> str:
+        clock.now += 50.0
+        if n < 3:
+            raise OrdqError(f"slow start {n}")
+        return f"made by attempt {n}"
+
+    assert within_budget(flaky, budget_s=240, what="set-up", clock=clock,
+                         on_retry=lambda n, exc: retried.append(n)) == "made by attempt 3"
+    assert retried == [1, 2]
+
+    clock.now = 0.0
+
+    def never(n: int) -> str:
+        clock.now += 100.0
+        raise OrdqError(f"timed out {n}")
+
+    with pytest.raises(LabDrillError, match=r"set-up: 3 attempts in 240s failed; the last: OrdqError: timed out 3"):
+        within_budget(never, budget_s=240, what="set-up", clock=clock)
+
+    def broken(n: int) -> str:
+        raise ValueError("a bug is not retried")
+
+    with pytest.raises(ValueError):
+        within_budget(broken, budget_s=240, what="set-up", clock=clock)

@@ -185,7 +185,8 @@ def test_max_message_bytes_is_enforced_by_the_producer_and_the_broker(cluster: C
     big = cluster.ordq("produce", "small", stdin=b"y" * 200 + b"\n")
     assert big.returncode == 1 and b"Traceback" not in big.stderr, big.stderr
     assert big.stderr.decode().strip().splitlines()[-1] == (
-        "ordq: error: message of 200 bytes exceeds the limit of 100 bytes (queue 'small' max_message_bytes)")
+        "ordq: error: line 1 refused: message of 200 bytes exceeds the limit of 100 bytes (queue 'small' "
+        "max_message_bytes); no line before it was sent")
     # Key and headers count too (as stored: each header 6 bytes of lengths + name + value).
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="small")
     with Producer(cfg) as p:

@@ -223,3 +223,18 @@ def test_missing_program_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ExternalProcessError, match="cannot start nothing"):
         p.start()
     assert not p.alive()
+
+
+def test_a_python_child_ignores_a_folder_named_ordq_in_the_working_directory(tmp_path: Path) -> None:
+    """Issue 42: ``ordq up``, ``drill`` and ``demo`` run ``python -m ordq.cli`` children; run from
+    a folder holding a folder named ``ordq`` (the parent of a clone), that folder came first on
+    the children's sys.path and shadowed the package."""
+    shadow = tmp_path / "ordq"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("")  # a package of that name that is not ours
+    proc = ManagedProcess("version", [sys.executable, "-m", "ordq.cli", "--version"], run_dir=tmp_path / "run",
+                          cwd=tmp_path)
+    proc.start()
+    wait_until(lambda: not proc.alive(), timeout_s=60, what="ordq --version to end")
+    assert proc.returncode == 0, proc.log_tail()
+    assert "ordq 0." in proc.log_tail()

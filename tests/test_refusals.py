@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -441,3 +442,40 @@ def test_rotated_zookeeper_credentials_refuse_the_old_ones_and_the_cluster_serve
         for made_cluster in reversed(made):
             made_cluster.stop()
         made[-1].destroy()
+
+
+# -- errors that name the cause (issue 42) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [("top", "--once"), ("queue", "list"), ("produce", Q, "--count", "1"),
+                                  ("group", "list")], ids=" ".join)
+def test_a_missing_credentials_file_is_named_not_taken_for_a_stopped_zookeeper(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        argv: tuple[str, ...]) -> None:
+    """Without the credentials file ``ordq up`` wrote, a command read "cannot reach ZooKeeper
+    ... start one with: ordq zk start" while ZooKeeper (TLS only) ran: it says the file is
+    missing, in one line, within --zk-timeout."""
+    missing = tmp_path / "elsewhere" / "credentials.json"
+    monkeypatch.setenv("ORDQ_CREDENTIALS", str(missing))
+    monkeypatch.delenv("ORDQ_TOKEN", raising=False)
+    monkeypatch.delenv("ORDQ_ZK_AUTH", raising=False)
+    capsys.readouterr()
+    code = main(["--zk", env.hosts, "--root", env.root, "--zk-timeout", "1", *argv])
+    out, err = capsys.readouterr()
+    line = one_line_refusal(code, out, err)
+    assert f"the credentials file {missing} does not exist" in line, line
+    assert "ordq zk start" not in line
+
+
+@pytest.mark.parametrize("argv", [("top", "--once"), ("queue", "list")], ids=" ".join)
+def test_a_mistyped_root_names_the_roots_registered(env: Env, as_user: Callable[[str, Credentials], None],
+                                                    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]) -> None:
+    """A root with nothing registered for it on a TLS ZooKeeper: the error names the roots that
+    are, not an unreachable ZooKeeper."""
+    as_user("mistyped-root", env.creds)
+    capsys.readouterr()
+    code = main(["--zk", env.hosts, "--root", env.root + "z", "--zk-timeout", "1", *argv])
+    out, err = capsys.readouterr()
+    line = one_line_refusal(code, out, err)
+    assert f"{env.root}z" in line, line
+    assert re.search(rf"--root {re.escape(env.root)}(?![\w/])", line), f"the root there is not named: {line}"

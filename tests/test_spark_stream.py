@@ -217,3 +217,34 @@ def test_max_rows_per_batch_caps_every_micro_batch_on_real_brokers(cluster: Clus
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sizes == [300, 300, 300, 100], sizes
     assert sorted(r.seq for r in spark.sql("SELECT seq FROM capped").collect()) == list(range(1000))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st_.lists(st_.integers(0, 40), min_size=1, max_size=5), resend=st_.integers(0, 5),
+       skip=st_.integers(0, 40), until=st_.integers(-1, 220))
+def test_batches_cut_at_until_seq_end_exactly_there(sizes: list[int], resend: int, skip: int, until: int) -> None:
+    """``untilSeq`` (``ordq verify --follow --until-seq``, issue 42: a big queue's first batch
+    read its whole row cap and the run did not end in 5 minutes): batches cut by ``until_end``
+    one after another never pass ``until``, and reach it when the queue holds it."""
+    from ordq.spark_source import until_end
+
+    segs, seq, true_first = [], 0, {}
+    for i, n in enumerate(sizes):
+        first = max(0, seq - (resend if i else 0))
+        true_first[i] = first
+        segs.append(Segment(i, "g1", SegStatus.SEALED if i < len(sizes) - 1 else SegStatus.OPEN,
+                            end=n if i < len(sizes) - 1 else None,
+                            first_seq=first if i < len(sizes) - 1 and n else None,
+                            last_seq=first + n - 1 if i < len(sizes) - 1 and n else None))
+        seq = max(seq, first + n)
+    state = QueueState("q", consume=tuple(segs), next_seg=len(sizes))
+    start_off = min(skip, sizes[0])
+    at = Cursor(seg=0, offset=start_off, last_seq=true_first[0] + start_off - 1)
+    end = Cursor(seg=len(sizes) - 1, offset=sizes[-1], last_seq=seq - 1)
+    for _ in range(sum(sizes) + 2):
+        cut = until_end(state, at, end, until, true_first)
+        assert cut.last_seq <= max(until, at.last_seq)
+        if cut == at:
+            break
+        at = cut
+    assert at.last_seq == max(min(until, end.last_seq), true_first[0] + start_off - 1)

@@ -174,3 +174,19 @@ def test_follow_survives_a_python_worker_that_connects_back_late(cluster: Cluste
     assert (events[-1]["verdict"], events[-1]["rows"], events[-1]["last_seq"]) == ("clean", 100, 99), events[-1]
     assert "starting the query again from its checkpoint (1/3)" in err
     assert "MicroBatchExecution" not in err and "\tat org.apache.spark" not in err
+
+
+@pytest.mark.zk
+@pytest.mark.slow  # a Spark start in a subprocess: ~60 s on the shared box
+def test_follow_until_seq_stops_at_that_seq_on_a_queue_holding_more(cluster: Cluster) -> None:
+    """Issue 42: ``--until-seq 1000`` on a big queue did not finish in 5 minutes: the first
+    micro-batch read the whole row cap (200,000 by default) before the seq was looked at. No
+    batch reads past the seq now: the verdict covers exactly seqs 0..until."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    _produce(cluster, 5000)
+    rc, events, err = _events(_follow(cluster, "--until-seq", "1000"), timeout_s=400)
+    assert rc == 0, err
+    verdict = events[-1]
+    assert verdict["event"] == "verdict" and verdict["verdict"] == "clean", verdict
+    assert (verdict["rows"], verdict["first_seq"], verdict["last_seq"]) == (1001, 0, 1000), verdict

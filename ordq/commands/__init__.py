@@ -8,9 +8,13 @@ and ``ordq --json queue list`` mean the same.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,25 +138,30 @@ def byte_size(low: int, high: int) -> Callable[[str], int]:
 MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConfig)
 
 
-def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
+def open_store(args: argparse.Namespace, *, daemon: bool = False, new_root: bool = False) -> Any:
     """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down);
-    ``daemon``: see ``ZkStore.connect``.
+    ``daemon``: see ``ZkStore.connect``. ConfigError when no cluster lives under --root (a
+    mistyped root showed "no queues", exit 0), unless ``daemon`` or ``new_root`` (a command
+    that may make the root: ``group add``); a ZooKeeper that accepts connections but makes no
+    session says why it may not (no credentials registered for it), not "start one".
     For an admin command, PermissionDenied unless the caller's token has the admin role on
     ``args.queue`` (on every queue when it names none) while the cluster enforces tokens; for
     a reading one (``reads``), unless it is a valid token with a role on ``args.queue`` or each
     of ``args.queues`` (on some queue when it names none): ZooKeeper lets anyone read, so
     without this a refused caller would see a table of ``?`` and exit 0."""
-    from ordq.common.security import lookup
+    from ordq.common.errors import CoordinationUnavailable, ZkAccessDenied
+    from ordq.common.security import lookup, registration_problem
     from ordq.coordinator.acl_client import check_identity
     from ordq.coordinator.store import ZkStore
     from ordq.coordinator.zk_retry import retry_zk
 
     auth = lookup(args.zk, args.root).zk_auth
-    store = ZkStore.connect(args.zk, args.root, timeout_s=float(getattr(args, "zk_timeout", 5.0)), auth=auth,
-                            daemon=daemon)
     timeout_s = float(getattr(args, "zk_timeout", 5.0))
 
     def checks() -> None:
+        if not (daemon or new_root) and store.client.exists(store.paths.root) is None:
+            raise ConfigError(f"no ordq cluster under --root {store.paths.root} on ZooKeeper {args.zk}"
+                              f"{_roots_there(store)}")
         check_identity(store.client, store.paths.root, auth, required=False)
         if getattr(args, "admin", False):
             check_admin(store, getattr(args, "queue", None) or "*")
@@ -160,14 +169,57 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False) -> Any:
             for queue in getattr(args, "queues", None) or [getattr(args, "queue", None) or "*"]:
                 check_token(store, queue)
 
+    store: Any = None
     try:
-        # A session expired or a connection lost under load is retried within --zk-timeout; it
-        # was an uncaught kazoo traceback (test_refusals at load 10).
-        retry_zk(checks, "check the caller's credentials", bound_s=timeout_s, hosts=args.zk)
+        with saying(f"connecting to ZooKeeper at {args.zk}", after_s=None if daemon else SAY_AFTER_S):
+            store = ZkStore.connect(args.zk, args.root, timeout_s=timeout_s, auth=auth, daemon=daemon)
+            # A session expired or a connection lost under load is retried within --zk-timeout; it
+            # was an uncaught kazoo traceback (test_refusals at load 10).
+            retry_zk(checks, "check the caller's credentials", bound_s=timeout_s, hosts=args.zk)
+    except (CoordinationUnavailable, ZkAccessDenied) as exc:
+        if store is not None:
+            store.close()
+        # Issue 42: without the credentials `ordq up` registered, a TLS-only ZooKeeper reads as
+        # down ("start one with: ordq zk start") and a protected root as a bad --zk-auth.
+        problem = None if daemon or auth else registration_problem(args.zk, args.root)
+        if isinstance(exc, ZkAccessDenied):
+            if problem is None:
+                raise
+            raise ZkAccessDenied(f"no ZooKeeper credential is registered for {args.zk}{args.root} ({problem})"
+                                 ) from exc
+        if store is not None or daemon or not _accepts_connections(args.zk):
+            raise
+        why = (f"no credentials are registered for it ({problem})" if problem
+               else "is it another service, or does it want other credentials (TLS)?")
+        raise CoordinationUnavailable(
+            f"ZooKeeper at {args.zk} accepts connections but made no session within {timeout_s:g}s: {why}") from exc
     except BaseException:
-        store.close()
+        if store is not None:
+            store.close()
         raise
     return store
+
+
+def _accepts_connections(zk: str) -> bool:
+    """Whether the first address of the connection string ``zk`` accepts a TCP connection."""
+    import socket
+
+    host, _, port = zk.split(",")[0].strip().rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _roots_there(store: Any) -> str:
+    """`` (clusters there: --root /a, /b)``: the top-level nodes holding a cluster's queues."""
+    try:
+        roots = [f"/{name}" for name in sorted(store.client.get_children("/"))
+                 if store.client.exists(f"/{name}/queues") is not None]
+    except Exception:  # noqa: BLE001 - only a hint: ACLs may hide them
+        return ""
+    return f" (clusters there: --root {', '.join(roots)})" if roots else ""
 
 
 ADMIN_CALL_TIMEOUT_S = 300.0  # an admin verb's answer (a listing reads every shown queue's replicas)
@@ -187,13 +239,15 @@ def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
     with coordinator(args) as client:
         tried = client.coordinators
         deadline = time.monotonic() + timeout_of(args)
-        while not client.leader():
-            if time.monotonic() >= deadline:
-                raise CoordinationUnavailable(
-                    f"no coordinator answered at {', '.join(tried)} (`ordq up` starts the cluster; `ordq status` "
-                    "says what runs)")
-            time.sleep(0.1)
-        return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, **verb_args)
+        with saying(f"connecting to the coordinators at {', '.join(tried)}"):
+            while not client.leader():
+                if time.monotonic() >= deadline:
+                    raise CoordinationUnavailable(
+                        f"no coordinator answered at {', '.join(tried)} (`ordq up` starts the cluster; `ordq status` "
+                        "says what runs)")
+                time.sleep(0.1)
+        with saying(f"waiting for the coordinator's answer to {verb}"):
+            return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, **verb_args)
 
 
 def check_admin(store: Any, queue: str) -> None:
@@ -217,6 +271,28 @@ def tokens_in_force(store: Any) -> dict[str, Any] | None:
     root = store.paths.root
     return retry_zk(lambda: load_tokens(store.client, root) if enforced(store.client, root) else None,
                     "read the access tokens")
+
+
+def readable(store: Any) -> Callable[[str], bool]:
+    """Whether the caller's token has a role on a queue (always, while tokens are not enforced):
+    what a listing read from ZooKeeper shows, as the admin API's listings (``AdminCall.may_read``)."""
+    from ordq.common.errors import PermissionDenied
+    from ordq.common.security import of_store
+    from ordq.coordinator.tokens import ANY, authorize
+
+    records = tokens_in_force(store)
+    if records is None:
+        return lambda queue: True
+    token = of_store(store).token
+
+    def may_read(queue: str) -> bool:
+        try:
+            authorize(records, token, queue, ANY)
+        except PermissionDenied:
+            return False
+        return True
+
+    return may_read
 
 
 def check_token(store: Any, queue: str = "*", role: str | None = None) -> None:
@@ -257,3 +333,34 @@ def local_zk_port(zk: str, default: int) -> int:
 
 def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False))
+
+
+# Set by the CLI's SIGINT handler (ordq/cli.py), cleared when a command starts: a loop that
+# redraws (``ordq top``) checks it at every turn, so that a KeyboardInterrupt swallowed on its
+# way (in a library's callback, a finaliser) cannot keep it running (issue 42).
+INTERRUPTED = threading.Event()
+
+SAY_AFTER_S = 1.0  # a wait longer than this says what it waits for
+
+
+@contextlib.contextmanager
+def saying(what: str, after_s: float | None = SAY_AFTER_S) -> Iterator[None]:
+    """Print ``ordq: WHAT ...`` on stderr once, if the block is still running after
+    ``after_s`` (None: never): a command that waits says what for (issue 42: ``produce``
+    waited 7-10 s on a busy machine without a word). Only to a terminal, or with
+    ``ORDQ_PROGRESS=1``: a script reading the output is not given lines it never asked for."""
+    stream = sys.stderr
+    if after_s is None or not (os.environ.get("ORDQ_PROGRESS") == "1" or stream.isatty()):
+        yield
+        return
+    done = threading.Event()
+
+    def say() -> None:
+        if not done.wait(after_s):
+            print(f"ordq: {what} ...", file=stream, flush=True)
+
+    threading.Thread(target=say, name="ordq-saying", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()

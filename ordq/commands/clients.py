@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from ordq.bootstrap import check_queue, cluster_options, topic_partitions
-from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, seconds
-from ordq.common.errors import ConfigError, HandlerError, LeaseLost
+from ordq.commands import MAX_PAYLOAD_BYTES, add_command, int_in, rate, saying, seconds
+from ordq.common.errors import ConfigError, HandlerError, LeaseLost, OrdqError
 from ordq.output import emit_json
 
 
@@ -97,8 +97,13 @@ def _producer(args: argparse.Namespace) -> Any:
 def _produce(args: argparse.Namespace) -> int:
     key = args.key.encode() if args.key else None
     sent = 0
-    last = None
-    with _producer(args) as producer, _Interrupt() as interrupt:
+    first = last = None
+    refused: OrdqError | None = None  # a stdin line the producer refused (line sent + 1)
+    with _Interrupt() as interrupt, contextlib.ExitStack() as stack:
+        # Ctrl-C (or SIGTERM) while it connects and waits for its lease stops it at once: a
+        # standby started in the background ignored SIGINT until it led (issue 42).
+        with interrupt.blocking(), saying(f"waiting to be elected the producer of {args.queue} (Ctrl-C stops)"):
+            producer = stack.enter_context(_producer(args))
         # The clock starts once this process leads: --rate paces from here (with the election
         # counted, the first messages went out in a burst to catch up), and msgs/s is the rate.
         start = time.monotonic()
@@ -107,7 +112,14 @@ def _produce(args: argparse.Namespace) -> int:
                 pause = start + sent / args.rate - time.monotonic()
                 if pause > 0 and interrupt.stop.wait(pause):
                     break
-            last = producer.send(payload, key=key)
+            try:
+                last = producer.send(payload, key=key)
+            except OrdqError as exc:
+                if args.count is not None:
+                    raise
+                refused = exc  # the lines before it are flushed and said acked below
+                break
+            first = first or last
             sent += 1
             if interrupt.stop.is_set():
                 break
@@ -124,6 +136,16 @@ def _produce(args: argparse.Namespace) -> int:
     else:
         print(f"acked {stats.acked} of {sent} messages to {args.queue} in {elapsed:.2f}s "
               f"({result['msgs_per_s']} msgs/s, {stats.failovers} failovers)", file=sys.stderr)
+    if refused is not None:
+        # Issue 42: a re-run of the whole batch would store the acked lines twice: say which were.
+        if first is None or last is None:
+            done = "no line before it was sent"
+        else:
+            seqs = f"seq {first.result().seq}" if sent == 1 else f"seqs {first.result().seq}-{last.result().seq}"
+            done = (f"{'line 1 was' if sent == 1 else f'lines 1-{sent} were'} acked ({seqs}): "
+                    f"re-send from line {sent + 1} only")
+        print(f"ordq: error: line {sent + 1} refused: {refused}; {done}", file=sys.stderr)
+        return 1
     return 0 if stats.acked == sent else 1
 
 

@@ -106,9 +106,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.dir, _config(args))
     report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
     cluster.detach()  # they keep running after this command
+    context = _select_context(cluster)
     statuses = cluster.status()
     if wants_json(args):
-        emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root,
+        emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root, "context": context,
                    "bootstrap": cluster.bootstrap, "started": list(report.started), "notes": list(report.notes),
                    "processes": [s.to_dict() for s in statuses], "metrics": cluster.metrics_urls()})
         return 0
@@ -135,9 +136,23 @@ def cmd_up(args: argparse.Namespace) -> int:
           f"{'an admin token' if creds.token else 'no tokens'}; registered for {cluster.zk_hosts}{cluster.root} "
           f"in {credentials_path()} (docs/SECURITY.md)")
     print(f"export ORDQ_ZK={cluster.zk_hosts}" + (f" ORDQ_ROOT={cluster.root}" if cluster.root != "/ordq" else ""))
+    print(f"context: {context} (the current one: every command uses this cluster; ordq context list)")
     print("next: ordq queue create demo && ordq produce demo --count 1000 && "
           "ordq consume demo -s s1 --count 1000 --quiet")
     return 0
+
+
+def _select_context(cluster: LocalCluster) -> str:
+    """Add the cluster as a context and make it the current one (issue 42): ``local`` for the
+    default folder, else the folder's name."""
+    import re
+
+    from ordq.contexts import Context, add
+
+    name = "local" if cluster.folder.name == DEFAULT_FOLDER.name else (
+        re.sub(r"[^A-Za-z0-9._-]", "-", cluster.folder.name.lstrip("."))[:64].strip("-.") or "local")
+    add(Context(name=name, zk=cluster.zk_hosts, root=cluster.root), select=True)
+    return name
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -157,6 +172,9 @@ def cmd_down(args: argparse.Namespace) -> int:
     cluster.unregister()  # `ordq up` registers it again; another cluster's entry there stays
     if args.wipe:
         cluster.destroy()
+        from ordq.contexts import remove_matching
+
+        remove_matching(cluster.zk_hosts, cluster.root)  # it names nothing any more
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "stopped": stopped, "wiped": bool(args.wipe)})
     else:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ordq.commands import add_command, int_in, rate, wants_json
-from ordq.output import emit_json, table
+from ordq.output import emit_json, table, wrapped_table
 
 EXIT_FAILED = 1
 
@@ -69,7 +69,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
         if wants_json(args):
             emit_json(rows)
         else:
-            table(rows, ["drill", "fault", "must_happen"])
+            import shutil
+
+            wrapped_table(rows, "drill", [("fault", "fault"), ("must_happen", "must happen")],
+                          width=min(100, shutil.get_terminal_size().columns))
         return 0
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     if args.names == ["partitions"]:

@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, new_root=True) as store:  # the first group of a new cluster makes its root
         store.add_group(args.gid)
     if wants_json(args):
         emit_json({"added": args.gid})

@@ -8,7 +8,7 @@ import datetime as dt
 import sys
 from typing import Any, TextIO
 
-from ordq.commands import add_command, open_store, seconds, wants_json
+from ordq.commands import INTERRUPTED, add_command, open_store, readable, seconds, wants_json
 from ordq.commands.paging import Page, add_paging, page, say_next
 from ordq.commands.sub import blocked_text
 from ordq.output import emit_json, table
@@ -73,14 +73,19 @@ def cmd_top(args: argparse.Namespace) -> int:
     with open_store(args) as store, ReplicaReader(store) as reader:
         pages: list[Page] = []
 
+        may_read = readable(store)
+
         def select(names: list[str]) -> list[str]:
-            # the page is chosen again at every frame (queues come and go while it runs)
-            pages[:] = [page(names, args)]
+            # the page is chosen again at every frame (queues come and go while it runs); only
+            # the queues the caller's token has a role on (issue 42: a one-queue token saw all)
+            pages[:] = [page([n for n in names if may_read(n)], args)]
             return pages[0].names
 
         stream = frames(store, reader, args.queues or None, args.interval, select=select)
         try:
             for frame in stream:
+                if INTERRUPTED.is_set():  # a KeyboardInterrupt swallowed on its way: stop all the same
+                    return 0
                 if wants_json(args):
                     emit_json(frame)
                     say_next(pages[0], "queues")

@@ -163,6 +163,11 @@ class ManagedProcess:
         note = self._check_pid_file()
         env = {**os.environ, **(self.env or {})}
         env.setdefault(OWNER_ENV, owner_token())  # the first owner wins: what a test's `ordq up` starts is the test's
+        # A Python child (`python -m ordq.cli ...`) must not put its working directory first on
+        # sys.path: run from a folder holding a folder named `ordq` (the parent of a clone), that
+        # folder shadowed the package and `ordq up`/`drill`/`demo` failed (issue 42). PYTHONPATH
+        # still counts; other programs ignore the variable.
+        env.setdefault("PYTHONSAFEPATH", "1")
         die = DIE_WITH_PARENT if self.die_with_parent is None else self.die_with_parent
         with open(self.log_path, "ab") as log:
             stamp = datetime.now().isoformat(timespec="milliseconds")

@@ -31,13 +31,15 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
-import grpc
 
 from ordq.common.addresses import is_ip
 from ordq.common.errors import ClosedError, ConfigError
+
+if TYPE_CHECKING:  # grpc is imported where a channel is made: `ordq --help` and the
+    import grpc  # commands that only read the credentials file do not load it (issue 42)
 
 BROKER_CN = "ordq-broker"  # the certificate subject that may replicate (broker_group/service.py)
 CLIENT_CN = "ordq-client"
@@ -99,6 +101,8 @@ def _client_pair(creds: Credentials) -> tuple[bytes | None, bytes | None]:
 
 def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
     """A channel to a broker: mutual TLS when ``creds`` trust a CA, else plaintext."""
+    import grpc
+
     tls = _channel_credentials(creds)
     if tls is None:
         return grpc.insecure_channel(address, options=options)
@@ -148,6 +152,8 @@ class StubCache(Generic[C, S]):
 
 def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Channel:
     """As ``channel``, for grpc.aio (make it on the event loop that will use it)."""
+    import grpc
+
     tls = _channel_credentials(creds)
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
@@ -155,6 +161,8 @@ def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Chan
 
 
 def _channel_credentials(creds: Credentials) -> grpc.ChannelCredentials | None:
+    import grpc
+
     if not creds.tls:
         return None
     assert creds.ca_file is not None
@@ -165,6 +173,8 @@ def _channel_credentials(creds: Credentials) -> grpc.ChannelCredentials | None:
 
 def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
     """A broker's side: its certificate, and every peer must show one signed by the CA."""
+    import grpc
+
     key, cert = _client_pair(creds)
     if creds.ca_file is None or key is None or cert is None:
         raise ConfigError("a TLS broker needs --tls-cert, --tls-key and --tls-ca (or --insecure)")
@@ -559,3 +569,19 @@ def zk_tls_options(zk_hosts: str) -> dict[str, Any]:
         return {}
     return {"use_ssl": True, "verify_certs": True, "ca": creds.ca_file, "certfile": creds.cert_file,
             "keyfile": creds.key_file}
+
+
+def registration_problem(zk_hosts: str, root: str) -> str | None:
+    """Why nothing is registered for the cluster (``zk_hosts``, ``root``) in the credentials
+    file, in words an error can end with, when there is more to say than that (issue 42: a
+    missing file read "cannot reach ZooKeeper ... start one with: ordq zk start" while
+    ZooKeeper ran): the file does not exist, or it registers other roots of the same ZooKeeper
+    (a mistyped ``--root``). None otherwise (an entry is there, or none of that ZooKeeper)."""
+    path = credentials_path()
+    if not path.exists():
+        return f"the credentials file {path} does not exist (ordq up writes it)"
+    clusters = _load(path)
+    if _key(zk_hosts, root) in clusters:
+        return None
+    roots = sorted(key.removeprefix(zk_hosts) for key in clusters if key.startswith(f"{zk_hosts}/"))
+    return f"{path} registers {zk_hosts} with --root {', '.join(roots)} only" if roots else None
