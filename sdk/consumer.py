@@ -328,6 +328,13 @@ class Consumer:
         return None if held is None else (held[0], held[1] / 1e6)
 
     @property
+    def delay_s(self) -> float:
+        """The subscription's delay this consumer applies now (``ordq sub create|alter
+        --delay``; a change reaches it within a few seconds): no message is handed out before
+        its timestamp plus this."""
+        return self._handout.gate.delay_us / 1e6
+
+    @property
     def rejoining(self) -> bool:
         """True while the subscription's lease is someone else's and this consumer waits, as a
         standby, to be granted it again (``statistics().rejoins`` counts the rejoins done)."""
