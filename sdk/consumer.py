@@ -415,7 +415,9 @@ class Consumer:
         then sleep until it is due, at most ``timeout_s`` (None: ``fetch_wait_ms``)."""
         if self._closed:
             raise ClosedError("consumer is closed")
-        self._hand_out_ok(time.monotonic())
+        now = time.monotonic()
+        if now >= self._require(self._checks).next_check or self._policy.due_count():
+            self._hand_out_ok(now)  # as before a hand-out: only when a look is due (cheap per message)
         left = self._handout.head_due_in_s()
         cap = self.config.fetch_wait_ms / 1000.0 if timeout_s is None else timeout_s
         if left > 0 and cap > 0:
