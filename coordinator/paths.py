@@ -124,6 +124,14 @@ class Paths:
         """What its consumers do with a message that keeps failing (sdk/failure.py)."""
         return f"{self.sub(queue, sub)}/policy"
 
+    def sub_settings(self, queue: str, sub: str) -> str:
+        """The subscription's settings (``ordq sub create|alter``): {"delay_ms": N} (sdk/delay.py)."""
+        return f"{self.sub(queue, sub)}/settings"
+
+    def sub_waiting(self, queue: str, sub: str) -> str:
+        """What its consumer reports it waits on: the head of the line held for its time."""
+        return f"{self.sub(queue, sub)}/waiting"
+
     def sub_blocked(self, queue: str, sub: str) -> str:
         """Ephemeral: the message its consumer is blocked on, past the policy's attempts."""
         return f"{self.sub(queue, sub)}/blocked"

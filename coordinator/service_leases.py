@@ -236,6 +236,9 @@ class LeaseCalls:
           policy;
         - ``parked_signal``: the version of the operators' "parked-changed" signal (-1: none),
           which a consumer polls to learn that the ledger changed.
+        - ``settings``: the subscription's settings ({"delay_ms": N}; {} when none);
+          ``set_waiting`` {seq, due_us, at_us} | null: show or clear what the holder waits on
+          (the head of the line held for its time: sdk/delay.py), with the holder's name.
         """
         q, sub = req.queue, req.subscription
         check_name("subscription", sub)
@@ -268,6 +271,12 @@ class LeaseCalls:
             result = self.store.sub_policy(q, sub)
         elif req.op == "parked_signal":
             result = self.store.parked_signal_version(q, sub)
+        elif req.op == "settings":
+            result = self.store.sub_settings(q, sub)
+        elif req.op == "set_waiting":
+            if body is not None and (not isinstance(body, dict) or not _is_int(body.get("due_us"))):
+                raise ConfigError("set_waiting: the body is a JSON object with an integer due_us, or null")
+            self.store.set_waiting(q, sub, None if body is None else {**body, "holder": record.holder})
         else:
             raise ConfigError(f"unknown record op {req.op!r}")
         return self._pb.RecordResponse(body_json=json.dumps(result).encode())

@@ -11,6 +11,9 @@ become ordq's here, as everywhere in the store.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from ordq.common.errors import (
@@ -34,9 +37,12 @@ from ordq.coordinator.store_values import json_bytes, json_value
 class CursorRecords(ZkBase):
     """Subscriptions and their cursors (a part of ZkStore)."""
 
-    def create_subscription(self, queue: str, sub: str, *, at: str | Cursor = "earliest") -> Cursor:
+    def create_subscription(self, queue: str, sub: str, *, at: str | Cursor = "earliest",
+                            settings: Mapping[str, Any] | None = None) -> Cursor:
         """Create ``sub`` at ``earliest`` (the oldest kept message) or at an explicit cursor.
-        (``latest`` needs the open segment's current end: the SDK resolves it to a Cursor.)"""
+        (``latest`` needs the open segment's current end: the SDK resolves it to a Cursor.)
+        ``settings`` (``sub create --delay``) are written in the same transaction: no consumer
+        can read the subscription without them."""
         check_name("subscription", sub)
         st, _ = self.load_state(queue)
         if isinstance(at, Cursor):
@@ -54,6 +60,9 @@ class CursorRecords(ZkBase):
             tx.create(path, json_bytes(cursor.to_dict()), acl=self._acl_of(path))
             for name in SUB_PARENTS:
                 tx.create(f"{path}/{name}", b"", acl=self._acl_of(f"{path}/{name}"))
+            if settings:
+                where = self.paths.sub_settings(queue, sub)
+                tx.create(where, json_bytes(dict(settings)), acl=self._acl_of(where))
             results = self._wait(tx.commit_async())
         if isinstance(results[0], NodeExistsError):
             raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists")

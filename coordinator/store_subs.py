@@ -37,6 +37,29 @@ class SubscriptionRecords(CursorRecords):
     def sub_policy(self, queue: str, sub: str) -> dict[str, Any] | None:
         return self._get_json(self.paths.sub_policy(queue, sub))
 
+    def set_sub_settings(self, queue: str, sub: str, settings: Mapping[str, Any]) -> None:
+        """Write the subscription's settings (``ordq sub alter``): {"delay_ms": N}."""
+        self.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        self._put_json(self.paths.sub_settings(queue, sub), settings)
+
+    def sub_settings(self, queue: str, sub: str) -> dict[str, Any]:
+        """The subscription's settings ({} when none were set)."""
+        return self._get_json(self.paths.sub_settings(queue, sub)) or {}
+
+    def set_waiting(self, queue: str, sub: str, record: Mapping[str, Any] | None) -> None:
+        """Show (``record``: {holder, seq, due_us, at_us}) or clear what the subscription's
+        consumer waits on: the head of the line held for its time (sdk/delay.py)."""
+        path = self.paths.sub_waiting(queue, sub)
+        if record is not None:
+            self._put_json(path, record)
+            return
+        with self._errors(), contextlib.suppress(NoNodeError):
+            self._wait(self.client.delete_async(path))
+
+    def waiting(self, queue: str, sub: str) -> dict[str, Any] | None:
+        """What the subscription's consumer last reported waiting on (None: nothing)."""
+        return self._get_json(self.paths.sub_waiting(queue, sub))
+
     def set_blocked(self, queue: str, sub: str, record: Mapping[str, Any] | None, *, owner: str,
                     ephemeral: bool = True) -> None:
         """Show (a node ``blocked/<owner>``) or clear the message the subscription's consumer

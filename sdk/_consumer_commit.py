@@ -35,6 +35,7 @@ from ordq.sdk._consumer_core import CommitPolicy
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered
 from ordq.sdk._queue_view import QueueView
 from ordq.sdk.audit import AuditWriter
+from ordq.sdk.delay import TimeGate
 from ordq.sdk.keyed import KeyedWorkers
 
 log = logging.getLogger("ordq.consumer")
@@ -66,6 +67,23 @@ class Handout:
         # the verifier judges each instance from the cursor it started at.
         self.audit_consumer = config.consumer_id
         self.handed_before_rejoin = -1  # the highest seq handed out before the last rejoin
+        # Delayed delivery (sdk/delay.py): only the due prefix of the buffer is handed out.
+        self.gate = TimeGate()
+
+    def due_count(self, limit: int | None = None) -> int:
+        """How many messages from the head of the buffer are due now (at most ``limit``): 0
+        while the head is held for its time (``gate`` says until when)."""
+        buf = self.buffer
+        if not buf:
+            self.gate.due_prefix((), 0)  # nothing held
+            return 0
+        return self.gate.due_prefix(buf, time.time_ns() // 1000, limit)
+
+    def head_due_in_s(self) -> float:
+        """Seconds until the head of the buffer is due (0: due, or nothing buffered)."""
+        if not self.buffer:
+            return 0.0
+        return max(self.gate.due_of(self.buffer[0]) - time.time_ns() // 1000, 0) / 1e6
 
     def finish_handed(self) -> None:
         """The application asked for more (or said so): everything handed out is finished.
@@ -164,10 +182,15 @@ class Handout:
         self._audit_out(out)
         return out
 
-    def take_keyed(self) -> list[Delivered]:
-        """Everything buffered, for the keyed workers (their pool counts what finishes)."""
-        out = list(self.buffer)
-        self.buffer.clear()
+    def take_keyed(self, max_messages: int | None = None) -> list[Delivered]:
+        """Everything buffered (or the first ``max_messages``), for the keyed workers (their
+        pool counts what finishes)."""
+        buf = self.buffer
+        if max_messages is None or max_messages >= len(buf):
+            out = list(buf)
+            buf.clear()
+        else:
+            out = [buf.popleft() for _ in range(max_messages)]
         self._stats.delivered += len(out)
         self._audit_out(out)
         return out
@@ -181,8 +204,10 @@ class Handout:
 
     def _audit_row(self, m: Delivered, now_us: int) -> tuple[object, ...]:
         cfg = self.config
+        # due_us: when it was due (delayed delivery), empty when at once (docs/AUDIT_FORMAT.md)
+        due = self.gate.due_of(m) if (m.headers or self.gate.delay_us > 0) else 0
         return (cfg.queue, cfg.subscription, self.audit_consumer, m.seq, m.seg, m.offset, (m.key or b"").hex(),
-                zlib.crc32(m.payload), m.timestamp_us, now_us)
+                zlib.crc32(m.payload), m.timestamp_us, now_us, due or "")
 
 
 class Committer:

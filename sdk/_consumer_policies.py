@@ -40,7 +40,7 @@ class FailurePolicies:
     def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, lease: CoordinatorLease, *,
                  handout: Handout, checks: LeaseChecks, committer: Committer, reader: SegmentReader,
                  poll: Callable[..., list[Delivered]], read_more: Callable[[float | None], None],
-                 rejoin: Callable[[str], None]) -> None:
+                 rejoin: Callable[[str], None], wait_for_time: Callable[[float | None], None]) -> None:
         self.config = config
         self._coord = coordinator
         self._lease = lease
@@ -51,6 +51,7 @@ class FailurePolicies:
         self._reader = reader
         self._poll = poll
         self._read_more = read_more
+        self._wait_for_time = wait_for_time  # the head of the line held for its time (delayed delivery)
         self.failing: FailureHandling | None = None  # run()/run_keyed(): the failure policy at work
         self._skips: AuditWriter | None = None  # parked and replayed messages, made on first use
 
@@ -184,9 +185,15 @@ class FailurePolicies:
             self._read_more(None)
             if not handout.buffer:
                 return []
+        due = handout.due_count()
+        if not due:  # delayed delivery: the head of the line waits for its time (order across keys too)
+            self._wait_for_time(None)
+            due = handout.due_count()
+            if not due:
+                return []
         if not self._checks.before_hand_out(time.monotonic(), self._committer.if_due):
             return []
-        return handout.take_keyed()
+        return handout.take_keyed(due)
 
     def _commit_if_due(self) -> None:
         """While keyed delivery waits for queue room: commit what finished if it is time."""

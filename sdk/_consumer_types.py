@@ -115,3 +115,4 @@ class ConsumerStats:
     gaps: int = 0  # GapDetected raised
     rejoins: int = 0  # the lease was lost (granted to another) and granted back: read on from the cursor
     lease_lapses: int = 0  # the lease ran out unrenewed and the coordinator revived it (nobody took it)
+    time_waits: int = 0  # delayed delivery: times the head of the line was held for its due time

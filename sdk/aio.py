@@ -11,6 +11,7 @@ send.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -40,13 +41,16 @@ class AsyncProducer:
         await asyncio.to_thread(self._sync.start)
 
     async def send(
-        self, payload: bytes, *, key: bytes | None = None, headers: Sequence[tuple[str, bytes]] = ()
+        self, payload: bytes, *, key: bytes | None = None, headers: Sequence[tuple[str, bytes]] = (),
+        deliver_at: float | datetime.datetime | None = None,
     ) -> asyncio.Future[SendResult]:
-        """Queue a message (may wait for window space); returns an awaitable ack."""
+        """Queue a message (may wait for window space); returns an awaitable ack.
+        ``deliver_at``: as ``Producer.send`` (delayed delivery)."""
         try:
-            fut = self._sync.send(payload, key=key, headers=headers, timeout_s=0)  # never blocks
+            fut = self._sync.send(payload, key=key, headers=headers, timeout_s=0,  # never blocks
+                                  deliver_at=deliver_at)
         except WaitTimeout:  # the window is full: wait for room off the loop
-            fut = await asyncio.to_thread(self._sync.send, payload, key=key, headers=headers)
+            fut = await asyncio.to_thread(self._sync.send, payload, key=key, headers=headers, deliver_at=deliver_at)
         bridge = self._bridge
         if bridge is None or not bridge.takes(fut):
             bridge = self._bridge = _BatchBridge(asyncio.get_running_loop(), fut)

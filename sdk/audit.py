@@ -30,8 +30,11 @@ ACK_COLUMNS = (
 )
 DELIVERY_COLUMNS = (
     "queue", "subscription", "consumer", "seq", "seg", "offset", "key", "crc32", "msg_us",
-    "deliver_us",
+    "deliver_us", "due_us",
 )
+# Columns added at the end of a kind after its first version: readers take rows without them
+# (files written before) as well as with them.
+OPTIONAL_COLUMNS = {"deliveries": ("due_us",)}
 # A message a consumer's failure policy moved aside (``parked``) or later handed to the
 # application from the parking queue (``replayed``): docs/AUDIT_FORMAT.md, "skips".
 SKIP_COLUMNS = (

@@ -71,6 +71,7 @@ from ordq.coordinator.state import Cursor
 from ordq.sdk._cluster import open_coordinator
 from ordq.sdk._consumer_commit import Committer, Handout
 from ordq.sdk._consumer_core import CommitPolicy
+from ordq.sdk._consumer_delay import DelayReporter, read_delay_ms
 from ordq.sdk._consumer_lease import LeaseChecks, LeaseGone
 from ordq.sdk._consumer_policies import FailurePolicies
 from ordq.sdk._consumer_read import SegmentReader
@@ -110,6 +111,7 @@ class Consumer:
         self._reader: SegmentReader | None = None
         self._policies: FailurePolicies | None = None
         self._metrics: ConsumerMetrics | None = None
+        self._delays: DelayReporter | None = None  # delayed delivery: the settings and the waiting report
         self.metrics_url: str | None = None  # where config.metrics_listen serves, once started
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -159,6 +161,8 @@ class Consumer:
         cursor = got.cursor
         handout = self._handout
         handout.finished_base = cursor
+        # The subscription's delay, before any message is handed out (sdk/delay.py).
+        handout.gate.delay_us = read_delay_ms(coord, lease, timeout_s=cfg.connect_timeout_s) * 1000
         self._checks = checks = LeaseChecks(lease, cfg)
         self._commits = commits = Committer(cfg, coord, view, self._policy, self._stats,
                                             held=lambda: lease.held, finished=handout.finished_pos,
@@ -168,7 +172,8 @@ class Consumer:
                                               lease_confirmed=checks.confirmed)
         self._policies = FailurePolicies(cfg, coord, lease, handout=handout, checks=checks, committer=commits,
                                          reader=reader, poll=self.poll, read_more=self._read_more,
-                                         rejoin=self._rejoin)
+                                         rejoin=self._rejoin, wait_for_time=self._wait_for_time)
+        self._delays = DelayReporter(coord, lease, handout.gate, name=f"ordq-delay-{cfg.subscription}")
         self._policy.committed(time.monotonic())
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
             self._metrics = ConsumerMetrics(cfg, self._metrics_snapshot)
@@ -213,6 +218,9 @@ class Consumer:
         while True:
             try:
                 got = self._describe_cursor()
+                # the delay may have changed meanwhile: known again before any hand-out
+                handout.gate.delay_us = read_delay_ms(self._require(self._coord), lease,
+                                                      timeout_s=cfg.connect_timeout_s) * 1000
                 break
             except CoordinationUnavailable as exc:  # granted, but the cursor unread: again
                 self._require(self._checks).coordinator_unavailable(exc)
@@ -258,6 +266,8 @@ class Consumer:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._delays is not None:
+            self._delays.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -284,6 +294,7 @@ class Consumer:
             duplicates_dropped=r.filter.duplicates_dropped if r is not None else 0, parked=f.parked if f else 0,
             replayed=f.replayed if f else 0, alarms=f.alarms if f else 0,
             redeliveries=f.redeliveries if f else 0, lease_lapses=self._lease.stats.lapses if self._lease else 0,
+            time_waits=self._handout.gate.waits,
         )
 
     def _metrics_snapshot(self) -> ConsumerSnapshot:
@@ -297,14 +308,31 @@ class Consumer:
         except IndexError:  # emptied meanwhile by the consumer's thread
             handed = st.last_seq
         blocked = self.blocked
+        held = self._handout.gate.held
         return ConsumerSnapshot(stats=st, lag_messages=lag, read_ts_us=reader.read_ts_us, handed_seq=handed,
                                 alarmed=self.alarmed, blocked_attempts=blocked.attempts if blocked is not None else 0,
-                                stalled_since=reader.stalled_since)
+                                stalled_since=reader.stalled_since, waiting_due_us=held[1] if held else 0,
+                                delay_ms=self._handout.gate.delay_us // 1000)
 
     @property
     def blocked(self) -> BlockedMessage | None:
         """``run``/``run_keyed``: the (lowest) message being retried after its handler failed."""
         return self._policies.blocked() if self._policies is not None else None
+
+    @property
+    def waiting_on_time(self) -> tuple[int, float] | None:
+        """(seq, due time in Unix seconds) of the message at the head of the line while it is
+        held for its time (delayed delivery: docs/SDK.md), else None. Later messages wait
+        behind it: the consumer is waiting on time, not stuck."""
+        held = self._handout.gate.held
+        return None if held is None else (held[0], held[1] / 1e6)
+
+    @property
+    def delay_s(self) -> float:
+        """The subscription's delay this consumer applies now (``ordq sub create|alter
+        --delay``; a change reaches it within a few seconds): no message is handed out before
+        its timestamp plus this."""
+        return self._handout.gate.delay_us / 1e6
 
     @property
     def rejoining(self) -> bool:
@@ -333,6 +361,9 @@ class Consumer:
                 while not handout.buffer:
                     self._read_more(None)
                     handout.finish_handed()
+                if not handout.due_count(1):  # the head of the line waits for its time
+                    self._wait_for_time(None)
+                    continue
                 now = time.monotonic()
                 checks = self._require(self._checks)
                 if (now < checks.next_check and not self._policy.due_count()) or self._hand_out_ok(now):
@@ -360,17 +391,37 @@ class Consumer:
                 handout.finish_handed()
                 if not handout.buffer:
                     return []
+            due = handout.due_count(max_messages)
+            if not due:  # the head of the line waits for its time: up to timeout_s for it
+                self._wait_for_time(timeout_s)
+                due = handout.due_count(max_messages)
+                if not due:
+                    return []
             if not self._hand_out_ok(time.monotonic()):
                 return []  # not sure of the lease right now: hand out nothing
         except LeaseGone as gone:
             self._rejoin(gone.reason)  # the batch in hand is delivered again from the cursor
             return []
-        return handout.take(max_messages)
+        return handout.take(due)
 
     def _hand_out_ok(self, now: float) -> bool:
         """Before handing out: the lease and a periodic commit of what is finished, if one is
         due, then the lease again (``LeaseChecks.before_hand_out``)."""
         return self._require(self._checks).before_hand_out(now, self._require(self._commits).if_due)
+
+    def _wait_for_time(self, timeout_s: float | None) -> None:
+        """The head of the buffer is held for its time (delayed delivery): keep the lease sure
+        and commit what finished if it is time (LeaseGone when the lease is lost meanwhile),
+        then sleep until it is due, at most ``timeout_s`` (None: ``fetch_wait_ms``)."""
+        if self._closed:
+            raise ClosedError("consumer is closed")
+        now = time.monotonic()
+        if now >= self._require(self._checks).next_check or self._policy.due_count():
+            self._hand_out_ok(now)  # as before a hand-out: only when a look is due (cheap per message)
+        left = self._handout.head_due_in_s()
+        cap = self.config.fetch_wait_ms / 1000.0 if timeout_s is None else timeout_s
+        if left > 0 and cap > 0:
+            time.sleep(min(left, cap))
 
     def _mark_finished(self, m: Delivered) -> None:
         """The application finished ``m`` (a message handed out) and everything before it."""

@@ -51,6 +51,10 @@ class ConsumerSnapshot:
     alarmed: bool  # a message blocked past its failure policy's attempts
     blocked_attempts: int  # failed attempts of the message run() is retrying (0: none)
     stalled_since: float | None  # monotonic: since when no replica of the current segment answers
+    # Delayed delivery (sdk/delay.py): when the head of the line is due while it is held for its
+    # time (0: not held), and the subscription's delay.
+    waiting_due_us: int = 0
+    delay_ms: int = 0
 
 
 class ProducerMetrics(Collector):
@@ -135,6 +139,8 @@ class ConsumerMetrics(Collector):
             ("ordq_consumer_commits", "Cursor commits", st.commits),
             ("ordq_consumer_rejoins", "Times the lease was lost to another consumer and granted back "
              "(delivery went on from the committed cursor)", st.rejoins),
+            ("ordq_consumer_time_waits", "Times the head of the line was held for its due time (delayed delivery)",
+             st.time_waits),
         ):
             yield one("counter", name, doc, self._labels, v)
         now = time.monotonic()
@@ -150,5 +156,11 @@ class ConsumerMetrics(Collector):
              snap.blocked_attempts),
             ("ordq_consumer_stalled_seconds", "Seconds no replica of the current segment's group has answered",
              now - stalled if stalled is not None else 0.0),
+            ("ordq_consumer_waiting_on_time", "1 while the head of the line is held for its due time (delayed "
+             "delivery: waiting on time, not stuck)", int(snap.waiting_due_us > 0)),
+            ("ordq_consumer_waiting_seconds", "Seconds until the held head of the line is due (0: none held)",
+             max(snap.waiting_due_us / 1e6 - time.time(), 0.0) if snap.waiting_due_us else 0.0),
+            ("ordq_consumer_delay_seconds", "The subscription's delay (ordq sub create|alter --delay)",
+             snap.delay_ms / 1000.0),
         ):
             yield one("gauge", name, doc, self._labels, value)

@@ -39,6 +39,7 @@ check on every write (DESIGN §5 Producer). So:
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 import time
@@ -68,6 +69,7 @@ from ordq.sdk._producer_core import BATCH_FRAMING_BYTES, ProducerCore, message_b
 from ordq.sdk._producer_io import ProducerIO
 from ordq.sdk._producer_types import ProducerConfig, ProducerStats, StoredMessage
 from ordq.sdk.audit import AuditWriter
+from ordq.sdk.delay import with_deliver_at
 from ordq.sdk.metrics import ProducerMetrics, ProducerSnapshot
 from ordq.wire.batch import Message, decode_batch
 from ordq.wire.transport import AsyncProduceStream, BrokerTransport
@@ -320,13 +322,21 @@ class Producer(ProducerIO):
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
         timeout_s: float | None = None,
+        deliver_at: float | datetime.datetime | None = None,
     ) -> SendFuture:
         """Queue one message; returns a future resolved with its (seq, seg, offset) once both
         replicas synced it (``ordq.sdk._futures.SendFuture``: result/exception/done/
         add_done_callback). Blocks while ``max_inflight_bytes`` are unacked (backpressure).
 
-        Raises MessageTooLarge, FencedError (another leader took over), ClosedError.
+        ``deliver_at`` (Unix seconds, or an aware datetime): no consumer hands the message out
+        before then, and the messages after it wait behind it (order holds; docs/SDK.md,
+        "Delayed delivery"). It travels in the message as the header ``ordq-deliver-at``.
+
+        Raises MessageTooLarge, FencedError (another leader took over), ClosedError;
+        ConfigError for a bad ``deliver_at``.
         """
+        if deliver_at is not None:
+            headers = with_deliver_at(headers, deliver_at)
         # The per-message path: ~1 µs here is ~5 % of the producer's CPU at 50k msgs/s, hence
         # the size computed once, the tuple built directly and the bare mutex below.
         size = message_bytes(payload, key, headers)

@@ -23,6 +23,7 @@ the topic.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 from collections.abc import Sequence
@@ -179,7 +180,7 @@ class TopicProducer:
         return partition_of(key.encode() if isinstance(key, str) else key, self._partitions)
 
     def send(self, payload: bytes, *, key: bytes | str, headers: Sequence[tuple[str, bytes]] = (),
-             timeout_s: float | None = None) -> SendFuture:
+             timeout_s: float | None = None, deliver_at: float | datetime.datetime | None = None) -> SendFuture:
         """Send ``payload`` to the partition of ``key`` (required, non-empty: bytes, or str
         sent as UTF-8); returns that partition's producer's future (``Producer.send``). Raises
         PartitionNotLed (the key's partition is led elsewhere), TopicChanged, ConfigError
@@ -197,7 +198,7 @@ class TopicProducer:
             raise ClosedError("topic producer not started, or closed") from None
         if producer is None:
             raise PartitionNotLed(self.config.topic, partition, self._led)
-        return producer.send(payload, key=key, headers=headers, timeout_s=timeout_s)
+        return producer.send(payload, key=key, headers=headers, timeout_s=timeout_s, deliver_at=deliver_at)
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Send everything queued on every partition and wait until it is acked."""

@@ -402,6 +402,15 @@ def skip_findings(sk: DataFrame) -> tuple[DataFrame, DataFrame]:
     return parked, skipped.unionByName(bad)
 
 
+def early_findings(e: DataFrame) -> DataFrame:
+    """``delivered_early``: a delivery whose ``deliver_us`` is before its ``due_us`` (delayed
+    delivery: timestamp + the subscription's delay, or the message's deliver_at). One finding
+    per delivery; ``crc`` carries how early, µs. Run only when the statistics counted one."""
+    early = e.filter((F.col("kind") == DELIVERY) & F.col("early").isNotNull())
+    return early.select(finding("delivered_early", q=F.col("q"), s=F.col("s"), c=F.col("c"), seq=F.col("seq"),
+                                pos=F.col("pos"), n=1, crc=F.col("early")).alias("f")).select("f.*")
+
+
 def unreadable_findings(e: DataFrame) -> DataFrame:
     bad = e.filter(F.col("kind") >= MALFORMED)
     return bad.select(finding(F.when(F.col("kind") == TORN, "torn_row").otherwise("malformed_row"),
@@ -426,6 +435,7 @@ def input_counts(e: DataFrame) -> DataFrame:
         F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
         F.min(F.col("seq") - row).alias("min_d"), F.max(F.col("seq") - row).alias("max_d"),
         F.min("t").alias("min_t"), F.max("t").alias("max_t"),
+        F.count("early").alias("early"),
     )
 
 
@@ -433,7 +443,8 @@ def input_stats(inter: DataFrame) -> DataFrame:
     """Every statistic, from :func:`input_counts`, as rows of one shape (``t`` says which):
 
     - ``file``: per (file, kind, queue, subscription, writer): rows, min/max row number,
-      min/max seq, min/max of ``seq - row`` and min/max ``deliver_us``. A file whose rows are
+      min/max seq, min/max of ``seq - row``, min/max ``deliver_us`` and deliveries handed out
+      before their due time (``a9``, delayed delivery). A file whose rows are
       numbered without holes and whose ``seq - row`` is constant holds one run of consecutive
       seqs, in order.
     - ``lat``: per (queue, subscription): exact p50/p95/p99 (nearest rank), min, max, negative.
@@ -443,7 +454,8 @@ def input_stats(inter: DataFrame) -> DataFrame:
     files = inter.groupBy("fid", "kind", "q", "s", "c").agg(
         F.sum("rows").alias("a0"), F.min("min_row").alias("a1"), F.max("max_row").alias("a2"),
         F.min("min_seq").alias("a3"), F.max("max_seq").alias("a4"), F.min("min_d").alias("a5"),
-        F.max("max_d").alias("a6"), F.min("min_t").alias("a7"), F.max("max_t").alias("a8"))
+        F.max("max_d").alias("a6"), F.min("min_t").alias("a7"), F.max("max_t").alias("a8"),
+        F.sum("early").alias("a9"))
     values = inter.filter(F.col("kind") == DELIVERY).groupBy("q", "s", "lat").agg(F.sum("rows").alias("n"))
     w = Window.partitionBy("q", "s")
     cum = F.sum("n").over(w.orderBy("lat").rowsBetween(Window.unboundedPreceding, Window.currentRow))
@@ -465,7 +477,7 @@ def input_stats(inter: DataFrame) -> DataFrame:
         cols = [F.lit(t).alias("t")]
         for name, typ in (("fid", "long"), ("kind", "int"), ("q", "string"), ("s", "string"), ("c", "string")):
             cols.append((F.col(name) if name in df.columns else F.lit(None)).cast(typ).alias(name))
-        for i in range(9):
+        for i in range(10):
             cols.append((F.col(f"a{i}") if f"a{i}" in df.columns else F.lit(None)).cast("long").alias(f"a{i}"))
         return df.select(*cols)
 

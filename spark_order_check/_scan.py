@@ -33,14 +33,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, OPTIONAL_COLUMNS, SKIP_COLUMNS
 from ordq.spark_order_check._files import ROW_BITS, AuditFile
 
 ACK, DELIVERY, MALFORMED, TORN = 0, 1, 2, 3
 SKIP = 4  # scan_skips rows only, never in E
 BUCKET_BITS = 16  # seqs are grouped in buckets of 65,536 for the seq-ordered windows
 ROW_MASK = (1 << ROW_BITS) - 1
-_LONGS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us", "parked_seq", "at_us"}
+_LONGS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us", "due_us", "parked_seq",
+          "at_us"}
 _BAD = "_bad"
 _FIELDS = "_f"
 
@@ -59,6 +60,9 @@ E_SCHEMA = T.StructType([
     T.StructField("t", T.LongType()),  # deliver_us; null for acks
     T.StructField("key", T.StringType()),  # only for keyed subscriptions and topics' partitions
     T.StructField("bad", T.StringType()),  # the raw line of an unreadable row
+    # deliveries handed out before their due time (delayed delivery, sdk/delay.py): due_us -
+    # deliver_us (> 0); null for the others and for acks
+    T.StructField("early", T.LongType()),
 ])
 
 
@@ -80,7 +84,10 @@ def _field(i: int) -> Any:
     return F.nullif(F.get(F.col(_FIELDS), i), F.lit(""))
 
 
-def _read(spark: SparkSession, files: Sequence[AuditFile], columns: Sequence[str], fid0: int) -> DataFrame:
+def _read(spark: SparkSession, files: Sequence[AuditFile], columns: Sequence[str], fid0: int,
+          optional: int = 0) -> DataFrame:
+    """The rows of ``files``, one column each of ``columns``; the last ``optional`` columns
+    may be missing (rows written before they were added: null)."""
     lines = spark.read.option("lineSep", "\n").text([f.path for f in files])
     # Directly on the scan (see the module docstring): line number inside the (one-file) partition.
     lines = lines.select("value", F.col("_metadata.file_name").alias("_file"),
@@ -88,7 +95,8 @@ def _read(spark: SparkSession, files: Sequence[AuditFile], columns: Sequence[str
     lines = lines.filter(F.col("_line") > 0)  # line 0 is the header
     split = lines.select("value", "_file", (F.col("_line") - 1).alias("_row"), F.split("value", "\t").alias(_FIELDS))
     cols = []
-    well_formed = F.size(_FIELDS) == len(columns)
+    width = F.size(_FIELDS)
+    well_formed = (width <= len(columns)) & (width >= len(columns) - optional)
     for i, c in enumerate(columns):
         if c in _LONGS:
             # try_cast: a field that is not a number is a malformed row (a cast would fail the job).
@@ -141,6 +149,7 @@ def scan_acks(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucket
          ).cast("string").alias("key"),
         # Fields of unreadable rows are left as parsed (maybe null): every check filters on kind.
         F.when(k > DELIVERY, _bad_text(ACK_COLUMNS)).alias("bad"),
+        F.lit(None).cast("long").alias("early"),
     )
 
 
@@ -168,7 +177,7 @@ def keyed_condition(keyed: Sequence[str], topics: Sequence[str] = ()) -> Any:
 
 def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, keyed: Sequence[str],
                     bucket_bits: int = BUCKET_BITS, topics: Sequence[str] = ()) -> DataFrame:
-    df = _read(spark, files, DELIVERY_COLUMNS, fid0)
+    df = _read(spark, files, DELIVERY_COLUMNS, fid0, optional=len(OPTIONAL_COLUMNS["deliveries"]))
     kind = _kind(DELIVERY, ("queue", "subscription", "consumer", "seq", "crc32", "msg_us", "deliver_us"))
     df = df.withColumn("kind", kind)
     k = F.col("kind")
@@ -189,6 +198,8 @@ def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, 
         F.col("deliver_us").alias("t"),
         key.cast("string").alias("key"),
         F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS)).alias("bad"),
+        F.when((k == DELIVERY) & (F.col("due_us") > F.col("deliver_us")),
+               F.col("due_us") - F.col("deliver_us")).alias("early"),
     )
 
 

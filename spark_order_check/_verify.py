@@ -230,6 +230,8 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
                 parts.append(C.key_findings(d))
         if topics:
             parts.append(C.key_partition_findings(e, topics))
+        if any(r.early for r in fstats):
+            parts.append(C.early_findings(e))
         if any(r.kind in (MALFORMED, TORN) for r in fstats):
             parts.append(C.unreadable_findings(e))
         raw = C.checkpoint(_union(parts))
@@ -358,11 +360,12 @@ class _FileStats:
     max_d: int | None
     min_t: int | None  # deliver_us, deliveries only
     max_t: int | None
+    early: int = 0  # deliveries handed out before their due time
 
     @classmethod
     def of(cls, r: Any) -> _FileStats:
         return cls(int(r.fid), int(r.kind), r.q, r.s, r.c, int(r.a0), int(r.a1), int(r.a2), r.a3, r.a4, r.a5, r.a6,
-                   r.a7, r.a8)
+                   r.a7, r.a8, int(r.a9 or 0))
 
     @property
     def one_run(self) -> bool:
@@ -548,6 +551,9 @@ def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, 
                 "other_partition": r.c2, "other_seq": r.seq2, "other_at": at(r.pos2, files)}
     if cls in ("malformed_row", "torn_row"):
         return {"at": at(r.pos, files), "text": r.text}
+    if cls == "delivered_early":
+        return {"queue": r.q, "subscription": r.s, "consumer": r.c, "seq": r.seq, "at": at(r.pos, files),
+                "early_us": r.crc}
     from ordq.spark_order_check.segments import segment_example
 
     return segment_example(cls, r)

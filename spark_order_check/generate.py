@@ -421,6 +421,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         "torn_row": int(inj.torn_row),
         "skipped": inj.skipped - (1 if inj.skipped >= 2 else 0),
         "key_partitions": 0,  # the generated queues are no topic's partitions
+        "delivered_early": 0,  # no generated delivery has a due time
     }
     first = examples(positions.at)
     percentiles = {}

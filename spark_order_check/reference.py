@@ -19,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, SKIP_COLUMNS
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, OPTIONAL_COLUMNS, SKIP_COLUMNS
 from ordq.spark_order_check._files import AuditFile, list_local
 
 _ACK_REQUIRED = tuple(ACK_COLUMNS.index(c) for c in ("queue", "producer", "seq", "seg", "crc32"))
@@ -30,7 +30,8 @@ _SKIP_NUMBERS = tuple(SKIP_COLUMNS.index(c) for c in ("seq", "parked_seq", "at_u
 _ACK_NUMBERS = tuple(i for i, c in enumerate(ACK_COLUMNS) if c in ("epoch", "seq", "seg", "offset", "crc32",
                                                                    "send_us", "ack_us"))
 _DELIVERY_NUMBERS = tuple(i for i, c in enumerate(DELIVERY_COLUMNS) if c in ("seq", "seg", "offset", "crc32",
-                                                                             "msg_us", "deliver_us"))
+                                                                             "msg_us", "deliver_us", "due_us"))
+_DELIVER_US, _DUE_US = DELIVERY_COLUMNS.index("deliver_us"), DELIVERY_COLUMNS.index("due_us")
 
 
 @attrs.frozen
@@ -46,9 +47,10 @@ class ReferenceResult:
 
 
 def _rows(files: Sequence[AuditFile], width: int, required: tuple[int, ...], numbers: tuple[int, ...],
-          counts: collections.Counter[str]) -> Iterator[tuple[int, list[str]]]:
+          counts: collections.Counter[str], optional: int = 0) -> Iterator[tuple[int, list[str]]]:
     """(position, fields) of each readable row, in file order; unreadable rows are counted
-    (the cut last line of a crashed writer's .tsv.part is torn, any other is malformed)."""
+    (the cut last line of a crashed writer's .tsv.part is torn, any other is malformed). The
+    last ``optional`` columns may be missing (rows written before they were added)."""
     for fid, f in enumerate(files):
         with open(f.path, encoding="utf-8", newline="\n") as fh:
             fh.readline()  # the header
@@ -57,11 +59,11 @@ def _rows(files: Sequence[AuditFile], width: int, required: tuple[int, ...], num
                     counts["torn_row"] += 1
                     continue
                 fields = line.rstrip("\n").split("\t")
-                ok = len(fields) == width and all(fields[i] for i in required)
+                ok = width - optional <= len(fields) <= width and all(fields[i] for i in required)
                 if ok:
                     try:
                         for i in numbers:
-                            if fields[i]:
+                            if i < len(fields) and fields[i]:
                                 int(fields[i])
                     except ValueError:
                         ok = False
@@ -110,8 +112,11 @@ def check(acks: str | Path | Iterable[str | Path], deliveries: str | Path | Iter
     streams: dict[tuple[str, str], dict[str, list[tuple[int, int, int, int, str | None]]]] = \
         collections.defaultdict(lambda: collections.defaultdict(list))
     delivery_rows = 0
-    for pos, f in _rows(delivery_files, len(DELIVERY_COLUMNS), _DELIVERY_REQUIRED, _DELIVERY_NUMBERS, counts):
+    for pos, f in _rows(delivery_files, len(DELIVERY_COLUMNS), _DELIVERY_REQUIRED, _DELIVERY_NUMBERS, counts,
+                        optional=len(OPTIONAL_COLUMNS["deliveries"])):
         delivery_rows += 1
+        if len(f) > _DUE_US and f[_DUE_US] and int(f[_DUE_US]) > int(f[_DELIVER_US]):
+            counts["delivered_early"] += 1
         q, s = f[0], f[1]
         key = f[6] if (s in keyed_set or f"{q}/{s}" in keyed_set) else None
         streams[(q, s)][f[2]].append((int(f[3]), pos, int(f[7]), int(f[9]), key))

@@ -44,6 +44,9 @@ CLASSES: tuple[AnomalyClass, ...] = (
                  "segments: inside one segment copy, a seq is not the previous one + 1"),
     AnomalyClass("acked_not_stored", True, "seqs", "segments: an acked seq is in no stored segment"),
     AnomalyClass("unreadable_segment", True, "files", "segments: a segment file that could not be parsed"),
+    AnomalyClass("delivered_early", True, "deliveries",
+                 "delayed delivery: a message handed out before its due time (timestamp + the subscription's "
+                 "delay, or its deliver_at)"),
     AnomalyClass("malformed_row", True, "rows", "an audit line that cannot be parsed (not a torn last line)"),
     AnomalyClass("unacked_in_flight", False, "seqs",
                  "delivered seq never acked, in flight when its producer's run ended (allowed)"),

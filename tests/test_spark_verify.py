@@ -76,7 +76,12 @@ def test_clean_run_passes_through_the_cli(tmp_path: Path, spark: Any, capsys: py
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("name", AUDIT_CLASSES)
+# delivered_early needs due times the generator does not write: tests/test_delay_verify.py
+# injects it (and a reorder among delayed deliveries) into hand-written audit files.
+GENERATED_CLASSES = [n for n in AUDIT_CLASSES if n != "delivered_early"]
+
+
+@pytest.mark.parametrize("name", GENERATED_CLASSES)
 def test_each_anomaly_is_counted_exactly_with_its_first_example(
         anomalies: tuple[Path, Expected, Report], name: str) -> None:
     _, expected, report = anomalies

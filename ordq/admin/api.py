@@ -28,6 +28,7 @@ from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_values import QueueConfig
 from ordq.coordinator.tokens import ANY
 from ordq.coordinator.topics import HASH_NAME, partition_queue
+from ordq.sdk.delay import check_delay_ms
 from ordq.sdk.replicas import ReplicaReader
 
 Readers = Callable[[ZkStore], ReplicaReader]  # a reader of the replicas, with the coordinator's credentials
@@ -170,11 +171,23 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
     def sub_create(call: AdminCall) -> Any:
         queue, sub = call.arg("queue"), call.arg("subscription")
         target = parse_reset_target(call.arg("start", ["earliest"]))
+        delay_ms = check_delay_ms(call.arg("delay_ms", 0))
         with readers(call.store) as reader:
-            cursor, starts_at = create_subscription(call.store, reader, queue, sub, target)
+            cursor, starts_at = create_subscription(call.store, reader, queue, sub, target,
+                                                    settings={"delay_ms": delay_ms} if delay_ms else None)
             first = next_text(call.store, reader, queue, cursor, starts_at)
         return {"queue": queue, "subscription": sub, "start": str(target), "cursor": cursor.to_dict(),
-                "next_seq": starts_at.seq if starts_at else None, "first": first}
+                "next_seq": starts_at.seq if starts_at else None, "first": first, "delay_ms": delay_ms}
+
+    def sub_alter(call: AdminCall) -> Any:
+        # The consumer holding the subscription reads its settings again within
+        # SETTINGS_REFRESH_S (sdk/consumer.py); a new one reads them before its first message.
+        queue, sub, store = call.arg("queue"), call.arg("subscription"), call.store
+        store.get_cursor(queue, sub)  # QueueNotFound / SubscriptionNotFound first
+        before = store.sub_settings(queue, sub)
+        after = {**before, "delay_ms": check_delay_ms(call.arg("delay_ms"))}
+        store.set_sub_settings(queue, sub, after)
+        return {"queue": queue, "subscription": sub, "before": before, "settings": after}
 
     def sub_reset(call: AdminCall) -> Any:
         queue, sub = call.arg("queue"), call.arg("subscription")
@@ -378,6 +391,7 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
         "sub reset": AdminVerb("admin", sub_queue, sub_reset),
         "sub delete": AdminVerb("admin", sub_queue, sub_delete),
         "sub policy": AdminVerb("admin", sub_queue, sub_policy),
+        "sub alter": AdminVerb("admin", sub_queue, sub_alter),
         "sub parked": AdminVerb(ANY, sub_queue, sub_parked),
         "sub parked resolve": AdminVerb("admin", sub_queue, sub_parked_resolve),
         "topic list": AdminVerb(SOME, everywhere, topic_list),

@@ -4,6 +4,7 @@ lists, extents and backlog per group, its subscriptions' cursors, lag and lease 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import attrs
@@ -22,10 +23,38 @@ class SubscriptionView:
     lag: int | None
     held_by: str | None  # the consumer its consumer lease was last granted to (None: released, never)
     blocked: dict[str, Any] | None = None  # the message its consumer is blocked on (Consumer.run, block)
+    delay_ms: int = 0  # the subscription's delay (ordq sub create|alter --delay; sdk/delay.py)
+    waiting: dict[str, Any] | None = None  # what its consumer reports waiting on: {seq, due_us, at_us, holder}
+    state: str = ""  # sub_state(): blocked | waiting on time | caught up | no consumer | delivering
 
     def to_dict(self) -> dict[str, Any]:
         return {"subscription": self.name, **self.cursor.to_dict(), "lag": self.lag, "held_by": self.held_by,
-                "blocked": self.blocked}
+                "blocked": self.blocked, "delay_ms": self.delay_ms, "state": self.state,
+                "waiting": self.waiting if self.state == WAITING_ON_TIME else None}
+
+
+WAITING_ON_TIME = "waiting on time"
+# A consumer that holds the head of the line reports it at most once a second (sdk/consumer.py):
+# a report older than this, for a time already past, is no longer what it does.
+WAITING_FRESH_US = 5_000_000
+
+
+def sub_state(*, lag: int | None, held_by: str | None, blocked: dict[str, Any] | None,
+              waiting: dict[str, Any] | None, now_us: int) -> str:
+    """What ``ordq sub list`` says a subscription is doing: ``blocked`` (its consumer retries a
+    message past its failure policy's attempts), ``waiting on time`` (its consumer holds the
+    head of the line until the message's due time: a delay, not a stall), ``caught up``,
+    ``no consumer`` (messages wait and no consumer holds it) or ``delivering``."""
+    if blocked is not None:
+        return "blocked"
+    if (waiting is not None and held_by is not None and waiting.get("holder") == held_by
+            and (int(waiting.get("due_us", 0)) > now_us or now_us - int(waiting.get("at_us", 0)) < WAITING_FRESH_US)):
+        return WAITING_ON_TIME
+    if lag == 0:
+        return "caught up"
+    if held_by is None:
+        return "no consumer"
+    return "delivering"
 
 
 @attrs.frozen
@@ -96,9 +125,13 @@ def subscription_views(store: ZkStore, queue: str, last_seq: int | None) -> list
             cursor, _ = store.get_cursor(queue, sub)
             holder = store.subscription_holder(queue, sub)
             blocked = store.blocked(queue, sub)
+            delay_ms = int(store.sub_settings(queue, sub).get("delay_ms", 0))
+            waiting = store.waiting(queue, sub)
         except NotFound:
             continue  # deleted meanwhile
-        out.append(SubscriptionView(sub, cursor, lag(cursor, last_seq), holder, blocked))
+        behind = lag(cursor, last_seq)
+        state = sub_state(lag=behind, held_by=holder, blocked=blocked, waiting=waiting, now_us=time.time_ns() // 1000)
+        out.append(SubscriptionView(sub, cursor, behind, holder, blocked, delay_ms, waiting, state))
     return out
 
 

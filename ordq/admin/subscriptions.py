@@ -87,13 +87,14 @@ def reset_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: s
 
 
 def create_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: str,
-                        target: ResetTarget) -> tuple[Cursor, Location | None]:
+                        target: ResetTarget, *, settings: dict[str, Any] | None = None
+                        ) -> tuple[Cursor, Location | None]:
     """Create ``sub`` starting at ``target`` (earliest | latest | seq N | time T, as for a
     reset): its first consumer delivers from there. AlreadyExists when it exists (use
     ``sub reset`` to move it). Returns its cursor and the message it starts at, when known."""
     st, _ = store.load_state(queue)  # QueueNotFound first
     cursor, starts_at = resolve_target(store, reader, st, target)
-    store.create_subscription(queue, sub, at=cursor)
+    store.create_subscription(queue, sub, at=cursor, settings=settings)
     return cursor, starts_at
 
 

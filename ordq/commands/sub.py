@@ -1,5 +1,5 @@
-"""ordq sub list|create|reset|delete|policy|parked: subscriptions of a queue, their cursors and
-lag; create, move and delete them; what their consumers do with a failing message."""
+"""ordq sub list|create|alter|reset|delete|policy|parked: subscriptions of a queue, their cursors,
+lag and state; create, change, move and delete them; what their consumers do with a failing message."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import attrs
 
-from ordq.commands import add_command, admin_call, int_in, wants_json
+from ordq.commands import add_command, admin_call, duration, int_in, wants_json
 from ordq.commands.paging import add_paging, page, say_next
 from ordq.common.errors import ConfigError
+from ordq.common.units import format_duration
 from ordq.output import emit_json, table
 
 
@@ -52,6 +53,16 @@ def register_create_delete(sub: Any) -> None:
     create.add_argument("subscription")
     create.add_argument("--start", nargs="+", default=["earliest"], metavar="TARGET",
                         help="earliest | latest | seq N | time T (default: earliest)")
+    create.add_argument("--delay", type=duration(0, MAX_DELAY_S), default=0.0, metavar="D",
+                        help=DELAY_HELP)
+    alter = add_command(
+        sub, "alter", func=cmd_alter, admin=True, help="change a subscription's settings (its delay)",
+        description="Change a subscription's delay: each message is delivered no earlier than its timestamp "
+        "+ D, in order (a message waits behind the one before it). The consumer holding the subscription "
+        "applies it within a few seconds; docs/SDK.md, \"Delayed delivery\".")
+    alter.add_argument("queue")
+    alter.add_argument("subscription")
+    alter.add_argument("--delay", type=duration(0, MAX_DELAY_S), required=True, metavar="D", help=DELAY_HELP)
     delete = add_command(
         sub, "delete", func=cmd_delete, help="delete a subscription (it no longer keeps segments from being freed)",
         description="Delete a subscription and its cursor, so it no longer keeps consumed segments from being "
@@ -92,17 +103,39 @@ def register_create_delete(sub: Any) -> None:
     parked.add_argument("--reason", default=None, help="drop: why (recorded in the ledger)")
 
 
+MAX_DELAY_S = 7 * 24 * 3600  # sdk/delay.py MAX_DELAY_MS
+DELAY_HELP = ("deliver each message no earlier than its timestamp + D (90s, 15m, 2h; 0: at once), in order "
+              "(default 0)")
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     from ordq.sdk.positions import parse_reset_target
 
     parse_reset_target(args.start)  # a usage error here, before any call
-    doc = admin_call(args, "sub create", queue=args.queue, subscription=args.subscription, start=args.start)
+    doc = admin_call(args, "sub create", queue=args.queue, subscription=args.subscription, start=args.start,
+                     delay_ms=round(args.delay * 1000))
     first = doc.pop("first")
     if wants_json(args):
         emit_json(doc)
         return 0
-    print(f"subscription {args.queue}/{args.subscription} created at {doc['start']}: first delivered: {first}")
+    delayed = f", each message delivered {delay_text(doc['delay_ms'])} after its timestamp" if doc["delay_ms"] else ""
+    print(f"subscription {args.queue}/{args.subscription} created at {doc['start']}{delayed}: first delivered: {first}")
     return 0
+
+
+def cmd_alter(args: argparse.Namespace) -> int:
+    doc = admin_call(args, "sub alter", queue=args.queue, subscription=args.subscription,
+                     delay_ms=round(args.delay * 1000))
+    if wants_json(args):
+        emit_json(doc)
+        return 0
+    print(f"subscription {args.queue}/{args.subscription}: delay {delay_text(doc['before'].get('delay_ms', 0))} -> "
+          f"{delay_text(doc['settings']['delay_ms'])}")
+    return 0
+
+
+def delay_text(delay_ms: int) -> str:
+    return "none" if not delay_ms else format_duration(delay_ms / 1000.0)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -232,13 +265,26 @@ def cmd_list(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no subscriptions of queue {args.queue} match")
     else:
-        columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by"]
+        columns = ["subscription", "seg", "offset", "last_seq", "lag", "held_by", "state"]
+        if any(r.get("delay_ms") for r in rows):
+            columns.append("delay")
+        if any(r.get("waiting") for r in rows):  # held for its time, not stuck: say until when
+            columns.append("waiting")
         if any(r["blocked"] for r in rows):  # a consumer stuck on a message: say which, and why
             columns.append("blocked")
-        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": blocked_text(r["blocked"])}
+        table([{**r, "lag": "?" if r["lag"] is None else r["lag"], "blocked": blocked_text(r["blocked"]),
+                "delay": delay_text(r.get("delay_ms") or 0), "waiting": waiting_text(r.get("waiting"))}
                for r in rows], columns)
     say_next(shown, "subscriptions")
     return 0
+
+
+def waiting_text(waiting: dict[str, Any] | None) -> str | None:
+    if not waiting:
+        return None
+    from ordq.sdk.replicas import format_time_us
+
+    return f"seq {waiting.get('seq')} until {format_time_us(int(waiting['due_us']))}"
 
 
 def blocked_text(blocked: dict[str, Any] | None) -> str | None:
