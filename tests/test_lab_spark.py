@@ -1,0 +1,221 @@
+"""The verifier on a real Spark standalone cluster in the lab of hosts (ordq/lab/spark.py): a
+master on h1, workers on h2 and h3 (1 core, 1g each), the driver (``ordq verify --master
+spark://...``) on h4. Every process binds a lab address; the audits are on the filesystem all
+hosts share, read as ``file://`` paths.
+
+- the verdict on the cluster equals the verdict on ``local[2]`` for the same audits, every
+  class counted alike (3 injected anomalies of each audit class), and the progress says one
+  line per stage;
+- a worker and its executor killed (kill -9) mid-job: the same verdict (Spark reruns the lost
+  tasks on the other worker);
+- ``ordq lab spark up|down`` start and remove the cluster.
+
+Needs root, namespaces, PySpark and Java: skipped with one line elsewhere. Slow (JVMs on
+four hosts): ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ordq.lab.lab import unavailable
+
+_NO_LAB = unavailable()
+if _NO_LAB:
+    pytest.skip(f"the lab needs root, ip netns and iptables: {_NO_LAB}", allow_module_level=True)
+pytest.importorskip("pyspark", reason="the Spark cluster needs PySpark: pip install 'ordq[spark]'")
+
+from ordq.cli import main as ordq_main  # noqa: E402
+from ordq.lab import Lab  # noqa: E402
+from ordq.lab.netns import in_namespace  # noqa: E402
+from ordq.lab.spark import LabSpark  # noqa: E402
+from ordq.spark_order_check.generate import Expected, Injections, Scenario, generate  # noqa: E402
+from ordq.spark_order_check.report import CLASSES  # noqa: E402
+from tests.util import wait_until  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+DRIVER = "h4"
+SCENARIO = Scenario(keyed=("s2",))
+# Large enough that a job outlasts a worker's death by many tasks, small enough for a loaded box.
+BIG = Scenario(keyed=("s2",), messages=200_000, rows_per_file=20_000)
+VERIFY_TIMEOUT_S = 1200.0
+# Executors: C1 only (small inputs: C2 costs more than it saves, tests/spark_fixtures.py), 1 task each.
+EXECUTOR_CONF = ["--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                 "--conf", "spark.driver.memory=768m", "--conf", "spark.executor.memory=768m"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    the_lab = Lab.create(tmp_path_factory.mktemp("lab"), hosts=4)
+    try:
+        yield the_lab
+    finally:
+        the_lab.down()
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Iterator[LabSpark]:
+    started = time.monotonic()
+    spark = LabSpark.start(lab)
+    print(f"\nSpark master and 2 workers up in {time.monotonic() - started:.1f}s ({spark.master_url})")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def audits(folder: Path, scenario: Scenario) -> tuple[Path, Expected]:
+    expected = generate(folder, scenario, Injections.every(3), latency=False)
+    return folder, expected
+
+
+def verify_args(run: Path, master: str) -> list[str]:
+    return ["verify", f"file://{run}", "--keyed", "s2", "--master", master, "--json", *EXECUTOR_CONF]
+
+
+def local_report(run: Path) -> dict[str, Any]:
+    """The verdict of ``ordq verify --master local[2]`` in this machine's own namespace."""
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", *verify_args(run, "local[2]")], capture_output=True,
+                          text=True, timeout=VERIFY_TIMEOUT_S, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]  # violations found: the anomalies
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def start_on_cluster(lab: Lab, cluster: LabSpark, run: Path) -> subprocess.Popen[str]:
+    """``ordq verify --master spark://...`` as a driver on h4 (a host of the lab)."""
+    argv = in_namespace(lab.namespace(DRIVER), [sys.executable, "-m", "ordq.cli",
+                                                *verify_args(run, cluster.master_url)])
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """What must not depend on where Spark ran: ok, every class's count, findings, counts per
+    subscription and examples, and the inputs' rows."""
+    return {"ok": report["ok"], "inputs": report["inputs"],
+            "classes": {c["name"]: (c["count"], c["findings"], c["by_subscription"], c["examples"])
+                        for c in report["classes"]}}
+
+
+def stage_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("stage ")]
+
+
+def test_the_verdict_on_the_cluster_equals_local(lab: Lab, cluster: LabSpark, tmp_path: Path) -> None:
+    run, expected = audits(tmp_path / "run", SCENARIO)
+    driver = start_on_cluster(lab, cluster, run)
+    out, err = driver.communicate(timeout=VERIFY_TIMEOUT_S)
+    assert driver.returncode == 1, err[-3000:]
+    on_cluster = json.loads(out)
+    local = local_report(run)
+    assert verdict(on_cluster) == verdict(local)
+    assert {c["name"]: c["count"] for c in on_cluster["classes"]} == {c.name: expected.counts[c.name]
+                                                                      for c in CLASSES}
+    # One progress line per finished stage, the phases named; executors on both workers.
+    lines = stage_lines(err)
+    assert lines and all(" tasks" in line for line in lines), err[-3000:]
+    assert any("[1 read, partition, statistics]" in line for line in lines), lines
+    master_log = cluster.processes["master"].log_path.read_text()
+    for host in cluster.layout.workers:
+        assert f"-{lab.address(host)}-" in master_log.split("Registered app")[-1], f"no executor on {host}"
+
+
+def test_ordq_reaches_the_executors_as_a_zip(lab: Lab, cluster: LabSpark) -> None:
+    """The executors import ordq from the zip the driver shipped (in their work dir), not from
+    an install."""
+    script = (
+        "import sys\n"
+        "from ordq.spark_order_check._session import make_session\n"
+        "s = make_session(sys.argv[1], conf={'spark.executor.memory': '768m'})\n"
+        "def where(_):\n"
+        "    import ordq, socket\n"
+        "    return ordq.__file__\n"
+        "print('\\n'.join(sorted(set(s.sparkContext.parallelize(range(8), 8).map(where).collect()))))\n"
+        "s.stop()\n")
+    out = lab.call(DRIVER, [sys.executable, "-c", script, cluster.master_url], timeout_s=VERIFY_TIMEOUT_S)
+    paths = out.split()
+    assert paths, out
+    for path in paths:
+        assert "/ordq.zip/ordq/__init__.py" in path and path.startswith(str(cluster.folder.resolve())), paths
+
+
+def test_a_worker_killed_mid_job_changes_nothing(lab: Lab, cluster: LabSpark, tmp_path: Path) -> None:
+    """kill -9 of the worker on h2 and its executor once the job has finished a stage: Spark
+    reruns what was lost on h3; the verdict is the one local[2] gives. Last in this module: the
+    cluster keeps one worker after it."""
+    run, expected = audits(tmp_path / "big", BIG)
+    driver = start_on_cluster(lab, cluster, run)
+    try:
+        victim = "h2"
+        wait_until(lambda: cluster.executors(victim) or driver.poll() is not None, timeout=VERIFY_TIMEOUT_S,
+                   message="an executor on h2")
+        assert driver.poll() is None, "the job ended before an executor started on h2"
+        # Mid-job: the first stage has started on both executors (the phases' first job).
+        wait_until(lambda: _stages_started(cluster) >= 1 or driver.poll() is not None, timeout=VERIFY_TIMEOUT_S,
+                   message="a task on h2")
+        executors = cluster.executors(victim)
+        os.kill(cluster.worker(victim).pid or -1, signal.SIGKILL)
+        for pid in executors:
+            os.kill(pid, signal.SIGKILL)
+        killed_while_running = driver.poll() is None
+        out, err = driver.communicate(timeout=VERIFY_TIMEOUT_S)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert killed_while_running, "the job ended before the kill: nothing was tested"
+    assert driver.returncode == 1, err[-3000:]
+    on_cluster = json.loads(out)
+    assert {c["name"]: c["count"] for c in on_cluster["classes"]} == {c.name: expected.counts[c.name]
+                                                                      for c in CLASSES}
+    assert verdict(on_cluster) == verdict(local_report(run))
+    assert "Lost executor" in err or "lost" in err.lower(), err[-3000:]
+
+
+def _stages_started(cluster: LabSpark) -> int:
+    """Tasks the executor on h2 has begun (its log: "Running task")."""
+    logs = sorted((cluster.folder / "h2" / "work").glob("app-*/*/stderr"))
+    return sum(p.read_text(errors="replace").count("Running task") for p in logs)
+
+
+def test_lab_spark_up_and_down_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ordq lab spark up`` in a lab made by ``ordq lab up``; ``down`` leaves no Spark process."""
+    folder = tmp_path / "lab"
+    assert ordq_main(["lab", "up", "--dir", str(folder), "--hosts", "3"]) == 0
+    try:
+        assert ordq_main(["lab", "spark", "up", "--dir", str(folder), "--workers", "h2", "--json"]) == 0
+        info = json.loads(_last_json(capsys))
+        lab = Lab.load(folder)
+        assert info["master"] == f"spark://{lab.address('h1')}:7077"
+        pids = [h["pid"] for h in info["hosts"]]
+        assert all(pids), info
+        assert ordq_main(["lab", "spark", "down", "--dir", str(folder)]) == 0
+        assert not any(_running(pid) for pid in pids)
+        assert not (folder / "spark").exists()
+    finally:
+        ordq_main(["lab", "down", "--dir", str(folder)])
+
+
+def _last_json(capsys: pytest.CaptureFixture[str]) -> str:
+    text = capsys.readouterr().out
+    return text[text.rindex("\n{") + 1:] if "\n{" in text else text
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
