@@ -104,7 +104,7 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
                 "spark.pyspark.python": worker_python(),
             })
         else:
-            settings.update(cluster_settings(master, conf or {}))
+            settings.update(cluster_settings(master, conf or {}, small_input=small_input))
     if driver_memory:
         settings["spark.driver.memory"] = driver_memory
     settings.update(conf or {})
@@ -128,12 +128,14 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
         del os.environ["PYSPARK_PYTHON"]
 
 
-def cluster_settings(master: str, conf: Mapping[str, str]) -> dict[str, str]:
+def cluster_settings(master: str, conf: Mapping[str, str], *, small_input: bool = False) -> dict[str, str]:
     """Defaults for a session on a cluster master (``spark://``, ``yarn``, ``k8s://``): the
     driver's address as executors on other hosts reach it (the route to a ``spark://``
     master's host; ``SPARK_LOCAL_IP`` or a ``spark.driver.host`` given wins), and the
     executors' Python: this interpreter's path unless ``spark.pyspark.python`` (or
-    ``PYSPARK_PYTHON``) names theirs. ordq itself is not needed there: ``ship_code`` sends it."""
+    ``PYSPARK_PYTHON``) names theirs. ordq itself is not needed there: ``ship_code`` sends it.
+    The JVMs (driver, executors) as in a local session: the parallel collector, and C1 only
+    for a ``small_input``."""
     from ordq.spark_order_check._ship import driver_address
 
     out: dict[str, str] = {}
@@ -142,6 +144,8 @@ def cluster_settings(master: str, conf: Mapping[str, str]) -> dict[str, str]:
         out.update({"spark.driver.host": address, "spark.driver.bindAddress": address})
     if "PYSPARK_PYTHON" not in os.environ and "spark.pyspark.python" not in conf:
         out["spark.pyspark.python"] = sys.executable
+    java = "-XX:+UseParallelGC" + (" -XX:TieredStopAtLevel=1" if small_input else "")
+    out.update({"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java})
     return out
 
 

@@ -8,7 +8,8 @@ hosts share, read as ``file://`` paths.
   line per stage;
 - a worker and its executor killed (kill -9) mid-job: the same verdict (Spark reruns the lost
   tasks on the other worker);
-- ``ordq lab spark up|down`` start and remove the cluster.
+- docs/SPARK.md, "In the lab of hosts": ``ordq lab spark up|down`` start and remove the
+  cluster, and a verify on it shows the output the doc shows.
 
 Needs root, namespaces, PySpark and Java: skipped with one line elsewhere. Slow (JVMs on
 four hosts): ``-m slow``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -41,18 +43,18 @@ from ordq.lab.netns import in_namespace  # noqa: E402
 from ordq.lab.spark import LabSpark  # noqa: E402
 from ordq.spark_order_check.generate import Expected, Injections, Scenario, generate  # noqa: E402
 from ordq.spark_order_check.report import CLASSES  # noqa: E402
+from tests.helpers.doc_blocks import check, parse_doc  # noqa: E402
 from tests.util import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
 
 DRIVER = "h4"
 SCENARIO = Scenario(keyed=("s2",))
 # Large enough that a job outlasts a worker's death by many tasks, small enough for a loaded box.
-BIG = Scenario(keyed=("s2",), messages=200_000, rows_per_file=20_000)
+BIG = Scenario(keyed=("s2",), messages=20_000, rows_per_file=2_000)
 VERIFY_TIMEOUT_S = 1200.0
-# Executors: C1 only (small inputs: C2 costs more than it saves, tests/spark_fixtures.py), 1 task each.
-EXECUTOR_CONF = ["--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                 "--conf", "spark.driver.memory=768m", "--conf", "spark.executor.memory=768m"]
+EXECUTOR_CONF = ["--conf", "spark.driver.memory=768m", "--conf", "spark.executor.memory=768m"]
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +95,28 @@ def local_report(run: Path) -> dict[str, Any]:
     return report
 
 
-def start_on_cluster(lab: Lab, cluster: LabSpark, run: Path) -> subprocess.Popen[str]:
-    """``ordq verify --master spark://...`` as a driver on h4 (a host of the lab)."""
-    argv = in_namespace(lab.namespace(DRIVER), [sys.executable, "-m", "ordq.cli",
-                                                *verify_args(run, cluster.master_url)])
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+class Driver:
+    """``ordq verify --master spark://...`` as a driver on h4 (a host of the lab); its stdout
+    and stderr go to files (a pipe nobody reads would block it)."""
+
+    def __init__(self, lab: Lab, cluster: LabSpark, run: Path) -> None:
+        argv = in_namespace(lab.namespace(DRIVER), [sys.executable, "-m", "ordq.cli",
+                                                    *verify_args(run, cluster.master_url)])
+        self.out, self.err = run.parent / f"{run.name}.out", run.parent / f"{run.name}.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def finish(self) -> tuple[int, str, str]:
+        try:
+            code = self.process.wait(timeout=VERIFY_TIMEOUT_S)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        return code, self.out.read_text(), self.err.read_text()
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
@@ -115,9 +133,8 @@ def stage_lines(stderr: str) -> list[str]:
 
 def test_the_verdict_on_the_cluster_equals_local(lab: Lab, cluster: LabSpark, tmp_path: Path) -> None:
     run, expected = audits(tmp_path / "run", SCENARIO)
-    driver = start_on_cluster(lab, cluster, run)
-    out, err = driver.communicate(timeout=VERIFY_TIMEOUT_S)
-    assert driver.returncode == 1, err[-3000:]
+    code, out, err = Driver(lab, cluster, run).finish()
+    assert code == 1, err[-3000:]
     on_cluster = json.loads(out)
     local = local_report(run)
     assert verdict(on_cluster) == verdict(local)
@@ -156,27 +173,24 @@ def test_a_worker_killed_mid_job_changes_nothing(lab: Lab, cluster: LabSpark, tm
     reruns what was lost on h3; the verdict is the one local[2] gives. Last in this module: the
     cluster keeps one worker after it."""
     run, expected = audits(tmp_path / "big", BIG)
-    driver = start_on_cluster(lab, cluster, run)
+    driver = Driver(lab, cluster, run)
     try:
         victim = "h2"
-        wait_until(lambda: cluster.executors(victim) or driver.poll() is not None, timeout=VERIFY_TIMEOUT_S,
-                   message="an executor on h2")
+        wait_until(lambda: cluster.executors(victim) or driver.poll() is not None, timeout_s=VERIFY_TIMEOUT_S,
+                   interval_s=0.2, what="an executor on h2")
         assert driver.poll() is None, "the job ended before an executor started on h2"
         # Mid-job: the first stage has started on both executors (the phases' first job).
-        wait_until(lambda: _stages_started(cluster) >= 1 or driver.poll() is not None, timeout=VERIFY_TIMEOUT_S,
-                   message="a task on h2")
+        wait_until(lambda: _stages_started(cluster) >= 1 or driver.poll() is not None, timeout_s=VERIFY_TIMEOUT_S,
+                   interval_s=0.2, what="a task on h2")
         executors = cluster.executors(victim)
         os.kill(cluster.worker(victim).pid or -1, signal.SIGKILL)
         for pid in executors:
             os.kill(pid, signal.SIGKILL)
         killed_while_running = driver.poll() is None
-        out, err = driver.communicate(timeout=VERIFY_TIMEOUT_S)
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+        code, out, err = driver.finish()
     assert killed_while_running, "the job ended before the kill: nothing was tested"
-    assert driver.returncode == 1, err[-3000:]
+    assert code == 1, err[-3000:]
     on_cluster = json.loads(out)
     assert {c["name"]: c["count"] for c in on_cluster["classes"]} == {c.name: expected.counts[c.name]
                                                                       for c in CLASSES}
@@ -190,27 +204,42 @@ def _stages_started(cluster: LabSpark) -> int:
     return sum(p.read_text(errors="replace").count("Running task") for p in logs)
 
 
-def test_lab_spark_up_and_down_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``ordq lab spark up`` in a lab made by ``ordq lab up``; ``down`` leaves no Spark process."""
-    folder = tmp_path / "lab"
-    assert ordq_main(["lab", "up", "--dir", str(folder), "--hosts", "3"]) == 0
+def test_the_cluster_section_of_spark_md_runs(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/SPARK.md, "In the lab of hosts": ``ordq lab up``, ``ordq lab spark up``, a verify
+    from h4 on the cluster, ``ordq lab spark down`` (no Spark process left), ``ordq lab down``,
+    with the output the doc shows. ``ordq`` runs in-process; what it starts writes to the same
+    stdout."""
+    path = "docs/SPARK.md"
+    text = (ROOT / path).read_text()
+    start = text.index("\n### In the lab of hosts\n")
+    end = text.find("\n## ", start + 1)
+    first, last = text[:start].count("\n") + 1, text[:end].count("\n") + 1 if end > 0 else 10**9
+    steps = [s for b in parse_doc(path, text) if first <= b.line <= last for s in b.steps]
+    assert [s.source.split()[:3] for s in steps] == [["ordq", "lab", "up"], ["ordq", "lab", "spark"],
+                                                     ["ordq", "lab", "exec"], ["ordq", "lab", "spark"],
+                                                     ["ordq", "lab", "down"]]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    generate(tmp_path / "run", SCENARIO, Injections.every(3), latency=False)
+    spark_pids: list[int] = []
     try:
-        assert ordq_main(["lab", "spark", "up", "--dir", str(folder), "--workers", "h2", "--json"]) == 0
-        info = json.loads(_last_json(capsys))
-        lab = Lab.load(folder)
-        assert info["master"] == f"spark://{lab.address('h1')}:7077"
-        pids = [h["pid"] for h in info["hosts"]]
-        assert all(pids), info
-        assert ordq_main(["lab", "spark", "down", "--dir", str(folder)]) == 0
-        assert not any(_running(pid) for pid in pids)
-        assert not (folder / "spark").exists()
+        for step in steps:
+            capfd.readouterr()
+            code = ordq_main(shlex.split(step.source)[1:])
+            out = capfd.readouterr()
+            mismatch = check(path, step, out.out + out.err, code)
+            assert mismatch is None, str(mismatch)
+            if step.source.startswith("ordq lab spark up"):
+                spark = LabSpark.load(Lab.load(tmp_path / "lab"))
+                spark_pids = [p for p in (q.pid for q in spark.processes.values()) if p]
+                assert len(spark_pids) == 3
+            if step.source.startswith("ordq lab spark down"):
+                assert not any(_running(pid) for pid in spark_pids)
+                assert not (tmp_path / "lab" / "spark").exists()
     finally:
-        ordq_main(["lab", "down", "--dir", str(folder)])
-
-
-def _last_json(capsys: pytest.CaptureFixture[str]) -> str:
-    text = capsys.readouterr().out
-    return text[text.rindex("\n{") + 1:] if "\n{" in text else text
+        if (tmp_path / "lab" / "lab.json").exists():
+            Lab.load(tmp_path / "lab").down()
 
 
 def _running(pid: int) -> bool:
