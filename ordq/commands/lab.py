@@ -66,8 +66,9 @@ def _register_spark(sub: Any) -> None:
                     help="cores each worker offers (default %(default)s)")
     up.add_argument("--worker-memory", default="1g", metavar="SIZE",
                     help="memory each worker offers its executors, 512m or 1g (default %(default)s)")
-    up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
-                    help="how long to wait for every worker to register (default %(default)s)")
+    up.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help="how long to wait for every worker to register (default 120, stretched by the "
+                         "machine's load)")
     down = add_command(actions, "down", func=cmd_spark_down,
                        help="stop the workers (their executors with them) and the master; remove <dir>/spark")
     _dir_option(down)

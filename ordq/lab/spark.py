@@ -15,8 +15,8 @@ Guarantees:
   UIs) and is a process inside its host's namespace: the lab's ``down()`` (and its reaper after
   a kill -9 of the lab's owner) kills it, its executors and their Python workers with
   everything else inside the lab.
-- ``start`` returns once every worker is registered with the master (read from the master's
-  log), or raises ``ExternalProcessError`` with the log's tail, stopping what it started.
+- ``start`` starts the master and the workers together and returns once every worker is
+  registered with the master (read from the master's log), or raises ``ExternalProcessError`` with the log's tail, stopping what it started.
 - ``stop()`` stops the workers (their executors with them) and the master, kills what of them
   outlives that (processes of the lab whose working directory is under ``spark/``), and
   removes the ``spark/`` folder.
@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import ConfigError, ExternalProcessError
-from ordq.common.proc import ManagedProcess, pid_running
+from ordq.common.proc import ManagedProcess, load_stretched, pid_running
 from ordq.lab.lab import Lab
 from ordq.lab.netns import processes_of
 
@@ -49,6 +49,7 @@ FOLDER = "spark"
 RECORD = "spark.json"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+STARTUP_S = 120.0
 DAEMON_MEMORY = "256m"  # the master's and each worker daemon's own heap (executors get --memory)
 _REGISTERED = re.compile(r"Registering worker (\S+):\d+ with")
 
@@ -94,11 +95,14 @@ class LabSpark:
     # -- starting and stopping ---------------------------------------------------------------
 
     @classmethod
-    def start(cls, lab: Lab, layout: SparkLayout = SparkLayout(), *, timeout_s: float = 180.0,
+    def start(cls, lab: Lab, layout: SparkLayout = SparkLayout(), *, timeout_s: float | None = None,
               die_with_parent: bool | None = None) -> LabSpark:
-        """Start the master, then the workers; return once every worker registered.
+        """Start the master and the workers; return once every worker registered.
         ConfigError: a host not in the lab, a Spark cluster already in it;
-        ExternalProcessError: a daemon died or did not come up within ``timeout_s``."""
+        ExternalProcessError: a daemon died or did not come up within ``timeout_s`` (default
+        120 s stretched by the machine's load, up to 8x: ~45 s on an idle 2-core machine)."""
+        if timeout_s is None:
+            timeout_s = load_stretched(STARTUP_S, most=8.0)
         for host in (layout.master, *layout.workers):
             lab.address(host)  # ConfigError for an unknown host
         folder = lab.folder / FOLDER
@@ -114,12 +118,13 @@ class LabSpark:
         spark._save()  # before anything runs: `stop` then always finds what to remove
         try:
             master_address = lab.address(layout.master)
+            # All at once: a worker retries its registration until the master is up, and on a
+            # loaded machine three JVMs starting side by side take a third of the wall time.
             spark.processes["master"] = lab.run(
                 layout.master, [launcher, MASTER_CLASS, "--host", master_address, "--port", str(MASTER_PORT),
                                 "--webui-port", str(MASTER_UI_PORT)],
                 name=f"{layout.master}-spark-master", env=spark._env(layout.master), cwd=folder,
                 die_with_parent=die_with_parent)
-            spark._wait_master(timeout_s)
             for host in layout.workers:
                 work = folder / host / "work"
                 work.mkdir(parents=True, exist_ok=True)
@@ -234,17 +239,10 @@ class LabSpark:
             "SPARK_LOCAL_DIRS": str(local),
             "SPARK_CONF_DIR": str(self.folder / "conf"),
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-            "SPARK_DAEMON_JAVA_OPTS": "-XX:+UseSerialGC",
+            # C1 only: the daemons' own code is small; C2 compiling it costs more than it saves.
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
             "SPARK_NO_DAEMONIZE": "1",
         }
-
-    def _wait_master(self, timeout_s: float) -> None:
-        master = self.processes["master"]
-
-        def leader() -> bool | None:
-            return True if "New state: ALIVE" in _log_since_start(master) else None
-
-        master.wait_ready(leader, timeout_s=timeout_s, what="the Spark master elected")
 
     def _save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
