@@ -16,7 +16,8 @@ Guarantees:
   a kill -9 of the lab's owner) kills it, its executors and their Python workers with
   everything else inside the lab.
 - ``start`` starts the master and the workers together and returns once every worker is
-  registered with the master (read from the master's log), or raises ``ExternalProcessError`` with the log's tail, stopping what it started.
+  registered with the master (read from the master's log), or raises ``ExternalProcessError``
+  with the log's tail, stopping what it started.
 - ``stop()`` stops the workers (their executors with them) and the master, kills what of them
   outlives that (processes of the lab whose working directory is under ``spark/``), and
   removes the ``spark/`` folder.
