@@ -200,11 +200,11 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         log.info("%s: %.2f s", name, now - mark[0])
         mark[0] = now
 
+    label("1 read, partition, statistics")
     e = scan_acks(spark, fa, 0, bucket_bits, topics).unionByName(
         scan_deliveries(spark, fd, len(fa), keyed, bucket_bits, topics))
     e = C.reuse_shuffle(e.repartition("q", "b"))
     kept: list[DataFrame] = [e]
-    label("1 read, partition, statistics")
     try:
         # 1. Statistics, in the first pass over the input (which also keeps it).
         # The statistics are small (files x distinct latencies): one shuffle partition per core
