@@ -15,7 +15,7 @@ of 4 hosts, starts a master on h1 and workers on h2 and h3 (``--worker-cores`` 1
 - wall: ``verify()`` alone, the session already up (executors registered);
 - CPU s: the driver (its Python side and JVM: process CPU) plus every task's executor CPU
   (Spark's ``executorCpuTime``, from the driver's status REST API), and the tasks' run time;
-- the split between the verifier's phases (its stages are named ``1 read, partition,
+- the split between the verifier's phases (its jobs are described ``1 read, partition,
   statistics``, ``2 acks against deliveries, order``, ``3 findings, counts``, ``4 examples``):
   wall seconds from the first task's launch to the last task's end, executor CPU seconds.
 
@@ -67,8 +67,7 @@ def drive(master: str, directory: Path, driver_memory: str) -> dict[str, Any]:
     phases: dict[str, dict[str, float]] = defaultdict(lambda: {"wall_s": 0.0, "executor_cpu_s": 0.0, "tasks": 0})
     spans: dict[str, list[float]] = defaultdict(list)
     for s in stages:
-        name = s.get("name", "").split(" at ")[0]
-        key = name if name in PHASES else "other"
+        key = str(s.get("description")) if s.get("description") in PHASES else "other"
         one = phases[key]
         one["executor_cpu_s"] += s.get("executorCpuTime", 0) / 1e9
         one["tasks"] += s.get("numCompleteTasks", 0)

@@ -66,8 +66,9 @@ def driver_address(master: str) -> str | None:
 
 class StageProgress:
     """A thread printing one line per finished stage of the session's jobs to ``out``:
-    ``stage 4: 8 tasks (1 failed attempt) in 3.2 s``. Seconds run from when the stage was
-    first seen active (polled every ``interval_s``)."""
+    ``stage 4: 8/8 tasks (1 failed attempt, retried) in 3.2 s [PHASE]``. Seconds run from when
+    the stage was first seen active (polled every ``interval_s``); PHASE is what ``phase`` said
+    when its job was first seen (a job shorter than the poll interval may take the next one's)."""
 
     def __init__(self, spark: Any, out: TextIO = sys.stderr, *, interval_s: float = 0.25) -> None:
         self._sc = spark.sparkContext
@@ -76,6 +77,9 @@ class StageProgress:
         self._stop = threading.Event()
         self._seen: dict[int, float] = {}
         self._done: set[int] = set()
+        self.phase: str | None = None  # the caller's name for the jobs it starts now
+        self._job_phase: dict[int, str | None] = {}
+        self._stage_phase: dict[int, str | None] = {}
         self._jobs_before = set(self._sc.statusTracker().getJobIdsForGroup(None))
         self._thread = threading.Thread(target=self._run, name="ordq-stage-progress", daemon=True)
 
@@ -102,9 +106,12 @@ class StageProgress:
             self._seen.setdefault(sid, now)
         stages: set[int] = set()
         for jid in set(tracker.getJobIdsForGroup(None)) - self._jobs_before:
+            phase = self._job_phase.setdefault(jid, self.phase)  # the phase when first seen
             job = tracker.getJobInfo(jid)
             if job is not None:
                 stages.update(job.stageIds)
+                for sid in job.stageIds:
+                    self._stage_phase.setdefault(sid, phase)
         for sid in sorted(stages - self._done - active):
             info = tracker.getStageInfo(sid)
             if info is None or info.numTasks == 0 or info.numCompletedTasks < info.numTasks:
@@ -118,7 +125,6 @@ class StageProgress:
         failed = info.numFailedTasks
         extra = f" ({failed} failed attempt{'s' if failed != 1 else ''}, retried)" if failed else ""
         took = now - self._seen.get(sid, now)
-        name = (info.name or "").split(" at ")[0]
-        name = "" if name.startswith("$") else name  # a Scala closure's name says nothing
+        name = self._stage_phase.get(sid) or ""
         print(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks{extra} in {took:.1f} s"
               f"{f' ({note})' if note else ''}{f' [{name}]' if name else ''}", file=self._out, flush=True)

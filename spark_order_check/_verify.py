@@ -156,9 +156,10 @@ def verify(
             fs = _list(session, skip_paths, "skips") if skip_paths else []
             seg_files = _list_segments(session, seg_paths) if seg_paths else None
         input_bytes = sum(f.size for f in fa + fd)
-        watch = StageProgress(session, progress) if progress is not None else nullcontext()
-        with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)), watch:
-            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0, topics)
+        watch = StageProgress(session, progress) if progress is not None else None
+        with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)), \
+                watch or nullcontext():
+            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0, topics, watch)
     finally:
         if own:
             session.stop()
@@ -185,15 +186,18 @@ def _list_segments(spark: SparkSession, paths: Sequence[str]) -> list[Any]:
 
 def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list[AuditFile],
          seg_files: list[Any] | None, keyed: tuple[str, ...], bucket_bits: int,
-         t0: float, topics: tuple[str, ...] = ()) -> tuple[Report, list[tuple[str, str, int, int]]]:
+         t0: float, topics: tuple[str, ...] = (), watch: StageProgress | None = None,
+         ) -> tuple[Report, list[tuple[str, str, int, int]]]:
     files = fa + fd + fs
     mark = [time.monotonic()]
 
     sc = spark.sparkContext
 
     def label(name: str | None) -> None:
-        # Spark names the stages of the jobs that follow by this (its UI, StageProgress).
-        sc.setLocalProperty("callSite.short", name)  # type: ignore[arg-type]
+        # The description of the jobs that follow (Spark's UI and status API); the stage lines.
+        sc.setJobDescription(name)  # type: ignore[arg-type]
+        if watch is not None:
+            watch.phase = name
 
     def phase(name: str) -> None:
         now = time.monotonic()

@@ -71,3 +71,22 @@ def test_spark_connect_is_refused_in_one_line(tmp_path: Path, capsys: pytest.Cap
 def test_a_bad_layout_is_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         SparkLayout(**kwargs)  # type: ignore[arg-type]
+
+
+def test_progress_prints_one_line_per_stage_named_by_phase(tmp_path: Path) -> None:
+    """``verify(progress=...)`` on local[2]: every line a finished stage, the phases named."""
+    pytest.importorskip("pyspark")
+    import io
+
+    from ordq.spark_order_check import verify
+    from ordq.spark_order_check.generate import Scenario, generate
+
+    generate(tmp_path / "run", Scenario(messages=100), latency=False)
+    out = io.StringIO()
+    report = verify(acks=tmp_path / "run" / "acks", deliveries=tmp_path / "run" / "deliveries", master="local[2]",
+                    progress=out)
+    assert report.ok
+    lines = out.getvalue().splitlines()
+    assert lines and all(line.startswith("stage ") and " tasks in " in line for line in lines), lines
+    named = {line[line.rindex("[") + 1:-1] for line in lines if line.endswith("]")}
+    assert {"1 read, partition, statistics", "3 findings, counts"} <= named, lines
