@@ -81,7 +81,7 @@ def test_progress_prints_one_line_per_stage_named_by_phase(tmp_path: Path) -> No
     from ordq.spark_order_check import verify
     from ordq.spark_order_check.generate import Scenario, generate
 
-    generate(tmp_path / "run", Scenario(messages=100), latency=False)
+    generate(tmp_path / "run", Scenario(), latency=False)  # clean: 2,000 seqs a queue
     out = io.StringIO()
     report = verify(acks=tmp_path / "run" / "acks", deliveries=tmp_path / "run" / "deliveries", master="local[2]",
                     progress=out)
