@@ -103,12 +103,18 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
                                                  + (" -XX:TieredStopAtLevel=1" if small_input else ""),
                 "spark.pyspark.python": worker_python(),
             })
+        else:
+            settings.update(cluster_settings(master, conf or {}, small_input=small_input))
     if driver_memory:
         settings["spark.driver.memory"] = driver_memory
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    if master is None or not master.startswith("local") or "PYSPARK_PYTHON" in os.environ:
+    if master is None or not master.startswith("local"):
+        session = builder.getOrCreate()
+        ship_code(session)
+        return session
+    if "PYSPARK_PYTHON" in os.environ:
         return builder.getOrCreate()
     # Python workers (and the planner of a Python data source) run this interpreter: by default
     # Spark starts ``python3`` from PATH, which may lack ordq's dependencies (the ordq streaming
@@ -120,6 +126,40 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
         return builder.getOrCreate()
     finally:
         del os.environ["PYSPARK_PYTHON"]
+
+
+def cluster_settings(master: str, conf: Mapping[str, str], *, small_input: bool = False) -> dict[str, str]:
+    """Defaults for a session on a cluster master (``spark://``, ``yarn``, ``k8s://``): the
+    driver's address as executors on other hosts reach it (the route to a ``spark://``
+    master's host; ``SPARK_LOCAL_IP`` or a ``spark.driver.host`` given wins), and the
+    executors' Python: this interpreter's path unless ``spark.pyspark.python`` (or
+    ``PYSPARK_PYTHON``) names theirs. ordq itself is not needed there: ``ship_code`` sends it.
+    The JVMs (driver, executors) as in a local session: the parallel collector, and C1 only
+    for a ``small_input``."""
+    from ordq.spark_order_check._ship import driver_address
+
+    out: dict[str, str] = {}
+    address = None if "spark.driver.host" in conf or os.environ.get("SPARK_LOCAL_IP") else driver_address(master)
+    if address is not None:
+        out.update({"spark.driver.host": address, "spark.driver.bindAddress": address})
+    if "PYSPARK_PYTHON" not in os.environ and "spark.pyspark.python" not in conf:
+        out["spark.pyspark.python"] = sys.executable
+    java = "-XX:+UseParallelGC" + (" -XX:TieredStopAtLevel=1" if small_input else "")
+    out.update({"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java})
+    return out
+
+
+def ship_code(session: SparkSession) -> None:
+    """Send ordq's code to the executors as a zip (``SparkContext.addPyFile``), unless the
+    session's ``spark.ordq.shipCode`` is ``false`` (executors with ordq installed) or a session
+    already running got it."""
+    from ordq.spark_order_check._ship import SHIP_CONF, code_zip
+
+    sc = session.sparkContext
+    if sc.getConf().get(SHIP_CONF, "true").lower() == "false" or getattr(sc, "_ordq_shipped", False):
+        return
+    sc.addPyFile(str(code_zip()))
+    sc._ordq_shipped = True  # type: ignore[attr-defined]
 
 
 PARTITION_INPUT_BYTES = 256 << 20

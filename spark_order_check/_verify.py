@@ -10,9 +10,9 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import attrs
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -41,6 +41,7 @@ from ordq.spark_order_check._session import (
     running_session,
     scan_settings,
 )
+from ordq.spark_order_check._ship import StageProgress
 from ordq.spark_order_check.report import (
     CLASSES,
     EXAMPLES,
@@ -99,6 +100,7 @@ def verify(
     plot_path: str | Path | None = None,
     partitions: int | None = None,
     bucket_bits: int = BUCKET_BITS,
+    progress: TextIO | None = None,
 ) -> Report:
     """Verify an ordq run from its audit files (docs/VERIFIER.md).
 
@@ -124,6 +126,7 @@ def verify(
             of the cores).
         bucket_bits: seqs are windowed in buckets of 2**bucket_bits (docs/VERIFIER.md,
             "Scaling"); results do not depend on it.
+        progress: print one line per finished Spark stage here (``_ship.StageProgress``).
 
     Raises:
         ConfigError: a path does not exist or holds no audit files, or a file name repeats.
@@ -153,8 +156,10 @@ def verify(
             fs = _list(session, skip_paths, "skips") if skip_paths else []
             seg_files = _list_segments(session, seg_paths) if seg_paths else None
         input_bytes = sum(f.size for f in fa + fd)
-        with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)):
-            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0, topics)
+        watch = StageProgress(session, progress) if progress is not None else None
+        with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)), \
+                watch or nullcontext():
+            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0, topics, watch)
     finally:
         if own:
             session.stop()
@@ -181,15 +186,25 @@ def _list_segments(spark: SparkSession, paths: Sequence[str]) -> list[Any]:
 
 def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list[AuditFile],
          seg_files: list[Any] | None, keyed: tuple[str, ...], bucket_bits: int,
-         t0: float, topics: tuple[str, ...] = ()) -> tuple[Report, list[tuple[str, str, int, int]]]:
+         t0: float, topics: tuple[str, ...] = (), watch: StageProgress | None = None,
+         ) -> tuple[Report, list[tuple[str, str, int, int]]]:
     files = fa + fd + fs
     mark = [time.monotonic()]
+
+    sc = spark.sparkContext
+
+    def label(name: str | None) -> None:
+        # The description of the jobs that follow (Spark's UI and status API); the stage lines.
+        sc.setJobDescription(name)  # type: ignore[arg-type]
+        if watch is not None:
+            watch.phase = name
 
     def phase(name: str) -> None:
         now = time.monotonic()
         log.info("%s: %.2f s", name, now - mark[0])
         mark[0] = now
 
+    label("1 read, partition, statistics")
     e = scan_acks(spark, fa, 0, bucket_bits, topics).unionByName(
         scan_deliveries(spark, fd, len(fa), keyed, bucket_bits, topics))
     e = C.reuse_shuffle(e.repartition("q", "b"))
@@ -204,6 +219,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
             kept.append(inter)
             stats = C.input_stats(inter).collect()
         phase("read, partition by (queue, bucket), keep; statistics")
+        label("2 acks against deliveries, order")
         fstats = [_FileStats.of(r) for r in stats if r.t == "file"]
         _check_row_numbering(fstats, files)
         lat = {(r.q, r.s): Latency(count=int(r.a0), p50_us=r.a1, p95_us=r.a2, p99_us=r.a3, max_us=r.a5, min_us=r.a4,
@@ -238,6 +254,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         kept.append(raw)
         raw_counts = {r.cls: r.n for r in raw.groupBy("cls").agg(F.count(F.lit(1)).alias("n")).collect()}
         phase(f"acks against deliveries; order windows over {len(windowed)} consumer instances")
+        label("3 findings, counts")
 
         # 3. Findings: ranges, boundary pairs, in-flight classification, segments.
         parts = [raw.filter(~F.col("cls").startswith("_"))]
@@ -275,6 +292,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
             log.debug("plan of the counts:\n%s", counts_df._jdf.queryExecution().executedPlan().toString())
         counts = counts_df.collect()
         phase("findings, counts")
+        label("4 examples")
         order = [F.col(c).asc_nulls_first() for c in ("q", "s", "seq", "c", "key", "pos", "seq2")]
         rn = F.row_number().over(Window.partitionBy("cls").orderBy(*order))
         examples = allf.withColumn("rn", rn).filter(F.col("rn") <= EXAMPLES).collect()
@@ -282,6 +300,7 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
         names_by_hash = _consumer_hashes(spark, sorted({r.c for r in fstats if r.kind == DELIVERY and r.c}))
         phase("examples")
     finally:
+        label(None)
         for df in kept:
             C.release(df)
 

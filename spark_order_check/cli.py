@@ -47,7 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "source run's acks/: nothing lost, no duplicate, order kept; names the first divergence "
                              "(no Spark)")
     parser.add_argument("--master", default=None,
-                        help="Spark master (default local[*], or what spark-submit set)")
+                        help="Spark master URL: local[N], spark://HOST:7077, yarn, k8s://... (default local[*], or "
+                             "what spark-submit set); on a cluster ordq's code goes to the executors as a zip "
+                             "(docs/SPARK.md, \"On a Spark cluster\")")
+    parser.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                        help="Spark Connect: refused with the reason (the verifier needs the JVM of a classic "
+                             "session); use --master")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="one line per finished Spark stage on stderr (default: on for a cluster master)")
     parser.add_argument("--driver-memory", default=None, metavar="SIZE",
                         help="spark.driver.memory for a session this command starts, e.g. 4g")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -78,12 +85,15 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         skips = list(args.skips) + [os.path.join(d, "skips") for d in args.audit_dirs
                                     if glob.glob(os.path.join(glob.escape(d), "skips", "*.tsv*"))]
         conf = _conf(args.conf)
+        refuse_remote(args.remote)
         from ordq.spark_order_check._verify import verify
+
+        show = args.progress if args.progress is not None else is_cluster(args.master)
 
         report = verify(acks=acks, deliveries=deliveries, skips=skips or None, segments=args.segments or None,
                         keyed=args.keyed, topics=args.topics,
                         master=args.master, conf=conf, driver_memory=args.driver_memory,
-                        report_path=args.report, plot_path=args.plot)
+                        report_path=args.report, plot_path=args.plot, progress=sys.stderr if show else None)
     except Exception as exc:  # noqa: BLE001 - an OrdqError or a Spark/Java failure: one line
         return failed(prog, exc)
     if getattr(args, "json", False):
@@ -92,6 +102,20 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
     else:
         print(report.summary())
     return EXIT_CLEAN if report.ok else EXIT_VIOLATIONS
+
+
+def is_cluster(master: str | None) -> bool:
+    """A master whose executors run in other processes (not ``local``, not unset)."""
+    return master is not None and not master.startswith("local")
+
+
+def refuse_remote(remote: str | None) -> None:
+    """ConfigError for ``--remote``: the verifier persists and releases plans through the
+    session's JVM, which a Spark Connect client has not."""
+    if remote is not None:
+        raise ConfigError(f"--remote {remote}: Spark Connect is not supported: the verifier needs a classic session "
+                          "(it keeps and releases intermediate results through Spark's JVM); run it with "
+                          "--master spark://HOST:7077 (or yarn, k8s://...) where Spark Connect's server runs")
 
 
 def failed(prog: str, exc: Exception) -> int:

@@ -1,4 +1,5 @@
-"""ordq lab up|down|status: a lab of hosts on this machine (network namespaces; needs root).
+"""ordq lab up|down|status|exec, ordq lab spark up|down|status: a lab of hosts on this machine
+(network namespaces; needs root), and a Spark standalone cluster inside it.
 
 ``up`` makes a lab that lasts until ``down`` (no owner process: nothing reaps it); the lab
 library's owned labs (tests, drills) are removed when their process dies. docs/OPERATIONS.md,
@@ -44,6 +45,35 @@ def register(subparsers: Any) -> None:
     run.add_argument("host", help="h1, h2, ...")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
     add_command(sub, "status", func=cmd_status, help="every lab on this machine: id, subnet, hosts, owner, folder")
+    _register_spark(sub)
+
+
+def _register_spark(sub: Any) -> None:
+    parser = add_command(sub, "spark", help="a Spark standalone cluster inside the lab in --dir (up, down, status)",
+                         description="A Spark standalone cluster in the lab: a master on one host, a worker on each "
+                         "of others, started with PySpark's own launcher (bin/spark-class); each binds its host's "
+                         "lab address only. Their logs: <dir>/run/<host>-spark-*.log; work and scratch folders: "
+                         "<dir>/spark/. The lab's down removes them too. docs/SPARK.md, \"On a Spark cluster\".")
+    actions = parser.add_subparsers(dest="spark_command", metavar="ACTION")
+    actions.required = True
+    up = add_command(actions, "up", func=cmd_spark_up,
+                     help="start the master and the workers; print the master URL once every worker registered")
+    _dir_option(up)
+    up.add_argument("--master-host", default="h1", metavar="HOST", help="the master's host (default %(default)s)")
+    up.add_argument("--workers", default="h2,h3", metavar="HOST,...",
+                    help="one worker on each of these hosts (default %(default)s)")
+    up.add_argument("--worker-cores", type=int_in(1, 64), default=1, metavar="N",
+                    help="cores each worker offers (default %(default)s)")
+    up.add_argument("--worker-memory", default="1g", metavar="SIZE",
+                    help="memory each worker offers its executors, 512m or 1g (default %(default)s)")
+    up.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help="how long to wait for every worker to register (default 120, stretched by the "
+                         "machine's load)")
+    down = add_command(actions, "down", func=cmd_spark_down,
+                       help="stop the workers (their executors with them) and the master; remove <dir>/spark")
+    _dir_option(down)
+    status = add_command(actions, "status", func=cmd_spark_status, help="the master URL and each daemon's host and pid")
+    _dir_option(status)
 
 
 def _dir_option(parser: argparse.ArgumentParser) -> None:
@@ -125,3 +155,68 @@ def cmd_exec(args: argparse.Namespace) -> int:
     lab = Lab.load(args.dir)
     # A child, not exec: main() also runs inside other programs (the tests).
     return subprocess.run(in_namespace(lab.namespace(args.host), argv), check=False).returncode
+
+
+def cmd_spark_up(args: argparse.Namespace) -> int:
+    from ordq.lab import Lab
+    from ordq.lab.lab import require_root
+    from ordq.lab.spark import LabSpark, SparkLayout
+
+    require_root()
+    lab = Lab.load(args.dir)
+    layout = SparkLayout(master=args.master_host, workers=tuple(h for h in args.workers.split(",") if h),
+                         cores=args.worker_cores, memory=args.worker_memory)
+    started = time.monotonic()
+    spark = LabSpark.start(lab, layout, timeout_s=args.timeout, die_with_parent=False)
+    took = time.monotonic() - started
+    spark.detach()  # it lasts after this command, until `ordq lab spark down` or the lab's down
+    info = spark.describe()
+    if wants_json(args):
+        emit_json({**info, "seconds": round(took, 3)})
+        return 0
+    print(f"Spark master {spark.master_url} up in {took:.1f}s with {len(layout.workers)} workers")
+    table(info["hosts"], ["host", "role", "address", "pid", "cores", "memory"])
+    print(f"verify on it from a host of the lab: ordq lab exec --dir {args.dir} h4 -- ordq verify --master "
+          f"{spark.master_url} AUDIT_DIR")
+    return 0
+
+
+def cmd_spark_down(args: argparse.Namespace) -> int:
+    from ordq.common.errors import ConfigError
+    from ordq.lab import Lab
+    from ordq.lab.lab import require_root
+    from ordq.lab.spark import LabSpark
+
+    require_root()
+    lab = Lab.load(args.dir)
+    try:
+        spark = LabSpark.load(lab)
+    except ConfigError:
+        if wants_json(args):
+            emit_json({"dir": str(args.dir), "stopped": None})
+        else:
+            print(f"no Spark cluster in lab {lab.id}: nothing to stop")
+        return 0
+    started = time.monotonic()
+    url = spark.master_url
+    spark.stop()
+    took = time.monotonic() - started
+    if wants_json(args):
+        emit_json({"dir": str(lab.folder), "stopped": url, "seconds": round(took, 3)})
+    else:
+        print(f"Spark cluster {url} stopped in {took:.1f}s")
+    return 0
+
+
+def cmd_spark_status(args: argparse.Namespace) -> int:
+    from ordq.lab import Lab
+    from ordq.lab.spark import LabSpark
+
+    spark = LabSpark.load(Lab.load(args.dir))
+    info = spark.describe()
+    if wants_json(args):
+        emit_json(info)
+    else:
+        print(f"Spark master {spark.master_url}")
+        table(info["hosts"], ["host", "role", "address", "pid", "cores", "memory"])
+    return 0
