@@ -120,9 +120,12 @@ def _kind(base: int, required: Sequence[str]) -> Any:
             .when(ok, F.lit(base)).otherwise(F.lit(MALFORMED)))
 
 
-def _bad_text(columns: Sequence[str]) -> Any:
-    # A row with the right number of fields but an empty required one has no _bad text.
-    joined = F.concat_ws("\t", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in columns])
+def _bad_text(columns: Sequence[str], optional: int = 0) -> Any:
+    # A row with the right number of fields but an empty required one has no _bad text. An
+    # optional last column a row lacks is left out (concat_ws skips a null), not shown as "".
+    required = len(columns) - optional
+    joined = F.concat_ws("\t", *[F.coalesce(F.col(c).cast("string"), F.lit("")) if i < required
+                                 else F.col(c).cast("string") for i, c in enumerate(columns)])
     return F.substring(F.coalesce(F.col(_BAD), joined), 1, 300)
 
 
@@ -197,7 +200,7 @@ def scan_deliveries(spark: SparkSession, files: Sequence[AuditFile], fid0: int, 
         (F.col("deliver_us") - F.col("msg_us")).alias("lat"),
         F.col("deliver_us").alias("t"),
         key.cast("string").alias("key"),
-        F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS)).alias("bad"),
+        F.when(k > DELIVERY, _bad_text(DELIVERY_COLUMNS, len(OPTIONAL_COLUMNS["deliveries"]))).alias("bad"),
         F.when((k == DELIVERY) & (F.col("due_us") > F.col("deliver_us")),
                F.col("due_us") - F.col("deliver_us")).alias("early"),
     )
