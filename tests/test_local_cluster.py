@@ -269,6 +269,23 @@ def test_a_coordinator_port_taken_at_restart_is_named(cluster_dir: Path) -> None
     assert LocalCluster.load(cluster_dir).config.coordinator_ports[1] == port
 
 
+def test_after_up_on_any_port_a_command_without_zk_finds_the_cluster(cluster_dir: Path) -> None:
+    """Issue 42: after ``ordq up --zk-port 0``, ``ordq status`` found the cluster but ``ordq
+    queue create`` tried 127.0.0.1:2181 and suggested ``ordq zk start``. ``ordq up`` adds the
+    cluster as a context and selects it; a command given no --zk (nor ORDQ_ZK) uses it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ORDQ_ZK", "ORDQ_ROOT", "ORDQ_BOOTSTRAP")}
+    zk = LocalCluster.load(cluster_dir).zk_hosts
+    assert not zk.endswith(":2181")
+    shown = subprocess.run([sys.executable, "-m", "ordq.cli", "context", "show", "--json"], capture_output=True,
+                           text=True, timeout=60, cwd=REPO, env=env, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == {"name": "c", "current": True, "zk": zk, "root": "/ordq"}
+    made = subprocess.run([sys.executable, "-m", "ordq.cli", "queue", "create", "found-by-context"],
+                          capture_output=True, text=True, timeout=180, cwd=REPO, env=env, check=False)
+    assert made.returncode == 0, made.stderr
+    assert "queue found-by-context created" in made.stdout
+
+
 def test_down_wipe_and_a_folder_without_cluster(tmp_path: Path, cluster_dir: Path) -> None:
     res = ordq("status", "--dir", str(tmp_path / "none"))
     assert res.returncode == 1 and "no local cluster" in res.stderr
@@ -289,20 +306,3 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
-
-
-def test_after_up_on_any_port_a_command_without_zk_finds_the_cluster(cluster_dir: Path) -> None:
-    """Issue 42: after ``ordq up --zk-port 0``, ``ordq status`` found the cluster but ``ordq
-    queue create`` tried 127.0.0.1:2181 and suggested ``ordq zk start``. ``ordq up`` adds the
-    cluster as a context and selects it; a command given no --zk (nor ORDQ_ZK) uses it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ORDQ_ZK", "ORDQ_ROOT", "ORDQ_BOOTSTRAP")}
-    zk = LocalCluster.load(cluster_dir).zk_hosts
-    assert not zk.endswith(":2181")
-    shown = subprocess.run([sys.executable, "-m", "ordq.cli", "context", "show", "--json"], capture_output=True,
-                           text=True, timeout=60, cwd=REPO, env=env, check=False)
-    assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout) == {"name": "c", "current": True, "zk": zk, "root": "/ordq"}
-    made = subprocess.run([sys.executable, "-m", "ordq.cli", "queue", "create", "found-by-context"],
-                          capture_output=True, text=True, timeout=180, cwd=REPO, env=env, check=False)
-    assert made.returncode == 0, made.stderr
-    assert "queue found-by-context created" in made.stdout

@@ -134,6 +134,8 @@ def test_deleting_an_unknown_subscription_is_an_error(zk_server, zk_root) -> Non
 
 def test_removing_unknown_names_exits_1_with_one_line(zk_server, zk_root, capsys: pytest.CaptureFixture[str]) -> None:
     zk = ("--zk", zk_server.connection_string, "--root", zk_root)
+    with ZkStore.connect(zk_server.connection_string, zk_root) as store:
+        store.add_group("g1")  # a cluster lives under the root (else: "no ordq cluster under --root")
     # (a queue's verbs go to the coordinator's admin API: tests/test_admin_api.py)
     for argv, message in [(("group", "remove", "nosuch"), "unknown broker group 'nosuch'")]:
         assert main([*zk, *argv]) == 1
