@@ -399,6 +399,20 @@ class ProducerIO:
         self._spawn(self._handle_failure(exc))
 
     async def _handle_failure(self, failure: BaseException) -> None:
+        """The failure of the current stream, handled to its end: a new stream resumed, or the
+        producer stopped. Nothing may end it otherwise: ``_failure`` stays set until it is
+        done, and while it is set nothing is sent and no timer runs, so a step that raised
+        left ``flush()`` waiting for ever with the loop idle. An unforeseen error stops the
+        producer instead (final, like any other error past the failover's bound)."""
+        try:
+            await self._handle_failure_steps(failure)
+        except asyncio.CancelledError:
+            raise  # close(): the loop is being stopped
+        except Exception as exc:  # noqa: BLE001 - a bug or a closed client: stop, never hang flush()
+            log.exception("queue %s: handling %r failed", self.config.queue, failure)
+            self._stop_fatal(exc)
+
+    async def _handle_failure_steps(self, failure: BaseException) -> None:
         assert self._loop is not None and self._core is not None
         self._cancel_timers()
         stream, self._stream = self._stream, None
@@ -413,10 +427,6 @@ class ProducerIO:
         try:
             gid, seg, address = await self._loop.run_blocking(self._fail_over)
         except OrdqError as exc:
-            self._stop_fatal(exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug or a closed client: stop, never hang flush()
-            log.exception("queue %s: failover failed", self.config.queue)
             self._stop_fatal(exc)
             return
         if self._closed:
@@ -629,7 +639,7 @@ class ProducerIO:
             st = self._require_coordinator().roll(self.config.queue, gid, seg, self._core.epoch, self._epoch_key)
         except ClosedError:
             return
-        except OrdqError as exc:
+        except Exception as exc:  # noqa: BLE001 - any error: never leave ``_rolling`` set (sends held for ever)
             log.warning("queue %s: rolling segment %d failed: %s (the coordinator rolls it)", self.config.queue,
                         seg, exc)
             loop.call_soon(self._after_roll, gid, seg, False)

@@ -13,6 +13,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 
@@ -26,6 +27,8 @@ from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
 from ordq.wire.transport import Ack, FetchResult
+
+log = logging.getLogger("ordq.wire")
 
 
 class AioTransport:
@@ -125,3 +128,7 @@ class AioProduceStream:
         except asyncio.CancelledError:
             if not self._writer.cancelled():
                 raise  # the caller itself is being cancelled
+        except Exception as exc:  # noqa: BLE001 - the writer died of it: closing this stream ends it anyway
+            # Raised here it would end the producer's failure handling (which closes the
+            # stream before it resumes on a new one), and leave flush() waiting for ever.
+            log.warning("produce stream to %s: its writer had failed: %r", self.address, exc)

@@ -1,0 +1,76 @@
+"""A producer never leaves ``flush()`` waiting for ever while it is not stopped (issue 39: a
+steady-rate bench sat 45 minutes in ``flush()`` with the producer's loop idle).
+
+While a stream's failure is handled (``_failure`` set) nothing is sent and no timer runs, and
+while a roll is under way sends past the segment's size are held: a step there that ended on
+an error nobody foresaw left the producer with work and nothing that would ever move it.
+These tests make such a step fail (a client-side fault injected into the real producer; the
+brokers, ZooKeeper and the coordinator are real processes) and check that the producer then
+either goes on or stops with the error: ``flush()`` returns or raises it, never times out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ordq.common.errors import WaitTimeout
+from ordq.coordinator.store_values import QueueConfig
+from ordq.sdk import Producer, ProducerConfig
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+
+pytestmark = pytest.mark.zk
+
+
+class Injected(RuntimeError):
+    """The unforeseen error of a test."""
+
+
+def config(cluster: Cluster) -> ProducerConfig:
+    return ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=2.0,
+                          no_group_timeout_s=20.0)
+
+
+def test_an_unforeseen_error_while_a_failure_is_handled_stops_the_producer_instead_of_hanging_flush(
+        cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    with Producer(config(cluster)) as p:
+        for i in range(50):
+            p.send(b"m%d" % i)
+        p.flush(30)
+
+        def resume(*_args: Any) -> None:  # the first step after the failover: fails
+            raise Injected("resume failed")
+
+        p._resume = resume  # type: ignore[method-assign]
+        cluster.head().master.kill()
+        futures = [p.send(b"after %d" % i) for i in range(50)]
+        try:
+            p.flush(60)
+        except WaitTimeout:  # before: _handle_failure's task died, nothing moved again
+            pytest.fail("flush() waited for a producer whose failure handling had died")
+        except Injected:
+            pass
+        assert isinstance(p.failure, Injected)
+        assert all(isinstance(f.exception(5), Injected) for f in futures)
+
+
+def test_a_roll_that_fails_unforeseen_lets_the_producer_send_on_past_the_size(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.store.create_queue("q", list(cluster.groups), QueueConfig(segment_bytes=64 << 10))
+    with Producer(config(cluster)) as p:
+        coordinator = p._coordinator
+        assert coordinator is not None
+
+        def roll(*_args: Any, **_kw: Any) -> None:
+            raise Injected("roll failed")
+
+        coordinator.roll = roll  # type: ignore[method-assign]
+        futures = [p.send(b"x" * 1024) for _ in range(400)]  # 400 KiB through 64 KiB segments
+        try:
+            p.flush(60)
+        except WaitTimeout:  # before: the roll's thread died with _rolling set; sends held for ever
+            pytest.fail("flush() waited for sends held back by a roll that had died")
+        assert [f.result(5).seq for f in futures] == list(range(400))
