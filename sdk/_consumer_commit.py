@@ -168,13 +168,17 @@ class Handout:
         self._audit_out([m])
         return m
 
-    def take(self, max_messages: int | None) -> list[Delivered]:
+    def _pop(self, max_messages: int | None) -> list[Delivered]:
+        """The first ``max_messages`` buffered (all of them for None), taken off the buffer."""
         buf = self.buffer
         if max_messages is None or max_messages >= len(buf):
             out = list(buf)
             buf.clear()
-        else:
-            out = [buf.popleft() for _ in range(max_messages)]
+            return out
+        return [buf.popleft() for _ in range(max_messages)]
+
+    def take(self, max_messages: int | None) -> list[Delivered]:
+        out = self._pop(max_messages)
         self.in_hand = out[-1]
         self.handed_max = max(self.handed_max, out[-1].seq)
         self._stats.delivered += len(out)
@@ -185,12 +189,7 @@ class Handout:
     def take_keyed(self, max_messages: int | None = None) -> list[Delivered]:
         """Everything buffered (or the first ``max_messages``), for the keyed workers (their
         pool counts what finishes)."""
-        buf = self.buffer
-        if max_messages is None or max_messages >= len(buf):
-            out = list(buf)
-            buf.clear()
-        else:
-            out = [buf.popleft() for _ in range(max_messages)]
+        out = self._pop(max_messages)
         self._stats.delivered += len(out)
         self._audit_out(out)
         return out
