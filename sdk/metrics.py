@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 import attrs
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
-from ordq.common.metrics import MetricsServer, one, serve
+from ordq.common.metrics import ServedCollector, one
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats
 from ordq.sdk._producer_types import ProducerConfig, ProducerStats
 
@@ -57,7 +56,7 @@ class ConsumerSnapshot:
     delay_ms: int = 0
 
 
-class ProducerMetrics(Collector):
+class ProducerMetrics(ServedCollector):
     """A producer's series, labelled with its queue; ``snapshot`` is called at each scrape."""
 
     def __init__(self, cfg: ProducerConfig, snapshot: Callable[[], ProducerSnapshot]) -> None:
@@ -68,8 +67,7 @@ class ProducerMetrics(Collector):
             "ordq_producer_send_ack_seconds", "From send() of a batch's first message to its ack (both replicas)",
             list(self._labels), buckets=ACK_BUCKETS, registry=self.registry)
         self.send_ack_seconds = self._histogram.labels(**self._labels)
-        self.registry.register(self)
-        self.server: MetricsServer | None = serve(self.registry, cfg.metrics_listen) if cfg.metrics_listen else None
+        self.register_and_serve(cfg.metrics_listen)
 
     def acked(self, batches: list[PendingBatch]) -> None:
         """Observe the send→ack latency of each acked batch (one observation per batch)."""
@@ -78,15 +76,8 @@ class ProducerMetrics(Collector):
             self.send_ack_seconds.observe(max(now_us - b.messages[0].timestamp_us, 0) / 1e6)
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
         self.registry.unregister(self._histogram)
-        self.registry.unregister(self)
-
-    def describe(self) -> Iterator[Metric]:
-        # The names, so a registry refuses a second client of the same kind (ValueError at
-        # start) instead of exposing its series twice.
-        return self.collect()
+        super().close()
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -104,7 +95,7 @@ class ProducerMetrics(Collector):
         yield one("gauge", "ordq_producer_epoch", "The producer epoch this leader writes with", labels, st.epoch)
 
 
-class ConsumerMetrics(Collector):
+class ConsumerMetrics(ServedCollector):
     """A consumer's series, labelled with its queue and subscription; ``snapshot`` is called
     at each scrape."""
 
@@ -112,18 +103,7 @@ class ConsumerMetrics(Collector):
         self._snapshot = snapshot
         self.registry = cfg.metrics_registry if cfg.metrics_registry is not None else CollectorRegistry()
         self._labels = {"queue": cfg.queue, "subscription": cfg.subscription}
-        self.registry.register(self)
-        self.server: MetricsServer | None = serve(self.registry, cfg.metrics_listen) if cfg.metrics_listen else None
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        self.registry.unregister(self)
-
-    def describe(self) -> Iterator[Metric]:
-        # The names, so a registry refuses a second client of the same kind (ValueError at
-        # start) instead of exposing its series twice.
-        return self.collect()
+        self.register_and_serve(cfg.metrics_listen)
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()

@@ -167,3 +167,28 @@ def value(samples: Iterable[Sample], name: str, **labels: Any) -> float | None:
     found = [s.value for s in samples
              if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items())]
     return sum(found) if found else None
+
+
+class ServedCollector:
+    """A collector a client process registers in its ``registry`` and serves at ``listen``
+    (``register_and_serve``); ``close`` undoes both. ``describe`` returns the series' names,
+    so a registry refuses a second collector of the same kind (ValueError at start) instead of
+    exposing its series twice. Subclasses set ``registry`` and define ``collect``."""
+
+    registry: CollectorRegistry
+    server: MetricsServer | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        raise NotImplementedError
+
+    def register_and_serve(self, listen: str | None) -> None:
+        self.registry.register(self)  # type: ignore[arg-type]
+        self.server = serve(self.registry, listen) if listen else None
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.registry.unregister(self)  # type: ignore[arg-type]
+
+    def describe(self) -> Iterable[Metric]:
+        return self.collect()

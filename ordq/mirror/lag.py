@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterator
 import attrs
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from ordq.common.errors import OrdqError
-from ordq.common.metrics import MetricsServer, one, serve
+from ordq.common.metrics import ServedCollector, one
 from ordq.mirror.config import MirrorEnd
 
 log = logging.getLogger("ordq.mirror")
@@ -136,23 +135,14 @@ class MirrorSnapshot:
 STATES = ("starting", "standby", "leading", "waiting")
 
 
-class MirrorMetrics(Collector):
+class MirrorMetrics(ServedCollector):
     """The mirror's series, labelled with source and target (``cluster/queue``)."""
 
     def __init__(self, labels: dict[str, str], snapshot: Callable[[], MirrorSnapshot], *,
                  registry: CollectorRegistry | None = None, listen: str | None = None) -> None:
         self._labels, self._snapshot = labels, snapshot
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.registry.register(self)
-        self.server: MetricsServer | None = serve(self.registry, listen) if listen else None
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        self.registry.unregister(self)
-
-    def describe(self) -> Iterator[Metric]:
-        return self.collect()
+        self.register_and_serve(listen)
 
     def collect(self) -> Iterator[Metric]:
         snap, labels = self._snapshot(), self._labels
