@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-loaded demo demo-cdc system-deps test-deps venv lint types proto clean
+.PHONY: test test-heavy test-loaded demo demo-cdc system-deps test-deps venv lint types proto clean
 
 # Installs the Debian packages $(1) with apt-get unless the shell check $(2) already passes,
 # then fails clearly if it still does not.
@@ -64,9 +64,15 @@ proto: venv
 # run in $(TEST_WORKERS) worker processes, each with its own ZooKeeper (--dist loadgroup with the
 # groups tests/conftest.py gives: a file's tests, and its module-scoped clusters, stay in one
 # worker; the long docs tests are spread). TEST_WORKERS=0: one process.
+# `make test` leaves out the end-to-end tier (marker `heavy`: Spark, the docs' walkthroughs,
+# benches, the wheel, database servers; tests/conftest.py) to stay under 15 minutes on two
+# cores; `make test-heavy` runs that tier, and CI (.ci/run) runs both.
 TEST_WORKERS ?= 2
 test: test-deps venv lint types proto
-	$(VENV)/bin/pytest -m "not slow" --timeout=600 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow and not heavy" --timeout=600 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+test-heavy: test-deps venv
+	$(VENV)/bin/pytest -m "heavy and not slow" --timeout=1200 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The default suite beside $(BUSY_PROCS) busy-loop processes (issue 26: under load the product is
 # slower, never stuck, never wrong). bench/busy.py stops the loops when the suite ends or is
@@ -74,7 +80,7 @@ test: test-deps venv lint types proto
 BUSY_PROCS ?= 6
 test-loaded: test-deps venv
 	$(PY) -m bench.busy --procs $(BUSY_PROCS) --seconds 10800 -- \
-	  $(VENV)/bin/pytest -m "not slow" --timeout=1200 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	  $(VENV)/bin/pytest -m "not slow and not heavy" --timeout=1200 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: system-deps venv
 	$(VENV)/bin/ordq demo

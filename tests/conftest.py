@@ -195,9 +195,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "(after a whole default run)")
 
 
+# The end-to-end tier (marker ``heavy``): `make test` leaves it out to stay under 15 minutes on
+# two cores, `make test-heavy` runs it, and CI (.ci/run) runs both. It is what costs most CPU
+# for what it adds beside the default run's real-process tests of the same guarantees: every
+# Spark test (a verification is ~30-40 s of JVM CPU, whatever the input's size), the docs'
+# walkthroughs (each runs a cluster and Spark through the CLI), the benches' smoke runs, the
+# wheel, and the tests that start a PostgreSQL or MariaDB server.
+_HEAVY_FILES = {"test_bench.py", "test_cdc_apply.py", "test_cdc_mysql.py", "test_wheel.py"}
+_HEAVY_TESTS = {"test_doc_runs_as_written", "test_deploying_on_three_machines_runs_as_written_in_the_lab"}
+
+
+def _is_heavy(item: pytest.Item) -> bool:
+    name = getattr(item, "originalname", item.name)
+    return (item.get_closest_marker("spark") is not None or item.path.name in _HEAVY_FILES
+            or name in _HEAVY_TESTS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for ``--dist loadgroup`` (Makefile): one per file, or per test in _SPREAD_FILES."""
+    """Groups for ``--dist loadgroup`` (Makefile): one per file, or per test in _SPREAD_FILES;
+    the ``heavy`` marker on the end-to-end tier."""
     for item in items:
+        if _is_heavy(item):
+            item.add_marker(pytest.mark.heavy)
         if item.get_closest_marker("xdist_group") is None:
             name = item.nodeid if item.path.name in _SPREAD_FILES else str(item.path.name)
             item.add_marker(pytest.mark.xdist_group(name))

@@ -73,9 +73,9 @@ def test_a_bad_layout_is_refused(kwargs: dict[str, object], message: str) -> Non
         SparkLayout(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.spark
 def test_progress_prints_one_line_per_stage_named_by_phase(tmp_path: Path) -> None:
     """``verify(progress=...)`` on local[2]: every line a finished stage, the phases named."""
-    pytest.importorskip("pyspark")
     import io
 
     from ordq.spark_order_check import verify
