@@ -25,12 +25,16 @@ import asyncio
 import collections
 import json
 import logging
+import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
+from ordq.broker_group import lean_link
+from ordq.broker_group.config import server_options
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common import security
@@ -70,7 +74,7 @@ class ReplicationLink:
         self._unanswered: collections.deque[tuple[float, int]] = collections.deque()
         self._out_since = 0.0
         self._out_bytes = 0
-        self._address: str | None = None
+        self._address: tuple[str, str] | None = None  # ("lean" or "grpc", HOST:PORT)
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -105,7 +109,10 @@ class ReplicationLink:
             pass
 
     def _on_slave_node(self, data: bytes | None, _stat: Any, *_event: Any) -> None:
-        address = json.loads(data.decode())["address"] if data else None
+        node = json.loads(data.decode()) if data else None
+        # The lean link when the slave offers one (broker_group/lean_link.py), else gRPC.
+        address = (("lean", node["replication"]) if node.get("replication") else ("grpc", node["address"])
+                   ) if node else None
         with self._cv:
             self._address = address
         self.wake.fire()
@@ -162,16 +169,23 @@ class ReplicationLink:
                 return
             await self.wake.wait(0.1)  # a short pause before reconnecting (or a new address)
 
-    async def _stream_once(self, address: str, gen: int) -> None:
-        channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
-        call = pb_grpc.BrokerStub(channel).Replicate()
-        sender = self.shared.loop.loop.create_task(self._send(call, gen))
+    async def _stream_once(self, target: tuple[str, str], gen: int) -> None:
+        kind, address = target
+        channel: grpc.aio.Channel | None = None
+        call: Any = None
+        sender: asyncio.Task[None] | None = None
         try:
+            if kind == "lean":
+                call = await lean_link.connect(address, self.shared.config.credentials, frame_limit(self.shared))
+            else:
+                channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
+                call = pb_grpc.BrokerStub(channel).Replicate()
+            sender = self.shared.loop.loop.create_task(self._send(call, gen))
             async for resp in call:
                 with self._cv:
                     if not self.connected:
                         self.connected = True
-                        log.info("replicating to slave at %s", address)
+                        log.info("replicating to slave at %s (%s link)", address, kind)
                     stamp("M.slave_answer")
                     if resp.synced:  # the answer to one request with batches
                         self._inflight -= 1
@@ -189,14 +203,20 @@ class ReplicationLink:
                     self.wake.fire()  # the window has room again for what waits
         except grpc.RpcError as exc:
             log.warning("replication stream to %s broke: %s", address, exc.code() if hasattr(exc, "code") else exc)
+        except (TimeoutError, OSError, EOFError, ssl.SSLError, OrdqError, DecodeError) as exc:
+            log.warning("replication link to %s broke: %r", address, exc)
         finally:
-            sender.cancel()
-            call.cancel()
-            try:
-                await sender
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled, or its write failed with the stream
-                pass
-            await channel.close()
+            if sender is not None:
+                sender.cancel()
+            if call is not None:
+                call.cancel()
+            if sender is not None:
+                try:
+                    await sender
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled, or its write failed with the stream
+                    pass
+            if channel is not None:
+                await channel.close()
             self._broken()
 
     def _broken(self) -> None:
@@ -254,8 +274,11 @@ class ReplicationLink:
                 await self.wake.wait(timeout)
                 continue
             stamp("M.forward")
-            for r in reqs:
-                await call.write(r)
+            if isinstance(call, lean_link.LeanCall):
+                await call.write_many(reqs)  # one transport write for all of them
+            else:
+                for r in reqs:
+                    await call.write(r)
 
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
@@ -274,19 +297,35 @@ def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], 
             yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
 
 
+def frame_limit(shared: Shared) -> int:
+    """The longest replication message either end reads (the broker's gRPC receive limit)."""
+    return int(dict(server_options(shared.config))["grpc.max_receive_message_length"])
+
+
 async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncIterator[pb.ReplicateRequest],
                           context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    """Slave side: append and sync what the master sends, then answer with the synced end,
-    all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
-    is as urgent as the ack it holds up). Exactly one answer per request that carries
-    batches (the master counts them), none for a LAC-only request, an empty one for hello."""
+    """Slave side of the gRPC ``Replicate`` stream (``replicate_requests``; the lean link,
+    broker_group/lean_link.py, serves the same)."""
     if shared.config.role.value != "slave":
         await abort(context, SegmentNotWritable(shared.address, "*", -1,
                                                 "replication goes to the slave, this is the master"))
     try:
+        await replicate_requests(shared, write, requests, context.write)
+    except OrdqError as exc:
+        await abort(context, exc)
+
+
+async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIterator[pb.ReplicateRequest],
+                             send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
+    """Slave side: append and sync what the master sends, then answer with the synced end,
+    all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
+    is as urgent as the ack it holds up). Exactly one answer per request that carries
+    batches (the master counts them), none for a LAC-only request, an empty one for hello.
+    A refusal is logged, counted and raised (the caller ends the stream with it)."""
+    try:
         async for req in requests:
             if req.hello:
-                await context.write(pb.ReplicateResponse())
+                await send(pb.ReplicateResponse())
                 continue
             stamp("S.request")
             s = await write.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
@@ -299,11 +338,11 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
                     else:
                         fw = None
                 stamp("S.answer")
-                await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
-                                                                                   synced_end=end)]))
+                await send(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
+                                                                          synced_end=end)]))
                 if fw is not None:  # a new segment's first answer went out: how long it took
                     log.info("%s", fw.line("slave"))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
         shared.count_refused(exc)
-        await abort(context, exc)
+        raise
