@@ -17,6 +17,10 @@ Both ends run on their broker's event loop (ordq/common/loop.py): the master's s
 writes what produce streams queued the moment it is woken, its reader task counts the
 slave's answers and wakes the produce streams whose acks that releases (no thread between
 the slave's answer and the ack); the slave appends, syncs and answers in its handler.
+
+The stream is the slave's lean link (broker_group/lean_link.py: framed protobuf on one TLS
+connection, the loops' own sockets) when its liveness node offers one, else the gRPC
+``Replicate`` call; both carry the same messages to the same handler (``replicate_requests``).
 """
 
 from __future__ import annotations
