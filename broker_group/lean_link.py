@@ -168,11 +168,15 @@ class LeanCall:
         self._reader, self._writer, self._limit = reader, writer, limit
 
     async def write(self, req: pb.ReplicateRequest) -> None:
-        await self.write_many([req])
+        self.write_now([req])
+        await self.drain()
 
-    async def write_many(self, reqs: list[pb.ReplicateRequest]) -> None:
-        """Every request in one transport write (one send, one TLS record run)."""
+    def write_now(self, reqs: list[pb.ReplicateRequest]) -> None:
+        """Every request in one transport write (one send, one TLS record run), without
+        waiting: the caller bounds what it writes (the replication window) or ``drain``s."""
         self._writer.write(b"".join(frame(r) for r in reqs))
+
+    async def drain(self) -> None:
         await self._writer.drain()
 
     def __aiter__(self) -> LeanCall:

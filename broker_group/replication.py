@@ -78,6 +78,8 @@ class ReplicationLink:
         self._unanswered: collections.deque[tuple[float, int]] = collections.deque()
         self._out_since = 0.0
         self._out_bytes = 0
+        self._lean: tuple[lean_link.LeanCall, int] | None = None  # the lean link's call and its gen, once open
+        self._pushed_at = 0.0  # when a LAC last went to the slave
         self._address: tuple[str, str] | None = None  # ("lean" or "grpc", HOST:PORT)
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -210,6 +212,7 @@ class ReplicationLink:
         except (TimeoutError, OSError, EOFError, ssl.SSLError, OrdqError, DecodeError) as exc:
             log.warning("replication link to %s broke: %r", address, exc)
         finally:
+            self._lean = None
             if sender is not None:
                 sender.cancel()
             if call is not None:
@@ -240,50 +243,74 @@ class ReplicationLink:
         with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
         leave together, one sync on the slave for all of them (group commit). A moved LAC
         rides on the next batches, or goes alone once ``lac_push_ms`` passed since the last."""
-        push_s = self.shared.config.lac_push_ms / 1000
-        pushed_at = 0.0
+        self._pushed_at = 0.0
         await call.write(pb.ReplicateRequest(hello=True))
+        if isinstance(call, lean_link.LeanCall):
+            self._lean = (call, gen)  # ``flush`` may write on it from now on
         while True:
-            reqs: list[pb.ReplicateRequest] | None = None
             with self._cv:
                 if gen != self._gen or self._stopping:
                     return
-                lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
-                can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
-                announced, self._announced = self._announced, []
-                now = time.monotonic()
-                # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
-                # steady flow of small batches does not cost a message per batch.
-                if can_send or announced or (lacs and now >= pushed_at + push_s):
-                    out: list[tuple[Segment, bytes]] = []
-                    since = self._out_since
-                    if can_send:
-                        out, self._out, self._out_bytes = self._out, [], 0
-                    if lacs:
-                        pushed_at = now
-                    self._lac_sent.update(lacs)
-                    # New segments first (no batches, no LAC: the slave creates its copy, no answer)
-                    reqs = [pb.ReplicateRequest(queue=q, seg=n, lac=-1) for q, n in announced]
-                    reqs += _requests_for(out, lacs)
-                    for r in reqs:
-                        if r.batches:
-                            self._inflight += 1
-                            self._unanswered.append((since, sum(map(len, r.batches))))
-                    timeout = None
-                elif lacs:
-                    timeout = pushed_at + push_s - now
-                else:  # LACs move when syncs finish, which do not wake us: look again soon
-                    timeout = push_s if self._active else None
+                reqs, timeout = self._take()
             if reqs is None:
                 await self.wake.wait(timeout)
                 continue
             stamp("M.forward")
             if isinstance(call, lean_link.LeanCall):
-                await call.write_many(reqs)  # one transport write for all of them
+                call.write_now(reqs)  # one transport write for all of them
+                await call.drain()
             else:
                 for r in reqs:
                     await call.write(r)
 
+    def _take(self) -> tuple[list[pb.ReplicateRequest] | None, float | None]:
+        """Caller holds the lock: the requests that may go now (None: none), counted as sent;
+        else how long the sender may sleep before a LAC is due alone (None: until woken)."""
+        push_s = self.shared.config.lac_push_ms / 1000
+        lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
+        can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
+        now = time.monotonic()
+        # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
+        # steady flow of small batches does not cost a message per batch.
+        if not (can_send or self._announced or (lacs and now >= self._pushed_at + push_s)):
+            if lacs:
+                return None, self._pushed_at + push_s - now
+            # LACs move when syncs finish, which do not wake us: look again soon
+            return None, push_s if self._active else None
+        announced, self._announced = self._announced, []
+        out: list[tuple[Segment, bytes]] = []
+        since = self._out_since
+        if can_send:
+            out, self._out, self._out_bytes = self._out, [], 0
+        if lacs:
+            self._pushed_at = now
+        self._lac_sent.update(lacs)
+        # New segments first (no batches, no LAC: the slave creates its copy, no answer)
+        reqs = [pb.ReplicateRequest(queue=q, seg=n, lac=-1) for q, n in announced]
+        reqs += _requests_for(out, lacs)
+        for r in reqs:
+            if r.batches:
+                self._inflight += 1
+                self._unanswered.append((since, sum(map(len, r.batches))))
+        return reqs, None
+
+    def flush(self) -> None:
+        """On the loop, after ``forward``: on the lean link, write what may go now at once (a
+        transport write does not wait, so no hop to the sender task and no loop turn: the
+        slave has the batch while the local sync starts); on gRPC, wake the sender. What
+        the window holds back waits in ``_out`` for the sender, woken by the slave's answer."""
+        lean = self._lean
+        if lean is None:
+            self.wake.fire()
+            return
+        call, gen = lean
+        with self._cv:
+            if gen != self._gen or self._stopping:
+                return
+            reqs, _ = self._take()
+        if reqs:
+            stamp("M.forward")
+            call.write_now(reqs)  # at most MAX_INFLIGHT requests with batches are unanswered: bounded
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
     """Group batches by segment (keeping their order), split by ``chunks``, with each
