@@ -80,6 +80,7 @@ class ReplicationLink:
         self._out_bytes = 0
         self._lean: tuple[lean_link.LeanCall, int] | None = None  # the lean link's call and its gen, once open
         self._pushed_at = 0.0  # when a LAC last went to the slave
+        self._asleep_untimed = False  # the sender waits for a wake-up with no timer (nothing active)
         self._address: tuple[str, str] | None = None  # ("lean" or "grpc", HOST:PORT)
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -253,7 +254,9 @@ class ReplicationLink:
                     return
                 reqs, timeout = self._take()
             if reqs is None:
+                self._asleep_untimed = timeout is None
                 await self.wake.wait(timeout)
+                self._asleep_untimed = False
                 continue
             stamp("M.forward")
             if isinstance(call, lean_link.LeanCall):
@@ -311,6 +314,10 @@ class ReplicationLink:
         if reqs:
             stamp("M.forward")
             call.write_now(reqs)  # at most MAX_INFLIGHT requests with batches are unanswered: bounded
+            if self._asleep_untimed:
+                # The sender slept with no segment active: it must now push this one's LAC
+                # every lac_push_ms (the LAC moves on syncs, which do not wake it).
+                self.wake.fire()
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
     """Group batches by segment (keeping their order), split by ``chunks``, with each
