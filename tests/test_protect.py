@@ -403,3 +403,42 @@ def test_a_tokens_calls_cost_its_own_share_of_the_broker_and_are_refused_before_
     print(f"request time {stats['request_time']}")
     assert not outcomes.get("ok")
     assert stats["request_time"]["refused"] >= 3 and stats["refused"].get("ResourceExhausted", 0) >= 3
+
+
+def test_one_find_request_looks_at_each_segment_once_at_most(cluster: Cluster) -> None:
+    """A consume token's single Find naming its queue's one segment 8,000 times (56 KB, under
+    the control calls' 64 KiB limit) made the broker look the key up 8,000 times for one call,
+    and a flood of such calls multiplies it. Guard: ``Finder.find`` refuses a request that
+    names a segment twice, before any lookup: typed (ConfigError, INVALID_ARGUMENT), counted;
+    an honest request is answered as before. (The size limit bounds how many segments one
+    request can name.)"""
+    from ordq.coordinator.tokens import create_token, touch
+    from ordq.wire.errors import ConfigError
+
+    cluster.add_groups("g1")
+    cluster.create_queue("a", ["g1"])
+    producer = cluster.producer(n=50, queue="a")
+    producer.start()
+    producer.join(60)
+    _, token = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "one queue's consumer")
+    _, reader = create_token(cluster.store.client, cluster.root, {"*": ["consume"]}, "reads the broker's counters")
+    touch(cluster.store.client, cluster.root)
+    address = cluster.store.live_members("g1")["master"].address
+    assert address is not None
+    client = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=token))
+    counters = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=reader))
+    try:
+        honest = pb.FindRequest(queue="a", segments=[pb.FindSegmentRef(seg=0, known_end=-1)], key=b"none", limit=1)
+        wait_until(lambda: client.find(address, honest) is not None, timeout_s=20, what="the token loaded")
+        twice = pb.FindRequest(queue="a", segments=[pb.FindSegmentRef(seg=0, known_end=0)] * 8_000, key=b"none",
+                               limit=1)
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="names segment 0 twice"):
+            client.find(address, twice)
+        print(f"8,000 refs of one segment: refused in {time.monotonic() - started:.3f} s")
+        assert not client.find(address, honest).matches  # an honest request, answered as before
+        refused = json.loads(counters.health(address).stats_json)["refused"]
+    finally:
+        client.close()
+        counters.close()
+    assert refused.get("ConfigError", 0) >= 1, refused
