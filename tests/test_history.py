@@ -49,8 +49,8 @@ def test_busiest_first_and_a_bounded_sample() -> None:
 
 def test_a_sample_from_the_status_document() -> None:
     doc = {"queues": [
-        {"queue": "q", "last_seq": 41, "subscriptions": [{"name": "s", "cursor": 9, "lag": 32},
-                                                          {"name": "t", "cursor": -1, "lag": 42}]},
+        {"queue": "q", "last_seq": 41, "subscriptions": [{"subscription": "s", "last_seq": 9, "lag": 32},
+                                                          {"subscription": "t", "last_seq": -1, "lag": 42}]},
         {"queue": "bad", "error": "corrupt"},
         {"queue": "empty", "last_seq": None, "subscriptions": []}]}
     got = sample_of(doc, 7)
@@ -75,3 +75,19 @@ def test_bounded_and_never_a_negative_rate(steps: list[tuple[int, int, int]], ca
     for key in ("produce", "consume"):
         assert all(r is None or r >= 0 for r in out["queues"]["*"][key])
         assert all(r is None or r >= 0 for r in out["queues"].get("q", {key: []})[key])
+
+
+def test_the_sampler_keeps_one_sample_per_interval() -> None:
+    """The page's viewers and the sampler thread offer documents; one is kept per interval."""
+    from ordq.admin.status_page import Sampler
+
+    sampler = Sampler(None, History(), interval_s=10.0)  # type: ignore[arg-type] - offer() reads no daemon
+
+    def doc(at_ms: int, last: int) -> dict:  # type: ignore[type-arg]
+        return {"generated_ms": at_ms, "queues": [{"queue": "q", "last_seq": last, "subscriptions": []}]}
+
+    assert sampler.offer(doc(1_000, 9), now=100.0)
+    assert not sampler.offer(doc(2_000, 19), now=105.0)  # a viewer's refresh in between
+    assert sampler.offer(doc(11_000, 109), now=109.8)
+    assert not sampler.offer({"generated_ms": 30_000, "error": "ZooKeeper away", "queues": []}, now=130.0)
+    assert sampler.history.series()["queues"]["q"]["produce"] == [10.0]

@@ -29,7 +29,7 @@ class QueueSample:
     """One queue at one moment."""
 
     last_seq: int  # -1: nothing produced
-    consumed: int  # the sum of its subscriptions' next seq to deliver (cursor + 1)
+    consumed: int  # the sum over its subscriptions of the last seq consumed + 1
     lag: int  # the sum of its subscriptions' lag
 
 
@@ -49,7 +49,7 @@ def sample_of(doc: Mapping[str, Any], at_ms: int) -> Sample:
         last = q.get("last_seq")
         out[str(q["queue"])] = QueueSample(
             last_seq=int(last) if last is not None else -1,
-            consumed=sum(int(s.get("cursor", -1)) + 1 for s in subs if s.get("cursor") is not None),
+            consumed=sum(int(s.get("last_seq", -1)) + 1 for s in subs),
             lag=sum(int(s.get("lag") or 0) for s in subs))
     return Sample(at_ms=at_ms, queues=out)
 
