@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from ordq.coordinator.daemon import CoordinatorDaemon
 
 log = logging.getLogger("ordq.status_page")
+# The sampler builds the page's document itself (ZooKeeper reads per queue, a probe per replica)
+# only up to this many queues; above, only a viewer's documents are sampled (issue 43: a
+# coordinator of 10^5 queues must not pay for a page nobody reads).
+AUTO_SAMPLE_MAX_QUEUES = 500
 PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one must not stall it
 
 
@@ -46,7 +50,7 @@ def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
 class Sampler:
     """Keeps ``history`` fed (issue 42: rates and lag over time): a sample every ``interval_s``
     from the document a viewer asked for, else from one built for it by a thread while this
-    coordinator leads (a standby's view is stale)."""
+    coordinator leads (a standby's view is stale) and has at most ``AUTO_SAMPLE_MAX_QUEUES``."""
 
     def __init__(self, daemon: CoordinatorDaemon, history: History, *, interval_s: float = INTERVAL_S) -> None:
         self.daemon = daemon
@@ -74,7 +78,9 @@ class Sampler:
     def _run(self) -> None:
         while True:
             time.sleep(max(0.5, self._last + self.interval_s - time.monotonic()))
-            if time.monotonic() - self._last < self.interval_s * 0.97 or not self.daemon.stats.is_leader:
+            st = self.daemon.stats
+            if time.monotonic() - self._last < self.interval_s * 0.97 or not st.is_leader \
+                    or len(st.queues) > AUTO_SAMPLE_MAX_QUEUES:
                 continue
             try:
                 self.offer(status_document(self.daemon), time.monotonic())
