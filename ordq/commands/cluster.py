@@ -207,7 +207,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     named = "zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK") or args.context \
         or os.environ.get("ORDQ_CONTEXT")
     if args.dir is None and (named or not LocalCluster.exists(DEFAULT_FOLDER)):
-        return _live_status(args)
+        from ordq.contexts import selected
+
+        if named or selected(None) is not None:
+            return _live_status(args)
+        # nothing names a cluster: "no local cluster in .ordq" (with what to do), as before
     args.dir = args.dir or DEFAULT_FOLDER
     cluster = LocalCluster.load(args.dir)
     statuses = cluster.status()
