@@ -75,18 +75,19 @@ def worker_python() -> str:
 
 
 QUIET_LOG4J = """\
-# ordq (spark_order_check/_session.py): the driver JVM logs errors only, unless -v
-rootLogger.level = error
+# ordq (spark_order_check/_session.py): the driver JVM prints errors only, unless -v.
+# The root level stays WARN: a PySpark driver counts as a shell, and a shell whose root level is
+# not WARN says "Setting default log level to ..." and how to change it; the appender's
+# threshold drops the WARN lines instead.
+rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
 appender.stderr.type = Console
 appender.stderr.name = stderr
 appender.stderr.target = SYSTEM_ERR
 appender.stderr.layout.type = PatternLayout
 appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-# A PySpark driver counts as a shell: given no level of its own, the shell's logger sets WARN and
-# says so ("Setting default log level ...", "To adjust logging level ...").
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
+appender.stderr.filter.threshold.type = ThresholdFilter
+appender.stderr.filter.threshold.level = error
 """
 
 
