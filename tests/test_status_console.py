@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ordq import __version__
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.helpers.chromium import Chromium
 from tests.util import wait_until
@@ -24,6 +25,9 @@ pytestmark = [pytest.mark.zk, pytest.mark.heavy]
 
 SECTIONS = "[...document.querySelectorAll('#queues section')].filter(s => !s.hidden).map(s => s.dataset.queue)"
 ZONED = re.compile(r"\d{1,2}:\d\d:\d\d( [AP]M)? [A-Z]{2,5}([+-]\d+)?")
+# each process row: name -> [listen, state, healthy, version]
+PROCESS_ROWS = ("Object.fromEntries([...document.querySelectorAll('#processes tr[data-process]')]"
+                ".map(r => [r.dataset.process, [...r.cells].slice(1, 5).map(c => c.innerText)]))")
 CHART_POINTS = "document.querySelector('#charts path[data-series=\"produced\"]')?.getAttribute('d')?.length || 0"
 
 
@@ -59,6 +63,12 @@ def test_the_console_charts_rates_and_lag_filters_and_lists_a_failover(cluster: 
         updated = browser.evaluate("document.getElementById('updated').innerText")
         assert ZONED.fullmatch(updated), updated  # a zone, e.g. "3:30:29 PM UTC"
         assert "lag, every queue" in browser.evaluate("document.getElementById('charts').innerText")
+        leader = browser.evaluate("document.getElementById('leader').innerText")
+        assert leader not in ("?", "none", ""), leader
+        rows = browser.evaluate(PROCESS_ROWS)
+        assert {"g1/master", "g1/slave", "g2/master", "g2/slave", "zk1", leader} <= set(rows), rows
+        assert all(r[2] == "yes" for r in rows.values()), rows  # [listen, state, healthy, version]
+        assert rows["g1/master"][3] == __version__
         screenshot(browser, tmp_path / "status-console.png")
         browser.evaluate("(f => { f.value = 'aud'; f.dispatchEvent(new Event('input')); })"
                          "(document.getElementById('filter'))")
@@ -69,6 +79,8 @@ def test_the_console_charts_rates_and_lag_filters_and_lists_a_failover(cluster: 
         cluster.groups["g1"].master.kill()
         wait_until(lambda: "orders: g1 -> g2" in (browser.evaluate("document.getElementById('failovers').innerText")
                                                   or ""), timeout_s=60, what="the failover listed")
+        wait_until(lambda: browser.evaluate(PROCESS_ROWS).get("g1/master", [""] * 4)[2] == "no", timeout_s=60,
+                   what="g1/master shown unhealthy")
         failover = browser.evaluate("document.getElementById('failovers').innerText")
         assert ZONED.match(failover), failover  # its time carries a zone
         screenshot(browser, tmp_path / "status-console-failover.png")

@@ -43,8 +43,26 @@ def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
                 continue  # deleted meanwhile
             except CorruptState as exc:  # that queue's line only; the page shows the others
                 queues.append({"queue": queue, "corrupt": exc.detail, "error": str(exc)})
+    processes, leader = cluster_processes(store)
     return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
-            "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers)}
+            "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers),
+            "processes": processes, "coordinator_leader": leader}
+
+
+def cluster_processes(store: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """Every process of the cluster with its health and version, as ``ordq status`` of any
+    cluster asks them (issue 42), and the coordinator leader's name; ([], None) when that fails
+    (the rest of the page still shows)."""
+    from ordq.cluster_live import live_status
+    from ordq.common.security import of_store
+
+    try:
+        statuses = live_status(store, store.hosts, of_store(store), rpc_timeout_s=PROBE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - one part of the page: the queues still show
+        log.debug("process status failed", exc_info=True)
+        return [], None
+    leader = next((s.name for s in statuses if s.kind == "coordinator" and s.state == "leader"), None)
+    return [s.to_dict() for s in statuses], leader
 
 
 class Sampler:
@@ -118,7 +136,8 @@ li.open { background: #e6f4ea } li.sealing { background: #fff4d6 } li.sealed { b
 li.down { border-color: #c00; color: #c00 }
 table { border-collapse: collapse } td, th { padding: .1em .7em; text-align: left }
 #error { color: #c00 }
-tr.blocked td, tr.parked td { background: #fde2e1; color: #900; font-weight: bold }
+tr.blocked td, tr.parked td, tr.unhealthy td { background: #fde2e1; color: #900; font-weight: bold }
+#processes { margin-bottom: 1em }
 #charts svg { border: 1px solid #ddd; margin-right: 1em; background: #fafafa }
 #charts figure { display: inline-block; vertical-align: top; margin: 0 1em 0 0; width: 360px }
 figcaption { font-size: 12px; color: #555 }
@@ -126,6 +145,8 @@ figcaption { font-size: 12px; color: #555 }
 <body>
 <h1>ordq</h1>
 <p>updated <span id="updated">never</span> <span id="error"></span></p>
+<p>coordinator leader: <b id="leader">?</b></p>
+<table id="processes"></table>
 <div id="charts"></div>
 <p><input id="filter" type="search" placeholder="filter queues" autocomplete="off">
    <span id="shown"></span> (busiest first)</p>
@@ -210,6 +231,12 @@ async function refresh() {
     const doc = await (await fetch("status.json", {cache: "no-store"})).json();
     document.getElementById("queues").replaceChildren(...busiestFirst(doc).map(queueSection));
     applyFilter();
+    document.getElementById("leader").textContent = doc.coordinator_leader || "none";
+    document.getElementById("processes").replaceChildren(
+      el("tr", {}, ...["process", "listen", "state", "healthy", "version", "detail"].map(h => el("th", {}, h))),
+      ...(doc.processes || []).map(p => el("tr", {"data-process": p.name, class: p.healthy ? "" : "unhealthy"},
+        el("td", {}, p.name), el("td", {}, p.listen || "-"), el("td", {}, p.state),
+        el("td", {}, p.healthy ? "yes" : "no"), el("td", {}, p.version || "-"), el("td", {}, p.detail || "-"))));
     const hist = doc.history, all = hist && hist.queues["*"];
     if (all) document.getElementById("charts").replaceChildren(
       chart("messages/s, every queue", hist.t_ms, [["produced", "#1a73e8", all.produce],
