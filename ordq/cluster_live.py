@@ -5,7 +5,7 @@ clusters started by ``ordq up``): the processes registered in ZooKeeper, each as
 - Brokers: every registered group's master and slave, by their liveness nodes (the address)
   and their ``Health`` RPC (health and version). A role without a liveness node is down.
 - Coordinators: the contenders of the coordinator election, by their identifiers
-  (``host-pid metrics-url@service-address``, ordq/commands/coordinator.py) and their /health
+  (``host-pid@metrics-url@service-address``, ordq/commands/coordinator.py) and their /health
   page (leader or standby, version).
 
 Rules: read-only; every question is bounded by a short timeout, so a hung process shows as
@@ -36,11 +36,12 @@ class Contender:
 
     @classmethod
     def parse(cls, identifier: str) -> Contender:
-        """``host-pid[ metrics-url]@address`` (the address after the last '@', as clients read it)."""
+        """``host-pid[@metrics-url]@address`` (the address after the last '@', as clients read it;
+        the name before the first)."""
         head, at, address = identifier.rpartition("@")
         if not at:
             head, address = identifier, ""
-        name, _, url = head.partition(" ")
+        name, _, url = head.partition("@")
         return cls(name=name, address=address, metrics_url=url.strip() or None)
 
 

@@ -55,7 +55,7 @@ def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster
 
 
 def test_contender_identifiers_and_srvr_answers_parse() -> None:
-    assert Contender.parse("h-12 http://127.0.0.1:9/metrics@127.0.0.1:7000") == Contender(
+    assert Contender.parse("h-12@http://127.0.0.1:9/metrics@127.0.0.1:7000") == Contender(
         name="h-12", address="127.0.0.1:7000", metrics_url="http://127.0.0.1:9/metrics")
     assert Contender.parse("h-12@127.0.0.1:7000") == Contender(name="h-12", address="127.0.0.1:7000",
                                                                metrics_url=None)

@@ -161,7 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         announce(f"METRICS {metrics_url}")
         # ... and where its /health page is (beside /metrics), for `ordq status` of any cluster:
         # the election starts with the worker below, after this.
-        daemon.identifier = ident = f"{socket.gethostname()}-{os.getpid()} {metrics_url}@{address}"
+        # host-pid@metrics-url@address: what precedes the first '@' and follows the last stays as it was.
+        daemon.identifier = ident = f"{socket.gethostname()}-{os.getpid()}@{metrics_url}@{address}"
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:
