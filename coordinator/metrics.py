@@ -18,6 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ordq.common.version import VERSION
+
 # Seal runs take a few ms (both replicas answer) to a few s (one is down: RPC timeouts).
 SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A round with nothing to do takes microseconds; a first load of 10,000 queues some seconds.
@@ -194,7 +196,7 @@ class CoordinatorMetrics(Collector):
         for the per-queue render's lock."""
         st = self.stats
         doc = {"leader": st.is_leader, "term": st.term, "rounds": st.rounds, "errors": st.errors,
-               "queues": len(st.queues), "unexpected": st.unexpected}
+               "queues": len(st.queues), "unexpected": st.unexpected, "version": VERSION}
         return "application/json", json.dumps(doc).encode()
 
     def page(self) -> tuple[str, bytes]:

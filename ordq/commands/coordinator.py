@@ -157,7 +157,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics:
         from ordq.admin.status_page import pages
 
-        announce(f"METRICS {daemon.serve_metrics(args.metrics, pages=pages(daemon)).url}")
+        metrics_url = daemon.serve_metrics(args.metrics, pages=pages(daemon)).url
+        announce(f"METRICS {metrics_url}")
+        # ... and where its /health page is (beside /metrics), for `ordq status` of any cluster:
+        # the election starts with the worker below, after this.
+        # host-pid@metrics-url@address: what precedes the first '@' and follows the last stays as it was.
+        daemon.identifier = ident = f"{socket.gethostname()}-{os.getpid()}@{metrics_url}@{address}"
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:

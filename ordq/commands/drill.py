@@ -54,9 +54,9 @@ def register(subparsers: Any) -> None:
                         help="messages per second (default 4000; 100 for 'partitions')")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
-    parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None,
-                        help="testing the drills: make each run lose or reorder one delivery before the verdict "
-                             "(the drill must then FAIL)")
+    # A testing knob, hidden from --help (issue 42): make each run lose or reorder one delivery
+    # before the verdict, so that the drill must FAIL (tests/test_drills.py).
+    parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None, help=argparse.SUPPRESS)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
