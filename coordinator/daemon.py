@@ -43,6 +43,7 @@ from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
+from ordq.coordinator.group_moves import batches, plan_moves
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst, in_slices
 from ordq.coordinator.store import Known, ZkStore
@@ -252,6 +253,7 @@ class CoordinatorDaemon:
             self.stats.zk_reads = view.reads
         if len(queues) > 1:
             queues = urgent_first(queues, self._written, started)
+            queues = self._move_dead_heads(queues, view, started)
             # Why a pool: after a head master dies every queue it headed fails over, each a
             # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
             # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
@@ -274,6 +276,47 @@ class CoordinatorDaemon:
                 with self._lock:
                     self.stats.drop_queue(gone)
         self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
+        """Fail over, in batched transactions, every queue of ``queues`` whose head group is
+        dead (``group_moves``), written queues first; return the queues left for the per-queue
+        round (those not moved here). A moved queue's write fires its watch: its seal is planned
+        in the next round. One queue alone goes the per-queue way (no batch to gain)."""
+        entries = view.entries
+        rows = []
+        for q in queues:
+            entry = entries.get(q)
+            if entry is None or entry.state is None or entry.problem is not None:
+                continue
+            rows.append((q, entry.state, entry.version, view.facts(entry)))
+        busy = {q for q, *_ in rows if is_written(q, self._written, now)}
+        moves = plan_moves(rows, busy)
+        if len(moves) < 2:
+            return queues
+        moved: set[str] = set()
+        for part in batches(moves):
+            if self._stop.is_set():
+                break
+            if not part[0].busy:
+                self._wait_turn()  # a producer's FailOver first (pacing.py)
+            try:
+                done, _left = self.store.apply_batch([(m.queue, m.version, m.after) for m in part],
+                                                     view.group_versions)
+            except OrdqError as exc:  # left to the per-queue rounds
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("moving %d heads off a dead group: %s", len(part), exc)
+                continue
+            moved.update(done)
+            with self._lock:
+                if done:
+                    self.stats.move_batches += 1
+                    self.stats.batched_moves += len(done)
+                    self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
+                        + len(done)
+        if moved:
+            log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
+        return [q for q in queues if q not in moved]
 
     def _guarded_round(self, queue: str) -> None:
         """One queue's round; whatever it raises is counted and logged, and the queue planned
