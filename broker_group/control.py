@@ -12,9 +12,13 @@ from collections.abc import Callable
 from ordq.broker_group.segments import SegmentStore, park, write_meta
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
-from ordq.common.errors import SegmentNotFound
+from ordq.common.errors import ConfigError, OrdqError, SegmentNotFound
+from ordq.coordinator.paths import check_name
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import SegmentNotWritable
+
+# Segments one SealMany call may name: the coordinator sends 200 (coordinator/seal.py).
+MAX_SEAL_MANY = 1000
 
 
 class Control:
@@ -49,6 +53,20 @@ class Control:
         park(s)
         self.on_sealed(s)
         return end
+
+    def seal_many(self, request: pb.SealManyRequest) -> pb.SealManyResponse:
+        """``seal`` of each segment named, in order; one that cannot be sealed (not held here,
+        corrupt, a bad name) is answered with its error, the others go on (issue 43)."""
+        if len(request.segments) > MAX_SEAL_MANY:
+            raise ConfigError(f"SealMany: at most {MAX_SEAL_MANY} segments a call, not {len(request.segments)}")
+        out = pb.SealManyResponse()
+        for ref in request.segments:
+            try:
+                check_name("queue", ref.queue)
+                out.results.append(pb.SealManyResult(segment=ref, end=self.seal(ref.queue, ref.seg)))
+            except OrdqError as exc:
+                out.results.append(pb.SealManyResult(segment=ref, error=f"{type(exc).__name__}: {exc}"))
+        return out
 
     def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:
         with self.shared.cv:

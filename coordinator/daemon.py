@@ -59,6 +59,9 @@ _ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, O
 # Seal runner: (queue, seg, known=(state, version) | None, members={role: LiveInfo} | None)
 # -> None (``seal.run_seal``); raises OrdqError when no replica answers.
 Sealer = Callable[..., None]
+# Batched seal runner: (gid, [(queue, seg, state, version)], {role: LiveInfo}) -> queues it left
+# to ``Sealer`` (``seal.seal_batch``); raises OrdqError when no replica answers.
+BatchSealer = Callable[..., list[str]]
 # What a head master says of every open segment it holds: its address -> {(queue, seg): size
 # and age}; raises OrdqError when it does not answer.
 Prober = Callable[[str], Mapping[tuple[str, int], OpenSegment]]
@@ -81,6 +84,8 @@ ROUND_WORKERS = 4
 ROUND_SLICE = 250
 # Seals run at once, beside the rounds (``_seal_later``).
 SEAL_WORKERS = 2
+# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43).
+SEAL_BATCH = 200
 # A queue whose open segment a probe saw grow within this long is "written": after a head
 # master dies its failover and seal come before those of the idle queues it also headed
 # (``urgent_first``): a producer or consumer may wait on it; 10,000 idle ones wait on nobody.
@@ -111,6 +116,7 @@ class CoordinatorDaemon:
         *,
         sealer: Sealer | None = None,
         prober: Prober | None = None,
+        batch_sealer: BatchSealer | None = None,
         interval_s: float = 0.5,
         identifier: str = "",
         sweep_interval_s: float = SWEEP_INTERVAL_S,
@@ -126,6 +132,7 @@ class CoordinatorDaemon:
         self.store = store
         self.sealer = sealer
         self.prober = prober
+        self.batch_sealer = batch_sealer
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
@@ -142,6 +149,8 @@ class CoordinatorDaemon:
         # seals waiting for a worker, written queues' first: (0 written / 1 idle, order, job)
         self._seals: list[tuple[int, int, Callable[[], None]]] = []
         self._seal_order = itertools.count()
+        # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
+        self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
         self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
@@ -391,6 +400,19 @@ class CoordinatorDaemon:
                     self._sealing_now.discard(key)
 
         urgent = is_written(queue, self._written, time.monotonic())
+        if (not urgent and self.batch_sealer is not None and known is not None and view is not None
+                and action.gid is not None):
+            with self._lock:
+                waiting = self._seal_batches.setdefault(action.gid, {})
+                first = not waiting
+                waiting[queue] = (action.seg, known[0], known[1])
+            if not first:
+                return  # the group's batch job, queued already, takes it
+            gid = action.gid
+
+            def run() -> None:
+                self._seal_group_batch(gid, view)
+
         with self._lock:
             heapq.heappush(self._seals, (0 if urgent else 1, next(self._seal_order), run))
         try:
@@ -398,6 +420,51 @@ class CoordinatorDaemon:
         except RuntimeError:  # shut down: stopping
             with self._lock:
                 self._sealing_now.discard(key)
+
+    def _seal_group_batch(self, gid: str, view: DaemonView) -> None:
+        """Seal the idle queues' segments of ``gid`` waiting in ``_seal_batches``, ``SEAL_BATCH``
+        at a time (``seal.seal_batch``: one SealMany per replica, one ZooKeeper transaction);
+        those it leaves go the one-by-one way (``_seal_later`` without a batch: it reads afresh)."""
+        assert self.batch_sealer is not None
+        while not self._stop.is_set():
+            self._wait_turn()
+            with self._lock:
+                waiting = self._seal_batches.get(gid, {})
+                part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
+                for q in part:
+                    del waiting[q]
+                if not waiting:
+                    self._seal_batches.pop(gid, None)
+            if not part:
+                return
+            items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
+            started = time.monotonic()
+            try:
+                left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
+            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
+                with self._lock:
+                    for q, (seg, _st, _v) in part.items():
+                        self._sealing_now.discard((q, seg))
+                for q in part:  # planned again by the timer
+                    view.schedule(q, time.monotonic() + RETRY_S)
+                continue
+            sealed = len(items) - len(left)
+            self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+            with self._lock:
+                for q, (seg, _st, _v) in part.items():
+                    if q not in left:
+                        self._sealing_now.discard((q, seg))
+                self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
+                self.stats.seal_batches += 1
+                self.stats.batched_seals += sealed
+            for q in left:  # one by one, reading afresh
+                seg = part[q][0]
+                with self._lock:
+                    self._sealing_now.discard((q, seg))
+                self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
 
     def _idle_waits_turn(self, queue: str) -> None:
         """An idle queue's job (not ``is_written``) starts once the service's urgent requests

@@ -1,7 +1,8 @@
 """A group that heads many queues dies (issue 43, DESIGN §6 "a group that heads thousands of
 queues dies"): real broker processes, a real coordinator process, real ZooKeeper. Both
 processes of the head group are killed (-9); the coordinator moves every head off it in
-batched transactions, the queue being written first, and its producer goes on on the new head."""
+batched transactions, the queue being written first, and its producer goes on on the new head;
+when one of its processes returns, the old segments are sealed from it in batches."""
 
 from __future__ import annotations
 
@@ -48,3 +49,16 @@ def test_killing_a_group_moves_every_head_busy_queue_first(cluster: Cluster) -> 
     producer.stop_sending()
     producer.join(60)
     assert producer.stats is not None and producer.stats.head == "g2"
+
+    # one disk comes back (OPERATIONS, "Both processes of a group are lost"): the idle queues'
+    # old segments are sealed from it in batches (one SealMany, one transaction per batch)
+    cluster.restart(cluster.groups["g1"].slave)
+
+    def sealed() -> bool:
+        got = cluster.store.load_states(["busy", *idle])
+        return all(not isinstance(v, Exception) and v[0].consume[0].status.value == "sealed"
+                   for v in got.values())
+
+    wait_until(sealed, timeout_s=60, interval_s=0.1, what="every old segment sealed from g1's slave")
+    metrics = read_metrics(url)
+    assert (value(metrics, "ordq_coordinator_batched_seals_total") or 0) >= IDLE // 2
