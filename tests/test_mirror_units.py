@@ -7,7 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ordq.admin.mirrors import is_mirror_subscription, mirror_lag
+from ordq.admin.queue_views import SubscriptionView
 from ordq.common.errors import ConfigError, MirrorDiverged, MirrorLoop
+from ordq.coordinator.state import Cursor
 from ordq.mirror.chain import MIRROR_HEADER, Hop, SourceFilter, copy_headers, encode_chain, parse_chain, resume_from
 from ordq.mirror.config import MirrorConfig, MirrorEnd, RetryPolicy, split_end
 
@@ -92,3 +95,36 @@ def test_retry_waits_double_up_to_the_bound() -> None:
     assert [r.wait_s(n) for n in (1, 2, 3, 4, 9)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     with pytest.raises(ConfigError):
         RetryPolicy(first_s=0)
+
+
+# -- the lag a source cluster shows of its mirrors (ordq top, the status page) -----------------
+
+
+def _sub(name: str, last_seq: int, held_by: str | None = None) -> SubscriptionView:
+    return SubscriptionView(name, Cursor(seg=0, offset=last_seq + 1, last_seq=last_seq), None, held_by)
+
+
+def test_mirror_subscriptions_are_named_after_their_target() -> None:
+    assert is_mirror_subscription("mirror.dc2") and not is_mirror_subscription("mirror.")
+    assert not is_mirror_subscription("billing") and not is_mirror_subscription("mirrors")
+    row = mirror_lag("q", _sub("mirror.dc2", 19, "m1"), 49, 1_000_000, 3_500_000)
+    assert (row.target, row.copied_seq, row.lag_messages, row.lag_seconds, row.held_by) == ("dc2", 19, 30, 2.5, "m1")
+
+
+def test_mirror_lag_is_zero_when_caught_up_and_unknown_when_the_source_end_is() -> None:
+    caught_up = mirror_lag("q", _sub("mirror.dc2", 49), 49, None, 10)
+    assert (caught_up.lag_messages, caught_up.lag_seconds) == (0, 0.0)
+    unknown = mirror_lag("q", _sub("mirror.dc2", 10), None, 5, 10)
+    assert (unknown.lag_messages, unknown.lag_seconds) == (None, None)
+    unread = mirror_lag("q", _sub("mirror.dc2", 10), 12, None, 10)  # the oldest waiting message not read
+    assert (unread.lag_messages, unread.lag_seconds) == (2, None)
+
+
+@given(st.integers(-1, 10**6), st.integers(-1, 10**6), st.integers(0, 10**12), st.integers(0, 10**12))
+def test_mirror_lag_is_never_negative_and_zero_only_when_nothing_waits(copied: int, last: int, ts: int,
+                                                                      now: int) -> None:
+    row = mirror_lag("q", _sub("mirror.x", copied), last, ts, now)
+    assert row.lag_messages == max(last - copied, 0)
+    assert row.lag_seconds is not None and row.lag_seconds >= 0
+    if last <= copied:
+        assert row.lag_seconds == 0.0
