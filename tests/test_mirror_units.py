@@ -4,15 +4,17 @@ gate between the source and the target, the names of its two ends. No I/O."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordq.admin.mirrors import is_mirror_subscription, mirror_lag
 from ordq.admin.queue_views import SubscriptionView
 from ordq.common.errors import ConfigError, MirrorDiverged, MirrorLoop
 from ordq.coordinator.state import Cursor
+from ordq.coordinator.topics import TopicConfig, partition_of, partition_queue
 from ordq.mirror.chain import MIRROR_HEADER, Hop, SourceFilter, copy_headers, encode_chain, parse_chain, resume_from
 from ordq.mirror.config import MirrorConfig, MirrorEnd, RetryPolicy, split_end
+from ordq.mirror.topic import partition_pairs
 
 
 def test_a_copy_keeps_the_applications_headers_and_adds_a_hop() -> None:
@@ -128,3 +130,44 @@ def test_mirror_lag_is_never_negative_and_zero_only_when_nothing_waits(copied: i
     assert row.lag_seconds is not None and row.lag_seconds >= 0
     if last <= copied:
         assert row.lag_seconds == 0.0
+
+
+# -- a mirror of a keyed topic: partition i to partition i ------------------------------------
+
+
+def test_a_topic_end_names_every_partition_of_the_topic() -> None:
+    assert split_end("127.0.0.1:2181/ordq/topic:orders") == ("127.0.0.1:2181", "/ordq", "topic:orders")
+    for bad in ("z:1/r/topic:", "z:1/r/topic:a:b", "z:1/r/topic:a b"):
+        with pytest.raises(ConfigError):
+            split_end(bad)
+
+
+def _ends(partitions_a: int, partitions_b: int) -> list[tuple[MirrorEnd, MirrorEnd]]:
+    a = MirrorEnd(name="z:1/a", zk_hosts="z:1", root="/a", queue="orders", identity="A", topic=True)
+    b = MirrorEnd(name="z:1/b", zk_hosts="z:1", root="/b", queue="orders2", identity="B", topic=True)
+    return partition_pairs(a, b, TopicConfig(partitions_a), TopicConfig(partitions_b))
+
+
+@settings(deadline=None)  # up to 256 partitions a case: slow on a loaded box, never wrong
+@given(st.integers(1, 256))
+def test_each_partition_is_copied_to_the_same_partition_so_every_key_keeps_its_partition(n: int) -> None:
+    pairs = _ends(n, n)
+    assert [(s.queue, t.queue) for s, t in pairs] == [(f"orders.p{i}", f"orders2.p{i}") for i in range(n)]
+    assert all(not s.topic and not t.topic and s.identity == "A" and t.identity == "B" for s, t in pairs)
+    # what a key's partition is on the source, it is on the target
+    for key in (b"", b"k1", b"customer-42", bytes(range(30))):
+        i = partition_of(key, n)
+        assert pairs[i][0].queue == partition_queue("orders", i) and pairs[i][1].queue == partition_queue("orders2", i)
+
+
+def test_topics_of_different_partition_counts_are_refused_saying_what_to_do() -> None:
+    with pytest.raises(ConfigError, match=r"z:1/a/topic:orders has 4 partitions and z:1/b/topic:orders2 has 3: .* "
+                                          r"give the target topic 4 partitions"):
+        _ends(4, 3)
+
+
+def test_a_queue_is_not_mirrored_into_a_topic() -> None:
+    a = MirrorEnd(name="z:1/a", zk_hosts="z:1", root="/a", queue="orders", identity="A", topic=True)
+    b = MirrorEnd(name="z:1/b", zk_hosts="z:1", root="/b", queue="orders", identity="B")
+    with pytest.raises(ConfigError, match="a queue to a queue or a topic to a topic"):
+        MirrorConfig(source=a, target=b)
