@@ -114,16 +114,18 @@ class LabCluster:
 
     @classmethod
     def start(cls, lab: Lab, *, groups: Sequence[str] | None = None, coordinators: Sequence[str] | None = None,
-              session_timeout_s: float = SESSION_TIMEOUT_S, layout: Layout = SHARED) -> LabCluster:
+              session_timeout_s: float = SESSION_TIMEOUT_S, layout: Layout = SHARED,
+              name: str = "cluster") -> LabCluster:
         """Deploy the cluster in ``lab`` (``layout.hosts`` hosts at least), files under
-        ``<lab folder>/cluster``. OrdqError (ExternalProcessError, ConfigError) when a step
-        fails; what started is stopped with the lab."""
+        ``<lab folder>/<name>`` (two clusters of one lab, on hosts of their own: two names).
+        OrdqError (ExternalProcessError, ConfigError) when a step fails; what started is
+        stopped with the lab."""
         if len(lab.hosts) < layout.hosts:
             raise OrdqError(f"a lab cluster needs {layout.hosts} hosts, the lab has {len(lab.hosts)}")
         groups = tuple(layout.groups) if groups is None else groups
         coordinators = layout.coordinators if coordinators is None else coordinators
         t0 = time.monotonic()
-        folder = lab.folder / "cluster"
+        folder = lab.folder / name
         folder.mkdir()
         zk_hosts = ",".join(f"{lab.address(h)}:2181" for h in layout.zk_hosts)
         cluster = cls(lab, folder, zk_hosts, folder / "credentials.json", layout)
