@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import OrdqError
-from ordq.common.proc import ManagedProcess
+from ordq.common.proc import ManagedProcess, load_stretched
 from ordq.common.security import Credentials, issue, make_ca, register, register_coordinators
 from ordq.lab.lab import Lab
 
@@ -190,8 +190,10 @@ class LabCluster:
         zk = self.layout.zk_hosts
         configs = {h: self._host_dir(h) / "zk.toml" for h in zk}
         if wait:
-            self.lab.call(zk[0], [ordq_command(), "zk", "start", "--config", str(configs[zk[0]])],
-                          timeout_s=120)
+            # Stretched by the load: at load 40 on two cores a JVM took 45 s to open its port.
+            serve_s = load_stretched(60.0)
+            self.lab.call(zk[0], [ordq_command(), "zk", "start", "--config", str(configs[zk[0]]),
+                                  "--timeout", f"{serve_s:.0f}"], timeout_s=serve_s + 60)
             return
         servers = "".join(f'\n[[servers]]\nhost = "{self.lab.address(h)}"\n' for h in zk)
         for myid, host in enumerate(zk, 1):
