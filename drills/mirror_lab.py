@@ -111,9 +111,9 @@ class MirrorDrill:
         """Messages centre 1's producer got acked (its audit's lines)."""
         from ordq.spark_order_check.copy_check import source_acks
 
-        if not (self.folder / "dc1-run").exists():
+        if not (self.folder / "dc1-run" / "acks").exists():
             return 0
-        return len(source_acks([str(self.folder / "dc1-run")]))
+        return len(source_acks([str(self.folder / "dc1-run" / "acks")]))
 
     # -- the mirror's instances -----------------------------------------------------------------
 
@@ -244,8 +244,8 @@ class MirrorDrill:
             str(self.folder / "dc2-run")], timeout_s=load_stretched(300))
         from ordq.spark_order_check.copy_check import check_copy, copy_rows, source_acks
 
-        result = check_copy(source_acks([str(self.folder / "dc1-run")]),
-                            copy_rows([str(self.folder / "dc2-run")], []))
+        result = check_copy(source_acks([str(self.folder / "dc1-run" / "acks")]),
+                            copy_rows([str(self.folder / "dc2-run" / "deliveries")], []))
         self.expect(f"the copy holds all {acked} acked messages", result.copy_messages == acked)
         return {"order": faults, "acked": acked, "copy": result.to_dict(), "clean": result.clean}
 
