@@ -3,6 +3,8 @@ gate between the source and the target, the names of its two ends. No I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -171,3 +173,26 @@ def test_a_queue_is_not_mirrored_into_a_topic() -> None:
     b = MirrorEnd(name="z:1/b", zk_hosts="z:1", root="/b", queue="orders", identity="B")
     with pytest.raises(ConfigError, match="a queue to a queue or a topic to a topic"):
         MirrorConfig(source=a, target=b)
+
+
+def test_a_topic_mirrors_series_have_a_sample_per_partition() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ordq.common.metrics import parse, value
+    from ordq.mirror.lag import Lag, MirrorMetrics, MirrorSnapshot
+
+    def part(i: int, lag: Lag | None) -> tuple[dict[str, str], Callable[[], MirrorSnapshot]]:
+        snap = MirrorSnapshot("leading" if i == 0 else "standby", 10 * i, 0, 0, 1, lag)
+        return {"source": f"a/orders.p{i}", "target": f"b/orders.p{i}"}, lambda: snap
+
+    registry = CollectorRegistry()
+    metrics = MirrorMetrics([part(0, Lag(9, 4, 5, 1.5, 0.0)), part(1, None)], registry=registry)
+    try:
+        samples = parse(generate_latest(registry).decode())
+        assert value(samples, "ordq_mirror_lag_messages", source="a/orders.p0") == 5
+        assert value(samples, "ordq_mirror_lag_messages", source="a/orders.p1") == -1  # unknown
+        assert value(samples, "ordq_mirror_lag_seconds", source="a/orders.p0") == 1.5
+        assert value(samples, "ordq_mirror_copied_messages_total", target="b/orders.p1") == 10
+        assert value(samples, "ordq_mirror_leader") == 1  # one partition led here
+    finally:
+        metrics.close()
