@@ -4,6 +4,7 @@ topics of different partition counts refused before anything is copied."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -89,3 +90,10 @@ def test_a_topic_mirror_copies_each_partition_to_the_same_partition_and_keeps_ea
             rounds[k].append(int(v.split(b":")[1]))
         assert all(r == list(range(40)) for r in rounds.values()), "a key out of order"
         assert last_readable(b, queue) == n - 1  # and nothing more than once
+    # the status of a topic's mirror: a row per partition, none behind
+    status = a.ordq("mirror", "status", "--from", end(a, "topic:orders"), "--to", end(b, "topic:orders"), "--json")
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["partitions"]
+    assert [r["source"].rsplit("/", 1)[1] for r in rows] == [partition_queue("orders", p) for p in range(PARTITIONS)]
+    assert [(r["copied_seq"], r["lag_messages"]) for r in rows] == [
+        (per_partition[p] - 1, 0) for p in range(PARTITIONS)]
