@@ -153,7 +153,10 @@ class LabCluster:
         for host in coordinators:
             cluster.coordinators[host] = cluster._coordinator(host, session_timeout_s)
         with ThreadPoolExecutor(len(groups)) as pool:
-            list(pool.map(lambda gid: cluster.call(layout.producer_host, ["group", "add", gid]), groups))
+            # a ZooKeeper session over TLS at load 20 took longer than the CLI's 5 s: stretched
+            zk_timeout = f"{load_stretched(5.0):.0f}"
+            list(pool.map(lambda gid: cluster.call(layout.producer_host, ["--zk-timeout", zk_timeout, "group", "add",
+                                                                          gid]), groups))
         cluster.timings["groups"] = time.monotonic() - t0
         for gid in groups:
             for role, host in zip(("master", "slave"), layout.groups[gid], strict=True):
