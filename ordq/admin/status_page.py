@@ -1,6 +1,7 @@
 """The coordinator's status page: ``/status`` (a page that redraws itself every second from
 ``/status.json``) and ``/status.json`` (every queue as ``ordq queue describe --json`` shows it,
-plus the failovers this daemon saw), served beside ``/metrics``.
+the failovers this daemon saw, and each mirror's lag as ``ordq.admin.mirrors`` reads it), served
+beside ``/metrics``.
 
 Rules: read-only. The document is built per request (ZooKeeper reads and one size/end probe
 per segment replica, each bounded by a short RPC timeout), never in the duty loop.
@@ -30,23 +31,27 @@ PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one mus
 
 
 def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
-    from ordq.admin.queue_views import describe_queue
+    from ordq.admin.mirrors import mirror_views
+    from ordq.admin.queue_views import QueueView, describe_queue
     from ordq.sdk.replicas import ReplicaReader
 
     store = daemon.store
     queues = []
+    views: dict[str, QueueView] = {}
     with ReplicaReader(store, rpc_timeout_s=PROBE_TIMEOUT_S) as reader:
         for queue in store.list_queues():
             try:
-                queues.append(describe_queue(store, reader, queue).to_dict())
+                views[queue] = describe_queue(store, reader, queue)
+                queues.append(views[queue].to_dict())
             except NotFound:
                 continue  # deleted meanwhile
             except CorruptState as exc:  # that queue's line only; the page shows the others
                 queues.append({"queue": queue, "corrupt": exc.detail, "error": str(exc)})
+        mirrors = [m.to_dict() for m in mirror_views(store, reader, views)]
     processes, leader = cluster_processes(store)
     return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
             "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers),
-            "processes": processes, "coordinator_leader": leader}
+            "processes": processes, "coordinator_leader": leader, "mirrors": mirrors}
 
 
 def cluster_processes(store: Any) -> tuple[list[dict[str, Any]], str | None]:
@@ -153,6 +158,8 @@ figcaption { font-size: 12px; color: #555 }
 <div id="queues"></div>
 <h2>Recent failovers</h2>
 <ul id="failovers"></ul>
+<h2>Mirrors</h2>
+<table id="mirrors"></table>
 <script>
 "use strict";
 function el(tag, attrs, ...children) {
@@ -245,6 +252,13 @@ async function refresh() {
     document.getElementById("failovers").replaceChildren(...doc.failovers.slice().reverse().map(f =>
       el("li", {"data-queue": f.queue}, `${when(f.at_ms)} ${f.queue}: ` +
          `${f.from} -> ${f.to || "none"} (segment ${f.seg ?? "?"})`)));
+    document.getElementById("mirrors").replaceChildren(...(doc.mirrors || []).length ? [el("tr", {},
+      ...["queue", "to", "copied seq", "lag (messages)", "lag (seconds)", "mirror"].map(h => el("th", {}, h))),
+      ...doc.mirrors.map(m => el("tr", {"data-mirror": m.subscription, "data-queue": m.queue},
+        el("td", {}, m.queue), el("td", {}, m.target), el("td", {}, String(m.copied_seq)),
+        el("td", {}, String(m.lag_messages ?? "?")),
+        el("td", {}, m.lag_seconds === null ? "?" : m.lag_seconds.toFixed(1)),
+        el("td", {}, m.held_by || "-")))] : []);
     document.getElementById("error").textContent = doc.error || "";
     document.getElementById("updated").textContent = when(doc.generated_ms);
   } catch (e) {
