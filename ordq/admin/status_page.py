@@ -27,10 +27,17 @@ log = logging.getLogger("ordq.status_page")
 # only up to this many queues; above, only a viewer's documents are sampled (issue 43: a
 # coordinator of 10^5 queues must not pay for a page nobody reads).
 AUTO_SAMPLE_MAX_QUEUES = 500
+# ... and only for an hour after someone last loaded the page: a coordinator nobody watches does
+# no work for it (a sample is a describe of every queue, and was also a health call to every
+# process; with it in every coordinator, tests/test_under_load.py failed twice in a row, its
+# consumer's Subscribe unanswered for 10 s beside six busy loops).
+VIEWED_S = 3600.0
 PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one must not stall it
 
 
-def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
+def status_document(daemon: CoordinatorDaemon, *, queues_only: bool = False) -> dict[str, Any]:
+    """The page's document; ``queues_only``: without the processes' health and the mirrors
+    (what a history sample needs: no RPC to every process of the cluster)."""
     from ordq.admin.mirrors import mirror_views
     from ordq.admin.queue_views import QueueView, describe_queue
     from ordq.sdk.replicas import ReplicaReader
@@ -47,8 +54,8 @@ def status_document(daemon: CoordinatorDaemon) -> dict[str, Any]:
                 continue  # deleted meanwhile
             except CorruptState as exc:  # that queue's line only; the page shows the others
                 queues.append({"queue": queue, "corrupt": exc.detail, "error": str(exc)})
-        mirrors = [m.to_dict() for m in mirror_views(store, reader, views)]
-    processes, leader = cluster_processes(store)
+        mirrors = [] if queues_only else [m.to_dict() for m in mirror_views(store, reader, views)]
+    processes, leader = ([], None) if queues_only else cluster_processes(store)
     return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
             "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers),
             "processes": processes, "coordinator_leader": leader, "mirrors": mirrors}
@@ -73,7 +80,8 @@ def cluster_processes(store: Any) -> tuple[list[dict[str, Any]], str | None]:
 class Sampler:
     """Keeps ``history`` fed (issue 42: rates and lag over time): a sample every ``interval_s``
     from the document a viewer asked for, else from one built for it by a thread while this
-    coordinator leads (a standby's view is stale) and has at most ``AUTO_SAMPLE_MAX_QUEUES``."""
+    coordinator leads (a standby's view is stale), has at most ``AUTO_SAMPLE_MAX_QUEUES`` and a
+    viewer loaded the page within ``VIEWED_S``; those samples leave out the processes and mirrors."""
 
     def __init__(self, daemon: CoordinatorDaemon, history: History, *, interval_s: float = INTERVAL_S) -> None:
         self.daemon = daemon
@@ -81,7 +89,12 @@ class Sampler:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._last = float("-inf")  # time.monotonic() of the last sample
+        self._viewed = float("-inf")  # time.monotonic() of a viewer's last document
         self._thread: threading.Thread | None = None
+
+    def viewed(self, now: float) -> None:
+        """A viewer asked for the page: the thread samples for the next ``VIEWED_S``."""
+        self._viewed = now
 
     def offer(self, doc: dict[str, Any], now: float) -> bool:
         """Keep a sample of ``doc`` unless one was kept less than ``interval_s`` ago (97 %:
@@ -102,11 +115,12 @@ class Sampler:
         while True:
             time.sleep(max(0.5, self._last + self.interval_s - time.monotonic()))
             st = self.daemon.stats
-            if time.monotonic() - self._last < self.interval_s * 0.97 or not st.is_leader \
-                    or len(st.queues) > AUTO_SAMPLE_MAX_QUEUES:
+            now = time.monotonic()
+            if now - self._last < self.interval_s * 0.97 or not st.is_leader \
+                    or len(st.queues) > AUTO_SAMPLE_MAX_QUEUES or now - self._viewed > VIEWED_S:
                 continue
             try:
-                self.offer(status_document(self.daemon), time.monotonic())
+                self.offer(status_document(self.daemon, queues_only=True), time.monotonic())
             except Exception:  # noqa: BLE001 - ZooKeeper away, a queue mid-change: the next tick tries again
                 log.debug("status sample failed", exc_info=True)
 
@@ -118,6 +132,7 @@ def pages(daemon: CoordinatorDaemon) -> dict[str, Page]:
     def document() -> tuple[str, bytes]:
         try:
             doc = status_document(daemon)
+            sampler.viewed(time.monotonic())
             sampler.offer(doc, time.monotonic())
         except OrdqError as exc:  # ZooKeeper away: say so on the page instead of failing it
             doc = {"generated_ms": int(time.time() * 1000), "error": str(exc), "queues": [], "failovers": []}
