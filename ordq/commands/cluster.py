@@ -206,6 +206,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     named = "zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK") or args.context \
         or os.environ.get("ORDQ_CONTEXT")
+    if named and args.dir is None and LocalCluster.exists(DEFAULT_FOLDER):
+        local = LocalCluster.load(DEFAULT_FOLDER)
+        if (local.zk_hosts, local.root) == (getattr(args, "zk", None), getattr(args, "root", None)):
+            named = False  # it names the local cluster itself (ORDQ_ZK as `ordq up` printed it): its view
     if args.dir is None and (named or not LocalCluster.exists(DEFAULT_FOLDER)):
         from ordq.contexts import selected
 
