@@ -4,9 +4,10 @@
 
 Wall time and CPU time (user + system of the child) of separate ``ordq`` processes, as a user
 runs them: ``--help`` always; with ``--zk`` (a cluster ``ordq up`` started and registered),
-also ``queue list`` and a one-message ``produce`` to the queue ``bench-cli`` (created if
-missing). p50 and p90 of ``--runs`` runs each. Note the load average beside every figure:
-wall time on a busy box grows with the load, CPU time much less.
+also ``queue list``, a one-message ``produce`` to the queue ``bench-cli`` (created if
+missing) and ``status`` (read from ZooKeeper, each process asked). p50 and p90 of ``--runs``
+runs each. Note the load average beside every figure: wall time on a busy box grows with the
+load, CPU time much less.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        capture_output=True, check=False)
         rows.append(measure("ordq queue list", [*cluster, "queue", "list"], args.runs))
         rows.append(measure("ordq produce (1 message)", [*cluster, "produce", "bench-cli"], args.runs, stdin=b"m\n"))
+        rows.append(measure("ordq status (any cluster)", [*cluster, "status"], args.runs))
     print(f"{'command':<28} {'runs':>4} {'wall p50':>9} {'wall p90':>9} {'cpu p50':>8} {'load':>6}")
     for r in rows:
         print(f"{r['command']:<28} {r['runs']:>4} {r['wall_p50_s']:>8.3f}s {r['wall_p90_s']:>8.3f}s "

@@ -18,7 +18,9 @@ grown in steps to each count of idle queues (never written). At each step:
 - ``--kills`` times (after the idle window): one busy queue (a producer in this process, ``--rate`` msgs/s) has its head
   master killed (SIGKILL); failover = the kill → the first ack on a later segment; then the
   master is restarted. Also how long until every idle queue headed by that group has moved on
-  (a sample of ``--sample`` of them), which the coordinator daemon does by itself.
+  (a sample of ``--sample`` of them), which the coordinator daemon does by itself; and, over
+  every idle queue the group headed (read pipelined), until all moved and until the segments
+  it held open were all sealed (``all_moved_s``, ``all_sealed_s``; issue 43).
   Each failover's parts (ms, ``spans``): from the producer's ``statistics().last_failover``
   (``FailoverTimes``) and the new head's master's and slave's ``first write of busy/<seg>``
   log lines (``broker_group/first_write.py``), on the one monotonic clock of the machine.
@@ -45,7 +47,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench._cluster import cpu_seconds, percentile
 from ordq.broker_group.first_write import Reported, parse_line
 from ordq.cluster_config import ClusterConfig
-from ordq.common.errors import OrdqError
+from ordq.common.errors import CorruptState, OrdqError
+from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.local_cluster import LocalCluster
 from ordq.sdk import Producer, ProducerConfig
@@ -111,6 +114,9 @@ def leader_metrics(cluster: LocalCluster) -> tuple[str, dict[str, float]] | None
 
 def create_queues(store: ZkStore, names: list[str], threads: int) -> float:
     started = time.monotonic()
+    if threads <= 0:  # batched transactions (``ZkStore.create_queues``, issue 43)
+        store.create_queues(names)
+        return time.monotonic() - started
 
     def one(name: str) -> None:
         for _ in range(20):
@@ -343,6 +349,10 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     gid, seg = open_seg.gid, open_seg.seg
     watched = [q for q in rng.sample(idle, min(sample, len(idle)))]
     watched = [q for q in watched if (o := store.load_state(q)[0].open_segment) is not None and o.gid == gid]
+    # every idle queue the group heads, with its open segment: all moved, all sealed (issue 43)
+    headed = {q: v[0].open_segment.seg for q, v in store.load_states(idle).items()
+              if not isinstance(v, CorruptState) and v[0].open_segment is not None
+              and v[0].open_segment.gid == gid}
     t_kill = time.monotonic()
     cluster.broker(gid, "master").kill()
     acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
@@ -366,6 +376,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             time.sleep(0.05)
     if not left:
         idle_moved = time.monotonic() - t_kill
+    all_moved, all_sealed = track_headed(store, headed, gid, t_kill, idle_wait_s)
     restarted = time.monotonic()
     # A restarted master opens every segment file it holds: at 10,000 queues on a box at load
     # 30+ that passed the default 30 s once and ended a run (stop 28).
@@ -373,7 +384,40 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     return {"restart_s": round(time.monotonic() - restarted, 1),
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
-            "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched)}
+            "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched),
+            "headed": len(headed), "all_moved_s": all_moved, "all_sealed_s": all_sealed}
+
+
+def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float,
+                 wait_s: float) -> tuple[float | None, float | None]:
+    """Seconds from the kill until every queue of ``headed`` (queue -> its open segment then)
+    has its head off ``gid``, and until each of those segments is sealed (or popped); None for
+    what did not happen within ``wait_s``. The states are read pipelined (``load_states``)."""
+    moved_at: float | None = None
+    sealed_at: float | None = None
+    deadline = time.monotonic() + wait_s
+    todo = dict(headed)
+    unmoved = set(headed)
+    while time.monotonic() < deadline and (unmoved or todo):
+        got = store.load_states(sorted(set(todo) | unmoved))
+        for q, v in got.items():
+            if isinstance(v, CorruptState):
+                continue
+            st = v[0]
+            o = st.open_segment
+            if o is not None and o.gid != gid:
+                unmoved.discard(q)
+            s = st.segment(todo.get(q, -1))
+            if q in todo and (s is None or s.status is SegStatus.SEALED):
+                del todo[q]
+        now = time.monotonic()
+        if not unmoved and moved_at is None:
+            moved_at = now - t_kill
+        if not todo and sealed_at is None:
+            sealed_at = now - t_kill
+        if unmoved or todo:
+            time.sleep(0.2)
+    return (None if moved_at is None else round(moved_at, 2), None if sealed_at is None else round(sealed_at, 2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=20.0, help="idle seconds measured per step")
     ap.add_argument("--kills", type=int, default=5, help="head-master kills per step")
     ap.add_argument("--rate", type=float, default=200.0, help="busy queue msgs/s")
-    ap.add_argument("--threads", type=int, default=8, help="queues created at once")
+    ap.add_argument("--threads", type=int, default=8,
+                    help="queues created at once; 0: in batched transactions (ZkStore.create_queues)")
     ap.add_argument("--sample", type=int, default=30, help="idle queues watched for the daemon's failover")
     ap.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait for the idle queues to move")
     ap.add_argument("--seed", type=int, default=1)
@@ -437,6 +482,11 @@ def main(argv: list[str] | None = None) -> int:
                         percentile(fo, 99) * 1000), "max": round(max(fo) * 1000), "n": len(fo)}
                 if moved:
                     step["idle_moved_s"] = {"p50": percentile(moved, 50), "max": max(moved)}
+                for key in ("all_moved_s", "all_sealed_s"):
+                    got = [k[key] for k in kills if k.get(key) is not None]
+                    step[key] = {"p50": percentile(got, 50), "max": max(got), "n": len(got),
+                                 "of": len(kills)} if got else None
+                step["headed"] = [k["headed"] for k in kills]
                 step["spans_ms"] = span_summary([k["spans"] for k in kills if k["spans"] is not None])
                 step["load_create_start"] = round(load0, 2)
                 steps.append(step)
@@ -480,6 +530,8 @@ def summary(step: dict[str, Any]) -> str:
         f"round {idle.get('round_ms_mean', '?')} ms, zk reads/s {idle.get('zk_reads_per_s', '?')}, "
         f"probes/s {idle.get('probes_per_s', '?')}",
         f"busy-queue failover: {step.get('failover_ms')}; idle queues moved on: {step.get('idle_moved_s')}",
+        f"queues the killed group headed: {step.get('headed')}; all moved: {step.get('all_moved_s')}; "
+        f"all sealed: {step.get('all_sealed_s')}",
     ]
     return "\n".join(lines)
 

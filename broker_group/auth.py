@@ -51,7 +51,7 @@ ALL_QUEUES = "*"  # the "queue" of calls that name none (Health, a Replicate str
 # RPC -> what its caller needs on the request's queue: a token role, or CLUSTER.
 ROLE_OF = {"Produce": "produce", "Fetch": "consume", "Read": "consume", "SegmentInfo": ANY, "Health": ANY,
            "Fence": CLUSTER, "Seal": CLUSTER, "Reconcile": CLUSTER, "Replicate": CLUSTER, "OpenSegments": CLUSTER,
-           "Find": "consume"}
+           "Find": "consume", "SealMany": CLUSTER}
 
 
 class Gate:

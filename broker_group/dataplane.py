@@ -404,6 +404,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return await self._answer(context, "Seal", request.queue,  # type: ignore[no-any-return]
                                   lambda: self.b.control.seal(request.queue, request.seg))
 
+    async def SealMany(self, request: pb.SealManyRequest, context: Context) -> pb.SealManyResponse:
+        return await self._answer(context, "SealMany", ALL_QUEUES,  # type: ignore[no-any-return]
+                                  lambda: self.b.control.seal_many(request))
+
     async def Reconcile(self, request: pb.ReconcileRequest, context: Context) -> pb.SegmentEnd:
         return await self._answer(context, "Reconcile", request.queue,  # type: ignore[no-any-return]
                                   lambda: self.b.repair.reconcile_request(request.queue, request.seg, request.end,

@@ -230,6 +230,13 @@ class Finder:
         limit = 1 if not by_key else (req.limit or 1)
         if limit > MAX_LIMIT:
             raise ConfigError(f"Find: limit {limit} is over {MAX_LIMIT}")
+        # Each segment once: a request naming one segment thousands of times (the control
+        # calls' size limit bounds how many) would cost a lookup per mention (tests/test_protect.py).
+        seen: set[int] = set()
+        for ref in req.segments:
+            if ref.seg in seen:
+                raise ConfigError(f"Find: the request names segment {ref.seg} twice")
+            seen.add(ref.seg)
         with self._lock:
             self.stats.lookups += 1
         out = pb.FindResponse()

@@ -15,6 +15,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -334,13 +335,25 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 # One meta write at a time: concurrent Fence/Seal calls on a segment (a producer's seal and a
 # consumer's at once) shared the tmp file, and the second rename failed (FileNotFoundError).
-_META_LOCK = threading.Lock()
+# One lock per segment folder (a fence and a seal of one segment write its meta file in turn;
+# different segments' writes may sync at once: SealMany, issue 43). Weak: a segment's lock goes
+# with the last writer holding it.
+_META_LOCKS: weakref.WeakValueDictionary[Path, threading.Lock] = weakref.WeakValueDictionary()
+_META_LOCKS_GUARD = threading.Lock()
+
+
+def _meta_lock(directory: Path) -> threading.Lock:
+    with _META_LOCKS_GUARD:
+        lock = _META_LOCKS.get(directory)
+        if lock is None:
+            lock = _META_LOCKS[directory] = threading.Lock()
+        return lock
 
 
 def write_meta(s: Segment, *, sync_dir: bool = True) -> None:
     """Persist fence and seal state (atomic rename, synced) before they are acted on.
     ``sync_dir`` False: the caller syncs the segment's folder (the new name) itself."""
-    with _META_LOCK:  # the state is read under it too, so the last write holds the latest
+    with _meta_lock(s.directory):  # the state is read under it too, so the last write holds the latest
         r = s.replica
         write_json_durably(s.directory / META_FILE,
                            {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end},

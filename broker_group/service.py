@@ -64,6 +64,7 @@ from ordq.broker_group.write_path import WritePath
 from ordq.common import addresses
 from ordq.common.errors import AlreadyExists, ConfigError, OrdqError
 from ordq.common.security import server_credentials
+from ordq.common.version import VERSION
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.wire import ordq_pb2 as pb
@@ -293,6 +294,7 @@ class Broker:
             stats["session_doubt"] = self.shared.session_doubtful(time.monotonic()) or ""
             stats["session_waiting"] = self.shared.session_waiting
         stats["index"] = self.finder.statistics()
+        stats["version"] = VERSION  # `ordq status` shows each process's
         with self.shared.cv:
             connected = bool(self.write.replication is not None and self.write.replication.connected)
         return pb.HealthResponse(gid=self.config.gid, role=self.config.role.value, incarnation=self.shared.incarnation,

@@ -43,6 +43,7 @@ from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
+from ordq.coordinator.group_moves import batches, plan_moves
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst, in_slices
 from ordq.coordinator.store import Known, ZkStore
@@ -58,6 +59,9 @@ _ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, O
 # Seal runner: (queue, seg, known=(state, version) | None, members={role: LiveInfo} | None)
 # -> None (``seal.run_seal``); raises OrdqError when no replica answers.
 Sealer = Callable[..., None]
+# Batched seal runner: (gid, [(queue, seg, state, version)], {role: LiveInfo}) -> queues it left
+# to ``Sealer`` (``seal.seal_batch``); raises OrdqError when no replica answers.
+BatchSealer = Callable[..., list[str]]
 # What a head master says of every open segment it holds: its address -> {(queue, seg): size
 # and age}; raises OrdqError when it does not answer.
 Prober = Callable[[str], Mapping[tuple[str, int], OpenSegment]]
@@ -80,6 +84,8 @@ ROUND_WORKERS = 4
 ROUND_SLICE = 250
 # Seals run at once, beside the rounds (``_seal_later``).
 SEAL_WORKERS = 2
+# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43).
+SEAL_BATCH = 200
 # A queue whose open segment a probe saw grow within this long is "written": after a head
 # master dies its failover and seal come before those of the idle queues it also headed
 # (``urgent_first``): a producer or consumer may wait on it; 10,000 idle ones wait on nobody.
@@ -110,6 +116,7 @@ class CoordinatorDaemon:
         *,
         sealer: Sealer | None = None,
         prober: Prober | None = None,
+        batch_sealer: BatchSealer | None = None,
         interval_s: float = 0.5,
         identifier: str = "",
         sweep_interval_s: float = SWEEP_INTERVAL_S,
@@ -125,6 +132,7 @@ class CoordinatorDaemon:
         self.store = store
         self.sealer = sealer
         self.prober = prober
+        self.batch_sealer = batch_sealer
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
@@ -141,6 +149,8 @@ class CoordinatorDaemon:
         # seals waiting for a worker, written queues' first: (0 written / 1 idle, order, job)
         self._seals: list[tuple[int, int, Callable[[], None]]] = []
         self._seal_order = itertools.count()
+        # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
+        self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
         self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
@@ -252,6 +262,7 @@ class CoordinatorDaemon:
             self.stats.zk_reads = view.reads
         if len(queues) > 1:
             queues = urgent_first(queues, self._written, started)
+            queues = self._move_dead_heads(queues, view, started)
             # Why a pool: after a head master dies every queue it headed fails over, each a
             # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
             # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
@@ -274,6 +285,47 @@ class CoordinatorDaemon:
                 with self._lock:
                     self.stats.drop_queue(gone)
         self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
+        """Fail over, in batched transactions, every queue of ``queues`` whose head group is
+        dead (``group_moves``), written queues first; return the queues left for the per-queue
+        round (those not moved here). A moved queue's write fires its watch: its seal is planned
+        in the next round. One queue alone goes the per-queue way (no batch to gain)."""
+        entries = view.entries
+        rows = []
+        for q in queues:
+            entry = entries.get(q)
+            if entry is None or entry.state is None or entry.problem is not None:
+                continue
+            rows.append((q, entry.state, entry.version, view.facts(entry)))
+        busy = {q for q, *_ in rows if is_written(q, self._written, now)}
+        moves = plan_moves(rows, busy)
+        if len(moves) < 2:
+            return queues
+        moved: set[str] = set()
+        for part in batches(moves):
+            if self._stop.is_set():
+                break
+            if not part[0].busy:
+                self._wait_turn()  # a producer's FailOver first (pacing.py)
+            try:
+                done, _left = self.store.apply_batch([(m.queue, m.version, m.after) for m in part],
+                                                     view.group_versions)
+            except OrdqError as exc:  # left to the per-queue rounds
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("moving %d heads off a dead group: %s", len(part), exc)
+                continue
+            moved.update(done)
+            with self._lock:
+                if done:
+                    self.stats.move_batches += 1
+                    self.stats.batched_moves += len(done)
+                    self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
+                        + len(done)
+        if moved:
+            log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
+        return [q for q in queues if q not in moved]
 
     def _guarded_round(self, queue: str) -> None:
         """One queue's round; whatever it raises is counted and logged, and the queue planned
@@ -348,6 +400,19 @@ class CoordinatorDaemon:
                     self._sealing_now.discard(key)
 
         urgent = is_written(queue, self._written, time.monotonic())
+        if (not urgent and self.batch_sealer is not None and known is not None and view is not None
+                and action.gid is not None):
+            with self._lock:
+                waiting = self._seal_batches.setdefault(action.gid, {})
+                first = not waiting
+                waiting[queue] = (action.seg, known[0], known[1])
+            if not first:
+                return  # the group's batch job, queued already, takes it
+            gid = action.gid
+
+            def run() -> None:
+                self._seal_group_batch(gid, view)
+
         with self._lock:
             heapq.heappush(self._seals, (0 if urgent else 1, next(self._seal_order), run))
         try:
@@ -355,6 +420,51 @@ class CoordinatorDaemon:
         except RuntimeError:  # shut down: stopping
             with self._lock:
                 self._sealing_now.discard(key)
+
+    def _seal_group_batch(self, gid: str, view: DaemonView) -> None:
+        """Seal the idle queues' segments of ``gid`` waiting in ``_seal_batches``, ``SEAL_BATCH``
+        at a time (``seal.seal_batch``: one SealMany per replica, one ZooKeeper transaction);
+        those it leaves go the one-by-one way (``_seal_later`` without a batch: it reads afresh)."""
+        assert self.batch_sealer is not None
+        while not self._stop.is_set():
+            self._wait_turn()
+            with self._lock:
+                waiting = self._seal_batches.get(gid, {})
+                part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
+                for q in part:
+                    del waiting[q]
+                if not waiting:
+                    self._seal_batches.pop(gid, None)
+            if not part:
+                return
+            items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
+            started = time.monotonic()
+            try:
+                left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
+            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
+                with self._lock:
+                    for q, (seg, _st, _v) in part.items():
+                        self._sealing_now.discard((q, seg))
+                for q in part:  # planned again by the timer
+                    view.schedule(q, time.monotonic() + RETRY_S)
+                continue
+            sealed = len(items) - len(left)
+            self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+            with self._lock:
+                for q, (seg, _st, _v) in part.items():
+                    if q not in left:
+                        self._sealing_now.discard((q, seg))
+                self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
+                self.stats.seal_batches += 1
+                self.stats.batched_seals += sealed
+            for q in left:  # one by one, reading afresh
+                seg = part[q][0]
+                with self._lock:
+                    self._sealing_now.discard((q, seg))
+                self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
 
     def _idle_waits_turn(self, queue: str) -> None:
         """An idle queue's job (not ``is_written``) starts once the service's urgent requests

@@ -18,6 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ordq.common.version import VERSION
+
 # Seal runs take a few ms (both replicas answer) to a few s (one is down: RPC timeouts).
 SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A round with nothing to do takes microseconds; a first load of 10,000 queues some seconds.
@@ -77,6 +79,13 @@ class DaemonStats:
     corrupt: dict[str, str] = attrs.field(factory=dict)
     corrupt_seen: int = 0
     unexpected: int = 0  # queue rounds that raised something not an OrdqError (a bug): logged
+    # a dead group's heads moved in batched transactions (coordinator/group_moves.py): the
+    # transactions written and the queues they moved (also counted in actions["fail_over"])
+    move_batches: int = 0
+    batched_moves: int = 0
+    # idle queues' seals done in batches (one SealMany per replica, one transaction each)
+    seal_batches: int = 0
+    batched_seals: int = 0
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     queues_version: int = 0  # bumped by whoever changes ``queues`` (the per-queue series' cache)
     # the last send-list head changes seen (a failover by anyone), newest last: the status page
@@ -153,6 +162,17 @@ class CoordinatorMetrics(Collector):
         yield CounterMetricFamily("ordq_coordinator_unexpected_errors",
                                   "Queue duty rounds that raised an unexpected error (a bug; logged)",
                                   value=st.unexpected)
+        yield CounterMetricFamily("ordq_coordinator_move_batches",
+                                  "Transactions that moved heads off a dead group, several queues each",
+                                  value=st.move_batches)
+        yield CounterMetricFamily("ordq_coordinator_batched_moves",
+                                  "Queues whose head moved off a dead group in a batched transaction",
+                                  value=st.batched_moves)
+        yield CounterMetricFamily("ordq_coordinator_seal_batches",
+                                  "Batches of idle queues' seals (one SealMany per replica, one transaction)",
+                                  value=st.seal_batches)
+        yield CounterMetricFamily("ordq_coordinator_batched_seals", "Segments sealed in those batches",
+                                  value=st.batched_seals)
         corrupt = GaugeMetricFamily("ordq_queue_state_corrupt", "1 for each queue whose state does not parse",
                                     labels=["queue"])
         for q in sorted(st.corrupt):
@@ -194,7 +214,7 @@ class CoordinatorMetrics(Collector):
         for the per-queue render's lock."""
         st = self.stats
         doc = {"leader": st.is_leader, "term": st.term, "rounds": st.rounds, "errors": st.errors,
-               "queues": len(st.queues), "unexpected": st.unexpected}
+               "queues": len(st.queues), "unexpected": st.unexpected, "version": VERSION}
         return "application/json", json.dumps(doc).encode()
 
     def page(self) -> tuple[str, bytes]:

@@ -12,7 +12,7 @@ Rules: ``decide`` is pure; ``run_seal`` does the I/O through a ``SealTransport``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -23,7 +23,7 @@ from ordq.coordinator.duties import OpenSegment
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo
-from ordq.wire.transport import ReplicaEnd, SealTransport
+from ordq.wire.transport import BatchSealTransport, ReplicaEnd, SealTransport
 
 
 @attrs.frozen
@@ -111,6 +111,66 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
     return st
 
 
+# Segments sealed per SealMany call and per ZooKeeper transaction (``seal_batch``).
+SEAL_BATCH = 200
+
+
+def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
+               items: Sequence[tuple[str, int, sm.QueueState, int]],
+               members: Mapping[str, LiveInfo]) -> list[str]:
+    """Seal many ``sealing`` segments of one group at once (issue 43: after it headed thousands
+    of queues and died): one SealMany call per replica its members name, ``decide`` per segment
+    as ``run_seal`` does, then the seal transitions of all of them in one ZooKeeper transaction
+    (``ZkStore.apply_batch``), each against the (state, version) given; the copies a shorter
+    replica needs follow, as in ``run_seal``. ``items``: (queue, seg, state, version), each
+    segment on ``gid``. Returns the queues not sealed here (no replica answered for it, its
+    state moved meanwhile, or it was not ``sealing`` in the state given): the caller seals them
+    one by one (``run_seal``), which reads afresh. Raises BrokerUnavailable when no replica
+    answers at all."""
+    refs = [(q, seg) for q, seg, _st, _v in items]
+    answers: dict[str, dict[tuple[str, int], ReplicaEnd | None]] = {}
+    for role in ("master", "slave"):
+        info = members.get(role)
+        if info is None:
+            continue
+        try:
+            answers[role] = transport.seal_many(info.address, refs)
+        except OrdqError:
+            continue
+    if not answers:
+        raise BrokerUnavailable(f"group {gid}", "no replica answered SealMany")
+    now_ms = int(time.time() * 1000)
+    writes: list[tuple[str, int, sm.QueueState]] = []
+    plans: dict[str, tuple[int, SealPlan]] = {}
+    left: list[str] = []
+    for q, seg, st, version in items:
+        target = st.segment(seg)
+        replies = {role: got.get((q, seg)) for role, got in answers.items()}
+        if target is None or target.status is not SegStatus.SEALING or target.gid != gid \
+                or not any(r is not None for r in replies.values()):
+            left.append(q)
+            continue
+        plan = decide(replies)
+        try:
+            new = sm.seal(st, seg, plan.end, plan.first_seq, plan.last_seq, at_ms=now_ms, size=plan.bytes)
+        except IllegalTransition:
+            left.append(q)
+            continue
+        writes.append((q, version, new))
+        plans[q] = (seg, plan)
+    # the groups' drain marks are not read by a seal: no check beside the states
+    done, conflicted = store.apply_batch(writes, {}) if writes else ([], [])
+    for q in done:
+        seg, plan = plans[q]
+        if plan.copy_to is not None and plan.copy_from is not None:
+            try:  # best effort, as in run_seal: the replica reconciles by itself otherwise
+                transport.copy_from_peer(members[plan.copy_to].address, q, seg, members[plan.copy_from].address,
+                                         plan.end)
+            except OrdqError:
+                pass
+    return left + conflicted
+
+
 def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[..., None] | None:
     """A (queue, seg, known=, members=) -> None runner (``run_seal``) over the gRPC transport,
     or None if it is unavailable.
@@ -129,6 +189,24 @@ def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Calla
         run_seal(store, transport, queue, seg, known=known, members=members)
 
     return sealer
+
+
+def make_batch_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[..., list[str]] | None:
+    """A (gid, items, members) -> queues left runner (``seal_batch``) over the gRPC transport,
+    or None if it is unavailable. ``credentials`` as for ``make_sealer``."""
+    try:
+        from ordq.wire.client import GrpcSealTransport
+    except ImportError:
+        return None
+    from ordq.common.security import of_store
+
+    transport = GrpcSealTransport(credentials=credentials or of_store(store))
+
+    def many(gid: str, items: Sequence[tuple[str, int, sm.QueueState, int]],
+             members: Mapping[str, LiveInfo]) -> list[str]:
+        return seal_batch(store, transport, gid, items, members)
+
+    return many
 
 
 def make_prober(store: ZkStore, credentials: Credentials | None = None

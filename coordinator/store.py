@@ -313,6 +313,48 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
             # lost a race (state or a cursor moved, or a subscription went): read again
         raise ConflictError(f"queue {queue!r}: gave up after {max_attempts} conflicting writes")
 
+    def apply_batch(self, writes: Sequence[tuple[str, int, QueueState]],
+                    group_versions: Mapping[str, int], *, max_attempts: int = 8) -> tuple[list[str], list[str]]:
+        """Write many queues' new states in one ZooKeeper transaction (issue 43: a dead group's
+        heads, ``coordinator/group_moves.py``): ``writes`` are (queue, version read, new state),
+        each new state a transition the caller planned on that version; ``group_versions``: the
+        versions of the group configs whose drain marks it read, checked in the same transaction
+        (as ``apply`` does). All of a transaction or none lands. A queue whose state moved since
+        (its version check fails) is left out and the rest written again, up to
+        ``max_attempts`` transactions. Returns (queues written, queues not written): the caller
+        plans the latter again, alone. Never raises for a conflict; CoordinationUnavailable
+        (the write may or may not have landed) returns every queue not known written as not
+        written, which is safe: their next write checks the version again."""
+        todo = list(writes)
+        done: list[str] = []
+        for _ in range(max_attempts):
+            if not todo:
+                break
+            groups = sorted({g for _q, _v, st in todo for g in st.groups} & set(group_versions))
+            try:
+                with self._errors():
+                    tx = self.client.transaction()
+                    for gid in groups:
+                        tx.check(self.paths.group(gid), group_versions[gid])
+                    for queue, version, new in todo:
+                        tx.set_data(self.paths.state(queue), json_bytes(new.to_dict()), version=version)
+                    results = self._wait(tx.commit_async())
+            except CoordinationUnavailable:
+                break
+            bad = [i for i, r in enumerate(results) if isinstance(r, Exception)
+                   and isinstance(r, (BadVersionError, NoNodeError))]
+            if not any(isinstance(r, Exception) for r in results):
+                done += [q for q, _v, _s in todo]
+                todo = []
+                break
+            if not bad:
+                raise_first(results)
+            if bad[0] < len(groups):  # a drain mark changed: every queue is planned again alone
+                break
+            todo.pop(bad[0] - len(groups))  # ZooKeeper names the first failing op only
+        written = set(done)
+        return done, [q for q, _v, _s in writes if q not in written]
+
     # -- waiting -----------------------------------------------------------------------------
 
     def wait_state(

@@ -44,6 +44,12 @@ def tokens_path(root: str) -> str:
     return f"{root}/auth/tokens"
 
 
+def revoked_path(root: str) -> str:
+    """Revoked tokens' records (never their hash), for ``ordq auth list --all``: brokers read
+    only ``tokens_path``, so a record here grants nothing."""
+    return f"{root}/auth/revoked"
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -167,16 +173,49 @@ def enforced(client: Any, root: str) -> bool:
 
 
 def revoke_token(client: Any, root: str, tid: str) -> None:
+    """Delete the token's record and keep what it was (without its hash) under
+    ``revoked_path``, in one transaction. NotFound when no token has this id."""
     from kazoo.exceptions import NoNodeError
 
     from ordq.common.errors import NotFound
 
     if not re.fullmatch(r"[0-9a-f]{8}", tid):
         raise ConfigError(f"not a token id: {tid!r} (8 hex digits, as ordq auth list shows)")
+    path = f"{tokens_path(root)}/{tid}"
     try:
-        client.delete(f"{tokens_path(root)}/{tid}")
+        raw, stat = client.get(path)
     except NoNodeError:
         raise NotFound(f"no token {tid} (see: ordq auth list)") from None
+    rec = TokenRecord.from_json(tid, raw)
+    kept = {**rec.describe(), "revoked_ms": int(time.time() * 1000)}
+    client.ensure_path(revoked_path(root))
+    tx = client.transaction()
+    tx.delete(path, version=stat.version)
+    tx.create(f"{revoked_path(root)}/{tid}", json.dumps(kept).encode())
+    results = tx.commit()  # a failed transaction does not raise: its results say (STACK-NOTES)
+    failed = [r for r in results if isinstance(r, Exception)]
+    if failed:
+        if isinstance(failed[0], NoNodeError) or client.exists(path) is None:
+            raise NotFound(f"no token {tid} (see: ordq auth list)")
+        raise failed[0]
+
+
+def load_revoked(client: Any, root: str) -> list[dict[str, Any]]:
+    """The revoked tokens' records (``describe()`` and ``revoked_ms``), by id."""
+    from kazoo.exceptions import NoNodeError
+
+    out = []
+    try:
+        children = client.get_children(revoked_path(root))
+    except NoNodeError:
+        return []
+    for tid in sorted(children):
+        try:
+            raw, _ = client.get(f"{revoked_path(root)}/{tid}")
+        except NoNodeError:
+            continue
+        out.append(json.loads(raw))
+    return out
 
 
 def touch(client: Any, root: str) -> None:

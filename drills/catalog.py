@@ -16,7 +16,7 @@ from typing import Any
 
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.coordinator.state import SegStatus
-from ordq.drills import control_plane, keyed_topic, neighbour, security
+from ordq.drills import control_plane, keyed_topic, mirror_lab, neighbour, security
 from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
@@ -573,6 +573,10 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           control_plane.control_plane, failover=False, load=control_plane.control_plane_load,
           check=control_plane.check_control_plane),
 )}
+
+# Drills across data centres: each deploys its own lab of two clusters (drills/mirror_lab.py), run
+# after the lab drills by ``ordq drill NAME`` and ``drill all``: name -> (fault, what must happen).
+CENTRES: dict[str, tuple[str, str]] = {mirror_lab.NAME: (mirror_lab.FAULT, mirror_lab.MUST)}
 
 # The CI-sized subset run by the default test run (the rest: tox -e slow). Of the security
 # drills only the intruders: the refusals the others drill are each the assertion of a default

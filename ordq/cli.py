@@ -284,20 +284,9 @@ def _apply_context(args: argparse.Namespace) -> None:
     """--zk, --root and --bootstrap from the context (--context, ORDQ_CONTEXT, else the current
     one) where neither the command line nor the environment gives them (issue 42: after
     ``ordq up --zk-port 0``, ``ordq queue create`` tried 127.0.0.1:2181)."""
-    given: set[str] = set(getattr(args, "given", ()))
-    name = args.context or os.environ.get("ORDQ_CONTEXT") or None
-    if "zk" in given or os.environ.get("ORDQ_ZK") or (args.bootstrap and not name):
-        return  # the command line or the environment names the cluster
-    from ordq.contexts import selected
+    from ordq.contexts import apply
 
-    context = selected(name)
-    if context is None:
-        return
-    args.zk = context.zk or args.zk
-    if "root" not in given and not os.environ.get("ORDQ_ROOT"):
-        args.root = context.root
-    if not args.bootstrap and context.bootstrap:
-        args.bootstrap = context.bootstrap
+    apply(args)
 
 
 def _on_sigint(signum: int, frame: object) -> None:

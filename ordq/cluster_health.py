@@ -39,6 +39,7 @@ class ProcessStatus:
     state: str  # e.g. standalone, leader, live, standby, down
     healthy: bool
     detail: str = ""
+    version: str = ""  # what the process reports of itself ("" when it does not say)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -153,8 +154,9 @@ class ClusterHealth:
             leader = health.get("leader") is True
             detail = f"rounds {int(health.get('rounds', 0))}, errors {int(health.get('errors', 0))}"
             out.append(ProcessStatus(name=proc.name, kind="coordinator", pid=pid, listen=url,
-                                     state="leader" if leader else "standby", healthy=True, detail=detail))
-        return _no_leader_unhealthy(out)
+                                     state="leader" if leader else "standby", healthy=True, detail=detail,
+                                     version=str(health.get("version", ""))))
+        return no_leader_unhealthy(out)
 
     def _broker_status(self, live: dict[str, dict[str, Any]], zk_error: str | None,
                        rpc_timeout_s: float) -> list[ProcessStatus]:
@@ -184,23 +186,30 @@ class ClusterHealth:
                     out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=info.address,
                                              state="no answer", healthy=False, detail=str(exc)))
                     continue
-                stats = json.loads(health.stats_json or "{}")
-                problems = []
-                if role == "master" and not health.slave_connected:
-                    problems.append("slave not connected")
-                if stats.get("corrupt"):
-                    problems.append(f"corrupt segments {','.join(stats['corrupt'])}")
-                detail = f"segments {stats.get('segments', 0)}"
-                if stats.get("torn_bytes_truncated"):
-                    detail += f", torn tail bytes truncated {stats['torn_bytes_truncated']}"
-                if stats.get("reconciled"):
-                    detail += f", reconciled {stats['reconciled']}"
-                out.append(ProcessStatus(name=name, kind="broker", pid=pid, listen=info.address,
-                                         state="live" if not problems else "degraded", healthy=not problems,
-                                         detail="; ".join([*problems, detail])))
+                out.append(broker_status(name, pid, info.address, health))
         finally:
             transport.close()
         return out
+
+
+def broker_status(name: str, pid: int | None, address: str, health: Any) -> ProcessStatus:
+    """A live broker's row from its ``Health`` answer (``pb.HealthResponse``): degraded when a
+    master has no slave connected or a segment is corrupt."""
+    role = name.rpartition("/")[2]
+    stats = json.loads(health.stats_json or "{}")
+    problems = []
+    if role == "master" and not health.slave_connected:
+        problems.append("slave not connected")
+    if stats.get("corrupt"):
+        problems.append(f"corrupt segments {','.join(stats['corrupt'])}")
+    detail = f"segments {stats.get('segments', 0)}"
+    if stats.get("torn_bytes_truncated"):
+        detail += f", torn tail bytes truncated {stats['torn_bytes_truncated']}"
+    if stats.get("reconciled"):
+        detail += f", reconciled {stats['reconciled']}"
+    return ProcessStatus(name=name, kind="broker", pid=pid, listen=address,
+                         state="live" if not problems else "degraded", healthy=not problems,
+                         detail="; ".join([*problems, detail]), version=str(stats.get("version", "")))
 
 
 def health_url(metrics_url: str) -> str:
@@ -222,7 +231,7 @@ def coordinator_health(url: str | None, *, timeout_s: float = 1.0) -> dict[str, 
     return doc if isinstance(doc, dict) else {}
 
 
-def _no_leader_unhealthy(statuses: list[ProcessStatus]) -> list[ProcessStatus]:
+def no_leader_unhealthy(statuses: list[ProcessStatus]) -> list[ProcessStatus]:
     """Coordinators all up but none leading (e.g. every election thread stuck) is not a
     healthy cluster: nobody fails heads over or seals (issue 23: both showed "standby yes")."""
     coordinators = [s for s in statuses if s.kind == "coordinator"]

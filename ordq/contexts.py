@@ -175,3 +175,21 @@ def selected(name: str | None = None) -> Context | None:
     if name:
         return contexts.get(name)
     return contexts.contexts.get(contexts.current) if contexts.current else None
+
+
+def apply(args: Any) -> None:
+    """--zk, --root and --bootstrap (of the parsed command line ``args``) from the context
+    (--context, ORDQ_CONTEXT, else the current one) where neither the command line nor the
+    environment gives them: how every client command and ``ordq status`` find their cluster."""
+    given: set[str] = set(getattr(args, "given", ()))
+    name = args.context or os.environ.get("ORDQ_CONTEXT") or None
+    if "zk" in given or os.environ.get("ORDQ_ZK") or (args.bootstrap and not name):
+        return  # the command line or the environment names the cluster
+    context = selected(name)
+    if context is None:
+        return
+    args.zk = context.zk or args.zk
+    if "root" not in given and not os.environ.get("ORDQ_ROOT"):
+        args.root = context.root
+    if not args.bootstrap and context.bootstrap:
+        args.bootstrap = context.bootstrap

@@ -54,3 +54,10 @@ def emit_json(obj: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     json.dump(obj, out, indent=2, sort_keys=True, default=str)
     out.write("\n")
+
+
+def format_time_ms(ms: int) -> str:
+    """A wall-clock time in ms since the epoch, as people read it, with its zone (UTC)."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

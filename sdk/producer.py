@@ -385,10 +385,23 @@ class Producer(ProducerIO):
                 self._raise_if_stopped()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise WaitTimeout(f"flush(): {len(self._core.unacked)} batches still unacked")
+                    raise WaitTimeout(f"flush(): {len(self._core.unacked)} batches still unacked; "
+                                      + self._state_locked())
                 self._lock.wait(min(left, 0.1) if left is not None else 0.1)
             if self._fatal is not None:  # it stopped and failed what was pending: not acked
                 raise self._fatal
+
+    def _state_locked(self) -> str:
+        """Where a send waits, for an error that says it (a flush that times out names the head,
+        the stream, a failover or roll in progress and the oldest send's age)."""
+        core = self._core
+        assert core is not None
+        oldest = core.oldest_sent_at()
+        age = f"{time.monotonic() - oldest:.1f} s" if oldest is not None else "none sent"
+        return (f"head {self._gid} seg {self._seg}, stream {'open' if self._stream is not None else 'none'}, "
+                f"{core.inflight_batches} in flight (oldest {age}), {core.open_count} open, "
+                f"{self._resolving} resolving, failing over: {self._failure is not None}, rolling: {self._rolling}, "
+                f"wake pending: {self._wake_pending}")
 
     def _raise_if_stopped(self) -> None:
         if self._fatal is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import shlex
 import shutil
@@ -73,14 +74,43 @@ def worker_python() -> str:
     return str(launcher) if os.access(launcher, os.X_OK) else sys.executable  # a noexec temp folder
 
 
+QUIET_LOG4J = """\
+# ordq (spark_order_check/_session.py): the driver JVM prints errors only, unless -v.
+# The root level stays WARN: a PySpark driver counts as a shell, and a shell whose root level is
+# not WARN says "Setting default log level to ..." and how to change it; the appender's
+# threshold drops the WARN lines instead.
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+appender.stderr.filter.threshold.type = ThresholdFilter
+appender.stderr.filter.threshold.level = error
+"""
+
+
+@functools.cache
+def quiet_log4j() -> str:
+    """A log4j2 configuration file (in a temporary folder removed at exit) for a driver JVM
+    that logs errors only."""
+    folder = Path(tempfile.mkdtemp(prefix="ordq-spark-log4j-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "log4j2.properties"
+    path.write_text(QUIET_LOG4J)
+    return str(path)
+
+
 def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = None,
                  driver_memory: str | None = None, app_name: str = "ordq-verify",
-                 small_input: bool = False) -> SparkSession:
+                 small_input: bool = False, quiet: bool | None = None) -> SparkSession:
     """Get or create a session. ``master=None`` keeps what spark-submit chose, else ``local[*]``.
 
     Local masters bind the driver to 127.0.0.1, run without the web UI and with the parallel
     garbage collector, and for a ``small_input`` (under one partition's worth) with the C1 JIT
-    only; ``conf`` entries win over every default here.
+    only; ``conf`` entries win over every default here. ``quiet``: the driver JVM logs errors
+    only (default: unless INFO is on, the CLI's -v), not Spark's WARN lines at start.
     """
     builder = SparkSession.builder.appName(app_name)
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -107,6 +137,13 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
             settings.update(cluster_settings(master, conf or {}, small_input=small_input))
     if driver_memory:
         settings["spark.driver.memory"] = driver_memory
+    if quiet is None:  # the CLI's -v turns library messages on: the JVM's are library messages too
+        quiet = not logging.getLogger().isEnabledFor(logging.INFO)
+    if quiet:
+        # Spark's JVM logs WARN lines at start (a loopback hostname, no native Hadoop library) and
+        # tells how to change its level; an operator's verify printed them (issue 42).
+        java = settings.get("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = f"{java} -Dlog4j2.configurationFile={quiet_log4j()}".strip()
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -192,6 +192,35 @@ def test_describe_sub_list_and_top_show_segments_backlog_lag_and_holder(make_clu
     assert "has no subscription" in c.error("sub", "reset", Q, "nope", "--to", "earliest")
 
 
+@pytest.mark.heavy  # ~30 s on a busy box; the default run sees mirrors on the status page (test_status_page.py)
+def test_top_shows_how_far_each_mirror_of_a_queue_is_behind(make_cluster) -> None:
+    """A mirror's subscription (mirror.<target>) on the source: ``ordq top`` lists it as a
+    mirror, with the last source seq its copy holds and its lag in messages and seconds
+    (the age of the oldest message not copied yet), whether or not a mirror runs."""
+    c = make_cluster("g1")
+    produced_at = time.time()
+    produce(c, 50)
+    with c.consumer("mirror.dc2") as consumer:  # as a mirror that copied seqs 0..19 would have committed
+        assert [m.seq for m in take(consumer, 20)] == list(range(20))
+    c.ok("sub", "create", Q, "s1")
+    frame = c.json("top", "--interval", "0.1")
+    [mirror] = frame["mirrors"]  # s1 is no mirror
+    assert {k: mirror[k] for k in ("queue", "subscription", "target", "source_last_seq", "copied_seq",
+                                   "lag_messages", "held_by")} == {
+        "queue": Q, "subscription": "mirror.dc2", "target": "dc2", "source_last_seq": 49, "copied_seq": 19,
+        "lag_messages": 30, "held_by": None}
+    assert 0 < mirror["lag_seconds"] <= time.time() - produced_at + 1
+    once = c.ok("top", "--once", "--interval", "0.1")
+    table = once.split("\nmirrors\n", 1)[1].splitlines()
+    assert table[0].split() == ["QUEUE", "TARGET", "COPIED_SEQ", "LAG_MESSAGES", "LAG_SECONDS", "HELD_BY"]
+    assert table[1].split()[:4] == [Q, "dc2", "19", "30"]
+
+    with c.consumer("mirror.dc2") as consumer:  # caught up: no lag in either unit
+        take(consumer, 30)
+    [mirror] = c.json("top", "--interval", "0.1")["mirrors"]
+    assert (mirror["copied_seq"], mirror["lag_messages"], mirror["lag_seconds"]) == (49, 0, 0.0)
+
+
 def live_top_redraws_until_interrupted(c: Cluster) -> None:
     """``ordq top`` as a user runs it: a frame per interval until Ctrl-C, then exit 0."""
     proc = subprocess.Popen([sys.executable, "-m", "ordq.cli", "--zk", c.zk, "--root", c.root, "top",

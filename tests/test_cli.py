@@ -390,7 +390,7 @@ def test_a_wait_says_what_it_waits_for_after_a_second(monkeypatch: pytest.Monkey
 
 def test_drill_list_fits_100_columns(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 42: ``ordq drill list`` was one table row per drill, 400 columns wide."""
-    from ordq.drills.catalog import DRILLS
+    from ordq.drills.catalog import CENTRES, DRILLS
     from ordq.drills.partitions import PARTITIONS
 
     monkeypatch.setenv("COLUMNS", "200")  # a wide terminal still gets 100 at most
@@ -398,4 +398,25 @@ def test_drill_list_fits_100_columns(capsys: pytest.CaptureFixture[str], monkeyp
     assert main(["drill", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines) <= 100, max(lines, key=len)
-    assert {line.split()[0] for line in lines[1:] if not line.startswith(" ")} == {*DRILLS, *PARTITIONS}
+    assert {line.split()[0] for line in lines[1:] if not line.startswith(" ")} == {*DRILLS, *PARTITIONS, *CENTRES}
+
+
+def test_testing_knobs_are_hidden_from_help_and_still_parse(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: help lists what an operator uses; ``drill --test-hook`` (the drills' own test,
+    docs/OPERATIONS.md) is hidden, and still taken."""
+    with pytest.raises(SystemExit):
+        main(["drill", "--help"])
+    assert "--test-hook" not in capsys.readouterr().out
+    args = build_parser("drill").parse_args(["drill", "kill-head-master", "--test-hook", "lose"])
+    assert args.test_hook == "lose"
+
+
+def test_the_consumer_group_summary_is_a_table() -> None:
+    """Issue 42: ``consume --topic T --group G`` ended with ``(partitions {'1': 1})``."""
+    import io
+
+    from ordq.commands.topic_group import print_partitions
+
+    out = io.StringIO()
+    print_partitions({"10": 3, "2": 1}, out=out)
+    assert out.getvalue().splitlines() == ["PARTITION  DELIVERED", "2          1", "10         3"]

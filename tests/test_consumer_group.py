@@ -277,6 +277,17 @@ def merge(a: dict[int, list[tuple[int, bytes]]], b: dict[int, list[tuple[int, by
         a.setdefault(p, []).extend(rows)
 
 
+def held_by(cluster: Cluster, topic: str, member: str) -> list[int]:
+    """The partitions whose consumer lease a consumer of ``member`` holds (not given back)."""
+    held = []
+    for p in range(PARTITIONS):
+        record = cluster.consumer_lease(partition_queue(topic, p), "G")
+        if record is not None and not record.released and parse_consumer_id(record.holder) is not None \
+                and member_of_consumer(record.holder) == member:
+            held.append(p)
+    return held
+
+
 def consumers_of(audit: Path, member: str) -> set[str]:
     """The consumer instances of ``member`` that wrote deliveries (one audit file each)."""
     ids = {f.name.split(".")[0].rpartition("-")[0] for f in (audit / "deliveries").glob("*")}  # <id>-<n>.tsv
@@ -337,6 +348,8 @@ def test_a_member_paused_past_its_ttl_loses_its_partitions_and_rejoins(cluster: 
         finally:
             procs["m1"].resume()
         wait_until(lambda: live_members(cluster, "tp") == ["m1", "m2"], timeout_s=60, what="m1 to join again")
+        # m2 may commit everything sent before it hands m1's partitions over: send once m1 holds one
+        wait_until(lambda: held_by(cluster, "tp", "m1"), timeout_s=60, what="m1 to hold a partition again")
         merge(sent, produce(cluster, "tp", 200, start=400, audit_dir=audit))
         wait_all_committed(cluster, "tp", sent)
         wait_until(lambda: consumers_of(audit, "m1") - before, timeout_s=60,

@@ -312,6 +312,14 @@ def test_a_token_holder_cannot_seal_or_fence_the_open_segment(group: Group) -> N
     # every message acked: all its bytes count for a roll by size (coordinator/duties.py)
     assert answer.segments[0].end.HasField("acked_bytes")
     assert answer.segments[0].end.acked_bytes == answer.segments[0].end.bytes > 0
+    # SealMany (issue 43: a dead group's segments sealed in batches): cluster only, like Seal
+    many = pb.SealManyRequest(segments=[pb.SegmentRef(queue=Q, seg=0)])
+    err = refusal(g.address("slave"), g.writer, lambda s, md: s.SealMany(many, timeout=10, metadata=md))
+    assert isinstance(err, PermissionDenied) and err.role == "cluster", err
+    # a segment the broker does not hold is answered with its error; nothing else is sealed
+    absent = pb.SealManyRequest(segments=[pb.SegmentRef(queue=Q, seg=77), pb.SegmentRef(queue="x/..", seg=0)])
+    got = call(g.address("slave"), g.coordinator, lambda s, md: s.SealMany(absent, timeout=10, metadata=md))
+    assert [bool(r.error) for r in got.results] == [True, True], got
     st = g.store.load_state(Q)[0]
     assert st.head == "g1" and st.open_segment is not None and st.open_segment.seg == 0
     produce(g, 10, 10)  # the real producer goes on in the same segment

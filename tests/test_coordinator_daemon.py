@@ -289,14 +289,14 @@ def test_a_coordinator_whose_election_thread_dies_exits_non_zero(zk_server, zk_r
 
 
 def test_status_calls_a_cluster_with_no_leading_coordinator_unhealthy() -> None:
-    from ordq.cluster_health import ProcessStatus, _no_leader_unhealthy
+    from ordq.cluster_health import ProcessStatus, no_leader_unhealthy
 
     def coordinator(state: str) -> ProcessStatus:
         return ProcessStatus(name=f"c-{state}", kind="coordinator", pid=1, listen="x", state=state, healthy=True)
 
     zk = ProcessStatus(name="zk1", kind="zookeeper", pid=1, listen="x", state="standalone", healthy=True)
-    assert all(s.healthy for s in _no_leader_unhealthy([zk, coordinator("leader"), coordinator("standby")]))
-    both_standby = _no_leader_unhealthy([zk, coordinator("standby"), coordinator("standby")])
+    assert all(s.healthy for s in no_leader_unhealthy([zk, coordinator("leader"), coordinator("standby")]))
+    both_standby = no_leader_unhealthy([zk, coordinator("standby"), coordinator("standby")])
     assert [s.healthy for s in both_standby] == [True, False, False]
     assert "no coordinator leads" in both_standby[1].detail
 

@@ -318,3 +318,33 @@ def test_per_queue_series_are_rendered_again_only_when_a_queue_changed() -> None
     assert b'ordq_queue_sealing_segments{queue="q1"} 1.0' in second
     stats.is_leader = False  # a standby's view is stale: no per-queue series
     assert b'queue="q1"' not in metrics.page()[1]
+
+
+def test_a_dead_group_s_heads_move_in_batched_transactions_written_ones_first(setup) -> None:
+    """Issue 43: the ~150 queues g1 heads move off it in a few transactions, not one write each,
+    a queue a probe saw written in the first (``coordinator/group_moves.py``)."""
+    import time
+
+    store, daemon = setup
+    daemon.round()
+    headed = [f"q-{i:04d}" for i in range(N) if store.load_state(f"q-{i:04d}")[0].head == "g1"]
+    assert len(headed) > 100
+    busy = headed[-1]
+    daemon._written = {busy: time.monotonic()}
+    batches_before, moves_before = daemon.stats.move_batches, daemon.stats.batched_moves
+    store.client.delete(store.paths.live("g1", "master"))
+    try:
+        _round_until(daemon, lambda: all(store.load_state(q)[0].head == "g2" for q in headed),
+                     "every queue g1 headed moved to g2")
+        moved = daemon.stats.batched_moves - moves_before
+        batches = daemon.stats.move_batches - batches_before
+        # (other tests' queues headed by g1 move too): one busy batch, then 200 a batch
+        assert moved >= len(headed) and batches <= 2 + moved // 200
+        # the busy queue's transaction came first: its state's znode was written before any other's
+        mzxid = {q: store.client.exists(store.paths.state(q)).mzxid for q in headed}
+        assert mzxid[busy] == min(mzxid.values()) and mzxid[busy] < sorted(mzxid.values())[1]
+        for q in headed[:3]:
+            st = store.load_state(q)[0]
+            assert st.consume[0].status.value == "sealing" and st.open_segment.gid == "g2"
+    finally:
+        store.register_live("g1", "master", address="127.0.0.1:0/g1/master", incarnation="t")

@@ -11,8 +11,10 @@ either goes on or stops with the error: ``flush()`` returns or raises it, never 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import attrs
 import pytest
 
 from ordq.common.errors import WaitTimeout
@@ -74,3 +76,30 @@ def test_a_roll_that_fails_unforeseen_lets_the_producer_send_on_past_the_size(cl
         except WaitTimeout:  # before: the roll's thread died with _rolling set; sends held for ever
             pytest.fail("flush() waited for sends held back by a roll that had died")
         assert [f.result(5).seq for f in futures] == list(range(400))
+
+
+def test_a_flush_that_times_out_says_where_its_sends_wait(cluster: Cluster) -> None:
+    """A flush that gives up names the producer's state (the head, the stream, batches in
+    flight and the oldest one's age, a failover or roll in progress): a hang reports itself.
+    Here the head's slave is stopped (SIGSTOP), so the master cannot ack."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    with Producer(attrs.evolve(config(cluster), send_timeout_s=30.0)) as p:
+        p.send(b"first")
+        p.flush(30)
+        slave = cluster.head().slave
+        slave.pause()
+        try:
+            p.send(b"waits")
+            with pytest.raises(WaitTimeout) as raised:
+                p.flush(1.0)
+        finally:
+            slave.resume()
+        p.flush(60)
+    text = str(raised.value)
+    print(text)
+    # the stream still open, or already failed by the master (its slave stopped answering) with
+    # nowhere to fail over to: either way the text says which
+    assert re.fullmatch(r"flush\(\): 1 batches still unacked; head g1 seg 0, stream (open|none), 1 in flight "
+                        r"\(oldest \d+\.\d s\), 0 open, 0 resolving, failing over: (True|False), rolling: False, "
+                        r"wake pending: (True|False)", text), text

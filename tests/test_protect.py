@@ -324,6 +324,19 @@ def test_a_bad_token_is_refused_before_the_request_body_is_read(cluster: Cluster
     assert config_after - config_before == 1
 
 
+def _consumer_and_neighbour(cluster: Cluster, queue: str) -> tuple[str, str, str]:
+    """Tokens (enforced from now on): one that may consume ``queue`` only, one that may consume
+    every queue (a neighbour; it may also read the broker's counters); and g1's master address."""
+    from ordq.coordinator.tokens import create_token, touch
+
+    _, one = create_token(cluster.store.client, cluster.root, {queue: ["consume"]}, f"a consumer of {queue}")
+    _, every = create_token(cluster.store.client, cluster.root, {"*": ["consume"]}, "a neighbour")
+    touch(cluster.store.client, cluster.root)
+    address = cluster.store.live_members("g1")["master"].address
+    assert address is not None
+    return one, every, address
+
+
 @pytest.mark.slow
 def test_a_tokens_calls_cost_its_own_share_of_the_broker_and_are_refused_before_their_body(cluster: Cluster) -> None:
     """Issue 25, the noisy neighbour: a token's requests past gRPC's receive limit (30 MiB,
@@ -334,7 +347,6 @@ def test_a_tokens_calls_cost_its_own_share_of_the_broker_and_are_refused_before_
     counted, before their body is read, while another token is served. The share is
     work-conserving (issue 39): it holds while another token is active, so the neighbour
     here keeps calling throughout (alone, the abuser would be served)."""
-    from ordq.coordinator.tokens import create_token, touch
     from ordq.wire.errors import ResourceExhausted
 
     cluster.add_groups("g1")
@@ -345,11 +357,7 @@ def test_a_tokens_calls_cost_its_own_share_of_the_broker_and_are_refused_before_
     master.proc.argv += ("--request-share", "0.02")
     cluster.restart(master)
     cluster.create_queue("a", ["g1"])
-    _, abuser = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "an abuser")
-    _, other = create_token(cluster.store.client, cluster.root, {"*": ["consume"]}, "a neighbour")
-    touch(cluster.store.client, cluster.root)
-    address = cluster.store.live_members("g1")["master"].address
-    assert address is not None
+    abuser, other, address = _consumer_and_neighbour(cluster, "a")
     neighbour = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=other))
     wait_until(lambda: neighbour.fetch(address, "a", 0, 0, max_bytes=1, max_wait_ms=0) is not None, timeout_s=20,
                what="the neighbour's token loaded")
@@ -403,3 +411,37 @@ def test_a_tokens_calls_cost_its_own_share_of_the_broker_and_are_refused_before_
     print(f"request time {stats['request_time']}")
     assert not outcomes.get("ok")
     assert stats["request_time"]["refused"] >= 3 and stats["refused"].get("ResourceExhausted", 0) >= 3
+
+
+def test_one_find_request_looks_at_each_segment_once_at_most(cluster: Cluster) -> None:
+    """A consume token's single Find naming its queue's one segment 8,000 times (56 KB, under
+    the control calls' 64 KiB limit) made the broker look the key up 8,000 times for one call,
+    and a flood of such calls multiplies it. Guard: ``Finder.find`` refuses a request that
+    names a segment twice, before any lookup: typed (ConfigError, INVALID_ARGUMENT), counted;
+    an honest request is answered as before. (The size limit bounds how many segments one
+    request can name.)"""
+    from ordq.wire.errors import ConfigError
+
+    cluster.add_groups("g1")
+    cluster.create_queue("a", ["g1"])
+    producer = cluster.producer(n=50, queue="a")
+    producer.start()
+    producer.join(60)
+    token, reader, address = _consumer_and_neighbour(cluster, "a")
+    client = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=token))
+    counters = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=reader))
+    try:
+        honest = pb.FindRequest(queue="a", segments=[pb.FindSegmentRef(seg=0, known_end=-1)], key=b"none", limit=1)
+        wait_until(lambda: client.find(address, honest) is not None, timeout_s=20, what="the token loaded")
+        twice = pb.FindRequest(queue="a", segments=[pb.FindSegmentRef(seg=0, known_end=0)] * 8_000, key=b"none",
+                               limit=1)
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="names segment 0 twice"):
+            client.find(address, twice)
+        print(f"8,000 refs of one segment: refused in {time.monotonic() - started:.3f} s")
+        assert not client.find(address, honest).matches  # an honest request, answered as before
+        refused = json.loads(counters.health(address).stats_json)["refused"]
+    finally:
+        client.close()
+        counters.close()
+    assert refused.get("ConfigError", 0) >= 1, refused

@@ -158,3 +158,14 @@ def test_auth_cli_creates_lists_revokes_and_admin_verbs_need_the_admin_role(
     assert code == 0 and "revoked" in out
     code, _, err = run("auth", "revoke", token_id(reader))
     assert code == 1 and "no token" in err
+    # issue 42: `auth list` shows the tokens in force; --all the revoked ones too, and when
+    code, out, _ = run("auth", "list")
+    assert code == 0 and "reader" not in out and "revoked" not in out
+    code, out, _ = run("auth", "list", "--all")
+    line = next(x for x in out.splitlines() if "reader" in x)
+    assert code == 0 and token_id(reader) in line and "consume on q" in line and " UTC" in line
+    assert "ops" in out and out.splitlines()[1].split()[-1] == "REVOKED"  # the header names the column
+    code, out, _ = run("--json", "auth", "list", "--all")
+    doc = __import__("json").loads(out)
+    assert [r["id"] for r in doc["revoked"]] == [token_id(reader)] and doc["revoked"][0]["revoked_ms"] > 0
+    assert "hash" not in doc["revoked"][0] and token_id(reader) not in [r["id"] for r in doc["tokens"]]

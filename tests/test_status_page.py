@@ -22,12 +22,14 @@ GROUP_ROW = "document.querySelector('section[data-queue=\"q\"] tr[data-group=\"{
 FAILOVERS = "document.getElementById('failovers').innerText"
 SUB_ROW = "document.querySelector('section[data-queue=\"q\"] tr[data-subscription=\"s\"]')?.innerText"
 UPDATED = "document.getElementById('updated').innerText"
+MIRROR_ROW = "document.querySelector('#mirrors tr[data-mirror=\"mirror.dc2\"]')?.innerText"
 
 
 def test_status_page_redraws_after_the_head_master_dies(cluster: Cluster, tmp_path: Path) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     assert cluster.ordq("sub", "create", "q", "s").returncode == 0
+    assert cluster.ordq("sub", "create", "q", "mirror.dc2").returncode == 0  # a mirror's, to data centre dc2
     daemon = cluster.start_daemon("coordinator-1")
     metrics = daemon.wait_for_line("METRICS ", timeout_s=5)
     page = metrics.rsplit("/", 1)[0] + "/status"
@@ -43,6 +45,18 @@ def test_status_page_redraws_after_the_head_master_dies(cluster: Cluster, tmp_pa
         assert "master up, slave up" in browser.evaluate(GROUP_ROW.format(gid="g1"))
         assert browser.evaluate(FAILOVERS) == ""
         assert browser.evaluate(SUB_ROW).split() == ["s", "-1", "0", "-", "-"]  # last seq, lag, consumer, blocked
+        # queue, target, copied seq, lag in messages and seconds, mirror instance: nothing to copy yet
+        wait_until(lambda: (browser.evaluate(MIRROR_ROW) or "").split() == ["q", "dc2", "-1", "0", "0.0", "-"],
+                   timeout_s=30, what="the page to show the mirror caught up")
+        producer = cluster.producer(n=5)
+        producer.start()
+        producer.join(60)
+        # five messages the mirror has not copied: lag 5, and their age in seconds
+        wait_until(lambda: (browser.evaluate(MIRROR_ROW) or "").split()[:4] == ["q", "dc2", "-1", "5"],
+                   timeout_s=30, what="the page to show the mirror 5 messages behind")
+        assert float(browser.evaluate(MIRROR_ROW).split()[4]) >= 0
+        doc = json.loads(urllib.request.urlopen(page + ".json", timeout=10).read())
+        assert [(m["subscription"], m["lag_messages"]) for m in doc["mirrors"]] == [("mirror.dc2", 5)]
         first_update = browser.evaluate(UPDATED)
 
         cluster.groups["g1"].master.kill()

@@ -309,12 +309,15 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
         return {**rec.describe(), "token": token}
 
     def auth_list(call: AdminCall) -> Any:
-        from ordq.coordinator.tokens import enforced, load_tokens
+        from ordq.coordinator.tokens import enforced, load_revoked, load_tokens
 
         client, root = call.store.client, call.store.paths.root
         on = enforced(client, root)
-        return {"enforced": on, "tokens": [r.describe() for r in sorted(load_tokens(client, root).values(),
-                                                                        key=lambda r: r.tid)]}
+        doc = {"enforced": on, "tokens": [r.describe() for r in sorted(load_tokens(client, root).values(),
+                                                                       key=lambda r: r.tid)]}
+        if call.arg("all", False):  # the revoked ones too (issue 42), each with its revoked_ms
+            doc["revoked"] = load_revoked(client, root)
+        return doc
 
     def auth_revoke(call: AdminCall) -> Any:
         from ordq.coordinator.store_base import zk_errors

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from ordq.admin.mirrors import MirrorLagView, mirror_views
 from ordq.admin.queue_views import QueueView, describe_queue
 from ordq.common.errors import NotFound
 from ordq.coordinator.store import ZkStore
@@ -20,6 +21,7 @@ from ordq.sdk.replicas import ReplicaReader
 class Sample:
     at_s: float  # monotonic
     views: dict[str, QueueView]
+    mirrors: tuple[MirrorLagView, ...] = ()  # the queues' mirrors (ordq.admin.mirrors)
 
 
 def sample(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None = None,
@@ -37,7 +39,7 @@ def sample(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None =
             if queues:
                 raise
             continue  # deleted meanwhile
-    return Sample(clock(), views)
+    return Sample(clock(), views, tuple(mirror_views(store, reader, views)))
 
 
 def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
@@ -74,7 +76,8 @@ def top_frame(cur: Sample, prev: Sample | None = None) -> dict[str, Any]:
             subs.append({"queue": name, "subscription": s.name, "seg": s.cursor.seg, "last_seq": s.cursor.last_seq,
                          "lag": s.lag, "held_by": s.held_by, "blocked": s.blocked,
                          "consume_rate": _rate(s.cursor.last_seq, was.cursor.last_seq if was else None, seconds)})
-    return {"interval_s": round(seconds, 3) if prev is not None else None, "queues": queues, "subscriptions": subs}
+    return {"interval_s": round(seconds, 3) if prev is not None else None, "queues": queues, "subscriptions": subs,
+            "mirrors": [m.to_dict() for m in cur.mirrors]}
 
 
 def frames(store: ZkStore, reader: ReplicaReader, queues: Sequence[str] | None, interval_s: float,

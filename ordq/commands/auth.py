@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
     create.add_argument("--allow-unknown-queue", action="store_true",
                         help="grant roles on queues that do not exist yet (else refused: a typo would make a "
                              "token that is refused everywhere)")
-    add_command(sub, "list", func=cmd_list, help="list tokens: id, name, grants (never the secrets)")
+    listing = add_command(sub, "list", func=cmd_list, help="list tokens: id, name, grants (never the secrets)")
+    listing.add_argument("--all", action="store_true", help="the revoked tokens too, with when they were revoked")
     revoke = add_command(sub, "revoke", func=cmd_revoke,
                          help="revoke a token: brokers refuse it on its next call")
     revoke.add_argument("id", help="the token id (ordq auth list); a whole token is taken too, and never printed")
@@ -50,13 +51,19 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    doc = admin_call(args, "auth list")
+    from ordq.output import format_time_ms
+
+    doc = admin_call(args, "auth list", **({"all": True} if args.all else {}))
     on, rows = doc["enforced"], doc["tokens"]
+    revoked = doc.get("revoked", []) if args.all else []
     if wants_json(args):
-        emit_json({"enforced": on, "tokens": rows})
+        emit_json({"enforced": on, "tokens": rows, **({"revoked": revoked} if args.all else {})})
         return 0
     print(f"tokens {'enforced' if on else 'NOT enforced (no token created yet): anyone may call'}")
-    table([{"id": r["id"], "name": r["name"], "grants": _grants(r["grants"])} for r in rows], ["id", "name", "grants"])
+    shown = [{"id": r["id"], "name": r["name"], "grants": _grants(r["grants"]), "revoked": None} for r in rows]
+    shown += [{"id": r["id"], "name": r["name"], "grants": _grants(r["grants"]),
+               "revoked": format_time_ms(int(r["revoked_ms"]))} for r in revoked]
+    table(shown, ["id", "name", "grants", *(["revoked"] if args.all else [])])
     return 0
 
 

@@ -61,9 +61,15 @@ def register(subparsers: Any) -> None:
     _dir_option(down)
     down.add_argument("--wipe", action="store_true", help="also delete its data, logs and configuration")
 
-    status = add_command(subparsers, "status", func=cmd_status,
-                         help="every process of the local cluster with its health (exit 3 if one is unhealthy)")
-    _dir_option(status)
+    status = add_command(
+        subparsers, "status", func=cmd_status,
+        help="every process of the local cluster with its health (exit 3 if one is unhealthy)",
+        description="Every process of a cluster with where it listens, its health and version, and the elected "
+        "coordinator; exit 3 if one is unhealthy. The local cluster in --dir, when there is one and neither "
+        "--zk, --context nor ORDQ_ZK names another; else any cluster (deployed by hand too), from the processes "
+        "registered in its ZooKeeper, each asked live (ZooKeeper srvr, broker Health, coordinator /health).")
+    status.add_argument("--dir", type=Path, default=None,
+                        help=f"folder of a local cluster (ordq up; default {DEFAULT_FOLDER} when it holds one)")
 
 
 def _dir_option(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +202,21 @@ def wipe_leftovers(folder: Path) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import os
+
+    named = "zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK") or args.context \
+        or os.environ.get("ORDQ_CONTEXT")
+    if named and args.dir is None and LocalCluster.exists(DEFAULT_FOLDER):
+        local = LocalCluster.load(DEFAULT_FOLDER)
+        if (local.zk_hosts, local.root) == (getattr(args, "zk", None), getattr(args, "root", None)):
+            named = False  # it names the local cluster itself (ORDQ_ZK as `ordq up` printed it): its view
+    if args.dir is None and (named or not LocalCluster.exists(DEFAULT_FOLDER)):
+        from ordq.contexts import selected
+
+        if named or selected(None) is not None:
+            return _live_status(args)
+        # nothing names a cluster: "no local cluster in .ordq" (with what to do), as before
+    args.dir = args.dir or DEFAULT_FOLDER
     cluster = LocalCluster.load(args.dir)
     statuses = cluster.status()
     healthy = all(s.healthy for s in statuses)
@@ -212,7 +233,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if healthy else EXIT_UNHEALTHY
 
 
+def _live_status(args: argparse.Namespace) -> int:
+    """``ordq status`` of any cluster: what its ZooKeeper registers, each process asked live."""
+    from ordq.cluster_live import live_status
+    from ordq.commands import open_store
+    from ordq.common.security import lookup
+    from ordq.contexts import apply
+
+    apply(args)  # the cluster named by --context, ORDQ_CONTEXT or the current context
+    store = open_store(args)
+    try:
+        statuses = live_status(store, args.zk, lookup(args.zk, args.root))
+    finally:
+        store.close()
+    healthy = all(s.healthy for s in statuses)
+    leader = next((s.name for s in statuses if s.kind == "coordinator" and s.state == "leader"), None)
+    if wants_json(args):
+        emit_json({"zk": args.zk, "root": args.root, "healthy": healthy, "leader": leader,
+                   "processes": [s.to_dict() for s in statuses]})
+    else:
+        print(f"cluster: ZooKeeper {args.zk}, root {args.root}; coordinator leader: {leader or '-'}")
+        _print_table(statuses)
+        if not healthy:
+            print("\nunhealthy: " + ", ".join(s.name for s in statuses if not s.healthy))
+    return 0 if healthy else EXIT_UNHEALTHY
+
+
 def _print_table(statuses: list[ProcessStatus]) -> None:
     rows = [{"process": s.name, "pid": s.pid, "listen": s.listen, "state": s.state, "healthy": s.healthy,
-             "detail": s.detail or None} for s in statuses]
-    table(rows, ["process", "pid", "listen", "state", "healthy", "detail"])
+             "version": s.version or None, "detail": s.detail or None} for s in statuses]
+    table(rows, ["process", "pid", "listen", "state", "healthy", "version", "detail"])

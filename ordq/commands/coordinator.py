@@ -151,13 +151,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     duty_store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
+                               batch_sealer=_batch_sealer(duty_store, creds),
                                requests_first=requests_first, per_queue_series=args.per_queue_series)
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
         from ordq.admin.status_page import pages
 
-        announce(f"METRICS {daemon.serve_metrics(args.metrics, pages=pages(daemon)).url}")
+        metrics_url = daemon.serve_metrics(args.metrics, pages=pages(daemon)).url
+        announce(f"METRICS {metrics_url}")
+        # ... and where its /health page is (beside /metrics), for `ordq status` of any cluster:
+        # the election starts with the worker below, after this.
+        # host-pid@metrics-url@address: what precedes the first '@' and follows the last stays as it was.
+        daemon.identifier = ident = f"{socket.gethostname()}-{os.getpid()}@{metrics_url}@{address}"
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -235,6 +241,15 @@ def _prober(store: Any, creds: Credentials) -> Any:
     except ImportError:
         return None
     return make_prober(store, creds)
+
+
+def _batch_sealer(store: Any, creds: Credentials) -> Any:
+    """The batched Seal runner (issue 43), when the broker client is available."""
+    try:
+        from ordq.coordinator.seal import make_batch_sealer
+    except ImportError:
+        return None
+    return make_batch_sealer(store, creds)
 
 
 def _sealer(store: Any, creds: Credentials) -> Any:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ordq.commands import add_command, int_in, rate, wants_json
 from ordq.output import emit_json, table, wrapped_table
 
@@ -54,18 +56,19 @@ def register(subparsers: Any) -> None:
                         help="messages per second (default 4000; 100 for 'partitions')")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
-    parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None,
-                        help="testing the drills: make each run lose or reorder one delivery before the verdict "
-                             "(the drill must then FAIL)")
+    # A testing knob, hidden from --help (issue 42): make each run lose or reorder one delivery
+    # before the verdict, so that the drill must FAIL (tests/test_drills.py).
+    parser.add_argument("--test-hook", choices=["lose", "reorder"], default=None, help=argparse.SUPPRESS)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from ordq.drills.catalog import DRILLS
+    from ordq.drills.catalog import CENTRES, DRILLS
     from ordq.drills.partitions import PARTITIONS
 
     if args.names == ["list"]:
         rows = [{"drill": d.name, "fault": d.fault, "must_happen": d.must} for d in DRILLS.values()]
         rows += [{"drill": f.name, "fault": f.fault, "must_happen": f.must} for f in PARTITIONS.values()]
+        rows += [{"drill": n, "fault": fault, "must_happen": must} for n, (fault, must) in CENTRES.items()]
         if wants_json(args):
             emit_json(rows)
         else:
@@ -77,8 +80,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     if args.names == ["partitions"]:
         return run_randomized(args, seed)
-    names = [*DRILLS, *PARTITIONS] if args.names == ["all"] else args.names
-    unknown = [n for n in names if n not in DRILLS and n not in PARTITIONS]
+    names = [*DRILLS, *PARTITIONS, *CENTRES] if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in DRILLS and n not in PARTITIONS and n not in CENTRES]
     if unknown:
         from ordq.common.errors import ConfigError
 
@@ -91,10 +94,12 @@ def cmd_drill(args: argparse.Namespace) -> int:
     for drill in drills:
         if drill.requires is not None:
             drill.requires()  # e.g. the cdc drill's database servers: one line before any cluster starts
-    return run_drills(args, drills, [n for n in names if n in PARTITIONS], seed)
+    return run_drills(args, drills, [n for n in names if n in PARTITIONS], seed,
+                      centres=[n for n in names if n in CENTRES])
 
 
-def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str], seed: int) -> int:
+def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str], seed: int, *,
+               centres: list[str] | None = None) -> int:
     from ordq.common.proc import owning_children
     from ordq.drills.judge import TABLE_COLUMNS, summarize
     from ordq.drills.verdict import Verifier
@@ -122,6 +127,8 @@ def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str
                 for verdict in {r.verdict for r in lab_results if r.skipped}:  # one clear line, not one per drill
                     out.write(f"partition drills: {verdict}\n")
             results += lab_results
+        if centres:
+            results += _run_centres(args, seed, out)
     total = time.monotonic() - started
     ok = all(r.ok for r in results)
     if wants_json(args):
@@ -140,6 +147,27 @@ def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str
                     if r.report is not None and not r.report.ok:
                         print(r.report.summary())
     return 0 if ok else EXIT_FAILED
+
+
+def _run_centres(args: argparse.Namespace, seed: int, out: Any) -> list[Any]:
+    """The drill across data centres (``mirror``): two lab clusters, its own lab."""
+    from ordq.common.proc import owning_children
+    from ordq.drills.mirror_lab import run_mirror_drill
+
+    results = []
+    with owning_children(die_with_parent=True):  # killed or interrupted, the lab goes with this process
+        for r in range(1, args.rounds + 1):
+            folder = Path(tempfile.mkdtemp(prefix="ordq-mirror-drill-"))
+            out.write(f"== drill mirror round {r}/{args.rounds}: two data centres in a lab in {folder}\n")
+            out.flush()
+            res = run_mirror_drill(folder, seed=seed + r - 1, out=out)
+            res = attrs.evolve(res, round=r)
+            if res.ok and not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+            elif not res.skipped:
+                out.write(f"drill mirror: files kept in {folder}\n")
+            results.append(res)
+    return results
 
 
 def _run_local(args: argparse.Namespace, drills: list[Any], seed: int, verifier: Any, out: Any) -> list[Any]:

@@ -15,7 +15,9 @@ from ordq.commands import add_command, int_in, seconds, wants_json
 from ordq.commands.outbox import _status
 from ordq.output import emit_json, table
 
-END_HELP = "ZK_HOSTS/ROOT/QUEUE: a cluster as registered by ordq up (its --zk and --root), and a queue of it"
+END_HELP = ("ZK_HOSTS/ROOT/QUEUE: a cluster as registered by ordq up (its --zk and --root), and a queue of it; "
+            "ZK_HOSTS/ROOT/topic:TOPIC: every partition of a keyed topic, each to the same partition of the "
+            "target's topic (the same partition count, or refused)")
 
 
 def register(subparsers: Any) -> None:
@@ -74,9 +76,11 @@ def _config(args: argparse.Namespace) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ordq.mirror.lag import LagWatch, MirrorMetrics, MirrorSnapshot, SourceProbe
-    from ordq.mirror.runner import Mirror
+    from ordq.mirror.runner import Mirror, MirrorStats
+    from ordq.mirror.topic import partition_configs
 
     cfg = _config(args)
+    configs = partition_configs(cfg)  # one mirror per partition of a topic
     logging.getLogger("ordq").setLevel(logging.INFO)
     stop = threading.Event()
 
@@ -84,35 +88,71 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop.set()
         raise KeyboardInterrupt
 
-    mirror = Mirror(cfg, on_state=lambda state: _status(f"{state.upper()} mirror {cfg.source} -> {cfg.target}"))
-    watch = LagWatch(SourceProbe(cfg.source, cfg.sub),
-                     lambda: mirror.statistics().last_source_seq if mirror.statistics().leaderships else None)
+    def state_line(c: Any) -> Any:
+        return lambda state: _status(f"{state.upper()} mirror {c.source} -> {c.target}")
+
+    mirrors = [Mirror(c, on_state=state_line(c)) for c in configs]
+
+    def copied(mirror: Mirror) -> Any:
+        return lambda: mirror.statistics().last_source_seq if mirror.statistics().leaderships else None
+
+    watches = [LagWatch(SourceProbe(c.source, c.sub), copied(m)) for c, m in zip(configs, mirrors, strict=True)]
     metrics = None
     if cfg.metrics_listen is not None:
-        def snapshot() -> MirrorSnapshot:
-            st = mirror.statistics()
-            return MirrorSnapshot(st.state, st.copied, st.skipped, st.retries, st.leaderships, watch.latest)
+        def snapshot(mirror: Mirror, watch: LagWatch) -> Any:
+            def read() -> MirrorSnapshot:
+                st = mirror.statistics()
+                return MirrorSnapshot(st.state, st.copied, st.skipped, st.retries, st.leaderships, watch.latest)
+            return read
 
-        metrics = MirrorMetrics({"source": str(cfg.source), "target": str(cfg.target)}, snapshot,
+        metrics = MirrorMetrics([({"source": str(c.source), "target": str(c.target)}, snapshot(m, w))
+                                 for c, m, w in zip(configs, mirrors, watches, strict=True)],
                                 listen=cfg.metrics_listen)
         assert metrics.server is not None
         _status(f"METRICS {metrics.server.url}")
+    failures: list[BaseException] = []
+
+    def run(mirror: Mirror) -> None:
+        try:
+            mirror.run(stop)
+        except BaseException as exc:  # a final error of one partition stops them all, and is raised
+            failures.append(exc)
+            stop.set()
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    threads = [threading.Thread(target=run, args=(m,), name=f"ordq-mirror-{i}", daemon=True)
+               for i, m in enumerate(mirrors)]
     try:
-        _status(f"STARTED mirror {cfg.source} -> {cfg.target} (subscription {cfg.sub})")
-        stats = mirror.run(stop)
+        _status(f"STARTED mirror {cfg.source} -> {cfg.target} (subscription {cfg.sub}"
+                + (f" on each of {len(configs)} partitions)" if cfg.source.topic else ")"))
+        for t in threads:
+            t.start()
+        stop.wait()
     except KeyboardInterrupt:
-        stats = mirror.statistics()
+        stop.set()
     finally:
+        stop.set()
+        for t in threads:
+            t.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if metrics is not None:
             metrics.close()
-        watch.close()
+        for w in watches:
+            w.close()
+    if failures:
+        raise failures[0]
+    all_stats = [m.statistics() for m in mirrors]
+    stats = MirrorStats(copied=sum(s.copied for s in all_stats), skipped=sum(s.skipped for s in all_stats),
+                        retries=sum(s.retries for s in all_stats), leaderships=sum(s.leaderships for s in all_stats),
+                        last_source_seq=all_stats[0].last_source_seq if len(all_stats) == 1 else None)
     if wants_json(args):
         emit_json({"source": str(cfg.source), "target": str(cfg.target), "copied": stats.copied,
                    "skipped": stats.skipped, "retries": stats.retries, "leaderships": stats.leaderships,
-                   "last_source_seq": stats.last_source_seq})
+                   "last_source_seq": stats.last_source_seq,
+                   **({"partitions": [{"source": str(c.source), "copied": s.copied,
+                                       "last_source_seq": s.last_source_seq}
+                                      for c, s in zip(configs, all_stats, strict=True)]} if cfg.source.topic else {})})
     else:
         print(f"mirror {cfg.source} -> {cfg.target}: copied {stats.copied} messages ({stats.skipped} held already), "
               f"last source seq {stats.last_source_seq if stats.last_source_seq is not None else '-'}",
@@ -123,19 +163,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from ordq.mirror.lag import SourceProbe
     from ordq.mirror.status import target_holds
+    from ordq.mirror.topic import partition_configs
 
-    cfg = _config(args)
-    held = target_holds(cfg.target, cfg.source.identity)
-    probe = SourceProbe(cfg.source, cfg.sub)
-    try:
-        lag = probe.lag(held)
-    finally:
-        probe.close()
-    row = {"source": str(cfg.source), "target": str(cfg.target), "subscription": cfg.sub,
-           "source_last_seq": lag.source_last_seq, "copied_seq": lag.copied_seq, "lag_messages": lag.messages,
-           "lag_seconds": round(lag.seconds, 3) if lag.seconds is not None else None}
+    base = _config(args)
+    rows = []
+    for cfg in partition_configs(base):  # a topic: a row per partition
+        held = target_holds(cfg.target, cfg.source.identity)
+        probe = SourceProbe(cfg.source, cfg.sub)
+        try:
+            lag = probe.lag(held)
+        finally:
+            probe.close()
+        rows.append({"source": str(cfg.source), "target": str(cfg.target), "subscription": cfg.sub,
+                     "source_last_seq": lag.source_last_seq, "copied_seq": lag.copied_seq,
+                     "lag_messages": lag.messages,
+                     "lag_seconds": round(lag.seconds, 3) if lag.seconds is not None else None})
     if wants_json(args):
-        emit_json(row)
+        emit_json({"partitions": rows} if base.source.topic else rows[0])
     else:
-        table([row], ["source", "target", "source_last_seq", "copied_seq", "lag_messages", "lag_seconds"])
+        table(rows, ["source", "target", "source_last_seq", "copied_seq", "lag_messages", "lag_seconds"])
     return 0

@@ -18,6 +18,7 @@ CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 QUEUE_COLUMNS = ["queue", "head", "send", "consume_head", "open_segment", "segments", "stored", "last_seq",
                  "produce_rate", "subscriptions", "max_lag"]
 SUB_COLUMNS = ["queue", "subscription", "seg", "last_seq", "lag", "consume_rate", "held_by"]
+MIRROR_COLUMNS = ["queue", "target", "copied_seq", "lag_messages", "lag_seconds", "held_by"]
 
 
 def register(subparsers: Any) -> None:
@@ -27,8 +28,10 @@ def register(subparsers: Any) -> None:
         description="Redraw, every --interval seconds, each queue's send head and list, consume-list head, "
         "segments, stored messages, last readable seq and produce rate (msgs/s from seq progress), and "
         "each subscription's lag, consume rate (from committed cursors) and holder, and the message its "
-        "consumer is blocked on, if any (failure policy block, past its attempts). '?' means no replica "
-        "of an open or sealing segment answered. --once prints one frame, --json one JSON frame; both "
+        "consumer is blocked on, if any (failure policy block, past its attempts), and each mirror of a "
+        "queue to another cluster (its subscription mirror.TARGET): the last source seq its copy holds and its "
+        "lag in messages and seconds. '?' means no replica of an open or sealing segment answered. "
+        "--once prints one frame, --json one JSON frame; both "
         "sample twice, --interval apart, to measure rates.",
     )
     top.add_argument("queues", nargs="*", metavar="QUEUE", help="only these queues (default: all)")
@@ -58,6 +61,9 @@ def render(frame: dict[str, Any], out: TextIO) -> None:
             columns = [*SUB_COLUMNS, "blocked"]
         table([{**r, "blocked": blocked_text(r.get("blocked"))} for r in shown(frame["subscriptions"], ("lag",))],
               columns, out)
+    if frame.get("mirrors"):  # the source side of each mirror: how far its copy is behind
+        out.write("\nmirrors\n")
+        table(shown(frame["mirrors"], ("lag_messages", "lag_seconds")), MIRROR_COLUMNS, out)
     out.flush()
 
 

@@ -111,6 +111,13 @@ def consume_group(args: argparse.Namespace, interrupt: Any) -> int:
     if args.json:
         emit_json(summary)
     else:
-        print(f"delivered {count[0]} messages from {args.topic}/{args.group} as member {cfg.member_id} "
-              f"(partitions {summary['by_partition']})", file=sys.stderr)
+        print(f"delivered {count[0]} messages from {args.topic}/{args.group} as member {cfg.member_id}",
+              file=sys.stderr)
+        print_partitions(summary["by_partition"], out=sys.stderr)
     return 0
+
+
+def print_partitions(by_partition: dict[str, int], *, out: Any) -> None:
+    """The messages a member delivered, a row per partition (issue 42: it was a Python dict)."""
+    table([{"partition": p, "delivered": n} for p, n in sorted(by_partition.items(), key=lambda kv: int(kv[0]))],
+          ["partition", "delivered"], out=out)

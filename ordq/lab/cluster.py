@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import OrdqError
-from ordq.common.proc import ManagedProcess
+from ordq.common.proc import ManagedProcess, load_stretched
 from ordq.common.security import Credentials, issue, make_ca, register, register_coordinators
 from ordq.lab.lab import Lab
 
@@ -114,16 +114,18 @@ class LabCluster:
 
     @classmethod
     def start(cls, lab: Lab, *, groups: Sequence[str] | None = None, coordinators: Sequence[str] | None = None,
-              session_timeout_s: float = SESSION_TIMEOUT_S, layout: Layout = SHARED) -> LabCluster:
+              session_timeout_s: float = SESSION_TIMEOUT_S, layout: Layout = SHARED,
+              name: str = "cluster") -> LabCluster:
         """Deploy the cluster in ``lab`` (``layout.hosts`` hosts at least), files under
-        ``<lab folder>/cluster``. OrdqError (ExternalProcessError, ConfigError) when a step
-        fails; what started is stopped with the lab."""
+        ``<lab folder>/<name>`` (two clusters of one lab, on hosts of their own: two names).
+        OrdqError (ExternalProcessError, ConfigError) when a step fails; what started is
+        stopped with the lab."""
         if len(lab.hosts) < layout.hosts:
             raise OrdqError(f"a lab cluster needs {layout.hosts} hosts, the lab has {len(lab.hosts)}")
         groups = tuple(layout.groups) if groups is None else groups
         coordinators = layout.coordinators if coordinators is None else coordinators
         t0 = time.monotonic()
-        folder = lab.folder / "cluster"
+        folder = lab.folder / name
         folder.mkdir()
         zk_hosts = ",".join(f"{lab.address(h)}:2181" for h in layout.zk_hosts)
         cluster = cls(lab, folder, zk_hosts, folder / "credentials.json", layout)
@@ -151,7 +153,10 @@ class LabCluster:
         for host in coordinators:
             cluster.coordinators[host] = cluster._coordinator(host, session_timeout_s)
         with ThreadPoolExecutor(len(groups)) as pool:
-            list(pool.map(lambda gid: cluster.call(layout.producer_host, ["group", "add", gid]), groups))
+            # a ZooKeeper session over TLS at load 20 took longer than the CLI's 5 s: stretched
+            zk_timeout = f"{load_stretched(5.0):.0f}"
+            list(pool.map(lambda gid: cluster.call(layout.producer_host, ["--zk-timeout", zk_timeout, "group", "add",
+                                                                          gid]), groups))
         cluster.timings["groups"] = time.monotonic() - t0
         for gid in groups:
             for role, host in zip(("master", "slave"), layout.groups[gid], strict=True):
@@ -188,8 +193,10 @@ class LabCluster:
         zk = self.layout.zk_hosts
         configs = {h: self._host_dir(h) / "zk.toml" for h in zk}
         if wait:
-            self.lab.call(zk[0], [ordq_command(), "zk", "start", "--config", str(configs[zk[0]])],
-                          timeout_s=120)
+            # Stretched by the load: at load 40 on two cores a JVM took 45 s to open its port.
+            serve_s = load_stretched(60.0)
+            self.lab.call(zk[0], [ordq_command(), "zk", "start", "--config", str(configs[zk[0]]),
+                                  "--timeout", f"{serve_s:.0f}"], timeout_s=serve_s + 60)
             return
         servers = "".join(f'\n[[servers]]\nhost = "{self.lab.address(h)}"\n' for h in zk)
         for myid, host in enumerate(zk, 1):

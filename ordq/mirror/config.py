@@ -2,7 +2,8 @@
 
 A cluster is named as the CLI names clusters: ``ZK_HOSTS/ROOT``, the key under which ``ordq up``
 (or ``ordq cert register``) registered its coordinators and credentials in the credentials
-file; a mirror end is ``ZK_HOSTS/ROOT/QUEUE`` (``127.0.0.1:2181/ordq/orders``). The cluster's
+file; a mirror end is ``ZK_HOSTS/ROOT/QUEUE`` (``127.0.0.1:2181/ordq/orders``), or
+``ZK_HOSTS/ROOT/topic:TOPIC`` for every partition of a keyed topic. The cluster's
 identity (what the chain of a copy names) is the one that registration recorded
 (``ordq up``'s cluster id), else the name itself.
 """
@@ -26,24 +27,33 @@ class MirrorEnd:
     name: str  # ZK_HOSTS/ROOT
     zk_hosts: str
     root: str
-    queue: str
+    queue: str  # a queue, or a keyed topic's name when ``topic``
     identity: str
+    topic: bool = False  # ZK_HOSTS/ROOT/topic:T: every partition of topic T (ordq.mirror.topic)
 
     def options(self) -> dict[str, Any]:
         return {"zk_hosts": self.zk_hosts, "root": self.root}
 
     def __str__(self) -> str:
-        return f"{self.name}/{self.queue}"
+        return f"{self.name}/{TOPIC_PREFIX if self.topic else ''}{self.queue}"
+
+
+TOPIC_PREFIX = "topic:"
 
 
 def split_end(text: str) -> tuple[str, str, str]:
-    """``ZK_HOSTS/ROOT/QUEUE`` -> (zk_hosts, root, queue). ConfigError in one line."""
-    usage = f"bad mirror end {text!r}: expected ZK_HOSTS/ROOT/QUEUE, as 127.0.0.1:2181/ordq/orders"
+    """``ZK_HOSTS/ROOT/QUEUE`` -> (zk_hosts, root, queue); the last part may be ``topic:T`` (a
+    keyed topic, kept so). ConfigError in one line."""
+    usage = (f"bad mirror end {text!r}: expected ZK_HOSTS/ROOT/QUEUE or ZK_HOSTS/ROOT/topic:TOPIC, as "
+             "127.0.0.1:2181/ordq/orders")
     cluster, _, queue = text.rpartition("/")
     zk_hosts, slash, root = cluster.partition("/")
-    if not cluster or not slash or not zk_hosts or not root or not queue:
+    if not cluster or not slash or not zk_hosts or not root or not queue or queue == TOPIC_PREFIX:
         raise ConfigError(usage)
-    check_name("queue", queue)
+    if queue.startswith(TOPIC_PREFIX):
+        check_name("topic", queue[len(TOPIC_PREFIX):])
+    else:
+        check_name("queue", queue)
     return zk_hosts, "/" + root, queue
 
 
@@ -56,8 +66,9 @@ def parse_end(text: str) -> MirrorEnd:
     if registered_bootstrap(zk_hosts, root) is None:
         raise ConfigError(f"no coordinators are registered for the cluster {name} (mirror end {text!r}): start "
                           "it with ordq up, or register it (ordq cert register)")
-    return MirrorEnd(name=name, zk_hosts=zk_hosts, root=root, queue=queue,
-                     identity=registered_cluster(zk_hosts, root) or name)
+    topic = queue.startswith(TOPIC_PREFIX)
+    return MirrorEnd(name=name, zk_hosts=zk_hosts, root=root, queue=queue.removeprefix(TOPIC_PREFIX),
+                     identity=registered_cluster(zk_hosts, root) or name, topic=topic)
 
 
 @attrs.frozen(kw_only=True)
@@ -93,6 +104,9 @@ class MirrorConfig:
     metrics_registry: CollectorRegistry | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.source.topic != self.target.topic:
+            raise ConfigError(f"a mirror copies a queue to a queue or a topic to a topic, not {self.source} to "
+                              f"{self.target}")
         if self.source.identity == self.target.identity:
             raise ConfigError(f"a mirror from {self.source.name} to itself would loop: give another target cluster")
         if self.max_batch < 1 or self.lease_ttl_s <= 0 or self.send_timeout_s <= 0:

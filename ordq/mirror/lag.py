@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ordq.common.errors import OrdqError
-from ordq.common.metrics import ServedCollector, one
+from ordq.common.metrics import ServedCollector
 from ordq.mirror.config import MirrorEnd
 
 log = logging.getLogger("ordq.mirror")
@@ -136,31 +136,44 @@ STATES = ("starting", "standby", "leading", "waiting")
 
 
 class MirrorMetrics(ServedCollector):
-    """The mirror's series, labelled with source and target (``cluster/queue``)."""
+    """The mirror's series, labelled with source and target (``cluster/queue``): one sample per
+    mirror this process runs (one per partition of a topic)."""
 
-    def __init__(self, labels: dict[str, str], snapshot: Callable[[], MirrorSnapshot], *,
+    def __init__(self, parts: Sequence[tuple[dict[str, str], Callable[[], MirrorSnapshot]]], *,
                  registry: CollectorRegistry | None = None, listen: str | None = None) -> None:
-        self._labels, self._snapshot = labels, snapshot
+        self._parts = list(parts)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.register_and_serve(listen)
 
     def collect(self) -> Iterator[Metric]:
-        snap, labels = self._snapshot(), self._labels
-        yield one("counter", "ordq_mirror_copied_messages", "Source messages this process copied to the target "
-                  "(acked there)", labels, snap.copied)
-        yield one("counter", "ordq_mirror_skipped_messages", "Source messages the target held already (dropped)",
-                  labels, snap.skipped)
-        yield one("counter", "ordq_mirror_retries", "Attempts after a cluster could not be reached", labels,
-                  snap.retries)
-        yield one("counter", "ordq_mirror_leaderships", "Times this process became the mirror's leader", labels,
-                  snap.leaderships)
-        yield one("gauge", "ordq_mirror_leader", "1 while this process leads the mirror (copies)", labels,
-                  int(snap.state == "leading"))
-        yield one("gauge", "ordq_mirror_waiting", "1 while a cluster cannot be reached and the mirror waits",
-                  labels, int(snap.state == "waiting"))
-        lag = snap.lag
-        yield one("gauge", "ordq_mirror_lag_messages", "Source messages not yet on the target (-1: unknown)",
-                  labels, lag.messages if lag is not None and lag.messages is not None else -1)
-        yield one("gauge", "ordq_mirror_lag_seconds", "Age of the oldest source message not yet on the target "
-                  "(0: none waits; -1: unknown)", labels,
-                  lag.seconds if lag is not None and lag.seconds is not None else -1)
+        snaps = [(labels, snapshot()) for labels, snapshot in self._parts]
+        names = list(self._parts[0][0]) if self._parts else ["source", "target"]
+
+        def family(kind: str, name: str, doc: str, value: Callable[[MirrorSnapshot], float]) -> Metric:
+            out = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=names)
+            for labels, snap in snaps:
+                out.add_metric([labels[n] for n in names], value(snap))
+            return out
+
+        def lag_messages(snap: MirrorSnapshot) -> float:
+            return snap.lag.messages if snap.lag is not None and snap.lag.messages is not None else -1
+
+        def lag_seconds(snap: MirrorSnapshot) -> float:
+            return snap.lag.seconds if snap.lag is not None and snap.lag.seconds is not None else -1
+
+        yield family("counter", "ordq_mirror_copied_messages", "Source messages this process copied to the target "
+                     "(acked there)", lambda s: s.copied)
+        yield family("counter", "ordq_mirror_skipped_messages", "Source messages the target held already (dropped)",
+                     lambda s: s.skipped)
+        yield family("counter", "ordq_mirror_retries", "Attempts after a cluster could not be reached",
+                     lambda s: s.retries)
+        yield family("counter", "ordq_mirror_leaderships", "Times this process became the mirror's leader",
+                     lambda s: s.leaderships)
+        yield family("gauge", "ordq_mirror_leader", "1 while this process leads the mirror (copies)",
+                     lambda s: int(s.state == "leading"))
+        yield family("gauge", "ordq_mirror_waiting", "1 while a cluster cannot be reached and the mirror waits",
+                     lambda s: int(s.state == "waiting"))
+        yield family("gauge", "ordq_mirror_lag_messages", "Source messages not yet on the target (-1: unknown)",
+                     lag_messages)
+        yield family("gauge", "ordq_mirror_lag_seconds", "Age of the oldest source message not yet on the target "
+                     "(0: none waits; -1: unknown)", lag_seconds)

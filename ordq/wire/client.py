@@ -67,6 +67,15 @@ class GrpcTransport:
         req = pb.SegmentRef(queue=queue, seg=seg)
         return _replica_end(self._call(address, lambda s: s.Seal(req, timeout=self.rpc_timeout_s, metadata=self._md)))
 
+    def seal_many(self, address: str, segments: Sequence[tuple[str, int]]) -> dict[tuple[str, int], ReplicaEnd | None]:
+        """Seal every (queue, seg) of ``segments`` at ``address`` in one call (cluster only):
+        each one's end, or None for one the broker could not seal. Raises as ``seal`` when the
+        broker does not answer."""
+        req = pb.SealManyRequest(segments=[pb.SegmentRef(queue=q, seg=seg) for q, seg in segments])
+        answer = self._call(address, lambda s: s.SealMany(req, timeout=self.copy_timeout_s, metadata=self._md))
+        return {(r.segment.queue, int(r.segment.seg)): None if r.error else _replica_end(r.end)
+                for r in answer.results}
+
     def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
         req = pb.ReconcileRequest(queue=queue, seg=seg, end=end, peer=peer)
         return _replica_end(self._call(address, lambda s: s.Reconcile(req, timeout=self.copy_timeout_s,

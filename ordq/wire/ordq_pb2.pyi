@@ -507,3 +507,25 @@ class FindResponse(_message.Message):
     matches: _containers.RepeatedCompositeFieldContainer[FindMatch]
     segments: _containers.RepeatedCompositeFieldContainer[FindSegmentResult]
     def __init__(self, matches: _Optional[_Iterable[_Union[FindMatch, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[FindSegmentResult, _Mapping]]] = ...) -> None: ...
+
+class SealManyRequest(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentRef]
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentRef, _Mapping]]] = ...) -> None: ...
+
+class SealManyResult(_message.Message):
+    __slots__ = ("segment", "end", "error")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    segment: SegmentRef
+    end: SegmentEnd
+    error: str
+    def __init__(self, segment: _Optional[_Union[SegmentRef, _Mapping]] = ..., end: _Optional[_Union[SegmentEnd, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SealManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SealManyResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SealManyResult, _Mapping]]] = ...) -> None: ...

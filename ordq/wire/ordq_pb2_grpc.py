@@ -89,6 +89,11 @@ class BrokerStub:
                 request_serializer=ordq_dot_wire_dot_ordq__pb2.FindRequest.SerializeToString,
                 response_deserializer=ordq_dot_wire_dot_ordq__pb2.FindResponse.FromString,
                 _registered_method=True)
+        self.SealMany = channel.unary_unary(
+                '/ordq.v1.Broker/SealMany',
+                request_serializer=ordq_dot_wire_dot_ordq__pb2.SealManyRequest.SerializeToString,
+                response_deserializer=ordq_dot_wire_dot_ordq__pb2.SealManyResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -180,6 +185,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealMany(self, request, context):
+        """Cluster only. Seal each segment named, as Seal does one (issue 43: after a group that
+        headed thousands of queues died, one call per surviving replica for a batch of them).
+        Answers each in the order asked: its end, or why it could not be sealed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +251,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Find,
                     request_deserializer=ordq_dot_wire_dot_ordq__pb2.FindRequest.FromString,
                     response_serializer=ordq_dot_wire_dot_ordq__pb2.FindResponse.SerializeToString,
+            ),
+            'SealMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealMany,
+                    request_deserializer=ordq_dot_wire_dot_ordq__pb2.SealManyRequest.FromString,
+                    response_serializer=ordq_dot_wire_dot_ordq__pb2.SealManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +555,33 @@ class Broker:
             '/ordq.v1.Broker/Find',
             ordq_dot_wire_dot_ordq__pb2.FindRequest.SerializeToString,
             ordq_dot_wire_dot_ordq__pb2.FindResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordq.v1.Broker/SealMany',
+            ordq_dot_wire_dot_ordq__pb2.SealManyRequest.SerializeToString,
+            ordq_dot_wire_dot_ordq__pb2.SealManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

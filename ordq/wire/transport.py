@@ -29,6 +29,13 @@ class SealTransport(Protocol):
     def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd: ...
 
 
+class BatchSealTransport(SealTransport, Protocol):
+    """Seal with one call for many segments of one replica (issue 43)."""
+
+    def seal_many(self, address: str, segments: Sequence[tuple[str, int]]) -> dict[tuple[str, int],
+                                                                                  ReplicaEnd | None]: ...
+
+
 @attrs.frozen
 class Ack:
     """Both replicas synced the batch whose first seq is ``first_seq``."""

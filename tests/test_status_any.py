@@ -1,0 +1,69 @@
+"""``ordq status`` of any cluster (issue 42: it knew only clusters started by ``ordq up``): a
+cluster of real processes started by tests/cluster.py, which no --dir describes, read from
+what its ZooKeeper registers; a broker killed -9 turns it unhealthy (exit 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ordq import __version__
+from ordq.cluster_live import Contender, parse_srvr, zk_servers
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.util import wait_until
+
+pytestmark = pytest.mark.zk
+
+EXIT_UNHEALTHY = 3
+
+
+def _status(cluster: Cluster) -> tuple[int, dict]:  # type: ignore[type-arg]
+    done = cluster.ordq("--json", "status", timeout_s=60)
+    assert done.returncode in (0, EXIT_UNHEALTHY), done.stderr.decode()
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.mark.heavy  # a cluster of five processes and three CLI runs: 20-70 s at load 9-14
+def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster) -> None:
+    cluster.add_groups("g1", "g2")
+    rc, doc = _status(cluster)
+    rows = {p["name"]: p for p in doc["processes"]}
+    assert rc == 0 and doc["healthy"] is True, doc
+    assert {"g1/master", "g1/slave", "g2/master", "g2/slave", "zk1"} <= set(rows)
+    for name in ("g1/master", "g1/slave", "g2/master", "g2/slave"):
+        assert rows[name]["state"] == "live" and rows[name]["version"] == __version__, rows[name]
+    assert rows["zk1"]["state"] in ("standalone", "leader", "follower") and rows["zk1"]["version"]
+    (coordinator,) = [p for p in doc["processes"] if p["kind"] == "coordinator"]
+    assert coordinator["state"] == "leader" and coordinator["version"] == __version__
+    assert doc["leader"] == coordinator["name"] and coordinator["listen"] in cluster.bootstrap.split(",")
+
+    victim = cluster.groups["g2"].slave
+    victim.kill()  # kill -9
+    rc, doc = _status(cluster)
+    rows = {p["name"]: p for p in doc["processes"]}
+    assert rc == EXIT_UNHEALTHY and doc["healthy"] is False
+    assert rows["g2/slave"]["healthy"] is False and rows["g2/slave"]["state"] in ("no answer", "not live")
+    assert all(p["healthy"] for name, p in rows.items() if name not in ("g2/slave", "g2/master")), rows
+    # the people's table says the same, and names the unhealthy process
+    wait_until(lambda: "g2/slave" not in cluster.store.live_members("g2"), timeout_s=30, what="g2/slave's node gone")
+    done = cluster.ordq("status", timeout_s=60)
+    out = done.stdout.decode()
+    assert done.returncode == EXIT_UNHEALTHY, done.stderr.decode()
+    assert "coordinator leader: " + coordinator["name"] in out and "unhealthy: " in out and "g2/slave" in out
+    row = out.split("g2/slave", 1)[1].splitlines()[0]
+    # as in the JSON above: registered and not answering, or its liveness node gone (the status
+    # may list the slave by the address its group recorded either way)
+    assert "not live" in row or "no answer" in row, row
+
+
+def test_contender_identifiers_and_srvr_answers_parse() -> None:
+    assert Contender.parse("h-12@http://127.0.0.1:9/metrics@127.0.0.1:7000") == Contender(
+        name="h-12", address="127.0.0.1:7000", metrics_url="http://127.0.0.1:9/metrics")
+    assert Contender.parse("h-12@127.0.0.1:7000") == Contender(name="h-12", address="127.0.0.1:7000",
+                                                               metrics_url=None)
+    assert Contender.parse("h-12") == Contender(name="h-12", address="", metrics_url=None)
+    srvr = "Zookeeper version: 3.8.0-5a02a05eddb59aee6ac762f7ea82e92a68eb9c0f, built on 2022-02-25\nMode: leader\n"
+    assert parse_srvr(srvr) == ("leader", "3.8.0")
+    assert parse_srvr("This ZooKeeper instance is not currently serving requests") == (None, "")
+    assert zk_servers("a:1,b:2/chroot") == [("a", 1), ("b", 2)]

@@ -1,0 +1,86 @@
+"""The status page as a console people read (issue 42), in headless Chromium on a cluster of
+real processes with traffic: rates and lag charts from the coordinator's samples, the busiest
+queue first, a filter box, times with their zone, and a failover listed after the head master
+is killed. Screenshots are written beside the test's files, and to ``$ORDQ_SCREENSHOTS`` when
+set (how docs/status-console*.png were made)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ordq import __version__
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.helpers.chromium import Chromium
+from tests.util import wait_until
+
+pytestmark = [pytest.mark.zk, pytest.mark.heavy]
+
+SECTIONS = "[...document.querySelectorAll('#queues section')].filter(s => !s.hidden).map(s => s.dataset.queue)"
+ZONED = re.compile(r"\d{1,2}:\d\d:\d\d( [AP]M)? [A-Z]{2,5}([+-]\d+)?")
+# each process row: name -> [listen, state, healthy, version]
+PROCESS_ROWS = ("Object.fromEntries([...document.querySelectorAll('#processes tr[data-process]')]"
+                ".map(r => [r.dataset.process, [...r.cells].slice(1, 5).map(c => c.innerText)]))")
+CHART_POINTS = "document.querySelector('#charts path[data-series=\"produced\"]')?.getAttribute('d')?.length || 0"
+
+
+def screenshot(browser: Chromium, path: Path) -> None:
+    browser.call("Emulation.setDeviceMetricsOverride", width=1100, height=900, deviceScaleFactor=1, mobile=False)
+    data = browser.call("Page.captureScreenshot", format="png")["data"]
+    path.write_bytes(base64.b64decode(data))
+    if os.environ.get("ORDQ_SCREENSHOTS"):
+        shutil.copy(path, Path(os.environ["ORDQ_SCREENSHOTS"]) / path.name)
+
+
+def test_the_console_charts_rates_and_lag_filters_and_lists_a_failover(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("orders")
+    cluster.create_queue("audit")
+    assert cluster.ordq("sub", "create", "orders", "billing").returncode == 0
+    daemon = cluster.start_daemon("coordinator-1")
+    page = daemon.wait_for_line("METRICS ", timeout_s=30).split()[-1].rsplit("/", 1)[0] + "/status"
+    cluster.spawn_ordq("producer", "produce", "orders", "--count", "1000000", "--rate", "100")
+    cluster.spawn_ordq("consumer", "consume", "orders", "-s", "billing", "--quiet")
+
+    def history() -> dict:  # type: ignore[type-arg]
+        return json.loads(urllib.request.urlopen(page + ".json", timeout=30).read())["history"]
+
+    # two samples 10 s apart make the first rate; the producer's and the consumer's show in them
+    wait_until(lambda: sum((r or 0) > 0 for r in history()["queues"]["*"]["produce"]) >= 2
+               and any((r or 0) > 0 for r in history()["queues"]["*"]["consume"]), timeout_s=180,
+               interval_s=1.0, what="produce and consume rates in the coordinator's samples")
+    with Chromium(tmp_path / "chromium") as browser:
+        browser.navigate(page)
+        wait_until(lambda: browser.evaluate(CHART_POINTS) > 0, timeout_s=30, what="the rates chart drawn")
+        assert browser.evaluate(SECTIONS) == ["orders", "audit"]  # the busiest first, not by name
+        updated = browser.evaluate("document.getElementById('updated').innerText")
+        assert ZONED.fullmatch(updated), updated  # a zone, e.g. "3:30:29 PM UTC"
+        assert "lag, every queue" in browser.evaluate("document.getElementById('charts').innerText")
+        leader = browser.evaluate("document.getElementById('leader').innerText")
+        assert leader not in ("?", "none", ""), leader
+        rows = browser.evaluate(PROCESS_ROWS)
+        assert {"g1/master", "g1/slave", "g2/master", "g2/slave", "zk1", leader} <= set(rows), rows
+        assert all(r[2] == "yes" for r in rows.values()), rows  # [listen, state, healthy, version]
+        assert rows["g1/master"][3] == __version__
+        screenshot(browser, tmp_path / "status-console.png")
+        browser.evaluate("(f => { f.value = 'aud'; f.dispatchEvent(new Event('input')); })"
+                         "(document.getElementById('filter'))")
+        assert browser.evaluate(SECTIONS) == ["audit"]
+        browser.evaluate("(f => { f.value = ''; f.dispatchEvent(new Event('input')); })"
+                         "(document.getElementById('filter'))")
+
+        cluster.groups["g1"].master.kill()
+        wait_until(lambda: "orders: g1 -> g2" in (browser.evaluate("document.getElementById('failovers').innerText")
+                                                  or ""), timeout_s=60, what="the failover listed")
+        wait_until(lambda: browser.evaluate(PROCESS_ROWS).get("g1/master", [""] * 4)[2] == "no", timeout_s=60,
+                   what="g1/master shown unhealthy")
+        failover = browser.evaluate("document.getElementById('failovers').innerText")
+        assert ZONED.match(failover), failover  # its time carries a zone
+        screenshot(browser, tmp_path / "status-console-failover.png")
