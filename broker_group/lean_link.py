@@ -39,8 +39,11 @@ log = logging.getLogger("ordq.replication")
 _HEADER = struct.Struct(">I")
 Send = Callable[[pb.ReplicateResponse], Awaitable[None]]
 Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
-# The switch for measuring one link against the other (bench_stages, bench_e2e): a slave
-# started with ORDQ_REPLICATION_LINK=grpc publishes no lean address, so its master uses gRPC.
+# The switch (bench_stages, bench_e2e compare the two): only a slave started with
+# ORDQ_REPLICATION_LINK=lean serves and publishes a lean address; otherwise its master uses gRPC.
+# Not the default: measured A B A B it took 6 wake-ups and a fifth of the CPU off a
+# synchronous send, but cost 14 % of the pipelined rate (its TLS runs on the master's loop
+# thread, gRPC's on its own threads; docs/BENCHMARKS.md, issue 39).
 ENV = "ORDQ_REPLICATION_LINK"
 
 

@@ -142,7 +142,7 @@ class Broker:
             if cfg.role is Role.MASTER:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
-            elif os.environ.get(lean_link.ENV, "lean") != "grpc":
+            elif os.environ.get(lean_link.ENV, "grpc") == "lean":
                 self._lean = lean_link.LeanServer(
                     cfg.credentials, CLUSTER_CNS, frame_limit(self.shared),
                     lambda requests, send: replicate_requests(self.shared, self.write, requests, send),

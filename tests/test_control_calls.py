@@ -70,6 +70,19 @@ class Group:
 
 @pytest.fixture
 def group(zk_server: Any, zk_root: str, tmp_path: Path) -> Iterator[Group]:
+    yield from _group(zk_server, zk_root, tmp_path)
+
+
+@pytest.fixture
+def lean_group(zk_server: Any, zk_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Group]:
+    """``group`` with its slave serving the lean replication link (off by default)."""
+    from ordq.broker_group.lean_link import ENV
+
+    monkeypatch.setenv(ENV, "lean")  # the broker processes inherit it
+    yield from _group(zk_server, zk_root, tmp_path)
+
+
+def _group(zk_server: Any, zk_root: str, tmp_path: Path) -> Iterator[Group]:
     with one_group(zk_server.connection_string, zk_root, tmp_path) as base:
         store = base.store
         _, produce_token = create_token(store.client, zk_root, {Q: ["produce", "consume"]}, "the real producer")
@@ -502,7 +515,7 @@ def _answers(sock: Any) -> list[pb.ReplicateResponse]:
     return out
 
 
-def test_the_lean_replication_link_takes_only_brokers_and_checks_what_they_send(group: Group) -> None:
+def test_the_lean_replication_link_takes_only_brokers_and_checks_what_they_send(lean_group: Group) -> None:
     """Issue 39: the slave's lean replication link (its own port, published in its liveness
     node) refuses a client certificate before reading a frame, a connection without a
     certificate at the handshake, a frame longer than the broker's limit before its body, and
@@ -514,7 +527,7 @@ def test_the_lean_replication_link_takes_only_brokers_and_checks_what_they_send(
 
     from ordq.broker_group.lean_link import frame
 
-    g = group
+    g = lean_group
     group_ca[:] = [g.broker]
     produce(g, 0, 10)
     node = json.loads(g.store.client.get(g.store.paths.live("g1", "slave"))[0])
