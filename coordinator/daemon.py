@@ -83,9 +83,14 @@ ROUND_WORKERS = 4
 # service answers a producer's FailOver (``coordinator/pacing.py``).
 ROUND_SLICE = 250
 # Seals run at once, beside the rounds (``_seal_later``).
-SEAL_WORKERS = 2
-# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43).
-SEAL_BATCH = 200
+SEAL_WORKERS = 3
+# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43): this many a
+# SealMany call, and this many such calls of one group at once (while the broker syncs one
+# call's files, the next call's segments are created and sealed in memory). Each call is one
+# job of the seal pool: it seals one batch and queues itself again, so a written queue's seal
+# (first in the queue of jobs) never waits behind a whole group's batches.
+SEAL_BATCH = 500
+SEAL_CALLS_IN_FLIGHT = 2
 # A queue whose open segment a probe saw grow within this long is "written": after a head
 # master dies its failover and seal come before those of the idle queues it also headed
 # (``urgent_first``): a producer or consumer may wait on it; 10,000 idle ones wait on nobody.
@@ -151,6 +156,7 @@ class CoordinatorDaemon:
         self._seal_order = itertools.count()
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
         self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
+        self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
         self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
@@ -402,69 +408,88 @@ class CoordinatorDaemon:
         urgent = is_written(queue, self._written, time.monotonic())
         if (not urgent and self.batch_sealer is not None and known is not None and view is not None
                 and action.gid is not None):
-            with self._lock:
-                waiting = self._seal_batches.setdefault(action.gid, {})
-                first = not waiting
-                waiting[queue] = (action.seg, known[0], known[1])
-            if not first:
-                return  # the group's batch job, queued already, takes it
             gid = action.gid
-
-            def run() -> None:
-                self._seal_group_batch(gid, view)
-
-        with self._lock:
-            heapq.heappush(self._seals, (0 if urgent else 1, next(self._seal_order), run))
-        try:
-            executor.submit(self._next_seal)  # one worker task per job; each runs the most urgent
-        except RuntimeError:  # shut down: stopping
+            with self._lock:
+                self._seal_batches.setdefault(gid, {})[queue] = (action.seg, known[0], known[1])
+                if self._seal_batch_jobs.get(gid, 0) >= SEAL_CALLS_IN_FLIGHT:
+                    return  # the group's batch jobs, queued already, take it
+                self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 0) + 1
+            self._queue_seal_job(1, lambda: self._seal_group_batch(gid, view), executor)
+            return
+        if not self._queue_seal_job(0 if urgent else 1, run, executor):
             with self._lock:
                 self._sealing_now.discard(key)
 
+    def _queue_seal_job(self, rank: int, job: Callable[[], None],
+                        executor: concurrent.futures.ThreadPoolExecutor) -> bool:
+        """Queue ``job`` for the seal pool (rank 0: a written queue's, first); False once stopping."""
+        with self._lock:
+            heapq.heappush(self._seals, (rank, next(self._seal_order), job))
+        try:
+            executor.submit(self._next_seal)  # one worker task per job; each runs the most urgent
+        except RuntimeError:  # shut down: stopping
+            return False
+        return True
+
     def _seal_group_batch(self, gid: str, view: DaemonView) -> None:
-        """Seal the idle queues' segments of ``gid`` waiting in ``_seal_batches``, ``SEAL_BATCH``
-        at a time (``seal.seal_batch``: one SealMany per replica, one ZooKeeper transaction);
-        those it leaves go the one-by-one way (``_seal_later`` without a batch: it reads afresh)."""
+        """One batch job of ``gid`` (``SEAL_CALLS_IN_FLIGHT`` of them at most): seal up to
+        ``SEAL_BATCH`` of the idle queues' segments waiting in ``_seal_batches`` (``seal.seal_batch``:
+        one SealMany per replica, the seals written in few ZooKeeper transactions), then queue
+        itself again while more wait; those it leaves go the one-by-one way (``_seal_later``
+        without a batch: it reads afresh)."""
         assert self.batch_sealer is not None
-        while not self._stop.is_set():
-            self._wait_turn()
-            with self._lock:
-                waiting = self._seal_batches.get(gid, {})
-                part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
-                for q in part:
-                    del waiting[q]
-                if not waiting:
-                    self._seal_batches.pop(gid, None)
+        if self._stop.is_set():
+            return
+        self._wait_turn()
+        with self._lock:
+            waiting = self._seal_batches.get(gid, {})
+            part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
+            for q in part:
+                del waiting[q]
             if not part:
+                self._seal_batches.pop(gid, None)
+                self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 1) - 1
+                if self._seal_batch_jobs[gid] <= 0:
+                    del self._seal_batch_jobs[gid]
                 return
-            items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
-            started = time.monotonic()
-            try:
-                left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
-            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+        try:
+            self._seal_one_batch(gid, view, part)
+        finally:
+            executor = self._seal_executor
+            if executor is None or not self._queue_seal_job(1, lambda: self._seal_group_batch(gid, view), executor):
                 with self._lock:
-                    self.stats.errors += 1
-                log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
-                with self._lock:
-                    for q, (seg, _st, _v) in part.items():
-                        self._sealing_now.discard((q, seg))
-                for q in part:  # planned again by the timer
-                    view.schedule(q, time.monotonic() + RETRY_S)
-                continue
-            sealed = len(items) - len(left)
-            self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+                    self._seal_batch_jobs.pop(gid, None)
+
+    def _seal_one_batch(self, gid: str, view: DaemonView, part: dict[str, tuple[int, sm.QueueState, int]]) -> None:
+        assert self.batch_sealer is not None
+        items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
+        started = time.monotonic()
+        try:
+            left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
+        except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+            with self._lock:
+                self.stats.errors += 1
+            log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
             with self._lock:
                 for q, (seg, _st, _v) in part.items():
-                    if q not in left:
-                        self._sealing_now.discard((q, seg))
-                self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
-                self.stats.seal_batches += 1
-                self.stats.batched_seals += sealed
-            for q in left:  # one by one, reading afresh
-                seg = part[q][0]
-                with self._lock:
                     self._sealing_now.discard((q, seg))
-                self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
+            for q in part:  # planned again by the timer
+                view.schedule(q, time.monotonic() + RETRY_S)
+            return
+        sealed = len(items) - len(left)
+        self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+        with self._lock:
+            for q, (seg, _st, _v) in part.items():
+                if q not in left:
+                    self._sealing_now.discard((q, seg))
+            self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
+            self.stats.seal_batches += 1
+            self.stats.batched_seals += sealed
+        for q in left:  # one by one, reading afresh
+            seg = part[q][0]
+            with self._lock:
+                self._sealing_now.discard((q, seg))
+            self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
 
     def _idle_waits_turn(self, queue: str) -> None:
         """An idle queue's job (not ``is_written``) starts once the service's urgent requests
