@@ -37,13 +37,14 @@ from kazoo.exceptions import (
 )
 from kazoo.recipe.election import Election
 
-from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
+from ordq.common.errors import CoordinationUnavailable, CorruptState, IllegalTransition, OrdqError
 from ordq.common.metrics import MetricsServer, Page
 from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.group_moves import batches, plan_moves
+from ordq.coordinator.head_spread import SpreadResult, spread_heads
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst, in_slices
 from ordq.coordinator.store import Known, ZkStore
@@ -95,6 +96,14 @@ SEAL_CALLS_IN_FLIGHT = 2
 # master dies its failover and seal come before those of the idle queues it also headed
 # (``urgent_first``): a producer or consumer may wait on it; 10,000 idle ones wait on nobody.
 WRITTEN_S = 60.0
+# Heads spread back (issue 43, ``coordinator/head_spread.py``): a pass every this often moves at
+# most ``rebalance_moves_per_s`` times it idle queues' heads towards an even spread; a group
+# gives or receives only once both its processes have been live this long (a group that just
+# came back may go again: no churn for a flapping one), and no pass runs while a dead group's
+# seals wait for their batches.
+REBALANCE_INTERVAL_S = 2.0
+REBALANCE_GRACE_S = 10.0
+REBALANCE_MOVES_PER_S = 50.0
 
 
 def is_written(queue: str, written: Mapping[str, float], now: float) -> bool:
@@ -127,6 +136,7 @@ class CoordinatorDaemon:
         sweep_interval_s: float = SWEEP_INTERVAL_S,
         requests_first: RequestsFirst | None = None,
         per_queue_series: int | None = DEFAULT_PER_QUEUE_SERIES,
+        rebalance_moves_per_s: float = REBALANCE_MOVES_PER_S,
     ) -> None:
         """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
         fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc;
@@ -138,6 +148,9 @@ class CoordinatorDaemon:
         self.sealer = sealer
         self.prober = prober
         self.batch_sealer = batch_sealer
+        self.rebalance_moves_per_s = rebalance_moves_per_s  # 0: heads are spread only by ``rebalance``
+        self._live_since: dict[str, float] = {}  # gid -> when this term first saw both its processes live
+        self._next_spread = 0.0
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
@@ -228,6 +241,8 @@ class CoordinatorDaemon:
         self._written = {}
         self._next_sweep = time.monotonic() + self.sweep_interval_s
         self._next_probe = 0.0
+        self._live_since = {}
+        self._next_spread = time.monotonic() + REBALANCE_GRACE_S
         return self.view
 
     def _until_next(self) -> float:
@@ -283,6 +298,7 @@ class CoordinatorDaemon:
                 self._guarded_round(queue)
         self.stats.planned += len(queues)
         self.stats.zk_reads = view.reads
+        self._spread_pass(view, started)
         if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
             self._list_seen = view.list_changes
             for gone in set(self.stats.corrupt) - set(view.entries):
@@ -644,6 +660,57 @@ class CoordinatorDaemon:
                 outcome = "sealed"
             finally:
                 self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
+
+    # -- heads spread back (issue 43) --------------------------------------------------------
+
+    def _settled_live(self, view: DaemonView, now: float) -> frozenset[str]:
+        """Groups live (both processes) and not drained for ``REBALANCE_GRACE_S`` at least."""
+        live = view.live - view.drained
+        for g in set(self._live_since) - live:
+            del self._live_since[g]
+        for g in live:
+            self._live_since.setdefault(g, now)
+        return frozenset(g for g in live if now - self._live_since[g] >= REBALANCE_GRACE_S)
+
+    def _spread_pass(self, view: DaemonView, now: float) -> None:
+        settled = self._settled_live(view, now)
+        if self.rebalance_moves_per_s <= 0 or now < self._next_spread:
+            return
+        self._next_spread = now + REBALANCE_INTERVAL_S
+        with self._lock:
+            if self._seal_batches:
+                return  # a dead group's seals first
+        try:
+            result = self._spread(view, settled, now, max_moves=int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S),
+                                  dry_run=False)
+        except OrdqError as exc:
+            log.warning("spreading heads: %s", exc)
+            return
+        if result.moves:
+            log.info("spread %d idle queues' heads back: %s -> %s", len(result.moves), result.before, result.after)
+
+    def _spread(self, view: DaemonView, live: frozenset[str], now: float, *, max_moves: int,
+                dry_run: bool) -> SpreadResult:
+        rows = [(q, e.state, e.version) for q, e in list(view.entries.items())
+                if e.state is not None and e.problem is None and STATE not in e.stale]
+        busy = {q for q, _st, _v in rows if is_written(q, self._written, now)}
+        result = spread_heads(self.store, rows, live, busy, view.group_versions, max_moves=max_moves,
+                              dry_run=dry_run, wait_turn=self._wait_turn)
+        if result.moves and not dry_run:
+            with self._lock:
+                self.stats.spread_moves += len(result.moves)
+                self.stats.spread_batches += result.transactions
+        return result
+
+    def rebalance(self, *, max_moves: int, dry_run: bool) -> SpreadResult:
+        """``ordq group rebalance``: spread idle queues' heads over the live groups now (every
+        live, undrained group, without the grace period), at most ``max_moves``; with
+        ``dry_run`` only the plan. CoordinationUnavailable when this coordinator does not lead."""
+        view = self.view
+        if view is None or not self.stats.is_leader:
+            raise CoordinationUnavailable("this coordinator does not lead (or has not read the queues yet)")
+        return self._spread(view, frozenset(view.live - view.drained), time.monotonic(), max_moves=max_moves,
+                            dry_run=dry_run)
 
     # -- what the admin API reads of this daemon's copies -----------------------------------
 
