@@ -67,8 +67,9 @@ def test_a_group_back_after_a_kill_gets_idle_heads_back_the_busy_queue_stays(clu
 
 
 def test_group_rebalance_shows_the_plan_then_moves_at_most_what_it_is_told(cluster: Cluster) -> None:
-    cluster.start_daemon("coordinator-1", extra=["--rebalance-moves-per-s", "0"])  # only the verb moves heads
     cluster.add_groups("g1", "g2")
+    # the coordinator: only the verb moves heads (it replaces the stand-in add_groups started)
+    cluster.start_daemon("coordinator-1", extra=["--rebalance-moves-per-s", "0"])
     idle = [f"idle-{i:03d}" for i in range(20)]
     cluster.store.create_queues(idle)
     assert heads(cluster, idle) == Counter({"g1": 10, "g2": 10})
