@@ -349,7 +349,8 @@ def test_the_top_level_help_imports_no_command_module() -> None:
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'asyncio', 'kazoo', 'attrs', 'attr',\n"
             "             'google', 'cryptography', 'logging', 'typing')\n"
-            "             or m.startswith(('ordq.commands', 'ordq.common.errors', 'ordq.cluster_health', 'ordq.coordinator'))))")
+            "             or m.startswith(('ordq.commands', 'ordq.common.errors', 'ordq.cluster_health',\n"
+            "                              'ordq.coordinator'))))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-1] == "[]"
