@@ -344,7 +344,7 @@ def _expect_copy(ctx: DrillContext, end: int) -> None:
     acks, copy = source_acks([str(audit / "acks")]), copy_rows([str(audit / "deliveries")], [])
     wrong = [s for s, crc in sorted(acks.items()) if copy.get(s) != crc]
     ctx.expect(f"centre 2's copy holds each of the {len(acks)} row changes centre 1 acked at its seq with its "
-               f"payload, and seqs 0..{end - 1} once" + (f" (first wrong or missing seq: {wrong[0]})" if wrong else ""),
+               f"payload, and seqs 0 to {end - 1} once" + (f" (first wrong or missing seq: {wrong[0]})" if wrong else ""),
                not wrong and sorted(copy) == list(range(end)))
 
 
