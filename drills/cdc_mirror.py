@@ -343,9 +343,9 @@ def _expect_copy(ctx: DrillContext, end: int) -> None:
     audit = ctx.run_dir / "audit"
     acks, copy = source_acks([str(audit / "acks")]), copy_rows([str(audit / "deliveries")], [])
     wrong = [s for s, crc in sorted(acks.items()) if copy.get(s) != crc]
+    first_wrong = f" (first wrong or missing seq: {wrong[0]})" if wrong else ""
     ctx.expect(f"centre 2's copy holds each of the {len(acks)} row changes centre 1 acked at its seq with its "
-               f"payload, and seqs 0 to {end - 1} once" + (f" (first wrong or missing seq: {wrong[0]})" if wrong else ""),
-               not wrong and sorted(copy) == list(range(end)))
+               f"payload, and seqs 0 to {end - 1} once{first_wrong}", not wrong and sorted(copy) == list(range(end)))
 
 
 __all__ = ["LINK_CUT_S", "VICTIMS", "require_all", "run_cdc_mirror"]

@@ -21,8 +21,8 @@ SECTION = "### Database to database across centres"
 
 
 def _why_not() -> str | None:
-    from ordq.drills.cdc_mirror import require_all
     from ordq.common.errors import ConfigError
+    from ordq.drills.cdc_mirror import require_all
 
     try:
         require_all()
@@ -52,7 +52,8 @@ def test_the_drill_without_root_or_iptables_is_one_line(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(ordq.drills.cdc_mirror, "require_servers", lambda: None)
     which = shutil.which
-    monkeypatch.setattr(ordq.drills.cdc_mirror.shutil, "which", lambda name: None if name == "iptables" else which(name))
+    monkeypatch.setattr(ordq.drills.cdc_mirror.shutil, "which",
+                        lambda name: None if name == "iptables" else which(name))
     assert main(["demo", "--mirror", "--dir", "unused"]) == 1
     assert capsys.readouterr().err == ("ordq: error: the cdc-mirror drill cuts the link between the centres with "
                                        "iptables: it needs root, iptables and setpriv (make test-deps; run as "
