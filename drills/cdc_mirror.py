@@ -37,7 +37,7 @@ import attrs
 
 from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import ConfigError, OrdqError
-from ordq.common.proc import ManagedProcess
+from ordq.common.proc import ManagedProcess, load_stretched
 from ordq.drills.cdc import (
     APPLIER_SUBSCRIPTION,
     TABLES,
@@ -176,7 +176,7 @@ def run_cdc_mirror(ctx: DrillContext) -> None:
     require_all()
     dc2 = LocalCluster(ctx.run_dir / "dc2", ClusterConfig(groups=2, zk_nodes=1, coordinators=1))
     try:
-        dc2.start()
+        dc2.start(timeout_s=load_stretched(120.0))  # slower on a loaded machine, not stuck
         ctx.event(f"centre 1: the drill's cluster (ZooKeeper {ctx.cluster.zk_hosts}); centre 2: a cluster of "
                   f"{len(dc2.gids)} groups (ZooKeeper {dc2.zk_hosts})")
         source = MariaDbServer.start()

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from ordq.commands import add_command, int_in, rate
 from ordq.common.errors import ConfigError
+from ordq.common.proc import load_stretched
 from ordq.output import table
 
 DEMO_MARKER = ".ordq-demo"
@@ -81,7 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
               "process each), 1 coordinator daemon (the drill starts centre 2's, of the same shape)" if args.mirror
               else "starting a local cluster: ZooKeeper, 3 broker groups (a master and a slave process each), "
               "2 coordinator daemons")
-        cluster.start()
+        cluster.start(timeout_s=load_stretched(120.0))  # slower on a loaded machine, not stuck
         rows = [{"process": s.name, "pid": s.pid, "listen": s.listen, "state": s.state} for s in cluster.status()]
         table(rows, ["process", "pid", "listen", "state"], out)
         out.write(f"ready in {time.monotonic() - started:.1f}s\n")
