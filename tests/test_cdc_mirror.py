@@ -14,7 +14,7 @@ import pytest
 
 from ordq.cli import main
 from tests.helpers.doc_blocks import parse_doc
-from tests.helpers.doc_session import DocSession, run_doc
+from tests.helpers.doc_session import DocSession, run_doc, step_timeout_s
 from tests.test_docs import ROOT, doc_section
 
 SECTION = "### Database to database across centres"
@@ -33,6 +33,7 @@ def _why_not() -> str | None:
 
 @pytest.mark.zk
 @pytest.mark.spark
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 def test_database_to_database_across_centres_runs_as_written(tmp_path: Path) -> None:
     """The doc's `ordq demo --mirror`: the tables equal at the end, every acked row change once,
@@ -42,7 +43,9 @@ def test_database_to_database_across_centres_runs_as_written(tmp_path: Path) -> 
     text = doc_section("docs/OPERATIONS.md", SECTION)
     assert [b for b in parse_doc("docs/OPERATIONS.md", text) if b.runs]
     with DocSession(tmp_path / "run", doc="docs/OPERATIONS.md") as session:
-        for run in run_doc(session, text):
+        # Two clusters, two database servers, the run and a Spark verdict in one step: minutes
+        # (11 at load 32), so a longer step limit than a doc's usual one.
+        for run in run_doc(session, text, timeout_s=step_timeout_s(480)):
             assert run.mismatch is None, run.mismatch.render() + f"\n(files: {session.folder})"
 
 
