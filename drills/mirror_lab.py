@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,8 @@ class MirrorDrill:
         self.link_cut_s = link_cut_s
         self.messages, self.rate, self.out = messages, rate, out
         self.mirrors: list[ManagedProcess] = []
+        self.producers: list[ManagedProcess] = []
+        self.stopping = False
         self.events: list[tuple[float, str]] = []
         self.expectations: list[tuple[str, bool]] = []
         self.started = time.monotonic()
@@ -114,10 +117,34 @@ class MirrorDrill:
             return self.describe(c).get("head")
         return None
 
+    def start_producer(self) -> None:
+        """Centre 1's producer: a steady stream until every fault had its turn (at least
+        ``messages``); SIGTERM then stops it at a clean point: what it sent is acked and in its
+        audit. One that exited (no coordinator led centre 1 within its bound: seen at load 25,
+        a coordinator's ZooKeeper session lost for 40 s) is started again, as a supervisor
+        would, with payloads of its own (the copy check tells messages apart by their CRC)."""
+        argv = ["produce", QUEUE, "--rate", f"{self.rate:g}", "--size", "120", "--audit-dir",
+                str(self.folder / "dc1-run")]
+        if not self.producers:
+            proc = self.lab.run(self.dc1.layout.producer_host, self.dc1.client_argv(
+                [*argv, "--count", str(self.messages * 100)]), name="h4-producer")
+        else:
+            first = len(self.producers) * 10**9  # lines of its own: "1000000000", ...
+            proc = self.lab.run(self.dc1.layout.producer_host, [
+                "bash", "-c", f"exec {shlex.join(self.dc1.client_argv(argv))} < <(seq {first} {first + 10**8})"],
+                name=f"h4-producer-{len(self.producers) + 1}")
+        self.producers.append(proc)
+
+    def supervise_producer(self) -> None:
+        if self.producers and not self.producers[-1].alive() and not self.stopping:
+            self.say(f"centre 1's producer exited ({self.producers[-1].returncode}): started again")
+            self.start_producer()
+
     def acked(self) -> int:
         """Messages centre 1's producer got acked (its audit's lines)."""
         from ordq.spark_order_check.copy_check import source_acks
 
+        self.supervise_producer()
         if not (self.folder / "dc1-run" / "acks").exists():
             return 0
         return len(source_acks([str(self.folder / "dc1-run" / "acks")]))
@@ -246,11 +273,7 @@ class MirrorDrill:
         for host in MIRROR_HOSTS:
             self.spawn_mirror(host)
         self.wait_leader()
-        # A steady stream until every fault had its turn (at least ``messages``); SIGTERM then
-        # stops it at a clean point: what it sent is acked and in its audit.
-        producer = self.lab.run(self.dc1.layout.producer_host, self.dc1.client_argv(
-            ["produce", QUEUE, "--count", str(self.messages * 100), "--rate", f"{self.rate:g}", "--size", "120",
-             "--audit-dir", str(self.folder / "dc1-run")]), name="h4-producer")
+        self.start_producer()
         self.say(f"producer in centre 1 at {self.rate:g}/s")
         faults = list(FAULTS)
         rng.shuffle(faults)
@@ -263,7 +286,8 @@ class MirrorDrill:
             acts[fault]()
         wait(lambda: self.acked() >= self.messages, timeout_s=load_stretched(600),
              what=f"{self.messages} acked messages")
-        code = producer.stop(timeout_s=load_stretched(60))
+        self.stopping = True
+        code = self.producers[-1].stop(timeout_s=load_stretched(60))
         self.expect(f"centre 1's producer stops cleanly on SIGTERM (exit {code})", code in (0, 130, 143))
         acked = self.acked()
         wait(lambda: self.last_seq(self.dc2) >= acked - 1, timeout_s=load_stretched(300),
