@@ -180,7 +180,11 @@ class MirrorDrill:
 
     def copied_moves(self, what: str) -> None:
         before = self.last_seq(self.dc2)
-        wait(lambda: self.last_seq(self.dc2) > before, timeout_s=load_stretched(90), what=what)
+
+        def moved() -> bool:
+            self.supervise_producer()  # the copy moves only while centre 1 takes messages
+            return self.last_seq(self.dc2) > before
+        wait(moved, timeout_s=load_stretched(90), what=what)
 
     # -- the faults -----------------------------------------------------------------------------
 
