@@ -28,6 +28,7 @@ import functools
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -79,10 +80,13 @@ class LinkCut:
     gid: int
     rules: list[list[str]] = attrs.field(factory=list)
 
+    def __attrs_post_init__(self) -> None:
+        sweep_leftover_cuts()
+
     def cut(self, ports: list[int]) -> None:
         for port in sorted(set(ports)):
             rule = ["OUTPUT", "-p", "tcp", "-m", "owner", "--gid-owner", str(self.gid), "--dport", str(port),
-                    "-j", "DROP"]
+                    "-m", "comment", "--comment", f"{CUT_TAG}{os.getpid()}", "-j", "DROP"]
             _iptables("-I", rule)
             self.rules.append(rule)
 
@@ -91,6 +95,25 @@ class LinkCut:
             rule = self.rules.pop()
             with contextlib.suppress(OrdqError):
                 _iptables("-D", rule)
+
+
+CUT_TAG = "ordq-cdc-mirror-pid-"  # each rule names the drill process that cut: a leftover is known
+
+
+def sweep_leftover_cuts() -> list[str]:
+    """Delete the cut rules of drill processes no longer alive (a drill killed -9 mid-cut cannot
+    heal its own); returns the rules deleted, as ``iptables -S`` printed them."""
+    listing = subprocess.run(["iptables", "-w", "5", "-S", "OUTPUT"], capture_output=True, text=True, timeout=30,
+                             check=False)
+    deleted = []
+    for line in listing.stdout.splitlines():
+        found = re.search(rf"{CUT_TAG}(\d+)", line)
+        if not line.startswith("-A OUTPUT ") or not found or os.path.exists(f"/proc/{found.group(1)}"):
+            continue
+        with contextlib.suppress(OrdqError):
+            _iptables("-D", shlex.split(line)[1:])
+            deleted.append(line)
+    return deleted
 
 
 def _iptables(action: str, rule: list[str]) -> None:
