@@ -4,7 +4,7 @@ protobuf say what the generated module (``ordq_pb2``) says, byte for byte where 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ordq.wire import admin_messages as light
@@ -39,6 +39,8 @@ def test_a_coordinators_answer_reads_as_the_generated_module_writes_it(addresses
 
 
 @given(data=st.binary(max_size=200))
+@example(data=b"\xfd\x00\x00\x00\x00\x00\xa5\x80\x80\x80\x10\x00\x00\x00\x00")  # a key over 32 bits (CI)
+@example(data=b"\x08\x01")  # field 1 as a varint
 def test_any_bytes_read_as_protobuf_reads_them_or_refused(data: bytes) -> None:
     """Whatever the bytes, the reader answers what protobuf's parser answers, or both refuse."""
     try:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, open_store, process_config, seconds
+from ordq.commands import add_command, number, open_store, process_config, seconds
 from ordq.common import addresses
 from ordq.common.errors import ConfigError
 from ordq.common.proc import announce
@@ -50,7 +50,8 @@ def register(subparsers: Any) -> None:
                      "on a group down, seals waiting, then the most recently written), 0 for none, 'all' for "
                      "every queue (default %(default)s; every queue's figures stay in ordq top and the status "
                      "page)")
-    run.add_argument("--rebalance-moves-per-s", dest="rebalance_moves_per_s", type=float, default=50.0, metavar="N",
+    run.add_argument("--rebalance-moves-per-s", dest="rebalance_moves_per_s",
+                     type=number(0.0, 10_000.0, allow_zero=True), default=50.0, metavar="N",
                      help="idle queues' heads moved a second, at most, to even the spread over the live groups "
                      "once a returning group has been live 10 s (0: only by `ordq group rebalance`; default 50)")
     run.add_argument("--interval", type=seconds(), default=None, metavar="SECONDS",

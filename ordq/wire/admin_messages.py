@@ -94,8 +94,8 @@ def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
     while at < len(data):
         key, at = _read_varint(data, at)
         number, kind = key >> 3, key & 7
-        if number == 0:
-            raise ValueError("field number 0")
+        if not 0 < number < 1 << 29:  # protobuf's field numbers: 1 to 2^29 - 1, a key fits 32 bits
+            raise ValueError(f"field number {number} out of range")
         value: bytes | int
         if kind == 0:
             value, at = _read_varint(data, at)
@@ -111,6 +111,8 @@ def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
             value, at = data[at:at + size], at + size
         else:  # groups (3, 4) are not in proto3; 6 and 7 are not wire types
             raise ValueError(f"unexpected wire type {kind}")
+        if number == 1 and kind != _LEN:  # every field these messages have is length-delimited
+            raise ValueError(f"field 1 of wire type {kind}")
         out.append((number, kind, value))
     return out
 
