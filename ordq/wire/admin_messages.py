@@ -18,6 +18,8 @@ Rules: no imports beyond the standard library; no I/O.
 
 from __future__ import annotations
 
+from ordq.wire import varint
+
 ADMIN_METHOD = "/ordq.v1.Coordinator/Admin"
 COORDINATORS_METHOD = "/ordq.v1.Coordinator/Coordinators"
 COORDINATORS_REQUEST = b""  # CoordinatorsRequest {}: no field
@@ -44,18 +46,9 @@ class CoordinatorsAnswer:
         self.addresses = addresses
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _field(number: int, value: bytes) -> bytes:
     """A length-delimited field; proto3 leaves an empty one out."""
-    return _varint(number << 3 | _LEN) + _varint(len(value)) + value if value else b""
+    return varint.encode(number << 3 | _LEN) + varint.encode(len(value)) + value if value else b""
 
 
 def admin_request(verb: str, args_json: bytes) -> bytes:
@@ -71,41 +64,26 @@ def as_bytes(request: bytes | object) -> bytes:
     return request.SerializeToString()  # type: ignore[attr-defined,no-any-return]
 
 
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-        if shift >= 64:
-            raise ValueError("varint longer than 10 bytes")
-
-
 def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
     """(number, wire type, value) of each field of a message, in order; ValueError when the
     bytes are not a message."""
     out: list[tuple[int, int, bytes | int]] = []
     at = 0
     while at < len(data):
-        key, at = _read_varint(data, at)
+        key, at = varint.decode(data, at)
         number, kind = key >> 3, key & 7
         if not 0 < number < 1 << 29:  # protobuf's field numbers: 1 to 2^29 - 1, a key fits 32 bits
             raise ValueError(f"field number {number} out of range")
         value: bytes | int
         if kind == 0:
-            value, at = _read_varint(data, at)
+            value, at = varint.decode(data, at)
         elif kind in (1, 5):
             size = 8 if kind == 1 else 4
             if at + size > len(data):
                 raise ValueError("truncated fixed-width field")
             value, at = data[at:at + size], at + size
         elif kind == _LEN:
-            size, at = _read_varint(data, at)
+            size, at = varint.decode(data, at)
             if at + size > len(data):
                 raise ValueError("truncated length-delimited field")
             value, at = data[at:at + size], at + size
