@@ -49,6 +49,9 @@ class BrokerConfig:
     max_concurrent_rpcs: int = 1024
     # CRC-check every batch read from a sealed segment before it is sent (docs/BENCHMARKS.md).
     verify_sealed_reads: bool = True
+    # A SealMany made durable with syncfs(2) of the data folder's file system, not a sync per
+    # file: only where that file system is this broker's alone (durable.py says why).
+    seal_syncfs: bool = False
     # What the broker holds for clients at once, in all and per connection/token (budget.py).
     budget: BudgetConfig = attrs.field(factory=BudgetConfig)
     # Each token's share of the broker's loop (request_time.py): one token's calls, refused

@@ -249,7 +249,8 @@ class SegmentStore:
 
     def new_batch(self) -> DurableBatch:
         """A ``DurableBatch`` over this broker's data folder."""
-        return DurableBatch(self.shared.config.data_dir, batch_id=next(self._batch_ids))
+        return DurableBatch(self.shared.config.data_dir, use_syncfs=self.shared.config.seal_syncfs,
+                            batch_id=next(self._batch_ids))
 
     def for_control_many(self, refs: Sequence[tuple[str, int]], batch: DurableBatch
                          ) -> dict[tuple[str, int], Segment | OrdqError]:

@@ -300,6 +300,9 @@ def test_a_broker_config_file_is_read_and_flags_override_it(tmp_path: Path) -> N
     args = _broker_args("--config", str(cfg), "--listen", "10.0.0.2:7001", "--role", "master", "--zk", "z:1")
     broker = broker_config(args)
     assert (broker.listen, broker.role.value, broker.zk_hosts) == ("10.0.0.2:7001", "master", "z:1")
+    # a seal batch syncs each file unless the data folder's file system is the broker's own
+    assert not broker.seal_syncfs
+    assert broker_config(_broker_args("--config", str(cfg), "--seal-syncfs")).seal_syncfs
 
 
 @pytest.mark.parametrize(("text", "says"), [
