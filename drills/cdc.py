@@ -19,6 +19,7 @@ import glob
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -176,6 +177,18 @@ def _differences(expected: dict[str, list[tuple[Any, ...]]], dsn: str) -> str:
     return "; ".join(parts) + f"; applied through seq {_applied(dsn)}"
 
 
+def drive_faults(ctx: DrillContext, faults: list[tuple[int, str]], *, total: int, budget: float,
+                 progress: Callable[[int], bool], moved: Callable[[], int], fault: Callable[[str], None],
+                 what: str) -> None:
+    """Each fault once ``progress(at)`` holds for its moment ``at`` (in order), then the wait
+    for all ``total`` row changes; ``moved`` tells a slow run from a stuck one; ``what`` names
+    what a row change must have been through (the cdc and cdc-mirror drills' loop)."""
+    for at, victim in faults:
+        ctx.wait(functools.partial(progress, at), timeout_s=budget, progress=moved, what=f"{at} {what}")
+        fault(victim)
+    ctx.wait(lambda: progress(total - 1), timeout_s=budget, progress=moved, what=f"{total} {what}")
+
+
 def run_cdc(ctx: DrillContext) -> None:
     """The drill's whole run (it replaces the producer/consumer load of the other drills)."""
     import psycopg
@@ -237,12 +250,8 @@ def _run(ctx: DrillContext, source: MariaDbServer, target: PostgresServer) -> No
             """How far the slower of reader and applier got (a loaded box is slow, not stuck)."""
             return min(reader.last_seq, _applied(dsn))
 
-        for at, victim in zip(moments, victims, strict=True):
-            ctx.wait(functools.partial(progress, at), timeout_s=budget, progress=moved,
-                     what=f"{at} row changes read and applied")
-            run.kill(victim)
-        ctx.wait(lambda: progress(total - 1), timeout_s=budget, progress=moved,
-                 what=f"{total} row changes read and applied")
+        drive_faults(ctx, list(zip(moments, victims, strict=True)), total=total, budget=budget,
+                     progress=progress, moved=moved, fault=run.kill, what="row changes read and applied")
         app.stop.set()
         app.join(timeout=30)
         cur.execute("INSERT INTO shop.drill_end VALUES (1, 'end')")  # the binlog's last change

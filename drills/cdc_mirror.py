@@ -24,7 +24,6 @@ its applier are untouched, as they would be in their own centre. Needs root and 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import re
@@ -48,6 +47,7 @@ from ordq.drills.cdc import (
     _differences,
     _maria_rows,
     _pg_rows,
+    drive_faults,
     require_servers,
 )
 from ordq.drills.dbservers.mariadb import MariaDbServer, ShopApp
@@ -264,12 +264,9 @@ def _run(ctx: DrillContext, dc2: LocalCluster, source: MariaDbServer, target: Po
             """How far the slower of reader and applier got (a loaded box is slow, not stuck)."""
             return min(reader.last_seq, _applied(dsn)) + _acked(ctx)
 
-        for at, victim in zip(moments, victims, strict=True):
-            ctx.wait(functools.partial(progress, at), timeout_s=budget, progress=moved,
-                     what=f"{at} row changes copied to centre 2 and applied")
-            _fault(ctx, run, victim, reader)
-        ctx.wait(lambda: progress(total - 1), timeout_s=budget, progress=moved,
-                 what=f"{total} row changes copied to centre 2 and applied")
+        drive_faults(ctx, list(zip(moments, victims, strict=True)), total=total, budget=budget,
+                     progress=progress, moved=moved, fault=lambda victim: _fault(ctx, run, victim, reader),
+                     what="row changes copied to centre 2 and applied")
         app.stop.set()
         app.join(timeout=30)
         cur.execute("INSERT INTO shop.drill_end VALUES (1, 'end')")  # the binlog's last change
