@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 
 from ordq.broker_group.process import BrokerGroupProcesses
-from ordq.common.proc import ManagedProcess
+from ordq.common.proc import ManagedProcess, owning_children
 from ordq.common.security import Credentials, ensure_coordinator_pki, provision, register_coordinators, unregister
 from ordq.coordinator.store import ZkStore
 from ordq.sdk import Producer
@@ -43,54 +43,57 @@ class BenchCluster:
 
 @contextlib.contextmanager
 def bench_cluster(groups: int = 1, *, folder: Path | None = None, tls: bool = True) -> Iterator[BenchCluster]:
-    """``tls`` False: plaintext brokers (``--insecure``), to measure what TLS costs."""
-    base = folder or Path(tempfile.mkdtemp(prefix="ordq-bench-"))
-    zk = ZkServer(base / "zk")
-    zk.start()
-    broker_tls, client_tls = provision(base / "tls", zk.connection_string, ROOT, tls=tls)
-    procs: list[BrokerGroupProcesses] = []
-    store = None
-    coordinator: ManagedProcess | None = None
-    try:
-        store = ZkStore.connect(zk.connection_string, ROOT)
-        gids = [f"g{i + 1}" for i in range(groups)]
-        for gid in gids:
-            store.add_group(gid)
-            g = BrokerGroupProcesses(gid, zk_hosts=zk.connection_string, root=ROOT, base_dir=base, tls=broker_tls)
-            g.start()
-            procs.append(g)
-        deadline = time.monotonic() + 30
-        while len(store.live_groups(gids)) < len(gids):
-            if time.monotonic() > deadline:
-                raise RuntimeError("broker groups did not come up")
-            time.sleep(0.05)
-        store.create_queue(QUEUE, gids)
-        # Producers claim their epoch from the coordinator service (issue 23): one coordinator.
-        tls_args = ["--insecure"]
-        if tls:
-            c = ensure_coordinator_pki(base / "tls")
-            tls_args = ["--tls-cert", str(c.cert_file), "--tls-key", str(c.key_file), "--tls-ca", str(c.ca_file)]
-        coordinator = ManagedProcess("coordinator", [sys.executable, "-m", "ordq.cli", "--zk", zk.connection_string,
-                                                     "--root", ROOT, "coordinator", "run", *tls_args],
-                                     run_dir=base / "coordinator")
-        coordinator.start()
-        address = coordinator.wait_for_line("SERVING ", timeout_s=30)
-        coordinator.wait_for_line("READY ", timeout_s=30)
-        # Clients reach the cluster by its coordinators only (issue 37): named by hosts/ROOT, they find it here.
-        register_coordinators(zk.connection_string, ROOT, [address])
-        yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls,
-                           coordinator=coordinator, bootstrap=address)
-    finally:
-        unregister(zk.connection_string, ROOT)
-        if coordinator is not None and coordinator.alive():
-            coordinator.kill()
-        for g in procs:
-            g.kill()
-        if store is not None:
-            store.close()
-        zk.stop()
-        if folder is None:
-            shutil.rmtree(base, ignore_errors=True)
+    """``tls`` False: plaintext brokers (``--insecure``), to measure what TLS costs. Every process
+    it starts dies with the bench, even one stopped by a signal or kill -9 (a bench stopped by
+    ``timeout`` left its ZooKeeper, brokers and coordinator running)."""
+    with owning_children():
+        base = folder or Path(tempfile.mkdtemp(prefix="ordq-bench-"))
+        zk = ZkServer(base / "zk")
+        zk.start()
+        broker_tls, client_tls = provision(base / "tls", zk.connection_string, ROOT, tls=tls)
+        procs: list[BrokerGroupProcesses] = []
+        store = None
+        coordinator: ManagedProcess | None = None
+        try:
+            store = ZkStore.connect(zk.connection_string, ROOT)
+            gids = [f"g{i + 1}" for i in range(groups)]
+            for gid in gids:
+                store.add_group(gid)
+                g = BrokerGroupProcesses(gid, zk_hosts=zk.connection_string, root=ROOT, base_dir=base, tls=broker_tls)
+                g.start()
+                procs.append(g)
+            deadline = time.monotonic() + 30
+            while len(store.live_groups(gids)) < len(gids):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("broker groups did not come up")
+                time.sleep(0.05)
+            store.create_queue(QUEUE, gids)
+            # Producers claim their epoch from the coordinator service (issue 23): one coordinator.
+            tls_args = ["--insecure"]
+            if tls:
+                c = ensure_coordinator_pki(base / "tls")
+                tls_args = ["--tls-cert", str(c.cert_file), "--tls-key", str(c.key_file), "--tls-ca", str(c.ca_file)]
+            coordinator = ManagedProcess("coordinator", [sys.executable, "-m", "ordq.cli", "--zk", zk.connection_string,
+                                                         "--root", ROOT, "coordinator", "run", *tls_args],
+                                         run_dir=base / "coordinator")
+            coordinator.start()
+            address = coordinator.wait_for_line("SERVING ", timeout_s=30)
+            coordinator.wait_for_line("READY ", timeout_s=30)
+            # Clients reach the cluster by its coordinators only (issue 37): named by hosts/ROOT, they find it here.
+            register_coordinators(zk.connection_string, ROOT, [address])
+            yield BenchCluster(zk=zk, store=store, groups=procs, folder=base, credentials=client_tls,
+                               coordinator=coordinator, bootstrap=address)
+        finally:
+            unregister(zk.connection_string, ROOT)
+            if coordinator is not None and coordinator.alive():
+                coordinator.kill()
+            for g in procs:
+                g.kill()
+            if store is not None:
+                store.close()
+            zk.stop()
+            if folder is None:
+                shutil.rmtree(base, ignore_errors=True)
 
 
 def cpu_seconds(pid: int) -> float:

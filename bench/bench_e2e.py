@@ -43,7 +43,7 @@ from bench._cluster import (
     send_at_rate,
     summary_ms,
 )
-from ordq.common.proc import announce
+from ordq.common.proc import announce, dying_with_parent
 from ordq.sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
@@ -70,8 +70,10 @@ _SDK_METRICS = "ORDQ_BENCH_SDK_METRICS"  # set: the consumer child serves its me
 
 def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
                    ) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-m", "bench.bench_e2e", "--consume", hosts, sub, start, str(first),
-                          str(count)], stdout=subprocess.PIPE, text=True)
+    # dying with this process: a bench stopped by an error or a timeout left it reading (and
+    # holding the pipe of whoever ran the bench) for ever
+    p = subprocess.Popen(dying_with_parent([sys.executable, "-m", "bench.bench_e2e", "--consume", hosts, sub, start,
+                                            str(first), str(count)]), stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
     if p.stdout.readline().strip() != "READY":
         raise RuntimeError("consumer did not start")
@@ -79,10 +81,12 @@ def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: s
 
 
 def cpu_meter(cluster: BenchCluster, consumer: subprocess.Popen[str]) -> CpuMeter:
-    """Started: the CPU of the head group's processes, this producer, the consumer and ZooKeeper."""
+    """Started: the CPU of the head group's processes, this producer, the consumer, the
+    coordinator (the consumer's commits and every lease renewal go through it) and ZooKeeper."""
     head = cluster.groups[0]
     meter = CpuMeter({"master": head.master.proc.pid or 0, "slave": head.slave.proc.pid or 0,
                       "producer": os.getpid(), "consumer": consumer.pid,
+                      "coordinator": cluster.coordinator.pid or 0,
                       "zookeeper": cluster.zk.status()[0].pid or 0})
     meter.start()
     return meter
