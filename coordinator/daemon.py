@@ -41,12 +41,15 @@ from ordq.common.errors import CoordinationUnavailable, CorruptState, IllegalTra
 from ordq.common.metrics import MetricsServer, Page
 from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
+from ordq.coordinator.away import GRACE_S, MAX_HELD_S, AwayPolicy, AwayTracker, Probe, Verdict, moves_now
 from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.group_moves import batches, plan_moves
+from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.head_spread import SpreadResult, spread_heads
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst, in_slices
+from ordq.coordinator.paths import ROLES
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
 
@@ -137,18 +140,28 @@ class CoordinatorDaemon:
         requests_first: RequestsFirst | None = None,
         per_queue_series: int | None = DEFAULT_PER_QUEUE_SERIES,
         rebalance_moves_per_s: float = REBALANCE_MOVES_PER_S,
+        pinger: Pinger | None = None,
+        away_grace_s: float = GRACE_S,
     ) -> None:
         """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
         fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc;
         ``requests_first``: shared with this process's coordinator service, whose urgent
         requests an idle queue's round or seal waits for (``coordinator/pacing.py``);
         ``per_queue_series``: how many queues get per-queue series on /metrics (None: all;
-        ``coordinator/metrics.py`` ``top_queues``)."""
+        ``coordinator/metrics.py`` ``top_queues``); ``pinger``: the Health probe of an absent
+        group's processes and ``away_grace_s`` how long an idle queue's head waits for its
+        absent group (``coordinator/away.py``; without a pinger the grace alone decides)."""
         self.store = store
         self.sealer = sealer
         self.prober = prober
         self.batch_sealer = batch_sealer
         self.rebalance_moves_per_s = rebalance_moves_per_s  # 0: heads are spread only by ``rebalance``
+        self.pinger = pinger
+        self.away_policy = AwayPolicy(grace_s=away_grace_s, max_held_s=max(MAX_HELD_S, away_grace_s))
+        self._away = AwayTracker(self.away_policy)  # absent groups of this term (issue 43)
+        self._verdicts: dict[str, Verdict] = {}  # away gid -> its verdict at the last round
+        self._addresses: dict[tuple[str, str], str] = {}  # (gid, role) -> the address it last registered
+        self._prober: GroupProber | None = None
         self._live_since: dict[str, float] = {}  # gid -> when this term first saw both its processes live
         self._next_spread = 0.0
         self.interval_s = interval_s
@@ -243,13 +256,20 @@ class CoordinatorDaemon:
         self._next_probe = 0.0
         self._live_since = {}
         self._next_spread = time.monotonic() + REBALANCE_GRACE_S
+        with self._lock:
+            self._away = AwayTracker(self.away_policy)
+            self._verdicts = {}
+        self._addresses = {}
         return self.view
 
     def _until_next(self) -> float:
         """Seconds to the next timer (a due duty, the probe, the sweep), at most ``interval_s``."""
         now = time.monotonic()
         due = self.view.next_due() if self.view is not None else None
-        nearest = min(x for x in (due, self._next_probe, self._next_sweep, now + self.interval_s) if x is not None)
+        with self._lock:
+            judged = self._away.next_change(now)
+        nearest = min(x for x in (due, self._next_probe, self._next_sweep, judged, now + self.interval_s)
+                      if x is not None)
         return max(0.0, min(self.interval_s, nearest - now))
 
     def stop(self) -> None:
@@ -258,6 +278,8 @@ class CoordinatorDaemon:
         for executor in (self._executor, self._seal_executor):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
+        if self._prober is not None:
+            self._prober.close()
 
     # -- one round --------------------------------------------------------------------------
 
@@ -281,6 +303,7 @@ class CoordinatorDaemon:
             return
         finally:
             self.stats.zk_reads = view.reads
+        queues = self._judge_groups(view, queues, started)
         if len(queues) > 1:
             queues = urgent_first(queues, self._written, started)
             queues = self._move_dead_heads(queues, view, started)
@@ -321,7 +344,8 @@ class CoordinatorDaemon:
                 continue
             rows.append((q, entry.state, entry.version, view.facts(entry)))
         busy = {q for q, *_ in rows if is_written(q, self._written, now)}
-        moves = plan_moves(rows, busy)
+        moves = [m for m in plan_moves(rows, busy)
+                 if m.before.open_segment is not None and self._may_move(m.queue, m.before.open_segment.gid, m.busy)]
         if len(moves) < 2:
             return queues
         moved: set[str] = set()
@@ -613,6 +637,9 @@ class CoordinatorDaemon:
         known: Known | None = Known(state=st, version=entry.version, facts=facts,
                                     group_versions=view.group_versions)
         for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
+            if action.kind is Kind.FAIL_OVER and not self._may_move(
+                    queue, action.gid or "", is_written(queue, self._written, time.monotonic())):
+                continue  # its group may be back soon: only a written queue moves at once
             if action.kind is Kind.SEAL:
                 self._seal_later(queue, action, known=(st, entry.version))
                 continue
@@ -660,6 +687,62 @@ class CoordinatorDaemon:
                 outcome = "sealed"
             finally:
                 self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
+
+    # -- absent groups: when idle queues move (issue 43, coordinator/away.py) -----------------
+
+    def _judge_groups(self, view: DaemonView, queues: list[str], now: float) -> list[str]:
+        """Bring the record of absent groups up to date (``AwayTracker``), probe their missing
+        processes, and return ``queues`` with, added, every queue headed by a group judged dead
+        since the last round (its idle queues move now)."""
+        for gid, roles in view.members.items():
+            for role, info in roles.items():
+                self._addresses[(gid, role)] = info.address
+        present = {g: set(view.members.get(g, {})) for g in view.group_versions}
+        with self._lock:
+            back = self._away.observe(present, ROLES, now)
+            before = self._verdicts
+            self._verdicts = verdicts = self._away.verdicts(now)
+            missing = {g: set(self._away.missing.get(g, ())) for g in verdicts}
+            self.stats.away_groups = len(verdicts)
+            self.stats.held_groups = sum(1 for v in verdicts.values() if v is Verdict.HELD)
+            self.stats.groups_back = self._away.returned
+            self.stats.kept_heads = self._away.kept
+        for gid in back:
+            log.info("group %s is back: the idle queues it heads keep their heads", gid)
+        if self.pinger is not None:
+            if self._prober is None:
+                self._prober = GroupProber(self.pinger, self._on_ping)
+            for gid, v in verdicts.items():
+                for role in sorted(missing[gid]) if v is not Verdict.DEAD else ():
+                    address = self._addresses.get((gid, role))
+                    if address is not None:
+                        self._prober.ask(gid, role, address)
+        dead = {g for g, v in verdicts.items() if v is Verdict.DEAD and before.get(g) is not Verdict.DEAD}
+        if not dead:
+            return queues
+        log.info("groups %s judged dead (away %s): their idle queues' heads move", sorted(dead),
+                 {g: v.value for g, v in before.items() if g in dead})
+        extra = {q for q, e in list(view.entries.items())
+                 if e.state is not None and e.state.open_segment is not None and e.state.open_segment.gid in dead}
+        return sorted(set(queues) | extra)
+
+    def _on_ping(self, gid: str, role: str, answer: Probe, sent: float) -> None:
+        with self._lock:
+            self._away.record(gid, role, answer, sent)
+            self.stats.away_probes[answer.value] = self.stats.away_probes.get(answer.value, 0) + 1
+        if answer is Probe.GONE:
+            self._wake.set()  # judged dead at once: the next round moves its idle queues
+
+    def _may_move(self, queue: str, gid: str, busy: bool) -> bool:
+        """Whether ``queue``'s head moves off absent ``gid`` now (``away.moves_now``); counts
+        the idle queues it keeps there (once each per absence)."""
+        with self._lock:
+            v = self._verdicts.get(gid, Verdict.DEAD)  # a group not tracked (deleted): as before
+            if moves_now(v, busy=busy):
+                return True
+            if self._away.defer(gid, queue):
+                self.stats.deferred_moves += 1
+        return False
 
     # -- heads spread back (issue 43) --------------------------------------------------------
 
