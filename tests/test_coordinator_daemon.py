@@ -43,8 +43,11 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
             store.create_queue("q")
             daemons = []
             for _ in range(2):
+                # --away-grace 1: in step 2 the standby starts leading after g2 is gone, so it never
+                # saw g2's address to probe; an idle queue then waits the grace from the term's start
+                # (coordinator/away.py), 10 s by default
                 d = spawn("-m", "ordq.cli", "--zk", hosts, "--root", zk_root, "coordinator", "run",
-                          "--metrics", "127.0.0.1:0", "--interval", "0.2")
+                          "--metrics", "127.0.0.1:0", "--interval", "0.2", "--away-grace", "1")
                 procs.append(d)
                 assert d.stdout is not None
                 metrics_line = d.stdout.readline().split()
