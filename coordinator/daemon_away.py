@@ -25,6 +25,7 @@ class AbsentGroups(DaemonParts):
                 self._addresses[(gid, role)] = info.address
         present = {g: set(view.members.get(g, {})) for g in view.group_versions}
         with self._lock:
+            was_dead = set(self._away.dead)
             back = self._away.observe(present, ROLES, now)
             before = self._verdicts
             self._verdicts = verdicts = self._away.verdicts(now)
@@ -33,8 +34,8 @@ class AbsentGroups(DaemonParts):
             self.stats.held_groups = sum(1 for v in verdicts.values() if v is Verdict.HELD)
             self.stats.groups_back = self._away.returned
             self.stats.kept_heads = self._away.kept
-        for gid in back:
-            log.info("group %s is back: the idle queues it heads keep their heads", gid)
+        for gid in sorted(back - was_dead):
+            log.info("group %s is back within its grace: the idle queues it heads keep their heads", gid)
         if self.pinger is not None:
             if self._prober is None:
                 self._prober = GroupProber(self.pinger, self._on_ping)

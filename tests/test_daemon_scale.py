@@ -34,7 +34,9 @@ def setup(zk_server, tmp_path_factory) -> Iterator[tuple[ZkStore, CoordinatorDae
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: store.create_queue(f"q-{i:04d}", ["g1", "g2"]), range(N)))
         store.create_queue("solo", ["g3"])
-        daemon = CoordinatorDaemon(store, identifier="t")
+        # away_grace_s=0: a group whose liveness node is deleted here is dead at once, as one whose
+        # process refused the probe is (no broker here to probe: coordinator/away.py)
+        daemon = CoordinatorDaemon(store, identifier="t", away_grace_s=0)
         yield store, daemon
         daemon.stop()
         if daemon.view is not None:
