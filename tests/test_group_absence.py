@@ -59,7 +59,7 @@ def test_a_coordinator_started_before_its_groups_moves_no_head(cluster: Cluster)
     wait_until(lambda: not cluster.store.live_members("g1") and not cluster.store.live_members("g2"),
                timeout_s=30, interval_s=0.05, what="both groups gone from ZooKeeper")
     # a grace longer than two groups take to start on a loaded box: this test is about its start
-    coordinator = cluster.start_daemon("coordinator-1", extra=["--away-grace", "60"])
+    coordinator = cluster.start_daemon("coordinator-1", extra=["--away-grace", "60", "--rebalance-moves-per-s", "0"])
     url = coordinator.wait_for_line("METRICS ", timeout_s=30).split()[-1]
     wait_until(lambda: metric(url, "ordq_coordinator_away_groups") == 2, timeout_s=30, interval_s=0.1,
                what="the coordinator leading, both groups seen away")
@@ -100,8 +100,9 @@ def test_sessions_expired_under_a_live_process_move_only_the_written_queue(proxi
     """Failing-first: with every absence moving idle heads at once (as before), every idle
     queue failed over to g2 the moment g1's sessions expired."""
     cluster, proxy = proxied_g1
-    # a short grace: past it, only the coordinator's probe keeps the idle heads
-    coordinator = cluster.start_daemon("coordinator-1", extra=["--away-grace", "2"])
+    # a short grace: past it, only the coordinator's probe keeps the idle heads; no spread of
+    # heads (g1 heads every idle queue: the spread would move them to g2 in their own right)
+    coordinator = cluster.start_daemon("coordinator-1", extra=["--away-grace", "2", "--rebalance-moves-per-s", "0"])
     url = coordinator.wait_for_line("METRICS ", timeout_s=30).split()[-1]
     idle = [f"idle-{i}" for i in range(IDLE)]
     created, _ = cluster.store.create_queues(idle, groups=["g1", "g2"])
