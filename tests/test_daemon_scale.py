@@ -230,7 +230,7 @@ def test_a_round_of_many_queues_hands_them_to_the_pool_in_slices(setup, monkeypa
     slices, not only after all of them (coordinator/pacing.py)."""
     import threading
 
-    from ordq.coordinator import daemon as daemon_mod
+    from ordq.coordinator import daemon_round as daemon_mod  # the round's module (coordinator/daemon_parts.py)
     from ordq.coordinator.pacing import RequestsFirst
 
     store, daemon = setup
