@@ -140,3 +140,38 @@ def test_sessions_expired_under_a_live_process_move_only_the_written_queue(proxi
     wait_until(lambda: len(producer.acked) >= before + 100, timeout_s=60, what="the busy queue going on")
     producer.stop_sending()
     producer.join(60)
+
+
+def test_a_master_frozen_past_its_session_and_resumed_keeps_its_idle_heads(cluster: Cluster) -> None:
+    """Issue 43's acceptance: a broker frozen past its session (SIGSTOP) and resumed does not
+    cause a mass failover. Frozen, it answers no probe ("silent", not "refused"): its idle
+    queues wait the grace; resumed, it registers again on a new session and keeps them.
+    Failing-first: with every absence moving idle heads at once (as before), every idle queue
+    failed over to g2 when the frozen master's session expired."""
+    cluster.add_groups("g1", "g2")
+    # a grace the resumed master registers within even on a loaded box (the default is 10 s)
+    coordinator = cluster.start_daemon("coordinator-1", extra=["--away-grace", "30", "--rebalance-moves-per-s", "0"])
+    url = coordinator.wait_for_line("METRICS ", timeout_s=30).split()[-1]
+    idle = [f"idle-{i}" for i in range(IDLE)]
+    created, _ = cluster.store.create_queues(idle, groups=["g1", "g2"])
+    assert all(st.head == "g1" for st in created)
+    wait_until(lambda: metric(url, "ordq_coordinator_leader") == 1, timeout_s=30, interval_s=0.1,
+               what="the coordinator leading")
+    master = cluster.groups["g1"].master
+    master.pause()
+    try:
+        wait_until(lambda: "master" not in cluster.store.live_members("g1"), timeout_s=30, interval_s=0.05,
+                   what="the frozen master's session expired")
+        wait_until(lambda: metric(url, "ordq_coordinator_away_probes_total", answer="silent") >= 1, timeout_s=30,
+                   interval_s=0.1, what="the coordinator's probe of the frozen master unanswered")
+        assert metric(url, "ordq_coordinator_deferred_moves_total") >= IDLE
+    finally:
+        master.resume()
+    cluster.wait_live("g1")
+    wait_until(lambda: metric(url, "ordq_coordinator_groups_back_total") >= 1, timeout_s=30, interval_s=0.1,
+               what="the coordinator seeing g1 back")
+    after = states(cluster, idle)
+    assert all(st.head == "g1" and all(s.gid == "g1" for s in st.consume) for st in after.values()), after
+    body = read_metrics(url)
+    assert (value(body, "ordq_coordinator_actions_total", kind="fail_over") or 0) == 0
+    assert (value(body, "ordq_coordinator_kept_heads_total") or 0) >= IDLE
