@@ -11,6 +11,8 @@ ZooKeeper, broker and coordinator processes.
   (its producer asks), the idle queues keep their head past the grace because the
   coordinator's own probe hears the processes, and when the sessions are back the counters
   show the heads kept.
+- A master frozen (SIGSTOP) past its session and resumed: the probe goes unanswered, the idle
+  queues wait the grace, and the master registers again within it: no head moved.
 """
 
 from __future__ import annotations
