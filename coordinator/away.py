@@ -23,7 +23,10 @@ Rules:
 - Verdicts (``verdict``): LIVE (both registered); DEAD (a missing process refused the probe,
   or away past the grace and not every missing process answers, or answering yet away past
   ``max_held_s``); WAIT (away less than the grace); HELD (past the grace, but every missing
-  process answered a probe made since it went away: a session lost, the process alive).
+  process answered a probe made since it went away, within the last ``grace_s``: a session
+  lost, the process alive). Why "within the last grace" and not "the last probe": on the slow
+  machine this is for, one probe in a few may time out between answered ones; a process that
+  stops answering for a whole grace (hung, cut off) is judged dead.
 - ``moves_now``: a queue's head moves off an away group when the verdict is DEAD, or at once
   when the queue is busy.
 """
@@ -99,6 +102,7 @@ class AwayTracker:
     away_since: dict[str, float] = attrs.field(factory=dict)  # gid -> first seen away (this term)
     missing: dict[str, frozenset[str]] = attrs.field(factory=dict)  # gid -> roles not registered
     probes: dict[tuple[str, str], tuple[float, Probe]] = attrs.field(factory=dict)  # (gid, role) -> (at, answer)
+    answered: dict[tuple[str, str], float] = attrs.field(factory=dict)  # (gid, role) -> its last ANSWERED probe
     dead: set[str] = attrs.field(factory=set)  # away groups already judged DEAD (this absence)
     deferred: dict[str, set[str]] = attrs.field(factory=dict)  # gid -> idle queues kept on it
     returned: int = 0  # absences that ended before the group was judged dead
@@ -132,6 +136,8 @@ class AwayTracker:
         self.deferred.pop(gid, None)
         for key in [k for k in self.probes if k[0] == gid]:
             del self.probes[key]
+        for key in [k for k in self.answered if k[0] == gid]:
+            del self.answered[key]
 
     def record(self, gid: str, role: str, answer: Probe, at: float) -> None:
         """A probe of ``gid``'s ``role`` answered ``answer``; kept only while the group is away
@@ -139,6 +145,8 @@ class AwayTracker:
         since = self.away_since.get(gid)
         if since is not None and at >= since:
             self.probes[(gid, role)] = (at, answer)
+            if answer is Probe.ANSWERED:
+                self.answered[(gid, role)] = max(at, self.answered.get((gid, role), at))
 
     def verdicts(self, now: float) -> dict[str, Verdict]:
         """The verdict on every away group (groups not listed are LIVE)."""
@@ -146,13 +154,24 @@ class AwayTracker:
         for gid, since in self.away_since.items():
             probes: dict[str, Probe | None] = {}
             for role in self.missing.get(gid, frozenset()):
-                got = self.probes.get((gid, role))
-                probes[role] = got[1] if got is not None else None
+                probes[role] = self._probe_of(gid, role, now)
             v = verdict(live=False, away_for_s=now - since, probes=probes, policy=self.policy)
             if v is Verdict.DEAD:
                 self.dead.add(gid)
             out[gid] = v
         return out
+
+    def _probe_of(self, gid: str, role: str, now: float) -> Probe | None:
+        """What ``verdict`` counts of a missing process: GONE when its last probe was refused;
+        ANSWERED when it answered one within the last ``grace_s``; else its last answer (SILENT,
+        or an old ANSWERED counted as SILENT), None when never probed."""
+        got = self.probes.get((gid, role))
+        if got is not None and got[1] is Probe.GONE:
+            return Probe.GONE
+        last = self.answered.get((gid, role))
+        if last is not None and now - last <= self.policy.grace_s:
+            return Probe.ANSWERED
+        return None if got is None else Probe.SILENT
 
     def defer(self, gid: str, queue: str) -> bool:
         """Note that ``queue``'s head stays on away ``gid`` for now; True the first time in this absence."""

@@ -77,11 +77,13 @@ def test_a_lost_session_of_a_process_that_answers_keeps_the_heads() -> None:
     assert t.verdicts(15.0) == {"g1": Verdict.DEAD}
     t.record("g1", "master", Probe.ANSWERED, at=14.0)
     assert t.verdicts(15.0) == {"g1": Verdict.HELD}
-    t.record("g1", "master", Probe.SILENT, at=16.0)  # the latest answer counts
-    assert t.verdicts(17.0) == {"g1": Verdict.DEAD}
-    t.observe({"g1": BOTH}, ROLES, now=18.0)
+    t.record("g1", "master", Probe.SILENT, at=16.0)  # one late answer on a slow machine: still held
+    assert t.verdicts(17.0) == {"g1": Verdict.HELD}
+    assert t.verdicts(24.0) == {"g1": Verdict.HELD}  # answered 10 s ago: within the grace
+    assert t.verdicts(24.5) == {"g1": Verdict.DEAD}  # silent for more than a grace: hung, or cut off
+    t.observe({"g1": BOTH}, ROLES, now=25.0)
     assert t.returned == 0  # judged dead first: not a return within the grace
-    assert t.probes == {} and t.away_since == {}
+    assert t.probes == {} and t.answered == {} and t.away_since == {}
 
 
 def test_a_refusal_makes_the_group_dead_at_once_and_a_deleted_group_is_forgotten() -> None:
@@ -114,6 +116,7 @@ def test_an_idle_queue_never_moves_before_the_grace_unless_refused_nor_while_its
     present = {"g1": set(BOTH), "g2": set(BOTH)}
     away_at: dict[str, float] = {}  # the model: when each group went away
     latest: dict[tuple[str, str], Probe] = {}  # its probes' latest answers since
+    answered_at: dict[tuple[str, str], float] = {}  # ... and when each last answered
     for step in steps:
         if step[0] == "present":
             present[step[1]] = set(step[2])
@@ -122,6 +125,8 @@ def test_an_idle_queue_never_moves_before_the_grace_unless_refused_nor_while_its
             t.record(gid, role, answer, at=now)
             if gid in away_at:
                 latest[(gid, role)] = answer
+                if answer is Probe.ANSWERED:
+                    answered_at[(gid, role)] = now
         else:
             now += step[1]
         back = t.observe(present, ROLES, now)
@@ -131,6 +136,8 @@ def test_an_idle_queue_never_moves_before_the_grace_unless_refused_nor_while_its
                 assert (gid in back) == was_away
                 for key in [k for k in latest if k[0] == gid]:
                     del latest[key]
+                for key in [k for k in answered_at if k[0] == gid]:
+                    del answered_at[key]
             else:
                 away_at.setdefault(gid, now)
         for gid, got in t.verdicts(now).items():
@@ -138,11 +145,15 @@ def test_an_idle_queue_never_moves_before_the_grace_unless_refused_nor_while_its
             away_for = now - away_at[gid]
             missing = BOTH - present[gid]
             answers = [latest.get((gid, r)) for r in missing]
+            # heard: every missing process answered within the last grace, none refused since
+            heard = all(latest.get((gid, r)) is not Probe.GONE and (gid, r) in answered_at
+                        and now - answered_at[(gid, r)] <= grace for r in missing)
             if got is Verdict.DEAD:  # never before the grace unless a missing process refused
                 assert away_for >= grace or Probe.GONE in answers
-                # ... and never while every missing process answered, within the hold
-                assert not (all(a is Probe.ANSWERED for a in answers) and away_for < policy.max_held_s)
+                # ... and never while every missing process answers, within the hold
+                assert not (heard and away_for < policy.max_held_s)
             else:
                 assert Probe.GONE not in answers
+                assert got is Verdict.WAIT or heard
                 assert got is Verdict.WAIT or away_for >= grace
         assert set(t.verdicts(now)) == set(away_at)
