@@ -17,6 +17,7 @@ ZooKeeper, broker and coordinator processes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -116,21 +117,29 @@ def test_sessions_expired_under_a_live_process_move_only_the_written_queue(proxi
     wait_until(lambda: len(producer.acked) >= 100, timeout_s=60, what="100 acks on the busy queue")
 
     proxy.silent.set()  # g1's brokers hear nothing from ZooKeeper; the coordinator still reaches them
+    cut = time.monotonic()
     try:
         wait_until(lambda: not cluster.store.live_members("g1"), timeout_s=30, interval_s=0.05,
                    what="g1's sessions expired in ZooKeeper")
+        expired = time.monotonic()
         # the written queue moves at once (its producer's writes are refused, it asks)
         cluster.wait_state(lambda s: s.head == "g2", queue="busy", timeout_s=30, what="the busy queue on g2")
+        busy_moved = time.monotonic()
         # past the grace, the processes answer the probe: held, the idle heads stay
         wait_until(lambda: metric(url, "ordq_coordinator_held_groups") == 1, timeout_s=30, interval_s=0.1,
                    what="g1 held: away past the grace, its processes answering")
+        held = time.monotonic()
         assert all(st.head == "g1" for st in states(cluster, idle).values())
         assert metric(url, "ordq_coordinator_deferred_moves_total") >= IDLE
         assert metric(url, "ordq_coordinator_away_probes_total", answer="answered") >= 1
     finally:
         proxy.silent.clear()
         proxy.reset()  # the partition heals: the brokers learn their sessions expired and register again
+    healed = time.monotonic()
     cluster.wait_live("g1")
+    print(f"g1's sessions expired {expired - cut:.2f}s after the cut; the busy queue on g2 {busy_moved - expired:.2f}s "
+          f"after the expiry; g1 held {held - expired:.2f}s after it; "
+          f"registered again {time.monotonic() - healed:.2f}s after the heal")
     wait_until(lambda: metric(url, "ordq_coordinator_groups_back_total") >= 1, timeout_s=30, interval_s=0.1,
                what="the coordinator seeing g1 back")
     after = states(cluster, idle)
@@ -161,6 +170,7 @@ def test_a_master_frozen_past_its_session_and_resumed_keeps_its_idle_heads(clust
                what="the coordinator leading")
     master = cluster.groups["g1"].master
     master.pause()
+    paused = time.monotonic()
     try:
         wait_until(lambda: "master" not in cluster.store.live_members("g1"), timeout_s=30, interval_s=0.05,
                    what="the frozen master's session expired")
@@ -169,7 +179,9 @@ def test_a_master_frozen_past_its_session_and_resumed_keeps_its_idle_heads(clust
         assert metric(url, "ordq_coordinator_deferred_moves_total") >= IDLE
     finally:
         master.resume()
+    resumed = time.monotonic()
     cluster.wait_live("g1")
+    print(f"frozen {resumed - paused:.2f}s; registered again {time.monotonic() - resumed:.2f}s after SIGCONT")
     wait_until(lambda: metric(url, "ordq_coordinator_groups_back_total") >= 1, timeout_s=30, interval_s=0.1,
                what="the coordinator seeing g1 back")
     after = states(cluster, idle)
