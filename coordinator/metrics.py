@@ -90,6 +90,15 @@ class DaemonStats:
     # moved, and the transactions that moved them
     spread_moves: int = 0
     spread_batches: int = 0
+    # absent groups (coordinator/away.py): idle queues' moves put off while their group may
+    # come back (each queue once per absence), those that kept their head (the group came
+    # back), absences that ended within the grace, groups away now, and the probes' answers
+    deferred_moves: int = 0
+    kept_heads: int = 0
+    groups_back: int = 0
+    away_groups: int = 0
+    held_groups: int = 0  # of those, past the grace but answering the probe: their idle heads stay
+    away_probes: dict[str, int] = attrs.field(factory=dict)
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     queues_version: int = 0  # bumped by whoever changes ``queues`` (the per-queue series' cache)
     # the last send-list head changes seen (a failover by anyone), newest last: the status page
@@ -182,6 +191,25 @@ class CoordinatorMetrics(Collector):
                                   value=st.spread_moves)
         yield CounterMetricFamily("ordq_coordinator_spread_batches",
                                   "Transactions that moved those heads", value=st.spread_batches)
+        yield CounterMetricFamily("ordq_coordinator_deferred_moves",
+                                  "Idle queues whose move off an absent group was put off (its processes may "
+                                  "be alive: a lost session), each once per absence", value=st.deferred_moves)
+        yield CounterMetricFamily("ordq_coordinator_kept_heads",
+                                  "Idle queues put off that kept their head: the group came back in time",
+                                  value=st.kept_heads)
+        yield CounterMetricFamily("ordq_coordinator_groups_back",
+                                  "Absences of a group that ended before it was judged dead", value=st.groups_back)
+        yield GaugeMetricFamily("ordq_coordinator_away_groups",
+                                "Groups not both live in ZooKeeper now, as this daemon judges them",
+                                value=st.away_groups)
+        yield GaugeMetricFamily("ordq_coordinator_held_groups",
+                                "Absent groups past the grace whose processes answer this daemon's probe: their "
+                                "idle queues keep their heads", value=st.held_groups)
+        probes = CounterMetricFamily("ordq_coordinator_away_probes",
+                                     "Health probes of an absent group's processes, by answer", labels=["answer"])
+        for answer, n in sorted(st.away_probes.items()):
+            probes.add_metric([answer], n)
+        yield probes
         corrupt = GaugeMetricFamily("ordq_queue_state_corrupt", "1 for each queue whose state does not parse",
                                     labels=["queue"])
         for q in sorted(st.corrupt):

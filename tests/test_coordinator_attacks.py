@@ -8,12 +8,15 @@ are read from its metrics (``ordq_coordinator_requests_total{rpc, outcome}``).""
 
 from __future__ import annotations
 
+import functools
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import pytest
 
-from ordq.common.errors import LeaseLost, PermissionDenied
+from ordq.common.errors import LeaseLost, OrdqError, PermissionDenied
 from ordq.common.metrics import value
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.state import Cursor
@@ -109,3 +112,50 @@ def test_a_commit_from_anyone_but_the_lease_holder_moves_nothing(cluster: Cluste
         assert cluster.store.get_cursor("q", "s") == (moved, new_version)
     finally:
         client.close()
+
+
+def test_a_consume_token_cannot_rebalance_heads(cluster: Cluster) -> None:
+    """Issue 43: ``ordq group rebalance`` moves the heads of any queue, so it is an admin verb
+    (``"group rebalance": AdminVerb("admin", everywhere, ...)`` in ordq/admin/api.py). A
+    hand-made client holding a consume token of every queue asks the admin API to rebalance,
+    for real and as a dry run: refused, typed PermissionDenied, counted, and no head moved. The
+    admin token's dry run shows the refusal was not an empty plan."""
+    cluster.add_groups("g1", "g2")
+    # the coordinator's own spread off: only the verb could move a head
+    coordinator = cluster.start_daemon("coordinator-1", extra=["--rebalance-moves-per-s", "0"])
+    idle = [f"idle-{i}" for i in range(6)]
+    created, _ = cluster.store.create_queues(idle, groups=["g1", "g2"])
+    assert all(st.head == "g1" for st in created)
+    _, admin = create_token(cluster.store.client, cluster.root, {"*": ["admin"]}, "ops")
+    _, consume = create_token(cluster.store.client, cluster.root, {"*": ["consume"]}, "reader of every queue")
+    touch(cluster.store.client, cluster.root)
+    url = coordinator.wait_for_line("METRICS ", timeout_s=30).split()[-1]
+
+    def denied() -> float:
+        return value(read_metrics(url), "ordq_coordinator_requests_total", rpc="Admin",
+                     outcome="PermissionDenied") or 0.0
+
+    with CoordinatorClient(bootstrap=cluster.bootstrap, credentials=attrs.evolve(cluster.credentials, token=admin),
+                           timeout_s=10) as operator, \
+            CoordinatorClient(bootstrap=cluster.bootstrap,
+                              credentials=attrs.evolve(cluster.credentials, token=consume), timeout_s=10) as reader:
+        # the tokens are in force and the daemon leads once the operator's dry run answers
+        plan = wait_until(lambda: _ok(lambda: operator.admin("group rebalance", max_moves=1000, dry_run=True)),
+                          timeout_s=30, interval_s=0.1, what="the operator's dry run")
+        assert plan["before"] == {"g1": 6, "g2": 0} and len(plan["moves"]) == 3, plan
+        before = denied()
+        for dry_run in (False, True):
+            err = refused(functools.partial(reader.admin, "group rebalance", max_moves=1000, dry_run=dry_run))
+            assert isinstance(err, PermissionDenied), (dry_run, err)
+            assert err.role == "admin", err
+        assert denied() - before == 2  # counted
+    states = cluster.store.load_states(idle)
+    assert all(not isinstance(v, Exception) and v[0].head == "g1" for v in states.values()), states  # nothing moved
+
+
+def _ok(call: Callable[[], Any]) -> Any:
+    """What ``call`` returned, or None when it raised an OrdqError (not ready yet)."""
+    try:
+        return call()
+    except OrdqError:
+        return None

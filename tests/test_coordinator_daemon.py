@@ -43,8 +43,11 @@ def test_daemon_fails_over_and_standby_takes_over(zk_server, zk_root) -> None:
             store.create_queue("q")
             daemons = []
             for _ in range(2):
+                # --away-grace 1: in step 2 the standby starts leading after g2 is gone, so it never
+                # saw g2's address to probe; an idle queue then waits the grace from the term's start
+                # (coordinator/away.py), 10 s by default
                 d = spawn("-m", "ordq.cli", "--zk", hosts, "--root", zk_root, "coordinator", "run",
-                          "--metrics", "127.0.0.1:0", "--interval", "0.2")
+                          "--metrics", "127.0.0.1:0", "--interval", "0.2", "--away-grace", "1")
                 procs.append(d)
                 assert d.stdout is not None
                 metrics_line = d.stdout.readline().split()
@@ -249,7 +252,9 @@ def test_one_queue_s_bad_state_or_bug_leaves_the_others_served(zk_server, zk_roo
         for q in ("a", "b", "c"):
             store.create_queue(q)
         store.client.set(store.paths.state("a"), b'{"queue": "a", "send": 1}')
-        daemon = CoordinatorDaemon(store, identifier="t")
+        # away_grace_s=0: an absent group's idle queues move in this very round, as a group
+        # whose process refused the probe does (no broker here to probe: coordinator/away.py)
+        daemon = CoordinatorDaemon(store, identifier="t", away_grace_s=0)
         real = daemon._queue_round
 
         def buggy(queue: str) -> None:

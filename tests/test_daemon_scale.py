@@ -34,7 +34,9 @@ def setup(zk_server, tmp_path_factory) -> Iterator[tuple[ZkStore, CoordinatorDae
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: store.create_queue(f"q-{i:04d}", ["g1", "g2"]), range(N)))
         store.create_queue("solo", ["g3"])
-        daemon = CoordinatorDaemon(store, identifier="t")
+        # away_grace_s=0: a group whose liveness node is deleted here is dead at once, as one whose
+        # process refused the probe is (no broker here to probe: coordinator/away.py)
+        daemon = CoordinatorDaemon(store, identifier="t", away_grace_s=0)
         yield store, daemon
         daemon.stop()
         if daemon.view is not None:
@@ -228,7 +230,7 @@ def test_a_round_of_many_queues_hands_them_to_the_pool_in_slices(setup, monkeypa
     slices, not only after all of them (coordinator/pacing.py)."""
     import threading
 
-    from ordq.coordinator import daemon as daemon_mod
+    from ordq.coordinator import daemon_round as daemon_mod  # the round's module (coordinator/daemon_parts.py)
     from ordq.coordinator.pacing import RequestsFirst
 
     store, daemon = setup

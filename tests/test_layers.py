@@ -62,7 +62,8 @@ def test_no_module_imports_back_what_imports_it() -> None:
 def test_every_package_and_module_of_ordq_has_a_layer() -> None:
     """A new module must be placed in the layers contract, or the contract never checks it."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    (layers,) = [c["layers"] for c in config if c["type"] == "layers"]
+    # the package's layers (a contract with ``containers`` orders modules inside one package)
+    (layers,) = [c["layers"] for c in config if c["type"] == "layers" and "containers" not in c]
     named = {m.strip() for layer in layers for m in re.split(r"[:|]", layer)}
     children = set(grimp.build_graph("ordq").find_children("ordq"))
     assert children - named == set(), "add these to a layer in pyproject.toml's layers contract"

@@ -34,7 +34,7 @@ ALERTS = DOCS / "alerts.yml"
 # Series with labels that appear only once something happened (a seal, a conflict, a queue
 # whose state does not parse).
 CONDITIONAL = {"ordq_coordinator_seal_seconds", "ordq_coordinator_conflicts_total", "ordq_coordinator_actions_total",
-               "ordq_queue_state_corrupt"}
+               "ordq_queue_state_corrupt", "ordq_coordinator_away_probes_total"}
 N = 20_000
 
 # process kind -> series (sample names) that must grow under load, with the labels to pick

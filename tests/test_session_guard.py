@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from ordq.wire.batch import Message, encode_batch
 from ordq.wire.client import GrpcTransport
 from ordq.wire.errors import SegmentNotWritable
 from tests.helpers.one_group import Q, one_group
+from tests.helpers.silent_proxy import SilentProxy
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -41,81 +41,6 @@ SESSION_S = 1.0
 # which leaves seconds between the guard's doubt (a third of a session after the suspension)
 # and the session's end, for a test on a loaded box to see a write wait and heal the link.
 LONG_SESSION_S = 4.0
-
-
-class SilentProxy:
-    """Forwards TCP connections on a free loopback port to ``target``; ``silent`` drops every
-    byte both ways while the connections stay open; ``hold_replies`` holds what ``target``
-    sends (ZooKeeper hears its clients, they hear nothing: its answers come late) and delivers
-    it once cleared; ``reset()`` closes every connection (a healed partition's resets)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.silent = threading.Event()
-        self.hold_replies = threading.Event()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.2)
-        self.port = self._server.getsockname()[1]
-        self._stop = threading.Event()
-        self._sockets: list[socket.socket] = []
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target, timeout=5)
-            self._sockets += [conn, upstream]
-            for a, b, replies in ((conn, upstream, False), (upstream, conn, True)):
-                t = threading.Thread(target=self._pump, args=(a, b, replies), daemon=True)
-                t.start()
-                self._threads.append(t)
-
-    def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
-        held = bytearray()  # replies held while ``hold_replies`` is set
-        src.settimeout(0.05)
-        while not self._stop.is_set():
-            if held and not self.hold_replies.is_set():
-                with contextlib.suppress(OSError):
-                    dst.sendall(held)
-                held.clear()
-            try:
-                data = src.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            if self.silent.is_set():
-                continue
-            if replies and (self.hold_replies.is_set() or held):
-                held += data
-                continue
-            with contextlib.suppress(OSError):
-                dst.sendall(data)
-
-    def reset(self) -> None:
-        """Close every connection made so far (new ones are still forwarded)."""
-        for s in self._sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._server.close()
-        for s in self._sockets:
-            with contextlib.suppress(OSError):
-                s.close()
-        for t in self._threads:
-            t.join(timeout=2)
 
 
 @contextlib.contextmanager

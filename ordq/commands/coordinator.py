@@ -54,6 +54,11 @@ def register(subparsers: Any) -> None:
                      type=number(0.0, 10_000.0, allow_zero=True), default=50.0, metavar="N",
                      help="idle queues' heads moved a second, at most, to even the spread over the live groups "
                      "once a returning group has been live 10 s (0: only by `ordq group rebalance`; default 50)")
+    run.add_argument("--away-grace", dest="away_grace", type=seconds(allow_zero=True, high=3600.0), default=10.0,
+                     metavar="SECONDS",
+                     help="how long an idle queue's head waits for its group to come back when the group's "
+                     "processes vanish from ZooKeeper but do not refuse this coordinator's health probe (a lost "
+                     "session on a slow machine); a written queue moves at once (default %(default)g)")
     run.add_argument("--interval", type=seconds(), default=None, metavar="SECONDS",
                      help="duty round period when nothing wakes it (default 0.5)")
     run.add_argument("--session-timeout", dest="session_timeout", type=seconds(), default=None, metavar="SECONDS",
@@ -158,7 +163,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
                                requests_first=requests_first, per_queue_series=args.per_queue_series,
-                               rebalance_moves_per_s=max(0.0, args.rebalance_moves_per_s))
+                               rebalance_moves_per_s=max(0.0, args.rebalance_moves_per_s),
+                               pinger=_pinger(creds), away_grace_s=args.away_grace)
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
@@ -256,6 +262,13 @@ def _prober(store: Any, creds: Credentials) -> Any:
     except ImportError:
         return None
     return make_prober(store, creds)
+
+
+def _pinger(creds: Credentials) -> Any:
+    """The Health probe of an absent group's processes (issue 43), when the broker client is available."""
+    from ordq.coordinator.group_probe import make_pinger
+
+    return make_pinger(creds)
 
 
 def _batch_sealer(store: Any, creds: Credentials) -> Any:

@@ -1,0 +1,296 @@
+"""The coordinator daemon's duty round (a part of ``CoordinatorDaemon``, coordinator/daemon.py):
+plan and act on each queue that changed or has a duty due (``duties.plan``), probe the head
+masters of their open segments, and move a dead group's heads in batched transactions.
+
+Guarantee: as the daemon's (coordinator/daemon.py): every change is a conditional transition
+or a Seal run, so a plan made on stale copies only loses a CAS.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Mapping
+
+from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
+from ordq.coordinator import state as sm
+from ordq.coordinator.daemon_parts import BUG_RETRY_S, RETRY_S, WRITTEN_S, DaemonParts, is_written, log, urgent_first
+from ordq.coordinator.daemon_view import DaemonView
+from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
+from ordq.coordinator.group_moves import batches, plan_moves
+from ordq.coordinator.pacing import in_slices
+from ordq.coordinator.store import Known
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
+
+# Queues planned (and acted on) at once when a round has several. Few: the duties are never
+# urgent for correctness (producers and consumers fail over and seal on their own, through
+# the coordinator service in this same process), and every thread more takes the GIL from
+# the service's answer to a producer (10,000 queues: bench/bench_queues.py).
+ROUND_WORKERS = 4
+# Queues handed to the round pool at once; between two slices the daemon waits while the
+# service answers a producer's FailOver (``coordinator/pacing.py``).
+ROUND_SLICE = 250
+
+
+class DutyRound(DaemonParts):
+    """The duty round's methods."""
+
+    def round(self) -> None:
+        """Plan (and act on) every queue that changed or has a duty due; see the module doc."""
+        started = time.monotonic()
+        self.stats.rounds += 1
+        view = self.view or self._new_term()
+        if started >= self._next_sweep:
+            self._next_sweep = started + self.sweep_interval_s
+            self.stats.sweeps += 1
+            view.mark_all()
+        if self.prober is not None and started >= self._next_probe:
+            self._next_probe = started + self.interval_s
+            self._probe(view)
+        try:
+            queues = view.refresh(started, pause=self._wait_turn)
+        except OrdqError as exc:
+            self.stats.errors += 1
+            log.warning("coordinator round: %s", exc)
+            return
+        finally:
+            self.stats.zk_reads = view.reads
+        queues = self._judge_groups(view, queues, started)
+        if len(queues) > 1:
+            queues = urgent_first(queues, self._written, started)
+            queues = self._move_dead_heads(queues, view, started)
+            # Why a pool: after a head master dies every queue it headed fails over, each a
+            # ZooKeeper write waiting for its commit; in parallel they share the server's syncs.
+            # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
+            # on a loaded box (a future each); between slices a producer's FailOver goes first.
+            pool = self._pool()
+            for part in in_slices(queues, ROUND_SLICE, self._wait_turn):
+                if self._stop.is_set():
+                    break  # stop() shut the pool down
+                list(pool.map(self._guarded_round, part))
+        else:
+            for queue in queues:
+                self._guarded_round(queue)
+        self.stats.planned += len(queues)
+        self.stats.zk_reads = view.reads
+        self._spread_pass(view, started)
+        if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
+            self._list_seen = view.list_changes
+            for gone in set(self.stats.corrupt) - set(view.entries):
+                del self.stats.corrupt[gone]
+            for gone in set(self.stats.queues) - set(view.entries):
+                with self._lock:
+                    self.stats.drop_queue(gone)
+        self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
+        """Fail over, in batched transactions, every queue of ``queues`` whose head group is
+        dead (``group_moves``), written queues first; return the queues left for the per-queue
+        round (those not moved here). A moved queue's write fires its watch: its seal is planned
+        in the next round. One queue alone goes the per-queue way (no batch to gain)."""
+        entries = view.entries
+        rows = []
+        for q in queues:
+            entry = entries.get(q)
+            if entry is None or entry.state is None or entry.problem is not None:
+                continue
+            rows.append((q, entry.state, entry.version, view.facts(entry)))
+        busy = {q for q, *_ in rows if is_written(q, self._written, now)}
+        moves = [m for m in plan_moves(rows, busy)
+                 if m.before.open_segment is not None and self._may_move(m.queue, m.before.open_segment.gid, m.busy)]
+        if len(moves) < 2:
+            return queues
+        moved: set[str] = set()
+        for part in batches(moves):
+            if self._stop.is_set():
+                break
+            if not part[0].busy:
+                self._wait_turn()  # a producer's FailOver first (pacing.py)
+            try:
+                done, _left = self.store.apply_batch([(m.queue, m.version, m.after) for m in part],
+                                                     view.group_versions)
+            except OrdqError as exc:  # left to the per-queue rounds
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("moving %d heads off a dead group: %s", len(part), exc)
+                continue
+            moved.update(done)
+            with self._lock:
+                if done:
+                    self.stats.move_batches += 1
+                    self.stats.batched_moves += len(done)
+                    self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
+                        + len(done)
+        if moved:
+            log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
+        return [q for q in queues if q not in moved]
+
+    def _guarded_round(self, queue: str) -> None:
+        """One queue's round; whatever it raises is counted and logged, and the queue planned
+        again later (a corrupt state: when it is written again, which fires its watch)."""
+        # Why: whatever one queue does (corrupt state, a bug), every other queue is served.
+        retry_s: float | None = None
+        self._idle_waits_turn(queue)
+        try:
+            self._queue_round(queue)
+            with self._lock:
+                self.stats.corrupt.pop(queue, None)  # restored
+        except CorruptState as exc:
+            with self._lock:
+                self.stats.errors += 1
+                self.stats.corrupt_seen += 1
+                if self.stats.corrupt.get(queue) != exc.detail:
+                    log.error("queue %s: %s", queue, exc)  # once per distinct problem, not per round
+                self.stats.corrupt[queue] = exc.detail
+        except OrdqError as exc:
+            with self._lock:
+                self.stats.errors += 1
+            retry_s = RETRY_S
+            log.warning("queue %s: %s", queue, exc)
+        except Exception:  # noqa: BLE001 - a bug in one queue's round must not end the leadership
+            with self._lock:
+                self.stats.errors += 1
+                self.stats.unexpected += 1
+            retry_s = BUG_RETRY_S
+            log.exception("queue %s: unexpected error in the duty round", queue)
+        if retry_s is not None and self.view is not None:
+            self.view.schedule(queue, time.monotonic() + retry_s)
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(ROUND_WORKERS, thread_name_prefix="ordq-duty")
+        return self._executor
+
+    def _probe(self, view: DaemonView) -> None:
+        """Ask every live head master of all its open segments (one call each); mark the
+        queues whose answer changed. A master that does not answer keeps its queues' last answer."""
+        assert self.prober is not None
+        heard: dict[str, tuple[int, OpenSegment]] = {}
+        silent: set[str] = set()
+        for gid, address in sorted(view.masters.items()):
+            self.stats.probes += 1
+            try:
+                answer = self.prober(address)
+            except OrdqError as exc:
+                silent.add(gid)
+                log.debug("group %s: open segments not probed: %s", gid, exc)
+                continue
+            for (queue, seg), info in answer.items():
+                entry = view.entries.get(queue)
+                open_seg = entry.state.open_segment if entry is not None and entry.state is not None else None
+                if open_seg is not None and open_seg.seg == seg and open_seg.gid == gid:
+                    heard[queue] = (seg, info)
+        for queue, (seg, info) in self._open.items():
+            entry = view.entries.get(queue)
+            open_seg = entry.state.open_segment if entry is not None and entry.state is not None else None
+            if open_seg is not None and open_seg.seg == seg and open_seg.gid in silent:
+                heard.setdefault(queue, (seg, info))
+        changed = {q for q in set(heard) | set(self._open) if heard.get(q) != self._open.get(q)}
+        now = time.monotonic()
+        for q in changed:
+            seg_info = heard.get(q)
+            before = self._open.get(q)
+            if seg_info is not None and seg_info[1].bytes > (before[1].bytes if before and before[0] == seg_info[0]
+                                                              else 0):
+                self._written[q] = now
+        if len(self._written) > 2 * len(heard) + 1000:  # forget the long quiet ones (bounded memory)
+            self._written = {q: t for q, t in self._written.items() if now - t <= WRITTEN_S}
+        self._open = heard
+        view.mark(changed)
+
+    def _queue_round(self, queue: str) -> None:
+        view = self.view
+        assert view is not None
+        entry = view.entries.get(queue)
+        if entry is None:
+            return  # deleted
+        if entry.problem is not None:
+            raise entry.problem
+        if entry.state is None or entry.config is None:
+            return  # not read yet: marked again when it is
+        st, cfg = entry.state, entry.config
+        facts = view.facts(entry)
+        before = self.stats.queues.get(queue, {}).get("send")
+        if before and before[0] != st.head:
+            open_seg = st.open_segment
+            self.stats.failovers.append({"at_ms": int(time.time() * 1000), "queue": queue, "from": before[0],
+                                         "to": st.head, "seg": open_seg.seg if open_seg else None})
+        seen = {
+            "send": list(st.send),
+            "segments": len(st.consume),
+            "epoch": st.producer_epoch,
+            "live_groups": sorted(facts.live_groups),
+            "sealing": sum(1 for c in st.consume if c.status is sm.SegStatus.SEALING),
+            # unconsumed segments whose group has not both processes live: consumers may wait there
+            "not_live": sum(1 for c in st.consume if c.gid not in facts.live_groups),
+        }
+        if self.stats.queues.get(queue) != seen:
+            with self._lock:
+                self.stats.set_queue(queue, seen)  # the per-queue series are rendered again
+        limits = Limits(retention_segments=cfg.retention_segments, retention_time_s=cfg.retention_time_s,
+                        retention_bytes=cfg.retention_bytes, segment_bytes=cfg.segment_bytes,
+                        segment_age_s=cfg.segment_age_s)
+        open_seg = st.open_segment
+        probed = self._open.get(queue)
+        open_info = None
+        if open_seg is not None and open_seg.gid in facts.live_groups and self.prober is not None:
+            # what its master said of this very segment; holding none of it: nothing written yet
+            open_info = probed[1] if probed is not None and probed[0] == open_seg.seg else OpenSegment(0, None)
+        now_ms = int(time.time() * 1000)
+        due = next_due_ms(st, limits, open_info=open_info)
+        if due is not None:
+            view.schedule(queue, time.monotonic() + max(0.0, (due - now_ms) / 1000))
+        # the first write of this round goes against these copies (no re-read; versions checked)
+        known: Known | None = Known(state=st, version=entry.version, facts=facts,
+                                    group_versions=view.group_versions)
+        for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
+            if action.kind is Kind.FAIL_OVER and not self._may_move(
+                    queue, action.gid or "", is_written(queue, self._written, time.monotonic())):
+                continue  # its group may be back soon: only a written queue moves at once
+            if action.kind is Kind.SEAL:
+                self._seal_later(queue, action, known=(st, entry.version))
+                continue
+            try:
+                self._do(queue, action, cfg, known)
+            except IllegalTransition:
+                with self._lock:
+                    self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
+                continue  # someone else acted first: its write fires our watch, planned again
+            finally:
+                known = None  # the state moved on: later actions read it afresh
+            with self._lock:
+                self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
+
+    def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None,
+            seal_known: tuple[tuple[sm.QueueState, int] | None, Mapping[str, LiveInfo] | None] = (None, None)) -> None:
+        """``known``: the copies the action was planned on, for transitions that read no cursors;
+        ``seal_known``: a seal's (state, version) and the segment group's members, the same."""
+        log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)
+        if action.kind is Kind.FAIL_OVER:
+            assert action.gid is not None and action.seg is not None
+            gid, seg = action.gid, action.seg
+            self.store.apply(queue, lambda s, f: sm.fail_over(s, gid, seg, f), known=known)
+        elif action.kind is Kind.ADMIT:
+            assert action.gid is not None
+            gid = action.gid
+            self.store.apply(queue, lambda s, f: sm.admit(s, gid, f), known=known)
+        elif action.kind is Kind.POP:
+            later = action.later_stored
+            self.store.apply(queue, lambda s, f: sm.pop(s, f, later_stored=later))
+        elif action.kind is Kind.ROLL:
+            assert action.gid is not None and action.seg is not None
+            gid, seg = action.gid, action.seg
+            self.store.apply(queue, roll_transition(cfg, gid, seg), known=known)
+            # its state write fires our watch: the rolled segment is sealed in the next round
+        elif action.kind is Kind.RETAIN:
+            later = action.later_stored
+            self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True, later_stored=later))
+        elif action.kind is Kind.SEAL and self.sealer is not None:
+            assert action.seg is not None
+            started, outcome = time.monotonic(), "failed"
+            try:
+                state_known, members = seal_known
+                self.sealer(queue, action.seg, known=state_known, members=members)
+                outcome = "sealed"
+            finally:
+                self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)

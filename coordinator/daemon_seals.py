@@ -1,0 +1,170 @@
+"""The coordinator daemon's seals (a part of ``CoordinatorDaemon``, coordinator/daemon.py): a
+pool that runs them beside the rounds, a written queue's first, and idle queues' seals of one
+group in batches (``seal.seal_batch``: one SealMany per replica, few ZooKeeper transactions).
+
+Guarantee: one seal of a queue's segment at a time; a seal that fails is planned again by the
+queue's timer; a batch's leftovers are sealed one by one, reading afresh.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+
+from ordq.common.errors import IllegalTransition
+from ordq.coordinator import state as sm
+from ordq.coordinator.daemon_parts import RETRY_S, DaemonParts, is_written, log
+from ordq.coordinator.daemon_view import DaemonView
+from ordq.coordinator.duties import Action, Kind
+from ordq.coordinator.store_values import QueueConfig
+
+# Seals run at once, beside the rounds (``_seal_later``).
+SEAL_WORKERS = 3
+# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43): this many a
+# SealMany call, and this many such calls of one group at once (while the broker syncs one
+# call's files, the next call's segments are created and sealed in memory). Each call is one
+# job of the seal pool: it seals one batch and queues itself again, so a written queue's seal
+# (first in the queue of jobs) never waits behind a whole group's batches.
+SEAL_BATCH = 500
+SEAL_CALLS_IN_FLIGHT = 2
+
+
+class SealBatches(DaemonParts):
+    """The seal pool's methods."""
+
+    def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, int] | None = None) -> None:
+        """Run a seal on the sealing pool, the round going on meanwhile: a seal asks both
+        replicas (a dead one may take an RPC timeout), and after a head master died there is
+        one per queue it headed; a failover of another group must not wait behind them. One
+        seal of a queue at a time; its state write (the watch) or a failure (a timer) brings the
+        queue back to a round. ``known``: the (state, version) it was planned on; with the
+        segment group's members as this view knows them, the seal reads nothing first."""
+        if self.sealer is None:
+            return
+        assert action.seg is not None
+        key = (queue, action.seg)
+        with self._lock:
+            if key in self._sealing_now:
+                return
+            self._sealing_now.add(key)
+            if self._seal_executor is None:
+                self._seal_executor = concurrent.futures.ThreadPoolExecutor(SEAL_WORKERS,
+                                                                            thread_name_prefix="ordq-seal")
+            executor = self._seal_executor
+        view = self.view
+
+        def run() -> None:
+            self._idle_waits_turn(queue)
+            try:
+                members = view.members.get(action.gid or "", {}) if view is not None else None
+                self._do(queue, action, QueueConfig(), seal_known=(known, members))  # a seal reads no settings
+                with self._lock:
+                    self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + 1
+            except IllegalTransition:
+                with self._lock:
+                    self.stats.conflicts[Kind.SEAL.value] = self.stats.conflicts.get(Kind.SEAL.value, 0) + 1
+            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed round
+                with self._lock:
+                    self.stats.errors += 1
+                log.warning("queue %s: seal of segment %s deferred: %s", queue, action.seg, exc)
+                if view is not None:
+                    view.schedule(queue, time.monotonic() + RETRY_S)
+            finally:
+                with self._lock:
+                    self._sealing_now.discard(key)
+
+        urgent = is_written(queue, self._written, time.monotonic())
+        if (not urgent and self.batch_sealer is not None and known is not None and view is not None
+                and action.gid is not None):
+            gid = action.gid
+            with self._lock:
+                self._seal_batches.setdefault(gid, {})[queue] = (action.seg, known[0], known[1])
+                if self._seal_batch_jobs.get(gid, 0) >= SEAL_CALLS_IN_FLIGHT:
+                    return  # the group's batch jobs, queued already, take it
+                self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 0) + 1
+            self._queue_seal_job(1, lambda: self._seal_group_batch(gid, view), executor)
+            return
+        if not self._queue_seal_job(0 if urgent else 1, run, executor):
+            with self._lock:
+                self._sealing_now.discard(key)
+
+    def _queue_seal_job(self, rank: int, job: Callable[[], None],
+                        executor: concurrent.futures.ThreadPoolExecutor) -> bool:
+        """Queue ``job`` for the seal pool (rank 0: a written queue's, first); False once stopping."""
+        with self._lock:
+            heapq.heappush(self._seals, (rank, next(self._seal_order), job))
+        try:
+            executor.submit(self._next_seal)  # one worker task per job; each runs the most urgent
+        except RuntimeError:  # shut down: stopping
+            return False
+        return True
+
+    def _seal_group_batch(self, gid: str, view: DaemonView) -> None:
+        """One batch job of ``gid`` (``SEAL_CALLS_IN_FLIGHT`` of them at most): seal up to
+        ``SEAL_BATCH`` of the idle queues' segments waiting in ``_seal_batches`` (``seal.seal_batch``:
+        one SealMany per replica, the seals written in few ZooKeeper transactions), then queue
+        itself again while more wait; those it leaves go the one-by-one way (``_seal_later``
+        without a batch: it reads afresh)."""
+        assert self.batch_sealer is not None
+        if self._stop.is_set():
+            return
+        self._wait_turn()
+        with self._lock:
+            waiting = self._seal_batches.get(gid, {})
+            part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
+            for q in part:
+                del waiting[q]
+            if not part:
+                self._seal_batches.pop(gid, None)
+                self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 1) - 1
+                if self._seal_batch_jobs[gid] <= 0:
+                    del self._seal_batch_jobs[gid]
+                return
+        try:
+            self._seal_one_batch(gid, view, part)
+        finally:
+            executor = self._seal_executor
+            if executor is None or not self._queue_seal_job(1, lambda: self._seal_group_batch(gid, view), executor):
+                with self._lock:
+                    self._seal_batch_jobs.pop(gid, None)
+
+    def _seal_one_batch(self, gid: str, view: DaemonView, part: dict[str, tuple[int, sm.QueueState, int]]) -> None:
+        assert self.batch_sealer is not None
+        items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
+        started = time.monotonic()
+        try:
+            left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
+        except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+            with self._lock:
+                self.stats.errors += 1
+            log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
+            with self._lock:
+                for q, (seg, _st, _v) in part.items():
+                    self._sealing_now.discard((q, seg))
+            for q in part:  # planned again by the timer
+                view.schedule(q, time.monotonic() + RETRY_S)
+            return
+        sealed = len(items) - len(left)
+        self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+        with self._lock:
+            for q, (seg, _st, _v) in part.items():
+                if q not in left:
+                    self._sealing_now.discard((q, seg))
+            self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
+            self.stats.seal_batches += 1
+            self.stats.batched_seals += sealed
+        for q in left:  # one by one, reading afresh
+            seg = part[q][0]
+            with self._lock:
+                self._sealing_now.discard((q, seg))
+            self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
+
+    def _next_seal(self) -> None:
+        with self._lock:
+            if not self._seals:
+                return
+            _, _, job = heapq.heappop(self._seals)
+        job()

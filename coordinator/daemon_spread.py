@@ -1,0 +1,75 @@
+"""Heads spread back (issue 43; a part of ``CoordinatorDaemon``, coordinator/daemon.py): the
+round's bounded pass after a group returns or is added, and ``ordq group rebalance``. The plan
+is the pure ``coordinator/rebalance.py``, written by ``coordinator/head_spread.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ordq.common.errors import CoordinationUnavailable, OrdqError
+from ordq.coordinator.daemon_parts import DaemonParts, is_written, log
+from ordq.coordinator.daemon_view import STATE, DaemonView
+from ordq.coordinator.head_spread import SpreadResult, spread_heads
+
+# Heads spread back (issue 43, ``coordinator/head_spread.py``): a pass every this often moves at
+# most ``rebalance_moves_per_s`` times it idle queues' heads towards an even spread; a group
+# gives or receives only once both its processes have been live this long (a group that just
+# came back may go again: no churn for a flapping one), and no pass runs while a dead group's
+# seals wait for their batches.
+REBALANCE_INTERVAL_S = 2.0
+REBALANCE_GRACE_S = 10.0
+REBALANCE_MOVES_PER_S = 50.0
+
+
+class SpreadBack(DaemonParts):
+    """The spread's methods."""
+
+    def _settled_live(self, view: DaemonView, now: float) -> frozenset[str]:
+        """Groups live (both processes) and not drained for ``REBALANCE_GRACE_S`` at least."""
+        live = view.live - view.drained
+        for g in set(self._live_since) - live:
+            del self._live_since[g]
+        for g in live:
+            self._live_since.setdefault(g, now)
+        return frozenset(g for g in live if now - self._live_since[g] >= REBALANCE_GRACE_S)
+
+    def _spread_pass(self, view: DaemonView, now: float) -> None:
+        settled = self._settled_live(view, now)
+        if self.rebalance_moves_per_s <= 0 or now < self._next_spread:
+            return
+        self._next_spread = now + REBALANCE_INTERVAL_S
+        with self._lock:
+            if self._seal_batches:
+                return  # a dead group's seals first
+        try:
+            result = self._spread(view, settled, now, max_moves=int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S),
+                                  dry_run=False)
+        except OrdqError as exc:
+            log.warning("spreading heads: %s", exc)
+            return
+        if result.moves:
+            log.info("spread %d idle queues' heads back: %s -> %s", len(result.moves), result.before, result.after)
+
+    def _spread(self, view: DaemonView, live: frozenset[str], now: float, *, max_moves: int,
+                dry_run: bool) -> SpreadResult:
+        rows = [(q, e.state, e.version) for q, e in list(view.entries.items())
+                if e.state is not None and e.problem is None and STATE not in e.stale]
+        busy = {q for q, _st, _v in rows if is_written(q, self._written, now)}
+        result = spread_heads(self.store, rows, live, busy, view.group_versions, max_moves=max_moves,
+                              dry_run=dry_run, wait_turn=self._wait_turn)
+        if result.moves and not dry_run:
+            with self._lock:
+                self.stats.spread_moves += len(result.moves)
+                self.stats.spread_batches += result.transactions
+        return result
+
+    def rebalance(self, *, max_moves: int, dry_run: bool) -> SpreadResult:
+        """``ordq group rebalance``: spread idle queues' heads over the live groups now (every
+        live, undrained group, without the grace period), at most ``max_moves``; with
+        ``dry_run`` only the plan. CoordinationUnavailable when this coordinator does not lead."""
+        view = self.view
+        if view is None or not self.stats.is_leader:
+            raise CoordinationUnavailable("this coordinator does not lead (or has not read the queues yet)")
+        return self._spread(view, frozenset(view.live - view.drained), time.monotonic(), max_moves=max_moves,
+                            dry_run=dry_run)
