@@ -28,14 +28,15 @@ system-deps:
 
 # What only the tests need: `chromium`, the headless browser tests/test_status_page.py loads the
 # status page in; `prometheus`, whose promtool checks docs/alerts.yml and the exposed metrics
-# (tests/test_metrics.py); `postgresql` and `mariadb-server`, the servers the outbox and CDC
+# (tests/test_metrics.py) and whose server scrapes a cluster for the status page's charts
+# (tests/test_status_prometheus.py, heavy); `postgresql` and `mariadb-server`, the servers the outbox and CDC
 # tests start themselves in temporary folders (tests/helpers/postgres.py, mariadb.py); `iproute2`
 # and `iptables`, the network namespaces and partitions of the lab (ordq/lab/; tests/test_lab.py
 # runs where it is root). Where systemd runs, these packages also start their own services,
 # which nothing here uses.
 test-deps: system-deps
 	$(call need_debian,chromium prometheus postgresql mariadb-server iproute2 iptables,command -v chromium && \
-	  command -v promtool && ls /usr/lib/postgresql/*/bin/initdb && test -x /usr/sbin/mariadbd && \
+	  command -v promtool && command -v prometheus && ls /usr/lib/postgresql/*/bin/initdb && test -x /usr/sbin/mariadbd && \
 	  command -v ip && command -v iptables)
 
 $(VENV)/.installed: pyproject.toml

@@ -25,14 +25,32 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
-
+from ordq.common.client_tls import StubCache, TlsFiles, channel, token_metadata
 from ordq.common.errors import ConfigError, CoordinationUnavailable, NotCoordinatorLeader, TokensUnavailable
-from ordq.common.security import Credentials, StubCache, channel, token_metadata
-from ordq.coordinator.paths import Paths
-from ordq.coordinator.state import Cursor, QueueState
+
+# An admin command (``ordq queue list``) makes a client, asks who leads and sends one Admin call:
+# none of attrs, the queue state's classes, the paths, nor the values the other calls answer with
+# (issue 42: 0.25 s of CPU). Those are imported where a call needs them; the values
+# (``client_values``) on first use of their names here (``__getattr__`` below).
+if TYPE_CHECKING:
+    from ordq.coordinator.client_values import Claimed as Claimed
+    from ordq.coordinator.client_values import Described as Described
+    from ordq.coordinator.client_values import Held as Held
+    from ordq.coordinator.client_values import Refusal as Refusal
+    from ordq.coordinator.paths import Paths
+    from ordq.coordinator.state import Cursor, QueueState
+
+_VALUES = frozenset({"Claimed", "Described", "Held", "Refusal"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _VALUES:  # ``from ordq.coordinator.client import Held``, as before they moved
+        from ordq.coordinator import client_values
+
+        return getattr(client_values, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 DEFAULT_TIMEOUT_S = 10.0
 _RETRY_PAUSE_S = (0.02, 0.05, 0.1, 0.2)  # between attempts while no coordinator answers
@@ -42,20 +60,6 @@ _MOVED = object()  # _answer: another coordinator leads now
 # The trailer in which a follower names the leader (coordinator/service.py sets it). Here, not
 # imported from the service: that would load the whole coordinator, kazoo included, into clients.
 LEADER_METADATA_KEY = "ordq-leader"
-
-
-@attrs.frozen
-class Claimed:
-    """What a Claim gives the producer leader: its epoch and the key that goes with it (a
-    secret: sent with every Produce), the head and open segment, and the last stored message
-    as (seq, seg, offset) — None for an empty queue; seg and offset -1 when only the seq is known."""
-
-    epoch: int
-    key: str = attrs.field(repr=False)
-    gid: str
-    seg: int
-    last: tuple[int, int, int] | None
-    state: QueueState
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
@@ -83,7 +87,7 @@ class CoordinatorClient:
     client (then give ``paths``) — only read, to find the leader. ``credentials``: TLS files
     and token, as for the brokers."""
 
-    def __init__(self, zk: Any = None, paths: Paths | None = None, credentials: Credentials | None = None, *,
+    def __init__(self, zk: Any = None, paths: Paths | None = None, credentials: TlsFiles | None = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, bootstrap: str | Sequence[str] | None = None) -> None:
         if (zk is None) == (bootstrap is None):
             raise TypeError("CoordinatorClient needs either zk or bootstrap")
@@ -95,7 +99,11 @@ class CoordinatorClient:
         self._known = parse_bootstrap(bootstrap) if bootstrap is not None else []
         self._bootstrap = list(self._known)
         self._next = 0  # where the next look for the leader starts in ``_known``
-        self.credentials = credentials or Credentials()
+        if credentials is None:
+            from ordq.common.security import Credentials
+
+            credentials = Credentials()
+        self.credentials: Any = credentials
         self.timeout_s = timeout_s
         self._md = token_metadata(self.credentials)
         self._leader: str | None = None
@@ -264,6 +272,8 @@ class CoordinatorClient:
 
     @staticmethod
     def _state(raw: bytes) -> QueueState:
+        from ordq.coordinator.state import QueueState
+
         return QueueState.from_dict(json.loads(raw))
 
     # -- producer --------------------------------------------------------------------------------
@@ -273,6 +283,8 @@ class CoordinatorClient:
         the caller's node in the ZooKeeper election): the next epoch and its key, the open segment
         fenced at it, where seq continues. ``wait_s``: how long the coordinator may wait for a
         writable head (NoGroupAvailable)."""
+        from ordq.coordinator.client_values import Claimed, Held
+
         pb = self._pb()
         if isinstance(leader, Held):
             req = pb.ClaimRequest(queue=queue, generation=leader.generation, lease_key=leader.key,
@@ -332,6 +344,8 @@ class CoordinatorClient:
         pb = self._pb()
         req = pb.SubscribeRequest(queue=queue, subscription=subscription, start=list(start))
         res = self._call("Subscribe", req, timeout_s)
+        from ordq.coordinator.state import Cursor
+
         return Cursor.from_dict(json.loads(res.cursor_json)), (None if res.starts_at < 0 else res.starts_at)
 
     def ensure_parking_queue(self, queue: str, subscription: str, *, timeout_s: float | None = None) -> str:
@@ -348,6 +362,8 @@ class CoordinatorClient:
         """Ask for a lease (``kind``: producer | consumer | member): Held when granted, else
         who holds it and when to ask again. ``member``: for a group's partition, the member
         lease of the member ``holder`` names (the coordinator grants only to its owner)."""
+        from ordq.coordinator.client_values import Held, Refusal
+
         pb = self._pb()
         req = pb.LeaseRequest(kind=_LEASE_KINDS[kind], queue=queue, subscription=sub, holder=holder,
                               ttl_ms=ttl_ms, wait_ms=wait_ms)
@@ -362,6 +378,8 @@ class CoordinatorClient:
     def heartbeat(self, lease: Held, *, timeout_s: float | None = None) -> Held:
         """Renew ``lease``: it as the coordinator has it now (a member's partitions may have
         changed). LeaseLost when it is not the caller's any more."""
+        import attrs
+
         res = self._call("Heartbeat", self._lease_request(lease), timeout_s)
         return attrs.evolve(lease, ttl_ms=res.ttl_ms, group_generation=res.group_generation,
                             partitions=tuple(res.partitions))
@@ -381,6 +399,8 @@ class CoordinatorClient:
                  timeout_s: float | None = None) -> Described:
         """The queue's state (and settings, its groups' live processes, a subscription's
         cursor, as asked) as the coordinator reads them from ZooKeeper now."""
+        from ordq.coordinator.client_values import Described
+        from ordq.coordinator.state import Cursor
         from ordq.coordinator.store_values import LiveInfo, QueueConfig
 
         pb = self._pb()
@@ -458,42 +478,6 @@ class _Stub:
 
 
 _LEASE_KINDS = {"producer": 1, "consumer": 2, "member": 3}
-
-
-@attrs.frozen
-class Held:
-    """A lease the coordinator granted (coordinator/leases.py): ``key`` is a secret only its
-    holder learns; ``generation`` and ``key`` go with the requests it guards."""
-
-    kind: str
-    queue: str
-    sub: str
-    holder: str
-    generation: int
-    key: str = attrs.field(repr=False)
-    ttl_ms: int
-    group_generation: int = 0  # member leases: the group's generation and this member's partitions
-    partitions: tuple[int, ...] = ()
-
-
-@attrs.frozen
-class Refusal:
-    """A lease not granted: who holds it and in how many seconds to ask again at the soonest."""
-
-    holder: str
-    retry_s: float
-
-
-@attrs.frozen
-class Described:
-    """What Describe answered (None/-1 for what was not asked)."""
-
-    state: QueueState
-    version: int
-    config: Any = None  # QueueConfig
-    live: Any = None  # {gid: {role: LiveInfo}} (pid 0: not told)
-    cursor: Cursor | None = None
-    cursor_version: int = -1
 
 
 def _ms(seconds: float) -> int:

@@ -15,12 +15,15 @@ import attrs
 
 from ordq.common.errors import ConfigError, CorruptState, InvariantViolation
 from ordq.coordinator import state as sm
+
+# also named here, where QueueConfig uses them
+from ordq.coordinator.queue_defaults import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
+from ordq.coordinator.queue_defaults import DEFAULT_SEGMENT_AGE_S as DEFAULT_SEGMENT_AGE_S
+from ordq.coordinator.queue_defaults import DEFAULT_SEGMENT_BYTES as DEFAULT_SEGMENT_BYTES
+from ordq.coordinator.queue_defaults import MIN_SEGMENT_BYTES as MIN_SEGMENT_BYTES
+from ordq.coordinator.queue_defaults import ROLL_TO as ROLL_TO
 from ordq.coordinator.state import Facts, QueueState
 
-DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
-DEFAULT_SEGMENT_BYTES = 256 << 20
-DEFAULT_SEGMENT_AGE_S = 3600.0
-MIN_SEGMENT_BYTES = 4 << 10
 
 @attrs.frozen
 class LiveInfo:
@@ -30,8 +33,6 @@ class LiveInfo:
     incarnation: str
     pid: int
 
-
-ROLL_TO = ("same", "next")
 
 
 @attrs.frozen

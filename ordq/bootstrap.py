@@ -16,8 +16,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from ordq.common.client_tls import credentials_path, registered_bootstrap
 from ordq.common.errors import ConfigError, CoordinationUnavailable
-from ordq.common.security import credentials_path, registered_bootstrap
 
 HINT = ("pass --bootstrap HOST:PORT[,HOST:PORT...] (the coordinators' addresses: `ordq status` prints them "
         "as 'coordinators (bootstrap)'; env ORDQ_BOOTSTRAP)")
@@ -33,12 +33,21 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options naming the cluster in an SDK config: ``bootstrap`` when given, else the
     registered (``zk_hosts``, ``root``). ConfigError (one line saying what to pass) when
     neither names coordinators."""
+    bootstrap = _checked_bootstrap(args)
+    if bootstrap is not None:
+        return {"bootstrap": bootstrap, "credentials": credentials_for(args, bootstrap)}
+    return {"zk_hosts": args.zk, "root": args.root}
+
+
+def _checked_bootstrap(args: argparse.Namespace) -> str | None:
+    """The bootstrap list given (ConfigError for a bad address), else None once --zk/--root name
+    a cluster with registered coordinators (ConfigError, one line saying what to pass, if not)."""
     bootstrap = bootstrap_of(args)
     if bootstrap is not None:
         from ordq.coordinator.client import parse_bootstrap
 
         parse_bootstrap(bootstrap)  # ConfigError for a bad address
-        return {"bootstrap": bootstrap, "credentials": credentials_for(args, bootstrap)}
+        return bootstrap
     if not getattr(args, "zk", None):
         raise ConfigError(f"no cluster named: {HINT}")
     if registered_bootstrap(args.zk, args.root) is None:
@@ -48,7 +57,7 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
         where = f": {problem}" if problem else f" in {credentials_path()}"
         raise ConfigError(f"no coordinators are registered for the cluster {args.zk}{args.root}{where}: "
                           f"{HINT}, or start that cluster with ordq up")
-    return {"zk_hosts": args.zk, "root": args.root}
+    return None
 
 
 def credentials_for(args: argparse.Namespace, bootstrap: str) -> Any:
@@ -84,20 +93,25 @@ def coordinator(args: argparse.Namespace) -> Iterator[Any]:
     ``sdk._cluster.open_coordinator`` finds them; not imported from there: the SDK package
     still loads kazoo), closed on exit. A call none answers within --zk-timeout is one line
     naming the addresses tried."""
-    from ordq.common.security import lookup
+    from ordq.common.client_tls import ClientCredentials, entry, entry_for_bootstrap
     from ordq.coordinator.client import CoordinatorClient
 
-    options = cluster_options(args)
-    if "bootstrap" in options:
-        addresses, creds = options["bootstrap"], options["credentials"]
+    # The credentials as ``credentials_for`` and ``security.lookup`` find them, without attrs
+    # (ClientCredentials: TLS files and token; issue 42, an admin command's CPU).
+    bootstrap = _checked_bootstrap(args)
+    if bootstrap is not None:
+        addresses = bootstrap
+        found = entry_for_bootstrap(bootstrap)
+        if not found and getattr(args, "zk", None):
+            found = entry(args.zk, args.root)
     else:
         addresses = registered_bootstrap(args.zk, args.root) or ""
-        creds = lookup(args.zk, args.root)
-    client = CoordinatorClient(bootstrap=addresses, credentials=creds)
+        found = entry(args.zk, args.root)
+    client = CoordinatorClient(bootstrap=addresses, credentials=ClientCredentials.from_entry(found))
     try:
         yield client
     except CoordinationUnavailable as exc:
-        given = "given" if "bootstrap" in options else f"registered for {args.zk}{args.root}"
+        given = "given" if bootstrap is not None else f"registered for {args.zk}{args.root}"
         raise CoordinationUnavailable(
             f"no coordinator of the cluster answered at {addresses} ({given}) within {timeout_of(args):g}s "
             "(--zk-timeout): is the cluster running, and are these its coordinators? `ordq status` prints them "

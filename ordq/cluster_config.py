@@ -46,6 +46,9 @@ class ClusterConfig:
     # The coordinators' ports (127.0.0.1), one each: picked at the cluster's first start and
     # kept, so its bootstrap list (what clients find it by, issue 37) never changes; () until then.
     coordinator_ports: tuple[int, ...] = attrs.field(default=(), converter=_ports)
+    # An operator's Prometheus (http://HOST:PORT) the coordinators' status pages read their charts
+    # from (``ordq coordinator run --prometheus-url``, issue 42); None: their own samples only.
+    prometheus_url: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.groups <= 26:

@@ -28,8 +28,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from ordq.common.errors import ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -41,20 +39,39 @@ def _check_name(name: str) -> str:
     return name
 
 
-@attrs.frozen(kw_only=True)
 class Context:
-    """One named cluster: what ``--zk``, ``--root`` and ``--bootstrap`` would say."""
+    """One named cluster: what ``--zk``, ``--root`` and ``--bootstrap`` would say. Immutable.
+    (Plain classes here, not attrs: every client command reads the contexts, and ``ordq queue
+    list`` loads no attrs, issue 42.)"""
 
-    name: str = attrs.field(converter=_check_name)
+    __slots__ = ("name", "zk", "root", "bootstrap")
+    name: str
     zk: str
-    root: str = "/ordq"
-    bootstrap: str | None = None
+    root: str
+    bootstrap: str | None
 
-    def __attrs_post_init__(self) -> None:
+    def __init__(self, *, name: str, zk: str, root: str = "/ordq", bootstrap: str | None = None) -> None:
+        for field, value in (("name", _check_name(name)), ("zk", zk), ("root", root), ("bootstrap", bootstrap)):
+            object.__setattr__(self, field, value)
         if not self.zk.strip() and not self.bootstrap:
             raise ConfigError(f"context {self.name!r}: give --zk (and --root) or --bootstrap")
         if not self.root.startswith("/"):
             raise ConfigError(f"context {self.name!r}: the root is an absolute path, not {self.root!r}")
+
+    def __setattr__(self, field: str, value: object) -> None:
+        raise AttributeError(f"a Context is immutable ({field})")
+
+    def _key(self) -> tuple[str, str, str, str | None]:
+        return (self.name, self.zk, self.root, self.bootstrap)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Context) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Context(name={self.name!r}, zk={self.zk!r}, root={self.root!r}, bootstrap={self.bootstrap!r})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"zk": self.zk, "root": self.root, **({"bootstrap": self.bootstrap} if self.bootstrap else {})}
@@ -67,12 +84,22 @@ class Context:
                    bootstrap=data.get("bootstrap") or None)
 
 
-@attrs.frozen
 class Contexts:
     """The file's content: every context by name, and the current one's name (None: none)."""
 
-    current: str | None
-    contexts: dict[str, Context]
+    __slots__ = ("current", "contexts")
+
+    def __init__(self, current: str | None, contexts: dict[str, Context]) -> None:
+        self.current = current
+        self.contexts = contexts
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Contexts) and (self.current, self.contexts) == (other.current, other.contexts)
+
+    __hash__ = None  # type: ignore[assignment]  # holds a dict
+
+    def __repr__(self) -> str:
+        return f"Contexts(current={self.current!r}, contexts={self.contexts!r})"
 
     def get(self, name: str) -> Context:
         try:
@@ -88,7 +115,7 @@ def contexts_path() -> Path:
     ``ORDQ_CREDENTIALS`` and ``ORDQ_HOME`` set; default ~/.config/ordq)."""
     if os.environ.get("ORDQ_CONTEXTS"):
         return Path(os.environ["ORDQ_CONTEXTS"])
-    from ordq.common.security import credentials_path
+    from ordq.common.client_tls import credentials_path
 
     return credentials_path().with_name("contexts.json")
 

@@ -96,6 +96,8 @@ class LocalCluster(ClusterCredentials):
                     f"{self.folder} holds a local cluster of another shape ({describe(saved_cfg)}), "
                     f"not {describe(config)}: stop and wipe it first (ordq down --wipe --dir {folder})"
                 )
+            if config is not None and config.prometheus_url is not None:  # not part of the shape: a new one is taken
+                saved_cfg = attrs.evolve(saved_cfg, prometheus_url=config.prometheus_url)
             config = saved_cfg
             python = python or saved.get("python")
         self.config = config or ClusterConfig()
@@ -138,7 +140,8 @@ class LocalCluster(ClusterCredentials):
         tls_args = (["--tls-cert", str(coord_tls.cert_file), "--tls-key", str(coord_tls.key_file),
                      "--tls-ca", str(coord_tls.ca_file)] if self.config.tls else ["--insecure"])
         return [self.python, "-m", "ordq.cli", "--zk", self.zk.connection_string, "--root", self.config.root,
-                "coordinator", "run", "--listen", f"{COORDINATOR_HOST}:{port}", "--metrics", "127.0.0.1:0", *tls_args]
+                "coordinator", "run", "--listen", f"{COORDINATOR_HOST}:{port}", "--metrics", "127.0.0.1:0", *tls_args,
+                *(["--prometheus-url", self.config.prometheus_url] if self.config.prometheus_url else [])]
 
     @classmethod
     def load(cls, folder: Path) -> LocalCluster:

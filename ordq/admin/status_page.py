@@ -177,9 +177,16 @@ class Sampler:
                 log.debug("status sample failed", exc_info=True)
 
 
-def pages(daemon: CoordinatorDaemon) -> dict[str, Page]:
+def pages(daemon: CoordinatorDaemon, *, prometheus_url: str | None = None) -> dict[str, Page]:
+    """``/status`` and ``/status.json``; ``prometheus_url``: the charts' history is read from that
+    Prometheus (``ordq.admin.prom_history``), the ring buffer's only while it does not answer."""
     sampler = Sampler(daemon, History())
     sampler.start()
+    prom = None
+    if prometheus_url:
+        from ordq.admin.prom_history import PromHistory
+
+        prom = PromHistory(prometheus_url)
 
     def document() -> tuple[str, bytes]:
         try:
@@ -190,11 +197,35 @@ def pages(daemon: CoordinatorDaemon) -> dict[str, Page]:
             doc = {"generated_ms": int(time.time() * 1000), "error": str(exc), "queues": [], "failovers": []}
         history = sampler.history
         doc["busiest"] = history.busiest()[:20]
-        doc["history"] = history.series(doc["busiest"])
-        doc["history"]["interval_s"] = sampler.interval_s
+        doc["history"] = history_of(sampler, doc["busiest"], prom)
         return "application/json", json.dumps(doc).encode()
 
     return {"/status": lambda: ("text/html; charset=utf-8", PAGE.encode()), "/status.json": document}
+
+
+def history_of(sampler: Sampler, busiest: list[str], prom: Any = None) -> dict[str, Any]:
+    """The charts' series: from Prometheus (``prom``, a ``PromHistory``) when one is configured
+    and answers, else from the ring buffer, with ``note`` saying why when Prometheus was asked
+    and did not answer (issue 42). ``source``: ``prometheus`` or ``coordinator``."""
+    note = None
+    if prom is not None:
+        from ordq.admin.prom_history import PrometheusUnavailable
+
+        try:
+            hist: dict[str, Any] = prom.get()
+        except PrometheusUnavailable as exc:
+            note = (f"Prometheus at {prom.url} does not answer ({exc}): the charts show this coordinator's own "
+                    "samples")
+        else:
+            missing = hist.pop("missing", [])
+            hist["note"] = f"charts from Prometheus at {prom.url}" + (
+                f"; it has {'; '.join(missing)}" if missing else "")
+            return hist
+    hist = sampler.history.series(busiest)
+    hist.update(interval_s=sampler.interval_s, source="coordinator")
+    if note is not None:
+        hist["note"] = note
+    return hist
 
 
 PAGE = """<!doctype html>
@@ -208,6 +239,7 @@ li.open { background: #e6f4ea } li.sealing { background: #fff4d6 } li.sealed { b
 li.down { border-color: #c00; color: #c00 }
 table { border-collapse: collapse } td, th { padding: .1em .7em; text-align: left }
 #error { color: #c00 }
+#history-note { font-size: 12px; color: #555 }
 tr.blocked td, tr.parked td, tr.unhealthy td { background: #fde2e1; color: #900; font-weight: bold }
 #processes { margin-bottom: 1em }
 #charts svg { border: 1px solid #ddd; margin-right: 1em; background: #fafafa }
@@ -220,6 +252,7 @@ figcaption { font-size: 12px; color: #555 }
 <p>coordinator leader: <b id="leader">?</b></p>
 <table id="processes"></table>
 <div id="charts"></div>
+<p id="history-note"></p>
 <p><input id="filter" type="search" placeholder="filter queues" autocomplete="off">
    <span id="shown"></span> (busiest first)</p>
 <div id="queues"></div>
@@ -345,6 +378,7 @@ async function refresh() {
       chart("messages/s, every queue", hist.t_ms, [["produced", "#1a73e8", all.produce],
                                                   ["consumed", "#188038", all.consume]]),
       chart("lag, every queue", hist.t_ms, [["lag", "#c5221f", all.lag]]));
+    document.getElementById("history-note").textContent = (hist && hist.note) || "";
     document.getElementById("failovers").replaceChildren(...doc.failovers.slice().reverse().map(f =>
       el("li", {"data-queue": f.queue}, `${when(f.at_ms)} ${f.queue}: ` +
          `${f.from} -> ${f.to || "none"} (segment ${f.seg ?? "?"})`)));

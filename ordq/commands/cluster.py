@@ -53,6 +53,9 @@ def register(subparsers: Any) -> None:
     up.add_argument("--repair-acls", action="store_true",
                     help="set every ZooKeeper node's ACL to the policy (otherwise done only on a first start, after "
                          "a rotation or a walk cut short: two requests a node, minutes at 10^5 queues)")
+    up.add_argument("--prometheus-url", dest="prometheus_url", default=None, metavar="URL",
+                    help="a Prometheus that scrapes this cluster (http://HOST:PORT): the status pages' charts show "
+                         "the last hour from it (coordinators started from now on; default: as before, else none)")
     up.add_argument("--timeout", type=seconds(), default=120.0, metavar="SECONDS",
                     help="how long to wait for everything to serve (default %(default)s)")
 
@@ -81,7 +84,11 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
     fresh = not LocalCluster.exists(args.dir)
     asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
-    asked = asked or args.no_zk_acl or args.zk_tls is not None
+    asked = asked or args.no_zk_acl or args.zk_tls is not None or args.prometheus_url is not None
+    if args.prometheus_url is not None:
+        from ordq.admin.prom_history import check_url
+
+        args.prometheus_url = check_url(args.prometheus_url)
     if args.zk_tls is not None and not fresh and LocalCluster(args.dir).config.zk_tls != args.zk_tls:
         had = "TLS" if not args.zk_tls else "a plaintext ZooKeeper"
         raise ConfigError(f"the cluster in {args.dir} was started with {had}: --{'' if args.zk_tls else 'no-'}zk-tls "
@@ -105,6 +112,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
         # TLS to ZooKeeper: on for a new cluster with TLS unless --no-zk-tls; a cluster started
         # before keeps what it had (its ZooKeeper and its clients must agree).
         zk_tls=(args.zk_tls if args.zk_tls is not None else not args.insecure) if fresh else saved.zk_tls,
+        prometheus_url=args.prometheus_url if args.prometheus_url is not None else saved.prometheus_url,
     )
 
 

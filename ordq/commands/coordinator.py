@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--config", type=Path, default=None, metavar="FILE",
                      help="TOML file of this process's settings (keys: zk, root, listen, advertise, metrics, "
-                     "interval_s, session_timeout_s, [tls] cert/key/ca/insecure); flags override it")
+                     "interval_s, session_timeout_s, prometheus_url, [tls] cert/key/ca/insecure); flags override it")
     run.add_argument("--listen", default=None, metavar="HOST:PORT",
                      help=f"address of the Coordinator service; port 0 picks a free one (default {DEFAULT_LISTEN})")
     run.add_argument("--advertise", default=None, metavar="HOST[:PORT]",
@@ -59,6 +59,10 @@ def register(subparsers: Any) -> None:
                      help="how long an idle queue's head waits for its group to come back when the group's "
                      "processes vanish from ZooKeeper but do not refuse this coordinator's health probe (a lost "
                      "session on a slow machine); a written queue moves at once (default %(default)g)")
+    run.add_argument("--prometheus-url", dest="prometheus_url", default=None, metavar="URL",
+                     help="a Prometheus that scrapes this cluster (http://HOST:PORT): the status page's rate and "
+                     "lag charts show the last hour from it, and this coordinator's own samples while it does "
+                     "not answer (default: only those samples)")
     run.add_argument("--interval", type=seconds(), default=None, metavar="SECONDS",
                      help="duty round period when nothing wakes it (default 0.5)")
     run.add_argument("--session-timeout", dest="session_timeout", type=seconds(), default=None, metavar="SECONDS",
@@ -87,6 +91,11 @@ def resolve_settings(args: argparse.Namespace) -> None:
     args.advertise = pick("advertise", file.advertise, None)
     args.metrics = pick("metrics", file.metrics, None)
     args.interval = pick("interval", file.interval_s, 0.5)
+    args.prometheus_url = pick("prometheus_url", file.prometheus_url, None)
+    if args.prometheus_url is not None:
+        from ordq.admin.prom_history import check_url
+
+        args.prometheus_url = check_url(args.prometheus_url)
     args.zk_timeout = pick("session_timeout", file.session_timeout_s, 5.0)
     addresses.check(args.listen, args.advertise)
 
@@ -170,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics:
         from ordq.admin.status_page import pages
 
-        metrics_url = daemon.serve_metrics(args.metrics, pages=pages(daemon)).url
+        metrics_url = daemon.serve_metrics(args.metrics, pages=pages(daemon, prometheus_url=args.prometheus_url)).url
         announce(f"METRICS {metrics_url}")
         # ... and where its /health page is (beside /metrics), for `ordq status` of any cluster:
         # the election starts with the worker below, after this.

@@ -13,8 +13,6 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-import attrs
-
 from ordq.commands import int_in
 
 DEFAULT_LIMIT = 100
@@ -28,10 +26,18 @@ def add_paging(parser: argparse.ArgumentParser, what: str) -> None:
                         help="start after NAME (the last of the previous page), in name order")
 
 
-@attrs.frozen
 class Page:
-    names: list[str]
-    more: bool  # names past this page match too
+    """One page of names; ``more``: names past this page match too. (A plain class, not attrs:
+    ``ordq queue list`` loads no attrs, issue 42.)"""
+
+    __slots__ = ("names", "more")
+
+    def __init__(self, *, names: list[str], more: bool) -> None:
+        self.names = names
+        self.more = more
+
+    def __repr__(self) -> str:
+        return f"Page(names={self.names!r}, more={self.more!r})"
 
     @property
     def next_after(self) -> str | None:

@@ -87,6 +87,8 @@ class CoordinatorFile(ServerFile):
     """``ordq coordinator run --config``: also the duty round period."""
 
     interval_s: float | None = attrs.field(default=None, validator=_number(0))
+    # an operator's Prometheus, where the status page's charts read the last hour (issue 42)
+    prometheus_url: str | None = attrs.field(default=None, validator=_str)
 
 
 @attrs.frozen(kw_only=True)

@@ -28,15 +28,35 @@ import fcntl
 import ipaddress
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ordq.common.addresses import is_ip
-from ordq.common.errors import ClosedError, ConfigError
+
+# What a client needs (the credentials file read, channels): there without attrs (issue 42),
+# here too, for every module that imports them from here.
+from ordq.common.client_tls import (
+    COORDINATORS_FIELD,
+    StubCache,
+    aio_channel,
+    channel,
+    client_pair,
+    cluster_key,
+    credentials_path,
+    entry,
+    entry_for_bootstrap,
+    load_clusters,
+    read_tls_file,
+    registered_bootstrap,
+    token_metadata,
+)
+from ordq.common.errors import ConfigError
+
+__all__ = ["COORDINATORS_FIELD", "StubCache", "aio_channel", "channel", "credentials_path", "registered_bootstrap",
+           "token_metadata"]
 
 if TYPE_CHECKING:  # grpc is imported where a channel is made: `ordq --help` and the
     import grpc  # commands that only read the credentials file do not load it (issue 42)
@@ -86,99 +106,14 @@ class Credentials:
         return cls(**{k: v for k, v in d.items() if k in fields})
 
 
-def _read(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read TLS file {path}: {exc.strerror}") from exc
-
-
-def _client_pair(creds: Credentials) -> tuple[bytes | None, bytes | None]:
-    if creds.cert_file is None or creds.key_file is None:
-        return None, None
-    return _read(creds.key_file), _read(creds.cert_file)
-
-
-def channel(address: str, creds: Credentials, options: Any) -> grpc.Channel:
-    """A channel to a broker: mutual TLS when ``creds`` trust a CA, else plaintext."""
-    import grpc
-
-    tls = _channel_credentials(creds)
-    if tls is None:
-        return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, tls, options=options)
-
-
-C = TypeVar("C")
-S = TypeVar("S")
-
-
-class StubCache(Generic[C, S]):
-    """One channel and one stub per address: a stub builds a callable per method (~100 µs),
-    so one per channel, not one per call. Thread-safe; ``close()`` hands back the channels
-    for the caller to close (sync or grpc.aio) and later ``get`` raises ClosedError."""
-
-    def __init__(self, open_channel: Callable[[str], C], make_stub: Callable[[C], S], what: str) -> None:
-        self._open_channel = open_channel
-        self._make_stub = make_stub
-        self._what = what
-        self._channels: dict[str, C] = {}
-        self._stubs: dict[str, S] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def get(self, address: str) -> S:
-        stub = self._stubs.get(address)  # no lock on the hot path: a dict read is atomic
-        if stub is not None and not self._closed:
-            return stub
-        with self._lock:
-            if self._closed:
-                raise ClosedError(f"{self._what} is closed")
-            stub = self._stubs.get(address)
-            if stub is None:
-                ch = self._channels[address] = self._open_channel(address)
-                stub = self._stubs[address] = self._make_stub(ch)
-            return stub
-
-    def has(self, address: str) -> bool:
-        return address in self._stubs
-
-    def close(self) -> list[C]:
-        with self._lock:
-            self._closed = True
-            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-        return channels
-
-
-def aio_channel(address: str, creds: Credentials, options: Any) -> grpc.aio.Channel:
-    """As ``channel``, for grpc.aio (make it on the event loop that will use it)."""
-    import grpc
-
-    tls = _channel_credentials(creds)
-    if tls is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, tls, options=options)
-
-
-def _channel_credentials(creds: Credentials) -> grpc.ChannelCredentials | None:
-    import grpc
-
-    if not creds.tls:
-        return None
-    assert creds.ca_file is not None
-    key, cert = _client_pair(creds)
-    return grpc.ssl_channel_credentials(root_certificates=_read(creds.ca_file), private_key=key,
-                                        certificate_chain=cert)
-
-
 def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
     """A broker's side: its certificate, and every peer must show one signed by the CA."""
     import grpc
 
-    key, cert = _client_pair(creds)
+    key, cert = client_pair(creds)
     if creds.ca_file is None or key is None or cert is None:
         raise ConfigError("a TLS broker needs --tls-cert, --tls-key and --tls-ca (or --insecure)")
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=_read(creds.ca_file),
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=read_tls_file(creds.ca_file),
                                        require_client_auth=True)
 
 
@@ -186,10 +121,6 @@ def peer_common_name(context: grpc.ServicerContext) -> str | None:
     """The subject CN of the peer's verified certificate, None on plaintext."""
     names = context.auth_context().get("x509_common_name")
     return names[0].decode() if names else None
-
-
-def token_metadata(creds: Credentials) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {creds.token}"),) if creds.token else ()
 
 
 def bearer_token(context: Any) -> str | None:
@@ -385,16 +316,8 @@ def _make_cert(ca_path: Path, ca_key_path: Path, cert_path: Path, key_path: Path
 
 # -- the credentials file -----------------------------------------------------------------------
 
-def credentials_path() -> Path:
-    if os.environ.get("ORDQ_CREDENTIALS"):
-        return Path(os.environ["ORDQ_CREDENTIALS"])
-    if os.environ.get("ORDQ_HOME"):
-        return Path(os.environ["ORDQ_HOME"]) / "credentials.json"
-    return Path.home() / ".config" / "ordq" / "credentials.json"
-
-
-def _key(zk_hosts: str, root: str) -> str:
-    return f"{zk_hosts}{root}"
+_key = cluster_key
+_load = load_clusters
 
 
 @contextlib.contextmanager
@@ -411,19 +334,6 @@ def _locked_file(path: Path | None = None) -> Iterator[dict[str, Any]]:
         with os.fdopen(fd, "w") as f:
             json.dump({"clusters": clusters}, f, indent=2, sort_keys=True)
         os.replace(tmp, path)
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the credentials file {path}: {exc}") from exc
-    clusters = data.get("clusters") if isinstance(data, dict) else None
-    if not isinstance(clusters, dict):
-        raise ConfigError(f"the credentials file {path} has no 'clusters' object")
-    return clusters
 
 
 CLUSTER_FIELD = "cluster"  # the entry's cluster identity (not a Credentials field)
@@ -474,9 +384,6 @@ def unregister(zk_hosts: str, root: str, *, cluster: str | None = None, path: Pa
         return True
 
 
-COORDINATORS_FIELD = "coordinators"  # the cluster's coordinator addresses: a client's bootstrap list
-
-
 def register_coordinators(zk_hosts: str, root: str, addresses: Sequence[str], *, path: Path | None = None) -> None:
     """Record where the coordinators of the cluster at (``zk_hosts``, ``root``) answer: what a
     client named by that cluster finds them by (``registered_bootstrap``); clients hold no
@@ -485,22 +392,11 @@ def register_coordinators(zk_hosts: str, root: str, addresses: Sequence[str], *,
         clusters.setdefault(_key(zk_hosts, root), {})[COORDINATORS_FIELD] = list(addresses)
 
 
-def registered_bootstrap(zk_hosts: str, root: str) -> str | None:
-    """The coordinators' addresses registered for (``zk_hosts``, ``root``) as "h:p,h:p", if any."""
-    entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
-    addresses = entry.get(COORDINATORS_FIELD)
-    return ",".join(str(a) for a in addresses) if addresses else None
-
-
 def lookup_bootstrap(bootstrap: str) -> Credentials:
     """The credentials registered for the cluster whose coordinators ``bootstrap`` names (any
     one address in common), with the environment's overrides as ``lookup``; plaintext with no
     token when no entry names them."""
-    wanted = {a.strip() for a in bootstrap.split(",") if a.strip()}
-    for entry in _load(credentials_path()).values():
-        if isinstance(entry, dict) and wanted & {str(a) for a in entry.get(COORDINATORS_FIELD) or ()}:
-            return _with_overrides(Credentials.from_dict(entry))
-    return _with_overrides(Credentials())
+    return _with_overrides(Credentials.from_dict(entry_for_bootstrap(bootstrap)))
 
 
 def registered_cluster(zk_hosts: str, root: str) -> str | None:
@@ -527,8 +423,7 @@ def lookup(zk_hosts: str, root: str = "/ordq") -> Credentials:
     """The credentials registered for this cluster (plaintext, no token when none are),
     with ``$ORDQ_TOKEN`` overriding the token and ``$ORDQ_ZK_AUTH`` the ZooKeeper credential
     (``--token`` and ``--zk-auth`` set them for a command)."""
-    entry = _load(credentials_path()).get(_key(zk_hosts, root)) or {}
-    return _with_overrides(Credentials.from_dict(entry))
+    return _with_overrides(Credentials.from_dict(entry(zk_hosts, root)))
 
 
 def _with_overrides(creds: Credentials) -> Credentials:

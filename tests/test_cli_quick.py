@@ -1,0 +1,71 @@
+"""An admin command's start-up and exit (issue 42: ``ordq queue list`` ≤ 0.25 s of CPU on a quiet
+box). What its process loads is pinned here, in a separate interpreter each: no attrs (its import
+and its generated classes were a sixth of the command), no uuid (it loads platform), neither the
+queue state's classes nor the certificate code, whether the cluster is named by --bootstrap or
+found through the current context. And the commands that only ask and print end without the
+interpreter's teardown (``ordq.cli._quick_exit``) with their output and exit code whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ordq.zk_server import free_ports
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("attrs", "attr", "uuid", "platform", "dataclasses", "ordq.coordinator.state", "ordq.coordinator.store_values",
+         "ordq.coordinator.paths", "ordq.coordinator.client_values", "ordq.common.security", "ordq.sdk")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ORDQ_ZK", "ORDQ_ROOT", "ORDQ_BOOTSTRAP", "ORDQ_CONTEXT", "ORDQ_CONTEXTS", "ORDQ_HOME")}
+    return {**env, "ORDQ_CREDENTIALS": str(tmp_path / "credentials.json"), "PYTHONPATH": str(REPO)}
+
+
+def _loaded_by(argv: list[str], env: dict[str, str]) -> tuple[list[str], str]:
+    code = ("import json, sys\nfrom ordq.cli import main\n"
+            f"main({argv!r})\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1]), res.stderr
+
+
+def test_queue_list_loads_no_attrs_nor_the_queue_state_by_bootstrap_or_by_context(tmp_path: Path) -> None:
+    [closed] = free_ports(1)
+    env = _env(tmp_path)
+    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "queue", "list"], env)
+    assert "no coordinator of the cluster answered" in err, err
+    assert loaded == []
+    # the cluster found through the current context, its coordinators registered in the credentials file
+    (tmp_path / "credentials.json").write_text(json.dumps({"clusters": {
+        f"127.0.0.1:{closed}/ordq": {"coordinators": [f"127.0.0.1:{closed}"]}}}))
+    add = subprocess.run([sys.executable, "-m", "ordq.cli", "context", "add", "here", "--zk", f"127.0.0.1:{closed}",
+                          "--use"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert add.returncode == 0, add.stderr
+    loaded, err = _loaded_by(["--zk-timeout", "0.3", "queue", "list"], env)
+    assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
+    assert loaded == []
+
+
+def test_a_quick_exit_keeps_the_output_and_the_exit_code(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+
+    def ordq(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ordq.cli", *argv], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=REPO)
+
+    for i in range(30):  # a table still in stdout's buffer when the command returns
+        assert ordq("context", "add", f"c{i:02d}-" + "x" * 50, "--zk", f"10.0.0.{i}:2181").returncode == 0
+    listed = ordq("context", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == 31 and listed.stdout.splitlines()[-1].startswith("         c29-")
+    [closed] = free_ports(1)
+    refused = ordq("--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "queue", "list")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("ordq: error: no coordinator of the cluster answered"), refused.stderr
+    assert ordq("context", "use", "nope").returncode == 1
