@@ -160,7 +160,10 @@ def make_zk(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Callable[
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     if report.failed:
-        used = [s for name, s in _SESSION_SERVERS.items() if name in getattr(item, "fixturenames", ())]
+        # zk_root and the cluster fixture ask for their server by name at run time: not in
+        # fixturenames, so a test that used one through them names zk_root
+        names = set(getattr(item, "fixturenames", ()))
+        used = [s for name, s in _SESSION_SERVERS.items() if name in names or "zk_root" in names]
         for server in used + item.stash.get(_TEST_SERVERS, []):
             for node, tail in server.log_tails(40):
                 report.sections.append((f"ZooKeeper {node} log, last lines ({server.folder})", tail))
