@@ -128,6 +128,14 @@ class _RequestsCollector:
         for (rpc, outcome), n in sorted(outcomes.items()):
             family.add_metric([rpc, outcome], n)
         yield family
+        turns = self._service.turns.stats  # plain ints, read without the turns' lock
+        family = CounterMetricFamily("ordq_coordinator_turns", "Coordinator calls by their fair turn "
+                                     "(coordinator/fair_share.py): served (of which waited, reserved: "
+                                     "in a slot kept for callers with no other call running), refused",
+                                     labels=["outcome"])
+        for outcome in ("served", "waited", "reserved", "refused"):
+            family.add_metric([outcome], getattr(turns, outcome))
+        yield family
 
 
 class _Tokens:
@@ -476,9 +484,11 @@ class CoordinatorService(LeaseCalls):
         q, sub = req.queue, req.subscription
         check_name("subscription", sub)
         words = list(req.start) or ["earliest"]
-        subs = self.store.list_subscriptions(q)  # QueueNotFound first
-        if sub not in subs and len(subs) >= self.max_subscriptions_per_queue:
-            raise ConfigError(f"queue {q!r} has {len(subs)} subscriptions, the most a queue may have "
+        # Counted, not listed (a stat read; a queue at its bound has 1,000 names to decode): a
+        # flood of Subscribe past the bound kept a turn ~10x longer listing them (issue 38).
+        count = self.store.subscription_count(q)  # QueueNotFound first
+        if count >= self.max_subscriptions_per_queue and not self.store.has_subscription(q, sub):
+            raise ConfigError(f"queue {q!r} has {count} subscriptions, the most a queue may have "
                               f"(coordinator setting max_subscriptions_per_queue); delete one first")
         if self._subscriber is not None:
             cursor, starts_at = self._subscriber(self.store, q, sub, words)
