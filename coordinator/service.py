@@ -131,10 +131,12 @@ class _RequestsCollector:
         turns = self._service.turns.stats  # plain ints, read without the turns' lock
         family = CounterMetricFamily("ordq_coordinator_turns", "Coordinator calls by their fair turn "
                                      "(coordinator/fair_share.py): served (of which waited, reserved: "
-                                     "in a slot kept for callers with no other call running), refused",
+                                     "in a slot kept for callers with no other call running), refused, "
+                                     "paced (held, asleep, for its caller's CPU share)",
                                      labels=["outcome"])
         for outcome in ("served", "waited", "reserved", "refused"):
             family.add_metric([outcome], getattr(turns, outcome))
+        family.add_metric(["paced"], self._service.turns.request_time.stats.throttled)  # held for its CPU share
         yield family
 
 

@@ -356,6 +356,9 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
             ctx.event("cgroups removed, processes back in the root group" if not left
                       else f"cgroups NOT removed (swept by the next run): {left}")
     ctx.notes["commit_samples"] = probe.samples
+    quiet, attacked = _split(probe.samples, windows)
+    ctx.event(f"the neighbour's Commit p99 quiet {_p99(quiet):.1f} ms, attacked {_p99(attacked):.1f} ms "
+              f"({len(quiet)} and {len(attacked)} commits; judged with the produce acks after the run)")
     ctx.event(f"attacks ended: {dict(sorted(outcomes.items()))}")
     counted_after = _counted(stage.metrics_url)
     counted = {k: v - counted_before.get(k, 0.0) for k, v in counted_after.items() if v > counted_before.get(k, 0.0)}
@@ -405,6 +408,13 @@ def _p99(values: list[float]) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else float("nan")
 
 
+def _split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]]) -> tuple[list[float], list[float]]:
+    """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones."""
+    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
+    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
+    return quiet, attacked
+
+
 def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
     attack windows against the same pooled over the quiet windows between them (same run, same
@@ -417,8 +427,7 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
     series = {"produce ack": ([(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks], MIN_ACKS),
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
     for what, (samples, least) in series.items():
-        quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
-        attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
+        quiet, attacked = _split(samples, windows)
         q, b = _p99(quiet), _p99(attacked)
         per = [(_p99([ms for at, ms in samples if q0 <= at < a0]), _p99([ms for at, ms in samples if a0 <= at < a1]))
                for q0, a0, a1 in windows]
