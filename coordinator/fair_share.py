@@ -13,9 +13,11 @@ A next free slot was not soon enough: the flood's calls that hold the two slots 
 machine), and a neighbour's Commit waited for one of them to end (drill security-control-plane:
 Commit p99 3.9-5.5x quiet beside six busy loops, the coordinator at 0.1 core: waiting, not
 working). So ``reserved_slots`` more are kept for calls whose caller has *no other call
-running*: a caller's first call in flight never waits behind another caller's second. A
-flooder holds at most ``slots`` at once while anyone else calls; the others' calls, one at a
-time each, start at once (up to ``reserved_slots`` such callers at a time).
+running*: a caller's first call in flight never waits behind another caller's second. And while
+several callers called within ``active_s``, each runs at most its part of all the slots
+(``SlotBook.cap``: with 2 + 1 slots, 2 of them while two call, 1 while three do): with only the
+reserve, a third caller (the drill's consumer committing) held the reserved slot a third of the
+time and the neighbour's Commit waited behind the flood again (p99 3.5x).
 
 Why not the brokers' request-time bucket (broker_group/request_time.py): it holds a token in
 debt even when nobody else waits (not work-conserving), and it delays by sleeping, which in a
@@ -111,17 +113,24 @@ class SlotBook:
     shared, and ``reserved`` more for a caller with no other call running (see the module doc).
 
     Guarantee: at most ``slots + reserved`` calls run; a call starts past ``slots`` only when its
-    caller runs no other."""
+    caller runs no other; while several callers call, none starts more than its ``cap``."""
 
     slots: int
     reserved: int
     running: int = 0
     running_of: dict[str, int] = attrs.field(factory=dict)  # holder -> its calls running
 
-    def fits(self, holder: str) -> bool:
-        """Whether a call of ``holder`` may start now."""
-        return self.running < self.slots or (
-            self.running < self.slots + self.reserved and holder not in self.running_of)
+    def cap(self, callers: int) -> int:
+        """The calls one caller may run at once while ``callers`` call (itself included): all the
+        shared slots alone, else its part of every slot, rounded up."""
+        return self.slots if callers <= 1 else -(-(self.slots + self.reserved) // callers)
+
+    def fits(self, holder: str, callers: int = 1) -> bool:
+        """Whether a call of ``holder`` may start now, while ``callers`` call."""
+        mine = self.running_of.get(holder, 0)
+        if mine >= self.cap(callers):
+            return False
+        return self.running < self.slots or (self.running < self.slots + self.reserved and not mine)
 
     def take(self, holder: str) -> bool:
         """Start a call of ``holder`` (it ``fits``); True when it took a reserved slot."""
@@ -284,8 +293,12 @@ class FairTurns:
         if not queue:
             del self._waiting[ticket.holder]
 
-    def _fits(self, holder: str) -> bool:
-        return self.slots.fits(holder)
+    def _fits(self, holder: str, callers: int | None = None) -> bool:
+        return self.slots.fits(holder, self._callers(self._clock()) if callers is None else callers)
+
+    def _callers(self, now: float) -> int:
+        """Callers that called within ``active_s`` (``_paced`` notes each arrival)."""
+        return sum(1 for t in self._seen.values() if now - t < self.config.active_s)
 
     def _take(self, holder: str) -> None:
         if self.slots.take(holder):
@@ -294,8 +307,9 @@ class FairTurns:
     def _grant(self, now: float) -> None:
         """Free slots to the waiting callers that fit (``_fits``) and used the least lately,
         oldest call first."""
+        callers = self._callers(now)
         while self._waiting:
-            fitting = [h for h in self._waiting if self._fits(h)]
+            fitting = [h for h in self._waiting if self._fits(h, callers)]
             if not fitting:
                 return
             holder = min(fitting, key=lambda h: (self.used(h, now), self._waiting[h][0].order))

@@ -17,16 +17,16 @@ from tests.util import wait_until
 HOLDERS = ("flooder", "neighbour", "third")
 
 
-@given(st.integers(1, 3), st.integers(0, 2),
+@given(st.integers(1, 3), st.integers(0, 2), st.integers(1, 4),
        st.lists(st.one_of(st.tuples(st.just("arrive"), st.sampled_from(HOLDERS)),
                           st.tuples(st.just("leave"), st.integers(0, 10))), max_size=80))
 def test_the_slot_book_runs_a_callers_first_call_beside_another_callers_many(
-        slots: int, reserved: int, steps: list[tuple[str, object]]) -> None:
-    """Calls arrive and end in any order; a call that does not fit waits, and every end hands
-    the free slots to the oldest waiting calls that fit (as ``FairTurns._grant``). Then, at every
-    step: at most slots + reserved run, each holder's count adds up; a call started past the
-    shared slots only when its caller ran nothing; and no waiting call fits (work-conserving:
-    nobody waits while a slot they may take is free)."""
+        slots: int, reserved: int, callers: int, steps: list[tuple[str, object]]) -> None:
+    """Calls arrive and end in any order while ``callers`` call; a call that does not fit waits,
+    and every end hands the free slots to the oldest waiting calls that fit (as
+    ``FairTurns._grant``). Then, at every step: at most slots + reserved run, each holder's count
+    adds up and is at most its cap; a call started past the shared slots only when its caller ran
+    nothing; and no waiting call fits (nobody waits while a slot it may take is free)."""
     book = SlotBook(slots, reserved)
     running: list[str] = []
     waiting: list[str] = []
@@ -38,15 +38,15 @@ def test_the_slot_book_runs_a_callers_first_call_beside_another_callers_many(
         running.append(holder)
 
     def grant() -> None:
-        while (fitting := [h for h in waiting if book.fits(h)]):
+        while (fitting := [h for h in waiting if book.fits(h, callers)]):
             waiting.remove(fitting[0])
             start(fitting[0])
 
     for what, arg in steps:
         if what == "arrive":
             assert isinstance(arg, str)
-            if book.fits(arg):
-                assert not any(book.fits(h) for h in waiting)
+            if book.fits(arg, callers):
+                assert not any(book.fits(h, callers) for h in waiting)
                 start(arg)
             else:
                 waiting.append(arg)
@@ -57,7 +57,8 @@ def test_the_slot_book_runs_a_callers_first_call_beside_another_callers_many(
             grant()
         assert book.running == len(running) <= slots + reserved
         assert book.running_of == {h: running.count(h) for h in set(running)}
-        assert not any(book.fits(h) for h in waiting)
+        assert all(n <= book.cap(callers) for n in book.running_of.values())
+        assert not any(book.fits(h, callers) for h in waiting)
 
 
 def test_a_caller_alone_gets_every_shared_slot_and_no_reserved_one() -> None:
@@ -74,9 +75,20 @@ def test_a_caller_alone_gets_every_shared_slot_and_no_reserved_one() -> None:
         FairShareConfig(reserved_slots=-1)
 
 
+def test_while_several_call_each_runs_at_most_its_part_of_every_slot() -> None:
+    book = SlotBook(2, 1)
+    assert [book.cap(n) for n in (1, 2, 3, 4)] == [2, 2, 1, 1]
+    book.take("flooder")
+    assert book.fits("flooder", callers=2) and not book.fits("flooder", callers=3)
+    assert book.fits("neighbour", callers=3) and book.fits("consumer", callers=3)
+
+
 @pytest.fixture
 def turns() -> Iterator[FairTurns]:
-    yield FairTurns(FairShareConfig(slots=2, reserved_slots=1, hold_refused_ms=0, max_delay_ms=30_000))
+    # The clock stands still: every caller that called is active (``active_s``), however slowly
+    # a loaded machine runs the threads.
+    yield FairTurns(FairShareConfig(slots=2, reserved_slots=1, hold_refused_ms=0, max_delay_ms=30_000),
+                    clock=lambda: 100.0)
 
 
 class _Call:
@@ -125,3 +137,27 @@ def test_a_neighbours_call_starts_at_once_beside_a_flood_holding_every_shared_sl
         c.end()
     assert turns.slots.running == 0 and not turns.slots.running_of
     assert turns.stats.served == 5 and turns.stats.refused == 0
+
+
+def test_with_three_callers_a_flood_runs_one_call_and_the_others_start_at_once(turns: FairTurns) -> None:
+    """The drill's three callers: a flooder, the neighbour committing, the drill's consumer. Once
+    all three called, the flood runs one call at a time (its part of 2 + 1 slots), so the
+    neighbour's and the consumer's calls both start at once beside it."""
+    for who in ("neighbour", "consumer"):  # each called lately
+        call = _Call(turns, who)
+        assert call.entered.wait(10)
+        call.end()
+    flood = _Call(turns, "flooder")
+    assert flood.entered.wait(10)
+    more = _Call(turns, "flooder")
+    wait_until(lambda: "flooder" in turns._waiting, timeout_s=10, what="the flooder's second call waiting")
+    assert turns.slots.running == 1  # a shared slot is free, but not for the flooder's second call
+    others = [_Call(turns, who) for who in ("neighbour", "consumer")]
+    for c in others:
+        assert c.entered.wait(10), "a caller within its part waited behind the flood"
+    assert not more.entered.is_set()
+    flood.end()
+    assert more.entered.wait(10)
+    for c in [*others, more]:
+        c.end()
+    assert turns.slots.running == 0 and turns.stats.refused == 0
