@@ -151,6 +151,10 @@ class SlotBook:
 class _Ticket:
     holder: str
     order: int
+    # On the turns' lock: a freed slot wakes only the call it goes to. One condition for all
+    # woke every waiting call at each grant (up to 48), each for the GIL and the lock, beside
+    # the calls doing work.
+    cond: threading.Condition
     granted: bool = False
 
 
@@ -166,7 +170,8 @@ class FairTurns:
         self._held: dict[str, int] = {}  # holder -> refusals being held
         self.request_time = RequestTime(self.config.request_time)  # guarded by _cond
         self._seen: dict[str, float] = {}  # holder -> when its last call arrived
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # only its lock is used: each ticket waits on its own
         self.slots = SlotBook(self.config.slots, self.config.reserved_slots)  # guarded by _cond
         self._waiting: dict[str, collections.deque[_Ticket]] = {}
         self._n_waiting = 0
@@ -230,7 +235,7 @@ class FairTurns:
             self.stats.refused += 1
             raise TurnRefused(holder, f"{len(queue or ())} calls of this caller wait for a turn already "
                                       f"({self._n_waiting} in all)", self._hint(len(queue or ())))
-        ticket = _Ticket(holder, next(self._order))
+        ticket = _Ticket(holder, next(self._order), threading.Condition(self._lock))
         self._waiting.setdefault(holder, collections.deque()).append(ticket)
         self._n_waiting += 1
         deadline = arrived + cfg.max_delay_ms / 1000.0
@@ -241,7 +246,7 @@ class FairTurns:
                 self.stats.refused += 1
                 raise TurnRefused(holder, f"no turn within {cfg.max_delay_ms} ms (the coordinator is busy and "
                                           "this caller had more than its share)", self._hint(len(queue or ())))
-            self._cond.wait(left)
+            ticket.cond.wait(left)
         self.stats.waited += 1
         self.stats.waited_ms += int((self._clock() - arrived) * 1000)
 
@@ -317,7 +322,7 @@ class FairTurns:
             self._drop(ticket)
             ticket.granted = True
             self._take(holder)
-            self._cond.notify_all()
+            ticket.cond.notify()
 
     def _hint(self, queued: int) -> int:
         return max(50, int((queued + 1) * self._mean_s / self.config.slots * 1000))
