@@ -16,8 +16,9 @@ working). So ``reserved_slots`` more are kept for calls whose caller has *no oth
 running*: a caller's first call in flight never waits behind another caller's second. And while
 several callers called within ``active_s``, each runs at most its part of all the slots
 (``SlotBook.cap``: with 2 + 1 slots, 2 of them while two call, 1 while three do): with only the
-reserve, a third caller (the drill's consumer committing) held the reserved slot a third of the
-time and the neighbour's Commit waited behind the flood again (p99 3.5x).
+reserve, a third caller (the drill's consumer committing) can hold the reserved slot, and the
+neighbour's Commit waits behind the flood again (reasoned; measured: p99 3.3-3.5x with the
+reserve alone, 1.5-3.1x with the cap, 3.9-5.2x before either: docs/BENCHMARKS.md).
 
 Why not the brokers' request-time bucket (broker_group/request_time.py): it holds a token in
 debt even when nobody else waits (not work-conserving), and it delays by sleeping, which in a
