@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-heavy test-loaded demo demo-cdc system-deps test-deps venv lint types proto clean
+.PHONY: test test-heavy test-loaded demo demo-cdc demo-mirror system-deps test-deps venv lint types proto clean
 
 # Installs the Debian packages $(1) with apt-get unless the shell check $(2) already passes,
 # then fails clearly if it still does not.
@@ -88,6 +88,12 @@ demo: system-deps venv
 # The CDC path live: MariaDB -> ordq cdc mysql -> queue -> ordq cdc apply -> PostgreSQL, with kills.
 demo-cdc: test-deps venv
 	$(VENV)/bin/ordq demo --cdc
+
+# The CDC path across two data centres (two local clusters): MariaDB -> ordq cdc mysql -> queue
+# -> ordq mirror -> queue in centre 2 -> ordq cdc apply -> PostgreSQL, with kills and a link cut
+# (iptables: run as root).
+demo-mirror: test-deps venv
+	$(VENV)/bin/ordq demo --mirror
 
 clean:
 	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache .hypothesis

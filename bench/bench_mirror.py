@@ -3,6 +3,7 @@
 docs/BENCHMARKS.md ("Mirror to another cluster").
 
     .venv/bin/python -m bench.bench_mirror [--backlog 20000] [--rate 2000] [--seconds 20] [--size 100]
+        [--cut 60 [--after 60]]
 
 Two throwaway clusters on this machine (``bench._cluster``: a ZooKeeper, one broker group of
 two processes and a coordinator each, TLS on), the mirror as one ``ordq mirror run`` process.
@@ -10,7 +11,11 @@ Throughput: ``--backlog`` messages stored on A before the mirror starts; from it
 line to the last copy a consumer of B delivers. Lag: a producer on A at ``--rate`` for
 ``--seconds`` while the mirror runs; for each copy, B's consumer's delivery time minus the
 source message's timestamp (the producer's send time on A, carried in the copy's chain), on
-this machine's clock.
+this machine's clock. Link cut (``--cut S``, root: iptables): after the steady phase, the
+producer goes on at ``--rate`` for ``--cut`` + ``--after`` seconds while every packet the mirror
+sends to B is dropped for the first ``--cut`` seconds (``ordq.drills.cdc_mirror.LinkCut``: the
+mirror runs under a group id of its own); catch-up time = from the heal to the first copy B
+delivers with an end-to-end lag back under 1 s (the backlog drained while traffic goes on).
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import sys
 import threading
 import time
 
 from bench._cluster import QUEUE, ROOT, BenchCluster, bench_cluster, cpu_seconds, percentile
 from ordq.common.proc import ManagedProcess
+from ordq.drills.cdc_mirror import LinkCut
 from ordq.mirror.chain import parse_chain
 from ordq.sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
@@ -60,6 +67,41 @@ def read_copies(c: BenchCluster, n: int, sub: str, timeout_s: float) -> list[tup
     return out[:n]
 
 
+def cut_and_catch_up(a: BenchCluster, b: BenchCluster, link: LinkCut, args: argparse.Namespace) -> dict[str, object]:
+    """The link cut for ``args.cut`` s under a steady stream, then healed: how long B takes to
+    be back within 1 s of A."""
+    m = int(args.rate * (args.cut + args.after))
+    got: list[list[tuple[float, int]]] = []
+    reader = threading.Thread(target=lambda: got.append(read_copies(b, m, "bench-lag", 900)))
+    reader.start()  # the steady phase's subscription: it resumes after what it read
+    ports = [spec.client_port for spec in b.zk.specs] + [int(b.bootstrap.rsplit(":", 1)[1])]
+    ports += [int(member.address.rsplit(":", 1)[1]) for g in b.groups for member in g.members if member.address]
+    link.cut(ports)
+    cut_at = time.time()
+    producer = threading.Thread(target=produce, args=(a, m, args.size, args.rate))
+    producer.start()
+    time.sleep(args.cut)  # the cut lasts its time
+    healed_at = time.time()
+    link.heal()
+    producer.join(args.cut + args.after + 600)
+    reader.join(900)
+    copies = got[0]
+    during = sum(1 for t, _ in copies if t < healed_at)
+    lags = [(t, (t - ts / 1e6) * 1000) for t, ts in copies if t >= healed_at]
+    back = next((t for t, lag in lags if lag < 1000), None)
+    produced_by_heal = sum(1 for _, ts in copies if ts / 1e6 < healed_at)
+    settled = [lag for t, lag in lags if back is not None and t >= back]
+    out: dict[str, object] = {"cut_s": round(healed_at - cut_at, 1), "backlog_at_heal": produced_by_heal - during,
+                              "copied_during_cut": during,
+                              "catch_up_s": None if back is None else round(back - healed_at, 2),
+                              "lag_after_p50_ms": round(percentile(settled, 50), 1) if settled else None}
+    print(f"link cut {healed_at - cut_at:.1f}s at {args.rate:,.0f} msgs/s: {during} copies during the cut, backlog "
+          f"{produced_by_heal - during:,} at the heal; B back within 1 s of A "
+          + (f"{back - healed_at:.1f}s after the heal" if back is not None else "never in this run")
+          + f" (the stream went on {args.after:g}s after the heal)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backlog", type=int, default=20_000)
@@ -67,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--max-batch", type=int, default=2000, help="the mirror's --max-batch")
+    ap.add_argument("--cut", type=float, default=0.0, help="seconds of a link cut after the steady phase (0: none)")
+    ap.add_argument("--after", type=float, default=60.0, help="seconds the producer goes on after the heal")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result: dict[str, object] = {}
@@ -74,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         a = stack.enter_context(bench_cluster(1))
         b = stack.enter_context(bench_cluster(1))
         produce(a, args.backlog, args.size, None)
-        mirror = ManagedProcess("mirror", [sys.executable, "-m", "ordq.cli", "mirror", "run", "--from", end(a),
-                                           "--to", end(b), "--max-batch", str(args.max_batch)],
+        link = LinkCut(gid=random.SystemRandom().randrange(40_000, 60_000))
+        stack.callback(link.heal)
+        prefix = ["setpriv", f"--regid={link.gid}", "--clear-groups", "--"] if args.cut else []
+        mirror = ManagedProcess("mirror", [*prefix, sys.executable, "-m", "ordq.cli", "mirror", "run", "--from",
+                                           end(a), "--to", end(b), "--max-batch", str(args.max_batch)],
                                  run_dir=a.folder / "mirror")
         mirror.start()
         stack.callback(mirror.kill)
@@ -105,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steady {args.rate:,.0f} msgs/s for {args.seconds:g}s: end-to-end lag A produce -> B deliver "
               f"p50 {percentile(lags, 50):.1f} ms, p99 {percentile(lags, 99):.1f} ms, max {max(lags):.1f} ms "
               f"(mirror CPU {cpu / args.seconds:.2f} s/s)")
+        if args.cut:
+            result["cut"] = cut_and_catch_up(a, b, link, args)
     if args.json:
         print(json.dumps(result))
     return 0

@@ -19,18 +19,11 @@ from collections.abc import Sequence
 
 import attrs
 
+from ordq.wire import varint
+
 _BATCH_TAG = b"\x0a"  # field 1 (batches), wire type 2 (length-delimited)
 _READABLE_END_TAG = b"\x10"  # field 2 (readable_end), varint
 _SEALED_TRUE = b"\x18\x01"  # field 3 (sealed), varint 1
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 @attrs.frozen
@@ -50,11 +43,11 @@ def encode(batches: Sequence[bytes], *, offset: int, end_offset: int, readable_e
     parts: list[bytes] = []
     size = 0
     for b in batches:
-        parts.append(_BATCH_TAG + _varint(len(b)))
+        parts.append(_BATCH_TAG + varint.encode(len(b)))
         parts.append(b)
         size += len(b)
     if readable_end:  # proto3: a zero (false) field is not sent
-        parts.append(_READABLE_END_TAG + _varint(readable_end))
+        parts.append(_READABLE_END_TAG + varint.encode(readable_end))
     if sealed:
         parts.append(_SEALED_TRUE)
     return Answer(wire=b"".join(parts), batches=len(batches), batch_bytes=size,

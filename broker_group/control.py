@@ -7,10 +7,9 @@ only after every batch accepted before them is synced, so the end they report is
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable
 
-from ordq.broker_group.segments import SegmentStore, park, write_meta
+from ordq.broker_group.segments import SegmentStore, park, write_meta, write_metas
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common.errors import ConfigError, OrdqError, SegmentNotFound
@@ -20,8 +19,6 @@ from ordq.wire.errors import SegmentNotWritable
 
 # Segments one SealMany call may name: the coordinator sends 200 (coordinator/seal.py).
 MAX_SEAL_MANY = 1000
-# Meta files of one SealMany synced at once.
-SEAL_SYNC_THREADS = 16
 
 
 class Control:
@@ -47,8 +44,8 @@ class Control:
         self._persist_seal(s)
         return end
 
-    def _seal_in_memory(self, queue: str, seg: int) -> tuple[Segment, pb.SegmentEnd]:
-        s = self.segments.for_control(queue, seg)
+    def _seal_in_memory(self, queue: str, seg: int, segment: Segment | None = None) -> tuple[Segment, pb.SegmentEnd]:
+        s = segment if segment is not None else self.segments.for_control(queue, seg)
         with self.shared.cv:
             s.replica.freeze("sealed")
             self.shared.settle(s)
@@ -67,36 +64,60 @@ class Control:
 
     def seal_many(self, request: pb.SealManyRequest) -> pb.SealManyResponse:
         """``seal`` of each segment named, in order; one that cannot be sealed (not held here,
-        corrupt, a bad name) is answered with its error, the others go on (issue 43)."""
+        corrupt, a bad name) is answered with its error, the others go on (issue 43).
+
+        What it costs: the segments this copy never held (an idle queue's, never written here)
+        are read from ZooKeeper in one pipelined pass and created empty; every file of the call
+        (their folders, logs, queue folders' claims, and every segment's meta file) becomes
+        durable with one ``DurableBatch``: two syncs of the file system for the whole call, not
+        five to seven per segment one after another (~14 segments/s at 10^4 queues). Nothing is
+        answered as sealed before that commit: a seal acked survives a power cut."""
         if len(request.segments) > MAX_SEAL_MANY:
             raise ConfigError(f"SealMany: at most {MAX_SEAL_MANY} segments a call, not {len(request.segments)}")
         results: list[pb.SealManyResult] = []
-        sealed: list[tuple[int, Segment]] = []
+        named: list[tuple[str, int] | None] = []
         for ref in request.segments:
             try:
                 check_name("queue", ref.queue)
-                s, end = self._seal_in_memory(ref.queue, ref.seg)
-                sealed.append((len(results), s))
-                results.append(pb.SealManyResult(segment=ref, end=end))
+                named.append((ref.queue, ref.seg))
             except OrdqError as exc:
+                named.append(None)
                 results.append(pb.SealManyResult(segment=ref, error=f"{type(exc).__name__}: {exc}"))
-        # Why threads: each meta file is synced before the answer (two fsyncs each); at once,
-        # the file system commits them together, one after another they cost a sync each
-        # (~100-200 ms each on a loaded disk: a dead group's 333 seals took 30-50 s).
-        with concurrent.futures.ThreadPoolExecutor(min(SEAL_SYNC_THREADS, max(1, len(sealed))),
-                                                   thread_name_prefix="ordq-seal-sync") as pool:
-            done = list(pool.map(lambda item: self._persisted_or_error(item[1]), sealed))
-        for (i, _s), error in zip(sealed, done, strict=True):
-            if error is not None:
-                results[i] = pb.SealManyResult(segment=results[i].segment, error=error)
-        return pb.SealManyResponse(results=results)
-
-    def _persisted_or_error(self, s: Segment) -> str | None:
+                continue
+            results.append(pb.SealManyResult(segment=ref))
+        batch = self.segments.new_batch()
         try:
-            self._persist_seal(s)
-        except OSError as exc:  # not answered as sealed: the caller seals it again later
-            return f"{type(exc).__name__}: {exc}"
-        return None
+            found = self.segments.for_control_many([k for k in named if k is not None], batch)
+            sealed: list[tuple[int, Segment]] = []
+            for i, key in enumerate(named):
+                if key is None:
+                    continue
+                got = found[key]
+                try:
+                    if isinstance(got, OrdqError):
+                        raise got
+                    s, end = self._seal_in_memory(*key, segment=got)
+                except OrdqError as exc:
+                    results[i] = pb.SealManyResult(segment=results[i].segment, error=f"{type(exc).__name__}: {exc}")
+                    continue
+                sealed.append((i, s))
+                results[i] = pb.SealManyResult(segment=results[i].segment, end=end)
+            try:
+                write_metas([s for _i, s in sealed], batch)
+            except OSError as exc:  # not answered as sealed: the caller seals them again later
+                for i, _s in sealed:
+                    results[i] = pb.SealManyResult(segment=results[i].segment, error=f"{type(exc).__name__}: {exc}")
+                return pb.SealManyResponse(results=results)
+        finally:
+            batch.close()
+        with self.shared.cv:
+            self.shared.stats.seal_many_calls += 1
+            self.shared.stats.seal_many_segments += len(sealed)
+            self.shared.stats.seal_many_syncs += batch.syncs
+        for _i, s in sealed:
+            park(s)
+            self.on_sealed(s)
+        return pb.SealManyResponse(results=results)
 
     def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:
         with self.shared.cv:

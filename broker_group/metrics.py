@@ -48,6 +48,10 @@ _COUNTERS = {
     "session_confirmed": ("ordq_broker_session_confirmed_writes", "Produce requests that found ZooKeeper silent "
                           "past a third of the session (or its quorum unheard for half of it) and were taken once "
                           "kazoo resumed the same session (or the quorum answered)"),
+    "seal_many_calls": ("ordq_broker_seal_many_calls", "SealMany calls answered (a dead group's seals in batches)"),
+    "seal_many_segments": ("ordq_broker_seal_many_segments", "Segments sealed by SealMany calls"),
+    "seal_many_syncs": ("ordq_broker_seal_many_syncs", "File system syncs that made SealMany calls' files "
+                        "durable (two a call with syncfs)"),
 }
 
 

@@ -17,6 +17,10 @@ Both ends run on their broker's event loop (ordq/common/loop.py): the master's s
 writes what produce streams queued the moment it is woken, its reader task counts the
 slave's answers and wakes the produce streams whose acks that releases (no thread between
 the slave's answer and the ack); the slave appends, syncs and answers in its handler.
+
+The stream is the slave's lean link (broker_group/lean_link.py: framed protobuf on one TLS
+connection, the loops' own sockets) when its liveness node offers one, else the gRPC
+``Replicate`` call; both carry the same messages to the same handler (``replicate_requests``).
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import asyncio
 import collections
 import json
 import logging
+import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
+from ordq.broker_group import lean_link
+from ordq.broker_group.config import server_options
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common import security
@@ -70,7 +78,10 @@ class ReplicationLink:
         self._unanswered: collections.deque[tuple[float, int]] = collections.deque()
         self._out_since = 0.0
         self._out_bytes = 0
-        self._address: str | None = None
+        self._lean: tuple[lean_link.LeanCall, int] | None = None  # the lean link's call and its gen, once open
+        self._pushed_at = 0.0  # when a LAC last went to the slave
+        self._asleep_untimed = False  # the sender waits for a wake-up with no timer (nothing active)
+        self._address: tuple[str, str] | None = None  # ("lean" or "grpc", HOST:PORT)
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -105,7 +116,10 @@ class ReplicationLink:
             pass
 
     def _on_slave_node(self, data: bytes | None, _stat: Any, *_event: Any) -> None:
-        address = json.loads(data.decode())["address"] if data else None
+        node = json.loads(data.decode()) if data else None
+        # The lean link when the slave offers one (broker_group/lean_link.py), else gRPC.
+        address = (("lean", node["replication"]) if node.get("replication") else ("grpc", node["address"])
+                   ) if node else None
         with self._cv:
             self._address = address
         self.wake.fire()
@@ -162,16 +176,23 @@ class ReplicationLink:
                 return
             await self.wake.wait(0.1)  # a short pause before reconnecting (or a new address)
 
-    async def _stream_once(self, address: str, gen: int) -> None:
-        channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
-        call = pb_grpc.BrokerStub(channel).Replicate()
-        sender = self.shared.loop.loop.create_task(self._send(call, gen))
+    async def _stream_once(self, target: tuple[str, str], gen: int) -> None:
+        kind, address = target
+        channel: grpc.aio.Channel | None = None
+        call: Any = None
+        sender: asyncio.Task[None] | None = None
         try:
+            if kind == "lean":
+                call = await lean_link.connect(address, self.shared.config.credentials, frame_limit(self.shared))
+            else:
+                channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
+                call = pb_grpc.BrokerStub(channel).Replicate()
+            sender = self.shared.loop.loop.create_task(self._send(call, gen))
             async for resp in call:
                 with self._cv:
                     if not self.connected:
                         self.connected = True
-                        log.info("replicating to slave at %s", address)
+                        log.info("replicating to slave at %s (%s link)", address, kind)
                     stamp("M.slave_answer")
                     if resp.synced:  # the answer to one request with batches
                         self._inflight -= 1
@@ -189,14 +210,21 @@ class ReplicationLink:
                     self.wake.fire()  # the window has room again for what waits
         except grpc.RpcError as exc:
             log.warning("replication stream to %s broke: %s", address, exc.code() if hasattr(exc, "code") else exc)
+        except (TimeoutError, OSError, EOFError, ssl.SSLError, OrdqError, DecodeError) as exc:
+            log.warning("replication link to %s broke: %r", address, exc)
         finally:
-            sender.cancel()
-            call.cancel()
-            try:
-                await sender
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled, or its write failed with the stream
-                pass
-            await channel.close()
+            self._lean = None
+            if sender is not None:
+                sender.cancel()
+            if call is not None:
+                call.cancel()
+            if sender is not None:
+                try:
+                    await sender
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled, or its write failed with the stream
+                    pass
+            if channel is not None:
+                await channel.close()
             self._broken()
 
     def _broken(self) -> None:
@@ -216,47 +244,80 @@ class ReplicationLink:
         with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
         leave together, one sync on the slave for all of them (group commit). A moved LAC
         rides on the next batches, or goes alone once ``lac_push_ms`` passed since the last."""
-        push_s = self.shared.config.lac_push_ms / 1000
-        pushed_at = 0.0
+        self._pushed_at = 0.0
         await call.write(pb.ReplicateRequest(hello=True))
+        if isinstance(call, lean_link.LeanCall):
+            self._lean = (call, gen)  # ``flush`` may write on it from now on
         while True:
-            reqs: list[pb.ReplicateRequest] | None = None
             with self._cv:
                 if gen != self._gen or self._stopping:
                     return
-                lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
-                can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
-                announced, self._announced = self._announced, []
-                now = time.monotonic()
-                # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
-                # steady flow of small batches does not cost a message per batch.
-                if can_send or announced or (lacs and now >= pushed_at + push_s):
-                    out: list[tuple[Segment, bytes]] = []
-                    since = self._out_since
-                    if can_send:
-                        out, self._out, self._out_bytes = self._out, [], 0
-                    if lacs:
-                        pushed_at = now
-                    self._lac_sent.update(lacs)
-                    # New segments first (no batches, no LAC: the slave creates its copy, no answer)
-                    reqs = [pb.ReplicateRequest(queue=q, seg=n, lac=-1) for q, n in announced]
-                    reqs += _requests_for(out, lacs)
-                    for r in reqs:
-                        if r.batches:
-                            self._inflight += 1
-                            self._unanswered.append((since, sum(map(len, r.batches))))
-                    timeout = None
-                elif lacs:
-                    timeout = pushed_at + push_s - now
-                else:  # LACs move when syncs finish, which do not wake us: look again soon
-                    timeout = push_s if self._active else None
+                reqs, timeout = self._take()
             if reqs is None:
+                self._asleep_untimed = timeout is None
                 await self.wake.wait(timeout)
+                self._asleep_untimed = False
                 continue
             stamp("M.forward")
-            for r in reqs:
-                await call.write(r)
+            if isinstance(call, lean_link.LeanCall):
+                call.write_now(reqs)  # one transport write for all of them
+                await call.drain()
+            else:
+                for r in reqs:
+                    await call.write(r)
 
+    def _take(self) -> tuple[list[pb.ReplicateRequest] | None, float | None]:
+        """Caller holds the lock: the requests that may go now (None: none), counted as sent;
+        else how long the sender may sleep before a LAC is due alone (None: until woken)."""
+        push_s = self.shared.config.lac_push_ms / 1000
+        lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
+        can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
+        now = time.monotonic()
+        # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
+        # steady flow of small batches does not cost a message per batch.
+        if not (can_send or self._announced or (lacs and now >= self._pushed_at + push_s)):
+            if lacs:
+                return None, self._pushed_at + push_s - now
+            # LACs move when syncs finish, which do not wake us: look again soon
+            return None, push_s if self._active else None
+        announced, self._announced = self._announced, []
+        out: list[tuple[Segment, bytes]] = []
+        since = self._out_since
+        if can_send:
+            out, self._out, self._out_bytes = self._out, [], 0
+        if lacs:
+            self._pushed_at = now
+        self._lac_sent.update(lacs)
+        # New segments first (no batches, no LAC: the slave creates its copy, no answer)
+        reqs = [pb.ReplicateRequest(queue=q, seg=n, lac=-1) for q, n in announced]
+        reqs += _requests_for(out, lacs)
+        for r in reqs:
+            if r.batches:
+                self._inflight += 1
+                self._unanswered.append((since, sum(map(len, r.batches))))
+        return reqs, None
+
+    def flush(self) -> None:
+        """On the loop, after ``forward``: on the lean link, write what may go now at once (a
+        transport write does not wait, so no hop to the sender task and no loop turn: the
+        slave has the batch while the local sync starts); on gRPC, wake the sender. What
+        the window holds back waits in ``_out`` for the sender, woken by the slave's answer."""
+        lean = self._lean
+        if lean is None:
+            self.wake.fire()
+            return
+        call, gen = lean
+        with self._cv:
+            if gen != self._gen or self._stopping:
+                return
+            reqs, _ = self._take()
+        if reqs:
+            stamp("M.forward")
+            call.write_now(reqs)  # at most MAX_INFLIGHT requests with batches are unanswered: bounded
+            if self._asleep_untimed:
+                # The sender slept with no segment active: it must now push this one's LAC
+                # every lac_push_ms (the LAC moves on syncs, which do not wake it).
+                self.wake.fire()
 
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
     """Group batches by segment (keeping their order), split by ``chunks``, with each
@@ -274,19 +335,35 @@ def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], 
             yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
 
 
+def frame_limit(shared: Shared) -> int:
+    """The longest replication message either end reads (the broker's gRPC receive limit)."""
+    return int(dict(server_options(shared.config))["grpc.max_receive_message_length"])
+
+
 async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncIterator[pb.ReplicateRequest],
                           context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    """Slave side: append and sync what the master sends, then answer with the synced end,
-    all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
-    is as urgent as the ack it holds up). Exactly one answer per request that carries
-    batches (the master counts them), none for a LAC-only request, an empty one for hello."""
+    """Slave side of the gRPC ``Replicate`` stream (``replicate_requests``; the lean link,
+    broker_group/lean_link.py, serves the same)."""
     if shared.config.role.value != "slave":
         await abort(context, SegmentNotWritable(shared.address, "*", -1,
                                                 "replication goes to the slave, this is the master"))
     try:
+        await replicate_requests(shared, write, requests, context.write)
+    except OrdqError as exc:
+        await abort(context, exc)
+
+
+async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIterator[pb.ReplicateRequest],
+                             send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
+    """Slave side: append and sync what the master sends, then answer with the synced end,
+    all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
+    is as urgent as the ack it holds up). Exactly one answer per request that carries
+    batches (the master counts them), none for a LAC-only request, an empty one for hello.
+    A refusal is logged, counted and raised (the caller ends the stream with it)."""
+    try:
         async for req in requests:
             if req.hello:
-                await context.write(pb.ReplicateResponse())
+                await send(pb.ReplicateResponse())
                 continue
             stamp("S.request")
             s = await write.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
@@ -299,11 +376,11 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
                     else:
                         fw = None
                 stamp("S.answer")
-                await context.write(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
-                                                                                   synced_end=end)]))
+                await send(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
+                                                                          synced_end=end)]))
                 if fw is not None:  # a new segment's first answer went out: how long it took
                     log.info("%s", fw.line("slave"))
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
         shared.count_refused(exc)
-        await abort(context, exc)
+        raise

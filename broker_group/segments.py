@@ -9,6 +9,8 @@ Fence and seal state is persisted (``write_meta``) before it is acted on.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import os
@@ -16,15 +18,24 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ordq.broker_group import log as seglog
+from ordq.broker_group.durable import DurableBatch
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
 from ordq.broker_group.shared import Segment, Shared
-from ordq.common.errors import BrokerUnavailable, ConfigError, CorruptLog, CorruptState, QueueNotFound, SegmentNotFound
+from ordq.common.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    CorruptLog,
+    CorruptState,
+    OrdqError,
+    QueueNotFound,
+    SegmentNotFound,
+)
 from ordq.coordinator.state import QueueState, SegStatus
 from ordq.wire.errors import SegmentNotWritable
 
@@ -60,6 +71,11 @@ class SegmentStore:
         self._changed: set[str] = set()
         self._changed_lock = threading.Lock()
         self._next_full_scan = 0.0
+        # Queues whose folder a ``DurableBatch`` claims (its incarnation file written, not yet
+        # committed), with how many batches do: a segment created meanwhile the one-by-one way
+        # writes the claim durably itself instead of trusting a file not yet synced.
+        self._claiming: dict[str, int] = {}
+        self._batch_ids = itertools.count(1)
 
     def load_folder(self) -> None:
         """Read (or write, for a new folder) the data folder's birth record.
@@ -163,6 +179,10 @@ class SegmentStore:
                 return existing
         directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
         with self._folder_lock:
+            with self.shared.cv:  # made meanwhile (``create_for_seal`` registers before it syncs)
+                existing = self.shared.segments.get((queue, seg))
+            if existing is not None:
+                return existing
             if state is None:
                 state = self._read_state(queue, timing)
             started = time.monotonic()
@@ -194,19 +214,106 @@ class SegmentStore:
             timing.step("state", time.monotonic() - started)
         return st
 
-    def _claim_queue_folder(self, queue: str, st: QueueState) -> None:
+    def _claim_queue_folder(self, queue: str, st: QueueState, batch: DurableBatch | None = None) -> None:
         """Before a new segment of ``queue`` is stored: the queue's folder belongs to the
         incarnation ZooKeeper shows (``st``; files of a deleted queue of the same name go
-        first)."""
-        held = _folder_incarnation(self.shared.config.data_dir / queue)
-        if held == st.incarnation:
+        first). Caller holds ``_folder_lock``. ``batch``: the claim is written there, durable
+        once the caller commits it (``create_for_seal``); else durable before this returns."""
+        qdir = self.shared.config.data_dir / queue
+        held = _folder_incarnation(qdir)
+        if held == st.incarnation and queue not in self._claiming:
             return
-        if held is not None:
+        if held is not None and held != st.incarnation:
             self.drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
-        seglog.private_dir(self.shared.config.data_dir / queue)
-        write_json_durably(self.shared.config.data_dir / queue / INCARNATION_FILE, st.incarnation)
+        made = seglog.private_dir(qdir)
+        if batch is not None:
+            # A name of its own for the batch's temporary file: the one-by-one way below may
+            # write the claim meanwhile (under the folder lock, which the batch's commit is not).
+            batch.write(qdir / INCARNATION_FILE, json.dumps(st.incarnation).encode(), tmp_suffix=f".tmp{batch.id}")
+            for m in made:
+                batch.created(m)
+            self._claiming[queue] = self._claiming.get(queue, 0) + 1
+            batch.after(lambda: self._claimed(queue))
+            return
+        write_json_durably(qdir / INCARNATION_FILE, st.incarnation)
         # The queue folder's own name (a segment's creation syncs only the queue's folder)
         seglog.sync_dir(self.shared.config.data_dir)
+
+    def _claimed(self, queue: str) -> None:
+        with self._folder_lock:
+            left = self._claiming.get(queue, 0) - 1
+            if left > 0:
+                self._claiming[queue] = left
+            else:
+                self._claiming.pop(queue, None)
+
+    def new_batch(self) -> DurableBatch:
+        """A ``DurableBatch`` over this broker's data folder."""
+        return DurableBatch(self.shared.config.data_dir, batch_id=next(self._batch_ids))
+
+    def for_control_many(self, refs: Sequence[tuple[str, int]], batch: DurableBatch
+                         ) -> dict[tuple[str, int], Segment | OrdqError]:
+        """``for_control`` of many segments (SealMany, issue 43), the error of each that has
+        none. Those this broker holds no copy of are read from ZooKeeper in one pipelined pass
+        (``load_states``) and created empty, their files durable only once the caller commits
+        ``batch`` (which it does before answering anything about them)."""
+        out: dict[tuple[str, int], Segment | OrdqError] = {}
+        missing: list[tuple[str, int]] = []
+        with self.shared.cv:
+            for key in refs:
+                s = self.shared.segments.get(key)
+                if s is not None:
+                    out[key] = s
+                else:
+                    missing.append(key)
+        if not missing:
+            return out
+        states = self.shared.require_store().load_states(sorted({q for q, _ in missing}))
+        for queue, seg in missing:
+            got = states.get(queue)
+            if got is None:
+                out[(queue, seg)] = QueueNotFound(queue)
+                continue
+            if isinstance(got, CorruptState):
+                out[(queue, seg)] = got
+                continue
+            st = got[0]
+            z = st.segment(seg)
+            if z is None or z.gid != self.shared.config.gid:
+                out[(queue, seg)] = SegmentNotFound(queue, seg)
+            elif not self.vouches_for_absent(queue, seg):
+                out[(queue, seg)] = BrokerUnavailable(
+                    self.shared.address, f"holds no copy of {queue}/{seg}, which was opened before this broker's "
+                    "data folder existed (a new disk): it cannot tell what was acked there; ask its peer")
+            else:
+                try:
+                    out[(queue, seg)] = self._create_in_batch(queue, seg, st, batch)
+                except OSError as exc:
+                    out[(queue, seg)] = OrdqError(f"{queue}/{seg} not created: {exc}")
+        return out
+
+    def _create_in_batch(self, queue: str, seg: int, st: QueueState, batch: DurableBatch) -> Segment:
+        """``create(queue, seg, 0)`` whose files become durable with ``batch``: registered at
+        once (so a Replicate or a Fence meanwhile finds this copy, and nothing else creates its
+        files), answered for only after the commit."""
+        directory = seglog.segment_dir(self.shared.config.data_dir, queue, seg)
+        with self._folder_lock:
+            with self.shared.cv:
+                existing = self.shared.segments.get((queue, seg))
+            if existing is not None:
+                return existing
+            self._claim_queue_folder(queue, st, batch)
+            made = seglog.private_dir(directory)
+            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True, sync_dirs=False)
+            batch.created(directory / seglog.SEGMENT_FILE)
+            for m in made:
+                batch.created(m)
+            segment = Segment(replica=SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=0),
+                              directory=directory, log=lg)
+            with self.shared.cv:
+                self.shared.segments[(queue, seg)] = segment
+                self.shared.changed()
+        return segment
 
     def free_space(self) -> None:
         """Remove the files of every segment no queue needs any more: popped from its consume
@@ -350,14 +457,37 @@ def _meta_lock(directory: Path) -> threading.Lock:
         return lock
 
 
+def _meta(s: Segment) -> dict[str, Any]:
+    r = s.replica
+    return {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end}
+
+
 def write_meta(s: Segment, *, sync_dir: bool = True) -> None:
     """Persist fence and seal state (atomic rename, synced) before they are acted on.
     ``sync_dir`` False: the caller syncs the segment's folder (the new name) itself."""
     with _meta_lock(s.directory):  # the state is read under it too, so the last write holds the latest
-        r = s.replica
-        write_json_durably(s.directory / META_FILE,
-                           {"fenced_epoch": r.fenced_epoch, "sealed": r.sealed, "sealed_end": r.sealed_end},
-                           sync_dir=sync_dir)
+        write_json_durably(s.directory / META_FILE, _meta(s), sync_dir=sync_dir)
+
+
+@contextlib.contextmanager
+def meta_locks(segments: Iterable[Segment]) -> Iterator[None]:
+    """Hold the meta locks of many segments (in one order: two callers never deadlock)."""
+    with contextlib.ExitStack() as stack:
+        for directory in sorted({s.directory for s in segments}):
+            stack.enter_context(_meta_lock(directory))
+        yield
+
+
+def write_metas(segments: Sequence[Segment], batch: DurableBatch) -> None:
+    """``write_meta`` of many segments with one ``DurableBatch`` (SealMany, issue 43): their
+    states are read and their files written under their meta locks, and committed before the
+    locks go, so the last write of each still holds its latest state. Raises OSError when the
+    commit failed (then none of them may be answered as persisted)."""
+    unique = list({s.directory: s for s in segments}.values())  # a segment named twice: one write
+    with meta_locks(unique):
+        for s in unique:
+            batch.write(s.directory / META_FILE, json.dumps(_meta(s)).encode())
+        batch.commit()
 
 
 # A folder being removed is first renamed to its name + this (a character no queue name and no
@@ -387,6 +517,8 @@ def sweep_removals(data_dir: Path) -> None:
             shutil.rmtree(qdir, ignore_errors=True)
             log.info("removed the leftover of an interrupted removal: %s", qdir.name)
             continue
+        for tmp in qdir.glob(INCARNATION_FILE + ".tmp*"):  # a claim a killed SealMany never committed
+            tmp.unlink(missing_ok=True)
         for sdir in [p for p in qdir.iterdir() if p.is_dir() and p.name.endswith(REMOVING)]:
             shutil.rmtree(sdir, ignore_errors=True)
             log.info("removed the leftover of an interrupted removal: %s/%s", qdir.name, sdir.name)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -42,8 +43,9 @@ import attrs
 import grpc
 from kazoo.protocol.states import KazooState
 
+from ordq.broker_group import lean_link
 from ordq.broker_group import log as seglog
-from ordq.broker_group.auth import Gate
+from ordq.broker_group.auth import CLUSTER_CNS, Gate
 from ordq.broker_group.budget import tune_malloc
 from ordq.broker_group.config import BrokerConfig, server_options
 from ordq.broker_group.control import Control
@@ -54,7 +56,7 @@ from ordq.broker_group.quorum_probe import QuorumProbe
 from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replica import Role
-from ordq.broker_group.replication import ReplicationLink
+from ordq.broker_group.replication import ReplicationLink, frame_limit, replicate_requests
 from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Shared
@@ -92,6 +94,8 @@ class Broker:
                            control=self.control, repair=self.repair, request_time=self.request_time,
                            health=self.health, finder=self.finder)
         self._server: grpc.aio.Server | None = None
+        self._lean: lean_link.LeanServer | None = None  # a slave's end of the lean replication link
+        self._lean_address: str | None = None
         self._threads: list[threading.Thread] = []
 
     @property
@@ -138,6 +142,14 @@ class Broker:
             if cfg.role is Role.MASTER:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
+            elif os.environ.get(lean_link.ENV, "grpc") == "lean":
+                self._lean = lean_link.LeanServer(
+                    cfg.credentials, CLUSTER_CNS, frame_limit(self.shared),
+                    lambda requests, send: replicate_requests(self.shared, self.write, requests, send),
+                    self.shared.count_refused, handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
+                host, _ = addresses.split_host_port(cfg.listen)
+                lean_port = self.shared.loop.run(self._lean.start(host))
+                self._lean_address = f"{addresses.split_host_port(self.shared.address)[0]}:{lean_port}"
             self._retry(self._register, "register liveness")
             self.shared.quorum_heard(time.monotonic())  # registering went through the quorum
             store.client.add_listener(self._on_zk_state)
@@ -173,7 +185,8 @@ class Broker:
 
     def _register(self) -> None:
         store = self.shared.require_store()
-        store.register_live(self.config.gid, self.config.role.value, self.shared.address, self.shared.incarnation)
+        store.register_live(self.config.gid, self.config.role.value, self.shared.address, self.shared.incarnation,
+                            replication=self._lean_address)
 
     def _wait_role_free(self) -> None:
         """Before serving: wait (up to ``register_wait_s``) while another process is live in
@@ -244,6 +257,11 @@ class Broker:
         self.gate.book.close()
         if self.write.replication is not None:
             self.write.replication.stop()
+        if self._lean is not None:
+            try:
+                self.shared.loop.run(self._lean.stop(), timeout_s=5)
+            except Exception as exc:  # noqa: BLE001 - stopping anyway
+                log.warning("stopping the replication link: %r", exc)
         if self._server is not None:
             try:
                 self.shared.loop.run(self._server.stop(grace=0.5), timeout_s=10)

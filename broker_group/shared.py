@@ -124,6 +124,11 @@ class BrokerStats:
     # produce requests that found ZooKeeper silent past a third of the session, waited, and were
     # taken once kazoo reconnected on the same session (the session guard; refusals: ``refused``)
     session_confirmed: int = 0
+    # SealMany calls answered, segments they sealed, and the file system syncs that made them
+    # durable (two a call with syncfs: ``durable.DurableBatch``; issue 43)
+    seal_many_calls: int = 0
+    seal_many_segments: int = 0
+    seal_many_syncs: int = 0
     refused: dict[str, int] = attrs.field(factory=dict)  # requests refused, by error kind (metrics)
 
 

@@ -176,7 +176,7 @@ class WritePath:
             self._dirty_cv.notify()  # the sync thread
             if resent:
                 self.shared.signal.fire()
-        link.wake.fire()  # the sender writes these to the slave as soon as this task yields
+        link.flush()  # to the slave now (lean link), or by the sender as soon as this task yields
 
     async def confirm_session(self, queue: str, seg: int) -> None:
         """The session guard (DESIGN §6): no write past the session. While ZooKeeper has been

@@ -28,8 +28,8 @@ from ordq.common.errors import ConfigError, PermissionDenied
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.tokens import ANY, TokenRecord
 from ordq.coordinator.topics import partition_queue
+from ordq.wire.admin_messages import MAX_ARGS_BYTES  # a verb's arguments (JSON): larger is refused unread
 
-MAX_ARGS_BYTES = 1 << 20  # a verb's arguments (JSON): larger is refused unread
 # Any request to the coordinator service: gRPC itself refuses a larger one while reading it,
 # before a byte of it is a Python object (RESOURCE_EXHAUSTED). No coordinator RPC carries
 # more than an admin verb's arguments; the service's answers are not bounded by it. Measured

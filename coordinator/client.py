@@ -118,7 +118,12 @@ class CoordinatorClient:
         """The elected coordinator's address as the election says now ("" when none leads)."""
         self.resolves += 1
         if self._zk is None:
-            return self._ask_leader()
+            # The next call goes there without asking again (issue 42: an admin command asked
+            # twice, once to say it was connecting and once for its call).
+            found = self._ask_leader()
+            if found:
+                self._leader = found
+            return found
         from ordq.coordinator.service_leases import leader_address
 
         assert self.paths is not None
@@ -130,12 +135,13 @@ class CoordinatorClient:
     def _ask_leader(self) -> str:
         """Bootstrap mode: ask the known coordinators in turn who contends (the leader first);
         the first answer also refreshes the known list. "" when none answers."""
-        pb = self._pb()
+        from ordq.wire.admin_messages import COORDINATORS_REQUEST
+
         known = list(self._known)
         for i in range(len(known)):
             address = known[(self._next + i) % len(known)]
             try:
-                res = self._stub(address).Coordinators(pb.CoordinatorsRequest(), timeout=_ASK_TIMEOUT_S,
+                res = self._stub(address).Coordinators(COORDINATORS_REQUEST, timeout=_ASK_TIMEOUT_S,
                                                          metadata=self._md)
             except Exception:  # noqa: BLE001 - down or not serving: the next one
                 continue
@@ -158,9 +164,7 @@ class CoordinatorClient:
 
     @staticmethod
     def _make_stub(ch: Any) -> Any:
-        from ordq.wire import ordq_pb2_grpc as pb_grpc
-
-        return pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
+        return _Stub(ch)
 
     def _stub(self, address: str) -> Any:
         return self._stubs.get(address)
@@ -415,13 +419,42 @@ class CoordinatorClient:
         """Run an admin verb (``queue describe``, ``auth create``, ...) on the elected
         coordinator with ``args`` (JSON-able); its result as JSON data. Refusals are typed as
         every other call's (PermissionDenied, QueueNotFound, ...)."""
-        from ordq.coordinator.admin_api import MAX_ARGS_BYTES
+        from ordq.wire.admin_messages import MAX_ARGS_BYTES, admin_request
 
         raw = json.dumps(args).encode()
         if len(raw) > MAX_ARGS_BYTES:  # the coordinator refuses it unread: say so without sending it
             raise ConfigError(f"admin request too large: {len(raw)} bytes of arguments (at most {MAX_ARGS_BYTES})")
-        req = self._pb().AdminRequest(verb=verb, args_json=raw)
-        return json.loads(self._call("Admin", req, timeout_s).result_json or b"null")
+        return json.loads(self._call("Admin", admin_request(verb, raw), timeout_s).result_json or b"null")
+
+
+class _Stub:
+    """The coordinator service's methods on one channel, each made on first use: ``Admin`` and
+    ``Coordinators`` without protobuf (ordq/wire/admin_messages.py: an admin command loads
+    neither the generated messages nor the stubs, issue 42), every other from the generated stub."""
+
+    def __init__(self, ch: Any) -> None:
+        self._ch = ch
+
+    def __getattr__(self, name: str) -> Any:  # only for a method not made yet
+        from ordq.wire import admin_messages as light
+
+        if name == "Admin":
+            method = self._ch.unary_unary(light.ADMIN_METHOD, request_serializer=light.as_bytes,
+                                          response_deserializer=light.read_admin_answer)
+        elif name == "Coordinators":
+            method = self._ch.unary_unary(light.COORDINATORS_METHOD, request_serializer=light.as_bytes,
+                                          response_deserializer=light.read_coordinators_answer)
+        elif name.startswith("_"):
+            raise AttributeError(name)
+        else:
+            generated = self.__dict__.get("_generated")
+            if generated is None:
+                from ordq.wire import ordq_pb2_grpc as pb_grpc
+
+                generated = self._generated = pb_grpc.CoordinatorStub(self._ch)  # type: ignore[no-untyped-call]
+            method = getattr(generated, name)
+        setattr(self, name, method)
+        return method
 
 
 _LEASE_KINDS = {"producer": 1, "consumer": 2, "member": 3}

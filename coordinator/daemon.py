@@ -37,13 +37,14 @@ from kazoo.exceptions import (
 )
 from kazoo.recipe.election import Election
 
-from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
+from ordq.common.errors import CoordinationUnavailable, CorruptState, IllegalTransition, OrdqError
 from ordq.common.metrics import MetricsServer, Page
 from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.group_moves import batches, plan_moves
+from ordq.coordinator.head_spread import SpreadResult, spread_heads
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst, in_slices
 from ordq.coordinator.store import Known, ZkStore
@@ -83,13 +84,26 @@ ROUND_WORKERS = 4
 # service answers a producer's FailOver (``coordinator/pacing.py``).
 ROUND_SLICE = 250
 # Seals run at once, beside the rounds (``_seal_later``).
-SEAL_WORKERS = 2
-# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43).
-SEAL_BATCH = 200
+SEAL_WORKERS = 3
+# Idle queues' seals of one group sealed together (``seal.seal_batch``; issue 43): this many a
+# SealMany call, and this many such calls of one group at once (while the broker syncs one
+# call's files, the next call's segments are created and sealed in memory). Each call is one
+# job of the seal pool: it seals one batch and queues itself again, so a written queue's seal
+# (first in the queue of jobs) never waits behind a whole group's batches.
+SEAL_BATCH = 500
+SEAL_CALLS_IN_FLIGHT = 2
 # A queue whose open segment a probe saw grow within this long is "written": after a head
 # master dies its failover and seal come before those of the idle queues it also headed
 # (``urgent_first``): a producer or consumer may wait on it; 10,000 idle ones wait on nobody.
 WRITTEN_S = 60.0
+# Heads spread back (issue 43, ``coordinator/head_spread.py``): a pass every this often moves at
+# most ``rebalance_moves_per_s`` times it idle queues' heads towards an even spread; a group
+# gives or receives only once both its processes have been live this long (a group that just
+# came back may go again: no churn for a flapping one), and no pass runs while a dead group's
+# seals wait for their batches.
+REBALANCE_INTERVAL_S = 2.0
+REBALANCE_GRACE_S = 10.0
+REBALANCE_MOVES_PER_S = 50.0
 
 
 def is_written(queue: str, written: Mapping[str, float], now: float) -> bool:
@@ -122,6 +136,7 @@ class CoordinatorDaemon:
         sweep_interval_s: float = SWEEP_INTERVAL_S,
         requests_first: RequestsFirst | None = None,
         per_queue_series: int | None = DEFAULT_PER_QUEUE_SERIES,
+        rebalance_moves_per_s: float = REBALANCE_MOVES_PER_S,
     ) -> None:
         """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
         fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc;
@@ -133,6 +148,9 @@ class CoordinatorDaemon:
         self.sealer = sealer
         self.prober = prober
         self.batch_sealer = batch_sealer
+        self.rebalance_moves_per_s = rebalance_moves_per_s  # 0: heads are spread only by ``rebalance``
+        self._live_since: dict[str, float] = {}  # gid -> when this term first saw both its processes live
+        self._next_spread = 0.0
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
@@ -151,6 +169,7 @@ class CoordinatorDaemon:
         self._seal_order = itertools.count()
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
         self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
+        self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
         self._list_seen = -1
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
@@ -222,6 +241,8 @@ class CoordinatorDaemon:
         self._written = {}
         self._next_sweep = time.monotonic() + self.sweep_interval_s
         self._next_probe = 0.0
+        self._live_since = {}
+        self._next_spread = time.monotonic() + REBALANCE_GRACE_S
         return self.view
 
     def _until_next(self) -> float:
@@ -277,6 +298,7 @@ class CoordinatorDaemon:
                 self._guarded_round(queue)
         self.stats.planned += len(queues)
         self.stats.zk_reads = view.reads
+        self._spread_pass(view, started)
         if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
             self._list_seen = view.list_changes
             for gone in set(self.stats.corrupt) - set(view.entries):
@@ -402,69 +424,88 @@ class CoordinatorDaemon:
         urgent = is_written(queue, self._written, time.monotonic())
         if (not urgent and self.batch_sealer is not None and known is not None and view is not None
                 and action.gid is not None):
-            with self._lock:
-                waiting = self._seal_batches.setdefault(action.gid, {})
-                first = not waiting
-                waiting[queue] = (action.seg, known[0], known[1])
-            if not first:
-                return  # the group's batch job, queued already, takes it
             gid = action.gid
-
-            def run() -> None:
-                self._seal_group_batch(gid, view)
-
-        with self._lock:
-            heapq.heappush(self._seals, (0 if urgent else 1, next(self._seal_order), run))
-        try:
-            executor.submit(self._next_seal)  # one worker task per job; each runs the most urgent
-        except RuntimeError:  # shut down: stopping
+            with self._lock:
+                self._seal_batches.setdefault(gid, {})[queue] = (action.seg, known[0], known[1])
+                if self._seal_batch_jobs.get(gid, 0) >= SEAL_CALLS_IN_FLIGHT:
+                    return  # the group's batch jobs, queued already, take it
+                self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 0) + 1
+            self._queue_seal_job(1, lambda: self._seal_group_batch(gid, view), executor)
+            return
+        if not self._queue_seal_job(0 if urgent else 1, run, executor):
             with self._lock:
                 self._sealing_now.discard(key)
 
+    def _queue_seal_job(self, rank: int, job: Callable[[], None],
+                        executor: concurrent.futures.ThreadPoolExecutor) -> bool:
+        """Queue ``job`` for the seal pool (rank 0: a written queue's, first); False once stopping."""
+        with self._lock:
+            heapq.heappush(self._seals, (rank, next(self._seal_order), job))
+        try:
+            executor.submit(self._next_seal)  # one worker task per job; each runs the most urgent
+        except RuntimeError:  # shut down: stopping
+            return False
+        return True
+
     def _seal_group_batch(self, gid: str, view: DaemonView) -> None:
-        """Seal the idle queues' segments of ``gid`` waiting in ``_seal_batches``, ``SEAL_BATCH``
-        at a time (``seal.seal_batch``: one SealMany per replica, one ZooKeeper transaction);
-        those it leaves go the one-by-one way (``_seal_later`` without a batch: it reads afresh)."""
+        """One batch job of ``gid`` (``SEAL_CALLS_IN_FLIGHT`` of them at most): seal up to
+        ``SEAL_BATCH`` of the idle queues' segments waiting in ``_seal_batches`` (``seal.seal_batch``:
+        one SealMany per replica, the seals written in few ZooKeeper transactions), then queue
+        itself again while more wait; those it leaves go the one-by-one way (``_seal_later``
+        without a batch: it reads afresh)."""
         assert self.batch_sealer is not None
-        while not self._stop.is_set():
-            self._wait_turn()
-            with self._lock:
-                waiting = self._seal_batches.get(gid, {})
-                part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
-                for q in part:
-                    del waiting[q]
-                if not waiting:
-                    self._seal_batches.pop(gid, None)
+        if self._stop.is_set():
+            return
+        self._wait_turn()
+        with self._lock:
+            waiting = self._seal_batches.get(gid, {})
+            part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
+            for q in part:
+                del waiting[q]
             if not part:
+                self._seal_batches.pop(gid, None)
+                self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 1) - 1
+                if self._seal_batch_jobs[gid] <= 0:
+                    del self._seal_batch_jobs[gid]
                 return
-            items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
-            started = time.monotonic()
-            try:
-                left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
-            except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+        try:
+            self._seal_one_batch(gid, view, part)
+        finally:
+            executor = self._seal_executor
+            if executor is None or not self._queue_seal_job(1, lambda: self._seal_group_batch(gid, view), executor):
                 with self._lock:
-                    self.stats.errors += 1
-                log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
-                with self._lock:
-                    for q, (seg, _st, _v) in part.items():
-                        self._sealing_now.discard((q, seg))
-                for q in part:  # planned again by the timer
-                    view.schedule(q, time.monotonic() + RETRY_S)
-                continue
-            sealed = len(items) - len(left)
-            self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+                    self._seal_batch_jobs.pop(gid, None)
+
+    def _seal_one_batch(self, gid: str, view: DaemonView, part: dict[str, tuple[int, sm.QueueState, int]]) -> None:
+        assert self.batch_sealer is not None
+        items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
+        started = time.monotonic()
+        try:
+            left = set(self.batch_sealer(gid, items, view.members.get(gid, {})))
+        except Exception as exc:  # noqa: BLE001 - tried again later, like a failed seal
+            with self._lock:
+                self.stats.errors += 1
+            log.warning("group %s: batch of %d seals deferred: %s", gid, len(items), exc)
             with self._lock:
                 for q, (seg, _st, _v) in part.items():
-                    if q not in left:
-                        self._sealing_now.discard((q, seg))
-                self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
-                self.stats.seal_batches += 1
-                self.stats.batched_seals += sealed
-            for q in left:  # one by one, reading afresh
-                seg = part[q][0]
-                with self._lock:
                     self._sealing_now.discard((q, seg))
-                self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
+            for q in part:  # planned again by the timer
+                view.schedule(q, time.monotonic() + RETRY_S)
+            return
+        sealed = len(items) - len(left)
+        self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+        with self._lock:
+            for q, (seg, _st, _v) in part.items():
+                if q not in left:
+                    self._sealing_now.discard((q, seg))
+            self.stats.actions[Kind.SEAL.value] = self.stats.actions.get(Kind.SEAL.value, 0) + sealed
+            self.stats.seal_batches += 1
+            self.stats.batched_seals += sealed
+        for q in left:  # one by one, reading afresh
+            seg = part[q][0]
+            with self._lock:
+                self._sealing_now.discard((q, seg))
+            self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
 
     def _idle_waits_turn(self, queue: str) -> None:
         """An idle queue's job (not ``is_written``) starts once the service's urgent requests
@@ -619,6 +660,57 @@ class CoordinatorDaemon:
                 outcome = "sealed"
             finally:
                 self.metrics.seal_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
+
+    # -- heads spread back (issue 43) --------------------------------------------------------
+
+    def _settled_live(self, view: DaemonView, now: float) -> frozenset[str]:
+        """Groups live (both processes) and not drained for ``REBALANCE_GRACE_S`` at least."""
+        live = view.live - view.drained
+        for g in set(self._live_since) - live:
+            del self._live_since[g]
+        for g in live:
+            self._live_since.setdefault(g, now)
+        return frozenset(g for g in live if now - self._live_since[g] >= REBALANCE_GRACE_S)
+
+    def _spread_pass(self, view: DaemonView, now: float) -> None:
+        settled = self._settled_live(view, now)
+        if self.rebalance_moves_per_s <= 0 or now < self._next_spread:
+            return
+        self._next_spread = now + REBALANCE_INTERVAL_S
+        with self._lock:
+            if self._seal_batches:
+                return  # a dead group's seals first
+        try:
+            result = self._spread(view, settled, now, max_moves=int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S),
+                                  dry_run=False)
+        except OrdqError as exc:
+            log.warning("spreading heads: %s", exc)
+            return
+        if result.moves:
+            log.info("spread %d idle queues' heads back: %s -> %s", len(result.moves), result.before, result.after)
+
+    def _spread(self, view: DaemonView, live: frozenset[str], now: float, *, max_moves: int,
+                dry_run: bool) -> SpreadResult:
+        rows = [(q, e.state, e.version) for q, e in list(view.entries.items())
+                if e.state is not None and e.problem is None and STATE not in e.stale]
+        busy = {q for q, _st, _v in rows if is_written(q, self._written, now)}
+        result = spread_heads(self.store, rows, live, busy, view.group_versions, max_moves=max_moves,
+                              dry_run=dry_run, wait_turn=self._wait_turn)
+        if result.moves and not dry_run:
+            with self._lock:
+                self.stats.spread_moves += len(result.moves)
+                self.stats.spread_batches += result.transactions
+        return result
+
+    def rebalance(self, *, max_moves: int, dry_run: bool) -> SpreadResult:
+        """``ordq group rebalance``: spread idle queues' heads over the live groups now (every
+        live, undrained group, without the grace period), at most ``max_moves``; with
+        ``dry_run`` only the plan. CoordinationUnavailable when this coordinator does not lead."""
+        view = self.view
+        if view is None or not self.stats.is_leader:
+            raise CoordinationUnavailable("this coordinator does not lead (or has not read the queues yet)")
+        return self._spread(view, frozenset(view.live - view.drained), time.monotonic(), max_moves=max_moves,
+                            dry_run=dry_run)
 
     # -- what the admin API reads of this daemon's copies -----------------------------------
 

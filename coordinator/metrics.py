@@ -86,6 +86,10 @@ class DaemonStats:
     # idle queues' seals done in batches (one SealMany per replica, one transaction each)
     seal_batches: int = 0
     batched_seals: int = 0
+    # idle queues' heads spread back over the live groups (coordinator/head_spread.py): queues
+    # moved, and the transactions that moved them
+    spread_moves: int = 0
+    spread_batches: int = 0
     queues: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     queues_version: int = 0  # bumped by whoever changes ``queues`` (the per-queue series' cache)
     # the last send-list head changes seen (a failover by anyone), newest last: the status page
@@ -173,6 +177,11 @@ class CoordinatorMetrics(Collector):
                                   value=st.seal_batches)
         yield CounterMetricFamily("ordq_coordinator_batched_seals", "Segments sealed in those batches",
                                   value=st.batched_seals)
+        yield CounterMetricFamily("ordq_coordinator_spread_moves",
+                                  "Idle queues whose head moved to another live group to even the spread",
+                                  value=st.spread_moves)
+        yield CounterMetricFamily("ordq_coordinator_spread_batches",
+                                  "Transactions that moved those heads", value=st.spread_batches)
         corrupt = GaugeMetricFamily("ordq_queue_state_corrupt", "1 for each queue whose state does not parse",
                                     labels=["queue"])
         for q in sorted(st.corrupt):

@@ -505,3 +505,18 @@ def remove_group(state: QueueState, gid: str) -> QueueState:
             "remove_group", f"group {gid} is in the send list or still holds segments"
         )
     return _checked(attrs.evolve(state, groups=tuple(g for g in state.groups if g != gid)))
+
+
+def hand_over(state: QueueState, gid: str, seg: int, to: str) -> QueueState:
+    """Move the head of a healthy queue to ``to``, another group of its send list (issue 43:
+    heads spread back after a group returns): ``seg``, the open segment of head ``gid``,
+    becomes ``sealing``, ``to`` goes first in the send list (``gid`` stays in it, behind), and
+    the next segment opens on ``to`` in the same write. For producers and consumers this is a
+    ``roll`` to another group: the producer continues on the new segment with the next seq,
+    consumers read ``seg`` to its sealed end first. Only for a queue nobody is writing (the
+    caller's rule): a producer mid-stream would resend its unacked window."""
+    if to not in state.send or to == gid:
+        raise IllegalTransition("hand_over", f"group {to} is not another group of {state.queue}'s send list")
+    sealing = _head_segment_sealing(state, gid, seg, "hand_over")
+    moved = attrs.evolve(sealing, send=(to,) + tuple(g for g in sealing.send if g != to))
+    return _checked(_open_on_head(moved))

@@ -48,7 +48,8 @@ class GroupRecords(ZkBase):
                 raise GroupNotFound(gid) from exc
         return dict(json_value(data))
 
-    def register_live(self, gid: str, role: str, address: str, incarnation: str) -> None:
+    def register_live(self, gid: str, role: str, address: str, incarnation: str, *,
+                      replication: str | None = None) -> None:
         """Create this process's ephemeral liveness node (gone when its session ends).
         Safe to repeat (coordinator/zk_retry.py): a node already there with this
         ``incarnation`` is our own create, landed before its connection dropped.
@@ -60,7 +61,10 @@ class GroupRecords(ZkBase):
         dead for good (issue 26: no group admitted, NoGroupAvailable)."""
         self.get_group(gid)  # GroupNotFound for an unregistered group
         path = self.paths.live(gid, role)
-        data = json_bytes({"address": address, "incarnation": incarnation, "pid": os.getpid()})
+        node = {"address": address, "incarnation": incarnation, "pid": os.getpid()}
+        if replication is not None:  # a slave's lean replication link (broker_group/lean_link.py)
+            node["replication"] = replication
+        data = json_bytes(node)
         with self._errors():
             for _ in range(50):
                 try:

@@ -19,6 +19,8 @@ from ordq.coordinator.state import SegStatus
 from ordq.drills import control_plane, keyed_topic, mirror_lab, neighbour, security
 from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
+from ordq.drills.cdc_mirror import require_all as require_cdc_mirror
+from ordq.drills.cdc_mirror import run_cdc_mirror
 from ordq.drills.failing import FIXED, HANDLED, order_faults, read_handled
 from ordq.drills.runner import SUBSCRIPTION, Drill, DrillContext, DrillError
 from ordq.drills.workload import EXIT_DONE, EXIT_FENCED, now_us
@@ -529,6 +531,12 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "and deletes; the shipper, a head master and the applier each killed (-9) at random moments",
           "each restarted process resumes: the target tables equal the source row for row, and nothing the "
           "shipper got acked is lost or reordered", run_cdc, own_load=True, requires=require_servers),
+    Drill("cdc-mirror", "MariaDB in centre 1 -> ordq cdc mysql -> queue -> ordq mirror -> queue in centre 2 -> ordq "
+          "cdc apply -> PostgreSQL in centre 2 (two local clusters); the shipper, the mirror and the applier killed "
+          "(-9), the head master killed (-9) in each centre, the link between the centres cut and healed",
+          "centre 2 falls behind while the link is cut and catches up: its tables equal centre 1's row for row, "
+          "and every row change acked in centre 1 is in centre 2's queue once, in order, at the same seq",
+          run_cdc_mirror, own_load=True, requires=require_cdc_mirror),
     Drill("keyed-topic", f"a keyed topic of {keyed_topic.PARTITIONS} partitions read by a consumer group: two head "
           "masters killed (-9), a member joins, a member hangs (SIGSTOP) past its session and resumes, a member "
           "leaves", "the group rebalances after each change (a member gives a partition up only once it stopped "

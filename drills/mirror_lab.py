@@ -10,7 +10,11 @@ credentials, and faults in a random order (the seed's) while centre 1 takes a st
   restarted once the stream (centre 1) or the copy (centre 2) moved on;
 - ``kill-mirror``: the mirror's leader killed (-9): the standby leads, a new standby starts;
 - ``pause-mirror``: the leader paused (SIGSTOP) past its lease until the standby leads, then
-  resumed: fenced on centre 2's brokers, it goes back to waiting as a standby.
+  resumed: fenced on centre 2's brokers, it goes back to waiting as a standby;
+- ``zk-majority-dc2``: two of centre 2's three ZooKeeper nodes stopped for ``ZK_LOSS_S`` (and
+  until centre 1 took messages meanwhile), then started again: centre 2 can take no write
+  without its quorum, so the mirror waits and centre 1's backlog grows; once the quorum is
+  back the copy goes on.
 
 The verdict is the copy check (``ordq verify --copy-of``'s ``check_copy``): every message
 centre 1's producer got acked is in centre 2's queue once, in order (read back by a consumer
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +45,8 @@ from ordq.lab.lab import unavailable
 
 NAME = "mirror"
 FAULT = ("the link between two data centres cut and healed, the queue's head master killed (-9) in each centre, "
-         "the mirror's leader killed (-9) and paused (SIGSTOP) past its lease, in a random order")
+         "the mirror's leader killed (-9) and paused (SIGSTOP) past its lease, two of centre 2's three ZooKeeper "
+         "nodes stopped for a while, in a random order")
 MUST = ("the mirror waits while the link is cut and catches up after; a standby mirror takes over from what "
         "centre 2 holds: centre 2's copy holds every message centre 1 acked, once, in order (ordq verify --copy-of)")
 QUEUE = "orders"
@@ -50,9 +56,10 @@ DC2 = Layout(zk_hosts=("h6", "h7", "h8"), groups={"g1": ("h6", "h7"), "g2": ("h7
              producer_host="h9", consumer_host="h10")
 HOSTS = 10
 MIRROR_HOSTS = ("h9", "h10")  # the mirror runs in the target's centre
-LINK_CUT_S = 20.0
+LINK_CUT_S = 20.0  # the default; ``ordq drill mirror --link-cut SECONDS`` for minutes
+ZK_LOSS_S = 30.0
 LEASE_TTL_S = 2.0
-FAULTS = ("link", "kill-head-dc1", "kill-head-dc2", "kill-mirror", "pause-mirror")
+FAULTS = ("link", "kill-head-dc1", "kill-head-dc2", "kill-mirror", "pause-mirror", "zk-majority-dc2")
 STATES = ("STARTED", "STANDBY", "LEADING", "WAITING")
 
 
@@ -60,10 +67,13 @@ class MirrorDrill:
     """One run: both centres, the stream, the mirror's instances, the faults."""
 
     def __init__(self, lab: Lab, dc1: LabCluster, dc2: LabCluster, folder: Path, *, messages: int, rate: float,
-                 out: TextIO | None) -> None:
+                 out: TextIO | None, link_cut_s: float = LINK_CUT_S) -> None:
         self.lab, self.dc1, self.dc2, self.folder = lab, dc1, dc2, folder
+        self.link_cut_s = link_cut_s
         self.messages, self.rate, self.out = messages, rate, out
         self.mirrors: list[ManagedProcess] = []
+        self.producers: list[ManagedProcess] = []
+        self.stopping = False
         self.events: list[tuple[float, str]] = []
         self.expectations: list[tuple[str, bool]] = []
         self.started = time.monotonic()
@@ -107,10 +117,34 @@ class MirrorDrill:
             return self.describe(c).get("head")
         return None
 
+    def start_producer(self) -> None:
+        """Centre 1's producer: a steady stream until every fault had its turn (at least
+        ``messages``); SIGTERM then stops it at a clean point: what it sent is acked and in its
+        audit. One that exited (no coordinator led centre 1 within its bound: seen at load 25,
+        a coordinator's ZooKeeper session lost for 40 s) is started again, as a supervisor
+        would, with payloads of its own (the copy check tells messages apart by their CRC)."""
+        argv = ["produce", QUEUE, "--rate", f"{self.rate:g}", "--size", "120", "--audit-dir",
+                str(self.folder / "dc1-run")]
+        if not self.producers:
+            proc = self.lab.run(self.dc1.layout.producer_host, self.dc1.client_argv(
+                [*argv, "--count", str(self.messages * 100)]), name="h4-producer")
+        else:
+            first = len(self.producers) * 10**9  # lines of its own: "1000000000", ...
+            proc = self.lab.run(self.dc1.layout.producer_host, [
+                "bash", "-c", f"exec {shlex.join(self.dc1.client_argv(argv))} < <(seq {first} {first + 10**8})"],
+                name=f"h4-producer-{len(self.producers) + 1}")
+        self.producers.append(proc)
+
+    def supervise_producer(self) -> None:
+        if self.producers and not self.producers[-1].alive() and not self.stopping:
+            self.say(f"centre 1's producer exited ({self.producers[-1].returncode}): started again")
+            self.start_producer()
+
     def acked(self) -> int:
         """Messages centre 1's producer got acked (its audit's lines)."""
         from ordq.spark_order_check.copy_check import source_acks
 
+        self.supervise_producer()
         if not (self.folder / "dc1-run" / "acks").exists():
             return 0
         return len(source_acks([str(self.folder / "dc1-run" / "acks")]))
@@ -146,7 +180,11 @@ class MirrorDrill:
 
     def copied_moves(self, what: str) -> None:
         before = self.last_seq(self.dc2)
-        wait(lambda: self.last_seq(self.dc2) > before, timeout_s=load_stretched(90), what=what)
+
+        def moved() -> bool:
+            self.supervise_producer()  # the copy moves only while centre 1 takes messages
+            return self.last_seq(self.dc2) > before
+        wait(moved, timeout_s=load_stretched(90), what=what)
 
     # -- the faults -----------------------------------------------------------------------------
 
@@ -154,15 +192,16 @@ class MirrorDrill:
         one, two = (tuple(f"h{i}" for i in r) for r in (range(1, 6), range(6, HOSTS + 1)))
         before = self.last_seq(self.dc2)
         self.lab.nemesis.apply(split(one, two))
-        self.say(f"link between the centres cut for {LINK_CUT_S:g}s")
+        self.say(f"link between the centres cut for {self.link_cut_s:g}s")
         cut_at = time.monotonic()
         # The leader either says WAITING (a call to centre 1 failed) or waits inside its
         # source consumer, which rides out an unreachable cluster by itself: both are waiting.
         waiting = wait(lambda: any(self.state(m) == "WAITING" for m in self.mirrors if m.alive())
-                       or (time.monotonic() - cut_at > LINK_CUT_S and "no WAITING"), timeout_s=LINK_CUT_S + 30,
+                       or (time.monotonic() - cut_at > self.link_cut_s and "no WAITING"),
+                       timeout_s=self.link_cut_s + 30,
                        what="the mirror to wait")
         self.say("the mirror says WAITING" if waiting is True else "the mirror waits in its source consumer")
-        time.sleep(max(0.0, LINK_CUT_S - (time.monotonic() - cut_at)))  # the cut lasts its time
+        time.sleep(max(0.0, self.link_cut_s - (time.monotonic() - cut_at)))  # the cut lasts its time
         behind = self.last_seq(self.dc1) - self.last_seq(self.dc2)
         self.lab.nemesis.heal()
         self.say(f"link healed; centre 2 {behind} messages behind centre 1 (it held up to seq {before} at the cut)")
@@ -206,6 +245,27 @@ class MirrorDrill:
                           timeout_s=load_stretched(60), what="the resumed mirror to stand down")
         self.expect("the paused leader, resumed, waits as a standby (fenced)", stood_down is leader)
 
+    def zk_majority_dc2(self) -> None:
+        """Two of centre 2's three ZooKeeper nodes stopped, then started again."""
+        lost = self.dc2.layout.zk_hosts[1:]
+        acked = self.acked()
+        for host in lost:
+            self.lab.call(host, [ordq_command(), "zk", "stop", "--dir", str(self.dc2.folder / host / "zk")])
+        lost_at = time.monotonic()
+        self.say(f"centre 2's ZooKeeper majority lost: nodes on {', '.join(lost)} stopped")
+        try:
+            wait(lambda: time.monotonic() - lost_at >= ZK_LOSS_S and self.acked() > acked + 50,
+                 timeout_s=load_stretched(ZK_LOSS_S + 120),
+                 what="centre 1 to take messages while centre 2 has no quorum")
+        finally:
+            for host in lost:
+                self.lab.call(host, [ordq_command(), "zk", "start", "--config", str(self.dc2.folder / host / "zk.toml"),
+                                     "--no-wait"], timeout_s=120)
+        self.say(f"centre 2's ZooKeeper nodes started again after {time.monotonic() - lost_at:.0f}s "
+                 f"(centre 1 took {self.acked() - acked} messages meanwhile)")
+        self.copied_moves("the copy to go on once centre 2's quorum is back")
+        self.expect("the copy goes on once centre 2's ZooKeeper quorum is back", True)
+
     def host_of(self, proc: ManagedProcess) -> str:
         return proc.name.split("-", 1)[0]
 
@@ -217,24 +277,21 @@ class MirrorDrill:
         for host in MIRROR_HOSTS:
             self.spawn_mirror(host)
         self.wait_leader()
-        # A steady stream until every fault had its turn (at least ``messages``); SIGTERM then
-        # stops it at a clean point: what it sent is acked and in its audit.
-        producer = self.lab.run(self.dc1.layout.producer_host, self.dc1.client_argv(
-            ["produce", QUEUE, "--count", str(self.messages * 100), "--rate", f"{self.rate:g}", "--size", "120",
-             "--audit-dir", str(self.folder / "dc1-run")]), name="h4-producer")
+        self.start_producer()
         self.say(f"producer in centre 1 at {self.rate:g}/s")
         faults = list(FAULTS)
         rng.shuffle(faults)
         acts: dict[str, Callable[[], None]] = {
             "link": self.link, "kill-head-dc1": lambda: self.kill_head(self.dc1, "centre 1"),
             "kill-head-dc2": lambda: self.kill_head(self.dc2, "centre 2"), "kill-mirror": self.kill_mirror,
-            "pause-mirror": self.pause_mirror}
+            "pause-mirror": self.pause_mirror, "zk-majority-dc2": self.zk_majority_dc2}
         for fault in faults:
             self.copied_moves(f"the copy to move before {fault}")
             acts[fault]()
         wait(lambda: self.acked() >= self.messages, timeout_s=load_stretched(600),
              what=f"{self.messages} acked messages")
-        code = producer.stop(timeout_s=load_stretched(60))
+        self.stopping = True
+        code = self.producers[-1].stop(timeout_s=load_stretched(60))
         self.expect(f"centre 1's producer stops cleanly on SIGTERM (exit {code})", code in (0, 130, 143))
         acked = self.acked()
         wait(lambda: self.last_seq(self.dc2) >= acked - 1, timeout_s=load_stretched(300),
@@ -251,7 +308,7 @@ class MirrorDrill:
 
 
 def run_mirror_drill(folder: Path, *, seed: int, messages: int = 10_000, rate: float = 200.0,
-                     out: TextIO | None = None) -> DrillResult:
+                     out: TextIO | None = None, link_cut_s: float = LINK_CUT_S) -> DrillResult:
     """The drill in a lab in ``folder`` (removed after): its DrillResult (a SKIP where no lab
     can be made)."""
     why = unavailable()
@@ -278,7 +335,7 @@ def run_mirror_drill(folder: Path, *, seed: int, messages: int = 10_000, rate: f
         with stack:
             if out is not None:
                 out.write(f"  two centres up in {time.monotonic() - started:.0f}s (lab {lab.id})\n")
-            drill = MirrorDrill(lab, dc1, dc2, folder, messages=messages, rate=rate, out=out)
+            drill = MirrorDrill(lab, dc1, dc2, folder, messages=messages, rate=rate, out=out, link_cut_s=link_cut_s)
             try:
                 report = drill.run(random.Random(seed))
             finally:

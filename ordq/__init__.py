@@ -14,13 +14,16 @@ does not import the client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ordq.common.version import VERSION
 
 __version__ = VERSION
 
+# Not ``typing.TYPE_CHECKING``: importing typing was a tenth of ``ordq --help`` (issue 42); mypy
+# takes any name TYPE_CHECKING as true.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ordq.sdk import (
         AsyncConsumer,
         AsyncProducer,

@@ -10,19 +10,22 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import logging
 import os
-import shutil
 import signal
 import sys
-import threading
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
 
 from ordq import __version__
-from ordq.commands import Given
-from ordq.common.errors import ConfigError, OrdqError
+from ordq.cli_args import Given
+
+TYPE_CHECKING = False  # not typing's: see ordq/__init__.py
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
+
+# What ``ordq --help`` imports is what ``python -m ordq.cli --help`` costs (issue 42: target
+# 0.1 s of CPU on a quiet box): the command modules, ``ordq.commands`` and ordq's errors, logging
+# and shutil are imported once a command is known (tests/test_cli.py checks ``sys.modules``).
 
 # Each command module and the top-level commands it registers, in the order --help shows them
 # (tests/test_cli.py checks the names against what each module registers).
@@ -79,7 +82,18 @@ DEFAULT_ROOT = "/ordq"
 
 @functools.cache
 def _help_width() -> int:
-    return shutil.get_terminal_size().columns - 2  # what argparse's HelpFormatter takes
+    """What argparse's HelpFormatter takes: ``shutil.get_terminal_size().columns - 2``, without
+    importing shutil (and with it fnmatch, bz2, lzma) into every command."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -229,6 +243,12 @@ def _main(argv: Sequence[str], sigint: Any) -> int:
         return int(exc.code) if isinstance(exc.code, int) else 1
     if not hasattr(args, "func"):  # a command name argparse took where the CLI saw none
         parser.error("give a COMMAND")
+    import logging
+
+    from ordq.commands import INTERRUPTED
+    from ordq.common.errors import OrdqError
+
+    INTERRUPTED.clear()  # a SIGINT until here raised KeyboardInterrupt (main() returned 130)
     if command_module(argv) in _CONTEXT_MODULES:
         try:
             _apply_context(args)
@@ -301,17 +321,17 @@ def _take_sigint() -> Any:
     background job: ``ordq produce ... &`` ran on until it was elected, issue 42), and notes it
     in ``INTERRUPTED``. Returns the handler to put back (main() also runs inside tests), or
     None when nothing was changed (not the main thread: signals are the main thread's)."""
-    from ordq.commands import INTERRUPTED
-
-    INTERRUPTED.clear()
-    if threading.current_thread() is not threading.main_thread():
+    try:
+        return signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread: signals are the main thread's
         return None
-    return signal.signal(signal.SIGINT, _on_sigint)
 
 
 def _secret(value: str | None, path: Path | None, flag: str) -> str | None:
     """A secret given on the command line, or read from a file (first line, stripped): files
     and the environment keep secrets out of /proc/<pid>/cmdline."""
+    from ordq.common.errors import ConfigError
+
     if path is None:
         return value
     if value is not None:

@@ -31,7 +31,7 @@ class ProducerConfig:
     zk_hosts: str | None = None
     root: str = "/ordq"
     batching: BatchingConfig = BatchingConfig()
-    send_timeout_s: float = 2.0  # an unacked batch older than this means the head is gone
+    send_timeout_s: float = 2.0  # no ack for this long while batches await one means the head is gone
     leader_timeout_s: float | None = None  # None: a standby waits until it leads
     no_group_timeout_s: float = 30.0  # how long to wait for a writable group after a failure
     # The producer lease from the coordinator (coordinator/leases.py), renewed every quarter of it.

@@ -87,12 +87,32 @@ def copy_rows(deliveries: Sequence[str], acks: Sequence[str], queue: str | None 
     return out
 
 
+def _map_by_crc(source: dict[int, int], copy: dict[int, int]) -> list[tuple[int, int | None]]:
+    """(copy seq, the source seq it holds, None if no source message has its CRC), in copy
+    order. Distinct source messages may share a CRC-32 (the birthday bound: likely among
+    ~75,000; a mirror drill's source had one such pair): a CRC names every source seq that has
+    it, and a copy takes the first of them after the source seq the copy before it took (else
+    the first), so a copy holding both in order maps one to each, and a duplicate or a swap
+    still shows as one."""
+    by_crc: dict[int, list[int]] = {}
+    for seq in sorted(source):
+        by_crc.setdefault(source[seq], []).append(seq)
+    out: list[tuple[int, int | None]] = []
+    last = -1
+    for cseq in sorted(copy):
+        candidates = by_crc.get(copy[cseq])
+        if candidates is None:
+            out.append((cseq, None))
+            continue
+        sseq = next((s for s in candidates if s > last), candidates[0])
+        out.append((cseq, sseq))
+        last = sseq
+    return out
+
+
 def check_copy(source: dict[int, int], copy: dict[int, int]) -> CopyResult:
     """Check ``copy`` (copy seq -> CRC) against ``source`` (source seq -> CRC)."""
-    by_crc: dict[int, int] = {}
-    for seq in sorted(source):
-        by_crc.setdefault(source[seq], seq)
-    mapped = [(cseq, by_crc.get(copy[cseq])) for cseq in sorted(copy)]
+    mapped = _map_by_crc(source, copy)
     first = next((s for _, s in mapped if s is not None), None)
     expected_seqs = [s for s in sorted(source) if first is not None and s >= first]
     counts = {"lost": 0, "duplicated": 0, "reordered": 0, "foreign": 0}

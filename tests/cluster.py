@@ -37,7 +37,7 @@ import time
 import traceback
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,8 @@ _PLUGIN_NAME = "ordq-cluster-log-tails"
 
 
 def start_coordinator(name: str, hosts: str, root: str, run_dir: Path, *, interval_s: float = 0.2,
-                      session_timeout_s: float = 1.0, listen: str | None = None) -> ManagedProcess:
+                      session_timeout_s: float = 1.0, listen: str | None = None,
+                      extra: Sequence[str] = ()) -> ManagedProcess:
     """A coordinator process (daemon and service) on a test cluster, serving once it returns:
     producers and consumers ask it (issue 23). It finds its certificate next to the CA
     registered for ``hosts`` and ``root``; the caller stops it. ``listen``: where its service
@@ -85,6 +86,7 @@ def start_coordinator(name: str, hosts: str, root: str, run_dir: Path, *, interv
             "--metrics", "127.0.0.1:0", "--interval", str(interval_s), "--session-timeout", str(session_timeout_s)]
     if listen is not None:
         argv += ["--listen", listen]
+    argv += list(extra)  # more options of `ordq coordinator run`
     proc = ManagedProcess(name, argv, run_dir=run_dir, env={"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
                           cwd=REPO)
     proc.start()
@@ -230,7 +232,8 @@ class Cluster:
         """The coordinators' addresses, as a client is given them (``host:port,...``)."""
         return ",".join(f"127.0.0.1:{p}" for p in self.coordinator_ports)
 
-    def start_daemon(self, name: str, *, interval_s: float = 0.2, session_timeout_s: float = 1.0) -> ManagedProcess:
+    def start_daemon(self, name: str, *, interval_s: float = 0.2, session_timeout_s: float = 1.0,
+                     extra: Sequence[str] = ()) -> ManagedProcess:
         """A coordinator process (daemon and service; its session as short as the brokers'), on
         its port of ``coordinator_ports`` (the same again when a name is started again)."""
         port = self._coordinator_port.get(name)
@@ -243,7 +246,7 @@ class Cluster:
                 raise RuntimeError(f"more than {COORDINATOR_SLOTS} coordinators at once in one test cluster")
             port = self._coordinator_port[name] = free[0]
         proc = start_coordinator(name, self.hosts, self.root, self.run_dir, interval_s=interval_s,
-                                 session_timeout_s=session_timeout_s, listen=f"127.0.0.1:{port}")
+                                 session_timeout_s=session_timeout_s, listen=f"127.0.0.1:{port}", extra=extra)
         self.programs.append(proc)
         self.coordinators.append(proc)
         stand_in, self._stand_in = self._stand_in, None

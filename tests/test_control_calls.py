@@ -70,6 +70,19 @@ class Group:
 
 @pytest.fixture
 def group(zk_server: Any, zk_root: str, tmp_path: Path) -> Iterator[Group]:
+    yield from _group(zk_server, zk_root, tmp_path)
+
+
+@pytest.fixture
+def lean_group(zk_server: Any, zk_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Group]:
+    """``group`` with its slave serving the lean replication link (off by default)."""
+    from ordq.broker_group.lean_link import ENV
+
+    monkeypatch.setenv(ENV, "lean")  # the broker processes inherit it
+    yield from _group(zk_server, zk_root, tmp_path)
+
+
+def _group(zk_server: Any, zk_root: str, tmp_path: Path) -> Iterator[Group]:
     with one_group(zk_server.connection_string, zk_root, tmp_path) as base:
         store = base.store
         _, produce_token = create_token(store.client, zk_root, {Q: ["produce", "consume"]}, "the real producer")
@@ -467,3 +480,87 @@ def test_numbers_at_the_ends_of_their_fields_are_answered_or_refused_typed(group
     for role in ("master", "slave"):
         assert stored(g, role) == real(0, 10)
     produce(g, 10, 10)  # the group still serves its producer
+
+
+def _lean(address: str, creds: Credentials | None) -> tuple[Any, Any]:
+    """A TLS connection to a slave's lean replication link (broker_group/lean_link.py) with
+    ``creds``' certificate (None: with none)."""
+    import socket
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    ctx = ssl.create_default_context(cafile=(creds or group_ca[0]).ca_file)
+    if creds is not None:
+        assert creds.cert_file is not None and creds.key_file is not None
+        ctx.load_cert_chain(creds.cert_file, creds.key_file)
+    raw = socket.create_connection((host, int(port)), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname=host), raw
+
+
+group_ca: list[Credentials] = []
+
+
+def _answers(sock: Any) -> list[pb.ReplicateResponse]:
+    """Every frame the slave sends until it closes the link."""
+    import struct
+
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    out = []
+    while len(data) >= 4:
+        (n,) = struct.unpack(">I", data[:4])
+        out.append(pb.ReplicateResponse.FromString(data[4:4 + n]))
+        data = data[4 + n:]
+    return out
+
+
+def test_the_lean_replication_link_takes_only_brokers_and_checks_what_they_send(lean_group: Group) -> None:
+    """Issue 39: the slave's lean replication link (its own port, published in its liveness
+    node) refuses a client certificate before reading a frame, a connection without a
+    certificate at the handshake, a frame longer than the broker's limit before its body, and
+    a LAC past its copy from a broker certificate (each counted, nothing stored); the
+    master's own link is not disturbed."""
+    import json
+    import ssl
+    import struct
+
+    from ordq.broker_group.lean_link import frame
+
+    g = lean_group
+    group_ca[:] = [g.broker]
+    produce(g, 0, 10)
+    node = json.loads(g.store.client.get(g.store.paths.live("g1", "slave"))[0])
+    lean = node["replication"]
+    assert lean != node["address"]
+    forged = batch_format.stamp_offset(batch(10, 5, forged=True), 10)
+    feed = frame(pb.ReplicateRequest(hello=True)) + frame(pb.ReplicateRequest(queue=Q, seg=0, batches=[forged],
+                                                                             lac=15))
+    before = g.refused("slave", "PermissionDenied")
+    sock, raw = _lean(lean, g.intruder)  # a client certificate with a token's worth of rights
+    with raw, sock:
+        sock.sendall(feed)
+        assert _answers(sock) == []  # closed unanswered
+    wait_until(lambda: g.refused("slave", "PermissionDenied") == before + 1, timeout_s=10, what="refusal counted")
+    try:  # no certificate: the handshake fails (TLS 1.3: the client learns it on its first read)
+        sock, raw = _lean(lean, None)
+        with raw, sock:
+            sock.sendall(feed)
+            got = _answers(sock)
+    except (ssl.SSLError, ConnectionError):
+        got = []
+    assert got == []  # not even the hello answered
+    before_config = g.refused("slave", "ConfigError")
+    sock, raw = _lean(lean, g.broker)
+    with raw, sock:  # a frame announced past the limit: refused before its body is read
+        sock.sendall(frame(pb.ReplicateRequest(hello=True)) + struct.pack(">I", 1 << 31))
+        assert _answers(sock) == [pb.ReplicateResponse()]  # the hello's answer, then closed
+    sock, raw = _lean(lean, g.broker)
+    with raw, sock:
+        sock.sendall(frame(pb.ReplicateRequest(hello=True)) + frame(pb.ReplicateRequest(queue=Q, seg=0,
+                                                                                        lac=2**63 - 1)))
+        assert _answers(sock) == [pb.ReplicateResponse()]
+    wait_until(lambda: g.refused("slave", "ConfigError") == before_config + 2, timeout_s=10, what="refusals counted")
+    assert stored(g, "slave") == real(0, 10)
+    produce(g, 10, 10)  # the master's own link was never disturbed
+    assert stored(g, "slave") == real(0, 20)

@@ -53,6 +53,21 @@ def test_a_swap_is_found_and_named() -> None:
     assert d is not None and (d.kind, d.copy_seq, d.source_seq, d.expected_source_seq) == ("reordered", 2, 3, 2)
 
 
+def test_two_source_messages_sharing_a_crc_are_told_apart_by_their_place() -> None:
+    """CRC-32 collides (a mirror drill's 74,926 source messages held one pair): a copy holding
+    both in order is clean; losing, duplicating or swapping one of them is still found."""
+    source = dict(SOURCE)
+    source[15] = source[4]  # two different messages, one CRC
+    copy = {i: source[s] for i, s in enumerate(range(20))}
+    assert check_copy(source, copy).clean
+    r = check_copy(source, {i: source[s] for i, s in enumerate([*range(15), *range(16, 20)])})
+    assert r.counts["lost"] == 1 and not r.clean
+    r = check_copy(source, {i: source[s] for i, s in enumerate([0, 1, 2, 3, 4, 4, *range(5, 20)])})
+    assert not r.clean and r.counts["lost"] + r.counts["duplicated"] + r.counts["reordered"] >= 1
+    r = check_copy(source, {i: source[s] for i, s in enumerate([0, 1, 2, 3, 5, 4, *range(6, 20)])})
+    assert not r.clean and r.counts["reordered"] == 1
+
+
 def test_a_foreign_message_is_found() -> None:
     copy = copy_of(list(range(20)))
     copy[20] = 7  # a CRC the source never acked

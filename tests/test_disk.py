@@ -50,7 +50,8 @@ def segment_folders(cluster: Cluster, queue: str = "q") -> dict[str, set[int]]:
     for gid, group in cluster.groups.items():
         for member in (group.master, group.slave):
             qdir = Path(member.data_dir) / queue
-            segs = {int(p.name) for p in qdir.iterdir() if p.is_dir()} if qdir.exists() else set()
+            # a folder being removed is renamed "<seg>~removing" first (broker_group/segments.py): still there
+            segs = {int(p.name.partition("~")[0]) for p in qdir.iterdir() if p.is_dir()} if qdir.exists() else set()
             out[f"{gid}/{member.role}"] = segs
     return out
 

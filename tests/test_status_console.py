@@ -84,3 +84,50 @@ def test_the_console_charts_rates_and_lag_filters_and_lists_a_failover(cluster: 
         failover = browser.evaluate("document.getElementById('failovers').innerText")
         assert ZONED.match(failover), failover  # its time carries a zone
         screenshot(browser, tmp_path / "status-console-failover.png")
+
+
+TOPIC = ("(t => t && {head: t.querySelector('h2').innerText, partitions: [...t.querySelectorAll('details section')]"
+         ".map(s => s.dataset.queue), subs: [...t.querySelectorAll(':scope > table tr[data-subscription]')]"
+         ".map(r => r.innerText.split('\\t'))})(document.querySelector('#queues > section[data-topic=\"clicks\"]'))")
+PARKED_ROW = ("(r => r && [r.className, r.querySelector('td.parked').innerText])(document.querySelector("
+              "'#queues > section[data-queue=\"orders\"] tr[data-subscription=\"billing\"]'))")
+TOP_SECTIONS = "[...document.querySelectorAll('#queues > section')].filter(s => !s.hidden).map(s => s.dataset.queue)"
+
+
+def test_the_console_groups_a_topics_partitions_and_shows_parked_counts(cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 42: a topic's partitions were scattered among the queues and no subscription showed
+    what it had parked. A topic is one section with its sums, its partitions folded under it; a
+    subscription's parked count is what its parking queue stores, highlighted when not 0."""
+    cluster.add_groups("g1")
+    cluster.create_queue("orders")
+    daemon = cluster.start_daemon("coordinator-1")
+    page = daemon.wait_for_line("METRICS ", timeout_s=30).split()[-1].rsplit("/", 1)[0] + "/status"
+    for argv in (("sub", "create", "orders", "billing"), ("topic", "create", "clicks", "--partitions", "2"),
+                 ("sub", "create", "clicks.p0", "reports"), ("sub", "create", "clicks.p1", "reports"),
+                 ("queue", "create", "orders.parked.billing")):
+        done = cluster.ordq(*argv)
+        assert done.returncode == 0, done.stderr
+    # what a consumer with on_failure="park" sets aside: three messages in billing's parking queue
+    done = cluster.ordq("produce", "orders.parked.billing", stdin=b"a\nb\nc\n")
+    assert done.returncode == 0, done.stderr
+
+    doc = json.loads(urllib.request.urlopen(page + ".json", timeout=30).read())
+    [topic] = doc["topics"]
+    assert topic["topic"] == "clicks" and topic["partitions"] == ["clicks.p0", "clicks.p1"]
+    assert topic["subscriptions"] == [{"subscription": "reports", "lag": 0, "parked": 0, "partitions": 2}]
+    [orders] = [q for q in doc["queues"] if q["queue"] == "orders"]
+    assert [(s["subscription"], s["parked"]) for s in orders["subscriptions"]] == [("billing", 3)]
+    with Chromium(tmp_path / "chromium") as browser:
+        browser.navigate(page)
+        wait_until(lambda: browser.evaluate(TOPIC) is not None, timeout_s=30, what="the topic's section drawn")
+        shown = browser.evaluate(TOPIC)
+        assert shown["head"] == "topic clicks (2 partitions, stored 0)"
+        assert shown["partitions"] == ["clicks.p0", "clicks.p1"]
+        assert shown["subs"] == [["reports", "0", "0", "2"]]  # subscription, lag, parked, partitions
+        assert sorted(browser.evaluate(TOP_SECTIONS)) == ["clicks", "orders", "orders.parked.billing"]
+        assert browser.evaluate(PARKED_ROW) == ["parked", "3"]
+        browser.evaluate("document.querySelector('#queues > section[data-topic=\"clicks\"] details').open = true")
+        screenshot(browser, tmp_path / "status-console-topic.png")
+        browser.evaluate("(f => { f.value = 'clicks.p1'; f.dispatchEvent(new Event('input')); })"
+                         "(document.getElementById('filter'))")
+        assert browser.evaluate(TOP_SECTIONS) == ["clicks"]  # a partition's name finds its topic

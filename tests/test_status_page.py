@@ -44,7 +44,8 @@ def test_status_page_redraws_after_the_head_master_dies(cluster: Cluster, tmp_pa
         wait_until(lambda: browser.evaluate(HEAD) == "g1", timeout_s=30, what="the page to show head g1")
         assert "master up, slave up" in browser.evaluate(GROUP_ROW.format(gid="g1"))
         assert browser.evaluate(FAILOVERS) == ""
-        assert browser.evaluate(SUB_ROW).split() == ["s", "-1", "0", "-", "-"]  # last seq, lag, consumer, blocked
+        # last seq, lag, consumer, blocked, parked
+        assert browser.evaluate(SUB_ROW).split() == ["s", "-1", "0", "-", "-", "0"]
         # queue, target, copied seq, lag in messages and seconds, mirror instance: nothing to copy yet
         wait_until(lambda: (browser.evaluate(MIRROR_ROW) or "").split() == ["q", "dc2", "-1", "0", "0.0", "-"],
                    timeout_s=30, what="the page to show the mirror caught up")

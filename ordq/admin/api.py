@@ -78,10 +78,13 @@ def _groups(call: AdminCall) -> list[str] | None:
     return groups
 
 
-def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, AdminVerb]:
+def admin_verbs(readers: Readers, known: Known | None = None,
+                rebalance: Callable[..., Any] | None = None) -> dict[str, AdminVerb]:
     """The table of verbs a coordinator serves; ``readers(store)`` opens a ReplicaReader;
     ``known(names)``: what the elected coordinator's copies hold of those queues
-    (``CoordinatorDaemon.known_queues``), so a listing need not read them."""
+    (``CoordinatorDaemon.known_queues``), so a listing need not read them; ``rebalance(max_moves=,
+    dry_run=)``: the elected daemon's spread of idle queues' heads (``CoordinatorDaemon.rebalance``,
+    issue 43), as JSON-able data."""
     from ordq.admin.groups import add_group_to_queue, remove_group_from_queue, roll_queue
     from ordq.admin.parked import resolve_parked
     from ordq.admin.queue_views import describe_queue
@@ -378,6 +381,14 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
         call.require(q, "consume")
         return _find(call, q)
 
+    def group_rebalance(call: AdminCall) -> Any:
+        max_moves, dry_run = call.arg("max_moves", 1000), call.arg("dry_run", False)
+        if not isinstance(max_moves, int) or isinstance(max_moves, bool) or not 0 <= max_moves <= 1_000_000:
+            raise ConfigError("max_moves must be a whole number from 0 to 1000000")
+        if rebalance is None:
+            raise ConfigError("this coordinator does not spread heads (no daemon beside its service)")
+        return rebalance(max_moves=max_moves, dry_run=bool(dry_run))
+
     queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
     return {
         "queue list": AdminVerb(SOME, everywhere, queue_list),
@@ -408,4 +419,5 @@ def admin_verbs(readers: Readers, known: Known | None = None) -> dict[str, Admin
         "peek": AdminVerb("consume", queue, peek),
         "find": AdminVerb("consume", queue, find),
         "find topic": AdminVerb(ANY, topic, find_topic),
+        "group rebalance": AdminVerb("admin", everywhere, group_rebalance),
     }

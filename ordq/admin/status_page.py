@@ -1,5 +1,6 @@
 """The coordinator's status page: ``/status`` (a page that redraws itself every second from
 ``/status.json``) and ``/status.json`` (every queue as ``ordq queue describe --json`` shows it,
+each subscription with its parked count, each keyed topic with its partitions and their sums,
 the failovers this daemon saw, and each mirror's lag as ``ordq.admin.mirrors`` reads it), served
 beside ``/metrics``.
 
@@ -56,9 +57,60 @@ def status_document(daemon: CoordinatorDaemon, *, queues_only: bool = False) -> 
                 queues.append({"queue": queue, "corrupt": exc.detail, "error": str(exc)})
         mirrors = [] if queues_only else [m.to_dict() for m in mirror_views(store, reader, views)]
     processes, leader = ([], None) if queues_only else cluster_processes(store)
+    add_parked(queues)
     return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
             "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers),
-            "processes": processes, "coordinator_leader": leader, "mirrors": mirrors}
+            "processes": processes, "coordinator_leader": leader, "mirrors": mirrors,
+            "topics": [] if queues_only else topic_rows(queues, store.list_topics())}
+
+
+def add_parked(queues: list[dict[str, Any]]) -> None:
+    """Each subscription's ``parked``: the messages stored in its parking queue
+    (``sdk/failure.py``: where a consumer with ``on_failure="park"`` sets aside what it could not
+    handle), 0 without one, None when that queue's replicas did not say (issue 42: the page had
+    no parked count)."""
+    from ordq.sdk.failure import parking_queue
+
+    stored = {q["queue"]: q.get("stored") for q in queues if "corrupt" not in q}
+    for q in queues:
+        for sub in q.get("subscriptions", ()):
+            name = parking_queue(q["queue"], sub["subscription"])
+            sub["parked"] = stored.get(name, 0)
+
+
+def _sum(values: list[Any]) -> int | None:
+    return None if any(v is None for v in values) else sum(values)
+
+
+def topic_rows(queues: list[dict[str, Any]], topics: list[str]) -> list[dict[str, Any]]:
+    """One row per keyed topic (issue 42: a topic's partitions were scattered among the queues):
+    its partitions' names in partition order and what they sum to (stored messages; per
+    subscription, lag and parked), None where one partition's figure is unknown. A partition
+    whose state is corrupt counts as unknown."""
+    from ordq.coordinator.topics import PARTITION_SEPARATOR, topic_of
+
+    wanted = set(topics)
+    parts: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
+    for q in queues:
+        topic = topic_of(q["queue"])
+        if topic in wanted:
+            parts[topic].append(q)
+    rows = []
+    for topic in topics:
+        members = sorted(parts[topic], key=lambda q: int(q["queue"].rsplit(PARTITION_SEPARATOR, 1)[1]))
+        subs: dict[str, dict[str, list[Any]]] = {}
+        for q in members:
+            for sub in q.get("subscriptions", ()):
+                row = subs.setdefault(sub["subscription"], {"lag": [], "parked": []})
+                row["lag"].append(sub.get("lag"))
+                row["parked"].append(sub.get("parked"))
+        rows.append({
+            "topic": topic, "partitions": [q["queue"] for q in members],
+            "stored": _sum([None if "corrupt" in q else q.get("stored") for q in members]),
+            "subscriptions": [{"subscription": name, "lag": _sum(v["lag"]), "parked": _sum(v["parked"]),
+                               "partitions": len(v["lag"])} for name, v in sorted(subs.items())],
+        })
+    return rows
 
 
 def cluster_processes(store: Any) -> tuple[list[dict[str, Any]], str | None]:
@@ -198,11 +250,14 @@ function queueSection(q) {
       el("td", {}, g.group), el("td", {}, roles(g)), el("td", {}, String(g.backlog ?? "?")),
       el("td", {}, bytes(g.bytes)))));
   const subs = el("table", {class: "subscriptions"}, el("tr", {}, el("th", {}, "subscription"),
-    el("th", {}, "last seq"), el("th", {}, "lag"), el("th", {}, "consumer"), el("th", {}, "blocked")),
-    ...q.subscriptions.map(s => el("tr", {"data-subscription": s.subscription, class: s.blocked ? "blocked" : ""},
+    el("th", {}, "last seq"), el("th", {}, "lag"), el("th", {}, "consumer"), el("th", {}, "blocked"),
+    el("th", {}, "parked")),
+    ...q.subscriptions.map(s => el("tr", {"data-subscription": s.subscription,
+                                          class: s.blocked ? "blocked" : s.parked ? "parked" : ""},
       el("td", {}, s.subscription),
       el("td", {}, String(s.last_seq)), el("td", {}, String(s.lag ?? "?")), el("td", {}, s.held_by || "-"),
-      el("td", {}, s.blocked ? `seq ${s.blocked.seq} (${s.blocked.attempts} attempts)` : "-"))));
+      el("td", {}, s.blocked ? `seq ${s.blocked.seq} (${s.blocked.attempts} attempts)` : "-"),
+      el("td", {class: "parked"}, String(s.parked ?? "?")))));
   return el("section", {"data-queue": q.queue, "data-head": q.head || ""},
     el("h2", {}, `${q.queue} (head ${q.head || "none"}, epoch ${q.producer_epoch}, last seq ${q.last_seq ?? "?"})`),
     "send list", send, "consume list", consume, groups, subs);
@@ -238,20 +293,46 @@ function busiestFirst(doc) {
   return doc.queues.slice().sort((a, b) => (rank.get(a.queue) ?? 1e9) - (rank.get(b.queue) ?? 1e9)
     || (a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0));
 }
+// A topic is one section (issue 42: its partitions were scattered): its sums, each subscription's
+// lag and parked count over the partitions, and the partitions' own sections folded under it,
+// placed where its busiest partition would be.
+function topicSection(t, byName) {
+  const subs = el("table", {class: "subscriptions"}, el("tr", {}, ...["subscription", "lag", "parked", "partitions"]
+    .map(h => el("th", {}, h))), ...t.subscriptions.map(s => el("tr", {"data-subscription": s.subscription,
+      class: s.parked ? "parked" : ""}, el("td", {}, s.subscription), el("td", {}, String(s.lag ?? "?")),
+      el("td", {class: "parked"}, String(s.parked ?? "?")), el("td", {}, String(s.partitions)))));
+  const parts = t.partitions.filter(p => byName.has(p)).map(p => queueSection(byName.get(p)));
+  return el("section", {"data-queue": t.topic, "data-topic": t.topic, "data-partitions": t.partitions.join(" ")},
+    el("h2", {}, `topic ${t.topic} (${t.partitions.length} partitions, stored ${t.stored ?? "?"})`), subs,
+    el("details", {}, el("summary", {}, `${t.partitions.length} partitions`), ...parts));
+}
+function queueSections(doc) {
+  const inTopic = new Map(), byName = new Map(doc.queues.map(q => [q.queue, q])), done = new Set(), out = [];
+  for (const t of doc.topics || []) for (const p of t.partitions) inTopic.set(p, t);
+  for (const q of busiestFirst(doc)) {
+    const t = inTopic.get(q.queue);
+    if (!t) out.push(queueSection(q));
+    else if (!done.has(t.topic)) { done.add(t.topic); out.push(topicSection(t, byName)); }
+  }
+  return out;
+}
 function applyFilter() {
   const text = document.getElementById("filter").value.trim().toLowerCase();
   let shown = 0;
-  for (const section of document.querySelectorAll("#queues section")) {
-    const hit = !text || section.dataset.queue.toLowerCase().includes(text);
+  for (const section of document.querySelectorAll("#queues > section")) {
+    const names = [section.dataset.queue, ...(section.dataset.partitions || "").split(" ")];
+    const hit = !text || names.some(n => n && n.toLowerCase().includes(text));
     section.hidden = !hit; shown += hit ? 1 : 0;
   }
-  document.getElementById("shown").textContent = `${shown} queue(s) shown`;
+  document.getElementById("shown").textContent = `${shown} queue(s) or topic(s) shown`;
 }
 document.getElementById("filter").addEventListener("input", applyFilter);
 async function refresh() {
   try {
     const doc = await (await fetch("status.json", {cache: "no-store"})).json();
-    document.getElementById("queues").replaceChildren(...busiestFirst(doc).map(queueSection));
+    const open = new Set([...document.querySelectorAll("#queues details[open]")].map(d => d.parentNode.dataset.topic));
+    document.getElementById("queues").replaceChildren(...queueSections(doc));
+    for (const d of document.querySelectorAll("#queues details")) d.open = open.has(d.parentNode.dataset.topic);
     applyFilter();
     document.getElementById("leader").textContent = doc.coordinator_leader || "none";
     document.getElementById("processes").replaceChildren(

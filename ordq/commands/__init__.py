@@ -18,19 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ordq.cli_args import Given
 from ordq.common.errors import ConfigError
 from ordq.common.units import format_duration, format_size, parse_duration, parse_size
-
-
-class Given(argparse._StoreAction):
-    """Store the value and note that it was given (``args.given``), so that a config file
-    does not override a flag whose value came from the command line rather than a default
-    (``ordq.commands.process_config.apply_globals``)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        namespace.given = {*getattr(namespace, "given", ()), self.dest}
 
 
 def add_command(

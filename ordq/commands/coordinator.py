@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ordq.commands import add_command, open_store, process_config, seconds
+from ordq.commands import add_command, number, open_store, process_config, seconds
 from ordq.common import addresses
 from ordq.common.errors import ConfigError
 from ordq.common.proc import announce
@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
                      "on a group down, seals waiting, then the most recently written), 0 for none, 'all' for "
                      "every queue (default %(default)s; every queue's figures stay in ordq top and the status "
                      "page)")
+    run.add_argument("--rebalance-moves-per-s", dest="rebalance_moves_per_s",
+                     type=number(0.0, 10_000.0, allow_zero=True), default=50.0, metavar="N",
+                     help="idle queues' heads moved a second, at most, to even the spread over the live groups "
+                     "once a returning group has been live 10 s (0: only by `ordq group rebalance`; default 50)")
     run.add_argument("--interval", type=seconds(), default=None, metavar="SECONDS",
                      help="duty round period when nothing wakes it (default 0.5)")
     run.add_argument("--session-timeout", dest="session_timeout", type=seconds(), default=None, metavar="SECONDS",
@@ -141,7 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  term=lambda: holder[0].stats.term if holder else 0,
                                  credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first,
                                  admin=_admin_verbs(creds, known=lambda names: holder[0].known_queues(names)
-                                                    if holder else {}))
+                                                    if holder else {},
+                                                    rebalance=lambda **kw: _rebalance(holder, **kw)))
     address = service.start(args.listen, advertise=args.advertise)
     # The election names where the service answers: clients find the leader from it.
     ident = f"{socket.gethostname()}-{os.getpid()}@{address}"
@@ -152,7 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
-                               requests_first=requests_first, per_queue_series=args.per_queue_series)
+                               requests_first=requests_first, per_queue_series=args.per_queue_series,
+                               rebalance_moves_per_s=max(0.0, args.rebalance_moves_per_s))
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
@@ -222,7 +228,16 @@ def _subscriber(creds: Credentials) -> Any:
     return subscribe
 
 
-def _admin_verbs(creds: Credentials, known: Any = None) -> Any:
+def _rebalance(holder: list[Any], **kw: Any) -> Any:
+    """``ordq group rebalance`` on this coordinator's daemon (issue 43)."""
+    from ordq.common.errors import CoordinationUnavailable
+
+    if not holder:
+        raise CoordinationUnavailable("this coordinator is starting")
+    return holder[0].rebalance(**kw).to_dict()
+
+
+def _admin_verbs(creds: Credentials, known: Any = None, rebalance: Any = None) -> Any:
     """The admin API's verbs (ordq/admin/api.py), reading replicas with this coordinator's
     credentials: the admin CLI holds no ZooKeeper session (issue 37). ``known``: the queues
     the daemon's copies hold (a listing reads no ZooKeeper node for them, issue 43)."""
@@ -231,7 +246,7 @@ def _admin_verbs(creds: Credentials, known: Any = None) -> Any:
     from ordq.wire.client import GrpcTransport
 
     return admin_verbs(lambda store: ReplicaReader(store, GrpcTransport(rpc_timeout_s=1.0, credentials=creds)),
-                       known=known)
+                       known=known, rebalance=rebalance)
 
 
 def _prober(store: Any, creds: Credentials) -> Any:

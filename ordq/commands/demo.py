@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from ordq.commands import add_command, int_in, rate
 from ordq.common.errors import ConfigError
+from ordq.common.proc import load_stretched
 from ordq.output import table
 
 DEMO_MARKER = ".ordq-demo"
@@ -42,6 +43,12 @@ def register(subparsers: Any) -> None:
                         help="the CDC path instead: a MariaDB source -> ordq cdc mysql -> queue -> ordq cdc apply -> "
                              "a PostgreSQL target, the shipper, applier and head master killed mid-run, the tables "
                              "compared at the end (needs mariadb-server and postgresql: make test-deps)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="the CDC path across two data centres: MariaDB in centre 1 -> ordq cdc mysql -> queue "
+                             "-> ordq mirror -> queue in centre 2 -> ordq cdc apply -> PostgreSQL in centre 2 (two "
+                             "local clusters), the shipper, mirror, applier and both head masters killed and the "
+                             "link between the centres cut mid-run, the tables compared at the end (needs root, "
+                             "iptables, mariadb-server and postgresql: make test-deps)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the moment of the kill (default: random)")
     parser.add_argument("--master", default=None, help="Spark master for the verification (default local[*])")
 
@@ -55,24 +62,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ordq.local_cluster import LocalCluster
 
     out = sys.stdout
-    drill = DRILLS["cdc" if args.cdc else "kill-head-master"]
+    if args.cdc and args.mirror:
+        raise ConfigError("--cdc and --mirror are two demos: choose one")
+    cdc = args.cdc or args.mirror
+    drill = DRILLS["cdc-mirror" if args.mirror else "cdc" if args.cdc else "kill-head-master"]
     if drill.requires is not None:
         drill.requires()  # one line, before anything starts
     folder = _fresh_folder(args.dir)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(100_000)
-    load = LoadConfig(messages=args.messages or (2_000 if args.cdc else 40_000),
-                      rate=args.rate or (500.0 if args.cdc else 4_000.0))
-    cluster = LocalCluster(folder, ClusterConfig(groups=3, zk_nodes=1, coordinators=2))
+    load = LoadConfig(messages=args.messages or (2_000 if cdc else 40_000),
+                      rate=args.rate or (500.0 if cdc else 4_000.0))
+    shape = ClusterConfig(groups=2, zk_nodes=1, coordinators=1) if args.mirror else ClusterConfig(
+        groups=3, zk_nodes=1, coordinators=2)
+    cluster = LocalCluster(folder, shape)
     display = LiveDisplay(out)
     started = time.monotonic()
     try:
-        _step(out, "1/4", "starting a local cluster: ZooKeeper, 3 broker groups (a master and a slave process "
-              "each), 2 coordinator daemons")
-        cluster.start()
+        _step(out, "1/4", "starting centre 1's cluster: ZooKeeper, 2 broker groups (a master and a slave "
+              "process each), 1 coordinator daemon (the drill starts centre 2's, of the same shape)" if args.mirror
+              else "starting a local cluster: ZooKeeper, 3 broker groups (a master and a slave process each), "
+              "2 coordinator daemons")
+        cluster.start(timeout_s=load_stretched(120.0))  # slower on a loaded machine, not stuck
         rows = [{"process": s.name, "pid": s.pid, "listen": s.listen, "state": s.state} for s in cluster.status()]
         table(rows, ["process", "pid", "listen", "state"], out)
         out.write(f"ready in {time.monotonic() - started:.1f}s\n")
-        if args.cdc:
+        if args.mirror:
+            _step(out, "2/4", f"replication across data centres: an application commits {load.messages:,} row "
+                  f"changes to MariaDB in centre 1 at ~{load.rate:,.0f}/s; ordq cdc mysql ships its binlog to the "
+                  "queue in centre 1, ordq mirror copies the queue to centre 2, ordq cdc apply replays it into "
+                  "PostgreSQL in centre 2; the shipper, the mirror, the applier and the head master of each centre "
+                  "are killed (-9), and the link between the centres is cut and healed, at random moments")
+            run = execute_drill(cluster, drill, seed=seed, load=load, out=display, queue="demo-mirror")
+        elif args.cdc:
             _step(out, "2/4", f"change data capture: an application commits {load.messages:,} row changes "
                   f"(inserts, updates, deletes) to MariaDB at ~{load.rate:,.0f}/s; ordq cdc mysql ships its binlog "
                   "to the queue, ordq cdc apply replays the queue into PostgreSQL; the shipper, the applier and "
@@ -97,7 +118,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         table([result.row()], TABLE_COLUMNS, out)
         for what, ok in result.expectations:
             out.write(f"  {'ok' if ok else 'NOT MET'}: {what}\n")
-        if result.ok and args.cdc:
+        if result.ok and args.mirror:
+            out.write(f"\nPASS: centre 2's tables equal centre 1's row for row, and all {result.acked:,} acked "
+                      f"row changes reached centre 2 exactly once and in order through "
+                      f"{sum(text.startswith('FAULT') for _, text in result.events)} faults "
+                      f"({run.ctx.notes.get('rows_per_s', 0):,.0f} row changes/s end to end).\n")
+        elif result.ok and args.cdc:
             out.write(f"\nPASS: the target's tables equal the source's row for row, and all {result.acked:,} acked "
                       f"row changes were delivered exactly once and in order through "
                       f"{sum(text.startswith('FAULT') for _, text in result.events)} kills "

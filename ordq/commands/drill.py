@@ -55,6 +55,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--rate", type=rate(), default=None,
                         help="messages per second (default 4000; 100 for 'partitions')")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
+    parser.add_argument("--link-cut", type=int_in(1, 3600), default=None, metavar="SECONDS",
+                        help="how long the mirror drill cuts the link between its two centres (default 20)")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
     # A testing knob, hidden from --help (issue 42): make each run lose or reorder one delivery
     # before the verdict, so that the drill must FAIL (tests/test_drills.py).
@@ -152,7 +154,7 @@ def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str
 def _run_centres(args: argparse.Namespace, seed: int, out: Any) -> list[Any]:
     """The drill across data centres (``mirror``): two lab clusters, its own lab."""
     from ordq.common.proc import owning_children
-    from ordq.drills.mirror_lab import run_mirror_drill
+    from ordq.drills.mirror_lab import LINK_CUT_S, run_mirror_drill
 
     results = []
     with owning_children(die_with_parent=True):  # killed or interrupted, the lab goes with this process
@@ -160,7 +162,8 @@ def _run_centres(args: argparse.Namespace, seed: int, out: Any) -> list[Any]:
             folder = Path(tempfile.mkdtemp(prefix="ordq-mirror-drill-"))
             out.write(f"== drill mirror round {r}/{args.rounds}: two data centres in a lab in {folder}\n")
             out.flush()
-            res = run_mirror_drill(folder, seed=seed + r - 1, out=out)
+            res = run_mirror_drill(folder, seed=seed + r - 1, out=out,
+                                   link_cut_s=float(args.link_cut) if args.link_cut else LINK_CUT_S)
             res = attrs.evolve(res, round=r)
             if res.ok and not args.keep:
                 shutil.rmtree(folder, ignore_errors=True)

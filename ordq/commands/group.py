@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ordq.commands import add_command, open_store, wants_json
+from ordq.commands import add_command, admin_call, open_store, wants_json
 from ordq.output import emit_json, table
 
 
@@ -38,6 +38,18 @@ def register(subparsers: Any) -> None:
         "yet consumed by every subscription.",
     )
     rm.add_argument("gid")
+    rebalance = add_command(
+        sub, "rebalance", func=cmd_rebalance,
+        help="move idle queues' heads towards an even spread over the live groups",
+        description="Ask the elected coordinator to move the heads of idle queues (none written in the last "
+        "minute) from the groups heading the most queues to those heading the fewest, each move a roll to "
+        "another group of the queue's send list (the old segment is sealed, writes go on in a new one). The "
+        "coordinator does this by itself, a bounded number a second, once a returning group has been live for "
+        "10 s; this runs it now, for every live group that is not drained. --dry-run shows the plan only.",
+    )
+    rebalance.add_argument("--dry-run", action="store_true", help="show the moves, make none")
+    rebalance.add_argument("--max-moves", type=int, default=1000, metavar="N",
+                           help="move at most N heads (default 1000)")
 
 
 def cmd_add(args: argparse.Namespace) -> int:
@@ -125,4 +137,30 @@ def cmd_remove(args: argparse.Namespace) -> int:
     else:
         where = f" (taken out of queues {', '.join(queues)})" if queues else ""
         print(f"group {args.gid} removed{where}")
+    return 0
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    from ordq.common.errors import ConfigError
+
+    if not 0 <= args.max_moves <= 1_000_000:
+        raise ConfigError("--max-moves must be from 0 to 1000000")
+    doc = admin_call(args, "group rebalance", max_moves=args.max_moves, dry_run=args.dry_run)
+    if wants_json(args):
+        emit_json(doc)
+        return 0
+    rows = [{"group": g, "heads before": n, "heads after": doc["after"].get(g, n)} for g, n in doc["before"].items()]
+    if rows:
+        table(rows, ["group", "heads before", "heads after"])
+    else:
+        print("no live group")
+    verb = "would move" if doc["dry_run"] else "moved"
+    print(f"{verb} {len(doc['moves'])} heads" + (f"; {doc['busy_skipped']} written lately left alone"
+                                                  if doc["busy_skipped"] else ""))
+    for m in doc["moves"][:20]:
+        print(f"  {m['queue']}: {m['from']} -> {m['to']}")
+    if len(doc["moves"]) > 20:
+        print(f"  ... and {len(doc['moves']) - 20} more (--json lists them all)")
+    if doc["left"]:
+        print(f"{len(doc['left'])} not moved: written meanwhile (run again to retry)")
     return 0

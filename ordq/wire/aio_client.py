@@ -25,7 +25,7 @@ from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import from_rpc_error
-from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from ordq.wire.framing import GRPC_OPTIONS, PRODUCE_STEP_BYTES, chunks
 from ordq.wire.transport import Ack, FetchResult
 
 log = logging.getLogger("ordq.wire")
@@ -98,7 +98,7 @@ class AioProduceStream:
                     await self._wake
                     continue
                 batches, self._pending = self._pending, []
-                for chunk in chunks(batches, REQUEST_BYTES):
+                for chunk in chunks(batches, PRODUCE_STEP_BYTES):
                     stamp("P.write")
                     await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
                                                              epoch_key=self.epoch_key, batches=chunk))

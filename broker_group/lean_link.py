@@ -1,0 +1,206 @@
+"""The master → slave replication stream as a lean link of its own: length-prefixed protobuf
+frames over one TLS connection, on the brokers' event loops (issue 39).
+
+Why: replication is an internal hop between two processes of one group, and every message
+of a synchronous send crosses it twice (the batch, the slave's answer). A grpc.aio write
+costs its loop ~0.3-0.6 ms and wakes gRPC's own threads on both sides; an asyncio transport
+write is a buffered ``send`` on the loop's own socket (bench/bench_stages.py counts both).
+
+Guarantee: the same messages and the same semantics as the gRPC ``Replicate`` stream
+(``ReplicateRequest`` in, ``ReplicateResponse`` out, served by the one handler core,
+broker_group/replication.py ``replicate_requests``); the same identity rule: with TLS only a
+peer whose verified certificate names a broker or coordinator (``CLUSTER_CNS``) is served,
+checked before any frame is read; a frame longer than the broker's receive limit is refused
+before its body is read. The slave publishes this link's address in its liveness node
+(``replication``); a master that finds none there (an older slave) uses gRPC.
+
+Rules: framing and the TLS contexts here; no replication state (replication.py owns it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+from ordq.common.addresses import split_host_port
+from ordq.common.errors import ConfigError, OrdqError, PermissionDenied
+from ordq.common.security import Credentials
+from ordq.wire import ordq_pb2 as pb
+
+log = logging.getLogger("ordq.replication")
+
+_HEADER = struct.Struct(">I")
+Send = Callable[[pb.ReplicateResponse], Awaitable[None]]
+Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
+# The switch (bench_stages, bench_e2e compare the two): only a slave started with
+# ORDQ_REPLICATION_LINK=lean serves and publishes a lean address; otherwise its master uses gRPC.
+# Not the default: measured A B A B it took 6-8 wake-ups and a fifth of the CPU off a
+# synchronous send, but cost 14 % of the pipelined rate, for a reason not found yet (not TLS
+# alone: plaintext showed the same; docs/BENCHMARKS.md, issue 39).
+ENV = "ORDQ_REPLICATION_LINK"
+
+
+def keepalive(writer: asyncio.StreamWriter) -> None:
+    """TCP keepalive on the link (as the gRPC server's keepalive pings: 60 s idle, then a dead
+    peer found within 20 s): a slave gone without a FIN does not hold the master's link."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 2)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+def frame(msg: Message) -> bytes:
+    body = msg.SerializeToString()
+    return _HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes | None:
+    """The next frame's body; None at a clean end of stream (between frames)."""
+    try:
+        head = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    (n,) = _HEADER.unpack(head)
+    if n > limit:
+        raise ConfigError(f"replication frame of {n} bytes, over the limit of {limit}")
+    return await reader.readexactly(n)
+
+
+def _context(creds: Credentials, side: ssl.Purpose) -> ssl.SSLContext:
+    assert creds.ca_file is not None and creds.cert_file is not None and creds.key_file is not None
+    ctx = ssl.create_default_context(side, cafile=creds.ca_file)
+    ctx.load_cert_chain(creds.cert_file, creds.key_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if side is ssl.Purpose.CLIENT_AUTH:
+        ctx.verify_mode = ssl.CERT_REQUIRED  # a peer without a certificate of the CA is not served
+    return ctx
+
+
+def peer_cn(writer: asyncio.StreamWriter) -> str | None:
+    cert = writer.get_extra_info("peercert") or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+class LeanServer:
+    """The slave's end: accepts the master's connection(s) and runs ``serve`` on each."""
+
+    def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
+                 on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
+        self._handshake_timeout_s = handshake_timeout_s
+        self._ssl = _context(creds, ssl.Purpose.CLIENT_AUTH) if creds.tls else None
+        self._allowed = allowed
+        self._limit = limit
+        self._serve = serve
+        self._on_refused = on_refused
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.Task[Any]] = set()
+
+    async def start(self, host: str) -> int:
+        """On the loop: listen on ``host`` (any free port); return the port."""
+        self._server = await asyncio.start_server(
+            self._handle, host.strip("[]"), 0, ssl=self._ssl,
+            ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._conns):
+            t.cancel()
+        if self._conns:
+            await asyncio.gather(*self._conns, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            keepalive(writer)
+            if self._ssl is not None:
+                cn = peer_cn(writer)
+                if cn not in self._allowed:
+                    exc = PermissionDenied("*", "cluster", f"only brokers and coordinators may replicate; the "
+                                           f"peer's certificate is {cn!r}")
+                    self._on_refused(exc)
+                    log.warning("replication link refused: %s", exc)
+                    return
+
+            async def requests() -> AsyncIterator[pb.ReplicateRequest]:
+                while (body := await read_frame(reader, self._limit)) is not None:
+                    try:
+                        yield pb.ReplicateRequest.FromString(body)
+                    except DecodeError as exc:
+                        raise ConfigError(f"bad replication frame: {exc}") from exc
+
+            async def send(resp: pb.ReplicateResponse) -> None:
+                writer.write(frame(resp))
+                await writer.drain()
+
+            await self._serve(requests(), send)
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
+            log.info("replication link from the master ended: %r", exc)
+        except OrdqError:
+            pass  # logged and counted by ``serve`` (replication.py replicate_requests); the link ends
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+
+class LeanCall:
+    """The master's end, shaped like the gRPC call it stands in for: ``await write(req)``,
+    ``async for resp in call``, ``cancel()``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int) -> None:
+        self._reader, self._writer, self._limit = reader, writer, limit
+
+    async def write(self, req: pb.ReplicateRequest) -> None:
+        self.write_now([req])
+        await self.drain()
+
+    def write_now(self, reqs: list[pb.ReplicateRequest]) -> None:
+        """Every request in one transport write (one send, one TLS record run), without
+        waiting: the caller bounds what it writes (the replication window) or ``drain``s."""
+        self._writer.write(b"".join(frame(r) for r in reqs))
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    def __aiter__(self) -> LeanCall:
+        return self
+
+    async def __anext__(self) -> pb.ReplicateResponse:
+        body = await read_frame(self._reader, self._limit)
+        if body is None:
+            raise ConnectionResetError("the slave closed the replication link")
+        return pb.ReplicateResponse.FromString(body)
+
+    def cancel(self) -> None:
+        self._writer.close()
+
+
+async def connect(address: str, creds: Credentials, limit: int, *, timeout_s: float = 5.0) -> LeanCall:
+    """Open the link to a slave's ``address`` (taken from ZooKeeper, never from a caller)."""
+    host, port = split_host_port(address)
+    ctx = _context(creds, ssl.Purpose.SERVER_AUTH) if creds.tls else None
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host.strip("[]"), port, ssl=ctx, server_hostname=host.strip("[]") if ctx else None),
+        timeout_s)
+    keepalive(writer)
+    return LeanCall(reader, writer, limit)

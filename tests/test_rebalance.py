@@ -1,0 +1,106 @@
+"""Heads spread back (issue 43), the pure part: ``coordinator/rebalance.py`` plans ``hand_over``
+moves of idle queues' heads from the fullest live groups to the emptiest, never a busy queue,
+never to a group outside the queue's send list, at most ``max_moves``; and ``state.hand_over``
+is a roll to another group of the send list."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ordq.common.errors import IllegalTransition
+from ordq.coordinator import state as sm
+from ordq.coordinator.rebalance import head_counts, plan_spread
+from ordq.coordinator.state import Facts, QueueState, SegStatus
+
+GROUPS = ("g1", "g2", "g3")
+ALL_LIVE = Facts(live_groups=frozenset(GROUPS))
+
+
+def queue(name: str, head: str, groups: tuple[str, ...] = GROUPS) -> QueueState:
+    order = (head, *[g for g in groups if g != head])
+    return sm.admit_all(sm.create(name, order), Facts(live_groups=frozenset(order)))
+
+
+def counts_after(rows: list[tuple[str, QueueState, int]], moves: list) -> dict[str, int]:
+    by_name = {q: s for q, s, _v in rows}
+    for m in moves:
+        by_name[m.queue] = m.after
+    return head_counts((s.head for s in by_name.values()), GROUPS)
+
+
+def test_hand_over_is_a_roll_to_another_group_of_the_send_list() -> None:
+    st0 = queue("q", "g2")
+    after = sm.hand_over(st0, "g2", 0, "g1")
+    assert after.head == "g1" and after.send == ("g1", "g2", "g3")
+    assert [(s.seg, s.gid, s.status) for s in after.consume] == [(0, "g2", SegStatus.SEALING),
+                                                                   (1, "g1", SegStatus.OPEN)]
+    with pytest.raises(IllegalTransition):
+        sm.hand_over(st0, "g2", 0, "g2")  # to itself
+    with pytest.raises(IllegalTransition):
+        sm.hand_over(st0, "g1", 0, "g3")  # not the head
+    with pytest.raises(IllegalTransition):
+        sm.hand_over(queue("r", "g2", ("g2", "g3")), "g2", 0, "g1")  # g1 does not serve it
+
+
+def test_after_a_group_returns_idle_heads_move_to_it_busy_ones_stay() -> None:
+    # g1 came back after a kill: every queue is headed by g2 or g3, g1 last in each send list
+    rows = []
+    for i in range(12):
+        st0 = queue(f"q{i:02d}", "g1", ("g1", "g2", "g3") if i % 2 == 0 else ("g1", "g3", "g2"))
+        st0 = sm.fail_over(st0, "g1", 0, Facts(live_groups=frozenset({"g2", "g3"})))
+        st0 = sm.admit(st0, "g1", ALL_LIVE) if "g1" not in st0.send else st0
+        rows.append((f"q{i:02d}", st0, 3))
+    assert head_counts((s.head for _q, s, _v in rows), GROUPS)["g1"] == 0
+    moves = plan_spread(rows, frozenset(GROUPS), busy={"q00", "q01"}, max_moves=100)
+    assert {m.queue for m in moves}.isdisjoint({"q00", "q01"})
+    assert all(m.after.head == "g1" and m.version == 3 for m in moves)
+    assert counts_after(rows, moves) == {"g1": 4, "g2": 4, "g3": 4}
+    # bounded: the first two of the same plan
+    assert [m.queue for m in plan_spread(rows, frozenset(GROUPS), busy={"q00", "q01"}, max_moves=2)] == \
+        [m.queue for m in moves[:2]]
+    # a group not live (or drained: the caller leaves it out of ``live``) receives nothing
+    assert all(m.after.head != "g1" for m in plan_spread(rows, frozenset({"g2", "g3"}), set(), max_moves=100))
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[list[tuple[str, QueueState, int]], set[str], frozenset[str], int]:
+    n = draw(st.integers(min_value=0, max_value=24))
+    rows = []
+    for i in range(n):
+        groups = draw(st.permutations(GROUPS).map(tuple))
+        k = draw(st.integers(min_value=1, max_value=3))
+        rows.append((f"q{i:02d}", queue(f"q{i:02d}", groups[0], groups[:k]), i))
+    busy = {q for q, _s, _v in rows if draw(st.booleans())} if draw(st.booleans()) else set()
+    live = frozenset(draw(st.sets(st.sampled_from(GROUPS), min_size=1)))
+    return rows, busy, live, draw(st.integers(min_value=0, max_value=50))
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters())
+def test_every_plan_moves_only_idle_queues_to_live_groups_of_their_send_list_and_narrows(case) -> None:
+    rows, busy, live, max_moves = case
+    moves = plan_spread(rows, live, busy, max_moves=max_moves)
+    assert len(moves) <= max_moves
+    assert len({m.queue for m in moves}) == len(moves)  # each queue once
+    counts = head_counts((s.head for _q, s, _v in rows), live)
+    before_gap = max(counts.values()) - min(counts.values()) if counts else 0
+    for m in moves:
+        assert m.queue not in busy and not m.busy
+        frm, to = m.before.head, m.after.head
+        assert frm in live and to in live and to in m.before.send
+        assert counts[frm] - counts[to] >= 2  # each move narrows the gap
+        counts[frm] -= 1
+        counts[to] += 1
+        sm.check_invariants(m.after)
+        open_before = m.before.open_segment
+        assert open_before is not None and m.after.segment(open_before.seg).status is SegStatus.SEALING
+    after_gap = max(counts.values()) - min(counts.values()) if counts else 0
+    assert after_gap <= max(before_gap, 1)
+    # with no bound and every group in every send list and nothing busy, the spread ends even
+    if not busy and max_moves >= len(rows) and all(set(s.send) >= live for _q, s, _v in rows):
+        assert after_gap <= 1
+        assert plan_spread([(m.queue, m.after, 0) for m in moves] +
+                           [r for r in rows if r[0] not in {m.queue for m in moves}],
+                           live, set(), max_moves=max_moves) == []
