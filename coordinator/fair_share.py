@@ -15,10 +15,16 @@ Commit p99 3.9-5.5x quiet beside six busy loops, the coordinator at 0.1 core: wa
 working). So ``reserved_slots`` more are kept for calls whose caller has *no other call
 running*: a caller's first call in flight never waits behind another caller's second. And while
 several callers called within ``active_s``, each runs at most its part of all the slots
-(``SlotBook.cap``: with 2 + 1 slots, 2 of them while two call, 1 while three do): with only the
-reserve, a third caller (the drill's consumer committing) can hold the reserved slot, and the
-neighbour's Commit waits behind the flood again (reasoned; measured: p99 3.3-3.5x with the
-reserve alone, 1.5-3.1x with the cap, 3.9-5.2x before either: docs/BENCHMARKS.md).
+(``SlotBook.cap``), rounded down (at least one), so that every caller's part fits beside the
+others' at once: with 2 + 1 slots, 1 each while two or more call. With only the reserve, a
+third caller (the drill's consumer committing) can hold the reserved slot, and the neighbour's
+Commit waits behind the flood again (measured: p99 3.3-3.5x with the reserve alone, 1.5-3.1x
+with the cap, 3.9-5.2x before either: docs/BENCHMARKS.md). Rounded up (2 of the 3 while two
+call), the flood kept both shared slots and a neighbour's Commit ran in the reserved one beside
+two of its calls (tests/test_coordinator_defences.py, one flooder and one neighbour: flooded
+p50 14-20 ms, 14 ms rounded down, main 20-26 ms; docs/BENCHMARKS.md). The price: while another
+caller called within ``active_s``, a caller runs one call at a time even when that other caller
+has none running (the brokers' request-time share is applied the same way, within a window).
 
 Why not the brokers' request-time bucket (broker_group/request_time.py): it holds a token in
 debt even when nobody else waits (not work-conserving), and it delays by sleeping, which in a
@@ -123,8 +129,9 @@ class SlotBook:
 
     def cap(self, callers: int) -> int:
         """The calls one caller may run at once while ``callers`` call (itself included): all the
-        shared slots alone, else its part of every slot, rounded up."""
-        return self.slots if callers <= 1 else -(-(self.slots + self.reserved) // callers)
+        shared slots alone, else its part of every slot, rounded down (at least one), so that
+        every caller's part fits beside the others' at once."""
+        return self.slots if callers <= 1 else max(1, (self.slots + self.reserved) // callers)
 
     def fits(self, holder: str, callers: int = 1) -> bool:
         """Whether a call of ``holder`` may start now, while ``callers`` call."""
