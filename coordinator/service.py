@@ -26,6 +26,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -56,6 +57,7 @@ from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
+from ordq.coordinator.refusal_log import RefusalLog
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.service_frame import FrameConfig, safe, shown
 from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
@@ -223,6 +225,7 @@ class CoordinatorService(LeaseCalls):
         self._admin = admin
         self.stats = ServiceStats()
         self._stats_lock = threading.Lock()
+        self._refusal_log = RefusalLog()  # which refusals are logged (coordinator/refusal_log.py)
         self._tokens = _Tokens()
         self._server: Any = None
         self.address = ""
@@ -327,7 +330,12 @@ class CoordinatorService(LeaseCalls):
 
             extra = ((RETRY_METADATA_KEY, str(exc.retry_ms)),)
         elif not isinstance(exc, NotCoordinatorLeader):
-            log.info("%s %s refused: %s", rpc, shown(queue) if queue else "-", shown(str(exc), 1024))
+            with self._stats_lock:  # a sample of each kind: a flood of refusals is not a line each
+                held = self._refusal_log.admit((rpc, type(exc).__name__), time.monotonic())
+            if held is not None:
+                log.info("%s %s refused: %s%s", rpc, shown(queue) if queue else "-", shown(str(exc), 1024),
+                         f" ({held} more {rpc} refused {type(exc).__name__} since the last such line)"
+                         if held else "")
         abort_sync(context, exc, extra)
 
     def _refuse_call(self, rpc: str, context: Any, exc: OrdqError) -> Any:
