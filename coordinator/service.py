@@ -26,6 +26,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -56,6 +57,7 @@ from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
 from ordq.coordinator.pacing import URGENT_RPCS, RequestsFirst
 from ordq.coordinator.paths import check_name
+from ordq.coordinator.refusal_log import RefusalLog
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.service_frame import FrameConfig, safe, shown
 from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
@@ -127,6 +129,16 @@ class _RequestsCollector:
             outcomes = dict(self._service.stats.outcomes)
         for (rpc, outcome), n in sorted(outcomes.items()):
             family.add_metric([rpc, outcome], n)
+        yield family
+        turns = self._service.turns.stats  # plain ints, read without the turns' lock
+        family = CounterMetricFamily("ordq_coordinator_turns", "Coordinator calls by their fair turn "
+                                     "(coordinator/fair_share.py): served (of which waited, reserved: "
+                                     "in a slot kept for callers with no other call running), refused, "
+                                     "paced (held, asleep, for its caller's CPU share)",
+                                     labels=["outcome"])
+        for outcome in ("served", "waited", "reserved", "refused"):
+            family.add_metric([outcome], getattr(turns, outcome))
+        family.add_metric(["paced"], self._service.turns.request_time.stats.throttled)  # held for its CPU share
         yield family
 
 
@@ -213,6 +225,7 @@ class CoordinatorService(LeaseCalls):
         self._admin = admin
         self.stats = ServiceStats()
         self._stats_lock = threading.Lock()
+        self._refusal_log = RefusalLog()  # which refusals are logged (coordinator/refusal_log.py)
         self._tokens = _Tokens()
         self._server: Any = None
         self.address = ""
@@ -317,7 +330,12 @@ class CoordinatorService(LeaseCalls):
 
             extra = ((RETRY_METADATA_KEY, str(exc.retry_ms)),)
         elif not isinstance(exc, NotCoordinatorLeader):
-            log.info("%s %s refused: %s", rpc, shown(queue) if queue else "-", shown(str(exc), 1024))
+            with self._stats_lock:  # a sample of each kind: a flood of refusals is not a line each
+                held = self._refusal_log.admit((rpc, type(exc).__name__), time.monotonic())
+            if held is not None:
+                log.info("%s %s refused: %s%s", rpc, shown(queue) if queue else "-", shown(str(exc), 1024),
+                         f" ({held} more {rpc} refused {type(exc).__name__} since the last such line)"
+                         if held else "")
         abort_sync(context, exc, extra)
 
     def _refuse_call(self, rpc: str, context: Any, exc: OrdqError) -> Any:
@@ -476,9 +494,11 @@ class CoordinatorService(LeaseCalls):
         q, sub = req.queue, req.subscription
         check_name("subscription", sub)
         words = list(req.start) or ["earliest"]
-        subs = self.store.list_subscriptions(q)  # QueueNotFound first
-        if sub not in subs and len(subs) >= self.max_subscriptions_per_queue:
-            raise ConfigError(f"queue {q!r} has {len(subs)} subscriptions, the most a queue may have "
+        # Counted, not listed (a stat read; a queue at its bound has 1,000 names to decode): a
+        # flood of Subscribe past the bound kept a turn ~10x longer listing them (issue 38).
+        count = self.store.subscription_count(q)  # QueueNotFound first
+        if count >= self.max_subscriptions_per_queue and not self.store.has_subscription(q, sub):
+            raise ConfigError(f"queue {q!r} has {count} subscriptions, the most a queue may have "
                               f"(coordinator setting max_subscriptions_per_queue); delete one first")
         if self._subscriber is not None:
             cursor, starts_at = self._subscriber(self.store, q, sub, words)

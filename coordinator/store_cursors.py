@@ -78,6 +78,19 @@ class CursorRecords(ZkBase):
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
 
+    def subscription_count(self, queue: str) -> int:
+        """How many subscriptions ``queue`` has: one stat read (its node's child count), where
+        ``list_subscriptions`` reads every name (a queue at its bound of 1,000: ~45 KB to decode)."""
+        with self._errors():
+            stat = self._read(self.client.exists_async, self.paths.subs(queue))
+        if stat is None:
+            raise QueueNotFound(queue)
+        return int(stat.numChildren)
+
+    def has_subscription(self, queue: str, sub: str) -> bool:
+        with self._errors():
+            return self._read(self.client.exists_async, self.paths.sub(queue, sub)) is not None
+
     def get_cursor(self, queue: str, sub: str) -> tuple[Cursor, int]:
         with self._errors():
             try:

@@ -65,6 +65,7 @@ MIN_ACKS = 1000  # produce acks in each kind of window (the noisy-neighbour dril
 MIN_COMMITS = 200  # the neighbour's commits in each kind of window
 PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after the last answer
 RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
+TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waited, reserved, refused
 # 160 s at 2,000 msgs/s: the attacks start at 20-60 % of the stream and take ~55 s with their
 # set-up (each window ends once the attacker's calls in flight are answered, ~5 s after ATTACK_S);
 # the drill queue must still be written through the last window.
@@ -198,11 +199,11 @@ def _election_head(client: Any, path: str) -> str | None:
     return nodes[0][1] if nodes else None
 
 
-def _counted(url: str) -> dict[str, float]:
-    """The leader's ``ordq_coordinator_requests_total`` by outcome (summed over the rpcs)."""
+def _counted(url: str, name: str = "ordq_coordinator_requests_total") -> dict[str, float]:
+    """The leader's ``name`` by outcome (summed over the rpcs)."""
     out: dict[str, float] = {}
     for s in scrape(url, timeout_s=10.0):
-        if s.name == "ordq_coordinator_requests_total":
+        if s.name == name:
             outcome = s.labels.get("outcome", "")
             out[outcome] = out.get(outcome, 0.0) + s.value
     return out
@@ -316,6 +317,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
         if iso is not None:
             iso.add("capped", [attacker.pid])
         counted_before = _counted(stage.metrics_url)
+        turns_before = _counted(stage.metrics_url, TURNS)
         rss = _RssWatch(stage.pid)
         ctx.fault(f"an attacker with the client certificate and a consume token for {stage.attacked} attacks the "
                   f"leading coordinator {stage.leader} in {ROUNDS} windows of {ATTACK_S:g} s, each after "
@@ -354,12 +356,18 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
             ctx.event("cgroups removed, processes back in the root group" if not left
                       else f"cgroups NOT removed (swept by the next run): {left}")
     ctx.notes["commit_samples"] = probe.samples
+    quiet, attacked = _split(probe.samples, windows)
+    ctx.event(f"the neighbour's Commit p99 quiet {_p99(quiet):.1f} ms, attacked {_p99(attacked):.1f} ms "
+              f"({len(quiet)} and {len(attacked)} commits; judged with the produce acks after the run)")
     ctx.event(f"attacks ended: {dict(sorted(outcomes.items()))}")
     counted_after = _counted(stage.metrics_url)
     counted = {k: v - counted_before.get(k, 0.0) for k, v in counted_after.items() if v > counted_before.get(k, 0.0)}
     ctx.notes["counted"] = counted
     ctx.notes["outcomes"] = outcomes
     ctx.event(f"the leader counted meanwhile: {counted}")
+    turns = {k: v - turns_before.get(k, 0.0) for k, v in _counted(stage.metrics_url, TURNS).items()}
+    ctx.notes["turns"] = turns
+    ctx.event(f"the leader's fair turns meanwhile (coordinator/fair_share.py): {turns}")
     ctx.expect(f"every kind of attack was sent ({', '.join(kinds)}; {ATTACKS_ENV} unset)", kinds == ATTACKS)
     for what, ok in judge_attacks(outcomes, counted, kinds):
         ctx.expect(what, ok)
@@ -400,6 +408,13 @@ def _p99(values: list[float]) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else float("nan")
 
 
+def _split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]]) -> tuple[list[float], list[float]]:
+    """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones."""
+    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
+    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
+    return quiet, attacked
+
+
 def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
     attack windows against the same pooled over the quiet windows between them (same run, same
@@ -412,8 +427,7 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
     series = {"produce ack": ([(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks], MIN_ACKS),
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
     for what, (samples, least) in series.items():
-        quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
-        attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
+        quiet, attacked = _split(samples, windows)
         q, b = _p99(quiet), _p99(attacked)
         per = [(_p99([ms for at, ms in samples if q0 <= at < a0]), _p99([ms for at, ms in samples if a0 <= at < a1]))
                for q0, a0, a1 in windows]

@@ -241,6 +241,7 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
     import time
 
     from ordq.coordinator.client import CoordinatorClient, Held
+    from ordq.drills.neighbour import cpu_seconds
     from tests.cluster import REPO
 
     cluster, address = coordinator
@@ -256,8 +257,21 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
     assert isinstance(lease, Held)
     flood_creds = json.dumps(attrs.evolve(cluster.credentials, token=flooder).to_dict())
 
-    def commits(n: int) -> list[float]:
+    coordinator_pid = cluster.coordinators[0].pid
+    assert coordinator_pid is not None
+    cpu_s = {"quiet": 0.0, "flooded": 0.0}
+    wall_s = {"quiet": 0.0, "flooded": 0.0}
+
+    def commits(n: int, kind: str = "") -> list[float]:
+        """``n`` of the neighbour's Commits, timed; the coordinator's CPU meanwhile under ``kind``."""
         nonlocal lease
+        if kind:
+            t0, c0 = time.monotonic(), cpu_seconds({"c": coordinator_pid})["c"]
+            try:
+                return commits(n)
+            finally:
+                wall_s[kind] += time.monotonic() - t0
+                cpu_s[kind] += cpu_seconds({"c": coordinator_pid})["c"] - c0
         lease = client.heartbeat(lease)  # a slow round on a loaded machine must not outlive it
         took = []
         for _ in range(n):
@@ -274,7 +288,7 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
     try:
         commits(5)  # warm
         for _round in range(3):  # interleaved, as the neighbour drill does
-            quiet += commits(30)
+            quiet += commits(30, "quiet")
             # At the lowest CPU priority: a flood comes from other machines; on this box's two cores
             # the flooder's own Python would otherwise take the coordinator's CPU, which no share
             # of the coordinator's time can give back (failed so beside the rest of the suite).
@@ -283,13 +297,20 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
             try:
                 assert proc.stdout is not None and proc.stdout.readline().startswith("FLOODING")
-                flooded += commits(30)
+                flooded += commits(30, "flooded")
             finally:
                 out, _ = proc.communicate("", timeout=120)
             for k, v in json.loads(out.strip().splitlines()[-1]).items():
                 counts[k] = counts.get(k, 0) + v
         p99 = {name: sorted(xs)[int(len(xs) * 0.99) - 1] for name, xs in (("quiet", quiet), ("flooded", flooded))}
         print(f"commit p99 quiet {p99['quiet'] * 1000:.1f} ms, flooded {p99['flooded'] * 1000:.1f} ms; flood {counts}")
+        for name, xs in (("quiet", quiet), ("flooded", flooded)):  # what a p99 of 90 samples stands on
+            ms = [round(x * 1000, 1) for x in sorted(xs)]
+            print(f"  {name}: p50 {ms[len(ms) // 2]} p90 {ms[int(len(ms) * 0.9) - 1]} worst {ms[-5:]} ms; "
+                  f"the coordinator at {cpu_s[name] / wall_s[name]:.2f} core")
+        metrics = read_metrics(cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1])
+        print("  turns", {o: value(metrics, "ordq_coordinator_turns_total", outcome=o)
+                          for o in ("served", "waited", "reserved", "refused", "paced")})
         assert p99["flooded"] <= max(2 * p99["quiet"], p99["quiet"] + 0.1), p99
         assert counts.get("RESOURCE_EXHAUSTED+hint", 0) >= 1 and "RESOURCE_EXHAUSTED" not in counts, counts
         assert outcomes(cluster, "ResourceExhausted") >= counts["RESOURCE_EXHAUSTED+hint"]
