@@ -171,10 +171,15 @@ def _job_file(name: str | None) -> str | None:
         path = SparkFiles.get(name)
     except Exception as exc:  # noqa: BLE001 - no Spark context in this process: not a Spark job
         raise ConfigError(f"the file {name} shipped with the job cannot be found outside a Spark job: {exc}") from exc
-    if not os.path.isfile(path):
-        raise ConfigError(f"the file {name} did not come with the job (not in {os.path.dirname(path)}): ship it "
-                          "with SparkContext.addFile / spark.files, or use ordq.spark_source.ship_credentials")
-    return path
+    if os.path.isfile(path):
+        return path
+    # Spark 4 runs a streaming source's planner on the driver with the files folder of the
+    # query's own artifacts (``<root>/streaming_job``): the context's files are in the root.
+    shared = os.path.join(os.path.dirname(os.path.dirname(path)), name)
+    if os.path.isfile(shared):
+        return shared
+    raise ConfigError(f"the file {name} did not come with the job (not in {os.path.dirname(path)}): ship it "
+                      "with SparkContext.addFile / spark.files, or use ordq.spark_source.ship_credentials")
 
 
 def _error_names() -> list[str]:
