@@ -39,13 +39,6 @@ Rules:
 
 from __future__ import annotations
 
-import atexit
-import hashlib
-import os
-import re
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -57,7 +50,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound, OrdqError
+from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound
 from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
@@ -65,7 +58,10 @@ from ordq.sdk._cluster import check_cluster, open_coordinator, resolve
 from ordq.sdk._consumer_core import DeliveryFilter
 from ordq.sdk.positions import parse_reset_target, resolve_target
 from ordq.sdk.replicas import DescribedQueues, ReplicaReader
+from ordq.spark_job import FILE_OPTIONS, failure_reason, job_file, ship_credentials
 from ordq.wire.batch import Message, decode_messages, parse_header
+
+__all__ = ["OrdqDataSource", "SourceOptions", "failure_reason", "register", "ship_credentials"]
 
 NAME = "ordq"
 SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key: string, value: binary>>, "
@@ -77,131 +73,11 @@ _OPTIONS = ("bootstrap", "zk", "root", "queue", "start", "rpctimeouts", "replica
 # credentialsFrom: "registered" (the credentials file of the host the planner or task runs on:
 # ``ordq up``'s registration, $ORDQ_TOKEN) or "job" (only the files shipped with the job).
 CREDENTIALS_FROM = ("registered", "job")
-_FILE_OPTIONS = (("ca_file", "cafile"), ("cert_file", "certfile"), ("key_file", "keyfile"), ("token_file", "tokenfile"))
 
 
 def register(spark: SparkSession) -> None:
     """Make ``spark.readStream.format("ordq")`` available in this session."""
     spark.dataSource.register(OrdqDataSource)
-
-
-# -- credentials shipped with the job ------------------------------------------------------------
-
-_SHIP_LOCK = threading.Lock()
-
-
-def ship_credentials(spark: SparkSession, *, bootstrap: str | None = None, zk: str | None = None,
-                     root: str = "/ordq", credentials: Credentials | None = None) -> dict[str, str]:
-    """Send a cluster's client credentials to the executors with the job and return the source
-    options that read them there: ``bootstrap``, ``credentialsFrom=job`` and the names of the
-    shipped files (``caFile``, ``certFile``, ``keyFile``, ``tokenFile``).
-
-    ``credentials`` default to those registered for the cluster (``bootstrap``, or ``zk`` and
-    ``root`` as the SDK names it; ``$ORDQ_TOKEN`` wins for the token). The files go through
-    ``SparkContext.addFile`` (as ``spark.files``/``--files``): Spark serves them from the
-    driver to each executor's work folder; nothing is installed on a worker and nothing is
-    read from a worker's own credentials file. The token goes as a file too (mode 0600 here),
-    so it shows in no option, conf or plan. Each file is named after a digest of all four
-    (``ordq-<digest>-ca.pem``...): two clusters' credentials in one session never collide.
-    On a network others share, turn on ``spark.authenticate`` (the files are served to whoever
-    connects to the driver as an executor).
-
-    ConfigError when no cluster is named or registered, or a file cannot be read."""
-    check_cluster(bootstrap, zk, root)
-    addresses = resolve(bootstrap, zk, root)
-    if credentials is None:
-        _coord, credentials = open_coordinator(bootstrap, zk, root, None)
-        _coord.close()
-    contents: dict[str, bytes] = {}
-    for field, option in _FILE_OPTIONS[:3]:
-        path = getattr(credentials, field)
-        if path is not None:
-            try:
-                contents[option] = Path(path).read_bytes()
-            except OSError as exc:
-                raise ConfigError(f"cannot read {path} to ship it with the job: {exc.strerror}") from exc
-    if credentials.token:
-        contents["tokenfile"] = credentials.token.encode()
-    digest = hashlib.sha256(b"\0".join(o.encode() + b"=" + c for o, c in sorted(contents.items()))).hexdigest()[:16]
-    options = {"bootstrap": addresses, "root": root, "credentialsFrom": "job"}
-    names = {"cafile": ("caFile", "ca.pem"), "certfile": ("certFile", "cert.pem"), "keyfile": ("keyFile", "key.pem"),
-             "tokenfile": ("tokenFile", "token")}
-    sc = spark.sparkContext
-    with _SHIP_LOCK:
-        shipped: set[str] = getattr(sc, "_ordq_shipped_files", set())
-        for option, content in sorted(contents.items()):
-            name = f"ordq-{digest}-{names[option][1]}"
-            if name not in shipped:
-                path = _ship_folder() / name
-                if not path.exists():
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(content)
-                sc.addFile(str(path))
-                shipped.add(name)
-            options[names[option][0]] = name
-        sc._ordq_shipped_files = shipped  # type: ignore[attr-defined]
-    return options
-
-
-_FOLDER: list[Path] = []
-
-
-def _ship_folder() -> Path:
-    """This process's folder of files to ship (mode 0700, removed at exit): Spark refuses a
-    file name added again from another path, so one folder for the process."""
-    if not _FOLDER:
-        folder = Path(tempfile.mkdtemp(prefix="ordq-ship-"))
-        atexit.register(shutil.rmtree, folder, True)
-        _FOLDER.append(folder)
-    return _FOLDER[0]
-
-
-def _job_file(name: str | None) -> str | None:
-    """This process's copy of a file shipped with the job (``SparkFiles.get``), None for None.
-    ConfigError when the job did not bring it."""
-    if name is None:
-        return None
-    if os.sep in name or name in ("", ".", ".."):
-        raise ConfigError(f"{name!r} is not the name of a file shipped with the job (SparkFiles names have no "
-                          "folder): ship it with SparkContext.addFile / spark.files, or use ship_credentials")
-    from pyspark import SparkFiles
-
-    try:
-        path = SparkFiles.get(name)
-    except Exception as exc:  # noqa: BLE001 - no Spark context in this process: not a Spark job
-        raise ConfigError(f"the file {name} shipped with the job cannot be found outside a Spark job: {exc}") from exc
-    if os.path.isfile(path):
-        return path
-    # Spark 4 runs a streaming source's planner on the driver with the files folder of the
-    # query's own artifacts (``<root>/streaming_job``): the context's files are in the root.
-    shared = os.path.join(os.path.dirname(os.path.dirname(path)), name)
-    if os.path.isfile(shared):
-        return shared
-    raise ConfigError(f"the file {name} did not come with the job (not in {os.path.dirname(path)}): ship it "
-                      "with SparkContext.addFile / spark.files, or use ordq.spark_source.ship_credentials")
-
-
-def _error_names() -> list[str]:
-    found, todo = set(), [OrdqError]
-    while todo:
-        cls = todo.pop()
-        found.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    return sorted(found, key=len, reverse=True)
-
-
-def failure_reason(exc: BaseException) -> str:
-    """The one line that says why a query of this source failed: the ordq error the source
-    raised (``PermissionDenied: ...``, ``GapDetected: ...``), found in the Java and Python
-    traces Spark wraps it in; else the failure's first line."""
-    text = str(exc)
-    names = "|".join(_error_names())
-    found = re.search(rf"\b({names}): (.+)$", text, re.M)  # the first: the cause, above any re-raise
-    if found:
-        return f"{found.group(1)}: {found.group(2).strip()}"
-    lines = text.strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 @attrs.frozen(kw_only=True)
@@ -236,7 +112,7 @@ class SourceOptions:
         ConfigError naming a file that did not come with the job."""
         if self.credentials_from != "job":
             return None
-        ca, cert, key, token = (_job_file(getattr(self, f)) for f, _o in _FILE_OPTIONS)
+        ca, cert, key, token = (job_file(getattr(self, f)) for f, _o in FILE_OPTIONS)
         text = None
         if token is not None:
             text = Path(token).read_text(encoding="utf-8").strip() or None
@@ -253,7 +129,7 @@ class SourceOptions:
         source = opts.get("credentialsfrom", "registered")
         if source not in CREDENTIALS_FROM:
             raise ConfigError(f"credentialsFrom {source!r}: one of {', '.join(CREDENTIALS_FROM)}")
-        files = {field: opts.get(option) or None for field, option in _FILE_OPTIONS}
+        files = {field: opts.get(option) or None for field, option in FILE_OPTIONS}
         if source == "job" and not opts.get("bootstrap"):
             raise ConfigError("credentialsFrom 'job' needs .option('bootstrap', 'host:port,...'): a cluster named "
                               "by zk is looked up in the host's credentials file (ship_credentials gives both)")
