@@ -586,6 +586,17 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
 # after the lab drills by ``ordq drill NAME`` and ``drill all``: name -> (fault, what must happen).
 CENTRES: dict[str, tuple[str, str]] = {mirror_lab.NAME: (mirror_lab.FAULT, mirror_lab.MUST)}
 
+# A lab drill whose verdict comes from a Spark standalone cluster started in its lab (issue 44,
+# drills/spark_lab.py): ``ordq drill spark-cluster`` is ``ordq drill LAB_DRILL --spark-cluster``
+# (any part-* drill takes the option). Not in ``drill all``: the same fault as its lab drill.
+SPARK_CLUSTER = "spark-cluster"
+ON_SPARK_CLUSTER: dict[str, tuple[str, str, str]] = {SPARK_CLUSTER: (
+    "part-isolate-head-master",
+    "the head master's host cut from every other host (part-isolate-head-master); the audits verified on a Spark "
+    "standalone cluster started in the lab (master h1, workers h2 and h3, the driver in a client host)",
+    "fail over, fence, reconcile; the verdict the executors on h2/h3 give: nothing lost, reordered or delivered "
+    "twice, as on local[*]")}
+
 # The CI-sized subset run by the default test run (the rest: tox -e slow). Of the security
 # drills only the intruders: the refusals the others drill are each the assertion of a default
 # test on real processes (rogue epoch: test_broker.py::test_a_claimed_epoch_zookeeper_never_issued

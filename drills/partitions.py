@@ -461,9 +461,11 @@ def lab_cluster(folder: Path, out: TextIO | None = None) -> Any:
 
 def run_lab_drills(folder: Path, names: Sequence[str], *, verify: Callable[..., Any], rounds: int = 1,
                    messages: int = 6000, rate: float = 1000.0, seed: int = 0, keep: bool = False,
-                   out: TextIO | None = None) -> list[DrillResult]:
+                   out: TextIO | None = None, spark_cluster: bool = False) -> list[DrillResult]:
     """Each partition drill ``rounds`` times on one lab cluster in ``folder``, then one
-    verification. Where no lab can be made, each is a one-line SKIP."""
+    verification: by ``verify``, or with ``spark_cluster`` on a Spark standalone cluster
+    started in the same lab (``drills/spark_lab.py``; it starts after the drills, so its JVMs
+    do not load the hosts under test). Where no lab can be made, each is a one-line SKIP."""
     why = unavailable()
     if why is not None:
         return [DrillResult(name=n, round=1, seed=seed, queue="", ok=True, skipped=True,
@@ -493,7 +495,14 @@ def run_lab_drills(folder: Path, names: Sequence[str], *, verify: Callable[..., 
                     stream.stop_all()
                 runs.append((fault, r, stream, outcome, error, time.monotonic() - started))
         ready = [s.audit_dir for _f, _r, s, o, e, _t in runs if e is None and o is not None]
-        report = verify(ready, report_path=folder / "report.json") if ready else None
+        report = None
+        if ready and spark_cluster:
+            from ordq.drills.spark_lab import LabSparkVerifier
+
+            with LabSparkVerifier.start(cluster, out=out) as on_cluster:
+                report = on_cluster(ready, report_path=folder / "report.json")
+        elif ready:
+            report = verify(ready, report_path=folder / "report.json")
         results = [_result(f, r, s, o, e, t, report, seed) for f, r, s, o, e, t in runs]
         if not keep:
             for (_f, _r, stream, _o, _e, _t), res in zip(runs, results, strict=True):

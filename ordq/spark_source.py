@@ -19,6 +19,13 @@ ZooKeeper session (issue 37): the queue's state and its groups' live processes c
 coordinator's Describe (``ordq.sdk.replicas.DescribedQueues``), with the cluster's registered
 client credentials (or ``bootstrap`` and the credentials registered for it).
 
+On a cluster (executors on other hosts) the credentials travel with the job, never installed
+on a worker: ``ship_credentials(spark, ...)`` adds the CA, the client certificate and key and
+a file holding the token to the job (``SparkContext.addFile``, what ``spark.files`` and
+``--files`` do) and returns the options naming them (``credentialsFrom=job``, ``caFile`` ...);
+the driver's planner and every task then read their own copies (``SparkFiles.get``) and look
+nothing up on their host.
+
 Rules:
 - A micro-batch ends at what is readable: the end of a sealed segment, the LAC of an open one.
   A sealing segment (its master failed; its end is not decided yet) is read up to its LAC and
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -43,20 +51,28 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from ordq.common.errors import BrokerUnavailable, ConfigError, NotFound
+from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
-from ordq.sdk._cluster import check_cluster, open_coordinator
+from ordq.sdk._cluster import check_cluster, open_coordinator, resolve
 from ordq.sdk._consumer_core import DeliveryFilter
 from ordq.sdk.positions import parse_reset_target, resolve_target
 from ordq.sdk.replicas import DescribedQueues, ReplicaReader
+from ordq.spark_job import FILE_OPTIONS, failure_reason, job_file, ship_credentials
 from ordq.wire.batch import Message, decode_messages, parse_header
+
+__all__ = ["OrdqDataSource", "SourceOptions", "failure_reason", "register", "ship_credentials"]
 
 NAME = "ordq"
 SCHEMA = ("seq long, seg long, offset long, key binary, headers array<struct<key: string, value: binary>>, "
           "timestamp timestamp, payload binary")
 FETCH_MAX_BYTES = 4 << 20
 CHUNK_MESSAGES = 50_000  # per Spark task (a range of one segment)
-_OPTIONS = ("bootstrap", "zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch", "untilseq")
+_OPTIONS = ("bootstrap", "zk", "root", "queue", "start", "rpctimeouts", "replicawaits", "maxrowsperbatch", "untilseq",
+            "credentialsfrom", "cafile", "certfile", "keyfile", "tokenfile")
+# credentialsFrom: "registered" (the credentials file of the host the planner or task runs on:
+# ``ordq up``'s registration, $ORDQ_TOKEN) or "job" (only the files shipped with the job).
+CREDENTIALS_FROM = ("registered", "job")
 
 
 def register(spark: SparkSession) -> None:
@@ -81,6 +97,26 @@ class SourceOptions:
     # No micro-batch reads past this seq (``ordq verify --follow --until-seq``): the query then
     # stops there, where a first batch of a big queue read its whole row cap first (issue 42).
     until_seq: int | None = None
+    # Where the credentials come from (CREDENTIALS_FROM); with "job", the names of the files
+    # shipped with the job (SparkFiles): the cluster CA, the client certificate and its key, a
+    # file holding the token. None of them: plaintext, no token.
+    credentials_from: str = "registered"
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    token_file: str | None = None
+
+    def credentials(self) -> Credentials | None:
+        """The credentials shipped with the job (``credentials_from == "job"``), read from this
+        process's copies of the files (``SparkFiles.get``); None: look them up as registered.
+        ConfigError naming a file that did not come with the job."""
+        if self.credentials_from != "job":
+            return None
+        ca, cert, key, token = (job_file(getattr(self, f)) for f, _o in FILE_OPTIONS)
+        text = None
+        if token is not None:
+            text = Path(token).read_text(encoding="utf-8").strip() or None
+        return Credentials(ca_file=ca, cert_file=cert, key_file=key, token=text)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -88,7 +124,18 @@ class SourceOptions:
         unknown = sorted(set(opts) - set(_OPTIONS) - {"path"})
         if unknown:
             raise ConfigError(f"unknown ordq source option(s): {', '.join(unknown)} (known: bootstrap, zk, root, "
-                              "queue, start, rpcTimeoutS, replicaWaitS, maxRowsPerBatch, untilSeq)")
+                              "queue, start, rpcTimeoutS, replicaWaitS, maxRowsPerBatch, untilSeq, "
+                              "credentialsFrom, caFile, certFile, keyFile, tokenFile)")
+        source = opts.get("credentialsfrom", "registered")
+        if source not in CREDENTIALS_FROM:
+            raise ConfigError(f"credentialsFrom {source!r}: one of {', '.join(CREDENTIALS_FROM)}")
+        files = {field: opts.get(option) or None for field, option in FILE_OPTIONS}
+        if source == "job" and not opts.get("bootstrap"):
+            raise ConfigError("credentialsFrom 'job' needs .option('bootstrap', 'host:port,...'): a cluster named "
+                              "by zk is looked up in the host's credentials file (ship_credentials gives both)")
+        if source != "job" and any(files.values()):
+            raise ConfigError("caFile, certFile, keyFile and tokenFile name files shipped with the job: give "
+                              ".option('credentialsFrom', 'job') with them (ship_credentials gives all of these)")
         if not opts.get("queue"):
             raise ConfigError("the ordq source needs .option('queue', ...)")
         if not opts.get("bootstrap") and not opts.get("zk"):
@@ -103,7 +150,8 @@ class SourceOptions:
                        rpc_timeout_s=float(opts.get("rpctimeouts", 1.0)),
                        replica_wait_s=float(opts.get("replicawaits", 30.0)),
                        max_rows_per_batch=_positive_int(opts.get("maxrowsperbatch")),
-                       until_seq=int(opts["untilseq"]) if opts.get("untilseq") is not None else None)
+                       until_seq=int(opts["untilseq"]) if opts.get("untilseq") is not None else None,
+                       credentials_from=source, **files)
         except ValueError as exc:
             raise ConfigError(f"ordq source: {exc}") from exc
 
@@ -347,15 +395,18 @@ class Clients:
     coord: CoordinatorClient
     store: DescribedQueues
     reader: ReplicaReader
+    bootstrap: str  # the coordinators' addresses it reached
+    credentials: Credentials  # what it presents
 
     @classmethod
     def open(cls, o: SourceOptions) -> Clients:
         from ordq.wire.client import GrpcTransport
 
-        coord, credentials = open_coordinator(o.bootstrap, o.zk, o.root, None)
+        coord, credentials = open_coordinator(o.bootstrap, o.zk, o.root, o.credentials())
         store = DescribedQueues(coord)
         transport = GrpcTransport(rpc_timeout_s=o.rpc_timeout_s, credentials=credentials)
-        return cls(coord, store, ReplicaReader(store, transport))  # type: ignore[arg-type]
+        return cls(coord, store, ReplicaReader(store, transport),  # type: ignore[arg-type]
+                   resolve(o.bootstrap, o.zk, o.root), credentials)
 
     def close(self) -> None:
         self.reader.close()

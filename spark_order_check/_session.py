@@ -148,7 +148,21 @@ def make_session(master: str | None = None, *, conf: Mapping[str, str] | None = 
     for key, value in settings.items():
         builder = builder.config(key, value)
     if master is None or not master.startswith("local"):
-        session = builder.getOrCreate()
+        # The planner of a Python data source (the ordq streaming source) runs on the driver's
+        # host in the interpreter the driver JVM finds in PYSPARK_PYTHON (``spark.pyspark.python``
+        # is not read for it), and PySpark's own default for the executors' Python functions is
+        # that variable too: without it both are ``python3`` from PATH, which lacks ordq's
+        # dependencies (measured in the lab: ModuleNotFoundError for prometheus_client). Set
+        # meanwhile, as for a local master, to the executors' interpreter.
+        python = settings.get("spark.pyspark.python")
+        if "PYSPARK_PYTHON" in os.environ or python is None:
+            session = builder.getOrCreate()
+        else:
+            os.environ["PYSPARK_PYTHON"] = python
+            try:
+                session = builder.getOrCreate()
+            finally:
+                del os.environ["PYSPARK_PYTHON"]
         ship_code(session)
         return session
     if "PYSPARK_PYTHON" in os.environ:

@@ -73,6 +73,18 @@ def _conf(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def skip_dirs(audit_dirs: Sequence[str]) -> list[str]:
+    """``AUDIT_DIR/skips`` of each audit folder holding skip records (a consumer parked), as
+    given: a local path or a ``file://`` URL (looked at on this host; a ``file://`` folder
+    read as a plain path missed them, and a parked seq was counted lost)."""
+    out = []
+    for d in audit_dirs:
+        local = d[len("file://"):] if d.startswith("file://") else d
+        if glob.glob(os.path.join(glob.escape(local), "skips", "*.tsv*")):
+            out.append(os.path.join(d, "skips"))
+    return out
+
+
 def run(args: argparse.Namespace, *, prog: str) -> int:
     """Run the verification the parsed ``args`` describe; print the summary or JSON."""
     if getattr(args, "copy_of", None):
@@ -82,8 +94,7 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         deliveries = list(args.deliveries) + [os.path.join(d, "deliveries") for d in args.audit_dirs]
         if not acks or not deliveries:
             raise ConfigError("give an AUDIT_DIR, or both --acks and --deliveries")
-        skips = list(args.skips) + [os.path.join(d, "skips") for d in args.audit_dirs
-                                    if glob.glob(os.path.join(glob.escape(d), "skips", "*.tsv*"))]
+        skips = list(args.skips) + skip_dirs(args.audit_dirs)
         conf = _conf(args.conf)
         refuse_remote(args.remote)
         from ordq.spark_order_check._verify import verify

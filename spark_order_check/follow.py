@@ -22,7 +22,6 @@ Only the last row of a batch is carried to the next (a bounded state: one seq an
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pyspark.sql import types as T
 from ordq.coordinator.state import Cursor
 from ordq.spark_order_check._checks import instance_findings
 from ordq.spark_order_check._session import make_session
-from ordq.spark_source import Clients, SourceOptions, readable_end, register
+from ordq.spark_source import Clients, SourceOptions, failure_reason, readable_end, register, ship_credentials
 
 VIOLATIONS = ("duplicate", "gap", "out_of_order")
 _STREAM = "follow"  # the subscription / consumer columns of the rule code's stream key
@@ -186,6 +185,9 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     spark.sparkContext.setLogLevel("ERROR")  # the running summary is the output; a failure ends in the verdict
     _quiet_stream_logs(spark)
     register(spark)
+    # The credentials the driver reached the cluster with go to the executors with the job (a
+    # cluster's workers have none of their own): the planner and every task read those copies.
+    shipped = ship_credentials(spark, bootstrap=clients.bootstrap, root=o.root, credentials=clients.credentials)
     state = FollowState(o.queue)
 
     def emit(event: str) -> None:
@@ -220,9 +222,7 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     checkpoint = o.checkpoint or scratch.name  # type: ignore[union-attr]
 
     def start() -> Any:
-        source = spark.readStream.format("ordq").option("zk", o.zk).option("root", o.root)
-        if o.bootstrap:
-            source = source.option("bootstrap", o.bootstrap)
+        source = spark.readStream.format("ordq").options(**shipped)
         if o.until_seq is not None:  # no micro-batch reads past it: the query stops there
             source = source.option("untilSeq", str(o.until_seq))
         df = (source.option("queue", o.queue).option("start", o.start)
@@ -341,10 +341,7 @@ def _quiet_stream_logs(spark: SparkSession) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    """``GapDetected: message`` when the ordq source raised it (deep in the Java/Python
-    traceback a failed query carries), else the failure's first line."""
-    found = re.search(r"GapDetected: (.+)$", str(exc), re.M)
-    if found:
-        return f"GapDetected: {found.group(1).strip()}"
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    """``GapDetected: message`` (or another ordq error: ``PermissionDenied: ...``) when the ordq
+    source raised it (deep in the Java/Python traceback a failed query carries), else the
+    failure's first line."""
+    return failure_reason(exc)

@@ -200,6 +200,27 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        """The report ``to_dict`` gave (``ordq verify --json`` printed): what a verification run
+        elsewhere (a driver on another host) found. The latency histogram is not rebuilt."""
+        classes = tuple(ClassResult(name=name, violation=c["violation"], count=c["count"], findings=c["findings"],
+                                    by_subscription=tuple((b["queue"], b["subscription"], b["count"])
+                                                          for b in c["by_subscription"]),
+                                    examples=tuple(c["examples"]))
+                        for name, c in d["checks"].items())
+        order = {c.name: i for i, c in enumerate(CLASSES)}
+        return cls(
+            ok=d["ok"], classes=tuple(sorted(classes, key=lambda c: order.get(c.name, len(order)))),
+            inputs=Inputs(**d["inputs"]),
+            queues=tuple(QueueStats(**{**q, "producers": tuple(q["producers"])}) for q in d["queues"]),
+            subscriptions=tuple(SubscriptionStats(**{**s, "consumers": tuple(s["consumers"]),
+                                                     "latency": Latency(**s["latency"])})
+                                for s in d["subscriptions"]),
+            instances=tuple(InstanceStats(**i) for i in d["consumer_instances"]),
+            latency_method=d["latency_method"], seconds=d["seconds"], keyed=tuple(d["keyed_subscriptions"]),
+            notes=tuple(d["notes"]), topics=tuple(d["topics"]))
+
     def summary(self) -> str:
         """A human summary: verdict, inputs, per-subscription figures, counts, examples."""
         out: list[str] = []

@@ -82,6 +82,23 @@ def test_without_a_lab_each_partition_drill_is_skipped_with_one_line(monkeypatch
     assert "0 passed, 0 failed, 2 skipped" in out, out
 
 
+def test_the_spark_cluster_drill_is_listed_and_its_option_refused_where_it_does_not_apply(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``ordq drill spark-cluster`` (issue 44): a lab drill verified on the lab's Spark cluster,
+    listed by ``drill list``; ``--spark-cluster`` with ``--master``, without a lab drill, or on
+    the randomized run: one line, before anything starts."""
+    assert main(["drill", "list", "--json"]) == 0
+    rows = {row["drill"]: row for row in json.loads(capsys.readouterr().out)}
+    assert "spark-cluster" in rows and "Spark standalone cluster" in rows["spark-cluster"]["fault"]
+    for argv, message in (
+            (["drill", "spark-cluster", "--master", "local[2]"], "give no --master"),
+            (["drill", "kill-head-master", "--spark-cluster"], "name one"),
+            (["drill", "partitions", "--spark-cluster"], "not the randomized run")):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
 # -- in a lab (slow) -------------------------------------------------------------------------------
 
 _NO_LAB = unavailable()
@@ -97,6 +114,24 @@ def test_partition_drills_through_ordq_drill(capsys: pytest.CaptureFixture[str])
     assert code == 0, {n: (d["verdict"], d["expectations"]) for n, d in rows.items()}
     assert set(rows) == {"part-master-slave", "part-producer-zk"}
     assert all(d["lost"] == 0 and d["reordered"] == 0 and d["delivered"] == d["acked"] for d in rows.values())
+
+
+@pytest.mark.slow
+@needs_lab
+def test_a_lab_drill_verified_on_the_labs_spark_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """``ordq drill spark-cluster``: part-isolate-head-master in a lab, its audits verified by a
+    driver in a client host of the lab on a Spark standalone cluster started there (workers on
+    h2 and h3): the verdict PASS, one progress line per stage, and no Spark process left."""
+    pytest.importorskip("pyspark", reason="the Spark cluster needs PySpark: pip install 'ordq[spark]'")
+    code = main(["drill", "spark-cluster", "--seed", "5", "--json"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    rows = {d["name"]: d for d in doc["drills"]}
+    assert code == 0, {n: (d["verdict"], d["expectations"]) for n, d in rows.items()}
+    assert set(rows) == {"part-isolate-head-master"}
+    assert all(d["lost"] == 0 and d["reordered"] == 0 and d["delivered"] == d["acked"] for d in rows.values())
+    assert "Spark cluster spark://" in captured.err, captured.err[-3000:]
+    assert any(line.strip().startswith("spark stage ") for line in captured.err.splitlines()), captured.err[-3000:]
 
 
 @pytest.mark.slow

@@ -8,6 +8,11 @@ hosts share, read as ``file://`` paths.
   line per stage;
 - a worker and its executor killed (kill -9) mid-job: the same verdict (Spark reruns the lost
   tasks on the other worker);
+- the streaming source on the cluster: ``ordq verify --follow --master spark://...`` from h4
+  checks a queue of an ordq cluster deployed in the same lab (ordq/lab/cluster.py), its tasks
+  running in the executors on h2/h3, which hold no credentials of their own: the client
+  certificate and the token reach them as files of the job (``ship_credentials``); a wrong
+  token fails the query with the one-line refusal;
 - docs/SPARK.md, "In the lab of hosts": ``ordq lab spark up|down`` start and remove the
   cluster, and a verify on it shows the output the doc shows.
 
@@ -39,6 +44,7 @@ pytest.importorskip("pyspark", reason="the Spark cluster needs PySpark: pip inst
 
 from ordq.cli import main as ordq_main  # noqa: E402
 from ordq.lab import Lab  # noqa: E402
+from ordq.lab.cluster import HOSTS, LabCluster  # noqa: E402
 from ordq.lab.netns import in_namespace  # noqa: E402
 from ordq.lab.spark import LabSpark  # noqa: E402
 from ordq.spark_order_check.generate import Expected, Injections, Scenario, generate  # noqa: E402
@@ -59,7 +65,7 @@ EXECUTOR_CONF = ["--conf", "spark.driver.memory=768m", "--conf", "spark.executor
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    the_lab = Lab.create(tmp_path_factory.mktemp("lab"), hosts=4)
+    the_lab = Lab.create(tmp_path_factory.mktemp("lab"), hosts=HOSTS)  # an ordq cluster's 5 hosts
     try:
         yield the_lab
     finally:
@@ -75,6 +81,19 @@ def cluster(lab: Lab) -> Iterator[LabSpark]:
         yield spark
     finally:
         spark.stop()
+
+
+@pytest.fixture(scope="module")
+def ordq_cluster(lab: Lab) -> Iterator[LabCluster]:
+    """An ordq cluster in the same lab (ZooKeeper, brokers and coordinators on h1-h3, beside
+    Spark's daemons), for the streaming source; started only by the tests that use it."""
+    started = time.monotonic()
+    the_cluster = LabCluster.start(lab)
+    print(f"\nordq cluster up in {time.monotonic() - started:.1f}s ({the_cluster.bootstrap})")
+    try:
+        yield the_cluster
+    finally:
+        the_cluster.stop()
 
 
 def audits(folder: Path, scenario: Scenario) -> tuple[Path, Expected]:
@@ -123,8 +142,8 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     """What must not depend on where Spark ran: ok, every class's count, findings, counts per
     subscription and examples, and the inputs' rows."""
     return {"ok": report["ok"], "inputs": report["inputs"],
-            "classes": {c["name"]: (c["count"], c["findings"], c["by_subscription"], c["examples"])
-                        for c in report["classes"]}}
+            "classes": {name: (c["count"], c["findings"], c["by_subscription"], c["examples"])
+                        for name, c in report["checks"].items()}}
 
 
 def stage_lines(stderr: str) -> list[str]:
@@ -138,7 +157,7 @@ def test_the_verdict_on_the_cluster_equals_local(lab: Lab, cluster: LabSpark, tm
     on_cluster = json.loads(out)
     local = local_report(run)
     assert verdict(on_cluster) == verdict(local)
-    assert {c["name"]: c["count"] for c in on_cluster["classes"]} == {c.name: expected.counts[c.name]
+    assert {name: c["count"] for name, c in on_cluster["checks"].items()} == {c.name: expected.counts[c.name]
                                                                       for c in CLASSES}
     # One progress line per finished stage, the phases named; executors on both workers.
     lines = stage_lines(err)
@@ -168,6 +187,73 @@ def test_ordq_reaches_the_executors_as_a_zip(lab: Lab, cluster: LabSpark) -> Non
         assert "/ordq.zip/ordq/__init__.py" in path and path.startswith(str(cluster.folder.resolve())), paths
 
 
+STREAM_MESSAGES = 3000
+
+
+def test_the_streaming_source_reads_the_lab_cluster_with_credentials_shipped_with_the_job(
+        lab: Lab, cluster: LabSpark, ordq_cluster: LabCluster, tmp_path: Path) -> None:
+    """``ordq verify --follow QUEUE --master spark://...`` from h4: the executors on h2/h3 read
+    the queue from the brokers with the client certificate and the token the driver shipped
+    (``SparkContext.addFile``; their copies are in the executors' work folders), never from a
+    credentials file of theirs (the workers' environment names the test's, which knows nothing
+    of this cluster). Tokens are enforced: only the shipped token lets them read. A wrong token
+    fails in one line, from the CLI and as a query's failure (``failure_reason``)."""
+    ordq_cluster.call(DRIVER, ["queue", "create", "ledger"])
+    ordq_cluster.call(DRIVER, ["produce", "ledger", "--count", str(STREAM_MESSAGES)], timeout_s=300)
+    created = json.loads(ordq_cluster.call(DRIVER, ["--json", "auth", "create", "--role", "consume:ledger"]))
+    token_file = tmp_path / "reader.token"
+    token_file.write_text(created["token"])
+    out = ordq_cluster.call(DRIVER, [
+        "--token-file", str(token_file), "--json", "verify", "--follow", "ledger", "--master", cluster.master_url,
+        "--until-seq", str(STREAM_MESSAGES - 1), "--max-rows-per-batch", "1000", "--trigger", "2s",
+        "--until", "20m", *EXECUTOR_CONF], timeout_s=VERIFY_TIMEOUT_S)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    verdict = events[-1]
+    assert verdict["event"] == "verdict" and verdict["verdict"] == "clean", out[-3000:]
+    assert verdict["rows"] == STREAM_MESSAGES and verdict["last_seq"] == STREAM_MESSAGES - 1, verdict
+    # The tasks ran in the executors (a standalone driver runs none), which got the files there.
+    shipped = {host: sorted(p.name for p in (cluster.folder / host / "work").glob("app-*/*/ordq-*"))
+               for host in cluster.layout.workers}
+    assert any(shipped.values()), shipped
+    for names in shipped.values():
+        assert not names or {n.rsplit("-", 1)[1] for n in names} == {"ca.pem", "cert.pem", "key.pem", "token"}, names
+    # The token is in no log of the Spark daemons, executors and the driver: only in the files.
+    logs = [*cluster.folder.rglob("std*"), *(lab.folder / "run").glob("*spark*.log")]
+    assert logs and not [p for p in logs if created["token"] in p.read_text(errors="replace")], logs
+
+    # A wrong token: refused in one line by the CLI before Spark starts ...
+    wrong = "ordq_00000000_" + "A" * 43
+    refused = subprocess.run(in_namespace(lab.namespace(DRIVER), ordq_cluster.client_argv(
+        ["--token", wrong, "verify", "--follow", "ledger", "--master", cluster.master_url, "--until", "1m"])),
+        capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-3000:]
+    assert "permission denied" in refused.stderr, refused.stderr
+    # ... and a query given it fails with the refusal as its one-line reason.
+    script = (
+        "import sys\n"
+        "import attrs\n"
+        "from ordq.common.security import lookup\n"
+        "from ordq.spark_order_check._session import make_session\n"
+        "from ordq.spark_source import failure_reason, register, ship_credentials\n"
+        "master, zk, bootstrap, wrong = sys.argv[1:5]\n"
+        "s = make_session(master, conf={'spark.executor.memory': '768m', 'spark.driver.memory': '768m'})\n"
+        "register(s)\n"
+        "options = ship_credentials(s, bootstrap=bootstrap, credentials=attrs.evolve(lookup(zk), token=wrong))\n"
+        "q = (s.readStream.format('ordq').options(**options).option('queue', 'ledger').load()\n"
+        "     .writeStream.format('noop').trigger(availableNow=True).start())\n"
+        "try:\n"
+        "    q.awaitTermination(600)\n"
+        "except Exception:\n"
+        "    pass\n"
+        "print('REASON', failure_reason(q.exception()) if q.exception() else None)\n"
+        "s.stop()\n")
+    out = lab.call(DRIVER, ["env", *(f"{k}={v}" for k, v in ordq_cluster.client_env().items()), sys.executable,
+                            "-c", script, cluster.master_url, ordq_cluster.zk_hosts, ordq_cluster.bootstrap, wrong],
+                   timeout_s=VERIFY_TIMEOUT_S)
+    reason = next(line for line in out.splitlines() if line.startswith("REASON "))[len("REASON "):]
+    assert reason.startswith("PermissionDenied: permission denied"), out[-3000:]
+
+
 def test_a_worker_killed_mid_job_changes_nothing(lab: Lab, cluster: LabSpark, tmp_path: Path) -> None:
     """kill -9 of the worker on h2 and its executor once the job has finished a stage: Spark
     reruns what was lost on h3; the verdict is the one local[2] gives. Last in this module: the
@@ -192,7 +278,7 @@ def test_a_worker_killed_mid_job_changes_nothing(lab: Lab, cluster: LabSpark, tm
     assert killed_while_running, "the job ended before the kill: nothing was tested"
     assert code == 1, err[-3000:]
     on_cluster = json.loads(out)
-    assert {c["name"]: c["count"] for c in on_cluster["classes"]} == {c.name: expected.counts[c.name]
+    assert {name: c["count"] for name, c in on_cluster["checks"].items()} == {c.name: expected.counts[c.name]
                                                                       for c in CLASSES}
     assert verdict(on_cluster) == verdict(local_report(run))
     assert "Lost executor" in err or "lost" in err.lower(), err[-3000:]

@@ -5,6 +5,7 @@ tests/test_lab_spark.py (slow, in the lab)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -90,3 +91,94 @@ def test_progress_prints_one_line_per_stage_named_by_phase(tmp_path: Path) -> No
     assert lines and all(line.startswith("stage ") and " tasks in " in line for line in lines), lines
     named = {line[line.rindex("[") + 1:-1] for line in lines if line.endswith("]")}
     assert {"1 read, partition, statistics", "3 findings, counts"} <= named, lines
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"credentialsFrom": "job"}, "needs .option('bootstrap'"),
+    ({"bootstrap": "h:1", "credentialsFrom": "host"}, "credentialsFrom 'host': one of registered, job"),
+    ({"bootstrap": "h:1", "tokenFile": "t"}, "give .option('credentialsFrom', 'job') with them"),
+])
+def test_credentials_options_are_checked_when_the_query_starts(options: dict[str, str], message: str) -> None:
+    from ordq.spark_source import SourceOptions
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SourceOptions.parse({"queue": "q", **options})
+
+
+def test_shipped_credentials_are_read_from_the_jobs_files_only(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``credentialsFrom=job`` the credentials are the job's copies (``SparkFiles.get``),
+    a missing one a one-line ConfigError; a path is no file name of the job."""
+    from pyspark import SparkFiles
+
+    from ordq.spark_source import SourceOptions
+
+    (tmp_path / "ordq-x-ca.pem").write_text("CA")
+    (tmp_path / "ordq-x-token").write_text("ordq_token\n")
+    monkeypatch.setattr(SparkFiles, "_root_directory", str(tmp_path))
+    monkeypatch.setattr(SparkFiles, "_is_running_on_worker", True)
+    o = SourceOptions.parse({"queue": "q", "bootstrap": "h:1", "credentialsFrom": "job", "caFile": "ordq-x-ca.pem",
+                             "tokenFile": "ordq-x-token"})
+    creds = o.credentials()
+    assert creds is not None and creds.ca_file == str(tmp_path / "ordq-x-ca.pem") and creds.token == "ordq_token"
+    assert creds.cert_file is None and creds.key_file is None
+    assert SourceOptions.parse({"queue": "q", "bootstrap": "h:1"}).credentials() is None  # looked up as registered
+    missing = SourceOptions.parse({"queue": "q", "bootstrap": "h:1", "credentialsFrom": "job", "caFile": "gone.pem"})
+    with pytest.raises(ConfigError, match="the file gone.pem did not come with the job"):
+        missing.credentials()
+    path = SourceOptions.parse({"queue": "q", "bootstrap": "h:1", "credentialsFrom": "job", "caFile": "/etc/ca.pem"})
+    with pytest.raises(ConfigError, match="is not the name of a file shipped with the job"):
+        path.credentials()
+
+
+def test_the_failure_reason_is_the_ordq_error_in_sparks_trace() -> None:
+    from ordq.spark_source import failure_reason
+
+    trace = ("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [PYTHON_STREAMING_DATA_SOURCE_"
+             "RUNTIME_ERROR] Failed when Python streaming data source perform initialOffset: Traceback (most "
+             "recent call last):\n  File \"/x/spark_source.py\", line 500, in initialOffset\n"
+             "ordq.common.errors.PermissionDenied: permission denied: 'consume' on queue 'q': unknown token\n"
+             "\tat org.apache.spark.sql.execution.python.PythonStreamingSourceRunner.x(Runner.scala:1)\n")
+    assert failure_reason(RuntimeError(trace)) == ("PermissionDenied: permission denied: 'consume' on queue 'q': "
+                                                   "unknown token")
+    assert failure_reason(RuntimeError("GapDetected: queue 'q': expected seq 5, got 7")).startswith("GapDetected: ")
+    assert failure_reason(RuntimeError("first line\nsecond")) == "first line"
+
+
+def test_a_report_comes_back_whole_from_its_json() -> None:
+    """``Report.from_dict`` (a verdict made by a driver on another host, ``drills/spark_lab.py``):
+    what ``to_dict`` wrote, read back equal (but the latency histogram)."""
+    import json
+
+    from ordq.spark_order_check.report import (
+        CLASSES,
+        ClassResult,
+        Inputs,
+        InstanceStats,
+        Latency,
+        QueueStats,
+        Report,
+        SubscriptionStats,
+    )
+
+    classes = tuple(ClassResult(name=c.name, violation=i % 3 == 0, count=i, findings=i // 2,
+                                by_subscription=(("q", "s", i), (None, None, 1)) if i else (),
+                                examples=({"seq": i, "queue": "q"},) if i else ()) for i, c in enumerate(CLASSES))
+    report = Report(ok=False, classes=classes, inputs=Inputs(1, 2, 30, 40, 0, 3, 50),
+                    queues=(QueueStats("q", 30, ("P", "P2"), 0, 29),),
+                    subscriptions=(SubscriptionStats("q", "s", 40, ("c1",), 0, 29, Latency(40, 1, 2, 3, 4, 0, 0)),),
+                    instances=(InstanceStats("q", "s", "c1", 40, 2, 0, 29),), latency_method="m", seconds=1.5,
+                    keyed=("s",), notes=("n",), topics=("t",))
+    assert Report.from_dict(json.loads(report.to_json())) == report
+
+
+def test_skip_records_are_found_in_an_audit_folder_given_as_a_file_url(tmp_path: Path) -> None:
+    """``ordq verify file:///run --master spark://...`` (tests/test_lab_spark.py): the skip
+    records of a ``file://`` audit folder are read too (found missing: parked seqs counted lost)."""
+    from ordq.spark_order_check.cli import skip_dirs
+
+    (tmp_path / "run" / "skips").mkdir(parents=True)
+    (tmp_path / "run" / "skips" / "c1-0.tsv").write_text("header\n")
+    (tmp_path / "bare").mkdir()
+    assert skip_dirs([f"file://{tmp_path}/run", str(tmp_path / "run"), f"file://{tmp_path}/bare"]) == [
+        f"file://{tmp_path}/run/skips", str(tmp_path / "run" / "skips")]

@@ -5,6 +5,7 @@ exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from pathlib import Path
@@ -248,3 +249,46 @@ def test_batches_cut_at_until_seq_end_exactly_there(sizes: list[int], resend: in
             break
         at = cut
     assert at.last_seq == max(min(until, end.last_seq), true_first[0] + start_off - 1)
+
+
+def test_credentials_shipped_with_the_job_are_what_the_query_reads_with(cluster: Cluster, spark: Any) -> None:
+    """``ship_credentials`` (issue 44): the token travels as a file of the job (SparkFiles), so
+    with tokens enforced a query whose options name only the shipped files reads the queue (the
+    host's registered credentials hold no token: without the shipped one every call is refused);
+    a wrong token fails the query, and ``failure_reason`` gives the refusal in one line."""
+    import json
+
+    import attrs
+    from pyspark.errors import StreamingQueryException
+
+    from ordq.spark_source import failure_reason, ship_credentials
+
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    done = cluster.ordq("produce", "q", "--count", "300")
+    assert done.returncode == 0, done.stderr.decode()
+    created = cluster.ordq("--json", "auth", "create", "--role", "consume:q")  # tokens enforced from here
+    assert created.returncode == 0, created.stderr.decode()
+    token = json.loads(created.stdout)["token"]
+    register(spark)
+
+    def run(credentials: Any, name: str) -> Any:
+        options = ship_credentials(spark, bootstrap=cluster.bootstrap, credentials=credentials)
+        assert options["credentialsFrom"] == "job" and options["tokenFile"].startswith("ordq-")
+        assert token not in json.dumps(options)  # the token is in no option: in a shipped file
+        df = spark.readStream.format("ordq").options(**options).option("queue", "q").load()
+        query = df.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+        try:
+            with contextlib.suppress(StreamingQueryException):
+                assert query.awaitTermination(load_stretched(120)), f"not finished: {query.recentProgress}"
+        finally:
+            query.stop()
+        return query
+
+    good = run(attrs.evolve(cluster.credentials, token=token), "shipped")
+    assert good.exception() is None, failure_reason(good.exception())
+    assert sorted(r.seq for r in spark.sql("SELECT seq FROM shipped").collect()) == list(range(300))
+    bad = run(attrs.evolve(cluster.credentials, token="ordq_00000000_" + "A" * 43), "refused")
+    assert bad.exception() is not None
+    reason = failure_reason(bad.exception())
+    assert reason.startswith("PermissionDenied: permission denied") and "\n" not in reason, reason

@@ -55,6 +55,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--rate", type=rate(), default=None,
                         help="messages per second (default 4000; 100 for 'partitions')")
     parser.add_argument("--master", default=None, help="Spark master for the verifier (default local[*])")
+    parser.add_argument("--spark-cluster", action="store_true",
+                        help="verify the lab drills (part-*) on a Spark standalone cluster started in their lab "
+                             "(master h1, workers h2 and h3; the driver in a client host), not in this process; "
+                             "docs/SPARK.md")
     parser.add_argument("--link-cut", type=int_in(1, 3600), default=None, metavar="SECONDS",
                         help="how long the mirror drill cuts the link between its two centres (default 20)")
     parser.add_argument("--keep", action="store_true", help="keep every drill's files (audit, logs, report)")
@@ -64,13 +68,15 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from ordq.drills.catalog import CENTRES, DRILLS
+    from ordq.drills.catalog import CENTRES, DRILLS, ON_SPARK_CLUSTER
     from ordq.drills.partitions import PARTITIONS
 
     if args.names == ["list"]:
         rows = [{"drill": d.name, "fault": d.fault, "must_happen": d.must} for d in DRILLS.values()]
         rows += [{"drill": f.name, "fault": f.fault, "must_happen": f.must} for f in PARTITIONS.values()]
         rows += [{"drill": n, "fault": fault, "must_happen": must} for n, (fault, must) in CENTRES.items()]
+        rows += [{"drill": n, "fault": fault, "must_happen": must}
+                 for n, (_lab, fault, must) in ON_SPARK_CLUSTER.items()]
         if wants_json(args):
             emit_json(rows)
         else:
@@ -81,8 +87,16 @@ def cmd_drill(args: argparse.Namespace) -> int:
         return 0
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     if args.names == ["partitions"]:
+        if getattr(args, "spark_cluster", False):
+            from ordq.common.errors import ConfigError
+
+            raise ConfigError("--spark-cluster verifies named lab drills (part-*), not the randomized run")
         return run_randomized(args, seed)
-    names = [*DRILLS, *PARTITIONS, *CENTRES] if args.names == ["all"] else args.names
+    names = [*DRILLS, *PARTITIONS, *CENTRES] if args.names == ["all"] else list(args.names)
+    for name, (lab_drill, _fault, _must) in ON_SPARK_CLUSTER.items():  # a lab drill, verified on the lab's Spark
+        if name in names:
+            names = [n for n in names if n != name] + ([lab_drill] if lab_drill not in names else [])
+            args.spark_cluster = True
     unknown = [n for n in names if n not in DRILLS and n not in PARTITIONS and n not in CENTRES]
     if unknown:
         from ordq.common.errors import ConfigError
@@ -92,6 +106,15 @@ def cmd_drill(args: argparse.Namespace) -> int:
         from ordq.common.errors import ConfigError
 
         raise ConfigError("--rounds must be >= 1")
+    if getattr(args, "spark_cluster", False):
+        from ordq.common.errors import ConfigError
+
+        if args.master is not None:
+            raise ConfigError("--spark-cluster starts the Spark cluster the lab drills are verified on: "
+                              "give no --master")
+        if not any(n in PARTITIONS for n in names):
+            raise ConfigError("--spark-cluster verifies the lab drills (part-*, ordq drill list) on the lab's Spark "
+                              "cluster: name one")
     drills = [DRILLS[n] for n in names if n in DRILLS]
     for drill in drills:
         if drill.requires is not None:
@@ -121,7 +144,8 @@ def run_drills(args: argparse.Namespace, drills: list[Any], lab_drills: list[str
                 out.write(f"partition drills: a lab cluster in {folder}\n")
                 out.flush()
                 lab_results = run_lab_drills(folder, lab_drills, verify=verifier, rounds=args.rounds, seed=seed,
-                                             keep=args.keep, out=out)
+                                             keep=args.keep, out=out,
+                                             spark_cluster=bool(getattr(args, "spark_cluster", False)))
                 if all(r.ok for r in lab_results) and not args.keep:
                     shutil.rmtree(folder, ignore_errors=True)
                 else:
