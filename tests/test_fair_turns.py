@@ -143,19 +143,30 @@ def test_a_neighbours_call_starts_at_once_beside_a_flood_holding_every_shared_sl
     assert turns.stats.served == 5 and turns.stats.refused == 0
 
 
-def test_with_three_callers_a_flood_runs_one_call_and_the_others_start_at_once(turns: FairTurns) -> None:
-    """The drill's three callers: a flooder, the neighbour committing, the drill's consumer. Once
-    all three called, the flood runs one call at a time (its part of 2 + 1 slots), so the
-    neighbour's and the consumer's calls both start at once beside it."""
-    for who in ("neighbour", "consumer"):  # each called lately
+def _called_lately(turns: FairTurns, *callers: str) -> None:
+    """Each of ``callers`` made one call that ended: they count as calling lately."""
+    for who in callers:
         call = _Call(turns, who)
         assert call.entered.wait(10)
         call.end()
+
+
+def _flood_running_one_call(turns: FairTurns) -> tuple[_Call, _Call]:
+    """The flooder's first call running and its second waiting, though a shared slot is free."""
     flood = _Call(turns, "flooder")
     assert flood.entered.wait(10)
     more = _Call(turns, "flooder")
     wait_until(lambda: "flooder" in turns._waiting, timeout_s=10, what="the flooder's second call waiting")
-    assert turns.slots.running == 1  # a shared slot is free, but not for the flooder's second call
+    assert turns.slots.running == 1
+    return flood, more
+
+
+def test_with_three_callers_a_flood_runs_one_call_and_the_others_start_at_once(turns: FairTurns) -> None:
+    """The drill's three callers: a flooder, the neighbour committing, the drill's consumer. Once
+    all three called, the flood runs one call at a time (its part of 2 + 1 slots), so the
+    neighbour's and the consumer's calls both start at once beside it."""
+    _called_lately(turns, "neighbour", "consumer")
+    flood, more = _flood_running_one_call(turns)
     others = [_Call(turns, who) for who in ("neighbour", "consumer")]
     for c in others:
         assert c.entered.wait(10), "a caller within its part waited behind the flood"
@@ -174,14 +185,8 @@ def test_with_two_callers_a_flood_runs_one_call_and_the_neighbour_runs_beside_it
     Describes: at load 17-29 its p99 was 2.2x quiet (320 against 147 ms). Rounded down, the
     flood runs one call while the neighbour called lately, and the neighbour's call runs in a
     shared slot beside that one alone; the reserved slot stays free for a third caller."""
-    call = _Call(turns, "neighbour")  # the neighbour called lately
-    assert call.entered.wait(10)
-    call.end()
-    flood = _Call(turns, "flooder")
-    assert flood.entered.wait(10)
-    more = _Call(turns, "flooder")
-    wait_until(lambda: "flooder" in turns._waiting, timeout_s=10, what="the flooder's second call waiting")
-    assert turns.slots.running == 1
+    _called_lately(turns, "neighbour")
+    flood, more = _flood_running_one_call(turns)
     neighbour = _Call(turns, "neighbour")
     assert neighbour.entered.wait(10), "the neighbour waited behind the flood"
     assert turns.slots.running_of == {"flooder": 1, "neighbour": 1} and turns.stats.reserved == 0
