@@ -173,15 +173,19 @@ def follow(o: FollowOptions, *, out: TextIO = sys.stdout) -> FollowState:
     is ``clean``, ``violations`` or ``error`` (the query failed for another reason)."""
     # A missing ZooKeeper or queue: a one-line error before Spark starts.
     # Read as any client reads (issue 37): the coordinators, then the replicas.
-    clients = Clients.open(SourceOptions(queue=o.queue, bootstrap=o.bootstrap, zk=o.zk, root=o.root))
-    store, reader = clients.store, clients.reader
+    options = SourceOptions(queue=o.queue, bootstrap=o.bootstrap, zk=o.zk, root=o.root)
+    clients = Clients.open(options)
     try:
-        store.load_state(o.queue)
-    except BaseException:
+        clients.store.load_state(o.queue)
+    finally:
+        # Closed before PySpark forks the JVM (a fork with a preexec_fn): a child forked while
+        # gRPC's channels poll can die before exec ("Java gateway process exited", seen once
+        # beside gRPC's "epoll_wait error: Bad file descriptor"). Opened again after.
         clients.close()
-        raise
     # Micro-batches are small: a few shuffle partitions, not Spark's default 200.
     spark = make_session(o.master, conf={"spark.sql.shuffle.partitions": "2", **o.conf}, app_name="ordq-verify-follow")
+    clients = Clients.open(options)
+    store, reader = clients.store, clients.reader
     spark.sparkContext.setLogLevel("ERROR")  # the running summary is the output; a failure ends in the verdict
     _quiet_stream_logs(spark)
     register(spark)

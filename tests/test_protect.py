@@ -184,7 +184,17 @@ def test_huge_fetches_and_unread_streams_stay_in_the_budget_and_a_neighbour_keep
     stats = neighbour.statistics()
     assert stats is not None and stats.failovers == 0, f"the neighbour failed over: {stats}"
     assert neighbour.error is None
-    assert peak - baseline < 200, f"master RSS grew {peak - baseline:.0f} MiB (bound 200 MiB)"
+    # What the budget controls, exactly: the bytes it let this connection hold at once are its
+    # share (32 MiB), plus one batch an answer may carry past its grant, plus the neighbour's
+    # produce requests in flight (charged to another holder).
+    budget = _stats(cluster, address)["budget"]
+    assert budget["peak_bytes"] <= (32 << 20) + (2 << 20), f"the budget let more through than one share: {budget}"
+    # RSS is more than the budget's bytes: gRPC's copy and TLS frames of answers it has taken
+    # (a Read stream's answer leaves the budget once gRPC took it), and the allocator's slack.
+    # Measured +67 to +200 MiB (docs/BENCHMARKS.md, "Memory budget"); before the budget
+    # +2,372 MiB. Bound: the budget's whole total (256 MiB), which one connection's attack
+    # must never cost.
+    assert peak - baseline < 256, f"master RSS grew {peak - baseline:.0f} MiB (bound 256 MiB, the budget's total)"
     wait_until(lambda: _rss_mib(pid) < baseline * 1.10, timeout_s=30, interval_s=0.2,
                what=f"master RSS back within 10% of its baseline {baseline:.0f} MiB")
     assert "Traceback" not in group.master.log_tail(400), "cancelled streams log no tracebacks"
