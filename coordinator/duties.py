@@ -86,7 +86,9 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
         head = rest.consume[0]
         if holds_newest(rest, facts, later_stored=later):
             break
-        if facts.cursors and all(c.seg > head.seg for c in facts.cursors.values()):
+        # read by every subscription; or sealed empty and no subscription is at or before it
+        # (state.pop: nothing in it to read, issue 43's segment per session blip)
+        if (facts.cursors or head.holds_nothing) and all(c.seg > head.seg for c in facts.cursors.values()):
             actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg, later_stored=later))
         elif past_retention(rest, limits, now_ms):
             actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg, later_stored=later))

@@ -468,14 +468,25 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_store
     holds the queue's newest message (``holds_newest``; retention keeps it too).
 
     With no subscription the segment stays (nothing is dropped before anyone could read it)
-    unless ``retention`` is set by an operator's retention limit.
+    unless ``retention`` is set by an operator's retention limit, or it was sealed empty
+    (``Segment.holds_nothing``: ``end`` 0, no seq).
+
+    Why an empty segment goes without a subscription (issue 43): each time a head group's
+    brokers lose their ZooKeeper session, an idle queue is failed over and gains a segment
+    sealed empty; kept "until read" by a subscription that never comes, they piled up, one per
+    session blip. Dropping one drops no message: its sealed ``end`` is 0, and a seal's end is
+    the longer of the replicas that answered, and every acked batch is on both replicas (DESIGN
+    §5, Seal), so none was acked into it. ``trimmed_seq`` is unchanged (no seq), so 'earliest'
+    and every seq check read the same. A subscription whose cursor is at or before it still
+    keeps it until it passes (the consumer moves by segment id), so only the consume-list head
+    goes, and only when every subscription (if any) is past it.
     """
     if not state.consume:
         raise IllegalTransition("pop", "the consume list is empty")
     head = state.consume[0]
     if head.status is not SegStatus.SEALED:
         raise IllegalTransition("pop", f"head segment {head.seg} is {head.status.value}, not sealed")
-    if not facts.cursors and not retention:
+    if not facts.cursors and not retention and not head.holds_nothing:
         raise IllegalTransition("pop", "no subscription has read it (and no retention applies)")
     behind = sorted(sub for sub, c in facts.cursors.items() if c.seg <= head.seg)
     if behind and not retention:

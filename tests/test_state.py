@@ -185,6 +185,107 @@ def test_the_segment_with_the_newest_message_stays_until_a_later_one_is_stored()
     assert sm.admit(sm.pop(stuck, g1_only), "g1", g1_only).send == ("g1",)
 
 
+def test_a_segment_sealed_empty_goes_without_a_subscription() -> None:
+    """Issue 43: every session blip of an idle queue's head group failed it over and left a
+    segment sealed empty; with no subscription ``pop`` kept them all (8 blips, 8 segments).
+    One that holds nothing goes; one that holds a message stays; a subscription at or before
+    the empty one keeps it until it passes."""
+    blip = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, end=0, first_seq=None, last_seq=None)
+    popped = sm.pop(blip, Facts())
+    assert [x.seg for x in popped.consume] == [1] and popped.trimmed_seq == -1
+    assert popped.earliest_cursor() == Cursor(seg=1, offset=0, last_seq=-1)
+    with pytest.raises(IllegalTransition, match="have not passed"):
+        sm.pop(blip, Facts(cursors={"a": Cursor(seg=0)}))
+    assert sm.pop(blip, Facts(cursors={"a": Cursor(seg=1)})).consume[0].seg == 1
+    held = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, end=3, first_seq=0, last_seq=2)
+    with pytest.raises(IllegalTransition, match="no subscription"):
+        sm.pop(held, Facts())
+    # an empty segment behind one that holds messages stays too: only the head goes (the
+    # consumer moves by segment id)
+    behind = sm.seal(sm.fail_over(held, "g2", 1, ALL_LIVE), 1, end=0, first_seq=None, last_seq=None)
+    with pytest.raises(IllegalTransition, match="no subscription"):
+        sm.pop(behind, Facts())
+    # still sealing (its end not decided): never
+    with pytest.raises(IllegalTransition, match="not sealed"):
+        sm.pop(sm.fail_over(started(), "g1", 0, ALL_LIVE), Facts())
+
+
+blip_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["write", "blip", "blip", "seal", "pop", "pop", "live", "admit_all", "subscribe", "read"]),
+        st.sampled_from(GROUPS),
+        st.integers(min_value=0, max_value=4),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(blip_ops)
+@example([("blip", "g1", 0), ("seal", "g1", 0), ("pop", "g1", 0)])
+@example([("write", "g1", 2), ("blip", "g1", 0), ("seal", "g1", 0), ("blip", "g2", 0), ("seal", "g1", 0),
+          ("pop", "g1", 0), ("subscribe", "g1", 0), ("read", "g1", 0), ("pop", "g1", 0)])
+def test_popping_empty_segments_drops_no_message_and_passes_no_subscription(seq: list[tuple[str, str, int]]) -> None:
+    """Session blips (failovers of whichever group heads), writes, seals, pops, and a
+    subscription that may come at any time, from 'earliest': a pop never drops a segment
+    holding a message before every subscription passed it (none without a subscription),
+    never one a subscription has not passed; with no subscription no empty sealed segment is
+    left at the head after a pop; and a reader from 'earliest' at the end gets every message
+    ever written, in order, exactly once (nothing was dropped before anyone could read it)."""
+    state = sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
+    live = set(GROUPS)
+    stored: dict[int, list[int]] = {}  # seg -> seqs acked into it (on both replicas)
+    next_seq = 0
+    cursors: dict[str, Cursor] = {}
+    for op, gid, n in seq:
+        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
+        before = state
+        try:
+            if op == "write" and state.open_segment is not None:
+                for _ in range(n):
+                    stored.setdefault(state.open_segment.seg, []).append(next_seq)
+                    next_seq += 1
+            elif op == "blip" and state.open_segment is not None:
+                state = sm.fail_over(state, state.open_segment.gid, state.open_segment.seg, facts)
+            elif op == "seal":
+                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
+                if sealing:
+                    t = sealing[n % len(sealing)]
+                    held = stored.get(t.seg, [])
+                    state = sm.seal(state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+            elif op == "pop":
+                state = sm.pop(state, facts)
+                gone = before.consume[0]
+                assert all(c.seg > gone.seg for c in cursors.values())  # every subscription passed it
+                if not cursors:
+                    assert gone.holds_nothing and not stored.get(gone.seg)  # nothing anyone could read
+            elif op == "live":
+                live ^= {gid}
+            elif op == "admit_all":
+                state = sm.admit_all(state, facts)
+            elif op == "subscribe" and "s" not in cursors:
+                cursors["s"] = state.earliest_cursor()
+            elif op == "read" and "s" in cursors:
+                cur = cursors["s"]
+                target = state.segment(cur.seg)
+                if target is not None and target.status is SegStatus.SEALED:
+                    later = [x.seg for x in state.consume if x.seg > target.seg]
+                    last = max([cur.last_seq] + stored.get(target.seg, [])[:target.end])
+                    cursors["s"] = Cursor(seg=later[0] if later else state.next_seg, last_seq=last)
+        except IllegalTransition:
+            assert state is before
+            # with no subscription an empty sealed head segment always goes
+            assert not (op == "pop" and not cursors and state.consume and state.consume[0].holds_nothing)
+        sm.check_invariants(state, cursors)
+    # a reader from 'earliest' now: everything written and not read by the subscription
+    reader = state.earliest_cursor()
+    got = [q for x in state.consume if x.seg >= reader.seg for q in stored.get(x.seg, [])
+           if q > reader.last_seq]
+    read_by_sub = cursors["s"].last_seq if "s" in cursors else -1
+    assert got == list(range(state.trimmed_seq + 1, next_seq))
+    assert state.trimmed_seq <= read_by_sub  # only what the subscription read was dropped
+
+
 def test_seal_checks_its_arguments() -> None:
     s = sm.fail_over(started(), "g1", 0, ALL_LIVE)
     with pytest.raises(IllegalTransition):
@@ -398,6 +499,25 @@ def test_duties_plan() -> None:
     assert plan(s, past) == [Action(Kind.POP, gid="g1", seg=0)]
     s = sm.pop(s, past)
     assert plan(s, past) == []
+
+
+def test_duties_pop_an_empty_head_segment_without_a_subscription() -> None:
+    """Issue 43: the daemon pops a head segment sealed empty when no subscription is at or
+    before it, every such one in a row, and stops at one that holds a message."""
+    from ordq.coordinator.duties import Action, Kind, plan
+
+    g3_only = Facts(live_groups=frozenset({"g3"}))  # two blips: g1's, then g2's
+    s = sm.seal(sm.fail_over(started(), "g1", 0, g3_only), 0, 0, None, None)
+    s = sm.seal(sm.fail_over(s, "g2", 1, g3_only), 1, 0, None, None)
+    assert s.head == "g3"
+    assert plan(s, g3_only) == [Action(Kind.POP, gid="g1", seg=0), Action(Kind.POP, gid="g2", seg=1)]
+    at_zero = Facts(live_groups=g3_only.live_groups, cursors={"a": Cursor(seg=0)})
+    assert plan(s, at_zero) == []
+    at_one = Facts(live_groups=g3_only.live_groups, cursors={"a": Cursor(seg=1)})
+    assert plan(s, at_one) == [Action(Kind.POP, gid="g1", seg=0)]
+    g1_down = Facts(live_groups=frozenset({"g2", "g3"}))
+    held = sm.seal(sm.fail_over(started(), "g1", 0, g1_down), 0, 2, 0, 1)
+    assert plan(held, g1_down) == []  # a message in it: kept until read (or retention)
 
 
 def test_duties_roll_by_size_and_age_and_retention_by_time_and_bytes() -> None:
