@@ -192,6 +192,22 @@ def test_a_queue_whose_only_group_restarted_takes_writes_again_within_seconds(cl
     print(f"writable again {writable_s:.2f}s after its group came back live")
 
 
+def test_an_idle_queue_keeps_no_empty_segment_after_its_head_fails_over(cluster: Cluster) -> None:
+    """Issue 43 (docs/BENCHMARKS.md, "Why an idle queue gains segments at load 40"): an idle
+    queue with no subscription failed over (a kill here; a session blip under load there) kept
+    its old segment, sealed empty, for ever: one more per blip. Now it is sealed, then popped:
+    one open segment left, 'earliest' unchanged (nothing was in it)."""
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    daemon = cluster.start_daemon("coordinator")
+    cluster.groups["g1"].master.kill()
+    st = cluster.wait_state(lambda s: s.head == "g2" and [x.seg for x in s.consume] == [1], timeout_s=DEADLINE_S,
+                            what="q failed over to g2, its old segment sealed empty and popped")
+    assert st.consume[0].status is SegStatus.OPEN and st.trimmed_seq == -1
+    assert cluster.store.list_subscriptions("q") == []
+    assert 'ordq_coordinator_actions_total{kind="pop"}' in _metrics(daemon)
+
+
 def test_garbage_in_one_queue_state_is_that_queue_s_problem(cluster: Cluster) -> None:
     """Before: both coordinators' election threads died (UnicodeDecodeError) and no duty was
     done for any queue."""
