@@ -24,6 +24,13 @@ grown in steps to each count of idle queues (never written). At each step:
   Each failover's parts (ms, ``spans``): from the producer's ``statistics().last_failover``
   (``FailoverTimes``) and the new head's master's and slave's ``first write of busy/<seg>``
   log lines (``broker_group/first_write.py``), on the one monotonic clock of the machine.
+  With ``--up`` the master comes back by what ``ordq up`` runs (``LocalCluster.start``), timed
+  (``restart_s``); with ``--spread-wait S``, how long until the group heads 90 % of an even share
+  of the idle queues again (the coordinator spreads heads back, issue 43: ``spread.back_s``).
+- ``--admin``: after a step's kills, ``ordq --json queue list`` of every queue and ``ordq status``;
+- ``--grow-to N``: after the steps, idle queues created up to N with ``ordq queue create
+  --names-from`` (``--grow-chunk`` names a call, for ``--grow-budget`` seconds at most), the rate
+  per call; with ``--admin`` then the listing, status, and g1's master killed and ``ordq up`` timed.
 """
 
 from __future__ import annotations
@@ -338,7 +345,8 @@ def first_write_line(cluster: LocalCluster, gid: str, role: str, seg: int) -> Re
 
 
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
-              sample: int, rng: random.Random, idle_wait_s: float) -> dict[str, Any]:
+              sample: int, rng: random.Random, idle_wait_s: float, *, up: bool = False,
+              spread_wait_s: float = 0.0) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while busy.last_seg() < 0 or (st := store.load_state(BUSY)[0]).open_segment is None:
         if time.monotonic() > deadline:
@@ -380,8 +388,13 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     restarted = time.monotonic()
     # A restarted master opens every segment file it holds: at 10,000 queues on a box at load
     # 30+ that passed the default 30 s once and ended a run (stop 28).
-    cluster.restart_broker(gid, "master", timeout_s=180.0)
-    return {"restart_s": round(time.monotonic() - restarted, 1),
+    if up:  # what `ordq up` runs: start what is not running, wait until every process is healthy
+        cluster.start(timeout_s=180.0)
+    else:
+        cluster.restart_broker(gid, "master", timeout_s=180.0)
+    restart_s = round(time.monotonic() - restarted, 1)
+    spread = track_spread(store, idle, gid, spread_wait_s) if spread_wait_s > 0 else None
+    return {"restart_s": restart_s, "restart_by": "ordq up" if up else "restart_broker", "spread": spread,
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched),
@@ -420,6 +433,75 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
     return (None if moved_at is None else round(moved_at, 2), None if sealed_at is None else round(sealed_at, 2))
 
 
+def heads_of(store: ZkStore, queues: list[str]) -> dict[str, int]:
+    """How many of ``queues`` each group heads now (read pipelined)."""
+    counts: dict[str, int] = {}
+    for v in store.load_states(queues).values():
+        if isinstance(v, CorruptState) or v[0].head is None:
+            continue
+        counts[v[0].head] = counts.get(v[0].head, 0) + 1
+    return counts
+
+
+def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> dict[str, Any]:
+    """After ``gid`` is back (its master restarted): seconds until it heads 90 % of an even
+    share of the idle queues again (the coordinator spreads heads back after a grace, at a
+    bounded rate: issue 43), and the heads per group then (or at the deadline)."""
+    share = len(idle) / 3
+    started = time.monotonic()
+    deadline = started + wait_s
+    first = heads_of(store, idle)
+    counts = first
+    reached: float | None = None
+    while time.monotonic() < deadline:
+        counts = heads_of(store, idle)
+        if counts.get(gid, 0) >= 0.9 * share:
+            reached = time.monotonic() - started
+            break
+        time.sleep(1.0)
+    return {"back_s": None if reached is None else round(reached, 1), "heads_at_restart": first,
+            "heads": counts}
+
+
+def admin_figures(cluster: LocalCluster, count: int) -> dict[str, Any]:
+    """``ordq --json queue list`` of every queue and ``ordq status``, in this process, timed."""
+    from bench.bench_admin_scale import cli  # (it imports this module)
+
+    load = round(os.getloadavg()[0], 2)
+    rc, text, took = cli(cluster, "--json", "queue", "list", "--limit", str(count + 10))
+    rows = json.loads(text) if rc == 0 and text else []
+    rc2, _, took2 = cli(cluster, "status", "--dir", str(cluster.folder))
+    return {"load": load, "list": {"rc": rc, "rows": len(rows), "s": round(took, 2), "bytes": len(text)},
+            "status": {"rc": rc2, "s": round(took2, 2)}}
+
+
+def grow(cluster: LocalCluster, have: list[str], target: int, budget_s: float, chunk: int,
+         folder: Path) -> dict[str, Any]:
+    """Create idle queues up to ``target`` with ``ordq queue create --names-from FILE`` (batched
+    transactions through the admin API), ``chunk`` at a time, until ``target`` or ``budget_s``
+    (a chunk is not started past it). Each chunk's rate and the load beside it."""
+    from bench.bench_admin_scale import cli
+
+    started = time.monotonic()
+    chunks: list[dict[str, Any]] = []
+    while len(have) < target and time.monotonic() - started < budget_s:
+        names = [f"idle-{i:06d}" for i in range(len(have), min(target, len(have) + chunk))]
+        listing = folder / f"names-{len(have)}.txt"
+        listing.write_text("\n".join(names) + "\n")
+        rc, _, took = cli(cluster, "queue", "create", "--names-from", str(listing))
+        if rc != 0:
+            chunks.append({"rc": rc, "n": len(names), "s": round(took, 1)})
+            break
+        have += names
+        chunks.append({"to": len(have), "n": len(names), "s": round(took, 1), "per_s": round(len(names) / took, 1),
+                       "load": round(os.getloadavg()[0], 2)})
+        print(json.dumps({"grow": chunks[-1]}), file=sys.stderr, flush=True)
+    total = sum(c["n"] for c in chunks if "per_s" in c)
+    took = sum(c["s"] for c in chunks if "per_s" in c)
+    return {"queues": len(have), "created": total, "s": round(took, 1),
+            "per_s": round(total / took, 1) if took else None, "chunks": chunks}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--counts", default="100,1000", help="idle queue counts, ascending")
@@ -432,6 +514,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait for the idle queues to move")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", type=Path, help="py-spy the leader coordinator and g1/master into this folder")
+    ap.add_argument("--up", action="store_true",
+                    help="bring the killed master back with what `ordq up` runs (LocalCluster.start), timed")
+    ap.add_argument("--spread-wait", type=float, default=0.0,
+                    help="after each restart, seconds to wait for the group to head its share again")
+    ap.add_argument("--admin", action="store_true", help="after each step's kills: `queue list` of all, `status`")
+    ap.add_argument("--grow-to", type=int, default=0,
+                    help="after the steps: create idle queues up to this count with `ordq queue create`, timed")
+    ap.add_argument("--grow-budget", type=float, default=300.0, help="seconds of creation at most (--grow-to)")
+    ap.add_argument("--grow-chunk", type=int, default=5000, help="names per `queue create` call (--grow-to)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -469,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                 busy.start()
                 kills: list[dict[str, Any]] = []
                 for _ in range(args.kills):  # each also on stderr: a run that fails keeps what it measured
-                    kills.append(kill_once(cluster, store, busy, have, args.sample, rng, args.idle_wait))
+                    kills.append(kill_once(cluster, store, busy, have, args.sample, rng, args.idle_wait,
+                                           up=args.up, spread_wait_s=args.spread_wait))
                     print(json.dumps({"queues": count, "kill": kills[-1], "load": os.getloadavg()[0]}),
                           file=sys.stderr, flush=True)
                 busy.close()
@@ -489,8 +581,31 @@ def main(argv: list[str] | None = None) -> int:
                 step["headed"] = [k["headed"] for k in kills]
                 step["spans_ms"] = span_summary([k["spans"] for k in kills if k["spans"] is not None])
                 step["load_create_start"] = round(load0, 2)
+                if args.admin:
+                    step["admin"] = admin_figures(cluster, len(have))
+                    # segments kept by the idle queues (never written, no subscription): one each
+                    # once a failover's empty segment is popped (state.pop, issue 43)
+                    kept = [len(v[0].consume) for v in store.load_states(have).values()
+                            if not isinstance(v, CorruptState)]
+                    step["idle_segments"] = {"total": sum(kept), "max": max(kept, default=0),
+                                             "queues_with_more_than_one": sum(1 for k in kept if k > 1)}
                 steps.append(step)
                 print(json.dumps(step) if args.json else summary(step), flush=True)
+            if args.grow_to > len(have):
+                grown: dict[str, Any] = {"grow": grow(cluster, have, args.grow_to, args.grow_budget,
+                                                      args.grow_chunk, folder)}
+                if args.admin:
+                    grown["admin"] = admin_figures(cluster, len(have))
+                    # a killed master brought back by `ordq up` at this count, with nothing written
+                    cluster.broker("g1", "master").kill()
+                    t0 = time.monotonic()
+                    try:
+                        cluster.start(timeout_s=600.0)
+                        grown["up_s"] = round(time.monotonic() - t0, 1)
+                    except Exception as exc:  # noqa: BLE001 - a number, not a crash
+                        grown["up_failed"] = repr(exc)[:300]
+                    grown["up_load"] = round(os.getloadavg()[0], 2)
+                print(json.dumps(grown), flush=True)
     finally:
         if busy is not None:
             busy.close()
