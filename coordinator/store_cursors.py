@@ -52,13 +52,17 @@ class CursorRecords(ZkBase):
             cursor = at if isinstance(at, Cursor) else st.earliest_cursor()
             sm.check_invariants(st, {sub: cursor})
             with self._errors():
-                # The state's version is checked in the same transaction: a pop that landed
-                # since we read it (a segment sealed empty goes with no subscription, issue 43;
-                # retention) would leave the new cursor before the head (I5). Read again then.
+                # The state is written again, unchanged, with a version check, in the same
+                # transaction (issue 43: a segment sealed empty is popped with no subscription).
+                # Both orders are then safe: a pop that landed since we read the state fails
+                # this write (read again: the cursor goes to the new head), and a pop planned on
+                # "no subscription" before this landed fails its own write (its version moved)
+                # and is planned again with this cursor. A check alone would not stop the
+                # latter: the new cursor before the head (I5).
                 # With the parents of what its consumers may create (election, alarm, ledger):
                 # clients may not create them (coordinator/acl.py).
                 tx = self.client.transaction()
-                tx.check(self.paths.state(queue), version)
+                tx.set_data(self.paths.state(queue), json_bytes(st.to_dict()), version=version)
                 tx.create(path, json_bytes(cursor.to_dict()), acl=self._acl_of(path))
                 for name in SUB_PARENTS:
                     tx.create(f"{path}/{name}", b"", acl=self._acl_of(f"{path}/{name}"))

@@ -135,6 +135,54 @@ def test_cursor_cas_and_pop_checks_cursors(store: ZkStore, live) -> None:
     assert st.consume[0].status is SegStatus.OPEN
 
 
+def test_a_subscription_created_as_an_empty_segment_is_popped_never_starts_before_the_head(
+        store: ZkStore, live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: with no subscription, a segment sealed empty is popped. A subscription created
+    meanwhile (at 'earliest': that very segment) must not be left pointing before the head
+    (I5), whichever lands first."""
+    store.add_group("g1")
+    store.add_group("g2")
+    live(*both("g1"), *both("g2"))
+
+    def blip(queue: str) -> None:  # a failover whose segment is sealed empty
+        head = store.create_queue(queue).head
+        assert head is not None
+        store.apply(queue, lambda st, f: sm.fail_over(st, head, 0, f))
+        store.apply(queue, lambda st, f: sm.seal(st, 0, 0, None, None))
+
+    # the pop read "no subscription", then the subscription landed, then the pop's write: it
+    # fails (the subscription wrote the state's version) and the pop, planned again, refuses
+    blip("q")
+    raced: list[int] = []
+
+    def pop_after_a_subscription(st: sm.QueueState, f: sm.Facts) -> sm.QueueState:
+        if not raced:
+            raced.append(1)
+            assert store.create_subscription("q", "late") == Cursor(seg=0)
+        return sm.pop(st, f)
+
+    with pytest.raises(IllegalTransition, match="have not passed"):
+        store.apply("q", pop_after_a_subscription)
+    assert store.load_state("q")[0].consume[0].seg == 0 and store.get_cursor("q", "late")[0].seg == 0
+
+    # the subscription read the state, then the pop landed: its write fails, it reads again and
+    # starts at the new head
+    blip("r")
+    real = store.load_state
+    popped: list[int] = []
+
+    def read_then_pop(queue: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        got = real(queue, *args, **kwargs)
+        if queue == "r" and not popped:
+            popped.append(1)
+            assert store.apply("r", sm.pop).consume[0].seg == 1
+        return got
+
+    monkeypatch.setattr(store, "load_state", read_then_pop)
+    assert store.create_subscription("r", "late") == Cursor(seg=1)
+    sm.check_invariants(real("r")[0], {"late": store.get_cursor("r", "late")[0]})
+
+
 def test_concurrent_conflicting_transitions_lose_nothing(store: ZkStore, zk_server, zk_root, live) -> None:
     for g in ("g1", "g2", "g3"):
         store.add_group(g)
