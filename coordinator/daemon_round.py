@@ -250,8 +250,15 @@ class DutyRound(DaemonParts):
             if action.kind is Kind.SEAL:
                 self._seal_later(queue, action, known=(st, entry.version))
                 continue
+            # A pop reads the cursors itself, unless the view read them after this state copy and
+            # found none (daemon_view.py): then only the state's version is checked, and a
+            # subscription created since wrote the state (create_subscription), so the write
+            # fails and the pop is planned again with it. One write per pop of a segment sealed
+            # empty, not a read of the state, the subscriptions and the groups first (issue 43:
+            # thousands of them after a group's failure).
+            pop_known = action.kind is not Kind.POP or entry.cursors == {}
             try:
-                self._do(queue, action, cfg, known)
+                self._do(queue, action, cfg, known if pop_known else None)
             except IllegalTransition:
                 with self._lock:
                     self.stats.conflicts[action.kind.value] = self.stats.conflicts.get(action.kind.value, 0) + 1
@@ -276,7 +283,7 @@ class DutyRound(DaemonParts):
             self.store.apply(queue, lambda s, f: sm.admit(s, gid, f), known=known)
         elif action.kind is Kind.POP:
             later = action.later_stored
-            self.store.apply(queue, lambda s, f: sm.pop(s, f, later_stored=later))
+            self.store.apply(queue, lambda s, f: sm.pop(s, f, later_stored=later), known=known)
         elif action.kind is Kind.ROLL:
             assert action.gid is not None and action.seg is not None
             gid, seg = action.gid, action.seg

@@ -286,7 +286,12 @@ class DaemonView:
                 head = entry.state.consume[0] if entry.state.consume else None
                 if head is None or head.status is not SegStatus.SEALED:
                     entry.cursors = None  # a later fire of an old watch just marks it dirty once
-                elif entry.cursors is None or SUBS in parts:
+                elif entry.cursors is None or SUBS in parts or STATE in parts:
+                    # read after the state copy: a subscription created up to that version is
+                    # in it (create_subscription writes the state in its transaction), so "no
+                    # subscription" holds for that version (a pop of a segment sealed empty
+                    # is written against it, coordinator/daemon_round.py); the subs watch may
+                    # not have fired yet when the state's did
                     self._read_cursors(q, entry)
 
     def _take(self, queue: str, part: str, request: Any) -> None:

@@ -350,3 +350,36 @@ def test_a_dead_group_s_heads_move_in_batched_transactions_written_ones_first(se
             assert st.consume[0].status.value == "sealing" and st.open_segment.gid == "g2"
     finally:
         store.register_live("g1", "master", address="127.0.0.1:0/g1/master", incarnation="t")
+
+
+def test_a_segment_sealed_empty_is_popped_with_one_write_and_a_new_subscription_keeps_it(
+        setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: after a group's failure thousands of idle queues each hold a segment sealed
+    empty, popped when no subscription exists (state.pop). The daemon writes each pop against
+    its own copies (one write: no read of the state, the subscriptions and the groups first),
+    safe because the view read the subscriptions after that state copy and a subscription
+    created since writes the state (create_subscription): a queue that got one keeps its
+    segment until the subscription passes it."""
+    from ordq.coordinator import state as sm
+
+    store, daemon = setup
+    for queue in ("blip-alone", "blip-read"):
+        head = store.create_queue(queue, ["g1", "g2"]).head
+        assert head is not None
+        store.apply(queue, lambda s, f, head=head: sm.fail_over(s, head, 0, f))
+        store.apply(queue, lambda s, f: sm.seal(s, 0, 0, None, None))
+        # its old head back in the send list (it is live here), as the daemon would have done:
+        # the plan is the pop alone (an admit first would take the round's copies)
+        store.apply(queue, lambda s, f, head=head: sm.admit(s, head, f))
+    store.create_subscription("blip-read", "s")  # at segment 0
+    reads: list[str] = []
+    real_load, real_subs = store.load_state, store.list_subscriptions
+    monkeypatch.setattr(store, "load_state", lambda q, *a, **k: (reads.append(q), real_load(q, *a, **k))[1])
+    monkeypatch.setattr(store, "list_subscriptions", lambda q: (reads.append(q), real_subs(q))[1])
+    _round_until(daemon, lambda: real_load("blip-alone")[0].segment(0) is None, "the empty segment popped")
+    assert "blip-alone" not in reads  # written on the daemon's copies
+    st = real_load("blip-alone")[0]
+    assert [s.seg for s in st.consume] == [1] and st.trimmed_seq == -1
+    for _ in range(3):
+        daemon.round()
+    assert real_load("blip-read")[0].segment(0) is not None  # the subscription has not passed it
