@@ -149,6 +149,7 @@ class LeanProduceServer:
                 log.warning("produce link from %s refused: %s", ctx.peer(), bad)
                 await abort(ctx, bad)  # type: ignore[arg-type]
             ctx = LinkContext(writer, _peer_cn(writer) if self._tls else None, hello.token, ctx.peer())
+            log.info("produce stream from %s on the lean link", ctx.peer())
 
             async def run() -> None:
                 await check_caller(b, ctx, "Produce", arrived)

@@ -32,7 +32,7 @@ from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.batch import Message, encode_batch
 from ordq.wire.errors import ResourceExhausted, SegmentNotWritable, error_json, from_error_json
-from ordq.wire.lean_produce import ANSWER_LIMIT, LeanProduceStream, frame, open_link, read_frame
+from ordq.wire.lean_produce import ANSWER_LIMIT, LeanProduceStream, frame, open_link, read_frame, shut
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import read_metrics
 
@@ -67,11 +67,15 @@ async def _answer(link: str, creds: Credentials, frames: list[bytes], *, hello: 
             reader, writer = await asyncio.open_connection(host, int(port), ssl=ctx,
                                                            server_hostname=host if ctx else None)
             writer.write(hello)
+    except (OSError, ssl.SSLError) as exc:
+        return BrokerUnavailable(link, repr(exc))
+    try:
         writer.write(b"".join(frames))
         body = await asyncio.wait_for(read_frame(reader, ANSWER_LIMIT, "answer"), 30)
-        writer.close()
     except (OSError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
         return BrokerUnavailable(link, repr(exc))
+    finally:
+        await shut(writer)
     if body is None:
         return BrokerUnavailable(link, "closed")
     answer = pb.ProduceLinkAnswer.FromString(body)

@@ -203,4 +203,16 @@ class LeanProduceStream:
                 log.warning("produce link to %s: its writer had failed: %r", self.link, exc)
         if self._conn.done() and not self._conn.cancelled() and self._conn.exception() is None:
             _, writer = self._conn.result()
-            writer.close()
+            await shut(writer)
+
+
+async def shut(writer: asyncio.StreamWriter, timeout_s: float = 1.0) -> None:
+    """Close a link at once (as a gRPC call is cancelled: no TLS close_notify exchange, which
+    would keep the socket open up to ``ssl_shutdown_timeout`` and outlive a stopped loop) and
+    wait until its socket is closed."""
+    writer.transport.abort()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await writer.wait_closed()
+    except (OSError, ssl.SSLError, TimeoutError):
+        pass  # closed anyway (or as good as: the socket goes with the transport's next callback)
