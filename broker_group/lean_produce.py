@@ -36,6 +36,7 @@ from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import abort
+from ordq.wire.framing import PRODUCE_STEP_BYTES
 from ordq.wire.lean_produce import HELLO_LIMIT, frame, read_frame, tls_context, tune
 
 log = logging.getLogger("ordq.broker")
@@ -107,8 +108,11 @@ class LeanProduceServer:
 
     async def start(self, host: str) -> int:
         """On the loop: listen on ``host`` (any free port); return the port."""
+        # A reader's buffer of PRODUCE_STEP_BYTES (asyncio pauses the socket at twice that): a
+        # producer's request (~1 MiB) arrives without a pause and resume per 128 KiB (the
+        # default limit), and what one connection holds unread stays bounded, as gRPC's window.
         self._server = await asyncio.start_server(
-            self._handle, host.strip("[]"), 0, ssl=self._ssl,
+            self._handle, host.strip("[]"), 0, ssl=self._ssl, limit=PRODUCE_STEP_BYTES,
             ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None)
         return int(self._server.sockets[0].getsockname()[1])
 
