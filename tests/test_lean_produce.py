@@ -145,3 +145,28 @@ def test_every_guard_of_the_grpc_produce_stream_holds_on_the_lean_link(
     assert master.metrics_url is not None
     counted = value(read_metrics(master.metrics_url), "ordq_broker_refused_requests_total", reason="PermissionDenied")
     assert counted is not None and counted >= 3
+
+
+def test_a_link_that_cannot_be_reached_ends_the_stream_as_an_unavailable_broker() -> None:
+    """No master listens at the published link: ``read_acks`` raises BrokerUnavailable naming
+    the master's gRPC address (the producer then fails over, as from a broken gRPC stream), and
+    ``close`` ends the stream quietly, before or after that."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: refused
+
+    async def run() -> None:
+        stream = LeanProduceStream(f"127.0.0.1:{port}", "master:1", "q", 0, 1, Credentials())
+        stream.send([b"x"])
+        with pytest.raises(BrokerUnavailable) as info:
+            await stream.read_acks()
+        assert info.value.address == "master:1"
+        await stream.close()
+        closed_early = LeanProduceStream(f"127.0.0.1:{port}", "master:1", "q", 0, 1, Credentials())
+        await closed_early.close()
+        with pytest.raises(BrokerUnavailable):
+            await closed_early.read_acks()
+
+    asyncio.run(run())
