@@ -124,6 +124,27 @@ async def hold_stream(b: Parts, token: str | None) -> None:
         await asyncio.sleep(wait)
 
 
+async def check_caller(b: Parts, context: Context, rpc: str, arrived: float) -> None:
+    """What can be refused before a call's first request is read (``Gate.check_caller``),
+    the call ended with it (typed, counted). Shared by the gRPC handlers and the lean produce
+    link (broker_group/lean_produce.py)."""
+    try:
+        if b.gate.needs_refresh(context, rpc):
+            # A token this broker does not know yet (created a moment ago, before the
+            # watch fired) or any more: judged on a load made after the call arrived
+            # (shared and rate-limited, coordinator/token_book.py), never a stale copy.
+            await asyncio.wrap_future(b.gate.book.fresh_after(arrived))
+        b.gate.check_caller(context, rpc)
+    except OrdqError as exc:
+        b.shared.count_refused(exc)
+        await abort(context, exc)
+
+
+async def metered(b: Parts, context: Context, run: Callable[[], Any]) -> Any:
+    """``_metered`` for the lean produce link (broker_group/lean_produce.py)."""
+    return await _metered(b, context, run)
+
+
 def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
     """``handler`` made to check its caller (``Gate.check_caller``) before it reads a request.
 
@@ -134,16 +155,7 @@ def _checked_first(b: Parts, rpc: str, handler: Any) -> Any:
     flow-control window. Clients see no difference: a unary call is a stream of one."""
 
     async def refused(context: Context, arrived: float) -> None:
-        try:
-            if b.gate.needs_refresh(context, rpc):
-                # A token this broker does not know yet (created a moment ago, before the
-                # watch fired) or any more: judged on a load made after the call arrived
-                # (shared and rate-limited, coordinator/token_book.py), never a stale copy.
-                await asyncio.wrap_future(b.gate.book.fresh_after(arrived))
-            b.gate.check_caller(context, rpc)
-        except OrdqError as exc:
-            b.shared.count_refused(exc)
-            await abort(context, exc)
+        await check_caller(b, context, rpc, arrived)
 
     def received_whole_limit(context: Context) -> None:
         # No request came (gRPC refused the body itself, past the server's receive limit,

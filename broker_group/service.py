@@ -51,6 +51,7 @@ from ordq.broker_group.config import BrokerConfig, server_options
 from ordq.broker_group.control import Control
 from ordq.broker_group.dataplane import Parts, add_servicer
 from ordq.broker_group.finder import Finder
+from ordq.broker_group.lean_produce import LeanProduceServer
 from ordq.broker_group.metrics import BrokerMetrics
 from ordq.broker_group.quorum_probe import QuorumProbe
 from ordq.broker_group.read_path import ReadPath
@@ -67,6 +68,7 @@ from ordq.common.security import server_credentials
 from ordq.common.version import VERSION
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
+from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
 
 log = logging.getLogger("ordq.broker")
@@ -96,6 +98,8 @@ class Broker:
         self._server: grpc.aio.Server | None = None
         self._lean: lean_link.LeanServer | None = None  # a slave's end of the lean replication link
         self._lean_address: str | None = None
+        self._produce_link: LeanProduceServer | None = None  # a master's lean produce link (issue 39)
+        self._produce_address: str | None = None
         self._threads: list[threading.Thread] = []
 
     @property
@@ -142,6 +146,12 @@ class Broker:
             if cfg.role is Role.MASTER:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
+                if lean_produce.wanted():  # ORDQ_PRODUCE_LINK=lean: serve and publish the lean produce link
+                    self._produce_link = LeanProduceServer(self.parts, cfg.credentials,
+                                                           handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
+                    host, _ = addresses.split_host_port(cfg.listen)
+                    link_port = self.shared.loop.run(self._produce_link.start(host))
+                    self._produce_address = f"{addresses.split_host_port(self.shared.address)[0]}:{link_port}"
             elif os.environ.get(lean_link.ENV, "grpc") == "lean":
                 self._lean = lean_link.LeanServer(
                     cfg.credentials, CLUSTER_CNS, frame_limit(self.shared),
@@ -186,7 +196,7 @@ class Broker:
     def _register(self) -> None:
         store = self.shared.require_store()
         store.register_live(self.config.gid, self.config.role.value, self.shared.address, self.shared.incarnation,
-                            replication=self._lean_address)
+                            replication=self._lean_address, produce=self._produce_address)
 
     def _wait_role_free(self) -> None:
         """Before serving: wait (up to ``register_wait_s``) while another process is live in
@@ -262,6 +272,11 @@ class Broker:
                 self.shared.loop.run(self._lean.stop(), timeout_s=5)
             except Exception as exc:  # noqa: BLE001 - stopping anyway
                 log.warning("stopping the replication link: %r", exc)
+        if self._produce_link is not None:
+            try:
+                self.shared.loop.run(self._produce_link.stop(), timeout_s=5)
+            except Exception as exc:  # noqa: BLE001 - stopping anyway
+                log.warning("stopping the produce link: %r", exc)
         if self._server is not None:
             try:
                 self.shared.loop.run(self._server.stop(grace=0.5), timeout_s=10)

@@ -409,7 +409,8 @@ class CoordinatorClient:
         res = self._call("Describe", req, timeout_s)
         live: dict[str, dict[str, LiveInfo]] = {}
         for p in res.live:
-            live.setdefault(p.gid, {})[p.role] = LiveInfo(address=p.address, incarnation=p.incarnation, pid=0)
+            live.setdefault(p.gid, {})[p.role] = LiveInfo(address=p.address, incarnation=p.incarnation, pid=0,
+                                                          produce=p.produce)
         return Described(
             state=self._state(res.state_json), version=res.state_version,
             config=QueueConfig(**json.loads(res.config_json)) if with_config else None,

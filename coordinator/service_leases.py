@@ -195,7 +195,8 @@ class LeaseCalls:
         if req.with_live:
             for gid in st.groups:
                 for role, info in sorted(self.store.live_members(gid).items()):
-                    out.live.add(gid=gid, role=role, address=info.address, incarnation=str(info.incarnation))
+                    out.live.add(gid=gid, role=role, address=info.address, incarnation=str(info.incarnation),
+                                 produce=info.produce)
         if req.subscription:
             check_name("subscription", req.subscription)
             cursor, cversion = self.store.get_cursor(q, req.subscription)

@@ -49,7 +49,7 @@ class GroupRecords(ZkBase):
         return dict(json_value(data))
 
     def register_live(self, gid: str, role: str, address: str, incarnation: str, *,
-                      replication: str | None = None) -> None:
+                      replication: str | None = None, produce: str | None = None) -> None:
         """Create this process's ephemeral liveness node (gone when its session ends).
         Safe to repeat (coordinator/zk_retry.py): a node already there with this
         ``incarnation`` is our own create, landed before its connection dropped.
@@ -64,6 +64,8 @@ class GroupRecords(ZkBase):
         node = {"address": address, "incarnation": incarnation, "pid": os.getpid()}
         if replication is not None:  # a slave's lean replication link (broker_group/lean_link.py)
             node["replication"] = replication
+        if produce is not None:  # a master's lean produce link (broker_group/lean_produce.py)
+            node["produce"] = produce
         data = json_bytes(node)
         with self._errors():
             for _ in range(50):
@@ -101,7 +103,8 @@ class GroupRecords(ZkBase):
                 except NoNodeError:
                     continue
                 d = json_value(data)
-                out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"])
+                out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"],
+                                     produce=str(d.get("produce", "")))
             return out
 
         with self._errors():

@@ -32,6 +32,7 @@ class LiveInfo:
     address: str
     incarnation: str
     pid: int
+    produce: str = ""  # a master's lean produce link (HOST:PORT; ordq/wire/lean_produce.py), "" for none
 
 
 

@@ -137,6 +137,7 @@ class ProducerIO:
     _seg_sent: int
     _past_size: bool
     _epoch_key: str
+    _links: dict[str, str]  # a master's address -> its lean produce link ("" for none), as last looked up
 
     def _init_io(self) -> None:
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -311,7 +312,8 @@ class ProducerIO:
         read by a task of its own."""
         assert self._aio is not None and self._core is not None
         new_channel = not self._aio.has_channel(address)
-        stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch, self._epoch_key)
+        stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch, self._epoch_key,
+                                        self._links.get(address, ""))
         if self._fo is not None:
             self._fo = attrs.evolve(self._fo, new_channel=new_channel, opened_at=time.monotonic())
         with self._mutex:
@@ -534,6 +536,8 @@ class ProducerIO:
                 raise NoGroupAvailable(cfg.queue, "the coordinator found no writable group")
             try:
                 address = early.master(open_seg.gid, max(deadline - time.monotonic(), 0.1)) if early else None
+                if early is not None and address is not None:
+                    self._links[address] = early.link(open_seg.gid)
                 early = None  # once: a later head is looked up when it is known
                 if address is None:  # not live when asked (or unanswered): ask again now
                     address = self._master_address(open_seg.gid)
@@ -584,6 +588,7 @@ class ProducerIO:
         master = self._live_members(gid, timeout_s).get("master")
         if master is None:
             raise BrokerUnavailable(f"group {gid}", "master not live")
+        self._links[master.address] = master.produce  # its lean produce link, if it serves one
         return master.address
 
     def _stop_fatal(self, exc: BaseException) -> None:

@@ -41,3 +41,8 @@ class LiveLookup:
             return None
         info = self._live.get(gid, {}).get("master")
         return info.address if info is not None else None
+
+    def link(self, gid: str) -> str:
+        """``gid``'s master's lean produce link as answered ("" for none); after ``master``."""
+        info = self._live.get(gid, {}).get("master")
+        return info.produce if info is not None else ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 
@@ -26,6 +27,8 @@ from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS, PRODUCE_STEP_BYTES, chunks
+from ordq.wire.lean_produce import ENV as LINK_ENV
+from ordq.wire.lean_produce import LeanProduceStream
 from ordq.wire.transport import Ack, FetchResult
 
 log = logging.getLogger("ordq.wire")
@@ -46,7 +49,13 @@ class AioTransport:
         """Is a channel to ``address`` open already (a stream there needs no new connection)?"""
         return self._stubs.has(address)
 
-    def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "") -> AioProduceStream:
+    def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "",
+                     link: str = "") -> AioProduceStream | LeanProduceStream:
+        """The produce stream to the master at ``address``: on its lean link ``link`` when it
+        publishes one (ordq/wire/lean_produce.py) and this process does not say
+        ``ORDQ_PRODUCE_LINK=grpc``; else a gRPC call."""
+        if link and os.environ.get(LINK_ENV) != "grpc":
+            return LeanProduceStream(link, address, queue, seg, epoch, self.credentials, epoch_key=epoch_key)
         return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
 
     async def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,

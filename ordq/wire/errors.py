@@ -286,3 +286,25 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> OrdqError:
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "ERROR"
     return BrokerUnavailable(address, f"{name}: {details}")
+
+
+# -- the same errors on a lean link (issue 39: framed protobuf, no gRPC status) ------------------
+
+def error_json(exc: OrdqError) -> str:
+    """``exc`` as the JSON that ``abort`` puts in the ``ordq-error`` trailer (fields cut the same way)."""
+    kind, fields = _kind_and_fields(exc)
+    fields = {k: short(v, DETAIL_CHARS) if isinstance(v, str) else v for k, v in fields.items()}
+    return json.dumps({"kind": kind, "fields": fields})
+
+
+def from_error_json(raw: str, text: str, address: str) -> OrdqError:
+    """The ordq error a lean link's refusal stands for: what ``from_rpc_error`` makes of the
+    same trailer (BrokerUnavailable when it is not one of ours)."""
+    try:
+        doc = json.loads(raw)
+        fields = dict(doc["fields"])
+        if doc["kind"] in ("not_writable", "unavailable", "exhausted"):
+            fields["address"] = address
+        return _KINDS[doc["kind"]][1](fields)  # type: ignore[no-any-return]
+    except (ValueError, KeyError, TypeError):
+        return BrokerUnavailable(address, f"refused: {short(text, DETAIL_CHARS)}")

@@ -267,16 +267,18 @@ class DescribeRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., subscription: _Optional[str] = ..., with_config: _Optional[bool] = ..., with_live: _Optional[bool] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class LiveProcess(_message.Message):
-    __slots__ = ("gid", "role", "address", "incarnation")
+    __slots__ = ("gid", "role", "address", "incarnation", "produce")
     GID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_FIELD_NUMBER: _ClassVar[int]
     gid: str
     role: str
     address: str
     incarnation: str
-    def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    produce: str
+    def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[str] = ..., produce: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
     __slots__ = ("state_json", "state_version", "config_json", "live", "cursor_json", "cursor_version", "topic_json")
@@ -529,3 +531,19 @@ class SealManyResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SealManyResult]
     def __init__(self, results: _Optional[_Iterable[_Union[SealManyResult, _Mapping]]] = ...) -> None: ...
+
+class ProduceLinkHello(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class ProduceLinkAnswer(_message.Message):
+    __slots__ = ("response", "error_json", "error_text")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TEXT_FIELD_NUMBER: _ClassVar[int]
+    response: ProduceResponse
+    error_json: str
+    error_text: str
+    def __init__(self, response: _Optional[_Union[ProduceResponse, _Mapping]] = ..., error_json: _Optional[str] = ..., error_text: _Optional[str] = ...) -> None: ...

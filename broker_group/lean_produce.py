@@ -1,0 +1,185 @@
+"""The master's end of the lean produce link (issue 39; the client's end and the framing are
+ordq/wire/lean_produce.py): producers' streams as framed protobuf on mutual-TLS asyncio
+connections, on the broker's event loop, at a port of its own published in the master's
+liveness node (``produce``).
+
+Guarantee: every guard of the gRPC ``Produce`` call, by running the same code on each
+connection: ``LinkContext`` answers what the gRPC handler asks of its call's context (the
+peer's certificate, the token, the peer, ``write``, ``abort``), and the connection runs
+``check_caller`` (dataplane.py: before any request is read) and ``produce`` under the
+token's share of request time (``metered``), as ``_checked_first`` runs the gRPC call. So:
+- with TLS no frame is read before the handshake verified a certificate of the cluster's CA;
+- the hello's token is checked once for the connection (``Gate.check_caller``) and each
+  request's queue by ``Gate.stream_check`` (a pass kept until the tokens reload);
+- a frame longer than the broker's receive limit is refused from its length, its body unread;
+  a frame that is no protobuf of its type is refused (ConfigError);
+- the memory budget, the request-time share, epochs and fencing are dataplane.produce's own.
+A refusal travels as a ``ProduceLinkAnswer`` with the kind and fields of gRPC's
+``ordq-error`` trailer, then the link is closed; the producer raises the same error.
+
+Rules: connections and framing here; no write-path state (write_path.py owns it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+from google.protobuf.message import DecodeError
+
+from ordq.broker_group.config import server_options
+from ordq.broker_group.dataplane import Parts, check_caller, metered, produce
+from ordq.common.errors import ConfigError
+from ordq.common.security import Credentials
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import abort
+from ordq.wire.framing import PRODUCE_STEP_BYTES
+from ordq.wire.lean_produce import HELLO_LIMIT, frame, read_frame, tls_context, tune
+
+log = logging.getLogger("ordq.broker")
+
+
+class LinkAborted(Exception):
+    """The connection's answer was a refusal (sent): the handler ends (as gRPC's AbortError)."""
+
+
+class LinkContext:
+    """What dataplane's produce handler and its guards ask of a gRPC call's context, for one
+    lean connection: its token (``invocation_metadata``), the peer's verified certificate
+    (``auth_context``), the peer, and the answers (``write``, ``abort``)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, cn: str | None, token: str, peer: str) -> None:
+        self._writer = writer
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._auth: dict[str, list[bytes]] = {"x509_common_name": [cn.encode()]} if cn else {}
+        self._peer = peer
+        self._trailer = ""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def write(self, resp: pb.ProduceResponse) -> None:
+        self._writer.write(frame(pb.ProduceLinkAnswer(response=resp)))
+        await self._writer.drain()
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._trailer = dict(metadata).get("ordq-error", "")
+
+    async def abort(self, _code: Any, details: str) -> NoReturn:
+        try:
+            self._writer.write(frame(pb.ProduceLinkAnswer(error_json=self._trailer, error_text=details)))
+            await self._writer.drain()
+        except (OSError, ssl.SSLError):
+            pass  # the producer went away: nothing to answer
+        raise LinkAborted(details)
+
+
+def _peer_cn(writer: asyncio.StreamWriter) -> str | None:
+    cert = writer.get_extra_info("peercert") or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+class LeanProduceServer:
+    """Listens on a port of its own and serves each connection as one produce stream."""
+
+    def __init__(self, parts: Parts, creds: Credentials, *, handshake_timeout_s: float = 10.0) -> None:
+        self._b = parts
+        self._ssl = tls_context(creds, ssl.Purpose.CLIENT_AUTH)
+        self._tls = creds.tls
+        self._handshake_timeout_s = handshake_timeout_s
+        # as the gRPC server's receive limit: a request of at most REQUEST_BYTES plus one batch
+        self._limit = int(dict(server_options(parts.shared.config))["grpc.max_receive_message_length"])
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.Task[Any]] = set()
+        self.refused_unframed = 0  # connections ended before a valid hello (counted, logged)
+
+    async def start(self, host: str) -> int:
+        """On the loop: listen on ``host`` (any free port); return the port."""
+        # A reader's buffer of PRODUCE_STEP_BYTES (asyncio pauses the socket at twice that): a
+        # producer's request (~1 MiB) arrives without a pause and resume per 128 KiB (the
+        # default limit), and what one connection holds unread stays bounded, as gRPC's window.
+        self._server = await asyncio.start_server(
+            self._handle, host.strip("[]"), 0, ssl=self._ssl, limit=PRODUCE_STEP_BYTES,
+            ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._conns):
+            t.cancel()
+        if self._conns:
+            await asyncio.gather(*self._conns, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        b = self._b
+        if len(self._conns) > b.shared.config.max_connections:  # as the gRPC server's bound (SECURITY.md, Limits)
+            self._conns.discard(task)
+            writer.close()
+            return
+        arrived = b.gate.book.now()
+        peer = writer.get_extra_info("peername")
+        # TLS: the handshake (CERT_REQUIRED) already refused a peer without a certificate of the CA.
+        ctx = LinkContext(writer, _peer_cn(writer) if self._tls else None, "",
+                          f"lean:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "lean")
+        try:
+            tune(writer)
+            try:
+                body = await asyncio.wait_for(read_frame(reader, HELLO_LIMIT, "produce link hello"),
+                                              self._handshake_timeout_s)
+                if body is None:
+                    return
+                hello = pb.ProduceLinkHello.FromString(body)
+            except (ConfigError, DecodeError, TimeoutError) as exc:
+                bad = exc if isinstance(exc, ConfigError) else ConfigError(f"bad produce link hello: {exc!r}")
+                self.refused_unframed += 1
+                b.shared.count_refused(bad)
+                log.warning("produce link from %s refused: %s", ctx.peer(), bad)
+                await abort(ctx, bad)  # type: ignore[arg-type]
+            ctx = LinkContext(writer, _peer_cn(writer) if self._tls else None, hello.token, ctx.peer())
+            log.info("produce stream from %s on the lean link", ctx.peer())
+
+            async def run() -> None:
+                await check_caller(b, ctx, "Produce", arrived)
+                await produce(b, self._requests(reader), ctx)  # type: ignore[arg-type]
+
+            await metered(b, ctx, run)  # type: ignore[arg-type]
+        except LinkAborted:
+            pass  # the refusal was sent (and counted where it was decided)
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
+            log.debug("produce link from %s ended: %r", ctx.peer(), exc)
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+    async def _requests(self, reader: asyncio.StreamReader) -> AsyncIterator[pb.ProduceRequest]:
+        """The connection's requests. A frame past the limit or no ProduceRequest raises
+        ConfigError (the stream's refusal); the producer going away ends them."""
+        while True:
+            try:
+                body = await read_frame(reader, self._limit, "produce request")
+            except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
+                return
+            if body is None:
+                return
+            try:
+                req = pb.ProduceRequest.FromString(body)
+            except DecodeError as exc:
+                raise ConfigError(f"bad produce request: {exc}") from exc
+            yield req

@@ -1,0 +1,218 @@
+"""The producer → master produce stream on a lean link of its own (issue 39): framed protobuf on
+one mutual-TLS asyncio connection instead of a gRPC call. This module is the client's end
+(``LeanProduceStream``, an ``AsyncProduceStream``) and the framing both ends share; the
+master's end is broker_group/lean_produce.py.
+
+Why: a synchronous send is a handful of stream messages through the master, and each gRPC
+message costs ~0.3-0.5 ms of CPU per side and wakes gRPC's own threads (docs/BENCHMARKS.md,
+"Beside the peers, on a quiet box"). An asyncio transport write is one buffered ``send`` on
+the loop's own socket.
+
+Protocol (proto/ordq/wire/ordq.proto, ``ProduceLinkHello``/``ProduceLinkAnswer``): each frame is
+a 4-byte big-endian length and a protobuf body. The client sends one ``ProduceLinkHello`` (its
+token), then ``ProduceRequest``s; the master answers ``ProduceLinkAnswer``s: acks in order, or
+one refusal (the same kind and fields as gRPC's ``ordq-error`` trailer, ordq/wire/errors.py),
+after which it closes the link. The client maps a refusal to the same error as over gRPC.
+
+Guarantee: the same messages and semantics as the gRPC ``Produce`` stream; a producer whose
+master publishes no link (or with ``ORDQ_PRODUCE_LINK=grpc`` in its environment) uses gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Sequence
+
+from google.protobuf.message import DecodeError, Message
+
+from ordq.common.addresses import split_host_port
+from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError
+from ordq.common.security import Credentials
+from ordq.common.stages import stamp
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import from_error_json
+from ordq.wire.framing import PRODUCE_STEP_BYTES, chunks
+from ordq.wire.transport import Ack
+
+log = logging.getLogger("ordq.wire")
+
+# The A/B switch: a master serves (and publishes) the link only with ORDQ_PRODUCE_LINK=lean in
+# its environment; a producer uses a published link unless its own says ``grpc``.
+ENV = "ORDQ_PRODUCE_LINK"
+HEADER = struct.Struct(">I")
+HELLO_LIMIT = 16 << 10  # a hello is a token: a longer first frame is refused unread
+ANSWER_LIMIT = 64 << 20  # what a client reads of one answer (acks: a few bytes each)
+CONNECT_TIMEOUT_S = 10.0  # TCP and TLS (as gRPC's CONNECT_ATTEMPT_MS)
+
+
+def wanted() -> bool:
+    """Does this process use (or, a master, serve) the lean link? (``ORDQ_PRODUCE_LINK``)"""
+    return os.environ.get(ENV, "grpc") == "lean"
+
+
+def frame(msg: Message) -> bytes:
+    body = msg.SerializeToString()
+    return HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int, what: str) -> bytes | None:
+    """The next frame's body; None at a clean end of stream (between frames). A frame longer
+    than ``limit`` is refused (ConfigError) before its body is read."""
+    try:
+        head = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    (n,) = HEADER.unpack(head)
+    if n > limit:
+        raise ConfigError(f"bad {what}: a frame of {n} bytes, over the limit of {limit}")
+    return await reader.readexactly(n)
+
+
+def tune(writer: asyncio.StreamWriter) -> None:
+    """No Nagle delay (a synchronous send is one small frame) and TCP keepalive (a peer gone
+    without a FIN is found within ~80 s, as gRPC's keepalive pings find it)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 2)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+def tls_context(creds: Credentials, side: ssl.Purpose) -> ssl.SSLContext | None:
+    """Mutual TLS with the cluster's CA (None: plaintext). The server side requires a
+    certificate of the CA before any frame, as the gRPC server does (``require_client_auth``)."""
+    if not creds.tls:
+        return None
+    ctx = ssl.create_default_context(side, cafile=creds.ca_file)
+    if creds.cert_file is not None and creds.key_file is not None:
+        ctx.load_cert_chain(creds.cert_file, creds.key_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if side is ssl.Purpose.CLIENT_AUTH:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+async def open_link(link: str, creds: Credentials, *, timeout_s: float = CONNECT_TIMEOUT_S
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to a master's link ``link`` (HOST:PORT, as published) and send the hello."""
+    host, port = split_host_port(link)
+    host = host.strip("[]")
+    ctx = tls_context(creds, ssl.Purpose.SERVER_AUTH)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=ctx, server_hostname=host if ctx else None), timeout_s)
+    tune(writer)
+    writer.write(frame(pb.ProduceLinkHello(token=creds.token or "")))
+    return reader, writer
+
+
+class LeanProduceStream:
+    """One produce stream on the lean link, shaped as ``AioProduceStream`` (wire/aio_client.py):
+    ``send`` never waits; one writer task puts everything queued meanwhile into one transport
+    write (a frame per ``PRODUCE_STEP_BYTES`` chunk); ``read_acks`` returns the acks of the next
+    answer and ends by raising an ordq error (the master's refusal, typed as over gRPC, or
+    BrokerUnavailable when the link failed). Errors name ``address``, the master's gRPC
+    address, as a gRPC stream's do."""
+
+    def __init__(self, link: str, address: str, queue: str, seg: int, epoch: int, creds: Credentials, *,
+                 epoch_key: str = "") -> None:
+        self.link, self.address, self.queue, self.seg, self.epoch = link, address, queue, seg, epoch
+        self.epoch_key = epoch_key
+        self._pending: list[bytes] = []
+        self._wake: asyncio.Future[None] | None = None
+        self._closed = False
+        self.first_write_at: float | None = None
+        loop = asyncio.get_running_loop()
+        self._conn = loop.create_task(open_link(link, creds))
+        self._writer_task = loop.create_task(self._write_loop())
+
+    def send(self, batches: Sequence[bytes]) -> None:
+        self._pending.extend(batches)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _, writer = await self._conn
+            while not self._closed:
+                if not self._pending:
+                    self._wake = loop.create_future()
+                    await self._wake
+                    continue
+                batches, self._pending = self._pending, []
+                stamp("P.write")
+                writer.write(b"".join(
+                    frame(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
+                                            epoch_key=self.epoch_key, batches=chunk))
+                    for chunk in chunks(batches, PRODUCE_STEP_BYTES)))
+                if self.first_write_at is None:
+                    self.first_write_at = time.monotonic()
+                await writer.drain()  # the master reads no faster: hold further writes (flow control)
+        except (OSError, ssl.SSLError, TimeoutError, asyncio.InvalidStateError, ConfigError):
+            pass  # the link failed or ended: read_acks reports why
+
+    async def read_acks(self) -> list[Ack]:
+        try:
+            try:
+                reader, _ = await asyncio.shield(self._conn)
+            except asyncio.CancelledError:
+                if self._closed and self._conn.cancelled():  # closed before it connected
+                    raise BrokerUnavailable(self.address, "produce stream closed") from None
+                raise
+            body = await read_frame(reader, ANSWER_LIMIT, "produce link answer")
+            stamp("P.ack")
+            if body is None:
+                raise BrokerUnavailable(self.address, "produce stream ended")
+            answer = pb.ProduceLinkAnswer.FromString(body)
+        except (OSError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError, DecodeError) as exc:
+            raise BrokerUnavailable(self.address, f"produce link {self.link}: {exc!r}") from exc
+        except ConfigError as exc:
+            raise BrokerUnavailable(self.address, str(exc)) from exc
+        if answer.error_json:
+            raise from_error_json(answer.error_json, answer.error_text, self.address)
+        return [Ack(seg=a.seg, first_offset=a.first_offset, first_seq=a.first_seq, count=a.count)
+                for a in answer.response.acks]
+
+    async def close(self) -> None:
+        """Close the link and wait for the writer to end."""
+        self._closed = True
+        self._writer_task.cancel()
+        if not self._conn.done():
+            self._conn.cancel()
+        for task in (self._writer_task, self._conn):
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # the caller itself is being cancelled
+            except (OSError, ssl.SSLError, TimeoutError, OrdqError):
+                pass  # the link had failed: closing ends it anyway
+            except Exception as exc:  # noqa: BLE001 - as AioProduceStream.close: never fail the failover
+                log.warning("produce link to %s: its writer had failed: %r", self.link, exc)
+        if self._conn.done() and not self._conn.cancelled() and self._conn.exception() is None:
+            _, writer = self._conn.result()
+            await shut(writer)
+
+
+async def shut(writer: asyncio.StreamWriter, timeout_s: float = 1.0) -> None:
+    """Close a link at once (as a gRPC call is cancelled: no TLS close_notify exchange, which
+    would keep the socket open up to ``ssl_shutdown_timeout`` and outlive a stopped loop) and
+    wait until its socket is closed."""
+    writer.transport.abort()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await writer.wait_closed()
+    except (OSError, ssl.SSLError, TimeoutError):
+        pass  # closed anyway (or as good as: the socket goes with the transport's next callback)
