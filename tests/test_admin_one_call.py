@@ -68,7 +68,8 @@ def test_an_admin_command_is_one_call_a_follower_names_the_leader_and_a_silent_o
         assert main([*zk, "--bootstrap", follower, "--zk-timeout", "1", "queue", "list"]) == 1
         took = time.monotonic() - began
         err = capsys.readouterr().err
-        assert err.startswith(f"ordq: error: no coordinator of the cluster answered at {follower} (given) within 1s"), err
+        assert err.startswith(f"ordq: error: no coordinator of the cluster answered at {follower} (given) "
+                              "within 1s"), err
         assert len(err.strip().splitlines()) == 1, err
         assert took < 1 + 2 + 3, took  # --zk-timeout, one ask of it, a loaded box
         # The silent one first, the leader known too: the election names the leader while the call waits.
