@@ -197,6 +197,11 @@ class CoordinatorClient:
             address = self._known[self._next % len(self._known)]  # presumed; its answer says
         attempt = 0
         last: BaseException | None = None
+
+        def pause(seconds: float) -> None:  # a pause between attempts, never past the call's giving up
+            give_up = reach.give_up_at(deadline) if reach is not None else deadline
+            time.sleep(min(seconds, max(give_up - time.monotonic(), 0)))
+
         while True:
             left = (reach.give_up_at(deadline) if reach is not None else deadline) - time.monotonic()
             if left <= 0:
@@ -207,7 +212,7 @@ class CoordinatorClient:
                 address = self.leader()
                 if not address:
                     last = CoordinationUnavailable("no coordinator leads (the election is empty)")
-                    time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(left, 0)))
+                    pause(_RETRY_PAUSE_S[min(attempt, 3)])
                     attempt += 1
                     continue
             try:
@@ -232,14 +237,13 @@ class CoordinatorClient:
                         # reconnecting, for a moment: not a refusal; again, with the backoff,
                         # until the deadline (then CoordinationUnavailable naming it).
                         last = err
-                        time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
+                        pause(_RETRY_PAUSE_S[min(attempt, 3)])
                         attempt += 1
                         continue
                     hint = trailing.get("ordq-retry-ms")  # a refused turn (coordinator/fair_share.py)
                     if hint is not None and str(hint).isdigit():
                         last = err
-                        time.sleep(min(max(int(str(hint)) / 1000.0, _RETRY_PAUSE_S[min(attempt, 3)]),
-                                       max(deadline - time.monotonic(), 0)))
+                        pause(max(int(str(hint)) / 1000.0, _RETRY_PAUSE_S[min(attempt, 3)]))
                         attempt += 1
                         continue
                     if not isinstance(err, NotCoordinatorLeader):
@@ -249,7 +253,7 @@ class CoordinatorClient:
                     address = leader if leader and leader != address else ""
                     last = err
                     if not address:
-                        time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(left, 0)))
+                        pause(_RETRY_PAUSE_S[min(attempt, 3)])
                         attempt += 1
                     continue
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -257,7 +261,7 @@ class CoordinatorClient:
                 # Dead, hung or not yet serving: the election tells who leads once its node goes.
                 last = CoordinationUnavailable(f"coordinator {address}: {code.name}: {exc.details()}")
                 self._leader = address = ""
-                time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
+                pause(_RETRY_PAUSE_S[min(attempt, 3)])
                 attempt += 1
 
     def _answer(self, call: Any, address: str, reach: Reach | None = None) -> Any:
