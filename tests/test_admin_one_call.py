@@ -62,10 +62,11 @@ def test_an_admin_command_is_one_call_a_follower_names_the_leader_and_a_silent_o
     assert admin_calls(follower_metrics, "NotCoordinatorLeader") == refused + 1
     assert admin_calls(leader_metrics, "ok") == answered + 1
     assert listed(follower, leader) == ["q"]  # the command, the same way
-    # As the program (ordq/common/deferred.py): answered, and asyncio and grpc.aio never imported.
+    # As the program (ordq/common/deferred.py): answered, and what grpc loads and never uses never imported.
     program = f"""
 import atexit, json, sys
-atexit.register(lambda: print(json.dumps({{m: type(sys.modules.get(m)).__name__ for m in ("asyncio", "grpc.aio")}})))
+atexit.register(lambda: print(json.dumps({{m: type(sys.modules.get(m)).__name__
+                                            for m in ("asyncio", "grpc.aio", "inspect", "socket")}})))
 from ordq.cli import main
 sys.argv = ["ordq", *{[*zk, "--bootstrap", f"{follower},{leader}", "--json", "queue", "list"]!r}]
 sys.exit(main())
@@ -74,7 +75,8 @@ sys.exit(main())
     assert res.returncode == 0, res.stderr
     *table, deferred = res.stdout.splitlines()
     assert [row["queue"] for row in json.loads("\n".join(table))] == ["q"]
-    assert json.loads(deferred) == {"asyncio": "Deferred", "grpc.aio": "Deferred"}
+    assert json.loads(deferred) == {"asyncio": "Deferred", "grpc.aio": "Deferred", "inspect": "Deferred",
+                                    "socket": "Deferred"}
 
     follower_proc.pause()  # accepts connections (the kernel's backlog), never answers
     try:

@@ -58,9 +58,10 @@ print("ok")
     assert out.strip().endswith("ok"), out
 
 
-def test_an_admin_command_run_as_the_program_leaves_asyncio_and_grpc_aio_unimported(tmp_path: Path) -> None:
+def test_an_admin_command_run_as_the_program_leaves_what_grpc_loads_and_never_uses_unimported(tmp_path: Path) -> None:
     """What the stand-ins are for: ``ordq queue list`` imports grpc and makes its call (here to
-    an address nobody listens on) without ever importing asyncio or grpc.aio; run as a library
+    an address nobody listens on) without ever importing asyncio, grpc.aio, inspect, socket (nor
+    ssl, which asyncio loads); run as a library
     (``main(argv)``), the CLI defers nothing."""
     [closed] = free_ports(1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORDQ_")}
@@ -69,7 +70,8 @@ def test_an_admin_command_run_as_the_program_leaves_asyncio_and_grpc_aio_unimpor
     program = f"""
 import atexit, json, sys
 def report():
-    print(json.dumps({{m: type(sys.modules.get(m)).__name__ for m in ("grpc", "asyncio", "grpc.aio", "ssl")}}))
+    print(json.dumps({{m: type(sys.modules.get(m)).__name__
+                      for m in ("grpc", "asyncio", "grpc.aio", "inspect", "socket", "ssl")}}))
 atexit.register(report)
 from ordq.cli import main
 sys.argv = ["ordq", *{argv!r}]
@@ -78,8 +80,8 @@ sys.exit(main())
     res = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=REPO,
                          env=env)
     assert res.returncode == 1 and "no coordinator of the cluster answered" in res.stderr, res.stderr
-    assert json.loads(res.stdout.splitlines()[-1]) == {"grpc": "module", "asyncio": "Deferred",
-                                                        "grpc.aio": "Deferred", "ssl": "NoneType"}
+    assert json.loads(res.stdout.splitlines()[-1]) == {"grpc": "module", "asyncio": "Deferred", "grpc.aio": "Deferred",
+                                                        "inspect": "Deferred", "socket": "Deferred", "ssl": "NoneType"}
     library = run(f"import sys\nfrom ordq.cli import main\nmain({argv!r})\n"
                   "print(type(sys.modules.get('asyncio')).__name__)", env=env)
     assert library.strip().splitlines()[-1] == "module", library
