@@ -180,3 +180,22 @@ def test_a_cluster_started_by_ordq_up_with_a_prometheus_url_draws_its_charts_fro
         if prom is not None:
             prom.kill()
         ordq("down", "--dir", str(folder), env=env)
+
+
+def test_the_prometheus_url_of_a_coordinator_config_file_is_the_one_the_page_asks(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """docs/OPERATIONS.md's other way to give it: ``prometheus_url = "http://HOST:9090"`` in the
+    coordinator's ``--config`` file. Nobody listens there: the page draws the coordinator's own
+    samples and names that URL as not answering."""
+    doc = (REPO / "docs" / "OPERATIONS.md").read_text()
+    assert '`prometheus_url = "http://HOST:9090"` in its `--config` file' in doc
+    prom_url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f'prometheus_url = "{prom_url}"\n')
+    cluster.add_groups("g1")
+    daemon = cluster.start_daemon("coordinator-1", extra=["--config", str(config)])
+    metrics = daemon.wait_for_line("METRICS ", timeout_s=30).split()[-1]
+    page = metrics.rsplit("/", 1)[0] + "/status.json"
+    history = json.loads(urllib.request.urlopen(page, timeout=30).read())["history"]
+    assert history["source"] == "coordinator", history
+    assert f"Prometheus at {prom_url} does not answer" in history["note"], history
