@@ -1,13 +1,14 @@
 """How long an ``ordq`` command takes to answer (issue 42: commands that answer at once).
 
-    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq]
+    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq] [--only help,list,produce,status]
 
 Wall time and CPU time (user + system of the child) of separate ``ordq`` processes, as a user
 runs them: ``--help`` always; with ``--zk`` (a cluster ``ordq up`` started and registered),
 also ``queue list``, a one-message ``produce`` to the queue ``bench-cli`` (created if
 missing) and ``status`` (read from ZooKeeper, each process asked). p50 and p90 of ``--runs``
-runs each. Note the load average beside every figure: wall time on a busy box grows with the
-load, CPU time much less.
+runs each; ``--only`` measures only the commands it names (``list``: ``queue list``). Note
+the load average beside every figure: wall time on a busy box grows with the load, CPU time much
+less.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+COMMANDS = ("help", "list", "produce", "status")
 
 
 def run_once(argv: Sequence[str], stdin: bytes | None = None) -> tuple[float, float, int]:
@@ -54,15 +57,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--zk", default=None, help="a running cluster's ZooKeeper (registered by ordq up)")
     parser.add_argument("--root", default="/ordq")
+    parser.add_argument("--only", default=",".join(COMMANDS), metavar="NAME[,NAME...]",
+                        help=f"the commands to measure, of {', '.join(COMMANDS)} (default: all)")
     args = parser.parse_args(argv)
-    rows = [measure("ordq --help", ["--help"], args.runs)]
+    only = [c.strip() for c in args.only.split(",") if c.strip()]
+    if not only or set(only) - set(COMMANDS):
+        parser.error(f"--only names commands of {', '.join(COMMANDS)}")
+    rows = [measure("ordq --help", ["--help"], args.runs)] if "help" in only else []
     if args.zk:
         cluster = ["--zk", args.zk, "--root", args.root]
         subprocess.run([sys.executable, "-m", "ordq.cli", *cluster, "queue", "create", "bench-cli"],
                        capture_output=True, check=False)
-        rows.append(measure("ordq queue list", [*cluster, "queue", "list"], args.runs))
-        rows.append(measure("ordq produce (1 message)", [*cluster, "produce", "bench-cli"], args.runs, stdin=b"m\n"))
-        rows.append(measure("ordq status (any cluster)", [*cluster, "status"], args.runs))
+        if "list" in only:
+            rows.append(measure("ordq queue list", [*cluster, "queue", "list"], args.runs))
+        if "produce" in only:
+            rows.append(measure("ordq produce (1 message)", [*cluster, "produce", "bench-cli"], args.runs,
+                                stdin=b"m\n"))
+        if "status" in only:
+            rows.append(measure("ordq status (any cluster)", [*cluster, "status"], args.runs))
     print(f"{'command':<28} {'runs':>4} {'wall p50':>9} {'wall p90':>9} {'cpu p50':>8} {'load':>6}")
     for r in rows:
         print(f"{r['command']:<28} {r['runs']:>4} {r['wall_p50_s']:>8.3f}s {r['wall_p90_s']:>8.3f}s "

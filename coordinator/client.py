@@ -109,6 +109,7 @@ class CoordinatorClient:
         self._leader: str | None = None
         self._stubs: StubCache[Any, Any] = StubCache(self._open_channel, self._make_stub, "coordinator client")
         self.resolves = 0  # election reads (tests: how often the leader was looked up)
+        self.named = 0  # answers to "who leads" that named a leader (bootstrap mode)
 
     def close(self) -> None:
         for ch in self._stubs.close():
@@ -156,6 +157,7 @@ class CoordinatorClient:
             self._next = (self._next + i) % len(known)
             answered = [a for a in res.addresses if a]
             self._known = answered + [a for a in self._bootstrap if a not in answered]
+            self.named += bool(answered)
             return answered[0] if answered else ""
         self._next = (self._next + 1) % max(len(known), 1)
         return ""
@@ -177,30 +179,45 @@ class CoordinatorClient:
     def _stub(self, address: str) -> Any:
         return self._stubs.get(address)
 
-    def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
+    def _call(self, method: str, request: Any, timeout_s: float | None, reach_s: float | None = None) -> Any:
+        """``method`` on the leader. ``reach_s`` (bootstrap mode): while no leader is known the
+        request goes as it is to a known coordinator (a follower's refusal names the leader: one
+        round trip, not a "who leads" and then the call, issue 42), and the call gives up after
+        ``reach_s`` unless a coordinator has answered by then (anything: the call's answer, a
+        refusal, a leader named), however long ``timeout_s`` lets an answer take."""
         import grpc
 
         from ordq.wire.errors import METADATA_KEY, from_rpc_error
 
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
+        now = time.monotonic()
+        deadline = now + (timeout_s if timeout_s is not None else self.timeout_s)
+        reach = Reach(self, now + reach_s) if reach_s is not None and self._zk is None else None
         address = self._leader
+        if not address and reach is not None and self._known:
+            address = self._known[self._next % len(self._known)]  # presumed; its answer says
         attempt = 0
         last: BaseException | None = None
+
+        def pause(seconds: float) -> None:  # a pause between attempts, never past the call's giving up
+            give_up = reach.give_up_at(deadline) if reach is not None else deadline
+            time.sleep(min(seconds, max(give_up - time.monotonic(), 0)))
+
         while True:
-            left = deadline - time.monotonic()
+            left = (reach.give_up_at(deadline) if reach is not None else deadline) - time.monotonic()
             if left <= 0:
                 raise CoordinationUnavailable(f"no coordinator answered {method} in time"
                                               + (f" (last: {last})" if last else "")) from last
+            left = deadline - time.monotonic()
             if not address:
                 address = self.leader()
                 if not address:
                     last = CoordinationUnavailable("no coordinator leads (the election is empty)")
-                    time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(left, 0)))
+                    pause(_RETRY_PAUSE_S[min(attempt, 3)])
                     attempt += 1
                     continue
             try:
                 call = getattr(self._stub(address), method).future(request, timeout=left, metadata=self._md)
-                answer = self._answer(call, address)
+                answer = self._answer(call, address, reach)
                 if answer is _MOVED:
                     last = CoordinationUnavailable(f"coordinator {address} was replaced while the call was in flight")
                     self._leader = address = ""
@@ -212,20 +229,21 @@ class CoordinatorClient:
                 code = exc.code()
                 if METADATA_KEY in trailing:
                     err = from_rpc_error(exc, address)
+                    if reach is not None and (not isinstance(err, NotCoordinatorLeader) or err.leader):
+                        reach.heard = True  # alive, and it knows the cluster: no more a question of reaching one
                     if isinstance(err, TokensUnavailable) or (isinstance(err, CoordinationUnavailable)
                                                               and not isinstance(err, NotCoordinatorLeader)):
                         # Its token store is unreadable, or its own ZooKeeper connection is
                         # reconnecting, for a moment: not a refusal; again, with the backoff,
                         # until the deadline (then CoordinationUnavailable naming it).
                         last = err
-                        time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
+                        pause(_RETRY_PAUSE_S[min(attempt, 3)])
                         attempt += 1
                         continue
                     hint = trailing.get("ordq-retry-ms")  # a refused turn (coordinator/fair_share.py)
                     if hint is not None and str(hint).isdigit():
                         last = err
-                        time.sleep(min(max(int(str(hint)) / 1000.0, _RETRY_PAUSE_S[min(attempt, 3)]),
-                                       max(deadline - time.monotonic(), 0)))
+                        pause(max(int(str(hint)) / 1000.0, _RETRY_PAUSE_S[min(attempt, 3)]))
                         attempt += 1
                         continue
                     if not isinstance(err, NotCoordinatorLeader):
@@ -235,7 +253,7 @@ class CoordinatorClient:
                     address = leader if leader and leader != address else ""
                     last = err
                     if not address:
-                        time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(left, 0)))
+                        pause(_RETRY_PAUSE_S[min(attempt, 3)])
                         attempt += 1
                     continue
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -243,26 +261,32 @@ class CoordinatorClient:
                 # Dead, hung or not yet serving: the election tells who leads once its node goes.
                 last = CoordinationUnavailable(f"coordinator {address}: {code.name}: {exc.details()}")
                 self._leader = address = ""
-                time.sleep(min(_RETRY_PAUSE_S[min(attempt, 3)], max(deadline - time.monotonic(), 0)))
+                pause(_RETRY_PAUSE_S[min(attempt, 3)])
                 attempt += 1
 
-    def _answer(self, call: Any, address: str) -> Any:
+    def _answer(self, call: Any, address: str, reach: Reach | None = None) -> Any:
         """The answer of ``call`` (a gRPC future) to the coordinator at ``address``, raising
         as the call does; ``_MOVED`` (the call cancelled) once the election names another
         leader while it waits. A coordinator behind a partition never answers nor refuses:
         without this the call would wait its whole deadline on it, although a standby leads
-        one session timeout after the cut."""
+        one session timeout after the cut. ``reach``: the call is cancelled, and
+        CoordinationUnavailable raised, once its bound passes with no coordinator heard (a
+        stopped process accepts connections and never answers)."""
         import grpc
 
         while True:
             try:
-                return call.result(timeout=_ELECTION_CHECK_S)
+                return call.result(timeout=_ELECTION_CHECK_S if reach is None or reach.heard
+                                   else max(min(_ELECTION_CHECK_S, reach.at - time.monotonic()), 0.0))
             except grpc.FutureTimeoutError:
                 pass
             now = self.leader()
             if now and now != address:
                 call.cancel()
                 return _MOVED
+            if reach is not None and not reach.heard and time.monotonic() >= reach.at:
+                call.cancel()
+                raise CoordinationUnavailable(f"coordinator {address} did not answer")
 
     @staticmethod
     def _pb() -> Any:
@@ -436,16 +460,41 @@ class CoordinatorClient:
 
     # -- the admin API (coordinator/admin_api.py) -----------------------------------------------
 
-    def admin(self, verb: str, *, timeout_s: float | None = None, **args: Any) -> Any:
+    def admin(self, verb: str, *, timeout_s: float | None = None, reach_s: float | None = None, **args: Any) -> Any:
         """Run an admin verb (``queue describe``, ``auth create``, ...) on the elected
         coordinator with ``args`` (JSON-able); its result as JSON data. Refusals are typed as
-        every other call's (PermissionDenied, QueueNotFound, ...)."""
+        every other call's (PermissionDenied, QueueNotFound, ...). ``reach_s`` (bootstrap
+        mode): sent at once to a known coordinator (a follower names the leader), and
+        CoordinationUnavailable when none has answered within ``reach_s``."""
         from ordq.wire.admin_messages import MAX_ARGS_BYTES, admin_request
 
         raw = json.dumps(args).encode()
         if len(raw) > MAX_ARGS_BYTES:  # the coordinator refuses it unread: say so without sending it
             raise ConfigError(f"admin request too large: {len(raw)} bytes of arguments (at most {MAX_ARGS_BYTES})")
-        return json.loads(self._call("Admin", admin_request(verb, raw), timeout_s).result_json or b"null")
+        return json.loads(self._call("Admin", admin_request(verb, raw), timeout_s, reach_s).result_json or b"null")
+
+
+class Reach:
+    """A call's bound on reaching a coordinator (``CoordinatorClient._call``'s ``reach_s``):
+    ``at``, the monotonic time it gives up unless ``heard``; heard once a coordinator answered
+    it, refused it knowing the leader, or named the leader when asked."""
+
+    def __init__(self, client: CoordinatorClient, at: float) -> None:
+        self.at = at
+        self._client = client
+        self._named = client.named
+        self._heard = False
+
+    @property
+    def heard(self) -> bool:
+        return self._heard or self._client.named != self._named
+
+    @heard.setter
+    def heard(self, value: bool) -> None:
+        self._heard = value
+
+    def give_up_at(self, deadline: float) -> float:
+        return deadline if self.heard else min(deadline, self.at)
 
 
 class _Stub:

@@ -224,6 +224,12 @@ _QUICK_EXIT_MODULES = frozenset({"queue", "sub", "topic", "group", "auth", "cont
 def main(argv: Sequence[str] | None = None) -> int:
     as_program = argv is None  # run as the ``ordq`` program, not called by a test or a library
     argv = sys.argv[1:] if argv is None else argv
+    if as_program and command_module(argv) in _QUICK_EXIT_MODULES:
+        # asyncio and grpc.aio, which ``import grpc`` loads and one synchronous call never uses:
+        # a third of such a command's CPU (ordq/common/deferred.py)
+        from ordq.common.deferred import defer
+
+        defer()
     # SIGINT is taken before anything is imported: one during the start-up of a command that was
     # started with SIGINT ignored (a background job) was lost (issue 42); a daemon gets the
     # previous handler back once its command is known.

@@ -35,6 +35,8 @@ BENCHES = [
     bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
           pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
+    # a cluster's commands need --zk (docs/BENCHMARKS.md runs them); --only as the window's runs use it
+    bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
     bench("bench_index", ["--messages", "20000", "--segments", "2", "--keys", "2000", "--lookups", "10"],
           ["% of the segment", "seal-time build+write", "| key, warm", "| time, cold"]),

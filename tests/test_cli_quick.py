@@ -50,6 +50,9 @@ def test_queue_list_loads_no_attrs_nor_the_queue_state_by_bootstrap_or_by_contex
     loaded, err = _loaded_by(["--zk-timeout", "0.3", "queue", "list"], env)
     assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
     assert loaded == []
+    loaded, err = _loaded_by(["--zk-timeout", "0.3", "sub", "list", "q"], env)  # its module imported attrs
+    assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
+    assert loaded == []
 
 
 def test_a_quick_exit_keeps_the_output_and_the_exit_code(tmp_path: Path) -> None:

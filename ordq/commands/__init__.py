@@ -13,7 +13,6 @@ import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -224,20 +223,13 @@ def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
     CoordinationUnavailable, naming the addresses tried, when none answers within
     ``--zk-timeout``."""
     from ordq.bootstrap import coordinator, timeout_of
-    from ordq.common.errors import CoordinationUnavailable
 
-    with coordinator(args) as client:
-        tried = client.coordinators
-        deadline = time.monotonic() + timeout_of(args)
-        with saying(f"connecting to the coordinators at {', '.join(tried)}"):
-            while not client.leader():
-                if time.monotonic() >= deadline:
-                    raise CoordinationUnavailable(
-                        f"no coordinator answered at {', '.join(tried)} (`ordq up` starts the cluster; `ordq status` "
-                        "says what runs)")
-                time.sleep(0.1)
-        with saying(f"waiting for the coordinator's answer to {verb}"):
-            return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, **verb_args)
+    # One call: the request goes to the first coordinator known, and a follower's refusal names
+    # the leader; asking who leads first cost a round trip, and the coordinator two ZooKeeper
+    # reads, on every command (issue 42).
+    with coordinator(args) as client, saying(f"waiting for the coordinators at {', '.join(client.coordinators)} "
+                                             f"to answer {verb}"):
+        return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args), **verb_args)
 
 
 def check_admin(store: Any, queue: str) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import attrs
-
 from ordq.commands import add_command, admin_call, duration, int_in, wants_json
 from ordq.commands.paging import add_paging, page, say_next
 from ordq.common.errors import ConfigError
@@ -151,6 +149,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_policy(args: argparse.Namespace) -> int:
+    import attrs
+
     from ordq.sdk.failure import FailurePolicy
 
     change: dict[str, Any] | None = None
