@@ -14,6 +14,10 @@ a module already imported is left as it is. Not for long-running processes: code
 stand-in (``from grpc import aio``) reaches the real module through one more lookup per
 attribute, and setting an attribute on a stand-in does not reach the real module.
 
+Why not the standard library's ``importlib.util.LazyLoader``: on this Python (3.11) an
+``import asyncio`` of a lazy module already in ``sys.modules`` reads its ``__spec__`` (to see
+whether it is still initialising), which runs it: tried, every module was loaded at once.
+
 Rules: standard library only; no I/O.
 """
 
