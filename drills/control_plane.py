@@ -111,7 +111,9 @@ def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[
 
 
 def control_plane_load(load: Any) -> Any:
-    """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them."""
+    """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them. A malformed
+    ``ATTACKS_ENV`` or ``WINDOWS_ENV`` is refused here, before the run (ValueError)."""
+    window_variants(attack_kinds())
     return attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
 
 
