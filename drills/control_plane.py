@@ -41,10 +41,11 @@ from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
 from ordq.coordinator.tokens import create_token, revoke_token, touch
-from ordq.drills import neighbour
+from ordq.drills import cpu_isolation, neighbour
 from ordq.drills.control_plane_attacks import (
     ATTACKS,
     ATTACKS_ENV,
+    CONTROLS,
     FLOOD_THREADS,
     FORGED,
     HUGE_AT_ONCE,
@@ -72,8 +73,47 @@ TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waite
 MESSAGES = 320_000
 
 
+# A measurement (never the acceptance: such a run fails its "windows as the acceptance's" check):
+# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the attack windows, in turn
+# (cycled over the ROUNDS), of these variants: ``attack`` (the attacks of the run,
+# ``ATTACKS_ENV``), ``hog`` (the attacker's process spins at its CPU quota and calls nothing:
+# control_plane_attacks.CONTROLS), either with ``@SHARES``: the attacker's cgroup at that
+# ``cpu.shares`` during the window (else the drill's, cpu_isolation.MAX_SHARES, as the cluster's).
+# Each variant's p99s are pooled over its windows against the same quiet windows; the verdict's
+# ratio is the ``attack`` windows'.
+WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
+
+
+@attrs.frozen
+class Variant:
+    """One kind of attack window (``WINDOWS_ENV``)."""
+
+    name: str
+    kinds: tuple[str, ...]  # what the attacker sends in it
+    shares: int | None = None  # its cgroup's cpu.shares then (None: as isolated)
+
+
+def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
+    """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``); by default every
+    window is ``attack``: ``attacks``. ValueError naming a malformed one."""
+    spec = os.environ.get(WINDOWS_ENV, "") if spec is None else spec
+    out = []
+    for word in (w.strip() for w in spec.split(",")):
+        if not word:
+            continue
+        what, at, shares = word.partition("@")
+        if what not in ("attack", *CONTROLS) or (at and not (shares.isdigit() and 2 <= int(shares)
+                                                              <= cpu_isolation.MAX_SHARES)):
+            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack or "
+                             f"{' or '.join(CONTROLS)}, then @SHARES if wanted: 2..{cpu_isolation.MAX_SHARES})")
+        out.append(Variant(word, attacks if what == "attack" else (what,), int(shares) if shares else None))
+    return tuple(out) or (Variant("attack", attacks),)
+
+
 def control_plane_load(load: Any) -> Any:
-    """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them."""
+    """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them. A malformed
+    ``ATTACKS_ENV`` or ``WINDOWS_ENV`` is refused here, before the run (ValueError)."""
+    window_variants(attack_kinds())
     return attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
 
 
@@ -136,30 +176,61 @@ class _CommitProbe:
         self.client.close()
 
 
+def thread_waits(pid: int) -> dict[int, int]:
+    """Nanoseconds each live thread of ``pid`` has waited for a CPU while runnable (the second
+    field of /proc/<pid>/task/<tid>/schedstat, ``run_delay``); empty when it is gone."""
+    out: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                out[int(task.name)] = int((task / "schedstat").read_text().split()[1])
+    return out
+
+
+def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
+    """Seconds the threads of ``after`` waited for a CPU since ``before`` (a thread that ended
+    meanwhile is not counted: a lower bound)."""
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
+
+
 class _CpuUse:
-    """The CPU each process used (cores), per kind of window (``neighbour.cpu_seconds``)."""
+    """The CPU each process used (cores), and how long its threads waited for one while
+    runnable (ms per s: the scheduler's ``run_delay``, summed over threads), per kind of window
+    (``neighbour.cpu_seconds``, ``thread_waits``)."""
 
     def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = pids
+        self.pids = {k: v for k, v in pids.items() if v is not None}
         self.wall: dict[str, float] = {}
         self.used: dict[str, dict[str, float]] = {}
+        self.waited: dict[str, dict[str, float]] = {}
+
+    def _waits(self) -> dict[str, dict[int, int]]:
+        return {name: thread_waits(pid) for name, pid in self.pids.items()}
 
     @contextlib.contextmanager
     def measure(self, kind: str) -> Iterator[None]:
-        t0, c0 = time.monotonic(), neighbour.cpu_seconds(self.pids)
+        t0, c0, w0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits()
         try:
             yield
         finally:
-            c1 = neighbour.cpu_seconds(self.pids)
+            c1, w1 = neighbour.cpu_seconds(dict(self.pids)), self._waits()
             self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
             use = self.used.setdefault(kind, {})
             for k in c1:
                 if k in c0:
                     use[k] = use.get(k, 0.0) + c1[k] - c0[k]
+            waited = self.waited.setdefault(kind, {})
+            for k in w1:
+                waited[k] = waited.get(k, 0.0) + waited_s(w0.get(k, {}), w1[k])
 
     def __str__(self) -> str:
         return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
                          for kind, use in self.used.items())
+
+    def waits(self) -> str:
+        """Each process's threads' wait for a CPU, ms per s of window, per kind of window."""
+        return "; ".join(f"{kind}: " + ", ".join(f"{k} {1000 * v / self.wall[kind]:.0f}" for k, v in w.items())
+                         for kind, w in self.waited.items())
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -299,8 +370,14 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     pids |= {f"consumer {i}": w.proc.pid for i, w in enumerate(ctx.consumers)}
     iso, judgement = neighbour.isolate(pids)
     kinds = attack_kinds()
+    variants = window_variants(kinds)
     if kinds != ATTACKS:
         judgement += f"; ONLY {'+'.join(kinds)} attacks ({ATTACKS_ENV}): a measurement, not the acceptance"
+    measured = variants != (Variant("attack", kinds),)
+    if measured:
+        judgement += (f"; attack windows in turn {', '.join(v.name for v in variants)} ({WINDOWS_ENV}): "
+                      "a measurement, not the acceptance")
+    sent = tuple(k for k in (*ATTACKS, *CONTROLS) if any(k in v.kinds for v in variants))
     ctx.notes["neighbour_judgement"] = judgement
     ctx.event(f"judgement: {judgement}")
     log_from = stage.log.stat().st_size
@@ -308,12 +385,13 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                          stage.probe_sub)
     attacker: neighbour.WindowedProcess | None = None
     windows: list[tuple[int, int, int]] = []
+    variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
     try:
         probe.start()
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
-                                    kinds=kinds)
+                                    kinds=sent)
         if iso is not None:
             iso.add("capped", [attacker.pid])
         counted_before = _counted(stage.metrics_url)
@@ -327,26 +405,37 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                   "for made-up names, undecodable bytes, a queue name with a new line")
         gid, _seg = ctx.head()
         cpu = _CpuUse({stage.leader: stage.pid, "zookeeper": c.zk.processes[0].pid,
-                       f"{gid}/master": pids.get(f"{gid}/master"), "producer": ctx.producers[0].proc.pid,
+                       f"{gid}/master": pids.get(f"{gid}/master"), f"{gid}/slave": pids.get(f"{gid}/slave"),
+                       "producer": ctx.producers[0].proc.pid,
                        "attacker": attacker.pid, "drill": os.getpid()})
-        for _ in range(ROUNDS):
+        for i in range(ROUNDS):
+            variant = variants[i % len(variants)]
+            if iso is not None and measured:  # the attacker's cgroup weight in this window
+                cpu_isolation.set_shares(iso.groups["capped"], variant.shares or cpu_isolation.MAX_SHARES)
             q0 = now_us()
             with cpu.measure("quiet"):
                 time.sleep(QUIET_S)
             a0 = now_us()
-            with cpu.measure("attacked"):
-                attacker.go()
+            with cpu.measure(f"attacked {variant.name}" if measured else "attacked"):
+                if measured:
+                    attacker.go(variant.kinds)
+                else:
+                    attacker.go()
                 time.sleep(ATTACK_S)
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
                 time.sleep(RECOVER_S)
             windows.append((q0, a0, now_us()))
-            ctx.event(f"window (quiet from, attack from, attack to; µs): {windows[-1]}")
+            variant_of.append(variant.name)
+            ctx.event(f"window (quiet from, attack from, attack to; µs): {windows[-1]}"
+                      + (f" {variant.name}" if measured else ""))
         ctx.event(f"CPU cores used, {cpu}")
+        ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
                    "for this machine's speed)", ctx.producers[0].proc.alive())
     finally:
         ctx.notes["neighbour_windows"] = windows
+        ctx.notes["window_variants"] = variant_of
         peak = rss.stop() if rss is not None else None
         if attacker is not None:
             attacker.close()
@@ -356,9 +445,11 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
             ctx.event("cgroups removed, processes back in the root group" if not left
                       else f"cgroups NOT removed (swept by the next run): {left}")
     ctx.notes["commit_samples"] = probe.samples
-    quiet, attacked = _split(probe.samples, windows)
-    ctx.event(f"the neighbour's Commit p99 quiet {_p99(quiet):.1f} ms, attacked {_p99(attacked):.1f} ms "
-              f"({len(quiet)} and {len(attacked)} commits; judged with the produce acks after the run)")
+    for name, picked in _by_variant(windows, variant_of).items():
+        quiet, attacked = _split(probe.samples, windows, picked)
+        ctx.event(f"the neighbour's Commit p99 quiet {_p99(quiet):.1f} ms, {name} {_p99(attacked):.1f} ms "
+                  f"({len(quiet)} and {len(attacked)} commits; p50 {_p50(quiet):.1f} and {_p50(attacked):.1f} "
+                  "ms; judged with the produce acks after the run)")
     ctx.event(f"attacks ended: {dict(sorted(outcomes.items()))}")
     counted_after = _counted(stage.metrics_url)
     counted = {k: v - counted_before.get(k, 0.0) for k, v in counted_after.items() if v > counted_before.get(k, 0.0)}
@@ -369,6 +460,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     ctx.notes["turns"] = turns
     ctx.event(f"the leader's fair turns meanwhile (coordinator/fair_share.py): {turns}")
     ctx.expect(f"every kind of attack was sent ({', '.join(kinds)}; {ATTACKS_ENV} unset)", kinds == ATTACKS)
+    ctx.expect(f"every attack window of every attack ({WINDOWS_ENV} unset)", not measured)
     for what, ok in judge_attacks(outcomes, counted, kinds):
         ctx.expect(what, ok)
     ctx.expect(f"the neighbour's commits never failed ({len(probe.failures)} failed: {probe.failures[:3]})",
@@ -403,16 +495,39 @@ def _check_unchanged(ctx: DrillContext, stage: _Stage, log_from: int) -> None:
                and all(len(x) < 4096 for x in lines))
 
 
-def _p99(values: list[float]) -> float:
+def _quantile(values: list[float], q: float) -> float:
     xs = sorted(values)
-    return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else float("nan")
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
 
 
-def _split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]]) -> tuple[list[float], list[float]]:
-    """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones."""
+def _p99(values: list[float]) -> float:
+    return _quantile(values, 0.99)
+
+
+def _p50(values: list[float]) -> float:
+    return _quantile(values, 0.5)
+
+
+def _split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
+           attacked_of: list[int] | None = None) -> tuple[list[float], list[float]]:
+    """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones (of the
+    rounds ``attacked_of`` only, if given; every round's quiet window all the same)."""
+    picked = windows if attacked_of is None else [windows[i] for i in attacked_of]
     quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
-    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
+    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in picked)]
     return quiet, attacked
+
+
+def _by_variant(windows: list[tuple[int, int, int]], variant_of: list[str]) -> dict[str, list[int]]:
+    """The rounds of each window variant, ``attacked`` for all of them when there is one kind
+    (the acceptance's), the judged one (``attack``) first."""
+    names = variant_of if len(variant_of) == len(windows) else ["attack"] * len(windows)
+    if len(set(names)) <= 1:
+        return {"attacked": list(range(len(windows)))}
+    out: dict[str, list[int]] = {"attack": []} if "attack" in names else {}
+    for i, name in enumerate(names):
+        out.setdefault(name, []).append(i)
+    return out
 
 
 def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
@@ -426,16 +541,25 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
     out: list[tuple[str, bool]] = []
     series = {"produce ack": ([(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks], MIN_ACKS),
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
+    variants = _by_variant(windows, ctx.notes.get("window_variants", []))
+    judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
     for what, (samples, least) in series.items():
-        quiet, attacked = _split(samples, windows)
+        for name, picked in list(variants.items())[1:]:  # a measurement's other variants: told, not judged
+            quiet, other = _split(samples, windows, picked)
+            ctx.event(f"{what} p99 quiet {_p99(quiet):.1f} ms, in the {name} windows {_p99(other):.1f} ms = "
+                      f"{_p99(other) / _p99(quiet):.2f}x (p50 {_p50(quiet):.1f} / {_p50(other):.1f} ms; "
+                      f"{len(other)} in {len(picked)} windows; not judged)")
+        quiet, attacked = _split(samples, windows, judged)
         q, b = _p99(quiet), _p99(attacked)
         per = [(_p99([ms for at, ms in samples if q0 <= at < a0]), _p99([ms for at, ms in samples if a0 <= at < a1]))
                for q0, a0, a1 in windows]
         ctx.notes[f"{what} p99 ms"] = (q, b)
+        names = ctx.notes.get("window_variants", []) if len(variants) > 1 else []
         ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked: "
-                  + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in per) + ")")
+                  + ", ".join(f"{x:.0f}/{y:.0f}" + (f" {names[i]}" if i < len(names) else "")
+                              for i, (x, y) in enumerate(per)) + ")")
         out.append((f"{what} p99 attacked/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x "
-                    f"({len(attacked)} in {len(windows)} attack windows, {len(quiet)} in the quiet ones between "
+                    f"({len(attacked)} in {len(judged)} attack windows, {len(quiet)} in the quiet ones between "
                     f"them; at least {least} each; judged {judgement})",
                     len(quiet) >= least and len(attacked) >= least and b <= LATENCY_RATIO * q))
     # A fail-over before the attacks (the runner's steady load, beside busy loops, before the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,11 @@ FORGED = "FORGED-LINE"  # what the newline attack tries to start a log line with
 # The attack kinds and the leader's outcome label each refusal is counted under (the client sees
 # the ordq error kind in the ``ordq-error`` trailer; "exhausted" is a refused turn, with its hint).
 ATTACKS = ("huge", "flood", "bound", "parking", "undecodable", "newline")
+# Not an attack: a control for measurements only (never sent unless asked for by name). ``hog``
+# spins one thread in the attacker's process, so that its cgroup takes its CPU quota (0.5 core)
+# and nothing else: the same windows with the attacker's CPU and no call to the coordinator.
+CONTROLS = ("hog",)
+HOG_SPIN_S = 0.05  # one hog "call": this long spinning, then again at once
 COUNTED_AS = {"denied": "PermissionDenied", "exhausted": "ResourceExhausted", "sub_not_found": "SubscriptionNotFound"}
 UNDECODABLE_RPCS = ("Pop", "Commit", "Acquire", "Describe")
 # ``ORDQ_CONTROL_PLANE_ATTACKS=huge,flood`` sends only those kinds (to measure what each costs the
@@ -43,8 +49,17 @@ ATTACKS_ENV = "ORDQ_CONTROL_PLANE_ATTACKS"
 
 
 def attack_kinds() -> tuple[str, ...]:
-    """The kinds of attack this run sends (``ATTACKS_ENV``; all of them by default)."""
-    return neighbour.kinds_from_env(ATTACKS_ENV, ATTACKS)
+    """The kinds of attack this run sends (``ATTACKS_ENV``; all of them by default, never a
+    control of ``CONTROLS`` unless named)."""
+    kinds = neighbour.kinds_from_env(ATTACKS_ENV, ATTACKS + CONTROLS)
+    return ATTACKS if kinds == ATTACKS + CONTROLS else kinds
+
+
+def _spin(seconds: float = HOG_SPIN_S) -> None:
+    """Busy for ``seconds`` (the ``hog`` control): CPU only, no call, no memory to speak of."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _outcome(exc: grpc.RpcError) -> str:
@@ -137,6 +152,8 @@ class _Attacker(neighbour.CallLoops):
         if "newline" in self.kinds:
             anonymous = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
             loops.append(("newline:anonymous", lambda: anonymous.Pop(forged, timeout=30), 0.1))
+        if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
+            loops.append(("hog", _spin, 0.0))
         self.start_loops(loops, "attack")
 
     def stop(self) -> dict[str, int]:
@@ -150,13 +167,21 @@ class _Attacker(neighbour.CallLoops):
 
 def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,
                       kinds: tuple[str, ...]) -> None:
-    """The attacker's own process (spawned): each ``go`` starts a window of every attack, the
-    next ``stop`` ends it and sends back its outcomes; ``exit`` ends the process."""
+    """The attacker's own process (spawned): each ``go`` starts a window of every attack of
+    ``kinds`` (``("go", some)``: of those only), the next ``stop`` ends it and sends back its
+    outcomes; ``exit`` ends the process."""
     priority = neighbour.idle_priority() if idle else "normal priority"
     huge = _field(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""  # a QueueRef (field 1: queue), sent raw
     conn.send(("ready", priority))
-    while conn.recv() == "go":
-        attacker = _Attacker(address, creds, token, queue, huge, kinds)
+    while True:
+        order = conn.recv()
+        if order == "go":
+            window = kinds
+        elif isinstance(order, tuple) and order[:1] == ("go",):
+            window = tuple(k for k in order[1] if k in kinds)
+        else:
+            break
+        attacker = _Attacker(address, creds, token, queue, huge, window)
         attacker.start()
         conn.recv()
         conn.send(attacker.stop())

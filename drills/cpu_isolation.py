@@ -82,6 +82,11 @@ def _remove(group: Path, root: Path) -> bool:
     return False
 
 
+def set_shares(group: Path, shares: int) -> None:
+    """Give ``group`` this ``cpu.shares`` (its weight against the others: a measurement's knob)."""
+    (group / "cpu.shares").write_text(str(shares))
+
+
 def sweep(root: Path = CPU_ROOT) -> list[str]:
     """Remove the drill groups whose owner process is gone; returns their names."""
     out = []

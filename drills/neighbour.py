@@ -243,8 +243,9 @@ class WindowedProcess:
         _ready, self.priority = self._conn.recv()
         self.pid = self._proc.pid
 
-    def go(self) -> None:
-        self._conn.send("go")
+    def go(self, *args: Any) -> None:
+        """Start a window (``args``, if any, go with the order: ``("go", *args)``)."""
+        self._conn.send(("go", *args) if args else "go")
 
     def pause(self) -> dict[str, int]:
         self._conn.send("stop")

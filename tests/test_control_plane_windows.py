@@ -1,0 +1,125 @@
+"""The security-control-plane drill's measurement windows (drills/control_plane.py,
+``ORDQ_CONTROL_PLANE_WINDOWS``) and its hog control (drills/control_plane_attacks.py): which window
+is judged, what each variant sends, and the per-thread CPU wait it reports. Pure, no cluster."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ordq.drills import control_plane as cp
+from ordq.drills import control_plane_attacks as cpa
+from ordq.drills import cpu_isolation
+
+
+def test_by_default_every_window_is_the_acceptance_attack(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cp.WINDOWS_ENV, raising=False)
+    assert cp.window_variants(cpa.ATTACKS) == (cp.Variant("attack", cpa.ATTACKS),)
+    assert cp._by_variant([(0, 1, 2), (2, 3, 4)], ["attack", "attack"]) == {"attacked": [0, 1]}
+    assert cp._by_variant([(0, 1, 2), (2, 3, 4)], []) == {"attacked": [0, 1]}  # a run from before variants
+
+
+def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
+    got = cp.window_variants(("huge", "flood"), "attack, hog,attack@8192,hog@2")
+    assert got == (cp.Variant("attack", ("huge", "flood")), cp.Variant("hog", ("hog",)),
+                   cp.Variant("attack@8192", ("huge", "flood"), 8192), cp.Variant("hog@2", ("hog",), 2))
+
+
+@pytest.mark.parametrize("spec", ["flood", "hog@", "hog@1", f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
+def test_a_malformed_variant_is_refused_by_name(spec: str) -> None:
+    with pytest.raises(ValueError, match=cp.WINDOWS_ENV):
+        cp.window_variants(cpa.ATTACKS, spec)
+
+
+def test_the_attack_windows_are_judged_the_others_told() -> None:
+    windows = [(0, 10, 20), (20, 30, 40), (40, 50, 60), (60, 70, 80)]
+    by = cp._by_variant(windows, ["hog", "attack", "hog", "attack"])
+    assert list(by) == ["attack", "hog"]  # the first is the judged one
+    assert by == {"attack": [1, 3], "hog": [0, 2]}
+    samples = [(t, float(t)) for t in range(0, 80, 5)]
+    quiet, attacked = cp._split(samples, windows, by["attack"])
+    assert quiet == [0.0, 5.0, 20.0, 25.0, 40.0, 45.0, 60.0, 65.0]  # every round's quiet window
+    assert attacked == [30.0, 35.0, 70.0, 75.0]
+
+
+@st.composite
+def _windows(draw: st.DrawFn) -> tuple[list[tuple[int, int, int]], list[str]]:
+    n = draw(st.integers(1, 6))
+    t, out = 0, []
+    for _ in range(n):
+        q, a = draw(st.integers(1, 50)), draw(st.integers(1, 50))
+        out.append((t, t + q, t + q + a))
+        t += q + a
+    return out, draw(st.lists(st.sampled_from(["attack", "hog", "attack@8192"]), min_size=n, max_size=n))
+
+
+@given(_windows(), st.lists(st.integers(0, 400), max_size=60))
+def test_the_variants_split_the_attacked_samples_between_them(
+        case: tuple[list[tuple[int, int, int]], list[str]], ats: list[int]) -> None:
+    windows, names = case
+    samples = [(at, float(i)) for i, at in enumerate(ats)]
+    by = cp._by_variant(windows, names)
+    assert sorted(i for picked in by.values() for i in picked) == list(range(len(windows)))
+    quiet_all, attacked_all = cp._split(samples, windows)
+    pooled: list[float] = []
+    for picked in by.values():
+        quiet, attacked = cp._split(samples, windows, picked)
+        assert quiet == quiet_all  # the same quiet baseline for every variant
+        pooled += attacked
+    assert sorted(pooled) == sorted(attacked_all)
+
+
+def test_the_hog_is_sent_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpa.ATTACKS_ENV, raising=False)
+    assert cpa.attack_kinds() == cpa.ATTACKS  # never a control by default
+    monkeypatch.setenv(cpa.ATTACKS_ENV, "hog")
+    assert cpa.attack_kinds() == ("hog",)
+    monkeypatch.setenv(cpa.ATTACKS_ENV, "flood,hog")
+    assert cpa.attack_kinds() == ("flood", "hog")
+
+
+def test_a_hog_call_spins_and_judging_a_hog_only_window_finds_no_refusal_expected() -> None:
+    t0, c0 = time.perf_counter(), time.thread_time()
+    cpa._spin(0.02)
+    assert time.perf_counter() - t0 >= 0.02 and time.thread_time() > c0  # spun (not asleep) that long
+    assert cpa.judge_attacks({"hog ok": 40}, {}, ("hog",)) == []
+
+
+def test_thread_waits_are_per_live_thread_and_only_grow() -> None:
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: stop.wait(5), daemon=True)
+    spinner.start()
+    try:
+        before = cp.thread_waits(os.getpid())
+        assert threading.get_native_id() in before and spinner.native_id in before
+        after = cp.thread_waits(os.getpid())
+        assert cp.waited_s(before, after) >= 0.0
+        assert cp.waited_s({}, {1: 2_000_000_000}) == 2.0  # a thread started meanwhile: all of its wait
+    finally:
+        stop.set()
+        spinner.join()
+    assert cp.thread_waits(2**22 + 12345) == {}  # no such process
+
+
+def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
+    """The real attacker process, told per window what to send (``go(kinds)``): a hog-only
+    window of a process started for the flood and the hog sends no flood call (nothing listens
+    at the address: a flood call would be counted UNAVAILABLE); the process answers each window
+    and goes on to the next (a plain ``go``: every kind it was started with)."""
+    from ordq.common.security import Credentials
+
+    attacker = cpa.attacker_process("127.0.0.1:9", Credentials(), "t0ken", "q", idle=False, kinds=("flood", "hog"))
+    try:
+        attacker.go(("hog",))
+        first = attacker.pause()
+        attacker.go()
+        second = attacker.pause()
+    finally:
+        attacker.close()
+    assert set(first) <= {"hog ok"}, first
+    assert set(second) <= {"hog ok", "flood:Describe UNAVAILABLE", "flood:Subscribe UNAVAILABLE"}, second
