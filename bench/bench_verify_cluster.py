@@ -3,7 +3,7 @@ same machine, the same audits (issue 44).
 
 Usage (root: the lab needs network namespaces):
 
-    .venv/bin/python -m bench.bench_verify_cluster [--messages 10000000] [--dir DIR] [--json]
+    .venv/bin/python -m bench.bench_verify_cluster [--messages 10000000] [--dir DIR] [--only cluster|local] [--json]
 
 The audits are bench/bench_verify.py's (one queue, one subscription, ``--messages`` seqs, no
 anomaly: the verdict must be clean), generated once under ``--dir`` and reused. It makes a lab
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver-memory", default="2g")
     ap.add_argument("--worker-memory", default="1g")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", choices=("cluster", "local"), default=None,
+                    help="run only the lab cluster or only local[2] (each alone fits a short window)")
     ap.add_argument("--drive", default=None, metavar="MASTER", help=argparse.SUPPRESS)  # the driver, in a lab host
     args = ap.parse_args(argv)
     from bench.bench_verify import _data, _size
@@ -130,14 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         spark = LabSpark.start(lab, SparkLayout(memory=args.worker_memory))
         say(f"lab cluster {spark.master_url} up in {time.monotonic() - t0:.0f} s; load {os.getloadavg()[0]:.1f}")
         runs = [("lab cluster (2 workers x 1 core)", in_namespace(lab.namespace("h4"), [])), ("local[2]", [])]
+        runs = [r for r in runs if args.only is None or (args.only == "cluster") == bool(r[1])]
         for label, prefix in runs:
             master = spark.master_url if prefix else "local[2]"
             argv = [*prefix, sys.executable, "-m", "bench.bench_verify_cluster", "--messages", str(args.messages),
                     "--dir", str(args.dir.resolve()), "--driver-memory", args.driver_memory, "--drive", master]
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            # the driver's progress (one line per stage) and errors go straight to our stderr
+            done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
             if done.returncode != 0 or line is None:
-                print(done.stderr[-4000:], file=sys.stderr)
+                print(f"{label}: the driver exited {done.returncode} without a result", file=sys.stderr)
                 return 1
             result = json.loads(line.removeprefix("RESULT "))
             result["label"] = label
