@@ -120,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     n_files, n_bytes = _size(directory)
 
-    def say(line: str) -> None:
-        if not args.json:
-            print(line, flush=True)
+    def say(line: str) -> None:  # with --json: to stderr, beside the driver's progress
+        print(line, flush=True, file=sys.stderr if args.json else sys.stdout)
 
     say(f"data: {directory} ({n_files} files, {n_bytes / 1e6:,.0f} MB"
         + (f", generated in {gen_s:.0f} s)" if gen_s else ", reused)"))
