@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 import attrs
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", default="1s", help="the follower's micro-batch interval (default 1s)")
     ap.add_argument("--drain", type=float, default=120.0, help="at most this long to check the last seq after")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record", type=Path, default=None, metavar="FILE",
+                    help="write the raw samples here (the follower's lines with their arrival times, the acks)")
     args = ap.parse_args(argv)
 
     def say(text: str) -> None:
@@ -240,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 os.killpg(follower.pid, signal.SIGKILL)
                 follower.wait()
     taken = samples(lines, acked, t0, t1)
+    if args.record is not None:
+        args.record.write_text(json.dumps({"t0": t0, "t1": t1, "t2": t2, "lines": lines,
+                                           "acked": list(zip(acked.times, acked.seqs, strict=True))}))
     bounded, growth = keeps_up(taken, args.rate)
     verdict: dict[str, Any] = next((d for _, d in reversed(lines) if d.get("event") == "verdict"), {})
     result = {
