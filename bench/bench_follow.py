@@ -44,7 +44,7 @@ import attrs
 
 from bench._cluster import QUEUE, ROOT, bench_cluster, cpu_seconds, percentile
 from bench.bench_verify import _tree_cpu_s
-from ordq.sdk import Producer, ProducerConfig
+from ordq.sdk import Producer, ProducerConfig, SendFuture
 
 PACE_S = 0.001  # the producer's step: every step sends what is due by then
 ACK_EVERY = 50  # the acked end is recorded from every 50th message's ack (acks come in seq order)
@@ -140,11 +140,10 @@ def produce(producer: Producer, payload: bytes, rate: float, seconds: float, ack
     total = int(rate * seconds)
     lock = threading.Lock()
 
-    def on_ack(f: Any) -> None:
-        try:
-            seq = f.result()[0]
-        except Exception:  # noqa: BLE001 - a failed send shows as a missing ack end; flush raises it
+    def on_ack(f: SendFuture) -> None:
+        if f.exception() is not None:  # a failed send: flush() below raises it
             return
+        seq = f.result().seq
         with lock:
             acked.record(time.perf_counter(), seq)
 
@@ -227,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 messages, took = produce(producer, b"x" * args.size, args.rate, args.seconds, acked)
                 t1 = time.perf_counter()
-            last = acked.seqs[-1] if acked.seqs else 0
+            if not acked.seqs:
+                raise RuntimeError("no ack was recorded: the bench's ack timeline is broken")
+            last = acked.seqs[-1]
             drained = wait_for(lines, lambda d: (d.get("last_seq") or 0) >= last, args.drain, follower)
             t2 = time.perf_counter()
             cpu1 = (time.process_time(), _tree_cpu_s(follower.pid), sum(cpu_seconds(p) for p in groups.values()))
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "rate_asked": args.rate, "messages": messages, "produced_per_s": round(messages / (t1 - t0), 1),
         "send_to_last_ack_s": round(took, 1), "size": args.size, "master": args.master, "samples": len(taken),
-        "behind_seqs": {k: round(v) for k, v in distribution([s.behind_seqs for s in taken]).items()},
+        "behind_seqs": {k: v if v != v else round(v) for k, v in  # NaN (no sample) stays NaN
+                        distribution([float(s.behind_seqs) for s in taken]).items()},
         "behind_s": {k: round(v, 2) for k, v in distribution([s.behind_s for s in taken]).items()},
         "own_lag_s": {k: round(v, 2) for k, v in
                       distribution([s.own_lag_s for s in taken if s.own_lag_s is not None]).items()},
