@@ -220,18 +220,22 @@ def main(argv: list[str] | None = None) -> int:
             acked = AckTimeline()
             cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE)
             with Producer(cfg) as producer:
-                groups = {f"{g.gid}-{i}": m.proc.pid or 0 for g in cluster.groups for i, m in enumerate(g.members)}
-                cpu0 = (time.process_time(), _tree_cpu_s(follower.pid), sum(cpu_seconds(p) for p in groups.values()))
+                brokers = [m.proc.pid or 0 for g in cluster.groups for m in g.members]
+
+                def cpu() -> tuple[float, float, float]:  # the producer (this process), the follower, the brokers
+                    return time.process_time(), _tree_cpu_s(follower.pid), sum(cpu_seconds(p) for p in brokers)
+
+                cpu0 = cpu()
                 load0 = os.getloadavg()
                 t0 = time.perf_counter()
                 messages, took = produce(producer, b"x" * args.size, args.rate, args.seconds, acked)
                 t1 = time.perf_counter()
+                cpu1 = cpu()
             if not acked.seqs:
                 raise RuntimeError("no ack was recorded: the bench's ack timeline is broken")
             last = acked.seqs[-1]
             drained = wait_for(lines, lambda d: (d.get("last_seq") or 0) >= last, args.drain, follower)
             t2 = time.perf_counter()
-            cpu1 = (time.process_time(), _tree_cpu_s(follower.pid), sum(cpu_seconds(p) for p in groups.values()))
             load1 = os.getloadavg()
             follower.send_signal(signal.SIGINT)  # the verdict
             try:
@@ -260,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         "lag_growth_per_s": round(growth, 1), "keeps_up": bounded,
         "drained": drained, "drain_s": round(t2 - t1, 1) if drained else None,
         "verdict": verdict.get("verdict"), "rows_checked": verdict.get("rows"),
-        "cpu_s": {"producer": round(cpu1[0] - cpu0[0], 1), "follower": round(cpu1[1] - cpu0[1], 1),
-                  "brokers": round(cpu1[2] - cpu0[2], 1)},
+        # while the producer sent (t0..t1): CPU seconds and the share of one core
+        "cpu_s": {name: round(cpu1[i] - cpu0[i], 1) for i, name in enumerate(("producer", "follower", "brokers"))},
+        "cores": {name: round((cpu1[i] - cpu0[i]) / (t1 - t0), 2)
+                  for i, name in enumerate(("producer", "follower", "brokers"))},
         "load": [round(load0[0], 1), round(load1[0], 1)],
     }
     if args.json:
@@ -277,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             f"half); last seq checked {result['drain_s']} s after the last ack" if drained else
             f"trend: {'keeps up' if bounded else 'falls behind'} (seqs behind grow {growth:,.1f}/s over the second "
             f"half); the last seq NOT checked within {args.drain:.0f} s after the last ack")
-        say(f"verdict {result['verdict']}, {result['rows_checked']} rows checked; CPU s: producer "
-            f"{result['cpu_s']['producer']}, follower {result['cpu_s']['follower']}, brokers "
-            f"{result['cpu_s']['brokers']}; load {result['load'][0]} -> {result['load'][1]}")
+        say(f"verdict {result['verdict']}, {result['rows_checked']} rows checked; CPU s while sending (cores): "
+            + ", ".join(f"{k} {v} ({result['cores'][k]})" for k, v in result["cpu_s"].items())
+            + f"; load {result['load'][0]} -> {result['load'][1]}")
     return 0 if result["verdict"] == "clean" and drained else 1
 
 
