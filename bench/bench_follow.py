@@ -5,8 +5,9 @@ runs at and whether it keeps up (issue 44). Not a test: prints numbers for docs/
 
 A throwaway local cluster (bench/_cluster.py: ZooKeeper, one broker group, one coordinator,
 TLS, every process killed with the bench). ``ordq verify --follow bench --json`` runs as its own
-process (its Spark driver on ``--master``) and its query is started on the empty queue; then one
-producer (this process, pipelined) sends ``--size``-byte messages at ``--rate`` msgs/s for
+process (its Spark driver on ``--master``) and its query is started on the empty queue; once it
+has checked 100 warm-up messages (its first micro-batch with rows starts Spark's Python workers,
+~10-20 s here: reported apart), one producer (this process, pipelined) sends ``--size``-byte messages at ``--rate`` msgs/s for
 ``--seconds`` (paced in 1 ms steps: what is due is sent), recording when its acked end (the
 highest seq both replicas synced) reached each seq. Every micro-batch the follower reports
 (its JSON line, timestamped on arrival here) is one lag sample:
@@ -48,6 +49,7 @@ from ordq.sdk import Producer, ProducerConfig, SendFuture
 
 PACE_S = 0.001  # the producer's step: every step sends what is due by then
 ACK_EVERY = 50  # the acked end is recorded from every 50th message's ack (acks come in seq order)
+WARMUP = 100  # messages the follower checks before the clock starts
 STARTUP_S = 300.0  # the follower's Spark session and query start, on a busy machine
 
 
@@ -220,6 +222,19 @@ def main(argv: list[str] | None = None) -> int:
             acked = AckTimeline()
             cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE)
             with Producer(cfg) as producer:
+                # Warm-up: the follower's first micro-batch with rows starts Spark's Python workers
+                # (~10-20 s here); the lag measured is the one it runs at after that.
+                t_warm = time.monotonic()
+                warm = [producer.send(b"x" * args.size) for _ in range(WARMUP)]
+                producer.flush(timeout_s=60)
+                acked.record(time.perf_counter(), warm[-1].result().seq)
+                warm_seq = warm[-1].result().seq
+                if not wait_for(lines, lambda d: (d.get("last_seq") or 0) >= warm_seq, STARTUP_S, follower):
+                    print(f"the follower did not check the warm-up messages in {STARTUP_S:.0f} s: "
+                          f"{''.join(raw)[-2000:]}", file=sys.stderr)
+                    return 1
+                warm_s = time.monotonic() - t_warm
+                say(f"warm-up: {WARMUP} messages checked {warm_s:.1f} s after the first send")
                 brokers = [m.proc.pid or 0 for g in cluster.groups for m in g.members]
 
                 def cpu() -> tuple[float, float, float]:  # the producer (this process), the follower, the brokers
@@ -255,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict: dict[str, Any] = next((d for _, d in reversed(lines) if d.get("event") == "verdict"), {})
     result = {
         "rate_asked": args.rate, "messages": messages, "produced_per_s": round(messages / (t1 - t0), 1),
-        "send_to_last_ack_s": round(took, 1), "size": args.size, "master": args.master, "samples": len(taken),
+        "send_to_last_ack_s": round(took, 1), "warmup_s": round(warm_s, 1), "size": args.size, "master": args.master, "samples": len(taken),
         "behind_seqs": {k: v if v != v else round(v) for k, v in  # NaN (no sample) stays NaN
                         distribution([float(s.behind_seqs) for s in taken]).items()},
         "behind_s": {k: round(v, 2) for k, v in distribution([s.behind_s for s in taken]).items()},
