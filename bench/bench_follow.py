@@ -7,10 +7,10 @@ A throwaway local cluster (bench/_cluster.py: ZooKeeper, one broker group, one c
 TLS, every process killed with the bench). ``ordq verify --follow bench --json`` runs as its own
 process (its Spark driver on ``--master``) and its query is started on the empty queue; once it
 has checked 100 warm-up messages (its first micro-batch with rows starts Spark's Python workers,
-~10-20 s here: reported apart), one producer (this process, pipelined) sends ``--size``-byte messages at ``--rate`` msgs/s for
-``--seconds`` (paced in 1 ms steps: what is due is sent), recording when its acked end (the
-highest seq both replicas synced) reached each seq. Every micro-batch the follower reports
-(its JSON line, timestamped on arrival here) is one lag sample:
+~10-20 s here: reported apart), one producer (this process, pipelined) sends ``--size``-byte
+messages at ``--rate`` msgs/s for ``--seconds`` (paced in 1 ms steps: what is due is sent),
+recording when its acked end (the highest seq both replicas synced) reached each seq. Every
+micro-batch the follower reports (its JSON line, timestamped on arrival here) is one lag sample:
 
 - seqs behind: the producer's acked end at that moment minus the last seq checked;
 - seconds behind: now minus the moment the producer's acked end reached the last seq checked
@@ -22,8 +22,9 @@ Samples during production give p50/p99/max and the trend (least-squares slope of
 over the second half of the run: a follower that keeps up has a slope near 0, one that falls
 behind grows at the producer's rate minus its own). After the producer stops: how long the
 follower takes to check the last seq (bounded by ``--drain``), then Ctrl-C and its verdict.
-CPU seconds of the producer (this process), the follower (its process tree: the driver, its
-JVM, Spark's Python workers) and the brokers are printed with the load average.
+CPU seconds (and share of a core) while the producer sends, of the producer (this process), the
+follower (its live process tree: the driver, its JVM, Spark's Python workers) and the brokers,
+with the load average: a producer near one core is the limit, not the follower.
 """
 
 from __future__ import annotations
@@ -270,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     verdict: dict[str, Any] = next((d for _, d in reversed(lines) if d.get("event") == "verdict"), {})
     result = {
         "rate_asked": args.rate, "messages": messages, "produced_per_s": round(messages / (t1 - t0), 1),
-        "send_to_last_ack_s": round(took, 1), "warmup_s": round(warm_s, 1), "size": args.size, "master": args.master, "samples": len(taken),
+        "send_to_last_ack_s": round(took, 1), "warmup_s": round(warm_s, 1),
+        "size": args.size, "master": args.master, "samples": len(taken),
         "behind_seqs": {k: v if v != v else round(v) for k, v in  # NaN (no sample) stays NaN
                         distribution([float(s.behind_seqs) for s in taken]).items()},
         "behind_s": {k: round(v, 2) for k, v in distribution([s.behind_s for s in taken]).items()},
