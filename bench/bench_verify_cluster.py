@@ -3,7 +3,7 @@ same machine, the same audits (issue 44).
 
 Usage (root: the lab needs network namespaces):
 
-    .venv/bin/python -m bench.bench_verify_cluster [--messages 10000000] [--dir DIR] [--json]
+    .venv/bin/python -m bench.bench_verify_cluster [--messages 10000000] [--dir DIR] [--only cluster|local] [--json]
 
 The audits are bench/bench_verify.py's (one queue, one subscription, ``--messages`` seqs, no
 anomaly: the verdict must be clean), generated once under ``--dir`` and reused. It makes a lab
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver-memory", default="2g")
     ap.add_argument("--worker-memory", default="1g")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", choices=("cluster", "local"), default=None,
+                    help="run only the lab cluster or only local[2] (each alone fits a short window)")
     ap.add_argument("--drive", default=None, metavar="MASTER", help=argparse.SUPPRESS)  # the driver, in a lab host
     args = ap.parse_args(argv)
     from bench.bench_verify import _data, _size
@@ -118,40 +120,48 @@ def main(argv: list[str] | None = None) -> int:
 
     n_files, n_bytes = _size(directory)
 
-    def say(line: str) -> None:
-        if not args.json:
-            print(line, flush=True)
+    def say(line: str) -> None:  # with --json: to stderr, beside the driver's progress
+        print(line, flush=True, file=sys.stderr if args.json else sys.stdout)
 
     say(f"data: {directory} ({n_files} files, {n_bytes / 1e6:,.0f} MB"
         + (f", generated in {gen_s:.0f} s)" if gen_s else ", reused)"))
-    results = []
-    with tempfile.TemporaryDirectory(prefix="ordq-bench-lab-") as folder, Lab.create(Path(folder), hosts=4) as lab:
-        t0 = time.monotonic()
-        spark = LabSpark.start(lab, SparkLayout(memory=args.worker_memory))
-        say(f"lab cluster {spark.master_url} up in {time.monotonic() - t0:.0f} s; load {os.getloadavg()[0]:.1f}")
-        runs = [("lab cluster (2 workers x 1 core)", in_namespace(lab.namespace("h4"), [])), ("local[2]", [])]
-        for label, prefix in runs:
-            master = spark.master_url if prefix else "local[2]"
-            argv = [*prefix, sys.executable, "-m", "bench.bench_verify_cluster", "--messages", str(args.messages),
-                    "--dir", str(args.dir.resolve()), "--driver-memory", args.driver_memory, "--drive", master]
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
-            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if done.returncode != 0 or line is None:
-                print(done.stderr[-4000:], file=sys.stderr)
+    results: list[dict[str, Any]] = []
+
+    def run(label: str, prefix: list[str], master: str) -> bool:
+        argv = [*prefix, sys.executable, "-m", "bench.bench_verify_cluster", "--messages", str(args.messages),
+                "--dir", str(args.dir.resolve()), "--driver-memory", args.driver_memory, "--drive", master]
+        # the driver's progress (one line per stage) and errors go straight to our stderr
+        done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
+        line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if done.returncode != 0 or line is None:
+            print(f"{label}: the driver exited {done.returncode} without a result", file=sys.stderr)
+            return False
+        result = json.loads(line.removeprefix("RESULT "))
+        result["label"] = label
+        results.append(result)
+        say(f"{label}: wall {result['wall_s']} s, CPU {result['cpu_s']} s (driver {result['driver_cpu_s']}, "
+            f"executor tasks {result['executor_cpu_s']}), {result['stages']} stages, "
+            f"{result['failed_tasks']} failed tasks; load {result['load']}")
+        for name, one in result["phases"].items():
+            say(f"    {name}: wall {one['wall_s']} s, executor CPU {one['executor_cpu_s']} s, "
+                f"{int(one['tasks'])} tasks")
+        if not result["ok"]:
+            print("verify found violations on clean data: void", file=sys.stderr)
+            return False
+        return True
+
+    if args.only != "local":  # local[2] alone needs no lab (nor its idle JVMs beside it)
+        with tempfile.TemporaryDirectory(prefix="ordq-bench-lab-") as folder, \
+                Lab.create(Path(folder), hosts=4) as lab:
+            t0 = time.monotonic()
+            spark = LabSpark.start(lab, SparkLayout(memory=args.worker_memory))
+            say(f"lab cluster {spark.master_url} up in {time.monotonic() - t0:.0f} s; "
+                f"load {os.getloadavg()[0]:.1f}")
+            if not run("lab cluster (2 workers x 1 core)", in_namespace(lab.namespace("h4"), []), spark.master_url):
                 return 1
-            result = json.loads(line.removeprefix("RESULT "))
-            result["label"] = label
-            results.append(result)
-            say(f"{label}: wall {result['wall_s']} s, CPU {result['cpu_s']} s (driver {result['driver_cpu_s']}, "
-                f"executor tasks {result['executor_cpu_s']}), {result['stages']} stages, "
-                f"{result['failed_tasks']} failed tasks; load {result['load']}")
-            for name, one in result["phases"].items():
-                say(f"    {name}: wall {one['wall_s']} s, executor CPU {one['executor_cpu_s']} s, "
-                    f"{int(one['tasks'])} tasks")
-            if not result["ok"]:
-                print("verify found violations on clean data: void", file=sys.stderr)
-                return 1
-        spark.stop()
+            spark.stop()
+    if args.only != "cluster" and not run("local[2]", [], "local[2]"):
+        return 1
     if args.json:
         print(json.dumps({"messages": args.messages, "mb": round(n_bytes / 1e6), "runs": results}, indent=2))
     return 0

@@ -48,6 +48,11 @@ BENCHES = [
           ["verify:", "per core:"], pytest.mark.slow),
     # The same: a JVM start (~10-20 s here), slow only.
     bench("bench_stream", ["--messages", "5000"], ["consumer:", "spark source"], pytest.mark.slow),
+    # ordq verify --follow's Spark session beside a producer (~1 min here): slow only.
+    bench("bench_follow", ["--rate", "500", "--seconds", "3", "--drain", "120"],
+          ["follower (local[2]) started", "warm-up:", "producer:", "lag over", "trend:", "verdict clean",
+           "CPU s while sending"],
+          pytest.mark.slow),
 ]
 
 
