@@ -421,6 +421,7 @@ class _FailOverStub:
         io._gid, io._seg, io._core, io._epoch_key, io._closed = "g1", 0, Core(), "key", False  # type: ignore[assignment]
         io._pacing = FailoverPacing(io.config.send_timeout_s)
         io._mutex, io._fo = threading.RLock(), None  # no failover timing recorded here
+        io._links = {}  # the masters' lean produce links, as looked up (none here)
         io._require_coordinator = lambda: self.coordinator  # type: ignore[method-assign]
         self.io = io
 
