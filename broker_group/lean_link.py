@@ -98,25 +98,25 @@ def peer_cn(writer: asyncio.StreamWriter) -> str | None:
     return None
 
 
-class LeanServer:
-    """The slave's end: accepts the master's connection(s) and runs ``serve`` on each."""
+class TaskServer:
+    """A listener on a port of its own (TLS when ``ssl_ctx`` is given) whose connections are
+    each a task of ``_handle``; ``stop`` cancels them and waits for them. The lean links'
+    common part (this one's replication, broker_group/lean_produce.py's produce)."""
 
-    def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
-                 on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
+    def __init__(self, ssl_ctx: ssl.SSLContext | None, handshake_timeout_s: float, *,
+                 reader_limit: int | None = None) -> None:
+        self._ssl = ssl_ctx
         self._handshake_timeout_s = handshake_timeout_s
-        self._ssl = _context(creds, ssl.Purpose.CLIENT_AUTH) if creds.tls else None
-        self._allowed = allowed
-        self._limit = limit
-        self._serve = serve
-        self._on_refused = on_refused
+        self._reader_limit = reader_limit  # asyncio's StreamReader buffer (None: its default)
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str) -> int:
         """On the loop: listen on ``host`` (any free port); return the port."""
+        limit = {} if self._reader_limit is None else {"limit": self._reader_limit}
         self._server = await asyncio.start_server(
             self._handle, host.strip("[]"), 0, ssl=self._ssl,
-            ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None)
+            ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None, **limit)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -126,6 +126,21 @@ class LeanServer:
             t.cancel()
         if self._conns:
             await asyncio.gather(*self._conns, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class LeanServer(TaskServer):
+    """The slave's end: accepts the master's connection(s) and runs ``serve`` on each."""
+
+    def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
+                 on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
+        super().__init__(_context(creds, ssl.Purpose.CLIENT_AUTH) if creds.tls else None, handshake_timeout_s)
+        self._allowed = allowed
+        self._limit = limit
+        self._serve = serve
+        self._on_refused = on_refused
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from ordq.broker_group.config import server_options
 from ordq.broker_group.dataplane import Parts, check_caller, metered, produce
+from ordq.broker_group.lean_link import TaskServer, peer_cn
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire import ordq_pb2 as pb
@@ -83,46 +84,20 @@ class LinkContext:
         raise LinkAborted(details)
 
 
-def _peer_cn(writer: asyncio.StreamWriter) -> str | None:
-    cert = writer.get_extra_info("peercert") or {}
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
-
-
-class LeanProduceServer:
+class LeanProduceServer(TaskServer):
     """Listens on a port of its own and serves each connection as one produce stream."""
 
     def __init__(self, parts: Parts, creds: Credentials, *, handshake_timeout_s: float = 10.0) -> None:
-        self._b = parts
-        self._ssl = tls_context(creds, ssl.Purpose.CLIENT_AUTH)
-        self._tls = creds.tls
-        self._handshake_timeout_s = handshake_timeout_s
-        # as the gRPC server's receive limit: a request of at most REQUEST_BYTES plus one batch
-        self._limit = int(dict(server_options(parts.shared.config))["grpc.max_receive_message_length"])
-        self._server: asyncio.base_events.Server | None = None
-        self._conns: set[asyncio.Task[Any]] = set()
-        self.refused_unframed = 0  # connections ended before a valid hello (counted, logged)
-
-    async def start(self, host: str) -> int:
-        """On the loop: listen on ``host`` (any free port); return the port."""
         # A reader's buffer of PRODUCE_STEP_BYTES (asyncio pauses the socket at twice that): a
         # producer's request (~1 MiB) arrives without a pause and resume per 128 KiB (the
         # default limit), and what one connection holds unread stays bounded, as gRPC's window.
-        self._server = await asyncio.start_server(
-            self._handle, host.strip("[]"), 0, ssl=self._ssl, limit=PRODUCE_STEP_BYTES,
-            ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for t in list(self._conns):
-            t.cancel()
-        if self._conns:
-            await asyncio.gather(*self._conns, return_exceptions=True)
+        super().__init__(tls_context(creds, ssl.Purpose.CLIENT_AUTH), handshake_timeout_s,
+                         reader_limit=PRODUCE_STEP_BYTES)
+        self._b = parts
+        self._tls = creds.tls
+        # as the gRPC server's receive limit: a request of at most REQUEST_BYTES plus one batch
+        self._limit = int(dict(server_options(parts.shared.config))["grpc.max_receive_message_length"])
+        self.refused_unframed = 0  # connections ended before a valid hello (counted, logged)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -136,7 +111,7 @@ class LeanProduceServer:
         arrived = b.gate.book.now()
         peer = writer.get_extra_info("peername")
         # TLS: the handshake (CERT_REQUIRED) already refused a peer without a certificate of the CA.
-        ctx = LinkContext(writer, _peer_cn(writer) if self._tls else None, "",
+        ctx = LinkContext(writer, peer_cn(writer) if self._tls else None, "",
                           f"lean:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "lean")
         try:
             tune(writer)
@@ -152,7 +127,7 @@ class LeanProduceServer:
                 b.shared.count_refused(bad)
                 log.warning("produce link from %s refused: %s", ctx.peer(), bad)
                 await abort(ctx, bad)  # type: ignore[arg-type]
-            ctx = LinkContext(writer, _peer_cn(writer) if self._tls else None, hello.token, ctx.peer())
+            ctx = LinkContext(writer, peer_cn(writer) if self._tls else None, hello.token, ctx.peer())
             log.info("produce stream from %s on the lean link", ctx.peer())
 
             async def run() -> None:

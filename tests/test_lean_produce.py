@@ -105,7 +105,7 @@ def test_every_guard_of_the_grpc_produce_stream_holds_on_the_lean_link(
     link = cluster.store.live_members("g1")["master"].produce
     assert link, "the master publishes its lean produce link"
     with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=creds)) as p:
-        p.send(b"before").result(timeout=10)
+        p.send(b"before").result(timeout=30)  # the producer's own send timeout: a first send elects and claims
         assert isinstance(p._stream, LeanProduceStream)  # the producer took the published link
         open_seg = cluster.state("q").open_segment
         assert open_seg is not None
@@ -139,7 +139,7 @@ def test_every_guard_of_the_grpc_produce_stream_holds_on_the_lean_link(
         refused(creds, [], ConfigError, hello=struct.pack(">I", 5) + b"\xff\xff\xff\xff\xff")  # garbage hello
         refused(creds, [], ConfigError, hello=struct.pack(">I", 1 << 30))  # a hello past its limit
         refused(creds, [_request(seg, 0)], (FencedError, EpochNotIssued))  # no epoch of ours
-        p.send(b"after").result(timeout=10)  # the owner was never disturbed
+        p.send(b"after").result(timeout=30)  # the owner was never disturbed
         assert p.statistics().acked == 2
     master = cluster.groups["g1"].master
     assert master.metrics_url is not None
