@@ -273,15 +273,9 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> OrdqError:
     for key, value in trailing or ():
         meta[key] = value
     raw = meta.get(METADATA_KEY)
-    if raw:
-        try:
-            doc = json.loads(raw)
-            fields = dict(doc["fields"])
-            if doc["kind"] in ("not_writable", "unavailable", "exhausted"):
-                fields["address"] = address
-            return _KINDS[doc["kind"]][1](fields)  # type: ignore[no-any-return]
-        except (ValueError, KeyError, TypeError):
-            pass  # not ours after all: fall through to a generic failure
+    ours = _decoded(raw, address) if raw else None
+    if ours is not None:
+        return ours
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "ERROR"
@@ -300,6 +294,12 @@ def error_json(exc: OrdqError) -> str:
 def from_error_json(raw: str, text: str, address: str) -> OrdqError:
     """The ordq error a lean link's refusal stands for: what ``from_rpc_error`` makes of the
     same trailer (BrokerUnavailable when it is not one of ours)."""
+    ours = _decoded(raw, address)
+    return ours if ours is not None else BrokerUnavailable(address, f"refused: {short(text, DETAIL_CHARS)}")
+
+
+def _decoded(raw: str, address: str) -> OrdqError | None:
+    """The ordq error an ``ordq-error`` document stands for (None: not one of ours)."""
     try:
         doc = json.loads(raw)
         fields = dict(doc["fields"])
@@ -307,4 +307,4 @@ def from_error_json(raw: str, text: str, address: str) -> OrdqError:
             fields["address"] = address
         return _KINDS[doc["kind"]][1](fields)  # type: ignore[no-any-return]
     except (ValueError, KeyError, TypeError):
-        return BrokerUnavailable(address, f"refused: {short(text, DETAIL_CHARS)}")
+        return None
