@@ -69,6 +69,8 @@ proto: venv
 # benches, the wheel, database servers; tests/conftest.py) to stay under 15 minutes on two
 # cores; `make test-heavy` runs that tier, and CI (.ci/run) runs both.
 TEST_WORKERS ?= 2
+# The slowest tests are listed at the end of each run: the default run is near its 15 minutes.
+PYTEST_ARGS ?= --durations=25
 test: test-deps venv lint types proto
 	$(VENV)/bin/pytest -m "not slow and not heavy" --timeout=600 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
