@@ -356,7 +356,8 @@ async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIt
                              send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
     """Slave side: append and sync what the master sends, then answer with the synced end,
     all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
-    is as urgent as the ack it holds up). Exactly one answer per request that carries
+    is as urgent as the ack it holds up), but for a large request, synced on a thread while
+    the loop reads the next (write_path.py, REPLICA_THREAD_SYNC_BYTES). Exactly one answer per request that carries
     batches (the master counts them), none for a LAC-only request, an empty one for hello.
     A refusal is logged, counted and raised (the caller ends the stream with it)."""
     try:
