@@ -15,7 +15,7 @@ the framed ``SerializeToString()`` of the same message (fields in number order, 
 left out; tests/test_lean_frames.py checks it against protobuf with hypothesis), so every
 reader parses them with the generated classes.
 
-Rules: encoding and reading frames only; the standard library and the generated module.
+Rules: encoding and reading frames only; no state.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from google.protobuf.message import Message
 
 from ordq.common.errors import ConfigError
+from ordq.wire import varint
 
 HEADER = struct.Struct(">I")
 _U64 = (1 << 64) - 1
@@ -34,15 +35,7 @@ _U64 = (1 << 64) - 1
 
 def _varint(n: int) -> bytes:
     """``n`` as protobuf's varint (a negative int64 as its 64-bit two's complement: 10 bytes)."""
-    n &= _U64
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return varint.encode(n & _U64)
 
 
 def _field(tag: int, data: bytes) -> bytes:
