@@ -42,9 +42,9 @@ Send = Callable[[pb.ReplicateResponse], Awaitable[None]]
 Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
 # The switch (bench_stages, bench_e2e compare the two): only a slave started with
 # ORDQ_REPLICATION_LINK=lean serves and publishes a lean address; otherwise its master uses gRPC.
-# Not the default: measured A B A B it took 6-8 wake-ups and a fifth of the CPU off a
-# synchronous send, but cost 14 % of the pipelined rate, for a reason not found yet (not TLS
-# alone: plaintext showed the same; docs/BENCHMARKS.md, issue 39).
+# Not the default: measured A B A B (both links lean) a synchronous send is ~+28 % and a
+# quarter cheaper in CPU, but the pipelined rate was not shown better (-8 % in the mean, inside a
+# run-to-run spread three times that; docs/BENCHMARKS.md, "The lean links' pipelined rate").
 ENV = "ORDQ_REPLICATION_LINK"
 
 
