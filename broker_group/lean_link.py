@@ -21,72 +21,49 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
 from ordq.common.addresses import split_host_port
 from ordq.common.errors import ConfigError, OrdqError, PermissionDenied
 from ordq.common.security import Credentials
+from ordq.wire import lean_frames
 from ordq.wire import ordq_pb2 as pb
+from ordq.wire.framing import REQUEST_BYTES
+from ordq.wire.lean_frames import add_replicate_request, frame
+from ordq.wire.lean_produce import tls_context, tune
 
 log = logging.getLogger("ordq.replication")
 
-_HEADER = struct.Struct(">I")
 Send = Callable[[pb.ReplicateResponse], Awaitable[None]]
 Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
 # The switch (bench_stages, bench_e2e compare the two): only a slave started with
 # ORDQ_REPLICATION_LINK=lean serves and publishes a lean address; otherwise its master uses gRPC.
-# Not the default: measured A B A B it took 6-8 wake-ups and a fifth of the CPU off a
-# synchronous send, but cost 14 % of the pipelined rate, for a reason not found yet (not TLS
-# alone: plaintext showed the same; docs/BENCHMARKS.md, issue 39).
+# Not the default: measured A B A B (both links lean) a synchronous send is ~+28 % and a
+# quarter cheaper in CPU, but the pipelined rate was not shown better (-8 % in the mean, inside a
+# run-to-run spread three times that; docs/BENCHMARKS.md, "The lean links' pipelined rate").
 ENV = "ORDQ_REPLICATION_LINK"
 
 
-def keepalive(writer: asyncio.StreamWriter) -> None:
-    """TCP keepalive on the link (as the gRPC server's keepalive pings: 60 s idle, then a dead
-    peer found within 20 s): a slave gone without a FIN does not hold the master's link."""
-    sock = writer.get_extra_info("socket")
-    if sock is None:
-        return
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 2)):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+class Outgoing(NamedTuple):
+    """A replication request as the master's sender takes it (replication.py ``_take``):
+    written as a ``ReplicateRequest`` on gRPC, encoded by hand on this link."""
 
+    queue: str
+    seg: int
+    batches: list[bytes]
+    lac: int
 
-def frame(msg: Message) -> bytes:
-    body = msg.SerializeToString()
-    return _HEADER.pack(len(body)) + body
+    def message(self) -> pb.ReplicateRequest:
+        return pb.ReplicateRequest(queue=self.queue, seg=self.seg, batches=self.batches, lac=self.lac)
 
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes | None:
     """The next frame's body; None at a clean end of stream (between frames)."""
-    try:
-        head = await reader.readexactly(_HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    (n,) = _HEADER.unpack(head)
-    if n > limit:
-        raise ConfigError(f"replication frame of {n} bytes, over the limit of {limit}")
-    return await reader.readexactly(n)
-
-
-def _context(creds: Credentials, side: ssl.Purpose) -> ssl.SSLContext:
-    assert creds.ca_file is not None and creds.cert_file is not None and creds.key_file is not None
-    ctx = ssl.create_default_context(side, cafile=creds.ca_file)
-    ctx.load_cert_chain(creds.cert_file, creds.key_file)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if side is ssl.Purpose.CLIENT_AUTH:
-        ctx.verify_mode = ssl.CERT_REQUIRED  # a peer without a certificate of the CA is not served
-    return ctx
+    return await lean_frames.read_frame(reader, limit, "replication frame")
 
 
 def peer_cn(writer: asyncio.StreamWriter) -> str | None:
@@ -136,7 +113,11 @@ class LeanServer(TaskServer):
 
     def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
                  on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
-        super().__init__(_context(creds, ssl.Purpose.CLIENT_AUTH) if creds.tls else None, handshake_timeout_s)
+        # The reader buffers up to twice its limit, a whole request of REQUEST_BYTES: read
+        # (and decrypted) while the slave syncs the one before (write_path.py,
+        # REPLICA_THREAD_SYNC_BYTES), not after it, as gRPC's threads read meanwhile.
+        super().__init__(tls_context(creds, ssl.Purpose.CLIENT_AUTH), handshake_timeout_s,
+                         reader_limit=REQUEST_BYTES // 2)
         self._allowed = allowed
         self._limit = limit
         self._serve = serve
@@ -147,7 +128,7 @@ class LeanServer(TaskServer):
         assert task is not None
         self._conns.add(task)
         try:
-            keepalive(writer)
+            tune(writer)
             if self._ssl is not None:
                 cn = peer_cn(writer)
                 if cn not in self._allowed:
@@ -186,13 +167,17 @@ class LeanCall:
         self._reader, self._writer, self._limit = reader, writer, limit
 
     async def write(self, req: pb.ReplicateRequest) -> None:
-        self.write_now([req])
+        self._writer.write(frame(req))
         await self.drain()
 
-    def write_now(self, reqs: list[pb.ReplicateRequest]) -> None:
-        """Every request in one transport write (one send, one TLS record run), without
-        waiting: the caller bounds what it writes (the replication window) or ``drain``s."""
-        self._writer.write(b"".join(frame(r) for r in reqs))
+    def write_now(self, reqs: list[Outgoing]) -> None:
+        """Every request in one transport write (one copy, one run of TLS records; frames
+        encoded by hand, ordq/wire/lean_frames.py), without waiting: the caller bounds what it
+        writes (the replication window) or ``drain``s."""
+        parts: list[bytes] = []
+        for r in reqs:
+            add_replicate_request(parts, r.queue, r.seg, r.batches, r.lac)
+        self._writer.write(b"".join(parts))
 
     async def drain(self) -> None:
         await self._writer.drain()
@@ -213,9 +198,9 @@ class LeanCall:
 async def connect(address: str, creds: Credentials, limit: int, *, timeout_s: float = 5.0) -> LeanCall:
     """Open the link to a slave's ``address`` (taken from ZooKeeper, never from a caller)."""
     host, port = split_host_port(address)
-    ctx = _context(creds, ssl.Purpose.SERVER_AUTH) if creds.tls else None
+    ctx = tls_context(creds, ssl.Purpose.SERVER_AUTH)
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(host.strip("[]"), port, ssl=ctx, server_hostname=host.strip("[]") if ctx else None),
         timeout_s)
-    keepalive(writer)
+    tune(writer)
     return LeanCall(reader, writer, limit)

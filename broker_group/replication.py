@@ -264,9 +264,9 @@ class ReplicationLink:
                 await call.drain()
             else:
                 for r in reqs:
-                    await call.write(r)
+                    await call.write(r.message())
 
-    def _take(self) -> tuple[list[pb.ReplicateRequest] | None, float | None]:
+    def _take(self) -> tuple[list[lean_link.Outgoing] | None, float | None]:
         """Caller holds the lock: the requests that may go now (None: none), counted as sent;
         else how long the sender may sleep before a LAC is due alone (None: until woken)."""
         push_s = self.shared.config.lac_push_ms / 1000
@@ -289,7 +289,7 @@ class ReplicationLink:
             self._pushed_at = now
         self._lac_sent.update(lacs)
         # New segments first (no batches, no LAC: the slave creates its copy, no answer)
-        reqs = [pb.ReplicateRequest(queue=q, seg=n, lac=-1) for q, n in announced]
+        reqs = [lean_link.Outgoing(q, n, [], -1) for q, n in announced]
         reqs += _requests_for(out, lacs)
         for r in reqs:
             if r.batches:
@@ -319,7 +319,7 @@ class ReplicationLink:
                 # every lac_push_ms (the LAC moves on syncs, which do not wake it).
                 self.wake.fire()
 
-def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[pb.ReplicateRequest]:
+def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[lean_link.Outgoing]:
     """Group batches by segment (keeping their order), split by ``chunks``, with each
     segment's LAC on its last request; LAC-only requests for the rest."""
     by_seg: dict[tuple[str, int], list[bytes]] = {}
@@ -328,11 +328,10 @@ def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], 
     for key, batches in by_seg.items():
         parts = list(chunks(batches))
         for i, chunk in enumerate(parts):
-            yield pb.ReplicateRequest(queue=key[0], seg=key[1], batches=chunk,
-                                      lac=lacs.get(key, -1) if i == len(parts) - 1 else -1)
+            yield lean_link.Outgoing(key[0], key[1], chunk, lacs.get(key, -1) if i == len(parts) - 1 else -1)
     for key, lac in lacs.items():
         if key not in by_seg:
-            yield pb.ReplicateRequest(queue=key[0], seg=key[1], lac=lac)
+            yield lean_link.Outgoing(key[0], key[1], [], lac)
 
 
 def frame_limit(shared: Shared) -> int:
@@ -357,7 +356,8 @@ async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIt
                              send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
     """Slave side: append and sync what the master sends, then answer with the synced end,
     all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
-    is as urgent as the ack it holds up). Exactly one answer per request that carries
+    is as urgent as the ack it holds up), but for a large request, synced on a thread while
+    the loop reads the next (write_path.py, REPLICA_THREAD_SYNC_BYTES). Exactly one answer per request that carries
     batches (the master counts them), none for a LAC-only request, an empty one for hello.
     A refusal is logged, counted and raised (the caller ends the stream with it)."""
     try:

@@ -9,6 +9,8 @@ Only the producer epoch ZooKeeper issued may write (broker_group/epochs.py).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -32,6 +34,11 @@ from ordq.wire.errors import SegmentNotWritable, short
 log = logging.getLogger("ordq.broker")
 
 SLAVE_CONNECT_WAIT_S = 1.0
+# Slave: a replicated request of at least this many bytes is appended and synced on a thread of
+# its own, not on the loop, so the loop reads (on the lean link: decrypts) the master's next
+# request meanwhile, as gRPC's threads do; smaller ones (a synchronous send's) stay on the loop,
+# with no thread hand-off between the request and its answer (issue 39).
+REPLICA_THREAD_SYNC_BYTES = 256 << 10
 
 
 @attrs.define(eq=False)
@@ -64,6 +71,9 @@ class WritePath:
         self._dirty: list[Segment] = []
         self.streams: set[ProduceStreamState] = set()
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
+        # Slave: the thread that syncs large replicated requests, and its last commit
+        self._replica_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._replica_sync: concurrent.futures.Future[None] | None = None
 
     def stop(self) -> None:
         """Caller holds cv, ``shared.stopping`` set: the sync thread ends."""
@@ -213,8 +223,10 @@ class WritePath:
     async def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
         """Slave, on the loop: append the master's batches at the master's offsets and sync
         them right here (the handler answers right after: no thread hand-off on the slave's
-        side of an ack); learn the master's LAC. The master sends the batches that queued up
-        while earlier ones were synced together: one group commit."""
+        side of an ack), or on the replica sync thread when they are many (at least
+        REPLICA_THREAD_SYNC_BYTES, or one commit is still there); learn the master's LAC.
+        The master sends the batches that queued up while earlier ones were synced together:
+        one group commit."""
         headers = [self._checked_header(raw) for raw in batches]
         s = self.shared.segments.get((queue, seg))
         if s is None and headers and headers[0].first_offset > 0:
@@ -258,7 +270,16 @@ class WritePath:
             if not accepted:
                 return s
             s.syncing += 1
-        self.commit(s, accepted)
+        last = self._replica_sync
+        if (last is not None and not last.done()) or sum(map(len, accepted)) >= REPLICA_THREAD_SYNC_BYTES:
+            # On the thread: FIFO behind any commit still there, so commits never overlap (no
+            # append between another's begin_sync and end_sync) and keep their order.
+            if self._replica_pool is None:
+                self._replica_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ordq-replica-sync")
+            self._replica_sync = fut = self._replica_pool.submit(self.commit, s, accepted)
+            await asyncio.wrap_future(fut)
+        else:
+            self.commit(s, accepted)
         return s
 
     def _check_message_sizes(self, queue: str, batches: Sequence[bytes]) -> None:

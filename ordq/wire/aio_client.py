@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-from collections.abc import Sequence
 
 import grpc
 
@@ -29,6 +27,7 @@ from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS, PRODUCE_STEP_BYTES, chunks
 from ordq.wire.lean_produce import ENV as LINK_ENV
 from ordq.wire.lean_produce import LeanProduceStream
+from ordq.wire.produce_writer import ProduceWriter
 from ordq.wire.transport import Ack, FetchResult
 
 log = logging.getLogger("ordq.wire")
@@ -74,47 +73,27 @@ class AioTransport:
             await ch.close()
 
 
-class AioProduceStream:
+class AioProduceStream(ProduceWriter):
     """One pipelined Produce call on the running loop. ``send`` (on the loop, never waits)
-    queues batches; one writer task puts everything queued meanwhile into as few stream
-    messages as the broker accepts (``chunks``), so a burst of sends costs one write.
-    ``read_acks`` returns the acks of the next response, in order, and ends by raising an
-    ordq error."""
+    queues batches; one writer task (``ProduceWriter``) puts everything queued meanwhile into
+    as few stream messages as the broker accepts (``chunks``), so a burst of sends costs one
+    write. ``read_acks`` returns the acks of the next response, in order, and ends by raising
+    an ordq error."""
+
+    _ENDED = (grpc.RpcError,)
 
     def __init__(self, stub: pb_grpc.BrokerStub, address: str, queue: str, seg: int, epoch: int,
                  metadata: tuple[tuple[str, str], ...] = (), *, epoch_key: str = "") -> None:
         self.address, self.queue, self.seg, self.epoch = address, queue, seg, epoch
         self.epoch_key = epoch_key  # the Claim's secret: brokers refuse the epoch without it
         self._call = stub.Produce(metadata=metadata)
-        self._pending: list[bytes] = []
-        self._wake: asyncio.Future[None] | None = None
-        self._closed = False
-        self.first_write_at: float | None = None  # monotonic: the first request handed to gRPC
-        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        super().__init__()
 
-    def send(self, batches: Sequence[bytes]) -> None:
-        self._pending.extend(batches)
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while not self._closed:
-                if not self._pending:
-                    self._wake = loop.create_future()
-                    await self._wake
-                    continue
-                batches, self._pending = self._pending, []
-                for chunk in chunks(batches, PRODUCE_STEP_BYTES):
-                    stamp("P.write")
-                    await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
-                                                             epoch_key=self.epoch_key, batches=chunk))
-                if self.first_write_at is None:  # once per stream: a failover's timing (FailoverTimes)
-                    self.first_write_at = time.monotonic()
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            pass  # the call failed or ended: read_acks reports why
+    async def _write(self, batches: list[bytes]) -> None:
+        for chunk in chunks(batches, PRODUCE_STEP_BYTES):
+            stamp("P.write")
+            await self._call.write(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
+                                                     epoch_key=self.epoch_key, batches=chunk))
 
     async def read_acks(self) -> list[Ack]:
         try:

@@ -25,11 +25,8 @@ import logging
 import os
 import socket
 import ssl
-import struct
-import time
-from collections.abc import Sequence
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
 from ordq.common.addresses import split_host_port
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError
@@ -38,6 +35,8 @@ from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import from_error_json
 from ordq.wire.framing import PRODUCE_STEP_BYTES, chunks
+from ordq.wire.lean_frames import add_produce_request, frame, read_frame
+from ordq.wire.produce_writer import ProduceWriter
 from ordq.wire.transport import Ack
 
 log = logging.getLogger("ordq.wire")
@@ -45,7 +44,6 @@ log = logging.getLogger("ordq.wire")
 # The A/B switch: a master serves (and publishes) the link only with ORDQ_PRODUCE_LINK=lean in
 # its environment; a producer uses a published link unless its own says ``grpc``.
 ENV = "ORDQ_PRODUCE_LINK"
-HEADER = struct.Struct(">I")
 HELLO_LIMIT = 16 << 10  # a hello is a token: a longer first frame is refused unread
 ANSWER_LIMIT = 64 << 20  # what a client reads of one answer (acks: a few bytes each)
 CONNECT_TIMEOUT_S = 10.0  # TCP and TLS (as gRPC's CONNECT_ATTEMPT_MS)
@@ -54,26 +52,6 @@ CONNECT_TIMEOUT_S = 10.0  # TCP and TLS (as gRPC's CONNECT_ATTEMPT_MS)
 def wanted() -> bool:
     """Does this process use (or, a master, serve) the lean link? (``ORDQ_PRODUCE_LINK``)"""
     return os.environ.get(ENV, "grpc") == "lean"
-
-
-def frame(msg: Message) -> bytes:
-    body = msg.SerializeToString()
-    return HEADER.pack(len(body)) + body
-
-
-async def read_frame(reader: asyncio.StreamReader, limit: int, what: str) -> bytes | None:
-    """The next frame's body; None at a clean end of stream (between frames). A frame longer
-    than ``limit`` is refused (ConfigError) before its body is read."""
-    try:
-        head = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    (n,) = HEADER.unpack(head)
-    if n > limit:
-        raise ConfigError(f"bad {what}: a frame of {n} bytes, over the limit of {limit}")
-    return await reader.readexactly(n)
 
 
 def tune(writer: asyncio.StreamWriter) -> None:
@@ -116,52 +94,31 @@ async def open_link(link: str, creds: Credentials, *, timeout_s: float = CONNECT
     return reader, writer
 
 
-class LeanProduceStream:
+class LeanProduceStream(ProduceWriter):
     """One produce stream on the lean link, shaped as ``AioProduceStream`` (wire/aio_client.py):
-    ``send`` never waits; one writer task puts everything queued meanwhile into one transport
-    write (a frame per ``PRODUCE_STEP_BYTES`` chunk); ``read_acks`` returns the acks of the next
-    answer and ends by raising an ordq error (the master's refusal, typed as over gRPC, or
-    BrokerUnavailable when the link failed). Errors name ``address``, the master's gRPC
-    address, as a gRPC stream's do."""
+    ``send`` never waits; one writer task (``ProduceWriter``) puts everything queued meanwhile
+    into one transport write (a frame per ``PRODUCE_STEP_BYTES`` chunk, encoded by hand:
+    ordq/wire/lean_frames.py); ``read_acks`` returns the acks of the next answer and ends by
+    raising an ordq error (the master's refusal, typed as over gRPC, or BrokerUnavailable when
+    the link failed). Errors name ``address``, the master's gRPC address, as a gRPC stream's do."""
+
+    _ENDED = (OSError, ssl.SSLError, TimeoutError, ConfigError)
 
     def __init__(self, link: str, address: str, queue: str, seg: int, epoch: int, creds: Credentials, *,
                  epoch_key: str = "") -> None:
         self.link, self.address, self.queue, self.seg, self.epoch = link, address, queue, seg, epoch
         self.epoch_key = epoch_key
-        self._pending: list[bytes] = []
-        self._wake: asyncio.Future[None] | None = None
-        self._closed = False
-        self.first_write_at: float | None = None
-        loop = asyncio.get_running_loop()
-        self._conn = loop.create_task(open_link(link, creds))
-        self._writer_task = loop.create_task(self._write_loop())
+        self._conn = asyncio.get_running_loop().create_task(open_link(link, creds))
+        super().__init__()
 
-    def send(self, batches: Sequence[bytes]) -> None:
-        self._pending.extend(batches)
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            _, writer = await self._conn
-            while not self._closed:
-                if not self._pending:
-                    self._wake = loop.create_future()
-                    await self._wake
-                    continue
-                batches, self._pending = self._pending, []
-                stamp("P.write")
-                writer.write(b"".join(
-                    frame(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
-                                            epoch_key=self.epoch_key, batches=chunk))
-                    for chunk in chunks(batches, PRODUCE_STEP_BYTES)))
-                if self.first_write_at is None:
-                    self.first_write_at = time.monotonic()
-                await writer.drain()  # the master reads no faster: hold further writes (flow control)
-        except (OSError, ssl.SSLError, TimeoutError, asyncio.InvalidStateError, ConfigError):
-            pass  # the link failed or ended: read_acks reports why
+    async def _write(self, batches: list[bytes]) -> None:
+        _, writer = await self._conn
+        parts: list[bytes] = []
+        for chunk in chunks(batches, PRODUCE_STEP_BYTES):
+            add_produce_request(parts, self.queue, self.seg, self.epoch, self.epoch_key, chunk)
+        stamp("P.write")
+        writer.write(b"".join(parts))  # one copy, one run of TLS records
+        await writer.drain()  # the master reads no faster: hold further writes (flow control)
 
     async def read_acks(self) -> list[Ack]:
         try:
@@ -188,10 +145,10 @@ class LeanProduceStream:
     async def close(self) -> None:
         """Close the link and wait for the writer to end."""
         self._closed = True
-        self._writer_task.cancel()
+        self._writer.cancel()
         if not self._conn.done():
             self._conn.cancel()
-        for task in (self._writer_task, self._conn):
+        for task in (self._writer, self._conn):
             try:
                 await task
             except asyncio.CancelledError:
