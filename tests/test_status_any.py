@@ -1,16 +1,21 @@
 """``ordq status`` of any cluster (issue 42: it knew only clusters started by ``ordq up``): a
 cluster of real processes started by tests/cluster.py, which no --dir describes, read from
-what its ZooKeeper registers; a broker killed -9 turns it unhealthy (exit 3)."""
+what its ZooKeeper registers; a broker killed -9 turns it unhealthy (exit 3). One admin call:
+the elected coordinator asks every process (the command loads no ZooKeeper client, no attrs);
+with the coordinator killed the command asks them itself, through ZooKeeper."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from ordq import __version__
 from ordq.cluster_live import Contender, parse_srvr, zk_servers
-from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.cluster import REPO, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -37,6 +42,9 @@ def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster
     (coordinator,) = [p for p in doc["processes"] if p["kind"] == "coordinator"]
     assert coordinator["state"] == "leader" and coordinator["version"] == __version__
     assert doc["leader"] == coordinator["name"] and coordinator["listen"] in cluster.bootstrap.split(",")
+    assert doc["asked_by"] == "coordinator", doc
+    # what the command loaded: one admin call (tests/test_cli_quick.py pins the same for queue list)
+    assert _loaded_by(cluster, "status") == []
 
     victim = cluster.groups["g2"].slave
     victim.kill()  # kill -9
@@ -55,6 +63,30 @@ def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster
     # as in the JSON above: registered and not answering, or its liveness node gone (the status
     # may list the slave by the address its group recorded either way)
     assert "not live" in row or "no answer" in row, row
+
+    # the coordinators are what is down: the command asks every process itself, through ZooKeeper
+    for proc in cluster.coordinators:
+        proc.kill()
+    rc, doc = _status(cluster)
+    assert rc == EXIT_UNHEALTHY and doc["asked_by"].startswith("no coordinator answered"), doc
+    coordinators = [p for p in doc["processes"] if p["kind"] == "coordinator"]
+    assert coordinators and not any(p["healthy"] for p in coordinators), coordinators
+    assert {p["name"]: p["state"] for p in doc["processes"]}["g1/master"] == "live"
+
+
+HEAVY = ("attrs", "attr", "kazoo", "uuid", "platform", "ordq.cluster_health", "ordq.local_cluster",
+         "ordq.cluster_config", "ordq.zk_server", "ordq.common.security", "ordq.coordinator.state", "ordq.sdk")
+
+
+def _loaded_by(cluster: Cluster, *argv: str) -> list[str]:
+    """The modules of ``HEAVY`` an ``ordq`` command on ``cluster`` loads, run as a program."""
+    code = ("import json, sys\nfrom ordq.cli import main\n"
+            f"code = main({['--zk', cluster.hosts, '--root', cluster.root, *argv]!r})\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1])
 
 
 def test_contender_identifiers_and_srvr_answers_parse() -> None:
