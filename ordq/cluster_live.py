@@ -152,6 +152,7 @@ def live_status(store: Any, hosts: str, credentials: Credentials, *, rpc_timeout
     members = [(gid, store.live_members(gid)) for gid in store.list_groups()]
     found = contenders(store.client, store.paths.coordinator_leader)
     servers = zk_servers(hosts)
+    zk_credentials = zk_tls_credentials(hosts, credentials)
     own = transport is None
     if own:
         transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=credentials)
@@ -160,7 +161,7 @@ def live_status(store: Any, hosts: str, credentials: Credentials, *, rpc_timeout
         with ThreadPoolExecutor(max_workers=max(1, min(asked, MAX_ASKED_AT_ONCE)),
                                 thread_name_prefix="ordq-status") as pool:
             rows: list[ProcessStatus | Future[ProcessStatus]] = [
-                pool.submit(zk_row, i, host, port, credentials, timeout_s=rpc_timeout_s)
+                pool.submit(zk_row, i, host, port, zk_credentials, timeout_s=rpc_timeout_s)
                 for i, (host, port) in enumerate(servers, start=1)]
             for gid, live in members:
                 for role in ROLES:
@@ -179,6 +180,21 @@ def live_status(store: Any, hosts: str, credentials: Credentials, *, rpc_timeout
         if own:
             transport.close()
     return no_leader_unhealthy(out)
+
+
+def zk_tls_credentials(hosts: str, credentials: Credentials) -> Credentials:
+    """What ``srvr`` presents to ZooKeeper: ``credentials`` when they say ZooKeeper speaks TLS,
+    else what this process's ZooKeeper client presents there (``zk_tls_options``: a coordinator's
+    own credentials do not say it, its session finds it registered), else ``credentials``
+    (plaintext)."""
+    if credentials.zk_tls:
+        return credentials
+    from ordq.common.security import zk_tls_options
+
+    options = zk_tls_options(hosts)
+    if not options:
+        return credentials
+    return Credentials(ca_file=options["ca"], cert_file=options["certfile"], key_file=options["keyfile"], zk_tls=True)
 
 
 # Processes asked at once by one sweep: a cluster of 26 groups has 52 brokers; more threads
