@@ -259,11 +259,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if healthy else EXIT_UNHEALTHY
 
 
-# How long ``ordq status`` waits for a coordinator to answer before it asks every process itself
-# (the coordinators may be what is down): at most --zk-timeout.
-COORDINATOR_REACH_S = 2.0
-
-
 def _live_status(args: argparse.Namespace) -> int:
     """``ordq status`` of any cluster: every process its ZooKeeper registers, asked live. One
     admin call: the elected coordinator asks them (``cluster status``, ordq/admin/api.py), over
@@ -291,7 +286,7 @@ def _live_status(args: argparse.Namespace) -> int:
 
 def _status_from_coordinator(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | None]:
     """The elected coordinator's sweep, or (None, why) when none can give it: none is known for
-    the cluster, none answered within ``COORDINATOR_REACH_S``, or it does not know the verb. A
+    the cluster, none answered within --zk-timeout, or it does not know the verb. A
     refusal (a token without the admin role) is the command's error."""
     from ordq.bootstrap import bootstrap_of, coordinator, timeout_of
     from ordq.commands import ADMIN_CALL_TIMEOUT_S, saying
@@ -300,11 +295,13 @@ def _status_from_coordinator(args: argparse.Namespace) -> tuple[dict[str, Any] |
 
     if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
         return None, None
-    reach = argparse.Namespace(**{**vars(args), "zk_timeout": min(timeout_of(args), COORDINATOR_REACH_S)})
+    # Reached as every admin command reaches them, within --zk-timeout: a shorter bound made a
+    # slow answer (a busy box: the command's own TLS handshake waits for a core) fall back to the
+    # command's own sweep, three times the work (issue 42).
     try:
-        with coordinator(reach) as client, saying(f"waiting for the coordinators at {', '.join(client.coordinators)} "
-                                                  "to answer cluster status"):
-            doc = client.admin("cluster status", timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(reach))
+        with coordinator(args) as client, saying(f"waiting for the coordinators at {', '.join(client.coordinators)} "
+                                                 "to answer cluster status"):
+            doc = client.admin("cluster status", timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args))
     except CoordinationUnavailable as exc:
         return None, str(exc)
     except ConfigError as exc:
