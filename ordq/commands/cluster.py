@@ -73,7 +73,8 @@ def register(subparsers: Any) -> None:
         description="Every process of a cluster with where it listens, its health and version, and the elected "
         "coordinator; exit 3 if one is unhealthy. The local cluster in --dir, when there is one and neither "
         "--zk, --context nor ORDQ_ZK names another; else any cluster (deployed by hand too), from the processes "
-        "registered in its ZooKeeper, each asked live (ZooKeeper srvr, broker Health, coordinator /health).")
+        "registered in its ZooKeeper, each asked live (ZooKeeper srvr, broker Health, coordinator /health) by the "
+        "elected coordinator, or by this command when none answers within --zk-timeout.")
     status.add_argument("--dir", type=Path, default=None,
                         help=f"folder of a local cluster (ordq up; default {DEFAULT_FOLDER} when it holds one)")
 
