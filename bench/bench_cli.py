@@ -1,6 +1,7 @@
 """How long an ``ordq`` command takes to answer (issue 42: commands that answer at once).
 
-    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq] [--only help,list,produce,status,topic]
+    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq]
+        [--only help,list,produce,status,topic]
 
 Wall time and CPU time (user + system of the child) of separate ``ordq`` processes, as a user
 runs them: ``--help`` always; with ``--zk`` (a cluster ``ordq up`` started and registered),
