@@ -7,7 +7,8 @@
 - a mistyped ``--root`` showed "no queues", exit 0;
 - with a token of one queue, ``ordq top`` showed every queue;
 - ``ordq top`` and a producer waiting for its lease must stop on SIGINT, even started with
-  SIGINT ignored (a background job of a script).
+  SIGINT ignored (a background job of a script); a second consumer of a subscription says it
+  waits, and stops on SIGINT.
 """
 
 from __future__ import annotations
@@ -172,6 +173,22 @@ def test_a_background_producer_waiting_for_its_lease_stops_on_sigint(env: Env) -
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_second_consumer_of_a_subscription_says_it_waits_and_stops_on_sigint(env: Env) -> None:
+    """Anything that waits longer than 1 s says what it waits for (issue 42): a second ``ordq
+    consume`` of a subscription another consumer holds waited without a word; it says whose
+    turn it waits for, and SIGINT stops it there."""
+    holder = _background(env, "consume", "b", "-s", "held", "--count", "1000000", "--quiet", name="holder")
+    try:
+        wait_until(lambda: env.cluster.consumer_lease("b", "held"), timeout_s=load_stretched(60),
+                   what="the first consumer holds b/held")
+        second = _background(env, "consume", "b", "-s", "held", "--count", "1", name="second")
+        code = _stops_on_sigint(env, second, "second", ready="waiting to be the consumer of b/held")
+        assert code == 128 + signal.SIGINT, (env.cluster.base / "second.log").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def _catches_sigint(pid: int) -> bool:
