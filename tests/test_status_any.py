@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,25 @@ def test_contender_identifiers_and_srvr_answers_parse() -> None:
     assert parse_srvr(srvr) == ("leader", "3.8.0")
     assert parse_srvr("This ZooKeeper instance is not currently serving requests") == (None, "")
     assert zk_servers("a:1,b:2/chroot") == [("a", 1), ("b", 2)]
+
+
+def test_srvr_presents_what_the_zookeeper_session_presents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator's own credentials do not say that ZooKeeper speaks TLS (its session finds
+    that registered): ``srvr`` in its sweep went in plaintext to a TLS-only ZooKeeper, and every
+    ``ordq up`` cluster showed zk1 "no answer" (issue 42)."""
+    from ordq.cluster_live import zk_tls_credentials
+    from ordq.common import security
+    from ordq.common.security import Credentials, remember_zk_tls
+
+    monkeypatch.setenv("ORDQ_CREDENTIALS", str(tmp_path / "credentials.json"))
+    monkeypatch.setattr(security, "_ZK_TLS", {})
+    files = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "cert", "key")}
+    own = Credentials(ca_file=files["ca"], cert_file=files["cert"], key_file=files["key"], token="t")
+    assert zk_tls_credentials("h:1", own) is own  # plaintext ZooKeeper: as given
+    remember_zk_tls("h:1", Credentials(ca_file=files["ca"], cert_file=files["cert"], key_file=files["key"],
+                                       zk_tls=True))
+    found = zk_tls_credentials("h:1", own)
+    assert found.zk_tls and (found.ca_file, found.cert_file, found.key_file) == (files["ca"], files["cert"],
+                                                                                 files["key"])
+    said = Credentials(ca_file=files["ca"], cert_file=files["cert"], key_file=files["key"], zk_tls=True)
+    assert zk_tls_credentials("other:2", said) is said
