@@ -98,6 +98,12 @@ def test_status_with_neither_a_coordinator_nor_zookeeper_answering_names_both(tm
     [line] = done.stderr.splitlines()
     assert line.startswith(f"ordq: error: no coordinator of the cluster answered at 127.0.0.1:{coordinator}"), line
     assert f"; and cannot reach ZooKeeper at 127.0.0.1:{zk}" in line, line
+    # named by --bootstrap alone: no ZooKeeper to ask instead (not --zk's default), the coordinators' line alone
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", f"127.0.0.1:{coordinator}",
+                           "--zk-timeout", "0.3", "status"], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=REPO)
+    assert done.returncode == 1 and "ZooKeeper" not in done.stderr, done
+    assert done.stderr.startswith(f"ordq: error: no coordinator of the cluster answered at 127.0.0.1:{coordinator}")
     # no coordinator known for the cluster: ZooKeeper's error alone, as before
     done = subprocess.run([sys.executable, "-m", "ordq.cli", "--zk", f"127.0.0.1:{zk}", "--zk-timeout", "0.3",
                            "status"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)

@@ -44,6 +44,14 @@ def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster
     assert coordinator["state"] == "leader" and coordinator["version"] == __version__
     assert doc["leader"] == coordinator["name"] and coordinator["listen"] in cluster.bootstrap.split(",")
     assert doc["asked_by"] == "coordinator", doc
+    # named by its coordinators' addresses alone: the same, with the ZooKeeper and root they serve
+    env = {k: v for k, v in os.environ.items() if k not in ("ORDQ_ZK", "ORDQ_ROOT", "ORDQ_CONTEXT")}
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", cluster.bootstrap, "--json", "status"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
+                          check=False)
+    by_address = json.loads(done.stdout or "{}")
+    assert done.returncode == 0 and by_address["asked_by"] == "coordinator", done.stdout + done.stderr
+    assert (by_address["zk"], by_address["root"]) == (cluster.hosts, cluster.root), by_address
     # what the command loaded: one admin call (tests/test_cli_quick.py pins the same for queue list)
     assert _loaded_by(cluster, "status") == []
 

@@ -399,7 +399,8 @@ def admin_verbs(readers: Readers, known: Known | None = None,
             raise ConfigError("this coordinator does not sweep its cluster's processes")
         rows = processes(call.store)
         leader = next((r["name"] for r in rows if r["kind"] == "coordinator" and r["state"] == "leader"), None)
-        return {"processes": rows, "leader": leader, "healthy": all(r["healthy"] for r in rows)}
+        return {"processes": rows, "leader": leader, "healthy": all(r["healthy"] for r in rows),
+                "zk": call.store.hosts, "root": call.store.paths.root}
 
     queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
     return {

@@ -227,8 +227,10 @@ def wipe_leftovers(folder: Path) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     import os
 
+    from ordq.bootstrap import bootstrap_of
+
     named = "zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK") or args.context \
-        or os.environ.get("ORDQ_CONTEXT")
+        or os.environ.get("ORDQ_CONTEXT") or bootstrap_of(args)
     if named and args.dir is None and holds_cluster(DEFAULT_FOLDER):
         from ordq.local_cluster import LocalCluster
 
@@ -270,19 +272,35 @@ def _live_status(args: argparse.Namespace) -> int:
     apply(args)  # the cluster named by --context, ORDQ_CONTEXT or the current context
     doc, why = _status_from_coordinator(args)
     if doc is None:
+        if why is not None and _by_bootstrap_only(args):
+            # --bootstrap alone names the cluster: no ZooKeeper to ask instead (not --zk's default)
+            from ordq.common.errors import CoordinationUnavailable
+
+            raise CoordinationUnavailable(why)
         doc = _status_from_zookeeper(args, why)
     statuses, leader, healthy = doc["processes"], doc["leader"], doc["healthy"]
+    zk, root = doc.get("zk", args.zk), doc.get("root", args.root)  # the coordinator's: --bootstrap may name it
     if wants_json(args):
-        emit_json({"zk": args.zk, "root": args.root, "healthy": healthy, "leader": leader,
+        emit_json({"zk": zk, "root": root, "healthy": healthy, "leader": leader,
                    "processes": statuses, "asked_by": doc["asked_by"]})
     else:
-        print(f"cluster: ZooKeeper {args.zk}, root {args.root}; coordinator leader: {leader or '-'}")
+        print(f"cluster: ZooKeeper {zk}, root {root}; coordinator leader: {leader or '-'}")
         _print_table(statuses)
         if not healthy:
             print("\nunhealthy: " + ", ".join(s["name"] for s in statuses if not s["healthy"]))
         if doc["asked_by"] != "coordinator":
             print(f"\n(asked by this command: {doc['asked_by']})")
     return 0 if healthy else EXIT_UNHEALTHY
+
+
+def _by_bootstrap_only(args: argparse.Namespace) -> bool:
+    """Whether --bootstrap (or ORDQ_BOOTSTRAP) alone names the cluster: no --zk, ORDQ_ZK or context."""
+    import os
+
+    from ordq.bootstrap import bootstrap_of
+
+    return bootstrap_of(args) is not None and not ("zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK")
+                                                   or args.context or os.environ.get("ORDQ_CONTEXT"))
 
 
 def _status_from_coordinator(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | None]:
