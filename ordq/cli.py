@@ -251,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ordq.common.deferred import defer
 
         defer()
+        # gRPC's C core logs each failed TLS handshake on stderr at INFO (a command given another
+        # cluster's CA printed five such lines before its own one, issue 42); errors still show,
+        # and a GRPC_VERBOSITY the user set wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     # SIGINT is taken before anything is imported: one during the start-up of a command that was
     # started with SIGINT ignored (a background job) was lost (issue 42); a daemon gets the
     # previous handler back once its command is known.

@@ -191,6 +191,30 @@ def test_a_second_consumer_of_a_subscription_says_it_waits_and_stops_on_sigint(e
         holder.wait()
 
 
+def test_a_tls_mismatch_is_named_not_taken_for_a_cluster_that_does_not_answer(env: Env, tmp_path: Path) -> None:
+    """Errors name the real cause (issue 42): a command without the cluster's TLS credentials,
+    or with another cluster's CA, read "no coordinator answered ... is the cluster running?"
+    after --zk-timeout while the coordinator ran."""
+    from ordq.common.security import ensure_pki
+
+    c = env.cluster
+
+    def queue_list(credentials: dict[str, object]) -> str:
+        path = tmp_path / f"credentials-{len(credentials)}.json"
+        path.write_text(json.dumps({"clusters": {f"{c.hosts}{c.root}": credentials}}))
+        done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", c.bootstrap, "--zk-timeout", "1",
+                               "queue", "list"], capture_output=True, text=True, timeout=load_stretched(120), cwd=REPO,
+                              env={**os.environ, "ORDQ_CREDENTIALS": str(path), "ORDQ_TOKEN": env.admin}, check=False)
+        assert done.returncode == 1 and done.stdout == "" and len(done.stderr.splitlines()) == 1, done
+        return done.stderr
+
+    coordinators = {"coordinators": c.bootstrap.split(",")}
+    assert "speaks TLS and this command has no TLS credentials for the cluster" in queue_list(coordinators)
+    _, other = ensure_pki(tmp_path / "another-cluster")
+    err = queue_list({**coordinators, **other.to_dict()})
+    assert f"not signed by the CA this command trusts ({other.ca_file})" in err, err
+
+
 def _catches_sigint(pid: int) -> bool:
     """Whether process ``pid`` has a handler of its own for SIGINT (/proc: SigCgt)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
