@@ -1,12 +1,14 @@
 """How long an ``ordq`` command takes to answer (issue 42: commands that answer at once).
 
-    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq] [--only help,list,produce,status]
+    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq]
+        [--only help,list,produce,status,topic]
 
 Wall time and CPU time (user + system of the child) of separate ``ordq`` processes, as a user
 runs them: ``--help`` always; with ``--zk`` (a cluster ``ordq up`` started and registered),
 also ``queue list``, a one-message ``produce`` to the queue ``bench-cli`` (created if
-missing) and ``status`` (read from ZooKeeper, each process asked). p50 and p90 of ``--runs``
-runs each; ``--only`` measures only the commands it names (``list``: ``queue list``). Note
+missing), ``status`` (the elected coordinator asks each process) and ``topic list``. p50 and p90
+of ``--runs`` runs each; ``--only`` measures only the commands it names (``list``: ``queue list``,
+``topic``: ``topic list``). Note
 the load average beside every figure: wall time on a busy box grows with the load, CPU time much
 less.
 """
@@ -23,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-COMMANDS = ("help", "list", "produce", "status")
+COMMANDS = ("help", "list", "produce", "status", "topic")
 
 
 def run_once(argv: Sequence[str], stdin: bytes | None = None) -> tuple[float, float, int]:
@@ -75,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 stdin=b"m\n"))
         if "status" in only:
             rows.append(measure("ordq status (any cluster)", [*cluster, "status"], args.runs))
+        if "topic" in only:
+            rows.append(measure("ordq topic list", [*cluster, "topic", "list"], args.runs))
     print(f"{'command':<28} {'runs':>4} {'wall p50':>9} {'wall p90':>9} {'cpu p50':>8} {'load':>6}")
     for r in rows:
         print(f"{r['command']:<28} {r['runs']:>4} {r['wall_p50_s']:>8.3f}s {r['wall_p90_s']:>8.3f}s "

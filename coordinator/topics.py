@@ -22,10 +22,13 @@ import attrs
 
 from ordq.common.errors import ConfigError
 
-MAX_PARTITIONS = 256
-HASH_NAME = "blake2b-64-mod"  # recorded with the topic, so a future hash cannot be mixed in silently
-PARTITION_SEPARATOR = ".p"
-MAX_TOPIC_NAME = 120  # room for ".p255" within the 128-character queue name
+# The names and bounds, in a module without attrs for the CLI (issue 42); re-exported here.
+from ordq.coordinator.topic_names import HASH_NAME as HASH_NAME
+from ordq.coordinator.topic_names import MAX_PARTITIONS as MAX_PARTITIONS
+from ordq.coordinator.topic_names import MAX_TOPIC_NAME as MAX_TOPIC_NAME
+from ordq.coordinator.topic_names import PARTITION_SEPARATOR as PARTITION_SEPARATOR
+from ordq.coordinator.topic_names import REKEY_NOTE as REKEY_NOTE
+from ordq.coordinator.topic_names import partition_queue as partition_queue
 
 
 @attrs.frozen
@@ -40,11 +43,6 @@ class TopicConfig:
             raise ConfigError(f"unknown topic hash {self.hash!r} (this version routes keys with {HASH_NAME})")
 
 
-def partition_queue(topic: str, partition: int) -> str:
-    """The queue that holds partition ``partition`` of ``topic``."""
-    return f"{topic}{PARTITION_SEPARATOR}{partition}"
-
-
 def partition_queues(topic: str, config: TopicConfig) -> list[str]:
     return [partition_queue(topic, i) for i in range(config.partitions)]
 
@@ -52,16 +50,6 @@ def partition_queues(topic: str, config: TopicConfig) -> list[str]:
 def partition_of(key: bytes, partitions: int) -> int:
     """The partition of ``key`` among ``partitions`` (see the module's docstring)."""
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % partitions
-
-
-# What a re-key (``ordq topic alter T --partitions M --rekey``) leaves of the order guarantee.
-REKEY_NOTE = (
-    "keys now route among the new partition count: a key whose partition changed has its earlier messages in "
-    "its old partition and its later ones in the new one, so its order holds among the messages sent before "
-    "the re-key and among those sent after, but not across it unless consumers finish the old partition's "
-    "backlog first; producers that still route with the old count must be restarted (a TopicProducer stops "
-    "sending when it sees the change)"
-)
 
 
 def check_alter(topic: str, old: TopicConfig, partitions: int, *, rekey: bool) -> TopicConfig:

@@ -107,17 +107,73 @@ def coordinator(args: argparse.Namespace) -> Iterator[Any]:
     else:
         addresses = registered_bootstrap(args.zk, args.root) or ""
         found = entry(args.zk, args.root)
-    client = CoordinatorClient(bootstrap=addresses, credentials=ClientCredentials.from_entry(found))
+    credentials = ClientCredentials.from_entry(found)
+    client = CoordinatorClient(bootstrap=addresses, credentials=credentials)
     try:
         yield client
     except CoordinationUnavailable as exc:
         given = "given" if bootstrap is not None else f"registered for {args.zk}{args.root}"
+        mismatch = tls_mismatch(addresses, credentials)
+        if mismatch is not None:  # issue 42: errors name the real cause
+            raise CoordinationUnavailable(f"no coordinator of the cluster answered at {addresses} ({given}): "
+                                          f"{mismatch}") from exc
         raise CoordinationUnavailable(
             f"no coordinator of the cluster answered at {addresses} ({given}) within {timeout_of(args):g}s "
             "(--zk-timeout): is the cluster running, and are these its coordinators? `ordq status` prints them "
             "as 'coordinators (bootstrap)'") from exc
     finally:
         client.close()
+
+
+def tls_mismatch(addresses: str, credentials: Any, *, timeout_s: float = 1.0) -> str | None:
+    """Why the coordinators at ``addresses`` cannot have answered a client holding ``credentials``
+    (``ClientCredentials``), when it is TLS: the first one that accepts a connection speaks TLS
+    and the client has no TLS credentials for the cluster, or it speaks plaintext and the client
+    TLS, or its certificate is not signed by the CA the client trusts. None when none accepts a
+    connection or none of these holds (then it is down, hung or busy). Asked only after a call
+    failed: one TCP connection and one TLS handshake."""
+    import socket
+    import ssl
+
+    for address in addresses.split(","):
+        host, _, port = address.strip().rpartition(":")
+        if not port.isdigit():
+            continue
+        try:
+            raw = socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s)
+        except OSError:
+            continue  # nobody listens there: not a question of TLS
+        context = ssl.create_default_context(cafile=credentials.ca_file) if credentials.tls else ssl.SSLContext(
+            ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        if not credentials.tls:
+            context.verify_mode = ssl.CERT_NONE
+        verdict = "accepted"
+        with raw:
+            try:
+                with context.wrap_socket(raw, server_hostname=host or "127.0.0.1"):
+                    pass
+            except ssl.SSLCertVerificationError:
+                verdict = "unverified"
+            except ssl.SSLError as exc:
+                # a TLS server's alert (it wants a client certificate, ...) vs bytes that are no TLS
+                verdict = "accepted" if "ALERT" in str(exc.reason or "").upper() else "plaintext"
+            except TimeoutError:
+                return None  # accepted and silent: hung (SIGSTOP) or busy, not a question of TLS
+            except OSError:
+                verdict = "plaintext"  # closed on a ClientHello: an HTTP/2 server without TLS
+        if verdict == "accepted" and not credentials.tls:
+            return (f"the coordinator at {address.strip()} speaks TLS and this command has no TLS credentials for "
+                    f"the cluster (none registered in {credentials_path()} for it: run it where `ordq up` "
+                    "registered the cluster, or `ordq cert register`, docs/SECURITY.md)")
+        if verdict == "plaintext" and credentials.tls:
+            return (f"the coordinator at {address.strip()} does not speak TLS (a cluster started with --insecure?) "
+                    "and this command's credentials are TLS")
+        if verdict == "unverified":
+            return (f"the coordinator at {address.strip()} shows a certificate not signed by the CA this command "
+                    f"trusts ({credentials.ca_file}): the credentials of another cluster?")
+        return None
+    return None
 
 
 def check_queue(args: argparse.Namespace, queue: str) -> None:

@@ -219,17 +219,42 @@ def _parser(zk_default: str | None, root_default: str | None, bootstrap_default:
 # every module (``_quick_exit``), a tenth of such a command's CPU (issue 42: ``ordq queue list``,
 # 0.25 s on a quiet box; the teardown of grpc, asyncio and the rest cost ~37 M instructions).
 _QUICK_EXIT_MODULES = frozenset({"queue", "sub", "topic", "group", "auth", "context", "peek", "find"})
+# The same for single commands of a module whose other commands start processes (``cluster``:
+# ``up`` and ``down`` do): ``ordq status`` only asks and prints (issue 42).
+_QUICK_EXIT_COMMANDS = frozenset({"status"})
+
+
+def _asks_only(argv: Sequence[str]) -> bool:
+    """Whether the command ``argv`` names only asks and prints (``_QUICK_EXIT_MODULES``,
+    ``_QUICK_EXIT_COMMANDS``)."""
+    module = command_module(argv)
+    return module in _QUICK_EXIT_MODULES or (module is not None and _command_word(argv) in _QUICK_EXIT_COMMANDS)
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command's name in ``argv`` (the first word that is no global option or its value)."""
+    words = iter(argv)
+    for word in words:
+        if word in _VALUED_GLOBALS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     as_program = argv is None  # run as the ``ordq`` program, not called by a test or a library
     argv = sys.argv[1:] if argv is None else argv
-    if as_program and command_module(argv) in _QUICK_EXIT_MODULES:
+    if as_program and _asks_only(argv):
         # asyncio and grpc.aio, which ``import grpc`` loads and one synchronous call never uses:
         # a third of such a command's CPU (ordq/common/deferred.py)
         from ordq.common.deferred import defer
 
         defer()
+        # gRPC's C core logs each failed TLS handshake on stderr at INFO (a command given another
+        # cluster's CA printed five such lines before its own one, issue 42); errors still show,
+        # and a GRPC_VERBOSITY the user set wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     # SIGINT is taken before anything is imported: one during the start-up of a command that was
     # started with SIGINT ignored (a background job) was lost (issue 42); a daemon gets the
     # previous handler back once its command is known.
@@ -242,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
-    if as_program and command_module(argv) in _QUICK_EXIT_MODULES:
+    if as_program and _asks_only(argv):
         _quick_exit(code)
     return code
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import attrs
 
+from ordq.cluster_folder import DEFAULT_FOLDER as DEFAULT_FOLDER
+from ordq.cluster_folder import STATE_FILE as STATE_FILE
 from ordq.common.errors import ConfigError, ExternalProcessError
 from ordq.zk_server import free_ports, port_free
 
-STATE_FILE = "ordq-cluster.json"
 OWN_CREDENTIALS = "credentials.json"  # the cluster's own entry, for its own processes
-DEFAULT_FOLDER = Path(".ordq")
 COORDINATOR_HOST = "127.0.0.1"  # where a local cluster's coordinators listen
 
 

@@ -68,18 +68,21 @@ def parse_srvr(answer: str) -> tuple[str | None, str]:
 
 
 def zk_status(hosts: str, credentials: Credentials, *, timeout_s: float = 1.0) -> list[ProcessStatus]:
-    tls = credentials if credentials.zk_tls else None
-    out = []
-    for i, (host, port) in enumerate(zk_servers(hosts), start=1):
-        try:
-            mode, version = parse_srvr(four_letter_word(port, tls=tls, host=host, timeout_s=timeout_s))
-        except OSError as exc:
-            out.append(ProcessStatus(name=f"zk{i}", kind="zookeeper", pid=None, listen=f"{host}:{port}",
-                                     state="no answer", healthy=False, detail=exc.strerror or type(exc).__name__))
-            continue
-        out.append(ProcessStatus(name=f"zk{i}", kind="zookeeper", pid=None, listen=f"{host}:{port}",
-                                 state=mode or "not serving", healthy=mode in ZK_SERVING, version=version))
-    return out
+    return [zk_row(i, host, port, credentials, timeout_s=timeout_s)
+            for i, (host, port) in enumerate(zk_servers(hosts), start=1)]
+
+
+def zk_row(i: int, host: str, port: int, credentials: Credentials, *, timeout_s: float = 1.0) -> ProcessStatus:
+    """ZooKeeper server ``i`` of the connection string, by ``srvr``."""
+    try:
+        answer = four_letter_word(port, tls=credentials if credentials.zk_tls else None, host=host,
+                                  timeout_s=timeout_s)
+    except OSError as exc:
+        return ProcessStatus(name=f"zk{i}", kind="zookeeper", pid=None, listen=f"{host}:{port}", state="no answer",
+                             healthy=False, detail=exc.strerror or type(exc).__name__)
+    mode, version = parse_srvr(answer)
+    return ProcessStatus(name=f"zk{i}", kind="zookeeper", pid=None, listen=f"{host}:{port}",
+                         state=mode or "not serving", healthy=mode in ZK_SERVING, version=version)
 
 
 def contenders(client: Any, path: str, *, timeout_s: float = 2.0) -> list[Contender]:
@@ -107,24 +110,25 @@ def coordinator_status(found: list[Contender], *, timeout_s: float = 1.0) -> lis
     if not found:
         return [ProcessStatus(name="coordinator", kind="coordinator", pid=None, listen=None, state="none",
                               healthy=False, detail="no coordinator in the election (ordq coordinator run)")]
-    out = []
-    for i, c in enumerate(found):
-        pid = _pid_of(c.name)
-        if c.metrics_url is None:  # it serves no /health: its place in the election is all we know
-            out.append(ProcessStatus(name=c.name, kind="coordinator", pid=pid, listen=c.address,
-                                     state="leader" if i == 0 else "standby", healthy=True,
-                                     detail="no health page (started without --metrics)"))
-            continue
-        health = coordinator_health(c.metrics_url, timeout_s=timeout_s)
-        if not health:
-            out.append(ProcessStatus(name=c.name, kind="coordinator", pid=pid, listen=c.address, state="no answer",
-                                     healthy=False, detail=f"{c.metrics_url.rsplit('/', 1)[0]}/health does not answer"))
-            continue
-        detail = f"rounds {int(health.get('rounds', 0))}, errors {int(health.get('errors', 0))}, {c.metrics_url}"
-        out.append(ProcessStatus(name=c.name, kind="coordinator", pid=pid, listen=c.address,
-                                 state="leader" if health.get("leader") is True else "standby", healthy=True,
-                                 detail=detail, version=str(health.get("version", ""))))
-    return out
+    return [coordinator_row(c, leads=i == 0, timeout_s=timeout_s) for i, c in enumerate(found)]
+
+
+def coordinator_row(c: Contender, *, leads: bool, timeout_s: float = 1.0) -> ProcessStatus:
+    """One contender's row, from its /health page (``leads``: first in the election, all that is
+    known of one that serves no page)."""
+    pid = _pid_of(c.name)
+    if c.metrics_url is None:  # it serves no /health: its place in the election is all we know
+        return ProcessStatus(name=c.name, kind="coordinator", pid=pid, listen=c.address,
+                             state="leader" if leads else "standby", healthy=True,
+                             detail="no health page (started without --metrics)")
+    health = coordinator_health(c.metrics_url, timeout_s=timeout_s)
+    if not health:
+        return ProcessStatus(name=c.name, kind="coordinator", pid=pid, listen=c.address, state="no answer",
+                             healthy=False, detail=f"{c.metrics_url.rsplit('/', 1)[0]}/health does not answer")
+    detail = f"rounds {int(health.get('rounds', 0))}, errors {int(health.get('errors', 0))}, {c.metrics_url}"
+    return ProcessStatus(name=c.name, kind="coordinator", pid=pid, listen=c.address,
+                         state="leader" if health.get("leader") is True else "standby", healthy=True,
+                         detail=detail, version=str(health.get("version", "")))
 
 
 def _pid_of(name: str) -> int | None:
@@ -132,30 +136,76 @@ def _pid_of(name: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
-def live_status(store: Any, hosts: str, credentials: Credentials, *, rpc_timeout_s: float = 1.0) -> list[ProcessStatus]:
-    """Every process of the cluster of ``store`` (a ``ZkStore``) with its health, asked live."""
+def live_status(store: Any, hosts: str, credentials: Credentials, *, rpc_timeout_s: float = 1.0,
+                transport: Any = None) -> list[ProcessStatus]:
+    """Every process of the cluster of ``store`` (a ``ZkStore``) with its health, asked live.
+    What ZooKeeper registers is read first (a few reads); then every process is asked at once,
+    each question bounded by ``rpc_timeout_s``: the sweep takes about its slowest answer, not the
+    sum of them (issue 42: one after the other, ``ordq status`` took 2.4 s beside six busy loops,
+    and a hung process added a second each). ``transport``: a ``GrpcTransport`` whose channels
+    the caller keeps (the coordinator's: no TLS handshake per status); else one made and closed
+    here."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from ordq.wire.client import GrpcTransport
 
-    out = zk_status(hosts, credentials, timeout_s=rpc_timeout_s)
-    transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=credentials)
+    members = [(gid, store.live_members(gid)) for gid in store.list_groups()]
+    found = contenders(store.client, store.paths.coordinator_leader)
+    servers = zk_servers(hosts)
+    zk_credentials = zk_tls_credentials(hosts, credentials)
+    own = transport is None
+    if own:
+        transport = GrpcTransport(rpc_timeout_s=rpc_timeout_s, credentials=credentials)
+    asked = len(servers) + 2 * len(members) + len(found)
     try:
-        for gid in store.list_groups():
-            live = store.live_members(gid)
-            for role in ROLES:
-                name = f"{gid}/{role}"
-                info = live.get(role)
-                if info is None:
-                    out.append(ProcessStatus(name=name, kind="broker", pid=None, listen=None, state="not live",
-                                             healthy=False, detail="no liveness node in ZooKeeper: down, or cut off"))
-                    continue
-                try:
-                    health = transport.health(info.address)
-                except OrdqError as exc:
-                    out.append(ProcessStatus(name=name, kind="broker", pid=info.pid, listen=info.address,
-                                             state="no answer", healthy=False, detail=str(exc)))
-                    continue
-                out.append(broker_status(name, info.pid, info.address, health))
+        with ThreadPoolExecutor(max_workers=max(1, min(asked, MAX_ASKED_AT_ONCE)),
+                                thread_name_prefix="ordq-status") as pool:
+            rows: list[ProcessStatus | Future[ProcessStatus]] = [
+                pool.submit(zk_row, i, host, port, zk_credentials, timeout_s=rpc_timeout_s)
+                for i, (host, port) in enumerate(servers, start=1)]
+            for gid, live in members:
+                for role in ROLES:
+                    info = live.get(role)
+                    rows.append(pool.submit(_broker_row, transport, f"{gid}/{role}", info) if info is not None
+                                else ProcessStatus(name=f"{gid}/{role}", kind="broker", pid=None, listen=None,
+                                                   state="not live", healthy=False,
+                                                   detail="no liveness node in ZooKeeper: down, or cut off"))
+            if found:
+                rows += [pool.submit(coordinator_row, c, leads=i == 0, timeout_s=rpc_timeout_s)
+                         for i, c in enumerate(found)]
+            else:
+                rows += coordinator_status(found)
+            out = [r.result() if isinstance(r, Future) else r for r in rows]
     finally:
-        transport.close()
-    out += coordinator_status(contenders(store.client, store.paths.coordinator_leader), timeout_s=rpc_timeout_s)
+        if own:
+            transport.close()
     return no_leader_unhealthy(out)
+
+
+def zk_tls_credentials(hosts: str, credentials: Credentials) -> Credentials:
+    """What ``srvr`` presents to ZooKeeper: ``credentials`` when they say ZooKeeper speaks TLS,
+    else what this process's ZooKeeper client presents there (``zk_tls_options``: a coordinator's
+    own credentials do not say it, its session finds it registered), else ``credentials``
+    (plaintext)."""
+    if credentials.zk_tls:
+        return credentials
+    from ordq.common.security import zk_tls_options
+
+    options = zk_tls_options(hosts)
+    if not options:
+        return credentials
+    return Credentials(ca_file=options["ca"], cert_file=options["certfile"], key_file=options["keyfile"], zk_tls=True)
+
+
+# Processes asked at once by one sweep: a cluster of 26 groups has 52 brokers; more threads
+# than this only queue for the GIL.
+MAX_ASKED_AT_ONCE = 16
+
+
+def _broker_row(transport: Any, name: str, info: Any) -> ProcessStatus:
+    try:
+        health = transport.health(info.address)
+    except OrdqError as exc:
+        return ProcessStatus(name=name, kind="broker", pid=info.pid, listen=info.address, state="no answer",
+                             healthy=False, detail=str(exc))
+    return broker_status(name, info.pid, info.address, health)

@@ -54,6 +54,7 @@ from ordq.cluster_config import (
     with_coordinator_ports,
 )
 from ordq.cluster_credentials import ClusterCredentials
+from ordq.cluster_folder import holds_cluster
 from ordq.cluster_health import ROLES, ClusterHealth, ProcessStatus
 from ordq.common.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
 from ordq.common.proc import ManagedProcess
@@ -152,7 +153,7 @@ class LocalCluster(ClusterCredentials):
 
     @staticmethod
     def exists(folder: Path) -> bool:
-        return (Path(folder) / STATE_FILE).exists()
+        return holds_cluster(folder)
 
     def __repr__(self) -> str:
         return f"<LocalCluster {self.folder} zk={self.zk_hosts} root={self.root}>"

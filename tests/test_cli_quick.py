@@ -17,7 +17,8 @@ from ordq.zk_server import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("attrs", "attr", "uuid", "platform", "dataclasses", "ordq.coordinator.state", "ordq.coordinator.store_values",
-         "ordq.coordinator.paths", "ordq.coordinator.client_values", "ordq.common.security", "ordq.sdk")
+         "ordq.coordinator.paths", "ordq.coordinator.client_values", "ordq.common.security", "ordq.sdk",
+         "ordq.coordinator.topics", "ordq.coordinator.store_values")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -72,3 +73,38 @@ def test_a_quick_exit_keeps_the_output_and_the_exit_code(tmp_path: Path) -> None
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.startswith("ordq: error: no coordinator of the cluster answered"), refused.stderr
     assert ordq("context", "use", "nope").returncode == 1
+
+
+def test_topic_list_loads_neither_attrs_nor_the_topic_and_settings_classes(tmp_path: Path) -> None:
+    """Issue 42: ``topic list`` imported attrs, the queue state and the settings' class for its
+    parser (362 M instructions against queue list's 253 M)."""
+    [closed] = free_ports(1)
+    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "topic", "list"],
+                             _env(tmp_path))
+    assert "no coordinator of the cluster answered" in err, err
+    assert loaded == []
+
+
+def test_status_with_neither_a_coordinator_nor_zookeeper_answering_names_both(tmp_path: Path) -> None:
+    """``ordq status`` asks the elected coordinator (one admin call); when none answers it asks
+    every process itself through ZooKeeper; when that does not answer either, one line says
+    both (tests/test_status_any.py: the coordinator's answer, and the command's own sweep)."""
+    coordinator, zk = free_ports(2)
+    env = _env(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", f"127.0.0.1:{coordinator}",
+                           "--zk", f"127.0.0.1:{zk}", "--zk-timeout", "0.3", "status"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert done.returncode == 1 and done.stdout == "", done
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"ordq: error: no coordinator of the cluster answered at 127.0.0.1:{coordinator}"), line
+    assert f"; and cannot reach ZooKeeper at 127.0.0.1:{zk}" in line, line
+    # named by --bootstrap alone: no ZooKeeper to ask instead (not --zk's default), the coordinators' line alone
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", f"127.0.0.1:{coordinator}",
+                           "--zk-timeout", "0.3", "status"], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=REPO)
+    assert done.returncode == 1 and "ZooKeeper" not in done.stderr, done
+    assert done.stderr.startswith(f"ordq: error: no coordinator of the cluster answered at 127.0.0.1:{coordinator}")
+    # no coordinator known for the cluster: ZooKeeper's error alone, as before
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", "--zk", f"127.0.0.1:{zk}", "--zk-timeout", "0.3",
+                           "status"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert done.returncode == 1 and done.stderr.startswith(f"ordq: error: cannot reach ZooKeeper at 127.0.0.1:{zk}")

@@ -7,7 +7,8 @@
 - a mistyped ``--root`` showed "no queues", exit 0;
 - with a token of one queue, ``ordq top`` showed every queue;
 - ``ordq top`` and a producer waiting for its lease must stop on SIGINT, even started with
-  SIGINT ignored (a background job of a script).
+  SIGINT ignored (a background job of a script); a second consumer of a subscription says it
+  waits, and stops on SIGINT.
 """
 
 from __future__ import annotations
@@ -172,6 +173,46 @@ def test_a_background_producer_waiting_for_its_lease_stops_on_sigint(env: Env) -
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_second_consumer_of_a_subscription_says_it_waits_and_stops_on_sigint(env: Env) -> None:
+    """Anything that waits longer than 1 s says what it waits for (issue 42): a second ``ordq
+    consume`` of a subscription another consumer holds waited without a word; it says whose
+    turn it waits for, and SIGINT stops it there."""
+    holder = _background(env, "consume", "b", "-s", "held", "--count", "1000000", "--quiet", name="holder")
+    try:
+        wait_until(lambda: env.cluster.consumer_lease("b", "held"), timeout_s=load_stretched(60),
+                   what="the first consumer holds b/held")
+        second = _background(env, "consume", "b", "-s", "held", "--count", "1", name="second")
+        code = _stops_on_sigint(env, second, "second", ready="waiting to be the consumer of b/held")
+        assert code == 128 + signal.SIGINT, (env.cluster.base / "second.log").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_tls_mismatch_is_named_not_taken_for_a_cluster_that_does_not_answer(env: Env, tmp_path: Path) -> None:
+    """Errors name the real cause (issue 42): a command without the cluster's TLS credentials,
+    or with another cluster's CA, read "no coordinator answered ... is the cluster running?"
+    after --zk-timeout while the coordinator ran."""
+    from ordq.common.security import ensure_pki
+
+    c = env.cluster
+
+    def queue_list(credentials: dict[str, object]) -> str:
+        path = tmp_path / f"credentials-{len(credentials)}.json"
+        path.write_text(json.dumps({"clusters": {f"{c.hosts}{c.root}": credentials}}))
+        done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", c.bootstrap, "--zk-timeout", "1",
+                               "queue", "list"], capture_output=True, text=True, timeout=load_stretched(120), cwd=REPO,
+                              env={**os.environ, "ORDQ_CREDENTIALS": str(path), "ORDQ_TOKEN": env.admin}, check=False)
+        assert done.returncode == 1 and done.stdout == "" and len(done.stderr.splitlines()) == 1, done
+        return done.stderr
+
+    coordinators = {"coordinators": c.bootstrap.split(",")}
+    assert "speaks TLS and this command has no TLS credentials for the cluster" in queue_list(coordinators)
+    _, other = ensure_pki(tmp_path / "another-cluster")
+    err = queue_list({**coordinators, **other.to_dict()})
+    assert f"not signed by the CA this command trusts ({other.ca_file})" in err, err
 
 
 def _catches_sigint(pid: int) -> bool:

@@ -93,6 +93,9 @@ def _verbs() -> list[Verb]:
              na={**read, "wrong-queue": "groups serve every queue: a valid token with any role may list them"}),
         Verb("group drain", ("group", "drain", "g1"), "admin"),
         Verb("top", ("top", Q, "--once", "--interval", "0.1"), "read", na=read),
+        # Any cluster's processes, asked by its elected coordinator (the admin verb ``cluster
+        # status``, issue 42); stopped: no coordinator and no ZooKeeper answer, one line naming both.
+        Verb("status-any", ("status",), "admin", admin_api=True),
         # The local cluster's processes, from its folder: stopped, it exits 3 with a table of what
         # is down (its documented contract); what is run here for "stopped" is a folder with no
         # cluster in it: one line, exit 1.

@@ -154,6 +154,11 @@ def test_auth_cli_creates_lists_revokes_and_admin_verbs_need_the_admin_role(
     assert os.environ.get("ORDQ_TOKEN") is None  # --token does not outlive the command
     code, _, err = run("--token", reader, "auth", "create", "--role", "admin")
     assert code == 1 and "permission denied" in err
+    # `ordq status` is the admin verb `cluster status` (issue 42): a refusal is its one line
+    code, out, err = run("--token", reader, "status")
+    assert code == 1 and out == "" and "permission denied: 'admin'" in err, err
+    code, out, _ = run("status")
+    assert code == 0 and "coordinator leader: " in out and "g1/master" in out, out
     code, out, _ = run("auth", "revoke", token_id(reader))
     assert code == 0 and "revoked" in out
     code, _, err = run("auth", "revoke", token_id(reader))

@@ -1,16 +1,22 @@
 """``ordq status`` of any cluster (issue 42: it knew only clusters started by ``ordq up``): a
 cluster of real processes started by tests/cluster.py, which no --dir describes, read from
-what its ZooKeeper registers; a broker killed -9 turns it unhealthy (exit 3)."""
+what its ZooKeeper registers; a broker killed -9 turns it unhealthy (exit 3). One admin call:
+the elected coordinator asks every process (the command loads no ZooKeeper client, no attrs);
+with the coordinator killed the command asks them itself, through ZooKeeper."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from ordq import __version__
 from ordq.cluster_live import Contender, parse_srvr, zk_servers
-from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.cluster import REPO, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -37,6 +43,17 @@ def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster
     (coordinator,) = [p for p in doc["processes"] if p["kind"] == "coordinator"]
     assert coordinator["state"] == "leader" and coordinator["version"] == __version__
     assert doc["leader"] == coordinator["name"] and coordinator["listen"] in cluster.bootstrap.split(",")
+    assert doc["asked_by"] == "coordinator", doc
+    # named by its coordinators' addresses alone: the same, with the ZooKeeper and root they serve
+    env = {k: v for k, v in os.environ.items() if k not in ("ORDQ_ZK", "ORDQ_ROOT", "ORDQ_CONTEXT")}
+    done = subprocess.run([sys.executable, "-m", "ordq.cli", "--bootstrap", cluster.bootstrap, "--json", "status"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
+                          check=False)
+    by_address = json.loads(done.stdout or "{}")
+    assert done.returncode == 0 and by_address["asked_by"] == "coordinator", done.stdout + done.stderr
+    assert (by_address["zk"], by_address["root"]) == (cluster.hosts, cluster.root), by_address
+    # what the command loaded: one admin call (tests/test_cli_quick.py pins the same for queue list)
+    assert _loaded_by(cluster, "status") == []
 
     victim = cluster.groups["g2"].slave
     victim.kill()  # kill -9
@@ -56,6 +73,30 @@ def test_status_of_a_cluster_from_zookeeper_and_a_broker_killed(cluster: Cluster
     # may list the slave by the address its group recorded either way)
     assert "not live" in row or "no answer" in row, row
 
+    # the coordinators are what is down: the command asks every process itself, through ZooKeeper
+    for proc in cluster.coordinators:
+        proc.kill()
+    rc, doc = _status(cluster)
+    assert rc == EXIT_UNHEALTHY and doc["asked_by"].startswith("no coordinator answered"), doc
+    coordinators = [p for p in doc["processes"] if p["kind"] == "coordinator"]
+    assert coordinators and not any(p["healthy"] for p in coordinators), coordinators
+    assert {p["name"]: p["state"] for p in doc["processes"]}["g1/master"] == "live"
+
+
+HEAVY = ("attrs", "attr", "kazoo", "uuid", "platform", "ordq.cluster_health", "ordq.local_cluster",
+         "ordq.cluster_config", "ordq.zk_server", "ordq.common.security", "ordq.coordinator.state", "ordq.sdk")
+
+
+def _loaded_by(cluster: Cluster, *argv: str) -> list[str]:
+    """The modules of ``HEAVY`` an ``ordq`` command on ``cluster`` loads, run as a program."""
+    code = ("import json, sys\nfrom ordq.cli import main\n"
+            f"code = main({['--zk', cluster.hosts, '--root', cluster.root, *argv]!r})\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1])
+
 
 def test_contender_identifiers_and_srvr_answers_parse() -> None:
     assert Contender.parse("h-12@http://127.0.0.1:9/metrics@127.0.0.1:7000") == Contender(
@@ -67,3 +108,25 @@ def test_contender_identifiers_and_srvr_answers_parse() -> None:
     assert parse_srvr(srvr) == ("leader", "3.8.0")
     assert parse_srvr("This ZooKeeper instance is not currently serving requests") == (None, "")
     assert zk_servers("a:1,b:2/chroot") == [("a", 1), ("b", 2)]
+
+
+def test_srvr_presents_what_the_zookeeper_session_presents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator's own credentials do not say that ZooKeeper speaks TLS (its session finds
+    that registered): ``srvr`` in its sweep went in plaintext to a TLS-only ZooKeeper, and every
+    ``ordq up`` cluster showed zk1 "no answer" (issue 42)."""
+    from ordq.cluster_live import zk_tls_credentials
+    from ordq.common import security
+    from ordq.common.security import Credentials, remember_zk_tls
+
+    monkeypatch.setenv("ORDQ_CREDENTIALS", str(tmp_path / "credentials.json"))
+    monkeypatch.setattr(security, "_ZK_TLS", {})
+    files = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "cert", "key")}
+    own = Credentials(ca_file=files["ca"], cert_file=files["cert"], key_file=files["key"], token="t")
+    assert zk_tls_credentials("h:1", own) is own  # plaintext ZooKeeper: as given
+    remember_zk_tls("h:1", Credentials(ca_file=files["ca"], cert_file=files["cert"], key_file=files["key"],
+                                       zk_tls=True))
+    found = zk_tls_credentials("h:1", own)
+    assert found.zk_tls and (found.ca_file, found.cert_file, found.key_file) == (files["ca"], files["cert"],
+                                                                                 files["key"])
+    said = Credentials(ca_file=files["ca"], cert_file=files["cert"], key_file=files["key"], zk_tls=True)
+    assert zk_tls_credentials("other:2", said) is said

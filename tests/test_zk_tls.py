@@ -5,6 +5,7 @@ four-letter word is answered."""
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +107,13 @@ def test_a_local_cluster_with_zookeeper_over_tls_serves(tmp_path: Path, capsys: 
         res = subprocess.run([sys.executable, "-m", "ordq.cli", *zk, "queue", "list"],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
+        # the status of the cluster by its name: its coordinator asks every process, ZooKeeper by
+        # srvr over TLS with what its own ZooKeeper session presents (issue 42)
+        res = subprocess.run([sys.executable, "-m", "ordq.cli", *zk, "--json", "status"],
+                             capture_output=True, text=True, timeout=60)
+        doc = json.loads(res.stdout or "{}")
+        assert res.returncode == 0 and doc["asked_by"] == "coordinator", res.stdout + res.stderr
+        assert {p["name"]: p["state"] for p in doc["processes"]}["zk1"] == "standalone", doc
     finally:
         cluster.destroy()
 

@@ -21,6 +21,20 @@ from ordq.cli_args import Given
 from ordq.common.errors import ConfigError
 from ordq.common.units import format_duration, format_size, parse_duration, parse_size
 
+# The commands that hold no ZooKeeper session (they ask the coordinator, clients and admin verbs
+# alike): their help leaves out --zk-auth and --zk-auth-file, which they still take (issue 42:
+# help lists only the flags a command uses). By the command's first word, but for the ones named
+# in ``ZK_SESSION_UNDER`` (``topic group`` reads ZooKeeper).
+NO_ZK_SESSION = frozenset({"queue", "sub", "topic", "auth", "peek", "find", "context", "produce", "consume", "verify",
+                           "cdc", "outbox", "mirror"})
+ZK_SESSION_UNDER = ("topic group",)
+
+
+def _holds_no_zk_session(subparsers: Any, name: str) -> bool:
+    words = [*str(getattr(subparsers, "_prog_prefix", "")).split()[1:], name]  # "ordq queue" + "list"
+    path = " ".join(words)
+    return words[0] in NO_ZK_SESSION and not any(path.startswith(p) for p in ZK_SESSION_UNDER)
+
 
 def add_command(
     subparsers: Any,
@@ -43,10 +57,11 @@ def add_command(
                         help="the coordinators' addresses (env ORDQ_BOOTSTRAP)")
     parser.add_argument("--zk", action=Given, default=argparse.SUPPRESS, help="ZooKeeper connection string")
     parser.add_argument("--root", action=Given, default=argparse.SUPPRESS, help="ZooKeeper path prefix")
+    hidden = _holds_no_zk_session(subparsers, name)
     parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",
-                        help="ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
+                        help=argparse.SUPPRESS if hidden else "ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
     parser.add_argument("--zk-auth-file", type=Path, default=argparse.SUPPRESS, metavar="PATH",
-                        help="read the ZooKeeper credential from this file")
+                        help=argparse.SUPPRESS if hidden else "read the ZooKeeper credential from this file")
     if func is not None:
         # daemon: a long-running process (logs INFO); admin: needs the admin role; reads: a
         # valid token with any role on the queue(s) it shows (open_store checks both)

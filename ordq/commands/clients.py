@@ -240,7 +240,11 @@ def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
     n = 0
     last = None
     idle_since = time.monotonic()
-    with consumer, _Interrupt() as interrupt:
+    with _Interrupt() as interrupt, contextlib.ExitStack() as stack:
+        # One consumer of a subscription at a time: a second one waits for the lease, and says so
+        # after a second (issue 42: it waited without a word); Ctrl-C stops it there at once.
+        with interrupt.blocking(), saying(_waiting_to_consume(args)):
+            stack.enter_context(consumer)
         while (args.count is None or n < args.count) and not interrupt.stop.is_set():
             batch = consumer.poll(max_messages=(args.count - n) if args.count is not None else None)
             if not batch:
@@ -262,6 +266,11 @@ def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
                 print(f"ordq: warning: not committed ({exc.reason}): the messages printed since the last commit "
                       "are delivered again", file=sys.stderr)
     return n, (last.seq if last is not None else None)
+
+
+def _waiting_to_consume(args: argparse.Namespace) -> str:
+    return (f"waiting to be the consumer of {args.queue}/{args.subscription} (one at a time: another holds it; "
+            "Ctrl-C stops)")
 
 
 def _consume_keyed(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
@@ -292,7 +301,9 @@ def _consume_keyed(args: argparse.Namespace, consumer: Any) -> tuple[int, int | 
 
     if args.idle_exit is not None:
         threading.Thread(target=watch_idle, daemon=True).start()
-    with consumer, _Interrupt(stop):
+    with _Interrupt(stop) as interrupt, contextlib.ExitStack() as stack:
+        with interrupt.blocking(), saying(_waiting_to_consume(args)):
+            stack.enter_context(consumer)
         try:
             consumer.run_keyed(handler, workers=args.workers, stop=stop, drain=False)
         except HandlerError as exc:

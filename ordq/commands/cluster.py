@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ordq.cluster_config import DEFAULT_FOLDER, ClusterConfig
-from ordq.cluster_health import ProcessStatus
+from ordq.cluster_folder import DEFAULT_FOLDER, holds_cluster
 from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
-from ordq.common.errors import ConfigError, ExternalProcessError
-from ordq.common.security import credentials_path
-from ordq.local_cluster import LocalCluster, wipe_files
 from ordq.output import emit_json, table
+
+# ``ordq status`` of a running cluster is one admin call (issue 42: ≤ 0.25 s on a quiet box): it
+# loads neither the local cluster's classes nor attrs, ZooKeeper's client or the certificate code
+# (tests/test_cli_quick.py pins it); ``up``, ``down`` and the local view import them.
+if TYPE_CHECKING:
+    from ordq.cluster_config import ClusterConfig
+    from ordq.local_cluster import LocalCluster
 
 DEFAULT_ZK_PORT = 2181  # the CLI's default --zk: after `ordq up`, `ordq queue list` just works
 EXIT_UNHEALTHY = 3
@@ -70,7 +73,8 @@ def register(subparsers: Any) -> None:
         description="Every process of a cluster with where it listens, its health and version, and the elected "
         "coordinator; exit 3 if one is unhealthy. The local cluster in --dir, when there is one and neither "
         "--zk, --context nor ORDQ_ZK names another; else any cluster (deployed by hand too), from the processes "
-        "registered in its ZooKeeper, each asked live (ZooKeeper srvr, broker Health, coordinator /health).")
+        "registered in its ZooKeeper, each asked live (ZooKeeper srvr, broker Health, coordinator /health) by the "
+        "elected coordinator, or by this command when none answers within --zk-timeout.")
     status.add_argument("--dir", type=Path, default=None,
                         help=f"folder of a local cluster (ordq up; default {DEFAULT_FOLDER} when it holds one)")
 
@@ -82,6 +86,10 @@ def _dir_option(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> ClusterConfig | None:
     """The shape asked for on the command line; None: as saved in --dir (or the defaults)."""
+    from ordq.cluster_config import ClusterConfig
+    from ordq.common.errors import ConfigError
+    from ordq.local_cluster import LocalCluster
+
     fresh = not LocalCluster.exists(args.dir)
     asked = any(v is not None for v in (args.groups, args.zk_nodes, args.zk_port, args.coordinators, args.insecure))
     asked = asked or args.no_zk_acl or args.zk_tls is not None or args.prometheus_url is not None
@@ -117,15 +125,18 @@ def _config(args: argparse.Namespace) -> ClusterConfig | None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from ordq.common.security import credentials_path
+    from ordq.local_cluster import LocalCluster
+
     cluster = LocalCluster(args.dir, _config(args))
     report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
     cluster.detach()  # they keep running after this command
     context = _select_context(cluster)
-    statuses = cluster.status()
+    statuses = [s.to_dict() for s in cluster.status()]
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root, "context": context,
                    "bootstrap": cluster.bootstrap, "started": list(report.started), "notes": list(report.notes),
-                   "processes": [s.to_dict() for s in statuses], "metrics": cluster.metrics_urls()})
+                   "processes": statuses, "metrics": cluster.metrics_urls()})
         return 0
     for note in report.notes:
         print(f"note: {note}")
@@ -170,6 +181,8 @@ def _select_context(cluster: LocalCluster) -> str:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from ordq.local_cluster import LocalCluster
+
     if not LocalCluster.exists(args.dir):
         # No state file: nothing of a cluster runs from here, but a start that failed in an
         # older version (or a crash) may have left its files; --wipe deletes those too.
@@ -201,6 +214,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 def wipe_leftovers(folder: Path) -> list[str]:
     """``wipe_files`` for a folder without a cluster state file, unless a ZooKeeper it holds
     still runs (then the caller stops it first: ordq zk stop)."""
+    from ordq.common.errors import ExternalProcessError
+    from ordq.local_cluster import wipe_files
     from ordq.zk_server import CONFIG_FILE, ZkServer
 
     zk = folder / "zk"
@@ -212,62 +227,135 @@ def wipe_leftovers(folder: Path) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     import os
 
+    from ordq.bootstrap import bootstrap_of
+
     named = "zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK") or args.context \
-        or os.environ.get("ORDQ_CONTEXT")
-    if named and args.dir is None and LocalCluster.exists(DEFAULT_FOLDER):
+        or os.environ.get("ORDQ_CONTEXT") or bootstrap_of(args)
+    if named and args.dir is None and holds_cluster(DEFAULT_FOLDER):
+        from ordq.local_cluster import LocalCluster
+
         local = LocalCluster.load(DEFAULT_FOLDER)
         if (local.zk_hosts, local.root) == (getattr(args, "zk", None), getattr(args, "root", None)):
             named = False  # it names the local cluster itself (ORDQ_ZK as `ordq up` printed it): its view
-    if args.dir is None and (named or not LocalCluster.exists(DEFAULT_FOLDER)):
+    if args.dir is None and (named or not holds_cluster(DEFAULT_FOLDER)):
         from ordq.contexts import selected
 
         if named or selected(None) is not None:
             return _live_status(args)
         # nothing names a cluster: "no local cluster in .ordq" (with what to do), as before
+    from ordq.local_cluster import LocalCluster
+
     args.dir = args.dir or DEFAULT_FOLDER
     cluster = LocalCluster.load(args.dir)
-    statuses = cluster.status()
-    healthy = all(s.healthy for s in statuses)
+    statuses = [s.to_dict() for s in cluster.status()]
+    healthy = all(s["healthy"] for s in statuses)
     if wants_json(args):
         emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root, "healthy": healthy,
-                   "bootstrap": cluster.bootstrap, "processes": [s.to_dict() for s in statuses]})
+                   "bootstrap": cluster.bootstrap, "processes": statuses})
     else:
         print(f"local cluster in {cluster.folder}: ZooKeeper {cluster.zk_hosts}, root {cluster.root}")
         print(f"coordinators (bootstrap): {cluster.bootstrap or '-'}")
         _print_table(statuses)
         if not healthy:
-            print("\nunhealthy: " + ", ".join(s.name for s in statuses if not s.healthy)
+            print("\nunhealthy: " + ", ".join(s["name"] for s in statuses if not s["healthy"])
                   + f" (logs in {cluster.folder}; ordq up --dir {args.dir} starts what is down)")
     return 0 if healthy else EXIT_UNHEALTHY
 
 
 def _live_status(args: argparse.Namespace) -> int:
-    """``ordq status`` of any cluster: what its ZooKeeper registers, each process asked live."""
-    from ordq.cluster_live import live_status
-    from ordq.commands import open_store
-    from ordq.common.security import lookup
+    """``ordq status`` of any cluster: every process its ZooKeeper registers, asked live. One
+    admin call: the elected coordinator asks them (``cluster status``, ordq/admin/api.py), over
+    the channels it keeps; when no coordinator answers (or none is known for the cluster, or it
+    predates the verb), this command asks them itself, through ZooKeeper, as before."""
     from ordq.contexts import apply
 
     apply(args)  # the cluster named by --context, ORDQ_CONTEXT or the current context
-    store = open_store(args)
-    try:
-        statuses = live_status(store, args.zk, lookup(args.zk, args.root))
-    finally:
-        store.close()
-    healthy = all(s.healthy for s in statuses)
-    leader = next((s.name for s in statuses if s.kind == "coordinator" and s.state == "leader"), None)
+    doc, why = _status_from_coordinator(args)
+    if doc is None:
+        if why is not None and _by_bootstrap_only(args):
+            # --bootstrap alone names the cluster: no ZooKeeper to ask instead (not --zk's default)
+            from ordq.common.errors import CoordinationUnavailable
+
+            raise CoordinationUnavailable(why)
+        doc = _status_from_zookeeper(args, why)
+    statuses, leader, healthy = doc["processes"], doc["leader"], doc["healthy"]
+    zk, root = doc.get("zk", args.zk), doc.get("root", args.root)  # the coordinator's: --bootstrap may name it
     if wants_json(args):
-        emit_json({"zk": args.zk, "root": args.root, "healthy": healthy, "leader": leader,
-                   "processes": [s.to_dict() for s in statuses]})
+        emit_json({"zk": zk, "root": root, "healthy": healthy, "leader": leader,
+                   "processes": statuses, "asked_by": doc["asked_by"]})
     else:
-        print(f"cluster: ZooKeeper {args.zk}, root {args.root}; coordinator leader: {leader or '-'}")
+        print(f"cluster: ZooKeeper {zk}, root {root}; coordinator leader: {leader or '-'}")
         _print_table(statuses)
         if not healthy:
-            print("\nunhealthy: " + ", ".join(s.name for s in statuses if not s.healthy))
+            print("\nunhealthy: " + ", ".join(s["name"] for s in statuses if not s["healthy"]))
+        if doc["asked_by"] != "coordinator":
+            print(f"\n(asked by this command: {doc['asked_by']})")
     return 0 if healthy else EXIT_UNHEALTHY
 
 
-def _print_table(statuses: list[ProcessStatus]) -> None:
-    rows = [{"process": s.name, "pid": s.pid, "listen": s.listen, "state": s.state, "healthy": s.healthy,
-             "version": s.version or None, "detail": s.detail or None} for s in statuses]
+def _by_bootstrap_only(args: argparse.Namespace) -> bool:
+    """Whether --bootstrap (or ORDQ_BOOTSTRAP) alone names the cluster: no --zk, ORDQ_ZK or context."""
+    import os
+
+    from ordq.bootstrap import bootstrap_of
+
+    return bootstrap_of(args) is not None and not ("zk" in getattr(args, "given", ()) or os.environ.get("ORDQ_ZK")
+                                                   or args.context or os.environ.get("ORDQ_CONTEXT"))
+
+
+def _status_from_coordinator(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | None]:
+    """The elected coordinator's sweep, or (None, why) when none can give it: none is known for
+    the cluster, none answered within --zk-timeout, or it does not know the verb. A
+    refusal (a token without the admin role) is the command's error."""
+    from ordq.bootstrap import bootstrap_of, coordinator, timeout_of
+    from ordq.commands import ADMIN_CALL_TIMEOUT_S, saying
+    from ordq.common.client_tls import registered_bootstrap
+    from ordq.common.errors import ConfigError, CoordinationUnavailable
+
+    if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
+        return None, None
+    # Reached as every admin command reaches them, within --zk-timeout: a shorter bound made a
+    # slow answer (a busy box: the command's own TLS handshake waits for a core) fall back to the
+    # command's own sweep, three times the work (issue 42).
+    try:
+        with coordinator(args) as client, saying(f"waiting for the coordinators at {', '.join(client.coordinators)} "
+                                                 "to answer cluster status"):
+            doc = client.admin("cluster status", timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args))
+    except CoordinationUnavailable as exc:
+        return None, str(exc)
+    except ConfigError as exc:
+        if "unknown admin verb" in str(exc) or "does not sweep" in str(exc):
+            return None, str(exc)  # a coordinator of an older version
+        raise
+    return {**doc, "asked_by": "coordinator"}, None
+
+
+def _status_from_zookeeper(args: argparse.Namespace, why: str | None) -> dict[str, Any]:
+    """This command's own sweep: what ZooKeeper registers (with the admin ZooKeeper credential),
+    each process asked live. ``why``: why no coordinator gave it (None: none is known), named in
+    the error when ZooKeeper does not answer either."""
+    from ordq.cluster_live import live_status
+    from ordq.commands import open_store
+    from ordq.common.errors import CoordinationUnavailable, OrdqError
+    from ordq.common.security import lookup
+
+    try:
+        store = open_store(args)
+    except OrdqError as exc:
+        if why is None:
+            raise
+        raise CoordinationUnavailable(f"{why}; and {exc}") from exc
+    try:
+        statuses = [s.to_dict() for s in live_status(store, args.zk, lookup(args.zk, args.root))]
+    finally:
+        store.close()
+    leader = next((s["name"] for s in statuses if s["kind"] == "coordinator" and s["state"] == "leader"), None)
+    return {"processes": statuses, "leader": leader, "healthy": all(s["healthy"] for s in statuses),
+            "asked_by": "no coordinator answered: from ZooKeeper"}
+
+
+def _print_table(statuses: list[dict[str, Any]]) -> None:
+    rows = [{"process": s["name"], "pid": s["pid"], "listen": s["listen"], "state": s["state"],
+             "healthy": s["healthy"], "version": s["version"] or None, "detail": s["detail"] or None}
+            for s in statuses]
     table(rows, ["process", "pid", "listen", "state", "healthy", "version", "detail"])

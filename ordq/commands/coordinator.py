@@ -270,7 +270,16 @@ def _admin_verbs(creds: Credentials, known: Any = None, rebalance: Any = None) -
             pass
 
     transport = Kept(rpc_timeout_s=1.0, credentials=creds)
-    return admin_verbs(lambda store: ReplicaReader(store, transport), known=known, rebalance=rebalance)
+
+    def processes(store: Any) -> list[dict[str, Any]]:
+        """``ordq status`` (issue 42): every process asked by this coordinator, with its own
+        credentials and over the channels it keeps (no TLS handshake with a broker per status)."""
+        from ordq.cluster_live import live_status
+
+        return [s.to_dict() for s in live_status(store, store.hosts, creds, transport=transport)]
+
+    return admin_verbs(lambda store: ReplicaReader(store, transport), known=known, rebalance=rebalance,
+                       processes=processes)
 
 
 def _prober(store: Any, creds: Credentials) -> Any:
