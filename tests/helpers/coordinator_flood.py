@@ -1,6 +1,7 @@
 """A hand-made flooding client of the coordinator service (tests/test_coordinator_defences.py):
 THREADS threads over CONNECTIONS channels call Describe and Subscribe as fast as they are
-answered, with one token, until stdin closes; then prints its counts as JSON.
+answered, with one token, until stdin closes; then prints its counts as JSON (and so far, at
+each line read from stdin).
 
     python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE
 """
@@ -49,7 +50,9 @@ def main() -> int:
     for t in workers:
         t.start()
     print("FLOODING", flush=True)
-    sys.stdin.read()
+    for _line in sys.stdin:  # each line read: the counts so far, as JSON (a measurement's marks)
+        with lock:
+            print(json.dumps(dict(counts)), flush=True)
     stop.set()
     for t in workers:
         t.join(timeout=35)
