@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ordq.common.errors import AlreadyExists, QueueNotFound
 from ordq.coordinator import state as sm
 from ordq.coordinator.service import CoordinatorService
 from ordq.coordinator.state import Facts
@@ -61,3 +62,24 @@ def test_a_pop_that_can_drop_nothing_is_answered_from_one_read(service: Coordina
         answer = json.loads(service._pop(q).state_json)
         assert requests_waited() - before > 5
         assert [x["seg"] for x in answer["consume"]] == ([seg, seg + 1] if q == "a" else [seg + 1])
+
+
+def test_a_subscribe_of_one_that_exists_is_refused_on_one_read(service: CoordinatorService) -> None:
+    """Creating it again wrote a transaction (the state and the cursor) that ZooKeeper's leader
+    refused: ~5 requests and 6.6 ms of the coordinator's and ZooKeeper's CPU for a call that
+    changes nothing. Refused AlreadyExists as before, on one read; a new one is still created,
+    and one on a queue that does not exist is still QueueNotFound."""
+    store = service.store
+    store.add_group("g1")
+    store.create_queue("a", ["g1"])
+    store.create_subscription("a", "s")
+    version = store.client.exists(store.paths.state("a")).version
+    before = requests_waited()
+    with pytest.raises(AlreadyExists):
+        service._subscribe(pb.SubscribeRequest(queue="a", subscription="s"))
+    assert requests_waited() - before == 1
+    assert store.client.exists(store.paths.state("a")).version == version
+    cursor = json.loads(service._subscribe(pb.SubscribeRequest(queue="a", subscription="t")).cursor_json)
+    assert store.get_cursor("a", "t")[0].to_dict() == cursor
+    with pytest.raises(QueueNotFound):
+        service._subscribe(pb.SubscribeRequest(queue="nope", subscription="s"))
