@@ -174,20 +174,38 @@ class SlotBook:
 @attrs.define
 class CallerTime(RequestTime):
     """The brokers' request-time buckets (``RequestTime``), held under the coordinator's own rule
-    of contention: a caller over its share is held while another caller that *used less lately*
-    (its charges decayed with ``half_life_s``) called within ``contention_s``.
+    of contention: a caller over its share is held while a *lighter* caller called within
+    ``contention_s``: one with fewer other calls in flight (``begin``/``end``), or as many and
+    less used lately (its charges decayed with ``half_life_s``).
 
     The brokers hold a token only while another keeps to its share (more than half its bucket
     left). Here the costs are ZooKeeper requests as well as CPU, and a neighbour committing
     every 20 ms may be over the share now and then: the flood was then never held. Compared with
-    the others' use instead, a flood is held whenever a lighter caller is active, and a caller is
-    never held because of a heavier one; two callers over their shares are held in turn until
-    their use is level (max-min fair). Work-conserving as the brokers': a caller alone, or the
-    lightest of those active, is never held, and owes nothing for what it took meanwhile."""
+    the others instead, a flood (dozens of calls waiting) is held whenever a neighbour calling
+    one at a time is active, whatever either used, and a caller is never held because of a
+    heavier one; two callers alike over their shares are held in turn until their use is level
+    (max-min fair). Work-conserving as the brokers': a caller alone, or the lightest of those
+    active, is never held, and owes nothing for what it took meanwhile."""
 
     half_life_s: float = 1.0
     _recent: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # caller -> (charged s, at), decayed
     _mean: dict[str, float] = attrs.field(factory=dict)  # caller -> what its calls cost, moving average
+    _calls: dict[str, int] = attrs.field(factory=dict)  # caller -> its calls in flight (begin, not yet end)
+
+    def begin(self, token: str) -> None:
+        """A call of ``token`` arrived (until ``end``: waiting, held, or running)."""
+        self._calls[token] = self._calls.get(token, 0) + 1
+
+    def end(self, token: str) -> None:
+        left = self._calls.get(token, 0) - 1
+        if left > 0:
+            self._calls[token] = left
+        else:
+            self._calls.pop(token, None)
+
+    def _weight(self, token: str, now: float, own: int) -> tuple[int, float]:
+        """How heavy ``token`` is now: its calls in flight besides ``own`` of them, then its use lately."""
+        return max(0, self._calls.get(token, 0) - own), self.recent(token, now)
 
     def recent(self, token: str, now: float) -> float:
         """Seconds charged to ``token`` lately, decayed with ``half_life_s``."""
@@ -195,9 +213,11 @@ class CallerTime(RequestTime):
         return float(seconds * 0.5 ** (max(now - at, 0.0) / self.half_life_s))
 
     def contended(self, token: str, now: float) -> bool:
+        """Whether a lighter caller than ``token`` (see the class doc; the call being judged not
+        counted among ``token``'s in flight) called within ``contention_s``."""
         window = self.config.contention_s
-        mine = self.recent(token, now)
-        return any(other != token and (window is None or now - at <= window) and self.recent(other, now) < mine
+        mine = self._weight(token, now, 1)
+        return any(other != token and (window is None or now - at <= window) and self._weight(other, now, 0) < mine
                    for other, at in self._active.items())
 
     def charge(self, token: str | None, seconds: float, now: float) -> None:
@@ -277,6 +297,17 @@ class FairTurns:
     @contextlib.contextmanager
     def turn(self, holder: str, _rpc: str = "") -> Iterator[None]:
         """Around one call's work: returns once it has a slot; TurnRefused when it may not wait."""
+        with self._cond:
+            self.request_time.begin(holder)
+        try:
+            with self._turn(holder):
+                yield
+        finally:
+            with self._cond:
+                self.request_time.end(holder)
+
+    @contextlib.contextmanager
+    def _turn(self, holder: str) -> Iterator[None]:
         cfg = self.config
         arrived = self._clock()
         try:

@@ -47,19 +47,24 @@ def test_a_call_is_charged_its_zookeeper_requests_and_its_frame() -> None:
     assert turns.request_time.recent("flooder", fake.now) == pytest.approx(expected)
 
 
-def _simulate(neighbour_every_s: float | None, seconds: float = 10.0) -> tuple[int, int, float]:
-    """A flooder calling Describe back to back (one at a time, as its part of the slots allows)
-    beside a neighbour committing every ``neighbour_every_s`` (None: alone), on CallerTime's
-    accounting; (the flooder's calls served, the neighbour's delayed, its charges per second)."""
+def _simulate(neighbour_every_s: float | None, seconds: float = 10.0, flood_calls: int = 1) -> tuple[int, int, float]:
+    """A flooder calling Describe back to back (one running at a time, as its part of the slots
+    allows; ``flood_calls`` in flight in all, the rest waiting) beside a neighbour committing
+    every ``neighbour_every_s`` (None: alone), one call at a time, on CallerTime's accounting;
+    (the flooder's calls served, the neighbour's calls delayed, the neighbour's charges per second)."""
     rt = CallerTime(CFG.request_time, half_life_s=CFG.half_life_s)
+    for _ in range(flood_calls):
+        rt.begin("flooder")
     t, flood_next, next_commit = 0.0, 0.0, 0.0
     served = delayed = 0
     charged = 0.0
     while t < seconds:
         if neighbour_every_s is not None and t >= next_commit:
+            rt.begin("neighbour")
             if rt.delay_s("neighbour", t) > 0:
                 delayed += 1
             rt.charge("neighbour", COMMIT_S, t)
+            rt.end("neighbour")
             charged += COMMIT_S
             next_commit = t + neighbour_every_s
         if t >= flood_next:
@@ -78,21 +83,31 @@ def test_a_flood_is_held_to_its_share_while_a_lighter_neighbour_calls_and_never_
     """The drill's case: the neighbour commits every ~20 ms (under the share); the flood is
     served at most its share of seconds per second (~60 Describes/s) and the neighbour is never
     held. Alone, the flood is never held (work-conserving)."""
-    served, delayed, neighbour_rate = _simulate(0.020)
-    assert neighbour_rate < CFG.request_time.share
-    assert delayed == 0
-    bound = (CFG.request_time.share * 10 + CFG.request_time.burst_s) / DESCRIBE_S + 1
-    assert served <= bound, (served, bound)
-    alone, _, _ = _simulate(None)
-    assert alone >= 0.9 * 10 / DESCRIBE_S  # back to back, never waiting (0.5 ms steps)
+    for flood_calls in (1, 64):
+        served, delayed, neighbour_rate = _simulate(0.020, flood_calls=flood_calls)
+        assert neighbour_rate < CFG.request_time.share
+        assert delayed == 0
+        bound = (CFG.request_time.share * 10 + CFG.request_time.burst_s) / DESCRIBE_S + 1
+        assert served <= bound, (flood_calls, served, bound)
+        alone, _, _ = _simulate(None, flood_calls=flood_calls)
+        assert alone >= 0.9 * 10 / DESCRIBE_S  # back to back, never waiting (0.5 ms steps)
 
 
-def test_beside_a_neighbour_over_the_share_the_flood_gets_no_more_than_the_neighbour() -> None:
+def test_a_flood_of_many_calls_is_held_to_its_share_beside_a_neighbour_over_it_who_is_never_held() -> None:
     """A neighbour committing every 10 ms is over the share itself: the brokers' rule (hold a
     token only while another keeps to its share) then held nobody and the flood took what it
-    could. Held while a lighter caller calls, the flood's charges per second stay at about the
-    neighbour's (max-min fair)."""
-    served, _delayed, neighbour_rate = _simulate(0.010)
+    could. A flood with calls waiting is heavier than a neighbour calling one at a time, whatever
+    either used: it is held to its share, and the neighbour never."""
+    served, delayed, neighbour_rate = _simulate(0.010, flood_calls=64)
+    assert neighbour_rate > CFG.request_time.share
+    assert delayed == 0
+    assert served <= (CFG.request_time.share * 10 + CFG.request_time.burst_s) / DESCRIBE_S + 1, served
+
+
+def test_two_callers_alike_over_the_share_are_held_until_their_use_is_level() -> None:
+    """One call at a time each (as many in flight): the one that used more lately yields, so the
+    flood's charges per second stay at about the neighbour's (max-min fair)."""
+    served, _delayed, neighbour_rate = _simulate(0.010, flood_calls=1)
     assert neighbour_rate > CFG.request_time.share
     assert served * DESCRIBE_S / 10 <= neighbour_rate * 1.25 + CFG.request_time.burst_s, (served, neighbour_rate)
 
@@ -101,7 +116,8 @@ def test_beside_a_neighbour_over_the_share_the_flood_gets_no_more_than_the_neigh
 @given(st.lists(st.tuples(st.sampled_from(("a", "b", "c")), st.floats(0, 0.05), st.floats(0, 0.02)),
                 min_size=1, max_size=60))
 def test_the_lightest_caller_lately_is_never_held(calls: list[tuple[str, float, float]]) -> None:
-    """Whatever the callers do, the one that used the least lately is never held for another."""
+    """Whatever the callers do (one call at a time each), the one that used the least lately is
+    never held for another."""
     rt = CallerTime(CFG.request_time, half_life_s=CFG.half_life_s)
     now = 0.0
     for who, dt, cost in calls:
