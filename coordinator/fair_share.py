@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,16 +54,18 @@ from ordq.common.request_time import RequestTime, RequestTimeConfig
 
 def _default_request_time() -> RequestTimeConfig:
     # A caller's share of what the coordinator's calls cost the machine while a lighter caller
-    # called within the last second (``contention_s``; CallerTime): 0.25 s per s. A call is
+    # called within the last second (``contention_s``; CallerTime): 0.1 s per s. A call is
     # charged its handler's thread time, ``call_cost_us`` for the frame around it and
     # ``FairShareConfig.zk_request_cost_us`` per ZooKeeper request it waited for. Measured (a
     # hand-made client, one call at a time, load 1-3; docs/BENCHMARKS.md, stop e): a call refused
     # on its headers costs the coordinator 0.82-0.90 ms of CPU and ~18 context switches; each
     # ZooKeeper request of a call 0.72-0.76 ms more of the coordinator's and ZooKeeper's CPU
     # together (a Describe with config and live members: 4.8 requests, 4.3 ms in all; a Commit:
-    # 3.7 requests, 5.7 ms). So a neighbour committing every ~20 ms (~0.18 s/s) stays under the
-    # share, and a flood of Describes is served ~60 a second while it is active.
-    return RequestTimeConfig(share=0.25, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=600,
+    # 3.7 requests, 5.7 ms). So a flood of Describes is served ~25 a second while a neighbour
+    # calling one at a time is active (at 0.25 s per s, 57 a second: drill security-control-plane's
+    # flood had about that much already). A caller one call at a time is held only past
+    # ``FairShareConfig.heavy_share``.
+    return RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=600,
                              contention_s=1.0)
 
 
@@ -93,6 +96,9 @@ class FairShareConfig:
     # only waits for ZooKeeper, so its thread time alone missed most of what a call costs (a
     # flood's calls were charged ~0.7 ms each, 4.3 ms spent: never paced).
     zk_request_cost_us: int = 650
+    # Seconds per second past which a caller calling one at a time yields to one alike that used
+    # less (CallerTime): above a neighbour committing every 20 ms (~0.2 s per s).
+    heavy_share: float = 0.25
     max_paced_total: int = 64  # calls held for their caller's share at once, in all (each holds a worker)
 
     def __attrs_post_init__(self) -> None:
@@ -175,19 +181,24 @@ class SlotBook:
 class CallerTime(RequestTime):
     """The brokers' request-time buckets (``RequestTime``), held under the coordinator's own rule
     of contention: a caller over its share is held while a *lighter* caller called within
-    ``contention_s``: one with fewer other calls in flight (``begin``/``end``), or as many and
-    less used lately (its charges decayed with ``half_life_s``).
+    ``contention_s``: one with fewer other calls in flight (``begin``/``end``); or, once the
+    caller used more than ``heavy_share`` lately (its charges decayed with ``half_life_s``), one
+    with as many calls in flight that used less.
 
     The brokers hold a token only while another keeps to its share (more than half its bucket
     left). Here the costs are ZooKeeper requests as well as CPU, and a neighbour committing
     every 20 ms may be over the share now and then: the flood was then never held. Compared with
-    the others instead, a flood (dozens of calls waiting) is held whenever a neighbour calling
-    one at a time is active, whatever either used, and a caller is never held because of a
-    heavier one; two callers alike over their shares are held in turn until their use is level
-    (max-min fair). Work-conserving as the brokers': a caller alone, or the lightest of those
-    active, is never held, and owes nothing for what it took meanwhile."""
+    the others instead, a flood (dozens of calls waiting) is held to its share whenever a
+    neighbour calling one at a time is active, whatever either used, and a caller is never held
+    because of a heavier one. Callers one call at a time each (the slots run one call of each
+    while several call) are held only past ``heavy_share``, the heavier first, so that a
+    neighbour committing every 20 ms (~0.2 s per s) is never held for a lighter third caller,
+    while a caller calling back to back one at a time is held to about ``heavy_share``.
+    Work-conserving as the brokers': a caller alone, or the lightest of those active, is never
+    held, and owes nothing for what it took meanwhile."""
 
     half_life_s: float = 1.0
+    heavy_share: float = 0.25  # seconds per second: past it, a caller yields to one alike that used less
     _recent: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # caller -> (charged s, at), decayed
     _mean: dict[str, float] = attrs.field(factory=dict)  # caller -> what its calls cost, moving average
     _calls: dict[str, int] = attrs.field(factory=dict)  # caller -> its calls in flight (begin, not yet end)
@@ -203,10 +214,6 @@ class CallerTime(RequestTime):
         else:
             self._calls.pop(token, None)
 
-    def _weight(self, token: str, now: float, own: int) -> tuple[int, float]:
-        """How heavy ``token`` is now: its calls in flight besides ``own`` of them, then its use lately."""
-        return max(0, self._calls.get(token, 0) - own), self.recent(token, now)
-
     def recent(self, token: str, now: float) -> float:
         """Seconds charged to ``token`` lately, decayed with ``half_life_s``."""
         seconds, at = self._recent.get(token, (0.0, now))
@@ -216,9 +223,17 @@ class CallerTime(RequestTime):
         """Whether a lighter caller than ``token`` (see the class doc; the call being judged not
         counted among ``token``'s in flight) called within ``contention_s``."""
         window = self.config.contention_s
-        mine = self._weight(token, now, 1)
-        return any(other != token and (window is None or now - at <= window) and self._weight(other, now, 0) < mine
-                   for other, at in self._active.items())
+        calls = max(0, self._calls.get(token, 0) - 1)
+        used = self.recent(token, now)
+        # What a caller using heavy_share s per s for ever has lately: share * half-life / ln 2.
+        heavy = used > self.heavy_share * self.half_life_s / math.log(2)
+        for other, at in self._active.items():
+            if other == token or (window is not None and now - at > window):
+                continue
+            theirs = self._calls.get(other, 0)
+            if theirs < calls or (theirs == calls and heavy and self.recent(other, now) < used):
+                return True
+        return False
 
     def charge(self, token: str | None, seconds: float, now: float) -> None:
         if token is not None and seconds > 0:
@@ -279,7 +294,8 @@ class FairTurns:
         self._held: dict[str, int] = {}  # holder -> refusals being held
         self._n_paced = 0  # calls held for their caller's share, in all
         # guarded by _cond
-        self.request_time = CallerTime(self.config.request_time, half_life_s=self.config.half_life_s)
+        self.request_time = CallerTime(self.config.request_time, half_life_s=self.config.half_life_s,
+                                       heavy_share=self.config.heavy_share)
         self._seen: dict[str, float] = {}  # holder -> when its last call arrived
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # only its lock is used: each ticket waits on its own

@@ -80,14 +80,16 @@ def _simulate(neighbour_every_s: float | None, seconds: float = 10.0, flood_call
 
 
 def test_a_flood_is_held_to_its_share_while_a_lighter_neighbour_calls_and_never_alone() -> None:
-    """The drill's case: the neighbour commits every ~20 ms (under the share); the flood is
-    served at most its share of seconds per second (~60 Describes/s) and the neighbour is never
-    held. Alone, the flood is never held (work-conserving)."""
-    for flood_calls in (1, 64):
+    """The drill's case: the neighbour commits every ~20 ms (over the share, under the heavy
+    share) one call at a time. A flood with calls waiting is served at most its share of seconds
+    per second (~25 Describes/s); one calling back to back one at a time, about the heavy share;
+    the neighbour is never held. Alone, the flood is never held (work-conserving)."""
+    rt = CFG.request_time
+    for flood_calls, share in ((64, rt.share), (1, CFG.heavy_share * 1.3)):
         served, delayed, neighbour_rate = _simulate(0.020, flood_calls=flood_calls)
-        assert neighbour_rate < CFG.request_time.share
+        assert rt.share < neighbour_rate < CFG.heavy_share
         assert delayed == 0
-        bound = (CFG.request_time.share * 10 + CFG.request_time.burst_s) / DESCRIBE_S + 1
+        bound = (share * 10 + rt.burst_s) / DESCRIBE_S + 1
         assert served <= bound, (flood_calls, served, bound)
         alone, _, _ = _simulate(None, flood_calls=flood_calls)
         assert alone >= 0.9 * 10 / DESCRIBE_S  # back to back, never waiting (0.5 ms steps)
@@ -99,16 +101,16 @@ def test_a_flood_of_many_calls_is_held_to_its_share_beside_a_neighbour_over_it_w
     could. A flood with calls waiting is heavier than a neighbour calling one at a time, whatever
     either used: it is held to its share, and the neighbour never."""
     served, delayed, neighbour_rate = _simulate(0.010, flood_calls=64)
-    assert neighbour_rate > CFG.request_time.share
+    assert neighbour_rate > CFG.heavy_share
     assert delayed == 0
     assert served <= (CFG.request_time.share * 10 + CFG.request_time.burst_s) / DESCRIBE_S + 1, served
 
 
 def test_two_callers_alike_over_the_share_are_held_until_their_use_is_level() -> None:
-    """One call at a time each (as many in flight): the one that used more lately yields, so the
-    flood's charges per second stay at about the neighbour's (max-min fair)."""
+    """One call at a time each (as many in flight), both past the heavy share: the one that used
+    more lately yields, so the flood's charges per second stay at about the neighbour's (max-min)."""
     served, _delayed, neighbour_rate = _simulate(0.010, flood_calls=1)
-    assert neighbour_rate > CFG.request_time.share
+    assert neighbour_rate > CFG.heavy_share
     assert served * DESCRIBE_S / 10 <= neighbour_rate * 1.25 + CFG.request_time.burst_s, (served, neighbour_rate)
 
 

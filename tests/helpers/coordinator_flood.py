@@ -3,7 +3,9 @@ THREADS threads over CONNECTIONS channels call Describe and Subscribe as fast as
 answered, with one token, until stdin closes; then prints its counts as JSON (and so far, at
 each line read from stdin).
 
-    python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE
+    python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE [describe]
+
+(``describe``: Describe only, with the queue's config and live members.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ordq.wire import ordq_pb2_grpc as pb_grpc
 
 def main() -> int:
     address, creds_json, threads, connections, queue = sys.argv[1:6]
+    only_describe = sys.argv[6:7] == ["describe"]
     creds = Credentials.from_dict(json.loads(creds_json))
     md = (("authorization", f"Bearer {creds.token}"),)
     stubs = [pb_grpc.CoordinatorStub(channel(address, creds, ())) for _ in range(int(connections))]  # type: ignore[no-untyped-call]
@@ -33,7 +36,7 @@ def main() -> int:
         stub = stubs[i % len(stubs)]
         while not stop.is_set():
             try:
-                if i % 2:
+                if i % 2 or only_describe:
                     stub.Describe(pb.DescribeRequest(queue=queue, with_config=True, with_live=True), timeout=30,
                                   metadata=md)
                 else:
