@@ -96,11 +96,11 @@ def test_a_flood_is_held_to_its_share_while_a_lighter_neighbour_calls_and_never_
 
 
 def test_a_flood_of_many_calls_is_held_to_its_share_beside_a_neighbour_over_it_who_is_never_held() -> None:
-    """A neighbour committing every 10 ms is over the share itself: the brokers' rule (hold a
+    """A neighbour committing every 8 ms is over the share itself: the brokers' rule (hold a
     token only while another keeps to its share) then held nobody and the flood took what it
     could. A flood with calls waiting is heavier than a neighbour calling one at a time, whatever
     either used: it is held to its share, and the neighbour never."""
-    served, delayed, neighbour_rate = _simulate(0.010, flood_calls=64)
+    served, delayed, neighbour_rate = _simulate(0.008, flood_calls=64)
     assert neighbour_rate > CFG.heavy_share
     assert delayed == 0
     assert served <= (CFG.request_time.share * 10 + CFG.request_time.burst_s) / DESCRIBE_S + 1, served
@@ -109,7 +109,7 @@ def test_a_flood_of_many_calls_is_held_to_its_share_beside_a_neighbour_over_it_w
 def test_two_callers_alike_over_the_share_are_held_until_their_use_is_level() -> None:
     """One call at a time each (as many in flight), both past the heavy share: the one that used
     more lately yields, so the flood's charges per second stay at about the neighbour's (max-min)."""
-    served, _delayed, neighbour_rate = _simulate(0.010, flood_calls=1)
+    served, _delayed, neighbour_rate = _simulate(0.008, flood_calls=1)
     assert neighbour_rate > CFG.heavy_share
     assert served * DESCRIBE_S / 10 <= neighbour_rate * 1.25 + CFG.request_time.burst_s, (served, neighbour_rate)
 
