@@ -402,12 +402,13 @@ class FairTurns:
             rt.settle(holder, reserved, rt.config.call_cost_us / 1e6, self._clock())
 
     def _paced(self, holder: str, arrived: float) -> float:
-        """The caller's share (``request_time``), while a caller that used less lately called
-        within ``active_s`` (``CallerTime``): a caller over it waits, asleep, until it is not;
+        """The caller's share (``request_time``), while a lighter caller called within
+        ``active_s`` (``CallerTime``): a caller over it waits, asleep, until it is not;
         TurnRefused when the wait would pass ``max_delay_ms`` (answered after that long), or at
         once past ``max_held`` of its calls (``max_paced_total`` in all) waiting so: then held as
-        a refused turn (``hold_refused_ms``) while there is room, so that it does not come back
-        at once. Returns the seconds charged ahead for the call (``CallerTime.reserve``)."""
+        a refused turn while there is room (as long as its debt lasts, between ``hold_refused_ms``
+        and ``max_delay_ms``), so that it does not come back at once. Returns the seconds
+        charged ahead for the call (``CallerTime.reserve``)."""
         rt = self.request_time
         cfg = self.config
         with self._cond:
@@ -424,6 +425,10 @@ class FairTurns:
                 rt.enter(holder)
                 self._n_paced += 1
             hold = refuse and not wait and self._hold(holder, +1)
+            # Held as long as its debt lasts (up to max_delay_ms): held 1 s, a flood's calls past
+            # those waiting came back ~50 times a second, each refusal ~1 ms and ~20 switches.
+            hold_s = min(max(rt.delay_s(holder, arrived), cfg.hold_refused_ms / 1000.0),
+                         cfg.max_delay_ms / 1000.0)
         if wait:
             try:
                 self._sleep(wait)
@@ -433,7 +438,7 @@ class FairTurns:
                     self._n_paced -= 1
         if hold:
             try:
-                self._sleep(cfg.hold_refused_ms / 1000.0)
+                self._sleep(hold_s)
             finally:
                 with self._cond:
                     self._hold(holder, -1)
