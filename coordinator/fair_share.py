@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,10 +53,20 @@ from ordq.common.request_time import RequestTime, RequestTimeConfig
 
 
 def _default_request_time() -> RequestTimeConfig:
-    # A token's CPU share while others call too: 0.25 s/s of the one GIL (a commit costs ~2-3 ms,
-    # so ~100/s per token); its bucket small, as the brokers' (a burst is what a neighbour feels);
-    # each call's gRPC work outside its handler charged at 500 us (measured: ~0.3-0.6 ms).
-    return RequestTimeConfig(share=0.2, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=500)
+    # A caller's share of what the coordinator's calls cost the machine while a lighter caller
+    # called within the last second (``contention_s``; CallerTime): 0.1 s per s. A call is
+    # charged its handler's thread time, ``call_cost_us`` for the frame around it and
+    # ``FairShareConfig.zk_request_cost_us`` per ZooKeeper request it waited for. Measured (a
+    # hand-made client, one call at a time, load 1-3; docs/BENCHMARKS.md, stop e): a call refused
+    # on its headers costs the coordinator 0.82-0.90 ms of CPU and ~18 context switches; each
+    # ZooKeeper request of a call 0.72-0.76 ms more of the coordinator's and ZooKeeper's CPU
+    # together (a Describe with config and live members: 4.8 requests, 4.3 ms in all; a Commit:
+    # 3.7 requests, 5.7 ms). So a flood of Describes is served ~25 a second while a neighbour
+    # calling one at a time is active (at 0.25 s per s, 57 a second: drill security-control-plane's
+    # flood had about that much already). A caller one call at a time is held only past
+    # ``FairShareConfig.heavy_share``.
+    return RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=600,
+                             contention_s=1.0)
 
 
 @attrs.frozen(kw_only=True)
@@ -80,19 +91,31 @@ class FairShareConfig:
     # called within ``active_s``: a caller alone is never held.
     request_time: RequestTimeConfig = attrs.field(factory=_default_request_time)
     active_s: float = 1.0
+    # What one ZooKeeper request a call waits for costs the machine (the kazoo thread's work and
+    # ZooKeeper's), charged to the call's caller on top of its thread time: a call's own thread
+    # only waits for ZooKeeper, so its thread time alone missed most of what a call costs (a
+    # flood's calls were charged ~0.7 ms each, 4.3 ms spent: never paced).
+    zk_request_cost_us: int = 650
+    # Seconds per second past which a caller calling one at a time yields to one alike that used
+    # less (CallerTime): above a neighbour committing every ~17 ms on a quiet machine (57 Commits a
+    # second at ~4.2 ms: ~0.24 s per s; the drill's, ~0.2), with room: it is never held.
+    heavy_share: float = 0.35
+    max_paced_total: int = 64  # calls held for their caller's share at once, in all (each holds a worker)
 
     def __attrs_post_init__(self) -> None:
         if min(self.slots, self.max_waiting, self.max_waiting_total, self.max_delay_ms) <= 0 or self.half_life_s <= 0:
             raise ConfigError("fair share: slots, waiting bounds, delay and half-life must be > 0")
         if self.reserved_slots < 0:
             raise ConfigError("fair share: reserved slots must be >= 0")
-        if min(self.hold_refused_ms, self.max_held, self.max_held_total) < 0:
-            raise ConfigError("fair share: held refusals and their bounds must be >= 0")
+        if min(self.hold_refused_ms, self.max_held, self.max_held_total, self.zk_request_cost_us,
+               self.max_paced_total) < 0:
+            raise ConfigError("fair share: held refusals, paced calls and their bounds, costs must be >= 0")
 
     @property
     def threads(self) -> int:
         """Worker threads the server needs so that waiting and held calls never take them all."""
-        return self.slots + self.reserved_slots + self.max_waiting_total + self.max_held_total + 16
+        return (self.slots + self.reserved_slots + self.max_waiting_total + self.max_held_total
+                + self.max_paced_total + 16)
 
 
 class TurnRefused(OrdqError):
@@ -155,6 +178,95 @@ class SlotBook:
             self.running_of[holder] = left
 
 
+@attrs.define
+class CallerTime(RequestTime):
+    """The brokers' request-time buckets (``RequestTime``), held under the coordinator's own rule
+    of contention: a caller over its share is held while a *lighter* caller called within
+    ``contention_s``: one with fewer other calls in flight (``begin``/``end``); or, once the
+    caller used more than ``heavy_share`` lately (its charges decayed with ``half_life_s``), one
+    with as many calls in flight that used less.
+
+    The brokers hold a token only while another keeps to its share (more than half its bucket
+    left). Here the costs are ZooKeeper requests as well as CPU, and a neighbour committing
+    every 20 ms may be over the share now and then: the flood was then never held. Compared with
+    the others instead, a flood (dozens of calls waiting) is held to its share whenever a
+    neighbour calling one at a time is active, whatever either used, and a caller is never held
+    because of a heavier one. Callers one call at a time each (the slots run one call of each
+    while several call) are held only past ``heavy_share``, the heavier first, so that a
+    neighbour committing every 20 ms (~0.2 s per s) is never held for a lighter third caller,
+    while a caller calling back to back one at a time is held to about ``heavy_share``.
+    Work-conserving as the brokers': a caller alone, or the lightest of those active, is never
+    held, and owes nothing for what it took meanwhile."""
+
+    half_life_s: float = 1.0
+    heavy_share: float = 0.35  # seconds per second: past it, a caller yields to one alike that used less
+    _recent: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # caller -> (charged s, at), decayed
+    _mean: dict[str, float] = attrs.field(factory=dict)  # caller -> what its calls cost, moving average
+    _calls: dict[str, int] = attrs.field(factory=dict)  # caller -> its calls in flight (begin, not yet end)
+
+    def begin(self, token: str) -> None:
+        """A call of ``token`` arrived (until ``end``: waiting, held, or running)."""
+        self._calls[token] = self._calls.get(token, 0) + 1
+
+    def end(self, token: str) -> None:
+        left = self._calls.get(token, 0) - 1
+        if left > 0:
+            self._calls[token] = left
+        else:
+            self._calls.pop(token, None)
+
+    def recent(self, token: str, now: float) -> float:
+        """Seconds charged to ``token`` lately, decayed with ``half_life_s``."""
+        seconds, at = self._recent.get(token, (0.0, now))
+        return float(seconds * 0.5 ** (max(now - at, 0.0) / self.half_life_s))
+
+    def contended(self, token: str, now: float) -> bool:
+        """Whether a lighter caller than ``token`` (see the class doc; the call being judged not
+        counted among ``token``'s in flight) called within ``contention_s``."""
+        window = self.config.contention_s
+        calls = max(0, self._calls.get(token, 0) - 1)
+        used = self.recent(token, now)
+        # What a caller using heavy_share s per s for ever has lately: share * half-life / ln 2.
+        heavy = used > self.heavy_share * self.half_life_s / math.log(2)
+        for other, at in self._active.items():
+            if other == token or (window is not None and now - at > window):
+                continue
+            theirs = self._calls.get(other, 0)
+            if theirs < calls or (theirs == calls and heavy and self.recent(other, now) < used):
+                return True
+        return False
+
+    def charge(self, token: str | None, seconds: float, now: float) -> None:
+        if token is not None and seconds > 0:
+            self._recent[token] = (self.recent(token, now) + seconds, now)
+            if len(self._recent) > 4096:  # forget callers whose use has faded (as new)
+                self._recent = {t: v for t, v in self._recent.items() if self.recent(t, now) > 1e-4}
+                self._mean = {t: m for t, m in self._mean.items() if t in self._recent}
+        super().charge(token, seconds, now)
+
+    def reserve(self, token: str, now: float) -> float:
+        """Charge ``token`` now what its next call will likely cost (its calls' moving average;
+        ``settle`` corrects it when the call ends); the seconds reserved. Charged only once a
+        call ended, a flood's 64 calls let through on one look at its bucket each ran before any
+        was charged: 90 calls a second served beside a neighbour, where its share was ~65."""
+        est = self._mean.get(token, self.config.call_cost_us / 1e6)
+        self.charge(token, est, now)
+        return est
+
+    def settle(self, token: str, reserved: float, actual: float, now: float) -> None:
+        """A call of ``token`` that ``reserve``d ``reserved`` seconds cost ``actual``: charge the
+        difference, or give it back."""
+        mean = self._mean.get(token, actual)
+        self._mean[token] = mean + (actual - mean) * 0.2
+        if actual >= reserved:
+            self.charge(token, actual - reserved, now)
+            return
+        back = reserved - actual
+        level = self._now_level(token, now)
+        self._level[token] = (min(self.config.burst_s, level + back), now)
+        self._recent[token] = (max(0.0, self.recent(token, now) - back), now)
+
+
 @attrs.define(eq=False)
 class _Ticket:
     holder: str
@@ -170,13 +282,21 @@ class FairTurns:
     """The turns (see the module doc). Thread-safe."""
 
     def __init__(self, config: FairShareConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], object] = time.sleep) -> None:
+                 sleep: Callable[[float], object] = time.sleep, cpu: Callable[[], float] = time.thread_time,
+                 zk_requests: Callable[[], int] = lambda: 0) -> None:
+        """``cpu``: the calling thread's CPU seconds so far; ``zk_requests``: the ZooKeeper
+        requests it waited for so far (``store_base.requests_waited``): what a call is charged."""
         self.config = config or FairShareConfig()
         self.stats = FairShareStatistics()
         self._clock = clock
         self._sleep = sleep
+        self._cpu = cpu
+        self._zk_requests = zk_requests
         self._held: dict[str, int] = {}  # holder -> refusals being held
-        self.request_time = RequestTime(self.config.request_time)  # guarded by _cond
+        self._n_paced = 0  # calls held for their caller's share, in all
+        # guarded by _cond
+        self.request_time = CallerTime(self.config.request_time, half_life_s=self.config.half_life_s,
+                                       heavy_share=self.config.heavy_share)
         self._seen: dict[str, float] = {}  # holder -> when its last call arrived
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # only its lock is used: each ticket waits on its own
@@ -194,9 +314,24 @@ class FairTurns:
     @contextlib.contextmanager
     def turn(self, holder: str, _rpc: str = "") -> Iterator[None]:
         """Around one call's work: returns once it has a slot; TurnRefused when it may not wait."""
+        with self._cond:
+            self.request_time.begin(holder)
+        try:
+            with self._turn(holder):
+                yield
+        finally:
+            with self._cond:
+                self.request_time.end(holder)
+
+    @contextlib.contextmanager
+    def _turn(self, holder: str) -> Iterator[None]:
         cfg = self.config
         arrived = self._clock()
-        self._paced(holder, arrived)
+        try:
+            reserved = self._paced(holder, arrived)
+        except TurnRefused:
+            self._charge_refusal(holder)
+            raise
         refused: TurnRefused | None = None
         with self._cond:
             # Whoever waits does not fit (``_grant`` runs at every freed slot), so a call that fits
@@ -212,6 +347,7 @@ class FairTurns:
             if refused is None:
                 self.stats.served += 1
         if refused is not None:
+            self._charge_refusal(holder, reserved)
             if hold:
                 try:
                     self._sleep(cfg.hold_refused_ms / 1000.0)
@@ -219,16 +355,16 @@ class FairTurns:
                     with self._cond:
                         self._hold(holder, -1)
             raise refused
-        started, cpu = self._clock(), time.thread_time()
+        started, cpu, zk = self._clock(), self._cpu(), self._zk_requests()
         try:
             yield
         finally:
             now = self._clock()
             took = now - started
-            cpu = time.thread_time() - cpu
+            cost = self._cpu() - cpu + (self._zk_requests() - zk) * cfg.zk_request_cost_us / 1e6
             with self._cond:
                 rt = self.request_time
-                rt.charge(holder, cpu + rt.config.call_cost_us / 1e6, now)
+                rt.settle(holder, reserved, cost + rt.config.call_cost_us / 1e6, now)
                 self._used[holder] = (self.used(holder, now) + took, now)
                 self._mean_s += (took - self._mean_s) * 0.05
                 self.slots.release(holder)
@@ -258,33 +394,62 @@ class FairTurns:
         self.stats.waited += 1
         self.stats.waited_ms += int((self._clock() - arrived) * 1000)
 
-    def _paced(self, holder: str, arrived: float) -> None:
-        """The caller's share of the CPU (``request_time``), while another caller is active: a
-        caller over it waits, asleep, until it is not; TurnRefused when the wait would pass
-        ``max_delay_ms`` (after that long, at once past ``max_held`` waiting calls)."""
+    def _charge_refusal(self, holder: str, reserved: float = 0.0) -> None:
+        """A refused call costs its frame (``call_cost_us``): charged as any (what was reserved
+        for it settled), so that a caller coming back at once after each refusal pays for it."""
+        with self._cond:
+            rt = self.request_time
+            rt.settle(holder, reserved, rt.config.call_cost_us / 1e6, self._clock())
+
+    def _paced(self, holder: str, arrived: float) -> float:
+        """The caller's share (``request_time``), while a lighter caller called within
+        ``active_s`` (``CallerTime``): a caller over it waits, asleep, until it is not;
+        TurnRefused when the wait would pass ``max_delay_ms`` (answered after that long), or at
+        once past ``max_held`` of its calls (``max_paced_total`` in all) waiting so: then held as
+        a refused turn while there is room (as long as its debt lasts, between ``hold_refused_ms``
+        and ``max_delay_ms``), so that it does not come back at once. Returns the seconds
+        charged ahead for the call (``CallerTime.reserve``)."""
         rt = self.request_time
+        cfg = self.config
         with self._cond:
             self._seen[holder] = arrived
             if len(self._seen) > 4096:
-                self._seen = {h: t for h, t in self._seen.items() if arrived - t < self.config.active_s}
-            others = any(h != holder and arrived - t < self.config.active_s for h, t in self._seen.items())
+                self._seen = {h: t for h, t in self._seen.items() if arrived - t < cfg.active_s}
+            others = any(h != holder and arrived - t < cfg.active_s for h, t in self._seen.items())
             if not others:
-                return
+                return 0.0
             wait, refuse = rt.admit(holder, arrived)
+            if wait and self._n_paced >= cfg.max_paced_total:
+                wait, refuse = 0.0, True
             if wait:
                 rt.enter(holder)
+                self._n_paced += 1
+            hold = refuse and not wait and self._hold(holder, +1)
+            # Held as long as its debt lasts (up to max_delay_ms): held 1 s, a flood's calls past
+            # those waiting came back ~50 times a second, each refusal ~1 ms and ~20 switches.
+            hold_s = min(max(rt.delay_s(holder, arrived), cfg.hold_refused_ms / 1000.0),
+                         cfg.max_delay_ms / 1000.0)
         if wait:
             try:
                 self._sleep(wait)
             finally:
                 with self._cond:
                     rt.leave(holder)
+                    self._n_paced -= 1
+        if hold:
+            try:
+                self._sleep(hold_s)
+            finally:
+                with self._cond:
+                    self._hold(holder, -1)
         if refuse:
             with self._cond:
                 self.stats.refused += 1
                 retry_ms = max(50, int(rt.delay_s(holder, self._clock()) * 1000))
             raise TurnRefused(holder, f"this caller took more than its share of the coordinator "
-                                      f"({rt.config.share:g} s of CPU per s while others call)", retry_ms)
+                                      f"({rt.config.share:g} s per s while a caller that used less calls)", retry_ms)
+        with self._cond:  # let through: its likely cost charged now, seen by its next calls
+            return rt.reserve(holder, self._clock())
 
     def _hold(self, holder: str, step: int) -> bool:
         """Count a refusal held (+1: False when over the bounds, answered at once) or done (-1)."""

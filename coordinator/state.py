@@ -463,6 +463,12 @@ def holds_newest(state: QueueState, facts: Facts, *, later_stored: bool = False)
     return not any(c.last_seq > head.last_seq for c in facts.cursors.values())
 
 
+def may_pop(state: QueueState) -> bool:
+    """Whether ``pop`` could drop anything, on the state alone: its head segment is sealed. When
+    not, ``pop`` refuses whatever the facts (cursors, retention), so a caller need not read them."""
+    return bool(state.consume) and state.consume[0].status is SegStatus.SEALED
+
+
 def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_stored: bool = False) -> QueueState:
     """Drop the head segment once it is sealed and every subscription is past it, unless it
     holds the queue's newest message (``holds_newest``; retention keeps it too).

@@ -92,6 +92,17 @@ def zk_errors(hosts: str = "") -> Iterator[None]:
         raise CoordinationUnavailable(f"ZooKeeper unreachable{where}: {type(exc).__name__}") from exc
 
 
+
+# ZooKeeper requests each thread has waited for (``_wait``): what a coordinator call cost
+# ZooKeeper and the kazoo thread, charged to its caller (coordinator/fair_share.py).
+_WAITED = threading.local()
+
+
+def requests_waited() -> int:
+    """ZooKeeper requests the calling thread has waited for so far (a running count)."""
+    return int(getattr(_WAITED, "n", 0))
+
+
 class ZkBase:
     """One cluster's ZooKeeper (under ``paths.root``) through one kazoo client: the requests
     every part of the store makes."""
@@ -143,6 +154,7 @@ class ZkBase:
         that timed out may still be sent and applied after a reconnection (in order, before
         any later request of this client), like a write whose connection dropped in flight.
         kazoo's async results are thread-safe: callers may be on any thread."""
+        _WAITED.n = getattr(_WAITED, "n", 0) + 1
         return request.get(timeout=self._op_timeout_s)
 
     def _read(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

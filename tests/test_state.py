@@ -391,6 +391,9 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 cursors[sub] = Cursor(seg=nxt, last_seq=read + n % 2)
         except IllegalTransition:
             assert state is before  # a refused transition changes nothing
+        if not sm.may_pop(state):  # the coordinator answers such a Pop without reading the facts
+            with pytest.raises(IllegalTransition):
+                sm.pop(state, Facts(live_groups=frozenset(live), cursors=dict(cursors)), retention=True)
         sm.check_invariants(state, cursors)
         assert state.producer_epoch >= before.producer_epoch
         assert state.next_seg >= before.next_seg

@@ -1,8 +1,11 @@
 """A hand-made flooding client of the coordinator service (tests/test_coordinator_defences.py):
 THREADS threads over CONNECTIONS channels call Describe and Subscribe as fast as they are
-answered, with one token, until stdin closes; then prints its counts as JSON.
+answered, with one token, until stdin closes; then prints its counts as JSON (and so far, at
+each line read from stdin).
 
-    python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE
+    python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE [describe]
+
+(``describe``: Describe only, with the queue's config and live members.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ordq.wire import ordq_pb2_grpc as pb_grpc
 
 def main() -> int:
     address, creds_json, threads, connections, queue = sys.argv[1:6]
+    only_describe = sys.argv[6:7] == ["describe"]
     creds = Credentials.from_dict(json.loads(creds_json))
     md = (("authorization", f"Bearer {creds.token}"),)
     stubs = [pb_grpc.CoordinatorStub(channel(address, creds, ())) for _ in range(int(connections))]  # type: ignore[no-untyped-call]
@@ -32,7 +36,7 @@ def main() -> int:
         stub = stubs[i % len(stubs)]
         while not stop.is_set():
             try:
-                if i % 2:
+                if i % 2 or only_describe:
                     stub.Describe(pb.DescribeRequest(queue=queue, with_config=True, with_live=True), timeout=30,
                                   metadata=md)
                 else:
@@ -49,7 +53,9 @@ def main() -> int:
     for t in workers:
         t.start()
     print("FLOODING", flush=True)
-    sys.stdin.read()
+    for _line in sys.stdin:  # each line read: the counts so far, as JSON (a measurement's marks)
+        with lock:
+            print(json.dumps(dict(counts)), flush=True)
     stop.set()
     for t in workers:
         t.join(timeout=35)
