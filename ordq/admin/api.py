@@ -402,6 +402,19 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         return {"processes": rows, "leader": leader, "healthy": all(r["healthy"] for r in rows),
                 "zk": call.store.hosts, "root": call.store.paths.root}
 
+    def group_list(call: AdminCall) -> Any:
+        # ``ordq group list`` (issue 42): one call, where the CLI opened a ZooKeeper session and
+        # read every queue's state; the queues from the elected coordinator's copies (``known``)
+        from ordq.admin.group_list import group_rows
+        from ordq.common.errors import CorruptState
+
+        store = call.store
+        names = [q for q in store.list_queues() if call.may_read(q)]
+        states = {q: v[0] for q, v in (known(names) if known is not None else {}).items()}
+        read = store.load_states([q for q in names if q not in states])  # no subscriptions: not shown
+        states.update({q: v[0] for q, v in read.items() if not isinstance(v, CorruptState)})
+        return {"rows": group_rows(store, states, call.may_read)}
+
     queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
     return {
         "queue list": AdminVerb(SOME, everywhere, queue_list),
@@ -434,4 +447,5 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         "find topic": AdminVerb(ANY, topic, find_topic),
         "group rebalance": AdminVerb("admin", everywhere, group_rebalance),
         "cluster status": AdminVerb("admin", everywhere, cluster_status),
+        "group list": AdminVerb(SOME, everywhere, group_list),
     }
