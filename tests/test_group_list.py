@@ -52,8 +52,8 @@ def test_group_list_is_answered_by_the_coordinator(cluster: Cluster) -> None:
         assert row["master"] and row["slave"], row
         assert row["sending"] == (["q"] if gid == head else []), row
     # the same through --zk/--root (the coordinators registered for it), and its table
-    done = cluster.ordq("--json", "group", "list")
-    assert done.returncode == 0 and {r["group"]: r for r in json.loads(done.stdout)} == rows, done.stderr
+    listed = cluster.ordq("--json", "group", "list")
+    assert listed.returncode == 0 and {r["group"]: r for r in json.loads(listed.stdout)} == rows, listed.stderr
     table = cluster.ordq("group", "list")
     lines = table.stdout.decode().splitlines()
     assert table.returncode == 0 and lines[0].split() == ["GROUP", "MASTER", "SLAVE", "HEALTHY", "DRAINED", "QUEUES",
@@ -66,7 +66,7 @@ def test_group_list_is_answered_by_the_coordinator(cluster: Cluster) -> None:
 
     for proc in cluster.coordinators:
         proc.kill()
-    done = cluster.ordq("--zk-timeout", "1", "group", "list")
-    err = done.stderr.decode().strip()
-    assert done.returncode == 1 and done.stdout == b"", err
+    refused = cluster.ordq("--zk-timeout", "1", "group", "list")
+    err = refused.stderr.decode().strip()
+    assert refused.returncode == 1 and refused.stdout == b"", err
     assert err.startswith("ordq: error: no coordinator of the cluster answered at ") and len(err.splitlines()) == 1
