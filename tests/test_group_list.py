@@ -1,4 +1,4 @@
-"""``ordq group list`` as one admin call (issue 42): the elected coordinator answers it from its
+"""``ordq group list`` (and ``ordq top``) as one admin call (issue 42): the elected coordinator answers it from its
 copies of the queues' states (``group list``, ordq/admin/api.py), so the command loads no
 ZooKeeper client and a cluster named by its coordinators' addresses alone is listed; a broker
 killed -9 shows its group unhealthy; with the coordinators killed it is one line naming them
@@ -59,6 +59,12 @@ def test_group_list_is_answered_by_the_coordinator(cluster: Cluster) -> None:
     assert table.returncode == 0 and lines[0].split() == ["GROUP", "MASTER", "SLAVE", "HEALTHY", "DRAINED", "QUEUES",
                                                           "SENDING"], lines
     assert _loaded_by(cluster, "group", "list") == []  # no ZooKeeper client, no attrs, no admin library
+    # ``top`` alike (``top sample``, a call a frame): by the coordinators' addresses alone
+    done = _by_bootstrap(cluster, "--json", "top", "--once", "--interval", "0.1")
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)["queues"]
+    assert (row["queue"], row["head"], row["produce_rate"]) == ("q", head, 0.0), row
+    assert _loaded_by(cluster, "top", "--once", "--interval", "0.1") == []
 
     cluster.groups["g2"].slave.kill()  # kill -9: its liveness node goes with its session
     wait_until(lambda: not {r["group"]: r for r in json.loads(cluster.ordq("--json", "group", "list").stdout)}
