@@ -220,8 +220,9 @@ def _parser(zk_default: str | None, root_default: str | None, bootstrap_default:
 # 0.25 s on a quiet box; the teardown of grpc, asyncio and the rest cost ~37 M instructions).
 _QUICK_EXIT_MODULES = frozenset({"queue", "sub", "topic", "group", "auth", "context", "peek", "find"})
 # The same for single commands of a module whose other commands start processes (``cluster``:
-# ``up`` and ``down`` do): ``ordq status`` only asks and prints (issue 42).
-_QUICK_EXIT_COMMANDS = frozenset({"status"})
+# ``up`` and ``down`` do): ``ordq status`` only asks and prints (issue 42); so does ``ordq top``, an
+# admin call a frame (its module, ``top``, is a command of its own).
+_QUICK_EXIT_COMMANDS = frozenset({"status", "top"})
 
 
 def _asks_only(argv: Sequence[str]) -> bool:

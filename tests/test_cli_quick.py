@@ -108,3 +108,43 @@ def test_status_with_neither_a_coordinator_nor_zookeeper_answering_names_both(tm
     done = subprocess.run([sys.executable, "-m", "ordq.cli", "--zk", f"127.0.0.1:{zk}", "--zk-timeout", "0.3",
                            "status"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert done.returncode == 1 and done.stderr.startswith(f"ordq: error: cannot reach ZooKeeper at 127.0.0.1:{zk}")
+
+
+def test_group_list_asks_the_coordinator_and_loads_neither_attrs_nor_the_queue_state(tmp_path: Path) -> None:
+    """Issue 42: ``group list`` opened a ZooKeeper session and read every queue's state (451 M
+    instructions against status's 265 M); now one admin call, its process loading what
+    ``queue list``'s does, and a coordinator that does not answer is the one error line."""
+    [closed] = free_ports(1)
+    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "group", "list"],
+                             _env(tmp_path))
+    assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
+    assert loaded == []
+
+
+def test_top_asks_the_coordinator_and_loads_neither_attrs_nor_the_queue_state(tmp_path: Path) -> None:
+    """Issue 42: ``top --once`` opened a ZooKeeper session and a channel to every broker (1,081 M
+    instructions); now an admin call a frame, and a coordinator that does not answer is one line."""
+    [closed] = free_ports(1)
+    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "top", "--once"],
+                             _env(tmp_path))
+    assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
+    assert loaded == []
+
+
+def test_top_takes_the_rates_between_two_frames() -> None:
+    from ordq.commands.top import with_rates
+
+    prev = {"interval_s": None, "mirrors": [],
+            "queues": [{"queue": "a", "last_seq": 10, "produce_rate": None}, {"queue": "b", "last_seq": None}],
+            "subscriptions": [{"queue": "a", "subscription": "s", "last_seq": 4, "consume_rate": None}]}
+    cur = {"interval_s": None, "mirrors": [],
+           "queues": [{"queue": "a", "last_seq": 30, "produce_rate": None}, {"queue": "b", "last_seq": 5},
+                      {"queue": "c", "last_seq": 1}],
+           "subscriptions": [{"queue": "a", "subscription": "s", "last_seq": 8, "consume_rate": None},
+                             {"queue": "a", "subscription": "t", "last_seq": 0, "consume_rate": None}]}
+    got = with_rates(cur, prev, 2.0)
+    assert got["interval_s"] == 2.0
+    assert [q["produce_rate"] for q in got["queues"]] == [10.0, None, None]  # b unknown before, c new
+    assert [s["consume_rate"] for s in got["subscriptions"]] == [2.0, None]
+    assert [q["produce_rate"] for q in with_rates(cur, prev, 0.0)["queues"]] == [None, None, None]
+    assert with_rates(prev, cur, 1.0)["queues"][0]["produce_rate"] == 0.0  # a queue re-created: never negative

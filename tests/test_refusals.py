@@ -89,10 +89,10 @@ def _verbs() -> list[Verb]:
         Verb("auth list", ("auth", "list"), "admin", admin_api=True),
         Verb("auth revoke", ("auth", "revoke", "0123abcd"), "admin", admin_api=True),
         Verb("auth create", ("auth", "create", "--role", f"consume:{Q}"), "admin", admin_api=True),
-        Verb("group list", ("group", "list"), "read",
+        Verb("group list", ("group", "list"), "read", admin_api=True,
              na={**read, "wrong-queue": "groups serve every queue: a valid token with any role may list them"}),
         Verb("group drain", ("group", "drain", "g1"), "admin"),
-        Verb("top", ("top", Q, "--once", "--interval", "0.1"), "read", na=read),
+        Verb("top", ("top", Q, "--once", "--interval", "0.1"), "read", admin_api=True, na=read),
         # Any cluster's processes, asked by its elected coordinator (the admin verb ``cluster
         # status``, issue 42); stopped: no coordinator and no ZooKeeper answer, one line naming both.
         Verb("status-any", ("status",), "admin", admin_api=True),

@@ -402,6 +402,45 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         return {"processes": rows, "leader": leader, "healthy": all(r["healthy"] for r in rows),
                 "zk": call.store.hosts, "root": call.store.paths.root}
 
+    def group_list(call: AdminCall) -> Any:
+        # ``ordq group list`` (issue 42): one call, where the CLI opened a ZooKeeper session and
+        # read every queue's state; the queues from the elected coordinator's copies (``known``)
+        from ordq.admin.group_list import group_rows
+        from ordq.common.errors import CorruptState
+
+        store = call.store
+        names = [q for q in store.list_queues() if call.may_read(q)]
+        states = {q: v[0] for q, v in (known(names) if known is not None else {}).items()}
+        read = store.load_states([q for q in names if q not in states])  # no subscriptions: not shown
+        states.update({q: v[0] for q, v in read.items() if not isinstance(v, CorruptState)})
+        return {"rows": group_rows(store, states, call.may_read)}
+
+    def top_sample(call: AdminCall) -> Any:
+        # ``ordq top`` (issue 42): a frame of the queues the caller may read, a page of them, with
+        # no rates (the command takes them between two frames); the CLI held a ZooKeeper session
+        # and a channel to every broker for it
+        import time
+
+        from ordq.admin.top import sample, top_frame
+
+        store, queues = call.store, call.arg("queues", None)
+        if queues is not None:
+            if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+                raise ConfigError("queues must be a list of queue names")
+            for q in queues:
+                check_name("queue", q)
+                call.require(q, ANY)
+        prefix, after, limit = _paging(call)
+        page: dict[str, Any] = {"names": [], "more": False}
+
+        def select(names: list[str]) -> list[str]:
+            page["names"], page["more"] = page_names((n for n in names if call.may_read(n)), prefix, after, limit)
+            return list(page["names"])
+
+        with readers(store) as reader:
+            got = sample(store, reader, queues or None, select=select)
+        return {"frame": top_frame(got), "at": time.time(), **page}
+
     queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
     return {
         "queue list": AdminVerb(SOME, everywhere, queue_list),
@@ -434,4 +473,6 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         "find topic": AdminVerb(ANY, topic, find_topic),
         "group rebalance": AdminVerb("admin", everywhere, group_rebalance),
         "cluster status": AdminVerb("admin", everywhere, cluster_status),
+        "group list": AdminVerb(SOME, everywhere, group_list),
+        "top sample": AdminVerb(SOME, everywhere, top_sample),
     }

@@ -63,26 +63,10 @@ def cmd_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def group_rows(store: Any) -> list[dict[str, Any]]:
-    queues = {q: store.load_state(q)[0] for q in store.list_queues()}
-    rows = []
-    for gid in store.list_groups():
-        live = store.live_members(gid)
-        rows.append({
-            "group": gid,
-            "master": live["master"].address if "master" in live else None,
-            "slave": live["slave"].address if "slave" in live else None,
-            "healthy": len(live) == 2,
-            "drained": bool(store.get_group(gid).get("drained", False)),
-            "queues": sorted(q for q, st in queues.items() if gid in st.groups),
-            "sending": sorted(q for q, st in queues.items() if st.head == gid),
-        })
-    return rows
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        rows = group_rows(store)
+    rows = _rows_from_coordinator(args)
+    if rows is None:
+        rows = _rows_from_zookeeper(args)
     if wants_json(args):
         emit_json(rows)
     elif not rows:
@@ -90,6 +74,37 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         table(rows, ["group", "master", "slave", "healthy", "drained", "queues", "sending"])
     return 0
+
+
+def _rows_from_coordinator(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The elected coordinator's rows (``group list``, ordq/admin/api.py: one call, no ZooKeeper
+    session, issue 42), or None when no coordinator is known for the cluster (a hand-deployed
+    one whose coordinators this machine has not registered) or it predates the verb. A
+    coordinator known but not answering, or a refusal, is the command's error."""
+    from ordq.bootstrap import bootstrap_of
+    from ordq.common.client_tls import registered_bootstrap
+    from ordq.common.errors import ConfigError
+
+    if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
+        return None
+    try:
+        doc = admin_call(args, "group list")
+    except ConfigError as exc:
+        if "unknown admin verb" in str(exc):
+            return None  # a coordinator of an older version
+        raise
+    return list(doc["rows"])
+
+
+def _rows_from_zookeeper(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """This command's own read, through ZooKeeper, of a cluster with no coordinator known here."""
+    from ordq.admin.group_list import group_rows
+    from ordq.commands import readable
+
+    with open_store(args) as store:
+        may_read = readable(store)
+        states = {q: store.load_state(q)[0] for q in store.list_queues() if may_read(q)}
+        return group_rows(store, states, may_read)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from ordq.commands import INTERRUPTED, add_command, open_store, readable, seconds, wants_json
@@ -67,18 +69,34 @@ def render(frame: dict[str, Any], out: TextIO) -> None:
     out.flush()
 
 
-def cmd_top(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader, frames
+def with_rates(cur: dict[str, Any], prev: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The frame ``cur`` (a coordinator's ``top sample``, without rates) with the produce and
+    consume rates over the ``seconds`` since ``prev``, as ``ordq.admin.top.top_frame`` takes them."""
+    def rate(now: int | None, before: int | None) -> float | None:
+        if now is None or before is None or seconds <= 0:
+            return None
+        return round(max(0, now - before) / seconds, 1)
 
+    seqs = {q["queue"]: q["last_seq"] for q in prev["queues"]}
+    cursors = {(r["queue"], r["subscription"]): r["last_seq"] for r in prev["subscriptions"]}
+    return {**cur, "interval_s": round(seconds, 3),
+            "queues": [{**q, "produce_rate": rate(q["last_seq"], seqs.get(q["queue"]))} for q in cur["queues"]],
+            "subscriptions": [{**r, "consume_rate": rate(r["last_seq"], cursors.get((r["queue"], r["subscription"])))}
+                              for r in cur["subscriptions"]]}
+
+
+def cmd_top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         from ordq.common.errors import ConfigError
 
         raise ConfigError("--interval must be > 0")
-    out = sys.stdout
-    live = not (args.once or wants_json(args))
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        pages: list[Page] = []
+    pages: list[Page] = []
+    asked = _coordinator_frames(args, pages)
+    if asked is not None:
+        return _show(args, asked, pages)
+    from ordq.admin import ReplicaReader, frames
 
+    with open_store(args) as store, ReplicaReader(store) as reader:
         may_read = readable(store)
 
         def select(names: list[str]) -> list[str]:
@@ -87,23 +105,77 @@ def cmd_top(args: argparse.Namespace) -> int:
             pages[:] = [page([n for n in names if may_read(n)], args)]
             return pages[0].names
 
-        stream = frames(store, reader, args.queues or None, args.interval, select=select)
+        return _show(args, frames(store, reader, args.queues or None, args.interval, select=select), pages)
+
+
+def _coordinator_frames(args: argparse.Namespace, pages: list[Page]) -> Iterator[dict[str, Any]] | None:
+    """Frames from the elected coordinator (``top sample``, ordq/admin/api.py: one admin call a
+    frame, no ZooKeeper session; issue 42), the rates taken between two of them; None when no
+    coordinator is known for the cluster or it predates the verb (this command then reads
+    ZooKeeper and the replicas itself, as before)."""
+    from ordq.bootstrap import bootstrap_of, coordinator, timeout_of
+    from ordq.commands import ADMIN_CALL_TIMEOUT_S, saying
+    from ordq.common.client_tls import registered_bootstrap
+    from ordq.common.errors import ConfigError
+
+    if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
+        return None
+    context = coordinator(args)
+    client = context.__enter__()
+
+    def ask() -> dict[str, Any]:
+        doc: dict[str, Any] = client.admin("top sample", timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args),
+                                           queues=args.queues or None, prefix=args.prefix, after=args.after,
+                                           limit=args.limit)
+        pages[:] = [Page(names=doc["names"], more=doc["more"])]
+        return doc
+
+    try:
+        with saying(f"waiting for the coordinators at {', '.join(client.coordinators)} to answer top sample"):
+            first = ask()
+    except ConfigError as exc:
+        context.__exit__(None, None, None)
+        if "unknown admin verb" in str(exc):
+            return None  # a coordinator of an older version
+        raise
+    except BaseException as exc:
+        if not context.__exit__(type(exc), exc, exc.__traceback__):
+            raise
+        raise
+
+    def stream() -> Iterator[dict[str, Any]]:
+        prev = first
         try:
-            for frame in stream:
-                if INTERRUPTED.is_set():  # a KeyboardInterrupt swallowed on its way: stop all the same
-                    return 0
-                if wants_json(args):
-                    emit_json(frame)
-                    say_next(pages[0], "queues")
-                    return 0
-                if live and out.isatty():
-                    out.write(CLEAR)
-                elif live:
-                    out.write("\n")
-                render(frame, out)
-                if not live:
-                    say_next(pages[0], "queues")
-                    return 0
-        except KeyboardInterrupt:
-            return 0
+            while True:
+                time.sleep(max(0.0, args.interval - (time.time() - prev["at"])))
+                cur = ask()
+                yield with_rates(cur["frame"], prev["frame"], cur["at"] - prev["at"])
+                prev = cur
+        finally:
+            context.__exit__(None, None, None)
+
+    return stream()
+
+
+def _show(args: argparse.Namespace, stream: Iterator[dict[str, Any]], pages: list[Page]) -> int:
+    out = sys.stdout
+    live = not (args.once or wants_json(args))
+    try:
+        for frame in stream:
+            if INTERRUPTED.is_set():  # a KeyboardInterrupt swallowed on its way: stop all the same
+                return 0
+            if wants_json(args):
+                emit_json(frame)
+                say_next(pages[0], "queues")
+                return 0
+            if live and out.isatty():
+                out.write(CLEAR)
+            elif live:
+                out.write("\n")
+            render(frame, out)
+            if not live:
+                say_next(pages[0], "queues")
+                return 0
+    except KeyboardInterrupt:
+        return 0
     return 0
