@@ -678,10 +678,13 @@ def main(argv: list[str] | None = None) -> int:
                     step["admin"] = admin_figures(cluster, len(have))
                     # segments kept by the idle queues (never written, no subscription): one each
                     # once a failover's empty segment is popped (state.pop, issue 43)
-                    kept = [len(v[0].consume) for v in store.load_states(have).values()
-                            if not isinstance(v, CorruptState)]
+                    states = [v[0] for v in store.load_states(have).values() if not isinstance(v, CorruptState)]
+                    kept = [len(st.consume) for st in states]
                     step["idle_segments"] = {"total": sum(kept), "max": max(kept, default=0),
-                                             "queues_with_more_than_one": sum(1 for k in kept if k > 1)}
+                                             "queues_with_more_than_one": sum(1 for k in kept if k > 1),
+                                             "examples": [[st.queue, [(c.seg, c.gid, c.status.value, c.end, c.last_seq)
+                                                                      for c in st.consume]]
+                                                          for st in states if len(st.consume) > 1][:8]}
                 steps.append(step)
                 print(json.dumps(step) if args.json else summary(step), flush=True)
             if args.ops:
