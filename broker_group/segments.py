@@ -349,9 +349,12 @@ class SegmentStore:
                     self.drop_segments(name, lambda seg: True, "its queue was deleted")
                     remove_folder(qdir)
                     continue
-                low = st.consume[0].seg if st.consume else st.next_seg
-                self.drop_segments(name, lambda seg: seg < low,  # noqa: B023 - called at once
-                                   "read by every subscription or past retention")
+                # popped (below the head) or a segment sealed empty dropped from the middle
+                # (state.drop_empty): below next_seg and no longer in the consume list
+                kept = {s.seg for s in st.consume}
+                nxt = st.next_seg
+                self.drop_segments(name, lambda seg: seg < nxt and seg not in kept,  # noqa: B023 - called at once
+                                   "read by every subscription, past retention, or sealed empty")
 
     def _on_state(self, event: Any) -> None:
         """A held queue's state changed or went (kazoo's event thread): look again next round."""

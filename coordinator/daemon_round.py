@@ -250,6 +250,8 @@ class DutyRound(DaemonParts):
             if action.kind is Kind.SEAL:
                 self._seal_later(queue, action, known=(st, entry.version))
                 continue
+            if action.kind is Kind.DROP_EMPTY and entry.cursors is None:
+                continue  # planned without the cursors (the view reads them once the head is sealed)
             # A pop reads the cursors itself, unless the view read them after this state copy and
             # found none (daemon_view.py): then only the state's version is checked, and a
             # subscription created since wrote the state (create_subscription), so the write
@@ -289,6 +291,10 @@ class DutyRound(DaemonParts):
             gid, seg = action.gid, action.seg
             self.store.apply(queue, roll_transition(cfg, gid, seg), known=known)
             # its state write fires our watch: the rolled segment is sealed in the next round
+        elif action.kind is Kind.DROP_EMPTY:
+            assert action.seg is not None
+            seg = action.seg
+            self.store.apply(queue, lambda s, f: sm.drop_empty(s, seg, f))  # reads the cursors afresh
         elif action.kind is Kind.RETAIN:
             later = action.later_stored
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True, later_stored=later))
