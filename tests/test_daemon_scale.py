@@ -423,14 +423,14 @@ def test_a_group_judged_dead_during_a_round_moves_between_two_slices(setup, monk
 
         real_wait = daemon._wait_turn
 
-        def wait_for_the_probe() -> float:
+        def wait_for_the_probe() -> None:
             # the round's own pause between two slices (not a worker's, not the re-reads'):
             # wait for the probe's answer, so the verdict flips there, as a refused probe does
             if threading.current_thread() is threading.main_thread() and planned and not moved_at:
                 wait_until(lambda: daemon.stats.away_probes.get("gone", 0) > 0, timeout_s=DEADLINE_S,
                            what=f"{gid}'s master probed and refused")
                 moved_at.append(len(planned))
-            return real_wait()
+            real_wait()
 
         monkeypatch.setattr(daemon, "_queue_round", counted)
         monkeypatch.setattr(daemon, "_wait_turn", wait_for_the_probe)
