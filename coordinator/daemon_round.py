@@ -51,15 +51,18 @@ class DutyRound(DaemonParts):
         if self.prober is not None and started >= self._next_probe:
             self._next_probe = started + self.interval_s
             self._probe(view)
+        moved: set[str] = set()  # moved between two slices of this round: not planned again in it
         try:
-            queues = view.refresh(started, pause=self._wait_turn)
+            queues = view.refresh(started, pause=lambda: self._between_slices(view, moved))
         except OrdqError as exc:
             self.stats.errors += 1
             log.warning("coordinator round: %s", exc)
             return
         finally:
             self.stats.zk_reads = view.reads
-        queues = self._judge_groups(view, queues, started)
+        queues = self._judge_groups(view, queues, time.monotonic())  # (judged between slices too: later)
+        if moved:
+            queues = [q for q in queues if q not in moved]
         if len(queues) > 1:
             queues = urgent_first(queues, self._written, started)
             queues = self._move_dead_heads(queues, view, started)
@@ -68,7 +71,6 @@ class DutyRound(DaemonParts):
             # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
             # on a loaded box (a future each); between slices a producer's FailOver goes first.
             pool = self._pool()
-            moved: set[str] = set()
             for part in in_slices(queues, ROUND_SLICE, lambda: self._between_slices(view, moved)):
                 if self._stop.is_set():
                     break  # stop() shut the pool down
@@ -89,15 +91,22 @@ class DutyRound(DaemonParts):
         self.metrics.round_seconds.observe(time.monotonic() - started)
 
     def _between_slices(self, view: DaemonView, moved: set[str]) -> None:
-        """Between two slices of the round's queues: a producer's urgent request first
-        (``_wait_turn``), then the heads of a group judged dead meanwhile move at once, in
-        batches, and leave the rest of the round (``moved``).
+        """Between two slices of the round's re-reads and of its queues: a producer's urgent
+        request first (``_wait_turn``), then the groups read again if their watch fired, and the
+        heads of a group judged dead meanwhile move at once, in batches, and leave the rest of
+        the round (``moved``).
 
         Why (issue 43): a group's liveness node going away makes every queue it serves dirty,
         and a kill is judged dead (its probe refused) only after that round began; its heads
         then waited for the whole round's per-queue planning of every queue (10^4 queues: the
-        3,333-4,000 heads all moved in 6-12 s, the goal is 10 s)."""
+        3,333-4,000 heads all moved in 6-12 s, the goal is 10 s). And a re-read of every queue
+        (the sweep; a new term) is minutes at 10^5 queues (~1,000 reads/s): a kill during one
+        waited for all of it (10^5: 346 s, docs/BENCHMARKS.md)."""
         self._wait_turn()
+        try:
+            view.refresh_groups()  # a liveness watch that fired during a long re-read (a sweep)
+        except OrdqError as exc:
+            log.debug("groups not read between slices: %s", exc)
         now = time.monotonic()
         extra = self._judge_groups(view, [], now)
         if len(extra) < 2:

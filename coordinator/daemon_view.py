@@ -167,6 +167,11 @@ class DaemonView:
             raise
         return sorted(q for q in todo if q in self.entries)
 
+    def refresh_groups(self) -> None:
+        """Read the groups again if their watch fired (a process came or went): between two
+        slices of a long re-read, so a dead group is seen without waiting for all of it."""
+        self._reread_if_stale("_groups_stale", self._read_groups)
+
     def _reread_if_stale(self, flag: str, read: Callable[[], None]) -> None:
         """Run ``read`` when the watch set ``flag``; a read that fails leaves it set (next round)."""
         with self._lock:

@@ -452,3 +452,62 @@ def test_a_group_judged_dead_during_a_round_moves_between_two_slices(setup, monk
         if store.client.exists(store.paths.live(gid, "master")) is not None:
             store.client.delete(store.paths.live(gid, "master"))
         store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
+
+
+def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setup, monkeypatch) -> None:
+    """Issue 43: at 10^5 queues a re-read of every queue (the sweep, a new term) takes minutes;
+    a kill during one waited for all of it (346 s to move 33,333 heads, docs/BENCHMARKS.md).
+    Between two slices of the re-read the daemon reads the groups again when their watch fired,
+    and moves the heads of a group judged dead, before the re-read ends."""
+    import socket
+    import threading
+
+    from ordq.coordinator import daemon_view
+    from ordq.coordinator.group_probe import make_pinger
+
+    store, _shared = setup
+    monkeypatch.setattr(daemon_view, "READ_SLICE", 25)
+    with socket.socket() as s:  # a port nobody serves: the probe is refused (GONE)
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    heads = [store.load_state(f"q-{i:04d}")[0].head for i in range(N)]
+    gid = max(("g1", "g2"), key=heads.count)
+    store.client.delete(store.paths.live(gid, "master"))
+    store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
+    daemon = CoordinatorDaemon(store, identifier="t3", away_grace_s=60.0, pinger=make_pinger(timeout_s=2.0))
+    try:
+        daemon.round()
+        assert daemon.view is not None
+        view = daemon.view
+        headed = {q for q, e in view.entries.items()
+                  if e.state is not None and e.state.open_segment is not None and e.state.open_segment.gid == gid}
+        assert len(headed) > 100
+        steps: list[int] = []  # the view's reads when the group went, and when its probe was refused
+        real_wait = daemon._wait_turn
+
+        def kill_then_wait_for_the_probe() -> None:
+            if threading.current_thread() is threading.main_thread() and len(steps) < 2:
+                if not steps:  # the first pause of the re-read: the group's master goes
+                    store.client.delete(store.paths.live(gid, "master"))
+                    wait_until(lambda: view._groups_stale, timeout_s=DEADLINE_S, what="the groups watch fired")
+                else:  # the next: its probe was refused
+                    wait_until(lambda: daemon.stats.away_probes.get("gone", 0) > 0, timeout_s=DEADLINE_S,
+                               what=f"{gid}'s master probed and refused")
+                steps.append(view.reads)
+            real_wait()
+
+        monkeypatch.setattr(daemon, "_wait_turn", kill_then_wait_for_the_probe)
+        moves_before = daemon.stats.batched_moves
+        view.mark_all()  # the sweep: every queue read again
+        daemon.round()
+        assert len(steps) == 2
+        assert daemon.stats.batched_moves - moves_before >= len(headed)
+        assert all(store.load_state(q)[0].head != gid for q in headed)
+        assert steps[1] < view.reads - 100  # moved with more than 100 reads of the sweep still to go
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()
+        if store.client.exists(store.paths.live(gid, "master")) is not None:
+            store.client.delete(store.paths.live(gid, "master"))
+        store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
