@@ -511,3 +511,31 @@ def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setu
         if store.client.exists(store.paths.live(gid, "master")) is not None:
             store.client.delete(store.paths.live(gid, "master"))
         store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
+
+
+def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_period(setup) -> None:
+    """Issue 43: the safety net read every queue at once every 5 min, ~3 min of the leader at
+    10^5 queues. Now a share each round: every queue once per period, in name order, and no
+    more than ``max_per_s`` queues a second."""
+    import time
+
+    from ordq.coordinator.daemon_view import STATE, DaemonView
+
+    store, _ = setup
+    view = DaemonView(store, lambda: None)
+    try:
+        view.refresh(time.monotonic())
+        n = len(view.entries)
+        assert n >= N and not any(e.stale for e in view.entries.values())
+        assert view.sweep_share(1000.0, 300.0, 1e9) == 0  # starts the clock
+        assert view.sweep_share(1100.0, 300.0, 1e9) == n // 3  # a third of the period: a third
+        marked = sorted(q for q, e in view.entries.items() if STATE in e.stale)
+        assert marked == sorted(view.entries)[:n // 3]
+        assert view.sweep_share(1200.0, 300.0, 0.5) == 50  # capped: half a queue a second, not a third
+        view.sweep_share(1500.0, 300.0, 1e9)  # the rest of the pass, and on into the next
+        assert all(STATE in e.stale for e in view.entries.values()) and view.sweep_passes == 1
+        queues = view.refresh(time.monotonic())
+        assert len(queues) == n and not any(e.stale for e in view.entries.values())
+        assert view.sweep_share(1500.5, 300.0, 1e9) <= n * 0.5 / 300 + 1  # a round: next to nothing
+    finally:
+        view.close()
