@@ -344,9 +344,29 @@ def first_write_line(cluster: LocalCluster, gid: str, role: str, seg: int) -> Re
     return found
 
 
+def leader_pid(cluster: LocalCluster) -> int | None:
+    lead = leader_metrics(cluster)
+    if lead is None:
+        return None
+    return next((p.pid for p in cluster.coordinators if p.name == lead[0]), None)
+
+
+def spy_at_kill(pid: int | None, folder: Path | None, tag: str, seconds: float) -> subprocess.Popen[bytes] | None:
+    """``py-spy record --idle`` of the elected coordinator for ``seconds`` from the kill
+    (collapsed stacks, every thread, waiting ones too: where a move's wall time goes)."""
+    if pid is None or folder is None or seconds <= 0:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "100",
+                             "--format", "raw", "--idle", "--nonblocking", "--output",
+                             str(folder / f"kill-{tag}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
               sample: int, rng: random.Random, idle_wait_s: float, *, up: bool = False,
-              spread_wait_s: float = 0.0) -> dict[str, Any]:
+              spread_wait_s: float = 0.0, spy_folder: Path | None = None, spy_s: float = 0.0,
+              tag: str = "") -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while busy.last_seg() < 0 or (st := store.load_state(BUSY)[0]).open_segment is None:
         if time.monotonic() > deadline:
@@ -361,8 +381,11 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     headed = {q: v[0].open_segment.seg for q, v in store.load_states(idle).items()
               if not isinstance(v, CorruptState) and v[0].open_segment is not None
               and v[0].open_segment.gid == gid}
+    spy_pid = leader_pid(cluster) if spy_folder is not None else None
+    load_at_kill = round(os.getloadavg()[0], 2)
     t_kill = time.monotonic()
     cluster.broker(gid, "master").kill()
+    spy = spy_at_kill(spy_pid, spy_folder, f"{tag}-{gid}", spy_s)
     acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
     # the brokers log a first write's line once its ack is written: give it a moment
     spans = None
@@ -385,6 +408,8 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     if not left:
         idle_moved = time.monotonic() - t_kill
     all_moved, all_sealed = track_headed(store, headed, gid, t_kill, idle_wait_s)
+    if spy is not None:
+        spy.wait(spy_s + 60)
     restarted = time.monotonic()
     # A restarted master opens every segment file it holds: at 10,000 queues on a box at load
     # 30+ that passed the default 30 s once and ended a run (stop 28).
@@ -398,7 +423,8 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched),
-            "headed": len(headed), "all_moved_s": all_moved, "all_sealed_s": all_sealed}
+            "headed": len(headed), "all_moved_s": all_moved, "all_sealed_s": all_sealed,
+            "load_at_kill": load_at_kill, "load_after": round(os.getloadavg()[0], 2)}
 
 
 def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float,
@@ -475,6 +501,59 @@ def admin_figures(cluster: LocalCluster, count: int) -> dict[str, Any]:
             "status": {"rc": rc2, "s": round(took2, 2)}}
 
 
+def zk_heap(cluster: LocalCluster) -> dict[str, Any]:
+    """ZooKeeper's JVM: RSS and ``jcmd GC.heap_info`` (used / committed heap)."""
+    pid = cluster.zk.processes[0].pid
+    out: dict[str, Any] = {}
+    if pid is None:
+        return out
+    out.update(proc_facts(pid))
+    try:
+        text = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {**out, "jcmd_failed": repr(exc)}
+    out["heap_info"] = " | ".join(line.strip() for line in text.splitlines()[1:4])
+    return out
+
+
+def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
+    """/metrics and /health size of the elected coordinator, ZooKeeper's heap and nodes,
+    ``ordq group rebalance --dry-run`` timed, then the whole cluster stopped (``ordq down``)
+    and started (``ordq up``), timed to serving and to a busy producer's first ack."""
+    from bench.bench_admin_scale import cli, fetch, leader_url
+
+    out: dict[str, Any] = {"load": round(os.getloadavg()[0], 2)}
+    lead = leader_url(cluster)
+    if lead is not None:
+        base = lead[1].rsplit("/", 1)[0]
+        out["metrics_page"] = fetch(lead[1])
+        out["health_page"] = fetch(base + "/health", timeout_s=10)
+    out["zk"] = zk_facts(cluster)
+    out["zk_heap"] = zk_heap(cluster)
+    rc, text, took = cli(cluster, "--json", "group", "rebalance", "--dry-run")
+    out["rebalance_dry_run"] = {"rc": rc, "s": round(took, 2), "bytes": len(text)}
+    print(json.dumps({"ops": out}), file=sys.stderr, flush=True)
+    cluster.stop(timeout_s=60.0)
+    out["down_load"] = round(os.getloadavg()[0], 2)
+    t0 = time.monotonic()
+    try:
+        cluster.start(timeout_s=600.0)
+        out["full_up_s"] = round(time.monotonic() - t0, 1)
+    except Exception as exc:  # noqa: BLE001 - a number, not a crash
+        out["full_up_failed"] = repr(exc)[:300]
+        return out
+    busy = BusyProducer(cluster, rate)
+    try:
+        busy.start()
+        hit = busy.first_ack_after(t0, -1, timeout_s=300)
+        out["full_up_first_ack_s"] = None if hit is None else round(hit - t0, 1)
+    finally:
+        busy.close()
+    out["up_load"] = round(os.getloadavg()[0], 2)
+    return out
+
+
 def grow(cluster: LocalCluster, have: list[str], target: int, budget_s: float, chunk: int,
          folder: Path) -> dict[str, Any]:
     """Create idle queues up to ``target`` with ``ordq queue create --names-from FILE`` (batched
@@ -523,6 +602,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the steps: create idle queues up to this count with `ordq queue create`, timed")
     ap.add_argument("--grow-budget", type=float, default=300.0, help="seconds of creation at most (--grow-to)")
     ap.add_argument("--grow-chunk", type=int, default=5000, help="names per `queue create` call (--grow-to)")
+    ap.add_argument("--spy-kill", type=Path,
+                    help="py-spy record --idle the elected coordinator from each kill into this folder")
+    ap.add_argument("--spy-s", type=float, default=20.0, help="seconds of --spy-kill")
+    ap.add_argument("--create-cli", action="store_true",
+                    help="create each step's queues with `ordq queue create --names-from` (--grow-chunk a call)")
+    ap.add_argument("--ops", action="store_true",
+                    help="after the last step: /metrics size, ZooKeeper heap, rebalance --dry-run, ordq down/up")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -539,10 +625,16 @@ def main(argv: list[str] | None = None) -> int:
             for count in counts:
                 names = [f"idle-{i:06d}" for i in range(len(have), count)]
                 load0 = os.getloadavg()[0]
-                created_s = create_queues(store, names, args.threads)
-                have += names
-                step: dict[str, Any] = {"queues": count, "created": len(names), "create_s": round(created_s, 1),
-                                        "create_per_s": round(len(names) / created_s, 1) if names else None}
+                if args.create_cli:
+                    grown_now = grow(cluster, have, count, 1e9, args.grow_chunk, folder)  # adds to have
+                    created_s = grown_now["s"]
+                    step_created = grown_now["created"]
+                else:
+                    created_s = create_queues(store, names, args.threads)
+                    have += names
+                    step_created = len(names)
+                step: dict[str, Any] = {"queues": count, "created": step_created, "create_s": round(created_s, 1),
+                                        "create_per_s": round(step_created / created_s, 1) if created_s else None}
                 time.sleep(min(10.0, args.window / 2))  # let the creation's work drain
                 step["load_before"] = round(os.getloadavg()[0], 2)
                 step["idle"] = idle_window(cluster, args.window)
@@ -561,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
                 kills: list[dict[str, Any]] = []
                 for _ in range(args.kills):  # each also on stderr: a run that fails keeps what it measured
                     kills.append(kill_once(cluster, store, busy, have, args.sample, rng, args.idle_wait,
-                                           up=args.up, spread_wait_s=args.spread_wait))
+                                           up=args.up, spread_wait_s=args.spread_wait, spy_folder=args.spy_kill,
+                                           spy_s=args.spy_s, tag=f"{count}-{len(kills)}"))
                     print(json.dumps({"queues": count, "kill": kills[-1], "load": os.getloadavg()[0]}),
                           file=sys.stderr, flush=True)
                 busy.close()
@@ -585,12 +678,20 @@ def main(argv: list[str] | None = None) -> int:
                     step["admin"] = admin_figures(cluster, len(have))
                     # segments kept by the idle queues (never written, no subscription): one each
                     # once a failover's empty segment is popped (state.pop, issue 43)
-                    kept = [len(v[0].consume) for v in store.load_states(have).values()
-                            if not isinstance(v, CorruptState)]
+                    states = [v[0] for v in store.load_states(have).values() if not isinstance(v, CorruptState)]
+                    kept = [len(st.consume) for st in states]
                     step["idle_segments"] = {"total": sum(kept), "max": max(kept, default=0),
-                                             "queues_with_more_than_one": sum(1 for k in kept if k > 1)}
+                                             "queues_with_more_than_one": sum(1 for k in kept if k > 1),
+                                             "examples": [[st.queue, [(c.seg, c.gid, c.status.value, c.end, c.last_seq)
+                                                                      for c in st.consume]]
+                                                          for st in states if len(st.consume) > 1][:8]}
                 steps.append(step)
                 print(json.dumps(step) if args.json else summary(step), flush=True)
+            if args.ops:
+                try:
+                    print(json.dumps({"ops": ops_figures(cluster, args.rate)}), flush=True)
+                except Exception as exc:  # noqa: BLE001 - what was measured is printed already
+                    print(json.dumps({"ops_failed": repr(exc)[:500]}), flush=True)
             if args.grow_to > len(have):
                 grown: dict[str, Any] = {"grow": grow(cluster, have, args.grow_to, args.grow_budget,
                                                       args.grow_chunk, folder)}

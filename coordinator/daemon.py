@@ -11,8 +11,9 @@ queue. ``DaemonView`` (coordinator/daemon_view.py) keeps copies of queue and gro
 current through ZooKeeper watches and marks what changed; the head masters are asked of all
 their open segments in one call each (``OpenSegments``) and a queue whose answer changed is
 marked; a duty that falls due by the clock (segment age, retention time: ``duties.next_due_ms``)
-or a round that failed (a seal no replica answered) sets a timer for its queue. Every
-``sweep_interval_s`` every queue is read again and planned: the safety net, should a watch ever
+or a round that failed (a seal no replica answered) sets a timer for its queue. Once per
+``sweep_interval_s`` (a share each round, at most ``daemon_round.SWEEP_MAX_PER_S`` queues a
+second) every queue is read again and planned: the safety net, should a watch ever
 be missed (none is expected: ZooKeeper delivers them within a session and kazoo re-arms them
 after a reconnection; a new session is a new leadership term, which reads everything anyway).
 

@@ -30,6 +30,14 @@ ROUND_WORKERS = 4
 # Queues handed to the round pool at once; between two slices the daemon waits while the
 # service answers a producer's FailOver (``coordinator/pacing.py``).
 ROUND_SLICE = 250
+# A dead group's idle heads: this many move transactions sent before the first answer is
+# awaited (``ZkStore.apply_batches``): ZooKeeper commits them in order, with one log sync for
+# those that arrive together, and the round trips overlap (each ~200 queues, ~250 KB at most).
+MOVES_IN_FLIGHT = 4
+# The sweep (``DaemonView.sweep_share``) reads every queue once per ``sweep_interval_s``, but
+# no more than this many queues a second (two reads each): at 10^4 queues 33/s (the 5 min
+# stand), at 10^5 a pass every ~8 min at ~400 reads/s, not 200,000 reads at once.
+SWEEP_MAX_PER_S = 200.0
 
 
 class DutyRound(DaemonParts):
@@ -40,22 +48,23 @@ class DutyRound(DaemonParts):
         started = time.monotonic()
         self.stats.rounds += 1
         view = self.view or self._new_term()
-        if started >= self._next_sweep:
-            self._next_sweep = started + self.sweep_interval_s
-            self.stats.sweeps += 1
-            view.mark_all()
+        view.sweep_share(started, self.sweep_interval_s, SWEEP_MAX_PER_S)  # the safety net, a share a round
+        self.stats.sweeps = view.sweep_passes
         if self.prober is not None and started >= self._next_probe:
             self._next_probe = started + self.interval_s
             self._probe(view)
+        moved: set[str] = set()  # moved between two slices of this round: not planned again in it
         try:
-            queues = view.refresh(started, pause=self._wait_turn)
+            queues = view.refresh(started, pause=lambda: self._between_slices(view, moved))
         except OrdqError as exc:
             self.stats.errors += 1
             log.warning("coordinator round: %s", exc)
             return
         finally:
             self.stats.zk_reads = view.reads
-        queues = self._judge_groups(view, queues, started)
+        queues = self._judge_groups(view, queues, time.monotonic())  # (judged between slices too: later)
+        if moved:
+            queues = [q for q in queues if q not in moved]
         if len(queues) > 1:
             queues = urgent_first(queues, self._written, started)
             queues = self._move_dead_heads(queues, view, started)
@@ -64,10 +73,10 @@ class DutyRound(DaemonParts):
             # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
             # on a loaded box (a future each); between slices a producer's FailOver goes first.
             pool = self._pool()
-            for part in in_slices(queues, ROUND_SLICE, self._wait_turn):
+            for part in in_slices(queues, ROUND_SLICE, lambda: self._between_slices(view, moved)):
                 if self._stop.is_set():
                     break  # stop() shut the pool down
-                list(pool.map(self._guarded_round, part))
+                list(pool.map(self._guarded_round, [q for q in part if q not in moved] if moved else part))
         else:
             for queue in queues:
                 self._guarded_round(queue)
@@ -83,17 +92,48 @@ class DutyRound(DaemonParts):
                     self.stats.drop_queue(gone)
         self.metrics.round_seconds.observe(time.monotonic() - started)
 
+    def _between_slices(self, view: DaemonView, moved: set[str]) -> None:
+        """Between two slices of the round's re-reads and of its queues: a producer's urgent
+        request first (``_wait_turn``), then the groups read again if their watch fired, and the
+        heads of a group judged dead meanwhile move at once, in batches, and leave the rest of
+        the round (``moved``).
+
+        Why (issue 43): a group's liveness node going away makes every queue it serves dirty,
+        and a kill is judged dead (its probe refused) only after that round began; its heads
+        then waited for the whole round's per-queue planning of every queue (10^4 queues: the
+        3,333-4,000 heads all moved in 6-12 s, the goal is 10 s). And a re-read of every queue
+        (the sweep; a new term) is minutes at 10^5 queues (~1,000 reads/s): a kill during one
+        waited for all of it (10^5: 346 s, docs/BENCHMARKS.md)."""
+        self._wait_turn()
+        try:
+            view.refresh_groups()  # a liveness watch that fired during a long re-read (a sweep)
+        except OrdqError as exc:
+            log.debug("groups not read between slices: %s", exc)
+        now = time.monotonic()
+        extra = self._judge_groups(view, [], now)
+        if len(extra) < 2:
+            if extra:
+                view.mark(extra)  # one queue: the per-queue way, next round
+            return
+        left = set(self._move_dead_heads(urgent_first(extra, self._written, now), view, now))
+        moved.update(q for q in extra if q not in left)
+        view.mark(left)  # not moved here: planned next round
+
     def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
         """Fail over, in batched transactions, every queue of ``queues`` whose head group is
         dead (``group_moves``), written queues first; return the queues left for the per-queue
         round (those not moved here). A moved queue's write fires its watch: its seal is planned
         in the next round. One queue alone goes the per-queue way (no batch to gain)."""
         entries = view.entries
+        live = view.live
         rows = []
         for q in queues:
             entry = entries.get(q)
             if entry is None or entry.state is None or entry.problem is not None:
                 continue
+            open_seg = entry.state.open_segment
+            if open_seg is None or open_seg.gid in live:
+                continue  # its head is live: nothing to move (the facts of every queue cost ~30 µs each)
             rows.append((q, entry.state, entry.version, view.facts(entry)))
         busy = {q for q, *_ in rows if is_written(q, self._written, now)}
         moves = [m for m in plan_moves(rows, busy)
@@ -101,26 +141,33 @@ class DutyRound(DaemonParts):
         if len(moves) < 2:
             return queues
         moved: set[str] = set()
-        for part in batches(moves):
+        parts = batches(moves)
+        # The busy queues' small batches first, then the idle ones MOVES_IN_FLIGHT transactions
+        # at a time (a producer's FailOver first before each window: pacing.py).
+        windows = [[p] for p in parts if p[0].busy]
+        idle = [p for p in parts if not p[0].busy]
+        windows += [idle[i:i + MOVES_IN_FLIGHT] for i in range(0, len(idle), MOVES_IN_FLIGHT)]
+        for window in windows:
             if self._stop.is_set():
                 break
-            if not part[0].busy:
-                self._wait_turn()  # a producer's FailOver first (pacing.py)
+            if not window[0][0].busy:
+                self._wait_turn()
             try:
-                done, _left = self.store.apply_batch([(m.queue, m.version, m.after) for m in part],
-                                                     view.group_versions)
+                results = self.store.apply_batches([[(m.queue, m.version, m.after) for m in part] for part in window],
+                                                   view.group_versions)
             except OrdqError as exc:  # left to the per-queue rounds
                 with self._lock:
                     self.stats.errors += 1
-                log.warning("moving %d heads off a dead group: %s", len(part), exc)
+                log.warning("moving %d heads off a dead group: %s", sum(len(p) for p in window), exc)
                 continue
-            moved.update(done)
-            with self._lock:
-                if done:
-                    self.stats.move_batches += 1
-                    self.stats.batched_moves += len(done)
-                    self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
-                        + len(done)
+            for done, _left in results:
+                moved.update(done)
+                with self._lock:
+                    if done:
+                        self.stats.move_batches += 1
+                        self.stats.batched_moves += len(done)
+                        self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
+                            + len(done)
         if moved:
             log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
         return [q for q in queues if q not in moved]
@@ -250,6 +297,8 @@ class DutyRound(DaemonParts):
             if action.kind is Kind.SEAL:
                 self._seal_later(queue, action, known=(st, entry.version))
                 continue
+            if action.kind is Kind.DROP_EMPTY and entry.cursors is None:
+                continue  # planned without the cursors (the view reads them once the head is sealed)
             # A pop reads the cursors itself, unless the view read them after this state copy and
             # found none (daemon_view.py): then only the state's version is checked, and a
             # subscription created since wrote the state (create_subscription), so the write
@@ -289,6 +338,10 @@ class DutyRound(DaemonParts):
             gid, seg = action.gid, action.seg
             self.store.apply(queue, roll_transition(cfg, gid, seg), known=known)
             # its state write fires our watch: the rolled segment is sealed in the next round
+        elif action.kind is Kind.DROP_EMPTY:
+            assert action.seg is not None
+            seg = action.seg
+            self.store.apply(queue, lambda s, f: sm.drop_empty(s, seg, f))  # reads the cursors afresh
         elif action.kind is Kind.RETAIN:
             later = action.later_stored
             self.store.apply(queue, lambda s, f: sm.pop(s, f, retention=True, later_stored=later))

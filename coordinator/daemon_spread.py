@@ -6,6 +6,7 @@ is the pure ``coordinator/rebalance.py``, written by ``coordinator/head_spread.p
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from ordq.common.errors import CoordinationUnavailable, OrdqError
 from ordq.coordinator.daemon_parts import DaemonParts, is_written, log
@@ -20,6 +21,21 @@ from ordq.coordinator.head_spread import SpreadResult, spread_heads
 REBALANCE_INTERVAL_S = 2.0
 REBALANCE_GRACE_S = 10.0
 REBALANCE_MOVES_PER_S = 50.0
+
+
+def spread_waits(seal_batches: Mapping[str, Mapping[str, object]], live: frozenset[str] | set[str],
+                 max_moves: int) -> bool:
+    """Whether a spread pass waits for the seals queued for batches (gid -> queue -> ...): while
+    a dead group's (one not live) wait, or more than one pass's worth of moves in all.
+
+    Why not "while any wait" (until 2026-11-30): each pass's moves leave as many sealing
+    segments on the giving groups, queued for batches; the next pass, 2 s later, found them
+    still waiting and was skipped, so passes came every ~5 s (~20 moves/s at 10^4, against the
+    50/s bound). A pass's own seals are of live groups and few (``max_moves``); a backlog larger
+    than that means the seals fall behind the moves, and the spread waits for them."""
+    if any(waiting and gid not in live for gid, waiting in seal_batches.items()):
+        return True  # a dead group's seals first
+    return sum(len(waiting) for waiting in seal_batches.values()) > max_moves
 
 
 class SpreadBack(DaemonParts):
@@ -39,12 +55,12 @@ class SpreadBack(DaemonParts):
         if self.rebalance_moves_per_s <= 0 or now < self._next_spread:
             return
         self._next_spread = now + REBALANCE_INTERVAL_S
+        max_moves = int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S)
         with self._lock:
-            if self._seal_batches:
-                return  # a dead group's seals first
+            if spread_waits(self._seal_batches, view.live, max_moves):
+                return
         try:
-            result = self._spread(view, settled, now, max_moves=int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S),
-                                  dry_run=False)
+            result = self._spread(view, settled, now, max_moves=max_moves, dry_run=False)
         except OrdqError as exc:
             log.warning("spreading heads: %s", exc)
             return

@@ -83,6 +83,12 @@ class DaemonView:
         self.reads = 0  # ZooKeeper reads sent (statistics, tests)
         self.list_changes = 0  # times the queue list was read (queues created or deleted)
         self._root = store.paths.queues + "/"
+        # the sweep, a share each round (``sweep_share``)
+        self._sweep_at: float | None = None
+        self._sweep_order: list[str] = []
+        self._sweep_pos = 0
+        self._sweep_carry = 0.0
+        self.sweep_passes = 0  # full passes begun after the first
 
     # -- watches (kazoo's event thread: mark and wake, nothing else) ---------------------------
 
@@ -127,6 +133,40 @@ class DaemonView:
                 entry.stale |= {STATE, CONFIG, SUBS}
                 self._dirty.add(queue)
 
+    def sweep_share(self, now: float, period_s: float, max_per_s: float) -> int:
+        """The safety net spread over time: mark the next share of the queues (in name order,
+        round and round) to be read again and planned, so that every queue is read once per
+        ``period_s``, or at ``max_per_s`` queues a second when that is slower; the groups and
+        the queue list too, once per pass. Returns how many it marked.
+
+        Why a share each round, not ``mark_all`` once per period (until 2026-11-30): at 10^5
+        queues reading every one is ~200,000 reads, ~3 min of the leader at ~1,000 reads/s; a
+        kill during it waited for all of it, and the leader lost its ZooKeeper session
+        (docs/BENCHMARKS.md, "10^5 queues on one cluster")."""
+        with self._lock:
+            if self._sweep_at is None:
+                self._sweep_at = now
+                return 0
+            elapsed = max(0.0, now - self._sweep_at)
+            self._sweep_at = now
+            n = len(self.entries)
+            share = min(n * elapsed / period_s, max_per_s * elapsed) + self._sweep_carry
+            k = min(int(share), n)
+            self._sweep_carry = share - k if k < n else 0.0
+            for _ in range(k):
+                if self._sweep_pos >= len(self._sweep_order):
+                    if self._sweep_order:
+                        self.sweep_passes += 1
+                    self._sweep_order, self._sweep_pos = sorted(self.entries), 0
+                    self._queues_stale = self._groups_stale = True
+                q = self._sweep_order[self._sweep_pos]
+                self._sweep_pos += 1
+                entry = self.entries.get(q)
+                if entry is not None:
+                    entry.stale |= {STATE, CONFIG, SUBS}
+                    self._dirty.add(q)
+            return k
+
     def mark(self, queues: Iterable[str]) -> None:
         """Plan these queues again next round (their copies are kept)."""
         with self._lock:
@@ -166,6 +206,11 @@ class DaemonView:
             self.mark(todo)
             raise
         return sorted(q for q in todo if q in self.entries)
+
+    def refresh_groups(self) -> None:
+        """Read the groups again if their watch fired (a process came or went): between two
+        slices of a long re-read, so a dead group is seen without waiting for all of it."""
+        self._reread_if_stale("_groups_stale", self._read_groups)
 
     def _reread_if_stale(self, flag: str, read: Callable[[], None]) -> None:
         """Run ``read`` when the watch set ``flag``; a read that fails leaves it set (next round)."""

@@ -14,7 +14,7 @@ import enum
 
 import attrs
 
-from ordq.coordinator.state import Facts, QueueState, SegStatus, holds_newest
+from ordq.coordinator.state import Facts, QueueState, SegStatus, empty_behind, holds_newest
 
 
 class Kind(enum.Enum):
@@ -24,6 +24,7 @@ class Kind(enum.Enum):
     POP = "pop"  # the head segment was read by every subscription
     RETAIN = "retain"  # an operator's retention limit drops the head segment
     ROLL = "roll"  # the open segment reached its size or age: seal it, continue on the next
+    DROP_EMPTY = "drop_empty"  # a segment sealed empty behind a head that stays (state.drop_empty)
 
 
 @attrs.frozen
@@ -95,6 +96,10 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
         else:
             break
         rest = attrs.evolve(rest, consume=rest.consume[1:])
+    # Segments sealed empty behind a head that stays (unread, or holding the newest message):
+    # one failover of the idle head group each (issue 43); nothing in them to read.
+    droppable = empty_behind(rest, facts)
+    actions.extend(Action(Kind.DROP_EMPTY, gid=s.gid, seg=s.seg) for s in rest.consume if s.seg in droppable)
     return actions
 
 

@@ -67,7 +67,7 @@ class DaemonStats:
 
     rounds: int = 0
     planned: int = 0  # queue plans made (a round plans only what changed or fell due)
-    sweeps: int = 0  # safety-net rounds that read every queue again
+    sweeps: int = 0  # safety-net passes that read every queue again (a share each round)
     zk_reads: int = 0  # ZooKeeper reads the daemon's view sent (not counting its writes' own)
     probes: int = 0  # OpenSegments calls to head masters (one per live group and probe)
     actions: dict[str, int] = attrs.field(factory=dict)
@@ -161,7 +161,7 @@ class CoordinatorMetrics(Collector):
         yield CounterMetricFamily("ordq_coordinator_rounds", "Duty rounds run", value=st.rounds)
         yield CounterMetricFamily("ordq_coordinator_planned", "Queues planned (changed or due) over all rounds",
                                   value=st.planned)
-        yield CounterMetricFamily("ordq_coordinator_sweeps", "Safety-net rounds that read every queue again",
+        yield CounterMetricFamily("ordq_coordinator_sweeps", "Safety-net passes that read every queue again",
                                   value=st.sweeps)
         yield CounterMetricFamily("ordq_coordinator_zk_reads", "ZooKeeper reads sent by the duty rounds",
                                   value=st.zk_reads)

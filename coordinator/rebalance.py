@@ -45,8 +45,8 @@ def plan_spread(queues: Iterable[tuple[str, QueueState, int]], live: frozenset[s
         raise ValueError("max_moves must be >= 0")
     rows = [(q, st, v) for q, st, v in queues]
     counts = head_counts((st.head for _q, st, _v in rows), live)
-    if len(counts) < 2 or max_moves == 0:
-        return []
+    if len(counts) < 2 or max_moves == 0 or max(counts.values()) - min(counts.values()) < 2:
+        return []  # even already: no move (and no sort of every queue, each pass: 10^5 of them)
     # the queues each live group heads that may move: idle, with an open segment on the head
     movable: dict[str, list[tuple[str, QueueState, int]]] = {g: [] for g in counts}
     for q, st, v in sorted(rows, key=lambda r: r[0]):

@@ -507,6 +507,45 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_store
     return _checked(new, None if retention else facts.cursors)
 
 
+def empty_behind(state: QueueState, facts: Facts) -> tuple[int, ...]:
+    """The segments ``drop_empty`` may drop now: sealed empty, neither the consume-list head
+    (``pop``'s) nor its tail, and every subscription (if any) past them."""
+    return tuple(s.seg for s in state.consume[1:-1]
+                 if s.holds_nothing and all(c.seg > s.seg for c in facts.cursors.values()))
+
+
+def drop_empty(state: QueueState, seg: int, facts: Facts) -> QueueState:
+    """Drop segment ``seg`` from the middle of the consume list: it was sealed empty, it is
+    neither the head (``pop`` takes that one) nor the tail, and every subscription is past it.
+
+    Why (issue 43): ``pop`` takes only the head. A queue whose head holds messages nobody has
+    read yet (no subscription, or one behind), or the queue's newest message (``holds_newest``),
+    keeps that head; every later failover of its idle head group (a session blip, a kill, a
+    spread-back move) appended one more segment sealed empty behind it, kept for ever.
+
+    Why it is safe (DESIGN §3, §5): the segment holds no message, acked or not (``end`` 0 is
+    the longer replica's end, and every acked batch is on both replicas); nothing in it can be
+    read, so dropping it drops nothing, and ``trimmed_seq`` (the seqs popped) stays as it is.
+    No subscription's cursor is at or before it, so no committed position points into the gap;
+    a reader arriving later (a new subscription at 'earliest', a reset) goes from the end of
+    the segment before it to the next segment the list holds (``sdk/_consumer_read.py``), and
+    its seq filter still proves nothing was skipped. The order of what remains is unchanged
+    (I3: ids still increase), the head and tail are untouched (I1, I5)."""
+    target = state.segment(seg)
+    if target is None:
+        raise IllegalTransition("drop_empty", f"segment {seg} is not in the consume list")
+    if not target.holds_nothing:
+        raise IllegalTransition("drop_empty", f"segment {seg} is {target.status.value} with end {target.end}, "
+                                              "not sealed empty")
+    if seg == state.consume[0].seg or seg == state.consume[-1].seg:
+        raise IllegalTransition("drop_empty", f"segment {seg} is the consume list's head or tail")
+    behind = sorted(sub for sub, c in facts.cursors.items() if c.seg <= seg)
+    if behind:
+        raise IllegalTransition("drop_empty", f"subscriptions {behind} have not passed segment {seg}")
+    new = attrs.evolve(state, consume=tuple(s for s in state.consume if s.seg != seg))
+    return _checked(new, facts.cursors)
+
+
 def bump_epoch(state: QueueState, key_hash: str | None = None) -> QueueState:
     """A new producer leader takes over: every lower epoch is fenced from now on. ``key_hash``
     (SHA-256 hex of the key only the claimer learns) binds the new epoch to it, in the same

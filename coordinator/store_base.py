@@ -247,17 +247,19 @@ class ZkBase:
         return parse_state(queue, data), stat.version
 
 
-    def load_states(self, queues: Sequence[str], *, with_subs: bool = False,
-                    slice_size: int = 500) -> dict[str, tuple[QueueState, int, list[str] | None] | CorruptState]:
+    def load_states(self, queues: Sequence[str], *, with_subs: bool = False, slice_size: int = 500,
+                    watch: Callable[[Any], None] | None = None,
+                    ) -> dict[str, tuple[QueueState, int, list[str] | None] | CorruptState]:
         """Many queues' states (and their subscriptions' names when ``with_subs``), the reads
         sent ``slice_size`` at a time and then awaited (kazoo pipelines them on one connection):
         what ``queue list`` reads of the queues the coordinator's copy does not hold (issue 43).
-        A queue deleted meanwhile is left out; one whose state does not parse is its CorruptState."""
+        A queue deleted meanwhile is left out; one whose state does not parse is its CorruptState.
+        ``watch``: set on each state read (as ``load_state``'s)."""
         out: dict[str, tuple[QueueState, int, list[str] | None] | CorruptState] = {}
         with self._errors():
             for i in range(0, len(queues), slice_size):
                 part = queues[i:i + slice_size]
-                states = [self.client.get_async(self.paths.state(q)) for q in part]
+                states = [self.client.get_async(self.paths.state(q), watch=watch) for q in part]
                 subs = [self.client.get_children_async(self.paths.subs(q)) for q in part] if with_subs else None
                 for j, q in enumerate(part):
                     try:

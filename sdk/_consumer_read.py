@@ -114,6 +114,12 @@ class SegmentReader:
                 # put some of them in the next segment too): never a silent skip.
                 self._move(Cursor(seg=head, offset=0, last_seq=self.filter.last_seq))
                 return []
+            later = next((s.seg for s in st.consume if s.seg > cur.seg), None)
+            if later is not None:
+                # A segment sealed empty, dropped from the middle of the list (state.drop_empty):
+                # nothing was in it; on to the next one the list holds (the seq filter checks).
+                self._move(Cursor(seg=later, offset=0, last_seq=self.filter.last_seq))
+                return []
             view.wait_change(wait_ms)  # the next segment does not exist yet
             return []
         if segment.status is SegStatus.SEALED and cur.offset >= (segment.end or 0):

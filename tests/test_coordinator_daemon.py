@@ -358,3 +358,46 @@ def test_a_topic_and_its_consumer_group_come_back_whole_after_every_broker_and_c
             r.leave()
     rec.check()
     assert rec.payloads() == expected
+
+
+@pytest.mark.heavy  # 11 s of real processes at load 1
+def test_an_empty_segment_behind_an_unread_one_is_dropped_and_a_reader_goes_past_it(cluster: Cluster) -> None:
+    """Issue 43: segment 0 holds three messages nobody subscribed to, so it stays; a failover of
+    the idle head left segment 1 sealed empty behind it, which ``pop`` (the head only) kept for
+    ever. The daemon drops it (``state.drop_empty``), the broker frees its files, and a new
+    subscription from 'earliest' reads segment 0, goes on past the gap to segment 2, and gets
+    every message in order, once."""
+    from ordq.coordinator import state as sm
+
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q", ["g1", "g2"])
+    cluster.start_daemon("coordinator")
+    first = cluster.producer(n=3)
+    first.start()
+    first.join(DEADLINE_S)
+    assert len(first.acked) == 3
+    st = cluster.state()
+    assert st.head == "g1" and st.open_segment is not None and st.open_segment.seg == 0
+    cluster.store.apply("q", lambda s, f: sm.fail_over(s, "g1", 0, f))  # an operator's, or a blip's
+    cluster.wait_state(lambda s: (x := s.segment(0)) is not None and x.status is SegStatus.SEALED and x.end == 3,
+                       timeout_s=DEADLINE_S, what="segment 0 sealed with its 3 messages")
+    cluster.store.apply("q", lambda s, f: sm.fail_over(s, "g2", 1, f))  # the send list empties: both admitted again
+    st = cluster.wait_state(lambda s: [x.seg for x in s.consume] == [0, 2], timeout_s=DEADLINE_S,
+                            what="segment 1, sealed empty behind the unread segment 0, dropped")
+    assert st.consume[0].end == 3 and st.open_segment is not None and st.trimmed_seq == -1
+    g2 = cluster.groups["g2"].master.proc.log_path
+    wait_until(lambda: "segment q/1 removed" in g2.read_text(errors="replace"), timeout_s=DEADLINE_S,
+               what="g2's master freed segment 1")
+    config = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
+                            lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
+    with Producer(config) as producer:  # a new producer leader: seqs go on, on segment 2
+        futures = [producer.send(make_payload(3 + i, "Q", 200)) for i in range(2)]
+        producer.flush(timeout_s=DEADLINE_S)
+        assert [(f.result(timeout=DEADLINE_S).seq, f.result().seg) for f in futures] == [(3, 2), (4, 2)]
+    consumer = cluster.consumer(until=4)
+    consumer.start()
+    consumer.join(DEADLINE_S)
+    assert [d.seq for d in consumer.delivered] == [0, 1, 2, 3, 4]
+    assert [(d.writer, d.payload_seq) for d in consumer.delivered] == [("P", 0), ("P", 1), ("P", 2), ("Q", 3),
+                                                                         ("Q", 4)]
+    assert all(d.intact for d in consumer.delivered)

@@ -383,3 +383,159 @@ def test_a_segment_sealed_empty_is_popped_with_one_write_and_a_new_subscription_
     for _ in range(3):
         daemon.round()
     assert real_load("blip-read")[0].segment(0) is not None  # the subscription has not passed it
+
+
+def test_a_group_judged_dead_during_a_round_moves_between_two_slices(setup, monkeypatch) -> None:
+    """Issue 43: a kill makes every queue of the group dirty, and the group is judged dead only
+    once its probe is refused, after that round began. Its heads move between two slices of
+    that round, in batches, and leave the rest of it (they waited for the whole round's
+    planning of every queue before: 10^4 queues, 3,333-4,000 heads all moved in 6-12 s)."""
+    import socket
+    import threading
+
+    from ordq.coordinator import daemon_round as daemon_mod
+    from ordq.coordinator.group_probe import make_pinger
+
+    store, _shared = setup
+    monkeypatch.setattr(daemon_mod, "ROUND_SLICE", 50)
+    with socket.socket() as s:  # a port nobody serves: the probe is refused (GONE)
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    # the group heading most of the queues now (earlier tests here move heads about)
+    heads = [store.load_state(f"q-{i:04d}")[0].head for i in range(N)]
+    gid = max(("g1", "g2"), key=heads.count)
+    store.client.delete(store.paths.live(gid, "master"))
+    store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
+    daemon = CoordinatorDaemon(store, identifier="t2", away_grace_s=60.0, pinger=make_pinger(timeout_s=2.0))
+    try:
+        daemon.round()  # reads everything, sees g1's master at that address
+        assert daemon.view is not None
+        headed = {q for q, e in daemon.view.entries.items()
+                  if e.state is not None and e.state.open_segment is not None and e.state.open_segment.gid == gid}
+        assert len(headed) > 100
+        planned: list[str] = []
+        moved_at: list[int] = []
+        inner = daemon._queue_round
+
+        def counted(queue: str) -> None:
+            planned.append(queue)
+            inner(queue)
+
+        real_wait = daemon._wait_turn
+
+        def wait_for_the_probe() -> None:
+            # the round's own pause between two slices (not a worker's, not the re-reads'):
+            # wait for the probe's answer, so the verdict flips there, as a refused probe does
+            if threading.current_thread() is threading.main_thread() and planned and not moved_at:
+                wait_until(lambda: daemon.stats.away_probes.get("gone", 0) > 0, timeout_s=DEADLINE_S,
+                           what=f"{gid}'s master probed and refused")
+                moved_at.append(len(planned))
+            real_wait()
+
+        monkeypatch.setattr(daemon, "_queue_round", counted)
+        monkeypatch.setattr(daemon, "_wait_turn", wait_for_the_probe)
+        moves_before = daemon.stats.batched_moves
+        store.client.delete(store.paths.live(gid, "master"))
+        wait_until(lambda: daemon.view is not None and daemon.view._groups_stale, timeout_s=DEADLINE_S,
+                   what="the daemon's groups watch fired")
+        daemon.round()  # the group away: every queue using it planned; judged dead during it
+        # after the first slice, before the round had planned the group's queues
+        assert moved_at and 0 < moved_at[0] < len(headed)
+        assert daemon.stats.batched_moves - moves_before >= len(headed)
+        assert all(store.load_state(q)[0].head != gid for q in headed)
+        # the moved ones were not planned again in the rest of that round
+        assert not headed & set(planned[moved_at[0]:])
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()
+        if store.client.exists(store.paths.live(gid, "master")) is not None:
+            store.client.delete(store.paths.live(gid, "master"))
+        store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
+
+
+def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setup, monkeypatch) -> None:
+    """Issue 43: at 10^5 queues a re-read of every queue (the sweep, a new term) takes minutes;
+    a kill during one waited for all of it (346 s to move 33,333 heads, docs/BENCHMARKS.md).
+    Between two slices of the re-read the daemon reads the groups again when their watch fired,
+    and moves the heads of a group judged dead, before the re-read ends."""
+    import socket
+    import threading
+
+    from ordq.coordinator import daemon_view
+    from ordq.coordinator.group_probe import make_pinger
+
+    store, _shared = setup
+    monkeypatch.setattr(daemon_view, "READ_SLICE", 25)
+    with socket.socket() as s:  # a port nobody serves: the probe is refused (GONE)
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    heads = [store.load_state(f"q-{i:04d}")[0].head for i in range(N)]
+    gid = max(("g1", "g2"), key=heads.count)
+    store.client.delete(store.paths.live(gid, "master"))
+    store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
+    daemon = CoordinatorDaemon(store, identifier="t3", away_grace_s=60.0, pinger=make_pinger(timeout_s=2.0))
+    try:
+        daemon.round()
+        assert daemon.view is not None
+        view = daemon.view
+        headed = {q for q, e in view.entries.items()
+                  if e.state is not None and e.state.open_segment is not None and e.state.open_segment.gid == gid}
+        assert len(headed) > 100
+        steps: list[int] = []  # the view's reads when the group went, and when its probe was refused
+        real_wait = daemon._wait_turn
+
+        def kill_then_wait_for_the_probe() -> None:
+            if threading.current_thread() is threading.main_thread() and len(steps) < 2:
+                if not steps:  # the first pause of the re-read: the group's master goes
+                    store.client.delete(store.paths.live(gid, "master"))
+                    wait_until(lambda: view._groups_stale, timeout_s=DEADLINE_S, what="the groups watch fired")
+                else:  # the next: its probe was refused
+                    wait_until(lambda: daemon.stats.away_probes.get("gone", 0) > 0, timeout_s=DEADLINE_S,
+                               what=f"{gid}'s master probed and refused")
+                steps.append(view.reads)
+            real_wait()
+
+        monkeypatch.setattr(daemon, "_wait_turn", kill_then_wait_for_the_probe)
+        moves_before = daemon.stats.batched_moves
+        view.mark_all()  # the sweep: every queue read again
+        daemon.round()
+        assert len(steps) == 2
+        assert daemon.stats.batched_moves - moves_before >= len(headed)
+        assert all(store.load_state(q)[0].head != gid for q in headed)
+        assert steps[1] < view.reads - 100  # moved with more than 100 reads of the sweep still to go
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()
+        if store.client.exists(store.paths.live(gid, "master")) is not None:
+            store.client.delete(store.paths.live(gid, "master"))
+        store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
+
+
+def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_period(setup) -> None:
+    """Issue 43: the safety net read every queue at once every 5 min, ~3 min of the leader at
+    10^5 queues. Now a share each round: every queue once per period, in name order, and no
+    more than ``max_per_s`` queues a second."""
+    import time
+
+    from ordq.coordinator.daemon_view import STATE, DaemonView
+
+    store, _ = setup
+    view = DaemonView(store, lambda: None)
+    try:
+        view.refresh(time.monotonic())
+        n = len(view.entries)
+        assert n >= N and not any(e.stale for e in view.entries.values())
+        assert view.sweep_share(1000.0, 300.0, 1e9) == 0  # starts the clock
+        assert view.sweep_share(1100.0, 300.0, 1e9) == n // 3  # a third of the period: a third
+        marked = sorted(q for q, e in view.entries.items() if STATE in e.stale)
+        assert marked == sorted(view.entries)[:n // 3]
+        assert view.sweep_share(1200.0, 300.0, 0.5) == 50  # capped: half a queue a second, not a third
+        view.sweep_share(1500.0, 300.0, 1e9)  # the rest of the pass, and on into the next
+        assert all(STATE in e.stale for e in view.entries.values()) and view.sweep_passes == 1
+        queues = view.refresh(time.monotonic())
+        assert len(queues) == n and not any(e.stale for e in view.entries.values())
+        assert view.sweep_share(1500.5, 300.0, 1e9) <= n * 0.5 / 300 + 1  # a round: next to nothing
+    finally:
+        view.close()

@@ -104,3 +104,26 @@ def test_every_plan_moves_only_idle_queues_to_live_groups_of_their_send_list_and
         assert plan_spread([(m.queue, m.after, 0) for m in moves] +
                            [r for r in rows if r[0] not in {m.queue for m in moves}],
                            live, set(), max_moves=max_moves) == []
+
+
+def test_a_spread_pass_waits_for_a_dead_groups_seals_or_a_backlog_not_its_own_few() -> None:
+    from ordq.coordinator.daemon_spread import spread_waits
+
+    live = frozenset({"g1", "g2", "g3"})
+    assert not spread_waits({}, live, 100)
+    # the last pass's 100 moves left 100 seals on live groups: the next pass goes (it was
+    # skipped until 2026-11-30: passes every ~5 s, not 2 s)
+    assert not spread_waits({"g2": {f"q{i}": 0 for i in range(60)}, "g3": {f"r{i}": 0 for i in range(40)}}, live, 100)
+    assert spread_waits({"g2": {f"q{i}": 0 for i in range(101)}}, live, 100)  # seals fall behind: wait
+    assert spread_waits({"g4": {"q": 0}}, live, 100)  # a dead group's seals first
+    assert not spread_waits({"g4": {}}, live, 100)  # its batches done
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["g1", "g2", "g3", "g4"]), st.integers(0, 300)), st.integers(1, 200))
+def test_spread_waits_exactly_when_a_dead_group_has_seals_or_more_than_a_pass_wait(sizes, max_moves) -> None:
+    from ordq.coordinator.daemon_spread import spread_waits
+
+    live = frozenset({"g1", "g2", "g3"})
+    batches = {g: {f"{g}-{i}": 0 for i in range(n)} for g, n in sizes.items()}
+    assert spread_waits(batches, live, max_moves) == (sizes.get("g4", 0) > 0 or sum(sizes.values()) > max_moves)

@@ -742,3 +742,139 @@ def test_spread_heads_each_group_equally_and_splits_each_heads_successor(groups:
         assert sorted(heads) == sorted(distinct)
         pairs = [sm.spread(groups, k + i)[:2] for i in range(n * (n - 1))]
         assert sorted(pairs) == sorted((a, b) for a in distinct for b in distinct if a != b)
+
+
+def test_a_segment_sealed_empty_behind_a_head_that_stays_is_dropped() -> None:
+    """Issue 43: a head that holds messages nobody read (or the newest message) stays, and each
+    later failover of the idle head group left one more segment sealed empty behind it, for
+    ever. ``drop_empty`` takes such a segment from the middle of the list: never the head or
+    the tail, never one holding a message, never one a subscription is at or before."""
+    held = sm.seal(sm.fail_over(started(), "g1", 0, ALL_LIVE), 0, end=3, first_seq=0, last_seq=2)
+    behind = sm.seal(sm.fail_over(held, "g2", 1, ALL_LIVE), 1, end=0, first_seq=None, last_seq=None)
+    behind = sm.seal(sm.fail_over(behind, "g3", 2, ALL_LIVE), 2, end=0, first_seq=None, last_seq=None)
+    assert [x.seg for x in behind.consume] == [0, 1, 2, 3]
+    assert sm.empty_behind(behind, Facts()) == (1, 2)
+    dropped = sm.drop_empty(sm.drop_empty(behind, 1, Facts()), 2, Facts())
+    assert [x.seg for x in dropped.consume] == [0, 3]
+    assert dropped.trimmed_seq == behind.trimmed_seq == -1 and dropped.next_seg == behind.next_seg
+    assert dropped.earliest_cursor() == behind.earliest_cursor()  # 'earliest' reads the same
+    with pytest.raises(IllegalTransition, match="not sealed empty"):
+        sm.drop_empty(behind, 0, Facts())  # holds messages (and is the head)
+    empty_head = sm.seal(sm.fail_over(sm.fail_over(started(), "g1", 0, ALL_LIVE), "g2", 1, ALL_LIVE), 0, end=0,
+                         first_seq=None, last_seq=None)
+    with pytest.raises(IllegalTransition, match="head or tail"):
+        sm.drop_empty(empty_head, 0, Facts())  # pop's
+    with pytest.raises(IllegalTransition, match="not sealed empty"):
+        sm.drop_empty(behind, 3, Facts())  # the open tail
+    with pytest.raises(IllegalTransition, match="not in the consume list"):
+        sm.drop_empty(dropped, 1, Facts())
+    # a subscription at or before it keeps it; one past it does not
+    for at in (0, 1):
+        with pytest.raises(IllegalTransition, match="have not passed"):
+            sm.drop_empty(behind, 1, Facts(cursors={"a": Cursor(seg=at, offset=3, last_seq=2)}))
+    assert sm.empty_behind(behind, Facts(cursors={"a": Cursor(seg=2, last_seq=2)})) == (1,)
+    assert [x.seg for x in sm.drop_empty(behind, 1, Facts(cursors={"a": Cursor(seg=2, last_seq=2)})).consume] == [
+        0, 2, 3]
+    # still sealing (its end not decided): never
+    sealing = sm.fail_over(held, "g2", 1, ALL_LIVE)
+    sealing = sm.seal(sm.fail_over(sealing, "g3", 2, ALL_LIVE), 2, end=0, first_seq=None, last_seq=None)
+    assert sm.empty_behind(sealing, Facts()) == (2,)
+    with pytest.raises(IllegalTransition, match="not sealed empty"):
+        sm.drop_empty(sealing, 1, Facts())
+
+
+def test_duties_drop_empty_segments_behind_a_head_that_stays() -> None:
+    from ordq.coordinator.duties import Action, Kind, plan
+
+    g3_only = Facts(live_groups=frozenset({"g3"}))
+    s = sm.seal(sm.fail_over(started(), "g1", 0, g3_only), 0, 2, 0, 1)  # held: nobody read it
+    s = sm.seal(sm.fail_over(s, "g2", 1, g3_only), 1, 0, None, None)
+    assert s.head == "g3"
+    assert plan(s, g3_only) == [Action(Kind.DROP_EMPTY, gid="g2", seg=1)]
+    # a subscription at it keeps it (and the head holds the newest message: kept too)
+    at_one = Facts(live_groups=g3_only.live_groups, cursors={"a": Cursor(seg=1, last_seq=1)})
+    assert plan(s, at_one) == []
+    at_zero = Facts(live_groups=g3_only.live_groups, cursors={"a": Cursor(seg=0)})
+    assert plan(s, at_zero) == []
+
+
+drop_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["write", "blip", "blip", "seal", "pop", "drop", "drop", "live", "admit_all", "subscribe",
+                         "read"]),
+        st.sampled_from(GROUPS),
+        st.integers(min_value=0, max_value=4),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(drop_ops)
+@example([("write", "g1", 2), ("seal", "g1", 0), ("blip", "g1", 0), ("seal", "g1", 0), ("blip", "g2", 0),
+          ("seal", "g2", 0), ("drop", "g1", 0), ("subscribe", "g1", 0), ("read", "g1", 0), ("read", "g1", 0)])
+def test_dropping_empty_segments_drops_no_message_and_strands_no_reader(seq: list[tuple[str, str, int]]) -> None:
+    """Writes, session blips, seals, pops, drops of segments sealed empty from the middle, and a
+    subscription that may come at any time, from 'earliest', reading on to the next segment the
+    list holds: a drop never takes a segment holding a message, the head, the tail, or one a
+    subscription is at or before; the invariants hold; and a reader from 'earliest' at the end
+    gets every message not yet popped, in order, exactly once."""
+    state = sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
+    live = set(GROUPS)
+    stored: dict[int, list[int]] = {}
+    next_seq = 0
+    cursors: dict[str, Cursor] = {}
+    for op, gid, n in seq:
+        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
+        before = state
+        try:
+            if op == "write" and state.open_segment is not None:
+                for _ in range(n):
+                    stored.setdefault(state.open_segment.seg, []).append(next_seq)
+                    next_seq += 1
+            elif op == "blip" and state.open_segment is not None:
+                state = sm.fail_over(state, state.open_segment.gid, state.open_segment.seg, facts)
+            elif op == "seal":
+                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
+                if sealing:
+                    t = sealing[n % len(sealing)]
+                    held = stored.get(t.seg, [])
+                    state = sm.seal(state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+            elif op == "pop":
+                state = sm.pop(state, facts)
+            elif op == "drop" and state.consume:
+                target = state.consume[n % len(state.consume)]
+                state = sm.drop_empty(state, target.seg, facts)
+                assert target.seg in sm.empty_behind(before, facts)
+                assert target.holds_nothing and not stored.get(target.seg)
+                assert target.seg not in (before.consume[0].seg, before.consume[-1].seg)
+                assert all(c.seg > target.seg for c in cursors.values())
+                assert state.trimmed_seq == before.trimmed_seq
+            elif op == "live":
+                live ^= {gid}
+            elif op == "admit_all":
+                state = sm.admit_all(state, facts)
+            elif op == "subscribe" and "s" not in cursors:
+                cursors["s"] = state.earliest_cursor()
+            elif op == "read" and "s" in cursors:
+                cur = cursors["s"]
+                target = state.segment(cur.seg)
+                if target is None:  # dropped empty before we came: on to the next one held
+                    later = [x.seg for x in state.consume if x.seg > cur.seg]
+                    if later:
+                        cursors["s"] = Cursor(seg=later[0], last_seq=cur.last_seq)
+                elif target.status is SegStatus.SEALED:
+                    got = stored.get(target.seg, [])[:target.end]
+                    assert all(q == cur.last_seq + 1 + i for i, q in enumerate(x for x in got if x > cur.last_seq))
+                    last = max([cur.last_seq] + got)
+                    cursors["s"] = Cursor(seg=target.seg + 1, last_seq=last)  # the SDK moves by id
+        except IllegalTransition:
+            assert state is before
+            if op == "drop" and state.consume:
+                assert state.consume[n % len(state.consume)].seg not in sm.empty_behind(state, facts)
+        sm.check_invariants(state, cursors)
+    reader = state.earliest_cursor()
+    got = [q for x in state.consume if x.seg >= reader.seg for q in stored.get(x.seg, []) if q > reader.last_seq]
+    assert got == list(range(state.trimmed_seq + 1, next_seq))
+    if "s" in cursors:
+        assert state.trimmed_seq <= cursors["s"].last_seq
