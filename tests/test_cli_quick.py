@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ordq.zk_server import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,23 +112,16 @@ def test_status_with_neither_a_coordinator_nor_zookeeper_answering_names_both(tm
     assert done.returncode == 1 and done.stderr.startswith(f"ordq: error: cannot reach ZooKeeper at 127.0.0.1:{zk}")
 
 
-def test_group_list_asks_the_coordinator_and_loads_neither_attrs_nor_the_queue_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("argv", [("group", "list"), ("top", "--once"), ("topic", "group", "t", "g")], ids=" ".join)
+def test_reads_moved_to_the_admin_api_load_neither_attrs_nor_the_queue_state(tmp_path: Path,
+                                                                             argv: tuple[str, ...]) -> None:
     """Issue 42: ``group list`` opened a ZooKeeper session and read every queue's state (451 M
-    instructions against status's 265 M); now one admin call, its process loading what
-    ``queue list``'s does, and a coordinator that does not answer is the one error line."""
+    instructions against status's 265 M), ``top --once`` a session and a channel to every broker
+    (1,081 M), ``topic group`` a session and every partition's replicas; now each is an admin
+    call, its process loading what ``queue list``'s does, and a coordinator that does not answer
+    is the one error line."""
     [closed] = free_ports(1)
-    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "group", "list"],
-                             _env(tmp_path))
-    assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
-    assert loaded == []
-
-
-def test_top_asks_the_coordinator_and_loads_neither_attrs_nor_the_queue_state(tmp_path: Path) -> None:
-    """Issue 42: ``top --once`` opened a ZooKeeper session and a channel to every broker (1,081 M
-    instructions); now an admin call a frame, and a coordinator that does not answer is one line."""
-    [closed] = free_ports(1)
-    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", "top", "--once"],
-                             _env(tmp_path))
+    loaded, err = _loaded_by(["--bootstrap", f"127.0.0.1:{closed}", "--zk-timeout", "0.3", *argv], _env(tmp_path))
     assert f"no coordinator of the cluster answered at 127.0.0.1:{closed}" in err, err
     assert loaded == []
 

@@ -441,6 +441,17 @@ def admin_verbs(readers: Readers, known: Known | None = None,
             got = sample(store, reader, queues or None, select=select)
         return {"frame": top_frame(got), "at": time.time(), **page}
 
+    def topic_group(call: AdminCall) -> Any:
+        # ``ordq topic group T G`` (issue 42): one call, where the CLI opened a ZooKeeper
+        # session and a reader of every partition's replicas
+        from ordq.admin.consumer_groups import describe_consumer_group
+
+        store, name = call.store, call.arg("topic")
+        for q in (partition_queue(name, i) for i in range(store.read_topic(name).partitions)):
+            call.require(q, ANY)
+        with readers(store) as reader:
+            return describe_consumer_group(store, reader, name, call.arg("group"))
+
     queue, sub_queue, topic = on_arg("queue"), on_arg("queue"), on_arg("topic", "topic")
     return {
         "queue list": AdminVerb(SOME, everywhere, queue_list),
@@ -475,4 +486,5 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         "cluster status": AdminVerb("admin", everywhere, cluster_status),
         "group list": AdminVerb(SOME, everywhere, group_list),
         "top sample": AdminVerb(SOME, everywhere, top_sample),
+        "topic group": AdminVerb(ANY, topic, topic_group),
     }

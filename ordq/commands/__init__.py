@@ -247,6 +247,35 @@ def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
         return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args), **verb_args)
 
 
+def coordinator_known(args: argparse.Namespace) -> bool:
+    """Whether this command can find the cluster's coordinators (``--bootstrap``, or ones
+    registered here for ``--zk``/``--root``): the reads that moved to the admin API (issue 42)
+    read ZooKeeper themselves only for a hand-deployed cluster this machine knows no
+    coordinator of."""
+    from ordq.bootstrap import bootstrap_of
+    from ordq.common.client_tls import registered_bootstrap
+
+    return bootstrap_of(args) is not None or bool(args.zk and registered_bootstrap(args.zk, args.root) is not None)
+
+
+def older_coordinator(exc: ConfigError) -> bool:
+    """A coordinator that predates the verb asked (the command then does the read itself)."""
+    return "unknown admin verb" in str(exc)
+
+
+def admin_call_if_known(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any | None:
+    """``admin_call``, or None when no coordinator is known here or it predates ``verb``. A
+    coordinator known but not answering, or a refusal, is the command's error."""
+    if not coordinator_known(args):
+        return None
+    try:
+        return admin_call(args, verb, **verb_args)
+    except ConfigError as exc:
+        if older_coordinator(exc):
+            return None
+        raise
+
+
 def check_admin(store: Any, queue: str) -> None:
     """The CLI's side of the admin role: the command itself writes ZooKeeper, so it checks
     the token there (ZooKeeper's own ACLs are what stop a client that skips this)."""

@@ -307,12 +307,11 @@ def _status_from_coordinator(args: argparse.Namespace) -> tuple[dict[str, Any] |
     """The elected coordinator's sweep, or (None, why) when none can give it: none is known for
     the cluster, none answered within --zk-timeout, or it does not know the verb. A
     refusal (a token without the admin role) is the command's error."""
-    from ordq.bootstrap import bootstrap_of, coordinator, timeout_of
-    from ordq.commands import ADMIN_CALL_TIMEOUT_S, saying
-    from ordq.common.client_tls import registered_bootstrap
+    from ordq.bootstrap import coordinator, timeout_of
+    from ordq.commands import ADMIN_CALL_TIMEOUT_S, coordinator_known, older_coordinator, saying
     from ordq.common.errors import ConfigError, CoordinationUnavailable
 
-    if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
+    if not coordinator_known(args):
         return None, None
     # Reached as every admin command reaches them, within --zk-timeout: a shorter bound made a
     # slow answer (a busy box: the command's own TLS handshake waits for a core) fall back to the
@@ -324,7 +323,7 @@ def _status_from_coordinator(args: argparse.Namespace) -> tuple[dict[str, Any] |
     except CoordinationUnavailable as exc:
         return None, str(exc)
     except ConfigError as exc:
-        if "unknown admin verb" in str(exc) or "does not sweep" in str(exc):
+        if older_coordinator(exc) or "does not sweep" in str(exc):
             return None, str(exc)  # a coordinator of an older version
         raise
     return {**doc, "asked_by": "coordinator"}, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ordq.commands import add_command, admin_call, open_store, wants_json
+from ordq.commands import add_command, admin_call, admin_call_if_known, open_store, wants_json
 from ordq.output import emit_json, table
 
 
@@ -79,21 +79,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _rows_from_coordinator(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     """The elected coordinator's rows (``group list``, ordq/admin/api.py: one call, no ZooKeeper
     session, issue 42), or None when no coordinator is known for the cluster (a hand-deployed
-    one whose coordinators this machine has not registered) or it predates the verb. A
-    coordinator known but not answering, or a refusal, is the command's error."""
-    from ordq.bootstrap import bootstrap_of
-    from ordq.common.client_tls import registered_bootstrap
-    from ordq.common.errors import ConfigError
-
-    if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
-        return None
-    try:
-        doc = admin_call(args, "group list")
-    except ConfigError as exc:
-        if "unknown admin verb" in str(exc):
-            return None  # a coordinator of an older version
-        raise
-    return list(doc["rows"])
+    one whose coordinators this machine has not registered) or it predates the verb."""
+    doc = admin_call_if_known(args, "group list")
+    return None if doc is None else list(doc["rows"])
 
 
 def _rows_from_zookeeper(args: argparse.Namespace) -> list[dict[str, Any]]:

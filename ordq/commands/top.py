@@ -113,12 +113,11 @@ def _coordinator_frames(args: argparse.Namespace, pages: list[Page]) -> Iterator
     frame, no ZooKeeper session; issue 42), the rates taken between two of them; None when no
     coordinator is known for the cluster or it predates the verb (this command then reads
     ZooKeeper and the replicas itself, as before)."""
-    from ordq.bootstrap import bootstrap_of, coordinator, timeout_of
-    from ordq.commands import ADMIN_CALL_TIMEOUT_S, saying
-    from ordq.common.client_tls import registered_bootstrap
+    from ordq.bootstrap import coordinator, timeout_of
+    from ordq.commands import ADMIN_CALL_TIMEOUT_S, coordinator_known, older_coordinator, saying
     from ordq.common.errors import ConfigError
 
-    if bootstrap_of(args) is None and (not args.zk or registered_bootstrap(args.zk, args.root) is None):
+    if not coordinator_known(args):
         return None
     context = coordinator(args)
     client = context.__enter__()
@@ -135,7 +134,7 @@ def _coordinator_frames(args: argparse.Namespace, pages: list[Page]) -> Iterator
             first = ask()
     except ConfigError as exc:
         context.__exit__(None, None, None)
-        if "unknown admin verb" in str(exc):
+        if older_coordinator(exc):
             return None  # a coordinator of an older version
         raise
     except BaseException as exc:

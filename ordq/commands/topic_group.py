@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ordq.commands import add_command, open_store, wants_json
+from ordq.commands import add_command, admin_call_if_known, open_store, wants_json
 from ordq.common.errors import ConfigError
 from ordq.output import emit_json, table
 
@@ -27,11 +27,13 @@ def register(topic_subparsers: Any) -> None:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from ordq.admin import ReplicaReader
-    from ordq.admin.consumer_groups import describe_consumer_group
+    doc = admin_call_if_known(args, "topic group", topic=args.topic, group=args.group)
+    if doc is None:  # a hand-deployed cluster whose coordinators this machine does not know
+        from ordq.admin import ReplicaReader
+        from ordq.admin.consumer_groups import describe_consumer_group
 
-    with open_store(args) as store, ReplicaReader(store) as reader:
-        doc = describe_consumer_group(store, reader, args.topic, args.group)
+        with open_store(args) as store, ReplicaReader(store) as reader:
+            doc = describe_consumer_group(store, reader, args.topic, args.group)
     if wants_json(args):
         emit_json(doc)
         return 0
