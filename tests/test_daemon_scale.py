@@ -390,7 +390,6 @@ def test_a_group_judged_dead_during_a_round_moves_between_two_slices(setup, monk
     once its probe is refused, after that round began. Its heads move between two slices of
     that round, in batches, and leave the rest of it (they waited for the whole round's
     planning of every queue before: 10^4 queues, 3,333-4,000 heads all moved in 6-12 s)."""
-    import socket
     import threading
 
     from ordq.coordinator import daemon_round as daemon_mod
@@ -398,14 +397,7 @@ def test_a_group_judged_dead_during_a_round_moves_between_two_slices(setup, monk
 
     store, _shared = setup
     monkeypatch.setattr(daemon_mod, "ROUND_SLICE", 50)
-    with socket.socket() as s:  # a port nobody serves: the probe is refused (GONE)
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    # the group heading most of the queues now (earlier tests here move heads about)
-    heads = [store.load_state(f"q-{i:04d}")[0].head for i in range(N)]
-    gid = max(("g1", "g2"), key=heads.count)
-    store.client.delete(store.paths.live(gid, "master"))
-    store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
+    gid = _busiest_master_at_a_closed_port(store)
     daemon = CoordinatorDaemon(store, identifier="t2", away_grace_s=60.0, pinger=make_pinger(timeout_s=2.0))
     try:
         daemon.round()  # reads everything, sees g1's master at that address
@@ -459,7 +451,6 @@ def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setu
     a kill during one waited for all of it (346 s to move 33,333 heads, docs/BENCHMARKS.md).
     Between two slices of the re-read the daemon reads the groups again when their watch fired,
     and moves the heads of a group judged dead, before the re-read ends."""
-    import socket
     import threading
 
     from ordq.coordinator import daemon_view
@@ -467,13 +458,7 @@ def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setu
 
     store, _shared = setup
     monkeypatch.setattr(daemon_view, "READ_SLICE", 25)
-    with socket.socket() as s:  # a port nobody serves: the probe is refused (GONE)
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    heads = [store.load_state(f"q-{i:04d}")[0].head for i in range(N)]
-    gid = max(("g1", "g2"), key=heads.count)
-    store.client.delete(store.paths.live(gid, "master"))
-    store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
+    gid = _busiest_master_at_a_closed_port(store)
     daemon = CoordinatorDaemon(store, identifier="t3", away_grace_s=60.0, pinger=make_pinger(timeout_s=2.0))
     try:
         daemon.round()
@@ -539,3 +524,18 @@ def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_per
         assert view.sweep_share(1500.5, 300.0, 1e9) <= n * 0.5 / 300 + 1  # a round: next to nothing
     finally:
         view.close()
+
+
+def _busiest_master_at_a_closed_port(store: ZkStore) -> str:
+    """The group heading most of the queues now (earlier tests here move heads about), its
+    master registered at a port nobody serves, so the coordinator's probe is refused (GONE)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    heads = [store.load_state(f"q-{i:04d}")[0].head for i in range(N)]
+    gid = max(("g1", "g2"), key=heads.count)
+    store.client.delete(store.paths.live(gid, "master"))
+    store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
+    return str(gid)
