@@ -608,3 +608,16 @@ def cluster_fixture(request: pytest.FixtureRequest, zk_root: str, tmp_path: Path
     finally:
         c.close()
 
+
+def modules_loaded_by(cluster: Cluster, heavy: Sequence[str], *argv: str) -> list[str]:
+    """The modules of ``heavy`` an ``ordq`` command on ``cluster`` loads, run as a program."""
+    import json
+
+    code = ("import json, sys\nfrom ordq.cli import main\n"
+            f"code = main({['--zk', cluster.hosts, '--root', cluster.root, *argv]!r})\n"
+            f"print(json.dumps(sorted(m for m in {tuple(heavy)!r} if m in sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert res.returncode == 0, res.stderr
+    loaded: list[str] = json.loads(res.stdout.splitlines()[-1])
+    return loaded

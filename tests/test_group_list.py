@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.cluster import REPO, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.cluster import REPO, Cluster, cluster_fixture, modules_loaded_by  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -29,13 +29,7 @@ def _by_bootstrap(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[s
 
 
 def _loaded_by(cluster: Cluster, *argv: str) -> list[str]:
-    code = ("import json, sys\nfrom ordq.cli import main\n"
-            f"code = main({['--zk', cluster.hosts, '--root', cluster.root, *argv]!r})\n"
-            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout.splitlines()[-1])
+    return modules_loaded_by(cluster, HEAVY, *argv)
 
 
 @pytest.mark.heavy  # a cluster of five processes and several CLI runs

@@ -16,7 +16,7 @@ import pytest
 
 from ordq import __version__
 from ordq.cluster_live import Contender, parse_srvr, zk_servers
-from tests.cluster import REPO, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.cluster import REPO, Cluster, cluster_fixture, modules_loaded_by  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -88,14 +88,7 @@ HEAVY = ("attrs", "attr", "kazoo", "uuid", "platform", "ordq.cluster_health", "o
 
 
 def _loaded_by(cluster: Cluster, *argv: str) -> list[str]:
-    """The modules of ``HEAVY`` an ``ordq`` command on ``cluster`` loads, run as a program."""
-    code = ("import json, sys\nfrom ordq.cli import main\n"
-            f"code = main({['--zk', cluster.hosts, '--root', cluster.root, *argv]!r})\n"
-            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout.splitlines()[-1])
+    return modules_loaded_by(cluster, HEAVY, *argv)
 
 
 def test_contender_identifiers_and_srvr_answers_parse() -> None:
