@@ -59,9 +59,12 @@ def check_takeover(cluster: Cluster, acked: list, leader: ConsumerProgram, stand
 def test_consumer_leader_killed(cluster: Cluster) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
+    # The stream starts once the standby waits: started before, a leader can read all N (4 s at
+    # LOAD_RATE) and leave while the standby's process is still starting under load, and the
+    # standby then leads with nothing left to take over (seen beside the helpers' load).
+    leader, standby = start_pair(cluster, N)
     producer = cluster.producer(n=N, rate=LOAD_RATE)
     producer.start()
-    leader, standby = start_pair(cluster, N)
     wait_until(lambda: leader.delivered_count() >= N // 3, timeout_s=60, interval_s=0.01,
                what="the leader to deliver a third")
     leader.proc.kill()
