@@ -20,6 +20,60 @@ def started() -> QueueState:
     return sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
 
 
+@attrs.define
+class SegmentsModel:
+    """One queue's state beside what its segments hold (seg -> seqs acked into it, on both
+    replicas): the moves the property tests share, so each test adds only what it checks."""
+
+    state: QueueState = attrs.field(factory=started)
+    live: set[str] = attrs.field(factory=lambda: set(GROUPS))
+    stored: dict[int, list[int]] = attrs.field(factory=dict)
+    next_seq: int = 0
+
+    def facts(self, cursors: dict[str, Cursor]) -> Facts:
+        return Facts(live_groups=frozenset(self.live), cursors=dict(cursors))
+
+    def write(self, n: int) -> None:
+        assert self.state.open_segment is not None
+        for _ in range(n):
+            self.stored.setdefault(self.state.open_segment.seg, []).append(self.next_seq)
+            self.next_seq += 1
+
+    def seal_one(self, n: int) -> None:
+        """Seals the nth sealing segment (modulo) at the end its replicas hold, if any seals."""
+        sealing = [x for x in self.state.consume if x.status is SegStatus.SEALING]
+        if sealing:
+            t = sealing[n % len(sealing)]
+            held = self.stored.get(t.seg, [])
+            self.state = sm.seal(self.state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+
+    def shared_step(self, op: str, gid: str, n: int, facts: Facts) -> bool:
+        """Applies the ops every model test has (write, blip, seal, live, admit_all); False if
+        ``op`` is not one of them (the test applies its own)."""
+        open_seg = self.state.open_segment
+        if op == "write":
+            if open_seg is not None:
+                self.write(n)
+        elif op == "blip":
+            if open_seg is not None:
+                self.state = sm.fail_over(self.state, open_seg.gid, open_seg.seg, facts)
+        elif op == "seal":
+            self.seal_one(n)
+        elif op == "live":
+            self.live ^= {gid}
+        elif op == "admit_all":
+            self.state = sm.admit_all(self.state, facts)
+        else:
+            return False
+        return True
+
+    def unread_from_earliest(self) -> list[int]:
+        """What a reader from 'earliest' gets now, in list order."""
+        reader = self.state.earliest_cursor()
+        return [q for x in self.state.consume if x.seg >= reader.seg for q in self.stored.get(x.seg, [])
+                if q > reader.last_seq]
+
+
 def test_admit_opens_segment_on_first_head() -> None:
     s = sm.admit(sm.create("q", GROUPS), "g2", ALL_LIVE)
     assert s.send == ("g2",)
@@ -232,58 +286,38 @@ def test_popping_empty_segments_drops_no_message_and_passes_no_subscription(seq:
     never one a subscription has not passed; with no subscription no empty sealed segment is
     left at the head after a pop; and a reader from 'earliest' at the end gets every message
     ever written, in order, exactly once (nothing was dropped before anyone could read it)."""
-    state = sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
-    live = set(GROUPS)
-    stored: dict[int, list[int]] = {}  # seg -> seqs acked into it (on both replicas)
-    next_seq = 0
+    m = SegmentsModel()
     cursors: dict[str, Cursor] = {}
     for op, gid, n in seq:
-        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
-        before = state
+        facts = m.facts(cursors)
+        before = m.state
         try:
-            if op == "write" and state.open_segment is not None:
-                for _ in range(n):
-                    stored.setdefault(state.open_segment.seg, []).append(next_seq)
-                    next_seq += 1
-            elif op == "blip" and state.open_segment is not None:
-                state = sm.fail_over(state, state.open_segment.gid, state.open_segment.seg, facts)
-            elif op == "seal":
-                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
-                if sealing:
-                    t = sealing[n % len(sealing)]
-                    held = stored.get(t.seg, [])
-                    state = sm.seal(state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+            if m.shared_step(op, gid, n, facts):
+                pass
             elif op == "pop":
-                state = sm.pop(state, facts)
+                m.state = sm.pop(m.state, facts)
                 gone = before.consume[0]
                 assert all(c.seg > gone.seg for c in cursors.values())  # every subscription passed it
                 if not cursors:
-                    assert gone.holds_nothing and not stored.get(gone.seg)  # nothing anyone could read
-            elif op == "live":
-                live ^= {gid}
-            elif op == "admit_all":
-                state = sm.admit_all(state, facts)
+                    assert gone.holds_nothing and not m.stored.get(gone.seg)  # nothing anyone could read
             elif op == "subscribe" and "s" not in cursors:
-                cursors["s"] = state.earliest_cursor()
+                cursors["s"] = m.state.earliest_cursor()
             elif op == "read" and "s" in cursors:
                 cur = cursors["s"]
-                target = state.segment(cur.seg)
+                target = m.state.segment(cur.seg)
                 if target is not None and target.status is SegStatus.SEALED:
-                    later = [x.seg for x in state.consume if x.seg > target.seg]
-                    last = max([cur.last_seq] + stored.get(target.seg, [])[:target.end])
-                    cursors["s"] = Cursor(seg=later[0] if later else state.next_seg, last_seq=last)
+                    later = [x.seg for x in m.state.consume if x.seg > target.seg]
+                    last = max([cur.last_seq] + m.stored.get(target.seg, [])[:target.end])
+                    cursors["s"] = Cursor(seg=later[0] if later else m.state.next_seg, last_seq=last)
         except IllegalTransition:
-            assert state is before
+            assert m.state is before
             # with no subscription an empty sealed head segment always goes
-            assert not (op == "pop" and not cursors and state.consume and state.consume[0].holds_nothing)
-        sm.check_invariants(state, cursors)
+            assert not (op == "pop" and not cursors and m.state.consume and m.state.consume[0].holds_nothing)
+        sm.check_invariants(m.state, cursors)
     # a reader from 'earliest' now: everything written and not read by the subscription
-    reader = state.earliest_cursor()
-    got = [q for x in state.consume if x.seg >= reader.seg for q in stored.get(x.seg, [])
-           if q > reader.last_seq]
     read_by_sub = cursors["s"].last_seq if "s" in cursors else -1
-    assert got == list(range(state.trimmed_seq + 1, next_seq))
-    assert state.trimmed_seq <= read_by_sub  # only what the subscription read was dropped
+    assert m.unread_from_earliest() == list(range(m.state.trimmed_seq + 1, m.next_seq))
+    assert m.state.trimmed_seq <= read_by_sub  # only what the subscription read was dropped
 
 
 def test_seal_checks_its_arguments() -> None:
@@ -619,52 +653,40 @@ def test_admitting_groups_with_backlog_keeps_order(seq: list[tuple[str, str, int
     consume list, the open segment is its tail on the head, the consumer reads segments in
     increasing id order and delivers every written seq exactly once, in order; a group that
     just failed over is head again only when no other group could be."""
-    state = sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
-    live = set(GROUPS)
-    stored: dict[int, list[int]] = {}  # seg -> seqs written to it (what its replicas hold)
-    next_seq = 0
-    cursor = state.earliest_cursor()
+    m = SegmentsModel()
+    cursor = m.state.earliest_cursor()
     delivered: list[int] = []
     segs_read: list[int] = []
     for op, gid, n in seq:
-        facts = Facts(live_groups=frozenset(live), cursors={"s": cursor})
-        before = state
+        facts = m.facts({"s": cursor})
+        before = m.state
         try:
-            if op == "write" and state.open_segment is not None and state.head in live:
-                for _ in range(n + 1):
-                    stored.setdefault(state.open_segment.seg, []).append(next_seq)
-                    next_seq += 1
-            elif op in ("fail_over", "roll", "roll_next") and state.open_segment is not None:
-                o = state.open_segment
+            if op == "write":
+                if m.state.open_segment is not None and m.state.head in m.live:
+                    m.write(n + 1)
+            elif op in ("seal", "live", "admit_all"):
+                m.shared_step(op, gid, n, facts)
+            elif op in ("fail_over", "roll", "roll_next") and (o := m.state.open_segment) is not None:
+                state = m.state
                 if op == "fail_over":
                     others = [g for g in state.admission_order(facts) if g != o.gid]
-                    state = sm.fail_over(state, o.gid, o.seg, facts)
+                    m.state = sm.fail_over(state, o.gid, o.seg, facts)
                     if len(before.send) == 1 and others:  # churn guard: another group heads
-                        assert state.head != o.gid
+                        assert m.state.head != o.gid
                 else:
-                    state = sm.roll(state, o.gid, o.seg, facts, to_next=(op == "roll_next"))
-            elif op == "seal":
-                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
-                if sealing:
-                    t = sealing[n % len(sealing)]
-                    held = stored.get(t.seg, [])
-                    state = sm.seal(state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+                    m.state = sm.roll(state, o.gid, o.seg, facts, to_next=(op == "roll_next"))
             elif op == "pop":
-                state = sm.pop(state, facts)
+                m.state = sm.pop(m.state, facts)
             elif op == "admit":
-                state = sm.admit(state, gid, facts)
-            elif op == "admit_all":
-                state = sm.admit_all(state, facts)
+                m.state = sm.admit(m.state, gid, facts)
             elif op == "drain":
-                state = sm.remove_from_send(state, gid, facts)
-            elif op == "live":
-                live ^= {gid}
+                m.state = sm.remove_from_send(m.state, gid, facts)
             elif op == "read":
                 # the consumer reads its cursor's segment as far as it can, and moves on past a
                 # sealed one it finished (to the next segment of the consume list)
-                target = state.segment(cursor.seg)
+                target = m.state.segment(cursor.seg)
                 if target is not None:
-                    held = stored.get(target.seg, [])
+                    held = m.stored.get(target.seg, [])
                     limit = target.end if target.status is SegStatus.SEALED else len(held)
                     assert limit is not None
                     for seq_no in held[cursor.offset:limit]:
@@ -675,11 +697,12 @@ def test_admitting_groups_with_backlog_keeps_order(seq: list[tuple[str, str, int
                     if not segs_read or segs_read[-1] != target.seg:
                         segs_read.append(target.seg)
                     if target.status is SegStatus.SEALED:
-                        later = [x.seg for x in state.consume if x.seg > target.seg]
-                        cursor = Cursor(seg=later[0] if later else state.next_seg, offset=0,
+                        later = [x.seg for x in m.state.consume if x.seg > target.seg]
+                        cursor = Cursor(seg=later[0] if later else m.state.next_seg, offset=0,
                                         last_seq=cursor.last_seq)
         except IllegalTransition:
-            assert state is before
+            assert m.state is before
+        state = m.state
         sm.check_invariants(state, {"s": cursor})
         ids = [x.seg for x in state.consume]
         assert ids == sorted(set(ids))  # ids strictly increase along the consume list
@@ -819,62 +842,43 @@ def test_dropping_empty_segments_drops_no_message_and_strands_no_reader(seq: lis
     list holds: a drop never takes a segment holding a message, the head, the tail, or one a
     subscription is at or before; the invariants hold; and a reader from 'earliest' at the end
     gets every message not yet popped, in order, exactly once."""
-    state = sm.admit_all(sm.create("q", GROUPS), ALL_LIVE)
-    live = set(GROUPS)
-    stored: dict[int, list[int]] = {}
-    next_seq = 0
+    m = SegmentsModel()
     cursors: dict[str, Cursor] = {}
     for op, gid, n in seq:
-        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
-        before = state
+        facts = m.facts(cursors)
+        before = m.state
         try:
-            if op == "write" and state.open_segment is not None:
-                for _ in range(n):
-                    stored.setdefault(state.open_segment.seg, []).append(next_seq)
-                    next_seq += 1
-            elif op == "blip" and state.open_segment is not None:
-                state = sm.fail_over(state, state.open_segment.gid, state.open_segment.seg, facts)
-            elif op == "seal":
-                sealing = [x for x in state.consume if x.status is SegStatus.SEALING]
-                if sealing:
-                    t = sealing[n % len(sealing)]
-                    held = stored.get(t.seg, [])
-                    state = sm.seal(state, t.seg, len(held), held[0] if held else None, held[-1] if held else None)
+            if m.shared_step(op, gid, n, facts):
+                pass
             elif op == "pop":
-                state = sm.pop(state, facts)
-            elif op == "drop" and state.consume:
-                target = state.consume[n % len(state.consume)]
-                state = sm.drop_empty(state, target.seg, facts)
+                m.state = sm.pop(m.state, facts)
+            elif op == "drop" and m.state.consume:
+                target = m.state.consume[n % len(m.state.consume)]
+                m.state = sm.drop_empty(m.state, target.seg, facts)
                 assert target.seg in sm.empty_behind(before, facts)
-                assert target.holds_nothing and not stored.get(target.seg)
+                assert target.holds_nothing and not m.stored.get(target.seg)
                 assert target.seg not in (before.consume[0].seg, before.consume[-1].seg)
                 assert all(c.seg > target.seg for c in cursors.values())
-                assert state.trimmed_seq == before.trimmed_seq
-            elif op == "live":
-                live ^= {gid}
-            elif op == "admit_all":
-                state = sm.admit_all(state, facts)
+                assert m.state.trimmed_seq == before.trimmed_seq
             elif op == "subscribe" and "s" not in cursors:
-                cursors["s"] = state.earliest_cursor()
+                cursors["s"] = m.state.earliest_cursor()
             elif op == "read" and "s" in cursors:
                 cur = cursors["s"]
-                target = state.segment(cur.seg)
+                target = m.state.segment(cur.seg)
                 if target is None:  # dropped empty before we came: on to the next one held
-                    later = [x.seg for x in state.consume if x.seg > cur.seg]
+                    later = [x.seg for x in m.state.consume if x.seg > cur.seg]
                     if later:
                         cursors["s"] = Cursor(seg=later[0], last_seq=cur.last_seq)
                 elif target.status is SegStatus.SEALED:
-                    got = stored.get(target.seg, [])[:target.end]
+                    got = m.stored.get(target.seg, [])[:target.end]
                     assert all(q == cur.last_seq + 1 + i for i, q in enumerate(x for x in got if x > cur.last_seq))
                     last = max([cur.last_seq] + got)
                     cursors["s"] = Cursor(seg=target.seg + 1, last_seq=last)  # the SDK moves by id
         except IllegalTransition:
-            assert state is before
-            if op == "drop" and state.consume:
-                assert state.consume[n % len(state.consume)].seg not in sm.empty_behind(state, facts)
-        sm.check_invariants(state, cursors)
-    reader = state.earliest_cursor()
-    got = [q for x in state.consume if x.seg >= reader.seg for q in stored.get(x.seg, []) if q > reader.last_seq]
-    assert got == list(range(state.trimmed_seq + 1, next_seq))
+            assert m.state is before
+            if op == "drop" and m.state.consume:
+                assert m.state.consume[n % len(m.state.consume)].seg not in sm.empty_behind(m.state, facts)
+        sm.check_invariants(m.state, cursors)
+    assert m.unread_from_earliest() == list(range(m.state.trimmed_seq + 1, m.next_seq))
     if "s" in cursors:
-        assert state.trimmed_seq <= cursors["s"].last_seq
+        assert m.state.trimmed_seq <= cursors["s"].last_seq
