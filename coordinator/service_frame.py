@@ -48,8 +48,15 @@ class FrameConfig:
 
     small_request_bytes: int = SMALL_REQUEST_BYTES
     large_request_bytes: int = LARGE_REQUEST_BYTES
-    # HTTP/2 streams one connection may have open: a client's calls past it wait in the client.
-    max_streams_per_connection: int = 100
+    # HTTP/2 streams one connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS): a client's
+    # calls past it wait in the client's own process and cost this one nothing. Each call in
+    # flight here wakes a worker and gRPC's threads, and a caller calls again as soon as it is
+    # answered (a refusal held 1-2 s): a flood's calls per second are its calls in flight over
+    # how long each is held, so this bounds what one connection can make the coordinator do
+    # (issue 38: the drill's flood kept 16 calls in flight on each of 4 connections). An SDK
+    # client has a connection of its own (coordinator/client.py) and a few calls at once: a
+    # lease's heartbeat or long-poll, a Claim, FailOver or Commit, a Seal or Pop.
+    max_streams_per_connection: int = 8
     max_metadata_bytes: int = 16 << 10
     handshake_timeout_ms: int = 10_000
     max_connections: int = 1_000
