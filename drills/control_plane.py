@@ -187,6 +187,18 @@ def thread_waits(pid: int) -> dict[int, int]:
     return out
 
 
+def thread_switches(pid: int) -> int:
+    """Context switches of ``pid``'s live threads so far, voluntary (a wait: each call's hand-offs
+    between gRPC's threads, a worker and ZooKeeper's) and not (preempted); 0 when it is gone."""
+    n = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                n += sum(int(line.split()[1]) for line in (task / "status").read_text().splitlines()
+                         if "ctxt_switches" in line)
+    return n
+
+
 def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
     """Seconds the threads of ``after`` waited for a CPU since ``before`` (a thread that ended
     meanwhile is not counted: a lower bound)."""
@@ -194,26 +206,31 @@ def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
 
 
 class _CpuUse:
-    """The CPU each process used (cores), and how long its threads waited for one while
-    runnable (ms per s: the scheduler's ``run_delay``, summed over threads), per kind of window
-    (``neighbour.cpu_seconds``, ``thread_waits``)."""
+    """The CPU each process used (cores), how long its threads waited for one while runnable
+    (ms per s: the scheduler's ``run_delay``, summed over threads), and how often they switched
+    (per s: each a thread going to sleep or preempted), per kind of window
+    (``neighbour.cpu_seconds``, ``thread_waits``, ``thread_switches``)."""
 
     def __init__(self, pids: dict[str, int | None]) -> None:
         self.pids = {k: v for k, v in pids.items() if v is not None}
         self.wall: dict[str, float] = {}
         self.used: dict[str, dict[str, float]] = {}
         self.waited: dict[str, dict[str, float]] = {}
+        self.switched: dict[str, dict[str, float]] = {}
 
     def _waits(self) -> dict[str, dict[int, int]]:
         return {name: thread_waits(pid) for name, pid in self.pids.items()}
 
+    def _switches(self) -> dict[str, int]:
+        return {name: thread_switches(pid) for name, pid in self.pids.items()}
+
     @contextlib.contextmanager
     def measure(self, kind: str) -> Iterator[None]:
-        t0, c0, w0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits()
+        t0, c0, w0, s0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
         try:
             yield
         finally:
-            c1, w1 = neighbour.cpu_seconds(dict(self.pids)), self._waits()
+            c1, w1, s1 = neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
             self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
             use = self.used.setdefault(kind, {})
             for k in c1:
@@ -222,6 +239,9 @@ class _CpuUse:
             waited = self.waited.setdefault(kind, {})
             for k in w1:
                 waited[k] = waited.get(k, 0.0) + waited_s(w0.get(k, {}), w1[k])
+            switched = self.switched.setdefault(kind, {})
+            for k in s1:
+                switched[k] = switched.get(k, 0.0) + max(0, s1[k] - s0.get(k, 0))
 
     def __str__(self) -> str:
         return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
@@ -229,8 +249,15 @@ class _CpuUse:
 
     def waits(self) -> str:
         """Each process's threads' wait for a CPU, ms per s of window, per kind of window."""
-        return "; ".join(f"{kind}: " + ", ".join(f"{k} {1000 * v / self.wall[kind]:.0f}" for k, v in w.items())
-                         for kind, w in self.waited.items())
+        return self._per_s(self.waited, 1000)
+
+    def switches(self) -> str:
+        """Each process's threads' context switches per s of window, per kind of window."""
+        return self._per_s(self.switched, 1)
+
+    def _per_s(self, of: dict[str, dict[str, float]], scale: float) -> str:
+        return "; ".join(f"{kind}: " + ", ".join(f"{k} {scale * v / self.wall[kind]:.0f}" for k, v in per.items())
+                         for kind, per in of.items())
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -431,6 +458,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                       + (f" {variant.name}" if measured else ""))
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
+        ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
                    "for this machine's speed)", ctx.producers[0].proc.alive())
     finally:

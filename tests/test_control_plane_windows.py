@@ -106,6 +106,27 @@ def test_thread_waits_are_per_live_thread_and_only_grow() -> None:
     assert cp.thread_waits(2**22 + 12345) == {}  # no such process
 
 
+def test_thread_switches_count_each_threads_sleeps() -> None:
+    slept, stop = threading.Event(), threading.Event()
+
+    def sleeper() -> None:
+        for _ in range(20):
+            time.sleep(0.001)
+        slept.set()
+        stop.wait(5)
+
+    before = cp.thread_switches(os.getpid())
+    thread = threading.Thread(target=sleeper, daemon=True)
+    thread.start()
+    try:
+        assert slept.wait(5)
+        assert cp.thread_switches(os.getpid()) >= before + 20  # the sleeper's, a new thread: all counted
+    finally:
+        stop.set()
+        thread.join()
+    assert cp.thread_switches(2**22 + 12345) == 0  # no such process
+
+
 def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
     """The real attacker process, told per window what to send (``go(kinds)``): a hog-only
     window of a process started for the flood and the hog sends no flood call (nothing listens
