@@ -255,6 +255,20 @@ class _CpuUse:
         """Each process's threads' context switches per s of window, per kind of window."""
         return self._per_s(self.switched, 1)
 
+    def per_call(self, name: str, calls: int) -> str:
+        """``name``'s context switches per s, quiet and attacked, and how many more per call the
+        attacker had answered meanwhile (``calls``, over every attack window)."""
+        attacked = [k for k in self.wall if k != "quiet"]
+        quiet_s, attacked_s = self.wall.get("quiet", 0.0), sum(self.wall[k] for k in attacked)
+        if not quiet_s or not attacked_s or not calls:
+            return f"{name}: no quiet or attack window measured, or no call answered"
+        quiet = self.switched.get("quiet", {}).get(name, 0.0) / quiet_s
+        during = sum(self.switched[k].get(name, 0.0) for k in attacked) / attacked_s
+        rate = calls / attacked_s
+        return (f"the attacker's calls answered: {calls} in {attacked_s:.1f} s of attack windows ({rate:.0f}/s); "
+                f"{name}'s context switches {quiet:.0f}/s quiet, {during:.0f}/s attacked: "
+                f"{(during - quiet) / rate:.1f} more per attacker call")
+
     def _per_s(self, of: dict[str, dict[str, float]], scale: float) -> str:
         return "; ".join(f"{kind}: " + ", ".join(f"{k} {scale * v / self.wall[kind]:.0f}" for k, v in per.items())
                          for kind, per in of.items())
@@ -459,6 +473,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
+        ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
                    "for this machine's speed)", ctx.producers[0].proc.alive())
     finally:
