@@ -312,19 +312,22 @@ class FairTurns:
         return float(seconds * 0.5 ** (max(now - at, 0.0) / self.config.half_life_s))
 
     @contextlib.contextmanager
-    def turn(self, holder: str, _rpc: str = "") -> Iterator[None]:
-        """Around one call's work: returns once it has a slot; TurnRefused when it may not wait."""
+    def turn(self, holder: str, _rpc: str = "", before_slot: Callable[[], object] | None = None) -> Iterator[None]:
+        """Around one call's work: returns once it has a slot; TurnRefused when it may not wait.
+        ``before_slot``: run once the caller's share let the call in and before it waits for a
+        slot (the frame reads the request's body there: a caller that withholds it holds no
+        slot); what it raises is charged as a refusal and raised."""
         with self._cond:
             self.request_time.begin(holder)
         try:
-            with self._turn(holder):
+            with self._turn(holder, before_slot):
                 yield
         finally:
             with self._cond:
                 self.request_time.end(holder)
 
     @contextlib.contextmanager
-    def _turn(self, holder: str) -> Iterator[None]:
+    def _turn(self, holder: str, before_slot: Callable[[], object] | None = None) -> Iterator[None]:
         cfg = self.config
         arrived = self._clock()
         try:
@@ -332,6 +335,12 @@ class FairTurns:
         except TurnRefused:
             self._charge_refusal(holder)
             raise
+        if before_slot is not None:
+            try:
+                before_slot()
+            except BaseException:
+                self._charge_refusal(holder, reserved)
+                raise
         refused: TurnRefused | None = None
         with self._cond:
             # Whoever waits does not fit (``_grant`` runs at every freed slot), so a call that fits

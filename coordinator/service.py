@@ -27,7 +27,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -60,6 +60,7 @@ from ordq.coordinator.paths import check_name
 from ordq.coordinator.refusal_log import RefusalLog
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.service_frame import FrameConfig, safe, shown
+from ordq.coordinator.service_frame import no_turn as service_frame_no_turn
 from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store import ZkStore
@@ -110,6 +111,7 @@ class ServiceStats:
     refused: dict[str, int] = attrs.field(factory=dict)  # error type -> refusals
     not_leader: int = 0
     outcomes: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (rpc, "ok" or error type) -> requests
+    in_flight: int = 0  # calls in the frame now, from their headers to their answers
 
 
 class _RequestsCollector:
@@ -131,6 +133,11 @@ class _RequestsCollector:
         for (rpc, outcome), n in sorted(outcomes.items()):
             family.add_metric([rpc, outcome], n)
         yield family
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily("ordq_coordinator_calls_in_flight", "Coordinator calls in the service's frame "
+                                "now, from their headers to their answers (each holds a worker thread)",
+                                value=self._service.stats.in_flight)
         turns = self._service.turns.stats  # plain ints, read without the turns' lock
         family = CounterMetricFamily("ordq_coordinator_turns", "Coordinator calls by their fair turn "
                                      "(coordinator/fair_share.py): served (of which waited, reserved: "
@@ -264,7 +271,7 @@ class CoordinatorService(LeaseCalls):
                              maximum_concurrent_rpcs=4 * self._max_workers)  # past it gRPC refuses at once
         # Every method framed (size, caller, fair turn, typed refusals) before its handler runs.
         service_frame.register(server, service_frame.framed(self, self.frame, self._tokens.caller,
-                                                            self._refuse_call, self._turn))
+                                                            self._refuse_call, self._turn, self._in_flight))
         if self.credentials.tls:
             from ordq.common.security import server_credentials
 
@@ -278,9 +285,23 @@ class CoordinatorService(LeaseCalls):
         self.address = addresses.advertised(listen, advertise, port)
         return self.address
 
-    def _turn(self, holder: str, rpc: str) -> contextlib.AbstractContextManager[Any]:
-        """The call's fair turn (coordinator/fair_share.py), except for ``NO_TURN``."""
-        return contextlib.nullcontext() if rpc in NO_TURN else self.turns.turn(holder, rpc)
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """A call in the frame (``ordq_coordinator_calls_in_flight``)."""
+        with self._stats_lock:
+            self.stats.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._stats_lock:
+                self.stats.in_flight -= 1
+
+    def _turn(self, holder: str, rpc: str, read_body: Callable[[], object]) -> contextlib.AbstractContextManager[Any]:
+        """The call's fair turn (coordinator/fair_share.py), its body read before it takes a slot;
+        ``NO_TURN``: only the body read."""
+        if rpc in NO_TURN:
+            return service_frame_no_turn(holder, rpc, read_body)
+        return self.turns.turn(holder, rpc, read_body)
 
     def stop(self, grace_s: float = 1.0) -> None:
         self._tokens.book.close()

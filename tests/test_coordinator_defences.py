@@ -406,3 +406,51 @@ def test_calls_in_flight_on_one_connection_are_bounded_and_the_rest_wait_in_the_
         release.set()
         client.close()
         ch.close()
+
+
+def test_a_body_withheld_holds_no_slot(coordinator: tuple[Cluster, str]) -> None:
+    """Guard: a caller that sends a call's headers and withholds its body holds no slot
+    (coordinator/service_frame.py reads the body inside the turn, before it takes a slot). Three
+    consume tokens each open one Describe on a connection of their own and send no request;
+    a fourth token's Describe is answered all the same. (On main each withheld call held a slot
+    until its deadline: with 2 shared slots and 1 reserved, no other call was answered.)"""
+    import threading
+
+    from ordq.coordinator.client import CoordinatorClient
+
+    cluster, address = coordinator
+    tokens = [create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, f"reader {i}")[1]
+              for i in range(4)]
+    touch(cluster.store.client, cluster.root)
+    release = threading.Event()
+
+    def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
+        release.wait(60)
+        yield from ()
+
+    clients = [CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=t),
+                                 timeout_s=15) for t in tokens]
+    channels: list[grpc.Channel] = []
+    try:
+        for client in clients:  # every token known to the leader before it is used
+            wait_until(lambda c=client: c.describe("a") is not None, timeout_s=30, interval_s=0.05,
+                       what="the token taken")
+        url = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1]
+        held = []
+        for token in tokens[:3]:
+            own = [("grpc.use_local_subchannel_pool", 1)]
+            ch = channel(address, attrs.evolve(cluster.credentials, token=token), own)
+            channels.append(ch)
+            describe = ch.stream_unary("/ordq.v1.Coordinator/Describe")
+            held.append(describe.future(withheld(), timeout=60, metadata=(("authorization", f"Bearer {token}"),)))
+        wait_until(lambda: (value(read_metrics(url), "ordq_coordinator_calls_in_flight") or 0) >= 3, timeout_s=30,
+                   interval_s=0.05, what="the three withheld calls in the coordinator's frame")
+        for _ in range(3):
+            assert clients[3].describe("a").state.queue == "a"
+        assert not any(call.done() for call in held)  # still open: they hold workers and streams, not slots
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
+        for ch in channels:
+            ch.close()
