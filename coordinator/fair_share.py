@@ -101,12 +101,19 @@ class FairShareConfig:
     # second at ~4.2 ms: ~0.24 s per s; the drill's, ~0.2), with room: it is never held.
     heavy_share: float = 0.35
     max_paced_total: int = 64  # calls held for their caller's share at once, in all (each holds a worker)
+    # Calls of one caller in the service at once, in any stage (its body awaited, paced, waiting,
+    # held, running; calls that take no turn too): past it, refused at once. Each holds a worker
+    # thread, and a caller withholding bodies on many connections (8 calls each) could otherwise
+    # take every worker (``threads``).
+    max_calls_per_caller: int = 64
 
     def __attrs_post_init__(self) -> None:
         if min(self.slots, self.max_waiting, self.max_waiting_total, self.max_delay_ms) <= 0 or self.half_life_s <= 0:
             raise ConfigError("fair share: slots, waiting bounds, delay and half-life must be > 0")
         if self.reserved_slots < 0:
             raise ConfigError("fair share: reserved slots must be >= 0")
+        if self.max_calls_per_caller <= 0:
+            raise ConfigError("fair share: calls per caller must be > 0")
         if min(self.hold_refused_ms, self.max_held, self.max_held_total, self.zk_request_cost_us,
                self.max_paced_total) < 0:
             raise ConfigError("fair share: held refusals, paced calls and their bounds, costs must be >= 0")

@@ -51,7 +51,7 @@ from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_
 from ordq.coordinator import state as sm
 from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
 from ordq.coordinator.client import LEADER_METADATA_KEY
-from ordq.coordinator.fair_share import FairShareConfig, FairTurns
+from ordq.coordinator.fair_share import FairShareConfig, FairTurns, TurnRefused
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
@@ -233,6 +233,7 @@ class CoordinatorService(LeaseCalls):
         self._max_workers = max_workers or self.turns.config.threads
         self._admin = admin
         self.stats = ServiceStats()
+        self._calls_of: dict[str, int] = {}  # caller -> its calls past check_caller, not yet answered
         self._stats_lock = threading.Lock()
         self._refusal_log = RefusalLog()  # which refusals are logged (coordinator/refusal_log.py)
         self._tokens = _Tokens()
@@ -296,12 +297,27 @@ class CoordinatorService(LeaseCalls):
             with self._stats_lock:
                 self.stats.in_flight -= 1
 
-    def _turn(self, holder: str, rpc: str, read_body: Callable[[], object]) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def _turn(self, holder: str, rpc: str, read_body: Callable[[], object]) -> Iterator[None]:
         """The call's fair turn (coordinator/fair_share.py), its body read before it takes a slot;
-        ``NO_TURN``: only the body read."""
-        if rpc in NO_TURN:
-            return service_frame_no_turn(holder, rpc, read_body)
-        return self.turns.turn(holder, rpc, read_body)
+        ``NO_TURN``: only the body read. Past ``max_calls_per_caller`` of its caller's calls in
+        the service at once (whatever their stage), TurnRefused at once."""
+        bound = self.turns.config.max_calls_per_caller
+        with self._stats_lock:
+            mine = self._calls_of.get(holder, 0)
+            if mine >= bound:
+                raise TurnRefused(holder, f"{mine} calls of this caller are in the coordinator already (at most "
+                                          f"{bound} at once)", 1_000)
+            self._calls_of[holder] = mine + 1
+        try:
+            with service_frame_no_turn(holder, rpc, read_body) if rpc in NO_TURN else \
+                    self.turns.turn(holder, rpc, read_body):
+                yield
+        finally:
+            with self._stats_lock:
+                left = self._calls_of.pop(holder) - 1
+                if left:
+                    self._calls_of[holder] = left
 
     def stop(self, grace_s: float = 1.0) -> None:
         self._tokens.book.close()

@@ -454,3 +454,55 @@ def test_a_body_withheld_holds_no_slot(coordinator: tuple[Cluster, str]) -> None
             c.close()
         for ch in channels:
             ch.close()
+
+
+def test_a_callers_calls_in_the_coordinator_are_bounded(coordinator: tuple[Cluster, str]) -> None:
+    """Guard: calls of one caller in the coordinator at once (``max_calls_per_caller``, 64). Each
+    holds a worker thread (259), whatever its stage; a consume token withholding the bodies of
+    64 Heartbeats (which take no turn) over 8 connections has its next call refused at once,
+    RESOURCE_EXHAUSTED with a retry hint, counted; another token is answered meanwhile. (Before,
+    33 such connections took every worker, and no call of anyone's was answered.)"""
+    import threading
+
+    from ordq.coordinator.client import CoordinatorClient
+
+    cluster, address = coordinator
+    bound = 64  # docs/SECURITY.md, Limits: FairShareConfig.max_calls_per_caller
+    _, token = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "withholder")
+    _, other = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "neighbour")
+    touch(cluster.store.client, cluster.root)
+    md = (("authorization", f"Bearer {token}"),)
+    release = threading.Event()
+
+    def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
+        release.wait(60)
+        yield from ()
+
+    url = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1]
+    neighbour = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=other),
+                                  timeout_s=30)
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [channel(address, attrs.evolve(cluster.credentials, token=token), own) for _ in range(bound // 8 + 1)]
+    try:
+        stub = pb_grpc.CoordinatorStub(channels[-1])  # type: ignore[no-untyped-call]
+        wait_until(lambda: stub.Describe(pb.DescribeRequest(queue="a"), timeout=10, metadata=md) is not None,
+                   timeout_s=30, interval_s=0.05, what="the token taken")
+        held = [ch.stream_unary("/ordq.v1.Coordinator/Heartbeat").future(withheld(), timeout=60, metadata=md)
+                for ch in channels[:-1] for _ in range(8)]
+        assert len(held) == bound
+        wait_until(lambda: (value(read_metrics(url), "ordq_coordinator_calls_in_flight") or 0) >= bound, timeout_s=30,
+                   interval_s=0.05, what="the withheld calls in the coordinator's frame")
+        before = outcomes(cluster, "ResourceExhausted", "Describe")
+        err = refusal(lambda: stub.Describe(pb.DescribeRequest(queue="a"), timeout=30, metadata=md))
+        assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "ordq-retry-ms" in dict(err.trailing_metadata())
+        assert outcomes(cluster, "ResourceExhausted", "Describe") - before == 1
+        assert neighbour.describe("a").state.queue == "a"
+        release.set()  # they end (refused: no request came); the caller is answered again
+        for call in held:
+            assert call.exception(timeout=30) is not None
+        assert stub.Describe(pb.DescribeRequest(queue="a"), timeout=30, metadata=md) is not None
+    finally:
+        release.set()
+        neighbour.close()
+        for ch in channels:
+            ch.close()
