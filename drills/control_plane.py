@@ -82,6 +82,13 @@ MESSAGES = 320_000
 # Each variant's p99s are pooled over its windows against the same quiet windows; the verdict's
 # ratio is the ``attack`` windows'.
 WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
+# A measurement (never the acceptance): ``ORDQ_CONTROL_PLANE_ATTACKER_CPU=1`` pins the attacker's
+# process to that one CPU (its threads made after: the calls' and gRPC's), besides its 0.5-core
+# quota. The quota alone lets its ~80 threads run on both cores at once in bursts (a host of its
+# own takes none of the cluster's; the one-thread hog control never runs on two): pinned, one
+# round beside six busy loops, the neighbour's Commit p99 was 1.29x quiet, 2.5-3.1x unpinned
+# (docs/BENCHMARKS.md, stop f).
+ATTACKER_CPU_ENV = "ORDQ_CONTROL_PLANE_ATTACKER_CPU"
 
 
 @attrs.frozen
@@ -435,6 +442,11 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                                     kinds=sent)
         if iso is not None:
             iso.add("capped", [attacker.pid])
+        pinned = os.environ.get(ATTACKER_CPU_ENV, "")
+        if pinned and attacker.pid is not None:
+            os.sched_setaffinity(attacker.pid, {int(pinned)})
+            ctx.event(f"the attacker's process pinned to CPU {pinned} ({ATTACKER_CPU_ENV}): a measurement, not the "
+                      "acceptance")
         counted_before = _counted(stage.metrics_url)
         turns_before = _counted(stage.metrics_url, TURNS)
         rss = _RssWatch(stage.pid)
@@ -504,6 +516,8 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     ctx.event(f"the leader's fair turns meanwhile (coordinator/fair_share.py): {turns}")
     ctx.expect(f"every kind of attack was sent ({', '.join(kinds)}; {ATTACKS_ENV} unset)", kinds == ATTACKS)
     ctx.expect(f"every attack window of every attack ({WINDOWS_ENV} unset)", not measured)
+    ctx.expect(f"the attacker as the drill isolates it ({ATTACKER_CPU_ENV} unset)",
+               not os.environ.get(ATTACKER_CPU_ENV))
     for what, ok in judge_attacks(outcomes, counted, kinds):
         ctx.expect(what, ok)
     ctx.expect(f"the neighbour's commits never failed ({len(probe.failures)} failed: {probe.failures[:3]})",
