@@ -173,7 +173,7 @@ class CoordinatorClient:
         # A connection of its own: gRPC shares one between channels alike (plaintext ones, to the
         # same address) unless told not to, and the coordinator bounds the calls in flight on
         # each (``FrameConfig.max_streams_per_connection``): every client of a process would
-        # have shared one bound, a heartbeat waiting behind another client's Claims.
+        # have shared one bound.
         return channel(address, self.credentials, [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
 
     @staticmethod

@@ -136,9 +136,10 @@ def test_an_oversized_admin_request_is_refused_before_it_is_parsed(cluster: Clus
         before = _rss_kib(coordinator.pid)
         for _ in range(20):
             # Each on a connection of its own: a request past gRPC's receive limit leaves its
-            # stream open on its connection (the client cannot finish sending it; grpcio 1.85),
-            # and a connection takes 8 calls in flight (FrameConfig.max_streams_per_connection):
-            # its ninth such request is refused REFUSED_STREAM. Only the sender's connection.
+            # stream open on its connection (the client cannot finish sending it; grpcio 1.85,
+            # reproduced with a bare server), and a connection takes 100 calls in flight
+            # (FrameConfig.max_streams_per_connection): past them such a sender's connection is
+            # refused REFUSED_STREAM (at a bound of 8 this test failed at its 14th). Only its own.
             with CoordinatorClient(bootstrap=client._leader, credentials=client.credentials) as once:
                 began = time.monotonic()
                 with pytest.raises(OrdqError, match="RESOURCE_EXHAUSTED"):

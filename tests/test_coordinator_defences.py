@@ -359,25 +359,25 @@ def test_subscriptions_per_queue_are_bounded_and_parking_queues_only_for_subscri
 
 def test_calls_in_flight_on_one_connection_are_bounded_and_the_rest_wait_in_the_client(
         coordinator: tuple[Cluster, str]) -> None:
-    """Guard: requests in flight per connection (``FrameConfig.max_streams_per_connection``, HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS). A hand-made client with a consume token keeps that many
-    calls open on one connection (Heartbeat, which takes no fair turn, its body withheld): its
-    next call waits in its own process, not at the coordinator, and is answered once one of them
-    ends; a client on a connection of its own is answered meanwhile, and a legitimate client with
-    more calls at once than the bound has every one answered (they queue, none is refused). (On
-    main the bound was 100: the drill's flood kept 16 calls in flight on each of 4 connections.)"""
+    """Guard: requests in flight per connection (``FrameConfig.max_streams_per_connection``, 100:
+    HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). A hand-made client keeps that many calls open on one
+    connection (Heartbeats, which take no fair turn, their bodies withheld; half with each of two
+    consume tokens, as one token may hold 64 calls): its next call waits in its own process, not
+    at the coordinator, and is answered once they end; a client on a connection of its own is
+    answered meanwhile, 24 calls at once all answered (a client's several calls at once queue on
+    its connection, none refused)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from ordq.coordinator.client import CoordinatorClient
 
     cluster, address = coordinator
-    bound = 8  # docs/SECURITY.md, Limits: calls in flight on one connection
-    _, token = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "consumer of a")
+    bound = 100  # docs/SECURITY.md, Limits: calls in flight on one connection
+    tokens = [create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, f"consumer {i} of a")[1]
+              for i in range(2)]
     touch(cluster.store.client, cluster.root)
-    creds = attrs.evolve(cluster.credentials, token=token)
-    md = (("authorization", f"Bearer {token}"),)
-    ch = channel(address, creds, [("grpc.use_local_subchannel_pool", 1)])
+    mds = [(("authorization", f"Bearer {t}"),) for t in tokens]
+    ch = channel(address, attrs.evolve(cluster.credentials, token=tokens[0]), [("grpc.use_local_subchannel_pool", 1)])
     release = threading.Event()
 
     def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
@@ -386,18 +386,20 @@ def test_calls_in_flight_on_one_connection_are_bounded_and_the_rest_wait_in_the_
 
     heartbeat = ch.stream_unary("/ordq.v1.Coordinator/Heartbeat")
     stub = pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
-    client = CoordinatorClient(bootstrap=address, credentials=creds, timeout_s=30)
+    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=tokens[1]),
+                               timeout_s=30)
     try:
-        wait_until(lambda: stub.Describe(pb.DescribeRequest(queue="a"), timeout=10, metadata=md) is not None,
-                   timeout_s=30, interval_s=0.05, what="the connection up and the token known")
-        held = [heartbeat.future(withheld(), timeout=60, metadata=md) for _ in range(bound)]
-        queued = stub.Describe.future(pb.DescribeRequest(queue="a"), timeout=60, metadata=md)
+        for md in mds:
+            wait_until(lambda m=md: stub.Describe(pb.DescribeRequest(queue="a"), timeout=10, metadata=m) is not None,
+                       timeout_s=30, interval_s=0.05, what="the connection up and the token known")
+        held = [heartbeat.future(withheld(), timeout=60, metadata=mds[i % 2]) for i in range(bound)]
+        queued = stub.Describe.future(pb.DescribeRequest(queue="a"), timeout=60, metadata=mds[0])
         assert client.describe("a").state.queue == "a"  # another connection: answered meanwhile
         with pytest.raises(grpc.FutureTimeoutError):
             queued.result(timeout=3)  # still waiting in this process for a stream of its connection
-        with ThreadPoolExecutor(3 * bound) as pool:  # more at once than the bound, on one connection
-            answers = list(pool.map(lambda _i: client.describe("a").state.queue, range(3 * bound)))
-        assert answers == ["a"] * (3 * bound)
+        with ThreadPoolExecutor(24) as pool:  # several calls at once on one client's connection
+            answers = list(pool.map(lambda _i: client.describe("a").state.queue, range(24)))
+        assert answers == ["a"] * 24
         release.set()  # the withheld calls end (refused: no request came), and their streams free
         assert queued.result(timeout=30) is not None
         for call in held:
