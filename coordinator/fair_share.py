@@ -45,6 +45,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import attrs
 
@@ -102,7 +103,8 @@ class FairShareConfig:
     heavy_share: float = 0.35
     max_paced_total: int = 64  # calls held for their caller's share at once, in all (each holds a worker)
     # Calls of one caller in the service at once, in any stage (its body awaited, paced, waiting,
-    # held, running; calls that take no turn too): past it, refused at once. Each holds a worker
+    # held, running; calls that take no turn too): past it, refused (``FairTurns.refuse``: held
+    # first as a refused turn while there is room). Each holds a worker
     # thread, and a caller withholding bodies on many connections (8 calls each) could otherwise
     # take every worker (``threads``).
     max_calls_per_caller: int = 64
@@ -363,14 +365,7 @@ class FairTurns:
             if refused is None:
                 self.stats.served += 1
         if refused is not None:
-            self._charge_refusal(holder, reserved)
-            if hold:
-                try:
-                    self._sleep(cfg.hold_refused_ms / 1000.0)
-                finally:
-                    with self._cond:
-                        self._hold(holder, -1)
-            raise refused
+            self._answer_refused(holder, refused, hold, reserved)
         started, cpu, zk = self._clock(), self._cpu(), self._zk_requests()
         try:
             yield
@@ -409,6 +404,28 @@ class FairTurns:
             ticket.cond.wait(left)
         self.stats.waited += 1
         self.stats.waited_ms += int((self._clock() - arrived) * 1000)
+
+    def refuse(self, holder: str, refused: TurnRefused) -> NoReturn:
+        """Answer ``refused`` to a call of ``holder`` that took no turn (the service's bound on a
+        caller's calls at once): counted and charged as a refused turn, and held first while
+        there is room (``max_held``, ``max_held_total``): answered at once, a caller past its bound
+        asks again at once."""
+        with self._cond:
+            self.stats.refused += 1
+            hold = self._hold(holder, +1)
+        self._answer_refused(holder, refused, hold)
+
+    def _answer_refused(self, holder: str, refused: TurnRefused, hold: bool, reserved: float = 0.0) -> NoReturn:
+        """Charge a refused call, hold it ``hold_refused_ms`` if ``hold`` (counted in ``_held``
+        already), then raise ``refused``."""
+        self._charge_refusal(holder, reserved)
+        if hold:
+            try:
+                self._sleep(self.config.hold_refused_ms / 1000.0)
+            finally:
+                with self._cond:
+                    self._hold(holder, -1)
+        raise refused
 
     def _charge_refusal(self, holder: str, reserved: float = 0.0) -> None:
         """A refused call costs its frame (``call_cost_us``): charged as any (what was reserved

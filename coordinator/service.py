@@ -305,10 +305,11 @@ class CoordinatorService(LeaseCalls):
         bound = self.turns.config.max_calls_per_caller
         with self._stats_lock:
             mine = self._calls_of.get(holder, 0)
-            if mine >= bound:
-                raise TurnRefused(holder, f"{mine} calls of this caller are in the coordinator already (at most "
-                                          f"{bound} at once)", 1_000)
-            self._calls_of[holder] = mine + 1
+            if mine < bound:
+                self._calls_of[holder] = mine + 1
+        if mine >= bound:  # held as a refused turn first: answered at once, it came back at once
+            self.turns.refuse(holder, TurnRefused(holder, f"{mine} calls of this caller are in the coordinator "
+                                                          f"already (at most {bound} at once)", 1_000))
         try:
             with service_frame_no_turn(holder, rpc, read_body) if rpc in NO_TURN else \
                     self.turns.turn(holder, rpc, read_body):

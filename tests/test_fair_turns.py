@@ -226,3 +226,20 @@ def test_what_runs_before_the_slot_holds_none_and_its_failure_is_a_refusal() -> 
     with pytest.raises(ConfigError), turns.turn("neighbour", "", bad_body):
         pytest.fail("the call ran without its body")
     assert turns.slots.running == 0 and turns.stats.served == served
+
+
+def test_a_refusal_of_a_call_that_took_no_turn_is_held_counted_and_charged() -> None:
+    """``FairTurns.refuse`` (the service's bound on a caller's calls at once): the refusal is held
+    ``hold_refused_ms`` first (answered at once, the caller asks again at once), counted, and
+    raised; past ``max_held`` of the caller's refusals held at once, answered at once."""
+    from ordq.coordinator.fair_share import TurnRefused
+
+    slept: list[float] = []
+    turns = FairTurns(FairShareConfig(hold_refused_ms=700, max_held=1), sleep=slept.append)
+    with pytest.raises(TurnRefused):
+        turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
+    assert slept == [0.7] and turns.stats.refused == 1
+    turns._held["flooder"] = 1  # one of its refusals held now: the next is answered at once
+    with pytest.raises(TurnRefused):
+        turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
+    assert slept == [0.7] and turns.stats.refused == 2
