@@ -170,7 +170,11 @@ class CoordinatorClient:
     def _open_channel(self, address: str) -> Any:
         from ordq.wire.framing import GRPC_OPTIONS
 
-        return channel(address, self.credentials, GRPC_OPTIONS)
+        # A connection of its own: gRPC shares one between channels alike (plaintext ones, to the
+        # same address) unless told not to, and the coordinator bounds the calls in flight on
+        # each (``FrameConfig.max_streams_per_connection``): every client of a process would
+        # have shared one bound.
+        return channel(address, self.credentials, [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
 
     @staticmethod
     def _make_stub(ch: Any) -> Any:

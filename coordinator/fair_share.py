@@ -45,6 +45,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import attrs
 
@@ -101,12 +102,20 @@ class FairShareConfig:
     # second at ~4.2 ms: ~0.24 s per s; the drill's, ~0.2), with room: it is never held.
     heavy_share: float = 0.35
     max_paced_total: int = 64  # calls held for their caller's share at once, in all (each holds a worker)
+    # Calls of one caller in the service at once, in any stage (its body awaited, paced, waiting,
+    # held, running; calls that take no turn too): past it, refused (``FairTurns.refuse``: held
+    # first as a refused turn while there is room). Each holds a worker
+    # thread, and a caller withholding bodies on many connections (8 calls each) could otherwise
+    # take every worker (``threads``).
+    max_calls_per_caller: int = 64
 
     def __attrs_post_init__(self) -> None:
         if min(self.slots, self.max_waiting, self.max_waiting_total, self.max_delay_ms) <= 0 or self.half_life_s <= 0:
             raise ConfigError("fair share: slots, waiting bounds, delay and half-life must be > 0")
         if self.reserved_slots < 0:
             raise ConfigError("fair share: reserved slots must be >= 0")
+        if self.max_calls_per_caller <= 0:
+            raise ConfigError("fair share: calls per caller must be > 0")
         if min(self.hold_refused_ms, self.max_held, self.max_held_total, self.zk_request_cost_us,
                self.max_paced_total) < 0:
             raise ConfigError("fair share: held refusals, paced calls and their bounds, costs must be >= 0")
@@ -312,19 +321,22 @@ class FairTurns:
         return float(seconds * 0.5 ** (max(now - at, 0.0) / self.config.half_life_s))
 
     @contextlib.contextmanager
-    def turn(self, holder: str, _rpc: str = "") -> Iterator[None]:
-        """Around one call's work: returns once it has a slot; TurnRefused when it may not wait."""
+    def turn(self, holder: str, _rpc: str = "", before_slot: Callable[[], object] | None = None) -> Iterator[None]:
+        """Around one call's work: returns once it has a slot; TurnRefused when it may not wait.
+        ``before_slot``: run once the caller's share let the call in and before it waits for a
+        slot (the frame reads the request's body there: a caller that withholds it holds no
+        slot); what it raises is charged as a refusal and raised."""
         with self._cond:
             self.request_time.begin(holder)
         try:
-            with self._turn(holder):
+            with self._turn(holder, before_slot):
                 yield
         finally:
             with self._cond:
                 self.request_time.end(holder)
 
     @contextlib.contextmanager
-    def _turn(self, holder: str) -> Iterator[None]:
+    def _turn(self, holder: str, before_slot: Callable[[], object] | None = None) -> Iterator[None]:
         cfg = self.config
         arrived = self._clock()
         try:
@@ -332,6 +344,12 @@ class FairTurns:
         except TurnRefused:
             self._charge_refusal(holder)
             raise
+        if before_slot is not None:
+            try:
+                before_slot()
+            except BaseException:
+                self._charge_refusal(holder, reserved)
+                raise
         refused: TurnRefused | None = None
         with self._cond:
             # Whoever waits does not fit (``_grant`` runs at every freed slot), so a call that fits
@@ -347,14 +365,7 @@ class FairTurns:
             if refused is None:
                 self.stats.served += 1
         if refused is not None:
-            self._charge_refusal(holder, reserved)
-            if hold:
-                try:
-                    self._sleep(cfg.hold_refused_ms / 1000.0)
-                finally:
-                    with self._cond:
-                        self._hold(holder, -1)
-            raise refused
+            self._answer_refused(holder, refused, hold, reserved)
         started, cpu, zk = self._clock(), self._cpu(), self._zk_requests()
         try:
             yield
@@ -393,6 +404,28 @@ class FairTurns:
             ticket.cond.wait(left)
         self.stats.waited += 1
         self.stats.waited_ms += int((self._clock() - arrived) * 1000)
+
+    def refuse(self, holder: str, refused: TurnRefused) -> NoReturn:
+        """Answer ``refused`` to a call of ``holder`` that took no turn (the service's bound on a
+        caller's calls at once): counted and charged as a refused turn, and held first while
+        there is room (``max_held``, ``max_held_total``): answered at once, a caller past its bound
+        asks again at once."""
+        with self._cond:
+            self.stats.refused += 1
+            hold = self._hold(holder, +1)
+        self._answer_refused(holder, refused, hold)
+
+    def _answer_refused(self, holder: str, refused: TurnRefused, hold: bool, reserved: float = 0.0) -> NoReturn:
+        """Charge a refused call, hold it ``hold_refused_ms`` if ``hold`` (counted in ``_held``
+        already), then raise ``refused``."""
+        self._charge_refusal(holder, reserved)
+        if hold:
+            try:
+                self._sleep(self.config.hold_refused_ms / 1000.0)
+            finally:
+                with self._cond:
+                    self._hold(holder, -1)
+        raise refused
 
     def _charge_refusal(self, holder: str, reserved: float = 0.0) -> None:
         """A refused call costs its frame (``call_cost_us``): charged as any (what was reserved

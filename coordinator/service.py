@@ -27,7 +27,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -51,7 +51,7 @@ from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_
 from ordq.coordinator import state as sm
 from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
 from ordq.coordinator.client import LEADER_METADATA_KEY
-from ordq.coordinator.fair_share import FairShareConfig, FairTurns
+from ordq.coordinator.fair_share import FairShareConfig, FairTurns, TurnRefused
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
 from ordq.coordinator.lease_desk import LeaseDesk
 from ordq.coordinator.leases import Kind
@@ -60,6 +60,7 @@ from ordq.coordinator.paths import check_name
 from ordq.coordinator.refusal_log import RefusalLog
 from ordq.coordinator.seal import run_seal
 from ordq.coordinator.service_frame import FrameConfig, safe, shown
+from ordq.coordinator.service_frame import no_turn as service_frame_no_turn
 from ordq.coordinator.service_leases import LeaseCalls, check_lease, leader_address
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store import ZkStore
@@ -110,6 +111,7 @@ class ServiceStats:
     refused: dict[str, int] = attrs.field(factory=dict)  # error type -> refusals
     not_leader: int = 0
     outcomes: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (rpc, "ok" or error type) -> requests
+    in_flight: int = 0  # calls in the frame now, from their headers to their answers
 
 
 class _RequestsCollector:
@@ -131,6 +133,11 @@ class _RequestsCollector:
         for (rpc, outcome), n in sorted(outcomes.items()):
             family.add_metric([rpc, outcome], n)
         yield family
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily("ordq_coordinator_calls_in_flight", "Coordinator calls in the service's frame "
+                                "now, from their headers to their answers (each holds a worker thread)",
+                                value=self._service.stats.in_flight)
         turns = self._service.turns.stats  # plain ints, read without the turns' lock
         family = CounterMetricFamily("ordq_coordinator_turns", "Coordinator calls by their fair turn "
                                      "(coordinator/fair_share.py): served (of which waited, reserved: "
@@ -226,6 +233,7 @@ class CoordinatorService(LeaseCalls):
         self._max_workers = max_workers or self.turns.config.threads
         self._admin = admin
         self.stats = ServiceStats()
+        self._calls_of: dict[str, int] = {}  # caller -> its calls past check_caller, not yet answered
         self._stats_lock = threading.Lock()
         self._refusal_log = RefusalLog()  # which refusals are logged (coordinator/refusal_log.py)
         self._tokens = _Tokens()
@@ -264,7 +272,7 @@ class CoordinatorService(LeaseCalls):
                              maximum_concurrent_rpcs=4 * self._max_workers)  # past it gRPC refuses at once
         # Every method framed (size, caller, fair turn, typed refusals) before its handler runs.
         service_frame.register(server, service_frame.framed(self, self.frame, self._tokens.caller,
-                                                            self._refuse_call, self._turn))
+                                                            self._refuse_call, self._turn, self._in_flight))
         if self.credentials.tls:
             from ordq.common.security import server_credentials
 
@@ -278,9 +286,39 @@ class CoordinatorService(LeaseCalls):
         self.address = addresses.advertised(listen, advertise, port)
         return self.address
 
-    def _turn(self, holder: str, rpc: str) -> contextlib.AbstractContextManager[Any]:
-        """The call's fair turn (coordinator/fair_share.py), except for ``NO_TURN``."""
-        return contextlib.nullcontext() if rpc in NO_TURN else self.turns.turn(holder, rpc)
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """A call in the frame (``ordq_coordinator_calls_in_flight``)."""
+        with self._stats_lock:
+            self.stats.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._stats_lock:
+                self.stats.in_flight -= 1
+
+    @contextlib.contextmanager
+    def _turn(self, holder: str, rpc: str, read_body: Callable[[], object]) -> Iterator[None]:
+        """The call's fair turn (coordinator/fair_share.py), its body read before it takes a slot;
+        ``NO_TURN``: only the body read. Past ``max_calls_per_caller`` of its caller's calls in
+        the service at once (whatever their stage), TurnRefused at once."""
+        bound = self.turns.config.max_calls_per_caller
+        with self._stats_lock:
+            mine = self._calls_of.get(holder, 0)
+            if mine < bound:
+                self._calls_of[holder] = mine + 1
+        if mine >= bound:  # held as a refused turn first: answered at once, it came back at once
+            self.turns.refuse(holder, TurnRefused(holder, f"{mine} calls of this caller are in the coordinator "
+                                                          f"already (at most {bound} at once)", 1_000))
+        try:
+            with service_frame_no_turn(holder, rpc, read_body) if rpc in NO_TURN else \
+                    self.turns.turn(holder, rpc, read_body):
+                yield
+        finally:
+            with self._stats_lock:
+                left = self._calls_of.pop(holder) - 1
+                if left:
+                    self._calls_of[holder] = left
 
     def stop(self, grace_s: float = 1.0) -> None:
         self._tokens.book.close()

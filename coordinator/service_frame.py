@@ -10,8 +10,9 @@ here at registration, so a method added later is framed too):
   raw bytes before they are parsed: ``MessageTooLarge`` (RESOURCE_EXHAUSTED), counted.
 - **The caller before its request.** Each unary method is served as a request *stream* (gRPC
   starts it before any message is read): the caller's token is checked on the headers
-  (``check_caller``) and its fair turn taken (``turn``) before the body is read, so an
-  unauthenticated call costs its headers, whatever it sends.
+  (``check_caller``) and its share of the coordinator (``turn``) before the body is read, so an
+  unauthenticated call costs its headers, whatever it sends; a slot to work in is taken only once
+  the body arrived, so a caller that withholds it holds none.
 - **No traceback for bad input.** Bytes that are no protobuf of the call's type become
   ``Undecodable`` (INVALID_ARGUMENT, counted): the deserializer given to gRPC never raises
   (gRPC logs a traceback at ERROR and answers INTERNAL when it does). Any ``OrdqError`` a
@@ -48,7 +49,12 @@ class FrameConfig:
 
     small_request_bytes: int = SMALL_REQUEST_BYTES
     large_request_bytes: int = LARGE_REQUEST_BYTES
-    # HTTP/2 streams one connection may have open: a client's calls past it wait in the client.
+    # HTTP/2 streams one connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS): a client's
+    # calls past it wait in the client's own process. Not lower: at 8 (stop f) the server refused
+    # streams the client already counted as closed (RST_STREAM REFUSED_STREAM: UNAVAILABLE, untyped
+    # and uncounted; the drill's flood got 230 a round and a 64-thread flood 1,200 a second), and the
+    # neighbour's Commit p99 stayed 2.5-3.1x quiet with the attacker's calls down to ~30 a second.
+    # What one token may hold is ``FairShareConfig.max_calls_per_caller`` (64, typed, counted).
     max_streams_per_connection: int = 100
     max_metadata_bytes: int = 16 << 10
     handshake_timeout_ms: int = 10_000
@@ -130,22 +136,30 @@ class _Bad:
 CheckCaller = Callable[[Any, str], str]
 # (rpc, context, exc) -> never returns: counts, logs (shown forms only) and aborts the call typed.
 Refuse = Callable[[str, Any, OrdqError], Any]
-# (holder, rpc) -> a context manager around the call's work: its fair turn (service_fair.py).
-Turn = Callable[[str, str], contextlib.AbstractContextManager[Any]]
+# (holder, rpc, read the body) -> a context manager around the call's work: its fair turn
+# (fair_share.py), which reads the request's body once the caller's share let the call in and
+# before it takes a slot (a caller that withholds its body holds no slot).
+Turn = Callable[[str, str, Callable[[], object]], contextlib.AbstractContextManager[Any]]
 
 
-def no_turn(_holder: str, _rpc: str) -> contextlib.AbstractContextManager[Any]:
+def no_turn(_holder: str, _rpc: str, read_body: Callable[[], object]) -> contextlib.AbstractContextManager[Any]:
+    read_body()
     return contextlib.nullcontext()
 
 
+# () -> a context manager around each call in the frame, from its headers to its answer: the
+# service counts the calls in flight there (``ordq_coordinator_calls_in_flight``).
+InFlight = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
 def framed(servicer: Any, cfg: FrameConfig, check_caller: CheckCaller, refuse: Refuse,
-           turn: Turn = no_turn) -> dict[str, Any]:
+           turn: Turn = no_turn, in_flight: InFlight = contextlib.nullcontext) -> dict[str, Any]:
     """The generated handlers of ``servicer``, each framed (see the module doc)."""
     from ordq.wire import ordq_pb2_grpc as pb_grpc
 
     captured = _Handlers()
     pb_grpc.add_CoordinatorServicer_to_server(servicer, captured)  # type: ignore[no-untyped-call]
-    return {name: _frame(name, h, cfg, check_caller, refuse, turn) for name, h in captured.handlers.items()}
+    return {name: _frame(name, h, cfg, check_caller, refuse, turn, in_flight) for name, h in captured.handlers.items()}
 
 
 def register(server: Any, handlers: dict[str, Any]) -> None:
@@ -156,7 +170,7 @@ def register(server: Any, handlers: dict[str, Any]) -> None:
 
 
 def _frame(rpc: str, handler: Any, cfg: FrameConfig, check_caller: CheckCaller, refuse: Refuse,
-           turn: Turn) -> Any:
+           turn: Turn, in_flight: InFlight) -> Any:
     assert not handler.request_streaming and not handler.response_streaming, rpc  # all unary today
     behavior = handler.unary_unary
     parse = handler.request_deserializer
@@ -171,20 +185,29 @@ def _frame(rpc: str, handler: Any, cfg: FrameConfig, check_caller: CheckCaller, 
             return _Bad(Undecodable(f"bad {rpc} request: {type(exc).__name__}: {shown(str(exc), 200)}"))
 
     def unary(requests: Iterator[Any], context: Any) -> Any:
-        try:
-            holder = check_caller(context, rpc)  # on the headers: nothing of the body read yet
-            with turn(holder, rpc):
-                request = next(requests, None)
-                if request is None:  # gRPC refused the body itself (past its receive limit), or none came
-                    raise Undecodable(f"bad {rpc} request: none arrived whole (none sent, or over the "
-                                      f"server's receive limit of {cfg.receive_limit} bytes)")
-                if isinstance(request, _Bad):
-                    raise request.error
-                return behavior(request, context)
-        except TurnRefused as exc:  # no fair turn now: typed RESOURCE_EXHAUSTED, with its hint
-            refuse(rpc, context, exhausted(exc))
-        except OrdqError as exc:  # raised before the handler's own frame (``_serve``) caught it
-            refuse(rpc, context, exc)
+        body: list[Any] = []
+
+        def read_body() -> None:
+            request = next(requests, None)
+            if request is None:  # gRPC refused the body itself (past its receive limit), or none came
+                raise Undecodable(f"bad {rpc} request: none arrived whole (none sent, or over the "
+                                  f"server's receive limit of {cfg.receive_limit} bytes)")
+            if isinstance(request, _Bad):
+                raise request.error
+            body.append(request)
+
+        with in_flight():
+            try:
+                holder = check_caller(context, rpc)  # on the headers: nothing of the body read yet
+                # The body is read inside the turn, once the caller's share let the call in and
+                # before it takes a slot: read with the slot held, three callers each withholding
+                # one body held every slot until their deadlines, and no other call was answered.
+                with turn(holder, rpc, read_body):
+                    return behavior(body[0], context)
+            except TurnRefused as exc:  # no fair turn now: typed RESOURCE_EXHAUSTED, with its hint
+                refuse(rpc, context, exhausted(exc))
+            except OrdqError as exc:  # raised before the handler's own frame (``_serve``) caught it
+                refuse(rpc, context, exc)
 
     return handler._replace(request_streaming=True, unary_unary=None, stream_unary=unary,
                             request_deserializer=deserialize)

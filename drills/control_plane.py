@@ -82,6 +82,13 @@ MESSAGES = 320_000
 # Each variant's p99s are pooled over its windows against the same quiet windows; the verdict's
 # ratio is the ``attack`` windows'.
 WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
+# A measurement (never the acceptance): ``ORDQ_CONTROL_PLANE_ATTACKER_CPU=1`` pins the attacker's
+# process to that one CPU (its threads made after: the calls' and gRPC's), besides its 0.5-core
+# quota. The quota alone lets its ~80 threads run on both cores at once in bursts (a host of its
+# own takes none of the cluster's; the one-thread hog control never runs on two): pinned, one
+# round beside six busy loops, the neighbour's Commit p99 was 1.29x quiet, 2.5-3.1x unpinned
+# (docs/BENCHMARKS.md, stop f).
+ATTACKER_CPU_ENV = "ORDQ_CONTROL_PLANE_ATTACKER_CPU"
 
 
 @attrs.frozen
@@ -187,6 +194,18 @@ def thread_waits(pid: int) -> dict[int, int]:
     return out
 
 
+def thread_switches(pid: int) -> int:
+    """Context switches of ``pid``'s live threads so far, voluntary (a wait: each call's hand-offs
+    between gRPC's threads, a worker and ZooKeeper's) and not (preempted); 0 when it is gone."""
+    n = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                n += sum(int(line.split()[1]) for line in (task / "status").read_text().splitlines()
+                         if "ctxt_switches" in line)
+    return n
+
+
 def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
     """Seconds the threads of ``after`` waited for a CPU since ``before`` (a thread that ended
     meanwhile is not counted: a lower bound)."""
@@ -194,26 +213,31 @@ def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
 
 
 class _CpuUse:
-    """The CPU each process used (cores), and how long its threads waited for one while
-    runnable (ms per s: the scheduler's ``run_delay``, summed over threads), per kind of window
-    (``neighbour.cpu_seconds``, ``thread_waits``)."""
+    """The CPU each process used (cores), how long its threads waited for one while runnable
+    (ms per s: the scheduler's ``run_delay``, summed over threads), and how often they switched
+    (per s: each a thread going to sleep or preempted), per kind of window
+    (``neighbour.cpu_seconds``, ``thread_waits``, ``thread_switches``)."""
 
     def __init__(self, pids: dict[str, int | None]) -> None:
         self.pids = {k: v for k, v in pids.items() if v is not None}
         self.wall: dict[str, float] = {}
         self.used: dict[str, dict[str, float]] = {}
         self.waited: dict[str, dict[str, float]] = {}
+        self.switched: dict[str, dict[str, float]] = {}
 
     def _waits(self) -> dict[str, dict[int, int]]:
         return {name: thread_waits(pid) for name, pid in self.pids.items()}
 
+    def _switches(self) -> dict[str, int]:
+        return {name: thread_switches(pid) for name, pid in self.pids.items()}
+
     @contextlib.contextmanager
     def measure(self, kind: str) -> Iterator[None]:
-        t0, c0, w0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits()
+        t0, c0, w0, s0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
         try:
             yield
         finally:
-            c1, w1 = neighbour.cpu_seconds(dict(self.pids)), self._waits()
+            c1, w1, s1 = neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
             self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
             use = self.used.setdefault(kind, {})
             for k in c1:
@@ -222,6 +246,9 @@ class _CpuUse:
             waited = self.waited.setdefault(kind, {})
             for k in w1:
                 waited[k] = waited.get(k, 0.0) + waited_s(w0.get(k, {}), w1[k])
+            switched = self.switched.setdefault(kind, {})
+            for k in s1:
+                switched[k] = switched.get(k, 0.0) + max(0, s1[k] - s0.get(k, 0))
 
     def __str__(self) -> str:
         return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
@@ -229,8 +256,29 @@ class _CpuUse:
 
     def waits(self) -> str:
         """Each process's threads' wait for a CPU, ms per s of window, per kind of window."""
-        return "; ".join(f"{kind}: " + ", ".join(f"{k} {1000 * v / self.wall[kind]:.0f}" for k, v in w.items())
-                         for kind, w in self.waited.items())
+        return self._per_s(self.waited, 1000)
+
+    def switches(self) -> str:
+        """Each process's threads' context switches per s of window, per kind of window."""
+        return self._per_s(self.switched, 1)
+
+    def per_call(self, name: str, calls: int) -> str:
+        """``name``'s context switches per s, quiet and attacked, and how many more per call the
+        attacker had answered meanwhile (``calls``, over every attack window)."""
+        attacked = [k for k in self.wall if k != "quiet"]
+        quiet_s, attacked_s = self.wall.get("quiet", 0.0), sum(self.wall[k] for k in attacked)
+        if not quiet_s or not attacked_s or not calls:
+            return f"{name}: no quiet or attack window measured, or no call answered"
+        quiet = self.switched.get("quiet", {}).get(name, 0.0) / quiet_s
+        during = sum(self.switched[k].get(name, 0.0) for k in attacked) / attacked_s
+        rate = calls / attacked_s
+        return (f"the attacker's calls answered: {calls} in {attacked_s:.1f} s of attack windows ({rate:.0f}/s); "
+                f"{name}'s context switches {quiet:.0f}/s quiet, {during:.0f}/s attacked: "
+                f"{(during - quiet) / rate:.1f} more per attacker call")
+
+    def _per_s(self, of: dict[str, dict[str, float]], scale: float) -> str:
+        return "; ".join(f"{kind}: " + ", ".join(f"{k} {scale * v / self.wall[kind]:.0f}" for k, v in per.items())
+                         for kind, per in of.items())
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -394,6 +442,11 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                                     kinds=sent)
         if iso is not None:
             iso.add("capped", [attacker.pid])
+        pinned = os.environ.get(ATTACKER_CPU_ENV, "")
+        if pinned and attacker.pid is not None:
+            os.sched_setaffinity(attacker.pid, {int(pinned)})
+            ctx.event(f"the attacker's process pinned to CPU {pinned} ({ATTACKER_CPU_ENV}): a measurement, not the "
+                      "acceptance")
         counted_before = _counted(stage.metrics_url)
         turns_before = _counted(stage.metrics_url, TURNS)
         rss = _RssWatch(stage.pid)
@@ -431,6 +484,8 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                       + (f" {variant.name}" if measured else ""))
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
+        ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
+        ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
                    "for this machine's speed)", ctx.producers[0].proc.alive())
     finally:
@@ -461,6 +516,8 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     ctx.event(f"the leader's fair turns meanwhile (coordinator/fair_share.py): {turns}")
     ctx.expect(f"every kind of attack was sent ({', '.join(kinds)}; {ATTACKS_ENV} unset)", kinds == ATTACKS)
     ctx.expect(f"every attack window of every attack ({WINDOWS_ENV} unset)", not measured)
+    ctx.expect(f"the attacker as the drill isolates it ({ATTACKER_CPU_ENV} unset)",
+               not os.environ.get(ATTACKER_CPU_ENV))
     for what, ok in judge_attacks(outcomes, counted, kinds):
         ctx.expect(what, ok)
     ctx.expect(f"the neighbour's commits never failed ({len(probe.failures)} failed: {probe.failures[:3]})",

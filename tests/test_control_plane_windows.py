@@ -106,6 +106,37 @@ def test_thread_waits_are_per_live_thread_and_only_grow() -> None:
     assert cp.thread_waits(2**22 + 12345) == {}  # no such process
 
 
+def test_thread_switches_count_each_threads_sleeps() -> None:
+    slept, stop = threading.Event(), threading.Event()
+
+    def sleeper() -> None:
+        for _ in range(20):
+            time.sleep(0.001)
+        slept.set()
+        stop.wait(5)
+
+    before = cp.thread_switches(os.getpid())
+    thread = threading.Thread(target=sleeper, daemon=True)
+    thread.start()
+    try:
+        assert slept.wait(5)
+        assert cp.thread_switches(os.getpid()) >= before + 20  # the sleeper's, a new thread: all counted
+    finally:
+        stop.set()
+        thread.join()
+    assert cp.thread_switches(2**22 + 12345) == 0  # no such process
+
+
+def test_switches_per_attacker_call_are_the_attacked_windows_excess_over_the_quiet_ones() -> None:
+    cpu = cp._CpuUse({})
+    cpu.wall = {"quiet": 10.0, "attacked": 20.0}
+    cpu.switched = {"quiet": {"leader": 10_000.0}, "attacked": {"leader": 60_000.0}}
+    assert cpu.per_call("leader", 2_000) == ("the attacker's calls answered: 2000 in 20.0 s of attack windows "
+                                             "(100/s); leader's context switches 1000/s quiet, 3000/s attacked: "
+                                             "20.0 more per attacker call")
+    assert "no call answered" in cpu.per_call("leader", 0)
+
+
 def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
     """The real attacker process, told per window what to send (``go(kinds)``): a hog-only
     window of a process started for the flood and the hog sends no flood call (nothing listens

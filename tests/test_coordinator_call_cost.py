@@ -20,12 +20,12 @@ import pytest
 
 from ordq.coordinator import state as sm
 from ordq.coordinator.client import CoordinatorClient, Held
-from ordq.coordinator.service import leader_address
-from ordq.coordinator.tokens import create_token, touch
+from ordq.drills.control_plane import thread_switches
 from ordq.wire import ordq_pb2 as pb
 from ordq.zk_server import four_letter_word
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.test_coordinator_defences import stub_of
+from tests.test_coordinator_share import flood_stage
 from tests.util import wait_until
 
 pytestmark = [pytest.mark.zk, pytest.mark.heavy]
@@ -37,32 +37,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100
 
 
-def _switches(pid: int) -> int:
-    n = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            n += sum(int(line.split()[1]) for line in (task / "status").read_text().splitlines()
-                     if "ctxt_switches" in line)
-        except OSError:
-            pass  # a thread that ended
-    return n
-
-
 def _zk_packets(port: int) -> int:
     return next(int(line.split()[1]) for line in four_letter_word(port, "mntr").splitlines()
                 if line.startswith("zk_packets_received"))
 
 
 def test_what_one_call_of_each_kind_costs(cluster: Cluster) -> None:
-    cluster.add_groups("g1", "g2", "g3")  # as the drill's cluster: a Describe with live members reads each group's
-    cluster.create_queue("a", ["g1", "g2", "g3"])
-    cluster.create_queue("b", ["g1"])
-    cluster.store.create_subscription("b", "s")
-    _, flooder = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "flooder")
-    _, neighbour = create_token(cluster.store.client, cluster.root, {"b": ["consume"]}, "neighbour")
-    touch(cluster.store.client, cluster.root)
-    address = wait_until(lambda: leader_address(cluster.store.client, cluster.paths.coordinator_leader),
-                         timeout_s=30, interval_s=0.05, what="a coordinator elected")
+    # as the drill's cluster: a Describe with live members reads each group's
+    address, flooder, neighbour = flood_stage(cluster, ("g1", "g2", "g3"))
     pid = cluster.coordinators[0].pid
     zk = cluster.zk.status()[0]
     assert pid is not None and zk.pid is not None
@@ -97,7 +79,8 @@ def test_what_one_call_of_each_kind_costs(cluster: Cluster) -> None:
         }
         per_call: dict[str, float] = {}
         for name, call in kinds.items():
-            c0, s0, z0, zc0, t0 = _cpu_s(pid), _switches(pid), _zk_packets(zk.port), _cpu_s(zk.pid), time.monotonic()
+            c0, s0, z0 = _cpu_s(pid), thread_switches(pid), _zk_packets(zk.port)
+            zc0, t0 = _cpu_s(zk.pid), time.monotonic()
             n = 0
             while time.monotonic() - t0 < SECONDS:
                 if call is None:
@@ -109,7 +92,7 @@ def test_what_one_call_of_each_kind_costs(cluster: Cluster) -> None:
                     pass  # a refusal is what some kinds measure
                 n += 1
             dt = time.monotonic() - t0
-            c, s, z, zc = _cpu_s(pid) - c0, _switches(pid) - s0, _zk_packets(zk.port) - z0, _cpu_s(zk.pid) - zc0
+            c, s, z, zc = _cpu_s(pid) - c0, thread_switches(pid) - s0, _zk_packets(zk.port) - z0, _cpu_s(zk.pid) - zc0
             per = max(n, 1)
             per_call[name] = z / per
             print(f"\n{name:30s} {n / dt:5.0f}/s  coordinator {c / per * 1e6:5.0f} us, {s / per:5.1f} switches; "

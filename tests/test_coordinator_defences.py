@@ -355,3 +355,156 @@ def test_subscriptions_per_queue_are_bounded_and_parking_queues_only_for_subscri
         assert res.queue == "a.parked.s0" and "a.parked.s0" in store.list_queues()
     finally:
         ch.close()
+
+
+def test_calls_in_flight_on_one_connection_are_bounded_and_the_rest_wait_in_the_client(
+        coordinator: tuple[Cluster, str]) -> None:
+    """Guard: requests in flight per connection (``FrameConfig.max_streams_per_connection``, 100:
+    HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). A hand-made client keeps that many calls open on one
+    connection (Heartbeats, which take no fair turn, their bodies withheld; half with each of two
+    consume tokens, as one token may hold 64 calls): its next call waits in its own process, not
+    at the coordinator, and is answered once they end; a client on a connection of its own is
+    answered meanwhile, 24 calls at once all answered (a client's several calls at once queue on
+    its connection, none refused)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ordq.coordinator.client import CoordinatorClient
+
+    cluster, address = coordinator
+    bound = 100  # docs/SECURITY.md, Limits: calls in flight on one connection
+    tokens = [create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, f"consumer {i} of a")[1]
+              for i in range(2)]
+    touch(cluster.store.client, cluster.root)
+    mds = [(("authorization", f"Bearer {t}"),) for t in tokens]
+    ch = channel(address, attrs.evolve(cluster.credentials, token=tokens[0]), [("grpc.use_local_subchannel_pool", 1)])
+    release = threading.Event()
+
+    def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
+        release.wait(60)
+        yield from ()
+
+    heartbeat = ch.stream_unary("/ordq.v1.Coordinator/Heartbeat")
+    stub = pb_grpc.CoordinatorStub(ch)  # type: ignore[no-untyped-call]
+    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=tokens[1]),
+                               timeout_s=30)
+    try:
+        for md in mds:
+            wait_until(lambda m=md: stub.Describe(pb.DescribeRequest(queue="a"), timeout=10, metadata=m) is not None,
+                       timeout_s=30, interval_s=0.05, what="the connection up and the token known")
+        held = [heartbeat.future(withheld(), timeout=60, metadata=mds[i % 2]) for i in range(bound)]
+        queued = stub.Describe.future(pb.DescribeRequest(queue="a"), timeout=60, metadata=mds[0])
+        assert client.describe("a").state.queue == "a"  # another connection: answered meanwhile
+        with pytest.raises(grpc.FutureTimeoutError):
+            queued.result(timeout=3)  # still waiting in this process for a stream of its connection
+        with ThreadPoolExecutor(24) as pool:  # several calls at once on one client's connection
+            answers = list(pool.map(lambda _i: client.describe("a").state.queue, range(24)))
+        assert answers == ["a"] * 24
+        release.set()  # the withheld calls end (refused: no request came), and their streams free
+        assert queued.result(timeout=30) is not None
+        for call in held:
+            assert call.exception(timeout=30) is not None
+    finally:
+        release.set()
+        client.close()
+        ch.close()
+
+
+def test_a_body_withheld_holds_no_slot(coordinator: tuple[Cluster, str]) -> None:
+    """Guard: a caller that sends a call's headers and withholds its body holds no slot
+    (coordinator/service_frame.py reads the body inside the turn, before it takes a slot). Three
+    consume tokens each open one Describe on a connection of their own and send no request;
+    a fourth token's Describe is answered all the same. (On main each withheld call held a slot
+    until its deadline: with 2 shared slots and 1 reserved, no other call was answered.)"""
+    import threading
+
+    from ordq.coordinator.client import CoordinatorClient
+
+    cluster, address = coordinator
+    tokens = [create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, f"reader {i}")[1]
+              for i in range(4)]
+    touch(cluster.store.client, cluster.root)
+    release = threading.Event()
+
+    def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
+        release.wait(60)
+        yield from ()
+
+    clients = [CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=t),
+                                 timeout_s=15) for t in tokens]
+    channels: list[grpc.Channel] = []
+    try:
+        for client in clients:  # every token known to the leader before it is used
+            wait_until(lambda c=client: c.describe("a") is not None, timeout_s=30, interval_s=0.05,
+                       what="the token taken")
+        url = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1]
+        held = []
+        for token in tokens[:3]:
+            own = [("grpc.use_local_subchannel_pool", 1)]
+            ch = channel(address, attrs.evolve(cluster.credentials, token=token), own)
+            channels.append(ch)
+            describe = ch.stream_unary("/ordq.v1.Coordinator/Describe")
+            held.append(describe.future(withheld(), timeout=60, metadata=(("authorization", f"Bearer {token}"),)))
+        wait_until(lambda: (value(read_metrics(url), "ordq_coordinator_calls_in_flight") or 0) >= 3, timeout_s=30,
+                   interval_s=0.05, what="the three withheld calls in the coordinator's frame")
+        for _ in range(3):
+            assert clients[3].describe("a").state.queue == "a"
+        assert not any(call.done() for call in held)  # still open: they hold workers and streams, not slots
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
+        for ch in channels:
+            ch.close()
+
+
+def test_a_callers_calls_in_the_coordinator_are_bounded(coordinator: tuple[Cluster, str]) -> None:
+    """Guard: calls of one caller in the coordinator at once (``max_calls_per_caller``, 64). Each
+    holds a worker thread (259), whatever its stage; a consume token withholding the bodies of
+    64 Heartbeats (which take no turn) over 8 connections has its next call refused at once,
+    RESOURCE_EXHAUSTED with a retry hint, counted; another token is answered meanwhile. (Before,
+    33 such connections took every worker, and no call of anyone's was answered.)"""
+    import threading
+
+    from ordq.coordinator.client import CoordinatorClient
+
+    cluster, address = coordinator
+    bound = 64  # docs/SECURITY.md, Limits: FairShareConfig.max_calls_per_caller
+    _, token = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "withholder")
+    _, other = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "neighbour")
+    touch(cluster.store.client, cluster.root)
+    md = (("authorization", f"Bearer {token}"),)
+    release = threading.Event()
+
+    def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
+        release.wait(60)
+        yield from ()
+
+    url = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1]
+    neighbour = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=other),
+                                  timeout_s=30)
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [channel(address, attrs.evolve(cluster.credentials, token=token), own) for _ in range(bound // 8 + 1)]
+    try:
+        stub = pb_grpc.CoordinatorStub(channels[-1])  # type: ignore[no-untyped-call]
+        wait_until(lambda: stub.Describe(pb.DescribeRequest(queue="a"), timeout=10, metadata=md) is not None,
+                   timeout_s=30, interval_s=0.05, what="the token taken")
+        held = [ch.stream_unary("/ordq.v1.Coordinator/Heartbeat").future(withheld(), timeout=60, metadata=md)
+                for ch in channels[:-1] for _ in range(8)]
+        assert len(held) == bound
+        wait_until(lambda: (value(read_metrics(url), "ordq_coordinator_calls_in_flight") or 0) >= bound, timeout_s=30,
+                   interval_s=0.05, what="the withheld calls in the coordinator's frame")
+        before = outcomes(cluster, "ResourceExhausted", "Describe")
+        err = refusal(lambda: stub.Describe(pb.DescribeRequest(queue="a"), timeout=30, metadata=md))
+        assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "ordq-retry-ms" in dict(err.trailing_metadata())
+        assert outcomes(cluster, "ResourceExhausted", "Describe") - before == 1
+        assert neighbour.describe("a").state.queue == "a"
+        release.set()  # they end (refused: no request came); the caller is answered again
+        for call in held:
+            assert call.exception(timeout=30) is not None
+        assert stub.Describe(pb.DescribeRequest(queue="a"), timeout=30, metadata=md) is not None
+    finally:
+        release.set()
+        neighbour.close()
+        for ch in channels:
+            ch.close()

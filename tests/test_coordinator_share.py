@@ -54,19 +54,27 @@ class _Flood:
         return counts
 
 
-@pytest.fixture
-def flooded(cluster: Cluster) -> Iterator[tuple[Cluster, str, str, str]]:
-    """Queues a and b, tokens enforced; (cluster, leader's address, flooder's credentials as
-    JSON, the neighbour's token)."""
-    cluster.add_groups("g1")
-    for q in ("a", "b"):
-        cluster.create_queue(q, ["g1"])
+def flood_stage(cluster: Cluster, groups: tuple[str, ...] = ("g1",)) -> tuple[str, str, str]:
+    """Queue a (on ``groups``: a Describe with live members reads each) and b (on the first, with
+    subscription s), tokens enforced: (the leader's address once elected, the flooder's token,
+    consume on a; the neighbour's, consume on b)."""
+    cluster.add_groups(*groups)
+    cluster.create_queue("a", list(groups))
+    cluster.create_queue("b", [groups[0]])
     cluster.store.create_subscription("b", "s")
     _, flooder = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "flooder")
     _, neighbour = create_token(cluster.store.client, cluster.root, {"b": ["consume"]}, "neighbour")
     touch(cluster.store.client, cluster.root)
     address = wait_until(lambda: leader_address(cluster.store.client, cluster.paths.coordinator_leader),
                          timeout_s=30, interval_s=0.05, what="a coordinator elected")
+    return address, flooder, neighbour
+
+
+@pytest.fixture
+def flooded(cluster: Cluster) -> Iterator[tuple[Cluster, str, str, str]]:
+    """``flood_stage``: (cluster, leader's address, flooder's credentials as JSON, the
+    neighbour's token)."""
+    address, flooder, neighbour = flood_stage(cluster)
     yield cluster, address, json.dumps(attrs.evolve(cluster.credentials, token=flooder).to_dict()), neighbour
 
 

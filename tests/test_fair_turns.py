@@ -196,3 +196,50 @@ def test_with_two_callers_a_flood_runs_one_call_and_the_neighbour_runs_beside_it
     assert more.entered.wait(10)
     more.end()
     assert turns.slots.running == 0 and turns.stats.refused == 0
+
+
+def test_what_runs_before_the_slot_holds_none_and_its_failure_is_a_refusal() -> None:
+    """``before_slot`` (the frame reads the request's body there) runs with no slot taken: a
+    caller waiting in it keeps no other call out; what it raises is raised, no slot is left
+    taken and nothing is counted served."""
+    turns = FairTurns(FairShareConfig(slots=1, reserved_slots=0))
+    inside, release = threading.Event(), threading.Event()
+
+    def withholder() -> None:
+        with turns.turn("withholder", "", lambda: (inside.set(), release.wait(10))):
+            pass
+
+    waiter = threading.Thread(target=withholder, daemon=True)
+    waiter.start()
+    try:
+        assert inside.wait(10)
+        with turns.turn("neighbour"):  # the only slot is free although the withholder's call is in
+            assert turns.slots.running_of == {"neighbour": 1}
+    finally:
+        release.set()
+        waiter.join(10)
+
+    def bad_body() -> None:
+        raise ConfigError("no body")
+
+    served = turns.stats.served
+    with pytest.raises(ConfigError), turns.turn("neighbour", "", bad_body):
+        pytest.fail("the call ran without its body")
+    assert turns.slots.running == 0 and turns.stats.served == served
+
+
+def test_a_refusal_of_a_call_that_took_no_turn_is_held_counted_and_charged() -> None:
+    """``FairTurns.refuse`` (the service's bound on a caller's calls at once): the refusal is held
+    ``hold_refused_ms`` first (answered at once, the caller asks again at once), counted, and
+    raised; past ``max_held`` of the caller's refusals held at once, answered at once."""
+    from ordq.coordinator.fair_share import TurnRefused
+
+    slept: list[float] = []
+    turns = FairTurns(FairShareConfig(hold_refused_ms=700, max_held=1), sleep=slept.append)
+    with pytest.raises(TurnRefused):
+        turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
+    assert slept == [0.7] and turns.stats.refused == 1
+    turns._held["flooder"] = 1  # one of its refusals held now: the next is answered at once
+    with pytest.raises(TurnRefused):
+        turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
+    assert slept == [0.7] and turns.stats.refused == 2

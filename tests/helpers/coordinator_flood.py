@@ -27,7 +27,8 @@ def main() -> int:
     only_describe = sys.argv[6:7] == ["describe"]
     creds = Credentials.from_dict(json.loads(creds_json))
     md = (("authorization", f"Bearer {creds.token}"),)
-    stubs = [pb_grpc.CoordinatorStub(channel(address, creds, ())) for _ in range(int(connections))]  # type: ignore[no-untyped-call]
+    local = [("grpc.use_local_subchannel_pool", 1)]  # CONNECTIONS connections, even in plaintext
+    stubs = [pb_grpc.CoordinatorStub(channel(address, creds, local)) for _ in range(int(connections))]  # type: ignore[no-untyped-call]
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     stop = threading.Event()
