@@ -114,8 +114,8 @@ class LeanServer(TaskServer):
     def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
                  on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
         # The reader buffers up to twice its limit, a whole request of REQUEST_BYTES: read
-        # (and decrypted) while the slave syncs the one before (write_path.py,
-        # REPLICA_THREAD_SYNC_BYTES), not after it, as gRPC's threads read meanwhile.
+        # (and decrypted) while the slave syncs the ones before (replica_commits.py), not
+        # after them, as gRPC's threads read meanwhile.
         super().__init__(tls_context(creds, ssl.Purpose.CLIENT_AUTH), handshake_timeout_s,
                          reader_limit=REQUEST_BYTES // 2)
         self._allowed = allowed
