@@ -33,7 +33,7 @@ from ordq.common.security import Credentials
 from ordq.wire import lean_frames
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.framing import REQUEST_BYTES
-from ordq.wire.lean_frames import add_replicate_request, frame
+from ordq.wire.lean_frames import add_replicate_request, frame, replicate_request_body
 from ordq.wire.lean_produce import tls_context, tune
 
 log = logging.getLogger("ordq.replication")
@@ -50,15 +50,16 @@ ENV = "ORDQ_REPLICATION_LINK"
 
 class Outgoing(NamedTuple):
     """A replication request as the master's sender takes it (replication.py ``_take``):
-    written as a ``ReplicateRequest`` on gRPC, encoded by hand on this link."""
+    encoded by hand on either link (ordq/wire/lean_frames.py)."""
 
     queue: str
     seg: int
     batches: list[bytes]
     lac: int
 
-    def message(self) -> pb.ReplicateRequest:
-        return pb.ReplicateRequest(queue=self.queue, seg=self.seg, batches=self.batches, lac=self.lac)
+    def body(self) -> bytes:
+        """As the gRPC call sends it (``ReplicateRequest``'s bytes, encoded by hand)."""
+        return replicate_request_body(self.queue, self.seg, self.batches, self.lac)
 
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes | None:

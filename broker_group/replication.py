@@ -49,9 +49,9 @@ from ordq.common.errors import OrdqError
 from ordq.common.loop import Signal
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
-from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import SegmentNotWritable, abort
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from ordq.wire.lean_frames import encoded_stream
 
 log = logging.getLogger("ordq.replication")
 
@@ -64,6 +64,7 @@ log = logging.getLogger("ordq.replication")
 # slave 70-400 ms after the master wrote it, then took ~100 ms to sync, while both loops idled).
 WINDOW_BYTES = 2 * REQUEST_BYTES
 REPLICATE_STEP_BYTES = 1 << 20
+_HELLO = pb.ReplicateRequest(hello=True)
 
 
 class ReplicationLink:
@@ -196,7 +197,7 @@ class ReplicationLink:
                 call = await lean_link.connect(address, self.shared.config.credentials, frame_limit(self.shared))
             else:
                 channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
-                call = pb_grpc.BrokerStub(channel).Replicate()
+                call = encoded_stream(channel, "Replicate", pb.ReplicateResponse)()  # requests encoded by hand
             sender = self.shared.loop.loop.create_task(self._send(call, gen))
             async for resp in call:
                 with self._cv:
@@ -253,9 +254,11 @@ class ReplicationLink:
         answers free room. A moved LAC rides on the next batches, or goes alone once
         ``lac_push_ms`` passed since the last."""
         self._pushed_at = 0.0
-        await call.write(pb.ReplicateRequest(hello=True))
         if isinstance(call, lean_link.LeanCall):
+            await call.write(_HELLO)
             self._lean = (call, gen)  # ``flush`` may write on it from now on
+        else:
+            await call.write(_HELLO.SerializeToString())
         while True:
             with self._cv:
                 if gen != self._gen or self._stopping:
@@ -272,7 +275,7 @@ class ReplicationLink:
                 await call.drain()
             else:
                 for r in reqs:
-                    await call.write(r.message())
+                    await call.write(r.body())
 
     def _take(self) -> tuple[list[lean_link.Outgoing] | None, float | None]:
         """Caller holds the lock: the requests that may go now (None: none), counted as sent;
