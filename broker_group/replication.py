@@ -34,7 +34,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -282,7 +282,7 @@ class ReplicationLink:
         else how long the sender may sleep before a LAC is due alone (None: until woken)."""
         push_s = self.shared.config.lac_push_ms / 1000
         lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
-        sendable = window_share([len(b) for _, b in self._out], self._unanswered_bytes)
+        sendable = window_share((len(b) for _, b in self._out), self._unanswered_bytes)
         can_send = sendable > 0
         now = time.monotonic()
         # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
@@ -333,7 +333,8 @@ class ReplicationLink:
                 # every lac_push_ms (the LAC moves on syncs, which do not wake it).
                 self.wake.fire()
 
-def window_share(sizes: list[int], unanswered_bytes: int, window_bytes: int = WINDOW_BYTES) -> int:
+
+def window_share(sizes: Iterable[int], unanswered_bytes: int, window_bytes: int = WINDOW_BYTES) -> int:
     """How many of the waiting batches (their ``sizes``, in order) may go to the slave now:
     whole batches while the unanswered bytes stay within ``window_bytes``, and at least one
     when nothing is unanswered (a batch larger than the window still goes, alone)."""
