@@ -33,7 +33,7 @@ from ordq.common.security import Credentials
 from ordq.wire import lean_frames
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.framing import REQUEST_BYTES
-from ordq.wire.lean_frames import add_replicate_request, frame
+from ordq.wire.lean_frames import add_replicate_request, frame, replicate_request_body
 from ordq.wire.lean_produce import tls_context, tune
 
 log = logging.getLogger("ordq.replication")
@@ -44,21 +44,23 @@ Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
 # ORDQ_REPLICATION_LINK=lean serves and publishes a lean address; otherwise its master uses gRPC.
 # Not the default: measured A B A B (both links lean) a synchronous send is ~+28 % and a
 # quarter cheaper in CPU, but the pipelined rate was not shown better (-8 % in the mean, inside a
-# run-to-run spread three times that; docs/BENCHMARKS.md, "The lean links' pipelined rate").
+# run-to-run spread three times that; docs/BENCHMARKS.md, "The lean links' pipelined rate"; again
+# after the replication window, fast39f: 41.7k and 54.8k msgs/s against gRPC's 43.8k-52.6k).
 ENV = "ORDQ_REPLICATION_LINK"
 
 
 class Outgoing(NamedTuple):
     """A replication request as the master's sender takes it (replication.py ``_take``):
-    written as a ``ReplicateRequest`` on gRPC, encoded by hand on this link."""
+    encoded by hand on either link (ordq/wire/lean_frames.py)."""
 
     queue: str
     seg: int
     batches: list[bytes]
     lac: int
 
-    def message(self) -> pb.ReplicateRequest:
-        return pb.ReplicateRequest(queue=self.queue, seg=self.seg, batches=self.batches, lac=self.lac)
+    def body(self) -> bytes:
+        """As the gRPC call sends it (``ReplicateRequest``'s bytes, encoded by hand)."""
+        return replicate_request_body(self.queue, self.seg, self.batches, self.lac)
 
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes | None:
@@ -114,8 +116,8 @@ class LeanServer(TaskServer):
     def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
                  on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
         # The reader buffers up to twice its limit, a whole request of REQUEST_BYTES: read
-        # (and decrypted) while the slave syncs the one before (write_path.py,
-        # REPLICA_THREAD_SYNC_BYTES), not after it, as gRPC's threads read meanwhile.
+        # (and decrypted) while the slave syncs the ones before (replica_commits.py), not
+        # after them, as gRPC's threads read meanwhile.
         super().__init__(tls_context(creds, ssl.Purpose.CLIENT_AUTH), handshake_timeout_s,
                          reader_limit=REQUEST_BYTES // 2)
         self._allowed = allowed

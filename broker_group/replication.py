@@ -14,9 +14,11 @@ on the next batches, or alone at most every ``lac_push_ms``, so the slave can se
 to it (only a reader of the slave, i.e. while the master is down, waits for it).
 
 Both ends run on their broker's event loop (ordq/common/loop.py): the master's sender task
-writes what produce streams queued the moment it is woken, its reader task counts the
-slave's answers and wakes the produce streams whose acks that releases (no thread between
-the slave's answer and the ack); the slave appends, syncs and answers in its handler.
+writes what produce streams queued the moment it is woken (within a window of unanswered
+bytes), its reader task counts the slave's answers and wakes the produce streams whose acks
+that releases (no thread between the slave's answer and the ack); the slave appends, syncs
+and answers a lone small request in its handler, and group-commits the rest on its replica
+thread while the handler reads on, answering every request in order.
 
 The stream is the slave's lean link (broker_group/lean_link.py: framed protobuf on one TLS
 connection, the loops' own sockets) when its liveness node offers one, else the gRPC
@@ -27,11 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -46,14 +49,22 @@ from ordq.common.errors import OrdqError
 from ordq.common.loop import Signal
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
-from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import SegmentNotWritable, abort
-from ordq.wire.framing import GRPC_OPTIONS, chunks
+from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from ordq.wire.lean_frames import encoded_stream
 
 log = logging.getLogger("ordq.replication")
 
-# Requests with batches on the wire to the slave at once: one being synced there, one on its way.
-MAX_INFLIGHT = 2
+# Bytes of batches sent to the slave and not answered yet (a window, not a count of requests):
+# placed batches go at once while it has room, in requests of at most REPLICATE_STEP_BYTES, so
+# the next requests travel while the slave syncs the one before, and its group commit takes what
+# arrived meanwhile (replicate_requests). Two requests in flight, the rule this replaces, gave
+# the second place to whatever small request came next: a large one then waited for both answers,
+# and transfer and sync ran in series (issue 39: on the lean link a 4-8 MB request reached the
+# slave 70-400 ms after the master wrote it, then took ~100 ms to sync, while both loops idled).
+WINDOW_BYTES = 2 * REQUEST_BYTES
+REPLICATE_STEP_BYTES = 1 << 20
+_HELLO = pb.ReplicateRequest(hello=True)
 
 
 class ReplicationLink:
@@ -72,10 +83,10 @@ class ReplicationLink:
         self._announced: list[tuple[str, int]] = []  # new segments the slave is to create now
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
-        self._inflight = 0  # requests with batches the slave has not answered yet
-        # For the lag metrics: (when its oldest batch was forwarded, bytes) of each request
-        # with batches the slave has not answered, and the same of what waits in ``_out``.
+        # (when its oldest batch was forwarded, bytes) of each request with batches the slave
+        # has not answered, their bytes (the window), and the same of what waits in ``_out``.
         self._unanswered: collections.deque[tuple[float, int]] = collections.deque()
+        self._unanswered_bytes = 0
         self._out_since = 0.0
         self._out_bytes = 0
         self._lean: tuple[lean_link.LeanCall, int] | None = None  # the lean link's call and its gen, once open
@@ -146,7 +157,7 @@ class ReplicationLink:
     def lag(self, now: float) -> tuple[int, float]:
         """Caller holds the broker lock: (bytes forwarded that the slave has not synced yet,
         seconds since the oldest of them was forwarded)."""
-        pending = self._out_bytes + sum(n for _, n in self._unanswered)
+        pending = self._out_bytes + self._unanswered_bytes
         oldest = self._unanswered[0][0] if self._unanswered else self._out_since if self._out else now
         return pending, max(now - oldest, 0.0)
 
@@ -165,8 +176,8 @@ class ReplicationLink:
                     self._announced.clear()
                     self._active.clear()
                     self._lac_sent.clear()
-                    self._inflight = 0
                     self._unanswered.clear()
+                    self._unanswered_bytes = 0
                     self._out_bytes = 0
             if address is None:
                 await self.wake.wait()
@@ -186,7 +197,7 @@ class ReplicationLink:
                 call = await lean_link.connect(address, self.shared.config.credentials, frame_limit(self.shared))
             else:
                 channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
-                call = pb_grpc.BrokerStub(channel).Replicate()
+                call = encoded_stream(channel, "Replicate", pb.ReplicateResponse)()  # requests encoded by hand
             sender = self.shared.loop.loop.create_task(self._send(call, gen))
             async for resp in call:
                 with self._cv:
@@ -194,10 +205,8 @@ class ReplicationLink:
                         self.connected = True
                         log.info("replicating to slave at %s (%s link)", address, kind)
                     stamp("M.slave_answer")
-                    if resp.synced:  # the answer to one request with batches
-                        self._inflight -= 1
-                        if self._unanswered:
-                            self._unanswered.popleft()
+                    if resp.synced and self._unanswered:  # the answer to one request with batches
+                        self._unanswered_bytes -= self._unanswered.popleft()[1]
                     for r in resp.synced:
                         s = self.shared.segments.get((r.queue, r.seg))
                         if s is not None:
@@ -240,14 +249,16 @@ class ReplicationLink:
             log.warning("froze %d segments after the slave stream broke", frozen)
 
     async def _send(self, call: Any, gen: int) -> None:
-        """The stream's requests. Batches go out while fewer than MAX_INFLIGHT requests
-        with batches await the slave's answer; meanwhile new ones gather in ``_out`` and
-        leave together, one sync on the slave for all of them (group commit). A moved LAC
-        rides on the next batches, or goes alone once ``lac_push_ms`` passed since the last."""
+        """The stream's requests. Batches go out while the slave's unanswered bytes are
+        within WINDOW_BYTES; beyond it they gather in ``_out`` and leave as the slave's
+        answers free room. A moved LAC rides on the next batches, or goes alone once
+        ``lac_push_ms`` passed since the last."""
         self._pushed_at = 0.0
-        await call.write(pb.ReplicateRequest(hello=True))
         if isinstance(call, lean_link.LeanCall):
+            await call.write(_HELLO)
             self._lean = (call, gen)  # ``flush`` may write on it from now on
+        else:
+            await call.write(_HELLO.SerializeToString())
         while True:
             with self._cv:
                 if gen != self._gen or self._stopping:
@@ -264,14 +275,15 @@ class ReplicationLink:
                 await call.drain()
             else:
                 for r in reqs:
-                    await call.write(r.message())
+                    await call.write(r.body())
 
     def _take(self) -> tuple[list[lean_link.Outgoing] | None, float | None]:
         """Caller holds the lock: the requests that may go now (None: none), counted as sent;
         else how long the sender may sleep before a LAC is due alone (None: until woken)."""
         push_s = self.shared.config.lac_push_ms / 1000
         lacs = {k: s.replica.lac for k, s in self._active.items() if self._lac_sent.get(k) != s.replica.lac}
-        can_send = bool(self._out) and self._inflight < MAX_INFLIGHT
+        sendable = window_share((len(b) for _, b in self._out), self._unanswered_bytes)
+        can_send = sendable > 0
         now = time.monotonic()
         # A moved LAC rides on the next batches; alone it waits out lac_push_ms, so a
         # steady flow of small batches does not cost a message per batch.
@@ -284,7 +296,8 @@ class ReplicationLink:
         out: list[tuple[Segment, bytes]] = []
         since = self._out_since
         if can_send:
-            out, self._out, self._out_bytes = self._out, [], 0
+            out, self._out = self._out[:sendable], self._out[sendable:]
+            self._out_bytes -= sum(len(b) for _, b in out)
         if lacs:
             self._pushed_at = now
         self._lac_sent.update(lacs)
@@ -293,8 +306,9 @@ class ReplicationLink:
         reqs += _requests_for(out, lacs)
         for r in reqs:
             if r.batches:
-                self._inflight += 1
-                self._unanswered.append((since, sum(map(len, r.batches))))
+                n = sum(map(len, r.batches))
+                self._unanswered.append((since, n))
+                self._unanswered_bytes += n
         return reqs, None
 
     def flush(self) -> None:
@@ -313,20 +327,36 @@ class ReplicationLink:
             reqs, _ = self._take()
         if reqs:
             stamp("M.forward")
-            call.write_now(reqs)  # at most MAX_INFLIGHT requests with batches are unanswered: bounded
+            call.write_now(reqs)  # at most WINDOW_BYTES of batches unanswered: bounded
             if self._asleep_untimed:
                 # The sender slept with no segment active: it must now push this one's LAC
                 # every lac_push_ms (the LAC moves on syncs, which do not wake it).
                 self.wake.fire()
 
+
+def window_share(sizes: Iterable[int], unanswered_bytes: int, window_bytes: int = WINDOW_BYTES) -> int:
+    """How many of the waiting batches (their ``sizes``, in order) may go to the slave now:
+    whole batches while the unanswered bytes stay within ``window_bytes``, and at least one
+    when nothing is unanswered (a batch larger than the window still goes, alone)."""
+    room = window_bytes - unanswered_bytes
+    n = 0
+    for size in sizes:
+        if size > room and (n or unanswered_bytes):
+            break
+        room -= size
+        n += 1
+    return n
+
+
 def _requests_for(out: list[tuple[Segment, bytes]], lacs: dict[tuple[str, int], int]) -> Iterator[lean_link.Outgoing]:
-    """Group batches by segment (keeping their order), split by ``chunks``, with each
-    segment's LAC on its last request; LAC-only requests for the rest."""
+    """Group batches by segment (keeping their order), split by ``chunks`` at
+    REPLICATE_STEP_BYTES, with each segment's LAC on its last request; LAC-only requests for
+    the rest."""
     by_seg: dict[tuple[str, int], list[bytes]] = {}
     for s, b in out:
         by_seg.setdefault(s.key, []).append(b)
     for key, batches in by_seg.items():
-        parts = list(chunks(batches))
+        parts = list(chunks(batches, REPLICATE_STEP_BYTES))
         for i, chunk in enumerate(parts):
             yield lean_link.Outgoing(key[0], key[1], chunk, lacs.get(key, -1) if i == len(parts) - 1 else -1)
     for key, lac in lacs.items():
@@ -354,33 +384,105 @@ async def serve_replicate(shared: Shared, write: WritePath, requests: AsyncItera
 
 async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIterator[pb.ReplicateRequest],
                              send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
-    """Slave side: append and sync what the master sends, then answer with the synced end,
-    all in this handler, on the loop (the fdatasync blocks it: nothing else of the slave's
-    is as urgent as the ack it holds up), but for a large request, synced on a thread while
-    the loop reads the next (write_path.py, REPLICA_THREAD_SYNC_BYTES). Exactly one answer per request that carries
-    batches (the master counts them), none for a LAC-only request, an empty one for hello.
-    A refusal is logged, counted and raised (the caller ends the stream with it)."""
+    """Slave side: append and sync what the master sends, then answer each request with the
+    synced end, in order. A lone small request (a synchronous send's) is synced and answered
+    right here, on the loop (the fdatasync blocks it: nothing else of the slave's is as urgent
+    as the ack it holds up); every other goes to the replica thread's group commit
+    (replica_commits.py) and is answered by ``_Answers`` once that commit is done, while this
+    handler reads the next requests (at most WINDOW_BYTES of them ahead of the answers).
+    Exactly one answer per request that carries batches (the master counts them), none for a
+    LAC-only request, an empty one for hello. A refusal is logged, counted and raised (the
+    caller ends the stream with it)."""
+    answers = _Answers(shared, send)
     try:
         async for req in requests:
             if req.hello:
                 await send(pb.ReplicateResponse())
                 continue
             stamp("S.request")
-            s = await write.accept_replica(req.queue, req.seg, list(req.batches), req.lac)
-            if req.batches:
-                with shared.cv:
-                    end = s.replica.local_synced
-                    fw = s.first_write
-                    if fw is not None and fw.done is None:
-                        fw.done = time.monotonic()
-                    else:
-                        fw = None
-                stamp("S.answer")
-                await send(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=req.queue, seg=req.seg,
-                                                                          synced_end=end)]))
-                if fw is not None:  # a new segment's first answer went out: how long it took
-                    log.info("%s", fw.line("slave"))
+            s, accepted = await write.place_replica(req.queue, req.seg, list(req.batches), req.lac)
+            if not req.batches:
+                continue
+            alone = answers.owed == 0
+            commit = write.commit_replica(s, accepted, alone=alone) if accepted else None
+            if alone and commit is None:
+                await _answer(shared, s, send)
+                continue
+            answers.owe(s, commit, sum(map(len, req.batches)))
+            await answers.room(WINDOW_BYTES)
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
         shared.count_refused(exc)
         raise
+    finally:
+        await answers.close()
+
+
+class _Answers:
+    """The slave's answers owed on one replication stream, sent in request order by a task of
+    their own, each once the commit that holds its batches is done. If sending fails, the
+    stream's handler is cancelled and raises that error."""
+
+    def __init__(self, shared: Shared, send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
+        self._shared, self._send = shared, send
+        self._owed: asyncio.Queue[tuple[Segment, concurrent.futures.Future[None] | None, int]] = asyncio.Queue()
+        self.owed = 0  # answers queued or being sent
+        self._owed_bytes = 0
+        self._freed = asyncio.Event()
+        self._handler = asyncio.current_task()
+        self._task: asyncio.Task[None] | None = None
+
+    def owe(self, s: Segment, commit: concurrent.futures.Future[None] | None, size: int) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task.add_done_callback(self._ended)
+        self.owed += 1
+        self._owed_bytes += size
+        self._owed.put_nowait((s, commit, size))
+
+    async def room(self, limit: int) -> None:
+        """Until the answers owed hold at most ``limit`` bytes of batches."""
+        while self._owed_bytes > limit:
+            self._freed.clear()
+            await self._freed.wait()
+
+    async def _run(self) -> None:
+        while True:
+            s, commit, size = await self._owed.get()
+            if commit is not None:
+                await asyncio.wrap_future(commit)
+            await _answer(self._shared, s, self._send)
+            self.owed -= 1
+            self._owed_bytes -= size
+            self._freed.set()
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._handler is not None:
+            self._handler.cancel()  # the handler raises the error (close)
+
+    async def close(self) -> None:
+        task = self._task
+        if task is None:
+            return
+        task.remove_done_callback(self._ended)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+async def _answer(shared: Shared, s: Segment, send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
+    """The answer to one request with batches of ``s``: its copy's synced end now."""
+    with shared.cv:
+        end = s.replica.local_synced
+        fw = s.first_write
+        if fw is not None and fw.done is None:
+            fw.done = time.monotonic()
+        else:
+            fw = None
+    stamp("S.answer")
+    await send(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=s.replica.queue, seg=s.replica.seg,
+                                                              synced_end=end)]))
+    if fw is not None:  # a new segment's first answer went out: how long it took
+        log.info("%s", fw.line("slave"))

@@ -9,7 +9,6 @@ Only the producer epoch ZooKeeper issued may write (broker_group/epochs.py).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import os
@@ -23,6 +22,7 @@ import attrs
 from ordq.broker_group.epochs import EpochGate
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import Placement, Refused, Role
+from ordq.broker_group.replica_commits import ReplicaCommits
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import ClosedError, ConfigError, CorruptLog, DiskFull, MessageTooLarge, OrdqError
@@ -34,10 +34,11 @@ from ordq.wire.errors import SegmentNotWritable, short
 log = logging.getLogger("ordq.broker")
 
 SLAVE_CONNECT_WAIT_S = 1.0
-# Slave: a replicated request of at least this many bytes is appended and synced on a thread of
-# its own, not on the loop, so the loop reads (on the lean link: decrypts) the master's next
-# request meanwhile, as gRPC's threads do; smaller ones (a synchronous send's) stay on the loop,
-# with no thread hand-off between the request and its answer (issue 39).
+# Slave: a replicated request of at least this many bytes, or one that comes while others are
+# being committed, is appended and synced on the replica thread (replica_commits.py), not on the
+# loop, so the loop reads (on the lean link: decrypts) the master's next requests meanwhile, as
+# gRPC's threads do; a lone smaller one (a synchronous send's) is synced on the loop, with no
+# thread hand-off between the request and its answer (issue 39).
 REPLICA_THREAD_SYNC_BYTES = 256 << 10
 
 
@@ -71,9 +72,8 @@ class WritePath:
         self._dirty: list[Segment] = []
         self.streams: set[ProduceStreamState] = set()
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
-        # Slave: the thread that syncs large replicated requests, and its last commit
-        self._replica_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._replica_sync: concurrent.futures.Future[None] | None = None
+        # Slave: the thread that group-commits replicated requests (all but a lone small one)
+        self.replica_commits = ReplicaCommits(self.commit, self._merged)
 
     def stop(self) -> None:
         """Caller holds cv, ``shared.stopping`` set: the sync thread ends."""
@@ -220,13 +220,12 @@ class WritePath:
         with shared.cv:
             shared.stats.session_confirmed += 1
 
-    async def accept_replica(self, queue: str, seg: int, batches: list[bytes], lac: int) -> Segment:
-        """Slave, on the loop: append the master's batches at the master's offsets and sync
-        them right here (the handler answers right after: no thread hand-off on the slave's
-        side of an ack), or on the replica sync thread when they are many (at least
-        REPLICA_THREAD_SYNC_BYTES, or one commit is still there); learn the master's LAC.
-        The master sends the batches that queued up while earlier ones were synced together:
-        one group commit."""
+    async def place_replica(self, queue: str, seg: int, batches: list[bytes], lac: int
+                            ) -> tuple[Segment, list[bytes]]:
+        """Slave, on the loop: take the master's batches at the master's offsets (checked and
+        counted in the copy's state and in ``syncing``, not yet written) and learn the master's
+        LAC. Returns the segment and the batches taken, which the caller commits
+        (``commit_replica``): none when the copy was sealed here first."""
         headers = [self._checked_header(raw) for raw in batches]
         s = self.shared.segments.get((queue, seg))
         if s is None and headers and headers[0].first_offset > 0:
@@ -257,7 +256,7 @@ class WritePath:
             if s.replica.sealed:
                 # Sealed here first (the Seal protocol reached us before these in-flight
                 # batches): ignore them; the protocol copies any difference from the master.
-                return s
+                return s, accepted
             for raw, h in zip(batches, headers, strict=True):
                 try:
                     s.replica.accept_replica(h.epoch, h.first_offset, h.first_seq, h.count)
@@ -267,20 +266,26 @@ class WritePath:
                 self.shared.stats.batches_in += 1
                 self.shared.stats.messages_in += h.count
                 self.shared.stats.bytes_in += len(raw)
-            if not accepted:
-                return s
-            s.syncing += 1
-        last = self._replica_sync
-        if (last is not None and not last.done()) or sum(map(len, accepted)) >= REPLICA_THREAD_SYNC_BYTES:
-            # On the thread: FIFO behind any commit still there, so commits never overlap (no
-            # append between another's begin_sync and end_sync) and keep their order.
-            if self._replica_pool is None:
-                self._replica_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ordq-replica-sync")
-            self._replica_sync = fut = self._replica_pool.submit(self.commit, s, accepted)
-            await asyncio.wrap_future(fut)
-        else:
+            if accepted:
+                s.syncing += 1
+        return s, accepted
+
+    def commit_replica(self, s: Segment, accepted: list[bytes], *, alone: bool
+                       ) -> concurrent.futures.Future[None] | None:
+        """Slave, on the loop: commit what ``place_replica`` took. Right here (None) when it is
+        ``alone`` (no answer owed before its own), nothing is committing and it is small: a
+        synchronous send's request, with no thread hand-off between it and its answer. Else
+        on the replica thread, in its next group commit (replica_commits.py; the future of
+        that commit), so the loop reads the master's next requests meanwhile."""
+        if alone and self.replica_commits.idle() and sum(map(len, accepted)) < REPLICA_THREAD_SYNC_BYTES:
             self.commit(s, accepted)
-        return s
+            return None
+        return self.replica_commits.add(s, accepted)
+
+    def _merged(self, s: Segment, n: int) -> None:
+        """``n`` placed requests of ``s`` are committed as one: one count in ``syncing``."""
+        with self.shared.cv:
+            s.syncing -= n - 1
 
     def _check_message_sizes(self, queue: str, batches: Sequence[bytes]) -> None:
         """Master: refuse a batch holding a message over the queue's ``max_message_bytes``

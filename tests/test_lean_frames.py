@@ -1,4 +1,5 @@
-"""The lean links' hand-encoded frames (ordq/wire/lean_frames.py) are protobuf's own bytes."""
+"""The lean links' hand-encoded frames (ordq/wire/lean_frames.py), and the gRPC calls' requests
+encoded the same way, are protobuf's own bytes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordq.wire import ordq_pb2 as pb
-from ordq.wire.lean_frames import add_produce_request, add_replicate_request, frame
+from ordq.wire.lean_frames import (
+    add_produce_request,
+    add_replicate_request,
+    frame,
+    produce_request_body,
+    replicate_request_body,
+)
 
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
 I64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
@@ -30,6 +37,8 @@ def test_a_produce_request_is_protobufs_bytes(queue: str, seg: int, epoch: int, 
     add_produce_request(parts, queue, seg, epoch, epoch_key, batches)
     want = pb.ProduceRequest(queue=queue, seg=seg, epoch=epoch, epoch_key=epoch_key, batches=batches)
     assert b"".join(parts) == b"before" + frame(want)
+    # the gRPC Produce call's request (wire/aio_client.py sends it as it is)
+    assert produce_request_body(queue, seg, epoch, epoch_key, batches) == want.SerializeToString()
 
 
 @settings(max_examples=60, deadline=None)  # megabytes through protobuf: ~2 ms per MiB, more at load
@@ -45,5 +54,6 @@ def test_replicate_requests_are_protobufs_bytes(queue: str, seg: int, lac: int, 
     want = [pb.ReplicateRequest(queue=queue, seg=seg, batches=batches, lac=lac)]
     want += [pb.ReplicateRequest(queue=queue, seg=n, lac=-1) for n in more]
     assert data == b"".join(frame(m) for m in want)
+    assert replicate_request_body(queue, seg, batches, lac) == want[0].SerializeToString()  # the gRPC call's
     (n,) = struct.unpack(">I", data[:4])
     assert pb.ReplicateRequest.FromString(data[4:4 + n]) == want[0]

@@ -29,8 +29,7 @@ REQUEST_BYTES = 8 << 20  # split outgoing stream messages at about this size (a 
 # whole before it places any of its batches, so a request is forwarded, synced and acked as one,
 # and its size is the step in which a deep window's acks come back. 8 MiB steps came ~0.3 s
 # apart on a quiet box and over 1 s apart under load, against a 2 s ack deadline (issue 39).
-# (Master → slave keeps REQUEST_BYTES: it sends what gathered during the slave's last sync, so
-# its step follows the slave's pace, one fdatasync there per request.)
+# (Master → slave splits at a step of its own within a window of bytes: broker_group/replication.py.)
 PRODUCE_STEP_BYTES = 1 << 20
 
 

@@ -1,0 +1,85 @@
+"""The master → slave pipeline's two rules, without I/O (issue 39): the master's window of
+unanswered bytes (replication.py ``window_share``) and the slave's group commit of what arrives
+while it syncs (replica_commits.py). The real processes are in test_broker.py and
+test_control_calls.py (both links)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ordq.broker_group.replica import Role, SegmentReplica
+from ordq.broker_group.replica_commits import ReplicaCommits
+from ordq.broker_group.replication import REPLICATE_STEP_BYTES, WINDOW_BYTES, window_share
+from ordq.broker_group.shared import Segment
+
+MIB = 1 << 20
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 3 * MIB), max_size=40), st.integers(0, 3 * WINDOW_BYTES // 2))
+def test_what_goes_keeps_the_window_and_fills_it(sizes: list[int], unanswered: int) -> None:
+    n = window_share(sizes, unanswered)
+    if n:
+        # within the window, but for one batch when nothing is unanswered (however large)
+        assert unanswered + sum(sizes[:n]) <= WINDOW_BYTES or (n == 1 and unanswered == 0)
+    else:
+        assert not sizes or unanswered > 0
+    if n < len(sizes):  # nothing left behind that would have fitted
+        assert unanswered + sum(sizes[: n + 1]) > WINDOW_BYTES
+
+
+def test_a_small_request_in_flight_does_not_hold_back_the_next() -> None:
+    """The rule it replaces: two requests in flight. After a large request and a small one
+    (the next produce request, forwarded at once), batches that arrived while the slave synced
+    the large one waited for both answers, so the next transfer began only after that sync."""
+    large, small = 6 * MIB, 100 << 10
+    waiting = [64 << 10] * 32  # 2 MiB placed meanwhile
+    assert window_share(waiting, large + small) == len(waiting)
+    assert window_share(waiting, WINDOW_BYTES - 3 * (64 << 10)) == 3
+    assert window_share(waiting, WINDOW_BYTES) == 0
+    assert REPLICATE_STEP_BYTES < WINDOW_BYTES // 2  # several requests in flight, not one or two
+
+
+def _segment(tmp_path: Path, queue: str) -> Segment:
+    return Segment(replica=SegmentReplica(queue, 0, Role.SLAVE), directory=tmp_path, log=None)
+
+
+def test_what_arrives_while_a_commit_runs_is_committed_next_as_one_per_segment(tmp_path: Path) -> None:
+    a, b = _segment(tmp_path, "a"), _segment(tmp_path, "b")
+    first_started, release = threading.Event(), threading.Event()
+    commits: list[tuple[str, list[bytes]]] = []
+    merged: list[tuple[str, int]] = []
+    running = [0]
+
+    def commit(s: Segment, batches: list[bytes]) -> None:
+        running[0] += 1
+        assert running[0] == 1, "two commits at once"
+        if not commits:
+            first_started.set()
+            assert release.wait(10)
+        commits.append((s.replica.queue, batches))
+        running[0] -= 1
+
+    rc = ReplicaCommits(commit, lambda s, n: merged.append((s.replica.queue, n)))
+    assert rc.idle()
+    f1 = rc.add(a, [b"1"])
+    assert first_started.wait(10)  # the first commit is running (its sync, say)
+    assert not rc.idle()
+    f2 = rc.add(a, [b"2", b"3"])
+    f3 = rc.add(b, [b"x"])
+    f4 = rc.add(a, [b"4"])
+    assert f2 is f3 is f4 and f2 is not f1  # one commit takes all that arrived meanwhile
+    assert not f1.done() and not f2.done()
+    release.set()
+    f2.result(10)
+    assert f1.done()
+    assert commits == [("a", [b"1"]), ("a", [b"2", b"3", b"4"]), ("b", [b"x"])]  # per segment, in order
+    assert merged == [("a", 2)]  # a's two requests' syncing counts are now one commit's
+    assert rc.commits == 2 and rc.idle()
+    f5 = rc.add(b, [b"y"])  # the next one starts a commit of its own
+    f5.result(10)
+    assert commits[-1] == ("b", [b"y"]) and rc.commits == 3
