@@ -85,12 +85,14 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def _producer(args: argparse.Namespace) -> Any:
     """The queue's producer, or a topic's leading only the partition of --key (preflight found it)."""
-    from ordq.sdk import Producer, ProducerConfig, TopicProducer, TopicProducerConfig
-
     options = {**cluster_options(args), "audit_dir": args.audit_dir,
                "connect_timeout_s": args.zk_timeout, "send_timeout_s": args.send_timeout}
     if args.topic is not None:
+        from ordq.sdk import TopicProducer, TopicProducerConfig
+
         return TopicProducer(TopicProducerConfig(topic=args.topic, partitions=(args.partition,), **options))
+    from ordq.sdk import Producer, ProducerConfig  # only these (the SDK loads each name on first use)
+
     return Producer(ProducerConfig(queue=args.queue, **options))
 
 
