@@ -25,3 +25,21 @@ def test_a_one_message_produce_loads_no_consumer_nor_metrics(cluster: Cluster) -
     assert done.returncode == 0, done.stderr.decode()
     assert cluster.coordinator_requests(rpc="Describe", outcome="ok") - described == 3  # check, settings, master
     assert modules_loaded_by(cluster, NOT_FOR_A_PRODUCER, "produce", "q", "--count", "1") == []
+
+
+def test_a_produce_waiting_for_its_coordinators_says_so(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42: anything that waits longer than a second says what it waits for; the CLI's
+    check of the queue (before the producer's own waits, which say theirs) said nothing."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    [coordinator] = [p for p in cluster.coordinators if p.alive()]
+    monkeypatch.setenv("ORDQ_PROGRESS", "1")  # its waits said, as on a terminal
+    coordinator.pause()  # accepts connections, never answers
+    try:
+        done = cluster.ordq("--zk-timeout", "3", "produce", "q", "--count", "1")
+    finally:
+        coordinator.resume()
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "ordq: waiting for the cluster's coordinators to answer for queue q ..." in err, err
+    assert "no coordinator of the cluster answered" in err, err
