@@ -167,9 +167,10 @@ def test_port_in_use_is_refused_clearly_and_leaves_nothing(tmp_path: Path) -> No
     assert not LocalCluster.exists(tmp_path / "c")
 
 
-def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path) -> None:
+def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     running = pids(cluster_dir)
     assert running
+    monkeypatch.setenv("ORDQ_PROGRESS", "1")  # waits said, as on a terminal (issue 42)
     res = ordq("down", "--dir", str(cluster_dir))
     assert res.returncode == 0, res.stderr
     assert "stopped" in res.stdout
@@ -181,7 +182,11 @@ def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path) -> N
     assert code == 3 and not any(p["healthy"] for p in doc["processes"])
     assert doc["asked_by"] == "this command", doc  # no coordinator runs to ask
     # the same cluster comes back with its data: the queue of the earlier test is still there
-    assert ordq("up", "--dir", str(cluster_dir)).returncode == 0
+    res = ordq("up", "--dir", str(cluster_dir))
+    assert res.returncode == 0, res.stderr
+    # ZooKeeper's JVM alone takes over a second to serve: the wait is said, once
+    assert res.stderr.count(f"ordq: starting the local cluster in {cluster_dir} and waiting until every process "
+                            "serves ...") == 1, res.stderr
     c = LocalCluster.load(cluster_dir)
     res = ordq("--zk", c.zk_hosts, "--root", c.root, "queue", "list", "--json")
     assert "lc" in res.stdout

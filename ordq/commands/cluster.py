@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ordq.cluster_folder import DEFAULT_FOLDER, holds_cluster
-from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
+from ordq.commands import add_command, int_in, local_zk_port, saying, seconds, wants_json
 from ordq.output import emit_json, table
 
 # ``ordq status`` of a running cluster is one admin call (issue 42: ≤ 0.25 s on a quiet box): it
@@ -130,7 +130,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ordq.local_cluster import LocalCluster
 
     cluster = LocalCluster(args.dir, _config(args))
-    report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
+    with saying(f"starting the local cluster in {args.dir} and waiting until every process serves"):
+        report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
     cluster.detach()  # they keep running after this command
     context = _select_context(cluster)
     statuses = [s.to_dict() for s in cluster.status()]
@@ -196,7 +197,8 @@ def cmd_down(args: argparse.Namespace) -> int:
             print(f"no local cluster in {args.dir}: nothing to stop")
         return 0
     cluster = LocalCluster.load(args.dir)
-    stopped = cluster.stop()
+    with saying(f"stopping the local cluster in {args.dir}"):
+        stopped = cluster.stop()
     cluster.unregister()  # `ordq up` registers it again; another cluster's entry there stays
     if args.wipe:
         cluster.destroy()
