@@ -30,7 +30,7 @@ class LocalFolder:
     ones that do not), and the coordinators by the names ``ordq up`` gave them."""
 
     def __init__(self, folder: Path, state: dict[str, Any]) -> None:
-        self.folder = Path(state.get("folder") or Path(folder).absolute())
+        self.folder = Path(folder).absolute()
         self.zk: str = state["zk"]
         self.root: str = state["root"]
         self.bootstrap: str = state.get("bootstrap", "")
@@ -41,11 +41,14 @@ class LocalFolder:
     @classmethod
     def read(cls, folder: Path) -> LocalFolder | None:
         """The cluster ``folder`` records; None when it records none, or its state file cannot
-        be read, or an ``ordq up`` before this one wrote it (then ``LocalCluster`` reads it)."""
+        be read, or an ``ordq up`` before this one wrote it, or it was written at another path
+        (its pid files' paths are that folder's): then ``LocalCluster`` reads it."""
         try:
             state = json.loads((Path(folder) / STATE_FILE).read_text())
-            return cls(folder, state) if "processes" in state else None
-        except (OSError, ValueError, KeyError, TypeError):
+            if "processes" not in state or state.get("folder") != str(Path(folder).absolute()):
+                return None
+            return cls(folder, state)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def running(self) -> dict[str, int | None]:

@@ -5,9 +5,11 @@ tests/test_local_cluster.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from ordq.cluster_folder import NOT_RUNNING_BUT_LIVE, local_rows
+from ordq.cluster_folder import NOT_RUNNING_BUT_LIVE, STATE_FILE, LocalFolder, local_rows
 
 ADDRESSES: dict[str, str | None] = {"g1/master": "127.0.0.1:9001", "g1/slave": "127.0.0.1:9002",
                                     "coordinator-1": "127.0.0.1:7001", "coordinator-2": "127.0.0.1:7002"}
@@ -66,3 +68,22 @@ def test_a_coordinator_the_folder_did_not_start_is_listed_after_its_own() -> Non
     answer = [*asked(), row("other-99", "coordinator", "standby", pid=99, listen="10.0.0.9:7000")]
     rows = local_rows(answer, RUNNING, ADDRESSES)
     assert [r["name"] for r in rows] == [*RUNNING, "other-99"]
+
+
+def test_a_state_file_written_at_another_path_or_before_is_left_to_the_folders_own_sweep(tmp_path: Path) -> None:
+    """Its pid files' paths are another folder's (moved), or it names none (an older ``ordq up``):
+    ``LocalFolder.read`` gives None, and ``ordq status`` sweeps the folder's processes itself."""
+    here = tmp_path / "c"
+    here.mkdir()
+    state = {"folder": str(here.absolute()), "zk": "127.0.0.1:2181", "root": "/ordq", "bootstrap": "127.0.0.1:7001",
+             "processes": {"zk1": {"pid_file": str(here / "zk" / "node0" / "zk1.pid"), "program": "java"}},
+             "coordinator_addresses": {}, "brokers": {}}
+    (here / STATE_FILE).write_text(json.dumps(state))
+    read = LocalFolder.read(here)
+    assert read is not None and read.running() == {"zk1": None}
+    (here / STATE_FILE).write_text(json.dumps({**state, "folder": str(tmp_path / "elsewhere")}))
+    assert LocalFolder.read(here) is None
+    (here / STATE_FILE).write_text(json.dumps({k: v for k, v in state.items() if k != "processes"}))
+    assert LocalFolder.read(here) is None
+    (here / STATE_FILE).write_text("not json")
+    assert LocalFolder.read(here) is None
