@@ -1,14 +1,16 @@
 """How long an ``ordq`` command takes to answer (issue 42: commands that answer at once).
 
-    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq]
-        [--only help,list,produce,status,topic]
+    .venv/bin/python -m bench.bench_cli [--runs 15] [--zk HOST:PORT --root /ordq] [--dir DIR]
+        [--only help,list,produce,status,topic,group,top,local]
 
 Wall time and CPU time (user + system of the child) of separate ``ordq`` processes, as a user
 runs them: ``--help`` always; with ``--zk`` (a cluster ``ordq up`` started and registered),
 also ``queue list``, a one-message ``produce`` to the queue ``bench-cli`` (created if
-missing), ``status`` (the elected coordinator asks each process) and ``topic list``. p50 and p90
-of ``--runs`` runs each; ``--only`` measures only the commands it names (``list``: ``queue list``,
-``topic``: ``topic list``). Note
+missing), ``status`` (the elected coordinator asks each process), ``topic list``, ``group list``
+and ``top --once --interval 0.1`` (it samples twice, the interval apart); with ``--dir`` (that
+cluster's folder), ``status --dir DIR``, the local view (``local``). p50 and p90 of ``--runs``
+runs each; ``--only`` measures only the commands it names (``list``: ``queue list``, ``topic``:
+``topic list``, ``group``: ``group list``). Note
 the load average beside every figure: wall time on a busy box grows with the load, CPU time much
 less.
 """
@@ -25,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-COMMANDS = ("help", "list", "produce", "status", "topic")
+COMMANDS = ("help", "list", "produce", "status", "topic", "group", "top", "local")
 
 
 def run_once(argv: Sequence[str], stdin: bytes | None = None) -> tuple[float, float, int]:
@@ -59,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--zk", default=None, help="a running cluster's ZooKeeper (registered by ordq up)")
     parser.add_argument("--root", default="/ordq")
+    parser.add_argument("--dir", default=None, help="the folder of that cluster (ordq up --dir): status --dir")
     parser.add_argument("--only", default=",".join(COMMANDS), metavar="NAME[,NAME...]",
                         help=f"the commands to measure, of {', '.join(COMMANDS)} (default: all)")
     args = parser.parse_args(argv)
@@ -79,9 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(measure("ordq status (any cluster)", [*cluster, "status"], args.runs))
         if "topic" in only:
             rows.append(measure("ordq topic list", [*cluster, "topic", "list"], args.runs))
-    print(f"{'command':<28} {'runs':>4} {'wall p50':>9} {'wall p90':>9} {'cpu p50':>8} {'load':>6}")
+        if "group" in only:
+            rows.append(measure("ordq group list", [*cluster, "group", "list"], args.runs))
+        if "top" in only:
+            # two samples --interval apart (its rates): 0.1 s, so that the figure is the command's
+            rows.append(measure("ordq top --once --interval 0.1", [*cluster, "top", "--once", "--interval", "0.1"],
+                                args.runs))
+    if args.dir and "local" in only:
+        rows.append(measure("ordq status --dir (local)", ["status", "--dir", args.dir], args.runs))
+    print(f"{'command':<32} {'runs':>4} {'wall p50':>9} {'wall p90':>9} {'cpu p50':>8} {'load':>6}")
     for r in rows:
-        print(f"{r['command']:<28} {r['runs']:>4} {r['wall_p50_s']:>8.3f}s {r['wall_p90_s']:>8.3f}s "
+        print(f"{r['command']:<32} {r['runs']:>4} {r['wall_p50_s']:>8.3f}s {r['wall_p90_s']:>8.3f}s "
               f"{r['cpu_p50_s']:>7.3f}s {r['load_1m']:>6}")
     return 0
 

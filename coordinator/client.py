@@ -424,9 +424,10 @@ class CoordinatorClient:
     # -- what a client reads ---------------------------------------------------------------
 
     def describe(self, queue: str, *, subscription: str = "", with_config: bool = False, with_live: bool = False,
-                 timeout_s: float | None = None) -> Described:
+                 timeout_s: float | None = None, reach_s: float | None = None) -> Described:
         """The queue's state (and settings, its groups' live processes, a subscription's
-        cursor, as asked) as the coordinator reads them from ZooKeeper now."""
+        cursor, as asked) as the coordinator reads them from ZooKeeper now. ``reach_s``: see
+        ``_call`` (a client's first call: sent at once, no "who leads" first)."""
         from ordq.coordinator.client_values import Described
         from ordq.coordinator.state import Cursor
         from ordq.coordinator.store_values import LiveInfo, QueueConfig
@@ -434,7 +435,7 @@ class CoordinatorClient:
         pb = self._pb()
         req = pb.DescribeRequest(queue=queue, subscription=subscription, with_config=with_config,
                                  with_live=with_live)
-        res = self._call("Describe", req, timeout_s)
+        res = self._call("Describe", req, timeout_s, reach_s)
         live: dict[str, dict[str, LiveInfo]] = {}
         for p in res.live:
             live.setdefault(p.gid, {})[p.role] = LiveInfo(address=p.address, incarnation=p.incarnation, pid=0,

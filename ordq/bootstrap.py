@@ -181,7 +181,7 @@ def check_queue(args: argparse.Namespace, queue: str) -> None:
     as the coordinator answers, before a client starts: one line at once, where the SDK would
     wait for longer. The role the client needs is checked when it asks for its lease."""
     with coordinator(args) as client:
-        client.describe(queue, timeout_s=timeout_of(args))
+        client.describe(queue, timeout_s=timeout_of(args), reach_s=timeout_of(args))  # one call, as admin_call
 
 
 def topic_partitions(args: argparse.Namespace, topic: str) -> int:

@@ -49,6 +49,7 @@ from ordq.cluster_config import (
     STATE_FILE,
     ClusterConfig,
     check_coordinator_port,
+    coordinator_addresses,
     describe,
     shape,
     with_coordinator_ports,
@@ -57,6 +58,7 @@ from ordq.cluster_credentials import ClusterCredentials
 from ordq.cluster_folder import holds_cluster
 from ordq.cluster_health import ROLES, ClusterHealth, ProcessStatus
 from ordq.common.errors import AlreadyExists, ConfigError, ExternalProcessError, OrdqError
+from ordq.common.pid_file import program
 from ordq.common.proc import ManagedProcess
 from ordq.common.security import Credentials, ensure_coordinator_pki, ensure_pki, remember_zk_tls
 from ordq.coordinator.acl_client import AUTH_DIR
@@ -482,6 +484,13 @@ class LocalCluster(ClusterCredentials):
             "root": self.root,
             "brokers": brokers,
             "coordinator_metrics": self._saved.get("coordinator_metrics", {}),
+            # What ``ordq status`` reads to tell which processes run, with no class of this
+            # module loaded (ordq.cluster_folder.LocalFolder; issue 42).
+            "bootstrap": self.bootstrap,
+            "processes": {name: {"pid_file": str(proc.pid_path), "program": program(proc.argv)}
+                          for name, proc in self.processes()},
+            "coordinator_addresses": dict(zip([p.name for p in self.coordinators],
+                                              coordinator_addresses(self.config), strict=True)),
         }
         self._saved = doc
         tmp = self.folder / f"{STATE_FILE}.tmp"

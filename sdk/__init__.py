@@ -13,19 +13,52 @@
         p.send(b"paid", key="customer-42")    # same key, same partition: in order
 """
 
-from ordq.sdk._consumer_core import CommitConfig
-from ordq.sdk._consumer_types import ConsumerConfig, Delivered
-from ordq.sdk._futures import SendFuture, SendResult
-from ordq.sdk._producer_core import BatchingConfig
-from ordq.sdk._producer_types import ProducerConfig, StoredMessage
-from ordq.sdk.aio import AsyncConsumer, AsyncProducer
-from ordq.sdk.consumer import Consumer
-from ordq.sdk.failure import FailurePolicy
-from ordq.sdk.find import FindResult, FoundMessage, find_messages
-from ordq.sdk.group import GroupConfig, GroupMember
-from ordq.sdk.parking import BlockedMessage
-from ordq.sdk.producer import Producer
-from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
+from __future__ import annotations
+
+# For mypy only (the names below are loaded on first use); not ``typing.TYPE_CHECKING``, as in
+# ``ordq/__init__.py``.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ordq.sdk._consumer_core import CommitConfig
+    from ordq.sdk._consumer_types import ConsumerConfig, Delivered
+    from ordq.sdk._futures import SendFuture, SendResult
+    from ordq.sdk._producer_core import BatchingConfig
+    from ordq.sdk._producer_types import ProducerConfig, StoredMessage
+    from ordq.sdk.aio import AsyncConsumer, AsyncProducer
+    from ordq.sdk.consumer import Consumer
+    from ordq.sdk.failure import FailurePolicy
+    from ordq.sdk.find import FindResult, FoundMessage, find_messages
+    from ordq.sdk.group import GroupConfig, GroupMember
+    from ordq.sdk.parking import BlockedMessage
+    from ordq.sdk.producer import Producer
+    from ordq.sdk.topic_producer import TopicProducer, TopicProducerConfig
+
+# Each name is loaded on first use (as ``ordq``'s): a command that only produces loads neither
+# the consumer, the asyncio clients, groups, topics nor the metrics (issue 42: a one-message
+# ``ordq produce`` imported all of them).
+_HOMES = {
+    "CommitConfig": "ordq.sdk._consumer_core",
+    "ConsumerConfig": "ordq.sdk._consumer_types",
+    "Delivered": "ordq.sdk._consumer_types",
+    "SendFuture": "ordq.sdk._futures",
+    "SendResult": "ordq.sdk._futures",
+    "BatchingConfig": "ordq.sdk._producer_core",
+    "ProducerConfig": "ordq.sdk._producer_types",
+    "StoredMessage": "ordq.sdk._producer_types",
+    "AsyncConsumer": "ordq.sdk.aio",
+    "AsyncProducer": "ordq.sdk.aio",
+    "Consumer": "ordq.sdk.consumer",
+    "FailurePolicy": "ordq.sdk.failure",
+    "FindResult": "ordq.sdk.find",
+    "FoundMessage": "ordq.sdk.find",
+    "find_messages": "ordq.sdk.find",
+    "GroupConfig": "ordq.sdk.group",
+    "GroupMember": "ordq.sdk.group",
+    "BlockedMessage": "ordq.sdk.parking",
+    "Producer": "ordq.sdk.producer",
+    "TopicProducer": "ordq.sdk.topic_producer",
+    "TopicProducerConfig": "ordq.sdk.topic_producer",
+}
 
 __all__ = [
     "AsyncConsumer",
@@ -50,3 +83,14 @@ __all__ = [
     "FoundMessage",
     "find_messages",
 ]
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'ordq.sdk' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -7,9 +7,9 @@ Rules: values only (no I/O); nothing here imports the producer or its loop side.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
-from prometheus_client import CollectorRegistry
 
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
@@ -18,6 +18,9 @@ from ordq.sdk._cluster import DEFAULT_LEASE_TTL_S, check_cluster
 from ordq.sdk._producer_core import BatchingConfig
 from ordq.sdk.audit import new_writer_id
 from ordq.wire.batch import Message
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 
 @attrs.frozen(kw_only=True)

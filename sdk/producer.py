@@ -70,11 +70,11 @@ from ordq.sdk._producer_io import ProducerIO
 from ordq.sdk._producer_types import ProducerConfig, ProducerStats, StoredMessage
 from ordq.sdk.audit import AuditWriter
 from ordq.sdk.delay import with_deliver_at
-from ordq.sdk.metrics import ProducerMetrics, ProducerSnapshot
 from ordq.wire.batch import Message, decode_batch
 from ordq.wire.transport import AsyncProduceStream, BrokerTransport
 
 if TYPE_CHECKING:
+    from ordq.sdk.metrics import ProducerMetrics, ProducerSnapshot
     from ordq.wire.aio_client import AioTransport
 
 log = logging.getLogger("ordq.producer")
@@ -157,7 +157,10 @@ class Producer(ProducerIO):
             from ordq.wire.client import GrpcTransport
 
             self._transport = GrpcTransport(credentials=creds)
-        queue_cfg = coord.describe(cfg.queue, with_config=True, timeout_s=cfg.connect_timeout_s).config  # QueueNotFound
+        # The first call goes at once to a coordinator it knows (a follower names the leader):
+        # asking who leads first was a round trip more before every producer's first message.
+        queue_cfg = coord.describe(cfg.queue, with_config=True, timeout_s=cfg.connect_timeout_s,
+                                   reach_s=cfg.connect_timeout_s).config  # QueueNotFound
         queue_limit = queue_cfg.max_message_bytes
         self._segment_limits = (queue_cfg.segment_bytes, queue_cfg.segment_age_s)
         batch_limit = cfg.batching.max_batch_bytes - BATCH_FRAMING_BYTES
@@ -199,6 +202,8 @@ class Producer(ProducerIO):
                  cfg.queue, cfg.producer_id, t.epoch, t.seg, next_seq)
         self._loop.call_soon(self._check_lease)
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
+            from ordq.sdk.metrics import ProducerMetrics  # prometheus_client: only when asked for
+
             self._metrics = ProducerMetrics(cfg, self._metrics_snapshot)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
 
@@ -422,6 +427,8 @@ class Producer(ProducerIO):
 
     def _metrics_snapshot(self) -> ProducerSnapshot:
         """What the metrics collector shows (read on its scrape thread)."""
+        from ordq.sdk.metrics import ProducerSnapshot
+
         core = self._core
         return ProducerSnapshot(stats=self.statistics(), inflight_bytes=core.inflight_bytes if core is not None else 0)
 

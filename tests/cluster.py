@@ -611,10 +611,15 @@ def cluster_fixture(request: pytest.FixtureRequest, zk_root: str, tmp_path: Path
 
 def modules_loaded_by(cluster: Cluster, heavy: Sequence[str], *argv: str) -> list[str]:
     """The modules of ``heavy`` an ``ordq`` command on ``cluster`` loads, run as a program."""
+    return modules_loaded(heavy, "--zk", cluster.hosts, "--root", cluster.root, *argv)
+
+
+def modules_loaded(heavy: Sequence[str], *argv: str) -> list[str]:
+    """The modules of ``heavy`` the ``ordq`` command ``argv`` loads, run as a program."""
     import json
 
     code = ("import json, sys\nfrom ordq.cli import main\n"
-            f"code = main({['--zk', cluster.hosts, '--root', cluster.root, *argv]!r})\n"
+            f"code = main({list(argv)!r})\n"
             f"print(json.dumps(sorted(m for m in {tuple(heavy)!r} if m in sys.modules)))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)

@@ -429,6 +429,33 @@ def test_help_leaves_out_the_zookeeper_credential_where_no_session_is_held(
     assert args.zk_auth == "u:p" and str(args.zk_auth_file) == "f"
 
 
+CLUSTER_FLAGS = ("--bootstrap", "--zk ", "--root", "--zk-auth")
+
+
+@pytest.mark.parametrize("argv", [("cert", "ca"), ("cert", "issue"), ("context", "list"), ("context", "use"),
+                                  ("context", "show"), ("context", "remove"), ("lab", "status"), ("lab", "up"),
+                                  ("demo",), ("drill",)], ids=" ".join)
+def test_a_command_that_reaches_no_cluster_shows_none_of_its_flags(argv: tuple[str, ...],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: help lists only the flags a command uses. These reach no cluster (a CA, a
+    certificate, the contexts file, a lab; the demo and the drills start their own): no
+    --bootstrap, --zk, --root or --zk-auth in their help; still taken, as before them."""
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    shown = capsys.readouterr().out
+    assert not [f for f in CLUSTER_FLAGS if f in shown], shown
+    args = build_parser("context").parse_args(["context", "list", "--zk", "h:1", "--root", "/r", "--bootstrap", "b:2"])
+    assert (args.zk, args.root, args.bootstrap) == ("h:1", "/r", "b:2")
+
+
+def test_a_command_that_reaches_a_cluster_shows_its_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["context", "add"], ["cert", "register"], ["up"], ["queue", "list"], ["verify"]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        shown = capsys.readouterr().out
+        assert "--zk " in shown and "--root" in shown, argv
+
+
 def test_the_consumer_group_summary_is_a_table() -> None:
     """Issue 42: ``consume --topic T --group G`` ended with ``(partitions {'1': 1})``."""
     import io

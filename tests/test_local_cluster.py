@@ -18,10 +18,13 @@ from ordq.cluster_config import STATE_FILE, ClusterConfig
 from ordq.common.errors import ConfigError
 from ordq.local_cluster import LocalCluster
 from ordq.zk_server import free_ports
+from tests.cluster import modules_loaded
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
 REPO = Path(__file__).resolve().parent.parent
+# What the local sweep of ``ordq status`` loads and its admin call does not.
+SWEEP_MODULES = ("ordq.local_cluster", "ordq.cluster_health", "kazoo.client", "attrs")
 
 
 def ordq(*argv: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
@@ -64,6 +67,10 @@ def test_up_prints_where_everything_listens_and_status_is_healthy(cluster_dir: P
     for name in ("g1/master", "g2/slave"):
         assert by_name[name]["listen"].startswith("127.0.0.1:")
     assert doc["zk"] == LocalCluster.load(cluster_dir).zk_hosts
+    # one admin call (issue 42: the command's own sweep was a ZooKeeper session and a TLS
+    # handshake with every process), with the folder's pids and names added
+    assert doc["asked_by"] == "coordinator", doc
+    assert modules_loaded(SWEEP_MODULES, "status", "--dir", str(cluster_dir), "--json") == []
 
 
 def test_each_process_has_its_own_zookeeper_identity_and_the_admin_is_the_super_user(cluster_dir: Path) -> None:
@@ -132,6 +139,7 @@ def test_a_killed_process_is_reported_and_up_starts_only_it(cluster_dir: Path) -
     assert code == 3
     rows = {p["name"]: p for p in doc["processes"]}
     assert rows["g2/slave"]["state"] == "down" and not rows["g2/slave"]["healthy"]
+    assert doc["asked_by"] == "coordinator", doc
     assert rows["g2/master"]["detail"].startswith("slave not connected") or not rows["g2/master"]["healthy"]
     victim.proc.pid_path.write_text("999999\n")  # as after a crash: names no process
     res = ordq("up", "--dir", str(cluster_dir))
@@ -159,9 +167,10 @@ def test_port_in_use_is_refused_clearly_and_leaves_nothing(tmp_path: Path) -> No
     assert not LocalCluster.exists(tmp_path / "c")
 
 
-def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path) -> None:
+def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     running = pids(cluster_dir)
     assert running
+    monkeypatch.setenv("ORDQ_PROGRESS", "1")  # waits said, as on a terminal (issue 42)
     res = ordq("down", "--dir", str(cluster_dir))
     assert res.returncode == 0, res.stderr
     assert "stopped" in res.stdout
@@ -171,8 +180,13 @@ def test_down_stops_everything_keeps_data_and_up_resumes(cluster_dir: Path) -> N
     assert ordq("down", "--dir", str(cluster_dir)).returncode == 0  # idempotent
     code, doc = status_json(cluster_dir)
     assert code == 3 and not any(p["healthy"] for p in doc["processes"])
+    assert doc["asked_by"] == "this command", doc  # no coordinator runs to ask
     # the same cluster comes back with its data: the queue of the earlier test is still there
-    assert ordq("up", "--dir", str(cluster_dir)).returncode == 0
+    res = ordq("up", "--dir", str(cluster_dir))
+    assert res.returncode == 0, res.stderr
+    # ZooKeeper's JVM alone takes over a second to serve: the wait is said, once
+    assert res.stderr.count(f"ordq: starting the local cluster in {cluster_dir} and waiting until every process "
+                            "serves ...") == 1, res.stderr
     c = LocalCluster.load(cluster_dir)
     res = ordq("--zk", c.zk_hosts, "--root", c.root, "queue", "list", "--json")
     assert "lc" in res.stdout

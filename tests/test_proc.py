@@ -146,7 +146,7 @@ def test_a_started_process_is_found_through_its_pid_file_at_once_on_a_busy_machi
 def test_the_program_of_a_wrapped_command_is_the_one_it_execs() -> None:
     """setpriv and ``ip netns exec`` (ordq.lab) exec the program in the same pid: a pid file's
     process is recognised by that program, whichever wrapper it still runs or has left."""
-    program = proc_module._program
+    from ordq.common.pid_file import program
     assert program(["setpriv", "--pdeathsig", "KILL", "--", "ip", "netns", "exec", "ordq-ab12cd-h1",
                     "/usr/bin/python3", "-c", "x"]) == "python3"
     assert program(["ip", "netns", "exec", "ordq-ab12cd-h1", "sleep", "9", ""]) == "sleep"  # /proc's trailing ""

@@ -32,12 +32,15 @@ def verify(*argv: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
 
 
-def test_verify_hides_sparks_warn_lines_unless_verbose(tmp_path: Path) -> None:
+def test_verify_hides_sparks_warn_lines_unless_verbose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = write_run(tmp_path / "run")
+    monkeypatch.setenv("ORDQ_PROGRESS", "1")  # as on a terminal: Spark's start (seconds) is said
     done = verify("verify", str(run), "--master", "local[1]")
     assert done.returncode == 0, done.stderr
     assert "PASS" in done.stdout
     assert " WARN " not in done.stderr and "log4j" not in done.stderr and "setLogLevel" not in done.stderr, done.stderr
+    assert done.stderr.count("ordq: verifying with Spark (local[1]): starting it and reading the audit files ...\n") \
+        == 1, done.stderr
     loud = verify("-v", "verify", str(run), "--master", "local[1]")
     assert loud.returncode == 0, loud.stderr
     assert "Using Spark's default log4j profile" in loud.stderr

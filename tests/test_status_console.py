@@ -131,3 +131,48 @@ def test_the_console_groups_a_topics_partitions_and_shows_parked_counts(cluster:
         browser.evaluate("(f => { f.value = 'clicks.p1'; f.dispatchEvent(new Event('input')); })"
                          "(document.getElementById('filter'))")
         assert browser.evaluate(TOP_SECTIONS) == ["clicks"]  # a partition's name finds its topic
+
+
+BLOCKED_ROW = ("(r => r && [r.className, r.cells[4].innerText])(document.querySelector("
+               "'#queues > section[data-queue=\"q\"] tr[data-subscription=\"s\"]'))")
+
+
+def test_a_blocked_subscription_is_highlighted(cluster: Cluster) -> None:
+    """Issue 42: the console highlights a subscription whose consumer is blocked on a message
+    (its policy ``block``, past its attempts), with the message and the attempts, until the
+    message goes through."""
+    import threading
+
+    from ordq.sdk import Consumer, ConsumerConfig
+
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    daemon = cluster.start_daemon("coordinator-1")
+    page = daemon.wait_for_line("METRICS ", timeout_s=30).split()[-1].rsplit("/", 1)[0] + "/status"
+    for argv in (("produce", "q", "--count", "5"), ("sub", "create", "q", "s"),
+                 ("sub", "policy", "q", "s", "--on-failure", "block", "--attempts", "2", "--backoff", "0.05")):
+        done = cluster.ordq(*argv)
+        assert done.returncode == 0, done.stderr
+    fixed, stop = threading.Event(), threading.Event()
+
+    def handler(m) -> None:  # noqa: ANN001
+        if m.seq == 2 and not fixed.is_set():
+            raise ValueError("downstream is down")
+        if m.seq == 4:
+            stop.set()
+
+    with Chromium(cluster.base / "chromium") as browser, \
+            Consumer(ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s")) as c:
+        runner = threading.Thread(target=c.run, args=(handler,), kwargs={"stop": stop})
+        runner.start()
+        try:
+            browser.navigate(page)
+            row = wait_until(lambda: (r := browser.evaluate(BLOCKED_ROW)) and r[0] == "blocked" and r,
+                             timeout_s=60, what="the subscription's row highlighted as blocked")
+            assert re.fullmatch(r"seq 2 \(\d+ attempts\)", row[1]), row
+            fixed.set()
+            wait_until(lambda: (browser.evaluate(BLOCKED_ROW) or ["blocked"])[0] == "", timeout_s=60,
+                       what="the highlight gone once the message went through")
+        finally:
+            stop.set()
+            runner.join(60)

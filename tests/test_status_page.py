@@ -68,3 +68,39 @@ def test_status_page_redraws_after_the_head_master_dies(cluster: Cluster, tmp_pa
                    what="the page to list the failover")
         assert browser.evaluate("location.href") == page  # the same page, redrawn, never reloaded
         assert browser.evaluate(UPDATED) != first_update
+
+
+def _connections_to(port: int) -> set[int]:
+    """The client-side ports of every TCP connection to ``port`` on this machine, in any state:
+    one the coordinator closed stays in TIME_WAIT for a minute, so a connection made per page
+    load is counted after it closed."""
+    out = set()
+    lines = [ln for table in ("tcp", "tcp6") for ln in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
+    for line in lines:  # gRPC's sockets are IPv6 ones, 127.0.0.1 mapped
+        local, remote = (int(end.split(":")[1], 16) for end in line.split()[1:3])
+        if remote == port and local != port:
+            out.add(local)
+        elif local == port and remote != port:
+            out.add(remote)
+    return out
+
+
+def test_the_pages_process_list_asks_over_the_coordinators_kept_channels(cluster: Cluster) -> None:
+    """Issue 42: the page's process list is the coordinator's own sweep, the one ``ordq status``
+    asks for (``cluster status``), over the broker channels it keeps; it opened a channel, a TLS
+    handshake, to every broker at each load."""
+    cluster.add_groups("g1")
+    daemon = cluster.start_daemon("coordinator-1")
+    page = daemon.wait_for_line("METRICS ", timeout_s=5).rsplit("/", 1)[0] + "/status.json"
+
+    def processes() -> dict[str, str]:
+        doc = json.loads(urllib.request.urlopen(page, timeout=30).read())
+        return {p["name"]: p["state"] for p in doc["processes"]}
+
+    wait_until(lambda: processes().get("g1/master") == "live", timeout_s=30, what="the page to list g1's master")
+    master = int(cluster.store.live_members("g1")["master"].address.rpartition(":")[2])
+    before = _connections_to(master)
+    for _ in range(6):
+        assert processes()["g1/master"] == "live"
+    made = _connections_to(master) - before
+    assert len(made) <= 1, f"{len(made)} connections to g1's master for 6 loads of the page"

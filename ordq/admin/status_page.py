@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ordq.admin.history import INTERVAL_S, History, sample_of
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from ordq.coordinator.daemon import CoordinatorDaemon
 
 log = logging.getLogger("ordq.status_page")
+# The coordinator's sweep of its cluster's processes: rows as ``ProcessStatus.to_dict()`` gives them.
+Processes = Callable[[Any], list[dict[str, Any]]]
 # The sampler builds the page's document itself (ZooKeeper reads per queue, a probe per replica)
 # only up to this many queues; above, only a viewer's documents are sampled (issue 43: a
 # coordinator of 10^5 queues must not pay for a page nobody reads).
@@ -36,9 +39,11 @@ VIEWED_S = 3600.0
 PROBE_TIMEOUT_S = 0.5  # per replica RPC while building the page: a dead one must not stall it
 
 
-def status_document(daemon: CoordinatorDaemon, *, queues_only: bool = False) -> dict[str, Any]:
+def status_document(daemon: CoordinatorDaemon, *, queues_only: bool = False,
+                    processes: Processes | None = None) -> dict[str, Any]:
     """The page's document; ``queues_only``: without the processes' health and the mirrors
-    (what a history sample needs: no RPC to every process of the cluster)."""
+    (what a history sample needs: no RPC to every process of the cluster). ``processes``: see
+    ``cluster_processes``."""
     from ordq.admin.mirrors import mirror_views
     from ordq.admin.queue_views import QueueView, describe_queue
     from ordq.sdk.replicas import ReplicaReader
@@ -56,11 +61,11 @@ def status_document(daemon: CoordinatorDaemon, *, queues_only: bool = False) -> 
             except CorruptState as exc:  # that queue's line only; the page shows the others
                 queues.append({"queue": queue, "corrupt": exc.detail, "error": str(exc)})
         mirrors = [] if queues_only else [m.to_dict() for m in mirror_views(store, reader, views)]
-    processes, leader = ([], None) if queues_only else cluster_processes(store)
+    rows, leader = ([], None) if queues_only else cluster_processes(store, processes)
     add_parked(queues)
     return {"generated_ms": int(time.time() * 1000), "coordinator": daemon.identifier,
             "leader": daemon.stats.is_leader, "queues": queues, "failovers": list(daemon.stats.failovers),
-            "processes": processes, "coordinator_leader": leader, "mirrors": mirrors,
+            "processes": rows, "coordinator_leader": leader, "mirrors": mirrors,
             "topics": [] if queues_only else topic_rows(queues, store.list_topics())}
 
 
@@ -113,20 +118,23 @@ def topic_rows(queues: list[dict[str, Any]], topics: list[str]) -> list[dict[str
     return rows
 
 
-def cluster_processes(store: Any) -> tuple[list[dict[str, Any]], str | None]:
-    """Every process of the cluster with its health and version, as ``ordq status`` of any
-    cluster asks them (issue 42), and the coordinator leader's name; ([], None) when that fails
-    (the rest of the page still shows)."""
+def cluster_processes(store: Any, processes: Processes | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """Every process of the cluster with its health and version, and the coordinator leader's
+    name; ([], None) when that fails (the rest of the page still shows). ``processes(store)``:
+    the coordinator's own sweep, the one ``ordq status`` asks for (``cluster status``), over the
+    broker channels it keeps (issue 42: the page opened a channel, a TLS handshake, to every
+    broker at each load); without it, a sweep over channels made for this page."""
     from ordq.cluster_live import live_status
     from ordq.common.security import of_store
 
     try:
-        statuses = live_status(store, store.hosts, of_store(store), rpc_timeout_s=PROBE_TIMEOUT_S)
+        rows = (processes(store) if processes is not None else
+                [s.to_dict() for s in live_status(store, store.hosts, of_store(store), rpc_timeout_s=PROBE_TIMEOUT_S)])
     except Exception:  # noqa: BLE001 - one part of the page: the queues still show
         log.debug("process status failed", exc_info=True)
         return [], None
-    leader = next((s.name for s in statuses if s.kind == "coordinator" and s.state == "leader"), None)
-    return [s.to_dict() for s in statuses], leader
+    leader = next((r["name"] for r in rows if r["kind"] == "coordinator" and r["state"] == "leader"), None)
+    return rows, leader
 
 
 class Sampler:
@@ -177,9 +185,11 @@ class Sampler:
                 log.debug("status sample failed", exc_info=True)
 
 
-def pages(daemon: CoordinatorDaemon, *, prometheus_url: str | None = None) -> dict[str, Page]:
+def pages(daemon: CoordinatorDaemon, *, prometheus_url: str | None = None,
+          processes: Processes | None = None) -> dict[str, Page]:
     """``/status`` and ``/status.json``; ``prometheus_url``: the charts' history is read from that
-    Prometheus (``ordq.admin.prom_history``), the ring buffer's only while it does not answer."""
+    Prometheus (``ordq.admin.prom_history``), the ring buffer's only while it does not answer;
+    ``processes``: the coordinator's sweep of its cluster's processes (``cluster_processes``)."""
     sampler = Sampler(daemon, History())
     sampler.start()
     prom = None
@@ -190,7 +200,7 @@ def pages(daemon: CoordinatorDaemon, *, prometheus_url: str | None = None) -> di
 
     def document() -> tuple[str, bytes]:
         try:
-            doc = status_document(daemon)
+            doc = status_document(daemon, processes=processes)
             sampler.viewed(time.monotonic())
             sampler.offer(doc, time.monotonic())
         except OrdqError as exc:  # ZooKeeper away: say so on the page instead of failing it

@@ -28,12 +28,25 @@ from ordq.common.units import format_duration, format_size, parse_duration, pars
 NO_ZK_SESSION = frozenset({"queue", "sub", "topic", "auth", "peek", "find", "context", "produce", "consume", "verify",
                            "cdc", "outbox", "mirror"})
 ZK_SESSION_UNDER = ("topic group",)
+# The commands that reach no cluster at all (a CA, a certificate, the contexts file, a lab; the
+# demo and the drills start clusters of their own): their help leaves out every cluster flag
+# (--bootstrap, --zk, --root and the ZooKeeper credential), which they still take. By the
+# command's path: a word names every command under it.
+NO_CLUSTER = ("cert ca", "cert issue", "context list", "context use", "context show", "context remove", "lab",
+              "demo", "drill")
 
 
-def _holds_no_zk_session(subparsers: Any, name: str) -> bool:
-    words = [*str(getattr(subparsers, "_prog_prefix", "")).split()[1:], name]  # "ordq queue" + "list"
+def _command_path(subparsers: Any, name: str) -> list[str]:
+    return [*str(getattr(subparsers, "_prog_prefix", "")).split()[1:], name]  # "ordq queue" + "list"
+
+
+def _holds_no_zk_session(words: list[str]) -> bool:
     path = " ".join(words)
     return words[0] in NO_ZK_SESSION and not any(path.startswith(p) for p in ZK_SESSION_UNDER)
+
+
+def _reaches_no_cluster(words: list[str]) -> bool:
+    return any(words[:len(p.split())] == p.split() for p in NO_CLUSTER)
 
 
 def add_command(
@@ -53,15 +66,21 @@ def add_command(
     parser.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
     )
+    words = _command_path(subparsers, name)
+    no_cluster = _reaches_no_cluster(words)
+
+    def shown(text: str, hide: bool = False) -> str:
+        return argparse.SUPPRESS if no_cluster or hide else text
+
     parser.add_argument("--bootstrap", default=argparse.SUPPRESS, metavar="HOST:PORT[,...]",
-                        help="the coordinators' addresses (env ORDQ_BOOTSTRAP)")
-    parser.add_argument("--zk", action=Given, default=argparse.SUPPRESS, help="ZooKeeper connection string")
-    parser.add_argument("--root", action=Given, default=argparse.SUPPRESS, help="ZooKeeper path prefix")
-    hidden = _holds_no_zk_session(subparsers, name)
+                        help=shown("the coordinators' addresses (env ORDQ_BOOTSTRAP)"))
+    parser.add_argument("--zk", action=Given, default=argparse.SUPPRESS, help=shown("ZooKeeper connection string"))
+    parser.add_argument("--root", action=Given, default=argparse.SUPPRESS, help=shown("ZooKeeper path prefix"))
+    no_session = _holds_no_zk_session(words)
     parser.add_argument("--zk-auth", default=argparse.SUPPRESS, metavar="USER:PASSWORD",
-                        help=argparse.SUPPRESS if hidden else "ZooKeeper digest credential (env ORDQ_ZK_AUTH)")
+                        help=shown("ZooKeeper digest credential (env ORDQ_ZK_AUTH)", no_session))
     parser.add_argument("--zk-auth-file", type=Path, default=argparse.SUPPRESS, metavar="PATH",
-                        help=argparse.SUPPRESS if hidden else "read the ZooKeeper credential from this file")
+                        help=shown("read the ZooKeeper credential from this file", no_session))
     if func is not None:
         # daemon: a long-running process (logs INFO); admin: needs the admin role; reads: a
         # valid token with any role on the queue(s) it shows (open_store checks both)

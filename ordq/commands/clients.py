@@ -59,8 +59,10 @@ def preflight(args: argparse.Namespace) -> None:
     """What the CLI checks before the SDK starts, so that a command that cannot work says why
     in one line at once: the coordinators answer within --zk-timeout (the SDK waits longer),
     the queue exists, and the token has a role on it (the coordinator's Describe answers all
-    three; the role itself is checked when the client asks for its lease)."""
-    check_queue(args, args.queue)
+    three; the role itself is checked when the client asks for its lease). A wait longer than a
+    second says so (issue 42: a busy box's coordinator may take seconds)."""
+    with saying(f"waiting for the cluster's coordinators to answer for queue {args.queue}"):
+        check_queue(args, args.queue)
 
 
 def route(args: argparse.Namespace) -> None:
@@ -85,12 +87,14 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def _producer(args: argparse.Namespace) -> Any:
     """The queue's producer, or a topic's leading only the partition of --key (preflight found it)."""
-    from ordq.sdk import Producer, ProducerConfig, TopicProducer, TopicProducerConfig
-
     options = {**cluster_options(args), "audit_dir": args.audit_dir,
                "connect_timeout_s": args.zk_timeout, "send_timeout_s": args.send_timeout}
     if args.topic is not None:
+        from ordq.sdk import TopicProducer, TopicProducerConfig
+
         return TopicProducer(TopicProducerConfig(topic=args.topic, partitions=(args.partition,), **options))
+    from ordq.sdk import Producer, ProducerConfig  # only these (the SDK loads each name on first use)
+
     return Producer(ProducerConfig(queue=args.queue, **options))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ordq.cluster_folder import DEFAULT_FOLDER, holds_cluster
-from ordq.commands import add_command, int_in, local_zk_port, seconds, wants_json
+from ordq.commands import add_command, int_in, local_zk_port, saying, seconds, wants_json
 from ordq.output import emit_json, table
 
 # ``ordq status`` of a running cluster is one admin call (issue 42: ≤ 0.25 s on a quiet box): it
@@ -72,9 +72,10 @@ def register(subparsers: Any) -> None:
         help="every process of the local cluster with its health (exit 3 if one is unhealthy)",
         description="Every process of a cluster with where it listens, its health and version, and the elected "
         "coordinator; exit 3 if one is unhealthy. The local cluster in --dir, when there is one and neither "
-        "--zk, --context nor ORDQ_ZK names another; else any cluster (deployed by hand too), from the processes "
-        "registered in its ZooKeeper, each asked live (ZooKeeper srvr, broker Health, coordinator /health) by the "
-        "elected coordinator, or by this command when none answers within --zk-timeout.")
+        "--zk, --context nor ORDQ_ZK names another (with the pids of its processes, and the ones that do not "
+        "run as down); else any cluster (deployed by hand too), from the processes registered in its ZooKeeper. "
+        "Each is asked live (ZooKeeper srvr, broker Health, coordinator /health) by the elected coordinator, or "
+        "by this command when none answers within --zk-timeout.")
     status.add_argument("--dir", type=Path, default=None,
                         help=f"folder of a local cluster (ordq up; default {DEFAULT_FOLDER} when it holds one)")
 
@@ -129,7 +130,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ordq.local_cluster import LocalCluster
 
     cluster = LocalCluster(args.dir, _config(args))
-    report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
+    with saying(f"starting the local cluster in {args.dir} and waiting until every process serves"):
+        report = cluster.start(timeout_s=args.timeout, repair_acls=args.repair_acls)
     cluster.detach()  # they keep running after this command
     context = _select_context(cluster)
     statuses = [s.to_dict() for s in cluster.status()]
@@ -195,7 +197,8 @@ def cmd_down(args: argparse.Namespace) -> int:
             print(f"no local cluster in {args.dir}: nothing to stop")
         return 0
     cluster = LocalCluster.load(args.dir)
-    stopped = cluster.stop()
+    with saying(f"stopping the local cluster in {args.dir}"):
+        stopped = cluster.stop()
     cluster.unregister()  # `ordq up` registers it again; another cluster's entry there stays
     if args.wipe:
         cluster.destroy()
@@ -243,23 +246,53 @@ def cmd_status(args: argparse.Namespace) -> int:
         if named or selected(None) is not None:
             return _live_status(args)
         # nothing names a cluster: "no local cluster in .ordq" (with what to do), as before
-    from ordq.local_cluster import LocalCluster
-
     args.dir = args.dir or DEFAULT_FOLDER
-    cluster = LocalCluster.load(args.dir)
-    statuses = [s.to_dict() for s in cluster.status()]
+    view = _local_status_from_coordinator(args)
+    if view is None:
+        from ordq.local_cluster import LocalCluster
+
+        cluster = LocalCluster.load(args.dir)
+        view = {"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root,
+                "bootstrap": cluster.bootstrap, "processes": [s.to_dict() for s in cluster.status()],
+                "asked_by": "this command"}
+    statuses = view["processes"]
     healthy = all(s["healthy"] for s in statuses)
     if wants_json(args):
-        emit_json({"dir": str(cluster.folder), "zk": cluster.zk_hosts, "root": cluster.root, "healthy": healthy,
-                   "bootstrap": cluster.bootstrap, "processes": statuses})
+        emit_json({**view, "healthy": healthy})
     else:
-        print(f"local cluster in {cluster.folder}: ZooKeeper {cluster.zk_hosts}, root {cluster.root}")
-        print(f"coordinators (bootstrap): {cluster.bootstrap or '-'}")
+        print(f"local cluster in {view['dir']}: ZooKeeper {view['zk']}, root {view['root']}")
+        print(f"coordinators (bootstrap): {view['bootstrap'] or '-'}")
         _print_table(statuses)
         if not healthy:
             print("\nunhealthy: " + ", ".join(s["name"] for s in statuses if not s["healthy"])
-                  + f" (logs in {cluster.folder}; ordq up --dir {args.dir} starts what is down)")
+                  + f" (logs in {view['dir']}; ordq up --dir {args.dir} starts what is down)")
     return 0 if healthy else EXIT_UNHEALTHY
+
+
+def _local_status_from_coordinator(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The local cluster in ``args.dir`` as its elected coordinator asks its processes (one admin
+    call, as ``ordq status`` of any cluster: the local sweep below cost a ZooKeeper session and a
+    TLS handshake with every process, 711 M instructions, issue 42), with what only the folder
+    knows (pids, what does not run: ``LocalFolder``). None when the folder's own sweep must say
+    it: no coordinator of it runs, none answers, or the folder predates this view."""
+    from ordq.cluster_folder import LocalFolder
+    from ordq.common.errors import OrdqError
+
+    local = LocalFolder.read(args.dir)
+    if local is None:
+        return None
+    running = local.running()
+    if not any(pid for name, pid in running.items() if name in local.coordinator_addresses):
+        return None  # none would answer: the sweep says at once what is down
+    args.zk, args.root = local.zk, local.root  # the admin call finds its coordinators by these
+    try:
+        doc, _why = _status_from_coordinator(args)
+    except OrdqError:
+        return None  # a refusal (the credentials registered here are not this folder's): its own
+    if doc is None:
+        return None
+    return {"dir": str(local.folder), "zk": local.zk, "root": local.root, "bootstrap": local.bootstrap,
+            "processes": local.rows(doc["processes"], running), "asked_by": "coordinator"}
 
 
 def _live_status(args: argparse.Namespace) -> int:

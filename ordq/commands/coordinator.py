@@ -149,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # out for a bounded time (coordinator/zk_retry.py); a refusal stops it with one line.
     store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     holder: list[Any] = []
+    transport = _kept_transport(creds)
+    processes = _process_sweep(creds, transport)
     # One process, one GIL: the daemon's idle work waits while a producer's FailOver or Claim
     # is served (coordinator/pacing.py).
     requests_first = RequestsFirst()
@@ -158,7 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  and bool(holder[0].store.client.connected),
                                  term=lambda: holder[0].stats.term if holder else 0,
                                  credentials=creds, subscriber=_subscriber(creds), requests_first=requests_first,
-                                 admin=_admin_verbs(creds, known=lambda names: holder[0].known_queues(names)
+                                 admin=_admin_verbs(transport, processes,
+                                                    known=lambda names: holder[0].known_queues(names)
                                                     if holder else {},
                                                     rebalance=lambda **kw: _rebalance(holder, **kw)))
     address = service.start(args.listen, advertise=args.advertise)
@@ -179,7 +182,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics:
         from ordq.admin.status_page import pages
 
-        metrics_url = daemon.serve_metrics(args.metrics, pages=pages(daemon, prometheus_url=args.prometheus_url)).url
+        metrics_url = daemon.serve_metrics(args.metrics, pages=pages(daemon, prometheus_url=args.prometheus_url,
+                                                                          processes=processes)).url
         announce(f"METRICS {metrics_url}")
         # ... and where its /health page is (beside /metrics), for `ordq status` of any cluster:
         # the election starts with the worker below, after this.
@@ -252,31 +256,40 @@ def _rebalance(holder: list[Any], **kw: Any) -> Any:
     return holder[0].rebalance(**kw).to_dict()
 
 
-def _admin_verbs(creds: Credentials, known: Any = None, rebalance: Any = None) -> Any:
-    """The admin API's verbs (ordq/admin/api.py), reading replicas with this coordinator's
-    credentials: the admin CLI holds no ZooKeeper session (issue 37). ``known``: the queues
-    the daemon's copies hold (a listing reads no ZooKeeper node for them, issue 43)."""
-    from ordq.admin.api import admin_verbs
-    from ordq.sdk.replicas import ReplicaReader
+def _kept_transport(creds: Credentials) -> Any:
+    """One broker transport for every admin call and status page, its channels kept (as the
+    prober's): a reader made per call had a channel made per call, so each ``queue list`` cost a
+    TLS handshake with every group it asked, ~4.5 ms of the broker's CPU and ~5 ms of this
+    process's (issue 42). Closed with the process, not by the reader of one call."""
     from ordq.wire.client import GrpcTransport
 
     class Kept(GrpcTransport):
-        """One transport for every admin call, its channels kept (as the prober's): a reader
-        made per call had a channel made per call, so each ``queue list`` cost a TLS handshake
-        with every group it asked, ~4.5 ms of the broker's CPU and ~5 ms of this process's
-        (issue 42). Closed with the process, not by the reader of one call."""
-
         def close(self) -> None:
             pass
 
-    transport = Kept(rpc_timeout_s=1.0, credentials=creds)
+    return Kept(rpc_timeout_s=1.0, credentials=creds)
+
+
+def _process_sweep(creds: Credentials, transport: Any) -> Any:
+    """``processes(store)``: every process of the cluster asked by this coordinator, with its own
+    credentials and over ``transport``'s kept channels: what ``ordq status`` (``cluster status``)
+    and the status page's process list show (issue 42: no TLS handshake with a broker per status
+    or per page)."""
 
     def processes(store: Any) -> list[dict[str, Any]]:
-        """``ordq status`` (issue 42): every process asked by this coordinator, with its own
-        credentials and over the channels it keeps (no TLS handshake with a broker per status)."""
         from ordq.cluster_live import live_status
 
         return [s.to_dict() for s in live_status(store, store.hosts, creds, transport=transport)]
+
+    return processes
+
+
+def _admin_verbs(transport: Any, processes: Any, known: Any = None, rebalance: Any = None) -> Any:
+    """The admin API's verbs (ordq/admin/api.py), reading replicas over ``transport`` (this
+    coordinator's credentials): the admin CLI holds no ZooKeeper session (issue 37). ``known``:
+    the queues the daemon's copies hold (a listing reads no ZooKeeper node for them, issue 43)."""
+    from ordq.admin.api import admin_verbs
+    from ordq.sdk.replicas import ReplicaReader
 
     return admin_verbs(lambda store: ReplicaReader(store, transport), known=known, rebalance=rebalance,
                        processes=processes)

@@ -12,7 +12,7 @@ import argparse
 import importlib.util
 from typing import Any
 
-from ordq.commands import add_command, duration, int_in
+from ordq.commands import add_command, duration, int_in, saying
 from ordq.common.errors import ConfigError
 from ordq.spark_order_check.cli import (
     DESCRIPTION,
@@ -62,7 +62,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return failed("ordq verify", ConfigError(
             "ordq verify needs PySpark and Java 17+: pip install 'ordq[spark]' (docs/VERIFIER.md)"))
     if args.follow is None:
-        return run(args, prog="ordq verify")
+        # Spark's start alone takes seconds: said once it is longer than one (issue 42)
+        master = f" ({args.master})" if args.master else ""
+        with saying(f"verifying with Spark{master}: starting it and reading the audit files"):
+            return run(args, prog="ordq verify")
     return _follow(args)
 
 

@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ordq.common.errors import ExternalProcessError
+from ordq.common.pid_file import pid_running, program, runs_program
+from ordq.common.pid_file import read_pid as _read_pid
 
 T = TypeVar("T")
 
@@ -354,13 +356,7 @@ class ManagedProcess:
     def _is_ours(self, pid: int) -> bool:
         """Is ``pid`` a running (not zombie) process of the same program as argv[0]?
         The program check keeps a recycled pid from looking like our process."""
-        if not pid_running(pid):
-            return False
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return True  # no /proc to ask: trust the pid
-        return _program([a.decode(errors="replace") for a in cmdline]) == _program(self.argv)
+        return runs_program(pid, program(self.argv))
 
     def _require_pid(self) -> int:
         pid = self.pid
@@ -518,22 +514,6 @@ def sweep_orphans(roots: Sequence[str | Path]) -> list[int]:
     return killed
 
 
-def _program(argv: Sequence[str]) -> str:
-    """The name of the program ``argv`` runs in the end: past ``setpriv ... --`` (a process
-    still in setpriv on a loaded machine is ours all the same) and ``ip netns exec NS`` (a
-    process of ``ordq.lab``, which execs the program in the same pid)."""
-    args = list(argv)
-    while args:
-        name = os.path.basename(args[0])
-        if name == "setpriv" and "--" in args[:-1]:
-            args = args[args.index("--") + 1:]
-        elif name == "ip" and args[1:3] == ["netns", "exec"] and len(args) > 4:
-            args = args[4:]
-        else:
-            return name
-    return ""
-
-
 def _all_threads_stopped(pid: int) -> bool:
     """Whether every thread of ``pid`` is stopped (state T in /proc), or the process is gone."""
     try:
@@ -552,24 +532,3 @@ def _all_threads_stopped(pid: int) -> bool:
     return True
 
 
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def pid_running(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie (exited, waiting to be reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    # Field 3, after the parenthesised command name (which may itself contain spaces).
-    return stat.rpartition(")")[2].split()[0] != "Z"

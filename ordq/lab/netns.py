@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ordq.common.errors import ExternalProcessError
-from ordq.common.proc import pid_running
+from ordq.common.pid_file import pid_running
 
 NETNS_DIR = Path("/run/netns")  # where `ip netns` keeps its names (bind mounts of each namespace)
 PREFIX = "ordq-"

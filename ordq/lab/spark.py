@@ -39,7 +39,8 @@ from typing import Any
 import attrs
 
 from ordq.common.errors import ConfigError, ExternalProcessError
-from ordq.common.proc import ManagedProcess, load_stretched, pid_running
+from ordq.common.pid_file import pid_running
+from ordq.common.proc import ManagedProcess, load_stretched
 from ordq.lab.lab import Lab
 from ordq.lab.netns import processes_of
 
