@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench._cluster import cpu_seconds, percentile
 from ordq.broker_group.first_write import Reported, parse_line
 from ordq.cluster_config import ClusterConfig
-from ordq.common.errors import CorruptState, OrdqError
+from ordq.common.errors import CoordinationUnavailable, CorruptState, OrdqError
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.local_cluster import LocalCluster
@@ -363,6 +363,19 @@ def spy_at_kill(pid: int | None, folder: Path | None, tag: str, seconds: float) 
                              str(folder / f"kill-{tag}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def patient(read: Any, *args: Any, bound_s: float = 120.0) -> Any:
+    """``read(*args)``, again while ZooKeeper does not answer (a full collection of its heap at
+    10^5 queues stalled it 5.5 s and ended a run: scale43f), for ``bound_s`` at most."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            return read(*args)
+        except CoordinationUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
               sample: int, rng: random.Random, idle_wait_s: float, *, up: bool = False,
               spread_wait_s: float = 0.0, spy_folder: Path | None = None, spy_s: float = 0.0,
@@ -376,9 +389,9 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     assert open_seg is not None
     gid, seg = open_seg.gid, open_seg.seg
     watched = [q for q in rng.sample(idle, min(sample, len(idle)))]
-    watched = [q for q in watched if (o := store.load_state(q)[0].open_segment) is not None and o.gid == gid]
+    watched = [q for q in watched if (o := patient(store.load_state, q)[0].open_segment) is not None and o.gid == gid]
     # every idle queue the group heads, with its open segment: all moved, all sealed (issue 43)
-    headed = {q: v[0].open_segment.seg for q, v in store.load_states(idle).items()
+    headed = {q: v[0].open_segment.seg for q, v in patient(store.load_states, idle).items()
               if not isinstance(v, CorruptState) and v[0].open_segment is not None
               and v[0].open_segment.gid == gid}
     spy_pid = leader_pid(cluster) if spy_folder is not None else None
@@ -400,7 +413,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     deadline = time.monotonic() + idle_wait_s
     while left and time.monotonic() < deadline:
         for q in list(left):
-            o = store.load_state(q)[0].open_segment
+            o = patient(store.load_state, q)[0].open_segment
             if o is not None and o.gid != gid:
                 left.discard(q)
         if left:
@@ -438,7 +451,7 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
     todo = dict(headed)
     unmoved = set(headed)
     while time.monotonic() < deadline and (unmoved or todo):
-        got = store.load_states(sorted(set(todo) | unmoved))
+        got = patient(store.load_states, sorted(set(todo) | unmoved))
         for q, v in got.items():
             if isinstance(v, CorruptState):
                 continue
@@ -462,7 +475,7 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
 def heads_of(store: ZkStore, queues: list[str]) -> dict[str, int]:
     """How many of ``queues`` each group heads now (read pipelined)."""
     counts: dict[str, int] = {}
-    for v in store.load_states(queues).values():
+    for v in patient(store.load_states, queues).values():
         if isinstance(v, CorruptState) or v[0].head is None:
             continue
         counts[v[0].head] = counts.get(v[0].head, 0) + 1
