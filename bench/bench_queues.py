@@ -530,7 +530,7 @@ def zk_heap(cluster: LocalCluster) -> dict[str, Any]:
     return out
 
 
-def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
+def ops_figures(cluster: LocalCluster, rate: float, *, lean: bool = False) -> dict[str, Any]:
     """/metrics and /health size of the elected coordinator, ZooKeeper's heap and nodes,
     ``ordq group rebalance --dry-run`` timed, then the whole cluster stopped (``ordq down``)
     and started (``ordq up``), timed to serving and to a busy producer's first ack."""
@@ -544,17 +544,14 @@ def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
         out["health_page"] = fetch(base + "/health", timeout_s=10)
     out["zk"] = zk_facts(cluster)
     out["zk_heap"] = zk_heap(cluster)
-    rc, text, took = cli(cluster, "--json", "group", "rebalance", "--dry-run")
-    out["rebalance_dry_run"] = {"rc": rc, "s": round(took, 2), "bytes": len(text)}
+    if not lean:
+        rc, text, took = cli(cluster, "--json", "group", "rebalance", "--dry-run")
+        out["rebalance_dry_run"] = {"rc": rc, "s": round(took, 2), "bytes": len(text)}
     print(json.dumps({"ops": out}), file=sys.stderr, flush=True)
     cluster.stop(timeout_s=60.0)
     out["down_load"] = round(os.getloadavg()[0], 2)
     t0 = time.monotonic()
-    try:
-        cluster.start(timeout_s=600.0)
-        out["full_up_s"] = round(time.monotonic() - t0, 1)
-    except Exception as exc:  # noqa: BLE001 - a number, not a crash
-        out["full_up_failed"] = repr(exc)[:300]
+    if not timed_up(cluster, out, "full_up"):
         return out
     busy = BusyProducer(cluster, rate)
     try:
@@ -565,6 +562,19 @@ def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
         busy.close()
     out["up_load"] = round(os.getloadavg()[0], 2)
     return out
+
+
+def timed_up(cluster: LocalCluster, out: dict[str, Any], key: str) -> bool:
+    """What ``ordq up`` runs (start what is not running, wait until healthy), timed into
+    ``out[key + "_s"]``, or why it failed into ``out[key + "_failed"]`` (False)."""
+    t0 = time.monotonic()
+    try:
+        cluster.start(timeout_s=600.0)
+    except Exception as exc:  # noqa: BLE001 - a number, not a crash
+        out[f"{key}_failed"] = repr(exc)[:300]
+        return False
+    out[f"{key}_s"] = round(time.monotonic() - t0, 1)
+    return True
 
 
 def grow(cluster: LocalCluster, have: list[str], target: int, budget_s: float, chunk: int,
@@ -622,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="create each step's queues with `ordq queue create --names-from` (--grow-chunk a call)")
     ap.add_argument("--ops", action="store_true",
                     help="after the last step: /metrics size, ZooKeeper heap, rebalance --dry-run, ordq down/up")
+    ap.add_argument("--lean", action="store_true",
+                    help="leave out the steps that read every state once more (idle segments after --admin, "
+                         "rebalance --dry-run in --ops): a 10^5 run in a 15-minute window")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -689,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
                 step["load_create_start"] = round(load0, 2)
                 if args.admin:
                     step["admin"] = admin_figures(cluster, len(have))
+                if args.admin and not args.lean:
                     # segments kept by the idle queues (never written, no subscription): one each
                     # once a failover's empty segment is popped (state.pop, issue 43)
                     states = [v[0] for v in store.load_states(have).values() if not isinstance(v, CorruptState)]
@@ -702,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(step) if args.json else summary(step), flush=True)
             if args.ops:
                 try:
-                    print(json.dumps({"ops": ops_figures(cluster, args.rate)}), flush=True)
+                    print(json.dumps({"ops": ops_figures(cluster, args.rate, lean=args.lean)}), flush=True)
                 except Exception as exc:  # noqa: BLE001 - what was measured is printed already
                     print(json.dumps({"ops_failed": repr(exc)[:500]}), flush=True)
             if args.grow_to > len(have):
@@ -712,12 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                     grown["admin"] = admin_figures(cluster, len(have))
                     # a killed master brought back by `ordq up` at this count, with nothing written
                     cluster.broker("g1", "master").kill()
-                    t0 = time.monotonic()
-                    try:
-                        cluster.start(timeout_s=600.0)
-                        grown["up_s"] = round(time.monotonic() - t0, 1)
-                    except Exception as exc:  # noqa: BLE001 - a number, not a crash
-                        grown["up_failed"] = repr(exc)[:300]
+                    timed_up(cluster, grown, "up")
                     grown["up_load"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(grown), flush=True)
     finally:
