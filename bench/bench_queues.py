@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench._cluster import cpu_seconds, percentile
 from ordq.broker_group.first_write import Reported, parse_line
 from ordq.cluster_config import ClusterConfig
-from ordq.common.errors import CorruptState, OrdqError
+from ordq.common.errors import CoordinationUnavailable, CorruptState, OrdqError
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.local_cluster import LocalCluster
@@ -363,6 +363,19 @@ def spy_at_kill(pid: int | None, folder: Path | None, tag: str, seconds: float) 
                              str(folder / f"kill-{tag}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def patient(read: Any, *args: Any, bound_s: float = 120.0) -> Any:
+    """``read(*args)``, again while ZooKeeper does not answer (a full collection of its heap at
+    10^5 queues stalled it 5.5 s and ended a run: scale43f), for ``bound_s`` at most."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            return read(*args)
+        except CoordinationUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
               sample: int, rng: random.Random, idle_wait_s: float, *, up: bool = False,
               spread_wait_s: float = 0.0, spy_folder: Path | None = None, spy_s: float = 0.0,
@@ -376,9 +389,9 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     assert open_seg is not None
     gid, seg = open_seg.gid, open_seg.seg
     watched = [q for q in rng.sample(idle, min(sample, len(idle)))]
-    watched = [q for q in watched if (o := store.load_state(q)[0].open_segment) is not None and o.gid == gid]
+    watched = [q for q in watched if (o := patient(store.load_state, q)[0].open_segment) is not None and o.gid == gid]
     # every idle queue the group heads, with its open segment: all moved, all sealed (issue 43)
-    headed = {q: v[0].open_segment.seg for q, v in store.load_states(idle).items()
+    headed = {q: v[0].open_segment.seg for q, v in patient(store.load_states, idle).items()
               if not isinstance(v, CorruptState) and v[0].open_segment is not None
               and v[0].open_segment.gid == gid}
     spy_pid = leader_pid(cluster) if spy_folder is not None else None
@@ -400,7 +413,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     deadline = time.monotonic() + idle_wait_s
     while left and time.monotonic() < deadline:
         for q in list(left):
-            o = store.load_state(q)[0].open_segment
+            o = patient(store.load_state, q)[0].open_segment
             if o is not None and o.gid != gid:
                 left.discard(q)
         if left:
@@ -438,7 +451,7 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
     todo = dict(headed)
     unmoved = set(headed)
     while time.monotonic() < deadline and (unmoved or todo):
-        got = store.load_states(sorted(set(todo) | unmoved))
+        got = patient(store.load_states, sorted(set(todo) | unmoved))
         for q, v in got.items():
             if isinstance(v, CorruptState):
                 continue
@@ -462,7 +475,7 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
 def heads_of(store: ZkStore, queues: list[str]) -> dict[str, int]:
     """How many of ``queues`` each group heads now (read pipelined)."""
     counts: dict[str, int] = {}
-    for v in store.load_states(queues).values():
+    for v in patient(store.load_states, queues).values():
         if isinstance(v, CorruptState) or v[0].head is None:
             continue
         counts[v[0].head] = counts.get(v[0].head, 0) + 1
@@ -517,7 +530,7 @@ def zk_heap(cluster: LocalCluster) -> dict[str, Any]:
     return out
 
 
-def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
+def ops_figures(cluster: LocalCluster, rate: float, *, lean: bool = False) -> dict[str, Any]:
     """/metrics and /health size of the elected coordinator, ZooKeeper's heap and nodes,
     ``ordq group rebalance --dry-run`` timed, then the whole cluster stopped (``ordq down``)
     and started (``ordq up``), timed to serving and to a busy producer's first ack."""
@@ -531,17 +544,14 @@ def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
         out["health_page"] = fetch(base + "/health", timeout_s=10)
     out["zk"] = zk_facts(cluster)
     out["zk_heap"] = zk_heap(cluster)
-    rc, text, took = cli(cluster, "--json", "group", "rebalance", "--dry-run")
-    out["rebalance_dry_run"] = {"rc": rc, "s": round(took, 2), "bytes": len(text)}
+    if not lean:
+        rc, text, took = cli(cluster, "--json", "group", "rebalance", "--dry-run")
+        out["rebalance_dry_run"] = {"rc": rc, "s": round(took, 2), "bytes": len(text)}
     print(json.dumps({"ops": out}), file=sys.stderr, flush=True)
     cluster.stop(timeout_s=60.0)
     out["down_load"] = round(os.getloadavg()[0], 2)
     t0 = time.monotonic()
-    try:
-        cluster.start(timeout_s=600.0)
-        out["full_up_s"] = round(time.monotonic() - t0, 1)
-    except Exception as exc:  # noqa: BLE001 - a number, not a crash
-        out["full_up_failed"] = repr(exc)[:300]
+    if not timed_up(cluster, out, "full_up"):
         return out
     busy = BusyProducer(cluster, rate)
     try:
@@ -552,6 +562,19 @@ def ops_figures(cluster: LocalCluster, rate: float) -> dict[str, Any]:
         busy.close()
     out["up_load"] = round(os.getloadavg()[0], 2)
     return out
+
+
+def timed_up(cluster: LocalCluster, out: dict[str, Any], key: str) -> bool:
+    """What ``ordq up`` runs (start what is not running, wait until healthy), timed into
+    ``out[key + "_s"]``, or why it failed into ``out[key + "_failed"]`` (False)."""
+    t0 = time.monotonic()
+    try:
+        cluster.start(timeout_s=600.0)
+    except Exception as exc:  # noqa: BLE001 - a number, not a crash
+        out[f"{key}_failed"] = repr(exc)[:300]
+        return False
+    out[f"{key}_s"] = round(time.monotonic() - t0, 1)
+    return True
 
 
 def grow(cluster: LocalCluster, have: list[str], target: int, budget_s: float, chunk: int,
@@ -609,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="create each step's queues with `ordq queue create --names-from` (--grow-chunk a call)")
     ap.add_argument("--ops", action="store_true",
                     help="after the last step: /metrics size, ZooKeeper heap, rebalance --dry-run, ordq down/up")
+    ap.add_argument("--lean", action="store_true",
+                    help="leave out the steps that read every state once more (idle segments after --admin, "
+                         "rebalance --dry-run in --ops): a 10^5 run in a 15-minute window")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -676,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
                 step["load_create_start"] = round(load0, 2)
                 if args.admin:
                     step["admin"] = admin_figures(cluster, len(have))
+                if args.admin and not args.lean:
                     # segments kept by the idle queues (never written, no subscription): one each
                     # once a failover's empty segment is popped (state.pop, issue 43)
                     states = [v[0] for v in store.load_states(have).values() if not isinstance(v, CorruptState)]
@@ -689,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(step) if args.json else summary(step), flush=True)
             if args.ops:
                 try:
-                    print(json.dumps({"ops": ops_figures(cluster, args.rate)}), flush=True)
+                    print(json.dumps({"ops": ops_figures(cluster, args.rate, lean=args.lean)}), flush=True)
                 except Exception as exc:  # noqa: BLE001 - what was measured is printed already
                     print(json.dumps({"ops_failed": repr(exc)[:500]}), flush=True)
             if args.grow_to > len(have):
@@ -699,12 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                     grown["admin"] = admin_figures(cluster, len(have))
                     # a killed master brought back by `ordq up` at this count, with nothing written
                     cluster.broker("g1", "master").kill()
-                    t0 = time.monotonic()
-                    try:
-                        cluster.start(timeout_s=600.0)
-                        grown["up_s"] = round(time.monotonic() - t0, 1)
-                    except Exception as exc:  # noqa: BLE001 - a number, not a crash
-                        grown["up_failed"] = repr(exc)[:300]
+                    timed_up(cluster, grown, "up")
                     grown["up_load"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(grown), flush=True)
     finally:

@@ -141,6 +141,7 @@ class Repairer:
     def _round(self) -> None:
         store = self.shared.require_store()
         self.segments.free_space()
+        self.segments.finish_removals()  # also what the start set aside before it served
         if self.segments.refill:
             self._refill_round()
         with self.shared.cv:

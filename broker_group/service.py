@@ -127,7 +127,12 @@ class Broker:
         self._retry(self.segments.load_folder, "read the queues for the data folder's record")
         self.segments.recover()
         try:
-            self.segments.free_space()  # a deleted queue's or popped segments go before anything is served
+            # A deleted queue's or popped segments are set aside before anything is served; their
+            # files go in the repair thread's first round (segments.py, ``finish_removals``).
+            self.segments.free_space()
+            if self.segments.set_aside_count():
+                log.info("%d folders of popped segments or deleted queues set aside; their files go once serving",
+                         self.segments.set_aside_count())
         except OrdqError as exc:
             log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
         self.gate.watch(store.client, cfg.root)  # tokens loaded before anything is served

@@ -14,8 +14,10 @@ marked; a duty that falls due by the clock (segment age, retention time: ``dutie
 or a round that failed (a seal no replica answered) sets a timer for its queue. Once per
 ``sweep_interval_s`` (a share each round, at most ``daemon_round.SWEEP_MAX_PER_S`` queues a
 second) every queue is read again and planned: the safety net, should a watch ever
-be missed (none is expected: ZooKeeper delivers them within a session and kazoo re-arms them
-after a reconnection; a new session is a new leadership term, which reads everything anyway).
+be missed (none is expected: ZooKeeper delivers them within a session; a dropped connection
+loses them, and kazoo does not set them again but fires each once with no path, upon which
+the view reads every queue again (``DaemonView._on_queue_node``); a new session is a new
+leadership term, which reads everything anyway).
 
 The daemon is one object in five modules (``coordinator/daemon_parts.py`` says which part does
 what): this one holds its leadership and its terms.

@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import EventType
 
 from ordq.common.errors import CorruptState, OrdqError
 from ordq.coordinator.pacing import in_slices
@@ -75,6 +76,7 @@ class DaemonView:
         self._due: list[tuple[float, str]] = []  # (monotonic deadline, queue): a duty's timer
         self._queues_stale = True
         self._groups_stale = True
+        self._rewatch = False  # the connection dropped: every queue's watches are gone (``_on_queue_node``)
         self.live: frozenset[str] = frozenset()
         self.drained: frozenset[str] = frozenset()
         self.group_versions: dict[str, int] = {}
@@ -104,6 +106,17 @@ class DaemonView:
 
     def _on_queue_node(self, event: Any) -> None:
         path = getattr(event, "path", "") or ""
+        if getattr(event, "type", None) == EventType.NONE:
+            # The connection dropped (the session kept): ZooKeeper forgot this connection's
+            # watches, and kazoo fires each one so, once, with no path, and sets none again
+            # (it sends no SetWatches). Every queue is read (and watched) again next round;
+            # before (until 2026-11-30) such an event was ignored, and a change went unseen
+            # until the sweep reached its queue: minutes at 10^5 queues. One flag, however
+            # many watches fire (one callback per watched node).
+            with self._lock:
+                self._rewatch = True
+            self._poke()
+            return
         if not path.startswith(self._root):
             return
         parts = path[len(self._root):].split("/")
@@ -191,6 +204,10 @@ class DaemonView:
         """Re-read what changed; return the queues to plan this round (dirty or due), sorted.
         ``pause``: called between two slices of reads (``READ_SLICE``). CoordinationUnavailable
         (ZooKeeper gone): what was not read stays marked."""
+        with self._lock:
+            rewatch, self._rewatch = self._rewatch, False
+        if rewatch:
+            self.mark_all()
         self._reread_if_stale("_queues_stale", self._read_queue_list)
         self._reread_if_stale("_groups_stale", self._read_groups)
         with self._lock:
