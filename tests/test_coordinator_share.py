@@ -123,10 +123,12 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
               f"paced {paced_beside:.0f}, served {rate:.0f}/s")
         assert paced_alone == 0, "a caller alone was held"
         assert paced_beside > 0, "the flood was never held beside the neighbour"
-        # Bounded: its share (0.1 s per s) and its bucket (50 ms) at >= 3.7 ms a Describe with live
-        # members (0.6 ms + 4.8 ZooKeeper requests): ~32 a second (main: 80).
+        # Bounded: its share (0.1 s per s) at >= 3.7 ms a Describe with live members (0.6 ms + 4.8
+        # ZooKeeper requests), plus two buckets (50 ms each): the credit it holds at the first mark,
+        # and the calls admitted on credit spent before that mark but answered after it, which the
+        # window counts as served. ~36 a second (main: 80); CI saw 34.7 against a one-bucket 34.66.
         cfg = FairShareConfig().request_time
         assert cfg.share is not None
-        assert rate <= (cfg.share * (t1 - t0) + cfg.burst_s) / 0.0037 / (t1 - t0) * 1.1, rate
+        assert rate <= (cfg.share * (t1 - t0) + 2 * cfg.burst_s) / 0.0037 / (t1 - t0) * 1.1, rate
     finally:
         client.close()
