@@ -193,7 +193,7 @@ def test_security_control_plane_drill_passes(tmp_path: Path, verifier: Verifier)
     coordinator in windows between quiet ones (a 200 MiB-named Pop without a token, a 64-thread
     flood of one consume token, Subscribe past the bound, EnsureParkingQueue for made-up names,
     undecodable bytes, a name with a new line) while the drill queue is written and another token
-    commits on it. ~3 min of load (the windows start at 20-60 % of a 160 s stream), then Spark."""
+    commits on it. ~3 min of load (the windows start at 5-15 % of a 150 s stream), then Spark."""
     cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=3, coordinators=2))
     try:
         cluster.start()
