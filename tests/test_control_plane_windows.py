@@ -5,6 +5,7 @@ is judged, what each variant sends, and the per-thread CPU wait it reports. Pure
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 
@@ -203,3 +204,21 @@ def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
         attacker.close()
     assert set(first) <= {"hog ok"}, first
     assert set(second) <= {"hog ok", "flood:Describe UNAVAILABLE", "flood:Subscribe UNAVAILABLE"}, second
+
+
+def test_one_stalled_quiet_window_carries_the_pooled_ratio_but_not_the_per_window_one() -> None:
+    """Stop g's runs: quiet window 2 (after the first attack) stalled, and the pooled quiet p99
+    rose with it, so the pooled ratio passed while every attack window was 3x its own quiet one.
+    The median of the per-window ratios is not carried by that one window."""
+    windows = [(0, 100, 200), (200, 300, 400), (400, 500, 600), (600, 700, 800)]
+    samples: list[tuple[int, float]] = []
+    for q0, a0, a1 in windows:
+        samples += [(t, 10.0) for t in range(q0, a0)]  # quiet: 10 ms
+        samples += [(t, 30.0) for t in range(a0, a1)]  # attacked: 30 ms, 3x
+    samples = [(t, 300.0 if 200 <= t < 230 else ms) for t, ms in samples]  # quiet window 2 stalls
+    quiet, attacked = cp._split(samples, windows)
+    assert cp._p99(attacked) <= cp.LATENCY_RATIO * cp._p99(quiet)  # the pooled rule: passes
+    ratios = cp.window_ratios(samples, windows, [0, 1, 2, 3])
+    assert ratios == [3.0, 0.1, 3.0, 3.0]
+    assert statistics.median(ratios) > cp.LATENCY_RATIO  # the per-window rule: fails
+    assert cp.window_ratios(samples, windows, [2]) == [3.0]  # only the picked rounds
