@@ -90,7 +90,6 @@ class DaemonParts:
     # the duty round (daemon_round)
     _open: dict[str, tuple[int, OpenSegment]]  # queue -> (seg, what its master said)
     _written: dict[str, float]  # queue -> when a probe last saw its open segment grow
-    _next_sweep: float
     _next_probe: float
     _executor: concurrent.futures.ThreadPoolExecutor | None
     _list_seen: int

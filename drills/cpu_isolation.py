@@ -87,6 +87,21 @@ def set_shares(group: Path, shares: int) -> None:
     (group / "cpu.shares").write_text(str(shares))
 
 
+def set_cpus(pid: int, cpus: set[int]) -> int:
+    """Let every thread of process ``pid`` run only on ``cpus`` (``sched_setaffinity`` per thread:
+    the call sets one; a thread started later inherits its starter's). Returns how many threads
+    were set (0: the process is gone). Twice over, for a thread started during the first pass."""
+    n = 0
+    for _ in range(2):
+        n = 0
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError):  # a thread that ended meanwhile
+                    os.sched_setaffinity(int(task.name), cpus)
+                    n += 1
+    return n
+
+
 def sweep(root: Path = CPU_ROOT) -> list[str]:
     """Remove the drill groups whose owner process is gone; returns their names."""
     out = []

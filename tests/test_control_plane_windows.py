@@ -5,6 +5,7 @@ is judged, what each variant sends, and the per-thread CPU wait it reports. Pure
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 
@@ -17,17 +18,66 @@ from ordq.drills import control_plane_attacks as cpa
 from ordq.drills import cpu_isolation
 
 
-def test_by_default_every_window_is_the_acceptance_attack(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_by_default_the_placed_attack_is_judged_and_the_unplaced_one_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The acceptance's windows (stop g): the attacks from the attacker placed as a host of its own
+    (one CPU) in two of three windows, judged; from its process on every CPU in the third, told
+    beside them."""
     monkeypatch.delenv(cp.WINDOWS_ENV, raising=False)
-    assert cp.window_variants(cpa.ATTACKS) == (cp.Variant("attack", cpa.ATTACKS),)
+    placed, unplaced = cp.Variant("attack", cpa.ATTACKS), cp.Variant("unplaced", cpa.ATTACKS, placed=False)
+    assert cp.window_variants(cpa.ATTACKS) == (placed, placed, unplaced)
+    assert cp.window_variants(cpa.ATTACKS, " ") == cp.window_variants(cpa.ATTACKS, cp.DEFAULT_WINDOWS)
+    names = [cp.window_variants(cpa.ATTACKS)[i % 3].name for i in range(cp.ROUNDS)]
+    windows = [(10 * i, 10 * i + 4, 10 * i + 10) for i in range(cp.ROUNDS)]
+    by = cp._by_variant(windows, names)
+    assert list(by) == ["attack", "unplaced"] and len(by["attack"]) == 4 and len(by["unplaced"]) == 2
     assert cp._by_variant([(0, 1, 2), (2, 3, 4)], ["attack", "attack"]) == {"attacked": [0, 1]}
     assert cp._by_variant([(0, 1, 2), (2, 3, 4)], []) == {"attacked": [0, 1]}  # a run from before variants
 
 
+def test_the_placed_attacker_runs_on_one_cpu_the_unplaced_on_every_one() -> None:
+    placed, every = cp.attacker_cpus()
+    assert len(placed) == 1 and placed <= every == os.sched_getaffinity(0)
+
+
+def test_set_cpus_places_every_thread_of_a_process_and_those_it_starts_after() -> None:
+    """A real process with threads: each one moved (``sched_setaffinity`` of its pid alone sets
+    one thread), a thread started after inherits it; and back on every CPU."""
+    import subprocess
+    import sys
+
+    code = ("import threading, sys, time\n"
+            "ts = [threading.Thread(target=time.sleep, args=(30,), daemon=True) for _ in range(3)]\n"
+            "[t.start() for t in ts]\nprint('up', flush=True)\nsys.stdin.readline()\n"
+            "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+            "print('more', flush=True)\nsys.stdin.readline()\n")
+    every = os.sched_getaffinity(0)
+    one = {max(every)}
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            assert proc.stdout.readline() == "up\n"
+            tasks = sorted(os.listdir(f"/proc/{proc.pid}/task"))
+            assert cpu_isolation.set_cpus(proc.pid, one) >= 4
+            assert all(os.sched_getaffinity(int(t)) == one for t in tasks)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == "more\n"
+            now = os.listdir(f"/proc/{proc.pid}/task")
+            assert len(now) > len(tasks) and all(os.sched_getaffinity(int(t)) == one for t in now)  # inherited
+            cpu_isolation.set_cpus(proc.pid, every)
+            assert all(os.sched_getaffinity(int(t)) == every for t in now)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert cpu_isolation.set_cpus(proc.pid, one) == 0  # gone
+
+
 def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
-    got = cp.window_variants(("huge", "flood"), "attack, hog,attack@8192,hog@2")
+    got = cp.window_variants(("huge", "flood"), "attack, hog,attack@8192,hog@2,unplaced@8")
     assert got == (cp.Variant("attack", ("huge", "flood")), cp.Variant("hog", ("hog",)),
-                   cp.Variant("attack@8192", ("huge", "flood"), 8192), cp.Variant("hog@2", ("hog",), 2))
+                   cp.Variant("attack@8192", ("huge", "flood"), 8192), cp.Variant("hog@2", ("hog",), 2),
+                   cp.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
 
 
 @pytest.mark.parametrize("spec", ["flood", "hog@", "hog@1", f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
@@ -154,3 +204,21 @@ def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
         attacker.close()
     assert set(first) <= {"hog ok"}, first
     assert set(second) <= {"hog ok", "flood:Describe UNAVAILABLE", "flood:Subscribe UNAVAILABLE"}, second
+
+
+def test_one_stalled_quiet_window_carries_the_pooled_ratio_but_not_the_per_window_one() -> None:
+    """Stop g's runs: quiet window 2 (after the first attack) stalled, and the pooled quiet p99
+    rose with it, so the pooled ratio passed while every attack window was 3x its own quiet one.
+    The median of the per-window ratios is not carried by that one window."""
+    windows = [(0, 100, 200), (200, 300, 400), (400, 500, 600), (600, 700, 800)]
+    samples: list[tuple[int, float]] = []
+    for q0, a0, a1 in windows:
+        samples += [(t, 10.0) for t in range(q0, a0)]  # quiet: 10 ms
+        samples += [(t, 30.0) for t in range(a0, a1)]  # attacked: 30 ms, 3x
+    samples = [(t, 300.0 if 200 <= t < 230 else ms) for t, ms in samples]  # quiet window 2 stalls
+    quiet, attacked = cp._split(samples, windows)
+    assert cp._p99(attacked) <= cp.LATENCY_RATIO * cp._p99(quiet)  # the pooled rule: passes
+    ratios = cp.window_ratios(samples, windows, [0, 1, 2, 3])
+    assert ratios == [3.0, 0.1, 3.0, 3.0]
+    assert statistics.median(ratios) > cp.LATENCY_RATIO  # the per-window rule: fails
+    assert cp.window_ratios(samples, windows, [2]) == [3.0]  # only the picked rounds

@@ -401,3 +401,33 @@ def test_an_empty_segment_behind_an_unread_one_is_dropped_and_a_reader_goes_past
     assert [(d.writer, d.payload_seq) for d in consumer.delivered] == [("P", 0), ("P", 1), ("P", 2), ("Q", 3),
                                                                          ("Q", 4)]
     assert all(d.intact for d in consumer.delivered)
+
+
+@pytest.mark.parametrize("prober", [False, True])
+def test_a_leader_with_nothing_to_do_waits_between_its_rounds(zk_server, zk_root, prober: bool) -> None:
+    """Past its sweep period, with and without a prober, the leading daemon's rounds come when a
+    timer or a watch says so (at most every ``interval_s`` here): it does not spin. It did: the
+    sweep's time, left in ``_until_next`` once the sweep went to shares and never moved on, spun
+    every leader at ~18,600 rounds a second from 5 min after its election (the drills' third
+    round: the leader at 0.67 cores with nothing to do), and a daemon without a prober at once."""
+    import threading
+
+    from ordq.coordinator.daemon import CoordinatorDaemon
+
+    with ZkStore.connect(zk_server.connection_string, zk_root) as store:
+        store.add_group("g1")
+        store.create_queue("q")
+        daemon = CoordinatorDaemon(store, identifier="t", interval_s=0.5, sweep_interval_s=0.2,
+                                   prober=(lambda _address: {}) if prober else None)
+        thread = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: daemon.stats.is_leader and daemon.stats.rounds > 0, timeout_s=20)
+            time.sleep(0.5)  # past the sweep period (what is measured: its rounds over time)
+            before = daemon.stats.rounds
+            time.sleep(2.0)
+            rounds = daemon.stats.rounds - before
+            assert rounds <= 2.0 / 0.5 * 3 + 5, f"{rounds} rounds in 2 s with nothing to do"
+        finally:
+            daemon.stop()
+            thread.join(10)
