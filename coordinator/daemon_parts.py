@@ -106,6 +106,7 @@ class DaemonParts:
     # heads spread back (daemon_spread)
     _live_since: dict[str, float]  # gid -> when this term first saw both its processes live
     _next_spread: float
+    _spread_waited: bool  # the last pass waited for seals (logged when it changes)
     # absent groups (daemon_away)
     away_policy: AwayPolicy
     _away: AwayTracker
