@@ -324,7 +324,12 @@ class Broker:
             t.join(timeout=5)
         if self.shared.store is not None:
             self.shared.store.close()
-        for s in self.shared.segments.values():
+        # A copy taken under the lock: a repair round still running (its join timed out) may
+        # drop segments meanwhile (scale43f's 10^5 run: "dictionary changed size during
+        # iteration" ended a slave's `ordq down` with a traceback).
+        with self.shared.cv:
+            held = list(self.shared.segments.values())
+        for s in held:
             if s.log is not None:
                 with s.io_lock:
                     s.log.close()
