@@ -198,8 +198,8 @@ class DutyRound(DaemonParts):
 
     def _write_tidy(self, view: DaemonView) -> None:
         """Write the pops and admits ``_tidy_later`` kept, in batched transactions, each state
-        against the version it was planned on. One whose version moved is left: that write fired
-        its watch, and its round plans it again."""
+        against the version it was planned on. One not written (its version moved, or ZooKeeper
+        did not answer: then no watch fires) is planned again next round."""
         with self._lock:
             tidy, self._tidy = self._tidy or [], []
         if not tidy:
@@ -207,25 +207,28 @@ class DutyRound(DaemonParts):
         started = time.monotonic()
         kinds = {q: kind for q, _v, _st, kind in tidy}
         written: list[str] = []
+        left: list[str] = []
         try:
-            for done, _left in self.store.apply_batches(transactions([(q, v, st) for q, v, st, _k in tidy]),
-                                                        view.group_versions):
+            for done, lost in self.store.apply_batches(transactions([(q, v, st) for q, v, st, _k in tidy]),
+                                                       view.group_versions):
                 written += done
-        except OrdqError as exc:  # planned again by their timers, the per-queue way if alone
+                left += lost
+        except OrdqError as exc:
             with self._lock:
                 self.stats.errors += 1
             log.warning("%d pops and admits of idle queues deferred: %s", len(tidy), exc)
-            view.mark([q for q, *_ in tidy])
+            view.reread([q for q, *_ in tidy])
             return
+        view.reread(left)
         counts: dict[str, int] = {}
         for q in written:
             counts[kinds[q].value] = counts.get(kinds[q].value, 0) + 1
         with self._lock:
             for kind, n in counts.items():
                 self.stats.actions[kind] = self.stats.actions.get(kind, 0) + n
-        log.info("%s of idle queues written in batches (%d left: their state moved) in %.2f s",
+        log.info("%s of idle queues written in batches (%d left for the next round) in %.2f s",
                  ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "none",
-                 len(tidy) - len(written), time.monotonic() - started)
+                 len(left), time.monotonic() - started)
 
     def _guarded_round(self, queue: str) -> None:
         """One queue's round; whatever it raises is counted and logged, and the queue planned
