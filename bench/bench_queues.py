@@ -403,7 +403,7 @@ class TimedListing:
         started = time.monotonic()
         try:
             with open(self.out_path, "wb") as out:
-                done = subprocess.run(self.argv, stdout=out, stderr=subprocess.PIPE, timeout=600)
+                done = subprocess.run(self.argv, stdout=out, stderr=subprocess.PIPE, timeout=180)
             self.result.update(rc=done.returncode, s=round(time.monotonic() - started, 2),
                                bytes=self.out_path.stat().st_size, err=done.stderr.decode(errors="replace")[-300:])
             if done.returncode == 0:
@@ -463,7 +463,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     if not left:
         idle_moved = time.monotonic() - t_kill
     all_moved, all_sealed = track_headed(store, headed, gid, t_kill, idle_wait_s)
-    listed = None if listing is None else listing.wait(600.0)
+    listed = None if listing is None else listing.wait(200.0)
     if spy is not None:
         spy.wait(spy_s + 60)
     restarted = time.monotonic()
