@@ -38,9 +38,14 @@ from ordq.cluster_config import ClusterConfig
 from ordq.local_cluster import LocalCluster
 
 
-def cli(cluster: LocalCluster, *argv: str) -> tuple[int, str, float]:
-    base = ["--zk", cluster.zk_hosts, "--root", cluster.root, "--zk-auth", str(cluster.admin_auth),
+def cli_base(cluster: LocalCluster) -> list[str]:
+    """The ``ordq`` options that reach ``cluster`` as its admin."""
+    return ["--zk", cluster.zk_hosts, "--root", cluster.root, "--zk-auth", str(cluster.admin_auth),
             "--zk-timeout", "600"]
+
+
+def cli(cluster: LocalCluster, *argv: str) -> tuple[int, str, float]:
+    base = cli_base(cluster)
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -28,6 +28,8 @@ grown in steps to each count of idle queues (never written). At each step:
   (``restart_s``); with ``--spread-wait S``, how long until the group heads 90 % of an even share
   of the idle queues again (the coordinator spreads heads back, issue 43: ``spread.back_s``).
 - ``--admin``: after a step's kills, ``ordq --json queue list`` of every queue and ``ordq status``;
+  ``--list-after-kill S``: that listing also S seconds after each kill, in a process of its own,
+  while the dead group's segments are being sealed (``list_after_kill``);
 - ``--grow-to N``: after the steps, idle queues created up to N with ``ordq queue create
   --names-from`` (``--grow-chunk`` names a call, for ``--grow-budget`` seconds at most), the rate
   per call; with ``--admin`` then the listing, status, and g1's master killed and ``ordq up`` timed.
@@ -376,10 +378,48 @@ def patient(read: Any, *args: Any, bound_s: float = 120.0) -> Any:
             time.sleep(0.5)
 
 
+class TimedListing:
+    """``ordq --json queue list`` of every queue, in a process of its own, ``delay_s`` after
+    ``start()`` (a kill): a listing while a dead group's segments are being sealed (issue 43:
+    one call per sealing segment; at 10^5 queues no answer after 300 s, scale43f)."""
+
+    def __init__(self, cluster: LocalCluster, count: int, delay_s: float, out_path: Path) -> None:
+        from bench.bench_admin_scale import cli_base  # (it imports this module)
+
+        self.argv = [sys.executable, "-m", "ordq.cli", *cli_base(cluster), "--json", "queue", "list",
+                     "--limit", str(count + 10)]
+        self.delay_s = delay_s
+        self.out_path = out_path
+        self.result: dict[str, Any] = {"delay_s": delay_s}
+        self._thread = threading.Thread(target=self._run, name="timed-listing", daemon=True)
+
+    def start(self) -> TimedListing:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        time.sleep(self.delay_s)
+        self.result["load"] = round(os.getloadavg()[0], 2)
+        started = time.monotonic()
+        try:
+            with open(self.out_path, "wb") as out:
+                done = subprocess.run(self.argv, stdout=out, stderr=subprocess.PIPE, timeout=180)
+            self.result.update(rc=done.returncode, s=round(time.monotonic() - started, 2),
+                               bytes=self.out_path.stat().st_size, err=done.stderr.decode(errors="replace")[-300:])
+            if done.returncode == 0:
+                self.result["rows"] = len(json.loads(self.out_path.read_bytes() or b"[]"))
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            self.result["failed"] = repr(exc)[:300]
+
+    def wait(self, timeout_s: float) -> dict[str, Any]:
+        self._thread.join(timeout_s)
+        return self.result
+
+
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
               sample: int, rng: random.Random, idle_wait_s: float, *, up: bool = False,
               spread_wait_s: float = 0.0, spy_folder: Path | None = None, spy_s: float = 0.0,
-              tag: str = "") -> dict[str, Any]:
+              tag: str = "", list_after_s: float | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while busy.last_seg() < 0 or (st := store.load_state(BUSY)[0]).open_segment is None:
         if time.monotonic() > deadline:
@@ -398,6 +438,8 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     load_at_kill = round(os.getloadavg()[0], 2)
     t_kill = time.monotonic()
     cluster.broker(gid, "master").kill()
+    listing = None if list_after_s is None else TimedListing(
+        cluster, len(idle), list_after_s, cluster.folder.parent / f"list-{tag}.json").start()
     spy = spy_at_kill(spy_pid, spy_folder, f"{tag}-{gid}", spy_s)
     acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
     # the brokers log a first write's line once its ack is written: give it a moment
@@ -421,6 +463,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     if not left:
         idle_moved = time.monotonic() - t_kill
     all_moved, all_sealed = track_headed(store, headed, gid, t_kill, idle_wait_s)
+    listed = None if listing is None else listing.wait(200.0)
     if spy is not None:
         spy.wait(spy_s + 60)
     restarted = time.monotonic()
@@ -436,7 +479,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched),
-            "headed": len(headed), "all_moved_s": all_moved, "all_sealed_s": all_sealed,
+            "headed": len(headed), "all_moved_s": all_moved, "all_sealed_s": all_sealed, "list_after_kill": listed,
             "load_at_kill": load_at_kill, "load_after": round(os.getloadavg()[0], 2)}
 
 
@@ -635,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lean", action="store_true",
                     help="leave out the steps that read every state once more (idle segments after --admin, "
                          "rebalance --dry-run in --ops): a 10^5 run in a 15-minute window")
+    ap.add_argument("--list-after-kill", type=float, default=None, metavar="S",
+                    help="S seconds after each kill: `ordq --json queue list` of all in a process of its own, timed")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -680,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.kills):  # each also on stderr: a run that fails keeps what it measured
                     kills.append(kill_once(cluster, store, busy, have, args.sample, rng, args.idle_wait,
                                            up=args.up, spread_wait_s=args.spread_wait, spy_folder=args.spy_kill,
-                                           spy_s=args.spy_s, tag=f"{count}-{len(kills)}"))
+                                           spy_s=args.spy_s, tag=f"{count}-{len(kills)}",
+                                           list_after_s=args.list_after_kill))
                     print(json.dumps({"queues": count, "kill": kills[-1], "load": os.getloadavg()[0]}),
                           file=sys.stderr, flush=True)
                 busy.close()

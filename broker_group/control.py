@@ -7,7 +7,7 @@ only after every batch accepted before them is synced, so the end they report is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ordq.broker_group.segments import SegmentStore, park, write_meta, write_metas
 from ordq.broker_group.shared import Segment, Shared
@@ -126,11 +126,17 @@ class Control:
                 raise SegmentNotFound(queue, seg)
             return s.end()
 
-    def open_segments(self) -> pb.OpenSegmentsResponse:
-        """Every segment this copy holds that is not sealed, with its ``SegmentInfo``: one
-        answer for all queues (the coordinator's probe). In memory only; costs a pass over the
-        segments held, none for a queue that wrote nothing here."""
+    def open_segments(self, include: Iterable[pb.SegmentRef] = ()) -> pb.OpenSegmentsResponse:
+        """Every segment this copy holds that is not sealed, and those of ``include`` it holds
+        sealed, each with its ``SegmentInfo``: one answer for all queues (the coordinator's
+        probe; a listing's extents). In memory only; costs a pass over the segments held, none
+        for a queue that wrote nothing here."""
         with self.shared.cv:
-            return pb.OpenSegmentsResponse(segments=[
-                pb.OpenSegment(queue=s.replica.queue, seg=s.replica.seg, end=s.end())
-                for s in self.shared.segments.values() if not s.replica.sealed])
+            held = self.shared.segments
+            out = [pb.OpenSegment(queue=s.replica.queue, seg=s.replica.seg, end=s.end())
+                   for s in held.values() if not s.replica.sealed]
+            for ref in include:
+                s = held.get((ref.queue, ref.seg))
+                if s is not None and s.replica.sealed:
+                    out.append(pb.OpenSegment(queue=ref.queue, seg=ref.seg, end=s.end()))
+            return pb.OpenSegmentsResponse(segments=out, included=True)

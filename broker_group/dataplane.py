@@ -431,7 +431,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     async def OpenSegments(self, request: pb.OpenSegmentsRequest, context: Context) -> pb.OpenSegmentsResponse:
         return await self._answer(context, "OpenSegments", ALL_QUEUES,  # type: ignore[no-any-return]
-                                  self.b.control.open_segments)
+                                  lambda: self.b.control.open_segments(request.include))
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
         return await self._answer(context, "Health", ALL_QUEUES, self.b.health)  # type: ignore[no-any-return]

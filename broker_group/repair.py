@@ -38,6 +38,7 @@ from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import short
 
 if TYPE_CHECKING:
+    from ordq.coordinator.store import ZkStore
     from ordq.coordinator.store_values import LiveInfo
 
 log = logging.getLogger("ordq.broker")
@@ -141,7 +142,14 @@ class Repairer:
     def _round(self) -> None:
         store = self.shared.require_store()
         self.segments.free_space()
-        self.segments.finish_removals()  # also what the start set aside before it served
+        try:
+            self._reconcile_round(store)
+        finally:
+            # After the copies: what the start set aside (thousands of folders after a failover
+            # at 10^5 queues) must not hold a copy a reader waits for.
+            self.segments.finish_removals()
+
+    def _reconcile_round(self, store: ZkStore) -> None:
         if self.segments.refill:
             self._refill_round()
         with self.shared.cv:

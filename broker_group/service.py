@@ -75,6 +75,24 @@ log = logging.getLogger("ordq.broker")
 T = TypeVar("T")
 
 
+class StartSteps:
+    """How long each step of a start took, as one line: ``done(name)`` ends the step begun
+    when the previous one ended."""
+
+    def __init__(self) -> None:
+        self.began = self._last = time.monotonic()
+        self.steps: list[tuple[str, float]] = []
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self.steps.append((name, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name} {took:.2f} s" for name, took in self.steps)
+        return f"{self._last - self.began:.2f} s ({parts})"
+
+
 class Broker:
     """One broker process: its parts, wired; ``start()`` serves, ``stop()`` ends."""
 
@@ -115,6 +133,9 @@ class Broker:
     def start(self) -> str:
         """Recover the data folder, serve, register liveness; return the bound address."""
         cfg = self.config
+        # Each step before serving, timed into one log line (issue 43: a start at 10^5 queues
+        # took minutes, and which step held it was guessed from other lines' timestamps).
+        steps = StartSteps()
         seglog.private_dir(cfg.data_dir)  # data at rest: the broker's user only (docs/SECURITY.md)
         tune_malloc()  # freed answers go back to the system (budget.py)
         # Every ZooKeeper step of the start rides out transient errors for a bounded time
@@ -125,17 +146,22 @@ class Broker:
         self.shared.store = store
         self._retry(lambda: store.get_group(cfg.gid), "read the group")  # GroupNotFound before we serve anything
         self._retry(self.segments.load_folder, "read the queues for the data folder's record")
+        steps.done("zookeeper")
         self.segments.recover()
+        steps.done(f"recover {len(self.shared.segments)} segments")
         try:
             # A deleted queue's or popped segments are set aside before anything is served; their
-            # files go in the repair thread's first round (segments.py, ``finish_removals``).
+            # files go in the repair thread's rounds (segments.py, ``finish_removals``), as do
+            # what removals cut short left (``recover``).
             self.segments.free_space()
             if self.segments.set_aside_count():
                 log.info("%d folders of popped segments or deleted queues set aside; their files go once serving",
                          self.segments.set_aside_count())
         except OrdqError as exc:
             log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
+        steps.done("free space")
         self.gate.watch(store.client, cfg.root)  # tokens loaded before anything is served
+        steps.done("tokens")
         self.shared.loop.start()
         try:
             port = self.shared.loop.run(self._bind())
@@ -147,7 +173,6 @@ class Broker:
             self.shared.loop.run(self._server.start())
             if cfg.role is Role.MASTER:
                 self._spawn(self.write.sync_loop, "ordq-sync")
-            self._spawn(self.repair.run, "ordq-reconcile")
             if cfg.role is Role.MASTER:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
@@ -165,7 +190,12 @@ class Broker:
                 host, _ = addresses.split_host_port(cfg.listen)
                 lean_port = self.shared.loop.run(self._lean.start(host))
                 self._lean_address = f"{addresses.split_host_port(self.shared.address)[0]}:{lean_port}"
+            steps.done("serve")
             self._retry(self._register, "register liveness")
+            steps.done("register")
+            log.info("started: %s", steps)
+            # Reconciliation, and the removals the start left for later, once serving
+            self._spawn(self.repair.run, "ordq-reconcile")
             self.shared.quorum_heard(time.monotonic())  # registering went through the quorum
             store.client.add_listener(self._on_zk_state)
             if cfg.role is Role.MASTER:  # only a master's writes are guarded
@@ -294,7 +324,12 @@ class Broker:
             t.join(timeout=5)
         if self.shared.store is not None:
             self.shared.store.close()
-        for s in self.shared.segments.values():
+        # A copy taken under the lock: a repair round still running (its join timed out) may
+        # drop segments meanwhile (scale43f's 10^5 run: "dictionary changed size during
+        # iteration" ended a slave's `ordq down` with a traceback).
+        with self.shared.cv:
+            held = list(self.shared.segments.values())
+        for s in held:
             if s.log is not None:
                 with s.io_lock:
                     s.log.close()

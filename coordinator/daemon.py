@@ -66,7 +66,7 @@ from ordq.coordinator.daemon_spread import (  # noqa: F401
     SpreadBack,
 )
 from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
-from ordq.coordinator.duties import OpenSegment
+from ordq.coordinator.duties import Kind, OpenSegment
 from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst
@@ -124,6 +124,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._prober: GroupProber | None = None
         self._live_since: dict[str, float] = {}  # gid -> when this term first saw both its processes live
         self._next_spread = 0.0
+        self._spread_waited = False
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
@@ -143,6 +144,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
         self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
         self._list_seen = -1
+        self._tidy: list[tuple[str, int, sm.QueueState, Kind]] | None = None
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
                                           written=lambda: self._written)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from ordq.coordinator import state as sm
 from ordq.coordinator.away import AwayPolicy, AwayTracker, Verdict
 from ordq.coordinator.daemon_view import DaemonView
-from ordq.coordinator.duties import Action, OpenSegment
+from ordq.coordinator.duties import Action, Kind, OpenSegment
 from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst
@@ -93,6 +93,9 @@ class DaemonParts:
     _next_probe: float
     _executor: concurrent.futures.ThreadPoolExecutor | None
     _list_seen: int
+    # a round's idle pops and admits, kept for batched writes (None: not collecting): (queue,
+    # version planned on, new state, kind)
+    _tidy: list[tuple[str, int, sm.QueueState, Kind]] | None
     # the seals (daemon_seals)
     _seal_executor: concurrent.futures.ThreadPoolExecutor | None
     _sealing_now: set[tuple[str, int]]
@@ -103,6 +106,7 @@ class DaemonParts:
     # heads spread back (daemon_spread)
     _live_since: dict[str, float]  # gid -> when this term first saw both its processes live
     _next_spread: float
+    _spread_waited: bool  # the last pass waited for seals (logged when it changes)
     # absent groups (daemon_away)
     away_policy: AwayPolicy
     _away: AwayTracker

@@ -17,7 +17,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_parts import BUG_RETRY_S, RETRY_S, WRITTEN_S, DaemonParts, is_written, log, urgent_first
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
-from ordq.coordinator.group_moves import batches, plan_moves
+from ordq.coordinator.group_moves import Move, batches, plan_moves, transactions
 from ordq.coordinator.pacing import in_slices
 from ordq.coordinator.store import Known
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
@@ -73,10 +73,15 @@ class DutyRound(DaemonParts):
             # Why slices: handing 10,000 queues to the pool at once holds the GIL for ~0.5 s
             # on a loaded box (a future each); between slices a producer's FailOver goes first.
             pool = self._pool()
-            for part in in_slices(queues, ROUND_SLICE, lambda: self._between_slices(view, moved)):
-                if self._stop.is_set():
-                    break  # stop() shut the pool down
-                list(pool.map(self._guarded_round, [q for q in part if q not in moved] if moved else part))
+            self._tidy = []  # the idle queues' pops and admits of this round, written in batches
+            try:
+                for part in in_slices(queues, ROUND_SLICE, lambda: self._between_slices(view, moved)):
+                    if self._stop.is_set():
+                        break  # stop() shut the pool down
+                    list(pool.map(self._guarded_round, [q for q in part if q not in moved] if moved else part))
+                    self._write_tidy(view)
+            finally:
+                self._tidy = None
         else:
             for queue in queues:
                 self._guarded_round(queue)
@@ -160,8 +165,10 @@ class DutyRound(DaemonParts):
                     self.stats.errors += 1
                 log.warning("moving %d heads off a dead group: %s", sum(len(p) for p in window), exc)
                 continue
-            for done, _left in results:
+            for part, (done, _left) in zip(window, results, strict=True):
                 moved.update(done)
+                written = set(done)
+                self._seal_moved([m for m in part if m.queue in written])
                 with self._lock:
                     if done:
                         self.stats.move_batches += 1
@@ -171,6 +178,72 @@ class DutyRound(DaemonParts):
         if moved:
             log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
         return [q for q in queues if q not in moved]
+
+    def _seal_moved(self, moves: list[Move]) -> None:
+        """Queue the seal of each moved queue's old segment at once, on the state the move
+        wrote (its version one more than the one it was planned on: the write checked it).
+        Why (issue 43): waiting for the moved queues' watches, their re-read and the next round
+        to plan them took 61 s at 10^5 queues before the first seal batch (bench_queues,
+        scale43g). A state that moved again meanwhile loses the seal's version check, and the
+        seal is done one by one, reading afresh, as any batch's leftover."""
+        for m in moves:
+            sealing = m.before.open_segment
+            if sealing is not None:
+                self._seal_later(m.queue, Action(Kind.SEAL, gid=sealing.gid, seg=sealing.seg),
+                                 known=(m.after, m.version + 1))
+
+    def _tidy_later(self, queue: str, action: Action, known: Known, later_stored: bool) -> bool:
+        """An idle queue's pop or admit planned on the round's copies (``known``), kept for a
+        batched write (``_write_tidy``) when the round collects them; False: write it now, alone.
+        Why (issue 43): after a group's failure every queue it headed pops its segment sealed
+        empty, and admits the group again once it returns: at 10^5 queues ~33,000 of each,
+        one write each at 50-115/s (minutes), while heads cannot spread back to a group not
+        admitted yet. The transition is the same one, on the same copies, version-checked."""
+        tidy = self._tidy
+        if tidy is None or action.kind not in (Kind.POP, Kind.ADMIT):
+            return False
+        if action.kind is Kind.POP:
+            after = sm.pop(known.state, known.facts, later_stored=later_stored)
+        else:
+            assert action.gid is not None
+            after = sm.admit(known.state, action.gid, known.facts)
+        with self._lock:
+            tidy.append((queue, known.version, after, action.kind))
+        return True
+
+    def _write_tidy(self, view: DaemonView) -> None:
+        """Write the pops and admits ``_tidy_later`` kept, in batched transactions, each state
+        against the version it was planned on. One not written (its version moved, or ZooKeeper
+        did not answer: then no watch fires) is planned again next round."""
+        with self._lock:
+            tidy, self._tidy = self._tidy or [], []
+        if not tidy:
+            return
+        started = time.monotonic()
+        kinds = {q: kind for q, _v, _st, kind in tidy}
+        written: list[str] = []
+        left: list[str] = []
+        try:
+            for done, lost in self.store.apply_batches(transactions([(q, v, st) for q, v, st, _k in tidy]),
+                                                       view.group_versions):
+                written += done
+                left += lost
+        except OrdqError as exc:
+            with self._lock:
+                self.stats.errors += 1
+            log.warning("%d pops and admits of idle queues deferred: %s", len(tidy), exc)
+            view.reread([q for q, *_ in tidy])
+            return
+        view.reread(left)
+        counts: dict[str, int] = {}
+        for q in written:
+            counts[kinds[q].value] = counts.get(kinds[q].value, 0) + 1
+        with self._lock:
+            for kind, n in counts.items():
+                self.stats.actions[kind] = self.stats.actions.get(kind, 0) + n
+        log.info("%s of idle queues written in batches (%d left for the next round) in %.2f s",
+                 ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "none",
+                 len(left), time.monotonic() - started)
 
     def _guarded_round(self, queue: str) -> None:
         """One queue's round; whatever it raises is counted and logged, and the queue planned
@@ -307,6 +380,9 @@ class DutyRound(DaemonParts):
             # thousands of them after a group's failure).
             pop_known = action.kind is not Kind.POP or entry.cursors == {}
             try:
+                if (known is not None and pop_known and not is_written(queue, self._written, time.monotonic())
+                        and self._tidy_later(queue, action, known, action.later_stored)):
+                    break  # the rest of its plan comes once the batch is written (its watch)
                 self._do(queue, action, cfg, known if pop_known else None)
             except IllegalTransition:
                 with self._lock:

@@ -148,7 +148,11 @@ class SealBatches(DaemonParts):
                 view.schedule(q, time.monotonic() + RETRY_S)
             return
         sealed = len(items) - len(left)
-        self.metrics.seal_seconds.labels(outcome="sealed").observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        self.metrics.seal_seconds.labels(outcome="sealed").observe(took)
+        # one line a batch: when a dead group's seals were done shows in the log (issue 43)
+        log.info("group %s: %d of %d segments sealed in one batch in %.2f s (%d left to seal one by one); "
+                 "%d more wait for batches", gid, sealed, len(items), took, len(left), self._seals_waiting(gid))
         with self._lock:
             for q, (seg, _st, _v) in part.items():
                 if q not in left:
@@ -161,6 +165,10 @@ class SealBatches(DaemonParts):
             with self._lock:
                 self._sealing_now.discard((q, seg))
             self._seal_later(q, Action(Kind.SEAL, gid=gid, seg=seg), known=None)
+
+    def _seals_waiting(self, gid: str) -> int:
+        with self._lock:
+            return len(self._seal_batches.get(gid, {}))
 
     def _next_seal(self) -> None:
         with self._lock:

@@ -57,8 +57,14 @@ class SpreadBack(DaemonParts):
         self._next_spread = now + REBALANCE_INTERVAL_S
         max_moves = int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S)
         with self._lock:
-            if spread_waits(self._seal_batches, view.live, max_moves):
-                return
+            waits = spread_waits(self._seal_batches, view.live, max_moves)
+            waiting = sum(len(w) for w in self._seal_batches.values())
+        if waits != self._spread_waited:  # said once a change: why no head spreads back now
+            self._spread_waited = waits
+            log.info("heads spread back %s (%d seals wait for batches)", "waits for the seals" if waits else "resumes",
+                     waiting)
+        if waits:
+            return
         try:
             result = self._spread(view, settled, now, max_moves=max_moves, dry_run=False)
         except OrdqError as exc:

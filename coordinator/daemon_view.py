@@ -185,6 +185,16 @@ class DaemonView:
         with self._lock:
             self._dirty.update(q for q in queues if q in self.entries)
 
+    def reread(self, queues: Iterable[str]) -> None:
+        """Read these queues' states again and plan them next round (a batched write of them
+        did not land: a copy may be stale, and no watch may fire)."""
+        with self._lock:
+            for queue in queues:
+                entry = self.entries.get(queue)
+                if entry is not None:
+                    entry.stale.add(STATE)
+                    self._dirty.add(queue)
+
     def schedule(self, queue: str, at: float) -> None:
         """Plan ``queue`` again once ``time.monotonic()`` reaches ``at`` (a duty's timer)."""
         with self._lock:

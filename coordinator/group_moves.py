@@ -18,7 +18,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -98,6 +98,24 @@ def batches(moves: list[Move], *, max_count: int = BATCH, max_bytes: int = BATCH
             part, part_bytes = [], 0
         part.append(move)
         part_bytes += move.size
+    if part:
+        out.append(part)
+    return out
+
+
+def transactions(writes: Sequence[tuple[str, int, QueueState]]) -> list[list[tuple[str, int, QueueState]]]:
+    """``writes`` (queue, version read, new state) cut in order into transactions bounded as the
+    moves' are (``BATCH`` states, ``BATCH_BYTES`` bytes): the batched seals, pops and admits."""
+    out: list[list[tuple[str, int, QueueState]]] = []
+    part: list[tuple[str, int, QueueState]] = []
+    size = 0
+    for w in writes:
+        grow = estimate_size(w[2])
+        if part and (len(part) >= BATCH or size + grow > BATCH_BYTES):
+            out.append(part)
+            part, size = [], 0
+        part.append(w)
+        size += grow
     if part:
         out.append(part)
     return out

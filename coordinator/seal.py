@@ -20,9 +20,7 @@ from ordq.common.errors import BrokerUnavailable, IllegalTransition, OrdqError
 from ordq.common.security import Credentials
 from ordq.coordinator import state as sm
 from ordq.coordinator.duties import OpenSegment
-from ordq.coordinator.group_moves import BATCH as MOVE_BATCH
-from ordq.coordinator.group_moves import BATCH_BYTES as MOVE_BATCH_BYTES
-from ordq.coordinator.group_moves import estimate_size
+from ordq.coordinator.group_moves import transactions
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo
@@ -115,8 +113,7 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
 
 
 # Segments sealed per SealMany call (``seal_batch``; the broker takes up to 1,000). The seal
-# transitions are written in transactions of at most ``group_moves.BATCH`` states and
-# ``group_moves.BATCH_BYTES`` bytes each, as the moves are.
+# transitions are written in transactions bounded as the moves' are (``group_moves.transactions``).
 SEAL_BATCH = 500
 
 
@@ -166,7 +163,7 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
     # the groups' drain marks are not read by a seal: no check beside the states
     done: list[str] = []
     conflicted: list[str] = []
-    for part in _transactions(writes):
+    for part in transactions(writes):
         ok, lost = store.apply_batch(part, {})
         done += ok
         conflicted += lost
@@ -179,23 +176,6 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
             except OrdqError:
                 pass
     return left + conflicted
-
-
-def _transactions(writes: Sequence[tuple[str, int, sm.QueueState]]) -> list[list[tuple[str, int, sm.QueueState]]]:
-    """``writes`` cut in order into transactions bounded as the moves' are (count and bytes)."""
-    out: list[list[tuple[str, int, sm.QueueState]]] = []
-    part: list[tuple[str, int, sm.QueueState]] = []
-    size = 0
-    for w in writes:
-        grow = estimate_size(w[2])
-        if part and (len(part) >= MOVE_BATCH or size + grow > MOVE_BATCH_BYTES):
-            out.append(part)
-            part, size = [], 0
-        part.append(w)
-        size += grow
-    if part:
-        out.append(part)
-    return out
 
 
 def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[..., None] | None:

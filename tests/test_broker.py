@@ -481,14 +481,16 @@ def test_a_removal_cut_short_leaves_no_segment_folder_without_its_log(tmp_path: 
     with pytest.raises(SystemExit):
         segments.remove_folder(folder)
     assert not folder.exists()  # no segment folder to recover at the next start
-    monkeypatch.undo()
-    segments.sweep_removals(tmp_path)  # the next start finishes it
-    assert [p.name for p in (tmp_path / "q").iterdir()] == []
+    # what is left is named as set aside: the next start leaves it to its repair thread (next test)
+    assert [p.name for p in (tmp_path / "q").iterdir()] == ["7" + segments.REMOVING]
 
 
 def test_a_broker_finishes_the_removals_a_kill_left_half_done(group: Group) -> None:
     """What a kill -9 inside ``remove_folder`` leaves (a renamed segment folder, a renamed queue
-    folder, each holding part of its files) is removed when the broker starts, and it serves."""
+    folder, each holding part of its files) is never opened as a segment, and is removed once
+    the broker serves, by its repair thread: issue 43, a start after ``ordq down`` at 10^5
+    queues removed 2,389 and 6,961 such folders one after another before it served. Failing
+    first: the start removed them before its "started:" line."""
     produce(group, 0, batches=1, per_batch=5)
     group.procs.master.kill()
     data = Path(group.procs.master.data_dir)
@@ -500,8 +502,13 @@ def test_a_broker_finishes_the_removals_a_kill_left_half_done(group: Group) -> N
     (gone_queue / "meta.json").write_text("{}")
     wait_until(lambda: "master" not in group.store.live_members("g1"), what="master's liveness gone")
     group.procs.master.start()
-    assert not half.exists() and not gone_queue.parent.exists()
+    wait_until(lambda: not half.exists() and not gone_queue.parent.exists(), what="the leftovers removed")
     assert len(stored(group.procs.master.data_dir)) == 5  # segment 0 as it was
+    removed = "left by a removal cut short"
+    wait_until(lambda: removed in group.procs.master.proc.log_path.read_text(errors="replace"),
+               what="the removal logged")
+    text = group.procs.master.proc.log_path.read_text(errors="replace").rpartition("\n=== ")[2]
+    assert -1 < text.find("started: ") < text.find(removed), text[-2000:]  # this start's log
 
 
 def test_a_segment_folder_whose_log_is_gone_is_not_recovered_as_an_empty_copy(group: Group) -> None:

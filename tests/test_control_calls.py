@@ -564,3 +564,55 @@ def test_the_lean_replication_link_takes_only_brokers_and_checks_what_they_send(
     assert stored(g, "slave") == real(0, 10)
     produce(g, 10, 10)  # the master's own link was never disturbed
     assert stored(g, "slave") == real(0, 20)
+
+
+class CountingTransport:
+    """The coordinator's transport, counting the calls made through it by name."""
+
+    def __init__(self, inner: GrpcTransport) -> None:
+        self.inner = inner
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name == "close":
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_a_listing_asks_a_group_once_also_for_the_segments_its_replica_sealed_first(group: Group) -> None:
+    """Issue 43: right after a group's master died, each queue it headed holds a segment that
+    ZooKeeper still calls sealing and the surviving replica has sealed already (its SealMany
+    ran; the seals are not written yet). ``queue list`` asked each such segment's extent in calls
+    of its own (SegmentInfo, then Fetch): at 10^5 queues it had not answered after 300 s. Now
+    the one OpenSegments call per group names them too, with the same extents. Failing first:
+    3 SegmentInfo and 3 Fetch calls beside the OpenSegments."""
+    from ordq.admin.api import queue_summary
+    from ordq.admin.queue_list import list_rows
+    from ordq.sdk.replicas import ReplicaReader
+
+    produce(group, 0, ACKED)
+    names = [Q, "idle-0", "idle-1"]
+    group.store.create_queues(names[1:], ["g1"])
+    for q in names:
+        group.store.apply(q, lambda st, _f: sm.roll(st, "g1", 0))
+    t = GrpcTransport(rpc_timeout_s=5.0, credentials=group.coordinator)
+    try:
+        slave = group.address("slave")
+        for q in names:  # the slave sealed them; ZooKeeper says sealing still
+            assert t.seal(slave, q, 0).end == (ACKED if q == Q else 0)
+        group.procs.master.kill()
+        wait_until(lambda: "master" not in group.store.live_members("g1"), what="the master's liveness gone")
+        counting = CountingTransport(t)
+        rows, corrupt = list_rows(group.store, ReplicaReader(group.store, counting), names, None,  # type: ignore[arg-type]
+                                  queue_summary)
+        assert corrupt == [] and counting.calls == {"open_segments": 1}, counting.calls
+        by_queue = {r["queue"]: (r["stored"], r["last_seq"]) for r in rows}
+        assert by_queue == {Q: (ACKED, ACKED - 1), "idle-0": (0, -1), "idle-1": (0, -1)}, by_queue
+    finally:
+        t.close()

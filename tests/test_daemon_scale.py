@@ -556,3 +556,95 @@ def _busiest_master_at_a_closed_port(store: ZkStore) -> str:
     store.client.delete(store.paths.live(gid, "master"))
     store.register_live(gid, "master", address=f"127.0.0.1:{closed}", incarnation="t")
     return str(gid)
+
+
+def test_idle_queues_pops_and_admits_after_a_failover_are_written_in_batches(
+        setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: after a group's failure each idle queue it headed pops its segment sealed empty,
+    then admits the group again once it is back (I4: no backlog there first). At 10^5 queues
+    that was ~33,000 of each, one write each at 50-115/s (the coordinator's log, scale43f), and
+    the heads could not spread back to a group not admitted yet. Now a round keeps the idle
+    queues' pops and admits planned on its copies and writes them in batched transactions,
+    each against the version it was planned on. Failing first: one ``apply`` per queue."""
+    from ordq.coordinator import state as sm
+
+    store, daemon = setup
+    names = [f"tidy-{i:03d}" for i in range(40)]
+    heads = {}
+    for queue in names:
+        head = store.create_queue(queue, ["g1", "g2"]).head
+        assert head is not None
+        heads[queue] = head
+        store.apply(queue, lambda s, f, head=head: sm.fail_over(s, head, 0, f))
+        store.apply(queue, lambda s, f: sm.seal(s, 0, 0, None, None))  # sealed empty, as after a kill
+    applied: list[str] = []
+    real_apply, real_batches = store.apply, store.apply_batches
+    monkeypatch.setattr(store, "apply", lambda q, *a, **k: (applied.append(q), real_apply(q, *a, **k))[1])
+    raced: list[str] = []
+
+    def racing_batches(parts, group_versions):  # type: ignore[no-untyped-def]
+        # another writer moves one planned queue's state first: the batch leaves it out, and
+        # it is read again and planned again
+        if not raced:
+            raced.append(parts[0][0][0])
+            real_apply(raced[0], lambda s, f: sm.bump_epoch(s))
+        return real_batches(parts, group_versions)
+
+    monkeypatch.setattr(store, "apply_batches", racing_batches)
+    pops_before = daemon.stats.actions.get("pop", 0)
+
+    def tidied() -> bool:
+        states = {q: store.load_state(q)[0] for q in names}
+        return all([s.seg for s in st.consume] == [1] and heads[q] in st.send for q, st in states.items())
+
+    _round_until(daemon, tidied, "every empty segment popped and its group admitted again")
+    assert not set(applied) & set(names), sorted(set(applied) & set(names))  # none written alone
+    assert raced and raced[0] in names
+    assert daemon.stats.actions.get("pop", 0) - pops_before >= len(names)
+
+
+def test_a_dead_group_s_moved_heads_are_sealed_from_the_move_not_a_later_round(setup) -> None:
+    """Issue 43: the seal of each old segment a batched move left sealing is queued with the
+    move, on the state it wrote (version checked by the seal's own write), not once the moved
+    queues' watches fired, their states were read again and a later round planned them: at
+    10^5 queues the first seal batch came 61 s after the moves (bench_queues, scale43g).
+    Failing first: no seal asked after the round that moved them."""
+    store, _shared = setup
+    asked: list[tuple[str, str, int, int]] = []
+
+    def batch_sealer(gid, items, members):  # type: ignore[no-untyped-def]
+        asked.extend((gid, q, seg, version) for q, seg, _st, version in items)
+        return []
+
+    daemon = CoordinatorDaemon(store, identifier="seal-moved", away_grace_s=0, sealer=lambda *a, **k: None,
+                               batch_sealer=batch_sealer)
+    for g in ("s1", "s2"):  # groups of its own: earlier tests of the module leave theirs as they like
+        store.add_group(g)
+        for role in ("master", "slave"):
+            store.register_live(g, role, address=f"127.0.0.1:0/{g}/{role}", incarnation="t")
+    names = [f"sm-{i:03d}" for i in range(60)]
+    for q in names:
+        store.create_queue(q, ["s1", "s2"])
+    try:
+        daemon.round()
+        heads = {q: store.load_state(q)[0].head for q in names}
+        dead, other = "s1", "s2"
+        headed = [q for q in names if heads[q] == dead]
+        assert len(headed) >= 10
+        store.client.delete(store.paths.live(dead, "master"))
+        try:
+            _round_until(daemon, lambda: all(store.load_state(q)[0].head == other for q in headed),
+                         f"{dead}'s heads moved to {other}")
+            # no round after the one that moved them: the seals were queued by the move
+            wait_until(lambda: {q for _g, q, _s, _v in asked} >= set(headed), timeout_s=DEADLINE_S,
+                       what="the moved queues' seals asked")
+            for gid, q, seg, version in asked:
+                if q in headed:
+                    st, now = store.load_state(q)
+                    assert (gid, seg, version) == (dead, 0, now) and st.segment(0).status.value == "sealing", q
+        finally:
+            store.register_live(dead, "master", address=f"127.0.0.1:0/{dead}/master", incarnation="t")
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()

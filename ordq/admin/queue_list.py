@@ -9,9 +9,10 @@ replicas, one call at a time): 23.6 s at 10^3 queues, more than 300 s at 10^4. N
   the queues it does not hold are read from ZooKeeper, pipelined (``ZkStore.load_states``),
   with their subscriptions while at most ``SUBS_READ_LIMIT`` of them are unknown (else a row
   says ``subscriptions: null``: ``ordq sub list Q`` names them);
-- the open segments' extents come from one ``OpenSegments`` call per group that holds one
-  (its master, else its slave: every segment not sealed on that replica, with its durable end
-  and seqs), never one call per segment; sealed segments' from their states.
+- the extents of the segments not sealed in ZooKeeper come from one ``OpenSegments`` call per
+  group that holds one (its master, else its slave: every segment not sealed on that replica,
+  and those sealing in ZooKeeper it has sealed already, with its durable end and seqs), never
+  one call per segment; sealed segments' from their states.
 
 What a row says of an open segment is what its replica holds durably when asked (``describe``
 asks for the readable end, which trails it only by the batches in flight).
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+import attrs
 
 from ordq.common.errors import CorruptState, OrdqError
 from ordq.coordinator.state import QueueState, SegStatus
@@ -58,12 +61,25 @@ def queue_states(store: ZkStore, names: Sequence[str], known: Known | None) -> t
     return {q: have[q] for q in names if q in have}, corrupt
 
 
-def open_ends(store: ZkStore, reader: ReplicaReader, gids: Iterable[str]) -> dict[str, dict[tuple[str, int], Any]]:
-    """gid -> {(queue, seg): SegmentEnd} of every segment not sealed on one replica of the
-    group (its master, else its slave); a group none of whose replicas answered is left out."""
-    out: dict[str, dict[tuple[str, int], Any]] = {}
+@attrs.frozen
+class GroupEnds:
+    """What one replica of a group answered ``OpenSegments``: each segment's SegmentEnd, and
+    whether it named every segment asked for that it holds (``included``: one it does not name
+    it holds no copy of; False from a broker that predates the question)."""
+
+    ends: Mapping[tuple[str, int], Any]
+    included: bool
+
+
+def open_ends(store: ZkStore, reader: ReplicaReader,
+              sealing: Mapping[str, Sequence[tuple[str, int]]]) -> dict[str, GroupEnds]:
+    """gid -> the ends of every segment not sealed on one replica of the group (its master,
+    else its slave), and of its segments of ``sealing`` (gid -> segments sealing in ZooKeeper)
+    that replica holds sealed (issue 43: right after a group died, thousands of them, each
+    asked in calls of its own); a group none of whose replicas answered is left out."""
+    out: dict[str, GroupEnds] = {}
     transport: Any = reader.transport
-    for gid in sorted(set(gids)):
+    for gid in sorted(sealing):
         try:
             members = store.live_members(gid)
         except OrdqError:
@@ -73,32 +89,32 @@ def open_ends(store: ZkStore, reader: ReplicaReader, gids: Iterable[str]) -> dic
             if info is None:
                 continue
             try:
-                answer = transport.open_segments(info.address)
+                answer = transport.open_segments(info.address, include=sealing[gid])
             except OrdqError:
                 continue
-            out[gid] = {(s.queue, int(s.seg)): s.end for s in answer.segments}
+            out[gid] = GroupEnds({(s.queue, int(s.seg)): s.end for s in answer.segments}, bool(answer.included))
             break
     return out
 
 
-def extents_of(st: QueueState, ends: Mapping[str, Mapping[tuple[str, int], Any]],
-               reader: ReplicaReader) -> list[Extent]:
+def extents_of(st: QueueState, ends: Mapping[str, GroupEnds], reader: ReplicaReader) -> list[Extent]:
     """Each segment's extent: sealed ones from the state, the others from their group's
-    answer (``open_ends``); one the answer does not name is empty when open (nothing written
-    there yet), asked of its replicas when sealing (that replica sealed it already)."""
+    answer (``open_ends``); one the answer does not name is empty (nothing written there yet),
+    except a sealing one a broker that predates ``include`` did not name: asked of its
+    replicas (that replica sealed it already)."""
     out = []
     for s in st.consume:
         if s.status is SegStatus.SEALED:
             out.append(Extent(s.seg, s.gid, s.status, s.end, s.first_seq, s.last_seq, "zookeeper"))
             continue
-        held = ends.get(s.gid)
-        if held is None:
+        group = ends.get(s.gid)
+        if group is None:
             out.append(Extent(s.seg, s.gid, s.status, None, None, None, None))
             continue
-        end = held.get((st.queue, s.seg))
+        end = group.ends.get((st.queue, s.seg))
         if end is None:
-            out.append(Extent(s.seg, s.gid, s.status, 0, None, None, "master") if s.status is SegStatus.OPEN
-                       else reader.extent(st.queue, s))
+            out.append(Extent(s.seg, s.gid, s.status, 0, None, None, "master")
+                       if s.status is SegStatus.OPEN or group.included else reader.extent(st.queue, s))
             continue
         n = int(end.end)
         first = int(end.first_seq) if end.first_seq >= 0 and n > 0 else None
@@ -115,8 +131,14 @@ def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known
     """The rows of ``queue list`` for ``names`` (``summary`` makes a row of a state), and the
     lines of queues whose state does not parse."""
     states, corrupt = queue_states(store, names, known)
-    gids = {s.gid for st, _, _ in states.values() for s in st.consume if s.status is not SegStatus.SEALED}
-    ends = open_ends(store, reader, gids)
+    sealing: dict[str, list[tuple[str, int]]] = {}
+    for st, _, _ in states.values():
+        for s in st.consume:
+            if s.status is not SegStatus.SEALED:
+                asked = sealing.setdefault(s.gid, [])
+                if s.status is SegStatus.SEALING:
+                    asked.append((st.queue, s.seg))
+    ends = open_ends(store, reader, sealing)
     rows = []
     for q in names:
         if q not in states:

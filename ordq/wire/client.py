@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue as queue_mod
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -85,9 +85,10 @@ class GrpcTransport:
         req = pb.SegmentRef(queue=queue, seg=seg)
         return self._call(address, lambda s: s.SegmentInfo(req, timeout=self.rpc_timeout_s, metadata=self._md))
 
-    def open_segments(self, address: str) -> pb.OpenSegmentsResponse:
-        """Every segment the broker at ``address`` holds and has not sealed (cluster only)."""
-        req = pb.OpenSegmentsRequest()
+    def open_segments(self, address: str, include: Iterable[tuple[str, int]] = ()) -> pb.OpenSegmentsResponse:
+        """Every segment the broker at ``address`` holds and has not sealed, and those of
+        ``include`` it holds sealed (cluster only)."""
+        req = pb.OpenSegmentsRequest(include=[pb.SegmentRef(queue=q, seg=seg) for q, seg in include])
         return self._call(address, lambda s: s.OpenSegments(req, timeout=self.rpc_timeout_s, metadata=self._md))
 
     def find(self, address: str, req: pb.FindRequest) -> pb.FindResponse:

@@ -149,8 +149,10 @@ class SegmentEnd(_message.Message):
     def __init__(self, end: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., sealed: _Optional[bool] = ..., fenced_epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., first_write_ms: _Optional[int] = ..., frozen: _Optional[bool] = ..., acked_bytes: _Optional[int] = ...) -> None: ...
 
 class OpenSegmentsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("include",)
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    include: _containers.RepeatedCompositeFieldContainer[SegmentRef]
+    def __init__(self, include: _Optional[_Iterable[_Union[SegmentRef, _Mapping]]] = ...) -> None: ...
 
 class OpenSegment(_message.Message):
     __slots__ = ("queue", "seg", "end")
@@ -163,10 +165,12 @@ class OpenSegment(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., end: _Optional[_Union[SegmentEnd, _Mapping]] = ...) -> None: ...
 
 class OpenSegmentsResponse(_message.Message):
-    __slots__ = ("segments",)
+    __slots__ = ("segments", "included")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDED_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[OpenSegment]
-    def __init__(self, segments: _Optional[_Iterable[_Union[OpenSegment, _Mapping]]] = ...) -> None: ...
+    included: bool
+    def __init__(self, segments: _Optional[_Iterable[_Union[OpenSegment, _Mapping]]] = ..., included: _Optional[bool] = ...) -> None: ...
 
 class ReconcileRequest(_message.Message):
     __slots__ = ("queue", "seg", "end", "peer")
