@@ -136,6 +136,7 @@ def test_batches_in_flight_together_are_told_apart_by_key() -> None:
     arrivals = {a.stage: a for a in b.arrivals}
     assert arrivals["M.request"].p99_us == 2.0 and arrivals["M.request"].tail_p50_us == 1.0
     assert arrivals["P.resolved"].tail_p50_us == 89.0
+
     assert b.total.mean_us == 46.0 and b.total.p99_us == 89.0
 
 
@@ -174,3 +175,17 @@ def test_spans_time_one_step_of_each_batch() -> None:
               Stamp(800, 3, "S.sync", (0,))]
     (sync,) = spans(stamps, [("M.sync", "M.synced"), ("S.sync", "S.synced")])
     assert (sync.start, sync.count, sync.p99_us) == ("M.sync", 2, 0.7) and sync.mean_us == pytest.approx(0.65)
+
+
+def test_the_step_where_the_tail_fell_behind_comes_first() -> None:
+    """Four batches take 1 µs to the master and 3 µs in all; the fifth as long to the master,
+    then 90 µs: it lost its time between the master and its ack."""
+    stamps = []
+    for key, total_us in ((0, 3), (10, 3), (20, 3), (30, 3), (40, 90)):
+        t0 = key * 1_000_000
+        stamps += [Stamp(t0, 1, "P.open", (key,)), Stamp(t0 + 1_000, 2, "M.request", (key,)),
+                   Stamp(t0 + total_us * 1_000, 1, "P.resolved", (key,))]
+    b = keyed_breakdown(stamps, ["P.open", "M.request", "P.resolved"])
+    assert b.tail == 1
+    assert stages.tail_growth(b)[0] == ("M.request", "P.resolved", 87.0)
+    assert stages.keyed_lines(b)[-1] == "the tail fell behind the median most at: M.request > P.resolved +87 µs"

@@ -252,14 +252,30 @@ def keyed_breakdown(stamps: Iterable[Stamp], path: Sequence[str]) -> KeyedBreakd
     return KeyedBreakdown(len(rounds), len(tail), _step(first, last, list(totals.values())), arrivals)
 
 
+def tail_growth(b: KeyedBreakdown) -> list[tuple[str, str, float]]:
+    """Where the tail fell behind: for each pair of consecutive stages (``path`` order), how
+    much the tail's lag behind the median (tail p50 − p50) grew between them, in µs, most
+    first. The step at the top is where the slow batches lost their time."""
+    steps = []
+    known = [a for a in b.arrivals if a.tail_p50_us == a.tail_p50_us]  # not NaN
+    for x, y in zip(known, known[1:], strict=False):
+        grew = (y.tail_p50_us - y.p50_us) - (x.tail_p50_us - x.p50_us)
+        steps.append((x.stage, y.stage, grew))
+    return sorted(steps, key=lambda s: -s[2])
+
+
 def keyed_lines(b: KeyedBreakdown) -> list[str]:
-    """``b`` for people: each stage's arrival since the first, for all batches and the tail."""
+    """``b`` for people: each stage's arrival since the first, for all batches and the tail,
+    and the steps where the tail fell furthest behind the median."""
     out = [f"{b.batches} batches, {b.tail} in the tail (total >= its p99); {b.total.start} > {b.total.end}: "
            f"p50 {b.total.p50_us:,.0f} µs, p90 {b.total.p90_us:,.0f}, p99 {b.total.p99_us:,.0f}",
            f"{'reached':<12} {'n':>6} {'p50 µs':>9} {'p90 µs':>9} {'p99 µs':>9} {'tail p50':>9}"]
     for a in b.arrivals:
         out.append(f"{a.stage:<12} {a.count:>6} {a.p50_us:>9,.0f} {a.p90_us:>9,.0f} {a.p99_us:>9,.0f} "
                    f"{a.tail_p50_us:>9,.0f}")
+    grew = [f"{x} > {y} +{us:,.0f} µs" for x, y, us in tail_growth(b)[:3] if us > 0]
+    if grew:
+        out.append("the tail fell behind the median most at: " + "; ".join(grew))
     return out
 
 
