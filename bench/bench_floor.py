@@ -9,12 +9,13 @@
   any server that reads and answers independently does).
 - fdatasync: append 1 KiB to a file and fdatasync it, one at a time, in --dir.
 - ``--disk`` (issue 39: is the p99 the disk's?): only fdatasyncs of 1 KiB, in three kinds of
-  file, each quiet and beside a churn of files written and deleted in the same folder (what
-  segment removals, test teardowns and other sessions do; on ext4 mounted with ``discard``
-  the freed blocks are discarded when the journal commits): an append (the file grows: the
-  sync commits the journal), a write into space ``posix_fallocate`` reserved (unwritten
-  extents turned written: metadata, so the journal too), and an overwrite of blocks written
-  and synced before (a preallocated, zero-filled segment: data only, no journal commit).
+  file: an append (the file grows: the sync commits the journal), a write into space
+  ``posix_fallocate`` reserved (unwritten extents turned written: metadata, so the journal
+  too), and an overwrite of blocks written and synced before (a preallocated, zero-filled
+  segment: data only, no journal commit). Each quiet, beside a thread that rewrites one 4 MiB
+  file in place and syncs it (other writers, no blocks freed), and beside one that writes 4 MiB
+  files and deletes them (blocks freed, as segment removals, test teardowns and other
+  sessions do: on ext4 mounted with ``discard`` they are discarded when the journal commits).
 
 The CPU each round trip costs client and server is printed too: on a small box that cost
 (every message wakes threads in both processes), more than the wait, caps messages per second.
@@ -121,16 +122,19 @@ def fdatasyncs(directory: Path, n: int) -> list[float]:
     return out
 
 
-# The kinds of file ``disk_syncs`` writes into (module docstring)
+# The kinds of file ``disk_syncs`` writes into, and what runs beside it (module docstring)
 SYNC_KINDS = ("append", "fallocated", "overwrite")
+CHURNS = ("", "rewrite", "delete")
 
 
-def disk_syncs(directory: Path, n: int, kind: str, *, churn: bool) -> list[float]:
-    """``n`` fdatasyncs of a 1 KiB write each into a file of ``kind`` (``SYNC_KINDS``); with
-    ``churn``, a thread meanwhile writes 4 MiB files in ``directory`` and deletes them."""
+def disk_syncs(directory: Path, n: int, kind: str, *, churn: str = "") -> list[float]:
+    """``n`` fdatasyncs of a 1 KiB write each into a file of ``kind`` (``SYNC_KINDS``), beside
+    a thread that meanwhile rewrites a 4 MiB file in ``directory`` (``churn`` "rewrite") or
+    writes 4 MiB files there and deletes them ("delete")."""
     fd, path = tempfile.mkstemp(dir=directory)
     stop = threading.Event()
-    churner = threading.Thread(target=_churn, args=(directory, stop), daemon=True) if churn else None
+    churner = threading.Thread(target=_churn, args=(directory, stop, churn == "delete"),
+                               daemon=True) if churn else None
     out = []
     try:
         if kind == "fallocated":
@@ -156,17 +160,21 @@ def disk_syncs(directory: Path, n: int, kind: str, *, churn: bool) -> list[float
     return out
 
 
-def _churn(directory: Path, stop: threading.Event) -> None:
+def _churn(directory: Path, stop: threading.Event, delete: bool) -> None:
     block = os.urandom(1 << 20)
-    while not stop.is_set():
-        fd, path = tempfile.mkstemp(dir=directory, prefix="churn-")
-        try:
-            for _ in range(4):
-                os.write(fd, block)
+    fd, path = tempfile.mkstemp(dir=directory, prefix="churn-")
+    try:
+        while not stop.is_set():
+            if delete:  # a new file each time, the last one's blocks freed
+                os.close(fd)
+                os.unlink(path)
+                fd, path = tempfile.mkstemp(dir=directory, prefix="churn-")
+            for i in range(4):
+                os.pwrite(fd, block, i << 20)
             os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(path)
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 def _line(name: str, lat: list[float]) -> str:
@@ -224,10 +232,11 @@ def main() -> None:
         serve()
         return
     if args.disk:
-        for churn in (False, True):
+        for churn in CHURNS:
             for kind in SYNC_KINDS:
                 lat = disk_syncs(args.dir, args.syncs, kind, churn=churn)
-                print(_line(f"fdatasync of 1 KiB, {kind}{', beside churn' if churn else ''}", lat), flush=True)
+                beside = {"rewrite": ", beside a rewrite", "delete": ", beside writes and deletes"}.get(churn, "")
+                print(_line(f"fdatasync of 1 KiB, {kind}{beside}", lat), flush=True)
         print(f"load average {os.getloadavg()[0]:.1f}")
         return
     print("\n".join(measure(args.round_trips, args.syncs, args.dir).lines))

@@ -42,9 +42,9 @@ BENCHES = [
     bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
           pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
-    bench("bench_floor", ["--disk", "--syncs", "20"], [f"fdatasync of 1 KiB, {kind}{churn}: p50" for kind in
-                                                      ("append", "fallocated", "overwrite")
-                                                      for churn in ("", ", beside churn")], id="bench_floor_disk"),
+    bench("bench_floor", ["--disk", "--syncs", "20"],
+          [f"fdatasync of 1 KiB, {kind}{churn}: p50" for kind in ("append", "fallocated", "overwrite")
+           for churn in ("", ", beside a rewrite", ", beside writes and deletes")], id="bench_floor_disk"),
     # a cluster's commands need --zk (docs/BENCHMARKS.md runs them); --only as the window's runs use it
     bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
