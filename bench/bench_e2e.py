@@ -54,14 +54,16 @@ from bench._cluster import (
 )
 from ordq.common import stages
 from ordq.common.proc import announce, dying_with_parent
-from ordq.sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
 def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:
     """Child process: consume seqs first..first+count-1 in order, print e2e latencies and the
     finish time."""
+    every = int(os.environ.get(_COMMIT_EVERY, "0"))  # --commit-every: the consumer's commit policy
+    commit = CommitConfig(every_messages=every, every_ms=every * 1000.0) if every else CommitConfig()
     cfg = ConsumerConfig(zk_hosts=hosts, root=ROOT, queue=QUEUE, subscription=sub, fetch_wait_ms=50, start=start,
-                         metrics_listen="127.0.0.1:0" if os.environ.get(_SDK_METRICS) else None)
+                         metrics_listen="127.0.0.1:0" if os.environ.get(_SDK_METRICS) else None, commit=commit)
     lat: list[float] = []
     nxt = first
     with Consumer(cfg) as c:
@@ -76,6 +78,7 @@ def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> No
 
 
 _SDK_METRICS = "ORDQ_BENCH_SDK_METRICS"  # set: the consumer child serves its metrics too
+_COMMIT_EVERY = "ORDQ_BENCH_COMMIT_EVERY"  # set: the consumer child commits every N messages (or N s)
 
 
 def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
@@ -143,6 +146,8 @@ def main() -> None:
                     help="producer and consumer call with a token (produce, consume on the queue), as an "
                     "application does: charged to its request-time share and its read rate, answers of at most "
                     "4 MiB (the cluster's certificate alone is none of these)")
+    ap.add_argument("--commit-every", type=int, default=0,
+                    help="the consumer commits every N messages or N seconds (default: the SDK's policy)")
     ap.add_argument("--stages", action="store_true",
                     help="stage stamps in every process; prints where the steady phase's batches spent their time")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
@@ -174,6 +179,8 @@ def main() -> None:
                  if v is not None}
         if args.sdk_metrics:
             os.environ[_SDK_METRICS] = "1"
+        if args.commit_every:
+            os.environ[_COMMIT_EVERY] = str(args.commit_every)
         cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE, batching=BatchingConfig(**tuned),
                              metrics_listen="127.0.0.1:0" if args.sdk_metrics else None)
         with Producer(cfg) as producer:
