@@ -20,6 +20,12 @@ latency: a steady --rate msgs/s for --rate-seconds; ack latency = send() → its
 send()), both taken on this machine's clock. It also prints the CPU each process (head master
 and slave, producer, consumer, ZooKeeper) spent per acked batch in that phase: on two shared
 cores that cost, not the disk, sets how many batches per second the system turns over.
+
+--stages: stage stamps on (ordq/common/stages.py) in every process, and after the steady phase
+where its batches' time went: each stage's arrival since the batch opened in ``send()``, for all
+batches and for the tail (the batches at or past the p99), the group commits' write+fdatasync,
+and each process's garbage-collection pauses. The stamps cost CPU themselves (a write per
+stage): run it apart from the figures above (``--messages 0 --sync-messages 0 --stages``).
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from bench import bench_floor
 from bench._cluster import (
@@ -43,15 +52,18 @@ from bench._cluster import (
     send_at_rate,
     summary_ms,
 )
+from ordq.common import stages
 from ordq.common.proc import announce, dying_with_parent
-from ordq.sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
 def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:
     """Child process: consume seqs first..first+count-1 in order, print e2e latencies and the
     finish time."""
+    every = int(os.environ.get(_COMMIT_EVERY, "0"))  # --commit-every: the consumer's commit policy
+    commit = CommitConfig(every_messages=every, every_ms=every * 1000.0) if every else CommitConfig()
     cfg = ConsumerConfig(zk_hosts=hosts, root=ROOT, queue=QUEUE, subscription=sub, fetch_wait_ms=50, start=start,
-                         metrics_listen="127.0.0.1:0" if os.environ.get(_SDK_METRICS) else None)
+                         metrics_listen="127.0.0.1:0" if os.environ.get(_SDK_METRICS) else None, commit=commit)
     lat: list[float] = []
     nxt = first
     with Consumer(cfg) as c:
@@ -66,6 +78,7 @@ def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> No
 
 
 _SDK_METRICS = "ORDQ_BENCH_SDK_METRICS"  # set: the consumer child serves its metrics too
+_COMMIT_EVERY = "ORDQ_BENCH_COMMIT_EVERY"  # set: the consumer child commits every N messages (or N s)
 
 
 def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
@@ -133,6 +146,10 @@ def main() -> None:
                     help="producer and consumer call with a token (produce, consume on the queue), as an "
                     "application does: charged to its request-time share and its read rate, answers of at most "
                     "4 MiB (the cluster's certificate alone is none of these)")
+    ap.add_argument("--commit-every", type=int, default=0,
+                    help="the consumer commits every N messages or N seconds (default: the SDK's policy)")
+    ap.add_argument("--stages", action="store_true",
+                    help="stage stamps in every process; prints where the steady phase's batches spent their time")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consume:
@@ -141,6 +158,11 @@ def main() -> None:
         return
     payload = b"x" * args.size
     figures: dict[str, float] = {}
+    stamps_dir = Path(tempfile.mkdtemp(prefix="ordq-e2e-stages-")) if args.stages else None
+    if stamps_dir is not None:
+        stages.enable(stamps_dir)  # before the cluster starts: its processes inherit it
+    roles: dict[int, str] = {}
+    steady_first = 0
     with bench_cluster(2) as cluster:
         if args.token:
             from ordq.coordinator.tokens import create_token, touch
@@ -157,6 +179,8 @@ def main() -> None:
                  if v is not None}
         if args.sdk_metrics:
             os.environ[_SDK_METRICS] = "1"
+        if args.commit_every:
+            os.environ[_COMMIT_EVERY] = str(args.commit_every)
         cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE, batching=BatchingConfig(**tuned),
                              metrics_listen="127.0.0.1:0" if args.sdk_metrics else None)
         with Producer(cfg) as producer:
@@ -195,6 +219,8 @@ def main() -> None:
                 consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
                 batches_before = producer.statistics().batches_acked
                 meter = cpu_meter(cluster, consumer)
+                roles = {pid: name for name, pid in meter.pids.items()}
+                steady_first = base
                 acked = [lat for _sent, lat in send_at_rate(producer, payload, args.rate, n)]
                 cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
                 figures["cpu_per_batch_us"] = meter.total_us
@@ -207,6 +233,32 @@ def main() -> None:
                       f"end-to-end latency {summary_ms(lats)}")
                 print(cpu)
     print("\n".join(goals(figures)))
+    if stamps_dir is not None:
+        print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady_first, roles)))
+        shutil.rmtree(stamps_dir, ignore_errors=True)
+
+
+# A steady-rate batch's stages, in the order they usually come (ordq/common/stages.py)
+STEADY_PATH = ("P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced",
+               "S.request", "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")
+
+
+def stage_lines(stamps: list[stages.Stamp], first_seq: int, roles: dict[int, str]) -> list[str]:
+    """Where the batches from ``first_seq`` on spent their time, and each process's GC pauses."""
+    steady = [s for s in stamps if not s.keys or min(s.keys) >= first_seq or s.name.startswith("gc.")]
+    out = ["stages of the steady phase's batches (µs since the batch opened in send()):",
+           *stages.keyed_lines(stages.keyed_breakdown(steady, STEADY_PATH))]
+    for s in stages.spans(steady, [("M.sync", "M.synced"), ("S.sync", "S.synced"), ("S.request", "S.answer"),
+                                   ("M.ack", "P.acked"), ("M.ack", "C.read")]):
+        out.append(f"{s.start} > {s.end}: n {s.count}, p50 {s.p50_us:,.0f} µs, p99 {s.p99_us:,.0f}, "
+                   f"max {s.max_us:,.0f} (mean {s.mean_us:,.0f})")
+    t0 = next((s.ns for s in steady if s.name == "P.open" and s.keys and s.keys[0] >= first_seq), 0)
+    pauses = stages.gc_pauses(s for s in steady if s.ns >= t0)
+    for pid, ps in sorted(pauses.items(), key=lambda kv: -sum(kv[1])):
+        ps = sorted(ps)
+        out.append(f"GC pauses in {roles.get(pid, pid)} during the steady phase: {len(ps)}, "
+                   f"p50 {ps[len(ps) // 2]:,.0f} µs, max {ps[-1]:,.0f}, total {sum(ps) / 1000:,.1f} ms")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the stack allows a synchronous send at best: the floor under bench_broker/bench_e2e.
 
-    .venv/bin/python -m bench.bench_floor [--round-trips 3000] [--syncs 1000]
+    .venv/bin/python -m bench.bench_floor [--round-trips 3000] [--syncs 1000] [--disk]
 
 - gRPC round trip: one bidi stream between two processes on loopback, 1 KiB request, tiny
   reply, the server answering from its handler thread (no hand-off): the cost of one
@@ -8,6 +8,14 @@
   thread, and with one thread hand-off in between (a reader thread passing requests on, as
   any server that reads and answers independently does).
 - fdatasync: append 1 KiB to a file and fdatasync it, one at a time, in --dir.
+- ``--disk`` (issue 39: is the p99 the disk's?): only fdatasyncs of 1 KiB, in three kinds of
+  file: an append (the file grows: the sync commits the journal), a write into space
+  ``posix_fallocate`` reserved (unwritten extents turned written: metadata, so the journal
+  too), and an overwrite of blocks written and synced before (a preallocated, zero-filled
+  segment: data only, no journal commit). Each quiet, beside a thread that rewrites one 4 MiB
+  file in place and syncs it (other writers, no blocks freed), and beside one that writes 4 MiB
+  files and deletes them (blocks freed, as segment removals, test teardowns and other
+  sessions do: on ext4 mounted with ``discard`` they are discarded when the journal commits).
 
 The CPU each round trip costs client and server is printed too: on a small box that cost
 (every message wakes threads in both processes), more than the wait, caps messages per second.
@@ -114,9 +122,64 @@ def fdatasyncs(directory: Path, n: int) -> list[float]:
     return out
 
 
+# The kinds of file ``disk_syncs`` writes into, and what runs beside it (module docstring)
+SYNC_KINDS = ("append", "fallocated", "overwrite")
+CHURNS = ("", "rewrite", "delete")
+
+
+def disk_syncs(directory: Path, n: int, kind: str, *, churn: str = "") -> list[float]:
+    """``n`` fdatasyncs of a 1 KiB write each into a file of ``kind`` (``SYNC_KINDS``), beside
+    a thread that meanwhile rewrites a 4 MiB file in ``directory`` (``churn`` "rewrite") or
+    writes 4 MiB files there and deletes them ("delete")."""
+    fd, path = tempfile.mkstemp(dir=directory)
+    stop = threading.Event()
+    churner = threading.Thread(target=_churn, args=(directory, stop, churn == "delete"),
+                               daemon=True) if churn else None
+    out = []
+    try:
+        if kind == "fallocated":
+            os.posix_fallocate(fd, 0, n * 1024)
+        elif kind == "overwrite":
+            os.write(fd, bytes(n * 1024))
+            os.fsync(fd)
+        elif kind != "append":
+            raise ValueError(f"unknown kind {kind!r}")
+        if churner is not None:
+            churner.start()
+        for i in range(n):
+            os.pwrite(fd, b"x" * 1024, i * 1024)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            out.append(time.perf_counter() - t0)
+    finally:
+        stop.set()
+        if churner is not None:
+            churner.join()
+        os.close(fd)
+        os.unlink(path)
+    return out
+
+
+def _churn(directory: Path, stop: threading.Event, delete: bool) -> None:
+    block = os.urandom(1 << 20)
+    fd, path = tempfile.mkstemp(dir=directory, prefix="churn-")
+    try:
+        while not stop.is_set():
+            if delete:  # a new file each time, the last one's blocks freed
+                os.close(fd)
+                os.unlink(path)
+                fd, path = tempfile.mkstemp(dir=directory, prefix="churn-")
+            for i in range(4):
+                os.pwrite(fd, block, i << 20)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def _line(name: str, lat: list[float]) -> str:
     ms = [x * 1000 for x in lat]
-    return (f"{name}: p50 {percentile(ms, 50):.3f} ms, p99 {percentile(ms, 99):.3f} ms "
+    return (f"{name}: p50 {percentile(ms, 50):.3f} ms, p99 {percentile(ms, 99):.3f} ms, max {max(ms):.3f} ms "
             f"({1 / statistics.median(lat):,.0f}/s one at a time)")
 
 
@@ -161,10 +224,20 @@ def main() -> None:
     ap.add_argument("--round-trips", type=int, default=3000)
     ap.add_argument("--syncs", type=int, default=1000)
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where to fdatasync")
+    ap.add_argument("--disk", action="store_true", help="only fdatasyncs: append, fallocated, overwrite; "
+                    "quiet and beside a churn of files written and deleted")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve()
+        return
+    if args.disk:
+        for churn in CHURNS:
+            for kind in SYNC_KINDS:
+                lat = disk_syncs(args.dir, args.syncs, kind, churn=churn)
+                beside = {"rewrite": ", beside a rewrite", "delete": ", beside writes and deletes"}.get(churn, "")
+                print(_line(f"fdatasync of 1 KiB, {kind}{beside}", lat), flush=True)
+        print(f"load average {os.getloadavg()[0]:.1f}")
         return
     print("\n".join(measure(args.round_trips, args.syncs, args.dir).lines))
 

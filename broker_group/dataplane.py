@@ -43,6 +43,7 @@ from ordq.common.errors import ConfigError, OrdqError
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import first_seqs
 from ordq.wire.errors import ResourceExhausted, abort
 
 log = logging.getLogger("ordq.broker")
@@ -250,7 +251,6 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 ready = b.write.take_ready_acks(stream)
                 error, finished = stream.error, stream.done and not stream.pending
             if ready:
-                stamp("M.ack")
                 await context.write(pb.ProduceResponse(acks=ready))
                 if stream.first_write is not None:  # a new segment's first ack went out: how long it took
                     log.info("%s", stream.first_write.line("master"))
@@ -276,7 +276,7 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
     try:
         await hold_stream(b, token)
         async for req in requests:
-            stamp("M.request")
+            stamp("M.request", first_seqs, req.batches)
             size = sum(map(len, req.batches))
             rt.charge(token, rt.config.byte_cost_s(size), time.monotonic())
             # The request is in memory already: charged while it is checked and placed (then
@@ -288,7 +288,7 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
             # counted once, where ``produce`` answers with it.
             check(req.queue)
             await b.write.accept_produce(stream, req)
-            stamp("M.placed")
+            stamp("M.placed", first_seqs, req.batches)
             lease.release()
             # The next request is not read while the token is over its share of the loop
             # (gRPC flow control then holds its sender back).

@@ -44,11 +44,12 @@ from ordq.broker_group import lean_link
 from ordq.broker_group.config import server_options
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
-from ordq.common import security
+from ordq.common import security, stages
 from ordq.common.errors import OrdqError
 from ordq.common.loop import Signal
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
+from ordq.wire.batch import first_seqs
 from ordq.wire.errors import SegmentNotWritable, abort
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
 from ordq.wire.lean_frames import encoded_stream
@@ -269,7 +270,7 @@ class ReplicationLink:
                 await self.wake.wait(timeout)
                 self._asleep_untimed = False
                 continue
-            stamp("M.forward")
+            stamp("M.forward", _request_keys, reqs)
             if isinstance(call, lean_link.LeanCall):
                 call.write_now(reqs)  # one transport write for all of them
                 await call.drain()
@@ -326,12 +327,17 @@ class ReplicationLink:
                 return
             reqs, _ = self._take()
         if reqs:
-            stamp("M.forward")
+            stamp("M.forward", _request_keys, reqs)
             call.write_now(reqs)  # at most WINDOW_BYTES of batches unanswered: bounded
             if self._asleep_untimed:
                 # The sender slept with no segment active: it must now push this one's LAC
                 # every lac_push_ms (the LAC moves on syncs, which do not wake it).
                 self.wake.fire()
+
+
+def _request_keys(reqs: list[lean_link.Outgoing]) -> list[int]:
+    """The first seqs of the batches ``reqs`` carry (stage stamps' keys)."""
+    return [k for r in reqs for k in first_seqs(r.batches)]
 
 
 def window_share(sizes: Iterable[int], unanswered_bytes: int, window_bytes: int = WINDOW_BYTES) -> int:
@@ -399,16 +405,17 @@ async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIt
             if req.hello:
                 await send(pb.ReplicateResponse())
                 continue
-            stamp("S.request")
+            stamp("S.request", first_seqs, req.batches)
             s, accepted = await write.place_replica(req.queue, req.seg, list(req.batches), req.lac)
             if not req.batches:
                 continue
             alone = answers.owed == 0
             commit = write.commit_replica(s, accepted, alone=alone) if accepted else None
+            keys = first_seqs(req.batches) if stages.on() else ()  # of the answer's stage stamp
             if alone and commit is None:
-                await _answer(shared, s, send)
+                await _answer(shared, s, send, keys)
                 continue
-            answers.owe(s, commit, sum(map(len, req.batches)))
+            answers.owe(s, commit, sum(map(len, req.batches)), keys)
             await answers.room(WINDOW_BYTES)
     except OrdqError as exc:
         log.error("refused replicated data: %s", exc)
@@ -425,20 +432,22 @@ class _Answers:
 
     def __init__(self, shared: Shared, send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
         self._shared, self._send = shared, send
-        self._owed: asyncio.Queue[tuple[Segment, concurrent.futures.Future[None] | None, int]] = asyncio.Queue()
+        self._owed: asyncio.Queue[tuple[Segment, concurrent.futures.Future[None] | None, int, Iterable[int]]] = (
+            asyncio.Queue())
         self.owed = 0  # answers queued or being sent
         self._owed_bytes = 0
         self._freed = asyncio.Event()
         self._handler = asyncio.current_task()
         self._task: asyncio.Task[None] | None = None
 
-    def owe(self, s: Segment, commit: concurrent.futures.Future[None] | None, size: int) -> None:
+    def owe(self, s: Segment, commit: concurrent.futures.Future[None] | None, size: int,
+            keys: Iterable[int] = ()) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
             self._task.add_done_callback(self._ended)
         self.owed += 1
         self._owed_bytes += size
-        self._owed.put_nowait((s, commit, size))
+        self._owed.put_nowait((s, commit, size, keys))
 
     async def room(self, limit: int) -> None:
         """Until the answers owed hold at most ``limit`` bytes of batches."""
@@ -448,10 +457,10 @@ class _Answers:
 
     async def _run(self) -> None:
         while True:
-            s, commit, size = await self._owed.get()
+            s, commit, size, keys = await self._owed.get()
             if commit is not None:
                 await asyncio.wrap_future(commit)
-            await _answer(self._shared, s, self._send)
+            await _answer(self._shared, s, self._send, keys)
             self.owed -= 1
             self._owed_bytes -= size
             self._freed.set()
@@ -472,8 +481,10 @@ class _Answers:
             pass
 
 
-async def _answer(shared: Shared, s: Segment, send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
-    """The answer to one request with batches of ``s``: its copy's synced end now."""
+async def _answer(shared: Shared, s: Segment, send: Callable[[pb.ReplicateResponse], Awaitable[None]],
+                  keys: Iterable[int] = ()) -> None:
+    """The answer to one request with batches of ``s`` (their first seqs ``keys``, for the
+    stage stamp): its copy's synced end now."""
     with shared.cv:
         end = s.replica.local_synced
         fw = s.first_write
@@ -481,7 +492,7 @@ async def _answer(shared: Shared, s: Segment, send: Callable[[pb.ReplicateRespon
             fw.done = time.monotonic()
         else:
             fw = None
-    stamp("S.answer")
+    stamp("S.answer", keys)
     await send(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=s.replica.queue, seg=s.replica.seg,
                                                               synced_end=end)]))
     if fw is not None:  # a new segment's first answer went out: how long it took

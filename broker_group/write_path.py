@@ -25,6 +25,7 @@ from ordq.broker_group.replica import Placement, Refused, Role
 from ordq.broker_group.replica_commits import ReplicaCommits
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
+from ordq.common import stages
 from ordq.common.errors import ClosedError, ConfigError, CorruptLog, DiskFull, MessageTooLarge, OrdqError
 from ordq.common.stages import stamp
 from ordq.wire import batch as batch_format
@@ -332,7 +333,6 @@ class WritePath:
                 self._dirty.clear()
             for s, batches in work:
                 self.commit(s, batches, inflight=sum(map(len, batches)))
-                stamp("M.synced")
 
     async def _hold_back(self, link: Any) -> None:
         """While more than ``max_inflight_bytes`` wait for a sync here or on the slave, do not
@@ -362,6 +362,8 @@ class WritePath:
         durable and freezes the segment."""
         error: OrdqError | None = None
         end = None
+        role = "M" if self.shared.config.role is Role.MASTER else "S"  # stage stamps' prefix
+        stamp(f"{role}.sync", batch_format.first_seqs, batches)
         try:
             # The log is locked to append and write, and again to count the sync, but not
             # across the fdatasync: fetches read the synced prefix meanwhile (Fence, Seal and
@@ -378,6 +380,7 @@ class WritePath:
                     os.fdatasync(written.fd)
                 except OSError as exc:
                     failed = exc
+            stamp(f"{role}.synced", batch_format.first_seqs, batches)
             with s.io_lock:
                 end = s.log.end_sync(written, failed) if written is not None else s.log.synced_end
             self._fsync_seconds.observe(time.perf_counter() - started)
@@ -462,6 +465,8 @@ class WritePath:
                 out.append(pb.Ack(seg=s.replica.seg, first_offset=p.first_offset, first_seq=p.first_seq,
                                   count=p.count))
         if n:
+            if stages.on():
+                stamp("M.ack", [p.first_seq for _, p in stream.pending[:n]])
             fw = stream.pending[n - 1][0].first_write
             if fw is not None and fw.done is None:  # a new segment's first ack: reported by the handler
                 fw.done = time.monotonic()

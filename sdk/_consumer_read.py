@@ -28,15 +28,21 @@ from ordq.common.errors import (
     PermissionDenied,
     RetentionOvertook,
 )
+from ordq.common.stages import stamp
 from ordq.coordinator.client import CoordinatorClient
 from ordq.coordinator.state import Cursor, Segment, SegStatus
 from ordq.sdk._consumer_core import DeliveryFilter
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered, new_delivered
 from ordq.sdk._queue_view import QueueView
-from ordq.wire.batch import decode_batch
+from ordq.wire.batch import BatchHeader, Message, decode_batch
 from ordq.wire.transport import BrokerTransport, FetchResult, Reader
 
 log = logging.getLogger("ordq.consumer")
+
+
+def _header_seqs(decoded: list[tuple[BatchHeader, list[Message]]]) -> list[int]:
+    """Stage stamps' keys (ordq/common/stages.py): the batches' first seqs."""
+    return [h.first_seq for h, _ in decoded]
 
 
 class SegmentReader:
@@ -180,7 +186,9 @@ class SegmentReader:
         seg = segment.seg
         # Every batch decoded (CRC checked) before anything moves: a corrupt one raises with
         # the filter and the cursor untouched, so the range can be read again elsewhere.
-        for header, messages in [decode_batch(raw) for raw in batches]:
+        decoded = [decode_batch(raw) for raw in batches]
+        stamp("C.read", _header_seqs, decoded)
+        for header, messages in decoded:
             first_off, first_seq, n = header.first_offset, header.first_seq, header.count
             if (first_off >= offset and (limit is None or first_off + n <= limit)
                     and self.filter.admit_run(first_seq, n)):

@@ -76,6 +76,15 @@ _COORDINATION_AGAIN_S = (0.1, 1.0)
 _MASTER_POLL_S = 0.05
 
 
+def _first_seqs(batches: list[PendingBatch]) -> list[int]:
+    """Stage stamps' keys (ordq/common/stages.py)."""
+    return [b.first_seq for b in batches]
+
+
+def _settled_first_seqs(settled: list[tuple[list[PendingBatch], Ack]]) -> list[int]:
+    return [b.first_seq for done, _ack in settled for b in done]
+
+
 @attrs.define
 class FailoverPacing:
     """How long the ack deadline gives a head, from this producer's recent failovers (issue 26).
@@ -192,6 +201,7 @@ class ProducerIO:
                 now_us = time.time_ns() // 1000
                 for b in ready:
                     self._send_us.setdefault(b.first_seq, now_us)
+            stamp("P.take", _first_seqs, ready)
             self._stream.send([b.encoded for b in ready])
             if self._deadline_timer is None:
                 due_at = now + self._pacing.ack_timeout(now)
@@ -366,6 +376,7 @@ class ProducerIO:
                 self._stats.acked += ack.count
                 self._stats.batches_acked += len(done)
                 settled.append((done, ack))
+            stamp("P.acked", _settled_first_seqs, settled)
             self._pump(time.monotonic())  # an ack frees the pipe: the open batch may be due now
             self._resolving += 1  # flush()/close() wait for it: its audit rows are not written yet
         try:
@@ -374,7 +385,7 @@ class ProducerIO:
                 if metrics is not None:
                     metrics.acked(done)
                 self._resolve(done, ack)
-                stamp("P.resolved")
+                stamp("P.resolved", _first_seqs, done)
         finally:
             with self._mutex:
                 self._resolving -= 1

@@ -66,6 +66,7 @@ from ordq.common.errors import (
     SubscriptionNotFound,
     WaitTimeout,
 )
+from ordq.common.stages import stamp
 from ordq.coordinator.client import CoordinatorClient, Described
 from ordq.coordinator.state import Cursor
 from ordq.sdk._cluster import open_coordinator
@@ -84,6 +85,11 @@ from ordq.sdk.parking import BlockedMessage
 from ordq.wire.transport import BrokerTransport
 
 log = logging.getLogger("ordq.consumer")
+
+
+def _seqs(delivered: list[Delivered]) -> list[int]:
+    """Stage stamps' keys (ordq/common/stages.py): the seqs handed out."""
+    return [d.seq for d in delivered]
 T = TypeVar("T")
 
 
@@ -402,7 +408,9 @@ class Consumer:
         except LeaseGone as gone:
             self._rejoin(gone.reason)  # the batch in hand is delivered again from the cursor
             return []
-        return handout.take(due)
+        out = handout.take(due)
+        stamp("C.poll", _seqs, out)
+        return out
 
     def _hand_out_ok(self, now: float) -> bool:
         """Before handing out: the lease and a periodic commit of what is finished, if one is

@@ -361,11 +361,13 @@ class Producer(ProducerIO):
                     raise WaitTimeout("send(): in-flight window stayed full")
                 self._lock.wait(left if left is not None else 0.1)
             core = self._core
+            # add() gives the message seq next_seq + open_count, whether or not it cuts first.
+            seq = core.next_seq + core.open_count
+            stamp("send")
             if core.starts_batch(size):
                 self._open_outcome = BatchOutcome()  # one per batch: they are acked together
-            # add() gives the message seq next_seq + open_count, whether or not it cuts first.
-            stamp("send")
-            fut = SendFuture(core.next_seq + core.open_count, self._open_outcome)
+                stamp("P.open", (seq,))
+            fut = SendFuture(seq, self._open_outcome)
             cut_before = core.next_seq
             now = time.monotonic()
             core.add(msg, fut, now, size)

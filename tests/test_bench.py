@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.zk
 
-def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDecorator) -> object:
-    return pytest.param(name, args, expect, id=name, marks=marks)
+def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDecorator, id: str | None = None) -> object:
+    return pytest.param(name, args, expect, id=id or name, marks=marks)
 
 
 # bench module, tiny arguments, fragments its output must hold (one per phase)
@@ -26,6 +26,13 @@ BENCHES = [
     bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--rate", "500", "--rate-seconds", "1"],
           ["floor of one acked send", "pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch",
            "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch", "goal: pipelined"]),
+    # where the steady phase's batches spend their time: every stage of the path reached (padded row)
+    bench("bench_e2e", ["--messages", "0", "--sync-messages", "0", "--rate", "300", "--rate-seconds", "1",
+                               "--floor-round-trips", "0", "--stages", "--commit-every", "100000"],
+          ["stages of the steady phase's batches", *(f"\n{stage}  " for stage in (
+              "P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced", "S.request",
+              "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")),
+           "M.sync > M.synced: n "], id="bench_e2e_stages"),
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
           ["rolls (to same)", "roll call", "send->ack, sent within", "send->ack, other times"]),
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50", "--tls", "both"],
@@ -35,6 +42,9 @@ BENCHES = [
     bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
           pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
+    bench("bench_floor", ["--disk", "--syncs", "20"],
+          [f"fdatasync of 1 KiB, {kind}{churn}: p50" for kind in ("append", "fallocated", "overwrite")
+           for churn in ("", ", beside a rewrite", ", beside writes and deletes")], id="bench_floor_disk"),
     # a cluster's commands need --zk (docs/BENCHMARKS.md runs them); --only as the window's runs use it
     bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),

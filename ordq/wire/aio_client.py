@@ -23,6 +23,7 @@ from ordq.common.security import Credentials, StubCache, aio_channel, token_meta
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.batch import first_seqs
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS, PRODUCE_STEP_BYTES, chunks
 from ordq.wire.lean_frames import encoded_stream, produce_request_body
@@ -101,7 +102,7 @@ class AioProduceStream(ProduceWriter):
 
     async def _write(self, batches: list[bytes]) -> None:
         for chunk in chunks(batches, PRODUCE_STEP_BYTES):
-            stamp("P.write")
+            stamp("P.write", first_seqs, chunk)
             await self._call.write(produce_request_body(self.queue, self.seg, self.epoch, self.epoch_key, chunk))
 
     async def read_acks(self) -> list[Ack]:

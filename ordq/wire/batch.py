@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import attrs
@@ -176,6 +176,12 @@ def header_problem(length: int, magic: int, flags: int, count: int, available: i
     if length > available:
         return f"short batch: length {length}, only {available} bytes present"
     return None
+
+
+def first_seqs(batches: Iterable[BytesLike]) -> list[int]:
+    """The first seq of each batch, read from its header unchecked (stage stamps' keys:
+    ordq/common/stages.py; raises on bytes too short to hold a header)."""
+    return [HEAD.unpack_from(b)[6] for b in batches]
 
 
 def parse_header(batch: BytesLike, *, path: str = WIRE, position: int = 0, verify_crc: bool = True) -> BatchHeader:

@@ -33,6 +33,7 @@ from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError
 from ordq.common.security import Credentials
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
+from ordq.wire.batch import first_seqs
 from ordq.wire.errors import from_error_json
 from ordq.wire.framing import PRODUCE_STEP_BYTES, chunks
 from ordq.wire.lean_frames import add_produce_request, frame, read_frame
@@ -116,7 +117,7 @@ class LeanProduceStream(ProduceWriter):
         parts: list[bytes] = []
         for chunk in chunks(batches, PRODUCE_STEP_BYTES):
             add_produce_request(parts, self.queue, self.seg, self.epoch, self.epoch_key, chunk)
-        stamp("P.write")
+        stamp("P.write", first_seqs, batches)
         writer.write(b"".join(parts))  # one copy, one run of TLS records
         await writer.drain()  # the master reads no faster: hold further writes (flow control)
 
