@@ -18,13 +18,16 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 
 from ordq.common.errors import IllegalTransition
 from ordq.coordinator import state as sm
 from ordq.coordinator.state import Facts, QueueState
+
+T = TypeVar("T")
 
 # Queues per transaction: a fail_over rewrites a state znode of ~0.3-2 KB.
 BATCH = 200
@@ -88,34 +91,30 @@ def batches(moves: list[Move], *, max_count: int = BATCH, max_bytes: int = BATCH
     ``max_bytes`` unless a single move is larger (then it goes alone)."""
     if max_count < 1 or busy_count < 1 or max_bytes < 1:
         raise ValueError("batch bounds must be >= 1")
-    out: list[list[Move]] = []
-    part: list[Move] = []
-    part_bytes = 0
-    for move in moves:
-        limit = busy_count if move.busy else max_count
-        if part and (part[0].busy != move.busy or len(part) >= limit or part_bytes + move.size > max_bytes):
-            out.append(part)
-            part, part_bytes = [], 0
-        part.append(move)
-        part_bytes += move.size
-    if part:
-        out.append(part)
-    return out
+    return _cut(moves, size_of=lambda m: m.size, limit_of=lambda m: busy_count if m.busy else max_count,
+                max_bytes=max_bytes, together=lambda a, b: a.busy == b.busy)
 
 
 def transactions(writes: Sequence[tuple[str, int, QueueState]]) -> list[list[tuple[str, int, QueueState]]]:
     """``writes`` (queue, version read, new state) cut in order into transactions bounded as the
     moves' are (``BATCH`` states, ``BATCH_BYTES`` bytes): the batched seals, pops and admits."""
-    out: list[list[tuple[str, int, QueueState]]] = []
-    part: list[tuple[str, int, QueueState]] = []
-    size = 0
-    for w in writes:
-        grow = estimate_size(w[2])
-        if part and (len(part) >= BATCH or size + grow > BATCH_BYTES):
+    return _cut(writes, size_of=lambda w: estimate_size(w[2]), limit_of=lambda _w: BATCH, max_bytes=BATCH_BYTES)
+
+
+def _cut(items: Iterable[T], *, size_of: Callable[[T], int], limit_of: Callable[[T], int], max_bytes: int,
+         together: Callable[[T, T], bool] = lambda _a, _b: True) -> list[list[T]]:
+    """``items`` cut in order: a part ends before an item that may not go ``together`` with its
+    first, that would make it longer than ``limit_of(item)`` or larger than ``max_bytes``."""
+    out: list[list[T]] = []
+    part: list[T] = []
+    part_bytes = 0
+    for item in items:
+        grow = size_of(item)
+        if part and (not together(part[0], item) or len(part) >= limit_of(item) or part_bytes + grow > max_bytes):
             out.append(part)
-            part, size = [], 0
-        part.append(w)
-        size += grow
+            part, part_bytes = [], 0
+        part.append(item)
+        part_bytes += grow
     if part:
         out.append(part)
     return out
