@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.replica import Role
-from ordq.broker_group.segments import SegmentStore, write_meta
+from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
 from ordq.coordinator.state import SegStatus
@@ -94,6 +94,8 @@ class Repairer:
         with self.shared.cv:
             s.replica.freeze("sealed")
             self.shared.settle(s)
+        if s.recorded is not None and end > 0:  # kept as a record (sealed empty): a copy needs its files
+            self.segments.materialize(s)
         with s.io_lock:
             if s.log is None:  # corrupt: keep the evidence, rebuild from the peer
                 bad = s.directory / "segment.log"
@@ -129,8 +131,9 @@ class Repairer:
             self.shared.stats.reconciled += 1
             out = s.end()
             self.shared.changed()
-        write_meta(s)
-        self.on_sealed(s)
+        self.segments.write_meta(s)
+        if s.recorded is None:
+            self.on_sealed(s)
         log.info("segment %s/%d reconciled to end %d", queue, seg, end)
         return out
 
