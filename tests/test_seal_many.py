@@ -8,6 +8,7 @@ ZooKeeper and broker processes; the files are read back without the broker."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,39 @@ def test_a_record_goes_with_its_queue_and_never_seals_a_queue_of_the_same_name(g
     wait_until(lambda: "slave" in g.store.live_members("g1"), what="slave back")
     info = g.transport.segment_info(g.address("slave"), "idle", 0)
     assert not info.sealed and info.end == 3, info
+
+
+def test_a_record_whose_sealed_end_the_peer_holds_gets_its_folder_and_the_copy(group: Group) -> None:
+    """A segment sealed at 3 messages that the slave holds no copy of (made here by removing
+    the slave's folder of it while it was down: a replica that never held a segment the master
+    wrote is a state the Seal protocol allows, since ``end`` is the longest answer). The slave
+    seals it as a record (end 0); its repair round then finds ZooKeeper's end past 0, gives it
+    its folder (``materialize``) and copies the batches from the master; killed (-9) and
+    started again it holds them, sealed."""
+    g = group
+    g.store.create_queues(["late"], ["g1"])
+    g.store.apply("late", lambda st, _f: sm.bump_epoch(st))
+    stream = g.transport.open_produce(g.address("master"), "late", 0, 1)
+    try:
+        stream.send([encode_batch([Message(payload=b"l%d" % i) for i in range(3)], epoch=1, first_seq=0)])
+        next(iter(stream.acks()))
+    finally:
+        stream.close()
+    _sealing(g, ["late"])
+    assert g.transport.seal_many(g.address("master"), [("late", 0)])[("late", 0)] is not None
+    g.store.apply("late", lambda st, _f: sm.seal(st, 0, 3, 0, 2))
+    g.procs.slave.kill()
+    shutil.rmtree(g.procs.slave.data_dir / "late")
+    g.procs.slave.start()
+    wait_until(lambda: "slave" in g.store.live_members("g1"), what="slave back")
+    got = g.transport.seal_many(g.address("slave"), [("late", 0)])
+    assert got[("late", 0)] is not None and got[("late", 0)].end == 0  # a record: never held here
+    assert ("late", 0) in {r.key for r in decode((g.procs.slave.data_dir / BOOK_FILE).read_bytes()).records}
+    wait_until(lambda: g.transport.segment_info(g.address("slave"), "late", 0).end == 3,
+               what="the slave copied the sealed end from the master")
+    assert (seglog.segment_dir(g.procs.slave.data_dir, "late", 0) / seglog.SEGMENT_FILE).exists()
+    g.procs.slave.kill()
+    g.procs.slave.start()
+    wait_until(lambda: "slave" in g.store.live_members("g1"), what="slave back")
+    info = g.transport.segment_info(g.address("slave"), "late", 0)
+    assert info.sealed and info.end == 3 and info.last_seq == 2, info
