@@ -141,7 +141,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._seals: list[tuple[int, int, Callable[[], None]]] = []
         self._seal_order = itertools.count()
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
-        self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
+        self._seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]] = {}
         self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
         self._list_seen = -1
         self._tidy: list[tuple[str, int, sm.QueueState, Kind]] | None = None

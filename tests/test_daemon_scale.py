@@ -170,6 +170,51 @@ def test_written_queues_come_first_in_rounds_and_seals() -> None:
         daemon.stop()
 
 
+def test_two_sealing_segments_of_one_queue_on_one_group_are_both_sealed_in_batches() -> None:
+    """A queue can have two segments sealing on one group (a roll, then its failover). The
+    batches' waiting seals were keyed by queue, so the later replaced the earlier, which was
+    never asked and stayed in the pool's "sealing now" set, so no later round could seal it
+    (failing first). Now both are asked, in two batches (one write of a queue's state a batch)."""
+    import threading
+    import types
+
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon import SEAL_WORKERS
+    from ordq.coordinator.duties import Action, Kind
+
+    asked: list[list[tuple[str, int]]] = []
+    gates = {f"block-{i}": threading.Event() for i in range(SEAL_WORKERS)}
+
+    def sealer(queue: str, seg: int, **_known: object) -> None:
+        gates[queue].wait(DEADLINE_S)  # hold every seal worker while the seals queue up
+
+    def batch_sealer(gid, items, members):  # type: ignore[no-untyped-def]
+        asked.append([(q, seg) for q, seg, _st, _v in items])
+        return []
+
+    daemon = CoordinatorDaemon(None, sealer=sealer, batch_sealer=batch_sealer,  # type: ignore[arg-type]
+                               identifier="two-sealing")
+    daemon.view = types.SimpleNamespace(members={"g1": {}}, schedule=lambda *a: None)  # type: ignore[assignment]
+    st = sm.create("q", ["g1"])
+    try:
+        for blocker in gates:
+            daemon._seal_later(blocker, Action(Kind.SEAL, gid="g1", seg=1))
+        wait_until(lambda: not daemon._seals, timeout_s=DEADLINE_S, what="the workers took the blockers")
+        daemon._seal_later("q", Action(Kind.SEAL, gid="g1", seg=3), known=(st, 7))
+        daemon._seal_later("q", Action(Kind.SEAL, gid="g1", seg=4), known=(st, 8))
+        daemon._seal_later("r", Action(Kind.SEAL, gid="g1", seg=2), known=(st, 1))
+        for gate in gates.values():
+            gate.set()
+        wait_until(lambda: sum(len(a) for a in asked) == 3, timeout_s=DEADLINE_S, what="every seal asked")
+        assert sorted(k for a in asked for k in a) == [("q", 3), ("q", 4), ("r", 2)]
+        assert all(len({q for q, _seg in a}) == len(a) for a in asked), asked  # a queue once a batch
+        wait_until(lambda: not daemon._sealing_now, timeout_s=DEADLINE_S, what="none left sealing for good")
+    finally:
+        for gate in gates.values():
+            gate.set()
+        daemon.stop()
+
+
 def test_idle_work_waits_while_a_producer_s_failover_is_served() -> None:
     """One process, one GIL (coordinator/pacing.py): while the service serves a FailOver, an
     idle queue's round and seal start only once it is answered; a written queue's at once, and
