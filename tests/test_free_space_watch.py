@@ -85,3 +85,50 @@ def test_a_free_space_pass_goes_over_the_segment_map_once_not_once_a_queue(
     finally:
         shared.loop.loop.close()
         zk.close()
+
+
+def test_a_reconcile_round_reads_the_states_pipelined_and_a_record_costs_no_write(
+        zk_server: Any, zk_root: str, tmp_path: Path) -> None:
+    """Issue 43: a start at 10^5 queues held ~33,000 segments to reconcile, and the repair
+    thread read their queues' states one after another (~33,000 round trips). Now in one
+    pipelined pass. Segments sealed empty as records (sealed_book.py) whose sealed end in
+    ZooKeeper is 0 are reconciled without a file written. Failing first: 200 ``load_state``."""
+    from ordq.broker_group.repair import Repairer
+    from ordq.broker_group.sealed_book import Record
+
+    zk = ZkStore.connect(zk_server.connection_string, zk_root)
+    config = BrokerConfig(gid="g1", role=Role.SLAVE, data_dir=tmp_path, zk_hosts=zk_server.connection_string,
+                          root=zk_root)
+    shared = Shared(config)
+    try:
+        zk.add_group("g1")
+        names = [f"r{i:03d}" for i in range(200)]
+        created, _ = zk.create_queues(names, ["g1"])
+        live = sm.Facts(live_groups=frozenset({"g1"}))
+
+        def sealed_empty(st: sm.QueueState, _facts: Any) -> sm.QueueState:
+            st = sm.admit_all(st, live)
+            return sm.seal(sm.roll(st, "g1", 0, live), 0, 0, None, None, at_ms=1)
+
+        writes = []
+        for st in created:
+            got, version, _ = zk.load_states([st.queue])[st.queue]  # type: ignore[misc]
+            writes.append((st.queue, version, sealed_empty(got, None)))
+        done, left = zk.apply_batch(writes, {})
+        assert not left
+        shared.store = zk
+        segments = SegmentStore(shared)
+        segments.book.append([Record(st.queue, 0, st.incarnation) for st in created])
+        segments.recover()
+        assert len(shared.segments) == len(names) and all(not s.reconciled for s in shared.segments.values())
+        reads = []
+        real = zk.load_state
+        zk.load_state = lambda q, **kw: (reads.append(q), real(q, **kw))[1]  # type: ignore[method-assign]
+        Repairer(shared, segments)._reconcile_round(zk)
+        assert len(reads) <= 1, len(reads)
+        assert all(s.reconciled and s.recorded is not None for s in shared.segments.values())
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sealed-empty.log"]  # no folder made
+    finally:
+        segments.book.close()
+        shared.loop.loop.close()
+        zk.close()
