@@ -6,7 +6,9 @@ folder's state, ~33,000 reads a broker at 10^5 queues)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +48,29 @@ class CountingMap(dict):  # type: ignore[type-arg]
         return super().items()
 
 
+@contextlib.contextmanager
+def _in_process(zk_server: Any, zk_root: str, tmp_path: Path, role: Role) -> Iterator[tuple[ZkStore, Shared]]:
+    """A broker's shared state in this process (no server, no threads) over a real ZooKeeper,
+    with group g1 added."""
+    zk = ZkStore.connect(zk_server.connection_string, zk_root)
+    config = BrokerConfig(gid="g1", role=role, data_dir=tmp_path, zk_hosts=zk_server.connection_string,
+                          root=zk_root)
+    shared = Shared(config)
+    try:
+        zk.add_group("g1")
+        yield zk, shared
+    finally:
+        shared.loop.loop.close()
+        zk.close()
+
+
 def test_a_free_space_pass_goes_over_the_segment_map_once_not_once_a_queue(
         zk_server: Any, zk_root: str, tmp_path: Path) -> None:
     """Issue 43: at start, ``free_space`` looks at every queue folder, and it went over the whole
     segment map for each one (``drop_segments``): at 10^5 queues ~33,000 x ~40,000 steps, about a
     minute of a restart before the broker served. Now one pass a round gives each queue the
     segments it holds. Failing first: 300 passes for 300 queues. Popped segments still go."""
-    zk = ZkStore.connect(zk_server.connection_string, zk_root)
-    config = BrokerConfig(gid="g1", role=Role.MASTER, data_dir=tmp_path, zk_hosts=zk_server.connection_string,
-                          root=zk_root)
-    shared = Shared(config)
-    try:
-        zk.add_group("g1")
+    with _in_process(zk_server, zk_root, tmp_path, Role.MASTER) as (zk, shared):
         names = [f"q{i:03d}" for i in range(300)]
         created, _ = zk.create_queues(names, ["g1"])
         live = sm.Facts(live_groups=frozenset({"g1"}))
@@ -82,9 +95,6 @@ def test_a_free_space_pass_goes_over_the_segment_map_once_not_once_a_queue(
         assert segments.passes <= 2, segments.passes
         assert (names[0], 0) not in segments and len(segments) == len(names) - 1
         assert store.set_aside_count() == 1 and not seglog.segment_dir(tmp_path, names[0], 0).exists()
-    finally:
-        shared.loop.loop.close()
-        zk.close()
 
 
 def test_a_reconcile_round_reads_the_states_pipelined_and_a_record_costs_no_write(
@@ -96,12 +106,7 @@ def test_a_reconcile_round_reads_the_states_pipelined_and_a_record_costs_no_writ
     from ordq.broker_group.repair import Repairer
     from ordq.broker_group.sealed_book import Record
 
-    zk = ZkStore.connect(zk_server.connection_string, zk_root)
-    config = BrokerConfig(gid="g1", role=Role.SLAVE, data_dir=tmp_path, zk_hosts=zk_server.connection_string,
-                          root=zk_root)
-    shared = Shared(config)
-    try:
-        zk.add_group("g1")
+    with _in_process(zk_server, zk_root, tmp_path, Role.SLAVE) as (zk, shared):
         names = [f"r{i:03d}" for i in range(200)]
         created, _ = zk.create_queues(names, ["g1"])
         live = sm.Facts(live_groups=frozenset({"g1"}))
@@ -128,7 +133,4 @@ def test_a_reconcile_round_reads_the_states_pipelined_and_a_record_costs_no_writ
         assert len(reads) <= 1, len(reads)
         assert all(s.reconciled and s.recorded is not None for s in shared.segments.values())
         assert sorted(p.name for p in tmp_path.iterdir()) == ["sealed-empty.log"]  # no folder made
-    finally:
         segments.book.close()
-        shared.loop.loop.close()
-        zk.close()
