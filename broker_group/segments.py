@@ -552,13 +552,11 @@ class SegmentStore:
             with s.io_lock:
                 if s.log is not None:
                     s.log.close()
-                if s.recorded is not None:
-                    continue  # no folder to remove
-                if later:
+                if s.recorded is None and later:
                     self._put_aside(s.directory, f"segment {queue}/{s.key[1]}", why)
-                else:
+                elif s.recorded is None:
                     remove_folder(s.directory)
-            if not later:
+            if not later or s.recorded is not None:  # no folder: gone with its record now
                 log.info("segment %s/%d removed: %s", queue, s.key[1], why)
 
     def _put_aside(self, path: Path, what: str, why: str) -> None:
