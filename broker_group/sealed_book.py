@@ -136,13 +136,8 @@ class SealedBook:
             finally:
                 os.close(fd)
         with self._lock:
-            for r in got.records:
-                segs = self._live.setdefault(r.queue, {})
-                if segs and next(iter(segs.values())) != r.incarnation:
-                    # Records of a queue of the same name come only after the earlier one's
-                    # were dropped (``SegmentStore._may_record``): those no longer count.
-                    segs.clear()
-                segs[r.seg] = r.incarnation
+            for r in got.records:  # a segment's later record wins; another incarnation's are
+                self._live.setdefault(r.queue, {})[r.seg] = r.incarnation  # sorted out by its reader
             self._dropped = len(got.records) - sum(len(v) for v in self._live.values())
         return [Record(q, s, i) for q, segs in self._live.items() for s, i in segs.items()]
 
@@ -192,15 +187,24 @@ class SealedBook:
             fd, self._fd = self._fd, None
             os.close(fd)
 
-    def holds(self, queue: str) -> bool:
-        with self._lock:
-            return queue in self._live
-
     def incarnation(self, queue: str) -> str | None:
-        """The incarnation of the queue the records of ``queue`` belong to (None: none held)."""
+        """The one incarnation the records of ``queue`` name; None when it holds none, or records
+        of two (a deleted queue's and its successor's of the same name)."""
         with self._lock:
-            segs = self._live.get(queue)
-            return next(iter(segs.values())) if segs else None
+            found = set(self._live.get(queue, {}).values())
+        return found.pop() if len(found) == 1 else None
+
+    def has_other(self, queue: str, incarnation: str) -> bool:
+        """Does it hold a record of ``queue`` of another incarnation (a deleted queue's)?"""
+        with self._lock:
+            return any(i != incarnation for i in self._live.get(queue, {}).values())
+
+    def forget_other(self, queue: str, incarnation: str) -> None:
+        """``forget`` every record of ``queue`` of another incarnation than ``incarnation``."""
+        with self._lock:
+            segs = self._live.get(queue, {})
+            others = [(queue, seg) for seg, i in segs.items() if i != incarnation]
+        self.forget(others)
 
     def forget(self, keys: Iterable[tuple[str, int]]) -> None:
         """These segments are gone (popped, or their queue deleted): their records no longer

@@ -281,9 +281,8 @@ class SegmentStore:
         first). Caller holds ``_folder_lock``. ``batch``: the claim is written there, durable
         once the caller commits it (``create_for_seal``); else durable before this returns."""
         qdir = self.shared.config.data_dir / queue
-        booked = self.book.incarnation(queue)
-        if booked is not None and booked != st.incarnation:
-            self.drop_segments(queue, lambda seg: True, "an earlier queue of the same name was deleted")
+        if self.book.has_other(queue, st.incarnation):
+            self._drop_other_records(queue, st.incarnation)
         held = _folder_incarnation(qdir)
         if held == st.incarnation and queue not in self._claiming:
             return
@@ -363,8 +362,7 @@ class SegmentStore:
         """Can a segment of ``queue`` this replica never held be kept as a record (no folder)?
         Not while files or records of another incarnation of the queue are here: those go first,
         the one-by-one way (``_claim_queue_folder``)."""
-        booked = self.book.incarnation(queue)
-        if booked is not None and booked != st.incarnation:
+        if self.book.has_other(queue, st.incarnation):
             return False
         held = _folder_incarnation(self.shared.config.data_dir / queue)
         return held is None or held == st.incarnation
@@ -383,6 +381,17 @@ class SegmentStore:
             self.shared.segments[(queue, seg)] = segment
             self.shared.changed()
         return segment
+
+    def _drop_other_records(self, queue: str, incarnation: str, among: Iterable[int] | None = None) -> None:
+        """Drop the segments of ``queue`` kept as records of another incarnation than
+        ``incarnation`` (a deleted queue's of the same name), in memory and in the book; never
+        one with a folder (those follow the queue folder's claim) nor one of this incarnation."""
+        def other(seg: int) -> bool:
+            s = self.shared.segments.get((queue, seg))  # under the lock drop_segments holds
+            return s is not None and s.recorded is not None and s.recorded != incarnation
+
+        self.drop_segments(queue, other, "an earlier queue of the same name was deleted", among=among)
+        self.book.forget_other(queue, incarnation)
 
     def book_seals(self, segments: Sequence[Segment]) -> int:
         """The records of these segments (sealed empty, no folder) durable: one append, one
@@ -494,10 +503,10 @@ class SegmentStore:
         qdir = data_dir / name
         with self._folder_lock:
             held_incarnation = _folder_incarnation(qdir)
-            if held_incarnation is None:  # a queue kept here only as records (no folder)
-                held_incarnation = self.book.incarnation(name)
-            if not (isinstance(got, tuple) and held_incarnation is not None
-                    and held_incarnation == got[0].incarnation):
+            # a queue kept here only as records (no folder): their incarnation tells the same
+            known_incarnation = held_incarnation if held_incarnation is not None else self.book.incarnation(name)
+            if not (isinstance(got, tuple) and known_incarnation is not None
+                    and known_incarnation == got[0].incarnation):
                 try:
                     got = (self.shared.require_store().load_state(name, watch=self._on_state)[0], 0, None)
                 except QueueNotFound:
@@ -516,6 +525,7 @@ class SegmentStore:
                 self.drop_segments(name, lambda seg: True, "its queue was deleted", later=True)
                 self._put_aside(qdir, f"queue folder {name}", "its queue was deleted")
                 return
+            self._drop_other_records(name, st.incarnation, among=held)
             # popped (below the head) or a segment sealed empty dropped from the middle
             # (state.drop_empty): below next_seg and no longer in the consume list
             kept = {s.seg for s in st.consume}

@@ -134,3 +134,34 @@ def test_a_reconcile_round_reads_the_states_pipelined_and_a_record_costs_no_writ
         assert all(s.reconciled and s.recorded is not None for s in shared.segments.values())
         assert sorted(p.name for p in tmp_path.iterdir()) == ["sealed-empty.log"]  # no folder made
         segments.book.close()
+
+
+def test_a_deleted_queue_s_record_never_drops_its_successor_s_segments(
+        zk_server: Any, zk_root: str, tmp_path: Path) -> None:
+    """A SealMany under way while its queue was deleted can append the old queue's record after
+    the queue of the same name was created again (the book's reader tells them apart by
+    incarnation, never by order). Such a record must drop only itself: not the new queue's
+    segments (its folder's, written), when the new queue stores a segment or frees space.
+    Failing first: the new queue's segment 0 and its folder went with the old record."""
+    from ordq.broker_group.sealed_book import Record
+
+    with _in_process(zk_server, zk_root, tmp_path, Role.MASTER) as (zk, shared):
+        (st,), _ = zk.create_queues(["q"], ["g1"])
+        shared.store = zk
+        segments = SegmentStore(shared)
+        segments.recover()
+        first = segments.create("q", 0, 0, state=st)
+        segments.book.append([Record("q", 5, "a-deleted-queue")])  # the late record of the old queue
+        shared.segments[("q", 5)] = segments._recorded_segment(Record("q", 5, "a-deleted-queue"))
+        segments.create("q", 1, 0, state=st)  # the new queue stores its next segment
+        assert shared.segments.get(("q", 0)) is first and first.directory.exists()
+        assert ("q", 5) not in shared.segments and not segments.book.has_other("q", st.incarnation)
+        segments.book.append([Record("q", 6, "a-deleted-queue")])
+        shared.segments[("q", 6)] = segments._recorded_segment(Record("q", 6, "a-deleted-queue"))
+        segments.free_space()
+        assert ("q", 6) not in shared.segments and ("q", 0) in shared.segments and ("q", 1) in shared.segments
+        assert first.directory.exists()
+        for s in list(shared.segments.values()):
+            if s.log is not None:
+                s.log.close()
+        segments.book.close()

@@ -66,7 +66,7 @@ def test_appends_forgets_and_a_compaction_keep_every_live_record(tmp_path: Path,
     assert book.syncs == 2  # the new file's name, then the records: one sync for the call
     book.append([Record("c", s, "i3") for s in range(5)])
     assert book.syncs == 3
-    assert book.incarnation("a") == "i1" and book.holds("b") and not book.holds("d")
+    assert book.incarnation("a") == "i1" and book.incarnation("b") == "" and book.incarnation("d") is None
     book.forget([("a", 0), ("c", 0), ("c", 1), ("c", 2), ("x", 9)])
     assert not book.compact()  # 4 dropped, 4 live: not yet
     book.forget([("c", 3)])
@@ -96,11 +96,16 @@ def test_a_torn_tail_is_cut_off_so_later_appends_follow_whole_lines(tmp_path: Pa
     assert got.records == [Record("a", 0, "i"), Record("a", 2, "i")] and got.skipped == 0
 
 
-def test_records_of_a_queue_of_the_same_name_replace_the_earlier_ones(tmp_path: Path) -> None:
-    """The file keeps a deleted queue's records until compacted; the new queue's, written after
-    them, are the ones that count."""
-    (tmp_path / BOOK_FILE).write_bytes(encode(Record("q", 0, "old")) + encode(Record("q", 3, "old"))
+def test_records_of_a_deleted_queue_and_of_its_successor_are_told_apart(tmp_path: Path) -> None:
+    """The file keeps a deleted queue's records until compacted, and a SealMany under way when
+    the queue was deleted may append one after its successor's: the book keeps each record's
+    incarnation, and its reader (segments.py) drops the other incarnation's, never by order."""
+    (tmp_path / BOOK_FILE).write_bytes(encode(Record("q", 0, "new")) + encode(Record("q", 3, "old"))
                                        + encode(Record("q", 1, "new")))
     book = SealedBook(tmp_path)
-    assert book.load() == [Record("q", 1, "new")]
-    assert book.incarnation("q") == "new"
+    assert sorted(book.load(), key=lambda r: r.seg) == [Record("q", 0, "new"), Record("q", 1, "new"),
+                                                        Record("q", 3, "old")]
+    assert book.incarnation("q") is None  # two: not one to compare a state with
+    assert book.has_other("q", "new") and book.has_other("q", "old") and not book.has_other("r", "new")
+    book.forget_other("q", "new")
+    assert book.incarnation("q") == "new" and not book.has_other("q", "new")
