@@ -257,13 +257,23 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
             return {}
         out: dict[str, tuple[sm.QueueState, int, list[str] | None]] = {}
         entries = view.entries
+        written = self.store.written
         for q in queues:
             entry = entries.get(q)
-            stale = set(entry.stale) if entry is not None else set()
-            if entry is None or entry.state is None or entry.problem is not None or STATE in stale:
-                continue  # not read yet, or changed and not read again: the caller reads it
+            if entry is None:
+                continue  # not read yet: the caller reads it
+            stale = set(entry.stale)
+            state, version = entry.state, entry.version
+            mine = written.get(q)
+            if mine is not None and mine[1] > version:
+                # Written by this process since the copy was read (the moves, seals, pops of a
+                # dead group's queues: each fired its watch, so the copy is stale): the state as
+                # written is what ZooKeeper holds, this process being the one writer of states.
+                state, version = mine
+            elif state is None or entry.problem is not None or STATE in stale:
+                continue  # changed and not read again: the caller reads it
             cursors = entry.cursors if SUBS not in stale else None
-            out[q] = (entry.state, entry.version, sorted(cursors) if cursors is not None else None)
+            out[q] = (state, version, sorted(cursors) if cursors is not None else None)
         return out
 
     # -- metrics ----------------------------------------------------------------------------

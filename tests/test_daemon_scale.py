@@ -698,3 +698,50 @@ def test_a_dead_group_s_moved_heads_are_sealed_from_the_move_not_a_later_round(s
         daemon.stop()
         if daemon.view is not None:
             daemon.view.close()
+
+
+def test_a_listing_takes_the_states_this_process_wrote_not_a_read_of_each(setup) -> None:
+    """Issue 43: 15 s after a group's failure at 10^5 queues, ``queue list`` spent ~15 s of its
+    coordinator's 23 s re-reading from ZooKeeper the states the daemon had just written itself
+    (its moves and seals fire the watches that mark its copies stale; py-spy, scale43h). The
+    states a coordinator writes are kept, with the version each write made, until its view
+    reads that version back: the listing takes them as they are (the elected coordinator is the
+    one writer of states). Failing first: the written queues were missing (stale) or older."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon_view import STATE
+
+    store, _ = setup
+    names = [f"lw-{i:03d}" for i in range(20)]
+    for q in names:
+        store.create_queue(q, ["g1", "g2"])
+    daemon = CoordinatorDaemon(store, identifier="listing", away_grace_s=0, sweep_interval_s=86_400.0,
+                               rebalance_moves_per_s=0)
+    try:
+        daemon.round()
+        daemon.stats.is_leader = True  # as its election makes it (round() alone does not)
+        before = daemon.known_queues(names)
+        assert set(before) == set(names)
+        live = sm.Facts(live_groups=frozenset({"g1", "g2"}))
+        writes = []
+        for q in names[:10]:
+            st, version, _ = before[q]
+            head = st.open_segment
+            assert head is not None
+            writes.append((q, version, sm.roll(st, head.gid, head.seg, live)))
+        done, left = store.apply_batch(writes, {})
+        assert sorted(done) == names[:10] and not left
+        # the watches fire (or not yet): either way, no read, and the state as written
+        wait_until(lambda: all(STATE in daemon.view.entries[q].stale for q in names[:10]),  # type: ignore[union-attr]
+                   timeout_s=DEADLINE_S, what="the writes' watches fired")
+        after = daemon.known_queues(names)
+        assert set(after) == set(names)
+        for q, version, new in writes:
+            assert after[q][:2] == (new, version + 1), q
+        for q in names[10:]:
+            assert after[q][:2] == before[q][:2], q
+        daemon.round()  # the view reads them back: nothing kept
+        assert all(store.written.get(q) is None for q in names[:10])
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()
