@@ -265,10 +265,12 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
             stale = set(entry.stale)
             state, version = entry.state, entry.version
             mine = written.get(q)
-            if mine is not None and mine[1] > version:
-                # Written by this process since the copy was read (the moves, seals, pops of a
-                # dead group's queues: each fired its watch, so the copy is stale): the state as
-                # written is what ZooKeeper holds, this process being the one writer of states.
+            if mine is not None and version >= 0 and mine[1] > version:
+                # Written by this process since the copy was read in this term (the moves,
+                # seals, pops of a dead group's queues: each fired its watch, so the copy is
+                # stale): the state as written is what ZooKeeper holds, this process being the
+                # one writer of states. Not before this term's view read it: a write of an
+                # earlier term of this process may have been overtaken by another leader's.
                 state, version = mine
             elif state is None or entry.problem is not None or STATE in stale:
                 continue  # changed and not read again: the caller reads it
