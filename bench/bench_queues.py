@@ -358,11 +358,17 @@ def spy_at_kill(pid: int | None, folder: Path | None, tag: str, seconds: float) 
     (collapsed stacks, every thread, waiting ones too: where a move's wall time goes)."""
     if pid is None or folder is None or seconds <= 0:
         return None
-    folder.mkdir(parents=True, exist_ok=True)
+    return spy_process(pid, folder / f"kill-{tag}.txt", seconds)
+
+
+def spy_process(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """``py-spy record --idle`` (raw collapsed stacks, every thread) of ``pid`` into ``out``
+    for ``seconds`` at most, or until the process ends."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).with_name("py-spy"))
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "100",
-                             "--format", "raw", "--idle", "--nonblocking", "--output",
-                             str(folder / f"kill-{tag}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--format", "raw", "--idle", "--nonblocking", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def patient(read: Any, *args: Any, bound_s: float = 120.0) -> Any:
@@ -381,15 +387,18 @@ def patient(read: Any, *args: Any, bound_s: float = 120.0) -> Any:
 class TimedListing:
     """``ordq --json queue list`` of every queue, in a process of its own, ``delay_s`` after
     ``start()`` (a kill): a listing while a dead group's segments are being sealed (issue 43:
-    one call per sealing segment; at 10^5 queues no answer after 300 s, scale43f)."""
+    one call per sealing segment; at 10^5 queues no answer after 300 s, scale43f). ``spy``: a
+    file for ``py-spy record --idle`` of that CLI process (where its wall time goes, waits too)."""
 
-    def __init__(self, cluster: LocalCluster, count: int, delay_s: float, out_path: Path) -> None:
+    def __init__(self, cluster: LocalCluster, count: int, delay_s: float, out_path: Path,
+                 spy: Path | None = None) -> None:
         from bench.bench_admin_scale import cli_base  # (it imports this module)
 
         self.argv = [sys.executable, "-m", "ordq.cli", *cli_base(cluster), "--json", "queue", "list",
                      "--limit", str(count + 10)]
         self.delay_s = delay_s
         self.out_path = out_path
+        self.spy = spy
         self.result: dict[str, Any] = {"delay_s": delay_s}
         self._thread = threading.Thread(target=self._run, name="timed-listing", daemon=True)
 
@@ -403,10 +412,18 @@ class TimedListing:
         started = time.monotonic()
         try:
             with open(self.out_path, "wb") as out:
-                done = subprocess.run(self.argv, stdout=out, stderr=subprocess.PIPE, timeout=180)
-            self.result.update(rc=done.returncode, s=round(time.monotonic() - started, 2),
-                               bytes=self.out_path.stat().st_size, err=done.stderr.decode(errors="replace")[-300:])
-            if done.returncode == 0:
+                child = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.PIPE)
+                spy = None if self.spy is None else spy_process(child.pid, self.spy, 200)
+                try:
+                    _, err = child.communicate(timeout=180)
+                finally:
+                    child.kill()
+                    child.wait()
+                    if spy is not None:
+                        spy.wait(60)
+            self.result.update(rc=child.returncode, s=round(time.monotonic() - started, 2),
+                               bytes=self.out_path.stat().st_size, err=err.decode(errors="replace")[-300:])
+            if child.returncode == 0:
                 self.result["rows"] = len(json.loads(self.out_path.read_bytes() or b"[]"))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             self.result["failed"] = repr(exc)[:300]
@@ -439,7 +456,8 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     t_kill = time.monotonic()
     cluster.broker(gid, "master").kill()
     listing = None if list_after_s is None else TimedListing(
-        cluster, len(idle), list_after_s, cluster.folder.parent / f"list-{tag}.json").start()
+        cluster, len(idle), list_after_s, cluster.folder.parent / f"list-{tag}.json",
+        spy=None if spy_folder is None else spy_folder / f"list-{tag}.txt").start()
     spy = spy_at_kill(spy_pid, spy_folder, f"{tag}-{gid}", spy_s)
     acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
     # the brokers log a first write's line once its ack is written: give it a moment

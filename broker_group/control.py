@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ordq.broker_group.segments import SegmentStore, park, write_meta, write_metas
+from ordq.broker_group.segments import SegmentStore, park, write_metas
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common.errors import ConfigError, OrdqError, SegmentNotFound
@@ -36,7 +36,7 @@ class Control:
             s.replica.fence(epoch)
             self.shared.settle(s)
             end = s.end()
-        write_meta(s)
+        self.segments.write_meta(s)
         return end
 
     def seal(self, queue: str, seg: int) -> pb.SegmentEnd:
@@ -58,20 +58,24 @@ class Control:
 
     def _persist_seal(self, s: Segment) -> None:
         """Before the seal is answered: its meta file synced (DESIGN §4: persisted first)."""
-        write_meta(s)
+        self.segments.write_meta(s)
+        self._sealed(s)
+
+    def _sealed(self, s: Segment) -> None:
         park(s)
-        self.on_sealed(s)
+        if s.recorded is None:  # no folder, nothing to index: it is empty
+            self.on_sealed(s)
 
     def seal_many(self, request: pb.SealManyRequest) -> pb.SealManyResponse:
         """``seal`` of each segment named, in order; one that cannot be sealed (not held here,
         corrupt, a bad name) is answered with its error, the others go on (issue 43).
 
         What it costs: the segments this copy never held (an idle queue's, never written here)
-        are read from ZooKeeper in one pipelined pass and created empty; every file of the call
-        (their folders, logs, queue folders' claims, and every segment's meta file) becomes
-        durable with one ``DurableBatch``: two syncs of the file system for the whole call, not
-        five to seven per segment one after another (~14 segments/s at 10^4 queues). Nothing is
-        answered as sealed before that commit: a seal acked survives a power cut."""
+        are read from ZooKeeper in one pipelined pass and sealed empty as records, no folder
+        each: one append and one ``fdatasync`` of the data folder's book for all of them
+        (``sealed_book.py``). The segments held here get their new meta files with one
+        ``DurableBatch`` (a sync of each file and folder at once). Nothing is answered as sealed
+        before both are durable: a seal acked survives a power cut."""
         if len(request.segments) > MAX_SEAL_MANY:
             raise ConfigError(f"SealMany: at most {MAX_SEAL_MANY} segments a call, not {len(request.segments)}")
         results: list[pb.SealManyResult] = []
@@ -103,7 +107,8 @@ class Control:
                 sealed.append((i, s))
                 results[i] = pb.SealManyResult(segment=results[i].segment, end=end)
             try:
-                write_metas([s for _i, s in sealed], batch)
+                write_metas([s for _i, s in sealed if s.recorded is None], batch)
+                booked = self.segments.book_seals([s for _i, s in sealed])
             except OSError as exc:  # not answered as sealed: the caller seals them again later
                 for i, _s in sealed:
                     results[i] = pb.SealManyResult(segment=results[i].segment, error=f"{type(exc).__name__}: {exc}")
@@ -113,10 +118,9 @@ class Control:
         with self.shared.cv:
             self.shared.stats.seal_many_calls += 1
             self.shared.stats.seal_many_segments += len(sealed)
-            self.shared.stats.seal_many_syncs += batch.syncs
+            self.shared.stats.seal_many_syncs += batch.syncs + booked
         for _i, s in sealed:
-            park(s)
-            self.on_sealed(s)
+            self._sealed(s)
         return pb.SealManyResponse(results=results)
 
     def segment_info(self, queue: str, seg: int) -> pb.SegmentEnd:

@@ -243,7 +243,8 @@ class Finder:
         for ref in req.segments:
             with self.shared.cv:
                 s = self.shared.segments.get((req.queue, ref.seg))
-            if s is None:  # nothing was ever written to this copy (a reader compares known ends)
+            # nothing was ever written to this copy (a reader compares known ends)
+            if s is None or s.recorded is not None:
                 out.segments.append(pb.FindSegmentResult(seg=ref.seg, readable_end=0, index="none"))
                 continue
             if s.log is None:

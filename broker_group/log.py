@@ -169,6 +169,16 @@ class SegmentLog:
             raise
 
     @classmethod
+    def absent(cls, directory: Path, queue: str, seg: int) -> SegmentLog:
+        """The log of a segment sealed empty without a file (broker_group/sealed_book.py): it
+        reads as empty and, like a parked log, opens its file only when something needs it,
+        which the broker makes first (``SegmentStore.materialize``)."""
+        lg = cls(segment_dir(Path(directory), queue, seg) / SEGMENT_FILE, -1,
+                 RecoveryReport(batches=0, messages=0, truncated_bytes=0))
+        lg._fd, lg._parked = None, True
+        return lg
+
+    @classmethod
     def _recover(cls, path: Path, fd: int) -> SegmentLog:
         size = os.fstat(fd).st_size
         log = cls(path, fd, RecoveryReport(batches=0, messages=0, truncated_bytes=0))
@@ -407,12 +417,14 @@ class SegmentLog:
         index says (changed behind the log's back), or, with ``verify_crc``, at the first batch
         whose CRC does not match (``position``: its byte in the file); ClosedError after close().
         """
-        fd = self._require_fd()
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         limit = min(upto, self.synced_end)
         if offset >= limit:
-            return []
+            if self.closed:
+                raise ClosedError(f"segment log {self.path} is closed")
+            return []  # no file needed (a parked log stays closed; an absent one has none)
+        fd = self._require_fd()
         offsets, positions = self._offsets, self._positions
         n = len(offsets)
         i = bisect_right(offsets, offset) - 1
@@ -450,9 +462,9 @@ class SegmentLog:
     def last_message(self) -> tuple[int, Message] | None:
         """(offset, message) of the last appended message (buffered ones included; call
         sync() first for the last durable one), or None when empty."""
-        fd = self._require_fd()
         if not self._offsets:
             return None
+        fd = self._require_fd()
         pos = self._positions[-1]
         raw = self._buffer[-1] if self._buffer else os.pread(fd, self._synced_bytes - pos, pos)
         header, messages = decode_batch(raw, path=str(self.path), position=pos)

@@ -10,6 +10,7 @@ Fence and seal state is persisted (``write_meta``) before it is acted on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -28,6 +29,7 @@ from ordq.broker_group import log as seglog
 from ordq.broker_group.durable import DurableBatch
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
+from ordq.broker_group.sealed_book import Record, SealedBook
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import (
     BrokerUnavailable,
@@ -89,6 +91,11 @@ class SegmentStore:
         self._set_aside: list[tuple[Path, str, str]] = []
         self._set_aside_lock = threading.Lock()
 
+    @functools.cached_property
+    def book(self) -> SealedBook:
+        """Segments sealed empty that this replica never held: a record each, no folder (issue 43)."""
+        return SealedBook(self.shared.config.data_dir)
+
     def load_folder(self) -> None:
         """Read (or write, for a new folder) the data folder's birth record.
 
@@ -137,6 +144,7 @@ class SegmentStore:
         # Every queue folder's name durable once: from here on a new segment syncs only its
         # own folder and its queue's (``create``), a new queue folder the data folder.
         seglog.sync_dir(self.shared.config.data_dir)
+        recorded = self._load_book()
         for qdir in sorted(p for p in self.shared.config.data_dir.iterdir() if p.is_dir()):
             if qdir.name.endswith(REMOVING):  # what a removal cut short left: removed once serving
                 self._leftover(qdir, f"queue folder {qdir.name}")
@@ -150,9 +158,11 @@ class SegmentStore:
             for sdir in sorted(p for p in entries if p.name.isdigit() and p.is_dir()):
                 queue, seg = qdir.name, int(sdir.name)
                 meta = read_meta(sdir)
+                # A record says sealed too: a folder made after it (``materialize``) may have
+                # been cut short before its meta file said so.
                 replica = SegmentReplica(queue, seg, self.shared.config.role,
                                          fenced_epoch=meta.get("fenced_epoch", 0),
-                                         sealed=bool(meta.get("sealed", False)))
+                                         sealed=bool(meta.get("sealed", False)) or (queue, seg) in recorded)
                 segment = Segment(replica=replica, directory=sdir, log=None)
                 try:
                     lg = self._open_found(queue, seg)
@@ -172,6 +182,34 @@ class SegmentStore:
                 self.shared.segments[segment.key] = segment
                 if replica.sealed:
                     park(segment)
+        for key, r in recorded.items():
+            if key not in self.shared.segments:
+                self.shared.segments[key] = self._recorded_segment(r)
+
+    def _load_book(self) -> dict[tuple[str, int], Record]:
+        """The book's records that still count: not those of a deleted queue whose name a new
+        queue's folder took since (its incarnation differs; the file keeps them until it is
+        compacted), which must never seal that queue's segments."""
+        out: dict[tuple[str, int], Record] = {}
+        stale: list[tuple[str, int]] = []
+        folders: dict[str, str | None] = {}
+        for r in self.book.load():
+            if r.queue not in folders:
+                folders[r.queue] = _folder_incarnation(self.shared.config.data_dir / r.queue)
+            if folders[r.queue] not in (None, r.incarnation):
+                stale.append(r.key)
+            else:
+                out[r.key] = r
+        self.book.forget(stale)
+        return out
+
+    def _recorded_segment(self, r: Record) -> Segment:
+        """A segment sealed empty that has no folder, only its record (``sealed_book.py``)."""
+        replica = SegmentReplica(r.queue, r.seg, self.shared.config.role, fenced_epoch=0, sealed=True)
+        replica.restored(end=0, first_seq=None, last_seq=None)
+        data_dir = self.shared.config.data_dir
+        return Segment(replica=replica, directory=seglog.segment_dir(data_dir, r.queue, r.seg),
+                       log=seglog.SegmentLog.absent(data_dir, r.queue, r.seg), recorded=r.incarnation)
 
     def _open_found(self, queue: str, seg: int) -> seglog.SegmentLog:
         """The log of a segment folder found at start. A folder without its log is a creation
@@ -243,6 +281,8 @@ class SegmentStore:
         first). Caller holds ``_folder_lock``. ``batch``: the claim is written there, durable
         once the caller commits it (``create_for_seal``); else durable before this returns."""
         qdir = self.shared.config.data_dir / queue
+        if self.book.has_other(queue, st.incarnation):
+            self._drop_other_records(queue, st.incarnation)
         held = _folder_incarnation(qdir)
         if held == st.incarnation and queue not in self._claiming:
             return
@@ -309,12 +349,88 @@ class SegmentStore:
                 out[(queue, seg)] = BrokerUnavailable(
                     self.shared.address, f"holds no copy of {queue}/{seg}, which was opened before this broker's "
                     "data folder existed (a new disk): it cannot tell what was acked there; ask its peer")
+            elif self._may_record(queue, st):
+                out[(queue, seg)] = self._record(queue, seg, st)
             else:
                 try:
                     out[(queue, seg)] = self._create_in_batch(queue, seg, st, batch)
                 except OSError as exc:
                     out[(queue, seg)] = OrdqError(f"{queue}/{seg} not created: {exc}")
         return out
+
+    def _may_record(self, queue: str, st: QueueState) -> bool:
+        """Can a segment of ``queue`` this replica never held be kept as a record (no folder)?
+        Not while files or records of another incarnation of the queue are here: those go first,
+        the one-by-one way (``_claim_queue_folder``)."""
+        if self.book.has_other(queue, st.incarnation):
+            return False
+        held = _folder_incarnation(self.shared.config.data_dir / queue)
+        return held is None or held == st.incarnation
+
+    def _record(self, queue: str, seg: int, st: QueueState) -> Segment:
+        """A segment this replica never held, registered to be sealed empty with a record and no
+        folder: answered for only once the caller's ``book_seals`` made the record durable."""
+        with self._folder_lock, self.shared.cv:
+            existing = self.shared.segments.get((queue, seg))
+            if existing is not None:
+                return existing
+            data_dir = self.shared.config.data_dir
+            segment = Segment(replica=SegmentReplica(queue, seg, self.shared.config.role, fenced_epoch=0),
+                              directory=seglog.segment_dir(data_dir, queue, seg),
+                              log=seglog.SegmentLog.absent(data_dir, queue, seg), recorded=st.incarnation)
+            self.shared.segments[(queue, seg)] = segment
+            self.shared.changed()
+        return segment
+
+    def _drop_other_records(self, queue: str, incarnation: str, among: Iterable[int] | None = None) -> None:
+        """Drop the segments of ``queue`` kept as records of another incarnation than
+        ``incarnation`` (a deleted queue's of the same name), in memory and in the book; never
+        one with a folder (those follow the queue folder's claim) nor one of this incarnation."""
+        def other(seg: int) -> bool:
+            s = self.shared.segments.get((queue, seg))  # under the lock drop_segments holds
+            return s is not None and s.recorded is not None and s.recorded != incarnation
+
+        self.drop_segments(queue, other, "an earlier queue of the same name was deleted", among=among)
+        self.book.forget_other(queue, incarnation)
+
+    def book_seals(self, segments: Sequence[Segment]) -> int:
+        """The records of these segments (sealed empty, no folder) durable: one append, one
+        sync (``SealedBook.append``); raises OSError when not. Returns the syncs it made."""
+        before = self.book.syncs
+        self.book.append([Record(*s.key, s.recorded) for s in segments if s.recorded is not None])
+        return self.book.syncs - before
+
+    def write_meta(self, s: Segment) -> None:
+        """``write_meta``, for a segment kept as a record too: one sealed, empty and never fenced
+        is all its record says already; otherwise its folder is made first (``materialize``)."""
+        if s.recorded is not None:
+            with self.shared.cv:
+                said = s.replica.sealed and s.replica.local_synced == 0 and s.replica.fenced_epoch == 0
+            if said:
+                return
+            self.materialize(s)
+            return
+        write_meta(s)
+
+    def materialize(self, s: Segment) -> None:
+        """Give a segment kept as a record its folder, log and meta file (durable before this
+        returns): a copy from the peer (its sealed end is past 0) or a fence needs them. Its
+        record stays until the segment goes; a folder found at start with a record is sealed."""
+        queue, seg = s.key
+        with self._folder_lock:
+            if s.recorded is None:
+                return
+            st = self._read_state(queue, None)
+            if st.incarnation != s.recorded:
+                raise SegmentNotFound(queue, seg)
+            self._claim_queue_folder(queue, st)
+            made = seglog.private_dir(s.directory)
+            lg = seglog.SegmentLog.open(self.shared.config.data_dir, queue, seg, create=True, sync_dirs=False)
+            with s.io_lock:
+                s.log = lg
+            write_meta(s, sync_dir=False)
+            seglog.sync_new_names(s.directory, made)
+            s.recorded = None
 
     def _create_in_batch(self, queue: str, seg: int, st: QueueState, batch: DurableBatch) -> Segment:
         """``create(queue, seg, 0)`` whose files become durable with ``batch``: registered at
@@ -358,11 +474,12 @@ class SegmentStore:
             self._next_full_scan = now + FULL_SCAN_S
             with self._changed_lock:
                 self._changed.clear()
-            names = sorted(p.name for p in data_dir.iterdir() if _is_queue_folder(p))
+            names = sorted({p.name for p in data_dir.iterdir() if _is_queue_folder(p)} | held.keys())
         else:
             with self._changed_lock:
                 changed, self._changed = self._changed, set()
-            names = sorted(q for q in changed | (held.keys() - self._watched) if _is_queue_folder(data_dir / q))
+            names = sorted(q for q in changed | (held.keys() - self._watched)
+                           if q in held or _is_queue_folder(data_dir / q))
         store = self.shared.require_store()
         for i in range(0, len(names), FREE_READ_SLICE):
             part = names[i:i + FREE_READ_SLICE]
@@ -373,6 +490,7 @@ class SegmentStore:
             read = store.load_states(part, watch=self._on_state)
             for name in part:
                 self._free_queue(data_dir, name, read.get(name), held.get(name, []))
+        self.book.compact()
 
     def _free_queue(self, data_dir: Path, name: str,
                     got: tuple[QueueState, int, list[str] | None] | CorruptState | None, held: list[int]) -> None:
@@ -385,8 +503,10 @@ class SegmentStore:
         qdir = data_dir / name
         with self._folder_lock:
             held_incarnation = _folder_incarnation(qdir)
-            if not (isinstance(got, tuple) and held_incarnation is not None
-                    and held_incarnation == got[0].incarnation):
+            # a queue kept here only as records (no folder): their incarnation tells the same
+            known_incarnation = held_incarnation if held_incarnation is not None else self.book.incarnation(name)
+            if not (isinstance(got, tuple) and known_incarnation is not None
+                    and known_incarnation == got[0].incarnation):
                 try:
                     got = (self.shared.require_store().load_state(name, watch=self._on_state)[0], 0, None)
                 except QueueNotFound:
@@ -405,6 +525,7 @@ class SegmentStore:
                 self.drop_segments(name, lambda seg: True, "its queue was deleted", later=True)
                 self._put_aside(qdir, f"queue folder {name}", "its queue was deleted")
                 return
+            self._drop_other_records(name, st.incarnation, among=held)
             # popped (below the head) or a segment sealed empty dropped from the middle
             # (state.drop_empty): below next_seg and no longer in the consume list
             kept = {s.seg for s in st.consume}
@@ -436,15 +557,16 @@ class SegmentStore:
                 gone = [s for seg in among if which(seg) and (s := self.shared.segments.get((queue, seg))) is not None]
             for s in gone:
                 del self.shared.segments[s.key]
+        self.book.forget(s.key for s in gone)  # a record, if any (a folder made after it keeps it)
         for s in gone:
             with s.io_lock:
                 if s.log is not None:
                     s.log.close()
-                if later:
+                if s.recorded is None and later:
                     self._put_aside(s.directory, f"segment {queue}/{s.key[1]}", why)
-                else:
+                elif s.recorded is None:
                     remove_folder(s.directory)
-            if not later:
+            if not later or s.recorded is not None:  # no folder: gone with its record now
                 log.info("segment %s/%d removed: %s", queue, s.key[1], why)
 
     def _put_aside(self, path: Path, what: str, why: str) -> None:

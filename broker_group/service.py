@@ -333,6 +333,7 @@ class Broker:
             if s.log is not None:
                 with s.io_lock:
                     s.log.close()
+        self.segments.book.close()
 
     # -- health ----------------------------------------------------------------------------------
 

@@ -74,6 +74,10 @@ class Segment:
     syncing: int = 0  # commits under way (appended or being synced, verdict not yet known)
     io_lock: threading.Lock = attrs.field(factory=threading.Lock)
     reconciled: bool = False  # matches ZooKeeper's sealed end (or nothing to reconcile yet)
+    # Sealed empty with no folder: a record in the data folder's book (broker_group/sealed_book.py)
+    # is all this replica keeps of it; its ``log`` is ``SegmentLog.absent``. The queue's
+    # incarnation the record names; None: the segment has its folder.
+    recorded: str | None = None
     first_write_ms: int = 0  # master: wall clock of the first batch it accepted (0: none yet)
     # The timing of the first write that created this segment here (first_write.py), until reported
     first_write: FirstWrite | None = None

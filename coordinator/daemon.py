@@ -141,7 +141,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._seals: list[tuple[int, int, Callable[[], None]]] = []
         self._seal_order = itertools.count()
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
-        self._seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]] = {}
+        self._seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]] = {}
         self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
         self._list_seen = -1
         self._tidy: list[tuple[str, int, sm.QueueState, Kind]] | None = None
@@ -257,13 +257,25 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
             return {}
         out: dict[str, tuple[sm.QueueState, int, list[str] | None]] = {}
         entries = view.entries
+        written = self.store.written
         for q in queues:
             entry = entries.get(q)
-            stale = set(entry.stale) if entry is not None else set()
-            if entry is None or entry.state is None or entry.problem is not None or STATE in stale:
-                continue  # not read yet, or changed and not read again: the caller reads it
+            if entry is None:
+                continue  # not read yet: the caller reads it
+            stale = set(entry.stale)
+            state, version = entry.state, entry.version
+            mine = written.get(q)
+            if mine is not None and version >= 0 and mine[1] > version:
+                # Written by this process since the copy was read in this term (the moves,
+                # seals, pops of a dead group's queues: each fired its watch, so the copy is
+                # stale): the state as written is what ZooKeeper holds, this process being the
+                # one writer of states. Not before this term's view read it: a write of an
+                # earlier term of this process may have been overtaken by another leader's.
+                state, version = mine
+            elif state is None or entry.problem is not None or STATE in stale:
+                continue  # changed and not read again: the caller reads it
             cursors = entry.cursors if SUBS not in stale else None
-            out[q] = (entry.state, entry.version, sorted(cursors) if cursors is not None else None)
+            out[q] = (state, version, sorted(cursors) if cursors is not None else None)
         return out
 
     # -- metrics ----------------------------------------------------------------------------

@@ -101,7 +101,8 @@ class DaemonParts:
     _sealing_now: set[tuple[str, int]]
     _seals: list[tuple[int, int, Callable[[], None]]]  # (0 written / 1 idle, order, job)
     _seal_order: itertools.count[int]
-    _seal_batches: dict[str, dict[str, tuple[int, sm.QueueState, int]]]  # gid -> queue -> (seg, state, version)
+    # gid -> (queue, seg) -> (state, version)
+    _seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]]
     _seal_batch_jobs: dict[str, int]  # gid -> its batch jobs queued or running
     # heads spread back (daemon_spread)
     _live_since: dict[str, float]  # gid -> when this term first saw both its processes live

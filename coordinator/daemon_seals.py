@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import heapq
-import itertools
 import time
 from collections.abc import Callable
 
@@ -81,7 +80,10 @@ class SealBatches(DaemonParts):
                 and action.gid is not None):
             gid = action.gid
             with self._lock:
-                self._seal_batches.setdefault(gid, {})[queue] = (action.seg, known[0], known[1])
+                # by segment: a queue may have two sealing here (a roll, then the failover);
+                # keyed by queue, the later replaced the earlier, which stayed in
+                # ``_sealing_now`` unsealed for good
+                self._seal_batches.setdefault(gid, {})[key] = (known[0], known[1])
                 if self._seal_batch_jobs.get(gid, 0) >= SEAL_CALLS_IN_FLIGHT:
                     return  # the group's batch jobs, queued already, take it
                 self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 0) + 1
@@ -114,9 +116,14 @@ class SealBatches(DaemonParts):
         self._wait_turn()
         with self._lock:
             waiting = self._seal_batches.get(gid, {})
-            part = dict(itertools.islice(waiting.items(), SEAL_BATCH))
-            for q in part:
-                del waiting[q]
+            part: dict[str, tuple[int, sm.QueueState, int]] = {}
+            for (q, seg), (st, version) in waiting.items():
+                if len(part) >= SEAL_BATCH:
+                    break
+                if q not in part:  # one segment of a queue a batch: one write of its state
+                    part[q] = (seg, st, version)
+            for q, (seg, _st, _v) in part.items():
+                del waiting[(q, seg)]
             if not part:
                 self._seal_batches.pop(gid, None)
                 self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 1) - 1

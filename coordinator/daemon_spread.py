@@ -23,9 +23,9 @@ REBALANCE_GRACE_S = 10.0
 REBALANCE_MOVES_PER_S = 50.0
 
 
-def spread_waits(seal_batches: Mapping[str, Mapping[str, object]], live: frozenset[str] | set[str],
+def spread_waits(seal_batches: Mapping[str, Mapping[tuple[str, int], object]], live: frozenset[str] | set[str],
                  max_moves: int) -> bool:
-    """Whether a spread pass waits for the seals queued for batches (gid -> queue -> ...): while
+    """Whether a spread pass waits for the seals queued for batches (gid -> segment -> ...): while
     a dead group's (one not live) wait, or more than one pass's worth of moves in all.
 
     Why not "while any wait" (until 2026-11-30): each pass's moves leave as many sealing

@@ -377,6 +377,7 @@ class DaemonView:
         if entry is None:
             return
         if part == STATE:
+            self.store.written.seen(queue, stat.version)
             try:
                 entry.state, entry.version, entry.problem = parse_state(queue, data), stat.version, None
             except CorruptState as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -307,6 +307,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 # IllegalTransition (or bumps once more), as when another writer won the race.
                 continue
             if not any(isinstance(r, Exception) for r in results):
+                self.written.note(queue, new, version + 1)
                 return new
             if not any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
                 raise_first(results)
@@ -344,6 +345,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
             bad = [i for i, r in enumerate(results) if isinstance(r, Exception)
                    and isinstance(r, (BadVersionError, NoNodeError))]
             if not any(isinstance(r, Exception) for r in results):
+                self._written(todo)
                 done += [q for q, _v, _s in todo]
                 todo = []
                 break
@@ -382,10 +384,15 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 out.append(([], [q for q, _v, _s in part]))
                 continue
             if not any(isinstance(r, Exception) for r in results):
+                self._written(part)
                 out.append(([q for q, _v, _s in part], []))
             else:
                 out.append(self.apply_batch(part, group_versions))
         return out
+
+    def _written(self, writes: Iterable[tuple[str, int, QueueState]]) -> None:
+        for queue, version, new in writes:
+            self.written.note(queue, new, version + 1)
 
     # -- waiting -----------------------------------------------------------------------------
 

@@ -170,6 +170,51 @@ def test_written_queues_come_first_in_rounds_and_seals() -> None:
         daemon.stop()
 
 
+def test_two_sealing_segments_of_one_queue_on_one_group_are_both_sealed_in_batches() -> None:
+    """A queue can have two segments sealing on one group (a roll, then its failover). The
+    batches' waiting seals were keyed by queue, so the later replaced the earlier, which was
+    never asked and stayed in the pool's "sealing now" set, so no later round could seal it
+    (failing first). Now both are asked, in two batches (one write of a queue's state a batch)."""
+    import threading
+    import types
+
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon import SEAL_WORKERS
+    from ordq.coordinator.duties import Action, Kind
+
+    asked: list[list[tuple[str, int]]] = []
+    gates = {f"block-{i}": threading.Event() for i in range(SEAL_WORKERS)}
+
+    def sealer(queue: str, seg: int, **_known: object) -> None:
+        gates[queue].wait(DEADLINE_S)  # hold every seal worker while the seals queue up
+
+    def batch_sealer(gid, items, members):  # type: ignore[no-untyped-def]
+        asked.append([(q, seg) for q, seg, _st, _v in items])
+        return []
+
+    daemon = CoordinatorDaemon(None, sealer=sealer, batch_sealer=batch_sealer,  # type: ignore[arg-type]
+                               identifier="two-sealing")
+    daemon.view = types.SimpleNamespace(members={"g1": {}}, schedule=lambda *a: None)  # type: ignore[assignment]
+    st = sm.create("q", ["g1"])
+    try:
+        for blocker in gates:
+            daemon._seal_later(blocker, Action(Kind.SEAL, gid="g1", seg=1))
+        wait_until(lambda: not daemon._seals, timeout_s=DEADLINE_S, what="the workers took the blockers")
+        daemon._seal_later("q", Action(Kind.SEAL, gid="g1", seg=3), known=(st, 7))
+        daemon._seal_later("q", Action(Kind.SEAL, gid="g1", seg=4), known=(st, 8))
+        daemon._seal_later("r", Action(Kind.SEAL, gid="g1", seg=2), known=(st, 1))
+        for gate in gates.values():
+            gate.set()
+        wait_until(lambda: sum(len(a) for a in asked) == 3, timeout_s=DEADLINE_S, what="every seal asked")
+        assert sorted(k for a in asked for k in a) == [("q", 3), ("q", 4), ("r", 2)]
+        assert all(len({q for q, _seg in a}) == len(a) for a in asked), asked  # a queue once a batch
+        wait_until(lambda: not daemon._sealing_now, timeout_s=DEADLINE_S, what="none left sealing for good")
+    finally:
+        for gate in gates.values():
+            gate.set()
+        daemon.stop()
+
+
 def test_idle_work_waits_while_a_producer_s_failover_is_served() -> None:
     """One process, one GIL (coordinator/pacing.py): while the service serves a FailOver, an
     idle queue's round and seal start only once it is answered; a written queue's at once, and
@@ -649,6 +694,53 @@ def test_a_dead_group_s_moved_heads_are_sealed_from_the_move_not_a_later_round(s
                     assert (gid, seg, version) == (dead, 0, now) and st.segment(0).status.value == "sealing", q
         finally:
             store.register_live(dead, "master", address=f"127.0.0.1:0/{dead}/master", incarnation="t")
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()
+
+
+def test_a_listing_takes_the_states_this_process_wrote_not_a_read_of_each(setup) -> None:
+    """Issue 43: 15 s after a group's failure at 10^5 queues, ``queue list`` spent ~15 s of its
+    coordinator's 23 s re-reading from ZooKeeper the states the daemon had just written itself
+    (its moves and seals fire the watches that mark its copies stale; py-spy, scale43h). The
+    states a coordinator writes are kept, with the version each write made, until its view
+    reads that version back: the listing takes them as they are (the elected coordinator is the
+    one writer of states). Failing first: the written queues were missing (stale) or older."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon_view import STATE
+
+    store, _ = setup
+    names = [f"lw-{i:03d}" for i in range(20)]
+    for q in names:
+        store.create_queue(q, ["g1", "g2"])
+    daemon = CoordinatorDaemon(store, identifier="listing", away_grace_s=0, sweep_interval_s=86_400.0,
+                               rebalance_moves_per_s=0)
+    try:
+        daemon.round()
+        daemon.stats.is_leader = True  # as its election makes it (round() alone does not)
+        before = daemon.known_queues(names)
+        assert set(before) == set(names)
+        live = sm.Facts(live_groups=frozenset({"g1", "g2"}))
+        writes = []
+        for q in names[:10]:
+            st, version, _ = before[q]
+            head = st.open_segment
+            assert head is not None
+            writes.append((q, version, sm.roll(st, head.gid, head.seg, live)))
+        done, left = store.apply_batch(writes, {})
+        assert sorted(done) == names[:10] and not left
+        # the watches fire (or not yet): either way, no read, and the state as written
+        wait_until(lambda: all(STATE in daemon.view.entries[q].stale for q in names[:10]),  # type: ignore[union-attr]
+                   timeout_s=DEADLINE_S, what="the writes' watches fired")
+        after = daemon.known_queues(names)
+        assert set(after) == set(names)
+        for q, version, new in writes:
+            assert after[q][:2] == (new, version + 1), q
+        for q in names[10:]:
+            assert after[q][:2] == before[q][:2], q
+        daemon.round()  # the view reads them back: nothing kept
+        assert all(store.written.get(q) is None for q in names[:10])
     finally:
         daemon.stop()
         if daemon.view is not None:

@@ -6,7 +6,9 @@ folder's state, ~33,000 reads a broker at 10^5 queues)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +48,29 @@ class CountingMap(dict):  # type: ignore[type-arg]
         return super().items()
 
 
+@contextlib.contextmanager
+def _in_process(zk_server: Any, zk_root: str, tmp_path: Path, role: Role) -> Iterator[tuple[ZkStore, Shared]]:
+    """A broker's shared state in this process (no server, no threads) over a real ZooKeeper,
+    with group g1 added."""
+    zk = ZkStore.connect(zk_server.connection_string, zk_root)
+    config = BrokerConfig(gid="g1", role=role, data_dir=tmp_path, zk_hosts=zk_server.connection_string,
+                          root=zk_root)
+    shared = Shared(config)
+    try:
+        zk.add_group("g1")
+        yield zk, shared
+    finally:
+        shared.loop.loop.close()
+        zk.close()
+
+
 def test_a_free_space_pass_goes_over_the_segment_map_once_not_once_a_queue(
         zk_server: Any, zk_root: str, tmp_path: Path) -> None:
     """Issue 43: at start, ``free_space`` looks at every queue folder, and it went over the whole
     segment map for each one (``drop_segments``): at 10^5 queues ~33,000 x ~40,000 steps, about a
     minute of a restart before the broker served. Now one pass a round gives each queue the
     segments it holds. Failing first: 300 passes for 300 queues. Popped segments still go."""
-    zk = ZkStore.connect(zk_server.connection_string, zk_root)
-    config = BrokerConfig(gid="g1", role=Role.MASTER, data_dir=tmp_path, zk_hosts=zk_server.connection_string,
-                          root=zk_root)
-    shared = Shared(config)
-    try:
-        zk.add_group("g1")
+    with _in_process(zk_server, zk_root, tmp_path, Role.MASTER) as (zk, shared):
         names = [f"q{i:03d}" for i in range(300)]
         created, _ = zk.create_queues(names, ["g1"])
         live = sm.Facts(live_groups=frozenset({"g1"}))
@@ -82,6 +95,73 @@ def test_a_free_space_pass_goes_over_the_segment_map_once_not_once_a_queue(
         assert segments.passes <= 2, segments.passes
         assert (names[0], 0) not in segments and len(segments) == len(names) - 1
         assert store.set_aside_count() == 1 and not seglog.segment_dir(tmp_path, names[0], 0).exists()
-    finally:
-        shared.loop.loop.close()
-        zk.close()
+
+
+def test_a_reconcile_round_reads_the_states_pipelined_and_a_record_costs_no_write(
+        zk_server: Any, zk_root: str, tmp_path: Path) -> None:
+    """Issue 43: a start at 10^5 queues held ~33,000 segments to reconcile, and the repair
+    thread read their queues' states one after another (~33,000 round trips). Now in one
+    pipelined pass. Segments sealed empty as records (sealed_book.py) whose sealed end in
+    ZooKeeper is 0 are reconciled without a file written. Failing first: 200 ``load_state``."""
+    from ordq.broker_group.repair import Repairer
+    from ordq.broker_group.sealed_book import Record
+
+    with _in_process(zk_server, zk_root, tmp_path, Role.SLAVE) as (zk, shared):
+        names = [f"r{i:03d}" for i in range(200)]
+        created, _ = zk.create_queues(names, ["g1"])
+        live = sm.Facts(live_groups=frozenset({"g1"}))
+
+        def sealed_empty(st: sm.QueueState, _facts: Any) -> sm.QueueState:
+            st = sm.admit_all(st, live)
+            return sm.seal(sm.roll(st, "g1", 0, live), 0, 0, None, None, at_ms=1)
+
+        writes = []
+        for st in created:
+            got, version, _ = zk.load_states([st.queue])[st.queue]  # type: ignore[misc]
+            writes.append((st.queue, version, sealed_empty(got, None)))
+        done, left = zk.apply_batch(writes, {})
+        assert not left
+        shared.store = zk
+        segments = SegmentStore(shared)
+        segments.book.append([Record(st.queue, 0, st.incarnation) for st in created])
+        segments.recover()
+        assert len(shared.segments) == len(names) and all(not s.reconciled for s in shared.segments.values())
+        reads = []
+        real = zk.load_state
+        zk.load_state = lambda q, **kw: (reads.append(q), real(q, **kw))[1]  # type: ignore[method-assign]
+        Repairer(shared, segments)._reconcile_round(zk)
+        assert len(reads) <= 1, len(reads)
+        assert all(s.reconciled and s.recorded is not None for s in shared.segments.values())
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sealed-empty.log"]  # no folder made
+        segments.book.close()
+
+
+def test_a_deleted_queue_s_record_never_drops_its_successor_s_segments(
+        zk_server: Any, zk_root: str, tmp_path: Path) -> None:
+    """A SealMany under way while its queue was deleted can append the old queue's record after
+    the queue of the same name was created again (the book's reader tells them apart by
+    incarnation, never by order). Such a record must drop only itself: not the new queue's
+    segments (its folder's, written), when the new queue stores a segment or frees space.
+    Failing first: the new queue's segment 0 and its folder went with the old record."""
+    from ordq.broker_group.sealed_book import Record
+
+    with _in_process(zk_server, zk_root, tmp_path, Role.MASTER) as (zk, shared):
+        (st,), _ = zk.create_queues(["q"], ["g1"])
+        shared.store = zk
+        segments = SegmentStore(shared)
+        segments.recover()
+        first = segments.create("q", 0, 0, state=st)
+        segments.book.append([Record("q", 5, "a-deleted-queue")])  # the late record of the old queue
+        shared.segments[("q", 5)] = segments._recorded_segment(Record("q", 5, "a-deleted-queue"))
+        segments.create("q", 1, 0, state=st)  # the new queue stores its next segment
+        assert shared.segments.get(("q", 0)) is first and first.directory.exists()
+        assert ("q", 5) not in shared.segments and not segments.book.has_other("q", st.incarnation)
+        segments.book.append([Record("q", 6, "a-deleted-queue")])
+        shared.segments[("q", 6)] = segments._recorded_segment(Record("q", 6, "a-deleted-queue"))
+        segments.free_space()
+        assert ("q", 6) not in shared.segments and ("q", 0) in shared.segments and ("q", 1) in shared.segments
+        assert first.directory.exists()
+        for s in list(shared.segments.values()):
+            if s.log is not None:
+                s.log.close()
+        segments.book.close()

@@ -5,8 +5,9 @@ each group's liveness and drain mark from ZooKeeper, and each open segment's ext
 replicas, one call at a time): 23.6 s at 10^3 queues, more than 300 s at 10^4. Now:
 
 - the states (and the subscriptions' names where it keeps their cursors) come from the elected
-  coordinator's copy, which watches keep current (``CoordinatorDaemon.known_queues``); only
-  the queues it does not hold are read from ZooKeeper, pipelined (``ZkStore.load_states``),
+  coordinator's copy, which watches keep current, or, for a queue whose state it wrote since,
+  the state as it wrote it (``CoordinatorDaemon.known_queues``, ``store_base.WrittenStates``);
+  only the queues it does not hold are read from ZooKeeper, pipelined (``ZkStore.load_states``),
   with their subscriptions while at most ``SUBS_READ_LIMIT`` of them are unknown (else a row
   says ``subscriptions: null``: ``ordq sub list Q`` names them);
 - the extents of the segments not sealed in ZooKeeper come from one ``OpenSegments`` call per

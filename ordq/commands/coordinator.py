@@ -171,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # daemon fails over every queue it headed, and a producer's FailOver through the service
     # must not queue behind those requests on one session (ZooKeeper answers a session in order).
     duty_store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
+    duty_store.written = store.written  # the states either store wrote: what a listing needs not read again
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
