@@ -94,8 +94,9 @@ def test_consumer_deposed_while_its_periodic_commit_is_in_flight_hands_out_nothi
 
         coord.commit = frozen_commit  # type: ignore[method-assign]
         # Finishes seq 0, so a commit is due (every message): it starts on the commit thread
-        # and the lease, still sure, lets seq 1 out.
-        assert [m.seq for m in first.poll(max_messages=1)] == [1]
+        # and the lease, still sure, lets seq 1 out (nothing if the box held this thread past
+        # the lease meanwhile: the rest holds either way).
+        assert [m.seq for m in first.poll(max_messages=1)] in ([1], [])
         assert successor_done.wait(60)
         # Its lease ran out by its own clock while the commit hung: the check before handing
         # out (LeaseChecks.before_hand_out) lets nothing out of what it buffered (seqs 2..19).
