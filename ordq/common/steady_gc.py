@@ -9,8 +9,8 @@ collections skip; what the process allocates from then on is collected as before
 
 Guarantee: no object is freed that would not be, and garbage made after the call is collected
 as before; a cycle alive at the call and dropped later is never freed (that is the trade, so
-call it once start-up is done, not in a loop). Process-wide: the broker and coordinator
-commands call it once they serve; an application makes the choice for its own process
+call it once start-up is done, not in a loop). Process-wide: ``ordq broker run`` calls it
+before it starts serving; an application makes the choice for its own process
 (``ordq.sdk.freeze_startup_objects``, docs/SDK.md); the SDK never calls it by itself.
 """
 
