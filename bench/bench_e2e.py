@@ -21,6 +21,10 @@ send()), both taken on this machine's clock. It also prints the CPU each process
 and slave, producer, consumer, ZooKeeper) spent per acked batch in that phase: on two shared
 cores that cost, not the disk, sets how many batches per second the system turns over.
 
+--freeze-gc: the producer (this process) and the consumer child call
+``ordq.sdk.freeze_startup_objects()`` once started, as an application may choose to (docs/SDK.md):
+their full garbage collections then skip what start-up made. Off by default.
+
 --stages: stage stamps on (ordq/common/stages.py) in every process, and after the steady phase
 where its batches' time went: each stage's arrival since the batch opened in ``send()``, for all
 batches and for the tail (the batches at or past the p99), the group commits' write+fdatasync,
@@ -54,7 +58,15 @@ from bench._cluster import (
 )
 from ordq.common import stages
 from ordq.common.proc import announce, dying_with_parent
-from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
+from ordq.sdk import (
+    BatchingConfig,
+    CommitConfig,
+    Consumer,
+    ConsumerConfig,
+    Producer,
+    ProducerConfig,
+    freeze_startup_objects,
+)
 
 
 def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> None:
@@ -67,6 +79,8 @@ def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> No
     lat: list[float] = []
     nxt = first
     with Consumer(cfg) as c:
+        if os.environ.get(_FREEZE_GC):
+            freeze_startup_objects()
         announce("READY")
         while nxt < first + count:
             for m in c.poll():
@@ -79,6 +93,7 @@ def consume_main(hosts: str, sub: str, start: str, first: int, count: int) -> No
 
 _SDK_METRICS = "ORDQ_BENCH_SDK_METRICS"  # set: the consumer child serves its metrics too
 _COMMIT_EVERY = "ORDQ_BENCH_COMMIT_EVERY"  # set: the consumer child commits every N messages (or N s)
+_FREEZE_GC = "ORDQ_BENCH_FREEZE_GC"  # set: the consumer child freezes its start-up objects (--freeze-gc)
 
 
 def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
@@ -148,6 +163,9 @@ def main() -> None:
                     "4 MiB (the cluster's certificate alone is none of these)")
     ap.add_argument("--commit-every", type=int, default=0,
                     help="the consumer commits every N messages or N seconds (default: the SDK's policy)")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="producer and consumer call ordq.sdk.freeze_startup_objects() once started, as an "
+                         "application may (docs/SDK.md): full collections skip what start-up made")
     ap.add_argument("--stages", action="store_true",
                     help="stage stamps in every process; prints where the steady phase's batches spent their time")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
@@ -183,7 +201,11 @@ def main() -> None:
             os.environ[_COMMIT_EVERY] = str(args.commit_every)
         cfg = ProducerConfig(zk_hosts=cluster.hosts, root=ROOT, queue=QUEUE, batching=BatchingConfig(**tuned),
                              metrics_listen="127.0.0.1:0" if args.sdk_metrics else None)
+        if args.freeze_gc:
+            os.environ[_FREEZE_GC] = "1"
         with Producer(cfg) as producer:
+            if args.freeze_gc:
+                freeze_startup_objects()
             base = 0
             if args.messages:  # pipelined
                 consumer = start_consumer(cluster.hosts, "pipelined", args.messages)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         StoredMessage,
         TopicProducer,
         TopicProducerConfig,
+        freeze_startup_objects,
     )
     from ordq.sdk.find import FindResult, FoundMessage, find_messages
 
@@ -69,6 +70,7 @@ __all__ = [
     "FindResult",
     "FoundMessage",
     "find_messages",
+    "freeze_startup_objects",
 ]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 # ``ordq/__init__.py``.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ordq.common.steady_gc import freeze_startup_objects
     from ordq.sdk._consumer_core import CommitConfig
     from ordq.sdk._consumer_types import ConsumerConfig, Delivered
     from ordq.sdk._futures import SendFuture, SendResult
@@ -58,6 +59,7 @@ _HOMES = {
     "Producer": "ordq.sdk.producer",
     "TopicProducer": "ordq.sdk.topic_producer",
     "TopicProducerConfig": "ordq.sdk.topic_producer",
+    "freeze_startup_objects": "ordq.common.steady_gc",
 }
 
 __all__ = [
@@ -82,6 +84,7 @@ __all__ = [
     "FindResult",
     "FoundMessage",
     "find_messages",
+    "freeze_startup_objects",
 ]
 
 

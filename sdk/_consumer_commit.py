@@ -8,14 +8,24 @@ workers finished. Commits are requests to the coordinator carrying this consumer
 (``held``: generation and key; the coordinator refuses any other with LeaseLost); one that got
 no answer is kept "in doubt", so that a later conflict with it is recognised as our own write.
 
+Periodic commits are written on the committer's own thread, off the hand-out path (issue 39:
+a blocking Commit before handing out made the consumer's p99). The delivering thread takes the
+finished position when one is due (``start_if_due``) and hands it over; one is in flight at a
+time, and every commit the delivering thread writes itself (explicit, at a segment's end, on
+close, after a rejoin) first waits for the one in flight, so the cursor only moves forward and
+never past what was finished when it was taken. A crash before the write lands redelivers from
+the committed cursor, as before.
+
 Rules: ``Handout`` holds no I/O but the audit rows of what it hands out; ``Committer`` commits
-and pops and never decides what is finished (it asks ``finished``). Neither checks the lease:
-the consumer does before handing out (``ordq.sdk._consumer_lease``).
+and pops and never decides what is finished (it asks ``finished``, on the delivering thread).
+Neither checks the lease: the consumer does, last thing before handing out
+(``ordq.sdk._consumer_lease``); the coordinator writes a commit only for the lease's holder.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import zlib
 from collections import deque
@@ -30,7 +40,7 @@ from ordq.common.errors import (
     OrdqError,
 )
 from ordq.coordinator.client import CoordinatorClient, Held
-from ordq.coordinator.state import Cursor
+from ordq.coordinator.state import Cursor, QueueState
 from ordq.sdk._consumer_core import CommitPolicy
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered
 from ordq.sdk._queue_view import QueueView
@@ -40,9 +50,8 @@ from ordq.sdk.keyed import KeyedWorkers
 
 log = logging.getLogger("ordq.consumer")
 
-# A periodic commit is a request to the coordinator made on the delivering thread: bounded
-# short, and after one that got no answer the next waits this long (delivery goes on; what is
-# not committed is redelivered at worst).
+# A periodic commit is a request to the coordinator, bounded short, and after one that got no
+# answer the next waits this long (delivery goes on; what is not committed is redelivered at worst).
 COMMIT_TIMEOUT_S = 3.0
 COMMIT_RETRY_S = 1.0
 
@@ -210,7 +219,8 @@ class Handout:
 
 
 class Committer:
-    """Cursor commits (periodic, explicit, on close) and the pops they allow."""
+    """Cursor commits (periodic on its own thread; explicit, at a segment's end and on close on
+    the caller's) and the pops they allow."""
 
     def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, view: QueueView,
                  policy: CommitPolicy, stats: ConsumerStats, *, held: Callable[[], Held],
@@ -227,34 +237,92 @@ class Committer:
         self._retry_at = float("-inf")  # monotonic: no periodic commit before (the last got no answer)
         self._in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
         self._pop_after: int | None = None  # last_seq of a sealed segment whose pop waits for a later commit
+        # The periodic commit's thread and what it hands back to the delivering thread.
+        self._cond = threading.Condition()
+        self._queued: Cursor | None = None  # handed to the commit thread, not taken yet
+        self._busy = False  # a periodic commit is queued or being written
+        self._again = False  # the last periodic one got no answer or was refused: due again at _retry_at
+        self._failed: OrdqError | None = None  # a final refusal, raised on the delivering thread
+        self._learnt: QueueState | None = None  # a pop's answer, for the view (the delivering thread's)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
 
     def due(self, now: float) -> bool:
-        """A commit is due by the policy and the last attempt did not just go unanswered (or
-        refused for the lease: the lease's renewal says soon whether it is still ours)."""
-        return self._policy.due(now) and now >= self._retry_at
+        """A periodic commit is due by the policy (or the last got no answer, or was refused for
+        the lease: the lease's renewal says soon whether it is still ours), none is in flight,
+        and the last attempt did not just fail."""
+        return (self._policy.due(now) or self._again) and now >= self._retry_at and not self._busy
 
     def rejoined(self, version: int) -> None:
-        """The lease was granted again and the cursor read at ``version``: commits start over there."""
+        """The lease was granted again and the cursor read at ``version`` (after ``drain``):
+        commits start over there."""
         self.version = version
         self._in_doubt.clear()
         self._pop_after = None
         self._retry_at = float("-inf")
+        self._again, self._learnt, self._failed = False, None, None  # of the generation before
         self._policy.committed(time.monotonic())
 
-    def if_due(self, now: float) -> bool:
-        """Commit what finished if a commit is due (an unanswered one is tried again after
-        ``COMMIT_RETRY_S``); True when one was tried."""
+    def start_if_due(self, now: float) -> None:
+        """On the delivering thread: if a periodic commit is due, take what finished now and
+        hand it to the commit thread; never waits for the write. Raises here what an earlier
+        one was finally refused with (ConflictError: an admin reset; PermissionDenied...)."""
+        failed, learnt = self._failed, self._learnt
+        if failed is not None:
+            self._failed = None
+            raise failed
+        if learnt is not None:
+            self._learnt = None
+            self._view.learnt(learnt)
         if not self.due(now):
-            return False
-        try:
-            self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
-        except (CoordinationUnavailable, LeaseLost):
-            pass  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock and says if it is lost
-        return True
+            return
+        cursor = self._finished()
+        self._policy.committed(now)  # counts again from here; _again retries one that fails
+        self._again = False
+        with self._cond:
+            self._busy, self._queued = True, cursor
+            self._cond.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"ordq-commit-{self.config.subscription}")
+            self._thread.start()
 
-    def commit_finished(self) -> None:
-        """A periodic commit of what finished, bounded short (CoordinationUnavailable raised)."""
-        self.commit(self._finished(), timeout_s=COMMIT_TIMEOUT_S)
+    def _run(self) -> None:
+        """The commit thread: write each handed-over cursor, one at a time."""
+        while True:
+            with self._cond:
+                while self._queued is None and not self._stopping:
+                    self._cond.wait()
+                cursor, self._queued = self._queued, None
+            if cursor is None:
+                return
+            try:
+                self._write(cursor, timeout_s=COMMIT_TIMEOUT_S, learnt=self._learnt_later)
+            except (CoordinationUnavailable, LeaseLost):
+                self._again = True  # tried again after COMMIT_RETRY_S; the lease keeps the outage clock
+            except OrdqError as exc:
+                self._failed = exc
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _learnt_later(self, state: QueueState) -> None:
+        self._learnt = state
+
+    def drain(self) -> None:
+        """Wait for the periodic commit in flight, if any (bounded: its calls have timeouts)."""
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+
+    def close(self) -> None:
+        """Stop the commit thread once the commit in flight, if any, is written."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
 
     def riding_out(self, cursor: Cursor) -> None:
         """Commit ``cursor``, riding out a ZooKeeper or coordinator outage of up to
@@ -271,6 +339,14 @@ class Committer:
                 time.sleep(0.1)
 
     def commit(self, cur: Cursor, *, timeout_s: float | None = None) -> None:
+        """On the delivering thread: write ``cur`` now, after the periodic commit in flight."""
+        self.drain()
+        self._write(cur, timeout_s=timeout_s, learnt=self._view.learnt)
+        self._policy.committed(time.monotonic())
+
+    def _write(self, cur: Cursor, *, timeout_s: float | None, learnt: Callable[[QueueState], None]) -> None:
+        """One conditional write of the cursor (one thread at a time: ``commit`` drains the
+        commit thread first), then the pop it allows, whose answer goes to ``learnt``."""
         if self._audit is not None:
             # The audit rows of what the cursor covers reach the file first: after a crash the
             # standby starts past them, so rows still in the buffer would read as lost.
@@ -306,12 +382,13 @@ class Committer:
             raise
         self._in_doubt.clear()
         self._retry_at = float("-inf")
-        self._policy.committed(time.monotonic())
         self._stats.commits += 1
         if self._pop_after is not None and cur.last_seq > self._pop_after:
             self._pop_after = None
             try:
-                self.try_pop()
+                learnt(self._pop())
+            except IllegalTransition:
+                pass
             except OrdqError as exc:  # the commit is done; popping only frees disk (the daemon does it too)
                 log.debug("queue %s: pop after commit deferred: %s", self.config.queue, exc)
 
@@ -323,12 +400,12 @@ class Committer:
         # message for a new producer leader: state.holds_newest): try again once a commit
         # covers a later seq, as no coordinator daemon may be running to do it.
         self._pop_after = last_seq
-        self.try_pop()
-
-    def try_pop(self) -> None:
-        # The coordinator pops what every subscription passed (nothing when another is still
-        # behind, someone popped it already, or it is kept) and answers with the state.
         try:
-            self._view.learnt(self._coord.pop(self.config.queue))
+            self._view.learnt(self._pop())
         except IllegalTransition:
             pass
+
+    def _pop(self) -> QueueState:
+        # The coordinator pops what every subscription passed (nothing when another is still
+        # behind, someone popped it already, or it is kept) and answers with the state.
+        return self._coord.pop(self.config.queue)

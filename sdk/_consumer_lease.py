@@ -4,7 +4,7 @@ with it).
 
 Guarantee: nothing is handed out unless ``lease.valid()`` by the consumer's own clock at that
 moment; a check made before a blocking call (a commit, a read) proves nothing after it, so
-``before_hand_out`` confirms again after the periodic commit it runs. When the coordinator
+``before_hand_out`` confirms last, after starting the periodic commit. When the coordinator
 refused the lease (``lost_reason``: granted to another after ours lapsed) the checks raise
 ``LeaseGone``, which the consumer answers by rejoining (never seen by the application); while
 no coordinator confirms the lease it hands out nothing, and after ``coordinator_outage_s`` of
@@ -45,23 +45,19 @@ class LeaseChecks:
         self.next_check = float("-inf")  # monotonic time of the next lease/commit check
         self._down_since: float | None = None
 
-    def before_hand_out(self, now: float, periodic_commit: Callable[[float], bool]) -> bool:
-        """Before handing out: the lease (LeaseGone when it is someone else's; False when not
-        sure now, after waiting a little) and ``periodic_commit(now)`` of what is finished (True
-        when it ran one: a blocking call, after which the lease is confirmed again)."""
+    def before_hand_out(self, now: float, start_commit: Callable[[float], None]) -> bool:
+        """Before handing out: ``start_commit(now)`` of what is finished if one is due (it hands
+        the write to the commit thread), then the lease, last (LeaseGone when it is someone
+        else's; False when not sure now, after waiting a little)."""
+        start_commit(now)
+        # Last, right before the hand-out: a check made before anything that may block (or a
+        # freeze of the process) proves nothing after it. A consumer frozen inside a blocking
+        # commit past its lease handed out one more message beside its successor (issue 26).
         if not self.confirmed():
             return False
-        lease = self.lease
-        if periodic_commit(now):
-            # The commit blocks (a round trip; seconds on a loaded box, or the process frozen
-            # meanwhile): the lease confirmed before it proves nothing now. A consumer frozen
-            # here past its lease handed out one more message beside its successor (issue 26).
-            if not self.confirmed():
-                return False
-            now = time.monotonic()
         # Next look: when a timed commit is due, or the lease runs out if sooner (a renewal
         # meanwhile only makes that look early and cheap).
-        self.next_check = min(now + self.config.commit.every_ms / 1000.0, lease.valid_until)
+        self.next_check = min(now + self.config.commit.every_ms / 1000.0, self.lease.valid_until)
         return True
 
     def confirmed(self) -> bool:

@@ -191,11 +191,11 @@ class FailurePolicies:
             due = handout.due_count()
             if not due:
                 return []
-        if not self._checks.before_hand_out(time.monotonic(), self._committer.if_due):
+        if not self._checks.before_hand_out(time.monotonic(), self._committer.start_if_due):
             return []
         return handout.take_keyed(due)
 
     def _commit_if_due(self) -> None:
         """While keyed delivery waits for queue room: commit what finished if it is time."""
         self._handout.sync_keyed()
-        self._committer.if_due(time.monotonic())  # unanswered: the next read round tries again
+        self._committer.start_if_due(time.monotonic())  # written on the commit thread

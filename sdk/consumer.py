@@ -219,6 +219,9 @@ class Consumer:
         handout, reader = self._handout, self._require(self._reader)
         was = reader.filter.last_seq
         handout.buffer.clear()  # nothing read is handed out from here on
+        # The periodic commit in flight lands or fails before the cursor is read (written by
+        # the old generation, the coordinator refuses it if the lease went to another).
+        self._require(self._commits).drain()
         if not lease.acquire(None, stopped=lambda: self._closed):
             raise ClosedError("consumer is closed")
         while True:
@@ -279,6 +282,8 @@ class Consumer:
             self._metrics = None
         if self._policies is not None:
             self._policies.close()
+        if self._commits is not None:
+            self._commits.close()
         if self._lease is not None:
             self._lease.stop(timeout_s=min(self.config.lease_ttl_s, 2.0))
         if self._coord is not None:
@@ -413,9 +418,9 @@ class Consumer:
         return out
 
     def _hand_out_ok(self, now: float) -> bool:
-        """Before handing out: the lease and a periodic commit of what is finished, if one is
-        due, then the lease again (``LeaseChecks.before_hand_out``)."""
-        return self._require(self._checks).before_hand_out(now, self._require(self._commits).if_due)
+        """Before handing out: a periodic commit of what is finished started, if one is due
+        (written on the commit thread), then the lease (``LeaseChecks.before_hand_out``)."""
+        return self._require(self._checks).before_hand_out(now, self._require(self._commits).start_if_due)
 
     def _wait_for_time(self, timeout_s: float | None) -> None:
         """The head of the buffer is held for its time (delayed delivery): keep the lease sure
@@ -436,17 +441,16 @@ class Consumer:
         self._handout.mark_finished(m)
 
     def _read_more(self, timeout_s: float | None) -> None:
-        """A read round into the (empty) buffer, after a periodic commit if one is due."""
+        """A read round into the (empty) buffer, after starting a periodic commit if one is due."""
         if self._closed:
             raise ClosedError("consumer is closed")
         reader, commits, checks = self._require(self._reader), self._require(self._commits), self._require(self._checks)
         view = self._require(self._view)
         try:
-            if commits.due(time.monotonic()):  # else: later
-                commits.commit_finished()
+            commits.start_if_due(time.monotonic())
             self._handout.buffer.extend(reader.read_round(timeout_s))
         except LeaseLost:
-            # A commit refused for the lease: nothing was written; the lease's renewal tells
+            # A segment's commit refused for the lease: nothing was written; the lease's renewal tells
             # soon whether it lapsed (revived: go on) or was granted to another (LeaseGone: rejoin).
             checks.confirmed()
             return

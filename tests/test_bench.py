@@ -28,7 +28,7 @@ BENCHES = [
            "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch", "goal: pipelined"]),
     # where the steady phase's batches spend their time: every stage of the path reached (padded row)
     bench("bench_e2e", ["--messages", "0", "--sync-messages", "0", "--rate", "300", "--rate-seconds", "1",
-                               "--floor-round-trips", "0", "--stages", "--commit-every", "100000"],
+                               "--floor-round-trips", "0", "--stages", "--commit-every", "100000", "--freeze-gc"],
           ["stages of the steady phase's batches", *(f"\n{stage}  " for stage in (
               "P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced", "S.request",
               "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")),

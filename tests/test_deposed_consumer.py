@@ -20,6 +20,7 @@ import attrs
 import pytest
 
 from ordq.common.errors import OrdqError
+from ordq.coordinator.state import Cursor
 from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.sdk._lease_client import CoordinatorLease
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
@@ -57,26 +58,27 @@ def freeze_heartbeats(consumer: Consumer) -> Callable[[], None]:
     return thaw
 
 
-def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(cluster: Cluster) -> None:
+def test_consumer_deposed_while_its_periodic_commit_is_in_flight_hands_out_nothing_more(cluster: Cluster) -> None:
     cluster.add_groups("g1")
     cluster.create_queue()
     produce(cluster, 20)
     first = Consumer(consumer_config(cluster))
     first.start()
     successor: list[int] = []
+    successor_done, tried = threading.Event(), threading.Event()
     try:
         got = first.poll(max_messages=1)  # one read buffers all 20; seq 0 is in hand
         assert [m.seq for m in got] == [0]
-        commits = first._commits
-        assert commits is not None
-        real_commit: Callable = commits.commit
+        coord = first._coord
+        assert coord is not None
+        real_commit: Callable = coord.commit
 
-        def frozen_commit(cursor: object, **kwargs: object) -> None:
-            # The periodic commit the check before handing out runs after confirming the lease:
-            # it lands, then the process "freezes" past its lease while a successor takes over,
-            # delivers, commits and leaves.
-            commits.commit = real_commit  # type: ignore[method-assign]  # once
-            real_commit(cursor, **kwargs)
+        def frozen_commit(*args: object, **kwargs: object) -> int:
+            # The periodic commit of seq 0, on the commit thread: it lands, then the process
+            # "freezes" past its lease (no heartbeat) while a successor takes over, delivers,
+            # commits and leaves; the delivering thread tries to hand out meanwhile.
+            coord.commit = real_commit  # type: ignore[method-assign]  # once
+            version = real_commit(*args, **kwargs)
             thaw = freeze_heartbeats(first)
             lease = first._lease
             assert lease is not None
@@ -85,18 +87,28 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
                 while len(successor) < 5:
                     successor.extend(m.seq for m in second.poll(timeout_s=0.1, max_messages=5 - len(successor)))
                 second.commit()
+            successor_done.set()
+            tried.wait(60)
             thaw()
+            return version
 
-        commits.commit = frozen_commit  # type: ignore[method-assign]
-        # Finishes seq 0, so a commit is due (every message): the hook runs inside the check
-        # before handing out (LeaseChecks.before_hand_out). What it buffered (seqs 1..19) is
-        # never handed out: it rejoins and reads on from the successor's cursor.
+        coord.commit = frozen_commit  # type: ignore[method-assign]
+        # Finishes seq 0, so a commit is due (every message): it starts on the commit thread
+        # and the lease, still sure, lets seq 1 out (nothing if the box held this thread past
+        # the lease meanwhile: the rest holds either way).
+        assert [m.seq for m in first.poll(max_messages=1)] in ([1], [])
+        assert successor_done.wait(60)
+        # Its lease ran out by its own clock while the commit hung: the check before handing
+        # out (LeaseChecks.before_hand_out) lets nothing out of what it buffered (seqs 2..19).
+        late = first.poll(max_messages=1)
+        tried.set()
+        assert not late, f"the deposed consumer handed out {[m.seq for m in late]} after its successor " \
+                         f"delivered {successor}"
         deadline = time.monotonic() + 60
         while first.statistics().rejoins == 0:
             assert time.monotonic() < deadline, first.statistics()
             late = first.poll(max_messages=1)
-            assert not late, f"the deposed consumer handed out {[m.seq for m in late]} after its successor " \
-                             f"delivered {successor}"
+            assert not late, f"the deposed consumer handed out {[m.seq for m in late]}"
         assert successor == [1, 2, 3, 4, 5]  # the successor resumed after the committed seq 0
         assert first.statistics().rejoins == 1
         rest: list[int] = []
@@ -105,7 +117,63 @@ def test_consumer_frozen_inside_its_periodic_commit_hands_out_nothing_more(clust
             rest.extend(m.seq for m in first.poll(timeout_s=0.1))
         assert rest == list(range(6, 20))  # from the successor's committed cursor, in order
     finally:
+        tried.set()
         first.close()
+
+
+def test_a_periodic_commit_that_hangs_holds_no_hand_out_and_covers_only_what_was_finished(
+        cluster: Cluster) -> None:
+    """Issue 39: the periodic commit is written off the hand-out path. While one hangs, poll
+    goes on handing out; the cursor it writes is what was finished when it was taken, never
+    what was handed out since; a consumer gone before the next commit is redelivered from it."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    produce(cluster, 20)
+    first = Consumer(consumer_config(cluster))
+    first.start()
+    entered, release = threading.Event(), threading.Event()
+    written: list[object] = []
+    try:
+        assert [m.seq for m in first.poll(max_messages=1)] == [0]
+        coord = first._coord
+        assert coord is not None
+        real_commit: Callable = coord.commit
+
+        def hanging_commit(*args: object, **kwargs: object) -> int:
+            entered.set()
+            release.wait(120)
+            version = real_commit(*args, **kwargs)
+            written.append(args[2])  # (queue, subscription, cursor, ...)
+            return version
+
+        coord.commit = hanging_commit  # type: ignore[method-assign]
+        handed: list[int] = []
+
+        def poll_some() -> None:
+            while len(handed) < 5:  # seqs 1..5; seq 0 finished: a commit is due at once
+                handed.extend(m.seq for m in first.poll(max_messages=1))
+
+        poller = threading.Thread(target=poll_some, daemon=True)
+        poller.start()
+        poller.join(60)
+        assert not poller.is_alive(), f"poll waited for the periodic commit (handed out {handed})"
+        assert handed == [1, 2, 3, 4, 5]
+        assert entered.is_set() and not written  # the commit of seq 0 still hangs
+        release.set()
+        wait_until(lambda: bool(written), timeout_s=60, what="the hanging commit to be written")
+        seg = cluster.state().consume[0].seg
+        assert written == [Cursor(seg=seg, offset=1, last_seq=0)]  # finished when taken: seq 0 only
+        assert coord.describe("q", subscription="s").cursor == written[0]
+    finally:
+        release.set()
+        first._shutdown()  # gone without its last commit, as a crash
+    with Consumer(consumer_config(cluster)) as second:
+        again: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(again) < 19:
+            assert time.monotonic() < deadline, again
+            again.extend(m.seq for m in second.poll(timeout_s=0.1))
+        assert again == list(range(1, 20))  # from the committed cursor, in order, once each
 
 
 def test_resumed_deposed_consumer_behind_popped_segments_rejoins_at_the_successors_cursor(cluster: Cluster) -> None:

@@ -322,20 +322,20 @@ def lease_checks(lease: FakeLease, **cfg: object) -> object:
     return LeaseChecks(lease, config)  # type: ignore[arg-type]
 
 
-def test_lease_checked_again_after_the_periodic_commit() -> None:
-    """The promise of issue 26: a check made before a blocking call proves nothing after it.
-    The periodic commit runs between two confirmations; losing the lease meanwhile hands out
-    nothing (LeaseGone: the consumer rejoins, the application sees no error), being unsure of
-    it hands out nothing now (False)."""
+def test_lease_checked_after_the_periodic_commit_starts() -> None:
+    """The promise of issue 26: a check made before anything that may block proves nothing
+    after it. The lease is confirmed last, after the periodic commit starts (issue 39: it is
+    written on its own thread); losing the lease meanwhile hands out nothing (LeaseGone: the
+    consumer rejoins, the application sees no error), being unsure of it hands out nothing
+    now (False)."""
     from ordq.common.errors import OrdqError
     from ordq.sdk._consumer_lease import LeaseGone
 
     lease = FakeLease()
     checks = lease_checks(lease)
 
-    def commit_then_deposed(now: float) -> bool:
+    def commit_then_deposed(now: float) -> None:
         lease.holds, lease.lost_reason = False, "generation 1 was superseded by 2 (c2)"
-        return True  # a commit ran
 
     with pytest.raises(LeaseGone, match="superseded") as caught:
         checks.before_hand_out(0.0, commit_then_deposed)
@@ -344,18 +344,17 @@ def test_lease_checked_again_after_the_periodic_commit() -> None:
     lease = FakeLease()
     checks = lease_checks(lease, coordinator_outage_s=60.0)
 
-    def commit_then_unsure(now: float) -> bool:
+    def commit_then_unsure(now: float) -> None:
         lease.holds = False
-        return True
 
     assert checks.before_hand_out(0.0, commit_then_unsure) is False
 
     lease = FakeLease()
     checks = lease_checks(lease, commit=CommitConfig(every_ms=5000.0))
-    assert checks.before_hand_out(0.0, lambda now: False) is True
+    assert checks.before_hand_out(0.0, lambda now: None) is True
     assert checks.next_check == 5.0  # the next timed commit, before the lease runs out
     lease.valid_until = 1.0
-    assert checks.before_hand_out(0.0, lambda now: False) is True
+    assert checks.before_hand_out(0.0, lambda now: None) is True
     assert checks.next_check == 1.0  # the lease runs out first
 
 
