@@ -35,8 +35,8 @@ def turns(cluster: Cluster, outcome: str) -> float:
 class _Flood:
     """The flooding client's process, from start to ``stop`` (its counts by outcome)."""
 
-    def __init__(self, address: str, creds: str) -> None:
-        argv = [sys.executable, "-m", "tests.helpers.coordinator_flood", address, creds, "64", "4", "a", "describe"]
+    def __init__(self, address: str, creds: str, what: str = "describe") -> None:
+        argv = [sys.executable, "-m", "tests.helpers.coordinator_flood", address, creds, "64", "4", "a", what]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
         assert self.proc.stdout is not None and self.proc.stdout.readline().startswith("FLOODING")
 
@@ -132,3 +132,42 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
         assert rate <= (cfg.share * (t1 - t0) + 2 * cfg.burst_s) / 0.0037 / (t1 - t0) * 1.1, rate
     finally:
         client.close()
+
+
+def test_a_flood_of_who_leads_with_the_certificate_alone_is_held_beside_a_neighbour(
+        flooded: tuple[Cluster, str, str, str]) -> None:
+    """``Coordinators`` (who leads) needs no token and reads ZooKeeper (1 + 1 request per
+    coordinator). On main it took no fair turn: a flood of it from the client certificate alone
+    (64 threads over 4 connections) was never held (``paced`` 0) beside a neighbour's Commits
+    every 5 ms. Now it takes a turn as any call, charged to one caller (``ANONYMOUS``): held
+    beside the neighbour, and every call it was answered counted."""
+    cluster, address, flood_creds, neighbour_token = flooded
+    bare = json.dumps(attrs.evolve(cluster.credentials, token=None).to_dict())
+    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=neighbour_token),
+                               timeout_s=30)
+    try:
+        lease = wait_until(lambda: client.acquire("consumer", "b", "s", "N", ttl_ms=60_000), timeout_s=30,
+                           interval_s=0.05, what="the neighbour's lease")
+        assert isinstance(lease, Held)
+        d = client.describe("b", subscription="s")
+        assert d.cursor is not None
+        version = d.cursor_version
+        paced0, answered0 = turns(cluster, "paced") + turns(cluster, "refused"), _answered(cluster)
+        flood = _Flood(address, bare, "coordinators")
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            version = client.commit("b", "s", d.cursor, version, lease)
+            time.sleep(0.005)
+        counts = flood.stop()
+        held = turns(cluster, "paced") + turns(cluster, "refused") - paced0
+        print(f"flood of Coordinators beside the neighbour: {counts}; held or refused {held:.0f}")
+        assert counts.get("ok", 0) > 0 and held > 0, (counts, held)
+        assert _answered(cluster) - answered0 >= counts["ok"]
+    finally:
+        client.close()
+
+
+def _answered(cluster: Cluster) -> float:
+    line = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30)
+    return value(read_metrics(line.split()[-1]), "ordq_coordinator_requests_total", rpc="Coordinators",
+                 outcome="ok") or 0.0
