@@ -95,8 +95,11 @@ ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks sta
 # the figure of the attacker on every CPU in every run's output, so nothing is hidden.
 DEFAULT_WINDOWS = "attack,attack,unplaced"  # over 6 rounds: 4 judged windows, 2 unplaced
 UNPLACED = "unplaced"
+IDLE = "idle"  # a control window: the attacker's process in place, sending nothing
 # A measurement (never the acceptance: such a run fails its "windows as the acceptance's" check):
-# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants.
+# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants; a
+# variant may also name attack kinds (``huge``, ``bound+parking``: only those sent, placed) or
+# ``idle``, so that one run tells each kind's cost apart, interleaved with the same quiet windows.
 WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
 
 
@@ -112,20 +115,28 @@ class Variant:
 
 def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
     """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``; else
-    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``. ValueError naming a
-    malformed one."""
+    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``, ``idle`` nothing, and
+    attack or control kinds joined by ``+`` those only. ValueError naming a malformed one."""
     spec = (os.environ.get(WINDOWS_ENV, "") if spec is None else spec).strip() or DEFAULT_WINDOWS
     out = []
     for word in (w.strip() for w in spec.split(",")):
         if not word:
             continue
         what, at, shares = word.partition("@")
-        if what not in ("attack", UNPLACED, *CONTROLS) or (at and not (shares.isdigit() and 2 <= int(shares)
-                                                                        <= cpu_isolation.MAX_SHARES)):
-            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED} or "
-                             f"{' or '.join(CONTROLS)}, then @SHARES if wanted: 2..{cpu_isolation.MAX_SHARES})")
-        out.append(Variant(word, attacks if what in ("attack", UNPLACED) else (what,),
-                           int(shares) if shares else None, placed=what != UNPLACED))
+        named = tuple(what.split("+"))
+        if what in ("attack", UNPLACED):
+            kinds = attacks
+        elif what == IDLE:
+            kinds = ()
+        elif all(k in (*ATTACKS, *CONTROLS) for k in named):
+            kinds = named
+        else:
+            kinds = None
+        if kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES)):
+            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED}, {IDLE}, or kinds "
+                             f"of {'+'.join((*ATTACKS, *CONTROLS))}, then @SHARES if wanted: "
+                             f"2..{cpu_isolation.MAX_SHARES})")
+        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED))
     return tuple(out)
 
 
