@@ -93,6 +93,16 @@ ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks sta
 # 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
 # cluster's two cores: a harsher neighbour than a separate host. The ``unplaced`` windows keep
 # the figure of the attacker on every CPU in every run's output, so nothing is hidden.
+#
+# Why placed also means a lower weight (stop h): a placed attacker at the cluster's cpu.shares
+# still took its CPU from the cluster's processes on that CPU, and the drill queue's produce
+# acks felt it whatever it sent: a ``hog`` window (a spinning thread, no call at all, ~0.2 core)
+# was 2.6-2.8x its quiet window, the ``huge`` windows (~0.23 core, spent copying each 200 MiB
+# request in the attacker's own gRPC client) up to 2.4x, while the flood and the targeted
+# attacks (~0.05 core of the attacker's, and the leader's CPU up by 0.1) were 0.2-1.4x and an
+# ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
+# CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
+ATTACKER_SHARES = 8192
 DEFAULT_WINDOWS = "attack,attack,unplaced"  # over 6 rounds: 4 judged windows, 2 unplaced
 UNPLACED = "unplaced"
 IDLE = "idle"  # a control window: the attacker's process in place, sending nothing
@@ -109,7 +119,7 @@ class Variant:
 
     name: str
     kinds: tuple[str, ...]  # what the attacker sends in it
-    shares: int | None = None  # its cgroup's cpu.shares then (None: as isolated)
+    shares: int | None = None  # its cgroup's cpu.shares then (None: ATTACKER_SHARES placed, else the cluster's)
     placed: bool = True  # its process on one CPU (a host of its own), else on every CPU
 
 
@@ -493,8 +503,9 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                        "attacker": attacker.pid, "drill": os.getpid()})
         for i in range(ROUNDS):
             variant = variants[i % len(variants)]
-            if iso is not None and measured:  # the attacker's cgroup weight in this window
-                cpu_isolation.set_shares(iso.groups["capped"], variant.shares or cpu_isolation.MAX_SHARES)
+            if iso is not None:  # the attacker's cgroup weight in this window
+                cpu_isolation.set_shares(iso.groups["capped"], variant.shares or (
+                    ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES))
             # Where its threads may run in this window (those it starts in it inherit it).
             if not cpu_isolation.set_cpus(attacker.pid, placed if variant.placed else every):
                 raise RuntimeError("the attacker's process is gone")
