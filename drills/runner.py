@@ -338,11 +338,10 @@ class DrillContext:
 
 # Where the workloads' status files are rewritten while a drill runs: memory, not the cluster's disk.
 # Each workload replaces its status file by rename every 0.1 s; on an ext4 volume mounted with
-# ``discard`` each replacement frees the old file's block and sends the disk a discard (two
-# workloads: 20 writes and 20 discards a second, none without them: stop h). On this machine's
-# virtual disk a discard now and then took 150-400 ms and held the brokers' fdatasyncs behind it:
-# every stall of the drill queue's produce acks over 150 ms in the security-control-plane drill's
-# windows (stop h, 5 of 5 looked at) came with one, in quiet and attack windows alike.
+# ``discard`` each replacement frees the old file's block and sends the disk a discard: two
+# workloads made 20 writes and 20 discards a second on the brokers' disk, none without them
+# (stop h). Those were the harness's own I/O, not the cluster's. (The disk's freezes of 150-460 ms
+# that set the drills' p99s came with slow discards, but went on without them: drills/device_stalls.py.)
 STATUS_ROOT = Path("/dev/shm")
 
 
