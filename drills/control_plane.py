@@ -44,7 +44,7 @@ from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
 from ordq.coordinator.tokens import create_token, revoke_token, touch
-from ordq.drills import cpu_isolation, neighbour
+from ordq.drills import cpu_isolation, device_stalls, neighbour
 from ordq.drills.control_plane_attacks import (
     ATTACKS,
     ATTACKS_ENV,
@@ -480,8 +480,11 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
+    device = device_stalls.device_of(c.folder)
+    disk: device_stalls.DiskWatch | None = None
     try:
         probe.start()
+        disk = device_stalls.DiskWatch(device).start() if device is not None else None
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
                                     kinds=sent)
         if iso is not None:
@@ -532,6 +535,8 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     finally:
         ctx.notes["neighbour_windows"] = windows
         ctx.notes["window_variants"] = variant_of
+        ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
+        ctx.notes["device"] = device
         peak = rss.stop() if rss is not None else None
         if attacker is not None:
             attacker.close()
@@ -638,6 +643,32 @@ def window_ratios(samples: list[tuple[int, float]], windows: list[tuple[int, int
     return out
 
 
+def _without_freezes(ctx: DrillContext, series: dict[str, tuple[list[tuple[int, float]], int]],
+                     windows: list[tuple[int, int, int]], variants: dict[str, list[int]]
+                     ) -> dict[str, tuple[list[tuple[int, float]], int]]:
+    """``series`` without the samples in flight during a freeze of the disk (``device_stalls``),
+    the freezes told per kind of window."""
+    frozen = ctx.notes.get("device_stalls")
+    if frozen is None:
+        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
+                  "no sample left out")
+        return series
+    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
+    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
+    told = ", ".join(f"{name} {device_stalls.per_window(frozen, spans)} in "
+                     f"{sum(b - a for a, b in spans) / 1e6:.0f} s" for name, spans in kinds.items())
+    out, left = {}, []
+    for what, (samples, least) in series.items():
+        kept, n = device_stalls.outside(samples, frozen)
+        out[what] = (kept, least)
+        left.append(f"{n} {what}s")
+    longest = max((b - a for a, b in frozen), default=0) / 1000
+    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
+              f"done for {device_stalls.MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
+              f"in flight during one, left out of both sides: {', '.join(left)}")
+    return out
+
+
 def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
     attack windows against the same pooled over the quiet windows between them (same run, same
@@ -649,7 +680,12 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
     quiet window sets the pooled quiet p99 alone. Quiet window 2, right after the first attack,
     had a produce ack p99 of 83-274 ms in 5 of 9 rounds (the others mostly 8-17 ms), and the
     pooled rule passed those rounds while their attack windows' acks were 2.2-4.9x (median) their
-    own quiet windows'. The median of the per-window ratios is not carried by one window."""
+    own quiet windows'. The median of the per-window ratios is not carried by one window.
+
+    Samples in flight while the disk under the cluster froze (``device_stalls``: I/O in flight,
+    none completed for 100 ms or more) are left out of both sides, and the freezes told per kind
+    of window (stop h): they are the machine's, came in quiet, idle and attack windows alike, and
+    one of them set a 4 s window's p99 alone."""
     windows = ctx.notes.get("neighbour_windows")
     if not windows or not acks:
         return [("the attacks ran", False)]
@@ -659,6 +695,7 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
     variants = _by_variant(windows, ctx.notes.get("window_variants", []))
     judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
+    series = _without_freezes(ctx, series, windows, variants)
     for what, (samples, least) in series.items():
         for name, picked in list(variants.items())[1:]:  # a measurement's other variants: told, not judged
             quiet, other = _split(samples, windows, picked)
