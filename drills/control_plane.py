@@ -23,7 +23,8 @@ was refused); the leader's RSS stays under ``RSS_BUDGET_BYTES`` and it keeps lea
 election node before and after: its ZooKeeper session never lapsed); nothing created or changed
 (queues, subscriptions); no forged line, no traceback and no name over 4 KiB in its log; and the
 drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the judged attack
-windows, within ``LATENCY_RATIO`` of the same pooled over every quiet window between them.
+windows, within ``LATENCY_RATIO`` of the same pooled over every quiet window between them (what
+was in flight while the disk under the cluster froze left out of both: ``device_stalls``).
 """
 
 from __future__ import annotations
