@@ -19,6 +19,7 @@ from ordq.common.metrics import value
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.fair_share import FairShareConfig
 from ordq.coordinator.service import leader_address
+from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
 from tests.cluster import REPO, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import read_metrics, wait_until
@@ -70,6 +71,22 @@ def flood_stage(cluster: Cluster, groups: tuple[str, ...] = ("g1",)) -> tuple[st
     return address, flooder, neighbour
 
 
+def _neighbour(cluster: Cluster, address: str, token: str) -> tuple[CoordinatorClient, Held, Cursor, int]:
+    """The neighbour's client holding the consumer lease of b/s: (client, lease, its cursor and version)."""
+    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=token),
+                               timeout_s=30)
+    try:
+        lease = wait_until(lambda: client.acquire("consumer", "b", "s", "N", ttl_ms=60_000), timeout_s=30,
+                           interval_s=0.05, what="the neighbour's lease")
+        assert isinstance(lease, Held)
+        d = client.describe("b", subscription="s")
+        assert d.cursor is not None
+        return client, lease, d.cursor, d.cursor_version
+    except BaseException:
+        client.close()
+        raise
+
+
 @pytest.fixture
 def flooded(cluster: Cluster) -> Iterator[tuple[Cluster, str, str, str]]:
     """``flood_stage``: (cluster, leader's address, flooder's credentials as JSON, the
@@ -87,15 +104,8 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
     one called within the last second: beside the neighbour the flood is held and its served
     calls per second are bounded by its share; alone it is never held."""
     cluster, address, flood_creds, neighbour_token = flooded
-    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=neighbour_token),
-                               timeout_s=30)
+    client, lease, cursor, version = _neighbour(cluster, address, neighbour_token)
     try:
-        lease = wait_until(lambda: client.acquire("consumer", "b", "s", "N", ttl_ms=60_000), timeout_s=30,
-                           interval_s=0.05, what="the neighbour's lease")
-        assert isinstance(lease, Held)
-        d = client.describe("b", subscription="s")
-        assert d.cursor is not None
-        version = d.cursor_version
         time.sleep(1.2)  # the neighbour's calls out of the coordinator's window (active_s), before the flood alone
         paced0 = turns(cluster, "paced")
         flood = _Flood(address, flood_creds)
@@ -107,7 +117,7 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
         t_end, marks = time.monotonic() + 3.5, []
         while time.monotonic() < t_end:
             t0 = time.perf_counter()
-            version = client.commit("b", "s", d.cursor, version, lease)
+            version = client.commit("b", "s", cursor, version, lease)
             took.append(time.perf_counter() - t0)
             if len(marks) == 0 and time.monotonic() > t_end - 3.0:  # the flood is held from here
                 marks.append(flood.mark())
@@ -143,20 +153,13 @@ def test_a_flood_of_who_leads_with_the_certificate_alone_is_held_beside_a_neighb
     beside the neighbour, and every call it was answered counted."""
     cluster, address, flood_creds, neighbour_token = flooded
     bare = json.dumps(attrs.evolve(cluster.credentials, token=None).to_dict())
-    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=neighbour_token),
-                               timeout_s=30)
+    client, lease, cursor, version = _neighbour(cluster, address, neighbour_token)
     try:
-        lease = wait_until(lambda: client.acquire("consumer", "b", "s", "N", ttl_ms=60_000), timeout_s=30,
-                           interval_s=0.05, what="the neighbour's lease")
-        assert isinstance(lease, Held)
-        d = client.describe("b", subscription="s")
-        assert d.cursor is not None
-        version = d.cursor_version
         paced0, answered0 = turns(cluster, "paced") + turns(cluster, "refused"), _answered(cluster)
         flood = _Flood(address, bare, "coordinators")
         t_end = time.monotonic() + 3.0
         while time.monotonic() < t_end:
-            version = client.commit("b", "s", d.cursor, version, lease)
+            version = client.commit("b", "s", cursor, version, lease)
             time.sleep(0.005)
         counts = flood.stop()
         held = turns(cluster, "paced") + turns(cluster, "refused") - paced0
