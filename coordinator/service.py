@@ -75,7 +75,9 @@ log = logging.getLogger("ordq.coordinator.service")
 # going. A holder's heartbeat held past ⅔ of its ttl stops it delivering (coordinator/leases.py),
 # and a Claim or FailOver may wait seconds for a writable head: in a slot, two of them stalled
 # every other caller. Each is cheap to refuse (token first, then its lease or epoch key).
-NO_TURN = URGENT_RPCS | {"Heartbeat", "Release", "Coordinators", "Roll"}
+# Not ``Coordinators``: asked with the client certificate alone, it reads ZooKeeper (1 + one per
+# coordinator) like any call, so a flood of it takes turns as any caller's (stop h).
+NO_TURN = URGENT_RPCS | {"Heartbeat", "Release", "Roll"}
 
 # RPC -> the role its caller needs on the request's queue (Roll with epoch 0 needs admin).
 ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal": ANY, "Pop": ANY,
@@ -183,15 +185,24 @@ class _Tokens:
     def caller(self, context: Any, rpc: str) -> str:
         """On a call's headers, before its request is read: who it is charged to (its token's
         hash, else its connection); PermissionDenied when tokens are enforced and it shows no
-        valid one (``OPEN_RPCS`` excepted)."""
-        from ordq.coordinator.service_frame import OPEN_RPCS
+        valid one. ``OPEN_RPCS`` excepted: such a call showing no valid token while tokens are
+        enforced is charged to ``ANONYMOUS``, one caller for all of them, so that neither more
+        connections nor made-up tokens buy a client certificate alone more than one share."""
+        from ordq.coordinator.service_frame import ANONYMOUS, OPEN_RPCS
 
         token = bearer_token(context)
-        if peer_common_name(context) not in (BROKER_CN, COORDINATOR_CN) and rpc not in OPEN_RPCS:
-            self.book.fresh_for(token, self.book.now())
+        if peer_common_name(context) not in (BROKER_CN, COORDINATOR_CN):
+            open_call = rpc in OPEN_RPCS
+            if not open_call:  # an open call is not held for a load: an unknown token is anonymous
+                self.book.fresh_for(token, self.book.now())
             enforced, records = self.book.current()
             if enforced:
-                identify(records, token, "", ROLE_OF.get(rpc, ANY))
+                try:
+                    identify(records, token, "", ROLE_OF.get(rpc, ANY))
+                except PermissionDenied:
+                    if not open_call:
+                        raise
+                    return ANONYMOUS
         if token:
             return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
         return f"peer:{context.peer()}"
@@ -335,17 +346,22 @@ class CoordinatorService(LeaseCalls):
         """Count, check the queue's name, the caller's ``role`` on it (default:
         ``ROLE_OF[rpc]``) and leadership, then ``handle(token record)``; every refusal typed on
         the wire. The frame (service_frame.py) checked the request's size and the caller's token
-        before its body was read."""
+        before its body was read. An open call (``OPEN_RPCS``: who leads) names no queue, needs
+        no token and is answered by every coordinator: only counted and typed here."""
+        from ordq.coordinator.service_frame import OPEN_RPCS
         from ordq.wire.errors import abort_sync
 
         with self._stats_lock:
             self.stats.calls[rpc] = self.stats.calls.get(rpc, 0) + 1
         try:
-            if not (rpc == "Admin" and queue == EVERY_QUEUE):  # an admin verb about no one queue
-                check_name("queue", queue)  # the name rule first: nothing else sees an unchecked name
-            rec = self._tokens.check(context, queue, role or ROLE_OF[rpc])  # the token before any work
-            if not self.is_leader():
-                raise NotCoordinatorLeader(self._leader_address())
+            if rpc in OPEN_RPCS:
+                rec = None
+            else:
+                if not (rpc == "Admin" and queue == EVERY_QUEUE):  # an admin verb about no one queue
+                    check_name("queue", queue)  # the name rule first: nothing else sees an unchecked name
+                rec = self._tokens.check(context, queue, role or ROLE_OF[rpc])  # the token before any work
+                if not self.is_leader():
+                    raise NotCoordinatorLeader(self._leader_address())
             first = self.requests_first if rpc in URGENT_RPCS else None
             with first.serving() if first is not None else contextlib.nullcontext():
                 answer = handle(rec)

@@ -38,8 +38,10 @@ SERVICE = "ordq.v1.Coordinator"
 SMALL_REQUEST_BYTES = 64 << 10  # a control call: names, a cursor, a lease key (a few hundred bytes)
 LARGE_REQUEST_BYTES = 1 << 20  # ZooKeeper's default node limit (jute.maxbuffer): what a record may hold
 LARGE_RPCS = frozenset({"SubscriptionRecord", "Admin"})  # a parked record's body; an admin verb's arguments
-# Calls that need no token (a client finds the leader with it): framed, sized and paced all the same.
+# Calls that need no token (a client finds the leader with it): framed, sized and paced all the same,
+# counted as any; shown no valid token, charged to ANONYMOUS (service.py ``_Tokens.caller``).
 OPEN_RPCS = frozenset({"Coordinators"})
+ANONYMOUS = "anonymous"  # the one caller every open call without a valid token is charged to
 SHOWN_CHARS = 64  # a caller's name in the log or an answer: cut here, control characters escaped
 
 

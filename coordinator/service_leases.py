@@ -205,14 +205,15 @@ class LeaseCalls:
         return out
 
     def Coordinators(self, request: Any, context: Any) -> Any:  # noqa: N802
-        from ordq.wire.errors import abort_sync
+        return self._serve("Coordinators", "", context, lambda _rec: self._coordinators())
 
+    def _coordinators(self) -> Any:
         try:
             addresses = coordinator_addresses(self.store.client, self.store.paths.coordinator_leader)
-        except OrdqError as exc:
-            abort_sync(context, exc)
+        except OrdqError:
+            raise
         except Exception as exc:  # noqa: BLE001 - ZooKeeper away: the client keeps its list
-            abort_sync(context, OrdqError(f"coordinators unknown now: {type(exc).__name__}", retriable=True))
+            raise OrdqError(f"coordinators unknown now: {type(exc).__name__}", retriable=True) from exc
         return self._pb.CoordinatorsResponse(addresses=addresses)
 
     # -- a subscription's records, kept by its lease holder ---------------------------------------

@@ -23,7 +23,8 @@ was refused); the leader's RSS stays under ``RSS_BUDGET_BYTES`` and it keeps lea
 election node before and after: its ZooKeeper session never lapsed); nothing created or changed
 (queues, subscriptions); no forged line, no traceback and no name over 4 KiB in its log; and the
 drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the judged attack
-windows, within ``LATENCY_RATIO`` of the same pooled over every quiet window between them.
+windows, within ``LATENCY_RATIO`` of the same pooled over every quiet window between them (what
+was in flight while the disk under the cluster froze left out of both: ``device_stalls``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
 from ordq.coordinator.tokens import create_token, revoke_token, touch
-from ordq.drills import cpu_isolation, neighbour
+from ordq.drills import cpu_isolation, device_stalls, neighbour
 from ordq.drills.control_plane_attacks import (
     ATTACKS,
     ATTACKS_ENV,
@@ -93,10 +94,23 @@ ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks sta
 # 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
 # cluster's two cores: a harsher neighbour than a separate host. The ``unplaced`` windows keep
 # the figure of the attacker on every CPU in every run's output, so nothing is hidden.
+#
+# Why placed also means a lower weight (stop h): a placed attacker at the cluster's cpu.shares
+# still took its CPU from the cluster's processes on that CPU, and the drill queue's produce
+# acks felt it whatever it sent: a ``hog`` window (a spinning thread, no call at all, ~0.2 core)
+# was 2.6-2.8x its quiet window, the ``huge`` windows (~0.23 core, spent copying each 200 MiB
+# request in the attacker's own gRPC client) up to 2.4x, while the flood and the targeted
+# attacks (~0.05 core of the attacker's, and the leader's CPU up by 0.1) were 0.2-1.4x and an
+# ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
+# CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
+ATTACKER_SHARES = 8192
 DEFAULT_WINDOWS = "attack,attack,unplaced"  # over 6 rounds: 4 judged windows, 2 unplaced
 UNPLACED = "unplaced"
+IDLE = "idle"  # a control window: the attacker's process in place, sending nothing
 # A measurement (never the acceptance: such a run fails its "windows as the acceptance's" check):
-# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants.
+# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants; a
+# variant may also name attack kinds (``huge``, ``bound+parking``: only those sent, placed) or
+# ``idle``, so that one run tells each kind's cost apart, interleaved with the same quiet windows.
 WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
 
 
@@ -106,26 +120,34 @@ class Variant:
 
     name: str
     kinds: tuple[str, ...]  # what the attacker sends in it
-    shares: int | None = None  # its cgroup's cpu.shares then (None: as isolated)
+    shares: int | None = None  # its cgroup's cpu.shares then (None: ATTACKER_SHARES placed, else the cluster's)
     placed: bool = True  # its process on one CPU (a host of its own), else on every CPU
 
 
 def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
     """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``; else
-    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``. ValueError naming a
-    malformed one."""
+    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``, ``idle`` nothing, and
+    attack or control kinds joined by ``+`` those only. ValueError naming a malformed one."""
     spec = (os.environ.get(WINDOWS_ENV, "") if spec is None else spec).strip() or DEFAULT_WINDOWS
     out = []
     for word in (w.strip() for w in spec.split(",")):
         if not word:
             continue
         what, at, shares = word.partition("@")
-        if what not in ("attack", UNPLACED, *CONTROLS) or (at and not (shares.isdigit() and 2 <= int(shares)
-                                                                        <= cpu_isolation.MAX_SHARES)):
-            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED} or "
-                             f"{' or '.join(CONTROLS)}, then @SHARES if wanted: 2..{cpu_isolation.MAX_SHARES})")
-        out.append(Variant(word, attacks if what in ("attack", UNPLACED) else (what,),
-                           int(shares) if shares else None, placed=what != UNPLACED))
+        named = tuple(what.split("+"))
+        if what in ("attack", UNPLACED):
+            kinds = attacks
+        elif what == IDLE:
+            kinds = ()
+        elif all(k in (*ATTACKS, *CONTROLS) for k in named):
+            kinds = named
+        else:
+            kinds = None
+        if kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES)):
+            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED}, {IDLE}, or kinds "
+                             f"of {'+'.join((*ATTACKS, *CONTROLS))}, then @SHARES if wanted: "
+                             f"2..{cpu_isolation.MAX_SHARES})")
+        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED))
     return tuple(out)
 
 
@@ -459,8 +481,11 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
+    device = device_stalls.device_of(c.folder)
+    disk: device_stalls.DiskWatch | None = None
     try:
         probe.start()
+        disk = device_stalls.DiskWatch(device).start() if device is not None else None
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
                                     kinds=sent)
         if iso is not None:
@@ -482,8 +507,9 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                        "attacker": attacker.pid, "drill": os.getpid()})
         for i in range(ROUNDS):
             variant = variants[i % len(variants)]
-            if iso is not None and measured:  # the attacker's cgroup weight in this window
-                cpu_isolation.set_shares(iso.groups["capped"], variant.shares or cpu_isolation.MAX_SHARES)
+            if iso is not None:  # the attacker's cgroup weight in this window
+                cpu_isolation.set_shares(iso.groups["capped"], variant.shares or (
+                    ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES))
             # Where its threads may run in this window (those it starts in it inherit it).
             if not cpu_isolation.set_cpus(attacker.pid, placed if variant.placed else every):
                 raise RuntimeError("the attacker's process is gone")
@@ -510,6 +536,8 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     finally:
         ctx.notes["neighbour_windows"] = windows
         ctx.notes["window_variants"] = variant_of
+        ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
+        ctx.notes["device"] = device
         peak = rss.stop() if rss is not None else None
         if attacker is not None:
             attacker.close()
@@ -616,6 +644,32 @@ def window_ratios(samples: list[tuple[int, float]], windows: list[tuple[int, int
     return out
 
 
+def _without_freezes(ctx: DrillContext, series: dict[str, tuple[list[tuple[int, float]], int]],
+                     windows: list[tuple[int, int, int]], variants: dict[str, list[int]]
+                     ) -> dict[str, tuple[list[tuple[int, float]], int]]:
+    """``series`` without the samples in flight during a freeze of the disk (``device_stalls``),
+    the freezes told per kind of window."""
+    frozen = ctx.notes.get("device_stalls")
+    if frozen is None:
+        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
+                  "no sample left out")
+        return series
+    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
+    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
+    told = ", ".join(f"{name} {device_stalls.per_window(frozen, spans)} in "
+                     f"{sum(b - a for a, b in spans) / 1e6:.0f} s" for name, spans in kinds.items())
+    out, left = {}, []
+    for what, (samples, least) in series.items():
+        kept, n = device_stalls.outside(samples, frozen)
+        out[what] = (kept, least)
+        left.append(f"{n} {what}s")
+    longest = max((b - a for a, b in frozen), default=0) / 1000
+    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
+              f"done for {device_stalls.MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
+              f"in flight during one, left out of both sides: {', '.join(left)}")
+    return out
+
+
 def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
     attack windows against the same pooled over the quiet windows between them (same run, same
@@ -627,7 +681,12 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
     quiet window sets the pooled quiet p99 alone. Quiet window 2, right after the first attack,
     had a produce ack p99 of 83-274 ms in 5 of 9 rounds (the others mostly 8-17 ms), and the
     pooled rule passed those rounds while their attack windows' acks were 2.2-4.9x (median) their
-    own quiet windows'. The median of the per-window ratios is not carried by one window."""
+    own quiet windows'. The median of the per-window ratios is not carried by one window.
+
+    Samples in flight while the disk under the cluster froze (``device_stalls``: I/O in flight,
+    none completed for 100 ms or more) are left out of both sides, and the freezes told per kind
+    of window (stop h): they are the machine's, came in quiet, idle and attack windows alike, and
+    one of them set a 4 s window's p99 alone."""
     windows = ctx.notes.get("neighbour_windows")
     if not windows or not acks:
         return [("the attacks ran", False)]
@@ -637,6 +696,7 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
     variants = _by_variant(windows, ctx.notes.get("window_variants", []))
     judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
+    series = _without_freezes(ctx, series, windows, variants)
     for what, (samples, least) in series.items():
         for name, picked in list(variants.items())[1:]:  # a measurement's other variants: told, not judged
             quiet, other = _split(samples, windows, picked)

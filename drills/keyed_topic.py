@@ -113,7 +113,7 @@ class _Run:
         self.topic = topic_of_drill(ctx)
         self.audit = ctx.run_dir / "audit"
         self.members: dict[str, ManagedProcess] = {}
-        self.status = ctx.run_dir / "producer.status.json"
+        self.status = ctx.status_dir / "producer.status.json"
         self.producer: ManagedProcess | None = None
 
     def spawn(self, name: str, argv: list[str]) -> ManagedProcess:

@@ -19,8 +19,11 @@ failover time (fault → first ack on the new segment / by the new leader), verd
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -144,6 +147,7 @@ class DrillContext:
     queue: str
     run_dir: Path
     load: LoadConfig
+    status_dir: Path = attrs.field(default=attrs.Factory(lambda self: self.run_dir, takes_self=True))
     out: Writer | None = None
     started: float = attrs.field(factory=time.monotonic)
     producers: list[Workload] = attrs.field(factory=list)
@@ -307,7 +311,7 @@ class DrillContext:
         group = self.producers if role == "producer" else self.consumers
         name = f"{role[0]}{len(group) + 1}"
         writer = f"{name}-{self.queue}"
-        status = self.run_dir / f"{name}.status.json"
+        status = self.status_dir / f"{name}.status.json"
         c, load = self.cluster, self.load
         custom = self.drill.consumer_options if role == "consumer" else None
         role_verb = "produce" if role == "producer" else "consume"
@@ -330,6 +334,32 @@ class DrillContext:
         group.append(w)
         proc.wait_for_line("STARTED", timeout_s=60)
         return w
+
+
+# Where the workloads' status files are rewritten while a drill runs: memory, not the cluster's disk.
+# Each workload replaces its status file by rename every 0.1 s; on an ext4 volume mounted with
+# ``discard`` each replacement frees the old file's block and sends the disk a discard: two
+# workloads made 20 writes and 20 discards a second on the brokers' disk, none without them
+# (stop h). Those were the harness's own I/O, not the cluster's. (The disk's freezes of 150-460 ms
+# that set the drills' p99s came with slow discards, but went on without them: drills/device_stalls.py.)
+STATUS_ROOT = Path("/dev/shm")
+
+
+def status_folder(queue: str, run_dir: Path, root: Path = STATUS_ROOT) -> Path:
+    """A new folder for the run's status files under ``root`` (tmpfs), or ``run_dir`` when
+    ``root`` cannot be written; ``keep_statuses`` moves them to ``run_dir`` at the end."""
+    if root.is_dir() and os.access(root, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix=f"ordq-{queue}-", dir=root))
+    return run_dir
+
+
+def keep_statuses(status_dir: Path, run_dir: Path) -> None:
+    """The last status files, with the run's other files (``status_folder``); the folder removed."""
+    if status_dir == run_dir:
+        return
+    for f in status_dir.glob("*.json"):
+        shutil.copy2(f, run_dir / f.name)
+    shutil.rmtree(status_dir, ignore_errors=True)
 
 
 def drill_seed(seed: int, name: str, round_: int) -> int:
@@ -393,7 +423,7 @@ def execute_drill(
     run_dir = cluster.folder / "drills" / queue
     run_dir.mkdir(parents=True)
     ctx = DrillContext(cluster=cluster, drill=drill, round=round_, rng=rng, queue=queue, run_dir=run_dir,
-                       load=load, out=out)
+                       load=load, out=out, status_dir=status_folder(queue, run_dir))
     if drill.needs_ensemble and not cluster.zk.ensemble:
         return DrillRun(ctx=ctx, seed=run_seed, seconds=0.0,
                         skipped="SKIP (needs a 3-node ZooKeeper: ordq up --zk-nodes 3)")
@@ -427,6 +457,9 @@ def execute_drill(
         for w in ctx.producers + ctx.consumers:
             with contextlib.suppress(OrdqError):
                 w.proc.stop(timeout_s=5)
+        for w in ctx.producers + ctx.consumers:  # read from the run's folder from now on
+            w.status_path = run_dir / w.status_path.name
+        keep_statuses(ctx.status_dir, run_dir)
         if error is not None:
             # The fault may still be in place (a killed master the drill did not get to
             # restart): the cluster is left as whole as it was found (issue 24).

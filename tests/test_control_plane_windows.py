@@ -80,7 +80,18 @@ def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
                    cp.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
 
 
-@pytest.mark.parametrize("spec", ["flood", "hog@", "hog@1", f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
+def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
+    """A measurement's windows one kind (or a few) each, interleaved with the same quiet
+    windows (stop h: which attack slows the produce acks), and an ``idle`` control that sends
+    nothing; each placed, as the judged windows."""
+    got = cp.window_variants(cpa.ATTACKS, "huge,flood,bound+parking+undecodable+newline,idle,hog+huge@64")
+    assert got == (cp.Variant("huge", ("huge",)), cp.Variant("flood", ("flood",)),
+                   cp.Variant("bound+parking+undecodable+newline", ("bound", "parking", "undecodable", "newline")),
+                   cp.Variant("idle", ()), cp.Variant("hog+huge@64", ("hog", "huge"), 64))
+
+
+@pytest.mark.parametrize("spec", ["floods", "huge+", "idle+huge", "hog@", "hog@1",
+                                  f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
 def test_a_malformed_variant_is_refused_by_name(spec: str) -> None:
     with pytest.raises(ValueError, match=cp.WINDOWS_ENV):
         cp.window_variants(cpa.ATTACKS, spec)

@@ -508,3 +508,55 @@ def test_a_callers_calls_in_the_coordinator_are_bounded(coordinator: tuple[Clust
         neighbour.close()
         for ch in channels:
             ch.close()
+
+
+def test_who_leads_is_counted_and_every_call_without_a_valid_token_is_one_caller(
+        coordinator: tuple[Cluster, str]) -> None:
+    """Guards on ``Coordinators`` (who leads: the one call that needs no token, stop h). It is
+    counted as any call (``ordq_coordinator_requests_total{rpc="Coordinators"}``: on main it was
+    not). With the client certificate alone, 64 calls whose bodies are withheld over 8
+    connections, half of them showing made-up tokens, hold the bound of one caller's calls
+    (``max_calls_per_caller``): the next such call is refused at once, RESOURCE_EXHAUSTED with a
+    retry hint, counted; a client with a valid token is answered meanwhile. (On main each
+    connection and each made-up token was a caller of its own, with 64 calls each.)"""
+    import threading
+
+    cluster, address = coordinator
+    bound = 64  # docs/SECURITY.md, Limits: FairShareConfig.max_calls_per_caller
+    _, token = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "consumer of a")
+    touch(cluster.store.client, cluster.root)
+    bare, bare_ch = stub_of(address, cluster)
+    holder, holder_ch = stub_of(address, cluster, token=token)
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [channel(address, attrs.evolve(cluster.credentials, token=None), own) for _ in range(bound // 8)]
+    release = threading.Event()
+
+    def withheld() -> Iterator[bytes]:  # a request stream that sends nothing until released
+        release.wait(60)
+        yield from ()
+
+    url = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1]
+    try:
+        before = outcomes(cluster, "ok", "Coordinators")
+        for _ in range(3):
+            assert address in bare.Coordinators(pb.CoordinatorsRequest(), timeout=30).addresses
+        assert outcomes(cluster, "ok", "Coordinators") - before == 3
+        made_up = [(("authorization", f"Bearer ordq_{i:08x}_made-up"),) for i in range(4)]
+        held = [ch.stream_unary("/ordq.v1.Coordinator/Coordinators").future(
+                    withheld(), timeout=60, metadata=made_up[j % 4] if i % 2 else ())
+                for i, ch in enumerate(channels) for j in range(8)]
+        wait_until(lambda: (value(read_metrics(url), "ordq_coordinator_calls_in_flight") or 0) >= bound, timeout_s=30,
+                   interval_s=0.05, what="the withheld calls in the coordinator's frame")
+        refused = outcomes(cluster, "ResourceExhausted", "Coordinators")
+        err = refusal(lambda: bare.Coordinators(pb.CoordinatorsRequest(), timeout=30))
+        assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "ordq-retry-ms" in dict(err.trailing_metadata())
+        assert outcomes(cluster, "ResourceExhausted", "Coordinators") - refused == 1
+        assert address in holder.Coordinators(pb.CoordinatorsRequest(), timeout=30).addresses
+        release.set()  # they end (refused: no request came); the certificate alone is answered again
+        for call in held:
+            assert call.exception(timeout=30) is not None
+        assert address in bare.Coordinators(pb.CoordinatorsRequest(), timeout=30).addresses
+    finally:
+        release.set()
+        for ch in (*channels, bare_ch, holder_ch):
+            ch.close()

@@ -19,6 +19,7 @@ from ordq.common.metrics import value
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.fair_share import FairShareConfig
 from ordq.coordinator.service import leader_address
+from ordq.coordinator.state import Cursor
 from ordq.coordinator.tokens import create_token, touch
 from tests.cluster import REPO, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import read_metrics, wait_until
@@ -35,8 +36,8 @@ def turns(cluster: Cluster, outcome: str) -> float:
 class _Flood:
     """The flooding client's process, from start to ``stop`` (its counts by outcome)."""
 
-    def __init__(self, address: str, creds: str) -> None:
-        argv = [sys.executable, "-m", "tests.helpers.coordinator_flood", address, creds, "64", "4", "a", "describe"]
+    def __init__(self, address: str, creds: str, what: str = "describe") -> None:
+        argv = [sys.executable, "-m", "tests.helpers.coordinator_flood", address, creds, "64", "4", "a", what]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
         assert self.proc.stdout is not None and self.proc.stdout.readline().startswith("FLOODING")
 
@@ -70,6 +71,22 @@ def flood_stage(cluster: Cluster, groups: tuple[str, ...] = ("g1",)) -> tuple[st
     return address, flooder, neighbour
 
 
+def _neighbour(cluster: Cluster, address: str, token: str) -> tuple[CoordinatorClient, Held, Cursor, int]:
+    """The neighbour's client holding the consumer lease of b/s: (client, lease, its cursor and version)."""
+    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=token),
+                               timeout_s=30)
+    try:
+        lease = wait_until(lambda: client.acquire("consumer", "b", "s", "N", ttl_ms=60_000), timeout_s=30,
+                           interval_s=0.05, what="the neighbour's lease")
+        assert isinstance(lease, Held)
+        d = client.describe("b", subscription="s")
+        assert d.cursor is not None
+        return client, lease, d.cursor, d.cursor_version
+    except BaseException:
+        client.close()
+        raise
+
+
 @pytest.fixture
 def flooded(cluster: Cluster) -> Iterator[tuple[Cluster, str, str, str]]:
     """``flood_stage``: (cluster, leader's address, flooder's credentials as JSON, the
@@ -87,15 +104,8 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
     one called within the last second: beside the neighbour the flood is held and its served
     calls per second are bounded by its share; alone it is never held."""
     cluster, address, flood_creds, neighbour_token = flooded
-    client = CoordinatorClient(bootstrap=address, credentials=attrs.evolve(cluster.credentials, token=neighbour_token),
-                               timeout_s=30)
+    client, lease, cursor, version = _neighbour(cluster, address, neighbour_token)
     try:
-        lease = wait_until(lambda: client.acquire("consumer", "b", "s", "N", ttl_ms=60_000), timeout_s=30,
-                           interval_s=0.05, what="the neighbour's lease")
-        assert isinstance(lease, Held)
-        d = client.describe("b", subscription="s")
-        assert d.cursor is not None
-        version = d.cursor_version
         time.sleep(1.2)  # the neighbour's calls out of the coordinator's window (active_s), before the flood alone
         paced0 = turns(cluster, "paced")
         flood = _Flood(address, flood_creds)
@@ -107,7 +117,7 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
         t_end, marks = time.monotonic() + 3.5, []
         while time.monotonic() < t_end:
             t0 = time.perf_counter()
-            version = client.commit("b", "s", d.cursor, version, lease)
+            version = client.commit("b", "s", cursor, version, lease)
             took.append(time.perf_counter() - t0)
             if len(marks) == 0 and time.monotonic() > t_end - 3.0:  # the flood is held from here
                 marks.append(flood.mark())
@@ -132,3 +142,35 @@ def test_a_floods_served_calls_are_held_while_a_neighbour_calls_and_never_alone(
         assert rate <= (cfg.share * (t1 - t0) + 2 * cfg.burst_s) / 0.0037 / (t1 - t0) * 1.1, rate
     finally:
         client.close()
+
+
+def test_a_flood_of_who_leads_with_the_certificate_alone_is_held_beside_a_neighbour(
+        flooded: tuple[Cluster, str, str, str]) -> None:
+    """``Coordinators`` (who leads) needs no token and reads ZooKeeper (1 + 1 request per
+    coordinator). On main it took no fair turn: a flood of it from the client certificate alone
+    (64 threads over 4 connections) was never held (``paced`` 0) beside a neighbour's Commits
+    every 5 ms. Now it takes a turn as any call, charged to one caller (``ANONYMOUS``): held
+    beside the neighbour, and every call it was answered counted."""
+    cluster, address, flood_creds, neighbour_token = flooded
+    bare = json.dumps(attrs.evolve(cluster.credentials, token=None).to_dict())
+    client, lease, cursor, version = _neighbour(cluster, address, neighbour_token)
+    try:
+        paced0, answered0 = turns(cluster, "paced") + turns(cluster, "refused"), _answered(cluster)
+        flood = _Flood(address, bare, "coordinators")
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            version = client.commit("b", "s", cursor, version, lease)
+            time.sleep(0.005)
+        counts = flood.stop()
+        held = turns(cluster, "paced") + turns(cluster, "refused") - paced0
+        print(f"flood of Coordinators beside the neighbour: {counts}; held or refused {held:.0f}")
+        assert counts.get("ok", 0) > 0 and held > 0, (counts, held)
+        assert _answered(cluster) - answered0 >= counts["ok"]
+    finally:
+        client.close()
+
+
+def _answered(cluster: Cluster) -> float:
+    line = cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30)
+    return value(read_metrics(line.split()[-1]), "ordq_coordinator_requests_total", rpc="Coordinators",
+                 outcome="ok") or 0.0

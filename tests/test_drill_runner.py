@@ -107,3 +107,23 @@ def test_the_fault_releases_producers_held_for_it(tmp_path: Path) -> None:
     assert not ctx.fault_file.exists()
     ctx.fault("kill -9 something", kind="segment", seg=0)
     assert ctx.fault_file.exists()  # what a producer started with --hold-file waits for
+
+
+def test_status_files_are_rewritten_in_memory_and_kept_with_the_run(tmp_path: Path) -> None:
+    """A workload's status file, replaced by rename every 0.1 s, goes under ``STATUS_ROOT``
+    (tmpfs), not the run's folder on the cluster's disk, where each replacement was a discard
+    (stop h); the last ones end in the run's folder, the memory folder removed. Without a
+    writable root, the run's folder as before."""
+    from ordq.drills.runner import keep_statuses, status_folder
+
+    run_dir, root = tmp_path / "run", tmp_path / "shm"
+    run_dir.mkdir()
+    root.mkdir()
+    folder = status_folder("q", run_dir, root)
+    assert folder.parent == root and folder.is_dir()
+    (folder / "p1.status.json").write_text('{"acked": 7}')
+    keep_statuses(folder, run_dir)
+    assert (run_dir / "p1.status.json").read_text() == '{"acked": 7}' and not folder.exists()
+    assert status_folder("q", run_dir, tmp_path / "none") == run_dir
+    keep_statuses(run_dir, run_dir)  # nothing moved, nothing removed
+    assert (run_dir / "p1.status.json").exists()

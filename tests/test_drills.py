@@ -185,16 +185,17 @@ def test_keyed_topic_drill_passes(tmp_path: Path, verifier: Verifier) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 38, open: with the attacker placed as a host of its own, beside "
-                   "six busy loops, another token's Commit p99 is within 2x (1.4-1.9x, stop g) but the drill "
-                   "queue's produce acks are 2.2-5.5x their quiet windows' in the attack windows (median per "
-                   "window); every attack is refused and counted, the leader stays under 160 MiB and leading")
 def test_security_control_plane_drill_passes(tmp_path: Path, verifier: Verifier) -> None:
     """The security-control-plane drill alone (issue 38): hand-made clients attack the leading
     coordinator in windows between quiet ones (a 200 MiB-named Pop without a token, a 64-thread
     flood of one consume token, Subscribe past the bound, EnsureParkingQueue for made-up names,
     undecodable bytes, a name with a new line) while the drill queue is written and another token
-    commits on it. ~3 min of load (the windows start at 5-15 % of a 150 s stream), then Spark."""
+    commits on it. ~3 min of load (the windows start at 5-15 % of a 150 s stream), then Spark.
+    Its whole verdict is asserted, the latency ratios included; no longer a strict xfail (stop h):
+    with the attacker weighted as a host of its own and the disk's freezes left out of both sides
+    of the ratios, every latency rule held beside six busy loops (docs/BENCHMARKS.md, stop h), so
+    an xfail would fail as an XPASS, or, not strict, never fail. What can still fail it is real: a
+    round whose attack windows outlast the stream (stop h: 1 round of 6)."""
     cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=3, coordinators=2))
     try:
         cluster.start()

@@ -3,9 +3,10 @@ THREADS threads over CONNECTIONS channels call Describe and Subscribe as fast as
 answered, with one token, until stdin closes; then prints its counts as JSON (and so far, at
 each line read from stdin).
 
-    python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE [describe]
+    python -m tests.helpers.coordinator_flood ADDRESS CREDENTIALS_JSON THREADS CONNECTIONS QUEUE [describe|coordinators]
 
-(``describe``: Describe only, with the queue's config and live members.)
+(``describe``: Describe only, with the queue's config and live members; ``coordinators``: who
+leads only, with the client certificate alone: no token.)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ordq.wire import ordq_pb2_grpc as pb_grpc
 def main() -> int:
     address, creds_json, threads, connections, queue = sys.argv[1:6]
     only_describe = sys.argv[6:7] == ["describe"]
+    only_coordinators = sys.argv[6:7] == ["coordinators"]
     creds = Credentials.from_dict(json.loads(creds_json))
     md = (("authorization", f"Bearer {creds.token}"),)
     local = [("grpc.use_local_subchannel_pool", 1)]  # CONNECTIONS connections, even in plaintext
@@ -37,7 +39,9 @@ def main() -> int:
         stub = stubs[i % len(stubs)]
         while not stop.is_set():
             try:
-                if i % 2 or only_describe:
+                if only_coordinators:
+                    stub.Coordinators(pb.CoordinatorsRequest(), timeout=30)
+                elif i % 2 or only_describe:
                     stub.Describe(pb.DescribeRequest(queue=queue, with_config=True, with_live=True), timeout=30,
                                   metadata=md)
                 else:

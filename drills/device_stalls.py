@@ -1,0 +1,127 @@
+"""Freezes of the disk under a drill's cluster, as the kernel counts its I/O (/proc/diskstats): a
+stretch of at least ``min_us`` in which I/O was in flight and none completed. The
+security-control-plane drill leaves the samples caught in one out of both sides of its latency
+ratio, and prints how many freezes each kind of window had (docs/SECURITY.md, stop h).
+
+Why: on this machine's virtual disk the whole device stops now and then for 150-460 ms (stop h:
+every produce ack of the drill queue slower than 150 ms in the windows looked at came with one;
+in quiet windows, in an ``idle`` control window where the attacker sent nothing, and in attack
+windows alike, with or without discards). A 4 s window holds ~8,000 acks and one freeze delays
+~900 of them, so any window with a freeze has its p99 set by it: the ratio then judged the disk's
+moments, not the attack (an idle window was 7.9x its quiet one). The attacks themselves write
+nothing (refusals are counted in memory, their log lines are rate-limited).
+
+Rules: ``stalls`` and ``outside`` are pure; ``DiskWatch`` is the one thread that reads the disk's
+counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+MIN_STALL_US = 100_000  # nothing completed for this long with I/O in flight: ~100 writes at the drill's rate
+EVERY_S = 0.02  # how often the counters are read
+
+
+@attrs.frozen
+class DiskSample:
+    t_us: int  # wall clock (the drill's ``now_us``)
+    done: int  # I/Os completed so far: reads, writes, discards and flushes
+    in_flight: int
+
+
+def stalls(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tuple[int, int]]:
+    """The freezes ``[start, end]`` in µs: from the sample before the first in which nothing
+    completed while I/O stayed in flight, to the first sample that saw a completion again (the
+    freeze ended somewhere before it); only those frozen at least ``min_us`` between samples."""
+    out: list[tuple[int, int]] = []
+    start: int | None = None
+    last = None
+    for prev, cur in itertools.pairwise(samples):
+        frozen = cur.done == prev.done and prev.in_flight > 0 and cur.in_flight > 0
+        if frozen:
+            if start is None:
+                start = prev.t_us
+            last = cur.t_us
+        elif start is not None and last is not None:
+            if last - start >= min_us:
+                out.append((start, cur.t_us))
+            start = None
+    if start is not None and last is not None and last - start >= min_us:
+        out.append((start, last))
+    return out
+
+
+def outside(samples: Sequence[tuple[int, float]], frozen: Sequence[tuple[int, int]]
+            ) -> tuple[list[tuple[int, float]], int]:
+    """The (µs at, ms it took) samples whose span overlaps no freeze, and how many did."""
+    kept = [(at, ms) for at, ms in samples
+            if not any(at <= end and at + ms * 1000.0 >= start for start, end in frozen)]
+    return kept, len(samples) - len(kept)
+
+
+def per_window(frozen: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> int:
+    """How many freezes began in one of ``spans`` ([from, to) in µs)."""
+    return sum(any(a <= start < b for a, b in spans) for start, _end in frozen)
+
+
+def device_of(folder: Path) -> str | None:
+    """The /proc/diskstats name of the device holding ``folder``, or None (not a block device:
+    tmpfs, overlay)."""
+    st = os.stat(folder)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            f = line.split()
+            if len(f) > 12 and (int(f[0]), int(f[1])) == (major, minor):
+                return f[2]
+    return None
+
+
+def read(device: str) -> DiskSample | None:
+    """The device's counters now (None when it is not listed)."""
+    from ordq.drills.workload import now_us
+
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        f = line.split()
+        if len(f) > 12 and f[2] == device:
+            # reads, writes completed (fields 4 and 8); discards and flushes (15 and 19) where listed
+            done = int(f[3]) + int(f[7]) + sum(int(f[i]) for i in (14, 18) if i < len(f))
+            return DiskSample(now_us(), done, int(f[11]))
+    return None
+
+
+class DiskWatch:
+    """Reads ``device``'s counters every ``EVERY_S`` in a thread, from ``start`` to ``stop``."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.samples: list[DiskSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-watch", daemon=True)
+
+    def start(self) -> DiskWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                s = read(self.device)
+                if s is not None:
+                    self.samples.append(s)
+            time.sleep(EVERY_S)
+
+    def stop(self) -> list[tuple[int, int]]:
+        """Stop reading; the freezes seen."""
+        self._stop.set()
+        self._thread.join(5)
+        return stalls(self.samples)
