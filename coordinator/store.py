@@ -307,7 +307,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 # IllegalTransition (or bumps once more), as when another writer won the race.
                 continue
             if not any(isinstance(r, Exception) for r in results):
-                self.written.note(queue, new, version + 1)
+                self._written([(queue, version, new)])
                 return new
             if not any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
                 raise_first(results)
