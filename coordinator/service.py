@@ -40,7 +40,6 @@ from ordq.common.errors import (
     EpochNotIssued,
     FencedError,
     IllegalTransition,
-    InvariantViolation,
     NoGroupAvailable,
     NotCoordinatorLeader,
     OrdqError,
@@ -537,14 +536,8 @@ class CoordinatorService(LeaseCalls):
         current, version = self.store.get_cursor(q, sub)
         if version != req.version:
             raise ConflictError(f"cursor of {q}/{sub} moved since version {req.version}")
-        if (cursor.seg, cursor.offset) < (current.seg, current.offset) or cursor.last_seq < current.last_seq:
-            raise IllegalTransition("commit", f"cursor of {q}/{sub} would move back from {current} to {cursor} "
-                                              "(only an admin reset moves it back)")
         st, _ = self.store.load_state(q)
-        try:
-            sm.check_invariants(st, {sub: cursor})
-        except InvariantViolation as exc:
-            raise IllegalTransition("commit", f"cursor {cursor} is outside the consume list: {exc.detail}") from exc
+        sm.check_commit(st, sub, current, cursor)
         # The write itself is conditional on the version and on the holder's node existing.
         new_version = self.store.commit_cursor(q, sub, cursor, version, holder=holder)
         return self._pb.CommitResponse(version=new_version)

@@ -576,3 +576,23 @@ def hand_over(state: QueueState, gid: str, seg: int, to: str) -> QueueState:
     sealing = _head_segment_sealing(state, gid, seg, "hand_over")
     moved = attrs.evolve(sealing, send=(to,) + tuple(g for g in sealing.send if g != to))
     return _checked(_open_on_head(moved))
+
+
+def check_commit(state: QueueState, sub: str, current: Cursor, cursor: Cursor) -> None:
+    """Whether the holder of ``sub``'s consumer lease may move its cursor from ``current`` to
+    ``cursor``: forward only (only an admin reset moves it back), and within the consume list
+    (I5) -- or behind it, in segments retention already dropped, as long as its ``last_seq``
+    claims no seq that was not in them (``trimmed_seq``). Such a cursor skips nothing stored:
+    the next read from it goes on, or reports what retention took (RetentionOvertook). A
+    consumer's commit held up past a retention pop is one (issue 39's commit thread on a loaded
+    box); refusing it killed a consumer that had missed nothing."""
+    if (cursor.seg, cursor.offset) < (current.seg, current.offset) or cursor.last_seq < current.last_seq:
+        raise IllegalTransition("commit", f"cursor of {state.queue}/{sub} would move back from {current} to "
+                                          f"{cursor} (only an admin reset moves it back)")
+    low = state.consume[0].seg if state.consume else state.next_seg
+    if cursor.seg < low and cursor.last_seq <= state.trimmed_seq:
+        return
+    try:
+        check_invariants(state, {sub: cursor})
+    except InvariantViolation as exc:
+        raise IllegalTransition("commit", f"cursor {cursor} is outside the consume list: {exc.detail}") from exc

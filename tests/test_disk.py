@@ -332,6 +332,38 @@ def test_segment_rolls_by_age(cluster: Cluster) -> None:
     assert cluster.state().next_seg == st.next_seg
 
 
+def test_a_commit_behind_what_retention_dropped_is_taken_and_reading_goes_on(cluster: Cluster) -> None:
+    """A consumer read all of segment 0; retention drops it before the consumer's commit of that
+    position reaches the coordinator (a commit thread held up on a loaded box: the loaded tier
+    saw it at 15:48 on 2026-11-30). The commit moves the cursor forward and skips nothing stored:
+    it is taken, not refused as "outside the consume list", and the consumer reads on."""
+    from ordq.sdk import CommitConfig
+
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()  # segments roll only when told here (the default age is an hour)
+    produce(cluster, 100)
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
+                         lease_ttl_s=CLIENT_SESSION_TIMEOUT_S,
+                         commit=CommitConfig(every_messages=10**6, every_ms=10**9))  # commits when told
+    with Consumer(cfg) as c:
+        got: list[int] = []
+        while len(got) < 100:
+            got.extend(m.seq for m in c.poll(max_messages=100 - len(got)))
+        assert got == list(range(100))
+        assert cluster.ordq("queue", "roll", "q").returncode == 0  # segment 0 sealed: seqs 0..99
+        produce(cluster, 50)  # the open segment 1: seqs 100..149
+        cluster.start_daemon("coordinator")
+        out = cluster.ordq("queue", "update", "q", "--retention-time", "1s")
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: cluster.state().trimmed_seq >= 99, timeout_s=30, what="segment 0 dropped by retention")
+        c.commit()  # of seg 0's end, now behind the consume list
+        more: list[int] = []
+        while len(more) < 50:
+            more.extend(m.seq for m in c.poll(max_messages=50 - len(more)))
+        assert more == list(range(100, 150))
+        c.commit()
+
+
 def test_retention_by_time_overtaking_a_stopped_subscription_is_a_clear_error(cluster: Cluster) -> None:
     from ordq.common.errors import RetentionOvertook
 

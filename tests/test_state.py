@@ -885,3 +885,34 @@ def test_dropping_empty_segments_drops_no_message_and_strands_no_reader(seq: lis
     assert m.unread_from_earliest() == list(range(m.state.trimmed_seq + 1, m.next_seq))
     if "s" in cursors:
         assert m.state.trimmed_seq <= cursors["s"].last_seq
+
+
+def _retained_past_segment_0() -> QueueState:
+    """Segment 0 (seqs 0..99) sealed and dropped by retention; segment 1 open, written on."""
+    s = sm.roll(started(), "g1", 0)
+    s = sm.seal(s, 0, 100, 0, 99)
+    return sm.pop(s, Facts(live_groups=frozenset(GROUPS)), retention=True, later_stored=True)
+
+
+@given(last_seq=st.integers(min_value=-1, max_value=300), seg=st.integers(min_value=0, max_value=4))
+def test_a_commit_behind_the_list_is_taken_only_if_it_claims_no_seq_still_kept(last_seq: int, seg: int) -> None:
+    """Retention dropped segment 0 (seqs 0..99): a consumer's commit held up past that pop
+    lands in it and is taken (the loaded tier's consumer died of its refusal); a cursor there
+    claiming a seq past 99 would skip messages still stored, and is refused."""
+    s = _retained_past_segment_0()
+    assert (s.consume[0].seg, s.trimmed_seq, s.next_seg) == (1, 99, 2)
+    cursor = Cursor(seg=seg, offset=0, last_seq=last_seq)
+    ok = (seg == 0 and last_seq <= 99) or 1 <= seg <= 2
+    if ok:
+        sm.check_commit(s, "s", Cursor(seg=0), cursor)
+    else:
+        with pytest.raises(IllegalTransition, match="outside the consume list"):
+            sm.check_commit(s, "s", Cursor(seg=0), cursor)
+
+
+def test_a_commit_never_moves_a_cursor_back() -> None:
+    s = _retained_past_segment_0()
+    with pytest.raises(IllegalTransition, match="would move back"):
+        sm.check_commit(s, "s", Cursor(seg=1, offset=5, last_seq=104), Cursor(seg=1, offset=4, last_seq=103))
+    with pytest.raises(IllegalTransition, match="would move back"):
+        sm.check_commit(s, "s", Cursor(seg=0, offset=100, last_seq=99), Cursor(seg=0, offset=100, last_seq=98))
