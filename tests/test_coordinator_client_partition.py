@@ -107,3 +107,77 @@ def test_a_call_waits_on_its_coordinator_while_the_election_still_names_it(monke
     with pytest.raises(CoordinationUnavailable, match="old:7100: DEADLINE_EXCEEDED"):
         client._call("FailOver", object(), 1.5)
     assert calls == ["old:7100"]
+
+
+class _Later:
+    """A call a busy coordinator answers ``after_s`` after it was made."""
+
+    def __init__(self, answer: str, after_s: float) -> None:
+        self.answer, self.at = answer, time.monotonic() + after_s
+        self.cancelled = threading.Event()
+
+    def result(self, timeout: float | None = None) -> Any:
+        wait = self.at - time.monotonic()
+        if timeout is not None and timeout < wait:
+            if self.cancelled.wait(timeout):
+                raise grpc.FutureCancelledError()
+            raise grpc.FutureTimeoutError()
+        if self.cancelled.wait(max(wait, 0)):
+            raise grpc.FutureCancelledError()
+        return self.answer
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+
+class _Who:
+    """``Coordinators`` of one coordinator: who contends, the leader first (``election[0]``)."""
+
+    def __init__(self, address: str, election: list[str], asked: list[str]) -> None:
+        self.address, self.election, self.asked = address, election, asked
+
+    def __call__(self, request: Any, timeout: float, metadata: Any) -> Any:
+        self.asked.append(self.address)
+        return type("Answer", (), {"addresses": [self.election[0]] + [a for a in ("a:7100", "b:7100")
+                                                                      if a != self.election[0]]})()
+
+
+def _bootstrap_client(election: list[str], answers: dict[str, Any], asked: list[str],
+                      monkeypatch: pytest.MonkeyPatch) -> CoordinatorClient:
+    client = CoordinatorClient(bootstrap="a:7100,b:7100", timeout_s=30.0)
+
+    def stub(address: str) -> Any:
+        one = type("Stub", (), {})()
+        one.Coordinators = _Who(address, election, asked)
+        one.FailOver = type("M", (), {"future": lambda _self, request, timeout, metadata: answers[address]()})()
+        return one
+
+    monkeypatch.setattr(client, "_stub", stub)
+    return client
+
+
+def test_a_call_in_flight_never_asks_its_own_coordinator_who_leads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: a listing at 10^5 queues waited 8.6 s of its 40 s in "who leads" questions to
+    the busy leader serving it (every 0.5 s without an answer; py-spy, scale43h), which only
+    ever names itself while it leads. Bootstrap mode now asks the other coordinators while a
+    call is in flight. Failing first: the leader was asked."""
+    asked: list[str] = []
+    client = _bootstrap_client(["a:7100"], {"a:7100": lambda: _Later("answer from a:7100", 1.6)}, asked, monkeypatch)
+    client._leader = "a:7100"  # found by an earlier call
+    assert client._call("FailOver", object(), 30.0) == "answer from a:7100"
+    assert "a:7100" not in asked and asked.count("b:7100") >= 2, asked
+
+
+def test_a_bootstrap_call_in_flight_to_a_partitioned_coordinator_follows_the_standby(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The standby, asked while the call waits, names itself once elected: the call goes there."""
+    election: list[str] = ["a:7100"]
+    asked: list[str] = []
+    client = _bootstrap_client(election, {"a:7100": lambda: _Hung(30.0),
+                                          "b:7100": lambda: _Answered("answer from b:7100")}, asked, monkeypatch)
+    client._leader = "a:7100"
+    threading.Timer(1.0, lambda: election.__setitem__(0, "b:7100")).start()
+    started = time.monotonic()
+    assert client._call("FailOver", object(), 30.0) == "answer from b:7100"
+    assert time.monotonic() - started < 15.0 and "a:7100" not in asked
