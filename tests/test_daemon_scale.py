@@ -805,3 +805,53 @@ def test_idle_seal_batches_start_once_a_dead_group_s_heads_are_all_moved(setup, 
         daemon.stop()
         if daemon.view is not None:
             daemon.view.close()
+
+
+def test_the_cursors_of_many_queues_with_a_sealed_head_are_read_pipelined(setup, monkeypatch) -> None:
+    """Issue 43: once a dead group's 33,333 segments are sealed (10^5 queues), each of those
+    queues has a sealed head and the view reads its cursors (a pop candidate). One queue after
+    another, a round trip each, none of their pops was written within ~170 s (scale43h). The
+    subscriptions' names of a slice's queues are now all asked before the first answer is
+    awaited, then their cursors. Failing first: one children read in flight at a time."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon_view import DaemonView
+
+    store, _shared = setup
+    names = [f"cur-{i:03d}" for i in range(20)]
+    for queue in names:
+        head = store.create_queue(queue, ["g1", "g2"]).head
+        assert head is not None
+        store.apply(queue, lambda s, f, head=head: sm.fail_over(s, head, 0, f))
+        store.apply(queue, lambda s, f: sm.seal(s, 0, 0, None, None))  # sealed empty, as after a kill
+    store.create_subscription(names[3], "s")
+    asked: set[int] = set()
+    in_flight: list[int] = [0, 0]  # now, most
+    real_children = store.client.get_children_async
+    real_get = DaemonView._get
+
+    def children(path, *a, **k):  # type: ignore[no-untyped-def]
+        request = real_children(path, *a, **k)
+        if "/cur-" in path:
+            asked.add(id(request))
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+        return request
+
+    def get(view, request):  # type: ignore[no-untyped-def]
+        if id(request) in asked:
+            asked.discard(id(request))
+            in_flight[0] -= 1
+        return real_get(view, request)
+
+    monkeypatch.setattr(store.client, "get_children_async", children)
+    monkeypatch.setattr(DaemonView, "_get", get)
+    view = DaemonView(store, lambda: None)
+    try:
+        view.refresh(0.0)  # a first read: every queue
+        entries = view.entries
+        assert entries[names[3]].cursors is not None and set(entries[names[3]].cursors) == {"s"}
+        assert all(entries[q].cursors == {} for q in names if q != names[3])
+        # (READ_SLICE queues a slice: the 20 may fall in two slices, one of them >= 10)
+        assert in_flight[1] >= 10, in_flight
+    finally:
+        view.close()
