@@ -150,7 +150,8 @@ class SealBatches(DaemonParts):
         with self._lock:
             waiting = self._seal_batches.get(gid, {})
             part: dict[str, tuple[int, sm.QueueState, int]] = {}
-            for (q, seg), (st, version) in waiting.items():
+            # while a dead group's heads are moved, none: started again after (``_start_seal_batches``)
+            for (q, seg), (st, version) in waiting.items() if not self._moving else ():
                 if len(part) >= SEAL_BATCH:
                     break
                 if q not in part:  # one segment of a queue a batch: one write of its state
@@ -158,7 +159,8 @@ class SealBatches(DaemonParts):
             for q, (seg, _st, _v) in part.items():
                 del waiting[(q, seg)]
             if not part:
-                self._seal_batches.pop(gid, None)
+                if not waiting:
+                    self._seal_batches.pop(gid, None)
                 self._seal_batch_jobs[gid] = self._seal_batch_jobs.get(gid, 1) - 1
                 if self._seal_batch_jobs[gid] <= 0:
                     del self._seal_batch_jobs[gid]
