@@ -112,9 +112,9 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
     return st
 
 
-# Segments sealed per SealMany call (``seal_batch``; the broker takes up to 1,000). The seal
-# transitions are written in transactions bounded as the moves' are (``group_moves.transactions``).
-SEAL_BATCH = 500
+# How many segments a SealMany call names is the caller's (coordinator/daemon_seals.py
+# SEAL_BATCH); the seal transitions are written in transactions bounded as the moves' are
+# (``group_moves.transactions``).
 
 
 def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
