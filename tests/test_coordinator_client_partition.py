@@ -32,10 +32,11 @@ class _Deadline(grpc.RpcError):
 
 
 class _Hung:
-    """A call to a coordinator behind a partition: no answer until its deadline."""
+    """A call no answer comes to until ``after_s`` (a coordinator behind a partition: then its
+    deadline, DEADLINE_EXCEEDED), or one a busy coordinator answers with ``answer`` then."""
 
-    def __init__(self, timeout: float) -> None:
-        self.deadline = time.monotonic() + timeout
+    def __init__(self, after_s: float, answer: str | None = None) -> None:
+        self.deadline, self.answer = time.monotonic() + after_s, answer
         self.cancelled = threading.Event()
 
     def result(self, timeout: float | None = None) -> Any:
@@ -46,7 +47,9 @@ class _Hung:
             raise grpc.FutureTimeoutError()
         if self.cancelled.wait(max(wait, 0)):
             raise grpc.FutureCancelledError()
-        raise _Deadline()
+        if self.answer is None:
+            raise _Deadline()
+        return self.answer
 
     def cancel(self) -> bool:
         self.cancelled.set()
@@ -109,28 +112,6 @@ def test_a_call_waits_on_its_coordinator_while_the_election_still_names_it(monke
     assert calls == ["old:7100"]
 
 
-class _Later:
-    """A call a busy coordinator answers ``after_s`` after it was made."""
-
-    def __init__(self, answer: str, after_s: float) -> None:
-        self.answer, self.at = answer, time.monotonic() + after_s
-        self.cancelled = threading.Event()
-
-    def result(self, timeout: float | None = None) -> Any:
-        wait = self.at - time.monotonic()
-        if timeout is not None and timeout < wait:
-            if self.cancelled.wait(timeout):
-                raise grpc.FutureCancelledError()
-            raise grpc.FutureTimeoutError()
-        if self.cancelled.wait(max(wait, 0)):
-            raise grpc.FutureCancelledError()
-        return self.answer
-
-    def cancel(self) -> bool:
-        self.cancelled.set()
-        return True
-
-
 class _Who:
     """``Coordinators`` of one coordinator: who contends, the leader first (``election[0]``)."""
 
@@ -163,7 +144,7 @@ def test_a_call_in_flight_never_asks_its_own_coordinator_who_leads(monkeypatch: 
     ever names itself while it leads. Bootstrap mode now asks the other coordinators while a
     call is in flight. Failing first: the leader was asked."""
     asked: list[str] = []
-    client = _bootstrap_client(["a:7100"], {"a:7100": lambda: _Later("answer from a:7100", 1.6)}, asked, monkeypatch)
+    client = _bootstrap_client(["a:7100"], {"a:7100": lambda: _Hung(1.6, "answer from a:7100")}, asked, monkeypatch)
     client._leader = "a:7100"  # found by an earlier call
     assert client._call("FailOver", object(), 30.0) == "answer from a:7100"
     assert "a:7100" not in asked and asked.count("b:7100") >= 2, asked

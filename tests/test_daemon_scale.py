@@ -14,6 +14,7 @@ import pytest
 
 from ordq.coordinator.daemon import CoordinatorDaemon
 from ordq.coordinator.store import ZkStore
+from tests.helpers.groups import add_live_groups
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -27,10 +28,7 @@ def setup(zk_server, tmp_path_factory) -> Iterator[tuple[ZkStore, CoordinatorDae
 
     root = f"/t-{uuid.uuid4().hex[:10]}"
     with ZkStore.connect(zk_server.connection_string, root) as store:
-        for g in ("g1", "g2", "g3"):
-            store.add_group(g)
-            for role in ("master", "slave"):
-                store.register_live(g, role, address=f"127.0.0.1:0/{g}/{role}", incarnation="t")
+        add_live_groups(store, ("g1", "g2", "g3"))
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: store.create_queue(f"q-{i:04d}", ["g1", "g2"]), range(N)))
         store.create_queue("solo", ["g3"])
@@ -653,6 +651,16 @@ def test_idle_queues_pops_and_admits_after_a_failover_are_written_in_batches(
     assert daemon.stats.actions.get("pop", 0) - pops_before >= len(names)
 
 
+def _queues_on_groups_of_their_own(store: ZkStore, prefix: str, groups: tuple[str, str]) -> list[str]:
+    """60 queues ``<prefix>-NNN`` on two groups added (both processes live) for one test: earlier
+    tests of the module leave theirs as they like."""
+    add_live_groups(store, groups)
+    names = [f"{prefix}-{i:03d}" for i in range(60)]
+    for q in names:
+        store.create_queue(q, list(groups))
+    return names
+
+
 def test_a_dead_group_s_moved_heads_are_sealed_from_the_move_not_a_later_round(setup) -> None:
     """Issue 43: the seal of each old segment a batched move left sealing is queued with the
     move, on the state it wrote (version checked by the seal's own write), not once the moved
@@ -668,13 +676,7 @@ def test_a_dead_group_s_moved_heads_are_sealed_from_the_move_not_a_later_round(s
 
     daemon = CoordinatorDaemon(store, identifier="seal-moved", away_grace_s=0, sealer=lambda *a, **k: None,
                                batch_sealer=batch_sealer)
-    for g in ("s1", "s2"):  # groups of its own: earlier tests of the module leave theirs as they like
-        store.add_group(g)
-        for role in ("master", "slave"):
-            store.register_live(g, role, address=f"127.0.0.1:0/{g}/{role}", incarnation="t")
-    names = [f"sm-{i:03d}" for i in range(60)]
-    for q in names:
-        store.create_queue(q, ["s1", "s2"])
+    names = _queues_on_groups_of_their_own(store, "sm", ("s1", "s2"))
     try:
         daemon.round()
         heads = {q: store.load_state(q)[0].head for q in names}
@@ -778,13 +780,7 @@ def test_idle_seal_batches_start_once_a_dead_group_s_heads_are_all_moved(setup, 
     # small transactions, one a window: the ~30 heads move in several windows
     monkeypatch.setattr(daemon_round, "batches", lambda moves: group_moves.batches(moves, max_count=5))
     monkeypatch.setattr(daemon_round, "MOVES_IN_FLIGHT", 1)
-    for g in ("w1", "w2"):  # groups of its own: earlier tests of the module leave theirs as they like
-        store.add_group(g)
-        for role in ("master", "slave"):
-            store.register_live(g, role, address=f"127.0.0.1:0/{g}/{role}", incarnation="t")
-    names = [f"sw-{i:03d}" for i in range(60)]
-    for q in names:
-        store.create_queue(q, ["w1", "w2"])
+    names = _queues_on_groups_of_their_own(store, "sw", ("w1", "w2"))
     try:
         daemon.round()
         headed = [q for q in names if store.load_state(q)[0].head == "w1"]
