@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from ordq.common.errors import CoordinationUnavailable
-from ordq.coordinator.client import CoordinatorClient
+from ordq.coordinator.client import _ELECTION_CHECK_S, CoordinatorClient
 from ordq.coordinator.paths import Paths
 
 
@@ -115,11 +115,14 @@ def test_a_call_waits_on_its_coordinator_while_the_election_still_names_it(monke
 class _Who:
     """``Coordinators`` of one coordinator: who contends, the leader first (``election[0]``)."""
 
+    timeouts: list[float] = []  # of every question, class-wide
+
     def __init__(self, address: str, election: list[str], asked: list[str]) -> None:
         self.address, self.election, self.asked = address, election, asked
 
     def __call__(self, request: Any, timeout: float, metadata: Any) -> Any:
         self.asked.append(self.address)
+        self.timeouts.append(timeout)
         return type("Answer", (), {"addresses": [self.election[0]] + [a for a in ("a:7100", "b:7100")
                                                                       if a != self.election[0]]})()
 
@@ -146,8 +149,12 @@ def test_a_call_in_flight_never_asks_its_own_coordinator_who_leads(monkeypatch: 
     asked: list[str] = []
     client = _bootstrap_client(["a:7100"], {"a:7100": lambda: _Hung(1.6, "answer from a:7100")}, asked, monkeypatch)
     client._leader = "a:7100"  # found by an earlier call
+    _Who.timeouts.clear()
     assert client._call("FailOver", object(), 30.0) == "answer from a:7100"
     assert "a:7100" not in asked and asked.count("b:7100") >= 2, asked
+    # each question bounded by one check's time: the answer is taken only once it returns
+    # (asked for the 2 s of a plain "who leads", a busy standby held the FailOver 937 ms: scale43i)
+    assert _Who.timeouts and max(_Who.timeouts) <= _ELECTION_CHECK_S, _Who.timeouts
 
 
 def test_a_bootstrap_call_in_flight_to_a_partitioned_coordinator_follows_the_standby(
