@@ -7,9 +7,10 @@ leader's address is the part after the last '@' of the first contender of
 follower's ``ordq-leader`` answer is followed, and a coordinator that does not answer
 (UNAVAILABLE, DEADLINE_EXCEEDED without an ordq error) makes the client read the election
 again and retry until the deadline — so a killed leader stalls a caller for about one
-election. A call unanswered for ``_ELECTION_CHECK_S`` reads the election (then again as often):
-once it names another leader the call is cancelled and sent there, so a leader behind a
-partition, which never answers nor refuses, stalls a caller for about one election too.
+election. A call unanswered for ``_ELECTION_CHECK_S`` reads the election (then again as often;
+in bootstrap mode it asks the other coordinators, never the one serving the call): once it
+names another leader the call is cancelled and sent there, so a leader behind a partition,
+which never answers nor refuses, stalls a caller for about one election too.
 A transient refusal (the coordinator's own ZooKeeper connection reconnecting:
 CoordinationUnavailable; its token store unreadable: TokensUnavailable) is retried with the same
 backoff until the deadline, as a leader change is. Every request is safe to send twice: the
@@ -56,7 +57,15 @@ DEFAULT_TIMEOUT_S = 10.0
 _RETRY_PAUSE_S = (0.02, 0.05, 0.1, 0.2)  # between attempts while no coordinator answers
 _ELECTION_CHECK_S = 0.5  # a call unanswered this long reads the election again (then every as long)
 _ASK_TIMEOUT_S = 2.0  # bootstrap mode: one coordinator's answer to "who leads"
-_MOVED = object()  # _answer: another coordinator leads now
+
+
+class _Moved:
+    """``_answer``: another coordinator leads now (``leader``, as the election named it)."""
+
+    def __init__(self, leader: str) -> None:
+        self.leader = leader
+
+
 # The trailer in which a follower names the leader (coordinator/service.py sets it). Here, not
 # imported from the service: that would load the whole coordinator, kazoo included, into clients.
 LEADER_METADATA_KEY = "ordq-leader"
@@ -141,16 +150,19 @@ class CoordinatorClient:
         except Exception:  # noqa: BLE001 - ZooKeeper away: the caller retries until its deadline
             return ""
 
-    def _ask_leader(self) -> str:
-        """Bootstrap mode: ask the known coordinators in turn who contends (the leader first);
-        the first answer also refreshes the known list. "" when none answers."""
+    def _ask_leader(self, skip: str = "", timeout_s: float = _ASK_TIMEOUT_S) -> str:
+        """Bootstrap mode: ask the known coordinators in turn (but ``skip``) who contends (the
+        leader first), each for ``timeout_s`` at most; the first answer also refreshes the known
+        list. "" when none answers."""
         from ordq.wire.admin_messages import COORDINATORS_REQUEST
 
         known = list(self._known)
         for i in range(len(known)):
             address = known[(self._next + i) % len(known)]
+            if address == skip:
+                continue
             try:
-                res = self._stub(address).Coordinators(COORDINATORS_REQUEST, timeout=_ASK_TIMEOUT_S,
+                res = self._stub(address).Coordinators(COORDINATORS_REQUEST, timeout=timeout_s,
                                                          metadata=self._md)
             except Exception:  # noqa: BLE001 - down or not serving: the next one
                 continue
@@ -222,9 +234,9 @@ class CoordinatorClient:
             try:
                 call = getattr(self._stub(address), method).future(request, timeout=left, metadata=self._md)
                 answer = self._answer(call, address, reach)
-                if answer is _MOVED:
+                if isinstance(answer, _Moved):
                     last = CoordinationUnavailable(f"coordinator {address} was replaced while the call was in flight")
-                    self._leader = address = ""
+                    self._leader = address = answer.leader  # sent there, not asked again who leads
                     continue
                 self._leader = address
                 return answer
@@ -270,7 +282,7 @@ class CoordinatorClient:
 
     def _answer(self, call: Any, address: str, reach: Reach | None = None) -> Any:
         """The answer of ``call`` (a gRPC future) to the coordinator at ``address``, raising
-        as the call does; ``_MOVED`` (the call cancelled) once the election names another
+        as the call does; ``_Moved`` (the call cancelled) once the election names another
         leader while it waits. A coordinator behind a partition never answers nor refuses:
         without this the call would wait its whole deadline on it, although a standby leads
         one session timeout after the cut. ``reach``: the call is cancelled, and
@@ -284,13 +296,30 @@ class CoordinatorClient:
                                    else max(min(_ELECTION_CHECK_S, reach.at - time.monotonic()), 0.0))
             except grpc.FutureTimeoutError:
                 pass
-            now = self.leader()
+            now = self._leader_elsewhere(address)
             if now and now != address:
                 call.cancel()
-                return _MOVED
+                return _Moved(now)
             if reach is not None and not reach.heard and time.monotonic() >= reach.at:
                 call.cancel()
                 raise CoordinationUnavailable(f"coordinator {address} did not answer")
+
+    def _leader_elsewhere(self, address: str) -> str:
+        """Who leads, for a call in flight to ``address`` that has not answered yet: the election
+        (ZooKeeper mode); in bootstrap mode the other known coordinators' word, never a question
+        to ``address`` itself ("" when none of the others answers: no news).
+
+        Why (issue 43): ``address`` is serving the call; asked too, it only says it leads if it
+        does, and it answers late when busy: at 10^5 queues a listing's checks waited 8.6 s of
+        its 40 s on the busy leader's ZooKeeper connection (py-spy, scale43h), and the answer
+        came in meanwhile. A partitioned leader is still left once a standby is elected: the
+        standby names itself."""
+        if self._zk is not None:
+            return self.leader()
+        self.resolves += 1
+        # Each asked for one check's time at most: the call's answer is taken only once this
+        # returns (bench_queues at 10^5, scale43i run 3: a producer's FailOver call took 937 ms).
+        return self._ask_leader(skip=address, timeout_s=_ELECTION_CHECK_S)
 
     @staticmethod
     def _pb() -> Any:

@@ -143,6 +143,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
         self._seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]] = {}
         self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
+        self._moving = 0  # a dead group's heads being moved: idle seal batches wait (daemon_seals)
         self._list_seen = -1
         self._tidy: list[tuple[str, int, sm.QueueState, Kind]] | None = None
         self.stats = DaemonStats()

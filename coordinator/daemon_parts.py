@@ -104,6 +104,7 @@ class DaemonParts:
     # gid -> (queue, seg) -> (state, version)
     _seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]]
     _seal_batch_jobs: dict[str, int]  # gid -> its batch jobs queued or running
+    _moving: int  # a dead group's heads being moved (``_move_dead_heads``): idle seal batches wait
     # heads spread back (daemon_spread)
     _live_since: dict[str, float]  # gid -> when this term first saw both its processes live
     _next_spread: float
@@ -141,6 +142,10 @@ class DaemonParts:
 
     def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, int] | None = None) -> None:
         """Queue a seal on the seal pool (daemon_seals)."""
+        raise NotImplementedError
+
+    def _start_seal_batches(self) -> None:
+        """Start the batch jobs of the idle seals that waited for a dead group's moves (daemon_seals)."""
         raise NotImplementedError
 
     def _spread_pass(self, view: DaemonView, now: float) -> None:

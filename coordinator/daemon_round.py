@@ -127,8 +127,9 @@ class DutyRound(DaemonParts):
     def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
         """Fail over, in batched transactions, every queue of ``queues`` whose head group is
         dead (``group_moves``), written queues first; return the queues left for the per-queue
-        round (those not moved here). A moved queue's write fires its watch: its seal is planned
-        in the next round. One queue alone goes the per-queue way (no batch to gain)."""
+        round (those not moved here). A moved queue's seal is queued with its move
+        (``_seal_moved``); an idle queue's batch starts once the last window is written
+        (``_start_seal_batches``). One queue alone goes the per-queue way (no batch to gain)."""
         entries = view.entries
         live = view.live
         rows = []
@@ -145,13 +146,28 @@ class DutyRound(DaemonParts):
                  if m.before.open_segment is not None and self._may_move(m.queue, m.before.open_segment.gid, m.busy)]
         if len(moves) < 2:
             return queues
-        moved: set[str] = set()
         parts = batches(moves)
         # The busy queues' small batches first, then the idle ones MOVES_IN_FLIGHT transactions
         # at a time (a producer's FailOver first before each window: pacing.py).
         windows = [[p] for p in parts if p[0].busy]
         idle = [p for p in parts if not p[0].busy]
         windows += [idle[i:i + MOVES_IN_FLIGHT] for i in range(0, len(idle), MOVES_IN_FLIGHT)]
+        with self._lock:
+            self._moving += 1  # the idle seals these moves queue wait for the last window
+        try:
+            moved = self._write_moves(windows, view)
+        finally:
+            with self._lock:
+                self._moving -= 1
+            self._start_seal_batches()
+        if moved:
+            log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
+        return [q for q in queues if q not in moved]
+
+    def _write_moves(self, windows: list[list[list[Move]]], view: DaemonView) -> set[str]:
+        """Write the moves' transactions, window by window, and queue each moved queue's seal;
+        the queues moved."""
+        moved: set[str] = set()
         for window in windows:
             if self._stop.is_set():
                 break
@@ -175,9 +191,7 @@ class DutyRound(DaemonParts):
                         self.stats.batched_moves += len(done)
                         self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
                             + len(done)
-        if moved:
-            log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
-        return [q for q in queues if q not in moved]
+        return moved
 
     def _seal_moved(self, moves: list[Move]) -> None:
         """Queue the seal of each moved queue's old segment at once, on the state the move

@@ -351,6 +351,7 @@ class DaemonView:
                         if q in self.entries:
                             self.entries[q].stale |= parts
                 raise
+            cursors_of: list[str] = []
             for q, parts in wanted.items():
                 entry = self.entries.get(q)
                 if entry is None or entry.state is None:
@@ -364,7 +365,8 @@ class DaemonView:
                     # subscription" holds for that version (a pop of a segment sealed empty
                     # is written against it, coordinator/daemon_round.py); the subs watch may
                     # not have fired yet when the state's did
-                    self._read_cursors(q, entry)
+                    cursors_of.append(q)
+            self._read_cursors(cursors_of)
 
     def _take(self, queue: str, part: str, request: Any) -> None:
         entry = self.entries.get(queue)
@@ -388,19 +390,31 @@ class DaemonView:
             except (OrdqError, TypeError, ValueError) as exc:
                 entry.config, entry.problem = None, exc
 
-    def _read_cursors(self, queue: str, entry: QueueEntry) -> None:
+    def _read_cursors(self, queues: Sequence[str]) -> None:
+        """The cursors of ``queues`` (each re-arming its watches), every read of a kind sent
+        before the first answer is awaited: the subscriptions' names of all, then their cursors.
+
+        Why (issue 43): after a dead group's 33,333 segments were sealed at 10^5 queues, each
+        queue's head is sealed and its cursors are read (a pop candidate); one queue after
+        another, each a round trip, none of their pops was written within ~170 s (scale43h)."""
         store, p = self.store, self.store.paths
-        try:
-            subs = self._get(store.client.get_children_async(p.subs(queue), watch=self._on_queue_node))
-        except NoNodeError:
-            entry.cursors = {}
-            return
-        sent = {s: store.client.get_async(p.sub(queue, s), watch=self._on_queue_node) for s in subs}
-        cursors: dict[str, Cursor] = {}
-        for sub, request in sent.items():
+        children = {q: store.client.get_children_async(p.subs(q), watch=self._on_queue_node) for q in queues}
+        names: dict[str, list[str]] = {}
+        for q, request in children.items():
+            try:
+                names[q] = self._get(request)
+            except NoNodeError:
+                names[q] = []
+        sent = {(q, sub): store.client.get_async(p.sub(q, sub), watch=self._on_queue_node)
+                for q, subs in names.items() for sub in subs}
+        cursors: dict[str, dict[str, Cursor]] = {q: {} for q in names}
+        for (q, sub), request in sent.items():
             try:
                 data, _ = self._get(request)
             except NoNodeError:
                 continue  # deleted meanwhile
-            cursors[sub] = Cursor.from_dict(json_value(data))
-        entry.cursors = cursors
+            cursors[q][sub] = Cursor.from_dict(json_value(data))
+        for q, found in cursors.items():
+            entry = self.entries.get(q)
+            if entry is not None:
+                entry.cursors = found

@@ -112,9 +112,9 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
     return st
 
 
-# Segments sealed per SealMany call (``seal_batch``; the broker takes up to 1,000). The seal
-# transitions are written in transactions bounded as the moves' are (``group_moves.transactions``).
-SEAL_BATCH = 500
+# How many segments a SealMany call names is the caller's (coordinator/daemon_seals.py
+# SEAL_BATCH); the seal transitions are written in transactions bounded as the moves' are
+# (``group_moves.transactions``).
 
 
 def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
@@ -122,10 +122,10 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
                members: Mapping[str, LiveInfo]) -> list[str]:
     """Seal many ``sealing`` segments of one group at once (issue 43: after it headed thousands
     of queues and died): one SealMany call per replica its members name, ``decide`` per segment
-    as ``run_seal`` does, then the seal transitions of all of them in one ZooKeeper transaction
-    (``ZkStore.apply_batch``), each against the (state, version) given; the copies a shorter
-    replica needs follow, as in ``run_seal``. ``items``: (queue, seg, state, version), each
-    segment on ``gid``. Returns the queues not sealed here (no replica answered for it, its
+    as ``run_seal`` does, then the seal transitions of all of them in bounded ZooKeeper
+    transactions sent together (``ZkStore.apply_batches``), each against the (state, version)
+    given; the copies a shorter replica needs follow, as in ``run_seal``. ``items``: (queue,
+    seg, state, version), each segment on ``gid``. Returns the queues not sealed here (no replica answered for it, its
     state moved meanwhile, or it was not ``sealing`` in the state given): the caller seals them
     one by one (``run_seal``), which reads afresh. Raises BrokerUnavailable when no replica
     answers at all."""
@@ -163,8 +163,9 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
     # the groups' drain marks are not read by a seal: no check beside the states
     done: list[str] = []
     conflicted: list[str] = []
-    for part in transactions(writes):
-        ok, lost = store.apply_batch(part, {})
+    # every transaction sent before the first answer is awaited: their round trips and log
+    # syncs overlap (one after another, a batch of 500 waited three of each)
+    for ok, lost in store.apply_batches(transactions(writes), {}):
         done += ok
         conflicted += lost
     for q in done:

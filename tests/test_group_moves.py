@@ -15,6 +15,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.group_moves import Move, batches, dead_head, plan_moves
 from ordq.coordinator.state import Facts, QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
+from tests.helpers.groups import add_live_groups
 
 GROUPS = ("g1", "g2", "g3")
 ALL_LIVE = Facts(live_groups=frozenset(GROUPS))
@@ -89,10 +90,7 @@ def store(zk_server, zk_root) -> Iterator[ZkStore]:
 
 @pytest.mark.zk
 def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore) -> None:
-    for gid in GROUPS:
-        store.add_group(gid)
-        for role in ("master", "slave"):
-            store.register_live(gid, role, address=f"127.0.0.1:0/{gid}/{role}", incarnation="t")
+    add_live_groups(store, GROUPS)
     names = [f"q{i}" for i in range(6)]
     for q in names:
         store.create_queue(q, ["g1", "g2", "g3"])

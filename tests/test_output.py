@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import PurePosixPath
 
 from ordq.output import LONG_LIST, emit_json
 
@@ -29,3 +30,6 @@ def test_a_long_list_is_one_compact_item_a_line_and_the_same_json() -> None:
     lines = text.splitlines()
     assert lines[0] == "[" and lines[-1] == "]" and len(lines) == len(rows) + 2
     assert lines[1] == '  {"last_seq": null, "queue": "q-000000", "send": ["g1"], "z": {"a": 2, "b": 1}},'
+    # a value JSON has no type for is written as its text, as in a small document
+    odd = [{"at": PurePosixPath("/d/q")}] * (LONG_LIST + 1)
+    assert _emitted(odd).splitlines()[1] == '  {"at": "/d/q"},'
