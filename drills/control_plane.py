@@ -16,6 +16,11 @@ the ``unplaced`` windows between them, which are told, not judged:
 - ``undecodable``: bytes that are no protobuf, raw, to ``Pop``, ``Commit``, ``Acquire``, ``Describe``;
 - ``newline``: a queue name with a new line forging a log line, with the token and without.
 
+Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is the
+window's end, what is still in flight then is cancelled, and its threads stop within ``DRAIN_S``,
+all of it judged as attacked; the windows are placed only if, at that bound, the last ends
+before the drill queue's stream does (checked before the run and before the first window).
+
 It must hold (``check_control_plane`` and the expectations of ``control_plane``): every attack
 refused (no call of a refused kind answered ``ok``; each kind's own refusal seen) and counted by
 the leader (``ordq_coordinator_requests_total{rpc, outcome}`` grew by at least what the attacker
@@ -50,6 +55,7 @@ from ordq.drills.control_plane_attacks import (
     ATTACKS,
     ATTACKS_ENV,
     CONTROLS,
+    DRAIN_S,
     FLOOD_THREADS,
     FORGED,
     HUGE_AT_ONCE,
@@ -58,6 +64,7 @@ from ordq.drills.control_plane_attacks import (
     attacker_process,
     judge_attacks,
 )
+from ordq.drills.control_plane_plan import WindowPlan, stream_left_s
 from ordq.drills.runner import DrillContext
 from ordq.drills.workload import now_us
 
@@ -71,11 +78,17 @@ MIN_COMMITS = 200  # the neighbour's commits in each kind of window
 PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after the last answer
 RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
 TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waited, reserved, refused
-# 150 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM) and take ~90 s with
-# their set-up (each window ends once the attacker's calls in flight are answered, ~5 s after
-# ATTACK_S); the drill queue must still be written through the last window.
+# 150 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM), take up to SETUP_S
+# to set up, then the windows at most PLAN.needed_s (84 s and a 5 s margin); the drill queue must
+# still be written through the last window (control_plane_plan: checked before the run, and with
+# the stream actually left before the first window).
 MESSAGES = 300_000
 ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks start (Drill.fault_between)
+SETUP_S = 30.0  # the attacks' set-up at most, as planned (the drill tells what it took)
+# Each attack window's drain: the attacker's threads stopped (DRAIN_S of its own) and its reply
+# read, within this of the window's end; the whole of it judged as attacked.
+PLAN = WindowPlan(rounds=ROUNDS, quiet_s=QUIET_S, attack_s=ATTACK_S, drain_s=DRAIN_S + 1.0, recover_s=RECOVER_S,
+                  margin_s=5.0)
 
 
 # The attack windows' variants, in turn (cycled over the ROUNDS): ``attack`` (the attacks of the
@@ -160,9 +173,12 @@ def attacker_cpus() -> tuple[set[int], set[int]]:
 
 def control_plane_load(load: Any) -> Any:
     """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them. A malformed
-    ``ATTACKS_ENV`` or ``WINDOWS_ENV`` is refused here, before the run (ValueError)."""
+    ``ATTACKS_ENV`` or ``WINDOWS_ENV``, or a stream the windows would outlast whatever the seed
+    (``PLAN``), is refused here, before the run (ValueError)."""
     window_variants(attack_kinds())
-    return attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
+    out = attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
+    PLAN.check_load(out.duration_s, ATTACKS_FROM, SETUP_S)
+    return out
 
 
 class _CommitProbe:
@@ -445,14 +461,15 @@ def control_plane(ctx: DrillContext) -> None:
     """The ``security-control-plane`` drill (see the module doc): ROUNDS of QUIET_S quiet then
     ATTACK_S of attacks (+ RECOVER_S, judged as attacked); the produce ack p99 is judged over
     the finished run (``check_control_plane``), the rest here."""
+    began = time.monotonic()
     stage = _set_up(ctx)
     try:
-        _attack(ctx, stage)
+        _attack(ctx, stage, began)
     finally:
         _clear(ctx, stage)
 
 
-def _attack(ctx: DrillContext, stage: _Stage) -> None:
+def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     c = ctx.cluster
     pids = {name: p.pid for name, p in c.processes()}
     pids |= {f"producer {i}": w.proc.pid for i, w in enumerate(ctx.producers)}
@@ -479,6 +496,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     attacker: neighbour.WindowedProcess | None = None
     windows: list[tuple[int, int, int]] = []
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
+    drains: list[float] = []  # s from each attack window's end until the attacker had stopped
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
     device = device_stalls.device_of(c.folder)
@@ -487,7 +505,7 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
         probe.start()
         disk = device_stalls.DiskWatch(device).start() if device is not None else None
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
-                                    kinds=sent)
+                                    kinds=sent, window_s=ATTACK_S)
         if iso is not None:
             iso.add("capped", [attacker.pid])
         assert attacker.pid is not None
@@ -505,6 +523,13 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                        f"{gid}/master": pids.get(f"{gid}/master"), f"{gid}/slave": pids.get(f"{gid}/slave"),
                        "producer": ctx.producers[0].proc.pid,
                        "attacker": attacker.pid, "drill": os.getpid()})
+        stream_s = stream_left_s(ctx.producers[0].status(), ctx.load.rate)
+        short = PLAN.shortfall(stream_s)
+        ctx.event(f"set up in {time.monotonic() - began:.1f} s (planned: at most {SETUP_S:g} s); the stream has "
+                  f"{stream_s:.1f} s left, the windows need at most {PLAN.needed_s:g} s with the margin")
+        if short is not None:
+            ctx.expect(f"{short}: no window started", False)
+            return
         for i in range(ROUNDS):
             variant = variants[i % len(variants)]
             if iso is not None:  # the attacker's cgroup weight in this window
@@ -520,8 +545,10 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
             with cpu.measure(f"attacked {variant.name}" if several else "attacked"):
                 attacker.go(variant.kinds)
                 time.sleep(ATTACK_S)
+                t0 = time.monotonic()
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
+                drains.append(time.monotonic() - t0)
                 time.sleep(RECOVER_S)
             windows.append((q0, a0, now_us()))
             variant_of.append(variant.name)
@@ -531,6 +558,8 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
         ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
+        ctx.expect(f"the attacker stopped within {PLAN.drain_s:g} s of each attack window's end (drains "
+                   f"{', '.join(f'{d:.1f}' for d in drains)} s)", max(drains) <= PLAN.drain_s)
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
                    "for this machine's speed)", ctx.producers[0].proc.alive())
     finally:

@@ -76,46 +76,112 @@ def _raw(s: Stub, method: str) -> Any:
     return s.channel.unary_unary(f"/ordq.v1.Broker/{method}")
 
 
+CUT = "cut"  # the outcome of a call its window's end cut (``CallLoops.timed``): neither answered nor refused
+
+
+class WindowEnded(Exception):
+    """A call of ``CallLoops.timed`` that its window's end cut: its deadline (the window's end)
+    passed, or ``end_loops`` cancelled it in flight."""
+
+
 class CallLoops:
     """Calls made over and over, each loop in a thread of its own, until ``stop``: each call's
     outcome counted as ``"<what> <outcome>"`` (``outcome(exc)`` names a refusal; ``ok``). The
-    base of a window's hand-made client (the abuser here, the control plane's attacker)."""
+    base of a window's hand-made client (the abuser here, the control plane's attacker).
 
-    def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None) -> None:
+    With ``ends_at`` (a ``time.monotonic()``), the window has an end: the loops stop there by
+    themselves, a ``timed`` call's deadline is that end, and ``end_loops`` cancels what is still
+    in flight and waits a bounded time for the threads."""
+
+    def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None, ends_at: float | None = None) -> None:
         self.stop_event = threading.Event()
         self.outcomes: dict[str, int] = {}
+        self.ends_at = ends_at
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[tuple[str, threading.Thread]] = []
+        self._in_flight: set[grpc.Future] = set()
         self._outcome = outcome or grpc_status
+
+    def _ended(self) -> bool:
+        return self.stop_event.is_set() or (self.ends_at is not None and time.monotonic() >= self.ends_at)
 
     def _count(self, what: str, call: Callable[[], object]) -> None:
         try:
             call()
             outcome = "ok"
+        except WindowEnded:
+            outcome = CUT
         except grpc.RpcError as exc:
             outcome = self._outcome(exc)
         with self._lock:
             self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
 
     def _loop(self, what: str, call: Callable[[], object], every_s: float) -> None:
-        while not self.stop_event.is_set():
+        while not self._ended():
             self._count(what, call)
             if every_s:
                 self.stop_event.wait(every_s)
+
+    def timed(self, method: Any, request_of: Callable[[], object], **kwargs: Any) -> Callable[[], object]:
+        """A loop's call of the unary ``method`` (``request_of()`` its request) that ends with the
+        window (``ends_at``, required): its deadline the window's end, cancelled in flight by
+        ``end_loops``; either is ``WindowEnded``. A deadline or a cancellation before the window's
+        end is no cut: it stays the refusal it is."""
+        assert self.ends_at is not None, "a timed call needs the window's end"
+        ends_at = self.ends_at
+
+        def call() -> object:
+            left = ends_at - time.monotonic()
+            if left <= 0 or self.stop_event.is_set():
+                raise WindowEnded
+            fut = method.future(request_of(), timeout=left, **kwargs)
+            with self._lock:
+                self._in_flight.add(fut)
+            try:
+                return fut.result()
+            except grpc.FutureCancelledError as exc:
+                raise WindowEnded from exc
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and self._ended():
+                    raise WindowEnded from exc
+                raise
+            finally:
+                with self._lock:
+                    self._in_flight.discard(fut)
+        return call
 
     def start_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
         """One thread per (what, call, pause between calls)."""
         for what, call, every_s in loops:
             t = threading.Thread(target=self._loop, args=(what, call, every_s), name=f"{prefix}-{what}", daemon=True)
             t.start()
-            self._threads.append(t)
+            self._threads.append((what, t))
 
     def join_loops(self, timeout_s: float) -> dict[str, int]:
         """End the window: each thread finishes its call in flight (none is cancelled)."""
         self.stop_event.set()
-        for t in self._threads:
+        for _what, t in self._threads:
             t.join(timeout_s)
         return dict(self.outcomes)
+
+    def end_loops(self, bound_s: float) -> dict[str, int]:
+        """End the window now: the calls still in flight cancelled, the threads waited for
+        ``bound_s`` in all; one ``"<what> running"`` outcome for each thread still running then
+        (a window that did not end)."""
+        self.stop_event.set()
+        with self._lock:
+            in_flight = list(self._in_flight)
+        for fut in in_flight:
+            fut.cancel()
+        deadline = time.monotonic() + bound_s
+        for _what, t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            out = dict(self.outcomes)
+        for what, t in self._threads:
+            if t.is_alive():
+                out[f"{what} running"] = out.get(f"{what} running", 0) + 1
+        return out
 
 
 def grpc_status(exc: grpc.RpcError) -> str:
