@@ -21,7 +21,7 @@ window's end, what is still in flight then is cancelled, and its threads stop wi
 all of it judged as attacked; the windows are placed only if, at that bound, the last ends
 before the drill queue's stream does (checked before the run and before the first window).
 
-It must hold (``check_control_plane`` and the expectations of ``control_plane``): every attack
+It must hold (``control_plane_judge.check_control_plane`` and the expectations of ``control_plane``): every attack
 refused (no call of a refused kind answered ``ok``; each kind's own refusal seen) and counted by
 the leader (``ordq_coordinator_requests_total{rpc, outcome}`` grew by at least what the attacker
 was refused); the leader's RSS stays under ``RSS_BUDGET_BYTES`` and it keeps leading (the same
@@ -30,16 +30,19 @@ election node before and after: its ZooKeeper session never lapsed); nothing cre
 drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the judged attack
 windows, within ``LATENCY_RATIO`` of the same pooled over every quiet window between them (what
 was in flight while the disk under the cluster froze left out of both: ``device_stalls``).
+
+The drill's parts, each a job: the attacker (``control_plane_attacks``), the windows' plan and
+variants (``control_plane_plan``), where the attacker runs and what each process's CPU did
+(``control_plane_placement``), the latency judgement (``control_plane_judge``); here, the set-up,
+the windows run in turn, the neighbour's commits, the leader's RSS and what must be unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,6 @@ from ordq.drills.control_plane_attacks import (
     ATTACKS,
     ATTACKS_ENV,
     CONTROLS,
-    DRAIN_S,
     FLOOD_THREADS,
     FORGED,
     HUGE_AT_ONCE,
@@ -64,111 +66,29 @@ from ordq.drills.control_plane_attacks import (
     attacker_process,
     judge_attacks,
 )
-from ordq.drills.control_plane_plan import WindowPlan, stream_left_s
+from ordq.drills.control_plane_judge import by_variant, p50, p99, split
+from ordq.drills.control_plane_placement import ATTACKER_SHARES, CpuUse, attacker_cpus
+from ordq.drills.control_plane_plan import (
+    ATTACK_S,
+    ATTACKS_FROM,
+    DEFAULT_WINDOWS,
+    MESSAGES,
+    PLAN,
+    QUIET_S,
+    RECOVER_S,
+    ROUNDS,
+    SETUP_S,
+    UNPLACED,
+    WINDOWS_ENV,
+    stream_left_s,
+    window_variants,
+)
 from ordq.drills.runner import DrillContext
 from ordq.drills.workload import now_us
 
-ROUNDS = 6  # quiet and attack windows, interleaved (as the noisy-neighbour drill's): DEFAULT_WINDOWS
-QUIET_S = 4.0  # 24 s of quiet windows a run: ~1,000 commits, >= 200 even at the 12/s of a loaded round
-ATTACK_S = 4.0
-RECOVER_S = 1.0  # after each attack window, still judged as attacked
-LATENCY_RATIO = 2.0  # the neighbour's produce and commit p99, attacked / quiet
-MIN_ACKS = 1000  # produce acks in each kind of window (the noisy-neighbour drill's rule)
-MIN_COMMITS = 200  # the neighbour's commits in each kind of window
 PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after the last answer
 RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
 TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waited, reserved, refused
-# 150 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM), take up to SETUP_S
-# to set up, then the windows at most PLAN.needed_s (84 s and a 5 s margin); the drill queue must
-# still be written through the last window (control_plane_plan: checked before the run, and with
-# the stream actually left before the first window).
-MESSAGES = 300_000
-ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks start (Drill.fault_between)
-SETUP_S = 30.0  # the attacks' set-up at most, as planned (the drill tells what it took)
-# Each attack window's drain: the attacker's threads stopped (DRAIN_S of its own) and its reply
-# read, within this of the window's end; the whole of it judged as attacked.
-PLAN = WindowPlan(rounds=ROUNDS, quiet_s=QUIET_S, attack_s=ATTACK_S, drain_s=DRAIN_S + 1.0, recover_s=RECOVER_S,
-                  margin_s=5.0)
-
-
-# The attack windows' variants, in turn (cycled over the ROUNDS): ``attack`` (the attacks of the
-# run, ``ATTACKS_ENV``, from the attacker placed as a host of its own: its process on one CPU, the
-# last, besides its 0.5-core quota), ``unplaced`` (the same attacks from its process on every CPU,
-# as before stop g), ``hog`` (the placed attacker's process spins at its CPU quota and calls
-# nothing: control_plane_attacks.CONTROLS), each with ``@SHARES`` if wanted: the attacker's cgroup
-# at that ``cpu.shares`` during the window (else the drill's, cpu_isolation.MAX_SHARES, as the
-# cluster's). Each variant's p99s are pooled over its windows against the same quiet windows; the
-# verdict's ratio is the ``attack`` windows', the others are told beside it.
-#
-# Why placed (stop g; docs/SECURITY.md, "Where the attacker runs"): the attacker is a client, on
-# another host in production, so its own CPU is not the coordinator's to defend. Under the quota
-# alone its ~80 threads run on both cores at once in bursts and take CPU a host of its own would
-# never take (stop f: pinned, the neighbour's Commit p99 1.29x quiet in one round, unpinned
-# 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
-# cluster's two cores: a harsher neighbour than a separate host. The ``unplaced`` windows keep
-# the figure of the attacker on every CPU in every run's output, so nothing is hidden.
-#
-# Why placed also means a lower weight (stop h): a placed attacker at the cluster's cpu.shares
-# still took its CPU from the cluster's processes on that CPU, and the drill queue's produce
-# acks felt it whatever it sent: a ``hog`` window (a spinning thread, no call at all, ~0.2 core)
-# was 2.6-2.8x its quiet window, the ``huge`` windows (~0.23 core, spent copying each 200 MiB
-# request in the attacker's own gRPC client) up to 2.4x, while the flood and the targeted
-# attacks (~0.05 core of the attacker's, and the leader's CPU up by 0.1) were 0.2-1.4x and an
-# ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
-# CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
-ATTACKER_SHARES = 8192
-DEFAULT_WINDOWS = "attack,attack,unplaced"  # over 6 rounds: 4 judged windows, 2 unplaced
-UNPLACED = "unplaced"
-IDLE = "idle"  # a control window: the attacker's process in place, sending nothing
-# A measurement (never the acceptance: such a run fails its "windows as the acceptance's" check):
-# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants; a
-# variant may also name attack kinds (``huge``, ``bound+parking``: only those sent, placed) or
-# ``idle``, so that one run tells each kind's cost apart, interleaved with the same quiet windows.
-WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
-
-
-@attrs.frozen
-class Variant:
-    """One kind of attack window (``WINDOWS_ENV``)."""
-
-    name: str
-    kinds: tuple[str, ...]  # what the attacker sends in it
-    shares: int | None = None  # its cgroup's cpu.shares then (None: ATTACKER_SHARES placed, else the cluster's)
-    placed: bool = True  # its process on one CPU (a host of its own), else on every CPU
-
-
-def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
-    """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``; else
-    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``, ``idle`` nothing, and
-    attack or control kinds joined by ``+`` those only. ValueError naming a malformed one."""
-    spec = (os.environ.get(WINDOWS_ENV, "") if spec is None else spec).strip() or DEFAULT_WINDOWS
-    out = []
-    for word in (w.strip() for w in spec.split(",")):
-        if not word:
-            continue
-        what, at, shares = word.partition("@")
-        named = tuple(what.split("+"))
-        if what in ("attack", UNPLACED):
-            kinds = attacks
-        elif what == IDLE:
-            kinds = ()
-        elif all(k in (*ATTACKS, *CONTROLS) for k in named):
-            kinds = named
-        else:
-            kinds = None
-        if kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES)):
-            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED}, {IDLE}, or kinds "
-                             f"of {'+'.join((*ATTACKS, *CONTROLS))}, then @SHARES if wanted: "
-                             f"2..{cpu_isolation.MAX_SHARES})")
-        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED))
-    return tuple(out)
-
-
-def attacker_cpus() -> tuple[set[int], set[int]]:
-    """(the one CPU a placed attacker runs on: the last this process may use; every CPU it may
-    use). On a machine of one CPU both are that CPU."""
-    every = os.sched_getaffinity(0)
-    return {max(every)}, set(every)
 
 
 def control_plane_load(load: Any) -> Any:
@@ -238,104 +158,6 @@ class _CommitProbe:
             with contextlib.suppress(Exception):
                 self.client.release(self.lease)
         self.client.close()
-
-
-def thread_waits(pid: int) -> dict[int, int]:
-    """Nanoseconds each live thread of ``pid`` has waited for a CPU while runnable (the second
-    field of /proc/<pid>/task/<tid>/schedstat, ``run_delay``); empty when it is gone."""
-    out: dict[int, int] = {}
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                out[int(task.name)] = int((task / "schedstat").read_text().split()[1])
-    return out
-
-
-def thread_switches(pid: int) -> int:
-    """Context switches of ``pid``'s live threads so far, voluntary (a wait: each call's hand-offs
-    between gRPC's threads, a worker and ZooKeeper's) and not (preempted); 0 when it is gone."""
-    n = 0
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                n += sum(int(line.split()[1]) for line in (task / "status").read_text().splitlines()
-                         if "ctxt_switches" in line)
-    return n
-
-
-def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
-    """Seconds the threads of ``after`` waited for a CPU since ``before`` (a thread that ended
-    meanwhile is not counted: a lower bound)."""
-    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
-
-
-class _CpuUse:
-    """The CPU each process used (cores), how long its threads waited for one while runnable
-    (ms per s: the scheduler's ``run_delay``, summed over threads), and how often they switched
-    (per s: each a thread going to sleep or preempted), per kind of window
-    (``neighbour.cpu_seconds``, ``thread_waits``, ``thread_switches``)."""
-
-    def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = {k: v for k, v in pids.items() if v is not None}
-        self.wall: dict[str, float] = {}
-        self.used: dict[str, dict[str, float]] = {}
-        self.waited: dict[str, dict[str, float]] = {}
-        self.switched: dict[str, dict[str, float]] = {}
-
-    def _waits(self) -> dict[str, dict[int, int]]:
-        return {name: thread_waits(pid) for name, pid in self.pids.items()}
-
-    def _switches(self) -> dict[str, int]:
-        return {name: thread_switches(pid) for name, pid in self.pids.items()}
-
-    @contextlib.contextmanager
-    def measure(self, kind: str) -> Iterator[None]:
-        t0, c0, w0, s0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
-        try:
-            yield
-        finally:
-            c1, w1, s1 = neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
-            self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
-            use = self.used.setdefault(kind, {})
-            for k in c1:
-                if k in c0:
-                    use[k] = use.get(k, 0.0) + c1[k] - c0[k]
-            waited = self.waited.setdefault(kind, {})
-            for k in w1:
-                waited[k] = waited.get(k, 0.0) + waited_s(w0.get(k, {}), w1[k])
-            switched = self.switched.setdefault(kind, {})
-            for k in s1:
-                switched[k] = switched.get(k, 0.0) + max(0, s1[k] - s0.get(k, 0))
-
-    def __str__(self) -> str:
-        return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
-                         for kind, use in self.used.items())
-
-    def waits(self) -> str:
-        """Each process's threads' wait for a CPU, ms per s of window, per kind of window."""
-        return self._per_s(self.waited, 1000)
-
-    def switches(self) -> str:
-        """Each process's threads' context switches per s of window, per kind of window."""
-        return self._per_s(self.switched, 1)
-
-    def per_call(self, name: str, calls: int) -> str:
-        """``name``'s context switches per s, quiet and attacked, and how many more per call the
-        attacker had answered meanwhile (``calls``, over every attack window)."""
-        attacked = [k for k in self.wall if k != "quiet"]
-        quiet_s, attacked_s = self.wall.get("quiet", 0.0), sum(self.wall[k] for k in attacked)
-        if not quiet_s or not attacked_s or not calls:
-            return f"{name}: no quiet or attack window measured, or no call answered"
-        quiet = self.switched.get("quiet", {}).get(name, 0.0) / quiet_s
-        during = sum(self.switched[k].get(name, 0.0) for k in attacked) / attacked_s
-        rate = calls / attacked_s
-        return (f"the attacker's calls answered: {calls} in {attacked_s:.1f} s of attack windows ({rate:.0f}/s); "
-                f"{name}'s context switches {quiet:.0f}/s quiet, {during:.0f}/s attacked: "
-                f"{(during - quiet) / rate:.1f} more per attacker call")
-
-    def _per_s(self, of: dict[str, dict[str, float]], scale: float) -> str:
-        return "; ".join(f"{kind}: " + ", ".join(f"{k} {scale * v / self.wall[kind]:.0f}" for k, v in per.items())
-                         for kind, per in of.items())
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -519,7 +341,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                   f"{FLOOD_THREADS} threads of Describe and Subscribe, Subscribe past the bound, EnsureParkingQueue "
                   "for made-up names, undecodable bytes, a queue name with a new line")
         gid, _seg = ctx.head()
-        cpu = _CpuUse({stage.leader: stage.pid, "zookeeper": c.zk.processes[0].pid,
+        cpu = CpuUse({stage.leader: stage.pid, "zookeeper": c.zk.processes[0].pid,
                        f"{gid}/master": pids.get(f"{gid}/master"), f"{gid}/slave": pids.get(f"{gid}/slave"),
                        "producer": ctx.producers[0].proc.pid,
                        "attacker": attacker.pid, "drill": os.getpid()})
@@ -576,10 +398,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             ctx.event("cgroups removed, processes back in the root group" if not left
                       else f"cgroups NOT removed (swept by the next run): {left}")
     ctx.notes["commit_samples"] = probe.samples
-    for name, picked in _by_variant(windows, variant_of).items():
-        quiet, attacked = _split(probe.samples, windows, picked)
-        ctx.event(f"the neighbour's Commit p99 quiet {_p99(quiet):.1f} ms, {name} {_p99(attacked):.1f} ms "
-                  f"({len(quiet)} and {len(attacked)} commits; p50 {_p50(quiet):.1f} and {_p50(attacked):.1f} "
+    for name, picked in by_variant(windows, variant_of).items():
+        quiet, attacked = split(probe.samples, windows, picked)
+        ctx.event(f"the neighbour's Commit p99 quiet {p99(quiet):.1f} ms, {name} {p99(attacked):.1f} ms "
+                  f"({len(quiet)} and {len(attacked)} commits; p50 {p50(quiet):.1f} and {p50(attacked):.1f} "
                   "ms; judged with the produce acks after the run)")
     ctx.event(f"attacks ended: {dict(sorted(outcomes.items()))}")
     counted_after = _counted(stage.metrics_url)
@@ -624,138 +446,3 @@ def _check_unchanged(ctx: DrillContext, stage: _Stage, log_from: int) -> None:
                f"longest {max((len(x) for x in lines), default=0)} characters)",
                not any(x.startswith(FORGED) for x in lines) and not any("Traceback" in x for x in lines)
                and all(len(x) < 4096 for x in lines))
-
-
-def _quantile(values: list[float], q: float) -> float:
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
-
-
-def _p99(values: list[float]) -> float:
-    return _quantile(values, 0.99)
-
-
-def _p50(values: list[float]) -> float:
-    return _quantile(values, 0.5)
-
-
-def _split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
-           attacked_of: list[int] | None = None) -> tuple[list[float], list[float]]:
-    """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones (of the
-    rounds ``attacked_of`` only, if given; every round's quiet window all the same)."""
-    picked = windows if attacked_of is None else [windows[i] for i in attacked_of]
-    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
-    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in picked)]
-    return quiet, attacked
-
-
-def _by_variant(windows: list[tuple[int, int, int]], variant_of: list[str]) -> dict[str, list[int]]:
-    """The rounds of each window variant, ``attacked`` for all of them when there is one kind,
-    the judged one (``attack``) first (the acceptance's: ``attack``, then ``unplaced``)."""
-    names = variant_of if len(variant_of) == len(windows) else ["attack"] * len(windows)
-    if len(set(names)) <= 1:
-        return {"attacked": list(range(len(windows)))}
-    out: dict[str, list[int]] = {"attack": []} if "attack" in names else {}
-    for i, name in enumerate(names):
-        out.setdefault(name, []).append(i)
-    return out
-
-
-def window_ratios(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
-                  picked: list[int]) -> list[float]:
-    """Each picked round's attacked p99 over the p99 of its own quiet window, the one right
-    before it (nan where either is empty)."""
-    out = []
-    for q0, a0, a1 in (windows[i] for i in picked):
-        quiet = _p99([ms for at, ms in samples if q0 <= at < a0])
-        attacked = _p99([ms for at, ms in samples if a0 <= at < a1])
-        out.append(attacked / quiet if quiet > 0 else float("nan"))
-    return out
-
-
-def _without_freezes(ctx: DrillContext, series: dict[str, tuple[list[tuple[int, float]], int]],
-                     windows: list[tuple[int, int, int]], variants: dict[str, list[int]]
-                     ) -> dict[str, tuple[list[tuple[int, float]], int]]:
-    """``series`` without the samples in flight during a freeze of the disk (``device_stalls``),
-    the freezes told per kind of window."""
-    frozen = ctx.notes.get("device_stalls")
-    if frozen is None:
-        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
-                  "no sample left out")
-        return series
-    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
-    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
-    told = ", ".join(f"{name} {device_stalls.per_window(frozen, spans)} in "
-                     f"{sum(b - a for a, b in spans) / 1e6:.0f} s" for name, spans in kinds.items())
-    out, left = {}, []
-    for what, (samples, least) in series.items():
-        kept, n = device_stalls.outside(samples, frozen)
-        out[what] = (kept, least)
-        left.append(f"{n} {what}s")
-    longest = max((b - a for a, b in frozen), default=0) / 1000
-    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
-              f"done for {device_stalls.MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
-              f"in flight during one, left out of both sides: {', '.join(left)}")
-    return out
-
-
-def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
-    """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
-    attack windows against the same pooled over the quiet windows between them (same run, same
-    minutes: the noisy-neighbour drill's rule, ``neighbour.check_neighbour``), and the median of
-    each attack window's p99 over its own quiet window's (``window_ratios``), each within
-    ``LATENCY_RATIO``; no fail-over.
-
-    Why both (stop g): a 4 s quiet window holds a sixth of the quiet samples, so one stalled
-    quiet window sets the pooled quiet p99 alone. Quiet window 2, right after the first attack,
-    had a produce ack p99 of 83-274 ms in 5 of 9 rounds (the others mostly 8-17 ms), and the
-    pooled rule passed those rounds while their attack windows' acks were 2.2-4.9x (median) their
-    own quiet windows'. The median of the per-window ratios is not carried by one window.
-
-    Samples in flight while the disk under the cluster froze (``device_stalls``: I/O in flight,
-    none completed for 100 ms or more) are left out of both sides, and the freezes told per kind
-    of window (stop h): they are the machine's, came in quiet, idle and attack windows alike, and
-    one of them set a 4 s window's p99 alone."""
-    windows = ctx.notes.get("neighbour_windows")
-    if not windows or not acks:
-        return [("the attacks ran", False)]
-    judgement = ctx.notes.get("neighbour_judgement", "?").split(":")[0]
-    out: list[tuple[str, bool]] = []
-    series = {"produce ack": ([(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks], MIN_ACKS),
-              "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
-    variants = _by_variant(windows, ctx.notes.get("window_variants", []))
-    judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
-    series = _without_freezes(ctx, series, windows, variants)
-    for what, (samples, least) in series.items():
-        for name, picked in list(variants.items())[1:]:  # a measurement's other variants: told, not judged
-            quiet, other = _split(samples, windows, picked)
-            ctx.event(f"{what} p99 quiet {_p99(quiet):.1f} ms, in the {name} windows {_p99(other):.1f} ms = "
-                      f"{_p99(other) / _p99(quiet):.2f}x (p50 {_p50(quiet):.1f} / {_p50(other):.1f} ms; "
-                      f"{len(other)} in {len(picked)} windows; not judged)")
-        quiet, attacked = _split(samples, windows, judged)
-        q, b = _p99(quiet), _p99(attacked)
-        per = [(_p99([ms for at, ms in samples if q0 <= at < a0]), _p99([ms for at, ms in samples if a0 <= at < a1]))
-               for q0, a0, a1 in windows]
-        ctx.notes[f"{what} p99 ms"] = (q, b)
-        names = ctx.notes.get("window_variants", []) if len(variants) > 1 else []
-        ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked: "
-                  + ", ".join(f"{x:.0f}/{y:.0f}" + (f" {names[i]}" if i < len(names) else "")
-                              for i, (x, y) in enumerate(per)) + ")")
-        out.append((f"{what} p99 attacked/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x "
-                    f"({len(attacked)} in {len(judged)} attack windows, {len(quiet)} in the quiet ones between "
-                    f"them; at least {least} each; judged {judgement})",
-                    len(quiet) >= least and len(attacked) >= least and b <= LATENCY_RATIO * q))
-        ratios = window_ratios(samples, windows, judged)
-        middle = statistics.median(ratios)
-        out.append((f"{what} p99 of each attack window over its own quiet window's: "
-                    f"{', '.join(f'{r:.2f}' for r in ratios)}x, median {middle:.2f}x, bound {LATENCY_RATIO:g}x",
-                    middle <= LATENCY_RATIO))
-    # A fail-over before the attacks (the runner's steady load, beside busy loops, before the
-    # drill isolates the cluster's CPU) is not theirs: the attacks' span is judged.
-    first, last = windows[0][0], windows[-1][2]
-    moves = sorted(int(us) for w in ctx.producers for seg, us in (w.status().get("seg_first_ack_us") or {}).items()
-                   if int(seg) > min(a.seg for a in acks))
-    during = [us for us in moves if first <= us <= last + 5_000_000]  # its first ack: >= 1 s after the fault
-    out.append((f"the drill queue's producer did not fail over during the attacks ({len(during)}; "
-                f"{len(moves)} in the whole run)", not during))
-    return out

@@ -19,36 +19,37 @@ from hypothesis import strategies as st
 from ordq.common.security import Credentials
 from ordq.drills import control_plane as cp
 from ordq.drills import control_plane_attacks as cpa
+from ordq.drills import control_plane_plan as plan
 from ordq.drills import neighbour
 from ordq.drills.control_plane_plan import WindowPlan, stream_left_s
 from ordq.drills.runner import LoadConfig
 
 
-@given(seed=st.integers(0, 2**32 - 1), setup_s=st.floats(0, cp.SETUP_S))
+@given(seed=st.integers(0, 2**32 - 1), setup_s=st.floats(0, plan.SETUP_S))
 def test_no_window_outlasts_the_stream_whatever_the_seed(seed: int, setup_s: float) -> None:
     """The runner's draw of the attacks' moment (``Drill.fault_between``, seeded), a set-up of up
     to SETUP_S, every window at its drain bound: each ends the margin before the stream does."""
-    duration_s = cp.MESSAGES / neighbour.NEIGHBOUR_RATE
-    start_s = random.Random(seed).uniform(*cp.ATTACKS_FROM) * duration_s + setup_s
-    assert cp.PLAN.shortfall(duration_s - start_s) is None
-    ends = cp.PLAN.ends(start_s)
-    assert len(ends) == cp.ROUNDS and max(ends) <= duration_s - cp.PLAN.margin_s
+    duration_s = plan.MESSAGES / neighbour.NEIGHBOUR_RATE
+    start_s = random.Random(seed).uniform(*plan.ATTACKS_FROM) * duration_s + setup_s
+    assert plan.PLAN.shortfall(duration_s - start_s) is None
+    ends = plan.PLAN.ends(start_s)
+    assert len(ends) == plan.ROUNDS and max(ends) <= duration_s - plan.PLAN.margin_s
 
 
 @given(left_s=st.floats(0, 400), rounds=st.integers(1, 8), drain_s=st.floats(0, 30))
 def test_the_plan_fits_exactly_when_every_window_ends_the_margin_before_the_stream(
         left_s: float, rounds: int, drain_s: float) -> None:
-    plan = attrs.evolve(cp.PLAN, rounds=rounds, drain_s=drain_s)
-    short = plan.shortfall(left_s)
-    assert (short is None) == (max(plan.ends(0.0)) + plan.margin_s <= left_s + 1e-9)
+    tried = attrs.evolve(plan.PLAN, rounds=rounds, drain_s=drain_s)
+    short = tried.shortfall(left_s)
+    assert (short is None) == (max(tried.ends(0.0)) + tried.margin_s <= left_s + 1e-9)
     if short is not None:
-        assert f"{left_s:.1f} s left" in short and f"{plan.needed_s:g} s" in short
+        assert f"{left_s:.1f} s left" in short and f"{tried.needed_s:g} s" in short
 
 
 def test_the_drills_load_is_refused_before_the_run_when_the_windows_cannot_fit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     base = LoadConfig(messages=10, rate=10.0)
-    assert cp.control_plane_load(base).duration_s == cp.MESSAGES / neighbour.NEIGHBOUR_RATE
+    assert cp.control_plane_load(base).duration_s == plan.MESSAGES / neighbour.NEIGHBOUR_RATE
     monkeypatch.setattr(cp, "MESSAGES", 180_000)  # 90 s: less than the windows' 89 s after 13.5 s and the set-up
     with pytest.raises(ValueError, match="the windows do not fit in the stream"):
         cp.control_plane_load(base)

@@ -5,13 +5,14 @@ of this machine's /proc/diskstats."""
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.drills import control_plane as cp
+from ordq.drills import control_plane_judge as judge
 from ordq.drills import device_stalls as ds
 
 
@@ -61,10 +62,10 @@ def test_a_frozen_attack_window_is_judged_without_its_freeze() -> None:
                (600 * ms, 700 * ms, 800 * ms)]
     frozen = [(300 * ms, 330 * ms), (700 * ms, 730 * ms)]  # in attack windows 2 and 4
     samples = [(t * ms, 300.0 if any(a <= t * ms < b for a, b in frozen) else 10.0) for t in range(800)]
-    assert cp.statistics.median(cp.window_ratios(samples, windows, [0, 1, 2, 3])) > cp.LATENCY_RATIO
+    assert statistics.median(judge.window_ratios(samples, windows, [0, 1, 2, 3])) > judge.LATENCY_RATIO
     kept, n = ds.outside(samples, frozen)
     assert n == 2 * 41  # sent from 10 ms before it (still in flight) to its end, both ends counted
-    assert cp.window_ratios(kept, windows, [0, 1, 2, 3]) == [1.0] * 4
+    assert judge.window_ratios(kept, windows, [0, 1, 2, 3]) == [1.0] * 4
 
 
 def test_the_disk_under_a_folder_is_read() -> None:
@@ -97,7 +98,7 @@ def test_the_drills_verdict_leaves_a_freeze_out_of_both_sides_and_tells_it(tmp_p
                            run_dir=tmp_path, load=LoadConfig())
         ctx.notes.update({"neighbour_windows": windows, "window_variants": ["attack"] * 4, "commit_samples": commits,
                           "device_stalls": stalls, "device": "vda", "neighbour_judgement": "test: cgroups"})
-        return cp.check_control_plane(ctx, acks, []), [text for _t, text in ctx.events]
+        return judge.check_control_plane(ctx, acks, []), [text for _t, text in ctx.events]
 
     judged, told = verdict(frozen)
     assert all(ok for _what, ok in judged), judged
