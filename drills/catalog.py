@@ -575,8 +575,9 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           f"{neighbour.ROUNDS} windows of {neighbour.ABUSE_S:g} s between quiet ones: huge fetches, "
           "unread Read streams, unwritten produce streams, oversized and malformed requests"
           f", while the drill queue is written at {neighbour.NEIGHBOUR_RATE:,.0f} msgs/s",
-          f"the drill queue's ack p99 stays within {neighbour.LATENCY_RATIO:g}x of the quiet windows' (same run) and "
-          "it never fails over; each abuse is answered within the budget or refused", neighbour.noisy_neighbour,
+          f"the drill queue's ack p99 stays within {neighbour.LATENCY_RATIO:g}x of the quiet windows' (same run; the "
+          "acks in flight during a freeze of the disk left out of both sides) and it never fails over; each abuse "
+          "is answered within the budget or refused", neighbour.noisy_neighbour,
           failover=False, load=neighbour.neighbour_load, check=neighbour.check_neighbour),
     Drill("security-control-plane", "hand-made clients attack the leading coordinator in "
           f"{control_plane_plan.ROUNDS} windows of {control_plane_plan.ATTACK_S:g} s between quiet ones, from a "

@@ -321,11 +321,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     drains: list[float] = []  # s from each attack window's end until the attacker had stopped
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
-    device = device_stalls.device_of(c.folder)
-    disk: device_stalls.DiskWatch | None = None
+    disk = contextlib.ExitStack()
     try:
         probe.start()
-        disk = device_stalls.DiskWatch(device).start() if device is not None else None
+        disk.enter_context(device_stalls.watched(ctx))
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
                                     kinds=sent, window_s=ATTACK_S)
         if iso is not None:
@@ -387,8 +386,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     finally:
         ctx.notes["neighbour_windows"] = windows
         ctx.notes["window_variants"] = variant_of
-        ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
-        ctx.notes["device"] = device
+        disk.close()
         peak = rss.stop() if rss is not None else None
         if attacker is not None:
             attacker.close()

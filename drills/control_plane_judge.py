@@ -65,32 +65,6 @@ def window_ratios(samples: list[tuple[int, float]], windows: list[tuple[int, int
     return out
 
 
-def _without_freezes(ctx: DrillContext, series: dict[str, tuple[list[tuple[int, float]], int]],
-                     windows: list[tuple[int, int, int]], variants: dict[str, list[int]]
-                     ) -> dict[str, tuple[list[tuple[int, float]], int]]:
-    """``series`` without the samples in flight during a freeze of the disk (``device_stalls``),
-    the freezes told per kind of window."""
-    frozen = ctx.notes.get("device_stalls")
-    if frozen is None:
-        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
-                  "no sample left out")
-        return series
-    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
-    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
-    told = ", ".join(f"{name} {device_stalls.per_window(frozen, spans)} in "
-                     f"{sum(b - a for a, b in spans) / 1e6:.0f} s" for name, spans in kinds.items())
-    out, left = {}, []
-    for what, (samples, least) in series.items():
-        kept, n = device_stalls.outside(samples, frozen)
-        out[what] = (kept, least)
-        left.append(f"{n} {what}s")
-    longest = max((b - a for a, b in frozen), default=0) / 1000
-    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
-              f"done for {device_stalls.MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
-              f"in flight during one, left out of both sides: {', '.join(left)}")
-    return out
-
-
 def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
     attack windows against the same pooled over the quiet windows between them (same run, same
@@ -117,7 +91,10 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
     variants = by_variant(windows, ctx.notes.get("window_variants", []))
     judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
-    series = _without_freezes(ctx, series, windows, variants)
+    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
+    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
+    kept = device_stalls.leave_out(ctx, {what: samples for what, (samples, _) in series.items()}, kinds)
+    series = {what: (kept[what], least) for what, (_, least) in series.items()}
     for what, (samples, least) in series.items():
         for name, picked in list(variants.items())[1:]:  # a measurement's other variants: told, not judged
             quiet, other = split(samples, windows, picked)

@@ -24,7 +24,7 @@ import grpc
 
 from ordq.common.security import Credentials, token_metadata
 from ordq.coordinator.tokens import create_token, revoke_token, touch
-from ordq.drills import cpu_isolation
+from ordq.drills import cpu_isolation, device_stalls
 from ordq.drills.runner import DrillContext
 from ordq.drills.security import Stub, denied, fetch_call, within
 from ordq.drills.workload import now_us
@@ -474,25 +474,26 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                   "streams, a 30 MiB request every 0.5 s, malformed requests and batches every 20 ms")
         cpu = {"quiet": 0.0, "abused": 0.0}
         use: dict[str, dict[str, float]] = {"quiet": {}, "abused": {}}
-        for _ in range(ROUNDS):
-            for kind in ("quiet", "abused"):
-                t0, c0 = now_us(), cpu_seconds(cpu_pids)
-                if kind == "quiet":
-                    q0 = t0
-                    time.sleep(QUIET_S)
-                else:
-                    abuser.go()
-                    time.sleep(ABUSE_S)
-                    for k, n in abuser.pause().items():
-                        outcomes[k] = outcomes.get(k, 0) + n
-                    time.sleep(RECOVER_S)
-                    windows.append((q0, t0, now_us()))
-                    ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
-                c1 = cpu_seconds(cpu_pids)
-                cpu[kind] += (now_us() - t0) / 1e6
-                for k in c1:
-                    if k in c0:
-                        use[kind][k] = use[kind].get(k, 0.0) + c1[k] - c0[k]
+        with device_stalls.watched(ctx):  # its freezes left out of both sides (check_neighbour)
+            for _ in range(ROUNDS):
+                for kind in ("quiet", "abused"):
+                    t0, c0 = now_us(), cpu_seconds(cpu_pids)
+                    if kind == "quiet":
+                        q0 = t0
+                        time.sleep(QUIET_S)
+                    else:
+                        abuser.go()
+                        time.sleep(ABUSE_S)
+                        for k, n in abuser.pause().items():
+                            outcomes[k] = outcomes.get(k, 0) + n
+                        time.sleep(RECOVER_S)
+                        windows.append((q0, t0, now_us()))
+                        ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
+                    c1 = cpu_seconds(cpu_pids)
+                    cpu[kind] += (now_us() - t0) / 1e6
+                    for k in c1:
+                        if k in c0:
+                            use[kind][k] = use[kind].get(k, 0.0) + c1[k] - c0[k]
         ctx.expect("the drill queue's producer ran through every window (else: NEIGHBOUR_MESSAGES is too few for "
                    "this machine's speed)", ctx.producers[0].proc.alive())
         ctx.event("CPU cores used, " + "; ".join(
@@ -524,23 +525,28 @@ def noisy_neighbour(ctx: DrillContext) -> None:
         store.delete_queue(abused)
 
 
-def _p99_ms(rows: list[Any]) -> float:
-    lat = sorted(r.ack_us - r.send_us for r in rows)
-    return lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000.0 if lat else float("nan")
+def _p99_ms(values: list[float]) -> float:
+    lat = sorted(values)
+    return lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
 
 
 def check_neighbour(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's ack p99 (batch sent -> acked) pooled over the abuse windows, against
     its p99 pooled over the quiet windows interleaved with them (same run, same minutes); and
-    its producer never failed over."""
+    its producer never failed over. The acks in flight while the disk under the cluster froze
+    are left out of both sides, and the freezes told per kind of window (``device_stalls``, as
+    the security-control-plane drill's: the machine's, not the abuse's)."""
     windows = ctx.notes.get("neighbour_windows")
     if not windows or not acks:
         return [("the abuse ran", False)]
-    quiet = [a for a in acks if any(q0 <= a.send_us < a0 for q0, a0, _ in windows)]
-    abused = [a for a in acks if any(a0 <= a.send_us < a1 for _, a0, a1 in windows)]
+    spans = {"quiet": [(q0, a0) for q0, a0, _ in windows], "abused": [(a0, a1) for _, a0, a1 in windows]}
+    samples = device_stalls.leave_out(ctx, {"ack": [(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks]},
+                                      spans)["ack"]
+    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
+    abused = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
     q, b = _p99_ms(quiet), _p99_ms(abused)
     ctx.notes["neighbour_p99_ms"] = (q, b)
-    per = [(_p99_ms([a for a in acks if q0 <= a.send_us < a0]), _p99_ms([a for a in acks if a0 <= a.send_us < a1]))
+    per = [(_p99_ms([ms for at, ms in samples if q0 <= at < a0]), _p99_ms([ms for at, ms in samples if a0 <= at < a1]))
            for q0, a0, a1 in windows]
     failovers = sum(int(w.status().get("failovers") or 0) for w in ctx.producers)
     segs = {a.seg for a in acks}

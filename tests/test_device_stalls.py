@@ -107,6 +107,35 @@ def test_the_drills_verdict_leaves_a_freeze_out_of_both_sides_and_tells_it(tmp_p
     assert not all(ok for _what, ok in judged) and any("was not watched" in t for t in told)
 
 
+def test_the_noisy_neighbour_drills_verdict_leaves_a_freeze_out_the_same_way(tmp_path: Path) -> None:
+    """check_neighbour (the security-noisy-neighbour drill) on a run whose abuse windows 2 and 4
+    each held a freeze of the disk, the abuse itself costing nothing: it passes, the freezes told
+    per kind of window by the same helper as the control-plane drill's; unwatched, it fails."""
+    from ordq.drills import neighbour
+    from ordq.drills.audit import AckRow
+    from ordq.drills.runner import DrillContext, LoadConfig
+
+    ms = 1000
+    windows = [(i * 8_000 * ms, i * 8_000 * ms + 3_000 * ms, (i + 1) * 8_000 * ms) for i in range(4)]
+    frozen = [(11_500 * ms, 11_900 * ms), (27_500 * ms, 27_900 * ms)]
+    acks = [AckRow("p1", i, 0, at + int((300 if any(a <= at < b for a, b in frozen) else 10) * ms), at)
+            for i, at in enumerate(range(0, 32_000 * ms, 2 * ms))]
+
+    def verdict(stalls: list[tuple[int, int]] | None) -> tuple[list[tuple[str, bool]], list[str]]:
+        ctx = DrillContext(cluster=None, drill=None, round=1, rng=random.Random(0), queue="q",  # type: ignore[arg-type]
+                           run_dir=tmp_path, load=LoadConfig())
+        ctx.notes.update({"neighbour_windows": windows, "device_stalls": stalls, "device": "vda",
+                          "neighbour_judgement": "test: cgroups"})
+        return neighbour.check_neighbour(ctx, acks, []), [text for _t, text in ctx.events]
+
+    judged, told = verdict(frozen)
+    assert all(ok for _what, ok in judged), judged
+    assert any("froze 2 times" in t and "quiet 0 in 12 s, abused 2 in 20 s" in t and "both sides: 412 acks" in t
+               for t in told), told
+    judged, told = verdict(None)
+    assert not all(ok for _what, ok in judged) and any("was not watched" in t for t in told)
+
+
 def test_the_watch_reads_the_disk_until_stopped() -> None:
     device = ds.device_of(Path(__file__).parent)
     if device is None:
