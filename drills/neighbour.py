@@ -91,7 +91,8 @@ class CallLoops:
 
     With ``ends_at`` (a ``time.monotonic()``), the window has an end: the loops stop there by
     themselves, a ``timed`` call's deadline is that end, and ``end_loops`` cancels what is still
-    in flight and waits a bounded time for the threads."""
+    in flight (its ``cancel``: closing the calls' channels) and waits a bounded time for the
+    threads."""
 
     def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None, ends_at: float | None = None) -> None:
         self.stop_event = threading.Event()
@@ -99,7 +100,6 @@ class CallLoops:
         self.ends_at = ends_at
         self._lock = threading.Lock()
         self._threads: list[tuple[str, threading.Thread]] = []
-        self._in_flight: set[grpc.Future] = set()
         self._outcome = outcome or grpc_status
 
     def _ended(self) -> bool:
@@ -125,8 +125,12 @@ class CallLoops:
     def timed(self, method: Any, request_of: Callable[[], object], **kwargs: Any) -> Callable[[], object]:
         """A loop's call of the unary ``method`` (``request_of()`` its request) that ends with the
         window (``ends_at``, required): its deadline the window's end, cancelled in flight by
-        ``end_loops``; either is ``WindowEnded``. A deadline or a cancellation before the window's
-        end is no cut: it stays the refusal it is."""
+        ``end_loops`` (its channel closed); either is ``WindowEnded``. A deadline or a
+        cancellation before the window's end is no cut: it stays the refusal it is.
+
+        A blocking call, as before stop i: its thread waits in gRPC's core, not holding the GIL.
+        (With ``future()`` calls instead, run A of stop i never sent the attacks whose threads
+        were started after the flood's 64.)"""
         assert self.ends_at is not None, "a timed call needs the window's end"
         ends_at = self.ends_at
 
@@ -134,20 +138,16 @@ class CallLoops:
             left = ends_at - time.monotonic()
             if left <= 0 or self.stop_event.is_set():
                 raise WindowEnded
-            fut = method.future(request_of(), timeout=left, **kwargs)
-            with self._lock:
-                self._in_flight.add(fut)
             try:
-                return fut.result()
-            except grpc.FutureCancelledError as exc:
-                raise WindowEnded from exc
+                return method(request_of(), timeout=left, **kwargs)
             except grpc.RpcError as exc:
                 if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and self._ended():
                     raise WindowEnded from exc
                 raise
-            finally:
-                with self._lock:
-                    self._in_flight.discard(fut)
+            except ValueError as exc:  # its channel closed by end_loops' cancel as the call began
+                if self.stop_event.is_set():
+                    raise WindowEnded from exc
+                raise
         return call
 
     def start_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
@@ -164,15 +164,12 @@ class CallLoops:
             t.join(timeout_s)
         return dict(self.outcomes)
 
-    def end_loops(self, bound_s: float) -> dict[str, int]:
-        """End the window now: the calls still in flight cancelled, the threads waited for
-        ``bound_s`` in all; one ``"<what> running"`` outcome for each thread still running then
-        (a window that did not end)."""
+    def end_loops(self, bound_s: float, cancel: Callable[[], object]) -> dict[str, int]:
+        """End the window now: the calls still in flight cancelled (``cancel``), the threads
+        waited for ``bound_s`` in all; one ``"<what> running"`` outcome for each thread still
+        running then (a window that did not end)."""
         self.stop_event.set()
-        with self._lock:
-            in_flight = list(self._in_flight)
-        for fut in in_flight:
-            fut.cancel()
+        cancel()
         deadline = time.monotonic() + bound_s
         for _what, t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

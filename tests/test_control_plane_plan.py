@@ -85,8 +85,8 @@ def deaf_server() -> Iterator[str]:
         server.stop(0)
 
 
-def _attacker(address: str, window_s: float) -> cpa._Attacker:
-    return cpa._Attacker(address, Credentials(), "t0ken", "q", b"\x0a\x01q", cpa.ATTACKS, time.monotonic() + window_s)
+def _attacker(address: str, window_s: float, huge: bytes = b"\x0a\x01q") -> cpa._Attacker:
+    return cpa._Attacker(address, Credentials(), "t0ken", "q", huge, cpa.ATTACKS, time.monotonic() + window_s)
 
 
 def test_the_attackers_calls_end_at_their_windows_end(deaf_server: str) -> None:
@@ -125,3 +125,36 @@ def test_a_cut_call_is_neither_served_nor_refused_and_a_running_thread_fails_its
     assert not all(ok for _, ok in cpa.judge_attacks({"huge cut": 2}, {}, ("huge",)))  # its refusal never seen
     assert not all(ok for _, ok in cpa.judge_attacks({**refused, "huge running": 1}, {"PermissionDenied": 3},
                                                      ("huge",)))
+
+
+@pytest.fixture
+def quick_server() -> Iterator[str]:
+    """A gRPC server that refuses every call at once (as the leader refuses the attacks)."""
+    from concurrent import futures
+
+    class Refusing(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda req, ctx: ctx.abort(grpc.StatusCode.PERMISSION_DENIED, "no"))
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[Refusing()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+def test_every_attack_is_sent_in_a_short_window_beside_the_flood(quick_server: str) -> None:
+    """Stop i, run A (seed 3821): in its 4 s windows the targeted attacks (bound, parking,
+    undecodable, newline), started after the huge Pops and the flood's 64 threads, were never
+    sent: the starved attacker's threads began after their window's end. Here, unstarved, with
+    the real 200 MiB Pop body and a 1 s window, that order sent nothing but the huge Pops and
+    the flood either; every kind must be sent within its window."""
+    attacker = _attacker(quick_server, 1.0, huge=cpa._field(1, b"a" * cpa.HUGE_NAME_BYTES))
+    attacker.start()
+    time.sleep(1.0)
+    outcomes = attacker.stop()
+    sent = {k.split(" ")[0].split(":")[0] for k, n in outcomes.items() if not k.endswith((" cut", " running"))}
+    assert sent == set(cpa.ATTACKS), outcomes
