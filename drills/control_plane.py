@@ -17,9 +17,11 @@ the ``unplaced`` windows between them, which are told, not judged:
 - ``newline``: a queue name with a new line forging a log line, with the token and without.
 
 Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is the
-window's end, what is still in flight then is cancelled, and its threads stop within ``DRAIN_S``,
-all of it judged as attacked; the windows are placed only if, at that bound, the last ends
-before the drill queue's stream does (checked before the run and before the first window).
+window's end, what is still in flight then is cancelled, and its threads stop within ``DRAIN_S``;
+the window goes on until the leader's calls in flight are back to their quiet level (what it
+still held of the attacker's ended: ``SETTLE_S`` at most), all of it judged as attacked; the
+windows are placed only if, at those bounds, the last ends before the drill queue's stream does
+(checked before the run and before the first window).
 
 It must hold (``control_plane_judge.check_control_plane`` and the expectations of ``control_plane``): every attack
 refused (no call of a refused kind answered ``ok``; each kind's own refusal seen) and counted by
@@ -40,15 +42,17 @@ the windows run in turn, the neighbour's commits, the leader's RSS and what must
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ordq.common.metrics import scrape
+from ordq.common.metrics import scrape, value
 from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
@@ -77,6 +81,7 @@ from ordq.drills.control_plane_plan import (
     QUIET_S,
     RECOVER_S,
     ROUNDS,
+    SETTLE_S,
     SETUP_S,
     UNPLACED,
     WINDOWS_ENV,
@@ -89,6 +94,8 @@ from ordq.drills.workload import now_us
 PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after the last answer
 RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
 TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waited, reserved, refused
+IN_FLIGHT = "ordq_coordinator_calls_in_flight"  # the leader's calls from their headers to their answers
+QUIET_READS = 5  # reads of the leader's calls in flight at the end of each quiet window, 0.1 s apart
 
 
 def control_plane_load(load: Any) -> Any:
@@ -158,6 +165,42 @@ class _CommitProbe:
             with contextlib.suppress(Exception):
                 self.client.release(self.lease)
         self.client.close()
+
+
+def _in_flight(url: str) -> float | None:
+    """The leader's calls in flight now (``IN_FLIGHT``); None when its metrics did not answer."""
+    try:
+        return value(scrape(url, timeout_s=1.0), IN_FLIGHT)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+
+
+def _quiet_level(url: str) -> float:
+    """The most of ``QUIET_READS`` reads of the leader's calls in flight, 0.1 s apart (0: none
+    answered)."""
+    reads = []
+    for _ in range(QUIET_READS):
+        n = _in_flight(url)
+        if n is not None:
+            reads.append(n)
+        time.sleep(0.1)
+    return max(reads, default=0.0)
+
+
+def settle(read: Callable[[], float | None], at_most: float, bound_s: float, *,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+           every_s: float = 0.1) -> tuple[float, float | None]:
+    """Wait until ``read()`` is at most ``at_most``, ``bound_s`` at most: (seconds it took, the
+    last value read, None if none was). Past the bound the last value is over ``at_most``."""
+    t0, last = clock(), None
+    while True:
+        n = read()
+        last = n if n is not None else last
+        if n is not None and n <= at_most:
+            return clock() - t0, n
+        if clock() - t0 >= bound_s:
+            return clock() - t0, last
+        sleep(every_s)
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -319,6 +362,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     windows: list[tuple[int, int, int]] = []
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
     drains: list[float] = []  # s from each attack window's end until the attacker had stopped
+    settles: list[str] = []  # then how long until the leader's calls in flight were back to quiet
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
     disk = contextlib.ExitStack()
@@ -361,7 +405,8 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                 raise RuntimeError("the attacker's process is gone")
             q0 = now_us()
             with cpu.measure("quiet"):
-                time.sleep(QUIET_S)
+                time.sleep(QUIET_S - QUIET_READS * 0.1)
+                quiet_level = _quiet_level(stage.metrics_url)
             a0 = now_us()
             with cpu.measure(f"attacked {variant.name}" if several else "attacked"):
                 attacker.go(variant.kinds)
@@ -370,6 +415,9 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
                 drains.append(time.monotonic() - t0)
+                took, still = settle(lambda: _in_flight(stage.metrics_url), quiet_level, SETTLE_S)
+                settles.append(f"{took:.1f} s" if still is not None and still <= quiet_level
+                               else f"not in {SETTLE_S:g} s ({still} > {quiet_level:g})")
                 time.sleep(RECOVER_S)
             windows.append((q0, a0, now_us()))
             variant_of.append(variant.name)
@@ -379,6 +427,9 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
         ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
+        ctx.event(f"the leader's calls in flight back to their quiet level (the most of {QUIET_READS} reads at the end "
+                  f"of the quiet window before) after the attacker stopped, each window: {', '.join(settles)} "
+                  f"(at most {SETTLE_S:g} s waited, judged as attacked)")
         ctx.expect(f"the attacker stopped within {PLAN.drain_s:g} s of each attack window's end (drains "
                    f"{', '.join(f'{d:.1f}' for d in drains)} s)", max(drains) <= PLAN.drain_s)
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "

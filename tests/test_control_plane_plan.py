@@ -54,8 +54,26 @@ def test_the_drills_load_is_refused_before_the_run_when_the_windows_cannot_fit(
     with pytest.raises(ValueError, match="the windows do not fit in the stream"):
         cp.control_plane_load(base)
     with pytest.raises(ValueError, match="the windows do not fit"):
-        WindowPlan(rounds=2, quiet_s=1, attack_s=1, drain_s=1, recover_s=1, margin_s=1).check_load(
+        WindowPlan(rounds=2, quiet_s=1, attack_s=1, drain_s=1, settle_s=1, recover_s=1, margin_s=1).check_load(
             10.0, (0.1, 0.5), 1.0)
+
+
+def test_an_attack_window_ends_once_the_leader_has_settled_or_at_the_bound() -> None:
+    """After the attacker stopped, its calls the leader still holds (waiting, paced, a refusal
+    held) end within the window: it waits until the leader's calls in flight are back to their
+    quiet level, at most SETTLE_S, reading again every 0.1 s; a read that failed is no answer."""
+    now = [0.0]
+    reads = iter([None, 9.0, 5.0, 2.0, 1.0])
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    took, last = cp.settle(lambda: next(reads), 2.0, 4.0, clock=lambda: now[0], sleep=sleep)
+    assert (round(took, 6), last) == (0.3, 2.0)
+    took, last = cp.settle(lambda: 7.0, 2.0, 4.0, clock=lambda: now[0], sleep=sleep)
+    assert last == 7.0 and 4.0 <= took < 4.2  # not settled: the bound, and what was left
+    took, last = cp.settle(lambda: None, 2.0, 1.0, clock=lambda: now[0], sleep=sleep)
+    assert last is None and took >= 1.0
 
 
 def test_the_stream_left_is_what_the_producer_has_not_sent_at_its_rate() -> None:
