@@ -128,9 +128,10 @@ class CallLoops:
         ``end_loops`` (its channel closed); either is ``WindowEnded``. A deadline or a
         cancellation before the window's end is no cut: it stays the refusal it is.
 
-        A blocking call, as before stop i: its thread waits in gRPC's core, not holding the GIL.
-        (With ``future()`` calls instead, run A of stop i never sent the attacks whose threads
-        were started after the flood's 64.)"""
+        A blocking call, as before stop i: its thread waits in gRPC's core, and closing its
+        channel ends it. (Run A of stop i, with ``future()`` calls and the huge Pops' and the
+        flood's threads started first, never sent the attacks started after them:
+        control_plane_attacks ``_Attacker.start``.)"""
         assert self.ends_at is not None, "a timed call needs the window's end"
         ends_at = self.ends_at
 
