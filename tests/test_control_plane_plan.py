@@ -5,10 +5,11 @@ window, and its threads stop within ``DRAIN_S``, against a server that never ans
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 import grpc
@@ -82,25 +83,33 @@ def test_the_stream_left_is_what_the_producer_has_not_sent_at_its_rate() -> None
     assert stream_left_s({}, 2_000.0) == 0.0  # no status yet: no stream to place windows in
 
 
-@pytest.fixture
-def deaf_server() -> Iterator[str]:
-    """A gRPC server that takes every call and never answers it (until the test ends)."""
-    release = threading.Event()
-
-    class Deaf(grpc.GenericRpcHandler):
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(lambda req, ctx: release.wait(60) and b"")
-
+@contextlib.contextmanager
+def _server(behaviour: Callable[[bytes, grpc.ServicerContext], bytes]) -> Iterator[str]:
+    """A gRPC server answering every unary call with ``behaviour``; its address."""
     from concurrent import futures
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=[Deaf()])
+    class Every(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(behaviour)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[Every()])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        release.set()
         server.stop(0)
+
+
+@pytest.fixture
+def deaf_server() -> Iterator[str]:
+    """A gRPC server that takes every call and never answers it (until the test ends)."""
+    release = threading.Event()
+    try:
+        with _server(lambda req, ctx: release.wait(60) and b"") as address:
+            yield address
+    finally:
+        release.set()
 
 
 def _attacker(address: str, window_s: float, huge: bytes = b"\x0a\x01q") -> cpa._Attacker:
@@ -148,20 +157,8 @@ def test_a_cut_call_is_neither_served_nor_refused_and_a_running_thread_fails_its
 @pytest.fixture
 def quick_server() -> Iterator[str]:
     """A gRPC server that refuses every call at once (as the leader refuses the attacks)."""
-    from concurrent import futures
-
-    class Refusing(grpc.GenericRpcHandler):
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(
-                lambda req, ctx: ctx.abort(grpc.StatusCode.PERMISSION_DENIED, "no"))
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[Refusing()])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
+    with _server(lambda req, ctx: ctx.abort(grpc.StatusCode.PERMISSION_DENIED, "no")) as address:
+        yield address
 
 
 def test_every_attack_is_sent_in_a_short_window_beside_the_flood(quick_server: str) -> None:
