@@ -16,7 +16,16 @@ from typing import Any
 
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.coordinator.state import SegStatus
-from ordq.drills import control_plane, keyed_topic, mirror_lab, neighbour, security
+from ordq.drills import (
+    control_plane,
+    control_plane_attacks,
+    control_plane_judge,
+    control_plane_plan,
+    keyed_topic,
+    mirror_lab,
+    neighbour,
+    security,
+)
 from ordq.drills.audit import AckRow, DeliveryRow
 from ordq.drills.cdc import require_servers, run_cdc
 from ordq.drills.cdc_mirror import require_all as require_cdc_mirror
@@ -566,21 +575,22 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           f"{neighbour.ROUNDS} windows of {neighbour.ABUSE_S:g} s between quiet ones: huge fetches, "
           "unread Read streams, unwritten produce streams, oversized and malformed requests"
           f", while the drill queue is written at {neighbour.NEIGHBOUR_RATE:,.0f} msgs/s",
-          f"the drill queue's ack p99 stays within {neighbour.LATENCY_RATIO:g}x of the quiet windows' (same run) and "
-          "it never fails over; each abuse is answered within the budget or refused", neighbour.noisy_neighbour,
+          f"the drill queue's ack p99 stays within {neighbour.LATENCY_RATIO:g}x of the quiet windows' (same run; the "
+          "acks in flight during a freeze of the disk left out of both sides) and it never fails over; each abuse "
+          "is answered within the budget or refused", neighbour.noisy_neighbour,
           failover=False, load=neighbour.neighbour_load, check=neighbour.check_neighbour),
     Drill("security-control-plane", "hand-made clients attack the leading coordinator in "
-          f"{control_plane.ROUNDS} windows of {control_plane.ATTACK_S:g} s between quiet ones, from a process "
-          "placed as a host of its own (one CPU, a CPU quota; in some windows on every CPU, told): Pop naming a "
-          f"{control_plane.HUGE_NAME_BYTES >> 20} MiB queue with the client certificate and no token, "
-          f"{control_plane.FLOOD_THREADS} threads of Describe and Subscribe with one consume token, Subscribe past "
-          "the bound, EnsureParkingQueue for made-up names, undecodable bytes, a queue name with a new line; the "
+          f"{control_plane_plan.ROUNDS} windows of {control_plane_plan.ATTACK_S:g} s between quiet ones, from a "
+          "process placed as a host of its own (one CPU, a CPU quota; in some windows on every CPU, told): Pop "
+          f"naming a {control_plane_attacks.HUGE_NAME_BYTES >> 20} MiB queue with the client certificate and no token, "
+          f"{control_plane_attacks.FLOOD_THREADS} threads of Describe and Subscribe with one consume token, Subscribe "
+          "past the bound, EnsureParkingQueue for made-up names, undecodable bytes, a queue name with a new line; the "
           "drill queue is written and another token commits on it",
           "every attack refused and counted by the leader (ordq_coordinator_requests_total), which stays under "
           f"{control_plane.RSS_BUDGET_BYTES >> 20} MiB RSS and keeps leading; nothing created or changed; the "
-          f"drill queue's produce and commit p99 within {control_plane.LATENCY_RATIO:g}x of the quiet windows'",
+          f"drill queue's produce and commit p99 within {control_plane_judge.LATENCY_RATIO:g}x of the quiet windows'",
           control_plane.control_plane, failover=False, load=control_plane.control_plane_load,
-          check=control_plane.check_control_plane, fault_between=control_plane.ATTACKS_FROM),
+          check=control_plane_judge.check_control_plane, fault_between=control_plane_plan.ATTACKS_FROM),
 )}
 
 # Drills across data centres: each deploys its own lab of two clusters (drills/mirror_lab.py), run

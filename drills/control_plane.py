@@ -16,7 +16,14 @@ the ``unplaced`` windows between them, which are told, not judged:
 - ``undecodable``: bytes that are no protobuf, raw, to ``Pop``, ``Commit``, ``Acquire``, ``Describe``;
 - ``newline``: a queue name with a new line forging a log line, with the token and without.
 
-It must hold (``check_control_plane`` and the expectations of ``control_plane``): every attack
+Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is the
+window's end, what is still in flight then is cancelled, and its threads stop within ``DRAIN_S``;
+the window goes on until the leader's calls in flight are back to their quiet level (what it
+still held of the attacker's ended: ``SETTLE_S`` at most), all of it judged as attacked; the
+windows are placed only if, at those bounds, the last ends before the drill queue's stream does
+(checked before the run and before the first window).
+
+It must hold (``control_plane_judge.check_control_plane`` and the expectations of ``control_plane``): every attack
 refused (no call of a refused kind answered ``ok``; each kind's own refusal seen) and counted by
 the leader (``ordq_coordinator_requests_total{rpc, outcome}`` grew by at least what the attacker
 was refused); the leader's RSS stays under ``RSS_BUDGET_BYTES`` and it keeps leading (the same
@@ -25,22 +32,27 @@ election node before and after: its ZooKeeper session never lapsed); nothing cre
 drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the judged attack
 windows, within ``LATENCY_RATIO`` of the same pooled over every quiet window between them (what
 was in flight while the disk under the cluster froze left out of both: ``device_stalls``).
+
+The drill's parts, each a job: the attacker (``control_plane_attacks``), the windows' plan and
+variants (``control_plane_plan``), where the attacker runs and what each process's CPU did
+(``control_plane_placement``), the latency judgement (``control_plane_judge``); here, the set-up,
+the windows run in turn, the neighbour's commits, the leader's RSS and what must be unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
-import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ordq.common.metrics import scrape
+from ordq.common.metrics import scrape, value
 from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
@@ -58,111 +70,42 @@ from ordq.drills.control_plane_attacks import (
     attacker_process,
     judge_attacks,
 )
+from ordq.drills.control_plane_judge import by_variant, p50, p99, split
+from ordq.drills.control_plane_placement import ATTACKER_SHARES, CpuUse, attacker_cpus
+from ordq.drills.control_plane_plan import (
+    ATTACK_S,
+    ATTACKS_FROM,
+    DEFAULT_WINDOWS,
+    MESSAGES,
+    PLAN,
+    QUIET_S,
+    RECOVER_S,
+    ROUNDS,
+    SETTLE_S,
+    SETUP_S,
+    UNPLACED,
+    WINDOWS_ENV,
+    stream_left_s,
+    window_variants,
+)
 from ordq.drills.runner import DrillContext
 from ordq.drills.workload import now_us
 
-ROUNDS = 6  # quiet and attack windows, interleaved (as the noisy-neighbour drill's): DEFAULT_WINDOWS
-QUIET_S = 4.0  # 24 s of quiet windows a run: ~1,000 commits, >= 200 even at the 12/s of a loaded round
-ATTACK_S = 4.0
-RECOVER_S = 1.0  # after each attack window, still judged as attacked
-LATENCY_RATIO = 2.0  # the neighbour's produce and commit p99, attacked / quiet
-MIN_ACKS = 1000  # produce acks in each kind of window (the noisy-neighbour drill's rule)
-MIN_COMMITS = 200  # the neighbour's commits in each kind of window
 PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after the last answer
 RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
 TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waited, reserved, refused
-# 150 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM) and take ~90 s with
-# their set-up (each window ends once the attacker's calls in flight are answered, ~5 s after
-# ATTACK_S); the drill queue must still be written through the last window.
-MESSAGES = 300_000
-ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks start (Drill.fault_between)
-
-
-# The attack windows' variants, in turn (cycled over the ROUNDS): ``attack`` (the attacks of the
-# run, ``ATTACKS_ENV``, from the attacker placed as a host of its own: its process on one CPU, the
-# last, besides its 0.5-core quota), ``unplaced`` (the same attacks from its process on every CPU,
-# as before stop g), ``hog`` (the placed attacker's process spins at its CPU quota and calls
-# nothing: control_plane_attacks.CONTROLS), each with ``@SHARES`` if wanted: the attacker's cgroup
-# at that ``cpu.shares`` during the window (else the drill's, cpu_isolation.MAX_SHARES, as the
-# cluster's). Each variant's p99s are pooled over its windows against the same quiet windows; the
-# verdict's ratio is the ``attack`` windows', the others are told beside it.
-#
-# Why placed (stop g; docs/SECURITY.md, "Where the attacker runs"): the attacker is a client, on
-# another host in production, so its own CPU is not the coordinator's to defend. Under the quota
-# alone its ~80 threads run on both cores at once in bursts and take CPU a host of its own would
-# never take (stop f: pinned, the neighbour's Commit p99 1.29x quiet in one round, unpinned
-# 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
-# cluster's two cores: a harsher neighbour than a separate host. The ``unplaced`` windows keep
-# the figure of the attacker on every CPU in every run's output, so nothing is hidden.
-#
-# Why placed also means a lower weight (stop h): a placed attacker at the cluster's cpu.shares
-# still took its CPU from the cluster's processes on that CPU, and the drill queue's produce
-# acks felt it whatever it sent: a ``hog`` window (a spinning thread, no call at all, ~0.2 core)
-# was 2.6-2.8x its quiet window, the ``huge`` windows (~0.23 core, spent copying each 200 MiB
-# request in the attacker's own gRPC client) up to 2.4x, while the flood and the targeted
-# attacks (~0.05 core of the attacker's, and the leader's CPU up by 0.1) were 0.2-1.4x and an
-# ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
-# CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
-ATTACKER_SHARES = 8192
-DEFAULT_WINDOWS = "attack,attack,unplaced"  # over 6 rounds: 4 judged windows, 2 unplaced
-UNPLACED = "unplaced"
-IDLE = "idle"  # a control window: the attacker's process in place, sending nothing
-# A measurement (never the acceptance: such a run fails its "windows as the acceptance's" check):
-# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants; a
-# variant may also name attack kinds (``huge``, ``bound+parking``: only those sent, placed) or
-# ``idle``, so that one run tells each kind's cost apart, interleaved with the same quiet windows.
-WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
-
-
-@attrs.frozen
-class Variant:
-    """One kind of attack window (``WINDOWS_ENV``)."""
-
-    name: str
-    kinds: tuple[str, ...]  # what the attacker sends in it
-    shares: int | None = None  # its cgroup's cpu.shares then (None: ATTACKER_SHARES placed, else the cluster's)
-    placed: bool = True  # its process on one CPU (a host of its own), else on every CPU
-
-
-def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
-    """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``; else
-    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``, ``idle`` nothing, and
-    attack or control kinds joined by ``+`` those only. ValueError naming a malformed one."""
-    spec = (os.environ.get(WINDOWS_ENV, "") if spec is None else spec).strip() or DEFAULT_WINDOWS
-    out = []
-    for word in (w.strip() for w in spec.split(",")):
-        if not word:
-            continue
-        what, at, shares = word.partition("@")
-        named = tuple(what.split("+"))
-        if what in ("attack", UNPLACED):
-            kinds = attacks
-        elif what == IDLE:
-            kinds = ()
-        elif all(k in (*ATTACKS, *CONTROLS) for k in named):
-            kinds = named
-        else:
-            kinds = None
-        if kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES)):
-            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED}, {IDLE}, or kinds "
-                             f"of {'+'.join((*ATTACKS, *CONTROLS))}, then @SHARES if wanted: "
-                             f"2..{cpu_isolation.MAX_SHARES})")
-        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED))
-    return tuple(out)
-
-
-def attacker_cpus() -> tuple[set[int], set[int]]:
-    """(the one CPU a placed attacker runs on: the last this process may use; every CPU it may
-    use). On a machine of one CPU both are that CPU."""
-    every = os.sched_getaffinity(0)
-    return {max(every)}, set(every)
+IN_FLIGHT = "ordq_coordinator_calls_in_flight"  # the leader's calls from their headers to their answers
+QUIET_READS = 5  # reads of the leader's calls in flight at the end of each quiet window, 0.1 s apart
 
 
 def control_plane_load(load: Any) -> Any:
     """The noisy-neighbour drill's rate (2,000 msgs/s), ``MESSAGES`` of them. A malformed
-    ``ATTACKS_ENV`` or ``WINDOWS_ENV`` is refused here, before the run (ValueError)."""
+    ``ATTACKS_ENV`` or ``WINDOWS_ENV``, or a stream the windows would outlast whatever the seed
+    (``PLAN``), is refused here, before the run (ValueError)."""
     window_variants(attack_kinds())
-    return attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
+    out = attrs.evolve(neighbour.neighbour_load(load), messages=MESSAGES)
+    PLAN.check_load(out.duration_s, ATTACKS_FROM, SETUP_S)
+    return out
 
 
 class _CommitProbe:
@@ -224,102 +167,40 @@ class _CommitProbe:
         self.client.close()
 
 
-def thread_waits(pid: int) -> dict[int, int]:
-    """Nanoseconds each live thread of ``pid`` has waited for a CPU while runnable (the second
-    field of /proc/<pid>/task/<tid>/schedstat, ``run_delay``); empty when it is gone."""
-    out: dict[int, int] = {}
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                out[int(task.name)] = int((task / "schedstat").read_text().split()[1])
-    return out
+def _in_flight(url: str) -> float | None:
+    """The leader's calls in flight now (``IN_FLIGHT``); None when its metrics did not answer."""
+    try:
+        return value(scrape(url, timeout_s=1.0), IN_FLIGHT)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
 
 
-def thread_switches(pid: int) -> int:
-    """Context switches of ``pid``'s live threads so far, voluntary (a wait: each call's hand-offs
-    between gRPC's threads, a worker and ZooKeeper's) and not (preempted); 0 when it is gone."""
-    n = 0
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                n += sum(int(line.split()[1]) for line in (task / "status").read_text().splitlines()
-                         if "ctxt_switches" in line)
-    return n
+def _quiet_level(url: str) -> float:
+    """The most of ``QUIET_READS`` reads of the leader's calls in flight, 0.1 s apart (0: none
+    answered)."""
+    reads = []
+    for _ in range(QUIET_READS):
+        n = _in_flight(url)
+        if n is not None:
+            reads.append(n)
+        time.sleep(0.1)
+    return max(reads, default=0.0)
 
 
-def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
-    """Seconds the threads of ``after`` waited for a CPU since ``before`` (a thread that ended
-    meanwhile is not counted: a lower bound)."""
-    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
-
-
-class _CpuUse:
-    """The CPU each process used (cores), how long its threads waited for one while runnable
-    (ms per s: the scheduler's ``run_delay``, summed over threads), and how often they switched
-    (per s: each a thread going to sleep or preempted), per kind of window
-    (``neighbour.cpu_seconds``, ``thread_waits``, ``thread_switches``)."""
-
-    def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = {k: v for k, v in pids.items() if v is not None}
-        self.wall: dict[str, float] = {}
-        self.used: dict[str, dict[str, float]] = {}
-        self.waited: dict[str, dict[str, float]] = {}
-        self.switched: dict[str, dict[str, float]] = {}
-
-    def _waits(self) -> dict[str, dict[int, int]]:
-        return {name: thread_waits(pid) for name, pid in self.pids.items()}
-
-    def _switches(self) -> dict[str, int]:
-        return {name: thread_switches(pid) for name, pid in self.pids.items()}
-
-    @contextlib.contextmanager
-    def measure(self, kind: str) -> Iterator[None]:
-        t0, c0, w0, s0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
-        try:
-            yield
-        finally:
-            c1, w1, s1 = neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
-            self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
-            use = self.used.setdefault(kind, {})
-            for k in c1:
-                if k in c0:
-                    use[k] = use.get(k, 0.0) + c1[k] - c0[k]
-            waited = self.waited.setdefault(kind, {})
-            for k in w1:
-                waited[k] = waited.get(k, 0.0) + waited_s(w0.get(k, {}), w1[k])
-            switched = self.switched.setdefault(kind, {})
-            for k in s1:
-                switched[k] = switched.get(k, 0.0) + max(0, s1[k] - s0.get(k, 0))
-
-    def __str__(self) -> str:
-        return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
-                         for kind, use in self.used.items())
-
-    def waits(self) -> str:
-        """Each process's threads' wait for a CPU, ms per s of window, per kind of window."""
-        return self._per_s(self.waited, 1000)
-
-    def switches(self) -> str:
-        """Each process's threads' context switches per s of window, per kind of window."""
-        return self._per_s(self.switched, 1)
-
-    def per_call(self, name: str, calls: int) -> str:
-        """``name``'s context switches per s, quiet and attacked, and how many more per call the
-        attacker had answered meanwhile (``calls``, over every attack window)."""
-        attacked = [k for k in self.wall if k != "quiet"]
-        quiet_s, attacked_s = self.wall.get("quiet", 0.0), sum(self.wall[k] for k in attacked)
-        if not quiet_s or not attacked_s or not calls:
-            return f"{name}: no quiet or attack window measured, or no call answered"
-        quiet = self.switched.get("quiet", {}).get(name, 0.0) / quiet_s
-        during = sum(self.switched[k].get(name, 0.0) for k in attacked) / attacked_s
-        rate = calls / attacked_s
-        return (f"the attacker's calls answered: {calls} in {attacked_s:.1f} s of attack windows ({rate:.0f}/s); "
-                f"{name}'s context switches {quiet:.0f}/s quiet, {during:.0f}/s attacked: "
-                f"{(during - quiet) / rate:.1f} more per attacker call")
-
-    def _per_s(self, of: dict[str, dict[str, float]], scale: float) -> str:
-        return "; ".join(f"{kind}: " + ", ".join(f"{k} {scale * v / self.wall[kind]:.0f}" for k, v in per.items())
-                         for kind, per in of.items())
+def settle(read: Callable[[], float | None], at_most: float, bound_s: float, *,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+           every_s: float = 0.1) -> tuple[float, float | None]:
+    """Wait until ``read()`` is at most ``at_most``, ``bound_s`` at most: (seconds it took, the
+    last value read, None if none was). Past the bound the last value is over ``at_most``."""
+    t0, last = clock(), None
+    while True:
+        n = read()
+        last = n if n is not None else last
+        if n is not None and n <= at_most:
+            return clock() - t0, n
+        if clock() - t0 >= bound_s:
+            return clock() - t0, last
+        sleep(every_s)
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -445,14 +326,15 @@ def control_plane(ctx: DrillContext) -> None:
     """The ``security-control-plane`` drill (see the module doc): ROUNDS of QUIET_S quiet then
     ATTACK_S of attacks (+ RECOVER_S, judged as attacked); the produce ack p99 is judged over
     the finished run (``check_control_plane``), the rest here."""
+    began = time.monotonic()
     stage = _set_up(ctx)
     try:
-        _attack(ctx, stage)
+        _attack(ctx, stage, began)
     finally:
         _clear(ctx, stage)
 
 
-def _attack(ctx: DrillContext, stage: _Stage) -> None:
+def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     c = ctx.cluster
     pids = {name: p.pid for name, p in c.processes()}
     pids |= {f"producer {i}": w.proc.pid for i, w in enumerate(ctx.producers)}
@@ -479,15 +361,16 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
     attacker: neighbour.WindowedProcess | None = None
     windows: list[tuple[int, int, int]] = []
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
+    drains: list[float] = []  # s from each attack window's end until the attacker had stopped
+    settles: list[str] = []  # then how long until the leader's calls in flight were back to quiet
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
-    device = device_stalls.device_of(c.folder)
-    disk: device_stalls.DiskWatch | None = None
+    disk = contextlib.ExitStack()
     try:
         probe.start()
-        disk = device_stalls.DiskWatch(device).start() if device is not None else None
+        disk.enter_context(device_stalls.watched(ctx))
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
-                                    kinds=sent)
+                                    kinds=sent, window_s=ATTACK_S)
         if iso is not None:
             iso.add("capped", [attacker.pid])
         assert attacker.pid is not None
@@ -501,10 +384,17 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                   f"{FLOOD_THREADS} threads of Describe and Subscribe, Subscribe past the bound, EnsureParkingQueue "
                   "for made-up names, undecodable bytes, a queue name with a new line")
         gid, _seg = ctx.head()
-        cpu = _CpuUse({stage.leader: stage.pid, "zookeeper": c.zk.processes[0].pid,
+        cpu = CpuUse({stage.leader: stage.pid, "zookeeper": c.zk.processes[0].pid,
                        f"{gid}/master": pids.get(f"{gid}/master"), f"{gid}/slave": pids.get(f"{gid}/slave"),
                        "producer": ctx.producers[0].proc.pid,
                        "attacker": attacker.pid, "drill": os.getpid()})
+        stream_s = stream_left_s(ctx.producers[0].status(), ctx.load.rate)
+        short = PLAN.shortfall(stream_s)
+        ctx.event(f"set up in {time.monotonic() - began:.1f} s (planned: at most {SETUP_S:g} s); the stream has "
+                  f"{stream_s:.1f} s left, the windows need at most {PLAN.needed_s:g} s with the margin")
+        if short is not None:
+            ctx.expect(f"{short}: no window started", False)
+            return
         for i in range(ROUNDS):
             variant = variants[i % len(variants)]
             if iso is not None:  # the attacker's cgroup weight in this window
@@ -515,13 +405,19 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
                 raise RuntimeError("the attacker's process is gone")
             q0 = now_us()
             with cpu.measure("quiet"):
-                time.sleep(QUIET_S)
+                time.sleep(QUIET_S - QUIET_READS * 0.1)
+                quiet_level = _quiet_level(stage.metrics_url)
             a0 = now_us()
             with cpu.measure(f"attacked {variant.name}" if several else "attacked"):
                 attacker.go(variant.kinds)
                 time.sleep(ATTACK_S)
+                t0 = time.monotonic()
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
+                drains.append(time.monotonic() - t0)
+                took, still = settle(lambda: _in_flight(stage.metrics_url), quiet_level, SETTLE_S)
+                settles.append(f"{took:.1f} s" if still is not None and still <= quiet_level
+                               else f"not in {SETTLE_S:g} s ({still} > {quiet_level:g})")
                 time.sleep(RECOVER_S)
             windows.append((q0, a0, now_us()))
             variant_of.append(variant.name)
@@ -531,13 +427,17 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
         ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
+        ctx.event(f"the leader's calls in flight back to their quiet level (the most of {QUIET_READS} reads at the end "
+                  f"of the quiet window before) after the attacker stopped, each window: {', '.join(settles)} "
+                  f"(at most {SETTLE_S:g} s waited, judged as attacked)")
+        ctx.expect(f"the attacker stopped within {PLAN.drain_s:g} s of each attack window's end (drains "
+                   f"{', '.join(f'{d:.1f}' for d in drains)} s)", max(drains) <= PLAN.drain_s)
         ctx.expect("the drill queue's producer ran through every window (else: the load's messages are too few "
                    "for this machine's speed)", ctx.producers[0].proc.alive())
     finally:
         ctx.notes["neighbour_windows"] = windows
         ctx.notes["window_variants"] = variant_of
-        ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
-        ctx.notes["device"] = device
+        disk.close()
         peak = rss.stop() if rss is not None else None
         if attacker is not None:
             attacker.close()
@@ -547,10 +447,10 @@ def _attack(ctx: DrillContext, stage: _Stage) -> None:
             ctx.event("cgroups removed, processes back in the root group" if not left
                       else f"cgroups NOT removed (swept by the next run): {left}")
     ctx.notes["commit_samples"] = probe.samples
-    for name, picked in _by_variant(windows, variant_of).items():
-        quiet, attacked = _split(probe.samples, windows, picked)
-        ctx.event(f"the neighbour's Commit p99 quiet {_p99(quiet):.1f} ms, {name} {_p99(attacked):.1f} ms "
-                  f"({len(quiet)} and {len(attacked)} commits; p50 {_p50(quiet):.1f} and {_p50(attacked):.1f} "
+    for name, picked in by_variant(windows, variant_of).items():
+        quiet, attacked = split(probe.samples, windows, picked)
+        ctx.event(f"the neighbour's Commit p99 quiet {p99(quiet):.1f} ms, {name} {p99(attacked):.1f} ms "
+                  f"({len(quiet)} and {len(attacked)} commits; p50 {p50(quiet):.1f} and {p50(attacked):.1f} "
                   "ms; judged with the produce acks after the run)")
     ctx.event(f"attacks ended: {dict(sorted(outcomes.items()))}")
     counted_after = _counted(stage.metrics_url)
@@ -595,138 +495,3 @@ def _check_unchanged(ctx: DrillContext, stage: _Stage, log_from: int) -> None:
                f"longest {max((len(x) for x in lines), default=0)} characters)",
                not any(x.startswith(FORGED) for x in lines) and not any("Traceback" in x for x in lines)
                and all(len(x) < 4096 for x in lines))
-
-
-def _quantile(values: list[float], q: float) -> float:
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
-
-
-def _p99(values: list[float]) -> float:
-    return _quantile(values, 0.99)
-
-
-def _p50(values: list[float]) -> float:
-    return _quantile(values, 0.5)
-
-
-def _split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
-           attacked_of: list[int] | None = None) -> tuple[list[float], list[float]]:
-    """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones (of the
-    rounds ``attacked_of`` only, if given; every round's quiet window all the same)."""
-    picked = windows if attacked_of is None else [windows[i] for i in attacked_of]
-    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
-    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in picked)]
-    return quiet, attacked
-
-
-def _by_variant(windows: list[tuple[int, int, int]], variant_of: list[str]) -> dict[str, list[int]]:
-    """The rounds of each window variant, ``attacked`` for all of them when there is one kind,
-    the judged one (``attack``) first (the acceptance's: ``attack``, then ``unplaced``)."""
-    names = variant_of if len(variant_of) == len(windows) else ["attack"] * len(windows)
-    if len(set(names)) <= 1:
-        return {"attacked": list(range(len(windows)))}
-    out: dict[str, list[int]] = {"attack": []} if "attack" in names else {}
-    for i, name in enumerate(names):
-        out.setdefault(name, []).append(i)
-    return out
-
-
-def window_ratios(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
-                  picked: list[int]) -> list[float]:
-    """Each picked round's attacked p99 over the p99 of its own quiet window, the one right
-    before it (nan where either is empty)."""
-    out = []
-    for q0, a0, a1 in (windows[i] for i in picked):
-        quiet = _p99([ms for at, ms in samples if q0 <= at < a0])
-        attacked = _p99([ms for at, ms in samples if a0 <= at < a1])
-        out.append(attacked / quiet if quiet > 0 else float("nan"))
-    return out
-
-
-def _without_freezes(ctx: DrillContext, series: dict[str, tuple[list[tuple[int, float]], int]],
-                     windows: list[tuple[int, int, int]], variants: dict[str, list[int]]
-                     ) -> dict[str, tuple[list[tuple[int, float]], int]]:
-    """``series`` without the samples in flight during a freeze of the disk (``device_stalls``),
-    the freezes told per kind of window."""
-    frozen = ctx.notes.get("device_stalls")
-    if frozen is None:
-        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
-                  "no sample left out")
-        return series
-    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
-    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
-    told = ", ".join(f"{name} {device_stalls.per_window(frozen, spans)} in "
-                     f"{sum(b - a for a, b in spans) / 1e6:.0f} s" for name, spans in kinds.items())
-    out, left = {}, []
-    for what, (samples, least) in series.items():
-        kept, n = device_stalls.outside(samples, frozen)
-        out[what] = (kept, least)
-        left.append(f"{n} {what}s")
-    longest = max((b - a for a, b in frozen), default=0) / 1000
-    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
-              f"done for {device_stalls.MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
-              f"in flight during one, left out of both sides: {', '.join(left)}")
-    return out
-
-
-def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
-    """The drill queue's produce ack p99 and the neighbour's Commit p99, each pooled over the
-    attack windows against the same pooled over the quiet windows between them (same run, same
-    minutes: the noisy-neighbour drill's rule, ``neighbour.check_neighbour``), and the median of
-    each attack window's p99 over its own quiet window's (``window_ratios``), each within
-    ``LATENCY_RATIO``; no fail-over.
-
-    Why both (stop g): a 4 s quiet window holds a sixth of the quiet samples, so one stalled
-    quiet window sets the pooled quiet p99 alone. Quiet window 2, right after the first attack,
-    had a produce ack p99 of 83-274 ms in 5 of 9 rounds (the others mostly 8-17 ms), and the
-    pooled rule passed those rounds while their attack windows' acks were 2.2-4.9x (median) their
-    own quiet windows'. The median of the per-window ratios is not carried by one window.
-
-    Samples in flight while the disk under the cluster froze (``device_stalls``: I/O in flight,
-    none completed for 100 ms or more) are left out of both sides, and the freezes told per kind
-    of window (stop h): they are the machine's, came in quiet, idle and attack windows alike, and
-    one of them set a 4 s window's p99 alone."""
-    windows = ctx.notes.get("neighbour_windows")
-    if not windows or not acks:
-        return [("the attacks ran", False)]
-    judgement = ctx.notes.get("neighbour_judgement", "?").split(":")[0]
-    out: list[tuple[str, bool]] = []
-    series = {"produce ack": ([(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks], MIN_ACKS),
-              "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
-    variants = _by_variant(windows, ctx.notes.get("window_variants", []))
-    judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
-    series = _without_freezes(ctx, series, windows, variants)
-    for what, (samples, least) in series.items():
-        for name, picked in list(variants.items())[1:]:  # a measurement's other variants: told, not judged
-            quiet, other = _split(samples, windows, picked)
-            ctx.event(f"{what} p99 quiet {_p99(quiet):.1f} ms, in the {name} windows {_p99(other):.1f} ms = "
-                      f"{_p99(other) / _p99(quiet):.2f}x (p50 {_p50(quiet):.1f} / {_p50(other):.1f} ms; "
-                      f"{len(other)} in {len(picked)} windows; not judged)")
-        quiet, attacked = _split(samples, windows, judged)
-        q, b = _p99(quiet), _p99(attacked)
-        per = [(_p99([ms for at, ms in samples if q0 <= at < a0]), _p99([ms for at, ms in samples if a0 <= at < a1]))
-               for q0, a0, a1 in windows]
-        ctx.notes[f"{what} p99 ms"] = (q, b)
-        names = ctx.notes.get("window_variants", []) if len(variants) > 1 else []
-        ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked: "
-                  + ", ".join(f"{x:.0f}/{y:.0f}" + (f" {names[i]}" if i < len(names) else "")
-                              for i, (x, y) in enumerate(per)) + ")")
-        out.append((f"{what} p99 attacked/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x "
-                    f"({len(attacked)} in {len(judged)} attack windows, {len(quiet)} in the quiet ones between "
-                    f"them; at least {least} each; judged {judgement})",
-                    len(quiet) >= least and len(attacked) >= least and b <= LATENCY_RATIO * q))
-        ratios = window_ratios(samples, windows, judged)
-        middle = statistics.median(ratios)
-        out.append((f"{what} p99 of each attack window over its own quiet window's: "
-                    f"{', '.join(f'{r:.2f}' for r in ratios)}x, median {middle:.2f}x, bound {LATENCY_RATIO:g}x",
-                    middle <= LATENCY_RATIO))
-    # A fail-over before the attacks (the runner's steady load, beside busy loops, before the
-    # drill isolates the cluster's CPU) is not theirs: the attacks' span is judged.
-    first, last = windows[0][0], windows[-1][2]
-    moves = sorted(int(us) for w in ctx.producers for seg, us in (w.status().get("seg_first_ack_us") or {}).items()
-                   if int(seg) > min(a.seg for a in acks))
-    during = [us for us in moves if first <= us <= last + 5_000_000]  # its first ack: >= 1 s after the fault
-    out.append((f"the drill queue's producer did not fail over during the attacks ({len(during)}; "
-                f"{len(moves)} in the whole run)", not during))
-    return out

@@ -4,8 +4,9 @@ token; a consume token for one queue), in a process of its own, and the judgemen
 answered against what the leader counted.
 
 Each attack outcome is the ordq error kind of the refusal (the ``ordq-error`` trailer;
-``exhausted+hint``: a refused turn with its ``ordq-retry-ms`` hint), ``ok``, or the bare gRPC
-status when ordq did not type it.
+``exhausted+hint``: a refused turn with its ``ordq-retry-ms`` hint), ``ok``, ``cut`` (a call the
+window's end cut: every call's deadline is its window's end, and what is still in flight then is
+cancelled), or the bare gRPC status when ordq did not type it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ HUGE_AT_ONCE = 2
 FLOOD_THREADS = 64
 FLOOD_CONNECTIONS = 4
 TARGETED_THREADS = 4  # of each attack but the huge one and the flood
+# The attacker's threads have all stopped within this of its window's end (its calls' deadline,
+# then cancelled): else the window reports them ``running`` and is judged failed. Stop h, with no
+# deadline and the attacker at ATTACKER_SHARES: its calls in flight took 12-21 s to end.
+DRAIN_S = 4.0
 FORGED = "FORGED-LINE"  # what the newline attack tries to start a log line with
 # The attack kinds and the leader's outcome label each refusal is counted under (the client sees
 # the ordq error kind in the ``ordq-error`` trailer; "exhausted" is a refused turn, with its hint).
@@ -89,11 +94,11 @@ class _Attacker(neighbour.CallLoops):
     attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
 
     def __init__(self, address: str, creds: Credentials, token: str, queue: str, huge: bytes,
-                 kinds: tuple[str, ...] = ATTACKS) -> None:
+                 kinds: tuple[str, ...], ends_at: float) -> None:
         self.address, self.queue, self.huge, self.kinds = address, queue, huge, kinds
         self.anonymous = attrs.evolve(creds, token=None)
         self.md = (("authorization", f"Bearer {token}"),)
-        super().__init__(_outcome)
+        super().__init__(_outcome, ends_at)
         self._channels: list[grpc.Channel] = []
         self._made_up = 0
 
@@ -105,8 +110,8 @@ class _Attacker(neighbour.CallLoops):
         return ch
 
     def _call(self, method: Callable[..., object], request: object) -> Callable[[], object]:
-        """``method(request)`` with the token, as a loop's call."""
-        return lambda: method(request, timeout=30, metadata=self.md)
+        """``method(request)`` with the token, as a loop's call ending with the window."""
+        return self.timed(method, lambda: request, metadata=self.md)
 
     def _name(self, prefix: str) -> str:
         with self._lock:
@@ -115,10 +120,34 @@ class _Attacker(neighbour.CallLoops):
 
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], object], float]] = []
-        if "huge" in self.kinds:  # the certificate, no token; gRPC's send limit raised so it is sent at all
-            big = self._channel(options=[("grpc.max_send_message_length", HUGE_NAME_BYTES + (1 << 20))])
-            huge_pop = big.unary_unary("/ordq.v1.Coordinator/Pop")
-            loops += [("huge", lambda: huge_pop(self.huge, timeout=30), 0.0)] * HUGE_AT_ONCE
+        # Started in this order, the huge Pops last: in stop i's run A the attacks started after the
+        # huge Pops and the flood (bound, parking, undecodable, newline) were never sent in its 4 s
+        # windows, the starved attacker's threads starting after the window's end. The huge Pops'
+        # 200 MiB bodies seem to hold the GIL while copied: on one CPU at nice 19 beside the drill,
+        # start() took 3.6 s with them first (future calls), 1.7 s (blocking calls), 1.0 s last.
+        # Each of these in TARGETED_THREADS threads: the token is the flood's, so most of its calls
+        # are refused a turn (RESOURCE_EXHAUSTED) before their body is read; the guard behind the
+        # turn must still be reached (its own refusal seen) in every run.
+        own = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+        forged = pb.QueueRef(queue=f"{self.queue}\n{FORGED} coordinator elected")
+        garbage = b"\xff\xff\xff\xff\x0f" + b"\x00" * 64
+        raw = self._channel()
+        for i in range(TARGETED_THREADS):
+            if "bound" in self.kinds:
+                loops.append(("bound", self.timed(own.Subscribe, lambda: pb.SubscribeRequest(
+                    queue=self.queue, subscription=self._name("over")), metadata=self.md), 0.05))
+            if "parking" in self.kinds:
+                loops.append(("parking", self.timed(own.EnsureParkingQueue, lambda: pb.SubscriptionRef(
+                    queue=self.queue, subscription=self._name("made-up")), metadata=self.md), 0.05))
+            if "undecodable" in self.kinds:
+                rpc = UNDECODABLE_RPCS[i % len(UNDECODABLE_RPCS)]
+                loops.append((f"undecodable:{rpc}",
+                              self._call(raw.unary_unary(f"/ordq.v1.Coordinator/{rpc}"), garbage), 0.05))
+            if "newline" in self.kinds:
+                loops.append(("newline:token", self._call(own.Pop, forged), 0.05))
+        if "newline" in self.kinds:
+            anonymous = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+            loops.append(("newline:anonymous", self.timed(anonymous.Pop, lambda: forged), 0.1))
         if "flood" in self.kinds:  # one token, 64 threads, 4 connections, Describe and Subscribe as fast as answered
             stubs = [pb_grpc.CoordinatorStub(self._channel()) for _ in range(FLOOD_CONNECTIONS)]  # type: ignore[no-untyped-call]
             for i in range(FLOOD_THREADS):
@@ -129,49 +158,30 @@ class _Attacker(neighbour.CallLoops):
                 else:
                     subscribe = pb.SubscribeRequest(queue=self.queue, subscription=f"flood{i}")
                     loops.append(("flood:Subscribe", self._call(stub.Subscribe, subscribe), 0.0))
-        # Each of these in TARGETED_THREADS threads: the token is the flood's, so most of its calls
-        # are refused a turn (RESOURCE_EXHAUSTED) before their body is read; the guard behind the
-        # turn must still be reached (its own refusal seen) in every run.
-        own = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
-        forged = pb.QueueRef(queue=f"{self.queue}\n{FORGED} coordinator elected")
-        garbage = b"\xff\xff\xff\xff\x0f" + b"\x00" * 64
-        raw = self._channel()
-        for i in range(TARGETED_THREADS):
-            if "bound" in self.kinds:
-                loops.append(("bound", lambda: own.Subscribe(pb.SubscribeRequest(queue=self.queue,
-                                                                                 subscription=self._name("over")),
-                                                             timeout=30, metadata=self.md), 0.05))
-            if "parking" in self.kinds:
-                loops.append(("parking", lambda: own.EnsureParkingQueue(
-                    pb.SubscriptionRef(queue=self.queue, subscription=self._name("made-up")), timeout=30,
-                    metadata=self.md), 0.05))
-            if "undecodable" in self.kinds:
-                rpc = UNDECODABLE_RPCS[i % len(UNDECODABLE_RPCS)]
-                loops.append((f"undecodable:{rpc}",
-                              self._call(raw.unary_unary(f"/ordq.v1.Coordinator/{rpc}"), garbage), 0.05))
-            if "newline" in self.kinds:
-                loops.append(("newline:token", lambda: own.Pop(forged, timeout=30, metadata=self.md), 0.05))
-        if "newline" in self.kinds:
-            anonymous = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
-            loops.append(("newline:anonymous", lambda: anonymous.Pop(forged, timeout=30), 0.1))
+        if "huge" in self.kinds:  # the certificate, no token; gRPC's send limit raised so it is sent at all
+            big = self._channel(options=[("grpc.max_send_message_length", HUGE_NAME_BYTES + (1 << 20))])
+            huge_pop = big.unary_unary("/ordq.v1.Coordinator/Pop")
+            loops += [("huge", self.timed(huge_pop, lambda: self.huge), 0.0)] * HUGE_AT_ONCE
         if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
             loops.append(("hog", _spin, 0.0))
         self.start_loops(loops, "attack")
 
     def stop(self) -> dict[str, int]:
-        """End the window: each thread finishes its call in flight (no call is cancelled)."""
-        outcomes = self.join_loops(40)
+        """End the window: the calls in flight cancelled (their channels closed), the threads
+        waited for ``DRAIN_S``."""
+        return self.end_loops(DRAIN_S, self._close)
+
+    def _close(self) -> None:
         for ch in self._channels:
             with contextlib.suppress(Exception):
                 ch.close()
-        return outcomes
 
 
 def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,
-                      kinds: tuple[str, ...]) -> None:
+                      kinds: tuple[str, ...], window_s: float) -> None:
     """The attacker's own process (spawned): each ``go`` starts a window of every attack of
-    ``kinds`` (``("go", some)``: of those only), the next ``stop`` ends it and sends back its
-    outcomes; ``exit`` ends the process."""
+    ``kinds`` (``("go", some)``: of those only), ``window_s`` long (its calls' deadline), the next
+    ``stop`` ends it and sends back its outcomes; ``exit`` ends the process."""
     priority = neighbour.idle_priority() if idle else "normal priority"
     huge = _field(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""  # a QueueRef (field 1: queue), sent raw
     conn.send(("ready", priority))
@@ -183,17 +193,20 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
             window = tuple(k for k in order[1] if k in kinds)
         else:
             break
-        attacker = _Attacker(address, creds, token, queue, huge, window)
+        attacker = _Attacker(address, creds, token, queue, huge, window, time.monotonic() + window_s)
         attacker.start()
         conn.recv()
         conn.send(attacker.stop())
 
 
 def attacker_process(address: str, creds: Credentials, token: str, queue: str, *, idle: bool,
-                     kinds: tuple[str, ...]) -> neighbour.WindowedProcess:
-    """``_Attacker`` in a process of its own (drills/neighbour.py ``WindowedProcess``)."""
-    return neighbour.WindowedProcess(_attacker_process, (address, creds, token, queue), (idle, kinds), name="attacker",
-                           end_s=90)
+                     kinds: tuple[str, ...], window_s: float) -> neighbour.WindowedProcess:
+    """``_Attacker`` in a process of its own (drills/neighbour.py ``WindowedProcess``), its
+    windows ``window_s`` long; each ``pause`` is answered within ``DRAIN_S`` or reports the
+    threads still running (the drill judges how long each took; it gives up on the process only
+    after a minute, a round lost rather than a verdict)."""
+    return neighbour.WindowedProcess(_attacker_process, (address, creds, token, queue), (idle, kinds, window_s),
+                                     name="attacker", end_s=60)
 
 
 def _server_label(attack: str, outcome: str) -> str | None:
@@ -217,7 +230,9 @@ OWN_REFUSAL = {"huge": "denied", "flood:Describe": "exhausted+hint", "flood:Subs
 def judge_attacks(outcomes: dict[str, int], counted: dict[str, float], kinds: tuple[str, ...] = ATTACKS
                   ) -> list[tuple[str, bool]]:
     """Every attack refused (``flood:Describe`` may be served: a consume token may describe its
-    queue; its excess is refused) with its own refusal seen, and counted by the leader."""
+    queue; its excess is refused) with its own refusal seen, and counted by the leader. A call
+    its window's end cut (``cut``) is neither served nor refused; a thread still running after
+    its window's drain (``running``) fails its attack."""
     out: list[tuple[str, bool]] = []
     per: dict[str, dict[str, int]] = {}
     for key, n in outcomes.items():
@@ -232,7 +247,8 @@ def judge_attacks(outcomes: dict[str, int], counted: dict[str, float], kinds: tu
                 for outcome, n in outcomes_of.items():
                     seen[outcome] = seen.get(outcome, 0) + n
         served = seen.get("ok", 0) if what != "flood:Describe" else 0
-        untyped = {k: v for k, v in seen.items() if k not in (own, "exhausted+hint", "ok")}
+        # A call its window's end cut was neither answered nor refused: told, never its refusal.
+        untyped = {k: v for k, v in seen.items() if k not in (own, "exhausted+hint", "ok", neighbour.CUT)}
         out.append((f"{what}: refused {own} {seen.get(own, 0)}x ({seen or 'never sent'})",
                     seen.get(own, 0) > 0 and not served and not untyped))
     expected: dict[str, int] = {}

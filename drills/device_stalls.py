@@ -1,7 +1,8 @@
 """Freezes of the disk under a drill's cluster, as the kernel counts its I/O (/proc/diskstats): a
 stretch of at least ``min_us`` in which I/O was in flight and none completed. The
-security-control-plane drill leaves the samples caught in one out of both sides of its latency
-ratio, and prints how many freezes each kind of window had (docs/SECURITY.md, stop h).
+security-control-plane and noisy-neighbour drills watch the disk over their windows
+(``watched``), leave the samples caught in one out of both sides of their latency ratios, and
+print how many freezes each kind of window had (``leave_out``; docs/SECURITY.md, stop h).
 
 Why: on this machine's virtual disk the whole device stops now and then for 150-460 ms (stop h:
 every produce ack of the drill queue slower than 150 ms in the windows looked at came with one;
@@ -11,8 +12,9 @@ windows alike, with or without discards). A 4 s window holds ~8,000 acks and one
 moments, not the attack (an idle window was 7.9x its quiet one). The attacks themselves write
 nothing (refusals are counted in memory, their log lines are rate-limited).
 
-Rules: ``stalls`` and ``outside`` are pure; ``DiskWatch`` is the one thread that reads the disk's
-counters.
+Rules: ``stalls``, ``outside`` and ``per_window`` are pure; ``DiskWatch`` is the one thread that
+reads the disk's counters; ``watched`` and ``leave_out`` are the drills' one way to use them (the
+freezes kept in ``ctx.notes["device_stalls"]``, the device in ``ctx.notes["device"]``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
+
+if TYPE_CHECKING:
+    from ordq.drills.runner import DrillContext
 
 MIN_STALL_US = 100_000  # nothing completed for this long with I/O in flight: ~100 writes at the drill's rate
 EVERY_S = 0.02  # how often the counters are read
@@ -125,3 +131,40 @@ class DiskWatch:
         self._stop.set()
         self._thread.join(5)
         return stalls(self.samples)
+
+
+@contextlib.contextmanager
+def watched(ctx: DrillContext) -> Iterator[None]:
+    """Watch the disk under the drill's cluster while in the block: its freezes then in
+    ``ctx.notes["device_stalls"]`` (None: not a block device, not watched) for ``leave_out``."""
+    device = device_of(ctx.cluster.folder)
+    disk = DiskWatch(device).start() if device is not None else None
+    try:
+        yield
+    finally:
+        ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
+        ctx.notes["device"] = device
+
+
+def leave_out(ctx: DrillContext, series: dict[str, list[tuple[int, float]]],
+              kinds: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, float]]]:
+    """Each of ``series`` ((µs at, ms it took) samples) without those in flight during a freeze
+    seen by ``watched``, and an event telling the freezes per kind of window (``kinds``: name ->
+    its [from, to) spans in µs) and how many samples were left out; as given when the disk was
+    not watched (said too)."""
+    frozen = ctx.notes.get("device_stalls")
+    if frozen is None:
+        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
+                  "no sample left out")
+        return series
+    told = ", ".join(f"{name} {per_window(frozen, spans)} in {sum(b - a for a, b in spans) / 1e6:.0f} s"
+                     for name, spans in kinds.items())
+    out, left = {}, []
+    for what, samples in series.items():
+        out[what], n = outside(samples, frozen)
+        left.append(f"{n} {what}s")
+    longest = max((b - a for a, b in frozen), default=0) / 1000
+    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
+              f"done for {MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
+              f"in flight during one, left out of both sides: {', '.join(left)}")
+    return out

@@ -24,7 +24,7 @@ import grpc
 
 from ordq.common.security import Credentials, token_metadata
 from ordq.coordinator.tokens import create_token, revoke_token, touch
-from ordq.drills import cpu_isolation
+from ordq.drills import cpu_isolation, device_stalls
 from ordq.drills.runner import DrillContext
 from ordq.drills.security import Stub, denied, fetch_call, within
 from ordq.drills.workload import now_us
@@ -76,46 +76,110 @@ def _raw(s: Stub, method: str) -> Any:
     return s.channel.unary_unary(f"/ordq.v1.Broker/{method}")
 
 
+CUT = "cut"  # the outcome of a call its window's end cut (``CallLoops.timed``): neither answered nor refused
+
+
+class WindowEnded(Exception):
+    """A call of ``CallLoops.timed`` that its window's end cut: its deadline (the window's end)
+    passed, or ``end_loops`` cancelled it in flight."""
+
+
 class CallLoops:
     """Calls made over and over, each loop in a thread of its own, until ``stop``: each call's
     outcome counted as ``"<what> <outcome>"`` (``outcome(exc)`` names a refusal; ``ok``). The
-    base of a window's hand-made client (the abuser here, the control plane's attacker)."""
+    base of a window's hand-made client (the abuser here, the control plane's attacker).
 
-    def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None) -> None:
+    With ``ends_at`` (a ``time.monotonic()``), the window has an end: the loops stop there by
+    themselves, a ``timed`` call's deadline is that end, and ``end_loops`` cancels what is still
+    in flight (its ``cancel``: closing the calls' channels) and waits a bounded time for the
+    threads."""
+
+    def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None, ends_at: float | None = None) -> None:
         self.stop_event = threading.Event()
         self.outcomes: dict[str, int] = {}
+        self.ends_at = ends_at
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[tuple[str, threading.Thread]] = []
         self._outcome = outcome or grpc_status
+
+    def _ended(self) -> bool:
+        return self.stop_event.is_set() or (self.ends_at is not None and time.monotonic() >= self.ends_at)
 
     def _count(self, what: str, call: Callable[[], object]) -> None:
         try:
             call()
             outcome = "ok"
+        except WindowEnded:
+            outcome = CUT
         except grpc.RpcError as exc:
             outcome = self._outcome(exc)
         with self._lock:
             self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
 
     def _loop(self, what: str, call: Callable[[], object], every_s: float) -> None:
-        while not self.stop_event.is_set():
+        while not self._ended():
             self._count(what, call)
             if every_s:
                 self.stop_event.wait(every_s)
+
+    def timed(self, method: Any, request_of: Callable[[], object], **kwargs: Any) -> Callable[[], object]:
+        """A loop's call of the unary ``method`` (``request_of()`` its request) that ends with the
+        window (``ends_at``, required): its deadline the window's end, cancelled in flight by
+        ``end_loops`` (its channel closed); either is ``WindowEnded``. A deadline or a
+        cancellation before the window's end is no cut: it stays the refusal it is.
+
+        A blocking call, as before stop i: its thread waits in gRPC's core, and closing its
+        channel ends it. (Run A of stop i, with ``future()`` calls and the huge Pops' and the
+        flood's threads started first, never sent the attacks started after them:
+        control_plane_attacks ``_Attacker.start``.)"""
+        assert self.ends_at is not None, "a timed call needs the window's end"
+        ends_at = self.ends_at
+
+        def call() -> object:
+            left = ends_at - time.monotonic()
+            if left <= 0 or self.stop_event.is_set():
+                raise WindowEnded
+            try:
+                return method(request_of(), timeout=left, **kwargs)
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and self._ended():
+                    raise WindowEnded from exc
+                raise
+            except ValueError as exc:  # its channel closed by end_loops' cancel as the call began
+                if self.stop_event.is_set():
+                    raise WindowEnded from exc
+                raise
+        return call
 
     def start_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
         """One thread per (what, call, pause between calls)."""
         for what, call, every_s in loops:
             t = threading.Thread(target=self._loop, args=(what, call, every_s), name=f"{prefix}-{what}", daemon=True)
             t.start()
-            self._threads.append(t)
+            self._threads.append((what, t))
 
     def join_loops(self, timeout_s: float) -> dict[str, int]:
         """End the window: each thread finishes its call in flight (none is cancelled)."""
         self.stop_event.set()
-        for t in self._threads:
+        for _what, t in self._threads:
             t.join(timeout_s)
         return dict(self.outcomes)
+
+    def end_loops(self, bound_s: float, cancel: Callable[[], object]) -> dict[str, int]:
+        """End the window now: the calls still in flight cancelled (``cancel``), the threads
+        waited for ``bound_s`` in all; one ``"<what> running"`` outcome for each thread still
+        running then (a window that did not end)."""
+        self.stop_event.set()
+        cancel()
+        deadline = time.monotonic() + bound_s
+        for _what, t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            out = dict(self.outcomes)
+        for what, t in self._threads:
+            if t.is_alive():
+                out[f"{what} running"] = out.get(f"{what} running", 0) + 1
+        return out
 
 
 def grpc_status(exc: grpc.RpcError) -> str:
@@ -408,25 +472,26 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                   "streams, a 30 MiB request every 0.5 s, malformed requests and batches every 20 ms")
         cpu = {"quiet": 0.0, "abused": 0.0}
         use: dict[str, dict[str, float]] = {"quiet": {}, "abused": {}}
-        for _ in range(ROUNDS):
-            for kind in ("quiet", "abused"):
-                t0, c0 = now_us(), cpu_seconds(cpu_pids)
-                if kind == "quiet":
-                    q0 = t0
-                    time.sleep(QUIET_S)
-                else:
-                    abuser.go()
-                    time.sleep(ABUSE_S)
-                    for k, n in abuser.pause().items():
-                        outcomes[k] = outcomes.get(k, 0) + n
-                    time.sleep(RECOVER_S)
-                    windows.append((q0, t0, now_us()))
-                    ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
-                c1 = cpu_seconds(cpu_pids)
-                cpu[kind] += (now_us() - t0) / 1e6
-                for k in c1:
-                    if k in c0:
-                        use[kind][k] = use[kind].get(k, 0.0) + c1[k] - c0[k]
+        with device_stalls.watched(ctx):  # its freezes left out of both sides (check_neighbour)
+            for _ in range(ROUNDS):
+                for kind in ("quiet", "abused"):
+                    t0, c0 = now_us(), cpu_seconds(cpu_pids)
+                    if kind == "quiet":
+                        q0 = t0
+                        time.sleep(QUIET_S)
+                    else:
+                        abuser.go()
+                        time.sleep(ABUSE_S)
+                        for k, n in abuser.pause().items():
+                            outcomes[k] = outcomes.get(k, 0) + n
+                        time.sleep(RECOVER_S)
+                        windows.append((q0, t0, now_us()))
+                        ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
+                    c1 = cpu_seconds(cpu_pids)
+                    cpu[kind] += (now_us() - t0) / 1e6
+                    for k in c1:
+                        if k in c0:
+                            use[kind][k] = use[kind].get(k, 0.0) + c1[k] - c0[k]
         ctx.expect("the drill queue's producer ran through every window (else: NEIGHBOUR_MESSAGES is too few for "
                    "this machine's speed)", ctx.producers[0].proc.alive())
         ctx.event("CPU cores used, " + "; ".join(
@@ -458,23 +523,28 @@ def noisy_neighbour(ctx: DrillContext) -> None:
         store.delete_queue(abused)
 
 
-def _p99_ms(rows: list[Any]) -> float:
-    lat = sorted(r.ack_us - r.send_us for r in rows)
-    return lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000.0 if lat else float("nan")
+def _p99_ms(values: list[float]) -> float:
+    lat = sorted(values)
+    return lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
 
 
 def check_neighbour(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> list[tuple[str, bool]]:
     """The drill queue's ack p99 (batch sent -> acked) pooled over the abuse windows, against
     its p99 pooled over the quiet windows interleaved with them (same run, same minutes); and
-    its producer never failed over."""
+    its producer never failed over. The acks in flight while the disk under the cluster froze
+    are left out of both sides, and the freezes told per kind of window (``device_stalls``, as
+    the security-control-plane drill's: the machine's, not the abuse's)."""
     windows = ctx.notes.get("neighbour_windows")
     if not windows or not acks:
         return [("the abuse ran", False)]
-    quiet = [a for a in acks if any(q0 <= a.send_us < a0 for q0, a0, _ in windows)]
-    abused = [a for a in acks if any(a0 <= a.send_us < a1 for _, a0, a1 in windows)]
+    spans = {"quiet": [(q0, a0) for q0, a0, _ in windows], "abused": [(a0, a1) for _, a0, a1 in windows]}
+    samples = device_stalls.leave_out(ctx, {"ack": [(a.send_us, (a.ack_us - a.send_us) / 1000.0) for a in acks]},
+                                      spans)["ack"]
+    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
+    abused = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in windows)]
     q, b = _p99_ms(quiet), _p99_ms(abused)
     ctx.notes["neighbour_p99_ms"] = (q, b)
-    per = [(_p99_ms([a for a in acks if q0 <= a.send_us < a0]), _p99_ms([a for a in acks if a0 <= a.send_us < a1]))
+    per = [(_p99_ms([ms for at, ms in samples if q0 <= at < a0]), _p99_ms([ms for at, ms in samples if a0 <= at < a1]))
            for q0, a0, a1 in windows]
     failovers = sum(int(w.status().get("failovers") or 0) for w in ctx.producers)
     segs = {a.seg for a in acks}

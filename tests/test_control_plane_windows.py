@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.drills import control_plane as cp
 from ordq.drills import control_plane_attacks as cpa
+from ordq.drills import control_plane_judge as judge
+from ordq.drills import control_plane_placement as place
+from ordq.drills import control_plane_plan as plan
 from ordq.drills import cpu_isolation
 
 
@@ -22,20 +24,20 @@ def test_by_default_the_placed_attack_is_judged_and_the_unplaced_one_told(monkey
     """The acceptance's windows (stop g): the attacks from the attacker placed as a host of its own
     (one CPU) in two of three windows, judged; from its process on every CPU in the third, told
     beside them."""
-    monkeypatch.delenv(cp.WINDOWS_ENV, raising=False)
-    placed, unplaced = cp.Variant("attack", cpa.ATTACKS), cp.Variant("unplaced", cpa.ATTACKS, placed=False)
-    assert cp.window_variants(cpa.ATTACKS) == (placed, placed, unplaced)
-    assert cp.window_variants(cpa.ATTACKS, " ") == cp.window_variants(cpa.ATTACKS, cp.DEFAULT_WINDOWS)
-    names = [cp.window_variants(cpa.ATTACKS)[i % 3].name for i in range(cp.ROUNDS)]
-    windows = [(10 * i, 10 * i + 4, 10 * i + 10) for i in range(cp.ROUNDS)]
-    by = cp._by_variant(windows, names)
+    monkeypatch.delenv(plan.WINDOWS_ENV, raising=False)
+    placed, unplaced = plan.Variant("attack", cpa.ATTACKS), plan.Variant("unplaced", cpa.ATTACKS, placed=False)
+    assert plan.window_variants(cpa.ATTACKS) == (placed, placed, unplaced)
+    assert plan.window_variants(cpa.ATTACKS, " ") == plan.window_variants(cpa.ATTACKS, plan.DEFAULT_WINDOWS)
+    names = [plan.window_variants(cpa.ATTACKS)[i % 3].name for i in range(plan.ROUNDS)]
+    windows = [(10 * i, 10 * i + 4, 10 * i + 10) for i in range(plan.ROUNDS)]
+    by = judge.by_variant(windows, names)
     assert list(by) == ["attack", "unplaced"] and len(by["attack"]) == 4 and len(by["unplaced"]) == 2
-    assert cp._by_variant([(0, 1, 2), (2, 3, 4)], ["attack", "attack"]) == {"attacked": [0, 1]}
-    assert cp._by_variant([(0, 1, 2), (2, 3, 4)], []) == {"attacked": [0, 1]}  # a run from before variants
+    assert judge.by_variant([(0, 1, 2), (2, 3, 4)], ["attack", "attack"]) == {"attacked": [0, 1]}
+    assert judge.by_variant([(0, 1, 2), (2, 3, 4)], []) == {"attacked": [0, 1]}  # a run from before variants
 
 
 def test_the_placed_attacker_runs_on_one_cpu_the_unplaced_on_every_one() -> None:
-    placed, every = cp.attacker_cpus()
+    placed, every = place.attacker_cpus()
     assert len(placed) == 1 and placed <= every == os.sched_getaffinity(0)
 
 
@@ -74,36 +76,36 @@ def test_set_cpus_places_every_thread_of_a_process_and_those_it_starts_after() -
 
 
 def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
-    got = cp.window_variants(("huge", "flood"), "attack, hog,attack@8192,hog@2,unplaced@8")
-    assert got == (cp.Variant("attack", ("huge", "flood")), cp.Variant("hog", ("hog",)),
-                   cp.Variant("attack@8192", ("huge", "flood"), 8192), cp.Variant("hog@2", ("hog",), 2),
-                   cp.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
+    got = plan.window_variants(("huge", "flood"), "attack, hog,attack@8192,hog@2,unplaced@8")
+    assert got == (plan.Variant("attack", ("huge", "flood")), plan.Variant("hog", ("hog",)),
+                   plan.Variant("attack@8192", ("huge", "flood"), 8192), plan.Variant("hog@2", ("hog",), 2),
+                   plan.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
 
 
 def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
     """A measurement's windows one kind (or a few) each, interleaved with the same quiet
     windows (stop h: which attack slows the produce acks), and an ``idle`` control that sends
     nothing; each placed, as the judged windows."""
-    got = cp.window_variants(cpa.ATTACKS, "huge,flood,bound+parking+undecodable+newline,idle,hog+huge@64")
-    assert got == (cp.Variant("huge", ("huge",)), cp.Variant("flood", ("flood",)),
-                   cp.Variant("bound+parking+undecodable+newline", ("bound", "parking", "undecodable", "newline")),
-                   cp.Variant("idle", ()), cp.Variant("hog+huge@64", ("hog", "huge"), 64))
+    got = plan.window_variants(cpa.ATTACKS, "huge,flood,bound+parking+undecodable+newline,idle,hog+huge@64")
+    assert got == (plan.Variant("huge", ("huge",)), plan.Variant("flood", ("flood",)),
+                   plan.Variant("bound+parking+undecodable+newline", ("bound", "parking", "undecodable", "newline")),
+                   plan.Variant("idle", ()), plan.Variant("hog+huge@64", ("hog", "huge"), 64))
 
 
 @pytest.mark.parametrize("spec", ["floods", "huge+", "idle+huge", "hog@", "hog@1",
                                   f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
 def test_a_malformed_variant_is_refused_by_name(spec: str) -> None:
-    with pytest.raises(ValueError, match=cp.WINDOWS_ENV):
-        cp.window_variants(cpa.ATTACKS, spec)
+    with pytest.raises(ValueError, match=plan.WINDOWS_ENV):
+        plan.window_variants(cpa.ATTACKS, spec)
 
 
 def test_the_attack_windows_are_judged_the_others_told() -> None:
     windows = [(0, 10, 20), (20, 30, 40), (40, 50, 60), (60, 70, 80)]
-    by = cp._by_variant(windows, ["hog", "attack", "hog", "attack"])
+    by = judge.by_variant(windows, ["hog", "attack", "hog", "attack"])
     assert list(by) == ["attack", "hog"]  # the first is the judged one
     assert by == {"attack": [1, 3], "hog": [0, 2]}
     samples = [(t, float(t)) for t in range(0, 80, 5)]
-    quiet, attacked = cp._split(samples, windows, by["attack"])
+    quiet, attacked = judge.split(samples, windows, by["attack"])
     assert quiet == [0.0, 5.0, 20.0, 25.0, 40.0, 45.0, 60.0, 65.0]  # every round's quiet window
     assert attacked == [30.0, 35.0, 70.0, 75.0]
 
@@ -124,12 +126,12 @@ def test_the_variants_split_the_attacked_samples_between_them(
         case: tuple[list[tuple[int, int, int]], list[str]], ats: list[int]) -> None:
     windows, names = case
     samples = [(at, float(i)) for i, at in enumerate(ats)]
-    by = cp._by_variant(windows, names)
+    by = judge.by_variant(windows, names)
     assert sorted(i for picked in by.values() for i in picked) == list(range(len(windows)))
-    quiet_all, attacked_all = cp._split(samples, windows)
+    quiet_all, attacked_all = judge.split(samples, windows)
     pooled: list[float] = []
     for picked in by.values():
-        quiet, attacked = cp._split(samples, windows, picked)
+        quiet, attacked = judge.split(samples, windows, picked)
         assert quiet == quiet_all  # the same quiet baseline for every variant
         pooled += attacked
     assert sorted(pooled) == sorted(attacked_all)
@@ -156,15 +158,15 @@ def test_thread_waits_are_per_live_thread_and_only_grow() -> None:
     spinner = threading.Thread(target=lambda: stop.wait(5), daemon=True)
     spinner.start()
     try:
-        before = cp.thread_waits(os.getpid())
+        before = place.thread_waits(os.getpid())
         assert threading.get_native_id() in before and spinner.native_id in before
-        after = cp.thread_waits(os.getpid())
-        assert cp.waited_s(before, after) >= 0.0
-        assert cp.waited_s({}, {1: 2_000_000_000}) == 2.0  # a thread started meanwhile: all of its wait
+        after = place.thread_waits(os.getpid())
+        assert place.waited_s(before, after) >= 0.0
+        assert place.waited_s({}, {1: 2_000_000_000}) == 2.0  # a thread started meanwhile: all of its wait
     finally:
         stop.set()
         spinner.join()
-    assert cp.thread_waits(2**22 + 12345) == {}  # no such process
+    assert place.thread_waits(2**22 + 12345) == {}  # no such process
 
 
 def test_thread_switches_count_each_threads_sleeps() -> None:
@@ -176,20 +178,20 @@ def test_thread_switches_count_each_threads_sleeps() -> None:
         slept.set()
         stop.wait(5)
 
-    before = cp.thread_switches(os.getpid())
+    before = place.thread_switches(os.getpid())
     thread = threading.Thread(target=sleeper, daemon=True)
     thread.start()
     try:
         assert slept.wait(5)
-        assert cp.thread_switches(os.getpid()) >= before + 20  # the sleeper's, a new thread: all counted
+        assert place.thread_switches(os.getpid()) >= before + 20  # the sleeper's, a new thread: all counted
     finally:
         stop.set()
         thread.join()
-    assert cp.thread_switches(2**22 + 12345) == 0  # no such process
+    assert place.thread_switches(2**22 + 12345) == 0  # no such process
 
 
 def test_switches_per_attacker_call_are_the_attacked_windows_excess_over_the_quiet_ones() -> None:
-    cpu = cp._CpuUse({})
+    cpu = place.CpuUse({})
     cpu.wall = {"quiet": 10.0, "attacked": 20.0}
     cpu.switched = {"quiet": {"leader": 10_000.0}, "attacked": {"leader": 60_000.0}}
     assert cpu.per_call("leader", 2_000) == ("the attacker's calls answered: 2000 in 20.0 s of attack windows "
@@ -205,7 +207,8 @@ def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
     and goes on to the next (a plain ``go``: every kind it was started with)."""
     from ordq.common.security import Credentials
 
-    attacker = cpa.attacker_process("127.0.0.1:9", Credentials(), "t0ken", "q", idle=False, kinds=("flood", "hog"))
+    attacker = cpa.attacker_process("127.0.0.1:9", Credentials(), "t0ken", "q", idle=False, kinds=("flood", "hog"),
+                                    window_s=30)
     try:
         attacker.go(("hog",))
         first = attacker.pause()
@@ -214,7 +217,8 @@ def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
     finally:
         attacker.close()
     assert set(first) <= {"hog ok"}, first
-    assert set(second) <= {"hog ok", "flood:Describe UNAVAILABLE", "flood:Subscribe UNAVAILABLE"}, second
+    assert set(second) <= {"hog ok", "flood:Describe UNAVAILABLE", "flood:Subscribe UNAVAILABLE",
+                           "flood:Describe cut", "flood:Subscribe cut"}, second  # cut: in flight at the end
 
 
 def test_one_stalled_quiet_window_carries_the_pooled_ratio_but_not_the_per_window_one() -> None:
@@ -227,9 +231,9 @@ def test_one_stalled_quiet_window_carries_the_pooled_ratio_but_not_the_per_windo
         samples += [(t, 10.0) for t in range(q0, a0)]  # quiet: 10 ms
         samples += [(t, 30.0) for t in range(a0, a1)]  # attacked: 30 ms, 3x
     samples = [(t, 300.0 if 200 <= t < 230 else ms) for t, ms in samples]  # quiet window 2 stalls
-    quiet, attacked = cp._split(samples, windows)
-    assert cp._p99(attacked) <= cp.LATENCY_RATIO * cp._p99(quiet)  # the pooled rule: passes
-    ratios = cp.window_ratios(samples, windows, [0, 1, 2, 3])
+    quiet, attacked = judge.split(samples, windows)
+    assert judge.p99(attacked) <= judge.LATENCY_RATIO * judge.p99(quiet)  # the pooled rule: passes
+    ratios = judge.window_ratios(samples, windows, [0, 1, 2, 3])
     assert ratios == [3.0, 0.1, 3.0, 3.0]
-    assert statistics.median(ratios) > cp.LATENCY_RATIO  # the per-window rule: fails
-    assert cp.window_ratios(samples, windows, [2]) == [3.0]  # only the picked rounds
+    assert statistics.median(ratios) > judge.LATENCY_RATIO  # the per-window rule: fails
+    assert judge.window_ratios(samples, windows, [2]) == [3.0]  # only the picked rounds

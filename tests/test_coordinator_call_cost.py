@@ -20,7 +20,7 @@ import pytest
 
 from ordq.coordinator import state as sm
 from ordq.coordinator.client import CoordinatorClient, Held
-from ordq.drills.control_plane import thread_switches
+from ordq.drills.control_plane_placement import thread_switches
 from ordq.wire import ordq_pb2 as pb
 from ordq.zk_server import four_letter_word
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture

@@ -5,13 +5,14 @@ of this machine's /proc/diskstats."""
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.drills import control_plane as cp
+from ordq.drills import control_plane_judge as judge
 from ordq.drills import device_stalls as ds
 
 
@@ -61,10 +62,10 @@ def test_a_frozen_attack_window_is_judged_without_its_freeze() -> None:
                (600 * ms, 700 * ms, 800 * ms)]
     frozen = [(300 * ms, 330 * ms), (700 * ms, 730 * ms)]  # in attack windows 2 and 4
     samples = [(t * ms, 300.0 if any(a <= t * ms < b for a, b in frozen) else 10.0) for t in range(800)]
-    assert cp.statistics.median(cp.window_ratios(samples, windows, [0, 1, 2, 3])) > cp.LATENCY_RATIO
+    assert statistics.median(judge.window_ratios(samples, windows, [0, 1, 2, 3])) > judge.LATENCY_RATIO
     kept, n = ds.outside(samples, frozen)
     assert n == 2 * 41  # sent from 10 ms before it (still in flight) to its end, both ends counted
-    assert cp.window_ratios(kept, windows, [0, 1, 2, 3]) == [1.0] * 4
+    assert judge.window_ratios(kept, windows, [0, 1, 2, 3]) == [1.0] * 4
 
 
 def test_the_disk_under_a_folder_is_read() -> None:
@@ -97,11 +98,40 @@ def test_the_drills_verdict_leaves_a_freeze_out_of_both_sides_and_tells_it(tmp_p
                            run_dir=tmp_path, load=LoadConfig())
         ctx.notes.update({"neighbour_windows": windows, "window_variants": ["attack"] * 4, "commit_samples": commits,
                           "device_stalls": stalls, "device": "vda", "neighbour_judgement": "test: cgroups"})
-        return cp.check_control_plane(ctx, acks, []), [text for _t, text in ctx.events]
+        return judge.check_control_plane(ctx, acks, []), [text for _t, text in ctx.events]
 
     judged, told = verdict(frozen)
     assert all(ok for _what, ok in judged), judged
     assert any("froze 2 times" in t and "quiet 0 in 16 s, attacked 2 in 24 s" in t for t in told), told
+    judged, told = verdict(None)
+    assert not all(ok for _what, ok in judged) and any("was not watched" in t for t in told)
+
+
+def test_the_noisy_neighbour_drills_verdict_leaves_a_freeze_out_the_same_way(tmp_path: Path) -> None:
+    """check_neighbour (the security-noisy-neighbour drill) on a run whose abuse windows 2 and 4
+    each held a freeze of the disk, the abuse itself costing nothing: it passes, the freezes told
+    per kind of window by the same helper as the control-plane drill's; unwatched, it fails."""
+    from ordq.drills import neighbour
+    from ordq.drills.audit import AckRow
+    from ordq.drills.runner import DrillContext, LoadConfig
+
+    ms = 1000
+    windows = [(i * 8_000 * ms, i * 8_000 * ms + 3_000 * ms, (i + 1) * 8_000 * ms) for i in range(4)]
+    frozen = [(11_500 * ms, 11_900 * ms), (27_500 * ms, 27_900 * ms)]
+    acks = [AckRow("p1", i, 0, at + int((300 if any(a <= at < b for a, b in frozen) else 10) * ms), at)
+            for i, at in enumerate(range(0, 32_000 * ms, 2 * ms))]
+
+    def verdict(stalls: list[tuple[int, int]] | None) -> tuple[list[tuple[str, bool]], list[str]]:
+        ctx = DrillContext(cluster=None, drill=None, round=1, rng=random.Random(0), queue="q",  # type: ignore[arg-type]
+                           run_dir=tmp_path, load=LoadConfig())
+        ctx.notes.update({"neighbour_windows": windows, "device_stalls": stalls, "device": "vda",
+                          "neighbour_judgement": "test: cgroups"})
+        return neighbour.check_neighbour(ctx, acks, []), [text for _t, text in ctx.events]
+
+    judged, told = verdict(frozen)
+    assert all(ok for _what, ok in judged), judged
+    assert any("froze 2 times" in t and "quiet 0 in 12 s, abused 2 in 20 s" in t and "both sides: 412 acks" in t
+               for t in told), told
     judged, told = verdict(None)
     assert not all(ok for _what, ok in judged) and any("was not watched" in t for t in told)
 

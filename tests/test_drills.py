@@ -194,8 +194,10 @@ def test_security_control_plane_drill_passes(tmp_path: Path, verifier: Verifier)
     Its whole verdict is asserted, the latency ratios included; no longer a strict xfail (stop h):
     with the attacker weighted as a host of its own and the disk's freezes left out of both sides
     of the ratios, every latency rule held beside six busy loops (docs/BENCHMARKS.md, stop h), so
-    an xfail would fail as an XPASS, or, not strict, never fail. What can still fail it is real: a
-    round whose attack windows outlast the stream (stop h: 1 round of 6)."""
+    an xfail would fail as an XPASS, or, not strict, never fail. The windows now end on time
+    (every attacker call's deadline is its window's end, its drain bounded: stop i), so a round
+    whose windows outlasted the stream (stop h: 1 round of 6) fails before its first window
+    instead, saying so; an attacker that does not stop within its bound fails it too."""
     cluster = LocalCluster(tmp_path / "c", ClusterConfig(groups=3, coordinators=2))
     try:
         cluster.start()
@@ -208,5 +210,6 @@ def test_security_control_plane_drill_passes(tmp_path: Path, verifier: Verifier)
     for what in ("huge: refused denied", "flood:Subscribe: refused bad_request", "parking: refused sub_not_found",
                  "undecodable: refused bad_request", "newline:token: refused bad_request",
                  "the leader counted PermissionDenied", "the leader counted Undecodable", "kept leading",
+                 "the attacker stopped within",
                  "no subscription created or removed", "produce ack p99", "commit p99"):
         assert what in met, _explain(res)

@@ -1,0 +1,158 @@
+"""The ``security-control-plane`` drill's window plan (drills/control_plane.py): how long its
+rounds of quiet and attack windows last, the attacker's drain bound included, and whether the
+drill queue's stream outlasts them.
+
+It also holds the windows' timing (``ROUNDS`` of ``QUIET_S`` then ``ATTACK_S``, ``PLAN``), the
+drill queue's stream that must outlast them (``MESSAGES``, ``ATTACKS_FROM``, ``SETUP_S``), and
+what each attack window sends and from where (``Variant``, ``window_variants``).
+
+Rules: pure (no clock, no process: the drill measures, this decides; ``WINDOWS_ENV`` is the one
+thing read). Every attack window is
+judged from its start to its end, the drain included, and its length is bounded: the attacker's
+calls end at the window's end (their deadline, then cancelled) and its threads stop within
+``drain_s``. The plan places no window whose end, at that bound, passes the stream's end minus
+``margin_s``; when the stream left cannot hold them all, it says so before the first window
+(``shortfall``), never after the stream ran out (stop h: run 3811's last window did).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ordq.drills import cpu_isolation
+from ordq.drills.control_plane_attacks import ATTACKS, CONTROLS, DRAIN_S
+
+
+@attrs.frozen
+class WindowPlan:
+    """ROUNDS of a quiet window, then an attack window (attacks, drain, recovery: all judged)."""
+
+    rounds: int
+    quiet_s: float
+    attack_s: float  # the attacker sends for this long (its calls' deadline)
+    drain_s: float  # then its threads have stopped within this, its reply to the drill included
+    settle_s: float  # then the leader's calls in flight are back to their quiet level within this
+    recover_s: float  # after that, still judged as attacked
+    margin_s: float  # the stream still runs at least this long after the last window's end
+
+    @property
+    def round_s(self) -> float:
+        """One round's longest span: its quiet window and its attack window at its bounds."""
+        return self.quiet_s + self.attack_s + self.drain_s + self.settle_s + self.recover_s
+
+    @property
+    def needed_s(self) -> float:
+        """The stream time the windows need from their start, the margin included."""
+        return self.rounds * self.round_s + self.margin_s
+
+    def ends(self, start_s: float) -> list[float]:
+        """Each window's latest end (s on the stream's clock) when the first starts at ``start_s``."""
+        return [start_s + (i + 1) * self.round_s for i in range(self.rounds)]
+
+    def shortfall(self, stream_left_s: float) -> str | None:
+        """None when every window, at its bound, ends ``margin_s`` before a stream with
+        ``stream_left_s`` to go; else why not (said before the first window starts)."""
+        if self.needed_s <= stream_left_s:
+            return None
+        return (f"the windows do not fit in the stream: {self.rounds} rounds of at most {self.round_s:g} s "
+                f"({self.quiet_s:g} s quiet, {self.attack_s:g} s attacks, {self.drain_s:g} s drain, "
+                f"{self.settle_s:g} s for the leader to settle, {self.recover_s:g} s recovery) and a "
+                f"{self.margin_s:g} s margin need {self.needed_s:g} s, "
+                f"the stream has {stream_left_s:.1f} s left")
+
+    def check_load(self, duration_s: float, fault_between: tuple[float, float], setup_s: float) -> None:
+        """Before a run: the windows fit in a stream of ``duration_s`` whatever the seed (the
+        attacks set up at the latest ``fault_between`` moment, taking ``setup_s``); ValueError
+        saying why not."""
+        left = duration_s * (1.0 - max(fault_between)) - setup_s
+        short = self.shortfall(left)
+        if short is not None:
+            raise ValueError(f"{short} (a {duration_s:g} s stream, the attacks set up from "
+                             f"{max(fault_between):.0%} of it for at most {setup_s:g} s)")
+
+
+def stream_left_s(status: Mapping[str, Any], rate: float) -> float:
+    """The least time the drill queue's producer still streams, from its status: the messages
+    it has not sent at its steady ``rate`` (drills/workload.py: after a stall it resumes the rate,
+    never bursts, so the stream only ends later)."""
+    total, first, sent = (int(status.get(k) or 0) for k in ("total", "next_seq", "sent"))
+    return max(0.0, (total - first - sent) / rate)
+
+
+ROUNDS = 6  # quiet and attack windows, interleaved (as the noisy-neighbour drill's): DEFAULT_WINDOWS
+QUIET_S = 4.0  # 24 s of quiet windows a run: ~1,000 commits, >= 200 even at the 12/s of a loaded round
+ATTACK_S = 4.0
+RECOVER_S = 1.0  # after each attack window, still judged as attacked
+# 150 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM), take up to SETUP_S
+# to set up, then the windows at most PLAN.needed_s (108 s and a 5 s margin); the drill queue must
+# still be written through the last window (checked before the run, and with the stream actually
+# left before the first window).
+MESSAGES = 300_000
+ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks start (Drill.fault_between)
+SETUP_S = 12.0  # the attacks' set-up at most, as planned (stop i: 2.9-3.7 s beside six busy loops; told)
+# After the attacker stopped, the leader may still hold calls it sent: waiting for a turn or paced
+# (fair_share.py: each at most max_delay_ms, 2 s) or a refusal held (1-2 s). The window ends once the
+# leader's calls in flight are back to their quiet level, within this: all of its work judged.
+SETTLE_S = 4.0
+# Each attack window's drain: the attacker's threads stopped (DRAIN_S of its own) and its reply
+# read, within this of the window's end; the whole of it judged as attacked.
+PLAN = WindowPlan(rounds=ROUNDS, quiet_s=QUIET_S, attack_s=ATTACK_S, drain_s=DRAIN_S + 1.0, settle_s=SETTLE_S,
+                  recover_s=RECOVER_S, margin_s=5.0)
+
+# The attack windows' variants, in turn (cycled over the ROUNDS): ``attack`` (the attacks of the
+# run, ``ATTACKS_ENV``, from the attacker placed as a host of its own: its process on one CPU, the
+# last, besides its 0.5-core quota), ``unplaced`` (the same attacks from its process on every CPU,
+# as before stop g), ``hog`` (the placed attacker's process spins at its CPU quota and calls
+# nothing: control_plane_attacks.CONTROLS), each with ``@SHARES`` if wanted: the attacker's cgroup
+# at that ``cpu.shares`` during the window (else the drill's, cpu_isolation.MAX_SHARES, as the
+# cluster's). Each variant's p99s are pooled over its windows against the same quiet windows; the
+# verdict's ratio is the ``attack`` windows', the others are told beside it.
+DEFAULT_WINDOWS = "attack,attack,unplaced"  # over 6 rounds: 4 judged windows, 2 unplaced
+UNPLACED = "unplaced"
+IDLE = "idle"  # a control window: the attacker's process in place, sending nothing
+# A measurement (never the acceptance: such a run fails its "windows as the acceptance's" check):
+# ``ORDQ_CONTROL_PLANE_WINDOWS=attack,hog,attack@8192,hog`` makes the windows those variants; a
+# variant may also name attack kinds (``huge``, ``bound+parking``: only those sent, placed) or
+# ``idle``, so that one run tells each kind's cost apart, interleaved with the same quiet windows.
+WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
+
+
+@attrs.frozen
+class Variant:
+    """One kind of attack window (``WINDOWS_ENV``)."""
+
+    name: str
+    kinds: tuple[str, ...]  # what the attacker sends in it
+    shares: int | None = None  # its cgroup's cpu.shares then (None: ATTACKER_SHARES placed, else the cluster's)
+    placed: bool = True  # its process on one CPU (a host of its own), else on every CPU
+
+
+def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
+    """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``; else
+    ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``, ``idle`` nothing, and
+    attack or control kinds joined by ``+`` those only. ValueError naming a malformed one."""
+    spec = (os.environ.get(WINDOWS_ENV, "") if spec is None else spec).strip() or DEFAULT_WINDOWS
+    out = []
+    for word in (w.strip() for w in spec.split(",")):
+        if not word:
+            continue
+        what, at, shares = word.partition("@")
+        named = tuple(what.split("+"))
+        if what in ("attack", UNPLACED):
+            kinds = attacks
+        elif what == IDLE:
+            kinds = ()
+        elif all(k in (*ATTACKS, *CONTROLS) for k in named):
+            kinds = named
+        else:
+            kinds = None
+        if kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES)):
+            raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED}, {IDLE}, or kinds "
+                             f"of {'+'.join((*ATTACKS, *CONTROLS))}, then @SHARES if wanted: "
+                             f"2..{cpu_isolation.MAX_SHARES})")
+        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED))
+    return tuple(out)

@@ -1,0 +1,175 @@
+"""The security-control-plane drill's window plan (drills/control_plane_plan.py) and the bound on
+its attacker's drain (drills/control_plane_attacks.py, drills/neighbour.py ``CallLoops``): no
+window outlasts the drill queue's stream, whatever the seed; the attacker's calls end with their
+window, and its threads stop within ``DRAIN_S``, against a server that never answers."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import attrs
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ordq.common.security import Credentials
+from ordq.drills import control_plane as cp
+from ordq.drills import control_plane_attacks as cpa
+from ordq.drills import control_plane_plan as plan
+from ordq.drills import neighbour
+from ordq.drills.control_plane_plan import WindowPlan, stream_left_s
+from ordq.drills.runner import LoadConfig
+
+
+@given(seed=st.integers(0, 2**32 - 1), setup_s=st.floats(0, plan.SETUP_S))
+def test_no_window_outlasts_the_stream_whatever_the_seed(seed: int, setup_s: float) -> None:
+    """The runner's draw of the attacks' moment (``Drill.fault_between``, seeded), a set-up of up
+    to SETUP_S, every window at its drain bound: each ends the margin before the stream does."""
+    duration_s = plan.MESSAGES / neighbour.NEIGHBOUR_RATE
+    start_s = random.Random(seed).uniform(*plan.ATTACKS_FROM) * duration_s + setup_s
+    assert plan.PLAN.shortfall(duration_s - start_s) is None
+    ends = plan.PLAN.ends(start_s)
+    assert len(ends) == plan.ROUNDS and max(ends) <= duration_s - plan.PLAN.margin_s
+
+
+@given(left_s=st.floats(0, 400), rounds=st.integers(1, 8), drain_s=st.floats(0, 30))
+def test_the_plan_fits_exactly_when_every_window_ends_the_margin_before_the_stream(
+        left_s: float, rounds: int, drain_s: float) -> None:
+    tried = attrs.evolve(plan.PLAN, rounds=rounds, drain_s=drain_s)
+    short = tried.shortfall(left_s)
+    assert (short is None) == (max(tried.ends(0.0)) + tried.margin_s <= left_s + 1e-9)
+    if short is not None:
+        assert f"{left_s:.1f} s left" in short and f"{tried.needed_s:g} s" in short
+
+
+def test_the_drills_load_is_refused_before_the_run_when_the_windows_cannot_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base = LoadConfig(messages=10, rate=10.0)
+    assert cp.control_plane_load(base).duration_s == plan.MESSAGES / neighbour.NEIGHBOUR_RATE
+    monkeypatch.setattr(cp, "MESSAGES", 180_000)  # 90 s: less than the windows' 89 s after 13.5 s and the set-up
+    with pytest.raises(ValueError, match="the windows do not fit in the stream"):
+        cp.control_plane_load(base)
+    with pytest.raises(ValueError, match="the windows do not fit"):
+        WindowPlan(rounds=2, quiet_s=1, attack_s=1, drain_s=1, settle_s=1, recover_s=1, margin_s=1).check_load(
+            10.0, (0.1, 0.5), 1.0)
+
+
+def test_an_attack_window_ends_once_the_leader_has_settled_or_at_the_bound() -> None:
+    """After the attacker stopped, its calls the leader still holds (waiting, paced, a refusal
+    held) end within the window: it waits until the leader's calls in flight are back to their
+    quiet level, at most SETTLE_S, reading again every 0.1 s; a read that failed is no answer."""
+    now = [0.0]
+    reads = iter([None, 9.0, 5.0, 2.0, 1.0])
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    took, last = cp.settle(lambda: next(reads), 2.0, 4.0, clock=lambda: now[0], sleep=sleep)
+    assert (round(took, 6), last) == (0.3, 2.0)
+    took, last = cp.settle(lambda: 7.0, 2.0, 4.0, clock=lambda: now[0], sleep=sleep)
+    assert last == 7.0 and 4.0 <= took < 4.2  # not settled: the bound, and what was left
+    took, last = cp.settle(lambda: None, 2.0, 1.0, clock=lambda: now[0], sleep=sleep)
+    assert last is None and took >= 1.0
+
+
+def test_the_stream_left_is_what_the_producer_has_not_sent_at_its_rate() -> None:
+    assert stream_left_s({"total": 300_000, "next_seq": 0, "sent": 100_000}, 2_000.0) == 100.0
+    assert stream_left_s({"total": 300_000, "next_seq": 1_000, "sent": 299_000}, 2_000.0) == 0.0
+    assert stream_left_s({}, 2_000.0) == 0.0  # no status yet: no stream to place windows in
+
+
+@contextlib.contextmanager
+def _server(behaviour: Callable[[bytes, grpc.ServicerContext], bytes]) -> Iterator[str]:
+    """A gRPC server answering every unary call with ``behaviour``; its address."""
+    from concurrent import futures
+
+    class Every(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(behaviour)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[Every()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
+def deaf_server() -> Iterator[str]:
+    """A gRPC server that takes every call and never answers it (until the test ends)."""
+    release = threading.Event()
+    try:
+        with _server(lambda req, ctx: release.wait(60) and b"") as address:
+            yield address
+    finally:
+        release.set()
+
+
+def _attacker(address: str, window_s: float, huge: bytes = b"\x0a\x01q") -> cpa._Attacker:
+    return cpa._Attacker(address, Credentials(), "t0ken", "q", huge, cpa.ATTACKS, time.monotonic() + window_s)
+
+
+def test_the_attackers_calls_end_at_their_windows_end(deaf_server: str) -> None:
+    """Every call's deadline is the window's end: against a server that never answers, each is
+    cut there, and the threads have stopped by themselves before the drill says stop."""
+    attacker = _attacker(deaf_server, 1.0)
+    attacker.start()
+    time.sleep(1.0)
+    deadline = time.monotonic() + cpa.DRAIN_S
+    while any(t.is_alive() for _, t in attacker._threads) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.is_alive() for _, t in attacker._threads)  # stopped at the window's end, unasked
+    t0 = time.monotonic()
+    outcomes = attacker.stop()
+    assert time.monotonic() - t0 < 1.0
+    assert outcomes and all(k.endswith(f" {neighbour.CUT}") for k in outcomes), outcomes
+    assert {k.split(" ")[0].split(":")[0] for k in outcomes} == set(cpa.ATTACKS)  # every kind was in flight
+
+
+def test_the_attackers_calls_in_flight_are_cancelled_when_its_window_is_ended(deaf_server: str) -> None:
+    """Ended early (its deadline still 60 s away), the calls in flight are cancelled and its
+    threads stop within DRAIN_S: nothing left running into the next window."""
+    attacker = _attacker(deaf_server, 60.0)
+    attacker.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    outcomes = attacker.stop()
+    assert time.monotonic() - t0 < cpa.DRAIN_S
+    assert not [k for k in outcomes if k.endswith(" running")], outcomes
+    assert outcomes and all(k.endswith(f" {neighbour.CUT}") for k in outcomes), outcomes
+
+
+def test_a_cut_call_is_neither_served_nor_refused_and_a_running_thread_fails_its_attack() -> None:
+    refused = {"huge denied": 3, "huge cut": 2}
+    assert all(ok for _, ok in cpa.judge_attacks(refused, {"PermissionDenied": 3}, ("huge",)))
+    assert not all(ok for _, ok in cpa.judge_attacks({"huge cut": 2}, {}, ("huge",)))  # its refusal never seen
+    assert not all(ok for _, ok in cpa.judge_attacks({**refused, "huge running": 1}, {"PermissionDenied": 3},
+                                                     ("huge",)))
+
+
+@pytest.fixture
+def quick_server() -> Iterator[str]:
+    """A gRPC server that refuses every call at once (as the leader refuses the attacks)."""
+    with _server(lambda req, ctx: ctx.abort(grpc.StatusCode.PERMISSION_DENIED, "no")) as address:
+        yield address
+
+
+def test_every_attack_is_sent_in_a_short_window_beside_the_flood(quick_server: str) -> None:
+    """Stop i, run A (seed 3821): in its 4 s windows the targeted attacks (bound, parking,
+    undecodable, newline), started after the huge Pops and the flood's 64 threads, were never
+    sent: the starved attacker's threads began after their window's end. Here, unstarved, with
+    the real 200 MiB Pop body and a 1 s window, that order sent nothing but the huge Pops and
+    the flood either; every kind must be sent within its window."""
+    attacker = _attacker(quick_server, 1.0, huge=cpa._field(1, b"a" * cpa.HUGE_NAME_BYTES))
+    attacker.start()
+    time.sleep(1.0)
+    outcomes = attacker.stop()
+    sent = {k.split(" ")[0].split(":")[0] for k, n in outcomes.items() if not k.endswith((" cut", " running"))}
+    assert sent == set(cpa.ATTACKS), outcomes
