@@ -527,10 +527,10 @@ async def _answer(shared: Shared, segments: Sequence[Segment],
     """The answer to ``len(segments)`` requests with batches, one of ``segments`` each, in
     order (their first seqs ``keys``, for the stage stamp): each copy's synced end now."""
     firsts: list[FirstWrite] = []
-    ends: dict[tuple[str, int], pb.ReplicaSegment] = {}
+    ends: dict[tuple[str, int], int] = {}  # (queue, seg) -> synced end, read under the lock
     with shared.cv:
         for s in segments:
-            ends[s.key] = pb.ReplicaSegment(queue=s.replica.queue, seg=s.replica.seg, synced_end=s.replica.local_synced)
+            ends[s.key] = s.replica.local_synced
             fw = s.first_write
             if fw is not None and fw.done is None:
                 fw.done = time.monotonic()
@@ -538,7 +538,7 @@ async def _answer(shared: Shared, segments: Sequence[Segment],
         shared.stats.replication_answers += 1
         shared.stats.replication_answered += len(segments)
     stamp("S.answer", keys)
-    await send(pb.ReplicateResponse(synced=list(ends.values()),
-                                    answered=len(segments) if len(segments) > 1 else 0))
+    synced = [pb.ReplicaSegment(queue=q, seg=n, synced_end=end) for (q, n), end in ends.items()]
+    await send(pb.ReplicateResponse(synced=synced, answered=len(segments) if len(segments) > 1 else 0))
     for fw in firsts:  # a new segment's first answer went out: how long it took
         log.info("%s", fw.line("slave"))
