@@ -56,7 +56,7 @@ from bench._cluster import (
     send_at_rate,
     summary_ms,
 )
-from ordq.common import stages
+from ordq.common import metrics, stages
 from ordq.common.proc import announce, dying_with_parent
 from ordq.sdk import (
     BatchingConfig,
@@ -118,6 +118,37 @@ def cpu_meter(cluster: BenchCluster, consumer: subprocess.Popen[str]) -> CpuMete
                       "zookeeper": cluster.zk.status()[0].pid or 0})
     meter.start()
     return meter
+
+
+# The head group's stream writes, by kind (issue 39: each costs its loop a write): (process, series)
+STREAM_WRITES = (("master", "ordq_broker_produce_answers_total", "produce answers"),
+                 ("master", "ordq_broker_fetch_requests_total", "Read answers"),
+                 ("master", "ordq_broker_replication_requests_total", "replication requests"),
+                 ("slave", "ordq_broker_replication_answers_total", "slave answers"),
+                 ("slave", "ordq_broker_replication_answered_requests_total", "requests they answered"))
+
+
+class WriteMeter:
+    """The head group's stream writes between ``start()`` and ``report(batches)``, per batch
+    (from the brokers' /metrics; a series the brokers do not serve counts 0)."""
+
+    def __init__(self, cluster: BenchCluster) -> None:
+        head = cluster.groups[0]
+        self.urls = {"master": head.master.metrics_url, "slave": head.slave.metrics_url}
+        self._t0: list[float] = []
+
+    def _now(self) -> list[float]:
+        samples = {role: metrics.scrape(url) if url else [] for role, url in self.urls.items()}
+        return [metrics.value(samples[role], name) or 0.0 for role, name, _ in STREAM_WRITES]
+
+    def start(self) -> None:
+        self._t0 = self._now()
+
+    def report(self, batches: int) -> str:
+        spent = [b - a for a, b in zip(self._t0, self._now(), strict=True)]
+        parts = ", ".join(f"{what} {n / max(batches, 1):.2f}" for (_, _, what), n in zip(STREAM_WRITES, spent,
+                                                                                           strict=True))
+        return f"stream writes per batch ({batches} batches): {parts}"
 
 
 def finish(p: subprocess.Popen[str]) -> dict[str, object]:
@@ -209,6 +240,9 @@ def main() -> None:
             base = 0
             if args.messages:  # pipelined
                 consumer = start_consumer(cluster.hosts, "pipelined", args.messages)
+                writes = WriteMeter(cluster)
+                writes.start()
+                batches_before = producer.statistics().batches_acked
                 meter = cpu_meter(cluster, consumer)
                 t0 = time.time()
                 for _ in range(args.messages):
@@ -223,6 +257,7 @@ def main() -> None:
                       f" end to end (first send to last delivery) {args.messages / secs:,.0f} msgs/s,"
                       f" {args.messages * args.size / secs / 1e6:.1f} MB/s")
                 print(cpu)
+                print(writes.report(producer.statistics().batches_acked - batches_before))
                 base = args.messages
             if args.sync_messages:  # synchronous
                 lat = []
@@ -239,6 +274,8 @@ def main() -> None:
             n = int(args.rate * args.rate_seconds)
             if n:
                 consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
+                writes = WriteMeter(cluster)
+                writes.start()
                 batches_before = producer.statistics().batches_acked
                 meter = cpu_meter(cluster, consumer)
                 roles = {pid: name for name, pid in meter.pids.items()}
@@ -254,6 +291,7 @@ def main() -> None:
                       f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
                       f"end-to-end latency {summary_ms(lats)}")
                 print(cpu)
+                print(writes.report(batches))
     print("\n".join(goals(figures)))
     if stamps_dir is not None:
         print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady_first, roles)))

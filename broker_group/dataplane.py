@@ -250,6 +250,8 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
             with b.shared.cv:
                 ready = b.write.take_ready_acks(stream)
                 error, finished = stream.error, stream.done and not stream.pending
+                if ready:
+                    b.shared.stats.ack_writes += 1
             if ready:
                 await context.write(pb.ProduceResponse(acks=ready))
                 if stream.first_write is not None:  # a new segment's first ack went out: how long it took

@@ -35,6 +35,13 @@ _COUNTERS = {
     "bytes_in": ("ordq_broker_produce_bytes", "Batch bytes stored (master: from producers; slave: replicated)"),
     "duplicates": ("ordq_broker_produce_duplicate_batches", "Resent batches acked from what was stored"),
     "acks": ("ordq_broker_acked_batches", "Batches acked to producers (both replicas synced)"),
+    "ack_writes": ("ordq_broker_produce_answers", "Produce answers written (each carries the acks one LAC move "
+                   "released)"),
+    "replication_requests": ("ordq_broker_replication_requests", "Requests written to the slave (batches, LACs)"),
+    "replication_answers": ("ordq_broker_replication_answers", "Answers written to the master (one may answer "
+                            "every request a group commit synced)"),
+    "replication_answered": ("ordq_broker_replication_answered_requests", "Requests with batches the slave "
+                             "answered"),
     "fetches": ("ordq_broker_fetch_requests", "Fetch answers served (a Fetch call, or one answer on a Read stream)"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),

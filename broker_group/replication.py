@@ -34,14 +34,15 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from ordq.broker_group import lean_link
 from ordq.broker_group.config import server_options
+from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common import security, stages
@@ -65,7 +66,9 @@ log = logging.getLogger("ordq.replication")
 # slave 70-400 ms after the master wrote it, then took ~100 ms to sync, while both loops idled).
 WINDOW_BYTES = 2 * REQUEST_BYTES
 REPLICATE_STEP_BYTES = 1 << 20
-_HELLO = pb.ReplicateRequest(hello=True)
+# ``answers_many``: this master takes one answer for several requests (ReplicateResponse.answered);
+# a slave answers one by one a master whose hello does not say so (an older one).
+_HELLO = pb.ReplicateRequest(hello=True, answers_many=True)
 
 
 class ReplicationLink:
@@ -206,8 +209,9 @@ class ReplicationLink:
                         self.connected = True
                         log.info("replicating to slave at %s (%s link)", address, kind)
                     stamp("M.slave_answer")
-                    if resp.synced and self._unanswered:  # the answer to one request with batches
-                        self._unanswered_bytes -= self._unanswered.popleft()[1]
+                    if resp.synced:  # the answer to ``answered`` requests with batches (0: one), in order
+                        for _ in range(min(max(resp.answered, 1), len(self._unanswered))):
+                            self._unanswered_bytes -= self._unanswered.popleft()[1]
                     for r in resp.synced:
                         s = self.shared.segments.get((r.queue, r.seg))
                         if s is not None:
@@ -305,6 +309,7 @@ class ReplicationLink:
         # New segments first (no batches, no LAC: the slave creates its copy, no answer)
         reqs = [lean_link.Outgoing(q, n, [], -1) for q, n in announced]
         reqs += _requests_for(out, lacs)
+        self.shared.stats.replication_requests += len(reqs)
         for r in reqs:
             if r.batches:
                 n = sum(map(len, r.batches))
@@ -396,13 +401,16 @@ async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIt
     as the ack it holds up); every other goes to the replica thread's group commit
     (replica_commits.py) and is answered by ``_Answers`` once that commit is done, while this
     handler reads the next requests (at most WINDOW_BYTES of them ahead of the answers).
-    Exactly one answer per request that carries batches (the master counts them), none for a
-    LAC-only request, an empty one for hello. A refusal is logged, counted and raised (the
+    Every request that carries batches is answered, in order (the master counts them): one
+    answer each, or, when the master's hello says ``answers_many``, one answer for all those
+    whose commits are done when it is sent (``ReplicateResponse.answered`` says how many);
+    none for a LAC-only request, an empty one for hello. A refusal is logged, counted and raised (the
     caller ends the stream with it)."""
     answers = _Answers(shared, send)
     try:
         async for req in requests:
             if req.hello:
+                answers.many = req.answers_many
                 await send(pb.ReplicateResponse())
                 continue
             stamp("S.request", first_seqs, req.batches)
@@ -413,7 +421,7 @@ async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIt
             commit = write.commit_replica(s, accepted, alone=alone) if accepted else None
             keys = first_seqs(req.batches) if stages.on() else ()  # of the answer's stage stamp
             if alone and commit is None:
-                await _answer(shared, s, send, keys)
+                await _answer(shared, [s], send, keys)
                 continue
             answers.owe(s, commit, sum(map(len, req.batches)), keys)
             await answers.room(WINDOW_BYTES)
@@ -425,15 +433,42 @@ async def replicate_requests(shared: Shared, write: WritePath, requests: AsyncIt
         await answers.close()
 
 
+class Owed(NamedTuple):
+    """An answer the slave owes: for a request with batches of ``s``, once ``commit`` is done
+    (None: nothing to wait for), ``size`` bytes of batches, their first seqs ``keys``."""
+
+    s: Segment
+    commit: concurrent.futures.Future[None] | None
+    size: int
+    keys: Iterable[int]
+
+
+def ready_to_answer(owed: Sequence[Owed], many: bool) -> int:
+    """How many of the answers ``owed`` (in request order; the first's commit is done) one
+    answer covers now: the first, and with ``many`` every next one whose commit is done too (the
+    same group commit, or one that ended meanwhile). Never one whose commit is still running:
+    no answer waits for another."""
+    n = 1
+    while many and n < len(owed):
+        commit = owed[n].commit
+        if commit is not None and not commit.done():
+            break
+        n += 1
+    return n
+
+
 class _Answers:
     """The slave's answers owed on one replication stream, sent in request order by a task of
-    their own, each once the commit that holds its batches is done. If sending fails, the
-    stream's handler is cancelled and raises that error."""
+    their own, each once the commit that holds its batches is done; with ``many`` (the
+    master's hello said so) one answer covers every request whose commit is done by then, so a
+    group commit of N requests costs one stream write, not N. If sending fails, the stream's
+    handler is cancelled and raises that error."""
 
     def __init__(self, shared: Shared, send: Callable[[pb.ReplicateResponse], Awaitable[None]]) -> None:
         self._shared, self._send = shared, send
-        self._owed: asyncio.Queue[tuple[Segment, concurrent.futures.Future[None] | None, int, Iterable[int]]] = (
-            asyncio.Queue())
+        self.many = False
+        self._owed: collections.deque[Owed] = collections.deque()
+        self._added = asyncio.Event()
         self.owed = 0  # answers queued or being sent
         self._owed_bytes = 0
         self._freed = asyncio.Event()
@@ -447,7 +482,8 @@ class _Answers:
             self._task.add_done_callback(self._ended)
         self.owed += 1
         self._owed_bytes += size
-        self._owed.put_nowait((s, commit, size, keys))
+        self._owed.append(Owed(s, commit, size, keys))
+        self._added.set()
 
     async def room(self, limit: int) -> None:
         """Until the answers owed hold at most ``limit`` bytes of batches."""
@@ -457,12 +493,17 @@ class _Answers:
 
     async def _run(self) -> None:
         while True:
-            s, commit, size, keys = await self._owed.get()
+            while not self._owed:
+                self._added.clear()
+                await self._added.wait()
+            commit = self._owed[0].commit
             if commit is not None:
                 await asyncio.wrap_future(commit)
-            await _answer(self._shared, s, self._send, keys)
-            self.owed -= 1
-            self._owed_bytes -= size
+            n = ready_to_answer(self._owed, self.many)
+            taken = [self._owed.popleft() for _ in range(n)]
+            await _answer(self._shared, [o.s for o in taken], self._send, [k for o in taken for k in o.keys])
+            self.owed -= n
+            self._owed_bytes -= sum(o.size for o in taken)
             self._freed.set()
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -481,19 +522,23 @@ class _Answers:
             pass
 
 
-async def _answer(shared: Shared, s: Segment, send: Callable[[pb.ReplicateResponse], Awaitable[None]],
-                  keys: Iterable[int] = ()) -> None:
-    """The answer to one request with batches of ``s`` (their first seqs ``keys``, for the
-    stage stamp): its copy's synced end now."""
+async def _answer(shared: Shared, segments: Sequence[Segment],
+                  send: Callable[[pb.ReplicateResponse], Awaitable[None]], keys: Iterable[int] = ()) -> None:
+    """The answer to ``len(segments)`` requests with batches, one of ``segments`` each, in
+    order (their first seqs ``keys``, for the stage stamp): each copy's synced end now."""
+    firsts: list[FirstWrite] = []
+    ends: dict[tuple[str, int], int] = {}  # (queue, seg) -> synced end, read under the lock
     with shared.cv:
-        end = s.replica.local_synced
-        fw = s.first_write
-        if fw is not None and fw.done is None:
-            fw.done = time.monotonic()
-        else:
-            fw = None
+        for s in segments:
+            ends[s.key] = s.replica.local_synced
+            fw = s.first_write
+            if fw is not None and fw.done is None:
+                fw.done = time.monotonic()
+                firsts.append(fw)
+        shared.stats.replication_answers += 1
+        shared.stats.replication_answered += len(segments)
     stamp("S.answer", keys)
-    await send(pb.ReplicateResponse(synced=[pb.ReplicaSegment(queue=s.replica.queue, seg=s.replica.seg,
-                                                              synced_end=end)]))
-    if fw is not None:  # a new segment's first answer went out: how long it took
+    synced = [pb.ReplicaSegment(queue=q, seg=n, synced_end=end) for (q, n), end in ends.items()]
+    await send(pb.ReplicateResponse(synced=synced, answered=len(segments) if len(segments) > 1 else 0))
+    for fw in firsts:  # a new segment's first answer went out: how long it took
         log.info("%s", fw.line("slave"))

@@ -114,6 +114,13 @@ class BrokerStats:
     syncs: int = 0
     batches_synced: int = 0
     acks: int = 0
+    # Stream messages written per kind (issue 39: each costs its loop a write): produce answers
+    # (each carries every ack one LAC move released), master -> slave requests (batches, LACs),
+    # the slave's answers and the requests with batches they answered.
+    ack_writes: int = 0
+    replication_requests: int = 0
+    replication_answers: int = 0
+    replication_answered: int = 0
     fetches: int = 0
     fetch_batches: int = 0
     fetch_messages: int = 0

@@ -167,7 +167,9 @@ class SegmentReader:
             raise
         if delivered:
             self.read_ts_us = delivered[-1].timestamp_us
-        if not res.batches:
+        if res.batches:
+            view.reading()
+        else:
             if segment.status is SegStatus.SEALING:
                 self._seal(segment)  # at its readable end: decide the end ourselves
             elif res.sealed:

@@ -9,8 +9,11 @@ Rules:
   next one (SubscriptionNotFound, QueueNotFound, PermissionDenied: final, they propagate).
 - The state is read again only when marked changed (a replica answered "sealed" or was not
   found, a segment's end reached, a lease change) or, while a reader waits at the end of an
-  open segment, at most every ``every_s`` (``idle``): one Describe per consumer per wait,
-  never one per fetch.
+  open segment (``idle``), after ``every_s``, then after twice as long each time, up to
+  ``IDLE_MAX_S``, until it reads batches again (``reading``): never one per fetch, and an idle
+  consumer costs its coordinator one Describe a second, not one per ``every_s``. What that
+  Describe is for, no replica tells: a roll or a failover seals the segment on the replicas
+  that answer, and their next answer says "sealed" (marked changed at once).
 - After a Describe that got no answer the cached state and replicas serve, and the next
   Describe waits ``RETRY_S``: no read round stalls on a coordinator that cannot answer.
 - Reads only; never writes.
@@ -28,6 +31,9 @@ from ordq.coordinator.store_values import LiveInfo
 
 DESCRIBE_TIMEOUT_S = 2.0  # one Describe of the view; the cached state serves meanwhile
 RETRY_S = 1.0  # after a Describe that got no answer
+# The longest an idle reader's Describes back off to (``idle``): the bound on how late it learns
+# of a change no replica it reads tells (a segment sealed in ZooKeeper on the other replica only).
+IDLE_MAX_S = 1.0
 
 
 class QueueView:
@@ -35,6 +41,7 @@ class QueueView:
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self._coord, self.queue, self.subscription = coord, queue, subscription
         self._every_s = max(every_s, 0.05)
+        self._idle_wait_s = self._every_s  # between an idle reader's Describes now (``idle``)
         self._now, self._sleep = clock, sleep
         self._state: QueueState | None = None
         self._replicas: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> live process
@@ -98,9 +105,15 @@ class QueueView:
 
     def idle(self) -> None:
         """A reader is at the end of an open segment: the state may have moved on (a failover,
-        a roll) without any replica saying so. Read it again if the last read is ``every_s`` old."""
-        if self._now() - self._read_at >= self._every_s:
+        a roll) without any replica saying so. Read it again if the last read is as old as the
+        idle wait, which then doubles, up to ``IDLE_MAX_S`` (``every_s`` if longer)."""
+        if self._now() - self._read_at >= self._idle_wait_s:
             self._changed = True
+            self._idle_wait_s = min(2 * self._idle_wait_s, max(self._every_s, IDLE_MAX_S))
+
+    def reading(self) -> None:
+        """A reader got batches: when it waits again, its first Describe comes after ``every_s``."""
+        self._idle_wait_s = self._every_s
 
     def wait_change(self, wait_ms: int) -> None:
         """Nothing to read until the state changes (no next segment yet, no replica answers):

@@ -245,12 +245,15 @@ def test_a_consumer_paused_past_its_lease_rejoins_and_completes_the_run(cluster:
     assert not violations and counts["concurrent_consumers"] == 0, violations
 
 
-def test_an_idle_consumer_describes_the_queue_at_most_once_per_fetch_wait(cluster: Cluster) -> None:
+def test_an_idle_consumer_describes_the_queue_less_and_less_often(cluster: Cluster) -> None:
     """Guard: ``QueueView.idle`` (no watch: at the end of an open segment the state is read
-    again at most every ``fetch_wait_ms``, one Describe per wait, never one per fetch). Here the
-    application polls every 20 ms with ``fetch_wait_ms`` 200: per fetch that was ~50 Describes a
-    second; the coordinator sees at most ~5, and the consumer still learns of a roll."""
+    again after ``fetch_wait_ms``, then twice as long each time up to ``IDLE_MAX_S``, never once
+    per fetch). Here the application polls every 20 ms with ``fetch_wait_ms`` 200: per fetch
+    that was ~50 Describes a second, once per fetch wait ~5 (15 in 3 s, issue 39); now ~5 in 3 s,
+    and the consumer still learns of a roll (the replica's answer says its segment is sealed)."""
     import time
+
+    from ordq.sdk._queue_view import IDLE_MAX_S
 
     cluster.add_groups("g1")
     cluster.create_queue()
@@ -266,7 +269,7 @@ def test_an_idle_consumer_describes_the_queue_at_most_once_per_fetch_wait(cluste
         took = time.monotonic() - started
         asked = cluster.coordinator_requests(rpc="Describe") - before
         print(f"{polls} polls in {took:.1f} s: {asked:.0f} Describe calls")
-        assert 1 <= asked <= took / 0.2 + 3, (asked, polls, took)
+        assert 1 <= asked <= took / IDLE_MAX_S + 4, (asked, polls, took)
         assert cluster.ordq("queue", "roll", "q").returncode == 0
         wait_until(lambda: (c.poll(timeout_s=0.02), c._require(c._view).cached().segment(1))[1] is not None,
                    timeout_s=30, what="the consumer to learn of the roll")

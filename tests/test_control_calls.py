@@ -12,6 +12,7 @@ replicas' files are read back independently of the broker processes.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -616,3 +617,64 @@ def test_a_listing_asks_a_group_once_also_for_the_segments_its_replica_sealed_fi
         assert by_queue == {Q: (ACKED, ACKED - 1), "idle-0": (0, -1), "idle-1": (0, -1)}, by_queue
     finally:
         t.close()
+
+
+def _metric(g: Group, role: str, name: str) -> float:
+    member = g.procs.master if role == "master" else g.procs.slave
+    assert member.metrics_url is not None
+    return value(read_metrics(member.metrics_url), name) or 0.0
+
+
+def _feed_slave(g: Group, seg: int, *, answers_many: bool) -> list[pb.ReplicateResponse]:
+    """As a master would: one large request then 40 small ones of a new segment on one
+    Replicate stream, kept open until every request is answered; the slave's answers."""
+    big = encode_batch([Message(payload=b"%010d|" % s + b"b" * 4096) for s in range(100)], epoch=1, first_seq=0)
+    feed = [pb.ReplicateRequest(queue=Q, seg=seg, batches=[batch_format.stamp_offset(big, 0)], lac=-1)]
+    feed += [pb.ReplicateRequest(queue=Q, seg=seg, batches=[batch_format.stamp_offset(batch(s, 1), s)], lac=-1)
+             for s in range(100, 140)]
+    answered = threading.Event()
+
+    def requests() -> Iterator[pb.ReplicateRequest]:
+        yield pb.ReplicateRequest(hello=True, answers_many=answers_many)
+        yield from feed
+        answered.wait(30)  # the stream ends (and the slave drops what it owes) once all are answered
+
+    def rpc(stub: pb_grpc.BrokerStub, md: Any) -> list[pb.ReplicateResponse]:
+        out: list[pb.ReplicateResponse] = []
+        for resp in stub.Replicate(requests(), timeout=60, metadata=md):
+            if resp.synced:
+                out.append(resp)
+            if sum(max(r.answered, 1) for r in out) >= len(feed):
+                answered.set()
+        return out
+
+    return call(g.address("slave"), g.broker, rpc)
+
+
+def test_the_slave_answers_what_one_commit_synced_with_one_answer(group: Group) -> None:
+    """Issue 39: every request with batches is answered, in order, and one answer covers every
+    request whose group commit is done when it is sent (``answered`` says how many), so the
+    slave writes no more answers than it made syncs (before: one answer per request). A
+    master whose hello does not say ``answers_many`` (an older one) still gets one per request.
+    The real master counts them (its window of unanswered bytes drains to 0)."""
+    g = group
+    before = {k: _metric(g, "slave", k) for k in ("ordq_broker_syncs_total", "ordq_broker_replication_answers_total",
+                                                  "ordq_broker_replication_answered_requests_total")}
+    got = _feed_slave(g, 9, answers_many=True)
+    after = {k: _metric(g, "slave", k) for k in before}
+    assert sum(max(r.answered, 1) for r in got) == 41
+    assert [[x.seg for x in r.synced] for r in got] == [[9]] * len(got)
+    ends = [r.synced[0].synced_end for r in got]
+    assert ends == sorted(ends) and ends[-1] == 140  # every batch synced before its answer
+    delta = {k: after[k] - before[k] for k in before}
+    assert delta["ordq_broker_replication_answered_requests_total"] == 41
+    assert delta["ordq_broker_replication_answers_total"] == len(got)
+    assert len(got) <= delta["ordq_broker_syncs_total"], (len(got), delta)
+    old = _feed_slave(g, 10, answers_many=False)
+    assert [r.answered for r in old] == [0] * 41
+    assert old[-1].synced[0].synced_end == 140
+    # The real master's stream: pipelined batches, every ack, and nothing left unanswered.
+    produce(g, 0, 2000, per_batch=2)
+    assert stored(g, "slave") == real(0, 2000)
+    wait_until(lambda: _metric(g, "master", "ordq_broker_replication_lag_bytes") == 0, timeout_s=20,
+               what="the master's window of unanswered bytes drained")

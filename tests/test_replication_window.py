@@ -1,20 +1,33 @@
-"""The master → slave pipeline's two rules, without I/O (issue 39): the master's window of
-unanswered bytes (replication.py ``window_share``) and the slave's group commit of what arrives
-while it syncs (replica_commits.py). The real processes are in test_broker.py and
-test_control_calls.py (both links)."""
+"""The master → slave pipeline's rules, without I/O (issue 39): the master's window of
+unanswered bytes (replication.py ``window_share``), the slave's group commit of what arrives
+while it syncs (replica_commits.py), and its one answer for what one commit synced
+(``_Answers``). The real processes are in test_broker.py and test_control_calls.py (both
+links)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
+import types
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordq.broker_group.replica import Role, SegmentReplica
 from ordq.broker_group.replica_commits import ReplicaCommits
-from ordq.broker_group.replication import REPLICATE_STEP_BYTES, WINDOW_BYTES, window_share
-from ordq.broker_group.shared import Segment
+from ordq.broker_group.replication import (
+    REPLICATE_STEP_BYTES,
+    WINDOW_BYTES,
+    Owed,
+    _Answers,
+    ready_to_answer,
+    window_share,
+)
+from ordq.broker_group.shared import BrokerStats, Segment
+from ordq.wire import ordq_pb2 as pb
 
 MIB = 1 << 20
 
@@ -83,3 +96,87 @@ def test_what_arrives_while_a_commit_runs_is_committed_next_as_one_per_segment(t
     f5 = rc.add(b, [b"y"])  # the next one starts a commit of its own
     f5.result(10)
     assert commits[-1] == ("b", [b"y"]) and rc.commits == 3
+
+
+# -- the slave's answers: one for every request a group commit synced (issue 39) ------------------
+
+
+def _owed(tmp_path: Path, done: list[bool | None]) -> list[Owed]:
+    """Answers owed for requests of one segment; ``done[i]`` None: nothing to wait for."""
+    s = _segment(tmp_path, "q")
+    out = []
+    for d in done:
+        f: concurrent.futures.Future[None] | None = None
+        if d is not None:
+            f = concurrent.futures.Future()
+            if d:
+                f.set_result(None)
+        out.append(Owed(s, f, 10, ()))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([True, False, None]), min_size=1, max_size=12), st.booleans())
+def test_one_answer_takes_what_is_synced_in_order_and_never_waits(tmp_path_factory: pytest.TempPathFactory,
+                                                                  done: list[bool | None], many: bool) -> None:
+    done[0] = True  # the first's commit is done: that is when an answer is made
+    owed = _owed(tmp_path_factory.getbasetemp(), done)
+    n = ready_to_answer(owed, many)
+    assert n >= 1
+    if not many:
+        assert n == 1  # a master that did not say answers_many counts one answer per request
+        return
+    # a prefix: every one taken is synced (or had nothing to sync) ...
+    assert all(o.commit is None or o.commit.done() for o in owed[:n])
+    # ... and the next one is not, or there is none: no answer waits, none is left behind
+    assert n == len(owed) or not owed[n].commit.done()  # type: ignore[union-attr]
+
+
+def _answers_sent(tmp_path: Path, many: bool) -> list[pb.ReplicateResponse]:
+    """Three requests of one segment in one group commit, and a fourth in the next: what the
+    slave's answer task sends once the first commit is done, then the second."""
+    s = _segment(tmp_path, "q")
+    shared = types.SimpleNamespace(cv=threading.Condition(), stats=BrokerStats())
+    sent: list[pb.ReplicateResponse] = []
+
+    async def run() -> None:
+        more = asyncio.Event()
+
+        async def send(resp: pb.ReplicateResponse) -> None:
+            sent.append(resp)
+            more.set()
+
+        async def answered(n: int) -> None:  # until n requests are answered
+            while sum(max(r.answered, 1) for r in sent) < n:
+                more.clear()
+                await asyncio.wait_for(more.wait(), 10)
+
+        answers = _Answers(shared, send)  # type: ignore[arg-type]
+        answers.many = many
+        first, second = concurrent.futures.Future[None](), concurrent.futures.Future[None]()
+        for commit in (first, first, first, second):
+            answers.owe(s, commit, 100)
+        await asyncio.sleep(0)
+        assert not sent  # nothing is answered before its commit is done
+        s.replica.local_synced = 30
+        first.set_result(None)
+        await answered(3)
+        s.replica.local_synced = 40
+        second.set_result(None)
+        await answered(4)
+        await answers.close()
+
+    asyncio.run(run())
+    return sent
+
+
+def test_the_requests_one_group_commit_synced_get_one_answer(tmp_path: Path) -> None:
+    """Fails on the code before (one stream write per request: 4 answers for 2 syncs)."""
+    sent = _answers_sent(tmp_path, many=True)
+    assert [(r.answered, [x.synced_end for x in r.synced]) for r in sent] == [(3, [30]), (0, [40])]
+
+
+def test_a_master_that_counts_one_per_answer_gets_one_per_request(tmp_path: Path) -> None:
+    sent = _answers_sent(tmp_path, many=False)
+    assert [(r.answered, [x.synced_end for x in r.synced]) for r in sent] == [(0, [30]), (0, [30]), (0, [30]),
+                                                                              (0, [40])]

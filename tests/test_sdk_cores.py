@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -441,3 +442,89 @@ def test_failover_gives_up_when_its_bound_runs_out_with_the_coordinator_s_answer
     with pytest.raises(CoordinationUnavailable, match="no answer in time"):
         stub.io._fail_over()
     assert stub.coordinator.calls >= 2
+
+
+# -- the queue view: an idle reader's Describes back off (issue 39) -------------------------------
+
+
+class _ViewClock:
+    def __init__(self) -> None:
+        self.t = 128.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _view(every_s: float) -> tuple[object, _ViewClock, list[float]]:
+    """A QueueView on a stub coordinator that records when it was asked (no I/O)."""
+    from ordq.coordinator.client import Described
+    from ordq.coordinator.state import QueueState
+    from ordq.sdk._queue_view import QueueView
+
+    clock = _ViewClock()
+    asked: list[float] = []
+
+    class Coordinator:
+        def describe(self, queue: str, **_kw: object) -> Described:
+            asked.append(clock.t)
+            return Described(state=QueueState(queue), version=1, live={})
+
+    view = QueueView(Coordinator(), "q", "s", every_s=every_s, clock=clock)  # type: ignore[arg-type]
+    view.state()
+    asked.clear()
+    return view, clock, asked
+
+
+def _round(view: object, clock: _ViewClock, wait_s: float, got_batches: bool) -> None:
+    """One read round as SegmentReader makes it at an open segment: a fetch that waited
+    ``wait_s`` (or answered batches at once), then the view told of it."""
+    clock.t += 2**-10 if got_batches else wait_s
+    if got_batches:
+        view.reading()  # type: ignore[attr-defined]
+    else:
+        view.idle()  # type: ignore[attr-defined]
+    view.state()  # type: ignore[attr-defined]
+
+
+def test_an_idle_reader_describes_the_queue_less_and_less_often_up_to_once_a_second() -> None:
+    """At the end of an open segment with a fetch wait of 62.5 ms (a binary fraction: exact
+    sums) for 10 s: 160 Describes before (one per fetch wait); now one at the first empty
+    answer, then after 125 ms, 250, 500 ms, then one a second (IDLE_MAX_S). After it read
+    again, the next wait starts at one fetch wait again (a failover right after the traffic
+    stops is learnt as soon as before)."""
+    from ordq.sdk._queue_view import IDLE_MAX_S
+
+    wait = 0.0625
+    view, clock, asked = _view(wait)
+    for _ in range(160):
+        _round(view, clock, wait, got_batches=False)
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert gaps[:3] == [0.125, 0.25, 0.5] and set(gaps[3:]) == {IDLE_MAX_S}, gaps
+    assert len(asked) <= 4 + 10 / IDLE_MAX_S, len(asked)
+    _round(view, clock, wait, got_batches=True)
+    asked.clear()
+    _round(view, clock, wait, got_batches=False)
+    assert len(asked) == 1  # the last Describe is old: at the first empty answer, as before
+    _round(view, clock, wait, got_batches=False)
+    _round(view, clock, wait, got_batches=False)
+    assert len(asked) == 2  # then after two fetch waits
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=300), st.sampled_from([0.05, 0.2, 1.0, 3.0]))
+def test_an_idle_reader_is_never_left_without_a_describe_past_the_cap(rounds: list[bool], every_s: float) -> None:
+    """Whatever the pattern of reads and waits: no idle reader goes longer than its cap
+    (``max(every_s, IDLE_MAX_S)`` and one fetch wait) without a Describe, and none is made
+    sooner than ``every_s`` after the last."""
+    from ordq.sdk._queue_view import IDLE_MAX_S
+
+    view, clock, asked = _view(every_s)
+    last = clock.t
+    for got in rounds:
+        before = len(asked)
+        _round(view, clock, every_s, got_batches=got)
+        if len(asked) > before:
+            assert asked[-1] - last >= every_s - 1e-9 or got
+            last = asked[-1]
+        elif not got:
+            assert clock.t - last <= max(every_s, IDLE_MAX_S) + every_s + 1e-9

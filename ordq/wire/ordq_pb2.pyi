@@ -59,18 +59,20 @@ class ProduceResponse(_message.Message):
     def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("queue", "seg", "batches", "lac", "hello")
+    __slots__ = ("queue", "seg", "batches", "lac", "hello", "answers_many")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SEG_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     LAC_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_MANY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     seg: int
     batches: _containers.RepeatedScalarFieldContainer[bytes]
     lac: int
     hello: bool
-    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., batches: _Optional[_Iterable[bytes]] = ..., lac: _Optional[int] = ..., hello: _Optional[bool] = ...) -> None: ...
+    answers_many: bool
+    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., batches: _Optional[_Iterable[bytes]] = ..., lac: _Optional[int] = ..., hello: _Optional[bool] = ..., answers_many: _Optional[bool] = ...) -> None: ...
 
 class ReplicaSegment(_message.Message):
     __slots__ = ("queue", "seg", "synced_end")
@@ -83,10 +85,12 @@ class ReplicaSegment(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., synced_end: _Optional[int] = ...) -> None: ...
 
 class ReplicateResponse(_message.Message):
-    __slots__ = ("synced",)
+    __slots__ = ("synced", "answered")
     SYNCED_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
     synced: _containers.RepeatedCompositeFieldContainer[ReplicaSegment]
-    def __init__(self, synced: _Optional[_Iterable[_Union[ReplicaSegment, _Mapping]]] = ...) -> None: ...
+    answered: int
+    def __init__(self, synced: _Optional[_Iterable[_Union[ReplicaSegment, _Mapping]]] = ..., answered: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("queue", "seg", "offset", "max_bytes", "max_wait_ms", "known_end", "stream_ms")
