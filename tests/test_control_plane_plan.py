@@ -166,10 +166,16 @@ def test_every_attack_is_sent_in_a_short_window_beside_the_flood(quick_server: s
     undecodable, newline), started after the huge Pops and the flood's 64 threads, were never
     sent: the starved attacker's threads began after their window's end. Here, unstarved, with
     the real 200 MiB Pop body and a 1 s window, that order sent nothing but the huge Pops and
-    the flood either; every kind must be sent within its window."""
+    the flood either; every kind must go out within its window, and every targeted kind be
+    answered in it. The huge Pops, started last, may be cut in flight: copying 200 MiB took over
+    the 1 s window with the default tier's two workers beside it (merged main, 18:10)."""
     attacker = _attacker(quick_server, 1.0, huge=cpa._field(1, b"a" * cpa.HUGE_NAME_BYTES))
     attacker.start()
     time.sleep(1.0)
     outcomes = attacker.stop()
-    sent = {k.split(" ")[0].split(":")[0] for k, n in outcomes.items() if not k.endswith((" cut", " running"))}
-    assert sent == set(cpa.ATTACKS), outcomes
+
+    def kinds(*but: str) -> set[str]:
+        return {k.split(" ")[0].split(":")[0] for k in outcomes if not k.endswith(but)}
+
+    assert kinds(" running") == set(cpa.ATTACKS), outcomes  # each kind's calls went out
+    assert set(cpa.ATTACKS) - {"huge"} <= kinds(" cut", " running"), outcomes  # and were answered
