@@ -16,9 +16,7 @@ from ordq.common.errors import ConfigError, OrdqError, SegmentNotFound
 from ordq.coordinator.paths import check_name
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import SegmentNotWritable
-
-# Segments one SealMany call may name: the coordinator sends 200 (coordinator/seal.py).
-MAX_SEAL_MANY = 1000
+from ordq.wire.transport import MAX_SEAL_MANY
 
 
 class Control:

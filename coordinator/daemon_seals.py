@@ -20,6 +20,7 @@ from ordq.coordinator.daemon_parts import RETRY_S, DaemonParts, is_written, log
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind
 from ordq.coordinator.store_values import QueueConfig
+from ordq.wire.transport import MAX_SEAL_MANY
 
 # Seals run at once, beside the rounds (``_seal_later``).
 SEAL_WORKERS = 3
@@ -28,9 +29,9 @@ SEAL_WORKERS = 3
 # call's files, the next call's segments are created and sealed in memory). Each call is one
 # job of the seal pool: it seals one batch and queues itself again, so a written queue's seal
 # (first in the queue of jobs) never waits behind a whole group's batches. 1,000 (the most a
-# broker takes, broker_group/control.py MAX_SEAL_MANY): at 10^5 queues a dead group's 33,333
+# broker takes, ordq/wire/transport.py MAX_SEAL_MANY): at 10^5 queues a dead group's 33,333
 # seals, after its moves, took 54.7 / 52.5 s in calls of 1,000, 69.1 s in calls of 500 (scale43i).
-SEAL_BATCH = 1000
+SEAL_BATCH = MAX_SEAL_MANY
 SEAL_CALLS_IN_FLIGHT = 2
 
 

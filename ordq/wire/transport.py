@@ -10,6 +10,10 @@ from typing import Protocol
 
 import attrs
 
+# Segments one SealMany call may name: the broker refuses more (broker_group/control.py), and the
+# coordinator's seal batches send this many (coordinator/daemon_seals.py SEAL_BATCH).
+MAX_SEAL_MANY = 1000
+
 
 @attrs.frozen
 class ReplicaEnd:
