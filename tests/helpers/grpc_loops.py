@@ -20,6 +20,8 @@ import grpc
 from ordq.common import loop as loop_mod
 from ordq.common.loop import LoopThread
 
+ROUNDS = 20
+
 
 def _echo_after_a_while(request: bytes, _context: Any) -> bytes:
     time.sleep(0.05)
@@ -60,7 +62,7 @@ def main() -> None:
     survivor.start()
     _, on_survivor = survivor.run(_channel(port))
     survivor.run(_call(on_survivor), 10)
-    for rounds in range(1, 21):
+    for _ in range(ROUNDS):
         closing = LoopThread("closing")
         closing.start()
         channel, method = closing.run(_channel(port))
@@ -77,7 +79,7 @@ def main() -> None:
     assert survivor.run(_call(on_survivor), 10) == b"x"
     survivor.stop()
     server.stop(0)
-    print(json.dumps({"rounds": rounds, "dropped": loop_mod.stale_grpc_handoffs}))
+    print(json.dumps({"rounds": ROUNDS, "dropped": loop_mod.stale_grpc_handoffs}))
 
 
 if __name__ == "__main__":
