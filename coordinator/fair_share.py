@@ -42,6 +42,7 @@ import collections
 import contextlib
 import itertools
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -292,15 +293,17 @@ class FairTurns:
 
     def __init__(self, config: FairShareConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], object] = time.sleep, cpu: Callable[[], float] = time.thread_time,
-                 zk_requests: Callable[[], int] = lambda: 0) -> None:
+                 zk_requests: Callable[[], int] = lambda: 0, spread: Callable[[], float] = random.random) -> None:
         """``cpu``: the calling thread's CPU seconds so far; ``zk_requests``: the ZooKeeper
-        requests it waited for so far (``store_base.requests_waited``): what a call is charged."""
+        requests it waited for so far (``store_base.requests_waited``): what a call is charged;
+        ``spread``: a number in [0, 1) for each held or paced call (``_spread_s``)."""
         self.config = config or FairShareConfig()
         self.stats = FairShareStatistics()
         self._clock = clock
         self._sleep = sleep
         self._cpu = cpu
         self._zk_requests = zk_requests
+        self._spread = spread
         self._held: dict[str, int] = {}  # holder -> refusals being held
         self._n_paced = 0  # calls held for their caller's share, in all
         # guarded by _cond
@@ -315,6 +318,15 @@ class FairTurns:
         self._used: dict[str, tuple[float, float]] = {}  # holder -> (slot seconds, at), decayed
         self._order = itertools.count()
         self._mean_s = 0.005  # a call's slot time, moving average (for the retry hint)
+
+    def _spread_s(self, seconds: float, *, least: float = 0.5, width: float = 1.0) -> float:
+        """How long one held or paced call sleeps for ``seconds`` of holding: ``seconds`` times a
+        factor drawn from [``least``, ``least`` + ``width``), at most ``max_delay_ms``. Why: a
+        flood's calls arrive together and are refused or paced together; each held exactly its
+        caller's time, they were answered together and came back together, a wave of dozens of
+        calls at once for the GIL and the cores every second or so. Spread, they come back one
+        by one (a measurement of one drill round, not conclusive: docs/BENCHMARKS.md, stop j)."""
+        return min(seconds * (least + width * self._spread()), self.config.max_delay_ms / 1000.0)
 
     def used(self, holder: str, now: float) -> float:
         seconds, at = self._used.get(holder, (0.0, now))
@@ -421,7 +433,7 @@ class FairTurns:
         self._charge_refusal(holder, reserved)
         if hold:
             try:
-                self._sleep(self.config.hold_refused_ms / 1000.0)
+                self._sleep(self._spread_s(self.config.hold_refused_ms / 1000.0))
             finally:
                 with self._cond:
                     self._hold(holder, -1)
@@ -463,15 +475,15 @@ class FairTurns:
             hold_s = min(max(rt.delay_s(holder, arrived), cfg.hold_refused_ms / 1000.0),
                          cfg.max_delay_ms / 1000.0)
         if wait:
-            try:
-                self._sleep(wait)
+            try:  # never less than the caller's debt: it is let through after this sleep
+                self._sleep(self._spread_s(wait, least=1.0, width=0.5))
             finally:
                 with self._cond:
                     rt.leave(holder)
                     self._n_paced -= 1
         if hold:
             try:
-                self._sleep(hold_s)
+                self._sleep(self._spread_s(hold_s))
             finally:
                 with self._cond:
                     self._hold(holder, -1)

@@ -59,6 +59,12 @@ class FrameConfig:
     # What one token may hold is ``FairShareConfig.max_calls_per_caller`` (64, typed, counted).
     max_streams_per_connection: int = 100
     max_metadata_bytes: int = 16 << 10
+    # Each stream's HTTP/2 receive window, pinned (no bandwidth probes growing it): what a client
+    # may push of a body the coordinator has not asked for yet. gRPC's probes grew it to ~4 MiB a
+    # stream, so each Pop refused on its headers (no token) still brought ~4 MiB of a huge body
+    # into the leader, decrypted and buffered until the refusal. Control calls are a few hundred
+    # bytes; the largest (1 MiB) arrive in steps of it.
+    receive_window_bytes: int = 64 << 10
     handshake_timeout_ms: int = 10_000
     max_connections: int = 1_000
 
@@ -66,8 +72,9 @@ class FrameConfig:
         if not 0 < self.small_request_bytes <= self.large_request_bytes:
             raise ConfigError("request limits must be > 0, the small one at most the large one")
         if min(self.max_streams_per_connection, self.max_metadata_bytes, self.handshake_timeout_ms,
-               self.max_connections) <= 0:
-            raise ConfigError("streams per connection, metadata bytes, handshake timeout, connections must be > 0")
+               self.max_connections, self.receive_window_bytes) <= 0:
+            raise ConfigError("streams per connection, metadata bytes, handshake timeout, connections, receive "
+                              "window must be > 0")
 
     def limit_of(self, rpc: str) -> int:
         return self.large_request_bytes if rpc in LARGE_RPCS else self.small_request_bytes
@@ -80,7 +87,8 @@ class FrameConfig:
 
 def server_options(cfg: FrameConfig) -> list[tuple[str, int]]:
     """The coordinator server's channel arguments: answers may be large (a queue's state), requests
-    not (``FrameConfig.receive_limit``); connections and streams bounded (as the brokers')."""
+    not (``FrameConfig.receive_limit``); connections and streams bounded (as the brokers'); each
+    stream's receive window pinned (``FrameConfig.receive_window_bytes``)."""
     from ordq.wire.framing import GRPC_OPTIONS
 
     return [(k, v) for k, v in GRPC_OPTIONS if k != "grpc.max_receive_message_length"] + [
@@ -89,6 +97,8 @@ def server_options(cfg: FrameConfig) -> list[tuple[str, int]]:
         ("grpc.max_metadata_size", cfg.max_metadata_bytes),
         ("grpc.server_handshake_timeout_ms", cfg.handshake_timeout_ms),
         ("grpc.max_allowed_incoming_connections", cfg.max_connections),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", cfg.receive_window_bytes),
     ]
 
 

@@ -32,7 +32,7 @@ class _Fake:
 
 def _turns(fake: _Fake, **cfg: object) -> FairTurns:
     return FairTurns(FairShareConfig(**cfg), clock=lambda: fake.now, sleep=fake.sleep,  # type: ignore[arg-type]
-                     cpu=lambda: fake.cpu, zk_requests=lambda: fake.zk)
+                     cpu=lambda: fake.cpu, zk_requests=lambda: fake.zk, spread=lambda: 0.5)
 
 
 def test_a_call_is_charged_its_zookeeper_requests_and_its_frame() -> None:

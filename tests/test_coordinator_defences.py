@@ -139,6 +139,31 @@ def test_no_token_is_refused_before_the_body_and_names_reach_the_log_escaped(
         ch2.close()
 
 
+def test_a_body_refused_on_its_headers_crosses_the_wire_only_as_far_as_a_small_window(
+        coordinator: tuple[Cluster, str]) -> None:
+    """Guard: size before body, on the wire. A Pop without a token carrying a 64 MiB queue name is
+    refused on its headers; what its client could push to the leader meanwhile is what the
+    leader's HTTP/2 receive window let through (``FrameConfig.receive_window_bytes``, pinned:
+    no window grown by gRPC's bandwidth probes). Counted by a TCP proxy between them, three such
+    calls on one connection got less than 2 MiB through in all."""
+    from tests.helpers.silent_proxy import SilentProxy
+
+    cluster, address = coordinator
+    host, port = address.rsplit(":", 1)
+    proxy = SilentProxy((host, int(port)))
+    anonymous, ch = stub_of(f"127.0.0.1:{proxy.port}", cluster)
+    try:
+        huge = pb.QueueRef(queue="a" * (64 << 20))
+        for _ in range(3):
+            err = refusal(lambda: anonymous.Pop(huge, timeout=60))
+            assert err.code() is grpc.StatusCode.PERMISSION_DENIED and kind(err) == "denied", err
+        print(f"{proxy.forwarded} bytes got through to the leader")
+        assert proxy.forwarded < 2 << 20
+    finally:
+        ch.close()
+        proxy.close()
+
+
 def test_undecodable_requests_are_invalid_argument_counted_without_a_traceback(
         coordinator: tuple[Cluster, str]) -> None:
     """Guard: undecodable requests. Bytes that are no protobuf of the call's type are

@@ -235,7 +235,7 @@ def test_a_refusal_of_a_call_that_took_no_turn_is_held_counted_and_charged() -> 
     from ordq.coordinator.fair_share import TurnRefused
 
     slept: list[float] = []
-    turns = FairTurns(FairShareConfig(hold_refused_ms=700, max_held=1), sleep=slept.append)
+    turns = FairTurns(FairShareConfig(hold_refused_ms=700, max_held=1), sleep=slept.append, spread=lambda: 0.5)
     with pytest.raises(TurnRefused):
         turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
     assert slept == [0.7] and turns.stats.refused == 1
@@ -243,3 +243,23 @@ def test_a_refusal_of_a_call_that_took_no_turn_is_held_counted_and_charged() -> 
     with pytest.raises(TurnRefused):
         turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
     assert slept == [0.7] and turns.stats.refused == 2
+
+
+def test_a_floods_held_refusals_are_answered_spread_over_the_hold_not_at_once() -> None:
+    """A flood's calls arrive together and are refused together; held each exactly
+    ``hold_refused_ms``, they were answered, and came back, together: a wave each second
+    (drill security-control-plane, stop j). Each is held ``hold_refused_ms`` times a factor from
+    [0.5, 1.5) now: its holds average ``hold_refused_ms`` and spread over the whole second."""
+    import random
+
+    from ordq.coordinator.fair_share import TurnRefused
+
+    slept: list[float] = []
+    turns = FairTurns(FairShareConfig(hold_refused_ms=1000, max_held=64), sleep=slept.append,
+                      spread=random.Random(38).random)
+    for _ in range(64):
+        with pytest.raises(TurnRefused):
+            turns.refuse("flooder", TurnRefused("flooder", "too many", 1_000))
+    assert len(slept) == 64 and min(slept) >= 0.5 and max(slept) < 1.5
+    assert max(slept) - min(slept) > 0.8 and 0.9 < sum(slept) / len(slept) < 1.1
+    assert len({round(s, 2) for s in slept}) > 40  # not a few waves either

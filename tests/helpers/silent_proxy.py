@@ -13,12 +13,15 @@ class SilentProxy:
     """Forwards TCP connections on a free loopback port to ``target``; ``silent`` drops every
     byte both ways while the connections stay open; ``hold_replies`` holds what ``target``
     sends (ZooKeeper hears its clients, they hear nothing: its answers come late) and delivers
-    it once cleared; ``reset()`` closes every connection (a healed partition's resets)."""
+    it once cleared; ``reset()`` closes every connection (a healed partition's resets).
+    ``forwarded``: the bytes forwarded to ``target`` so far (what its clients got through)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.silent = threading.Event()
         self.hold_replies = threading.Event()
+        self.forwarded = 0
+        self._count_lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.2)
         self.port = self._server.getsockname()[1]
@@ -65,6 +68,9 @@ class SilentProxy:
                 continue
             with contextlib.suppress(OSError):
                 dst.sendall(data)
+                if not replies:
+                    with self._count_lock:
+                        self.forwarded += len(data)
 
     def reset(self) -> None:
         """Close every connection made so far (new ones are still forwarded)."""
