@@ -87,7 +87,7 @@ class DutyRound(DaemonParts):
                 self._guarded_round(queue)
         self.stats.planned += len(queues)
         self.stats.zk_reads = view.reads
-        self._spread_pass(view, started)
+        self._spread_pass(view, time.monotonic())
         if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
             self._list_seen = view.list_changes
             for gone in set(self.stats.corrupt) - set(view.entries):
@@ -116,6 +116,10 @@ class DutyRound(DaemonParts):
             log.debug("groups not read between slices: %s", exc)
         now = time.monotonic()
         extra = self._judge_groups(view, [], now)
+        # Heads spread back between slices too: at 10^5 a returning group's round (its ~33,000
+        # admits, then their re-reads and pops) lasts 20-50 s, and a pass only at each round's
+        # end moved 100 heads (one pass) or none in the 60 s after it came back (scale43i).
+        self._spread_pass(view, now)
         if len(extra) < 2:
             if extra:
                 view.mark(extra)  # one queue: the per-queue way, next round
