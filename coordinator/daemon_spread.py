@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from ordq.common.errors import CoordinationUnavailable, OrdqError
+from ordq.coordinator.away import Verdict
 from ordq.coordinator.daemon_parts import DaemonParts, is_written, log
 from ordq.coordinator.daemon_view import DaemonView, QueueEntry, known_state
 from ordq.coordinator.head_spread import SpreadResult, spread_heads
@@ -61,6 +62,21 @@ def spread_rows(entries: Mapping[str, QueueEntry],
     return rows
 
 
+def spread_paused(live_since: Mapping[str, float], live: frozenset[str] | set[str],
+                  verdicts: Mapping[str, Verdict]) -> bool:
+    """Whether a spread pass waits because a group is away and not judged dead yet: one that was
+    live at the last pass and is not now (``live_since``: the groups live at the last pass;
+    ``live``: live and undrained now), or one whose verdict is still WAIT or HELD (``away.py``).
+
+    Why (issue 43): a pass between a group's kill and its verdict counted the survivors alone
+    and moved a head between them (10^5, scale43j run 2: g2 31,735 / g3 31,733 -> one move, 18 ms
+    before g1 was judged dead): churn, and heads taken from the groups about to receive the dead
+    one's. A group judged dead does not pause it (its seals do: ``spread_waits``)."""
+    if set(live_since) - set(live):
+        return True
+    return any(v in (Verdict.WAIT, Verdict.HELD) for v in verdicts.values())
+
+
 class SpreadBack(DaemonParts):
     """The spread's methods."""
 
@@ -74,8 +90,10 @@ class SpreadBack(DaemonParts):
         return frozenset(g for g in live if now - self._live_since[g] >= REBALANCE_GRACE_S)
 
     def _spread_pass(self, view: DaemonView, now: float) -> None:
+        with self._lock:
+            paused = spread_paused(self._live_since, view.live - view.drained, self._verdicts)
         settled = self._settled_live(view, now)
-        if self.rebalance_moves_per_s <= 0 or now < self._next_spread:
+        if self.rebalance_moves_per_s <= 0 or now < self._next_spread or paused:
             return
         self._next_spread = now + REBALANCE_INTERVAL_S
         max_moves = int(self.rebalance_moves_per_s * REBALANCE_INTERVAL_S)
