@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.replica import Role
-from ordq.broker_group.segments import SegmentStore
+from ordq.broker_group.segments import FREE_PER_ROUND, SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, QueueNotFound, SegmentNotFound
 from ordq.coordinator.state import SegStatus
@@ -144,7 +144,7 @@ class Repairer:
 
     def _round(self) -> None:
         store = self.shared.require_store()
-        self.segments.free_space()
+        self.segments.free_space(limit=FREE_PER_ROUND)
         try:
             self._reconcile_round(store)
         finally:

@@ -58,6 +58,24 @@ INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the q
 FULL_SCAN_S = 600.0
 # Queue folders whose states ``free_space`` reads at once (pipelined on one connection).
 FREE_READ_SLICE = 500
+# Queue folders a repair round's ``free_space`` looks at, at most; the rest wait, in name order,
+# for the next rounds (a round a second). Why (issue 43): after its master's return at 10^5
+# queues a slave looked at ~33,334 folders in one go (the coordinator's 33,333 admits each fired
+# a state watch; a blip that drops every watch asks for a full scan): about half a core for
+# ~60 s on ZooKeeper reads, and a ZooKeeper stall meeting it lost the slave its 1 s session
+# (scale43h; scale43i's py-spy). A popped segment's files then go up to ~30 s later: disk
+# space only. A start looks at every folder before it serves (no bound).
+FREE_PER_ROUND = 1_000
+
+
+def take_share(pending: set[str], limit: int | None) -> list[str]:
+    """Remove from ``pending`` and return (in name order) its first ``limit`` names, every one
+    when ``limit`` is None. Pure: ``free_space``'s bound on the work of one round."""
+    names = sorted(pending)
+    if limit is not None:
+        names = names[:max(0, limit)]
+    pending.difference_update(names)
+    return names
 
 
 class SegmentStore:
@@ -79,6 +97,7 @@ class SegmentStore:
         self._changed: set[str] = set()
         self._changed_lock = threading.Lock()
         self._next_full_scan = 0.0
+        self._pending: set[str] = set()  # queues to look at, beyond the last round's share
         # Queues whose folder a ``DurableBatch`` claims (its incarnation file written, not yet
         # committed), with how many batches do: a segment created meanwhile the one-by-one way
         # writes the claim durably itself instead of trusting a file not yet synced.
@@ -455,11 +474,12 @@ class SegmentStore:
                 self.shared.changed()
         return segment
 
-    def free_space(self) -> None:
+    def free_space(self, limit: int | None = None) -> None:
         """Set aside the files of every segment no queue needs any more: popped from its consume
         list (read by every subscription, or dropped by retention), or of a deleted queue. Each
         is out of the map and renamed out of the way at once (a re-created queue's new folder
-        never meets it); ``finish_removals`` removes the files later."""
+        never meets it); ``finish_removals`` removes the files later. ``limit``: at most this
+        many queues looked at (``FREE_PER_ROUND``), the others kept for the next calls."""
         data_dir = self.shared.config.data_dir
         # Which segments each queue holds, from one pass over the map (issue 43: a pass over
         # the whole map per queue cost a start at 10^5 queues ~33,000 x ~40,000 steps, about a
@@ -474,12 +494,12 @@ class SegmentStore:
             self._next_full_scan = now + FULL_SCAN_S
             with self._changed_lock:
                 self._changed.clear()
-            names = sorted({p.name for p in data_dir.iterdir() if _is_queue_folder(p)} | held.keys())
+            self._pending |= {p.name for p in data_dir.iterdir() if _is_queue_folder(p)} | held.keys()
         else:
             with self._changed_lock:
                 changed, self._changed = self._changed, set()
-            names = sorted(q for q in changed | (held.keys() - self._watched)
-                           if q in held or _is_queue_folder(data_dir / q))
+            self._pending |= changed | (held.keys() - self._watched)
+        names = [q for q in take_share(self._pending, limit) if q in held or _is_queue_folder(data_dir / q)]
         store = self.shared.require_store()
         for i in range(0, len(names), FREE_READ_SLICE):
             part = names[i:i + FREE_READ_SLICE]

@@ -65,7 +65,7 @@ from ordq.coordinator.daemon_spread import (  # noqa: F401
     REBALANCE_MOVES_PER_S,
     SpreadBack,
 )
-from ordq.coordinator.daemon_view import STATE, SUBS, DaemonView
+from ordq.coordinator.daemon_view import SUBS, DaemonView, known_state
 from ordq.coordinator.duties import Kind, OpenSegment
 from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
@@ -263,20 +263,11 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
             entry = entries.get(q)
             if entry is None:
                 continue  # not read yet: the caller reads it
-            stale = set(entry.stale)
-            state, version = entry.state, entry.version
-            mine = written.get(q)
-            if mine is not None and version >= 0 and mine[1] > version:
-                # Written by this process since the copy was read in this term (the moves,
-                # seals, pops of a dead group's queues: each fired its watch, so the copy is
-                # stale): the state as written is what ZooKeeper holds, this process being the
-                # one writer of states. Not before this term's view read it: a write of an
-                # earlier term of this process may have been overtaken by another leader's.
-                state, version = mine
-            elif state is None or entry.problem is not None or STATE in stale:
+            known = known_state(entry, written.get(q))
+            if known is None:
                 continue  # changed and not read again: the caller reads it
-            cursors = entry.cursors if SUBS not in stale else None
-            out[q] = (state, version, sorted(cursors) if cursors is not None else None)
+            cursors = entry.cursors if SUBS not in entry.stale else None
+            out[q] = (*known, sorted(cursors) if cursors is not None else None)
         return out
 
     # -- metrics ----------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class DutyRound(DaemonParts):
                 self._guarded_round(queue)
         self.stats.planned += len(queues)
         self.stats.zk_reads = view.reads
-        self._spread_pass(view, started)
+        self._spread_pass(view, time.monotonic())
         if view.list_changes != self._list_seen:  # queues deleted: forget them (not every round: O(queues))
             self._list_seen = view.list_changes
             for gone in set(self.stats.corrupt) - set(view.entries):
@@ -116,13 +116,17 @@ class DutyRound(DaemonParts):
             log.debug("groups not read between slices: %s", exc)
         now = time.monotonic()
         extra = self._judge_groups(view, [], now)
-        if len(extra) < 2:
-            if extra:
-                view.mark(extra)  # one queue: the per-queue way, next round
-            return
-        left = set(self._move_dead_heads(urgent_first(extra, self._written, now), view, now))
-        moved.update(q for q in extra if q not in left)
-        view.mark(left)  # not moved here: planned next round
+        if len(extra) >= 2:
+            left = set(self._move_dead_heads(urgent_first(extra, self._written, now), view, now))
+            moved.update(q for q in extra if q not in left)
+            view.mark(left)  # not moved here: planned next round
+        elif extra:
+            view.mark(extra)  # one queue: the per-queue way, next round
+        # Heads spread back between slices too: at 10^5 a returning group's round (its ~33,000
+        # admits, then their re-reads and pops) lasts 20-50 s, and a pass only at each round's
+        # end moved 100 heads (one pass) or none in the 60 s after it came back (scale43i).
+        # After the moves: a dead group's seals they queued hold the spread (``spread_waits``).
+        self._spread_pass(view, time.monotonic())
 
     def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
         """Fail over, in batched transactions, every queue of ``queues`` whose head group is

@@ -62,6 +62,24 @@ class QueueEntry:
     problem: BaseException | None = None  # why the state could not be used (CorruptState...)
 
 
+def known_state(entry: QueueEntry, mine: tuple[QueueState, int] | None) -> tuple[QueueState, int] | None:
+    """The queue's state and version as ZooKeeper holds them, if this process knows them: its
+    copy when read and unchanged since, or ``mine`` (``store_base.WrittenStates``: what this
+    process wrote) when written after the copy was read in this term; else None (not read yet,
+    unusable, or changed by another writer and not read again).
+
+    Why a write of this process counts: the elected coordinator is the one writer of the
+    states, so what it wrote last is what ZooKeeper holds; its own writes (a dead group's
+    moves, a returning group's ~33,000 admits at 10^5) fire the watches that make the copies
+    stale. Not before this term's view read it: a write of an earlier term of this process
+    may have been overtaken by another leader's."""
+    if mine is not None and entry.version >= 0 and mine[1] > entry.version:
+        return mine
+    if entry.state is None or entry.problem is not None or STATE in entry.stale:
+        return None
+    return entry.state, entry.version
+
+
 class DaemonView:
     """The daemon's copy of queue and group records; ``refresh()`` brings the dirty ones up to
     date and returns them. Made per leadership term; ``close()`` silences its watches."""

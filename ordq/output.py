@@ -54,21 +54,24 @@ LONG_LIST = 1000
 
 
 def emit_json(obj: Any, out: TextIO | None = None) -> None:
-    """Print obj as indented JSON (one document); a list of more than ``LONG_LIST`` items as
-    one item a line, each compact.
+    """Print obj as ``json_text`` makes it."""
+    (out or sys.stdout).write(json_text(obj))
+
+
+def json_text(obj: Any) -> str:
+    """What ``--json`` prints of obj: indented JSON (one document, a newline after it); a list of
+    more than ``LONG_LIST`` items as one item a line, each compact. Also made by the coordinator
+    for ``queue list --json`` (its rows as this text, printed as is: ``rows_as_text``).
 
     Why: with an indent, the standard library encodes in Python, not C: ``queue list --json``
     of 2,000 queues spent 2-3 s of its 3-4 s there, and 10^5 queues took 271 s in all (issue
     43, goal < 10 s). Each line is still one item of the same JSON array."""
-    out = out or sys.stdout
     if isinstance(obj, list) and len(obj) > LONG_LIST:
         # one encoder for every item: ``json.dumps`` with options makes one an item (10^5 rows
         # of ``queue list``: 6.7 s of the CLI's 40 s under py-spy, scale43h)
         encode = json.JSONEncoder(sort_keys=True, default=str).encode
-        out.write("[\n" + ",\n".join("  " + encode(item) for item in obj) + "\n]\n")
-        return
-    json.dump(obj, out, indent=2, sort_keys=True, default=str)
-    out.write("\n")
+        return "[\n" + ",\n".join("  " + encode(item) for item in obj) + "\n]\n"
+    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 
 def format_time_ms(ms: int) -> str:

@@ -165,3 +165,59 @@ def test_a_deleted_queue_s_record_never_drops_its_successor_s_segments(
             if s.log is not None:
                 s.log.close()
         segments.book.close()
+
+
+def test_a_share_takes_at_most_its_limit_in_name_order_and_leaves_the_rest() -> None:
+    """``take_share``, free_space's bound per round (pure)."""
+    from ordq.broker_group.segments import take_share
+
+    pending = {f"q{i:02d}" for i in range(25)}
+    shares = []
+    while pending:
+        shares.append(take_share(pending, 10))
+    assert [len(s) for s in shares] == [10, 10, 5]
+    assert [q for s in shares for q in s] == sorted(f"q{i:02d}" for i in range(25))
+    everything = {"b", "a"}
+    assert take_share(everything, None) == ["a", "b"] and not everything
+
+
+def test_a_round_looks_at_a_bounded_share_of_the_changed_queues(
+        zk_server: Any, zk_root: str, tmp_path: Path) -> None:
+    """Issue 43: after its master's return at 10^5 queues, a slave re-read the states of its
+    ~33,334 queues in one round (the coordinator's admits fired their watches; a blip asks for
+    a full scan), about half a core for a minute, and a ZooKeeper stall meeting that lost it
+    its session. A round now reads at most ``limit`` states; the rest wait for the next rounds,
+    and every queue is looked at in the end (the popped segment goes). Failing first: one
+    round read all 300 (``free_space`` took no limit)."""
+    with _in_process(zk_server, zk_root, tmp_path, Role.SLAVE) as (zk, shared):
+        names = [f"p{i:03d}" for i in range(300)]
+        created, _ = zk.create_queues(names, ["g1"])
+        live = sm.Facts(live_groups=frozenset({"g1"}))
+        for st in created:
+            folder = seglog.segment_dir(tmp_path, st.queue, 0)
+            folder.mkdir(parents=True)
+            (folder.parent / INCARNATION_FILE).write_text(json.dumps(st.incarnation))
+            shared.segments[(st.queue, 0)] = Segment(replica=SegmentReplica(st.queue, 0, Role.SLAVE),
+                                                     directory=folder, log=None)
+        shared.store = zk
+        store = SegmentStore(shared)
+        store.free_space()  # the start: every folder, and a watch on each state
+        assert len(shared.segments) == len(names)
+
+        def popped(st: sm.QueueState, _facts: Any) -> sm.QueueState:
+            st = sm.admit_all(st, live)
+            st = sm.seal(sm.roll(st, "g1", 0, live), 0, 0, None, None, at_ms=1)
+            return sm.pop(st, live)
+
+        zk.apply(names[-1], popped)  # the last in name order: looked at in the last share
+        store._on_state(WatchedEvent(EventType.NONE, KazooState.CONNECTED, None))  # a blip: a full scan
+        reads: list[int] = []
+        real = zk.load_states
+        zk.load_states = lambda qs, **kw: (reads.append(len(qs)), real(qs, **kw))[1]  # type: ignore[method-assign]
+        rounds = 0
+        while (names[-1], 0) in shared.segments:
+            store.free_space(limit=120)
+            rounds += 1
+            assert rounds <= 3
+        assert max(reads) <= 120 and sum(reads) == len(names), reads
+        assert rounds == 3 and len(shared.segments) == len(names) - 1

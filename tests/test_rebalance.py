@@ -127,3 +127,20 @@ def test_spread_waits_exactly_when_a_dead_group_has_seals_or_more_than_a_pass_wa
     live = frozenset({"g1", "g2", "g3"})
     batches = {g: {f"{g}-{i}": 0 for i in range(n)} for g, n in sizes.items()}
     assert spread_waits(batches, live, max_moves) == (sizes.get("g4", 0) > 0 or sum(sizes.values()) > max_moves)
+
+
+def test_a_spread_pass_pauses_while_a_group_is_away_and_not_judged_dead() -> None:
+    """``spread_paused`` (issue 43): a group live at the last pass and gone now, or one whose
+    verdict is WAIT or HELD, pauses the spread (at 10^5 a pass between g1's kill and its verdict
+    moved a head from g2 to g3, scale43j run 2); a group judged dead does not (its seals do)."""
+    from ordq.coordinator.away import Verdict
+    from ordq.coordinator.daemon_spread import spread_paused
+
+    three = frozenset(GROUPS)
+    since = dict.fromkeys(GROUPS, 0.0)
+    assert not spread_paused(since, three, {})
+    assert spread_paused(since, three - {"g1"}, {})  # gone since the last pass, no verdict yet
+    assert spread_paused({"g2": 0.0, "g3": 0.0}, three - {"g1"}, {"g1": Verdict.WAIT})
+    assert spread_paused({"g2": 0.0, "g3": 0.0}, three - {"g1"}, {"g1": Verdict.HELD})
+    assert not spread_paused({"g2": 0.0, "g3": 0.0}, three - {"g1"}, {"g1": Verdict.DEAD})
+    assert not spread_paused({"g2": 0.0}, frozenset({"g2", "g3"}), {})  # g3 new: not a pause

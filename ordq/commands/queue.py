@@ -267,13 +267,17 @@ def unknown(value: Any) -> Any:
 def cmd_list(args: argparse.Namespace) -> int:
     # Only the queues the caller's token has a role on (issue 42); each described by the
     # coordinator (its replicas read there), one page at a time.
-    doc = admin_call(args, "queue list", prefix=args.prefix, after=args.after, limit=args.limit)
+    as_json = wants_json(args)
+    doc = admin_call(args, "queue list", prefix=args.prefix, after=args.after, limit=args.limit,
+                     **({"rows_as_text": True} if as_json else {}))
     shown = Page(names=doc["names"], more=doc["more"])
-    rows, corrupt = doc["rows"], doc["corrupt"]
+    rows, corrupt = doc.get("rows"), doc["corrupt"]
     for line in corrupt:
         print(f"ordq: error: {line}", file=sys.stderr)
-    if wants_json(args):
-        emit_json(rows)
+    if as_json and "rows_text" in doc:
+        sys.stdout.write(doc["rows_text"])  # json_text of the rows, made by the coordinator
+    elif as_json:
+        emit_json(rows)  # a coordinator that predates rows_as_text
     elif not rows and not corrupt:
         print("no queues (create one: ordq queue create NAME)" if not (args.prefix or args.after)
               else "no queues match")
