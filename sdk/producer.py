@@ -376,10 +376,10 @@ class Producer(ProducerIO):
                 # Wake the loop only when it has something to act on: a batch was cut (a full
                 # one), this message opened a batch that is due at once (an idle pipe), or one
                 # that lingers while no linger timer is armed. A timer armed for an earlier
-                # batch fires before this one's deadline, and the loop then arms its own: at a
-                # steady rate no wake-up per batch, and never one per message. Without the
-                # last case a batch opened after the loop's last pump waited for the ack of
-                # the one in flight however late it came (issue 39: P.open -> P.take).
+                # batch fires before this one's deadline, and the loop then arms its own: while
+                # acks come within the linger, no wake-up per batch; never one per message.
+                # Without the last case a batch opened after the loop's last pump waited for
+                # the ack of the one in flight however late it came (issue 39: P.open -> P.take).
                 due = core.next_deadline()
                 if core.next_seq != cut_before or (due is not None and (due <= now or self._linger_timer is None)):
                     self._wake_locked()
