@@ -373,12 +373,15 @@ class Producer(ProducerIO):
             core.add(msg, fut, now, size)
             self._stats.sent += 1
             if not self._wake_pending and core.open_count == 1:
-                # Wake the loop only when it has something to act on now: a batch was cut
-                # (a full one), or this message opened a batch that is due at once (an idle
-                # pipe). One that lingers goes when an ack frees the pipe or at its linger
-                # deadline, both seen by the loop already: no wake-up per message.
+                # Wake the loop only when it has something to act on: a batch was cut (a full
+                # one), this message opened a batch that is due at once (an idle pipe), or one
+                # that lingers while no linger timer is armed. A timer armed for an earlier
+                # batch fires before this one's deadline, and the loop then arms its own: while
+                # acks come within the linger, no wake-up per batch; never one per message.
+                # Without the last case a batch opened after the loop's last pump waited for
+                # the ack of the one in flight however late it came (issue 39: P.open -> P.take).
                 due = core.next_deadline()
-                if core.next_seq != cut_before or (due is not None and due <= now):
+                if core.next_seq != cut_before or (due is not None and (due <= now or self._linger_timer is None)):
                     self._wake_locked()
         return fut
 

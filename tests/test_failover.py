@@ -9,12 +9,18 @@ over, seal and pop on their own.
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from kazoo.exceptions import NoNodeError
+
+from ordq.broker_group import lean_link
 from ordq.common.errors import OrdqError
 from ordq.coordinator.state import SegStatus
+from ordq.wire import lean_produce
 from ordq.wire.batch import Message, encode_batch
 from ordq.wire.errors import SegmentNotWritable
+from ordq.wire.lean_produce import LeanProduceStream
 from tests.cluster import (  # noqa: F401 - cluster_fixture
     FINISH_S,
     LOAD_RATE,
@@ -32,6 +38,31 @@ from tests.util import wait_until
 pytestmark = pytest.mark.zk
 
 N = 16_000  # messages per default test: ~4 s of load at LOAD_RATE
+
+
+@pytest.fixture(name="links", params=["grpc", pytest.param("lean", marks=pytest.mark.heavy)])
+def links_fixture(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The data path's two internal hops: gRPC (the default), or both lean links (issue 39:
+    ``ORDQ_PRODUCE_LINK`` and ``ORDQ_REPLICATION_LINK`` set to ``lean`` for the brokers this test
+    starts, which inherit it, and for its producer and consumer). The lean variants are in the
+    end-to-end tier: the default one is near its time budget."""
+    monkeypatch.setenv(lean_produce.ENV, request.param)
+    monkeypatch.setenv(lean_link.ENV, request.param)
+    return str(request.param)
+
+
+def check_links(cluster: Cluster, producer: LoadProducer, links: str) -> None:
+    """The run took the links asked for: the producer's stream, the links the brokers publish."""
+    stream = producer._producer._stream if producer._producer is not None else None  # noqa: SLF001
+    if stream is not None:
+        assert isinstance(stream, LeanProduceStream) == (links == "lean"), type(stream)
+    for gid in cluster.groups:
+        for role, published in (("master", "produce"), ("slave", "replication")):
+            try:
+                node = json.loads(cluster.store.client.get(cluster.paths.live(gid, role))[0])
+            except NoNodeError:
+                continue  # killed
+            assert bool(node.get(published)) == (links == "lean"), (gid, role, node)
 
 
 def check_run(cluster: Cluster, producer: LoadProducer, consumer: LoadConsumer, n: int) -> None:
@@ -54,11 +85,12 @@ def assert_sealed_or_popped(cluster: Cluster, seg: int) -> None:
     assert s is None or s.status is SegStatus.SEALED, f"segment {seg} is {s}"
 
 
-def test_head_master_killed(cluster: Cluster) -> None:
+def test_head_master_killed(cluster: Cluster, links: str) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     producer, consumer = start_load(cluster, N)
     wait_acked(producer, N // 4)
+    check_links(cluster, producer, links)
     seg0 = open_seg(cluster)
     cluster.head().master.kill()
     finish(producer, consumer)
@@ -69,11 +101,12 @@ def test_head_master_killed(cluster: Cluster) -> None:
     assert_sealed_or_popped(cluster, seg0)  # sealed from the slave (its master is dead)
 
 
-def test_head_slave_killed(cluster: Cluster) -> None:
+def test_head_slave_killed(cluster: Cluster, links: str) -> None:
     cluster.add_groups("g1", "g2")
     cluster.create_queue()
     producer, consumer = start_load(cluster, N)
     wait_acked(producer, N // 3)
+    check_links(cluster, producer, links)
     seg0 = open_seg(cluster)
     cluster.head().slave.kill()
     finish(producer, consumer)
@@ -140,7 +173,7 @@ def test_every_group_lost_in_turn_then_one_returns(cluster: Cluster) -> None:
     check_run(cluster, producer, consumer, N)
 
 
-def test_head_master_hung_then_resumed(cluster: Cluster) -> None:
+def test_head_master_hung_then_resumed(cluster: Cluster, links: str) -> None:
     """SIGSTOP the head master past the send deadline: the producer fails over; once resumed,
     the old master refuses writes to its old segment and reconciles it to the sealed end."""
     cluster.add_groups("g1", "g2")
@@ -148,6 +181,7 @@ def test_head_master_hung_then_resumed(cluster: Cluster) -> None:
     cluster.store.create_subscription("q", "idle")  # keeps segment 0 from being popped
     producer, consumer = start_load(cluster, N)
     wait_acked(producer, N // 4)
+    check_links(cluster, producer, links)
     seg0 = open_seg(cluster)
     g1 = cluster.head()
     g1.master.pause()

@@ -9,8 +9,10 @@ import threading
 import pytest
 
 from ordq.common.loop import LoopThread
+from ordq.common.proc import load_stretched
 from ordq.sdk import BatchingConfig, Producer, ProducerConfig
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+from tests.util import wait_until
 
 
 def test_loop_thread_runs_coroutines_callbacks_and_blocking_steps_and_stops_clean() -> None:
@@ -83,3 +85,32 @@ def test_a_lone_send_on_an_idle_pipe_goes_at_once_not_after_linger(queue: Cluste
     with Producer(cfg) as p:
         for i in range(20):
             assert p.send(b"lone %d" % i).result(10).seq == i  # a minute of linger would time out
+
+
+@pytest.mark.zk
+def test_a_batch_opened_behind_the_one_in_flight_goes_at_its_linger_not_at_the_ack(queue: Cluster) -> None:
+    """Issue 39 (the e2e p99's first stage, P.open -> P.take): with one batch in flight
+    (``eager_batches`` 1) a batch opened later goes when its linger is up, a second one in
+    flight, as the pipelined mode has several. Before, nothing armed its linger timer (the loop
+    had pumped with nothing open, and ``send()`` wakes it only for a batch due at once), so it
+    waited for the first one's ack however late: the tail's +7-12 ms in that stage. Here the
+    head's slave is stopped, so no ack comes while the test looks."""
+    cfg = ProducerConfig(zk_hosts=queue.hosts, root=queue.root, queue="q", send_timeout_s=60.0,
+                         batching=BatchingConfig(linger_ms=20))
+    with Producer(cfg) as p:
+        p.send(b"warm").result(30)
+        core, stream = p._core, p._stream  # noqa: SLF001 - the in-flight count and the stream
+        assert core is not None and stream is not None
+        slave = queue.head().slave
+        slave.pause()
+        try:
+            first = p.send(b"first")  # an idle pipe: handed out at once
+            wait_until(lambda: core.inflight_batches == 1, timeout_s=10, what="the first batch in flight")
+            second = p.send(b"second")
+            # (Within the slave's ZooKeeper session, ~1 s: then the head is failed over.)
+            wait_until(lambda: core.inflight_batches == 2 and p._stream is stream,  # noqa: SLF001
+                       timeout_s=load_stretched(0.5), interval_s=0.005,
+                       what="the second batch handed out at its 20 ms linger, while the first awaits its ack")
+        finally:
+            slave.resume()
+        assert second.result(30).seq == first.result(30).seq + 1
