@@ -6,6 +6,7 @@ tells the round which heads move now; it counts what it put off and what came ba
 
 from __future__ import annotations
 
+from ordq.common.errors import OrdqError
 from ordq.coordinator.away import Probe, Verdict, moves_now
 from ordq.coordinator.daemon_parts import DaemonParts, log
 from ordq.coordinator.daemon_view import DaemonView
@@ -19,7 +20,8 @@ class AbsentGroups(DaemonParts):
     def _judge_groups(self, view: DaemonView, queues: list[str], now: float) -> list[str]:
         """Bring the record of absent groups up to date (``AwayTracker``), probe their missing
         processes, and return ``queues`` with, added, every queue headed by a group judged dead
-        since the last round (its idle queues move now)."""
+        since the last round (its idle queues move now), those the copy lacked read first
+        (``DaemonView.read_unread``)."""
         for gid, roles in view.members.items():
             for role, info in roles.items():
                 self._addresses[(gid, role)] = info.address
@@ -49,8 +51,15 @@ class AbsentGroups(DaemonParts):
             return queues
         log.info("groups %s judged dead (away %s): their idle queues' heads move", sorted(dead),
                  {g: v.value for g, v in before.items() if g in dead})
+        try:  # its queues created since the copy was last read: moved now too, not next round
+            unread = view.read_unread(self._wait_turn)
+        except OrdqError as exc:
+            unread = -1
+            log.warning("queues not yet read when %s was judged dead: left for the next round: %s", sorted(dead), exc)
         extra = {q for q, e in list(view.entries.items())
                  if e.state is not None and e.state.open_segment is not None and e.state.open_segment.gid in dead}
+        if unread > 0:
+            log.info("%d queues read first that the copy lacked (created or listed since the last read)", unread)
         return sorted(set(queues) | extra)
 
     def _on_ping(self, gid: str, role: str, answer: Probe, sent: float) -> None:
