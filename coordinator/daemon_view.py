@@ -257,21 +257,17 @@ class DaemonView:
         slices of a long re-read, so a dead group is seen without waiting for all of it."""
         self._reread_if_stale("_groups_stale", self._read_groups)
 
-    def read_unread(self, pause: Callable[[], object] | None = None) -> int:
+    def read_unread(self, pause: Callable[[], object] | None = None) -> list[str]:
         """Read the queue list again if its watch fired, then every listed queue never read yet
         (its state and settings, ``READ_SLICE`` queues at a time, ``pause`` between slices);
-        how many were read. When a group is judged dead: every queue it heads is then known.
-
-        Why (issue 43): a queue created while a round runs is listed only at the next round's
-        start and read in its re-read; at 10^5 queues a round lasts ~1 min, so a kill 5 s after
-        mass creation left 1,600-2,533 of the dead group's queues unknown to the verdict, and
-        they moved 77-106 s after it (scale43j)."""
+        the queues read (they stay marked for the next round). Once a group is judged dead:
+        every queue it heads is then known (``daemon_away``)."""
         self._reread_if_stale("_queues_stale", self._read_queue_list)
         with self._lock:
             unread = sorted(q for q, e in self.entries.items() if e.state is None and STATE in e.stale)
         for part in in_slices(unread, READ_SLICE, pause):
             self._read_queues(part)
-        return len(unread)
+        return unread
 
     def _reread_if_stale(self, flag: str, read: Callable[[], None]) -> None:
         """Run ``read`` when the watch set ``flag``; a read that fails leaves it set (next round)."""
