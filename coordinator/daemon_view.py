@@ -362,8 +362,10 @@ class DaemonView:
         """Send every stale part's read at once (each re-arming its watch), then take answers."""
         store, p = self.store, self.store.paths
         with self._lock:
-            wanted = {q: set(self.entries[q].stale) for q in queues}
-            for q in queues:
+            # (a queue deleted since it was listed is gone from the copy: the list is read again
+            # between the slices of a long re-read, ``read_unread``)
+            wanted = {q: set(self.entries[q].stale) for q in queues if q in self.entries}
+            for q in wanted:
                 self.entries[q].stale.clear()
         with store._errors():
             sent: dict[tuple[str, str], Any] = {}
