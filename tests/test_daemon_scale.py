@@ -620,6 +620,8 @@ def test_queues_created_during_a_round_move_with_their_dead_group_right_after_it
         assert steps == ["created and killed", "refused"]
         assert still_on_gid == [[]]
         assert doomed not in view.entries
+        daemon.round()  # read for the move by their states alone: the rest of them next round
+        assert all(view.entries[q].config is not None for q in new)
     finally:
         daemon.stop()
         if daemon.view is not None:
