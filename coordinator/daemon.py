@@ -121,6 +121,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._away = AwayTracker(self.away_policy)  # absent groups of this term (issue 43)
         self._verdicts: dict[str, Verdict] = {}  # away gid -> its verdict at the last round
         self._addresses: dict[tuple[str, str], str] = {}  # (gid, role) -> the address it last registered
+        self._dead_unread: set[str] = set()  # judged dead: their queues the copy lacks are read next
         self._prober: GroupProber | None = None
         self._live_since: dict[str, float] = {}  # gid -> when this term first saw both its processes live
         self._next_spread = 0.0
@@ -220,6 +221,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         with self._lock:
             self._away = AwayTracker(self.away_policy)
             self._verdicts = {}
+            self._dead_unread = set()
         self._addresses = {}
         return self.view
 

@@ -114,6 +114,7 @@ class DaemonParts:
     _away: AwayTracker
     _verdicts: dict[str, Verdict]  # away gid -> its verdict at the last round
     _addresses: dict[tuple[str, str], str]  # (gid, role) -> the address it last registered
+    _dead_unread: set[str]  # groups judged dead whose queues the copy lacks are not read yet
     _prober: GroupProber | None
 
     # -- pacing (every part) -------------------------------------------------------------------
@@ -158,4 +159,8 @@ class DaemonParts:
 
     def _may_move(self, queue: str, gid: str, busy: bool) -> bool:
         """Whether ``queue``'s head moves off absent ``gid`` now (daemon_away)."""
+        raise NotImplementedError
+
+    def _unread_of_dead(self, view: DaemonView) -> list[str]:
+        """The queues of groups just judged dead that the copy lacked, read now (daemon_away)."""
         raise NotImplementedError

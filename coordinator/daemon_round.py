@@ -63,6 +63,9 @@ class DutyRound(DaemonParts):
         finally:
             self.stats.zk_reads = view.reads
         queues = self._judge_groups(view, queues, time.monotonic())  # (judged between slices too: later)
+        late = self._unread_of_dead(view)
+        if late:
+            queues = sorted(set(queues) | set(late))
         if moved:
             queues = [q for q in queues if q not in moved]
         if len(queues) > 1:
@@ -114,19 +117,24 @@ class DutyRound(DaemonParts):
             view.refresh_groups()  # a liveness watch that fired during a long re-read (a sweep)
         except OrdqError as exc:
             log.debug("groups not read between slices: %s", exc)
-        now = time.monotonic()
-        extra = self._judge_groups(view, [], now)
-        if len(extra) >= 2:
-            left = set(self._move_dead_heads(urgent_first(extra, self._written, now), view, now))
-            moved.update(q for q in extra if q not in left)
-            view.mark(left)  # not moved here: planned next round
-        elif extra:
-            view.mark(extra)  # one queue: the per-queue way, next round
+        self._move_between_slices(self._judge_groups(view, [], time.monotonic()), view, moved)
+        self._move_between_slices(self._unread_of_dead(view), view, moved)
         # Heads spread back between slices too: at 10^5 a returning group's round (its ~33,000
         # admits, then their re-reads and pops) lasts 20-50 s, and a pass only at each round's
         # end moved 100 heads (one pass) or none in the 60 s after it came back (scale43i).
         # After the moves: a dead group's seals they queued hold the spread (``spread_waits``).
         self._spread_pass(view, time.monotonic())
+
+    def _move_between_slices(self, queues: list[str], view: DaemonView, moved: set[str]) -> None:
+        """Move the heads of ``queues`` off dead groups now, in batches, adding them to ``moved``;
+        those left (and one queue alone: the per-queue way) are planned next round."""
+        if len(queues) >= 2:
+            now = time.monotonic()
+            left = set(self._move_dead_heads(urgent_first(queues, self._written, now), view, now))
+            moved.update(q for q in queues if q not in left)
+            view.mark(left)
+        elif queues:
+            view.mark(queues)
 
     def _move_dead_heads(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
         """Fail over, in batched transactions, every queue of ``queues`` whose head group is

@@ -257,6 +257,19 @@ class DaemonView:
         slices of a long re-read, so a dead group is seen without waiting for all of it."""
         self._reread_if_stale("_groups_stale", self._read_groups)
 
+    def read_unread(self, pause: Callable[[], object] | None = None) -> list[str]:
+        """Read the queue list again if its watch fired, then every listed queue never read yet
+        (``READ_SLICE`` queues at a time, ``pause`` between slices);
+        the queues read (they stay marked for the next round). Once a group is judged dead:
+        every queue it heads is then known (``daemon_away``). Only their states: the rest is
+        read by the next round's refresh (half the reads, while a dead group's queues wait)."""
+        self._reread_if_stale("_queues_stale", self._read_queue_list)
+        with self._lock:
+            unread = sorted(q for q, e in self.entries.items() if e.state is None and STATE in e.stale)
+        for part in in_slices(unread, READ_SLICE, pause):
+            self._read_queues(part, frozenset({STATE}))
+        return unread
+
     def _reread_if_stale(self, flag: str, read: Callable[[], None]) -> None:
         """Run ``read`` when the watch set ``flag``; a read that fails leaves it set (next round)."""
         with self._lock:
@@ -346,13 +359,16 @@ class DaemonView:
                 self._dirty.update(q for q, e in self.entries.items()
                                    if e.state is None or changed & set(e.state.groups))
 
-    def _read_queues(self, queues: Sequence[str]) -> None:
-        """Send every stale part's read at once (each re-arming its watch), then take answers."""
+    def _read_queues(self, queues: Sequence[str], only: frozenset[str] = frozenset({STATE, CONFIG, SUBS})) -> None:
+        """Send every stale part's read at once (each re-arming its watch), then take answers.
+        ``only``: those parts (the others stay stale, read by a later refresh)."""
         store, p = self.store, self.store.paths
         with self._lock:
-            wanted = {q: set(self.entries[q].stale) for q in queues}
-            for q in queues:
-                self.entries[q].stale.clear()
+            # (a queue deleted since it was listed is gone from the copy: the list is read again
+            # between the slices of a long re-read, ``read_unread``)
+            wanted = {q: self.entries[q].stale & only for q in queues if q in self.entries}
+            for q, reading in wanted.items():
+                self.entries[q].stale -= reading
         with store._errors():
             sent: dict[tuple[str, str], Any] = {}
             for q, parts in wanted.items():

@@ -49,6 +49,8 @@ BENCHES = [
     # a cluster's commands need --zk (docs/BENCHMARKS.md runs them); --only as the window's runs use it
     bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
+    bench("bench_list_rows", ["--queues", "300", "--repeat", "1"],
+          ["rows: median", "JSON text: median", "handler: median"]),
     bench("bench_index", ["--messages", "20000", "--segments", "2", "--keys", "2000", "--lookups", "10"],
           ["% of the segment", "seal-time build+write", "| key, warm", "| time, cold"]),
     bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),

@@ -563,6 +563,77 @@ def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setu
         store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
 
 
+def test_queues_created_during_a_round_move_with_their_dead_group_right_after_its_verdict(
+        setup, monkeypatch) -> None:
+    """Issue 43: a queue created while a round runs was listed only at the next round's start.
+    At 10^5 queues a round lasts ~1 min: a kill 5 s after mass creation left 1,600-2,533 of the
+    dead group's queues out of the moves after its verdict, and they moved 77-106 s later
+    (scale43j). Now a verdict first reads the queue list and every queue the copy lacks, and
+    the moves between the very slices where it came take them too."""
+    import threading
+
+    from ordq.coordinator import daemon_view
+    from ordq.coordinator.group_probe import make_pinger
+
+    store, _shared = setup
+    monkeypatch.setattr(daemon_view, "READ_SLICE", 25)
+    gid = _busiest_master_at_a_closed_port(store)
+    other = "g2" if gid == "g1" else "g1"
+    new = [f"new-{i:02d}" for i in range(20)]
+    doomed = "zz-doomed"  # read in the round's last slice, deleted before it: the list read meanwhile drops it
+    store.create_queue(doomed, [other])
+    daemon = CoordinatorDaemon(store, identifier="t5", away_grace_s=60.0, pinger=make_pinger(timeout_s=2.0))
+    try:
+        daemon.round()
+        assert daemon.view is not None
+        view = daemon.view
+        steps: list[str] = []
+        still_on_gid: list[list[str]] = []  # the new queues still headed by gid right after the verdict
+        real_wait = daemon._wait_turn
+        real_between = daemon._between_slices
+
+        def create_kill_then_wait_for_the_probe() -> None:
+            if threading.current_thread() is threading.main_thread() and len(steps) < 2:
+                if not steps:  # the round's first pause: queues created on gid, then its master goes
+                    store.delete_queue(doomed)
+                    store.create_queues(new, [gid, other])
+                    assert all(store.load_state(q)[0].head == gid for q in new)
+                    wait_until(lambda: view._queues_stale, timeout_s=DEADLINE_S, what="the queue list's watch fired")
+                    store.client.delete(store.paths.live(gid, "master"))
+                    wait_until(lambda: view._groups_stale, timeout_s=DEADLINE_S, what="the groups watch fired")
+                    steps.append("created and killed")
+                else:  # the next: its probe was refused (judged dead in this pause)
+                    wait_until(lambda: daemon.stats.away_probes.get("gone", 0) > 0, timeout_s=DEADLINE_S,
+                               what=f"{gid}'s master probed and refused")
+                    steps.append("refused")
+            real_wait()
+
+        def between(v: daemon_view.DaemonView, moved: set[str]) -> None:
+            real_between(v, moved)
+            if len(steps) == 2 and not still_on_gid:
+                still_on_gid.append([q for q in new if store.load_state(q)[0].head == gid])
+
+        monkeypatch.setattr(daemon, "_wait_turn", create_kill_then_wait_for_the_probe)
+        monkeypatch.setattr(daemon, "_between_slices", between)
+        view.mark_all()  # a long round: every queue read again, READ_SLICE at a time
+        daemon.round()
+        assert steps == ["created and killed", "refused"]
+        assert still_on_gid == [[]]
+        assert doomed not in view.entries
+        daemon.round()  # read for the move by their states alone: the rest of them next round
+        assert all(view.entries[q].config is not None for q in new)
+    finally:
+        daemon.stop()
+        if daemon.view is not None:
+            daemon.view.close()
+        for q in [*new, doomed]:
+            if store.client.exists(store.paths.queue(q)) is not None:
+                store.delete_queue(q)
+        if store.client.exists(store.paths.live(gid, "master")) is not None:
+            store.client.delete(store.paths.live(gid, "master"))
+        store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
+
+
 def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_period(setup) -> None:
     """Issue 43: the safety net read every queue at once every 5 min, ~3 min of the leader at
     10^5 queues. Now a share each round: every queue once per period, in name order, and no

@@ -31,7 +31,7 @@ import attrs
 from ordq.common.errors import CorruptState, OrdqError
 from ordq.coordinator.state import QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
-from ordq.sdk.replicas import Extent, ReplicaReader, last_readable_seq
+from ordq.sdk.replicas import ReplicaReader
 
 # Known of a queue: (state, its version, its subscriptions' names or None when not read)
 KnownQueue = tuple[QueueState, int, "list[str] | None"]
@@ -39,26 +39,23 @@ Known = Callable[[Iterable[str]], Mapping[str, KnownQueue]]
 # Above this many queues whose subscriptions the coordinator's copy does not hold, a listing
 # does not read them (two ZooKeeper reads a queue instead of one; at 10^5 queues ~3 minutes).
 SUBS_READ_LIMIT = 1000
+SEALED, OPEN = SegStatus.SEALED, SegStatus.OPEN  # looked up once, not per segment
 
 
 def queue_states(store: ZkStore, names: Sequence[str], known: Known | None) -> tuple[dict[str, KnownQueue], list[str]]:
     """The state of each of ``names`` (from ``known``, else read), and one line per queue whose
-    state does not parse. A queue deleted meanwhile is left out."""
+    state does not parse. A queue deleted meanwhile is left out. What the copy lacks is read in
+    one pipelined pass: the states, and the subscriptions' names it lacks while few are."""
     have: dict[str, KnownQueue] = dict(known(names)) if known is not None else {}
     missing = [q for q in names if q not in have]
-    unknown_subs = len(missing) + sum(1 for v in have.values() if v[2] is None)
-    with_subs = unknown_subs <= SUBS_READ_LIMIT
+    lacking = [q for q in names if q in have and have[q][2] is None]
+    with_subs = len(missing) + len(lacking) <= SUBS_READ_LIMIT
     corrupt: list[str] = []
-    for q, got in store.load_states(missing, with_subs=with_subs).items():
-        if isinstance(got, CorruptState):
-            corrupt.append(str(got))
-        else:
+    for q, got in store.load_states(missing + lacking if with_subs else missing, with_subs=with_subs).items():
+        if not isinstance(got, CorruptState):
             have[q] = got
-    if with_subs:
-        lacking = [q for q in names if q in have and have[q][2] is None]
-        for q, got in store.load_states(lacking, with_subs=True).items():
-            if not isinstance(got, CorruptState):
-                have[q] = got
+        elif q not in have:  # one the copy holds keeps that state, without its subscriptions
+            corrupt.append(str(got))
     return {q: have[q] for q in names if q in have}, corrupt
 
 
@@ -98,30 +95,40 @@ def open_ends(store: ZkStore, reader: ReplicaReader,
     return out
 
 
-def extents_of(st: QueueState, ends: Mapping[str, GroupEnds], reader: ReplicaReader) -> list[Extent]:
-    """Each segment's extent: sealed ones from the state, the others from their group's
+def readable_of(st: QueueState, ends: Mapping[str, GroupEnds], reader: ReplicaReader) -> tuple[int | None, int | None]:
+    """The queue's highest readable seq and the messages it stores (``last_readable_seq`` of its
+    segments' extents, and the sum of their ends), or (None, None) when a segment's is unknown
+    (its group did not answer). Sealed segments from the state, the others from their group's
     answer (``open_ends``); one the answer does not name is empty (nothing written there yet),
     except a sealing one a broker that predates ``include`` did not name: asked of its
-    replicas (that replica sealed it already)."""
-    out = []
+    replicas (that replica sealed it already).
+
+    Why no ``Extent`` per segment: at 10^5 queues making them was ~40 % of the listing's CPU
+    (a micro-bench of 10^5 synthetic rows, docs/BENCHMARKS.md; issue 43)."""
+    last, stored = st.trimmed_seq, 0
     for s in st.consume:
-        if s.status is SegStatus.SEALED:
-            out.append(Extent(s.seg, s.gid, s.status, s.end, s.first_seq, s.last_seq, "zookeeper"))
-            continue
-        group = ends.get(s.gid)
-        if group is None:
-            out.append(Extent(s.seg, s.gid, s.status, None, None, None, None))
-            continue
-        end = group.ends.get((st.queue, s.seg))
+        status = s.status
+        if status is SEALED:
+            end, seg_last = s.end, s.last_seq
+        else:
+            group = ends.get(s.gid)
+            if group is None:
+                return None, None
+            found = group.ends.get((st.queue, s.seg))
+            if found is not None:
+                end = int(found.end)
+                seg_last = int(found.last_seq) if found.last_seq >= 0 and end > 0 else None
+            elif status is OPEN or group.included:
+                end, seg_last = 0, None
+            else:
+                extent = reader.extent(st.queue, s)
+                end, seg_last = extent.end, extent.last_seq
         if end is None:
-            out.append(Extent(s.seg, s.gid, s.status, 0, None, None, "master")
-                       if s.status is SegStatus.OPEN or group.included else reader.extent(st.queue, s))
-            continue
-        n = int(end.end)
-        first = int(end.first_seq) if end.first_seq >= 0 and n > 0 else None
-        last = int(end.last_seq) if end.last_seq >= 0 and n > 0 else None
-        out.append(Extent(s.seg, s.gid, s.status, n, first, last, "master"))
-    return out
+            return None, None
+        stored += end
+        if seg_last is not None and seg_last > last:
+            last = seg_last
+    return last, stored
 
 
 Row = dict[str, Any]
@@ -145,8 +152,8 @@ def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known
         if q not in states:
             continue
         st, _, subs = states[q]
-        extents = extents_of(st, ends, reader)
-        stored_ends = [e.end for e in extents]
-        stored = None if any(e is None for e in stored_ends) else sum(e for e in stored_ends if e is not None)
-        rows.append({**summary(st, subs), "last_seq": last_readable_seq(st, extents), "stored": stored})
+        last_seq, stored = readable_of(st, ends, reader)
+        row = summary(st, subs)
+        row["last_seq"], row["stored"] = last_seq, stored
+        rows.append(row)
     return rows, corrupt
