@@ -152,13 +152,30 @@ class LeanProduceStream(ProduceWriter):
             assert self.fell_back is not None
             self.fell_back.send(batches)
             return
-        _, writer = conn
+        self._put(conn[1], batches)
+        await conn[1].drain()  # the master reads no faster: hold further writes (flow control)
+
+    def _write_now(self, batches: list[bytes]) -> bool:
+        conn = self._conn
+        if not conn.done() or conn.cancelled() or conn.exception() is not None:
+            return False
+        link = conn.result()
+        if link is None:  # fallen back: the gRPC stream gathers its own writes
+            assert self.fell_back is not None
+            self.fell_back.send(batches)
+            return True
+        writer = link[1]
+        if writer.transport.is_closing() or writer.transport.get_write_buffer_size():
+            return False  # the writer task waits for the drain, then writes all that gathered
+        self._put(writer, batches)
+        return True
+
+    def _put(self, writer: asyncio.StreamWriter, batches: list[bytes]) -> None:
         parts: list[bytes] = []
         for chunk in chunks(batches, PRODUCE_STEP_BYTES):
             add_produce_request(parts, self.queue, self.seg, self.epoch, self.epoch_key, chunk)
         stamp("P.write", first_seqs, batches)
         writer.write(b"".join(parts))  # one copy, one run of TLS records
-        await writer.drain()  # the master reads no faster: hold further writes (flow control)
 
     async def read_acks(self) -> list[Ack]:
         try:
