@@ -3,10 +3,11 @@ ordq/wire/aio_client.py ``AioProduceStream``, and the lean link, ordq/wire/lean_
 ``LeanProduceStream``).
 
 Guarantee: ``send`` never waits; one writer task hands everything queued since its last write
-to ``_write`` at once, in order, so a burst of sends costs one write (a send that finds the
-writer idle and the transport empty is written at once instead, ``_write_now``) (the transport splits it
-into requests of at most ``PRODUCE_STEP_BYTES``); a write that fails or a stream that ended
-stops the writer quietly (the stream's ``read_acks`` reports why).
+to ``_write`` at once, in order, so a burst of sends costs one write (the transport splits it
+into requests of at most ``PRODUCE_STEP_BYTES``); a send that finds the writer idle and the
+transport empty is written on its own turn instead (``_write_now``: nothing waits before it,
+so the order is the same); a write that fails or a stream that ended stops the writer quietly
+(the stream's ``read_acks`` reports why).
 
 Rules: no transport here; runs on the event loop that made it.
 """
