@@ -66,8 +66,8 @@ def _default_request_time() -> RequestTimeConfig:
     # 3.7 requests, 5.7 ms). Why not more (stop k): a neighbour's call is mostly ZooKeeper
     # waiting, on the leader's one session behind the flooder's served requests; at 0.1 s per s
     # the drill's flood was served ~6 Describes (8 requests each) a second, ~65 % as many requests
-    # as the neighbour's Commits, and their p99 was ~2x quiet; at 0.05, ~3 a second, 1.4-1.65x
-    # (tests/test_caller_share.py). A caller one call at a time is held only past
+    # as the neighbour's Commits, and their p99 was ~2x quiet; at 0.05, 3-5 a second, 1.37-1.71x
+    # (one drill round each: tests/test_caller_share.py). A caller one call at a time is held only past
     # ``FairShareConfig.heavy_share``.
     return RequestTimeConfig(share=0.05, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=600,
                              contention_s=1.0)
