@@ -56,18 +56,20 @@ from ordq.common.request_time import RequestTime, RequestTimeConfig
 
 def _default_request_time() -> RequestTimeConfig:
     # A caller's share of what the coordinator's calls cost the machine while a lighter caller
-    # called within the last second (``contention_s``; CallerTime): 0.1 s per s. A call is
+    # called within the last second (``contention_s``; CallerTime): 0.05 s per s. A call is
     # charged its handler's thread time, ``call_cost_us`` for the frame around it and
     # ``FairShareConfig.zk_request_cost_us`` per ZooKeeper request it waited for. Measured (a
     # hand-made client, one call at a time, load 1-3; docs/BENCHMARKS.md, stop e): a call refused
     # on its headers costs the coordinator 0.82-0.90 ms of CPU and ~18 context switches; each
     # ZooKeeper request of a call 0.72-0.76 ms more of the coordinator's and ZooKeeper's CPU
     # together (a Describe with config and live members: 4.8 requests, 4.3 ms in all; a Commit:
-    # 3.7 requests, 5.7 ms). So a flood of Describes is served ~25 a second while a neighbour
-    # calling one at a time is active (at 0.25 s per s, 57 a second: drill security-control-plane's
-    # flood had about that much already). A caller one call at a time is held only past
+    # 3.7 requests, 5.7 ms). Why not more (stop k): a neighbour's call is mostly ZooKeeper
+    # waiting, on the leader's one session behind the flooder's served requests; at 0.1 s per s
+    # the drill's flood was served ~6 Describes (8 requests each) a second, ~65 % as many requests
+    # as the neighbour's Commits, and their p99 was ~2x quiet; at 0.05, 3-5 a second, 1.37-1.71x
+    # (one drill round each: tests/test_caller_share.py). A caller one call at a time is held only past
     # ``FairShareConfig.heavy_share``.
-    return RequestTimeConfig(share=0.1, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=600,
+    return RequestTimeConfig(share=0.05, burst_s=0.05, max_delay_ms=2_000, max_held=32, call_cost_us=600,
                              contention_s=1.0)
 
 

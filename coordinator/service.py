@@ -533,10 +533,9 @@ class CoordinatorService(LeaseCalls):
         _who, lease_version = check_lease(self.leases, Kind.CONSUMER, q, sub, req.generation, req.lease_key,
                                           "consume")
         holder = (self.store.paths.lease(Kind.CONSUMER.value, q, sub), lease_version)
-        current, version = self.store.get_cursor(q, sub)
+        current, version, st = self.store.cursor_and_state(q, sub)  # one round trip
         if version != req.version:
             raise ConflictError(f"cursor of {q}/{sub} moved since version {req.version}")
-        st, _ = self.store.load_state(q)
         sm.check_commit(st, sub, current, cursor)
         # The write itself is conditional on the version and on the holder's node existing.
         new_version = self.store.commit_cursor(q, sub, cursor, version, holder=holder)

@@ -29,9 +29,9 @@ from ordq.common.errors import (
 from ordq.coordinator import state as sm
 from ordq.coordinator.acl import SUB_PARENTS
 from ordq.coordinator.paths import check_name
-from ordq.coordinator.state import Cursor
+from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store_base import ZkBase, raise_first
-from ordq.coordinator.store_values import json_bytes, json_value
+from ordq.coordinator.store_values import json_bytes, json_value, parse_state
 
 
 class CursorRecords(ZkBase):
@@ -108,6 +108,32 @@ class CursorRecords(ZkBase):
                 self.queue_config(queue)  # QueueNotFound first
                 raise SubscriptionNotFound(queue, sub) from exc
         return Cursor.from_dict(json_value(data)), stat.version
+
+    def cursor_and_state(self, queue: str, sub: str) -> tuple[Cursor, int, QueueState]:
+        """``get_cursor`` and ``load_state``'s state in one round trip: both reads are sent
+        before either answer is awaited (kazoo pipelines them on its one connection and
+        ZooKeeper answers a session in order, so the state is read after the cursor, as when
+        asked one after the other). What a Commit reads: its time was its ZooKeeper requests,
+        each waiting its turn behind other callers' on the session (issue 38, stop k).
+        SubscriptionNotFound, or QueueNotFound when the queue is gone."""
+
+        def both() -> tuple[Any, Any]:
+            asked = (self.client.get_async(self.paths.sub(queue, sub)), self.client.get_async(self.paths.state(queue)))
+            answers = []
+            for request in asked:
+                try:
+                    answers.append(self._wait(request))
+                except NoNodeError:
+                    answers.append(None)
+            return answers[0], answers[1]
+
+        with self._errors():
+            cursor, state = self._retry.copy()(both)
+        if state is None:
+            raise QueueNotFound(queue)
+        if cursor is None:
+            raise SubscriptionNotFound(queue, sub)
+        return Cursor.from_dict(json_value(cursor[0])), cursor[1].version, parse_state(queue, state[0])
 
     def commit_cursor(self, queue: str, sub: str, cursor: Cursor, version: int, *,
                       holder: tuple[str, int] | None = None) -> int:

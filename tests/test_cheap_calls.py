@@ -10,8 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ordq.common.errors import AlreadyExists, QueueNotFound
+from ordq.common.errors import AlreadyExists, ConflictError, QueueNotFound, SubscriptionNotFound
 from ordq.coordinator import state as sm
+from ordq.coordinator.lease_desk import Grant
+from ordq.coordinator.leases import Kind, LeaseName
 from ordq.coordinator.service import CoordinatorService
 from ordq.coordinator.state import Facts
 from ordq.coordinator.store import ZkStore
@@ -83,3 +85,50 @@ def test_a_subscribe_of_one_that_exists_is_refused_on_one_read(service: Coordina
     assert store.get_cursor("a", "t")[0].to_dict() == cursor
     with pytest.raises(QueueNotFound):
         service._subscribe(pb.SubscribeRequest(queue="nope", subscription="s"))
+
+
+def test_a_commit_reads_its_cursor_and_the_state_in_one_round_trip(service: CoordinatorService) -> None:
+    """Stop k: the neighbour's Commit in the control-plane drill was almost all ZooKeeper waiting
+    (its three requests, each behind the flood's on the leader's one session), slower in the
+    flood's windows. It read the cursor, waited, then read the state and waited: both reads now
+    go out before either is awaited (ZooKeeper answers them in order, as before), then the write.
+    The answers are as before: committed, a moved cursor ConflictError, a missing subscription
+    SubscriptionNotFound, a missing queue QueueNotFound."""
+    store = service.store
+    store.add_group("g1")
+    store.create_queue("a", ["g1"])
+    store.apply("a", lambda s, _f: sm.admit_all(s, Facts(live_groups=frozenset({"g1"}))))
+    store.create_subscription("a", "s")
+    grant = service.leases.acquire(LeaseName(Kind.CONSUMER, "a", "s"), "consumer-1", ttl_ms=30_000)
+    assert isinstance(grant, Grant)
+    cursor, version = store.get_cursor("a", "s")
+    steps: list[str] = []
+    send, wait = store.client.get_async, store._wait
+
+    def sent(*args: object, **kwargs: object) -> object:
+        steps.append("send")
+        return send(*args, **kwargs)
+
+    def waited(request: object) -> object:
+        steps.append("wait")
+        return wait(request)
+
+    def commit(sub: str = "s", version: int = version, queue: str = "a") -> int:
+        request = pb.CommitRequest(queue=queue, subscription=sub, cursor_json=json.dumps(cursor.to_dict()).encode(),
+                                   version=version, generation=grant.record.generation, lease_key=grant.key)
+        return int(service._commit(request).version)
+
+    store.client.get_async, store._wait = sent, waited  # type: ignore[method-assign]
+    try:
+        assert commit() == version + 1
+        assert steps[:2] == ["send", "send"], steps  # both reads in flight before the first answer
+        assert steps.count("wait") == 3, steps  # the two answers and the write's
+        with pytest.raises(ConflictError):
+            commit()  # the version it read moved
+    finally:
+        store.client.get_async, store._wait = send, wait  # type: ignore[method-assign]
+    assert store.get_cursor("a", "s") == (cursor, version + 1)
+    with pytest.raises(SubscriptionNotFound):
+        store.cursor_and_state("a", "nope")
+    with pytest.raises(QueueNotFound):
+        store.cursor_and_state("nope", "s")
