@@ -56,6 +56,10 @@ INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the q
 # disk space meanwhile; a scan reads every folder's state (at 10^5 queues ~33,000 reads a
 # broker: once a minute, until 2026-11-30, ~3,300 reads/s from six brokers, by count).
 FULL_SCAN_S = 600.0
+# The session timeout of the ZooKeeper session the state watches live on (broker_group/service.py,
+# ``Broker.start``): it holds no ephemeral node, so nothing fails over when it is slow, and the
+# longer it is, the fewer blips cost a full scan (ZooKeeper may cap it: maxSessionTimeout).
+WATCH_SESSION_S = 10.0
 # Queue folders whose states ``free_space`` reads at once (pipelined on one connection).
 FREE_READ_SLICE = 500
 # Queue folders a repair round's ``free_space`` looks at, at most; the rest wait, in name order,
@@ -500,7 +504,7 @@ class SegmentStore:
                 changed, self._changed = self._changed, set()
             self._pending |= changed | (held.keys() - self._watched)
         names = [q for q in take_share(self._pending, limit) if q in held or _is_queue_folder(data_dir / q)]
-        store = self.shared.require_store()
+        store = self.shared.watch_store()
         for i in range(0, len(names), FREE_READ_SLICE):
             part = names[i:i + FREE_READ_SLICE]
             # The states of a slice read pipelined (issue 43: one read after another, a start at
@@ -528,7 +532,7 @@ class SegmentStore:
             if not (isinstance(got, tuple) and known_incarnation is not None
                     and known_incarnation == got[0].incarnation):
                 try:
-                    got = (self.shared.require_store().load_state(name, watch=self._on_state)[0], 0, None)
+                    got = (self.shared.watch_store().load_state(name, watch=self._on_state)[0], 0, None)
                 except QueueNotFound:
                     got = None
                 except CorruptState as exc:

@@ -160,6 +160,8 @@ class Shared:
         self.loop = LoopThread("ordq-loop", workers=config.rpc_workers)
         self.signal = Signal(self.loop)
         self.store: ZkStore | None = None
+        # The session free_space's state watches live on (``watch_store``); None: ``store``.
+        self.watch_session: ZkStore | None = None
         # The session guard (DESIGN §6): since when this broker has not heard from ZooKeeper
         # (its connection SUSPENDED or its session LOST; None while connected and registered).
         self.zk_silent_since: float | None = None
@@ -208,6 +210,11 @@ class Shared:
         if self.store is None:
             raise BrokerUnavailable(self.address, "not started")
         return self.store
+
+    def watch_store(self) -> ZkStore:
+        """Where reads that leave a watch on a queue's state go: a session of their own once
+        started (``Broker.start``, WATCH_SESSION_S), else the broker's one."""
+        return self.watch_session if self.watch_session is not None else self.require_store()
 
     def count_refused(self, exc: OrdqError) -> None:
         with self.cv:
