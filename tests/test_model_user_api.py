@@ -12,7 +12,9 @@ model's next seqs (nothing skipped, nothing twice inside one consumer instance) 
 cursor in ZooKeeper is exactly the model's ``committed`` after every step.
 
 Periodic commits are off (huge intervals), so every cursor write comes from the step under
-test. A fixed tour takes every kind of step once; the random runs explore around it (short
+test, but one: a consumer whose read position leaves a sealed segment (the producer rolled)
+commits what finished there (``segment_done``), which the check allows when it is no further
+than what finished. A fixed tour takes every kind of step once; the random runs explore around it (short
 by default, longer with ``-m slow``).
 """
 
@@ -131,10 +133,19 @@ class UserApi(RuleBasedStateMachine):
 
     def do_open(self, sub: str, start: str) -> None:
         s = self.subs.get(sub)
+        new = s is None
         if s is None:
             s = self.subs[sub] = Sub(committed=0 if start == "earliest" else self.produced)
         c = Consumer(self._config(sub, start))
         c.start()
+        if new and start == "earliest":
+            # A new subscription starts at the oldest stored message: segments sealed before any
+            # subscription existed were popped (nobody needed them). A segment is sealed when its
+            # head moves (e.g. the coordinator spreading idle queues' heads, issue 43), so seen now and
+            # then: the start is then a segment's beginning, never past what was produced.
+            cursor, _ = self.cluster.store.get_cursor(self.queue, sub)
+            assert cursor.last_seq == -1 or (cursor.offset == 0 and cursor.last_seq < self.produced), cursor
+            s.committed = cursor.last_seq + 1
         s.open = Open(consumer=c, next=s.committed, finished=s.committed)
         self.ran[f"open {start}"] += 1
 
@@ -234,7 +245,14 @@ class UserApi(RuleBasedStateMachine):
             return
         for name, s in self.subs.items():
             cursor, _ = self.cluster.store.get_cursor(self.queue, name)
-            assert cursor.last_seq == s.committed - 1, (name, cursor, s)
+            if s.open is not None and cursor.offset == 0 and s.committed - 1 < cursor.last_seq < s.open.finished:
+                # The one commit not made by a step: an open consumer whose read position left a
+                # sealed segment commits what finished (``segment_done``, so the segment can be
+                # popped), never past it. A segment is sealed when the producer rolls (a failover
+                # of its head, or its lease regranted under load): seen once in the default tier.
+                s.committed = cursor.last_seq + 1
+                self.ran["segment done"] += 1
+            assert cursor.last_seq == s.committed - 1, (name, cursor, s, self.producer.statistics())
 
 
 KINDS = {"produce", "open earliest", "open latest", "poll", "empty poll", "iterate break", "iterate raise",
