@@ -174,3 +174,50 @@ def test_a_refusal_past_the_held_calls_is_held_as_a_refused_turn_and_charged() -
     assert info.value.retry_ms >= 50
     assert fake.slept == [CFG.max_delay_ms / 1000.0]  # as long as its debt lasts, at most max_delay_ms
     assert turns.request_time.recent("flooder", fake.now) > before * 0.5 ** ((fake.now - t0) / CFG.half_life_s)
+
+
+def test_a_floods_calls_paced_at_once_wait_one_behind_another_not_together() -> None:
+    """CI (heavy tier): beside a neighbour, a flood of Describes was served 27 a second where its
+    share allowed ~14. Its calls paced at the same moment each waited out the same debt and were
+    let through together, each charged only once past the wait: up to ``max_held`` calls past the
+    share at a time. Now a paced call is charged its likely cost before it sleeps, so the next one
+    waits behind it: ten calls paced at once wait ten different times, each a call's cost over the
+    share after the one before."""
+    import threading
+
+    fake = _Fake()
+    cond = threading.Condition()
+    waits: list[float] = []
+    released = threading.Event()
+
+    def sleep(s: float) -> None:  # the paced calls block here until all ten were paced
+        with cond:
+            waits.append(s)
+            cond.notify_all()
+        assert released.wait(30)
+
+    turns = FairTurns(CFG, clock=lambda: fake.now, sleep=sleep, cpu=lambda: fake.cpu,
+                      zk_requests=lambda: fake.zk, spread=lambda: 0.0)
+    with turns.turn("neighbour"):
+        pass
+    rt = turns.request_time
+    with turns._cond:  # the flooder with calls in flight beside the neighbour, a little in debt
+        rt.begin("flooder")
+        rt.begin("flooder")
+        rt.charge("flooder", CFG.request_time.burst_s + 0.005, fake.now)
+    def call() -> None:
+        with turns.turn("flooder"):
+            pass
+
+    calls = [threading.Thread(target=call, daemon=True) for _ in range(10)]
+    for c in calls:
+        c.start()
+    with cond:
+        assert cond.wait_for(lambda: len(waits) == 10, timeout=30), waits
+    released.set()
+    for c in calls:
+        c.join(30)
+    assert not any(c.is_alive() for c in calls)
+    step = CFG.request_time.call_cost_us / 1e6 / CFG.request_time.share  # a call's likely cost, not yet learnt
+    ordered = sorted(waits)
+    assert all(b - a >= 0.8 * step for a, b in zip(ordered[:-1], ordered[1:], strict=True)), (ordered, step)
