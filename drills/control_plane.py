@@ -409,8 +409,9 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                 quiet_level = _quiet_level(stage.metrics_url)
             a0 = now_us()
             with cpu.measure(f"attacked {variant.name}" if several else "attacked"):
-                attacker.go(variant.kinds)
-                time.sleep(ATTACK_S)
+                ends_at = time.monotonic() + ATTACK_S  # the attacker's calls' deadline, on this clock
+                attacker.go(variant.kinds, ends_at)
+                time.sleep(max(0.0, ends_at - time.monotonic()))
                 t0 = time.monotonic()
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n

@@ -161,7 +161,7 @@ class _Attacker(neighbour.CallLoops):
         if "huge" in self.kinds:  # the certificate, no token; gRPC's send limit raised so it is sent at all
             big = self._channel(options=[("grpc.max_send_message_length", HUGE_NAME_BYTES + (1 << 20))])
             huge_pop = big.unary_unary("/ordq.v1.Coordinator/Pop")
-            loops += [("huge", self.timed(huge_pop, lambda: self.huge), 0.0)] * HUGE_AT_ONCE
+            loops += [("huge", self.timed(huge_pop, lambda: self.huge, fit=True), 0.0) for _ in range(HUGE_AT_ONCE)]
         if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
             loops.append(("hog", _spin, 0.0))
         self.start_loops(loops, "attack")
@@ -180,20 +180,24 @@ class _Attacker(neighbour.CallLoops):
 def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,
                       kinds: tuple[str, ...], window_s: float) -> None:
     """The attacker's own process (spawned): each ``go`` starts a window of every attack of
-    ``kinds`` (``("go", some)``: of those only), ``window_s`` long (its calls' deadline), the next
-    ``stop`` ends it and sends back its outcomes; ``exit`` ends the process."""
+    ``kinds`` (``("go", some)``: of those only), ``window_s`` long (its calls' deadline), or until
+    ``ends_at`` (``("go", some, ends_at)``: a ``time.monotonic()``, one clock for every process
+    here: the drill's own end, however late this process read the order), the next ``stop`` ends
+    it and sends back its outcomes; ``exit`` ends the process."""
     priority = neighbour.idle_priority() if idle else "normal priority"
     huge = _field(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""  # a QueueRef (field 1: queue), sent raw
     conn.send(("ready", priority))
     while True:
         order = conn.recv()
+        ends_at = time.monotonic() + window_s
         if order == "go":
             window = kinds
         elif isinstance(order, tuple) and order[:1] == ("go",):
             window = tuple(k for k in order[1] if k in kinds)
+            ends_at = order[2] if len(order) > 2 else ends_at
         else:
             break
-        attacker = _Attacker(address, creds, token, queue, huge, window, time.monotonic() + window_s)
+        attacker = _Attacker(address, creds, token, queue, huge, window, ends_at)
         attacker.start()
         conn.recv()
         conn.send(attacker.stop())

@@ -122,11 +122,19 @@ class CallLoops:
             if every_s:
                 self.stop_event.wait(every_s)
 
-    def timed(self, method: Any, request_of: Callable[[], object], **kwargs: Any) -> Callable[[], object]:
+    def timed(self, method: Any, request_of: Callable[[], object], *, fit: bool = False,
+              **kwargs: Any) -> Callable[[], object]:
         """A loop's call of the unary ``method`` (``request_of()`` its request) that ends with the
         window (``ends_at``, required): its deadline the window's end, cancelled in flight by
         ``end_loops`` (its channel closed); either is ``WindowEnded``. A deadline or a
         cancellation before the window's end is no cut: it stays the refusal it is.
+
+        With ``fit``, a call is begun only if the last one took no longer than what is left of
+        the window; else the thread waits for the end (``WindowEnded``). For a call that costs this
+        process time before anything is sent (the huge Pop: gRPC copies its 200 MiB body into a
+        slice holding the GIL and its channel's lock, ~0.17 s of CPU here, seconds under a starved
+        quota): a copy ending past the deadline is never sent, and it would hold up every thread
+        of the process, the stop included, past the window's end (stop k: drains up to 26 s).
 
         A blocking call, as before stop i: its thread waits in gRPC's core, and closing its
         channel ends it. (Run A of stop i, with ``future()`` calls and the huge Pops' and the
@@ -134,11 +142,17 @@ class CallLoops:
         control_plane_attacks ``_Attacker.start``.)"""
         assert self.ends_at is not None, "a timed call needs the window's end"
         ends_at = self.ends_at
+        last_s = 0.0
 
         def call() -> object:
+            nonlocal last_s
             left = ends_at - time.monotonic()
+            if fit and 0 < left < last_s:
+                self.stop_event.wait(left)
+                raise WindowEnded
             if left <= 0 or self.stop_event.is_set():
                 raise WindowEnded
+            t0 = time.monotonic()
             try:
                 return method(request_of(), timeout=left, **kwargs)
             except grpc.RpcError as exc:
@@ -149,6 +163,8 @@ class CallLoops:
                 if self.stop_event.is_set():
                     raise WindowEnded from exc
                 raise
+            finally:
+                last_s = time.monotonic() - t0
         return call
 
     def start_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
@@ -166,12 +182,16 @@ class CallLoops:
         return dict(self.outcomes)
 
     def end_loops(self, bound_s: float, cancel: Callable[[], object]) -> dict[str, int]:
-        """End the window now: the calls still in flight cancelled (``cancel``), the threads
-        waited for ``bound_s`` in all; one ``"<what> running"`` outcome for each thread still
-        running then (a window that did not end)."""
-        self.stop_event.set()
-        cancel()
+        """End the window now: the calls still in flight cancelled (``cancel``), the cancel and
+        the threads waited for ``bound_s`` in all; one ``"<what> running"`` outcome for each
+        thread still running then (a window that did not end)."""
         deadline = time.monotonic() + bound_s
+        self.stop_event.set()
+        # Closing a channel waits until each thread with a call on it has taken its end (the GIL,
+        # a CPU): unbounded for a starved process, so in a thread of its own, within the bound.
+        closing = threading.Thread(target=cancel, name="end-loops-cancel", daemon=True)
+        closing.start()
+        closing.join(max(0.0, deadline - time.monotonic()))
         for _what, t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         with self._lock:

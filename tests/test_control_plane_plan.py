@@ -185,3 +185,72 @@ def test_every_attack_is_sent_in_a_short_window_beside_the_flood(quick_server: s
 
     assert kinds(" running") == set(cpa.ATTACKS), outcomes  # each kind's calls went out
     assert set(cpa.ATTACKS) - {"huge"} <= kinds(" cut", " running"), outcomes  # and were answered
+
+
+def test_a_call_costly_to_begin_is_not_begun_when_its_last_one_would_not_fit() -> None:
+    """Stop k: drains up to 26 s. The huge Pop's thread copies its 200 MiB body holding the GIL
+    before anything is sent (~0.17 s of CPU, seconds under the placed attacker's starved quota):
+    a copy begun near the window's end held every thread of the attacker, its stop included, past
+    the end, and was never sent (its deadline passed meanwhile). With ``fit`` a call is begun only
+    when the last one took no longer than what is left; the thread then waits for the end."""
+    loops = neighbour.CallLoops(ends_at=time.monotonic() + 1.2)
+    begun: list[tuple[float, float]] = []  # (left at its start, how long it took)
+
+    def costly(_request: object, timeout: float, **_kw: object) -> None:
+        t0 = time.monotonic()
+        time.sleep(0.5)  # what the copy costs before the call is on the wire
+        begun.append((timeout, time.monotonic() - t0))
+
+    loops.start_loops([("huge", loops.timed(costly, lambda: b"", fit=True), 0.0)], "test")
+    deadline = time.monotonic() + 3.0  # its thread stops by itself at the window's end
+    while any(t.is_alive() for _, t in loops._threads) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    outcomes = loops.end_loops(1.0, lambda: None)
+    assert begun and outcomes.get(f"huge {neighbour.CUT}") == 1, (begun, outcomes)
+    assert all(left >= took for (_, took), (left, _) in zip(begun, begun[1:], strict=False)), begun
+
+
+def test_the_drain_bound_holds_when_closing_the_channels_hangs() -> None:
+    """The bound of ``end_loops`` is its whole: a cancel that does not return (a channel's close
+    waits for each thread with a call on it to take its end: the GIL and a CPU, unbounded for a
+    starved process) is waited for within it, not before it."""
+    release = threading.Event()
+    loops = neighbour.CallLoops(ends_at=time.monotonic() + 60)
+    loops.start_loops([("idle", lambda: loops.stop_event.wait(60), 0.0)], "test")
+    try:
+        t0 = time.monotonic()
+        loops.end_loops(0.5, lambda: release.wait(30))
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        release.set()
+
+
+def test_the_attackers_window_ends_at_the_drills_end_however_late_it_read_the_order() -> None:
+    """The drill's window ends on its clock (``go(kinds, ends_at)``): the attacker's calls'
+    deadline is that end, not the moment its process read the order plus a window (a starved
+    process reads it late, and its calls then outlasted the drill's window until the stop closed
+    their channels). Against a server that never answers, every call it got has ended by then,
+    before the drill says stop."""
+    ended: list[float] = []
+    release = threading.Event()
+
+    def deaf(_request: bytes, ctx: grpc.ServicerContext) -> bytes:
+        ctx.add_callback(lambda: ended.append(time.monotonic()))
+        release.wait(60)
+        return b""
+
+    with _server(deaf) as address:
+        attacker = cpa.attacker_process(address, Credentials(), "t0ken", "q", idle=False,
+                                        kinds=("bound", "parking"), window_s=30)
+        try:
+            ends_at = time.monotonic() + 2.0
+            attacker.go(("bound", "parking"), ends_at)
+            while time.monotonic() < ends_at + 3.0 and (not ended or len(ended) < 8):
+                time.sleep(0.05)
+            before_stop = list(ended)
+            outcomes = attacker.pause()
+        finally:
+            release.set()
+            attacker.close()
+    assert len(before_stop) >= 8 and max(before_stop) < ends_at + 2.0, (before_stop, ends_at, outcomes)
+    assert outcomes and all(k.endswith(f" {neighbour.CUT}") for k in outcomes), outcomes
