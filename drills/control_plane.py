@@ -412,6 +412,13 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                 ends_at = time.monotonic() + ATTACK_S  # the attacker's calls' deadline, on this clock
                 attacker.go(variant.kinds, ends_at)
                 time.sleep(max(0.0, ends_at - time.monotonic()))
+                if iso is not None:
+                    # Its drain at the cluster's weight, still under its quota and on its CPU(s): a
+                    # host of its own stops on its own CPU. At ATTACKER_SHARES it got ~0.05 core in
+                    # the placed windows (stop l), and each of its ~75 threads waited its turn for
+                    # the GIL and a CPU: drains of 7-16 s for calls its deadline had already ended.
+                    # Its teardown's CPU is judged with the window's.
+                    cpu_isolation.set_shares(iso.groups["capped"], cpu_isolation.MAX_SHARES)
                 t0 = time.monotonic()
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
