@@ -15,6 +15,8 @@ How (one-shot ZooKeeper watches, re-armed by the read that follows them):
 - ``<root>/groups``, each group's config (its drain mark) and its ``live`` children: a change
   re-reads the few group nodes and marks dirty every queue that uses a group that changed.
 Watch callbacks run on kazoo's event thread and only mark (under a lock) and wake the daemon.
+The reads and their watches go on the session the view is given: the daemon's watch session,
+not the one that holds its leadership (``CoordinatorDaemon``'s ``watch_store`` says why).
 Reads of many queues are sent together and then awaited (kazoo pipelines them on one
 connection), ``READ_SLICE`` queues at a time, so a first load of 10,000 queues is 40 slices of
 reads in flight, not 10,000 round trips; between two slices ``refresh`` calls its ``pause``
@@ -106,6 +108,7 @@ class DaemonView:
         self.members: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> liveness node, of every live process
         self.reads = 0  # ZooKeeper reads sent (statistics, tests)
         self.list_changes = 0  # times the queue list was read (queues created or deleted)
+        self.taken_unread = 0  # unread queues ``read_unread`` took as this process wrote them (statistics)
         self._root = store.paths.queues + "/"
         # the sweep, a share each round (``sweep_share``)
         self._sweep_at: float | None = None
@@ -286,6 +289,7 @@ class DaemonView:
                     entry = self.entries[q]
                     (entry.state, entry.version), entry.problem = mine, None
             to_read = [q for q in unread if self.entries[q].state is None]
+            self.taken_unread += len(unread) - len(to_read)
         for part in in_slices(to_read, READ_SLICE, pause):
             self._read_queues(part, frozenset({STATE}))
         return unread
