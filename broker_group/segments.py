@@ -56,10 +56,6 @@ INCARNATION_FILE = "incarnation"  # in a queue's folder: which creation of the q
 # disk space meanwhile; a scan reads every folder's state (at 10^5 queues ~33,000 reads a
 # broker: once a minute, until 2026-11-30, ~3,300 reads/s from six brokers, by count).
 FULL_SCAN_S = 600.0
-# The session timeout of the ZooKeeper session the state watches live on (broker_group/service.py,
-# ``Broker.start``): it holds no ephemeral node, so nothing fails over when it is slow, and the
-# longer it is, the fewer blips cost a full scan (ZooKeeper may cap it: maxSessionTimeout).
-WATCH_SESSION_S = 10.0
 # Queue folders whose states ``free_space`` reads at once (pipelined on one connection).
 FREE_READ_SLICE = 500
 # Queue folders a repair round's ``free_space`` looks at, at most; the rest wait, in name order,

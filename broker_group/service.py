@@ -59,14 +59,14 @@ from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replica import Role
 from ordq.broker_group.replication import ReplicationLink, frame_limit, replicate_requests
 from ordq.broker_group.request_time import RequestTime
-from ordq.broker_group.segments import WATCH_SESSION_S, SegmentStore
+from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common import addresses
 from ordq.common.errors import AlreadyExists, ConfigError, OrdqError
 from ordq.common.security import server_credentials
 from ordq.common.version import VERSION
-from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store import WATCH_SESSION_S, ZkStore
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
@@ -145,11 +145,8 @@ class Broker:
                             "connect to ZooKeeper")
         self.shared.store = store
         # free_space's state watches (one per queue folder held: ~33,000 at 10^5 queues) on a
-        # session of their own. When a connection drops, kazoo hands each of its watches an event,
-        # one by one, in the connection's thread, before it reconnects: 307 ms for 33,334 at load
-        # 4 (scale43k), which turned blips into lost 1 s sessions of the session that holds this
-        # broker's liveness (a slave after its master's return at 10^5). This one holds no
-        # ephemeral node: a long timeout, and its loss costs only a full scan (segments.py).
+        # session of their own, not the one that holds this broker's liveness (WATCH_SESSION_S
+        # says why: a slave after its master's return at 10^5); its loss costs a full scan.
         self.shared.watch_session = self._retry(
             lambda: ZkStore.connect(cfg.zk_hosts, cfg.root, timeout_s=WATCH_SESSION_S,
                                     auth=cfg.credentials.zk_auth, daemon=True),

@@ -102,6 +102,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         rebalance_moves_per_s: float = REBALANCE_MOVES_PER_S,
         pinger: Pinger | None = None,
         away_grace_s: float = GRACE_S,
+        watch_store: ZkStore | None = None,
     ) -> None:
         """``interval_s``: the longest wait between two rounds (a round is sooner when a watch
         fires) and how often head masters are probed; ``sweep_interval_s``: see the module doc;
@@ -110,8 +111,18 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         ``per_queue_series``: how many queues get per-queue series on /metrics (None: all;
         ``coordinator/metrics.py`` ``top_queues``); ``pinger``: the Health probe of an absent
         group's processes and ``away_grace_s`` how long an idle queue's head waits for its
-        absent group (``coordinator/away.py``; without a pinger the grace alone decides)."""
+        absent group (``coordinator/away.py``; without a pinger the grace alone decides);
+        ``watch_store``: the session the view's reads and watches go on (None: ``store``'s).
+
+        Why the view's watches on a session of their own (issue 43): they are a data watch on
+        each queue's settings and state, ~200,000 at 10^5 queues; when a connection drops,
+        kazoo hands each of its watches an event, one by one, in the connection's thread,
+        before it reconnects (307 ms for 33,334, scale43k), so on ``store``'s session, the one
+        that holds this daemon's leadership, a blip could cost the leadership. That session
+        may read behind ``store``'s writes (another ZooKeeper server): the view takes this
+        process's own later writes (``known_state``), and a plan on a stale copy loses a CAS."""
         self.store = store
+        self.watch_store = watch_store if watch_store is not None else store
         self.sealer = sealer
         self.prober = prober
         self.batch_sealer = batch_sealer
@@ -197,6 +208,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self.stats.is_leader = True
         log.info("coordinator %s elected", self.identifier)
         self._new_term()
+        self.store.written.leading(True)  # the queues this process creates: their first state kept
         try:
             while not self._stop.is_set() and not self._session_lost.is_set():
                 self._wake.clear()  # before the round: a watch firing during it wakes the next
@@ -204,6 +216,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
                 self._wake.wait(self._until_next())
         finally:
             self.stats.is_leader = False
+            self.store.written.leading(False)
             if self.view is not None:
                 self.view.close()
             self.view = None
@@ -212,7 +225,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         """Fresh copies for a leadership term: everything is read (and watched) in its first round."""
         if self.view is not None:
             self.view.close()
-        self.view = DaemonView(self.store, self._wake.set)
+        self.view = DaemonView(self.watch_store, self._wake.set, written=self.store.written)
         self._open = {}
         self._written = {}
         self._next_probe = 0.0

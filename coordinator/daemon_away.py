@@ -70,6 +70,7 @@ class AbsentGroups(DaemonParts):
             dead, self._dead_unread = self._dead_unread, set()
         if not dead:
             return []
+        taken = view.taken_unread
         try:
             read = view.read_unread(self._wait_turn)
         except OrdqError as exc:
@@ -79,8 +80,10 @@ class AbsentGroups(DaemonParts):
         late = [q for q in read if (e := entries.get(q)) is not None and e.state is not None
                 and e.state.open_segment is not None and e.state.open_segment.gid in dead]
         if read:
-            log.info("%d queues read that the copy lacked when %s was judged dead: %d of them move",
-                     len(read), sorted(dead), len(late))
+            kept = view.taken_unread - taken
+            log.info("%d queues that the copy lacked when %s was judged dead: %d read, %d taken as this process "
+                     "created or wrote them; %d of them move", len(read), sorted(dead), len(read) - kept, kept,
+                     len(late))
         return late
 
     def _on_ping(self, gid: str, role: str, answer: Probe, sent: float) -> None:

@@ -51,6 +51,15 @@ from ordq.coordinator.zk_tls import CONNECT_TIMEOUT_S
 # Queues created per ZooKeeper transaction by ``create_queues``: 4 nodes each (~700 B), so
 # ~140 KB a transaction, well under ZooKeeper's 1 MB request limit (jute.maxbuffer).
 CREATE_BATCH = 200
+# The session timeout of a ZooKeeper session that holds only watches, beside a process's own
+# session (a broker's state watches: broker_group/service.py; the leading coordinator's view:
+# ``CoordinatorDaemon``'s ``watch_store``). Why a session of their own: when a connection drops,
+# kazoo hands each of its watches an event, one by one, in the connection's thread, before it
+# reconnects (307 ms for 33,334 watches at load 4, scale43k), which turned blips into lost
+# 1 s sessions of the session that holds a process's liveness or leadership. It holds no
+# ephemeral node, so nothing fails over when it is slow, and the longer it is, the fewer blips
+# cost a re-read of what it watches (ZooKeeper may cap it: maxSessionTimeout).
+WATCH_SESSION_S = 10.0
 
 
 @attrs.frozen

@@ -104,6 +104,8 @@ class QueueCreation(GroupRecords):
             if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
                 continue  # a drain mark changed (or a group went) meanwhile: read again
             raise_first(results)
+            for q, st in zip(queues, initial, strict=True):
+                self.written.created(q.queue, st)
             return initial
         names = ", ".join(q.queue for q in queues[:3]) + (", ..." if len(queues) > 3 else "")
         raise ConflictError(f"queue {names}: gave up creating it after {MAX_ATTEMPTS} conflicting writes")

@@ -563,13 +563,18 @@ def test_a_group_dying_during_a_re_read_of_every_queue_moves_before_it_ends(setu
         store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
 
 
+@pytest.mark.parametrize("created_here", [False, True], ids=["created-elsewhere", "created-by-the-leader"])
 def test_queues_created_during_a_round_move_with_their_dead_group_right_after_its_verdict(
-        setup, monkeypatch) -> None:
+        setup, monkeypatch, created_here: bool) -> None:
     """Issue 43: a queue created while a round runs was listed only at the next round's start.
     At 10^5 queues a round lasts ~1 min: a kill 5 s after mass creation left 1,600-2,533 of the
     dead group's queues out of the moves after its verdict, and they moved 77-106 s later
     (scale43j). Now a verdict first reads the queue list and every queue the copy lacks, and
-    the moves between the very slices where it came take them too."""
+    the moves between the very slices where it came take them too.
+
+    ``created_here``: the leading process created them itself (its admin API does): their
+    first states are kept from the creation and none is read before the moves (scale43k: 7,600
+    to 12,800 such reads took 14-18 s at 10^5 queues). Failing first: all 20 were read."""
     import threading
 
     from ordq.coordinator import daemon_view
@@ -577,6 +582,7 @@ def test_queues_created_during_a_round_move_with_their_dead_group_right_after_it
 
     store, _shared = setup
     monkeypatch.setattr(daemon_view, "READ_SLICE", 25)
+    store.written.leading(created_here)  # as the daemon's election makes it (round() alone does not)
     gid = _busiest_master_at_a_closed_port(store)
     other = "g2" if gid == "g1" else "g1"
     new = [f"new-{i:02d}" for i in range(20)]
@@ -589,8 +595,15 @@ def test_queues_created_during_a_round_move_with_their_dead_group_right_after_it
         view = daemon.view
         steps: list[str] = []
         still_on_gid: list[list[str]] = []  # the new queues still headed by gid right after the verdict
+        read_first: set[str] = set()  # the new queues whose states the view read before that
         real_wait = daemon._wait_turn
         real_between = daemon._between_slices
+        real_read = view._read_queues
+
+        def read_queues(queues, only=frozenset({daemon_view.STATE, daemon_view.CONFIG, daemon_view.SUBS})):  # type: ignore[no-untyped-def]
+            if not still_on_gid and daemon_view.STATE in only:
+                read_first.update(q for q in queues if q in new and daemon_view.STATE in view.entries[q].stale)
+            real_read(queues, only)
 
         def create_kill_then_wait_for_the_probe() -> None:
             if threading.current_thread() is threading.main_thread() and len(steps) < 2:
@@ -598,6 +611,8 @@ def test_queues_created_during_a_round_move_with_their_dead_group_right_after_it
                     store.delete_queue(doomed)
                     store.create_queues(new, [gid, other])
                     assert all(store.load_state(q)[0].head == gid for q in new)
+                    # a non-leader keeps none of its creations
+                    assert all((store.written.get(q) is not None) is created_here for q in new)
                     wait_until(lambda: view._queues_stale, timeout_s=DEADLINE_S, what="the queue list's watch fired")
                     store.client.delete(store.paths.live(gid, "master"))
                     wait_until(lambda: view._groups_stale, timeout_s=DEADLINE_S, what="the groups watch fired")
@@ -615,14 +630,19 @@ def test_queues_created_during_a_round_move_with_their_dead_group_right_after_it
 
         monkeypatch.setattr(daemon, "_wait_turn", create_kill_then_wait_for_the_probe)
         monkeypatch.setattr(daemon, "_between_slices", between)
+        monkeypatch.setattr(view, "_read_queues", read_queues)
         view.mark_all()  # a long round: every queue read again, READ_SLICE at a time
         daemon.round()
         assert steps == ["created and killed", "refused"]
         assert still_on_gid == [[]]
         assert doomed not in view.entries
-        daemon.round()  # read for the move by their states alone: the rest of them next round
+        assert read_first == (set() if created_here else set(new))
+        daemon.round()  # read for the move by their states alone (or none): the rest of them next round
         assert all(view.entries[q].config is not None for q in new)
+        store.written.leading(False)  # the term's end: no creation is kept
+        assert not any((got := store.written.get(q)) is not None and got[1] == 0 for q in new)
     finally:
+        store.written.leading(False)
         daemon.stop()
         if daemon.view is not None:
             daemon.view.close()
@@ -632,6 +652,43 @@ def test_queues_created_during_a_round_move_with_their_dead_group_right_after_it
         if store.client.exists(store.paths.live(gid, "master")) is not None:
             store.client.delete(store.paths.live(gid, "master"))
         store.register_live(gid, "master", address=f"127.0.0.1:0/{gid}/master", incarnation="t")
+
+
+def test_the_leader_s_session_holds_no_watch_of_a_queue(setup, zk_server) -> None:
+    """Issue 43: the view sets a data watch on each queue's settings and state (~200,000 at 10^5
+    queues); when a connection drops, kazoo hands each watch an event, one by one, in the
+    connection's thread, before it reconnects (307 ms for 33,334, scale43k), so on the session
+    that holds the leadership a blip could cost it. They live on ``watch_store``'s session, and
+    a change is seen through it. Failing first: every one was on the leader's session."""
+    import time
+
+    store, _ = setup
+    hosts, root = zk_server.connection_string, store.paths.root
+    with ZkStore.connect(hosts, root) as leading, ZkStore.connect(hosts, root) as watches:
+        daemon = CoordinatorDaemon(leading, identifier="watch-session", away_grace_s=0, sweep_interval_s=86_400.0,
+                                   rebalance_moves_per_s=0, watch_store=watches)
+        try:
+            daemon.round()
+            view = daemon.view
+            assert view is not None and len(view.entries) > N
+
+            def of_queues(s: ZkStore) -> set[str]:  # kazoo's own book of watches, of paths under a queue
+                book = {**s.client._data_watchers, **s.client._child_watchers}
+                return {p for p, fns in book.items() if fns and p.startswith(s.paths.queues + "/")}
+
+            assert of_queues(leading) == set()
+            watched = of_queues(watches)
+            assert {leading.paths.state(q) for q in view.entries} <= watched
+            assert {leading.paths.queue(q) for q in view.entries} <= watched
+            store.update_queue_config("q-0042", retention_segments=9)
+            wait_until(lambda: "q-0042" in view.refresh(time.monotonic()), timeout_s=DEADLINE_S,
+                       what="the change seen through the watch session")
+            assert view.entries["q-0042"].config is not None
+            assert view.entries["q-0042"].config.retention_segments == 9
+        finally:
+            daemon.stop()
+            if daemon.view is not None:
+                daemon.view.close()
 
 
 def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_period(setup) -> None:
@@ -963,6 +1020,30 @@ def test_a_returning_group_gets_heads_back_in_the_round_that_admits_it(zk_server
             daemon.stop()
             if daemon.view is not None:
                 daemon.view.close()
+
+
+def test_a_creation_is_kept_only_while_leading_and_until_its_view_reads_it() -> None:
+    """Issue 43: the leader keeps the first state of each queue it creates, so a verdict plans
+    its move without a read (10^5 creations: a non-leader, whose view never reads them back,
+    must keep none); read back, or the term over, it is dropped."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.store_base import WrittenStates
+
+    first, again = sm.create("q", ("g1",), incarnation="a" * 12), sm.create("q", ("g2",), incarnation="b" * 12)
+    written = WrittenStates()
+    written.created("q", first)
+    assert written.get("q") is None  # not leading
+    written.leading(True)
+    written.created("q", first)
+    assert written.get("q") == (first, 0)
+    written.seen("q", 0)
+    assert written.get("q") is None  # read back
+    written.note("q", first, 5)  # a write of an earlier incarnation of q
+    written.created("q", again)
+    assert written.get("q") == (again, 0)  # a creation replaces it
+    written.note("r", first, 3)
+    written.leading(False)
+    assert written.get("q") is None and written.get("r") == (first, 3)  # writes stay until read back
 
 
 def test_a_spread_pass_plans_on_every_queue_s_state_or_not_at_all() -> None:

@@ -161,9 +161,11 @@ def byte_size(low: int, high: int) -> Callable[[str], int]:
 MAX_PAYLOAD_BYTES = 64 << 20  # the largest message a queue may allow (QueueConfig)
 
 
-def open_store(args: argparse.Namespace, *, daemon: bool = False, new_root: bool = False) -> Any:
+def open_store(args: argparse.Namespace, *, daemon: bool = False, new_root: bool = False,
+               session_timeout_s: float | None = None) -> Any:
     """Connect the ZooKeeper store named by --zk/--root (CoordinationUnavailable if down);
-    ``daemon``: see ``ZkStore.connect``. ConfigError when no cluster lives under --root (a
+    ``daemon``: see ``ZkStore.connect``; ``session_timeout_s``: the session's (default
+    --zk-timeout's). ConfigError when no cluster lives under --root (a
     mistyped root showed "no queues", exit 0), unless ``daemon`` or ``new_root`` (a command
     that may make the root: ``group add``); a ZooKeeper that accepts connections but makes no
     session says why it may not (no credentials registered for it), not "start one".
@@ -179,7 +181,7 @@ def open_store(args: argparse.Namespace, *, daemon: bool = False, new_root: bool
     from ordq.coordinator.zk_retry import retry_zk
 
     auth = lookup(args.zk, args.root).zk_auth
-    timeout_s = float(getattr(args, "zk_timeout", 5.0))
+    timeout_s = session_timeout_s if session_timeout_s is not None else float(getattr(args, "zk_timeout", 5.0))
 
     def checks() -> None:
         if not (daemon or new_root) and store.client.exists(store.paths.root) is None:

@@ -137,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ordq.coordinator.daemon import CoordinatorDaemon
     from ordq.coordinator.pacing import RequestsFirst
     from ordq.coordinator.service import CoordinatorService
+    from ordq.coordinator.store import WATCH_SESSION_S
     from ordq.coordinator.zk_retry import retry_zk
 
     resolve_settings(args)
@@ -172,12 +173,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     # must not queue behind those requests on one session (ZooKeeper answers a session in order).
     duty_store = retry_zk(lambda: open_store(args, daemon=True), f"coordinator: connect to ZooKeeper at {args.zk}")
     duty_store.written = store.written  # the states either store wrote: what a listing needs not read again
+    # The leading daemon's view reads and watches every queue on a third session, not the one
+    # that holds its leadership (WATCH_SESSION_S, CoordinatorDaemon's ``watch_store`` say why).
+    watch_store = retry_zk(lambda: open_store(args, daemon=True, session_timeout_s=WATCH_SESSION_S),
+                           f"coordinator: connect to ZooKeeper at {args.zk} (the watch session)")
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
                                requests_first=requests_first, per_queue_series=args.per_queue_series,
                                rebalance_moves_per_s=max(0.0, args.rebalance_moves_per_s),
-                               pinger=_pinger(creds), away_grace_s=args.away_grace)
+                               pinger=_pinger(creds), away_grace_s=args.away_grace, watch_store=watch_store)
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
     if args.metrics:
@@ -206,6 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     service.stop()
     daemon.stop()
     duty_store.close()
+    watch_store.close()
     store.close()
     worker.join(timeout=5)
     if daemon.failure is not None:  # never silently: a supervisor restarts a process that exits non-zero
