@@ -14,6 +14,10 @@ from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES
 
+# A lean link's default port: the broker's gRPC port + this (7000 -> 8000). Not + 1: brokers
+# of several groups on one machine take neighbouring ports (ordq/lab/cluster.py, 7000 + i).
+LINK_PORT_OFFSET = 1000
+
 
 @attrs.frozen(kw_only=True)
 class BrokerConfig:
@@ -26,6 +30,13 @@ class BrokerConfig:
     # HOST[:PORT] registered in ZooKeeper, where clients and the peer dial this broker; None: the
     # listen host with the bound port (ordq/common/addresses.py).
     advertise: str | None = None
+    # The lean link this broker serves (issue 39; a master's produce link, a slave's replication
+    # link): HOST:PORT it binds, None for the listen host and the gRPC port + LINK_PORT_OFFSET
+    # (port 0 stays 0: any free one); and HOST[:PORT] registered for it, None for the advertised
+    # host and the link's port (``link_advertised``). A client that cannot reach it uses the gRPC
+    # call on the same broker (docs/OPERATIONS.md, "The lean links").
+    link_listen: str | None = None
+    link_advertise: str | None = None
     zk_session_timeout_s: float = 2.0
     max_batch_bytes: int = 16 << 20  # one encoded batch on the wire
     lac_push_ms: float = 20.0  # how soon the slave learns an advanced LAC when no batch carries it
@@ -65,6 +76,12 @@ class BrokerConfig:
 
     def __attrs_post_init__(self) -> None:
         addresses.check(self.listen, self.advertise)
+        if self.link_listen is not None:
+            addresses.split_host_port(self.link_listen, "link_listen")
+        if self.link_advertise is not None:
+            host, port = addresses.split_host_port(self.link_advertise, "link_advertise", port_optional=True)
+            if host in addresses.WILDCARD_HOSTS or port == 0:
+                raise ConfigError(f"link_advertise {self.link_advertise!r} is no address a client can dial")
         if self.max_batch_bytes < 1024:
             raise ConfigError("max_batch_bytes must be >= 1024")
         if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
@@ -73,6 +90,31 @@ class BrokerConfig:
                self.rpc_workers, self.max_concurrent_rpcs, self.max_connections, self.handshake_timeout_ms,
                self.idle_connection_ms, self.max_metadata_bytes) < 1:
             raise ConfigError("broker limits must be >= 1")
+
+    def link_bind(self) -> str | None:
+        """HOST:PORT the lean link binds: ``link_listen``, else the listen host and the gRPC
+        port + LINK_PORT_OFFSET (port 0: any free one); None when that port does not exist."""
+        if self.link_listen is not None:
+            return self.link_listen
+        host, port = addresses.split_host_port(self.listen)
+        assert port is not None
+        port = port + LINK_PORT_OFFSET if port else 0
+        return f"{host}:{port}" if port <= 65535 else None
+
+    def link_advertised(self, grpc_address: str, bound_port: int) -> str:
+        """HOST:PORT registered for the lean link bound at ``bound_port``: ``link_advertise``
+        (its port, else the bound one); else the host of ``grpc_address`` (what this broker
+        advertises) with, when ``advertise`` names a port (a NAT's) and the link's port is the
+        default, that port + LINK_PORT_OFFSET, else the bound port."""
+        if self.link_advertise is not None:
+            host, port = addresses.split_host_port(self.link_advertise, port_optional=True)
+            return f"{host}:{port if port is not None else bound_port}"
+        host, _ = addresses.split_host_port(grpc_address)
+        advertised_port = (addresses.split_host_port(self.advertise, port_optional=True)[1]
+                           if self.advertise is not None and self.link_listen is None else None)
+        if advertised_port is not None and advertised_port + LINK_PORT_OFFSET <= 65535:
+            return f"{host}:{advertised_port + LINK_PORT_OFFSET}"
+        return f"{host}:{bound_port}"
 
 
 def server_options(cfg: BrokerConfig) -> list[tuple[str, int]]:

@@ -21,32 +21,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from ordq.common.addresses import split_host_port
 from ordq.common.errors import ConfigError, OrdqError, PermissionDenied
 from ordq.common.security import Credentials
 from ordq.wire import lean_frames
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.framing import REQUEST_BYTES
 from ordq.wire.lean_frames import add_replicate_request, frame, replicate_request_body
-from ordq.wire.lean_produce import tls_context, tune
+from ordq.wire.lean_produce import open_tls, tls_context, tune
 
 log = logging.getLogger("ordq.replication")
 
 Send = Callable[[pb.ReplicateResponse], Awaitable[None]]
 Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
-# The switch (bench_stages, bench_e2e compare the two): only a slave started with
-# ORDQ_REPLICATION_LINK=lean serves and publishes a lean address; otherwise its master uses gRPC.
-# Not the default: measured A B A B (both links lean) a synchronous send is ~+28 % and a
-# quarter cheaper in CPU, but the pipelined rate was not shown better (-8 % in the mean, inside a
-# run-to-run spread three times that; docs/BENCHMARKS.md, "The lean links' pipelined rate"; again
-# after the replication window, fast39f: 41.7k and 54.8k msgs/s against gRPC's 43.8k-52.6k).
+# The switch (bench_stages, bench_e2e compare the two): a slave serves and publishes the lean
+# link unless started with ORDQ_REPLICATION_LINK=grpc (then its master uses gRPC). The default
+# since fast39k: the lowest CPU per batch (docs/BENCHMARKS.md), and a master that cannot reach
+# the published link replicates over gRPC instead (replication.py), so a firewalled or NAT'd
+# link port costs speed, not the group.
 ENV = "ORDQ_REPLICATION_LINK"
+
+
+def wanted() -> bool:
+    """Does this slave serve the lean replication link? (``ORDQ_REPLICATION_LINK``, default lean)"""
+    return os.environ.get(ENV, "lean") != "grpc"
 
 
 class Outgoing(NamedTuple):
@@ -90,11 +94,12 @@ class TaskServer:
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task[Any]] = set()
 
-    async def start(self, host: str) -> int:
-        """On the loop: listen on ``host`` (any free port); return the port."""
+    async def start(self, host: str, port: int = 0) -> int:
+        """On the loop: listen on ``host``:``port`` (0: any free port); return the port bound
+        (OSError when it is taken)."""
         limit = {} if self._reader_limit is None else {"limit": self._reader_limit}
         self._server = await asyncio.start_server(
-            self._handle, host.strip("[]"), 0, ssl=self._ssl,
+            self._handle, host.strip("[]"), port, ssl=self._ssl,
             ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None, **limit)
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -198,11 +203,8 @@ class LeanCall:
 
 
 async def connect(address: str, creds: Credentials, limit: int, *, timeout_s: float = 5.0) -> LeanCall:
-    """Open the link to a slave's ``address`` (taken from ZooKeeper, never from a caller)."""
-    host, port = split_host_port(address)
-    ctx = tls_context(creds, ssl.Purpose.SERVER_AUTH)
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host.strip("[]"), port, ssl=ctx, server_hostname=host.strip("[]") if ctx else None),
-        timeout_s)
-    tune(writer)
+    """Open the link to a slave's ``address`` (taken from ZooKeeper, never from a caller): TCP
+    within ``open_tls``'s reach, TLS within ``timeout_s`` (the caller falls back to gRPC when
+    either fails, replication.py)."""
+    reader, writer = await open_tls(address, tls_context(creds, ssl.Purpose.SERVER_AUTH), timeout_s=timeout_s)
     return LeanCall(reader, writer, limit)

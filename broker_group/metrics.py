@@ -48,6 +48,8 @@ _COUNTERS = {
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),
     "syncs": ("ordq_broker_syncs", "Group commits (one write and fdatasync each)"),
     "replication_breaks": ("ordq_broker_replication_breaks", "Times the master's stream to its slave broke"),
+    "replication_link_fallbacks": ("ordq_broker_replication_link_fallbacks", "Times the slave's lean link could "
+                                   "not be opened and the master replicated over gRPC instead"),
     "torn_bytes_truncated": ("ordq_broker_torn_bytes_truncated", "Bytes of torn log tails cut at start"),
     "reconciled": ("ordq_broker_reconciled_segments", "Segments reconciled with the peer"),
     "corrupt_reads": ("ordq_broker_corrupt_reads", "Sealed copies a read found corrupt (CRC), set aside and "

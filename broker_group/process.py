@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ordq.common.proc import ManagedProcess
@@ -20,9 +21,10 @@ READY_TIMEOUT_S = 30.0
 class BrokerProcess:
     def __init__(self, *, gid: str, role: str, zk_hosts: str, root: str, data_dir: Path, run_dir: Path,
                  session_timeout_s: float = 1.0, tls: Credentials | None = None, host: str = "127.0.0.1",
-                 advertise: str | None = None) -> None:
+                 advertise: str | None = None, extra_args: Sequence[str] = ()) -> None:
         """``host``: the address it binds (any free port) and serves metrics on; ``advertise``:
-        the address it registers instead of ``host:port`` (``ordq broker run --advertise``)."""
+        the address it registers instead of ``host:port`` (``ordq broker run --advertise``);
+        ``extra_args``: more ``ordq broker run`` options (``--link-listen ...``)."""
         self.gid, self.role = gid, role
         self.data_dir = data_dir
         self.address: str | None = None
@@ -31,7 +33,7 @@ class BrokerProcess:
         argv = [sys.executable, "-m", "ordq.cli", "--zk", zk_hosts, "--root", root, "broker", "run",
                 "--group", gid, "--role", role, "--data", str(data_dir),
                 "--session-timeout", str(session_timeout_s), "--listen", f"{host}:0", "--metrics", f"{host}:0",
-                *(["--advertise", advertise] if advertise else []), *tls_args(tls)]
+                *(["--advertise", advertise] if advertise else []), *tls_args(tls), *extra_args]
         self.proc = ManagedProcess(f"broker-{gid}-{role}", argv, run_dir=run_dir)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> str:
@@ -79,11 +81,13 @@ class BrokerGroupProcesses:
     """The master and the slave of one broker group, each with its own data folder."""
 
     def __init__(self, gid: str, *, zk_hosts: str, root: str, base_dir: Path, session_timeout_s: float = 1.0,
-                 tls: Credentials | None = None) -> None:
+                 tls: Credentials | None = None, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
+        """``extra_args``: more ``ordq broker run`` options by role ("master", "slave")."""
         self.gid = gid
         self.master, self.slave = (
             BrokerProcess(gid=gid, role=role, zk_hosts=zk_hosts, root=root, data_dir=base_dir / gid / role,
-                          run_dir=base_dir / "run", session_timeout_s=session_timeout_s, tls=tls)
+                          run_dir=base_dir / "run", session_timeout_s=session_timeout_s, tls=tls,
+                          extra_args=(extra_args or {}).get(role, ()))
             for role in ("master", "slave"))
 
     @property

@@ -46,7 +46,7 @@ from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.shared import Segment, Shared
 from ordq.broker_group.write_path import WritePath
 from ordq.common import security, stages
-from ordq.common.errors import OrdqError
+from ordq.common.errors import ConfigError, OrdqError
 from ordq.common.loop import Signal
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
@@ -96,7 +96,8 @@ class ReplicationLink:
         self._lean: tuple[lean_link.LeanCall, int] | None = None  # the lean link's call and its gen, once open
         self._pushed_at = 0.0  # when a LAC last went to the slave
         self._asleep_untimed = False  # the sender waits for a wake-up with no timer (nothing active)
-        self._address: tuple[str, str] | None = None  # ("lean" or "grpc", HOST:PORT)
+        self._address: tuple[str, str] | None = None  # the slave's (gRPC address, lean link or "")
+        self._link_down = ""  # the slave's lean link that could not be opened: gRPC until its node changes
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -133,9 +134,10 @@ class ReplicationLink:
     def _on_slave_node(self, data: bytes | None, _stat: Any, *_event: Any) -> None:
         node = json.loads(data.decode()) if data else None
         # The lean link when the slave offers one (broker_group/lean_link.py), else gRPC.
-        address = (("lean", node["replication"]) if node.get("replication") else ("grpc", node["address"])
-                   ) if node else None
+        address = (node["address"], node.get("replication") or "") if node else None
         with self._cv:
+            if address != self._address:
+                self._link_down = ""  # a new slave process (or link): its link is tried again
             self._address = address
         self.wake.fire()
 
@@ -191,15 +193,33 @@ class ReplicationLink:
                 return
             await self.wake.wait(0.1)  # a short pause before reconnecting (or a new address)
 
+    async def _open_link(self, link: str) -> lean_link.LeanCall | None:
+        """The slave's lean link; None when it cannot be opened (a firewalled or NAT'd port):
+        counted, logged once, and gRPC carries the stream until the slave's node changes."""
+        try:
+            return await lean_link.connect(link, self.shared.config.credentials, frame_limit(self.shared))
+        except (OSError, TimeoutError, ConfigError) as exc:  # ssl.SSLError is an OSError
+            with self._cv:
+                self._link_down = link
+                self.shared.stats.replication_link_fallbacks += 1
+            log.warning("the slave's lean replication link %s cannot be opened (%r): replicating over gRPC "
+                        "(docs/OPERATIONS.md, The lean links)", link, exc)
+            return None
+
     async def _stream_once(self, target: tuple[str, str], gen: int) -> None:
-        kind, address = target
+        address, link = target
+        kind = "lean" if link and link != self._link_down else "grpc"
         channel: grpc.aio.Channel | None = None
         call: Any = None
         sender: asyncio.Task[None] | None = None
         try:
             if kind == "lean":
-                call = await lean_link.connect(address, self.shared.config.credentials, frame_limit(self.shared))
-            else:
+                call = await self._open_link(link)
+                if call is None:
+                    kind = "grpc"
+                else:
+                    address = link
+            if call is None:
                 channel = security.aio_channel(address, self.shared.config.credentials, GRPC_OPTIONS)
                 call = encoded_stream(channel, "Replicate", pb.ReplicateResponse)()  # requests encoded by hand
             sender = self.shared.loop.loop.create_task(self._send(call, gen))

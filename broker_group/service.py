@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from ordq.broker_group import lean_link
 from ordq.broker_group import log as seglog
 from ordq.broker_group.auth import CLUSTER_CNS, Gate
 from ordq.broker_group.budget import tune_malloc
-from ordq.broker_group.config import BrokerConfig, server_options
+from ordq.broker_group.config import LINK_PORT_OFFSET, BrokerConfig, server_options
 from ordq.broker_group.control import Control
 from ordq.broker_group.dataplane import Parts, add_servicer
 from ordq.broker_group.finder import Finder
@@ -183,20 +182,16 @@ class Broker:
             if cfg.role is Role.MASTER:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
-                if lean_produce.wanted():  # ORDQ_PRODUCE_LINK=lean: serve and publish the lean produce link
+                if lean_produce.wanted():  # unless ORDQ_PRODUCE_LINK=grpc: serve and publish the lean produce link
                     self._produce_link = LeanProduceServer(self.parts, cfg.credentials,
                                                            handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
-                    host, _ = addresses.split_host_port(cfg.listen)
-                    link_port = self.shared.loop.run(self._produce_link.start(host))
-                    self._produce_address = f"{addresses.split_host_port(self.shared.address)[0]}:{link_port}"
-            elif os.environ.get(lean_link.ENV, "grpc") == "lean":
+                    self._produce_address = self._serve_link(self._produce_link, "produce")
+            elif lean_link.wanted():
                 self._lean = lean_link.LeanServer(
                     cfg.credentials, CLUSTER_CNS, frame_limit(self.shared),
                     lambda requests, send: replicate_requests(self.shared, self.write, requests, send),
                     self.shared.count_refused, handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
-                host, _ = addresses.split_host_port(cfg.listen)
-                lean_port = self.shared.loop.run(self._lean.start(host))
-                self._lean_address = f"{addresses.split_host_port(self.shared.address)[0]}:{lean_port}"
+                self._lean_address = self._serve_link(self._lean, "replication")
             steps.done("serve")
             self._retry(self._register, "register liveness")
             steps.done("register")
@@ -229,6 +224,28 @@ class Broker:
         if cfg.credentials.tls:
             return self._server.add_secure_port(cfg.listen, server_credentials(cfg.credentials))
         return self._server.add_insecure_port(cfg.listen)
+
+    def _serve_link(self, server: lean_link.TaskServer, what: str) -> str | None:
+        """Bind this broker's lean link (``link_listen``, else the gRPC port + LINK_PORT_OFFSET)
+        and return the address to publish for it. A default port that is taken or past 65535
+        leaves the link off (logged; clients use gRPC); an explicit ``link_listen`` that cannot
+        be bound stops the start (ConfigError)."""
+        cfg = self.config
+        bind = cfg.link_bind()
+        if bind is None:
+            log.warning("no lean %s link: the gRPC port + %d is no port (set link_listen); clients use gRPC",
+                        what, LINK_PORT_OFFSET)
+            return None
+        host, port = addresses.split_host_port(bind)
+        try:
+            bound = self.shared.loop.run(server.start(host, port or 0))
+        except OSError as exc:
+            if cfg.link_listen is not None:
+                raise ConfigError(f"cannot listen on link_listen {bind}: {exc}") from exc
+            log.warning("no lean %s link: cannot listen on %s (%s; set link_listen); clients use gRPC", what, bind,
+                        exc)
+            return None
+        return cfg.link_advertised(self.shared.address, bound)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)

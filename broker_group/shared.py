@@ -126,6 +126,7 @@ class BrokerStats:
     fetch_messages: int = 0
     fetch_bytes: int = 0
     replication_breaks: int = 0
+    replication_link_fallbacks: int = 0  # the slave's lean link could not be opened: gRPC instead
     torn_bytes_truncated: int = 0
     corrupt_segments: int = 0
     corrupt_reads: int = 0  # sealed copies found corrupt by a read (set aside, repaired from the peer)

@@ -115,6 +115,7 @@ class ProducerStats:
     batches_acked: int = 0
     failovers: int = 0
     tokens_unavailable: int = 0  # times the head could not check tokens and was asked again
+    link_fallbacks: int = 0  # streams on gRPC because the master's lean link could not be opened (no failover)
     epoch: int = 0
     seg: int | None = None
     head: str | None = None

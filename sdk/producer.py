@@ -423,6 +423,9 @@ class Producer(ProducerIO):
     def statistics(self) -> ProducerStats:
         with self._lock:
             stats = attrs.evolve(self._stats)
+        aio = self._aio
+        if aio is not None:
+            stats.link_fallbacks = aio.link_fallbacks
         lease = self._lease
         if lease is not None:  # its renewal thread counts; a loss at the claim is counted here
             stats.lease_lapses += lease.stats.lapses

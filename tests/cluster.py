@@ -37,7 +37,7 @@ import time
 import traceback
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +119,14 @@ class Cluster:
 
     # -- brokers -------------------------------------------------------------------------------
 
-    def add_groups(self, *gids: str) -> None:
-        """Register and start each group (slave, then master) and wait until both are live."""
+    def add_groups(self, *gids: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Register and start each group (slave, then master) and wait until both are live.
+        ``extra_args``: more ``ordq broker run`` options by role ("master", "slave")."""
         for gid in gids:
             self.store.add_group(gid)
             group = BrokerGroupProcesses(gid, zk_hosts=self.hosts, root=self.root, base_dir=self.base,
-                                         session_timeout_s=SESSION_TIMEOUT_S, tls=self.broker_tls)
+                                         session_timeout_s=SESSION_TIMEOUT_S, tls=self.broker_tls,
+                                         extra_args=extra_args)
             self.groups[gid] = group
             group.start()
         self.wait_live(*gids)

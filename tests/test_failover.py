@@ -42,10 +42,11 @@ N = 16_000  # messages per default test: ~4 s of load at LOAD_RATE
 
 @pytest.fixture(name="links", params=["grpc", pytest.param("lean", marks=pytest.mark.heavy)])
 def links_fixture(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The data path's two internal hops: gRPC (the default), or both lean links (issue 39:
-    ``ORDQ_PRODUCE_LINK`` and ``ORDQ_REPLICATION_LINK`` set to ``lean`` for the brokers this test
-    starts, which inherit it, and for its producer and consumer). The lean variants are in the
-    end-to-end tier: the default one is near its time budget."""
+    """The data path's two internal hops: both lean links (the default since issue 39, fast39k)
+    or gRPC (what clients fall back to, and older peers speak): ``ORDQ_PRODUCE_LINK`` and
+    ``ORDQ_REPLICATION_LINK`` set for the brokers this test starts, which inherit it, and for its
+    producer and consumer. The lean variants are in the end-to-end tier (the default one is near
+    its time budget); every other test of the default tier takes the lean links."""
     monkeypatch.setenv(lean_produce.ENV, request.param)
     monkeypatch.setenv(lean_link.ENV, request.param)
     return str(request.param)
@@ -56,6 +57,7 @@ def check_links(cluster: Cluster, producer: LoadProducer, links: str) -> None:
     stream = producer._producer._stream if producer._producer is not None else None  # noqa: SLF001
     if stream is not None:
         assert isinstance(stream, LeanProduceStream) == (links == "lean"), type(stream)
+        assert getattr(stream, "fell_back", None) is None, "the producer reached its master's lean link"
     for gid in cluster.groups:
         for role, published in (("master", "produce"), ("slave", "replication")):
             try:

@@ -288,11 +288,15 @@ def test_a_broker_config_file_is_read_and_flags_override_it(tmp_path: Path) -> N
     cfg = _toml(tmp_path / "etc" / "broker.toml",
                 'zk = "10.0.0.1:2181,10.0.0.2:2181"\nroot = "/prod"\ngroup = "g7"\nrole = "slave"\n'
                 'listen = "0.0.0.0:7000"\nadvertise = "10.0.0.2"\nmetrics = "10.0.0.2:9100"\ndata = "data"\n'
-                "session_timeout_s = 3.5\n[tls]\ninsecure = true\n")
+                'session_timeout_s = 3.5\nlink_listen = "0.0.0.0:7443"\nlink_advertise = "edge.example"\n'
+                "[tls]\ninsecure = true\n")
     args = _broker_args("--config", str(cfg))
     broker = broker_config(args)
     assert (broker.gid, broker.role.value) == ("g7", "slave")
     assert (broker.listen, broker.advertise) == ("0.0.0.0:7000", "10.0.0.2")
+    assert (broker.link_listen, broker.link_advertise) == ("0.0.0.0:7443", "edge.example")  # the lean link's
+    assert broker_config(_broker_args("--config", str(cfg), "--link-listen", "0.0.0.0:7444")).link_listen == \
+        "0.0.0.0:7444"
     assert (broker.zk_hosts, broker.root, broker.zk_session_timeout_s) == ("10.0.0.1:2181,10.0.0.2:2181", "/prod", 3.5)
     assert broker.data_dir == tmp_path / "etc" / "data"  # relative to the file
     assert not broker.credentials.tls and args.metrics == "10.0.0.2:9100"  # type: ignore[attr-defined]
@@ -310,6 +314,7 @@ def test_a_broker_config_file_is_read_and_flags_override_it(tmp_path: Path) -> N
     ('group = "g1"\n[tls]\ncertificate = "x"\n', "unknown key 'tls.certificate'"),
     ('group = 7\n', "'group' must be <class 'str'>"),
     ('listen = "no-port"\n', "listen must be HOST:PORT"),
+    ('link_listen = "no-port"\n', "link_listen must be HOST:PORT"),
     ('role = "leader"\n', "'role' must be in"),
     ('listen = "0.0.0.0:7000"\ngroup = "g"\nrole = "master"\ndata = "d"\n[tls]\ninsecure = true\n',
      "needs an advertised address"),

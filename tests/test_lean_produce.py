@@ -170,3 +170,56 @@ def test_a_link_that_cannot_be_reached_ends_the_stream_as_an_unavailable_broker(
             await closed_early.read_acks()
 
     asyncio.run(run())
+
+
+def test_a_send_to_an_idle_link_is_written_on_the_senders_turn_and_a_burst_keeps_its_order() -> None:
+    """Issue 39 (fast39k): a synchronous send found the writer task idle and waited a turn of
+    the loop for it; now ``send`` writes at once when nothing waits before it and the transport
+    holds nothing. A burst (the transport busy) still gathers in the writer task; at the master
+    every batch arrives once, in the order sent."""
+    sent = [f"batch-{i}".encode() for i in range(300)]
+
+    async def run() -> list[bytes]:
+        got = bytearray()
+
+        async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(1 << 16):
+                got.extend(data)
+            writer.close()
+
+        server = await asyncio.start_server(sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        stream = LeanProduceStream(f"127.0.0.1:{port}", "master:1", "q", 0, 1, Credentials())
+        await stream._conn  # noqa: SLF001 - connected
+        for _ in range(100):  # the writer task reaches its wait within a few turns
+            if stream._idle:  # noqa: SLF001
+                break
+            await asyncio.sleep(0)
+        assert stream._idle  # noqa: SLF001
+        stream.send(sent[:1])
+        assert stream.first_write_at is not None, "written on the sender's turn, not the writer task's"
+        for i in range(1, len(sent), 3):
+            stream.send(sent[i:i + 3])
+        hello = len(frame(pb.ProduceLinkHello(token="")))
+
+        def arrived() -> list[bytes]:
+            """The batches of the whole frames the master got after the hello."""
+            batches: list[bytes] = []
+            at = hello
+            while at + 4 <= len(got):
+                (n,) = struct.unpack(">I", got[at:at + 4])
+                if at + 4 + n > len(got):
+                    break
+                batches.extend(pb.ProduceRequest.FromString(bytes(got[at + 4:at + 4 + n])).batches)
+                at += 4 + n
+            return batches
+
+        async with asyncio.timeout(30):
+            while len(arrived()) < len(sent):
+                await asyncio.sleep(0.01)
+        await stream.close()
+        server.close()
+        await server.wait_closed()
+        return arrived()
+
+    assert asyncio.run(run()) == sent

@@ -34,8 +34,8 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--config", type=Path, default=None, metavar="FILE",
                      help="TOML file of this process's settings (keys: zk, root, group, role, listen, advertise, "
-                     "metrics, data, session_timeout_s, register_wait_s, [tls] cert/key/ca/insecure); "
-                     "flags override it")
+                     "link_listen, link_advertise, metrics, data, session_timeout_s, register_wait_s, "
+                     "[tls] cert/key/ca/insecure); flags override it")
     run.add_argument("--group", default=None, help="broker group id (register it first: ordq group add G)")
     run.add_argument("--role", default=None, choices=["master", "slave"])
     run.add_argument("--listen", default=None, metavar="HOST:PORT",
@@ -43,6 +43,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--advertise", default=None, metavar="HOST[:PORT]",
                      help="address registered in ZooKeeper, where clients and the peer dial this broker "
                      "(default: the --listen host and the port bound; required when listening on 0.0.0.0)")
+    run.add_argument("--link-listen", default=None, metavar="HOST:PORT",
+                     help="address the lean link serves on (a master's produce link, a slave's replication "
+                     "link; port 0 picks a free one; default: the --listen host, its port + 1000)")
+    run.add_argument("--link-advertise", default=None, metavar="HOST[:PORT]",
+                     help="address registered for the lean link (default: the advertised host and the link's "
+                     "port, or --advertise's port + 1000); clients that cannot reach it use gRPC")
     run.add_argument("--metrics", default=None, metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any); "
                      "prints 'METRICS <url>'")
@@ -153,6 +159,8 @@ def broker_config(args: argparse.Namespace) -> Any:
                         data_dir=pick("data", file.data, None), zk_hosts=args.zk, root=args.root,
                         listen=pick("listen", file.listen, DEFAULT_LISTEN),
                         advertise=pick("advertise", file.advertise, None),
+                        link_listen=pick("link_listen", file.link_listen, None),
+                        link_advertise=pick("link_advertise", file.link_advertise, None),
                         zk_session_timeout_s=pick("session_timeout", file.session_timeout_s, 2.0),
                         register_wait_s=pick("register_wait", file.register_wait_s, 30.0),
                         credentials=broker_credentials(args), budget=budget_config(args),

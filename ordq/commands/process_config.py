@@ -42,7 +42,7 @@ def _number(low: float) -> Any:
 def _address(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None:
         _str(_inst, attribute, value)
-        addresses.split_host_port(value, attribute.name, port_optional=attribute.name == "advertise")
+        addresses.split_host_port(value, attribute.name, port_optional=attribute.name.endswith("advertise"))
 
 
 @attrs.frozen(kw_only=True)
@@ -80,6 +80,9 @@ class BrokerFile(ServerFile):
         attrs.validators.in_(("master", "slave"))))
     data: Path | None = attrs.field(default=None, validator=_path)
     register_wait_s: float | None = attrs.field(default=None, validator=_number(-1e-9))
+    # the lean link's (BrokerConfig.link_listen / link_advertise; docs/OPERATIONS.md, "The lean links")
+    link_listen: str | None = attrs.field(default=None, validator=_address)
+    link_advertise: str | None = attrs.field(default=None, validator=_address)
 
 
 @attrs.frozen(kw_only=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 import grpc
 
@@ -34,6 +35,8 @@ from ordq.wire.transport import Ack, FetchResult
 
 log = logging.getLogger("ordq.wire")
 
+LINK_RETRY_S = 60.0  # a lean link that could not be opened is tried again after this long
+
 
 class BrokerStub(pb_grpc.BrokerStub):
     """The generated stub, with a Produce call whose requests are encoded by hand
@@ -51,6 +54,8 @@ class AioTransport:
         self._md = token_metadata(self.credentials)
         self._stubs: StubCache[grpc.aio.Channel, BrokerStub] = StubCache(
             lambda address: aio_channel(address, self.credentials, GRPC_OPTIONS), BrokerStub, "transport")
+        self.link_fallbacks = 0  # produce streams carried by gRPC because their lean link could not be opened
+        self._links_down: dict[str, float] = {}  # link -> when it last could not be opened (monotonic)
 
     def _stub(self, address: str) -> BrokerStub:
         return self._stubs.get(address)
@@ -63,10 +68,26 @@ class AioTransport:
                      link: str = "") -> AioProduceStream | LeanProduceStream:
         """The produce stream to the master at ``address``: on its lean link ``link`` when it
         publishes one (ordq/wire/lean_produce.py) and this process does not say
-        ``ORDQ_PRODUCE_LINK=grpc``; else a gRPC call."""
-        if link and os.environ.get(LINK_ENV) != "grpc":
-            return LeanProduceStream(link, address, queue, seg, epoch, self.credentials, epoch_key=epoch_key)
-        return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
+        ``ORDQ_PRODUCE_LINK=grpc``; else a gRPC call. A link that cannot be opened hands the
+        stream to a gRPC call to the same master (``link_fallbacks``), and for LINK_RETRY_S
+        the next streams there go on gRPC at once."""
+        def grpc_call() -> AioProduceStream:
+            return AioProduceStream(self._stub(address), address, queue, seg, epoch, self._md, epoch_key=epoch_key)
+
+        def fall_back(exc: BaseException) -> AioProduceStream:
+            self.link_fallbacks += 1
+            if link not in self._links_down:  # logged once per link
+                log.warning("the lean produce link %s of master %s cannot be opened (%r): using gRPC to the "
+                            "master (docs/OPERATIONS.md, The lean links)", link, address, exc)
+            self._links_down[link] = time.monotonic()
+            return grpc_call()
+
+        down_at = self._links_down.get(link)
+        if (link and os.environ.get(LINK_ENV) != "grpc"
+                and (down_at is None or time.monotonic() - down_at >= LINK_RETRY_S)):
+            return LeanProduceStream(link, address, queue, seg, epoch, self.credentials, epoch_key=epoch_key,
+                                     fallback=fall_back)
+        return grpc_call()
 
     async def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
                     known_end: int | None = None) -> FetchResult:
