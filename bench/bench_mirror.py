@@ -30,7 +30,7 @@ import time
 
 from bench._cluster import QUEUE, ROOT, BenchCluster, bench_cluster, cpu_seconds, percentile
 from ordq.common.proc import ManagedProcess
-from ordq.drills.cdc_mirror import LinkCut
+from ordq.drills.cdc_mirror import LinkCut, published_ports
 from ordq.mirror.chain import parse_chain
 from ordq.sdk import BatchingConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 
@@ -74,9 +74,7 @@ def cut_and_catch_up(a: BenchCluster, b: BenchCluster, link: LinkCut, args: argp
     got: list[list[tuple[float, int]]] = []
     reader = threading.Thread(target=lambda: got.append(read_copies(b, m, "bench-lag", 900)))
     reader.start()  # the steady phase's subscription: it resumes after what it read
-    ports = [spec.client_port for spec in b.zk.specs] + [int(b.bootstrap.rsplit(":", 1)[1])]
-    ports += [int(member.address.rsplit(":", 1)[1]) for g in b.groups for member in g.members if member.address]
-    link.cut(ports)
+    link.cut(published_ports(b.store))
     cut_at = time.time()
     producer = threading.Thread(target=produce, args=(a, m, args.size, args.rate))
     producer.start()

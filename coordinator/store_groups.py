@@ -104,7 +104,7 @@ class GroupRecords(ZkBase):
                     continue
                 d = json_value(data)
                 out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"],
-                                     produce=str(d.get("produce", "")))
+                                     produce=str(d.get("produce", "")), replication=str(d.get("replication", "")))
             return out
 
         with self._errors():

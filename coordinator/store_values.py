@@ -33,6 +33,7 @@ class LiveInfo:
     incarnation: str
     pid: int
     produce: str = ""  # a master's lean produce link (HOST:PORT; ordq/wire/lean_produce.py), "" for none
+    replication: str = ""  # a slave's lean replication link (HOST:PORT; broker_group/lean_link.py), "" for none
 
 
 

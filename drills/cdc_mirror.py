@@ -16,8 +16,9 @@ queue (the shipper's acks are centre 1's, the deliveries centre 2's).
 Both centres run on this machine (centre 1 is the drill's cluster, centre 2 a second local
 cluster with its own ZooKeeper in the run's folder). The link cut is real packet loss: the
 mirror runs under a group id of its own and iptables drops every TCP packet it sends to centre
-2's ports (its ZooKeeper, coordinator and brokers) until the heal; centre 2's own processes and
-its applier are untouched, as they would be in their own centre. Needs root and iptables
+2's ports as centre 2 publishes them (``published_ports``: its ZooKeeper, coordinators, brokers
+and their lean links) until the heal; centre 2's own processes and its applier are untouched,
+as they would be in their own centre. Needs root and iptables
 (``require_link``), and the database servers (``drills.cdc.require_servers``).
 """
 
@@ -34,10 +35,15 @@ import time
 from typing import Any
 
 import attrs
+from kazoo.hosts import collect_hosts
 
 from ordq.cluster_config import ClusterConfig
+from ordq.common.addresses import split_host_port
 from ordq.common.errors import ConfigError, OrdqError
 from ordq.common.proc import ManagedProcess, load_stretched
+from ordq.common.security import registered_bootstrap
+from ordq.coordinator.service_leases import coordinator_addresses
+from ordq.coordinator.store import ZkStore
 from ordq.drills.cdc import (
     APPLIER_SUBSCRIPTION,
     TABLES,
@@ -123,14 +129,19 @@ def _iptables(action: str, rule: list[str]) -> None:
         raise OrdqError(f"iptables {action} {' '.join(rule)}: {proc.stderr.strip() or proc.returncode}")
 
 
-def _ports(cluster: LocalCluster) -> list[int]:
-    """Every port a client of ``cluster`` may dial: ZooKeeper, coordinators, brokers."""
-    out = [*cluster.config.coordinator_ports, *(spec.client_port for spec in cluster.zk.specs)]
-    for status in cluster.status():  # the brokers' (and the coordinators' metrics: harmless)
-        found = re.search(r":(\d+)", (status.listen or "").split("//")[-1])
-        if found:
-            out.append(int(found.group(1)))
-    return out
+def published_ports(store: ZkStore) -> list[int]:
+    """Every port a client of the cluster behind ``store`` may dial, as the cluster publishes
+    them: its ZooKeeper's (the connection string), its coordinators' (registered for clients,
+    and in their election), and each live broker's gRPC address and lean link (a master's
+    produce link, a slave's replication link: issue 39, on by default). What a port-based cut
+    must drop, read when it cuts (a restarted broker may listen elsewhere)."""
+    addresses = [f"{host}:{port}" for host, port in collect_hosts(store.hosts)[0]]
+    addresses += (registered_bootstrap(store.hosts, store.paths.root) or "").split(",")
+    addresses += coordinator_addresses(store.client, store.paths.coordinator_leader)
+    for gid in store.list_groups():
+        for member in store.live_members(gid).values():
+            addresses += [member.address, member.produce, member.replication]
+    return sorted({port for a in addresses if a and (port := split_host_port(a)[1])})
 
 
 def _end(cluster: LocalCluster, queue: str) -> str:
@@ -330,7 +341,8 @@ def _cut_link(ctx: DrillContext, run: Centres, reader: Reader) -> None:
     """Cut the mirror off centre 2 for LINK_CUT_S: centre 1 goes on taking the binlog, centre 2
     falls behind; after the heal the copy catches up (the waits after this one)."""
     acked, copied = _acked(ctx), reader.last_seq
-    run.link.cut(_ports(run.dc2))
+    with run.dc2.store() as store:
+        run.link.cut(published_ports(store))
     ctx.event(f"FAULT: the link between the centres cut (the mirror's packets to centre 2 dropped) for at "
               f"least {LINK_CUT_S:g}s; centre 2 holds up to seq {copied}")
     try:

@@ -17,6 +17,7 @@ from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.broker_group.replica import Role
 from ordq.common.errors import ConfigError
 from ordq.common.metrics import value
+from ordq.drills.cdc_mirror import published_ports
 from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, SendResult
 from ordq.sdk._producer_types import ProducerStats
 from ordq.wire.aio_client import AioProduceStream
@@ -131,3 +132,20 @@ def test_links_nobody_can_reach_fall_back_to_grpc_on_the_same_brokers_without_a_
     assert f"replicating to slave at {group.slave.address} (grpc link)" in master.log_tail(400)
     assert master.metrics_url is not None
     assert value(read_metrics(master.metrics_url), "ordq_broker_replication_link_fallbacks_total") == 1
+
+
+@pytest.mark.zk
+def test_a_port_cut_covers_every_address_a_client_may_dial_lean_links_too(cluster: Cluster) -> None:
+    """The cdc-mirror drill's and bench_mirror's link cut drops the ports ``published_ports``
+    reads: with the lean links on (the default), each broker's link port as well as its gRPC
+    port, ZooKeeper's and the coordinators'. Before, a mirror producing over the master's link
+    went on through the cut (the heavy tier's test_cdc_mirror, stop 55)."""
+    cluster.add_groups("g1")
+    ports = set(published_ports(cluster.store))
+    dialled = {"master": ("address", "produce"), "slave": ("address", "replication")}
+    for role, keys in dialled.items():
+        node = _node(cluster, "g1", role)
+        for key in keys:
+            assert int(node[key].rsplit(":", 1)[1]) in ports, (role, key, node, sorted(ports))
+    assert {int(a.rsplit(":", 1)[1]) for a in cluster.hosts.split(",")} <= ports
+    assert {int(a.rsplit(":", 1)[1]) for a in cluster.bootstrap.split(",")} <= ports
