@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ordq.broker_group import lean_link
 from ordq.broker_group.config import BrokerConfig
 from ordq.broker_group.process import BrokerGroupProcesses
 from ordq.broker_group.replica import Role
@@ -20,6 +21,7 @@ from ordq.common.metrics import value
 from ordq.drills.cdc_mirror import published_ports
 from ordq.sdk import BatchingConfig, CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, SendResult
 from ordq.sdk._producer_types import ProducerStats
+from ordq.wire import lean_produce
 from ordq.wire.aio_client import AioProduceStream
 from ordq.wire.lean_produce import LeanProduceStream
 from ordq.wire.transport import AsyncProduceStream
@@ -135,11 +137,14 @@ def test_links_nobody_can_reach_fall_back_to_grpc_on_the_same_brokers_without_a_
 
 
 @pytest.mark.zk
-def test_a_port_cut_covers_every_address_a_client_may_dial_lean_links_too(cluster: Cluster) -> None:
+def test_a_port_cut_covers_every_address_a_client_may_dial_lean_links_too(cluster: Cluster,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The cdc-mirror drill's and bench_mirror's link cut drops the ports ``published_ports``
     reads: with the lean links on (the default), each broker's link port as well as its gRPC
     port, ZooKeeper's and the coordinators'. Before, a mirror producing over the master's link
     went on through the cut (the heavy tier's test_cdc_mirror, stop 55)."""
+    for env in (lean_produce.ENV, lean_link.ENV):  # the default; named, whatever the caller's environment says
+        monkeypatch.setenv(env, "lean")
     cluster.add_groups("g1")
     ports = set(published_ports(cluster.store))
     dialled = {"master": ("address", "produce"), "slave": ("address", "replication")}
