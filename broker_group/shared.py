@@ -62,6 +62,22 @@ def session_doubt(now: float, v: SessionView) -> tuple[str | None, float | None]
     return why, since
 
 
+def doubt_wait_until(now: float, v: SessionView, waiting_since: float) -> float:
+    """Until when (monotonic) a write that began waiting at ``waiting_since`` may wait for a
+    doubt (``session_doubt``) to clear before it is refused: two sessions after the doubt
+    began; and, while kazoo is connected (only the quorum unheard), at least one session after
+    the write began waiting. Why the second: after a quorum loss longer than two sessions the
+    doubt began long ago, and a write that reached this master as the quorum came back was
+    refused at once, before the next probe (every eighth of a session) could answer: its
+    producer failed over a second time (default tier, test_failover_infra, quorum lost 7.5 s).
+    For liveness only: a write is taken only once the doubt clears."""
+    since = session_doubt(now, v)[1]
+    until = (since if since is not None else 0.0) + 2 * v.timeout_s
+    if v.silent_since is None and not v.lost:
+        until = max(until, waiting_since + v.timeout_s)
+    return until
+
+
 @attrs.define(eq=False)
 class Segment:
     """One (queue, seg) on this replica: decisions in ``replica``, bytes in ``log``."""
@@ -174,18 +190,17 @@ class Shared:
         """Why a master must take no write now, or None (``session_doubt``)."""
         return session_doubt(now, self._session_view())[0]
 
-    def session_wait_until(self) -> float:
+    def session_wait_until(self, waiting_since: float) -> float:
         """Until when (monotonic) a doubtful master may wait for kazoo to resume its session,
-        or the quorum to answer again, before it refuses a write: two sessions after the doubt
-        began. kazoo reconnects at once and waits up to a session for ZooKeeper's answer (one
-        server; then again after at most a quarter of a session,
-        ``coordinator/store_base.new_client``), so this covers two attempts answered late.
-        Measured at load 18-28 with 1 s sessions (the README's cluster, issue 26): 25
-        suspensions, each resumed on the same session after 0.09-1.25 s (median 0.52). The
-        bound is for liveness only: a write is taken after the wait only once kazoo resumed the
-        same session, which ZooKeeper does only while it holds it, and the quorum answered."""
-        since = session_doubt(time.monotonic(), self._session_view())[1]
-        return (since if since is not None else 0.0) + 2 * self.config.zk_session_timeout_s
+        or the quorum to answer again, before it refuses a write begun waiting at
+        ``waiting_since`` (``doubt_wait_until``). kazoo reconnects at once and waits up to a
+        session for ZooKeeper's answer (one server; then again after at most a quarter of a
+        session, ``coordinator/store_base.new_client``), so two sessions cover two attempts
+        answered late. Measured at load 18-28 with 1 s sessions (the README's cluster, issue
+        26): 25 suspensions, each resumed on the same session after 0.09-1.25 s (median 0.52).
+        The bound is for liveness only: a write is taken after the wait only once kazoo resumed
+        the same session, which ZooKeeper does only while it holds it, and the quorum answered."""
+        return doubt_wait_until(time.monotonic(), self._session_view(), waiting_since)
 
     def quorum_heard(self, asked_at: float) -> None:
         """The quorum answered a probe sent at ``asked_at`` (``QuorumProbe``): wake writes

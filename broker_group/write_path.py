@@ -197,7 +197,8 @@ class WritePath:
         resumes the same session only if ZooKeeper still holds it, and the quorum answers a
         probe only while it does, so either proves this master was not replaced: take the
         write. A lost session, no answer by
-        ``Shared.session_wait_until`` (two sessions after the suspension) or a stop: refuse
+        ``Shared.session_wait_until`` (two sessions after the doubt began; connected, at least one
+        session after the write began waiting) or a stop: refuse
         (SegmentNotWritable; the producer fails over). On a loaded box kazoo suspends a
         connection whose ping answer came a few hundred ms late and resumes the same session
         within a second or so: those writes are late, not refused (issue 26: the README's
@@ -206,11 +207,12 @@ class WritePath:
         doubt = shared.session_doubtful(time.monotonic())
         if doubt is None:
             return
+        waiting_since = time.monotonic()
         with shared.cv:
             shared.session_waiting += 1
         try:
             while doubt is not None:
-                left = shared.session_wait_until() - time.monotonic()
+                left = shared.session_wait_until(waiting_since) - time.monotonic()
                 if shared.zk_session_lost or shared.stopping or left <= 0:
                     raise SegmentNotWritable(shared.address, queue, seg, doubt)
                 await shared.signal.wait(left)  # fired on every ZooKeeper state change and probe answer

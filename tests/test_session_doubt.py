@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.broker_group.shared import SessionView, session_doubt
+from ordq.broker_group.shared import SessionView, doubt_wait_until, session_doubt
 
 times = st.floats(min_value=0, max_value=100, allow_nan=False)
 maybe = st.none() | times
@@ -34,3 +34,26 @@ def test_the_doubt_names_its_cause_and_starts_when_the_first_limit_passed() -> N
     why, since = session_doubt(10.7, both)
     assert why is not None and "silent" in why and since == 10.1
     assert "expired" in (session_doubt(0.0, SessionView(None, True, None, 1.0))[0] or "")
+
+
+def test_a_write_reaching_a_connected_master_as_the_quorum_returns_waits_for_the_next_probe() -> None:
+    """Default tier (test_failover_infra, the quorum lost for 7.5 s, 1 s sessions): the producer
+    failed over to g2 as the quorum came back, and g2, connected all along but with its last
+    probe answered 3 s before, refused the write at once (its doubt began 2.5 s before, past two
+    sessions): a second failover. Connected, a write now waits at least a session from its own
+    start for the next probe (every eighth of a session); silent, the bound is as before."""
+    quorum_only = SessionView(silent_since=None, lost=False, quorum_heard_at=10.0, timeout_s=1.0)
+    assert doubt_wait_until(13.0, quorum_only, waiting_since=13.0) == 14.0  # was 12.5: refused at once
+    silent = SessionView(silent_since=10.0, lost=False, quorum_heard_at=10.0, timeout_s=1.0)
+    assert doubt_wait_until(13.0, silent, waiting_since=13.0) == 12.0
+
+
+@given(now=times, silent=maybe, heard=maybe, lost=st.booleans(), timeout=st.floats(min_value=0.2, max_value=60),
+       waited=st.floats(min_value=0, max_value=10))
+def test_a_write_waits_at_most_two_sessions_past_the_doubt_or_one_past_its_own_start(
+        now, silent, heard, lost, timeout, waited) -> None:
+    view = SessionView(silent_since=silent, lost=lost, quorum_heard_at=heard, timeout_s=timeout)
+    since = session_doubt(now, view)[1]
+    until = doubt_wait_until(now, view, waiting_since=now - waited)
+    assert until >= (since or 0.0) + 2 * timeout
+    assert until <= max((since or 0.0) + 2 * timeout, now - waited + timeout)
