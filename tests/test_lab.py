@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.busy import busy_loops
 from ordq.cli import main
 from ordq.common.errors import ConfigError
 from ordq.common.proc import ManagedProcess
@@ -38,6 +39,8 @@ from tests.util import wait_until
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 7000  # inside the lab's own namespaces: no other test can hold it
 CUT_WAIT_S = 0.5  # a cut pair must stay silent this long (a working one answers in microseconds)
+STARTS = 40  # failed within the first few before the fix; ~8 s beside the loops
+READS = 200  # ~20 ms of reads after each start
 TRIES = 4  # a working pair gets this many attempts, each waiting longer
 LISTENER = """
 import socket, sys
@@ -194,6 +197,23 @@ def _ours(lab_id: str) -> tuple[list[str], list[str]]:
     return [n for n in list_namespaces() if n.startswith(f"ordq-{lab_id}-")], links
 
 
+def test_a_lab_process_is_found_through_its_pid_file_at_once_on_a_busy_machine(lab: Lab) -> None:
+    """CI (test_down_leaves_nothing): a second ``ManagedProcess`` read a lab process's pid file
+    right after ``start()`` and found it not running: the process was past setpriv but still in
+    ``ip netns exec``, whose own exec blanks the command line for a moment. ``start()`` now
+    returns once the last program of the chain runs (``exec_chain``)."""
+    with busy_loops(4, seconds=120):
+        for i in range(STARTS):
+            p = lab.run("h2", ["sleep", "600"], name=f"h2-sleep-{i}", die_with_parent=True)
+            try:
+                twin = ManagedProcess(p.name, in_namespace(lab.namespace("h2"), ["sleep", "1"]), run_dir=p.run_dir)
+                # read again and again through ip's setup and exec: the blank moment is short
+                found = {twin.pid for _ in range(READS)}
+                assert found == {p.pid}, f"start {i}: the pid file names {p.pid_path.read_text().strip()}: {found}"
+            finally:
+                p.kill()
+
+
 def test_down_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through the CLI, in-process: up, status, down; the start and teardown times printed."""
     links_before = _ours("none")[1]
@@ -202,12 +222,16 @@ def test_down_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     made = json.loads(capsys.readouterr().out)
     lab = Lab.load(tmp_path / "lab")
     sleeper = lab.run("h2", ["sleep", "300"])
-    assert len(_ours(lab.id)[0]) == 4
-    # Another ManagedProcess (in another CLI process, say) finds it through its pid file:
-    twin = ManagedProcess("h2-sleep", in_namespace(lab.namespace("h2"), ["sleep", "1"]), run_dir=lab.folder / "run")
-    assert twin.pid == sleeper.pid
-    assert main(["lab", "status", "--json"]) == 0
-    assert made["id"] in [row["id"] for row in json.loads(capsys.readouterr().out)["labs"]]
+    try:
+        assert len(_ours(lab.id)[0]) == 4
+        # Another ManagedProcess (in another CLI process, say) finds it through its pid file:
+        twin = ManagedProcess("h2-sleep", in_namespace(lab.namespace("h2"), ["sleep", "1"]), run_dir=lab.folder / "run")
+        assert twin.pid == sleeper.pid
+        assert main(["lab", "status", "--json"]) == 0
+        assert made["id"] in [row["id"] for row in json.loads(capsys.readouterr().out)["labs"]]
+    except BaseException:
+        lab.down()  # a failure here must not leave the sleeper for a later test's finalizer to find
+        raise
     assert main(["lab", "down", "--dir", str(tmp_path / "lab"), "--json"]) == 0
     gone = json.loads(capsys.readouterr().out)
     with capsys.disabled():

@@ -154,6 +154,18 @@ def test_the_program_of_a_wrapped_command_is_the_one_it_execs() -> None:
     assert program(["setpriv", "--"]) == "setpriv"
 
 
+def test_the_exec_chain_names_each_wrapper_then_the_program() -> None:
+    """``start()`` waits past every wrapper in the chain (each exec blanks /proc's command line
+    for a moment), so a second ``ManagedProcess`` finds the pid at once (CI: a lab process,
+    still in ``ip netns exec`` after setpriv, read as not running)."""
+    from ordq.common.pid_file import exec_chain
+    assert exec_chain(["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "ip", "netns", "exec", "ordq-ab12cd-h1",
+                       "sleep", "300"]) == ["setpriv", "ip", "sleep"]
+    assert exec_chain(["ip", "netns", "exec", "ns", "python3", "-c", "x"]) == ["ip", "python3"]
+    assert exec_chain(["sleep", "1"]) == ["sleep"]
+    assert exec_chain([]) == [""]
+
+
 def test_wait_ready_fails_at_once_when_the_process_exits(tmp_path: Path) -> None:
     p = ManagedProcess("dies", [sys.executable, "-c", "print('boom: bad config'); raise SystemExit(3)"],
                        run_dir=tmp_path)

@@ -37,20 +37,28 @@ def pid_running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def program(argv: Sequence[str]) -> str:
-    """The name of the program ``argv`` runs in the end: past ``setpriv ... --`` (a process
-    still in setpriv on a loaded machine is ours all the same) and ``ip netns exec NS`` (a
-    process of ``ordq.lab``, which execs the program in the same pid)."""
+def exec_chain(argv: Sequence[str]) -> list[str]:
+    """The names of the programs ``argv`` runs in turn, each exec'ing the next in the same pid:
+    ``setpriv ... --`` and ``ip netns exec NS`` (a process of ``ordq.lab``) before the program
+    itself, which is last."""
+    chain: list[str] = []
     args = list(argv)
     while args:
         name = os.path.basename(args[0])
+        chain.append(name)
         if name == "setpriv" and "--" in args[:-1]:
             args = args[args.index("--") + 1:]
         elif name == "ip" and args[1:3] == ["netns", "exec"] and len(args) > 4:
             args = args[4:]
         else:
-            return name
-    return ""
+            return chain
+    return chain or [""]
+
+
+def program(argv: Sequence[str]) -> str:
+    """The name of the program ``argv`` runs in the end (``exec_chain``): a process still in
+    setpriv or ``ip netns exec`` on a loaded machine is ours all the same."""
+    return exec_chain(argv)[-1]
 
 
 def runs_program(pid: int, name: str) -> bool:

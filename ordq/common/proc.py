@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ordq.common.errors import ExternalProcessError
-from ordq.common.pid_file import pid_running, program, runs_program
+from ordq.common.pid_file import exec_chain, pid_running, program, runs_program
 from ordq.common.pid_file import read_pid as _read_pid
 
 T = TypeVar("T")
@@ -178,9 +178,11 @@ class ManagedProcess:
                 log.write(f"=== {note}\n".encode())
             log.flush()
             self._log_start = log.tell()
+            argv = list(self.argv)
+
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    dying_with_parent(self.argv) if die else self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                    argv, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, env=env, cwd=self.cwd, start_new_session=True,
                 )
 
@@ -188,10 +190,12 @@ class ManagedProcess:
                 # The death signal follows the thread that forked: fork from one thread that
                 # lives as long as this process (LocalCluster starts processes from a pool
                 # whose threads end right after).
+                if die:
+                    argv = dying_with_parent(self.argv)
                 self._popen = _spawner().submit(spawn).result() if die else spawn()
             except OSError as exc:
                 raise ExternalProcessError(f"cannot start {self.name} ({self.argv[0]}): {exc}") from exc
-            _wait_exec(self._popen.pid)
+            _wait_exec(self._popen.pid, argv)
         # Written via a rename so that a reader never sees a half-written pid.
         tmp = self.pid_path.with_suffix(".pid.tmp")
         tmp.write_text(f"{self._popen.pid}\n")
@@ -427,26 +431,29 @@ def _spawner() -> ThreadPoolExecutor:
         return _SPAWNER
 
 
-def _wait_exec(pid: int, timeout_s: float = 30.0) -> None:
-    """Return once ``pid`` runs its program: past setpriv (which sets the death signal) and with
-    its command line set. Popen returns while the child is still inside exec: the kernel has
-    switched it to the new program, and closed the pipe Popen waits on, before it sets the
-    program's arguments; until then /proc shows an empty command line, and ``_is_ours`` judged
-    the pid not ours (issue 26: beside six busy loops a detached process's ``pid`` read as None
-    right after ``start()``, in 36 of 1,000 starts at load 12; 56 % of children still showed an
-    empty command line when Popen returned). A process signalled still inside setpriv — paused
-    by a test right after start, or its starter killed — would be left without the death signal.
-    Normally a few ms; a process that exits meanwhile ends the wait, and so does the deadline
-    (the pid file is then written all the same, as before)."""
+def _wait_exec(pid: int, argv: Sequence[str], timeout_s: float = 30.0) -> None:
+    """Return once ``pid`` runs its own program: past every wrapper that execs it (setpriv,
+    which sets the death signal; ``ip netns exec``) and with its command line set. Popen
+    returns while the child is still inside exec: the kernel has switched it to the new
+    program, and closed the pipe Popen waits on, before it sets the program's arguments; until
+    then /proc shows an empty command line, and ``_is_ours`` judged the pid not ours (issue 26:
+    beside six busy loops a detached process's ``pid`` read as None right after ``start()``, in
+    36 of 1,000 starts at load 12). Each wrapper's own exec opens that window again: CI saw a
+    lab process, still in ``ip netns exec``, read as not running by a second ``ManagedProcess``
+    right after start. A process signalled still inside setpriv — paused by a test right after
+    start, or its starter killed — would be left without the death signal. Normally a few ms;
+    a process that exits meanwhile ends the wait, and so does the deadline (the pid file is
+    then written all the same, as before)."""
+    chain = exec_chain(argv)
+    wrappers = set(chain[:-1]) - {chain[-1]}
     deadline = time.monotonic() + timeout_s
-    setpriv = os.path.realpath(_SETPRIV) if _SETPRIV else None
     while time.monotonic() < deadline:
         try:
             exe = os.readlink(f"/proc/{pid}/exe")
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return  # gone, or not ours to read: nothing to wait for
-        if (cmdline and exe != setpriv) or not pid_running(pid):
+        if (cmdline and os.path.basename(os.path.realpath(exe)) not in wrappers) or not pid_running(pid):
             return
         time.sleep(0.001)
 
