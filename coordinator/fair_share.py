@@ -468,16 +468,15 @@ class FairTurns:
             wait, refuse = rt.admit(holder, arrived)
             if wait and self._n_paced >= cfg.max_paced_total:
                 wait, refuse = 0.0, True
-            reserved = 0.0
             if wait:
                 rt.enter(holder)
                 self._n_paced += 1
-                if not refuse:
-                    # Charged before it sleeps, so that the flood's next call waits behind this one.
-                    # Charged after, a flood's calls paced at once each waited out the same debt and
-                    # were let through together: up to ``max_held`` calls past its share at a time
-                    # (CI: 27 Describes a second served where its share was ~14).
-                    reserved = rt.reserve(holder, arrived)
+            # A call let through, paced or not, is charged its likely cost now, before any sleep,
+            # so that the flood's next call waits behind this one. Charged after, a flood's calls
+            # paced at once each waited out the same debt and were let through together: up to
+            # ``max_held`` calls past its share at a time (CI: 27 Describes a second served
+            # where its share was ~14).
+            reserved = 0.0 if refuse else rt.reserve(holder, arrived)
             hold = refuse and not wait and self._hold(holder, +1)
             # Held as long as its debt lasts (up to max_delay_ms): held 1 s, a flood's calls past
             # those waiting came back ~50 times a second, each refusal ~1 ms and ~20 switches.
@@ -502,10 +501,7 @@ class FairTurns:
                 retry_ms = max(50, int(rt.delay_s(holder, self._clock()) * 1000))
             raise TurnRefused(holder, f"this caller took more than its share of the coordinator "
                                       f"({rt.config.share:g} s per s while a caller that used less calls)", retry_ms)
-        if wait:
-            return reserved
-        with self._cond:  # let through: its likely cost charged now, seen by its next calls
-            return rt.reserve(holder, self._clock())
+        return reserved
 
     def _hold(self, holder: str, step: int) -> bool:
         """Count a refusal held (+1: False when over the bounds, answered at once) or done (-1)."""
