@@ -141,6 +141,9 @@ def test_producer_frozen_past_its_session_is_fenced_and_exits_cleanly(cluster: C
     first = cluster.spawn_ordq("p1", "produce", "q", "--count", "100000", "--rate", "500", "--audit-dir", str(audit))
     wait_until(lambda: len(read_acks(audit)) >= 300, timeout_s=60, interval_s=0.05,
                what="the first producer to get acks")
+    # Its id, known before the second starts (not by the audit files' order: ids embed pids,
+    # and "vm-10048-..." sorts before "vm-9946-...", which failed this test once).
+    (old_id,) = {a.producer for a in read_acks(audit)}
     second = cluster.spawn_ordq("p2", "produce", "q", "--count", "2000", "--rate", "1000", "--audit-dir", str(audit))
     # The standby waits for the producer lease (no election node: it logs the refusal once).
     wait_until(lambda: "waits as a standby" in second.log_tail(200), timeout_s=30, interval_s=0.05,
@@ -157,7 +160,6 @@ def test_producer_frozen_past_its_session_is_fenced_and_exits_cleanly(cluster: C
     assert exit_code(second) == 0, second.log_tail()
 
     acks = read_acks(audit)
-    old_id = acks[0].producer
     old = [a.seq for a in acks if a.producer == old_id]
     new = [a.seq for a in acks if a.producer != old_id]
     # Nothing the deposed producer sent after the takeover was stored: its acked seqs all come
