@@ -66,9 +66,11 @@ from ordq.drills.control_plane_attacks import (
     FORGED,
     HUGE_AT_ONCE,
     HUGE_NAME_BYTES,
+    AttackerProcess,
     attack_kinds,
     attacker_process,
     judge_attacks,
+    window_times,
 )
 from ordq.drills.control_plane_judge import by_variant, p50, p99, split
 from ordq.drills.control_plane_placement import ATTACKER_SHARES, CpuUse, attacker_cpus
@@ -358,10 +360,11 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     log_from = stage.log.stat().st_size
     probe = _CommitProbe(stage.bootstrap, attrs.evolve(c.credentials, token=stage.neighbour_token), ctx.queue,
                          stage.probe_sub)
-    attacker: neighbour.WindowedProcess | None = None
+    attacker: AttackerProcess | None = None
     windows: list[tuple[int, int, int]] = []
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
     drains: list[float] = []  # s from each attack window's end until the attacker had stopped
+    told: list[str] = []  # the attacker's own times of each window: its arming, start and stop
     settles: list[str] = []  # then how long until the leader's calls in flight were back to quiet
     outcomes: dict[str, int] = {}
     rss: _RssWatch | None = None
@@ -370,9 +373,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         probe.start()
         disk.enter_context(device_stalls.watched(ctx))
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
-                                    kinds=sent, window_s=ATTACK_S)
+                                    kinds=sent)
         if iso is not None:
             iso.add("capped", [attacker.pid])
+        attacker.arm(variants[0].kinds)  # each window's threads started before it (AttackerProcess)
         assert attacker.pid is not None
         counted_before = _counted(stage.metrics_url)
         turns_before = _counted(stage.metrics_url, TURNS)
@@ -397,6 +401,11 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             return
         for i in range(ROUNDS):
             variant = variants[i % len(variants)]
+            # Armed after the last window's stop, at the cluster's weight (judged with that window)
+            # or before the first; waited for here, outside every window, before it is placed.
+            t0 = time.monotonic()
+            arm_s = attacker.armed()
+            armed = f"armed in {arm_s:.2f} s, waited for {time.monotonic() - t0:.2f} s before the quiet window"
             if iso is not None:  # the attacker's cgroup weight in this window
                 cpu_isolation.set_shares(iso.groups["capped"], variant.shares or (
                     ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES))
@@ -410,7 +419,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             a0 = now_us()
             with cpu.measure(f"attacked {variant.name}" if several else "attacked"):
                 ends_at = time.monotonic() + ATTACK_S  # the attacker's calls' deadline, on this clock
-                attacker.go(variant.kinds, ends_at)
+                attacker.go(ends_at)
                 time.sleep(max(0.0, ends_at - time.monotonic()))
                 if iso is not None:
                     # Its drain at the cluster's weight, still under its quota and on its CPU(s): a
@@ -423,6 +432,9 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
                 drains.append(time.monotonic() - t0)
+                told.append(f"{armed}; {window_times(attacker.times)}")
+                if i + 1 < ROUNDS:  # the next window's threads, started while this one settles
+                    attacker.arm(variants[(i + 1) % len(variants)].kinds)
                 took, still = settle(lambda: _in_flight(stage.metrics_url), quiet_level, SETTLE_S)
                 settles.append(f"{took:.1f} s" if still is not None and still <= quiet_level
                                else f"not in {SETTLE_S:g} s ({still} > {quiet_level:g})")
@@ -430,7 +442,8 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             windows.append((q0, a0, now_us()))
             variant_of.append(variant.name)
             ctx.event(f"window (quiet from, attack from, attack to; µs): {windows[-1]}"
-                      + (f" {variant.name}" if several else ""))
+                      + (f" {variant.name}" if several else "")
+                      + f"; the attacker drained in {drains[-1]:.2f} s: {told[-1]}")
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
@@ -445,6 +458,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     finally:
         ctx.notes["neighbour_windows"] = windows
         ctx.notes["window_variants"] = variant_of
+        ctx.notes["attacker_times"] = told
         disk.close()
         peak = rss.stop() if rss is not None else None
         if attacker is not None:

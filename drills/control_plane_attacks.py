@@ -94,7 +94,7 @@ class _Attacker(neighbour.CallLoops):
     attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
 
     def __init__(self, address: str, creds: Credentials, token: str, queue: str, huge: bytes,
-                 kinds: tuple[str, ...], ends_at: float) -> None:
+                 kinds: tuple[str, ...], ends_at: float | None = None) -> None:
         self.address, self.queue, self.huge, self.kinds = address, queue, huge, kinds
         self.anonymous = attrs.evolve(creds, token=None)
         self.md = (("authorization", f"Bearer {token}"),)
@@ -119,6 +119,17 @@ class _Attacker(neighbour.CallLoops):
             return f"{prefix}{self._made_up}"
 
     def start(self) -> None:
+        """The window's attacks, at once (its end given at construction)."""
+        self.start_loops(self._loops(), "attack")
+
+    def arm(self) -> None:
+        """The window's attacks, each thread started and waiting for ``go``."""
+        self.arm_loops(self._loops(), "attack")
+
+    def go(self, ends_at: float) -> None:
+        self.open_loops(ends_at)
+
+    def _loops(self) -> list[tuple[str, Callable[[], object], float]]:
         loops: list[tuple[str, Callable[[], object], float]] = []
         # Started in this order, the huge Pops last: in stop i's run A the attacks started after the
         # huge Pops and the flood (bound, parking, undecodable, newline) were never sent in its 4 s
@@ -164,7 +175,7 @@ class _Attacker(neighbour.CallLoops):
             loops += [("huge", self.timed(huge_pop, lambda: self.huge, fit=True), 0.0) for _ in range(HUGE_AT_ONCE)]
         if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
             loops.append(("hog", _spin, 0.0))
-        self.start_loops(loops, "attack")
+        return loops
 
     def stop(self) -> dict[str, int]:
         """End the window: the calls in flight cancelled (their channels closed), the threads
@@ -178,39 +189,85 @@ class _Attacker(neighbour.CallLoops):
 
 
 def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,
-                      kinds: tuple[str, ...], window_s: float) -> None:
-    """The attacker's own process (spawned): each ``go`` starts a window of every attack of
-    ``kinds`` (``("go", some)``: of those only), ``window_s`` long (its calls' deadline), or until
-    ``ends_at`` (``("go", some, ends_at)``: a ``time.monotonic()``, one clock for every process
-    here: the drill's own end, however late this process read the order), the next ``stop`` ends
-    it and sends back its outcomes; ``exit`` ends the process."""
+                      kinds: tuple[str, ...]) -> None:
+    """The attacker's own process (spawned). Orders: ``("arm", some)`` builds the next window of
+    the attacks of ``kinds`` among ``some``, its threads started and waiting (answered
+    ``("armed", s it took)``); ``("go", ends_at, sent_at)`` lets them go until ``ends_at``;
+    ``("stop", sent_at)`` ends the window, answered ``(outcomes, its own times, sent_at)``
+    (``AttackerProcess``); anything else ends the process. Every time is a ``time.monotonic()``:
+    one clock for every process here, so the drill's end holds however late this process read
+    the order, and each delay is told where it was spent."""
     priority = neighbour.idle_priority() if idle else "normal priority"
     huge = _field(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""  # a QueueRef (field 1: queue), sent raw
     conn.send(("ready", priority))
+    attacker: _Attacker | None = None
+    times: dict[str, float] = {}
     while True:
         order = conn.recv()
-        ends_at = time.monotonic() + window_s
-        if order == "go":
-            window = kinds
-        elif isinstance(order, tuple) and order[:1] == ("go",):
-            window = tuple(k for k in order[1] if k in kinds)
-            ends_at = order[2] if len(order) > 2 else ends_at
+        read_at = time.monotonic()
+        if order[0] == "arm":
+            attacker = _Attacker(address, creds, token, queue, huge, tuple(k for k in order[1] if k in kinds))
+            attacker.arm()
+            conn.send(("armed", time.monotonic() - read_at))
+        elif order[0] == "go" and attacker is not None:
+            attacker.go(order[1])
+            times = {"go read": read_at - order[2]}
+        elif order[0] == "stop" and attacker is not None:
+            begun, threads, last = attacker.begun()
+            outcomes = attacker.stop()
+            times |= {"threads": threads, "begun": begun, "last begun": -1.0 if last is None else last,
+                      "stop read": read_at - order[1], "joined": time.monotonic() - read_at}
+            attacker = None
+            conn.send((outcomes, times, time.monotonic()))
         else:
             break
-        attacker = _Attacker(address, creds, token, queue, huge, window, ends_at)
-        attacker.start()
-        conn.recv()
-        conn.send(attacker.stop())
+
+
+class AttackerProcess(neighbour.WindowedProcess):
+    """``_Attacker`` in a process of its own (drills/neighbour.py ``WindowedProcess``), each window
+    armed ahead (``arm``, ``armed``), then let go (``go``) and ended (``pause``); ``times``: the
+    last window's own times, as the attacker measured them (``window_times``)."""
+
+    times: dict[str, float] | None = None
+
+    def arm(self, kinds: tuple[str, ...]) -> None:
+        """Build the next window of ``kinds`` in the process, its threads started (not waited for)."""
+        self.send(("arm", kinds))
+
+    def armed(self) -> float:
+        """Wait until the last ``arm`` is done: the s it took in the process."""
+        _what, took = self.reply("arm its window")
+        return float(took)
+
+    def go(self, ends_at: float) -> None:  # type: ignore[override]
+        """Let the armed window go, until ``ends_at`` (a ``time.monotonic()``)."""
+        self.send(("go", ends_at, time.monotonic()))
+
+    def pause(self) -> dict[str, int]:
+        self.send(("stop", time.monotonic()))
+        outcomes, times, sent_at = self.reply("end its window")
+        self.times = {**times, "reply": time.monotonic() - sent_at}
+        return dict(outcomes)
+
+
+def window_times(times: dict[str, float] | None) -> str:
+    """The attacker's own times of a window, told (``AttackerProcess.times``)."""
+    if not times:
+        return "not told"
+    last = times.get("last begun", -1.0)
+    return (f"go read after {times['go read']:.2f} s, {times['begun']:.0f} of {times['threads']:.0f} threads "
+            f"calling" + (f" (the last {last:.2f} s after the go)" if last >= 0 else "")
+            + f"; stop read after {times['stop read']:.2f} s, threads joined in {times['joined']:.2f} s, "
+            f"reply read after {times['reply']:.2f} s")
 
 
 def attacker_process(address: str, creds: Credentials, token: str, queue: str, *, idle: bool,
-                     kinds: tuple[str, ...], window_s: float) -> neighbour.WindowedProcess:
-    """``_Attacker`` in a process of its own (drills/neighbour.py ``WindowedProcess``), its
-    windows ``window_s`` long; each ``pause`` is answered within ``DRAIN_S`` or reports the
-    threads still running (the drill judges how long each took; it gives up on the process only
-    after a minute, a round lost rather than a verdict)."""
-    return neighbour.WindowedProcess(_attacker_process, (address, creds, token, queue), (idle, kinds, window_s),
-                                     name="attacker", end_s=60)
+                     kinds: tuple[str, ...]) -> AttackerProcess:
+    """``_Attacker`` in a process of its own (``AttackerProcess``); each ``pause`` is answered
+    within ``DRAIN_S`` or reports the threads still running (the drill judges how long each took;
+    it gives up on the process only after a minute, a round lost rather than a verdict)."""
+    return AttackerProcess(_attacker_process, (address, creds, token, queue), (idle, kinds), name="attacker",
+                           end_s=60)
 
 
 def _server_label(attack: str, outcome: str) -> str | None:

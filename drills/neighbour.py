@@ -92,15 +92,20 @@ class CallLoops:
     With ``ends_at`` (a ``time.monotonic()``), the window has an end: the loops stop there by
     themselves, a ``timed`` call's deadline is that end, and ``end_loops`` cancels what is still
     in flight (its ``cancel``: closing the calls' channels) and waits a bounded time for the
-    threads."""
+    threads. ``arm_loops`` starts the threads ahead of the window, each waiting for
+    ``open_loops(ends_at)``."""
 
     def __init__(self, outcome: Callable[[grpc.RpcError], str] | None = None, ends_at: float | None = None) -> None:
         self.stop_event = threading.Event()
         self.outcomes: dict[str, int] = {}
         self.ends_at = ends_at
+        self.opened_at: float | None = None  # when ``open_loops`` let armed threads go
+        self.first_calls: list[float] = []  # when each thread began its first call
         self._lock = threading.Lock()
         self._threads: list[tuple[str, threading.Thread]] = []
         self._outcome = outcome or grpc_status
+        self._open = threading.Event()
+        self._open.set()
 
     def _ended(self) -> bool:
         return self.stop_event.is_set() or (self.ends_at is not None and time.monotonic() >= self.ends_at)
@@ -117,6 +122,10 @@ class CallLoops:
             self.outcomes[f"{what} {outcome}"] = self.outcomes.get(f"{what} {outcome}", 0) + 1
 
     def _loop(self, what: str, call: Callable[[], object], every_s: float) -> None:
+        self._open.wait()
+        if not self._ended():
+            with self._lock:
+                self.first_calls.append(time.monotonic())
         while not self._ended():
             self._count(what, call)
             if every_s:
@@ -140,13 +149,12 @@ class CallLoops:
         channel ends it. (Run A of stop i, with ``future()`` calls and the huge Pops' and the
         flood's threads started first, never sent the attacks started after them:
         control_plane_attacks ``_Attacker.start``.)"""
-        assert self.ends_at is not None, "a timed call needs the window's end"
-        ends_at = self.ends_at
         last_s = 0.0
 
         def call() -> object:
             nonlocal last_s
-            left = ends_at - time.monotonic()
+            assert self.ends_at is not None, "a timed call needs the window's end"
+            left = self.ends_at - time.monotonic()
             if fit and 0 < left < last_s:
                 self.stop_event.wait(left)
                 raise WindowEnded
@@ -174,6 +182,25 @@ class CallLoops:
             t.start()
             self._threads.append((what, t))
 
+    def arm_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
+        """``start_loops`` ahead of the window: each thread waits for ``open_loops``. Starting a
+        thread waits until it runs, which a starved process (the placed attacker: ~0.05 core, stop
+        l) pays for each of its ~75 threads: started in its window, much of the window went by."""
+        self._open.clear()
+        self.start_loops(loops, prefix)
+
+    def open_loops(self, ends_at: float) -> None:
+        """Let the armed threads go, their window ending at ``ends_at`` (a ``time.monotonic()``)."""
+        self.ends_at, self.opened_at = ends_at, time.monotonic()
+        self._open.set()
+
+    def begun(self) -> tuple[int, int, float | None]:
+        """(threads that began a call, threads, s from ``open_loops`` until the last of them began)."""
+        with self._lock:
+            firsts = list(self.first_calls)
+        last = max(firsts) - self.opened_at if firsts and self.opened_at is not None else None
+        return len(firsts), len(self._threads), last
+
     def join_loops(self, timeout_s: float) -> dict[str, int]:
         """End the window: each thread finishes its call in flight (none is cancelled)."""
         self.stop_event.set()
@@ -187,6 +214,7 @@ class CallLoops:
         thread still running then (a window that did not end)."""
         deadline = time.monotonic() + bound_s
         self.stop_event.set()
+        self._open.set()  # armed threads never let go end too
         # Closing a channel waits until each thread with a call on it has taken its end (the GIL,
         # a CPU): unbounded for a starved process, so in a thread of its own, within the bound.
         closing = threading.Thread(target=cancel, name="end-loops-cancel", daemon=True)
@@ -327,15 +355,22 @@ class WindowedProcess:
         _ready, self.priority = self._conn.recv()
         self.pid = self._proc.pid
 
-    def go(self, *args: Any) -> None:
-        """Start a window (``args``, if any, go with the order: ``("go", *args)``)."""
-        self._conn.send(("go", *args) if args else "go")
+    def send(self, order: Any) -> None:
+        self._conn.send(order)
+
+    def reply(self, to: str) -> Any:
+        """The process's answer to its last order (``to`` names it), within ``end_s``."""
+        if not self._conn.poll(self._end_s):
+            raise RuntimeError(f"the {self._name} did not {to} within {self._end_s:g} s")
+        return self._conn.recv()
+
+    def go(self) -> None:
+        """Start a window."""
+        self.send("go")
 
     def pause(self) -> dict[str, int]:
-        self._conn.send("stop")
-        if not self._conn.poll(self._end_s):
-            raise RuntimeError(f"the {self._name} did not end its window within {self._end_s:g} s")
-        outcomes: dict[str, int] = self._conn.recv()
+        self.send("stop")
+        outcomes: dict[str, int] = self.reply("end its window")
         return outcomes
 
     def close(self) -> None:

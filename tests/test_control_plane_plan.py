@@ -241,10 +241,12 @@ def test_the_attackers_window_ends_at_the_drills_end_however_late_it_read_the_or
 
     with _server(deaf) as address:
         attacker = cpa.attacker_process(address, Credentials(), "t0ken", "q", idle=False,
-                                        kinds=("bound", "parking"), window_s=30)
+                                        kinds=("bound", "parking"))
         try:
+            attacker.arm(("bound", "parking"))
+            attacker.armed()
             ends_at = time.monotonic() + 2.0
-            attacker.go(("bound", "parking"), ends_at)
+            attacker.go(ends_at)
             while time.monotonic() < ends_at + 3.0 and (not ended or len(ended) < 8):
                 time.sleep(0.05)
             before_stop = list(ended)
@@ -254,3 +256,51 @@ def test_the_attackers_window_ends_at_the_drills_end_however_late_it_read_the_or
             attacker.close()
     assert len(before_stop) >= 8 and max(before_stop) < ends_at + 2.0, (before_stop, ends_at, outcomes)
     assert outcomes and all(k.endswith(f" {neighbour.CUT}") for k in outcomes), outcomes
+
+
+def test_the_attackers_threads_are_started_before_its_window_and_wait_for_the_go(quick_server: str) -> None:
+    """Stop l: the placed attacker (~0.05 core) started its ~75 threads one at a time at its
+    window's start, each ``Thread.start`` waiting for the new thread to run: much of a 4 s window
+    could go by before its flood was whole. Armed ahead, every thread is started and sends
+    nothing until the go; then each begins calling, and the attacker tells when the last did."""
+    attacker = cpa._Attacker(quick_server, Credentials(), "t0ken", "q", b"\x0a\x01q", cpa.ATTACKS)
+    attacker.arm()
+    time.sleep(0.3)
+    assert attacker._threads and all(t.is_alive() for _, t in attacker._threads)
+    assert attacker.outcomes == {} and attacker.begun() == (0, len(attacker._threads), None)
+    attacker.go(time.monotonic() + 1.0)
+    time.sleep(1.0)
+    begun, threads, last = attacker.begun()
+    outcomes = attacker.stop()
+    assert begun == threads and last is not None and 0 <= last < 1.0, (begun, threads, last)
+    assert {k.split(" ")[0].split(":")[0] for k in outcomes} == set(cpa.ATTACKS), outcomes
+
+
+def test_an_armed_window_never_let_go_ends_at_its_stop() -> None:
+    """A window armed and stopped before its go (the drill's run ended between two windows):
+    its waiting threads end within the drain bound, having sent nothing."""
+    attacker = cpa._Attacker("127.0.0.1:9", Credentials(), "t0ken", "q", b"\x0a\x01q", cpa.ATTACKS)
+    attacker.arm()
+    t0 = time.monotonic()
+    assert attacker.stop() == {}
+    assert time.monotonic() - t0 < cpa.DRAIN_S and not any(t.is_alive() for _, t in attacker._threads)
+
+
+def test_the_attacker_process_tells_its_own_times_of_each_window(quick_server: str) -> None:
+    """Each window's times as the attacker measured them (stop l's one 7.7 s drain could not be
+    told apart): how late it read the go and the stop, its threads calling, the join, its reply."""
+    attacker = cpa.attacker_process(quick_server, Credentials(), "t0ken", "q", idle=False, kinds=("bound", "flood"))
+    try:
+        for kinds in (("bound",), ("bound", "flood")):
+            attacker.arm(kinds)
+            assert attacker.armed() >= 0
+            attacker.go(time.monotonic() + 0.5)
+            time.sleep(0.5)
+            outcomes = attacker.pause()
+            assert {k.split(" ")[0].split(":")[0] for k in outcomes} == set(kinds), outcomes
+            times = attacker.times
+            assert times is not None and times["begun"] == times["threads"] > 0, times
+            assert all(times[k] >= 0 for k in ("go read", "last begun", "stop read", "joined", "reply")), times
+            assert "stop read after" in cpa.window_times(times)
+    finally:
+        attacker.close()

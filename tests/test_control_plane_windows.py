@@ -201,18 +201,20 @@ def test_switches_per_attacker_call_are_the_attacked_windows_excess_over_the_qui
 
 
 def test_the_attackers_process_takes_a_windows_own_kinds() -> None:
-    """The real attacker process, told per window what to send (``go(kinds)``): a hog-only
+    """The real attacker process, told per window what to send (``arm(kinds)``): a hog-only
     window of a process started for the flood and the hog sends no flood call (nothing listens
     at the address: a flood call would be counted UNAVAILABLE); the process answers each window
-    and goes on to the next (a plain ``go``: every kind it was started with)."""
+    and goes on to the next (with every kind it was started with)."""
     from ordq.common.security import Credentials
 
-    attacker = cpa.attacker_process("127.0.0.1:9", Credentials(), "t0ken", "q", idle=False, kinds=("flood", "hog"),
-                                    window_s=30)
+    attacker = cpa.attacker_process("127.0.0.1:9", Credentials(), "t0ken", "q", idle=False, kinds=("flood", "hog"))
     try:
-        attacker.go(("hog",))
-        first = attacker.pause()
-        attacker.go()
+        for kinds in (("hog",), ("flood", "hog", "huge")):  # huge: not a kind it was started with
+            attacker.arm(kinds)
+            attacker.armed()
+            attacker.go(time.monotonic() + 30)
+            if kinds == ("hog",):
+                first = attacker.pause()
         second = attacker.pause()
     finally:
         attacker.close()
