@@ -103,13 +103,13 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
                       f"{len(other)} in {len(picked)} windows; not judged)")
         quiet, attacked = split(samples, windows, judged)
         q, b = p99(quiet), p99(attacked)
-        per = [(p99([ms for at, ms in samples if q0 <= at < a0]), p99([ms for at, ms in samples if a0 <= at < a1]))
+        per = [([ms for at, ms in samples if q0 <= at < a0], [ms for at, ms in samples if a0 <= at < a1])
                for q0, a0, a1 in windows]
         ctx.notes[f"{what} p99 ms"] = (q, b)
         names = ctx.notes.get("window_variants", []) if len(variants) > 1 else []
-        ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked: "
-                  + ", ".join(f"{x:.0f}/{y:.0f}" + (f" {names[i]}" if i < len(names) else "")
-                              for i, (x, y) in enumerate(per)) + ")")
+        ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked, ms and how many: "
+                  + ", ".join(f"{p99(x):.0f}/{p99(y):.0f} ({len(x)}/{len(y)})"
+                              + (f" {names[i]}" if i < len(names) else "") for i, (x, y) in enumerate(per)) + ")")
         out.append((f"{what} p99 attacked/quiet {b:.1f}/{q:.1f} ms = {b / q:.2f}x, bound {LATENCY_RATIO:g}x "
                     f"({len(attacked)} in {len(judged)} attack windows, {len(quiet)} in the quiet ones between "
                     f"them; at least {least} each; judged {judgement})",

@@ -239,3 +239,32 @@ def test_one_stalled_quiet_window_carries_the_pooled_ratio_but_not_the_per_windo
     assert ratios == [3.0, 0.1, 3.0, 3.0]
     assert statistics.median(ratios) > judge.LATENCY_RATIO  # the per-window rule: fails
     assert judge.window_ratios(samples, windows, [2]) == [3.0]  # only the picked rounds
+
+
+def test_the_drill_queues_path_is_read_per_window_from_the_brokers_own_metrics() -> None:
+    """What a window's slow acks coincide with (control_plane_path, stop m): the head broker's
+    writes held by the session guard and its slow fsyncs, read from its exposition as a broker
+    exposes them (the same bucket bounds), and the consumer's lag from the status files."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from ordq.broker_group.metrics import FSYNC_BUCKETS
+    from ordq.common.metrics import parse
+    from ordq.drills import control_plane_path as path
+
+    registry = CollectorRegistry()
+    held = Counter("ordq_broker_session_confirmed_writes", "held", ["group", "role"], registry=registry)
+    fsync = Histogram(path.FSYNC, "fsync", ["group", "role"], buckets=FSYNC_BUCKETS, registry=registry)
+    labels = {"group": "g1", "role": "master"}
+
+    def now() -> path.BrokerReading | None:
+        return path.reading(parse(generate_latest(registry).decode()))
+
+    held.labels(**labels)  # exposed from the start, as the broker's collector does
+    fsync.labels(**labels).observe(0.002)
+    before = now()
+    held.labels(**labels).inc(35)
+    for seconds in (0.001, 0.05, 0.2, 0.6, 1.5):
+        fsync.labels(**labels).observe(seconds)
+    assert path.between(before, now()) == "35 writes held, 5 fsyncs (3 > 0.1 s, 2 > 0.25 s, 1 > 1.0 s)"
+    assert path.between(None, now()) == "not read" and path.reading([]) is None
+    assert path.lag({"acked": 5_000}, {"delivered": 4_200}) == 800 and path.lag({}, {"delivered": 1}) == -1
