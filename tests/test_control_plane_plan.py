@@ -226,7 +226,7 @@ def test_the_drain_bound_holds_when_closing_the_channels_hangs() -> None:
 
 
 def test_the_attackers_window_ends_at_the_drills_end_however_late_it_read_the_order() -> None:
-    """The drill's window ends on its clock (``go(kinds, ends_at)``): the attacker's calls'
+    """The drill's window ends on its clock (``go(ends_at)``): the attacker's calls'
     deadline is that end, not the moment its process read the order plus a window (a starved
     process reads it late, and its calls then outlasted the drill's window until the stop closed
     their channels). Against a server that never answers, every call it got has ended by then,
