@@ -20,8 +20,9 @@ class AbsentGroups(DaemonParts):
     def _judge_groups(self, view: DaemonView, queues: list[str], now: float) -> list[str]:
         """Bring the record of absent groups up to date (``AwayTracker``), probe their missing
         processes, and return ``queues`` with, added, every queue headed by a group judged dead
-        since the last round (its idle queues move now) that the copy holds; those it lacks
-        come next (``_unread_of_dead``)."""
+        since the last round (its idle queues move now) that the copy holds, or that this
+        process created and its copy has not read (``DaemonView.take_written``: no read, no
+        second pass); those created elsewhere and not read come next (``_unread_of_dead``)."""
         for gid, roles in view.members.items():
             for role, info in roles.items():
                 self._addresses[(gid, role)] = info.address
@@ -49,8 +50,10 @@ class AbsentGroups(DaemonParts):
         dead = {g for g, v in verdicts.items() if v is Verdict.DEAD and before.get(g) is not Verdict.DEAD}
         if not dead:
             return queues
-        log.info("groups %s judged dead (away %s): their idle queues' heads move", sorted(dead),
-                 {g: v.value for g, v in before.items() if g in dead})
+        taken = view.take_written()  # the copy's unread queues this process created: moved in this pass too
+        log.info("groups %s judged dead (away %s): their idle queues' heads move (%d states taken unread as this "
+                 "process created or wrote them)", sorted(dead), {g: v.value for g, v in before.items() if g in dead},
+                 len(taken))
         extra = {q for q, e in list(view.entries.items())
                  if e.state is not None and e.state.open_segment is not None and e.state.open_segment.gid in dead}
         with self._lock:
@@ -59,7 +62,8 @@ class AbsentGroups(DaemonParts):
 
     def _unread_of_dead(self, view: DaemonView) -> list[str]:
         """Once groups were judged dead: read the queue list and every queue the copy lacks
-        (``DaemonView.read_unread``) and return those a dead group heads, to move now too.
+        (``DaemonView.read_unread``) and return those a dead group heads, to move now too
+        (those this process created moved already, in the verdict's pass: ``_judge_groups``).
 
         Why (issue 43): a queue created while a round runs is listed only at the next round's
         start, and at 10^5 queues a round lasts ~1 min: a kill 5 s after mass creation left

@@ -245,6 +245,8 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 self._delete_tree(self.paths.queue(queue))
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
+            finally:
+                self.written.forget(queue)
 
     def producer_epoch(self, queue: str) -> int:
         """The queue's producer epoch as ZooKeeper holds it now: ``sync`` first, so an epoch

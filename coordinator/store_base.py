@@ -155,6 +155,16 @@ class WrittenStates:
         with self._lock:
             return self._states.get(queue)
 
+    def creations(self) -> dict[str, QueueState]:
+        """The creations kept (``created``) and not read back or written since."""
+        with self._lock:
+            return {q: st for q, (st, version) in self._states.items() if version == 0}
+
+    def forget(self, queue: str) -> None:
+        """``queue`` was deleted: what was kept of it is no state of any queue now."""
+        with self._lock:
+            self._states.pop(queue, None)
+
 
 class ZkBase:
     """One cluster's ZooKeeper (under ``paths.root``) through one kazoo client: the requests

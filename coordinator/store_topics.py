@@ -76,6 +76,7 @@ class TopicRecords(QueueCreation):
             for i in range(tc.partitions):
                 with contextlib.suppress(NoNodeError):  # deleted by an earlier run cut short
                     self._delete_tree(self.paths.queue(partition_queue(topic, i)))
+                self.written.forget(partition_queue(topic, i))
             try:
                 self._delete_tree(self.paths.topic(topic))
             except NoNodeError as exc:
