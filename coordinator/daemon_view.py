@@ -30,7 +30,9 @@ calls on a slow timer: should a watch ever be missed, a queue is re-read within 
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -46,6 +48,7 @@ from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_base import WrittenStates
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, json_value, parse_state
 
+log = logging.getLogger("ordq.coordinator")
 STATE, CONFIG, SUBS = "state", "config", "subs"
 # Queues whose reads are in flight at once (see the module doc). Why 250: a slice's answers
 # take this process ~30-50 ms of CPU (parsing states; more on a loaded box), the longest a
@@ -243,6 +246,7 @@ class DaemonView:
             rewatch, self._rewatch = self._rewatch, False
         if rewatch:
             self.mark_all()
+            started, reads = time.monotonic(), self.reads
         self._reread_if_stale("_queues_stale", self._read_queue_list)
         self._reread_if_stale("_groups_stale", self._read_groups)
         with self._lock:
@@ -257,6 +261,10 @@ class DaemonView:
         except BaseException:
             self.mark(todo)
             raise
+        if rewatch:
+            # (the time includes what ``pause`` did between the slices: moves, spreads)
+            log.warning("the view's ZooKeeper connection dropped, its watches gone: %d queues read again "
+                        "(%d reads) in %.1f s", len(todo), self.reads - reads, time.monotonic() - started)
         return sorted(q for q in todo if q in self.entries)
 
     def refresh_groups(self) -> None:

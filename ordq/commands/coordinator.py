@@ -137,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ordq.coordinator.daemon import CoordinatorDaemon
     from ordq.coordinator.pacing import RequestsFirst
     from ordq.coordinator.service import CoordinatorService
+    from ordq.coordinator.session_log import SessionLog
     from ordq.coordinator.store import WATCH_SESSION_S
     from ordq.coordinator.zk_retry import retry_zk
 
@@ -177,6 +178,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # that holds its leadership (WATCH_SESSION_S, CoordinatorDaemon's ``watch_store`` say why).
     watch_store = retry_zk(lambda: open_store(args, daemon=True, session_timeout_s=WATCH_SESSION_S),
                            f"coordinator: connect to ZooKeeper at {args.zk} (the watch session)")
+    # Each session's connection changes logged, named (issue 43: a 71 s silence of the leader at
+    # 10^5 queues could not be told from a re-read of every queue after a dropped connection).
+    for kept, role in ((store, "service"), (duty_store, "leadership and duties"), (watch_store, "view's watches")):
+        SessionLog(kept.client, role).attach()
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
