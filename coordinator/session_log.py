@@ -35,6 +35,10 @@ class SessionLog:
         self._client.add_listener(self)
         return self
 
+    def detach(self) -> None:
+        """Before the client is closed: its close is no lost session to report."""
+        self._client.remove_listener(self)
+
     def _session_id(self) -> int | None:
         client_id = self._client.client_id  # (session id, password) once a session was made
         return client_id[0] if client_id else None

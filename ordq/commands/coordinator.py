@@ -180,8 +180,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                            f"coordinator: connect to ZooKeeper at {args.zk} (the watch session)")
     # Each session's connection changes logged, named (issue 43: a 71 s silence of the leader at
     # 10^5 queues could not be told from a re-read of every queue after a dropped connection).
-    for kept, role in ((store, "service"), (duty_store, "leadership and duties"), (watch_store, "view's watches")):
-        SessionLog(kept.client, role).attach()
+    session_logs = [SessionLog(kept.client, role).attach() for kept, role in (
+        (store, "service"), (duty_store, "leadership and duties"), (watch_store, "view's watches"))]
     daemon = CoordinatorDaemon(duty_store, interval_s=args.interval, identifier=ident,
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
@@ -215,6 +215,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop.wait()
     service.stop()
     daemon.stop()
+    for session_log in session_logs:
+        session_log.detach()
     duty_store.close()
     watch_store.close()
     store.close()
