@@ -137,6 +137,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._live_since: dict[str, float] = {}  # gid -> when this term first saw both its processes live
         self._next_spread = 0.0
         self._spread_waited = False
+        self._spread_unread = False
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier

@@ -109,6 +109,7 @@ class DaemonParts:
     _live_since: dict[str, float]  # gid -> when this term first saw both its processes live
     _next_spread: float
     _spread_waited: bool  # the last pass waited for seals (logged when it changes)
+    _spread_unread: bool  # the last pass waited for a queue's state to be read (logged when it changes)
     # absent groups (daemon_away)
     away_policy: AwayPolicy
     _away: AwayTracker

@@ -38,6 +38,9 @@ MOVES_IN_FLIGHT = 4
 # no more than this many queues a second (two reads each): at 10^4 queues 33/s (the 5 min
 # stand), at 10^5 a pass every ~8 min at ~400 reads/s, not 200,000 reads at once.
 SWEEP_MAX_PER_S = 200.0
+# A round this long says in one line where its time went (issue 43: at 10^5 queues the leader
+# was silent for 71 s after a group's return, and nothing told a long re-read from a long plan).
+LONG_ROUND_S = 5.0
 
 
 class DutyRound(DaemonParts):
@@ -54,6 +57,7 @@ class DutyRound(DaemonParts):
             self._next_probe = started + self.interval_s
             self._probe(view)
         moved: set[str] = set()  # moved between two slices of this round: not planned again in it
+        reads = view.reads
         try:
             queues = view.refresh(started, pause=lambda: self._between_slices(view, moved))
         except OrdqError as exc:
@@ -62,7 +66,8 @@ class DutyRound(DaemonParts):
             return
         finally:
             self.stats.zk_reads = view.reads
-        queues = self._judge_groups(view, queues, time.monotonic())  # (judged between slices too: later)
+        refreshed = time.monotonic()
+        queues = self._judge_groups(view, queues, refreshed)  # (judged between slices too: later)
         late = self._unread_of_dead(view)
         if late:
             queues = sorted(set(queues) | set(late))
@@ -98,7 +103,12 @@ class DutyRound(DaemonParts):
             for gone in set(self.stats.queues) - set(view.entries):
                 with self._lock:
                     self.stats.drop_queue(gone)
-        self.metrics.round_seconds.observe(time.monotonic() - started)
+        ended = time.monotonic()
+        self.metrics.round_seconds.observe(ended - started)
+        if ended - started >= LONG_ROUND_S:
+            log.info("a round of %.1f s: %d reads in %.1f s (and what came between their slices), %d queues planned "
+                     "in %.1f s", ended - started, view.reads - reads, refreshed - started, len(queues),
+                     ended - refreshed)
 
     def _between_slices(self, view: DaemonView, moved: set[str]) -> None:
         """Between two slices of the round's re-reads and of its queues: a producer's urgent

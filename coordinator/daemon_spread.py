@@ -125,8 +125,11 @@ class SpreadBack(DaemonParts):
             rows = [(q, v[0], v[1]) for q, v in got.items() if isinstance(v, tuple)]
         else:
             known = spread_rows(view.entries, self.store.written.get)
+            if (known is None) != self._spread_unread:  # said once a change (issue 43: a silent 71 s)
+                self._spread_unread = known is None
+                log.info("heads spread back %s", "waits: queue states are being read" if known is None
+                         else "has every queue's state")
             if known is None:
-                log.debug("heads spread back waits: a queue's state is being read")
                 return SpreadResult(before={}, after={}, moves=[], left=[], dry_run=dry_run, busy=0)
             rows = known
         busy = {q for q, _st, _v in rows if is_written(q, self._written, now)}

@@ -79,6 +79,30 @@ def test_idle_rounds_read_nothing_and_one_change_reads_one_queue(setup) -> None:
     assert daemon.view.entries["q-0123"].config.retention_segments == 7
 
 
+def test_a_long_round_says_where_its_time_went(setup, monkeypatch, caplog) -> None:
+    """Issue 43: at 10^5 queues the leader was silent for 71 s after a group's return (scale43l,
+    run 2), and nothing told a long re-read from a long plan. A round past ``LONG_ROUND_S`` logs
+    its reads and its planning, each timed (here every round is long). Failing first: no line."""
+    import logging
+    import re
+
+    from ordq.coordinator import daemon_round
+
+    _store, daemon = setup
+    daemon.round()
+    assert daemon.view is not None
+    monkeypatch.setattr(daemon_round, "LONG_ROUND_S", 0.0)
+    caplog.set_level(logging.INFO, logger="ordq.coordinator")
+    daemon.view.mark_all()
+    daemon.round()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("a round of ")]
+    assert len(lines) == 1, lines
+    found = re.fullmatch(r"a round of \d+\.\d s: (\d+) reads in \d+\.\d s \(and what came between their "
+                         r"slices\), (\d+) queues planned in \d+\.\d s", lines[0])
+    assert found is not None, lines
+    assert int(found[1]) >= 2 * (N + 1) and int(found[2]) >= N + 1  # every queue's state and settings, planned
+
+
 def test_a_group_losing_a_process_is_acted_on_for_its_queues_only(setup) -> None:
     store, daemon = setup
     daemon.round()
