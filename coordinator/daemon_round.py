@@ -57,7 +57,7 @@ class DutyRound(DaemonParts):
             self._next_probe = started + self.interval_s
             self._probe(view)
         moved: set[str] = set()  # moved between two slices of this round: not planned again in it
-        reads = view.reads
+        reads, held_s = view.reads, self._held_s()
         try:
             queues = view.refresh(started, pause=lambda: self._between_slices(view, moved))
         except OrdqError as exc:
@@ -107,8 +107,12 @@ class DutyRound(DaemonParts):
         self.metrics.round_seconds.observe(ended - started)
         if ended - started >= LONG_ROUND_S:
             log.info("a round of %.1f s: %d reads in %.1f s (and what came between their slices), %d queues planned "
-                     "in %.1f s", ended - started, view.reads - reads, refreshed - started, len(queues),
-                     ended - refreshed)
+                     "in %.1f s; idle work held %.1f s for urgent requests meanwhile (every thread)", ended - started,
+                     view.reads - reads, refreshed - started, len(queues), ended - refreshed, self._held_s() - held_s)
+
+    def _held_s(self) -> float:
+        """Seconds idle jobs have waited for urgent requests so far (``RequestsFirst.held_s``)."""
+        return self.requests_first.held_s if self.requests_first is not None else 0.0
 
     def _between_slices(self, view: DaemonView, moved: set[str]) -> None:
         """Between two slices of the round's re-reads and of its queues: a producer's urgent
