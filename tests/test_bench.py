@@ -27,13 +27,15 @@ BENCHES = [
           ["floor of one acked send", "pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch",
            "stream writes per batch", "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch",
            "goal: pipelined"]),
-    # where the steady phase's batches spend their time: every stage of the path reached (padded row)
+    # where the steady phase's batches spend their time: every stage of the path reached (padded row),
+    # sampled (one batch in 2: the same batches in every process) and each hop timed
     bench("bench_e2e", ["--messages", "0", "--sync-messages", "0", "--rate", "300", "--rate-seconds", "1",
-                               "--floor-round-trips", "0", "--stages", "--commit-every", "100000", "--freeze-gc"],
+                               "--floor-round-trips", "0", "--stages", "2", "--commit-every", "100000", "--freeze-gc"],
           ["stages of the steady phase's batches", *(f"\n{stage}  " for stage in (
               "P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced", "S.request",
               "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")),
-           "M.sync > M.synced: n "], id="bench_e2e_stages"),
+           "M.sync > M.synced: n ", "batches sampled (one in 2)", "\nP.take > M.request: → the master's receipt ",
+           "\nM.ack > C.read: ", "\nP.open > C.poll: end to end"], id="bench_e2e_stages"),
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
           ["rolls (to same)", "roll call", "send->ack, sent within", "send->ack, other times"]),
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50", "--tls", "both"],
