@@ -321,16 +321,23 @@ HOPS = (("P.open", "P.take", "send() → handed to the stream (behind the batch 
 
 
 def hop_lines(stamps: list[stages.Stamp]) -> list[str]:
-    """Each of ``HOPS``: p50/p99/max over the batches that passed both ends."""
+    """Each of ``HOPS``: p50/p99/max over the batches that passed both ends; then every
+    batch's hops as one JSON line (µs, ``HOP_SAMPLES``), to pool several runs' samples."""
     # signed: the consumer's read may come before the master stamps its ack (one signal wakes both)
-    rows = {(r.start, r.end): r for r in stages.spans(stamps, [(a, b) for a, b, _ in HOPS], signed=True)}
+    pairs = [(a, b) for a, b, _ in HOPS]
+    rows = {(r.start, r.end): r for r in stages.spans(stamps, pairs, signed=True)}
     out = [f"{'hop (µs)':<74} {'n':>6} {'p50':>8} {'p99':>8} {'max':>8}"]
     for a, b, what in HOPS:
         r = rows.get((a, b))
         if r is not None:
             out.append(f"{f'{a} > {b}: {what}':<74} {r.count:>6} {r.p50_us:>8,.0f} {r.p99_us:>8,.0f} "
                        f"{r.max_us:>8,.0f}")
+    out.append(HOP_SAMPLES + json.dumps({f"{a} > {b}": [round(v) for v in stages.span_values(stamps, a, b)]
+                                         for a, b in pairs}))
     return out
+
+
+HOP_SAMPLES = "hop samples (µs, JSON): "
 
 
 def stage_lines(stamps: list[stages.Stamp], first_seq: int, roles: dict[int, str], *, every: int = 1) -> list[str]:

@@ -183,6 +183,7 @@ def test_spans_time_one_step_of_each_batch() -> None:
     assert [s.count for s in spans(raced, [("M.ack", "C.read")])] == [1]
     (both,) = spans(raced, [("M.ack", "C.read")], signed=True)
     assert (both.count, both.mean_us, both.max_us) == (2, 0.5, 2.0)
+    assert stages.span_values(raced, "M.ack", "C.read") == [-1.0, 2.0]  # its samples, by first seq
 
 
 def test_the_step_where_the_tail_fell_behind_comes_first() -> None:

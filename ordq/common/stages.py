@@ -325,16 +325,27 @@ def spans(stamps: Iterable[Stamp], pairs: Sequence[tuple[str, str]], *, signed: 
     (each batch's first arrival at both), e.g. a group commit's write and fdatasync. A batch
     that reached ``end`` first is left out, unless ``signed`` (two stages of different
     processes that race, as the master's ack and the consumer's read): then it counts below 0."""
-    wanted = {n for pair in pairs for n in pair}
-    seen: dict[int, dict[str, int]] = collections.defaultdict(dict)
-    for s in stamps:
-        if s.name in wanted:
-            for k in s.keys:
-                seen[k].setdefault(s.name, s.ns)
+    seen = _first_arrivals(stamps, {n for pair in pairs for n in pair})
     out = []
     for a, b in pairs:
         values = [(at[b] - at[a]) / 1000 for at in seen.values() if a in at and b in at and (signed or at[b] >= at[a])]
         if values:
             out.append(_step(a, b, values))
     return out
+
+
+def span_values(stamps: Iterable[Stamp], start: str, end: str) -> list[float]:
+    """Every batch's ``start`` -> ``end`` in µs (signed), in first-seq order: ``spans``' samples."""
+    seen = _first_arrivals(stamps, {start, end})
+    return [(at[end] - at[start]) / 1000 for _, at in sorted(seen.items()) if start in at and end in at]
+
+
+def _first_arrivals(stamps: Iterable[Stamp], wanted: set[str]) -> dict[int, dict[str, int]]:
+    """Key -> stage -> when it first reached it (ns), for the stages ``wanted``."""
+    seen: dict[int, dict[str, int]] = collections.defaultdict(dict)
+    for s in stamps:
+        if s.name in wanted:
+            for k in s.keys:
+                seen[k].setdefault(s.name, s.ns)
+    return seen
 
