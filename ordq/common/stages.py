@@ -25,7 +25,8 @@ the futures resolved), ``C.read`` (a consumer decoded it), ``C.poll`` (handed to
 Sampling (``ORDQ_STAGE_SAMPLE=N``, or ``enable(folder, every=N)``): keyed stamps are written
 only for the batches whose first seq a hash picks, one in N, the same ones in every process
 (each decides from the key alone), so a bench can leave the stamps on beside the figures it
-reports (a few batches a second at issue 39's steady rate). Unkeyed stamps are always written.
+reports (a few batches a second at issue 39's steady rate). Unkeyed stamps are then dropped
+(``M.slave_answer``, ``P.ack``: one a batch), but for the garbage collections'.
 
 Rules:
 - ``stamp`` never raises and, when off, costs one test of a module global: it sits on the
@@ -102,10 +103,10 @@ def stamp(name: str, keys: Keys = (), of: Any = None) -> None:
         if _fd is None:
             _fd = os.open(os.path.join(_folder, str(os.getpid())), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         wanted = list(keys(of) if callable(keys) else keys)
-        if _every > 1 and wanted:
+        if _every > 1 and not name.startswith("gc."):  # a collection's key is its generation
             wanted = [k for k in wanted if sampled(k, _every)]
             if not wanted:
-                return  # keyed, and none of its batches sampled
+                return  # none of its batches sampled (or unkeyed: no batch to sample it by)
         ks = ",".join(map(str, wanted))
         os.write(_fd, f"{time.monotonic_ns()} {name} {ks}\n".encode() if ks else
                  f"{time.monotonic_ns()} {name}\n".encode())
