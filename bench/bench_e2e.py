@@ -25,11 +25,16 @@ cores that cost, not the disk, sets how many batches per second the system turns
 ``ordq.sdk.freeze_startup_objects()`` once started, as an application may choose to (docs/SDK.md):
 their full garbage collections then skip what start-up made. Off by default.
 
---stages: stage stamps on (ordq/common/stages.py) in every process, and after the steady phase
-where its batches' time went: each stage's arrival since the batch opened in ``send()``, for all
-batches and for the tail (the batches at or past the p99), the group commits' write+fdatasync,
-and each process's garbage-collection pauses. The stamps cost CPU themselves (a write per
-stage): run it apart from the figures above (``--messages 0 --sync-messages 0 --stages``).
+--stages [EVERY]: stage stamps on (ordq/common/stages.py) in every process, and after the steady
+phase where its batches' time went: each stage's arrival since the batch opened in ``send()``,
+for all batches and for the tail (the batches at or past the p99), each hop's p50/p99 (send →
+the master's receipt → the slave's sync → the master's ack → the producer's ack, and → the
+consumer's receipt → its hand-out to the application), the group commits' write+fdatasync, and
+each process's garbage-collection pauses. Alone, ``--stages`` stamps every batch, which costs
+CPU itself (a write per stage): run it apart from the figures above (``--messages 0
+--sync-messages 0 --stages``). ``--stages 64`` stamps one batch in 64 (picked by its first
+seq, the same in every process: a few a second at the steady rate), cheap enough to leave on
+beside the figures; the hops are then those of the picked batches' first messages.
 """
 
 from __future__ import annotations
@@ -197,8 +202,9 @@ def main() -> None:
     ap.add_argument("--freeze-gc", action="store_true",
                     help="producer and consumer call ordq.sdk.freeze_startup_objects() once started, as an "
                          "application may (docs/SDK.md): full collections skip what start-up made")
-    ap.add_argument("--stages", action="store_true",
-                    help="stage stamps in every process; prints where the steady phase's batches spent their time")
+    ap.add_argument("--stages", nargs="?", type=int, const=1, default=0, metavar="EVERY",
+                    help="stage stamps in every process, for one batch in EVERY (default: every batch); prints "
+                         "where the steady phase's batches spent their time")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consume:
@@ -209,7 +215,7 @@ def main() -> None:
     figures: dict[str, float] = {}
     stamps_dir = Path(tempfile.mkdtemp(prefix="ordq-e2e-stages-")) if args.stages else None
     if stamps_dir is not None:
-        stages.enable(stamps_dir)  # before the cluster starts: its processes inherit it
+        stages.enable(stamps_dir, every=args.stages)  # before the cluster starts: its processes inherit it
     roles: dict[int, str] = {}
     steady_first = 0
     with bench_cluster(2) as cluster:
@@ -294,7 +300,7 @@ def main() -> None:
                 print(writes.report(batches))
     print("\n".join(goals(figures)))
     if stamps_dir is not None:
-        print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady_first, roles)))
+        print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady_first, roles, every=args.stages)))
         shutil.rmtree(stamps_dir, ignore_errors=True)
 
 
@@ -303,11 +309,43 @@ STEADY_PATH = ("P.open", "P.take", "P.write", "M.request", "M.placed", "M.forwar
                "S.request", "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")
 
 
-def stage_lines(stamps: list[stages.Stamp], first_seq: int, roles: dict[int, str]) -> list[str]:
+# A message's way, hop by hop (issue 39's breakdown of the p99): (from, to, what happens between)
+HOPS = (("P.open", "P.take", "send() → handed to the stream (behind the batch in flight)"),
+        ("P.take", "M.request", "→ the master's receipt"),
+        ("M.request", "S.synced", "→ the slave's write+fdatasync done"),
+        ("S.synced", "M.ack", "→ the master's ack (its own sync, the slave's answer)"),
+        ("M.ack", "P.acked", "→ the ack at the producer"),
+        ("M.ack", "C.read", "the master's ack → the consumer's receipt"),
+        ("C.read", "C.poll", "→ its delivery to the application"),
+        ("P.open", "C.poll", "end to end: send() → delivery"))
+
+
+def hop_lines(stamps: list[stages.Stamp]) -> list[str]:
+    """Each of ``HOPS``: p50/p99/max over the batches that passed both ends; then every
+    batch's hops as one JSON line (µs, ``HOP_SAMPLES``), to pool several runs' samples."""
+    # signed: the consumer's read may come before the master stamps its ack (one signal wakes both)
+    pairs = [(a, b) for a, b, _ in HOPS]
+    rows = {(r.start, r.end): r for r in stages.spans(stamps, pairs, signed=True)}
+    out = [f"{'hop (µs)':<74} {'n':>6} {'p50':>8} {'p99':>8} {'max':>8}"]
+    for a, b, what in HOPS:
+        r = rows.get((a, b))
+        if r is not None:
+            out.append(f"{f'{a} > {b}: {what}':<74} {r.count:>6} {r.p50_us:>8,.0f} {r.p99_us:>8,.0f} "
+                       f"{r.max_us:>8,.0f}")
+    out.append(HOP_SAMPLES + json.dumps({f"{a} > {b}": [round(v) for v in stages.span_values(stamps, a, b)]
+                                         for a, b in pairs}))
+    return out
+
+
+HOP_SAMPLES = "hop samples (µs, JSON): "
+
+
+def stage_lines(stamps: list[stages.Stamp], first_seq: int, roles: dict[int, str], *, every: int = 1) -> list[str]:
     """Where the batches from ``first_seq`` on spent their time, and each process's GC pauses."""
     steady = [s for s in stamps if not s.keys or min(s.keys) >= first_seq or s.name.startswith("gc.")]
-    out = ["stages of the steady phase's batches (µs since the batch opened in send()):",
-           *stages.keyed_lines(stages.keyed_breakdown(steady, STEADY_PATH))]
+    which = "batches" if every <= 1 else f"batches sampled (one in {every})"
+    out = [f"stages of the steady phase's {which} (µs since the batch opened in send()):",
+           *stages.keyed_lines(stages.keyed_breakdown(steady, STEADY_PATH)), *hop_lines(steady)]
     for s in stages.spans(steady, [("M.sync", "M.synced"), ("S.sync", "S.synced"), ("S.request", "S.answer"),
                                    ("M.ack", "P.acked"), ("M.ack", "C.read")]):
         out.append(f"{s.start} > {s.end}: n {s.count}, p50 {s.p50_us:,.0f} µs, p99 {s.p99_us:,.0f}, "

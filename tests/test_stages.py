@@ -73,7 +73,9 @@ def stamping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Stamps on into tmp_path for this test only (the module's globals restored after)."""
     monkeypatch.setattr(stages, "_folder", None)
     monkeypatch.setattr(stages, "_fd", None)
+    monkeypatch.setattr(stages, "_every", 1)
     monkeypatch.delenv(stages.ENV, raising=False)
+    monkeypatch.delenv(stages.SAMPLE_ENV, raising=False)
     stages.enable(tmp_path)
     yield tmp_path
     fd = stages._fd
@@ -175,6 +177,13 @@ def test_spans_time_one_step_of_each_batch() -> None:
               Stamp(800, 3, "S.sync", (0,))]
     (sync,) = spans(stamps, [("M.sync", "M.synced"), ("S.sync", "S.synced")])
     assert (sync.start, sync.count, sync.p99_us) == ("M.sync", 2, 0.7) and sync.mean_us == pytest.approx(0.65)
+    # the consumer's read raced the master's ack: left out, unless signed
+    raced = [Stamp(5_000, 3, "C.read", (4,)), Stamp(6_000, 2, "M.ack", (4,)), Stamp(7_000, 2, "M.ack", (5,)),
+             Stamp(9_000, 3, "C.read", (5,))]
+    assert [s.count for s in spans(raced, [("M.ack", "C.read")])] == [1]
+    (both,) = spans(raced, [("M.ack", "C.read")], signed=True)
+    assert (both.count, both.mean_us, both.max_us) == (2, 0.5, 2.0)
+    assert stages.span_values(raced, "M.ack", "C.read") == [-1.0, 2.0]  # its samples, by first seq
 
 
 def test_the_step_where_the_tail_fell_behind_comes_first() -> None:
@@ -189,3 +198,36 @@ def test_the_step_where_the_tail_fell_behind_comes_first() -> None:
     assert b.tail == 1
     assert stages.tail_growth(b)[0] == ("M.request", "P.resolved", 87.0)
     assert stages.keyed_lines(b)[-1] == "the tail fell behind the median most at: M.request > P.resolved +87 µs"
+
+
+def test_one_batch_in_n_is_sampled_the_same_in_every_process() -> None:
+    """The pick is the key's alone (every process decides the same), about one in N over
+    consecutive first seqs, and batches of any size are picked (no run of seqs is skipped)."""
+    for every in (16, 64):
+        picked = [k for k in range(200_000) if stages.sampled(k, every)]
+        assert abs(len(picked) - 200_000 / every) < 0.05 * 200_000 / every
+        assert max(b - a for a, b in zip(picked, picked[1:], strict=False)) < 20 * every
+    assert all(stages.sampled(k, 1) for k in range(100))
+
+
+def test_sampled_stamps_keep_only_the_picked_batches(stamping: Path) -> None:
+    stages.enable(stamping, every=64)
+    picked = next(k for k in range(1000) if stages.sampled(k, 64))
+    other = next(k for k in range(1000) if not stages.sampled(k, 64))
+    stages.stamp("P.open", (other,))  # not picked: no line
+    stages.stamp("M.request", [other, picked])  # a request holding both: the picked key only
+    stages.stamp("M.slave_answer")  # unkeyed: one a batch, so dropped while sampling
+    gc.collect()  # the collections' stamps are kept (keyed by generation, not by batch)
+    got = [(s.name, s.keys) for s in stages.read_keyed(stamping)]
+    assert [g for g in got if not g[0].startswith("gc.")] == [("M.request", (picked,))]
+    assert ("gc.start", (2,)) in got
+
+
+def test_a_child_samples_as_its_parent_asked(tmp_path: Path) -> None:
+    env = {**os.environ, stages.ENV: str(tmp_path), stages.SAMPLE_ENV: "64"}
+    keys = ([k for k in range(300) if stages.sampled(k, 64)][:2]
+            + [k for k in range(300) if not stages.sampled(k, 64)][:3])
+    code = f"from ordq.common.stages import stamp\nfor k in {keys}: stamp('P.open', (k,))"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    assert [s.keys[0] for s in stages.read_keyed(tmp_path) if s.name == "P.open"] == keys[:2]
+

@@ -22,6 +22,12 @@ then fdatasync done), ``S.request``, ``S.sync``/``S.synced``, ``S.answer`` (the 
 ``M.ack`` (the ack taken for the producer), ``P.acked``/``P.resolved`` (the producer read it,
 the futures resolved), ``C.read`` (a consumer decoded it), ``C.poll`` (handed to the application).
 
+Sampling (``ORDQ_STAGE_SAMPLE=N``, or ``enable(folder, every=N)``): keyed stamps are written
+only for the batches whose first seq a hash picks, one in N, the same ones in every process
+(each decides from the key alone), so a bench can leave the stamps on beside the figures it
+reports (a few batches a second at issue 39's steady rate). Unkeyed stamps are then dropped
+(``M.slave_answer``, ``P.ack``: one a batch), but for the garbage collections'.
+
 Rules:
 - ``stamp`` never raises and, when off, costs one test of a module global: it sits on the
   hot paths (produce request read, forward to the slave, sync, ack). Keys given as a callable
@@ -46,20 +52,39 @@ from typing import Any
 import attrs
 
 ENV = "ORDQ_STAGE_STAMPS"
+SAMPLE_ENV = "ORDQ_STAGE_SAMPLE"  # one keyed batch in N (module docstring); unset or 1: every one
+
+
+def _every_from_env() -> int:
+    try:
+        return max(1, int(os.environ.get(SAMPLE_ENV, "1")))
+    except ValueError:
+        return 1
+
 
 _folder = os.environ.get(ENV) or None
 _fd: int | None = None
+_every = _every_from_env()
+_HASH = 0x9E3779B1  # Fibonacci hashing: consecutive first seqs spread over the 32-bit range
 
 
 Keys = Iterable[int] | Callable[[Any], Iterable[int]]
 
 
-def enable(folder: Path) -> None:
-    """Stamp into ``folder`` from now on, in this process and in the processes it starts."""
-    global _folder, _fd
+def enable(folder: Path, *, every: int = 1) -> None:
+    """Stamp into ``folder`` from now on, in this process and in the processes it starts;
+    keyed stamps for one batch in ``every`` (``sampled``)."""
+    global _folder, _fd, _every
     os.environ[ENV] = str(folder)
-    _folder, _fd = str(folder), None
+    os.environ[SAMPLE_ENV] = str(max(1, every))
+    _folder, _fd, _every = str(folder), None, max(1, every)
     _watch_gc()
+
+
+def sampled(key: int, every: int) -> bool:
+    """Is the batch whose first seq is ``key`` one of the one in ``every`` stamped? Pure: every
+    process answers the same for the same key."""
+    return every <= 1 or (key * _HASH) & 0xFFFFFFFF < (1 << 32) // every
 
 
 def on() -> bool:
@@ -77,7 +102,12 @@ def stamp(name: str, keys: Keys = (), of: Any = None) -> None:
     try:
         if _fd is None:
             _fd = os.open(os.path.join(_folder, str(os.getpid())), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        ks = ",".join(map(str, keys(of) if callable(keys) else keys))
+        wanted = list(keys(of) if callable(keys) else keys)
+        if _every > 1 and not name.startswith("gc."):  # a collection's key is its generation
+            wanted = [k for k in wanted if sampled(k, _every)]
+            if not wanted:
+                return  # none of its batches sampled (or unkeyed: no batch to sample it by)
+        ks = ",".join(map(str, wanted))
         os.write(_fd, f"{time.monotonic_ns()} {name} {ks}\n".encode() if ks else
                  f"{time.monotonic_ns()} {name}\n".encode())
     except Exception:  # noqa: BLE001 - a measurement aid: never the reason a send fails
@@ -291,18 +321,32 @@ def gc_pauses(stamps: Iterable[Stamp]) -> dict[int, list[float]]:
     return dict(out)
 
 
-def spans(stamps: Iterable[Stamp], pairs: Sequence[tuple[str, str]]) -> list[Step]:
+def spans(stamps: Iterable[Stamp], pairs: Sequence[tuple[str, str]], *, signed: bool = False) -> list[Step]:
     """For each (start, end) of ``pairs``: how long the batches took from one to the other
-    (each batch's first arrival at both), e.g. a group commit's write and fdatasync."""
-    wanted = {n for pair in pairs for n in pair}
+    (each batch's first arrival at both), e.g. a group commit's write and fdatasync. A batch
+    that reached ``end`` first is left out, unless ``signed`` (two stages of different
+    processes that race, as the master's ack and the consumer's read): then it counts below 0."""
+    seen = _first_arrivals(stamps, {n for pair in pairs for n in pair})
+    out = []
+    for a, b in pairs:
+        values = [(at[b] - at[a]) / 1000 for at in seen.values() if a in at and b in at and (signed or at[b] >= at[a])]
+        if values:
+            out.append(_step(a, b, values))
+    return out
+
+
+def span_values(stamps: Iterable[Stamp], start: str, end: str) -> list[float]:
+    """Every batch's ``start`` -> ``end`` in µs (signed), in first-seq order: ``spans``' samples."""
+    seen = _first_arrivals(stamps, {start, end})
+    return [(at[end] - at[start]) / 1000 for _, at in sorted(seen.items()) if start in at and end in at]
+
+
+def _first_arrivals(stamps: Iterable[Stamp], wanted: set[str]) -> dict[int, dict[str, int]]:
+    """Key -> stage -> when it first reached it (ns), for the stages ``wanted``."""
     seen: dict[int, dict[str, int]] = collections.defaultdict(dict)
     for s in stamps:
         if s.name in wanted:
             for k in s.keys:
                 seen[k].setdefault(s.name, s.ns)
-    out = []
-    for a, b in pairs:
-        values = [(at[b] - at[a]) / 1000 for at in seen.values() if a in at and b in at and at[b] >= at[a]]
-        if values:
-            out.append(_step(a, b, values))
-    return out
+    return seen
+
