@@ -78,17 +78,6 @@ def _outcome(exc: grpc.RpcError) -> str:
     return exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
 
 
-def _field(number: int, data: bytes) -> bytes:
-    """``data`` as protobuf length-delimited field ``number``."""
-    n, varint = len(data), bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        varint.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    return bytes([(number << 3) | 2]) + bytes(varint) + data
-
-
 class _Attacker(neighbour.CallLoops):
     """One window of every attack, in threads, until ``stop``; outcomes counted per attack (an
     attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
@@ -198,7 +187,8 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
     one clock for every process here, so the drill's end holds however late this process read
     the order, and each delay is told where it was spent."""
     priority = neighbour.idle_priority() if idle else "normal priority"
-    huge = _field(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""  # a QueueRef (field 1: queue), sent raw
+    # a QueueRef (field 1: queue), sent raw
+    huge = neighbour.length_delimited(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""
     conn.send(("ready", priority))
     attacker: _Attacker | None = None
     times: dict[str, float] = {}

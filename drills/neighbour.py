@@ -278,7 +278,7 @@ class _Abuser(CallLoops):
         if "oversized" in self.kinds:
             oversized = _raw(self._stub(), "Fetch")
             padding = b"\x00" * OVERSIZED_BYTES
-            loops.append(("oversized request", lambda: oversized(body + _unknown_field(padding), metadata=meta,
+            loops.append(("oversized request", lambda: oversized(body + length_delimited(15, padding), metadata=meta,
                                                                 timeout=30), 0.5))
         if "malformed" in self.kinds:
             garbage = _raw(self._stub(), "Fetch")
@@ -398,16 +398,16 @@ def attrs_evolve_read(req: pb.FetchRequest) -> pb.FetchRequest:
     return out
 
 
-def _unknown_field(data: bytes) -> bytes:
-    """``data`` as protobuf field 15 (length-delimited), which FetchRequest does not have: a
-    well-formed request made as large as wanted."""
+def length_delimited(number: int, data: bytes) -> bytes:
+    """``data`` as protobuf length-delimited field ``number``: a request made by hand, as large
+    as wanted (field 15, which FetchRequest does not have, keeps it well-formed)."""
     n, varint = len(data), bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
         varint.append(byte | (0x80 if n else 0))
         if not n:
             break
-    return bytes([(15 << 3) | 2]) + bytes(varint) + data
+    return bytes([(number << 3) | 2]) + bytes(varint) + data
 
 
 def _fill(c: Any, queue_: str, creds: Credentials) -> None:

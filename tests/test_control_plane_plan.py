@@ -175,7 +175,7 @@ def test_every_attack_is_sent_in_a_short_window_beside_the_flood(quick_server: s
     the flood either; every kind must go out within its window, and every targeted kind be
     answered in it. The huge Pops, started last, may be cut in flight: copying 200 MiB took over
     the 1 s window with the default tier's two workers beside it (merged main, 18:10)."""
-    attacker = _attacker(quick_server, 1.0, huge=cpa._field(1, b"a" * cpa.HUGE_NAME_BYTES))
+    attacker = _attacker(quick_server, 1.0, huge=neighbour.length_delimited(1, b"a" * cpa.HUGE_NAME_BYTES))
     attacker.start()
     time.sleep(1.0)
     outcomes = attacker.stop()
