@@ -23,7 +23,7 @@ from typing import Any
 from ordq.admin.api import queue_summary
 from ordq.admin.queue_list import KnownQueue, list_rows
 from ordq.coordinator import state as sm
-from ordq.coordinator.store_values import LiveInfo
+from ordq.coordinator.store_values import LiveInfo, StateVersion
 from ordq.output import json_text
 
 GROUPS = ("g1", "g2", "g3")
@@ -40,7 +40,7 @@ def synthetic_states(n: int) -> dict[str, KnownQueue]:
         head = st.open_segment
         if head is not None and head.gid == "g1":
             st = sm.fail_over(st, "g1", head.seg, without_g1)
-        out[q] = (st, 3, None)
+        out[q] = (st, StateVersion(3, 0), None)
     return out
 
 

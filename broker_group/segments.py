@@ -513,7 +513,7 @@ class SegmentStore:
         self.book.compact()
 
     def _free_queue(self, data_dir: Path, name: str,
-                    got: tuple[QueueState, int, list[str] | None] | CorruptState | None, held: list[int]) -> None:
+                    got: tuple[QueueState, object, list[str] | None] | CorruptState | None, held: list[int]) -> None:
         """Free one queue's folder by ``got``, its state read a moment ago (None: no such queue);
         ``held``: the segments of it this broker held a moment ago (those popped are among them).
         Used as read only when it is of the folder's own incarnation; otherwise (the queue

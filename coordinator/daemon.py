@@ -71,6 +71,7 @@ from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst
 from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import StateVersion
 
 # Transient ZooKeeper errors of the election itself: contend again (after this pause) rather
 # than let the election thread end.
@@ -154,11 +155,11 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._seals: list[tuple[int, int, Callable[[], None]]] = []
         self._seal_order = itertools.count()
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
-        self._seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]] = {}
+        self._seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, StateVersion]]] = {}
         self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
         self._moving = 0  # a dead group's heads being moved: idle seal batches wait (daemon_seals)
         self._list_seen = -1
-        self._tidy: list[tuple[str, int, sm.QueueState, Kind]] | None = None
+        self._tidy: list[tuple[str, StateVersion, sm.QueueState, Kind]] | None = None
         self.stats = DaemonStats()
         self.metrics = CoordinatorMetrics(self.stats, per_queue_series=per_queue_series,
                                           written=lambda: self._written)
@@ -264,7 +265,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
 
     # -- what the admin API reads of this daemon's copies -----------------------------------
 
-    def known_queues(self, queues: Iterable[str]) -> dict[str, tuple[sm.QueueState, int, list[str] | None]]:
+    def known_queues(self, queues: Iterable[str]) -> dict[str, tuple[sm.QueueState, StateVersion, list[str] | None]]:
         """Of ``queues``, those this daemon's copies hold (it leads and has read them): state,
         its version and the subscriptions' names when it keeps their cursors (else None). Kept
         current by watches (``DaemonView``), so ``queue list`` of 10^5 queues reads no
@@ -272,7 +273,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         view = self.view
         if view is None or not self.stats.is_leader:
             return {}
-        out: dict[str, tuple[sm.QueueState, int, list[str] | None]] = {}
+        out: dict[str, tuple[sm.QueueState, StateVersion, list[str] | None]] = {}
         entries = view.entries
         written = self.store.written
         for q in queues:

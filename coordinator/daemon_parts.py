@@ -30,7 +30,7 @@ from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.metrics import CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst
 from ordq.coordinator.store import Known, ZkStore
-from ordq.coordinator.store_values import LiveInfo, QueueConfig
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, StateVersion
 
 log = logging.getLogger("ordq.coordinator")
 
@@ -95,14 +95,14 @@ class DaemonParts:
     _list_seen: int
     # a round's idle pops and admits, kept for batched writes (None: not collecting): (queue,
     # version planned on, new state, kind)
-    _tidy: list[tuple[str, int, sm.QueueState, Kind]] | None
+    _tidy: list[tuple[str, StateVersion, sm.QueueState, Kind]] | None
     # the seals (daemon_seals)
     _seal_executor: concurrent.futures.ThreadPoolExecutor | None
     _sealing_now: set[tuple[str, int]]
     _seals: list[tuple[int, int, Callable[[], None]]]  # (0 written / 1 idle, order, job)
     _seal_order: itertools.count[int]
     # gid -> (queue, seg) -> (state, version)
-    _seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, int]]]
+    _seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, StateVersion]]]
     _seal_batch_jobs: dict[str, int]  # gid -> its batch jobs queued or running
     _moving: int  # a dead group's heads being moved (``_move_dead_heads``): idle seal batches wait
     # heads spread back (daemon_spread)
@@ -138,11 +138,12 @@ class DaemonParts:
         raise NotImplementedError
 
     def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None,
-            seal_known: tuple[tuple[sm.QueueState, int] | None, Mapping[str, LiveInfo] | None] = (None, None)) -> None:
+            seal_known: tuple[tuple[sm.QueueState, StateVersion] | None, Mapping[str, LiveInfo] | None] = (None, None),
+            ) -> None:
         """Carry out one planned action (daemon_round)."""
         raise NotImplementedError
 
-    def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, int] | None = None) -> None:
+    def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, StateVersion] | None = None) -> None:
         """Queue a seal on the seal pool (daemon_seals)."""
         raise NotImplementedError
 

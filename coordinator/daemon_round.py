@@ -20,7 +20,7 @@ from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_
 from ordq.coordinator.group_moves import Move, batches, plan_moves, transactions
 from ordq.coordinator.pacing import in_slices
 from ordq.coordinator.store import Known
-from ordq.coordinator.store_values import LiveInfo, QueueConfig, roll_transition
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, StateVersion, roll_transition
 
 # Queues planned (and acted on) at once when a round has several. Few: the duties are never
 # urgent for correctness (producers and consumers fail over and seal on their own, through
@@ -166,7 +166,7 @@ class DutyRound(DaemonParts):
             open_seg = entry.state.open_segment
             if open_seg is None or open_seg.gid in live:
                 continue  # its head is live: nothing to move (the facts of every queue cost ~30 µs each)
-            rows.append((q, entry.state, entry.version, view.facts(entry)))
+            rows.append((q, entry.state, entry.at, view.facts(entry)))
         busy = {q for q, *_ in rows if is_written(q, self._written, now)}
         moves = [m for m in plan_moves(rows, busy)
                  if m.before.open_segment is not None and self._may_move(m.queue, m.before.open_segment.gid, m.busy)]
@@ -230,7 +230,7 @@ class DutyRound(DaemonParts):
             sealing = m.before.open_segment
             if sealing is not None:
                 self._seal_later(m.queue, Action(Kind.SEAL, gid=sealing.gid, seg=sealing.seg),
-                                 known=(m.after, m.version + 1))
+                                 known=(m.after, m.version.next()))
 
     def _tidy_later(self, queue: str, action: Action, known: Known, later_stored: bool) -> bool:
         """An idle queue's pop or admit planned on the round's copies (``known``), kept for a
@@ -401,14 +401,14 @@ class DutyRound(DaemonParts):
         if due is not None:
             view.schedule(queue, time.monotonic() + max(0.0, (due - now_ms) / 1000))
         # the first write of this round goes against these copies (no re-read; versions checked)
-        known: Known | None = Known(state=st, version=entry.version, facts=facts,
+        known: Known | None = Known(state=st, version=entry.at, facts=facts,
                                     group_versions=view.group_versions)
         for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
             if action.kind is Kind.FAIL_OVER and not self._may_move(
                     queue, action.gid or "", is_written(queue, self._written, time.monotonic())):
                 continue  # its group may be back soon: only a written queue moves at once
             if action.kind is Kind.SEAL:
-                self._seal_later(queue, action, known=(st, entry.version))
+                self._seal_later(queue, action, known=(st, entry.at))
                 continue
             if action.kind is Kind.DROP_EMPTY and entry.cursors is None:
                 continue  # planned without the cursors (the view reads them once the head is sealed)
@@ -434,7 +434,8 @@ class DutyRound(DaemonParts):
                 self.stats.actions[action.kind.value] = self.stats.actions.get(action.kind.value, 0) + 1
 
     def _do(self, queue: str, action: Action, cfg: QueueConfig, known: Known | None = None,
-            seal_known: tuple[tuple[sm.QueueState, int] | None, Mapping[str, LiveInfo] | None] = (None, None)) -> None:
+            seal_known: tuple[tuple[sm.QueueState, StateVersion] | None, Mapping[str, LiveInfo] | None] = (None, None),
+            ) -> None:
         """``known``: the copies the action was planned on, for transitions that read no cursors;
         ``seal_known``: a seal's (state, version) and the segment group's members, the same."""
         log.info("queue %s: %s %s seg %s", queue, action.kind.value, action.gid, action.seg)

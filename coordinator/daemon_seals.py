@@ -19,7 +19,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_parts import RETRY_S, DaemonParts, is_written, log
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind
-from ordq.coordinator.store_values import QueueConfig
+from ordq.coordinator.store_values import QueueConfig, StateVersion
 from ordq.wire.transport import MAX_SEAL_MANY
 
 # Seals run at once, beside the rounds (``_seal_later``).
@@ -48,7 +48,7 @@ def seal_calls_allowed(moving: bool) -> int:
 class SealBatches(DaemonParts):
     """The seal pool's methods."""
 
-    def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, int] | None = None) -> None:
+    def _seal_later(self, queue: str, action: Action, known: tuple[sm.QueueState, StateVersion] | None = None) -> None:
         """Run a seal on the sealing pool, the round going on meanwhile: a seal asks both
         replicas (a dead one may take an RPC timeout), and after a head master died there is
         one per queue it headed; a failover of another group must not wait behind them. One
@@ -162,7 +162,7 @@ class SealBatches(DaemonParts):
         self._wait_turn()
         with self._lock:
             waiting = self._seal_batches.get(gid, {})
-            part: dict[str, tuple[int, sm.QueueState, int]] = {}
+            part: dict[str, tuple[int, sm.QueueState, StateVersion]] = {}
             # while a dead group's heads are moved, only the first jobs of a group (the others end
             # here; started again after: ``_start_seal_batches``)
             over = self._seal_batch_jobs.get(gid, 0) > seal_calls_allowed(bool(self._moving))
@@ -188,7 +188,8 @@ class SealBatches(DaemonParts):
                 with self._lock:
                     self._seal_batch_jobs.pop(gid, None)
 
-    def _seal_one_batch(self, gid: str, view: DaemonView, part: dict[str, tuple[int, sm.QueueState, int]]) -> None:
+    def _seal_one_batch(self, gid: str, view: DaemonView,
+                        part: dict[str, tuple[int, sm.QueueState, StateVersion]]) -> None:
         assert self.batch_sealer is not None
         items = [(q, seg, st, v) for q, (seg, st, v) in part.items()]
         started = time.monotonic()

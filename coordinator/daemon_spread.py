@@ -14,6 +14,7 @@ from ordq.coordinator.daemon_parts import DaemonParts, is_written, log
 from ordq.coordinator.daemon_view import DaemonView, QueueEntry, known_state
 from ordq.coordinator.head_spread import SpreadResult, spread_heads
 from ordq.coordinator.state import QueueState
+from ordq.coordinator.store_values import StateVersion
 
 # Heads spread back (issue 43, ``coordinator/head_spread.py``): a pass every this often moves at
 # most ``rebalance_moves_per_s`` times it idle queues' heads towards an even spread; a group
@@ -41,7 +42,8 @@ def spread_waits(seal_batches: Mapping[str, Mapping[tuple[str, int], object]], l
 
 
 def spread_rows(entries: Mapping[str, QueueEntry],
-                mine: Callable[[str], tuple[QueueState, int] | None]) -> list[tuple[str, QueueState, int]] | None:
+                mine: Callable[[str], tuple[QueueState, StateVersion] | None],
+                ) -> list[tuple[str, QueueState, StateVersion]] | None:
     """(queue, state, version) of every queue the daemon knows (``known_state``: its copy, or
     ``mine(queue)``, what this process wrote since), for a spread pass; None while the state of
     any queue not unusable (``problem``) is unknown: not read yet, or being read again.

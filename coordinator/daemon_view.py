@@ -46,7 +46,7 @@ from ordq.coordinator.paths import ROLES
 from ordq.coordinator.state import Cursor, Facts, QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_base import WrittenStates
-from ordq.coordinator.store_values import LiveInfo, QueueConfig, json_value, parse_state
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, StateVersion, json_value, parse_state
 
 log = logging.getLogger("ordq.coordinator")
 STATE, CONFIG, SUBS = "state", "config", "subs"
@@ -62,13 +62,20 @@ class QueueEntry:
 
     state: QueueState | None = None
     version: int = -1
+    deletions: int = 0  # the deletion count read before the state (``StateVersion``)
     config: QueueConfig | None = None
     cursors: dict[str, Cursor] | None = None  # None: not read (the head segment is not sealed)
     stale: set[str] = attrs.field(factory=lambda: {STATE, CONFIG})
     problem: BaseException | None = None  # why the state could not be used (CorruptState...)
 
+    @property
+    def at(self) -> StateVersion:
+        """The version a write planned on this copy checks."""
+        return StateVersion(self.version, self.deletions)
 
-def known_state(entry: QueueEntry, mine: tuple[QueueState, int] | None) -> tuple[QueueState, int] | None:
+
+def known_state(entry: QueueEntry, mine: tuple[QueueState, StateVersion] | None
+                ) -> tuple[QueueState, StateVersion] | None:
     """The queue's state and version as ZooKeeper holds them, if this process knows them: its
     copy when read and unchanged since, or ``mine`` (``store_base.WrittenStates``: what this
     process wrote) when written after the copy was read in this term; else None (not read yet,
@@ -78,12 +85,13 @@ def known_state(entry: QueueEntry, mine: tuple[QueueState, int] | None) -> tuple
     states, so what it wrote last is what ZooKeeper holds; its own writes (a dead group's
     moves, a returning group's ~33,000 admits at 10^5) fire the watches that make the copies
     stale. Not before this term's view read it: a write of an earlier term of this process
-    may have been overtaken by another leader's."""
-    if mine is not None and entry.version >= 0 and mine[1] > entry.version:
+    may have been overtaken by another leader's. Either may be of a queue deleted since, and
+    a write planned on it then fails its check (``StateVersion``)."""
+    if mine is not None and entry.version >= 0 and mine[1].znode > entry.version:
         return mine
     if entry.state is None or entry.problem is not None or STATE in entry.stale:
         return None
-    return entry.state, entry.version
+    return entry.state, entry.at
 
 
 class DaemonView:
@@ -313,11 +321,11 @@ class DaemonView:
         with self._lock:
             for q, e in self.entries.items():
                 if e.state is None and STATE in e.stale and (mine := self.written.get(q)) is not None:
-                    (e.state, e.version), e.problem = mine, None
+                    e.state, e.version, e.deletions, e.problem = mine[0], mine[1].znode, mine[1].deletions, None
                     taken.append(q)
-            for q, st in creations.items():
+            for q, (st, at) in creations.items():
                 if q not in self.entries:
-                    self.entries[q] = QueueEntry(state=st, version=0)
+                    self.entries[q] = QueueEntry(state=st, version=at.znode, deletions=at.deletions)
                     self._dirty.add(q)  # read (and watched) by the next round
                     taken.append(q)
             self.taken_unread += len(taken)
@@ -423,6 +431,8 @@ class DaemonView:
             for q, reading in wanted.items():
                 self.entries[q].stale -= reading
         with store._errors():
+            # sent first, so read before every state below (``StateVersion``)
+            deletions = store._ask_deletions() if any(STATE in parts for parts in wanted.values()) else None
             sent: dict[tuple[str, str], Any] = {}
             for q, parts in wanted.items():
                 if STATE in parts:
@@ -430,8 +440,12 @@ class DaemonView:
                 if CONFIG in parts:
                     sent[(q, CONFIG)] = store.client.get_async(p.queue(q), watch=self._on_queue_node)
             try:
+                deleted_before = 0
+                if deletions is not None:
+                    self.reads += 1
+                    deleted_before = store._deletions(deletions)
                 for (q, part), request in sent.items():
-                    self._take(q, part, request)
+                    self._take(q, part, request, deleted_before)
             except BaseException:
                 with self._lock:  # what was not taken is read again next time
                     for q, parts in wanted.items():
@@ -455,7 +469,7 @@ class DaemonView:
                     cursors_of.append(q)
             self._read_cursors(cursors_of)
 
-    def _take(self, queue: str, part: str, request: Any) -> None:
+    def _take(self, queue: str, part: str, request: Any, deletions: int) -> None:
         entry = self.entries.get(queue)
         try:
             data, stat = self._get(request)
@@ -466,7 +480,8 @@ class DaemonView:
         if entry is None:
             return
         if part == STATE:
-            self.written.seen(queue, stat.version)
+            self.written.seen(queue, StateVersion(stat.version, deletions))
+            entry.deletions = deletions
             try:
                 entry.state, entry.version, entry.problem = parse_state(queue, data), stat.version, None
             except CorruptState as exc:

@@ -26,6 +26,7 @@ import attrs
 from ordq.common.errors import IllegalTransition
 from ordq.coordinator import state as sm
 from ordq.coordinator.state import Facts, QueueState
+from ordq.coordinator.store_values import StateVersion, StateWrite
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class Move:
     """One queue's fail_over, planned: the state it was planned on (``version``) and the new one."""
 
     queue: str
-    version: int
+    version: StateVersion
     before: QueueState
     after: QueueState
     busy: bool
@@ -58,7 +59,7 @@ def dead_head(st: QueueState, facts: Facts) -> tuple[str, int] | None:
     return open_seg.gid, open_seg.seg
 
 
-def plan_moves(queues: Iterable[tuple[str, QueueState, int, Facts]], busy: frozenset[str] | set[str],
+def plan_moves(queues: Iterable[tuple[str, QueueState, StateVersion, Facts]], busy: frozenset[str] | set[str],
                size_of: Mapping[str, int] | None = None) -> list[Move]:
     """The fail_over of every queue whose head group is dead, busy ones first (each part in the
     order given). ``queues``: (name, state, version, facts); ``size_of``: bytes of a new state
@@ -95,7 +96,7 @@ def batches(moves: list[Move], *, max_count: int = BATCH, max_bytes: int = BATCH
                 max_bytes=max_bytes, together=lambda a, b: a.busy == b.busy)
 
 
-def transactions(writes: Sequence[tuple[str, int, QueueState]]) -> list[list[tuple[str, int, QueueState]]]:
+def transactions(writes: Sequence[StateWrite]) -> list[list[StateWrite]]:
     """``writes`` (queue, version read, new state) cut in order into transactions bounded as the
     moves' are (``BATCH`` states, ``BATCH_BYTES`` bytes): the batched seals, pops and admits."""
     return _cut(writes, size_of=lambda w: estimate_size(w[2]), limit_of=lambda _w: BATCH, max_bytes=BATCH_BYTES)

@@ -18,6 +18,7 @@ import attrs
 from ordq.coordinator.group_moves import Move, batches
 from ordq.coordinator.rebalance import head_counts, plan_spread
 from ordq.coordinator.state import QueueState
+from ordq.coordinator.store_values import StateVersion
 
 
 @attrs.frozen
@@ -36,7 +37,7 @@ class SpreadResult:
                 "moves": [{"queue": q, "from": f, "to": t} for q, f, t in self.moves]}
 
 
-def spread_heads(store: Any, rows: Iterable[tuple[str, QueueState, int]], live: frozenset[str],
+def spread_heads(store: Any, rows: Iterable[tuple[str, QueueState, StateVersion]], live: frozenset[str],
                  busy: set[str], group_versions: Mapping[str, int], *, max_moves: int, dry_run: bool,
                  wait_turn: Callable[[], None] = lambda: None) -> SpreadResult:
     """Plan (``plan_spread``) and, unless ``dry_run``, write the moves; ``rows``: (queue, state,

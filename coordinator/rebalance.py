@@ -26,6 +26,7 @@ from ordq.common.errors import IllegalTransition
 from ordq.coordinator import state as sm
 from ordq.coordinator.group_moves import Move, estimate_size
 from ordq.coordinator.state import QueueState
+from ordq.coordinator.store_values import StateVersion
 
 
 def head_counts(heads: Iterable[str | None], live: Iterable[str]) -> dict[str, int]:
@@ -37,7 +38,7 @@ def head_counts(heads: Iterable[str | None], live: Iterable[str]) -> dict[str, i
     return counts
 
 
-def plan_spread(queues: Iterable[tuple[str, QueueState, int]], live: frozenset[str] | set[str],
+def plan_spread(queues: Iterable[tuple[str, QueueState, StateVersion]], live: frozenset[str] | set[str],
                 busy: frozenset[str] | set[str], *, max_moves: int) -> list[Move]:
     """The ``hand_over`` moves that bring the live groups' head counts closer (module doc).
     ``queues``: (name, state, version)."""
@@ -48,7 +49,7 @@ def plan_spread(queues: Iterable[tuple[str, QueueState, int]], live: frozenset[s
     if len(counts) < 2 or max_moves == 0 or max(counts.values()) - min(counts.values()) < 2:
         return []  # even already: no move (and no sort of every queue, each pass: 10^5 of them)
     # the queues each live group heads that may move: idle, with an open segment on the head
-    movable: dict[str, list[tuple[str, QueueState, int]]] = {g: [] for g in counts}
+    movable: dict[str, list[tuple[str, QueueState, StateVersion]]] = {g: [] for g in counts}
     for q, st, v in sorted(rows, key=lambda r: r[0]):
         open_seg = st.open_segment
         if st.head in movable and q not in busy and open_seg is not None and open_seg.gid == st.head:

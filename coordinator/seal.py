@@ -23,7 +23,7 @@ from ordq.coordinator.duties import OpenSegment
 from ordq.coordinator.group_moves import transactions
 from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import Known, ZkStore
-from ordq.coordinator.store_values import LiveInfo
+from ordq.coordinator.store_values import LiveInfo, StateVersion, StateWrite
 from ordq.wire.transport import BatchSealTransport, ReplicaEnd, SealTransport
 
 
@@ -54,7 +54,7 @@ def decide(replies: Mapping[str, ReplicaEnd | None]) -> SealPlan:
 
 
 def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
-             known: tuple[sm.QueueState, int] | None = None,
+             known: tuple[sm.QueueState, StateVersion] | None = None,
              members: Mapping[str, LiveInfo] | None = None) -> sm.QueueState:
     """Seal ``seg`` of ``queue`` if it is ``sealing`` and return the resulting state.
 
@@ -66,7 +66,7 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
 
     Raises BrokerUnavailable when no replica answers (consumers wait at that segment;
     producers are not blocked)."""
-    st, version = known if known is not None else store.load_state(queue)
+    st, version = known if known is not None else store.load_state_to_write(queue)
     target = st.segment(seg)
     if target is None or target.status is SegStatus.SEALED:
         return st if known is None else run_seal(store, transport, queue, seg)  # a copy may be old: read
@@ -118,7 +118,7 @@ def run_seal(store: ZkStore, transport: SealTransport, queue: str, seg: int, *,
 
 
 def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
-               items: Sequence[tuple[str, int, sm.QueueState, int]],
+               items: Sequence[tuple[str, int, sm.QueueState, StateVersion]],
                members: Mapping[str, LiveInfo]) -> list[str]:
     """Seal many ``sealing`` segments of one group at once (issue 43: after it headed thousands
     of queues and died): one SealMany call per replica its members name, ``decide`` per segment
@@ -142,7 +142,7 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
     if not answers:
         raise BrokerUnavailable(f"group {gid}", "no replica answered SealMany")
     now_ms = int(time.time() * 1000)
-    writes: list[tuple[str, int, sm.QueueState]] = []
+    writes: list[StateWrite] = []
     plans: dict[str, tuple[int, SealPlan]] = {}
     left: list[str] = []
     for q, seg, st, version in items:
@@ -192,7 +192,7 @@ def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Calla
 
     transport = GrpcSealTransport(credentials=credentials or of_store(store))
 
-    def sealer(queue: str, seg: int, *, known: tuple[sm.QueueState, int] | None = None,
+    def sealer(queue: str, seg: int, *, known: tuple[sm.QueueState, StateVersion] | None = None,
                members: Mapping[str, LiveInfo] | None = None) -> None:
         run_seal(store, transport, queue, seg, known=known, members=members)
 
@@ -210,7 +210,7 @@ def make_batch_sealer(store: ZkStore, credentials: Credentials | None = None) ->
 
     transport = GrpcSealTransport(credentials=credentials or of_store(store))
 
-    def many(gid: str, items: Sequence[tuple[str, int, sm.QueueState, int]],
+    def many(gid: str, items: Sequence[tuple[str, int, sm.QueueState, StateVersion]],
              members: Mapping[str, LiveInfo]) -> list[str]:
         return seal_batch(store, transport, gid, items, members)
 

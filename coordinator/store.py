@@ -44,7 +44,15 @@ from ordq.coordinator.store_create import NewQueue
 from ordq.coordinator.store_leases import LeaseRecords
 from ordq.coordinator.store_subs import SubscriptionRecords
 from ordq.coordinator.store_topics import TopicRecords
-from ordq.coordinator.store_values import QueueConfig, Transition, json_bytes, json_value, parse_state
+from ordq.coordinator.store_values import (
+    QueueConfig,
+    StateVersion,
+    StateWrite,
+    Transition,
+    json_bytes,
+    json_value,
+    parse_state,
+)
 from ordq.coordinator.topics import topic_of
 from ordq.coordinator.zk_tls import CONNECT_TIMEOUT_S
 
@@ -68,7 +76,7 @@ class Known:
     of the group configs its drain marks were read from: ``ZkStore.apply``'s first attempt."""
 
     state: QueueState
-    version: int
+    version: StateVersion
     facts: Facts
     group_versions: Mapping[str, int]
 
@@ -242,7 +250,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                             f"ordq topic delete {cfg.topic}")
         with self._errors():
             try:
-                self._delete_tree(self.paths.queue(queue))
+                self._delete_queue(queue)
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
             finally:
@@ -295,7 +303,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 cursor_versions: dict[str, int] = {}
                 group_versions = {g: v for g, v in known.group_versions.items() if g in current.groups}
             else:
-                current, version = self.load_state(queue)
+                current, version = self.load_state_to_write(queue)
                 facts, cursor_versions, group_versions = self._facts_and_versions(current)
             new = transition(current, facts)
             if new == current:
@@ -308,7 +316,8 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                     # A drain mark set after we read it must not be overtaken by an admit.
                     for gid, v in group_versions.items():
                         tx.check(self.paths.group(gid), v)
-                    tx.set_data(self.paths.state(queue), json_bytes(new.to_dict()), version=version)
+                    self._check_deletions(tx, version.deletions)
+                    tx.set_data(self.paths.state(queue), json_bytes(new.to_dict()), version=version.znode)
                     results = self._wait(tx.commit_async())
             except CoordinationUnavailable:
                 # The connection dropped with the write in flight: it may or may not have
@@ -325,7 +334,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
             # lost a race (state or a cursor moved, or a subscription went): read again
         raise ConflictError(f"queue {queue!r}: gave up after {max_attempts} conflicting writes")
 
-    def apply_batch(self, writes: Sequence[tuple[str, int, QueueState]],
+    def apply_batch(self, writes: Sequence[StateWrite],
                     group_versions: Mapping[str, int], *, max_attempts: int = 8) -> tuple[list[str], list[str]]:
         """Write many queues' new states in one ZooKeeper transaction (issue 43: a dead group's
         heads, ``coordinator/group_moves.py``): ``writes`` are (queue, version read, new state),
@@ -342,14 +351,11 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
         for _ in range(max_attempts):
             if not todo:
                 break
-            groups = sorted({g for _q, _v, st in todo for g in st.groups} & set(group_versions))
             try:
+                if len({v.deletions for _q, v, _s in todo}) > 1:  # one count for all
+                    todo = self._revalidated(todo)
                 with self._errors():
-                    tx = self.client.transaction()
-                    for gid in groups:
-                        tx.check(self.paths.group(gid), group_versions[gid])
-                    for queue, version, new in todo:
-                        tx.set_data(self.paths.state(queue), json_bytes(new.to_dict()), version=version)
+                    tx, checks = self._state_transaction(todo, group_versions)
                     results = self._wait(tx.commit_async())
             except CoordinationUnavailable:
                 break
@@ -362,13 +368,19 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 break
             if not bad:
                 raise_first(results)
-            if bad[0] < len(groups):  # a drain mark changed: every queue is planned again alone
+            if bad[0] == checks - 1:  # queues were deleted since: those not among them are still good
+                try:
+                    todo = self._revalidated(todo)
+                except CoordinationUnavailable:
+                    break
+                continue
+            if bad[0] < checks:  # a drain mark changed: every queue is planned again alone
                 break
-            todo.pop(bad[0] - len(groups))  # ZooKeeper names the first failing op only
+            todo.pop(bad[0] - checks)  # ZooKeeper names the first failing op only
         written = set(done)
         return done, [q for q, _v, _s in writes if q not in written]
 
-    def apply_batches(self, parts: Sequence[Sequence[tuple[str, int, QueueState]]],
+    def apply_batches(self, parts: Sequence[Sequence[StateWrite]],
                       group_versions: Mapping[str, int]) -> list[tuple[list[str], list[str]]]:
         """``apply_batch`` of each part, every part's transaction sent before the first answer
         is awaited (issue 43: a dead group's heads at 10^4-10^5 queues, ~200 a transaction; one
@@ -376,34 +388,56 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
         fails (a version moved meanwhile) is done again by ``apply_batch``, which leaves out the
         queues that moved. Same guarantee as ``apply_batch``, part by part: all of a part's
         transaction or none lands. Returns (written, not written) per part, in order."""
-        sent: list[tuple[Sequence[tuple[str, int, QueueState]], Any]] = []
+        todo: Sequence[Sequence[StateWrite]] = parts
+        if len({v.deletions for part in parts for _q, v, _s in part}) > 1:  # one count for all
+            kept = {w[0]: w for w in self._revalidated([w for part in parts for w in part])}
+            todo = [[kept[q] for q, _v, _s in part if q in kept] for part in parts]
+        sent: list[Any] = []
         with self._errors():
-            for part in parts:
-                groups = sorted({g for _q, _v, st in part for g in st.groups} & set(group_versions))
-                tx = self.client.transaction()
-                for gid in groups:
-                    tx.check(self.paths.group(gid), group_versions[gid])
-                for queue, version, new in part:
-                    tx.set_data(self.paths.state(queue), json_bytes(new.to_dict()), version=version)
-                sent.append((part, tx.commit_async()))
+            for part in todo:
+                tx, _checks = self._state_transaction(part, group_versions)
+                sent.append(tx.commit_async() if part else None)
         out: list[tuple[list[str], list[str]]] = []
-        for part, request in sent:
+        for asked, part, request in zip(parts, todo, sent, strict=True):
+            written: list[str] = []
             try:
                 with self._errors():
-                    results = self._wait(request)
+                    results = self._wait(request) if request is not None else []
             except CoordinationUnavailable:  # may or may not have landed: their next write checks again
-                out.append(([], [q for q, _v, _s in part]))
-                continue
-            if not any(isinstance(r, Exception) for r in results):
+                results = None
+            if results is not None and not any(isinstance(r, Exception) for r in results):
                 self._written(part)
-                out.append(([q for q, _v, _s in part], []))
-            else:
-                out.append(self.apply_batch(part, group_versions))
+                written = [q for q, _v, _s in part]
+            elif results is not None:
+                written = self.apply_batch(part, group_versions)[0]
+            landed = set(written)
+            out.append((written, [q for q, _v, _s in asked if q not in landed]))
         return out
 
-    def _written(self, writes: Iterable[tuple[str, int, QueueState]]) -> None:
+    def _state_transaction(self, writes: Sequence[StateWrite], group_versions: Mapping[str, int]) -> tuple[Any, int]:
+        """A transaction of ``writes`` (of one deletion count: ``_revalidated``) that checks the drain
+        marks of their groups (``group_versions``) and that no queue was deleted since, and
+        how many checks come before the writes (ZooKeeper names the first failing operation)."""
+        groups = sorted({g for _q, _v, st in writes for g in st.groups} & set(group_versions))
+        tx = self.client.transaction()
+        for gid in groups:
+            tx.check(self.paths.group(gid), group_versions[gid])
+        if writes:
+            self._check_deletions(tx, writes[0][1].deletions)
         for queue, version, new in writes:
-            self.written.note(queue, new, version + 1)
+            tx.set_data(self.paths.state(queue), json_bytes(new.to_dict()), version=version.znode)
+        return tx, len(groups) + 1
+
+    def _revalidated(self, writes: Sequence[StateWrite]) -> list[StateWrite]:
+        """``writes`` as of the deletion count now, those whose queues were not deleted since
+        their copies were read (``DeletionLog.kept``); the others are left out (read again)."""
+        with self._errors():
+            log = self._deletion_log()
+        return [(q, StateVersion(v.znode, log.count), new) for q, v, new in writes if log.kept(q, v.deletions)]
+
+    def _written(self, writes: Iterable[StateWrite]) -> None:
+        for queue, version, new in writes:
+            self.written.note(queue, new, version.next())
 
     # -- waiting -----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
@@ -39,7 +40,7 @@ from ordq.common.errors import (
 from ordq.coordinator.acl_client import AclClient
 from ordq.coordinator.paths import Paths, check_zk_hosts
 from ordq.coordinator.state import QueueState
-from ordq.coordinator.store_values import QueueConfig, json_value, parse_state
+from ordq.coordinator.store_values import DeletionLog, QueueConfig, StateVersion, json_value, parse_state
 from ordq.coordinator.zk_tls import PollHandler, TlsHandler
 
 # How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
@@ -52,6 +53,8 @@ READ_RETRY_S = 10.0
 # re-election ~0.4 s, reconnecting to a restarted standalone server 1-3 s: STACK-NOTES) and still
 # lets a CLI command, the coordinator or a producer's failover report or retry within seconds.
 OP_TIMEOUT_S = 5.0
+# Deletions of other queues a deletion may lose its race to (each re-reads the recent ones).
+MAX_DELETE_ATTEMPTS = 50
 T = TypeVar("T")
 
 
@@ -116,11 +119,12 @@ class WrittenStates:
     verdict plans the moves of a dead group's new queues without reading them (issue 43:
     7,600-12,800 such states read in 14-18 s at 10^5 queues, scale43k). Bounded: a
     non-leader keeps none (no view of it would ever read them back), and a term's end drops
-    those its view did not read."""
+    those its view did not read. A state kept of a queue deleted since (by any process) is
+    never written over its successor: each carries its ``StateVersion``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._states: dict[str, tuple[QueueState, int]] = {}
+        self._states: dict[str, tuple[QueueState, StateVersion]] = {}
         self._leading = False
 
     def leading(self, on: bool) -> None:
@@ -129,36 +133,39 @@ class WrittenStates:
         with self._lock:
             self._leading = on
             if not on:
-                self._states = {q: held for q, held in self._states.items() if held[1] > 0}
+                self._states = {q: held for q, held in self._states.items() if held[1].znode > 0}
 
-    def created(self, queue: str, state: QueueState) -> None:
-        """``queue`` was created with ``state`` (its node at version 0), kept only while leading.
-        It replaces what was kept of a queue of that name: a new creation is a new incarnation."""
+    def created(self, queue: str, state: QueueState, deletions: int) -> None:
+        """``queue`` was created with ``state`` (its node at version 0) after the deletion
+        count ``deletions`` was read; kept only while leading. It replaces what was kept of a
+        queue of that name: a new creation is a new incarnation."""
         with self._lock:
             if self._leading:
-                self._states[queue] = (state, 0)
+                self._states[queue] = (state, StateVersion(0, deletions))
 
-    def note(self, queue: str, state: QueueState, version: int) -> None:
+    def note(self, queue: str, state: QueueState, version: StateVersion) -> None:
         with self._lock:
             held = self._states.get(queue)
-            if held is None or held[1] < version:
+            if held is None or held[1].znode < version.znode or held[1].deletions < version.deletions:
                 self._states[queue] = (state, version)
 
-    def seen(self, queue: str, version: int) -> None:
-        """``queue``'s state was read at ``version``: what was written before it is no news."""
+    def seen(self, queue: str, version: StateVersion) -> None:
+        """``queue``'s state was read at ``version``: what was written before it is no news,
+        nor is what was written before a deletion the read came after (it may be of a queue
+        deleted since)."""
         with self._lock:
             held = self._states.get(queue)
-            if held is not None and held[1] <= version:
+            if held is not None and (held[1].znode <= version.znode or held[1].deletions < version.deletions):
                 del self._states[queue]
 
-    def get(self, queue: str) -> tuple[QueueState, int] | None:
+    def get(self, queue: str) -> tuple[QueueState, StateVersion] | None:
         with self._lock:
             return self._states.get(queue)
 
-    def creations(self) -> dict[str, QueueState]:
+    def creations(self) -> dict[str, tuple[QueueState, StateVersion]]:
         """The creations kept (``created``) and not read back or written since."""
         with self._lock:
-            return {q: st for q, (st, version) in self._states.items() if version == 0}
+            return {q: held for q, held in self._states.items() if held[1].znode == 0}
 
     def forget(self, queue: str) -> None:
         """``queue`` was deleted: what was kept of it is no state of any queue now."""
@@ -239,6 +246,48 @@ class ZkBase:
                 self._delete_tree(f"{path}/{child}")
         self._wait(self.client.delete_async(path))
 
+    def _ask_deletions(self) -> Any:
+        """Send the read of the queues' deletion count (``StateVersion``); a state read sent
+        after it on this client is answered after it (ZooKeeper keeps a session's order), so
+        the count is one read before that state was."""
+        return self.client.exists_async(self.paths.queues)
+
+    def _deletions(self, request: Any) -> int:
+        """The answer to ``_ask_deletions`` (0 while the queues folder does not exist yet)."""
+        stat = self._wait(request)
+        return int(stat.version) if stat is not None else 0
+
+    def _check_deletions(self, tx: Any, deletions: int) -> None:
+        """Add to a transaction that writes queue states: no queue was deleted since
+        ``deletions`` was read (``StateVersion``)."""
+        tx.check(self.paths.queues, deletions)
+
+    def _delete_queue(self, queue: str) -> None:
+        """Delete a queue's nodes: first its state, in one transaction with the deletion count's
+        bump and the queue named in the recent deletions (``DeletionLog``: a write planned on
+        this queue's state can then never land on a queue created later under its name), then
+        the rest. NoNodeError when the queue's node is missing; a state already gone (a
+        deletion cut short) is not counted again."""
+        for _ in range(MAX_DELETE_ATTEMPTS):
+            log = self._deletion_log()
+            tx = self.client.transaction()
+            tx.delete(self.paths.state(queue))
+            tx.set_data(self.paths.queues, log.with_deletion(queue), version=log.count)
+            results = self._wait(tx.commit_async())
+            if isinstance(results[1], BadVersionError):
+                continue  # another queue deleted meanwhile: name this one after it
+            if not isinstance(results[0], NoNodeError) and any(isinstance(r, Exception) for r in results):
+                raise_first(results)
+            break
+        else:
+            raise OrdqError(f"queue {queue!r}: gave up deleting it after {MAX_DELETE_ATTEMPTS} deletions of others")
+        self._delete_tree(self.paths.queue(queue))
+
+    def _deletion_log(self) -> DeletionLog:
+        """The recent deletions of queues (``DeletionLog``), as of now."""
+        data, stat = self._read(self.client.get_async, self.paths.queues)
+        return DeletionLog.parse(data, stat.version)
+
     def _in_thread(self, call: Callable[[], T], undo: Callable[[T], object] | None = None) -> T:
         """Run a kazoo recipe call (Lock), whose blocking requests take no timeout, on a helper
         thread and wait for it at most ``op_timeout_s`` (else KazooTimeoutError). The call goes
@@ -301,8 +350,9 @@ class ZkBase:
         return parse_state(queue, state_data), QueueConfig(**json_value(config_data))
 
     def load_state(self, queue: str, *, watch: Callable[[Any], None] | None = None) -> tuple[QueueState, int]:
-        """The queue's state and the znode version to write it back against; ``watch`` is
-        called once on the next change (pass the same callable each time: kazoo keeps a set)."""
+        """The queue's state and its node's version (to show or follow it; a write reads with
+        ``load_state_to_write``); ``watch`` is called once on the next change (pass the same
+        callable each time: kazoo keeps a set)."""
         with self._errors():
             try:
                 data, stat = self._read(self.client.get_async, self.paths.state(queue), watch=watch)
@@ -310,21 +360,38 @@ class ZkBase:
                 raise QueueNotFound(queue) from exc
         return parse_state(queue, data), stat.version
 
+    def load_state_to_write(self, queue: str) -> tuple[QueueState, StateVersion]:
+        """The queue's state and the version a write of it checks (``StateVersion``: the
+        deletion count read first, in the same round trip)."""
+
+        def once() -> tuple[bytes, StateVersion]:
+            deletions = self._ask_deletions()
+            data, stat = self._wait(self.client.get_async(self.paths.state(queue)))
+            return data, StateVersion(stat.version, self._deletions(deletions))
+
+        with self._errors():
+            try:
+                data, version = self._retry.copy()(once)
+            except NoNodeError as exc:
+                raise QueueNotFound(queue) from exc
+        return parse_state(queue, data), version
 
     def load_states(self, queues: Sequence[str], *, with_subs: bool = False, slice_size: int = 500,
                     watch: Callable[[Any], None] | None = None,
-                    ) -> dict[str, tuple[QueueState, int, list[str] | None] | CorruptState]:
+                    ) -> dict[str, tuple[QueueState, StateVersion, list[str] | None] | CorruptState]:
         """Many queues' states (and their subscriptions' names when ``with_subs``), the reads
         sent ``slice_size`` at a time and then awaited (kazoo pipelines them on one connection):
         what ``queue list`` reads of the queues the coordinator's copy does not hold (issue 43).
         A queue deleted meanwhile is left out; one whose state does not parse is its CorruptState.
         ``watch``: set on each state read (as ``load_state``'s)."""
-        out: dict[str, tuple[QueueState, int, list[str] | None] | CorruptState] = {}
+        out: dict[str, tuple[QueueState, StateVersion, list[str] | None] | CorruptState] = {}
         with self._errors():
             for i in range(0, len(queues), slice_size):
                 part = queues[i:i + slice_size]
+                asked = self._ask_deletions()
                 states = [self.client.get_async(self.paths.state(q), watch=watch) for q in part]
                 subs = [self.client.get_children_async(self.paths.subs(q)) for q in part] if with_subs else None
+                deletions = self._deletions(asked)
                 for j, q in enumerate(part):
                     try:
                         data, stat = self._wait(states[j])
@@ -332,7 +399,7 @@ class ZkBase:
                     except NoNodeError:
                         continue  # deleted meanwhile
                     try:
-                        out[q] = (parse_state(q, data), stat.version, names)
+                        out[q] = (parse_state(q, data), StateVersion(stat.version, deletions), names)
                     except CorruptState as bad:
                         out[q] = bad
         return out

@@ -93,7 +93,9 @@ class QueueCreation(GroupRecords):
                 for q, st in zip(queues, initial, strict=True):
                     added = self._add_queue_nodes(tx, q.queue, q.config, st)
                     what.extend([f"queue {q.queue!r}"] * added)
+                deletions = self._ask_deletions()  # read before the creation (``WrittenStates.created``)
                 results = self._wait(tx.commit_async())
+                deleted_before = self._deletions(deletions)
             failed = [(w, r) for w, r in zip(what, results, strict=False) if not isinstance(r, RolledBackError)
                       and isinstance(r, Exception)]
             for w, r in failed:
@@ -105,7 +107,7 @@ class QueueCreation(GroupRecords):
                 continue  # a drain mark changed (or a group went) meanwhile: read again
             raise_first(results)
             for q, st in zip(queues, initial, strict=True):
-                self.written.created(q.queue, st)
+                self.written.created(q.queue, st, deleted_before)
             return initial
         names = ", ".join(q.queue for q in queues[:3]) + (", ..." if len(queues) > 3 else "")
         raise ConflictError(f"queue {names}: gave up creating it after {MAX_ATTEMPTS} conflicting writes")

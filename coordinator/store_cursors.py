@@ -31,7 +31,7 @@ from ordq.coordinator.acl import SUB_PARENTS
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.state import Cursor, QueueState
 from ordq.coordinator.store_base import ZkBase, raise_first
-from ordq.coordinator.store_values import json_bytes, json_value, parse_state
+from ordq.coordinator.store_values import StateVersion, json_bytes, json_value, parse_state
 
 
 class CursorRecords(ZkBase):
@@ -48,7 +48,7 @@ class CursorRecords(ZkBase):
             raise ConfigError(f"subscription start must be 'earliest' or a cursor, not {at!r}")
         path = self.paths.sub(queue, sub)
         for _attempt in range(50):
-            st, version = self.load_state(queue)
+            st, version = self.load_state_to_write(queue)
             cursor = at if isinstance(at, Cursor) else st.earliest_cursor()
             sm.check_invariants(st, {sub: cursor})
             with self._errors():
@@ -62,20 +62,21 @@ class CursorRecords(ZkBase):
                 # With the parents of what its consumers may create (election, alarm, ledger):
                 # clients may not create them (coordinator/acl.py).
                 tx = self.client.transaction()
-                tx.set_data(self.paths.state(queue), json_bytes(st.to_dict()), version=version)
+                tx.set_data(self.paths.state(queue), json_bytes(st.to_dict()), version=version.znode)
                 tx.create(path, json_bytes(cursor.to_dict()), acl=self._acl_of(path))
                 for name in SUB_PARENTS:
                     tx.create(f"{path}/{name}", b"", acl=self._acl_of(f"{path}/{name}"))
                 if settings:
                     where = self.paths.sub_settings(queue, sub)
                     tx.create(where, json_bytes(dict(settings)), acl=self._acl_of(where))
+                self._check_deletions(tx, version.deletions)  # last: the indices above stay
                 results = self._wait(tx.commit_async())
             if isinstance(results[1], NodeExistsError):
                 raise AlreadyExists(f"subscription {sub!r} of queue {queue!r} already exists")
             if isinstance(results[0], NoNodeError) or isinstance(results[1], NoNodeError):
                 raise QueueNotFound(queue)
-            if isinstance(results[0], BadVersionError):
-                continue  # the state moved: read it again
+            if isinstance(results[0], BadVersionError) or isinstance(results[-1], BadVersionError):
+                continue  # the state moved, or a queue was deleted: read it again
             raise_first(results)
             return cursor
         raise ConflictError(f"queue {queue!r}: subscription {sub!r} not created after 50 conflicting writes")
@@ -186,15 +187,17 @@ class CursorRecords(ZkBase):
             raise SubscriptionNotFound(queue, sub)
         raise CoordinationUnavailable(f"cursor of {queue}/{sub}: unexpected transaction results {results!r}")
 
-    def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int, state_version: int) -> int:
+    def reset_cursor(self, queue: str, sub: str, cursor: Cursor, *, cursor_version: int,
+                     state_version: StateVersion) -> int:
         """An operator's reset: write ``cursor`` only if neither the cursor nor the queue state
         changed since they were read at these versions (so the target, checked against that
         state, is still inside the consume list: I5). Returns the new cursor version;
         ConflictError when either moved (read both again and retry)."""
         with self._errors():
             tx = self.client.transaction()
-            tx.check(self.paths.state(queue), state_version)
+            tx.check(self.paths.state(queue), state_version.znode)
             tx.set_data(self.paths.sub(queue, sub), json_bytes(cursor.to_dict()), version=cursor_version)
+            self._check_deletions(tx, state_version.deletions)
             results = self._wait(tx.commit_async())
         if not any(isinstance(r, Exception) for r in results):
             return int(results[1].version)

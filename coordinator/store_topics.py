@@ -75,7 +75,7 @@ class TopicRecords(QueueCreation):
         with self._errors():
             for i in range(tc.partitions):
                 with contextlib.suppress(NoNodeError):  # deleted by an earlier run cut short
-                    self._delete_tree(self.paths.queue(partition_queue(topic, i)))
+                    self._delete_queue(partition_queue(topic, i))
                 self.written.forget(partition_queue(topic, i))
             try:
                 self._delete_tree(self.paths.topic(topic))

@@ -122,3 +122,73 @@ def parse_state(queue: str, data: bytes) -> QueueState:
     if st.queue != queue:
         raise CorruptState(queue, f"it names queue {st.queue!r}")
     return st
+
+
+@attrs.frozen
+class StateVersion:
+    """What a write of a queue's state checks: its node's version as read (``znode``), and the
+    queues' deletion count (``deletions``, the data version of the queues folder) read before
+    that state was.
+
+    Why both: a queue deleted and created again under its name has a new state node, whose
+    version starts at 0 again; a move planned on a copy of the old queue (read, or kept by
+    ``WrittenStates``) would pass a check of ``znode`` alone and write the old queue's segments
+    and groups over the new queue's, hiding what was acked there. Every deletion bumps the
+    count in the transaction that deletes the state (``store_base.ZkBase._delete_queue``), and every state
+    write checks it (``store_base.ZkBase._check_deletions``): no queue deleted since the copy was read
+    means the copy's queue is still the one under that name. A write that fails it because
+    other queues were deleted is checked again at once against the recent deletions
+    (``DeletionLog``), not read again."""
+
+    znode: int
+    deletions: int
+
+    def next(self) -> StateVersion:
+        """The version a write checked against this one leaves."""
+        return StateVersion(self.znode + 1, self.deletions)
+
+
+# How many of the latest queue deletions the queues folder names (``DeletionLog``): a write
+# planned on a copy older than that many deletions is read again instead.
+DELETION_LOG = 256
+
+
+@attrs.frozen
+class DeletionLog:
+    """The latest queue deletions, as the queues folder's data holds them: ``(count, queue)``,
+    the oldest first, ``count`` the deletion count each made; ``count``: the folder's data
+    version, the deletions so far (``StateVersion``). What lets a write planned on a copy read
+    before other queues were deleted keep its copy: at 10^5 queues a verdict's moves are
+    planned on copies read minutes before, and one deletion meanwhile would otherwise send
+    every move back to be read again."""
+
+    count: int
+    recent: tuple[tuple[int, str], ...] = ()
+
+    @classmethod
+    def parse(cls, data: bytes, count: int) -> DeletionLog:
+        """From the folder's data and version; data that is not such a log (a folder written
+        before, or damaged) names nothing: every older copy is then read again."""
+        try:
+            recent = tuple((int(c), str(q)) for c, q in json_value(data).get("deleted", []))
+        except (AttributeError, TypeError, ValueError):
+            recent = ()
+        return cls(count, recent)
+
+    def with_deletion(self, queue: str) -> bytes:
+        """The folder's data once ``queue`` is deleted (written with a check of ``count``)."""
+        recent = [*self.recent, (self.count + 1, queue)][-DELETION_LOG:]
+        return json_bytes({"deleted": [list(d) for d in recent]})
+
+    def kept(self, queue: str, since: int) -> bool:
+        """Whether ``queue`` was not deleted after the count ``since`` (so a copy of it read
+        then is still of the queue under that name); False too when the log no longer reaches
+        back to ``since``."""
+        if since >= self.count:
+            return True
+        oldest = self.recent[0][0] if self.recent else self.count + 1
+        return since + 1 >= oldest and not any(c > since and q == queue for c, q in self.recent)
+
+
+# One queue's planned write: (queue, the version its state was read at, the new state).
+StateWrite = tuple[str, StateVersion, QueueState]

@@ -363,7 +363,7 @@ def test_a_seal_on_the_daemon_s_copies_reads_nothing_first_and_survives_a_stale_
         st = store.load_state(queue)[0]
         seg = st.open_segment.seg
         failed = store.apply(queue, lambda s, f, seg=seg: sm.fail_over(s, "g1", seg, f))
-        known = store.load_state(queue)
+        known = store.load_state_to_write(queue)
         assert known[0] == failed
         if stale:  # another write lands after the daemon's copy was taken
             store.update_queue_config(queue, retention_segments=3)  # not the state: same version
@@ -866,7 +866,7 @@ def test_a_dead_group_s_moved_heads_are_sealed_from_the_move_not_a_later_round(s
                        what="the moved queues' seals asked")
             for gid, q, seg, version in asked:
                 if q in headed:
-                    st, now = store.load_state(q)
+                    st, now = store.load_state_to_write(q)
                     assert (gid, seg, version) == (dead, 0, now) and st.segment(0).status.value == "sealing", q
         finally:
             store.register_live(dead, "master", address=f"127.0.0.1:0/{dead}/master", incarnation="t")
@@ -912,7 +912,7 @@ def test_a_listing_takes_the_states_this_process_wrote_not_a_read_of_each(setup)
         after = daemon.known_queues(names)
         assert set(after) == set(names)
         for q, version, new in writes:
-            assert after[q][:2] == (new, version + 1), q
+            assert after[q][:2] == (new, version.next()), q
         for q in names[10:]:
             assert after[q][:2] == before[q][:2], q
         daemon.round()  # the view reads them back: nothing kept
@@ -1074,26 +1074,27 @@ def test_a_creation_is_kept_only_while_leading_and_until_its_view_reads_it() -> 
     must keep none); read back, or the term over, it is dropped."""
     from ordq.coordinator import state as sm
     from ordq.coordinator.store_base import WrittenStates
+    from ordq.coordinator.store_values import StateVersion as V
 
     first, again = sm.create("q", ("g1",), incarnation="a" * 12), sm.create("q", ("g2",), incarnation="b" * 12)
     written = WrittenStates()
-    written.created("q", first)
+    written.created("q", first, 9)
     assert written.get("q") is None  # not leading
     written.leading(True)
-    written.created("q", first)
-    assert written.get("q") == (first, 0)
-    written.seen("q", 0)
+    written.created("q", first, 9)
+    assert written.get("q") == (first, V(0, 9))  # with the deletion count read before the creation
+    written.seen("q", V(0, 9))
     assert written.get("q") is None  # read back
-    written.note("q", first, 5)  # a write of an earlier incarnation of q
-    written.created("q", again)
-    assert written.get("q") == (again, 0)  # a creation replaces it
-    written.note("r", first, 3)
-    assert written.creations() == {"q": again}  # a write is no creation
-    written.created("gone", first)
+    written.note("q", first, V(5, 9))  # a write of an earlier incarnation of q
+    written.created("q", again, 10)
+    assert written.get("q") == (again, V(0, 10))  # a creation replaces it
+    written.note("r", first, V(3, 10))
+    assert written.creations() == {"q": (again, V(0, 10))}  # a write is no creation
+    written.created("gone", first, 10)
     written.forget("gone")  # deleted: no state of any queue
     assert written.get("gone") is None and "gone" not in written.creations()
     written.leading(False)
-    assert written.get("q") is None and written.get("r") == (first, 3)  # writes stay until read back
+    assert written.get("q") is None and written.get("r") == (first, V(3, 10))  # writes stay until read back
 
 
 def test_a_spread_pass_plans_on_every_queue_s_state_or_not_at_all() -> None:
@@ -1104,15 +1105,17 @@ def test_a_spread_pass_plans_on_every_queue_s_state_or_not_at_all() -> None:
     from ordq.coordinator import state as sm
     from ordq.coordinator.daemon_spread import spread_rows
     from ordq.coordinator.daemon_view import STATE, QueueEntry
+    from ordq.coordinator.store_values import StateVersion as V
 
     st = sm.create("a", ("g1", "g2"))
     later = sm.create("b", ("g2", "g1"))
-    read = QueueEntry(state=st, version=3, stale=set())
+    read = QueueEntry(state=st, version=3, deletions=1, stale=set())
     written_since = QueueEntry(state=st, version=3, stale={STATE})
     unusable = QueueEntry(state=st, version=3, stale=set(), problem=CorruptState("c", "x"))
-    mine = {"b": (later, 4)}.get
-    assert spread_rows({"a": read, "b": written_since, "c": unusable}, mine) == [("a", st, 3), ("b", later, 4)]
+    mine = {"b": (later, V(4, 1))}.get
+    rows = spread_rows({"a": read, "b": written_since, "c": unusable}, mine)
+    assert rows == [("a", st, V(3, 1)), ("b", later, V(4, 1))]
     assert spread_rows({"a": read, "b": QueueEntry(state=st, version=3, stale={STATE})}, {}.get) is None
     assert spread_rows({"a": read, "n": QueueEntry()}, {}.get) is None  # not read yet
-    old = {"b": (later, 2)}.get  # written in an earlier term, overtaken since
-    assert spread_rows({"b": QueueEntry(state=st, version=3, stale=set())}, old) == [("b", st, 3)]
+    old = {"b": (later, V(2, 1))}.get  # written in an earlier term, overtaken since
+    assert spread_rows({"b": QueueEntry(state=st, version=3, stale=set())}, old) == [("b", st, V(3, 0))]

@@ -97,7 +97,7 @@ def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore
     _, group_versions = store._drained_with_versions(GROUPS)
     rows = []
     for q in names:
-        st_, version = store.load_state(q)
+        st_, version = store.load_state_to_write(q)
         rows.append((q, st_, version, G1_DEAD))
     moves = plan_moves(rows, busy={"q4"})
     assert [m.queue for m in moves][0] == "q4" and len(moves) == 6
@@ -112,7 +112,7 @@ def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore
     assert store.load_state("q2") == after_q2  # not written over
 
     # a drain mark changed since it was read: nothing is written, every queue left
-    rows = [(q, *store.load_state(q), Facts(live_groups=frozenset({"g3"}))) for q in names]
+    rows = [(q, *store.load_state_to_write(q), Facts(live_groups=frozenset({"g3"}))) for q in names]
     again = plan_moves(rows, busy=set())
     assert again, "g2 heads them now and is not live in these facts"
     store.set_group_drained("g3", True)

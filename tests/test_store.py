@@ -168,7 +168,7 @@ def test_a_subscription_created_as_an_empty_segment_is_popped_never_starts_befor
     # the subscription read the state, then the pop landed: its write fails, it reads again and
     # starts at the new head
     blip("r")
-    real = store.load_state
+    real = store.load_state_to_write
     popped: list[int] = []
 
     def read_then_pop(queue: str, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -178,7 +178,7 @@ def test_a_subscription_created_as_an_empty_segment_is_popped_never_starts_befor
             assert store.apply("r", sm.pop).consume[0].seg == 1
         return got
 
-    monkeypatch.setattr(store, "load_state", read_then_pop)
+    monkeypatch.setattr(store, "load_state_to_write", read_then_pop)
     assert store.create_subscription("r", "late") == Cursor(seg=1)
     sm.check_invariants(real("r")[0], {"late": store.get_cursor("r", "late")[0]})
 

@@ -31,10 +31,11 @@ import attrs
 from ordq.common.errors import CorruptState, OrdqError
 from ordq.coordinator.state import QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import StateVersion
 from ordq.sdk.replicas import ReplicaReader
 
 # Known of a queue: (state, its version, its subscriptions' names or None when not read)
-KnownQueue = tuple[QueueState, int, "list[str] | None"]
+KnownQueue = tuple[QueueState, StateVersion, "list[str] | None"]
 Known = Callable[[Iterable[str]], Mapping[str, KnownQueue]]
 # Above this many queues whose subscriptions the coordinator's copy does not hold, a listing
 # does not read them (two ZooKeeper reads a queue instead of one; at 10^5 queues ~3 minutes).

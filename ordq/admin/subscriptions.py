@@ -73,7 +73,7 @@ def reset_subscription(store: ZkStore, reader: ReplicaReader, queue: str, sub: s
         if holder is not None and not force:
             raise SubscriptionHeld(queue, sub, holder)
         for _ in range(attempts):
-            st, state_version = store.load_state(queue)
+            st, state_version = store.load_state_to_write(queue)
             before, cursor_version = store.get_cursor(queue, sub)
             cursor, starts_at = resolve_target(store, reader, st, target)
             sm.check_invariants(st, {sub: cursor})
