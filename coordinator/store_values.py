@@ -149,8 +149,10 @@ class StateVersion:
 
 
 # How many of the latest queue deletions the queues folder names (``DeletionLog``): a write
-# planned on a copy older than that many deletions is read again instead.
-DELETION_LOG = 256
+# planned on a copy older than that many deletions is read again instead. Why not more: each
+# deletion rewrites the list (~2 KB at 64 names of ~25 bytes; a topic's deletion once per
+# partition), and only the deletions between a copy's read and its write matter.
+DELETION_LOG = 64
 
 
 @attrs.frozen
