@@ -44,6 +44,17 @@ def _moved_off(st: sm.QueueState, gid: str) -> sm.QueueState:
     return sm.fail_over(st, gid, head.seg, sm.Facts(live_groups=others))
 
 
+def _read_then_created_again(leader: ZkStore, other: ZkStore) -> tuple[sm.QueueState, StateVersion, sm.QueueState]:
+    """Queue "q" created and read by the leader, then deleted and created again by the other
+    process: (the leader's copy, its version, the successor's state)."""
+    leader.create_queue("q", ["g1", "g2"])
+    st, version = leader.load_state_to_write("q")
+    other.delete_queue("q")
+    successor = other.create_queue("q", ["g1", "g2"])
+    assert successor.incarnation != st.incarnation and other.load_state_to_write("q")[1].znode == version.znode
+    return st, version, successor
+
+
 def test_a_kept_creation_s_move_does_not_land_on_a_queue_created_again_under_its_name(two) -> None:
     leader, other = two
     leader.create_queue("q", ["g1", "g2"])
@@ -60,25 +71,17 @@ def test_a_kept_creation_s_move_does_not_land_on_a_queue_created_again_under_its
 
 
 def test_a_move_on_a_read_copy_fails_after_the_queue_is_deleted_and_created_again(two) -> None:
-    leader, other = two
-    leader.create_queue("q", ["g1", "g2"])
-    st, version = leader.load_state_to_write("q")
-    other.delete_queue("q")
-    successor = other.create_queue("q", ["g1", "g2"])
-    assert successor.incarnation != st.incarnation and other.load_state_to_write("q")[1].znode == version.znode
+    st, version, successor = _read_then_created_again(*two)
 
-    [(done, lost)] = leader.apply_batches([[("q", version, _moved_off(st, "g1"))]], {})
+    [(done, lost)] = two[0].apply_batches([[("q", version, _moved_off(st, "g1"))]], {})
 
     assert (done, lost) == ([], ["q"])
-    assert leader.load_state("q")[0] == successor
+    assert two[0].load_state("q")[0] == successor
 
 
 def test_apply_on_a_stale_copy_reads_the_new_queue_and_plans_on_it(two) -> None:
-    leader, other = two
-    leader.create_queue("q", ["g1", "g2"])
-    st, version = leader.load_state_to_write("q")
-    other.delete_queue("q")
-    successor = other.create_queue("q", ["g1", "g2"])
+    leader = two[0]
+    st, version, successor = _read_then_created_again(*two)
     known = Known(state=st, version=version, facts=sm.Facts(live_groups=frozenset({"g2"})), group_versions={})
 
     def move(s: sm.QueueState, _facts: sm.Facts) -> sm.QueueState:
