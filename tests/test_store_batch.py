@@ -47,6 +47,6 @@ def test_many_queues_in_batches_as_one_at_a_time_would_make_them(store: ZkStore,
     got = store.load_states(["q0003", "gone", "new-one"], with_subs=True, slice_size=2)
     assert set(got) == {"q0003", "new-one"}  # a missing queue is left out
     state, version, subs = got["q0003"]  # type: ignore[misc]
-    assert (state, version) == store.load_state("q0003") and subs == []
+    assert (state, version) == store.load_state_to_write("q0003") and subs == []
     store.client.set(store.paths.state("new-one"), b"{not json")
     assert isinstance(store.load_states(["new-one"])["new-one"], CorruptState)
