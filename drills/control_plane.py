@@ -477,6 +477,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
+        ctx.event(f"page faults per s (minor and major), {cpu.faults()}")
         ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
         ctx.event(f"the leader's calls in flight back to their quiet level (the most of {QUIET_READS} reads at the end "
                   f"of the quiet window before) after the attacker stopped, each window: {', '.join(settles)} "
