@@ -421,8 +421,9 @@ def _fill(c: Any, queue_: str, creds: Credentials) -> None:
 
 def cpu_seconds(pids: dict[str, int | None]) -> dict[str, float]:
     """CPU seconds (user + system) each process has used so far, from /proc; ``machine busy``:
-    the whole machine's non-idle CPU seconds. What the drill reports beside the p99 to say where
-    the CPU went."""
+    the whole machine's non-idle CPU seconds; ``machine steal``: of them, the seconds the host ran
+    something else on this guest's CPUs (a page the host has to back first is one). What the
+    drill reports beside the p99 to say where the CPU went."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for name, pid in pids.items():
@@ -432,6 +433,7 @@ def cpu_seconds(pids: dict[str, int | None]) -> dict[str, float]:
     with contextlib.suppress(OSError, ValueError):
         cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         out["machine busy"] = (sum(cpu) - cpu[3] - cpu[4]) / tick
+        out["machine steal"] = cpu[7] / tick
     return out
 
 

@@ -203,6 +203,14 @@ def test_page_faults_count_the_fresh_memory_a_process_touches() -> None:
     assert place.page_faults(2**22 + 12345) == 0  # no such process
 
 
+def test_the_machines_steal_is_told_beside_its_busy_time() -> None:
+    """The host's time on this guest's CPUs (a page it backs first is some), at most the busy time."""
+    from ordq.drills.neighbour import cpu_seconds
+
+    now = cpu_seconds({})
+    assert set(now) == {"machine busy", "machine steal"} and 0 <= now["machine steal"] <= now["machine busy"]
+
+
 def test_switches_per_attacker_call_are_the_attacked_windows_excess_over_the_quiet_ones() -> None:
     cpu = place.CpuUse({})
     cpu.wall = {"quiet": 10.0, "attacked": 20.0}
