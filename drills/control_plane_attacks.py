@@ -31,10 +31,10 @@ from ordq.wire.errors import METADATA_KEY
 HUGE_NAME_BYTES = 200 << 20  # the queue name of the huge Pop requests (a QueueRef's field 1)
 HUGE_AT_ONCE = 2
 # A huge Pop's thread calls again this long after its last call ended. Made by hand (huge_call.py)
-# a refused call costs the attacker next to nothing, where gRPC's client spent ~0.17 s of CPU
-# copying each body first: unpaced, its 2 threads would send a hundred times the calls they did
-# before (one no-token Pop each, like ``newline:anonymous``'s, at 0.1 s): the attack is the
-# size, not the rate.
+# a refused call costs the attacker next to nothing, where gRPC's client first spent ~0.17 s of CPU
+# copying its body (so at most ~5 calls a second a thread, unstarved). Paced so, the attack stays
+# what it was: the size of a request, not a rate (``newline:anonymous`` sends a no-token Pop every
+# 0.1 s).
 HUGE_EVERY_S = 0.2
 FLOOD_THREADS = 64
 FLOOD_CONNECTIONS = 4
