@@ -9,7 +9,8 @@ would be (``window_variants``): under a CPU quota in a cgroup, as the noisy-neig
 abuser (``ordq.drills.neighbour``), and on one CPU only, in the judged windows; on every CPU in
 the ``unplaced`` windows between them, which are told, not judged:
 
-- ``huge``: ``Pop`` requests naming a 200 MiB queue, with the certificate and no token (2 at once);
+- ``huge``: ``Pop`` requests naming a 200 MiB queue, with the certificate and no token (2 at once,
+  each made by hand over HTTP/2: drills/huge_call.py, no 200 MiB held in the attacker);
 - ``flood``: 64 threads over 4 connections calling ``Describe`` and ``Subscribe`` with the token;
 - ``bound``: ``Subscribe`` of new names past the queue's ``max_subscriptions_per_queue``;
 - ``parking``: ``EnsureParkingQueue`` for made-up subscriptions;
@@ -477,6 +478,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
+        ctx.event(f"page faults per s (minor and major), {cpu.faults()}")
         ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
         ctx.event(f"the leader's calls in flight back to their quiet level (the most of {QUIET_READS} reads at the end "
                   f"of the quiet window before) after the attacker stopped, each window: {', '.join(settles)} "

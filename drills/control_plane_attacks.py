@@ -23,12 +23,19 @@ import grpc
 from ordq.common.security import Credentials, channel
 from ordq.coordinator.service_frame import RETRY_METADATA_KEY
 from ordq.drills import neighbour
+from ordq.drills.huge_call import CallEnded, HugeCall
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.errors import METADATA_KEY
 
-HUGE_NAME_BYTES = 200 << 20  # the queue name of the huge Pop requests
+HUGE_NAME_BYTES = 200 << 20  # the queue name of the huge Pop requests (a QueueRef's field 1)
 HUGE_AT_ONCE = 2
+# A huge Pop's thread calls again this long after its last call ended. Made by hand (huge_call.py)
+# a refused call costs the attacker next to nothing, where gRPC's client first spent ~0.17 s of CPU
+# copying its body (so at most ~5 calls a second a thread, unstarved). Paced so, the attack stays
+# what it was: the size of a request, not a rate (``newline:anonymous`` sends a no-token Pop every
+# 0.1 s).
+HUGE_EVERY_S = 0.2
 FLOOD_THREADS = 64
 FLOOD_CONNECTIONS = 4
 TARGETED_THREADS = 4  # of each attack but the huge one and the flood
@@ -70,25 +77,27 @@ def _spin(seconds: float = HOG_SPIN_S) -> None:
 def _outcome(exc: grpc.RpcError) -> str:
     """An attack call's outcome: the ordq error kind of its refusal (``exhausted+hint`` for a refused
     turn carrying its retry hint), else the bare gRPC status (not typed by ordq)."""
-    trailers = dict(exc.trailing_metadata() or ()) if isinstance(exc, grpc.Call) else {}
+    typed = isinstance(exc, (grpc.Call, CallEnded))  # CallEnded: a hand-made call's, read alike
+    trailers = dict(exc.trailing_metadata() or ()) if typed else {}
     raw = trailers.get(METADATA_KEY)
     if raw:
         kind = str(json.loads(raw)["kind"])
         return kind + ("+hint" if RETRY_METADATA_KEY in trailers else "")
-    return exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
+    return exc.code().name if typed else type(exc).__name__
 
 
 class _Attacker(neighbour.CallLoops):
     """One window of every attack, in threads, until ``stop``; outcomes counted per attack (an
     attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
 
-    def __init__(self, address: str, creds: Credentials, token: str, queue: str, huge: bytes,
-                 kinds: tuple[str, ...], ends_at: float | None = None) -> None:
-        self.address, self.queue, self.huge, self.kinds = address, queue, huge, kinds
+    def __init__(self, address: str, creds: Credentials, token: str, queue: str, kinds: tuple[str, ...],
+                 ends_at: float | None = None, huge_bytes: int = HUGE_NAME_BYTES) -> None:
+        self.address, self.queue, self.kinds, self.huge_bytes = address, queue, kinds, huge_bytes
         self.anonymous = attrs.evolve(creds, token=None)
         self.md = (("authorization", f"Bearer {token}"),)
         super().__init__(_outcome, ends_at)
         self._channels: list[grpc.Channel] = []
+        self._huge: list[HugeCall] = []
         self._made_up = 0
 
     def _channel(self, options: Any = ()) -> grpc.Channel:
@@ -122,9 +131,8 @@ class _Attacker(neighbour.CallLoops):
         loops: list[tuple[str, Callable[[], object], float]] = []
         # Started in this order, the huge Pops last: in stop i's run A the attacks started after the
         # huge Pops and the flood (bound, parking, undecodable, newline) were never sent in its 4 s
-        # windows, the starved attacker's threads starting after the window's end. The huge Pops'
-        # 200 MiB bodies seem to hold the GIL while copied: on one CPU at nice 19 beside the drill,
-        # start() took 3.6 s with them first (future calls), 1.7 s (blocking calls), 1.0 s last.
+        # windows, the starved attacker's threads starting after the window's end (the huge Pops'
+        # 200 MiB bodies, then copied by gRPC's client, held the GIL; since stop n none is copied).
         # Each of these in TARGETED_THREADS threads: the token is the flood's, so most of its calls
         # are refused a turn (RESOURCE_EXHAUSTED) before their body is read; the guard behind the
         # turn must still be reached (its own refusal seen) in every run.
@@ -158,10 +166,11 @@ class _Attacker(neighbour.CallLoops):
                 else:
                     subscribe = pb.SubscribeRequest(queue=self.queue, subscription=f"flood{i}")
                     loops.append(("flood:Subscribe", self._call(stub.Subscribe, subscribe), 0.0))
-        if "huge" in self.kinds:  # the certificate, no token; gRPC's send limit raised so it is sent at all
-            big = self._channel(options=[("grpc.max_send_message_length", HUGE_NAME_BYTES + (1 << 20))])
-            huge_pop = big.unary_unary("/ordq.v1.Coordinator/Pop")
-            loops += [("huge", self.timed(huge_pop, lambda: self.huge, fit=True), 0.0) for _ in range(HUGE_AT_ONCE)]
+        if "huge" in self.kinds:  # the certificate, no token; a connection each, by hand (drills/huge_call.py)
+            for _ in range(HUGE_AT_ONCE):
+                huge_pop = HugeCall(self.address, self.anonymous, "/ordq.v1.Coordinator/Pop", 1, self.huge_bytes)
+                self._huge.append(huge_pop)
+                loops.append(("huge", self.timed(huge_pop, lambda: None), HUGE_EVERY_S))
         if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
             loops.append(("hog", _spin, 0.0))
         return loops
@@ -172,6 +181,8 @@ class _Attacker(neighbour.CallLoops):
         return self.end_loops(DRAIN_S, self._close)
 
     def _close(self) -> None:
+        for call in self._huge:  # first: each ends its call in flight at once
+            call.close()
         for ch in self._channels:
             with contextlib.suppress(Exception):
                 ch.close()
@@ -187,8 +198,6 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
     one clock for every process here, so the drill's end holds however late this process read
     the order, and each delay is told where it was spent."""
     priority = neighbour.idle_priority() if idle else "normal priority"
-    # a QueueRef (field 1: queue), sent raw
-    huge = neighbour.length_delimited(1, b"a" * HUGE_NAME_BYTES) if "huge" in kinds else b""
     conn.send(("ready", priority))
     attacker: _Attacker | None = None
     times: dict[str, float] = {}
@@ -196,7 +205,7 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
         order = conn.recv()
         read_at = time.monotonic()
         if order[0] == "arm":
-            attacker = _Attacker(address, creds, token, queue, huge, tuple(k for k in order[1] if k in kinds))
+            attacker = _Attacker(address, creds, token, queue, tuple(k for k in order[1] if k in kinds))
             attacker.arm()
             conn.send(("armed", time.monotonic() - read_at))
         elif order[0] == "go" and attacker is not None:

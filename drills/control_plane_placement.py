@@ -63,6 +63,16 @@ def thread_switches(pid: int) -> int:
     return n
 
 
+def page_faults(pid: int) -> int:
+    """Page faults of ``pid`` so far, minor and major (/proc/<pid>/stat; 0 when it is gone): each
+    page of memory it touched for the first time is one (stop m's guess: a huge request's fresh
+    memory slowed the cluster)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[7]) + int(fields[9])
+    return 0
+
+
 def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
     """Seconds the threads of ``after`` waited for a CPU since ``before`` (a thread that ended
     meanwhile is not counted: a lower bound)."""
@@ -72,8 +82,8 @@ def waited_s(before: dict[int, int], after: dict[int, int]) -> float:
 class CpuUse:
     """The CPU each process used (cores), how long its threads waited for one while runnable
     (ms per s: the scheduler's ``run_delay``, summed over threads), and how often they switched
-    (per s: each a thread going to sleep or preempted), per kind of window
-    (``neighbour.cpu_seconds``, ``thread_waits``, ``thread_switches``)."""
+    (per s: each a thread going to sleep or preempted), and its page faults (per s), per kind of
+    window (``neighbour.cpu_seconds``, ``thread_waits``, ``thread_switches``, ``page_faults``)."""
 
     def __init__(self, pids: dict[str, int | None]) -> None:
         self.pids = {k: v for k, v in pids.items() if v is not None}
@@ -81,6 +91,7 @@ class CpuUse:
         self.used: dict[str, dict[str, float]] = {}
         self.waited: dict[str, dict[str, float]] = {}
         self.switched: dict[str, dict[str, float]] = {}
+        self.faulted: dict[str, dict[str, float]] = {}
 
     def _waits(self) -> dict[str, dict[int, int]]:
         return {name: thread_waits(pid) for name, pid in self.pids.items()}
@@ -88,13 +99,17 @@ class CpuUse:
     def _switches(self) -> dict[str, int]:
         return {name: thread_switches(pid) for name, pid in self.pids.items()}
 
+    def _faults(self) -> dict[str, int]:
+        return {name: page_faults(pid) for name, pid in self.pids.items()}
+
     @contextlib.contextmanager
     def measure(self, kind: str) -> Iterator[None]:
         t0, c0, w0, s0 = time.monotonic(), neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
+        f0 = self._faults()
         try:
             yield
         finally:
-            c1, w1, s1 = neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches()
+            c1, w1, s1, f1 = neighbour.cpu_seconds(dict(self.pids)), self._waits(), self._switches(), self._faults()
             self.wall[kind] = self.wall.get(kind, 0.0) + time.monotonic() - t0
             use = self.used.setdefault(kind, {})
             for k in c1:
@@ -103,9 +118,10 @@ class CpuUse:
             waited = self.waited.setdefault(kind, {})
             for k in w1:
                 waited[k] = waited.get(k, 0.0) + waited_s(w0.get(k, {}), w1[k])
-            switched = self.switched.setdefault(kind, {})
-            for k in s1:
-                switched[k] = switched.get(k, 0.0) + max(0, s1[k] - s0.get(k, 0))
+            for counted, before, after in ((self.switched, s0, s1), (self.faulted, f0, f1)):
+                per = counted.setdefault(kind, {})
+                for k in after:
+                    per[k] = per.get(k, 0.0) + max(0, after[k] - before.get(k, 0))
 
     def __str__(self) -> str:
         return "; ".join(f"{kind}: " + ", ".join(f"{k} {v / self.wall[kind]:.2f}" for k, v in use.items())
@@ -118,6 +134,10 @@ class CpuUse:
     def switches(self) -> str:
         """Each process's threads' context switches per s of window, per kind of window."""
         return self._per_s(self.switched, 1)
+
+    def faults(self) -> str:
+        """Each process's page faults per s of window, per kind of window."""
+        return self._per_s(self.faulted, 1)
 
     def per_call(self, name: str, calls: int) -> str:
         """``name``'s context switches per s, quiet and attacked, and how many more per call the

@@ -131,36 +131,23 @@ class CallLoops:
             if every_s:
                 self.stop_event.wait(every_s)
 
-    def timed(self, method: Any, request_of: Callable[[], object], *, fit: bool = False,
-              **kwargs: Any) -> Callable[[], object]:
+    def timed(self, method: Any, request_of: Callable[[], object], **kwargs: Any) -> Callable[[], object]:
         """A loop's call of the unary ``method`` (``request_of()`` its request) that ends with the
         window (``ends_at``, required): its deadline the window's end, cancelled in flight by
         ``end_loops`` (its channel closed); either is ``WindowEnded``. A deadline or a
         cancellation before the window's end is no cut: it stays the refusal it is.
 
-        With ``fit``, a call is begun only if the last one took no longer than what is left of
-        the window; else the thread waits for the end (``WindowEnded``). For a call that costs this
-        process time before anything is sent (the huge Pop: gRPC copies its 200 MiB body into a
-        slice holding the GIL and its channel's lock, ~0.17 s of CPU here, seconds under a starved
-        quota): a copy ending past the deadline is never sent, and it would hold up every thread
-        of the process, the stop included, past the window's end (stop k: drains up to 26 s).
-
         A blocking call, as before stop i: its thread waits in gRPC's core, and closing its
         channel ends it. (Run A of stop i, with ``future()`` calls and the huge Pops' and the
         flood's threads started first, never sent the attacks started after them:
-        control_plane_attacks ``_Attacker.start``.)"""
-        last_s = 0.0
+        control_plane_attacks ``_Attacker.start``.) A call whose request gRPC's client would
+        copy for long is made by hand instead (drills/huge_call.py; stop m)."""
 
         def call() -> object:
-            nonlocal last_s
             assert self.ends_at is not None, "a timed call needs the window's end"
             left = self.ends_at - time.monotonic()
-            if fit and 0 < left < last_s:
-                self.stop_event.wait(left)
-                raise WindowEnded
             if left <= 0 or self.stop_event.is_set():
                 raise WindowEnded
-            t0 = time.monotonic()
             try:
                 return method(request_of(), timeout=left, **kwargs)
             except grpc.RpcError as exc:
@@ -171,8 +158,6 @@ class CallLoops:
                 if self.stop_event.is_set():
                     raise WindowEnded from exc
                 raise
-            finally:
-                last_s = time.monotonic() - t0
         return call
 
     def start_loops(self, loops: list[tuple[str, Callable[[], object], float]], prefix: str) -> None:
@@ -398,16 +383,21 @@ def attrs_evolve_read(req: pb.FetchRequest) -> pb.FetchRequest:
     return out
 
 
-def length_delimited(number: int, data: bytes) -> bytes:
-    """``data`` as protobuf length-delimited field ``number``: a request made by hand, as large
-    as wanted (field 15, which FetchRequest does not have, keeps it well-formed)."""
-    n, varint = len(data), bytearray()
+def field_header(number: int, length: int) -> bytes:
+    """The tag and length of a protobuf length-delimited field ``number`` of ``length`` bytes."""
+    n, varint = length, bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
         varint.append(byte | (0x80 if n else 0))
         if not n:
             break
-    return bytes([(number << 3) | 2]) + bytes(varint) + data
+    return bytes([(number << 3) | 2]) + bytes(varint)
+
+
+def length_delimited(number: int, data: bytes) -> bytes:
+    """``data`` as protobuf length-delimited field ``number``: a request made by hand, as large
+    as wanted (field 15, which FetchRequest does not have, keeps it well-formed)."""
+    return field_header(number, len(data)) + data
 
 
 def _fill(c: Any, queue_: str, creds: Credentials) -> None:
@@ -431,8 +421,9 @@ def _fill(c: Any, queue_: str, creds: Credentials) -> None:
 
 def cpu_seconds(pids: dict[str, int | None]) -> dict[str, float]:
     """CPU seconds (user + system) each process has used so far, from /proc; ``machine busy``:
-    the whole machine's non-idle CPU seconds. What the drill reports beside the p99 to say where
-    the CPU went."""
+    the whole machine's non-idle CPU seconds; ``machine steal``: of them, the seconds the host ran
+    something else on this guest's CPUs (a page the host has to back first is one). What the
+    drill reports beside the p99 to say where the CPU went."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for name, pid in pids.items():
@@ -442,6 +433,7 @@ def cpu_seconds(pids: dict[str, int | None]) -> dict[str, float]:
     with contextlib.suppress(OSError, ValueError):
         cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         out["machine busy"] = (sum(cpu) - cpu[3] - cpu[4]) / tick
+        out["machine steal"] = cpu[7] / tick
     return out
 
 

@@ -190,6 +190,27 @@ def test_thread_switches_count_each_threads_sleeps() -> None:
     assert place.thread_switches(2**22 + 12345) == 0  # no such process
 
 
+def test_page_faults_count_the_fresh_memory_a_process_touches() -> None:
+    """What stop m guessed slowed the cluster beside a huge copy, told per kind of window."""
+    cpu = place.CpuUse({"me": os.getpid()})
+    with cpu.measure("quiet"):
+        time.sleep(0.01)
+    with cpu.measure("attacked"):
+        fresh = bytearray(64 << 20)  # zeroed pages, each touched once
+    del fresh
+    assert cpu.faulted["attacked"]["me"] >= (64 << 20) // 4096 * 0.9 > cpu.faulted["quiet"]["me"], cpu.faulted
+    assert "attacked: me " in cpu.faults()
+    assert place.page_faults(2**22 + 12345) == 0  # no such process
+
+
+def test_the_machines_steal_is_told_beside_its_busy_time() -> None:
+    """The host's time on this guest's CPUs (a page it backs first is some), at most the busy time."""
+    from ordq.drills.neighbour import cpu_seconds
+
+    now = cpu_seconds({})
+    assert set(now) == {"machine busy", "machine steal"} and 0 <= now["machine steal"] <= now["machine busy"]
+
+
 def test_switches_per_attacker_call_are_the_attacked_windows_excess_over_the_quiet_ones() -> None:
     cpu = place.CpuUse({})
     cpu.wall = {"quiet": 10.0, "attacked": 20.0}

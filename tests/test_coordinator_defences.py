@@ -164,6 +164,37 @@ def test_a_body_refused_on_its_headers_crosses_the_wire_only_as_far_as_a_small_w
         proxy.close()
 
 
+def test_a_200_mib_pop_sent_by_hand_is_refused_before_its_body(coordinator: tuple[Cluster, str]) -> None:
+    """The drill's huge Pop (drills/huge_call.py): HTTP/2 by hand over mutual TLS, the gRPC message
+    prefix announcing 200 MiB, its body written only as the leader's windows let it in. Without a
+    token it is refused on its headers (PermissionDenied, counted); with a consume token, by the
+    server's receive limit on the announced size (RESOURCE_EXHAUSTED). Either way the leader let
+    in at most its stream window of the body, and the sender held nothing of the request's size
+    (gRPC's client copies it whole first: stop m's drains)."""
+    import resource
+
+    from ordq.drills.huge_call import CallEnded, HugeCall
+
+    cluster, address = coordinator
+    _, token = create_token(cluster.store.client, cluster.root, {"a": ["consume"]}, "consumer of a")
+    touch(cluster.store.client, cluster.root)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = outcomes(cluster, "PermissionDenied", "Pop")
+    for metadata, code, what in (((), grpc.StatusCode.PERMISSION_DENIED, "denied"),
+                                 ((("authorization", f"Bearer {token}"),), grpc.StatusCode.RESOURCE_EXHAUSTED, "")):
+        call = HugeCall(address, cluster.credentials, "/ordq.v1.Coordinator/Pop", 1, 200 << 20)
+        try:
+            for _ in range(3):
+                with pytest.raises(CallEnded) as info:
+                    call(timeout=30, metadata=metadata)
+                assert info.value.code() is code and kind(info.value) == what, info.value.trailers
+        finally:
+            call.close()
+        assert call.pushed <= 3 * 2 * (64 << 10), call.pushed  # a stream window a call, and some
+    assert outcomes(cluster, "PermissionDenied", "Pop") - before == 3
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 16 << 10  # KiB
+
+
 def test_undecodable_requests_are_invalid_argument_counted_without_a_traceback(
         coordinator: tuple[Cluster, str]) -> None:
     """Guard: undecodable requests. Bytes that are no protobuf of the call's type are
