@@ -743,7 +743,7 @@ def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_per
     more than ``max_per_s`` queues a second."""
     import time
 
-    from ordq.coordinator.daemon_view import STATE, DaemonView
+    from ordq.coordinator.daemon_view import STATE, DaemonView, known_state
 
     store, _ = setup
     view = DaemonView(store, lambda: None)
@@ -753,13 +753,15 @@ def test_the_sweep_reads_a_share_of_the_queues_each_round_every_one_once_per_per
         assert n >= N and not any(e.stale for e in view.entries.values())
         assert view.sweep_share(1000.0, 300.0, 1e9) == 0  # starts the clock
         assert view.sweep_share(1100.0, 300.0, 1e9) == n // 3  # a third of the period: a third
-        marked = sorted(q for q, e in view.entries.items() if STATE in e.stale)
+        marked = sorted(q for q, e in view.entries.items() if STATE in e.recheck)
         assert marked == sorted(view.entries)[:n // 3]
+        # marked to be read again, not stale: its copy is still what is known of it
+        assert all(known_state(view.entries[q], None) is not None for q in marked)
         assert view.sweep_share(1200.0, 300.0, 0.5) == 50  # capped: half a queue a second, not a third
         view.sweep_share(1500.0, 300.0, 1e9)  # the rest of the pass, and on into the next
-        assert all(STATE in e.stale for e in view.entries.values()) and view.sweep_passes == 1
+        assert all(STATE in e.recheck for e in view.entries.values()) and view.sweep_passes == 1
         queues = view.refresh(time.monotonic())
-        assert len(queues) == n and not any(e.stale for e in view.entries.values())
+        assert len(queues) == n and not any(e.stale or e.recheck for e in view.entries.values())
         assert view.sweep_share(1500.5, 300.0, 1e9) <= n * 0.5 / 300 + 1  # a round: next to nothing
     finally:
         view.close()
