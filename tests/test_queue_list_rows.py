@@ -1,17 +1,22 @@
 """A ``queue list`` row's readable end and stored count (``queue_list.readable_of``, issue 43:
 computed without an ``Extent`` per segment) are what the extents say: ``last_readable_seq``
-of them and the sum of their ends, (None, None) when one is unknown. Pure: no I/O."""
+of them and the sum of their ends, (None, None) when one is unknown. A row's JSON text made at
+once (``api.row_texts``) is the text of its dict (``api.queue_row``), and a long listing's
+text is what ``--json`` prints of its rows. Pure: no I/O."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordq.admin.queue_list import GroupEnds, readable_of
+from ordq.admin.api import queue_row, row_texts
+from ordq.admin.queue_list import GroupEnds, list_rows, readable_of
 from ordq.coordinator.state import QueueState, Segment, SegStatus
+from ordq.output import LONG_LIST, json_items_text, json_text
 from ordq.sdk.replicas import Extent, last_readable_seq
 
 GIDS = ("g1", "g2", "g3")
@@ -33,6 +38,8 @@ answers = st.dictionaries(st.sampled_from(GIDS), st.tuples(st.dictionaries(st.in
 
 class _Reader:
     """A replica's extent of a segment its group's answer did not name (an older broker)."""
+
+    transport = None  # no group is asked (``open_ends``): every segment of the long listing is sealed
 
     def extent(self, queue: str, s: Segment) -> Extent:
         end = None if s.seg % 3 == 0 else s.seg % 4
@@ -67,3 +74,55 @@ def test_a_row_s_readable_end_and_stored_count_are_what_its_extents_say(
     stored = None if any(e.end is None for e in extents) else sum(e.end or 0 for e in extents)
     expected = (last_readable_seq(state, extents), stored)
     assert readable_of(state, ends, _Reader()) == expected  # type: ignore[arg-type]
+
+
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8)
+seqs = st.one_of(st.none(), st.integers(-1, 2**63 - 1))
+
+
+@given(names, st.lists(names, max_size=3), st.lists(names, max_size=3), segments, st.integers(0, 2**40),
+       st.one_of(st.none(), st.lists(names, max_size=3)), seqs, seqs)
+def test_a_row_s_text_made_at_once_is_the_text_of_its_dict(
+        queue: str, groups: list[str], send: list[str], segs: list[tuple[str, SegStatus, int | None]], epoch: int,
+        subs: list[str] | None, last_seq: int | None, stored: int | None) -> None:
+    """Any names (escapes, non-ASCII), lists empty or not, numbers or None; the same maker
+    twice (its kept list texts)."""
+    state = QueueState(queue=queue, groups=tuple(groups), send=tuple(send), producer_epoch=epoch,
+                       consume=tuple(_segment(i, gid, status, end) for i, (gid, status, end) in enumerate(segs)))
+    encode = json.JSONEncoder(sort_keys=True, default=str).encode  # json_text's of a long list's item
+    row_text = row_texts()
+    for _ in range(2):
+        assert row_text(state, subs, last_seq, stored) == encode(queue_row(state, subs, last_seq, stored))
+
+
+class _Copy:
+    """The coordinator's copy (``known``) and ZooKeeper's part of a listing: every state known,
+    every other queue's subscriptions not (read)."""
+
+    def __init__(self, states: dict[str, QueueState]) -> None:
+        self.states = states
+
+    def __call__(self, queues: Any) -> dict[str, Any]:
+        return {q: (self.states[q], 1, [] if i % 2 else None) for i, q in enumerate(queues)}
+
+    def load_states(self, queues: Any, with_subs: bool = False) -> dict[str, Any]:
+        return {q: (self.states[q], 2, ["s"] if with_subs else None) for q in queues}  # the subscriptions it lacks
+
+    def live_members(self, gid: str) -> dict[str, Any]:
+        raise AssertionError("no group is asked: every segment is sealed")
+
+
+def test_a_long_listing_s_text_made_at_once_is_what_json_prints_of_its_rows() -> None:
+    """The coordinator's ``queue list --json`` text of more than LONG_LIST queues, row texts at
+    once, is byte for byte ``json_text`` of the rows, in the same order."""
+    n = LONG_LIST + 7
+    states = {f"q-{i:05d}": QueueState(queue=f"q-{i:05d}", groups=GIDS, send=GIDS[i % 3:] + GIDS[:i % 3],
+                                       producer_epoch=i % 4, consume=tuple(
+                                           _segment(s, GIDS[s % 3], SegStatus.SEALED, s) for s in range(i % 3)))
+              for i in range(n)}
+    names = sorted(states, reverse=True)  # the order given is kept
+    copy = _Copy(states)
+    rows, _ = list_rows(copy, _Reader(), names, copy, queue_row)  # type: ignore[arg-type]
+    texts, _ = list_rows(copy, _Reader(), names, copy, row_texts())  # type: ignore[arg-type]
+    assert [r["queue"] for r in rows] == names
+    assert json_items_text(texts) == json_text(rows)

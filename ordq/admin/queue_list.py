@@ -23,8 +23,9 @@ Rules: read-only; no policy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -43,7 +44,34 @@ SUBS_READ_LIMIT = 1000
 SEALED, OPEN = SegStatus.SEALED, SegStatus.OPEN  # looked up once, not per segment
 
 
-def queue_states(store: ZkStore, names: Sequence[str], known: Known | None) -> tuple[dict[str, KnownQueue], list[str]]:
+class Phases:
+    """Wall seconds of a call's phases, in order, and what each counted: one line for the log
+    when the call was long (issue 43: at 10^5 queues a listing's 13 s could not be told apart
+    into its reads, its rows and its answer's way out)."""
+
+    def __init__(self) -> None:
+        self.started = self._at = time.monotonic()
+        self.parts: list[tuple[str, float]] = []
+        self.counts: dict[str, int] = {}
+
+    def done(self, phase: str, **counts: int) -> None:
+        """``phase`` ended now (it began where the last one ended); ``counts``: what it counted."""
+        now = time.monotonic()
+        self.parts.append((phase, now - self._at))
+        self._at = now
+        self.counts.update(counts)
+
+    @property
+    def total_s(self) -> float:
+        return self._at - self.started
+
+    def line(self) -> str:
+        return (", ".join(f"{phase} {s:.2f} s" for phase, s in self.parts)
+                + "".join(f"; {k} {v:,}" for k, v in self.counts.items()))
+
+
+def queue_states(store: ZkStore, names: Sequence[str], known: Known | None,
+                 phases: Phases | None = None) -> tuple[dict[str, KnownQueue], list[str]]:
     """The state of each of ``names`` (from ``known``, else read), and one line per queue whose
     state does not parse. A queue deleted meanwhile is left out. What the copy lacks is read in
     one pipelined pass: the states, and the subscriptions' names it lacks while few are."""
@@ -51,8 +79,13 @@ def queue_states(store: ZkStore, names: Sequence[str], known: Known | None) -> t
     missing = [q for q in names if q not in have]
     lacking = [q for q in names if q in have and have[q][2] is None]
     with_subs = len(missing) + len(lacking) <= SUBS_READ_LIMIT
+    if phases is not None:
+        phases.done("the copy's states", copy=len(have))
     corrupt: list[str] = []
-    for q, got in store.load_states(missing + lacking if with_subs else missing, with_subs=with_subs).items():
+    read = store.load_states(missing + lacking if with_subs else missing, with_subs=with_subs)
+    if phases is not None:
+        phases.done("states read", read=len(missing) + (len(lacking) if with_subs else 0))
+    for q, got in read.items():
         if not isinstance(got, CorruptState):
             have[q] = got
         elif q not in have:  # one the copy holds keeps that state, without its subscriptions
@@ -132,14 +165,16 @@ def readable_of(st: QueueState, ends: Mapping[str, GroupEnds], reader: ReplicaRe
     return last, stored
 
 
-Row = dict[str, Any]
+Row = TypeVar("Row")
+# (state, subscriptions' names or None, last readable seq, stored messages) -> a row
+RowOf = Callable[[QueueState, "list[str] | None", "int | None", "int | None"], Row]
 
 
 def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known: Known | None,
-              summary: Callable[[QueueState, list[str] | None], Row]) -> tuple[list[Row], list[str]]:
-    """The rows of ``queue list`` for ``names`` (``summary`` makes a row of a state), and the
-    lines of queues whose state does not parse."""
-    states, corrupt = queue_states(store, names, known)
+              row_of: RowOf[Row], phases: Phases | None = None) -> tuple[list[Row], list[str]]:
+    """The rows of ``queue list`` for ``names`` (``row_of`` makes a row: a dict, or its JSON
+    text), and the lines of queues whose state does not parse; ``phases``: timed."""
+    states, corrupt = queue_states(store, names, known, phases)
     sealing: dict[str, list[tuple[str, int]]] = {}
     for st, _, _ in states.values():
         for s in st.consume:
@@ -148,13 +183,15 @@ def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known
                 if s.status is SegStatus.SEALING:
                     asked.append((st.queue, s.seg))
     ends = open_ends(store, reader, sealing)
+    if phases is not None:
+        phases.done("open ends", groups=len(ends))
     rows = []
     for q in names:
-        if q not in states:
+        got = states.get(q)
+        if got is None:
             continue
-        st, _, subs = states[q]
-        last_seq, stored = readable_of(st, ends, reader)
-        row = summary(st, subs)
-        row["last_seq"], row["stored"] = last_seq, stored
-        rows.append(row)
+        st, _, subs = got
+        rows.append(row_of(st, subs, *readable_of(st, ends, reader)))
+    if phases is not None:
+        phases.done("rows")
     return rows, corrupt
