@@ -394,7 +394,8 @@ class TimedListing:
                  spy: Path | None = None) -> None:
         from bench.bench_admin_scale import cli_base  # (it imports this module)
 
-        self.argv = [sys.executable, "-m", "ordq.cli", *cli_base(cluster), "--json", "queue", "list",
+        # the CLI with its admin call's steps timed (bench/timed_cli.py: the last stderr line)
+        self.argv = [sys.executable, "-m", "bench.timed_cli", *cli_base(cluster), "--json", "queue", "list",
                      "--limit", str(count + 10)]
         self.delay_s = delay_s
         self.out_path = out_path
@@ -409,6 +410,7 @@ class TimedListing:
     def _run(self) -> None:
         time.sleep(self.delay_s)
         self.result["load"] = round(os.getloadavg()[0], 2)
+        self.result["at"] = time.time()  # on the clock of the coordinator's log and the CLI's steps
         started = time.monotonic()
         try:
             with open(self.out_path, "wb") as out:
@@ -423,6 +425,7 @@ class TimedListing:
                         spy.wait(60)
             self.result.update(rc=child.returncode, s=round(time.monotonic() - started, 2),
                                bytes=self.out_path.stat().st_size, err=err.decode(errors="replace")[-300:])
+            self.result["steps"] = cli_steps(err, self.result["at"])
             if child.returncode == 0:
                 self.result["rows"] = len(json.loads(self.out_path.read_bytes() or b"[]"))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -431,6 +434,17 @@ class TimedListing:
     def wait(self, timeout_s: float) -> dict[str, Any]:
         self._thread.join(timeout_s)
         return self.result
+
+
+def cli_steps(err: bytes, at: float) -> dict[str, Any] | None:
+    """The timed CLI's steps (bench/timed_cli.py, its last stderr line), in seconds from ``at``."""
+    try:
+        times = json.loads(err.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return {"started": round(times["started"] - at, 2), "ready": round(times["ready"] - at, 2),
+            "answers": [(round(a["at"] - at, 2), a["bytes"]) for a in times["answers"]],
+            "ended": round(times["ended"] - at, 2)}
 
 
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
