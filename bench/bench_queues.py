@@ -712,6 +712,9 @@ def main(argv: list[str] | None = None) -> int:
                          "rebalance --dry-run in --ops): a 10^5 run in a 15-minute window")
     ap.add_argument("--list-after-kill", type=float, default=None, metavar="S",
                     help="S seconds after each kill: `ordq --json queue list` of all in a process of its own, timed")
+    ap.add_argument("--keep-logs", type=Path, metavar="DIR",
+                    help="copy every process's log into DIR before the cluster is wiped (its coordinators' "
+                         "lines on long admin calls and rounds)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -810,8 +813,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if busy is not None:
             busy.close()
+        if args.keep_logs is not None:
+            keep_logs(cluster, args.keep_logs)
         cluster.destroy()
     return 0
+
+
+def keep_logs(cluster: LocalCluster, into: Path) -> None:
+    """Every process's log copied into ``into`` (``--keep-logs``), as ``NAME.log``."""
+    import shutil
+
+    into.mkdir(parents=True, exist_ok=True)
+    for name, path in cluster.log_paths().items():
+        if path.is_file():
+            shutil.copyfile(path, into / f"{name.replace('/', '-')}.log")
 
 
 def span_summary(spans: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
