@@ -48,7 +48,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
-from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
+from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, TextAnswer, prepare
 from ordq.coordinator.client import LEADER_METADATA_KEY
 from ordq.coordinator.fair_share import FairShareConfig, FairTurns, TurnRefused
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
@@ -611,13 +611,17 @@ class CoordinatorService(LeaseCalls):
             if spec.changes_tokens:  # a load started after the change: the caller's next call is judged on it
                 self._tokens.book.fresh_after(self._tokens.book.now()).result(timeout=MAX_WAIT_S)
             handled = time.monotonic()
-            answer = json.dumps(result).encode()
+            text = b""
+            if isinstance(result, TextAnswer):
+                result, text = result.data, result.text.encode()
+            answer = self._pb.AdminResponse(result_json=json.dumps(result).encode(), text=text)
             done = time.monotonic()
             framed = getattr(self._frame_started, "at", began)
             if done - framed >= LONG_ADMIN_S:  # where a long one went, to the moment gRPC takes its answer
                 log.info("Admin %s: %.1f s from its headers to its answer: %.2f s before its handler (its body, "
-                         "a turn), the handler %.2f s, its answer of %d bytes encoded in %.2f s", shown(request.verb),
-                         done - framed, began - framed, handled - began, len(answer), done - handled)
-            return self._pb.AdminResponse(result_json=answer)
+                         "a turn), the handler %.2f s, its answer (%d bytes of JSON, %d of text) made in %.2f s",
+                         shown(request.verb), done - framed, began - framed, handled - began,
+                         len(answer.result_json), len(text), done - handled)
+            return answer
 
         return self._serve("Admin", queue, context, handle, role=spec.role)

@@ -22,7 +22,7 @@ import attrs
 
 from ordq.admin.queue_list import Known, Phases, list_rows
 from ordq.common.errors import ConfigError, NotFound, OrdqError
-from ordq.coordinator.admin_api import SOME, AdminCall, AdminVerb, everywhere, on_arg
+from ordq.coordinator.admin_api import SOME, AdminCall, AdminVerb, TextAnswer, everywhere, on_arg
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store import ZkStore
@@ -170,9 +170,11 @@ def admin_verbs(readers: Readers, known: Known | None = None,
             phases.done("text", text_bytes=len(rows_text or ""))
         if phases.total_s >= LONG_LISTING_S:
             log.info("queue list of %d names: %.1f s: %s", len(names), phases.total_s, phases.line())
-        if rows_text is not None:
-            return {"rows_text": rows_text, "corrupt": corrupt, "names": names, "more": more}
-        return {"rows": rows, "corrupt": corrupt, "names": names, "more": more}
+        if rows_text is None:
+            return {"rows": rows, "corrupt": corrupt, "names": names, "more": more}
+        if call.arg("text_apart", False):  # not escaped into the answer's JSON (CLIs since issue 43's stop 58)
+            return TextAnswer({"corrupt": corrupt, "names": names, "more": more}, rows_text)
+        return {"rows_text": rows_text, "corrupt": corrupt, "names": names, "more": more}
 
     def queue_describe(call: AdminCall) -> Any:
         with readers(call.store) as reader:
