@@ -159,15 +159,17 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         as_text = bool(call.arg("rows_as_text", False))
         # one read of the states, not a describe per queue (issue 43; ordq/admin/queue_list.py);
         # a queue whose state does not parse: one line, the others listed
+        rows_text: str | None = None
         with readers(store) as reader:
             if as_text and len(names) > LONG_LIST:
                 texts, corrupt = list_rows(store, reader, names, known, row_texts(), phases)
                 rows_text = json_items_text(texts)
             else:
                 rows, corrupt = list_rows(store, reader, names, known, queue_row, phases)
-                rows_text = json_text(rows) if as_text else None
-        if as_text:
-            phases.done("text", text_bytes=len(rows_text or ""))
+                if as_text:
+                    rows_text = json_text(rows)
+        if rows_text is not None:
+            phases.done("text", text_bytes=len(rows_text))
         if phases.total_s >= LONG_LISTING_S:
             log.info("queue list of %d names: %.1f s: %s", len(names), phases.total_s, phases.line())
         if rows_text is None:
