@@ -443,6 +443,7 @@ def cli_steps(err: bytes, at: float) -> dict[str, Any] | None:
     except (ValueError, IndexError):
         return None
     return {"started": round(times["started"] - at, 2), "ready": round(times["ready"] - at, 2),
+            "asked": round(times["asked"] - at, 2) if "asked" in times else None,
             "answers": [(round(a["at"] - at, 2), a["bytes"]) for a in times["answers"]],
             "ended": round(times["ended"] - at, 2)}
 

@@ -7,8 +7,9 @@ the server's side on the same clock.
     .venv/bin/python -m bench.timed_cli ORDQ-ARGS...
 
 The last stderr line is JSON: ``started`` (this process's code began), ``ready`` (the CLI's
-modules imported), ``answers`` (each admin answer: when its bytes had arrived whole and were
-read, their size), ``ended`` (the command done, its output written); times are ``time.time()``.
+modules imported), ``asked`` (the first admin request made, about to be sent), ``answers``
+(each admin answer: when its bytes had arrived whole and were read, their size), ``ended``
+(the command done, its output written); times are ``time.time()``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,20 @@ def main(argv: list[str]) -> int:
     from ordq.cli import main as ordq_main
     from ordq.wire import admin_messages
 
-    read = admin_messages.read_admin_answer
+    read, request = admin_messages.read_admin_answer, admin_messages.admin_request
 
     def timed_read(data: bytes) -> Any:  # gRPC's deserializer: called once the answer is whole
         times["answers"].append({"at": time.time(), "bytes": len(data)})
         return read(data)
 
-    admin_messages.read_admin_answer = timed_read  # the stub takes it when it makes the Admin method
+    def timed_request(verb: str, args_json: bytes) -> bytes:  # made just before the call is sent
+        times.setdefault("asked", time.time())
+        return request(verb, args_json)
+
+    # the stub takes the reader when it makes the Admin method; the client imports the writer
+    # when it calls
+    admin_messages.read_admin_answer = timed_read
+    admin_messages.admin_request = timed_request
     times["ready"] = time.time()
     try:
         return ordq_main(argv)
