@@ -70,27 +70,23 @@ class Phases:
                 + "".join(f"; {k} {v:,}" for k, v in self.counts.items()))
 
 
-def queue_states(store: ZkStore, names: Sequence[str], known: Known | None,
-                 phases: Phases | None = None) -> tuple[dict[str, KnownQueue], list[str]]:
-    """The state of each of ``names`` (from ``known``, else read), and one line per queue whose
-    state does not parse. A queue deleted meanwhile is left out. What the copy lacks is read in
-    one pipelined pass: the states, and the subscriptions' names it lacks while few are."""
-    have: dict[str, KnownQueue] = dict(known(names)) if known is not None else {}
-    missing = [q for q in names if q not in have]
-    lacking = [q for q in names if q in have and have[q][2] is None]
-    with_subs = len(missing) + len(lacking) <= SUBS_READ_LIMIT
-    if phases is not None:
-        phases.done("the copy's states", copy=len(have))
-    corrupt: list[str] = []
-    read = store.load_states(missing + lacking if with_subs else missing, with_subs=with_subs)
-    if phases is not None:
-        phases.done("states read", read=len(missing) + (len(lacking) if with_subs else 0))
+def to_read(names: Iterable[str], have: Mapping[str, KnownQueue], with_subs: bool) -> list[str]:
+    """Of ``names``: those the copy lacks (not in ``have``), and those whose subscriptions it
+    lacks when ``with_subs``."""
+    return [q for q in names if q not in have or (with_subs and have[q][2] is None)]
+
+
+def take_read(have: dict[str, KnownQueue], read: Mapping[str, KnownQueue | CorruptState]) -> list[str]:
+    """What was read, into ``have`` (a state that does not parse: not taken; the copy's stays,
+    without its subscriptions); one line per queue whose state does not parse and the copy
+    lacks. A queue deleted meanwhile is not in ``read``."""
+    corrupt = []
     for q, got in read.items():
         if not isinstance(got, CorruptState):
             have[q] = got
-        elif q not in have:  # one the copy holds keeps that state, without its subscriptions
+        elif q not in have:
             corrupt.append(str(got))
-    return {q: have[q] for q in names if q in have}, corrupt
+    return corrupt
 
 
 @attrs.frozen
@@ -170,28 +166,64 @@ Row = TypeVar("Row")
 RowOf = Callable[[QueueState, "list[str] | None", "int | None", "int | None"], Row]
 
 
-def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known: Known | None,
-              row_of: RowOf[Row], phases: Phases | None = None) -> tuple[list[Row], list[str]]:
-    """The rows of ``queue list`` for ``names`` (``row_of`` makes a row: a dict, or its JSON
-    text), and the lines of queues whose state does not parse; ``phases``: timed."""
-    states, corrupt = queue_states(store, names, known, phases)
+def sealing_of(states: Iterable[QueueState]) -> dict[str, list[tuple[str, int]]]:
+    """gid -> the segments of ``states`` sealing on it, for every group holding a segment of
+    them not sealed (the groups ``open_ends`` asks)."""
     sealing: dict[str, list[tuple[str, int]]] = {}
-    for st, _, _ in states.values():
+    for st in states:
         for s in st.consume:
-            if s.status is not SegStatus.SEALED:
+            if s.status is not SEALED:
                 asked = sealing.setdefault(s.gid, [])
                 if s.status is SegStatus.SEALING:
                     asked.append((st.queue, s.seg))
+    return sealing
+
+
+def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known: Known | None,
+              row_of: RowOf[Row], phases: Phases | None = None) -> tuple[list[Row], list[str]]:
+    """The rows of ``queue list`` for ``names``, in that order (``row_of`` makes a row: a dict,
+    or its JSON text), and the lines of queues whose state does not parse; ``phases``: timed.
+
+    First the rows of the queues the copy holds (``known``); then the copy is asked again for
+    the others, and only those it still lacks are read from ZooKeeper, in one pipelined pass
+    (with their subscriptions' names while few are). Why (issue 43): 15 s after a group's
+    failure at 10^5 queues the copy lacked states it was writing that moment (its watches had
+    fired, the writes' answers not yet come back), and reading them took 2.4 s, almost all
+    waiting for a busy ZooKeeper. The queues taken late get their groups asked only for what
+    the first answers could not name (a group not asked, a sealing segment not asked about)."""
+    have: dict[str, KnownQueue] = dict(known(names)) if known is not None else {}
+    with_subs = len(to_read(names, have, True)) <= SUBS_READ_LIMIT
+    later = set(to_read(names, have, with_subs))
+    if phases is not None:
+        phases.done("the copy's states", copy=len(have) - len(later & set(have)))
+    sealing = sealing_of(st for q, (st, _, _) in have.items() if q not in later)
     ends = open_ends(store, reader, sealing)
+    rows = {q: row_of(st, subs, *readable_of(st, ends, reader)) for q, (st, _, subs) in have.items()
+            if q not in later}
     if phases is not None:
-        phases.done("open ends", groups=len(ends))
-    rows = []
-    for q in names:
-        got = states.get(q)
-        if got is None:
-            continue
-        st, _, subs = got
-        rows.append(row_of(st, subs, *readable_of(st, ends, reader)))
-    if phases is not None:
-        phases.done("rows")
-    return rows, corrupt
+        phases.done("open ends and their rows", groups=len(ends))
+    corrupt: list[str] = []
+    if later:
+        if known is not None:
+            have.update(known(sorted(later)))
+        reading = to_read(sorted(later), have, with_subs)
+        if phases is not None:
+            phases.done("the copy asked again", copy_later=len(later) - len(reading))
+        corrupt = take_read(have, store.load_states(reading, with_subs=with_subs))
+        if phases is not None:
+            phases.done("states read", read=len(reading))
+        fresh = [q for q in later if q in have]
+        more = {}
+        for gid, asked in sealing_of(have[q][0] for q in fresh).items():
+            if gid not in sealing or not set(asked) <= set(sealing[gid]):
+                more[gid] = asked
+        for gid, answer in open_ends(store, reader, more).items():
+            before = ends.get(gid)  # the second answer is the later: it wins
+            ends[gid] = answer if before is None else GroupEnds({**before.ends, **answer.ends},
+                                                               before.included and answer.included)
+        for q in fresh:
+            st, _, subs = have[q]
+            rows[q] = row_of(st, subs, *readable_of(st, ends, reader))
+        if phases is not None:
+            phases.done("their rows", groups_asked_again=len(more))
+    return [rows[q] for q in names if q in rows], corrupt
