@@ -186,3 +186,39 @@ def test_the_queues_the_copy_lacks_are_asked_again_and_only_those_it_still_lacks
     # g1 asked about the sealing segments of the states known first, then of q1 and q2 (q9's g2 was asked)
     assert groups.calls == [("g1", [("q0", 0), ("q3", 0), ("q4", 0), ("q5", 0)]), ("g2", []),
                             ("g1", [("q1", 0), ("q2", 0)])], groups.calls
+
+
+def test_the_handler_s_text_is_json_text_of_its_rows_also_when_queues_went_meanwhile() -> None:
+    """``queue list --json``'s text from the coordinator's handler (``admin_verbs``) is byte for
+    byte ``json_text`` of its rows: more than LONG_LIST rows made as text at once; LONG_LIST + 3
+    names of which 3 were deleted meanwhile (read: gone), a short list's indented layout. The
+    text comes apart from the answer's JSON when asked (``TextAnswer``)."""
+    import contextlib
+
+    from ordq.admin.api import admin_verbs
+    from ordq.coordinator.admin_api import AdminCall, TextAnswer
+
+    n = LONG_LIST + 3
+    states = {f"q-{i:05d}": QueueState(queue=f"q-{i:05d}", groups=GIDS, send=GIDS[:1], producer_epoch=i)
+              for i in range(n)}
+    gone = {"q-00007", "q-00500", "q-01001"}
+
+    class _Store(_Copy):
+        def list_queues(self) -> list[str]:
+            return list(self.states)
+
+        def load_states(self, queues: Any, with_subs: bool = False) -> dict[str, Any]:
+            return {q: (self.states[q], 2, []) for q in queues if q not in gone}
+
+    for lacking, rows_shown in ((set(), n), (gone, n - 3)):
+        store = _Store(states)
+        verbs = admin_verbs(lambda _s: contextlib.nullcontext(_Reader()),  # type: ignore[arg-type,return-value]
+                            known=lambda qs, lacking=lacking: {q: (states[q], 1, []) for q in qs if q not in lacking})
+        handle = verbs["queue list"].handler
+        plain = handle(AdminCall(store, {"limit": n + 1}, None))
+        inside = handle(AdminCall(store, {"limit": n + 1, "rows_as_text": True}, None))
+        apart = handle(AdminCall(store, {"limit": n + 1, "rows_as_text": True, "text_apart": True}, None))
+        assert len(plain["rows"]) == rows_shown
+        assert inside["rows_text"] == json_text(plain["rows"])
+        assert isinstance(apart, TextAnswer) and apart.text == inside["rows_text"]
+        assert apart.data == {k: v for k, v in inside.items() if k != "rows_text"}

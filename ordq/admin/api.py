@@ -13,6 +13,7 @@ caller's ZooKeeper session (the caller has none).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -163,7 +164,9 @@ def admin_verbs(readers: Readers, known: Known | None = None,
         with readers(store) as reader:
             if as_text and len(names) > LONG_LIST:
                 texts, corrupt = list_rows(store, reader, names, known, row_texts(), phases)
-                rows_text = json_items_text(texts)
+                # (fewer rows than names, deleted meanwhile: a short list's layout, as json_text's)
+                rows_text = json_items_text(texts) if len(texts) > LONG_LIST else json_text(
+                    [json.loads(t) for t in texts])
             else:
                 rows, corrupt = list_rows(store, reader, names, known, queue_row, phases)
                 if as_text:
