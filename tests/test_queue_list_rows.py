@@ -222,3 +222,15 @@ def test_the_handler_s_text_is_json_text_of_its_rows_also_when_queues_went_meanw
         assert inside["rows_text"] == json_text(plain["rows"])
         assert isinstance(apart, TextAnswer) and apart.text == inside["rows_text"]
         assert apart.data == {k: v for k, v in inside.items() if k != "rows_text"}
+
+
+def test_a_listing_s_phases_are_told_in_order_with_what_each_counted() -> None:
+    """The line a long listing logs (``Phases``): each phase's seconds in order, then the counts."""
+    from ordq.admin.queue_list import Phases
+
+    phases = Phases()
+    phases.done("names", names=100_000)
+    phases.done("states read", read=1234)
+    line = phases.line()
+    assert line.startswith("names ") and line.index("names ") < line.index("states read ")
+    assert line.endswith("; names 100,000; read 1,234") and phases.total_s >= 0
