@@ -29,10 +29,13 @@ grown in steps to each count of idle queues (never written). At each step:
   of the idle queues again (the coordinator spreads heads back, issue 43: ``spread.back_s``).
 - ``--admin``: after a step's kills, ``ordq --json queue list`` of every queue and ``ordq status``;
   ``--list-after-kill S``: that listing also S seconds after each kill, in a process of its own,
-  while the dead group's segments are being sealed (``list_after_kill``);
+  while the dead group's segments are being sealed (``list_after_kill``; run through
+  ``bench/timed_cli.py``: ``steps``, the CLI's start, its request and the answer's arrival, in
+  seconds from the listing's start, on the clock of the coordinators' log lines);
 - ``--grow-to N``: after the steps, idle queues created up to N with ``ordq queue create
   --names-from`` (``--grow-chunk`` names a call, for ``--grow-budget`` seconds at most), the rate
   per call; with ``--admin`` then the listing, status, and g1's master killed and ``ordq up`` timed.
+- ``--keep-logs DIR``: every process's log copied into DIR before the cluster is wiped.
 """
 
 from __future__ import annotations
