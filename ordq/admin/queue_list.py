@@ -7,9 +7,10 @@ replicas, one call at a time): 23.6 s at 10^3 queues, more than 300 s at 10^4. N
 - the states (and the subscriptions' names where it keeps their cursors) come from the elected
   coordinator's copy, which watches keep current, or, for a queue whose state it wrote since,
   the state as it wrote it (``CoordinatorDaemon.known_queues``, ``store_base.WrittenStates``);
-  only the queues it does not hold are read from ZooKeeper, pipelined (``ZkStore.load_states``),
-  with their subscriptions while at most ``SUBS_READ_LIMIT`` of them are unknown (else a row
-  says ``subscriptions: null``: ``ordq sub list Q`` names them);
+  only the queues it does not hold, once asked again after the others' rows, are read from
+  ZooKeeper, pipelined (``ZkStore.load_states``), with their subscriptions while at most
+  ``SUBS_READ_LIMIT`` of them are unknown (else a row says ``subscriptions: null``: ``ordq sub
+  list Q`` names them);
 - the extents of the segments not sealed in ZooKeeper come from one ``OpenSegments`` call per
   group that holds one (its master, else its slave: every segment not sealed on that replica,
   and those sealing in ZooKeeper it has sealed already, with its durable end and seqs), never
@@ -187,10 +188,12 @@ def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known
     First the rows of the queues the copy holds (``known``); then the copy is asked again for
     the others, and only those it still lacks are read from ZooKeeper, in one pipelined pass
     (with their subscriptions' names while few are). Why (issue 43): 15 s after a group's
-    failure at 10^5 queues the copy lacked states it was writing that moment (its watches had
-    fired, the writes' answers not yet come back), and reading them took 2.4 s, almost all
-    waiting for a busy ZooKeeper. The queues taken late get their groups asked only for what
-    the first answers could not name (a group not asked, a sealing segment not asked about)."""
+    failure at 10^5 queues, reading the states the copy lacked took 2.4 s, almost all waiting
+    for a busy ZooKeeper; what the copy lacks then is mostly states whose writes the leader
+    has in flight (their watches fired, the answers not back yet: ``known_queues`` logs why it
+    lacks them), which it knows a moment later. The queues taken late get their groups asked
+    only for what the first answers could not name (a group not asked, a sealing segment not
+    asked about)."""
     have: dict[str, KnownQueue] = dict(known(names)) if known is not None else {}
     with_subs = len(to_read(names, have, True)) <= SUBS_READ_LIMIT
     later = set(to_read(names, have, with_subs))
