@@ -51,7 +51,7 @@ class _Store:
     def __init__(self, states: dict[str, KnownQueue]) -> None:
         self.states = states
 
-    def load_states(self, queues: Any, with_subs: bool = False, slice_size: int = 500) -> dict[str, Any]:
+    def load_states(self, queues: Any, with_subs: bool = False) -> dict[str, Any]:
         return {q: (*self.states[q][:2], [] if with_subs else None) for q in queues}
 
     def live_members(self, gid: str) -> dict[str, LiveInfo]:

@@ -105,7 +105,7 @@ class _Copy:
     def __call__(self, queues: Any) -> dict[str, Any]:
         return {q: (self.states[q], 1, [] if i % 2 else None) for i, q in enumerate(queues)}
 
-    def load_states(self, queues: Any, with_subs: bool = False, slice_size: int = 500) -> dict[str, Any]:
+    def load_states(self, queues: Any, with_subs: bool = False) -> dict[str, Any]:
         return {q: (self.states[q], 2, ["s"] if with_subs else None) for q in queues}  # the subscriptions it lacks
 
     def live_members(self, gid: str) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def test_the_queues_the_copy_lacks_are_asked_again_and_only_those_it_still_lacks
         def live_members(self, gid: str) -> dict[str, Any]:
             return {"master": SimpleNamespace(address=gid)}
 
-        def load_states(self, queues: Any, with_subs: bool = False, slice_size: int = 500) -> dict[str, Any]:
+        def load_states(self, queues: Any, with_subs: bool = False) -> dict[str, Any]:
             self.read += list(queues)
             return {q: (states[q], 1, [] if with_subs else None) for q in queues}
 
@@ -207,7 +207,7 @@ def test_the_handler_s_text_is_json_text_of_its_rows_also_when_queues_went_meanw
         def list_queues(self) -> list[str]:
             return list(self.states)
 
-        def load_states(self, queues: Any, with_subs: bool = False, slice_size: int = 500) -> dict[str, Any]:
+        def load_states(self, queues: Any, with_subs: bool = False) -> dict[str, Any]:
             return {q: (self.states[q], 2, []) for q in queues if q not in gone}
 
     for lacking, rows_shown in ((set(), n), (gone, n - 3)):

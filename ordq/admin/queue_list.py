@@ -42,10 +42,6 @@ Known = Callable[[Iterable[str]], Mapping[str, KnownQueue]]
 # Above this many queues whose subscriptions the coordinator's copy does not hold, a listing
 # does not read them (two ZooKeeper reads a queue instead of one; at 10^5 queues ~3 minutes).
 SUBS_READ_LIMIT = 1000
-# The reads a listing has in flight at once on the service's ZooKeeper session (a producer's
-# FailOver on that session waits behind at most these). 500 until stop 58: at 10^5 queues 15 s
-# after a group's failure, 11,088 reads in slices of 500 took 9.8 s (~0.44 s a slice).
-READ_SLICE = 2000
 SEALED, OPEN = SegStatus.SEALED, SegStatus.OPEN  # looked up once, not per segment
 
 
@@ -216,7 +212,7 @@ def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known
         reading = to_read(sorted(later), have, with_subs)
         if phases is not None:
             phases.done("the copy asked again", copy_later=len(later) - len(reading))
-        corrupt = take_read(have, store.load_states(reading, with_subs=with_subs, slice_size=READ_SLICE))
+        corrupt = take_read(have, store.load_states(reading, with_subs=with_subs))
         if phases is not None:
             phases.done("states read", read=len(reading))
         fresh = [q for q in later if q in have]
