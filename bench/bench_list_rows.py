@@ -20,11 +20,11 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from ordq.admin.api import queue_summary
+from ordq.admin.api import queue_row, row_texts
 from ordq.admin.queue_list import KnownQueue, list_rows
 from ordq.coordinator import state as sm
 from ordq.coordinator.store_values import LiveInfo, StateVersion
-from ordq.output import json_text
+from ordq.output import LONG_LIST, json_items_text, json_text
 
 GROUPS = ("g1", "g2", "g3")
 
@@ -82,20 +82,31 @@ def main() -> int:
     states = synthetic_states(args.queues)
     names = sorted(states)
     reader = _Reader(states)
-    rows_s, text_s = [], []
+    rows_s, text_s, direct_s = [], [], []
     size = 0
     for _ in range(args.repeat):
         started = time.process_time()
         rows, corrupt = list_rows(_Store(states), reader, names, lambda qs: {q: states[q] for q in qs},  # type: ignore[arg-type]
-                                  queue_summary)
+                                  queue_row)
         built = time.process_time()
-        size = len(json_text(rows))
+        text = json_text(rows)
         rows_s.append(built - started)
         text_s.append(time.process_time() - built)
         assert len(rows) == args.queues and not corrupt
+        # what the coordinator does for ``queue list --json`` of more than LONG_LIST queues
+        started = time.process_time()
+        texts, _ = list_rows(_Store(states), reader, names, lambda qs: {q: states[q] for q in qs},  # type: ignore[arg-type]
+                             row_texts())
+        direct = json_items_text(texts)
+        direct_s.append(time.process_time() - started)
+        # (a short list's JSON is indented: the texts at once are a long list's layout only)
+        assert direct == text or len(rows) <= LONG_LIST, "the texts made at once differ from the rows' JSON"
+        size = len(text)
     print(f"{args.queues} queues, {size / 1e6:.1f} MB of JSON text, {args.repeat} runs (CPU seconds of this process)")
     for what, took in (("rows", rows_s), ("JSON text", text_s),
-                       ("handler", [r + t for r, t in zip(rows_s, text_s, strict=True)])):
+                       ("handler (rows as dicts, then their JSON)",
+                        [r + t for r, t in zip(rows_s, text_s, strict=True)]),
+                       ("handler (each row's text at once, row_texts)", direct_s)):
         print(f"{what}: median {statistics.median(took):.3f} s (min {min(took):.3f}, max {max(took):.3f}), "
               f"{args.queues / statistics.median(took):,.0f} rows/s")
     return 0

@@ -29,10 +29,13 @@ grown in steps to each count of idle queues (never written). At each step:
   of the idle queues again (the coordinator spreads heads back, issue 43: ``spread.back_s``).
 - ``--admin``: after a step's kills, ``ordq --json queue list`` of every queue and ``ordq status``;
   ``--list-after-kill S``: that listing also S seconds after each kill, in a process of its own,
-  while the dead group's segments are being sealed (``list_after_kill``);
+  while the dead group's segments are being sealed (``list_after_kill``; run through
+  ``bench/timed_cli.py``: ``steps``, the CLI's start, its request and the answer's arrival, in
+  seconds from the listing's start, on the clock of the coordinators' log lines);
 - ``--grow-to N``: after the steps, idle queues created up to N with ``ordq queue create
   --names-from`` (``--grow-chunk`` names a call, for ``--grow-budget`` seconds at most), the rate
   per call; with ``--admin`` then the listing, status, and g1's master killed and ``ordq up`` timed.
+- ``--keep-logs DIR``: every process's log copied into DIR before the cluster is wiped.
 """
 
 from __future__ import annotations
@@ -394,7 +397,8 @@ class TimedListing:
                  spy: Path | None = None) -> None:
         from bench.bench_admin_scale import cli_base  # (it imports this module)
 
-        self.argv = [sys.executable, "-m", "ordq.cli", *cli_base(cluster), "--json", "queue", "list",
+        # the CLI with its admin call's steps timed (bench/timed_cli.py: the last stderr line)
+        self.argv = [sys.executable, "-m", "bench.timed_cli", *cli_base(cluster), "--json", "queue", "list",
                      "--limit", str(count + 10)]
         self.delay_s = delay_s
         self.out_path = out_path
@@ -409,6 +413,7 @@ class TimedListing:
     def _run(self) -> None:
         time.sleep(self.delay_s)
         self.result["load"] = round(os.getloadavg()[0], 2)
+        self.result["at"] = time.time()  # on the clock of the coordinator's log and the CLI's steps
         started = time.monotonic()
         try:
             with open(self.out_path, "wb") as out:
@@ -423,6 +428,7 @@ class TimedListing:
                         spy.wait(60)
             self.result.update(rc=child.returncode, s=round(time.monotonic() - started, 2),
                                bytes=self.out_path.stat().st_size, err=err.decode(errors="replace")[-300:])
+            self.result["steps"] = cli_steps(err, self.result["at"])
             if child.returncode == 0:
                 self.result["rows"] = len(json.loads(self.out_path.read_bytes() or b"[]"))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -431,6 +437,18 @@ class TimedListing:
     def wait(self, timeout_s: float) -> dict[str, Any]:
         self._thread.join(timeout_s)
         return self.result
+
+
+def cli_steps(err: bytes, at: float) -> dict[str, Any] | None:
+    """The timed CLI's steps (bench/timed_cli.py, its last stderr line), in seconds from ``at``."""
+    try:
+        times = json.loads(err.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return {"started": round(times["started"] - at, 2), "ready": round(times["ready"] - at, 2),
+            "asked": round(times["asked"] - at, 2) if "asked" in times else None,
+            "answers": [(round(a["at"] - at, 2), a["bytes"]) for a in times["answers"]],
+            "ended": round(times["ended"] - at, 2)}
 
 
 def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: list[str],
@@ -698,6 +716,9 @@ def main(argv: list[str] | None = None) -> int:
                          "rebalance --dry-run in --ops): a 10^5 run in a 15-minute window")
     ap.add_argument("--list-after-kill", type=float, default=None, metavar="S",
                     help="S seconds after each kill: `ordq --json queue list` of all in a process of its own, timed")
+    ap.add_argument("--keep-logs", type=Path, metavar="DIR",
+                    help="copy every process's log into DIR before the cluster is wiped (its coordinators' "
+                         "lines on long admin calls and rounds)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -796,8 +817,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if busy is not None:
             busy.close()
+        if args.keep_logs is not None:
+            keep_logs(cluster, args.keep_logs)
         cluster.destroy()
     return 0
+
+
+def keep_logs(cluster: LocalCluster, into: Path) -> None:
+    """Every process's log copied into ``into`` (``--keep-logs``), as ``NAME.log``."""
+    import shutil
+
+    into.mkdir(parents=True, exist_ok=True)
+    for name, path in cluster.log_paths().items():
+        if path.is_file():
+            shutil.copyfile(path, into / f"{name.replace('/', '-')}.log")
 
 
 def span_summary(spans: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -500,12 +500,19 @@ class CoordinatorClient:
         every other call's (PermissionDenied, QueueNotFound, ...). ``reach_s`` (bootstrap
         mode): sent at once to a known coordinator (a follower names the leader), and
         CoordinationUnavailable when none has answered within ``reach_s``."""
+        return self.admin_with_text(verb, timeout_s=timeout_s, reach_s=reach_s, **args)[0]
+
+    def admin_with_text(self, verb: str, *, timeout_s: float | None = None, reach_s: float | None = None,
+                        **args: Any) -> tuple[Any, bytes]:
+        """``admin``, and the text the verb sent apart from its result (``AdminResponse.text``:
+        b"" when none; ``queue list`` asked ``text_apart``)."""
         from ordq.wire.admin_messages import MAX_ARGS_BYTES, admin_request
 
         raw = json.dumps(args).encode()
         if len(raw) > MAX_ARGS_BYTES:  # the coordinator refuses it unread: say so without sending it
             raise ConfigError(f"admin request too large: {len(raw)} bytes of arguments (at most {MAX_ARGS_BYTES})")
-        return json.loads(self._call("Admin", admin_request(verb, raw), timeout_s, reach_s).result_json or b"null")
+        answer = self._call("Admin", admin_request(verb, raw), timeout_s, reach_s)
+        return json.loads(answer.result_json or b"null"), answer.text
 
 
 class Reach:

@@ -65,12 +65,13 @@ from ordq.coordinator.daemon_spread import (  # noqa: F401
     REBALANCE_MOVES_PER_S,
     SpreadBack,
 )
-from ordq.coordinator.daemon_view import SUBS, DaemonView, known_state
+from ordq.coordinator.daemon_view import SUBS, DaemonView, QueueEntry, known_state
 from ordq.coordinator.duties import Kind, OpenSegment
 from ordq.coordinator.group_probe import GroupProber, Pinger
 from ordq.coordinator.metrics import DEFAULT_PER_QUEUE_SERIES, CoordinatorMetrics, DaemonStats
 from ordq.coordinator.pacing import RequestsFirst
 from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_base import WrittenStates
 from ordq.coordinator.store_values import StateVersion
 
 # Transient ZooKeeper errors of the election itself: contend again (after this pause) rather
@@ -83,6 +84,29 @@ _ELECTION_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, O
 # CPU; every 5 min that is under 1 % of a core, and it only repairs what is not expected to
 # break (correctness never rests on the daemon: producers and consumers act on their own).
 SWEEP_INTERVAL_S = 300.0
+# A listing whose queues the copy lacks this many of says why in the log (``known_queues``).
+LACKED_LOGGED = 100
+
+
+def why_lacked(entries: Mapping[str, QueueEntry], written: WrittenStates, lacked: Iterable[str]) -> str:
+    """Why ``known_queues`` lacks each of ``lacked``, counted (issue 43: at 10^5 queues a listing
+    15 s after a group's failure read 2.4 s of states its copy lacked, and nothing said why)."""
+    reasons: dict[str, int] = {}
+    for q in lacked:
+        entry = entries.get(q)
+        mine = written.get(q)
+        if entry is None:
+            why = "not listed in the copy"
+        elif entry.problem is not None:
+            why = "unusable"
+        elif entry.state is None:
+            why = "never read" + (" (created here, kept unread)" if mine is not None else "")
+        elif mine is None:
+            why = "changed, not read again, no write of this process kept"
+        else:
+            why = "changed, not read again, this process's write not newer than the copy"
+        reasons[why] = reasons.get(why, 0) + 1
+    return ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
 class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
@@ -276,15 +300,18 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         out: dict[str, tuple[sm.QueueState, StateVersion, list[str] | None]] = {}
         entries = view.entries
         written = self.store.written
+        lacked: list[str] = []
         for q in queues:
             entry = entries.get(q)
-            if entry is None:
-                continue  # not read yet: the caller reads it
-            known = known_state(entry, written.get(q))
-            if known is None:
-                continue  # changed and not read again: the caller reads it
+            known = None if entry is None else known_state(entry, written.get(q))
+            if entry is None or known is None:
+                lacked.append(q)  # not read yet, or changed and not read again: the caller reads it
+                continue
             cursors = entry.cursors if SUBS not in entry.stale else None
             out[q] = (*known, sorted(cursors) if cursors is not None else None)
+        if len(lacked) >= LACKED_LOGGED:
+            log.info("the copy lacks %d of the %d queues asked: %s", len(lacked), len(out) + len(lacked),
+                     why_lacked(entries, written, lacked))
         return out
 
     # -- metrics ----------------------------------------------------------------------------

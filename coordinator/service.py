@@ -48,7 +48,7 @@ from ordq.common.errors import (
 )
 from ordq.common.security import BROKER_CN, COORDINATOR_CN, Credentials, bearer_token, peer_common_name
 from ordq.coordinator import state as sm
-from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, prepare
+from ordq.coordinator.admin_api import EVERY_QUEUE, SOME, AdminCall, AdminVerbs, TextAnswer, prepare
 from ordq.coordinator.client import LEADER_METADATA_KEY
 from ordq.coordinator.fair_share import FairShareConfig, FairTurns, TurnRefused
 from ordq.coordinator.head import NO_WRITABLE_GROUP, HeadProtocol, HeadTransport
@@ -83,6 +83,7 @@ ROLE_OF = {"Claim": "produce", "FailOver": "produce", "Roll": "produce", "Seal":
            "Commit": "consume", "Subscribe": "consume", "EnsureParkingQueue": "consume", "Describe": ANY}
 MAX_SUBSCRIPTIONS_PER_QUEUE = 1_000  # Subscribe refuses a queue's next one (docs/SECURITY.md, Limits)
 MAX_WAIT_S = 60.0  # a request's timeout_ms is capped here: a handler thread is never held longer
+LONG_ADMIN_S = 2.0  # an admin call this long, from its headers to its answer, logs where its time went
 
 # (store, queue, subscription, start words) -> (cursor, first seq it delivers or None): resolves
 # a start target that needs the brokers (latest, seq N, time T); injected by the CLI
@@ -247,6 +248,7 @@ class CoordinatorService(LeaseCalls):
         self._stats_lock = threading.Lock()
         self._refusal_log = RefusalLog()  # which refusals are logged (coordinator/refusal_log.py)
         self._tokens = _Tokens()
+        self._frame_started = threading.local()  # .at: when this thread's call entered the frame
         self._server: Any = None
         self.address = ""
         self._pb: Any = None
@@ -298,7 +300,9 @@ class CoordinatorService(LeaseCalls):
 
     @contextlib.contextmanager
     def _in_flight(self) -> Iterator[None]:
-        """A call in the frame (``ordq_coordinator_calls_in_flight``)."""
+        """A call in the frame (``ordq_coordinator_calls_in_flight``); when it came, per thread
+        (``Admin``'s log of a long call)."""
+        self._frame_started.at = time.monotonic()
         with self._stats_lock:
             self.stats.in_flight += 1
         try:
@@ -602,9 +606,22 @@ class CoordinatorService(LeaseCalls):
             return self._serve("Admin", EVERY_QUEUE, context, refuse, role=SOME)
 
         def handle(rec: TokenRecord | None) -> Any:
+            began = time.monotonic()
             result = spec.handler(AdminCall(self.store, args, rec))
             if spec.changes_tokens:  # a load started after the change: the caller's next call is judged on it
                 self._tokens.book.fresh_after(self._tokens.book.now()).result(timeout=MAX_WAIT_S)
-            return self._pb.AdminResponse(result_json=json.dumps(result).encode())
+            handled = time.monotonic()
+            text = b""
+            if isinstance(result, TextAnswer):
+                result, text = result.data, result.text.encode()
+            answer = self._pb.AdminResponse(result_json=json.dumps(result).encode(), text=text)
+            done = time.monotonic()
+            framed = getattr(self._frame_started, "at", began)
+            if done - framed >= LONG_ADMIN_S:  # where a long one went, to the moment gRPC takes its answer
+                log.info("Admin %s: %.1f s from its headers to its answer: %.2f s before its handler (its body, "
+                         "a turn), the handler %.2f s, its answer (%d bytes of JSON, %d of text) made in %.2f s",
+                         shown(request.verb), done - framed, began - framed, handled - began,
+                         len(answer.result_json), len(text), done - handled)
+            return answer
 
         return self._serve("Admin", queue, context, handle, role=spec.role)

@@ -70,8 +70,14 @@ def json_text(obj: Any) -> str:
         # one encoder for every item: ``json.dumps`` with options makes one an item (10^5 rows
         # of ``queue list``: 6.7 s of the CLI's 40 s under py-spy, scale43h)
         encode = json.JSONEncoder(sort_keys=True, default=str).encode
-        return "[\n" + ",\n".join("  " + encode(item) for item in obj) + "\n]\n"
+        return json_items_text([encode(item) for item in obj])
     return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def json_items_text(items: Sequence[str]) -> str:
+    """``json_text`` of a long list (more than ``LONG_LIST`` items) whose items' compact JSON
+    texts (keys sorted) are ``items``: one item a line."""
+    return "[\n" + ",\n".join("  " + item for item in items) + "\n]\n"
 
 
 def format_time_ms(ms: int) -> str:

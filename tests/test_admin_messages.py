@@ -23,13 +23,16 @@ def test_an_admin_request_is_the_generated_modules_bytes(verb: str, args: bytes)
     assert light.as_bytes(pb.AdminRequest(verb=verb, args_json=args)) == wire == light.as_bytes(wire)
 
 
-@given(result=blobs, junk=st.lists(st.tuples(st.integers(2, 99), st.integers(0, 2**64 - 1)), max_size=4))
-def test_an_admin_answer_reads_as_the_generated_module_writes_it(result: bytes, junk: list[tuple[int, int]]) -> None:
-    wire = pb.AdminResponse(result_json=result).SerializeToString()
+@given(result=blobs, text=blobs,
+       junk=st.lists(st.tuples(st.integers(3, 99), st.integers(0, 2**64 - 1)), max_size=4))
+def test_an_admin_answer_reads_as_the_generated_module_writes_it(result: bytes, text: bytes,
+                                                                 junk: list[tuple[int, int]]) -> None:
+    wire = pb.AdminResponse(result_json=result, text=text).SerializeToString()
     # Fields a newer coordinator may add (numbers this reader does not know) are skipped.
     for number, value in junk:
         wire += varint.encode(number << 3) + varint.encode(value)
-    assert light.read_admin_answer(wire).result_json == result
+    answer = light.read_admin_answer(wire)
+    assert (answer.result_json, answer.text) == (result, text)
 
 
 @given(addresses=st.lists(texts, max_size=8))
@@ -42,14 +45,18 @@ def test_a_coordinators_answer_reads_as_the_generated_module_writes_it(addresses
 @given(data=st.binary(max_size=200))
 @example(data=b"\xfd\x00\x00\x00\x00\x00\xa5\x80\x80\x80\x10\x00\x00\x00\x00")  # a key over 32 bits (CI)
 @example(data=b"\x08\x01")  # field 1 as a varint
+@example(data=b"\x10\x01")  # field 2 (text) as a varint
+@example(data=b"\x12\x02ab\x0a\x00")  # text, then an empty result
 def test_any_bytes_read_as_protobuf_reads_them_or_refused(data: bytes) -> None:
     """Whatever the bytes, the reader answers what protobuf's parser answers, or both refuse."""
     try:
-        expected = pb.AdminResponse.FromString(data).result_json
+        parsed = pb.AdminResponse.FromString(data)
+        expected: tuple[bytes, bytes] | None = (parsed.result_json, parsed.text)
     except Exception:  # noqa: BLE001 - protobuf's DecodeError
         expected = None
     try:
-        got: bytes | None = light.read_admin_answer(data).result_json
+        answer = light.read_admin_answer(data)
+        got: tuple[bytes, bytes] | None = (answer.result_json, answer.text)
     except ValueError:
         got = None
     if expected is not None and got is not None:

@@ -52,7 +52,8 @@ BENCHES = [
     bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
     bench("bench_list_rows", ["--queues", "300", "--repeat", "1"],
-          ["rows: median", "JSON text: median", "handler: median"]),
+          ["rows: median", "JSON text: median", "handler (rows as dicts, then their JSON): median",
+           "handler (each row's text at once, row_texts): median"]),
     bench("bench_index", ["--messages", "20000", "--segments", "2", "--keys", "2000", "--lookups", "10"],
           ["% of the segment", "seal-time build+write", "| key, warm", "| time, cold"]),
     bench("bench_failover", ["--kills", "1", "--messages", "1500", "--rate", "1500", "--no-verify"], ["failover"]),
@@ -116,19 +117,26 @@ def test_bench_queues_times_a_listing_and_spies_after_a_kill(tmp_path: Path) -> 
     """bench_queues' ``--list-after-kill`` and ``--spy-kill`` (issue 43's figures at 10^5, run
     in measurement windows only) at a tiny count: a bench option no test runs can crash unseen
     and lose a window. The listing is timed and complete; py-spy wrote the leader's and the
-    listing's stacks."""
+    listing's stacks. The listing's CLI told its steps' times (bench/timed_cli.py); ``--keep-logs``
+    kept every process's log."""
     import json
 
-    spy = tmp_path / "spy"
+    spy, logs = tmp_path / "spy", tmp_path / "logs"
     out = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--counts", "20", "--window", "1", "--kills", "1",
                           "--threads", "4", "--idle-wait", "60", "--list-after-kill", "1", "--spy-kill", str(spy),
-                          "--spy-s", "2", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
+                          "--spy-s", "2", "--keep-logs", str(logs), "--json"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, f"bench_queues exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
     step = json.loads(out.stdout.splitlines()[-1])
     kill = step["kills"][0]
     listed = kill["list_after_kill"]
     assert listed["rc"] == 0 and listed["rows"] == 20 + 1 and listed["s"] > 0, listed  # the idle queues and busy
+    steps = listed["steps"]
+    assert 0 <= steps["started"] <= steps["ready"] <= steps["asked"] <= steps["answers"][0][0] <= steps["ended"] \
+        <= listed["s"] + 1, steps
+    assert steps["answers"][0][1] > 0 and len(steps["answers"]) == 1, steps
+    kept = sorted(p.name for p in logs.iterdir())
+    assert "coordinator-1.log" in kept and any(name.startswith("g1") for name in kept), kept
     spied = sorted(p.name for p in spy.iterdir())
     assert spied == ["kill-20-0-" + kill["group"] + ".txt", "list-20-0.txt"], spied

@@ -593,7 +593,7 @@ def test_a_listing_asks_a_group_once_also_for_the_segments_its_replica_sealed_fi
     of its own (SegmentInfo, then Fetch): at 10^5 queues it had not answered after 300 s. Now
     the one OpenSegments call per group names them too, with the same extents. Failing first:
     3 SegmentInfo and 3 Fetch calls beside the OpenSegments."""
-    from ordq.admin.api import queue_summary
+    from ordq.admin.api import queue_row
     from ordq.admin.queue_list import list_rows
     from ordq.sdk.replicas import ReplicaReader
 
@@ -611,7 +611,7 @@ def test_a_listing_asks_a_group_once_also_for_the_segments_its_replica_sealed_fi
         wait_until(lambda: "master" not in group.store.live_members("g1"), what="the master's liveness gone")
         counting = CountingTransport(t)
         rows, corrupt = list_rows(group.store, ReplicaReader(group.store, counting), names, None,  # type: ignore[arg-type]
-                                  queue_summary)
+                                  queue_row)
         assert corrupt == [] and counting.calls == {"open_segments": 1}, counting.calls
         by_queue = {r["queue"]: (r["stored"], r["last_seq"]) for r in rows}
         assert by_queue == {Q: (ACKED, ACKED - 1), "idle-0": (0, -1), "idle-1": (0, -1)}, by_queue

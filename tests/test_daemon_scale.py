@@ -1121,3 +1121,28 @@ def test_a_spread_pass_plans_on_every_queue_s_state_or_not_at_all() -> None:
     assert spread_rows({"a": read, "n": QueueEntry()}, {}.get) is None  # not read yet
     old = {"b": (later, V(2, 1))}.get  # written in an earlier term, overtaken since
     assert spread_rows({"b": QueueEntry(state=st, version=3, stale=set())}, old) == [("b", st, V(3, 0))]
+
+
+def test_why_the_copy_lacks_a_listing_s_queues_is_counted_by_reason() -> None:
+    """Issue 43: a listing 15 s after a group's failure at 10^5 queues read 2.4 s of states the
+    leader's copy lacked, and nothing said why. ``why_lacked`` (logged by ``known_queues``) counts
+    each reason ``known_state`` has for taking no state."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon import why_lacked
+    from ordq.coordinator.daemon_view import STATE, QueueEntry
+    from ordq.coordinator.store_base import WrittenStates
+    from ordq.coordinator.store_values import StateVersion as V
+
+    st = sm.create("q", ("g1",), incarnation="a" * 12)
+    written = WrittenStates()
+    written.note("written-older", st, V(2, 0))
+    written.note("kept", st, V(1, 0))
+    entries = {"never": QueueEntry(), "kept": QueueEntry(),
+               "changed": QueueEntry(state=st, version=3, stale={STATE}),
+               "written-older": QueueEntry(state=st, version=2, stale={STATE}),
+               "bad": QueueEntry(state=None, problem=ValueError("x"))}
+    lacked = ["unlisted", "never", "kept", "changed", "written-older", "bad", "changed"]
+    assert why_lacked(entries, written, lacked) == (
+        "2 changed, not read again, no write of this process kept, 1 not listed in the copy, 1 never read, "
+        "1 never read (created here, kept unread), 1 changed, not read again, this process's write not newer than "
+        "the copy, 1 unusable")

@@ -13,26 +13,31 @@ caller's ZooKeeper session (the caller has none).
 
 from __future__ import annotations
 
+import json
+import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 
-from ordq.admin.queue_list import Known, list_rows
+from ordq.admin.queue_list import Known, Phases, list_rows
 from ordq.common.errors import ConfigError, NotFound, OrdqError
-from ordq.coordinator.admin_api import SOME, AdminCall, AdminVerb, everywhere, on_arg
+from ordq.coordinator.admin_api import SOME, AdminCall, AdminVerb, TextAnswer, everywhere, on_arg
 from ordq.coordinator.paths import check_name
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_values import QueueConfig
 from ordq.coordinator.tokens import ANY
 from ordq.coordinator.topics import HASH_NAME, partition_queue
-from ordq.output import json_text
+from ordq.output import LONG_LIST, json_items_text, json_text
 from ordq.sdk.delay import check_delay_ms
 from ordq.sdk.replicas import ReplicaReader
 
+log = logging.getLogger("ordq.admin")
 Readers = Callable[[ZkStore], ReplicaReader]  # a reader of the replicas, with the coordinator's credentials
+# A listing this long logs one line of where its time went (its phases, the states it read).
+LONG_LISTING_S = 2.0
 
 
 # Names per ``queue create-many`` request (the CLI sends more in several): ~150 KB of JSON,
@@ -54,12 +59,44 @@ def _paging(call: AdminCall) -> tuple[str, str, int]:
     return prefix, after, limit
 
 
-def queue_summary(st: QueueState, subs: list[str] | None) -> dict[str, Any]:
-    """One row of ``ordq queue list`` (``subs`` None: not read, ordq/admin/queue_list.py)."""
+def queue_row(st: QueueState, subs: list[str] | None, last_seq: int | None, stored: int | None) -> dict[str, Any]:
+    """One row of ``ordq queue list`` (``subs`` None: not read; ``last_seq``, ``stored`` None:
+    a replica did not answer; ordq/admin/queue_list.py)."""
     open_seg = st.open_segment
     return {"queue": st.queue, "groups": list(st.groups), "send": list(st.send), "head": st.head,
             "open_segment": open_seg.seg if open_seg else None, "segments": len(st.consume),
-            "epoch": st.producer_epoch, "subscriptions": subs}
+            "epoch": st.producer_epoch, "subscriptions": subs, "last_seq": last_seq, "stored": stored}
+
+
+def row_texts() -> Callable[[QueueState, list[str] | None, int | None, int | None], str]:
+    """A maker of each row's JSON text as ``json_text`` prints an item of a long list (compact,
+    keys sorted): what ``queue_row`` would make and encode, without the dict (issue 43: at
+    10^5 queues the dicts and their encoding were ~1.9 s of the listing's 7.4 s in the
+    coordinator). One maker per listing: it keeps the text of each list of names it met (a
+    queue's groups and send list are few distinct lists)."""
+    from json.encoder import encode_basestring_ascii as text_of  # what json.dumps uses (ensure_ascii)
+
+    lists: dict[tuple[str, ...], str] = {}
+
+    def list_text(items: Sequence[str]) -> str:
+        key = tuple(items)
+        found = lists.get(key)
+        if found is None:
+            found = lists[key] = "[" + ", ".join(map(text_of, key)) + "]"
+        return found
+
+    def number(value: int | None) -> str:
+        return "null" if value is None else int.__repr__(value)
+
+    def row_text(st: QueueState, subs: list[str] | None, last_seq: int | None, stored: int | None) -> str:
+        open_seg, head = st.open_segment, st.head
+        return (f'{{"epoch": {int.__repr__(st.producer_epoch)}, "groups": {list_text(st.groups)}, '
+                f'"head": {"null" if head is None else text_of(head)}, "last_seq": {number(last_seq)}, '
+                f'"open_segment": {"null" if open_seg is None else int.__repr__(open_seg.seg)}, '
+                f'"queue": {text_of(st.queue)}, "segments": {len(st.consume)}, "send": {list_text(st.send)}, '
+                f'"stored": {number(stored)}, "subscriptions": {"null" if subs is None else list_text(subs)}}}')
+
+    return row_text
 
 
 def _config(call: AdminCall) -> QueueConfig:
@@ -113,17 +150,36 @@ def admin_verbs(readers: Readers, known: Known | None = None,
 
     def queue_list(call: AdminCall) -> Any:
         store = call.store
+        phases = Phases()
         names, more = page_names((q for q in store.list_queues() if call.may_read(q)), *_paging(call))
+        phases.done("names", names=len(names))
+        # ``queue list --json``: the rows as the CLI prints them, which it writes out as they
+        # come (issue 43: at 10^5 queues it decoded ~20 MB of rows and encoded them again, ~1.3 s
+        # of CPU; a JSON string of the text costs ~0.1 s). Older CLIs ask not. A long list's
+        # items are made as text at once (``row_texts``), a short one's through ``json_text``.
+        as_text = bool(call.arg("rows_as_text", False))
         # one read of the states, not a describe per queue (issue 43; ordq/admin/queue_list.py);
         # a queue whose state does not parse: one line, the others listed
+        rows_text: str | None = None
         with readers(store) as reader:
-            rows, corrupt = list_rows(store, reader, names, known, queue_summary)
-        if call.arg("rows_as_text", False):
-            # ``queue list --json``: the rows as the CLI prints them, which it writes out as
-            # they come (issue 43: at 10^5 queues it decoded ~20 MB of rows and encoded them
-            # again, ~1.3 s of CPU; a JSON string of the text costs ~0.1 s). Older CLIs ask not.
-            return {"rows_text": json_text(rows), "corrupt": corrupt, "names": names, "more": more}
-        return {"rows": rows, "corrupt": corrupt, "names": names, "more": more}
+            if as_text and len(names) > LONG_LIST:
+                texts, corrupt = list_rows(store, reader, names, known, row_texts(), phases)
+                # (fewer rows than names, deleted meanwhile: a short list's layout, as json_text's)
+                rows_text = json_items_text(texts) if len(texts) > LONG_LIST else json_text(
+                    [json.loads(t) for t in texts])
+            else:
+                rows, corrupt = list_rows(store, reader, names, known, queue_row, phases)
+                if as_text:
+                    rows_text = json_text(rows)
+        if rows_text is not None:
+            phases.done("text", text_bytes=len(rows_text))
+        if phases.total_s >= LONG_LISTING_S:
+            log.info("queue list of %d names: %.1f s: %s", len(names), phases.total_s, phases.line())
+        if rows_text is None:
+            return {"rows": rows, "corrupt": corrupt, "names": names, "more": more}
+        if call.arg("text_apart", False):  # not escaped into the answer's JSON (CLIs since issue 43's stop 58)
+            return TextAnswer({"corrupt": corrupt, "names": names, "more": more}, rows_text)
+        return {"rows_text": rows_text, "corrupt": corrupt, "names": names, "more": more}
 
     def queue_describe(call: AdminCall) -> Any:
         with readers(call.store) as reader:

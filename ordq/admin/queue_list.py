@@ -7,9 +7,10 @@ replicas, one call at a time): 23.6 s at 10^3 queues, more than 300 s at 10^4. N
 - the states (and the subscriptions' names where it keeps their cursors) come from the elected
   coordinator's copy, which watches keep current, or, for a queue whose state it wrote since,
   the state as it wrote it (``CoordinatorDaemon.known_queues``, ``store_base.WrittenStates``);
-  only the queues it does not hold are read from ZooKeeper, pipelined (``ZkStore.load_states``),
-  with their subscriptions while at most ``SUBS_READ_LIMIT`` of them are unknown (else a row
-  says ``subscriptions: null``: ``ordq sub list Q`` names them);
+  only the queues it does not hold, once asked again after the others' rows, are read from
+  ZooKeeper, pipelined (``ZkStore.load_states``), with their subscriptions while at most
+  ``SUBS_READ_LIMIT`` of them are unknown (else a row says ``subscriptions: null``: ``ordq sub
+  list Q`` names them);
 - the extents of the segments not sealed in ZooKeeper come from one ``OpenSegments`` call per
   group that holds one (its master, else its slave: every segment not sealed on that replica,
   and those sealing in ZooKeeper it has sealed already, with its durable end and seqs), never
@@ -23,8 +24,9 @@ Rules: read-only; no policy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -43,21 +45,49 @@ SUBS_READ_LIMIT = 1000
 SEALED, OPEN = SegStatus.SEALED, SegStatus.OPEN  # looked up once, not per segment
 
 
-def queue_states(store: ZkStore, names: Sequence[str], known: Known | None) -> tuple[dict[str, KnownQueue], list[str]]:
-    """The state of each of ``names`` (from ``known``, else read), and one line per queue whose
-    state does not parse. A queue deleted meanwhile is left out. What the copy lacks is read in
-    one pipelined pass: the states, and the subscriptions' names it lacks while few are."""
-    have: dict[str, KnownQueue] = dict(known(names)) if known is not None else {}
-    missing = [q for q in names if q not in have]
-    lacking = [q for q in names if q in have and have[q][2] is None]
-    with_subs = len(missing) + len(lacking) <= SUBS_READ_LIMIT
-    corrupt: list[str] = []
-    for q, got in store.load_states(missing + lacking if with_subs else missing, with_subs=with_subs).items():
+class Phases:
+    """Wall seconds of a call's phases, in order, and what each counted: one line for the log
+    when the call was long (issue 43: at 10^5 queues a listing's 13 s could not be told apart
+    into its reads, its rows and its answer's way out)."""
+
+    def __init__(self) -> None:
+        self.started = self._at = time.monotonic()
+        self.parts: list[tuple[str, float]] = []
+        self.counts: dict[str, int] = {}
+
+    def done(self, phase: str, **counts: int) -> None:
+        """``phase`` ended now (it began where the last one ended); ``counts``: what it counted."""
+        now = time.monotonic()
+        self.parts.append((phase, now - self._at))
+        self._at = now
+        self.counts.update(counts)
+
+    @property
+    def total_s(self) -> float:
+        return self._at - self.started
+
+    def line(self) -> str:
+        return (", ".join(f"{phase} {s:.2f} s" for phase, s in self.parts)
+                + "".join(f"; {k} {v:,}" for k, v in self.counts.items()))
+
+
+def to_read(names: Iterable[str], have: Mapping[str, KnownQueue], with_subs: bool) -> list[str]:
+    """Of ``names``: those the copy lacks (not in ``have``), and those whose subscriptions it
+    lacks when ``with_subs``."""
+    return [q for q in names if q not in have or (with_subs and have[q][2] is None)]
+
+
+def take_read(have: dict[str, KnownQueue], read: Mapping[str, KnownQueue | CorruptState]) -> list[str]:
+    """What was read, into ``have`` (a state that does not parse: not taken; the copy's stays,
+    without its subscriptions); one line per queue whose state does not parse and the copy
+    lacks. A queue deleted meanwhile is not in ``read``."""
+    corrupt = []
+    for q, got in read.items():
         if not isinstance(got, CorruptState):
             have[q] = got
-        elif q not in have:  # one the copy holds keeps that state, without its subscriptions
+        elif q not in have:
             corrupt.append(str(got))
-    return {q: have[q] for q in names if q in have}, corrupt
+    return corrupt
 
 
 @attrs.frozen
@@ -132,29 +162,70 @@ def readable_of(st: QueueState, ends: Mapping[str, GroupEnds], reader: ReplicaRe
     return last, stored
 
 
-Row = dict[str, Any]
+Row = TypeVar("Row")
+# (state, subscriptions' names or None, last readable seq, stored messages) -> a row
+RowOf = Callable[[QueueState, "list[str] | None", "int | None", "int | None"], Row]
 
 
-def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known: Known | None,
-              summary: Callable[[QueueState, list[str] | None], Row]) -> tuple[list[Row], list[str]]:
-    """The rows of ``queue list`` for ``names`` (``summary`` makes a row of a state), and the
-    lines of queues whose state does not parse."""
-    states, corrupt = queue_states(store, names, known)
+def sealing_of(states: Iterable[QueueState]) -> dict[str, list[tuple[str, int]]]:
+    """gid -> the segments of ``states`` sealing on it, for every group holding a segment of
+    them not sealed (the groups ``open_ends`` asks)."""
     sealing: dict[str, list[tuple[str, int]]] = {}
-    for st, _, _ in states.values():
+    for st in states:
         for s in st.consume:
-            if s.status is not SegStatus.SEALED:
+            if s.status is not SEALED:
                 asked = sealing.setdefault(s.gid, [])
                 if s.status is SegStatus.SEALING:
                     asked.append((st.queue, s.seg))
+    return sealing
+
+
+def list_rows(store: ZkStore, reader: ReplicaReader, names: Sequence[str], known: Known | None,
+              row_of: RowOf[Row], phases: Phases | None = None) -> tuple[list[Row], list[str]]:
+    """The rows of ``queue list`` for ``names``, in that order (``row_of`` makes a row: a dict,
+    or its JSON text), and the lines of queues whose state does not parse; ``phases``: timed.
+
+    First the rows of the queues the copy holds (``known``); then the copy is asked again for
+    the others, and only those it still lacks are read from ZooKeeper, in one pipelined pass
+    (with their subscriptions' names while few are). Why (issue 43): 15 s after a group's
+    failure at 10^5 queues, reading the states the copy lacked took 2.4-9.8 s from a busy
+    ZooKeeper; the copy re-reads them meanwhile (scale43n's run 1: 12,088 lacked, 1,000 known
+    2.5 s later; ``known_queues`` logs why it lacks them). The queues taken late get their
+    groups asked only for what the first answers could not name (a group not asked, a sealing
+    segment not asked about)."""
+    have: dict[str, KnownQueue] = dict(known(names)) if known is not None else {}
+    with_subs = len(to_read(names, have, True)) <= SUBS_READ_LIMIT
+    later = set(to_read(names, have, with_subs))
+    if phases is not None:
+        phases.done("the copy's states", copy=len(have) - len(later & set(have)))
+    sealing = sealing_of(st for q, (st, _, _) in have.items() if q not in later)
     ends = open_ends(store, reader, sealing)
-    rows = []
-    for q in names:
-        if q not in states:
-            continue
-        st, _, subs = states[q]
-        last_seq, stored = readable_of(st, ends, reader)
-        row = summary(st, subs)
-        row["last_seq"], row["stored"] = last_seq, stored
-        rows.append(row)
-    return rows, corrupt
+    rows = {q: row_of(st, subs, *readable_of(st, ends, reader)) for q, (st, _, subs) in have.items()
+            if q not in later}
+    if phases is not None:
+        phases.done("open ends and their rows", groups=len(ends))
+    corrupt: list[str] = []
+    if later:
+        if known is not None:
+            have.update(known(sorted(later)))
+        reading = to_read(sorted(later), have, with_subs)
+        if phases is not None:
+            phases.done("the copy asked again", copy_later=len(later) - len(reading))
+        corrupt = take_read(have, store.load_states(reading, with_subs=with_subs))
+        if phases is not None:
+            phases.done("states read", read=len(reading))
+        fresh = [q for q in later if q in have]
+        more = {}
+        for gid, asked in sealing_of(have[q][0] for q in fresh).items():
+            if gid not in sealing or not set(asked) <= set(sealing[gid]):
+                more[gid] = asked
+        for gid, answer in open_ends(store, reader, more).items():
+            before = ends.get(gid)  # the second answer is the later: it wins
+            ends[gid] = answer if before is None else GroupEnds({**before.ends, **answer.ends},
+                                                               before.included and answer.included)
+        for q in fresh:
+            st, _, subs = have[q]
+            rows[q] = row_of(st, subs, *readable_of(st, ends, reader))
+        if phases is not None:
+            phases.done("their rows", groups_asked_again=len(more))
+    return [rows[q] for q in names if q in rows], corrupt

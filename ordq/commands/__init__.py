@@ -258,6 +258,12 @@ def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
     (``--token``, ORDQ_TOKEN, the registered one) is checked by the coordinator.
     CoordinationUnavailable, naming the addresses tried, when none answers within
     ``--zk-timeout``."""
+    return admin_call_with_text(args, verb, **verb_args)[0]
+
+
+def admin_call_with_text(args: argparse.Namespace, verb: str, **verb_args: Any) -> tuple[Any, bytes]:
+    """``admin_call``, and the text the verb sent apart from its result, to print as it is
+    (``CoordinatorClient.admin_with_text``; b"" when none)."""
     from ordq.bootstrap import coordinator, timeout_of
 
     # One call: the request goes to the first coordinator known, and a follower's refusal names
@@ -265,7 +271,7 @@ def admin_call(args: argparse.Namespace, verb: str, **verb_args: Any) -> Any:
     # reads, on every command (issue 42).
     with coordinator(args) as client, saying(f"waiting for the coordinators at {', '.join(client.coordinators)} "
                                              f"to answer {verb}"):
-        return client.admin(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args), **verb_args)
+        return client.admin_with_text(verb, timeout_s=ADMIN_CALL_TIMEOUT_S, reach_s=timeout_of(args), **verb_args)
 
 
 def coordinator_known(args: argparse.Namespace) -> bool:

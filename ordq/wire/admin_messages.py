@@ -4,7 +4,7 @@ generated modules, ``ordq_pb2`` and ``ordq_pb2_grpc``, was a quarter of such a c
 much again as the work it asked for).
 
 The four messages are small and fixed in proto/ordq/wire/ordq.proto: ``AdminRequest {string verb
-= 1; bytes args_json = 2}``, ``AdminResponse {bytes result_json = 1}``, ``CoordinatorsRequest {}``
+= 1; bytes args_json = 2}``, ``AdminResponse {bytes result_json = 1; bytes text = 2}``, ``CoordinatorsRequest {}``
 and ``CoordinatorsResponse {repeated string addresses = 1}``. Every other call still goes
 through the generated stubs.
 
@@ -29,12 +29,14 @@ _LEN = 2  # wire type of a length-delimited field (string, bytes)
 
 
 class AdminAnswer:
-    """An AdminResponse: ``result_json``, the verb's result as JSON (b"" when absent)."""
+    """An AdminResponse: ``result_json``, the verb's result as JSON, and ``text``, what the
+    caller prints as it is (b"" when absent)."""
 
-    __slots__ = ("result_json",)
+    __slots__ = ("result_json", "text")
 
-    def __init__(self, result_json: bytes = b"") -> None:
+    def __init__(self, result_json: bytes = b"", text: bytes = b"") -> None:
         self.result_json = result_json
+        self.text = text
 
 
 class CoordinatorsAnswer:
@@ -64,9 +66,9 @@ def as_bytes(request: bytes | object) -> bytes:
     return request.SerializeToString()  # type: ignore[attr-defined,no-any-return]
 
 
-def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
+def _fields(data: bytes, lengths: tuple[int, ...] = (1,)) -> list[tuple[int, int, bytes | int]]:
     """(number, wire type, value) of each field of a message, in order; ValueError when the
-    bytes are not a message."""
+    bytes are not a message, or a field of ``lengths`` is not length-delimited."""
     out: list[tuple[int, int, bytes | int]] = []
     at = 0
     while at < len(data):
@@ -89,18 +91,20 @@ def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
             value, at = data[at:at + size], at + size
         else:  # groups (3, 4) are not in proto3; 6 and 7 are not wire types
             raise ValueError(f"unexpected wire type {kind}")
-        if number == 1 and kind != _LEN:  # every field these messages have is length-delimited
-            raise ValueError(f"field 1 of wire type {kind}")
+        if number in lengths and kind != _LEN:  # every field these messages have is length-delimited
+            raise ValueError(f"field {number} of wire type {kind}")
         out.append((number, kind, value))
     return out
 
 
 def read_admin_answer(data: bytes) -> AdminAnswer:
-    """An AdminResponse from its bytes (the last ``result_json`` wins, as protobuf's parser does)."""
+    """An AdminResponse from its bytes (the last of each field wins, as protobuf's parser does)."""
     answer = AdminAnswer()
-    for number, _kind, value in _fields(data):
+    for number, _kind, value in _fields(data, (1, 2)):
         if number == 1 and isinstance(value, bytes):
             answer.result_json = value
+        elif number == 2 and isinstance(value, bytes):
+            answer.text = value
     return answer
 
 

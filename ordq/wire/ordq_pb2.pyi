@@ -215,10 +215,12 @@ class AdminRequest(_message.Message):
     def __init__(self, verb: _Optional[str] = ..., args_json: _Optional[bytes] = ...) -> None: ...
 
 class AdminResponse(_message.Message):
-    __slots__ = ("result_json",)
+    __slots__ = ("result_json", "text")
     RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     result_json: bytes
-    def __init__(self, result_json: _Optional[bytes] = ...) -> None: ...
+    text: bytes
+    def __init__(self, result_json: _Optional[bytes] = ..., text: _Optional[bytes] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("kind", "queue", "subscription", "holder", "generation", "lease_key", "ttl_ms", "wait_ms")
