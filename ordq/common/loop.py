@@ -10,6 +10,11 @@ Rules:
   message).
 - ``stop`` cancels what is still scheduled, lets it finish, closes the loop and joins the
   thread: nothing is left running and no coroutine is left un-awaited.
+
+The loop is uvloop's (``ORDQ_LOOP=asyncio``: the standard library's). Why: the data path's lean
+links are asyncio streams with TLS, and the standard loop runs its TLS layer (sslproto) and
+its scheduling in Python on every frame; uvloop runs both in Cython. At a steady 2,000 msgs/s
+it cut the CPU per batch of every process (docs/BENCHMARKS.md, issue 39, fast39n).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -50,12 +56,29 @@ def _drop_stale_grpc_handoff(loop: asyncio.AbstractEventLoop, context: dict[str,
     loop.default_exception_handler(context)
 
 
+# The switch: ``ORDQ_LOOP=asyncio`` in a process's environment gives its loops the standard
+# library's event loop instead of uvloop's (to compare, or where uvloop misbehaves).
+ENV = "ORDQ_LOOP"
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's, unless ``ORDQ_LOOP=asyncio`` or uvloop cannot be imported."""
+    if os.environ.get(ENV, "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - a platform without uvloop (it is a dependency)
+            log.info("uvloop cannot be imported: the standard library's event loop")
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class LoopThread:
     """``start()`` runs a new event loop on a daemon thread named ``name``; ``stop()`` ends it."""
 
     def __init__(self, name: str, *, workers: int = 1) -> None:
         self.name = name
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_loop()
         self.loop.set_exception_handler(_drop_stale_grpc_handoff)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-blocking")
