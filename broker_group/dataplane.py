@@ -263,9 +263,7 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 await abort(context, error)
             if finished or b.shared.stopping:
                 return
-            # first: when the LAC moves, this ack (a cheap write the producer's next batch waits
-            # for) goes before the Read answers the same move wakes (docs/BENCHMARKS.md, fast39m)
-            await b.shared.signal.wait(first=True)
+            await b.shared.signal.wait()
     finally:
         reader.cancel()
         with b.shared.cv:

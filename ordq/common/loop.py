@@ -153,32 +153,24 @@ class Signal:
     How a waiter loses no wake-up: state changes happen (under their owner's lock) before the
     signal fires, and a waiter checks its condition and starts waiting without an ``await``
     in between; another thread's ``fire`` reaches the loop through ``call_soon_threadsafe``.
-
-    Waiters that ``wait(first=True)`` run before the others after a fire (their wake-ups are
-    queued on the loop first): a broker's produce acks, a cheap write the producer's next batch
-    waits for, go before its Read answers, which cost the loop several times more (issue 39).
     """
 
     def __init__(self, loop_thread: LoopThread) -> None:
         self._lt = loop_thread
-        self._first: set[asyncio.Future[None]] = set()
         self._waiters: set[asyncio.Future[None]] = set()
 
-    async def wait(self, timeout_s: float | None = None, *, first: bool = False) -> None:
+    async def wait(self, timeout_s: float | None = None) -> None:
         """Until the next fire (or ``timeout_s``). Check the condition just before, with no
-        ``await`` in between. ``first``: woken before the waiters without it."""
+        ``await`` in between."""
         fut: asyncio.Future[None] = self._lt.loop.create_future()
-        waiters = self._first if first else self._waiters
-        waiters.add(fut)
+        self._waiters.add(fut)
         timer = None if timeout_s is None else self._lt.loop.call_later(max(timeout_s, 0.0), _settle, fut)
         try:
             await fut
         finally:
             if timer is not None:
                 timer.cancel()
-            # timed out or cancelled: forget it (after a fire, ``_fire`` swapped in a new set)
-            self._first.discard(fut)
-            self._waiters.discard(fut)
+            self._waiters.discard(fut)  # timed out or cancelled: forget it
 
     def fire(self) -> None:
         """Wake every waiter; from any thread."""
@@ -188,11 +180,7 @@ class Signal:
             self._lt.call_soon(self._fire)  # dropped when the loop is closed: nobody waits any more
 
     def _fire(self) -> None:
-        # A settled future queues its waiter's wake-up (call_soon) at once: the first ones first.
-        first, self._first = self._first, set()
         waiters, self._waiters = self._waiters, set()
-        for fut in first:
-            _settle(fut)
         for fut in waiters:
             _settle(fut)
 
