@@ -263,9 +263,7 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 await abort(context, error)
             if finished or b.shared.stopping:
                 return
-            # first: when the LAC moves, this ack (a cheap write the producer's next batch waits
-            # for) goes before the Read answers the same move wakes (docs/BENCHMARKS.md, fast39m)
-            await b.shared.signal.wait(first=True)
+            await b.shared.signal.wait()
     finally:
         reader.cancel()
         with b.shared.cv:
@@ -353,6 +351,27 @@ async def read_stream(b: Parts, req: pb.FetchRequest, context: Context) -> None:
         lease.release()
 
 
+async def answer(b: Parts, context: Context, rpc: str, queue: str, call: Callable[[], Any]) -> Any:
+    """Check the caller's role on ``queue``, then ``call()`` (a coroutine function, or a
+    blocking function run in a worker thread); an OrdqError becomes the call's typed status.
+    Shared by the gRPC handlers and the lean link's Read streams (broker_group/lean_produce.py)."""
+    try:
+        b.gate.check(context, rpc, queue)
+        if asyncio.iscoroutinefunction(call):
+            return await call()
+        return await b.shared.loop.run_blocking(call)
+    except OrdqError as exc:
+        b.shared.count_refused(exc)
+        await abort(context, exc)
+    except (ValueError, OverflowError) as exc:
+        # A value no check above foresaw (a number out of a protobuf field's range): the
+        # caller's mistake, typed and counted, not an uncaught traceback in the broker.
+        log.warning("%s refused: %r", rpc, exc)
+        refused = ConfigError(f"bad {rpc} request: {exc}")
+        b.shared.count_refused(refused)
+        await abort(context, refused)
+
+
 class BrokerServicer(pb_grpc.BrokerServicer):
     """gRPC entry points: translate requests to calls of the broker's parts and ordq errors to statuses."""
 
@@ -360,23 +379,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.b = parts
 
     async def _answer(self, context: Context, rpc: str, queue: str, call: Callable[[], Any]) -> Any:
-        """Check the caller's role, then ``call()`` (a coroutine function, or a blocking
-        function run in a worker thread); an OrdqError becomes the call's typed status."""
-        try:
-            self.b.gate.check(context, rpc, queue)
-            if asyncio.iscoroutinefunction(call):
-                return await call()
-            return await self.b.shared.loop.run_blocking(call)
-        except OrdqError as exc:
-            self.b.shared.count_refused(exc)
-            await abort(context, exc)
-        except (ValueError, OverflowError) as exc:
-            # A value no check above foresaw (a number out of a protobuf field's range): the
-            # caller's mistake, typed and counted, not an uncaught traceback in the broker.
-            log.warning("%s refused: %r", rpc, exc)
-            refused = ConfigError(f"bad {rpc} request: {exc}")
-            self.b.shared.count_refused(refused)
-            await abort(context, refused)
+        return await answer(self.b, context, rpc, queue, call)
 
     async def Produce(self, request_iterator: Any, context: Context) -> None:
         await produce(self.b, request_iterator, context)

@@ -17,6 +17,14 @@ token's share of request time (``metered``), as ``_checked_first`` runs the gRPC
 A refusal travels as a ``ProduceLinkAnswer`` with the kind and fields of gRPC's
 ``ordq-error`` trailer, then the link is closed; the producer raises the same error.
 
+A hello with ``read`` makes the connection a consumer's Read streams instead (the client's end:
+ordq/wire/lean_read.py): each later frame is a ``FetchRequest`` (at most SMALL_REQUEST_BYTES,
+refused from its length), served as the gRPC ``Read`` call serves one, by the same code and
+guards (``check_caller`` before the request is read, ``answer``'s role check on its queue,
+``read_stream``'s memory budget, read pace and idle close, ``metered`` per stream), its answers
+as ``ReadLinkAnswer`` frames and an ``end`` frame when the stream ends. Why: on gRPC each
+answer cost the master's loop more than everything else of a batch (py-spy, issue 39).
+
 Rules: connections and framing here; no write-path state (write_path.py owns it).
 """
 
@@ -31,13 +39,14 @@ from typing import Any, NoReturn
 from google.protobuf.message import DecodeError
 
 from ordq.broker_group.config import server_options
-from ordq.broker_group.dataplane import Parts, check_caller, metered, produce
+from ordq.broker_group.dataplane import SMALL_REQUEST_BYTES, Parts, answer, check_caller, metered, produce, read_stream
 from ordq.broker_group.lean_link import TaskServer, peer_cn
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import abort
 from ordq.wire.framing import PRODUCE_STEP_BYTES
+from ordq.wire.lean_frames import read_answer_frame
 from ordq.wire.lean_produce import HELLO_LIMIT, frame, read_frame, tls_context, tune
 
 log = logging.getLogger("ordq.broker")
@@ -47,10 +56,16 @@ class LinkAborted(Exception):
     """The connection's answer was a refusal (sent): the handler ends (as gRPC's AbortError)."""
 
 
+# A refusal's frame waits this long at most for a peer that takes nothing (an idle reader)
+ABORT_DRAIN_S = 1.0
+
+
 class LinkContext:
     """What dataplane's produce handler and its guards ask of a gRPC call's context, for one
     lean connection: its token (``invocation_metadata``), the peer's verified certificate
     (``auth_context``), the peer, and the answers (``write``, ``abort``)."""
+
+    ANSWER: Any = pb.ProduceLinkAnswer  # the frames' message (a refusal's fields are the same in both)
 
     def __init__(self, writer: asyncio.StreamWriter, cn: str | None, token: str, peer: str) -> None:
         self._writer = writer
@@ -77,11 +92,31 @@ class LinkContext:
 
     async def abort(self, _code: Any, details: str) -> NoReturn:
         try:
-            self._writer.write(frame(pb.ProduceLinkAnswer(error_json=self._trailer, error_text=details)))
-            await self._writer.drain()
-        except (OSError, ssl.SSLError):
-            pass  # the producer went away: nothing to answer
+            self._writer.write(frame(self.ANSWER(error_json=self._trailer, error_text=details)))
+            async with asyncio.timeout(ABORT_DRAIN_S):
+                await self._writer.drain()
+        except (OSError, ssl.SSLError, TimeoutError):
+            pass  # the client went away, or takes nothing: nothing more to answer
         raise LinkAborted(details)
+
+
+class ReadLinkContext(LinkContext):
+    """``LinkContext`` for Read streams: ``write`` takes an answer encoded by the read path
+    (broker_group/answer.py) and frames it as a ``ReadLinkAnswer`` as it is."""
+
+    ANSWER = pb.ReadLinkAnswer
+
+    async def write(self, wire: bytes) -> None:  # type: ignore[override]
+        self._writer.write(read_answer_frame(wire))
+        await self._writer.drain()
+
+    async def end(self) -> None:
+        """The Read stream ended (as a gRPC Read call ends): the client may ask the next."""
+        self._writer.write(_STREAM_END)
+        await self._writer.drain()
+
+
+_STREAM_END = frame(pb.ReadLinkAnswer(end=True))
 
 
 class LeanProduceServer(TaskServer):
@@ -127,7 +162,11 @@ class LeanProduceServer(TaskServer):
                 b.shared.count_refused(bad)
                 log.warning("produce link from %s refused: %s", ctx.peer(), bad)
                 await abort(ctx, bad)  # type: ignore[arg-type]
-            ctx = LinkContext(writer, peer_cn(writer) if self._tls else None, hello.token, ctx.peer())
+            kind = ReadLinkContext if hello.read else LinkContext
+            ctx = kind(writer, peer_cn(writer) if self._tls else None, hello.token, ctx.peer())
+            if hello.read:
+                await self._serve_reads(reader, ctx)  # type: ignore[arg-type]
+                return
             log.info("produce stream from %s on the lean link", ctx.peer())
 
             async def run() -> None:
@@ -138,10 +177,44 @@ class LeanProduceServer(TaskServer):
         except LinkAborted:
             pass  # the refusal was sent (and counted where it was decided)
         except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
-            log.debug("produce link from %s ended: %r", ctx.peer(), exc)
+            log.debug("lean link from %s ended: %r", ctx.peer(), exc)
         finally:
             self._conns.discard(task)
-            writer.close()
+            if writer.transport.get_write_buffer_size():
+                writer.transport.abort()  # a client that takes nothing holds no buffer of ours
+            else:
+                writer.close()
+
+    async def _serve_reads(self, reader: asyncio.StreamReader, ctx: ReadLinkContext) -> None:
+        """Read streams, one after the other, each as the gRPC ``Read`` call serves one: the
+        token checked before its request is read, the role on its queue, the stream charged
+        to the token (``metered``); then its end. Ends at the client's clean close, or with a
+        refusal (sent, LinkAborted)."""
+        b = self._b
+
+        async def one() -> bool:
+            await check_caller(b, ctx, "Read", b.gate.book.now())  # type: ignore[arg-type]
+            try:
+                body = await read_frame(reader, SMALL_REQUEST_BYTES, "read request")
+                if body is None:
+                    return False
+                req = pb.FetchRequest.FromString(body)
+            except (ConfigError, DecodeError) as exc:
+                bad = exc if isinstance(exc, ConfigError) else ConfigError(f"bad Read request: {exc}")
+                b.shared.count_refused(bad)
+                await abort(ctx, bad)  # type: ignore[arg-type]
+            with b.shared.cv:
+                b.shared.stats.read_link_streams += 1
+
+            async def read() -> None:
+                await read_stream(b, req, ctx)  # type: ignore[arg-type]
+
+            await answer(b, ctx, "Read", req.queue, read)  # type: ignore[arg-type]
+            await ctx.end()
+            return True
+
+        while await metered(b, ctx, one):  # type: ignore[arg-type]
+            pass
 
     async def _requests(self, reader: asyncio.StreamReader) -> AsyncIterator[pb.ProduceRequest]:
         """The connection's requests. A frame past the limit or no ProduceRequest raises

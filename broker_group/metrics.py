@@ -43,6 +43,8 @@ _COUNTERS = {
     "replication_answered": ("ordq_broker_replication_answered_requests", "Requests with batches the slave "
                              "answered"),
     "fetches": ("ordq_broker_fetch_requests", "Fetch answers served (a Fetch call, or one answer on a Read stream)"),
+    "read_link_streams": ("ordq_broker_read_link_streams", "Read streams served on the lean link (each ended by "
+                          "its end frame, as a gRPC Read call ends)"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),

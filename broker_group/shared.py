@@ -138,6 +138,7 @@ class BrokerStats:
     replication_answers: int = 0
     replication_answered: int = 0
     fetches: int = 0
+    read_link_streams: int = 0  # Read streams served on the lean link (broker_group/lean_produce.py)
     fetch_batches: int = 0
     fetch_messages: int = 0
     fetch_bytes: int = 0

@@ -259,8 +259,9 @@ class SegmentReader:
                 continue
             try:
                 res = reads.fetch(info.address, self.config.queue, segment.seg, offset,
-                                      max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
-                                      known_end=segment.end if segment.status is SegStatus.SEALED else None)
+                                  max_bytes=max_bytes or self.config.fetch_max_bytes, max_wait_ms=max_wait_ms,
+                                  known_end=segment.end if segment.status is SegStatus.SEALED else None,
+                                  link=info.produce)  # a master's lean link carries its Read streams too
                 self.stalled_since = None
                 self._served_by = info.address
                 if errors and self._avoid != (segment.seg, errors[0][0]):

@@ -150,6 +150,8 @@ class ProducerIO:
 
     def _init_io(self) -> None:
         self._linger_timer: asyncio.TimerHandle | None = None
+        # when the linger timer is due: kept here, as uvloop's timer due at once is a plain Handle (no ``when()``)
+        self._linger_due = 0.0
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pacing = FailoverPacing(self.config.send_timeout_s)
@@ -209,10 +211,11 @@ class ProducerIO:
         due = core.next_deadline()
         if due is not None:
             timer = self._linger_timer
-            if timer is None or timer.when() > due:
+            if timer is None or self._linger_due > due:
                 if timer is not None:
                     timer.cancel()
                 self._linger_timer = loop.call_at(due, self._on_linger)
+                self._linger_due = due
 
     def _on_linger(self) -> None:
         self._linger_timer = None

@@ -8,12 +8,14 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ordq.broker_group.answer import encode
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.lean_frames import (
     add_produce_request,
     add_replicate_request,
     frame,
     produce_request_body,
+    read_answer_frame,
     replicate_request_body,
 )
 
@@ -57,3 +59,15 @@ def test_replicate_requests_are_protobufs_bytes(queue: str, seg: int, lac: int, 
     assert replicate_request_body(queue, seg, batches, lac) == want[0].SerializeToString()  # the gRPC call's
     (n,) = struct.unpack(">I", data[:4])
     assert pb.ReplicateRequest.FromString(data[4:4 + n]) == want[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(drawn=BATCHES, readable_end=U64, sealed=st.booleans())
+def test_a_read_answer_on_the_link_is_protobufs_bytes(drawn: list[bytes | int], readable_end: int,
+                                                      sealed: bool) -> None:
+    """The lean link's Read answer wraps the read path's encoded answer as it is (no parse)."""
+    batches = made(drawn)
+    wire = encode(batches, offset=0, end_offset=0, readable_end=readable_end, sealed=sealed).wire
+    want = pb.ReadLinkAnswer(response=pb.FetchResponse(batches=batches, readable_end=readable_end, sealed=sealed))
+    assert read_answer_frame(wire) == frame(want)
+    assert pb.ReadLinkAnswer.FromString(read_answer_frame(wire)[4:]).HasField("response")

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.cluster import REPO
 
 
@@ -23,3 +25,33 @@ def test_a_closed_loops_late_grpc_completions_print_nothing_and_the_survivor_is_
     # the situation arose (else the test would prove nothing): completions for a closed loop
     # were handed off, and dropped quietly (every round closes a loop with calls in flight)
     assert counts["dropped"] >= 1, counts
+
+
+def test_a_loop_thread_runs_uvloop_unless_told_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39 (fast39n): the data path's loops are uvloop's (its TLS layer and scheduling in
+    Cython, not Python); ``ORDQ_LOOP=asyncio`` gives the standard library's loop. Either runs
+    a coroutine and a blocking step."""
+    import asyncio
+    import time
+
+    import uvloop
+
+    from ordq.common.loop import ENV, LoopThread
+
+    async def work(lt: LoopThread) -> float:
+        await asyncio.sleep(0.001)
+        return await lt.run_blocking(time.monotonic)
+
+    for setting, kind in ((None, uvloop.Loop), ("asyncio", asyncio.BaseEventLoop)):
+        if setting is None:
+            monkeypatch.delenv(ENV, raising=False)
+        else:
+            monkeypatch.setenv(ENV, setting)
+        lt = LoopThread("test-loop")
+        lt.start()
+        try:
+            assert isinstance(lt.loop, kind), type(lt.loop)
+            assert setting is None or not isinstance(lt.loop, uvloop.Loop)
+            assert lt.run(work(lt), 10) > 0
+        finally:
+            lt.stop()

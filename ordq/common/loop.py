@@ -10,6 +10,11 @@ Rules:
   message).
 - ``stop`` cancels what is still scheduled, lets it finish, closes the loop and joins the
   thread: nothing is left running and no coroutine is left un-awaited.
+
+The loop is uvloop's (``ORDQ_LOOP=asyncio``: the standard library's). Why: the data path's lean
+links are asyncio streams with TLS, and the standard loop runs its TLS layer (sslproto) and
+its scheduling in Python on every frame; uvloop runs both in Cython. At a steady 2,000 msgs/s
+it cut the CPU per batch of every process (docs/BENCHMARKS.md, issue 39, fast39n).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -50,12 +56,29 @@ def _drop_stale_grpc_handoff(loop: asyncio.AbstractEventLoop, context: dict[str,
     loop.default_exception_handler(context)
 
 
+# The switch: ``ORDQ_LOOP=asyncio`` in a process's environment gives its loops the standard
+# library's event loop instead of uvloop's (to compare, or where uvloop misbehaves).
+ENV = "ORDQ_LOOP"
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's, unless ``ORDQ_LOOP=asyncio`` or uvloop cannot be imported."""
+    if os.environ.get(ENV, "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - a platform without uvloop (it is a dependency)
+            log.info("uvloop cannot be imported: the standard library's event loop")
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class LoopThread:
     """``start()`` runs a new event loop on a daemon thread named ``name``; ``stop()`` ends it."""
 
     def __init__(self, name: str, *, workers: int = 1) -> None:
         self.name = name
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_loop()
         self.loop.set_exception_handler(_drop_stale_grpc_handoff)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-blocking")
@@ -130,32 +153,24 @@ class Signal:
     How a waiter loses no wake-up: state changes happen (under their owner's lock) before the
     signal fires, and a waiter checks its condition and starts waiting without an ``await``
     in between; another thread's ``fire`` reaches the loop through ``call_soon_threadsafe``.
-
-    Waiters that ``wait(first=True)`` run before the others after a fire (their wake-ups are
-    queued on the loop first): a broker's produce acks, a cheap write the producer's next batch
-    waits for, go before its Read answers, which cost the loop several times more (issue 39).
     """
 
     def __init__(self, loop_thread: LoopThread) -> None:
         self._lt = loop_thread
-        self._first: set[asyncio.Future[None]] = set()
         self._waiters: set[asyncio.Future[None]] = set()
 
-    async def wait(self, timeout_s: float | None = None, *, first: bool = False) -> None:
+    async def wait(self, timeout_s: float | None = None) -> None:
         """Until the next fire (or ``timeout_s``). Check the condition just before, with no
-        ``await`` in between. ``first``: woken before the waiters without it."""
+        ``await`` in between."""
         fut: asyncio.Future[None] = self._lt.loop.create_future()
-        waiters = self._first if first else self._waiters
-        waiters.add(fut)
+        self._waiters.add(fut)
         timer = None if timeout_s is None else self._lt.loop.call_later(max(timeout_s, 0.0), _settle, fut)
         try:
             await fut
         finally:
             if timer is not None:
                 timer.cancel()
-            # timed out or cancelled: forget it (after a fire, ``_fire`` swapped in a new set)
-            self._first.discard(fut)
-            self._waiters.discard(fut)
+            self._waiters.discard(fut)  # timed out or cancelled: forget it
 
     def fire(self) -> None:
         """Wake every waiter; from any thread."""
@@ -165,11 +180,7 @@ class Signal:
             self._lt.call_soon(self._fire)  # dropped when the loop is closed: nobody waits any more
 
     def _fire(self) -> None:
-        # A settled future queues its waiter's wake-up (call_soon) at once: the first ones first.
-        first, self._first = self._first, set()
         waiters, self._waiters = self._waiters, set()
-        for fut in first:
-            _settle(fut)
         for fut in waiters:
             _settle(fut)
 

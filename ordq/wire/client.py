@@ -8,8 +8,10 @@ are cached per address and closed with the transport.
 
 from __future__ import annotations
 
+import logging
 import queue as queue_mod
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -17,14 +19,17 @@ import grpc
 
 from ordq.common.errors import BrokerUnavailable
 from ordq.common.security import Credentials, StubCache, channel, token_metadata
+from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.batch import parse_header
 from ordq.wire.errors import from_rpc_error
 from ordq.wire.framing import GRPC_OPTIONS, REQUEST_BYTES, chunks
+from ordq.wire.lean_read import LINK_RETRY_S, LeanReadLink
 from ordq.wire.transport import Ack, FetchResult, ReplicaEnd
 
 T = TypeVar("T")
+log = logging.getLogger("ordq.wire")
 
 
 def _replica_end(e: pb.SegmentEnd) -> ReplicaEnd:
@@ -122,59 +127,128 @@ class StreamedReads:
     answer ended) takes the stream's next answer — one stream message per readable range,
     not a call each; any other fetch closes it and opens a new one. The broker ends a stream
     after an empty answer or ``STREAM_S``, so the stream's deadline (``STREAM_S`` + the wait
-    + the transport's ``rpc_timeout_s``) also bounds every answer when a broker hangs."""
+    + the transport's ``rpc_timeout_s``) also bounds every answer when a broker hangs.
+
+    A master that publishes a lean link (``link``) is read on it (ordq/wire/lean_read.py:
+    the same streams, the same answers, less CPU on both sides); one whose link cannot be
+    opened, or any replica without one, over gRPC."""
 
     STREAM_S = 1.0
     WATCHDOG_GRACE_S = 1.0  # past the deadline, before this side cancels a stream itself
 
     def __init__(self, transport: GrpcTransport) -> None:
         self._t = transport
-        self._watchdog: threading.Timer | None = None
         self._key: tuple[Any, ...] | None = None  # what the open stream reads, and from where next
-        self._call: Any = None
+        self._stream: _GrpcRead | _LinkRead | None = None
+        self._conn: LeanReadLink | None = None  # the lean link last read on (one master at a time)
+        self._link_down: dict[str, float] = {}  # a link that could not be opened -> until when not tried
+        self.link_streams = self.grpc_streams = 0  # streams opened on each
 
     def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
-              known_end: int | None = None) -> FetchResult:
+              known_end: int | None = None, link: str = "") -> FetchResult:
         key = (address, queue, seg, offset, max_bytes, max_wait_ms, known_end)
         for fresh in (False, True):
-            if fresh or key != self._key or self._call is None:
-                self.close()
-                self._call = self._open(address, pb.FetchRequest(
+            if fresh or key != self._key or self._stream is None:
+                self._close_stream()
+                self._stream = self._open(address, link, pb.FetchRequest(
                     queue=queue, seg=seg, offset=offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
                     known_end=-1 if known_end is None else known_end, stream_ms=int(self.STREAM_S * 1000)))
             try:
-                res = next(self._call)
-            except StopIteration:
-                self._call = None  # it ended after its last answer (quiet, or its time): a new one
+                res = self._stream.next()
+            except BaseException:
+                self._close_stream()
+                raise
+            if res is None:
+                self._close_stream()  # it ended after its last answer (quiet, or its time): a new one
                 continue
-            except grpc.RpcError as exc:
-                self._call = None
-                raise from_rpc_error(exc, address) from exc
             batches = list(res.batches)
             end = parse_header(batches[-1], verify_crc=False).end_offset if batches else offset
             self._key = (address, queue, seg, end, max_bytes, max_wait_ms, known_end)
             return FetchResult(batches=batches, readable_end=res.readable_end, sealed=res.sealed)
         raise BrokerUnavailable(address, "Read stream ended without an answer")
 
-    def _open(self, address: str, req: pb.FetchRequest) -> Any:
+    def _open(self, address: str, link: str, req: pb.FetchRequest) -> _GrpcRead | _LinkRead:
         timeout = self.STREAM_S + req.max_wait_ms / 1000.0 + self._t.rpc_timeout_s
-        call = self._t._call(address, lambda s: s.Read(req, timeout=timeout, metadata=self._t._md))
-        # The call's own deadline, enforced by this side too: a consumer was seen blocked in
-        # a Read stream's next() for minutes past its 3.2 s deadline, the broker idle (issue
-        # 26, test_ctrl_c_on_consume). Cancelling ends that next() with CANCELLED, which the
-        # reader takes as an unavailable broker and tries again.
-        self._watchdog = threading.Timer(timeout + self.WATCHDOG_GRACE_S, call.cancel)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-        return call
+        conn = self._link(address, link)
+        if conn is not None:
+            self.link_streams += 1
+            return _LinkRead(conn, req, timeout + self.WATCHDOG_GRACE_S)
+        self.grpc_streams += 1
+        return _GrpcRead(self._t, address, req, timeout, self.WATCHDOG_GRACE_S)
+
+    def _link(self, address: str, link: str) -> LeanReadLink | None:
+        """The open connection to ``link`` (opened now if need be), or None: read over gRPC."""
+        now = time.monotonic()
+        if not link or not lean_produce.wanted() or self._link_down.get(link, 0.0) > now:
+            return None
+        conn = self._conn
+        if conn is not None and not conn.closed and conn.link == link:
+            return conn
+        if conn is not None:
+            conn.close()
+        self._conn = None
+        try:
+            self._conn = LeanReadLink(link, address, self._t.credentials)
+        except OSError as exc:  # ssl.SSLError and TimeoutError too: a firewalled or NAT'd port, or a gone master
+            self._link_down[link] = now + LINK_RETRY_S
+            log.warning("the lean link %s of %s cannot be opened (%r): reading over gRPC for %gs", link, address,
+                        exc, LINK_RETRY_S)
+        return self._conn
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._stream = self._key = None
 
     def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        if self._call is not None:
-            self._call.cancel()
-        self._call = self._key = None
+        self._close_stream()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class _GrpcRead:
+    """A Read call: its answers, then None; its own deadline enforced by this side too."""
+
+    def __init__(self, t: GrpcTransport, address: str, req: pb.FetchRequest, timeout: float, grace: float) -> None:
+        self._address = address
+        self._call: Any = t._call(address, lambda s: s.Read(req, timeout=timeout, metadata=t._md))
+        # A consumer was seen blocked in a Read stream's next() for minutes past its 3.2 s
+        # deadline, the broker idle (issue 26, test_ctrl_c_on_consume). Cancelling ends that
+        # next() with CANCELLED, which the reader takes as an unavailable broker and tries again.
+        self._watchdog = threading.Timer(timeout + grace, self._call.cancel)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def next(self) -> pb.FetchResponse | None:
+        try:
+            return next(self._call)  # type: ignore[no-any-return]
+        except StopIteration:
+            return None
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self._address) from exc
+
+    def close(self) -> None:
+        self._watchdog.cancel()
+        self._call.cancel()
+
+
+class _LinkRead:
+    """A Read stream on a lean link: its answers, then None. Left before its end, the link is
+    closed (its remaining answers would come before the next stream's)."""
+
+    def __init__(self, conn: LeanReadLink, req: pb.FetchRequest, deadline_s: float) -> None:
+        self._conn, self._ended = conn, False
+        conn.open(req, deadline_s)
+
+    def next(self) -> pb.FetchResponse | None:
+        res = self._conn.next_answer()
+        self._ended = res is None
+        return res
+
+    def close(self) -> None:
+        if not self._ended:
+            self._conn.close()
 
 
 _CLOSE = object()

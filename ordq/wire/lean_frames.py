@@ -100,6 +100,13 @@ def add_replicate_request(parts: list[bytes], queue: str, seg: int, batches: Seq
     parts[at] = HEADER.pack(sum(map(len, parts[at + 1:])))
 
 
+def read_answer_frame(wire: bytes) -> bytes:
+    """The frame of ``ReadLinkAnswer(response=FetchResponse.FromString(wire))``: a Read answer
+    the read path encoded once (broker_group/answer.py), wrapped without parsing it again."""
+    head = b"\x0a" + _varint(len(wire))  # 1: response (a message: its bytes as they are)
+    return HEADER.pack(len(head) + len(wire)) + head + wire
+
+
 def produce_request_body(queue: str, seg: int, epoch: int, epoch_key: str, batches: Sequence[bytes]) -> bytes:
     """``ProduceRequest(...).SerializeToString()``, encoded by hand: the request of a gRPC
     Produce call that sends it ``as_is`` (wire/aio_client.py)."""

@@ -543,10 +543,12 @@ class SealManyResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SealManyResult, _Mapping]]] = ...) -> None: ...
 
 class ProduceLinkHello(_message.Message):
-    __slots__ = ("token",)
+    __slots__ = ("token", "read")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     token: str
-    def __init__(self, token: _Optional[str] = ...) -> None: ...
+    read: bool
+    def __init__(self, token: _Optional[str] = ..., read: _Optional[bool] = ...) -> None: ...
 
 class ProduceLinkAnswer(_message.Message):
     __slots__ = ("response", "error_json", "error_text")
@@ -557,3 +559,15 @@ class ProduceLinkAnswer(_message.Message):
     error_json: str
     error_text: str
     def __init__(self, response: _Optional[_Union[ProduceResponse, _Mapping]] = ..., error_json: _Optional[str] = ..., error_text: _Optional[str] = ...) -> None: ...
+
+class ReadLinkAnswer(_message.Message):
+    __slots__ = ("response", "error_json", "error_text", "end")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TEXT_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    response: FetchResponse
+    error_json: str
+    error_text: str
+    end: bool
+    def __init__(self, response: _Optional[_Union[FetchResponse, _Mapping]] = ..., error_json: _Optional[str] = ..., error_text: _Optional[str] = ..., end: _Optional[bool] = ...) -> None: ...

@@ -76,11 +76,12 @@ class ProduceStream(Protocol):
 
 class Reader(Protocol):
     """``BrokerTransport.fetch`` for one reading thread, which may keep a stream open between
-    calls (a fetch that continues where the last one ended costs no call)."""
+    calls (a fetch that continues where the last one ended costs no call). ``link``: the
+    replica's lean link (a master's, from its liveness node), "" for none."""
 
     def fetch(
         self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
-        known_end: int | None = None,
+        known_end: int | None = None, link: str = "",
     ) -> FetchResult: ...
 
     def close(self) -> None: ...

@@ -1,0 +1,129 @@
+"""A consumer's Read streams on a master's lean link (issue 39): the client's end, blocking, for
+the one thread that reads (``StreamedReads``, wire/client.py). The master's end is
+broker_group/lean_produce.py (the same link as the produce streams: a hello with ``read``).
+
+Why: over gRPC every Read answer cost the master's event loop more than the rest of a batch
+(py-spy at 2,000 msgs/s: ~40 % of its loop's Python time was the Read stream's gRPC write),
+and the consumer one gRPC message and a hand-off from gRPC's threads per answer.
+
+Protocol (proto/ordq/wire/ordq.proto, ``ProduceLinkHello``/``ReadLinkAnswer``): after the hello
+(token, ``read``) the client sends one ``FetchRequest`` per Read stream; the master answers it
+with ``ReadLinkAnswer`` frames, as a gRPC Read call answers (each answer from where the last
+ended, until an empty one, the sealed end or ``stream_ms``), then ``end``. A refusal (the kind
+and fields of gRPC's ``ordq-error`` trailer) ends the link; it raises the same error as over
+gRPC. So does every guard: the master serves each stream with the gRPC call's own code.
+
+Guarantee: the same answers as the gRPC ``Read`` call, in order; every failure of the link is
+BrokerUnavailable naming the master's gRPC address (the reader then tries the slave, as after a
+failed gRPC stream); a stream not ended within its deadline (``STREAM_S`` + the wait + the
+transport's RPC timeout) closes the link. A link that cannot be opened is not used for
+``LINK_RETRY_S`` (the caller reads over gRPC meanwhile).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ordq.common.addresses import split_host_port
+from ordq.common.errors import BrokerUnavailable, ConfigError
+from ordq.common.security import Credentials
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import from_error_json
+from ordq.wire.lean_frames import HEADER, frame
+from ordq.wire.lean_produce import ANSWER_LIMIT, CONNECT_TIMEOUT_S, REACH_TIMEOUT_S, tls_context
+
+T = TypeVar("T")
+LINK_RETRY_S = 30.0  # a link that could not be opened is tried again after this long
+_RECV_BYTES = 1 << 18
+
+
+class LeanReadLink:
+    """One connection to a master's lean link carrying Read streams, one after the other.
+    ``open`` starts a stream, ``next_answer`` returns its next answer (None: it ended).
+    Raises BrokerUnavailable (``address``: the master's gRPC address) when the link fails,
+    or the master's typed refusal; either way the link is closed."""
+
+    def __init__(self, link: str, address: str, creds: Credentials) -> None:
+        """Connect (TCP within REACH_TIMEOUT_S, TLS within CONNECT_TIMEOUT_S) and say hello;
+        OSError (ssl.SSLError, TimeoutError) when the link cannot be opened."""
+        self.link, self.address = link, address
+        host, port = split_host_port(link)
+        host = host.strip("[]")
+        sock = socket.create_connection((host, port), timeout=REACH_TIMEOUT_S)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            ctx = tls_context(creds, ssl.Purpose.SERVER_AUTH)
+            if ctx is not None:
+                sock.settimeout(CONNECT_TIMEOUT_S)
+                sock = ctx.wrap_socket(sock, server_hostname=host)
+            sock.sendall(frame(pb.ProduceLinkHello(token=creds.token or "", read=True)))
+        except BaseException:
+            sock.close()
+            raise
+        self._sock: socket.socket | None = sock
+        self._buf = bytearray()
+        self._deadline = 0.0  # the open stream's (monotonic)
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def open(self, req: pb.FetchRequest, deadline_s: float) -> None:
+        """Start a Read stream with ``req``; its answers must come within ``deadline_s``."""
+        self._deadline = time.monotonic() + deadline_s
+        self._io(lambda sock: sock.sendall(frame(req)))
+
+    def next_answer(self) -> pb.FetchResponse | None:
+        """The open stream's next answer; None when it ended (``open`` the next one)."""
+        body = self._io(lambda _sock: self._frame())
+        answer = pb.ReadLinkAnswer.FromString(body)
+        if answer.error_json or answer.error_text:
+            self.close()
+            raise from_error_json(answer.error_json, answer.error_text, self.address)
+        if answer.end:
+            return None
+        return answer.response
+
+    def _io(self, step: Callable[[socket.socket], T]) -> T:
+        sock = self._sock
+        if sock is None:
+            raise BrokerUnavailable(self.address, "the Read link is closed")
+        try:
+            return step(sock)
+        except (OSError, ConfigError) as exc:  # ssl.SSLError and TimeoutError are OSErrors
+            self.close()
+            raise BrokerUnavailable(self.address, f"Read link {self.link}: {exc!r}") from exc
+
+    def _frame(self) -> bytes:
+        sock, buf = self._sock, self._buf
+        assert sock is not None
+        while True:
+            if len(buf) >= HEADER.size:
+                (n,) = HEADER.unpack_from(buf)
+                if n > ANSWER_LIMIT:
+                    raise ConfigError(f"a Read answer of {n} bytes, over the limit of {ANSWER_LIMIT}")
+                if len(buf) >= HEADER.size + n:
+                    body = bytes(buf[HEADER.size:HEADER.size + n])
+                    del buf[:HEADER.size + n]
+                    return body
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer within the stream's deadline")
+            sock.settimeout(left)
+            data = sock.recv(_RECV_BYTES)
+            if not data:
+                raise ConnectionResetError("the master closed the Read link")
+            buf += data
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
