@@ -17,10 +17,13 @@ the ``unplaced`` windows between them, which are told, not judged:
 - ``undecodable``: bytes that are no protobuf, raw, to ``Pop``, ``Commit``, ``Acquire``, ``Describe``;
 - ``newline``: a queue name with a new line forging a log line, with the token and without.
 
-Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is the
-window's end, what is still in flight then is cancelled, and its threads stop within ``DRAIN_S``;
-the window goes on until the leader's calls in flight are back to their quiet level (what it
-still held of the attacker's ended: ``SETTLE_S`` at most), all of it judged as attacked; the
+Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is
+``ATTACK_S`` after the window's start, and its threads stop within ``DRAIN_S``; the window lasts
+``WINDOW_S``, as each quiet window does, or on until the leader's calls in flight are back to
+their quiet level (what it still held of the attacker's ended: ``SETTLE_S`` at most), all of it
+judged as attacked. The drill does the same in both kinds of window, and the rest of its work in
+gaps between them (``_attack``; stop n's idle control, nothing sent, failed the per-window rule
+when they differed); the attacker's connections are made once, before the first window. The
 windows are placed only if, at those bounds, the last ends before the drill queue's stream does
 (checked before the run and before the first window).
 

@@ -2,7 +2,8 @@
 queue's produce ack p99 and the neighbour's Commit p99 in the attack windows against the quiet
 windows between them, pooled and per window, what was in flight while the disk froze left out
 of both sides (``device_stalls``); no fail-over during the attacks. Pure over the run's samples
-and windows (``ctx.notes``), once the run is over.
+and windows (``ctx.notes``), once the run is over. Since stop o a round has a gap between its
+quiet and its attack window (``spans``): what was sent in it is on neither side, by time.
 """
 
 from __future__ import annotations
