@@ -580,7 +580,8 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "is answered within the budget or refused", neighbour.noisy_neighbour,
           failover=False, load=neighbour.neighbour_load, check=neighbour.check_neighbour),
     Drill("security-control-plane", "hand-made clients attack the leading coordinator in "
-          f"{control_plane_plan.ROUNDS} windows of {control_plane_plan.ATTACK_S:g} s between quiet ones, from a "
+          f"{control_plane_plan.ROUNDS} windows of {control_plane_plan.ATTACK_S:g} s (judged over "
+          f"{control_plane_plan.WINDOW_S:g} s) between quiet ones as long, from a "
           "process placed as a host of its own (one CPU, a CPU quota; in some windows on every CPU, told): Pop "
           f"naming a {control_plane_attacks.HUGE_NAME_BYTES >> 20} MiB queue with the client certificate and no token, "
           f"{control_plane_attacks.FLOOD_THREADS} threads of Describe and Subscribe with one consume token, Subscribe "

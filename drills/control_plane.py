@@ -17,10 +17,13 @@ the ``unplaced`` windows between them, which are told, not judged:
 - ``undecodable``: bytes that are no protobuf, raw, to ``Pop``, ``Commit``, ``Acquire``, ``Describe``;
 - ``newline``: a queue name with a new line forging a log line, with the token and without.
 
-Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is the
-window's end, what is still in flight then is cancelled, and its threads stop within ``DRAIN_S``;
-the window goes on until the leader's calls in flight are back to their quiet level (what it
-still held of the attacker's ended: ``SETTLE_S`` at most), all of it judged as attacked; the
+Each attack window ends on time (``control_plane_plan``): every attacker call's deadline is
+``ATTACK_S`` after the window's start, and its threads stop within ``DRAIN_S``; the window lasts
+``WINDOW_S``, as each quiet window does, or on until the leader's calls in flight are back to
+their quiet level (what it still held of the attacker's ended: ``SETTLE_S`` at most), all of it
+judged as attacked. The drill does the same in both kinds of window, and the rest of its work in
+gaps between them (``_attack``; stop n's idle control, nothing sent, failed the per-window rule
+when they differed); the attacker's connections are made once, before the first window. The
 windows are placed only if, at those bounds, the last ends before the drill queue's stream does
 (checked before the run and before the first window).
 
@@ -74,20 +77,20 @@ from ordq.drills.control_plane_attacks import (
     judge_attacks,
     window_times,
 )
-from ordq.drills.control_plane_judge import by_variant, p50, p99, split
+from ordq.drills.control_plane_judge import Window, by_variant, p50, p99, split
 from ordq.drills.control_plane_placement import ATTACKER_SHARES, CpuUse, attacker_cpus
 from ordq.drills.control_plane_plan import (
     ATTACK_S,
     ATTACKS_FROM,
     DEFAULT_WINDOWS,
+    LEAD_S,
     MESSAGES,
     PLAN,
-    QUIET_S,
-    RECOVER_S,
     ROUNDS,
     SETTLE_S,
     SETUP_S,
     UNPLACED,
+    WINDOW_S,
     WINDOWS_ENV,
     stream_left_s,
     window_variants,
@@ -99,13 +102,8 @@ PROBE_EVERY_S = 0.005  # the neighbour commits its cursor again this long after 
 RSS_BUDGET_BYTES = 256 << 20  # the leading coordinator's
 TURNS = "ordq_coordinator_turns_total"  # the leader's fair turns: served, waited, reserved, refused
 IN_FLIGHT = "ordq_coordinator_calls_in_flight"  # the leader's calls from their headers to their answers
-QUIET_READS = 5  # reads of the leader's calls in flight at the end of each quiet window, 0.1 s apart
-# Each quiet window's first part is not measured: what the drill does just before it (the attacker's
-# cgroup weight and CPUs set, the brokers' metrics read, the first window's arming) is no quiet.
-# Stop m (probe 3860, run 3861 rounds 2 and 3, from their audit files): the first quiet window's p99
-# was 190-279 ms (the round's other quiet windows mostly 16-140), and each of its acks over 200 ms
-# was sent in its first 0.25 s (the one other quiet window as slow, 282 ms: 0.4-0.9 s in; not covered).
-QUIET_LEAD_S = 0.5
+QUIET_READS = 5  # the last reads of the leader's calls in flight in a quiet window: its quiet level (the most)
+READ_EVERY_S = 0.1  # the leader's calls in flight read this often in each window's tail, either kind
 
 
 def control_plane_load(load: Any) -> Any:
@@ -185,32 +183,27 @@ def _in_flight(url: str) -> float | None:
         return None
 
 
-def _quiet_level(url: str) -> float:
-    """The most of ``QUIET_READS`` reads of the leader's calls in flight, 0.1 s apart (0: none
-    answered)."""
-    reads = []
-    for _ in range(QUIET_READS):
-        n = _in_flight(url)
-        if n is not None:
-            reads.append(n)
-        time.sleep(0.1)
-    return max(reads, default=0.0)
-
-
-def settle(read: Callable[[], float | None], at_most: float, bound_s: float, *,
-           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
-           every_s: float = 0.1) -> tuple[float, float | None]:
-    """Wait until ``read()`` is at most ``at_most``, ``bound_s`` at most: (seconds it took, the
-    last value read, None if none was). Past the bound the last value is over ``at_most``."""
-    t0, last = clock(), None
+def tail_reads(read: Callable[[], float | None], ends_at: float, *, settle_to: float | None = None,
+               bound_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], object] = time.sleep, every_s: float = READ_EVERY_S
+               ) -> tuple[list[float], float | None]:
+    """A window's tail, the same in either kind: ``read()`` (the leader's calls in flight) every
+    ``every_s`` until ``ends_at`` (a ``clock()``); with ``settle_to`` (an attack window's: its
+    quiet window's level), on past ``ends_at`` until a read is at most that, ``bound_s`` at most
+    from the first read. Returns the values read (a failed read is none) and the s from the first
+    read to the first at most ``settle_to`` (None: none was, or none asked)."""
+    t0, reads, settled = clock(), [], None
     while True:
         n = read()
-        last = n if n is not None else last
-        if n is not None and n <= at_most:
-            return clock() - t0, n
-        if clock() - t0 >= bound_s:
-            return clock() - t0, last
-        sleep(every_s)
+        if n is not None:
+            reads.append(n)
+            if settle_to is not None and settled is None and n <= settle_to:
+                settled = clock() - t0
+        now = clock()
+        waiting = settle_to is not None and settled is None and now - t0 < bound_s
+        if now >= ends_at and not waiting:
+            return reads, settled
+        sleep(every_s if waiting or now + every_s <= ends_at else max(0.0, ends_at - now))
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -333,8 +326,9 @@ def _clear(ctx: DrillContext, stage: _Stage) -> None:
 
 
 def control_plane(ctx: DrillContext) -> None:
-    """The ``security-control-plane`` drill (see the module doc): ROUNDS of QUIET_S quiet then
-    ATTACK_S of attacks (+ RECOVER_S, judged as attacked); the produce ack p99 is judged over
+    """The ``security-control-plane`` drill (see the module doc): ROUNDS of a quiet window then an
+    attack window (ATTACK_S of attacks, then the drain and the leader's settle, judged as
+    attacked), each WINDOW_S, with gaps between them; the produce ack p99 is judged over
     the finished run (``check_control_plane``), the rest here."""
     began = time.monotonic()
     stage = _set_up(ctx)
@@ -369,7 +363,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     probe = _CommitProbe(stage.bootstrap, attrs.evolve(c.credentials, token=stage.neighbour_token), ctx.queue,
                          stage.probe_sub)
     attacker: AttackerProcess | None = None
-    windows: list[tuple[int, int, int]] = []
+    windows: list[Window] = []
     variant_of: list[str] = []  # each window's variant (WINDOWS_ENV)
     drains: list[float] = []  # s from each attack window's end until the attacker had stopped
     told: list[str] = []  # the attacker's own times of each window: its arming, start and stop
@@ -382,6 +376,9 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         disk.enter_context(device_stalls.watched(ctx))
         attacker = attacker_process(stage.address, c.credentials, stage.token, stage.attacked, idle=iso is None,
                                     kinds=sent)
+        # Its connections made once, before it is placed (its handshakes at the cluster's weight)
+        # and before the first window: no window begins with them.
+        ctx.event(f"the attacker's connections to the leader, kept for every window: {attacker.connect()}")
         if iso is not None:
             iso.add("capped", [attacker.pid])
         attacker.arm(variants[0].kinds)  # each window's threads started before it (AttackerProcess)
@@ -390,9 +387,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         turns_before = _counted(stage.metrics_url, TURNS)
         rss = _RssWatch(stage.pid)
         ctx.fault(f"an attacker with the client certificate and a consume token for {stage.attacked} attacks the "
-                  f"leading coordinator {stage.leader} in {ROUNDS} windows of {ATTACK_S:g} s, each after "
-                  f"{QUIET_S:g} s quiet, from a process of its own ({attacker.priority}): {HUGE_AT_ONCE} Pop "
-                  f"requests at a time naming a {HUGE_NAME_BYTES >> 20} MiB queue without a token, "
+                  f"leading coordinator {stage.leader} in {ROUNDS} windows of {ATTACK_S:g} s (judged over "
+                  f"{WINDOW_S:g} s), each after {WINDOW_S:g} s quiet, from a process of its own "
+                  f"({attacker.priority}): {HUGE_AT_ONCE} Pop requests at a time naming a {HUGE_NAME_BYTES >> 20} "
+                  "MiB queue without a token, "
                   f"{FLOOD_THREADS} threads of Describe and Subscribe, Subscribe past the bound, EnsureParkingQueue "
                   "for made-up names, undecodable bytes, a queue name with a new line")
         gid, _seg = ctx.head()
@@ -408,12 +406,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
                        f"{gid}/master": pids.get(f"{gid}/master"), f"{gid}/slave": pids.get(f"{gid}/slave"),
                        "producer": ctx.producers[0].proc.pid,
                        "attacker": attacker.pid, "drill": os.getpid()})
-        # The first window armed, then RECOVER_S, as every later quiet window begins at least that
-        # long after its own arming (sent at the last window's stop, before its settle and
-        # recovery): probe 3860 (stop m), its first quiet window began 0.08 s after the arming's
-        # answer and its acks' slowest (~300 ms) were all in its first 0.5 s.
         arm_s, waited_s = _armed(attacker)
-        time.sleep(RECOVER_S)
         stream_s = stream_left_s(ctx.producers[0].status(), ctx.load.rate)
         short = PLAN.shortfall(stream_s)
         ctx.event(f"set up in {time.monotonic() - began:.1f} s (planned: at most {SETUP_S:g} s); the stream has "
@@ -421,55 +414,72 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         if short is not None:
             ctx.expect(f"{short}: no window started", False)
             return
+
+        def in_flight() -> float | None:
+            return _in_flight(stage.metrics_url)
+
+        def weigh(shares: int) -> None:
+            if iso is not None:
+                cpu_isolation.set_shares(iso.groups["capped"], shares)
+
+        # Each round: a gap, the quiet window, a gap, the attack window. The two windows last
+        # WINDOW_S each and the drill does the same in both (stop n's idle control failed the
+        # per-window rule with nothing sent: its attack windows were longer than the quiet ones,
+        # and only they began with the path's scrapes and the attacker's handshakes): at ATTACK_S
+        # the attacker's cgroup weight written (in an attack window, the cluster's for its drain,
+        # then the attacker's stop), then the leader's calls in flight read to the window's end.
+        # An attack window goes on past WINDOW_S only until the leader settled (SETTLE_S at most).
+        # Whatever else the drill does (the arming waited for, the cgroups set, the path read) is
+        # in the gaps, LEAD_S before the next window: in none.
         at_end = read_path()
         for i in range(ROUNDS):
             variant = variants[i % len(variants)]
-            # Armed after the last window's stop, at the cluster's weight (judged with that window)
-            # or before the first; waited for here, outside every window, before it is placed.
             if i:
                 arm_s, waited_s = _armed(attacker)
             armed = f"armed in {arm_s:.2f} s, waited for {waited_s:.2f} s before the quiet window"
-            if iso is not None:  # the attacker's cgroup weight in this window
-                cpu_isolation.set_shares(iso.groups["capped"], variant.shares or (
-                    ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES))
+            weight = variant.shares or (ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES)
+            weigh(weight)
             # Where its threads may run in this window (those it starts in it inherit it).
             if not cpu_isolation.set_cpus(attacker.pid, placed if variant.placed else every):
                 raise RuntimeError("the attacker's process is gone")
             lag_q0, at_q0 = behind(), at_end
-            time.sleep(QUIET_LEAD_S)  # in no window
-            q0 = now_us()
+            time.sleep(LEAD_S)
+            q0, start = now_us(), time.monotonic()
             with cpu.measure("quiet"):
-                time.sleep(QUIET_S - QUIET_LEAD_S - QUIET_READS * 0.1)
-                quiet_level = _quiet_level(stage.metrics_url)
-            a0 = now_us()
+                time.sleep(ATTACK_S)
+                weigh(weight)
+                reads, _ = tail_reads(in_flight, start + WINDOW_S)
+            q1 = now_us()
+            quiet_level = max(reads[-QUIET_READS:], default=0.0)
+            at_a0 = read_path()
+            time.sleep(LEAD_S)
+            a0, start = now_us(), time.monotonic()
             with cpu.measure(f"attacked {variant.name}" if several else "attacked"):
-                ends_at = time.monotonic() + ATTACK_S  # the attacker's calls' deadline, on this clock
+                ends_at = start + ATTACK_S  # the attacker's calls' deadline, on this clock
                 attacker.go(ends_at)
-                at_a0 = read_path()  # on the attacked side of the boundary
                 time.sleep(max(0.0, ends_at - time.monotonic()))
-                if iso is not None:
-                    # Its drain at the cluster's weight, still under its quota and on its CPU(s): a
-                    # host of its own stops on its own CPU. At ATTACKER_SHARES it got ~0.05 core in
-                    # the placed windows (stop l), and each of its ~75 threads waited its turn for
-                    # the GIL and a CPU: drains of 7-16 s for calls its deadline had already ended.
-                    # Its teardown's CPU is judged with the window's.
-                    cpu_isolation.set_shares(iso.groups["capped"], cpu_isolation.MAX_SHARES)
+                # Its drain at the cluster's weight, still under its quota and on its CPU(s): a
+                # host of its own stops on its own CPU. At ATTACKER_SHARES it got ~0.05 core in
+                # the placed windows (stop l), and each of its ~75 threads waited its turn for
+                # the GIL and a CPU: drains of 7-16 s for calls its deadline had already ended.
+                # Its teardown's CPU is judged with the window's.
+                weigh(cpu_isolation.MAX_SHARES)
                 t0 = time.monotonic()
                 for k, n in attacker.pause().items():
                     outcomes[k] = outcomes.get(k, 0) + n
                 drains.append(time.monotonic() - t0)
                 told.append(f"{armed}; {window_times(attacker.times)}")
-                if i + 1 < ROUNDS:  # the next window's threads, started while this one settles
-                    attacker.arm(variants[(i + 1) % len(variants)].kinds)
-                took, still = settle(lambda: _in_flight(stage.metrics_url), quiet_level, SETTLE_S)
-                settles.append(f"{took:.1f} s" if still is not None and still <= quiet_level
-                               else f"not in {SETTLE_S:g} s ({still} > {quiet_level:g})")
-                time.sleep(RECOVER_S)
-            windows.append((q0, a0, now_us()))
+                _, took = tail_reads(in_flight, start + WINDOW_S, settle_to=quiet_level, bound_s=SETTLE_S)
+                settles.append(f"{took:.1f} s" if took is not None else f"not in {SETTLE_S:g} s (> {quiet_level:g})")
+            a1 = now_us()
+            windows.append((q0, q1, a0, a1))
             variant_of.append(variant.name)
             at_end = read_path()
-            ctx.event(f"window (quiet from, attack from, attack to; µs): {windows[-1]}"
+            if i + 1 < ROUNDS:  # the next window's threads, started in the gap, waited for before its quiet window
+                attacker.arm(variants[(i + 1) % len(variants)].kinds)
+            ctx.event(f"window (quiet from, to, attack from, to; µs): {windows[-1]}"
                       + (f" {variant.name}" if several else "")
+                      + f", {(q1 - q0) / 1e6:.2f} s and {(a1 - a0) / 1e6:.2f} s"
                       + f"; the attacker drained in {drains[-1]:.2f} s: {told[-1]}")
             ctx.event("the drill queue's path in it (read, not judged): the consumer "
                       f"{lag_q0} messages behind at its start; "
@@ -480,7 +490,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")
         ctx.event(f"page faults per s (minor and major), {cpu.faults()}")
         ctx.event(cpu.per_call(stage.leader, sum(outcomes.values())))
-        ctx.event(f"the leader's calls in flight back to their quiet level (the most of {QUIET_READS} reads at the end "
+        ctx.event(f"the leader's calls in flight back to their quiet level (the most of the last {QUIET_READS} reads "
                   f"of the quiet window before) after the attacker stopped, each window: {', '.join(settles)} "
                   f"(at most {SETTLE_S:g} s waited, judged as attacked)")
         ctx.expect(f"the attacker stopped within {PLAN.drain_s:g} s of each attack window's end (drains "

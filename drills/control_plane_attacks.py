@@ -86,26 +86,76 @@ def _outcome(exc: grpc.RpcError) -> str:
     return exc.code().name if typed else type(exc).__name__
 
 
+CONNECT_S = 10.0  # the attacker's connections, made before its first window, each within this
+
+
+class _Links:
+    """The attacker's connections to the leader, one per channel (gRPC shares one between
+    channels alike unless told not to: a plaintext cluster's "4 connections" were one), and one
+    per huge Pop (by hand); the token travels in each call's metadata.
+
+    In the drill's attacker process they are made once, before its first window (``connect``),
+    and reused by every window, as a persistent client's are (stop n: built anew for each window
+    and connected at its first call, ~9 TLS handshakes reached the leader at every go, with the
+    window's first calls). A call in flight at a window's end ends at its deadline, that end."""
+
+    def __init__(self, address: str, creds: Credentials, huge_bytes: int) -> None:
+        self.address, self.anonymous = address, attrs.evolve(creds, token=None)
+        self.channels: list[grpc.Channel] = []
+        self.own = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+        self.raw = self._channel()
+        self.no_token = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+        self.flood = [pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+                      for _ in range(FLOOD_CONNECTIONS)]
+        self.huge = [HugeCall(address, self.anonymous, "/ordq.v1.Coordinator/Pop", 1, huge_bytes)
+                     for _ in range(HUGE_AT_ONCE)]
+
+    def _channel(self) -> grpc.Channel:
+        ch = channel(self.address, self.anonymous, [("grpc.use_local_subchannel_pool", 1)])
+        self.channels.append(ch)
+        return ch
+
+    def connect(self, timeout_s: float = CONNECT_S) -> tuple[int, int]:
+        """Every connection made now: (how many are up, how many there are)."""
+        up = 0
+        for ch in self.channels:
+            try:
+                grpc.channel_ready_future(ch).result(timeout=timeout_s)
+                up += 1
+            except grpc.FutureTimeoutError:
+                pass
+        for call in self.huge:
+            try:
+                call.open(timeout_s)
+                up += 1
+            except (OSError, CallEnded):
+                pass
+        return up, len(self.channels) + len(self.huge)
+
+    def close(self) -> None:
+        """Every call in flight ended at once (the huge Pops' sockets shut, the channels closed)."""
+        for call in self.huge:  # first: each ends its call in flight at once
+            call.close()
+        for ch in self.channels:
+            with contextlib.suppress(Exception):
+                ch.close()
+
+
 class _Attacker(neighbour.CallLoops):
     """One window of every attack, in threads, until ``stop``; outcomes counted per attack (an
-    attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``)."""
+    attack's sub-kind after a colon: ``newline:anonymous``, ``flood:Subscribe``). Over ``links``
+    when given (the process's, kept after ``stop``), else over links of its own, closed at
+    ``stop`` (which so cancels the calls in flight)."""
 
     def __init__(self, address: str, creds: Credentials, token: str, queue: str, kinds: tuple[str, ...],
-                 ends_at: float | None = None, huge_bytes: int = HUGE_NAME_BYTES) -> None:
-        self.address, self.queue, self.kinds, self.huge_bytes = address, queue, kinds, huge_bytes
-        self.anonymous = attrs.evolve(creds, token=None)
+                 ends_at: float | None = None, huge_bytes: int = HUGE_NAME_BYTES, links: _Links | None = None
+                 ) -> None:
+        self.queue, self.kinds = queue, kinds
         self.md = (("authorization", f"Bearer {token}"),)
         super().__init__(_outcome, ends_at)
-        self._channels: list[grpc.Channel] = []
-        self._huge: list[HugeCall] = []
+        self._own_links = links is None
+        self.links = links if links is not None else _Links(address, creds, huge_bytes)
         self._made_up = 0
-
-    def _channel(self, options: Any = ()) -> grpc.Channel:
-        # A connection of its own (gRPC shares one between channels alike unless told not to: a
-        # plaintext cluster's "4 connections" were one); the token travels in each call's metadata.
-        ch = channel(self.address, self.anonymous, [*options, ("grpc.use_local_subchannel_pool", 1)])
-        self._channels.append(ch)
-        return ch
 
     def _call(self, method: Callable[..., object], request: object) -> Callable[[], object]:
         """``method(request)`` with the token, as a loop's call ending with the window."""
@@ -136,10 +186,10 @@ class _Attacker(neighbour.CallLoops):
         # Each of these in TARGETED_THREADS threads: the token is the flood's, so most of its calls
         # are refused a turn (RESOURCE_EXHAUSTED) before their body is read; the guard behind the
         # turn must still be reached (its own refusal seen) in every run.
-        own = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
+        own = self.links.own
         forged = pb.QueueRef(queue=f"{self.queue}\n{FORGED} coordinator elected")
         garbage = b"\xff\xff\xff\xff\x0f" + b"\x00" * 64
-        raw = self._channel()
+        raw = self.links.raw
         for i in range(TARGETED_THREADS):
             if "bound" in self.kinds:
                 loops.append(("bound", self.timed(own.Subscribe, lambda: pb.SubscribeRequest(
@@ -154,12 +204,10 @@ class _Attacker(neighbour.CallLoops):
             if "newline" in self.kinds:
                 loops.append(("newline:token", self._call(own.Pop, forged), 0.05))
         if "newline" in self.kinds:
-            anonymous = pb_grpc.CoordinatorStub(self._channel())  # type: ignore[no-untyped-call]
-            loops.append(("newline:anonymous", self.timed(anonymous.Pop, lambda: forged), 0.1))
+            loops.append(("newline:anonymous", self.timed(self.links.no_token.Pop, lambda: forged), 0.1))
         if "flood" in self.kinds:  # one token, 64 threads, 4 connections, Describe and Subscribe as fast as answered
-            stubs = [pb_grpc.CoordinatorStub(self._channel()) for _ in range(FLOOD_CONNECTIONS)]  # type: ignore[no-untyped-call]
             for i in range(FLOOD_THREADS):
-                stub = stubs[i % FLOOD_CONNECTIONS]
+                stub = self.links.flood[i % FLOOD_CONNECTIONS]
                 if i % 2:
                     describe = pb.DescribeRequest(queue=self.queue, with_config=True, with_live=True)
                     loops.append(("flood:Describe", self._call(stub.Describe, describe), 0.0))
@@ -167,30 +215,24 @@ class _Attacker(neighbour.CallLoops):
                     subscribe = pb.SubscribeRequest(queue=self.queue, subscription=f"flood{i}")
                     loops.append(("flood:Subscribe", self._call(stub.Subscribe, subscribe), 0.0))
         if "huge" in self.kinds:  # the certificate, no token; a connection each, by hand (drills/huge_call.py)
-            for _ in range(HUGE_AT_ONCE):
-                huge_pop = HugeCall(self.address, self.anonymous, "/ordq.v1.Coordinator/Pop", 1, self.huge_bytes)
-                self._huge.append(huge_pop)
+            for huge_pop in self.links.huge:
                 loops.append(("huge", self.timed(huge_pop, lambda: None), HUGE_EVERY_S))
         if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
             loops.append(("hog", _spin, 0.0))
         return loops
 
     def stop(self) -> dict[str, int]:
-        """End the window: the calls in flight cancelled (their channels closed), the threads
+        """End the window: the calls in flight cancelled (its own links closed; the process's
+        end at their deadline, the window's end, which the drill's stop follows), the threads
         waited for ``DRAIN_S``."""
-        return self.end_loops(DRAIN_S, self._close)
-
-    def _close(self) -> None:
-        for call in self._huge:  # first: each ends its call in flight at once
-            call.close()
-        for ch in self._channels:
-            with contextlib.suppress(Exception):
-                ch.close()
+        return self.end_loops(DRAIN_S, self.links.close if self._own_links else lambda: None)
 
 
 def _attacker_process(address: str, creds: Credentials, token: str, queue: str, conn: Any, idle: bool,
                       kinds: tuple[str, ...]) -> None:
-    """The attacker's own process (spawned). Orders: ``("arm", some)`` builds the next window of
+    """The attacker's own process (spawned). Orders: ``("connect",)`` makes its connections to the
+    leader (``_Links``, kept for every window; answered ``("connected", up, of, s it took)``;
+    without it each connects at its first call); ``("arm", some)`` builds the next window of
     the attacks of ``kinds`` among ``some``, its threads started and waiting (answered
     ``("armed", s it took)``); ``("go", ends_at, sent_at)`` lets them go until ``ends_at``;
     ``("stop", sent_at)`` ends the window, answered ``(outcomes, its own times, sent_at)``
@@ -199,13 +241,18 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
     the order, and each delay is told where it was spent."""
     priority = neighbour.idle_priority() if idle else "normal priority"
     conn.send(("ready", priority))
+    links = _Links(address, creds, HUGE_NAME_BYTES)
     attacker: _Attacker | None = None
     times: dict[str, float] = {}
     while True:
         order = conn.recv()
         read_at = time.monotonic()
-        if order[0] == "arm":
-            attacker = _Attacker(address, creds, token, queue, tuple(k for k in order[1] if k in kinds))
+        if order[0] == "connect":
+            up, of = links.connect()
+            conn.send(("connected", up, of, time.monotonic() - read_at))
+        elif order[0] == "arm":
+            attacker = _Attacker(address, creds, token, queue, tuple(k for k in order[1] if k in kinds),
+                                 links=links)
             attacker.arm()
             conn.send(("armed", time.monotonic() - read_at))
         elif order[0] == "go" and attacker is not None:
@@ -220,6 +267,7 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
             conn.send((outcomes, times, time.monotonic()))
         else:
             break
+    links.close()
 
 
 class AttackerProcess(neighbour.WindowedProcess):
@@ -228,6 +276,12 @@ class AttackerProcess(neighbour.WindowedProcess):
     last window's own times, as the attacker measured them (``window_times``)."""
 
     times: dict[str, float] | None = None
+
+    def connect(self) -> str:
+        """Make the attacker's connections to the leader now, kept for every window: told."""
+        self.send(("connect",))
+        _what, up, of, took = self.reply("make its connections")
+        return f"{up} of {of} connections made in {took:.2f} s"
 
     def arm(self, kinds: tuple[str, ...]) -> None:
         """Build the next window of ``kinds`` in the process, its threads started (not waited for)."""

@@ -2,12 +2,14 @@
 queue's produce ack p99 and the neighbour's Commit p99 in the attack windows against the quiet
 windows between them, pooled and per window, what was in flight while the disk froze left out
 of both sides (``device_stalls``); no fail-over during the attacks. Pure over the run's samples
-and windows (``ctx.notes``), once the run is over.
+and windows (``ctx.notes``), once the run is over. Since stop o a round has a gap between its
+quiet and its attack window (``spans``): what was sent in it is on neither side, by time.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from ordq.drills import device_stalls
@@ -31,17 +33,36 @@ def p50(values: list[float]) -> float:
     return quantile(values, 0.5)
 
 
-def split(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
-           attacked_of: list[int] | None = None) -> tuple[list[float], list[float]]:
+Window = tuple[int, ...]  # a round's (q0, q1, a0, a1) in µs; (q0, a0, a1) before stop o's gaps
+
+
+def spans(window: Window) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A round's quiet and attack spans, [from, to) in µs: a gap between them since stop o (the
+    drill's reads there, in neither); before, the quiet window ended where the attack began."""
+    if len(window) == 3:
+        q0, a0, a1 = window
+        return (q0, a0), (a0, a1)
+    q0, q1, a0, a1 = window
+    return (q0, q1), (a0, a1)
+
+
+def _within(samples: list[tuple[int, float]], span: tuple[int, int]) -> list[float]:
+    return [ms for at, ms in samples if span[0] <= at < span[1]]
+
+
+def split(samples: list[tuple[int, float]], windows: Sequence[Window],
+          attacked_of: list[int] | None = None) -> tuple[list[float], list[float]]:
     """The ms of ``samples`` (µs at, ms) in the quiet windows, and in the attacked ones (of the
     rounds ``attacked_of`` only, if given; every round's quiet window all the same)."""
     picked = windows if attacked_of is None else [windows[i] for i in attacked_of]
-    quiet = [ms for at, ms in samples if any(q0 <= at < a0 for q0, a0, _ in windows)]
-    attacked = [ms for at, ms in samples if any(a0 <= at < a1 for _, a0, a1 in picked)]
+    quiet_spans = [spans(w)[0] for w in windows]
+    attack_spans = [spans(w)[1] for w in picked]
+    quiet = [ms for at, ms in samples if any(a <= at < b for a, b in quiet_spans)]
+    attacked = [ms for at, ms in samples if any(a <= at < b for a, b in attack_spans)]
     return quiet, attacked
 
 
-def by_variant(windows: list[tuple[int, int, int]], variant_of: list[str]) -> dict[str, list[int]]:
+def by_variant(windows: Sequence[Window], variant_of: list[str]) -> dict[str, list[int]]:
     """The rounds of each window variant, ``attacked`` for all of them when there is one kind,
     the judged one (``attack``) first (the acceptance's: ``attack``, then ``unplaced``)."""
     names = variant_of if len(variant_of) == len(windows) else ["attack"] * len(windows)
@@ -53,14 +74,12 @@ def by_variant(windows: list[tuple[int, int, int]], variant_of: list[str]) -> di
     return out
 
 
-def window_ratios(samples: list[tuple[int, float]], windows: list[tuple[int, int, int]],
-                  picked: list[int]) -> list[float]:
+def window_ratios(samples: list[tuple[int, float]], windows: Sequence[Window], picked: list[int]) -> list[float]:
     """Each picked round's attacked p99 over the p99 of its own quiet window, the one right
     before it (nan where either is empty)."""
     out = []
-    for q0, a0, a1 in (windows[i] for i in picked):
-        quiet = p99([ms for at, ms in samples if q0 <= at < a0])
-        attacked = p99([ms for at, ms in samples if a0 <= at < a1])
+    for quiet_span, attack_span in (spans(windows[i]) for i in picked):
+        quiet, attacked = p99(_within(samples, quiet_span)), p99(_within(samples, attack_span))
         out.append(attacked / quiet if quiet > 0 else float("nan"))
     return out
 
@@ -91,8 +110,8 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
               "commit": (ctx.notes.get("commit_samples", []), MIN_COMMITS)}
     variants = by_variant(windows, ctx.notes.get("window_variants", []))
     judged = next(iter(variants.values()))  # the attack windows (every window, in the acceptance's run)
-    kinds = {"quiet": [(q0, a0) for q0, a0, _ in windows]}
-    kinds |= {name: [(windows[i][1], windows[i][2]) for i in picked] for name, picked in variants.items()}
+    kinds = {"quiet": [spans(w)[0] for w in windows]}
+    kinds |= {name: [spans(windows[i])[1] for i in picked] for name, picked in variants.items()}
     kept = device_stalls.leave_out(ctx, {what: samples for what, (samples, _) in series.items()}, kinds)
     series = {what: (kept[what], least) for what, (_, least) in series.items()}
     for what, (samples, least) in series.items():
@@ -103,8 +122,8 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
                       f"{len(other)} in {len(picked)} windows; not judged)")
         quiet, attacked = split(samples, windows, judged)
         q, b = p99(quiet), p99(attacked)
-        per = [([ms for at, ms in samples if q0 <= at < a0], [ms for at, ms in samples if a0 <= at < a1])
-               for q0, a0, a1 in windows]
+        per = [(_within(samples, quiet_span), _within(samples, attack_span))
+               for quiet_span, attack_span in map(spans, windows)]
         ctx.notes[f"{what} p99 ms"] = (q, b)
         names = ctx.notes.get("window_variants", []) if len(variants) > 1 else []
         ctx.event(f"{what} p99 quiet {q:.1f} ms, attacked {b:.1f} ms (per window quiet/attacked, ms and how many: "
@@ -121,7 +140,7 @@ def check_control_plane(ctx: DrillContext, acks: list[Any], _d: list[Any]) -> li
                     middle <= LATENCY_RATIO))
     # A fail-over before the attacks (the runner's steady load, beside busy loops, before the
     # drill isolates the cluster's CPU) is not theirs: the attacks' span is judged.
-    first, last = windows[0][0], windows[-1][2]
+    first, last = windows[0][0], windows[-1][-1]
     moves = sorted(int(us) for w in ctx.producers for seg, us in (w.status().get("seg_first_ack_us") or {}).items()
                    if int(seg) > min(a.seg for a in acks))
     during = [us for us in moves if first <= us <= last + 5_000_000]  # its first ack: >= 1 s after the fault

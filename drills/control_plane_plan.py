@@ -2,17 +2,18 @@
 rounds of quiet and attack windows last, the attacker's drain bound included, and whether the
 drill queue's stream outlasts them.
 
-It also holds the windows' timing (``ROUNDS`` of ``QUIET_S`` then ``ATTACK_S``, ``PLAN``), the
-drill queue's stream that must outlast them (``MESSAGES``, ``ATTACKS_FROM``, ``SETUP_S``), and
-what each attack window sends and from where (``Variant``, ``window_variants``).
+It also holds the windows' timing (``ROUNDS`` of a quiet then an attack window of ``WINDOW_S``
+each, with gaps between them, ``PLAN``), the drill queue's stream that must outlast them
+(``MESSAGES``, ``ATTACKS_FROM``, ``SETUP_S``), and what each attack window sends and from where
+(``Variant``, ``window_variants``).
 
 Rules: pure (no clock, no process: the drill measures, this decides; ``WINDOWS_ENV`` is the one
-thing read). Every attack window is
-judged from its start to its end, the drain included, and its length is bounded: the attacker's
-calls end at the window's end (their deadline, then cancelled) and its threads stop within
-``drain_s``. The plan places no window whose end, at that bound, passes the stream's end minus
-``margin_s``; when the stream left cannot hold them all, it says so before the first window
-(``shortfall``), never after the stream ran out (stop h: run 3811's last window did).
+thing read). Every attack window is judged from its start to its end, the drain included, and
+its length is bounded: the attacker's calls end at their deadline, ``attack_s`` after the
+window's start, and its threads stop within ``drain_s``. The plan places no window whose end,
+at that bound, passes the stream's end minus ``margin_s``; when the stream left cannot hold them
+all, it says so before the first window (``shortfall``), never after the stream ran out (stop h:
+run 3811's last window did).
 """
 
 from __future__ import annotations
@@ -29,20 +30,23 @@ from ordq.drills.control_plane_attacks import ATTACKS, CONTROLS, DRAIN_S
 
 @attrs.frozen
 class WindowPlan:
-    """ROUNDS of a quiet window, then an attack window (attacks, drain, recovery: all judged)."""
+    """ROUNDS of a gap, a quiet window, a gap, then an attack window (attacks, drain, the leader
+    settled: all judged). The two kinds of window last ``window_s`` each, the drill doing the
+    same in both (control_plane.py ``_window``); an attack window longer only when its drain and
+    settle run past that. Whatever the drill does between windows is in the gaps, in none."""
 
     rounds: int
-    quiet_s: float
-    attack_s: float  # the attacker sends for this long (its calls' deadline)
+    window_s: float  # each quiet window, and each attack window unless its drain and settle outlast it
+    attack_s: float  # the attacker sends for this long from its window's start (its calls' deadline)
     drain_s: float  # then its threads have stopped within this, its reply to the drill included
     settle_s: float  # then the leader's calls in flight are back to their quiet level within this
-    recover_s: float  # after that, still judged as attacked
+    gap_s: float  # before each window: what the drill must do there (arming, cgroups, reads), then LEAD_S
     margin_s: float  # the stream still runs at least this long after the last window's end
 
     @property
     def round_s(self) -> float:
-        """One round's longest span: its quiet window and its attack window at its bounds."""
-        return self.quiet_s + self.attack_s + self.drain_s + self.settle_s + self.recover_s
+        """One round's longest span: its two gaps and windows, the attack window at its bounds."""
+        return 2 * self.gap_s + self.window_s + max(self.window_s, self.attack_s + self.drain_s + self.settle_s)
 
     @property
     def needed_s(self) -> float:
@@ -59,9 +63,9 @@ class WindowPlan:
         if self.needed_s <= stream_left_s:
             return None
         return (f"the windows do not fit in the stream: {self.rounds} rounds of at most {self.round_s:g} s "
-                f"({self.quiet_s:g} s quiet, {self.attack_s:g} s attacks, {self.drain_s:g} s drain, "
-                f"{self.settle_s:g} s for the leader to settle, {self.recover_s:g} s recovery) and a "
-                f"{self.margin_s:g} s margin need {self.needed_s:g} s, "
+                f"(windows of {self.window_s:g} s, quiet and attacked: {self.attack_s:g} s attacks, then at most "
+                f"{self.drain_s:g} s drain and {self.settle_s:g} s for the leader to settle; two gaps of "
+                f"{self.gap_s:g} s) and a {self.margin_s:g} s margin need {self.needed_s:g} s, "
                 f"the stream has {stream_left_s:.1f} s left")
 
     def check_load(self, duration_s: float, fault_between: tuple[float, float], setup_s: float) -> None:
@@ -84,24 +88,33 @@ def stream_left_s(status: Mapping[str, Any], rate: float) -> float:
 
 
 ROUNDS = 6  # quiet and attack windows, interleaved (as the noisy-neighbour drill's): DEFAULT_WINDOWS
-QUIET_S = 4.0  # 24 s of quiet windows a run: ~1,000 commits, >= 200 even at the 12/s of a loaded round
+# Each window, quiet or attacked, lasts WINDOW_S (stop n's idle control: attack windows of 5-7 s,
+# quiet ones of 3.6 s, and a per-window median of 2.66x with nothing sent: the longer side caught
+# more of the machine's stalls). Its attack is ATTACK_S, then the drain and the leader's settle:
+# stop n, 0.0-0.8 s and 1.3-2.0 s (its refusals held), so ~6.2 s in all, 6.8 s at the most seen.
+WINDOW_S = 6.5
 ATTACK_S = 4.0
-RECOVER_S = 1.0  # after each attack window, still judged as attacked
-# 150 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM), take up to SETUP_S
-# to set up, then the windows at most PLAN.needed_s (108 s and a 5 s margin); the drill queue must
+# The drill's last act before each window (the attacker's cgroup and CPUs set, the path read) this
+# long before it: in the gap, in no window. Stop m: the acks of the 0.5 s after such acts were the
+# slowest of a quiet window.
+LEAD_S = 0.5
+GAP_S = 0.75  # each gap planned: LEAD_S, the arming waited for, the cgroup writes and the reads
+# 160 s at 2,000 msgs/s: the attacks start at 5-15 % of the stream (ATTACKS_FROM), take up to SETUP_S
+# to set up, then the windows at most PLAN.needed_s (125 s with a 5 s margin); the drill queue must
 # still be written through the last window (checked before the run, and with the stream actually
 # left before the first window).
-MESSAGES = 300_000
+MESSAGES = 320_000
 ATTACKS_FROM = (0.05, 0.15)  # the part of the stream acked when the attacks start (Drill.fault_between)
-SETUP_S = 12.0  # the attacks' set-up at most, as planned (stop i: 2.9-3.7 s beside six busy loops; told)
+SETUP_S = 8.0  # the attacks' set-up at most, as planned (stops i-n: 2.8-3.7 s beside six busy loops; told)
 # After the attacker stopped, the leader may still hold calls it sent: waiting for a turn or paced
 # (fair_share.py: each at most max_delay_ms, 2 s) or a refusal held (1-2 s). The window ends once the
-# leader's calls in flight are back to their quiet level, within this: all of its work judged.
-SETTLE_S = 4.0
+# leader's calls in flight are back to their quiet level, within this: all of its work judged
+# (stop n: 1.3-2.0 s in 54 windows).
+SETTLE_S = 3.0
 # Each attack window's drain: the attacker's threads stopped (DRAIN_S of its own) and its reply
 # read, within this of the window's end; the whole of it judged as attacked.
-PLAN = WindowPlan(rounds=ROUNDS, quiet_s=QUIET_S, attack_s=ATTACK_S, drain_s=DRAIN_S + 1.0, settle_s=SETTLE_S,
-                  recover_s=RECOVER_S, margin_s=5.0)
+PLAN = WindowPlan(rounds=ROUNDS, window_s=WINDOW_S, attack_s=ATTACK_S, drain_s=DRAIN_S + 1.0, settle_s=SETTLE_S,
+                  gap_s=GAP_S, margin_s=5.0)
 
 # The attack windows' variants, in turn (cycled over the ROUNDS): ``attack`` (the attacks of the
 # run, ``ATTACKS_ENV``, from the attacker placed as a host of its own: its process on one CPU, the

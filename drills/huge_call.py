@@ -13,12 +13,12 @@ gRPC message prefix that announces the whole request's length (``length`` bytes 
 asks for it. The body's bytes come from one 16 KiB buffer: nothing of the request's size is held
 here, and ``close`` ends a call in flight at once (its socket shut).
 
-Guarantees: one call at a time per ``HugeCall`` (one connection, reopened after it broke; a stream
-per call); ``call`` returns the answer's message bytes, or raises ``CallEnded`` with the gRPC
-status and trailers of a refusal, ``DEADLINE_EXCEEDED`` at its timeout, ``CANCELLED`` once
-``close`` was called, ``UNAVAILABLE`` when the connection broke. The answer's headers are read
-with the static HPACK table only: this client's SETTINGS give the server's encoder no dynamic
-table, and gRPC writes no Huffman-coded text value (one would be told as ``?``).
+Guarantees: one call at a time per ``HugeCall`` (one connection, made by ``open`` or the first
+call, reopened after it broke; a stream per call); ``call`` returns the answer's message bytes,
+or raises ``CallEnded`` with the gRPC status and trailers of a refusal, ``DEADLINE_EXCEEDED`` at
+its timeout, ``CANCELLED`` once ``close`` was called, ``UNAVAILABLE`` when the connection broke.
+The answer's headers are read with the static HPACK table only: this client's SETTINGS give the
+server's encoder no dynamic table, and gRPC writes no Huffman-coded text value (one would be told as ``?``).
 """
 
 from __future__ import annotations
@@ -178,6 +178,30 @@ class HugeCall:
                     self._sock.shutdown(socket.SHUT_RDWR)
                 if not self._busy:
                     self._drop()
+
+    def open(self, timeout_s: float) -> None:
+        """Connect now, the server's SETTINGS read and acknowledged (else the first call connects):
+        a client whose connection outlives its calls (the drill's attacker, connected once before
+        its first window) makes no handshake when its calls begin."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if self._closed.is_set() or self._sock is not None:
+                return
+            sock = self._connect(deadline)
+            try:
+                while True:
+                    kind, flags, on, payload = self._read_frame(sock, deadline)
+                    if kind == SETTINGS and not flags & ACK:
+                        self._apply(payload)
+                        sock.sendall(frame(SETTINGS, ACK, 0))
+                        break
+                    if kind == WINDOW_UPDATE and on == 0:
+                        self._conn_window += struct.unpack(">I", payload)[0] & MAX_WINDOW
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    sock.close()
+                raise
+            self._sock = sock
 
     def _connect(self, deadline: float) -> socket.socket:
         host = self.host.strip("[]")

@@ -51,30 +51,43 @@ def test_the_drills_load_is_refused_before_the_run_when_the_windows_cannot_fit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     base = LoadConfig(messages=10, rate=10.0)
     assert cp.control_plane_load(base).duration_s == plan.MESSAGES / neighbour.NEIGHBOUR_RATE
-    monkeypatch.setattr(cp, "MESSAGES", 180_000)  # 90 s: less than the windows' 89 s after 13.5 s and the set-up
+    monkeypatch.setattr(cp, "MESSAGES", 180_000)  # 90 s: less than the windows' 125 s after 13.5 s and the set-up
     with pytest.raises(ValueError, match="the windows do not fit in the stream"):
         cp.control_plane_load(base)
     with pytest.raises(ValueError, match="the windows do not fit"):
-        WindowPlan(rounds=2, quiet_s=1, attack_s=1, drain_s=1, settle_s=1, recover_s=1, margin_s=1).check_load(
+        WindowPlan(rounds=2, window_s=1, attack_s=1, drain_s=1, settle_s=1, gap_s=1, margin_s=1).check_load(
             10.0, (0.1, 0.5), 1.0)
 
 
-def test_an_attack_window_ends_once_the_leader_has_settled_or_at_the_bound() -> None:
-    """After the attacker stopped, its calls the leader still holds (waiting, paced, a refusal
-    held) end within the window: it waits until the leader's calls in flight are back to their
-    quiet level, at most SETTLE_S, reading again every 0.1 s; a read that failed is no answer."""
+def test_either_windows_tail_reads_the_leader_to_its_end_and_an_attack_window_on_until_settled() -> None:
+    """Stop o: the drill does the same in both kinds of window, reading the leader's calls in
+    flight every 0.1 s from ATTACK_S to the window's end. An attack window goes on past that end
+    only while the leader still holds more than its quiet window's level (the attacker's calls,
+    held), SETTLE_S at most; a read that failed is no answer."""
     now = [0.0]
-    reads = iter([None, 9.0, 5.0, 2.0, 1.0])
 
     def sleep(s: float) -> None:
         now[0] += s
 
-    took, last = cp.settle(lambda: next(reads), 2.0, 4.0, clock=lambda: now[0], sleep=sleep)
-    assert (round(took, 6), last) == (0.3, 2.0)
-    took, last = cp.settle(lambda: 7.0, 2.0, 4.0, clock=lambda: now[0], sleep=sleep)
-    assert last == 7.0 and 4.0 <= took < 4.2  # not settled: the bound, and what was left
-    took, last = cp.settle(lambda: None, 2.0, 1.0, clock=lambda: now[0], sleep=sleep)
-    assert last is None and took >= 1.0
+    def clock() -> float:
+        return now[0]
+
+    reads, settled = cp.tail_reads(lambda: 3.0, 2.5, clock=clock, sleep=sleep)  # a quiet window's tail
+    assert len(reads) == 26 and settled is None and abs(now[0] - 2.5) < 1e-6
+    now[0] = 0.0
+    values = iter([None, 9.0, 5.0, 2.0, 1.0])
+    reads, settled = cp.tail_reads(lambda: next(values, 1.0), 0.2, settle_to=2.0, bound_s=3.0, clock=clock,
+                                   sleep=sleep)
+    assert reads == [9.0, 5.0, 2.0] and settled is not None and round(settled, 6) == 0.3
+    assert round(now[0], 6) == 0.3  # past its end only until settled
+    now[0] = 0.0
+    values = iter([9.0, 1.0])
+    reads, settled = cp.tail_reads(lambda: next(values, 1.0), 2.0, settle_to=2.0, bound_s=3.0, clock=clock,
+                                   sleep=sleep)
+    assert round(settled or -1, 6) == 0.1 and abs(now[0] - 2.0) < 1e-6  # settled early: read on to the end
+    now[0] = 0.0
+    reads, settled = cp.tail_reads(lambda: 7.0, 1.0, settle_to=2.0, bound_s=3.0, clock=clock, sleep=sleep)
+    assert settled is None and 3.0 <= now[0] < 3.2  # never settled: the bound
 
 
 def test_the_stream_left_is_what_the_producer_has_not_sent_at_its_rate() -> None:
@@ -306,3 +319,68 @@ def test_a_window_of_huge_pops_holds_nothing_of_their_size_in_the_attacker(quick
             attacker.close()
         assert [k for k in outcomes if not k.endswith((" cut", " running"))], outcomes  # answered
     assert peaks["huge"] - peaks["bound"] < 32 << 20, peaks
+
+
+@contextlib.contextmanager
+def _counting_relay(target: str) -> Iterator[tuple[str, list[int]]]:
+    """A TCP relay to ``target``: its address, and the connections it took so far (one list item)."""
+    import socket
+
+    host, port = target.rsplit(":", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken = [0]
+    done = threading.Event()
+    opened: list[socket.socket] = []
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            taken[0] += 1
+            server = socket.create_connection((host, int(port)))
+            opened.extend((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}", taken
+    finally:
+        done.set()
+        listener.close()
+        for s in opened:
+            s.close()
+
+
+def test_the_attackers_connections_are_made_before_its_first_window_and_kept(quick_server: str) -> None:
+    """Stop n: the attacker built its channels and huge Pops' connections anew for each window,
+    and each connected at its first call: ~9 TLS handshakes reached the leader at every go, with
+    the window's first calls. Now the process connects once, before its first window, and every
+    window calls over the same connections: no connection is made in a window."""
+    with _counting_relay(quick_server) as (address, taken):
+        attacker = cpa.attacker_process(address, Credentials(), "t0ken", "q", idle=False, kinds=cpa.ATTACKS)
+        try:
+            told = attacker.connect()
+            made = taken[0]
+            assert made == 7 + cpa.HUGE_AT_ONCE and told.startswith(f"{made} of {made} connections"), (told, made)
+            for _ in range(2):
+                attacker.arm(cpa.ATTACKS)
+                attacker.armed()
+                attacker.go(time.monotonic() + 0.5)
+                time.sleep(0.5)
+                outcomes = attacker.pause()
+                assert {k.split(" ")[0].split(":")[0] for k in outcomes} == set(cpa.ATTACKS), outcomes
+                assert not [k for k in outcomes if k.endswith(" running")], outcomes
+        finally:
+            attacker.close()
+        assert taken[0] == made, (taken[0], made)

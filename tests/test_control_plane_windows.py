@@ -289,3 +289,83 @@ def test_the_drill_queues_path_is_read_per_window_from_the_brokers_own_metrics()
     assert path.between(before, now()) == "35 writes held, 5 fsyncs (3 > 0.1 s, 2 > 0.25 s, 1 > 1.0 s)"
     assert path.between(None, now()) == "not read" and path.reading([]) is None
     assert path.lag({"acked": 5_000}, {"delivered": 4_200}) == 800 and path.lag({}, {"delivered": 1}) == -1
+
+
+def _verdict(tmp_path: object, windows: list[tuple[int, ...]], latency_ms: object) -> list[tuple[str, bool]]:
+    """``check_control_plane`` over a made-up run: an ack sent every 2 ms and a commit every 20 ms
+    over the whole span, each taking ``latency_ms(µs sent)``; the disk watched, never frozen."""
+    import random
+    from pathlib import Path
+
+    from ordq.drills.audit import AckRow
+    from ordq.drills.runner import DrillContext, LoadConfig
+
+    assert callable(latency_ms)
+    end = windows[-1][-1] + 1_000_000
+    acks = [AckRow("p1", i, 0, at + int(latency_ms(at) * 1000), at) for i, at in enumerate(range(0, end, 2000))]
+    commits = [(at, float(latency_ms(at))) for at in range(0, end, 20_000)]
+    ctx = DrillContext(cluster=None, drill=None, round=1, rng=random.Random(0), queue="q",  # type: ignore[arg-type]
+                       run_dir=Path(str(tmp_path)), load=LoadConfig())
+    ctx.notes.update({"neighbour_windows": windows, "window_variants": ["attack"] * len(windows),
+                      "commit_samples": commits, "device_stalls": [], "device": "vda",
+                      "neighbour_judgement": "test: cgroups"})
+    return [(what, ok) for what, ok in judge.check_control_plane(ctx, acks, []) if "p99" in what]
+
+
+def _gapped(rounds: int = plan.ROUNDS, window_us: int = 6_500_000, gap_us: int = 600_000) -> list[tuple[int, ...]]:
+    """The drill's rounds since stop o: a gap, the quiet window, a gap, the attack window, as long."""
+    out, t = [], 0
+    for _ in range(rounds):
+        q0 = t + gap_us
+        a0 = q0 + window_us + gap_us
+        out.append((q0, q0 + window_us, a0, a0 + window_us))
+        t = a0 + window_us
+    return out
+
+
+def _in(spans: list[tuple[int, int]], at: int) -> bool:
+    return any(a <= at < b for a, b in spans)
+
+
+def test_attack_windows_three_times_slower_than_the_quiet_ones_fail_both_rules(tmp_path: object) -> None:
+    """The judgement can still fail: every ack and commit sent in an attack window 3x those of the
+    quiet windows (30 against 10 ms), the gaps as slow as the quiet windows."""
+    windows = _gapped()
+    attacked = [judge.spans(w)[1] for w in windows]
+    judged = _verdict(tmp_path, windows, lambda at: 30.0 if _in(attacked, at) else 10.0)
+    assert len(judged) == 4 and not any(ok for _what, ok in judged), judged  # pooled and per window, both series
+    assert all("3.00x" in what for what, _ok in judged), judged
+
+
+def test_an_artefact_shared_by_both_kinds_of_window_and_the_gaps_drill_work_pass(tmp_path: object) -> None:
+    """Stop n: the slow acks came where the drill itself acted (its scrapes at the go, the
+    attacker's handshakes), not where the attack did. Since stop o the drill does the same in
+    either kind of window and the rest in the gaps: here each window of either kind begins with
+    0.25 s of 200 ms acks (a shared onset) and carries one 0.3 s stretch of 150 ms at the same
+    place, and the gaps are 500 ms throughout (the drill's reads): left out by time, on neither
+    side, the ratios are 1.00x and every latency rule passes."""
+    windows = _gapped()
+    spans = [s for w in windows for s in judge.spans(w)]
+
+    def latency(at: int) -> float:
+        span = next((s for s in spans if s[0] <= at < s[1]), None)
+        if span is None:
+            return 500.0  # a gap
+        into = at - span[0]
+        return 200.0 if into < 250_000 else 150.0 if 3_000_000 <= into < 3_300_000 else 10.0
+
+    judged = _verdict(tmp_path, windows, latency)
+    assert len(judged) == 4 and all(ok for _what, ok in judged), judged
+    assert all("1.00x" in what for what, _ok in judged), judged
+    # the same run read as before the gaps (each quiet window to the go): the gap's slow acks land on the
+    # quiet side, as the old layout put the drill's reads there, and the verdict no longer says 1.00x
+    old = [(q0, a0, a1) for q0, _q1, a0, a1 in windows]
+    assert not all("1.00x" in what for what, _ok in _verdict(tmp_path, old, latency))
+
+
+def test_a_round_is_read_with_or_without_its_gap() -> None:
+    assert judge.spans((0, 5, 7, 12)) == ((0, 5), (7, 12))
+    assert judge.spans((0, 7, 12)) == ((0, 7), (7, 12))  # a run from before stop o
+    samples = [(t, float(t)) for t in range(12)]
+    assert judge.split(samples, [(0, 5, 7, 12)]) == ([0.0, 1.0, 2.0, 3.0, 4.0], [7.0, 8.0, 9.0, 10.0, 11.0])
+    assert judge.window_ratios(samples, [(0, 5, 7, 12)], [0]) == [11.0 / 4.0]
