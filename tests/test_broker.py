@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ordq.broker_group import lean_link
 from ordq.broker_group import log as seglog
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.errors import (
@@ -387,37 +388,46 @@ def _health(g: Group, role: str) -> dict[str, object]:
     return dict(json.loads(g.transport.health(g.address(role)).stats_json))
 
 
+@pytest.fixture
+def lean_group(zk_server, zk_root, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Group]:
+    """``group`` replicating on the lean link (the default, named whatever the caller's
+    environment says: the master commits on its loop only when the link writes at once)."""
+    monkeypatch.setenv(lean_link.ENV, "lean")
+    with one_group(zk_server.connection_string, zk_root, tmp_path) as g:
+        yield g
+
+
 def test_a_lone_small_request_is_committed_on_the_loop_and_one_behind_another_on_the_sync_thread(
-        group: Group) -> None:
+        lean_group: Group) -> None:
     """Synchronous sends (one request in flight at a time) are committed on each broker's loop,
     with no hand-off to a sync thread (issue 39; the master's sync thread did every one before).
     A request sent while another is unanswered by the slave goes to the master's sync thread,
     and neither is acked before the slave answers."""
-    stream = group.transport.open_produce(group.address("master"), Q, 0, 1)
+    stream = lean_group.transport.open_produce(lean_group.address("master"), Q, 0, 1)
     acks = stream.acks()
     try:
         for i in range(5):
             stream.send([batch(10 * i, 10)])
             assert next(acks).last_seq == 10 * i + 9
-        master, slave = _health(group, "master"), _health(group, "slave")
+        master, slave = _health(lean_group, "master"), _health(lean_group, "slave")
         assert (master["syncs"], master["loop_commits"]) == (5, 5)
         assert (slave["syncs"], slave["loop_commits"]) == (5, 5)
-        group.procs.slave.pause()
+        lean_group.procs.slave.pause()
         try:
             stream.send([batch(50, 10)])  # alone: on the loop, after it went to the slave
-            wait_until(lambda: _health(group, "master")["syncs"] == 6, what="the master synced seqs 50-59")
+            wait_until(lambda: _health(lean_group, "master")["syncs"] == 6, what="the master synced seqs 50-59")
             stream.send([batch(60, 10)])  # behind 50-59, which the paused slave has not answered
-            wait_until(lambda: _health(group, "master")["syncs"] == 7, what="the master synced seqs 60-69")
-            master = _health(group, "master")
+            wait_until(lambda: _health(lean_group, "master")["syncs"] == 7, what="the master synced seqs 60-69")
+            master = _health(lean_group, "master")
             assert (master["loop_commits"], master["acks"]) == (6, 5)
         finally:
-            group.procs.slave.resume()
+            lean_group.procs.slave.resume()
         assert _last_ack(acks, 69) == 69
     finally:
         stream.close()
     expected = [(s, zlib.crc32(payload(s))) for s in range(70)]
-    assert stored(group.procs.master.data_dir) == expected
-    assert stored(group.procs.slave.data_dir) == expected
+    assert stored(lean_group.procs.master.data_dir) == expected
+    assert stored(lean_group.procs.slave.data_dir) == expected
 
 
 def _last_ack(acks: Iterator[Ack], last_seq: int) -> int:
