@@ -4,8 +4,8 @@ group commit, and acks.
 Guarantees (DESIGN §4): a produce batch is acked only when master and slave have both synced
 it, and acks return in order. The master assigns offsets, writes locally and forwards the same
 bytes to the slave at once; one sync thread group-commits every batch that arrived meanwhile,
-but for a lone small request (a synchronous send's), which the loop commits itself
-(``LOOP_SYNC_BYTES``).
+but for a lone small request (a synchronous send's), which the loop commits itself while the
+disk is quick (broker_group/loop_sync.py).
 Only the producer epoch ZooKeeper issued may write (broker_group/epochs.py).
 """
 
@@ -23,6 +23,7 @@ import attrs
 
 from ordq.broker_group.epochs import EpochGate
 from ordq.broker_group.first_write import FirstWrite
+from ordq.broker_group.loop_sync import LoopSyncRule
 from ordq.broker_group.replica import Placement, Refused, Role
 from ordq.broker_group.replica_commits import ReplicaCommits
 from ordq.broker_group.segments import SegmentStore
@@ -37,14 +38,13 @@ from ordq.wire.errors import SegmentNotWritable, short
 log = logging.getLogger("ordq.broker")
 
 SLAVE_CONNECT_WAIT_S = 1.0
-# A request of at least this many bytes, or one that comes while others are being committed
-# (or, on the master, are not yet answered by the slave), is appended and synced on a thread:
-# the master's sync thread, the slave's replica thread (replica_commits.py), so the loop reads
-# (on the lean links: decrypts) the next requests meanwhile, as gRPC's threads do. A lone
-# smaller one (a synchronous send's) is synced on the loop, with no thread hand-off between
-# the request and its ack (issue 39): on the master, after its batches went to the slave, so
-# the slave's sync runs beside it.
-LOOP_SYNC_BYTES = 256 << 10
+# A request that comes while others are being committed (or, on the master, are not yet
+# answered by the slave) is appended and synced on a thread: the master's sync thread, the
+# slave's replica thread (replica_commits.py), so the loop reads (on the lean links: decrypts)
+# the next requests meanwhile, as gRPC's threads do. A lone one (a synchronous send's) is synced
+# on the loop, with no thread hand-off between the request and its ack (issue 39): on the
+# master, after its batches went to the slave, so the slave's sync runs beside it. Unless it is
+# large, or the disk was slow a moment ago (loop_sync.py): the loop then keeps serving.
 
 
 @attrs.define(eq=False)
@@ -79,6 +79,7 @@ class WritePath:
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
         # Slave: the thread that group-commits replicated requests (all but a lone small one)
         self.replica_commits = ReplicaCommits(self.commit, self._merged)
+        self.loop_sync = LoopSyncRule()  # which lone requests the loop commits itself (guarded by cv)
 
     def stop(self) -> None:
         """Caller holds cv, ``shared.stopping`` set: the sync thread ends."""
@@ -193,7 +194,7 @@ class WritePath:
             if timing is not None and s.first_write is None:
                 timing.placed = time.monotonic()
                 s.first_write = timing
-            if alone and s.pending and sum(map(len, s.pending)) < LOOP_SYNC_BYTES:
+            if alone and s.pending and self.loop_sync.on_loop(sum(map(len, s.pending)), time.monotonic()):
                 on_loop, s.pending = s.pending, []
                 s.syncing += 1
                 self.shared.stats.loop_commits += 1
@@ -300,11 +301,14 @@ class WritePath:
         synchronous send's request, with no thread hand-off between it and its answer. Else
         on the replica thread, in its next group commit (replica_commits.py; the future of
         that commit), so the loop reads the master's next requests meanwhile."""
-        if alone and self.replica_commits.idle() and sum(map(len, accepted)) < LOOP_SYNC_BYTES:
+        if alone and self.replica_commits.idle():
             with self.shared.cv:
-                self.shared.stats.loop_commits += 1
-            self.commit(s, accepted)
-            return None
+                on_loop = self.loop_sync.on_loop(sum(map(len, accepted)), time.monotonic())
+                if on_loop:
+                    self.shared.stats.loop_commits += 1
+            if on_loop:
+                self.commit(s, accepted)
+                return None
         return self.replica_commits.add(s, accepted)
 
     def _merged(self, s: Segment, n: int) -> None:
@@ -386,6 +390,7 @@ class WritePath:
         durable and freezes the segment."""
         error: OrdqError | None = None
         end = None
+        took = 0.0  # the write and fdatasync, in seconds
         role = "M" if self.shared.config.role is Role.MASTER else "S"  # stage stamps' prefix
         stamp(f"{role}.sync", batch_format.first_seqs, batches)
         try:
@@ -407,7 +412,8 @@ class WritePath:
             stamp(f"{role}.synced", batch_format.first_seqs, batches)
             with s.io_lock:
                 end = s.log.end_sync(written, failed) if written is not None else s.log.synced_end
-            self._fsync_seconds.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self._fsync_seconds.observe(took)
         except (DiskFull, OSError, ValueError, CorruptLog, ClosedError) as exc:
             error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
             log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
@@ -415,6 +421,8 @@ class WritePath:
         with self.shared.cv:
             s.syncing -= 1
             self._inflight_bytes -= inflight
+            if self.loop_sync.synced(took, time.monotonic()):
+                self.shared.stats.slow_syncs += 1
             lac = s.replica.lac
             if error is None and end is not None:
                 s.replica.synced(end)
