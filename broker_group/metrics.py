@@ -49,6 +49,10 @@ _COUNTERS = {
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),
     "syncs": ("ordq_broker_syncs", "Group commits (one write and fdatasync each)"),
+    "loop_commits": ("ordq_broker_loop_commits", "Group commits made on the event loop (a lone small request: no "
+                     "hand-off to a sync thread)"),
+    "slow_syncs": ("ordq_broker_slow_syncs", "Group commits that took 20 ms or more (the next lone requests "
+                   "are committed on a thread for 1 s, not on the loop)"),
     "replication_breaks": ("ordq_broker_replication_breaks", "Times the master's stream to its slave broke"),
     "replication_link_fallbacks": ("ordq_broker_replication_link_fallbacks", "Times the slave's lean link could "
                                    "not be opened and the master replicated over gRPC instead"),

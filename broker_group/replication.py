@@ -160,6 +160,12 @@ class ReplicationLink:
             self._announced.append((queue, seg))
         self.wake.fire()
 
+    @property
+    def forwards_at_once(self) -> bool:
+        """Does ``flush`` write forwarded batches to the slave at once (the lean link is up)?
+        On gRPC the sender task writes them once the caller yields."""
+        return self._lean is not None
+
     def lag(self, now: float) -> tuple[int, float]:
         """Caller holds the broker lock: (bytes forwarded that the slave has not synced yet,
         seconds since the oldest of them was forwarded)."""

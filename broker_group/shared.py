@@ -128,6 +128,10 @@ class BrokerStats:
     bytes_in: int = 0
     duplicates: int = 0
     syncs: int = 0
+    # Group commits made on the event loop: a lone small request's (a synchronous send's), with
+    # no hand-off to a sync thread (write_path.py LOOP_SYNC_BYTES); the rest are the threads'
+    loop_commits: int = 0
+    slow_syncs: int = 0  # group commits over loop_sync.SLOW_SYNC_S: the loop commits none for a while
     batches_synced: int = 0
     acks: int = 0
     # Stream messages written per kind (issue 39: each costs its loop a write): produce answers

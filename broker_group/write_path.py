@@ -3,7 +3,9 @@ group commit, and acks.
 
 Guarantees (DESIGN §4): a produce batch is acked only when master and slave have both synced
 it, and acks return in order. The master assigns offsets, writes locally and forwards the same
-bytes to the slave at once; one sync thread group-commits every batch that arrived meanwhile.
+bytes to the slave at once; one sync thread group-commits every batch that arrived meanwhile,
+but for a lone small request (a synchronous send's), which the loop commits itself while the
+disk is quick (broker_group/loop_sync.py).
 Only the producer epoch ZooKeeper issued may write (broker_group/epochs.py).
 """
 
@@ -21,6 +23,7 @@ import attrs
 
 from ordq.broker_group.epochs import EpochGate
 from ordq.broker_group.first_write import FirstWrite
+from ordq.broker_group.loop_sync import LoopSyncRule
 from ordq.broker_group.replica import Placement, Refused, Role
 from ordq.broker_group.replica_commits import ReplicaCommits
 from ordq.broker_group.segments import SegmentStore
@@ -35,12 +38,13 @@ from ordq.wire.errors import SegmentNotWritable, short
 log = logging.getLogger("ordq.broker")
 
 SLAVE_CONNECT_WAIT_S = 1.0
-# Slave: a replicated request of at least this many bytes, or one that comes while others are
-# being committed, is appended and synced on the replica thread (replica_commits.py), not on the
-# loop, so the loop reads (on the lean link: decrypts) the master's next requests meanwhile, as
-# gRPC's threads do; a lone smaller one (a synchronous send's) is synced on the loop, with no
-# thread hand-off between the request and its answer (issue 39).
-REPLICA_THREAD_SYNC_BYTES = 256 << 10
+# A request that comes while others are being committed (or, on the master, are not yet
+# answered by the slave) is appended and synced on a thread: the master's sync thread, the
+# slave's replica thread (replica_commits.py), so the loop reads (on the lean links: decrypts)
+# the next requests meanwhile, as gRPC's threads do. A lone one (a synchronous send's) is synced
+# on the loop, with no thread hand-off between the request and its ack (issue 39): on the
+# master, after its batches went to the slave, so the slave's sync runs beside it. Unless it is
+# large, or the disk was slow a moment ago (loop_sync.py): the loop then keeps serving.
 
 
 @attrs.define(eq=False)
@@ -75,6 +79,7 @@ class WritePath:
         self._inflight_bytes = 0  # master: accepted, not yet synced here (see max_inflight_bytes)
         # Slave: the thread that group-commits replicated requests (all but a lone small one)
         self.replica_commits = ReplicaCommits(self.commit, self._merged)
+        self.loop_sync = LoopSyncRule()  # which lone requests the loop commits itself (guarded by cv)
 
     def stop(self) -> None:
         """Caller holds cv, ``shared.stopping`` set: the sync thread ends."""
@@ -157,7 +162,14 @@ class WritePath:
         await self.confirm_session(req.queue, req.seg)
         await self._hold_back(link)
         resent = False  # a batch already stored and synced here: its ack may be due at once
+        on_loop: list[bytes] = []  # a lone small request's batches: committed here, not by the sync thread
         with self.shared.cv:
+            # Alone: nothing else is unsynced here or unanswered by the slave (no ack waits
+            # behind this commit while it holds the loop), the batches reach the slave before
+            # the commit starts (the lean link writes at once; gRPC's sender would wait for it),
+            # and no reader in a worker holds the log (the loop would wait for its read).
+            alone = (self._inflight_bytes == 0 and link.lag(time.monotonic())[0] == 0 and link.forwards_at_once
+                     and not s.io_lock.locked())
             for raw, h in zip(req.batches, headers, strict=True):
                 if h.epoch != req.epoch:
                     raise ConfigError(f"batch epoch {h.epoch} differs from the stream's epoch {req.epoch}")
@@ -182,12 +194,21 @@ class WritePath:
             if timing is not None and s.first_write is None:
                 timing.placed = time.monotonic()
                 s.first_write = timing
-            if s.pending and s not in self._dirty:
-                self._dirty.append(s)
-            self._dirty_cv.notify()  # the sync thread
+            if alone and s.pending and self.loop_sync.on_loop(sum(map(len, s.pending)), time.monotonic()):
+                on_loop, s.pending = s.pending, []
+                s.syncing += 1
+                self.shared.stats.loop_commits += 1
+            else:
+                if s.pending and s not in self._dirty:
+                    self._dirty.append(s)
+                self._dirty_cv.notify()  # the sync thread
             if resent:
                 self.shared.signal.fire()
-        link.flush()  # to the slave now (lean link), or by the sender as soon as this task yields
+        try:
+            link.flush()  # to the slave now (lean link), or by the sender as soon as this task yields
+        finally:
+            if on_loop:  # counted in ``syncing``: committed whatever the link did (Fence and Seal wait for it)
+                self.commit(s, on_loop, inflight=sum(map(len, on_loop)))
 
     async def confirm_session(self, queue: str, seg: int) -> None:
         """The session guard (DESIGN §6): no write past the session. While ZooKeeper has been
@@ -280,9 +301,14 @@ class WritePath:
         synchronous send's request, with no thread hand-off between it and its answer. Else
         on the replica thread, in its next group commit (replica_commits.py; the future of
         that commit), so the loop reads the master's next requests meanwhile."""
-        if alone and self.replica_commits.idle() and sum(map(len, accepted)) < REPLICA_THREAD_SYNC_BYTES:
-            self.commit(s, accepted)
-            return None
+        if alone and self.replica_commits.idle():
+            with self.shared.cv:
+                on_loop = self.loop_sync.on_loop(sum(map(len, accepted)), time.monotonic())
+                if on_loop:
+                    self.shared.stats.loop_commits += 1
+            if on_loop:
+                self.commit(s, accepted)
+                return None
         return self.replica_commits.add(s, accepted)
 
     def _merged(self, s: Segment, n: int) -> None:
@@ -364,6 +390,7 @@ class WritePath:
         durable and freezes the segment."""
         error: OrdqError | None = None
         end = None
+        took = 0.0  # the write and fdatasync, in seconds
         role = "M" if self.shared.config.role is Role.MASTER else "S"  # stage stamps' prefix
         stamp(f"{role}.sync", batch_format.first_seqs, batches)
         try:
@@ -385,7 +412,8 @@ class WritePath:
             stamp(f"{role}.synced", batch_format.first_seqs, batches)
             with s.io_lock:
                 end = s.log.end_sync(written, failed) if written is not None else s.log.synced_end
-            self._fsync_seconds.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self._fsync_seconds.observe(took)
         except (DiskFull, OSError, ValueError, CorruptLog, ClosedError) as exc:
             error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
             log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
@@ -393,6 +421,8 @@ class WritePath:
         with self.shared.cv:
             s.syncing -= 1
             self._inflight_bytes -= inflight
+            if self.loop_sync.synced(took, time.monotonic()):
+                self.shared.stats.slow_syncs += 1
             lac = s.replica.lac
             if error is None and end is not None:
                 s.replica.synced(end)

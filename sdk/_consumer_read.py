@@ -77,6 +77,11 @@ class SegmentReader:
         if self._reads is not None:
             self._reads.close()
 
+    @property
+    def link_fallbacks(self) -> int:
+        """Masters' lean links that could not be opened so far (their reads went over gRPC)."""
+        return self._reads.link_fallbacks if self._reads is not None else 0
+
     def unread(self) -> int:
         """Messages stored past the read position (the metrics' lag, but for what is read and
         not handed out): readable in the current segment past it, and the messages of the

@@ -116,3 +116,6 @@ class ConsumerStats:
     rejoins: int = 0  # the lease was lost (granted to another) and granted back: read on from the cursor
     lease_lapses: int = 0  # the lease ran out unrenewed and the coordinator revived it (nobody took it)
     time_waits: int = 0  # delayed delivery: times the head of the line was held for its due time
+    # A master's lean link that could not be opened (a firewalled or NAT'd port): read over
+    # gRPC instead for ordq.wire.lean_read.LINK_RETRY_S, then tried again
+    read_link_fallbacks: int = 0

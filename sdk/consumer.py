@@ -305,7 +305,7 @@ class Consumer:
             duplicates_dropped=r.filter.duplicates_dropped if r is not None else 0, parked=f.parked if f else 0,
             replayed=f.replayed if f else 0, alarms=f.alarms if f else 0,
             redeliveries=f.redeliveries if f else 0, lease_lapses=self._lease.stats.lapses if self._lease else 0,
-            time_waits=self._handout.gate.waits,
+            time_waits=self._handout.gate.waits, read_link_fallbacks=r.link_fallbacks if r is not None else 0,
         )
 
     def _metrics_snapshot(self) -> ConsumerSnapshot:

@@ -89,6 +89,8 @@ class ProducerMetrics(ServedCollector):
         yield one("counter", "ordq_producer_acked_batches", "Batches acked", labels, st.batches_acked)
         yield one("counter", "ordq_producer_failovers", "Failovers to a new segment after a failed head", labels,
                   st.failovers)
+        yield one("counter", "ordq_producer_link_fallbacks", "Produce streams carried by gRPC because the master's "
+                  "lean link could not be opened (no failover)", labels, st.link_fallbacks)
         yield one("gauge", "ordq_producer_inflight_bytes",
                   "Bytes sent and not acked yet (send() blocks at max_inflight_bytes)", labels,
                   snap.inflight_bytes)
@@ -121,6 +123,8 @@ class ConsumerMetrics(ServedCollector):
              "(delivery went on from the committed cursor)", st.rejoins),
             ("ordq_consumer_time_waits", "Times the head of the line was held for its due time (delayed delivery)",
              st.time_waits),
+            ("ordq_consumer_read_link_fallbacks", "Times a master's lean link could not be opened and the consumer "
+             "read over gRPC instead", st.read_link_fallbacks),
         ):
             yield one("counter", name, doc, self._labels, v)
         now = time.monotonic()

@@ -36,6 +36,8 @@ BENCHES = [
               "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")),
            "M.sync > M.synced: n ", "batches sampled (one in 2)", "\nP.take > M.request: → the master's receipt ",
            "\nM.ack > C.read: ", "\nP.open > C.poll: end to end"], id="bench_e2e_stages"),
+    bench("bench_sync_many", ["--producers", "2", "--seconds", "1", "--token"],
+          ["2 producers, synchronous, 1 s:", "CPU per send: master", "master's group commits:"]),
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
           ["rolls (to same)", "roll call", "send->ack, sent within", "send->ack, other times"]),
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50", "--tls", "both"],

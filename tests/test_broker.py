@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ordq.broker_group import lean_link
 from ordq.broker_group import log as seglog
 from ordq.broker_group.segment_scan import iter_file_batches
 from ordq.common.errors import (
@@ -385,6 +387,67 @@ def _refused(g: Group, address: str, call: str, request: object, creds: Credenti
 
 def _health(g: Group, role: str) -> dict[str, object]:
     return dict(json.loads(g.transport.health(g.address(role)).stats_json))
+
+
+@pytest.fixture
+def lean_group(zk_server, zk_root, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Group]:
+    """``group`` replicating on the lean link (the default, named whatever the caller's
+    environment says: the master commits on its loop only when the link writes at once)."""
+    monkeypatch.setenv(lean_link.ENV, "lean")
+    with one_group(zk_server.connection_string, zk_root, tmp_path) as g:
+        yield g
+
+
+def test_a_lone_small_request_is_committed_on_the_loop_and_one_behind_another_on_the_sync_thread(
+        lean_group: Group) -> None:
+    """Synchronous sends (one request in flight at a time) are committed on each broker's loop,
+    with no hand-off to a sync thread (issue 39; the master's sync thread did every one before),
+    but for the second after a slow group commit (broker_group/loop_sync.py: a congested disk
+    must not hold the loop). A request sent while another is unanswered by the slave goes to the
+    master's sync thread, and neither is acked before the slave answers."""
+    g = lean_group
+    stream = g.transport.open_produce(g.address("master"), Q, 0, 1)
+    acks = stream.acks()
+    seq = 0
+    try:
+        deadline = time.monotonic() + 30
+        while min(_health(g, role)["loop_commits"] for role in ("master", "slave")) < 5:
+            assert time.monotonic() < deadline, "lone requests were not committed on the loop"
+            stream.send([batch(seq, 10)])
+            seq += 10
+            assert next(acks).last_seq == seq - 1
+        for role in ("master", "slave"):
+            st = _health(g, role)
+            assert st["syncs"] == seq // 10  # one commit a send
+            assert st["loop_commits"] == st["syncs"] or st["slow_syncs"] > 0, (role, st)  # else a slow disk
+        before = _health(g, "master")
+        g.procs.slave.pause()
+        try:
+            stream.send([batch(seq, 10)])  # alone: on the loop, after it went to the slave
+            wait_until(lambda: _health(g, "master")["syncs"] == before["syncs"] + 1, what="the master synced it")
+            stream.send([batch(seq + 10, 10)])  # behind the first, which the paused slave has not answered
+            wait_until(lambda: _health(g, "master")["syncs"] == before["syncs"] + 2, what="the master synced it")
+            after = _health(g, "master")
+            on_loop = after["loop_commits"] - before["loop_commits"]
+            assert on_loop == 1 or (on_loop == 0 and after["slow_syncs"] > 0), after  # never the second
+            assert after["acks"] == before["acks"]  # nothing acked while the slave holds them
+        finally:
+            g.procs.slave.resume()
+        seq += 20
+        assert _last_ack(acks, seq - 1) == seq - 1
+    finally:
+        stream.close()
+    expected = [(s, zlib.crc32(payload(s))) for s in range(seq)]
+    assert stored(g.procs.master.data_dir) == expected
+    assert stored(g.procs.slave.data_dir) == expected
+
+
+def _last_ack(acks: Iterator[Ack], last_seq: int) -> int:
+    """Read ``acks`` until one covers ``last_seq``; return its last seq."""
+    for ack in acks:
+        if ack.last_seq >= last_seq:
+            return ack.last_seq
+    raise AssertionError("ack stream ended early")
 
 
 def test_a_claimed_epoch_zookeeper_never_issued_is_refused_and_the_leader_goes_on(group: Group) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from ordq.broker_group import lean_link
@@ -76,19 +77,35 @@ def _node(cluster: Cluster, gid: str, role: str) -> dict[str, str]:
     return dict(json.loads(cluster.store.client.get(cluster.paths.live(gid, role))[0]))
 
 
-def _produce_and_consume(cluster: Cluster) -> tuple[ProducerStats, AsyncProduceStream | None, list[SendResult]]:
+@attrs.frozen
+class Fallbacks:
+    """The lean links each client could not open: as counted in its statistics, and as its
+    metrics showed them."""
+
+    producer: int
+    producer_metric: float | None
+    consumer: int
+    consumer_metric: float | None
+
+
+def _produce_and_consume(cluster: Cluster
+                         ) -> tuple[ProducerStats, AsyncProduceStream | None, list[SendResult], Fallbacks]:
     """N messages sent in batches, each batch awaited, then read back in order by a consumer:
-    the producer's statistics and its stream (which link carried it), and every ack."""
+    the producer's statistics and its stream (which link carried it), every ack, and both
+    clients' link fallbacks."""
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q",
-                         batching=BatchingConfig(linger_ms=2, max_batch_messages=50))
+                         batching=BatchingConfig(linger_ms=2, max_batch_messages=50), metrics_listen="127.0.0.1:0")
     acks: list[SendResult] = []
     with Producer(cfg) as p:
         for start in range(0, N, 50):
             futures = [p.send(f"m{i}".encode()) for i in range(start, start + 50)]
             acks.extend(f.result(timeout=30) for f in futures)
         stats, stream = p.statistics(), p._stream  # noqa: SLF001 - which link carried it
+        assert p.metrics_url is not None
+        producer_metric = value(read_metrics(p.metrics_url), "ordq_producer_link_fallbacks_total")
     consumer_cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s",
-                                  commit=CommitConfig(every_messages=10**9, every_ms=10**9))
+                                  commit=CommitConfig(every_messages=10**9, every_ms=10**9),
+                                  metrics_listen="127.0.0.1:0")
     seen: list[tuple[int, bytes]] = []
     with Consumer(consumer_cfg) as c:
         def read() -> bool:
@@ -96,8 +113,11 @@ def _produce_and_consume(cluster: Cluster) -> tuple[ProducerStats, AsyncProduceS
             return len(seen) >= N
 
         wait_until(read, timeout_s=30, what=f"{N} messages read back")
+        assert c.metrics_url is not None
+        fallbacks = Fallbacks(stats.link_fallbacks, producer_metric, c.statistics().read_link_fallbacks,
+                              value(read_metrics(c.metrics_url), "ordq_consumer_read_link_fallbacks_total"))
     assert seen == [(i, f"m{i}".encode()) for i in range(N)]
-    return stats, stream, acks
+    return stats, stream, acks, fallbacks
 
 
 @pytest.mark.zk
@@ -106,9 +126,9 @@ def test_a_fixed_link_port_is_bound_published_and_used(cluster: Cluster) -> None
     group = _start_group(cluster, ["--link-listen", master_link], ["--link-listen", slave_link])
     assert _node(cluster, "g1", "master")["produce"] == master_link
     assert _node(cluster, "g1", "slave")["replication"] == slave_link
-    stats, stream, _ = _produce_and_consume(cluster)
+    _, stream, _, fallbacks = _produce_and_consume(cluster)
     assert isinstance(stream, LeanProduceStream) and stream.link == master_link and stream.fell_back is None
-    assert stats.link_fallbacks == 0
+    assert fallbacks == Fallbacks(0, 0.0, 0, 0.0)
     assert f"replicating to slave at {slave_link} (lean link)" in group.master.log_tail(400)
 
 
@@ -122,10 +142,12 @@ def test_links_nobody_can_reach_fall_back_to_grpc_on_the_same_brokers_without_a_
     assert _node(cluster, "g1", "master")["produce"] == closed_a
     first = cluster.state().open_segment
     assert first is not None
-    stats, stream, acks = _produce_and_consume(cluster)
+    stats, stream, acks, fallbacks = _produce_and_consume(cluster)
     # one segment, offsets in seq order: no failover, nothing resent
     assert [(a.seq, a.seg, a.offset) for a in acks] == [(i, first.seg, i) for i in range(N)]
-    assert stats.failovers == 0 and stats.link_fallbacks == 1
+    assert stats.failovers == 0
+    # each client counted its fallback once (the consumer reads the master within LINK_RETRY_S)
+    assert fallbacks == Fallbacks(1, 1.0, 1, 1.0)
     assert isinstance(stream, LeanProduceStream) and isinstance(stream.fell_back, AioProduceStream)
     state = cluster.state()
     assert state.send[0] == "g1" and state.open_segment is not None and state.open_segment.seg == first.seg

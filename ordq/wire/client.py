@@ -143,6 +143,7 @@ class StreamedReads:
         self._conn: LeanReadLink | None = None  # the lean link last read on (one master at a time)
         self._link_down: dict[str, float] = {}  # a link that could not be opened -> until when not tried
         self.link_streams = self.grpc_streams = 0  # streams opened on each
+        self.link_fallbacks = 0  # lean links that could not be opened (read over gRPC for LINK_RETRY_S each)
 
     def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
               known_end: int | None = None, link: str = "") -> FetchResult:
@@ -191,6 +192,7 @@ class StreamedReads:
             self._conn = LeanReadLink(link, address, self._t.credentials)
         except OSError as exc:  # ssl.SSLError and TimeoutError too: a firewalled or NAT'd port, or a gone master
             self._link_down[link] = now + LINK_RETRY_S
+            self.link_fallbacks += 1
             log.warning("the lean link %s of %s cannot be opened (%r): reading over gRPC for %gs", link, address,
                         exc, LINK_RETRY_S)
         return self._conn

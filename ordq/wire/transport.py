@@ -79,6 +79,9 @@ class Reader(Protocol):
     calls (a fetch that continues where the last one ended costs no call). ``link``: the
     replica's lean link (a master's, from its liveness node), "" for none."""
 
+    # Lean links that could not be opened so far: those reads went over gRPC (counted, logged)
+    link_fallbacks: int
+
     def fetch(
         self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
         known_end: int | None = None, link: str = "",

@@ -1,0 +1,101 @@
+"""Which lone requests a broker commits on its event loop (broker_group/loop_sync.py, issue 39):
+the rule alone (pure), and the write path following it: a slow group commit sends the next lone
+request to the slave's replica thread, so a congested disk does not hold the loop (the fast
+path itself, on real processes: test_broker.py's lone-small-request test)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ordq.broker_group import log as seglog
+from ordq.broker_group.config import BrokerConfig
+from ordq.broker_group.loop_sync import LoopSyncRule
+from ordq.broker_group.replica import Role, SegmentReplica
+from ordq.broker_group.shared import Segment, Shared
+from ordq.broker_group.write_path import WritePath
+from ordq.wire.batch import Message, encode_batch, stamp_offset
+
+
+def test_a_lone_request_goes_on_the_loop_while_syncs_are_quick_and_it_is_small() -> None:
+    rule = LoopSyncRule(max_bytes=1000, slow_s=0.005, backoff_s=1.0)
+    assert rule.on_loop(999, 0.0) and not rule.on_loop(1000, 0.0)
+    assert not rule.synced(0.004, 10.0)  # quick: nothing changes
+    assert rule.on_loop(10, 10.0)
+    assert rule.synced(0.005, 20.0)  # slow: the thread for a second
+    assert not rule.on_loop(10, 20.0) and not rule.on_loop(10, 20.999)
+    rule.synced(0.0001, 20.5)  # a quick one meanwhile does not end it
+    assert not rule.on_loop(10, 20.9)
+    rule.synced(0.2, 20.9)  # a slow one meanwhile extends it
+    assert not rule.on_loop(10, 21.5) and rule.on_loop(10, 21.9)
+
+
+@given(st.lists(st.tuples(st.floats(0, 0.02), st.floats(0, 5)), max_size=30), st.floats(0, 7),
+       st.integers(0, 2000))
+def test_the_loop_is_refused_exactly_within_a_backoff_after_a_slow_sync(
+        syncs: list[tuple[float, float]], now: float, nbytes: int) -> None:
+    rule = LoopSyncRule(max_bytes=1000, slow_s=0.005, backoff_s=1.0)
+    for took, at in sorted(syncs, key=lambda x: x[1]):
+        rule.synced(took, at)
+    held = any(took >= 0.005 and now < at + 1.0 for took, at in syncs)  # a slow one less than a second before
+    assert rule.on_loop(nbytes, now) == (nbytes < 1000 and not held)
+
+
+class _Histogram:
+    def observe(self, _seconds: float) -> None:
+        pass
+
+
+@pytest.fixture
+def slave(tmp_path: Path) -> Iterator[tuple[WritePath, Segment]]:
+    """A slave's write path in this process, with one segment's log on disk (no loop started,
+    no ZooKeeper: ``commit_replica`` needs neither)."""
+    shared = Shared(BrokerConfig(gid="g1", role=Role.SLAVE, data_dir=tmp_path, zk_hosts="zk:1"))
+    write = WritePath(shared, None, _Histogram())  # type: ignore[arg-type] # no segment is created here
+    log = seglog.SegmentLog.open(tmp_path, "q", 0, create=True)
+    s = Segment(replica=SegmentReplica("q", 0, Role.SLAVE), directory=tmp_path, log=log)
+    try:
+        yield write, s
+    finally:
+        log.close()
+        shared.loop.stop()
+
+
+def _place(write: WritePath, s: Segment, first: int) -> list[bytes]:
+    raw = stamp_offset(encode_batch([Message(payload=b"x" * 100, timestamp_us=first)], epoch=1, first_seq=first),
+                       first)
+    with write.shared.cv:
+        s.replica.accept_replica(1, first, first, 1)
+        s.syncing += 1
+    return [raw]
+
+
+def test_after_a_slow_sync_the_next_lone_request_goes_to_the_thread(
+        slave: tuple[WritePath, Segment], monkeypatch: pytest.MonkeyPatch) -> None:
+    write, s = slave
+    # The disk's speed is what this is about: fdatasync takes no time, or 30 ms (a congested
+    # disk: ext4's journal commit waiting for other files' data), whatever this machine's does.
+    def quick(_fd: Any) -> None:
+        pass
+
+    def slow(_fd: Any) -> None:
+        time.sleep(0.03)
+
+    monkeypatch.setattr(os, "fdatasync", quick)
+    assert write.commit_replica(s, _place(write, s, 0), alone=True) is None  # quick disk: on the loop
+    monkeypatch.setattr(os, "fdatasync", slow)
+    assert write.commit_replica(s, _place(write, s, 1), alone=True) is None  # not known slow yet: on the loop
+    monkeypatch.setattr(os, "fdatasync", quick)
+    on_thread = write.commit_replica(s, _place(write, s, 2), alone=True)
+    assert on_thread is not None  # the replica thread's commit
+    on_thread.result(10)
+    stats = write.shared.stats
+    assert (stats.loop_commits, stats.slow_syncs, stats.syncs) == (2, 1, 3)
+    assert s.replica.local_synced == 3 and s.syncing == 0
