@@ -238,6 +238,59 @@ def test_two_sealing_segments_of_one_queue_on_one_group_are_both_sealed_in_batch
         daemon.stop()
 
 
+def test_a_deferred_seal_batch_is_tried_again_by_the_pool_waiting_longer_each_time(monkeypatch) -> None:
+    """A batch no replica answered is kept and asked again by the seal pool itself (scale43n: at
+    10^5 queues its queues' timers waited for a 2 min round), after RETRY_S, the wait doubled at
+    each failure of the group in a row up to SEAL_RETRY_MAX_S, and again RETRY_S once the group
+    answered. Once this process no longer leads, a deferred batch is let go (the next term
+    plans every queue). Failing first: on 430dd84 the batch was asked once (its queues went to
+    their timers)."""
+    import time
+    import types
+
+    from ordq.common.errors import BrokerUnavailable
+    from ordq.coordinator import daemon_seals
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.duties import Action, Kind
+
+    monkeypatch.setattr(daemon_seals, "RETRY_S", 0.05)
+    monkeypatch.setattr(daemon_seals, "SEAL_RETRY_MAX_S", 0.2)
+    calls: list[tuple[float, float | None, list[str]]] = []  # (when, the group's wait then, queues)
+    failures = {"left": 4}
+
+    def batch_sealer(gid, items, members):  # type: ignore[no-untyped-def]
+        calls.append((time.monotonic(), getattr(daemon, "_seal_retry_s", {}).get(gid), sorted(q for q, *_ in items)))
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise BrokerUnavailable(f"group {gid}", "no replica answered SealMany (test)")
+        return []
+
+    daemon = CoordinatorDaemon(None, sealer=lambda *a, **k: None, batch_sealer=batch_sealer,  # type: ignore[arg-type]
+                               identifier="deferred")
+    daemon.view = types.SimpleNamespace(members={"g1": {}}, schedule=lambda *a: None)  # type: ignore[assignment]
+    st = sm.create("q", ["g1"])
+    try:
+        daemon._seal_later("a", Action(Kind.SEAL, gid="g1", seg=0), known=(st, 1))
+        wait_until(lambda: len(calls) == 5 and not daemon._sealing_now, timeout_s=DEADLINE_S,
+                   what="the batch sealed after four deferrals")
+        assert [wait for _t, wait, _q in calls] == [None, 0.05, 0.1, 0.2, 0.2]  # doubled, bounded
+        for before, (at, wait, queues) in zip(calls, calls[1:], strict=False):
+            assert queues == ["a"] and at - before[0] >= wait * 0.9, calls  # type: ignore[operator]
+        assert daemon._seal_retry_s == {} and daemon._seal_deferred == {}
+
+        # deferred, and the term ends before the retry: let go, nothing asked
+        failures["left"] = 1
+        asked = len(calls)
+        daemon._seal_later("c", Action(Kind.SEAL, gid="g1", seg=0), known=(st, 1))
+        wait_until(lambda: daemon._seal_deferred, timeout_s=DEADLINE_S, what="c deferred")
+        daemon.view = None
+        wait_until(lambda: not daemon._sealing_now and not daemon._seal_retry_timers, timeout_s=DEADLINE_S,
+                   what="c let go")
+        assert len(calls) == asked + 1 and not daemon._seal_batches.get("g1")
+    finally:
+        daemon.stop()
+
+
 def test_idle_work_waits_while_a_producer_s_failover_is_served() -> None:
     """One process, one GIL (coordinator/pacing.py): while the service serves a FailOver, an
     idle queue's round and seal start only once it is answered; a written queue's at once, and
