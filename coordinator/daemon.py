@@ -306,10 +306,11 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         out: dict[str, tuple[sm.QueueState, StateVersion, list[str] | None]] = {}
         entries = view.entries
         written = self.store.written
+        mine = written.snapshot()
         lacked: list[str] = []
         for q in queues:
             entry = entries.get(q)
-            known = None if entry is None else known_state(entry, written.get(q))
+            known = None if entry is None else known_state(entry, mine.get(q))
             if entry is None or known is None:
                 lacked.append(q)  # not read yet, or changed and not read again: the caller reads it
                 continue

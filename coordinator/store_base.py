@@ -162,6 +162,12 @@ class WrittenStates:
         with self._lock:
             return self._states.get(queue)
 
+    def snapshot(self) -> dict[str, tuple[QueueState, StateVersion]]:
+        """Every state kept, at once: one lock for a reader of many queues (``known_queues`` of
+        10^5 took 0.9-2.6 s under load with a lock a queue, scale43n), not ``get`` for each."""
+        with self._lock:
+            return dict(self._states)
+
     def creations(self) -> dict[str, tuple[QueueState, StateVersion]]:
         """The creations kept (``created``) and not read back or written since."""
         with self._lock:
