@@ -121,6 +121,7 @@ class DaemonView:
         self.masters: dict[str, str] = {}  # gid -> its live master's address (groups with both live)
         self.members: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> liveness node, of every live process
         self.reads = 0  # ZooKeeper reads sent (statistics, tests)
+        self.queue_events = 0  # watches of a queue's nodes that fired (statistics: the moves' log line)
         self.list_changes = 0  # times the queue list was read (queues created or deleted)
         self.taken_unread = 0  # unread queues ``read_unread`` took as this process wrote them (statistics)
         self._root = store.paths.queues + "/"
@@ -161,6 +162,7 @@ class DaemonView:
         parts = path[len(self._root):].split("/")
         part = CONFIG if len(parts) == 1 else STATE if parts[1] == STATE else SUBS
         with self._lock:
+            self.queue_events += 1
             entry = self.entries.get(parts[0])
             if entry is None:
                 return

@@ -194,6 +194,11 @@ class ZkBase:
         self._op_timeout_s = op_timeout_s
         self.paths = paths
         self.written = WrittenStates()  # shared by a coordinator's stores (commands/coordinator.py)
+        # statistics (a dead group's moves log them, issue 43): batched transactions of states
+        # that failed and were done again part by part (``apply_batch``), and batches checked
+        # again against the deletion log (``_revalidated``)
+        self.batches_redone = 0
+        self.revalidations = 0
         self._owns_client = owns_client
         self._hosts = str(getattr(client, "hosts", ""))
         self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
