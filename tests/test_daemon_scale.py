@@ -1186,6 +1186,28 @@ def test_a_spread_pass_plans_on_every_queue_s_state_or_not_at_all() -> None:
     assert spread_rows({"b": QueueEntry(state=st, version=3, stale=set())}, old) == [("b", st, V(3, 0))]
 
 
+def test_a_listing_takes_a_creation_of_this_term_taken_unread_not_an_older_write() -> None:
+    """Issue 43 (scale43o, run 1 at 10^5): a verdict took 17,621 creations of the leader unread
+    (``take_written``: version 0, STATE stale), and a listing 15 s later read 10,247 of them from
+    ZooKeeper, 15.0 s of its 25.1 s: ``known_state`` took this process's writes only when newer
+    than a copy read in this term. A creation (version 0, kept only while leading: of this term)
+    is taken while the copy read nothing newer; a write of an earlier term still is not.
+    Failing first: None for the taken creation."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon_view import STATE, QueueEntry, known_state
+    from ordq.coordinator.store_values import StateVersion as V
+
+    st = sm.create("q", ("g1",), incarnation="a" * 12)
+    moved = sm.admit(st, "g1", sm.Facts(live_groups=frozenset({"g1"})))
+    taken = QueueEntry(state=st, version=0, deletions=2, stale={STATE})  # as take_written leaves it
+    assert known_state(taken, (st, V(0, 2))) == (st, V(0, 2))
+    assert known_state(QueueEntry(), (st, V(0, 2))) == (st, V(0, 2))  # listed, not read nor taken yet
+    assert known_state(QueueEntry(), (moved, V(3, 2))) is None  # a write of an earlier term: read first
+    read = QueueEntry(state=moved, version=4, stale={STATE})
+    assert known_state(read, (st, V(0, 2))) is None  # the copy read something newer, changed since
+    assert known_state(read, (moved, V(5, 2))) == (moved, V(5, 2))  # a later write of this term, as before
+
+
 def test_why_the_copy_lacks_a_listing_s_queues_is_counted_by_reason() -> None:
     """Issue 43: a listing 15 s after a group's failure at 10^5 queues read 2.4 s of states the
     leader's copy lacked, and nothing said why. ``why_lacked`` (logged by ``known_queues``) counts
