@@ -181,6 +181,11 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         # idle queues' seals waiting for a batch (``batch_sealer``): gid -> queue -> (seg, state, version)
         self._seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, StateVersion]]] = {}
         self._seal_batch_jobs: dict[str, int] = {}  # gid -> its batch jobs queued or running
+        # batches no replica answered, tried again later (daemon_seals ``_defer_batch``): gid ->
+        # (queue, seg) -> (state, version); the group's wait now; its pending timer
+        self._seal_deferred: dict[str, dict[tuple[str, int], tuple[sm.QueueState, StateVersion]]] = {}
+        self._seal_retry_s: dict[str, float] = {}
+        self._seal_retry_timers: dict[str, threading.Timer] = {}
         self._moving = 0  # a dead group's heads being moved: idle seal batches wait (daemon_seals)
         self._list_seen = -1
         self._tidy: list[tuple[str, StateVersion, sm.QueueState, Kind]] | None = None
@@ -281,6 +286,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._cancel_seal_retries()
         for executor in (self._executor, self._seal_executor):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
@@ -300,10 +306,11 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         out: dict[str, tuple[sm.QueueState, StateVersion, list[str] | None]] = {}
         entries = view.entries
         written = self.store.written
+        mine = written.snapshot()
         lacked: list[str] = []
         for q in queues:
             entry = entries.get(q)
-            known = None if entry is None else known_state(entry, written.get(q))
+            known = None if entry is None else known_state(entry, mine.get(q))
             if entry is None or known is None:
                 lacked.append(q)  # not read yet, or changed and not read again: the caller reads it
                 continue

@@ -104,6 +104,10 @@ class DaemonParts:
     # gid -> (queue, seg) -> (state, version)
     _seal_batches: dict[str, dict[tuple[str, int], tuple[sm.QueueState, StateVersion]]]
     _seal_batch_jobs: dict[str, int]  # gid -> its batch jobs queued or running
+    # batches no replica answered: gid -> (queue, seg) -> (state, version); its wait; its timer
+    _seal_deferred: dict[str, dict[tuple[str, int], tuple[sm.QueueState, StateVersion]]]
+    _seal_retry_s: dict[str, float]
+    _seal_retry_timers: dict[str, threading.Timer]
     _moving: int  # a dead group's heads being moved (``_move_dead_heads``): idle seal batches wait
     # heads spread back (daemon_spread)
     _live_since: dict[str, float]  # gid -> when this term first saw both its processes live
@@ -149,6 +153,10 @@ class DaemonParts:
 
     def _start_seal_batches(self) -> None:
         """Start the batch jobs of the idle seals that waited for a dead group's moves (daemon_seals)."""
+        raise NotImplementedError
+
+    def _cancel_seal_retries(self) -> None:
+        """Stopping: no deferred seal batch is tried again (daemon_seals)."""
         raise NotImplementedError
 
     def _spread_pass(self, view: DaemonView, now: float) -> None:

@@ -17,7 +17,7 @@ from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_parts import BUG_RETRY_S, RETRY_S, WRITTEN_S, DaemonParts, is_written, log, urgent_first
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
-from ordq.coordinator.group_moves import Move, batches, plan_moves, transactions
+from ordq.coordinator.group_moves import Move, MovePhases, batches, plan_moves, transactions
 from ordq.coordinator.pacing import in_slices
 from ordq.coordinator.store import Known
 from ordq.coordinator.store_values import LiveInfo, QueueConfig, StateVersion, roll_transition
@@ -156,6 +156,9 @@ class DutyRound(DaemonParts):
         round (those not moved here). A moved queue's seal is queued with its move
         (``_seal_moved``); an idle queue's batch starts once the last window is written
         (``_start_seal_batches``). One queue alone goes the per-queue way (no batch to gain)."""
+        started, cpu_started = time.monotonic(), time.process_time()
+        phases = MovePhases(redone=-self.store.batches_redone, revalidations=-self.store.revalidations,
+                            queue_events=-view.queue_events)
         entries = view.entries
         live = view.live
         rows = []
@@ -167,12 +170,15 @@ class DutyRound(DaemonParts):
             if open_seg is None or open_seg.gid in live:
                 continue  # its head is live: nothing to move (the facts of every queue cost ~30 µs each)
             rows.append((q, entry.state, entry.at, view.facts(entry)))
+        planned, thread_cpu = time.monotonic(), time.thread_time()
+        phases.rows_s = planned - started
         busy = {q for q, *_ in rows if is_written(q, self._written, now)}
         moves = [m for m in plan_moves(rows, busy)
                  if m.before.open_segment is not None and self._may_move(m.queue, m.before.open_segment.gid, m.busy)]
         if len(moves) < 2:
             return queues
         parts = batches(moves)
+        phases.plan_s, phases.plan_cpu_s = time.monotonic() - planned, time.thread_time() - thread_cpu
         # The busy queues' small batches first, then the idle ones MOVES_IN_FLIGHT transactions
         # at a time (a producer's FailOver first before each window: pacing.py).
         windows = [[p] for p in parts if p[0].busy]
@@ -181,24 +187,32 @@ class DutyRound(DaemonParts):
         with self._lock:
             self._moving += 1  # the idle seals these moves queue wait for the last window
         try:
-            moved = self._write_moves(windows, view)
+            moved = self._write_moves(windows, view, phases)
         finally:
             with self._lock:
                 self._moving -= 1
             self._start_seal_batches()
         if moved:
-            log.info("moved %d heads off dead groups in batches (%d busy)", len(moved), len(busy & moved))
+            phases.total_s, phases.process_cpu_s = time.monotonic() - started, time.process_time() - cpu_started
+            phases.redone += self.store.batches_redone
+            phases.revalidations += self.store.revalidations
+            phases.queue_events += view.queue_events
+            log.info("moved %d heads off dead groups in batches (%d busy) %s", len(moved), len(busy & moved),
+                     phases.line())
         return [q for q in queues if q not in moved]
 
-    def _write_moves(self, windows: list[list[list[Move]]], view: DaemonView) -> set[str]:
+    def _write_moves(self, windows: list[list[list[Move]]], view: DaemonView, phases: MovePhases) -> set[str]:
         """Write the moves' transactions, window by window, and queue each moved queue's seal;
-        the queues moved."""
+        the queues moved. ``phases``: where the time went, added to."""
         moved: set[str] = set()
         for window in windows:
             if self._stop.is_set():
                 break
             if not window[0][0].busy:
+                turn = time.monotonic()
                 self._wait_turn()
+                phases.turns_s += time.monotonic() - turn
+            writing, thread_cpu = time.monotonic(), time.thread_time()
             try:
                 results = self.store.apply_batches([[(m.queue, m.version, m.after) for m in part] for part in window],
                                                    view.group_versions)
@@ -207,6 +221,12 @@ class DutyRound(DaemonParts):
                     self.stats.errors += 1
                 log.warning("moving %d heads off a dead group: %s", sum(len(p) for p in window), exc)
                 continue
+            finally:
+                phases.writes_s += time.monotonic() - writing
+                phases.writes_cpu_s += time.thread_time() - thread_cpu
+            phases.windows += 1
+            phases.transactions += len(window)
+            sealing = time.monotonic()
             for part, (done, _left) in zip(window, results, strict=True):
                 moved.update(done)
                 written = set(done)
@@ -217,6 +237,7 @@ class DutyRound(DaemonParts):
                         self.stats.batched_moves += len(done)
                         self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
                             + len(done)
+            phases.seals_s += time.monotonic() - sealing
         return moved
 
     def _seal_moved(self, moves: list[Move]) -> None:

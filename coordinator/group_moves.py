@@ -50,6 +50,37 @@ class Move:
     size: int  # bytes of ``after`` as written (what counts against ``BATCH_BYTES``)
 
 
+@attrs.define
+class MovePhases:
+    """Where a dead group's moves spent their time (issue 43: every head moved 7.9-10.9 s after
+    the verdict at 10^5 queues, goal 10 s, and nothing told the planning from the writes). The
+    caller measures; ``line`` says it in the log. ``*_cpu_s``: CPU of the moving thread (time
+    it ran, not waited for ZooKeeper or the GIL); ``process_cpu_s``: every thread's."""
+
+    rows_s: float = 0.0  # the rows (state, version, facts) of the queues to move
+    plan_s: float = 0.0  # ``plan_moves`` and ``batches``
+    plan_cpu_s: float = 0.0
+    turns_s: float = 0.0  # waiting for the service's urgent requests (pacing.py) before windows
+    writes_s: float = 0.0  # the transactions sent and answered, window by window
+    writes_cpu_s: float = 0.0
+    seals_s: float = 0.0  # the moved queues' seals queued (``_seal_moved``)
+    total_s: float = 0.0
+    process_cpu_s: float = 0.0
+    windows: int = 0
+    transactions: int = 0
+    redone: int = 0  # transactions that failed and were done again part by part
+    revalidations: int = 0  # batches checked again against the deletion log
+    queue_events: int = 0  # the view's watches of queue nodes that fired meanwhile
+
+    def line(self) -> str:
+        return (f"in {self.total_s:.2f} s: rows {self.rows_s:.2f} s, plan {self.plan_s:.2f} s "
+                f"(cpu {self.plan_cpu_s:.2f}), {self.transactions} transactions in {self.windows} windows "
+                f"{self.writes_s:.2f} s (cpu {self.writes_cpu_s:.2f}), turns waited {self.turns_s:.2f} s, "
+                f"seals queued {self.seals_s:.2f} s; the process's cpu {self.process_cpu_s:.2f} s; "
+                f"{self.redone} transactions redone, {self.revalidations} revalidations, "
+                f"{self.queue_events} queue watches fired")
+
+
 def dead_head(st: QueueState, facts: Facts) -> tuple[str, int] | None:
     """(gid, seg) of the open segment when its group is not live (both processes), else None:
     the queue's head must fail over (as ``duties.plan`` says first)."""

@@ -131,16 +131,18 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
     answers at all."""
     refs = [(q, seg) for q, seg, _st, _v in items]
     answers: dict[str, dict[tuple[str, int], ReplicaEnd | None]] = {}
+    why: list[str] = []  # each replica's failure, for the log (scale43n: a slave's ZooKeeper blip)
     for role in ("master", "slave"):
         info = members.get(role)
         if info is None:
+            why.append(f"{role}: not live")
             continue
         try:
             answers[role] = transport.seal_many(info.address, refs)
-        except OrdqError:
-            continue
+        except OrdqError as exc:
+            why.append(f"{role}: {type(exc).__name__}: {exc}")
     if not answers:
-        raise BrokerUnavailable(f"group {gid}", "no replica answered SealMany")
+        raise BrokerUnavailable(f"group {gid}", f"no replica answered SealMany ({'; '.join(why)})")
     now_ms = int(time.time() * 1000)
     writes: list[StateWrite] = []
     plans: dict[str, tuple[int, SealPlan]] = {}

@@ -409,6 +409,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 self._written(part)
                 written = [q for q, _v, _s in part]
             elif results is not None:
+                self.batches_redone += 1
                 written = self.apply_batch(part, group_versions)[0]
             landed = set(written)
             out.append((written, [q for q, _v, _s in asked if q not in landed]))
@@ -431,6 +432,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
     def _revalidated(self, writes: Sequence[StateWrite]) -> list[StateWrite]:
         """``writes`` as of the deletion count now, those whose queues were not deleted since
         their copies were read (``DeletionLog.kept``); the others are left out (read again)."""
+        self.revalidations += 1
         with self._errors():
             log = self._deletion_log()
         return [(q, StateVersion(v.znode, log.count), new) for q, v, new in writes if log.kept(q, v.deletions)]

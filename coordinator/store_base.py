@@ -162,6 +162,12 @@ class WrittenStates:
         with self._lock:
             return self._states.get(queue)
 
+    def snapshot(self) -> dict[str, tuple[QueueState, StateVersion]]:
+        """Every state kept, at once: one lock for a reader of many queues (``known_queues`` of
+        10^5 took 0.9-2.6 s under load with a lock a queue, scale43n), not ``get`` for each."""
+        with self._lock:
+            return dict(self._states)
+
     def creations(self) -> dict[str, tuple[QueueState, StateVersion]]:
         """The creations kept (``created``) and not read back or written since."""
         with self._lock:
@@ -188,6 +194,11 @@ class ZkBase:
         self._op_timeout_s = op_timeout_s
         self.paths = paths
         self.written = WrittenStates()  # shared by a coordinator's stores (commands/coordinator.py)
+        # statistics (a dead group's moves log them, issue 43): batched transactions of states
+        # that failed and were done again part by part (``apply_batch``), and batches checked
+        # again against the deletion log (``_revalidated``)
+        self.batches_redone = 0
+        self.revalidations = 0
         self._owns_client = owns_client
         self._hosts = str(getattr(client, "hosts", ""))
         self._retry = KazooRetry(max_tries=-1, delay=0.02, backoff=2, max_delay=0.5, deadline=read_retry_s,
