@@ -111,6 +111,7 @@ class Cluster:
         self._threads: list[LoadProducer | LoadConsumer] = []
         self.coordinators: list[ManagedProcess] = []
         self._stand_in: ManagedProcess | None = None  # started by create_queue, until the test starts its own
+        self._piped: list[subprocess.Popen[bytes]] = []  # ordq_piped's CLIs: killed at teardown if still running
         # Clients find the coordinators by address only (issue 37): each coordinator of this
         # cluster listens on one of these ports, so ``bootstrap`` names every one it may run.
         self.coordinator_ports = free_ports(COORDINATOR_SLOTS)
@@ -182,9 +183,12 @@ class Cluster:
 
     def ordq_piped(self, *args: str) -> subprocess.Popen[bytes]:
         """Start the ``ordq`` CLI with pipes on stdin, stdout and stderr, for a test that talks
-        to it while it runs (reads its output, types into it, sends it Ctrl-C)."""
-        return subprocess.Popen(self._ordq_argv(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        to it while it runs (reads its output, types into it, sends it Ctrl-C). A failed test
+        leaves it running: teardown kills it."""
+        proc = subprocess.Popen(self._ordq_argv(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        self._piped.append(proc)
+        return proc
 
     def _ordq_argv(self, args: tuple[str, ...]) -> list[str]:
         return [sys.executable, "-m", "ordq.cli", "--zk", self.hosts, "--root", self.root, *args]
@@ -307,6 +311,13 @@ class Cluster:
         errors: list[BaseException] = []
         for t in self._threads:
             t.stop()
+        for piped in self._piped:
+            if piped.poll() is None:
+                piped.kill()
+                piped.wait(timeout=10)
+            for stream in (piped.stdin, piped.stdout, piped.stderr):
+                if stream is not None:
+                    stream.close()
         for proc in self.programs:
             try:
                 if proc.alive():
