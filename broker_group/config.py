@@ -8,7 +8,7 @@ import attrs
 
 from ordq.broker_group.budget import BudgetConfig
 from ordq.broker_group.replica import Role
-from ordq.broker_group.request_time import RequestTimeConfig
+from ordq.broker_group.request_time import RequestTimeConfig, broker_request_time
 from ordq.common import addresses
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
@@ -67,7 +67,7 @@ class BrokerConfig:
     budget: BudgetConfig = attrs.field(factory=BudgetConfig)
     # Each token's share of the broker's loop (request_time.py): one token's calls, refused
     # ones included, cannot take the time its neighbours' produce and acks need.
-    request_time: RequestTimeConfig = attrs.field(factory=RequestTimeConfig)
+    request_time: RequestTimeConfig = attrs.field(factory=broker_request_time)
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ordq.broker_group.budget import MemoryBudget
+from ordq.broker_group.loop_lag import LAG_BUCKETS
 from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.shared import BrokerStats, Shared
 from ordq.common.metrics import one
@@ -98,6 +99,9 @@ class BrokerMetrics(Collector):
         self.fsync_seconds = Histogram("ordq_broker_fsync_seconds", "Write+fdatasync of one group commit",
                                        list(self._labels), buckets=FSYNC_BUCKETS,
                                        registry=self.registry).labels(**self._labels)
+        self.loop_lag_seconds = Histogram("ordq_broker_loop_lag_seconds", "How late the event loop ran a callback "
+                                          "due every 5 ms (loop_lag.py)", list(self._labels), buckets=LAG_BUCKETS,
+                                          registry=self.registry).labels(**self._labels)
         self.registry.register(self)
 
     def describe(self) -> Iterator[Metric]:

@@ -45,6 +45,15 @@ from ordq.common.request_time import RequestTimeStatistics as RequestTimeStatist
 
 T = TypeVar("T")
 
+# A broker's shares are enforced only while its loop is busy: all tokens together charged this
+# much of it lately (RequestTimeConfig.busy_share; noisy-neighbour drill, stop 60).
+LOOP_BUSY_SHARE = 0.6
+
+
+def broker_request_time(share: float | None = 0.2) -> RequestTimeConfig:
+    """A broker's request-time config: ``share`` per token, held only on a busy loop."""
+    return RequestTimeConfig(share=share, busy_share=LOOP_BUSY_SHARE)
+
 
 class _Timed:
     """``coro`` driven step by step; ``charge(seconds)`` after each step with the time it held

@@ -51,6 +51,7 @@ from ordq.broker_group.control import Control
 from ordq.broker_group.dataplane import Parts, add_servicer
 from ordq.broker_group.finder import Finder
 from ordq.broker_group.lean_produce import LeanProduceServer
+from ordq.broker_group.loop_lag import LoopLagProbe
 from ordq.broker_group.metrics import BrokerMetrics
 from ordq.broker_group.quorum_probe import QuorumProbe
 from ordq.broker_group.read_path import ReadPath
@@ -169,6 +170,7 @@ class Broker:
         self.gate.watch(store.client, cfg.root)  # tokens loaded before anything is served
         steps.done("tokens")
         self.shared.loop.start()
+        self.shared.loop.call_soon(LoopLagProbe(self.shared.loop.loop, self.metrics.loop_lag_seconds).start)
         try:
             port = self.shared.loop.run(self._bind())
             if port == 0:

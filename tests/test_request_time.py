@@ -171,3 +171,37 @@ def test_timed_charges_each_step_and_passes_results_and_errors_through() -> None
     # are tiny (tens of µs), so that a loaded box's preemptions (at load 33, 4 ms of work was
     # charged 0.2-0.34 s) cannot reach the bound by themselves.
     assert sum(charged) < 0.3
+
+
+def _neighbour_beside_a_cheap_abuser(cfg: RequestTimeConfig, neighbour_s_per_s: float) -> tuple[float, float]:
+    """3 s: a neighbour taking ``neighbour_s_per_s`` of the loop in 1 ms steps (a produce stream
+    over its share), beside a token keeping to its share that takes almost nothing (unread
+    streams: a step every 10 ms of 10 µs). (the neighbour's held seconds, the abuser's)."""
+    rt = RequestTime(cfg)
+    held = {"token:n": 0.0, "token:a": 0.0}
+    now = 0.0
+    for i in range(3000):
+        now += 0.001
+        held["token:n"] += rt.step("token:n", now)
+        rt.charge("token:n", neighbour_s_per_s * 0.001, now)
+        if i % 10 == 0:
+            held["token:a"] += rt.step("token:a", now)
+            rt.charge("token:a", 0.00001, now)
+    return held["token:n"], held["token:a"]
+
+
+def test_a_neighbour_over_its_share_is_not_held_on_a_mostly_idle_loop_but_is_on_a_busy_one() -> None:
+    """The noisy-neighbour drill (stop 60): the abuser's unread streams cost the loop almost
+    nothing and kept to their share, so the neighbour (0.3-0.43 s/s, over its 0.2 share) was
+    held up to 1.3 s a second while the loop was ~70 % idle: its acks waited before the master
+    read their requests (stage stamps: p99 14 -> 396 ms). With ``busy_share`` a share holds only
+    while all tokens together take that much of the loop: at 0.3 s/s the neighbour is not held;
+    at 0.7 s/s (a busy loop) its share holds as before."""
+    base = dict(share=0.2, burst_s=0.025, max_delay_ms=2_000, call_cost_us=0, contention_s=0.5)
+    # Without it (as before stop 60): held although the loop is 70 % idle.
+    assert _neighbour_beside_a_cheap_abuser(RequestTimeConfig(**base), 0.3)[0] > 0.5
+    busy = RequestTimeConfig(**base, busy_share=0.6)
+    assert _neighbour_beside_a_cheap_abuser(busy, 0.3) == (0.0, 0.0)
+    assert _neighbour_beside_a_cheap_abuser(busy, 0.7)[0] > 0.5  # a busy loop: the share holds
+    with pytest.raises(ConfigError):
+        RequestTimeConfig(busy_share=1.5)

@@ -131,11 +131,11 @@ def budget_config(args: argparse.Namespace) -> Any:
 
 def request_time_config(args: argparse.Namespace) -> Any:
     """Each token's share of the broker's loop the flags ask for (RequestTimeConfig's defaults)."""
-    from ordq.broker_group.request_time import RequestTimeConfig
+    from ordq.broker_group.request_time import broker_request_time
 
     if args.request_share is None:
-        return RequestTimeConfig()
-    return RequestTimeConfig(share=args.request_share or None)
+        return broker_request_time()
+    return broker_request_time(share=args.request_share or None)
 
 
 def broker_config(args: argparse.Namespace) -> Any:
