@@ -82,6 +82,18 @@ def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
                    plan.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
 
 
+def test_a_variant_may_place_the_leader_apart_or_in_the_clusters_group() -> None:
+    """Stop p's probe: the leader's place per round (both its windows), ``/apart`` (a cgroup of its
+    own below the cluster's weight, control_plane_placement.LEADER_SHARES) or ``/shared``; without
+    either, ``LEADER_APART``."""
+    got = plan.window_variants(cpa.ATTACKS, "flood/apart,huge@64/shared,unplaced/apart,idle")
+    assert got == (plan.Variant("flood/apart", ("flood",), leader_apart=True),
+                   plan.Variant("huge@64/shared", ("huge",), 64, leader_apart=False),
+                   plan.Variant("unplaced/apart", cpa.ATTACKS, placed=False, leader_apart=True),
+                   plan.Variant("idle", (), leader_apart=plan.LEADER_APART))
+    assert place.ATTACKER_SHARES < place.LEADER_SHARES < cpu_isolation.MAX_SHARES
+
+
 def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
     """A measurement's windows one kind (or a few) each, interleaved with the same quiet
     windows (stop h: which attack slows the produce acks), and an ``idle`` control that sends
@@ -93,7 +105,8 @@ def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
 
 
 @pytest.mark.parametrize("spec", ["floods", "huge+", "idle+huge", "hog@", "hog@1",
-                                  f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
+                                  f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x", "flood/", "flood/elsewhere",
+                                  "flood/apart/shared"])
 def test_a_malformed_variant_is_refused_by_name(spec: str) -> None:
     with pytest.raises(ValueError, match=plan.WINDOWS_ENV):
         plan.window_variants(cpa.ATTACKS, spec)
@@ -289,6 +302,26 @@ def test_the_drill_queues_path_is_read_per_window_from_the_brokers_own_metrics()
     assert path.between(before, now()) == "35 writes held, 5 fsyncs (3 > 0.1 s, 2 > 0.25 s, 1 > 1.0 s)"
     assert path.between(None, now()) == "not read" and path.reading([]) is None
     assert path.lag({"acked": 5_000}, {"delivered": 4_200}) == 800 and path.lag({}, {"delivered": 1}) == -1
+
+
+def test_zookeepers_requests_and_times_are_told_per_window_from_its_mntr() -> None:
+    """Whether an attack on the leader reaches the brokers through ZooKeeper (stop p): its
+    requests per s and its read, update and fsync times' means over a window, from two ``mntr``
+    answers (ZooKeeper 3.8's format: ``zk_sum_X`` and ``zk_cnt_X`` of each summary)."""
+    from ordq.drills import control_plane_path as path
+
+    def mntr(received: int, reads: tuple[int, int], updates: tuple[int, int], fsyncs: tuple[int, int]) -> str:
+        lines = [("zk_version", "3.8.0"), ("zk_packets_received", received), ("zk_avg_readlatency", "0.68")]
+        for name, (total, n) in zip(path.ZK_TIMES, (reads, updates, fsyncs), strict=True):
+            lines += [(f"zk_cnt_{name}", n), (f"zk_sum_{name}", total)]
+        return "\n".join(f"{k}\t{v}" for k, v in lines) + "\n"
+
+    a = path.zk_reading(mntr(100, (10, 20), (300, 100), (50, 100)))
+    b = path.zk_reading(mntr(1300, (40, 80), (700, 300), (90, 300)))
+    assert path.zk_between(a, b, 2.0) == ("600 requests/s, readlatency 0.50 ms x60, updatelatency 2.00 ms x200, "
+                                          "fsynctime 0.20 ms x200")
+    assert path.zk_between(b, b, 2.0) == "0 requests/s, readlatency x0, updatelatency x0, fsynctime x0"
+    assert path.zk_between(None, b, 2.0) == "not read" and path.zk_reading("not a server\n") is None
 
 
 def _verdict(tmp_path: object, windows: list[tuple[int, ...]], latency_ms: object) -> list[tuple[str, bool]]:
