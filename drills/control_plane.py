@@ -78,7 +78,13 @@ from ordq.drills.control_plane_attacks import (
     window_times,
 )
 from ordq.drills.control_plane_judge import Window, by_variant, p50, p99, split
-from ordq.drills.control_plane_placement import ATTACKER_SHARES, LEADER_SHARES, CpuUse, attacker_cpus
+from ordq.drills.control_plane_placement import (
+    ATTACKER_SHARES,
+    LEADER_SHARES,
+    CpuUse,
+    attacker_cpus,
+    place_leader,
+)
 from ordq.drills.control_plane_plan import (
     ATTACK_S,
     ATTACKS_FROM,
@@ -350,7 +356,6 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     judgement += (f"; the attacker's process on CPU {min(placed)} only in the judged windows (a host of its own: "
                   f"never on both cores at once), on CPUs {sorted(every)} in the {UNPLACED} ones (told, not judged)")
     if iso is not None and any(v.leader_apart for v in variants):
-        iso.group("leader", shares=LEADER_SHARES)
         judgement += (f"; the leading coordinator apart (a host of its own) in the rounds of "
                       f"{', '.join(sorted({v.name for v in variants if v.leader_apart}))}: a cgroup of its own at "
                       f"cpu.shares {LEADER_SHARES}, below the cluster's")
@@ -449,8 +454,8 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             # Where its threads may run in this window (those it starts in it inherit it).
             if not cpu_isolation.set_cpus(attacker.pid, placed if variant.placed else every):
                 raise RuntimeError("the attacker's process is gone")
-            if iso is not None and "leader" in iso.groups:  # the leader's place in this round, both windows
-                iso.add("leader" if variant.leader_apart else "protected", [stage.pid])
+            if iso is not None:  # the leader's place in this round, both its windows
+                place_leader(iso, stage.pid, variant.leader_apart)
             lag_q0, at_q0 = behind(), at_end
             time.sleep(LEAD_S)
             q0, start = now_us(), time.monotonic()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ordq.drills import neighbour
+from ordq.drills.cpu_isolation import CpuIsolation
 
 # Why placed (stop g; docs/SECURITY.md, "Where the attacker runs"): the attacker is a client, on
 # another host in production, so its own CPU is not the coordinator's to defend. Under the quota
@@ -38,6 +39,16 @@ ATTACKER_SHARES = 8192
 # a CPU always gets it before the leader does. The leader still gets what they leave (~0.5 of the
 # 2 cores beside six busy loops, stop o: it used 0.23-0.32).
 LEADER_SHARES = 32768
+LEADER_GROUP = "leader"
+CLUSTER_GROUP = "protected"  # neighbour.isolate's group of the cluster and the drill's clients
+
+
+def place_leader(iso: CpuIsolation, pid: int, apart: bool) -> None:
+    """Put the leading coordinator ``pid`` for a round: apart (its own group at ``LEADER_SHARES``,
+    made at the first need) or in the cluster's group."""
+    if apart and LEADER_GROUP not in iso.groups:
+        iso.group(LEADER_GROUP, shares=LEADER_SHARES)
+    iso.add(LEADER_GROUP if apart else CLUSTER_GROUP, [pid])
 
 
 def attacker_cpus() -> tuple[set[int], set[int]]:

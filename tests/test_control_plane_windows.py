@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -92,6 +94,49 @@ def test_a_variant_may_place_the_leader_apart_or_in_the_clusters_group() -> None
                    plan.Variant("unplaced/apart", cpa.ATTACKS, placed=False, leader_apart=True),
                    plan.Variant("idle", (), leader_apart=plan.LEADER_APART))
     assert place.ATTACKER_SHARES < place.LEADER_SHARES < cpu_isolation.MAX_SHARES
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+@pytest.mark.skipif(cpu_isolation.unavailable() is not None, reason=f"{cpu_isolation.unavailable()}")
+def test_a_leader_apart_gets_a_cpu_the_cluster_wants_only_after_it() -> None:
+    """The leader placed apart (stop p, ``place_leader``): a cluster's process and the leader both
+    spinning on one CPU, the cluster's gets it ~8 parts of 9 (cpu.shares 262144 against
+    LEADER_SHARES); the leader in the cluster's group, half each, as before stop p."""
+    iso, how = cpu_isolation.open_isolation()
+    assert iso is not None, how
+    one = {max(os.sched_getaffinity(0))}
+    spin = [sys.executable, "-c", "while True: pass"]
+    broker, leader = subprocess.Popen(spin), subprocess.Popen(spin)
+
+    def broker_part(seconds: float) -> float:
+        b0, l0 = _cpu_ticks(broker.pid), _cpu_ticks(leader.pid)
+        time.sleep(seconds)
+        b, lead = _cpu_ticks(broker.pid) - b0, _cpu_ticks(leader.pid) - l0
+        return b / (b + lead)
+
+    try:
+        with iso:
+            iso.group(place.CLUSTER_GROUP)
+            iso.add(place.CLUSTER_GROUP, [broker.pid])
+            for p in (broker, leader):
+                assert cpu_isolation.set_cpus(p.pid, one)
+            place.place_leader(iso, leader.pid, apart=True)
+            assert (iso.groups[place.LEADER_GROUP] / "cpu.shares").read_text().strip() == str(place.LEADER_SHARES)
+            apart = broker_part(1.5)
+            place.place_leader(iso, leader.pid, apart=False)
+            shared = broker_part(1.5)
+    finally:
+        for p in (broker, leader):
+            p.kill()
+            p.wait()
+    print(f"the cluster's process got {apart:.2f} of the CPU with the leader apart, {shared:.2f} shared")
+    assert apart >= 0.8, apart
+    assert 0.35 <= shared <= 0.65, shared
 
 
 def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
