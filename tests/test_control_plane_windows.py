@@ -84,6 +84,14 @@ def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
                    plan.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
 
 
+def test_the_acceptances_windows_place_the_leader_apart_in_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Since stop p the leading coordinator runs apart in every round of the acceptance's run (a
+    host of its own, as in production: the produce path does not call it), the idle control too."""
+    monkeypatch.delenv(plan.WINDOWS_ENV, raising=False)
+    assert all(v.leader_apart for v in plan.window_variants(cpa.ATTACKS))
+    assert plan.window_variants(cpa.ATTACKS, "idle")[0].leader_apart
+
+
 def test_a_variant_may_place_the_leader_apart_or_in_the_clusters_group() -> None:
     """Stop p's probe: the leader's place per round (both its windows), ``/apart`` (a cgroup of its
     own below the cluster's weight, control_plane_placement.LEADER_SHARES) or ``/shared``; without
