@@ -78,7 +78,13 @@ from ordq.drills.control_plane_attacks import (
     window_times,
 )
 from ordq.drills.control_plane_judge import Window, by_variant, p50, p99, split
-from ordq.drills.control_plane_placement import ATTACKER_SHARES, CpuUse, attacker_cpus
+from ordq.drills.control_plane_placement import (
+    ATTACKER_SHARES,
+    LEADER_SHARES,
+    CpuUse,
+    attacker_cpus,
+    place_leader,
+)
 from ordq.drills.control_plane_plan import (
     ATTACK_S,
     ATTACKS_FROM,
@@ -349,6 +355,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     placed, every = attacker_cpus()
     judgement += (f"; the attacker's process on CPU {min(placed)} only in the judged windows (a host of its own: "
                   f"never on both cores at once), on CPUs {sorted(every)} in the {UNPLACED} ones (told, not judged)")
+    if iso is not None and any(v.leader_apart for v in variants):
+        judgement += (f"; the leading coordinator apart (a host of its own) in the rounds of "
+                      f"{', '.join(sorted({v.name for v in variants if v.leader_apart}))}: a cgroup of its own at "
+                      f"cpu.shares {LEADER_SHARES}, below the cluster's")
     if kinds != ATTACKS:
         judgement += f"; ONLY {'+'.join(kinds)} attacks ({ATTACKS_ENV}): a measurement, not the acceptance"
     measured = variants != window_variants(kinds, DEFAULT_WINDOWS)
@@ -396,8 +406,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
         gid, _seg = ctx.head()
         urls, members = c.metrics_urls(), (f"{gid}/master", f"{gid}/slave")
 
-        def read_path() -> list[path.BrokerReading | None]:
-            return [path.read_broker(urls.get(m)) for m in members]
+        zk_port, zk_tls = c.zk.specs[0].client_port, c.credentials if c.credentials.zk_tls else None
+
+        def read_path() -> tuple[list[path.BrokerReading | None], path.ZkReading | None, float]:
+            return [path.read_broker(urls.get(m)) for m in members], path.read_zk(zk_port, zk_tls), time.monotonic()
 
         def behind() -> int:
             return path.lag(ctx.producers[0].status(), ctx.consumers[0].status()) if ctx.consumers else -1
@@ -442,10 +454,13 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             # Where its threads may run in this window (those it starts in it inherit it).
             if not cpu_isolation.set_cpus(attacker.pid, placed if variant.placed else every):
                 raise RuntimeError("the attacker's process is gone")
+            if iso is not None:  # the leader's place in this round, both its windows
+                place_leader(iso, stage.pid, variant.leader_apart)
             lag_q0, at_q0 = behind(), at_end
             time.sleep(LEAD_S)
             q0, start = now_us(), time.monotonic()
-            with cpu.measure("quiet"):
+            apart = variant.leader_apart and iso is not None
+            with cpu.measure("quiet apart" if apart and several else "quiet"):
                 time.sleep(ATTACK_S)
                 weigh(weight)
                 reads, _ = tail_reads(in_flight, start + WINDOW_S)
@@ -484,7 +499,10 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             ctx.event("the drill queue's path in it (read, not judged): the consumer "
                       f"{lag_q0} messages behind at its start; "
                       + "; ".join(f"{m} quiet {path.between(x, y)}, attacked {path.between(y, z)}"
-                                  for m, x, y, z in zip(members, at_q0, at_a0, at_end, strict=True)))
+                                  for m, x, y, z in zip(members, at_q0[0], at_a0[0], at_end[0], strict=True))
+                      + f"; zookeeper quiet {path.zk_between(at_q0[1], at_a0[1], at_a0[2] - at_q0[2])}, attacked "
+                      + path.zk_between(at_a0[1], at_end[1], at_end[2] - at_a0[2])
+                      + ("; the leader apart" if apart else ""))
         ctx.event(f"CPU cores used, {cpu}")
         ctx.event(f"CPU waited for (runnable, not running; ms per s, summed over threads), {cpu.waits()}")
         ctx.event(f"context switches per s (summed over threads), {cpu.switches()}")

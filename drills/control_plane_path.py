@@ -14,7 +14,11 @@ than 100 ms that is no freeze delays its group commit, and a consumer catching u
 fell behind before the drill's CPU isolation reads from the same master. These are read, not
 judged: they tell which one a slow window had.
 
-Rules: ``between`` is pure; ``read_broker`` is the one read (a scrape of a broker's metrics).
+Also ZooKeeper's side (stop p): the requests it received and its read, update and fsync times
+(``mntr``) per window, to tell whether an attack on the leader reaches the brokers through it.
+
+Rules: ``between``, ``zk_reading`` and ``zk_between`` are pure; ``read_broker`` and ``read_zk``
+are the reads (a scrape of a broker's metrics, a ``mntr`` of ZooKeeper).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import http.client
 import attrs
 
 from ordq.common.metrics import Sample, scrape, value
+from ordq.common.security import Credentials
+from ordq.zk_server import four_letter_word
 
 HELD = "ordq_broker_session_confirmed_writes_total"
 FSYNC = "ordq_broker_fsync_seconds"
@@ -68,3 +74,48 @@ def lag(producer_status: dict[str, object], consumer_status: dict[str, object]) 
     """How many acked messages the consumer had not delivered yet (by their status files)."""
     acked, delivered = producer_status.get("acked"), consumer_status.get("delivered")
     return int(acked) - int(delivered) if isinstance(acked, int) and isinstance(delivered, int) else -1
+
+
+ZK_TIMES = ("readlatency", "updatelatency", "fsynctime")  # mntr summaries (ms): zk_sum_X, zk_cnt_X
+
+
+@attrs.frozen
+class ZkReading:
+    received: int  # requests received so far (zk_packets_received)
+    times: tuple[tuple[float, int], ...]  # per ZK_TIMES: (ms summed, how many) so far
+
+
+def zk_reading(mntr: str) -> ZkReading | None:
+    """The counters of one ``mntr`` answer (None: no ``zk_packets_received`` in it)."""
+    fields = dict(line.split("\t", 1) for line in mntr.splitlines() if "\t" in line)
+    if "zk_packets_received" not in fields:
+        return None
+
+    def num(key: str) -> float:
+        try:
+            return float(fields.get(key, "0"))
+        except ValueError:
+            return 0.0
+
+    return ZkReading(int(num("zk_packets_received")),
+                     tuple((num(f"zk_sum_{t}"), int(num(f"zk_cnt_{t}"))) for t in ZK_TIMES))
+
+
+def read_zk(port: int, tls: Credentials | None) -> ZkReading | None:
+    """ZooKeeper's counters now (None: it did not answer)."""
+    try:
+        return zk_reading(four_letter_word(port, "mntr", timeout_s=1.0, tls=tls))
+    except OSError:
+        return None
+
+
+def zk_between(a: ZkReading | None, b: ZkReading | None, seconds: float) -> str:
+    """What ZooKeeper did from reading ``a`` to ``b`` (``seconds`` apart), told: requests per s,
+    then each of ``ZK_TIMES``' mean and count."""
+    if a is None or b is None or seconds <= 0:
+        return "not read"
+    times = []
+    for name, (s0, n0), (s1, n1) in zip(ZK_TIMES, a.times, b.times, strict=True):
+        n = n1 - n0
+        times.append(f"{name} {(s1 - s0) / n:.2f} ms x{n}" if n > 0 else f"{name} x0")
+    return f"{(b.received - a.received) / seconds:.0f} requests/s, {', '.join(times)}"

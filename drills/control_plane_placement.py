@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ordq.drills import neighbour
+from ordq.drills.cpu_isolation import CpuIsolation
 
 # Why placed (stop g; docs/SECURITY.md, "Where the attacker runs"): the attacker is a client, on
 # another host in production, so its own CPU is not the coordinator's to defend. Under the quota
@@ -31,6 +32,23 @@ from ordq.drills import neighbour
 # ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
 # CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
 ATTACKER_SHARES = 8192
+# The leading coordinator apart (a round's variant ``/apart``, control_plane_plan): in a cgroup of
+# its own at this weight, 8x below the cluster's and 4x above the attacker's. In production the
+# coordinators run on hosts of their own, so what an attack costs the leader's CPU is not taken
+# from the brokers'; on one machine the nearest is that a broker, a producer or ZooKeeper wanting
+# a CPU always gets it before the leader does. The leader still gets what they leave (~0.5 of the
+# 2 cores beside six busy loops, stop o: it used 0.23-0.32).
+LEADER_SHARES = 32768
+LEADER_GROUP = "leader"
+CLUSTER_GROUP = "protected"  # neighbour.isolate's group of the cluster and the drill's clients
+
+
+def place_leader(iso: CpuIsolation, pid: int, apart: bool) -> None:
+    """Put the leading coordinator ``pid`` for a round: apart (its own group at ``LEADER_SHARES``,
+    made at the first need) or in the cluster's group."""
+    if apart and LEADER_GROUP not in iso.groups:
+        iso.group(LEADER_GROUP, shares=LEADER_SHARES)
+    iso.add(LEADER_GROUP if apart else CLUSTER_GROUP, [pid])
 
 
 def attacker_cpus() -> tuple[set[int], set[int]]:
@@ -142,11 +160,12 @@ class CpuUse:
     def per_call(self, name: str, calls: int) -> str:
         """``name``'s context switches per s, quiet and attacked, and how many more per call the
         attacker had answered meanwhile (``calls``, over every attack window)."""
-        attacked = [k for k in self.wall if k != "quiet"]
-        quiet_s, attacked_s = self.wall.get("quiet", 0.0), sum(self.wall[k] for k in attacked)
+        quiets = [k for k in self.wall if k.startswith("quiet")]  # "quiet", or one of a kind ("quiet apart")
+        attacked = [k for k in self.wall if k not in quiets]
+        quiet_s, attacked_s = sum(self.wall[k] for k in quiets), sum(self.wall[k] for k in attacked)
         if not quiet_s or not attacked_s or not calls:
             return f"{name}: no quiet or attack window measured, or no call answered"
-        quiet = self.switched.get("quiet", {}).get(name, 0.0) / quiet_s
+        quiet = sum(self.switched[k].get(name, 0.0) for k in quiets) / quiet_s
         during = sum(self.switched[k].get(name, 0.0) for k in attacked) / attacked_s
         rate = calls / attacked_s
         return (f"the attacker's calls answered: {calls} in {attacked_s:.1f} s of attack windows ({rate:.0f}/s); "

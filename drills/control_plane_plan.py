@@ -132,6 +132,15 @@ IDLE = "idle"  # a control window: the attacker's process in place, sending noth
 # variant may also name attack kinds (``huge``, ``bound+parking``: only those sent, placed) or
 # ``idle``, so that one run tells each kind's cost apart, interleaved with the same quiet windows.
 WINDOWS_ENV = "ORDQ_CONTROL_PLANE_WINDOWS"
+# Where the leading coordinator runs in a round (its quiet window and its attack window alike): a
+# variant ending ``/apart`` has it in a cgroup of its own below the cluster's weight
+# (control_plane_placement.LEADER_SHARES), ``/shared`` in the cluster's group; neither: LEADER_APART.
+# Apart by default since stop p: in production the coordinators run on hosts of their own, and the
+# produce path does not call them, yet in the cluster's group the leader's work under attack slowed
+# the drill queue's acks (stop p's probe, seed 3894, 6 windows each: produce ack p99 10.3x pooled,
+# per-window median 6.7x with the leader shared; 1.15x and 1.16x apart; each kind alike).
+APART, SHARED = "apart", "shared"
+LEADER_APART = True
 
 
 @attrs.frozen
@@ -142,18 +151,21 @@ class Variant:
     kinds: tuple[str, ...]  # what the attacker sends in it
     shares: int | None = None  # its cgroup's cpu.shares then (None: ATTACKER_SHARES placed, else the cluster's)
     placed: bool = True  # its process on one CPU (a host of its own), else on every CPU
+    leader_apart: bool = LEADER_APART  # the leading coordinator in a cgroup of its own in this round
 
 
 def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[Variant, ...]:
     """The attack windows' variants, in turn (``WINDOWS_ENV``, or ``spec``; else
     ``DEFAULT_WINDOWS``): ``attack`` and ``unplaced`` send ``attacks``, ``idle`` nothing, and
-    attack or control kinds joined by ``+`` those only. ValueError naming a malformed one."""
+    attack or control kinds joined by ``+`` those only; then ``@SHARES`` and ``/apart`` or
+    ``/shared`` (the leader's place) if wanted. ValueError naming a malformed one."""
     spec = (os.environ.get(WINDOWS_ENV, "") if spec is None else spec).strip() or DEFAULT_WINDOWS
     out = []
     for word in (w.strip() for w in spec.split(",")):
         if not word:
             continue
-        what, at, shares = word.partition("@")
+        rest, slash, place = word.partition("/")
+        what, at, shares = rest.partition("@")
         named = tuple(what.split("+"))
         if what in ("attack", UNPLACED):
             kinds = attacks
@@ -163,9 +175,11 @@ def window_variants(attacks: tuple[str, ...], spec: str | None = None) -> tuple[
             kinds = named
         else:
             kinds = None
-        if kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES)):
+        if (kinds is None or (at and not (shares.isdigit() and 2 <= int(shares) <= cpu_isolation.MAX_SHARES))
+                or (slash and place not in (APART, SHARED))):
             raise ValueError(f"{WINDOWS_ENV}: {word!r} is no window variant (attack, {UNPLACED}, {IDLE}, or kinds "
                              f"of {'+'.join((*ATTACKS, *CONTROLS))}, then @SHARES if wanted: "
-                             f"2..{cpu_isolation.MAX_SHARES})")
-        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED))
+                             f"2..{cpu_isolation.MAX_SHARES}, then /{APART} or /{SHARED} if wanted)")
+        out.append(Variant(word, kinds, int(shares) if shares else None, placed=what != UNPLACED,
+                           leader_apart=place == APART if slash else LEADER_APART))
     return tuple(out)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -82,6 +84,69 @@ def test_variants_name_what_is_sent_and_the_attackers_weight() -> None:
                    plan.Variant("unplaced@8", ("huge", "flood"), 8, placed=False))
 
 
+def test_the_acceptances_windows_place_the_leader_apart_in_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Since stop p the leading coordinator runs apart in every round of the acceptance's run (a
+    host of its own, as in production: the produce path does not call it), the idle control too."""
+    monkeypatch.delenv(plan.WINDOWS_ENV, raising=False)
+    assert all(v.leader_apart for v in plan.window_variants(cpa.ATTACKS))
+    assert plan.window_variants(cpa.ATTACKS, "idle")[0].leader_apart
+
+
+def test_a_variant_may_place_the_leader_apart_or_in_the_clusters_group() -> None:
+    """Stop p's probe: the leader's place per round (both its windows), ``/apart`` (a cgroup of its
+    own below the cluster's weight, control_plane_placement.LEADER_SHARES) or ``/shared``; without
+    either, ``LEADER_APART``."""
+    got = plan.window_variants(cpa.ATTACKS, "flood/apart,huge@64/shared,unplaced/apart,idle")
+    assert got == (plan.Variant("flood/apart", ("flood",), leader_apart=True),
+                   plan.Variant("huge@64/shared", ("huge",), 64, leader_apart=False),
+                   plan.Variant("unplaced/apart", cpa.ATTACKS, placed=False, leader_apart=True),
+                   plan.Variant("idle", (), leader_apart=plan.LEADER_APART))
+    assert place.ATTACKER_SHARES < place.LEADER_SHARES < cpu_isolation.MAX_SHARES
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+@pytest.mark.skipif(cpu_isolation.unavailable() is not None, reason=f"{cpu_isolation.unavailable()}")
+def test_a_leader_apart_gets_a_cpu_the_cluster_wants_only_after_it() -> None:
+    """The leader placed apart (stop p, ``place_leader``): a cluster's process and the leader both
+    spinning on one CPU, the cluster's gets it ~8 parts of 9 (cpu.shares 262144 against
+    LEADER_SHARES); the leader in the cluster's group, half each, as before stop p."""
+    iso, how = cpu_isolation.open_isolation()
+    assert iso is not None, how
+    one = {max(os.sched_getaffinity(0))}
+    spin = [sys.executable, "-c", "while True: pass"]
+    broker, leader = subprocess.Popen(spin), subprocess.Popen(spin)
+
+    def broker_part(seconds: float) -> float:
+        b0, l0 = _cpu_ticks(broker.pid), _cpu_ticks(leader.pid)
+        time.sleep(seconds)
+        b, lead = _cpu_ticks(broker.pid) - b0, _cpu_ticks(leader.pid) - l0
+        return b / (b + lead)
+
+    try:
+        with iso:
+            iso.group(place.CLUSTER_GROUP)
+            iso.add(place.CLUSTER_GROUP, [broker.pid])
+            for p in (broker, leader):
+                assert cpu_isolation.set_cpus(p.pid, one)
+            place.place_leader(iso, leader.pid, apart=True)
+            assert (iso.groups[place.LEADER_GROUP] / "cpu.shares").read_text().strip() == str(place.LEADER_SHARES)
+            apart = broker_part(1.5)
+            place.place_leader(iso, leader.pid, apart=False)
+            shared = broker_part(1.5)
+    finally:
+        for p in (broker, leader):
+            p.kill()
+            p.wait()
+    print(f"the cluster's process got {apart:.2f} of the CPU with the leader apart, {shared:.2f} shared")
+    assert apart >= 0.8, apart
+    assert 0.35 <= shared <= 0.65, shared
+
+
 def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
     """A measurement's windows one kind (or a few) each, interleaved with the same quiet
     windows (stop h: which attack slows the produce acks), and an ``idle`` control that sends
@@ -93,7 +158,8 @@ def test_a_variant_may_name_the_kinds_it_sends_or_none() -> None:
 
 
 @pytest.mark.parametrize("spec", ["floods", "huge+", "idle+huge", "hog@", "hog@1",
-                                  f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x"])
+                                  f"hog@{cpu_isolation.MAX_SHARES + 1}", "attack@x", "flood/", "flood/elsewhere",
+                                  "flood/apart/shared"])
 def test_a_malformed_variant_is_refused_by_name(spec: str) -> None:
     with pytest.raises(ValueError, match=plan.WINDOWS_ENV):
         plan.window_variants(cpa.ATTACKS, spec)
@@ -289,6 +355,26 @@ def test_the_drill_queues_path_is_read_per_window_from_the_brokers_own_metrics()
     assert path.between(before, now()) == "35 writes held, 5 fsyncs (3 > 0.1 s, 2 > 0.25 s, 1 > 1.0 s)"
     assert path.between(None, now()) == "not read" and path.reading([]) is None
     assert path.lag({"acked": 5_000}, {"delivered": 4_200}) == 800 and path.lag({}, {"delivered": 1}) == -1
+
+
+def test_zookeepers_requests_and_times_are_told_per_window_from_its_mntr() -> None:
+    """Whether an attack on the leader reaches the brokers through ZooKeeper (stop p): its
+    requests per s and its read, update and fsync times' means over a window, from two ``mntr``
+    answers (ZooKeeper 3.8's format: ``zk_sum_X`` and ``zk_cnt_X`` of each summary)."""
+    from ordq.drills import control_plane_path as path
+
+    def mntr(received: int, reads: tuple[int, int], updates: tuple[int, int], fsyncs: tuple[int, int]) -> str:
+        lines = [("zk_version", "3.8.0"), ("zk_packets_received", received), ("zk_avg_readlatency", "0.68")]
+        for name, (total, n) in zip(path.ZK_TIMES, (reads, updates, fsyncs), strict=True):
+            lines += [(f"zk_cnt_{name}", n), (f"zk_sum_{name}", total)]
+        return "\n".join(f"{k}\t{v}" for k, v in lines) + "\n"
+
+    a = path.zk_reading(mntr(100, (10, 20), (300, 100), (50, 100)))
+    b = path.zk_reading(mntr(1300, (40, 80), (700, 300), (90, 300)))
+    assert path.zk_between(a, b, 2.0) == ("600 requests/s, readlatency 0.50 ms x60, updatelatency 2.00 ms x200, "
+                                          "fsynctime 0.20 ms x200")
+    assert path.zk_between(b, b, 2.0) == "0 requests/s, readlatency x0, updatelatency x0, fsynctime x0"
+    assert path.zk_between(None, b, 2.0) == "not read" and path.zk_reading("not a server\n") is None
 
 
 def _verdict(tmp_path: object, windows: list[tuple[int, ...]], latency_ms: object) -> list[tuple[str, bool]]:
