@@ -130,7 +130,14 @@ STREAM_WRITES = (("master", "ordq_broker_produce_answers_total", "produce answer
                  ("master", "ordq_broker_fetch_requests_total", "Read answers"),
                  ("master", "ordq_broker_replication_requests_total", "replication requests"),
                  ("slave", "ordq_broker_replication_answers_total", "slave answers"),
-                 ("slave", "ordq_broker_replication_answered_requests_total", "requests they answered"))
+                 ("slave", "ordq_broker_replication_answered_requests_total", "requests they answered"),
+                 # where the master's group commits ran (write_path.py): on its loop (a lone small
+                 # request) or on its sync thread, and how many were slow (loop_sync.py backs off)
+                 ("master", "ordq_broker_syncs_total", "master commits"),
+                 ("master", "ordq_broker_loop_commits_total", "of them on its loop"),
+                 ("master", "ordq_broker_slow_syncs_total", "slow ones"),
+                 # request-time charges (request_time.py): each costs the master's loop a few µs
+                 ("master", "ordq_broker_request_time_charges_total", "master request-time charges"))
 
 
 class WriteMeter:

@@ -152,6 +152,8 @@ class BrokerMetrics(Collector):
         rt = self.request_time.stats  # each token's share of the loop (request_time.py)
         yield one("counter", "ordq_broker_request_time_charged_seconds", "Loop time charged to tokens' calls "
                   "(--request-share)", lb, rt.charged_ms / 1000.0)
+        yield one("counter", "ordq_broker_request_time_charges", "Times a token was charged loop time (a "
+                  "call's steps, bytes, a worker's read)", lb, rt.charges)
         yield one("counter", "ordq_broker_request_time_throttled", "Calls and stream steps held for their token's "
                   "request-time share", lb, rt.throttled)
         yield one("counter", "ordq_broker_request_time_throttled_seconds", "Time calls and stream steps were held "

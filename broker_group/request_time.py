@@ -28,8 +28,13 @@ Rules:
 - ``RequestTime`` is pure accounting: no gRPC, no clock, no waiting; the caller gives ``now``.
   It is used on the broker's event loop only (not thread-safe).
 - ``timed`` measures a coroutine's steps on the loop (the time between its resumptions and
-  its next await); a worker's read is measured there (``time.thread_time``) and charged by
-  the broker; answer bytes are also paced on their own (budget.ReadPace).
+  its next await) and charges them in sums of at least ``CHARGE_QUANTUM_S`` (and what is left
+  when the coroutine ends): a token's debt shows at most that much loop time late per open
+  call or stream. Why: a charge is the bucket's arithmetic (a few µs with a neighbour token
+  active), and a produce stream's steps are tens of µs each; charged one by one they cost
+  the master's loop ~5 charges a batch at issue 39's steady rate. A worker's read is
+  measured there (``time.thread_time``) and charged by the broker; answer bytes are also
+  paced on their own (budget.ReadPace).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ from ordq.common.request_time import RequestTimeConfig as RequestTimeConfig
 from ordq.common.request_time import RequestTimeStatistics as RequestTimeStatistics
 
 T = TypeVar("T")
+# ``timed`` charges its steps' time once they add up to this much (module docstring)
+CHARGE_QUANTUM_S = 0.001
 
 # A broker's shares are enforced only while its loop is busy: all tokens together charged this
 # much of it lately (RequestTimeConfig.busy_share; noisy-neighbour drill, stop 60).
@@ -56,27 +63,33 @@ def broker_request_time(share: float | None = 0.2) -> RequestTimeConfig:
 
 
 class _Timed:
-    """``coro`` driven step by step; ``charge(seconds)`` after each step with the time it held
-    the loop (from its resumption to its next await, or its end)."""
+    """``coro`` driven step by step; the time each step held the loop (from its resumption to
+    its next await, or its end) is summed and ``charge(seconds)`` called with the sum once it
+    reaches ``quantum_s``, and with what is left when the coroutine ends."""
 
-    def __init__(self, coro: Coroutine[Any, Any, T], charge: Callable[[float], None]) -> None:
-        self._coro, self._charge = coro, charge
+    def __init__(self, coro: Coroutine[Any, Any, T], charge: Callable[[float], None],
+                 quantum_s: float = CHARGE_QUANTUM_S) -> None:
+        self._coro, self._charge, self._quantum_s = coro, charge, quantum_s
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, clock = self._coro, time.perf_counter
+        coro, clock, quantum = self._coro, time.perf_counter, self._quantum_s
         value: Any = None
         error: BaseException | None = None
+        owed = 0.0  # steps' time not charged yet
         while True:
             t0 = clock()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
             except StopIteration as done:
-                self._charge(clock() - t0)
+                self._charge(owed + clock() - t0)
                 return done.value
             except BaseException:
-                self._charge(clock() - t0)
+                self._charge(owed + clock() - t0)
                 raise
-            self._charge(clock() - t0)
+            owed += clock() - t0
+            if owed >= quantum:
+                self._charge(owed)
+                owed = 0.0
             try:
                 value, error = (yield yielded), None
             except BaseException as exc:  # noqa: BLE001 - handed to the coroutine, as a Task would
@@ -84,6 +97,7 @@ class _Timed:
 
 
 async def timed(coro: Coroutine[Any, Any, T], charge: Callable[[float], None]) -> T:
-    """Await ``coro``, calling ``charge(seconds)`` with each of its steps' time on the loop."""
+    """Await ``coro``, calling ``charge(seconds)`` with its steps' time on the loop, in sums of
+    at least ``CHARGE_QUANTUM_S`` and the rest at its end (``_Timed``)."""
     result: T = await _Timed(coro, charge)
     return result

@@ -163,6 +163,7 @@ class WritePath:
         await self._hold_back(link)
         resent = False  # a batch already stored and synced here: its ack may be due at once
         on_loop: list[bytes] = []  # a lone small request's batches: committed here, not by the sync thread
+        wake_sync = False  # the sync thread has batches to commit
         with self.shared.cv:
             # Alone: nothing else is unsynced here or unanswered by the slave (no ack waits
             # behind this commit while it holds the loop), the batches reach the slave before
@@ -201,7 +202,7 @@ class WritePath:
             else:
                 if s.pending and s not in self._dirty:
                     self._dirty.append(s)
-                self._dirty_cv.notify()  # the sync thread
+                wake_sync = True
             if resent:
                 self.shared.signal.fire()
         try:
@@ -209,6 +210,12 @@ class WritePath:
         finally:
             if on_loop:  # counted in ``syncing``: committed whatever the link did (Fence and Seal wait for it)
                 self.commit(s, on_loop, inflight=sum(map(len, on_loop)))
+            elif wake_sync:
+                # Once the batches went to the slave, not before: woken first, the sync thread
+                # took the GIL from the loop in the middle of that write (its TLS step lets the
+                # GIL go), and the slave got them late (fast39p, py-spy of the master).
+                with self.shared.cv:
+                    self._dirty_cv.notify()
 
     async def confirm_session(self, queue: str, seg: int) -> None:
         """The session guard (DESIGN §6): no write past the session. While ZooKeeper has been

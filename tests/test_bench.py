@@ -25,7 +25,8 @@ def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDeco
 BENCHES = [
     bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--rate", "500", "--rate-seconds", "1"],
           ["floor of one acked send", "pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch",
-           "stream writes per batch", "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch",
+           "stream writes per batch", "of them on its loop", "master request-time charges",
+           "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch",
            "goal: pipelined"]),
     # where the steady phase's batches spend their time: every stage of the path reached (padded row),
     # sampled (one batch in 2: the same batches in every process) and each hop timed

@@ -6,6 +6,7 @@ path itself, on real processes: test_broker.py's lone-small-request test)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.config import BrokerConfig
+from ordq.broker_group.epochs import EpochGate
 from ordq.broker_group.loop_sync import LoopSyncRule
 from ordq.broker_group.replica import Role, SegmentReplica
 from ordq.broker_group.shared import Segment, Shared
-from ordq.broker_group.write_path import WritePath
+from ordq.broker_group.write_path import ProduceStreamState, WritePath
+from ordq.wire import ordq_pb2 as pb
 from ordq.wire.batch import Message, encode_batch, stamp_offset
 
 
@@ -99,3 +102,58 @@ def test_after_a_slow_sync_the_next_lone_request_goes_to_the_thread(
     stats = write.shared.stats
     assert (stats.loop_commits, stats.slow_syncs, stats.syncs) == (2, 1, 3)
     assert s.replica.local_synced == 3 and s.syncing == 0
+
+
+class _LeanLink:
+    """What the master's write path asks of its replication link (replication.py), recording
+    when the batches go to the slave; the slave owes ``owed`` bytes of an earlier request."""
+
+    connected = True
+    forwards_at_once = True
+
+    def __init__(self, events: list[str], owed: int) -> None:
+        self.events, self.owed = events, owed
+
+    def lag(self, _now: float) -> tuple[int, float]:
+        return self.owed, 0.0
+
+    def forward(self, _s: Segment, _stamped: bytes) -> None:
+        pass
+
+    def flush(self) -> None:
+        self.events.append("to the slave")
+
+
+def test_the_masters_sync_thread_is_woken_after_the_batches_went_to_the_slave(tmp_path: Path) -> None:
+    """A request that comes while the slave owes an earlier one's answer is committed by the
+    sync thread, woken only once the batches were written to the slave (issue 39, fast39p):
+    woken first, it took the GIL from the loop in the middle of that write."""
+    shared = Shared(BrokerConfig(gid="g1", role=Role.MASTER, data_dir=tmp_path, zk_hosts="zk:1"))
+    write = WritePath(shared, None, _Histogram())  # type: ignore[arg-type] # no segment is created here
+    events: list[str] = []
+
+    class _Recorded(threading.Condition):
+        def notify(self, n: int = 1) -> None:
+            events.append("sync thread woken")
+            super().notify(n)
+
+    write._dirty_cv = _Recorded(shared.lock)
+    write.epochs = EpochGate(lambda _queue: 1)
+    write.epochs.check("q", 1)  # the issued epoch, known
+    write._message_limits["q"] = 1 << 20
+    log = seglog.SegmentLog.open(tmp_path, "q", 0, create=True)
+    s = Segment(replica=SegmentReplica("q", 0, Role.MASTER), directory=tmp_path, log=log)
+    shared.segments[("q", 0)] = s
+    write.replication = _LeanLink(events, owed=1000)  # an earlier request unanswered: not alone
+    try:
+        req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[
+            encode_batch([Message(payload=b"x" * 100, timestamp_us=0)], epoch=1, first_seq=0)])
+        coro = write.accept_produce(ProduceStreamState(), req)
+        with pytest.raises(StopIteration):  # nothing to wait for: it runs to its end at once
+            coro.send(None)
+        assert events == ["to the slave", "sync thread woken"]
+        assert write._dirty == [s] and s.pending  # for the sync thread, not committed on the loop
+        assert shared.stats.loop_commits == 0
+    finally:
+        log.close()
+        shared.loop.stop()

@@ -66,6 +66,7 @@ class RequestTimeStatistics:
     throttled: int = 0  # calls (or stream steps) held for their token's debt
     throttled_ms: int = 0  # how long they were held, in all
     refused: int = 0  # calls refused because the wait would exceed max_delay_ms
+    charges: int = 0  # times a token was charged (each costs the loop the bucket's arithmetic)
 
 
 @attrs.define
@@ -172,6 +173,7 @@ class RequestTime:
         """Charge ``seconds`` of the loop to ``token`` (None: not charged)."""
         if token is None:
             return
+        self.stats.charges += 1
         self.seen(token, now)
         if self.config.share is None or seconds <= 0:
             return
