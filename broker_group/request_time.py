@@ -57,9 +57,10 @@ CHARGE_QUANTUM_S = 0.001
 LOOP_BUSY_SHARE = 0.6
 
 
-def broker_request_time(share: float | None = 0.2) -> RequestTimeConfig:
-    """A broker's request-time config: ``share`` per token, held only on a busy loop."""
-    return RequestTimeConfig(share=share, busy_share=LOOP_BUSY_SHARE)
+def broker_request_time(share: float | None = 0.2, busy_share: float | None = LOOP_BUSY_SHARE) -> RequestTimeConfig:
+    """A broker's request-time config: ``share`` per token, held only on a busy loop
+    (``busy_share``: None or 0, whenever another token is active)."""
+    return RequestTimeConfig(share=share, busy_share=busy_share or None)
 
 
 class _Timed:

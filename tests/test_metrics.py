@@ -144,7 +144,7 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
 
 
 HISTOGRAMS = ("ordq_broker_fsync_seconds", "ordq_coordinator_seal_seconds", "ordq_coordinator_round_seconds",
-              "ordq_producer_send_ack_seconds")
+              "ordq_producer_send_ack_seconds", "ordq_broker_loop_lag_seconds")
 
 
 def test_a_blocked_message_and_a_dead_group_show_in_the_consumer_and_coordinator_metrics(queue: Cluster) -> None:

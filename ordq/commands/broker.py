@@ -74,6 +74,9 @@ def register(subparsers: Any) -> None:
                         help="seconds of the broker's loop per second one token's calls may take, refused ones "
                         "included, 0 for no limit (default 0.2): a token over it is held, then refused "
                         "(ResourceExhausted, retriable)")
+    limits.add_argument("--request-busy-share", type=float, default=None, metavar="FRACTION",
+                        help="hold a token over its --request-share only while all tokens together took at "
+                        "least this much of the loop lately (default 0.6; 0: whenever another token is active)")
     limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
                         help="close a Read stream whose reader takes nothing this long (default 30)")
     limits.add_argument("--no-verify-reads", action="store_true",
@@ -131,11 +134,11 @@ def budget_config(args: argparse.Namespace) -> Any:
 
 def request_time_config(args: argparse.Namespace) -> Any:
     """Each token's share of the broker's loop the flags ask for (RequestTimeConfig's defaults)."""
-    from ordq.broker_group.request_time import broker_request_time
+    from ordq.broker_group.request_time import LOOP_BUSY_SHARE, broker_request_time
 
-    if args.request_share is None:
-        return broker_request_time()
-    return broker_request_time(share=args.request_share or None)
+    share = 0.2 if args.request_share is None else args.request_share or None
+    busy = LOOP_BUSY_SHARE if args.request_busy_share is None else args.request_busy_share
+    return broker_request_time(share=share, busy_share=busy)
 
 
 def broker_config(args: argparse.Namespace) -> Any:
