@@ -39,6 +39,10 @@ MOVES_IN_FLIGHT = 4
 # no more than this many queues a second (two reads each): at 10^4 queues 33/s (the 5 min
 # stand), at 10^5 a pass every ~8 min at ~400 reads/s, not 200,000 reads at once.
 SWEEP_MAX_PER_S = 200.0
+# A dead group's moves of at least this many heads freeze what is alive after them out of later
+# garbage collections (``daemon_gc.freeze_survivors``): at that scale the leader's copies make a
+# full collection long; fewer, and a cycle alive then (never freed once frozen) is not worth it.
+FREEZE_AFTER_MOVES = 1_000
 # A round this long says in one line where its time went (issue 43: at 10^5 queues the leader
 # was silent for 71 s after a group's return, and nothing told a long re-read from a long plan).
 LONG_ROUND_S = 5.0
@@ -161,7 +165,7 @@ class DutyRound(DaemonParts):
         ones: a full collection walks every queue's copy (daemon_gc.py)."""
         with collections_held():
             left = self._move_dead_heads_now(queues, view, now)
-        if len(left) < len(queues):
+        if len(queues) - len(left) >= FREEZE_AFTER_MOVES:
             started = time.monotonic()
             frozen = freeze_survivors()
             log.info("after the moves, %d objects frozen out of garbage collections (%.2f s)", frozen,

@@ -462,6 +462,8 @@ def test_a_dead_group_s_heads_move_in_batched_transactions_written_ones_first(se
     import re
     import time
 
+    from ordq.coordinator import daemon_round
+
     store, daemon = setup
     collector_on: list[bool] = []
     write_moves = daemon._write_moves
@@ -471,6 +473,7 @@ def test_a_dead_group_s_heads_move_in_batched_transactions_written_ones_first(se
         return write_moves(*args, **kwargs)
 
     monkeypatch.setattr(daemon, "_write_moves", noting_the_collector)
+    monkeypatch.setattr(daemon_round, "FREEZE_AFTER_MOVES", 100)  # (1,000 at least in a daemon)
     frozen_before = gc.get_freeze_count()
     daemon.round()
     headed = [f"q-{i:04d}" for i in range(N) if store.load_state(f"q-{i:04d}")[0].head == "g1"]
