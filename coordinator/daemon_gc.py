@@ -1,6 +1,5 @@
 """The elected coordinator and Python's cyclic garbage collector (issue 43): no collection while a
-dead group's heads move, what is alive then frozen out of later collections, and a long
-collection said in the log.
+dead group's heads move, and a long collection said in the log.
 
 Why: at 10^5 queues the leader holds a copy of every queue (``DaemonView``: ~7 container objects
 a queue, ~700,000 in all), and a full (generation 2) collection walks every one of them with the
@@ -56,22 +55,6 @@ def collections_held() -> Iterator[None]:
                 gc.enable()
 
 
-def freeze_survivors() -> int:
-    """Collect the young generations (what the collector skipped while held: mostly the moves'
-    own objects), then move every object alive into the permanent generation (``gc.freeze``),
-    which later collections skip; the objects frozen in all.
-
-    Why after a dead group's moves, not only held during them: held, the full collection came
-    right after them instead, 0.6-1.4 s in process over the heap above (the seals and a listing
-    run then); frozen, the next 200,000 allocations cost the collector 0.05-0.09 s, and this
-    call 0.16-0.20 s. The trade (as ``ordq.common.steady_gc``'s): a cycle alive now and dropped
-    later is never freed. The copies of queues are no cycles (a replaced copy is freed by its
-    count, frozen or not), and a group's failure is a rare event: a few cycles a verdict."""
-    gc.collect(1)
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 class LongCollections:
     """A ``gc.callbacks`` entry that logs each collection of at least ``LONG_COLLECTION_S``
     (``clock``: seconds, injected for tests). Install it once a process (``install``)."""
@@ -90,9 +73,8 @@ class LongCollections:
         took, self._started = self._clock() - self._started, None
         if took >= LONG_COLLECTION_S:
             self.long += 1
-            log.info("a garbage collection of generation %s took %.2f s (%s objects freed, %d objects frozen "
-                     "out of collections)", info.get("generation"), took, info.get("collected"),
-                     gc.get_freeze_count())
+            log.info("a garbage collection of generation %s took %.2f s (%s objects freed)", info.get("generation"),
+                     took, info.get("collected"))
 
 
 _installed: LongCollections | None = None

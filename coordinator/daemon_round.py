@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
 from ordq.coordinator import state as sm
-from ordq.coordinator.daemon_gc import collections_held, freeze_survivors
+from ordq.coordinator.daemon_gc import collections_held
 from ordq.coordinator.daemon_parts import BUG_RETRY_S, RETRY_S, WRITTEN_S, DaemonParts, is_written, log, urgent_first
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
@@ -39,10 +39,6 @@ MOVES_IN_FLIGHT = 4
 # no more than this many queues a second (two reads each): at 10^4 queues 33/s (the 5 min
 # stand), at 10^5 a pass every ~8 min at ~400 reads/s, not 200,000 reads at once.
 SWEEP_MAX_PER_S = 200.0
-# A dead group's moves of at least this many heads freeze what is alive after them out of later
-# garbage collections (``daemon_gc.freeze_survivors``): at that scale the leader's copies make a
-# full collection long; fewer, and a cycle alive then (never freed once frozen) is not worth it.
-FREEZE_AFTER_MOVES = 1_000
 # A round this long says in one line where its time went (issue 43: at 10^5 queues the leader
 # was silent for 71 s after a group's return, and nothing told a long re-read from a long plan).
 LONG_ROUND_S = 5.0
@@ -161,16 +157,9 @@ class DutyRound(DaemonParts):
         round (those not moved here). A moved queue's seal is queued with its move
         (``_seal_moved``); an idle queue's batch starts once the last window is written
         (``_start_seal_batches``). One queue alone goes the per-queue way (no batch to gain).
-        No cyclic garbage collection meanwhile, and what is alive after moves frozen out of later
-        ones: a full collection walks every queue's copy (daemon_gc.py)."""
+        No cyclic garbage collection meanwhile: a full one walks every queue's copy (daemon_gc.py)."""
         with collections_held():
-            left = self._move_dead_heads_now(queues, view, now)
-        if len(queues) - len(left) >= FREEZE_AFTER_MOVES:
-            started = time.monotonic()
-            frozen = freeze_survivors()
-            log.info("after the moves, %d objects frozen out of garbage collections (%.2f s)", frozen,
-                     time.monotonic() - started)
-        return left
+            return self._move_dead_heads_now(queues, view, now)
 
     def _move_dead_heads_now(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
         started, cpu_started = time.monotonic(), time.process_time()

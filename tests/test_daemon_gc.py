@@ -7,13 +7,12 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-import weakref
 from collections.abc import Iterator
 
 import pytest
 
 from ordq.coordinator import daemon_gc
-from ordq.coordinator.daemon_gc import LONG_COLLECTION_S, LongCollections, collections_held, freeze_survivors
+from ordq.coordinator.daemon_gc import LONG_COLLECTION_S, LongCollections, collections_held
 
 
 @pytest.fixture(autouse=True)
@@ -85,20 +84,3 @@ def test_the_log_is_installed_once_a_process(monkeypatch) -> None:
     first = daemon_gc.install_long_collection_log()
     assert daemon_gc.install_long_collection_log() is first and callbacks.count(first) == 1
 
-
-def test_what_is_alive_after_the_moves_is_frozen_out_of_collections_young_garbage_collected() -> None:
-    class Node:
-        def __init__(self) -> None:
-            self.me = self  # a cycle: only the collector frees it
-
-    kept = [Node() for _ in range(100)]
-    garbage = Node()
-    gone = weakref.ref(garbage)
-    del garbage
-    try:
-        frozen = freeze_survivors()
-        assert gone() is None  # young garbage collected first, not frozen for good
-        assert frozen == gc.get_freeze_count() >= len(kept)
-        assert not any(n is kept[0] for n in gc.get_objects())  # frozen: out of every generation
-    finally:
-        gc.unfreeze()
