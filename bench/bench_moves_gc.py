@@ -1,6 +1,7 @@
 """A dead group's moves over a leader-like heap, with Python's garbage collector on, held off
-(``daemon_gc.collections_held``), or held then the survivors frozen (``freeze_survivors``), as the
-elected coordinator does since scale43p (issue 43). In process, no I/O: not a test; prints numbers
+(``daemon_gc.collections_held``, as the elected coordinator does since scale43p, issue 43), or
+held then the young generations collected and the survivors frozen (tried, no gain at 10^5 in a
+real leader: docs/BENCHMARKS.md, scale43p). In process, no I/O: not a test; prints numbers
 for docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_moves_gc [--queues 100001] [--passes 3] [--rounds 2]
@@ -49,7 +50,7 @@ class Collections:
 
 def one_mode(mode: str, queues: int, passes: int) -> list[dict[str, Any]]:
     from ordq.coordinator import state as sm
-    from ordq.coordinator.daemon_gc import collections_held, freeze_survivors
+    from ordq.coordinator.daemon_gc import collections_held
     from ordq.coordinator.daemon_view import QueueEntry
     from ordq.coordinator.group_moves import batches, plan_moves
     from ordq.coordinator.store_values import QueueConfig, StateVersion, parse_state
@@ -86,7 +87,8 @@ def one_mode(mode: str, queues: int, passes: int) -> list[dict[str, Any]]:
         froze = None
         if mode == "freeze":
             started = time.thread_time()
-            freeze_survivors()
+            gc.collect(1)  # what the leader did after its moves in 8738970-0efbe64 (removed: fcb4bdb)
+            gc.freeze()
             froze = round(time.thread_time() - started, 3)
         kept.append(parts)
         seen.reset()
