@@ -46,6 +46,7 @@ from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.away import GRACE_S, MAX_HELD_S, AwayPolicy, AwayTracker, Verdict
 from ordq.coordinator.daemon_away import AbsentGroups
+from ordq.coordinator.daemon_gc import install_long_collection_log
 from ordq.coordinator.daemon_parts import (  # noqa: F401 - the daemon's names, as before the split
     BUG_RETRY_S,
     RETRY_S,
@@ -238,6 +239,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self.stats.term += 1
         self.stats.is_leader = True
         log.info("coordinator %s elected", self.identifier)
+        install_long_collection_log()  # the leader holds a copy of every queue: say a long collection
         self._new_term()
         self.store.written.leading(True)  # the queues this process creates: their first state kept
         try:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
 from ordq.coordinator import state as sm
+from ordq.coordinator.daemon_gc import collections_held
 from ordq.coordinator.daemon_parts import BUG_RETRY_S, RETRY_S, WRITTEN_S, DaemonParts, is_written, log, urgent_first
 from ordq.coordinator.daemon_view import DaemonView
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
@@ -155,7 +156,12 @@ class DutyRound(DaemonParts):
         dead (``group_moves``), written queues first; return the queues left for the per-queue
         round (those not moved here). A moved queue's seal is queued with its move
         (``_seal_moved``); an idle queue's batch starts once the last window is written
-        (``_start_seal_batches``). One queue alone goes the per-queue way (no batch to gain)."""
+        (``_start_seal_batches``). One queue alone goes the per-queue way (no batch to gain).
+        No cyclic garbage collection meanwhile: a full one walks every queue's copy (daemon_gc.py)."""
+        with collections_held():
+            return self._move_dead_heads_now(queues, view, now)
+
+    def _move_dead_heads_now(self, queues: list[str], view: DaemonView, now: float) -> list[str]:
         started, cpu_started = time.monotonic(), time.process_time()
         phases = MovePhases(redone=-self.store.batches_redone, revalidations=-self.store.revalidations,
                             queue_events=-view.queue_events)
