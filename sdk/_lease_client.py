@@ -224,6 +224,10 @@ class CoordinatorLease:
         except OrdqError as exc:
             log.debug("%s lease of %s: renewal unanswered: %s", self.kind, self._what(), exc)
             return
+        except ValueError:  # gRPC's "Channel closed": the owner stopped us, then closed its client
+            if self._stopped:  # while this renewal was under way (a consumer's close)
+                return
+            raise
         if not was_valid:
             self.stats.lapses += 1
             log.warning("%s lease of %s had lapsed; renewed again (no successor was granted)", self.kind,

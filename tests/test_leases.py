@@ -4,7 +4,9 @@ once"; then on a real ZooKeeper and real coordinator processes, reached by addre
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import attrs
 import pytest
@@ -200,3 +202,43 @@ def test_a_new_coordinator_honours_leases_in_flight(cluster: Cluster) -> None:
         assert lease.stats.lost == 0
         lease.stop()  # released: B at once
         assert isinstance(c.acquire("consumer", "q", "s", "B", ttl_ms=2000, timeout_s=15), Held)
+
+
+@pytest.mark.zk
+def test_a_renewal_under_way_when_the_owner_stops_and_closes_its_client_ends_quietly(cluster: Cluster) -> None:
+    """Seen once in test_zookeeper_leader_node_killed (load 12): a consumer's close stopped its
+    lease, then closed its coordinator client while the lease thread was already renewing; the
+    thread died on gRPC's ``ValueError: Channel closed`` (an unhandled thread exception). Here
+    the renewal is held after it took its channel, until the client is closed."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    cluster.store.create_subscription("q", "s")
+    entered, go, hold = threading.Event(), threading.Event(), threading.Event()
+
+    class HeldRenewal(CoordinatorClient):
+        def _stub(self, address: str) -> Any:
+            stub = super()._stub(address)  # the channel taken, then closed under the call
+            if hold.is_set():
+                entered.set()
+                go.wait(30)
+            return stub
+
+    c = HeldRenewal(bootstrap=cluster.bootstrap, credentials=cluster.credentials)
+    lease = CoordinatorLease(c, "consumer", "q", "s", "A", ttl_s=1.0)
+    assert lease.acquire(30)
+    hold.set()
+    assert entered.wait(10), "the lease thread renews"
+    lease.stop(release=False)
+    c.close()
+    errors: list[BaseException] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+    try:
+        go.set()
+        thread = lease._thread
+        assert thread is not None
+        thread.join(10)
+        assert not thread.is_alive()
+    finally:
+        threading.excepthook = previous
+    assert errors == [], errors
