@@ -232,7 +232,12 @@ def test_a_renewal_under_way_when_the_owner_stops_and_closes_its_client_ends_qui
     c.close()
     errors: list[BaseException] = []
     previous = threading.excepthook
-    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+
+    def record(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None:
+            errors.append(args.exc_value)
+
+    threading.excepthook = record
     try:
         go.set()
         thread = lease._thread
