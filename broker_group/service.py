@@ -53,6 +53,7 @@ from ordq.broker_group.finder import Finder
 from ordq.broker_group.lean_produce import LeanProduceServer
 from ordq.broker_group.loop_lag import LoopLagProbe
 from ordq.broker_group.metrics import BrokerMetrics
+from ordq.broker_group.mount_options import online_discard_warning
 from ordq.broker_group.quorum_probe import QuorumProbe
 from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
@@ -167,6 +168,8 @@ class Broker:
         except OrdqError as exc:
             log.warning("freeing the space of deleted queues and popped segments deferred: %s", exc)
         steps.done("free space")
+        if (warning := online_discard_warning(cfg.data_dir)) is not None:
+            log.warning("%s", warning)
         self.gate.watch(store.client, cfg.root)  # tokens loaded before anything is served
         steps.done("tokens")
         self.shared.loop.start()
