@@ -11,14 +11,14 @@ survived since the last one reach a quarter of those that survived it: in proces
 33,333 moves over such a heap took one full collection every time (0.45-0.80 s of its 0.9-1.6 s).
 Every head must move within 10 s of the verdict; a collection can wait until they have.
 
-Why young collections are spaced out while leading (scale43q): a full collection starts once the
-objects that survived two young collections since the last one reach a quarter of the heap. At
-10^5 queues a pass over every queue's copy (the heads' spread, every 2 s; a listing) makes ~4
-short-lived containers a queue, ~400,000, that live for the whole pass: with CPython's young
-threshold (700) they survive the young collections the pass itself triggers, count as
-long-lived, and each pass ended in a full collection. In process, 10 spread passes over a
-10^5-queue heap: 11 full collections, 10.0 s of the 17.0 s of CPU, up to 1.06 s each; with a
-young collection per ``LEADING_YOUNG_THRESHOLD`` containers made: none (docs/BENCHMARKS.md).
+Why young collections are spaced out while leading (scale43q): at 10^5 queues a pass over every
+queue's copy (the heads' spread, every 2 s even when nothing moves; a listing) makes ~4
+short-lived containers a queue, ~400,000, alive for the whole pass. With CPython's young
+threshold (700) they survive the young collections the pass itself triggers and count as
+survivors, so each pass ended in a full collection (the leader's one every 1-3 s). In process
+(bench/bench_spread_gc.py), 10 spread passes over a 10^5-queue heap (~1.1 M containers): 13 full
+collections, 7.7-8.2 s of the passes' 14.6-15.7 s of CPU, up to 0.71 s each; with a young
+collection per ``LEADING_YOUNG_THRESHOLD`` containers: none, 6.0-7.9 s (docs/BENCHMARKS.md).
 
 Guarantee: nothing is freed that would not be, nor kept longer than the moves last (a few
 seconds; what they drop meanwhile is mostly freed at once by reference counting, cycles are
