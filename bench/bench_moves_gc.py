@@ -30,39 +30,57 @@ MODES = ("on", "held", "freeze")
 
 
 class Collections:
-    """``gc.callbacks`` entry: collections by generation and their thread CPU."""
+    """``gc.callbacks`` entry: collections by generation, their thread CPU (in all and by
+    generation) and the longest by generation."""
 
     def __init__(self) -> None:
-        self.counts = [0, 0, 0]
-        self.seconds = 0.0
+        self.reset()
         self._started = 0.0
 
     def reset(self) -> None:
         self.counts, self.seconds = [0, 0, 0], 0.0
+        self.by_generation, self.longest = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.thread_time()
         else:
-            self.counts[info["generation"]] += 1
-            self.seconds += time.thread_time() - self._started
+            g, took = info["generation"], time.thread_time() - self._started
+            self.counts[g] += 1
+            self.seconds += took
+            self.by_generation[g] += took
+            self.longest[g] = max(self.longest[g], took)
+
+    def figures(self) -> dict[str, Any]:
+        return {"counts": self.counts, "s": [round(s, 3) for s in self.by_generation],
+                "longest_s": [round(s, 3) for s in self.longest]}
+
+
+GROUPS = ("g1", "g2", "g3")
+
+
+def leader_heap(queues: int) -> dict[str, Any]:
+    """``queues`` queues as the leader's view holds them (module doc): queue -> ``QueueEntry``."""
+    from ordq.coordinator import state as sm
+    from ordq.coordinator.daemon_view import QueueEntry
+    from ordq.coordinator.store_values import QueueConfig, parse_state
+
+    entries: dict[str, Any] = {}
+    for k in range(queues):
+        st = sm.admit_all(sm.create(f"q{k:06d}", sm.spread(GROUPS, k), incarnation="abcdef0123456789"),
+                          sm.Facts(live_groups=frozenset(GROUPS)))
+        entries[st.queue] = QueueEntry(state=parse_state(st.queue, json.dumps(st.to_dict()).encode()), version=3,
+                                       config=QueueConfig(), stale=set())
+    return entries
 
 
 def one_mode(mode: str, queues: int, passes: int) -> list[dict[str, Any]]:
     from ordq.coordinator import state as sm
     from ordq.coordinator.daemon_gc import collections_held
-    from ordq.coordinator.daemon_view import QueueEntry
     from ordq.coordinator.group_moves import batches, plan_moves
-    from ordq.coordinator.store_values import QueueConfig, StateVersion, parse_state
+    from ordq.coordinator.store_values import StateVersion
 
-    groups = ("g1", "g2", "g3")
-    entries: dict[str, QueueEntry] = {}
-    for k in range(queues):
-        st = sm.admit_all(sm.create(f"q{k:06d}", sm.spread(groups, k), incarnation="abcdef0123456789"),
-                          sm.Facts(live_groups=frozenset(groups)))
-        entry = QueueEntry(state=parse_state(st.queue, json.dumps(st.to_dict()).encode()), version=3,
-                           config=QueueConfig(), stale=set())
-        entries[st.queue] = entry
+    entries = leader_heap(queues)
     gc.collect()
     seen = Collections()
     gc.callbacks.append(seen)

@@ -46,7 +46,7 @@ from ordq.common.metrics import serve as metrics_serve
 from ordq.coordinator import state as sm
 from ordq.coordinator.away import GRACE_S, MAX_HELD_S, AwayPolicy, AwayTracker, Verdict
 from ordq.coordinator.daemon_away import AbsentGroups
-from ordq.coordinator.daemon_gc import install_long_collection_log
+from ordq.coordinator.daemon_gc import install_long_collection_log, young_collections_spaced
 from ordq.coordinator.daemon_parts import (  # noqa: F401 - the daemon's names, as before the split
     BUG_RETRY_S,
     RETRY_S,
@@ -243,10 +243,12 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._new_term()
         self.store.written.leading(True)  # the queues this process creates: their first state kept
         try:
-            while not self._stop.is_set() and not self._session_lost.is_set():
-                self._wake.clear()  # before the round: a watch firing during it wakes the next
-                self.round()
-                self._wake.wait(self._until_next())
+            # a pass over every queue's copy must not end in a full collection (daemon_gc.py)
+            with young_collections_spaced():
+                while not self._stop.is_set() and not self._session_lost.is_set():
+                    self._wake.clear()  # before the round: a watch firing during it wakes the next
+                    self.round()
+                    self._wake.wait(self._until_next())
         finally:
             self.stats.is_leader = False
             self.store.written.leading(False)

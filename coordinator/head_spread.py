@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from ordq.coordinator.group_moves import Move, batches
-from ordq.coordinator.rebalance import head_counts, plan_spread
+from ordq.coordinator.rebalance import even, head_counts, plan_spread
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store_values import StateVersion
 
@@ -46,7 +46,8 @@ def spread_heads(store: Any, rows: Iterable[tuple[str, QueueState, StateVersion]
     service's urgent requests first, ``coordinator/pacing.py``)."""
     rows = list(rows)
     before = head_counts((st.head for _q, st, _v in rows), live)
-    moves = plan_spread(rows, live, busy, max_moves=max_moves)
+    # even (the daemon's pass every 2 s, most of the time): no second count of every queue
+    moves = [] if even(before) else plan_spread(rows, live, busy, max_moves=max_moves)
     busy_n = sum(1 for q, st, _v in rows if q in busy and st.head in live)
     if dry_run:
         return SpreadResult(before=before, after=_counts_after(before, moves), moves=_triples(moves), left=[],

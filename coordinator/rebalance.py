@@ -38,15 +38,21 @@ def head_counts(heads: Iterable[str | None], live: Iterable[str]) -> dict[str, i
     return counts
 
 
+def even(counts: Mapping[str, int]) -> bool:
+    """Whether no move can narrow these head counts (``head_counts``): fewer than two live
+    groups, or none heads two more queues than another."""
+    return len(counts) < 2 or max(counts.values()) - min(counts.values()) < 2
+
+
 def plan_spread(queues: Iterable[tuple[str, QueueState, StateVersion]], live: frozenset[str] | set[str],
                 busy: frozenset[str] | set[str], *, max_moves: int) -> list[Move]:
     """The ``hand_over`` moves that bring the live groups' head counts closer (module doc).
     ``queues``: (name, state, version)."""
     if max_moves < 0:
         raise ValueError("max_moves must be >= 0")
-    rows = [(q, st, v) for q, st, v in queues]
+    rows = list(queues)
     counts = head_counts((st.head for _q, st, _v in rows), live)
-    if len(counts) < 2 or max_moves == 0 or max(counts.values()) - min(counts.values()) < 2:
+    if max_moves == 0 or even(counts):
         return []  # even already: no move (and no sort of every queue, each pass: 10^5 of them)
     # the queues each live group heads that may move: idle, with an open segment on the head
     movable: dict[str, list[tuple[str, QueueState, StateVersion]]] = {g: [] for g in counts}

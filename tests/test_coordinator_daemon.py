@@ -431,3 +431,44 @@ def test_a_leader_with_nothing_to_do_waits_between_its_rounds(zk_server, zk_root
         finally:
             daemon.stop()
             thread.join(10)
+
+
+def test_a_leader_s_rounds_run_with_young_collections_spaced_and_the_thresholds_come_back_after(
+        zk_server, zk_root, monkeypatch) -> None:
+    """While it leads, the daemon's rounds run with a young collection per
+    ``LEADING_YOUNG_THRESHOLD`` containers made (coordinator/daemon_gc.py: at 10^5 queues each
+    pass over every queue's copy ended in a full collection); once it stops leading, the
+    process's thresholds are as they were. Fails on 680715c: its rounds saw CPython's 700."""
+    import gc
+    import threading
+
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_gc import LEADING_YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        with ZkStore.connect(zk_server.connection_string, zk_root) as store:
+            store.add_group("g1")
+            store.create_queue("q")
+            daemon = CoordinatorDaemon(store, identifier="t", interval_s=0.2, prober=None)
+            seen: list[tuple[int, int, int]] = []
+            one_round = daemon.round
+
+            def noting_the_thresholds() -> None:
+                seen.append(gc.get_threshold())
+                one_round()
+
+            monkeypatch.setattr(daemon, "round", noting_the_thresholds)
+            thread = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+            thread.start()
+            try:
+                wait_until(lambda: len(seen) >= 2, timeout_s=20, what="two rounds")
+            finally:
+                daemon.stop()
+                thread.join(10)
+            assert not thread.is_alive()
+            assert set(seen) == {(LEADING_YOUNG_THRESHOLD, 10, 10)}, seen
+            assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)
