@@ -24,6 +24,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -188,3 +189,119 @@ class Signal:
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+class Alarm:
+    """One timer for a series of waits on a ``Signal`` whose deadlines only move forward (a
+    Read stream's long polls, issue 39), where ``Signal.wait`` makes and cancels a timer at
+    each wait: a caught-up reader's stream waits once or more per answer, hundreds a second.
+
+    The timer stays armed from one wait to the next; when it rings before the wait under way
+    is due it is armed again for that wait's deadline, and when no wait is under way it is
+    left unarmed (the next wait arms it). So a wait ends at its signal or its deadline, as
+    with ``Signal.wait``, and a stream makes about one timer per deadline's length of time, not
+    one per wait. On the loop only; ``close`` (when the series ends) cancels the timer."""
+
+    def __init__(self, signal: Signal) -> None:
+        self._signal = signal
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = 0.0  # the deadline the timer rings at (time.monotonic)
+        self._waiting: asyncio.Future[None] | None = None
+        self._due = 0.0  # the deadline of the wait under way
+        self.timers = 0  # timers made (a statistic: what this saves)
+
+    async def wait(self, due: float) -> None:
+        """Until the signal's next fire, or ``due`` (``time.monotonic()``). As ``Signal.wait``:
+        check the condition just before, with no ``await`` in between."""
+        signal = self._signal
+        fut: asyncio.Future[None] = signal._lt.loop.create_future()
+        signal._waiters.add(fut)
+        self._waiting, self._due = fut, due
+        if self._timer is None or self._armed_for > due:
+            self._arm(due)
+        try:
+            await fut
+        finally:
+            self._waiting = None
+            signal._waiters.discard(fut)  # timed out or cancelled: forget it
+
+    def _arm(self, due: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.timers += 1
+        self._armed_for = due
+        self._timer = self._signal._lt.loop.call_later(max(due - time.monotonic(), 0.0), self._ring)
+
+    def _ring(self) -> None:
+        self._timer = None
+        fut = self._waiting
+        if fut is None:
+            return  # nobody waits: the next wait arms it
+        if time.monotonic() < self._due:
+            self._arm(self._due)  # rung for an earlier wait: this one is due later
+        else:
+            _settle(fut)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class StepTimeout:
+    """``async with step:`` bounds one step of the task by ``limit_s`` as ``asyncio.timeout``
+    does (the task is cancelled and the block raises TimeoutError), for a task that takes
+    many such steps (a Read stream's writes, issue 39): ``asyncio.timeout`` made and cancelled
+    a timer at every answer. One timer here serves every step: armed at a step's start when
+    none is, left armed after it; when it rings during a step that began less than
+    ``limit_s`` ago it is armed again for that step's end, and between steps it is left
+    unarmed. On the loop, one task at a time; ``close`` (when the task is done with it)
+    cancels the timer."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._since: float | None = None  # when the step under way began (time.monotonic)
+        self._cancelling = 0  # the task's cancel requests when the step began
+        self._expired = False
+        self.timers = 0  # timers made (a statistic: what this saves)
+
+    async def __aenter__(self) -> StepTimeout:
+        task = self._task = asyncio.current_task()
+        assert task is not None, "StepTimeout outside a task"
+        self._since = time.monotonic()
+        self._cancelling = task.cancelling()
+        self._expired = False
+        if self._timer is None:
+            self._arm(self._since + self.limit_s)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        _tb: Any) -> None:
+        self._since = None
+        if self._expired and self._task is not None:
+            self._expired = False
+            # as asyncio.timeout: our cancellation, and no other request for it, is a timeout
+            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+
+    def _arm(self, at: float) -> None:
+        self.timers += 1
+        self._timer = asyncio.get_running_loop().call_later(max(at - time.monotonic(), 0.0), self._ring)
+
+    def _ring(self) -> None:
+        self._timer = None
+        if self._since is None or self._task is None:
+            return  # between steps: the next step arms it
+        end = self._since + self.limit_s
+        if time.monotonic() < end:
+            self._arm(end)
+        else:
+            self._expired = True
+            self._task.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
