@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ordq.broker_group import log as seglog
+from ordq.broker_group.budget import BudgetConfig
 from ordq.broker_group.config import BrokerConfig
 from ordq.broker_group.dataplane import read_stream
 from ordq.broker_group.read_path import ReadPath
@@ -73,10 +74,11 @@ class StreamBench:
     """A master's read path in this process over one segment, its loop on a thread of its own
     (the standard library's loop, whose timers can be counted: ``timers``)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, budget: BudgetConfig | None = None) -> None:
         os.environ[loop_module.ENV] = "asyncio"  # a loop whose call_at can be wrapped
         try:
-            self.shared = Shared(BrokerConfig(gid="g1", role=Role.MASTER, data_dir=folder, zk_hosts="zk:1"))
+            self.shared = Shared(BrokerConfig(gid="g1", role=Role.MASTER, data_dir=folder, zk_hosts="zk:1",
+                                              budget=budget or BudgetConfig()))
         finally:
             del os.environ[loop_module.ENV]
         self.rt = RequestTime(broker_request_time())
@@ -119,8 +121,10 @@ class StreamBench:
         grants0, charges0 = self.read.budget.stats.grants, self.rt.stats.charges
         feeder = 0.0  # the feeder's own CPU on the loop (its steps between awaits)
 
+        fed = 0  # batches made readable, and answered
+
         async def reader() -> None:  # streams one after the other, as the SDK's reader opens them
-            while call.answers < answers:
+            while fed < answers:
                 req = pb.FetchRequest(queue=QUEUE, seg=0, offset=self.segment.replica.lac, max_bytes=4 << 20,
                                       max_wait_ms=wait_ms, known_end=-1, stream_ms=1000)
                 await read_stream(self.parts, req, call)
@@ -140,9 +144,10 @@ class StreamBench:
             self.add_batch(messages, size)
             feeder += time.thread_time() - c
             await call.answered.wait()
-        await task
-        n = max(call.answers, 1)
-        return {"answers": call.answers, "cpu_us": 1e6 * (time.thread_time() - cpu0 - feeder) / n,
+            fed += 1
+        await task  # its last stream ends with an empty answer, after its long poll
+        n = max(fed, 1)
+        return {"answers": fed, "writes": call.answers, "cpu_us": 1e6 * (time.thread_time() - cpu0 - feeder) / n,
                 "feeder_us": 1e6 * feeder / n, "timers": (self.timers - timers0) / n,
                 "grants": (self.read.budget.stats.grants - grants0) / n,
                 "charges": (self.rt.stats.charges - charges0) / n,
@@ -154,9 +159,9 @@ class StreamBench:
 
 
 @contextmanager
-def stream_bench() -> Iterator[StreamBench]:
+def stream_bench(budget: BudgetConfig | None = None) -> Iterator[StreamBench]:
     folder = Path(tempfile.mkdtemp(prefix="ordq-read-answers-"))
-    bench = StreamBench(folder)
+    bench = StreamBench(folder, budget)
     try:
         yield bench
     finally:
