@@ -191,24 +191,62 @@ def _settle(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class Alarm:
-    """One timer for a series of waits on a ``Signal`` whose deadlines only move forward (a
-    Read stream's long polls, issue 39), where ``Signal.wait`` makes and cancels a timer at
-    each wait: a caught-up reader's stream waits once or more per answer, hundreds a second.
+class _OneTimer:
+    """One timer for a series of deadlines that come one after the other and mostly move
+    forward: armed when none is, left armed from one to the next, armed again when it rings
+    before the deadline under way (``_pending``) is due, left unarmed when none is under way
+    (the next one arms it); ``_expire`` when it is due. So a series makes about one timer per
+    deadline's length of time, not one per deadline (issue 39: a Read stream's long polls and
+    writes each made and cancelled one, hundreds a second). On the loop only; ``close`` when
+    the series ends."""
 
-    The timer stays armed from one wait to the next; when it rings before the wait under way
-    is due it is armed again for that wait's deadline, and when no wait is under way it is
-    left unarmed (the next wait arms it). So a wait ends at its signal or its deadline, as
-    with ``Signal.wait``, and a stream makes about one timer per deadline's length of time, not
-    one per wait. On the loop only; ``close`` (when the series ends) cancels the timer."""
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = 0.0  # when it rings (time.monotonic)
+        self.timers = 0  # timers made (a statistic: what this saves)
+
+    def _pending(self) -> float | None:
+        raise NotImplementedError
+
+    def _expire(self) -> None:
+        raise NotImplementedError
+
+    def _ring_by(self, due: float) -> None:
+        """Have the timer ring at ``due`` at the latest."""
+        if self._timer is not None and self._armed_for <= due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self.timers += 1
+        self._armed_for = due
+        self._timer = asyncio.get_running_loop().call_later(max(due - time.monotonic(), 0.0), self._ring)
+
+    def _ring(self) -> None:
+        self._timer = None
+        due = self._pending()
+        if due is None:
+            return
+        if time.monotonic() < due:
+            self._ring_by(due)  # rung for an earlier one: this one is due later
+        else:
+            self._expire()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Alarm(_OneTimer):
+    """Waits on a ``Signal``, one after the other, each until the next fire or its own
+    deadline, as ``Signal.wait`` does, on one timer (``_OneTimer``) where ``Signal.wait`` makes
+    and cancels one per wait: a caught-up reader's stream waits once or more per answer."""
 
     def __init__(self, signal: Signal) -> None:
+        super().__init__()
         self._signal = signal
-        self._timer: asyncio.TimerHandle | None = None
-        self._armed_for = 0.0  # the deadline the timer rings at (time.monotonic)
         self._waiting: asyncio.Future[None] | None = None
         self._due = 0.0  # the deadline of the wait under way
-        self.timers = 0  # timers made (a statistic: what this saves)
 
     async def wait(self, due: float) -> None:
         """Until the signal's next fire, or ``due`` (``time.monotonic()``). As ``Signal.wait``:
@@ -217,55 +255,34 @@ class Alarm:
         fut: asyncio.Future[None] = signal._lt.loop.create_future()
         signal._waiters.add(fut)
         self._waiting, self._due = fut, due
-        if self._timer is None or self._armed_for > due:
-            self._arm(due)
+        self._ring_by(due)
         try:
             await fut
         finally:
             self._waiting = None
             signal._waiters.discard(fut)  # timed out or cancelled: forget it
 
-    def _arm(self, due: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self.timers += 1
-        self._armed_for = due
-        self._timer = self._signal._lt.loop.call_later(max(due - time.monotonic(), 0.0), self._ring)
+    def _pending(self) -> float | None:
+        return None if self._waiting is None else self._due
 
-    def _ring(self) -> None:
-        self._timer = None
-        fut = self._waiting
-        if fut is None:
-            return  # nobody waits: the next wait arms it
-        if time.monotonic() < self._due:
-            self._arm(self._due)  # rung for an earlier wait: this one is due later
-        else:
-            _settle(fut)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _expire(self) -> None:
+        if self._waiting is not None:
+            _settle(self._waiting)
 
 
-class StepTimeout:
+class StepTimeout(_OneTimer):
     """``async with step:`` bounds one step of the task by ``limit_s`` as ``asyncio.timeout``
     does (the task is cancelled and the block raises TimeoutError), for a task that takes
-    many such steps (a Read stream's writes, issue 39): ``asyncio.timeout`` made and cancelled
-    a timer at every answer. One timer here serves every step: armed at a step's start when
-    none is, left armed after it; when it rings during a step that began less than
-    ``limit_s`` ago it is armed again for that step's end, and between steps it is left
-    unarmed. On the loop, one task at a time; ``close`` (when the task is done with it)
-    cancels the timer."""
+    many such steps (a Read stream's writes), on one timer (``_OneTimer``) where
+    ``asyncio.timeout`` makes and cancels one per step. One task at a time."""
 
     def __init__(self, limit_s: float) -> None:
+        super().__init__()
         self.limit_s = limit_s
         self._task: asyncio.Task[Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._since: float | None = None  # when the step under way began (time.monotonic)
         self._cancelling = 0  # the task's cancel requests when the step began
         self._expired = False
-        self.timers = 0  # timers made (a statistic: what this saves)
 
     async def __aenter__(self) -> StepTimeout:
         task = self._task = asyncio.current_task()
@@ -273,8 +290,7 @@ class StepTimeout:
         self._since = time.monotonic()
         self._cancelling = task.cancelling()
         self._expired = False
-        if self._timer is None:
-            self._arm(self._since + self.limit_s)
+        self._ring_by(self._since + self.limit_s)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -286,22 +302,10 @@ class StepTimeout:
             if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
                 raise TimeoutError from exc
 
-    def _arm(self, at: float) -> None:
-        self.timers += 1
-        self._timer = asyncio.get_running_loop().call_later(max(at - time.monotonic(), 0.0), self._ring)
+    def _pending(self) -> float | None:
+        return None if self._since is None else self._since + self.limit_s
 
-    def _ring(self) -> None:
-        self._timer = None
-        if self._since is None or self._task is None:
-            return  # between steps: the next step arms it
-        end = self._since + self.limit_s
-        if time.monotonic() < end:
-            self._arm(end)
-        else:
+    def _expire(self) -> None:
+        if self._task is not None:
             self._expired = True
             self._task.cancel()
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
