@@ -147,7 +147,8 @@ class StreamBench:
             fed += 1
         await task  # its last stream ends with an empty answer, after its long poll
         n = max(fed, 1)
-        return {"answers": fed, "writes": call.answers, "seconds": time.monotonic() - t0, "cpu_us": 1e6 * (time.thread_time() - cpu0 - feeder) / n,
+        return {"answers": fed, "writes": call.answers, "seconds": time.monotonic() - t0,
+                "cpu_us": 1e6 * (time.thread_time() - cpu0 - feeder) / n,
                 "feeder_us": 1e6 * feeder / n, "timers": (self.timers - timers0) / n,
                 "grants": (self.read.budget.stats.grants - grants0) / n,
                 "charges": (self.rt.stats.charges - charges0) / n,

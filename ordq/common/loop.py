@@ -240,7 +240,8 @@ class _OneTimer:
 class Alarm(_OneTimer):
     """Waits on a ``Signal``, one after the other, each until the next fire or its own
     deadline, as ``Signal.wait`` does, on one timer (``_OneTimer``) where ``Signal.wait`` makes
-    and cancels one per wait: a caught-up reader's stream waits once or more per answer."""
+    and cancels one per wait: a caught-up reader's stream waits once or more per answer. One
+    waiter at a time."""
 
     def __init__(self, signal: Signal) -> None:
         super().__init__()
