@@ -213,9 +213,13 @@ class ReadPace:
 
     def wait_s(self, holders: Sequence[str], now: float) -> float:
         """How long an answer for these holders must wait before it may be granted."""
-        debt = max((-self._now_level(h, now) for h in holders if h.startswith(TOKEN) and self._contended(h, now)),
-                   default=0.0)
-        return debt / self.rate if debt >= 1.0 else 0.0  # less than a byte: float dust of a wait just made
+        debt = 0.0
+        for h in holders:
+            # its debt asked first: whether it is contended is the dearer question (issue 39).
+            # Less than a byte owed is float dust of a wait just made: no wait.
+            if h.startswith(TOKEN) and (owed := -self._now_level(h, now)) >= 1.0 and self._contended(h, now):
+                debt = max(debt, owed)
+        return debt / self.rate
 
     def debit(self, holders: Sequence[str], n: float, now: float) -> None:
         """Charge ``n`` answer bytes (negative: give back what an answer did not use)."""
@@ -223,7 +227,7 @@ class ReadPace:
             if h.startswith(TOKEN):
                 level = self._now_level(h, now)
                 left = level - n
-                if not self._contended(h, now):
+                if left < 0.0 and not self._contended(h, now):
                     left = max(left, min(level, 0.0))  # alone: the bucket empties, no new debt
                 self._level[h] = (left, now)
         if len(self._level) > 4096:  # forget tokens whose bucket is full again (as new)
@@ -260,7 +264,7 @@ class Lease:
         """Take up to ``want`` more bytes for an answer, first waiting for the token's read rate
         (``pace``), then up to ``wait_s`` (default ``wait_ms``) for room; ResourceExhausted
         (counted) if none came."""
-        await self._paced()
+        await self.paced()
         if self.for_token:
             want = min(want, self.budget.config.token_answer_bytes)
         n = await self._granted(want, wait_s, what)
@@ -269,8 +273,9 @@ class Lease:
             self.paced_bytes += n
         return n
 
-    async def _paced(self) -> None:
-        """Wait (asleep: no CPU, nothing held) while this call's token is over its read rate."""
+    async def paced(self) -> None:
+        """Wait (asleep: no CPU, nothing more taken) while this call's token is over its read
+        rate: before an answer (``acquire``, or a Read stream's answer within the room it kept)."""
         if self.pace is None or not self.for_token:
             return
         waited = 0.0
@@ -347,23 +352,28 @@ class Lease:
             return True
         return any(cfg.holder_bytes < b.held(h) > self.bytes for h in self.holders)
 
-    def settle(self, actual: int) -> None:
+    def settle(self, actual: int, *, keep: int = 0) -> None:
         """The call holds ``actual`` bytes now (an answer came out shorter, or one batch longer,
-        than granted); its token's read rate is charged what the answer really holds."""
+        than granted), or ``keep`` of those it held if that is more (a Read stream keeps room
+        for its next answer: ``release``); its token's read rate is charged what the answer
+        really holds."""
         if self.pace is not None:
             self.pace.debit(self.holders, actual - self.paced_bytes, time.monotonic())
             self.paced_bytes = 0
-        if actual > self.bytes:
-            self.budget.take(self.holders, actual - self.bytes)
-        elif actual < self.bytes:
-            self.budget.release(self.holders, self.bytes - actual)
+        held = max(actual, min(keep, self.bytes))
+        if held > self.bytes:
+            self.budget.take(self.holders, held - self.bytes)
+        elif held < self.bytes:
+            self.budget.release(self.holders, self.bytes - held)
             self.signal.fire()
-        self.bytes = actual
+        self.bytes = held
 
-    def release(self) -> None:
-        if self.bytes:
-            self.budget.release(self.holders, self.bytes)
-            self.bytes = 0
+    def release(self, keep: int = 0) -> None:
+        """Give back every byte held but ``keep`` (a Read stream's room for its next answer,
+        read_path.ReadAccount)."""
+        if self.bytes > keep:
+            self.budget.release(self.holders, self.bytes - keep)
+            self.bytes = keep
             self.signal.fire()  # calls waiting for room
 
 

@@ -41,6 +41,7 @@ from ordq.broker_group.request_time import RequestTime, timed
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
 from ordq.common.errors import ConfigError, OrdqError
+from ordq.common.loop import StepTimeout
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
@@ -320,36 +321,38 @@ async def read_stream(b: Parts, req: pb.FetchRequest, context: Context) -> None:
     the reader's flow-control window has room). A reader that takes nothing is therefore not
     fed past its share; after ``idle_ms`` without room, or without the reader taking an
     answer, the stream is closed (ResourceExhausted, counted)."""
-    offset = req.offset
     until = time.monotonic() + min(req.stream_ms, b.shared.config.max_fetch_wait_ms) / 1000.0
-    lease = b.read.lease(holders_of(context))
+    # What the stream holds and owes, kept from answer to answer (read_path.ReadAccount), and
+    # one timer for the idle bound of all its writes (issue 39: not one of each per answer).
+    account = b.read.account(holders_of(context), stream=True)
+    idle = StepTimeout(b.read.budget.config.idle_ms / 1000.0)
     token = token_holder(context)
-    idle_s = b.read.budget.config.idle_ms / 1000.0
+    ask = pb.FetchRequest(queue=req.queue, seg=req.seg, offset=req.offset, max_bytes=req.max_bytes,
+                          max_wait_ms=req.max_wait_ms, known_end=req.known_end)
     try:
         while True:
             await hold_stream(b, token)
-            res = await b.read.fetch(pb.FetchRequest(queue=req.queue, seg=req.seg, offset=offset,
-                                                max_bytes=req.max_bytes, max_wait_ms=req.max_wait_ms,
-                                                known_end=req.known_end), lease, wait_s=idle_s)
+            res = await b.read.fetch(ask, account, wait_s=idle.limit_s)
             try:
-                async with asyncio.timeout(idle_s):
+                async with idle:
                     await context.write(res.wire)
             except TimeoutError:
                 b.read.budget.stats.idle_closed += 1
                 raise ResourceExhausted(b.shared.address, "read idle", b.read.budget.config.idle_ms,
-                                        f"the reader took no answer for {idle_s:g} s: stream closed") from None
+                                        f"the reader took no answer for {idle.limit_s:g} s: stream closed") from None
             except _SEND_FAILED:
                 # The reader went away (cancelled, closed): end as a cancelled call, which gRPC
                 # does not log (returning normally makes it try to send a status, and log that).
                 raise asyncio.CancelledError from None
-            lease.release()
+            account.sent()
             if not res.batches or time.monotonic() >= until:
                 return
-            offset = res.end_offset
-            if res.sealed and offset >= res.readable_end:
+            ask.offset = res.end_offset
+            if res.sealed and ask.offset >= res.readable_end:
                 return
     finally:
-        lease.release()
+        account.close()
+        idle.close()
 
 
 async def answer(b: Parts, context: Context, rpc: str, queue: str, call: Callable[[], Any]) -> Any:
@@ -400,12 +403,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             # returned answer still sits in gRPC's send buffer until a slow reader's
             # flow-control window takes it, and releasing it at return let one reader's
             # unread answers pile up past its share (issue 25).
-            lease = self.b.read.lease(holders_of(context))
-            context.add_done_callback(lambda _ctx: lease.release())
+            account = self.b.read.account(holders_of(context))
+            context.add_done_callback(lambda _ctx: account.close())
             try:
-                return (await self.b.read.fetch(request, lease)).wire
+                return (await self.b.read.fetch(request, account)).wire
             except BaseException:
-                lease.release()
+                account.close()
                 raise
 
         return await self._answer(context, "Fetch", request.queue, fetch)  # type: ignore[no-any-return]

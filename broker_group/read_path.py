@@ -16,14 +16,16 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import attrs
+
 from ordq.broker_group.answer import Answer, encode
-from ordq.broker_group.budget import Lease, MemoryBudget, ReadPace
+from ordq.broker_group.budget import TOKEN, Lease, MemoryBudget, ReadPace
 from ordq.broker_group.metrics import count_fetch
-from ordq.broker_group.request_time import RequestTime
+from ordq.broker_group.request_time import ChargeSum, RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, CorruptLog, SegmentNotFound
-from ordq.common.loop import Signal
+from ordq.common.loop import Alarm, Signal
 from ordq.coordinator.state import SegStatus
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
@@ -31,6 +33,61 @@ from ordq.wire import ordq_pb2 as pb
 log = logging.getLogger("ordq.broker")
 
 INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worker thread, off the loop
+
+
+@attrs.define(eq=False)
+class ReadAccount:
+    """What one Fetch call or Read stream holds and owes, kept from one answer to the next
+    (issue 39: a budget grant, two releases, a timer per wait and a request-time charge per
+    answer were the largest block of the master's loop after its TLS writes at 2,000 msgs/s):
+
+    - ``lease``: its bytes in the memory budget. A Read stream keeps ``keep`` bytes
+      (``min_grant_bytes``, 64 KiB) of room between its answers: a caught-up reader's answer
+      (a batch or a few) is read within that room, with no grant and no release; an answer
+      that needs more (the room was filled, the reader is behind, or the stream's first)
+      is granted as before, and what passes ``keep`` is given back once the answer is sent.
+      The budget's bound is unchanged: an answer is still read within bytes granted from the
+      budget, plus at most the one batch that passes them (charged), and the room a stream
+      keeps is charged to it while it waits, as an answer's bytes are.
+    - ``alarm``: one timer for its long polls (``ordq.common.loop.Alarm``), not one per wait.
+    - ``charges``: its answers' request-time cost (their bytes' copies and encryption, a
+      worker's read) charged to its token in sums of at least 1 ms (``ChargeSum``).
+    The token's read rate (``ReadPace``) is still asked before every answer and charged every
+    answer's bytes. ``close`` when the call or stream ends."""
+
+    lease: Lease
+    alarm: Alarm
+    charges: ChargeSum
+    keep: int  # room kept between answers (0: a Fetch call, given back when it ends)
+    behind: bool = True  # the last answer stopped short of the readable end (or none yet)
+
+    async def room(self, want: int, wait_s: float | None) -> int:
+        """The bytes this answer may read, at most ``want`` (a token's: ``token_answer_bytes``):
+        the room kept, or more granted (waiting for the token's read rate either way)."""
+        lease = self.lease
+        if lease.for_token:
+            want = min(want, lease.budget.config.token_answer_bytes)
+        if lease.bytes < want and (self.behind or lease.bytes < self.keep):
+            await lease.acquire(want - lease.bytes, wait_s=wait_s)
+        else:
+            await lease.paced()
+        return min(lease.bytes, want)
+
+    def answered(self, answer: Answer, upto: int, byte_cost_s: float) -> None:
+        """The answer is built: the lease holds its bytes (or the room kept, if more); its
+        copies into gRPC and its encryption on the way out are charged as its bytes."""
+        self.lease.settle(answer.batch_bytes, keep=self.keep)
+        self.behind = answer.end_offset < upto
+        self.charges.add(byte_cost_s)
+
+    def sent(self) -> None:
+        """The answer left (gRPC or the link took it): keep only the room kept."""
+        self.lease.release(self.keep)
+
+    def close(self) -> None:
+        self.lease.release()
+        self.alarm.close()
+        self.charges.flush()
 
 
 class ReadPath:
@@ -59,22 +116,33 @@ class ReadPath:
         """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
         return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace)
 
-    async def fetch(self, req: pb.FetchRequest, lease: Lease | None = None, *,
+    def account(self, holders: Sequence[str], *, stream: bool = False) -> ReadAccount:
+        """What a Fetch call (or, ``stream``, a Read stream) holds and owes (``ReadAccount``)."""
+        keep = self.budget.config.min_grant_bytes if stream else 0
+        token = next((h for h in holders if h.startswith(TOKEN)), None)
+        rt = self.request_time
+        return ReadAccount(self.lease(holders), Alarm(self.shared.signal),
+                           ChargeSum(lambda seconds: rt.charge(token, seconds, time.monotonic())), keep)
+
+    async def fetch(self, req: pb.FetchRequest, account: ReadAccount | None = None, *,
                     wait_s: float | None = None) -> Answer:
         """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
-        long-polling (on ``signal``) while nothing is readable. With a ``lease`` the answer
-        is charged to it (shorter when the budget has less room; waiting up to ``wait_s``
-        for room, then ResourceExhausted); the caller releases it once the answer is sent."""
+        long-polling (on ``signal``) while nothing is readable. With an ``account`` the
+        answer is charged to its lease (shorter when the budget has less room; waiting up to
+        ``wait_s`` for room, then ResourceExhausted) and its cost to its token; the caller
+        gives the room back once the answer is sent (``ReadAccount.sent``, ``close``)."""
         self.shared.stats.fetches += 1
         known_end = req.known_end if req.known_end >= 0 else None
         deadline = time.monotonic() + min(req.max_wait_ms, self.shared.config.max_fetch_wait_ms) / 1000.0
+        signal = self.shared.signal
+        wait = (lambda: signal.wait(deadline - time.monotonic())) if account is None else \
+            (lambda: account.alarm.wait(deadline))
         key = (req.queue, req.seg)
         s = self.shared.segments.get(key)
         while s is None and not self.shared.stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline <= time.monotonic():
                 break
-            await self.shared.signal.wait(left)
+            await wait()
             s = self.shared.segments.get(key)
         if s is None:
             return await self.shared.loop.run_blocking(self._fetch_absent, req)
@@ -91,15 +159,14 @@ class ReadPath:
                                             "reconciling from the peer")
                 upto = r.readable_end(known_end)
                 sealed = r.sealed
-            left = deadline - time.monotonic()
-            if upto > req.offset or sealed or self.shared.stopping or left <= 0:
+            if upto > req.offset or sealed or self.shared.stopping or deadline <= time.monotonic():
                 break
-            await self.shared.signal.wait(left)
+            await wait()
         if upto <= req.offset:
             return encode([], offset=req.offset, end_offset=req.offset, readable_end=upto, sealed=sealed)
         max_bytes = min(max(req.max_bytes, 1), self.shared.config.max_fetch_bytes)
-        if lease is not None:
-            max_bytes = await lease.acquire(max_bytes, wait_s=wait_s)
+        if account is not None:
+            max_bytes = await account.room(max_bytes, wait_s)
         # Read on the loop when the log is free (page cache: microseconds for what a
         # follower asks); behind a sync holding it, or for a long read, in a worker, which
         # also encodes the answer: a 32 MiB answer's join held the loop (and with it every
@@ -115,22 +182,20 @@ class ReadPath:
                 finally:
                     s.io_lock.release()
             else:
-                token = lease.token if lease is not None else None
+                token = account.lease.token if account is not None else None
                 async with self._read_slot(token):
                     batches, answer, took = await self.shared.loop.run_blocking(self._read_answer, s, req.offset,
                                                                                 max_bytes, upto, sealed, verify)
                 # A worker's read and encoding hold the GIL the loop needs: charged to the token
                 # as its loop time is (request_time.py).
-                self.request_time.charge(token, took, time.monotonic())
+                if account is not None:
+                    account.charges.add(took)
         except CorruptLog as exc:
             self.set_aside(s, exc)
             raise
-        if lease is not None:
-            lease.settle(answer.batch_bytes)
-            # Its copies into gRPC and its encryption on the way out: charged as its bytes.
-            rt = self.request_time
-            rt.charge(lease.token, rt.config.byte_cost_s(answer.batch_bytes), time.monotonic())
-        count_fetch(self.shared.stats, batches)
+        if account is not None:
+            account.answered(answer, upto, self.request_time.config.byte_cost_s(answer.batch_bytes))
+        count_fetch(self.shared.stats, batches, answer.end_offset, answer.batch_bytes)
         return answer
 
     @contextlib.asynccontextmanager

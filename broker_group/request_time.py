@@ -63,6 +63,32 @@ def broker_request_time(share: float | None = 0.2, busy_share: float | None = LO
     return RequestTimeConfig(share=share, busy_share=busy_share or None)
 
 
+class ChargeSum:
+    """Charges summed: ``add(seconds)`` calls ``charge`` with the sum once it reaches
+    ``quantum_s``; ``flush`` charges what is left (call it when the call or stream ends). A
+    token's debt therefore shows at most ``quantum_s`` late per open call or stream, and the
+    bucket's arithmetic (``RequestTime.charge``: a few µs with a neighbour token active) runs
+    once per quantum instead of once per step or per answer (issue 39)."""
+
+    __slots__ = ("_charge", "_quantum_s", "owed")
+
+    def __init__(self, charge: Callable[[float], None], quantum_s: float = CHARGE_QUANTUM_S) -> None:
+        self._charge, self._quantum_s = charge, quantum_s
+        self.owed = 0.0  # added, not charged yet
+
+    def add(self, seconds: float) -> None:
+        owed = self.owed + seconds
+        if owed >= self._quantum_s:
+            self._charge(owed)
+            owed = 0.0
+        self.owed = owed
+
+    def flush(self) -> None:
+        owed, self.owed = self.owed, 0.0
+        if owed:
+            self._charge(owed)
+
+
 class _Timed:
     """``coro`` driven step by step; the time each step held the loop (from its resumption to
     its next await, or its end) is summed and ``charge(seconds)`` called with the sum once it
@@ -73,24 +99,23 @@ class _Timed:
         self._coro, self._charge, self._quantum_s = coro, charge, quantum_s
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, clock, quantum = self._coro, time.perf_counter, self._quantum_s
+        coro, clock = self._coro, time.perf_counter
+        owed = ChargeSum(self._charge, self._quantum_s)  # steps' time not charged yet
         value: Any = None
         error: BaseException | None = None
-        owed = 0.0  # steps' time not charged yet
         while True:
             t0 = clock()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
             except StopIteration as done:
-                self._charge(owed + clock() - t0)
+                owed.add(clock() - t0)
+                owed.flush()
                 return done.value
             except BaseException:
-                self._charge(owed + clock() - t0)
+                owed.add(clock() - t0)
+                owed.flush()
                 raise
-            owed += clock() - t0
-            if owed >= quantum:
-                self._charge(owed)
-                owed = 0.0
+            owed.add(clock() - t0)
             try:
                 value, error = (yield yielded), None
             except BaseException as exc:  # noqa: BLE001 - handed to the coroutine, as a Task would

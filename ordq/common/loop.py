@@ -24,6 +24,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -188,3 +189,124 @@ class Signal:
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+class _OneTimer:
+    """One timer for a series of deadlines that come one after the other and mostly move
+    forward: armed when none is, left armed from one to the next, armed again when it rings
+    before the deadline under way (``_pending``) is due, left unarmed when none is under way
+    (the next one arms it); ``_expire`` when it is due. So a series makes about one timer per
+    deadline's length of time, not one per deadline (issue 39: a Read stream's long polls and
+    writes each made and cancelled one, hundreds a second). On the loop only; ``close`` when
+    the series ends."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = 0.0  # when it rings (time.monotonic)
+        self.timers = 0  # timers made (a statistic: what this saves)
+
+    def _pending(self) -> float | None:
+        raise NotImplementedError
+
+    def _expire(self) -> None:
+        raise NotImplementedError
+
+    def _ring_by(self, due: float) -> None:
+        """Have the timer ring at ``due`` at the latest."""
+        if self._timer is not None and self._armed_for <= due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self.timers += 1
+        self._armed_for = due
+        self._timer = asyncio.get_running_loop().call_later(max(due - time.monotonic(), 0.0), self._ring)
+
+    def _ring(self) -> None:
+        self._timer = None
+        due = self._pending()
+        if due is None:
+            return
+        if time.monotonic() < due:
+            self._ring_by(due)  # rung for an earlier one: this one is due later
+        else:
+            self._expire()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Alarm(_OneTimer):
+    """Waits on a ``Signal``, one after the other, each until the next fire or its own
+    deadline, as ``Signal.wait`` does, on one timer (``_OneTimer``) where ``Signal.wait`` makes
+    and cancels one per wait: a caught-up reader's stream waits once or more per answer. One
+    waiter at a time."""
+
+    def __init__(self, signal: Signal) -> None:
+        super().__init__()
+        self._signal = signal
+        self._waiting: asyncio.Future[None] | None = None
+        self._due = 0.0  # the deadline of the wait under way
+
+    async def wait(self, due: float) -> None:
+        """Until the signal's next fire, or ``due`` (``time.monotonic()``). As ``Signal.wait``:
+        check the condition just before, with no ``await`` in between."""
+        signal = self._signal
+        fut: asyncio.Future[None] = signal._lt.loop.create_future()
+        signal._waiters.add(fut)
+        self._waiting, self._due = fut, due
+        self._ring_by(due)
+        try:
+            await fut
+        finally:
+            self._waiting = None
+            signal._waiters.discard(fut)  # timed out or cancelled: forget it
+
+    def _pending(self) -> float | None:
+        return None if self._waiting is None else self._due
+
+    def _expire(self) -> None:
+        if self._waiting is not None:
+            _settle(self._waiting)
+
+
+class StepTimeout(_OneTimer):
+    """``async with step:`` bounds one step of the task by ``limit_s`` as ``asyncio.timeout``
+    does (the task is cancelled and the block raises TimeoutError), for a task that takes
+    many such steps (a Read stream's writes), on one timer (``_OneTimer``) where
+    ``asyncio.timeout`` makes and cancels one per step. One task at a time."""
+
+    def __init__(self, limit_s: float) -> None:
+        super().__init__()
+        self.limit_s = limit_s
+        self._task: asyncio.Task[Any] | None = None
+        self._since: float | None = None  # when the step under way began (time.monotonic)
+        self._cancelling = 0  # the task's cancel requests when the step began
+        self._expired = False
+
+    async def __aenter__(self) -> StepTimeout:
+        task = self._task = asyncio.current_task()
+        assert task is not None, "StepTimeout outside a task"
+        self._since = time.monotonic()
+        self._cancelling = task.cancelling()
+        self._expired = False
+        self._ring_by(self._since + self.limit_s)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        _tb: Any) -> None:
+        self._since = None
+        if self._expired and self._task is not None:
+            self._expired = False
+            # as asyncio.timeout: our cancellation, and no other request for it, is a timeout
+            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+
+    def _pending(self) -> float | None:
+        return None if self._since is None else self._since + self.limit_s
+
+    def _expire(self) -> None:
+        if self._task is not None:
+            self._expired = True
+            self._task.cancel()

@@ -126,10 +126,13 @@ class RequestTime:
         if token is None:
             return 0.0
         self.seen(token, now)  # also without a share: the read rate asks (budget.ReadPace)
-        if self.config.share is None or not self.contended(token, now):
+        if self.config.share is None:
             return 0.0
         debt = -self._now_level(token, now)
-        return debt / self.config.share if debt > 1e-9 else 0.0
+        # its debt asked first: whether it is contended is the dearer question (issue 39)
+        if debt <= 1e-9 or not self.contended(token, now):
+            return 0.0
+        return debt / self.config.share
 
     def admit(self, token: str | None, now: float) -> tuple[float, bool]:
         """(wait, refuse): how long a new call of ``token`` waits before it runs, and whether
@@ -181,7 +184,7 @@ class RequestTime:
         self._load = (self.load(now) * window + seconds, now)
         level = self._now_level(token, now)
         left = level - seconds
-        if not self.contended(token, now):
+        if left < 0.0 and not self.contended(token, now):
             left = max(left, min(level, 0.0))  # alone: the bucket empties, no new debt
         self._level[token] = (left, now)
         self.stats.charged_ms += int(seconds * 1000)  # rounding: a statistic, not the account
