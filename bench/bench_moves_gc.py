@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 MODES = ("on", "held", "freeze")
@@ -118,24 +119,32 @@ def one_mode(mode: str, queues: int, passes: int) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--queues", type=int, default=100_001)
-    ap.add_argument("--passes", type=int, default=3)
+def drive_modes(module: str, doc: str, modes: tuple[str, ...], one_mode: Callable[[str, int, int], Any],
+                argv: list[str] | None, *, queues: int, passes: int) -> int:
+    """The driver of the collector benches: each mode in a child process of its own per round (a heap
+    and collector state of its own), one JSON line per result row."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--queues", type=int, default=queues)
+    ap.add_argument("--passes", type=int, default=passes)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--mode", choices=MODES, help="one mode in this process (the driver's child)")
+    ap.add_argument("--mode", choices=modes, help="one mode in this process (the driver's child)")
     args = ap.parse_args(argv)
     if args.mode:
         print(json.dumps(one_mode(args.mode, args.queues, args.passes)))
         return 0
     for r in range(args.rounds):
-        for mode in MODES:
-            child = subprocess.run([sys.executable, "-m", "bench.bench_moves_gc", "--mode", mode, "--queues",
+        for mode in modes:
+            child = subprocess.run([sys.executable, "-m", module, "--mode", mode, "--queues",
                                     str(args.queues), "--passes", str(args.passes)],
                                    capture_output=True, text=True, check=True)
-            for row in json.loads(child.stdout):
+            rows = json.loads(child.stdout)
+            for row in rows if isinstance(rows, list) else [rows]:
                 print(json.dumps({"round": r + 1, **row}), flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return drive_modes("bench.bench_moves_gc", __doc__ or "", MODES, one_mode, argv, queues=100_001, passes=3)
 
 
 if __name__ == "__main__":

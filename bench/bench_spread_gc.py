@@ -16,16 +16,12 @@ during it (count, thread CPU and the longest, by generation).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
-import json
-import subprocess
-import sys
 import time
 from typing import Any
 
-from bench.bench_moves_gc import GROUPS, Collections, leader_heap
+from bench.bench_moves_gc import GROUPS, Collections, drive_modes, leader_heap
 
 MODES = ("default", "spaced")
 
@@ -58,22 +54,7 @@ def one_mode(mode: str, queues: int, passes: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--queues", type=int, default=100_000)
-    ap.add_argument("--passes", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--mode", choices=MODES, help="one mode in this process (the driver's child)")
-    args = ap.parse_args(argv)
-    if args.mode:
-        print(json.dumps(one_mode(args.mode, args.queues, args.passes)))
-        return 0
-    for r in range(args.rounds):
-        for mode in MODES:
-            child = subprocess.run([sys.executable, "-m", "bench.bench_spread_gc", "--mode", mode, "--queues",
-                                    str(args.queues), "--passes", str(args.passes)],
-                                   capture_output=True, text=True, check=True)
-            print(json.dumps({"round": r + 1, **json.loads(child.stdout)}), flush=True)
-    return 0
+    return drive_modes("bench.bench_spread_gc", __doc__ or "", MODES, one_mode, argv, queues=100_000, passes=10)
 
 
 if __name__ == "__main__":
