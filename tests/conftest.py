@@ -16,9 +16,11 @@ only processes marked with a dead run as owner and naming pytest's temporary fol
 
 from __future__ import annotations
 
+import atexit
 import compileall
 import json
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -44,7 +46,11 @@ os.environ[OWNER_ENV] = owner_token()
 
 # Clusters the tests start register their TLS credentials here, never in the real home
 # (ordq/common/security.py); set at import so every program a test spawns inherits it.
-os.environ["ORDQ_CREDENTIALS"] = os.path.join(tempfile.mkdtemp(prefix="ordq-creds-"), "credentials.json")
+# The folder goes when this process ends (one per pytest process: 407 were left in /tmp by a day
+# of runs, with the clusters' client keys in them).
+_CREDENTIALS_DIR = tempfile.mkdtemp(prefix="ordq-creds-")
+atexit.register(shutil.rmtree, _CREDENTIALS_DIR, ignore_errors=True)
+os.environ["ORDQ_CREDENTIALS"] = os.path.join(_CREDENTIALS_DIR, "credentials.json")
 os.environ.pop("ORDQ_TOKEN", None)
 
 # Every JVM this run starts lives seconds to minutes on tiny inputs: the C1 JIT only, for Spark's
