@@ -107,6 +107,10 @@ class LongCollections:
         self._started: float | None = None
         self.long = 0  # long collections seen (statistics, tests)
         self._summary_at: float | None = None
+        self._new_window()
+
+    def _new_window(self) -> None:
+        """Counts, seconds and the longest by generation, since the last summary line."""
         self._counts, self._seconds, self._longest = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -133,7 +137,7 @@ class LongCollections:
                      ended - self._summary_at, "/".join(map(str, self._counts)),
                      "/".join(f"{s:.2f}" for s in self._seconds), "/".join(f"{s:.2f}" for s in self._longest))
             self._summary_at = ended
-            self._counts, self._seconds, self._longest = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+            self._new_window()
 
 
 _installed: LongCollections | None = None
