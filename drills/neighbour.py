@@ -46,8 +46,10 @@ HUGE = (1 << 32) - 1  # max_bytes the abuser asks for
 OVERSIZED_BYTES = 30 << 20  # a request body past the broker's receive limit (25 MiB by default)
 # The kinds of abuse, each on its own: ``ORDQ_NEIGHBOUR_ABUSE=huge,malformed`` sends only those (to
 # measure what each costs the neighbour); the drill then says so, and only a run with all of them
-# is the acceptance.
+# is the acceptance. ``none`` is the idle control: the abuser's process placed and windowed as in
+# a real run, sending nothing (what the ratio is when nothing is abused).
 ABUSE_KINDS = ("huge", "streams", "oversized", "malformed")
+IDLE_CONTROL = "none"
 ABUSE_ENV = "ORDQ_NEIGHBOUR_ABUSE"
 
 
@@ -62,8 +64,16 @@ def kinds_from_env(env: str, known: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def abuse_kinds() -> tuple[str, ...]:
-    """The kinds of abuse this run sends (``ABUSE_ENV``; all of them by default)."""
-    return kinds_from_env(ABUSE_ENV, ABUSE_KINDS)
+    """The kinds of abuse this run sends (``ABUSE_ENV``; all of them by default; none for
+    ``IDLE_CONTROL``)."""
+    kinds = kinds_from_env(ABUSE_ENV, (*ABUSE_KINDS, IDLE_CONTROL))
+    if kinds == (*ABUSE_KINDS, IDLE_CONTROL):  # nothing named: every kind of abuse
+        return ABUSE_KINDS
+    if IDLE_CONTROL in kinds:
+        if len(kinds) > 1:
+            raise ValueError(f"{ABUSE_ENV}: {IDLE_CONTROL!r} (the idle control) goes alone, not with {kinds}")
+        return ()
+    return kinds
 
 
 def neighbour_load(load: Any) -> Any:
@@ -496,7 +506,8 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     iso, judgement = isolate(pids)
     kinds = abuse_kinds()
     if kinds != ABUSE_KINDS:
-        judgement += f"; ONLY {'+'.join(kinds)} abuse ({ABUSE_ENV}): a measurement, not the acceptance"
+        sent = "+".join(kinds) or f"NO abuse (the idle control, {IDLE_CONTROL})"
+        judgement += f"; ONLY {sent} abuse ({ABUSE_ENV}): a measurement, not the acceptance"
     ctx.notes["neighbour_judgement"] = judgement
     ctx.event(f"judgement: {judgement}")
     abuser: WindowedProcess | None = None
