@@ -165,6 +165,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._spread_waited = False
         self._spread_unread = False
         self._spread_even_at: tuple[int, int, frozenset[str]] | None = None
+        self._spread_told: tuple[float, int, int] | None = None
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier

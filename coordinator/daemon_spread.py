@@ -26,6 +26,9 @@ from ordq.coordinator.store_values import StateVersion
 REBALANCE_INTERVAL_S = 2.0
 REBALANCE_GRACE_S = 10.0
 REBALANCE_MOVES_PER_S = 50.0
+# How many passes ran and how many were not run (nothing they read changed) is said at most
+# this often, while some are not run.
+SPREAD_TOLD_EVERY_S = 60.0
 
 
 def spread_waits(seal_batches: Mapping[str, Mapping[tuple[str, int], object]], live: frozenset[str] | set[str],
@@ -116,6 +119,7 @@ class SpreadBack(DaemonParts):
         # Why (issue 43): at 10^5 queues a pass costs the leader ~0.45-0.75 s of CPU, every 2 s
         # even when nothing changed (scale43q).
         inputs = (view.copy_changes, self.store.written.changes, settled)
+        self._tell_spread_passes(now)
         if inputs == self._spread_even_at:
             self.stats.spread_skipped += 1
             return
@@ -129,6 +133,21 @@ class SpreadBack(DaemonParts):
         self._spread_even_at = inputs if even_now else None
         if result.moves:
             log.info("spread %d idle queues' heads back: %s -> %s", len(result.moves), result.before, result.after)
+
+    def _tell_spread_passes(self, now: float) -> None:
+        """Once per ``SPREAD_TOLD_EVERY_S`` at most: the passes run and not run since the last
+        such line, if any was not run (issue 43: the skip is seen in the leader's log)."""
+        st = self.stats
+        if self._spread_told is None:
+            self._spread_told = (now, st.spread_passes, st.spread_skipped)
+            return
+        at, passes, skipped = self._spread_told
+        if now - at < SPREAD_TOLD_EVERY_S:
+            return
+        if st.spread_skipped > skipped:
+            log.info("heads spread back: %d passes in %.0f s, %d more not run (nothing they read changed since a "
+                     "pass found the heads even)", st.spread_passes - passes, now - at, st.spread_skipped - skipped)
+        self._spread_told = (now, st.spread_passes, st.spread_skipped)
 
     def _spread(self, view: DaemonView, live: frozenset[str], now: float, *, max_moves: int,
                 dry_run: bool, fresh: bool = False) -> SpreadResult:

@@ -5,6 +5,8 @@ is a roll to another group of the send list."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,7 +148,7 @@ def test_a_spread_pass_pauses_while_a_group_is_away_and_not_judged_dead() -> Non
     assert not spread_paused({"g2": 0.0}, frozenset({"g2", "g3"}), {})  # g3 new: not a pause
 
 
-def test_a_spread_pass_is_not_run_again_while_nothing_it_reads_changed(monkeypatch) -> None:
+def test_a_spread_pass_is_not_run_again_while_nothing_it_reads_changed(monkeypatch, caplog) -> None:
     """Issue 43: at 10^5 queues a spread pass costs the leader ~0.45-0.75 s of CPU, and ran
     every 2 s also when nothing had changed since a pass that found the heads even (scale43q).
     It runs again only once the copies (a watch, a read at a new version), this process's
@@ -205,6 +207,12 @@ def test_a_spread_pass_is_not_run_again_while_nothing_it_reads_changed(monkeypat
     assert spread_pass() == 4  # (the pass after it went pauses: ``spread_paused``)
     assert spread_pass() == 5  # the settled groups changed
     assert (daemon.stats.spread_passes, daemon.stats.spread_skipped) == (5, 4)
+    # said once a minute at most (the first pass at 100 s began the count)
+    caplog.set_level(logging.INFO, logger="ordq.coordinator")
+    daemon._spread_pass(view, 161.0)
+    assert [r.getMessage() for r in caplog.records if "passes in" in r.getMessage()] == [
+        "heads spread back: 5 passes in 61 s, 4 more not run (nothing they read changed since a pass found the "
+        "heads even)"]
 
 
 def test_spread_passes_that_found_the_heads_uneven_are_run_again() -> None:
