@@ -30,10 +30,10 @@ thresholds, none spaced (docs/BENCHMARKS.md).
 
 Guarantee: nothing is freed that would not be, nor kept longer than a held block lasts (the
 moves, a spread pass, a listing: seconds; what they drop meanwhile is mostly freed at once by
-reference counting, cycles are collected once the collector is back on); while leading, cyclic garbage waits for at most
-``LEADING_YOUNG_THRESHOLD`` container objects more. Each setting is back after its block,
-whatever it raised, as it was before; process-wide, kept right while blocks overlap (a counter:
-the last one out sets it back).
+reference counting, cycles are collected once the collector is back on); while leading,
+cyclic garbage waits for at most ``LEADING_YOUNG_THRESHOLD`` container objects more. Each
+setting is back after its block, whatever it raised, as it was before; process-wide, kept right
+while blocks overlap (a counter: the last one out sets it back).
 """
 
 from __future__ import annotations
