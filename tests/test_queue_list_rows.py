@@ -260,8 +260,12 @@ def test_the_handler_makes_the_rows_with_the_collector_held() -> None:
         return {q: (states[q], 1, []) for q in qs}
 
     verbs = admin_verbs(lambda _s: contextlib.nullcontext(_Reader()), known=known)  # type: ignore[arg-type,return-value]
-    assert gc.isenabled()
-    got = verbs["queue list"].handler(AdminCall(_Store(states), {}, None))
-    assert [r["queue"] for r in got["rows"]] == sorted(states)
-    assert seen == [False]
-    assert gc.isenabled()
+    was = gc.isenabled()
+    gc.enable()  # (whatever an earlier test of this process left)
+    try:
+        got = verbs["queue list"].handler(AdminCall(_Store(states), {}, None))
+        assert [r["queue"] for r in got["rows"]] == sorted(states)
+        assert seen == [False]
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -263,7 +263,11 @@ def test_a_spread_pass_runs_with_the_collector_held(monkeypatch) -> None:
     view.entries = {f"q{i}": QueueEntry(state=queue(f"q{i}", GROUPS[i % 3]), version=1, stale=set()) for i in range(3)}
     view.live = frozenset(GROUPS)
     daemon._live_since = dict.fromkeys(GROUPS, 0.0)
-    assert gc.isenabled()
-    daemon._spread_pass(view, 100.0)
-    assert seen == [False]
-    assert gc.isenabled()
+    was = gc.isenabled()
+    gc.enable()  # (whatever an earlier test of this process left)
+    try:
+        daemon._spread_pass(view, 100.0)
+        assert seen == [False]
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
