@@ -1,6 +1,7 @@
 """The heads' spread pass over a leader-like heap, with CPython's garbage collector thresholds
-or the leader's (``daemon_gc.young_collections_spaced``, scale43q, issue 43). In process, no
-I/O: not a test; prints numbers for docs/BENCHMARKS.md.
+or the leader's (``daemon_gc.young_collections_spaced``, scale43q, issue 43), each with the
+collector on during the passes or held (``daemon_gc.collections_held``, as the daemon's pass
+runs since scale43r). In process, no I/O: not a test; prints numbers for docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_spread_gc [--queues 100000] [--passes 10] [--rounds 2]
 
@@ -10,8 +11,10 @@ leader keeps it (``WrittenStates``). A pass: what the leader runs every 2 s at m
 (``REBALANCE_INTERVAL_S``) once heads may spread back: ``spread_rows`` over every queue's copy
 and ``spread_heads`` planning (a dry run: the heads are even, nothing moves; the rows are made
 all the same). Each mode runs in a process of its own, the modes alternated ``--rounds`` times.
-Printed per mode: the heap's build and the passes, each with its thread CPU and the collections
-during it (count, thread CPU and the longest, by generation).
+Modes: ``default`` and ``spaced`` (the thresholds, the collector on), ``held`` and
+``held_spaced`` (the same, each pass with the collector held). Printed per mode: the heap's
+build and the passes, each with its thread CPU and the collections during it (count, thread
+CPU and the longest, by generation).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from typing import Any
 
 from bench.bench_moves_gc import GROUPS, Collections, drive_modes, leader_heap
 
-MODES = ("default", "spaced")
+MODES = ("default", "spaced", "held", "held_spaced")
 
 
 def one_mode(mode: str, queues: int, passes: int) -> dict[str, Any]:
-    from ordq.coordinator.daemon_gc import young_collections_spaced
+    from ordq.coordinator.daemon_gc import collections_held, young_collections_spaced
     from ordq.coordinator.daemon_spread import spread_rows
     from ordq.coordinator.head_spread import spread_heads
     from ordq.coordinator.store_base import WrittenStates
@@ -35,7 +38,8 @@ def one_mode(mode: str, queues: int, passes: int) -> dict[str, Any]:
     gc.set_threshold(700, 10, 10)  # CPython's defaults
     seen = Collections()
     gc.callbacks.append(seen)
-    with young_collections_spaced() if mode == "spaced" else contextlib.nullcontext():
+    held = collections_held if mode.startswith("held") else contextlib.nullcontext
+    with young_collections_spaced() if mode.endswith("spaced") else contextlib.nullcontext():
         started = time.thread_time()
         entries = leader_heap(queues)
         written = WrittenStates()
@@ -46,8 +50,10 @@ def one_mode(mode: str, queues: int, passes: int) -> dict[str, Any]:
         seen.reset()
         started = time.thread_time()
         for _ in range(passes):
-            rows = spread_rows(entries, written.get)
-            spread_heads(None, rows or [], frozenset(GROUPS), set(), {}, max_moves=100, dry_run=True)
+            with held():
+                rows = spread_rows(entries, written.get)
+                spread_heads(None, rows or [], frozenset(GROUPS), set(), {}, max_moves=100, dry_run=True)
+                del rows
         done = {"cpu_s": round(time.thread_time() - started, 2), **seen.figures()}
     return {"mode": mode, "queues": queues, "passes": passes, "tracked": len(gc.get_objects()), "build": build,
             "passes_took": done}

@@ -164,6 +164,8 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._next_spread = 0.0
         self._spread_waited = False
         self._spread_unread = False
+        self._spread_even_at: tuple[int, int, frozenset[str]] | None = None
+        self._spread_told: tuple[float, int, int] | None = None
         self.interval_s = interval_s
         self.sweep_interval_s = sweep_interval_s
         self.identifier = identifier
@@ -266,6 +268,7 @@ class CoordinatorDaemon(DutyRound, SealBatches, SpreadBack, AbsentGroups):
         self._next_probe = 0.0
         self._live_since = {}
         self._next_spread = time.monotonic() + REBALANCE_GRACE_S
+        self._spread_even_at = None  # (the counters are the new view's)
         with self._lock:
             self._away = AwayTracker(self.away_policy)
             self._verdicts = {}

@@ -114,6 +114,9 @@ class DaemonParts:
     _next_spread: float
     _spread_waited: bool  # the last pass waited for seals (logged when it changes)
     _spread_unread: bool  # the last pass waited for a queue's state to be read (logged when it changes)
+    # (copy changes, written changes, settled groups) when a pass last found the heads even, or None
+    _spread_even_at: tuple[int, int, frozenset[str]] | None
+    _spread_told: tuple[float, int, int] | None  # (when, passes, not run) at the last counts' line
     # absent groups (daemon_away)
     away_policy: AwayPolicy
     _away: AwayTracker

@@ -129,6 +129,12 @@ class DaemonView:
         self.queue_events = 0  # watches of a queue's nodes that fired (statistics: the moves' log line)
         self.list_changes = 0  # times the queue list was read (queues created or deleted)
         self.taken_unread = 0  # unread queues ``read_unread`` took as this process wrote them (statistics)
+        # One more each time what ``known_state`` makes of the copies may have changed: a queue
+        # listed or dropped, a state (or settings) watch fired, a state read at a new version,
+        # taken unread, or found unusable. A spread pass that found the heads even is not run
+        # again while it stays put (``daemon_spread``); the sweep's re-reads of unchanged
+        # states do not move it.
+        self.copy_changes = 0
         self._root = store.paths.queues + "/"
         # the sweep, a share each round (``sweep_share``)
         self._sweep_at: float | None = None
@@ -173,6 +179,8 @@ class DaemonView:
                 return
             entry.stale.add(part)
             self._dirty.add(parts[0])
+            if part != SUBS:  # (a cursor's change: no state's)
+                self.copy_changes += 1
         self._poke()
 
     def _poke(self) -> None:
@@ -188,6 +196,7 @@ class DaemonView:
         """The safety net: every queue and group is read again in the next round."""
         with self._lock:
             self._queues_stale = self._groups_stale = True
+            self.copy_changes += 1
             for queue, entry in self.entries.items():
                 entry.stale |= {STATE, CONFIG, SUBS}
                 self._dirty.add(queue)
@@ -344,6 +353,8 @@ class DaemonView:
                     self._dirty.add(q)  # read (and watched) by the next round
                     taken.append(q)
             self.taken_unread += len(taken)
+            if taken:
+                self.copy_changes += 1
         return taken
 
     def _reread_if_stale(self, flag: str, read: Callable[[], None]) -> None:
@@ -374,12 +385,15 @@ class DaemonView:
                 store.client.ensure_path(store.paths.queues)
                 names = set(self._get(store.client.get_children_async(store.paths.queues, watch=self._on_queues)))
         with self._lock:
-            for gone in set(self.entries) - names:
-                del self.entries[gone]
-            for new in names - set(self.entries):
-                self.entries[new] = QueueEntry()
-                self._dirty.add(new)
+            gone, new = set(self.entries) - names, names - set(self.entries)
+            for q in gone:
+                del self.entries[q]
+            for q in new:
+                self.entries[q] = QueueEntry()
+                self._dirty.add(q)
             self.list_changes += 1
+            if gone or new:
+                self.copy_changes += 1
 
     def _read_groups(self) -> None:
         """Every group's drain mark and live roles; queues of a group that changed get dirty."""
@@ -492,10 +506,12 @@ class DaemonView:
             data, stat = self._get(request)
         except NoNodeError:
             with self._lock:
-                self.entries.pop(queue, None)  # deleted: the queue list's watch says so too
+                if self.entries.pop(queue, None) is not None:  # deleted: the queue list's watch says so too
+                    self.copy_changes += 1
             return
         if entry is None:
             return
+        was = (entry.version, entry.deletions, entry.state is None, entry.problem)
         if part == STATE:
             self.written.seen(queue, StateVersion(stat.version, deletions))
             entry.deletions = deletions
@@ -508,6 +524,9 @@ class DaemonView:
                 entry.config = QueueConfig(**json_value(data))
             except (OrdqError, TypeError, ValueError) as exc:
                 entry.config, entry.problem = None, exc
+        if (entry.version, entry.deletions, entry.state is None, entry.problem) != was:
+            with self._lock:
+                self.copy_changes += 1
 
     def _read_cursors(self, queues: Sequence[str]) -> None:
         """The cursors of ``queues`` (each re-arming its watches), every read of a kind sent

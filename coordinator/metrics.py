@@ -90,6 +90,10 @@ class DaemonStats:
     # moved, and the transactions that moved them
     spread_moves: int = 0
     spread_batches: int = 0
+    # the daemon's spread passes run, and those not run: nothing they read changed since a pass
+    # that found the heads even
+    spread_passes: int = 0
+    spread_skipped: int = 0
     # absent groups (coordinator/away.py): idle queues' moves put off while their group may
     # come back (each queue once per absence), those that kept their head (the group came
     # back), absences that ended within the grace, groups away now, and the probes' answers

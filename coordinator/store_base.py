@@ -126,6 +126,7 @@ class WrittenStates:
         self._lock = threading.Lock()
         self._states: dict[str, tuple[QueueState, StateVersion]] = {}
         self._leading = False
+        self.changes = 0  # one more each time a state is kept, replaced or dropped (a spread pass's skip)
 
     def leading(self, on: bool) -> None:
         """This process's daemon leads (``on``) or no longer does: then the creations kept and
@@ -134,6 +135,7 @@ class WrittenStates:
             self._leading = on
             if not on:
                 self._states = {q: held for q, held in self._states.items() if held[1].znode > 0}
+                self.changes += 1
 
     def created(self, queue: str, state: QueueState, deletions: int) -> None:
         """``queue`` was created with ``state`` (its node at version 0) after the deletion
@@ -142,12 +144,14 @@ class WrittenStates:
         with self._lock:
             if self._leading:
                 self._states[queue] = (state, StateVersion(0, deletions))
+                self.changes += 1
 
     def note(self, queue: str, state: QueueState, version: StateVersion) -> None:
         with self._lock:
             held = self._states.get(queue)
             if held is None or held[1].znode < version.znode or held[1].deletions < version.deletions:
                 self._states[queue] = (state, version)
+                self.changes += 1
 
     def seen(self, queue: str, version: StateVersion) -> None:
         """``queue``'s state was read at ``version``: what was written before it is no news,
@@ -157,6 +161,7 @@ class WrittenStates:
             held = self._states.get(queue)
             if held is not None and (held[1].znode <= version.znode or held[1].deletions < version.deletions):
                 del self._states[queue]
+                self.changes += 1
 
     def get(self, queue: str) -> tuple[QueueState, StateVersion] | None:
         with self._lock:
@@ -176,7 +181,8 @@ class WrittenStates:
     def forget(self, queue: str) -> None:
         """``queue`` was deleted: what was kept of it is no state of any queue now."""
         with self._lock:
-            self._states.pop(queue, None)
+            if self._states.pop(queue, None) is not None:
+                self.changes += 1
 
 
 class ZkBase:

@@ -29,8 +29,7 @@ def collector_on() -> Iterator[None]:
     gc.enable()
     yield
     gc.set_threshold(*thresholds)
-    if not was:
-        gc.disable()
+    (gc.enable if was else gc.disable)()  # (a test that turned it off leaves it as it was)
 
 
 class Collections:

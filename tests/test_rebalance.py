@@ -5,6 +5,8 @@ is a roll to another group of the send list."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -144,3 +146,128 @@ def test_a_spread_pass_pauses_while_a_group_is_away_and_not_judged_dead() -> Non
     assert spread_paused({"g2": 0.0, "g3": 0.0}, three - {"g1"}, {"g1": Verdict.HELD})
     assert not spread_paused({"g2": 0.0, "g3": 0.0}, three - {"g1"}, {"g1": Verdict.DEAD})
     assert not spread_paused({"g2": 0.0}, frozenset({"g2", "g3"}), {})  # g3 new: not a pause
+
+
+def test_a_spread_pass_is_not_run_again_while_nothing_it_reads_changed(monkeypatch, caplog) -> None:
+    """Issue 43: at 10^5 queues a spread pass costs the leader ~0.45-0.75 s of CPU, and ran
+    every 2 s also when nothing had changed since a pass that found the heads even (scale43q).
+    It runs again only once the copies (a watch, a read at a new version), this process's
+    writes or the settled groups changed; a re-read of an unchanged state (the sweep's) is no
+    change. Pure: the daemon's pass over a view of stubs (no ZooKeeper). Failing first: on the
+    old code every call ran a pass (``spread_rows`` 2 times, not 1, after the second call)."""
+    import types
+
+    from kazoo.protocol.states import EventType
+
+    from ordq.coordinator import daemon_spread
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import DaemonView, QueueEntry
+    from ordq.coordinator.store_base import WrittenStates
+    from ordq.coordinator.store_values import StateVersion, json_bytes
+
+    passes: list[int] = []
+
+    def counted(entries, mine):  # type: ignore[no-untyped-def]
+        passes.append(1)
+        return spread_rows(entries, mine)
+
+    spread_rows = daemon_spread.spread_rows
+    monkeypatch.setattr(daemon_spread, "spread_rows", counted)
+    written = WrittenStates()
+    store = types.SimpleNamespace(written=written, paths=types.SimpleNamespace(queues="/ordq/queues"),
+                                  _wait=lambda request: request)
+    daemon = CoordinatorDaemon(store, identifier="skip")  # type: ignore[arg-type]
+    view = DaemonView(store, lambda: None)  # type: ignore[arg-type]
+    states = {f"q{i}": queue(f"q{i}", GROUPS[i % 3]) for i in range(6)}  # two heads each: even
+    view.entries = {q: QueueEntry(state=s, version=1, stale=set()) for q, s in states.items()}
+    view.live = frozenset(GROUPS)
+    daemon._live_since = dict.fromkeys(GROUPS, 0.0)  # settled long ago
+    clock = iter(range(100, 10_000, 3))  # each pass 3 s after the last (REBALANCE_INTERVAL_S: 2 s)
+
+    def spread_pass() -> int:
+        daemon._spread_pass(view, float(next(clock)))
+        return len(passes)
+
+    assert spread_pass() == 1
+    assert spread_pass() == 1  # nothing changed: no pass (the old code: 2)
+    # the sweep reads q0 again: the same version, no change
+    view._take("q0", "state", (json_bytes(states["q0"].to_dict()), types.SimpleNamespace(version=1)), 0)
+    assert spread_pass() == 1
+    # q0's state changed (its watch): a pass, which waits for the read; then the read of the new version
+    view._on_queue_node(types.SimpleNamespace(path="/ordq/queues/q0/state", type=EventType.CHANGED))
+    assert spread_pass() == 2
+    view.entries["q0"].stale.discard("state")  # (as ``_read_queues`` does as it sends the read)
+    view._take("q0", "state", (json_bytes(states["q0"].to_dict()), types.SimpleNamespace(version=2)), 0)
+    assert spread_pass() == 3
+    assert spread_pass() == 3
+    written.note("q1", states["q1"], StateVersion(2, 0))  # this process wrote q1
+    assert spread_pass() == 4
+    assert spread_pass() == 4
+    view.live = frozenset(GROUPS[:2])  # a group gone (judged dead: no verdict waits)
+    assert spread_pass() == 4  # (the pass after it went pauses: ``spread_paused``)
+    assert spread_pass() == 5  # the settled groups changed
+    assert (daemon.stats.spread_passes, daemon.stats.spread_skipped) == (5, 4)
+    # said once a minute at most (the first pass at 100 s began the count)
+    caplog.set_level(logging.INFO, logger="ordq.coordinator")
+    daemon._spread_pass(view, 161.0)
+    assert [r.getMessage() for r in caplog.records if "passes in" in r.getMessage()] == [
+        "heads spread back: 5 passes in 61 s, 4 more not run (nothing they read changed since a pass found the "
+        "heads even)"]
+
+
+def test_spread_passes_that_found_the_heads_uneven_are_run_again() -> None:
+    """The skip (above) only follows a pass that found the heads even: one that found them
+    uneven runs again 2 s later even when nothing changed (its busy queues may be idle by then)."""
+    import types
+
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import DaemonView, QueueEntry
+    from ordq.coordinator.store_base import WrittenStates
+
+    store = types.SimpleNamespace(written=WrittenStates(), paths=types.SimpleNamespace(queues="/ordq/queues"))
+    daemon = CoordinatorDaemon(store, identifier="uneven")  # type: ignore[arg-type]
+    view = DaemonView(store, lambda: None)  # type: ignore[arg-type]
+    view.entries = {f"q{i}": QueueEntry(state=queue(f"q{i}", "g1"), version=1, stale=set()) for i in range(4)}
+    view.live = frozenset(GROUPS)
+    daemon._live_since = dict.fromkeys(GROUPS, 0.0)
+    daemon._written = {f"q{i}": 1e9 for i in range(4)}  # all busy: nothing may move
+    for at in (100.0, 103.0, 106.0):
+        daemon._spread_pass(view, at)
+    assert (daemon.stats.spread_passes, daemon.stats.spread_skipped) == (3, 0)
+
+
+def test_a_spread_pass_runs_with_the_collector_held(monkeypatch) -> None:
+    """Issue 43: the pass's rows (~4 containers a queue, ~400,000 at 10^5) live through the pass;
+    with the collector on, the young collections they trigger promote them (scale43q). The pass
+    runs with it held (``daemon_gc.collections_held``), and it is back on after. Failing first:
+    on the old code the plan saw the collector on."""
+    import gc
+    import types
+
+    from ordq.coordinator import daemon_spread
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import DaemonView, QueueEntry
+    from ordq.coordinator.store_base import WrittenStates
+
+    seen: list[bool] = []
+    spread_heads = daemon_spread.spread_heads
+
+    def noting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(gc.isenabled())
+        return spread_heads(*args, **kwargs)
+
+    monkeypatch.setattr(daemon_spread, "spread_heads", noting)
+    store = types.SimpleNamespace(written=WrittenStates(), paths=types.SimpleNamespace(queues="/ordq/queues"))
+    daemon = CoordinatorDaemon(store, identifier="held")  # type: ignore[arg-type]
+    view = DaemonView(store, lambda: None)  # type: ignore[arg-type]
+    view.entries = {f"q{i}": QueueEntry(state=queue(f"q{i}", GROUPS[i % 3]), version=1, stale=set()) for i in range(3)}
+    view.live = frozenset(GROUPS)
+    daemon._live_since = dict.fromkeys(GROUPS, 0.0)
+    was = gc.isenabled()
+    gc.enable()  # (whatever an earlier test of this process left)
+    try:
+        daemon._spread_pass(view, 100.0)
+        assert seen == [False]
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
