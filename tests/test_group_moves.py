@@ -129,3 +129,26 @@ def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore
     store.set_group_drained("g3", True)
     done, left = store.apply_batch([(m.queue, m.version, m.after) for m in again], group_versions)
     assert done == [] and sorted(left) == sorted(m.queue for m in again)
+
+
+@pytest.mark.zk
+def test_apply_batch_leaves_out_every_moved_queue_however_many_and_writes_the_rest(store: ZkStore) -> None:
+    """More queues moved meanwhile than ``apply_batch`` makes attempts: ZooKeeper names one
+    failing write per transaction, so the moved ones are found by one round of reads, and the
+    others are still written (before: after 8 attempts the whole transaction was left, and its
+    queues failed over one by one much later: scale43r's 200 queues at 10^5)."""
+    add_live_groups(store, GROUPS)
+    names = [f"m{i:02d}" for i in range(20)]
+    for q in names:
+        store.create_queue(q, ["g1", "g2", "g3"])
+    _, group_versions = store._drained_with_versions(GROUPS)
+    moves = plan_moves([(q, *store.load_state_to_write(q), G1_DEAD) for q in names], busy=set())
+    moved = names[::2] + names[1:5:2]  # 12 of 20, more than the 8 attempts
+    for q in moved:
+        store.apply(q, lambda s, f: sm.fail_over(s, "g1", 0, G1_DEAD))
+    done, left = store.apply_batch([(m.queue, m.version, m.after) for m in moves], group_versions)
+    assert sorted(left) == sorted(moved)
+    assert sorted(done) == sorted(set(names) - set(moved))
+    for m in moves:
+        if m.queue in done:
+            assert store.load_state(m.queue)[0] == m.after
