@@ -283,7 +283,7 @@ class WritePath:
                 raise ConfigError(f"replicated LAC {lac} of {short(queue)}/{seg} is past this copy's end {most}")
             if lac >= 0:
                 s.replica.peer_progress(lac)
-                self.shared.changed()
+                self.shared.lac_moved((s,))
             if s.replica.sealed:
                 # Sealed here first (the Seal protocol reached us before these in-flight
                 # batches): ignore them; the protocol copies any difference from the master.
@@ -439,8 +439,10 @@ class WritePath:
                     s.first_write.synced = time.monotonic()
             else:
                 self._fail_segment(s, error or DiskFull("write failed"))
-            if error is not None or s.replica.lac != lac or self._held:
+            if error is not None:
                 self.shared.changed()
+            elif s.replica.lac != lac or self._held:
+                self.shared.lac_moved((s,) if s.replica.lac != lac else ())
             else:
                 # Usually the slave's answer, not this sync, moves the LAC: waking the loop
                 # for nothing would cost a wake-up per batch. Fence/Seal wait here on _cv.
