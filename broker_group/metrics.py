@@ -46,6 +46,8 @@ _COUNTERS = {
     "fetches": ("ordq_broker_fetch_requests", "Fetch answers served (a Fetch call, or one answer on a Read stream)"),
     "read_link_streams": ("ordq_broker_read_link_streams", "Read streams served on the lean link (each ended by "
                           "its end frame, as a gRPC Read call ends)"),
+    "read_wakeups": ("ordq_broker_read_wakeups", "Times a waiting reader woke (a LAC move of its segment, another "
+                     "change of the broker's, or its long poll's deadline)"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),
