@@ -39,6 +39,7 @@ from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replication import serve_replicate
 from ordq.broker_group.request_time import RequestTime, timed
 from ordq.broker_group.shared import Shared
+from ordq.broker_group.token_calls import OpenCalls
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
 from ordq.common.errors import ConfigError, OrdqError
 from ordq.common.loop import StepTimeout
@@ -71,6 +72,7 @@ class Parts:
     request_time: RequestTime
     health: Callable[[], pb.HealthResponse]
     finder: Finder
+    calls: OpenCalls  # each token's calls open at once (token_calls.py)
 
 
 def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
@@ -95,28 +97,44 @@ async def _metered(b: Parts, context: Context, run: Callable[[], Any]) -> Any:
     asleep; when the wait would pass ``max_delay_ms`` the call waits that long and is refused
     (typed, counted, retriable; at once past ``max_held`` waiting calls of the token). Decided
     on the headers, before the request is read: an abuser's refused call costs its share,
-    not its body. Calls without a token (the group's peers) are not charged."""
+    not its body. A token holding ``max_calls_per_token`` calls open already is refused at
+    once (token_calls.py). Calls without a token (the group's peers) are neither charged
+    nor counted."""
     rt = b.request_time
     token = token_holder(context)
-    if token is None or rt.config.share is None:
+    if token is None:
         return await run()
-    now = time.monotonic()
-    wait, refuse = rt.admit(token, now)
-    rt.charge(token, rt.config.call_cost_us / 1e6, now)
-    if wait:
-        rt.enter(token)
-        try:
-            await asyncio.sleep(wait)
-        finally:
-            rt.leave(token)
-    if refuse:
-        exc = ResourceExhausted(b.shared.address, "request time", int(rt.config.share * 1000),
-                                f"this token took more than its share of the broker's request time "
-                                f"({rt.config.share:g} s per s); retry in "
-                                f"{rt.delay_s(token, time.monotonic()):.1f} s")
+    if not b.calls.enter(token):
+        limit = b.calls.limit
+        exc = ResourceExhausted(b.shared.address, "calls", limit,
+                                f"this token holds {limit} calls open on this broker already (Read streams, "
+                                "long polls, produce streams): close some first")
+        b.shared.stats.token_calls_refused += 1
         b.shared.count_refused(exc)
         await abort(context, exc)
-    return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
+    try:
+        share = rt.config.share
+        if share is None:
+            return await run()
+        now = time.monotonic()
+        wait, refuse = rt.admit(token, now)
+        rt.charge(token, rt.config.call_cost_us / 1e6, now)
+        if wait:
+            rt.enter(token)
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                rt.leave(token)
+        if refuse:
+            exc = ResourceExhausted(b.shared.address, "request time", int(share * 1000),
+                                    f"this token took more than its share of the broker's request time "
+                                    f"({share:g} s per s); retry in "
+                                    f"{rt.delay_s(token, time.monotonic()):.1f} s")
+            b.shared.count_refused(exc)
+            await abort(context, exc)
+        return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
+    finally:
+        b.calls.leave(token)
 
 
 async def hold_stream(b: Parts, token: str | None) -> None:

@@ -48,6 +48,8 @@ _COUNTERS = {
                           "its end frame, as a gRPC Read call ends)"),
     "read_wakeups": ("ordq_broker_read_wakeups", "Times a waiting reader woke (a LAC move of its segment, another "
                      "change of the broker's, or its long poll's deadline)"),
+    "token_calls_refused": ("ordq_broker_token_calls_refused", "Calls refused because their token held "
+                            "max_calls_per_token calls open on this broker already"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),

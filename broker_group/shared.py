@@ -172,6 +172,8 @@ class BrokerStats:
     seal_many_calls: int = 0
     seal_many_segments: int = 0
     seal_many_syncs: int = 0
+    # calls refused because their token held max_calls_per_token open already (token_calls.py)
+    token_calls_refused: int = 0
     refused: dict[str, int] = attrs.field(factory=dict)  # requests refused, by error kind (metrics)
 
 

@@ -458,3 +458,93 @@ def test_one_find_request_looks_at_each_segment_once_at_most(cluster: Cluster) -
         client.close()
         counters.close()
     assert refused.get("ConfigError", 0) >= 1, refused
+
+
+IDLE_STREAMS = 1200  # more than the calls the server admits at once (max_concurrent_rpcs 1,024)
+
+
+def test_one_tokens_idle_read_streams_cannot_take_the_calls_its_neighbours_need(cluster: Cluster) -> None:
+    """fast39r (issue 39): an idle Read stream costs a broker next to nothing (64 KiB of budget
+    room kept between answers, charged to its token; no thread; a wake-up only when its own
+    segment moves), so a consume token can open very many. The memory budget bounds their
+    room (32 MiB a token); but the calls the server admits at once are one pool for every
+    caller (``max_concurrent_rpcs``, 1,024), and once one token's idle streams held them all,
+    gRPC refused everyone's next call at once, untyped (a neighbour's Fetch: "Concurrent RPC
+    limit exceeded"). Guard: a token holds at most ``max_calls_per_token`` (256) calls open on
+    a broker; its next are refused at once, typed (ResourceExhausted "calls") and counted. A
+    neighbour (another token) reading and producing on the same master is never refused, its
+    producer keeps being acked, and the abuser's streams hold at most 256 x 64 KiB."""
+    from ordq.common.errors import OrdqError
+    from ordq.common.security import register
+    from ordq.coordinator.tokens import create_token
+    from ordq.wire.errors import ResourceExhausted
+
+    cluster.add_groups("g1")
+    cluster.create_queue("a", ["g1"])
+    cluster.create_queue("b", ["g1"])
+    fill = cluster.producer(n=10, queue="a", writer="A", rate=None)  # each stream gets one answer, keeps its room
+    fill.start()
+    fill.join(60)
+    _, writer = create_token(cluster.store.client, cluster.root, {"b": ["produce"]}, "the neighbour's producer")
+    abuser, other, address = _consumer_and_neighbour(cluster, "a")
+    register(cluster.hosts, cluster.root, attrs.evolve(cluster.credentials, token=writer))  # the load producer's
+    neighbour = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=other))
+    producer = cluster.producer(n=10**9, queue="b", writer="B", rate=200, send_timeout_s=20.0)
+    producer.start()
+    wait_until(lambda: len(producer.acked) >= 100, timeout_s=30, what="the neighbour's producer acked")
+    wait_until(lambda: neighbour.fetch(address, "b", 0, 0, max_bytes=1, max_wait_ms=0) is not None, timeout_s=20,
+               what="the neighbour's token loaded")
+
+    # The abuser: idle Read streams at a's last message (one answer each, then a long poll), on
+    # connections of 100 streams each (max_streams_per_connection), never read.
+    channels = [security_channel(address, cluster.credentials, [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(IDLE_STREAMS // 100)]
+    idle = pb.FetchRequest(queue="a", seg=0, offset=9, max_bytes=1 << 20, max_wait_ms=30_000, known_end=-1,
+                           stream_ms=60_000)
+    meta = (("authorization", f"Bearer {abuser}"),)
+    neighbour_refused: list[str] = []
+    try:
+        calls = [pb_grpc.BrokerStub(channels[i % len(channels)]).Read(idle, metadata=meta, timeout=90)
+                 for i in range(IDLE_STREAMS)]
+        # Past what one token may hold, calls end at once (refused): wait for those.
+        wait_until(lambda: sum(c.done() for c in calls) >= IDLE_STREAMS - 1000, timeout_s=60, interval_s=0.1,
+                   what="the abuser's calls past its limit ended")
+        acked = len(producer.acked)
+        # The neighbour reads b throughout, a call every 50 ms for 3 s: never refused.
+        until = time.monotonic() + 3.0
+        served = 0
+        while time.monotonic() < until:
+            try:
+                neighbour.fetch(address, "b", 0, 0, max_bytes=1, max_wait_ms=0)
+                served += 1
+            except OrdqError as exc:
+                neighbour_refused.append(repr(exc))
+            time.sleep(0.05)
+        print(f"neighbour: {served} fetches served, refused {neighbour_refused[:3]} ({len(neighbour_refused)})")
+        assert not neighbour_refused, f"the neighbour's reads were refused: {neighbour_refused[:3]}"
+        wait_until(lambda: len(producer.acked) > acked + 100, timeout_s=20, what="the neighbour's producer acked")
+        outcomes: dict[str, int] = {}
+        for c in calls:
+            if c.done():
+                err = from_rpc_error(c, address)
+                what = f"ResourceExhausted {err.resource}" if isinstance(err, ResourceExhausted) else repr(err)[:80]
+            else:
+                what = "open"
+            outcomes[what] = outcomes.get(what, 0) + 1
+        print(f"abuser's {IDLE_STREAMS} streams: {outcomes}")
+        stats = json.loads(neighbour.health(address).stats_json)
+    finally:
+        for ch in channels:
+            ch.close()
+        neighbour.close()
+    print(f"master: token calls {stats['token_calls']}, refused {stats['refused']}, budget {stats['budget']}")
+    assert outcomes.get("open", 0) <= 256 and outcomes.get("ResourceExhausted calls", 0) >= IDLE_STREAMS - 256, \
+        outcomes
+    assert stats["token_calls_refused"] >= IDLE_STREAMS - 256
+    assert stats["refused"].get("ResourceExhausted", 0) >= IDLE_STREAMS - 256
+    assert stats["token_calls"]["most"] <= 256
+    # What the abuser's streams held at the peak: each its room (64 KiB), under a token's share.
+    assert stats["budget"]["peak_bytes"] <= 256 * (64 << 10) + (8 << 20), stats["budget"]
+    pstats = producer.statistics()
+    assert pstats is not None and pstats.failovers == 0, f"the neighbour's producer failed over: {pstats}"
+    producer.stop()
