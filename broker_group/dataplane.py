@@ -4,7 +4,8 @@ Guarantee: the same as broker_group/service.py's: acks in order, each only when 
 replicas synced its batch. What this module adds is where the work runs:
 - Produce: one task reads the stream and places each request's batches (on the loop, with
   the slave's forward queued at once); the handler itself answers with acks whenever the
-  LAC moves (the replication reader or the sync thread fires ``Shared.signal``). No thread
+  LAC of the segment it owes acks of moves (the replication reader or the sync thread:
+  ``Shared.lac_moved``; never woken by another queue's, ``WritePath.ack_signals``). No thread
   stands between a request arriving and its ack leaving but the sync thread's fdatasync, and
   none at all for a lone small request (committed on the loop: write_path.LOOP_SYNC_BYTES).
 - Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
@@ -42,7 +43,7 @@ from ordq.broker_group.shared import Shared
 from ordq.broker_group.token_calls import OpenCalls
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
 from ordq.common.errors import ConfigError, OrdqError
-from ordq.common.loop import StepTimeout
+from ordq.common.loop import Alarm, Signal, StepTimeout
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
@@ -88,6 +89,10 @@ def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
 
 
 SERVICE = "ordq.v1.Broker"
+# A produce stream looks at its acks at least this often. Every change that can release one
+# wakes it (WritePath.ack_signals); a wait that ends here with acks due is counted
+# (``produce_late_acks``): it would be a wake-up missed, and is logged.
+PRODUCE_RECHECK_S = 1.0
 SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
 
 
@@ -256,7 +261,9 @@ class _Handlers:
 
 async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
     """Master: acks for one produce stream, in order, as the LAC covers their batches."""
-    stream = ProduceStreamState()
+    stream = ProduceStreamState(wake=Signal(b.shared.loop))
+    alarm = Alarm()  # one timer for the stream's waits (PRODUCE_RECHECK_S)
+    late = False  # the last wait ended at its recheck, no signal
     with b.shared.cv:
         b.write.streams.add(stream)
     token = token_holder(context)
@@ -272,6 +279,12 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 error, finished = stream.error, stream.done and not stream.pending
                 if ready:
                     b.shared.stats.ack_writes += 1
+                    if late:  # (or the timer rang in the same loop turn as the signal's fire)
+                        b.shared.stats.produce_late_acks += 1
+                        log.warning("a produce stream's acks were due and it was not woken (found at its %g s "
+                                    "recheck)", PRODUCE_RECHECK_S)
+                late = False
+                signals = b.write.ack_signals(stream)
             if ready:
                 await context.write(pb.ProduceResponse(acks=ready))
                 if stream.first_write is not None:  # a new segment's first ack went out: how long it took
@@ -283,8 +296,10 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 await abort(context, error)
             if finished or b.shared.stopping:
                 return
-            await b.shared.signal.wait()
+            late = not await alarm.wait(time.monotonic() + PRODUCE_RECHECK_S, *signals)
+            b.shared.stats.produce_wakeups += 1
     finally:
+        alarm.close()
         reader.cancel()
         with b.shared.cv:
             b.write.streams.discard(stream)

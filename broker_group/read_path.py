@@ -128,7 +128,7 @@ class ReadPath:
                     wait_s: float | None = None) -> Answer:
         """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
         long-polling while nothing is readable (woken by its segment's LAC moves and the
-        broker's other changes, not by other segments' LAC moves: ``Shared.read_signals``).
+        broker's other changes, not by other segments' LAC moves: ``Shared.segment_signals``).
         With an ``account`` the answer is charged to its lease (shorter when the budget has
         less room; waiting up to ``wait_s`` for room, then ResourceExhausted) and its cost to
         its token; the caller gives the room back once the answer is sent
@@ -152,7 +152,7 @@ class ReadPath:
         while s is None and not shared.stopping:
             if deadline <= time.monotonic():
                 break
-            await alarm.wait(deadline, shared.reads)  # a segment added here: ``changed``
+            await alarm.wait(deadline, shared.changes)  # a segment added here: ``changed``
             shared.stats.read_wakeups += 1
             s = shared.segments.get(key)
         if s is None:
@@ -160,7 +160,7 @@ class ReadPath:
         r = s.replica
         while True:
             with shared.cv:
-                signals = shared.read_signals(s)
+                signals = shared.segment_signals(s)
                 if s.corrupt is not None:
                     raise s.corrupt
                 if (r.sealed and known_end is not None and req.offset >= r.local_synced

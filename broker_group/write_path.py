@@ -30,6 +30,7 @@ from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common import stages
 from ordq.common.errors import ClosedError, ConfigError, CorruptLog, DiskFull, MessageTooLarge, OrdqError
+from ordq.common.loop import Signal
 from ordq.common.stages import stamp
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
@@ -56,6 +57,9 @@ class ProduceStreamState:
     done: bool = False
     # A new segment's first ack was taken: its timing, for the handler to log once written
     first_write: FirstWrite | None = None
+    # Fired when acks may be due that no LAC move will announce: the first batch placed on a
+    # stream that owed none (its handler waited on no segment), a resent batch (``ack_signals``)
+    wake: Signal | None = None
 
 
 class WritePath:
@@ -165,6 +169,7 @@ class WritePath:
         on_loop: list[bytes] = []  # a lone small request's batches: committed here, not by the sync thread
         wake_sync = False  # the sync thread has batches to commit
         with self.shared.cv:
+            owed_none = not stream.pending  # its handler waits on no segment's LAC (ack_signals)
             # Alone: nothing else is unsynced here or unanswered by the slave (no ack waits
             # behind this commit while it holds the loop), the batches reach the slave before
             # the commit starts (the lean link writes at once; gRPC's sender would wait for it),
@@ -203,8 +208,8 @@ class WritePath:
                 if s.pending and s not in self._dirty:
                     self._dirty.append(s)
                 wake_sync = True
-            if resent:
-                self.shared.signal.fire()
+            if (resent or owed_none) and stream.wake is not None:
+                stream.wake.fire()
         try:
             link.flush()  # to the slave now (lean link), or by the sender as soon as this task yields
         finally:
@@ -488,6 +493,16 @@ class WritePath:
             if stream.error is None and (only is None or any(only(seg) for seg, _ in stream.pending)):
                 stream.error = error
         self.shared.changed()
+
+    def ack_signals(self, stream: ProduceStreamState) -> tuple[Signal, ...]:
+        """Caller holds _cv: what the stream's handler waits on for its next acks: the LAC of
+        the segment of its first ack owed (acks go in order: no other can be released first),
+        the broker's other changes (``Shared.changes``: a failed segment or link, a stop, the
+        stream's end) and its own ``wake``; never another queue's LAC moves (issue 39)."""
+        own = () if stream.wake is None else (stream.wake,)
+        if not stream.pending:
+            return (*own, self.shared.changes)
+        return (*own, *self.shared.segment_signals(stream.pending[0][0]))
 
     def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
         """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,

@@ -1,8 +1,9 @@
-"""A reader waits on its own segment (issue 39): a Fetch long poll or a Read stream waiting for
-data is woken by its segment's LAC moves and by the broker's other changes (a seal, a removal,
-a corrupt copy, a stop: ``Shared.changed``), never by another queue's LAC moves. Until then
-the broker had one signal: beside a producer at 2,000 msgs/s on one queue, every caught-up
-reader of every other queue woke hundreds of times a second.
+"""A reader or a produce stream waits on its own segment (issue 39): a Fetch long poll or a
+Read stream waiting for data, and a produce stream waiting for acks, are woken by the LAC moves
+of the segment they wait on and by the broker's other changes (a seal, a removal, a corrupt
+copy, a failed link, a stop: ``Shared.changed``), never by another queue's LAC moves. Until
+then the broker had one signal: beside a producer at 2,000 msgs/s on one queue, every caught-up
+reader and every produce stream of every other queue woke hundreds of times a second.
 
 The first test runs a real read path over a segment log on disk in this process
 (bench/bench_read_answers.py); the second real broker processes (a master and its slave) and
@@ -11,6 +12,7 @@ real ZooKeeper, the master's wake-ups read from its counters."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import json
 import threading
 import time
@@ -41,7 +43,7 @@ def test_a_long_poll_wakes_for_its_own_segment_and_every_broker_change_never_for
         stats = shared.stats
 
         def waiting() -> bool:
-            return segment.readers is not None and bool(segment.readers._waiters)  # noqa: SLF001
+            return segment.lac_signal is not None and bool(segment.lac_signal._waiters)  # noqa: SLF001
 
         async def run() -> None:
             loop = asyncio.get_running_loop()
@@ -85,7 +87,7 @@ def test_a_long_poll_wakes_for_its_own_segment_and_every_broker_change_never_for
 
 
 @pytest.mark.zk
-def test_a_read_stream_of_one_queue_sleeps_through_a_neighbour_queues_acks_on_a_real_master(
+def test_a_read_stream_and_produce_streams_of_one_queue_sleep_through_a_neighbour_queues_acks_on_a_real_master(
         cluster: Cluster) -> None:
     cluster.add_groups("g1")
     cluster.create_queue("a", ["g1"])
@@ -104,7 +106,15 @@ def test_a_read_stream_of_one_queue_sleeps_through_a_neighbour_queues_acks_on_a_
         return dict(json.loads(cluster.transport.health(address).stats_json))
 
     ch = security_channel(address, cluster.credentials, GRPC_OPTIONS)
+    idle_writes: list[queue.SimpleQueue[pb.ProduceRequest | None]] = []
+    held: list[object] = []  # the idle produce calls (a dropped call object is cancelled)
     try:
+        # 10 produce streams of a, open and never written (as the noisy-neighbour drill's abuser's)
+        for _ in range(10):
+            requests: queue.SimpleQueue[pb.ProduceRequest | None] = queue.SimpleQueue()
+            idle_writes.append(requests)
+            held.append(pb_grpc.BrokerStub(ch).Produce(iter(requests.get, None), timeout=60))
+        wait_until(lambda: stats()["produce_wakeups"] >= 10, timeout_s=10, what="the idle produce streams waiting")
         before = stats()
         # A caught-up reader of a: a Read stream at a's end, long-polling (20 s).
         stream = pb_grpc.BrokerStub(ch).Read(pb.FetchRequest(queue="a", seg=0, offset=1, max_bytes=1 << 20,
@@ -114,16 +124,25 @@ def test_a_read_stream_of_one_queue_sleeps_through_a_neighbour_queues_acks_on_a_
         waiting = stats()
         # A neighbour producer on b, one batch at a time: each ack is a LAC move of b.
         neighbour = cluster.producer(n=400, queue="b", writer="B", rate=400)
+        t_load = time.monotonic()
         neighbour.start()
         neighbour.join(60)
         assert len(neighbour.acked) == 400 and neighbour.error is None
         after = stats()
+        elapsed = time.monotonic() - t_load
         moves = after["ack_writes"] - waiting["ack_writes"]
         woken = after["read_wakeups"] - waiting["read_wakeups"]
-        print(f"b's produce answers (LAC moves) {moves}; a's reader woken {woken} times")
+        produce_woken = after["produce_wakeups"] - waiting["produce_wakeups"]
+        print(f"b's produce answers (LAC moves) {moves} in {elapsed:.1f} s; a's reader woken {woken} times; "
+              f"produce streams woken {produce_woken} times")
         assert moves >= 100, f"the neighbour's acks came in {moves} answers: too few to tell"
         # A few broker-wide changes (the neighbour's stream opening and ending) wake it; b's LAC moves do not.
         assert woken <= 10, f"a's reader woke {woken} times during {moves} LAC moves of b"
+        # b's own stream wakes for its batches and their acks (up to ~3 a batch); a's 10 idle
+        # streams only at their 1 s recheck. Before: each of the 11 at every LAC move of either queue.
+        assert produce_woken <= 4 * moves + 10 * (elapsed + 2), \
+            f"produce streams woke {produce_woken} times during {moves} LAC moves of b"
+        assert after["produce_late_acks"] == 0, "a produce stream found acks due only at its recheck"
 
         # a's own LAC moves: the stream answers at once.
         got: list[pb.FetchResponse] = []
@@ -136,4 +155,6 @@ def test_a_read_stream_of_one_queue_sleeps_through_a_neighbour_queues_acks_on_a_
         assert time.monotonic() - t0 < 15, "answered at the LAC move, not at the long poll's end"
         stream.cancel()
     finally:
+        for requests in idle_writes:
+            requests.put(None)
         ch.close()

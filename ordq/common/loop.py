@@ -247,17 +247,20 @@ class Alarm(_OneTimer):
         super().__init__()
         self._waiting: asyncio.Future[None] | None = None
         self._due = 0.0  # the deadline of the wait under way
+        self._expired = False  # the wait under way was ended by its deadline, not a signal
 
-    async def wait(self, due: float, *signals: Signal) -> None:
-        """Until the next fire of one of ``signals``, or ``due`` (``time.monotonic()``). As
-        ``Signal.wait``: check the condition just before, with no ``await`` in between."""
+    async def wait(self, due: float, *signals: Signal) -> bool:
+        """Until the next fire of one of ``signals``, or ``due`` (``time.monotonic()``); True
+        when a signal ended it. As ``Signal.wait``: check the condition just before, with no
+        ``await`` in between."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for signal in signals:
             signal._waiters.add(fut)
-        self._waiting, self._due = fut, due
+        self._waiting, self._due, self._expired = fut, due, False
         self._ring_by(due)
         try:
             await fut
+            return not self._expired
         finally:
             self._waiting = None
             for signal in signals:
@@ -267,8 +270,9 @@ class Alarm(_OneTimer):
         return None if self._waiting is None else self._due
 
     def _expire(self) -> None:
-        if self._waiting is not None:
-            _settle(self._waiting)
+        if self._waiting is not None and not self._waiting.done():
+            self._expired = True
+            self._waiting.set_result(None)
 
 
 class StepTimeout(_OneTimer):
