@@ -57,9 +57,12 @@ class ProduceStreamState:
     done: bool = False
     # A new segment's first ack was taken: its timing, for the handler to log once written
     first_write: FirstWrite | None = None
-    # Fired when acks may be due that no LAC move will announce: the first batch placed on a
-    # stream that owed none (its handler waited on no segment), a resent batch (``ack_signals``)
+    # Fired when acks may be due that no LAC move it waits on will announce: a batch placed in
+    # another segment than the one its handler waits on while it owed none, a resent batch
     wake: Signal | None = None
+    # The segment whose LAC moves its handler waits on (``WritePath.ack_signals``): that of its
+    # first ack owed, or, owing none, of its last (a stream's next batch usually goes there too)
+    waits_on: Segment | None = None
 
 
 class WritePath:
@@ -169,7 +172,8 @@ class WritePath:
         on_loop: list[bytes] = []  # a lone small request's batches: committed here, not by the sync thread
         wake_sync = False  # the sync thread has batches to commit
         with self.shared.cv:
-            owed_none = not stream.pending  # its handler waits on no segment's LAC (ack_signals)
+            # owing none, its handler may wait on another segment's LAC than this one's (ack_signals)
+            elsewhere = not stream.pending and stream.waits_on is not s
             # Alone: nothing else is unsynced here or unanswered by the slave (no ack waits
             # behind this commit while it holds the loop), the batches reach the slave before
             # the commit starts (the lean link writes at once; gRPC's sender would wait for it),
@@ -208,7 +212,7 @@ class WritePath:
                 if s.pending and s not in self._dirty:
                     self._dirty.append(s)
                 wake_sync = True
-            if (resent or owed_none) and stream.wake is not None:
+            if (resent or elsewhere) and stream.wake is not None:
                 stream.wake.fire()
         try:
             link.flush()  # to the slave now (lean link), or by the sender as soon as this task yields
@@ -496,13 +500,16 @@ class WritePath:
 
     def ack_signals(self, stream: ProduceStreamState) -> tuple[Signal, ...]:
         """Caller holds _cv: what the stream's handler waits on for its next acks: the LAC of
-        the segment of its first ack owed (acks go in order: no other can be released first),
-        the broker's other changes (``Shared.changes``: a failed segment or link, a stop, the
-        stream's end) and its own ``wake``; never another queue's LAC moves (issue 39)."""
+        the segment of its first ack owed (acks go in order: no other can be released first;
+        owing none, of its last: ``waits_on``), the broker's other changes (``Shared.changes``:
+        a failed segment or link, a stop, the stream's end) and its own ``wake``
+        (``accept_produce``); never another queue's LAC moves (issue 39)."""
         own = () if stream.wake is None else (stream.wake,)
-        if not stream.pending:
+        if stream.pending:
+            stream.waits_on = stream.pending[0][0]
+        if stream.waits_on is None:
             return (*own, self.shared.changes)
-        return (*own, *self.shared.segment_signals(stream.pending[0][0]))
+        return (*own, *self.shared.segment_signals(stream.waits_on))
 
     def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
         """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,
