@@ -12,8 +12,8 @@ real ZooKeeper, the master's wake-ups read from its counters."""
 from __future__ import annotations
 
 import asyncio
-import queue
 import json
+import queue
 import threading
 import time
 
