@@ -10,9 +10,9 @@ The stream's call is a stand-in that takes every answer at once (no gRPC, no TLS
 measured is the stream's own bookkeeping, its read and its encoding). The stream shows a
 token, as an application's consumer does; it is the only token (not contended), as in
 ``bench_e2e --token``. Streams are opened again as the SDK's reader does (1 s each,
-``--wait-ms`` long polls). ``--wakes N``: the stream is woken N times more before each batch
-is readable (a master's loop fires its signal about once a batch at the steady rate, when the
-slave's answer moves the LAC: 0 by default).
+``--wait-ms`` long polls). ``--wakes N``: another queue's LAC moves N times before each batch
+is readable (a neighbour producer's acks; until issue 39's per-segment signal each move woke
+every waiting reader of the broker: 0 by default).
 
 Prints, per answer: the loop thread's CPU less the feeder's own (µs: the stream's steps and
 what they cost the loop, its wake-ups and timers), the feeder's (the same on every tree: a
@@ -86,6 +86,10 @@ class StreamBench:
         self.log = seglog.SegmentLog.open(folder, QUEUE, 0, create=True)
         self.segment = Segment(replica=SegmentReplica(QUEUE, 0, Role.MASTER), directory=folder, log=self.log)
         self.shared.segments[(QUEUE, 0)] = self.segment
+        # Another queue on the same broker, whose LAC moves (``--wakes``); no log: never read
+        self.neighbour = Segment(replica=SegmentReplica(QUEUE + "-neighbour", 0, Role.MASTER), directory=folder,
+                                 log=None)
+        self.shared.segments[self.neighbour.key] = self.neighbour
         self.parts: Any = types.SimpleNamespace(shared=self.shared, read=self.read, request_time=self.rt)
         self.timers = 0
         loop = self.shared.loop.loop
@@ -110,7 +114,13 @@ class StreamBench:
         self.log.sync()
         replica.synced(replica.next_offset)
         replica.peer_progress(replica.next_offset)
-        self.shared.signal.fire()
+        with self.shared.cv:
+            self.shared.lac_moved((self.segment,))
+
+    def neighbour_moved(self) -> None:
+        """Another queue's LAC moved (its producer was acked)."""
+        with self.shared.cv:
+            self.shared.lac_moved((self.neighbour,))
 
     async def serve(self, answers: int, *, rate: float, messages: int, size: int, wakes: int,
                     wait_ms: int, token: str = "bench-token") -> dict[str, float]:
@@ -119,6 +129,7 @@ class StreamBench:
         call = _Call(token)
         cpu0, timers0 = time.thread_time(), self.timers
         grants0, charges0 = self.read.budget.stats.grants, self.rt.stats.charges
+        wakeups0 = self.shared.stats.read_wakeups
         feeder = 0.0  # the feeder's own CPU on the loop (its steps between awaits)
 
         fed = 0  # batches made readable, and answered
@@ -136,7 +147,7 @@ class StreamBench:
                 await asyncio.sleep(max(t0 + i / rate - time.monotonic(), 0.0))
             for _ in range(wakes):
                 c = time.thread_time()
-                self.shared.signal.fire()
+                self.neighbour_moved()
                 feeder += time.thread_time() - c
                 await asyncio.sleep(0)
             c = time.thread_time()
@@ -152,6 +163,7 @@ class StreamBench:
                 "feeder_us": 1e6 * feeder / n, "timers": (self.timers - timers0) / n,
                 "grants": (self.read.budget.stats.grants - grants0) / n,
                 "charges": (self.rt.stats.charges - charges0) / n,
+                "wakeups": (self.shared.stats.read_wakeups - wakeups0) / n,
                 "held_bytes": self.read.budget.stats.used_bytes}
 
     def close(self) -> None:
@@ -176,7 +188,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=500.0, help="answers per second (0: as fast as taken)")
     ap.add_argument("--messages", type=int, default=4, help="messages per batch (one batch an answer)")
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--wakes", type=int, default=0, help="signal fires before each batch is readable")
+    ap.add_argument("--wakes", type=int, default=0, help="another queue's LAC moves before each batch is readable")
     ap.add_argument("--wait-ms", type=int, default=50, help="the reader's long poll (bench_e2e's consumer: 50)")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
@@ -187,7 +199,7 @@ def main() -> None:
             print(f"run {run + 1}: {r['answers']:.0f} answers at {args.rate:g}/s ({args.messages} x {args.size} B "
                   f"each): loop CPU {r['cpu_us']:.1f} µs an answer besides the feeder's {r['feeder_us']:.1f}; per "
                   f"answer {r['timers']:.2f} timers, {r['grants']:.2f} budget grants, {r['charges']:.2f} "
-                  f"request-time charges", flush=True)
+                  f"request-time charges, {r['wakeups']:.2f} reader wake-ups", flush=True)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,10 @@ class BrokerConfig:
     rpc_workers: int = 512
     # Calls beyond this are refused at once (RESOURCE_EXHAUSTED), not queued without bound.
     max_concurrent_rpcs: int = 1024
+    # Calls one token may hold open at once (Read streams, long polls, produce streams); the
+    # next is refused at once, typed (broker_group/token_calls.py): one token's idle streams
+    # must not take every call of max_concurrent_rpcs, past which gRPC refuses everyone's.
+    max_calls_per_token: int = 256
     # CRC-check every batch read from a sealed segment before it is sent (docs/BENCHMARKS.md).
     verify_sealed_reads: bool = True
     # A SealMany made durable with syncfs(2) of the data folder's file system, not a sync per
@@ -87,7 +91,8 @@ class BrokerConfig:
         if self.lac_push_ms <= 0 or self.reconcile_interval_s <= 0:
             raise ConfigError("lac_push_ms and reconcile_interval_s must be > 0")
         if min(self.max_fetch_bytes, self.max_fetch_wait_ms, self.max_inflight_bytes, self.max_streams_per_connection,
-               self.rpc_workers, self.max_concurrent_rpcs, self.max_connections, self.handshake_timeout_ms,
+               self.rpc_workers, self.max_concurrent_rpcs, self.max_calls_per_token, self.max_connections,
+               self.handshake_timeout_ms,
                self.idle_connection_ms, self.max_metadata_bytes) < 1:
             raise ConfigError("broker limits must be >= 1")
 

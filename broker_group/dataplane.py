@@ -4,7 +4,8 @@ Guarantee: the same as broker_group/service.py's: acks in order, each only when 
 replicas synced its batch. What this module adds is where the work runs:
 - Produce: one task reads the stream and places each request's batches (on the loop, with
   the slave's forward queued at once); the handler itself answers with acks whenever the
-  LAC moves (the replication reader or the sync thread fires ``Shared.signal``). No thread
+  LAC of the segment it owes acks of moves (the replication reader or the sync thread:
+  ``Shared.lac_moved``; never woken by another queue's, ``WritePath.ack_signals``). No thread
   stands between a request arriving and its ack leaving but the sync thread's fdatasync, and
   none at all for a lone small request (committed on the loop: write_path.LOOP_SYNC_BYTES).
 - Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
@@ -39,9 +40,10 @@ from ordq.broker_group.repair import Repairer
 from ordq.broker_group.replication import serve_replicate
 from ordq.broker_group.request_time import RequestTime, timed
 from ordq.broker_group.shared import Shared
+from ordq.broker_group.token_calls import OpenCalls
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
 from ordq.common.errors import ConfigError, OrdqError
-from ordq.common.loop import StepTimeout
+from ordq.common.loop import Alarm, Signal, StepTimeout
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
@@ -71,6 +73,7 @@ class Parts:
     request_time: RequestTime
     health: Callable[[], pb.HealthResponse]
     finder: Finder
+    calls: OpenCalls  # each token's calls open at once (token_calls.py)
 
 
 def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
@@ -86,6 +89,10 @@ def add_servicer(parts: Parts, server: grpc.aio.Server) -> None:
 
 
 SERVICE = "ordq.v1.Broker"
+# A produce stream looks at its acks at least this often. Every change that can release one
+# wakes it (WritePath.ack_signals); a wait that ends here with acks due is counted
+# (``produce_late_acks``): it would be a wake-up missed, and is logged.
+PRODUCE_RECHECK_S = 1.0
 SMALL_REQUEST_BYTES = 64 << 10  # a request of a call other than Produce and Replicate
 
 
@@ -95,28 +102,44 @@ async def _metered(b: Parts, context: Context, run: Callable[[], Any]) -> Any:
     asleep; when the wait would pass ``max_delay_ms`` the call waits that long and is refused
     (typed, counted, retriable; at once past ``max_held`` waiting calls of the token). Decided
     on the headers, before the request is read: an abuser's refused call costs its share,
-    not its body. Calls without a token (the group's peers) are not charged."""
+    not its body. A token holding ``max_calls_per_token`` calls open already is refused at
+    once (token_calls.py). Calls without a token (the group's peers) are neither charged
+    nor counted."""
     rt = b.request_time
     token = token_holder(context)
-    if token is None or rt.config.share is None:
+    if token is None:
         return await run()
-    now = time.monotonic()
-    wait, refuse = rt.admit(token, now)
-    rt.charge(token, rt.config.call_cost_us / 1e6, now)
-    if wait:
-        rt.enter(token)
-        try:
-            await asyncio.sleep(wait)
-        finally:
-            rt.leave(token)
-    if refuse:
-        exc = ResourceExhausted(b.shared.address, "request time", int(rt.config.share * 1000),
-                                f"this token took more than its share of the broker's request time "
-                                f"({rt.config.share:g} s per s); retry in "
-                                f"{rt.delay_s(token, time.monotonic()):.1f} s")
+    if not b.calls.enter(token):
+        limit = b.calls.limit
+        exc = ResourceExhausted(b.shared.address, "calls", limit,
+                                f"this token holds {limit} calls open on this broker already (Read streams, "
+                                "long polls, produce streams): close some first")
+        b.shared.stats.token_calls_refused += 1
         b.shared.count_refused(exc)
         await abort(context, exc)
-    return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
+    try:
+        share = rt.config.share
+        if share is None:
+            return await run()
+        now = time.monotonic()
+        wait, refuse = rt.admit(token, now)
+        rt.charge(token, rt.config.call_cost_us / 1e6, now)
+        if wait:
+            rt.enter(token)
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                rt.leave(token)
+        if refuse:
+            exc = ResourceExhausted(b.shared.address, "request time", int(share * 1000),
+                                    f"this token took more than its share of the broker's request time "
+                                    f"({share:g} s per s); retry in "
+                                    f"{rt.delay_s(token, time.monotonic()):.1f} s")
+            b.shared.count_refused(exc)
+            await abort(context, exc)
+        return await timed(run(), lambda seconds: rt.charge(token, seconds, time.monotonic()))
+    finally:
+        b.calls.leave(token)
 
 
 async def hold_stream(b: Parts, token: str | None) -> None:
@@ -238,7 +261,9 @@ class _Handlers:
 
 async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
     """Master: acks for one produce stream, in order, as the LAC covers their batches."""
-    stream = ProduceStreamState()
+    stream = ProduceStreamState(wake=Signal(b.shared.loop))
+    alarm = Alarm()  # one timer for the stream's waits (PRODUCE_RECHECK_S)
+    late = False  # the last wait ended at its recheck, no signal
     with b.shared.cv:
         b.write.streams.add(stream)
     token = token_holder(context)
@@ -254,6 +279,12 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 error, finished = stream.error, stream.done and not stream.pending
                 if ready:
                     b.shared.stats.ack_writes += 1
+                    if late:  # (or the timer rang in the same loop turn as the signal's fire)
+                        b.shared.stats.produce_late_acks += 1
+                        log.warning("a produce stream's acks were due and it was not woken (found at its %g s "
+                                    "recheck)", PRODUCE_RECHECK_S)
+                late = False
+                signals = b.write.ack_signals(stream)
             if ready:
                 await context.write(pb.ProduceResponse(acks=ready))
                 if stream.first_write is not None:  # a new segment's first ack went out: how long it took
@@ -265,8 +296,10 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 await abort(context, error)
             if finished or b.shared.stopping:
                 return
-            await b.shared.signal.wait()
+            late = not await alarm.wait(time.monotonic() + PRODUCE_RECHECK_S, *signals)
+            b.shared.stats.produce_wakeups += 1
     finally:
+        alarm.close()
         reader.cancel()
         with b.shared.cv:
             b.write.streams.discard(stream)

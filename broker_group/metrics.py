@@ -46,6 +46,15 @@ _COUNTERS = {
     "fetches": ("ordq_broker_fetch_requests", "Fetch answers served (a Fetch call, or one answer on a Read stream)"),
     "read_link_streams": ("ordq_broker_read_link_streams", "Read streams served on the lean link (each ended by "
                           "its end frame, as a gRPC Read call ends)"),
+    "produce_wakeups": ("ordq_broker_produce_wakeups", "Times a produce stream's handler woke to look for acks "
+                        "(a LAC move of the segment it owes acks of, its own new batches, another change, or its "
+                        "1 s recheck)"),
+    "produce_late_acks": ("ordq_broker_produce_late_acks", "Times a produce stream found acks due only at its 1 s "
+                          "recheck (a wake-up missed: 0 expected)"),
+    "read_wakeups": ("ordq_broker_read_wakeups", "Times a waiting reader woke (a LAC move of its segment, another "
+                     "change of the broker's, or its long poll's deadline)"),
+    "token_calls_refused": ("ordq_broker_token_calls_refused", "Calls refused because their token held "
+                            "max_calls_per_token calls open on this broker already"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),
     "fetch_messages": ("ordq_broker_fetch_messages", "Messages in the batches returned to readers"),
     "fetch_bytes": ("ordq_broker_fetch_bytes", "Batch bytes returned to readers"),

@@ -121,34 +121,46 @@ class ReadPath:
         keep = self.budget.config.min_grant_bytes if stream else 0
         token = next((h for h in holders if h.startswith(TOKEN)), None)
         rt = self.request_time
-        return ReadAccount(self.lease(holders), Alarm(self.shared.signal),
+        return ReadAccount(self.lease(holders), Alarm(),
                            ChargeSum(lambda seconds: rt.charge(token, seconds, time.monotonic())), keep)
 
     async def fetch(self, req: pb.FetchRequest, account: ReadAccount | None = None, *,
                     wait_s: float | None = None) -> Answer:
         """On the loop: whole batches from (seg, offset) up to the LAC or the sealed end,
-        long-polling (on ``signal``) while nothing is readable. With an ``account`` the
-        answer is charged to its lease (shorter when the budget has less room; waiting up to
-        ``wait_s`` for room, then ResourceExhausted) and its cost to its token; the caller
-        gives the room back once the answer is sent (``ReadAccount.sent``, ``close``)."""
-        self.shared.stats.fetches += 1
+        long-polling while nothing is readable (woken by its segment's LAC moves and the
+        broker's other changes, not by other segments' LAC moves: ``Shared.segment_signals``).
+        With an ``account`` the answer is charged to its lease (shorter when the budget has
+        less room; waiting up to ``wait_s`` for room, then ResourceExhausted) and its cost to
+        its token; the caller gives the room back once the answer is sent
+        (``ReadAccount.sent``, ``close``)."""
+        if account is None:  # a call of this process's own: its waits on a timer of their own
+            alarm = Alarm()
+            try:
+                return await self._fetch(req, None, alarm, wait_s)
+            finally:
+                alarm.close()
+        return await self._fetch(req, account, account.alarm, wait_s)
+
+    async def _fetch(self, req: pb.FetchRequest, account: ReadAccount | None, alarm: Alarm,
+                     wait_s: float | None) -> Answer:
+        shared = self.shared
+        shared.stats.fetches += 1
         known_end = req.known_end if req.known_end >= 0 else None
-        deadline = time.monotonic() + min(req.max_wait_ms, self.shared.config.max_fetch_wait_ms) / 1000.0
-        signal = self.shared.signal
-        wait = (lambda: signal.wait(deadline - time.monotonic())) if account is None else \
-            (lambda: account.alarm.wait(deadline))
+        deadline = time.monotonic() + min(req.max_wait_ms, shared.config.max_fetch_wait_ms) / 1000.0
         key = (req.queue, req.seg)
-        s = self.shared.segments.get(key)
-        while s is None and not self.shared.stopping:
+        s = shared.segments.get(key)
+        while s is None and not shared.stopping:
             if deadline <= time.monotonic():
                 break
-            await wait()
-            s = self.shared.segments.get(key)
+            await alarm.wait(deadline, shared.changes)  # a segment added here: ``changed``
+            shared.stats.read_wakeups += 1
+            s = shared.segments.get(key)
         if s is None:
-            return await self.shared.loop.run_blocking(self._fetch_absent, req)
+            return await shared.loop.run_blocking(self._fetch_absent, req)
         r = s.replica
         while True:
-            with self.shared.cv:
+            with shared.cv:
+                signals = shared.segment_signals(s)
                 if s.corrupt is not None:
                     raise s.corrupt
                 if (r.sealed and known_end is not None and req.offset >= r.local_synced
@@ -159,9 +171,10 @@ class ReadPath:
                                             "reconciling from the peer")
                 upto = r.readable_end(known_end)
                 sealed = r.sealed
-            if upto > req.offset or sealed or self.shared.stopping or deadline <= time.monotonic():
+            if upto > req.offset or sealed or shared.stopping or deadline <= time.monotonic():
                 break
-            await wait()
+            await alarm.wait(deadline, *signals)
+            shared.stats.read_wakeups += 1
         if upto <= req.offset:
             return encode([], offset=req.offset, end_offset=req.offset, readable_end=upto, sealed=sealed)
         max_bytes = min(max(req.max_bytes, 1), self.shared.config.max_fetch_bytes)

@@ -238,13 +238,16 @@ class ReplicationLink:
                     if resp.synced:  # the answer to ``answered`` requests with batches (0: one), in order
                         for _ in range(min(max(resp.answered, 1), len(self._unanswered))):
                             self._unanswered_bytes -= self._unanswered.popleft()[1]
+                    moved = []
                     for r in resp.synced:
                         s = self.shared.segments.get((r.queue, r.seg))
                         if s is not None:
                             s.replica.peer_progress(r.synced_end)
+                            moved.append(s)
                             if s.first_write is not None and s.first_write.replicated is None:
                                 s.first_write.replicated = time.monotonic()
-                    self.shared.changed()  # acks released: the produce streams answer now
+                    # acks released: the produce streams answer now; these segments' readers read on
+                    self.shared.lac_moved(moved)
                     waiting = bool(self._out)
                 if waiting:
                     self.wake.fire()  # the window has room again for what waits

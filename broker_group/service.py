@@ -62,6 +62,7 @@ from ordq.broker_group.replication import ReplicationLink, frame_limit, replicat
 from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Shared
+from ordq.broker_group.token_calls import OpenCalls
 from ordq.broker_group.write_path import WritePath
 from ordq.common import addresses
 from ordq.common.errors import AlreadyExists, ConfigError, OrdqError
@@ -113,7 +114,7 @@ class Broker:
         self.gate = Gate(tls=config.credentials.tls)  # who may call what (broker_group/auth.py)
         self.parts = Parts(shared=self.shared, gate=self.gate, write=self.write, read=self.read,
                            control=self.control, repair=self.repair, request_time=self.request_time,
-                           health=self.health, finder=self.finder)
+                           health=self.health, finder=self.finder, calls=OpenCalls(config.max_calls_per_token))
         self._server: grpc.aio.Server | None = None
         self._lean: lean_link.LeanServer | None = None  # a slave's end of the lean replication link
         self._lean_address: str | None = None
@@ -376,6 +377,7 @@ class Broker:
             stats["epoch_key_refusals"] = self.write.epochs.key_refusals
             stats["budget"] = attrs.asdict(self.read.budget.stats)
             stats["request_time"] = attrs.asdict(self.request_time.stats)
+            stats["token_calls"] = self.parts.calls.statistics()
             stats["corrupt"] = [f"{q}/{n}" for (q, n), s in self.shared.segments.items() if s.corrupt is not None]
             # the session guard: why a master would hold writes now ("" if it would not), how many wait
             stats["session_doubt"] = self.shared.session_doubtful(time.monotonic()) or ""

@@ -30,6 +30,7 @@ from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common import stages
 from ordq.common.errors import ClosedError, ConfigError, CorruptLog, DiskFull, MessageTooLarge, OrdqError
+from ordq.common.loop import Signal
 from ordq.common.stages import stamp
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
@@ -56,6 +57,12 @@ class ProduceStreamState:
     done: bool = False
     # A new segment's first ack was taken: its timing, for the handler to log once written
     first_write: FirstWrite | None = None
+    # Fired when acks may be due that no LAC move it waits on will announce: a batch placed in
+    # another segment than the one its handler waits on while it owed none, a resent batch
+    wake: Signal | None = None
+    # The segment whose LAC moves its handler waits on (``WritePath.ack_signals``): that of its
+    # first ack owed, or, owing none, of its last (a stream's next batch usually goes there too)
+    waits_on: Segment | None = None
 
 
 class WritePath:
@@ -165,6 +172,8 @@ class WritePath:
         on_loop: list[bytes] = []  # a lone small request's batches: committed here, not by the sync thread
         wake_sync = False  # the sync thread has batches to commit
         with self.shared.cv:
+            # owing none, its handler may wait on another segment's LAC than this one's (ack_signals)
+            elsewhere = not stream.pending and stream.waits_on is not s
             # Alone: nothing else is unsynced here or unanswered by the slave (no ack waits
             # behind this commit while it holds the loop), the batches reach the slave before
             # the commit starts (the lean link writes at once; gRPC's sender would wait for it),
@@ -203,8 +212,8 @@ class WritePath:
                 if s.pending and s not in self._dirty:
                     self._dirty.append(s)
                 wake_sync = True
-            if resent:
-                self.shared.signal.fire()
+            if (resent or elsewhere) and stream.wake is not None:
+                stream.wake.fire()
         try:
             link.flush()  # to the slave now (lean link), or by the sender as soon as this task yields
         finally:
@@ -283,7 +292,7 @@ class WritePath:
                 raise ConfigError(f"replicated LAC {lac} of {short(queue)}/{seg} is past this copy's end {most}")
             if lac >= 0:
                 s.replica.peer_progress(lac)
-                self.shared.changed()
+                self.shared.lac_moved((s,))
             if s.replica.sealed:
                 # Sealed here first (the Seal protocol reached us before these in-flight
                 # batches): ignore them; the protocol copies any difference from the master.
@@ -439,8 +448,10 @@ class WritePath:
                     s.first_write.synced = time.monotonic()
             else:
                 self._fail_segment(s, error or DiskFull("write failed"))
-            if error is not None or s.replica.lac != lac or self._held:
+            if error is not None:
                 self.shared.changed()
+            elif s.replica.lac != lac or self._held:
+                self.shared.lac_moved((s,) if s.replica.lac != lac else ())
             else:
                 # Usually the slave's answer, not this sync, moves the LAC: waking the loop
                 # for nothing would cost a wake-up per batch. Fence/Seal wait here on _cv.
@@ -486,6 +497,19 @@ class WritePath:
             if stream.error is None and (only is None or any(only(seg) for seg, _ in stream.pending)):
                 stream.error = error
         self.shared.changed()
+
+    def ack_signals(self, stream: ProduceStreamState) -> tuple[Signal, ...]:
+        """Caller holds _cv: what the stream's handler waits on for its next acks: the LAC of
+        the segment of its first ack owed (acks go in order: no other can be released first;
+        owing none, of its last: ``waits_on``), the broker's other changes (``Shared.changes``:
+        a failed segment or link, a stop, the stream's end) and its own ``wake``
+        (``accept_produce``); never another queue's LAC moves (issue 39)."""
+        own = () if stream.wake is None else (stream.wake,)
+        if stream.pending:
+            stream.waits_on = stream.pending[0][0]
+        if stream.waits_on is None:
+            return (*own, self.shared.changes)
+        return (*own, *self.shared.segment_signals(stream.waits_on))
 
     def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
         """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,

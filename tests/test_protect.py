@@ -18,7 +18,9 @@ import subprocess
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import grpc
@@ -28,6 +30,7 @@ from ordq.admin.groups import roll_queue
 from ordq.broker_group import log as seglog
 from ordq.broker_group.answer import encode
 from ordq.broker_group.segment_scan import iter_file_batches
+from ordq.common.errors import OrdqError
 from ordq.common.security import channel as security_channel
 from ordq.sdk.replicas import ReplicaReader
 from ordq.wire import batch as batch_format
@@ -458,3 +461,174 @@ def test_one_find_request_looks_at_each_segment_once_at_most(cluster: Cluster) -
         client.close()
         counters.close()
     assert refused.get("ConfigError", 0) >= 1, refused
+
+
+IDLE_STREAMS = 1200  # more than the calls the server admits at once (max_concurrent_rpcs 1,024)
+
+
+@attrs.define
+class _IdleStreams:
+    """One consume token's idle Read streams on a master (fast39r, issue 39), beside a neighbour
+    token that reads another queue of the same master while a producer writes it: queue a on
+    g1 holds 10 messages, b is written at 200 msgs/s; tokens are enforced. Each stream starts
+    at a's last message: it gets one answer, keeps its room (64 KiB, ReadAccount) and
+    long-polls, never read."""
+
+    cluster: Cluster
+    address: str
+    abuser: str
+    neighbour: GrpcTransport
+    producer: Any
+    channels: list[grpc.Channel] = attrs.field(factory=list)
+
+    @classmethod
+    def set_up(cls, cluster: Cluster, master_args: Sequence[str] = ()) -> _IdleStreams:
+        from ordq.common.security import register
+        from ordq.coordinator.tokens import create_token
+
+        cluster.add_groups("g1", extra_args={"master": master_args})
+        cluster.create_queue("a", ["g1"])
+        cluster.create_queue("b", ["g1"])
+        fill = cluster.producer(n=10, queue="a", writer="A", rate=None)
+        fill.start()
+        fill.join(60)
+        assert len(fill.acked) == 10 and fill.error is None
+        _, writer = create_token(cluster.store.client, cluster.root, {"b": ["produce"]}, "the neighbour's producer")
+        abuser, other, address = _consumer_and_neighbour(cluster, "a")
+        register(cluster.hosts, cluster.root, attrs.evolve(cluster.credentials, token=writer))  # the producer's
+        producer = cluster.producer(n=10**9, queue="b", writer="B", rate=200, send_timeout_s=20.0)
+        producer.start()
+        wait_until(lambda: len(producer.acked) >= 100, timeout_s=30, what="the neighbour's producer acked")
+        neighbour = GrpcTransport(credentials=attrs.evolve(cluster.credentials, token=other))
+        wait_until(lambda: neighbour.fetch(address, "b", 0, 0, max_bytes=1, max_wait_ms=0).batches, timeout_s=20,
+                   what="the neighbour's token loaded")
+        return cls(cluster, address, abuser, neighbour, producer)
+
+    def open(self, n: int) -> list[Any]:
+        """``n`` idle streams of the abuser, on connections of 100 streams each
+        (max_streams_per_connection)."""
+        while len(self.channels) * 100 < n:
+            self.channels.append(security_channel(self.address, self.cluster.credentials,
+                                                  [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]))
+        idle = pb.FetchRequest(queue="a", seg=0, offset=9, max_bytes=1 << 20, max_wait_ms=30_000, known_end=-1,
+                               stream_ms=60_000)
+        meta = (("authorization", f"Bearer {self.abuser}"),)
+        return [pb_grpc.BrokerStub(self.channels[i // 100]).Read(idle, metadata=meta, timeout=90) for i in range(n)]
+
+    def neighbour_reads(self, seconds: float) -> tuple[int, list[str]]:
+        """The neighbour reads b, a call every 50 ms (1 MiB asked, from its own share): how
+        many were served, and the refusals."""
+        until = time.monotonic() + seconds
+        served, refused = 0, []
+        while time.monotonic() < until:
+            try:
+                self.neighbour.fetch(self.address, "b", 0, 0, max_bytes=1 << 20, max_wait_ms=0)
+                served += 1
+            except OrdqError as exc:
+                refused.append(repr(exc))
+            time.sleep(0.05)
+        return served, refused
+
+    def outcomes(self, calls: list[Any]) -> dict[str, int]:
+        """Each stream: "open", or how it ended ("ResourceExhausted <resource>" when typed)."""
+        from ordq.wire.errors import ResourceExhausted
+
+        out: dict[str, int] = {}
+        for c in calls:
+            if c.done():
+                err = from_rpc_error(c, self.address)
+                what = f"ResourceExhausted {err.resource}" if isinstance(err, ResourceExhausted) else repr(err)[:80]
+            else:
+                what = "open"
+            out[what] = out.get(what, 0) + 1
+        return out
+
+    def stats(self) -> dict:
+        return dict(json.loads(self.neighbour.health(self.address).stats_json))
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+        self.neighbour.close()
+        self.producer.stop()
+        self.producer.join(30, check=False)  # its stream closed while the cluster still runs
+
+    def neighbour_kept_writing(self, acked_before: int) -> None:
+        wait_until(lambda: len(self.producer.acked) > acked_before + 100, timeout_s=20,
+                   what="the neighbour's producer acked meanwhile")
+        pstats = self.producer.statistics()
+        assert pstats is not None and pstats.failovers == 0, f"the neighbour's producer failed over: {pstats}"
+
+
+def test_one_tokens_idle_read_streams_cannot_take_the_calls_its_neighbours_need(cluster: Cluster) -> None:
+    """fast39r (issue 39): an idle Read stream costs a broker next to nothing (64 KiB of budget
+    room kept between answers, charged to its token; no thread; a wake-up only when its own
+    segment moves), so a consume token can open very many. The memory budget bounds their
+    room (32 MiB a token: the next test); but the calls the server admits at once are one pool
+    for every caller (``max_concurrent_rpcs``, 1,024), and once one token's idle streams held
+    them all, gRPC refused everyone's next call at once, untyped (a neighbour's Fetch:
+    "Concurrent RPC limit exceeded"). Guard: a token holds at most ``max_calls_per_token``
+    (256) calls open on a broker; its next are refused at once, typed (ResourceExhausted
+    "calls") and counted. A neighbour (another token) reading and producing on the same master
+    is never refused, and its producer keeps being acked."""
+    lab = _IdleStreams.set_up(cluster)
+    try:
+        acked = len(lab.producer.acked)
+        calls = lab.open(IDLE_STREAMS)
+        # The neighbour reads b from the moment the streams are opened (every one of them had
+        # reached the broker within 1 s before the guard): never refused.
+        served, refused = lab.neighbour_reads(5.0)
+        print(f"neighbour: {served} fetches served, {len(refused)} refused {refused[:3]}; "
+              f"the abuser's calls ended meanwhile: {sum(c.done() for c in calls)}")
+        assert not refused, f"the neighbour's reads were refused: {refused[:3]}"
+        lab.neighbour_kept_writing(acked)
+        # Past what one token may hold, the abuser's calls ended at once (refused, typed).
+        wait_until(lambda: sum(c.done() for c in calls) >= IDLE_STREAMS - 256, timeout_s=30, interval_s=0.1,
+                   what="the abuser's calls past its limit ended")
+        outcomes = lab.outcomes(calls)
+        stats = lab.stats()
+    finally:
+        lab.close()
+    print(f"abuser's {IDLE_STREAMS} streams: {outcomes}")
+    print(f"master: token calls {stats['token_calls']}, refused {stats['refused']}, budget {stats['budget']}")
+    assert outcomes.get("open", 0) <= 256 and outcomes.get("ResourceExhausted calls", 0) >= IDLE_STREAMS - 256, \
+        outcomes
+    assert stats["token_calls_refused"] >= IDLE_STREAMS - 256
+    assert stats["refused"].get("ResourceExhausted", 0) >= IDLE_STREAMS - 256
+    assert stats["token_calls"]["most"] <= 256
+    # The budget: at most one token's share at once (their first answers' grants), and once
+    # answered each open stream holds its room, 64 KiB (plus the neighbour's requests in flight).
+    assert stats["budget"]["peak_bytes"] <= (32 << 20) + (2 << 20), stats["budget"]
+    assert stats["budget"]["used_bytes"] <= 256 * (64 << 10) + (1 << 20), stats["budget"]
+
+
+def test_one_tokens_idle_read_streams_past_its_memory_share_are_refused_typed_and_its_neighbour_reads_on(
+        cluster: Cluster) -> None:
+    """fast39r (issue 39): the room idle streams keep (64 KiB each, ReadAccount) is charged to
+    their token and connection: past one holder's share (here 4 MiB, ``--connection-budget``:
+    64 streams), a stream's first answer waits for room (``wait_ms``: a Read stream's is its
+    idle bound, 2 s here) and is refused, typed (ResourceExhausted "memory"), counted; the
+    neighbour's reads (another token, another connection, 1 MiB asked each) are granted from
+    their own share throughout, and its producer keeps being acked. The guard is the budget's
+    holder share (budget.MemoryBudget.room); with it taken out (the holders' shares ignored)
+    every stream is given its room and this test fails (checked by hand)."""
+    lab = _IdleStreams.set_up(cluster, ("--connection-budget", "4", "--read-idle", "2"))
+    try:
+        calls = lab.open(100)
+        wait_until(lambda: sum(c.done() for c in calls) >= 30, timeout_s=30, interval_s=0.1,
+                   what="the abuser's streams past its share refused")
+        acked = len(lab.producer.acked)
+        served, refused = lab.neighbour_reads(3.0)
+        print(f"neighbour: {served} fetches served, {len(refused)} refused {refused[:3]}")
+        assert not refused, f"the neighbour's reads were refused: {refused[:3]}"
+        lab.neighbour_kept_writing(acked)
+        outcomes = lab.outcomes(calls)
+        stats = lab.stats()
+    finally:
+        lab.close()
+    print(f"abuser's 100 streams: {outcomes}; master budget {stats['budget']}")
+    share = 4 << 20
+    assert outcomes.get("ResourceExhausted memory", 0) >= 30 and outcomes.get("open", 0) <= share // (64 << 10), \
+        outcomes
+    assert stats["budget"]["refused"] >= 30 and stats["refused"].get("ResourceExhausted", 0) >= 30, stats
+    assert stats["budget"]["used_bytes"] <= share + (1 << 20), stats["budget"]

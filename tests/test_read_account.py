@@ -165,29 +165,29 @@ def test_an_alarm_ends_each_wait_at_its_signal_or_its_own_deadline_with_one_time
     lt = LoopThread("test-alarm")
     lt.start()
     signal = Signal(lt)
-    alarm = Alarm(signal)
+    alarm = Alarm()
 
     async def run() -> None:
         t0 = time.monotonic()
         # a wait ended by the signal, long before its deadline
         lt.loop.call_later(0.01, signal.fire)
-        await alarm.wait(t0 + 0.1)
+        await alarm.wait(t0 + 0.1, signal)
         assert time.monotonic() - t0 < 0.09
         # the next waits come at once, each with a later deadline: the one timer serves them
         for _ in range(50):
             lt.loop.call_soon(signal.fire)
-            await alarm.wait(time.monotonic() + 0.1)
+            await alarm.wait(time.monotonic() + 0.1, signal)
         assert alarm.timers <= 2  # (2: the box stalled 0.1 s meanwhile)
         # a wait nobody signals ends at its own deadline, not the earlier one the timer rang for
         t1 = time.monotonic()
-        await alarm.wait(t1 + 0.2)
+        await alarm.wait(t1 + 0.2, signal)
         assert 0.19 <= time.monotonic() - t1 < 1.0
         assert alarm.timers <= 4  # armed again for it (and once more if uvloop's ms timer rang early)
         # an earlier deadline than the timer's: armed again for it
         t2 = time.monotonic()
         lt.loop.call_later(0.01, signal.fire)
-        await alarm.wait(t2 + 5.0)
-        await alarm.wait(time.monotonic() + 0.05)
+        await alarm.wait(t2 + 5.0, signal)
+        await alarm.wait(time.monotonic() + 0.05, signal)
         assert time.monotonic() - t2 < 1.0
         alarm.close()
 

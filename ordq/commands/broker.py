@@ -79,6 +79,8 @@ def register(subparsers: Any) -> None:
                         "least this much of the loop lately (default 0.6; 0: whenever another token is active)")
     limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
                         help="close a Read stream whose reader takes nothing this long (default 30)")
+    limits.add_argument("--calls-per-token", type=int, default=None, metavar="N",
+                        help="calls one token may hold open at once; the next is refused (default 256)")
     limits.add_argument("--no-verify-reads", action="store_true",
                         help="do not CRC-check batches of sealed segments before serving them (benchmarks)")
     run.add_argument("--seal-syncfs", action="store_true",
@@ -168,7 +170,8 @@ def broker_config(args: argparse.Namespace) -> Any:
                         register_wait_s=pick("register_wait", file.register_wait_s, 30.0),
                         credentials=broker_credentials(args), budget=budget_config(args),
                         request_time=request_time_config(args), verify_sealed_reads=not args.no_verify_reads,
-                        seal_syncfs=args.seal_syncfs)
+                        seal_syncfs=args.seal_syncfs,
+                        **({} if args.calls_per_token is None else {"max_calls_per_token": args.calls_per_token}))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

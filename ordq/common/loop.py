@@ -238,37 +238,41 @@ class _OneTimer:
 
 
 class Alarm(_OneTimer):
-    """Waits on a ``Signal``, one after the other, each until the next fire or its own
-    deadline, as ``Signal.wait`` does, on one timer (``_OneTimer``) where ``Signal.wait`` makes
-    and cancels one per wait: a caught-up reader's stream waits once or more per answer. One
-    waiter at a time."""
+    """Waits on ``Signal``s, one wait after the other, each until the next fire of any of
+    its signals or its own deadline, as ``Signal.wait`` does, on one timer (``_OneTimer``)
+    where ``Signal.wait`` makes and cancels one per wait: a caught-up reader's stream waits
+    once or more per answer. One waiter at a time."""
 
-    def __init__(self, signal: Signal) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._signal = signal
         self._waiting: asyncio.Future[None] | None = None
         self._due = 0.0  # the deadline of the wait under way
+        self._expired = False  # the wait under way was ended by its deadline, not a signal
 
-    async def wait(self, due: float) -> None:
-        """Until the signal's next fire, or ``due`` (``time.monotonic()``). As ``Signal.wait``:
-        check the condition just before, with no ``await`` in between."""
-        signal = self._signal
-        fut: asyncio.Future[None] = signal._lt.loop.create_future()
-        signal._waiters.add(fut)
-        self._waiting, self._due = fut, due
+    async def wait(self, due: float, *signals: Signal) -> bool:
+        """Until the next fire of one of ``signals``, or ``due`` (``time.monotonic()``); True
+        when a signal ended it. As ``Signal.wait``: check the condition just before, with no
+        ``await`` in between."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for signal in signals:
+            signal._waiters.add(fut)
+        self._waiting, self._due, self._expired = fut, due, False
         self._ring_by(due)
         try:
             await fut
+            return not self._expired
         finally:
             self._waiting = None
-            signal._waiters.discard(fut)  # timed out or cancelled: forget it
+            for signal in signals:
+                signal._waiters.discard(fut)  # fired by another, timed out or cancelled: forget it
 
     def _pending(self) -> float | None:
         return None if self._waiting is None else self._due
 
     def _expire(self) -> None:
-        if self._waiting is not None:
-            _settle(self._waiting)
+        if self._waiting is not None and not self._waiting.done():
+            self._expired = True
+            self._waiting.set_result(None)
 
 
 class StepTimeout(_OneTimer):
