@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import attrs
 
+from ordq.common.counts import count_down, count_up
+
 
 @attrs.define
 class OpenCalls:
@@ -25,19 +27,14 @@ class OpenCalls:
 
     def enter(self, token: str) -> bool:
         """Count a call of ``token`` open; False (nothing counted) when it holds ``limit`` already."""
-        n = self._open.get(token, 0)
-        if n >= self.limit:
+        if self._open.get(token, 0) >= self.limit:
             return False
-        self._open[token] = n + 1
+        count_up(self._open, token)
         return True
 
     def leave(self, token: str) -> None:
         """A call counted by ``enter`` ended."""
-        n = self._open.get(token, 0) - 1
-        if n > 0:
-            self._open[token] = n
-        else:
-            self._open.pop(token, None)
+        count_down(self._open, token)
 
     def open(self, token: str) -> int:
         return self._open.get(token, 0)

@@ -50,6 +50,7 @@ from typing import NoReturn
 
 import attrs
 
+from ordq.common.counts import count_down, count_up
 from ordq.common.errors import ConfigError, OrdqError
 from ordq.common.request_time import RequestTime, RequestTimeConfig
 
@@ -218,14 +219,10 @@ class CallerTime(RequestTime):
 
     def begin(self, token: str) -> None:
         """A call of ``token`` arrived (until ``end``: waiting, held, or running)."""
-        self._calls[token] = self._calls.get(token, 0) + 1
+        count_up(self._calls, token)
 
     def end(self, token: str) -> None:
-        left = self._calls.get(token, 0) - 1
-        if left > 0:
-            self._calls[token] = left
-        else:
-            self._calls.pop(token, None)
+        count_down(self._calls, token)
 
     def recent(self, token: str, now: float) -> float:
         """Seconds charged to ``token`` lately, decayed with ``half_life_s``."""

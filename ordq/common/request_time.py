@@ -12,6 +12,7 @@ import math
 
 import attrs
 
+from ordq.common.counts import count_down, count_up
 from ordq.common.errors import ConfigError
 
 
@@ -151,14 +152,10 @@ class RequestTime:
         return 0.0, True
 
     def enter(self, token: str) -> None:
-        self._waiting[token] = self._waiting.get(token, 0) + 1
+        count_up(self._waiting, token)
 
     def leave(self, token: str) -> None:
-        left = self._waiting.get(token, 0) - 1
-        if left > 0:
-            self._waiting[token] = left
-        else:
-            self._waiting.pop(token, None)
+        count_down(self._waiting, token)
 
     def step(self, token: str | None, now: float) -> float:
         """The wait before the next step of an open stream of ``token`` (a produce request, a
