@@ -14,6 +14,7 @@ import pytest
 
 from ordq.coordinator.daemon import CoordinatorDaemon
 from ordq.coordinator.store import ZkStore
+from tests.helpers.collector import note_collector
 from tests.helpers.groups import add_live_groups
 from tests.util import wait_until
 
@@ -463,14 +464,7 @@ def test_a_dead_group_s_heads_move_in_batched_transactions_written_ones_first(se
     import time
 
     store, daemon = setup
-    collector_on: list[bool] = []
-    write_moves = daemon._write_moves
-
-    def noting_the_collector(*args, **kwargs):  # type: ignore[no-untyped-def]
-        collector_on.append(gc.isenabled())
-        return write_moves(*args, **kwargs)
-
-    monkeypatch.setattr(daemon, "_write_moves", noting_the_collector)
+    collector_on = note_collector(monkeypatch, daemon, "_write_moves")
     daemon.round()
     headed = [f"q-{i:04d}" for i in range(N) if store.load_state(f"q-{i:04d}")[0].head == "g1"]
     assert len(headed) > 100

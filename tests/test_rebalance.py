@@ -15,6 +15,7 @@ from ordq.common.errors import IllegalTransition
 from ordq.coordinator import state as sm
 from ordq.coordinator.rebalance import head_counts, plan_spread
 from ordq.coordinator.state import Facts, QueueState, SegStatus
+from tests.helpers.collector import note_collector
 
 GROUPS = ("g1", "g2", "g3")
 ALL_LIVE = Facts(live_groups=frozenset(GROUPS))
@@ -249,14 +250,7 @@ def test_a_spread_pass_runs_with_the_collector_held(monkeypatch) -> None:
     from ordq.coordinator.daemon_view import DaemonView, QueueEntry
     from ordq.coordinator.store_base import WrittenStates
 
-    seen: list[bool] = []
-    spread_heads = daemon_spread.spread_heads
-
-    def noting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(gc.isenabled())
-        return spread_heads(*args, **kwargs)
-
-    monkeypatch.setattr(daemon_spread, "spread_heads", noting)
+    seen = note_collector(monkeypatch, daemon_spread, "spread_heads")
     store = types.SimpleNamespace(written=WrittenStates(), paths=types.SimpleNamespace(queues="/ordq/queues"))
     daemon = CoordinatorDaemon(store, identifier="held")  # type: ignore[arg-type]
     view = DaemonView(store, lambda: None)  # type: ignore[arg-type]
