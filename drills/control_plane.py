@@ -78,13 +78,7 @@ from ordq.drills.control_plane_attacks import (
     window_times,
 )
 from ordq.drills.control_plane_judge import Window, by_variant, p50, p99, split
-from ordq.drills.control_plane_placement import (
-    ATTACKER_SHARES,
-    LEADER_SHARES,
-    CpuUse,
-    attacker_cpus,
-    place_leader,
-)
+from ordq.drills.control_plane_placement import LEADER_SHARES, CpuUse, place_leader
 from ordq.drills.control_plane_plan import (
     ATTACK_S,
     ATTACKS_FROM,
@@ -352,7 +346,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
     iso, judgement = neighbour.isolate(pids)
     kinds = attack_kinds()
     variants = window_variants(kinds)
-    placed, every = attacker_cpus()
+    placed, every = cpu_isolation.attacker_cpus()
     judgement += (f"; the attacker's process on CPU {min(placed)} only in the judged windows (a host of its own: "
                   f"never on both cores at once), on CPUs {sorted(every)} in the {UNPLACED} ones (told, not judged)")
     if iso is not None and any(v.leader_apart for v in variants):
@@ -449,7 +443,7 @@ def _attack(ctx: DrillContext, stage: _Stage, began: float) -> None:
             if i:
                 arm_s, waited_s = _armed(attacker)
             armed = f"armed in {arm_s:.2f} s, waited for {waited_s:.2f} s before the quiet window"
-            weight = variant.shares or (ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES)
+            weight = variant.shares or (cpu_isolation.ATTACKER_SHARES if variant.placed else cpu_isolation.MAX_SHARES)
             weigh(weight)
             # Where its threads may run in this window (those it starts in it inherit it).
             if not cpu_isolation.set_cpus(attacker.pid, placed if variant.placed else every):

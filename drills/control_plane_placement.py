@@ -7,7 +7,6 @@ and each process's CPU use, wait for a CPU and context switches per kind of wind
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,23 +14,6 @@ from pathlib import Path
 from ordq.drills import neighbour
 from ordq.drills.cpu_isolation import CpuIsolation
 
-# Why placed (stop g; docs/SECURITY.md, "Where the attacker runs"): the attacker is a client, on
-# another host in production, so its own CPU is not the coordinator's to defend. Under the quota
-# alone its ~80 threads run on both cores at once in bursts and take CPU a host of its own would
-# never take (stop f: pinned, the neighbour's Commit p99 1.29x quiet in one round, unpinned
-# 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
-# cluster's two cores: a harsher neighbour than a separate host. The ``unplaced`` windows keep
-# the figure of the attacker on every CPU in every run's output, so nothing is hidden.
-#
-# Why placed also means a lower weight (stop h): a placed attacker at the cluster's cpu.shares
-# still took its CPU from the cluster's processes on that CPU, and the drill queue's produce
-# acks felt it whatever it sent: a ``hog`` window (a spinning thread, no call at all, ~0.2 core)
-# was 2.6-2.8x its quiet window, the ``huge`` windows (~0.23 core, spent copying each 200 MiB
-# request in the attacker's own gRPC client) up to 2.4x, while the flood and the targeted
-# attacks (~0.05 core of the attacker's, and the leader's CPU up by 0.1) were 0.2-1.4x and an
-# ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
-# CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
-ATTACKER_SHARES = 8192
 # The leading coordinator apart (a round's variant ``/apart``, control_plane_plan): in a cgroup of
 # its own at this weight, 8x below the cluster's and 4x above the attacker's. In production the
 # coordinators run on hosts of their own, so what an attack costs the leader's CPU is not taken
@@ -49,13 +31,6 @@ def place_leader(iso: CpuIsolation, pid: int, apart: bool) -> None:
     if apart and LEADER_GROUP not in iso.groups:
         iso.group(LEADER_GROUP, shares=LEADER_SHARES)
     iso.add(LEADER_GROUP if apart else CLUSTER_GROUP, [pid])
-
-
-def attacker_cpus() -> tuple[set[int], set[int]]:
-    """(the one CPU a placed attacker runs on: the last this process may use; every CPU it may
-    use). On a machine of one CPU both are that CPU."""
-    every = os.sched_getaffinity(0)
-    return {max(every)}, set(every)
 
 
 def thread_waits(pid: int) -> dict[int, int]:

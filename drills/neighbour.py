@@ -2,9 +2,9 @@
 abuses its own queue (huge fetches, unread streams, oversized and malformed requests) beside
 the drill queue on the same broker; the drill queue's ack p99, pooled over abuse windows
 interleaved with quiet ones, stays within 2x of the quiet windows' and it never fails over.
-The abuser's client runs in its own process, under a CPU quota in a cgroup of its own, and the
-cluster keeps its CPU (``ordq.drills.cpu_isolation``; without cgroups: idle priority, and the
-output says so).
+The abuser's client runs in its own process placed as a host of its own (one CPU, a CPU quota
+and a low weight in a cgroup of its own, ``place_abuser``), and the cluster keeps its CPU
+(``ordq.drills.cpu_isolation``; without cgroups: idle priority, and the output says so).
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ OVERSIZED_BYTES = 30 << 20  # a request body past the broker's receive limit (25
 # a real run, sending nothing (what the ratio is when nothing is abused).
 ABUSE_KINDS = ("huge", "streams", "oversized", "malformed")
 IDLE_CONTROL = "none"
+# The CPU control: nothing sent, a thread of the abuser's process spinning ~HOG_CORES in the
+# cluster's own cgroup on every CPU (as the control-plane drill's ``hog`` window): what any extra
+# work of that size beside the cluster costs the neighbour, the broker aside.
+HOG_CONTROL = "hog"
+HOG_SPIN_S, HOG_PAUSE_S = 0.002, 0.008  # ~0.2 core
+CONTROLS = (IDLE_CONTROL, HOG_CONTROL)  # measurements, each alone
 ABUSE_ENV = "ORDQ_NEIGHBOUR_ABUSE"
 
 
@@ -65,15 +71,14 @@ def kinds_from_env(env: str, known: tuple[str, ...]) -> tuple[str, ...]:
 
 def abuse_kinds() -> tuple[str, ...]:
     """The kinds of abuse this run sends (``ABUSE_ENV``; all of them by default; none for
-    ``IDLE_CONTROL``)."""
-    kinds = kinds_from_env(ABUSE_ENV, (*ABUSE_KINDS, IDLE_CONTROL))
-    if kinds == (*ABUSE_KINDS, IDLE_CONTROL):  # nothing named: every kind of abuse
+    ``IDLE_CONTROL``; ``(HOG_CONTROL,)`` for the CPU control)."""
+    kinds = kinds_from_env(ABUSE_ENV, (*ABUSE_KINDS, *CONTROLS))
+    if kinds == (*ABUSE_KINDS, *CONTROLS):  # nothing named: every kind of abuse
         return ABUSE_KINDS
-    if IDLE_CONTROL in kinds:
-        if len(kinds) > 1:
-            raise ValueError(f"{ABUSE_ENV}: {IDLE_CONTROL!r} (the idle control) goes alone, not with {kinds}")
-        return ()
-    return kinds
+    for control in CONTROLS:
+        if control in kinds and len(kinds) > 1:
+            raise ValueError(f"{ABUSE_ENV}: {control!r} (a control) goes alone, not with {kinds}")
+    return () if kinds == (IDLE_CONTROL,) else kinds
 
 
 def neighbour_load(load: Any) -> Any:
@@ -268,6 +273,8 @@ class _Abuser(CallLoops):
             fetch = _raw(self._stub(), "Fetch")
             return lambda: fetch(body, metadata=meta, timeout=30)
 
+        if HOG_CONTROL in self.kinds:
+            loops.append(("hog spin", _spin, HOG_PAUSE_S))
         if "huge" in self.kinds:  # huge fetches, answers read (as bytes: the abuser's own CPU spared)
             loops += [("huge fetch", fetcher(), 0.0) for _ in range(4)]
         if "oversized" in self.kinds:
@@ -297,6 +304,12 @@ class _Abuser(CallLoops):
             with contextlib.suppress(Exception):
                 s.channel.close()
         return outcomes
+
+
+def _spin() -> None:
+    end = time.perf_counter() + HOG_SPIN_S
+    while time.perf_counter() < end:
+        pass
 
 
 ABUSER_START_S = 60.0  # how long the abuser's process may take to start (a loaded box)
@@ -348,7 +361,8 @@ class WindowedProcess:
             self.close()
             raise RuntimeError(f"the {name}'s process did not start within {ABUSER_START_S:g} s")
         _ready, self.priority = self._conn.recv()
-        self.pid = self._proc.pid
+        assert self._proc.pid is not None  # started above
+        self.pid: int = self._proc.pid
 
     def send(self, order: Any) -> None:
         self._conn.send(order)
@@ -461,7 +475,7 @@ def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | N
                       "sharing the cores with everything else; the ratio also measures this machine's contention")
     try:
         iso.group("protected")
-        iso.group("capped", quota_cores=ABUSER_CORES)
+        iso.group("capped", quota_cores=ABUSER_CORES, shares=cpu_isolation.ATTACKER_SHARES)
         moved = iso.add("protected", [os.getpid(), *pids.values()])
     except OSError as exc:
         iso.close()
@@ -469,7 +483,23 @@ def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | N
                       "the ratio also measures this machine's contention")
     return iso, (f"CPU isolated by cgroups ({how}): the cluster, the drill's clients and the drill ({moved} "
                  f"processes) at cpu.shares {cpu_isolation.MAX_SHARES} (busy loops cannot take their CPU), the "
-                 f"abuser's client capped at {ABUSER_CORES:g} core (its own host); the ratio judges the broker")
+                 f"abuser's client placed as a host of its own (on one CPU, capped at {ABUSER_CORES:g} core, at "
+                 f"cpu.shares {cpu_isolation.ATTACKER_SHARES}: CPU the cluster does not want); the ratio judges the "
+                 "broker")
+
+
+def place_abuser(iso: cpu_isolation.CpuIsolation | None, pid: int, kinds: tuple[str, ...] = ABUSE_KINDS) -> None:
+    """Put the abuser's process ``pid`` where a host of its own would leave the cluster's CPU
+    alone (cpu_isolation.ATTACKER_SHARES, as the control-plane drill's attacker): on one CPU and,
+    with cgroups, in ``isolate``'s capped group (its quota, a weight 32x below the cluster's).
+    The CPU control (``HOG_CONTROL``) goes in the cluster's own group instead, on every CPU."""
+    if kinds == (HOG_CONTROL,):
+        if iso is not None:
+            iso.add("protected", [pid])
+        return
+    if iso is not None:
+        iso.add("capped", [pid])
+    cpu_isolation.set_cpus(pid, cpu_isolation.attacker_cpus()[0])
 
 
 def noisy_neighbour(ctx: DrillContext) -> None:
@@ -480,7 +510,8 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     <= 2x the pooled p99 of the quiet windows; no fail-over).
 
     In production the abuser is on another host. Here, with cgroups (``isolate``), its client
-    runs under a CPU quota of its own and the cluster and the drill's clients keep their CPU
+    runs on one CPU under a CPU quota of its own at a weight the cluster always wins against
+    (``place_abuser``), and the cluster and the drill's clients keep their CPU
     against busy loops, so the ratio judges what the abuse costs the broker (TLS decryption,
     typed refusals, the memory budget, answers built and encrypted), not the machine. Before
     (no isolation, one quiet window before the abuse) the 2-core machine gave 0.6-9.7x, the
@@ -506,8 +537,12 @@ def noisy_neighbour(ctx: DrillContext) -> None:
     iso, judgement = isolate(pids)
     kinds = abuse_kinds()
     if kinds != ABUSE_KINDS:
-        sent = "+".join(kinds) or f"NO abuse (the idle control, {IDLE_CONTROL})"
-        judgement += f"; ONLY {sent} abuse ({ABUSE_ENV}): a measurement, not the acceptance"
+        if kinds == (HOG_CONTROL,):
+            sent = (f"NO abuse, a thread spinning ~{HOG_SPIN_S / (HOG_SPIN_S + HOG_PAUSE_S):.1f} core in the "
+                    f"cluster's group (the CPU control, {HOG_CONTROL})")
+        else:
+            sent = f"{'+'.join(kinds)} abuse" if kinds else f"NO abuse (the idle control, {IDLE_CONTROL})"
+        judgement += f"; ONLY {sent} ({ABUSE_ENV}): a measurement, not the acceptance"
     ctx.notes["neighbour_judgement"] = judgement
     ctx.event(f"judgement: {judgement}")
     abuser: WindowedProcess | None = None
@@ -519,8 +554,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
         ctx.event(f"the abuser fills {abused} on {gid} ({FILL_MESSAGES} x 1,000 B), then {SETTLE_S:g} s to settle")
         _fill(c, abused, creds)
         abuser = abuser_process(address, creds, abused, aseg.seg, idle=iso is None, kinds=kinds)
-        if iso is not None:
-            iso.add("capped", [abuser.pid])
+        place_abuser(iso, abuser.pid, kinds)
         cpu_pids = {f"{gid}/master": pids[f"{gid}/master"], f"{gid}/slave": pids[f"{gid}/slave"],
                     "producer": ctx.producers[0].proc.pid, "abuser": abuser.pid}
         time.sleep(SETTLE_S)

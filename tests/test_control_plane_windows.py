@@ -39,7 +39,7 @@ def test_by_default_the_placed_attack_is_judged_and_the_unplaced_one_told(monkey
 
 
 def test_the_placed_attacker_runs_on_one_cpu_the_unplaced_on_every_one() -> None:
-    placed, every = place.attacker_cpus()
+    placed, every = cpu_isolation.attacker_cpus()
     assert len(placed) == 1 and placed <= every == os.sched_getaffinity(0)
 
 
@@ -101,7 +101,7 @@ def test_a_variant_may_place_the_leader_apart_or_in_the_clusters_group() -> None
                    plan.Variant("huge@64/shared", ("huge",), 64, leader_apart=False),
                    plan.Variant("unplaced/apart", cpa.ATTACKS, placed=False, leader_apart=True),
                    plan.Variant("idle", (), leader_apart=plan.LEADER_APART))
-    assert place.ATTACKER_SHARES < place.LEADER_SHARES < cpu_isolation.MAX_SHARES
+    assert cpu_isolation.ATTACKER_SHARES < place.LEADER_SHARES < cpu_isolation.MAX_SHARES
 
 
 def _cpu_ticks(pid: int) -> int:

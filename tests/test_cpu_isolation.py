@@ -3,6 +3,7 @@ them, and are always removed (by ``close``, or by the next run's sweep when the 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,32 @@ def test_a_dead_owners_groups_are_swept() -> None:
         mine = iso.group("mine")
         assert mine.name not in ci.sweep()  # a live owner's group stays
         assert mine.exists()
+
+
+@needs_cgroups
+def test_the_neighbour_drills_abuser_is_placed_as_a_host_of_its_own() -> None:
+    """Stop 63: the abuser's client took its CPU at the cluster's weight on both cores (0.2 core
+    that a host of its own would never take from the broker); placed, it runs on one CPU in a
+    group 32x lighter than the cluster's, as the control-plane drill's attacker does."""
+    from ordq.drills import neighbour
+
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        iso, judgement = neighbour.isolate({})
+        assert iso is not None, judgement
+        with iso:
+            neighbour.place_abuser(iso, child.pid)
+            capped, protected = iso.groups["capped"], iso.groups["protected"]
+            assert _cpu_cgroup(child.pid) == "/" + capped.name
+            assert int((capped / "cpu.shares").read_text()) == ci.ATTACKER_SHARES
+            assert int((protected / "cpu.shares").read_text()) == ci.MAX_SHARES >= 32 * ci.ATTACKER_SHARES
+            threads = [int(t.name) for t in Path(f"/proc/{child.pid}/task").iterdir()]
+            assert len(threads) == 2
+            assert all(os.sched_getaffinity(t) == ci.attacker_cpus()[0] for t in threads)
+            assert "on one CPU" in judgement
+    finally:
+        child.kill()
+        child.wait()

@@ -1,6 +1,7 @@
 """The noisy-neighbour drill's kinds of abuse as the environment names them (pure): all by
-default, a subset for a measurement, ``none`` for the idle control (nothing sent), and clear
-errors for a mistyped kind or ``none`` mixed with others."""
+default, a subset for a measurement, ``none`` for the idle control (nothing sent), ``hog`` for the
+CPU control (nothing sent, ~0.2 core spun in the cluster's group), and clear errors for a
+mistyped kind or a control mixed with others."""
 
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ def test_none_is_the_idle_control_sending_nothing(monkeypatch: pytest.MonkeyPatc
     assert kinds(monkeypatch, "none") == ()
 
 
-@pytest.mark.parametrize("value", ["streams,none", "stream"])
+def test_hog_is_the_cpu_control_sending_nothing_either(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert kinds(monkeypatch, "hog") == (neighbour.HOG_CONTROL,)
+    assert not set(neighbour.ABUSE_KINDS) & {neighbour.HOG_CONTROL, neighbour.IDLE_CONTROL}
+
+
+@pytest.mark.parametrize("value", ["streams,none", "stream", "hog,streams", "none,hog"])
 def test_a_mistyped_kind_or_none_with_others_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     with pytest.raises(ValueError, match=neighbour.ABUSE_ENV):
         kinds(monkeypatch, value)
