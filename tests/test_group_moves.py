@@ -30,10 +30,10 @@ def queue(name: str, head: str) -> QueueState:
 def test_the_moves_phases_are_said_in_one_line() -> None:
     """What the moves' log line says (issue 43: where a dead group's 7.9-10.9 s at 10^5 went)."""
     phases = MovePhases(rows_s=0.31, plan_s=2.456, plan_cpu_s=2.2, turns_s=0.01, writes_s=6.5, writes_cpu_s=3.25,
-                        seals_s=0.4, total_s=9.7, process_cpu_s=9.1, windows=42, transactions=167, redone=1,
+                        seals_s=0.4, total_s=9.7, process_cpu_s=9.1, in_flight=8, transactions=167, redone=1,
                         revalidations=0, queue_events=33334)
     assert phases.line() == (
-        "in 9.70 s: rows 0.31 s, plan 2.46 s (cpu 2.20), 167 transactions in 42 windows 6.50 s (cpu 3.25), "
+        "in 9.70 s: rows 0.31 s, plan 2.46 s (cpu 2.20), 167 transactions (8 in flight at most) 6.50 s (cpu 3.25), "
         "turns waited 0.01 s, seals queued 0.40 s; the process's cpu 9.10 s; 1 transactions redone, "
         "0 revalidations, 33334 queue watches fired")
 
@@ -152,3 +152,50 @@ def test_apply_batch_leaves_out_every_moved_queue_however_many_and_writes_the_re
     for m in moves:
         if m.queue in done:
             assert store.load_state(m.queue)[0] == m.after
+
+
+def test_the_moves_are_planned_on_this_processs_later_writes_not_an_older_copy(monkeypatch) -> None:
+    """Issue 43: the moves planned on the view's copies, and a copy older than what this process
+    wrote since failed its version check: at 10^5 a spread pass moved the first names' heads
+    14-44 s before a verdict, and a move transaction of 200 was left whole (scale43r runs 1-2).
+    Now a queue this process wrote after the view's copy is planned on its written version
+    (or not at all, when that write moved its head off the dead group); a copy a watch says
+    changed, with no write of this process since, is still used (a lost CAS at worst). Pure:
+    the daemon's planning over a view of stubs, its writes caught. Failing first: q0 and q1
+    were planned on the copy's version 1."""
+    import types
+
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import STATE, DaemonView, QueueEntry
+    from ordq.coordinator.store_base import WrittenStates
+    from ordq.coordinator.store_values import StateVersion
+
+    written = WrittenStates()
+    store = types.SimpleNamespace(written=written, paths=types.SimpleNamespace(queues="/ordq/queues"),
+                                  batches_redone=0, revalidations=0)
+    daemon = CoordinatorDaemon(store, identifier="moves-mine")  # type: ignore[arg-type]
+    view = DaemonView(store, lambda: None)  # type: ignore[arg-type]
+    names = [f"q{i}" for i in range(4)]
+    copies = {q: queue(q, "g1") for q in names}
+    view.entries = {q: QueueEntry(state=s, version=1, stale=set()) for q, s in copies.items()}
+    view.live = frozenset({"g2", "g3"})
+    # q0: this process handed its head to g3 since (a spread pass); q1: it wrote q1 (still g1's)
+    handed = sm.hand_over(copies["q0"], "g1", 0, "g3")
+    assert handed.head == "g3"
+    written.note("q0", handed, StateVersion(2, 0))
+    bumped = sm.bump_epoch(copies["q1"])
+    written.note("q1", bumped, StateVersion(2, 0))
+    view.entries["q2"].stale.add(STATE)  # q2: its watch fired, not read again yet
+    planned: list[Move] = []
+
+    def caught(parts, _view, _phases):  # type: ignore[no-untyped-def]
+        # (the transactions; on the old code windows of them: lists of lists)
+        planned.extend(m for p in parts for m in (p if isinstance(p[0], Move) else [m for t in p for m in t]))
+        return set()
+
+    monkeypatch.setattr(daemon, "_write_moves", caught)
+    daemon._move_dead_heads_now(names, view, 0.0)
+    rows = {m.queue: (m.version, m.before) for m in planned}
+    assert sorted(rows) == ["q1", "q2", "q3"]  # q0's head is g3's now: nothing to move
+    assert rows["q1"] == (StateVersion(2, 0), bumped)
+    assert rows["q2"] == (StateVersion(1, 0), copies["q2"]) and rows["q3"] == (StateVersion(1, 0), copies["q3"])
