@@ -199,3 +199,72 @@ def test_the_moves_are_planned_on_this_processs_later_writes_not_an_older_copy(m
     assert sorted(rows) == ["q1", "q2", "q3"]  # q0's head is g3's now: nothing to move
     assert rows["q1"] == (StateVersion(2, 0), bumped)
     assert rows["q2"] == (StateVersion(1, 0), copies["q2"]) and rows["q3"] == (StateVersion(1, 0), copies["q3"])
+
+
+@pytest.mark.zk
+def test_the_move_transactions_go_as_a_sliding_window(store: ZkStore, monkeypatch) -> None:
+    """Issue 43: a dead group's move transactions went a window at a time (4 sent, then all 4
+    awaited, then the next 4): ZooKeeper idled while this process handled the answers and built
+    the next window. Now at most ``MOVES_IN_FLIGHT`` are unanswered and the next is sent as
+    each answer comes, busy queues' first. Against a real ZooKeeper: the daemon's moves of 24
+    queues in 13 transactions, 3 in flight; each send and each wait for an answer noted (1 busy transaction, 12 idle).
+    Failing first (495524d): the 4th transaction was sent after the 3rd answer, not the 1st."""
+    import time
+
+    from ordq.coordinator import daemon_round, group_moves
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import DaemonView, QueueEntry
+
+    add_live_groups(store, GROUPS)
+    names = [f"w{i:02d}" for i in range(24)]
+    for q in names:
+        store.create_queue(q, ["g1", "g2", "g3"])
+    _, group_versions = store._drained_with_versions(GROUPS)
+    view = DaemonView(store, lambda: None)
+    for q in names:
+        st_, version = store.load_state_to_write(q)
+        assert st_.head == "g1"
+        view.entries[q] = QueueEntry(state=st_, version=version.znode, deletions=version.deletions, stale=set())
+    view.live, view.group_versions = frozenset({"g2", "g3"}), dict(group_versions)
+    daemon = CoordinatorDaemon(store, identifier="sliding")
+    daemon._written = {"w23": time.monotonic()}  # written lately: its transaction goes first
+    monkeypatch.setattr(daemon_round, "batches", lambda moves: group_moves.batches(moves, max_count=2,
+                                                                                   busy_count=2))
+    monkeypatch.setattr(daemon_round, "MOVES_IN_FLIGHT", 3)
+    events: list[tuple[str, int]] = []
+    first_of: dict[int, str] = {}
+    real_transaction = store._state_transaction
+
+    class Answer:
+        def __init__(self, request, n: int) -> None:  # type: ignore[no-untyped-def]
+            self.request, self.n = request, n
+
+        def get(self, timeout=None):  # type: ignore[no-untyped-def]
+            events.append(("answer", self.n))
+            return self.request.get(timeout=timeout)
+
+    def noted_transaction(writes, versions):  # type: ignore[no-untyped-def]
+        tx, checks = real_transaction(writes, versions)
+        real_commit = tx.commit_async
+
+        def commit_async():  # type: ignore[no-untyped-def]
+            n = sum(1 for kind, _n in events if kind == "send")
+            first_of[n] = writes[0][0]
+            events.append(("send", n))
+            return Answer(real_commit(), n)
+
+        tx.commit_async = commit_async
+        return tx, checks
+
+    monkeypatch.setattr(store, "_state_transaction", noted_transaction)
+    left = daemon._move_dead_heads_now(names, view, time.monotonic())
+    assert left == []
+    assert all(store.load_state(q)[0].head != "g1" for q in names)
+    sends = [n for kind, n in events if kind == "send"]
+    assert sends == list(range(13)) and first_of[0] == "w23"  # the busy queue's transaction first, alone
+    unanswered = 0
+    for i, (kind, n) in enumerate(events):
+        unanswered += 1 if kind == "send" else -1
+        assert unanswered <= 3, events
+        if kind == "send" and n >= 3:  # the next goes as soon as the one 3 before it is answered
+            assert events[i - 1] == ("answer", n - 3), events
