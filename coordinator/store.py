@@ -14,6 +14,7 @@ place that talks kazoo for ordq state. No policy lives here: decisions are in
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -69,6 +70,8 @@ CREATE_BATCH = 200
 # ephemeral node, so nothing fails over when it is slow, and the longer it is, the fewer blips
 # cost a re-read of what it watches (ZooKeeper may cap it: maxSessionTimeout).
 WATCH_SESSION_S = 10.0
+
+log = logging.getLogger("ordq.coordinator")
 
 
 @attrs.frozen
@@ -350,6 +353,7 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
         written, which is safe: their next write checks the version again."""
         todo = list(writes)
         done: list[str] = []
+        why = f"{max_attempts} attempts made"  # why the queues still to do are left (said below)
         for _ in range(max_attempts):
             if not todo:
                 break
@@ -359,7 +363,8 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 with self._errors():
                     tx, checks = self._state_transaction(todo, group_versions)
                     results = self._wait(tx.commit_async())
-            except CoordinationUnavailable:
+            except CoordinationUnavailable as exc:
+                why = f"ZooKeeper: {exc}"
                 break
             bad = [i for i, r in enumerate(results) if isinstance(r, Exception)
                    and isinstance(r, (BadVersionError, NoNodeError))]
@@ -373,16 +378,22 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
             if bad[0] == checks - 1:  # queues were deleted since: those not among them are still good
                 try:
                     todo = self._revalidated(todo)
-                except CoordinationUnavailable:
+                except CoordinationUnavailable as exc:
+                    why = f"ZooKeeper: {exc}"
                     break
                 continue
             if bad[0] < checks:  # a drain mark changed: every queue is planned again alone
+                why = "a group's drain mark changed since it was read"
                 break
             todo.pop(bad[0] - checks)  # ZooKeeper names the first failing op only...
             try:  # ...the others that moved are found by one round of reads
                 todo = self._still_current(todo)
-            except CoordinationUnavailable:
+            except CoordinationUnavailable as exc:
+                why = f"ZooKeeper: {exc}"
                 break
+        if todo:  # not a lost version check: said (issue 43: scale43r's 200 queues left whole, cause unknown)
+            log.warning("a batch of %d states: %d written, %d moved since, %d more not written (%s)", len(writes),
+                        len(done), len(writes) - len(done) - len(todo), len(todo), why)
         written = set(done)
         return done, [q for q, _v, _s in writes if q not in written]
 
@@ -420,7 +431,8 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
             try:
                 with self._errors():
                     results = self._wait(request) if request is not None else []
-            except CoordinationUnavailable:  # may or may not have landed: their next write checks again
+            except CoordinationUnavailable as exc:  # may or may not have landed: their next write checks again
+                log.warning("a transaction of %d states not answered (%s): left to be planned again", len(part), exc)
                 results = None
             if results is not None and not any(isinstance(r, Exception) for r in results):
                 self._written(part)

@@ -100,7 +100,7 @@ def store(zk_server, zk_root) -> Iterator[ZkStore]:
 
 
 @pytest.mark.zk
-def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore) -> None:
+def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore, caplog) -> None:
     add_live_groups(store, GROUPS)
     names = [f"q{i}" for i in range(6)]
     for q in names:
@@ -127,8 +127,13 @@ def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore
     again = plan_moves(rows, busy=set())
     assert again, "g2 heads them now and is not live in these facts"
     store.set_group_drained("g3", True)
+    caplog.set_level("WARNING", logger="ordq.coordinator")
     done, left = store.apply_batch([(m.queue, m.version, m.after) for m in again], group_versions)
     assert done == [] and sorted(left) == sorted(m.queue for m in again)
+    # said, with why (a lost version check is not: scale43r's 200 queues left whole, cause unknown)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"a batch of {len(again)} states: 0 written, 0 moved since, {len(again)} more not written (a group's drain "
+        "mark changed since it was read)"]
 
 
 @pytest.mark.zk
