@@ -16,7 +16,7 @@ from ordq.common.errors import CorruptState, IllegalTransition, OrdqError
 from ordq.coordinator import state as sm
 from ordq.coordinator.daemon_gc import collections_held
 from ordq.coordinator.daemon_parts import BUG_RETRY_S, RETRY_S, WRITTEN_S, DaemonParts, is_written, log, urgent_first
-from ordq.coordinator.daemon_view import DaemonView
+from ordq.coordinator.daemon_view import DaemonView, latest_state
 from ordq.coordinator.duties import Action, Kind, Limits, OpenSegment, next_due_ms, plan
 from ordq.coordinator.group_moves import Move, MovePhases, batches, plan_moves, transactions
 from ordq.coordinator.pacing import in_slices
@@ -31,10 +31,13 @@ ROUND_WORKERS = 4
 # Queues handed to the round pool at once; between two slices the daemon waits while the
 # service answers a producer's FailOver (``coordinator/pacing.py``).
 ROUND_SLICE = 250
-# A dead group's idle heads: this many move transactions sent before the first answer is
-# awaited (``ZkStore.apply_batches``): ZooKeeper commits them in order, with one log sync for
-# those that arrive together, and the round trips overlap (each ~200 queues, ~250 KB at most).
-MOVES_IN_FLIGHT = 4
+# A dead group's heads: at most this many move transactions sent and not yet answered, the
+# next sent as each answer comes (``ZkStore.stream_batches``): ZooKeeper commits them in order,
+# with one log sync for those that arrive together, and builds the next while one is answered
+# (each ~200 queues, ~250 KB at most: 2 MB in flight at most). Until 2026-12-02 4 were sent,
+# then all 4 awaited (stop and go). A producer's FailOver on this process's session waits
+# behind those in flight (no idle one is sent while the service answers it: ``_wait_turn``).
+MOVES_IN_FLIGHT = 8
 # The sweep (``DaemonView.sweep_share``) reads every queue once per ``sweep_interval_s``, but
 # no more than this many queues a second (two reads each): at 10^4 queues 33/s (the 5 min
 # stand), at 10^5 a pass every ~8 min at ~400 reads/s, not 200,000 reads at once.
@@ -155,7 +158,7 @@ class DutyRound(DaemonParts):
         """Fail over, in batched transactions, every queue of ``queues`` whose head group is
         dead (``group_moves``), written queues first; return the queues left for the per-queue
         round (those not moved here). A moved queue's seal is queued with its move
-        (``_seal_moved``); an idle queue's batch starts once the last window is written
+        (``_seal_moved``); an idle queue's batch starts once the last transaction is answered
         (``_start_seal_batches``). One queue alone goes the per-queue way (no batch to gain).
         No cyclic garbage collection meanwhile: a full one walks every queue's copy (daemon_gc.py)."""
         with collections_held():
@@ -167,15 +170,18 @@ class DutyRound(DaemonParts):
                             queue_events=-view.queue_events)
         entries = view.entries
         live = view.live
+        mine = view.written.snapshot()  # what this process wrote, under one lock (not one a queue)
         rows = []
         for q in queues:
             entry = entries.get(q)
-            if entry is None or entry.state is None or entry.problem is not None:
+            known = latest_state(entry, mine.get(q)) if entry is not None else None
+            if entry is None or known is None:
                 continue
-            open_seg = entry.state.open_segment
+            st, at = known
+            open_seg = st.open_segment
             if open_seg is None or open_seg.gid in live:
                 continue  # its head is live: nothing to move (the facts of every queue cost ~30 µs each)
-            rows.append((q, entry.state, entry.at, view.facts(entry)))
+            rows.append((q, st, at, view.facts(entry, st)))
         planned, thread_cpu = time.monotonic(), time.thread_time()
         phases.rows_s = planned - started
         busy = {q for q, *_ in rows if is_written(q, self._written, now)}
@@ -185,15 +191,13 @@ class DutyRound(DaemonParts):
             return queues
         parts = batches(moves)
         phases.plan_s, phases.plan_cpu_s = time.monotonic() - planned, time.thread_time() - thread_cpu
-        # The busy queues' small batches first, then the idle ones MOVES_IN_FLIGHT transactions
-        # at a time (a producer's FailOver first before each window: pacing.py).
-        windows = [[p] for p in parts if p[0].busy]
-        idle = [p for p in parts if not p[0].busy]
-        windows += [idle[i:i + MOVES_IN_FLIGHT] for i in range(0, len(idle), MOVES_IN_FLIGHT)]
+        # The busy queues' small batches first (``plan_moves``' order), then the idle ones, at
+        # most MOVES_IN_FLIGHT transactions in flight (a producer's FailOver first before each
+        # idle one: pacing.py).
         with self._lock:
-            self._moving += 1  # the idle seals these moves queue wait for the last window
+            self._moving += 1  # the idle seals these moves queue wait for their last transaction
         try:
-            moved = self._write_moves(windows, view, phases)
+            moved = self._write_moves(parts, view, phases)
         finally:
             with self._lock:
                 self._moving -= 1
@@ -207,33 +211,27 @@ class DutyRound(DaemonParts):
                      phases.line())
         return [q for q in queues if q not in moved]
 
-    def _write_moves(self, windows: list[list[list[Move]]], view: DaemonView, phases: MovePhases) -> set[str]:
-        """Write the moves' transactions, window by window, and queue each moved queue's seal;
-        the queues moved. ``phases``: where the time went, added to."""
+    def _write_moves(self, parts: list[list[Move]], view: DaemonView, phases: MovePhases) -> set[str]:
+        """Write the moves' transactions, ``MOVES_IN_FLIGHT`` in flight at most, and queue each
+        moved queue's seal as its transaction is answered; the queues moved. ``phases``: where
+        the time went, added to."""
         moved: set[str] = set()
-        for window in windows:
-            if self._stop.is_set():
-                break
-            if not window[0][0].busy:
+
+        def before_send(i: int) -> None:
+            if not parts[i][0].busy:  # a written queue's producer may be waiting on it: never held
                 turn = time.monotonic()
                 self._wait_turn()
                 phases.turns_s += time.monotonic() - turn
-            writing, thread_cpu = time.monotonic(), time.thread_time()
-            try:
-                results = self.store.apply_batches([[(m.queue, m.version, m.after) for m in part] for part in window],
-                                                   view.group_versions)
-            except OrdqError as exc:  # left to the per-queue rounds
-                with self._lock:
-                    self.stats.errors += 1
-                log.warning("moving %d heads off a dead group: %s", sum(len(p) for p in window), exc)
-                continue
-            finally:
-                phases.writes_s += time.monotonic() - writing
-                phases.writes_cpu_s += time.thread_time() - thread_cpu
-            phases.windows += 1
-            phases.transactions += len(window)
-            sealing = time.monotonic()
-            for part, (done, _left) in zip(window, results, strict=True):
+
+        writing, thread_cpu, turns_s = time.monotonic(), time.thread_time(), phases.turns_s
+        sealing_s = sealing_cpu_s = 0.0
+        phases.in_flight = MOVES_IN_FLIGHT
+        answers = self.store.stream_batches([[(m.queue, m.version, m.after) for m in part] for part in parts],
+                                            view.group_versions, limit=MOVES_IN_FLIGHT, before_send=before_send)
+        try:
+            for part, (done, _left) in zip(parts, answers, strict=False):  # (fewer answers: stopping)
+                phases.transactions += 1
+                sealing, sealing_cpu = time.monotonic(), time.thread_time()
                 moved.update(done)
                 written = set(done)
                 self._seal_moved([m for m in part if m.queue in written])
@@ -243,7 +241,19 @@ class DutyRound(DaemonParts):
                         self.stats.batched_moves += len(done)
                         self.stats.actions[Kind.FAIL_OVER.value] = self.stats.actions.get(Kind.FAIL_OVER.value, 0) \
                             + len(done)
-            phases.seals_s += time.monotonic() - sealing
+                sealing_s += time.monotonic() - sealing
+                sealing_cpu_s += time.thread_time() - sealing_cpu
+                if self._stop.is_set():
+                    break
+        except OrdqError as exc:  # those not answered yet: left to the per-queue rounds
+            with self._lock:
+                self.stats.errors += 1
+            log.warning("moving %d heads off a dead group: %s", sum(len(p) for p in parts[phases.transactions:]), exc)
+        finally:
+            answers.close()
+            phases.seals_s += sealing_s
+            phases.writes_s += time.monotonic() - writing - sealing_s - (phases.turns_s - turns_s)
+            phases.writes_cpu_s += time.thread_time() - thread_cpu - sealing_cpu_s
         return moved
 
     def _seal_moved(self, moves: list[Move]) -> None:

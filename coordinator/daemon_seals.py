@@ -124,7 +124,7 @@ class SealBatches(DaemonParts):
         waited in ``_seal_batches`` while a dead group's heads were moved (``_moving``), or were
         deferred (``_retry_deferred``).
 
-        Why (issue 43): the moves queue their seals window by window (``_seal_moved``); started
+        Why (issue 43): the moves queue their seals transaction by transaction (``_seal_moved``); started
         at once, the seal batches ran beside the rest of the moves, in this process and on its
         one ZooKeeper connection, and the 33,333 heads of a dead group at 10^5 queues moved in
         17.3 / 29.7 s instead of 10.1-10.5 s (the goal is 10 s; scale43h). An idle queue's seal

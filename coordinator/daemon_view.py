@@ -102,6 +102,22 @@ def known_state(entry: QueueEntry, mine: tuple[QueueState, StateVersion] | None
     return entry.state, entry.at
 
 
+def latest_state(entry: QueueEntry, mine: tuple[QueueState, StateVersion] | None
+                 ) -> tuple[QueueState, StateVersion] | None:
+    """``known_state``, else the copy as last read even if a watch said it changed since (None
+    when it has none, or it is unusable): for a write checked against that version, which a
+    state changed by another writer fails (a lost CAS), as a dead group's moves are.
+
+    Why this process's later writes first (issue 43): the moves planned on the view's copies
+    alone, and a copy older than what this process wrote since (a spread pass's moves of the
+    first names, 14-44 s before a verdict at 10^5 queues, not read back yet) failed its check;
+    a move transaction of 200 with more such queues than its attempts was left whole (scale43r)."""
+    known = known_state(entry, mine)
+    if known is None and entry.state is not None and entry.problem is None:
+        return entry.state, entry.at
+    return known
+
+
 class DaemonView:
     """The daemon's copy of queue and group records; ``refresh()`` brings the dirty ones up to
     date and returns them. Made per leadership term; ``close()`` silences its watches."""
@@ -264,9 +280,12 @@ class DaemonView:
         with self._lock:
             return self._due[0][0] if self._due else None
 
-    def facts(self, entry: QueueEntry) -> Facts:
-        assert entry.state is not None
-        groups = set(entry.state.groups)
+    def facts(self, entry: QueueEntry, state: QueueState | None = None) -> Facts:
+        """What a plan of ``state`` (default: the copy's) needs beside it: its groups' liveness
+        and drain marks, the cursors as last read."""
+        state = state if state is not None else entry.state
+        assert state is not None
+        groups = set(state.groups)
         return Facts(live_groups=self.live & groups, cursors=dict(entry.cursors or {}),
                      drained=self.drained & groups)
 

@@ -60,13 +60,13 @@ class MovePhases:
     rows_s: float = 0.0  # the rows (state, version, facts) of the queues to move
     plan_s: float = 0.0  # ``plan_moves`` and ``batches``
     plan_cpu_s: float = 0.0
-    turns_s: float = 0.0  # waiting for the service's urgent requests (pacing.py) before windows
-    writes_s: float = 0.0  # the transactions sent and answered, window by window
+    turns_s: float = 0.0  # waiting for the service's urgent requests (pacing.py) before idle transactions
+    writes_s: float = 0.0  # the transactions sent and answered (turns and seals queued not counted)
     writes_cpu_s: float = 0.0
     seals_s: float = 0.0  # the moved queues' seals queued (``_seal_moved``)
     total_s: float = 0.0
     process_cpu_s: float = 0.0
-    windows: int = 0
+    in_flight: int = 0  # the bound on transactions sent and not yet answered
     transactions: int = 0
     redone: int = 0  # transactions that failed and were done again part by part
     revalidations: int = 0  # batches checked again against the deletion log
@@ -74,7 +74,7 @@ class MovePhases:
 
     def line(self) -> str:
         return (f"in {self.total_s:.2f} s: rows {self.rows_s:.2f} s, plan {self.plan_s:.2f} s "
-                f"(cpu {self.plan_cpu_s:.2f}), {self.transactions} transactions in {self.windows} windows "
+                f"(cpu {self.plan_cpu_s:.2f}), {self.transactions} transactions ({self.in_flight} in flight at most) "
                 f"{self.writes_s:.2f} s (cpu {self.writes_cpu_s:.2f}), turns waited {self.turns_s:.2f} s, "
                 f"seals queued {self.seals_s:.2f} s; the process's cpu {self.process_cpu_s:.2f} s; "
                 f"{self.redone} transactions redone, {self.revalidations} revalidations, "

@@ -24,13 +24,16 @@ stream of requests slows the idle work, never stops it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
+A = TypeVar("A")
 
 # The service's requests that hold the daemon's idle work while served: those a producer's
 # writes stop on until answered (a failover, a new leader's claim). Not Commit, Pop, Subscribe:
@@ -86,3 +89,35 @@ def in_slices(items: Sequence[T], size: int, pause: Callable[[], object] | None)
         if i and pause is not None:
             pause()
         yield items[i:i + size]
+
+
+def in_flight(items: Iterable[T], send: Callable[[T], R], wait: Callable[[T, R], A], *, limit: int,
+              before_send: Callable[[T], object] | None = None) -> Iterator[tuple[T, A]]:
+    """``wait(item, send(item))`` of each item, in order, with at most ``limit`` sent and not yet
+    answered: once the oldest is answered the next is sent, before that answer is handed on, so
+    the next request is on its way while the caller handles the answer. ``before_send(item)``
+    runs before each send (a ``wait_turn``). An exception of ``send`` or ``wait`` ends it: the
+    items not yielded may or may not have been sent.
+
+    Why (issue 43): a dead group's ~170 move transactions at 10^5 queues went 4 at a time, the
+    next 4 only once all 4 were answered (stop and go): ZooKeeper idled while this process
+    handled the answers and built the next window."""
+    if limit < 1:
+        raise ValueError("limit must be >= 1")
+    pending: collections.deque[tuple[T, R]] = collections.deque()
+    todo = iter(items)
+
+    def send_next() -> None:
+        for item in todo:
+            if before_send is not None:
+                before_send(item)
+            pending.append((item, send(item)))
+            return
+
+    for _ in range(limit):
+        send_next()
+    while pending:
+        item, request = pending.popleft()
+        answer = wait(item, request)
+        send_next()
+        yield item, answer

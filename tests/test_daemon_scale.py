@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from ordq.coordinator.daemon import CoordinatorDaemon
+from ordq.coordinator.daemon_round import MOVES_IN_FLIGHT
 from ordq.coordinator.store import ZkStore
 from tests.helpers.collector import note_collector
 from tests.helpers.groups import add_live_groups
@@ -482,9 +483,9 @@ def test_a_dead_group_s_heads_move_in_batched_transactions_written_ones_first(se
         assert moved >= len(headed) and batches <= 2 + moved // 200
         [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("moved ")]
         said = re.search(r"moved (\d+) heads .* \(1 busy\) in [\d.]+ s: rows [\d.]+ s, plan [\d.]+ s \(cpu [\d.]+\), "
-                         r"(\d+) transactions in (\d+) windows", line)
+                         r"(\d+) transactions \((\d+) in flight at most\)", line)
         assert said is not None, line
-        assert int(said[1]) == moved and int(said[2]) == batches and 2 <= int(said[3]) <= batches, line
+        assert int(said[1]) == moved and int(said[2]) == batches and int(said[3]) == MOVES_IN_FLIGHT, line
         assert collector_on and not any(collector_on) and gc.isenabled(), collector_on
         # the busy queue's transaction came first: its state's znode was written before any other's
         mzxid = {q: store.client.exists(store.paths.state(q)).mzxid for q in headed}
@@ -1013,19 +1014,21 @@ def test_one_seal_batch_call_of_a_dead_group_runs_while_its_heads_move(setup, mo
 
     daemon = CoordinatorDaemon(store, identifier="seal-after-moves", away_grace_s=0, sealer=lambda *a, **k: None,
                                batch_sealer=batch_sealer)
-    real_batches = store.apply_batches
-    windows: list[int] = []
+    real_stream = store.stream_batches
+    windows: list[int] = []  # (the transactions answered)
 
-    def watched_batches(parts, group_versions):  # type: ignore[no-untyped-def]
-        if {q for part in parts for q, _v, _st in part} <= set(headed):  # a window of w1's moves
-            if windows:  # a later one: the earlier ones' seals are being asked, one call at a time
+    def watched_stream(parts, group_versions, **kwargs):  # type: ignore[no-untyped-def]
+        mine = {q for part in parts for q, _v, _st in part} <= set(headed)  # w1's moves
+        for part, answer in zip(parts, real_stream(parts, group_versions, **kwargs), strict=False):
+            if mine and windows:  # a later one: the earlier ones' seals are being asked, one call at a time
                 wait_until(lambda: set(asked) & set(headed), timeout_s=10, interval_s=0.02,
                            what="a seal batch of w1 during its moves")
                 queued_while_moving.append((daemon._seal_batch_jobs.get("w1", 0), set(asked) & set(headed)))
-            windows.append(sum(len(p) for p in parts))
-        return real_batches(parts, group_versions)
+            if mine:
+                windows.append(len(part))
+            yield answer
 
-    # small transactions, one a window: the ~30 heads move in several windows
+    # small transactions, one in flight: the ~30 heads move in several transactions
     monkeypatch.setattr(daemon_round, "batches", lambda moves: group_moves.batches(moves, max_count=5))
     monkeypatch.setattr(daemon_round, "MOVES_IN_FLIGHT", 1)
     names = _queues_on_groups_of_their_own(store, "sw", ("w1", "w2"))
@@ -1033,7 +1036,7 @@ def test_one_seal_batch_call_of_a_dead_group_runs_while_its_heads_move(setup, mo
         daemon.round()
         headed = [q for q in names if store.load_state(q)[0].head == "w1"]
         assert len(headed) >= 10
-        monkeypatch.setattr(store, "apply_batches", watched_batches)
+        monkeypatch.setattr(store, "stream_batches", watched_stream)
         store.client.delete(store.paths.live("w1", "master"))
         try:
             _round_until(daemon, lambda: all(store.load_state(q)[0].head == "w2" for q in headed),

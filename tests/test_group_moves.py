@@ -30,10 +30,10 @@ def queue(name: str, head: str) -> QueueState:
 def test_the_moves_phases_are_said_in_one_line() -> None:
     """What the moves' log line says (issue 43: where a dead group's 7.9-10.9 s at 10^5 went)."""
     phases = MovePhases(rows_s=0.31, plan_s=2.456, plan_cpu_s=2.2, turns_s=0.01, writes_s=6.5, writes_cpu_s=3.25,
-                        seals_s=0.4, total_s=9.7, process_cpu_s=9.1, windows=42, transactions=167, redone=1,
+                        seals_s=0.4, total_s=9.7, process_cpu_s=9.1, in_flight=8, transactions=167, redone=1,
                         revalidations=0, queue_events=33334)
     assert phases.line() == (
-        "in 9.70 s: rows 0.31 s, plan 2.46 s (cpu 2.20), 167 transactions in 42 windows 6.50 s (cpu 3.25), "
+        "in 9.70 s: rows 0.31 s, plan 2.46 s (cpu 2.20), 167 transactions (8 in flight at most) 6.50 s (cpu 3.25), "
         "turns waited 0.01 s, seals queued 0.40 s; the process's cpu 9.10 s; 1 transactions redone, "
         "0 revalidations, 33334 queue watches fired")
 
@@ -100,7 +100,7 @@ def store(zk_server, zk_root) -> Iterator[ZkStore]:
 
 
 @pytest.mark.zk
-def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore) -> None:
+def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore, caplog) -> None:
     add_live_groups(store, GROUPS)
     names = [f"q{i}" for i in range(6)]
     for q in names:
@@ -127,8 +127,13 @@ def test_apply_batch_writes_all_and_leaves_out_a_queue_that_moved(store: ZkStore
     again = plan_moves(rows, busy=set())
     assert again, "g2 heads them now and is not live in these facts"
     store.set_group_drained("g3", True)
+    caplog.set_level("WARNING", logger="ordq.coordinator")
     done, left = store.apply_batch([(m.queue, m.version, m.after) for m in again], group_versions)
     assert done == [] and sorted(left) == sorted(m.queue for m in again)
+    # said, with why (a lost version check is not: scale43r's 200 queues left whole, cause unknown)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"a batch of {len(again)} states: 0 written, 0 moved since, {len(again)} more not written (a group's drain "
+        "mark changed since it was read)"]
 
 
 @pytest.mark.zk
@@ -152,3 +157,119 @@ def test_apply_batch_leaves_out_every_moved_queue_however_many_and_writes_the_re
     for m in moves:
         if m.queue in done:
             assert store.load_state(m.queue)[0] == m.after
+
+
+def test_the_moves_are_planned_on_this_processs_later_writes_not_an_older_copy(monkeypatch) -> None:
+    """Issue 43: the moves planned on the view's copies, and a copy older than what this process
+    wrote since failed its version check: at 10^5 a spread pass moved the first names' heads
+    14-44 s before a verdict, and a move transaction of 200 was left whole (scale43r runs 1-2).
+    Now a queue this process wrote after the view's copy is planned on its written version
+    (or not at all, when that write moved its head off the dead group); a copy a watch says
+    changed, with no write of this process since, is still used (a lost CAS at worst). Pure:
+    the daemon's planning over a view of stubs, its writes caught. Failing first: q0 and q1
+    were planned on the copy's version 1."""
+    import types
+
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import STATE, DaemonView, QueueEntry
+    from ordq.coordinator.store_base import WrittenStates
+    from ordq.coordinator.store_values import StateVersion
+
+    written = WrittenStates()
+    store = types.SimpleNamespace(written=written, paths=types.SimpleNamespace(queues="/ordq/queues"),
+                                  batches_redone=0, revalidations=0)
+    daemon = CoordinatorDaemon(store, identifier="moves-mine")  # type: ignore[arg-type]
+    view = DaemonView(store, lambda: None)  # type: ignore[arg-type]
+    names = [f"q{i}" for i in range(4)]
+    copies = {q: queue(q, "g1") for q in names}
+    view.entries = {q: QueueEntry(state=s, version=1, stale=set()) for q, s in copies.items()}
+    view.live = frozenset({"g2", "g3"})
+    # q0: this process handed its head to g3 since (a spread pass); q1: it wrote q1 (still g1's)
+    handed = sm.hand_over(copies["q0"], "g1", 0, "g3")
+    assert handed.head == "g3"
+    written.note("q0", handed, StateVersion(2, 0))
+    bumped = sm.bump_epoch(copies["q1"])
+    written.note("q1", bumped, StateVersion(2, 0))
+    view.entries["q2"].stale.add(STATE)  # q2: its watch fired, not read again yet
+    planned: list[Move] = []
+
+    def caught(parts, _view, _phases):  # type: ignore[no-untyped-def]
+        # (the transactions; on the old code windows of them: lists of lists)
+        planned.extend(m for p in parts for m in (p if isinstance(p[0], Move) else [m for t in p for m in t]))
+        return set()
+
+    monkeypatch.setattr(daemon, "_write_moves", caught)
+    daemon._move_dead_heads_now(names, view, 0.0)
+    rows = {m.queue: (m.version, m.before) for m in planned}
+    assert sorted(rows) == ["q1", "q2", "q3"]  # q0's head is g3's now: nothing to move
+    assert rows["q1"] == (StateVersion(2, 0), bumped)
+    assert rows["q2"] == (StateVersion(1, 0), copies["q2"]) and rows["q3"] == (StateVersion(1, 0), copies["q3"])
+
+
+@pytest.mark.zk
+def test_the_move_transactions_go_as_a_sliding_window(store: ZkStore, monkeypatch) -> None:
+    """Issue 43: a dead group's move transactions went a window at a time (4 sent, then all 4
+    awaited, then the next 4): ZooKeeper idled while this process handled the answers and built
+    the next window. Now at most ``MOVES_IN_FLIGHT`` are unanswered and the next is sent as
+    each answer comes, busy queues' first. Against a real ZooKeeper: the daemon's moves of 24
+    queues in 13 transactions, 3 in flight; each send and each wait for an answer noted (1 busy transaction, 12 idle).
+    Failing first (495524d): the 4th transaction was sent after the 3rd answer, not the 1st."""
+    import time
+
+    from ordq.coordinator import daemon_round, group_moves
+    from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_view import DaemonView, QueueEntry
+
+    add_live_groups(store, GROUPS)
+    names = [f"w{i:02d}" for i in range(24)]
+    for q in names:
+        store.create_queue(q, ["g1", "g2", "g3"])
+    _, group_versions = store._drained_with_versions(GROUPS)
+    view = DaemonView(store, lambda: None)
+    for q in names:
+        st_, version = store.load_state_to_write(q)
+        assert st_.head == "g1"
+        view.entries[q] = QueueEntry(state=st_, version=version.znode, deletions=version.deletions, stale=set())
+    view.live, view.group_versions = frozenset({"g2", "g3"}), dict(group_versions)
+    daemon = CoordinatorDaemon(store, identifier="sliding")
+    daemon._written = {"w23": time.monotonic()}  # written lately: its transaction goes first
+    monkeypatch.setattr(daemon_round, "batches", lambda moves: group_moves.batches(moves, max_count=2,
+                                                                                   busy_count=2))
+    monkeypatch.setattr(daemon_round, "MOVES_IN_FLIGHT", 3)
+    events: list[tuple[str, int]] = []
+    first_of: dict[int, str] = {}
+    real_transaction = store._state_transaction
+
+    class Answer:
+        def __init__(self, request, n: int) -> None:  # type: ignore[no-untyped-def]
+            self.request, self.n = request, n
+
+        def get(self, timeout=None):  # type: ignore[no-untyped-def]
+            events.append(("answer", self.n))
+            return self.request.get(timeout=timeout)
+
+    def noted_transaction(writes, versions):  # type: ignore[no-untyped-def]
+        tx, checks = real_transaction(writes, versions)
+        real_commit = tx.commit_async
+
+        def commit_async():  # type: ignore[no-untyped-def]
+            n = sum(1 for kind, _n in events if kind == "send")
+            first_of[n] = writes[0][0]
+            events.append(("send", n))
+            return Answer(real_commit(), n)
+
+        tx.commit_async = commit_async
+        return tx, checks
+
+    monkeypatch.setattr(store, "_state_transaction", noted_transaction)
+    left = daemon._move_dead_heads_now(names, view, time.monotonic())
+    assert left == []
+    assert all(store.load_state(q)[0].head != "g1" for q in names)
+    sends = [n for kind, n in events if kind == "send"]
+    assert sends == list(range(13)) and first_of[0] == "w23"  # the busy queue's transaction first, alone
+    unanswered = 0
+    for i, (kind, n) in enumerate(events):
+        unanswered += 1 if kind == "send" else -1
+        assert unanswered <= 3, events
+        if kind == "send" and n >= 3:  # the next goes as soon as the one 3 before it is answered
+            assert events[i - 1] == ("answer", n - 3), events
