@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,16 +75,28 @@ def _spin(seconds: float = HOG_SPIN_S) -> None:
         pass
 
 
+_UNTYPED_TOLD: set[str] = set()  # the untyped refusals' details written to stderr so far
+UNTYPED_TOLD_MAX = 20
+
+
 def _outcome(exc: grpc.RpcError) -> str:
     """An attack call's outcome: the ordq error kind of its refusal (``exhausted+hint`` for a refused
-    turn carrying its retry hint), else the bare gRPC status (not typed by ordq)."""
+    turn carrying its retry hint), else the bare gRPC status (not typed by ordq). Each new detail
+    of an untyped one is written to stderr (the drill's output), up to UNTYPED_TOLD_MAX: which
+    layer answered it (stop 63: 1,000s of UNAVAILABLE a round, not counted by the leader)."""
     typed = isinstance(exc, (grpc.Call, CallEnded))  # CallEnded: a hand-made call's, read alike
     trailers = dict(exc.trailing_metadata() or ()) if typed else {}
     raw = trailers.get(METADATA_KEY)
     if raw:
         kind = str(json.loads(raw)["kind"])
         return kind + ("+hint" if RETRY_METADATA_KEY in trailers else "")
-    return exc.code().name if typed else type(exc).__name__
+    name = exc.code().name if typed else type(exc).__name__
+    if name not in ("DEADLINE_EXCEEDED", "CANCELLED") and len(_UNTYPED_TOLD) < UNTYPED_TOLD_MAX:
+        told = f"{name}: {(exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ''}"[:300]
+        if told not in _UNTYPED_TOLD:
+            _UNTYPED_TOLD.add(told)
+            print(f"attacker: an untyped refusal: {told}", file=sys.stderr, flush=True)
+    return name
 
 
 CONNECT_S = 10.0  # the attacker's connections, made before its first window, each within this
