@@ -78,7 +78,7 @@ def test_the_neighbour_drills_abuser_is_placed_as_a_host_of_its_own() -> None:
                               "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
                               "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"  # its thread runs
         iso, judgement = neighbour.isolate({})
         assert iso is not None, judgement
         with iso:
@@ -94,3 +94,5 @@ def test_the_neighbour_drills_abuser_is_placed_as_a_host_of_its_own() -> None:
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
