@@ -68,13 +68,6 @@ def attack_kinds() -> tuple[str, ...]:
     return ATTACKS if kinds == ATTACKS + CONTROLS else kinds
 
 
-def _spin(seconds: float = HOG_SPIN_S) -> None:
-    """Busy for ``seconds`` (the ``hog`` control): CPU only, no call, no memory to speak of."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 _UNTYPED_TOLD: set[str] = set()  # the untyped refusals' details written to stderr so far
 UNTYPED_TOLD_MAX = 20
 
@@ -231,7 +224,7 @@ class _Attacker(neighbour.CallLoops):
             for huge_pop in self.links.huge:
                 loops.append(("huge", self.timed(huge_pop, lambda: None), HUGE_EVERY_S))
         if "hog" in self.kinds:  # a control: the cgroup's quota of CPU, no call at all
-            loops.append(("hog", _spin, 0.0))
+            loops.append(("hog", lambda: neighbour.spin(HOG_SPIN_S), 0.0))
         return loops
 
     def stop(self) -> dict[str, int]:

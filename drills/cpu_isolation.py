@@ -33,8 +33,8 @@ PERIOD_US = 100_000
 # noisy-neighbour drill's abuser. Why placed (stop g; docs/SECURITY.md, "Where the attacker runs"):
 # the attacker is a client, on another host in production, so its own CPU is not the cluster's to
 # defend. Under the quota alone its ~80 threads run on both cores at once in bursts and take CPU a
-# host of its own would never take (stop f: pinned, the neighbour's Commit p99 1.29x quiet in one round, unpinned
-# 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
+# host of its own would never take (stop f: pinned, the neighbour's Commit p99 1.29x quiet in one
+# round, unpinned 2.5-3.1x, with as many calls answered). On one CPU it still takes up to half of one of the
 # cluster's two cores: a harsher neighbour than a separate host. The ``unplaced`` windows keep
 # the figure of the attacker on every CPU in every run's output, so nothing is hidden.
 #

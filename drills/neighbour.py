@@ -274,7 +274,7 @@ class _Abuser(CallLoops):
             return lambda: fetch(body, metadata=meta, timeout=30)
 
         if HOG_CONTROL in self.kinds:
-            loops.append(("hog spin", _spin, HOG_PAUSE_S))
+            loops.append(("hog spin", lambda: spin(HOG_SPIN_S), HOG_PAUSE_S))
         if "huge" in self.kinds:  # huge fetches, answers read (as bytes: the abuser's own CPU spared)
             loops += [("huge fetch", fetcher(), 0.0) for _ in range(4)]
         if "oversized" in self.kinds:
@@ -306,8 +306,9 @@ class _Abuser(CallLoops):
         return outcomes
 
 
-def _spin() -> None:
-    end = time.perf_counter() + HOG_SPIN_S
+def spin(seconds: float) -> None:
+    """Take a CPU for ``seconds``, doing nothing (a hog control's call; both drills')."""
+    end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
 

@@ -1,6 +1,6 @@
 """The noisy-neighbour drill's kinds of abuse as the environment names them (pure): all by
 default, a subset for a measurement, ``none`` for the idle control (nothing sent), ``hog`` for the
-CPU control (nothing sent, ~0.2 core spun in the cluster's group), and clear errors for a
+CPU control (nothing sent, ~0.1-0.2 core spun in the cluster's group), and clear errors for a
 mistyped kind or a control mixed with others."""
 
 from __future__ import annotations
