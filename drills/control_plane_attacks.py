@@ -6,7 +6,8 @@ answered against what the leader counted.
 Each attack outcome is the ordq error kind of the refusal (the ``ordq-error`` trailer;
 ``exhausted+hint``: a refused turn with its ``ordq-retry-ms`` hint), ``ok``, ``cut`` (a call the
 window's end cut: every call's deadline is its window's end, and what is still in flight then is
-cancelled), or the bare gRPC status when ordq did not type it.
+cancelled), ``refused_stream`` (the leader's HTTP/2 layer refused the call before any handler:
+``REFUSED_STREAM``, below), or the bare gRPC status when ordq did not type it.
 """
 
 from __future__ import annotations
@@ -72,11 +73,22 @@ _UNTYPED_TOLD: set[str] = set()  # the untyped refusals' details written to stde
 UNTYPED_TOLD_MAX = 20
 
 
+# The leader's HTTP/2 layer refused the stream (RST_STREAM REFUSED_STREAM, gRPC's "overload
+# protection", on by default): a connection's calls count against its ``max_streams_per_connection``
+# until the server has *released* them, not until they end, so calls the attacker cut, or that
+# the leader answered and its Python threads have not yet let go of, hold their slots, and past
+# 100 a new call is refused before any handler sees it: it cost the leader nothing, and gRPC gives
+# the leader no count of it (stop 63: 1,000s a round on the flood's connections, at 16 calls
+# each in flight). tests/test_control_plane_plan.py makes one.
+REFUSED_STREAM = "refused_stream"
+_REFUSED_STREAM_DETAIL = "RST_STREAM with error code 7"
+
+
 def _outcome(exc: grpc.RpcError) -> str:
     """An attack call's outcome: the ordq error kind of its refusal (``exhausted+hint`` for a refused
-    turn carrying its retry hint), else the bare gRPC status (not typed by ordq). Each new detail
-    of an untyped one is written to stderr (the drill's output), up to UNTYPED_TOLD_MAX: which
-    layer answered it (stop 63: 1,000s of UNAVAILABLE a round, not counted by the leader)."""
+    turn carrying its retry hint), ``refused_stream`` (``REFUSED_STREAM``), else the bare gRPC
+    status (not typed by ordq). Each new detail of an untyped one is written to stderr (the
+    drill's output), up to UNTYPED_TOLD_MAX: which layer answered it."""
     typed = isinstance(exc, (grpc.Call, CallEnded))  # CallEnded: a hand-made call's, read alike
     trailers = dict(exc.trailing_metadata() or ()) if typed else {}
     raw = trailers.get(METADATA_KEY)
@@ -84,8 +96,11 @@ def _outcome(exc: grpc.RpcError) -> str:
         kind = str(json.loads(raw)["kind"])
         return kind + ("+hint" if RETRY_METADATA_KEY in trailers else "")
     name = exc.code().name if typed else type(exc).__name__
+    details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
+    if name == "UNAVAILABLE" and _REFUSED_STREAM_DETAIL in details:
+        return REFUSED_STREAM
     if name not in ("DEADLINE_EXCEEDED", "CANCELLED") and len(_UNTYPED_TOLD) < UNTYPED_TOLD_MAX:
-        told = f"{name}: {(exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ''}"[:300]
+        told = f"{name}: {details}"[:300]
         if told not in _UNTYPED_TOLD:
             _UNTYPED_TOLD.add(told)
             print(f"attacker: an untyped refusal: {told}", file=sys.stderr, flush=True)
@@ -351,8 +366,9 @@ def judge_attacks(outcomes: dict[str, int], counted: dict[str, float], kinds: tu
                   ) -> list[tuple[str, bool]]:
     """Every attack refused (``flood:Describe`` may be served: a consume token may describe its
     queue; its excess is refused) with its own refusal seen, and counted by the leader. A call
-    its window's end cut (``cut``) is neither served nor refused; a thread still running after
-    its window's drain (``running``) fails its attack."""
+    its window's end cut (``cut``) is neither served nor refused; one the leader's HTTP/2 layer
+    refused (``refused_stream``) is refused, uncounted (the leader has no count of it); a thread
+    still running after its window's drain (``running``) fails its attack."""
     out: list[tuple[str, bool]] = []
     per: dict[str, dict[str, int]] = {}
     for key, n in outcomes.items():
@@ -368,7 +384,8 @@ def judge_attacks(outcomes: dict[str, int], counted: dict[str, float], kinds: tu
                     seen[outcome] = seen.get(outcome, 0) + n
         served = seen.get("ok", 0) if what != "flood:Describe" else 0
         # A call its window's end cut was neither answered nor refused: told, never its refusal.
-        untyped = {k: v for k, v in seen.items() if k not in (own, "exhausted+hint", "ok", neighbour.CUT)}
+        untyped = {k: v for k, v in seen.items()
+                   if k not in (own, "exhausted+hint", "ok", neighbour.CUT, REFUSED_STREAM)}
         out.append((f"{what}: refused {own} {seen.get(own, 0)}x ({seen or 'never sent'})",
                     seen.get(own, 0) > 0 and not served and not untyped))
     expected: dict[str, int] = {}

@@ -209,8 +209,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # for what it adds beside the default run's real-process tests of the same guarantees: every
 # Spark test (a verification is ~30-40 s of JVM CPU, whatever the input's size), the docs'
 # walkthroughs (each runs a cluster and Spark through the CLI), the benches' smoke runs, the
-# wheel, and the tests that start a PostgreSQL or MariaDB server.
-_HEAVY_FILES = {"test_bench.py", "test_cdc_apply.py", "test_cdc_mysql.py", "test_wheel.py"}
+# wheel, and the tests that start a PostgreSQL or MariaDB server (the outbox's too). Since stop 64
+# (the default run took 16 min on a quiet box, 15 in CI): whole local clusters' lives (`ordq
+# up`/`down`, two side by side, ZooKeeper over TLS, the lab's hosts, a killed drill's orphans), the
+# disk under load (segment rolls, retention), and the floods of the defences' tests (the brokers'
+# budgets, the coordinator's turns): ~430 s of the default run's 1,850.
+_HEAVY_FILES = {"test_bench.py", "test_cdc_apply.py", "test_cdc_mysql.py", "test_wheel.py", "test_outbox.py",
+                "test_local_cluster.py", "test_two_clusters.py", "test_zk_tls.py", "test_lab.py", "test_orphans.py",
+                "test_disk.py", "test_protect.py", "test_coordinator_defences.py"}
 _HEAVY_TESTS = {"test_doc_runs_as_written", "test_deploying_on_three_machines_runs_as_written_in_the_lab"}
 
 

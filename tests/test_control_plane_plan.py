@@ -385,3 +385,52 @@ def test_the_attackers_connections_are_made_before_its_first_window_and_kept(qui
         finally:
             attacker.close()
         assert taken[0] == made, (taken[0], made)
+
+
+def test_a_stream_the_servers_http2_layer_refuses_is_named_and_judged_refused_not_untyped() -> None:
+    """Stop 63's untyped UNAVAILABLE, made: a server counts a connection's calls against its
+    ``grpc.max_concurrent_streams`` until it has released them (gRPC's overload protection), so
+    calls the client cut while their handlers still run keep their slots, and the next call is
+    refused by the HTTP/2 layer (``REFUSED_STREAM``) though the client has none in flight. The
+    drill names it ``refused_stream``: a refusal (not served, not untyped), before any handler."""
+    from concurrent import futures
+
+    release = threading.Event()
+    handled = []
+
+    def hold(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        handled.append(1)
+        release.wait(30)
+        return b""
+
+    class Every(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(hold)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=[Every()],
+                         options=[("grpc.max_concurrent_streams", 2)])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 0)])
+    call = ch.unary_unary("/t.S/M")
+    try:
+        outcomes: list[str] = []
+        for _ in range(6):  # each cut by its deadline, its handler still holding it
+            try:
+                call(b"", timeout=0.3)
+            except grpc.RpcError as exc:
+                outcomes.append(cpa._outcome(exc))
+        assert cpa.REFUSED_STREAM in outcomes and len(handled) <= 3, (outcomes, len(handled))
+        assert set(outcomes) <= {"DEADLINE_EXCEEDED", cpa.REFUSED_STREAM}, outcomes
+    finally:
+        release.set()
+        ch.close()
+        server.stop(0)
+    judged = cpa.judge_attacks({"flood:Describe exhausted+hint": 2, f"flood:Describe {cpa.REFUSED_STREAM}": 40,
+                                "flood:Subscribe bad_request": 1, f"flood:Subscribe {cpa.REFUSED_STREAM}": 9},
+                               {"ResourceExhausted": 2, "ConfigError": 1}, ("flood",))
+    assert judged and all(ok for _, ok in judged), judged
+    untyped = cpa.judge_attacks({"flood:Describe exhausted+hint": 2, "flood:Describe UNAVAILABLE": 1,
+                                 "flood:Subscribe bad_request": 1}, {"ResourceExhausted": 2, "ConfigError": 1},
+                                ("flood",))
+    assert not all(ok for _, ok in untyped), untyped

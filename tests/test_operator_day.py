@@ -30,6 +30,7 @@ from ordq.common.security import register
 from ordq.coordinator.tokens import create_token, touch
 from ordq.sdk import Consumer, ConsumerConfig
 from tests.cluster import REPO, Cluster, module_cluster
+from tests.helpers.stacks import stacks_of
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -153,7 +154,11 @@ def _stops_on_sigint(env: Env, proc: subprocess.Popen[bytes], name: str, *, read
         wait_until(lambda: ready in log.read_text(errors="replace"), timeout_s=load_stretched(60),
                    interval_s=0.05, what=f"{name}: {ready!r}")
         proc.send_signal(signal.SIGINT)
-        return proc.wait(timeout=load_stretched(15))
+        try:
+            return proc.wait(timeout=load_stretched(15))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still ran {load_stretched(15):.0f} s after SIGINT; its stacks:\n"
+                                 f"{stacks_of(proc.pid)}\nits log:\n{log.read_text(errors='replace')}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
