@@ -291,7 +291,8 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
     Describe and Subscribe from 64 threads over 4 connections (a process of its own); another
     token's Commit on another queue keeps its p99 within 2x of quiet (rounds interleaved; a
     floor of 100 ms for a loaded machine's noise: measured 26 -> 86 ms at load 20), and the
-    flood's calls past its bounds are refused RESOURCE_EXHAUSTED with a retry hint, counted."""
+    flood is held: its calls past its share paced, or refused RESOURCE_EXHAUSTED with a retry
+    hint, counted."""
     import subprocess
     import sys
     import time
@@ -365,11 +366,16 @@ def test_a_flood_from_one_token_slows_only_that_token(coordinator: tuple[Cluster
             print(f"  {name}: p50 {ms[len(ms) // 2]} p90 {ms[int(len(ms) * 0.9) - 1]} worst {ms[-5:]} ms; "
                   f"the coordinator at {cpu_s[name] / wall_s[name]:.2f} core")
         metrics = read_metrics(cluster.coordinators[0].wait_for_line("METRICS ", timeout_s=30).split()[-1])
-        print("  turns", {o: value(metrics, "ordq_coordinator_turns_total", outcome=o)
-                          for o in ("served", "waited", "reserved", "refused", "paced")})
+        turns = {o: value(metrics, "ordq_coordinator_turns_total", outcome=o)
+                 for o in ("served", "waited", "reserved", "refused", "paced")}
+        print("  turns", turns)
         assert p99["flooded"] <= max(2 * p99["quiet"], p99["quiet"] + 0.1), p99
-        assert counts.get("RESOURCE_EXHAUSTED+hint", 0) >= 1 and "RESOURCE_EXHAUSTED" not in counts, counts
-        assert outcomes(cluster, "ResourceExhausted") >= counts["RESOURCE_EXHAUSTED+hint"]
+        # The flood was held: its calls paced (asleep) or, past 32 waiting, refused. A flooder
+        # starved of CPU (nice 19 beside six busy loops: 896 calls in three rounds, stop 63) never
+        # has 32 calls waiting at once, so it is paced and never refused; both are the guard.
+        assert turns["paced"] + turns["refused"] >= 1, (turns, counts)
+        assert "RESOURCE_EXHAUSTED" not in counts, counts  # each refusal typed, with its retry hint
+        assert outcomes(cluster, "ResourceExhausted") >= counts.get("RESOURCE_EXHAUSTED+hint", 0)
     finally:
         client.close()
 
