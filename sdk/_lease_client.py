@@ -210,6 +210,8 @@ class CoordinatorLease:
         try:
             now_held = self._coord.heartbeat(held, timeout_s=self._clock.timeout_s * CLIENT_TRUST)
         except LeaseLost as exc:
+            if self._stopped:  # our own release overtook this renewal (docs/SDK.md's run printed
+                return         # "lost: it was released" as its consumer closed): nothing was lost
             self.stats.lost += 1
             self._clock.lose(exc.reason)
             log.warning("%s lease of %s lost: %s", self.kind, self._what(), exc.reason)

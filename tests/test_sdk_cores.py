@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordq.common.errors import ConfigError, CoordinationUnavailable, GapDetected
+from ordq.common.errors import ConfigError, CoordinationUnavailable, GapDetected, LeaseLost
+from ordq.coordinator.client_values import Held
 from ordq.coordinator.state import Cursor
 from ordq.sdk._consumer_core import CommitConfig, CommitPolicy, DeliveryFilter, FinishedTracker
+from ordq.sdk._lease_client import CoordinatorLease
 from ordq.sdk._producer_core import BatchingConfig, ProducerCore, message_bytes
 from ordq.sdk._producer_io import FailoverPacing
 from ordq.wire.batch import Message
@@ -528,3 +531,42 @@ def test_an_idle_reader_is_never_left_without_a_describe_past_the_cap(rounds: li
             last = asked[-1]
         elif not got:
             assert clock.t - last <= max(every_s, IDLE_MAX_S) + every_s + 1e-9
+
+
+class _ReleasingCoordinator:
+    """What ``CoordinatorLease`` calls of a coordinator: grants at once; a renewal in flight
+    when the holder releases is answered LeaseLost("it was released"), as the leader answers
+    a Heartbeat that arrives after the Release."""
+
+    def __init__(self) -> None:
+        self.renewing = threading.Event()
+        self.released = threading.Event()
+
+    def acquire(self, kind: str, queue: str, sub: str, holder: str, **_: object) -> Held:
+        return Held(kind=kind, queue=queue, sub=sub, holder=holder, generation=1, key="k", ttl_ms=200)
+
+    def heartbeat(self, lease: Held, **_: object) -> Held:
+        self.renewing.set()
+        self.released.wait(10)
+        raise LeaseLost(lease.kind, lease.queue, lease.sub, "it was released")
+
+    def release(self, lease: Held, **_: object) -> None:
+        self.released.set()
+
+
+def test_a_renewal_overtaken_by_the_holders_own_release_is_not_a_lost_lease(caplog: pytest.LogCaptureFixture
+                                                                           ) -> None:
+    """A consumer closing while its renewal was in flight logged "consumer lease of
+    ledger/payments lost: it was released" (docs/SDK.md's run, heavy tier, stop 64): its own
+    release, not a loss; nothing is said and nothing counted."""
+    coord = _ReleasingCoordinator()
+    lease = CoordinatorLease(coord, "consumer", "ledger", "payments", "c1", ttl_s=0.2)  # type: ignore[arg-type]
+    assert lease.acquire(5)
+    assert coord.renewing.wait(10)
+    with caplog.at_level(logging.WARNING, logger="ordq.lease"):
+        lease.stop()
+        thread = lease._thread
+        assert thread is not None
+        thread.join(10)
+    assert not [r for r in caplog.records if "lost" in r.getMessage()], caplog.text
+    assert lease.stats.lost == 0
