@@ -97,15 +97,16 @@ def test_the_stream_left_is_what_the_producer_has_not_sent_at_its_rate() -> None
 
 
 @contextlib.contextmanager
-def _server(behaviour: Callable[[bytes, grpc.ServicerContext], bytes]) -> Iterator[str]:
-    """A gRPC server answering every unary call with ``behaviour``; its address."""
+def _server(behaviour: Callable[[bytes, grpc.ServicerContext], bytes],
+            options: list[tuple[str, int]] | None = None) -> Iterator[str]:
+    """A gRPC server answering every unary call with ``behaviour`` (with channel ``options``); its address."""
     from concurrent import futures
 
     class Every(grpc.GenericRpcHandler):
         def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(behaviour)
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[Every()])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[Every()], options=options)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -393,8 +394,6 @@ def test_a_stream_the_servers_http2_layer_refuses_is_named_and_judged_refused_no
     calls the client cut while their handlers still run keep their slots, and the next call is
     refused by the HTTP/2 layer (``REFUSED_STREAM``) though the client has none in flight. The
     drill names it ``refused_stream``: a refusal (not served, not untyped), before any handler."""
-    from concurrent import futures
-
     release = threading.Event()
     handled = []
 
@@ -403,29 +402,21 @@ def test_a_stream_the_servers_http2_layer_refuses_is_named_and_judged_refused_no
         release.wait(30)
         return b""
 
-    class Every(grpc.GenericRpcHandler):
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(hold)
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=[Every()],
-                         options=[("grpc.max_concurrent_streams", 2)])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 0)])
-    call = ch.unary_unary("/t.S/M")
-    try:
-        outcomes: list[str] = []
-        for _ in range(6):  # each cut by its deadline, its handler still holding it
-            try:
-                call(b"", timeout=0.3)
-            except grpc.RpcError as exc:
-                outcomes.append(cpa._outcome(exc))
-        assert cpa.REFUSED_STREAM in outcomes and len(handled) <= 3, (outcomes, len(handled))
-        assert set(outcomes) <= {"DEADLINE_EXCEEDED", cpa.REFUSED_STREAM}, outcomes
-    finally:
-        release.set()
-        ch.close()
-        server.stop(0)
+    outcomes: list[str] = []
+    with _server(hold, [("grpc.max_concurrent_streams", 2)]) as address:
+        ch = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+        call = ch.unary_unary("/t.S/M")
+        try:
+            for _ in range(6):  # each cut by its deadline, its handler still holding it
+                try:
+                    call(b"", timeout=0.3)
+                except grpc.RpcError as exc:
+                    outcomes.append(cpa._outcome(exc))
+        finally:
+            release.set()  # the handlers end before the server stops
+            ch.close()
+    assert cpa.REFUSED_STREAM in outcomes and len(handled) <= 3, (outcomes, len(handled))
+    assert set(outcomes) <= {"DEADLINE_EXCEEDED", cpa.REFUSED_STREAM}, outcomes
     judged = cpa.judge_attacks({"flood:Describe exhausted+hint": 2, f"flood:Describe {cpa.REFUSED_STREAM}": 40,
                                 "flood:Subscribe bad_request": 1, f"flood:Subscribe {cpa.REFUSED_STREAM}": 9},
                                {"ResourceExhausted": 2, "ConfigError": 1}, ("flood",))
