@@ -2,7 +2,8 @@
 stretch of at least ``min_us`` in which I/O was in flight and none completed. The
 security-control-plane and noisy-neighbour drills watch the disk over their windows
 (``watched``), leave the samples caught in one out of both sides of their latency ratios, and
-print how many freezes each kind of window had (``leave_out``; docs/SECURITY.md, stop h).
+print how many freezes each kind of window had (``leave_out``; docs/SECURITY.md, stop h). The
+CPU's stalls (``cpu_stalls``, stop 65) are watched and left out the same way, by the same two.
 
 Why: on this machine's virtual disk the whole device stops now and then for 150-460 ms (stop h:
 every produce ack of the drill queue slower than 150 ms in the windows looked at came with one;
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
+
+from ordq.drills import cpu_stalls
 
 if TYPE_CHECKING:
     from ordq.drills.runner import DrillContext
@@ -135,36 +138,53 @@ class DiskWatch:
 
 @contextlib.contextmanager
 def watched(ctx: DrillContext) -> Iterator[None]:
-    """Watch the disk under the drill's cluster while in the block: its freezes then in
-    ``ctx.notes["device_stalls"]`` (None: not a block device, not watched) for ``leave_out``."""
+    """Watch the disk under the drill's cluster and its CPU (``cpu_stalls``) while in the block:
+    the disk's freezes then in ``ctx.notes["device_stalls"]`` (None: not a block device, not
+    watched), the CPU's stalls in ``ctx.notes["cpu_stalls"]``, for ``leave_out``."""
     device = device_of(ctx.cluster.folder)
     disk = DiskWatch(device).start() if device is not None else None
+    cpu = cpu_stalls.CpuProbe(ctx.run_dir / "cpu-stalls.txt")
     try:
         yield
     finally:
         ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
         ctx.notes["device"] = device
+        ctx.notes["cpu_stalls"], ctx.notes["cpu_late_wakeups"] = cpu.stop(MIN_STALL_US)
+        ctx.notes["cpu_probe_group"] = cpu.group
+
+
+def _told(what: str, how: str, stalls: Sequence[tuple[int, int]], kinds: dict[str, list[tuple[int, int]]]) -> str:
+    longest = max((b - a for a, b in stalls), default=0) / 1000
+    return (f"{what} {len(stalls)} times ({how}; the longest {longest:.0f} ms): "
+            + ", ".join(f"{name} {per_window(stalls, spans)} in {sum(b - a for a, b in spans) / 1e6:.0f} s"
+                        for name, spans in kinds.items()))
 
 
 def leave_out(ctx: DrillContext, series: dict[str, list[tuple[int, float]]],
               kinds: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, float]]]:
     """Each of ``series`` ((µs at, ms it took) samples) without those in flight during a freeze
-    seen by ``watched``, and an event telling the freezes per kind of window (``kinds``: name ->
-    its [from, to) spans in µs) and how many samples were left out; as given when the disk was
-    not watched (said too)."""
-    frozen = ctx.notes.get("device_stalls")
-    if frozen is None:
-        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}): "
-                  "no sample left out")
+    of the disk or a stall of the CPU seen by ``watched``, and an event telling them per kind of
+    window (``kinds``: name -> its [from, to) spans in µs) and how many samples were left out; as
+    given when neither was watched (said too)."""
+    frozen, cpu = ctx.notes.get("device_stalls"), ctx.notes.get("cpu_stalls")
+    if frozen is None and cpu is None:
+        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}), "
+                  "nor its CPU: no sample left out")
         return series
-    told = ", ".join(f"{name} {per_window(frozen, spans)} in {sum(b - a for a, b in spans) / 1e6:.0f} s"
-                     for name, spans in kinds.items())
+    told = []
+    if frozen is None:
+        told.append(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'})")
+    else:
+        told.append(_told(f"the disk under the cluster ({ctx.notes.get('device')}) froze",
+                          f"I/O in flight, none done for {MIN_STALL_US // 1000} ms or more", frozen, kinds))
+    if cpu is not None:
+        told.append(_told(f"the CPU stalled the cluster's group ({ctx.notes.get('cpu_probe_group', '?')})",
+                          f"a sleeper in it woke {MIN_STALL_US // 1000} ms late or more", cpu, kinds)
+                    + f"; {ctx.notes.get('cpu_late_wakeups', 0)} times {cpu_stalls.MIN_LATE_MS:g}-"
+                      f"{MIN_STALL_US // 1000} ms late (kept)")
     out, left = {}, []
     for what, samples in series.items():
-        out[what], n = outside(samples, frozen)
+        out[what], n = outside(samples, [*(frozen or []), *(cpu or [])])
         left.append(f"{n} {what}s")
-    longest = max((b - a for a, b in frozen), default=0) / 1000
-    ctx.event(f"the disk under the cluster ({ctx.notes.get('device')}) froze {len(frozen)} times (I/O in flight, none "
-              f"done for {MIN_STALL_US // 1000} ms or more; the longest {longest:.0f} ms): {told}; "
-              f"in flight during one, left out of both sides: {', '.join(left)}")
+    ctx.event("; ".join(told) + f"; in flight during one, left out of both sides: {', '.join(left)}")
     return out
