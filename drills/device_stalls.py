@@ -45,6 +45,11 @@ class DiskSample:
     t_us: int  # wall clock (the drill's ``now_us``)
     done: int  # I/Os completed so far: reads, writes, discards and flushes
     in_flight: int
+    # the writes and flushes completed so far and the ms they took (kept with the run, told)
+    writes: int = 0
+    write_ms: int = 0
+    flushes: int = 0
+    flush_ms: int = 0
 
 
 def stalls(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tuple[int, int]]:
@@ -104,7 +109,8 @@ def read(device: str) -> DiskSample | None:
         if len(f) > 12 and f[2] == device:
             # reads, writes completed (fields 4 and 8); discards and flushes (15 and 19) where listed
             done = int(f[3]) + int(f[7]) + sum(int(f[i]) for i in (14, 18) if i < len(f))
-            return DiskSample(now_us(), done, int(f[11]))
+            flushes = (int(f[18]), int(f[19])) if len(f) > 19 else (0, 0)
+            return DiskSample(now_us(), done, int(f[11]), int(f[7]), int(f[10]), *flushes)
     return None
 
 
@@ -129,10 +135,15 @@ class DiskWatch:
                     self.samples.append(s)
             time.sleep(EVERY_S)
 
-    def stop(self) -> list[tuple[int, int]]:
-        """Stop reading; the freezes seen."""
+    def stop(self, keep: Path | None = None) -> list[tuple[int, int]]:
+        """Stop reading; the freezes seen. The samples are written to ``keep`` (one per line:
+        µs, completed, in flight, writes, ms writing, flushes, ms flushing)."""
         self._stop.set()
         self._thread.join(5)
+        if keep is not None:
+            with contextlib.suppress(OSError):
+                keep.write_text("".join(f"{x.t_us} {x.done} {x.in_flight} {x.writes} {x.write_ms} {x.flushes} "
+                                        f"{x.flush_ms}\n" for x in self.samples))
         return stalls(self.samples)
 
 
@@ -147,7 +158,7 @@ def watched(ctx: DrillContext) -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.notes["device_stalls"] = disk.stop() if disk is not None else None
+        ctx.notes["device_stalls"] = disk.stop(ctx.run_dir / "disk-samples.txt") if disk is not None else None
         ctx.notes["device"] = device
         ctx.notes["cpu_stalls"], ctx.notes["cpu_late_wakeups"] = cpu.stop(MIN_STALL_US)
         ctx.notes["cpu_probe_group"] = cpu.group

@@ -24,16 +24,17 @@ from ordq.drills import cpu_isolation, neighbour
 
 def test_by_default_the_placed_attack_is_judged_and_the_unplaced_one_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """The acceptance's windows (stop g): the attacks from the attacker placed as a host of its own
-    (one CPU) in two of three windows, judged; from its process on every CPU in the third, told
-    beside them."""
+    (one CPU) in three of four windows, judged; from its process on every CPU in the fourth, told
+    beside them (stop 65: six judged windows in a run, two told)."""
     monkeypatch.delenv(plan.WINDOWS_ENV, raising=False)
     placed, unplaced = plan.Variant("attack", cpa.ATTACKS), plan.Variant("unplaced", cpa.ATTACKS, placed=False)
-    assert plan.window_variants(cpa.ATTACKS) == (placed, placed, unplaced)
+    assert plan.window_variants(cpa.ATTACKS) == (placed, placed, placed, unplaced)
     assert plan.window_variants(cpa.ATTACKS, " ") == plan.window_variants(cpa.ATTACKS, plan.DEFAULT_WINDOWS)
-    names = [plan.window_variants(cpa.ATTACKS)[i % 3].name for i in range(plan.ROUNDS)]
+    variants = plan.window_variants(cpa.ATTACKS)
+    names = [variants[i % len(variants)].name for i in range(plan.ROUNDS)]
     windows = [(10 * i, 10 * i + 4, 10 * i + 10) for i in range(plan.ROUNDS)]
     by = judge.by_variant(windows, names)
-    assert list(by) == ["attack", "unplaced"] and len(by["attack"]) == 4 and len(by["unplaced"]) == 2
+    assert list(by) == ["attack", "unplaced"] and len(by["attack"]) == 6 and len(by["unplaced"]) == 2
     assert judge.by_variant([(0, 1, 2), (2, 3, 4)], ["attack", "attack"]) == {"attacked": [0, 1]}
     assert judge.by_variant([(0, 1, 2), (2, 3, 4)], []) == {"attacked": [0, 1]}  # a run from before variants
 
