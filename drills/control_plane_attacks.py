@@ -265,30 +265,34 @@ def _attacker_process(address: str, creds: Credentials, token: str, queue: str, 
     links = _Links(address, creds, HUGE_NAME_BYTES)
     attacker: _Attacker | None = None
     times: dict[str, float] = {}
-    while True:
-        order = conn.recv()
-        read_at = time.monotonic()
-        if order[0] == "connect":
-            up, of = links.connect()
-            conn.send(("connected", up, of, time.monotonic() - read_at))
-        elif order[0] == "arm":
-            attacker = _Attacker(address, creds, token, queue, tuple(k for k in order[1] if k in kinds),
-                                 links=links)
-            attacker.arm()
-            conn.send(("armed", time.monotonic() - read_at))
-        elif order[0] == "go" and attacker is not None:
-            attacker.go(order[1])
-            times = {"go read": read_at - order[2]}
-        elif order[0] == "stop" and attacker is not None:
-            begun, threads, last = attacker.begun()
-            outcomes = attacker.stop()
-            times |= {"threads": threads, "begun": begun, "last begun": -1.0 if last is None else last,
-                      "stop read": read_at - order[1], "joined": time.monotonic() - read_at}
-            attacker = None
-            conn.send((outcomes, times, time.monotonic()))
-        else:
-            break
-    links.close()
+    try:
+        while True:
+            order = conn.recv()
+            read_at = time.monotonic()
+            if order[0] == "connect":
+                up, of = links.connect()
+                conn.send(("connected", up, of, time.monotonic() - read_at))
+            elif order[0] == "arm":
+                attacker = _Attacker(address, creds, token, queue, tuple(k for k in order[1] if k in kinds),
+                                     links=links)
+                attacker.arm()
+                conn.send(("armed", time.monotonic() - read_at))
+            elif order[0] == "go" and attacker is not None:
+                attacker.go(order[1])
+                times = {"go read": read_at - order[2]}
+            elif order[0] == "stop" and attacker is not None:
+                begun, threads, last = attacker.begun()
+                outcomes = attacker.stop()
+                times |= {"threads": threads, "begun": begun, "last begun": -1.0 if last is None else last,
+                          "stop read": read_at - order[1], "joined": time.monotonic() - read_at}
+                attacker = None
+                conn.send((outcomes, times, time.monotonic()))
+            else:
+                break
+    finally:  # an interrupted drill (EOFError, KeyboardInterrupt): a window in flight stopped first,
+        if attacker is not None:  # so that its threads do not call on closed channels (a traceback each)
+            attacker.stop()
+        links.close()
 
 
 class AttackerProcess(neighbour.WindowedProcess):

@@ -47,11 +47,24 @@ def test_the_plan_fits_exactly_when_every_window_ends_the_margin_before_the_stre
         assert f"{left_s:.1f} s left" in short and f"{tried.needed_s:g} s" in short
 
 
+def test_the_latency_drills_run_their_producer_with_the_sdks_send_timeout() -> None:
+    """Not the fail-over drills' 1 s: a disk freeze of ~1 s failed the producer over by itself
+    (stop 65), and these drills count any fail-over against the attack."""
+    from ordq.sdk import ProducerConfig
+
+    base = LoadConfig(messages=10, rate=10.0)
+    assert base.send_timeout_s == 1.0
+    sdk_default = attrs.fields(ProducerConfig).send_timeout_s.default
+    assert sdk_default == 2.0
+    assert cp.control_plane_load(base).send_timeout_s == sdk_default
+    assert neighbour.neighbour_load(base).send_timeout_s == sdk_default
+
+
 def test_the_drills_load_is_refused_before_the_run_when_the_windows_cannot_fit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     base = LoadConfig(messages=10, rate=10.0)
     assert cp.control_plane_load(base).duration_s == plan.MESSAGES / neighbour.NEIGHBOUR_RATE
-    monkeypatch.setattr(cp, "MESSAGES", 180_000)  # 90 s: less than the windows' 125 s after 13.5 s and the set-up
+    monkeypatch.setattr(cp, "MESSAGES", 180_000)  # 90 s: less than the windows' 165 s after 13.5 s and the set-up
     with pytest.raises(ValueError, match="the windows do not fit in the stream"):
         cp.control_plane_load(base)
     with pytest.raises(ValueError, match="the windows do not fit"):
