@@ -88,6 +88,10 @@ class CpuProbe:
         self._proc = subprocess.Popen([sys.executable, "-I", __file__, str(out), str(MAX_S), str(os.getpid())],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def probing(self) -> bool:
         """Whether the probe has begun its loop (its first line written)."""
         with contextlib.suppress(OSError):

@@ -41,9 +41,9 @@ def test_a_probe_stopped_for_real_writes_its_stall_down(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the probe did not begin"
             time.sleep(0.01)
         before = time.time_ns() // 1000
-        os.kill(probe._proc.pid, signal.SIGSTOP)
+        os.kill(probe.pid, signal.SIGSTOP)
         time.sleep(0.3)  # the fault's length
-        os.kill(probe._proc.pid, signal.SIGCONT)
+        os.kill(probe.pid, signal.SIGCONT)
         after = time.time_ns() // 1000
         deadline = time.monotonic() + 30
         while not cpu_stalls.read_stalls(probe.out.read_text(), 1)[0]:
@@ -52,13 +52,13 @@ def test_a_probe_stopped_for_real_writes_its_stall_down(tmp_path: Path) -> None:
     finally:
         stalls, _short = probe.stop(device_stalls.MIN_STALL_US)
     assert any(a <= after and b >= before + 250_000 for a, b in stalls), (before, after, stalls)
-    assert probe._proc.poll() is not None
+    assert _state(probe.pid) == "Z"  # stopped and reaped
 
 
 def test_the_probe_ends_when_its_drill_is_killed(tmp_path: Path) -> None:
     """A drill killed with SIGKILL cannot stop its probe: the probe sees its parent gone and ends."""
     code = ("import sys, time; from pathlib import Path; from ordq.drills import cpu_stalls; "
-            f"p = cpu_stalls.CpuProbe(Path({str(tmp_path / 'out.txt')!r})); print(p._proc.pid, flush=True); "
+            f"p = cpu_stalls.CpuProbe(Path({str(tmp_path / 'out.txt')!r})); print(p.pid, flush=True); "
             "time.sleep(600)")
     with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as drill:
         try:
