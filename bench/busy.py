@@ -27,9 +27,11 @@ from collections.abc import Iterator, Sequence
 from ordq.common.proc import dying_with_parent
 
 # The loop itself: spins, looking at the clock and at its parent every ~2^16 iterations
-# (a few ms); exits when either says so.
+# (a few ms); exits when either says so. It ignores SIGINT: a Ctrl-C reaches the whole process
+# group, and the harness stops its loops itself (six KeyboardInterrupt tracebacks otherwise).
 _LOOP = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end and os.getppid() == parent:
     for _ in range(65536):
