@@ -49,6 +49,17 @@ PERIOD_US = 100_000
 ATTACKER_SHARES = 8192
 
 
+def cgroup_of(pid: int | str = "self") -> str | None:
+    """The process's group of the cgroup v1 ``cpu`` controller (``/`` is the root), or None when
+    it is gone or no such controller is listed."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _n, controllers, path = line.split(":", 2)
+            if "cpu" in controllers.split(","):
+                return path
+    return None
+
+
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the
     pid it names one process, even after the pid is reused."""

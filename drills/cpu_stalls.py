@@ -66,24 +66,15 @@ def read_stalls(text: str, min_us: int) -> tuple[list[tuple[int, int]], int]:
     return long, short
 
 
-def cgroup_of_self() -> str:
-    """This process's group of the cgroup v1 ``cpu`` controller ("?" when not listed): its
-    children, the probe among them, start in it."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _n, controllers, path = line.split(":", 2)
-            if "cpu" in controllers.split(","):
-                return path
-    return "?"
-
-
 class CpuProbe:
     """The probe process, started in this process's CPU group (the drills put themselves in the
     cluster's), writing to ``out``."""
 
     def __init__(self, out: Path) -> None:
+        from ordq.drills.cpu_isolation import cgroup_of  # here: the script's own run imports no ordq
+
         self.out = out
-        self.group = cgroup_of_self()
+        self.group = cgroup_of() or "?"  # its children, the probe among them, start in it
         out.write_text("")
         self._proc = subprocess.Popen([sys.executable, "-I", __file__, str(out), str(MAX_S), str(os.getpid())],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

@@ -178,13 +178,13 @@ def leave_out(ctx: DrillContext, series: dict[str, list[tuple[int, float]]],
     window (``kinds``: name -> its [from, to) spans in µs) and how many samples were left out; as
     given when neither was watched (said too)."""
     frozen, cpu = ctx.notes.get("device_stalls"), ctx.notes.get("cpu_stalls")
+    unwatched = f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'})"
     if frozen is None and cpu is None:
-        ctx.event(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'}), "
-                  "nor its CPU: no sample left out")
+        ctx.event(f"{unwatched}, nor its CPU: no sample left out")
         return series
     told = []
     if frozen is None:
-        told.append(f"the disk under the cluster was not watched ({ctx.notes.get('device') or 'no block device'})")
+        told.append(unwatched)
     else:
         told.append(_told(f"the disk under the cluster ({ctx.notes.get('device')}) froze",
                           f"I/O in flight, none done for {MIN_STALL_US // 1000} ms or more", frozen, kinds))

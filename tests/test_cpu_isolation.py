@@ -20,14 +20,6 @@ def test_unavailable_says_why(tmp_path: Path) -> None:
 needs_cgroups = pytest.mark.skipif(ci.unavailable() is not None, reason=f"{ci.unavailable()}")
 
 
-def _cpu_cgroup(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            return path
-    return ""
-
-
 @needs_cgroups
 def test_groups_hold_processes_and_are_removed() -> None:
     iso, how = ci.open_isolation()
@@ -38,9 +30,9 @@ def test_groups_hold_processes_and_are_removed() -> None:
             capped = iso.group("capped", quota_cores=0.25)
             assert (capped / "cpu.cfs_quota_us").read_text().strip() == "25000"
             assert iso.add("capped", [child.pid, None]) == 1
-            assert _cpu_cgroup(child.pid) == "/" + capped.name
+            assert ci.cgroup_of(child.pid) == "/" + capped.name
         assert not capped.exists()
-        assert _cpu_cgroup(child.pid) == "/"  # back in the root group
+        assert ci.cgroup_of(child.pid) == "/"  # back in the root group
     finally:
         child.kill()
         child.wait()
@@ -84,7 +76,7 @@ def test_the_neighbour_drills_abuser_is_placed_as_a_host_of_its_own() -> None:
         with iso:
             neighbour.place_abuser(iso, child.pid)
             capped, protected = iso.groups["capped"], iso.groups["protected"]
-            assert _cpu_cgroup(child.pid) == "/" + capped.name
+            assert ci.cgroup_of(child.pid) == "/" + capped.name
             assert int((capped / "cpu.shares").read_text()) == ci.ATTACKER_SHARES
             assert int((protected / "cpu.shares").read_text()) == ci.MAX_SHARES >= 32 * ci.ATTACKER_SHARES
             threads = [int(t.name) for t in Path(f"/proc/{child.pid}/task").iterdir()]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ordq.drills import control_plane_judge as judge
 from ordq.drills import cpu_stalls, device_stalls
+from tests.util import wait_until
 
 
 def test_the_probes_output_reads_as_stalls_long_enough_and_a_count_of_the_rest() -> None:
@@ -36,19 +37,15 @@ def test_a_probe_stopped_for_real_writes_its_stall_down(tmp_path: Path) -> None:
     """SIGSTOP the probe process for 300 ms: it wakes that late, and the stall spans the stop."""
     probe = cpu_stalls.CpuProbe(tmp_path / "stalls.txt")
     try:
-        deadline = time.monotonic() + 30
-        while not probe.probing():  # its interpreter's start is not a stall of the machine
-            assert time.monotonic() < deadline, "the probe did not begin"
-            time.sleep(0.01)
+        # its interpreter's start is not a stall of the machine
+        wait_until(probe.probing, timeout_s=30, what="the probe to begin")
         before = time.time_ns() // 1000
         os.kill(probe.pid, signal.SIGSTOP)
         time.sleep(0.3)  # the fault's length
         os.kill(probe.pid, signal.SIGCONT)
         after = time.time_ns() // 1000
-        deadline = time.monotonic() + 30
-        while not cpu_stalls.read_stalls(probe.out.read_text(), 1)[0]:
-            assert time.monotonic() < deadline, "the probe wrote nothing after being stopped for 300 ms"
-            time.sleep(0.01)
+        wait_until(lambda: cpu_stalls.read_stalls(probe.out.read_text(), 1)[0], timeout_s=30,
+                   what="the probe to write down its 300 ms stop")
     finally:
         stalls, _short = probe.stop(device_stalls.MIN_STALL_US)
     assert any(a <= after and b >= before + 250_000 for a, b in stalls), (before, after, stalls)
@@ -66,10 +63,7 @@ def test_the_probe_ends_when_its_drill_is_killed(tmp_path: Path) -> None:
             pid = int(drill.stdout.readline())
             drill.kill()
             drill.wait(10)
-            deadline = time.monotonic() + 30
-            while _state(pid) != "Z":
-                assert time.monotonic() < deadline, f"the probe {pid} outlived its killed drill"
-                time.sleep(0.02)
+            wait_until(lambda: _state(pid) == "Z", timeout_s=30, what=f"the probe {pid} to end with its killed drill")
         finally:
             drill.kill()
 
