@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ordq import __version__
-from ordq.cli_args import Given
+from ordq.cli_args import INTERRUPTED, Given
 
 TYPE_CHECKING = False  # not typing's: see ordq/__init__.py
 if TYPE_CHECKING:
@@ -308,7 +308,6 @@ def _main(argv: Sequence[str], sigint: Any) -> int:
         parser.error("give a COMMAND")
     import logging
 
-    from ordq.commands import INTERRUPTED
     from ordq.common.errors import OrdqError
 
     INTERRUPTED.clear()  # a SIGINT until here raised KeyboardInterrupt (main() returned 130)
@@ -373,8 +372,6 @@ def _apply_context(args: argparse.Namespace) -> None:
 
 
 def _on_sigint(signum: int, frame: object) -> None:
-    from ordq.commands import INTERRUPTED
-
     INTERRUPTED.set()
     raise KeyboardInterrupt
 

@@ -481,3 +481,17 @@ def test_an_admin_command_imports_only_what_it_uses() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "no coordinator of the cluster answered" in res.stderr, res.stderr
     assert res.stdout.splitlines()[-2:] == ["[]", "True"], res.stdout + res.stderr
+
+
+def test_sigint_while_the_commands_are_half_imported_is_an_interrupt() -> None:
+    """CI: ``ordq top`` started in the background took SIGINT while ``ordq.commands`` was being
+    imported, and its handler's own import of that package failed with ImportError (exit 1 and a
+    traceback) instead of stopping the command. The handler imports nothing now."""
+    code = ("import signal, sys, types\n"
+            "from ordq import cli\n"
+            "sys.modules['ordq.commands'] = types.ModuleType('ordq.commands')  # half imported\n"
+            "try:\n    cli._on_sigint(signal.SIGINT, None)\n"
+            "except KeyboardInterrupt:\n    print('interrupted', cli.INTERRUPTED.is_set())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "interrupted True"

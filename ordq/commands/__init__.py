@@ -388,11 +388,6 @@ def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False))
 
 
-# Set by the CLI's SIGINT handler (ordq/cli.py), cleared when a command starts: a loop that
-# redraws (``ordq top``) checks it at every turn, so that a KeyboardInterrupt swallowed on its
-# way (in a library's callback, a finaliser) cannot keep it running (issue 42).
-INTERRUPTED = threading.Event()
-
 SAY_AFTER_S = 1.0  # a wait longer than this says what it waits for
 
 

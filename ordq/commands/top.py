@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from ordq.commands import INTERRUPTED, add_command, open_store, readable, seconds, wants_json
+from ordq.cli_args import INTERRUPTED
+from ordq.commands import add_command, open_store, readable, seconds, wants_json
 from ordq.commands.paging import Page, add_paging, page, say_next
 from ordq.commands.sub import blocked_text
 from ordq.output import emit_json, table
