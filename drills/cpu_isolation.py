@@ -11,9 +11,19 @@ judges the machine rather than the broker. With the controller writable (root, c
   (32x below the cluster's, still above busy loops) and on one CPU (``attacker_cpus``): it gets its
   quota beside busy loops, but only CPU the cluster does not want.
 
-Every group is named ``ordq-drill-<owner pid>-<owner start time>-<name>``. ``close`` moves its
-processes back to the root group and removes it; a group whose owner is gone (a drill killed
-with SIGKILL) is swept by the next ``open_isolation``. Where the controller is not there or not
+The disk's flusher: the kernel's ``writeback`` workqueue runs in the root group at nice 0, so a
+placed attacker's group (``ATTACKER_SHARES``, 8x a nice-0 thread's weight) outranks it on the CPU
+they share, and a flusher preempted between putting pages under writeback and submitting them
+holds every broker's fdatasync on those pages with the disk idle (stop 65: "idle stretches" of
+100-483 ms, the long ones only in attack windows). On hosts of their own the brokers' kernel does
+not compete with a tenant, so ``FlusherPriority`` raises that workqueue to ``FLUSHER_NICE`` for
+the run (its weight above every group but the cluster's) and puts the value found back after;
+``ORDQ_DRILL_FLUSHER_NICE=keep`` leaves it alone (a measurement's control).
+
+Every group is named ``ordq-drill-<owner pid>-<owner start time>-<name>``, and so is the flusher's
+mark (a file in ``MARKS`` holding the value found). ``close`` moves its
+processes back to the root group and removes it; a group or mark whose owner is gone (a drill
+killed with SIGKILL) is swept by the next ``open_isolation``. Where the controller is not there or not
 writable, ``open_isolation`` returns None and the reason: the drill then says it runs without
 isolation.
 """
@@ -47,6 +57,11 @@ PERIOD_US = 100_000
 # ``idle`` window 1.1x (docs/BENCHMARKS.md, stop h). At ``ATTACKER_SHARES`` the attacker runs on
 # CPU the cluster does not want (32x less weight), still ahead of the six busy loops.
 ATTACKER_SHARES = 8192
+FLUSHER = Path("/sys/bus/workqueue/devices/writeback/nice")
+FLUSHER_NICE = -20  # weight 88,761: above the attacker's group and the busy loops, below the cluster's
+FLUSHER_ENV = "ORDQ_DRILL_FLUSHER_NICE"  # a nice value, or "keep"
+MARKS = Path("/run")
+FLUSHER_MARK = "flusher"
 
 
 def cgroup_of(pid: int | str = "self") -> str | None:
@@ -142,6 +157,63 @@ def sweep(root: Path = CPU_ROOT) -> list[str]:
     return out
 
 
+def _live_marks(marks: Path) -> list[Path]:
+    return [m for m in sorted(marks.glob(f"{PREFIX}*-{FLUSHER_MARK}")) if _owner_alive(m.name)]
+
+
+def _read_nice(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text().strip())
+    return None
+
+
+def _put_back(mark: Path, flusher: Path, marks: Path) -> bool:
+    """Remove ``mark``; when no live drill holds the flusher any more, write back the value it
+    found. True if the value was written."""
+    found = _read_nice(mark)
+    mark.unlink(missing_ok=True)
+    if found is None or _live_marks(marks):
+        return False
+    flusher.write_text(str(found))
+    return True
+
+
+class FlusherPriority:
+    """The disk flusher's nice for one drill run (see the module's doc): ``raise_to(nice)``,
+    ``restore()``. Its mark holds the value the first live drill found, so that drills that
+    overlap put back the machine's value, not each other's."""
+
+    def __init__(self, stem: str, flusher: Path = FLUSHER, marks: Path = MARKS) -> None:
+        self.flusher, self.marks = flusher, marks
+        self.mark = marks / f"{stem}{FLUSHER_MARK}"
+
+    def raise_to(self, nice: int) -> str:
+        """Set the flusher's nice; returns what was done, in words."""
+        live = [v for v in map(_read_nice, _live_marks(self.marks)) if v is not None]
+        found = live[0] if live else _read_nice(self.flusher)
+        if found is None:
+            raise OSError(f"cannot read {self.flusher}")
+        self.mark.write_text(str(found))
+        self.flusher.write_text(str(nice))
+        return f"the disk's flusher (writeback workqueue) at nice {nice} for the run (the machine's value: {found})"
+
+    def restore(self) -> None:
+        if self.mark.exists():
+            _put_back(self.mark, self.flusher, self.marks)
+
+
+def sweep_flusher(flusher: Path = FLUSHER, marks: Path = MARKS) -> list[str]:
+    """Remove the flusher marks whose owner is gone, putting the value they found back when no
+    live drill holds the flusher; returns their names."""
+    out = []
+    with contextlib.suppress(OSError):
+        for mark in sorted(marks.glob(f"{PREFIX}*-{FLUSHER_MARK}")):
+            if not _owner_alive(mark.name):
+                _put_back(mark, flusher, marks)
+                out.append(mark.name)
+    return out
+
+
 def unavailable(root: Path = CPU_ROOT) -> str | None:
     """Why the cpu controller cannot be used here, or None."""
     if not (root / "cpu.shares").exists() or not (root / "cgroup.procs").exists():
@@ -155,11 +227,26 @@ class CpuIsolation:
     """The cgroups of one drill run: ``group(name, shares, quota_cores)``, ``add(name, pids)``,
     ``close()`` (also as a context manager)."""
 
-    def __init__(self, root: Path = CPU_ROOT) -> None:
+    def __init__(self, root: Path = CPU_ROOT, flusher: Path = FLUSHER, marks: Path = MARKS) -> None:
         self.root = root
         me = os.getpid()
         self._stem = f"{PREFIX}{me}-{_start_time(me)}-"
         self.groups: dict[str, Path] = {}
+        self.flusher = FlusherPriority(self._stem, flusher, marks)
+
+    def raise_flusher(self, setting: str | None = None) -> str:
+        """The disk flusher's priority for the run: ``setting`` (default: ``$ORDQ_DRILL_FLUSHER_NICE``,
+        else ``FLUSHER_NICE``) is a nice value or ``keep``. Returns what was done, in words; a
+        flusher that cannot be set is said, not raised (the drill runs on, and says it)."""
+        setting = setting if setting is not None else os.environ.get(FLUSHER_ENV, str(FLUSHER_NICE))
+        if setting == "keep":
+            return f"the disk's flusher left at the machine's nice ({FLUSHER_ENV}=keep)"
+        try:
+            return self.flusher.raise_to(int(setting))
+        except ValueError:
+            raise ValueError(f"{FLUSHER_ENV} must be a nice value (-20..19) or keep, not {setting!r}") from None
+        except OSError as exc:
+            return f"the disk's flusher left at the machine's nice (cannot set it: {exc})"
 
     def group(self, name: str, *, shares: int = MAX_SHARES, quota_cores: float | None = None) -> Path:
         path = self.root / (self._stem + name)
@@ -179,6 +266,8 @@ class CpuIsolation:
     def close(self) -> list[str]:
         """Every group's processes back to the root group, the groups removed; returns the
         names that could not be removed (swept by a later run)."""
+        with contextlib.suppress(OSError):
+            self.flusher.restore()
         return [p.name for p in self.groups.values() if not _remove(p, self.root)]
 
     def __enter__(self) -> CpuIsolation:
@@ -188,14 +277,15 @@ class CpuIsolation:
         self.close()
 
 
-def open_isolation(root: Path = CPU_ROOT) -> tuple[CpuIsolation | None, str]:
-    """Sweep stale drill groups, then a new ``CpuIsolation`` and what was done, or None and why
-    not."""
+def open_isolation(root: Path = CPU_ROOT, flusher: Path = FLUSHER,
+                   marks: Path = MARKS) -> tuple[CpuIsolation | None, str]:
+    """Sweep stale drill groups and flusher marks, then a new ``CpuIsolation`` and what was done,
+    or None and why not."""
     why = unavailable(root)
     if why is not None:
         return None, why
-    swept = sweep(root)
-    iso = CpuIsolation(root)
+    swept = sweep(root) + sweep_flusher(flusher, marks)
+    iso = CpuIsolation(root, flusher, marks)
     try:
         probe = iso.group("probe")
     except OSError as exc:

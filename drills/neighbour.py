@@ -488,6 +488,10 @@ def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | N
         iso.group("protected")
         iso.group("capped", quota_cores=ABUSER_CORES, shares=cpu_isolation.ATTACKER_SHARES)
         moved = iso.add("protected", [os.getpid(), *pids.values()])
+        flusher = iso.raise_flusher()
+    except ValueError:  # a bad ORDQ_DRILL_FLUSHER_NICE: its message says so
+        iso.close()
+        raise
     except OSError as exc:
         iso.close()
         return None, (f"WITHOUT CPU isolation (cgroup setup failed: {exc}): the abuser's client at idle priority; "
@@ -495,8 +499,8 @@ def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | N
     return iso, (f"CPU isolated by cgroups ({how}): the cluster, the drill's clients and the drill ({moved} "
                  f"processes) at cpu.shares {cpu_isolation.MAX_SHARES} (busy loops cannot take their CPU), the "
                  f"abuser's client placed as a host of its own (on one CPU, capped at {ABUSER_CORES:g} core, at "
-                 f"cpu.shares {cpu_isolation.ATTACKER_SHARES}: CPU the cluster does not want); the ratio judges the "
-                 "broker")
+                 f"cpu.shares {cpu_isolation.ATTACKER_SHARES}: CPU the cluster does not want), {flusher}; the "
+                 "ratio judges the broker")
 
 
 def place_abuser(iso: cpu_isolation.CpuIsolation | None, pid: int, kinds: tuple[str, ...] = ABUSE_KINDS) -> None:

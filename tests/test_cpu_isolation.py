@@ -1,5 +1,7 @@
 """ordq.drills.cpu_isolation: the noisy-neighbour drill's cgroups are made, hold the processes put in
-them, and are always removed (by ``close``, or by the next run's sweep when the owner died)."""
+them, and are always removed (by ``close``, or by the next run's sweep when the owner died); the
+disk flusher's priority is raised for a run and the machine's value always put back (the flusher
+tests write a file of their own, not the kernel's)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,76 @@ from ordq.drills import cpu_isolation as ci
 
 def test_unavailable_says_why(tmp_path: Path) -> None:
     assert "no cgroup v1 cpu controller" in (ci.unavailable(tmp_path) or "")
+
+
+def _flusher(tmp_path: Path, value: str = "0") -> tuple[Path, Path]:
+    flusher, marks = tmp_path / "nice", tmp_path / "marks"
+    flusher.write_text(value + "\n")
+    marks.mkdir()
+    return flusher, marks
+
+
+def _stem(pid: int) -> str:
+    return f"{ci.PREFIX}{pid}-{ci._start_time(pid)}-"
+
+
+def test_the_flusher_is_raised_for_a_run_and_put_back(tmp_path: Path) -> None:
+    flusher, marks = _flusher(tmp_path, "3")
+    mine = ci.FlusherPriority(_stem(os.getpid()), flusher, marks)
+    assert "at nice -20" in mine.raise_to(-20) and "machine's value: 3" in mine.raise_to(-20)
+    assert flusher.read_text() == "-20"
+    mine.restore()
+    assert flusher.read_text() == "3"
+    assert list(marks.iterdir()) == []
+
+
+def test_overlapping_drills_put_back_the_machines_value(tmp_path: Path) -> None:
+    flusher, marks = _flusher(tmp_path)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        first = ci.FlusherPriority(_stem(os.getpid()), flusher, marks)
+        second = ci.FlusherPriority(_stem(other.pid), flusher, marks)
+        first.raise_to(-20)
+        assert "machine's value: 0" in second.raise_to(-10)  # not the first drill's -20
+        first.restore()
+        assert flusher.read_text() == "-10"  # the second still runs
+        second.restore()
+        assert flusher.read_text() == "0"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_killed_drills_flusher_is_put_back_by_the_next_sweep(tmp_path: Path) -> None:
+    flusher, marks = _flusher(tmp_path)
+    code = ("import os, sys, time\nfrom pathlib import Path\nfrom ordq.drills import cpu_isolation as ci\n"
+            "me = os.getpid()\n"
+            "ci.FlusherPriority(f'{ci.PREFIX}{me}-{ci._start_time(me)}-', Path(sys.argv[1]), Path(sys.argv[2]))"
+            ".raise_to(-20)\nprint('raised', flush=True)\ntime.sleep(60)\n")
+    drill = subprocess.Popen([sys.executable, "-c", code, str(flusher), str(marks)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert drill.stdout is not None and drill.stdout.readline() == "raised\n"
+        assert ci.sweep_flusher(flusher, marks) == []  # its owner lives: left alone
+        assert flusher.read_text() == "-20"
+    finally:
+        drill.kill()  # SIGKILL: no finally of its own runs
+        drill.communicate()
+    swept = ci.sweep_flusher(flusher, marks)
+    assert len(swept) == 1 and swept[0].startswith(f"{ci.PREFIX}{drill.pid}-")
+    assert flusher.read_text() == "0"
+    assert list(marks.iterdir()) == []
+
+
+def test_the_flusher_setting_keep_bad_and_unwritable(tmp_path: Path) -> None:
+    flusher, marks = _flusher(tmp_path)
+    iso = ci.CpuIsolation(tmp_path, flusher, marks)
+    assert "ORDQ_DRILL_FLUSHER_NICE=keep" in iso.raise_flusher("keep")
+    assert flusher.read_text() == "0\n"
+    with pytest.raises(ValueError, match="ORDQ_DRILL_FLUSHER_NICE must be a nice value"):
+        iso.raise_flusher("high")
+    gone = ci.CpuIsolation(tmp_path, tmp_path / "no-such-dir" / "nice", marks)
+    assert "cannot set it" in gone.raise_flusher("-20")
+    assert list(marks.iterdir()) == []
 
 
 needs_cgroups = pytest.mark.skipif(ci.unavailable() is not None, reason=f"{ci.unavailable()}")
