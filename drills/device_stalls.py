@@ -74,6 +74,23 @@ def stalls(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tu
     return out
 
 
+def idle(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tuple[int, int]]:
+    """The idle stretches ``[start, end]`` in µs: nothing in flight and nothing completed for at
+    least ``min_us`` between samples. Under a steady stream a disk that does nothing is as telling
+    as one that is frozen (stop 65: the brokers' syncs waited in them, on pages under writeback);
+    they are told per kind of window, never left out."""
+    out: list[tuple[int, int]] = []
+    run: list[DiskSample] = []
+    for s in [*samples, None]:
+        if s is not None and (not run or (s.done == run[0].done and s.in_flight == 0 and run[-1].in_flight == 0)):
+            run.append(s)
+            continue
+        if len(run) > 1 and run[-1].t_us - run[0].t_us >= min_us:
+            out.append((run[0].t_us, run[-1].t_us))
+        run = [s] if s is not None else []
+    return out
+
+
 def outside(samples: Sequence[tuple[int, float]], frozen: Sequence[tuple[int, int]]
             ) -> tuple[list[tuple[int, float]], int]:
     """The (µs at, ms it took) samples whose span overlaps no freeze, and how many did."""
@@ -135,8 +152,8 @@ class DiskWatch:
                     self.samples.append(s)
             time.sleep(EVERY_S)
 
-    def stop(self, keep: Path | None = None) -> list[tuple[int, int]]:
-        """Stop reading; the freezes seen. The samples are written to ``keep`` (one per line:
+    def stop(self, keep: Path | None = None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Stop reading; the freezes and the idle stretches seen. The samples are written to ``keep`` (one per line:
         µs, completed, in flight, writes, ms writing, flushes, ms flushing)."""
         self._stop.set()
         self._thread.join(5)
@@ -144,7 +161,7 @@ class DiskWatch:
             with contextlib.suppress(OSError):
                 keep.write_text("".join(f"{x.t_us} {x.done} {x.in_flight} {x.writes} {x.write_ms} {x.flushes} "
                                         f"{x.flush_ms}\n" for x in self.samples))
-        return stalls(self.samples)
+        return stalls(self.samples), idle(self.samples)
 
 
 @contextlib.contextmanager
@@ -158,7 +175,8 @@ def watched(ctx: DrillContext) -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.notes["device_stalls"] = disk.stop(ctx.run_dir / "disk-samples.txt") if disk is not None else None
+        ctx.notes["device_stalls"], ctx.notes["device_idle"] = (
+            disk.stop(ctx.run_dir / "disk-samples.txt") if disk is not None else (None, None))
         ctx.notes["device"] = device
         ctx.notes["cpu_stalls"], ctx.notes["cpu_late_wakeups"] = cpu.stop(MIN_STALL_US)
         ctx.notes["cpu_probe_group"] = cpu.group
@@ -188,6 +206,9 @@ def leave_out(ctx: DrillContext, series: dict[str, list[tuple[int, float]]],
     else:
         told.append(_told(f"the disk under the cluster ({ctx.notes.get('device')}) froze",
                           f"I/O in flight, none done for {MIN_STALL_US // 1000} ms or more", frozen, kinds))
+        told.append(_told("it sat idle under the stream (told, kept)",
+                          f"nothing in flight, none done for {MIN_STALL_US // 1000} ms or more",
+                          ctx.notes.get("device_idle") or [], kinds))
     if cpu is not None:
         told.append(_told(f"the CPU stalled the cluster's group ({ctx.notes.get('cpu_probe_group', '?')})",
                           f"a sleeper in it woke {MIN_STALL_US // 1000} ms late or more", cpu, kinds)

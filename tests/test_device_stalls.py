@@ -32,6 +32,17 @@ def test_a_freeze_is_io_in_flight_with_none_done_for_long_enough() -> None:
     assert ds.stalls([]) == [] and ds.stalls(run((0, 1, 1))) == []
 
 
+def test_an_idle_stretch_is_nothing_in_flight_and_none_done_for_long_enough() -> None:
+    ms = 1000
+    samples = run((0, 10, 1), (20 * ms, 12, 0), (40 * ms, 12, 0), (160 * ms, 12, 0), (180 * ms, 13, 0),  # 140 ms
+                  (200 * ms, 13, 2), (400 * ms, 13, 2),  # frozen, not idle
+                  (420 * ms, 14, 0), (500 * ms, 14, 0),  # 80 ms: too short
+                  (520 * ms, 15, 0), (600 * ms, 15, 0), (700 * ms, 15, 0))  # idle to the end
+    assert ds.idle(samples) == [(20 * ms, 160 * ms), (520 * ms, 700 * ms)]
+    assert ds.idle(samples, min_us=50 * ms) == [(20 * ms, 160 * ms), (420 * ms, 500 * ms), (520 * ms, 700 * ms)]
+    assert ds.idle([]) == [] and ds.idle(run((0, 1, 0))) == []
+
+
 def test_samples_in_flight_during_a_freeze_are_left_out() -> None:
     frozen = [(1_000_000, 1_400_000)]
     samples = [(900_000, 50.0), (950_000, 60.0), (1_200_000, 250.0), (1_500_000, 5.0), (100, 10.0)]
@@ -97,12 +108,15 @@ def test_the_drills_verdict_leaves_a_freeze_out_of_both_sides_and_tells_it(tmp_p
         ctx = DrillContext(cluster=None, drill=None, round=1, rng=random.Random(0), queue="q",  # type: ignore[arg-type]
                            run_dir=tmp_path, load=LoadConfig())
         ctx.notes.update({"neighbour_windows": windows, "window_variants": ["attack"] * 4, "commit_samples": commits,
-                          "device_stalls": stalls, "device": "vda", "neighbour_judgement": "test: cgroups"})
+                          "device_stalls": stalls, "device": "vda", "neighbour_judgement": "test: cgroups",
+                          "device_idle": [(4_500 * ms, 4_800 * ms)]})
         return judge.check_control_plane(ctx, acks, []), [text for _t, text in ctx.events]
 
     judged, told = verdict(frozen)
     assert all(ok for _what, ok in judged), judged
     assert any("froze 2 times" in t and "quiet 0 in 16 s, attacked 2 in 24 s" in t for t in told), told
+    assert any("sat idle under the stream (told, kept) 1 times" in t and "quiet 0 in 16 s, attacked 1 in 24 s" in t
+               for t in told), told  # told, and (the verdict passed) not left out
     judged, told = verdict(None)
     assert not all(ok for _what, ok in judged) and any("was not watched" in t for t in told)
 
@@ -142,4 +156,5 @@ def test_the_watch_reads_the_disk_until_stopped() -> None:
         return
     watch = ds.DiskWatch(device).start()
     time.sleep(0.1)
-    assert isinstance(watch.stop(), list) and len(watch.samples) >= 2
+    frozen, idle = watch.stop()
+    assert isinstance(frozen, list) and isinstance(idle, list) and len(watch.samples) >= 2
