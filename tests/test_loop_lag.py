@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import pytest
@@ -38,4 +39,10 @@ def test_a_step_that_holds_the_loop_shows_as_lag_and_is_logged(caplog: pytest.Lo
     assert probe.worst_s >= 0.07
     assert sorted(seen.values)[len(seen.values) // 2] < 0.02  # the others ran on time
     lines = [r.getMessage() for r in caplog.records if "loop lag" in r.getMessage()]
-    assert len(lines) == 1 and "1 callbacks" in lines[0], lines
+    # One line a second at most, and the stall's in exactly one. Not "1 callbacks": on a busy
+    # machine (the default tier beside its own workers) another callback was 25 ms late in the
+    # same second, and the line rightly counted 2 (CI-like run, stop 66).
+    seconds = [re.search(r"the second before (\S+)", line) for line in lines]
+    assert len({m[1] for m in seconds if m}) == len(lines), lines
+    longest = [float(m[1]) for line in lines if (m := re.search(r"the longest ([0-9.]+) ms", line))]
+    assert sum(ms >= 70 for ms in longest) == 1, lines
