@@ -30,6 +30,13 @@ def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
     return out
 
 
+def _last_line_of(code: str) -> str:
+    """What a fresh interpreter running ``code`` printed last (it must exit 0)."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()[-1]
+
+
 @pytest.mark.parametrize("path", [(), *command_paths(build_parser())], ids=lambda p: " ".join(p) or "ordq")
 def test_help_exits_0(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -65,9 +72,7 @@ def test_a_command_imports_neither_kazoo_nor_grpc_until_it_needs_them() -> None:
     code = ("import sys; from ordq.cli import main\n"
             "try:\n    main(['queue', '--help'])\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('grpc', 'kazoo', 'pyspark') if m in sys.modules))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines()[-1] == "[]"
+    assert _last_line_of(code) == "[]"
 
 
 def test_commands_are_registered() -> None:
@@ -351,9 +356,7 @@ def test_the_top_level_help_imports_no_command_module() -> None:
             "             'google', 'cryptography', 'logging', 'typing')\n"
             "             or m.startswith(('ordq.commands', 'ordq.common.errors', 'ordq.cluster_health',\n"
             "                              'ordq.coordinator'))))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines()[-1] == "[]"
+    assert _last_line_of(code) == "[]"
 
 
 def test_the_top_level_help_lines_are_the_commands_own() -> None:
@@ -492,6 +495,4 @@ def test_sigint_while_the_commands_are_half_imported_is_an_interrupt() -> None:
             "sys.modules['ordq.commands'] = types.ModuleType('ordq.commands')  # half imported\n"
             "try:\n    cli._on_sigint(signal.SIGINT, None)\n"
             "except KeyboardInterrupt:\n    print('interrupted', cli.INTERRUPTED.is_set())\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines()[-1] == "interrupted True"
+    assert _last_line_of(code) == "interrupted True"
