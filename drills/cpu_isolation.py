@@ -157,8 +157,12 @@ def sweep(root: Path = CPU_ROOT) -> list[str]:
     return out
 
 
+def _marks(marks: Path) -> list[Path]:
+    return sorted(marks.glob(f"{PREFIX}*-{FLUSHER_MARK}"))
+
+
 def _live_marks(marks: Path) -> list[Path]:
-    return [m for m in sorted(marks.glob(f"{PREFIX}*-{FLUSHER_MARK}")) if _owner_alive(m.name)]
+    return [m for m in _marks(marks) if _owner_alive(m.name)]
 
 
 def _read_nice(path: Path) -> int | None:
@@ -198,8 +202,7 @@ class FlusherPriority:
         return f"the disk's flusher (writeback workqueue) at nice {nice} for the run (the machine's value: {found})"
 
     def restore(self) -> None:
-        if self.mark.exists():
-            _put_back(self.mark, self.flusher, self.marks)
+        _put_back(self.mark, self.flusher, self.marks)  # no mark (never raised): nothing written
 
 
 def sweep_flusher(flusher: Path = FLUSHER, marks: Path = MARKS) -> list[str]:
@@ -207,7 +210,7 @@ def sweep_flusher(flusher: Path = FLUSHER, marks: Path = MARKS) -> list[str]:
     live drill holds the flusher; returns their names."""
     out = []
     with contextlib.suppress(OSError):
-        for mark in sorted(marks.glob(f"{PREFIX}*-{FLUSHER_MARK}")):
+        for mark in _marks(marks):
             if not _owner_alive(mark.name):
                 _put_back(mark, flusher, marks)
                 out.append(mark.name)

@@ -25,7 +25,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,38 +56,37 @@ def stalls(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tu
     """The freezes ``[start, end]`` in µs: from the sample before the first in which nothing
     completed while I/O stayed in flight, to the first sample that saw a completion again (the
     freeze ended somewhere before it); only those frozen at least ``min_us`` between samples."""
+    return _stretches(samples, min_us, lambda prev, cur: prev.in_flight > 0 and cur.in_flight > 0, end_at_next=True)
+
+
+def idle(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tuple[int, int]]:
+    """The idle stretches ``[start, end]`` in µs: nothing in flight and nothing completed for at
+    least ``min_us`` between samples, to the last idle sample. Under a steady stream a disk that
+    does nothing is as telling as one that is frozen (stop 65: the brokers' syncs waited in them,
+    on pages under writeback); they are told per kind of window, never left out."""
+    return _stretches(samples, min_us, lambda prev, cur: prev.in_flight == 0 and cur.in_flight == 0,
+                      end_at_next=False)
+
+
+def _stretches(samples: Sequence[DiskSample], min_us: int, still: Callable[[DiskSample, DiskSample], bool], *,
+               end_at_next: bool) -> list[tuple[int, int]]:
+    """The runs of consecutive samples with no completion between them and ``still(prev, cur)``,
+    lasting ``min_us`` or more: from the sample before the first to the last (or, with
+    ``end_at_next``, to the first sample after the run)."""
     out: list[tuple[int, int]] = []
     start: int | None = None
     last = None
     for prev, cur in itertools.pairwise(samples):
-        frozen = cur.done == prev.done and prev.in_flight > 0 and cur.in_flight > 0
-        if frozen:
+        if cur.done == prev.done and still(prev, cur):
             if start is None:
                 start = prev.t_us
             last = cur.t_us
         elif start is not None and last is not None:
             if last - start >= min_us:
-                out.append((start, cur.t_us))
+                out.append((start, cur.t_us if end_at_next else last))
             start = None
     if start is not None and last is not None and last - start >= min_us:
         out.append((start, last))
-    return out
-
-
-def idle(samples: Sequence[DiskSample], min_us: int = MIN_STALL_US) -> list[tuple[int, int]]:
-    """The idle stretches ``[start, end]`` in µs: nothing in flight and nothing completed for at
-    least ``min_us`` between samples. Under a steady stream a disk that does nothing is as telling
-    as one that is frozen (stop 65: the brokers' syncs waited in them, on pages under writeback);
-    they are told per kind of window, never left out."""
-    out: list[tuple[int, int]] = []
-    run: list[DiskSample] = []
-    for s in [*samples, None]:
-        if s is not None and (not run or (s.done == run[0].done and s.in_flight == 0 and run[-1].in_flight == 0)):
-            run.append(s)
-            continue
-        if len(run) > 1 and run[-1].t_us - run[0].t_us >= min_us:
-            out.append((run[0].t_us, run[-1].t_us))
-        run = [s] if s is not None else []
     return out
 
 
@@ -153,8 +152,8 @@ class DiskWatch:
             time.sleep(EVERY_S)
 
     def stop(self, keep: Path | None = None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """Stop reading; the freezes and the idle stretches seen. The samples are written to ``keep`` (one per line:
-        µs, completed, in flight, writes, ms writing, flushes, ms flushing)."""
+        """Stop reading; the freezes and the idle stretches seen. The samples are written to
+        ``keep`` (one per line: µs, completed, in flight, writes, ms writing, flushes, ms flushing)."""
         self._stop.set()
         self._thread.join(5)
         if keep is not None:
