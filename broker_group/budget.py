@@ -190,8 +190,8 @@ class ReadPace:
     gives the clock. Calls without a token (the group's own peers: replication, repair) are
     not paced.
 
-    Work-conserving (issue 39): ``contended(token, now)`` (request_time.RequestTime's: another
-    token keeping to its request-time share active lately) says whether others wait; a token
+    Work-conserving (issue 39): ``contended(token, now)`` (the broker's
+    ``RequestTime.others_active``: another token active lately) says whether others wait; a token
     alone is not paced, and what it is granted meanwhile empties its bucket but makes no
     debt. None: always paced.
 

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from ordq.broker_group.answer import Answer, encode
-from ordq.broker_group.budget import TOKEN, Lease, MemoryBudget, ReadPace
+from ordq.broker_group.budget import TOKEN, BudgetConfig, Lease, MemoryBudget, ReadPace
 from ordq.broker_group.metrics import count_fetch
 from ordq.broker_group.request_time import ChargeSum, RequestTime
 from ordq.broker_group.segments import SegmentStore
@@ -90,6 +90,20 @@ class ReadAccount:
         self.charges.flush()
 
 
+def token_read_pace(config: BudgetConfig, request_time: RequestTime) -> ReadPace | None:
+    """Each token's read rate (None: ``read_rate_bytes`` unset), paced only while another
+    token is active (work-conserving, issue 39), however idle the loop
+    (``RequestTime.others_active``)."""
+    if config.read_rate_bytes is None:
+        return None
+    # A bucket of two answers, not the connection's 32 MiB share: a token's 24 Read streams
+    # opened at once were all given their first answers at once, and the neighbour queue's
+    # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
+    # 0.5 s of each abuse window). A steady reader's rate is the same either way.
+    burst = min(config.holder_bytes, 2 * config.token_answer_bytes)
+    return ReadPace(config.read_rate_bytes, burst=burst, contended=request_time.others_active)
+
+
 class ReadPath:
     def __init__(self, shared: Shared, segments: SegmentStore, repair_kick: threading.Event,
                  request_time: RequestTime) -> None:
@@ -101,14 +115,7 @@ class ReadPath:
         # One memory budget for what calls hold (broker_group/budget.py); its own signal, so
         # that a released answer wakes only the calls waiting for room.
         self.budget = MemoryBudget(config.budget)
-        rate = config.budget.read_rate_bytes
-        # A bucket of two answers, not the connection's 32 MiB share: a token's 24 Read streams
-        # opened at once were all given their first answers at once, and the neighbour queue's
-        # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
-        # 0.5 s of each abuse window). A steady reader's rate is the same either way.
-        burst = min(config.budget.holder_bytes, 2 * config.budget.token_answer_bytes)
-        # Paced only while another token is active (work-conserving, issue 39).
-        self.read_pace = None if rate is None else ReadPace(rate, burst=burst, contended=request_time.contended)
+        self.read_pace = token_read_pace(config.budget, request_time)
         self.room = Signal(shared.loop)
         self._read_slots: dict[str, list[Any]] = {}  # token -> [lock, users]: see _read_slot
 

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import grpc
 
+from ordq.common.metrics import scrape, value
 from ordq.common.security import Credentials, token_metadata
 from ordq.coordinator.tokens import create_token, revoke_token, touch
 from ordq.drills import cpu_isolation, device_stalls
@@ -579,10 +580,12 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                   "streams, a 30 MiB request every 0.5 s, malformed requests and batches every 20 ms")
         cpu = {"quiet": 0.0, "abused": 0.0}
         use: dict[str, dict[str, float]] = {"quiet": {}, "abused": {}}
+        counted = MasterCounters(c.metrics_urls().get(f"{gid}/master"))
         with device_stalls.watched(ctx):  # its freezes left out of both sides (check_neighbour)
             for _ in range(ROUNDS):
                 for kind in ("quiet", "abused"):
                     t0, c0 = now_us(), cpu_seconds(cpu_pids)
+                    counted.start()
                     if kind == "quiet":
                         q0 = t0
                         time.sleep(QUIET_S)
@@ -595,6 +598,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                         windows.append((q0, t0, now_us()))
                         ctx.event(f"window (quiet from, abuse from, abuse to; µs): {windows[-1]}")
                     c1 = cpu_seconds(cpu_pids)
+                    counted.stop(kind)
                     cpu[kind] += (now_us() - t0) / 1e6
                     for k in c1:
                         if k in c0:
@@ -603,6 +607,7 @@ def noisy_neighbour(ctx: DrillContext) -> None:
                    "this machine's speed)", ctx.producers[0].proc.alive())
         ctx.event("CPU cores used, " + "; ".join(
             f"{kind}: " + ", ".join(f"{k} {v / cpu[kind]:.2f}" for k, v in use[kind].items()) for kind in use))
+        ctx.event(f"{gid}/master's counters per second, {counted.told(cpu)}")
     finally:
         ctx.notes["neighbour_windows"] = windows
         if abuser is not None:
@@ -628,6 +633,50 @@ def noisy_neighbour(ctx: DrillContext) -> None:
         revoke_token(store.client, store.paths.root, rec.tid)
         touch(store.client, store.paths.root)
         store.delete_queue(abused)
+
+
+class MasterCounters:
+    """The abused master's own counters, summed per kind of window (what its read rate and
+    request-time shares did: answers paced, steps held, bytes answered). A scrape that fails
+    counts nothing for its window (told: the counters are a reading, not a check)."""
+
+    COUNTERS = {"answers": "ordq_broker_fetch_requests", "answer MB": "ordq_broker_fetch_bytes",
+                "paced": "ordq_broker_read_paced", "paced s": "ordq_broker_read_paced_seconds",
+                "held": "ordq_broker_request_time_throttled", "held s": "ordq_broker_request_time_throttled_seconds"}
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.sums: dict[str, dict[str, float]] = {}
+        self.failed = 0
+        self._at: dict[str, float] | None = None
+
+    def _read(self) -> dict[str, float] | None:
+        if self.url is None:
+            return None
+        try:
+            samples = scrape(self.url, timeout_s=1.0)
+        except (OSError, ValueError):
+            self.failed += 1
+            return None
+        return {k: value(samples, name + "_total") or 0.0 for k, name in self.COUNTERS.items()}  # counters
+
+    def start(self) -> None:
+        self._at = self._read()
+
+    def stop(self, kind: str) -> None:
+        now, then = self._read(), self._at
+        if now is None or then is None:
+            return
+        sums = self.sums.setdefault(kind, {})
+        for k in now:
+            sums[k] = sums.get(k, 0.0) + now[k] - then[k]
+
+    def told(self, seconds: dict[str, float]) -> str:
+        if not self.sums:
+            return f"not read ({self.url or 'no metrics URL'})"
+        per = [f"{kind}: " + ", ".join(f"{k} {v / (1e6 if k == 'answer MB' else 1) / seconds[kind]:.1f}"
+                                       for k, v in sums.items()) for kind, sums in self.sums.items()]
+        return "; ".join(per) + (f" ({self.failed} scrapes failed)" if self.failed else "")
 
 
 def _p99_ms(values: list[float]) -> float:

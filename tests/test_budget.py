@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ordq.broker_group.budget import BudgetConfig, Lease, MemoryBudget, ReadPace
-from ordq.broker_group.request_time import RequestTime, RequestTimeConfig
+from ordq.broker_group.read_path import token_read_pace
+from ordq.broker_group.request_time import RequestTime, RequestTimeConfig, broker_request_time
 from ordq.common.errors import ConfigError
 from ordq.wire.errors import ResourceExhausted
 
@@ -163,6 +164,24 @@ def test_a_token_alone_is_not_paced_and_is_paced_from_an_empty_bucket_once_anoth
     assert pace.wait_s(("peer:a", "token:a"), now) == pytest.approx(1.0, rel=0.05)  # 4 MiB at 4 MiB/s
     assert pace.wait_s(("peer:b", "token:b"), now) == 0  # the neighbour has its own bucket
     assert pace.wait_s(("peer:a", "token:a"), now + 0.6) == 0  # the neighbour quiet: alone again
+
+
+def test_a_tokens_read_rate_holds_beside_another_token_however_idle_the_loop() -> None:
+    """The noisy-neighbour drill, stop 67: the read rate asked ``RequestTime.contended``, which
+    also needs the loop busy (the broker's busy share) and the other token within its own
+    share. The drill queue's token was over its share and the abuser's answers are built in
+    workers, so 4 loops of huge fetches were never paced: 106 MB/s of answers, the master +0.3
+    core, the neighbour's ack p99 3 -> 40-70 ms. The rate now asks only whether another token
+    is active (``others_active``)."""
+    rt = RequestTime(broker_request_time())
+    now = 100.0
+    rt.charge("token:n", 0.5, now)  # the neighbour: busy, over its 0.2 share; the loop under its busy share
+    assert not rt.contended("token:a", now)  # what the rate asked: never paced
+    pace = token_read_pace(BudgetConfig(read_rate_bytes=4 * MiB, token_answer_bytes=4 * MiB), rt)
+    assert pace is not None
+    pace.debit(("peer:a", "token:a"), 8 * MiB + 4 * MiB, now)  # its bucket (two answers) and 4 MiB more
+    assert pace.wait_s(("peer:a", "token:a"), now) == pytest.approx(1.0, rel=0.05)  # 4 MiB owed at 4 MiB/s
+    assert not rt.others_active("token:a", now + 0.6)  # the neighbour gone quiet: alone again
 
 
 def test_an_answer_shorter_than_granted_gives_its_token_the_rest_back() -> None:

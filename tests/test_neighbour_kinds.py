@@ -1,7 +1,7 @@
 """The noisy-neighbour drill's kinds of abuse as the environment names them (pure): all by
 default, a subset for a measurement, ``none`` for the idle control (nothing sent), ``hog`` for the
 CPU control (nothing sent, ~0.1-0.2 core spun in the cluster's group), and clear errors for a
-mistyped kind or a control mixed with others."""
+mistyped kind or a control mixed with others; and the abused master's counters it tells."""
 
 from __future__ import annotations
 
@@ -36,3 +36,45 @@ def test_hog_is_the_cpu_control_sending_nothing_either(monkeypatch: pytest.Monke
 def test_a_mistyped_kind_or_none_with_others_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     with pytest.raises(ValueError, match=neighbour.ABUSE_ENV):
         kinds(monkeypatch, value)
+
+
+def test_the_abused_masters_counters_are_summed_per_kind_of_window() -> None:
+    """What the drill tells of the abused master's read rate and request-time shares (stop 67:
+    how it was found that the neighbour, not the abuser, was being held): each window's
+    counters as read from a real /metrics page before and after it, summed per kind of window
+    and told per second; a page that does not answer counts nothing and is told."""
+    import http.server
+    import threading
+
+    pages = iter([(0, 0.0, 0), (10, 2e6, 0), (10, 2e6, 0), (30, 10e6, 4)])
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            answers, nbytes, paced = next(pages)
+            body = (f"ordq_broker_fetch_requests_total {answers}\nordq_broker_fetch_bytes_total {nbytes}\n"
+                    f"ordq_broker_read_paced_total {paced}\n").encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        counted = neighbour.MasterCounters(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+        for kind in ("quiet", "abused"):
+            counted.start()
+            counted.stop(kind)
+        told = counted.told({"quiet": 2.0, "abused": 4.0})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert told.startswith("quiet: answers 5.0, answer MB 1.0, paced 0.0")
+    assert "abused: answers 5.0, answer MB 2.0, paced 1.0" in told
+    assert "failed" not in told
+    unread = neighbour.MasterCounters("http://127.0.0.1:9/metrics")  # nothing listens on the discard port
+    unread.start()
+    unread.stop("quiet")
+    assert unread.told({"quiet": 1.0}).startswith("not read") and unread.failed == 2

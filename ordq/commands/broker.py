@@ -76,7 +76,8 @@ def register(subparsers: Any) -> None:
                         "(ResourceExhausted, retriable)")
     limits.add_argument("--request-busy-share", type=float, default=None, metavar="FRACTION",
                         help="hold a token over its --request-share only while all tokens together took at "
-                        "least this much of the loop lately (default 0.6; 0: whenever another token is active)")
+                        "least this much of the loop lately (default 0.9: a loop nearly full; 0: whenever "
+                        "another token is active)")
     limits.add_argument("--read-idle", type=seconds(), default=None, metavar="SECONDS",
                         help="close a Read stream whose reader takes nothing this long (default 30)")
     limits.add_argument("--calls-per-token", type=int, default=None, metavar="N",

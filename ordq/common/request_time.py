@@ -111,6 +111,19 @@ class RequestTime:
         return any(other != token and now - at <= window and self._now_level(other, now) > half
                    for other, at in self._active.items())
 
+    def others_active(self, token: str, now: float) -> bool:
+        """Whether another token was active within ``contention_s`` (always, when it is None),
+        however idle the loop and whatever its own share: what a token's read rate asks
+        (budget.ReadPace). A stream of huge answers costs a neighbour latency (their reads,
+        copies and encryption take the GIL in long pieces), not only loop time: gated as
+        ``contended`` is, 4 loops of huge fetches were never paced (the loop was under its busy
+        share; the neighbour's producer, at 2,000 msgs/s, over its own share) and the neighbour's
+        ack p99 went 3 -> 40-70 ms (noisy-neighbour drill, stop 67)."""
+        window = self.config.contention_s
+        if window is None:
+            return True
+        return any(other != token and now - at <= window for other, at in self._active.items())
+
     def load(self, now: float) -> float:
         """Seconds per second charged to all tokens lately (decayed over ``contention_s``)."""
         window = self.config.contention_s or 1.0
