@@ -25,6 +25,8 @@ import attrs
 
 from ordq.common.errors import ConfigError, FencedError
 
+_COUNT_MASK = (1 << 32) - 1  # a batch's count (a uint32 on the wire) in its ``Replica._batches`` entry
+
 
 class Role(enum.Enum):
     MASTER = "master"
@@ -71,8 +73,11 @@ class SegmentReplica:
     # master: what the slave synced; slave: the LAC the master pushed. Either way the LAC is
     # the minimum of this and local_synced.
     peer_synced: int = 0
-    # first_seq -> (first_offset, count) of batches accepted in this incarnation, for resends
-    _batches: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    # first_seq -> first_offset << 32 | count of batches accepted in this incarnation, for
+    # resends. One int, not a tuple: a tuple a batch is a container the garbage collector
+    # counts and walks (the master's young collections in the noisy-neighbour drill were
+    # (int, int) tuples of this dict, ~95 %, stop 67); a dict of ints alone it never tracks.
+    _batches: dict[int, int] = attrs.field(factory=dict)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -106,13 +111,13 @@ class SegmentReplica:
             raise Refused("bad_request", "empty batch")
         if self.last_seq is not None and first_seq <= self.last_seq:
             known = self._batches.get(first_seq)
-            if known is None or known[1] != count:
+            if known is None or known & _COUNT_MASK != count:
                 raise Refused(
                     "bad_request",
                     f"seqs {first_seq}..{first_seq + count - 1} overlap stored seqs up to {self.last_seq} "
                     "but are not a batch this segment holds",
                 )
-            return Placement(first_offset=known[0], count=count, first_seq=first_seq, duplicate=True)
+            return Placement(first_offset=known >> 32, count=count, first_seq=first_seq, duplicate=True)
         if self.last_seq is not None and first_seq != self.last_seq + 1:
             raise Refused("bad_request", f"seq gap: segment ends at seq {self.last_seq}, batch starts at {first_seq}")
         # The epoch of an accepted write becomes the fence: an older producer that is still
@@ -139,7 +144,7 @@ class SegmentReplica:
 
     def _accept(self, first_seq: int, count: int) -> Placement:
         placement = Placement(first_offset=self.next_offset, count=count, first_seq=first_seq, duplicate=False)
-        self._batches[first_seq] = (self.next_offset, count)
+        self._batches[first_seq] = self.next_offset << 32 | count
         self.next_offset += count
         if self.first_seq is None:
             self.first_seq = first_seq

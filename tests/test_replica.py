@@ -34,6 +34,28 @@ def test_a_resend_of_a_stored_batch_gets_its_original_offsets_and_nothing_else_d
         r.place(1, 2, 4)  # straddles two stored batches: not a resend of one
 
 
+def test_what_a_segment_keeps_for_resends_is_nothing_the_garbage_collector_walks() -> None:
+    """Stop 67: the master's young collections in the noisy-neighbour drill were ~95 % the
+    (first_offset, count) tuples it kept per accepted batch, one container a batch for the
+    segment's life. Kept as one int each, the dict holds nothing the collector tracks, and
+    a resend still gets its original offsets, whatever their size (counts are uint32)."""
+    import gc
+
+    r = master()
+    seq = 0
+    for count in (1, 3, (1 << 32) - 1):
+        r.place(1, seq, count)
+        seq += count
+    big_first = r.next_offset
+    r.place(1, seq, 2)
+    assert not gc.is_tracked(r._batches)
+    again = r.place(1, seq, 2)
+    assert (again.duplicate, again.first_offset, again.count) == (True, big_first, 2)
+    with pytest.raises(Refused, match="overlap"):
+        r.place(1, seq, 3)  # the same first seq with another count is not that batch
+    assert r.place(1, 1, 3).first_offset == 1
+
+
 def test_lac_is_the_minimum_of_both_copies_and_only_it_is_readable() -> None:
     r = master()
     r.place(1, 0, 10)
