@@ -25,7 +25,7 @@ import attrs
 
 from ordq.common.errors import ConfigError, FencedError
 
-_COUNT_MASK = (1 << 32) - 1  # a batch's count (a uint32 on the wire) in its ``Replica._batches`` entry
+_COUNT_MASK = (1 << 32) - 1  # a batch's count (a uint32 on the wire) in its ``SegmentReplica._batches`` entry
 
 
 class Role(enum.Enum):
