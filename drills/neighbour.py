@@ -637,7 +637,8 @@ def noisy_neighbour(ctx: DrillContext) -> None:
 
 class MasterCounters:
     """The abused master's own counters, summed per kind of window (what its read rate and
-    request-time shares did: answers paced, steps held, bytes answered). A scrape that fails
+    request-time shares did: answers paced, steps held, bytes answered; and how often its
+    loop was held: loop-lag ticks 5 and 20 ms or more late). A scrape that fails
     counts nothing for its window (told: the counters are a reading, not a check)."""
 
     COUNTERS = {"answers": "ordq_broker_fetch_requests", "answer MB": "ordq_broker_fetch_bytes",
@@ -658,7 +659,13 @@ class MasterCounters:
         except (OSError, ValueError):
             self.failed += 1
             return None
-        return {k: value(samples, name + "_total") or 0.0 for k, name in self.COUNTERS.items()}  # counters
+        read = {k: value(samples, name + "_total") or 0.0 for k, name in self.COUNTERS.items()}  # counters
+        # the loop-lag probe's ticks (every 5 ms) that ran 5 and 20 ms or more late: the loop held
+        lag = "ordq_broker_loop_lag_seconds"
+        ticks = value(samples, lag + "_count") or 0.0
+        for late, le in (("5", "0.005"), ("20", "0.02")):
+            read[f"lag>={late}ms"] = ticks - (value(samples, lag + "_bucket", le=le) or 0.0)
+        return read
 
     def start(self) -> None:
         self._at = self._read()

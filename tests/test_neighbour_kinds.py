@@ -52,7 +52,10 @@ def test_the_abused_masters_counters_are_summed_per_kind_of_window() -> None:
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             answers, nbytes, paced = next(pages)
             body = (f"ordq_broker_fetch_requests_total {answers}\nordq_broker_fetch_bytes_total {nbytes}\n"
-                    f"ordq_broker_read_paced_total {paced}\n").encode()
+                    f"ordq_broker_read_paced_total {paced}\n"
+                    f'ordq_broker_loop_lag_seconds_bucket{{le="0.005"}} {answers * 10}\n'
+                    f'ordq_broker_loop_lag_seconds_bucket{{le="0.02"}} {answers * 10}\n'
+                    f"ordq_broker_loop_lag_seconds_count {answers * 10 + paced}\n").encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -73,6 +76,7 @@ def test_the_abused_masters_counters_are_summed_per_kind_of_window() -> None:
         server.server_close()
     assert told.startswith("quiet: answers 5.0, answer MB 1.0, paced 0.0")
     assert "abused: answers 5.0, answer MB 2.0, paced 1.0" in told
+    assert told.count("lag>=20ms") == 2 and "lag>=5ms 1.0, lag>=20ms 1.0" in told  # 4 late ticks in 4 s of abuse
     assert "failed" not in told
     unread = neighbour.MasterCounters("http://127.0.0.1:9/metrics")  # nothing listens on the discard port
     unread.start()
