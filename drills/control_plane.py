@@ -46,7 +46,6 @@ the windows run in turn, the neighbour's commits, the leader's RSS and what must
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import threading
 import time
@@ -56,7 +55,7 @@ from typing import Any
 
 import attrs
 
-from ordq.common.metrics import scrape, value
+from ordq.common.metrics import scrape, scrape_or_none, value
 from ordq.common.security import Credentials
 from ordq.coordinator.client import CoordinatorClient, Held
 from ordq.coordinator.service_leases import LOCK_NODE, coordinator_addresses, leader_address
@@ -177,10 +176,8 @@ class _CommitProbe:
 
 def _in_flight(url: str) -> float | None:
     """The leader's calls in flight now (``IN_FLIGHT``); None when its metrics did not answer."""
-    try:
-        return value(scrape(url, timeout_s=1.0), IN_FLIGHT)
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
+    samples = scrape_or_none(url, timeout_s=1.0)
+    return None if samples is None else value(samples, IN_FLIGHT)
 
 
 def tail_reads(read: Callable[[], float | None], ends_at: float, *, settle_to: float | None = None,

@@ -23,11 +23,9 @@ are the reads (a scrape of a broker's metrics, a ``mntr`` of ZooKeeper).
 
 from __future__ import annotations
 
-import http.client
-
 import attrs
 
-from ordq.common.metrics import Sample, scrape, value
+from ordq.common.metrics import Sample, scrape_or_none, value
 from ordq.common.security import Credentials
 from ordq.zk_server import four_letter_word
 
@@ -53,12 +51,8 @@ def reading(samples: list[Sample]) -> BrokerReading | None:
 
 def read_broker(url: str | None) -> BrokerReading | None:
     """A broker's counters now (None: it did not answer)."""
-    if url is None:
-        return None
-    try:
-        return reading(scrape(url, timeout_s=1.0))
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
+    samples = scrape_or_none(url, timeout_s=1.0)
+    return None if samples is None else reading(samples)
 
 
 def between(a: BrokerReading | None, b: BrokerReading | None) -> str:

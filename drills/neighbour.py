@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import grpc
 
-from ordq.common.metrics import scrape, value
+from ordq.common.metrics import scrape_or_none, value
 from ordq.common.security import Credentials, token_metadata
 from ordq.coordinator.tokens import create_token, revoke_token, touch
 from ordq.drills import cpu_isolation, device_stalls
@@ -652,12 +652,9 @@ class MasterCounters:
         self._at: dict[str, float] | None = None
 
     def _read(self) -> dict[str, float] | None:
-        if self.url is None:
-            return None
-        try:
-            samples = scrape(self.url, timeout_s=1.0)
-        except (OSError, ValueError):
-            self.failed += 1
+        samples = scrape_or_none(self.url, timeout_s=1.0)
+        if samples is None:
+            self.failed += self.url is not None
             return None
         read = {k: value(samples, name + "_total") or 0.0 for k, name in self.COUNTERS.items()}  # counters
         # the loop-lag probe's ticks (every 5 ms) that ran 5 and 20 ms or more late: the loop held

@@ -10,6 +10,7 @@ observed as things happen, once per batch or per sync.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import threading
 import urllib.request
@@ -160,6 +161,17 @@ def scrape(url: str, *, timeout_s: float = 2.0) -> list[Sample]:
     """GET ``url`` and parse it; OSError/ValueError when it does not answer."""
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
         return parse(resp.read().decode())
+
+
+def scrape_or_none(url: str | None, *, timeout_s: float = 2.0) -> list[Sample] | None:
+    """``scrape``, or None when there is no URL or it did not answer (a drill's or a bench's
+    reading of a process that may be frozen, killed or busy: no reason to stop the run)."""
+    if url is None:
+        return None
+    try:
+        return scrape(url, timeout_s=timeout_s)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
 
 
 def value(samples: Iterable[Sample], name: str, **labels: Any) -> float | None:
