@@ -76,10 +76,16 @@ class BudgetConfig:
     # of ms, a neighbour's acks with it. The SDK asks 4 MiB (fetch_max_bytes); an answer
     # shorter than asked is normal (the reader asks again from where it ended).
     token_answer_bytes: int = 4 << 20
+    # A token's answer while another token is active (the read rate's condition, ``Lease``;
+    # None: token_answer_bytes). gRPC takes an answer in one piece on the loop (its copy and
+    # encryption): each 4 MiB answer held the loop 5-17 ms and a neighbour's acks waited
+    # behind it, once per answer (noisy-neighbour drill at 4 MiB/s; docs/BENCHMARKS.md,
+    # stop 68). In 256 KiB pieces the loop serves the neighbour between them.
+    contended_answer_bytes: int | None = 256 << 10
 
     def __attrs_post_init__(self) -> None:
         if min(self.total_bytes, self.holder_bytes, self.wait_ms, self.idle_ms, self.min_grant_bytes,
-               self.token_answer_bytes) < 1:
+               self.token_answer_bytes, self.contended_answer_bytes or 1) < 1:
             raise ConfigError("memory budget limits must be >= 1")
         if self.holder_bytes > self.total_bytes:
             raise ConfigError("holder_bytes (one connection's share) must be <= total_bytes")
@@ -252,9 +258,10 @@ class Lease:
     """The bytes one call holds in the budget; released (all of them) by ``release``."""
 
     def __init__(self, budget: MemoryBudget, signal: Signal, holders: Sequence[str], address: str,
-                 pace: ReadPace | None = None) -> None:
+                 pace: ReadPace | None = None, contended: Callable[[str, float], bool] | None = None) -> None:
         self.budget, self.signal, self.holders, self.address = budget, signal, tuple(holders), address
         self.pace = pace
+        self.contended = contended  # another token active lately (RequestTime.others_active)
         self.token = next((h for h in self.holders if h.startswith(TOKEN)), None)
         self.for_token = self.token is not None  # a client's call, not a peer's
         self.bytes = 0
@@ -265,13 +272,22 @@ class Lease:
         (``pace``), then up to ``wait_s`` (default ``wait_ms``) for room; ResourceExhausted
         (counted) if none came."""
         await self.paced()
-        if self.for_token:
-            want = min(want, self.budget.config.token_answer_bytes)
-        n = await self._granted(want, wait_s, what)
+        n = await self._granted(min(want, self.answer_bytes()), wait_s, what)
         if self.pace is not None:
             self.pace.debit(self.holders, n, time.monotonic())
             self.paced_bytes += n
         return n
+
+    def answer_bytes(self) -> int:
+        """The most one answer of this call may carry now: a peer's, its grant; a token's,
+        ``token_answer_bytes``, or ``contended_answer_bytes`` while another token is active."""
+        cfg = self.budget.config
+        if not self.for_token:
+            return 1 << 62
+        if (cfg.contended_answer_bytes is not None and self.contended is not None and self.token is not None
+                and self.contended(self.token, time.monotonic())):
+            return min(cfg.token_answer_bytes, cfg.contended_answer_bytes)
+        return cfg.token_answer_bytes
 
     async def paced(self) -> None:
         """Wait (asleep: no CPU, nothing more taken) while this call's token is over its read

@@ -62,11 +62,10 @@ class ReadAccount:
     behind: bool = True  # the last answer stopped short of the readable end (or none yet)
 
     async def room(self, want: int, wait_s: float | None) -> int:
-        """The bytes this answer may read, at most ``want`` (a token's: ``token_answer_bytes``):
+        """The bytes this answer may read, at most ``want`` (a token's: ``Lease.answer_bytes``):
         the room kept, or more granted (waiting for the token's read rate either way)."""
         lease = self.lease
-        if lease.for_token:
-            want = min(want, lease.budget.config.token_answer_bytes)
+        want = min(want, lease.answer_bytes())
         if lease.bytes < want and (self.behind or lease.bytes < self.keep):
             await lease.acquire(want - lease.bytes, wait_s=wait_s)
         else:
@@ -99,8 +98,10 @@ def token_read_pace(config: BudgetConfig, request_time: RequestTime) -> ReadPace
     # A bucket of two answers, not the connection's 32 MiB share: a token's 24 Read streams
     # opened at once were all given their first answers at once, and the neighbour queue's
     # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
-    # 0.5 s of each abuse window). A steady reader's rate is the same either way.
-    burst = min(config.holder_bytes, 2 * config.token_answer_bytes)
+    # 0.5 s of each abuse window). A steady reader's rate is the same either way. Two answers
+    # of the size a token gets while paced (contended_answer_bytes: pacing is contention's).
+    burst = min(config.holder_bytes, 2 * min(config.token_answer_bytes,
+                                             config.contended_answer_bytes or config.token_answer_bytes))
     return ReadPace(config.read_rate_bytes, burst=burst, contended=request_time.others_active)
 
 
@@ -121,7 +122,8 @@ class ReadPath:
 
     def lease(self, holders: Sequence[str]) -> Lease:
         """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
-        return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace)
+        return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace,
+                     self.request_time.others_active)
 
     def account(self, holders: Sequence[str], *, stream: bool = False) -> ReadAccount:
         """What a Fetch call (or, ``stream``, a Read stream) holds and owes (``ReadAccount``)."""

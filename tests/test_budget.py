@@ -179,7 +179,7 @@ def test_a_tokens_read_rate_holds_beside_another_token_however_idle_the_loop() -
     assert not rt.contended("token:a", now)  # what the rate asked: never paced
     pace = token_read_pace(BudgetConfig(read_rate_bytes=4 * MiB, token_answer_bytes=4 * MiB), rt)
     assert pace is not None
-    pace.debit(("peer:a", "token:a"), 8 * MiB + 4 * MiB, now)  # its bucket (two answers) and 4 MiB more
+    pace.debit(("peer:a", "token:a"), pace.burst + 4 * MiB, now)  # its bucket (two answers) and 4 MiB more
     assert pace.wait_s(("peer:a", "token:a"), now) == pytest.approx(1.0, rel=0.05)  # 4 MiB owed at 4 MiB/s
     assert not rt.others_active("token:a", now + 0.6)  # the neighbour gone quiet: alone again
 
@@ -210,6 +210,35 @@ def test_a_tokens_answer_is_at_most_token_answer_bytes_a_peers_up_to_its_share()
         client, peer = _lease(budget, "peer:c", "token:c"), _lease(budget, "peer:slave")
         assert await client.acquire(32 * MiB) == 4 * MiB
         assert await peer.acquire(32 * MiB) == 32 * MiB
+
+    asyncio.run(run())
+
+
+def test_a_tokens_answer_is_cut_to_contended_answer_bytes_while_another_token_is_active() -> None:
+    """The noisy-neighbour drill, stop 68: gRPC takes an answer in one piece on the broker's
+    loop (its copy and encryption), and each 4 MiB answer to the abuser held the loop 5-17 ms,
+    the neighbour's acks with it. While another token is active a token's answers are
+    ``contended_answer_bytes`` (256 KiB) at most; alone, ``token_answer_bytes`` (4 MiB), and
+    the group's own peers are never cut."""
+    rt = RequestTime(broker_request_time())
+    budget = MemoryBudget(BudgetConfig())
+    signal: Any = _Signal()
+
+    def lease(*holders: str) -> Lease:
+        return Lease(budget, signal, holders, "127.0.0.1:1", None, rt.others_active)
+
+    async def run() -> None:
+        client, peer = lease("peer:c", "token:c"), lease("peer:slave")
+        rt.seen("token:c", time.monotonic())
+        assert await client.acquire(32 * MiB) == 4 * MiB  # alone: whole answers
+        client.release()
+        rt.seen("token:n", time.monotonic())  # a neighbour's token active
+        assert client.answer_bytes() == 256 << 10
+        assert await client.acquire(32 * MiB) == 256 << 10
+        assert await peer.acquire(32 * MiB) == 32 * MiB  # replication and repair: never cut
+        off = MemoryBudget(BudgetConfig(contended_answer_bytes=None))
+        assert Lease(off, signal, ("peer:c", "token:c"), "127.0.0.1:1", None, rt.others_active).answer_bytes() \
+            == 4 * MiB
 
     asyncio.run(run())
 
