@@ -2,7 +2,8 @@
 messages, both replicas fsynced before every ack. Not a test: prints numbers for
 docs/BENCHMARKS.md.
 
-    .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--rate 2000 --rate-seconds 10] [--token]
+    .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--rate 2000 --rate-seconds 10]
+        [--token [--consumer-token]]
 
 It first measures the floor of the stack (bench/bench_floor.py, fdatasync in the cluster's
 folder) in the same run, and ends with issue 15's four figures against their goals:
@@ -101,12 +102,14 @@ _COMMIT_EVERY = "ORDQ_BENCH_COMMIT_EVERY"  # set: the consumer child commits eve
 _FREEZE_GC = "ORDQ_BENCH_FREEZE_GC"  # set: the consumer child freezes its start-up objects (--freeze-gc)
 
 
-def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest"
-                   ) -> subprocess.Popen[str]:
+def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: str = "earliest",
+                   token: str | None = None) -> subprocess.Popen[str]:
+    """The consumer child; with ``token``, it calls with that token instead of this process's."""
+    env = os.environ | {"ORDQ_TOKEN": token} if token is not None else None
     # dying with this process: a bench stopped by an error or a timeout left it reading (and
     # holding the pipe of whoever ran the bench) for ever
     p = subprocess.Popen(dying_with_parent([sys.executable, "-m", "bench.bench_e2e", "--consume", hosts, sub, start,
-                                            str(first), str(count)]), stdout=subprocess.PIPE, text=True)
+                                            str(first), str(count)]), stdout=subprocess.PIPE, text=True, env=env)
     assert p.stdout is not None
     if p.stdout.readline().strip() != "READY":
         raise RuntimeError("consumer did not start")
@@ -204,6 +207,10 @@ def main() -> None:
                     help="producer and consumer call with a token (produce, consume on the queue), as an "
                     "application does: charged to its request-time share and its read rate, answers of at most "
                     "4 MiB (the cluster's certificate alone is none of these)")
+    ap.add_argument("--consumer-token", action="store_true",
+                    help="with --token: the consumer calls with a token of its own (consume only), as a separate "
+                    "application does; its reads then count as contended beside the producer's token (paced at "
+                    "the read rate, answers cut to 256 KiB: docs/SECURITY.md, Limits)")
     ap.add_argument("--commit-every", type=int, default=0,
                     help="the consumer commits every N messages or N seconds (default: the SDK's policy)")
     ap.add_argument("--freeze-gc", action="store_true",
@@ -214,6 +221,8 @@ def main() -> None:
                          "where the steady phase's batches spent their time")
     ap.add_argument("--consume", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.consumer_token and not args.token:
+        ap.error("--consumer-token needs --token")
     if args.consume:
         hosts, sub, start, first, count = args.consume
         consume_main(hosts, sub, start, int(first), int(count))
@@ -225,6 +234,7 @@ def main() -> None:
         stages.enable(stamps_dir, every=args.stages)  # before the cluster starts: its processes inherit it
     roles: dict[int, str] = {}
     steady_first = 0
+    consumer_token: str | None = None  # --consumer-token: the consumer's own
     with bench_cluster(2) as cluster:
         if args.token:
             from ordq.coordinator.tokens import create_token, touch
@@ -232,6 +242,10 @@ def main() -> None:
             _rec, token = create_token(cluster.store.client, ROOT, {QUEUE: ["produce", "consume"]}, "bench_e2e")
             touch(cluster.store.client, ROOT)
             os.environ["ORDQ_TOKEN"] = token  # the producer here and the consumer child (ordq.common.security)
+            if args.consumer_token:
+                _rec, consumer_token = create_token(cluster.store.client, ROOT, {QUEUE: ["consume"]},
+                                                    "bench_e2e consumer")
+                touch(cluster.store.client, ROOT)
             time.sleep(1.0)  # the brokers' token watch (milliseconds)
         if args.floor_round_trips:
             floor = bench_floor.measure(args.floor_round_trips, args.floor_syncs, cluster.folder)
@@ -252,7 +266,7 @@ def main() -> None:
                 freeze_startup_objects()
             base = 0
             if args.messages:  # pipelined
-                consumer = start_consumer(cluster.hosts, "pipelined", args.messages)
+                consumer = start_consumer(cluster.hosts, "pipelined", args.messages, token=consumer_token)
                 writes = WriteMeter(cluster)
                 writes.start()
                 batches_before = producer.statistics().batches_acked
@@ -286,7 +300,8 @@ def main() -> None:
             # steady rate, end-to-end latency
             n = int(args.rate * args.rate_seconds)
             if n:
-                consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest")
+                consumer = start_consumer(cluster.hosts, "latency", n, first=base, start="latest",
+                                          token=consumer_token)
                 writes = WriteMeter(cluster)
                 writes.start()
                 batches_before = producer.statistics().batches_acked
