@@ -95,6 +95,12 @@ class BudgetConfig:
             raise ConfigError("read_rate_bytes (answer bytes per second per token) must be >= 1, or None")
 
     @property
+    def contended_answer_limit(self) -> int:
+        """A token's largest answer while another token is active: ``contended_answer_bytes``,
+        never more than ``token_answer_bytes`` (which alone applies when it is None)."""
+        return min(self.token_answer_bytes, self.contended_answer_bytes or self.token_answer_bytes)
+
+    @property
     def reserve_bytes(self) -> int:
         """What answers leave to produce requests (``write_reserve_bytes``, else total / 4)."""
         return self.total_bytes // 4 if self.write_reserve_bytes is None else self.write_reserve_bytes
@@ -281,12 +287,11 @@ class Lease:
     def answer_bytes(self) -> int:
         """The most one answer of this call may carry now: a peer's, its grant; a token's,
         ``token_answer_bytes``, or ``contended_answer_bytes`` while another token is active."""
-        cfg = self.budget.config
-        if not self.for_token:
+        cfg, token = self.budget.config, self.token
+        if token is None:
             return 1 << 62
-        if (cfg.contended_answer_bytes is not None and self.contended is not None and self.token is not None
-                and self.contended(self.token, time.monotonic())):
-            return min(cfg.token_answer_bytes, cfg.contended_answer_bytes)
+        if self.contended is not None and self.contended(token, time.monotonic()):
+            return cfg.contended_answer_limit
         return cfg.token_answer_bytes
 
     async def paced(self) -> None:

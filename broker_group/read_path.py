@@ -100,8 +100,7 @@ def token_read_pace(config: BudgetConfig, request_time: RequestTime) -> ReadPace
     # acks waited behind that burst (noisy-neighbour drill: the worst acks came in the first
     # 0.5 s of each abuse window). A steady reader's rate is the same either way. Two answers
     # of the size a token gets while paced (contended_answer_bytes: pacing is contention's).
-    burst = min(config.holder_bytes, 2 * min(config.token_answer_bytes,
-                                             config.contended_answer_bytes or config.token_answer_bytes))
+    burst = min(config.holder_bytes, 2 * config.contended_answer_limit)
     return ReadPace(config.read_rate_bytes, burst=burst, contended=request_time.others_active)
 
 
