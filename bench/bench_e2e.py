@@ -140,7 +140,11 @@ STREAM_WRITES = (("master", "ordq_broker_produce_answers_total", "produce answer
                  ("master", "ordq_broker_loop_commits_total", "of them on its loop"),
                  ("master", "ordq_broker_slow_syncs_total", "slow ones"),
                  # request-time charges (request_time.py): each costs the master's loop a few µs
-                 ("master", "ordq_broker_request_time_charges_total", "master request-time charges"))
+                 ("master", "ordq_broker_request_time_charges_total", "master request-time charges"),
+                 # what tokens waited for (budget.ReadPace, request_time.py): only while another
+                 # tenant's token is active, so none when one application holds both tokens
+                 ("master", "ordq_broker_read_paced_total", "Read answers paced"),
+                 ("master", "ordq_broker_request_time_throttled_total", "steps held for request time"))
 
 
 class WriteMeter:

@@ -202,10 +202,10 @@ class ReadPace:
     gives the clock. Calls without a token (the group's own peers: replication, repair) are
     not paced.
 
-    Work-conserving (issue 39): ``contended(token, now)`` (the broker's
-    ``RequestTime.others_active``: another token active lately) says whether others wait; a token
-    alone is not paced, and what it is granted meanwhile empties its bucket but makes no
-    debt. None: always paced.
+    Work-conserving (issue 39): ``contended(token, now, queue)`` (the broker's
+    ``RequestTime.others_active``: another token active lately, not on the queue read) says
+    whether others wait; a token alone is not paced, and what it is granted meanwhile empties
+    its bucket but makes no debt. None: always paced.
 
     Guarantee: over any interval of t seconds of contention, a token is granted at most
     ``burst + rate * t`` bytes plus what its answers already granted were allowed to
@@ -213,33 +213,33 @@ class ReadPace:
 
     rate: float
     burst: float
-    contended: Callable[[str, float], bool] | None = None
+    contended: Callable[[str, float, str | None], bool] | None = None
     _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (bytes left, at)
 
     def _now_level(self, holder: str, now: float) -> float:
         level, at = self._level.get(holder, (self.burst, now))
         return min(self.burst, level + max(now - at, 0.0) * self.rate)
 
-    def _contended(self, holder: str, now: float) -> bool:
-        return self.contended is None or self.contended(holder, now)
+    def _contended(self, holder: str, now: float, queue: str | None) -> bool:
+        return self.contended is None or self.contended(holder, now, queue)
 
-    def wait_s(self, holders: Sequence[str], now: float) -> float:
-        """How long an answer for these holders must wait before it may be granted."""
+    def wait_s(self, holders: Sequence[str], now: float, queue: str | None = None) -> float:
+        """How long an answer for these holders (of ``queue``) must wait before it may be granted."""
         debt = 0.0
         for h in holders:
             # its debt asked first: whether it is contended is the dearer question (issue 39).
             # Less than a byte owed is float dust of a wait just made: no wait.
-            if h.startswith(TOKEN) and (owed := -self._now_level(h, now)) >= 1.0 and self._contended(h, now):
+            if h.startswith(TOKEN) and (owed := -self._now_level(h, now)) >= 1.0 and self._contended(h, now, queue):
                 debt = max(debt, owed)
         return debt / self.rate
 
-    def debit(self, holders: Sequence[str], n: float, now: float) -> None:
-        """Charge ``n`` answer bytes (negative: give back what an answer did not use)."""
+    def debit(self, holders: Sequence[str], n: float, now: float, queue: str | None = None) -> None:
+        """Charge ``n`` answer bytes of ``queue`` (negative: give back what an answer did not use)."""
         for h in holders:
             if h.startswith(TOKEN):
                 level = self._now_level(h, now)
                 left = level - n
-                if left < 0.0 and not self._contended(h, now):
+                if left < 0.0 and not self._contended(h, now, queue):
                     left = max(left, min(level, 0.0))  # alone: the bucket empties, no new debt
                 self._level[h] = (left, now)
         if len(self._level) > 4096:  # forget tokens whose bucket is full again (as new)
@@ -264,10 +264,13 @@ class Lease:
     """The bytes one call holds in the budget; released (all of them) by ``release``."""
 
     def __init__(self, budget: MemoryBudget, signal: Signal, holders: Sequence[str], address: str,
-                 pace: ReadPace | None = None, contended: Callable[[str, float], bool] | None = None) -> None:
+                 pace: ReadPace | None = None, contended: Callable[[str, float, str | None], bool] | None = None,
+                 queue: str | None = None) -> None:
         self.budget, self.signal, self.holders, self.address = budget, signal, tuple(holders), address
         self.pace = pace
-        self.contended = contended  # another token active lately (RequestTime.others_active)
+        # another token active lately, not on the queue read (RequestTime.others_active)
+        self.contended = contended
+        self.queue = queue  # the queue this call reads (None: not known, or not a read)
         self.token = next((h for h in self.holders if h.startswith(TOKEN)), None)
         self.for_token = self.token is not None  # a client's call, not a peer's
         self.bytes = 0
@@ -280,7 +283,7 @@ class Lease:
         await self.paced()
         n = await self._granted(min(want, self.answer_bytes()), wait_s, what)
         if self.pace is not None:
-            self.pace.debit(self.holders, n, time.monotonic())
+            self.pace.debit(self.holders, n, time.monotonic(), self.queue)
             self.paced_bytes += n
         return n
 
@@ -290,7 +293,7 @@ class Lease:
         cfg, token = self.budget.config, self.token
         if token is None:
             return 1 << 62
-        if self.contended is not None and self.contended(token, time.monotonic()):
+        if self.contended is not None and self.contended(token, time.monotonic(), self.queue):
             return cfg.contended_answer_limit
         return cfg.token_answer_bytes
 
@@ -300,7 +303,7 @@ class Lease:
         if self.pace is None or not self.for_token:
             return
         waited = 0.0
-        while (w := self.pace.wait_s(self.holders, time.monotonic())) > 0:
+        while (w := self.pace.wait_s(self.holders, time.monotonic(), self.queue)) > 0:
             await asyncio.sleep(w)  # others of the same token may have run meanwhile: ask again
             waited += w
         if waited:
@@ -379,7 +382,7 @@ class Lease:
         for its next answer: ``release``); its token's read rate is charged what the answer
         really holds."""
         if self.pace is not None:
-            self.pace.debit(self.holders, actual - self.paced_bytes, time.monotonic())
+            self.pace.debit(self.holders, actual - self.paced_bytes, time.monotonic(), self.queue)
             self.paced_bytes = 0
         held = max(actual, min(keep, self.bytes))
         if held > self.bytes:

@@ -324,6 +324,7 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
             # (judged again whenever the token copy changed: Gate.stream_check). A refusal is
             # counted once, where ``produce`` answers with it.
             check(req.queue)
+            rt.on_queue(token, req.queue)
             await b.write.accept_produce(stream, req)
             stamp("M.placed", first_seqs, req.batches)
             lease.release()
@@ -357,7 +358,7 @@ async def read_stream(b: Parts, req: pb.FetchRequest, context: Context) -> None:
     until = time.monotonic() + min(req.stream_ms, b.shared.config.max_fetch_wait_ms) / 1000.0
     # What the stream holds and owes, kept from answer to answer (read_path.ReadAccount), and
     # one timer for the idle bound of all its writes (issue 39: not one of each per answer).
-    account = b.read.account(holders_of(context), stream=True)
+    account = b.read.account(holders_of(context), req.queue, stream=True)
     idle = StepTimeout(b.read.budget.config.idle_ms / 1000.0)
     token = token_holder(context)
     ask = pb.FetchRequest(queue=req.queue, seg=req.seg, offset=req.offset, max_bytes=req.max_bytes,
@@ -436,7 +437,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             # returned answer still sits in gRPC's send buffer until a slow reader's
             # flow-control window takes it, and releasing it at return let one reader's
             # unread answers pile up past its share (issue 25).
-            account = self.b.read.account(holders_of(context))
+            account = self.b.read.account(holders_of(context), request.queue)
             context.add_done_callback(lambda _ctx: account.close())
             try:
                 return (await self.b.read.fetch(request, account)).wire

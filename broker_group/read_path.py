@@ -119,17 +119,20 @@ class ReadPath:
         self.room = Signal(shared.loop)
         self._read_slots: dict[str, list[Any]] = {}  # token -> [lock, users]: see _read_slot
 
-    def lease(self, holders: Sequence[str]) -> Lease:
-        """A call's share of the memory budget, charged to ``holders`` (budget.holders_of)."""
+    def lease(self, holders: Sequence[str], queue: str | None = None) -> Lease:
+        """A call's share of the memory budget, charged to ``holders`` (budget.holders_of);
+        ``queue``: the queue it reads (its token's read rate asks who else is active)."""
         return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace,
-                     self.request_time.others_active)
+                     self.request_time.others_active, queue)
 
-    def account(self, holders: Sequence[str], *, stream: bool = False) -> ReadAccount:
-        """What a Fetch call (or, ``stream``, a Read stream) holds and owes (``ReadAccount``)."""
+    def account(self, holders: Sequence[str], queue: str, *, stream: bool = False) -> ReadAccount:
+        """What a Fetch call (or, ``stream``, a Read stream) of ``queue`` holds and owes
+        (``ReadAccount``); its token counts as active on ``queue`` (``RequestTime.on_queue``)."""
         keep = self.budget.config.min_grant_bytes if stream else 0
         token = next((h for h in holders if h.startswith(TOKEN)), None)
         rt = self.request_time
-        return ReadAccount(self.lease(holders), Alarm(),
+        rt.on_queue(token, queue)
+        return ReadAccount(self.lease(holders, queue), Alarm(),
                            ChargeSum(lambda seconds: rt.charge(token, seconds, time.monotonic())), keep)
 
     async def fetch(self, req: pb.FetchRequest, account: ReadAccount | None = None, *,

@@ -151,7 +151,7 @@ def test_a_token_alone_is_not_paced_and_is_paced_from_an_empty_bucket_once_anoth
     past its rate and owes nothing for them; once another token is active (a call within the
     request-time contention window) its rate holds, from an empty bucket."""
     rt = RequestTime(RequestTimeConfig(contention_s=0.5))
-    pace = ReadPace(4 * MiB, burst=8 * MiB, contended=rt.contended)
+    pace = ReadPace(4 * MiB, burst=8 * MiB, contended=lambda token, now, _queue: rt.contended(token, now))
     now = 100.0
     for _ in range(100):  # 400 MiB in 1 s, alone: 100x its rate
         rt.seen("token:a", now)
@@ -252,3 +252,51 @@ def test_read_rate_flag_sets_the_rate_and_zero_turns_it_off() -> None:
     assert BudgetConfig().read_rate_bytes == 64 * MiB
     assert budget_config(argparse.Namespace(**flags, read_rate=16)).read_rate_bytes == 16 * MiB
     assert budget_config(argparse.Namespace(**flags, read_rate=0)).read_rate_bytes is None
+
+
+def test_a_token_reading_a_queue_is_not_contended_by_a_token_seen_only_on_that_same_queue() -> None:
+    """Stop 68's two-token bench: a consumer with a consume-only token of its own, beside its
+    own producer's token, was paced and cut as if the producer were another tenant, and drained
+    ~10 % slower than with one token. A queue's writer and reader are one application's two ends:
+    a token last let use the queue read (``RequestTime.on_queue``) is not another's; a token on
+    another queue, or whose queue is not known yet (a call refused at the gate, a call naming
+    none), is."""
+    rt = RequestTime(broker_request_time())
+    now = time.monotonic()  # the lease asks the clock itself
+    pace = token_read_pace(BudgetConfig(read_rate_bytes=4 * MiB, token_answer_bytes=4 * MiB), rt)
+    assert pace is not None
+    reader = ("peer:c", "token:c")
+    rt.seen("token:c", now)
+    rt.on_queue("token:c", "q")
+    rt.seen("token:p", now)  # the producer: active, its queue not known yet
+    assert rt.others_active("token:c", now, "q")
+    rt.on_queue("token:p", "q")  # its produce requests passed the gate for q
+    assert not rt.others_active("token:c", now, "q")  # its own writer: alone
+    pace.debit(reader, pace.burst + 4 * MiB, now, "q")
+    assert pace.wait_s(reader, now, "q") == 0  # not paced, and no debt made
+    budget = MemoryBudget(BudgetConfig())
+    lease = Lease(budget, _Signal(), reader, "127.0.0.1:1", None, rt.others_active, "q")  # type: ignore[arg-type]
+    assert lease.answer_bytes() == 4 * MiB  # whole answers
+    rt.seen("token:n", now)
+    rt.on_queue("token:n", "other")  # a neighbour queue's token: another tenant
+    assert rt.others_active("token:c", now, "q") and lease.answer_bytes() == 256 << 10
+    pace.debit(reader, 4 * MiB, now, "q")
+    assert pace.wait_s(reader, now, "q") == pytest.approx(1.0, rel=0.05)  # paced at 4 MiB/s again
+    assert rt.others_active("token:c", now)  # a read of no known queue: every other token counts
+
+
+def test_a_tokens_share_of_request_time_is_not_held_for_a_token_on_its_own_queue() -> None:
+    """The request-time share protects other tenants: a producer over its share on a busy loop
+    is held while another queue's token keeping to its share is active, not while only its own
+    queue's consumer (a token of its own) is."""
+    rt = RequestTime(broker_request_time())
+    now = 100.0
+    rt.seen("token:c", now)
+    rt.on_queue("token:c", "q")  # the consumer: keeping to its share
+    rt.on_queue("token:p", "q")
+    rt.charge("token:p", 0.95, now)  # its producer: the loop busy, over its 0.2 share
+    assert not rt.contended("token:p", now) and rt.delay_s("token:p", now) == 0  # no debt made
+    rt.seen("token:n", now)
+    rt.on_queue("token:n", "other")  # another queue's token
+    rt.charge("token:p", 0.5, now)
+    assert rt.contended("token:p", now) and rt.delay_s("token:p", now) > 0

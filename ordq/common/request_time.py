@@ -86,6 +86,7 @@ class RequestTime:
     _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (seconds left, at)
     _waiting: dict[str, int] = attrs.field(factory=dict)  # token -> calls waiting (admit)
     _active: dict[str, float] = attrs.field(factory=dict)  # token -> when last active (contention_s)
+    _queue: dict[str, str] = attrs.field(factory=dict)  # token -> the queue it was last let use (on_queue)
     _load: tuple[float, float] = (0.0, 0.0)  # (seconds charged to all tokens, decayed over contention_s; at)
 
     def seen(self, token: str, now: float) -> None:
@@ -95,34 +96,52 @@ class RequestTime:
         window = self.config.contention_s
         if len(active) > 64 and window is not None:  # forget tokens gone quiet (few are active at once)
             self._active = {t: at for t, at in active.items() if now - at <= window}
+            self._queue = {t: q for t, q in self._queue.items() if t in self._active}
+
+    def on_queue(self, token: str | None, queue: str) -> None:
+        """``token`` was let use ``queue`` (its call or stream passed the gate): its activity
+        counts as that queue's (``others_active``)."""
+        if token is not None:
+            self._queue[token] = queue
 
     def contended(self, token: str, now: float) -> bool:
         """Whether another token keeping to its share (more than half its bucket left) was
         active within ``contention_s`` (always, when ``contention_s`` is None): only then is
         a token's share enforced. The share protects those who keep to it: a token alone,
         or among tokens all over their shares, is not held (the loop's queue shares it
-        among them), and a neighbour held for its debt is no reason to hold another."""
+        among them), and a neighbour held for its debt is no reason to hold another. Nor is a
+        token last let use this token's own last queue (``others_active``: one application's
+        writer and reader)."""
         window = self.config.contention_s
         if window is None:
             return True
         if self.config.busy_share is not None and self.load(now) < self.config.busy_share:
             return False  # the loop is mostly idle: nobody waits for what this token takes
         half = self.config.burst_s / 2
-        return any(other != token and now - at <= window and self._now_level(other, now) > half
-                   for other, at in self._active.items())
+        mine, same = self._queue.get(token), self._queue  # a token on its own queue is not another tenant
+        return any(other != token and now - at <= window and (mine is None or same.get(other) != mine)
+                   and self._now_level(other, now) > half for other, at in self._active.items())
 
-    def others_active(self, token: str, now: float) -> bool:
+    def others_active(self, token: str, now: float, queue: str | None = None) -> bool:
         """Whether another token was active within ``contention_s`` (always, when it is None),
         however idle the loop and whatever its own share: what a token's read rate asks
         (budget.ReadPace). A stream of huge answers costs a neighbour latency (their reads,
         copies and encryption take the GIL in long pieces), not only loop time: gated as
         ``contended`` is, 4 loops of huge fetches were never paced (the loop was under its busy
         share; the neighbour's producer, at 2,000 msgs/s, over its own share) and the neighbour's
-        ack p99 went 3 -> 40-70 ms (noisy-neighbour drill, stop 67)."""
+        ack p99 went 3 -> 40-70 ms (noisy-neighbour drill, stop 67).
+
+        ``queue``: the queue this token's call reads. A token last seen on that same queue (its
+        producer, another of its subscriptions) is not another tenant: the queue's own writer and
+        reader are one application's two ends, and pacing the reader behind its own writer only
+        made it fall behind (a consumer with a token of its own drained ~10 % slower, stop 68). A
+        token whose queue is not known yet counts as another's."""
         window = self.config.contention_s
         if window is None:
             return True
-        return any(other != token and now - at <= window for other, at in self._active.items())
+        same = self._queue
+        return any(other != token and now - at <= window and (queue is None or same.get(other) != queue)
+                   for other, at in self._active.items())
 
     def load(self, now: float) -> float:
         """Seconds per second charged to all tokens lately (decayed over ``contention_s``)."""
