@@ -643,7 +643,11 @@ class MasterCounters:
 
     COUNTERS = {"answers": "ordq_broker_fetch_requests", "answer MB": "ordq_broker_fetch_bytes",
                 "paced": "ordq_broker_read_paced", "paced s": "ordq_broker_read_paced_seconds",
-                "held": "ordq_broker_request_time_throttled", "held s": "ordq_broker_request_time_throttled_seconds"}
+                "held": "ordq_broker_request_time_throttled", "held s": "ordq_broker_request_time_throttled_seconds",
+                # where its group commits ran: a lone request's on the loop, the rest (and every
+                # one for 1 s after a slow one) on its sync thread (broker_group/loop_sync.py)
+                "commits": "ordq_broker_syncs", "on loop": "ordq_broker_loop_commits",
+                "slow syncs": "ordq_broker_slow_syncs"}
 
     def __init__(self, url: str | None) -> None:
         self.url = url
