@@ -191,6 +191,9 @@ def _settle(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+EARLY_RING_S = 0.002  # a timer rung this close before its deadline is armed this far ahead (_OneTimer._ring)
+
+
 class _OneTimer:
     """One timer for a series of deadlines that come one after the other and mostly move
     forward: armed when none is, left armed from one to the next, armed again when it rings
@@ -226,10 +229,17 @@ class _OneTimer:
         due = self._pending()
         if due is None:
             return
-        if time.monotonic() < due:
+        now = time.monotonic()
+        if now >= due:
+            self._expire()
+        elif due - now > EARLY_RING_S:
             self._ring_by(due)  # rung for an earlier one: this one is due later
         else:
-            self._expire()
+            # Rung early by the loop clock's rounding: uvloop reads its clock in whole ms at an
+            # iteration's start, so a shorter delay may ring early again, once per iteration
+            # while the thread is starved (6 timers for one deadline beside six busy loops).
+            # Armed EARLY_RING_S ahead instead: the wait ends at most that late.
+            self._ring_by(now + EARLY_RING_S)
 
     def close(self) -> None:
         if self._timer is not None:
