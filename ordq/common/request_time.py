@@ -9,6 +9,7 @@ Rules: no gRPC, no clock, no waiting, no threads: the caller gives ``now`` and s
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import attrs
 
@@ -118,9 +119,8 @@ class RequestTime:
         if self.config.busy_share is not None and self.load(now) < self.config.busy_share:
             return False  # the loop is mostly idle: nobody waits for what this token takes
         half = self.config.burst_s / 2
-        mine, same = self._queue.get(token), self._queue  # a token on its own queue is not another tenant
-        return any(other != token and now - at <= window and (mine is None or same.get(other) != mine)
-                   and self._now_level(other, now) > half for other, at in self._active.items())
+        return any(self._now_level(other, now) > half
+                   for other in self._other_tenants(token, now, window, self._queue.get(token)))
 
     def others_active(self, token: str, now: float, queue: str | None = None) -> bool:
         """Whether another token was active within ``contention_s`` (always, when it is None),
@@ -139,9 +139,14 @@ class RequestTime:
         window = self.config.contention_s
         if window is None:
             return True
+        return any(self._other_tenants(token, now, window, queue))
+
+    def _other_tenants(self, token: str, now: float, window: float, queue: str | None) -> Iterator[str]:
+        """The tokens other than ``token`` active within ``window``, but those last let use
+        ``queue`` (None: every one): one application's writer and reader are one tenant."""
         same = self._queue
-        return any(other != token and now - at <= window and (queue is None or same.get(other) != queue)
-                   for other, at in self._active.items())
+        return (other for other, at in self._active.items()
+                if other != token and now - at <= window and (queue is None or same.get(other) != queue))
 
     def load(self, now: float) -> float:
         """Seconds per second charged to all tokens lately (decayed over ``contention_s``)."""
