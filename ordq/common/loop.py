@@ -232,14 +232,13 @@ class _OneTimer:
         now = time.monotonic()
         if now >= due:
             self._expire()
-        elif due - now > EARLY_RING_S:
-            self._ring_by(due)  # rung for an earlier one: this one is due later
         else:
-            # Rung early by the loop clock's rounding: uvloop reads its clock in whole ms at an
-            # iteration's start, so a shorter delay may ring early again, once per iteration
-            # while the thread is starved (6 timers for one deadline beside six busy loops).
-            # Armed EARLY_RING_S ahead instead: the wait ends at most that late.
-            self._ring_by(now + EARLY_RING_S)
+            # Rung for an earlier deadline: armed again for this one, but at least EARLY_RING_S
+            # ahead. A ring early by the loop clock's rounding (uvloop reads its clock in whole
+            # ms at an iteration's start) re-armed for the sub-ms rest rang early again, once per
+            # iteration while the thread was starved (6 timers for one deadline beside six busy
+            # loops); the wait ends at most EARLY_RING_S late.
+            self._ring_by(max(due, now + EARLY_RING_S))
 
     def close(self) -> None:
         if self._timer is not None:
