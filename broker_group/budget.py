@@ -70,7 +70,18 @@ class BudgetConfig:
     # the only thing one reader can take: building, encrypting and sending ~400 MB/s of huge
     # answers for one token held the loop and the GIL that a neighbour queue's produce, ack
     # and replication need (noisy-neighbour drill: its ack p99 4-19x its quiet p99).
-    read_rate_bytes: int | None = 64 << 20
+    # 16 MiB/s since stop 70 (64 before): at 64 the abuse of the drill still took the master
+    # +0.15-0.2 core and the neighbour's p99 2.4-2.6x; at 16, 1.8-2.0x. A reader keeping up
+    # with its queue is not held to it (``tail_read_factor``).
+    read_rate_bytes: int | None = 16 << 20
+    # What a token reads of a queue is not paced up to this many times what was written to that
+    # queue here since (ReadPace.fresh; 0: off): a consumer keeping up with a queue written
+    # faster than the read rate is not left behind by another tenant's activity, while reading
+    # back what the queue holds (catch-up, or abuse: a token's huge fetches of its own old data)
+    # is paced. Two: room for the reader to catch up after a pause.
+    tail_read_factor: float = 2.0
+    # The most of that allowance a token keeps for one queue while it does not read it.
+    tail_read_burst_bytes: int = 4 << 20
     # The largest answer one call of a token gets (peers: max_fetch_bytes). An answer is built,
     # copied into gRPC and sent in one piece on the loop's watch: a 32 MiB one held it for tens
     # of ms, a neighbour's acks with it. The SDK asks 4 MiB (fetch_max_bytes); an answer
@@ -93,6 +104,8 @@ class BudgetConfig:
             raise ConfigError("write_reserve_bytes must be >= 0 and < total_bytes")
         if self.read_rate_bytes is not None and self.read_rate_bytes < 1:
             raise ConfigError("read_rate_bytes (answer bytes per second per token) must be >= 1, or None")
+        if self.tail_read_factor < 0 or self.tail_read_burst_bytes < 0:
+            raise ConfigError("tail_read_factor and tail_read_burst_bytes must be >= 0")
 
     @property
     def contended_answer_limit(self) -> int:
@@ -193,6 +206,7 @@ class MemoryBudget:
 
 
 TOKEN = "token:"  # the prefix of a token holder (holders_of); the others are connections
+FORGET_S = 10.0  # a reader of a queue not seen this long may be forgotten (ReadPace.fresh)
 
 
 @attrs.define
@@ -207,14 +221,25 @@ class ReadPace:
     whether others wait; a token alone is not paced, and what it is granted meanwhile empties
     its bucket but makes no debt. None: always paced.
 
+    Fresh bytes are free (stop 70): of an answer of queue Q, up to ``tail_factor`` times what
+    was written to Q here since the token last read it (``wrote``; kept up to ``tail_burst``)
+    is not charged (``fresh``). A consumer keeping up with Q reads what Q's producer just wrote,
+    at any rate; one reading back what Q holds is paced.
+
     Guarantee: over any interval of t seconds of contention, a token is granted at most
-    ``burst + rate * t`` bytes plus what its answers already granted were allowed to
-    overrun (an answer is whole batches, settled to its actual size)."""
+    ``burst + rate * t`` bytes, plus per queue it reads ``tail_burst + tail_factor * w`` (w:
+    the bytes written to that queue here meanwhile), plus what its answers already granted
+    were allowed to overrun (an answer is whole batches, settled to its actual size)."""
 
     rate: float
     burst: float
     contended: Callable[[str, float, str | None], bool] | None = None
+    tail_factor: float = 0.0
+    tail_burst: float = 0.0
     _level: dict[str, tuple[float, float]] = attrs.field(factory=dict)  # token -> (bytes left, at)
+    _written: dict[str, int] = attrs.field(factory=dict)  # queue -> bytes written here (wrote)
+    # (token, queue) -> (the queue's written bytes when the token last read it, fresh bytes left, when)
+    _fresh: dict[tuple[str, str], tuple[int, float, float]] = attrs.field(factory=dict)
 
     def _now_level(self, holder: str, now: float) -> float:
         level, at = self._level.get(holder, (self.burst, now))
@@ -245,6 +270,31 @@ class ReadPace:
         if len(self._level) > 4096:  # forget tokens whose bucket is full again (as new)
             self._level = {h: (lv, at) for h, (lv, at) in self._level.items()
                            if lv + (now - at) * self.rate < self.burst}
+
+
+    def wrote(self, queue: str, n: int) -> None:
+        """``n`` bytes were written to ``queue`` here (a produce request placed)."""
+        if self.tail_factor > 0:
+            self._written[queue] = self._written.get(queue, 0) + n
+
+    def fresh(self, token: str, queue: str, n: int, now: float) -> int:
+        """How many of an answer's ``n`` bytes of ``queue`` to ``token`` are not charged to its
+        rate: at most ``tail_factor`` times what was written to the queue since the token last
+        read it, plus what it left of that before (at most ``tail_burst``). Taken: a token's
+        first read of a queue (or first in ``FORGET_S``) finds nothing fresh, whatever the
+        queue held before."""
+        if self.tail_factor <= 0:
+            return 0
+        written = self._written.get(queue, 0)
+        seen, left, _ = self._fresh.get((token, queue), (written, 0.0, now))
+        left = min(self.tail_burst, left + (written - seen) * self.tail_factor)
+        used = min(max(n, 0), int(left))
+        self._fresh[(token, queue)] = (written, left - used, now)
+        if len(self._fresh) > 4096:  # forget readers gone quiet (they start again from nothing fresh)
+            self._fresh = {k: v for k, v in self._fresh.items() if now - v[2] < FORGET_S}
+            if len(self._fresh) > 4096:
+                self._fresh.clear()
+        return used
 
 
 def token_holder(context: Any) -> str | None:
@@ -380,9 +430,13 @@ class Lease:
         """The call holds ``actual`` bytes now (an answer came out shorter, or one batch longer,
         than granted), or ``keep`` of those it held if that is more (a Read stream keeps room
         for its next answer: ``release``); its token's read rate is charged what the answer
-        really holds."""
-        if self.pace is not None:
-            self.pace.debit(self.holders, actual - self.paced_bytes, time.monotonic(), self.queue)
+        really holds, less its fresh bytes (``ReadPace.fresh``)."""
+        if (pace := self.pace) is not None:
+            now = time.monotonic()
+            owed = actual - self.paced_bytes
+            if self.token is not None and self.queue is not None:
+                owed -= pace.fresh(self.token, self.queue, actual, now)  # what was just written: not charged
+            pace.debit(self.holders, owed, now, self.queue)
             self.paced_bytes = 0
         held = max(actual, min(keep, self.bytes))
         if held > self.bytes:

@@ -326,6 +326,7 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
             check(req.queue)
             rt.on_queue(token, req.queue)
             await b.write.accept_produce(stream, req)
+            b.read.wrote(req.queue, size)
             stamp("M.placed", first_seqs, req.batches)
             lease.release()
             # The next request is not read while the token is over its share of the loop

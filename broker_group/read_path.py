@@ -101,7 +101,8 @@ def token_read_pace(config: BudgetConfig, request_time: RequestTime) -> ReadPace
     # 0.5 s of each abuse window). A steady reader's rate is the same either way. Two answers
     # of the size a token gets while paced (contended_answer_bytes: pacing is contention's).
     burst = min(config.holder_bytes, 2 * config.contended_answer_limit)
-    return ReadPace(config.read_rate_bytes, burst=burst, contended=request_time.others_active)
+    return ReadPace(config.read_rate_bytes, burst=burst, contended=request_time.others_active,
+                    tail_factor=config.tail_read_factor, tail_burst=config.tail_read_burst_bytes)
 
 
 class ReadPath:
@@ -124,6 +125,12 @@ class ReadPath:
         ``queue``: the queue it reads (its token's read rate asks who else is active)."""
         return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace,
                      self.request_time.others_active, queue)
+
+    def wrote(self, queue: str, n: int) -> None:
+        """``n`` bytes of a produce request were placed in ``queue``: what its tokens may read
+        back unpaced (``ReadPace.fresh``)."""
+        if self.read_pace is not None:
+            self.read_pace.wrote(queue, n)
 
     def account(self, holders: Sequence[str], queue: str, *, stream: bool = False) -> ReadAccount:
         """What a Fetch call (or, ``stream``, a Read stream) of ``queue`` holds and owes

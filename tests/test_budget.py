@@ -249,9 +249,74 @@ def test_read_rate_flag_sets_the_rate_and_zero_turns_it_off() -> None:
     from ordq.commands.broker import budget_config
 
     flags = dict(memory_budget=None, connection_budget=None, write_reserve=None, read_idle=None)
-    assert BudgetConfig().read_rate_bytes == 64 * MiB
-    assert budget_config(argparse.Namespace(**flags, read_rate=16)).read_rate_bytes == 16 * MiB
-    assert budget_config(argparse.Namespace(**flags, read_rate=0)).read_rate_bytes is None
+    assert BudgetConfig().read_rate_bytes == 16 * MiB
+    assert budget_config(argparse.Namespace(**flags, read_rate=64, tail_read_factor=None)).read_rate_bytes == 64 * MiB
+    assert budget_config(argparse.Namespace(**flags, read_rate=0, tail_read_factor=None)).read_rate_bytes is None
+    off = budget_config(argparse.Namespace(**flags, read_rate=None, tail_read_factor=0.0))
+    assert off.tail_read_factor == 0 and BudgetConfig().tail_read_factor == 2.0
+    with pytest.raises(ConfigError, match="tail_read_factor"):
+        budget_config(argparse.Namespace(**flags, read_rate=None, tail_read_factor=-1.0))
+
+
+# -- fresh bytes: a reader keeping up with its queue (ReadPace.fresh, stop 70) ----------------------
+
+
+@given(st.lists(st.tuples(st.floats(0, 0.2), st.integers(0, 512 << 10), st.integers(1, 4 * MiB),
+                          st.sampled_from(["q", "r"])), min_size=1, max_size=80))
+def test_a_token_is_granted_at_most_its_rate_plus_its_factor_of_what_was_written(
+        steps: list[tuple[float, int, int, str]]) -> None:
+    """However writes and answers interleave over two queues, what a contended token is
+    granted by time t is at most burst + rate * t, plus per queue tail_burst + factor * its
+    writes, plus the one answer that may overrun (granted while not in debt): fresh bytes
+    cannot be spent twice, nor minted by reading another queue."""
+    rate, burst, factor, tail_burst = 1 * MiB, 512 << 10, 2.0, 1 * MiB
+    pace = ReadPace(rate, burst=burst, tail_factor=factor, tail_burst=tail_burst)
+    holders = ("peer:a", "token:a")
+    now, granted, biggest = 0.0, 0, 0
+    written, read = {"q": 0, "r": 0}, set()
+    for dt, wrote, n, queue in steps:
+        pace.wrote(queue, wrote)
+        written[queue] += wrote
+        now += dt + pace.wait_s(holders, now + dt, queue)  # the answer waits out the debt
+        pace.debit(holders, n, now, queue)  # granted (Lease.acquire) ...
+        pace.debit(holders, -pace.fresh("token:a", queue, n, now), now, queue)  # ... settled (Lease.settle)
+        granted += n
+        biggest = max(biggest, n)
+        read.add(queue)
+        allowance = sum(tail_burst + factor * written[q] for q in read)
+        assert granted <= burst + rate * now + allowance + biggest + 1e-6 * rate
+
+
+def test_a_reader_keeping_up_with_its_queue_is_not_paced_one_reading_old_data_is() -> None:
+    """A consumer of a queue written at 40 MiB/s, beside another tenant, with a read rate of
+    16 MiB/s: it reads what was written as it comes and never waits; a second token's first
+    read of the same queue's old bytes finds nothing fresh and is paced."""
+    pace = ReadPace(16 * MiB, burst=512 << 10, tail_factor=2.0, tail_burst=4 * MiB)
+    tail, old = ("peer:c", "token:c"), ("peer:x", "token:x")
+    now = 0.0
+    assert pace.fresh("token:c", "q", 0, now) == 0  # its first read (an empty answer): from now on
+    for _ in range(100):  # 1 s: 400 KiB written every 10 ms, read at once
+        now += 0.01
+        pace.wrote("q", 400 << 10)
+        assert pace.wait_s(tail, now, "q") == 0
+        pace.debit(tail, 400 << 10, now, "q")
+        pace.debit(tail, -pace.fresh("token:c", "q", 400 << 10, now), now, "q")
+    assert pace.wait_s(tail, now, "q") == 0
+    for _ in range(3):  # the other token reads 3 MiB of what q held, in 1 MiB answers
+        pace.debit(old, 1 * MiB, now, "q")
+        pace.debit(old, -pace.fresh("token:x", "q", 1 * MiB, now), now, "q")
+    assert pace.wait_s(old, now, "q") == pytest.approx((3 * MiB - (512 << 10)) / (16 * MiB), rel=0.01)
+    off = ReadPace(16 * MiB, burst=512 << 10)  # tail_factor 0: nothing is fresh
+    off.wrote("q", 8 * MiB)
+    assert off.fresh("token:c", "q", 1 * MiB, now) == 0
+
+
+def test_fresh_bytes_left_unread_are_kept_only_up_to_the_tail_burst() -> None:
+    pace = ReadPace(1 * MiB, burst=512 << 10, tail_factor=2.0, tail_burst=4 * MiB)
+    assert pace.fresh("token:c", "q", 0, 0.0) == 0
+    pace.wrote("q", 100 * MiB)  # the reader paused while 100 MiB were written
+    assert pace.fresh("token:c", "q", 64 * MiB, 5.0) == 4 * MiB  # not 200 MiB of unpaced reading
+    assert pace.fresh("token:c", "q", 1 * MiB, 5.0) == 0  # taken: not spent twice
 
 
 def test_a_token_reading_a_queue_is_not_contended_by_a_token_seen_only_on_that_same_queue() -> None:

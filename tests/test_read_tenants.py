@@ -103,3 +103,47 @@ def test_a_readers_rate_holds_beside_another_queues_token_not_beside_its_own_pro
         assert _paced(cluster) > before  # another tenant: the reader waits for its rate
         # ~2.5 MiB at 1 MiB/s, less the bucket's 512 KiB: about 2 s, at least 1 s
         assert took >= 1.0, took
+
+
+BURST = 4_000  # ~4 MiB written at once: four times the read rate of 1 MiB/s
+
+
+def test_a_reader_keeping_up_with_its_queue_is_not_paced_beside_another_tenant(cluster: Cluster) -> None:
+    """Stop 70: the read rate paces reading back what a queue holds, not keeping up with it. A
+    consumer tailing q while q's producer writes 4 MiB at once, beside another queue's token,
+    reads it all without one answer waiting for its 1 MiB/s rate (``ReadPace.fresh``:
+    what a token reads of a queue is free up to twice what was written to it meanwhile); the
+    same reader reading q back from the start is paced (the test above)."""
+    cluster.add_groups("g1", extra_args={"master": ["--read-rate", "1"]})
+    cluster.create_queue("q")
+    cluster.create_queue("n")
+    tokens = {name: create_token(cluster.store.client, cluster.root, grants, name)[1]
+              for name, grants in (("admin", {"*": ["admin"]}), ("consume", {"q": ["consume"]}),
+                                   ("produce", {"q": ["produce"]}), ("neighbour", {"n": ["produce"]}))}
+    touch(cluster.store.client, cluster.root)
+    admin = attrs.evolve(cluster.credentials, token=tokens["admin"])
+    register(cluster.hosts, cluster.root, admin)
+    own, neighbour = (attrs.evolve(admin, token=tokens[k]) for k in ("produce", "neighbour"))
+    reader = attrs.evolve(admin, token=tokens["consume"])
+    transport = GrpcTransport(credentials=reader)
+    with _writing(cluster, neighbour, "n"), \
+            Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=own)) as p:
+        p.send(b"first")
+        p.flush()
+        master = cluster.store.live_members("g1")["master"].address
+        seg = cluster.state("q").consume[0].seg
+        first = transport.fetch(master, "q", seg, 0, max_bytes=4 << 20, max_wait_ms=0)  # the reader's first read
+        offset = parse_header(first.batches[-1], verify_crc=False).end_offset
+        before = _paced(cluster)
+        for _ in range(BURST):
+            p.send(PAYLOAD)
+        p.flush()  # all acked: readable
+        got = 0
+        try:
+            while got < BURST * len(PAYLOAD):
+                res = transport.fetch(master, "q", seg, offset, max_bytes=4 << 20, max_wait_ms=1000)
+                got += sum(map(len, res.batches))
+                offset = parse_header(res.batches[-1], verify_crc=False).end_offset
+        finally:
+            transport.close()
+        assert _paced(cluster) == before  # nothing waited: what it read had just been written

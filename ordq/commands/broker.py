@@ -69,7 +69,12 @@ def register(subparsers: Any) -> None:
                         "(default a quarter of the budget)")
     limits.add_argument("--read-rate", type=int, default=None, metavar="MIB",
                         help="Fetch/Read answer MiB per second one token may take, 0 for no limit "
-                        "(default 64): one reader's huge reads cannot slow a neighbour queue's writes")
+                        "(default 16) while another tenant's token is active: one reader's huge reads cannot slow "
+                        "a neighbour queue's writes")
+    limits.add_argument("--tail-read-factor", type=float, default=None, metavar="X",
+                        help="what a token reads of a queue is not held to --read-rate up to X times what was "
+                        "written to that queue meanwhile, 0 for never (default 2): a consumer keeping up is "
+                        "never paced, one reading back old data is")
     limits.add_argument("--request-share", type=float, default=None, metavar="FRACTION",
                         help="seconds of the broker's loop per second one token's calls may take, refused ones "
                         "included, 0 for no limit (default 0.2): a token over it is held, then refused "
@@ -130,6 +135,8 @@ def budget_config(args: argparse.Namespace) -> Any:
         given["write_reserve_bytes"] = args.write_reserve << 20
     if args.read_rate is not None:
         given["read_rate_bytes"] = (args.read_rate << 20) or None
+    if args.tail_read_factor is not None:
+        given["tail_read_factor"] = args.tail_read_factor
     if args.read_idle is not None:
         given["idle_ms"] = int(args.read_idle * 1000)
     return BudgetConfig(**given)
