@@ -251,15 +251,16 @@ class _Abuser(CallLoops):
     the receive limit, malformed requests. Each outcome is counted by its gRPC status."""
 
     def __init__(self, address: str, creds: Credentials, queue: str, seg: int,
-                 kinds: tuple[str, ...] = ABUSE_KINDS) -> None:
+                 kinds: tuple[str, ...] = ABUSE_KINDS, connections: list[Stub] | None = None) -> None:
         self.address, self.creds, self.queue, self.seg = address, creds, queue, seg
         self.kinds = kinds
         super().__init__()
+        self._ready = list(connections or ())  # made before the window (``connected``), used first
         self._stubs: list[Stub] = []
         self._held: list[Any] = []  # unread streams: a dropped call object is cancelled
 
     def _stub(self) -> Stub:
-        s = Stub(self.address, self.creds)
+        s = self._ready.pop() if self._ready else Stub(self.address, self.creds)
         self._stubs.append(s)
         return s
 
@@ -317,6 +318,22 @@ class _Abuser(CallLoops):
         return outcomes
 
 
+def connections_of(kinds: tuple[str, ...]) -> int:
+    """The connections a window of these kinds opens (``_Abuser.start``: one per ``_stub``)."""
+    return 18 * ("streams" in kinds) + 4 * ("huge" in kinds) + ("oversized" in kinds) + 2 * ("malformed" in kinds)
+
+
+def connected(address: str, creds: Credentials, n: int, timeout_s: float = 10.0) -> list[Stub]:
+    """``n`` connections of the abuser's, opened at once and waited for (``timeout_s`` in all;
+    one not up by then connects on its first call)."""
+    stubs = [Stub(address, creds) for _ in range(n)]
+    deadline = time.monotonic() + timeout_s
+    for f in [grpc.channel_ready_future(s.channel) for s in stubs]:
+        with contextlib.suppress(grpc.FutureTimeoutError):
+            f.result(timeout=max(0.0, deadline - time.monotonic()))
+    return stubs
+
+
 def spin(seconds: float) -> None:
     """Take a CPU for ``seconds``, doing nothing (a hog control's call; both drills')."""
     end = time.perf_counter() + seconds
@@ -342,14 +359,25 @@ def _abuser_process(address: str, creds: Credentials, queue_: str, seg: int, con
                     kinds: tuple[str, ...] = ABUSE_KINDS) -> None:
     """The abuser's own process (spawned): at idle priority if ``idle``; each ``go`` starts a
     window of abuse, the next ``stop`` ends it (everything it opened closed) and sends back its
-    outcomes; ``exit`` ends the process."""
+    outcomes; ``exit`` ends the process.
+
+    Each window's connections are opened before it: the first window's before "ready", the
+    next one's at the end of this one, before its outcomes go back (so within the span judged
+    abused: ``pause`` waits for them). Opened at the window's start instead, the abuser's 25
+    TLS handshakes (~0.75 ms of the broker's CPU each, and as much of the abuser's own on the
+    same 2-core machine, which in production is another host's) landed on its first calls:
+    40-65 % of the abused windows' slowest 1 % of acks came in their first 500 ms
+    (docs/BENCHMARKS.md, stop 70)."""
     priority = idle_priority() if idle else "normal priority"
+    ready = connected(address, creds, connections_of(kinds))
     conn.send(("ready", priority))
     while conn.recv() == "go":
-        abuser = _Abuser(address, creds, queue_, seg, kinds)
+        abuser = _Abuser(address, creds, queue_, seg, kinds, ready)
         abuser.start()
         conn.recv()
-        conn.send(abuser.stop())
+        outcomes = abuser.stop()
+        ready = connected(address, creds, connections_of(kinds))
+        conn.send(outcomes)
 
 
 class WindowedProcess:

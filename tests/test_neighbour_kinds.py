@@ -5,6 +5,8 @@ mistyped kind or a control mixed with others; and the abused master's counters i
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ordq.drills import neighbour
@@ -82,3 +84,22 @@ def test_the_abused_masters_counters_are_summed_per_kind_of_window() -> None:
     unread.start()
     unread.stop("quiet")
     assert unread.told({"quiet": 1.0}).startswith("not read") and unread.failed == 2
+
+
+@pytest.mark.parametrize("kinds", [neighbour.ABUSE_KINDS, ("huge",), ("streams", "malformed"), ("oversized",),
+                                   (neighbour.HOG_CONTROL,)])
+def test_every_connection_a_window_uses_was_made_before_it(monkeypatch: pytest.MonkeyPatch,
+                                                           kinds: tuple[str, ...]) -> None:
+    """Stop 70: the abuser's connections are opened before its window (``connected``), so that
+    their handshakes do not land on its first calls; a window must then open none of its own."""
+    from unittest.mock import MagicMock
+
+    from ordq.common.security import Credentials
+
+    opened: list[str] = []
+    monkeypatch.setattr(neighbour, "Stub", lambda address, creds: opened.append(address) or MagicMock())
+    ready: list[Any] = [MagicMock() for _ in range(neighbour.connections_of(kinds))]
+    abuser = neighbour._Abuser("127.0.0.1:1", Credentials(token="t"), "q", 0, kinds, ready)
+    abuser.stop_event.set()  # its loops end at once
+    abuser.start()
+    assert opened == [] and abuser._ready == []  # used every connection made before, and only those
