@@ -271,7 +271,6 @@ class ReadPace:
             self._level = {h: (lv, at) for h, (lv, at) in self._level.items()
                            if lv + (now - at) * self.rate < self.burst}
 
-
     def wrote(self, queue: str, n: int) -> None:
         """``n`` bytes were written to ``queue`` here (a produce request placed)."""
         if self.tail_factor > 0:

@@ -56,23 +56,29 @@ def _writing(cluster: Cluster, creds: Credentials, queue: str) -> Iterator[None]
             p.flush()
 
 
-def _read_all(creds: Credentials, address: str, seg: int) -> int:
-    """Read queue q's segment from offset 0 to its readable end, in answers of up to 4 MiB;
-    returns the bytes read."""
+def _read(creds: Credentials, address: str, seg: int, offset: int = 0, want: int | None = None) -> tuple[int, int]:
+    """Read queue q's segment from ``offset`` in answers of up to 4 MiB: to its readable end,
+    or, given ``want``, until that many bytes came (long-polling for them); returns the bytes
+    read and the offset reached."""
     transport = GrpcTransport(credentials=creds)
-    offset = got = 0
+    got = 0
     try:
-        while True:
-            res = transport.fetch(address, "q", seg, offset, max_bytes=4 << 20, max_wait_ms=0)
+        while want is None or got < want:
+            res = transport.fetch(address, "q", seg, offset, max_bytes=4 << 20, max_wait_ms=0 if want is None else 1000)
             if not res.batches:
-                return got
+                if want is None:
+                    break
+                continue
             got += sum(map(len, res.batches))
             offset = parse_header(res.batches[-1], verify_crc=False).end_offset
     finally:
         transport.close()
+    return got, offset
 
 
-def test_a_readers_rate_holds_beside_another_queues_token_not_beside_its_own_producer(cluster: Cluster) -> None:
+def _tenants(cluster: Cluster) -> tuple[Credentials, Credentials, Credentials]:
+    """g1 with a read rate of 1 MiB/s, queues q and n, and three tokens: q's producer's, a
+    producer's of n (another tenant) and a consume-only one for q (the reader)."""
     cluster.add_groups("g1", extra_args={"master": ["--read-rate", "1"]})
     cluster.create_queue("q")
     cluster.create_queue("n")
@@ -82,8 +88,12 @@ def test_a_readers_rate_holds_beside_another_queues_token_not_beside_its_own_pro
     touch(cluster.store.client, cluster.root)
     admin = attrs.evolve(cluster.credentials, token=tokens["admin"])
     register(cluster.hosts, cluster.root, admin)
-    own, neighbour = (attrs.evolve(admin, token=tokens[k]) for k in ("produce", "neighbour"))
-    reader = attrs.evolve(admin, token=tokens["consume"])
+    own, neighbour, reader = (attrs.evolve(admin, token=tokens[k]) for k in ("produce", "neighbour", "consume"))
+    return own, neighbour, reader
+
+
+def test_a_readers_rate_holds_beside_another_queues_token_not_beside_its_own_producer(cluster: Cluster) -> None:
+    own, neighbour, reader = _tenants(cluster)
     with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=own)) as p:
         for _ in range(MESSAGES):
             p.send(PAYLOAD)
@@ -93,12 +103,12 @@ def test_a_readers_rate_holds_beside_another_queues_token_not_beside_its_own_pro
 
     with _writing(cluster, own, "q"):  # q's own producer, a token of its own, writing
         before = _paced(cluster)
-        assert _read_all(reader, master, seg) >= MESSAGES * len(PAYLOAD)
+        assert _read(reader, master, seg)[0] >= MESSAGES * len(PAYLOAD)
         assert _paced(cluster) == before  # one application: no answer waited for the rate
 
     with _writing(cluster, neighbour, "n"):  # another queue's token, writing
         before, started = _paced(cluster), time.monotonic()
-        assert _read_all(reader, master, seg) >= MESSAGES * len(PAYLOAD)
+        assert _read(reader, master, seg)[0] >= MESSAGES * len(PAYLOAD)
         took = time.monotonic() - started
         assert _paced(cluster) > before  # another tenant: the reader waits for its rate
         # ~2.5 MiB at 1 MiB/s, less the bucket's 512 KiB: about 2 s, at least 1 s
@@ -114,36 +124,17 @@ def test_a_reader_keeping_up_with_its_queue_is_not_paced_beside_another_tenant(c
     reads it all without one answer waiting for its 1 MiB/s rate (``ReadPace.fresh``:
     what a token reads of a queue is free up to twice what was written to it meanwhile); the
     same reader reading q back from the start is paced (the test above)."""
-    cluster.add_groups("g1", extra_args={"master": ["--read-rate", "1"]})
-    cluster.create_queue("q")
-    cluster.create_queue("n")
-    tokens = {name: create_token(cluster.store.client, cluster.root, grants, name)[1]
-              for name, grants in (("admin", {"*": ["admin"]}), ("consume", {"q": ["consume"]}),
-                                   ("produce", {"q": ["produce"]}), ("neighbour", {"n": ["produce"]}))}
-    touch(cluster.store.client, cluster.root)
-    admin = attrs.evolve(cluster.credentials, token=tokens["admin"])
-    register(cluster.hosts, cluster.root, admin)
-    own, neighbour = (attrs.evolve(admin, token=tokens[k]) for k in ("produce", "neighbour"))
-    reader = attrs.evolve(admin, token=tokens["consume"])
-    transport = GrpcTransport(credentials=reader)
+    own, neighbour, reader = _tenants(cluster)
     with _writing(cluster, neighbour, "n"), \
             Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=own)) as p:
         p.send(b"first")
         p.flush()
         master = cluster.store.live_members("g1")["master"].address
         seg = cluster.state("q").consume[0].seg
-        first = transport.fetch(master, "q", seg, 0, max_bytes=4 << 20, max_wait_ms=0)  # the reader's first read
-        offset = parse_header(first.batches[-1], verify_crc=False).end_offset
+        _, offset = _read(reader, master, seg)  # the reader's first read: "first"
         before = _paced(cluster)
         for _ in range(BURST):
             p.send(PAYLOAD)
         p.flush()  # all acked: readable
-        got = 0
-        try:
-            while got < BURST * len(PAYLOAD):
-                res = transport.fetch(master, "q", seg, offset, max_bytes=4 << 20, max_wait_ms=1000)
-                got += sum(map(len, res.batches))
-                offset = parse_header(res.batches[-1], verify_crc=False).end_offset
-        finally:
-            transport.close()
+        _read(reader, master, seg, offset, want=BURST * len(PAYLOAD))
         assert _paced(cluster) == before  # nothing waited: what it read had just been written
