@@ -8,13 +8,11 @@ the peer, never served.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import attrs
 
@@ -25,7 +23,7 @@ from ordq.broker_group.request_time import ChargeSum, RequestTime
 from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, CorruptLog, SegmentNotFound
-from ordq.common.loop import Alarm, Signal
+from ordq.common.loop import Alarm, KeyedLocks, Signal
 from ordq.coordinator.state import SegStatus
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
@@ -118,13 +116,14 @@ class ReadPath:
         self.budget = MemoryBudget(config.budget)
         self.read_pace = token_read_pace(config.budget, request_time)
         self.room = Signal(shared.loop)
-        self._read_slots: dict[str, list[Any]] = {}  # token -> [lock, users]: see _read_slot
+        self._read_slots = KeyedLocks()  # one worker at a time builds a token's answers: _read_slot
+        self._pace_turns = KeyedLocks()  # a token's answers wait for its read rate in turn (Lease.paced)
 
     def lease(self, holders: Sequence[str], queue: str | None = None) -> Lease:
         """A call's share of the memory budget, charged to ``holders`` (budget.holders_of);
         ``queue``: the queue it reads (its token's read rate asks who else is active)."""
         return Lease(self.budget, self.room, holders, self.shared.address, self.read_pace,
-                     self.request_time.others_active, queue)
+                     self.request_time.others_active, queue, self._pace_turns)
 
     def wrote(self, queue: str, n: int) -> None:
         """``n`` bytes of a produce request were placed in ``queue``: what its tokens may read
@@ -238,17 +237,8 @@ class ReadPath:
         if token is None:
             yield
             return
-        slot = self._read_slots.get(token)
-        if slot is None:
-            slot = self._read_slots[token] = [asyncio.Lock(), 0]
-        slot[1] += 1
-        try:
-            async with slot[0]:
-                yield
-        finally:
-            slot[1] -= 1
-            if not slot[1]:
-                del self._read_slots[token]
+        async with self._read_slots.hold(token):
+            yield
 
     @staticmethod
     def _answer(batches: list[bytes], offset: int, upto: int, sealed: bool) -> tuple[list[bytes], Answer]:

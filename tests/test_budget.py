@@ -365,3 +365,67 @@ def test_a_tokens_share_of_request_time_is_not_held_for_a_token_on_its_own_queue
     rt.on_queue("token:n", "other")  # another queue's token
     rt.charge("token:p", 0.5, now)
     assert rt.contended("token:p", now) and rt.delay_s("token:p", now) > 0
+
+
+def test_a_tokens_paced_answers_wait_in_turn_not_all_woken_at_each_grant() -> None:
+    """Stop 70: each of a token's waiting answers slept until the same end of its debt, so
+    every grant woke all of them (24 Read streams: ~35 rate checks per answer, each a wake-up
+    on the broker's loop). In turn (``Lease.turns``) the first sleeps and the rest wait
+    behind it; the rate holds as before."""
+    from ordq.common.loop import KeyedLocks
+
+    class Counted(ReadPace):
+        checks = 0
+
+        def wait_s(self, holders: Any, now: float, queue: str | None = None) -> float:
+            Counted.checks += 1
+            return super().wait_s(holders, now, queue)
+
+    def run(turns: KeyedLocks | None) -> tuple[int, int, float]:
+        Counted.checks = 0
+        budget = MemoryBudget(BudgetConfig())
+        pace = Counted(16 * MiB, burst=512 << 10)
+
+        async def stream(i: int) -> int:
+            le = Lease(budget, _Signal(), (f"peer:{i}", "token:a"), "127.0.0.1:1", pace,  # type: ignore[arg-type]
+                       turns=turns)
+            n, end = 0, time.monotonic() + 1.0
+            while time.monotonic() < end:
+                n += await le.acquire(256 << 10)
+                le.settle(256 << 10)
+                le.release()
+            return n
+
+        async def all_streams() -> tuple[int, float]:
+            started = time.monotonic()
+            granted = sum(await asyncio.gather(*(stream(i) for i in range(24))))
+            return granted, time.monotonic() - started
+
+        granted, took = asyncio.run(all_streams())
+        assert turns is None or len(turns) == 0  # nothing left behind
+        return Counted.checks, granted, took
+
+    alone_checks, alone_granted, _ = run(None)
+    checks, granted, took = run(KeyedLocks())
+    answers = granted // (256 << 10)
+    assert granted <= (512 << 10) + 16 * MiB * took + 24 * (256 << 10)  # the rate holds
+    assert checks <= answers * 15, (checks, answers)
+    assert checks * 2 < alone_checks * granted // alone_granted, (checks, alone_checks)
+
+
+def test_keyed_locks_go_in_turn_and_leave_no_key_behind() -> None:
+    from ordq.common.loop import KeyedLocks
+
+    locks, order = KeyedLocks(), []
+
+    async def user(key: str, i: int) -> None:
+        async with locks.hold(key):
+            order.append((key, i))
+            await asyncio.sleep(0.001)
+
+    async def run() -> None:
+        await asyncio.gather(*(user("a", i) for i in range(5)), user("b", 0))
+        assert len(locks) == 0
+
+    asyncio.run(run())
+    assert [i for k, i in order if k == "a"] == [0, 1, 2, 3, 4]

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -323,3 +324,27 @@ class StepTimeout(_OneTimer):
         if self._task is not None:
             self._expired = True
             self._task.cancel()
+
+
+class KeyedLocks:
+    """One ``asyncio.Lock`` per key, made when first wanted and dropped when nobody holds or waits
+    for it (so keys that come and go, such as client tokens, leave nothing behind). On the loop
+    only. ``hold(key)``: ``async with`` it; its waiters go in turn (asyncio's lock is FIFO)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # key -> (lock, [holders and waiters])
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or self._locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[key]
