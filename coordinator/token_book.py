@@ -81,7 +81,9 @@ class TokenBook:
         self._records: dict[str, TokenRecord] = {}
         self._unreadable: str | None = None  # why no token can be judged now
         self._loaded_from = float("-inf")  # when the load now in effect started
-        self._next: Future[None] | None = None  # the refresh callers wait for, not started yet
+        # callers waiting for the next refresh, not started yet: a future each, so that one
+        # that gives up (its call cancelled) cancels only its own
+        self._waiting: list[Future[None]] | None = None
         self._last_start = float("-inf")
         self._client: Any = None
         self._root = ""
@@ -166,35 +168,41 @@ class TokenBook:
         """Done once a load that started at or after ``arrived`` (this clock) has landed;
         its exception is TokensUnavailable when that load failed. Single-flight: every
         caller before the next load starts shares it; rate-limited: one starts at most every
-        ``refresh_every_s``."""
+        ``refresh_every_s``. The future is the caller's own: cancelling it (its call went
+        away) leaves the others' waits as they were."""
+        mine: Future[None] = Future()
         with self._lock:
             if self._loaded_from >= arrived:
-                done: Future[None] = Future()
-                done.set_result(None)
-                return done
-            if self._next is None:
-                self._next = Future()
+                mine.set_result(None)
+                return mine
+            if self._waiting is None:
+                self._waiting = []
                 timer = threading.Timer(max(self._last_start + self._every_s - self._clock(), 0.0), self._refresh)
                 timer.daemon = True
                 timer.start()
-            return self._next
+            self._waiting.append(mine)
+            return mine
 
     def _refresh(self) -> None:
         with self._lock:
-            fut, self._next = self._next, None
+            waiting, self._waiting = self._waiting or [], None
             self._last_start = self._clock()
             self.refreshes += 1
-        assert fut is not None
+        failure: str | None = None
         try:
             self._load(REFRESH_DEADLINE_S, sync=True)
         except OrdqError as exc:
-            fut.set_exception(TokensUnavailable(str(exc)))
-            return
+            failure = str(exc)
         except Exception as exc:  # noqa: BLE001 - never leave a caller waiting for ever
             log.exception("tokens: refresh failed")
-            fut.set_exception(TokensUnavailable(repr(exc)))
-            return
-        fut.set_result(None)
+            failure = repr(exc)
+        for fut in waiting:
+            if not fut.set_running_or_notify_cancel():
+                continue  # its caller gave up
+            if failure is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(TokensUnavailable(failure))
 
     # -- judging ------------------------------------------------------------------------------
 

@@ -146,6 +146,43 @@ def test_a_garbage_flood_is_bounded_and_refused(env: Env) -> None:
         _broker_takes(env, "ordq_0badf00d_" + "A" * 43)
 
 
+def test_a_waiter_that_gives_up_leaves_the_others_waiting(env: Env) -> None:
+    """Callers waiting for the same refresh (a TokenBook of our own, the same code): one
+    cancels its wait (its call went away), the other still gets the load. Before, every
+    caller shared one future: the first to give up cancelled everyone's wait."""
+    book = TokenBook(refresh_every_s=0.5)
+    book.watch(env.admin.client, env.cluster.root)
+    book.fresh_after(book.now()).result(timeout=10)  # a refresh now: the next waits ~0.5 s
+    gives_up, waits = book.fresh_after(book.now()), book.fresh_after(book.now())
+    assert gives_up.cancel()
+    assert waits.result(timeout=10) is None
+    assert not waits.cancelled()
+
+
+def test_a_call_that_gives_up_waiting_for_a_token_load_does_not_cancel_its_neighbours(env: Env) -> None:
+    """The attack (CI, stop 71: 3 of one token's streams ended CANCELLED, uncounted): calls
+    with a token the broker does not know yet wait for the next token load, which one
+    refresh serves (rate-limited: one per 0.2 s). A client sends such calls with a 50 ms
+    deadline, so they give up while waiting; a neighbour's call with a token created a
+    moment ago (the broker's copy not yet told) waits for the same load. Guard: each waiter
+    holds its own future (TokenBook.fresh_after); before, the first caller to give up
+    cancelled the shared one and the neighbour's call ended CANCELLED, untyped."""
+    ended: list[str] = []
+    for i in range(5):
+        with pytest.raises(PermissionDenied):  # a load starts now: the next one waits for the rate limit
+            _broker_takes(env, f"ordq_0bad{i:04x}_" + "A" * 43)
+        quitter = env.broker.Health.future(pb.HealthRequest(), metadata=_md(f"ordq_0bae{i:04x}_" + "A" * 43),
+                                           timeout=0.05)
+        token = create_token(env.admin.client, env.cluster.root, {"*": ["consume"]}, f"neighbour{i}")[1]
+        try:
+            _broker_takes(env, token)  # no touch: the broker learns of it from the shared load
+        except Exception as exc:  # noqa: BLE001 - every outcome is reported below
+            ended.append(repr(exc))
+        with pytest.raises(grpc.RpcError):
+            quitter.result()
+    assert not ended, ended
+
+
 def _lock_tokens(env: Env) -> Any:
     """Make ``<root>/auth/tokens`` unreadable to the cluster's identity (a third digest identity
     holds it): the broker's and the coordinator's next token load fails. Returns the undo."""
