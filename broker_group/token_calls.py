@@ -24,12 +24,14 @@ from ordq.common.counts import count_down, count_up
 class OpenCalls:
     limit: int  # calls one token may hold open at once
     _open: dict[str, int] = attrs.field(factory=dict)  # token holder -> calls open
+    admitted: int = 0  # calls counted open since start, every token (statistics)
 
     def enter(self, token: str) -> bool:
         """Count a call of ``token`` open; False (nothing counted) when it holds ``limit`` already."""
         if self._open.get(token, 0) >= self.limit:
             return False
         count_up(self._open, token)
+        self.admitted += 1
         return True
 
     def leave(self, token: str) -> None:
@@ -40,5 +42,6 @@ class OpenCalls:
         return self._open.get(token, 0)
 
     def statistics(self) -> dict[str, int]:
-        """Tokens with calls open, and the most calls one of them holds."""
-        return {"tokens": len(self._open), "most": max(self._open.values(), default=0), "limit": self.limit}
+        """Tokens with calls open, the most calls one of them holds, and calls admitted so far."""
+        return {"tokens": len(self._open), "most": max(self._open.values(), default=0), "limit": self.limit,
+                "admitted": self.admitted}
