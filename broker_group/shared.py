@@ -100,9 +100,10 @@ class Segment:
     first_write_ms: int = 0  # master: wall clock of the first batch it accepted (0: none yet)
     # The timing of the first write that created this segment here (first_write.py), until reported
     first_write: FirstWrite | None = None
-    # Fired when its LAC moves (``Shared.lac_moved``): its readers' long polls and the produce
-    # streams owed its acks wait on it. Made by the first that waits (``Shared.segment_signals``);
-    # None: nobody waited yet.
+    # Fired when its LAC moves (``Shared.lac_moved``): the produce streams owed its acks wait on
+    # ``ack_signal``, its readers' long polls on ``lac_signal``. Made by the first that waits
+    # (``Shared.segment_signals``); None: nobody waited yet.
+    ack_signal: Signal | None = None
     lac_signal: Signal | None = None
 
     @property
@@ -254,17 +255,28 @@ class Shared:
     def lac_moved(self, segments: Iterable[Segment]) -> None:
         """Caller holds cv: the LAC of ``segments`` moved (and nothing else a reader waits for
         changed: a seal, a removal, a corrupt copy or a stop go through ``changed``); wake
-        every waiter but those on other segments' LACs."""
+        every waiter but those on other segments' LACs. The produce streams owed acks first:
+        the loop runs woken waiters in the order they were woken, and a reader woken ahead
+        of them read and sent its answer (~0.1 ms) before the ack went (issue 39: a
+        synchronous send waits for that ack, a steady producer's next batch behind it)."""
         self.cv.notify_all()
-        self.signal.fire()
+        for s in segments:
+            if s.ack_signal is not None:
+                s.ack_signal.fire()
         for s in segments:
             if s.lac_signal is not None:
                 s.lac_signal.fire()
+        self.signal.fire()
 
-    def segment_signals(self, s: Segment) -> tuple[Signal, Signal]:
+    def segment_signals(self, s: Segment, *, acks: bool = False) -> tuple[Signal, Signal]:
         """Caller holds cv: what a waiter on ``s``'s LAC waits on (with ``Alarm.wait``): ``s``'s
-        own signal (made here the first time: under cv, so no LAC move is missed between a
-        waiter's check and its wait) and the broker-wide ``changes``."""
+        own signal, for its acks (a produce stream: ``acks``) or its readers (made here the
+        first time: under cv, so no LAC move is missed between a waiter's check and its wait),
+        and the broker-wide ``changes``."""
+        if acks:
+            if s.ack_signal is None:
+                s.ack_signal = Signal(self.loop)
+            return s.ack_signal, self.changes
         if s.lac_signal is None:
             s.lac_signal = Signal(self.loop)
         return s.lac_signal, self.changes

@@ -509,7 +509,7 @@ class WritePath:
             stream.waits_on = stream.pending[0][0]
         if stream.waits_on is None:
             return (*own, self.shared.changes)
-        return (*own, *self.shared.segment_signals(stream.waits_on))
+        return (*own, *self.shared.segment_signals(stream.waits_on, acks=True))
 
     def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
         """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,

@@ -87,6 +87,42 @@ def test_a_long_poll_wakes_for_its_own_segment_and_every_broker_change_never_for
 
 
 @pytest.mark.zk
+def test_a_lac_move_wakes_the_streams_owed_its_acks_before_its_readers() -> None:
+    """Issue 39: the loop runs woken waiters in the order they were woken. With one signal for
+    both, a LAC move woke the segment's readers and its produce streams in a set's order, and
+    a reader woken ahead read and sent its answer before the ack went. Now a produce stream's
+    wait (``segment_signals(acks=True)``) is woken first: here one such waiter beside 20
+    readers', the order they resume in recorded."""
+    from ordq.common.loop import Alarm
+
+    with stream_bench() as bench:
+        shared, segment = bench.shared, bench.segment
+        order: list[str] = []
+
+        async def wait(kind: str) -> None:
+            alarm = Alarm()
+            try:
+                with shared.cv:
+                    signals = shared.segment_signals(segment, acks=kind == "ack")
+                assert await alarm.wait(time.monotonic() + 10, *signals)
+                order.append(kind)
+            finally:
+                alarm.close()
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            tasks = [loop.create_task(wait("reader")) for _ in range(10)]
+            tasks.append(loop.create_task(wait("ack")))
+            tasks += [loop.create_task(wait("reader")) for _ in range(10)]
+            await asyncio.sleep(0)  # every one waits now
+            with shared.cv:
+                shared.lac_moved([segment])
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+        shared.loop.run(run(), 30)
+        assert order[0] == "ack" and order.count("reader") == 20, order
+
+
 def test_a_read_stream_and_produce_streams_of_one_queue_sleep_through_a_neighbour_queues_acks_on_a_real_master(
         cluster: Cluster) -> None:
     cluster.add_groups("g1")
