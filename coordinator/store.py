@@ -15,6 +15,7 @@ place that talks kazoo for ordq state. No policy lives here: decisions are in
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 import time
@@ -72,6 +73,8 @@ CREATE_BATCH = 200
 WATCH_SESSION_S = 10.0
 
 log = logging.getLogger("ordq.coordinator")
+RETRY_PAUSE_MAX_S = 0.05  # the longest pause before a lost conditional write is tried again (apply)
+_RETRY = random.Random()  # its jitter (not the module's: a seeded test's sequence stays its own)
 
 
 @attrs.frozen
@@ -335,7 +338,13 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 return new
             if not any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
                 raise_first(results)
-            # lost a race (state or a cursor moved, or a subscription went): read again
+            # Lost a race (state or a cursor moved, or a subscription went): read again, at once
+            # the first time (a stale ``known`` copy costs one retry, as said), then after a
+            # random pause that grows with the losses. Without it a writer slower than its
+            # rivals (starved of CPU) read, planned and lost 50 times in a row (test_store's
+            # four racing writers, beside the default tier's other worker).
+            if attempt:
+                time.sleep(_RETRY.uniform(0.0, min(0.001 * 2 ** (attempt - 1), RETRY_PAUSE_MAX_S)))
         raise ConflictError(f"queue {queue!r}: gave up after {max_attempts} conflicting writes")
 
     def apply_batch(self, writes: Sequence[StateWrite],
