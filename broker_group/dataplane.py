@@ -5,7 +5,8 @@ replicas synced its batch. What this module adds is where the work runs:
 - Produce: one task reads the stream and places each request's batches (on the loop, with
   the slave's forward queued at once); the handler itself answers with acks whenever the
   LAC of the segment it owes acks of moves (the replication reader or the sync thread:
-  ``Shared.lac_moved``; never woken by another queue's, ``WritePath.ack_signals``). No thread
+  ``Shared.lac_moved``, which wakes the handlers owed acks before the segment's readers;
+  never woken by another queue's, ``WritePath.ack_signals``). No thread
   stands between a request arriving and its ack leaving but the sync thread's fdatasync, and
   none at all for a lone small request (committed on the loop: write_path.LOOP_SYNC_BYTES).
 - Replicate (slave): append, fdatasync and answer in the handler (broker_group/replication.py).
