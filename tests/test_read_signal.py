@@ -86,7 +86,6 @@ def test_a_long_poll_wakes_for_its_own_segment_and_every_broker_change_never_for
         shared.loop.run(run(), 60)
 
 
-@pytest.mark.zk
 def test_a_lac_move_wakes_the_streams_owed_its_acks_before_its_readers() -> None:
     """Issue 39: the loop runs woken waiters in the order they were woken. With one signal for
     both, a LAC move woke the segment's readers and its produce streams in a set's order, and
@@ -123,6 +122,7 @@ def test_a_lac_move_wakes_the_streams_owed_its_acks_before_its_readers() -> None
         assert order[0] == "ack" and order.count("reader") == 20, order
 
 
+@pytest.mark.zk
 def test_a_read_stream_and_produce_streams_of_one_queue_sleep_through_a_neighbour_queues_acks_on_a_real_master(
         cluster: Cluster) -> None:
     cluster.add_groups("g1")

@@ -160,13 +160,13 @@ def test_a_waiter_that_gives_up_leaves_the_others_waiting(env: Env) -> None:
 
 
 def test_a_call_that_gives_up_waiting_for_a_token_load_does_not_cancel_its_neighbours(env: Env) -> None:
-    """The attack (CI, stop 71: 3 of one token's streams ended CANCELLED, uncounted): calls
-    with a token the broker does not know yet wait for the next token load, which one
-    refresh serves (rate-limited: one per 0.2 s). A client sends such calls with a 50 ms
-    deadline, so they give up while waiting; a neighbour's call with a token created a
-    moment ago (the broker's copy not yet told) waits for the same load. Guard: each waiter
-    holds its own future (TokenBook.fresh_after); before, the first caller to give up
-    cancelled the shared one and the neighbour's call ended CANCELLED, untyped."""
+    """The attack: calls with a token the broker does not know yet wait for the next token
+    load, which one refresh serves (rate-limited: one per 0.2 s). A client sends such calls
+    with a 50 ms deadline, so they give up while waiting; a neighbour's call with a token
+    created a moment ago (the broker's copy not yet told) waits for the same load. Guard:
+    each waiter holds its own future (TokenBook.fresh_after); before, the first caller to
+    give up cancelled the shared one and the neighbour's call was never answered: it ended
+    at its own 10 s deadline (DEADLINE_EXCEEDED) in 3 of the 5 rounds."""
     ended: list[str] = []
     for i in range(5):
         with pytest.raises(PermissionDenied):  # a load starts now: the next one waits for the rate limit
