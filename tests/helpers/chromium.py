@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,13 @@ class Chromium:
                 f"--user-data-dir={profile}", "about:blank"]
         closes = " ".join(f"{fd}>&-" for fd in (cmd_r, out_w) if fd not in (3, 4))
         shell = f'exec "$@" 3<&{cmd_r} 4>&{out_w} {closes}'
+        # Chromium leaves its singleton socket's folder (org.chromium.*) in TMPDIR: give it one of
+        # its own, removed on close (short: a socket's path has a limit the profile's can pass).
+        self._tmp = tempfile.mkdtemp(prefix="ordq-chromium-")
+        env = {**os.environ, "TMPDIR": self._tmp}
         with (profile / "chromium.log").open("wb") as log:
             self.proc = subprocess.Popen(["bash", "-c", shell, "chromium", *argv], pass_fds=(cmd_r, out_w),
-                                         stdout=subprocess.DEVNULL, stderr=log)
+                                         stdout=subprocess.DEVNULL, stderr=log, env=env)
         os.close(cmd_r)
         os.close(out_w)
         self._buf = b""
@@ -71,6 +76,7 @@ class Chromium:
                 os.close(fd)
             except OSError:
                 pass
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Send one command (to the attached page, once attached) and return its result."""
