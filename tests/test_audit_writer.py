@@ -3,7 +3,10 @@ process killed with -9 leaves every row of what its application saw; ``close`` p
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +79,46 @@ def test_a_writer_restarted_with_the_same_id_keeps_what_the_last_one_wrote(tmp_p
     assert [f.name for f in files] == ["m1-0.tsv.part", "m1-1.tsv", "m1-2.tsv"]
     assert [[line.split("\t")[3] for line in f.read_text().splitlines()[1:]] for f in files] == [
         ["0", "1"], ["2"], ["3"]]
+
+
+KPF_DIRTY = 4  # the page's bit in /proc/kpageflags (linux/kernel-page-flags.h)
+
+
+def _dirty_pages(path: Path, upto: int) -> int:
+    """How many of the file's pages before byte ``upto`` the kernel holds dirty (not yet
+    written back): the file mapped, each page's frame from /proc/self/pagemap, its flags from
+    /proc/kpageflags (root)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    with path.open("rb") as f, mmap.mmap(f.fileno(), upto, prot=mmap.PROT_READ) as m:
+        for at in range(0, upto, page):
+            m[at]  # map every page
+        start = next(int(line.split("-")[0], 16) for line in Path("/proc/self/maps").read_text().splitlines()
+                     if line.endswith(str(path)))
+        dirty = 0
+        with open("/proc/self/pagemap", "rb") as pagemap, open("/proc/kpageflags", "rb") as flags:
+            for i in range(upto // page):
+                pagemap.seek((start // page + i) * 8)
+                frame = struct.unpack("Q", pagemap.read(8))[0] & ((1 << 55) - 1)
+                flags.seek(frame * 8)
+                dirty += (struct.unpack("Q", flags.read(8))[0] >> KPF_DIRTY) & 1
+        return dirty
+
+
+def test_a_growing_file_is_written_back_as_it_grows_not_in_one_burst_30_s_later(tmp_path: Path) -> None:
+    """Stop 73: the drills' audit files (600 KB/s, never synced) were written back by the kernel
+    ~18 MB at once every ~30 s (their oldest dirty page's age), and the brokers' fdatasyncs on
+    the same disk waited behind it: the control-plane drill's first attacked window had acks of
+    70-110 ms for ~0.5 s. Each ``writeback_bytes`` written now start their writeback at once:
+    what lies before the last stretch is soon clean. Left to the kernel it stays dirty ~30 s."""
+    w = AuditWriter(tmp_path, "acks", writer_id="p", writeback_bytes=256 << 10)
+    for seq in range(0, 400_000, 2000):  # ~6 MB in 200 writes
+        w.write_rows([_row(s) for s in range(seq, seq + 2000)])
+    part = tmp_path / "acks" / "p-0.tsv.part"
+    page = os.sysconf("SC_PAGE_SIZE")
+    upto = (part.stat().st_size - w.writeback_bytes) // page * page  # before the last stretch
+    assert upto >= 4 << 20
+    deadline = time.monotonic() + 10.0  # the kernel's own writeback comes at 30 s
+    while (dirty := _dirty_pages(part, upto)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    w.close()
+    assert dirty == 0, f"{dirty} of {upto // page} pages still dirty after 10 s"
