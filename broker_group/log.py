@@ -17,7 +17,7 @@ Rules:
   two brokers syncing on one disk, p50 223 -> 144 µs a sync). A zero tail is where the batches
   end, as a torn tail is (never a batch: its length field is 0). A tail of zeros alone is
   kept on open and not counted as torn (one with any other byte is cut off whole and counted);
-  the zeros are cut off when the log is parked or closed, if that frees a block.
+  the zeros are cut off when the log is parked or closed.
 - Not thread-safe: the broker serialises access to one ``SegmentLog``.
 """
 
@@ -249,11 +249,9 @@ class SegmentLog:
             os.close(fd)
 
     def _trim(self, fd: int) -> None:
-        """Cut the zeros past the batches off the file when that frees a block (a small file's
-        zeros share its last block with its batches: no syscall for the 10^5 idle queues'
-        seals); best effort, not synced: after a crash they are a zero tail again, kept as the
-        fill."""
-        if self._filled > -(-self._synced_bytes // FILL_PAGE) * FILL_PAGE:
+        """Cut the zeros past the batches off the file, best effort (not synced: after a crash
+        they are a zero tail again, kept as the fill)."""
+        if self._filled > self._synced_bytes:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self._synced_bytes)
                 self._filled = self._synced_bytes

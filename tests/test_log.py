@@ -91,7 +91,7 @@ def test_create_append_sync_reopen(tmp_path: Path) -> None:
         assert stats.file_bytes == sum(map(len, raws))
         assert _batches_then_zeros(log.path, sum(map(len, raws))) == 4096  # the fill: one page
         assert log.sync() == 6 and log.statistics().syncs == 1  # nothing buffered: no syscall
-    assert log.path.stat().st_size == 4096  # a fill within the batches' last block: not cut off
+    assert log.path.stat().st_size == sum(map(len, raws))  # the fill cut off on close
     with SegmentLog.open(tmp_path, "orders", 7) as again:
         assert (again.end, again.synced_end, again.first_seq, again.last_seq) == (6, 6, 40, 45)
         assert again.recovery == log_mod.RecoveryReport(batches=3, messages=6, truncated_bytes=0)
