@@ -11,19 +11,17 @@ Rules:
 - The bytes of a batch, their layout and checks are ``ordq/wire/batch.py``'s (the same on the
   wire and on disk).
 - Nothing is durable until ``sync()`` returned; ``synced_end`` is the durable message count.
-- The file runs ahead of its batches with zeros (``FILL_AHEAD_MAX``), written and synced with
-  the batches that needed them, so most syncs overwrite blocks the file already has: an
-  ``fdatasync`` then writes the data alone, with no journal commit for a new size (issue 39:
-  two brokers syncing on one disk, p50 223 -> 144 µs a sync). A zero tail is where the batches
-  end, as a torn tail is (never a batch: its length field is 0). A tail of zeros alone is
-  kept on open and not counted as torn (one with any other byte is cut off whole and counted);
-  the zeros are cut off when the log is parked or closed.
+- Batches are appended past the file's end, never written over space made ahead (zeros,
+  ``fallocate``): an append's new size is committed only after its data (ext4 ordered), so a
+  crash never shows a later page of a group commit without an earlier one. An overwrite torn
+  by a power cut can, and the scan must then call it a corrupt middle; with both replicas torn
+  the open segment could be served by neither. Stop 73 measured a zero fill at 9 % more
+  synchronous sends (no journal commit per sync) and took it back for this (docs/BENCHMARKS.md).
 - Not thread-safe: the broker serialises access to one ``SegmentLog``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import zlib
@@ -48,8 +46,6 @@ from ordq.wire.batch import (
 )
 
 SEGMENT_FILE = "segment.log"
-FILL_AHEAD_MAX = 1 << 20  # zeros written past the batches at most: as much as the file holds, up to this
-FILL_PAGE = 4096
 
 
 
@@ -123,7 +119,6 @@ class SegmentLog:
         self._buffer: list[bytes] = []  # appended batches not yet written
         self._buffered_bytes = 0
         self._synced_bytes = 0  # file length covered by sync()
-        self._filled = 0  # the file's length: the batches, then zeros (``_fill``)
         self._fd: int | None = fd
         # Closed to spare a file descriptor while nothing uses it (``park``), reopened on the next use
         self._parked = False
@@ -201,14 +196,12 @@ class SegmentLog:
                 valid_end: int = stop.value
                 break
             log._index(pos, header)
-        torn = size - valid_end if _any_nonzero(fd, valid_end, size) else 0
-        if torn:
+        if valid_end < size:
             os.ftruncate(fd, valid_end)
             os.fdatasync(fd)
         log._synced_bytes = valid_end
-        log._filled = valid_end if torn else size  # a tail of zeros alone is the fill, kept
         log.synced_end = log.end
-        log.recovery = RecoveryReport(batches=len(log._offsets), messages=log.end, truncated_bytes=torn)
+        log.recovery = RecoveryReport(batches=len(log._offsets), messages=log.end, truncated_bytes=size - valid_end)
         return log
 
     @property
@@ -241,20 +234,10 @@ class SegmentLog:
     def park(self) -> None:
         """Close the file until the next call that needs it, which reopens it (a sealed
         segment nobody reads: an idle queue's must not hold a file descriptor, issue 29; a
-        broker holding 10,000 of them would run out). Only with nothing buffered. Its zero
-        tail is cut off (``_trim``)."""
+        broker holding 10,000 of them would run out). Only with nothing buffered."""
         if self._fd is not None and not self._buffer:
-            self._trim(self._fd)
             fd, self._fd, self._parked = self._fd, None, True
             os.close(fd)
-
-    def _trim(self, fd: int) -> None:
-        """Cut the zeros past the batches off the file, best effort (not synced: after a crash
-        they are a zero tail again, kept as the fill)."""
-        if self._filled > self._synced_bytes:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, self._synced_bytes)
-                self._filled = self._synced_bytes
 
     def _require_writable(self) -> int:
         fd = self._require_fd()
@@ -327,29 +310,13 @@ class SegmentLog:
         data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
         written = Written(fd=fd, size=len(data))
         try:
-            _pwrite_all(fd, data, self._synced_bytes)
+            done = 0
+            with memoryview(data) as view:
+                while done < len(data):
+                    done += os.pwrite(fd, view[done:], self._synced_bytes + done)
         except OSError as exc:
             self._sync_failed(written, exc)
-        self._fill(fd, self._synced_bytes + len(data))
         return written
-
-    def _fill(self, fd: int, end: int) -> None:
-        """Zeros past ``end`` (where the batches will end) when it passes the fill: as many
-        as the file holds, at most ``FILL_AHEAD_MAX``, to a page boundary (a small file takes
-        the one block it took before); made durable by the same sync as the batches. Best
-        effort: a file that cannot grow (no space) keeps what it has, and the batches are
-        written all the same."""
-        if end <= self._filled:
-            return
-        target = -(-(end + min(end, FILL_AHEAD_MAX)) // FILL_PAGE) * FILL_PAGE
-        try:
-            _pwrite_all(fd, bytes(target - end), end)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, end)
-            self._filled = end
-            return
-        self._filled = target
 
     def end_sync(self, written: Written, error: OSError | None = None) -> int:
         """The second half of ``sync()``, after the caller's fdatasync (``error``: how it
@@ -368,7 +335,6 @@ class SegmentLog:
     def _sync_failed(self, written: Written, exc: OSError) -> NoReturn:
         dropped = len(self._buffer)
         self._drop_unsynced()
-        self._filled = self._synced_bytes
         try:
             os.ftruncate(written.fd, self._synced_bytes)
             os.fdatasync(written.fd)
@@ -430,7 +396,7 @@ class SegmentLog:
         self._buffered_bytes = 0
         self._cut_index(i)
         # The cut batches are forgotten before the I/O: if it fails they are not served either.
-        self._synced_bytes = self._filled = pos
+        self._synced_bytes = pos
         self.synced_end = end
         try:
             os.ftruncate(fd, pos)
@@ -533,7 +499,6 @@ class SegmentLog:
             fd, self._fd = self._fd, None
             self._buffer.clear()
             self._buffered_bytes = 0
-            self._trim(fd)
             os.close(fd)
 
     def __enter__(self) -> SegmentLog:
@@ -544,26 +509,6 @@ class SegmentLog:
 
     def __repr__(self) -> str:
         return f"<SegmentLog {self.path} end={self.end} synced_end={self.synced_end}>"
-
-
-def _pwrite_all(fd: int, data: bytes, at: int) -> None:
-    done = 0
-    with memoryview(data) as view:
-        while done < len(data):
-            done += os.pwrite(fd, view[done:], at + done)
-
-
-def _any_nonzero(fd: int, start: int, size: int) -> bool:
-    """Whether any byte of the file from ``start`` to ``size`` is not zero: a tail of zeros
-    alone is the fill (or a torn write of zeros: no batch either way), kept as it is."""
-    while start < size:
-        chunk = os.pread(fd, min(1 << 20, size - start), start)
-        if not chunk:
-            return False
-        if chunk.count(0) != len(chunk):
-            return True
-        start += len(chunk)
-    return False
 
 
 def private_dir(path: Path) -> list[Path]:

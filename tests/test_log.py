@@ -88,10 +88,8 @@ def test_create_append_sync_reopen(tmp_path: Path) -> None:
         assert log.read(0, max_bytes=1 << 20, upto=6) == raws
         stats = log.statistics()
         assert (stats.syncs, stats.synced_batches, stats.batches, stats.buffered_bytes) == (1, 3, 3, 0)
-        assert stats.file_bytes == sum(map(len, raws))
-        assert _batches_then_zeros(log.path, sum(map(len, raws))) == 4096  # the fill: one page
+        assert stats.file_bytes == sum(map(len, raws)) == log.path.stat().st_size
         assert log.sync() == 6 and log.statistics().syncs == 1  # nothing buffered: no syscall
-    assert log.path.stat().st_size == sum(map(len, raws))  # the fill cut off on close
     with SegmentLog.open(tmp_path, "orders", 7) as again:
         assert (again.end, again.synced_end, again.first_seq, again.last_seq) == (6, 6, 40, 45)
         assert again.recovery == log_mod.RecoveryReport(batches=3, messages=6, truncated_bytes=0)
@@ -267,69 +265,6 @@ def test_truncate(tmp_path: Path) -> None:
     assert SegmentLog.open(tmp_path, "q", 0).end == 0
 
 
-def _batches_then_zeros(path: Path, batch_bytes: int) -> int:
-    """The file's size, once checked to hold ``batch_bytes`` of batches and zeros after them."""
-    data = path.read_bytes()
-    assert len(data) >= batch_bytes and not data[batch_bytes:].strip(b"\0")
-    return len(data)
-
-
-def test_the_file_runs_ahead_of_its_batches_with_zeros_that_later_syncs_overwrite(tmp_path: Path) -> None:
-    """Issue 39: a sync that only overwrites blocks the file has needs no journal commit for a
-    new size. The zeros come with the sync that needed them, as much as the file holds (a page
-    at least, FILL_AHEAD_MAX at most); a later sync within them leaves the size alone. A copy
-    opened from the file as it is (a kill -9 now) keeps the zeros and counts nothing torn."""
-    raws = build([[msg(i, 1000)] for i in range(8)])
-    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
-        log.append(raws[0])
-        log.sync()
-        first = _batches_then_zeros(log.path, len(raws[0]))
-        assert first == 4096 > 2 * len(raws[0])
-        log.append(raws[1])
-        log.append(raws[2])
-        log.sync()  # within the zeros: the file keeps its size
-        assert _batches_then_zeros(log.path, sum(map(len, raws[:3]))) == first
-        for raw in raws[3:]:
-            log.append(raw)
-        log.sync()
-        whole = sum(map(len, raws))
-        assert _batches_then_zeros(log.path, whole) == -(-2 * whole // 4096) * 4096
-        with SegmentLog.open(tmp_path, "q", 0) as crashed:
-            assert (crashed.end, crashed.recovery.truncated_bytes) == (8, 0)
-            assert crashed.read(0, max_bytes=1 << 20, upto=8) == raws
-        log.park()  # parked: the zeros are cut off, and the next sync brings new ones
-        assert log.path.stat().st_size == whole
-        assert log.read(0, max_bytes=1 << 20, upto=8) == raws
-    assert log.path.stat().st_size == whole
-    big = SegmentLog.open(tmp_path, "big", 0, create=True)
-    big.append(build([[msg(0, 3 << 20)]])[0])
-    big.sync()
-    assert _batches_then_zeros(big.path, big.statistics().file_bytes) - big.statistics().file_bytes \
-        <= log_mod.FILL_AHEAD_MAX + log_mod.FILL_PAGE  # to a page's end
-    big.close()
-
-
-def test_zeros_that_find_no_space_leave_the_batches_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fill is best effort: with no space for the zeros the batches are still written and
-    synced (no DiskFull), and the file holds them alone."""
-    raws = build([[msg(0)], [msg(1)]])
-    real_pwrite = os.pwrite
-
-    def no_room_for_zeros(fd: int, data: bytes, pos: int) -> int:
-        if not bytes(data).strip(b"\0"):
-            _enospc()
-        return real_pwrite(fd, data, pos)
-
-    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
-        monkeypatch.setattr(log_mod.os, "pwrite", no_room_for_zeros)
-        log.append(raws[0])
-        assert log.sync() == 1
-        log.append(raws[1])
-        assert log.sync() == 2
-        monkeypatch.undo()
-        assert log.path.read_bytes() == b"".join(raws)
-
-
 # -- recovery: torn tail --------------------------------------------------------------------
 
 
@@ -338,10 +273,7 @@ def _check_recovered(data: Path, raws: list[bytes], counts: list[int], kept: int
         assert log.recovery.batches == kept
         assert log.recovery.truncated_bytes == truncated
         assert log.end == log.synced_end == sum(counts[:kept])
-        size = _batches_then_zeros(log.path, sum(map(len, raws[:kept])))
-        assert log.path.read_bytes()[:size].startswith(b"".join(raws[:kept]))
-        if truncated:  # cut off whole; a tail of zeros alone is kept as the fill
-            assert size == sum(map(len, raws[:kept]))
+        assert log.path.stat().st_size == sum(map(len, raws[:kept]))
         assert log.read(0, max_bytes=1 << 30, upto=1 << 30) == raws[:kept]
         if kept < len(raws):  # the log is usable: the lost batch can be appended again
             log.append(raws[kept])
@@ -379,8 +311,7 @@ def test_cut_anywhere_recovers_exactly_the_complete_batches(batches: list[list[M
     assert kept >= sum(1 for i in range(len(raws)) if len(b"".join(raws[: i + 1])) <= cut)
     with tmpdir() as d:
         write_segment(d, content)
-        torn = len(content) - at if content[at:].strip(b"\0") else 0  # zeros alone: the fill, kept
-        _check_recovered(d, raws, [len(b) for b in batches], kept, torn)
+        _check_recovered(d, raws, [len(b) for b in batches], kept, len(content) - at)
 
 
 def test_bad_last_batch_is_a_torn_tail(tmp_path: Path, read_sizes: str) -> None:
@@ -482,7 +413,7 @@ def test_disk_full_drops_unsynced_and_stays_usable(tmp_path: Path, monkeypatch: 
     log = SegmentLog.open(tmp_path, "q", 0, create=True)
     log.append(raws[0])
     log.sync()
-    synced_size = log.statistics().file_bytes
+    synced_size = log.path.stat().st_size
     log.append(raws[1])
     log.append(raws[2])
     real_pwrite = os.pwrite
