@@ -20,6 +20,17 @@ not compete with a tenant, so ``FlusherPriority`` raises that workqueue to ``FLU
 the run (its weight above every group but the cluster's) and puts the value found back after;
 ``ORDQ_DRILL_FLUSHER_NICE=keep`` leaves it alone (a measurement's control).
 
+The JVMs' JIT compilers: ZooKeeper compiles in threads of its own at nice 19
+(ordq/zk_server.py), CPU the cluster can do without. Inside ``protected`` a thread's nice
+weighs only against its group's other threads: the group as a whole still outranks every
+root-group thread, the kernel's own included, while any of its threads can run. So ZooKeeper's
+C2 compiler, busy for 100-300 ms at a time for a minute after a new kind of traffic, stalled
+the drill queue's acks (stop 73: clusters of 100-800 acks of 50-400 ms in the control-plane
+drill's first rounds, each with the compiler threads of the three ZooKeeper nodes at 5-27 ticks
+a 100 ms sample, and the root group's sampler not run for up to 300 ms). ``leave_compilers``
+puts those threads back in the root group, where nice 19 means what it says: as on hosts of
+their own, a JVM compiles in the CPU nobody else wants.
+
 Every group is named ``ordq-drill-<owner pid>-<owner start time>-<name>``, and so is the flusher's
 mark (a file in ``MARKS`` holding the value found). ``close`` moves its
 processes back to the root group and removes it; a group or mark whose owner is gone (a drill
@@ -89,6 +100,21 @@ def _owner_alive(name: str) -> bool:
     if len(parts) < 3 or not parts[0].isdigit():
         return True  # not ours to judge: leave it
     return _start_time(int(parts[0])) == parts[1]
+
+
+COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # HotSpot's thread names, cut at 15 bytes
+
+
+def compiler_threads(pid: int) -> list[int]:
+    """The ids of process ``pid``'s JIT compiler threads (none for a process that is not a JVM,
+    or is gone)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                if (task / "comm").read_text().startswith(COMPILER_THREADS):
+                    out.append(int(task.name))
+    return out
 
 
 def _procs(group: Path) -> list[int]:
@@ -265,6 +291,20 @@ class CpuIsolation:
         """Move the processes in ``pids`` (None and exited ones skipped) to group ``name``;
         returns how many were moved."""
         return sum(_move(pid, self.groups[name]) for pid in pids if pid is not None)
+
+    def leave_compilers(self, pids: list[int | None]) -> int:
+        """Put the JIT compiler threads of the processes in ``pids`` (JVMs: ZooKeeper) back in the
+        root group, the rest of each process staying where it is (cgroup v1 moves a thread by
+        its id in ``tasks``); returns how many were moved. See the module's doc."""
+        moved = 0
+        for pid in pids:
+            if pid is None:
+                continue
+            for tid in compiler_threads(pid):
+                with contextlib.suppress(OSError):  # it ended meanwhile
+                    (self.root / "tasks").write_text(str(tid))
+                    moved += 1
+        return moved
 
     def close(self) -> list[str]:
         """Every group's processes back to the root group, the groups removed; returns the

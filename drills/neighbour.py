@@ -517,6 +517,7 @@ def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | N
         iso.group("protected")
         iso.group("capped", quota_cores=ABUSER_CORES, shares=cpu_isolation.ATTACKER_SHARES)
         moved = iso.add("protected", [os.getpid(), *pids.values()])
+        compilers = iso.leave_compilers(list(pids.values()))
         flusher = iso.raise_flusher()
     except ValueError:  # a bad ORDQ_DRILL_FLUSHER_NICE: its message says so
         iso.close()
@@ -528,7 +529,8 @@ def isolate(pids: dict[str, int | None]) -> tuple[cpu_isolation.CpuIsolation | N
     return iso, (f"CPU isolated by cgroups ({how}): the cluster, the drill's clients and the drill ({moved} "
                  f"processes) at cpu.shares {cpu_isolation.MAX_SHARES} (busy loops cannot take their CPU), the "
                  f"abuser's client placed as a host of its own (on one CPU, capped at {ABUSER_CORES:g} core, at "
-                 f"cpu.shares {cpu_isolation.ATTACKER_SHARES}: CPU the cluster does not want), {flusher}; the "
+                 f"cpu.shares {cpu_isolation.ATTACKER_SHARES}: CPU the cluster does not want), {compilers} JIT "
+                 f"compiler threads (ZooKeeper's, nice 19) left in the root group, {flusher}; the "
                  "ratio judges the broker")
 
 

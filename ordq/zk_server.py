@@ -68,9 +68,21 @@ CONFIG_FILE = "cluster.json"
 # collection after creation. A maximum, not a reservation: an idle test server stays at tens
 # of MiB. -Xms256m: the first heap (and so the young generation the collector sizes from it)
 # as it was under the old maximum, not 1/64 of the machine's memory.
+# The JIT compiler's threads at nice 19, every other thread as it was (nice 0): the JVM sets
+# thread priorities only under ThreadPriorityPolicy=1, which would also raise its own service
+# threads above the brokers (nice -3 to -5) unless their mappings are set back to 0. Why (stop
+# 73): on two cores shared with the brokers, ZooKeeper's C2 compiler threads took up to a whole
+# core for 100-300 ms at a time for a minute after a new kind of traffic (the control-plane
+# drill's first rounds), and the drill queue's acks waited behind them (clusters of 100-600 acks
+# of 50-200 ms, each with 5-11 compiler ticks in its 100 ms; docs/BENCHMARKS.md). At nice 19
+# compiling takes only the CPU nobody else wants. Lowering a priority needs no privilege.
+JIT_AT_IDLE_PRIORITY = (
+    "-XX:ThreadPriorityPolicy=1", "-XX:CompilerThreadPriority=19", "-XX:VMThreadPriority=0",
+    *(f"-XX:JavaPriority{p}_To_OSPriority=0" for p in range(6, 11)),
+)
 JVM_OPTIONS = (
-    "-Xms256m", "-Xmx2g", "-XX:+UseSerialGC", "-Djava.awt.headless=true", "-Dfile.encoding=UTF-8",
-    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+    "-Xms256m", "-Xmx2g", "-XX:+UseSerialGC", *JIT_AT_IDLE_PRIORITY, "-Djava.awt.headless=true",
+    "-Dfile.encoding=UTF-8", "-Dorg.slf4j.simpleLogger.showDateTime=true",
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
 )
 # ZooKeeper's own variable for extra server JVM flags (its zkServer.sh reads it): given after

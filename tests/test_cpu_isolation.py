@@ -160,3 +160,28 @@ def test_the_neighbour_drills_abuser_is_placed_as_a_host_of_its_own() -> None:
         child.wait()
         if child.stdout is not None:
             child.stdout.close()
+
+
+@needs_cgroups
+@pytest.mark.zk
+def test_a_jvms_compiler_threads_are_left_in_the_root_group(make_zk) -> None:  # type: ignore[no-untyped-def]
+    """Stop 73: in the cluster's group ZooKeeper's JIT compiler (nice 19) outranked every
+    root-group thread, the kernel's own included, while it ran, and the drill queue's acks
+    waited; in the root group nice 19 takes only idle CPU. The rest of the JVM stays protected."""
+    server = make_zk()
+    server.start()
+    [st] = server.status()
+    assert st.pid is not None
+    compilers = ci.compiler_threads(st.pid)
+    assert compilers  # C1 at least (the tests' servers stop at tier 1)
+    iso, how = ci.open_isolation()
+    assert iso is not None, how
+    with iso:
+        protected = iso.group("protected")
+        assert iso.add("protected", [st.pid]) == 1
+        assert iso.leave_compilers([st.pid, None]) == len(compilers)
+        tasks = [int(t.name) for t in Path(f"/proc/{st.pid}/task").iterdir()]
+        assert {tid: ci.cgroup_of(f"{st.pid}/task/{tid}") for tid in compilers} == {tid: "/" for tid in compilers}
+        assert {ci.cgroup_of(f"{st.pid}/task/{tid}") for tid in tasks if tid not in compilers} == {"/" + protected.name}
+    assert ci.cgroup_of(st.pid) == "/"
+    assert ci.compiler_threads(os.getpid()) == []  # not a JVM

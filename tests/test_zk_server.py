@@ -49,6 +49,13 @@ def test_standalone_start_status_kill_restart_destroy(make_zk, monkeypatch: pyte
     assert argv[1:len(zk_module.JVM_OPTIONS) + 1] == list(zk_module.JVM_OPTIONS)
     assert server.leader() == 0
     assert znode_value(server, "/kept", b"v1") == b"v1"
+    # The JIT compiler's threads at nice 19, every other thread at 0 (JIT_AT_IDLE_PRIORITY)
+    nice = {}
+    for task in Path(f"/proc/{st.pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        nice.setdefault(int(stat[stat.rfind(")") + 2:].split()[16]), set()).add((task / "comm").read_text().strip())
+    assert sorted(nice) == [0, 19], nice
+    assert all(n.startswith(("C1 Compiler", "C2 Compiler", "Sweeper")) for n in nice[19]), nice
 
     server.kill(0)
     [st] = server.status()
