@@ -73,10 +73,11 @@ CONFIG_FILE = "cluster.json"
 # threads above the brokers (nice -3 to -5) unless their mappings are set back to 0. Why (stop
 # 73): on two cores shared with the brokers, ZooKeeper's C2 compiler threads took up to a whole
 # core for 100-300 ms at a time for a minute after a new kind of traffic (the control-plane
-# drill's first rounds), and the drill queue's acks waited behind them (clusters of 100-600 acks
-# of 50-200 ms, each with 5-11 compiler ticks in its 100 ms; docs/BENCHMARKS.md). At nice 19
-# compiling takes only the CPU nobody else wants. Lowering a priority needs no privilege (a JVM
-# not run as root says in its log that it may; it does).
+# drill's first rounds), and the drill queue's acks waited behind them (clusters of 100-800 acks
+# of 50-400 ms, each with 5-27 compiler ticks in its 100 ms; docs/BENCHMARKS.md). At nice 19
+# compiling takes only the CPU nobody else wants, among processes of one cgroup (the drills put
+# these threads back in the root group for that: drills/cpu_isolation.py). Lowering a priority
+# needs no privilege (a JVM not run as root says in its log that it may; it does).
 JIT_AT_IDLE_PRIORITY = (
     "-XX:ThreadPriorityPolicy=1", "-XX:CompilerThreadPriority=19", "-XX:VMThreadPriority=0",
     *(f"-XX:JavaPriority{p}_To_OSPriority=0" for p in range(6, 11)),
