@@ -12,11 +12,12 @@ Rules:
   wire and on disk).
 - Nothing is durable until ``sync()`` returned; ``synced_end`` is the durable message count.
 - Batches are appended past the file's end, never written over space made ahead (zeros,
-  ``fallocate``): an append's new size is committed only after its data (ext4 ordered), so a
-  crash never shows a later page of a group commit without an earlier one. An overwrite torn
-  by a power cut can, and the scan must then call it a corrupt middle; with both replicas torn
-  the open segment could be served by neither. Stop 73 measured a zero fill at 9 % more
-  synchronous sends (no journal commit per sync) and took it back for this (docs/BENCHMARKS.md).
+  ``fallocate``): on a journalled ext4 (data=ordered, the default) an append's new size is
+  committed only after its data, so a crash never shows a later page of a group commit without
+  an earlier one. An overwrite torn by a power cut can, and the scan must then call it a
+  corrupt middle; with both replicas torn the open segment could be served by neither. Stop 73
+  measured a zero fill at 9 % more synchronous sends (no inode size write per sync) and took it
+  back for this (docs/BENCHMARKS.md).
 - Not thread-safe: the broker serialises access to one ``SegmentLog``.
 """
 
