@@ -32,6 +32,19 @@ def collector_on() -> Iterator[None]:
     (gc.enable if was else gc.disable)()  # (a test that turned it off leaves it as it was)
 
 
+@pytest.fixture
+def only_this_tests_log() -> Iterator[None]:
+    """The process's installed log (an in-process daemon that led installs it) out of
+    ``gc.callbacks`` while the test runs: its own lines would land on the same logger."""
+    installed = daemon_gc._installed
+    if installed is None or installed not in gc.callbacks:
+        yield
+        return
+    gc.callbacks.remove(installed)
+    yield
+    gc.callbacks.append(installed)
+
+
 class Collections:
     """``gc.callbacks`` entry: collections by generation."""
 
@@ -121,7 +134,7 @@ def test_overlapping_blocks_the_last_one_out_sets_it_back(block, setting, inside
     assert seen == [inside] and setting() == before
 
 
-def test_a_long_collection_is_said_in_the_log_a_short_one_is_not(caplog) -> None:
+def test_a_long_collection_is_said_in_the_log_a_short_one_is_not(caplog, only_this_tests_log) -> None:
     now = [100.0]
     watch = LongCollections(clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger="ordq.coordinator"):
@@ -137,7 +150,7 @@ def test_a_long_collection_is_said_in_the_log_a_short_one_is_not(caplog) -> None
     assert lines[0].startswith("a garbage collection of generation 2 took 1.25 s (7 objects freed"), lines
 
 
-def test_the_collections_counts_and_seconds_are_said_once_a_period(caplog) -> None:
+def test_the_collections_counts_and_seconds_are_said_once_a_period(caplog, only_this_tests_log) -> None:
     now = [0.0]
     watch = LongCollections(clock=lambda: now[0])
 
