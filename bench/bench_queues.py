@@ -357,8 +357,9 @@ def leader_pid(cluster: LocalCluster) -> int | None:
 
 
 def spy_at_kill(pid: int | None, folder: Path | None, tag: str, seconds: float) -> subprocess.Popen[bytes] | None:
-    """``py-spy record --idle`` of the elected coordinator for ``seconds`` from the kill
-    (collapsed stacks, every thread, waiting ones too: where a move's wall time goes)."""
+    """``py-spy record --idle`` of ``pid`` (the elected coordinator, the dead group's slave)
+    for ``seconds`` from the kill (collapsed stacks, every thread, waiting ones too: where a
+    move's or a seal's wall time goes)."""
     if pid is None or folder is None or seconds <= 0:
         return None
     return spy_process(pid, folder / f"kill-{tag}.txt", seconds)
@@ -477,6 +478,8 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
         cluster, len(idle), list_after_s, cluster.folder.parent / f"list-{tag}.json",
         spy=None if spy_folder is None else spy_folder / f"list-{tag}.txt").start()
     spy = spy_at_kill(spy_pid, spy_folder, f"{tag}-{gid}", spy_s)
+    # the dead group's slave seals its segments (SealMany): where that time goes
+    spy_slave = spy_at_kill(cluster.broker(gid, "slave").proc.pid, spy_folder, f"{tag}-{gid}-slave", spy_s)
     acked_at = busy.first_ack_after(t_kill, seg, timeout_s=30)
     # the brokers log a first write's line once its ack is written: give it a moment
     spans = None
@@ -500,8 +503,9 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
         idle_moved = time.monotonic() - t_kill
     all_moved, all_sealed = track_headed(store, headed, gid, t_kill, idle_wait_s)
     listed = None if listing is None else listing.wait(200.0)
-    if spy is not None:
-        spy.wait(spy_s + 60)
+    for spying in (spy, spy_slave):
+        if spying is not None:
+            spying.wait(spy_s + 60)
     restarted = time.monotonic()
     # A restarted master opens every segment file it holds: at 10,000 queues on a box at load
     # 30+ that passed the default 30 s once and ended a run (stop 28).
@@ -523,15 +527,24 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
                  wait_s: float) -> tuple[float | None, float | None]:
     """Seconds from the kill until every queue of ``headed`` (queue -> its open segment then)
     has its head off ``gid``, and until each of those segments is sealed (or popped); None for
-    what did not happen within ``wait_s``. The states are read pipelined (``load_states``)."""
+    what did not happen within ``wait_s``. Each state is read once with a watch (``load_states``,
+    pipelined), then again only when its watch fired (``StateWatch``).
+
+    Why watches (stop 74): until then every state not yet sealed was read again every 0.2 s, a
+    pass of ~33,000 reads at 10^5 queues (~3 s of this process's CPU each, ~10,000 reads/s on
+    ZooKeeper) for the minute the moves and seals ran: about a core of this 2-core box taken
+    from the cluster it measured."""
     moved_at: float | None = None
     sealed_at: float | None = None
     deadline = time.monotonic() + wait_s
     todo = dict(headed)
     unmoved = set(headed)
-    while time.monotonic() < deadline and (unmoved or todo):
-        got = patient(store.load_states, sorted(set(todo) | unmoved))
-        for q, v in got.items():
+    watch = StateWatch(store, sorted(headed))
+    while unmoved or todo:
+        changed = watch.changed(deadline)
+        if changed is None:
+            break
+        for q, v in changed.items():
             if isinstance(v, CorruptState):
                 continue
             st = v[0]
@@ -546,38 +559,70 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
             moved_at = now - t_kill
         if not todo and sealed_at is None:
             sealed_at = now - t_kill
-        if unmoved or todo:
-            time.sleep(0.2)
+        watch.keep(unmoved | set(todo))
     return (None if moved_at is None else round(moved_at, 2), None if sealed_at is None else round(sealed_at, 2))
 
 
-def heads_of(store: ZkStore, queues: list[str]) -> dict[str, int]:
-    """How many of ``queues`` each group heads now (read pipelined)."""
-    counts: dict[str, int] = {}
-    for v in patient(store.load_states, queues).values():
-        if isinstance(v, CorruptState) or v[0].head is None:
-            continue
-        counts[v[0].head] = counts.get(v[0].head, 0) + 1
-    return counts
+class StateWatch:
+    """Queues' states as they change: each read with a watch, read again once it fires."""
+
+    def __init__(self, store: ZkStore, queues: list[str]) -> None:
+        self._store = store
+        self._cv = threading.Condition()
+        self._fired: set[str] = set(queues)  # to read (the first time: all)
+        self._kept = set(queues)
+
+    def keep(self, queues: set[str]) -> None:
+        """Only these are read again from now on (a watch of another may still fire: ignored)."""
+        with self._cv:
+            self._kept = set(queues)
+
+    def _on_change(self, event: Any) -> None:
+        path = getattr(event, "path", None)
+        with self._cv:
+            if not path:  # the connection dropped: kazoo fires every watch once, with no path
+                self._fired |= self._kept
+            else:
+                self._fired.add(path.rsplit("/", 2)[-2])  # .../<queue>/state
+            self._cv.notify()
+
+    def changed(self, deadline: float) -> dict[str, Any] | None:
+        """The states of the kept queues whose watch fired (read now, watched again), once one
+        did; None at ``deadline``."""
+        with self._cv:
+            while not self._fired & self._kept:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
+            todo, self._fired = sorted(self._fired & self._kept), set()
+        return patient(lambda: self._store.load_states(todo, watch=self._on_change))  # type: ignore[no-any-return]
 
 
 def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> dict[str, Any]:
     """After ``gid`` is back (its master restarted): seconds until it heads 90 % of an even
     share of the idle queues again (the coordinator spreads heads back after a grace, at a
-    bounded rate: issue 43), and the heads per group then (or at the deadline)."""
+    bounded rate: issue 43), and the heads per group then (or at the deadline). The states are
+    read with watches (``StateWatch``: until stop 74 every state was read again each second)."""
     share = len(idle) / 3
     started = time.monotonic()
     deadline = started + wait_s
-    first = heads_of(store, idle)
-    counts = first
+    watch = StateWatch(store, idle)
+    heads: dict[str, str | None] = {}
+    first: dict[str, int] | None = None
+    counts: dict[str, int] = {}
     reached: float | None = None
-    while time.monotonic() < deadline:
-        counts = heads_of(store, idle)
+    while (changed := watch.changed(deadline)) is not None:
+        heads.update((q, v[0].head) for q, v in changed.items() if not isinstance(v, CorruptState))
+        counts = {}
+        for head in heads.values():
+            if head is not None:
+                counts[head] = counts.get(head, 0) + 1
+        first = counts if first is None else first
         if counts.get(gid, 0) >= 0.9 * share:
             reached = time.monotonic() - started
             break
-        time.sleep(1.0)
-    return {"back_s": None if reached is None else round(reached, 1), "heads_at_restart": first,
+    return {"back_s": None if reached is None else round(reached, 1), "heads_at_restart": first or {},
             "heads": counts}
 
 

@@ -131,13 +131,13 @@ def test_bench_queues_times_a_listing_and_spies_after_a_kill(tmp_path: Path) -> 
     in measurement windows only) at a tiny count: a bench option no test runs can crash unseen
     and lose a window. The listing is timed and complete; py-spy wrote the leader's and the
     listing's stacks. The listing's CLI told its steps' times (bench/timed_cli.py); ``--keep-logs``
-    kept every process's log."""
+    kept every process's log; the heads' moves, seals and spread were told (read by watches)."""
     import json
 
     spy, logs = tmp_path / "spy", tmp_path / "logs"
     out = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--counts", "20", "--window", "1", "--kills", "1",
                           "--threads", "4", "--idle-wait", "60", "--list-after-kill", "1", "--spy-kill", str(spy),
-                          "--spy-s", "2", "--keep-logs", str(logs), "--json"], cwd=REPO, capture_output=True,
+                          "--spy-s", "2", "--keep-logs", str(logs), "--spread-wait", "2", "--json"], cwd=REPO, capture_output=True,
                          text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, f"bench_queues exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
@@ -152,4 +152,8 @@ def test_bench_queues_times_a_listing_and_spies_after_a_kill(tmp_path: Path) -> 
     kept = sorted(p.name for p in logs.iterdir())
     assert "coordinator-1.log" in kept and any(name.startswith("g1") for name in kept), kept
     spied = sorted(p.name for p in spy.iterdir())
-    assert spied == ["kill-20-0-" + kill["group"] + ".txt", "list-20-0.txt"], spied
+    assert spied == sorted(["kill-20-0-" + kill["group"] + ".txt", "kill-20-0-" + kill["group"] + "-slave.txt",
+                            "list-20-0.txt"]), spied
+    # the dead group's heads and segments, tracked by watches (StateWatch): all moved, then all sealed
+    assert kill["headed"] > 0 and 0 < kill["all_moved_s"] <= kill["all_sealed_s"], kill
+    assert sum(kill["spread"]["heads_at_restart"].values()) == 20, kill["spread"]  # every idle queue's head
