@@ -65,6 +65,7 @@ BENCHES = [
            "handler (each row's text at once, row_texts): median"]),
     bench("bench_moves_gc", ["--queues", "500", "--passes", "1", "--rounds", "1"],
           ['"mode": "on"', '"mode": "held"', '"mode": "freeze"', '"collections_during"']),
+    bench("bench_plan", ["--queues", "300", "--runs", "1"], ["plan of 300 moves:", "µs a move", "median"]),
     bench("bench_spread_gc", ["--queues", "500", "--passes", "1", "--rounds", "1"],
           ['"mode": "default"', '"mode": "spaced"', '"passes_took"']),
     bench("bench_index", ["--messages", "20000", "--segments", "2", "--keys", "2000", "--lookups", "10"],
@@ -137,8 +138,8 @@ def test_bench_queues_times_a_listing_and_spies_after_a_kill(tmp_path: Path) -> 
     spy, logs = tmp_path / "spy", tmp_path / "logs"
     out = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--counts", "20", "--window", "1", "--kills", "1",
                           "--threads", "4", "--idle-wait", "60", "--list-after-kill", "1", "--spy-kill", str(spy),
-                          "--spy-s", "2", "--keep-logs", str(logs), "--spread-wait", "2", "--json"], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+                          "--spy-s", "2", "--keep-logs", str(logs), "--spread-wait", "2", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, f"bench_queues exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
     step = json.loads(out.stdout.splitlines()[-1])
