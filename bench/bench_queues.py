@@ -54,14 +54,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._cluster import cpu_seconds, percentile
 from ordq.broker_group.first_write import Reported, parse_line
 from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import CoordinationUnavailable, CorruptState, OrdqError
-from ordq.coordinator.state import SegStatus
+from ordq.coordinator.state import QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
+from ordq.coordinator.store_values import parse_state
 from ordq.local_cluster import LocalCluster
 from ordq.sdk import Producer, ProducerConfig
 from ordq.zk_server import four_letter_word
@@ -472,7 +475,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
               and v[0].open_segment.gid == gid}
     spy_pid = leader_pid(cluster) if spy_folder is not None else None
     load_at_kill = round(os.getloadavg()[0], 2)
-    t_kill = time.monotonic()
+    t_kill, t_kill_wall = time.monotonic(), time.time()
     cluster.broker(gid, "master").kill()
     listing = None if list_after_s is None else TimedListing(
         cluster, len(idle), list_after_s, cluster.folder.parent / f"list-{tag}.json",
@@ -501,7 +504,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             time.sleep(0.05)
     if not left:
         idle_moved = time.monotonic() - t_kill
-    all_moved, all_sealed = track_headed(store, headed, gid, t_kill, idle_wait_s)
+    all_moved, all_sealed = track_headed(store, headed, gid, t_kill_wall, idle_wait_s)
     listed = None if listing is None else listing.wait(200.0)
     for spying in (spy, spy_slave):
         if spying is not None:
@@ -523,17 +526,19 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             "load_at_kill": load_at_kill, "load_after": round(os.getloadavg()[0], 2)}
 
 
-def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float,
+def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill_wall: float,
                  wait_s: float) -> tuple[float | None, float | None]:
-    """Seconds from the kill until every queue of ``headed`` (queue -> its open segment then)
-    has its head off ``gid``, and until each of those segments is sealed (or popped); None for
-    what did not happen within ``wait_s``. Each state is read once with a watch (``load_states``,
-    pipelined), then again only when its watch fired (``StateWatch``).
+    """Seconds from the kill (``t_kill_wall``, wall clock) until every queue of ``headed``
+    (queue -> its open segment then) has its head off ``gid``, and until each of those segments
+    is sealed (or popped); None for what did not happen within ``wait_s``. Each state is read
+    once with a watch, then again only when its watch fired (``StateWatch``); a change is timed
+    by ZooKeeper's commit of the version read (its ``mtime``, on this machine's clock): the
+    first version read that shows it, an upper bound of when it happened (a later write
+    meanwhile, a seal after the move, only makes it later).
 
-    Why watches (stop 74): until then every state not yet sealed was read again every 0.2 s, a
-    pass of ~33,000 reads at 10^5 queues (~3 s of this process's CPU each, ~10,000 reads/s on
-    ZooKeeper) for the minute the moves and seals ran: about a core of this 2-core box taken
-    from the cluster it measured."""
+    Why (stop 74): until then every state not yet sealed was read again every 0.2 s, a pass of
+    ~33,000 reads at 10^5 queues (~3 s of this process's CPU), each change timed by the pass that
+    saw it: the figure held the bench's own reading, up to a pass and more under load."""
     moved_at: float | None = None
     sealed_at: float | None = None
     deadline = time.monotonic() + wait_s
@@ -544,27 +549,24 @@ def track_headed(store: ZkStore, headed: dict[str, int], gid: str, t_kill: float
         changed = watch.changed(deadline)
         if changed is None:
             break
-        for q, v in changed.items():
-            if isinstance(v, CorruptState):
-                continue
-            st = v[0]
+        for q, (st, mtime) in changed.items():
             o = st.open_segment
-            if o is not None and o.gid != gid:
+            if q in unmoved and o is not None and o.gid != gid:
                 unmoved.discard(q)
+                moved_at = max(moved_at or 0.0, mtime - t_kill_wall)
             s = st.segment(todo.get(q, -1))
             if q in todo and (s is None or s.status is SegStatus.SEALED):
                 del todo[q]
-        now = time.monotonic()
-        if not unmoved and moved_at is None:
-            moved_at = now - t_kill
-        if not todo and sealed_at is None:
-            sealed_at = now - t_kill
+                sealed_at = max(sealed_at or 0.0, mtime - t_kill_wall)
         watch.keep(unmoved | set(todo))
-    return (None if moved_at is None else round(moved_at, 2), None if sealed_at is None else round(sealed_at, 2))
+    return (None if unmoved or moved_at is None else round(moved_at, 2),
+            None if todo or sealed_at is None else round(sealed_at, 2))
 
 
 class StateWatch:
     """Queues' states as they change: each read with a watch, read again once it fires."""
+
+    SLICE = 500  # reads sent before their answers are taken (kazoo pipelines them)
 
     def __init__(self, store: ZkStore, queues: list[str]) -> None:
         self._store = store
@@ -586,9 +588,10 @@ class StateWatch:
                 self._fired.add(path.rsplit("/", 2)[-2])  # .../<queue>/state
             self._cv.notify()
 
-    def changed(self, deadline: float) -> dict[str, Any] | None:
-        """The states of the kept queues whose watch fired (read now, watched again), once one
-        did; None at ``deadline``."""
+    def changed(self, deadline: float) -> dict[str, tuple[QueueState, float]] | None:
+        """(state, ZooKeeper's commit time of it: wall clock, s) of each kept queue whose watch
+        fired, read now and watched again, once one did; None at ``deadline``. A queue deleted
+        or unreadable meanwhile is left out (read again if its watch fires)."""
         with self._cv:
             while not self._fired & self._kept:
                 left = deadline - time.monotonic()
@@ -596,7 +599,18 @@ class StateWatch:
                     return None
                 self._cv.wait(left)
             todo, self._fired = sorted(self._fired & self._kept), set()
-        return patient(lambda: self._store.load_states(todo, watch=self._on_change))  # type: ignore[no-any-return]
+        out: dict[str, tuple[QueueState, float]] = {}
+        for i in range(0, len(todo), self.SLICE):
+            part = todo[i:i + self.SLICE]
+            asked = [self._store.client.get_async(self._store.paths.state(q), watch=self._on_change) for q in part]
+            for q, request in zip(part, asked, strict=True):
+                try:
+                    data, stat = request.get(timeout=60)
+                    out[q] = (parse_state(q, data), stat.mtime / 1000)
+                except (KazooException, KazooTimeoutError, CorruptState):
+                    with self._cv:  # read again next time
+                        self._fired.add(q)
+        return out
 
 
 def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> dict[str, Any]:
@@ -613,7 +627,7 @@ def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> di
     counts: dict[str, int] = {}
     reached: float | None = None
     while (changed := watch.changed(deadline)) is not None:
-        heads.update((q, v[0].head) for q, v in changed.items() if not isinstance(v, CorruptState))
+        heads.update((q, st.head) for q, (st, _mtime) in changed.items())
         counts = {}
         for head in heads.values():
             if head is not None:
