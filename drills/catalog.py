@@ -21,6 +21,7 @@ from ordq.drills import (
     control_plane_attacks,
     control_plane_judge,
     control_plane_plan,
+    heads_spread,
     keyed_topic,
     mirror_lab,
     neighbour,
@@ -513,6 +514,11 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("roll-under-failover", "the open segment rolled every 0.25 s under traffic, the head master killed "
           "among the rolls", "each roll seals and continues on the same head; the kill fails over; producers "
           "resend what was in flight, consumers drop duplicates: nothing lost or reordered", roll_under_failover),
+    Drill("heads-spread-back", f"{heads_spread.IDLE} idle queues beside the stream; the head master killed (-9) "
+          "and brought back", "the stream fails over; the dead group's idle heads move to the others; once it "
+          "is back and live for the spread's grace the coordinator moves idle heads back until they are even "
+          "(within one), never the queue being written: nothing lost or reordered",
+          heads_spread.heads_spread_back, load=heads_spread.spread_load),
     Drill("kill-zk-node", "one ZooKeeper node of three killed (-9)", "no effect", kill_zk_node,
           needs_ensemble=True),
     Drill("kill-coordinator", "leading coordinator daemon killed (-9)",
