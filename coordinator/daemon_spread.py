@@ -23,9 +23,14 @@ from ordq.coordinator.store_values import StateVersion
 # gives or receives only once both its processes have been live this long (a group that just
 # came back may go again: no churn for a flapping one), and no pass runs while a dead group's
 # seals wait for their batches.
+# Why 500 a second (stop 74; 50 until then): at 10^5 queues a returning group's share is ~33,000
+# heads, ~11 minutes at 50/s, so a kill every two minutes found the heads piled up on fewer
+# groups each time (bench_queues, 3 kills: the third group headed 77,917 and its seals took 64 s).
+# A dead group's 33,000 moves take ~3 s in batches; 1,000 a pass are ~5 transactions and ~1,000
+# seals of the giving groups' empty segments, which ``spread_waits`` lets fall no further behind.
 REBALANCE_INTERVAL_S = 2.0
 REBALANCE_GRACE_S = 10.0
-REBALANCE_MOVES_PER_S = 50.0
+REBALANCE_MOVES_PER_S = 500.0
 # How many passes ran and how many were not run (nothing they read changed) is said at most
 # this often, while some are not run.
 SPREAD_TOLD_EVERY_S = 60.0

@@ -496,3 +496,14 @@ def test_sigint_while_the_commands_are_half_imported_is_an_interrupt() -> None:
             "try:\n    cli._on_sigint(signal.SIGINT, None)\n"
             "except KeyboardInterrupt:\n    print('interrupted', cli.INTERRUPTED.is_set())\n")
     assert _last_line_of(code) == "interrupted True"
+
+
+def test_coordinator_run_help_names_the_spread_bound_the_daemon_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """`coordinator run --help` says the spread's default bound as a number (the command module does
+    not import the daemon to build its parser): the daemon's own constant."""
+    from ordq.coordinator.daemon_spread import REBALANCE_MOVES_PER_S
+
+    with pytest.raises(SystemExit):
+        main(["coordinator", "run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"default {REBALANCE_MOVES_PER_S:g})" in out

@@ -51,9 +51,10 @@ def register(subparsers: Any) -> None:
                      "every queue (default %(default)s; every queue's figures stay in ordq top and the status "
                      "page)")
     run.add_argument("--rebalance-moves-per-s", dest="rebalance_moves_per_s",
-                     type=number(0.0, 10_000.0, allow_zero=True), default=50.0, metavar="N",
+                     type=number(0.0, 10_000.0, allow_zero=True), default=None, metavar="N",
                      help="idle queues' heads moved a second, at most, to even the spread over the live groups "
-                     "once a returning group has been live 10 s (0: only by `ordq group rebalance`; default 50)")
+                     "once a returning group has been live 10 s (0: only by `ordq group rebalance`; default "
+                     "500)")
     run.add_argument("--away-grace", dest="away_grace", type=seconds(allow_zero=True, high=3600.0), default=10.0,
                      metavar="SECONDS",
                      help="how long an idle queue's head waits for its group to come back when the group's "
@@ -135,6 +136,7 @@ def coordinator_credentials(args: argparse.Namespace) -> Credentials:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ordq.coordinator.daemon import CoordinatorDaemon
+    from ordq.coordinator.daemon_spread import REBALANCE_MOVES_PER_S
     from ordq.coordinator.pacing import RequestsFirst
     from ordq.coordinator.service import CoordinatorService
     from ordq.coordinator.session_log import SessionLog
@@ -186,7 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                sealer=_sealer(duty_store, creds), prober=_prober(duty_store, creds),
                                batch_sealer=_batch_sealer(duty_store, creds),
                                requests_first=requests_first, per_queue_series=args.per_queue_series,
-                               rebalance_moves_per_s=max(0.0, args.rebalance_moves_per_s),
+                               rebalance_moves_per_s=REBALANCE_MOVES_PER_S if args.rebalance_moves_per_s is None
+                               else args.rebalance_moves_per_s,
                                pinger=_pinger(creds), away_grace_s=args.away_grace, watch_store=watch_store)
     holder.append(daemon)
     service.export_metrics(daemon.metrics.registry)
