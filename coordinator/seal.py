@@ -125,9 +125,10 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
     as ``run_seal`` does, then the seal transitions of all of them in bounded ZooKeeper
     transactions sent together (``ZkStore.apply_batches``), each against the (state, version)
     given; the copies a shorter replica needs follow, as in ``run_seal``. ``items``: (queue,
-    seg, state, version), each segment on ``gid``. Returns the queues not sealed here (no replica answered for it, its
-    state moved meanwhile, or it was not ``sealing`` in the state given): the caller seals them
-    one by one (``run_seal``), which reads afresh. Raises BrokerUnavailable when no replica
+    seg, state, version), each segment on ``gid``. A seal whose state moved meanwhile is written
+    again once on the state read then. Returns the queues not sealed here (no replica answered
+    for it, its state moved twice, or it was not ``sealing``): the caller seals them one by one
+    (``run_seal``), which reads afresh. Raises BrokerUnavailable when no replica
     answers at all."""
     refs = [(q, seg) for q, seg, _st, _v in items]
     answers: dict[str, dict[tuple[str, int], ReplicaEnd | None]] = {}
@@ -144,32 +145,27 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
     if not answers:
         raise BrokerUnavailable(f"group {gid}", f"no replica answered SealMany ({'; '.join(why)})")
     now_ms = int(time.time() * 1000)
-    writes: list[StateWrite] = []
     plans: dict[str, tuple[int, SealPlan]] = {}
-    left: list[str] = []
-    for q, seg, st, version in items:
-        target = st.segment(seg)
+    for q, seg, _st, _version in items:
         replies = {role: got.get((q, seg)) for role, got in answers.items()}
-        if target is None or target.status is not SegStatus.SEALING or target.gid != gid \
-                or not any(r is not None for r in replies.values()):
-            left.append(q)
-            continue
-        plan = decide(replies)
-        try:
-            new = sm.seal(st, seg, plan.end, plan.first_seq, plan.last_seq, at_ms=now_ms, size=plan.bytes)
-        except IllegalTransition:
-            left.append(q)
-            continue
-        writes.append((q, version, new))
-        plans[q] = (seg, plan)
-    # the groups' drain marks are not read by a seal: no check beside the states
-    done: list[str] = []
-    conflicted: list[str] = []
-    # every transaction sent before the first answer is awaited: their round trips and log
-    # syncs overlap (one after another, a batch of 500 waited three of each)
-    for ok, lost in store.apply_batches(transactions(writes), {}):
-        done += ok
-        conflicted += lost
+        if any(r is not None for r in replies.values()):
+            plans[q] = (seg, decide(replies))
+    done, conflicted, left = _write_seals(store, gid, [(q, st, v) for q, _seg, st, v in items if q in plans], plans,
+                                          now_ms)
+    left += [q for q, _seg, _st, _v in items if q not in plans]
+    if conflicted:
+        # Their states moved since they were read (a pop of an earlier segment, a hand-over's
+        # admit): the replicas' ends still hold (a sealed copy's end never changes), so the seals
+        # are written again on the states read now, in batches. Until stop 74 each went one by
+        # one (``run_seal``: its Seal calls again, its own write): at 10^5 queues a spread back
+        # after a failover left a third of every batch so, 20,515 of them in one run.
+        fresh = store.load_states(conflicted)
+        again = [(q, got[0], got[1]) for q in conflicted
+                 if (got := fresh.get(q)) is not None and not isinstance(got, Exception)]
+        unread = sorted(set(conflicted) - {q for q, _st, _v in again})  # deleted meanwhile, or corrupt
+        redone, conflicted, still = _write_seals(store, gid, again, plans, now_ms)
+        done += redone
+        left += still + unread
     for q in done:
         seg, plan = plans[q]
         if plan.copy_to is not None and plan.copy_from is not None:
@@ -179,6 +175,37 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
             except OrdqError:
                 pass
     return left + conflicted
+
+
+def _write_seals(store: ZkStore, gid: str, rows: Sequence[tuple[str, sm.QueueState, StateVersion]],
+                 plans: Mapping[str, tuple[int, SealPlan]], now_ms: int) -> tuple[list[str], list[str], list[str]]:
+    """The seal transition of each row's segment (``plans``: queue -> (seg, plan)), written
+    against the row's (state, version) in bounded transactions sent together
+    (``ZkStore.apply_batches``). Returns (written, moved since: a version check lost, left: the
+    segment not ``sealing`` on ``gid`` in the state given)."""
+    writes: list[StateWrite] = []
+    left: list[str] = []
+    for q, st, version in rows:
+        seg, plan = plans[q]
+        target = st.segment(seg)
+        if target is None or target.status is not SegStatus.SEALING or target.gid != gid:
+            left.append(q)
+            continue
+        try:
+            new = sm.seal(st, seg, plan.end, plan.first_seq, plan.last_seq, at_ms=now_ms, size=plan.bytes)
+        except IllegalTransition:
+            left.append(q)
+            continue
+        writes.append((q, version, new))
+    done: list[str] = []
+    conflicted: list[str] = []
+    # every transaction sent before the first answer is awaited: their round trips and log
+    # syncs overlap (one after another, a batch of 500 waited three of each); the groups'
+    # drain marks are not read by a seal: no check beside the states
+    for ok, lost in store.apply_batches(transactions(writes), {}):
+        done += ok
+        conflicted += lost
+    return done, conflicted, left
 
 
 def make_sealer(store: ZkStore, credentials: Credentials | None = None) -> Callable[..., None] | None:
