@@ -11,6 +11,7 @@ Rules: ``decide`` is pure; ``run_seal`` does the I/O through a ``SealTransport``
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -25,6 +26,8 @@ from ordq.coordinator.state import SegStatus
 from ordq.coordinator.store import Known, ZkStore
 from ordq.coordinator.store_values import LiveInfo, StateVersion, StateWrite
 from ordq.wire.transport import BatchSealTransport, ReplicaEnd, SealTransport
+
+log = logging.getLogger("ordq.coordinator")
 
 
 @attrs.frozen
@@ -152,7 +155,9 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
             plans[q] = (seg, decide(replies))
     done, conflicted, left = _write_seals(store, gid, [(q, st, v) for q, _seg, st, v in items if q in plans], plans,
                                           now_ms)
-    left += [q for q, _seg, _st, _v in items if q not in plans]
+    unanswered = [q for q, _seg, _st, _v in items if q not in plans]
+    reasons = {"no replica sealed it": len(unanswered), "not sealing on the group": len(left)}
+    left += unanswered
     if conflicted:
         # Their states moved since they were read (a pop of an earlier segment, a hand-over's
         # admit): the replicas' ends still hold (a sealed copy's end never changes), so the seals
@@ -166,6 +171,11 @@ def seal_batch(store: ZkStore, transport: BatchSealTransport, gid: str,
         redone, conflicted, still = _write_seals(store, gid, again, plans, now_ms)
         done += redone
         left += still + unread
+        reasons.update({"not sealing when read again": len(still), "gone or corrupt when read again": len(unread),
+                    "moved twice": len(conflicted)})
+    if left or conflicted:  # why they go one by one (stop 74: whole batches of a group just back, cause unknown)
+        log.info("group %s: of a seal batch of %d, %d left to seal one by one: %s", gid, len(items),
+                 len(left) + len(conflicted), ", ".join(f"{n} {reason}" for reason, n in reasons.items() if n))
     for q in done:
         seg, plan = plans[q]
         if plan.copy_to is not None and plan.copy_from is not None:

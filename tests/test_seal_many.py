@@ -8,6 +8,7 @@ ZooKeeper and broker processes; the files are read back without the broker."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,7 +243,8 @@ def test_a_batch_no_replica_answered_is_sealed_once_one_answers_without_another_
             transport.close()
 
 
-def test_a_batch_whose_states_moved_meanwhile_seals_them_all_itself(group: Group) -> None:
+def test_a_batch_whose_states_moved_meanwhile_seals_them_all_itself(group: Group,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A seal batch planned on states that another write moved before its own (at 10^5 queues, a
     pop of an earlier empty segment beside a spread back's seals: a third of every batch) writes
     those seals again on the states as they are now, in the batch: none is left to the one-by-one
@@ -262,8 +264,16 @@ def test_a_batch_whose_states_moved_meanwhile_seals_them_all_itself(group: Group
     moved = queues[::2]
     for q in moved:  # a write that is no seal: the batch's version checks of these fail
         g.store.apply(q, lambda st, _f: sm.bump_epoch(st))
-    left = seal_batch(g.store, g.transport, "g1", items, g.store.live_members("g1"))
-    assert left == []
+    g.store.create_queues(["stray"], ["g1"])
+    got = g.store.load_states(["stray"])["stray"]
+    assert not isinstance(got, Exception)
+    st, version, _ = got
+    stray = ("stray", 5, st, version)  # a segment no replica holds: it cannot be sealed
+    with caplog.at_level(logging.INFO, logger="ordq.coordinator"):
+        left = seal_batch(g.store, g.transport, "g1", [*items, stray], g.store.live_members("g1"))
+    assert left == ["stray"]  # the stray one only, and said why
+    assert [r.getMessage() for r in caplog.records if r.module == "seal"] == [
+        "group g1: of a seal batch of 21, 1 left to seal one by one: 1 no replica sealed it"]
     for q in queues:
         st = g.store.load_state(q)[0]
         assert st.segment(0).status is sm.SegStatus.SEALED and st.segment(0).end == 0, (q, st)
