@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -628,10 +629,7 @@ def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> di
     reached: float | None = None
     while (changed := watch.changed(deadline)) is not None:
         heads.update((q, st.head) for q, (st, _mtime) in changed.items())
-        counts = {}
-        for head in heads.values():
-            if head is not None:
-                counts[head] = counts.get(head, 0) + 1
+        counts = dict(Counter(head for head in heads.values() if head is not None))
         first = counts if first is None else first
         if counts.get(gid, 0) >= 0.9 * share:
             reached = time.monotonic() - started

@@ -15,10 +15,9 @@ leaves the cluster balanced rather than each later kill with more to repair.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from ordq.common.errors import CorruptState
 from ordq.common.proc import load_stretched
+from ordq.coordinator.rebalance import even, head_counts
 from ordq.coordinator.store import ZkStore
 from ordq.drills.runner import DrillContext, LoadConfig
 from ordq.drills.workload import now_us
@@ -39,14 +38,10 @@ def idle_names(ctx: DrillContext) -> list[str]:
     return [f"{ctx.queue}-idle-{i:02d}" for i in range(IDLE)]
 
 
-def heads(store: ZkStore, queues: list[str]) -> Counter[str]:
-    """How many of ``queues`` each group heads now."""
+def heads(store: ZkStore, queues: list[str], gids: tuple[str, ...]) -> dict[str, int]:
+    """How many of ``queues`` each of ``gids`` heads now (the spread's own count)."""
     got = store.load_states(queues)
-    return Counter(v[0].head for v in got.values() if not isinstance(v, CorruptState) and v[0].head)
-
-
-def even(counts: Counter[str], gids: tuple[str, ...]) -> bool:
-    return max(counts[g] for g in gids) - min(counts[g] for g in gids) <= 1
+    return head_counts((v[0].head for v in got.values() if not isinstance(v, CorruptState)), gids)
 
 
 def heads_spread_back(ctx: DrillContext) -> None:
@@ -54,7 +49,7 @@ def heads_spread_back(ctx: DrillContext) -> None:
     gids = ctx.cluster.gids
     with ctx.cluster.store() as store:
         store.create_queues(idle)
-        ctx.event(f"{IDLE} idle queues created beside {ctx.queue}: heads {dict(sorted(heads(store, idle).items()))}")
+        ctx.event(f"{IDLE} idle queues created beside {ctx.queue}: heads {heads(store, idle, gids)}")
         try:
             _kill_and_return(ctx, store, idle, gids)
         finally:
@@ -65,23 +60,23 @@ def heads_spread_back(ctx: DrillContext) -> None:
 
 def _kill_and_return(ctx: DrillContext, store: ZkStore, idle: list[str], gids: tuple[str, ...]) -> None:
     gid, seg = ctx.head()
-    headed = heads(store, idle)[gid]
+    headed = heads(store, idle, gids)[gid]
     at = now_us()
     ctx.cluster.broker(gid, "master").kill()
     ctx.fault(f"kill -9 master of {gid} (head, segment {seg}; it heads {headed} idle queues)", kind="segment",
               seg=seg, at_us=at)
     ctx.wait_acks_after(seg)
-    ctx.wait(lambda: heads(store, idle)[gid] == 0, timeout_s=load_stretched(MOVED_S),
+    ctx.wait(lambda: heads(store, idle, gids)[gid] == 0, timeout_s=load_stretched(MOVED_S),
              what=f"every idle head off {gid}")
     ctx.expect(f"the {headed} idle queues {gid} headed moved to the other groups", headed > 0)
     ctx.restart_broker(gid, "master")
     written_head = store.load_state(ctx.queue)[0].head
-    every = [*store.list_queues()]
-    ctx.wait(lambda: even(heads(store, every), gids), timeout_s=load_stretched(SPREAD_S),
-             what=f"the heads even over {', '.join(gids)} again (within one)")
-    back = heads(store, idle)[gid]
-    ctx.event(f"heads even again: {dict(sorted(heads(store, every).items()))} over every queue, "
-              f"{back} idle ones on {gid}")
+    every = store.list_queues()
+    counts = ctx.wait(lambda: c if even(c := heads(store, every, gids)) else None,
+                      timeout_s=load_stretched(SPREAD_S),
+                      what=f"the heads even over {', '.join(gids)} again (within one)")
+    back = heads(store, idle, gids)[gid]
+    ctx.event(f"heads even again: {counts} over every queue, {back} idle ones on {gid}")
     ctx.expect(f"{gid} heads idle queues again after its return", back > 0)
     running = any(w.proc.alive() for w in ctx.producers)
     ctx.expect(f"the stream still written while the heads spread back, and {ctx.queue} not moved "
