@@ -177,9 +177,10 @@ def iter_file_batches(path: str | os.PathLike[str]) -> Iterator[tuple[BatchHeade
 
     Yields (header, messages) in offset order. Stops quietly at a torn tail (the file may be
     written to right now by a live broker: a batch being appended looks like one); raises
-    CorruptLog at a bad batch that has a valid batch after it, after yielding the batches
-    before it. Reads with pread through a 1 MiB window, so memory does not grow with the
-    file, and a broker truncating the file meanwhile only shortens what is read.
+    CorruptLog at a bad batch that has a valid batch after it (but a torn write:
+    ``scan_batches``), after yielding the batches before it. Reads with pread through a 1 MiB
+    window, so memory does not grow with the file, and a broker truncating the file meanwhile
+    only shortens what is read.
     Raises FileNotFoundError if there is no such file.
     """
     name = os.fspath(path)
