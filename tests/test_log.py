@@ -440,8 +440,8 @@ def test_a_power_cut_that_keeps_a_later_sector_of_a_write_is_a_torn_tail(tmp_pat
     kept = max(i for i in range(13) if sum(map(len, raws[:i])) <= lost_at * 512)
     assert 4 <= kept < 12
     later = sum(map(len, raws[: kept + 1]))
-    assert segment_scan._find_valid_batch(  # a whole batch after the lost sector: what fooled the old rule
-        os.open(write_segment(tmp_path, image), os.O_RDONLY), later, len(image)) is not None
+    with open(write_segment(tmp_path, image), "rb") as f:  # a whole batch past the lost sector fooled the old scan
+        assert segment_scan._find_valid_batch(f.fileno(), later, len(image)) is not None
     with SegmentLog.open(tmp_path, "q", 0) as log:
         assert (log.end, log.recovery.batches) == (kept, kept)
         assert log.recovery.truncated_bytes == len(image) - sum(map(len, raws[:kept]))
