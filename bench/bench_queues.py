@@ -51,7 +51,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ from bench._cluster import cpu_seconds, percentile
 from ordq.broker_group.first_write import Reported, parse_line
 from ordq.cluster_config import ClusterConfig
 from ordq.common.errors import CoordinationUnavailable, CorruptState, OrdqError
+from ordq.coordinator.rebalance import head_counts
 from ordq.coordinator.state import QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_values import parse_state
@@ -518,7 +518,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     else:
         cluster.restart_broker(gid, "master", timeout_s=180.0)
     restart_s = round(time.monotonic() - restarted, 1)
-    spread = track_spread(store, idle, gid, spread_wait_s) if spread_wait_s > 0 else None
+    spread = track_spread(store, idle, gid, cluster.gids, spread_wait_s) if spread_wait_s > 0 else None
     return {"restart_s": restart_s, "restart_by": "ordq up" if up else "restart_broker", "spread": spread,
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
@@ -614,12 +614,12 @@ class StateWatch:
         return out
 
 
-def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> dict[str, Any]:
+def track_spread(store: ZkStore, idle: list[str], gid: str, gids: tuple[str, ...], wait_s: float) -> dict[str, Any]:
     """After ``gid`` is back (its master restarted): seconds until it heads 90 % of an even
     share of the idle queues again (the coordinator spreads heads back after a grace, at a
     bounded rate: issue 43), and the heads per group then (or at the deadline). The states are
     read with watches (``StateWatch``: until stop 74 every state was read again each second)."""
-    share = len(idle) / 3
+    share = len(idle) / len(gids)
     started = time.monotonic()
     deadline = started + wait_s
     watch = StateWatch(store, idle)
@@ -629,7 +629,7 @@ def track_spread(store: ZkStore, idle: list[str], gid: str, wait_s: float) -> di
     reached: float | None = None
     while (changed := watch.changed(deadline)) is not None:
         heads.update((q, st.head) for q, (st, _mtime) in changed.items())
-        counts = dict(Counter(head for head in heads.values() if head is not None))
+        counts = head_counts(heads.values(), gids)  # the coordinator's own count (groups heading none: 0)
         first = counts if first is None else first
         if counts.get(gid, 0) >= 0.9 * share:
             reached = time.monotonic() - started
