@@ -48,6 +48,10 @@ BENCHES = [
     bench("bench_broker", ["--messages", "5000", "--sync-messages", "50", "--tls", "both"],
           ["tls pipelined", "plaintext pipelined", "tls synchronous", "plaintext synchronous"]),
     bench("bench_abandoned", ["--streams", "5"], ["master RSS:", "a real producer meanwhile"]),
+    # one token's burst of streams beside a neighbour queue, aimed at its broker and at another
+    bench("bench_neighbour_burst", ["--bursts", "2", "--rate", "300"],
+          ["same (g1's master), 1 bursts", "other (g2's master), 1 bursts", "quiet, the second before: ",
+           "first 250 ms: ", "rest of the hold: "]),
     # Two clusters and a mirror process (~1-2 min here): slow only.
     bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
           pytest.mark.slow),
