@@ -31,6 +31,14 @@ from ordq.wire import ordq_pb2 as pb
 log = logging.getLogger("ordq.broker")
 
 INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worker thread, off the loop
+NO_CAP = 1 << 62
+# A token's Read stream's first answer carries at most this much; each answer its reader takes
+# doubles it, up to the token's own limit (Lease.answer_bytes: 4 MiB alone) by the fifth. One
+# token's 24 streams opened at once and never read, alone on their broker, were each built a
+# 4 MiB answer at once (~100 MiB read and copied for nobody); such a stream now costs 256 KiB.
+# A neighbour queue on another broker of the same machine: its acks' p50 in the 250 ms after
+# such a burst 5.1-5.3 -> 2.3-3.3 ms, their p99 the same (docs/BENCHMARKS.md, stop 76).
+FIRST_STREAM_ANSWER_BYTES = 256 << 10
 
 
 @attrs.define(eq=False)
@@ -58,12 +66,15 @@ class ReadAccount:
     charges: ChargeSum
     keep: int  # room kept between answers (0: a Fetch call, given back when it ends)
     behind: bool = True  # the last answer stopped short of the readable end (or none yet)
+    # The most its next answer may carry: a token's Read stream starts at
+    # FIRST_STREAM_ANSWER_BYTES and doubles it with each answer its reader takes (``sent``)
+    cap: int = NO_CAP
 
     async def room(self, want: int, wait_s: float | None) -> int:
         """The bytes this answer may read, at most ``want`` (a token's: ``Lease.answer_bytes``):
         the room kept, or more granted (waiting for the token's read rate either way)."""
         lease = self.lease
-        want = min(want, lease.answer_bytes())
+        want = min(want, lease.answer_bytes(), self.cap)
         if lease.bytes < want and (self.behind or lease.bytes < self.keep):
             await lease.acquire(want - lease.bytes, wait_s=wait_s)
         else:
@@ -78,8 +89,10 @@ class ReadAccount:
         self.charges.add(byte_cost_s)
 
     def sent(self) -> None:
-        """The answer left (gRPC or the link took it): keep only the room kept."""
+        """The answer left (gRPC or the link took it): keep only the room kept; the next may
+        carry twice as much."""
         self.lease.release(self.keep)
+        self.cap = min(self.cap * 2, NO_CAP)
 
     def close(self) -> None:
         self.lease.release()
@@ -133,13 +146,15 @@ class ReadPath:
 
     def account(self, holders: Sequence[str], queue: str, *, stream: bool = False) -> ReadAccount:
         """What a Fetch call (or, ``stream``, a Read stream) of ``queue`` holds and owes
-        (``ReadAccount``); its token counts as active on ``queue`` (``RequestTime.on_queue``)."""
+        (``ReadAccount``; a token's stream's answers start at FIRST_STREAM_ANSWER_BYTES); its
+        token counts as active on ``queue`` (``RequestTime.on_queue``)."""
         keep = self.budget.config.min_grant_bytes if stream else 0
         token = next((h for h in holders if h.startswith(TOKEN)), None)
         rt = self.request_time
         rt.on_queue(token, queue)
+        cap = FIRST_STREAM_ANSWER_BYTES if stream and token is not None else NO_CAP  # a peer's: its grant
         return ReadAccount(self.lease(holders, queue), Alarm(),
-                           ChargeSum(lambda seconds: rt.charge(token, seconds, time.monotonic())), keep)
+                           ChargeSum(lambda seconds: rt.charge(token, seconds, time.monotonic())), keep, cap=cap)
 
     async def fetch(self, req: pb.FetchRequest, account: ReadAccount | None = None, *,
                     wait_s: float | None = None) -> Answer:

@@ -7,6 +7,7 @@ stream itself runs on a real read path over a segment log on disk, in this proce
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -226,3 +227,59 @@ def test_a_step_timeout_bounds_each_step_with_one_timer_and_passes_other_cancell
         assert step.timers <= 6
 
     asyncio.run(run())
+
+
+class _Reader:
+    """A Read stream's reader that records each answer's size and takes ``takes`` of them, then
+    none (its flow-control window full, as an unread stream's)."""
+
+    def __init__(self, takes: int) -> None:
+        self.sizes: list[int] = []
+        self._takes = takes
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", "Bearer t"),)
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:2"
+
+    async def write(self, wire: bytes) -> None:
+        self.sizes.append(len(wire))
+        if len(self.sizes) > self._takes:
+            await asyncio.Event().wait()  # never taken
+
+
+def _stream_sizes(takes: int) -> list[int]:
+    """The answers' sizes of one token's Read stream from the start of a 12 MiB log, its reader
+    taking ``takes`` of them, the stream then cut by its idle bound."""
+    with stream_bench(BudgetConfig(idle_ms=300)) as bench:
+        for _ in range(96):  # 128 KiB batches
+            bench.shared.loop.run(_on_loop(bench.add_batch, 128, 1000))
+        req = pb.FetchRequest(queue=QUEUE, seg=0, offset=0, max_bytes=(1 << 32) - 1, max_wait_ms=50,
+                              known_end=-1, stream_ms=10_000)
+        reader = _Reader(takes)
+        with pytest.raises(ResourceExhausted, match="took no answer"):
+            bench.shared.loop.run(read_stream(bench.parts, req, reader), 20)
+        assert bench.read.budget.stats.used_bytes == 0
+    return reader.sizes
+
+
+def test_a_read_streams_answers_start_small_and_grow_as_its_reader_takes_them() -> None:
+    """One token's 24 Read streams opened at once and never read (the noisy-neighbour drill's
+    abuser), alone on their broker, were each built a first answer of 4 MiB
+    (token_answer_bytes): ~100 MiB read and copied at once for nobody, on cores a neighbour
+    queue on another broker of the machine shared (bench_neighbour_burst's ``other``;
+    docs/BENCHMARKS.md, stop 76). A stream's answers now start at FIRST_STREAM_ANSWER_BYTES and
+    double with each one its reader takes, up to the token's limit: an unread stream costs
+    256 KiB, a reader that keeps taking reaches 4 MiB answers by its fifth."""
+    from ordq.broker_group.read_path import FIRST_STREAM_ANSWER_BYTES
+
+    batch = 192 * KiB  # an answer may pass its bound by the one batch that crosses it
+    unread = _stream_sizes(takes=0)
+    assert unread and max(unread) <= FIRST_STREAM_ANSWER_BYTES + batch, unread
+    reading = _stream_sizes(takes=5)  # 0.25 + 0.5 + 1 + 2 + 4 MiB taken, a 4 MiB answer left
+    limit = BudgetConfig().token_answer_bytes
+    assert len(reading) == 6, reading
+    assert reading[0] <= FIRST_STREAM_ANSWER_BYTES + batch, reading
+    assert all(b > a for a, b in itertools.pairwise(reading[:5])), reading
+    assert all(limit - batch <= n <= limit + batch for n in reading[4:]), reading
