@@ -49,6 +49,8 @@ log = logging.getLogger("ordq.broker")
 
 ALL = "*"  # what an answer waits on when the whole budget, not one holder's share, is full
 
+NO_ANSWER_LIMIT = 1 << 62  # a peer's answer: bounded by its grant alone
+
 
 @attrs.frozen(kw_only=True)
 class BudgetConfig:
@@ -343,7 +345,7 @@ class Lease:
         ``token_answer_bytes``, or ``contended_answer_bytes`` while another token is active."""
         cfg, token = self.budget.config, self.token
         if token is None:
-            return 1 << 62
+            return NO_ANSWER_LIMIT
         if self.contended is not None and self.contended(token, time.monotonic(), self.queue):
             return cfg.contended_answer_limit
         return cfg.token_answer_bytes

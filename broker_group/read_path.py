@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 
 from ordq.broker_group.answer import Answer, encode
-from ordq.broker_group.budget import TOKEN, BudgetConfig, Lease, MemoryBudget, ReadPace
+from ordq.broker_group.budget import NO_ANSWER_LIMIT, TOKEN, BudgetConfig, Lease, MemoryBudget, ReadPace
 from ordq.broker_group.metrics import count_fetch
 from ordq.broker_group.request_time import ChargeSum, RequestTime
 from ordq.broker_group.segments import SegmentStore
@@ -31,7 +31,6 @@ from ordq.wire import ordq_pb2 as pb
 log = logging.getLogger("ordq.broker")
 
 INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worker thread, off the loop
-NO_CAP = 1 << 62
 # A token's Read stream's first answer carries at most this much; each answer its reader takes
 # doubles it, up to the token's own limit (Lease.answer_bytes: 4 MiB alone) by the fifth. One
 # token's 24 streams opened at once and never read, alone on their broker, were each built a
@@ -68,7 +67,7 @@ class ReadAccount:
     behind: bool = True  # the last answer stopped short of the readable end (or none yet)
     # The most its next answer may carry: a token's Read stream starts at
     # FIRST_STREAM_ANSWER_BYTES and doubles it with each answer its reader takes (``sent``)
-    cap: int = NO_CAP
+    cap: int = NO_ANSWER_LIMIT
 
     async def room(self, want: int, wait_s: float | None) -> int:
         """The bytes this answer may read, at most ``want`` (a token's: ``Lease.answer_bytes``):
@@ -92,7 +91,7 @@ class ReadAccount:
         """The answer left (gRPC or the link took it): keep only the room kept; the next may
         carry twice as much."""
         self.lease.release(self.keep)
-        self.cap = min(self.cap * 2, NO_CAP)
+        self.cap = min(self.cap * 2, NO_ANSWER_LIMIT)
 
     def close(self) -> None:
         self.lease.release()
@@ -152,7 +151,7 @@ class ReadPath:
         token = next((h for h in holders if h.startswith(TOKEN)), None)
         rt = self.request_time
         rt.on_queue(token, queue)
-        cap = FIRST_STREAM_ANSWER_BYTES if stream and token is not None else NO_CAP  # a peer's: its grant
+        cap = FIRST_STREAM_ANSWER_BYTES if stream and token is not None else NO_ANSWER_LIMIT  # a peer's: its grant
         return ReadAccount(self.lease(holders, queue), Alarm(),
                            ChargeSum(lambda seconds: rt.charge(token, seconds, time.monotonic())), keep, cap=cap)
 
