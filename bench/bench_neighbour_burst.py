@@ -43,14 +43,10 @@ FILL = 2_000  # 1,000-byte messages in each abused queue: what its Read streams 
 
 
 def fill(hosts: str, queue: str, count: int) -> None:
-    producer = Producer(ProducerConfig(zk_hosts=hosts, root=ROOT, queue=queue, send_timeout_s=10.0))
-    producer.start()
-    try:
+    with Producer(ProducerConfig(zk_hosts=hosts, root=ROOT, queue=queue, send_timeout_s=10.0)) as producer:
         for _ in range(count):
             producer.send(b"f" * 1000)
         producer.flush(timeout_s=60)
-    finally:
-        producer.close()
 
 
 class Neighbour:
@@ -116,13 +112,12 @@ def main() -> None:
         for target, gid in targets.items():
             cluster.store.create_queue(f"abused-{target}", [gid])
         _rec, token = create_token(cluster.store.client, ROOT, {NEIGHBOUR: ["produce"]}, "bench: the neighbour")
-        os.environ["ORDQ_TOKEN"] = token  # this process's producers (ordq.common.security)
         abuse = {f"abused-{t}": ["produce", "consume"] for t in targets}
         _rec, abuse_token = create_token(cluster.store.client, ROOT, abuse, "bench: the abuser")
         touch(cluster.store.client, ROOT)
+        os.environ["ORDQ_TOKEN"] = abuse_token  # this process's producers (ordq.common.security): the fills
         abusers = {}
         for target, gid in targets.items():
-            os.environ["ORDQ_TOKEN"] = abuse_token
             fill(cluster.hosts, f"abused-{target}", FILL)
             state = cluster.store.wait_state(f"abused-{target}", lambda s: s.open_segment is not None, timeout_s=30)
             assert state.open_segment is not None
@@ -130,7 +125,7 @@ def main() -> None:
             creds = attrs.evolve(cluster.credentials, token=abuse_token)
             abusers[target] = neighbour.abuser_process(address, creds, f"abused-{target}", state.open_segment.seg,
                                                        idle=False, kinds=kinds)
-        os.environ["ORDQ_TOKEN"] = token
+        os.environ["ORDQ_TOKEN"] = token  # then the neighbour's
         n = Neighbour(cluster.hosts, args.rate)
         n.start()
         starts: dict[str, list[float]] = {t: [] for t in targets}

@@ -46,20 +46,30 @@ def test_a_caught_up_streams_answers_take_no_grant_no_timer_and_no_charge_each()
     assert r["held_bytes"] == 0, "the stream ended: its room is given back"
 
 
+class _Reader:
+    """A Read stream's reader that records each answer's size and takes ``takes`` of them, then
+    none (its flow-control window full, as an unread stream's)."""
+
+    def __init__(self, takes: int) -> None:
+        self.sizes: list[int] = []
+        self._takes = takes
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", "Bearer t"),)
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:2"
+
+    async def write(self, wire: bytes) -> None:
+        self.sizes.append(len(wire))
+        if len(self.sizes) > self._takes:
+            await asyncio.Event().wait()  # never taken
+
+
 def test_a_stream_whose_reader_takes_nothing_is_closed_after_idle_ms() -> None:
     """The idle bound on a stream's writes (one timer for all of them now): the reader's
     window never takes the answer, and the stream ends with ResourceExhausted, counted, its
     room given back."""
-
-    class _Stuck:
-        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-            return (("authorization", "Bearer t"),)
-
-        def peer(self) -> str:
-            return "ipv4:127.0.0.1:2"
-
-        async def write(self, _wire: bytes) -> None:
-            await asyncio.Event().wait()  # never taken
 
     with stream_bench(BudgetConfig(idle_ms=300)) as bench:
         bench.shared.loop.run(_on_loop(bench.add_batch, 4, 1024))
@@ -67,7 +77,7 @@ def test_a_stream_whose_reader_takes_nothing_is_closed_after_idle_ms() -> None:
                               stream_ms=10_000)
         t0 = time.monotonic()
         with pytest.raises(ResourceExhausted, match="took no answer"):
-            bench.shared.loop.run(read_stream(bench.parts, req, _Stuck()), 10)
+            bench.shared.loop.run(read_stream(bench.parts, req, _Reader(takes=0)), 10)
         took = time.monotonic() - t0
         assert 0.25 <= took < 5, took
         assert bench.read.budget.stats.idle_closed == 1
@@ -227,26 +237,6 @@ def test_a_step_timeout_bounds_each_step_with_one_timer_and_passes_other_cancell
         assert step.timers <= 6
 
     asyncio.run(run())
-
-
-class _Reader:
-    """A Read stream's reader that records each answer's size and takes ``takes`` of them, then
-    none (its flow-control window full, as an unread stream's)."""
-
-    def __init__(self, takes: int) -> None:
-        self.sizes: list[int] = []
-        self._takes = takes
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", "Bearer t"),)
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:2"
-
-    async def write(self, wire: bytes) -> None:
-        self.sizes.append(len(wire))
-        if len(self.sizes) > self._takes:
-            await asyncio.Event().wait()  # never taken
 
 
 def _stream_sizes(takes: int) -> list[int]:
