@@ -262,7 +262,8 @@ class _Handlers:
 
 async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
     """Master: acks for one produce stream, in order, as the LAC covers their batches."""
-    stream = ProduceStreamState(wake=Signal(b.shared.loop))
+    # acks after the master's own sync, when the lean link's hello asked (LinkContext.local_acks)
+    stream = ProduceStreamState(wake=Signal(b.shared.loop), local_acks=getattr(context, "local_acks", False))
     alarm = Alarm()  # one timer for the stream's waits (PRODUCE_RECHECK_S)
     late = False  # the last wait ended at its recheck, no signal
     with b.shared.cv:

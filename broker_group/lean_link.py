@@ -34,12 +34,13 @@ from ordq.wire import lean_frames
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.framing import REQUEST_BYTES
 from ordq.wire.lean_frames import add_replicate_request, frame, replicate_request_body
-from ordq.wire.lean_produce import open_tls, tls_context, tune
+from ordq.wire.lean_produce import HELLO_LIMIT, open_tls, tls_context, tune
 
 log = logging.getLogger("ordq.replication")
 
 Send = Callable[[pb.ReplicateResponse], Awaitable[None]]
 Serve = Callable[[AsyncIterator[pb.ReplicateRequest], Send], Awaitable[None]]
+Clients = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[None]]
 # The switch (bench_stages, bench_e2e compare the two): a slave serves and publishes the lean
 # link unless started with ORDQ_REPLICATION_LINK=grpc (then its master uses gRPC). The default
 # since fast39k: the lowest CPU per batch (docs/BENCHMARKS.md), and a master that cannot reach
@@ -119,7 +120,11 @@ class LeanServer(TaskServer):
     """The slave's end: accepts the master's connection(s) and runs ``serve`` on each."""
 
     def __init__(self, creds: Credentials, allowed: frozenset[str], limit: int, serve: Serve,
-                 on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0) -> None:
+                 on_refused: Callable[[OrdqError], None], *, handshake_timeout_s: float = 10.0,
+                 clients: Clients | None = None) -> None:
+        """``clients``: the handler of every other connection on this port (producers' watches and
+        Read streams, broker_group/lean_produce.py), told apart by the first frame: the master's
+        is a ``ReplicateRequest`` hello (field 5), which no client's ``ProduceLinkHello`` holds."""
         # The reader buffers up to twice its limit, a whole request of REQUEST_BYTES: read
         # (and decrypted) while the slave syncs the ones before (replica_commits.py), not
         # after them, as gRPC's threads read meanwhile.
@@ -129,6 +134,7 @@ class LeanServer(TaskServer):
         self._limit = limit
         self._serve = serve
         self._on_refused = on_refused
+        self._clients = clients
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -136,6 +142,20 @@ class LeanServer(TaskServer):
         self._conns.add(task)
         try:
             tune(writer)
+            hello: pb.ReplicateRequest | None = None
+            if self._clients is not None:
+                try:
+                    first = await asyncio.wait_for(read_frame(reader, HELLO_LIMIT), self._handshake_timeout_s)
+                except ConfigError as too_long:  # a first frame past HELLO_LIMIT: no hello of anyone we serve
+                    self._on_refused(too_long)
+                    log.warning("lean link refused: %s", too_long)
+                    return
+                if first is None:
+                    return
+                hello = _replication_hello(first)
+                if hello is None:
+                    await self._clients(reader, writer, first)
+                    return
             if self._ssl is not None:
                 cn = peer_cn(writer)
                 if cn not in self._allowed:
@@ -146,6 +166,8 @@ class LeanServer(TaskServer):
                     return
 
             async def requests() -> AsyncIterator[pb.ReplicateRequest]:
+                if hello is not None:
+                    yield hello
                 while (body := await read_frame(reader, self._limit)) is not None:
                     try:
                         yield pb.ReplicateRequest.FromString(body)
@@ -157,13 +179,22 @@ class LeanServer(TaskServer):
                 await writer.drain()
 
             await self._serve(requests(), send)
-        except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError) as exc:
             log.info("replication link from the master ended: %r", exc)
         except OrdqError:
             pass  # logged and counted by ``serve`` (replication.py replicate_requests); the link ends
         finally:
             self._conns.discard(task)
             writer.close()
+
+
+def _replication_hello(body: bytes) -> pb.ReplicateRequest | None:
+    """A master's first frame, or None for anything else (a client's hello)."""
+    try:
+        req = pb.ReplicateRequest.FromString(body)
+    except DecodeError:
+        return None
+    return req if req.hello else None
 
 
 class LeanCall:

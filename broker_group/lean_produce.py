@@ -41,6 +41,8 @@ from google.protobuf.message import DecodeError
 from ordq.broker_group.config import server_options
 from ordq.broker_group.dataplane import SMALL_REQUEST_BYTES, Parts, answer, check_caller, metered, produce, read_stream
 from ordq.broker_group.lean_link import TaskServer, peer_cn
+from ordq.broker_group.replica import Role
+from ordq.broker_group.synced_watch import Watch
 from ordq.common.errors import ConfigError
 from ordq.common.security import Credentials
 from ordq.wire import ordq_pb2 as pb
@@ -69,6 +71,7 @@ class LinkContext:
 
     def __init__(self, writer: asyncio.StreamWriter, cn: str | None, token: str, peer: str) -> None:
         self._writer = writer
+        self.local_acks = False  # the hello asked for acks after the master's own sync (dataplane.produce)
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._auth: dict[str, list[bytes]] = {"x509_common_name": [cn.encode()]} if cn else {}
         self._peer = peer
@@ -134,7 +137,10 @@ class LeanProduceServer(TaskServer):
         self._limit = int(dict(server_options(parts.shared.config))["grpc.max_receive_message_length"])
         self.refused_unframed = 0  # connections ended before a valid hello (counted, logged)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      first: bytes | None = None) -> None:
+        """One connection; ``first``: its hello's body, read already (a slave's one lean port
+        serves its master's replication too and told them apart by it: lean_link.LeanServer)."""
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
@@ -151,8 +157,8 @@ class LeanProduceServer(TaskServer):
         try:
             tune(writer)
             try:
-                body = await asyncio.wait_for(read_frame(reader, HELLO_LIMIT, "produce link hello"),
-                                              self._handshake_timeout_s)
+                body = first if first is not None else await asyncio.wait_for(
+                    read_frame(reader, HELLO_LIMIT, "produce link hello"), self._handshake_timeout_s)
                 if body is None:
                     return
                 hello = pb.ProduceLinkHello.FromString(body)
@@ -167,6 +173,10 @@ class LeanProduceServer(TaskServer):
             if hello.read:
                 await self._serve_reads(reader, ctx)  # type: ignore[arg-type]
                 return
+            if hello.HasField("watch"):
+                await self._serve_watch(reader, writer, ctx, hello.watch, arrived)
+                return
+            ctx.local_acks = hello.local_acks
             log.info("produce stream from %s on the lean link", ctx.peer())
 
             async def run() -> None:
@@ -184,6 +194,11 @@ class LeanProduceServer(TaskServer):
                 writer.transport.abort()  # a client that takes nothing holds no buffer of ours
             else:
                 writer.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bytes) -> None:
+        """A connection another listener took, its hello read (``first``): the slave's one lean
+        port (lean_link.LeanServer)."""
+        await self._handle(reader, writer, first)
 
     async def _serve_reads(self, reader: asyncio.StreamReader, ctx: ReadLinkContext) -> None:
         """Read streams, one after the other, each as the gRPC ``Read`` call serves one: the
@@ -215,6 +230,37 @@ class LeanProduceServer(TaskServer):
 
         while await metered(b, ctx, one):  # type: ignore[arg-type]
             pass
+
+    async def _serve_watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: LinkContext,
+                           watched: pb.ReplicaSegment, arrived: float) -> None:
+        """A producer's watch of its segment's synced end on this slave (synced_watch.py): the
+        token checked before anything is told, the produce role on its queue, the connection
+        charged to the token as a call (``metered``). Its answers carry the end at once (when
+        this copy exists) and at every move; it ends when the producer closes it. A watch on a
+        master, or a request on a watch, is refused."""
+        b = self._b
+
+        async def held() -> None:
+            if b.shared.config.role is not Role.SLAVE:
+                raise ConfigError(f"this is the master of group {b.shared.config.gid}: watch the slave's synced end")
+            watch = Watch(watched.queue, watched.seg, writer)
+            b.shared.synced_watches.add(watch)
+            try:
+                with b.shared.cv:
+                    s = b.shared.segments.get((watched.queue, watched.seg))
+                    end = None if s is None else s.replica.local_synced
+                if end is not None:
+                    watch.offer(end)
+                if await read_frame(reader, SMALL_REQUEST_BYTES, "synced-end watch") is not None:
+                    raise ConfigError("a synced-end watch takes no requests")
+            finally:
+                b.shared.synced_watches.remove(watch)
+
+        async def run() -> None:
+            await check_caller(b, ctx, "Produce", arrived)
+            await answer(b, ctx, "Produce", watched.queue, held)
+
+        await metered(b, ctx, run)
 
     async def _requests(self, reader: asyncio.StreamReader) -> AsyncIterator[pb.ProduceRequest]:
         """The connection's requests. A frame past the limit or no ProduceRequest raises

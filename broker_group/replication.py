@@ -567,6 +567,7 @@ async def _answer(shared: Shared, segments: Sequence[Segment],
         shared.stats.replication_answers += 1
         shared.stats.replication_answered += len(segments)
     stamp("S.answer", keys)
+    shared.synced_watches.push(ends)  # the producers watching these segments first: their acks wait on it
     synced = [pb.ReplicaSegment(queue=q, seg=n, synced_end=end) for (q, n), end in ends.items()]
     await send(pb.ReplicateResponse(synced=synced, answered=len(segments) if len(segments) > 1 else 0))
     for fw in firsts:  # a new segment's first answer went out: how long it took

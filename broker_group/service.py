@@ -118,7 +118,7 @@ class Broker:
         self._server: grpc.aio.Server | None = None
         self._lean: lean_link.LeanServer | None = None  # a slave's end of the lean replication link
         self._lean_address: str | None = None
-        self._produce_link: LeanProduceServer | None = None  # a master's lean produce link (issue 39)
+        self._produce_link: LeanProduceServer | None = None  # the lean link of producers and readers (issue 39)
         self._produce_address: str | None = None
         self._threads: list[threading.Thread] = []
 
@@ -188,16 +188,23 @@ class Broker:
             if cfg.role is Role.MASTER:
                 self.write.replication = ReplicationLink(self.shared, self.write)
                 self.write.replication.start()
-                if lean_produce.wanted():  # unless ORDQ_PRODUCE_LINK=grpc: serve and publish the lean produce link
-                    self._produce_link = LeanProduceServer(self.parts, cfg.credentials,
-                                                           handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
+            if lean_produce.wanted():
+                # Unless ORDQ_PRODUCE_LINK=grpc: the lean link of producers and readers (a master's
+                # produce streams, a slave's synced-end watches, Read streams)
+                self._produce_link = LeanProduceServer(self.parts, cfg.credentials,
+                                                       handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
+                if cfg.role is Role.MASTER:
                     self._produce_address = self._serve_link(self._produce_link, "produce")
-            elif lean_link.wanted():
+            if cfg.role is Role.SLAVE and lean_link.wanted():
+                # One port: the master's replication, and the clients' connections beside it
+                clients = self._produce_link.serve if self._produce_link is not None else None
                 self._lean = lean_link.LeanServer(
                     cfg.credentials, CLUSTER_CNS, frame_limit(self.shared),
                     lambda requests, send: replicate_requests(self.shared, self.write, requests, send),
-                    self.shared.count_refused, handshake_timeout_s=cfg.handshake_timeout_ms / 1000)
+                    self.shared.count_refused, handshake_timeout_s=cfg.handshake_timeout_ms / 1000, clients=clients)
                 self._lean_address = self._serve_link(self._lean, "replication")
+                if clients is not None:
+                    self._produce_address = self._lean_address
             steps.done("serve")
             self._retry(self._register, "register liveness")
             steps.done("register")

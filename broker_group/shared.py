@@ -23,6 +23,7 @@ from ordq.broker_group import log as seglog
 from ordq.broker_group.config import BrokerConfig
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
+from ordq.broker_group.synced_watch import SyncedWatches
 from ordq.common.errors import BrokerUnavailable, CorruptLog, OrdqError
 from ordq.common.loop import LoopThread, Signal
 from ordq.coordinator.store import ZkStore
@@ -105,6 +106,10 @@ class Segment:
     # (``Shared.segment_signals``); None: nobody waited yet.
     ack_signal: Signal | None = None
     lac_signal: Signal | None = None
+    # Master: fired when this copy's own synced end moves (``WritePath.commit``), for the produce
+    # streams whose acks say "synced here" (``ProduceStreamState.local_acks``). Made by the
+    # first such stream that waits; None: no such stream waited, and a sync wakes nobody.
+    synced_signal: Signal | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -215,6 +220,8 @@ class Shared:
         # When the last quorum probe that came back was sent (QuorumProbe; None: no probe yet)
         self.quorum_heard_at: float | None = None
         self.session_waiting = 0  # produce requests waiting for ZooKeeper to confirm the session
+        # Slave: producers' watches of their segments' synced ends (synced_watch.py; on the loop)
+        self.synced_watches = SyncedWatches()
 
     def session_doubtful(self, now: float) -> str | None:
         """Why a master must take no write now, or None (``session_doubt``)."""
@@ -268,11 +275,16 @@ class Shared:
                 s.lac_signal.fire()
         self.signal.fire()
 
-    def segment_signals(self, s: Segment, *, acks: bool = False) -> tuple[Signal, Signal]:
+    def segment_signals(self, s: Segment, *, acks: bool | str = False) -> tuple[Signal, Signal]:
         """Caller holds cv: what a waiter on ``s``'s LAC waits on (with ``Alarm.wait``): ``s``'s
-        own signal, for its acks (a produce stream: ``acks``) or its readers (made here the
-        first time: under cv, so no LAC move is missed between a waiter's check and its wait),
-        and the broker-wide ``changes``."""
+        own signal, for its acks (a produce stream: ``acks``; ``acks="local"``: one whose acks
+        wait for this copy's sync alone) or its readers (made here the first time: under cv, so
+        no move is missed between a waiter's check and its wait), and the broker-wide
+        ``changes``."""
+        if acks == "local":
+            if s.synced_signal is None:
+                s.synced_signal = Signal(self.loop)
+            return s.synced_signal, self.changes
         if acks:
             if s.ack_signal is None:
                 s.ack_signal = Signal(self.loop)

@@ -63,6 +63,10 @@ class ProduceStreamState:
     # The segment whose LAC moves its handler waits on (``WritePath.ack_signals``): that of its
     # first ack owed, or, owing none, of its last (a stream's next batch usually goes there too)
     waits_on: Segment | None = None
+    # Its acks say "synced on the master" only (the lean link's ``local_acks`` hello): the producer
+    # settles a batch once the slave's synced end, which it watches on the slave itself, covers it
+    # too (ordq/wire/lean_produce.py). The slave's answer then reaches the producer in one hop.
+    local_acks: bool = False
 
 
 class WritePath:
@@ -442,6 +446,8 @@ class WritePath:
             lac = s.replica.lac
             if error is None and end is not None:
                 s.replica.synced(end)
+                if s.synced_signal is not None:  # a produce stream acks this copy's syncs
+                    s.synced_signal.fire()
                 self.shared.stats.syncs += 1
                 self.shared.stats.batches_synced += len(batches)
                 if s.first_write is not None and s.first_write.synced is None:
@@ -509,15 +515,16 @@ class WritePath:
             stream.waits_on = stream.pending[0][0]
         if stream.waits_on is None:
             return (*own, self.shared.changes)
-        return (*own, *self.shared.segment_signals(stream.waits_on, acks=True))
+        return (*own, *self.shared.segment_signals(stream.waits_on, acks="local" if stream.local_acks else True))
 
     def take_ready_acks(self, stream: ProduceStreamState) -> list[pb.Ack]:
-        """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers,
-        contiguous runs merged into one ack."""
+        """Caller holds _cv: the acks at the head of the stream whose batches the LAC covers
+        (with ``local_acks``: this copy's synced end), contiguous runs merged into one ack."""
         out: list[pb.Ack] = []
         n = 0
+        local = stream.local_acks
         for s, p in stream.pending:
-            if s.replica.lac < p.end_offset:
+            if (s.replica.local_synced if local else s.replica.lac) < p.end_offset:
                 break
             n += 1
             prev = out[-1] if out else None

@@ -146,7 +146,7 @@ class ProducerIO:
     _seg_sent: int
     _past_size: bool
     _epoch_key: str
-    _links: dict[str, str]  # a master's address -> its lean produce link ("" for none), as last looked up
+    _links: dict[str, tuple[str, str]]  # a master's address -> its and its slave's lean links ("" for none)
 
     def _init_io(self) -> None:
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -325,8 +325,9 @@ class ProducerIO:
         read by a task of its own."""
         assert self._aio is not None and self._core is not None
         new_channel = not self._aio.has_channel(address)
+        link, watch = self._links.get(address, ("", ""))
         stream = self._aio.open_produce(address, self.config.queue, seg, self._core.epoch, self._epoch_key,
-                                        self._links.get(address, ""))
+                                        link, watch)
         if self._fo is not None:
             self._fo = attrs.evolve(self._fo, new_channel=new_channel, opened_at=time.monotonic())
         with self._mutex:
@@ -551,7 +552,7 @@ class ProducerIO:
             try:
                 address = early.master(open_seg.gid, max(deadline - time.monotonic(), 0.1)) if early else None
                 if early is not None and address is not None:
-                    self._links[address] = early.link(open_seg.gid)
+                    self._links[address] = (early.link(open_seg.gid), early.link(open_seg.gid, "slave"))
                 early = None  # once: a later head is looked up when it is known
                 if address is None:  # not live when asked (or unanswered): ask again now
                     address = self._master_address(open_seg.gid)
@@ -599,10 +600,12 @@ class ProducerIO:
     def _master_address(self, gid: str, timeout_s: float | None = None) -> str:
         """Worker thread: the address of ``gid``'s live master (one Describe); BrokerUnavailable
         when it is not live, CoordinationUnavailable when no coordinator answered."""
-        master = self._live_members(gid, timeout_s).get("master")
+        live = self._live_members(gid, timeout_s)
+        master, slave = live.get("master"), live.get("slave")
         if master is None:
             raise BrokerUnavailable(f"group {gid}", "master not live")
-        self._links[master.address] = master.produce  # its lean produce link, if it serves one
+        # its lean produce link and its slave's (where the stream watches the synced end), if served
+        self._links[master.address] = (master.produce, slave.produce if slave is not None else "")
         return master.address
 
     def _stop_fatal(self, exc: BaseException) -> None:

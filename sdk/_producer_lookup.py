@@ -42,7 +42,7 @@ class LiveLookup:
         info = self._live.get(gid, {}).get("master")
         return info.address if info is not None else None
 
-    def link(self, gid: str) -> str:
-        """``gid``'s master's lean produce link as answered ("" for none); after ``master``."""
-        info = self._live.get(gid, {}).get("master")
+    def link(self, gid: str, role: str = "master") -> str:
+        """The lean link of ``gid``'s ``role`` as answered ("" for none); after ``master``."""
+        info = self._live.get(gid, {}).get(role)
         return info.produce if info is not None else ""

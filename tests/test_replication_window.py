@@ -27,6 +27,7 @@ from ordq.broker_group.replication import (
     window_share,
 )
 from ordq.broker_group.shared import BrokerStats, Segment
+from ordq.broker_group.synced_watch import SyncedWatches
 from ordq.wire import ordq_pb2 as pb
 
 MIB = 1 << 20
@@ -136,7 +137,7 @@ def _answers_sent(tmp_path: Path, many: bool) -> list[pb.ReplicateResponse]:
     """Three requests of one segment in one group commit, and a fourth in the next: what the
     slave's answer task sends once the first commit is done, then the second."""
     s = _segment(tmp_path, "q")
-    shared = types.SimpleNamespace(cv=threading.Condition(), stats=BrokerStats())
+    shared = types.SimpleNamespace(cv=threading.Condition(), stats=BrokerStats(), synced_watches=SyncedWatches())
     sent: list[pb.ReplicateResponse] = []
 
     async def run() -> None:

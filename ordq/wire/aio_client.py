@@ -65,10 +65,11 @@ class AioTransport:
         return self._stubs.has(address)
 
     def open_produce(self, address: str, queue: str, seg: int, epoch: int, epoch_key: str = "",
-                     link: str = "") -> AioProduceStream | LeanProduceStream:
+                     link: str = "", watch: str = "") -> AioProduceStream | LeanProduceStream:
         """The produce stream to the master at ``address``: on its lean link ``link`` when it
         publishes one (ordq/wire/lean_produce.py) and this process does not say
-        ``ORDQ_PRODUCE_LINK=grpc``; else a gRPC call. A link that cannot be opened hands the
+        ``ORDQ_PRODUCE_LINK=grpc``, watching the slave's synced end at ``watch`` (its lean link,
+        "" for none); else a gRPC call. A link that cannot be opened hands the
         stream to a gRPC call to the same master (``link_fallbacks``), and for LINK_RETRY_S
         the next streams there go on gRPC at once."""
         def grpc_call() -> AioProduceStream:
@@ -86,7 +87,7 @@ class AioTransport:
         if (link and os.environ.get(LINK_ENV) != "grpc"
                 and (down_at is None or time.monotonic() - down_at >= LINK_RETRY_S)):
             return LeanProduceStream(link, address, queue, seg, epoch, self.credentials, epoch_key=epoch_key,
-                                     fallback=fall_back)
+                                     fallback=fall_back, watch=watch)
         return grpc_call()
 
     async def fetch(self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,

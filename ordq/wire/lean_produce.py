@@ -37,6 +37,7 @@ from ordq.common.security import Credentials
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.batch import first_seqs
+from ordq.wire.both_synced import BothSynced
 from ordq.wire.errors import from_error_json
 from ordq.wire.framing import PRODUCE_STEP_BYTES, chunks
 from ordq.wire.lean_frames import add_produce_request, frame, read_frame
@@ -48,10 +49,15 @@ log = logging.getLogger("ordq.wire")
 # The A/B switch: a master serves (and publishes) the link unless ORDQ_PRODUCE_LINK=grpc is in
 # its environment; a producer uses a published link unless its own says ``grpc``.
 ENV = "ORDQ_PRODUCE_LINK"
+SLAVE_ACKS_ENV = "ORDQ_SLAVE_ACKS"  # the A/B switch of the slave's synced end watched by the producer
 HELLO_LIMIT = 16 << 10  # a hello is a token: a longer first frame is refused unread
 ANSWER_LIMIT = 64 << 20  # what a client reads of one answer (acks: a few bytes each)
 CONNECT_TIMEOUT_S = 10.0  # the TLS handshake (as gRPC's CONNECT_ATTEMPT_MS)
 REACH_TIMEOUT_S = 1.0  # the TCP connect: past it the link counts as unreachable (a fallback, below)
+# The slave's watch opened within this (TCP and TLS), or the stream goes without it: its first
+# write waits for it (its hello says whether acks are local), and a hung slave (SIGSTOP) accepts
+# TCP but never finishes TLS. Its handshake runs beside the master's (~5-20 ms).
+WATCH_OPEN_S = 0.25
 
 
 def wanted() -> bool:
@@ -105,12 +111,21 @@ async def open_tls(address: str, ctx: ssl.SSLContext | None, *, timeout_s: float
     return reader, writer
 
 
-async def open_link(link: str, creds: Credentials, *, timeout_s: float = CONNECT_TIMEOUT_S
-                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect to a master's produce link ``link`` (HOST:PORT, as published) and send the hello."""
+async def open_link(link: str, creds: Credentials, *, timeout_s: float = CONNECT_TIMEOUT_S,
+                    hello: pb.ProduceLinkHello | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to a broker's lean link ``link`` (HOST:PORT, as published) and send the hello
+    (``hello`` with the token set; None: a plain produce stream's)."""
     reader, writer = await open_tls(link, tls_context(creds, ssl.Purpose.SERVER_AUTH), timeout_s=timeout_s)
-    writer.write(frame(pb.ProduceLinkHello(token=creds.token or "")))
+    first = pb.ProduceLinkHello() if hello is None else hello
+    first.token = creds.token or ""
+    writer.write(frame(first))
     return reader, writer
+
+
+def slave_acks_wanted() -> bool:
+    """Does this producer watch the slave's synced end (``ORDQ_SLAVE_ACKS``, default on; ``off``
+    for A/B runs: the master's ack then means both, as before)?"""
+    return os.environ.get(SLAVE_ACKS_ENV, "on") != "off"
 
 
 class LeanProduceStream(ProduceWriter):
@@ -125,25 +140,66 @@ class LeanProduceStream(ProduceWriter):
     _UNREACHABLE = (OSError, TimeoutError, ConfigError)  # the link could not be opened (ssl.SSLError is an OSError)
 
     def __init__(self, link: str, address: str, queue: str, seg: int, epoch: int, creds: Credentials, *,
-                 epoch_key: str = "", fallback: Callable[[BaseException], AsyncProduceStream] | None = None) -> None:
+                 epoch_key: str = "", fallback: Callable[[BaseException], AsyncProduceStream] | None = None,
+                 watch: str = "") -> None:
         """``fallback``: when the link cannot be opened, the stream (the gRPC call on the same
-        master) that carries everything instead; None: the stream ends, BrokerUnavailable."""
+        master) that carries everything instead; None: the stream ends, BrokerUnavailable.
+        ``watch``: the slave's lean link, where the stream watches its segment's synced end
+        (both_synced.py; "" or not reachable: the master's acks mean both, as before)."""
         self.link, self.address, self.queue, self.seg, self.epoch = link, address, queue, seg, epoch
         self.epoch_key = epoch_key
+        self.watch = watch
         self._fallback = fallback
         self.fell_back: AsyncProduceStream | None = None  # the stream that carries it instead of the link
+        # With the slave's watch open: the acks held until both cover them, fed by the two reader
+        # tasks, and what ended the stream (a refusal, a broken link), for ``read_acks``
+        self._both: BothSynced | None = None
+        self._watch_conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._readers: list[asyncio.Task[None]] = []
+        self._moved = asyncio.Event()
+        self._ended: OrdqError | None = None
         self._conn = asyncio.get_running_loop().create_task(self._open(creds))
         super().__init__()
 
     async def _open(self, creds: Credentials) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The link, or None once it could not be opened and ``fallback`` carries the stream.
-        Nothing was written before (every write waits for this), so the order is the same."""
+        Nothing was written before (every write waits for this), so the order is the same.
+        The slave's watch is opened beside it; its hello goes first, so the master's hello can
+        ask for local acks only once the watch is open."""
+        watching = (asyncio.get_running_loop().create_task(self._open_watch(creds))
+                    if self.watch and slave_acks_wanted() else None)
         try:
-            return await open_link(self.link, creds)
+            reader, writer = await open_tls(self.link, tls_context(creds, ssl.Purpose.SERVER_AUTH))
         except self._UNREACHABLE as exc:
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
             if self._fallback is None or self._closed:
                 raise
             self.fell_back = self._fallback(exc)
+            return None
+        except BaseException:
+            if watching is not None:
+                watching.cancel()
+            raise
+        watched = await watching if watching is not None else None
+        writer.write(frame(pb.ProduceLinkHello(token=creds.token or "", local_acks=watched is not None)))
+        if watched is not None:
+            self._watch_conn = watched
+            self._both = BothSynced(self.seg)
+            self._readers = [asyncio.get_running_loop().create_task(self._read_master(reader)),
+                             asyncio.get_running_loop().create_task(self._read_watch(watched[0]))]
+        return reader, writer
+
+    async def _open_watch(self, creds: Credentials) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The slave's watch of this segment, or None when it cannot be opened (logged: the
+        master's acks then mean both)."""
+        try:
+            return await asyncio.wait_for(open_link(self.watch, creds, hello=pb.ProduceLinkHello(
+                watch=pb.ReplicaSegment(queue=self.queue, seg=self.seg))), WATCH_OPEN_S)
+        except self._UNREACHABLE as exc:
+            log.info("the slave's synced end (%s) cannot be watched (%r): acks come from the master alone",
+                     self.watch, exc)
             return None
 
     async def _write(self, batches: list[bytes]) -> None:
@@ -179,29 +235,88 @@ class LeanProduceStream(ProduceWriter):
 
     async def read_acks(self) -> list[Ack]:
         try:
-            try:
-                conn = await asyncio.shield(self._conn)
-            except asyncio.CancelledError:
-                if self._closed and self._conn.cancelled():  # closed before it connected
-                    raise BrokerUnavailable(self.address, "produce stream closed") from None
-                raise
-            if conn is not None:
-                body = await read_frame(conn[0], ANSWER_LIMIT, "produce link answer")
-                stamp("P.ack")
-                if body is None:
-                    raise BrokerUnavailable(self.address, "produce stream ended")
-                answer = pb.ProduceLinkAnswer.FromString(body)
+            conn = await asyncio.shield(self._conn)
+        except asyncio.CancelledError:
+            if self._closed and self._conn.cancelled():  # closed before it connected
+                raise BrokerUnavailable(self.address, "produce stream closed") from None
+            raise
+        except self._UNREACHABLE as exc:
+            raise BrokerUnavailable(self.address, f"produce link {self.link}: {exc!r}") from exc
+        if conn is None:  # the gRPC call carries it: its errors as they are (a refusal stays final)
+            assert self.fell_back is not None
+            return await self.fell_back.read_acks()
+        both = self._both
+        if both is None:
+            return await self._next_acks(conn[0])
+        while True:  # the two readers feed ``both``
+            ready = both.ready()
+            if ready:
+                return ready
+            if self._ended is not None:
+                raise self._ended
+            self._moved.clear()
+            await self._moved.wait()
+
+    async def _next_acks(self, reader: asyncio.StreamReader) -> list[Ack]:
+        """The acks of the master's next answer; its refusal, typed, or BrokerUnavailable."""
+        try:
+            body = await read_frame(reader, ANSWER_LIMIT, "produce link answer")
+            stamp("P.ack")
+            if body is None:
+                raise BrokerUnavailable(self.address, "produce stream ended")
+            answer = pb.ProduceLinkAnswer.FromString(body)
         except (OSError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError, DecodeError) as exc:
             raise BrokerUnavailable(self.address, f"produce link {self.link}: {exc!r}") from exc
         except ConfigError as exc:
             raise BrokerUnavailable(self.address, str(exc)) from exc
-        if conn is None:  # the gRPC call carries it: its errors as they are (a refusal stays final)
-            assert self.fell_back is not None
-            return await self.fell_back.read_acks()
         if answer.error_json:
             raise from_error_json(answer.error_json, answer.error_text, self.address)
         return [Ack(seg=a.seg, first_offset=a.first_offset, first_seq=a.first_seq, count=a.count)
                 for a in answer.response.acks]
+
+    async def _read_master(self, reader: asyncio.StreamReader) -> None:
+        """With the watch: the master's acks ("synced here") into ``_both``, until the stream ends."""
+        assert self._both is not None
+        try:
+            while True:
+                self._both.master_acked(await self._next_acks(reader))
+                self._moved.set()
+        except OrdqError as exc:
+            self._end(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever broke it, the stream fails over (never hangs)
+            self._end(BrokerUnavailable(self.address, f"produce link {self.link}: {exc!r}"))
+
+    async def _read_watch(self, reader: asyncio.StreamReader) -> None:
+        """The slave's synced ends of this segment into ``_both``, until the watch ends (any end
+        fails the stream: without the slave's answers no ack can be settled)."""
+        assert self._both is not None
+        slave = f"slave {self.watch}"
+        try:
+            while True:
+                try:
+                    body = await read_frame(reader, ANSWER_LIMIT, "synced-end watch answer")
+                    if body is None:
+                        raise BrokerUnavailable(slave, "its synced-end watch ended")
+                    answer = pb.ProduceLinkAnswer.FromString(body)
+                except (OSError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError, DecodeError,
+                        ConfigError) as exc:
+                    raise BrokerUnavailable(slave, f"synced-end watch: {exc!r}") from exc
+                if answer.error_json:
+                    raise from_error_json(answer.error_json, answer.error_text, slave)
+                if answer.synced.seg != self.seg or answer.synced.queue != self.queue:
+                    raise BrokerUnavailable(slave, f"a synced end of {answer.synced.queue}/{answer.synced.seg} "
+                                            f"on the watch of {self.queue}/{self.seg}")
+                self._both.slave_synced(answer.synced.synced_end)
+                self._moved.set()
+        except OrdqError as exc:
+            self._end(exc)
+        except Exception as exc:  # noqa: BLE001 - as _read_master
+            self._end(BrokerUnavailable(slave, f"synced-end watch: {exc!r}"))
+
+    def _end(self, exc: OrdqError) -> None:
+        if self._ended is None:
+            self._ended = exc
+        self._moved.set()
 
     async def close(self) -> None:
         """Close the link and wait for the writer to end."""
@@ -219,12 +334,17 @@ class LeanProduceStream(ProduceWriter):
                 pass  # the link had failed: closing ends it anyway
             except Exception as exc:  # noqa: BLE001 - as AioProduceStream.close: never fail the failover
                 log.warning("produce link to %s: its writer had failed: %r", self.link, exc)
+        for task in self._readers:
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
         if self.fell_back is not None:
             await self.fell_back.close()
         if self._conn.done() and not self._conn.cancelled() and self._conn.exception() is None:
             conn = self._conn.result()
             if conn is not None:
                 await shut(conn[1])
+        if self._watch_conn is not None:
+            await shut(self._watch_conn[1])
 
 
 async def shut(writer: asyncio.StreamWriter, timeout_s: float = 1.0) -> None:

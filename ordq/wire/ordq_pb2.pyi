@@ -543,22 +543,28 @@ class SealManyResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SealManyResult, _Mapping]]] = ...) -> None: ...
 
 class ProduceLinkHello(_message.Message):
-    __slots__ = ("token", "read")
+    __slots__ = ("token", "read", "local_acks", "watch")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ACKS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_FIELD_NUMBER: _ClassVar[int]
     token: str
     read: bool
-    def __init__(self, token: _Optional[str] = ..., read: _Optional[bool] = ...) -> None: ...
+    local_acks: bool
+    watch: ReplicaSegment
+    def __init__(self, token: _Optional[str] = ..., read: _Optional[bool] = ..., local_acks: _Optional[bool] = ..., watch: _Optional[_Union[ReplicaSegment, _Mapping]] = ...) -> None: ...
 
 class ProduceLinkAnswer(_message.Message):
-    __slots__ = ("response", "error_json", "error_text")
+    __slots__ = ("response", "error_json", "error_text", "synced")
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     ERROR_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_FIELD_NUMBER: _ClassVar[int]
     response: ProduceResponse
     error_json: str
     error_text: str
-    def __init__(self, response: _Optional[_Union[ProduceResponse, _Mapping]] = ..., error_json: _Optional[str] = ..., error_text: _Optional[str] = ...) -> None: ...
+    synced: ReplicaSegment
+    def __init__(self, response: _Optional[_Union[ProduceResponse, _Mapping]] = ..., error_json: _Optional[str] = ..., error_text: _Optional[str] = ..., synced: _Optional[_Union[ReplicaSegment, _Mapping]] = ...) -> None: ...
 
 class ReadLinkAnswer(_message.Message):
     __slots__ = ("response", "error_json", "error_text", "end")

@@ -128,8 +128,9 @@ class AsyncBrokerTransport(Protocol):
     """The data path of ``BrokerTransport`` on one event loop (made, used and closed there)."""
 
     def open_produce(self, address: str, queue: str, seg: int, epoch: int,
-                     epoch_key: str = "", link: str = "") -> AsyncProduceStream: ...
-    # ``link``: the master's lean produce link as published ("" for none; ordq/wire/lean_produce.py)
+                     epoch_key: str = "", link: str = "", watch: str = "") -> AsyncProduceStream: ...
+    # ``link``: the master's lean produce link as published ("" for none; ordq/wire/lean_produce.py);
+    # ``watch``: its slave's lean link, where the stream watches the segment's synced end
 
     async def fetch(
         self, address: str, queue: str, seg: int, offset: int, *, max_bytes: int, max_wait_ms: int,
