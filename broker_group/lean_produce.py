@@ -25,6 +25,13 @@ guards (``check_caller`` before the request is read, ``answer``'s role check on 
 as ``ReadLinkAnswer`` frames and an ``end`` frame when the stream ends. Why: on gRPC each
 answer cost the master's loop more than everything else of a batch (py-spy, issue 39).
 
+A hello with ``watch`` (on a slave, whose one lean port this serves beside its master's
+replication: lean_link.LeanServer tells them apart by the first frame) makes the connection a
+producer's watch of that segment's synced end (synced_watch.py): ``check_caller`` and the
+produce role on its queue first, ``metered`` as a call; then answers with the end, at once and
+at every move, until the producer closes it. A hello with ``local_acks`` makes a produce
+stream's acks mean "synced on this master" (its producer watches the slave).
+
 Rules: connections and framing here; no write-path state (write_path.py owns it).
 """
 
@@ -245,6 +252,8 @@ class LeanProduceServer(TaskServer):
                 raise ConfigError(f"this is the master of group {b.shared.config.gid}: watch the slave's synced end")
             watch = Watch(watched.queue, watched.seg, writer)
             b.shared.synced_watches.add(watch)
+            with b.shared.cv:
+                b.shared.stats.synced_watches += 1
             try:
                 with b.shared.cv:
                     s = b.shared.segments.get((watched.queue, watched.seg))

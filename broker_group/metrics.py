@@ -35,7 +35,9 @@ _COUNTERS = {
     "messages_in": ("ordq_broker_produce_messages", "Messages stored (master: from producers; slave: replicated)"),
     "bytes_in": ("ordq_broker_produce_bytes", "Batch bytes stored (master: from producers; slave: replicated)"),
     "duplicates": ("ordq_broker_produce_duplicate_batches", "Resent batches acked from what was stored"),
-    "acks": ("ordq_broker_acked_batches", "Batches acked to producers (both replicas synced)"),
+    "acks": ("ordq_broker_acked_batches", "Batches acked to producers (both replicas synced; on a stream that "
+             "watches the slave's synced end, this master's sync)"),
+    "synced_watches": ("ordq_broker_synced_watches", "Producers' watches of a segment's synced end served (a slave)"),
     "ack_writes": ("ordq_broker_produce_answers", "Produce answers written (each carries the acks one LAC move "
                    "released)"),
     "replication_requests": ("ordq_broker_replication_requests", "Requests written to the slave (batches, LACs)"),

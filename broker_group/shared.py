@@ -147,6 +147,7 @@ class BrokerStats:
     slow_syncs: int = 0  # group commits over loop_sync.SLOW_SYNC_S: the loop commits none for a while
     batches_synced: int = 0
     acks: int = 0
+    synced_watches: int = 0  # slave: producers' watches of a synced end served (synced_watch.py)
     # Stream messages written per kind (issue 39: each costs its loop a write): produce answers
     # (each carries every ack one LAC move released), master -> slave requests (batches, LACs),
     # the slave's answers and the requests with batches they answered.

@@ -2,7 +2,9 @@
 group commit, and acks.
 
 Guarantees (DESIGN §4): a produce batch is acked only when master and slave have both synced
-it, and acks return in order. The master assigns offsets, writes locally and forwards the same
+it, and acks return in order. (A stream with ``local_acks`` is acked once this master synced
+it: its producer takes the slave's synced end from the slave and settles on both,
+synced_watch.py.) The master assigns offsets, writes locally and forwards the same
 bytes to the slave at once; one sync thread group-commits every batch that arrived meanwhile,
 but for a lone small request (a synchronous send's), which the loop commits itself while the
 disk is quick (broker_group/loop_sync.py).

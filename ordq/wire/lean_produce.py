@@ -14,6 +14,15 @@ token), then ``ProduceRequest``s; the master answers ``ProduceLinkAnswer``s: ack
 one refusal (the same kind and fields as gRPC's ``ordq-error`` trailer, ordq/wire/errors.py),
 after which it closes the link. The client maps a refusal to the same error as over gRPC.
 
+The slave's synced end (stop 77): a stream given its slave's link (``watch``) opens a second
+connection there, a ``ProduceLinkHello`` with ``watch`` (queue, seg), beside the master's, and
+asks the master for acks after its own sync (``local_acks``); two reader tasks feed the
+master's acks and the slave's ends into ``BothSynced`` (ordq/wire/both_synced.py), and
+``read_acks`` returns what both cover. The slave's answer then reaches the producer in one hop,
+not through the master. A watch not open within ``WATCH_OPEN_S`` is gone without (the master's
+acks then mean both, as before); a watch that ends fails the stream (BrokerUnavailable: a
+failover). ``ORDQ_SLAVE_ACKS=off`` turns it off.
+
 Guarantee: the same messages and semantics as the gRPC ``Produce`` stream; a producer whose
 master publishes no link (or with ``ORDQ_PRODUCE_LINK=grpc`` in its environment) uses gRPC, and
 so does one that cannot open the published link (a firewalled or NAT'd port): the stream then

@@ -1,0 +1,169 @@
+"""The slave's synced end straight to the producer (issue 39; broker_group/synced_watch.py,
+ordq/wire/lean_produce.py): over a real TLS group with tokens enforced, an ack still means both
+replicas synced (a hung slave holds it back, whatever the master acked), and every guard holds
+on the slave's watch against a hand-made client (no certificate, no TLS, no token, a
+consume-only token, a token for another queue, a watch on the master, a request on a watch),
+while the slave's one lean port keeps replicating and the real producer is undisturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import attrs
+import pytest
+
+from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
+from ordq.common.metrics import value
+from ordq.common.security import Credentials, register
+from ordq.coordinator.tokens import create_token, touch
+from ordq.sdk import Producer, ProducerConfig
+from ordq.wire import lean_produce
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import from_error_json
+from ordq.wire.lean_produce import ANSWER_LIMIT, LeanProduceStream, frame, open_link, read_frame, shut
+from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.util import load_stretched, read_metrics, wait_until
+
+
+def _tokens(cluster: Cluster) -> tuple[Credentials, str, str]:
+    """The cluster's credentials with an admin token, a consume-only token and one for another queue."""
+    _, admin = create_token(cluster.store.client, cluster.root, {"*": ["admin"]}, "test admin")
+    _, consume = create_token(cluster.store.client, cluster.root, {"q": ["consume"]}, "consume only")
+    _, other = create_token(cluster.store.client, cluster.root, {"q-other": ["produce"]}, "another queue")
+    touch(cluster.store.client, cluster.root)
+    creds = attrs.evolve(cluster.credentials, token=admin)
+    register(cluster.hosts, cluster.root, creds)
+    return creds, consume, other
+
+
+def _config(cluster: Cluster, creds: Credentials, **kw: object) -> ProducerConfig:
+    return ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=creds, **kw)
+
+
+def test_an_ack_waits_for_the_slaves_sync_whatever_the_master_acked(cluster: Cluster) -> None:
+    """Guard: ``BothSynced`` (the producer settles a batch only where the slave's end covers it
+    too). The slave hangs (SIGSTOP); the master syncs the next batch and acks it ("synced
+    here"); the send stays unacked until the slave runs again. Settling on the master's ack
+    alone fails this test."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    creds, _, _ = _tokens(cluster)
+    master, slave = cluster.groups["g1"].master, cluster.groups["g1"].slave
+    assert master.metrics_url is not None
+
+    def master_acks() -> float:
+        return value(read_metrics(master.metrics_url), "ordq_broker_acked_batches_total") or 0.0
+
+    with Producer(_config(cluster, creds, send_timeout_s=load_stretched(60.0))) as p:
+        p.send(b"first").result(timeout=30)
+        stream = p._stream
+        assert isinstance(stream, LeanProduceStream) and stream._both is not None, "the producer watches the slave"
+        before = master_acks()
+        slave.pause()
+        try:
+            pending = p.send(b"second")
+            wait_until(lambda: master_acks() > before, timeout_s=load_stretched(30.0),
+                       what="the master acked the second batch as synced there")
+            assert not pending.done(), "acked with the slave hung"
+        finally:
+            slave.resume()
+        assert pending.result(timeout=30).seq == 1
+        assert p.statistics().acked == 2 and p.statistics().failovers == 0
+
+
+def test_without_the_watch_the_masters_ack_means_both(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ORDQ_SLAVE_ACKS=off`` (the A/B switch), or a watch that cannot be opened: the stream
+    asks for no local acks and the master's ack means both, as before."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    creds, _, _ = _tokens(cluster)
+    monkeypatch.setenv(lean_produce.SLAVE_ACKS_ENV, "off")
+    with Producer(_config(cluster, creds)) as p:
+        p.send(b"a").result(timeout=30)
+        assert isinstance(p._stream, LeanProduceStream) and p._stream._both is None
+    monkeypatch.setenv(lean_produce.SLAVE_ACKS_ENV, "on")
+    with Producer(_config(cluster, creds)) as p:
+        p.send(b"b").result(timeout=30)
+        assert isinstance(p._stream, LeanProduceStream) and p._stream._both is not None
+        assert p._stream.watch == cluster.store.live_members("g1")["slave"].produce
+    # a watch that cannot be opened in time (a hung slave finishes no TLS): the stream goes without it
+    monkeypatch.setattr(lean_produce, "WATCH_OPEN_S", 0.0)
+    with Producer(_config(cluster, creds)) as p:
+        p.send(b"c").result(timeout=30)
+        assert isinstance(p._stream, LeanProduceStream) and p._stream._both is None
+
+
+async def _watch(link: str, creds: Credentials, *, hello: pb.ProduceLinkHello, after: bytes = b"",
+                 answers: int = 1) -> list[object]:
+    """A hand-made watch: connect, send ``hello`` (its token from ``creds``), then ``after`` raw;
+    the first ``answers`` answers (a synced end, or the refusal as the SDK raises it), or the
+    failure."""
+    out: list[object] = []
+    try:
+        reader, writer = await open_link(link, creds, hello=hello)
+    except (OSError, ssl.SSLError) as exc:
+        return [BrokerUnavailable(link, repr(exc))]
+    try:
+        writer.write(after)
+        for _ in range(answers):
+            body = await asyncio.wait_for(read_frame(reader, ANSWER_LIMIT, "answer"), 30)
+            if body is None:
+                out.append(BrokerUnavailable(link, "closed"))
+                break
+            answer = pb.ProduceLinkAnswer.FromString(body)
+            if answer.error_json:
+                out.append(from_error_json(answer.error_json, answer.error_text, link))
+                break
+            out.append(answer.synced.synced_end)
+    except (OSError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
+        out.append(BrokerUnavailable(link, repr(exc)))
+    finally:
+        await shut(writer)
+    return out
+
+
+def test_every_guard_holds_on_the_slaves_watch(cluster: Cluster) -> None:
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    creds, consume, other = _tokens(cluster)
+    live = cluster.store.live_members("g1")
+    slave_link, master_link = live["slave"].produce, live["master"].produce
+    assert slave_link and slave_link == live["slave"].replication, "the slave's one lean port serves clients too"
+    with Producer(_config(cluster, creds)) as p:
+        p.send(b"before").result(timeout=30)
+        open_seg = cluster.state("q").open_segment
+        assert open_seg is not None
+        hello = pb.ProduceLinkHello(watch=pb.ReplicaSegment(queue="q", seg=open_seg.seg))
+
+        def watch(c: Credentials, link: str = slave_link, **kw: object) -> list[object]:
+            return asyncio.run(_watch(link, c, hello=hello, **kw))  # type: ignore[arg-type]
+
+        assert watch(creds) == [1], "the segment's synced end on the slave: one message"
+        # No certificate of the CA, or no TLS at all: the link does not talk.
+        got = watch(Credentials(ca_file=creds.ca_file, token=creds.token))
+        assert isinstance(got[0], BrokerUnavailable), got
+        assert isinstance(watch(Credentials(token=creds.token))[0], BrokerUnavailable)
+
+        def refused(c: Credentials, kind: type[OrdqError], **kw: object) -> OrdqError:
+            got = watch(c, **kw)
+            assert isinstance(got[-1], kind), got
+            return got[-1]  # type: ignore[return-value]
+
+        for token in (None, consume):
+            denied = refused(attrs.evolve(creds, token=token), PermissionDenied)
+            assert denied.role == "produce"  # type: ignore[attr-defined]
+        denied = refused(attrs.evolve(creds, token=other), PermissionDenied)
+        assert denied.queue == "q"  # type: ignore[attr-defined]
+        assert "slave" in str(refused(creds, ConfigError, link=master_link))
+        asked = refused(creds, ConfigError, after=frame(pb.FetchRequest(queue="q")), answers=2)
+        assert "no requests" in str(asked)
+        p.send(b"after").result(timeout=30)  # the owner and the replication beside it undisturbed
+        assert p.statistics().acked == 2 and p.statistics().failovers == 0
+    slave = cluster.groups["g1"].slave
+    assert slave.metrics_url is not None
+    metrics = read_metrics(slave.metrics_url)
+    counted = value(metrics, "ordq_broker_refused_requests_total", reason="PermissionDenied")
+    assert counted is not None and counted >= 3
+    watches = value(metrics, "ordq_broker_synced_watches_total")
+    assert watches is not None and watches >= 2  # the producer's and the hand-made one that was told its end
