@@ -108,7 +108,7 @@ class Producer(ProducerIO):
         self._send_us: dict[int, int] = {}  # first seq of batch -> send time (audit only)
         self._coordinator: CoordinatorClient | None = None  # the producer's one line to the cluster
         self._epoch_key = ""  # the Claim's secret: sent with every Produce
-        self._links: dict[str, tuple[str, str]] = {}  # master address -> its and its slave's lean links (_producer_io.py)
+        self._links: dict[str, tuple[str, str]] = {}  # master address -> its and its slave's lean links
         self._lease: CoordinatorLease | None = None
         self._standby_logged = False
         self._rejoining = False  # a lost lease is being asked for again (``_rejoin``)
