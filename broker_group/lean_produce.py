@@ -242,8 +242,9 @@ class LeanProduceServer(TaskServer):
                            watched: pb.ReplicaSegment, arrived: float) -> None:
         """A producer's watch of its segment's synced end on this slave (synced_watch.py): the
         token checked before anything is told, the produce role on its queue, the connection
-        charged to the token as a call (``metered``). Its answers carry the end at once (when
-        this copy exists) and at every move; it ends when the producer closes it. A watch on a
+        charged to the token as a call (``metered``). Its answers carry the end at once (0 while
+        this copy does not exist: the producer takes the watch as accepted on it) and at every
+        move; it ends when the producer closes it. A watch on a
         master, or a request on a watch, is refused."""
         b = self._b
 
@@ -257,9 +258,8 @@ class LeanProduceServer(TaskServer):
             try:
                 with b.shared.cv:
                     s = b.shared.segments.get((watched.queue, watched.seg))
-                    end = None if s is None else s.replica.local_synced
-                if end is not None:
-                    watch.offer(end)
+                    end = 0 if s is None else s.replica.local_synced
+                watch.offer(end)  # at once, even 0 (no copy here yet): the producer's sign the watch is on
                 if await read_frame(reader, SMALL_REQUEST_BYTES, "synced-end watch") is not None:
                     raise ConfigError("a synced-end watch takes no requests")
             finally:

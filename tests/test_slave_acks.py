@@ -94,6 +94,26 @@ def test_without_the_watch_the_masters_ack_means_both(cluster: Cluster, monkeypa
         assert isinstance(p._stream, LeanProduceStream) and p._stream._both is None
 
 
+def test_a_watch_the_slave_refuses_leaves_the_stream_on_the_masters_acks(cluster: Cluster) -> None:
+    """A slave that refuses the watch (here: the token holds its one call there already, the
+    other producer's watch) holds no producer back: the stream goes without the watch, and the
+    master's acks mean both."""
+    cluster.add_groups("g1", extra_args={"slave": ["--calls-per-token", "1"]})
+    cluster.create_queue("q")
+    cluster.create_queue("q2")
+    creds, _, _ = _tokens(cluster)
+    with Producer(_config(cluster, creds)) as first:
+        first.send(b"a").result(timeout=30)
+        assert isinstance(first._stream, LeanProduceStream) and first._stream._both is not None
+        with Producer(attrs.evolve(_config(cluster, creds), queue="q2")) as second:
+            second.send(b"b").result(timeout=30)
+            assert isinstance(second._stream, LeanProduceStream) and second._stream._both is None
+            second.send(b"c").result(timeout=30)
+            assert second.statistics().acked == 2 and second.statistics().failovers == 0
+        first.send(b"d").result(timeout=30)
+        assert first.statistics().acked == 2
+
+
 async def _watch(link: str, creds: Credentials, *, hello: pb.ProduceLinkHello, after: bytes = b"",
                  answers: int = 1) -> list[object]:
     """A hand-made watch: connect, send ``hello`` (its token from ``creds``), then ``after`` raw;

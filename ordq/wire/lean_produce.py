@@ -63,10 +63,11 @@ HELLO_LIMIT = 16 << 10  # a hello is a token: a longer first frame is refused un
 ANSWER_LIMIT = 64 << 20  # what a client reads of one answer (acks: a few bytes each)
 CONNECT_TIMEOUT_S = 10.0  # the TLS handshake (as gRPC's CONNECT_ATTEMPT_MS)
 REACH_TIMEOUT_S = 1.0  # the TCP connect: past it the link counts as unreachable (a fallback, below)
-# The slave's watch opened within this (TCP and TLS), or the stream goes without it: its first
-# write waits for it (its hello says whether acks are local), and a hung slave (SIGSTOP) accepts
-# TCP but never finishes TLS. Its handshake runs beside the master's (~5-20 ms).
-WATCH_OPEN_S = 0.25
+# The slave's watch opened and accepted within this (TCP, TLS, the slave's token check), or the
+# stream goes without it: its first write waits for it (its hello says whether acks are local),
+# and a hung slave (SIGSTOP) accepts TCP but never finishes TLS. It runs beside the master's
+# handshake (~5-20 ms).
+WATCH_OPEN_S = 0.5
 
 
 def wanted() -> bool:
@@ -173,40 +174,63 @@ class LeanProduceStream(ProduceWriter):
     async def _open(self, creds: Credentials) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The link, or None once it could not be opened and ``fallback`` carries the stream.
         Nothing was written before (every write waits for this), so the order is the same.
-        The slave's watch is opened beside it; its hello goes first, so the master's hello can
-        ask for local acks only once the watch is open."""
+        The slave's watch is opened beside it; the master's hello asks for local acks only once
+        the slave accepted the watch. A close meanwhile leaves no connection open (a TLS
+        transport left to the loop's close kept a producer's close waiting for ever)."""
         watching = (asyncio.get_running_loop().create_task(self._open_watch(creds))
                     if self.watch and slave_acks_wanted() else None)
         try:
             reader, writer = await open_tls(self.link, tls_context(creds, ssl.Purpose.SERVER_AUTH))
         except self._UNREACHABLE as exc:
-            if watching is not None:
-                watching.cancel()
-                await asyncio.gather(watching, return_exceptions=True)
+            _discard(watching)
             if self._fallback is None or self._closed:
                 raise
             self.fell_back = self._fallback(exc)
             return None
         except BaseException:
-            if watching is not None:
-                watching.cancel()
+            _discard(watching)
             raise
-        watched = await watching if watching is not None else None
+        try:
+            watched = await watching if watching is not None else None
+        except BaseException:  # closed meanwhile
+            writer.transport.abort()
+            _discard(watching)
+            raise
         writer.write(frame(pb.ProduceLinkHello(token=creds.token or "", local_acks=watched is not None)))
         if watched is not None:
-            self._watch_conn = watched
+            self._watch_conn = watched[:2]
             self._both = BothSynced(self.seg)
+            self._both.slave_synced(watched[2])
             self._readers = [asyncio.get_running_loop().create_task(self._read_master(reader)),
                              asyncio.get_running_loop().create_task(self._read_watch(watched[0]))]
         return reader, writer
 
-    async def _open_watch(self, creds: Credentials) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The slave's watch of this segment, or None when it cannot be opened (logged: the
-        master's acks then mean both)."""
+    async def _open_watch(self, creds: Credentials
+                          ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None:
+        """The slave's watch of this segment once accepted (its first answer: the synced end
+        there now), or None when it cannot be opened, or is refused, within ``WATCH_OPEN_S``
+        (logged: the master's acks then mean both; a slave that cannot judge tokens now holds
+        no producer back)."""
+        slave = f"slave {self.watch}"
+
+        async def accepted() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+            reader, writer = await open_link(self.watch, creds, hello=pb.ProduceLinkHello(
+                watch=pb.ReplicaSegment(queue=self.queue, seg=self.seg)))
+            try:
+                body = await read_frame(reader, ANSWER_LIMIT, "synced-end watch answer")
+                if body is None:
+                    raise BrokerUnavailable(slave, "the watch closed before its first answer")
+                answer = pb.ProduceLinkAnswer.FromString(body)
+                if answer.error_json:
+                    raise from_error_json(answer.error_json, answer.error_text, slave)
+                return reader, writer, answer.synced.synced_end
+            except BaseException:
+                writer.transport.abort()
+                raise
+
         try:
-            return await asyncio.wait_for(open_link(self.watch, creds, hello=pb.ProduceLinkHello(
-                watch=pb.ReplicaSegment(queue=self.queue, seg=self.seg))), WATCH_OPEN_S)
-        except self._UNREACHABLE as exc:
+            return await asyncio.wait_for(accepted(), WATCH_OPEN_S)
+        except (*self._UNREACHABLE, OrdqError, asyncio.IncompleteReadError, DecodeError) as exc:
             log.info("the slave's synced end (%s) cannot be watched (%r): acks come from the master alone",
                      self.watch, exc)
             return None
@@ -328,11 +352,18 @@ class LeanProduceStream(ProduceWriter):
         self._moved.set()
 
     async def close(self) -> None:
-        """Close the link and wait for the writer to end."""
+        """Close the link (and the slave's watch) and wait for the writer to end. Every
+        connection already open is aborted first, before any wait: a close cancelled midway
+        (a producer's close past its bound) leaves none behind, which uvloop's close of the
+        loop would wait on for ever."""
         self._closed = True
         self._writer.cancel()
         if not self._conn.done():
             self._conn.cancel()
+        for reader in self._readers:
+            reader.cancel()
+        for writer in self._writers():
+            writer.transport.abort()
         for task in (self._writer, self._conn):
             try:
                 await task
@@ -343,17 +374,33 @@ class LeanProduceStream(ProduceWriter):
                 pass  # the link had failed: closing ends it anyway
             except Exception as exc:  # noqa: BLE001 - as AioProduceStream.close: never fail the failover
                 log.warning("produce link to %s: its writer had failed: %r", self.link, exc)
-        for task in self._readers:
-            task.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
         if self.fell_back is not None:
             await self.fell_back.close()
+        for writer in self._writers():
+            await shut(writer)
+
+    def _writers(self) -> list[asyncio.StreamWriter]:
+        """The connections open: the master's link, the slave's watch."""
+        out = [] if self._watch_conn is None else [self._watch_conn[1]]
         if self._conn.done() and not self._conn.cancelled() and self._conn.exception() is None:
             conn = self._conn.result()
             if conn is not None:
-                await shut(conn[1])
-        if self._watch_conn is not None:
-            await shut(self._watch_conn[1])
+                out.append(conn[1])
+        return out
+
+
+def _discard(task: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None] | None) -> None:
+    """A watch being opened that is no longer wanted: cancelled, or closed at once if it opened."""
+    if task is None:
+        return
+
+    def done(t: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None]) -> None:
+        if not t.cancelled() and t.exception() is None and (opened := t.result()) is not None:
+            opened[1].transport.abort()
+
+    task.cancel()
+    task.add_done_callback(done)
 
 
 async def shut(writer: asyncio.StreamWriter, timeout_s: float = 1.0) -> None:
