@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -147,6 +148,28 @@ class LoopThread:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.loop.shutdown_asyncgens()
+        abort_connections(self.loop)
+
+
+# Connections a loop's tasks opened (``track_connection``), aborted when the loop stops. Why:
+# uvloop's close of a loop runs it until every handle is closed, so one connection left open
+# keeps ``stop`` waiting for ever (a producer's close hung so). Cancelling the tasks is not
+# enough: a task that was connecting may swallow the cancellation (Python 3.11's
+# ``asyncio.wait_for`` returns a result that came at the moment it was cancelled) and finish
+# opening after the others were cancelled.
+_connections: dict[asyncio.AbstractEventLoop, weakref.WeakSet[asyncio.BaseTransport]] = {}
+
+
+def track_connection(transport: asyncio.BaseTransport) -> None:
+    """On the loop: ``transport`` ends with the loop at the latest (``LoopThread.stop``)."""
+    _connections.setdefault(asyncio.get_running_loop(), weakref.WeakSet()).add(transport)
+
+
+def abort_connections(loop: asyncio.AbstractEventLoop) -> None:
+    """Abort every tracked connection of ``loop`` still open (the loop is stopping)."""
+    for transport in list(_connections.pop(loop, ())):
+        if not transport.is_closing():
+            transport.abort()  # type: ignore[attr-defined]
 
 
 class Signal:

@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 
 from ordq.common.addresses import split_host_port
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError
+from ordq.common.loop import track_connection
 from ordq.common.security import Credentials
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
@@ -111,6 +112,7 @@ async def open_tls(address: str, ctx: ssl.SSLContext | None, *, timeout_s: float
     host, port = split_host_port(address)
     host = host.strip("[]")
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), reach_s)
+    track_connection(writer.transport)  # ends with the loop at the latest (a close that never came)
     tune(writer)
     if ctx is not None:
         try:
@@ -192,7 +194,9 @@ class LeanProduceStream(ProduceWriter):
             raise
         try:
             watched = await watching if watching is not None else None
-        except BaseException:  # closed meanwhile
+            if self._closed:  # closed meanwhile, the cancellation swallowed on the way (a wait_for's)
+                raise asyncio.CancelledError
+        except BaseException:
             writer.transport.abort()
             _discard(watching)
             raise
