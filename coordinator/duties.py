@@ -88,8 +88,10 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
         if holds_newest(rest, facts, later_stored=later):
             break
         # read by every subscription; or sealed empty and no subscription is at or before it
-        # (state.pop: nothing in it to read, issue 43's segment per session blip)
-        if (facts.cursors or head.holds_nothing) and all(c.seg > head.seg for c in facts.cursors.values()):
+        # (state.pop: nothing in it to read, issue 43's segment per session blip). Past it as
+        # state.pop counts: at or past the next segment the list holds (state.QueueState.after).
+        reached = rest.after(head.seg)
+        if (facts.cursors or head.holds_nothing) and all(c.seg >= reached for c in facts.cursors.values()):
             actions.append(Action(Kind.POP, gid=head.gid, seg=head.seg, later_stored=later))
         elif past_retention(rest, limits, now_ms):
             actions.append(Action(Kind.RETAIN, gid=head.gid, seg=head.seg, later_stored=later))

@@ -167,6 +167,14 @@ class QueueState:
                 return s
         return None
 
+    def after(self, seg: int) -> int:
+        """The first segment the consume list holds after ``seg``, or ``next_seg`` (where the next
+        one opens) when none: where a reader goes at ``seg``'s sealed end. Not ``seg + 1``: ids
+        between two listed segments (between the head and the tail) were sealed empty and dropped
+        (``drop_empty``), and a cursor committed there reads as behind the head once ``pop``
+        takes the segment before them (I5)."""
+        return next((s.seg for s in self.consume if s.seg > seg), self.next_seg)
+
     def has_backlog(self, gid: str) -> bool:
         """True when ``gid`` still stores a segment of this queue with something left to read
         (a segment sealed empty holds nothing). Orders admission (``admission_order``) and
@@ -484,8 +492,15 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_store
     the longer of the replicas that answered, and every acked batch is on both replicas (DESIGN
     §5, Seal), so none was acked into it. ``trimmed_seq`` is unchanged (no seq), so 'earliest'
     and every seq check read the same. A subscription whose cursor is at or before it still
-    keeps it until it passes (the consumer moves by segment id), so only the consume-list head
+    keeps it until it passes (the consumer moves on in id order), so only the consume-list head
     goes, and only when every subscription (if any) is past it.
+
+    Past it means at or past the next segment the list holds (``after``), not only beyond its
+    id: a cursor committed into the ids between them (segments dropped sealed empty; a consumer
+    whose copy of the list still held one commits there) has read the head, but once the head
+    went it would point before the new one (I5: the Pop refused with InvariantViolation, and
+    the consumer died of it). It holds the pop back until it commits on, as any subscription
+    behind does; it loses nothing, as the reader goes on to the next segment held.
     """
     if not state.consume:
         raise IllegalTransition("pop", "the consume list is empty")
@@ -494,9 +509,11 @@ def pop(state: QueueState, facts: Facts, *, retention: bool = False, later_store
         raise IllegalTransition("pop", f"head segment {head.seg} is {head.status.value}, not sealed")
     if not facts.cursors and not retention and not head.holds_nothing:
         raise IllegalTransition("pop", "no subscription has read it (and no retention applies)")
-    behind = sorted(sub for sub, c in facts.cursors.items() if c.seg <= head.seg)
+    reached = state.after(head.seg)  # where the list goes on: a cursor below it is not past the head
+    behind = sorted(sub for sub, c in facts.cursors.items() if c.seg < reached)
     if behind and not retention:
-        raise IllegalTransition("pop", f"subscriptions {behind} have not passed segment {head.seg}")
+        raise IllegalTransition("pop", f"subscriptions {behind} have not passed segment {head.seg} "
+                                       f"(reached segment {reached}, the next one held)")
     if holds_newest(state, facts, later_stored=later_stored):
         raise IllegalTransition("pop", f"segment {head.seg} holds the queue's newest message "
                                        f"(seq {head.last_seq}): kept until a later one is stored")

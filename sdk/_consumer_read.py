@@ -30,7 +30,7 @@ from ordq.common.errors import (
 )
 from ordq.common.stages import stamp
 from ordq.coordinator.client import CoordinatorClient
-from ordq.coordinator.state import Cursor, Segment, SegStatus
+from ordq.coordinator.state import Cursor, QueueState, Segment, SegStatus
 from ordq.sdk._consumer_core import DeliveryFilter
 from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats, Delivered, new_delivered
 from ordq.sdk._queue_view import QueueView
@@ -134,7 +134,7 @@ class SegmentReader:
             view.wait_change(wait_ms)  # the next segment does not exist yet
             return []
         if segment.status is SegStatus.SEALED and cur.offset >= (segment.end or 0):
-            self._advance(segment)
+            self._advance(st, segment)
             return []
         res = self._fetch(segment, cur.offset, max_wait_ms=wait_ms)
         if res is None:
@@ -216,10 +216,12 @@ class SegmentReader:
         self.cursor = Cursor(seg=segment.seg, offset=offset, last_seq=self.filter.last_seq)
         return out
 
-    def _advance(self, segment: Segment) -> None:
-        """Done with a sealed segment: move the read position on; the consumer commits it and
-        tries to pop."""
-        self._move(Cursor(seg=segment.seg + 1, offset=0, last_seq=self.filter.last_seq))
+    def _advance(self, st: QueueState, segment: Segment) -> None:
+        """Done with a sealed segment: move the read position on, to the next segment the list
+        holds (not ``seg + 1``: segments sealed empty may have been dropped between, and the
+        pop of this one would leave a cursor committed there before the new head); the consumer
+        commits it and tries to pop."""
+        self._move(Cursor(seg=st.after(segment.seg), offset=0, last_seq=self.filter.last_seq))
         self._stats.segments_done += 1
         self._view.mark_changed()
         self._segment_done(segment.last_seq)

@@ -570,3 +570,60 @@ def test_a_renewal_overtaken_by_the_holders_own_release_is_not_a_lost_lease(capl
         thread.join(10)
     assert not [r for r in caplog.records if "lost" in r.getMessage()], caplog.text
     assert lease.stats.lost == 0
+
+
+def _reader_at(state: object, start: Cursor) -> tuple[object, list[Cursor], list[int | None]]:
+    """A SegmentReader on a stub view of ``state`` (no coordinator, no broker: a round at a
+    sealed segment's end reads nothing), with what it reports as moved and as done."""
+    from ordq.sdk._consumer_read import SegmentReader
+    from ordq.sdk._consumer_types import ConsumerConfig, ConsumerStats
+
+    class View:
+        def state(self) -> object:
+            return state
+
+        def cached(self) -> object:
+            return state
+
+        def mark_changed(self) -> None:
+            pass
+
+    moved: list[Cursor] = []
+    done: list[int | None] = []
+    reader = SegmentReader(ConsumerConfig(queue="q", subscription="s", bootstrap="127.0.0.1:1"), View(), None, None,  # type: ignore[arg-type]
+                           ConsumerStats(), start=start, moved=moved.append, segment_done=done.append,
+                           lease_confirmed=lambda: True)
+    return reader, moved, done
+
+
+def test_at_a_sealed_segment_s_end_the_reader_moves_to_the_next_segment_the_list_holds() -> None:
+    """The resend storm (tests/test_producer_resend.py with a timing change): segs 1 and 2 were
+    sealed empty and dropped from the middle of the list (state.drop_empty), leaving 0, 3, 4.
+    At seg 0's end the reader moved to seg 0 + 1, a segment the list no longer holds; the
+    consumer committed that cursor, and the pop of seg 0 it then asked for left the cursor before
+    the new head (I5): the consumer died. It moves to seg 3, the next one the list holds; with an
+    older copy of the list that still holds seg 1 (empty), to seg 1, and from its end on."""
+    from ordq.coordinator.state import QueueState, Segment, SegStatus
+
+    sealed = SegStatus.SEALED
+    now = QueueState("q", groups=("g1", "g2", "g3"), send=("g2", "g3"), next_seg=5, consume=(
+        Segment(0, "g1", sealed, end=3, first_seq=0, last_seq=2),
+        Segment(3, "g2", sealed, end=5, first_seq=3, last_seq=7),
+        Segment(4, "g2")))
+    reader, moved, done = _reader_at(now, Cursor(seg=0, offset=3, last_seq=2))
+    assert reader.read_round(0) == []  # type: ignore[attr-defined]
+    assert moved == [Cursor(seg=3, offset=0, last_seq=2)] and done == [2]
+    assert reader.cursor == Cursor(seg=3, offset=0, last_seq=2)  # type: ignore[attr-defined]
+    # an older copy: seg 1 still in it (sealed empty)
+    older = QueueState("q", groups=now.groups, send=now.send, next_seg=5, consume=(
+        now.consume[0], Segment(1, "g2", sealed, end=0), *now.consume[1:]))
+    reader, moved, done = _reader_at(older, Cursor(seg=0, offset=3, last_seq=2))
+    reader.read_round(0)  # type: ignore[attr-defined]
+    reader.read_round(0)  # type: ignore[attr-defined]
+    assert moved == [Cursor(seg=1, offset=0, last_seq=2), Cursor(seg=3, offset=0, last_seq=2)]
+    assert done == [2, None]
+    # at a sealed tail's end (nothing after it yet): next_seg, where the next segment opens
+    tail = QueueState("q", groups=now.groups, next_seg=4, consume=now.consume[:2])
+    reader, moved, _ = _reader_at(tail, Cursor(seg=3, offset=5, last_seq=7))
+    reader.read_round(0)  # type: ignore[attr-defined]
+    assert moved == [Cursor(seg=4, offset=0, last_seq=7)]
