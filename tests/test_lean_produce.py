@@ -25,8 +25,7 @@ from ordq.common.errors import (
     PermissionDenied,
 )
 from ordq.common.metrics import value
-from ordq.common.security import Credentials, register
-from ordq.coordinator.tokens import create_token, touch
+from ordq.common.security import Credentials
 from ordq.sdk import Producer, ProducerConfig
 from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
@@ -34,7 +33,7 @@ from ordq.wire.batch import Message, encode_batch
 from ordq.wire.errors import ResourceExhausted, SegmentNotWritable, error_json, from_error_json
 from ordq.wire.lean_produce import ANSWER_LIMIT, LeanProduceStream, frame, open_link, read_frame, shut
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.util import read_metrics
+from tests.util import guard_tokens, read_metrics
 
 # -- refusals on the link, typed as over gRPC (no I/O) ------------------------------------------
 
@@ -96,12 +95,8 @@ def test_every_guard_of_the_grpc_produce_stream_holds_on_the_lean_link(
     monkeypatch.setenv(lean_produce.ENV, "lean")
     cluster.add_groups("g1")
     cluster.create_queue("q")
-    _, admin = create_token(cluster.store.client, cluster.root, {"*": ["admin"]}, "test admin")
-    _, consume = create_token(cluster.store.client, cluster.root, {"q": ["consume"]}, "consume only")
-    _, other = create_token(cluster.store.client, cluster.root, {"q-other": ["produce"]}, "another queue")
-    touch(cluster.store.client, cluster.root)
-    creds = attrs.evolve(cluster.credentials, token=admin)
-    register(cluster.hosts, cluster.root, creds)
+    creds, consume, other = guard_tokens(cluster)
+    admin = creds.token
     link = cluster.store.live_members("g1")["master"].produce
     assert link, "the master publishes its lean produce link"
     with Producer(ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=creds)) as p:

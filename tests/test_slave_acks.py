@@ -15,26 +15,14 @@ import pytest
 
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
 from ordq.common.metrics import value
-from ordq.common.security import Credentials, register
-from ordq.coordinator.tokens import create_token, touch
+from ordq.common.security import Credentials
 from ordq.sdk import Producer, ProducerConfig
 from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import from_error_json
 from ordq.wire.lean_produce import ANSWER_LIMIT, LeanProduceStream, frame, open_link, read_frame, shut
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
-from tests.util import load_stretched, read_metrics, wait_until
-
-
-def _tokens(cluster: Cluster) -> tuple[Credentials, str, str]:
-    """The cluster's credentials with an admin token, a consume-only token and one for another queue."""
-    _, admin = create_token(cluster.store.client, cluster.root, {"*": ["admin"]}, "test admin")
-    _, consume = create_token(cluster.store.client, cluster.root, {"q": ["consume"]}, "consume only")
-    _, other = create_token(cluster.store.client, cluster.root, {"q-other": ["produce"]}, "another queue")
-    touch(cluster.store.client, cluster.root)
-    creds = attrs.evolve(cluster.credentials, token=admin)
-    register(cluster.hosts, cluster.root, creds)
-    return creds, consume, other
+from tests.util import guard_tokens, load_stretched, read_metrics, wait_until
 
 
 def _config(cluster: Cluster, creds: Credentials, **kw: object) -> ProducerConfig:
@@ -48,7 +36,7 @@ def test_an_ack_waits_for_the_slaves_sync_whatever_the_master_acked(cluster: Clu
     alone fails this test."""
     cluster.add_groups("g1")
     cluster.create_queue("q")
-    creds, _, _ = _tokens(cluster)
+    creds, _, _ = guard_tokens(cluster)
     master, slave = cluster.groups["g1"].master, cluster.groups["g1"].slave
     assert master.metrics_url is not None
 
@@ -77,7 +65,7 @@ def test_without_the_watch_the_masters_ack_means_both(cluster: Cluster, monkeypa
     asks for no local acks and the master's ack means both, as before."""
     cluster.add_groups("g1")
     cluster.create_queue("q")
-    creds, _, _ = _tokens(cluster)
+    creds, _, _ = guard_tokens(cluster)
     monkeypatch.setenv(lean_produce.SLAVE_ACKS_ENV, "off")
     with Producer(_config(cluster, creds)) as p:
         p.send(b"a").result(timeout=30)
@@ -101,7 +89,7 @@ def test_a_watch_the_slave_refuses_leaves_the_stream_on_the_masters_acks(cluster
     cluster.add_groups("g1", extra_args={"slave": ["--calls-per-token", "1"]})
     cluster.create_queue("q")
     cluster.create_queue("q2")
-    creds, _, _ = _tokens(cluster)
+    creds, _, _ = guard_tokens(cluster)
     with Producer(_config(cluster, creds)) as first:
         first.send(b"a").result(timeout=30)
         assert isinstance(first._stream, LeanProduceStream) and first._stream._both is not None
@@ -146,7 +134,7 @@ async def _watch(link: str, creds: Credentials, *, hello: pb.ProduceLinkHello, a
 def test_every_guard_holds_on_the_slaves_watch(cluster: Cluster) -> None:
     cluster.add_groups("g1")
     cluster.create_queue("q")
-    creds, consume, other = _tokens(cluster)
+    creds, consume, other = guard_tokens(cluster)
     live = cluster.store.live_members("g1")
     slave_link, master_link = live["slave"].produce, live["master"].produce
     assert slave_link and slave_link == live["slave"].replication, "the slave's one lean port serves clients too"

@@ -80,3 +80,21 @@ def refused(call: Callable[[], object]) -> OrdqError | None:
     except OrdqError as exc:
         return exc
     return None
+
+
+def guard_tokens(cluster: Any) -> tuple[Any, str, str]:
+    """For the guard tests of a lean link (a ``tests.cluster.Cluster``): the cluster's credentials
+    with an admin token (registered for the SDK), a consume-only token for queue ``q``, and a
+    produce token for another queue."""
+    import attrs
+
+    from ordq.common.security import register
+    from ordq.coordinator.tokens import create_token, touch
+
+    _, admin = create_token(cluster.store.client, cluster.root, {"*": ["admin"]}, "test admin")
+    _, consume = create_token(cluster.store.client, cluster.root, {"q": ["consume"]}, "consume only")
+    _, other = create_token(cluster.store.client, cluster.root, {"q-other": ["produce"]}, "another queue")
+    touch(cluster.store.client, cluster.root)
+    creds = attrs.evolve(cluster.credentials, token=admin)
+    register(cluster.hosts, cluster.root, creds)
+    return creds, consume, other
