@@ -245,14 +245,15 @@ class LeanProduceServer(TaskServer):
         charged to the token as a call (``metered``). Its answers carry the end at once (0 while
         this copy does not exist: the producer takes the watch as accepted on it) and at every
         move; it ends when the producer closes it. A watch on a
-        master, or a request on a watch, is refused."""
+        master, a request on a watch, or one more on a segment held by ``WATCHES_PER_SEGMENT``
+        (synced_watch.py) is refused."""
         b = self._b
 
         async def held() -> None:
             if b.shared.config.role is not Role.SLAVE:
                 raise ConfigError(f"this is the master of group {b.shared.config.gid}: watch the slave's synced end")
             watch = Watch(watched.queue, watched.seg, writer)
-            b.shared.synced_watches.add(watch)
+            b.shared.synced_watches.add(watch, b.shared.address)
             with b.shared.cv:
                 b.shared.stats.synced_watches += 1
             try:

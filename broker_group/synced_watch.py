@@ -15,7 +15,10 @@ slave's copy is a prefix of the master's, replication.py), as DESIGN §4 asks of
 A watch reads nothing but that end, so the token it needs is the produce role on its queue.
 
 Rules: on the broker's loop only (registered by the link's handler, pushed by ``_answer``):
-no lock. A watcher that reads nothing is cut once ``BUFFER_LIMIT`` bytes wait for it.
+no lock. A watcher that reads nothing is cut once ``BUFFER_LIMIT`` bytes wait for it. A segment
+holds at most ``WATCHES_PER_SEGMENT`` watches: each costs the slave's loop a TLS write at every
+commit of that segment, so without a bound one token's calls (256) watching its own segment
+would turn each of its commits into ~256 writes on the loop every queue of the group shares.
 """
 
 from __future__ import annotations
@@ -25,11 +28,16 @@ import logging
 from collections.abc import Mapping
 
 from ordq.wire import ordq_pb2 as pb
+from ordq.wire.errors import ResourceExhausted
 from ordq.wire.lean_frames import frame
 
 log = logging.getLogger("ordq.broker")
 
 BUFFER_LIMIT = 64 << 10  # ~2,000 answers unread: the producer takes nothing, its link is cut
+# One producer writes a segment, with one watch per stream; the slack is for a stream reopened
+# before the slave saw its old connection close (a host gone without a FIN: TCP keepalive, ~80 s).
+# A watch refused leaves its producer on the master's acks: slower, never wrong.
+WATCHES_PER_SEGMENT = 4
 
 
 class Watch:
@@ -40,9 +48,9 @@ class Watch:
         self._writer = writer
         self.sent = -1  # the last end told
 
-    def offer(self, end: int) -> None:
+    def offer(self, end: int, answer: bytes | None = None) -> None:
         """Tell ``end`` if it is past what was told (an answer is a few dozen bytes, written
-        at once)."""
+        at once; ``answer``: its frame, made once for all the segment's watchers)."""
         if end <= self.sent:
             return
         transport = self._writer.transport
@@ -53,8 +61,12 @@ class Watch:
             transport.abort()
             return
         self.sent = end
-        self._writer.write(frame(pb.ProduceLinkAnswer(synced=pb.ReplicaSegment(queue=self.queue, seg=self.seg,
-                                                                                synced_end=end))))
+        self._writer.write(answer if answer is not None else synced_answer(self.queue, self.seg, end))
+
+
+def synced_answer(queue: str, seg: int, end: int) -> bytes:
+    """The frame that tells a watcher of (queue, seg) its synced end ``end``."""
+    return frame(pb.ProduceLinkAnswer(synced=pb.ReplicaSegment(queue=queue, seg=seg, synced_end=end)))
 
 
 class SyncedWatches:
@@ -63,8 +75,16 @@ class SyncedWatches:
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, int], set[Watch]] = {}
 
-    def add(self, watch: Watch) -> None:
-        self._by_key.setdefault((watch.queue, watch.seg), set()).add(watch)
+    def add(self, watch: Watch, address: str) -> None:
+        """Hold ``watch``; ResourceExhausted when its segment holds ``WATCHES_PER_SEGMENT``
+        already (``address``: this broker's, for the error)."""
+        key = (watch.queue, watch.seg)
+        held = self._by_key.get(key, set())
+        if len(held) >= WATCHES_PER_SEGMENT:
+            raise ResourceExhausted(address, "synced-end watches", WATCHES_PER_SEGMENT,
+                                    f"{watch.queue}/{watch.seg} is watched {len(held)} times already")
+        held.add(watch)
+        self._by_key[key] = held
 
     def remove(self, watch: Watch) -> None:
         key = (watch.queue, watch.seg)
@@ -82,5 +102,8 @@ class SyncedWatches:
         if not self._by_key:
             return
         for key, end in ends.items():
-            for watch in self._by_key.get(key, ()):
-                watch.offer(end)
+            watches = self._by_key.get(key)
+            if watches:
+                answer = synced_answer(key[0], key[1], end)
+                for watch in watches:
+                    watch.offer(end, answer)

@@ -2,8 +2,9 @@
 ordq/wire/lean_produce.py): over a real TLS group with tokens enforced, an ack still means both
 replicas synced (a hung slave holds it back, whatever the master acked), and every guard holds
 on the slave's watch against a hand-made client (no certificate, no TLS, no token, a
-consume-only token, a token for another queue, a watch on the master, a request on a watch),
-while the slave's one lean port keeps replicating and the real producer is undisturbed."""
+consume-only token, a token for another queue, a watch on the master, a request on a watch,
+watch after watch on one segment), while the slave's one lean port keeps replicating and the
+real producer is undisturbed."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import ssl
 import attrs
 import pytest
 
+from ordq.broker_group.synced_watch import WATCHES_PER_SEGMENT
 from ordq.common.errors import BrokerUnavailable, ConfigError, OrdqError, PermissionDenied
 from ordq.common.metrics import value
 from ordq.common.security import Credentials
 from ordq.sdk import Producer, ProducerConfig
 from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
-from ordq.wire.errors import from_error_json
+from ordq.wire.errors import ResourceExhausted, from_error_json
 from ordq.wire.lean_produce import ANSWER_LIMIT, LeanProduceStream, frame, open_link, read_frame, shut
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import guard_tokens, load_stretched, read_metrics, wait_until
@@ -175,3 +177,58 @@ def test_every_guard_holds_on_the_slaves_watch(cluster: Cluster) -> None:
     assert counted is not None and counted >= 3
     watches = value(metrics, "ordq_broker_synced_watches_total")
     assert watches is not None and watches >= 2  # the producer's and the hand-made one that was told its end
+
+
+async def _hold_watches(link: str, creds: Credentials, hello: pb.ProduceLinkHello, n: int) -> list[object]:
+    """A hand-made client opens ``n`` watches one after the other and holds every one open
+    until the last answered: each one's first answer (a synced end, or the refusal)."""
+    held: list[asyncio.StreamWriter] = []
+    out: list[object] = []
+    try:
+        for _ in range(n):
+            reader, writer = await open_link(link, creds, hello=hello)
+            held.append(writer)
+            body = await asyncio.wait_for(read_frame(reader, ANSWER_LIMIT, "answer"), 30)
+            assert body is not None, "the slave closed a watch without an answer"
+            answer = pb.ProduceLinkAnswer.FromString(body)
+            out.append(from_error_json(answer.error_json, answer.error_text, link) if answer.error_json
+                       else answer.synced.synced_end)
+    finally:
+        for writer in held:
+            await shut(writer)
+    return out
+
+
+def test_one_token_cannot_multiply_the_slaves_writes_by_watching_one_segment(cluster: Cluster) -> None:
+    """The attack: with its own queue's produce token (all a watch needs), a client opens watch
+    after watch on its segment. Each watch costs the slave's loop a TLS write at every commit of
+    that segment, the loop every queue of the group shares: 256 of them (the token's calls)
+    turned each commit into 256 writes. The guard: a segment holds ``WATCHES_PER_SEGMENT``
+    watches (synced_watch.py), the producer's own among them; the next is refused
+    (ResourceExhausted, counted), and a slot is free again once its watch closed. The producer
+    keeps its watch and its acks."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q")
+    creds, _, _ = guard_tokens(cluster)
+    slave_link = cluster.store.live_members("g1")["slave"].produce
+    with Producer(_config(cluster, creds)) as p:
+        p.send(b"before").result(timeout=30)
+        assert isinstance(p._stream, LeanProduceStream) and p._stream._both is not None
+        open_seg = cluster.state("q").open_segment
+        assert open_seg is not None
+        hello = pb.ProduceLinkHello(watch=pb.ReplicaSegment(queue="q", seg=open_seg.seg))
+        got = asyncio.run(_hold_watches(slave_link, creds, hello, WATCHES_PER_SEGMENT + 2))
+        free = WATCHES_PER_SEGMENT - 1  # the producer holds one
+        assert got[:free] == [1] * free, got
+        assert all(isinstance(g, ResourceExhausted) for g in got[free:]), got
+        assert "watched" in str(got[free])
+        # The flood's watches closed: their slots are free again (once the slave saw the closes).
+        wait_until(lambda: asyncio.run(_hold_watches(slave_link, creds, hello, free)) == [1] * free,
+                   timeout_s=30, what="the closed watches' slots free again")
+        p.send(b"after").result(timeout=30)
+        assert p.statistics().acked == 2 and p.statistics().failovers == 0
+        assert isinstance(p._stream, LeanProduceStream) and p._stream._both is not None
+    slave = cluster.groups["g1"].slave
+    assert slave.metrics_url is not None
+    refused = value(read_metrics(slave.metrics_url), "ordq_broker_refused_requests_total", reason="ResourceExhausted")
+    assert refused is not None and refused >= 2
