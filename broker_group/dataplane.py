@@ -262,8 +262,7 @@ class _Handlers:
 
 async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context: Context) -> None:
     """Master: acks for one produce stream, in order, as the LAC covers their batches."""
-    # acks after the master's own sync, when the lean link's hello asked (LinkContext.local_acks)
-    stream = ProduceStreamState(wake=Signal(b.shared.loop), local_acks=getattr(context, "local_acks", False))
+    stream = ProduceStreamState(wake=Signal(b.shared.loop))
     alarm = Alarm()  # one timer for the stream's waits (PRODUCE_RECHECK_S)
     late = False  # the last wait ended at its recheck, no signal
     with b.shared.cv:
@@ -278,6 +277,7 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
         while True:
             with b.shared.cv:
                 ready = b.write.take_ready_acks(stream)
+                local = stream.local_acks  # what they mean, told with them (ProduceRequest.local_acks)
                 error, finished = stream.error, stream.done and not stream.pending
                 if ready:
                     b.shared.stats.ack_writes += 1
@@ -288,7 +288,7 @@ async def produce(b: Parts, requests: AsyncIterator[pb.ProduceRequest], context:
                 late = False
                 signals = b.write.ack_signals(stream)
             if ready:
-                await context.write(pb.ProduceResponse(acks=ready))
+                await context.write(pb.ProduceResponse(acks=ready, local_acks=local))
                 if stream.first_write is not None:  # a new segment's first ack went out: how long it took
                     log.info("%s", stream.first_write.line("master"))
                     stream.first_write = None
@@ -327,7 +327,15 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
             # counted once, where ``produce`` answers with it.
             check(req.queue)
             rt.on_queue(token, req.queue)
-            await b.write.accept_produce(stream, req)
+            if req.local_acks and not stream.local_acks:
+                # The producer watches the slave's synced end now: from here on, acks after this
+                # master's own sync (each answer says which kind its acks are).
+                with b.shared.cv:
+                    stream.local_acks = True
+                    if stream.wake is not None:
+                        stream.wake.fire()  # its handler waits on the LAC: wait on this copy's sync instead
+            if req.batches or not req.local_acks:  # (that request alone carries none)
+                await b.write.accept_produce(stream, req)
             b.read.wrote(req.queue, size)
             stamp("M.placed", first_seqs, req.batches)
             lease.release()

@@ -29,8 +29,9 @@ A hello with ``watch`` (on a slave, whose one lean port this serves beside its m
 replication: lean_link.LeanServer tells them apart by the first frame) makes the connection a
 producer's watch of that segment's synced end (synced_watch.py): ``check_caller`` and the
 produce role on its queue first, ``metered`` as a call; then answers with the end, at once and
-at every move, until the producer closes it. A hello with ``local_acks`` makes a produce
-stream's acks mean "synced on this master" (its producer watches the slave).
+at every move, until the producer closes it. A produce request with ``local_acks`` (sent once
+that watch was accepted) makes the stream's later acks mean "synced on this master"
+(dataplane._read_produce; each answer says which kind it carries).
 
 Rules: connections and framing here; no write-path state (write_path.py owns it).
 """
@@ -78,7 +79,6 @@ class LinkContext:
 
     def __init__(self, writer: asyncio.StreamWriter, cn: str | None, token: str, peer: str) -> None:
         self._writer = writer
-        self.local_acks = False  # the hello asked for acks after the master's own sync (dataplane.produce)
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._auth: dict[str, list[bytes]] = {"x509_common_name": [cn.encode()]} if cn else {}
         self._peer = peer
@@ -183,7 +183,6 @@ class LeanProduceServer(TaskServer):
             if hello.HasField("watch"):
                 await self._serve_watch(reader, writer, ctx, hello.watch, arrived)
                 return
-            ctx.local_acks = hello.local_acks
             log.info("produce stream from %s on the lean link", ctx.peer())
 
             async def run() -> None:

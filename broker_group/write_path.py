@@ -65,7 +65,7 @@ class ProduceStreamState:
     # The segment whose LAC moves its handler waits on (``WritePath.ack_signals``): that of its
     # first ack owed, or, owing none, of its last (a stream's next batch usually goes there too)
     waits_on: Segment | None = None
-    # Its acks say "synced on the master" only (the lean link's ``local_acks`` hello): the producer
+    # Its acks say "synced on the master" only (asked by a request's ``local_acks``): the producer
     # settles a batch once the slave's synced end, which it watches on the slave itself, covers it
     # too (ordq/wire/lean_produce.py). The slave's answer then reaches the producer in one hop.
     local_acks: bool = False

@@ -13,8 +13,9 @@ from ordq.wire.transport import Ack
 
 
 @st.composite
-def _stream(draw: st.DrawFn) -> tuple[list[int], list[tuple[str, int]]]:
-    """Batch sizes of one segment, and the two answers interleaved as they may arrive: the
+def _stream(draw: st.DrawFn) -> tuple[list[int], list[tuple[str, int]], int]:
+    """Batch sizes of one segment, the two answers interleaved as they may arrive, and how many
+    of the master's answers came before the stream asked for local acks (acks of both). The
     master acks runs of whole batches in order (merged runs, as ``take_ready_acks`` merges
     them); the slave tells synced ends at batch boundaries, in any order (a later answer may
     name an older end)."""
@@ -32,27 +33,31 @@ def _stream(draw: st.DrawFn) -> tuple[list[int], list[tuple[str, int]]]:
     events = list(events)
     for place, event in zip(master_places, master, strict=True):
         events[place] = event
-    return sizes, events
+    return sizes, events, draw(st.integers(0, len(master)))
 
 
 @given(_stream())
-def test_acks_settle_in_order_once_and_only_where_both_cover_them(case: tuple[list[int], list[tuple[str, int]]]
-                                                                  ) -> None:
-    sizes, events = case
+def test_acks_settle_in_order_once_and_only_where_both_cover_them(
+        case: tuple[list[int], list[tuple[str, int]], int]) -> None:
+    sizes, events, of_both = case
     starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     both = BothSynced(seg=7)
     master_upto = 0  # offsets the master acked
     slave_upto = 0  # the highest end the slave told
     acked_batches = 0
+    answers = 0  # the master's answers so far
     settled: list[Ack] = []
     for who, at in events:
         if who == "master":
+            answers += 1
             if at > acked_batches:
                 run = Ack(seg=7, first_offset=starts[acked_batches], first_seq=100 + starts[acked_batches],
                           count=starts[at] - starts[acked_batches])
-                both.master_acked([run])
+                both.master_acked([run], both=answers <= of_both)
                 acked_batches = at
                 master_upto = starts[at]
+                if answers <= of_both:  # an ack of both replicas' sync says the slave's end too
+                    slave_upto = max(slave_upto, master_upto)
         else:
             both.slave_synced(at)
             slave_upto = max(slave_upto, at)
@@ -81,3 +86,15 @@ def test_the_slave_covering_part_of_a_run_settles_its_leading_batches() -> None:
 def test_an_ack_of_another_segment_fails_the_stream() -> None:
     with pytest.raises(BrokerUnavailable):
         BothSynced(seg=1).master_acked([Ack(seg=2, first_offset=0, first_seq=0, count=1)])
+
+
+def test_the_masters_acks_of_both_settle_without_the_slaves_word() -> None:
+    """Before the stream asked for local acks, the master's ack means both replicas synced: it
+    settles at once, and the local acks after it wait for the slave again."""
+    both = BothSynced(seg=2)
+    both.master_acked([Ack(seg=2, first_offset=0, first_seq=0, count=4)], both=True)
+    assert both.ready() == [Ack(seg=2, first_offset=0, first_seq=0, count=4)]
+    both.master_acked([Ack(seg=2, first_offset=4, first_seq=4, count=2)])
+    assert both.ready() == []
+    both.slave_synced(6)
+    assert both.ready() == [Ack(seg=2, first_offset=4, first_seq=4, count=2)]

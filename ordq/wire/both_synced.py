@@ -8,7 +8,8 @@ reaches the producer in one hop instead of through the master.
 
 Guarantee: ``ready`` returns, in order, exactly the master's acks (or their leading parts, cut at
 a batch boundary: the slave's end always falls on one, its copy being a prefix of the
-master's) that lie below the highest synced end the slave told; nothing is returned twice.
+master's) that lie below the highest synced end the slave told (or an ack of both told: until
+the stream asks for local acks, the master's acks mean both); nothing is returned twice.
 
 Rules: pure; no I/O, no clock.
 """
@@ -29,12 +30,15 @@ class BothSynced:
         self.slave_end = 0  # the highest synced end the slave told (offsets below it are synced there)
         self._held: collections.deque[Ack] = collections.deque()
 
-    def master_acked(self, acks: list[Ack]) -> None:
-        """The master synced these (in order)."""
+    def master_acked(self, acks: list[Ack], *, both: bool = False) -> None:
+        """The master synced these (in order); ``both``: its acks of both replicas' sync (a stream
+        not yet asking for local acks), which say the slave's end too."""
         for ack in acks:
             if ack.seg != self.seg:
                 raise BrokerUnavailable(f"segment {self.seg}", f"an ack of segment {ack.seg} on its stream")
         self._held.extend(acks)
+        if both and acks:
+            self.slave_synced(acks[-1].first_offset + acks[-1].count)
 
     def slave_synced(self, end: int) -> None:
         """The slave's copy of ``seg`` is synced up to ``end`` (answers may come in any order)."""

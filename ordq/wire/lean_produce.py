@@ -15,13 +15,15 @@ one refusal (the same kind and fields as gRPC's ``ordq-error`` trailer, ordq/wir
 after which it closes the link. The client maps a refusal to the same error as over gRPC.
 
 The slave's synced end (stop 77): a stream given its slave's link (``watch``) opens a second
-connection there, a ``ProduceLinkHello`` with ``watch`` (queue, seg), beside the master's, and
-asks the master for acks after its own sync (``local_acks``); two reader tasks feed the
-master's acks and the slave's ends into ``BothSynced`` (ordq/wire/both_synced.py), and
-``read_acks`` returns what both cover. The slave's answer then reaches the producer in one hop,
-not through the master. A watch not open within ``WATCH_OPEN_S`` is gone without (the master's
-acks then mean both, as before); a watch that ends fails the stream (BrokerUnavailable: a
-failover). ``ORDQ_SLAVE_ACKS=off`` turns it off.
+connection there, a ``ProduceLinkHello`` with ``watch`` (queue, seg), once the master answered
+its first batches. Its writes do not wait for it: until the slave accepts the watch the
+master's acks mean both, as ever. Once accepted, the stream asks the master for acks after its own sync (a
+``ProduceRequest`` with ``local_acks``; each answer says which kind it carries). Two reader
+tasks feed the master's acks and the slave's ends into ``BothSynced``
+(ordq/wire/both_synced.py), and ``read_acks`` returns what both cover. The slave's answer then
+reaches the producer in one hop, not through the master. A watch not accepted within
+``WATCH_OPEN_S`` is given up (the stream stays on the master's acks); a watch that ends
+fails the stream (BrokerUnavailable: a failover). ``ORDQ_SLAVE_ACKS=off`` turns it off.
 
 Guarantee: the same messages and semantics as the gRPC ``Produce`` stream; a producer whose
 master publishes no link (or with ``ORDQ_PRODUCE_LINK=grpc`` in its environment) uses gRPC, and
@@ -65,10 +67,12 @@ ANSWER_LIMIT = 64 << 20  # what a client reads of one answer (acks: a few bytes 
 CONNECT_TIMEOUT_S = 10.0  # the TLS handshake (as gRPC's CONNECT_ATTEMPT_MS)
 REACH_TIMEOUT_S = 1.0  # the TCP connect: past it the link counts as unreachable (a fallback, below)
 # The slave's watch opened and accepted within this (TCP, TLS, the slave's token check), or the
-# stream goes without it: its first write waits for it (its hello says whether acks are local),
-# and a hung slave (SIGSTOP) accepts TCP but never finishes TLS. It runs beside the master's
-# handshake (~5-20 ms).
+# stream goes without it (a hung slave, SIGSTOP, accepts TCP but never finishes TLS). Nothing
+# waits for it: the stream writes meanwhile, on the master's acks of both (stop 78: a first
+# write that waited for the watch made a failover ~15 ms slower).
 WATCH_OPEN_S = 0.5
+# An accepted watch: its connection and the slave's synced end at that moment
+Watched = tuple[asyncio.StreamReader, asyncio.StreamWriter, int]
 
 
 def wanted() -> bool:
@@ -169,6 +173,7 @@ class LeanProduceStream(ProduceWriter):
         self._watch_conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._readers: list[asyncio.Task[None]] = []
         self._moved = asyncio.Event()
+        self._answered = asyncio.Event()  # the master's first answer came (the watch opens after it)
         self._ended: OrdqError | None = None
         self._conn = asyncio.get_running_loop().create_task(self._open(creds))
         super().__init__()
@@ -176,48 +181,65 @@ class LeanProduceStream(ProduceWriter):
     async def _open(self, creds: Credentials) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The link, or None once it could not be opened and ``fallback`` carries the stream.
         Nothing was written before (every write waits for this), so the order is the same.
-        The slave's watch is opened beside it; the master's hello asks for local acks only once
-        the slave accepted the watch. A close meanwhile leaves no connection open (a TLS
-        transport left to the loop's close kept a producer's close waiting for ever)."""
-        watching = (asyncio.get_running_loop().create_task(self._open_watch(creds))
-                    if self.watch and slave_acks_wanted() else None)
+        The slave's watch is opened once the master answered (``_watch_when_answered``).
+        A close meanwhile leaves no connection open (a TLS transport left to the loop's close
+        kept a producer's close waiting for ever)."""
         try:
             reader, writer = await open_tls(self.link, tls_context(creds, ssl.Purpose.SERVER_AUTH))
         except self._UNREACHABLE as exc:
-            _discard(watching)
             if self._fallback is None or self._closed:
                 raise
             self.fell_back = self._fallback(exc)
             return None
-        except BaseException:
-            _discard(watching)
-            raise
-        try:
-            watched = await watching if watching is not None else None
-            if self._closed:  # closed meanwhile, the cancellation swallowed on the way (a wait_for's)
-                raise asyncio.CancelledError
-        except BaseException:
+        if self._closed:  # closed meanwhile, the cancellation swallowed on the way (a wait_for's)
             writer.transport.abort()
-            _discard(watching)
-            raise
-        writer.write(frame(pb.ProduceLinkHello(token=creds.token or "", local_acks=watched is not None)))
-        if watched is not None:
-            self._watch_conn = watched[:2]
+            raise asyncio.CancelledError
+        writer.write(frame(pb.ProduceLinkHello(token=creds.token or "")))
+        if self.watch and slave_acks_wanted():
             self._both = BothSynced(self.seg)
-            self._both.slave_synced(watched[2])
             self._readers = [asyncio.get_running_loop().create_task(self._read_master(reader)),
-                             asyncio.get_running_loop().create_task(self._read_watch(watched[0]))]
+                             asyncio.get_running_loop().create_task(self._watch_when_answered(creds, writer))]
         return reader, writer
 
-    async def _open_watch(self, creds: Credentials
-                          ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None:
+    @property
+    def watching(self) -> bool:
+        """The slave's watch is open and the master was asked for local acks."""
+        return self._watch_conn is not None
+
+    async def _watch_when_answered(self, creds: Credentials, writer: asyncio.StreamWriter) -> None:
+        """The slave's watch, opened once the master's first answer came: a failover's first
+        ack (a new stream's resends) does not share the producer's loop with a second TLS
+        handshake. Once the slave accepted it: its end into ``_both``, the master asked for
+        acks after its own sync (every later answer says so; those before meant both), then
+        the slave's ends read until the stream ends. A watch refused or not opened in time:
+        the stream stays on the master's acks of both."""
+        await self._answered.wait()
+        watching = asyncio.get_running_loop().create_task(self._open_watch(creds))
+        try:
+            watched = await watching
+        except asyncio.CancelledError:
+            _discard(watching)  # closes what it opened, if it did
+            raise
+        if watched is None:
+            return
+        if self._closed:
+            watched[1].transport.abort()
+            return
+        assert self._both is not None
+        self._watch_conn = watched[:2]
+        self._both.slave_synced(watched[2])
+        writer.write(frame(pb.ProduceRequest(queue=self.queue, seg=self.seg, epoch=self.epoch,
+                                             epoch_key=self.epoch_key, local_acks=True)))
+        await self._read_watch(watched[0])
+
+    async def _open_watch(self, creds: Credentials) -> Watched | None:
         """The slave's watch of this segment once accepted (its first answer: the synced end
         there now), or None when it cannot be opened, or is refused, within ``WATCH_OPEN_S``
         (logged: the master's acks then mean both; a slave that cannot judge tokens now holds
         no producer back)."""
         slave = f"slave {self.watch}"
 
-        async def accepted() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+        async def accepted() -> Watched:
             reader, writer = await open_link(self.watch, creds, hello=pb.ProduceLinkHello(
                 watch=pb.ReplicaSegment(queue=self.queue, seg=self.seg)))
             try:
@@ -284,7 +306,7 @@ class LeanProduceStream(ProduceWriter):
             return await self.fell_back.read_acks()
         both = self._both
         if both is None:
-            return await self._next_acks(conn[0])
+            return (await self._next_acks(conn[0]))[0]
         while True:  # the two readers feed ``both``
             ready = both.ready()
             if ready:
@@ -294,8 +316,9 @@ class LeanProduceStream(ProduceWriter):
             self._moved.clear()
             await self._moved.wait()
 
-    async def _next_acks(self, reader: asyncio.StreamReader) -> list[Ack]:
-        """The acks of the master's next answer; its refusal, typed, or BrokerUnavailable."""
+    async def _next_acks(self, reader: asyncio.StreamReader) -> tuple[list[Ack], bool]:
+        """The acks of the master's next answer, and whether they are local (synced on the
+        master only); its refusal, typed, or BrokerUnavailable."""
         try:
             body = await read_frame(reader, ANSWER_LIMIT, "produce link answer")
             stamp("P.ack")
@@ -308,15 +331,18 @@ class LeanProduceStream(ProduceWriter):
             raise BrokerUnavailable(self.address, str(exc)) from exc
         if answer.error_json:
             raise from_error_json(answer.error_json, answer.error_text, self.address)
-        return [Ack(seg=a.seg, first_offset=a.first_offset, first_seq=a.first_seq, count=a.count)
-                for a in answer.response.acks]
+        return ([Ack(seg=a.seg, first_offset=a.first_offset, first_seq=a.first_seq, count=a.count)
+                 for a in answer.response.acks], answer.response.local_acks)
 
     async def _read_master(self, reader: asyncio.StreamReader) -> None:
-        """With the watch: the master's acks ("synced here") into ``_both``, until the stream ends."""
+        """With a watch opened: the master's acks into ``_both`` (of both replicas' sync until
+        the stream asked for local acks), until the stream ends."""
         assert self._both is not None
         try:
             while True:
-                self._both.master_acked(await self._next_acks(reader))
+                acks, local = await self._next_acks(reader)
+                self._both.master_acked(acks, both=not local)
+                self._answered.set()
                 self._moved.set()
         except OrdqError as exc:
             self._end(exc)
@@ -394,12 +420,10 @@ class LeanProduceStream(ProduceWriter):
         return out
 
 
-def _discard(task: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None] | None) -> None:
+def _discard(task: asyncio.Task[Watched | None]) -> None:
     """A watch being opened that is no longer wanted: cancelled, or closed at once if it opened."""
-    if task is None:
-        return
 
-    def done(t: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None]) -> None:
+    def done(t: asyncio.Task[Watched | None]) -> None:
         if not t.cancelled() and t.exception() is None and (opened := t.result()) is not None:
             opened[1].transport.abort()
 

@@ -27,18 +27,20 @@ class SegmentRef(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("queue", "seg", "epoch", "batches", "epoch_key")
+    __slots__ = ("queue", "seg", "epoch", "batches", "epoch_key", "local_acks")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SEG_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_KEY_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ACKS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     seg: int
     epoch: int
     batches: _containers.RepeatedScalarFieldContainer[bytes]
     epoch_key: str
-    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[_Iterable[bytes]] = ..., epoch_key: _Optional[str] = ...) -> None: ...
+    local_acks: bool
+    def __init__(self, queue: _Optional[str] = ..., seg: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[_Iterable[bytes]] = ..., epoch_key: _Optional[str] = ..., local_acks: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seg", "first_offset", "first_seq", "count")
@@ -53,10 +55,12 @@ class Ack(_message.Message):
     def __init__(self, seg: _Optional[int] = ..., first_offset: _Optional[int] = ..., first_seq: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("acks",)
+    __slots__ = ("acks", "local_acks")
     ACKS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ACKS_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[Ack]
-    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ...) -> None: ...
+    local_acks: bool
+    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., local_acks: _Optional[bool] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("queue", "seg", "batches", "lac", "hello", "answers_many")
