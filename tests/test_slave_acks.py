@@ -74,7 +74,7 @@ def test_writes_do_not_wait_for_the_watch_and_the_stream_switches_once_it_is_acc
     """A stream writes at once, on the master's acks of both replicas; once the slave accepts
     its watch (here: held back until the test lets it go), it asks the master for local acks and
     settles on both from then on. A first write that waited for the watch made every failover
-    ~10 ms slower (bench_failover, stop 78), and up to 0.5 s with a hung slave."""
+    ~13 ms slower (bench_failover, stop 78), and up to 0.5 s with a hung slave."""
     cluster.add_groups("g1")
     cluster.create_queue("q")
     creds, _, _ = guard_tokens(cluster)

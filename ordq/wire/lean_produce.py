@@ -69,7 +69,7 @@ REACH_TIMEOUT_S = 1.0  # the TCP connect: past it the link counts as unreachable
 # The slave's watch opened and accepted within this (TCP, TLS, the slave's token check), or the
 # stream goes without it (a hung slave, SIGSTOP, accepts TCP but never finishes TLS). Nothing
 # waits for it: the stream writes meanwhile, on the master's acks of both (stop 78: a first
-# write that waited for the watch made a failover ~15 ms slower).
+# write that waited for the watch made a failover ~13 ms slower).
 WATCH_OPEN_S = 0.5
 # An accepted watch: its connection and the slave's synced end at that moment
 Watched = tuple[asyncio.StreamReader, asyncio.StreamWriter, int]
