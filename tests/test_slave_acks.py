@@ -32,6 +32,20 @@ def _config(cluster: Cluster, creds: Credentials, **kw: object) -> ProducerConfi
     return ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", credentials=creds, **kw)
 
 
+def _watch_outcome(p: Producer, *, taken: bool) -> LeanProduceStream:
+    """``p``'s stream once its watch was taken up (``taken``), or given up (refused, or not
+    opened in time: the stream then stays on the master's acks of both)."""
+    stream = p._stream
+    assert isinstance(stream, LeanProduceStream)
+    if taken:
+        wait_until(lambda: stream.watching, timeout_s=load_stretched(30.0), what="the watch taken up")
+    else:
+        wait_until(lambda: len(stream._readers) == 2 and stream._readers[1].done(), timeout_s=load_stretched(30.0),
+                   what="the watch given up")
+        assert not stream.watching
+    return stream
+
+
 def _acks_wait_for_the_hung_slave(cluster: Cluster, p: Producer, sent: int) -> None:
     """The slave hangs (SIGSTOP); the master syncs the next batch and acks it ("synced here"):
     the send stays unacked until the slave runs again. ``sent``: what ``p`` had acked before."""
@@ -42,9 +56,7 @@ def _acks_wait_for_the_hung_slave(cluster: Cluster, p: Producer, sent: int) -> N
     def master_acks() -> float:
         return value(read_metrics(url), "ordq_broker_acked_batches_total") or 0.0
 
-    stream = p._stream
-    assert isinstance(stream, LeanProduceStream)
-    wait_until(lambda: stream.watching, timeout_s=load_stretched(30.0), what="the producer watches the slave")
+    _watch_outcome(p, taken=True)
     before = master_acks()
     slave.pause()
     try:
@@ -108,19 +120,12 @@ def test_without_the_watch_the_masters_ack_means_both(cluster: Cluster, monkeypa
     monkeypatch.setenv(lean_produce.SLAVE_ACKS_ENV, "on")
     with Producer(_config(cluster, creds)) as p:
         p.send(b"b").result(timeout=30)
-        stream = p._stream
-        assert isinstance(stream, LeanProduceStream)
-        wait_until(lambda: stream.watching, timeout_s=load_stretched(30.0), what="the watch taken up")
-        assert stream.watch == cluster.store.live_members("g1")["slave"].produce
+        assert _watch_outcome(p, taken=True).watch == cluster.store.live_members("g1")["slave"].produce
     # a watch that cannot be opened in time (a hung slave finishes no TLS): the stream goes without it
     monkeypatch.setattr(lean_produce, "WATCH_OPEN_S", 0.0)
     with Producer(_config(cluster, creds)) as p:
         p.send(b"c").result(timeout=30)
-        stream = p._stream
-        assert isinstance(stream, LeanProduceStream)
-        wait_until(lambda: stream._readers and stream._readers[1].done(), timeout_s=load_stretched(30.0),
-                   what="the watch given up")
-        assert not stream.watching
+        _watch_outcome(p, taken=False)
         p.send(b"d").result(timeout=30)
 
 
@@ -134,16 +139,10 @@ def test_a_watch_the_slave_refuses_leaves_the_stream_on_the_masters_acks(cluster
     creds, _, _ = guard_tokens(cluster)
     with Producer(_config(cluster, creds)) as first:
         first.send(b"a").result(timeout=30)
-        held = first._stream
-        assert isinstance(held, LeanProduceStream)
-        wait_until(lambda: held.watching, timeout_s=load_stretched(30.0), what="the first producer's watch")
+        _watch_outcome(first, taken=True)
         with Producer(attrs.evolve(_config(cluster, creds), queue="q2")) as second:
             second.send(b"b").result(timeout=30)
-            stream = second._stream
-            assert isinstance(stream, LeanProduceStream)
-            wait_until(lambda: stream._readers and stream._readers[1].done(), timeout_s=load_stretched(30.0),
-                       what="the second producer's watch refused")
-            assert not stream.watching
+            _watch_outcome(second, taken=False)
             second.send(b"c").result(timeout=30)
             assert second.statistics().acked == 2 and second.statistics().failovers == 0
         first.send(b"d").result(timeout=30)
@@ -259,9 +258,7 @@ def test_one_token_cannot_multiply_the_slaves_writes_by_watching_one_segment(clu
     slave_link = cluster.store.live_members("g1")["slave"].produce
     with Producer(_config(cluster, creds)) as p:
         p.send(b"before").result(timeout=30)
-        stream = p._stream
-        assert isinstance(stream, LeanProduceStream)
-        wait_until(lambda: stream.watching, timeout_s=load_stretched(30.0), what="the producer's watch")
+        stream = _watch_outcome(p, taken=True)
         open_seg = cluster.state("q").open_segment
         assert open_seg is not None
         hello = pb.ProduceLinkHello(watch=pb.ReplicaSegment(queue="q", seg=open_seg.seg))
