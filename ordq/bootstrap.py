@@ -135,6 +135,8 @@ def tls_mismatch(addresses: str, credentials: Any, *, timeout_s: float = 1.0) ->
     import socket
     import ssl
 
+    from ordq.common.tls_socket import wrap_owned
+
     for address in addresses.split(","):
         host, _, port = address.strip().rpartition(":")
         if not port.isdigit():
@@ -151,7 +153,7 @@ def tls_mismatch(addresses: str, credentials: Any, *, timeout_s: float = 1.0) ->
         verdict = "accepted"
         with raw:
             try:
-                with context.wrap_socket(raw, server_hostname=host or "127.0.0.1"):
+                with wrap_owned(context, raw, host or "127.0.0.1"):
                     pass
             except ssl.SSLCertVerificationError:
                 verdict = "unverified"

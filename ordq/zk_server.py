@@ -134,8 +134,10 @@ def four_letter_word(port: int, word: str = "srvr", *, timeout_s: float = 1.0,
     """Send a ZooKeeper four-letter command to host:port and return the answer (OSError
     if nobody answers). ``tls``: the server listens on its TLS port only; these are the CA
     to trust and the certificate to show."""
+    from ordq.common.tls_socket import wrap_owned
+
     with socket.create_connection((host, port), timeout=timeout_s) as raw, (
-            _tls_context(tls).wrap_socket(raw, server_hostname=host) if tls is not None else raw) as sock:
+            wrap_owned(_tls_context(tls), raw, host) if tls is not None else raw) as sock:
         sock.sendall(word.encode())
         chunks = []
         while data := sock.recv(4096):

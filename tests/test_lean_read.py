@@ -5,21 +5,28 @@ gRPC where the link cannot be opened."""
 
 from __future__ import annotations
 
+import gc
+import select
 import socket
+import ssl
 import struct
 import time
+import warnings
+from pathlib import Path
 
 import attrs
 import pytest
 
 from ordq.common.errors import BrokerUnavailable, ConfigError, PermissionDenied
 from ordq.common.metrics import value
-from ordq.common.security import Credentials, register
+from ordq.common.security import Credentials, make_ca, register
+from ordq.common.tls_socket import wrap_owned
 from ordq.coordinator.tokens import create_token, touch
 from ordq.sdk import Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.client import GrpcTransport, StreamedReads
+from ordq.wire.lean_produce import tls_context
 from ordq.wire.lean_read import LeanReadLink
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import read_metrics
@@ -146,3 +153,27 @@ def test_every_guard_of_the_grpc_read_call_holds_on_the_lean_link(cluster: Clust
     assert url is not None
     counted = value(read_metrics(url), "ordq_broker_refused_requests_total", reason="PermissionDenied")
     assert counted is not None and counted >= 3
+
+
+def test_a_connection_reset_before_the_handshake_leaves_no_socket_open(tmp_path: Path) -> None:
+    """Guard: ``wrap_owned``. A master killed between a consumer's connect and its TLS
+    handshake resets the connection; CPython 3.11's ``wrap_socket`` then raises ECONNRESET
+    without closing the TLS socket it made (the plain one is detached by then), which beside
+    busy loops failed a later test with an unclosed-socket warning. Here the peer resets
+    before the wrap, every time: the wrap raises, and nothing is left open."""
+    ctx = tls_context(Credentials(ca_file=str(make_ca(tmp_path / "ca"))), ssl.Purpose.SERVER_AUTH)
+    assert ctx is not None
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        raw = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # a reset, not a FIN
+    assert select.select([raw], [], [], 30)[0], "the reset arrived"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(OSError):
+            wrap_owned(ctx, raw, "127.0.0.1")
+        raw.close()
+        del raw
+        gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []

@@ -31,12 +31,14 @@ from typing import TypeVar
 from ordq.common.addresses import split_host_port
 from ordq.common.errors import BrokerUnavailable, ConfigError
 from ordq.common.security import Credentials
+from ordq.common.tls_socket import wrap_owned
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import from_error_json
 from ordq.wire.lean_frames import HEADER, frame
 from ordq.wire.lean_produce import ANSWER_LIMIT, CONNECT_TIMEOUT_S, REACH_TIMEOUT_S, tls_context
 
 T = TypeVar("T")
+
 LINK_RETRY_S = 30.0  # a link that could not be opened is tried again after this long
 _RECV_BYTES = 1 << 18
 
@@ -60,7 +62,7 @@ class LeanReadLink:
             ctx = tls_context(creds, ssl.Purpose.SERVER_AUTH)
             if ctx is not None:
                 sock.settimeout(CONNECT_TIMEOUT_S)
-                sock = ctx.wrap_socket(sock, server_hostname=host)
+                sock = wrap_owned(ctx, sock, host)
             sock.sendall(frame(pb.ProduceLinkHello(token=creds.token or "", read=True)))
         except BaseException:
             sock.close()
