@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "all PASS" if not bad else f"{len(bad)} FAIL: " + "; ".join(r.verdict for r in bad[:3])
     finally:
         cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)  # its own folder too (25 empty ones were left in /tmp)
     if not samples:
         print("no failover measured", file=sys.stderr)
         return 1
