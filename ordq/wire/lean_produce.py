@@ -17,9 +17,9 @@ after which it closes the link. The client maps a refusal to the same error as o
 The slave's synced end (stop 77): a stream given its slave's link (``watch``) opens a second
 connection there, a ``ProduceLinkHello`` with ``watch`` (queue, seg), once the master answered
 its first batches. Its writes do not wait for it: until the slave accepts the watch the
-master's acks mean both, as ever. Once accepted, the stream asks the master for acks after its own sync (a
-``ProduceRequest`` with ``local_acks``; each answer says which kind it carries). Two reader
-tasks feed the master's acks and the slave's ends into ``BothSynced``
+master's acks mean both, as ever. Once accepted, the stream asks the master for acks after
+its own sync (a ``ProduceRequest`` with ``local_acks``; each answer says which kind it
+carries). Two reader tasks feed the master's acks and the slave's ends into ``BothSynced``
 (ordq/wire/both_synced.py), and ``read_acks`` returns what both cover. The slave's answer then
 reaches the producer in one hop, not through the master. A watch not accepted within
 ``WATCH_OPEN_S`` is given up (the stream stays on the master's acks); a watch that ends
@@ -214,15 +214,10 @@ class LeanProduceStream(ProduceWriter):
         the slave's ends read until the stream ends. A watch refused or not opened in time:
         the stream stays on the master's acks of both."""
         await self._answered.wait()
-        watching = asyncio.get_running_loop().create_task(self._open_watch(creds))
-        try:
-            watched = await watching
-        except asyncio.CancelledError:
-            _discard(watching)  # closes what it opened, if it did
-            raise
+        watched = await self._open_watch(creds)  # a cancel meanwhile aborts what it opened
         if watched is None:
             return
-        if self._closed:
+        if self._closed:  # closed as it opened (a wait_for's result can swallow the cancel)
             watched[1].transport.abort()
             return
         assert self._both is not None
@@ -418,17 +413,6 @@ class LeanProduceStream(ProduceWriter):
             if conn is not None:
                 out.append(conn[1])
         return out
-
-
-def _discard(task: asyncio.Task[Watched | None]) -> None:
-    """A watch being opened that is no longer wanted: cancelled, or closed at once if it opened."""
-
-    def done(t: asyncio.Task[Watched | None]) -> None:
-        if not t.cancelled() and t.exception() is None and (opened := t.result()) is not None:
-            opened[1].transport.abort()
-
-    task.cancel()
-    task.add_done_callback(done)
 
 
 async def shut(writer: asyncio.StreamWriter, timeout_s: float = 1.0) -> None:
