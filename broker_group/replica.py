@@ -142,39 +142,6 @@ class SegmentReplica:
         self.fenced_epoch = max(self.fenced_epoch, epoch)
         return self._accept(first_seq, count)
 
-    def accept_direct(self, epoch: int, first_seq: int, count: int) -> Placement | None:
-        """Slave: a batch its producer wrote straight here (``direct_tail.py``), placed only
-        where it continues the copy exactly, as the master places it; None: dropped (a
-        duplicate, a gap the master's forward fills, or an empty copy). Raises FencedError /
-        Refused as ``place`` does.
-
-        Never into an empty copy: a segment's first batch comes from the master, so both
-        copies start at the same seq and a seq has the same offset in both. An empty copy
-        would take any first seq: had the producer's first direct batch been lost, its second
-        would sit at offset 0 where the master put the first, and the producer, told "offset
-        1 synced" by each, would count the first batch acked on a slave that never had it."""
-        self.check_epoch(epoch)
-        if not self.writable:
-            raise Refused("not_writable", self.not_writable_why)
-        if count < 1:
-            raise Refused("bad_request", "empty batch")
-        if self.last_seq is None or first_seq != self.last_seq + 1:
-            return None
-        self.fenced_epoch = epoch
-        return self._accept(first_seq, count)
-
-    def truncated(self, end: int, *, last_seq: int | None) -> None:
-        """Slave: the copy was cut back to ``end`` (a provisional tail its master's forward
-        contradicted), its last message now ``last_seq``."""
-        if end > self.next_offset:
-            raise ConfigError(f"segment {self.seg}: cannot cut to {end}, the copy ends at {self.next_offset}")
-        self.next_offset = end
-        self.local_synced = min(self.local_synced, end)
-        self.last_seq = last_seq
-        if end == 0:
-            self.first_seq = None
-        self._batches = {seq: v for seq, v in self._batches.items() if v >> 32 < end}
-
     def _accept(self, first_seq: int, count: int) -> Placement:
         placement = Placement(first_offset=self.next_offset, count=count, first_seq=first_seq, duplicate=False)
         self._batches[first_seq] = self.next_offset << 32 | count

@@ -38,44 +38,13 @@ class SealPlan:
     bytes: int = 0  # of the longest copy: what the segment takes on each replica once copied
     copy_to: str | None = None  # role of the shorter replica, to copy [its end, end)
     copy_from: str | None = None
-    # Where ``copy_to`` cuts its copy before it copies (None: at its own end): the first batch
-    # where the two copies' tails differ (``first_difference``)
-    copy_start: int | None = None
-
-
-def first_difference(a: ReplicaEnd, b: ReplicaEnd) -> int | None:
-    """The first offset, where both copies hold batches, at which their reported tails differ
-    (a batch's offset, count or CRC); None when they agree where both have batches, or when
-    either did not report its tail. Below the later ``tail_from`` both copies hold the same
-    bytes (each copy's own knowledge), so only past it are they compared."""
-    if a.tail is None or b.tail is None:
-        return None
-    start = max(a.tail_from, b.tail_from)
-    mine = [t for t in a.tail if t[0] >= start]
-    theirs = [t for t in b.tail if t[0] >= start]
-    for x, y in zip(mine, theirs, strict=False):
-        if x != y:
-            return min(x[0], y[0])
-    return None
 
 
 def decide(replies: Mapping[str, ReplicaEnd | None]) -> SealPlan:
-    """From the replicas' answers (role -> end, None when it did not answer) to the plan.
-
-    Both answered and their tails differ (``first_difference``; only a producer that wrote
-    one batch to the slave and another to the master can cause it, docs/DESIGN.md §4, "Direct
-    writes"): the master's copy is the segment, and the slave cuts its copy where they differ
-    and copies the rest. No ack is lost by that: a producer counts a batch acked only once its
-    master synced it. Else the longest copy is the segment, as before."""
+    """From the replicas' answers (role -> end, None when it did not answer) to the plan."""
     answered = {role: r for role, r in replies.items() if r is not None}
     if not answered:
         raise BrokerUnavailable("all replicas", "no replica of the segment answered Seal")
-    master, slave = answered.get("master"), answered.get("slave")
-    differ = first_difference(master, slave) if master is not None and slave is not None else None
-    if differ is not None and master is not None:
-        return SealPlan(end=master.end, first_seq=master.first_seq if master.end else None,
-                        last_seq=master.last_seq if master.end else None, bytes=master.bytes,
-                        copy_to="slave", copy_from="master", copy_start=differ)
     longest_role = max(sorted(answered), key=lambda role: answered[role].end)
     longest = answered[longest_role]
     first_seq = next((r.first_seq for r in answered.values() if r.first_seq is not None), None)

@@ -23,12 +23,6 @@ class ReplicaEnd:
     first_seq: int | None
     last_seq: int | None
     bytes: int = 0  # on disk
-    # The batches (first offset, count, CRC) from ``tail_from`` to ``end``, where this copy
-    # may differ from its peer's (past what it knows both hold: a master's LAC, a slave's
-    # confirmed end; docs/DESIGN.md §4, "Direct writes"). None: not reported (the Seal
-    # protocol then trusts the copies to agree where they overlap, as before direct writes).
-    tail_from: int = 0
-    tail: tuple[tuple[int, int, int], ...] | None = None
 
 
 class SealTransport(Protocol):
