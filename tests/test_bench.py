@@ -55,7 +55,8 @@ BENCHES = [
     # Two clusters and a mirror process (~1-2 min here): slow only.
     bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
           pytest.mark.slow),
-    bench("bench_floor", ["--round-trips", "100", "--syncs", "50"], ["round trip", "fdatasync"]),
+    bench("bench_floor", ["--round-trips", "100", "--syncs", "50"],
+          ["round trip", "fdatasync", "two fdatasyncs let go together", "floor with both replicas"]),
     bench("bench_floor", ["--disk", "--syncs", "20"],
           [f"fdatasync of 1 KiB, {kind}{churn}: p50" for kind in ("append", "fallocated", "overwrite")
            for churn in ("", ", beside a rewrite", ", beside writes and deletes")], id="bench_floor_disk"),
