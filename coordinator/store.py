@@ -227,11 +227,16 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
             except NoNodeError:
                 return []
 
+    def ensure_queues_folder(self) -> None:
+        """The cluster's root and its queues folder, made if missing."""
+        with self._errors():
+            self.client.ensure_path(self.paths.queues)
+
     def watch_queue_list(self, on_change: Callable[[list[str]], None]) -> None:
         """Call ``on_change(queues)`` now and whenever a queue is created or deleted, for as
         long as the client lives (kazoo's ChildrenWatch re-arms itself; it waits for the
         queues folder to exist)."""
-        self.client.ensure_path(self.paths.queues)
+        self.ensure_queues_folder()
         self.client.ChildrenWatch(self.paths.queues, lambda children: on_change(sorted(children)))
 
     def update_queue_config(self, queue: str, **changes: Any) -> QueueConfig:

@@ -77,12 +77,13 @@ _PLUGIN_NAME = "ordq-cluster-log-tails"
 
 def start_coordinator(name: str, hosts: str, root: str, run_dir: Path, *, interval_s: float = 0.2,
                       session_timeout_s: float = 1.0, listen: str | None = None,
-                      extra: Sequence[str] = ()) -> ManagedProcess:
+                      extra: Sequence[str] = (), program: Sequence[str] = ("-m", "ordq.cli")) -> ManagedProcess:
     """A coordinator process (daemon and service) on a test cluster, serving once it returns:
     producers and consumers ask it (issue 23). It finds its certificate next to the CA
     registered for ``hosts`` and ``root``; the caller stops it. ``listen``: where its service
-    answers (default: any port)."""
-    argv = [sys.executable, "-m", "ordq.cli", "--zk", hosts, "--root", root, "coordinator", "run",
+    answers (default: any port). ``program``: what the interpreter runs, given the CLI's
+    arguments (a test's wrapper of ``ordq.cli``)."""
+    argv = [sys.executable, *program, "--zk", hosts, "--root", root, "coordinator", "run",
             "--metrics", "127.0.0.1:0", "--interval", str(interval_s), "--session-timeout", str(session_timeout_s)]
     if listen is not None:
         argv += ["--listen", listen]

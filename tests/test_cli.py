@@ -146,6 +146,32 @@ def test_zk_status_without_a_server_is_one_clear_line(tmp_path, capsys: pytest.C
     assert "no ZooKeeper set up" in one_error_line(capsys, "zk", "status", "--dir", str(tmp_path / "none"))
 
 
+# ``ordq coordinator run`` with its daemon's first round held back 3 s: whatever READY promises
+# must not rest on that round
+_LATE_DAEMON = ("-c", "import sys, time\n"
+                "import ordq.commands.coordinator as c\n"
+                "run = c._run_then_wake\n"
+                "c._run_then_wake = lambda daemon, stop: (time.sleep(3), run(daemon, stop))\n"
+                "from ordq.cli import main\n"
+                "sys.exit(main(sys.argv[1:]))\n")
+
+
+@pytest.mark.zk
+def test_a_new_clusters_first_coordinator_has_made_its_root_when_it_says_ready(zk_server, zk_root, tmp_path,
+                                                                                capsys) -> None:
+    """A command run as soon as a new cluster's first coordinator said READY found no cluster
+    ("no ordq cluster under --root", this file's unknown-group test, once in the default tier):
+    the root was the daemon's first round's, which runs just after READY. Held back here, so
+    the command below runs before it, every time."""
+    proc = start_coordinator("coordinator-0", zk_server.connection_string, zk_root, tmp_path / "run",
+                             program=_LATE_DAEMON)
+    try:
+        zk = ("--zk", zk_server.connection_string, "--root", zk_root)
+        assert "unknown broker group 'g9'" in one_error_line(capsys, *zk, "group", "remove", "g9")
+    finally:
+        proc.kill()
+
+
 @pytest.mark.zk
 def test_removing_an_unknown_group_is_an_error(zk_server, zk_root, coordinator,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -211,6 +211,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # The root before READY, not at the daemon's first round a moment later: a command run as
+    # soon as a new cluster's first coordinator said READY found no cluster there ("no ordq
+    # cluster under --root"; the default tier's CLI tests, 1 run in ~2,700 on a busy box).
+    retry_zk(store.ensure_queues_folder, f"coordinator: make {store.paths.queues} on ZooKeeper at {args.zk}")
     announce(f"SERVING {address}")
     announce(f"READY coordinator {ident}")
     worker = threading.Thread(target=_run_then_wake, args=(daemon, stop), name="coordinator", daemon=True)
