@@ -240,7 +240,10 @@ class ZkBase:
         ``_errors``). kazoo queues a request made while disconnected and its blocking calls
         wait for the whole outage: every request of this store goes through here. A request
         that timed out may still be sent and applied after a reconnection (in order, before
-        any later request of this client), like a write whose connection dropped in flight.
+        any later request of this client), like a write whose connection dropped in flight;
+        but a create with ``makepath`` whose parents were missing sends its parents and its
+        second try from kazoo's callbacks, after requests made later: a conditional write
+        (a create, a versioned set) then finds it as a conflict.
         kazoo's async results are thread-safe: callers may be on any thread."""
         _WAITED.n = getattr(_WAITED, "n", 0) + 1
         return request.get(timeout=self._op_timeout_s)
