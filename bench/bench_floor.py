@@ -10,7 +10,7 @@
 - fdatasync: append 1 KiB to a file and fdatasync it, one at a time, in --dir.
 - the pair: two such fdatasyncs let go together, each on a file of its own, as a master and
   its slave sync a batch when both replicas share one disk (this box): each append's new size
-  is a journal commit, and two commits share the disk, so the pair takes ~1.5x one. Printed
+  is a journal commit, and two commits share the disk: the pair took 1.6-2x one (stop 79). Printed
   beside the floor, which counts one sync (issue 39's definition, the goal's yardstick).
 - ``--disk`` (issue 39: is the p99 the disk's?): only fdatasyncs of 1 KiB, in three kinds of
   file: an append (the file grows: the sync commits the journal), a write into space

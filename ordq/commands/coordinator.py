@@ -213,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # The root before READY, not at the daemon's first round a moment later: a command run as
     # soon as a new cluster's first coordinator said READY found no cluster there ("no ordq
-    # cluster under --root"; the default tier's CLI tests, 1 run in ~2,700 on a busy box).
+    # cluster under --root": one of the default tier's CLI tests, once in its 2,700).
     retry_zk(store.ensure_queues_folder, f"coordinator: make {store.paths.queues} on ZooKeeper at {args.zk}")
     announce(f"SERVING {address}")
     announce(f"READY coordinator {ident}")
