@@ -32,6 +32,7 @@ an fdatasync on each replica (in parallel with the replication), so 1 / (2 round
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import statistics
@@ -40,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -111,19 +112,33 @@ def round_trips(address: str, mode: str, n: int, server_pid: int) -> tuple[list[
     return out[warm:], client_cpu, server_cpu
 
 
-def fdatasyncs(directory: Path, n: int) -> list[float]:
+@contextlib.contextmanager
+def _scratch_file(directory: Path) -> Iterator[int]:
+    """A new file in ``directory``, open for writing, removed afterwards: its descriptor."""
     fd, path = tempfile.mkstemp(dir=directory)
-    out = []
     try:
-        for _ in range(n):
-            os.write(fd, b"x" * 1024)
-            t0 = time.perf_counter()
-            os.fdatasync(fd)
-            out.append(time.perf_counter() - t0)
+        yield fd
     finally:
         os.close(fd)
         os.unlink(path)
-    return out
+
+
+def _append_syncs(fd: int, n: int, before: Callable[[], object] = lambda: None) -> list[tuple[float, float]]:
+    """``n`` times (each after ``before()``): append 1 KiB to ``fd`` and fdatasync it; each
+    sync's (start, end) on ``time.perf_counter``."""
+    spans = []
+    for _ in range(n):
+        before()
+        os.write(fd, b"x" * 1024)
+        t0 = time.perf_counter()
+        os.fdatasync(fd)
+        spans.append((t0, time.perf_counter()))
+    return spans
+
+
+def fdatasyncs(directory: Path, n: int) -> list[float]:
+    with _scratch_file(directory) as fd:
+        return [end - start for start, end in _append_syncs(fd, n)]
 
 
 def paired_fdatasyncs(directory: Path, n: int) -> list[float]:
@@ -136,17 +151,8 @@ def paired_fdatasyncs(directory: Path, n: int) -> list[float]:
     spans: list[list[tuple[float, float]]] = [[], []]
 
     def side(i: int) -> None:
-        fd, path = tempfile.mkstemp(dir=directory)
-        try:
-            for _ in range(n):
-                barrier.wait()
-                os.write(fd, b"x" * 1024)
-                t0 = time.perf_counter()
-                os.fdatasync(fd)
-                spans[i].append((t0, time.perf_counter()))
-        finally:
-            os.close(fd)
-            os.unlink(path)
+        with _scratch_file(directory) as fd:
+            spans[i] = _append_syncs(fd, n, barrier.wait)
 
     other = threading.Thread(target=side, args=(1,), daemon=True)
     other.start()
@@ -164,32 +170,30 @@ def disk_syncs(directory: Path, n: int, kind: str, *, churn: str = "") -> list[f
     """``n`` fdatasyncs of a 1 KiB write each into a file of ``kind`` (``SYNC_KINDS``), beside
     a thread that meanwhile rewrites a 4 MiB file in ``directory`` (``churn`` "rewrite") or
     writes 4 MiB files there and deletes them ("delete")."""
-    fd, path = tempfile.mkstemp(dir=directory)
     stop = threading.Event()
     churner = threading.Thread(target=_churn, args=(directory, stop, churn == "delete"),
                                daemon=True) if churn else None
     out = []
-    try:
-        if kind == "fallocated":
-            os.posix_fallocate(fd, 0, n * 1024)
-        elif kind == "overwrite":
-            os.write(fd, bytes(n * 1024))
-            os.fsync(fd)
-        elif kind != "append":
-            raise ValueError(f"unknown kind {kind!r}")
-        if churner is not None:
-            churner.start()
-        for i in range(n):
-            os.pwrite(fd, b"x" * 1024, i * 1024)
-            t0 = time.perf_counter()
-            os.fdatasync(fd)
-            out.append(time.perf_counter() - t0)
-    finally:
-        stop.set()
-        if churner is not None:
-            churner.join()
-        os.close(fd)
-        os.unlink(path)
+    with _scratch_file(directory) as fd:
+        try:
+            if kind == "fallocated":
+                os.posix_fallocate(fd, 0, n * 1024)
+            elif kind == "overwrite":
+                os.write(fd, bytes(n * 1024))
+                os.fsync(fd)
+            elif kind != "append":
+                raise ValueError(f"unknown kind {kind!r}")
+            if churner is not None:
+                churner.start()
+            for i in range(n):
+                os.pwrite(fd, b"x" * 1024, i * 1024)
+                t0 = time.perf_counter()
+                os.fdatasync(fd)
+                out.append(time.perf_counter() - t0)
+        finally:
+            stop.set()
+            if churner is not None:
+                churner.join()
     return out
 
 
@@ -223,7 +227,7 @@ class Floor:
     lines: list[str]
     seconds: float  # 2 round trips (reply from the handler thread) + 1 fdatasync, medians
     # 2 round trips + both replicas' fdatasyncs together on this one disk (``paired_fdatasyncs``)
-    paired_seconds: float = 0.0
+    paired_seconds: float
 
     @property
     def sends_per_s(self) -> float:
