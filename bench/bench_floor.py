@@ -7,6 +7,12 @@
   request/reply hop pair in Python gRPC. Shown twice: with the reply produced in the handler
   thread, and with one thread hand-off in between (a reader thread passing requests on, as
   any server that reads and answers independently does).
+- lean round trip: the same exchange on what ordq's data path runs on since issue 39's lean
+  links (ordq/wire/lean_produce.py, broker_group/lean_link.py): length-prefixed frames over
+  mutual TLS with the project's own contexts, on an asyncio loop of the project's kind
+  (uvloop), the reply written as the frame is read. Its floor (2 lean round trips + 1 sync) is
+  printed beside the issue's (2 gRPC round trips + 1 sync): the gap between a send and the
+  lean floor is ordq's own handling, not the stack's.
 - fdatasync: append 1 KiB to a file and fdatasync it, one at a time, in --dir.
 - the pair: two such fdatasyncs let go together, each on a file of its own, as a master and
   its slave sync a batch when both replicas share one disk (this box): each append's new size
@@ -32,9 +38,11 @@ an fdatasync on each replica (in parallel with the replication), so 1 / (2 round
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import queue
+import ssl
 import statistics
 import subprocess
 import sys
@@ -50,10 +58,15 @@ import attrs
 import grpc
 
 from bench._cluster import cpu_seconds, percentile
+from ordq.common.loop import new_loop
+from ordq.common.security import ensure_pki
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
+from ordq.wire.lean_frames import frame, read_frame
+from ordq.wire.lean_produce import open_tls, tls_context, tune
 
 _REPLY = pb.ProduceResponse(acks=[pb.Ack(seg=0, first_offset=0, first_seq=0, count=1)])
+_LEAN_REPLY = frame(_REPLY)
 
 
 class _Echo(pb_grpc.BrokerServicer):
@@ -110,6 +123,66 @@ def round_trips(address: str, mode: str, n: int, server_pid: int) -> tuple[list[
         call.cancel()
         channel.close()
     return out[warm:], client_cpu, server_cpu
+
+
+def lean_serve(pki: Path) -> None:
+    """The lean echo: every frame read is answered with a small frame at once; prints the port."""
+    async def run() -> None:
+        ctx = tls_context(ensure_pki(pki)[0], ssl.Purpose.CLIENT_AUTH)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            tune(writer)
+            with contextlib.suppress(OSError, ssl.SSLError, asyncio.IncompleteReadError):
+                while await read_frame(reader, 1 << 20, "echo frame") is not None:
+                    writer.write(_LEAN_REPLY)
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    loop = new_loop()
+    loop.run_until_complete(run())
+
+
+def lean_round_trips(address: str, pki: Path, n: int, server_pid: int) -> tuple[list[float], float, float]:
+    """As ``round_trips``, on a lean link to ``lean_serve``: one 1 KiB frame out, the reply in."""
+    async def run() -> tuple[list[float], float, float]:
+        reader, writer = await open_tls(address, tls_context(ensure_pki(pki)[1], ssl.Purpose.SERVER_AUTH))
+        request = frame(pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024]))
+        out = []
+        warm = n // 10
+        try:
+            for i in range(n):
+                if i == warm:
+                    cpu0 = time.process_time(), cpu_seconds(server_pid)
+                t0 = time.perf_counter()
+                writer.write(request)
+                await read_frame(reader, 1 << 20, "echo reply")
+                out.append(time.perf_counter() - t0)
+            client_cpu = (time.process_time() - cpu0[0]) / (n - warm)
+            server_cpu = (cpu_seconds(server_pid) - cpu0[1]) / (n - warm)
+        finally:
+            writer.close()
+        return out[warm:], client_cpu, server_cpu
+
+    loop = new_loop()
+    try:
+        return loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+@contextlib.contextmanager
+def _echo_server(*args: str) -> Iterator[tuple[str, int]]:
+    """This module run as an echo server (``--serve`` or ``--serve-lean``): its address and pid."""
+    server = subprocess.Popen([sys.executable, "-m", "bench.bench_floor", *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        yield f"127.0.0.1:{server.stdout.readline().strip()}", server.pid
+    finally:
+        server.kill()
+        server.wait()
 
 
 @contextlib.contextmanager
@@ -228,6 +301,7 @@ class Floor:
     seconds: float  # 2 round trips (reply from the handler thread) + 1 fdatasync, medians
     # 2 round trips + both replicas' fdatasyncs together on this one disk (``paired_fdatasyncs``)
     paired_seconds: float
+    lean_seconds: float  # 2 lean round trips + 1 fdatasync: the stack ordq's data path runs on
 
     @property
     def sends_per_s(self) -> float:
@@ -235,25 +309,26 @@ class Floor:
 
 
 def measure(round_trips_n: int, syncs_n: int, directory: Path) -> Floor:
-    """Both round-trip kinds against a fresh echo server process, then the fdatasyncs."""
-    server = subprocess.Popen([sys.executable, "-m", "bench.bench_floor", "--serve"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        address = f"127.0.0.1:{server.stdout.readline().strip()}"
-        inline, client_cpu, server_cpu = round_trips(address, "inline", round_trips_n, server.pid)
-        handoff, _, _ = round_trips(address, "handoff", round_trips_n, server.pid)
-    finally:
-        server.kill()
-        server.wait()
+    """Both gRPC round-trip kinds against a fresh echo server process, the lean round trips
+    against another, then the fdatasyncs."""
+    with _echo_server("--serve") as (address, pid):
+        inline, client_cpu, server_cpu = round_trips(address, "inline", round_trips_n, pid)
+        handoff, _, _ = round_trips(address, "handoff", round_trips_n, pid)
+    with tempfile.TemporaryDirectory(prefix="ordq-floor-pki-") as pki, \
+            _echo_server("--serve-lean", pki) as (address, pid):
+        lean, lean_client_cpu, lean_server_cpu = lean_round_trips(address, Path(pki), round_trips_n, pid)
     syncs = fdatasyncs(directory, syncs_n)
     pairs = paired_fdatasyncs(directory, syncs_n)
     best = 2 * statistics.median(inline) + statistics.median(syncs)
     paired = 2 * statistics.median(inline) + statistics.median(pairs)
-    return Floor(seconds=best, paired_seconds=paired, lines=[
+    lean_best = 2 * statistics.median(lean) + statistics.median(syncs)
+    return Floor(seconds=best, paired_seconds=paired, lean_seconds=lean_best, lines=[
         _line("gRPC round trip, reply from the handler thread", inline),
         _line("gRPC round trip, one thread hand-off in the server", handoff),
         f"CPU per round trip (one message each way, handler-thread server): client {client_cpu * 1e6:.0f} µs, "
         f"server {server_cpu * 1e6:.0f} µs",
+        _line("lean round trip (TLS frames on an event loop, as ordq's data path)", lean),
+        f"CPU per lean round trip: client {lean_client_cpu * 1e6:.0f} µs, server {lean_server_cpu * 1e6:.0f} µs",
         _line(f"fdatasync of a 1 KiB append in {directory}", syncs),
         f"floor of one acked send (2 round trips + 1 sync): {best * 1000:.2f} ms, "
         f"at most {1 / best:,.0f} synchronous sends/s; load average {os.getloadavg()[0]:.1f}",
@@ -261,6 +336,8 @@ def measure(round_trips_n: int, syncs_n: int, directory: Path) -> Floor:
               " (both replicas on this one disk)", pairs),
         f"floor with both replicas' syncs on this one disk (2 round trips + the pair): {paired * 1000:.2f} ms, "
         f"at most {1 / paired:,.0f} synchronous sends/s (the goal is judged against the floor above)",
+        f"floor on the lean links (2 lean round trips + 1 sync): {lean_best * 1000:.2f} ms, "
+        f"at most {1 / lean_best:,.0f} synchronous sends/s",
     ])
 
 
@@ -272,9 +349,13 @@ def main() -> None:
     ap.add_argument("--disk", action="store_true", help="only fdatasyncs: append, fallocated, overwrite; "
                     "quiet and beside a churn of files written and deleted")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-lean", type=Path, metavar="PKI", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve()
+        return
+    if args.serve_lean:
+        lean_serve(args.serve_lean)
         return
     if args.disk:
         for churn in CHURNS:

@@ -24,8 +24,9 @@ def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDeco
 # bench module, tiny arguments, fragments its output must hold (one per phase)
 BENCHES = [
     bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--rate", "500", "--rate-seconds", "1"],
-          ["floor of one acked send", "pipelined:", "synchronous:", "steady 500 msgs/s", "CPU per batch",
-           "stream writes per batch", "of them on its loop", "master request-time charges",
+          ["floor of one acked send", "x the floor on the lean links", "pipelined:", "synchronous:",
+           "steady 500 msgs/s", "CPU per batch", "stream writes per batch", "of them on its loop",
+           "master request-time charges",
            "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch",
            "goal: pipelined"]),
     # where the steady phase's batches spend their time: every stage of the path reached (padded row),
@@ -56,7 +57,8 @@ BENCHES = [
     bench("bench_mirror", ["--backlog", "500", "--rate", "300", "--seconds", "1"], ["catch-up:", "end-to-end lag"],
           pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"],
-          ["round trip", "fdatasync", "two fdatasyncs let go together", "floor with both replicas"]),
+          ["round trip", "lean round trip", "fdatasync", "two fdatasyncs let go together", "floor with both replicas",
+           "floor on the lean links"]),
     bench("bench_floor", ["--disk", "--syncs", "20"],
           [f"fdatasync of 1 KiB, {kind}{churn}: p50" for kind in ("append", "fallocated", "overwrite")
            for churn in ("", ", beside a rewrite", ", beside writes and deletes")], id="bench_floor_disk"),
