@@ -181,12 +181,17 @@ def goals(figures: dict[str, float]) -> list[str]:
     floor = figures.get("floor_sends_per_s", math.nan)
     paired = figures.get("floor_paired_sends_per_s", math.nan)  # both replicas' syncs on this one disk
     lean = figures.get("floor_lean_sends_per_s", math.nan)  # the lean links' round trips instead of gRPC's
+
+    def against_floors(v: float) -> str:
+        if math.isnan(floor):  # --floor-round-trips 0: nothing to compare with
+            return f"{v:,.0f}"
+        return (f"{v:,.0f} ({v / floor:.2f}x the floor's {floor:,.0f}; {v / paired:.2f}x the floor with both "
+                f"replicas' syncs on this disk, {paired:,.0f}; {v / lean:.2f}x the floor on the lean links, "
+                f"{lean:,.0f})")
+
     rows = [
         ("synchronous sends/s", figures.get("sync_sends_per_s", math.nan), f">= 0.8x the floor ({0.8 * floor:,.0f})",
-         lambda v: v >= 0.8 * floor, lambda v: f"{v:,.0f} ({v / floor:.2f}x the floor's {floor:,.0f}; "
-                                               f"{v / paired:.2f}x the floor with both replicas' syncs on this disk, "
-                                               f"{paired:,.0f}; {v / lean:.2f}x the floor on the lean links, "
-                                               f"{lean:,.0f})"),
+         lambda v: None if math.isnan(floor) else v >= 0.8 * floor, against_floors),
         ("end-to-end p99 at the steady rate", figures.get("e2e_p99_ms", math.nan), "<= 4 ms",
          lambda v: v <= 4.0, lambda v: f"{v:.2f} ms"),
         ("CPU per batch at the steady rate", figures.get("cpu_per_batch_us", math.nan), "<= 1,500 µs",
@@ -196,7 +201,11 @@ def goals(figures: dict[str, float]) -> list[str]:
     ]
     out = []
     for name, value, goal, met, shown in rows:
-        verdict = "not run" if math.isnan(value) else ("met" if met(value) else "NOT met")
+        if math.isnan(value):
+            verdict = "not run"
+        else:
+            judged = met(value)
+            verdict = "no floor measured" if judged is None else ("met" if judged else "NOT met")
         out.append(f"goal: {name}: {'-' if math.isnan(value) else shown(value)}; goal {goal}: {verdict}")
     return out
 
