@@ -7,9 +7,9 @@ docs/BENCHMARKS.md.
 
 It first measures the floor of the stack (bench/bench_floor.py, fdatasync in the cluster's
 folder) in the same run, and ends with issue 15's four figures against their goals:
-synchronous sends/s against 0.8x that floor (shown against the floor with both replicas'
-syncs on one disk and against the floor on the lean links too), end-to-end p99 at the steady rate, CPU per batch
-across all processes at that rate, pipelined produce+ack msgs/s.
+synchronous sends/s against 0.8x that floor (shown beside the floor with both replicas' syncs
+on one disk and the floor on the lean links), end-to-end p99 at the steady rate, CPU per
+batch across all processes at that rate, pipelined produce+ack msgs/s.
 
 pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
 separate process) reads; msgs/s counts from the first send to the last delivery.

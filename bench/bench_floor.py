@@ -59,7 +59,7 @@ import grpc
 
 from bench._cluster import cpu_seconds, percentile
 from ordq.common.loop import new_loop
-from ordq.common.security import ensure_pki
+from ordq.common.security import Credentials, ensure_pki
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.lean_frames import frame, read_frame
@@ -100,35 +100,57 @@ def serve() -> None:
     server.wait_for_termination()
 
 
+class _Timing:
+    """Round trips' latencies without the first tenth (the warm-up), and the CPU each measured
+    one cost this process and the server's: ``begin(i)`` before round trip ``i``, ``end``
+    after it, ``result()`` at the end."""
+
+    def __init__(self, n: int, server_pid: int) -> None:
+        self.n, self.server_pid = n, server_pid
+        self.warm = n // 10
+        self.out: list[float] = []
+        self._cpu0 = (0.0, 0.0)
+        self._t0 = 0.0
+
+    def begin(self, i: int) -> None:
+        if i == self.warm:
+            self._cpu0 = time.process_time(), cpu_seconds(self.server_pid)
+        self._t0 = time.perf_counter()
+
+    def end(self) -> None:
+        self.out.append(time.perf_counter() - self._t0)
+
+    def result(self) -> tuple[list[float], float, float]:
+        measured = self.n - self.warm
+        return (self.out[self.warm:], (time.process_time() - self._cpu0[0]) / measured,
+                (cpu_seconds(self.server_pid) - self._cpu0[1]) / measured)
+
+
 def round_trips(address: str, mode: str, n: int, server_pid: int) -> tuple[list[float], float, float]:
-    """Latencies of n round trips (without the first tenth, the warm-up) and the CPU each
-    round trip of the measured part cost the client and the server process."""
+    """Latencies of n round trips (without the first tenth, the warm-up) and the CPU each round
+    trip of the measured part cost the client and the server process."""
     channel = grpc.insecure_channel(address)
     requests: queue.SimpleQueue[pb.ProduceRequest] = queue.SimpleQueue()
     call = pb_grpc.BrokerStub(channel).Produce(iter(requests.get, None), metadata=(("mode", mode),))
     req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024])
-    out = []
-    warm = n // 10
+    timing = _Timing(n, server_pid)
     try:
         for i in range(n):
-            if i == warm:
-                cpu0 = time.process_time(), cpu_seconds(server_pid)
-            t0 = time.perf_counter()
+            timing.begin(i)
             requests.put(req)
             next(call)
-            out.append(time.perf_counter() - t0)
-        client_cpu = (time.process_time() - cpu0[0]) / (n - warm)
-        server_cpu = (cpu_seconds(server_pid) - cpu0[1]) / (n - warm)
+            timing.end()
+        return timing.result()
     finally:
         call.cancel()
         channel.close()
-    return out[warm:], client_cpu, server_cpu
 
 
 def lean_serve(pki: Path) -> None:
-    """The lean echo: every frame read is answered with a small frame at once; prints the port."""
+    """The lean echo: every frame read is answered with a small frame at once; prints the port.
+    ``pki``: where ``measure`` made the credentials (``ensure_pki``)."""
     async def run() -> None:
-        ctx = tls_context(ensure_pki(pki)[0], ssl.Purpose.CLIENT_AUTH)
+        ctx = tls_context(ensure_pki(pki, create=False)[0], ssl.Purpose.CLIENT_AUTH)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             tune(writer)
@@ -141,30 +163,25 @@ def lean_serve(pki: Path) -> None:
         print(server.sockets[0].getsockname()[1], flush=True)
         await asyncio.Event().wait()
 
-    loop = new_loop()
-    loop.run_until_complete(run())
+    new_loop().run_until_complete(run())
 
 
-def lean_round_trips(address: str, pki: Path, n: int, server_pid: int) -> tuple[list[float], float, float]:
-    """As ``round_trips``, on a lean link to ``lean_serve``: one 1 KiB frame out, the reply in."""
+def lean_round_trips(address: str, creds: Credentials, n: int, server_pid: int) -> tuple[list[float], float, float]:
+    """As ``round_trips``, on a lean link to ``lean_serve`` (``creds``: the client's): one 1 KiB
+    frame out, the reply in."""
     async def run() -> tuple[list[float], float, float]:
-        reader, writer = await open_tls(address, tls_context(ensure_pki(pki)[1], ssl.Purpose.SERVER_AUTH))
+        reader, writer = await open_tls(address, tls_context(creds, ssl.Purpose.SERVER_AUTH))
         request = frame(pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024]))
-        out = []
-        warm = n // 10
+        timing = _Timing(n, server_pid)
         try:
             for i in range(n):
-                if i == warm:
-                    cpu0 = time.process_time(), cpu_seconds(server_pid)
-                t0 = time.perf_counter()
+                timing.begin(i)
                 writer.write(request)
                 await read_frame(reader, 1 << 20, "echo reply")
-                out.append(time.perf_counter() - t0)
-            client_cpu = (time.process_time() - cpu0[0]) / (n - warm)
-            server_cpu = (cpu_seconds(server_pid) - cpu0[1]) / (n - warm)
+                timing.end()
+            return timing.result()
         finally:
             writer.close()
-        return out[warm:], client_cpu, server_cpu
 
     loop = new_loop()
     try:
@@ -314,9 +331,10 @@ def measure(round_trips_n: int, syncs_n: int, directory: Path) -> Floor:
     with _echo_server("--serve") as (address, pid):
         inline, client_cpu, server_cpu = round_trips(address, "inline", round_trips_n, pid)
         handoff, _, _ = round_trips(address, "handoff", round_trips_n, pid)
-    with tempfile.TemporaryDirectory(prefix="ordq-floor-pki-") as pki, \
-            _echo_server("--serve-lean", pki) as (address, pid):
-        lean, lean_client_cpu, lean_server_cpu = lean_round_trips(address, Path(pki), round_trips_n, pid)
+    with tempfile.TemporaryDirectory(prefix="ordq-floor-pki-") as pki:
+        client = ensure_pki(Path(pki))[1]  # made here, once: the echo process only reads them
+        with _echo_server("--serve-lean", pki) as (address, pid):
+            lean, lean_client_cpu, lean_server_cpu = lean_round_trips(address, client, round_trips_n, pid)
     syncs = fdatasyncs(directory, syncs_n)
     pairs = paired_fdatasyncs(directory, syncs_n)
     best = 2 * statistics.median(inline) + statistics.median(syncs)
