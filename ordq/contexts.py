@@ -9,6 +9,9 @@ credentials), and optionally the coordinators' addresses (``--bootstrap``). The 
 
     {"current": "local", "contexts": {"local": {"zk": "127.0.0.1:2181", "root": "/ordq"}}}
 
+A context ``ordq up`` adds keeps the local cluster's folder too (``dir``): ``ordq down`` given
+no ``--dir``, in a folder that holds no cluster, stops the current context's one.
+
 Precedence for a command: its flags (``--zk``, ``--root``, ``--bootstrap``), then the
 environment (``ORDQ_ZK``, ``ORDQ_ROOT``, ``ORDQ_BOOTSTRAP``), then ``--context NAME`` or
 ``ORDQ_CONTEXT``, then the current context, then the defaults.
@@ -44,14 +47,17 @@ class Context:
     (Plain classes here, not attrs: every client command reads the contexts, and ``ordq queue
     list`` loads no attrs, issue 42.)"""
 
-    __slots__ = ("name", "zk", "root", "bootstrap")
+    __slots__ = ("name", "zk", "root", "bootstrap", "dir")
     name: str
     zk: str
     root: str
     bootstrap: str | None
+    dir: str | None  # the folder of the local cluster ``ordq up`` made it for (``ordq down`` finds it)
 
-    def __init__(self, *, name: str, zk: str, root: str = "/ordq", bootstrap: str | None = None) -> None:
-        for field, value in (("name", _check_name(name)), ("zk", zk), ("root", root), ("bootstrap", bootstrap)):
+    def __init__(self, *, name: str, zk: str, root: str = "/ordq", bootstrap: str | None = None,
+                 dir: str | None = None) -> None:
+        for field, value in (("name", _check_name(name)), ("zk", zk), ("root", root), ("bootstrap", bootstrap),
+                             ("dir", dir)):
             object.__setattr__(self, field, value)
         if not self.zk.strip() and not self.bootstrap:
             raise ConfigError(f"context {self.name!r}: give --zk (and --root) or --bootstrap")
@@ -61,8 +67,8 @@ class Context:
     def __setattr__(self, field: str, value: object) -> None:
         raise AttributeError(f"a Context is immutable ({field})")
 
-    def _key(self) -> tuple[str, str, str, str | None]:
-        return (self.name, self.zk, self.root, self.bootstrap)
+    def _key(self) -> tuple[str, str, str, str | None, str | None]:
+        return (self.name, self.zk, self.root, self.bootstrap, self.dir)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Context) and self._key() == other._key()
@@ -71,17 +77,20 @@ class Context:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Context(name={self.name!r}, zk={self.zk!r}, root={self.root!r}, bootstrap={self.bootstrap!r})"
+        return (f"Context(name={self.name!r}, zk={self.zk!r}, root={self.root!r}, bootstrap={self.bootstrap!r}, "
+                f"dir={self.dir!r})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"zk": self.zk, "root": self.root, **({"bootstrap": self.bootstrap} if self.bootstrap else {})}
+        return {"zk": self.zk, "root": self.root, **({"bootstrap": self.bootstrap} if self.bootstrap else {}),
+                **({"dir": self.dir} if self.dir else {})}
 
     @classmethod
     def from_dict(cls, name: str, data: Any) -> Context:
         if not isinstance(data, dict) or not isinstance(data.get("zk", ""), str):
             raise ConfigError(f"context {name!r} in {contexts_path()} is not an object with a 'zk' string")
+        folder = data.get("dir")
         return cls(name=name, zk=data.get("zk", ""), root=data.get("root", "/ordq"),
-                   bootstrap=data.get("bootstrap") or None)
+                   bootstrap=data.get("bootstrap") or None, dir=folder if isinstance(folder, str) and folder else None)
 
 
 class Contexts:

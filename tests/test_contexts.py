@@ -63,6 +63,19 @@ def test_add_use_show_list_remove(own_files: Path, capsys: pytest.CaptureFixture
     assert code == 1 and "invalid context name 'bad name'" in err
 
 
+def test_a_context_keeps_the_folder_of_the_cluster_ordq_up_made_it_for(own_files: Path) -> None:
+    """``ordq up`` records its folder in the context (``ordq down`` elsewhere finds it); a
+    context added by hand has none, and a file without the field reads as before."""
+    contexts.add(contexts.Context(name="here", zk="127.0.0.1:2999", dir="/srv/ordq/c"), select=True)
+    found = contexts.selected()
+    assert found is not None and found.dir == "/srv/ordq/c"
+    assert json.loads(own_files.read_text())["contexts"]["here"] == {"zk": "127.0.0.1:2999", "root": "/ordq",
+                                                                     "dir": "/srv/ordq/c"}
+    contexts.add(contexts.Context(name="plain", zk="h:1"))
+    assert contexts.load().get("plain").dir is None
+    assert contexts.load().get("here") != contexts.Context(name="here", zk="127.0.0.1:2999")
+
+
 def test_a_command_without_zk_uses_the_current_context_and_flags_and_env_win(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 42: after ``ordq up --zk-port 0``, ``ordq queue create`` tried 127.0.0.1:2181. A

@@ -293,11 +293,33 @@ def test_after_up_on_any_port_a_command_without_zk_finds_the_cluster(cluster_dir
     shown = subprocess.run([sys.executable, "-m", "ordq.cli", "context", "show", "--json"], capture_output=True,
                            text=True, timeout=60, cwd=REPO, env=env, check=False)
     assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout) == {"name": "c", "current": True, "zk": zk, "root": "/ordq"}
+    assert json.loads(shown.stdout) == {"name": "c", "current": True, "zk": zk, "root": "/ordq",
+                                        "dir": str(cluster_dir.resolve())}
     made = subprocess.run([sys.executable, "-m", "ordq.cli", "queue", "create", "found-by-context"],
                           capture_output=True, text=True, timeout=180, cwd=REPO, env=env, check=False)
     assert made.returncode == 0, made.stderr
     assert "queue found-by-context created" in made.stdout
+
+
+def test_down_in_a_folder_without_cluster_stops_the_current_contexts(tmp_path: Path, cluster_dir: Path) -> None:
+    """After ``ordq up --dir X``, which says every command uses that cluster, ``ordq down`` run in
+    a folder that holds none said "nothing to stop" and left X running. It stops X now and says
+    it was the current context's; ``--wipe`` that way deletes nothing and names the folder."""
+    env = {k: v for k, v in os.environ.items() if k != "ORDQ_CONTEXT"}
+
+    def down(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ordq.cli", "down", *argv], capture_output=True, text=True,
+                              timeout=180, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, check=False)
+
+    running = pids(cluster_dir)
+    wipe = down("--wipe")
+    assert wipe.returncode == 1 and f"(ordq down --wipe --dir {cluster_dir.resolve()})" in wipe.stderr, wipe.stderr
+    assert all(_alive(p) for p in running) and LocalCluster.exists(cluster_dir)
+    res = down()
+    assert res.returncode == 0, res.stderr
+    assert f"local cluster in {cluster_dir.resolve()} (the current context, c): stopped" in res.stdout, res.stdout
+    assert not any(_alive(p) for p in running)
+    assert ordq("up", "--dir", str(cluster_dir)).returncode == 0  # the module's cluster, for the tests after
 
 
 def test_down_wipe_and_a_folder_without_cluster(tmp_path: Path, cluster_dir: Path) -> None:

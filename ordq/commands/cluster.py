@@ -64,7 +64,9 @@ def register(subparsers: Any) -> None:
 
     down = add_command(subparsers, "down", func=cmd_down,
                        help="stop the local cluster in --dir (data is kept unless --wipe)")
-    _dir_option(down)
+    down.add_argument("--dir", type=Path, default=None,
+                      help=f"folder of the cluster (default {DEFAULT_FOLDER} when it holds one, else the current "
+                           "context's, when ordq up made it: a cluster started with ordq up --dir elsewhere)")
     down.add_argument("--wipe", action="store_true", help="also delete its data, logs and configuration")
 
     status = add_command(
@@ -178,13 +180,40 @@ def _select_context(cluster: LocalCluster) -> str:
 
     name = "local" if cluster.folder.name == DEFAULT_FOLDER.name else (
         re.sub(r"[^A-Za-z0-9._-]", "-", cluster.folder.name.lstrip("."))[:64].strip("-.") or "local")
-    add(Context(name=name, zk=cluster.zk_hosts, root=cluster.root), select=True)
+    add(Context(name=name, zk=cluster.zk_hosts, root=cluster.root, dir=str(cluster.folder.resolve())), select=True)
     return name
+
+
+def _down_folder(args: argparse.Namespace) -> tuple[Path, str | None]:
+    """The folder ``ordq down`` stops, and the context it came from (None: not from one):
+    --dir; else .ordq when it holds a cluster; else the current context's folder when ``ordq
+    up`` made that context and a cluster is there (after ``ordq up --dir X``, which says every
+    command uses that cluster, a bare ``ordq down`` elsewhere said "nothing to stop" and left
+    it running); else .ordq. Never a context's folder with --wipe: deleting data takes a
+    folder named on the command line (or the one here)."""
+    import os
+
+    from ordq.common.errors import ConfigError
+    from ordq.contexts import selected
+    from ordq.local_cluster import LocalCluster
+
+    if args.dir is not None:
+        return args.dir, None
+    if LocalCluster.exists(DEFAULT_FOLDER):
+        return DEFAULT_FOLDER, None
+    context = selected(args.context or os.environ.get("ORDQ_CONTEXT") or None)
+    if context is None or context.dir is None or not LocalCluster.exists(Path(context.dir)):
+        return DEFAULT_FOLDER, None
+    if args.wipe:
+        raise ConfigError(f"no local cluster in {DEFAULT_FOLDER}; the current context {context.name} is the one in "
+                          f"{context.dir}: to delete its data, name it (ordq down --wipe --dir {context.dir})")
+    return Path(context.dir), context.name
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     from ordq.local_cluster import LocalCluster
 
+    args.dir, of_context = _down_folder(args)
     if not LocalCluster.exists(args.dir):
         # No state file: nothing of a cluster runs from here, but a start that failed in an
         # older version (or a crash) may have left its files; --wipe deletes those too.
@@ -210,7 +239,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     else:
         what = f"stopped {len(stopped)} processes" if stopped else "nothing was running"
         kept = "data wiped" if args.wipe else "data kept (ordq up resumes it; ordq down --wipe deletes it)"
-        print(f"local cluster in {cluster.folder}: {what}; {kept}")
+        whose = f" (the current context, {of_context})" if of_context else ""
+        print(f"local cluster in {cluster.folder}{whose}: {what}; {kept}")
     return 0
 
 
