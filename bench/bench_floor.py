@@ -65,8 +65,11 @@ from ordq.wire import ordq_pb2_grpc as pb_grpc
 from ordq.wire.lean_frames import frame, read_frame
 from ordq.wire.lean_produce import open_tls, tls_context, tune
 
+# Every round trip's messages, both kinds: a 1 KiB request, a tiny reply
+_REQUEST = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024])
 _REPLY = pb.ProduceResponse(acks=[pb.Ack(seg=0, first_offset=0, first_seq=0, count=1)])
 _LEAN_REPLY = frame(_REPLY)
+_LEAN_FRAME_LIMIT = 1 << 20  # either side's read_frame limit: the messages above are far below it
 
 
 class _Echo(pb_grpc.BrokerServicer):
@@ -132,12 +135,11 @@ def round_trips(address: str, mode: str, n: int, server_pid: int) -> tuple[list[
     channel = grpc.insecure_channel(address)
     requests: queue.SimpleQueue[pb.ProduceRequest] = queue.SimpleQueue()
     call = pb_grpc.BrokerStub(channel).Produce(iter(requests.get, None), metadata=(("mode", mode),))
-    req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024])
     timing = _Timing(n, server_pid)
     try:
         for i in range(n):
             timing.begin(i)
-            requests.put(req)
+            requests.put(_REQUEST)
             next(call)
             timing.end()
         return timing.result()
@@ -155,7 +157,7 @@ def lean_serve(pki: Path) -> None:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             tune(writer)
             with contextlib.suppress(OSError, ssl.SSLError, asyncio.IncompleteReadError):
-                while await read_frame(reader, 1 << 20, "echo frame") is not None:
+                while await read_frame(reader, _LEAN_FRAME_LIMIT, "echo frame") is not None:
                     writer.write(_LEAN_REPLY)
             writer.close()
 
@@ -171,13 +173,13 @@ def lean_round_trips(address: str, creds: Credentials, n: int, server_pid: int) 
     frame out, the reply in."""
     async def run() -> tuple[list[float], float, float]:
         reader, writer = await open_tls(address, tls_context(creds, ssl.Purpose.SERVER_AUTH))
-        request = frame(pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[b"x" * 1024]))
+        request = frame(_REQUEST)
         timing = _Timing(n, server_pid)
         try:
             for i in range(n):
                 timing.begin(i)
                 writer.write(request)
-                await read_frame(reader, 1 << 20, "echo reply")
+                await read_frame(reader, _LEAN_FRAME_LIMIT, "echo reply")
                 timing.end()
             return timing.result()
         finally:

@@ -195,14 +195,13 @@ def _down_folder(args: argparse.Namespace) -> tuple[Path, str | None]:
 
     from ordq.common.errors import ConfigError
     from ordq.contexts import selected
-    from ordq.local_cluster import LocalCluster
 
     if args.dir is not None:
         return args.dir, None
-    if LocalCluster.exists(DEFAULT_FOLDER):
+    if holds_cluster(DEFAULT_FOLDER):
         return DEFAULT_FOLDER, None
     context = selected(args.context or os.environ.get("ORDQ_CONTEXT") or None)
-    if context is None or context.dir is None or not LocalCluster.exists(Path(context.dir)):
+    if context is None or context.dir is None or not holds_cluster(Path(context.dir)):
         return DEFAULT_FOLDER, None
     if args.wipe:
         raise ConfigError(f"no local cluster in {DEFAULT_FOLDER}; the current context {context.name} is the one in "
