@@ -48,7 +48,7 @@ from ordq.sdk._producer_types import FailoverTimes
 from ordq.wire.transport import Ack, AsyncProduceStream
 
 if TYPE_CHECKING:
-    from ordq.common.loop import LoopThread
+    from ordq.common.loop import LoopHost
     from ordq.coordinator.client import CoordinatorClient
     from ordq.coordinator.store_values import LiveInfo
     from ordq.sdk._producer_core import ProducerCore
@@ -133,7 +133,7 @@ class ProducerIO:
     _audit: AuditWriter | None
     _send_us: dict[int, int]
     _metrics: ProducerMetrics | None
-    _loop: LoopThread | None
+    _loop: LoopHost | None
     _aio: AioTransport | None
     _stream: AsyncProduceStream | None
     _gid: str | None

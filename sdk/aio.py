@@ -1,11 +1,17 @@
 """asyncio API over the same producer and consumer cores.
 
-The sync classes own the threads and the protocol; these wrappers only move blocking calls
-off the event loop (``asyncio.to_thread``) and turn send futures into awaitables, so both APIs
-give exactly the same ordering and durability guarantees. ``send`` runs on the loop itself
-while the in-flight window has room (it then only takes the producer's lock briefly), and
-goes to a thread only to wait for room: a thread hop per message would cost more than the
-send.
+The sync classes own the protocol; these wrappers turn send futures into awaitables and move
+blocking calls off the event loop (``asyncio.to_thread``), so both APIs give exactly the same
+ordering and durability guarantees.
+
+The AsyncProducer runs the producer's I/O on the caller's own loop (``Producer.host_io_here``):
+a send is written, and its ack settles the awaitable, on that loop, with no hand-off between
+threads (a synchronous send, awaited one at a time, was ~100-150 µs slower through the sync
+producer's loop thread: docs/BENCHMARKS.md, issue 39). So a coroutine that blocks the loop
+holds up the producer's acks and timers too; ``io_thread=True`` gives the producer a loop
+thread of its own, as the sync Producer has. ``send`` runs on the loop while the in-flight
+window has room (it then only takes the producer's lock briefly) and goes to a thread only to
+wait for room.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ from ordq.wire.transport import BrokerTransport
 
 
 class AsyncProducer:
-    def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None) -> None:
+    def __init__(self, config: ProducerConfig, *, transport: BrokerTransport | None = None,
+                 io_thread: bool = False) -> None:
+        """``io_thread``: the producer's I/O on a loop thread of its own, not on the caller's
+        loop (for a caller whose loop may block for long: acks and timers then wait for it)."""
         self._sync = Producer(config, transport=transport)
+        self._io_thread = io_thread
         self._bridge: _BatchBridge | None = None  # the asyncio futures of the batch being filled
 
     async def __aenter__(self) -> AsyncProducer:
@@ -38,6 +48,8 @@ class AsyncProducer:
         await self.close()
 
     async def start(self) -> None:
+        if not self._io_thread:
+            self._sync.host_io_here()
         await asyncio.to_thread(self._sync.start)
 
     async def send(
@@ -131,15 +143,24 @@ class _BatchBridge:
     """The asyncio futures of the messages of one batch, settled on their loop with one
     wake-up when the batch's outcome is known (one per message cost more than the send).
 
-    Safe against the ack racing the wrapping: the callback only schedules ``_settle_all`` on
-    the loop, and ``add`` runs on the loop, so every future added before ``_settle_all`` runs
-    is settled by it; one added after (the outcome already known) is settled at once."""
+    Safe against the ack racing the wrapping: ``add`` runs on the loop, and ``_settle_all``
+    does too (scheduled there from another thread; at once when the outcome is settled on the
+    loop's own thread, the producer's I/O hosted there), so every future added before
+    ``_settle_all`` runs is settled by it; one added after (the outcome already known) is
+    settled at once."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, first: SendFuture) -> None:
         self.loop = loop
         self.outcome = first._outcome
         self.pending: list[tuple[SendFuture, asyncio.Future[SendResult]]] = []
-        first.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._settle_all))
+        self.thread = threading.current_thread()  # the loop's (add runs there)
+        first.add_done_callback(self._on_outcome)
+
+    def _on_outcome(self, _fut: SendFuture) -> None:
+        if threading.current_thread() is self.thread:
+            self._settle_all()  # sets the futures' results; their awaiters run later, as always
+        else:
+            self.loop.call_soon_threadsafe(self._settle_all)
 
     def takes(self, fut: SendFuture) -> bool:
         return fut._outcome is self.outcome

@@ -10,7 +10,8 @@ Threads: callers of ``send`` add to the core under a lock and wake the producer'
 (``ordq.common.loop``) only when a batch is cut or due, at most once per batch; the loop writes the
 produce stream, reads its acks and settles them, and keeps the linger and ack-deadline timers
 (``ordq.sdk._producer_io``). Failover's blocking calls run on a worker thread. Batching and the
-window are ``ordq.sdk._producer_core``.
+window are ``ordq.sdk._producer_core``. The loop is a thread of the producer's own, or the
+caller's running loop (``host_io_here``: the asyncio API, no hand-off between threads).
 
 The cluster: the producer holds no ZooKeeper session (issue 37). It speaks to the coordinator
 service (``ordq.coordinator.client``) only: the producer lease of its queue (Acquire, renewed by
@@ -39,6 +40,7 @@ check on every write (DESIGN §5 Producer). So:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import threading
@@ -58,7 +60,7 @@ from ordq.common.errors import (
     PermissionDenied,
     WaitTimeout,
 )
-from ordq.common.loop import LoopThread
+from ordq.common.loop import HostedLoop, LoopHost, LoopThread
 from ordq.common.security import Credentials
 from ordq.common.stages import stamp
 from ordq.coordinator.client import CoordinatorClient, Refusal
@@ -96,7 +98,9 @@ class Producer(ProducerIO):
         self._closed = False
         self._fatal: BaseException | None = None
         self._resolving = 0  # acks taken off the window whose futures and audit rows are not done yet
-        self._loop: LoopThread | None = None
+        self._loop: LoopHost | None = None
+        self._lease_timer: asyncio.TimerHandle | None = None  # the next _check_lease
+        self._loop_host: HostedLoop | None = None  # host_io_here(): the caller's loop, not a thread of our own
         self._aio: AioTransport | None = None
         self._stream: AsyncProduceStream | None = None
         self._wake_pending = False  # a wake-up of the loop is scheduled and has not run yet
@@ -136,6 +140,16 @@ class Producer(ProducerIO):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def host_io_here(self) -> None:
+        """Before ``start``, on a running event loop's thread: run this producer's I/O (its
+        stream, acks and timers) on that loop instead of a thread of its own, so a send awaited
+        there costs no hand-off between threads (``ordq.sdk.aio.AsyncProducer`` does this).
+        Then ``start``, ``flush`` and ``close`` wait for that loop: call them from another
+        thread (``asyncio.to_thread``), never from the loop itself."""
+        if self._core is not None or self._closed:
+            raise RuntimeError("host_io_here() comes before start()")
+        self._loop_host = HostedLoop("ordq-producer")
 
     def start(self) -> None:
         """Reach the coordinator, wait for the producer lease (standbys block here), claim the
@@ -195,7 +209,7 @@ class Producer(ProducerIO):
             self._last = t.last
             self._stats.epoch = t.epoch
         address = self._master_address(t.gid)
-        self._loop = LoopThread("ordq-producer")
+        self._loop = self._loop_host or LoopThread("ordq-producer")
         self._loop.start()
         self._loop.run(self._start_io(creds, t.gid, t.seg, address))
         log.info("queue %s: producer %s leads at epoch %d, seg %d, next seq %d",
@@ -226,7 +240,7 @@ class Producer(ProducerIO):
         if lease.lost_reason is not None and not self._rejoining:
             self._rejoining = True
             threading.Thread(target=self._rejoin, args=(lease,), name="ordq-producer-rejoin", daemon=True).start()
-        loop.loop.call_later(max(self.config.lease_ttl_s / 4, 0.05), self._check_lease)
+        self._lease_timer = loop.loop.call_later(max(self.config.lease_ttl_s / 4, 0.05), self._check_lease)
 
     def _rejoin(self, lease: CoordinatorLease) -> None:
         """Thread: the lease was lost. Stop with FencedError if a successor claimed; else ask
@@ -276,6 +290,11 @@ class Producer(ProducerIO):
             stream = self._stream
             if stream is not None:
                 self._fail_locked(stream, exc)
+
+    async def _close_io(self) -> None:
+        if self._lease_timer is not None:  # (on a hosted loop it would outlive us: the loop goes on)
+            self._lease_timer.cancel()
+        await super()._close_io()
 
     async def _start_io(self, creds: Credentials, gid: str, seg: int, address: str) -> None:
         from ordq.wire.aio_client import AioTransport

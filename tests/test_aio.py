@@ -1,9 +1,11 @@
 """The asyncio API (sdk/aio.py) on real brokers and ZooKeeper: the same guarantees as the sync
-API it wraps, through a failover, and ``send`` stays on the loop unless the window is full."""
+API it wraps, through a failover, and ``send`` stays on the loop unless the window is full; the
+producer's I/O runs on the caller's loop and leaves nothing there once closed."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -76,3 +78,30 @@ def test_asyncio_producer_and_consumer_through_a_head_master_kill(cluster: Clust
     assert acked == list(range(N))
     assert delivered == list(range(N))  # every seq once, in order, across the failover
     assert 0 < threads_used < N // 2, threads_used  # waited for room sometimes, mostly stayed on the loop
+
+
+def test_the_asyncio_producer_runs_on_the_callers_loop_and_leaves_nothing_behind(cluster: Cluster) -> None:
+    """Issue 39: the AsyncProducer's stream, acks and timers run on the caller's own loop, not on
+    a loop thread of the producer's (so an awaited send costs no hand-off between threads). Once
+    closed, no task of it is left on that loop. ``io_thread=True`` gives it its own thread, as
+    before; both number the same stream on."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    pcfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", send_timeout_s=SEND_TIMEOUT_S,
+                          lease_ttl_s=CLIENT_SESSION_TIMEOUT_S)
+
+    async def produce(io_thread: bool) -> tuple[set[str], list[int]]:
+        before = {t.name for t in threading.enumerate()}
+        async with AsyncProducer(pcfg, io_thread=io_thread) as p:
+            seqs = [(await (await p.send(b"m%d" % i))).seq for i in range(50)]
+            started = {t.name for t in threading.enumerate()} - before
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not left, left
+        return started, seqs
+
+    started, seqs = asyncio.run(produce(io_thread=False))
+    assert "ordq-producer" not in started, started
+    assert seqs == list(range(50))
+    started, seqs = asyncio.run(produce(io_thread=True))
+    assert "ordq-producer" in started, started
+    assert seqs == list(range(50, 100))

@@ -55,3 +55,44 @@ def test_a_loop_thread_runs_uvloop_unless_told_asyncio(monkeypatch: pytest.Monke
             assert lt.run(work(lt), 10) > 0
         finally:
             lt.stop()
+
+
+def test_a_hosted_loop_is_the_callers_and_stop_leaves_it_running() -> None:
+    """HostedLoop (an AsyncProducer's I/O on the caller's loop): ``call_soon`` from the loop's
+    own thread is a plain call_soon, from another thread a thread-safe one; ``run`` comes from
+    another thread (from the loop it would deadlock); a blocking step runs off the loop; ``stop``
+    ends only the worker threads: the caller's loop and its tasks go on."""
+    import asyncio
+    import threading
+
+    import pytest
+
+    from ordq.common.loop import HostedLoop
+
+    async def main() -> list[str]:
+        host = HostedLoop("test-hosted")
+        assert host.in_loop and host.loop is asyncio.get_running_loop()
+        ran: list[str] = []
+        host.call_soon(ran.append, "from the loop")
+        other = threading.Thread(target=lambda: host.call_soon(ran.append, "from a thread"))
+        other.start()
+        other.join()
+
+        async def answer() -> str:
+            return "run from a thread"
+
+        ran.append(await asyncio.to_thread(host.run, answer(), 10))
+        ran.append(await host.run_blocking(lambda: threading.current_thread().name.split("_")[0]))
+        with pytest.raises(AssertionError, match="deadlock"):
+            coro = answer()
+            try:
+                host.run(coro)
+            finally:
+                coro.close()
+        host.stop()
+        await asyncio.sleep(0)  # the loop is still the caller's and still runs
+        ran.append("after stop")
+        return ran
+
+    assert asyncio.run(main()) == ["from the loop", "from a thread", "run from a thread", "test-hosted-blocking",
+                                   "after stop"]

@@ -83,3 +83,21 @@ def test_one_bridge_settles_every_asyncio_future_of_a_batch() -> None:
         return list(await asyncio.gather(*outs))
 
     assert asyncio.run(main()) == [SendResult(seq=s, seg=2, offset=50 + s - 10) for s in range(10, 14)]
+
+
+def test_a_bridge_settles_at_once_when_the_outcome_comes_on_its_loops_thread() -> None:
+    """The AsyncProducer's I/O on the caller's loop settles a batch on that loop's thread: the
+    bridge then settles the batch's futures at once (no wake-up scheduled through the loop);
+    those wrapped after are settled at once as before."""
+    async def main() -> list[SendResult]:
+        outcome = BatchOutcome()
+        futs = [SendFuture(seq, outcome) for seq in range(20, 23)]
+        bridge = _BatchBridge(asyncio.get_running_loop(), futs[0])
+        outs = [bridge.add(futs[0]), bridge.add(futs[1])]
+        outcome.acked(seg=3, first_offset=7, first_seq=20)  # on this loop's thread, as the hosted I/O does
+        assert all(o.done() for o in outs)
+        outs.append(bridge.add(futs[2]))
+        assert outs[2].done()
+        return list(await asyncio.gather(*outs))
+
+    assert asyncio.run(main()) == [SendResult(seq=s, seg=3, offset=7 + s - 20) for s in range(20, 23)]

@@ -1,5 +1,7 @@
 """An asyncio event loop on a daemon thread, for a process's or a client's gRPC I/O (grpc.aio):
-one per broker process (broker_group/service.py), one per Producer (sdk/producer.py).
+one per broker process (broker_group/service.py), one per Producer (sdk/producer.py). Or, for
+an AsyncProducer (sdk/aio.py), the caller's own running loop (``HostedLoop``), with the same
+interface (``LoopHost``).
 
 Rules:
 - Owns the loop, its thread and a pool of worker threads (``workers``, made as needed) for
@@ -9,7 +11,8 @@ Rules:
   once per call, so callers batch their reasons to wake it (one wake-up per batch, not per
   message).
 - ``stop`` cancels what is still scheduled, lets it finish, closes the loop and joins the
-  thread: nothing is left running and no coroutine is left un-awaited.
+  thread: nothing is left running and no coroutine is left un-awaited. (A ``HostedLoop``'s
+  owner cancels its own tasks; the loop is not its to stop.)
 
 The loop is uvloop's (``ORDQ_LOOP=asyncio``: the standard library's). Why: the data path's lean
 links are asyncio streams with TLS, and the standard loop runs its TLS layer (sslproto) and
@@ -76,7 +79,77 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-class LoopThread:
+class LoopHost:
+    """An event loop a client's I/O runs on, and how other threads reach it: ``LoopThread``
+    (a loop on a thread of its own) or ``HostedLoop`` (the caller's running loop)."""
+
+    name: str
+    loop: asyncio.AbstractEventLoop
+    _worker: concurrent.futures.ThreadPoolExecutor
+
+    @property
+    def in_loop(self) -> bool:
+        """Is the caller on the loop's thread?"""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        raise NotImplementedError
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop, from any thread (never waits). Dropped once the loop
+        is closed: nothing runs there any more, and a thread finishing late (a producer's roll
+        answered after ``close``) must not die of it. From the loop's own thread it is a plain
+        ``call_soon``: no wake-up to write."""
+        try:
+            if self.in_loop:
+                self.loop.call_soon(fn, *args)
+            else:
+                self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (from another thread only)."""
+        assert not self.in_loop, f"{type(self).__name__}.run() from the loop itself would deadlock"
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the loop: run a blocking ``fn(*args)`` on the worker thread and await it."""
+        return await self.loop.run_in_executor(self._worker, fn, *args)
+
+
+def _workers(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-blocking")
+
+
+class HostedLoop(LoopHost):
+    """The caller's running loop lent to a client (``AsyncProducer``): its I/O runs there, so a
+    send awaited on that loop is written and settled with no hop between threads (issue 39: the
+    hand-off to a producer's own loop thread and back cost ~100-150 µs of a synchronous send).
+    Make it on the loop's thread. Its owner stops its own tasks and connections; ``stop`` only
+    ends the worker threads (the loop is the caller's, and goes on)."""
+
+    def __init__(self, name: str, *, workers: int = 1) -> None:
+        self.name = name
+        self.loop = asyncio.get_running_loop()
+        self._thread = threading.current_thread()
+        self._worker = _workers(name, workers)
+
+    @property
+    def in_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def start(self) -> None:
+        pass  # it runs already
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+class LoopThread(LoopHost):
     """``start()`` runs a new event loop on a daemon thread named ``name``; ``stop()`` ends it."""
 
     def __init__(self, name: str, *, workers: int = 1) -> None:
@@ -84,7 +157,7 @@ class LoopThread:
         self.loop = new_loop()
         self.loop.set_exception_handler(_drop_stale_grpc_handoff)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-blocking")
+        self._worker = _workers(name, workers)
         self.loop.set_default_executor(self._worker)
         self._started = False
         self._stopped = False
@@ -102,26 +175,7 @@ class LoopThread:
 
     @property
     def in_loop(self) -> bool:
-        """Is the caller on the loop's thread?"""
         return threading.current_thread() is self._thread
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop, from any thread (never waits). Dropped once the loop
-        is closed (``stop``): nothing runs there any more, and a thread finishing late (a
-        producer's roll answered after ``close``) must not die of it."""
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass  # the loop is closed
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (from another thread only)."""
-        assert not self.in_loop, "LoopThread.run() from the loop itself would deadlock"
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """On the loop: run a blocking ``fn(*args)`` on the worker thread and await it."""
-        return await self.loop.run_in_executor(self._worker, fn, *args)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Cancel the tasks still running, let them finish (bounded), close the loop. The
@@ -180,7 +234,7 @@ class Signal:
     in between; another thread's ``fire`` reaches the loop through ``call_soon_threadsafe``.
     """
 
-    def __init__(self, loop_thread: LoopThread) -> None:
+    def __init__(self, loop_thread: LoopHost) -> None:
         self._lt = loop_thread
         self._waiters: set[asyncio.Future[None]] = set()
 
