@@ -264,7 +264,7 @@ def main() -> None:
     if stamps_dir is not None:
         stages.enable(stamps_dir, every=args.stages)  # before the cluster starts: its processes inherit it
     roles: dict[int, str] = {}
-    steady_first = 0
+    steady = range(0)  # the steady phase's seqs (its batches' stage stamps)
     consumer_token: str | None = None  # --consumer-token: the consumer's own
     with bench_cluster(2) as cluster:
         if args.token:
@@ -340,7 +340,7 @@ def main() -> None:
                 batches_before = producer.statistics().batches_acked
                 meter = cpu_meter(cluster, consumer)
                 roles = {pid: name for name, pid in meter.pids.items()}
-                steady_first = base
+                steady = range(base, base + n)
                 acked = [lat for _sent, lat in send_at_rate(producer, payload, args.rate, n)]
                 cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
                 figures["cpu_per_batch_us"] = meter.total_us
@@ -360,7 +360,7 @@ def main() -> None:
                   f"{args.aio_sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
     print("\n".join(goals(figures)))
     if stamps_dir is not None:
-        print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady_first, roles, every=args.stages)))
+        print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady, roles, every=args.stages)))
         shutil.rmtree(stamps_dir, ignore_errors=True)
 
 
@@ -420,9 +420,12 @@ def hop_lines(stamps: list[stages.Stamp]) -> list[str]:
 HOP_SAMPLES = "hop samples (µs, JSON): "
 
 
-def stage_lines(stamps: list[stages.Stamp], first_seq: int, roles: dict[int, str], *, every: int = 1) -> list[str]:
-    """Where the batches from ``first_seq`` on spent their time, and each process's GC pauses."""
-    steady = [s for s in stamps if not s.keys or min(s.keys) >= first_seq or s.name.startswith("gc.")]
+def stage_lines(stamps: list[stages.Stamp], seqs: range, roles: dict[int, str], *, every: int = 1) -> list[str]:
+    """Where the batches of ``seqs`` (the steady phase's, not the asyncio sends' after it) spent
+    their time, and each process's GC pauses meanwhile."""
+    steady = [s for s in stamps if not s.keys or min(s.keys) in seqs or s.name.startswith("gc.")]
+    first_seq = seqs.start
+    t1 = max((s.ns for s in steady if s.keys), default=0)  # the last stamp of the steady batches
     which = "batches" if every <= 1 else f"batches sampled (one in {every})"
     out = [f"stages of the steady phase's {which} (µs since the batch opened in send()):",
            *stages.keyed_lines(stages.keyed_breakdown(steady, STEADY_PATH)), *hop_lines(steady)]
@@ -431,7 +434,7 @@ def stage_lines(stamps: list[stages.Stamp], first_seq: int, roles: dict[int, str
         out.append(f"{s.start} > {s.end}: n {s.count}, p50 {s.p50_us:,.0f} µs, p99 {s.p99_us:,.0f}, "
                    f"max {s.max_us:,.0f} (mean {s.mean_us:,.0f})")
     t0 = next((s.ns for s in steady if s.name == "P.open" and s.keys and s.keys[0] >= first_seq), 0)
-    pauses = stages.gc_pauses(s for s in steady if s.ns >= t0)
+    pauses = stages.gc_pauses(s for s in steady if t0 <= s.ns <= t1)
     for pid, ps in sorted(pauses.items(), key=lambda kv: -sum(kv[1])):
         ps = sorted(ps)
         out.append(f"GC pauses in {roles.get(pid, pid)} during the steady phase: {len(ps)}, "

@@ -23,16 +23,20 @@ def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDeco
 
 # bench module, tiny arguments, fragments its output must hold (one per phase)
 BENCHES = [
-    bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--rate", "500", "--rate-seconds", "1"],
+    bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--aio-sync-messages", "50", "--rate", "500",
+                        "--rate-seconds", "1"],
           ["floor of one acked send", "x the floor on the lean links", "pipelined:", "synchronous:",
+           "synchronous (asyncio, the producer's I/O on the caller's loop):", "goal: synchronous sends/s, asyncio",
            "steady 500 msgs/s", "CPU per batch", "stream writes per batch", "of them on its loop",
            "master request-time charges",
            "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch",
            "goal: pipelined"]),
     # where the steady phase's batches spend their time: every stage of the path reached (padded row),
     # sampled (one batch in 2: the same batches in every process) and each hop timed
-    bench("bench_e2e", ["--messages", "0", "--sync-messages", "0", "--rate", "300", "--rate-seconds", "1",
-                               "--floor-round-trips", "0", "--stages", "2", "--commit-every", "100000", "--freeze-gc"],
+    # (the asyncio sends after the steady phase are not counted in it)
+    bench("bench_e2e", ["--messages", "0", "--sync-messages", "0", "--aio-sync-messages", "20", "--rate", "300",
+                        "--rate-seconds", "1", "--floor-round-trips", "0", "--stages", "2", "--commit-every", "100000",
+                        "--freeze-gc"],
           ["stages of the steady phase's batches", *(f"\n{stage}  " for stage in (
               "P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced", "S.request",
               "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")),
@@ -40,8 +44,8 @@ BENCHES = [
            "\nM.ack > C.read: ", "\nP.open > C.poll: end to end"], id="bench_e2e_stages"),
     # the consumer with a token of its own: its reads contended beside the producer's token; no
     # floor measured, so the synchronous goal is not judged (it said "NOT met" against NaN)
-    bench("bench_e2e", ["--messages", "2000", "--sync-messages", "20", "--rate", "300", "--rate-seconds", "1",
-                        "--floor-round-trips", "0", "--token", "--consumer-token"],
+    bench("bench_e2e", ["--messages", "2000", "--sync-messages", "20", "--aio-sync-messages", "0", "--rate", "300",
+                        "--rate-seconds", "1", "--floor-round-trips", "0", "--token", "--consumer-token"],
           ["pipelined:", "steady 300 msgs/s", "synchronous:", "goal >= 0.8x the floor (nan): no floor measured"],
           id="bench_e2e_consumer_token"),
     bench("bench_sync_many", ["--producers", "2", "--seconds", "1", "--token"],
