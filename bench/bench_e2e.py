@@ -226,6 +226,8 @@ def main() -> None:
     ap.add_argument("--sync-messages", type=int, default=3_000)
     ap.add_argument("--aio-sync-messages", type=int, default=3_000,
                     help="synchronous sends through the AsyncProducer, after the steady phase")
+    ap.add_argument("--aio-io-thread", action="store_true",
+                    help="the AsyncProducer with a loop thread of its own (io_thread=True), to compare")
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--rate-seconds", type=float, default=10.0)
     ap.add_argument("--size", type=int, default=1024)
@@ -354,9 +356,10 @@ def main() -> None:
                 print(cpu)
                 print(writes.report(batches))
         if args.aio_sync_messages:  # synchronous again, through the asyncio API
-            lat, secs = aio_sync_sends(cfg, payload, args.aio_sync_messages)
+            lat, secs = aio_sync_sends(cfg, payload, args.aio_sync_messages, io_thread=args.aio_io_thread)
             figures["aio_sync_sends_per_s"] = args.aio_sync_messages / secs
-            print(f"synchronous (asyncio, the producer's I/O on the caller's loop): "
+            where = "a loop thread of its own" if args.aio_io_thread else "the caller's loop"
+            print(f"synchronous (asyncio, the producer's I/O on {where}): "
                   f"{args.aio_sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
     print("\n".join(goals(figures)))
     if stamps_dir is not None:
@@ -364,11 +367,12 @@ def main() -> None:
         shutil.rmtree(stamps_dir, ignore_errors=True)
 
 
-def aio_sync_sends(cfg: ProducerConfig, payload: bytes, n: int) -> tuple[list[float], float]:
+def aio_sync_sends(cfg: ProducerConfig, payload: bytes, n: int, *, io_thread: bool = False
+                   ) -> tuple[list[float], float]:
     """``n`` sends through an AsyncProducer, each awaited before the next, on a new uvloop loop
     on this thread, as an asyncio application runs it: (each ack latency, the seconds of all)."""
     async def sends() -> tuple[list[float], float]:
-        async with AsyncProducer(cfg) as producer:
+        async with AsyncProducer(cfg, io_thread=io_thread) as producer:
             lat = []
             t0 = time.perf_counter()
             for _ in range(n):
