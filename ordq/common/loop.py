@@ -211,7 +211,10 @@ class LoopThread(LoopHost):
 # enough: a task that was connecting may swallow the cancellation (Python 3.11's
 # ``asyncio.wait_for`` returns a result that came at the moment it was cancelled) and finish
 # opening after the others were cancelled.
-_connections: dict[asyncio.AbstractEventLoop, weakref.WeakSet[asyncio.BaseTransport]] = {}
+# Keyed weakly: a loop lent by its caller (HostedLoop) is not stopped by us, and must not be kept
+# alive by its entry here once its owner closed it.
+_connections: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[asyncio.BaseTransport]] = (
+    weakref.WeakKeyDictionary())
 
 
 def track_connection(transport: asyncio.BaseTransport) -> None:
