@@ -237,6 +237,11 @@ def test_a_second_produce_token_holder_cannot_write_with_the_current_epoch(clust
         assert producer.statistics().failovers == 0
     transport = GrpcTransport(credentials=admin_creds)
     try:
+        # The producer's ack needs the slave's synced end, which the slave tells it directly;
+        # the master's LAC (what a read sees) moves when the slave's answer reaches it, just
+        # after: under load the read came first and saw only the first 100 (default tier).
+        wait_until(lambda: transport.fetch(master, "q", seg, 0, max_bytes=1, max_wait_ms=0).readable_end >= 200,
+                   timeout_s=30, interval_s=0.02, what="the master's LAC past the 200 acked messages")
         res = transport.fetch(master, "q", seg, 0, max_bytes=1 << 20, max_wait_ms=0)
         stats = json.loads(transport.health(master).stats_json)
     finally:
