@@ -428,7 +428,6 @@ def stage_lines(stamps: list[stages.Stamp], seqs: range, roles: dict[int, str], 
     """Where the batches of ``seqs`` (the steady phase's, not the asyncio sends' after it) spent
     their time, and each process's GC pauses meanwhile."""
     steady = [s for s in stamps if not s.keys or min(s.keys) in seqs or s.name.startswith("gc.")]
-    first_seq = seqs.start
     t1 = max((s.ns for s in steady if s.keys), default=0)  # the last stamp of the steady batches
     which = "batches" if every <= 1 else f"batches sampled (one in {every})"
     out = [f"stages of the steady phase's {which} (µs since the batch opened in send()):",
@@ -437,7 +436,7 @@ def stage_lines(stamps: list[stages.Stamp], seqs: range, roles: dict[int, str], 
                                    ("M.ack", "P.acked"), ("M.ack", "C.read")]):
         out.append(f"{s.start} > {s.end}: n {s.count}, p50 {s.p50_us:,.0f} µs, p99 {s.p99_us:,.0f}, "
                    f"max {s.max_us:,.0f} (mean {s.mean_us:,.0f})")
-    t0 = next((s.ns for s in steady if s.name == "P.open" and s.keys and s.keys[0] >= first_seq), 0)
+    t0 = next((s.ns for s in steady if s.name == "P.open" and s.keys), 0)  # (keys in seqs: filtered above)
     pauses = stages.gc_pauses(s for s in steady if t0 <= s.ns <= t1)
     for pid, ps in sorted(pauses.items(), key=lambda kv: -sum(kv[1])):
         ps = sorted(ps)

@@ -85,12 +85,13 @@ class LoopHost:
 
     name: str
     loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread  # the loop's
     _worker: concurrent.futures.ThreadPoolExecutor
 
     @property
     def in_loop(self) -> bool:
         """Is the caller on the loop's thread?"""
-        raise NotImplementedError
+        return threading.current_thread() is self._thread
 
     def start(self) -> None:
         raise NotImplementedError
@@ -138,10 +139,6 @@ class HostedLoop(LoopHost):
         self._thread = threading.current_thread()
         self._worker = _workers(name, workers)
 
-    @property
-    def in_loop(self) -> bool:
-        return threading.current_thread() is self._thread
-
     def start(self) -> None:
         pass  # it runs already
 
@@ -172,10 +169,6 @@ class LoopThread(LoopHost):
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
-
-    @property
-    def in_loop(self) -> bool:
-        return threading.current_thread() is self._thread
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Cancel the tasks still running, let them finish (bounded), close the loop. The
