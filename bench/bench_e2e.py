@@ -390,7 +390,8 @@ def aio_sync_sends(cfg: ProducerConfig, payload: bytes, n: int, *, io_thread: bo
 
 # A steady-rate batch's stages, in the order they usually come (ordq/common/stages.py)
 STEADY_PATH = ("P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced",
-               "S.request", "S.sync", "S.synced", "S.answer", "M.ack", "P.acked", "P.resolved", "C.read", "C.poll")
+               "S.request", "S.sync", "S.synced", "S.answer", "M.ack", "M.read", "P.acked", "P.resolved", "C.read",
+               "C.poll")
 
 
 # A message's way, hop by hop (issue 39's breakdown of the p99): (from, to, what happens between)
@@ -399,7 +400,8 @@ HOPS = (("P.open", "P.take", "send() → handed to the stream (behind the batch 
         ("M.request", "S.synced", "→ the slave's write+fdatasync done"),
         ("S.synced", "M.ack", "→ the master's ack (its own sync, the slave's answer)"),
         ("M.ack", "P.acked", "→ the ack at the producer"),
-        ("M.ack", "C.read", "the master's ack → the consumer's receipt"),
+        ("M.ack", "M.read", "the master's ack → its Read answer built"),
+        ("M.read", "C.read", "→ the consumer's receipt"),
         ("C.read", "C.poll", "→ its delivery to the application"),
         ("P.open", "C.poll", "end to end: send() → delivery"))
 

@@ -24,6 +24,7 @@ from ordq.broker_group.segments import SegmentStore
 from ordq.broker_group.shared import Segment, Shared
 from ordq.common.errors import BrokerUnavailable, CorruptLog, SegmentNotFound
 from ordq.common.loop import Alarm, KeyedLocks, Signal
+from ordq.common.stages import stamp
 from ordq.coordinator.state import SegStatus
 from ordq.wire import batch as batch_format
 from ordq.wire import ordq_pb2 as pb
@@ -240,6 +241,7 @@ class ReadPath:
         if account is not None:
             account.answered(answer, upto, self.request_time.config.byte_cost_s(answer.batch_bytes))
         count_fetch(self.shared.stats, batches, answer.end_offset, answer.batch_bytes)
+        stamp("M.read", batch_format.first_seqs, batches)
         return answer
 
     @contextlib.asynccontextmanager

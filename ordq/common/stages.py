@@ -19,8 +19,9 @@ The keyed stages of one batch, in the order they usually come:
 (handed to the transport), ``M.request``/``M.placed`` (the master read and placed it),
 ``M.forward`` (sent to the slave), ``M.sync``/``M.synced`` (the master's group commit: write,
 then fdatasync done), ``S.request``, ``S.sync``/``S.synced``, ``S.answer`` (the slave's),
-``M.ack`` (the ack taken for the producer), ``P.acked``/``P.resolved`` (the producer read it,
-the futures resolved), ``C.read`` (a consumer decoded it), ``C.poll`` (handed to the application).
+``M.ack`` (the ack taken for the producer), ``M.read`` (a consumer's Read answer holding it
+built), ``P.acked``/``P.resolved`` (the producer read it, the futures resolved), ``C.read`` (a
+consumer decoded it), ``C.poll`` (handed to the application).
 
 Sampling (``ORDQ_STAGE_SAMPLE=N``, or ``enable(folder, every=N)``): keyed stamps are written
 only for the batches whose first seq a hash picks, one in N, the same ones in every process
