@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordq.broker_group.lean_link import frame, read_frame
+from ordq.broker_group.lean_link import _replication_hello, frame, read_frame
 from ordq.common.errors import ConfigError
 from ordq.wire import ordq_pb2 as pb
 
@@ -51,3 +51,18 @@ def test_a_torn_frame_raises_and_a_long_one_is_refused_before_its_body() -> None
         _read_all(whole[:2], [])
     with pytest.raises(ConfigError, match="over the limit"):
         _read_all(whole[:4], [], limit=50)  # only the length arrived: refused on it alone
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=40), st.booleans(), st.booleans(), st.text(max_size=20), st.integers(0, 2**40))
+def test_no_clients_hello_passes_for_a_masters(token: str, read: bool, local_acks: bool, queue: str,
+                                                seg: int) -> None:
+    """A slave's lean port tells a master's first frame from a client's hello by the
+    ReplicateRequest's ``hello`` (field 5): no field a ProduceLinkHello holds may set it (a
+    prototype's hello field 5 made every consumer's watch pass for a master's link, refused on
+    its certificate's name)."""
+    hello = pb.ProduceLinkHello(token=token, read=read, local_acks=local_acks)
+    if seg % 2:
+        hello.watch.CopyFrom(pb.ReplicaSegment(queue=queue, seg=seg, synced_end=seg))
+    assert _replication_hello(hello.SerializeToString()) is None
+    assert _replication_hello(pb.ReplicateRequest(hello=True).SerializeToString()) is not None
