@@ -120,7 +120,7 @@ def test_every_guard_of_the_grpc_read_call_holds_on_the_lean_link(cluster: Clust
         try:
             if isinstance(req, bytes):  # raw frames
                 conn._sock.sendall(req)  # type: ignore[union-attr]  # noqa: SLF001
-                conn._deadline = time.monotonic() + 30  # noqa: SLF001
+                conn._frames.deadline = time.monotonic() + 30  # noqa: SLF001
                 return conn.next_answer()
             conn.open(req, 30.0)
             return conn.next_answer()
