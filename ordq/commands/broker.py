@@ -13,6 +13,7 @@ from typing import Any
 
 from ordq.commands import add_command, process_config, seconds
 from ordq.common.errors import ConfigError
+from ordq.common.heap import pad_heap
 from ordq.common.proc import announce
 from ordq.common.security import Credentials, remember_zk_tls
 from ordq.common.steady_gc import freeze_startup_objects
@@ -203,6 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # took up to 2.6 ms on the produce path (issue 39). Before start, not after: its collection
     # would hold a broker that already serves (and may be a failover's next head).
     freeze_startup_objects()
+    pad_heap()  # large buffers come and go per batch: not from fresh pages each time (common/heap.py)
     address = broker.start()
     announce(f"READY {address} {broker.incarnation}")
     try:
