@@ -4,8 +4,9 @@ A broker's hot paths make and drop buffers of tens to hundreds of KiB per batch 
 request read, the batches split out of it, a Read answer joined, the TLS records). glibc's
 malloc grows the heap with ``brk`` as they come and gives its top back (``trim``) as soon as
 they go, so the next one faulted fresh, zeroed pages in again: at a pipelined rate the master
-and slave spent a quarter of their CPU so (bench_e2e: master 10 → 7 µs and slave 6 → 4 µs a
-message with the pad below, 68-76k → 87-90k msgs/s end to end; docs/BENCHMARKS.md, stop 82).
+and slave spent a third of their CPU so (bench_e2e, pipelined: master 10-12 → 6-7 µs and slave
+6 → 3-4 µs a message with the pad below, 63-71k → 89-96k msgs/s end to end; docs/BENCHMARKS.md,
+stop 82).
 
 ``pad_heap`` asks glibc (``mallopt(M_TOP_PAD)``) to grow the heap by ``HEAP_PAD_BYTES`` more
 than it needs each time and to keep that much free at its top when it trims: the same as
