@@ -202,7 +202,8 @@ def test_huge_fetches_and_unread_streams_stay_in_the_budget_and_a_neighbour_keep
                what=f"master RSS back within 10% of its baseline {baseline:.0f} MiB")
     assert "Traceback" not in group.master.log_tail(400), "cancelled streams log no tracebacks"
     assert "ExecuteBatchError" not in group.master.log_tail(400)
-    neighbour.stop()
+    neighbour.stop_sending()
+    neighbour.join(60)  # every message the neighbour sent was acked, in order
 
 
 @pytest.mark.parametrize("sizes, readable_end, sealed", [

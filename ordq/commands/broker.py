@@ -13,7 +13,7 @@ from typing import Any
 
 from ordq.commands import add_command, process_config, seconds
 from ordq.common.errors import ConfigError
-from ordq.common.heap import pad_heap
+from ordq.common.heap import pad_heap, trim_heap_every
 from ordq.common.proc import announce
 from ordq.common.security import Credentials, remember_zk_tls
 from ordq.common.steady_gc import freeze_startup_objects
@@ -186,6 +186,10 @@ def broker_config(args: argparse.Namespace) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     from ordq.broker_group.service import Broker
 
+    # Before any thread of this process mallocs (common/heap.py): large buffers come and go per
+    # batch, not from fresh pages each time, and what is free goes back to the kernel.
+    pad_heap()
+    trim_heap_every()
     cfg = broker_config(args)
     if cfg.credentials.zk_tls:  # every ZooKeeper client of this process (ordq.common.security.zk_tls_options)
         remember_zk_tls(cfg.zk_hosts, cfg.credentials)
@@ -204,7 +208,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     # took up to 2.6 ms on the produce path (issue 39). Before start, not after: its collection
     # would hold a broker that already serves (and may be a failover's next head).
     freeze_startup_objects()
-    pad_heap()  # large buffers come and go per batch: not from fresh pages each time (common/heap.py)
     address = broker.start()
     announce(f"READY {address} {broker.incarnation}")
     try:
