@@ -24,7 +24,9 @@ def test_objects_alive_at_the_call_are_frozen_and_later_cycles_still_collected()
     kept = cycle()
     try:
         frozen = freeze_startup_objects()
-        assert frozen == gc.get_freeze_count() > 0
+        # Only fewer since: a frozen object that dies (in another thread of this process, too)
+        # leaves the permanent generation.
+        assert 0 < gc.get_freeze_count() <= frozen
         # What was alive at the call is out of every generation the collector walks.
         assert not any(o is kept[0] for g in range(3) for o in gc.get_objects(generation=g))
         later = cycle()
