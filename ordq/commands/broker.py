@@ -13,7 +13,7 @@ from typing import Any
 
 from ordq.commands import add_command, process_config, seconds
 from ordq.common.errors import ConfigError
-from ordq.common.heap import pad_heap, trim_heap_every
+from ordq.common.heap import pad_heap
 from ordq.common.proc import announce
 from ordq.common.security import Credentials, remember_zk_tls
 from ordq.common.steady_gc import freeze_startup_objects
@@ -187,9 +187,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ordq.broker_group.service import Broker
 
     # Before any thread of this process mallocs (common/heap.py): large buffers come and go per
-    # batch, not from fresh pages each time, and what is free goes back to the kernel.
+    # batch, not from fresh pages each time, and one arena keeps the pad once.
     pad_heap()
-    trim_heap_every()
     cfg = broker_config(args)
     if cfg.credentials.zk_tls:  # every ZooKeeper client of this process (ordq.common.security.zk_tls_options)
         remember_zk_tls(cfg.zk_hosts, cfg.credentials)
