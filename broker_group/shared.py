@@ -69,15 +69,18 @@ def session_doubt(now: float, v: SessionView) -> tuple[str | None, float | None]
 def doubt_wait_until(now: float, v: SessionView, waiting_since: float) -> float:
     """Until when (monotonic) a write that began waiting at ``waiting_since`` may wait for a
     doubt (``session_doubt``) to clear before it is refused: two sessions after the doubt
-    began; and, while kazoo is connected (only the quorum unheard), at least one session after
-    the write began waiting. Why the second: after a quorum loss longer than two sessions the
-    doubt began long ago, and a write that reached this master as the quorum came back was
-    refused at once, before the next probe (every eighth of a session) could answer: its
-    producer failed over a second time (default tier, test_failover_infra, quorum lost 7.5 s).
-    For liveness only: a write is taken only once the doubt clears."""
+    began; and, while kazoo is connected (only the quorum unheard) or the session is lost (its
+    liveness being registered again), at least one session after the write began waiting. Why:
+    after a quorum loss longer than two sessions the doubt began long ago, and a write that
+    reached this master as the quorum came back was refused at once, before the next probe
+    (every eighth of a session) could answer, or 137 ms before its liveness was registered
+    again: its producer failed over a second time (default tier, test_failover_infra, quorum
+    lost 7.5 s; stops 62 and 83). For liveness only: a write is taken only once the doubt
+    clears. (The segments a master held when its session expired are frozen then and refused
+    at once: ``WritePath.confirm_session``.)"""
     since = session_doubt(now, v)[1]
     until = (since if since is not None else 0.0) + 2 * v.timeout_s
-    if v.silent_since is None and not v.lost:
+    if v.silent_since is None or v.lost:
         until = max(until, waiting_since + v.timeout_s)
     return until
 

@@ -239,9 +239,9 @@ class WritePath:
         wait, on the loop, for kazoo to reconnect or the quorum probe to be answered. kazoo
         resumes the same session only if ZooKeeper still holds it, and the quorum answers a
         probe only while it does, so either proves this master was not replaced: take the
-        write. A lost session, no answer by
-        ``Shared.session_wait_until`` (two sessions after the doubt began; connected, at least one
-        session after the write began waiting) or a stop: refuse
+        write. A segment frozen by a lost session, no answer by
+        ``Shared.session_wait_until`` (two sessions after the doubt began; connected, or lost and
+        registering again, at least one session after the write began waiting) or a stop: refuse
         (SegmentNotWritable; the producer fails over). On a loaded box kazoo suspends a
         connection whose ping answer came a few hundred ms late and resumes the same session
         within a second or so: those writes are late, not refused (issue 26: the README's
@@ -256,7 +256,11 @@ class WritePath:
         try:
             while doubt is not None:
                 left = shared.session_wait_until(waiting_since) - time.monotonic()
-                if shared.zk_session_lost or shared.stopping or left <= 0:
+                # A lost session froze the segments held then (``_on_zk_state``): refused at
+                # once, as place() would; one made since waits for liveness registered again.
+                s = shared.segments.get((queue, seg))
+                frozen = shared.zk_session_lost and (s is None or not s.replica.writable)
+                if frozen or shared.stopping or left <= 0:
                     raise SegmentNotWritable(shared.address, queue, seg, doubt)
                 await shared.signal.wait(left)  # fired on every ZooKeeper state change and probe answer
                 doubt = shared.session_doubtful(time.monotonic())

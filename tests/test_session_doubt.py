@@ -11,6 +11,17 @@ times = st.floats(min_value=0, max_value=100, allow_nan=False)
 maybe = st.none() | times
 
 
+def test_a_write_reaching_a_master_that_lost_its_session_waits_a_session_for_it_to_register_again() -> None:
+    """Default tier (stop 83, test_failover_infra, the quorum lost 7.5 s, 1 s sessions): g2's
+    master lost its session to a hiccup before the outage and registered again only 137 ms
+    after the producer's failover reached it; its new segment's write was refused at once (a
+    lost session: no wait at all), and the producer failed over a second time. Now such a
+    write waits up to a session from its own start (taken only once registered again)."""
+    lost = SessionView(silent_since=10.0, lost=True, quorum_heard_at=None, timeout_s=1.0)
+    assert doubt_wait_until(13.0, lost, waiting_since=13.0) == 14.0  # was 12.0: refused at once
+    assert doubt_wait_until(10.5, lost, waiting_since=10.5) == 12.0  # the two sessions past the doubt
+
+
 @given(now=times, silent=maybe, heard=maybe, lost=st.booleans(), timeout=st.floats(min_value=0.2, max_value=60))
 def test_a_master_in_no_doubt_holds_a_session_the_quorum_vouched_for(now, silent, heard, lost, timeout) -> None:
     view = SessionView(silent_since=silent, lost=lost, quorum_heard_at=heard, timeout_s=timeout)
