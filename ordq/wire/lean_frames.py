@@ -137,6 +137,15 @@ def encoded_stream(channel: Any, method: str, response: type[Message]) -> Any:
 
 
 
+def frame_length(head: bytes | bytearray, limit: int, what: str) -> int:
+    """The body length a frame's header (the first bytes of ``head``) gives; a frame longer
+    than ``limit`` is refused (ConfigError) before its body is read."""
+    (n,) = HEADER.unpack_from(head)
+    if n > limit:
+        raise ConfigError(f"bad {what}: a frame of {n} bytes, over the limit of {limit}")
+    return int(n)
+
+
 async def read_frame(reader: asyncio.StreamReader, limit: int, what: str) -> bytes | None:
     """The next frame's body; None at a clean end of stream (between frames). A frame longer
     than ``limit`` is refused (ConfigError) before its body is read."""
@@ -146,7 +155,4 @@ async def read_frame(reader: asyncio.StreamReader, limit: int, what: str) -> byt
         if not exc.partial:
             return None
         raise
-    (n,) = HEADER.unpack(head)
-    if n > limit:
-        raise ConfigError(f"bad {what}: a frame of {n} bytes, over the limit of {limit}")
-    return await reader.readexactly(n)
+    return await reader.readexactly(frame_length(head, limit, what))

@@ -34,7 +34,7 @@ from ordq.common.security import Credentials
 from ordq.common.tls_socket import wrap_owned
 from ordq.wire import ordq_pb2 as pb
 from ordq.wire.errors import from_error_json
-from ordq.wire.lean_frames import HEADER, frame
+from ordq.wire.lean_frames import HEADER, frame, frame_length
 from ordq.wire.lean_produce import ANSWER_LIMIT, CONNECT_TIMEOUT_S, REACH_TIMEOUT_S, tls_context
 
 T = TypeVar("T")
@@ -131,9 +131,7 @@ class FrameReceiver:
         buf = self._buf
         while len(buf) < HEADER.size:
             buf += self._scratch[:self._recv_into(sock, self._scratch)]
-        (n,) = HEADER.unpack_from(buf)
-        if n > ANSWER_LIMIT:
-            raise ConfigError(f"a Read answer of {n} bytes, over the limit of {ANSWER_LIMIT}")
+        n = frame_length(buf, ANSWER_LIMIT, "Read answer")
         whole = HEADER.size + n
         if len(buf) >= whole:
             with memoryview(buf) as view:
