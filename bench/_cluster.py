@@ -10,6 +10,7 @@ import statistics
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -142,10 +143,14 @@ def summary_ms(latencies_s: Sequence[float]) -> str:
             f"max {max(ms):.2f} ms, mean {statistics.fmean(ms):.2f} ms")
 
 
-def send_at_rate(producer: Producer, payload: bytes, rate: float, n: int) -> list[tuple[float, float]]:
+def send_at_rate(producer: Producer, payload: bytes, rate: float, n: int) -> tuple[array, array]:
     """Send ``n`` messages at a steady ``rate`` and wait for every ack; returns each message's
-    (send time, send->ack latency) on ``time.perf_counter``, in ack order."""
-    acked: list[tuple[float, float]] = []
+    send time and send->ack latency on ``time.perf_counter``, in ack order. In arrays of
+    floats: a tuple kept per message would be an object the collector walks at every full
+    collection, and their number starts full collections in the sending process (20,000 of
+    them in a 10 s steady phase: pauses of 12-22 ms, issue 39), which an application that
+    keeps nothing per send would not have."""
+    sent_at, latency = array("d"), array("d")
     start = time.perf_counter()
     for i in range(n):
         pause = start + i / rate - time.perf_counter()
@@ -154,8 +159,9 @@ def send_at_rate(producer: Producer, payload: bytes, rate: float, n: int) -> lis
         sent = time.perf_counter()
 
         def on_ack(_f: object, t: float = sent) -> None:
-            acked.append((t, time.perf_counter() - t))
+            sent_at.append(t)
+            latency.append(time.perf_counter() - t)
 
         producer.send(payload).add_done_callback(on_ack)
     producer.flush()
-    return acked
+    return sent_at, latency

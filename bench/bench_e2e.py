@@ -240,6 +240,9 @@ def main() -> None:
                     help="producer and consumer call with a token (produce, consume on the queue), as an "
                     "application does: charged to its request-time share and its read rate, answers of at most "
                     "4 MiB (the cluster's certificate alone is none of these)")
+    ap.add_argument("--insecure", action="store_true",
+                    help="plaintext brokers and clients (``ordq broker run --insecure``): what TLS costs, and the "
+                    "figures beside a peer measured without TLS (../shared/peers runs Redis, NATS and RabbitMQ so)")
     ap.add_argument("--consumer-token", action="store_true",
                     help="with --token: the consumer calls with a token of its own (consume only), as a separate "
                     "application does; its reads then count as contended beside the producer's token (paced at "
@@ -256,6 +259,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.consumer_token and not args.token:
         ap.error("--consumer-token needs --token")
+    if args.insecure and args.token:
+        ap.error("--insecure makes a plaintext cluster, which has no tokens (docs/SECURITY.md): give one of them")
     if args.consume:
         hosts, sub, start, first, count = args.consume
         consume_main(hosts, sub, start, int(first), int(count))
@@ -268,7 +273,7 @@ def main() -> None:
     roles: dict[int, str] = {}
     steady = range(0)  # the steady phase's seqs (its batches' stage stamps)
     consumer_token: str | None = None  # --consumer-token: the consumer's own
-    with bench_cluster(2) as cluster:
+    with bench_cluster(2, tls=not args.insecure) as cluster:
         if args.token:
             from ordq.coordinator.tokens import create_token, touch
 
@@ -343,7 +348,7 @@ def main() -> None:
                 meter = cpu_meter(cluster, consumer)
                 roles = {pid: name for name, pid in meter.pids.items()}
                 steady = range(base, base + n)
-                acked = [lat for _sent, lat in send_at_rate(producer, payload, args.rate, n)]
+                _sent, acked = send_at_rate(producer, payload, args.rate, n)
                 cpu = meter.report(producer.statistics().batches_acked - batches_before, "batch")
                 figures["cpu_per_batch_us"] = meter.total_us
                 res = finish(consumer)

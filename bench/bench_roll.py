@@ -50,7 +50,8 @@ def main() -> None:
             producer.send(payload).result()  # leader, connected: the clock starts on a warm path
             thread = threading.Thread(target=roller, name="roller", daemon=True)
             thread.start()
-            sent_acked = send_at_rate(producer, payload, args.rate, int(args.rate * args.seconds))
+            sent_at, latency = send_at_rate(producer, payload, args.rate, int(args.rate * args.seconds))
+            sent_acked = list(zip(sent_at, latency, strict=True))
             stop.set()
             thread.join()
             failovers = producer.statistics().failovers

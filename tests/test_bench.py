@@ -49,6 +49,10 @@ BENCHES = [
                         "--rate-seconds", "1", "--floor-round-trips", "0", "--token", "--consumer-token"],
           ["pipelined:", "steady 300 msgs/s", "synchronous:", "goal >= 0.8x the floor (nan): no floor measured"],
           id="bench_e2e_consumer_token"),
+    # plaintext brokers and clients: what TLS costs, beside peers measured without it
+    bench("bench_e2e", ["--messages", "500", "--sync-messages", "20", "--aio-sync-messages", "20", "--rate", "300",
+                        "--rate-seconds", "1", "--floor-round-trips", "0", "--insecure"],
+          ["pipelined:", "synchronous:", "synchronous (asyncio", "steady 300 msgs/s"], id="bench_e2e_insecure"),
     bench("bench_sync_many", ["--producers", "2", "--seconds", "1", "--token"],
           ["2 producers, synchronous, 1 s:", "CPU per send: master", "master's group commits:"]),
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],
