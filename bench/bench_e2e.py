@@ -3,13 +3,15 @@ messages, both replicas fsynced before every ack. Not a test: prints numbers for
 docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.bench_e2e [--messages N] [--sync-messages N] [--aio-sync-messages N]
-        [--rate 2000 --rate-seconds 10] [--token [--consumer-token]]
+        [--rate 2000 --rate-seconds 10] [--token [--consumer-token] | --insecure]
 
 It first measures the floor of the stack (bench/bench_floor.py, fdatasync in the cluster's
 folder) in the same run, and ends with issue 15's four figures against their goals:
 synchronous sends/s against 0.8x that floor (shown beside the floor with both replicas' syncs
 on one disk and the floor on the lean links), end-to-end p99 at the steady rate, CPU per
-batch across all processes at that rate, pipelined produce+ack msgs/s.
+batch across all processes at that rate, pipelined produce+ack msgs/s. TLS is on every hop
+(as a default cluster has it); ``--insecure`` runs plaintext brokers and clients instead, to
+see what TLS costs and to stand beside peers measured without it (../shared/peers).
 
 pipelined: one Producer sends as fast as its in-flight window allows while one Consumer (in a
 separate process) reads; msgs/s counts from the first send to the last delivery.
