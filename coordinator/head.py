@@ -24,11 +24,13 @@ import attrs
 
 from ordq.common.errors import (
     BrokerUnavailable,
+    ConfigError,
     CoordinationUnavailable,
     FencedError,
     IllegalTransition,
     NoGroupAvailable,
     OrdqError,
+    PermissionDenied,
     WaitTimeout,
 )
 from ordq.coordinator import state as sm
@@ -67,18 +69,28 @@ class HeadProtocol:
 
     def take_over(self, epoch: int) -> Takeover:
         """After the claim bumped the epoch to ``epoch``: fence the open segment, bring its
-        replicas level, find where seq continues. FencedError when a later claim won."""
+        replicas level, find where seq continues. FencedError when a later claim won.
+
+        Bounded: the head moves at most once per group of the send list, and not at all when
+        a replica refuses the Fence (ConfigError: a refusal, e.g. tokens on a plaintext cluster,
+        whose coordinators then have no right to fence, is the same on every group); past
+        that, BrokerUnavailable names each replica's answer. Unbounded, a claim whose fences
+        all failed made a new segment every ~15 ms for as long as its producer asked (stop 84:
+        700 segments of an empty queue in 40 s)."""
         store = self.store
         deadline = time.monotonic() + self.no_group_timeout_s
+        moves, most = 0, None
         while True:
             st, _ = store.load_state(self.queue)
             self.check_epoch(st, epoch)
+            if most is None:  # one move per group of the send list as the claim found it (it shrinks as heads fail)
+                most = max(len(st.send), 1)
             open_seg = st.open_segment
             if open_seg is None:
                 self._seal_all_sealing(st)
                 st = self._wait_for_head(deadline)
                 continue
-            replies = self._fence_replicas(open_seg.gid, open_seg.seg, epoch)
+            replies, failures = self._fence_replicas(open_seg.gid, open_seg.seg, epoch)
             ends = {r.end for r in replies.values() if r is not None}
             if len(ends) == 1 and len(replies) == 2 and all(replies.values()):
                 reply = next(r for r in replies.values() if r is not None)
@@ -90,9 +102,18 @@ class HeadProtocol:
                     st = self._seal_all_sealing(st)
                     last = _last_of_sealed(st)
                 return Takeover(epoch=epoch, gid=open_seg.gid, seg=open_seg.seg, last=last)
+            said = "; ".join(f"{where}: {exc}" for where, exc in failures) or "their ends differ"
+            if any(isinstance(exc, PermissionDenied) for _, exc in failures):
+                raise ConfigError(f"queue {self.queue}: the brokers refuse this coordinator's Fence of segment "
+                                  f"{open_seg.seg} ({said}); the head is not moved (docs/SECURITY.md)")
+            if moves >= most:
+                raise BrokerUnavailable(f"group {open_seg.gid}", f"queue {self.queue}: segment {open_seg.seg} "
+                                        f"could not be fenced ({said}), after the head moved {moves} times in "
+                                        "this claim: it moves no further until a replica answers")
             # One replica down or the two disagree: move on to a new segment and seal this one
             # (the Seal protocol decides its end from whoever answers).
             self.fail_over_from(open_seg.gid, open_seg.seg, epoch)
+            moves += 1
 
     def check_epoch(self, st: QueueState, epoch: int) -> None:
         if st.producer_epoch > epoch:
@@ -141,18 +162,22 @@ class HeadProtocol:
         """A state with an open segment, admitting groups, bounded by ``no_group_timeout_s``."""
         return self._wait_for_head(time.monotonic() + self.no_group_timeout_s)
 
-    def _fence_replicas(self, gid: str, seg: int, epoch: int) -> dict[str, Any]:
+    def _fence_replicas(self, gid: str, seg: int, epoch: int) -> tuple[dict[str, Any], list[tuple[str, OrdqError]]]:
+        """Each replica's Fence reply (None: not live, or it failed) and the failures, with
+        where (``"g1 master ADDRESS"``)."""
         members = self.store.live_members(gid)
         replies: dict[str, Any] = {}
+        failures: list[tuple[str, OrdqError]] = []
         for role in ("master", "slave"):
             info = members.get(role)
             try:
                 replies[role] = self.transport.fence(info.address, self.queue, seg, epoch) if info else None
             except FencedError:
                 raise
-            except OrdqError:
+            except OrdqError as exc:
                 replies[role] = None
-        return replies
+                failures.append((f"{gid} {role} {info.address if info else ''}", exc))
+        return replies, failures
 
     def _seal_all_sealing(self, st: QueueState) -> QueueState:
         for s in st.consume:

@@ -1,0 +1,108 @@
+"""A claim whose fences fail on every group moves the head at most once per group, then
+answers with why (coordinator/head.py ``take_over``).
+
+Found by hand (stop 84): a produce token made on a plaintext cluster (`ordq up --insecure`,
+then `ordq auth create`) turns tokens on there, and the brokers then refuse the coordinator's
+Fence and Seal (a plaintext coordinator has no identity, and no token). A producer's claim
+then failed over from segment to segment for as long as it kept asking: 700 segments of an
+empty queue in 40 s, 12,500 deferred seals in the coordinator's log, the producer told only
+"no coordinator answered Claim in time". Real processes there: ``ordq up``, the CLI.
+
+The other bound (replicas live in ZooKeeper that answer no Fence: a coordinator cut off from
+the brokers) is the head protocol on real ZooKeeper with a transport to brokers that never
+answer: no broker process is needed to be unreachable.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ordq.common.errors import BrokerUnavailable
+from ordq.coordinator import state as sm
+from ordq.coordinator.head import HeadProtocol
+from ordq.coordinator.store import ZkStore
+from ordq.local_cluster import LocalCluster
+from ordq.wire.transport import ReplicaEnd
+from ordq.zk_server import ZkServer
+from tests.test_local_cluster import REPO
+
+pytestmark = pytest.mark.zk
+
+GROUPS = 2
+
+
+def ordq(*argv: str, env: dict[str, str] | None = None, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ordq.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO, env=os.environ | (env or {}))
+
+
+def segments_of(folder: Path, queue: str) -> int:
+    """How many segments the queue's consume list holds (ZooKeeper, as the cluster's admin)."""
+    cluster = LocalCluster.load(folder)
+    with cluster.store() as store:
+        st, _ = store.load_state(queue)
+        return len(st.consume)
+
+
+def test_a_claim_that_cannot_fence_moves_the_head_at_most_once_per_group_and_says_why(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    res = ordq("up", "--insecure", "--dir", str(folder), "--zk-port", "0", "--groups", str(GROUPS),
+               "--coordinators", "1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    try:
+        zk = LocalCluster.load(folder).zk_hosts
+        assert ordq("--zk", zk, "queue", "create", "q").returncode == 0
+        made = ordq("--zk", zk, "auth", "create", "--role", "produce:q", "--name", "t")
+        assert made.returncode == 0, made.stdout + made.stderr
+        token = made.stdout.split()[0]
+        started = time.monotonic()
+        sent = ordq("--zk", zk, "produce", "q", "--count", "1", env={"ORDQ_TOKEN": token}, timeout_s=120)
+        took = time.monotonic() - started
+        # Refused, saying why, not after the claim's whole wait; the head moved at most once a group.
+        assert sent.returncode != 0, sent.stdout + sent.stderr
+        assert "refuse this coordinator's Fence" in sent.stderr and "the head is not moved" in sent.stderr, sent.stderr
+        assert took < 30, f"{took:.1f} s: {sent.stderr}"
+        assert segments_of(folder, "q") == 1  # a refusal moves nothing
+    finally:
+        LocalCluster.load(folder).stop()
+
+
+class Unreachable:
+    """Brokers registered live that answer nothing (the coordinator cut off from them)."""
+
+    def __init__(self) -> None:
+        self.fences = 0
+
+    def fence(self, address: str, queue: str, seg: int, epoch: int) -> ReplicaEnd:
+        self.fences += 1
+        raise BrokerUnavailable(address, "connection refused")
+
+    def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd:
+        raise BrokerUnavailable(address, "connection refused")
+
+    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
+        raise BrokerUnavailable(address, "connection refused")
+
+
+def test_fences_unanswered_move_the_head_once_per_group_then_say_so(zk_server: ZkServer, zk_root: str) -> None:
+    groups = ["g1", "g2", "g3"]
+    with ZkStore.connect(zk_server.connection_string, zk_root) as store:
+        for g in groups:
+            store.add_group(g)
+            for role in ("master", "slave"):
+                store.register_live(g, role, address=f"127.0.0.1:1/{g}/{role}", incarnation="t")
+        store.create_queue("q", groups)
+        epoch = store.apply("q", lambda s, _f: sm.bump_epoch(s, "k")).producer_epoch
+        transport = Unreachable()
+        head = HeadProtocol(store, transport, "q", no_group_timeout_s=5.0)
+        with pytest.raises(BrokerUnavailable, match=r"could not be fenced .*connection refused.* moved 3 times"):
+            head.take_over(epoch)
+        st, _ = store.load_state("q")
+        assert len(st.consume) == 1 + len(groups)  # the first segment and one move per group
+        assert transport.fences == 2 * (1 + len(groups))
