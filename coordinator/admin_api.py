@@ -108,6 +108,10 @@ class AdminVerb:
     scope: Callable[[Mapping[str, Any]], str]
     handler: Handler
     changes_tokens: bool = False  # answered once this coordinator's own copy of the tokens has the change
+    # Refused by a plaintext coordinator: a token made there turns tokens on, and its coordinators
+    # carry none, so the brokers would refuse their Fence and Seal (and nobody would hold the
+    # admin role to revoke it: a plaintext cluster has no admin token).
+    needs_tls: bool = False
 
 
 AdminVerbs = Mapping[str, AdminVerb]

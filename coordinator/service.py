@@ -597,6 +597,10 @@ class CoordinatorService(LeaseCalls):
         parsed, the caller's token checked for the verb's role before its handler runs."""
         try:
             spec, args, queue = prepare(self._admin, request.verb, request.args_json)
+            if spec.needs_tls and not self.credentials.tls:
+                raise ConfigError(f"{request.verb}: this cluster is plaintext (--insecure), which takes no tokens: "
+                                  "its coordinators carry none, so the brokers would refuse their Fence and Seal "
+                                  "(docs/SECURITY.md); make tokens on a TLS cluster")
         except OrdqError as exc:
             refusal = exc
 
