@@ -291,14 +291,16 @@ def test_the_client_commands_import_no_zookeeper_client() -> None:
 
 @pytest.mark.zk
 def test_auth_revoke_never_echoes_a_token_and_create_refuses_unknown_queues(
-        zk_server, zk_root, coordinator, capsys: pytest.CaptureFixture[str]) -> None:
-    zk = ("--zk", zk_server.connection_string, "--root", zk_root)
+        cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    zk = ("--zk", cluster.hosts, "--root", cluster.root)
+    # and a coordinator with the cluster's certificates: a plaintext one takes no tokens
+    # (tests/test_claim_fence_bound.py)
+    cluster.add_groups("g1")
     secret = "S3cr3tS3cr3tS3cr3tS3cr3tS3cr3tS3cr3tS3cr3tA"
     line = one_error_line(capsys, *zk, "auth", "revoke", f"ordq_0123abcd_{secret}")
     assert "no token 0123abcd" in line and secret not in line  # the id inside a whole token
     line = one_error_line(capsys, *zk, "auth", "revoke", f"{secret}")
     assert "not a token id" in line and secret not in line
-    assert main([*zk, "group", "add", "g1"]) == 0
     line = one_error_line(capsys, *zk, "auth", "create", "--role", "consume:nosuchqueue")
     assert "no queue nosuchqueue" in line and "--allow-unknown-queue" in line
     assert main([*zk, "auth", "create", "--role", "consume:nosuchqueue", "--allow-unknown-queue"]) == 0
