@@ -41,6 +41,9 @@ from ordq.wire.transport import ReplicaEnd, SealTransport
 
 log = logging.getLogger("ordq.coordinator.head")
 
+# A replica without a Fence reply: where ("g1 master ADDRESS"), and its error (None: not live)
+FenceFailure = tuple[str, OrdqError | None]
+
 # Why no group takes writes (backlog does not count when none does: DESIGN I4)
 NO_WRITABLE_GROUP = "no group of the queue has master and slave live (and is not drained)"
 
@@ -102,7 +105,7 @@ class HeadProtocol:
                     st = self._seal_all_sealing(st)
                     last = _last_of_sealed(st)
                 return Takeover(epoch=epoch, gid=open_seg.gid, seg=open_seg.seg, last=last)
-            said = "; ".join(f"{where}: {exc}" for where, exc in failures) or "their ends differ"
+            said = "; ".join(f"{where}: {exc or 'not live'}" for where, exc in failures) or "their ends differ"
             if any(isinstance(exc, PermissionDenied) for _, exc in failures):
                 raise ConfigError(f"queue {self.queue}: the brokers refuse this coordinator's Fence of segment "
                                   f"{open_seg.seg} ({said}); the head is not moved (docs/SECURITY.md)")
@@ -162,21 +165,25 @@ class HeadProtocol:
         """A state with an open segment, admitting groups, bounded by ``no_group_timeout_s``."""
         return self._wait_for_head(time.monotonic() + self.no_group_timeout_s)
 
-    def _fence_replicas(self, gid: str, seg: int, epoch: int) -> tuple[dict[str, Any], list[tuple[str, OrdqError]]]:
-        """Each replica's Fence reply (None: not live, or it failed) and the failures, with
-        where (``"g1 master ADDRESS"``)."""
+    def _fence_replicas(self, gid: str, seg: int, epoch: int) -> tuple[dict[str, Any], list[FenceFailure]]:
+        """Each replica's Fence reply (None: not live, or it failed) and, for those without
+        one, where and why (``("g1 master ADDRESS", the error)``; ``("g1 slave", None)``: not live)."""
         members = self.store.live_members(gid)
         replies: dict[str, Any] = {}
-        failures: list[tuple[str, OrdqError]] = []
+        failures: list[FenceFailure] = []
         for role in ("master", "slave"):
             info = members.get(role)
+            if info is None:
+                replies[role] = None
+                failures.append((f"{gid} {role}", None))
+                continue
             try:
-                replies[role] = self.transport.fence(info.address, self.queue, seg, epoch) if info else None
+                replies[role] = self.transport.fence(info.address, self.queue, seg, epoch)
             except FencedError:
                 raise
             except OrdqError as exc:
                 replies[role] = None
-                failures.append((f"{gid} {role} {info.address if info else ''}", exc))
+                failures.append((f"{gid} {role} {info.address}", exc))
         return replies, failures
 
     def _seal_all_sealing(self, st: QueueState) -> QueueState:
