@@ -10,15 +10,12 @@ empty queue in 40 s, 12,500 deferred seals in the coordinator's log, the produce
 and a claim whose Fence is refused moves nothing. Real processes there: ``ordq up``, the CLI.
 
 The other bound (replicas live in ZooKeeper that answer no Fence: a coordinator cut off from
-the brokers) is the head protocol on real ZooKeeper with a transport to brokers that never
-answer: no broker process is needed to be unreachable.
+the brokers) is the head protocol on real ZooKeeper and the coordinator's own gRPC transport,
+the replicas registered live at an address where nothing listens.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,18 +27,14 @@ from ordq.coordinator.head import HeadProtocol
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.tokens import create_token, touch
 from ordq.local_cluster import LocalCluster
+from ordq.wire.client import GrpcTransport
 from ordq.wire.transport import ReplicaEnd
-from ordq.zk_server import ZkServer
-from tests.test_local_cluster import REPO
+from ordq.zk_server import ZkServer, free_ports
+from tests.test_local_cluster import ordq
 
 pytestmark = pytest.mark.zk
 
 GROUPS = 2
-
-
-def ordq(*argv: str, env: dict[str, str] | None = None, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ordq.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO, env=os.environ | (env or {}))
 
 
 def segments_of(folder: Path, queue: str) -> int:
@@ -81,36 +74,37 @@ def test_a_claim_whose_fence_the_brokers_refuse_moves_nothing_and_says_why(tmp_p
         LocalCluster.load(folder).stop()
 
 
-class Unreachable:
-    """Brokers registered live that answer nothing (the coordinator cut off from them)."""
+class CountedFences(GrpcTransport):
+    """The coordinator's own transport to the brokers, its Fence calls counted."""
 
     def __init__(self) -> None:
+        super().__init__(rpc_timeout_s=1.0)
         self.fences = 0
 
     def fence(self, address: str, queue: str, seg: int, epoch: int) -> ReplicaEnd:
         self.fences += 1
-        raise BrokerUnavailable(address, "connection refused")
-
-    def seal(self, address: str, queue: str, seg: int) -> ReplicaEnd:
-        raise BrokerUnavailable(address, "connection refused")
-
-    def copy_from_peer(self, address: str, queue: str, seg: int, peer: str, end: int) -> ReplicaEnd:
-        raise BrokerUnavailable(address, "connection refused")
+        return super().fence(address, queue, seg, epoch)
 
 
 def test_fences_unanswered_move_the_head_once_per_group_then_say_so(zk_server: ZkServer, zk_root: str) -> None:
     groups = ["g1", "g2", "g3"]
+    [nothing] = free_ports(1)
     with ZkStore.connect(zk_server.connection_string, zk_root) as store:
         for g in groups:
             store.add_group(g)
             for role in ("master", "slave"):
-                store.register_live(g, role, address=f"127.0.0.1:1/{g}/{role}", incarnation="t")
+                # live in ZooKeeper, at an address where nothing listens (the coordinator cut off)
+                store.register_live(g, role, address=f"127.0.0.1:{nothing}", incarnation=f"{g}-{role}")
         store.create_queue("q", groups)
         epoch = store.apply("q", lambda s, _f: sm.bump_epoch(s, "k")).producer_epoch
-        transport = Unreachable()
+        transport = CountedFences()
         head = HeadProtocol(store, transport, "q", no_group_timeout_s=5.0)
-        with pytest.raises(BrokerUnavailable, match=r"could not be fenced .*connection refused.* moved 3 times"):
-            head.take_over(epoch)
+        try:
+            said = r"could not be fenced \(g\d master 127\.0\.0\.1:\d+: .*unavailable.* moved 3 times"
+            with pytest.raises(BrokerUnavailable, match=said):
+                head.take_over(epoch)
+        finally:
+            transport.close()
         st, _ = store.load_state("q")
         assert len(st.consume) == 1 + len(groups)  # the first segment and one move per group
         assert transport.fences == 2 * (1 + len(groups))

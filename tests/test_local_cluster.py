@@ -27,10 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 SWEEP_MODULES = ("ordq.local_cluster", "ordq.cluster_health", "kazoo.client", "attrs")
 
 
-def ordq(*argv: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
-    """The CLI in a process of its own, as a user runs it."""
+def ordq(*argv: str, timeout_s: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own, as a user runs it (``env``: more variables for it)."""
     return subprocess.run([sys.executable, "-m", "ordq.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO)
+                          timeout=timeout_s, cwd=REPO, env=os.environ | env if env else None)
 
 
 def status_json(folder: Path) -> tuple[int, dict]:
