@@ -35,8 +35,9 @@ their full garbage collections then skip what start-up made. Off by default.
 --stages [EVERY]: stage stamps on (ordq/common/stages.py) in every process, and after the steady
 phase where its batches' time went: each stage's arrival since the batch opened in ``send()``,
 for all batches and for the tail (the batches at or past the p99), each hop's p50/p99 (send →
-the master's receipt → the slave's sync → the master's ack → the producer's ack, and → the
-consumer's receipt → its hand-out to the application), the group commits' write+fdatasync, and
+the master's receipt → the slave's sync → the master's ack → the producer's ack; the slave's
+answer → at the master → its Read answer → the consumer's receipt → its hand-out to the
+application), the group commits' write+fdatasync, and
 each process's garbage-collection pauses. Alone, ``--stages`` stamps every batch, which costs
 CPU itself (a write per stage): run it apart from the figures above (``--messages 0
 --sync-messages 0 --stages``). ``--stages 64`` stamps one batch in 64 (picked by its first
@@ -397,8 +398,8 @@ def aio_sync_sends(cfg: ProducerConfig, payload: bytes, n: int, *, io_thread: bo
 
 # A steady-rate batch's stages, in the order they usually come (ordq/common/stages.py)
 STEADY_PATH = ("P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced",
-               "S.request", "S.sync", "S.synced", "S.answer", "M.ack", "M.read", "P.acked", "P.resolved", "C.read",
-               "C.poll")
+               "S.request", "S.sync", "S.synced", "S.answer", "M.ack", "M.slave_answer", "M.read", "P.acked",
+               "P.resolved", "C.read", "C.poll")
 
 
 # A message's way, hop by hop (issue 39's breakdown of the p99): (from, to, what happens between)
@@ -408,6 +409,8 @@ HOPS = (("P.open", "P.take", "send() → handed to the stream (behind the batch 
         ("S.synced", "M.ack", "→ the master's ack (its own sync, the slave's answer)"),
         ("M.ack", "P.acked", "→ the ack at the producer"),
         ("M.ack", "M.read", "the master's ack → its Read answer built"),
+        ("S.answer", "M.slave_answer", "the slave's answer → at the master (its LAC moves)"),
+        ("M.slave_answer", "M.read", "→ the master's Read answer built"),
         ("M.read", "C.read", "→ the consumer's receipt"),
         ("C.read", "C.poll", "→ its delivery to the application"),
         ("P.open", "C.poll", "end to end: send() → delivery"))

@@ -87,9 +87,10 @@ class ReplicationLink:
         self._announced: list[tuple[str, int]] = []  # new segments the slave is to create now
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
-        # (when its oldest batch was forwarded, bytes) of each request with batches the slave
-        # has not answered, their bytes (the window), and the same of what waits in ``_out``.
-        self._unanswered: collections.deque[tuple[float, int]] = collections.deque()
+        # (when its oldest batch was forwarded, bytes, the batches: for the stage stamp) of each
+        # request with batches the slave has not answered, their bytes (the window), and the
+        # same of what waits in ``_out``.
+        self._unanswered: collections.deque[tuple[float, int, list[bytes]]] = collections.deque()
         self._unanswered_bytes = 0
         self._out_since = 0.0
         self._out_bytes = 0
@@ -234,10 +235,12 @@ class ReplicationLink:
                     if not self.connected:
                         self.connected = True
                         log.info("replicating to slave at %s (%s link)", address, kind)
-                    stamp("M.slave_answer")
                     if resp.synced:  # the answer to ``answered`` requests with batches (0: one), in order
-                        for _ in range(min(max(resp.answered, 1), len(self._unanswered))):
-                            self._unanswered_bytes -= self._unanswered.popleft()[1]
+                        answered = [self._unanswered.popleft()
+                                    for _ in range(min(max(resp.answered, 1), len(self._unanswered)))]
+                        for _, n, _ in answered:
+                            self._unanswered_bytes -= n
+                        stamp("M.slave_answer", _answered_keys, answered)
                     moved = []
                     for r in resp.synced:
                         s = self.shared.segments.get((r.queue, r.seg))
@@ -342,7 +345,7 @@ class ReplicationLink:
         for r in reqs:
             if r.batches:
                 n = sum(map(len, r.batches))
-                self._unanswered.append((since, n))
+                self._unanswered.append((since, n, r.batches))
                 self._unanswered_bytes += n
         return reqs, None
 
@@ -372,6 +375,11 @@ class ReplicationLink:
 def _request_keys(reqs: list[lean_link.Outgoing]) -> list[int]:
     """The first seqs of the batches ``reqs`` carry (stage stamps' keys)."""
     return [k for r in reqs for k in first_seqs(r.batches)]
+
+
+def _answered_keys(answered: list[tuple[float, int, list[bytes]]]) -> list[int]:
+    """The first seqs of the batches of the requests the slave answered (``_unanswered``'s)."""
+    return [k for _, _, batches in answered for k in first_seqs(batches)]
 
 
 def window_share(sizes: Iterable[int], unanswered_bytes: int, window_bytes: int = WINDOW_BYTES) -> int:

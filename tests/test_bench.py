@@ -39,9 +39,12 @@ BENCHES = [
                         "--freeze-gc"],
           ["stages of the steady phase's batches", *(f"\n{stage}  " for stage in (
               "P.open", "P.take", "P.write", "M.request", "M.placed", "M.forward", "M.sync", "M.synced", "S.request",
-              "S.sync", "S.synced", "S.answer", "M.ack", "M.read", "P.acked", "P.resolved", "C.read", "C.poll")),
+              "S.sync", "S.synced", "S.answer", "M.ack", "M.slave_answer", "M.read", "P.acked", "P.resolved", "C.read",
+              "C.poll")),
            "M.sync > M.synced: n ", "batches sampled (one in 2)", "\nP.take > M.request: → the master's receipt ",
-           "\nM.ack > M.read: the master's ack → its Read answer built ", "\nM.read > C.read: ",
+           "\nM.ack > M.read: the master's ack → its Read answer built ",
+           "\nS.answer > M.slave_answer: the slave's answer → at the master (its LAC moves) ",
+           "\nM.slave_answer > M.read: → the master's Read answer built ", "\nM.read > C.read: ",
            "\nM.ack > C.read: ", "\nP.open > C.poll: end to end"], id="bench_e2e_stages"),
     # the consumer with a token of its own: its reads contended beside the producer's token; no
     # floor measured, so the synchronous goal is not judged (it said "NOT met" against NaN)

@@ -216,7 +216,7 @@ def test_sampled_stamps_keep_only_the_picked_batches(stamping: Path) -> None:
     other = next(k for k in range(1000) if not stages.sampled(k, 64))
     stages.stamp("P.open", (other,))  # not picked: no line
     stages.stamp("M.request", [other, picked])  # a request holding both: the picked key only
-    stages.stamp("M.slave_answer")  # unkeyed: one a batch, so dropped while sampling
+    stages.stamp("P.ack")  # unkeyed: one a batch, so dropped while sampling
     gc.collect()  # the collections' stamps are kept (keyed by generation, not by batch)
     got = [(s.name, s.keys) for s in stages.read_keyed(stamping)]
     assert [g for g in got if not g[0].startswith("gc.")] == [("M.request", (picked,))]

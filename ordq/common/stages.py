@@ -27,7 +27,7 @@ Sampling (``ORDQ_STAGE_SAMPLE=N``, or ``enable(folder, every=N)``): keyed stamps
 only for the batches whose first seq a hash picks, one in N, the same ones in every process
 (each decides from the key alone), so a bench can leave the stamps on beside the figures it
 reports (a few batches a second at issue 39's steady rate). Unkeyed stamps are then dropped
-(``M.slave_answer``, ``P.ack``: one a batch), but for the garbage collections'.
+(``P.ack``: one a batch), but for the garbage collections'.
 
 Rules:
 - ``stamp`` never raises and, when off, costs one test of a module global: it sits on the
