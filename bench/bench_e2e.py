@@ -422,11 +422,12 @@ def hop_lines(stamps: list[stages.Stamp]) -> list[str]:
     # signed: the consumer's read may come before the master stamps its ack (one signal wakes both)
     pairs = [(a, b) for a, b, _ in HOPS]
     rows = {(r.start, r.end): r for r in stages.spans(stamps, pairs, signed=True)}
-    out = [f"{'hop (µs)':<74} {'n':>6} {'p50':>8} {'p99':>8} {'max':>8}"]
+    w = max(len(f"{a} > {b}: {what}") for a, b, what in HOPS)
+    out = [f"{'hop (µs)':<{w}} {'n':>6} {'p50':>8} {'p99':>8} {'max':>8}"]
     for a, b, what in HOPS:
         r = rows.get((a, b))
         if r is not None:
-            out.append(f"{f'{a} > {b}: {what}':<74} {r.count:>6} {r.p50_us:>8,.0f} {r.p99_us:>8,.0f} "
+            out.append(f"{f'{a} > {b}: {what}':<{w}} {r.count:>6} {r.p50_us:>8,.0f} {r.p99_us:>8,.0f} "
                        f"{r.max_us:>8,.0f}")
     out.append(HOP_SAMPLES + json.dumps({f"{a} > {b}": [round(v) for v in stages.span_values(stamps, a, b)]
                                          for a, b in pairs}))

@@ -298,11 +298,12 @@ def tail_growth(b: KeyedBreakdown) -> list[tuple[str, str, float]]:
 def keyed_lines(b: KeyedBreakdown) -> list[str]:
     """``b`` for people: each stage's arrival since the first, for all batches and the tail,
     and the steps where the tail fell furthest behind the median."""
+    w = max([12, *(len(a.stage) for a in b.arrivals)])
     out = [f"{b.batches} batches, {b.tail} in the tail (total >= its p99); {b.total.start} > {b.total.end}: "
            f"p50 {b.total.p50_us:,.0f} µs, p90 {b.total.p90_us:,.0f}, p99 {b.total.p99_us:,.0f}",
-           f"{'reached':<12} {'n':>6} {'p50 µs':>9} {'p90 µs':>9} {'p99 µs':>9} {'tail p50':>9}"]
+           f"{'reached':<{w}} {'n':>6} {'p50 µs':>9} {'p90 µs':>9} {'p99 µs':>9} {'tail p50':>9}"]
     for a in b.arrivals:
-        out.append(f"{a.stage:<12} {a.count:>6} {a.p50_us:>9,.0f} {a.p90_us:>9,.0f} {a.p99_us:>9,.0f} "
+        out.append(f"{a.stage:<{w}} {a.count:>6} {a.p50_us:>9,.0f} {a.p90_us:>9,.0f} {a.p99_us:>9,.0f} "
                    f"{a.tail_p50_us:>9,.0f}")
     grew = [f"{x} > {y} +{us:,.0f} µs" for x, y, us in tail_growth(b)[:3] if us > 0]
     if grew:
