@@ -87,10 +87,10 @@ class ReplicationLink:
         self._announced: list[tuple[str, int]] = []  # new segments the slave is to create now
         self._active: dict[tuple[str, int], Segment] = {}
         self._lac_sent: dict[tuple[str, int], int] = {}
-        # (when its oldest batch was forwarded, bytes, the batches: for the stage stamp) of each
-        # request with batches the slave has not answered, their bytes (the window), and the
-        # same of what waits in ``_out``.
-        self._unanswered: collections.deque[tuple[float, int, list[bytes]]] = collections.deque()
+        # (when its oldest batch was forwarded, bytes, its batches while stage stamps are on: the
+        # answer's stamp is keyed by them) of each request with batches the slave has not
+        # answered, their bytes (the window), and the same of what waits in ``_out``.
+        self._unanswered: collections.deque[tuple[float, int, Sequence[bytes]]] = collections.deque()
         self._unanswered_bytes = 0
         self._out_since = 0.0
         self._out_bytes = 0
@@ -345,7 +345,7 @@ class ReplicationLink:
         for r in reqs:
             if r.batches:
                 n = sum(map(len, r.batches))
-                self._unanswered.append((since, n, r.batches))
+                self._unanswered.append((since, n, r.batches if stages.on() else ()))
                 self._unanswered_bytes += n
         return reqs, None
 
@@ -377,7 +377,7 @@ def _request_keys(reqs: list[lean_link.Outgoing]) -> list[int]:
     return [k for r in reqs for k in first_seqs(r.batches)]
 
 
-def _answered_keys(answered: list[tuple[float, int, list[bytes]]]) -> list[int]:
+def _answered_keys(answered: list[tuple[float, int, Sequence[bytes]]]) -> list[int]:
     """The first seqs of the batches of the requests the slave answered (``_unanswered``'s)."""
     return [k for _, _, batches in answered for k in first_seqs(batches)]
 
