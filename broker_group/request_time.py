@@ -114,9 +114,13 @@ class _Timed:
                 owed.flush()
                 return done.value
             except BaseException:
+                # Not held here as it leaves: its traceback holds this frame (a cycle, freed
+                # only by a full collection, with the coroutine and all it refers to).
+                error = None
                 owed.add(clock() - t0)
                 owed.flush()
                 raise
+            error = None  # (thrown and handled: the coroutine went on)
             owed.add(clock() - t0)
             try:
                 value, error = (yield yielded), None

@@ -245,7 +245,14 @@ def _kind_and_fields(exc: OrdqError) -> tuple[str, dict[str, Any]]:
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: OrdqError) -> NoReturn:
-    """End the current call (a ``grpc.aio`` handler's) with ``exc``, typed for the client."""
+    """End the current call (a ``grpc.aio`` handler's) with ``exc``, typed for the client.
+
+    ``exc`` loses its traceback and the errors it was raised from: decided and counted, only
+    its text and kind travel on. Kept, they held the frames that raised them, one of which
+    holds ``exc`` (the handler's ``except``, a stream's stored error): a cycle that only the
+    full collection frees, with every local of those frames (the noisy-neighbour drill's
+    spikes: docs/BENCHMARKS.md, stop 86)."""
+    exc.__traceback__ = exc.__context__ = exc.__cause__ = None
     kind, fields = _kind_and_fields(exc)
     # A name or text the caller sent may be huge: the answer must still fit gRPC's metadata.
     fields = {k: short(v, DETAIL_CHARS) if isinstance(v, str) else v for k, v in fields.items()}
