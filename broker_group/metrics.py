@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, GCCollector, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -111,6 +111,9 @@ class BrokerMetrics(Collector):
         self.loop_lag_seconds = Histogram("ordq_broker_loop_lag_seconds", "How late the event loop ran a callback "
                                           "due every 5 ms (loop_lag.py)", list(self._labels), buckets=LAG_BUCKETS,
                                           registry=self.registry).labels(**self._labels)
+        # The process's garbage collections by generation (prometheus_client's, read at scrape):
+        # a full one holds the loop for its length (the noisy-neighbour drill counts them per window).
+        GCCollector(registry=self.registry)
         self.registry.register(self)
 
     def describe(self) -> Iterator[Metric]:

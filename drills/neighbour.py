@@ -696,6 +696,10 @@ class MasterCounters:
         ticks = value(samples, lag + "_count") or 0.0
         for late, le in (("5", "0.005"), ("20", "0.02")):
             read[f"lag>={late}ms"] = ticks - (value(samples, lag + "_bucket", le=le) or 0.0)
+        # its full garbage collections (each holds the loop; stop 86: 20-35 ms under abuse, the
+        # spikes' cause until refused calls stopped leaving cycles) and the objects they freed
+        read["full gcs"] = value(samples, "python_gc_collections_total", generation="2") or 0.0
+        read["full gc objects"] = value(samples, "python_gc_objects_collected_total", generation="2") or 0.0
         return read
 
     def start(self) -> None:

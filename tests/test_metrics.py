@@ -217,7 +217,7 @@ def documented_series() -> set[str]:
     """The series named in the tables of docs/OPERATIONS.md's "Metrics" section."""
     text = (DOCS / "OPERATIONS.md").read_text()
     section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"^\| `(ordq_[a-z0-9_]+)` \|", section, flags=re.M))
+    return set(re.findall(r"^\| `((?:ordq|python_gc)_[a-z0-9_]+)` \|", section, flags=re.M))
 
 
 def alert_rules() -> list[dict[str, str]]:

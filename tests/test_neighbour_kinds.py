@@ -57,7 +57,10 @@ def test_the_abused_masters_counters_are_summed_per_kind_of_window() -> None:
                     f"ordq_broker_read_paced_total {paced}\n"
                     f'ordq_broker_loop_lag_seconds_bucket{{le="0.005"}} {answers * 10}\n'
                     f'ordq_broker_loop_lag_seconds_bucket{{le="0.02"}} {answers * 10}\n'
-                    f"ordq_broker_loop_lag_seconds_count {answers * 10 + paced}\n").encode()
+                    f"ordq_broker_loop_lag_seconds_count {answers * 10 + paced}\n"
+                    f'python_gc_collections_total{{generation="0"}} {answers * 100}\n'
+                    f'python_gc_collections_total{{generation="2"}} {paced}\n'
+                    f'python_gc_objects_collected_total{{generation="2"}} {paced * 1000}\n').encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -79,6 +82,9 @@ def test_the_abused_masters_counters_are_summed_per_kind_of_window() -> None:
     assert told.startswith("quiet: answers 5.0, answer MB 1.0, paced 0.0")
     assert "abused: answers 5.0, answer MB 2.0, paced 1.0" in told
     assert told.count("lag>=20ms") == 2 and "lag>=5ms 1.0, lag>=20ms 1.0" in told  # 4 late ticks in 4 s of abuse
+    # full collections only (generation 2), per second: none while quiet, 4 in the 4 s of abuse
+    assert "lag>=20ms 0.0, full gcs 0.0, full gc objects 0.0" in told
+    assert "full gcs 1.0, full gc objects 1000.0" in told
     assert "failed" not in told
     unread = neighbour.MasterCounters("http://127.0.0.1:9/metrics")  # nothing listens on the discard port
     unread.start()
