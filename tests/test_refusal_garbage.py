@@ -7,7 +7,7 @@ Real parts: a ``grpc.aio`` server and channel in this process (no broker: what i
 how a handler's refusal leaves gRPC), and ``request_time.timed`` driving a cancelled
 coroutine. Each case counts, with the collector off, the unreachable frames of ordq's code the
 collector finds after the calls (``gc.DEBUG_SAVEALL``). Failing first: on the code before,
-every refused call left ~10 of its frames in a cycle through gRPC's AbortError, and a
+every refused call left ~8 of its frames in a cycle through gRPC's AbortError, and a
 cancelled ``timed`` kept its own frame through the CancelledError it had thrown in."""
 
 from __future__ import annotations
