@@ -22,7 +22,9 @@ from ordq.common.security import (
     credentials_path,
     ensure_pki,
     lookup,
+    lookup_bootstrap,
     register,
+    register_coordinators,
     unregister,
 )
 from ordq.coordinator.tokens import (
@@ -96,6 +98,22 @@ def test_the_credentials_file_is_per_cluster_private_and_env_overrides_the_token
     unregister("127.0.0.1:1", "/a")
     assert lookup("127.0.0.1:1", "/a") == Credentials(token="t-env")
 
+
+
+def test_an_address_a_new_cluster_serves_at_is_no_longer_found_for_one_killed_before(tmp_path: Path,
+                                                                                     monkeypatch: Any) -> None:
+    """A cluster killed without ``ordq down`` keeps its entry; when another cluster's coordinator
+    then gets one of its ports, ``--bootstrap`` naming the new cluster found the dead one's CA and
+    was refused ("a certificate not signed by the CA this command trusts": CI of stop 86)."""
+    monkeypatch.setenv("ORDQ_CREDENTIALS", str(tmp_path / "credentials.json"))
+    register("127.0.0.1:1", "/dead", Credentials(ca_file="/dead/ca.pem"))
+    register_coordinators("127.0.0.1:1", "/dead", ["127.0.0.1:14501", "127.0.0.1:14502"])
+    register("127.0.0.1:2", "/new", Credentials(ca_file="/new/ca.pem"))
+    register_coordinators("127.0.0.1:2", "/new", ["127.0.0.1:14501", "127.0.0.1:16335"])
+    assert lookup_bootstrap("127.0.0.1:14501,127.0.0.1:16335").ca_file == "/new/ca.pem"
+    assert lookup_bootstrap("127.0.0.1:14501").ca_file == "/new/ca.pem"
+    # the dead cluster keeps what no one else serves at
+    assert lookup_bootstrap("127.0.0.1:14502").ca_file == "/dead/ca.pem"
 
 # -- real brokers -----------------------------------------------------------------------------
 

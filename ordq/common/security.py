@@ -387,9 +387,16 @@ def unregister(zk_hosts: str, root: str, *, cluster: str | None = None, path: Pa
 def register_coordinators(zk_hosts: str, root: str, addresses: Sequence[str], *, path: Path | None = None) -> None:
     """Record where the coordinators of the cluster at (``zk_hosts``, ``root``) answer: what a
     client named by that cluster finds them by (``registered_bootstrap``); clients hold no
-    ZooKeeper session (issue 37). The rest of the entry is kept."""
+    ZooKeeper session (issue 37). The rest of the entry is kept. An address answers for one
+    cluster: another entry naming it (a cluster killed without ``ordq down``, whose port this one
+    now has) no longer does, or ``--bootstrap`` could find that cluster's CA for this one."""
+    key = _key(zk_hosts, root)
+    taken = set(addresses)
     with _locked_file(path) as clusters:
-        clusters.setdefault(_key(zk_hosts, root), {})[COORDINATORS_FIELD] = list(addresses)
+        for other, found in clusters.items():
+            if other != key and isinstance(found, dict) and found.get(COORDINATORS_FIELD):
+                found[COORDINATORS_FIELD] = [a for a in found[COORDINATORS_FIELD] if a not in taken]
+        clusters.setdefault(key, {})[COORDINATORS_FIELD] = list(addresses)
 
 
 def lookup_bootstrap(bootstrap: str) -> Credentials:
