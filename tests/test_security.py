@@ -40,6 +40,8 @@ from ordq.coordinator.tokens import (
 )
 from ordq.drills.security import probe_intruders
 from ordq.sdk import Producer, ProducerConfig
+from ordq.wire import ordq_pb2 as pb
+from ordq.wire.client import GrpcTransport
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 from tests.util import read_metrics
 
@@ -57,6 +59,24 @@ def test_one_channel_and_stub_per_address_until_closed() -> None:
         cache.get("a:1")
     assert cache.close() == []
 
+
+
+def test_a_call_whose_channel_its_owner_closed_on_the_way_is_closed_error() -> None:
+    """A background seal (coordinator/head.py ``seal_in_background``) took its stub, then the
+    head's owner closed the transport before the call went: gRPC's ValueError ("Cannot invoke
+    RPC on closed channel!") escaped ``_seal_quietly``, an unhandled thread exception (the loaded
+    tier of stop 87). It is ClosedError now, which the seal takes as deferred. No traffic: the
+    channel is closed before its first call."""
+    transport = GrpcTransport(rpc_timeout_s=0.5)
+
+    def closed_on_the_way(stub: Any) -> Any:
+        transport.close()
+        return stub.Seal(pb.SegmentRef(queue="q", seg=1), timeout=0.5)
+
+    with pytest.raises(ClosedError, match="transport is closed"):
+        transport._call("127.0.0.1:9", closed_on_the_way)
+    with pytest.raises(ClosedError, match="transport is closed"):
+        transport.seal("127.0.0.1:9", "q", 1)
 
 def test_grants_parse_roles_on_queues_and_refuse_nonsense() -> None:
     assert parse_grants(["produce:orders", "consume:orders", "admin"]) == {"orders": ["produce", "consume"],

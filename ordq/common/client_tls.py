@@ -205,7 +205,7 @@ class StubCache(Generic[C, S]):
             return stub
         with self._lock:
             if self._closed:
-                raise ClosedError(f"{self._what} is closed")
+                raise self.closed_error()
             stub = self._stubs.get(address)
             if stub is None:
                 ch = self._channels[address] = self._open_channel(address)
@@ -214,6 +214,13 @@ class StubCache(Generic[C, S]):
 
     def has(self, address: str) -> bool:
         return address in self._stubs
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def closed_error(self) -> ClosedError:
+        return ClosedError(f"{self._what} is closed")
 
     def close(self) -> list[C]:
         with self._lock:

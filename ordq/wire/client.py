@@ -57,6 +57,12 @@ class GrpcTransport:
             return fn(self._stub(address))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, address) from exc
+        except ValueError as exc:
+            # gRPC's "Cannot invoke RPC on closed channel!": the owner closed this transport
+            # between the stub's lookup and the call (a background seal's, coordinator/head.py)
+            if self._stubs.closed:
+                raise self._stubs.closed_error() from exc
+            raise
 
     def close(self) -> None:
         for ch in self._stubs.close():
