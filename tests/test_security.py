@@ -60,7 +60,6 @@ def test_one_channel_and_stub_per_address_until_closed() -> None:
     assert cache.close() == []
 
 
-
 def test_a_call_whose_channel_its_owner_closed_on_the_way_is_closed_error() -> None:
     """A background seal (coordinator/head.py ``seal_in_background``) took its stub, then the
     head's owner closed the transport before the call went: gRPC's ValueError ("Cannot invoke
@@ -77,6 +76,7 @@ def test_a_call_whose_channel_its_owner_closed_on_the_way_is_closed_error() -> N
         transport._call("127.0.0.1:9", closed_on_the_way)
     with pytest.raises(ClosedError, match="transport is closed"):
         transport.seal("127.0.0.1:9", "q", 1)
+
 
 def test_grants_parse_roles_on_queues_and_refuse_nonsense() -> None:
     assert parse_grants(["produce:orders", "consume:orders", "admin"]) == {"orders": ["produce", "consume"],
@@ -119,7 +119,6 @@ def test_the_credentials_file_is_per_cluster_private_and_env_overrides_the_token
     assert lookup("127.0.0.1:1", "/a") == Credentials(token="t-env")
 
 
-
 def test_an_address_a_new_cluster_serves_at_is_no_longer_found_for_one_killed_before(tmp_path: Path,
                                                                                      monkeypatch: Any) -> None:
     """A cluster killed without ``ordq down`` keeps its entry; when another cluster's coordinator
@@ -134,6 +133,7 @@ def test_an_address_a_new_cluster_serves_at_is_no_longer_found_for_one_killed_be
     assert lookup_bootstrap("127.0.0.1:14501").ca_file == "/new/ca.pem"
     # the dead cluster keeps what no one else serves at
     assert lookup_bootstrap("127.0.0.1:14502").ca_file == "/dead/ca.pem"
+
 
 # -- real brokers -----------------------------------------------------------------------------
 
