@@ -232,7 +232,8 @@ class CoordinatorClient:
                     attempt += 1
                     continue
             try:
-                call = getattr(self._stub(address), method).future(request, timeout=left, metadata=self._md)
+                with self._stubs.closed_calls():  # closed under a lease's renewal (sdk/_lease_client.py)
+                    call = getattr(self._stub(address), method).future(request, timeout=left, metadata=self._md)
                 answer = self._answer(call, address, reach)
                 if isinstance(answer, _Moved):
                     last = CoordinationUnavailable(f"coordinator {address} was replaced while the call was in flight")

@@ -27,7 +27,14 @@ from collections.abc import Callable
 
 import attrs
 
-from ordq.common.errors import CoordinationUnavailable, LeaseLost, OrdqError, PermissionDenied, WaitTimeout
+from ordq.common.errors import (
+    ClosedError,
+    CoordinationUnavailable,
+    LeaseLost,
+    OrdqError,
+    PermissionDenied,
+    WaitTimeout,
+)
 from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from ordq.coordinator.leases import CLIENT_TRUST
 
@@ -223,13 +230,14 @@ class CoordinatorLease:
             self._clock.lose(f"refused: {exc}")
             log.warning("%s lease of %s refused: %s", self.kind, self._what(), exc)
             return
+        except ClosedError as exc:  # the owner closed its coordinator client
+            if not self._stopped:  # (else: it stopped us first, while this renewal was under way)
+                log.warning("%s lease of %s: its coordinator client was closed under it: %s", self.kind,
+                            self._what(), exc)
+            return
         except OrdqError as exc:
             log.debug("%s lease of %s: renewal unanswered: %s", self.kind, self._what(), exc)
             return
-        except ValueError:  # gRPC's "Channel closed": the owner stopped us, then closed its client
-            if self._stopped:  # while this renewal was under way (a consumer's close)
-                return
-            raise
         if not was_valid:
             self.stats.lapses += 1
             log.warning("%s lease of %s had lapsed; renewed again (no successor was granted)", self.kind,

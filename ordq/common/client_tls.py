@@ -13,10 +13,11 @@ the credentials file is only read here (``security`` writes it, under its lock).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -205,7 +206,7 @@ class StubCache(Generic[C, S]):
             return stub
         with self._lock:
             if self._closed:
-                raise self.closed_error()
+                raise ClosedError(f"{self._what} is closed")
             stub = self._stubs.get(address)
             if stub is None:
                 ch = self._channels[address] = self._open_channel(address)
@@ -215,12 +216,18 @@ class StubCache(Generic[C, S]):
     def has(self, address: str) -> bool:
         return address in self._stubs
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def closed_error(self) -> ClosedError:
-        return ClosedError(f"{self._what} is closed")
+    @contextlib.contextmanager
+    def closed_calls(self) -> Iterator[None]:
+        """Around a call through one of these stubs: gRPC's ValueError for a channel closed
+        under it ("Cannot invoke RPC on closed channel!": ``close()`` from another thread between
+        the stub's lookup and the call) is ClosedError, as ``get`` after ``close()``; any other
+        ValueError stays as it is."""
+        try:
+            yield
+        except ValueError as exc:
+            if self._closed:
+                raise ClosedError(f"{self._what} is closed") from exc
+            raise
 
     def close(self) -> list[C]:
         with self._lock:

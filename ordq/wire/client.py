@@ -54,15 +54,10 @@ class GrpcTransport:
 
     def _call(self, address: str, fn: Callable[[pb_grpc.BrokerStub], T]) -> T:
         try:
-            return fn(self._stub(address))
+            with self._stubs.closed_calls():  # closed under a background seal's call (coordinator/head.py)
+                return fn(self._stub(address))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, address) from exc
-        except ValueError as exc:
-            # gRPC's "Cannot invoke RPC on closed channel!": the owner closed this transport
-            # between the stub's lookup and the call (a background seal's, coordinator/head.py)
-            if self._stubs.closed:
-                raise self._stubs.closed_error() from exc
-            raise
 
     def close(self) -> None:
         for ch in self._stubs.close():
