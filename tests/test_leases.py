@@ -204,7 +204,6 @@ def test_a_new_coordinator_honours_leases_in_flight(cluster: Cluster) -> None:
         assert isinstance(c.acquire("consumer", "q", "s", "B", ttl_ms=2000, timeout_s=15), Held)
 
 
-
 def test_a_renewal_whose_client_was_closed_under_a_live_lease_says_so_and_ends(caplog: Any) -> None:
     """The owner closed its coordinator client without stopping the lease first: the renewal
     ends with a warning (the lease then runs out), not an unhandled exception on its thread."""
@@ -216,6 +215,7 @@ def test_a_renewal_whose_client_was_closed_under_a_live_lease_says_so_and_ends(c
     lease._held = Held(kind="consumer", queue="q", sub="s", holder="A", generation=1, key="k", ttl_ms=1000)
     lease._renew_once()
     assert "its coordinator client was closed under it" in caplog.text
+
 
 @pytest.mark.zk
 def test_a_renewal_under_way_when_the_owner_stops_and_closes_its_client_ends_quietly(cluster: Cluster) -> None:

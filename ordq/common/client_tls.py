@@ -206,7 +206,7 @@ class StubCache(Generic[C, S]):
             return stub
         with self._lock:
             if self._closed:
-                raise ClosedError(f"{self._what} is closed")
+                raise self._closed_error()
             stub = self._stubs.get(address)
             if stub is None:
                 ch = self._channels[address] = self._open_channel(address)
@@ -226,8 +226,11 @@ class StubCache(Generic[C, S]):
             yield
         except ValueError as exc:
             if self._closed:
-                raise ClosedError(f"{self._what} is closed") from exc
+                raise self._closed_error() from exc
             raise
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"{self._what} is closed")
 
     def close(self) -> list[C]:
         with self._lock:
