@@ -1,7 +1,8 @@
-"""A refused or cancelled call leaves nothing of the broker's handler to the cycle collector
-(stop 86): its frames, coroutines and requests are freed when the call ends, by reference
-counting, not by the next full collection (which, under the noisy-neighbour drill's abuse,
-walked ~20,000 such objects and held the master's loop 20-35 ms, the drill's ack spikes).
+"""A refused or cancelled call, or one whose answer failed under a gone client, leaves nothing
+of the broker's handler to the cycle collector (stop 86): its frames, coroutines and requests
+are freed when the call ends, by reference counting, not by the next full collection (which,
+under the noisy-neighbour drill's abuse, walked ~20,000 such objects and held the master's loop
+20-35 ms, the drill's ack spikes).
 
 Real parts: a ``grpc.aio`` server and channel in this process (no broker: what is checked is
 how a handler's refusal leaves gRPC), and ``request_time.timed`` driving a cancelled
@@ -22,7 +23,7 @@ import grpc
 import pytest
 from google.protobuf.message import DecodeError
 
-from ordq.broker_group.dataplane import _unattached
+from ordq.broker_group.dataplane import _SEND_FAILED, _unattached
 from ordq.broker_group.request_time import timed
 from ordq.common.errors import ConfigError
 from ordq.wire import ordq_pb2 as pb
@@ -120,3 +121,33 @@ def test_a_cancelled_timed_coroutine_leaves_no_frame_to_the_collector() -> None:
 
     found = asyncio.run(main())
     assert found == [], f"{len(found)} frames of 20 cancelled calls left to the collector: {sorted(set(found))}"
+
+
+def test_a_send_that_failed_under_a_gone_client_leaves_no_frame_to_the_collector() -> None:
+    """``_unattached``'s other branch: gRPC's ``write`` raises its send's error (ExecuteBatchError)
+    when the client went away under an answer, from a future that holds that error while its
+    traceback holds the frames awaiting the future: a cycle. The error still ends the call, as
+    it is; its traceback and context no longer hold the handler's frames."""
+
+    async def answer() -> None:
+        sent = asyncio.get_running_loop().create_future()  # as gRPC's future of the send
+        sent.set_exception(_SEND_FAILED("the call ended under the write"))
+        await sent
+
+    async def handler() -> None:
+        try:
+            await answer()
+        finally:
+            pass  # a frame between: the traceback runs through it
+
+    async def main() -> list[str]:
+        with collector_off() as found:
+            for _ in range(20):
+                with pytest.raises(_SEND_FAILED, match="the call ended under the write") as failed:
+                    await _unattached(timed(handler(), lambda _s: None))
+                assert failed.value.__context__ is None
+                del failed
+        return found
+
+    found = asyncio.run(main())
+    assert found == [], f"{len(found)} frames of 20 failed sends left to the collector: {sorted(set(found))}"
