@@ -259,15 +259,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGINT is taken before anything is imported: one during the start-up of a command that was
     # started with SIGINT ignored (a background job) was lost (issue 42); a daemon gets the
     # previous handler back once its command is known.
-    sigint = _take_sigint()
+    sigint = signal.getsignal(signal.SIGINT)
     try:
-        code = _main(argv, sigint)
+        # Inside the ``try``: a SIGINT that lands as soon as the handler is in place, while
+        # ``signal.signal`` still returns, is an interrupt too (stop 88, the loaded tier).
+        code = _main(argv, sigint if _take_sigint() else None)
     except KeyboardInterrupt:  # while the command's module was imported or its arguments parsed
         print("ordq: interrupted", file=sys.stderr)
         return 128 + int(signal.SIGINT)
     finally:
-        if sigint is not None:
-            signal.signal(signal.SIGINT, sigint)
+        _give_back_sigint(sigint)
     if as_program and _asks_only(argv):
         _quick_exit(code)
     return code
@@ -376,15 +377,27 @@ def _on_sigint(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _take_sigint() -> Any:
+def _take_sigint() -> bool:
     """A command stops on SIGINT, even when it was started with SIGINT ignored (a shell's
     background job: ``ordq produce ... &`` ran on until it was elected, issue 42), and notes it
-    in ``INTERRUPTED``. Returns the handler to put back (main() also runs inside tests), or
-    None when nothing was changed (not the main thread: signals are the main thread's)."""
+    in ``INTERRUPTED``. False when nothing was changed (not the main thread: signals are the
+    main thread's)."""
     try:
-        return signal.signal(signal.SIGINT, _on_sigint)
+        signal.signal(signal.SIGINT, _on_sigint)
     except ValueError:  # not the main thread: signals are the main thread's
-        return None
+        return False
+    return True
+
+
+def _give_back_sigint(previous: Any) -> None:
+    """The handler from before ``_take_sigint`` put back (main() also runs inside tests and
+    libraries), however far taking it got before an interrupt; None: one not set from Python,
+    which cannot be put back."""
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGINT, previous)
+        except ValueError:  # not the main thread: nothing was taken
+            pass
 
 
 def _secret(value: str | None, path: Path | None, flag: str) -> str | None:

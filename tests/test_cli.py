@@ -526,6 +526,30 @@ def test_sigint_while_the_commands_are_half_imported_is_an_interrupt() -> None:
     assert _last_line_of(code) == "interrupted True"
 
 
+def test_sigint_while_the_cli_takes_sigint_is_an_interrupt() -> None:
+    """Loaded tier (stop 88): ``ordq top`` started in the background, signalled as soon as its
+    SIGINT handler was in place, took the signal while ``signal.signal`` was still returning (in
+    its Python wrapper): the KeyboardInterrupt came before main's own ``try``, a traceback and
+    death by SIGINT instead of "interrupted" and 130. The signal is delivered here at that very
+    point (the real handler, called as the interpreter calls it), no timing involved."""
+    code = ("import signal\n"
+            "from ordq import cli\n"
+            "real = signal.signal\n"
+            "def landing(signum, handler):\n"
+            "    previous = real(signum, handler)\n"
+            "    if handler is cli._on_sigint:\n"
+            "        handler(signum, None)  # the SIGINT that came before this call returned\n"
+            "    return previous\n"
+            "signal.signal = landing\n"
+            "code = cli.main(['queue', 'list'])\n"
+            "signal.signal = real\n"
+            "print(code, cli.INTERRUPTED.is_set(), signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "130 True True"  # interrupted; the handler before it put back
+    assert res.stderr.strip() == "ordq: interrupted"
+
+
 def test_coordinator_run_help_names_the_spread_bound_the_daemon_takes(capsys: pytest.CaptureFixture[str]) -> None:
     """`coordinator run --help` says the spread's default bound as a number (the command module does
     not import the daemon to build its parser): the daemon's own constant."""
