@@ -201,9 +201,12 @@ class Cluster:
 
     def spawn_producer(self, writer: str, *, total: int, queue: str = "q", rate: float | None = None,
                        size: int = 200, send_timeout_s: float = SEND_TIMEOUT_S,
-                       session_timeout_s: float = CLIENT_SESSION_TIMEOUT_S, hold: bool = False) -> ProducerProgram:
+                       session_timeout_s: float = CLIENT_SESSION_TIMEOUT_S, hold: bool = False,
+                       gate_at: int | None = None) -> ProducerProgram:
         """A producer program; with ``hold`` it starts (imports, ~1-4 s on a busy machine) but
-        connects only on ``go()``, so a test can have a standby ready before load flows."""
+        connects only on ``go()``, so a test can have a standby ready before load flows; with
+        ``gate_at`` it sends no seq from there on until ``open_gate()`` (a fault lands before it
+        could finish: tests.helpers.produce)."""
         out = self.base / f"producer-{writer}.jsonl"
         go = self.base / f"producer-{writer}.go"
         argv = ["-m", "tests.helpers.produce", "--zk", self.hosts, "--root", self.root, "--queue", queue,
@@ -212,7 +215,10 @@ class Cluster:
                 "--audit", str(self.base / "audit"), "--go", str(go)]
         if rate:
             argv += ["--rate", str(rate)]
-        program = ProducerProgram(writer, self.spawn(f"producer-{writer}", argv), out, go)
+        gate = self.base / f"producer-{writer}.gate" if gate_at is not None else None
+        if gate is not None:
+            argv += ["--gate", str(gate), "--gate-at", str(gate_at)]
+        program = ProducerProgram(writer, self.spawn(f"producer-{writer}", argv), out, go, gate)
         if not hold:
             program.go()
         return program

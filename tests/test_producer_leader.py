@@ -43,7 +43,9 @@ def wait_standby(program: ProducerProgram) -> None:
 
 
 def leader_and_standby(cluster: Cluster, n: int) -> tuple[ProducerProgram, ProducerProgram]:
-    leader = cluster.spawn_producer("P1", total=n, rate=LOAD_RATE, hold=True)
+    """P1 leads (held at seq n/2 until its gate opens: the test's fault finds it sending), P2
+    waits as its standby."""
+    leader = cluster.spawn_producer("P1", total=n, rate=LOAD_RATE, hold=True, gate_at=n // 2)
     standby = cluster.spawn_producer("P2", total=n, rate=LOAD_RATE, hold=True)
     leader.go()
     leader.wait_leader()
@@ -51,15 +53,6 @@ def leader_and_standby(cluster: Cluster, n: int) -> tuple[ProducerProgram, Produ
     wait_standby(standby)
     assert standby.event("leader") is None
     return leader, standby
-
-
-def wait_acked(program: ProducerProgram, count: int, timeout_s: float = 60.0) -> None:
-    def progressed() -> bool:
-        if not program.proc.alive():
-            raise AssertionError(f"{program.writer} exited: {program.records()[-2:]}")
-        return program.acked_count() >= count
-
-    wait_until(progressed, timeout_s=timeout_s, interval_s=0.01, what=f"{count} acks of {program.writer}")
 
 
 def check_handover(old: ProducerProgram, new: ProducerProgram, consumer: LoadConsumer, n: int) -> int:
@@ -84,7 +77,7 @@ def test_producer_leader_killed(cluster: Cluster) -> None:
     consumer = cluster.consumer(until=N - 1, rejoin=True)
     consumer.start()
     p1, p2 = leader_and_standby(cluster, N)
-    wait_acked(p1, N // 3)
+    p1.wait_acked(N // 3)
     p1.proc.kill()
     p2.wait_leader()
     assert p2.wait_exit(FINISH_S) == 0, p2.records()[-2:]
@@ -103,11 +96,12 @@ def test_producer_leader_hung_then_resumed_is_fenced(cluster: Cluster) -> None:
     consumer = cluster.consumer(until=N - 1, rejoin=True)
     consumer.start()
     p1, p2 = leader_and_standby(cluster, N)
-    wait_acked(p1, N // 4)
+    p1.wait_acked(N // 4)
     p1.proc.pause()
+    p1.open_gate()  # resumed, it sends on: those writes are refused too
     try:
         p2.wait_leader()
-        wait_acked(p2, 2000)
+        p2.wait_acked(2000)
     finally:
         p1.proc.resume()
     assert p1.wait_exit(30) == EXIT_FENCED, p1.records()[-2:]
@@ -140,7 +134,7 @@ def test_last_committed_after_producer_crash(cluster: Cluster) -> None:
     cluster.create_queue()
     p1 = cluster.spawn_producer("P1", total=10**7)  # no rate limit: as much in flight as the window allows
     p1.wait_leader()
-    wait_acked(p1, N // 4)
+    p1.wait_acked(N // 4)
     p1.proc.kill()
     acked = p1.acks()
     cfg = ProducerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q",
@@ -178,7 +172,7 @@ def test_producer_leaders_killed_and_hung_in_turn_long(cluster: Cluster) -> None
         standby.go()
         wait_standby(standby)
         old = programs[-1]
-        wait_acked(old, 3000, timeout_s=120)
+        old.wait_acked(3000, timeout_s=120)
         if k % 2:
             old.proc.pause()
             standby.wait_leader()

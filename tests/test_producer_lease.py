@@ -23,7 +23,7 @@ from ordq.sdk import BatchingConfig, Producer, ProducerConfig
 from ordq.spark_order_check import CLASSES
 from ordq.spark_order_check.reference import check
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, FINISH_S, LOAD_RATE, Cluster, cluster_fixture  # noqa: F401
-from tests.helpers.load import ProducerProgram, make_payload
+from tests.helpers.load import make_payload
 from tests.helpers.produce import EXIT_FENCED
 from tests.util import read_metrics, wait_until
 
@@ -98,15 +98,6 @@ def test_a_second_produce_token_holder_cannot_depose_the_real_producer(cluster: 
         rogue.close()
 
 
-def _wait_acked(program: ProducerProgram, count: int, timeout_s: float = 60.0) -> None:
-    def progressed() -> bool:
-        if not program.proc.alive():
-            raise AssertionError(f"{program.writer} exited: {program.records()[-2:]}")
-        return program.acked_count() >= count
-
-    wait_until(progressed, timeout_s=timeout_s, interval_s=0.01, what=f"{count} acks of {program.writer}")
-
-
 def test_a_producer_paused_past_its_lease_is_fenced_and_none_of_its_late_writes_lands(cluster: Cluster) -> None:
     """Guard: the epoch the successor's Claim issues (brokers fence the old one), with the lease
     granted to the waiting standby only after the paused holder's expired. The old producer's
@@ -117,18 +108,21 @@ def test_a_producer_paused_past_its_lease_is_fenced_and_none_of_its_late_writes_
     audit = cluster.base / "audit"
     consumer = cluster.consumer(until=n - 1, rejoin=True, audit_dir=audit)
     consumer.start()
-    p1 = cluster.spawn_producer("P1", total=n, rate=LOAD_RATE, hold=True)
+    # P1 held at seq n/2 until its gate opens: the pause finds it sending, however late the
+    # test sees its acks (tests.helpers.produce, --gate)
+    p1 = cluster.spawn_producer("P1", total=n, rate=LOAD_RATE, hold=True, gate_at=n // 2)
     p2 = cluster.spawn_producer("P2", total=n, rate=LOAD_RATE, hold=True)
     p1.go()
     p1.wait_leader()
     p2.go()
     wait_until(lambda: "waits as a standby" in p2.proc.log_tail(200), timeout_s=30, interval_s=0.05,
                what="P2 to wait for the producer lease")
-    _wait_acked(p1, n // 4)
+    p1.wait_acked(n // 4)
     p1.proc.pause()
+    p1.open_gate()  # resumed, it sends on: those writes must not land
     try:
         p2.wait_leader()  # only once P1's lease expired on the coordinator: P1 is stopped, not renewing
-        _wait_acked(p2, 2000)
+        p2.wait_acked(2000)
     finally:
         p1.proc.resume()
     assert p1.wait_exit(30) == EXIT_FENCED, p1.records()[-2:]

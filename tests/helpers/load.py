@@ -230,11 +230,27 @@ class _Program:
 
 
 class ProducerProgram(_Program):
-    """A ``tests.helpers.produce`` process and what it wrote."""
+    """A ``tests.helpers.produce`` process and what it wrote; ``gate_file``: its ``--gate``."""
 
-    def __init__(self, writer: str, proc: ManagedProcess, out: Path, go_file: Path) -> None:
+    def __init__(self, writer: str, proc: ManagedProcess, out: Path, go_file: Path,
+                 gate_file: Path | None = None) -> None:
         super().__init__(writer, proc, out, go_file)
         self.writer = writer
+        self.gate_file = gate_file
+
+    def open_gate(self) -> None:
+        """Let it send past its ``--gate-at`` seq (a stopped program sees it once resumed)."""
+        assert self.gate_file is not None, f"{self.writer} was started without a gate"
+        self.gate_file.touch()
+
+    def wait_acked(self, count: int, timeout_s: float = 60.0) -> None:
+        """Until ``count`` of its messages were acked; it exiting first fails the test."""
+        def progressed() -> bool:
+            if not self.proc.alive():
+                raise AssertionError(f"{self.writer} exited: {self.records()[-2:]}")
+            return self.acked_count() >= count
+
+        wait_until(progressed, timeout_s=timeout_s, interval_s=0.01, what=f"{count} acks of {self.writer}")
 
     def acks(self) -> list[AckRec]:
         return acks_in(self.records(), self.writer)

@@ -2,11 +2,15 @@
 
 usage: python -m tests.helpers.produce --zk HOSTS --root ROOT --queue Q --writer W --total N
            --out FILE [--size BYTES] [--rate MSGS_PER_S] [--send-timeout S] [--session-timeout S]
-           [--audit DIR]
+           [--audit DIR] [--gate FILE --gate-at SEQ]
 
 Prints ``STARTED`` once connected (it may then wait as a standby) and ``LEADER <next_seq>``
 when elected; then sends messages ``next_seq .. N-1`` (each payload carries its seq and W,
 ``tests.helpers.load.make_payload``), so a standby that takes over completes the same stream.
+With ``--gate``, it waits before sending seq ``--gate-at`` until FILE exists: a test's fault
+(kill -9, SIGSTOP) then lands while this producer still has seqs to send, however late the
+test saw the acks it waited for (the loaded tier: a leader sent all 16,000 of its seqs before its
+test noticed 4,000 acks, and the SIGSTOP found it gone).
 Writes to FILE (JSON lines, flushed as they happen):
   {"event": "leader", "next_seq": n, "last": {"seq", "seg", "offset", "payload_seq"} | null}
   {"a": seq, "crc": crc32}                        one per acked message, in seq order
@@ -50,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--send-timeout", type=float, default=1.0)
     ap.add_argument("--session-timeout", type=float, default=1.0)
     ap.add_argument("--audit", type=Path, default=None)
+    ap.add_argument("--gate", type=Path, default=None, help="before sending seq --gate-at, wait for this file")
+    ap.add_argument("--gate-at", type=int, default=None)
     args = ap.parse_args(argv)
+    if (args.gate is None) != (args.gate_at is None):
+        ap.error("--gate and --gate-at go together")
     program_logging()
 
     out = RecordWriter(args.out)
@@ -111,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         for i, seq in enumerate(range(next_seq, args.total)):
             if failure:
                 raise failure[0]
+            if seq == args.gate_at:
+                while not args.gate.exists():
+                    time.sleep(0.01)
+                t0 = time.monotonic() - i / args.rate if args.rate else t0  # the rate goes on from here, no burst
             if args.rate:
                 pause = t0 + i / args.rate - time.monotonic()
                 if pause > 0:
