@@ -72,7 +72,7 @@ BENCHES = [
           pytest.mark.slow),
     bench("bench_floor", ["--round-trips", "100", "--syncs", "50"],
           ["round trip", "lean round trip", "fdatasync", "two fdatasyncs let go together", "floor with both replicas",
-           "floor on the lean links"]),
+           "floor on the lean links", "a synchronous send's cadence", "floor on the lean links with that sync"]),
     bench("bench_floor", ["--disk", "--syncs", "20"],
           [f"fdatasync of 1 KiB, {kind}{churn}: p50" for kind in ("append", "fallocated", "overwrite")
            for churn in ("", ", beside a rewrite", ", beside writes and deletes")], id="bench_floor_disk"),
