@@ -25,10 +25,10 @@
   share the disk: the pair took 1.6-2x one (stop 79). Printed beside the floor, which counts one
   sync (issue 39's definition, the goal's yardstick).
 - ``--disk`` (issue 39: is the p99 the disk's?): only fdatasyncs of 1 KiB, in three kinds of
-  file: an append (the file grows: the sync commits the journal), a write into space
-  ``posix_fallocate`` reserved (unwritten extents turned written: metadata, so the journal
-  too), and an overwrite of blocks written and synced before (a preallocated, zero-filled
-  segment: data only, no journal commit). Each quiet, beside a thread that rewrites one 4 MiB
+  file: an append (the file grows: the sync writes its new size, a journal commit or the
+  inode), a write into space ``posix_fallocate`` reserved (unwritten extents turned written:
+  metadata too), and an overwrite of blocks written and synced before (a preallocated,
+  zero-filled segment: data only). Each quiet, beside a thread that rewrites one 4 MiB
   file in place and syncs it (other writers, no blocks freed), and beside one that writes 4 MiB
   files and deletes them (blocks freed, as segment removals, test teardowns and other
   sessions do: on ext4 mounted with ``discard`` they are discarded when the journal commits).

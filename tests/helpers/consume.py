@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import attrs
@@ -38,6 +37,7 @@ from tests.helpers.load import (
     delivery_of,
     program_logging,
     record_failure,
+    wait_for_file,
 )
 
 
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = consumer_config(args, audit_dir=args.audit)
     consumer = Consumer(cfg)
     announce("STARTED")
-    while args.go is not None and not args.go.exists():
-        time.sleep(0.01)
+    if args.go is not None:
+        wait_for_file(args.go)
     try:
         consumer.start()
         st = consumer.statistics()

@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import IO, Any
@@ -187,6 +188,12 @@ def consumer_config(args: argparse.Namespace, **more: Any) -> ConsumerConfig:
     return ConsumerConfig(zk_hosts=args.zk, root=args.root, queue=args.queue, subscription=args.sub,
                           commit=CommitConfig(every_messages=args.commit_every, every_ms=args.commit_ms),
                           lease_ttl_s=args.session_timeout, **more)
+
+
+def wait_for_file(path: Path) -> None:
+    """A test program's hold: until the test creates ``path`` (its go file, a producer's gate)."""
+    while not path.exists():
+        time.sleep(0.01)
 
 
 def program_logging() -> None:

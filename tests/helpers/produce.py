@@ -35,7 +35,14 @@ from ordq.common.errors import FencedError
 from ordq.common.proc import announce
 from ordq.sdk import Producer, ProducerConfig, SendFuture
 from ordq.sdk._producer_core import BatchingConfig
-from tests.helpers.load import RecordWriter, make_payload, parse_payload, program_logging, record_failure
+from tests.helpers.load import (
+    RecordWriter,
+    make_payload,
+    parse_payload,
+    program_logging,
+    record_failure,
+    wait_for_file,
+)
 
 EXIT_FENCED = 3
 
@@ -67,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                          producer_id=f"{args.writer}", batching=BatchingConfig(linger_ms=2.0))
     producer = Producer(cfg)
     announce("STARTED")
-    while args.go is not None and not args.go.exists():
-        time.sleep(0.01)
+    if args.go is not None:
+        wait_for_file(args.go)
     pending: collections.deque[tuple[int, int, SendFuture]] = collections.deque()
     cv = threading.Condition()
     sending_done = threading.Event()
@@ -120,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             if failure:
                 raise failure[0]
             if seq == args.gate_at:
-                while not args.gate.exists():
-                    time.sleep(0.01)
-                t0 = time.monotonic() - i / args.rate if args.rate else t0  # the rate goes on from here, no burst
+                wait_for_file(args.gate)
+                if args.rate:  # the rate goes on from here: no burst of the seqs it held
+                    t0 = time.monotonic() - i / args.rate
             if args.rate:
                 pause = t0 + i / args.rate - time.monotonic()
                 if pause > 0:
