@@ -11,18 +11,26 @@ Rules:
 - The bytes of a batch, their layout and checks are ``ordq/wire/batch.py``'s (the same on the
   wire and on disk).
 - Nothing is durable until ``sync()`` returned; ``synced_end`` is the durable message count.
-- Batches are appended past the file's end, never written over space made ahead (zeros,
-  ``fallocate``): on a journalled ext4 (data=ordered, the default) an append's new size is
-  committed only after its data, so a crash never shows a later page of a group commit without
-  an earlier one. An overwrite torn by a power cut can, and the scan must then call it a
-  corrupt middle; with both replicas torn the open segment could be served by neither. Stop 73
-  measured a zero fill at 9 % more synchronous sends (no inode size write per sync) and took it
-  back for this (docs/BENCHMARKS.md).
+- The file runs ahead of its batches with zeros (``FILL_AHEAD_MAX``), written and synced with
+  the batches that needed them, so most syncs overwrite blocks the file already has: an
+  ``fdatasync`` then writes the data alone, not the inode's new size too (issue 39: two brokers
+  syncing on one disk, p50 196 -> 126 µs a sync on this lab's ext4). A zero tail is where the
+  batches end, as a torn tail is (never a batch: its length field is 0). A tail of zeros alone
+  is kept on open and not counted as torn (one with any other byte is cut off whole and
+  counted); the zeros are cut off when the log is parked or closed.
+- A power cut can tear an overwrite out of order: a later sector of the one unsynced group
+  commit on disk, an earlier one not. A sector the write did not reach reads as the zeros it
+  replaced, so the scan tells that from corruption by its zeros (segment_scan.py,
+  ``lost_sector``) and cuts it off as a torn tail: synced batches are never rewritten with
+  other bytes, so nothing before the first lost sector was unsynced, and nothing after it was
+  synced (the group commits are written one at a time). Both replicas torn by one power cut
+  each keep what they synced.
 - Not thread-safe: the broker serialises access to one ``SegmentLog``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import zlib
@@ -32,7 +40,7 @@ from typing import NoReturn
 
 import attrs
 
-from ordq.broker_group.segment_scan import scan_batches
+from ordq.broker_group.segment_scan import TEAR_WINDOW, scan_batches
 from ordq.common.errors import ClosedError, CorruptLog, DiskFull, SegmentNotFound
 from ordq.coordinator.paths import check_name
 from ordq.wire.batch import (
@@ -47,6 +55,8 @@ from ordq.wire.batch import (
 )
 
 SEGMENT_FILE = "segment.log"
+FILL_AHEAD_MAX = 128 << 10  # zeros written past the batches at most: as much as the file holds, up to this
+FILL_PAGE = 4096
 
 
 
@@ -69,6 +79,7 @@ class Written:
 
     fd: int
     size: int
+    batches: int  # the buffered batches it holds, from the first
 
 
 @attrs.frozen
@@ -120,6 +131,7 @@ class SegmentLog:
         self._buffer: list[bytes] = []  # appended batches not yet written
         self._buffered_bytes = 0
         self._synced_bytes = 0  # file length covered by sync()
+        self._filled = 0  # the file's length: the batches, then zeros (``_fill``)
         self._fd: int | None = fd
         # Closed to spare a file descriptor while nothing uses it (``park``), reopened on the next use
         self._parked = False
@@ -197,12 +209,14 @@ class SegmentLog:
                 valid_end: int = stop.value
                 break
             log._index(pos, header)
-        if valid_end < size:
+        torn = size - valid_end if _any_nonzero(fd, valid_end, size) else 0
+        if torn:
             os.ftruncate(fd, valid_end)
             os.fdatasync(fd)
         log._synced_bytes = valid_end
+        log._filled = valid_end if torn else size  # a tail of zeros alone is the fill, kept
         log.synced_end = log.end
-        log.recovery = RecoveryReport(batches=len(log._offsets), messages=log.end, truncated_bytes=size - valid_end)
+        log.recovery = RecoveryReport(batches=len(log._offsets), messages=log.end, truncated_bytes=torn)
         return log
 
     @property
@@ -235,10 +249,20 @@ class SegmentLog:
     def park(self) -> None:
         """Close the file until the next call that needs it, which reopens it (a sealed
         segment nobody reads: an idle queue's must not hold a file descriptor, issue 29; a
-        broker holding 10,000 of them would run out). Only with nothing buffered."""
+        broker holding 10,000 of them would run out). Only with nothing buffered. Its zero
+        tail is cut off (``_trim``)."""
         if self._fd is not None and not self._buffer:
+            self._trim(self._fd)
             fd, self._fd, self._parked = self._fd, None, True
             os.close(fd)
+
+    def _trim(self, fd: int) -> None:
+        """Cut the zeros past the batches off the file, best effort (not synced: after a crash
+        they are a zero tail again, kept as the fill)."""
+        if self._filled > self._synced_bytes:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._synced_bytes)
+                self._filled = self._synced_bytes
 
     def _require_writable(self) -> int:
         fd = self._require_fd()
@@ -276,8 +300,9 @@ class SegmentLog:
         return header
 
     def sync(self) -> int:
-        """Write every buffered batch with one write and ``fdatasync``; return the new
-        ``synced_end``. A no-op (no syscall) when nothing is buffered.
+        """Write every buffered batch with one write and ``fdatasync`` (more than one when
+        they span more than ``TEAR_WINDOW``: ``begin_sync``); return the new ``synced_end``.
+        A no-op (no syscall) when nothing is buffered.
 
         Raises:
             DiskFull: ENOSPC/EDQUOT from the write or the fdatasync. Every unsynced batch is
@@ -290,34 +315,56 @@ class SegmentLog:
                 the kernel may have dropped dirty pages and will not report it again
                 (PostgreSQL's "fsyncgate"), so the tail of the file is no longer trusted.
         """
-        written = self.begin_sync()
-        if written is None:
-            return self.synced_end
-        try:
-            os.fdatasync(written.fd)
-        except OSError as exc:
-            return self.end_sync(written, exc)
-        return self.end_sync(written)
+        while (written := self.begin_sync()) is not None:
+            try:
+                os.fdatasync(written.fd)
+            except OSError as exc:
+                return self.end_sync(written, exc)
+            self.end_sync(written)
+        return self.synced_end
 
     def begin_sync(self) -> Written | None:
-        """The first half of ``sync()``: write every buffered batch (one ``pwrite``), not yet
-        durable and not yet readable; None when nothing is buffered. The caller then runs
-        ``os.fdatasync(written.fd)`` — without holding its lock, so reads of the synced
-        prefix go on meanwhile — and ``end_sync(written, error)``. Nothing may be appended
-        or truncated in between. Raises as ``sync()`` does."""
+        """The first half of ``sync()``: write the buffered batches (one ``pwrite``), not yet
+        durable and not yet readable; None when nothing is buffered. Every batch of one write
+        starts within ``TEAR_WINDOW`` of its start (the scan's bound on a torn write); the
+        rest stay buffered for the next call. The caller then runs ``os.fdatasync(written.fd)``
+        — without holding its lock, so reads of the synced prefix go on meanwhile — and
+        ``end_sync(written, error)``, and calls again until it returns None. Nothing may be
+        appended or truncated in between. Raises as ``sync()`` does."""
         fd = self._require_writable()
         if not self._buffer:
             return None
-        data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
-        written = Written(fd=fd, size=len(data))
+        count, size = 0, 0
+        for b in self._buffer:
+            if size >= TEAR_WINDOW:
+                break
+            count, size = count + 1, size + len(b)
+        data = self._buffer[0] if count == 1 else b"".join(self._buffer[:count])
+        written = Written(fd=fd, size=len(data), batches=count)
         try:
-            done = 0
-            with memoryview(data) as view:
-                while done < len(data):
-                    done += os.pwrite(fd, view[done:], self._synced_bytes + done)
+            _pwrite_all(fd, data, self._synced_bytes)
         except OSError as exc:
             self._sync_failed(written, exc)
+        self._fill(fd, self._synced_bytes + len(data))
         return written
+
+    def _fill(self, fd: int, end: int) -> None:
+        """Zeros past ``end`` (where the batches will end) when it passes the fill: as many
+        as the file holds, at most ``FILL_AHEAD_MAX``, to a page boundary (a small file takes
+        the one block it took before); made durable by the same sync as the batches. Best
+        effort: a file that cannot grow (no space) keeps what it has, and the batches are
+        written all the same."""
+        if end <= self._filled:
+            return
+        target = -(-(end + min(end, FILL_AHEAD_MAX)) // FILL_PAGE) * FILL_PAGE
+        try:
+            _pwrite_all(fd, bytes(target - end), end)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            self._filled = end
+            return
+        self._filled = target
 
     def end_sync(self, written: Written, error: OSError | None = None) -> int:
         """The second half of ``sync()``, after the caller's fdatasync (``error``: how it
@@ -326,16 +373,18 @@ class SegmentLog:
         if error is not None:
             self._sync_failed(written, error)
         self._synced_bytes += written.size
-        self._synced_batches += len(self._buffer)
+        self._synced_batches += written.batches
         self._syncs += 1
-        self._buffer.clear()
-        self._buffered_bytes = 0
-        self.synced_end = self.end
+        del self._buffer[: written.batches]
+        self._buffered_bytes -= written.size
+        unsynced = len(self._buffer)
+        self.synced_end = self._offsets[-unsynced] if unsynced else self.end
         return self.synced_end
 
     def _sync_failed(self, written: Written, exc: OSError) -> NoReturn:
         dropped = len(self._buffer)
         self._drop_unsynced()
+        self._filled = self._synced_bytes
         try:
             os.ftruncate(written.fd, self._synced_bytes)
             os.fdatasync(written.fd)
@@ -397,7 +446,7 @@ class SegmentLog:
         self._buffered_bytes = 0
         self._cut_index(i)
         # The cut batches are forgotten before the I/O: if it fails they are not served either.
-        self._synced_bytes = pos
+        self._synced_bytes = self._filled = pos
         self.synced_end = end
         try:
             os.ftruncate(fd, pos)
@@ -500,6 +549,7 @@ class SegmentLog:
             fd, self._fd = self._fd, None
             self._buffer.clear()
             self._buffered_bytes = 0
+            self._trim(fd)
             os.close(fd)
 
     def __enter__(self) -> SegmentLog:
@@ -510,6 +560,26 @@ class SegmentLog:
 
     def __repr__(self) -> str:
         return f"<SegmentLog {self.path} end={self.end} synced_end={self.synced_end}>"
+
+
+def _pwrite_all(fd: int, data: bytes, at: int) -> None:
+    done = 0
+    with memoryview(data) as view:
+        while done < len(data):
+            done += os.pwrite(fd, view[done:], at + done)
+
+
+def _any_nonzero(fd: int, start: int, size: int) -> bool:
+    """Whether any byte of the file from ``start`` to ``size`` is not zero: a tail of zeros
+    alone is the fill (or a torn write of zeros: no batch either way), kept as it is."""
+    while start < size:
+        chunk = os.pread(fd, min(1 << 20, size - start), start)
+        if not chunk:
+            return False
+        if chunk.count(0) != len(chunk):
+            return True
+        start += len(chunk)
+    return False
 
 
 def private_dir(path: Path) -> list[Path]:

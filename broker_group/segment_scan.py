@@ -2,7 +2,8 @@
 and behind reading a file offline (``iter_file_batches``: the verifier, tests).
 
 Rules: reads only; finds where valid batches are and where they stop (a torn tail, or a bad
-batch followed by a valid one, which is corruption and never skipped).
+batch followed by a valid one, which is corruption and never skipped unless it is the one write
+a power cut tore: ``scan_batches``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from ordq.wire.batch import HEAD, HEAD_BYTES, MAGIC, PREFIX_BYTES, BatchHeader, 
 
 _WINDOW_BYTES = 1 << 20  # read-ahead of the scan; a bigger batch is read in one piece
 _SEARCH_CHUNK_BYTES = 1 << 24  # the follow-on search reads the rest of the file in these
+# Every batch of one write (one group commit) starts within this many bytes of the write's start
+# (``SegmentLog.begin_sync``), so nothing a torn write left starts farther from where it went bad.
+TEAR_WINDOW = 4 << 20
+SECTOR = 512  # the unit a disk writes whole: a power cut leaves each one old or new
+_ZEROS = bytes(SECTOR)
 
 
 def _pread_full(fd: int, n: int, pos: int) -> bytes:
@@ -98,6 +104,21 @@ def _find_valid_batch(fd: int, start: int, size: int) -> int | None:
     return None
 
 
+def lost_sector(fd: int, start: int, stop: int) -> bool:
+    """Whether the bytes from ``start`` to ``stop`` hold a sector that a write into zeros did
+    not reach: zeros from ``start`` to the end of its sector, or a whole sector of zeros.
+    (A sector of zeros inside a batch's own bytes, a message of zeros, reads the same: a bad
+    batch around one is taken for torn. Bit rot leaves other bytes.)"""
+    data = _pread_full(fd, stop - start, start)
+    at = 0  # where the sector from ``start + at`` to its boundary begins in ``data``
+    boundary = (start // SECTOR + 1) * SECTOR - start  # the end of ``start``'s sector, in ``data``
+    while boundary <= len(data):
+        if data[at:boundary] == _ZEROS[: boundary - at]:
+            return True
+        at, boundary = boundary, boundary + SECTOR
+    return False
+
+
 def scan_batches(fd: int, size: int, path: str) -> Generator[tuple[int, BatchHeader, bytes], None, int]:
     """Yield (position, header, raw batch) of every valid batch of a segment file from its
     start; return the byte position where the valid batches end (== size unless torn).
@@ -111,6 +132,11 @@ def scan_batches(fd: int, size: int, path: str) -> Generator[tuple[int, BatchHea
     everything from ``p`` is a torn tail (an append that did not complete before a crash).
     The length field is never trusted to find what follows: a corrupt length could point
     past the end of the file and make a middle batch look like a short last one.
+
+    One exception (log.py's rules: the file runs ahead with zeros, and a power cut can keep a
+    later sector of the unsynced write without an earlier one): a torn tail all the same when
+    the bad bytes hold a sector the write did not reach (``lost_sector``: the zeros it was to
+    replace) and no valid batch starts ``TEAR_WINDOW`` or more past ``p``.
     """
     window = _Window(fd)
     pos = 0
@@ -132,6 +158,9 @@ def scan_batches(fd: int, size: int, path: str) -> Generator[tuple[int, BatchHea
         following = _find_valid_batch(fd, pos + 1, size)
         if following is None:
             return pos
+        if following - pos < TEAR_WINDOW and lost_sector(fd, pos, following) \
+                and _find_valid_batch(fd, pos + TEAR_WINDOW, size) is None:
+            return pos
         if header is not None:
             detail = f"first_offset {header.first_offset} where {expected} was expected"
         elif len(head) < HEAD_BYTES:
@@ -148,9 +177,10 @@ def iter_file_batches(path: str | os.PathLike[str]) -> Iterator[tuple[BatchHeade
 
     Yields (header, messages) in offset order. Stops quietly at a torn tail (the file may be
     written to right now by a live broker: a batch being appended looks like one); raises
-    CorruptLog at a bad batch that has a valid batch after it, after yielding the batches
-    before it. Reads with pread through a 1 MiB window, so memory does not grow with the
-    file, and a broker truncating the file meanwhile only shortens what is read.
+    CorruptLog at a bad batch that has a valid batch after it (but a torn write:
+    ``scan_batches``), after yielding the batches before it. Reads with pread through a 1 MiB
+    window, so memory does not grow with the file, and a broker truncating the file meanwhile
+    only shortens what is read.
     Raises FileNotFoundError if there is no such file.
     """
     name = os.fspath(path)

@@ -429,15 +429,17 @@ class WritePath:
                 for b in batches:
                     s.log.append(b, verify_crc=False)
                 written = s.log.begin_sync()
-            failed = None
-            if written is not None:
+                end = s.log.synced_end
+            while written is not None:  # more than one write past the log's TEAR_WINDOW
+                failed = None
                 try:
                     os.fdatasync(written.fd)
                 except OSError as exc:
                     failed = exc
+                with s.io_lock:
+                    end = s.log.end_sync(written, failed)
+                    written = s.log.begin_sync()
             stamp(f"{role}.synced", batch_format.first_seqs, batches)
-            with s.io_lock:
-                end = s.log.end_sync(written, failed) if written is not None else s.log.synced_end
             took = time.perf_counter() - started
             self._fsync_seconds.observe(took)
         except (DiskFull, OSError, ValueError, CorruptLog, ClosedError) as exc:

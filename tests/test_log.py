@@ -88,8 +88,10 @@ def test_create_append_sync_reopen(tmp_path: Path) -> None:
         assert log.read(0, max_bytes=1 << 20, upto=6) == raws
         stats = log.statistics()
         assert (stats.syncs, stats.synced_batches, stats.batches, stats.buffered_bytes) == (1, 3, 3, 0)
-        assert stats.file_bytes == sum(map(len, raws)) == log.path.stat().st_size
+        assert stats.file_bytes == sum(map(len, raws))
+        assert _batches_then_zeros(log.path, sum(map(len, raws))) == 4096  # the fill: one page
         assert log.sync() == 6 and log.statistics().syncs == 1  # nothing buffered: no syscall
+    assert log.path.stat().st_size == sum(map(len, raws))  # the fill cut off on close
     with SegmentLog.open(tmp_path, "orders", 7) as again:
         assert (again.end, again.synced_end, again.first_seq, again.last_seq) == (6, 6, 40, 45)
         assert again.recovery == log_mod.RecoveryReport(batches=3, messages=6, truncated_bytes=0)
@@ -265,6 +267,69 @@ def test_truncate(tmp_path: Path) -> None:
     assert SegmentLog.open(tmp_path, "q", 0).end == 0
 
 
+def _batches_then_zeros(path: Path, batch_bytes: int) -> int:
+    """The file's size, once checked to hold ``batch_bytes`` of batches and zeros after them."""
+    data = path.read_bytes()
+    assert len(data) >= batch_bytes and not data[batch_bytes:].strip(b"\0")
+    return len(data)
+
+
+def test_the_file_runs_ahead_of_its_batches_with_zeros_that_later_syncs_overwrite(tmp_path: Path) -> None:
+    """Issue 39: a sync that only overwrites blocks the file has needs no journal commit for a
+    new size. The zeros come with the sync that needed them, as much as the file holds (a page
+    at least, FILL_AHEAD_MAX at most); a later sync within them leaves the size alone. A copy
+    opened from the file as it is (a kill -9 now) keeps the zeros and counts nothing torn."""
+    raws = build([[msg(i, 1000)] for i in range(8)])
+    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
+        log.append(raws[0])
+        log.sync()
+        first = _batches_then_zeros(log.path, len(raws[0]))
+        assert first == 4096 > 2 * len(raws[0])
+        log.append(raws[1])
+        log.append(raws[2])
+        log.sync()  # within the zeros: the file keeps its size
+        assert _batches_then_zeros(log.path, sum(map(len, raws[:3]))) == first
+        for raw in raws[3:]:
+            log.append(raw)
+        log.sync()
+        whole = sum(map(len, raws))
+        assert _batches_then_zeros(log.path, whole) == -(-2 * whole // 4096) * 4096
+        with SegmentLog.open(tmp_path, "q", 0) as crashed:
+            assert (crashed.end, crashed.recovery.truncated_bytes) == (8, 0)
+            assert crashed.read(0, max_bytes=1 << 20, upto=8) == raws
+        log.park()  # parked: the zeros are cut off, and the next sync brings new ones
+        assert log.path.stat().st_size == whole
+        assert log.read(0, max_bytes=1 << 20, upto=8) == raws
+    assert log.path.stat().st_size == whole
+    big = SegmentLog.open(tmp_path, "big", 0, create=True)
+    big.append(build([[msg(0, 3 << 20)]])[0])
+    big.sync()
+    assert _batches_then_zeros(big.path, big.statistics().file_bytes) - big.statistics().file_bytes \
+        <= log_mod.FILL_AHEAD_MAX + log_mod.FILL_PAGE  # to a page's end
+    big.close()
+
+
+def test_zeros_that_find_no_space_leave_the_batches_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fill is best effort: with no space for the zeros the batches are still written and
+    synced (no DiskFull), and the file holds them alone."""
+    raws = build([[msg(0)], [msg(1)]])
+    real_pwrite = os.pwrite
+
+    def no_room_for_zeros(fd: int, data: bytes, pos: int) -> int:
+        if not bytes(data).strip(b"\0"):
+            _enospc()
+        return real_pwrite(fd, data, pos)
+
+    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
+        monkeypatch.setattr(log_mod.os, "pwrite", no_room_for_zeros)
+        log.append(raws[0])
+        assert log.sync() == 1
+        log.append(raws[1])
+        assert log.sync() == 2
+        monkeypatch.undo()
+        assert log.path.read_bytes() == b"".join(raws)
+
+
 # -- recovery: torn tail --------------------------------------------------------------------
 
 
@@ -273,7 +338,10 @@ def _check_recovered(data: Path, raws: list[bytes], counts: list[int], kept: int
         assert log.recovery.batches == kept
         assert log.recovery.truncated_bytes == truncated
         assert log.end == log.synced_end == sum(counts[:kept])
-        assert log.path.stat().st_size == sum(map(len, raws[:kept]))
+        size = _batches_then_zeros(log.path, sum(map(len, raws[:kept])))
+        assert log.path.read_bytes()[:size].startswith(b"".join(raws[:kept]))
+        if truncated:  # cut off whole; a tail of zeros alone is kept as the fill
+            assert size == sum(map(len, raws[:kept]))
         assert log.read(0, max_bytes=1 << 30, upto=1 << 30) == raws[:kept]
         if kept < len(raws):  # the log is usable: the lost batch can be appended again
             log.append(raws[kept])
@@ -311,7 +379,8 @@ def test_cut_anywhere_recovers_exactly_the_complete_batches(batches: list[list[M
     assert kept >= sum(1 for i in range(len(raws)) if len(b"".join(raws[: i + 1])) <= cut)
     with tmpdir() as d:
         write_segment(d, content)
-        _check_recovered(d, raws, [len(b) for b in batches], kept, len(content) - at)
+        torn = len(content) - at if content[at:].strip(b"\0") else 0  # zeros alone: the fill, kept
+        _check_recovered(d, raws, [len(b) for b in batches], kept, torn)
 
 
 def test_bad_last_batch_is_a_torn_tail(tmp_path: Path, read_sizes: str) -> None:
@@ -324,6 +393,121 @@ def test_bad_last_batch_is_a_torn_tail(tmp_path: Path, read_sizes: str) -> None:
         write_segment(tmp_path, flip(whole, bit))
         with SegmentLog.open(tmp_path, "q", 0) as log:
             assert (log.end, log.recovery.truncated_bytes) == (1, len(raws[1])), f"bit {bit}"
+
+
+# -- recovery: a write torn by a power cut ---------------------------------------------------
+
+
+def _crash_image(before: bytes, after: bytes, lost: set[int]) -> bytes:
+    """The file as a power cut leaves it in the middle of one write: sector ``i`` is
+    ``after``'s unless ``i`` is in ``lost``, then what it held ``before`` (zeros past its end)."""
+    sector = segment_scan.SECTOR
+    old = before.ljust(len(after), b"\0")
+    return b"".join((old if i in lost else after)[i * sector : (i + 1) * sector]
+                    for i in range(-(-len(after) // sector)))
+
+
+def _synced_then_written(d: Path, synced: list[list[bytes]], unsynced: list[bytes]) -> tuple[bytes, bytes]:
+    """A log's file after ``synced`` group commits, and after one more written but not synced."""
+    with SegmentLog.open(d, "q", 0, create=True) as log:
+        for group in synced:
+            for raw in group:
+                log.append(raw)
+            log.sync()
+        before = log.path.read_bytes()
+        for raw in unsynced:
+            log.append(raw)
+        assert log.begin_sync() is not None  # written; the power goes before its fdatasync
+        after = log.path.read_bytes()
+        log._buffer.clear()  # closed as if it died: what is on disk is what the crash left
+        log._buffered_bytes = 0
+    return before, after
+
+
+def test_a_power_cut_that_keeps_a_later_sector_of_a_write_is_a_torn_tail(tmp_path: Path) -> None:
+    """Issue 39: with the file running ahead in zeros, a power cut in a group commit can leave a
+    later sector of it on disk and an earlier one not. The lost sector reads as zeros and the
+    batches after it are whole: the scan cuts it all off as a torn tail, keeping every synced
+    batch, instead of calling the segment corrupt (on both replicas, after one power cut, no
+    replica would then serve its acked messages). Fails with a scan that treats every valid
+    batch after a bad one as corruption."""
+    raws = build([[msg(i, 300)] for i in range(12)])
+    before, after = _synced_then_written(tmp_path, [raws[:2], raws[2:4]], raws[4:])
+    synced = sum(map(len, raws[:4]))
+    lost_at = (synced + 1100) // segment_scan.SECTOR  # a sector of the 5th-8th batches
+    image = _crash_image(before, after, {lost_at})
+    assert image[lost_at * 512 : lost_at * 512 + 512] == bytes(512)
+    kept = max(i for i in range(13) if sum(map(len, raws[:i])) <= lost_at * 512)
+    assert 4 <= kept < 12
+    later = sum(map(len, raws[: kept + 1]))
+    with open(write_segment(tmp_path, image), "rb") as f:  # a whole batch past the lost sector fooled the old scan
+        assert segment_scan._find_valid_batch(f.fileno(), later, len(image)) is not None
+    with SegmentLog.open(tmp_path, "q", 0) as log:
+        assert (log.end, log.recovery.batches) == (kept, kept)
+        assert log.recovery.truncated_bytes == len(image) - sum(map(len, raws[:kept]))
+        assert log.read(0, max_bytes=1 << 20, upto=log.end) == raws[:kept]
+        log.append(raws[kept])  # usable: the lost batches can come again
+        log.sync()
+
+
+def test_a_sector_of_zeros_past_the_tear_window_is_corruption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torn write leaves nothing whole that starts ``TEAR_WINDOW`` or more past where it went
+    bad (every batch of one write starts within it of the write's start, ``begin_sync``): a
+    sector of zeros with a valid batch that far after it is corruption, not a tear."""
+    monkeypatch.setattr(segment_scan, "TEAR_WINDOW", 4096)
+    raws = build([[msg(i, 300)] for i in range(30)])
+    whole = bytearray(b"".join(raws))
+    at = len(raws[0]) + len(raws[1])
+    whole[1024:1536] = bytes(512)  # the 3rd batch's second sector: the scan goes bad at ``at``
+    assert at < 1024 < at + len(raws[2])
+    write_segment(tmp_path, bytes(whole))
+    with pytest.raises(CorruptLog) as info:
+        SegmentLog.open(tmp_path, "q", 0)
+    assert info.value.position == at
+    monkeypatch.setattr(segment_scan, "TEAR_WINDOW", len(whole))  # all of it within the window: torn
+    with SegmentLog.open(tmp_path, "q", 0) as log:
+        assert log.end == 2
+
+
+def test_one_write_holds_only_batches_that_start_within_the_tear_window(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``begin_sync`` writes the batches that start within ``TEAR_WINDOW`` of its start and keeps
+    the rest for the next write: sync() makes as many writes and fdatasyncs as that takes."""
+    monkeypatch.setattr(log_mod, "TEAR_WINDOW", 2048)
+    raws = build([[msg(i, 300)] for i in range(10)])  # ~350 bytes each: 6 start within 2,048
+    with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
+        for raw in raws:
+            log.append(raw)
+        first = log.begin_sync()
+        assert first is not None
+        starts = [sum(map(len, raws[:i])) for i in range(10)]
+        assert first.batches == sum(1 for p in starts if p < 2048) == 6
+        assert log.end_sync(first) == 6 == log.synced_end and log.end == 10
+        assert log.sync() == 10
+        assert (log.statistics().syncs, log.statistics().synced_batches) == (2, 10)
+        assert log.read(0, max_bytes=1 << 20, upto=10) == raws
+
+
+@SETTINGS
+@given(groups=st.lists(st.lists(message_lists, min_size=1, max_size=4), min_size=1, max_size=4), data=st.data())
+def test_a_power_cut_in_any_write_keeps_every_synced_batch(groups: list[list[list[Message]]],
+                                                           data: st.DataObject) -> None:
+    """Any subset of the unsynced write's sectors lost: the log opens (no CorruptLog), keeps
+    every batch synced before it, and what it keeps is those batches and then a prefix of the
+    write's, in order."""
+    raws = build([ms for g in groups for ms in g])
+    sizes = [len(g) for g in groups]
+    cut = sum(sizes[:-1])
+    with tmpdir() as d:
+        before, after = _synced_then_written(
+            d, [raws[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(groups) - 1)], raws[cut:])
+        sectors = -(-len(after) // segment_scan.SECTOR)
+        lost = data.draw(st.sets(st.integers(0, sectors - 1)), label="lost sectors")
+        write_segment(d, _crash_image(before, after, lost))
+        with SegmentLog.open(d, "q", 0) as log:
+            kept = log.recovery.batches
+            assert kept >= cut
+            assert log.read(0, max_bytes=1 << 30, upto=log.end) == raws[:kept]
 
 
 # -- recovery: corrupt middle ---------------------------------------------------------------
@@ -355,8 +539,19 @@ def test_random_bit_flip_before_the_tail_is_never_skipped(batches: list[list[Mes
     index = data.draw(st.integers(0, len(raws) - 2), label="damaged batch")  # a valid batch follows it
     at = sum(map(len, raws[:index]))
     bit = data.draw(st.integers(at * 8, (at + len(raws[index])) * 8 - 1), label="bit")
+    damaged = flip(b"".join(raws), bit)
     with tmpdir() as d:
-        write_segment(d, flip(b"".join(raws), bit))
+        write_segment(d, damaged)
+        if bytes(segment_scan.SECTOR) in damaged[at : at + len(raws[index])]:
+            # A message of zeros can hold a sector of zeros: the scan cannot tell that batch from
+            # one a power cut tore (log.py's rules), and cuts the file there or calls it corrupt,
+            # by the sector's alignment; either way it stops exactly at the damaged batch.
+            try:
+                with SegmentLog.open(d, "q", 0) as log:
+                    assert (log.recovery.batches, log.recovery.truncated_bytes) == (index, len(damaged) - at)
+            except CorruptLog as exc:
+                assert exc.position == at
+            return
         with pytest.raises(CorruptLog) as info:
             SegmentLog.open(d, "q", 0)
         assert info.value.position == at
@@ -413,7 +608,7 @@ def test_disk_full_drops_unsynced_and_stays_usable(tmp_path: Path, monkeypatch: 
     log = SegmentLog.open(tmp_path, "q", 0, create=True)
     log.append(raws[0])
     log.sync()
-    synced_size = log.path.stat().st_size
+    synced_size = log.statistics().file_bytes
     log.append(raws[1])
     log.append(raws[2])
     real_pwrite = os.pwrite
