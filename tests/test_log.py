@@ -275,10 +275,11 @@ def _batches_then_zeros(path: Path, batch_bytes: int) -> int:
 
 
 def test_the_file_runs_ahead_of_its_batches_with_zeros_that_later_syncs_overwrite(tmp_path: Path) -> None:
-    """Issue 39: a sync that only overwrites blocks the file has needs no journal commit for a
-    new size. The zeros come with the sync that needed them, as much as the file holds (a page
-    at least, FILL_AHEAD_MAX at most); a later sync within them leaves the size alone. A copy
-    opened from the file as it is (a kill -9 now) keeps the zeros and counts nothing torn."""
+    """Issue 39: a sync that only overwrites blocks the file has writes no inode for a new size
+    (on a journalled ext4, no journal commit). The zeros come with the sync that needed them,
+    as much as the file holds (a page at least, FILL_AHEAD_MAX at most); a later sync within
+    them leaves the size alone. A copy opened from the file as it is (a kill -9 now) keeps the
+    zeros and counts nothing torn."""
     raws = build([[msg(i, 1000)] for i in range(8)])
     with SegmentLog.open(tmp_path, "q", 0, create=True) as log:
         log.append(raws[0])
