@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import pytest
 
 from ordq.common.proc import load_stretched
 from ordq.common.security import register
-from ordq.coordinator.tokens import create_token, touch
+from ordq.coordinator.tokens import create_token, revoke_token, token_id, touch
 from ordq.sdk import Consumer, ConsumerConfig
 from tests.cluster import REPO, Cluster, module_cluster
 from tests.helpers.stacks import stacks_of
@@ -93,9 +94,45 @@ def test_a_message_of_the_queues_default_limit_is_sent(env: Env) -> None:
     assert [len(p) for p in stored(env, "big")] == [1048576, 1048576]
     over = run(env, "produce", "big", "--size", "1048577", "--count", "1")
     assert over.returncode == 1
-    assert over.stderr.decode().strip().splitlines()[-2:] == [
-        "acked 0 of 0 messages to big before the error",  # how far a run the error ends got
+    # Refused before any message went out: the error is the one line.
+    assert over.stderr.decode().strip().splitlines() == [
         "ordq: error: message of 1048577 bytes exceeds the limit of 1048576 bytes (queue 'big' max_message_bytes)"]
+
+
+def test_a_count_run_an_error_ends_says_first_how_many_were_acked(env: Env) -> None:
+    """``ordq produce --count`` ended by an error mid-run (its token revoked once messages are
+    stored) says how many of those sent were acked, then the error: a cluster lost mid-run
+    printed the error alone with 10,280 of 20,000 acked."""
+    done = run(env, "queue", "create", "midrun")
+    assert done.returncode == 0, done.stderr
+    c = env.cluster
+    token = create_token(c.store.client, c.root, {"midrun": ["produce"]}, "revoked-mid-run")[1]
+    touch(c.store.client, c.root)
+    argv = [sys.executable, "-m", "ordq.cli", "--zk", c.hosts, "--root", c.root, "--token", token,
+            "produce", "midrun", "--count", "1000000", "--rate", "200"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def stored_some() -> bool:
+            done = run(env, "queue", "describe", "midrun", "--json")
+            assert done.returncode == 0, done.stderr
+            return (json.loads(done.stdout)["stored"] or 0) >= 20
+
+        wait_until(stored_some, timeout_s=load_stretched(60), interval_s=0.3, what="20 messages of the run stored")
+        revoke_token(c.store.client, c.root, token_id(token))
+        touch(c.store.client, c.root)
+        _, err = proc.communicate(timeout=load_stretched(60))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1
+    lines = err.decode().strip().splitlines()
+    assert "Traceback" not in err.decode()
+    count = re.fullmatch(r"acked (\d+) of (\d+) messages to midrun before the error", lines[-2])
+    assert count, lines
+    acked, sent = int(count[1]), int(count[2])
+    assert 20 <= acked <= sent
+    assert lines[-1].startswith("ordq: error: permission denied"), lines
+    assert len(stored(env, "midrun")) >= acked
 
 
 def test_a_refused_stdin_line_says_which_lines_were_acked(env: Env) -> None:

@@ -277,6 +277,9 @@ def test_cli_refusal(env: Env, as_user: Callable[[str, Credentials], None], caps
     if case in verb.na:
         assert code == 0 and "Traceback" not in err, (verb.na[case], code, err)
     else:
+        if verb.name == "produce" and case == "revoked":
+            # Revoked after messages went out: how many were acked comes first (issue 42).
+            err = re.sub(r"\Aacked \d+ of \d+ messages to q before the error\n", "", err)
         one_line_refusal(code, out, err)
         assert elapsed < LIMIT_S, f"{verb.name} {case}: refused after {elapsed:.1f}s"
     assert env.snapshot() == before

@@ -103,15 +103,16 @@ def _produce(args: argparse.Namespace) -> int:
     sent = 0
     first = last = None
     refused: OrdqError | None = None  # a stdin line the producer refused (line sent + 1)
-    with _Interrupt() as interrupt, contextlib.ExitStack() as stack:
-        # Ctrl-C (or SIGTERM) while it connects and waits for its lease stops it at once: a
-        # standby started in the background ignored SIGINT until it led (issue 42).
-        with interrupt.blocking(), saying(f"waiting to be elected the producer of {args.queue} (Ctrl-C stops)"):
-            producer = stack.enter_context(_producer(args))
-        # The clock starts once this process leads: --rate paces from here (with the election
-        # counted, the first messages went out in a burst to catch up), and msgs/s is the rate.
-        start = time.monotonic()
-        try:
+    producer = None
+    try:
+        with _Interrupt() as interrupt, contextlib.ExitStack() as stack:
+            # Ctrl-C (or SIGTERM) while it connects and waits for its lease stops it at once: a
+            # standby started in the background ignored SIGINT until it led (issue 42).
+            with interrupt.blocking(), saying(f"waiting to be elected the producer of {args.queue} (Ctrl-C stops)"):
+                producer = stack.enter_context(_producer(args))
+            # The clock starts once this process leads: --rate paces from here (with the election
+            # counted, the first messages went out in a burst to catch up), and msgs/s is the rate.
+            start = time.monotonic()
             for payload in _payloads(args, interrupt):
                 if args.rate:
                     pause = start + sent / args.rate - time.monotonic()
@@ -129,13 +130,15 @@ def _produce(args: argparse.Namespace) -> int:
                 if interrupt.stop.is_set():
                     break
             producer.flush()
-        except OrdqError:
-            # The error ends the run: say first how far it got (the cluster lost mid-run:
-            # 10,280 of 20,000 were acked, and only the error was printed).
+            stats = _statistics(producer, args.queue)
+    except OrdqError:
+        # The error ends the run (in a send, the flush or the close): once messages went out, say
+        # first how far it got (a cluster lost mid-run had 10,280 of 20,000 acked, and only the
+        # error was printed). Before any went out, the error is the one line.
+        if producer is not None and sent:
             print(f"acked {_statistics(producer, args.queue).acked} of {sent} messages to {args.queue} "
                   "before the error", file=sys.stderr)
-            raise
-        stats = _statistics(producer, args.queue)
+        raise
     elapsed = time.monotonic() - start
     result = {"queue": args.queue, "sent": sent, "acked": stats.acked, "failovers": stats.failovers,
               "seconds": round(elapsed, 3), "msgs_per_s": round(sent / elapsed, 1) if elapsed else None,
