@@ -262,6 +262,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.consumer_token and not args.token:
         ap.error("--consumer-token needs --token")
+    if args.floor_round_trips and args.floor_syncs < 1:
+        ap.error("the floor is round trips and syncs: give --floor-syncs 1 or more, or --floor-round-trips 0")
     if args.insecure and args.token:
         ap.error("--insecure makes a plaintext cluster, which has no tokens (docs/SECURITY.md): give one of them")
     if args.consume:
