@@ -109,7 +109,7 @@ class BrokerMetrics(Collector):
                                        list(self._labels), buckets=FSYNC_BUCKETS,
                                        registry=self.registry).labels(**self._labels)
         self.loop_lag_seconds = Histogram("ordq_broker_loop_lag_seconds", "How late the event loop ran a callback "
-                                          "due every 5 ms (loop_lag.py)", list(self._labels), buckets=LAG_BUCKETS,
+                                          "due every 20 ms (loop_lag.py)", list(self._labels), buckets=LAG_BUCKETS,
                                           registry=self.registry).labels(**self._labels)
         # The process's garbage collections by generation (prometheus_client's, read at scrape):
         # a full one holds the loop for its length (the noisy-neighbour drill counts them per window).

@@ -691,7 +691,7 @@ class MasterCounters:
             self.failed += self.url is not None
             return None
         read = {k: value(samples, name + "_total") or 0.0 for k, name in self.COUNTERS.items()}  # counters
-        # the loop-lag probe's ticks (every 5 ms) that ran 5 and 20 ms or more late: the loop held
+        # the loop-lag probe's ticks (every 20 ms) that ran 5 and 20 ms or more late: the loop held
         lag = "ordq_broker_loop_lag_seconds"
         ticks = value(samples, lag + "_count") or 0.0
         for late, le in (("5", "0.005"), ("20", "0.02")):
