@@ -55,9 +55,9 @@ class DeliveryFilter:
 class CommitConfig:
     """When the consumer commits its cursor by itself: every ``every_messages`` finished
     messages or ``every_ms`` ms, whichever comes first. Each commit is a coordinator call and a
-    ZooKeeper write (an fdatasync in its log, issue 39: at 5 a second they cost the coordinator
-    and ZooKeeper ~8 ms of CPU each and put a sync beside the brokers' on a shared disk); a
-    consumer that crashes redelivers at most this much to its successor."""
+    ZooKeeper write (an fdatasync in its log; issue 39: ~8 ms of the coordinator's and
+    ZooKeeper's CPU a commit, and a sync beside the brokers' on a shared disk); a consumer that
+    crashes redelivers at most this much to its successor."""
 
     every_messages: int = 10_000
     every_ms: float = 1000.0
