@@ -466,14 +466,19 @@ class HandedOut:
 
 class LoadConsumer(_LoadThread):
     """Consumes a subscription until it delivered seq ``until``; records every delivery.
-    ``pause_s`` per poll makes it a slow subscription. A consumer whose lease went to another
-    rejoins by itself: what it delivers after that is a new entry of ``instances``. ``rejoin``:
-    on NotLeader start a new consumer, as an application would; else the thread fails."""
+    ``pause_s`` per poll makes it a slow subscription; ``hold_at``: once it delivered that seq,
+    it polls no more until ``release()`` (a subscription held behind a segment's end whatever the
+    machine's speed). A consumer whose lease went to another rejoins by itself: what it delivers
+    after that is a new entry of ``instances``. ``rejoin``: on NotLeader start a new consumer,
+    as an application would; else the thread fails."""
 
     def __init__(self, cluster: Cluster, *, until: int, queue: str = "q", sub: str = "s", pause_s: float = 0.0,
-                 fetch_max_bytes: int = 4 << 20, audit_dir: Path | None = None, rejoin: bool = False) -> None:
+                 fetch_max_bytes: int = 4 << 20, audit_dir: Path | None = None, rejoin: bool = False,
+                 hold_at: int | None = None) -> None:
         super().__init__(f"load-consumer-{sub}")
         self.until, self.pause_s = until, pause_s
+        self.hold_at = hold_at
+        self._released = threading.Event()
         self.config = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue=queue, subscription=sub,
                                      lease_ttl_s=CLIENT_SESSION_TIMEOUT_S, audit_dir=audit_dir,
                                      fetch_max_bytes=fetch_max_bytes,
@@ -494,6 +499,9 @@ class LoadConsumer(_LoadThread):
                     self._consumer = consumer
                     rejoins = 0
                     while last < self.until and not self._stop.is_set():
+                        if self.hold_at is not None and last >= self.hold_at and not self._released.is_set():
+                            self._released.wait(0.1)
+                            continue
                         called_at = time.monotonic()
                         batch = consumer.poll(0.2)
                         st = consumer.statistics()
@@ -528,6 +536,10 @@ class LoadConsumer(_LoadThread):
 
     def last_seq(self) -> int:
         return self.delivered[-1].seq if self.delivered else -1
+
+    def release(self) -> None:
+        """Poll on past ``hold_at``."""
+        self._released.set()
 
     def describe(self) -> str:
         c = self._consumer
