@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ordq.broker_group.budget import MemoryBudget
+from ordq.broker_group.loop_lag import EVERY_S as LAG_EVERY_S
 from ordq.broker_group.loop_lag import LAG_BUCKETS
 from ordq.broker_group.request_time import RequestTime
 from ordq.broker_group.shared import BrokerStats, Shared
@@ -109,8 +110,8 @@ class BrokerMetrics(Collector):
                                        list(self._labels), buckets=FSYNC_BUCKETS,
                                        registry=self.registry).labels(**self._labels)
         self.loop_lag_seconds = Histogram("ordq_broker_loop_lag_seconds", "How late the event loop ran a callback "
-                                          "due every 20 ms (loop_lag.py)", list(self._labels), buckets=LAG_BUCKETS,
-                                          registry=self.registry).labels(**self._labels)
+                                          f"due every {LAG_EVERY_S * 1000:g} ms (loop_lag.py)", list(self._labels),
+                                          buckets=LAG_BUCKETS, registry=self.registry).labels(**self._labels)
         # The process's garbage collections by generation (prometheus_client's, read at scrape):
         # a full one holds the loop for its length (the noisy-neighbour drill counts them per window).
         GCCollector(registry=self.registry)

@@ -543,8 +543,7 @@ class LoadConsumer(_LoadThread):
 
     def describe(self) -> str:
         c = self._consumer
-        last = self.delivered[-1].seq if self.delivered else -1
-        return f"delivered {len(self.delivered)} (last seq {last}) of 0..{self.until}, " \
+        return f"delivered {len(self.delivered)} (last seq {self.last_seq()}) of 0..{self.until}, " \
                f"stats {c.statistics() if c is not None else None}"
 
 
