@@ -16,8 +16,9 @@ from typing import Any
 
 log = logging.getLogger("ordq.broker")
 
-# The probe's period. Every 5 ms cost an idle broker 15 ms of CPU a second (200 wake-ups, issue
-# 39); every 20 ms, 7 ms. A stall of 20 ms or more is always seen; a shorter one by chance.
+# The probe's period. Every 5 ms cost an idle broker 15-27 ms of CPU a second (190 wake-ups,
+# issue 39; bench/bench_loop_lag.py); every 20 ms, 7.5 ms. A stall of 20 ms or more is always
+# seen; a shorter one by chance.
 EVERY_S = 0.02
 LOG_LAG_S = 0.025  # a lag this long or longer is told in the log (one line per second at most)
 # loop lag: ~0-1 ms idle (uvloop's timers have ms resolution), tens of ms when something holds it

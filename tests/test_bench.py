@@ -79,6 +79,8 @@ BENCHES = [
     # a cluster's commands need --zk (docs/BENCHMARKS.md runs them); --only as the window's runs use it
     bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
+    bench("bench_loop_lag", ["--periods-ms", "5,20", "--seconds", "0.3"],
+          ["probe every 5 ms:", "probe every 20 ms (the default):"]),
     bench("bench_read_answers", ["--answers", "200", "--rate", "0", "--runs", "1"],
           ["loop CPU", "timers", "budget grants", "request-time charges"]),
     bench("bench_list_rows", ["--queues", "300", "--repeat", "1"],
