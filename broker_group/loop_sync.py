@@ -1,6 +1,6 @@
 """When a broker commits a request on its event loop instead of a sync thread (issue 39).
 
-A lone small request (a synchronous send's, nothing else in flight) is appended and
+A lone small request (a synchronous send's: nothing else unsynced on the broker) is appended and
 fdatasynced on the loop: no thread hand-off between it and its ack. The loop serves every
 other call meanwhile, so that is only worth it while a sync is quick: one that stalls on a
 congested disk (ext4 commits its journal, and may wait for other files' dirty data, on

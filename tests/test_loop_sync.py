@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,10 +125,27 @@ class _LeanLink:
         self.events.append("to the slave")
 
 
-def test_the_masters_sync_thread_is_woken_after_the_batches_went_to_the_slave(tmp_path: Path) -> None:
-    """A request that comes while the slave owes an earlier one's answer is committed by the
-    sync thread, woken only once the batches were written to the slave (issue 39, fast39p):
-    woken first, it took the GIL from the loop in the middle of that write."""
+@attrs.define
+class _Master:
+    """A master's write path on one segment of ``q`` (no ZooKeeper, no slave: a recording
+    link) and what happened on it."""
+
+    shared: Shared
+    write: WritePath
+    segment: Segment
+    events: list[str]
+
+    def produce(self) -> None:
+        """One request of one small batch, run to its end (it waits for nothing here)."""
+        req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[
+            encode_batch([Message(payload=b"x" * 100, timestamp_us=0)], epoch=1, first_seq=0)])
+        coro = self.write.accept_produce(ProduceStreamState(), req)
+        with pytest.raises(StopIteration):
+            coro.send(None)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[_Master]:
     shared = Shared(BrokerConfig(gid="g1", role=Role.MASTER, data_dir=tmp_path, zk_hosts="zk:1"))
     write = WritePath(shared, None, _Histogram())  # type: ignore[arg-type] # no segment is created here
     events: list[str] = []
@@ -144,16 +162,32 @@ def test_the_masters_sync_thread_is_woken_after_the_batches_went_to_the_slave(tm
     log = seglog.SegmentLog.open(tmp_path, "q", 0, create=True)
     s = Segment(replica=SegmentReplica("q", 0, Role.MASTER), directory=tmp_path, log=log)
     shared.segments[("q", 0)] = s
-    write.replication = _LeanLink(events, owed=1000)  # an earlier request unanswered: not alone
+    write.replication = _LeanLink(events, owed=1000)  # an earlier request unanswered by the slave
     try:
-        req = pb.ProduceRequest(queue="q", seg=0, epoch=1, batches=[
-            encode_batch([Message(payload=b"x" * 100, timestamp_us=0)], epoch=1, first_seq=0)])
-        coro = write.accept_produce(ProduceStreamState(), req)
-        with pytest.raises(StopIteration):  # nothing to wait for: it runs to its end at once
-            coro.send(None)
-        assert events == ["to the slave", "sync thread woken"]
-        assert write._dirty == [s] and s.pending  # for the sync thread, not committed on the loop
-        assert shared.stats.loop_commits == 0
+        yield _Master(shared, write, s, events)
     finally:
         log.close()
         shared.loop.stop()
+
+
+def test_the_masters_sync_thread_is_woken_after_the_batches_went_to_the_slave(master: _Master) -> None:
+    """A request that comes while an earlier one is not synced on the master yet is committed by
+    the sync thread, woken only once the batches were written to the slave (issue 39, fast39p):
+    woken first, it took the GIL from the loop in the middle of that write."""
+    master.write._inflight_bytes = 1000  # the earlier request is not synced here yet: not alone
+    master.produce()
+    assert master.events == ["to the slave", "sync thread woken"]
+    assert master.write._dirty == [master.segment] and master.segment.pending  # not committed on the loop
+    assert master.shared.stats.loop_commits == 0
+
+
+def test_a_request_behind_one_only_the_slave_has_yet_to_answer_is_committed_on_the_loop(master: _Master) -> None:
+    """Synced on the master, unanswered by the slave: the earlier request holds no ack of this
+    master's, so the next one is committed on the loop (stop 93), after it went to the slave;
+    the sync thread is not woken."""
+    master.produce()
+    assert master.events == ["to the slave"]
+    assert master.shared.stats.loop_commits == 1
+    assert not master.write._dirty and not master.segment.pending
+    log = master.segment.log
+    assert log is not None and log.synced_end == 1  # appended and synced by the loop itself
