@@ -1,11 +1,12 @@
 """Which mount options hold a data folder's file system, read from /proc/mounts.
 
-Why: brokers remove whole segment files when they are popped, and on a file system mounted with
-online ``discard`` each removal sends the freed blocks' discard with the next journal commit,
-which every fdatasync on that file system then waits for. Measured here (docs/BENCHMARKS.md,
-freeze20): an fdatasync loop froze for 120-140 ms three times, each time with an 80-180 MiB
-discard of a deleted file. A broker says so once at start (docs/OPERATIONS.md, "Segments,
-retention and disk"); it does not refuse to run.
+Why: brokers remove segment files when they are popped, and on a file system mounted with
+online ``discard`` the freed blocks are discarded on the way, which the fdatasyncs on that file
+system then wait for. Measured here (docs/BENCHMARKS.md, freeze20): an fdatasync loop froze for
+120-140 ms three times, each time with an 80-180 MiB discard of a deleted file. Brokers now
+shrink a file in steps before its unlink (file_removal.py), so a sync waits for one step's
+discard, a few ms (stop 94); without online discard it waits for none. A broker says so once at
+start (docs/OPERATIONS.md, "Segments, retention and disk"); it does not refuse to run.
 """
 
 from __future__ import annotations
@@ -51,5 +52,5 @@ def online_discard_warning(data_dir: Path, mounts: str | None = None) -> str | N
         return None
     point, fstype, _ = found
     return (f"the data folder {data_dir} is on {point} ({fstype}) mounted with online 'discard': each "
-            "removed segment's discard rides the next journal commit and every fdatasync waits for it "
-            "(seen here as 120-140 ms stalls); mount it without 'discard' and trim on a timer (fstrim.timer)")
+            "removed segment's discard holds the fdatasyncs on it (a few ms a step, as segments are removed in "
+            "steps; a whole file's took 130-210 ms); mount it without 'discard' and trim on a timer (fstrim.timer)")

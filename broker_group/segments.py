@@ -15,7 +15,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import weakref
@@ -27,6 +26,7 @@ from kazoo.protocol.states import EventType
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.durable import DurableBatch
+from ordq.broker_group.file_removal import remove_tree
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
 from ordq.broker_group.sealed_book import Record, SealedBook
@@ -609,7 +609,9 @@ class SegmentStore:
     def finish_removals(self) -> int:
         """Remove the files of the folders ``free_space`` set aside: each folder that held one
         synced once (so the renames are durable before any file goes: a crash never leaves a
-        segment folder with its meta file and no log), then the files. Returns how many."""
+        segment folder with its meta file and no log), then the files, shrunk in steps so that
+        the disk keeps serving the syncs meanwhile (file_removal.py). Returns how many; a stop
+        on the way leaves the rest set aside for the next start."""
         with self._set_aside_lock:
             todo, self._set_aside = self._set_aside, []
         if not todo:
@@ -618,12 +620,15 @@ class SegmentStore:
         for parent in sorted({doomed.parent for doomed, _, _ in todo}):
             with contextlib.suppress(FileNotFoundError):  # itself set aside meanwhile (a deleted queue)
                 seglog.sync_dir(parent)
+        done = 0
         for doomed, what, why in todo:
-            shutil.rmtree(doomed, ignore_errors=True)
+            if not remove_tree(doomed, stopping=lambda: self.shared.stopping):
+                break
             log.info("%s removed: %s", what, why)
-        if len(todo) > 1:
-            log.info("%d folders set aside removed in %.1f s", len(todo), time.monotonic() - started)
-        return len(todo)
+            done += 1
+        if done > 1:
+            log.info("%d folders set aside removed in %.1f s", done, time.monotonic() - started)
+        return done
 
     def zk_segment(self, queue: str, seg: int) -> tuple[Any, int]:
         """(the ZooKeeper view of the segment or None, the queue's producer epoch)."""
@@ -758,13 +763,13 @@ def remove_folder(path: Path) -> None:
     if doomed is None:
         return
     seglog.sync_dir(path.parent)
-    shutil.rmtree(doomed, ignore_errors=True)
+    remove_tree(doomed)
 
 
 def set_aside(path: Path) -> Path | None:
     """Rename a folder out of the way (``REMOVING``; not synced), or None when it is gone."""
     doomed = path.with_name(path.name + REMOVING)
-    shutil.rmtree(doomed, ignore_errors=True)  # an earlier removal's leftover of the same name
+    remove_tree(doomed)  # an earlier removal's leftover of the same name
     try:
         path.rename(doomed)
     except FileNotFoundError:

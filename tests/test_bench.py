@@ -79,6 +79,8 @@ BENCHES = [
     # a cluster's commands need --zk (docs/BENCHMARKS.md runs them); --only as the window's runs use it
     bench("bench_cli", ["--runs", "2", "--only", "help"], ["ordq --help"]),
     bench("bench_log", ["--messages", "5000", "--repeat", "1"], ["msgs/s"]),
+    bench("bench_removal", ["--mib", "20", "--rounds", "1"],
+          ["steps of 8 MiB", "unlink 20 MiB: removal", "steps  20 MiB: removal", "fdatasyncs during it"]),
     bench("bench_loop_lag", ["--periods-ms", "5,20", "--seconds", "0.3"],
           ["probe every 5 ms:", "probe every 20 ms (the default):"]),
     bench("bench_read_answers", ["--answers", "200", "--rate", "0", "--runs", "1"],

@@ -529,7 +529,7 @@ def test_a_removal_cut_short_leaves_no_segment_folder_without_its_log(tmp_path: 
     while it removed a popped segment (roll-under-failover pops every 0.25 s); the folder was
     left with its meta file and no log, which refuses a start (the next test), and the master
     never came back: every later drill failed "broker-g1-master exited with code 1"."""
-    from ordq.broker_group import segments
+    from ordq.broker_group import file_removal, segments
 
     folder = tmp_path / "q" / "7"
     folder.mkdir(parents=True)
@@ -541,7 +541,7 @@ def test_a_removal_cut_short_leaves_no_segment_folder_without_its_log(tmp_path: 
             (path / seglog.SEGMENT_FILE).unlink()  # the log first, then the kill
             raise SystemExit("kill -9")
 
-    monkeypatch.setattr(segments.shutil, "rmtree", killed_midway)
+    monkeypatch.setattr(file_removal.shutil, "rmtree", killed_midway)
     with pytest.raises(SystemExit):
         segments.remove_folder(folder)
     assert not folder.exists()  # no segment folder to recover at the next start
