@@ -259,3 +259,36 @@ def test_a_damaged_index_file_is_refused() -> None:
     for cut in (0, 10, len(raw) - 1):
         with pytest.raises(IndexFormatError):
             decode_index(raw[:cut])
+
+
+def test_a_copy_sealed_then_reconciled_to_the_same_end_is_indexed_once(tmp_path: Path) -> None:
+    """Guard: ``Finder.index_of`` at a seal keeps the index it built for this copy while its log
+    is unchanged. A seal is told twice (the coordinator's Seal, then its Reconcile to the same
+    end). Failing first: each broker built a 256 MiB copy's index twice, ~0.4 s of the GIL each,
+    beside its event loop (docs/BENCHMARKS.md, stop 94). A Reconcile that changed the log (a
+    copy cut back to the sealed end) still has it rebuilt."""
+    from ordq.broker_group.config import BrokerConfig
+    from ordq.broker_group.finder import Finder
+    from ordq.broker_group.log import SegmentLog, segment_dir
+    from ordq.broker_group.replica import Role, SegmentReplica
+    from ordq.broker_group.shared import Segment, Shared
+
+    data = tmp_path / "data"
+    with SegmentLog.open(data, "q", 0, create=True) as lg:
+        for first in (0, 4, 8):
+            batch = [Message(payload=b"p", key=b"k%d" % (first + i), timestamp_us=1000 + first + i) for i in range(4)]
+            lg.append(stamp_offset(encode_batch(batch, epoch=1, first_seq=first), lg.end))
+        lg.sync()
+    shared = Shared(BrokerConfig(gid="t", role=Role.MASTER, data_dir=data, zk_hosts=""))
+    lg = SegmentLog.open(data, "q", 0)
+    replica = SegmentReplica("q", 0, Role.MASTER)
+    replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
+    replica.seal()
+    s = Segment(replica=replica, directory=segment_dir(data, "q", 0), log=lg)
+    finder = Finder(shared)
+    first, _ = finder.index_of(s, at_seal=True)  # the Seal
+    again, _ = finder.index_of(s, at_seal=True)  # the Reconcile to the same end
+    assert finder.stats.built == 1 and again is first and first.end == 12
+    lg.truncate(8)  # a Reconcile that cut the copy back to ZooKeeper's end
+    cut, _ = finder.index_of(s, at_seal=True)
+    assert finder.stats.built == 2 and cut.end == 8
