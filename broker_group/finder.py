@@ -3,7 +3,8 @@
 Guarantees:
 - Every sealed segment copy gets an index file (``index.oqx``, broker_group/seg_index.py)
   built from its own log when it seals (Seal, or a Reconcile that brings it to ZooKeeper's
-  end), in a thread of its own: a seal is not held up by it. Master and slave each build
+  end), in a thread of its own and ``BUILD_DELAY_S`` later: neither the seal nor the next
+  segment's first write is held up by it. Master and slave each build
   theirs from their own copy (the same bytes up to the sealed end); nothing travels.
 - An index is used only for the log it describes: a missing file, a bad CRC, or a file whose
   recorded end, bytes or first seq differ from the log's (a copy truncated or completed by a
@@ -49,6 +50,12 @@ from ordq.wire.batch import parse_header
 
 log = logging.getLogger("ordq.broker.index")
 
+# A sealed copy's index is built this long after its seal, not at once: a seal comes with the
+# next segment's creation on both replicas and the producers' first writes there, and a 256 MiB
+# copy's build (~0.4 s holding the GIL beside the loop) doubled that first write when it ran at
+# once (docs/BENCHMARKS.md, stop 94). A lookup meanwhile builds it itself.
+BUILD_DELAY_S = 1.0
+
 READ_BYTES = 4 << 20  # one read of the log while building or scanning a block
 # Sealed segments' indexes kept in memory, least recently used out first: 8 bytes per keyed
 # message, so a queue of 10^7 (80 MB) fits; past it each lookup reads and CRC-checks the files.
@@ -75,8 +82,9 @@ class _Open:
 
 
 class Finder:
-    def __init__(self, shared: Shared, *, cache_bytes: int = CACHE_BYTES) -> None:
+    def __init__(self, shared: Shared, *, cache_bytes: int = CACHE_BYTES, build_delay_s: float = BUILD_DELAY_S) -> None:
         self.shared = shared
+        self.build_delay_s = build_delay_s
         self.stats = IndexStats()
         self._lock = threading.Lock()
         # Sealed copies' indexes, with the identity of the file each was read from or written
@@ -85,28 +93,34 @@ class Finder:
         self._cached_bytes = 0
         self._cache_bytes = cache_bytes
         self._open: dict[tuple[str, int], _Open] = {}
-        self._work: queue_mod.Queue[Segment | None] = queue_mod.Queue()
+        self._work: queue_mod.Queue[tuple[float, Segment] | None] = queue_mod.Queue()  # (when due, the copy)
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- building at seal -------------------------------------------------------------------
 
     def sealed(self, s: Segment) -> None:
-        """A copy was sealed (or reconciled to its sealed end): build its index file soon."""
+        """A copy was sealed (or reconciled to its sealed end): build its index file
+        ``build_delay_s`` from now."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ordq-index", daemon=True)
                 self._thread.start()
-        self._work.put(s)
+        self._work.put((time.monotonic() + self.build_delay_s, s))
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._thread is not None:
             self._work.put(None)
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while True:
-            s = self._work.get()
-            if s is None or self.shared.stopping:
+            item = self._work.get()
+            if item is None or self.shared.stopping:
+                return
+            due, s = item
+            if self._stopped.wait(max(0.0, due - time.monotonic())):
                 return
             try:
                 self.index_of(s, at_seal=True)

@@ -8,13 +8,18 @@ The pure index (build, encode, lookups) is tested without I/O at the end.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ordq.broker_group.config import BrokerConfig
+from ordq.broker_group.log import SegmentLog, segment_dir
+from ordq.broker_group.replica import Role, SegmentReplica
 from ordq.broker_group.seg_index import INDEX_FILE, IndexFormatError, build_index, decode_index, encode_index
+from ordq.broker_group.shared import Segment, Shared
 from ordq.coordinator.topics import partition_of, partition_queue
 from ordq.sdk import BatchingConfig, FindResult, TopicProducer, TopicProducerConfig, find_messages
 from ordq.wire.batch import Message, encode_batch, stamp_offset
@@ -261,18 +266,8 @@ def test_a_damaged_index_file_is_refused() -> None:
             decode_index(raw[:cut])
 
 
-def test_a_copy_sealed_then_reconciled_to_the_same_end_is_indexed_once(tmp_path: Path) -> None:
-    """Guard: ``Finder.index_of`` at a seal keeps the index it built for this copy while its log
-    is unchanged. A seal is told twice (the coordinator's Seal, then its Reconcile to the same
-    end). Failing first: each broker built a 256 MiB copy's index twice, ~0.4 s of the GIL each,
-    beside its event loop (docs/BENCHMARKS.md, stop 94). A Reconcile that changed the log (a
-    copy cut back to the sealed end) still has it rebuilt."""
-    from ordq.broker_group.config import BrokerConfig
-    from ordq.broker_group.finder import Finder
-    from ordq.broker_group.log import SegmentLog, segment_dir
-    from ordq.broker_group.replica import Role, SegmentReplica
-    from ordq.broker_group.shared import Segment, Shared
-
+def sealed_copy(tmp_path: Path) -> tuple[Shared, Segment]:
+    """A sealed copy of 12 keyed messages (3 batches), as a broker holds it, and its Shared."""
     data = tmp_path / "data"
     with SegmentLog.open(data, "q", 0, create=True) as lg:
         for first in (0, 4, 8):
@@ -284,7 +279,43 @@ def test_a_copy_sealed_then_reconciled_to_the_same_end_is_indexed_once(tmp_path:
     replica = SegmentReplica("q", 0, Role.MASTER)
     replica.restored(end=lg.synced_end, first_seq=lg.first_seq, last_seq=lg.last_seq)
     replica.seal()
-    s = Segment(replica=replica, directory=segment_dir(data, "q", 0), log=lg)
+    return shared, Segment(replica=replica, directory=segment_dir(data, "q", 0), log=lg)
+
+
+def test_a_sealed_copy_is_indexed_a_while_after_its_seal_and_a_stop_does_not_wait(tmp_path: Path) -> None:
+    """Guard: ``Finder.sealed`` builds ``build_delay_s`` after the seal, off the path of the next
+    segment's first write (docs/BENCHMARKS.md, stop 94). Never sooner; a broker stopping
+    meanwhile is not held up by it."""
+    from ordq.broker_group.finder import BUILD_DELAY_S, Finder
+
+    assert BUILD_DELAY_S >= 0.5
+    shared, s = sealed_copy(tmp_path)
+    finder = Finder(shared, build_delay_s=0.3)
+    told = time.time()
+    finder.sealed(s)
+    index = s.directory / INDEX_FILE
+    wait_until(index.exists, timeout_s=30, what="the index built")
+    assert index.stat().st_mtime >= told + 0.3 - 0.02  # (the file system's clock granularity)
+    finder.stop()
+    later = Finder(shared, build_delay_s=60)
+    index.unlink()
+    later.sealed(s)
+    started = time.monotonic()
+    later.stop()
+    assert time.monotonic() - started < 5 and not index.exists()
+
+
+def test_a_copy_sealed_then_reconciled_to_the_same_end_is_indexed_once(tmp_path: Path) -> None:
+    """Guard: ``Finder.index_of`` at a seal keeps the index it built for this copy while its log
+    is unchanged. A seal is told twice (the coordinator's Seal, then its Reconcile to the same
+    end). Failing first: each broker built a 256 MiB copy's index twice, ~0.4 s of the GIL each,
+    beside its event loop (docs/BENCHMARKS.md, stop 94). A Reconcile that changed the log (a
+    copy cut back to the sealed end) still has it rebuilt."""
+    from ordq.broker_group.finder import Finder
+
+    shared, s = sealed_copy(tmp_path)
+    lg = s.log
+    assert lg is not None
     finder = Finder(shared)
     first, _ = finder.index_of(s, at_seal=True)  # the Seal
     again, _ = finder.index_of(s, at_seal=True)  # the Reconcile to the same end
