@@ -4,9 +4,8 @@ Unlinking a large file frees all of its blocks at once. On a file system mounted
 ``discard`` (ext4 on the development VM) the kernel discards them before the unlink returns,
 and the device serves little else meanwhile: a 256 MiB segment's unlink took 156-232 ms there
 and held a 1 KiB fdatasync of another thread 134-214 ms (bench/bench_removal.py). In
-``bench_e2e`` that was two
-synchronous sends of 151 and 161 ms, one per replica's removal of the segment every
-subscription had read (docs/BENCHMARKS.md, stop 94). Shrinking the file in steps first
+``bench_e2e`` that was two synchronous sends of 151 and 161 ms, one per replica's removal of the
+segment every subscription had read (docs/BENCHMARKS.md, stop 94). Shrinking the file in steps first
 spreads that work out: each step frees at most ``STEP_BYTES`` and is followed by a pause at
 least as long as the step took, so the device is free for syncs at least half the time and
 no sync waits behind more than one step (the same fdatasyncs: at most 6.2-7.0 ms).
