@@ -22,12 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench._cluster import percentile
 from ordq.broker_group.file_removal import STEP_BYTES, remove_tree
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
 
 
 def one(folder: Path, mode: str, mib: int, gap_s: float) -> str:
@@ -77,9 +73,9 @@ def one(folder: Path, mode: str, mib: int, gap_s: float) -> str:
     r0, r1 = removal
     during = [(e - s) * 1000 for s, e in spans if s < r1 and e > r0]
     return (f"{mode:6s} {mib} MiB: removal {(r1 - r0) * 1000:.0f} ms; fdatasyncs during it {len(during)}: "
-            f"p50 {percentile(during, 0.5):.2f} ms, p99 {percentile(during, 0.99):.2f}, "
-            f"max {percentile(during, 1.0):.2f} (quiet before: p50 {percentile(quiet, 0.5):.2f}, "
-            f"max {percentile(quiet, 1.0):.2f})")
+            f"p50 {percentile(during, 50):.2f} ms, p99 {percentile(during, 99):.2f}, "
+            f"max {percentile(during, 100):.2f} (quiet before: p50 {percentile(quiet, 50):.2f}, "
+            f"max {percentile(quiet, 100):.2f})")
 
 
 def main() -> None:
