@@ -4,7 +4,7 @@ Why: a 256 MiB segment's unlink on a disk mounted with ``discard`` held everyone
 for its whole ~160 ms; ``bench_e2e`` saw two synchronous sends of 151 and 161 ms, one for
 each replica's removal of the segment every subscription had read (docs/BENCHMARKS.md, stop
 94; ``python -m bench.bench_removal`` measures it: a sync during an unlink waited 134-214 ms,
-during a removal in steps at most 6-7 ms). Real files in a temporary folder; the disk's own
+during a removal in steps at most 6-7 ms in 6 runs of 7). Real files in a temporary folder; the disk's own
 timing is the bench's to show, not these tests'.
 """
 
