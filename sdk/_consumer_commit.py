@@ -224,7 +224,8 @@ class Committer:
 
     def __init__(self, config: ConsumerConfig, coordinator: CoordinatorClient, view: QueueView,
                  policy: CommitPolicy, stats: ConsumerStats, *, held: Callable[[], Held],
-                 finished: Callable[[], Cursor], audit: AuditWriter | None, version: int) -> None:
+                 finished: Callable[[], Cursor], audit: AuditWriter | None, version: int,
+                 cursor: Cursor) -> None:
         self.config = config
         self._coord = coordinator
         self._view = view
@@ -234,6 +235,7 @@ class Committer:
         self._finished = finished
         self._audit = audit
         self.version = version  # of the cursor node, as last written or read
+        self.committed = cursor  # the cursor as last written or read: a close with nothing new writes nothing
         self._retry_at = float("-inf")  # monotonic: no periodic commit before (the last got no answer)
         self._in_doubt: list[Cursor] = []  # commits that got no answer since the last one that did
         self._pop_after: int | None = None  # last_seq of a sealed segment whose pop waits for a later commit
@@ -253,10 +255,10 @@ class Committer:
         and the last attempt did not just fail."""
         return (self._policy.due(now) or self._again) and now >= self._retry_at and not self._busy
 
-    def rejoined(self, version: int) -> None:
-        """The lease was granted again and the cursor read at ``version`` (after ``drain``):
+    def rejoined(self, version: int, cursor: Cursor) -> None:
+        """The lease was granted again and ``cursor`` read at ``version`` (after ``drain``):
         commits start over there."""
-        self.version = version
+        self.version, self.committed = version, cursor
         self._in_doubt.clear()
         self._pop_after = None
         self._retry_at = float("-inf")
@@ -380,6 +382,7 @@ class Committer:
             # learns it at its next renewal and the consumer rejoins). Nothing was written.
             self._retry_at = time.monotonic() + COMMIT_RETRY_S
             raise
+        self.committed = cur
         self._in_doubt.clear()
         self._retry_at = float("-inf")
         self._stats.commits += 1

@@ -70,7 +70,7 @@ from ordq.common.stages import stamp
 from ordq.coordinator.client import CoordinatorClient, Described
 from ordq.coordinator.state import Cursor
 from ordq.sdk._cluster import open_coordinator
-from ordq.sdk._consumer_commit import Committer, Handout
+from ordq.sdk._consumer_commit import COMMIT_TIMEOUT_S, Committer, Handout
 from ordq.sdk._consumer_core import CommitPolicy
 from ordq.sdk._consumer_delay import DelayReporter, read_delay_ms
 from ordq.sdk._consumer_lease import LeaseChecks, LeaseGone
@@ -133,7 +133,10 @@ class Consumer:
             self._close()
             return
         try:
-            self._close()
+            # Leaving on an error (or Ctrl-C): the closing commit is tried once, bounded short,
+            # not through a coordinator outage: the error is not held back for up to
+            # coordinator_outage_s (what is not committed is delivered again, never lost).
+            self._close(ride_out=False)
         except OrdqError as close_exc:
             # The application's error is the one to see; the commit's is a consequence.
             log.warning("queue %s/%s: closing after %s: %s", self.config.queue, self.config.subscription,
@@ -172,7 +175,7 @@ class Consumer:
         self._checks = checks = LeaseChecks(lease, cfg)
         self._commits = commits = Committer(cfg, coord, view, self._policy, self._stats,
                                             held=lambda: lease.held, finished=handout.finished_pos,
-                                            audit=self._audit, version=got.cursor_version)
+                                            audit=self._audit, version=got.cursor_version, cursor=cursor)
         self._reader = reader = SegmentReader(cfg, view, self._transport, coord, self._stats, start=cursor,
                                               moved=handout.moved, segment_done=commits.segment_done,
                                               lease_confirmed=checks.confirmed)
@@ -238,7 +241,7 @@ class Consumer:
         self._stats.rejoins += 1
         handout.rejoined(cursor, self._stats.rejoins)
         reader.rejoined(cursor)
-        self._require(self._commits).rejoined(got.cursor_version)
+        self._require(self._commits).rejoined(got.cursor_version, cursor)
         self._require(self._checks).rejoined()
         log.warning("queue %s/%s: lease lost (%s); rejoined as %s at generation %d, reading on from the "
                     "committed cursor (seg %d offset %d, seq %d; read up to seq %d before: delivered again)",
@@ -252,17 +255,23 @@ class Consumer:
         committed (logged: what finished since the last commit is delivered again)."""
         self._close()
 
-    def _close(self) -> None:
+    def _close(self, *, ride_out: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if self._commits is not None and self._lease is not None and self._policy_pending():
+            commits, finished = self._commits, self._handout.finished_pos()
+            # Nothing finished since the cursor was last written or read: nothing to write (a
+            # consumer closed while no coordinator answered waited coordinator_outage_s for it).
+            if commits is not None and self._lease is not None and finished != commits.committed:
                 try:
                     if self._lease.lost_reason is not None:
                         raise LeaseLost("consumer", self.config.queue, self.config.subscription,
                                         self._lease.lost_reason)
-                    self._commits.riding_out(self._handout.finished_pos())
+                    if ride_out:
+                        commits.riding_out(finished)
+                    else:
+                        commits.commit(finished, timeout_s=COMMIT_TIMEOUT_S)
                 except LeaseLost as exc:
                     log.warning("queue %s/%s: closed without its last commit (%s): what finished since the "
                                 "last commit is delivered again", self.config.queue, self.config.subscription,
@@ -292,9 +301,6 @@ class Consumer:
             self._reader.close()
         if self._transport is not None:
             self._transport.close()
-
-    def _policy_pending(self) -> bool:
-        return self._stats.delivered > 0 or (self._commits is not None and self._commits.version >= 0)
 
     def statistics(self) -> ConsumerStats:
         p, r = self._policies, self._reader

@@ -12,18 +12,26 @@ earliest (that would redeliver all of it), never a gap, never an exception.
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import pytest
 
 from ordq.common.errors import OrdqError
+from ordq.common.proc import ManagedProcess, load_stretched
 from ordq.coordinator.state import Cursor
 from ordq.sdk import CommitConfig, Consumer, ConsumerConfig, Producer, ProducerConfig
 from ordq.sdk._lease_client import CoordinatorLease
-from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+from tests.cluster import CLIENT_SESSION_TIMEOUT_S, REPO, Cluster, cluster_fixture  # noqa: F401 - cluster_fixture
+from tests.helpers.stacks import stacks_of
 from tests.util import wait_until
 
 pytestmark = pytest.mark.zk
@@ -257,3 +265,114 @@ def test_close_while_no_coordinator_answers_finishes_within_seconds(cluster: Clu
     finally:
         for p in frozen:
             p.resume()
+
+
+def _frozen_coordinators(cluster: Cluster) -> list[ManagedProcess]:
+    frozen = [p for p in cluster.coordinators if p.alive()]
+    for p in frozen:
+        p.pause()
+    return frozen
+
+
+def test_close_with_nothing_new_to_commit_waits_for_no_coordinator(cluster: Cluster) -> None:
+    """A consumer that finished nothing since its cursor was written has nothing to commit on
+    close. It used to write the same cursor again, riding out a coordinator outage for
+    ``coordinator_outage_s`` (30 s by default): `ordq consume` took 32 s to exit on SIGTERM
+    with every coordinator down. Guard: ``Committer.committed``, compared in ``_close``."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    produce(cluster, 5)
+    c = Consumer(attrs.evolve(consumer_config(cluster), commit=CommitConfig()))  # the default outage: 30 s
+    c.start()
+    seqs: list[int] = []
+    while len(seqs) < 5:
+        seqs.extend(m.seq for m in c.poll(timeout_s=0.1))
+    c.commit()
+    commits = c.statistics().commits
+    frozen = _frozen_coordinators(cluster)
+    try:
+        started = time.monotonic()
+        c.close()  # nothing to write; the lease's release gives up after its own 2 s
+        took = time.monotonic() - started
+    finally:
+        for p in frozen:
+            p.resume()
+    assert took < load_stretched(8, most=3), f"close() took {took:.1f} s with nothing to commit"
+    assert c.statistics().commits == commits
+
+
+def test_leaving_with_on_an_error_tries_the_last_commit_once(cluster: Cluster) -> None:
+    """Leaving the ``with`` block on an exception (Ctrl-C in an application) tries the closing
+    commit once, bounded by COMMIT_TIMEOUT_S: it rode out the outage for 30 s before the
+    exception was seen. What it could not commit is delivered again, not lost."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    produce(cluster, 5)
+    cfg = attrs.evolve(consumer_config(cluster), commit=CommitConfig())
+    seqs: list[int] = []
+    frozen: list[ManagedProcess] = []
+    started = math.nan
+    try:
+        with pytest.raises(KeyboardInterrupt), Consumer(cfg) as c:
+            while len(seqs) < 5:
+                seqs.extend(m.seq for m in c.poll(timeout_s=0.1))
+            c.poll(timeout_s=0.1)  # the 5 are finished: the closing commit would cover them
+            frozen = _frozen_coordinators(cluster)
+            started = time.monotonic()
+            raise KeyboardInterrupt
+        took = time.monotonic() - started
+    finally:
+        for p in frozen:
+            p.resume()
+    assert took < load_stretched(10, most=2.5), f"leaving on an error took {took:.1f} s"
+    again: list[int] = []
+    with Consumer(attrs.evolve(cfg, consumer_id="second")) as second:
+        while len(again) < 5:
+            again.extend(m.seq for m in second.poll(timeout_s=0.1))
+    assert again == seqs == list(range(5))
+
+
+def test_consume_interrupted_while_no_coordinator_answers_says_so_and_stops_on_the_second_signal(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """`ordq consume` signalled while every coordinator is frozen (stop 94's drive: it ran on
+    for tens of seconds after SIGTERM and then SIGINT). SIGTERM: it commits what it printed,
+    riding out a coordinator's failover, and says that it waits; SIGINT then ends it: exit 130
+    within seconds (what was not committed comes again: the test above). Guard:
+    ``Consumer.__exit__`` on an error tries the closing commit once (COMMIT_TIMEOUT_S), not
+    through the outage."""
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    produce(cluster, 5)
+    audit, log = tmp_path / "audit", tmp_path / "consume.log"
+    argv = [sys.executable, "-m", "ordq.cli", "--zk", cluster.hosts, "--root", cluster.root, "consume", "q",
+            "-s", "s", "--start", "earliest", "--quiet", "--audit-dir", str(audit)]
+    with open(log, "wb") as out:  # the child has its own copy
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "ORDQ_PROGRESS": "1"})
+    frozen: list[ManagedProcess] = []
+    try:
+        wait_until(lambda: _audited(audit) >= 5, timeout_s=load_stretched(60), interval_s=0.05,
+                   what="ordq consume printed the 5 messages")
+        frozen = _frozen_coordinators(cluster)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "committing what was printed: no coordinator answers yet" in log.read_text(),
+                   timeout_s=load_stretched(30), interval_s=0.05, what="ordq consume says why it waits")
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        try:
+            code = proc.wait(timeout=load_stretched(10, most=2.5))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"ordq consume still ran {time.monotonic() - started:.0f} s after SIGINT; its "
+                                 f"stacks:\n{stacks_of(proc.pid)}\nits log:\n{log.read_text()}") from None
+    finally:
+        for p in frozen:
+            p.resume()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 128 + signal.SIGINT, log.read_text()
+
+
+def _audited(audit: Path) -> int:
+    """Rows in the consumer's audit files under ``audit`` (each file's first line names the columns)."""
+    return sum(max(len(f.read_bytes().splitlines()) - 1, 0) for f in audit.rglob("*.tsv*"))

@@ -276,13 +276,20 @@ def _consume(args: argparse.Namespace, consumer: Any) -> tuple[int, int | None]:
                 last = m
         if last is not None:
             try:
-                consumer.commit(through=last)
+                # Through a coordinator's failover (up to the consumer's coordinator_outage_s),
+                # saying so; a signal now interrupts it (what was printed comes again next time).
+                with interrupt.blocking(), saying(_COMMIT_WAIT):
+                    consumer.commit(through=last)
             except LeaseLost as exc:
                 # Frozen past its lease, another consumer holds the subscription now: what was
                 # printed since the last commit is delivered again (at-least-once), not lost.
                 print(f"ordq: warning: not committed ({exc.reason}): the messages printed since the last commit "
                       "are delivered again", file=sys.stderr)
     return n, (last.seq if last is not None else None)
+
+
+_COMMIT_WAIT = ("committing what was printed: no coordinator answers yet (Ctrl-C leaves it uncommitted: "
+                "the next consume of the subscription prints it again)")
 
 
 def _waiting_to_consume(args: argparse.Namespace) -> str:
