@@ -26,15 +26,17 @@ class Verifier:
 
     def __call__(self, audit_dirs: Sequence[Path], *, report_path: Path | None = None) -> Any:
         """Verify the runs whose audit folders (``acks/``, ``deliveries/``, ``skips/`` when a
-        consumer parked) are given, in one job."""
+        consumer parked, ``starts/`` where consumers began) are given, in one job."""
         from ordq import spark_order_check
 
-        skips = [d / "skips" for d in audit_dirs if any((d / "skips").glob("*.tsv*"))]
+        skips, starts = ([d / kind for d in audit_dirs if any((d / kind).glob("*.tsv*"))]
+                         for kind in ("skips", "starts"))
         # A keyed-topic run names its topic in ``topics`` (one per line): checked per key too.
         topics = [t for d in audit_dirs if (d / "topics").is_file()
                   for t in (d / "topics").read_text(encoding="ascii").split()]
         return spark_order_check.verify(acks=[d / "acks" for d in audit_dirs],
                                         deliveries=[d / "deliveries" for d in audit_dirs], skips=skips or None,
+                                        starts=starts or None,
                                         topics=topics, spark=self._spark(), report_path=report_path)
 
     def _spark(self) -> Any:

@@ -49,7 +49,12 @@ OPTIONAL_COLUMNS = {"deliveries": ("due_us",)}
 SKIP_COLUMNS = (
     "queue", "subscription", "consumer", "seq", "key", "action", "parking_queue", "parked_seq", "at_us",
 )
-KIND_COLUMNS = {"acks": ACK_COLUMNS, "deliveries": DELIVERY_COLUMNS, "skips": SKIP_COLUMNS}
+# Where a consumer instance began reading: after ``after_seq`` (its cursor when it took the
+# subscription). The verifier judges a subscription from its lowest start in the run: a
+# subscription made after segments were removed never could read what was before them
+# (docs/AUDIT_FORMAT.md, "starts").
+START_COLUMNS = ("queue", "subscription", "consumer", "after_seq", "seg", "offset", "at_us")
+KIND_COLUMNS = {"acks": ACK_COLUMNS, "deliveries": DELIVERY_COLUMNS, "skips": SKIP_COLUMNS, "starts": START_COLUMNS}
 WRITEBACK_BYTES = 256 << 10  # a written stretch this long goes to the disk at once (a few ms of it)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -109,6 +109,10 @@ class Consumer:
         self._audit = (
             AuditWriter(config.audit_dir, "deliveries", writer_id=config.consumer_id) if config.audit_dir else None
         )
+        # Where each instance began (the verifier judges the subscription from there on).
+        self._starts = (
+            AuditWriter(config.audit_dir, "starts", writer_id=config.consumer_id) if config.audit_dir else None
+        )
         self._handout = Handout(config, self._policy, self._stats, audit=self._audit,
                                 read_position=lambda: self._require(self._reader).cursor)
         # The parts made by start(): the lease checks, commits, reading, run()/run_keyed().
@@ -170,6 +174,7 @@ class Consumer:
         cursor = got.cursor
         handout = self._handout
         handout.finished_base = cursor
+        self._audit_start(cursor)
         # The subscription's delay, before any message is handed out (sdk/delay.py).
         handout.gate.delay_us = read_delay_ms(coord, lease, timeout_s=cfg.connect_timeout_s) * 1000
         self._checks = checks = LeaseChecks(lease, cfg)
@@ -187,6 +192,14 @@ class Consumer:
         if cfg.metrics_listen is not None or cfg.metrics_registry is not None:
             self._metrics = ConsumerMetrics(cfg, self._metrics_snapshot)
             self.metrics_url = self._metrics.server.url if self._metrics.server is not None else None
+
+    def _audit_start(self, cursor: Cursor) -> None:
+        """The audit row of where this instance begins: after ``cursor`` (docs/AUDIT_FORMAT.md,
+        "starts"), before it hands out anything."""
+        if self._starts is not None:
+            cfg = self.config
+            self._starts.write_rows([(cfg.queue, cfg.subscription, self._handout.audit_consumer, cursor.last_seq,
+                                      cursor.seg, cursor.offset, time.time_ns() // 1000)])
 
     def _describe_cursor(self) -> Described:
         """The queue as the coordinator has it now, with the subscription's cursor (the view
@@ -240,6 +253,7 @@ class Consumer:
         cursor = got.cursor
         self._stats.rejoins += 1
         handout.rejoined(cursor, self._stats.rejoins)
+        self._audit_start(cursor)
         reader.rejoined(cursor)
         self._require(self._commits).rejoined(got.cursor_version, cursor)
         self._require(self._checks).rejoined()
@@ -277,8 +291,9 @@ class Consumer:
                                 "last commit is delivered again", self.config.queue, self.config.subscription,
                                 exc.reason)
         finally:
-            if self._audit is not None:
-                self._audit.close()
+            for audit in (self._audit, self._starts):
+                if audit is not None:
+                    audit.close()
             if self._policies is not None:
                 self._policies.close_audit()
             self._shutdown()

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ordq.spark_order_check._files import ROW_BITS
-from ordq.spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, TORN, topic_column
+from ordq.spark_order_check._scan import ACK, DELIVERY, MALFORMED, SKIP, START, TORN, topic_column
 from ordq.spark_order_check.report import HIST_BINS_PER_DECADE, NONPOSITIVE_BIN
 
 EXAMPLES = 20
@@ -396,10 +396,21 @@ def skip_findings(sk: DataFrame) -> tuple[DataFrame, DataFrame]:
     parked = per_seq.filter(F.col("parked") == 1).select("q", "s", "seq")
     skipped = per_seq.filter((F.col("parked") == 1) & (F.col("replayed") == 0)).select(
         finding("skipped", q=F.col("q"), s=F.col("s"), b=F.col("b"), seq=F.col("seq"), n=1).alias("f")).select("f.*")
-    bad = sk.filter(F.col("kind").isin(MALFORMED, TORN)).select(
+    return parked, skipped.unionByName(side_file_unreadable(sk))
+
+
+def side_file_unreadable(rows: DataFrame) -> DataFrame:
+    """The torn and malformed rows of a side file's scan (skips, starts), as findings."""
+    return rows.filter(F.col("kind").isin(MALFORMED, TORN)).select(
         finding(F.when(F.col("kind") == TORN, "torn_row").otherwise("malformed_row"), n=1, pos=F.col("pos"),
                 text=F.col("bad")).alias("f")).select("f.*")
-    return parked, skipped.unionByName(bad)
+
+
+def start_findings(st: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """From scan_starts rows: (per (q, s), ``after_seq``: the lowest seq its first audited
+    consumer instance began after; the unreadable start rows as findings)."""
+    begun = st.filter(F.col("kind") == START).groupBy("q", "s").agg(F.min("after_seq").alias("after_seq"))
+    return begun, side_file_unreadable(st)
 
 
 def early_findings(e: DataFrame) -> DataFrame:

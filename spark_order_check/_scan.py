@@ -33,15 +33,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, OPTIONAL_COLUMNS, SKIP_COLUMNS
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, OPTIONAL_COLUMNS, SKIP_COLUMNS, START_COLUMNS
 from ordq.spark_order_check._files import ROW_BITS, AuditFile
 
 ACK, DELIVERY, MALFORMED, TORN = 0, 1, 2, 3
 SKIP = 4  # scan_skips rows only, never in E
+START = 5  # scan_starts rows only, never in E
 BUCKET_BITS = 16  # seqs are grouped in buckets of 65,536 for the seq-ordered windows
 ROW_MASK = (1 << ROW_BITS) - 1
 _LONGS = {"epoch", "seq", "seg", "offset", "crc32", "send_us", "ack_us", "msg_us", "deliver_us", "due_us", "parked_seq",
-          "at_us"}
+          "at_us", "after_seq"}
 _BAD = "_bad"
 _FIELDS = "_f"
 
@@ -214,3 +215,12 @@ def scan_skips(spark: SparkSession, files: Sequence[AuditFile], fid0: int, bucke
     return df.select(kind.alias("kind"), F.col("queue").alias("q"), F.col("subscription").alias("s"),
                      F.col("seq"), F.shiftright(F.col("seq"), bucket_bits).alias("b"), F.col("action"),
                      F.col("pos"), F.when(kind != SKIP, _bad_text(SKIP_COLUMNS)).alias("bad"))
+
+
+def scan_starts(spark: SparkSession, files: Sequence[AuditFile], fid0: int) -> DataFrame:
+    """Start records (docs/AUDIT_FORMAT.md, "starts"): (kind, q, s, after_seq, pos, bad). One
+    row per consumer instance, so kept apart from ``E``: they only change what counts as lost."""
+    df = _read(spark, files, START_COLUMNS, fid0)
+    kind = _kind(START, ("queue", "subscription", "after_seq"))
+    return df.select(kind.alias("kind"), F.col("queue").alias("q"), F.col("subscription").alias("s"),
+                     F.col("after_seq"), F.col("pos"), F.when(kind != START, _bad_text(START_COLUMNS)).alias("bad"))

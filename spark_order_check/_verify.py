@@ -33,6 +33,7 @@ from ordq.spark_order_check._scan import (
     scan_acks,
     scan_deliveries,
     scan_skips,
+    scan_starts,
 )
 from ordq.spark_order_check._session import (
     PARTITION_INPUT_BYTES,
@@ -90,6 +91,7 @@ def verify(
     deliveries: str | Path | Iterable[str | Path],
     segments: str | Path | Iterable[str | Path] | None = None,
     skips: str | Path | Iterable[str | Path] | None = None,
+    starts: str | Path | Iterable[str | Path] | None = None,
     keyed: Iterable[str] = (),
     topics: Iterable[str] = (),
     master: str | None = None,
@@ -109,6 +111,9 @@ def verify(
             audit files (docs/AUDIT_FORMAT.md); local paths or Hadoop URIs.
         skips: skip records (docs/AUDIT_FORMAT.md, "skips"): a seq a consumer parked with
             its record is ``skipped`` (allowed, reported apart), not ``lost``.
+        starts: start records (docs/AUDIT_FORMAT.md, "starts"): a subscription is judged from
+            where its first audited consumer instance began; an acked seq at or before that is
+            ``before_subscribed`` (allowed, reported apart), not ``lost``.
         segments: broker data directories (``<data>/<queue>/<seg:012d>/segment.log``) to
             check the stored order, replica agreement and that every acked seq is stored.
         keyed: subscriptions consumed with per-key ordering (``SUB`` or ``QUEUE/SUB``): their
@@ -134,14 +139,15 @@ def verify(
     """
     t0 = time.monotonic()
     ack_paths, del_paths, seg_paths = _paths(acks), _paths(deliveries), _paths(segments)
-    skip_paths = _paths(skips)
+    skip_paths, start_paths = _paths(skips), _paths(starts)
     if not ack_paths or not del_paths:
         raise ConfigError("give both acks and deliveries audit paths")
     keyed, topics = tuple(keyed), tuple(topics)
-    local_only = not any(partition_paths(p)[1] for p in (ack_paths, del_paths, seg_paths, skip_paths))
+    local_only = not any(partition_paths(p)[1] for p in (ack_paths, del_paths, seg_paths, skip_paths, start_paths))
     if local_only:  # report a bad path before paying for a Spark start
         fa, fd = _list(None, ack_paths, "acks"), _list(None, del_paths, "deliveries")
         fs = _list(None, skip_paths, "skips") if skip_paths else []
+        fst = _list(None, start_paths, "starts") if start_paths else []
         seg_files = _list_segments_local(seg_paths) if seg_paths else None
     if not 1 <= bucket_bits <= 40:
         raise ConfigError("bucket_bits must be between 1 and 40")
@@ -154,12 +160,13 @@ def verify(
         if not local_only:
             fa, fd = _list(session, ack_paths, "acks"), _list(session, del_paths, "deliveries")
             fs = _list(session, skip_paths, "skips") if skip_paths else []
+            fst = _list(session, start_paths, "starts") if start_paths else []
             seg_files = _list_segments(session, seg_paths) if seg_paths else None
         input_bytes = sum(f.size for f in fa + fd)
         watch = StageProgress(session, progress) if progress is not None else None
         with scan_settings(session, partitions=partitions or default_partitions(session, input_bytes)), \
                 watch or nullcontext():
-            report, hist = _run(session, fa, fd, fs, seg_files, keyed, bucket_bits, t0, topics, watch)
+            report, hist = _run(session, fa, fd, fs, fst, seg_files, keyed, bucket_bits, t0, topics, watch)
     finally:
         if own:
             session.stop()
@@ -185,10 +192,10 @@ def _list_segments(spark: SparkSession, paths: Sequence[str]) -> list[Any]:
 
 
 def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list[AuditFile],
-         seg_files: list[Any] | None, keyed: tuple[str, ...], bucket_bits: int,
+         fst: list[AuditFile], seg_files: list[Any] | None, keyed: tuple[str, ...], bucket_bits: int,
          t0: float, topics: tuple[str, ...] = (), watch: StageProgress | None = None,
          ) -> tuple[Report, list[tuple[str, str, int, int]]]:
-    files = fa + fd + fs
+    files = fa + fd + fs + fst
     mark = [time.monotonic()]
 
     sc = spark.sparkContext
@@ -268,13 +275,20 @@ def _run(spark: SparkSession, fa: list[AuditFile], fd: list[AuditFile], fs: list
             parts.append(skip_rows)
             lost_unacked = lost_unacked.join(parked.withColumn("cls", F.lit("_lost")), ["cls", "q", "s", "seq"],
                                              "left_anti")
+        if fst:  # at or before where the subscription's first audited consumer began: not its to deliver here
+            begun, start_rows = C.start_findings(scan_starts(spark, fst, len(fa) + len(fd) + len(fs)))
+            parts.append(start_rows)
+            before = (F.col("cls") == "_lost") & (F.col("seq") <= F.col("after_seq"))
+            lost_unacked = lost_unacked.join(F.broadcast(begun), ["q", "s"], "left").withColumn(
+                "cls", F.when(before, F.lit("_before")).otherwise(F.col("cls"))).drop("after_seq")
         if raw_counts.get("_lost") or raw_counts.get("_unacked"):
             # Kept: the in-flight classification reads the ranges twice (a count, then the join).
             rng = C.checkpoint(C.ranges(lost_unacked))
             kept.append(rng)
-            parts.append(rng.filter(F.col("cls") == "_lost").select(
-                C.finding("lost", q=F.col("q"), s=F.col("s"), seq=F.col("seq"), seq2=F.col("seq2"),
-                          n=F.col("n")).alias("f")).select("f.*"))
+            for cls, name in (("_lost", "lost"), ("_before", "before_subscribed")):
+                parts.append(rng.filter(F.col("cls") == cls).select(
+                    C.finding(name, q=F.col("q"), s=F.col("s"), seq=F.col("seq"), seq2=F.col("seq2"),
+                              n=F.col("n")).alias("f")).select("f.*"))
             if raw_counts.get("_unacked"):
                 parts.append(C.classify_unacked(
                     e, inter, rng.filter(F.col("cls") == "_unacked"), queues_with_acks,
@@ -537,7 +551,7 @@ def _at(pos: int | None, files: list[AuditFile]) -> str | None:
 def _example(cls: str, r: Any, files: list[AuditFile], details: dict[tuple[str, int], list[Any]],
              names_by_hash: dict[int, str]) -> dict[str, Any]:
     at = _at
-    if cls == "lost":
+    if cls in ("lost", "before_subscribed"):
         return {"queue": r.q, "subscription": r.s, "first_seq": r.seq, "last_seq": r.seq2, "count": r.n}
     if cls == "skipped":
         return {"queue": r.q, "subscription": r.s, "seq": r.seq}

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skips", action="append", default=[], metavar="PATH",
                         help="skip records of parked messages (an AUDIT_DIR's skips/ is read when it exists): "
                              "a parked seq with its record is skipped, not lost")
+    parser.add_argument("--starts", action="append", default=[], metavar="PATH",
+                        help="start records of consumers (an AUDIT_DIR's starts/ is read when it exists): a "
+                             "subscription is judged from where its first consumer began")
     parser.add_argument("--segments", action="append", default=[], metavar="DIR",
                         help="broker data directory <data>/<queue>/<seg>/segment.log, one per replica "
                              "(repeatable): also check the stored order and replica agreement")
@@ -73,15 +76,16 @@ def _conf(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def skip_dirs(audit_dirs: Sequence[str]) -> list[str]:
-    """``AUDIT_DIR/skips`` of each audit folder holding skip records (a consumer parked), as
-    given: a local path or a ``file://`` URL (looked at on this host; a ``file://`` folder
-    read as a plain path missed them, and a parked seq was counted lost)."""
+def side_dirs(audit_dirs: Sequence[str], kind: str) -> list[str]:
+    """``AUDIT_DIR/<kind>`` (skips: a consumer parked; starts: where consumers began) of each
+    audit folder holding such records, as given: a local path or a ``file://`` URL (looked at
+    on this host; a ``file://`` folder read as a plain path missed them, and a parked seq was
+    counted lost)."""
     out = []
     for d in audit_dirs:
         local = d[len("file://"):] if d.startswith("file://") else d
-        if glob.glob(os.path.join(glob.escape(local), "skips", "*.tsv*")):
-            out.append(os.path.join(d, "skips"))
+        if glob.glob(os.path.join(glob.escape(local), kind, "*.tsv*")):
+            out.append(os.path.join(d, kind))
     return out
 
 
@@ -94,14 +98,16 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         deliveries = list(args.deliveries) + [os.path.join(d, "deliveries") for d in args.audit_dirs]
         if not acks or not deliveries:
             raise ConfigError("give an AUDIT_DIR, or both --acks and --deliveries")
-        skips = list(args.skips) + skip_dirs(args.audit_dirs)
+        skips = list(args.skips) + side_dirs(args.audit_dirs, "skips")
+        starts = list(args.starts) + side_dirs(args.audit_dirs, "starts")
         conf = _conf(args.conf)
         refuse_remote(args.remote)
         from ordq.spark_order_check._verify import verify
 
         show = args.progress if args.progress is not None else is_cluster(args.master)
 
-        report = verify(acks=acks, deliveries=deliveries, skips=skips or None, segments=args.segments or None,
+        report = verify(acks=acks, deliveries=deliveries, skips=skips or None, starts=starts or None,
+                        segments=args.segments or None,
                         keyed=args.keyed, topics=args.topics,
                         master=args.master, conf=conf, driver_memory=args.driver_memory,
                         report_path=args.report, plot_path=args.plot, progress=sys.stderr if show else None)

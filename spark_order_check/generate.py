@@ -422,6 +422,7 @@ def generate(directory: Path, scenario: Scenario = Scenario(), inject: Injection
         "skipped": inj.skipped - (1 if inj.skipped >= 2 else 0),
         "key_partitions": 0,  # the generated queues are no topic's partitions
         "delivered_early": 0,  # no generated delivery has a due time
+        "before_subscribed": 0,  # no start records are generated: every subscription is judged from seq 0
     }
     first = examples(positions.at)
     percentiles = {}

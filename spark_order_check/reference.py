@@ -19,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, OPTIONAL_COLUMNS, SKIP_COLUMNS
+from ordq.sdk.audit import ACK_COLUMNS, DELIVERY_COLUMNS, OPTIONAL_COLUMNS, SKIP_COLUMNS, START_COLUMNS
 from ordq.spark_order_check._files import AuditFile, list_local
 
 _ACK_REQUIRED = tuple(ACK_COLUMNS.index(c) for c in ("queue", "producer", "seq", "seg", "crc32"))
@@ -27,6 +27,8 @@ _DELIVERY_REQUIRED = tuple(DELIVERY_COLUMNS.index(c) for c in
                            ("queue", "subscription", "consumer", "seq", "crc32", "msg_us", "deliver_us"))
 _SKIP_REQUIRED = tuple(SKIP_COLUMNS.index(c) for c in ("queue", "subscription", "seq", "action"))
 _SKIP_NUMBERS = tuple(SKIP_COLUMNS.index(c) for c in ("seq", "parked_seq", "at_us"))
+_START_REQUIRED = tuple(START_COLUMNS.index(c) for c in ("queue", "subscription", "after_seq"))
+_START_NUMBERS = tuple(START_COLUMNS.index(c) for c in ("after_seq", "seg", "offset", "at_us"))
 _ACK_NUMBERS = tuple(i for i, c in enumerate(ACK_COLUMNS) if c in ("epoch", "seq", "seg", "offset", "crc32",
                                                                    "send_us", "ack_us"))
 _DELIVERY_NUMBERS = tuple(i for i, c in enumerate(DELIVERY_COLUMNS) if c in ("seq", "seg", "offset", "crc32",
@@ -74,9 +76,12 @@ def _rows(files: Sequence[AuditFile], width: int, required: tuple[int, ...], num
 
 
 def check(acks: str | Path | Iterable[str | Path], deliveries: str | Path | Iterable[str | Path], *,
-          keyed: Iterable[str] = (), skips: str | Path | Iterable[str | Path] = ()) -> ReferenceResult:
+          keyed: Iterable[str] = (), skips: str | Path | Iterable[str | Path] = (),
+          starts: str | Path | Iterable[str | Path] = ()) -> ReferenceResult:
     """Count every audit-file class of ``report.CLASSES`` over the given files; ``skips``: the
-    skip records (a parked seq with its record is ``skipped``, not ``lost``)."""
+    skip records (a parked seq with its record is ``skipped``, not ``lost``); ``starts``: the
+    start records (a seq at or before where the subscription's first consumer began is
+    ``before_subscribed``, not ``lost``)."""
     started = time.perf_counter()
     counts: collections.Counter[str] = collections.Counter()
     keyed_set = set(keyed)
@@ -93,6 +98,14 @@ def check(acks: str | Path | Iterable[str | Path], deliveries: str | Path | Iter
             (parked if f[5] == "parked" else replayed)[(f[0], f[1])].add(int(f[3]))
     for qs, seqs in parked.items():
         counts["skipped"] += len(seqs - replayed.get(qs, set()))
+
+    # Start records: per (queue, subscription), the lowest seq its consumers began after.
+    begun: dict[tuple[str, str], int] = {}
+    start_paths = [str(p) for p in _as_list(starts)]
+    for _pos, f in _rows(list_local(start_paths, "starts") if start_paths else [], len(START_COLUMNS),
+                         _START_REQUIRED, _START_NUMBERS, counts):
+        after = int(f[3])
+        begun[(f[0], f[1])] = min(after, begun.get((f[0], f[1]), after))
 
     # Acks: per queue, seq -> (crc low, crc high, producers).
     acked: dict[str, dict[int, list[object]]] = collections.defaultdict(dict)
@@ -129,7 +142,8 @@ def check(acks: str | Path | Iterable[str | Path], deliveries: str | Path | Iter
         if q not in subscriptions:
             counts["lost"] += len(per_seq)  # nobody consumed the queue
     for (q, s), instances in streams.items():
-        _check_subscription(q, s, instances, acked.get(q), q in acked, counts, parked.get((q, s), set()))
+        _check_subscription(q, s, instances, acked.get(q), q in acked, counts, parked.get((q, s), set()),
+                            begun.get((q, s)))
     return ReferenceResult(counts=dict(counts), ack_rows=ack_rows, delivery_rows=delivery_rows,
                            seconds=time.perf_counter() - started)
 
@@ -140,7 +154,7 @@ def _as_list(value: str | Path | Iterable[str | Path]) -> list[str | Path]:
 
 def _check_subscription(q: str, s: str, instances: dict[str, list[tuple[int, int, int, int, str | None]]],
                         acked: dict[int, list[object]] | None, queue_has_acks: bool,
-                        counts: collections.Counter[str], parked: set[int]) -> None:
+                        counts: collections.Counter[str], parked: set[int], begun_after: int | None) -> None:
     acked = acked or {}
     delivered: dict[int, list[int]] = {}  # seq -> [deliveries, crc low, crc high]
     duplicates_of: collections.Counter[int] = collections.Counter()
@@ -157,8 +171,9 @@ def _check_subscription(q: str, s: str, instances: dict[str, list[tuple[int, int
 
     for seq, (crc_lo, crc_hi, _producers) in acked.items():
         if seq not in delivered:
-            if seq not in parked:  # parked with its skip record: explicitly skipped, not lost
-                counts["lost"] += 1
+            if seq in parked:  # parked with its skip record: explicitly skipped, not lost
+                continue
+            counts["before_subscribed" if begun_after is not None and seq <= begun_after else "lost"] += 1
         else:
             n, d_lo, d_hi = delivered[seq]
             if crc_lo == crc_hi and (d_lo != crc_lo or d_hi != crc_lo):

@@ -55,6 +55,10 @@ CLASSES: tuple[AnomalyClass, ...] = (
     AnomalyClass("skipped", False, "seqs",
                  "a seq the subscription's consumer parked (failure policy park) with its skip record and did not "
                  "replay: explicitly skipped, not lost"),
+    AnomalyClass("before_subscribed", False, "seqs",
+                 "an acked seq at or before where the subscription's first audited consumer began (its start "
+                 "record): made after those messages were removed, or committed past them before the audit began; "
+                 "not the subscription's to deliver here"),
     AnomalyClass("torn_row", False, "rows", "the cut last line of a crashed writer's .tsv.part file (dropped)"),
     AnomalyClass("key_partitions", True, "keys",
                  "topic: one key's messages in two partitions of the topic (acked or delivered there)"),

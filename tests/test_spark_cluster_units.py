@@ -175,10 +175,10 @@ def test_a_report_comes_back_whole_from_its_json() -> None:
 def test_skip_records_are_found_in_an_audit_folder_given_as_a_file_url(tmp_path: Path) -> None:
     """``ordq verify file:///run --master spark://...`` (tests/test_lab_spark.py): the skip
     records of a ``file://`` audit folder are read too (found missing: parked seqs counted lost)."""
-    from ordq.spark_order_check.cli import skip_dirs
+    from ordq.spark_order_check.cli import side_dirs
 
     (tmp_path / "run" / "skips").mkdir(parents=True)
     (tmp_path / "run" / "skips" / "c1-0.tsv").write_text("header\n")
     (tmp_path / "bare").mkdir()
-    assert skip_dirs([f"file://{tmp_path}/run", str(tmp_path / "run"), f"file://{tmp_path}/bare"]) == [
+    assert side_dirs([f"file://{tmp_path}/run", str(tmp_path / "run"), f"file://{tmp_path}/bare"], "skips") == [
         f"file://{tmp_path}/run/skips", str(tmp_path / "run" / "skips")]

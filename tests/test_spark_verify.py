@@ -214,3 +214,24 @@ def test_unacked_neighbours_in_out_of_order_acks(hand_written: tuple[Path, dict[
         assert report["unacked_in_flight"].examples[0]["acked_after_by"] == "p2"
     assert {n: c for n, c in check(d / "neighbours" / "acks", d / "neighbours" / "deliveries").counts.items() if c} == {
         "unacked": 1, "unacked_in_flight": 1}
+
+
+def test_a_subscription_is_judged_from_its_first_start_record(tmp_path: Path, spark: Any,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """An AUDIT_DIR's starts/ (docs/AUDIT_FORMAT.md, "starts") is read with it: an acked seq at
+    or before where a subscription's first consumer began is ``before_subscribed`` (allowed),
+    one after it that never came is lost, and a subscription without a start record is judged
+    from seq 0, as the plain checker counts them (tests/test_audit_starts.py)."""
+    from ordq.spark_order_check.reference import check
+    from tests.test_audit_starts import written_run
+
+    d = written_run(tmp_path / "run")
+    code = ordq_main(["verify", str(d), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    got = {name: c["count"] for name, c in out["checks"].items() if c["count"]}
+    assert got == {"lost": 1 + 8, "before_subscribed": 5}
+    assert out["checks"]["before_subscribed"]["examples"] == [
+        {"queue": "q", "subscription": "late", "first_seq": 0, "last_seq": 4, "count": 5}]
+    plain = check(d / "acks", d / "deliveries", starts=d / "starts").counts
+    assert {n: plain.get(n, 0) for n in AUDIT_CLASSES} == {n: out["checks"][n]["count"] for n in AUDIT_CLASSES}
