@@ -261,8 +261,7 @@ def test_reset_is_refused_while_held_unless_forced_and_redelivers_from_the_targe
         with pytest.raises(ConflictError):
             holder.commit()  # the running consumer learns its cursor was moved under it
     finally:
-        with pytest.raises(ConflictError):
-            holder.close()
+        holder.close()  # it finished nothing since it began: it writes nothing, and the reset stands
 
     # Back to an earlier seq: delivered again from exactly there, in order.
     with c.consumer("s1") as consumer:
