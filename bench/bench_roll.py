@@ -54,7 +54,8 @@ def main() -> None:
             sent_acked = list(zip(sent_at, latency, strict=True))
             stop.set()
             thread.join()
-            failovers = producer.statistics().failovers
+            stats = producer.statistics()
+            failovers = stats.failovers + stats.rolls
         near = [lat for t, lat in sent_acked if any(0 <= t - r < WINDOW_S for r, _d in rolls)]
         away = [lat for t, lat in sent_acked if not any(0 <= t - r < WINDOW_S for r, _d in rolls)]
         print(f"{len(rolls)} rolls (to {args.roll_to}) every {args.every:g} s under {args.rate:,.0f} msgs/s of "

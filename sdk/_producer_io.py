@@ -472,8 +472,10 @@ class ProducerIO:
             log.warning("queue %s: head %s seg %s failed (%s); failed over to %s seg %s", self.config.queue,
                         first_gid, first_seg, failure, gid, seg)
         with self._mutex:
-            self._stats.failovers += 1
-            if gid != first_gid:
+            if gid == first_gid:
+                self._stats.rolls += 1
+            else:
+                self._stats.failovers += 1
                 self._pacing.failed_over(time.monotonic())
 
     async def _same_head_again(self, failure: TokensUnavailable) -> bool:

@@ -113,7 +113,8 @@ class ProducerStats:
     sent: int = 0
     acked: int = 0
     batches_acked: int = 0
-    failovers: int = 0
+    failovers: int = 0  # the head moved to another group (a failure, or a roll to the next group)
+    rolls: int = 0  # the segment ended and writes went on on a new segment of the same group
     tokens_unavailable: int = 0  # times the head could not check tokens and was asked again
     link_fallbacks: int = 0  # streams on gRPC because the master's lean link could not be opened (no failover)
     epoch: int = 0

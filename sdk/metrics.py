@@ -87,8 +87,10 @@ class ProducerMetrics(ServedCollector):
         yield one("counter", "ordq_producer_acked_messages", "Messages acked (stored on both replicas)", labels,
                   st.acked)
         yield one("counter", "ordq_producer_acked_batches", "Batches acked", labels, st.batches_acked)
-        yield one("counter", "ordq_producer_failovers", "Failovers to a new segment after a failed head", labels,
-                  st.failovers)
+        yield one("counter", "ordq_producer_failovers", "Moves of the head to another group (a failed head, or a "
+                  "roll to the next group)", labels, st.failovers)
+        yield one("counter", "ordq_producer_rolls", "Segments ended by a roll, writes going on on the same group",
+                  labels, st.rolls)
         yield one("counter", "ordq_producer_link_fallbacks", "Produce streams carried by gRPC because the master's "
                   "lean link could not be opened (no failover)", labels, st.link_fallbacks)
         yield one("gauge", "ordq_producer_inflight_bytes",

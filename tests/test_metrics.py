@@ -59,7 +59,8 @@ PRESENT = {
     "slave": ["ordq_broker_open_segments", "ordq_broker_disk_free_bytes"],
     "coordinator": ["ordq_coordinator_leader", "ordq_queue_send_groups", "ordq_queue_segments",
                     "ordq_queue_segments_not_live", "ordq_coordinator_errors_total"],
-    "producer": ["ordq_producer_inflight_bytes", "ordq_producer_failovers_total", "ordq_producer_epoch"],
+    "producer": ["ordq_producer_inflight_bytes", "ordq_producer_failovers_total", "ordq_producer_rolls_total",
+                 "ordq_producer_epoch"],
     "consumer": ["ordq_consumer_lag_messages", "ordq_consumer_lag_seconds", "ordq_consumer_blocked",
                  "ordq_consumer_gaps_total", "ordq_consumer_redeliveries_total", "ordq_consumer_stalled_seconds"],
 }

@@ -110,3 +110,17 @@ def test_roll_to_next_spreads_segments_over_the_groups_and_loses_nothing(cluster
     summary = check_delivery(producer.acked, consumer.instances, redelivery=len(consumer.instances) > 1)
     assert summary.acked == summary.delivered == producer.n
     assert heads == ["g2", "g1", "g2", "g1"]
+
+
+def test_ordq_produce_counts_a_roll_as_a_roll_not_a_failover(cluster: Cluster) -> None:
+    """``ordq produce`` across its own roll said "(1 failovers)" with no fault anywhere (stop 94's
+    drive): a roll is a new segment on the same group, counted apart (``ProducerStats.rolls``,
+    ``ordq_producer_rolls_total``); failovers count the head moving to another group."""
+    cluster.add_groups("g1", "g2")
+    out = cluster.ordq("queue", "create", "q", "--segment-bytes", "256KiB")
+    assert out.returncode == 0, out.stderr
+    out = cluster.ordq("produce", "q", "--count", "600", "--size", "1000", "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["acked"] == 600 and summary["failovers"] == 0 and summary["rolls"] >= 1, summary
+    assert cluster.state().head == "g1"  # no fault: the head never moved

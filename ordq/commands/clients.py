@@ -141,13 +141,14 @@ def _produce(args: argparse.Namespace) -> int:
         raise
     elapsed = time.monotonic() - start
     result = {"queue": args.queue, "sent": sent, "acked": stats.acked, "failovers": stats.failovers,
-              "seconds": round(elapsed, 3), "msgs_per_s": round(sent / elapsed, 1) if elapsed else None,
+              "rolls": stats.rolls, "seconds": round(elapsed, 3),
+              "msgs_per_s": round(sent / elapsed, 1) if elapsed else None,
               "last": attrs.asdict(last.result()) if last is not None else None}
     if args.json:
         emit_json(result)
     else:
         print(f"acked {stats.acked} of {sent} messages to {args.queue} in {elapsed:.2f}s "
-              f"({result['msgs_per_s']} msgs/s, {stats.failovers} failovers)", file=sys.stderr)
+              f"({result['msgs_per_s']} msgs/s, {stats.failovers} failovers, {stats.rolls} rolls)", file=sys.stderr)
     if refused is not None:
         # Issue 42: a re-run of the whole batch would store the acked lines twice: say which were.
         if first is None or last is None:
