@@ -38,7 +38,11 @@ class SilentProxy:
                 continue
             except OSError:
                 return
-            upstream = socket.create_connection(self.target, timeout=5)
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:  # the target is gone (stopped by the test): refuse this one as it would
+                conn.close()
+                continue
             self._sockets += [conn, upstream]
             for a, b, replies in ((conn, upstream, False), (upstream, conn, True)):
                 t = threading.Thread(target=self._pump, args=(a, b, replies), daemon=True)
@@ -47,7 +51,10 @@ class SilentProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
         held = bytearray()  # replies held while ``hold_replies`` is set
-        src.settimeout(0.05)
+        try:
+            src.settimeout(0.05)
+        except OSError:  # closed by reset() or close() before this thread first ran (a loaded box:
+            return       # the loaded tier's teardown raised EBADF here)
         while not self._stop.is_set():
             if held and not self.hold_replies.is_set():
                 with contextlib.suppress(OSError):
