@@ -28,9 +28,9 @@ class Verifier:
         """Verify the runs whose audit folders (``acks/``, ``deliveries/``, ``skips/`` when a
         consumer parked, ``starts/`` where consumers began) are given, in one job."""
         from ordq import spark_order_check
+        from ordq.spark_order_check.cli import side_dirs
 
-        skips, starts = ([d / kind for d in audit_dirs if any((d / kind).glob("*.tsv*"))]
-                         for kind in ("skips", "starts"))
+        skips, starts = (side_dirs([str(d) for d in audit_dirs], kind) for kind in ("skips", "starts"))
         # A keyed-topic run names its topic in ``topics`` (one per line): checked per key too.
         topics = [t for d in audit_dirs if (d / "topics").is_file()
                   for t in (d / "topics").read_text(encoding="ascii").split()]
