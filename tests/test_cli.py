@@ -533,6 +533,9 @@ def test_sigint_while_the_cli_takes_sigint_is_an_interrupt() -> None:
     death by SIGINT instead of "interrupted" and 130. The signal is delivered here at that very
     point (the real handler, called as the interpreter calls it), no timing involved."""
     code = ("import signal\n"
+            # Python's own handler to start from, whatever this child inherited: once (make test,
+            # stop 95) it was started with SIGINT ignored, put that back, and printed "130 True False".
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from ordq import cli\n"
             "real = signal.signal\n"
             "def landing(signum, handler):\n"
