@@ -14,7 +14,7 @@ from typing import Any
 from ordq.commands import add_command, process_config, seconds
 from ordq.common.errors import ConfigError
 from ordq.common.heap import pad_heap
-from ordq.common.proc import announce
+from ordq.common.proc import announce, wait_for_stop
 from ordq.common.security import Credentials, remember_zk_tls
 from ordq.common.steady_gc import freeze_startup_objects
 
@@ -210,7 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     address = broker.start()
     announce(f"READY {address} {broker.incarnation}")
     try:
-        done.wait()
+        wait_for_stop(done)
     finally:
         broker.stop()
     print("STOPPED", file=sys.stderr, flush=True)

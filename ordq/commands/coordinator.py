@@ -17,7 +17,7 @@ from typing import Any
 from ordq.commands import add_command, number, open_store, process_config, seconds
 from ordq.common import addresses
 from ordq.common.errors import ConfigError
-from ordq.common.proc import announce
+from ordq.common.proc import announce, wait_for_stop
 from ordq.common.security import Credentials
 
 DEFAULT_LISTEN = "127.0.0.1:0"
@@ -219,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     announce(f"READY coordinator {ident}")
     worker = threading.Thread(target=_run_then_wake, args=(daemon, stop), name="coordinator", daemon=True)
     worker.start()
-    stop.wait()
+    wait_for_stop(stop)
     service.stop()
     daemon.stop()
     for session_log in session_logs:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ordq.commands import add_command, int_in, seconds, wants_json
 from ordq.commands.outbox import _status
+from ordq.common.proc import wait_for_stop
 from ordq.output import emit_json, table
 
 END_HELP = ("ZK_HOSTS/ROOT/QUEUE: a cluster as registered by ordq up (its --zk and --root), and a queue of it; "
@@ -127,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 + (f" on each of {len(configs)} partitions)" if cfg.source.topic else ")"))
         for t in threads:
             t.start()
-        stop.wait()
+        wait_for_stop(stop)
     except KeyboardInterrupt:
         stop.set()
     finally:

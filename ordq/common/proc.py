@@ -83,6 +83,22 @@ def announce(line: str) -> None:
     os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
+# How often a daemon's main thread looks up from waiting for its stop (``wait_for_stop``).
+STOP_TICK_S = 0.25
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Block the main thread until ``stop`` is set, by a signal handler or another thread.
+
+    In ticks, not one untimed wait: Python runs a signal's handler only on the main thread,
+    between bytecodes, and the kernel may hand a process-wide signal to any other thread. It
+    does so to a process continued after SIGSTOP with SIGTERM pending, which is what ``ordq
+    down`` and systemd's stop send a paused process: the main thread, asleep in an untimed
+    wait, never ran the handler, and the daemon ran on (tests/test_paused_stop.py)."""
+    while not stop.wait(STOP_TICK_S):
+        pass
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP arrived inside ``owning_children()``: unwinds like Ctrl-C."""
 
