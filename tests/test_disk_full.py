@@ -6,7 +6,7 @@ What must hold (docs/OPERATIONS.md, failure table, "disk full"): the write fails
 half-written is acked or served, the segment is frozen and the producer fails over; every acked
 message is delivered once, in order; with space again, the group takes writes again without a
 restart. The mount is this test's own, detached in its ``finally`` (lazily, while a
-killed process may still hold a file), so nothing outlives it.
+killed process may still hold a file), and a run killed before that is swept by the next.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,13 +42,34 @@ N = 10_000
 SIZE = 1024
 
 
+MOUNT_SOURCE = "ordq-test-full-"  # + the pid of the test process that mounted it
+
+
+def sweep_leftover_mounts() -> list[str]:
+    """Detach the small disks of test processes that are gone (killed -9 before their
+    ``finally``); return where they were mounted."""
+    swept = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        source, where = line.split()[:2]
+        if not source.startswith(MOUNT_SOURCE):
+            continue
+        pid = source.removeprefix(MOUNT_SOURCE)
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["umount", "-l", where.replace("\\040", " ")], check=False)
+            swept.append(where)
+    return swept
+
+
 @pytest.fixture(name="small_disk")
 def small_disk_fixture(tmp_path: Path) -> Iterator[Path]:
     """g1's folder on a tmpfs of ``FULL_AT`` (the cluster keeps ``<tmp_path>/<gid>/<role>``
-    under it)."""
+    under it). Named after this process, so that a later run detaches it if this one was
+    killed before its ``finally``."""
+    sweep_leftover_mounts()
     where = tmp_path / "g1"
     where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FULL_AT}", "ordq-test-full", str(where)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FULL_AT}", f"{MOUNT_SOURCE}{os.getpid()}", str(where)],
+                   check=True)
     try:
         yield where
     finally:
@@ -89,3 +111,21 @@ def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, sma
     described = json.loads(cluster.ordq("queue", "describe", "q", "--json").stdout)
     last = described["consume"][-1]
     assert (last["gid"], last["status"], last["last_seq"]) == ("g1", "open", N + 1999), described
+
+
+def test_a_killed_runs_small_disk_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """Guard: ``sweep_leftover_mounts`` (run before every small disk is made) detaches the
+    mounts of test processes that are gone, and only those."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left, kept = tmp_path / "left", tmp_path / "kept"
+    for where, pid in ((left, dead.pid), (kept, os.getpid())):
+        where.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", f"{MOUNT_SOURCE}{pid}", str(where)], check=True)
+    try:
+        swept = sweep_leftover_mounts()
+        assert str(left) in swept and str(kept) not in swept, swept
+        assert not os.path.ismount(left) and os.path.ismount(kept)
+    finally:
+        for where in (left, kept):
+            subprocess.run(["umount", "-l", str(where)], check=False)
