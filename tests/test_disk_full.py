@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +28,18 @@ from tests.util import wait_until
 
 
 def _cannot_mount() -> str | None:
+    """Why no tmpfs can be mounted here (not root, no mount(8), or refused: a container may
+    forbid it), or None. Tries one in a temporary folder, and detaches it."""
     if os.geteuid() != 0:
         return "not root"
     if shutil.which("mount") is None:
         return "no mount(8)"
+    with tempfile.TemporaryDirectory() as where:
+        tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "ordq-test-probe", where],
+                               capture_output=True, text=True, check=False)
+        if tried.returncode != 0:
+            return f"mount -t tmpfs failed: {tried.stderr.strip()}"
+        subprocess.run(["umount", where], check=True)
     return None
 
 
