@@ -43,7 +43,7 @@ from ordq.broker_group.request_time import RequestTime, timed
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.token_calls import OpenCalls
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
-from ordq.common.errors import ConfigError, OrdqError
+from ordq.common.errors import ConfigError, DiskFull, OrdqError
 from ordq.common.loop import Alarm, Signal, StepTimeout
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
@@ -370,6 +370,9 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
             stream.error = stream.error or exc
     except (asyncio.CancelledError, grpc.aio.BaseError, grpc.RpcError):
         pass  # the client went away (or the handler ended): nothing to answer
+    except OSError as exc:  # this broker's own disk, not the client's bytes: the producer fails over
+        with b.shared.cv:
+            stream.error = stream.error or own_disk_failed("Produce", exc)
     except Exception as exc:  # noqa: BLE001 - the client sent garbage
         with b.shared.cv:
             stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
@@ -442,6 +445,19 @@ async def answer(b: Parts, context: Context, rpc: str, queue: str, call: Callabl
         refused = ConfigError(f"bad {rpc} request: {exc}")
         b.shared.count_refused(refused)
         await abort(context, refused)
+    except OSError as exc:
+        failed = own_disk_failed(rpc, exc)
+        log.warning("%s on %s failed: %s", rpc, queue, failed)
+        b.shared.count_refused(failed)
+        await abort(context, failed)
+
+
+def own_disk_failed(rpc: str, exc: OSError) -> DiskFull:
+    """This broker's own disk failed a step of ``rpc`` (a new segment's files, a seal's meta
+    file; a full disk): the call's typed, retriable error, on which a producer fails over, not
+    the caller's bad request nor an uncaught traceback. Seen: a producer whose next segment
+    opened on a full disk was answered "bad produce request: [Errno 28] ..." and stopped."""
+    return DiskFull(f"{rpc}: this broker could not write to its disk: {exc}")
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):

@@ -11,6 +11,7 @@ killed process may still hold a file), and a run killed before that is swept by 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import FINISH_S, Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
+from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - provides the ``cluster`` fixture
 from tests.order_check import check_delivery, read_audit
 from tests.util import wait_until
 
@@ -121,6 +122,50 @@ def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, sma
     last = described["consume"][-1]
     assert (last["gid"], last["status"], last["last_seq"]) == ("g1", "open", N + 1999), described
 
+
+
+def fill(where: Path) -> None:
+    """Write zeros into ``where`` until its filesystem refuses more."""
+    chunk = bytes(4 << 10)
+    fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, chunk)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+
+
+def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_disk: Path) -> None:
+    """The producer's failover opens its next segment on the same full group (g2 drained, so
+    g1 is all there is): making the segment's files fails, and that too is a failover, not a
+    refusal of the producer's request. Seen in the loaded tier (stop 96): such a write was
+    answered "bad produce request: [Errno 28] No space left on device" (ConfigError, not
+    retriable), and the producer stopped. Once g2 is back, the stream goes on there."""
+    (small_disk / "slave").symlink_to(cluster.base / "g1-slave", target_is_directory=True)
+    (cluster.base / "g1-slave").mkdir()
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q", ["g1", "g2"])
+    drained = cluster.ordq("group", "drain", "g2")
+    assert drained.returncode == 0, drained.stderr
+    producer = cluster.producer(n=3000, size=SIZE, rate=500.0, audit_dir=cluster.base / "audit")
+    consumer = cluster.consumer(until=2999, audit_dir=cluster.base / "audit")
+    producer.start()
+    consumer.start()
+    wait_acked(producer, 200)
+    fill(small_disk)  # segment 0's next write fails; the failover can only open segment 1 on g1
+    g1 = cluster.groups["g1"].master
+    wait_until(lambda: "could not write to its disk" in g1.log_tail(400) or producer.error is not None,
+               timeout_s=30, interval_s=0.1, what="a new segment refused on the full disk")
+    undrained = cluster.ordq("group", "undrain", "g2")
+    assert undrained.returncode == 0, undrained.stderr
+    producer.join(FINISH_S)
+    consumer.join(FINISH_S)
+
+    summary = check_delivery(producer.acked, [consumer.delivered])
+    assert summary.acked == summary.delivered == 3000
+    assert cluster.state().send[0] == "g2", cluster.state()
 
 def test_a_killed_runs_small_disk_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
     """Guard: ``sweep_leftover_mounts`` (run before every small disk is made) detaches the
