@@ -42,12 +42,16 @@ def probe(out: Path, seconds: float, parent: int) -> None:
     end = time.monotonic() + seconds
     with out.open("a", buffering=1) as f:
         f.write(f"# probing every {EVERY_S * 1e3:g} ms\n")
+        # Late from the last wake-up, not from the start of this sleep: a stop that fell between
+        # a wake-up and the next sleep (the loop's own steps, longer on a loaded machine) was
+        # inside no measured span, and went unwritten (the loaded tier, stop 96).
+        last = time.time_ns() // 1000
         while time.monotonic() < end and os.getppid() == parent:
-            t0 = time.time_ns() // 1000
             time.sleep(EVERY_S)
-            t1 = time.time_ns() // 1000
-            if t1 - t0 >= EVERY_S * 1e6 + MIN_LATE_MS * 1000:
-                f.write(f"{t0 + int(EVERY_S * 1e6)} {t1}\n")
+            now = time.time_ns() // 1000
+            if now - last >= EVERY_S * 1e6 + MIN_LATE_MS * 1000:
+                f.write(f"{last + int(EVERY_S * 1e6)} {now}\n")
+            last = now
 
 
 def read_stalls(text: str, min_us: int) -> tuple[list[tuple[int, int]], int]:
