@@ -371,8 +371,9 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
     except (asyncio.CancelledError, grpc.aio.BaseError, grpc.RpcError):
         pass  # the client went away (or the handler ended): nothing to answer
     except OSError as exc:  # this broker's own disk, not the client's bytes: the producer fails over
+        failed = own_disk_failed("Produce", exc)  # the path in exc names the queue
         with b.shared.cv:
-            stream.error = stream.error or own_disk_failed("Produce", exc)
+            stream.error = stream.error or failed
     except Exception as exc:  # noqa: BLE001 - the client sent garbage
         with b.shared.cv:
             stream.error = stream.error or ConfigError(f"bad produce request: {exc}")
@@ -446,18 +447,20 @@ async def answer(b: Parts, context: Context, rpc: str, queue: str, call: Callabl
         b.shared.count_refused(refused)
         await abort(context, refused)
     except OSError as exc:
-        failed = own_disk_failed(rpc, exc)
-        log.warning("%s on %s failed: %s", rpc, queue, failed)
+        failed = own_disk_failed(f"{rpc} on {queue}", exc)
         b.shared.count_refused(failed)
         await abort(context, failed)
 
 
-def own_disk_failed(rpc: str, exc: OSError) -> DiskFull:
-    """This broker's own disk failed a step of ``rpc`` (a new segment's files, a seal's meta
-    file; a full disk): the call's typed, retriable error, on which a producer fails over, not
-    the caller's bad request nor an uncaught traceback. Seen: a producer whose next segment
-    opened on a full disk was answered "bad produce request: [Errno 28] ..." and stopped."""
-    return DiskFull(f"{rpc}: this broker could not write to its disk: {exc}")
+def own_disk_failed(call: str, exc: OSError) -> DiskFull:
+    """This broker's own disk failed a step of ``call`` (a new segment's files, a
+    seal's meta file; a full disk): said in its log, and the call's typed, retriable error, on
+    which a producer fails over, not the caller's bad request nor an uncaught traceback. Seen: a
+    producer whose next segment opened on a full disk was answered "bad produce request: [Errno
+    28] ..." and stopped."""
+    failed = DiskFull(f"{call}: this broker's disk failed: {exc}")
+    log.warning("%s", failed)
+    return failed
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):

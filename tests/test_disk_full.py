@@ -86,12 +86,17 @@ def small_disk_fixture(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def only_on_small_disk(cluster: Cluster, small_disk: Path, role: str) -> None:
+    """Keep g1's other replica on the test's own disk (a symlink out of the tmpfs): only
+    ``role``'s folder fills."""
+    other = "slave" if role == "master" else "master"
+    (cluster.base / f"g1-{other}").mkdir()
+    (small_disk / other).symlink_to(cluster.base / f"g1-{other}", target_is_directory=True)
+
+
 @pytest.mark.parametrize("role", ["master", "slave"])
 def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, small_disk: Path, role: str) -> None:
-    # Only this role's folder on the small disk: the other replica of g1 on the test's own.
-    other = "slave" if role == "master" else "master"
-    (small_disk / other).symlink_to(cluster.base / f"g1-{other}", target_is_directory=True)
-    (cluster.base / f"g1-{other}").mkdir()
+    only_on_small_disk(cluster, small_disk, role)
     cluster.add_groups("g1", "g2")
     cluster.create_queue("q", ["g1", "g2"])
     producer = cluster.producer(n=N, size=SIZE, rate=None, audit_dir=cluster.base / "audit")
@@ -123,7 +128,6 @@ def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, sma
     assert (last["gid"], last["status"], last["last_seq"]) == ("g1", "open", N + 1999), described
 
 
-
 def fill(where: Path) -> None:
     """Write zeros into ``where`` until its filesystem refuses more."""
     chunk = bytes(4 << 10)
@@ -143,8 +147,7 @@ def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_dis
     refusal of the producer's request. Seen in the loaded tier (stop 96): such a write was
     answered "bad produce request: [Errno 28] No space left on device" (ConfigError, not
     retriable), and the producer stopped. Once g2 is back, the stream goes on there."""
-    (small_disk / "slave").symlink_to(cluster.base / "g1-slave", target_is_directory=True)
-    (cluster.base / "g1-slave").mkdir()
+    only_on_small_disk(cluster, small_disk, "master")
     cluster.add_groups("g1", "g2")
     cluster.create_queue("q", ["g1", "g2"])
     drained = cluster.ordq("group", "drain", "g2")
@@ -156,7 +159,7 @@ def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_dis
     wait_acked(producer, 200)
     fill(small_disk)  # segment 0's next write fails; the failover can only open segment 1 on g1
     g1 = cluster.groups["g1"].master
-    wait_until(lambda: "could not write to its disk" in g1.log_tail(400) or producer.error is not None,
+    wait_until(lambda: "this broker's disk failed" in g1.log_tail(400) or producer.error is not None,
                timeout_s=30, interval_s=0.1, what="a new segment refused on the full disk")
     undrained = cluster.ordq("group", "undrain", "g2")
     assert undrained.returncode == 0, undrained.stderr
@@ -166,6 +169,7 @@ def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_dis
     summary = check_delivery(producer.acked, [consumer.delivered])
     assert summary.acked == summary.delivered == 3000
     assert cluster.state().send[0] == "g2", cluster.state()
+
 
 def test_a_killed_runs_small_disk_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
     """Guard: ``sweep_leftover_mounts`` (run before every small disk is made) detaches the
