@@ -72,6 +72,10 @@ class BrokerConfig:
     # Each token's share of the broker's loop (request_time.py): one token's calls, refused
     # ones included, cannot take the time its neighbours' produce and acks need.
     request_time: RequestTimeConfig = attrs.field(factory=broker_request_time)
+    # After a write failed for want of space, the group takes no writes until the data folder's
+    # file system has this much free again (broker_group/disk_room.py), so it is not made head
+    # again only to fill up at once: seconds of the busiest queue's writes, at least.
+    disk_room_bytes: int = 64 << 20
     # A process restarted right after a kill finds its predecessor's liveness node still there
     # until that ZooKeeper session expires: wait this long for it before giving up.
     register_wait_s: float = 30.0
@@ -95,6 +99,8 @@ class BrokerConfig:
                self.handshake_timeout_ms,
                self.idle_connection_ms, self.max_metadata_bytes) < 1:
             raise ConfigError("broker limits must be >= 1")
+        if self.disk_room_bytes < 0:
+            raise ConfigError("disk_room_bytes must be >= 0")
 
     def link_bind(self) -> str | None:
         """HOST:PORT the lean link binds: ``link_listen``, else the listen host and the gRPC

@@ -35,6 +35,7 @@ from ordq.broker_group.auth import ALL_QUEUES, Gate
 from ordq.broker_group.budget import holders_of, token_holder
 from ordq.broker_group.config import server_options
 from ordq.broker_group.control import Control
+from ordq.broker_group.disk_room import out_of_space
 from ordq.broker_group.finder import Finder
 from ordq.broker_group.read_path import ReadPath
 from ordq.broker_group.repair import Repairer
@@ -43,7 +44,7 @@ from ordq.broker_group.request_time import RequestTime, timed
 from ordq.broker_group.shared import Shared
 from ordq.broker_group.token_calls import OpenCalls
 from ordq.broker_group.write_path import ProduceStreamState, WritePath
-from ordq.common.errors import ConfigError, DiskFull, OrdqError
+from ordq.common.errors import BrokerUnavailable, ConfigError, DiskFull, OrdqError
 from ordq.common.loop import Alarm, Signal, StepTimeout
 from ordq.common.stages import stamp
 from ordq.wire import ordq_pb2 as pb
@@ -368,10 +369,10 @@ async def _read_produce(b: Parts, stream: ProduceStreamState, requests: AsyncIte
     except OrdqError as exc:
         with b.shared.cv:
             stream.error = stream.error or exc
-    except (asyncio.CancelledError, grpc.aio.BaseError, grpc.RpcError):
+    except (asyncio.CancelledError, grpc.aio.BaseError, grpc.RpcError, ConnectionError):
         pass  # the client went away (or the handler ended): nothing to answer
     except OSError as exc:  # this broker's own disk, not the client's bytes: the producer fails over
-        failed = own_disk_failed("Produce", exc)  # the path in exc names the queue
+        failed = own_disk_failed(b.shared, "Produce", exc)  # the path in exc names the queue
         with b.shared.cv:
             stream.error = stream.error or failed
     except Exception as exc:  # noqa: BLE001 - the client sent garbage
@@ -446,20 +447,27 @@ async def answer(b: Parts, context: Context, rpc: str, queue: str, call: Callabl
         refused = ConfigError(f"bad {rpc} request: {exc}")
         b.shared.count_refused(refused)
         await abort(context, refused)
+    except ConnectionError as exc:
+        # A connection, not the disk: a lean Read stream's reader went away ("Connection lost"
+        # was logged as "this broker's disk failed" until stop 97). Nobody may be left to answer.
+        log.debug("%s on %s: %r", rpc, queue, exc)
+        await abort(context, BrokerUnavailable(b.shared.address, f"{rpc} on {queue}: {exc}"))
     except OSError as exc:
-        failed = own_disk_failed(f"{rpc} on {queue}", exc)
+        failed = own_disk_failed(b.shared, f"{rpc} on {queue}", exc)
         b.shared.count_refused(failed)
         await abort(context, failed)
 
 
-def own_disk_failed(call: str, exc: OSError) -> DiskFull:
+def own_disk_failed(shared: Shared, call: str, exc: OSError) -> DiskFull:
     """This broker's own disk failed a step of ``call`` (a new segment's files, a
     seal's meta file; a full disk): said in its log, and the call's typed, retriable error, on
     which a producer fails over, not the caller's bad request nor an uncaught traceback. Seen: a
     producer whose next segment opened on a full disk was answered "bad produce request: [Errno
-    28] ..." and stopped."""
+    28] ..." and stopped. Out of space: the group takes no writes until it has room (disk_room.py)."""
     failed = DiskFull(f"{call}: this broker's disk failed: {exc}")
     log.warning("%s", failed)
+    if out_of_space(exc):
+        shared.disk_room.ran_out(call)
     return failed
 
 

@@ -211,6 +211,7 @@ class Broker:
             log.info("started: %s", steps)
             # Reconciliation, and the removals the start left for later, once serving
             self._spawn(self.repair.run, "ordq-reconcile")
+            self._spawn(self.shared.disk_room.run, "ordq-disk-room")
             self.shared.quorum_heard(time.monotonic())  # registering went through the quorum
             store.client.add_listener(self._on_zk_state)
             if cfg.role is Role.MASTER:  # only a master's writes are guarded
@@ -267,8 +268,10 @@ class Broker:
 
     def _register(self) -> None:
         store = self.shared.require_store()
+        full = self.shared.disk_room.full
         store.register_live(self.config.gid, self.config.role.value, self.shared.address, self.shared.incarnation,
-                            replication=self._lean_address, produce=self._produce_address)
+                            replication=self._lean_address, produce=self._produce_address, disk_full=full)
+        self.shared.disk_room.registered(full)
 
     def _wait_role_free(self) -> None:
         """Before serving: wait (up to ``register_wait_s``) while another process is live in
@@ -332,6 +335,7 @@ class Broker:
     def stop(self) -> None:
         if self._quorum_probe is not None:
             self._quorum_probe.stop()
+        self.shared.disk_room.stop()
         with self.shared.cv:
             self.shared.stopping = True
             self.shared.changed()

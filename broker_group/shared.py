@@ -21,6 +21,7 @@ import attrs
 
 from ordq.broker_group import log as seglog
 from ordq.broker_group.config import BrokerConfig
+from ordq.broker_group.disk_room import DiskRoom
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.replica import SegmentReplica
 from ordq.broker_group.synced_watch import SyncedWatches
@@ -226,6 +227,8 @@ class Shared:
         self.session_waiting = 0  # produce requests waiting for ZooKeeper to confirm the session
         # Slave: producers' watches of their segments' synced ends (synced_watch.py; on the loop)
         self.synced_watches = SyncedWatches()
+        # Whether this broker's disk is full, said in its liveness node (disk_room.py)
+        self.disk_room = DiskRoom(config.data_dir, config.disk_room_bytes, self._mark_disk_full)
 
     def session_doubtful(self, now: float) -> str | None:
         """Why a master must take no write now, or None (``session_doubt``)."""
@@ -296,6 +299,11 @@ class Shared:
         if s.lac_signal is None:
             s.lac_signal = Signal(self.loop)
         return s.lac_signal, self.changes
+
+    def _mark_disk_full(self, full: bool) -> bool:
+        """DiskRoom's mark in this process's liveness node."""
+        cfg = self.config
+        return self.require_store().set_disk_full(cfg.gid, cfg.role.value, self.incarnation, full)
 
     def require_store(self) -> ZkStore:
         if self.store is None:

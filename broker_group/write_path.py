@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from ordq.broker_group.disk_room import out_of_space
 from ordq.broker_group.epochs import EpochGate
 from ordq.broker_group.first_write import FirstWrite
 from ordq.broker_group.loop_sync import LoopSyncRule
@@ -448,6 +449,8 @@ class WritePath:
         except (DiskFull, OSError, ValueError, CorruptLog, ClosedError) as exc:
             error = exc if isinstance(exc, OrdqError) else DiskFull(f"write failed: {exc}")
             log.error("segment %s/%d: write failed, segment frozen: %s", *s.key, error)
+            if out_of_space(exc):
+                self.shared.disk_room.ran_out(f"segment {s.key[0]}/{s.key[1]}")
             self._drop_unsynced(s)
         with self.shared.cv:
             s.syncing -= 1

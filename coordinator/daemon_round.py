@@ -441,9 +441,11 @@ class DutyRound(DaemonParts):
         known: Known | None = Known(state=st, version=entry.at, facts=facts,
                                     group_versions=view.group_versions)
         for action in plan(st, facts, limits, now_ms=now_ms, open_info=open_info):
-            if action.kind is Kind.FAIL_OVER and not self._may_move(
+            # An absent group may be back soon: only a written queue moves off it at once. One
+            # out of disk space is live, and full until an operator acts: every queue moves.
+            if action.kind is Kind.FAIL_OVER and action.gid not in facts.disk_full and not self._may_move(
                     queue, action.gid or "", is_written(queue, self._written, time.monotonic())):
-                continue  # its group may be back soon: only a written queue moves at once
+                continue
             if action.kind is Kind.SEAL:
                 self._seal_later(queue, action, known=(st, entry.at))
                 continue

@@ -78,7 +78,7 @@ def spread_paused(live_since: Mapping[str, float], live: frozenset[str] | set[st
                   verdicts: Mapping[str, Verdict]) -> bool:
     """Whether a spread pass waits because a group is away and not judged dead yet: one that was
     live at the last pass and is not now (``live_since``: the groups live at the last pass;
-    ``live``: live and undrained now), or one whose verdict is still WAIT or HELD (``away.py``).
+    ``live``: those that may take writes now), or one whose verdict is still WAIT or HELD (``away.py``).
 
     Why (issue 43): a pass between a group's kill and its verdict counted the survivors alone
     and moved a head between them (10^5, scale43j run 2: g2 31,735 / g3 31,733 -> one move, 18 ms
@@ -93,8 +93,8 @@ class SpreadBack(DaemonParts):
     """The spread's methods."""
 
     def _settled_live(self, view: DaemonView, now: float) -> frozenset[str]:
-        """Groups live (both processes) and not drained for ``REBALANCE_GRACE_S`` at least."""
-        live = view.live - view.drained
+        """Groups that may take writes (``DaemonView.writable``) for ``REBALANCE_GRACE_S`` at least."""
+        live = view.writable
         for g in set(self._live_since) - live:
             del self._live_since[g]
         for g in live:
@@ -103,7 +103,7 @@ class SpreadBack(DaemonParts):
 
     def _spread_pass(self, view: DaemonView, now: float) -> None:
         with self._lock:
-            paused = spread_paused(self._live_since, view.live - view.drained, self._verdicts)
+            paused = spread_paused(self._live_since, view.writable, self._verdicts)
         settled = self._settled_live(view, now)
         if self.rebalance_moves_per_s <= 0 or now < self._next_spread or paused:
             return
@@ -192,10 +192,10 @@ class SpreadBack(DaemonParts):
 
     def rebalance(self, *, max_moves: int, dry_run: bool) -> SpreadResult:
         """``ordq group rebalance``: spread idle queues' heads over the live groups now (every
-        live, undrained group, without the grace period), at most ``max_moves``; with
+        group that may take writes, without the grace period), at most ``max_moves``; with
         ``dry_run`` only the plan. CoordinationUnavailable when this coordinator does not lead."""
         view = self.view
         if view is None or not self.stats.is_leader:
             raise CoordinationUnavailable("this coordinator does not lead (or has not read the queues yet)")
-        return self._spread(view, frozenset(view.live - view.drained), time.monotonic(), max_moves=max_moves,
+        return self._spread(view, frozenset(view.writable), time.monotonic(), max_moves=max_moves,
                             dry_run=dry_run, fresh=True)

@@ -46,7 +46,7 @@ from ordq.coordinator.paths import ROLES
 from ordq.coordinator.state import Cursor, Facts, QueueState, SegStatus
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.store_base import WrittenStates
-from ordq.coordinator.store_values import LiveInfo, QueueConfig, StateVersion, json_value, parse_state
+from ordq.coordinator.store_values import LiveInfo, QueueConfig, StateVersion, json_value, live_info, parse_state
 
 log = logging.getLogger("ordq.coordinator")
 STATE, CONFIG, SUBS = "state", "config", "subs"
@@ -138,6 +138,7 @@ class DaemonView:
         self._rewatch = False  # the connection dropped: every queue's watches are gone (``_on_queue_node``)
         self.live: frozenset[str] = frozenset()
         self.drained: frozenset[str] = frozenset()
+        self.disk_full: frozenset[str] = frozenset()  # groups a live process of which says its disk is full
         self.group_versions: dict[str, int] = {}
         self.masters: dict[str, str] = {}  # gid -> its live master's address (groups with both live)
         self.members: dict[str, dict[str, LiveInfo]] = {}  # gid -> role -> liveness node, of every live process
@@ -280,6 +281,11 @@ class DaemonView:
         with self._lock:
             return self._due[0][0] if self._due else None
 
+    @property
+    def writable(self) -> frozenset[str]:
+        """Groups that may take writes: both processes live, not drained, with disk space."""
+        return self.live - self.drained - self.disk_full
+
     def facts(self, entry: QueueEntry, state: QueueState | None = None) -> Facts:
         """What a plan of ``state`` (default: the copy's) needs beside it: its groups' liveness
         and drain marks, the cursors as last read."""
@@ -287,7 +293,7 @@ class DaemonView:
         assert state is not None
         groups = set(state.groups)
         return Facts(live_groups=self.live & groups, cursors=dict(entry.cursors or {}),
-                     drained=self.drained & groups)
+                     drained=self.drained & groups, disk_full=self.disk_full & groups)
 
     def refresh(self, now: float, pause: Callable[[], object] | None = None) -> list[str]:
         """Re-read what changed; return the queues to plan this round (dirty or due), sorted.
@@ -446,8 +452,9 @@ class DaemonView:
                 roles_of[g] = roles & set(ROLES)
                 if set(ROLES) <= roles:
                     live.add(g)
-            # every live process's node (seals ask the replicas at these addresses)
-            nodes = {(g, role): store.client.get_async(p.live(g, role)) for g in gids
+            # every live process's node (seals ask the replicas at these addresses), watched: a
+            # broker rewrites its own when its disk runs out of space or has room again
+            nodes = {(g, role): store.client.get_async(p.live(g, role), watch=self._on_groups) for g in gids
                      for role in sorted(roles_of.get(g, set()))}
             members: dict[str, dict[str, LiveInfo]] = {}
             for (g, role), request in nodes.items():
@@ -455,14 +462,13 @@ class DaemonView:
                     data, _ = self._get(request)
                 except NoNodeError:
                     continue  # gone meanwhile: its children watch fired, read again next round
-                d = json_value(data)
-                members.setdefault(g, {})[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"],
-                                                           pid=d["pid"])
+                members.setdefault(g, {})[role] = live_info(json_value(data))
             masters = {g: members[g]["master"].address for g in sorted(live) if "master" in members.get(g, {})}
-        changed = (set(live) ^ set(self.live)) | (drained ^ set(self.drained)) | {
+            full = {g for g, roles in members.items() if any(info.disk_full for info in roles.values())}
+        changed = (set(live) ^ set(self.live)) | (drained ^ set(self.drained)) | (full ^ set(self.disk_full)) | {
             g for g in set(masters) | set(self.masters) if masters.get(g) != self.masters.get(g)}
-        self.live, self.drained, self.group_versions, self.masters, self.members = (
-            frozenset(live), frozenset(drained), versions, masters, members)
+        self.live, self.drained, self.disk_full, self.group_versions, self.masters, self.members = (
+            frozenset(live), frozenset(drained), frozenset(full), versions, masters, members)
         if changed:
             with self._lock:
                 self._dirty.update(q for q, e in self.entries.items()

@@ -18,7 +18,7 @@ from ordq.coordinator.state import Facts, QueueState, SegStatus, empty_behind, h
 
 
 class Kind(enum.Enum):
-    FAIL_OVER = "fail_over"  # the head group lost a process: move writes on at once
+    FAIL_OVER = "fail_over"  # the head group lost a process or its disk space: move writes on at once
     SEAL = "seal"  # complete a sealing segment
     ADMIT = "admit"  # a recovered, drained group joins the send list
     POP = "pop"  # the head segment was read by every subscription
@@ -66,7 +66,9 @@ def plan(state: QueueState, facts: Facts, limits: Limits = Limits(), *, now_ms: 
     """Actions for one round, most urgent first."""
     actions: list[Action] = []
     open_seg = state.open_segment
-    if open_seg is not None and open_seg.gid not in facts.live_groups:
+    if open_seg is not None and (open_seg.gid not in facts.live_groups or open_seg.gid in facts.disk_full):
+        # a dead head, or one out of disk space: a roll would open the next segment where
+        # every write fails, so writes move on to a group with room
         actions.append(Action(Kind.FAIL_OVER, gid=open_seg.gid, seg=open_seg.seg))
     elif open_seg is not None and open_info is not None and (open_info.frozen
                                                              or _due_to_roll(open_info, limits, now_ms)):

@@ -45,7 +45,7 @@ log = logging.getLogger("ordq.coordinator.head")
 FenceFailure = tuple[str, OrdqError | None]
 
 # Why no group takes writes (backlog does not count when none does: DESIGN I4)
-NO_WRITABLE_GROUP = "no group of the queue has master and slave live (and is not drained)"
+NO_WRITABLE_GROUP = "no group of the queue has master and slave live (and is not drained, nor out of disk space)"
 
 
 class HeadTransport(SealTransport, Protocol):

@@ -128,6 +128,10 @@ class Facts:
     # groups an operator drained for maintenance (``ordq group drain``): never admitted until
     # undrained, even when live with no backlog
     drained: frozenset[str] = frozenset()
+    # groups one of whose processes says its disk is full (its liveness node, until it has room
+    # again): not admitted, and a head among them fails over (duties.plan), since every write
+    # there would fail; only a group with room takes writes
+    disk_full: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -183,11 +187,12 @@ class QueueState:
 
     def eligible(self, gid: str, facts: Facts) -> bool:
         """I4: both processes live, a member, not already sending (and not drained by an
-        operator). Backlog does not matter (see the module doc, I4)."""
+        operator, nor out of disk space). Backlog does not matter (see the module doc, I4)."""
         return (
             gid in self.groups
             and gid in facts.live_groups
             and gid not in facts.drained
+            and gid not in facts.disk_full
             and gid not in self.send
         )
 
@@ -356,6 +361,8 @@ def _why_not_eligible(state: QueueState, gid: str, facts: Facts) -> str:
         return f"group {gid} is already in the send list"
     if gid in facts.drained:
         return f"group {gid} is drained for maintenance (undrain it: ordq group undrain {gid})"
+    if gid in facts.disk_full and gid in facts.live_groups:
+        return f"group {gid} has a process whose disk is full (admitted again once it has room)"
     return f"group {gid} is not live (master and slave must both be registered)"
 
 
@@ -376,9 +383,10 @@ def fail_over(state: QueueState, gid: str, seg: int, facts: Facts) -> QueueState
 def _move_writes_on(sealing: QueueState, facts: Facts) -> QueueState:
     """The head (whose open segment is now sealing) leaves the send list; the next head gets a
     new segment, or, with none left, every eligible group is admitted, the old head (if it
-    still looks live) last: it becomes head again only when no other group can be."""
+    still looks live) last: it becomes head again only when no other group can be. Groups out
+    of disk space leave the send list here (admitted again once they have room)."""
     old_head = sealing.send[0]
-    new = attrs.evolve(sealing, send=sealing.send[1:])
+    new = attrs.evolve(sealing, send=tuple(g for g in sealing.send[1:] if g not in facts.disk_full))
     if new.send:
         return _checked(_open_on_head(new))
     return _checked(admit_all(new, facts, last=old_head))
@@ -397,8 +405,11 @@ def roll(state: QueueState, gid: str, seg: int, facts: Facts | None = None, *,
     in ``fail_over`` and writes move to the next group (admitting the eligible ones if none is
     left), so backlog spreads over the groups instead of piling up on one; the old head rejoins
     at the tail of the send list when next admitted (the daemon does it while it is live).
-    When no other group can take writes, it rolls on the same head."""
+    When no other group can take writes, it rolls on the same head. A head out of disk space
+    (``facts.disk_full``) gets no new segment: writes move on as in ``fail_over``."""
     sealing = _head_segment_sealing(state, gid, seg, "roll")
+    if facts is not None and gid in facts.disk_full:
+        return _move_writes_on(sealing, facts)
     if to_next and facts is not None:
         moved = _move_writes_on(sealing, facts)
         if moved.send:

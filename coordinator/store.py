@@ -294,7 +294,8 @@ class ZkStore(TopicRecords, SubscriptionRecords, LeaseRecords):
                 except SubscriptionNotFound:
                     continue  # deleted meanwhile
         drained, group_versions = self._drained_with_versions(st.groups)
-        facts = Facts(live_groups=self.live_groups(st.groups), cursors=cursors, drained=drained)
+        live, full = self.liveness(st.groups)
+        facts = Facts(live_groups=live, cursors=cursors, drained=drained, disk_full=full)
         return facts, versions, group_versions
 
     def apply(

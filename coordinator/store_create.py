@@ -76,7 +76,8 @@ class QueueCreation(GroupRecords):
             for gid in gids:
                 if gid not in group_versions:
                     raise GroupNotFound(gid)
-            facts = Facts(live_groups=self.live_groups(gids), drained=drained)
+            live, full = self.liveness(gids)
+            facts = Facts(live_groups=live, drained=drained, disk_full=full)
             initial = [sm.admit_all(st, facts) for st in created]
             with self._errors():
                 tx = self.client.transaction()

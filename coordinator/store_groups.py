@@ -18,7 +18,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from ordq.common.errors import AlreadyExists, ConflictError, GroupNotFound
 from ordq.coordinator.paths import ROLES
 from ordq.coordinator.store_base import ZkBase
-from ordq.coordinator.store_values import LiveInfo, json_bytes, json_value
+from ordq.coordinator.store_values import LiveInfo, json_bytes, json_value, live_info
 
 
 class GroupRecords(ZkBase):
@@ -49,7 +49,7 @@ class GroupRecords(ZkBase):
         return dict(json_value(data))
 
     def register_live(self, gid: str, role: str, address: str, incarnation: str, *,
-                      replication: str | None = None, produce: str | None = None) -> None:
+                      replication: str | None = None, produce: str | None = None, disk_full: bool = False) -> None:
         """Create this process's ephemeral liveness node (gone when its session ends).
         Safe to repeat (coordinator/zk_retry.py): a node already there with this
         ``incarnation`` is our own create, landed before its connection dropped.
@@ -66,6 +66,8 @@ class GroupRecords(ZkBase):
             node["replication"] = replication
         if produce is not None:  # a master's lean produce link (broker_group/lean_produce.py)
             node["produce"] = produce
+        if disk_full:  # registered again (a new session) while its disk is still full
+            node["disk_full"] = True
         data = json_bytes(node)
         with self._errors():
             for _ in range(50):
@@ -90,6 +92,33 @@ class GroupRecords(ZkBase):
                         pass
         raise ConflictError(f"group {gid!r}: gave up registering the {role} after 50 conflicting writes")
 
+    def set_disk_full(self, gid: str, role: str, incarnation: str, full: bool) -> bool:
+        """Say in this process's own liveness node whether its disk is full (``LiveInfo.disk_full``);
+        False when the node is not this incarnation's (not registered, or its session ended:
+        ``register_live`` then writes the mark)."""
+        path = self.paths.live(gid, role)
+        with self._errors():
+            for _ in range(50):
+                try:
+                    data, stat = self._read(self.client.get_async, path)
+                except NoNodeError:
+                    return False
+                node = dict(json_value(data))
+                if node.get("incarnation") != incarnation:
+                    return False
+                if bool(node.get("disk_full", False)) == full:
+                    return True
+                if full:
+                    node["disk_full"] = True
+                else:
+                    node.pop("disk_full", None)
+                try:
+                    self._wait(self.client.set_async(path, json_bytes(node), version=stat.version))
+                    return True
+                except (NoNodeError, BadVersionError):
+                    continue
+        raise ConflictError(f"group {gid!r}: gave up marking the {role}'s disk after 50 conflicting writes")
+
     def live_members(self, gid: str) -> dict[str, LiveInfo]:
         """The group's live processes by role. Both liveness nodes are read in one round trip
         (pipelined; a producer's failover looks its new head's master up this way)."""
@@ -102,9 +131,7 @@ class GroupRecords(ZkBase):
                     data, _ = self._wait(request)
                 except NoNodeError:
                     continue
-                d = json_value(data)
-                out[role] = LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"],
-                                     produce=str(d.get("produce", "")), replication=str(d.get("replication", "")))
+                out[role] = live_info(json_value(data))
             return out
 
         with self._errors():
@@ -113,7 +140,14 @@ class GroupRecords(ZkBase):
 
     def live_groups(self, gids: tuple[str, ...] | list[str]) -> frozenset[str]:
         """The groups among ``gids`` whose master and slave are both live."""
-        return frozenset(g for g in gids if len(self.live_members(g)) == len(ROLES))
+        return self.liveness(gids)[0]
+
+    def liveness(self, gids: tuple[str, ...] | list[str]) -> tuple[frozenset[str], frozenset[str]]:
+        """The groups among ``gids`` whose master and slave are both live, and those a live
+        process of which says its disk is full (``Facts.live_groups``, ``Facts.disk_full``)."""
+        members = {g: self.live_members(g) for g in gids}
+        return (frozenset(g for g, m in members.items() if len(m) == len(ROLES)),
+                frozenset(g for g, m in members.items() if any(info.disk_full for info in m.values())))
 
     def set_group_drained(self, gid: str, drained: bool) -> bool:
         """Mark (or unmark) ``gid`` as drained for maintenance in its config znode and return

@@ -34,6 +34,16 @@ class LiveInfo:
     pid: int
     produce: str = ""  # a master's lean produce link (HOST:PORT; ordq/wire/lean_produce.py), "" for none
     replication: str = ""  # a slave's lean replication link (HOST:PORT; broker_group/lean_link.py), "" for none
+    # The process's disk refused a write for want of space and has not had room again since
+    # (broker_group/disk_room.py): its group is admitted to no send list meanwhile (Facts.disk_full).
+    disk_full: bool = False
+
+
+def live_info(d: Any) -> LiveInfo:
+    """A liveness node's JSON, parsed (``register_live`` and ``set_disk_full`` write it)."""
+    return LiveInfo(address=d["address"], incarnation=d["incarnation"], pid=d["pid"],
+                    produce=str(d.get("produce", "")), replication=str(d.get("replication", "")),
+                    disk_full=bool(d.get("disk_full", False)))
 
 
 

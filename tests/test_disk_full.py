@@ -114,9 +114,21 @@ def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, sma
     assert stats is not None and stats.failovers >= 1, stats  # off the full group, not a stall
     log = getattr(cluster.groups["g1"], role).log_tail(400)
     assert "no space" in log and "segment frozen" in log, log  # said where the operator looks
-    # Space again (the filesystem grown) and g2 drained: g1 heads the queue and takes writes, with
-    # no restart of the process whose write failed.
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    # Still full: the broker says so in its liveness node, and g1 is admitted to no send list.
+    # Before, it was made a head again as soon as its segment was read, and failed over again.
+    wait_until(lambda: group_row(cluster, "g1")["disk_full"] == [role], timeout_s=30, interval_s=0.1,
+               what=f"g1's {role} marked out of disk space")
+    assert cluster.ordq("group", "drain", "g1").returncode == 0
+    undrained = cluster.ordq("group", "undrain", "g1", "--json")
+    assert json.loads(undrained.stdout)["queues"] == [{
+        "queue": "q", "admitted": False,
+        "why_not": "group g1 has a process whose disk is full (admitted again once it has room)"}], undrained
+    assert "g1" not in cluster.state().send
+    # Room again (the filesystem grown past the broker's disk_room_bytes) and g2 drained: g1
+    # heads the queue and takes writes, with no restart of the process whose write failed.
+    subprocess.run(["mount", "-o", "remount,size=96m", str(small_disk)], check=True)
+    wait_until(lambda: group_row(cluster, "g1")["disk_full"] == [], timeout_s=30, interval_s=0.1,
+               what="g1's mark cleared once it has room")
     wait_until(lambda: "g1" in cluster.state().send, timeout_s=60, interval_s=0.2,
                what="g1 back in the send list once its segment was read")
     drained = cluster.ordq("group", "drain", "g2")
@@ -126,6 +138,13 @@ def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, sma
     described = json.loads(cluster.ordq("queue", "describe", "q", "--json").stdout)
     last = described["consume"][-1]
     assert (last["gid"], last["status"], last["last_seq"]) == ("g1", "open", N + 1999), described
+
+
+def group_row(cluster: Cluster, gid: str) -> dict:
+    """``gid``'s row of ``ordq group list --json``."""
+    listed = cluster.ordq("group", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return next(row for row in json.loads(listed.stdout) if row["group"] == gid)
 
 
 def fill(where: Path) -> None:
@@ -142,11 +161,13 @@ def fill(where: Path) -> None:
 
 
 def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_disk: Path) -> None:
-    """The producer's failover opens its next segment on the same full group (g2 drained, so
-    g1 is all there is): making the segment's files fails, and that too is a failover, not a
-    refusal of the producer's request. Seen in the loaded tier (stop 96): such a write was
-    answered "bad produce request: [Errno 28] No space left on device" (ConfigError, not
-    retriable), and the producer stopped. Once g2 is back, the stream goes on there."""
+    """The full group is the only one (g2 drained): its failover may open the next segment on
+    it again, if the coordinator moves writes on before it reads the broker's disk-full mark.
+    Making that segment's files fails, and that too is a failover, not a refusal of the
+    producer's request. Seen in the loaded tier (stop 96): such a write was answered "bad
+    produce request: [Errno 28] No space left on device" (ConfigError, not retriable), and the
+    producer stopped. Once the mark is read, no segment opens on g1: the producer waits. Once
+    g2 is back, the stream goes on there."""
     only_on_small_disk(cluster, small_disk, "master")
     cluster.add_groups("g1", "g2")
     cluster.create_queue("q", ["g1", "g2"])
@@ -159,8 +180,8 @@ def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_dis
     wait_acked(producer, 200)
     fill(small_disk)  # segment 0's next write fails; the failover can only open segment 1 on g1
     g1 = cluster.groups["g1"].master
-    wait_until(lambda: "this broker's disk failed" in g1.log_tail(400) or producer.error is not None,
-               timeout_s=30, interval_s=0.1, what="a new segment refused on the full disk")
+    wait_until(lambda: "disk full (" in g1.log_tail(400) or producer.error is not None,
+               timeout_s=30, interval_s=0.1, what="a write refused on the full disk")
     undrained = cluster.ordq("group", "undrain", "g2")
     assert undrained.returncode == 0, undrained.stderr
     producer.join(FINISH_S)

@@ -351,7 +351,7 @@ ops = st.lists(
         st.sampled_from(
             ["admit", "admit_all", "fail_over", "fail_over_wrong", "roll", "roll_wrong", "roll_next", "seal", "pop",
              "retain",
-             "bump", "drain", "live", "move_cursor", "add_group", "remove_group"]
+             "bump", "drain", "live", "full", "move_cursor", "add_group", "remove_group"]
         ),
         st.sampled_from(GROUPS + ("gX",)),
         st.integers(min_value=0, max_value=20),
@@ -363,13 +363,17 @@ ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(ops)
 @example([("admit", "g1", 0), ("fail_over", "g1", 0), ("seal", "g1", 3), ("retain", "g1", 0)])  # issue 16
+# a head out of disk space rolled, then every group full: no new segment on a full disk
+@example([("admit_all", "g1", 0), ("full", "g1", 0), ("roll", "g1", 0), ("full", "g2", 0), ("full", "g3", 0),
+          ("roll_next", "g1", 0), ("full", "g2", 0), ("admit_all", "g1", 0)])
 def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> None:
     state = sm.create("q", GROUPS)
     live = set(GROUPS)
+    full: set[str] = set()  # groups whose disk is full
     cursors: dict[str, Cursor] = {"a": state.earliest_cursor(), "b": state.earliest_cursor()}
     next_seq = 0  # seqs increase along the queue (an out-of-order seal reuses none)
     for op, gid, n in seq:
-        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors))
+        facts = Facts(live_groups=frozenset(live), cursors=dict(cursors), disk_full=frozenset(full))
         before = state
         try:
             if op == "admit":
@@ -382,12 +386,13 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 state = sm.fail_over(state, gid, n, facts)
             elif op == "roll" and state.open_segment is not None:
                 head = state.head
-                state = sm.roll(state, state.open_segment.gid, state.open_segment.seg)
-                assert state.head == head and state.open_segment is not None and state.open_segment.gid == head
+                state = sm.roll(state, state.open_segment.gid, state.open_segment.seg, facts)
+                if head not in full:
+                    assert state.head == head and state.open_segment is not None and state.open_segment.gid == head
             elif op == "roll_next" and state.open_segment is not None:
                 head = state.head
                 state = sm.roll(state, state.open_segment.gid, state.open_segment.seg, facts, to_next=True)
-                assert state.open_segment is not None
+                assert state.open_segment is not None or head in full
                 assert state.head != head or state.send == (head,)  # moved on, or the only one left
             elif op == "roll_wrong":
                 state = sm.roll(state, gid, n)
@@ -418,6 +423,8 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
                 state = sm.remove_group(state, gid)
             elif op == "live":
                 live ^= {gid}
+            elif op == "full":
+                full ^= {gid}
             elif op == "move_cursor":
                 # past the segment it was in, having read everything in it (and, for odd n,
                 # one message of the next one: a later message exists)
@@ -434,6 +441,10 @@ def test_random_transitions_keep_invariants(seq: list[tuple[str, str, int]]) -> 
         sm.check_invariants(state, cursors)
         assert state.producer_epoch >= before.producer_epoch
         assert state.next_seg >= before.next_seg
+        # no group out of disk space joins the send list, nor gets a new segment to write
+        assert not (set(state.send) - set(before.send)) & facts.disk_full, (before, state, facts)
+        opened = state.open_segment
+        assert opened is None or opened == before.open_segment or opened.gid not in facts.disk_full, (state, facts)
 
 
 # -- each invariant check fires when a transition is broken ------------------------------------
@@ -619,6 +630,28 @@ def test_seal_decision() -> None:
     assert decide({"master": empty, "slave": None}) == SealPlan(0, None, None)
     with pytest.raises(BrokerUnavailable):
         decide({"master": None, "slave": None})
+
+
+def test_a_group_out_of_disk_space_is_not_admitted_and_its_head_fails_over() -> None:
+    """A group whose process says its disk is full (``Facts.disk_full``): no admission, with
+    the reason; as head, the daemon fails it over, even when its open segment is frozen (a
+    roll would open the next segment on the same full disk); admitted again with room."""
+    from ordq.coordinator.duties import Action, Kind, OpenSegment, plan
+
+    g1_full = Facts(live_groups=ALL_LIVE.live_groups, disk_full=frozenset({"g1"}))
+    with pytest.raises(IllegalTransition, match="disk is full"):
+        sm.admit(sm.create("q", GROUPS), "g1", g1_full)
+    assert sm.admit_all(sm.create("q", GROUPS), g1_full).send == ("g2", "g3")
+    s = started()
+    frozen = OpenSegment(bytes=4_000, first_write_ms=None, frozen=True)
+    assert plan(s, g1_full, open_info=frozen) == [Action(Kind.FAIL_OVER, gid="g1", seg=0)]
+    moved = sm.fail_over(s, "g1", 0, g1_full)
+    assert moved.send == ("g2", "g3") and moved.open_segment == Segment(seg=1, gid="g2")
+    alone = sm.fail_over(sm.admit(sm.create("q", ("g1",)), "g1", ALL_LIVE), "g1", 0, g1_full)
+    assert alone.send == () and alone.open_segment is None  # producers wait: no write to fail
+    assert sm.admit_all(alone, ALL_LIVE).open_segment == Segment(seg=1, gid="g1")  # room again
+    rolled = sm.roll(s, "g1", 0, g1_full)  # an operator's or a producer's roll: no new segment on g1
+    assert rolled.send == ("g2", "g3") and rolled.open_segment == Segment(seg=1, gid="g2")
 
 
 def test_duties_roll_a_frozen_open_segment_without_any_producer() -> None:

@@ -72,7 +72,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     elif not rows:
         print("no broker groups registered (add one: ordq group add G)")
     else:
-        table(rows, ["group", "master", "slave", "healthy", "drained", "queues", "sending"])
+        table(rows, ["group", "master", "slave", "healthy", "drained", "disk_full", "queues", "sending"])
     return 0
 
 
