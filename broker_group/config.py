@@ -100,7 +100,7 @@ class BrokerConfig:
                self.idle_connection_ms, self.max_metadata_bytes) < 1:
             raise ConfigError("broker limits must be >= 1")
         if self.disk_room_bytes < 0:
-            raise ConfigError("disk_room_bytes must be >= 0")
+            raise ConfigError("disk_room_bytes (ordq broker run --disk-room MiB) must be >= 0")
 
     def link_bind(self) -> str | None:
         """HOST:PORT the lean link binds: ``link_listen``, else the listen host and the gRPC

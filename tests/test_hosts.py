@@ -289,7 +289,7 @@ def test_a_broker_config_file_is_read_and_flags_override_it(tmp_path: Path) -> N
                 'zk = "10.0.0.1:2181,10.0.0.2:2181"\nroot = "/prod"\ngroup = "g7"\nrole = "slave"\n'
                 'listen = "0.0.0.0:7000"\nadvertise = "10.0.0.2"\nmetrics = "10.0.0.2:9100"\ndata = "data"\n'
                 'session_timeout_s = 3.5\nlink_listen = "0.0.0.0:7443"\nlink_advertise = "edge.example"\n'
-                "[tls]\ninsecure = true\n")
+                "disk_room_mib = 16\n[tls]\ninsecure = true\n")
     args = _broker_args("--config", str(cfg))
     broker = broker_config(args)
     assert (broker.gid, broker.role.value) == ("g7", "slave")
@@ -299,6 +299,10 @@ def test_a_broker_config_file_is_read_and_flags_override_it(tmp_path: Path) -> N
         "0.0.0.0:7444"
     assert (broker.zk_hosts, broker.root, broker.zk_session_timeout_s) == ("10.0.0.1:2181,10.0.0.2:2181", "/prod", 3.5)
     assert broker.data_dir == tmp_path / "etc" / "data"  # relative to the file
+    assert broker.disk_room_bytes == 16 << 20  # free space that ends a disk-full mark
+    assert broker_config(_broker_args("--config", str(cfg), "--disk-room", "0.5")).disk_room_bytes == 1 << 19
+    by_default = broker_config(_broker_args("--data", "d", "--group", "g", "--role", "master", "--insecure"))
+    assert by_default.disk_room_bytes == 64 << 20
     assert not broker.credentials.tls and args.metrics == "10.0.0.2:9100"  # type: ignore[attr-defined]
     # flags win, the global --zk given after the command too
     args = _broker_args("--config", str(cfg), "--listen", "10.0.0.2:7001", "--role", "master", "--zk", "z:1")
@@ -315,6 +319,7 @@ def test_a_broker_config_file_is_read_and_flags_override_it(tmp_path: Path) -> N
     ('group = 7\n', "'group' must be <class 'str'>"),
     ('listen = "no-port"\n', "listen must be HOST:PORT"),
     ('link_listen = "no-port"\n', "link_listen must be HOST:PORT"),
+    ('disk_room_mib = -1\n', "disk_room_mib must be a number"),
     ('role = "leader"\n', "'role' must be in"),
     ('listen = "0.0.0.0:7000"\ngroup = "g"\nrole = "master"\ndata = "d"\n[tls]\ninsecure = true\n',
      "needs an advertised address"),

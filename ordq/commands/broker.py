@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--config", type=Path, default=None, metavar="FILE",
                      help="TOML file of this process's settings (keys: zk, root, group, role, listen, advertise, "
-                     "link_listen, link_advertise, metrics, data, session_timeout_s, register_wait_s, "
+                     "link_listen, link_advertise, metrics, data, session_timeout_s, register_wait_s, disk_room_mib, "
                      "[tls] cert/key/ca/insecure); flags override it")
     run.add_argument("--group", default=None, help="broker group id (register it first: ordq group add G)")
     run.add_argument("--role", default=None, choices=["master", "slave"])
@@ -56,6 +56,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--data", default=None, type=Path, help="data folder of this process")
     run.add_argument("--session-timeout", type=seconds(), default=None, metavar="SECONDS",
                      help="ZooKeeper session timeout: how fast a dead process is noticed (default 2)")
+    run.add_argument("--disk-room", dest="disk_room_mib", type=float, default=None, metavar="MIB",
+                     help="after a write failed for want of space, the group takes no writes until the data "
+                     "folder's disk has this many MiB free again (default 64; docs/OPERATIONS.md, disk full)")
     run.add_argument("--register-wait", type=seconds(allow_zero=True), default=None, metavar="SECONDS",
                      help="when the role is still live in ZooKeeper (a killed predecessor's session not yet "
                      "expired), wait this long for it to go before giving up (default 30)")
@@ -177,6 +180,7 @@ def broker_config(args: argparse.Namespace) -> Any:
                         link_advertise=pick("link_advertise", file.link_advertise, None),
                         zk_session_timeout_s=pick("session_timeout", file.session_timeout_s, 2.0),
                         register_wait_s=pick("register_wait", file.register_wait_s, 30.0),
+                        disk_room_bytes=int(pick("disk_room_mib", file.disk_room_mib, 64) * (1 << 20)),
                         credentials=broker_credentials(args), budget=budget_config(args),
                         request_time=request_time_config(args), verify_sealed_reads=not args.no_verify_reads,
                         seal_syncfs=args.seal_syncfs,

@@ -80,6 +80,7 @@ class BrokerFile(ServerFile):
         attrs.validators.in_(("master", "slave"))))
     data: Path | None = attrs.field(default=None, validator=_path)
     register_wait_s: float | None = attrs.field(default=None, validator=_number(-1e-9))
+    disk_room_mib: float | None = attrs.field(default=None, validator=_number(-1e-9))
     # the lean link's (BrokerConfig.link_listen / link_advertise; docs/OPERATIONS.md, "The lean links")
     link_listen: str | None = attrs.field(default=None, validator=_address)
     link_advertise: str | None = attrs.field(default=None, validator=_address)
