@@ -94,17 +94,29 @@ class TaskServer:
         self._reader_limit = reader_limit  # asyncio's StreamReader buffer (None: its default)
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task[Any]] = set()
+        self._stopping = False
 
     async def start(self, host: str, port: int = 0) -> int:
         """On the loop: listen on ``host``:``port`` (0: any free port); return the port bound
         (OSError when it is taken)."""
         limit = {} if self._reader_limit is None else {"limit": self._reader_limit}
         self._server = await asyncio.start_server(
-            self._handle, host.strip("[]"), port, ssl=self._ssl,
+            self._connection, host.strip("[]"), port, ssl=self._ssl,
             ssl_handshake_timeout=self._handshake_timeout_s if self._ssl is not None else None, **limit)
         return int(self._server.sockets[0].getsockname()[1])
 
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._handle(reader, writer)
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            # Ended by ``stop``: a connection task that ends cancelled makes asyncio's streams
+            # log "Exception in callback ... CancelledError" with a traceback (3.11 asks the
+            # task for its exception), at every stop of a slave whose master was connected.
+
     async def stop(self) -> None:
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         for t in list(self._conns):

@@ -69,6 +69,7 @@ from ordq.common.errors import AlreadyExists, ConfigError, OrdqError
 from ordq.common.security import server_credentials
 from ordq.common.version import VERSION
 from ordq.coordinator.store import WATCH_SESSION_S, ZkStore
+from ordq.coordinator.store_base import close_all
 from ordq.coordinator.zk_retry import START_BOUND_S, retry_zk
 from ordq.wire import lean_produce
 from ordq.wire import ordq_pb2 as pb
@@ -312,8 +313,9 @@ class Broker:
                 shared.zk_session_lost = True
             shared.changed()  # writes waiting for the session's fate (WritePath.confirm_session)
         # The ephemeral liveness node dies with an expired session: register again once a
-        # new session is up (in a thread: kazoo forbids blocking calls in listeners).
-        if state == KazooState.LOST:
+        # new session is up (in a thread: kazoo forbids blocking calls in listeners). Not
+        # when this process closed the session itself: it is stopping.
+        if state == KazooState.LOST and not shared.stopping:
             if self.write.replication is not None:
                 with shared.cv:
                     self.write.freeze_writable("the ZooKeeper session expired")
@@ -363,10 +365,7 @@ class Broker:
         self.finder.stop()
         for t in self._threads:
             t.join(timeout=5)
-        if self.shared.watch_session is not None:
-            self.shared.watch_session.close()
-        if self.shared.store is not None:
-            self.shared.store.close()
+        close_all([self.shared.watch_session, self.shared.store])
         # A copy taken under the lock: a repair round still running (its join timed out) may
         # drop segments meanwhile (scale43f's 10^5 run: "dictionary changed size during
         # iteration" ended a slave's `ordq down` with a traceback).

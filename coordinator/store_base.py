@@ -41,7 +41,7 @@ from ordq.coordinator.acl_client import AclClient
 from ordq.coordinator.paths import Paths, check_zk_hosts
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store_values import DeletionLog, QueueConfig, StateVersion, json_value, parse_state
-from ordq.coordinator.zk_tls import PollHandler, TlsHandler
+from ordq.coordinator.zk_tls import PollHandler, TlsHandler, cut_connection
 
 # How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
 # by itself (to another node of an ensemble, or to the same one after a stall of this process
@@ -53,6 +53,8 @@ READ_RETRY_S = 10.0
 # re-election ~0.4 s, reconnecting to a restarted standalone server 1-3 s: STACK-NOTES) and still
 # lets a CLI command, the coordinator or a producer's failover report or retry within seconds.
 OP_TIMEOUT_S = 5.0
+# How long a close waits for the server's answer before it cuts the connection (``ZkBase.close``)
+CLOSE_GRACE_S = 1.0
 # Deletions of other queues a deletion may lose its race to (each re-reads the recent ones).
 MAX_DELETE_ATTEMPTS = 50
 T = TypeVar("T")
@@ -185,6 +187,16 @@ class WrittenStates:
                 self.changes += 1
 
 
+
+def close_all(stores: Sequence[ZkBase | None]) -> None:
+    """Close these sessions side by side (None: none there): a server that does not answer
+    costs one grace in all, not one a session (a coordinator has three)."""
+    closing = [threading.Thread(target=s.close, name="ordq-zk-close-all", daemon=True) for s in stores if s is not None]
+    for t in closing:
+        t.start()
+    for t in closing:
+        t.join(2 * CLOSE_GRACE_S + 1.0)
+
 class ZkBase:
     """One cluster's ZooKeeper (under ``paths.root``) through one kazoo client: the requests
     every part of the store makes."""
@@ -222,9 +234,29 @@ class ZkBase:
         return self._hosts
 
     def close(self) -> None:
-        if self._owns_client:
-            self.client.stop()
-            self.client.close()
+        """End the session (its ephemeral nodes go at once) and free the client. A server
+        that does not answer the close within CLOSE_GRACE_S (paused, hung) has the
+        connection cut (``cut_connection``): the session then ends at its expiry."""
+        if not self._owns_client:
+            return
+        done = threading.Event()
+        failed: list[Exception] = []
+
+        def stop() -> None:
+            try:
+                self.client.stop()
+                self.client.close()
+            except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=stop, name="ordq-zk-close", daemon=True).start()
+        if not done.wait(CLOSE_GRACE_S):
+            cut_connection(self.client)
+            done.wait(CLOSE_GRACE_S)
+        if failed:
+            raise failed[0]
 
     def _acl_of(self, path: str) -> Any:
         """The ACL a node created at ``path`` gets (None: the default; coordinator/acl.py) —

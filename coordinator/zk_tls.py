@@ -118,7 +118,18 @@ class PollHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo is
 
 class TlsHandler(PollHandler):
     """kazoo's threading handler whose TLS connections use ``client_context`` (the client's
-    ``ca``/``certfile``/``keyfile`` options, which kazoo passes to every connect)."""
+    ``ca``/``certfile``/``keyfile`` options, which kazoo passes to every connect). Its
+    handshakes under way can be cut (``cut_connection``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handshakes_lock = threading.Lock()
+        self._handshakes: set[ssl.SSLSocket] = set()
+
+    def handshakes(self) -> list[ssl.SSLSocket]:
+        """The connections whose handshake is under way now."""
+        with self._handshakes_lock:
+            return list(self._handshakes)
 
     def create_connection(self, address: Any, hostname: str | None = None, timeout: float | None = None,
                           use_ssl: bool = False, ca: str | None = None, certfile: str | None = None,
@@ -133,6 +144,8 @@ class TlsHandler(PollHandler):
         with _LOCK:
             session = _SESSIONS.get(key)
         conn = ctx.wrap_socket(socket.socket(family), server_hostname=hostname, session=session)
+        with self._handshakes_lock:
+            self._handshakes.add(conn)
         try:
             conn.settimeout(CONNECT_TIMEOUT_S if timeout is None else max(timeout, CONNECT_TIMEOUT_S))
             conn.connect(address)
@@ -140,6 +153,9 @@ class TlsHandler(PollHandler):
         except BaseException:
             conn.close()
             raise
+        finally:
+            with self._handshakes_lock:
+                self._handshakes.discard(conn)
         if conn.session is not None:
             with _LOCK:
                 _SESSIONS[key] = conn.session
@@ -169,3 +185,20 @@ def _await_server_done(conn: ssl.SSLSocket, deadline: float) -> None:
         if not data:
             raise ConnectionResetError("TLS handshake: the server closed the connection (client certificate refused?)")
         raise ssl.SSLError("TLS handshake: unexpected data from the server before the session request")
+
+
+def cut_connection(client: Any) -> None:
+    """Shut ``client``'s socket down, and any handshake its handler has under way: its
+    connection thread then sees a dropped connection at once, and a stop in progress ends.
+    For a stop the server does not answer (paused, or its machine hung): kazoo waits for the
+    answer to its close, or for a handshake, up to a session or CONNECT_TIMEOUT_S, and a
+    broker's stop under ``ordq down`` with ZooKeeper paused ran out its 10 s grace and was
+    killed (stops 96-97). kazoo keeps the socket in ``_connection._socket`` (pinned version)."""
+    handler = getattr(client, "handler", None)
+    waiting = handler.handshakes() if isinstance(handler, TlsHandler) else []
+    sock = getattr(getattr(client, "_connection", None), "_socket", None)
+    for conn in [*waiting, *([sock] if sock is not None else [])]:
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # done or closed meanwhile

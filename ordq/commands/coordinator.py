@@ -141,6 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ordq.coordinator.service import CoordinatorService
     from ordq.coordinator.session_log import SessionLog
     from ordq.coordinator.store import WATCH_SESSION_S
+    from ordq.coordinator.store_base import close_all
     from ordq.coordinator.zk_retry import retry_zk
 
     resolve_settings(args)
@@ -224,9 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon.stop()
     for session_log in session_logs:
         session_log.detach()
-    duty_store.close()
-    watch_store.close()
-    store.close()
+    close_all([duty_store, watch_store, store])
     worker.join(timeout=5)
     if daemon.failure is not None:  # never silently: a supervisor restarts a process that exits non-zero
         print(f"coordinator election thread died: {daemon.failure!r}", file=sys.stderr)
