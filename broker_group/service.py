@@ -363,9 +363,11 @@ class Broker:
         self.shared.loop.stop()
         self.repair.kick.set()
         self.finder.stop()
+        # The sessions first: a thread in a ZooKeeper call (a reconcile round's reads) ends with
+        # the session, not at its call's timeout (5 s a thread while ZooKeeper does not answer)
+        close_all([self.shared.watch_session, self.shared.store])
         for t in self._threads:
             t.join(timeout=5)
-        close_all([self.shared.watch_session, self.shared.store])
         # A copy taken under the lock: a repair round still running (its join timed out) may
         # drop segments meanwhile (scale43f's 10^5 run: "dictionary changed size during
         # iteration" ended a slave's `ordq down` with a traceback).
