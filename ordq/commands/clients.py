@@ -246,8 +246,8 @@ def _consume_command(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(summary)
     else:
-        print(f"delivered {n} messages from {args.queue}/{args.subscription}, last seq {last_seq}",
-              file=sys.stderr)
+        last = "" if last_seq is None else f", last seq {last_seq}"  # (none delivered: no "last seq None")
+        print(f"delivered {n} messages from {args.queue}/{args.subscription}{last}", file=sys.stderr)
     return 0
 
 
