@@ -187,7 +187,6 @@ class WrittenStates:
                 self.changes += 1
 
 
-
 def close_all(stores: Sequence[ZkBase | None]) -> None:
     """Close these sessions side by side (None: none there): a server that does not answer
     costs one grace in all, not one a session (a coordinator has three)."""
@@ -196,6 +195,7 @@ def close_all(stores: Sequence[ZkBase | None]) -> None:
         t.start()
     for t in closing:
         t.join(2 * CLOSE_GRACE_S + 1.0)
+
 
 class ZkBase:
     """One cluster's ZooKeeper (under ``paths.root``) through one kazoo client: the requests

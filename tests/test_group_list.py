@@ -43,6 +43,7 @@ def test_group_list_is_answered_by_the_coordinator(cluster: Cluster) -> None:
     assert set(rows) == {"g1", "g2"}
     for gid, row in rows.items():
         assert row["healthy"] is True and row["drained"] is False and row["queues"] == ["q"], row
+        assert row["disk_full"] == [], row
         assert row["master"] and row["slave"], row
         assert row["sending"] == (["q"] if gid == head else []), row
     # the same through --zk/--root (the coordinators registered for it), and its table
@@ -50,8 +51,8 @@ def test_group_list_is_answered_by_the_coordinator(cluster: Cluster) -> None:
     assert listed.returncode == 0 and {r["group"]: r for r in json.loads(listed.stdout)} == rows, listed.stderr
     table = cluster.ordq("group", "list")
     lines = table.stdout.decode().splitlines()
-    assert table.returncode == 0 and lines[0].split() == ["GROUP", "MASTER", "SLAVE", "HEALTHY", "DRAINED", "QUEUES",
-                                                          "SENDING"], lines
+    assert table.returncode == 0 and lines[0].split() == ["GROUP", "MASTER", "SLAVE", "HEALTHY", "DRAINED", "DISK_FULL",
+                                                          "QUEUES", "SENDING"], lines
     assert _loaded_by(cluster, "group", "list") == []  # no ZooKeeper client, no attrs, no admin library
     # ``top`` alike (``top sample``, a call a frame): by the coordinators' addresses alone
     done = _by_bootstrap(cluster, "--json", "top", "--once", "--interval", "0.1")
