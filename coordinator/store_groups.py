@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -96,28 +96,9 @@ class GroupRecords(ZkBase):
         """Say in this process's own liveness node whether its disk is full (``LiveInfo.disk_full``);
         False when the node is not this incarnation's (not registered, or its session ended:
         ``register_live`` then writes the mark)."""
-        path = self.paths.live(gid, role)
-        with self._errors():
-            for _ in range(50):
-                try:
-                    data, stat = self._read(self.client.get_async, path)
-                except NoNodeError:
-                    return False
-                node = dict(json_value(data))
-                if node.get("incarnation") != incarnation:
-                    return False
-                if bool(node.get("disk_full", False)) == full:
-                    return True
-                if full:
-                    node["disk_full"] = True
-                else:
-                    node.pop("disk_full", None)
-                try:
-                    self._wait(self.client.set_async(path, json_bytes(node), version=stat.version))
-                    return True
-                except (NoNodeError, BadVersionError):
-                    continue
-        raise ConflictError(f"group {gid!r}: gave up marking the {role}'s disk after 50 conflicting writes")
+        gave_up = f"group {gid!r}: gave up marking the {role}'s disk"
+        return self._set_flag(self.paths.live(gid, role), "disk_full", full, gave_up,
+                              keep=lambda node: node.get("incarnation") == incarnation) is not None
 
     def live_members(self, gid: str) -> dict[str, LiveInfo]:
         """The group's live processes by role. Both liveness nodes are read in one round trip
@@ -153,26 +134,38 @@ class GroupRecords(ZkBase):
         """Mark (or unmark) ``gid`` as drained for maintenance in its config znode and return
         the previous mark. A drained group is never admitted to a send list (``Facts.drained``);
         taking it out of the send lists it is in is the caller's transition (``remove_from_send``)."""
-        path = self.paths.group(gid)
+        before = self._set_flag(self.paths.group(gid), "drained", drained, f"group {gid!r}: gave up marking it drained")
+        if before is None:
+            raise GroupNotFound(gid)
+        return before
+
+    def _set_flag(self, path: str, key: str, on: bool, gave_up: str,
+                  keep: Callable[[dict[str, Any]], bool] = lambda _node: True) -> bool | None:
+        """Set (``on``) or clear the boolean ``key`` of the JSON node at ``path``, by a
+        versioned write read again on a conflict; its value before, or None when the node is
+        gone or ``keep(node)`` is false (not ours: left as it is). ``gave_up``: the
+        ConflictError's words after 50 conflicting writes."""
         for _ in range(50):
             with self._errors():
                 try:
                     data, stat = self._read(self.client.get_async, path)
-                    config = dict(json_value(data))
-                    before = bool(config.get("drained", False))
-                    if before == drained:
+                    node = dict(json_value(data))
+                    if not keep(node):
+                        return None
+                    before = bool(node.get(key, False))
+                    if before == on:
                         return before
-                    if drained:
-                        config["drained"] = True
+                    if on:
+                        node[key] = True
                     else:
-                        config.pop("drained", None)
-                    self._wait(self.client.set_async(path, json_bytes(config), version=stat.version))
+                        node.pop(key, None)
+                    self._wait(self.client.set_async(path, json_bytes(node), version=stat.version))
                     return before
-                except NoNodeError as exc:
-                    raise GroupNotFound(gid) from exc
+                except NoNodeError:
+                    return None
                 except BadVersionError:
-                    continue  # the config changed meanwhile: read it again
-        raise ConflictError(f"group {gid!r}: gave up marking it drained after 50 conflicting writes")
+                    continue  # the node changed meanwhile: read it again
+        raise ConflictError(f"{gave_up} after 50 conflicting writes")
 
     def _drained_with_versions(self, gids: tuple[str, ...] | list[str]) -> tuple[frozenset[str], dict[str, int]]:
         drained: set[str] = set()
