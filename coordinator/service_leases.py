@@ -28,6 +28,7 @@ from ordq.coordinator.paths import check_name
 from ordq.coordinator.store import ZkStore
 from ordq.coordinator.tokens import TokenRecord
 from ordq.coordinator.topics import partition_queue
+from ordq.coordinator.zk_answer import zk_answer
 
 log = logging.getLogger("ordq.coordinator.service")
 
@@ -58,12 +59,12 @@ def leader_address(client: Any, path: str, *, timeout_s: float = 5.0) -> str:
     """The address of the elected coordinator: what follows the last '@' of the first
     contender's identifier ("" when none leads or it names no address)."""
     try:
-        children = client.get_children_async(path).get(timeout=timeout_s)
+        children = zk_answer(client.get_children_async(path), timeout_s)
     except NoNodeError:
         return ""
     for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
         try:
-            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
+            data, _ = zk_answer(client.get_async(f"{path}/{child}"), timeout_s)
         except NoNodeError:
             continue  # gone meanwhile: the next one leads
         ident = data.decode("utf-8", "replace") if data else ""
@@ -75,13 +76,13 @@ def coordinator_addresses(client: Any, path: str, *, timeout_s: float = 5.0) -> 
     """Every contending coordinator's address (what follows the last '@' of its identifier),
     the leader first: what a client refreshes its bootstrap list with."""
     try:
-        children = client.get_children_async(path).get(timeout=timeout_s)
+        children = zk_answer(client.get_children_async(path), timeout_s)
     except NoNodeError:
         return []
     out: list[str] = []
     for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
         try:
-            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
+            data, _ = zk_answer(client.get_async(f"{path}/{child}"), timeout_s)
         except NoNodeError:
             continue
         ident = data.decode("utf-8", "replace") if data else ""

@@ -41,6 +41,7 @@ from ordq.coordinator.acl_client import AclClient
 from ordq.coordinator.paths import Paths, check_zk_hosts
 from ordq.coordinator.state import QueueState
 from ordq.coordinator.store_values import DeletionLog, QueueConfig, StateVersion, json_value, parse_state
+from ordq.coordinator.zk_answer import zk_answer
 from ordq.coordinator.zk_tls import PollHandler, TlsHandler, cut_connection
 
 # How long a read keeps retrying while the connection to ZooKeeper is lost. kazoo reconnects
@@ -278,7 +279,7 @@ class ZkBase:
         (a create, a versioned set) then finds it as a conflict.
         kazoo's async results are thread-safe: callers may be on any thread."""
         _WAITED.n = getattr(_WAITED, "n", 0) + 1
-        return request.get(timeout=self._op_timeout_s)
+        return zk_answer(request, self._op_timeout_s)  # not request.get(): coordinator/zk_answer.py
 
     def _read(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Send a read (``get_async``, ``get_children_async``) and wait for it (``_wait``);

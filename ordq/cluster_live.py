@@ -90,15 +90,16 @@ def contenders(client: Any, path: str, *, timeout_s: float = 2.0) -> list[Conten
     from kazoo.exceptions import NoNodeError
 
     from ordq.coordinator.service_leases import LOCK_NODE
+    from ordq.coordinator.zk_answer import zk_answer
 
     try:
-        children = client.get_children_async(path).get(timeout=timeout_s)
+        children = zk_answer(client.get_children_async(path), timeout_s)
     except NoNodeError:
         return []
     out = []
     for _, child in sorted((int(m.group(1)), c) for c in children if (m := LOCK_NODE.search(c)) is not None):
         try:
-            data, _ = client.get_async(f"{path}/{child}").get(timeout=timeout_s)
+            data, _ = zk_answer(client.get_async(f"{path}/{child}"), timeout_s)
         except NoNodeError:
             continue  # gone meanwhile
         out.append(Contender.parse(data.decode("utf-8", "replace") if data else ""))
