@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ordq.coordinator.client import CoordinatorClient, Held
+from ordq.common.errors import QueueNotFound
+from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 
 pytestmark = pytest.mark.zk
@@ -32,4 +33,28 @@ def test_reads_of_a_missing_record_do_not_use_up_the_connection(cluster: Cluster
         client.heartbeat(lease, timeout_s=10)  # the lease's own calls still go through
         client.release(lease, timeout_s=10)
     finally:
+        client.close()
+
+
+def test_a_standbys_polls_and_refused_calls_do_not_use_up_the_connection(cluster: Cluster) -> None:
+    """What else a long-lived client repeats, each past the bound on one connection: a standby's
+    Acquire refused while another holds the lease (sdk/_lease_client.py polls it for as long as
+    it stands by), a Describe of a queue that is not there (a refusal), and the consumer's
+    poll of its parked ledger's signal."""
+    cluster.add_groups("g1")
+    cluster.create_queue("q", ["g1"])
+    cluster.store.create_subscription("q", "s")
+    holder = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials, timeout_s=10)
+    client = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials, timeout_s=10)
+    try:
+        lease = holder.acquire("consumer", "q", "s", "holder", ttl_ms=60_000, timeout_s=30)
+        assert isinstance(lease, Held), lease
+        for _ in range(MAX_STREAMS + 10):
+            assert isinstance(client.acquire("consumer", "q", "s", "standby", ttl_ms=60_000, timeout_s=10), Refusal)
+            with pytest.raises(QueueNotFound):
+                client.describe("nosuchqueue", timeout_s=10)
+            holder.record(lease, "parked_signal", timeout_s=10)
+        assert client.describe("q", timeout_s=10).state.queue == "q"
+    finally:
+        holder.close()
         client.close()
