@@ -245,9 +245,12 @@ def test_the_move_transactions_go_as_a_sliding_window(store: ZkStore, monkeypatc
         def __init__(self, request, n: int) -> None:  # type: ignore[no-untyped-def]
             self.request, self.n = request, n
 
-        def get(self, timeout=None):  # type: ignore[no-untyped-def]
+        def wait(self, timeout=None):  # type: ignore[no-untyped-def]  # (coordinator/zk_answer.py)
             events.append(("answer", self.n))
-            return self.request.get(timeout=timeout)
+            return self.request.wait(timeout)
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]  # its value or exception
+            return getattr(self.request, name)
 
     def noted_transaction(writes, versions):  # type: ignore[no-untyped-def]
         tx, checks = real_transaction(writes, versions)
