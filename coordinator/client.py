@@ -132,13 +132,14 @@ class CoordinatorClient:
 
     # -- finding the leader and calling it ------------------------------------------------------
 
-    def leader(self) -> str:
-        """The elected coordinator's address as the election says now ("" when none leads)."""
+    def leader(self, until: float | None = None) -> str:
+        """The elected coordinator's address as the election says now ("" when none leads, or
+        none said by ``until``, a ``time.monotonic()`` time: a call's giving up)."""
         self.resolves += 1
         if self._zk is None:
             # The next call goes there without asking again (issue 42: an admin command asked
             # twice, once to say it was connecting and once for its call).
-            found = self._ask_leader()
+            found = self._ask_leader(until=until)
             if found:
                 self._leader = found
             return found
@@ -146,14 +147,19 @@ class CoordinatorClient:
 
         assert self.paths is not None
         try:
-            return leader_address(self._zk, self.paths.coordinator_leader, timeout_s=2.0)
+            return leader_address(self._zk, self.paths.coordinator_leader, timeout_s=_bounded(_ASK_TIMEOUT_S, until))
         except Exception:  # noqa: BLE001 - ZooKeeper away: the caller retries until its deadline
             return ""
 
-    def _ask_leader(self, skip: str = "", timeout_s: float = _ASK_TIMEOUT_S) -> str:
+    def _ask_leader(self, skip: str = "", timeout_s: float = _ASK_TIMEOUT_S, until: float | None = None) -> str:
         """Bootstrap mode: ask the known coordinators in turn (but ``skip``) who contends (the
-        leader first), each for ``timeout_s`` at most; the first answer also refreshes the known
-        list. "" when none answers."""
+        leader first), each for ``timeout_s`` at most and all by ``until``; the first answer also
+        refreshes the known list. "" when none answers.
+
+        Why ``until``: with every coordinator stopped (SIGSTOP: each accepts and never answers)
+        a consumer's Describe of 2 s asked each of two for 2 s first; its main thread, away
+        4 s, came back to its Read stream past that stream's deadline, and it read from the
+        other replica with a warning every 5 s, the brokers healthy (stop 98)."""
         from ordq.wire.admin_messages import COORDINATORS_REQUEST
 
         known = list(self._known)
@@ -161,9 +167,11 @@ class CoordinatorClient:
             address = known[(self._next + i) % len(known)]
             if address == skip:
                 continue
+            each = _bounded(timeout_s, until)
+            if each <= 0:
+                break
             try:
-                res = self._stub(address).Coordinators(COORDINATORS_REQUEST, timeout=timeout_s,
-                                                         metadata=self._md)
+                res = self._stub(address).Coordinators(COORDINATORS_REQUEST, timeout=each, metadata=self._md)
             except Exception:  # noqa: BLE001 - down or not serving: the next one
                 continue
             self._next = (self._next + i) % len(known)
@@ -225,7 +233,7 @@ class CoordinatorClient:
                                               + (f" (last: {last})" if last else "")) from last
             left = deadline - time.monotonic()
             if not address:
-                address = self.leader()
+                address = self.leader(until=reach.give_up_at(deadline) if reach is not None else deadline)
                 if not address:
                     last = CoordinationUnavailable("no coordinator leads (the election is empty)")
                     pause(_RETRY_PAUSE_S[min(attempt, 3)])
@@ -570,6 +578,11 @@ class _Stub:
 
 
 _LEASE_KINDS = {"producer": 1, "consumer": 2, "member": 3}
+
+
+def _bounded(timeout_s: float, until: float | None) -> float:
+    """``timeout_s``, cut to what is left before ``until`` (monotonic; None: not cut)."""
+    return timeout_s if until is None else min(timeout_s, until - time.monotonic())
 
 
 def _ms(seconds: float) -> int:

@@ -8,6 +8,7 @@ No cluster: the election and the stubs are fakes (coordinator/client.py's seams)
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -86,7 +87,7 @@ class _Stub:
 
 def _client(election: list[str], calls: list[str], monkeypatch: pytest.MonkeyPatch) -> CoordinatorClient:
     client = CoordinatorClient(object(), Paths("/ordq"), timeout_s=30.0)
-    monkeypatch.setattr(client, "leader", lambda: election[0])
+    monkeypatch.setattr(client, "leader", lambda until=None: election[0])
     monkeypatch.setattr(client, "_stub", lambda address: _Stub(address, calls))
     return client
 
@@ -169,3 +170,23 @@ def test_a_bootstrap_call_in_flight_to_a_partitioned_coordinator_follows_the_sta
     started = time.monotonic()
     assert client._call("FailOver", object(), 30.0) == "answer from b:7100"
     assert time.monotonic() - started < 15.0 and "a:7100" not in asked
+
+
+def test_a_call_with_every_coordinator_stopped_gives_up_at_its_own_deadline() -> None:
+    """Every coordinator stopped (SIGSTOP: the kernel accepts the connection, nothing answers):
+    a call of 1 s gives up after ~1 s, its look for the leader included. Guard: ``_call`` gives
+    ``leader`` its deadline, and ``_ask_leader`` asks each coordinator only for what is left.
+    Failing first: 4 s (2 s for each of the two), and a consumer whose view asked that way came
+    back to its Read stream past the stream's deadline (stop 98). Real sockets, no server."""
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # listening, never accepting
+    try:
+        addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in silent]
+        with CoordinatorClient(bootstrap=addresses, timeout_s=10) as client:
+            started = time.monotonic()
+            with pytest.raises(CoordinationUnavailable):
+                client.describe("q", timeout_s=1.0)
+            took = time.monotonic() - started
+        assert 0.9 <= took < 2.0, took
+    finally:
+        for s in silent:
+            s.close()

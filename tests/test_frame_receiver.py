@@ -5,16 +5,20 @@ refused from its length; a peer gone mid-frame and a deadline passed raise."""
 
 from __future__ import annotations
 
+import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordq.common.errors import ConfigError
+from ordq.common.security import issue, make_ca
 from ordq.wire import lean_read
 from ordq.wire.lean_frames import HEADER
 from ordq.wire.lean_read import FrameReceiver
@@ -102,3 +106,42 @@ def test_a_peer_gone_mid_frame_and_a_deadline_passed_raise() -> None:
         with pytest.raises(TimeoutError):
             receiver.frame(b)
         assert time.monotonic() - started < 5
+
+
+def _tls_pair(tmp_path: Path) -> tuple[ssl.SSLSocket, ssl.SSLSocket]:
+    """A TLS connection over a socket pair (the cluster's own kind of certificate): sender, reader."""
+    make_ca(tmp_path / "ca")
+    server = issue(tmp_path / "ca", tmp_path, "broker", ips=["127.0.0.1"])
+    sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    sctx.load_cert_chain(server.cert_file, server.key_file)
+    cctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    cctx.load_verify_locations(server.ca_file)
+    a, b = socket.socketpair()
+    served: list[ssl.SSLSocket] = []
+    handshake = threading.Thread(target=lambda: served.append(sctx.wrap_socket(a, server_side=True)), daemon=True)
+    handshake.start()
+    reader = cctx.wrap_socket(b, server_hostname="127.0.0.1")
+    handshake.join(10)
+    return served[0], reader
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_what_came_is_read_past_the_deadline_and_only_nothing_times_out(tmp_path: Path, tls: bool) -> None:
+    """A reader back late (its thread away in a call to a coordinator that did not answer) takes
+    the answers that are waiting; it times out only when nothing came. Failing first: a
+    TimeoutError with the answer in the socket, and the consumer read from the other replica
+    with a warning every 5 s while every coordinator was stopped (stop 98)."""
+    sender, reader = _tls_pair(tmp_path) if tls else socket.socketpair()  # buffers that hold both frames
+    larger = _large(lean_read._RECV_BYTES + 100)  # past one receive: read into a buffer of its own
+    with sender, reader:
+        sender.sendall(_framed(b"waiting") + _framed(larger))
+        select.select([reader], [], [], 10)  # it arrived, in the kernel's buffer
+        time.sleep(0.05)  # all of it (one sendall on one host)
+        receiver = FrameReceiver()
+        receiver.deadline = time.monotonic() - 1.0  # and the reader is late
+        assert bytes(receiver.frame(reader)) == b"waiting"
+        assert bytes(receiver.frame(reader)) == larger
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no answer within the stream's deadline"):
+            receiver.frame(reader)
+        assert time.monotonic() - started < 1.0  # past the deadline: no wait

@@ -77,7 +77,12 @@ class LeanReadLink:
     def open(self, req: pb.FetchRequest, deadline_s: float) -> None:
         """Start a Read stream with ``req``; its answers must come within ``deadline_s``."""
         self._frames.deadline = time.monotonic() + deadline_s
-        self._io(lambda sock: sock.sendall(frame(req)))
+
+        def send(sock: socket.socket) -> None:
+            sock.settimeout(deadline_s)  # a read past the last deadline left it non-blocking
+            sock.sendall(frame(req))
+
+        self._io(send)
 
     def next_answer(self) -> pb.FetchResponse | None:
         """The open stream's next answer; None when it ended (``open`` the next one)."""
@@ -148,12 +153,16 @@ class FrameReceiver:
         return large
 
     def _recv_into(self, sock: socket.socket, into: memoryview) -> int:
-        """Bytes received into ``into`` (at least one), by the deadline."""
+        """Bytes received into ``into`` (at least one), by the deadline. Past it, what has
+        already arrived is still taken: a reader that comes back late (its thread was away,
+        e.g. in a call to a coordinator that did not answer) finds the broker's answers
+        waiting; only a broker that sent nothing in time is a timeout."""
         left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no answer within the stream's deadline")
-        sock.settimeout(left)
-        got = sock.recv_into(into)
+        sock.settimeout(left if left > 0 else 0.0)  # 0: non-blocking, only what is there
+        try:
+            got = sock.recv_into(into)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            raise TimeoutError("no answer within the stream's deadline") from None
         if not got:
             raise ConnectionResetError("the master closed the Read link")
         return got
