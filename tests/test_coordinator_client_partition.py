@@ -186,7 +186,7 @@ def test_a_call_with_every_coordinator_stopped_gives_up_at_its_own_deadline() ->
             with pytest.raises(CoordinationUnavailable):
                 client.describe("q", timeout_s=1.0)
             took = time.monotonic() - started
-        assert 0.9 <= took < 2.0, took
+        assert 0.9 <= took < 3.0, took  # (before: 4 s; slack for a loaded machine)
     finally:
         for s in silent:
             s.close()
