@@ -35,7 +35,7 @@ from kazoo.exceptions import NoNodeError, NotEmptyError
 import ordq.common.proc
 from ordq.common.proc import OWNER_ENV, owner_token, sweep_orphans
 from ordq.zk_server import ZkServer
-from tests.util import wait_until
+from tests.util import C1_JVM_FLAGS, wait_until
 
 # Everything this run starts dies with it (issue 26: a killed run left 14 brokers, three
 # ZooKeepers and a PostgreSQL running for most of an hour).
@@ -60,7 +60,7 @@ os.environ.pop("ORDQ_TOKEN", None)
 # docs/SPARK.md's example 34 -> 18 CPU s, `ordq verify --follow` to seq 1000 27 -> 15, a
 # ZooKeeper serving 4,000 requests 3.1 -> 1.9. Appended to: a flag set outside wins.
 for _name in ("SPARK_SUBMIT_OPTS", "SERVER_JVMFLAGS"):
-    os.environ[_name] = " ".join(("-XX:TieredStopAtLevel=1", os.environ.get(_name, ""))).strip()
+    os.environ[_name] = " ".join((C1_JVM_FLAGS, os.environ.get(_name, ""))).strip()
 
 ROOT = Path(__file__).resolve().parent.parent
 

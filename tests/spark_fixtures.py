@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.util import C1_JVM_FLAGS
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
@@ -23,7 +25,7 @@ def spark() -> Iterator[Any]:
             "spark.driver.memory": "1g",
             # Test inputs are tiny: the C2 JIT compiler spent more CPU compiling Spark's
             # generated code than it saved (measured: ~2x less JVM CPU per verify with C1 only).
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+            "spark.driver.extraJavaOptions": C1_JVM_FLAGS,
         },
     )
     session.sparkContext.setLogLevel("ERROR")

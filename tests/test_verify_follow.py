@@ -20,6 +20,7 @@ from ordq.coordinator.store import ZkStore
 from ordq.spark_order_check.follow import OFFSET_BITS, Violation, check_rows
 from tests import spark_fixtures
 from tests.cluster import FINISH_S, Cluster, cluster_fixture, wait_acked  # noqa: F401 - cluster_fixture
+from tests.util import C1_JVM_FLAGS
 
 pytestmark = [pytest.mark.spark]
 spark = spark_fixtures.spark
@@ -58,7 +59,7 @@ def test_the_rules_flag_duplicates_gaps_and_reorder_within_and_across_batches(sp
 
 def _follow(cluster: Cluster, *args: str) -> subprocess.Popen[bytes]:
     return cluster.ordq_piped("verify", "--follow", "q", "--json", "--trigger", "0.3", "--master", "local[1]",
-                              "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1", *args)
+                              "--conf", f"spark.driver.extraJavaOptions={C1_JVM_FLAGS}", *args)
 
 
 def _events(proc: subprocess.Popen[bytes], timeout_s: float = 180) -> tuple[int, list[dict[str, Any]], str]:

@@ -15,6 +15,14 @@ from ordq.common.proc import load_stretched
 
 T = TypeVar("T")
 
+# The JVM flags of every Java process a test run starts (Spark drivers, ZooKeeper servers): the C1
+# JIT only (C2 spent more CPU compiling than it saved on the tests' tiny inputs: tests/conftest.py).
+# C1 alone sizes the code cache at 48 MiB, and a pytest worker's one Spark session filled it
+# ~9 minutes into the heavy tier ("Out of space in CodeCache for method handle intrinsic", a
+# java.lang.InternalError in the next job, stop 98): reserved as C2's default is (240 MiB,
+# address space, used only as filled).
+C1_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
 
 def read_metrics(url: str) -> list[Sample]:
     """Scrape a process's /metrics, waiting up to 5 s, load-stretched. The answer takes ms even
