@@ -50,6 +50,7 @@ pytestmark = [pytest.mark.zk, pytest.mark.skipif(_WHY_NOT is not None, reason=f"
 FULL_AT = "4m"  # the replica's filesystem: full after ~4,000 of the 1 KiB messages below
 N = 10_000
 SIZE = 1024
+DISK_TEST_SEND_TIMEOUT_S = 30.0
 
 
 MOUNT_SOURCE = "ordq-test-full-"  # + the pid of the test process that mounted it
@@ -99,7 +100,11 @@ def test_a_full_disk_fails_the_head_over_and_loses_nothing(cluster: Cluster, sma
     only_on_small_disk(cluster, small_disk, role)
     cluster.add_groups("g1", "g2")
     cluster.create_queue("q", ["g1", "g2"])
-    producer = cluster.producer(n=N, size=SIZE, rate=None, audit_dir=cluster.base / "audit")
+    # A send timeout no loaded machine's ack reaches: the failover is the full disk's (its
+    # DiskFull answer fails it over at once), never a late ack's. At the tests' 1 s, beside six
+    # busy loops, an ack 1 s late moved the head to g2 before the disk filled (stop 98).
+    producer = cluster.producer(n=N, size=SIZE, rate=None, audit_dir=cluster.base / "audit",
+                                send_timeout_s=DISK_TEST_SEND_TIMEOUT_S)
     consumer = cluster.consumer(until=N - 1, audit_dir=cluster.base / "audit")
     producer.start()
     consumer.start()
@@ -173,7 +178,8 @@ def test_a_new_segment_on_a_full_disk_fails_over_too(cluster: Cluster, small_dis
     cluster.create_queue("q", ["g1", "g2"])
     drained = cluster.ordq("group", "drain", "g2")
     assert drained.returncode == 0, drained.stderr
-    producer = cluster.producer(n=3000, size=SIZE, rate=500.0, audit_dir=cluster.base / "audit")
+    producer = cluster.producer(n=3000, size=SIZE, rate=500.0, audit_dir=cluster.base / "audit",
+                                send_timeout_s=DISK_TEST_SEND_TIMEOUT_S)  # (as above)
     consumer = cluster.consumer(until=2999, audit_dir=cluster.base / "audit")
     producer.start()
     consumer.start()
