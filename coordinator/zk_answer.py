@@ -12,6 +12,11 @@ idle consumer's life, and every later one: its heartbeats, its commits (stop 98)
 
 ``zk_answer`` raises a copy instead: the result keeps the exception kazoo set, which was never
 raised and has no traceback, and nothing the raised copy's traceback holds leads back to it.
+``AnswerResult`` is kazoo's result with that ``get``; ordq's kazoo handler (``PollHandler``,
+coordinator/zk_tls.py) makes every result one, so kazoo's blocking calls (``client.get``,
+``exists``, ``get_children``, ``create``, ...), which wait through ``get``, raise copies too:
+an admin call that ZooKeeper refused (``auth revoke`` of a token that is not there) kept a
+stream of the operator's connection the same way (stop 99).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import AsyncResult, KazooTimeoutError
 
 
 def zk_answer(request: Any, timeout_s: float | None) -> Any:
@@ -31,3 +36,10 @@ def zk_answer(request: Any, timeout_s: float | None) -> Any:
     if failure is None:
         return request.value
     raise copy.copy(failure)
+
+
+class AnswerResult(AsyncResult):  # type: ignore[misc]  # kazoo is untyped
+    """kazoo's threading ``AsyncResult`` whose ``get`` answers as ``zk_answer`` does."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return zk_answer(self, timeout if block else 0)

@@ -41,6 +41,8 @@ from typing import Any
 from kazoo.handlers import utils
 from kazoo.handlers.threading import SequentialThreadingHandler
 
+from ordq.coordinator.zk_answer import AnswerResult
+
 # How long a TLS connect (TCP connect, handshake, the server's check of the client) may take,
 # whatever the session timeout. Measured (ordq's client against `ordq up`'s ZooKeeper, P-256
 # certificates): p99 78 ms quiet, 253 ms at load ~7, 777 ms (max 1.02 s) at load ~30; 2.3 s
@@ -110,10 +112,14 @@ def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
 
 
 class PollHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo is untyped
-    """kazoo's threading handler, waiting on sockets with ``poll_select``."""
+    """kazoo's threading handler, waiting on sockets with ``poll_select``; its results raise
+    copies of their exceptions (``AnswerResult``: no reference cycle holds a caller's frames)."""
 
     def select(self, *args: Any, **kwargs: Any) -> Any:
         return poll_select(*args, **kwargs)
+
+    def async_result(self) -> AnswerResult:
+        return AnswerResult(self)
 
 
 class TlsHandler(PollHandler):

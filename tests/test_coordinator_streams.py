@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ordq.common.errors import QueueNotFound
+from ordq.common.errors import ConfigError, QueueNotFound
 from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from tests.cluster import Cluster, cluster_fixture  # noqa: F401 - provides the ``cluster`` fixture
 
@@ -57,4 +57,22 @@ def test_a_standbys_polls_and_refused_calls_do_not_use_up_the_connection(cluster
         assert client.describe("q", timeout_s=10).state.queue == "q"
     finally:
         holder.close()
+        client.close()
+
+
+def test_admin_calls_refused_by_zookeeper_do_not_use_up_the_connection(cluster: Cluster) -> None:
+    """An operator's long-lived client (``ordq console``) repeats admin calls on one connection,
+    some of which ZooKeeper answers with an error the coordinator catches: a revoke of a token
+    that is not there reads a node that is not there. Guard: ``PollHandler.async_result``
+    (coordinator/zk_tls.py) answers every blocking kazoo call through ``AnswerResult``
+    (coordinator/zk_answer.py), whose ``get`` raises a copy. Failing first: the 101st such call
+    on the connection was refused (RST_STREAM, error code 7)."""
+    cluster.add_groups("g1")  # and the coordinator
+    client = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials, timeout_s=10)
+    try:
+        for _ in range(MAX_STREAMS + 20):
+            with pytest.raises(ConfigError, match="no token deadbeef"):
+                client.admin("auth revoke", id="deadbeef", timeout_s=10)
+        assert client.admin("auth list", timeout_s=10)["tokens"] == []
+    finally:
         client.close()

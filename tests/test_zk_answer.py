@@ -16,7 +16,8 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.handlers.utils import AsyncResult
 
-from ordq.coordinator.zk_answer import zk_answer
+from ordq.coordinator.zk_answer import AnswerResult, zk_answer
+from ordq.coordinator.zk_tls import PollHandler
 
 
 class _Held:
@@ -65,6 +66,28 @@ def test_kazoos_own_get_is_the_cycle(no_collector: None) -> None:
     assert ref() is not None
     gc.collect()
     assert ref() is None
+
+
+def test_the_handlers_results_answer_so_for_kazoos_blocking_calls(no_collector: None) -> None:
+    """kazoo's blocking calls (``client.get``, ``exists``, ...) wait through the result's ``get``:
+    ordq's handler makes every result an ``AnswerResult``, whose ``get`` is ``zk_answer``'s. Failing
+    first: ``auth revoke`` of a missing token, in the admin API, kept its frame."""
+    handler = PollHandler()
+    assert isinstance(handler.async_result(), AnswerResult)
+
+    def read(r: AsyncResult) -> Any:
+        answer = handler.async_result()
+        answer.set_exception(r.exception)
+        return answer.get()
+
+    assert _handler(read, NoNodeError())() is None
+    pending = handler.async_result()
+    with pytest.raises(KazooTimeoutError):
+        pending.get(block=False)  # not answered: at once
+    with pytest.raises(KazooTimeoutError):
+        pending.get(timeout=0.01)
+    pending.set("value")
+    assert pending.get() == "value"
 
 
 def test_the_answer_the_failure_and_the_wait() -> None:
