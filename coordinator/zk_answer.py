@@ -15,8 +15,9 @@ raised and has no traceback, and nothing the raised copy's traceback holds leads
 ``AnswerResult`` is kazoo's result with that ``get``; ordq's kazoo handler (``PollHandler``,
 coordinator/zk_tls.py) makes every result one, so kazoo's blocking calls (``client.get``,
 ``exists``, ``get_children``, ``create``, ...), which wait through ``get``, raise copies too:
-an admin call that ZooKeeper refused (``auth revoke`` of a token that is not there) kept a
-stream of the operator's connection the same way (stop 99).
+an admin call that ZooKeeper refused (``auth revoke`` of a token that is not there, ``auth
+list --all`` with none revoked) kept a stream of the admin client's connection the same way
+(stop 99).
 """
 
 from __future__ import annotations

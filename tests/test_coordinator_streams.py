@@ -61,18 +61,20 @@ def test_a_standbys_polls_and_refused_calls_do_not_use_up_the_connection(cluster
 
 
 def test_admin_calls_refused_by_zookeeper_do_not_use_up_the_connection(cluster: Cluster) -> None:
-    """An operator's long-lived client (``ordq console``) repeats admin calls on one connection,
-    some of which ZooKeeper answers with an error the coordinator catches: a revoke of a token
-    that is not there reads a node that is not there. Guard: ``PollHandler.async_result``
-    (coordinator/zk_tls.py) answers every blocking kazoo call through ``AnswerResult``
-    (coordinator/zk_answer.py), whose ``get`` raises a copy. Failing first: the 101st such call
-    on the connection was refused (RST_STREAM, error code 7)."""
+    """A long-lived admin client (an application's ``CoordinatorClient``; ``ordq top`` keeps one)
+    repeats calls on one connection that ZooKeeper answers with an error the coordinator catches:
+    a revoke of a token that is not there, a list of the revoked tokens where none was ever
+    revoked (a NoNodeError each). Guard: ``PollHandler.async_result`` (coordinator/zk_tls.py)
+    makes every kazoo result an ``AnswerResult`` (coordinator/zk_answer.py), whose ``get`` (where
+    kazoo's blocking calls wait) raises a copy. Failing first: the 101st such call on the
+    connection was refused (RST_STREAM, error code 7), and every call after it."""
     cluster.add_groups("g1")  # and the coordinator
     client = CoordinatorClient(bootstrap=cluster.bootstrap, credentials=cluster.credentials, timeout_s=10)
     try:
-        for _ in range(MAX_STREAMS + 20):
+        for _ in range(MAX_STREAMS + 10):
             with pytest.raises(ConfigError, match="no token deadbeef"):
                 client.admin("auth revoke", id="deadbeef", timeout_s=10)
+            assert client.admin("auth list", all=True, timeout_s=10)["revoked"] == []
         assert client.admin("auth list", timeout_s=10)["tokens"] == []
     finally:
         client.close()

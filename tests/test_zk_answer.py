@@ -71,7 +71,7 @@ def test_kazoos_own_get_is_the_cycle(no_collector: None) -> None:
 def test_the_handlers_results_answer_so_for_kazoos_blocking_calls(no_collector: None) -> None:
     """kazoo's blocking calls (``client.get``, ``exists``, ...) wait through the result's ``get``:
     ordq's handler makes every result an ``AnswerResult``, whose ``get`` is ``zk_answer``'s. Failing
-    first: ``auth revoke`` of a missing token, in the admin API, kept its frame."""
+    first: the handler's object stayed alive."""
     handler = PollHandler()
     assert isinstance(handler.async_result(), AnswerResult)
 
