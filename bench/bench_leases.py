@@ -2,6 +2,7 @@
 Not a test: prints numbers for docs/BENCHMARKS.md ("Leases").
 
     .venv/bin/python -m bench.bench_leases [--queues 1000] [--clients 100] [--ttl 3] [--window 20] [--takeovers 5]
+                                           [--idle-consumers N]
 
 One throwaway cluster (bench/_cluster.py: ZooKeeper, one broker group, one coordinator, TLS). It
 creates ``--queues`` queues with one subscription each; ``--clients`` consumer leases (one per queue,
@@ -11,6 +12,11 @@ Over ``--window`` seconds, first with no lease held, then with the clients holdi
 - the coordinator's CPU (user + system, /proc) and its share of a core;
 - ZooKeeper's requests (``mntr`` ``zk_packets_received``) — heartbeats write nothing there;
 - heartbeats answered (the coordinator's ``LeaseDesk`` counts; here: renewals this process saw).
+
+With ``--idle-consumers N``, a third window: N whole SDK consumers (``ordq.sdk.Consumer``, one per
+queue, each polled by a thread of this process, nothing to read), as idle applications hold them:
+the coordinator's CPU again, and the calls each consumer makes of it (its lease's heartbeats, its
+view's Describes at the end of an open segment).
 
 Then ``--takeovers`` times: a child process acquires a lease and is killed (SIGKILL) while this
 process waits as the standby; takeover = the kill → the standby's grant (the dead holder's ttl
@@ -25,11 +31,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 from bench._cluster import bench_cluster, cpu_seconds, percentile
 from ordq.coordinator.client import CoordinatorClient
+from ordq.sdk import Consumer, ConsumerConfig
 from ordq.sdk._lease_client import CoordinatorLease
 from ordq.zk_server import four_letter_word
 
@@ -71,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttl", type=float, default=3.0)
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--takeovers", type=int, default=5)
+    ap.add_argument("--idle-consumers", type=int, default=0,
+                    help="then this many SDK consumers, idle, one per queue (at most --queues)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"queues": args.queues, "clients": args.clients, "ttl_s": args.ttl}
@@ -99,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         out["held"] = held
         for lease in leases:
             lease.stop()
+        if args.idle_consumers:
+            out["idle_consumers"] = idle_consumers(cluster, names[:args.idle_consumers], pid, zk_port, args.window)
         takeovers = []
         for i in range(args.takeovers):
             queue = names[-1 - i]
@@ -122,6 +134,37 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in out.items():
             print(f"{key}: {value}")
     return 0
+
+
+def idle_consumers(cluster: Any, queues: list[str], pid: int, zk_port: int, seconds: float) -> dict[str, Any]:
+    """Consumers of ``queues`` (subscription "s"), each polled by its own thread with nothing to
+    read, over a window once all hold their lease: the coordinator's CPU and their calls."""
+    stop = threading.Event()
+    consumers = [Consumer(ConsumerConfig(bootstrap=cluster.bootstrap, credentials=cluster.credentials, queue=q,
+                                         subscription="s")) for q in queues]
+
+    def run(c: Consumer) -> None:
+        while not stop.is_set():
+            c.poll(timeout_s=0.5)
+
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in consumers]
+    for c in consumers:
+        c.__enter__()
+    for t in threads:
+        t.start()
+    time.sleep(5)  # past each one's first Describes and reads
+    views = [c._view for c in consumers]  # noqa: SLF001 - the view counts its Describes (a bench's look)
+    before = sum(v.describes for v in views if v is not None)
+    got = window(pid, zk_port, seconds)
+    got["describes_per_s"] = round((sum(v.describes for v in views if v is not None) - before) / got["wall_s"], 1)
+    got["heartbeats_per_s"] = round(len(consumers) / (consumers[0].config.lease_ttl_s * 0.25), 1)
+    got["core_pct_per_consumer"] = round(got["coordinator_core_pct"] / len(consumers), 3)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    for c in consumers:
+        c.close()
+    return got
 
 
 def cpu_seconds_self() -> float:

@@ -91,6 +91,8 @@ BENCHES = [
     bench("bench_moves_gc", ["--queues", "500", "--passes", "1", "--rounds", "1"],
           ['"mode": "on"', '"mode": "held"', '"mode": "freeze"', '"collections_during"']),
     bench("bench_plan", ["--queues", "300", "--runs", "1"], ["plan of 300 moves:", "µs a move", "median"]),
+    bench("bench_leases", ["--queues", "3", "--clients", "2", "--window", "1", "--takeovers", "1", "--idle-consumers", "2"],
+          ["idle: ", "held: ", "idle_consumers: ", "describes_per_s", "takeover_ms: "]),
     bench("bench_spread_gc", ["--queues", "500", "--passes", "1", "--rounds", "1"],
           ['"mode": "default"', '"mode": "spaced"', '"passes_took"']),
     bench("bench_index", ["--messages", "20000", "--segments", "2", "--keys", "2000", "--lookups", "10"],
