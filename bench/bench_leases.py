@@ -26,6 +26,7 @@ plus the coordinator's margin is the floor, measured from its last renewal).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -148,22 +149,21 @@ def idle_consumers(cluster: Any, queues: list[str], pid: int, zk_port: int, seco
             c.poll(timeout_s=0.5)
 
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in consumers]
-    for c in consumers:
-        c.__enter__()
-    for t in threads:
-        t.start()
-    time.sleep(5)  # past each one's first Describes and reads
-    views = [c._view for c in consumers]  # noqa: SLF001 - the view counts its Describes (a bench's look)
-    before = sum(v.describes for v in views if v is not None)
-    got = window(pid, zk_port, seconds)
-    got["describes_per_s"] = round((sum(v.describes for v in views if v is not None) - before) / got["wall_s"], 1)
-    got["heartbeats_per_s"] = round(len(consumers) / (consumers[0].config.lease_ttl_s * 0.25), 1)
-    got["core_pct_per_consumer"] = round(got["coordinator_core_pct"] / len(consumers), 3)
-    stop.set()
-    for t in threads:
-        t.join(10)
-    for c in consumers:
-        c.close()
+    with contextlib.ExitStack() as closing:
+        for c in consumers:
+            closing.enter_context(c)
+        for t in threads:
+            t.start()
+        time.sleep(5)  # past each one's first Describes and reads
+        views = [c._view for c in consumers]  # noqa: SLF001 - the view counts its Describes (a bench's look)
+        before = sum(v.describes for v in views if v is not None)
+        got = window(pid, zk_port, seconds)
+        got["describes_per_s"] = round((sum(v.describes for v in views if v is not None) - before) / got["wall_s"], 1)
+        got["heartbeats_per_s"] = round(len(consumers) / (consumers[0].config.lease_ttl_s * 0.25), 1)
+        got["core_pct_per_consumer"] = round(got["coordinator_core_pct"] / len(consumers), 3)
+        stop.set()
+        for t in threads:
+            t.join(10)
     return got
 
 
