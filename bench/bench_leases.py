@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="then this many SDK consumers, idle, one per queue (at most --queues)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if not 0 <= args.idle_consumers <= args.queues:
+        ap.error(f"--idle-consumers must be from 0 to --queues ({args.queues}), not {args.idle_consumers}")
     out: dict[str, Any] = {"queues": args.queues, "clients": args.clients, "ttl_s": args.ttl}
     with bench_cluster(1) as cluster:
         zk_port = cluster.zk.specs[0].client_port
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         mine0 = cpu_seconds_self()
         held = window(pid, zk_port, args.window)
         held["clients_cpu_s"] = round(cpu_seconds_self() - mine0, 3)
-        held["heartbeats_per_s"] = round(args.clients / (args.ttl * 0.25), 1)
+        held["heartbeats_per_s"] = heartbeats_per_s(args.clients, args.ttl)
         held["lapses"] = sum(lease.stats.lapses for lease in leases)
         held["lost"] = sum(lease.stats.lost for lease in leases)
         out["held"] = held
@@ -137,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def heartbeats_per_s(leases: int, ttl_s: float) -> float:
+    """The renewals ``leases`` leases of ``ttl_s`` make a second: each renews every quarter of
+    its ttl (the rate they are set to, not counted)."""
+    return round(leases / (ttl_s * 0.25), 1)
+
+
 def idle_consumers(cluster: Any, queues: list[str], pid: int, zk_port: int, seconds: float) -> dict[str, Any]:
     """Consumers of ``queues`` (subscription "s"), each polled by its own thread with nothing to
     read, over a window once all hold their lease: the coordinator's CPU and their calls."""
@@ -159,7 +167,7 @@ def idle_consumers(cluster: Any, queues: list[str], pid: int, zk_port: int, seco
         before = sum(v.describes for v in views if v is not None)
         got = window(pid, zk_port, seconds)
         got["describes_per_s"] = round((sum(v.describes for v in views if v is not None) - before) / got["wall_s"], 1)
-        got["heartbeats_per_s"] = round(len(consumers) / (consumers[0].config.lease_ttl_s * 0.25), 1)
+        got["heartbeats_per_s"] = heartbeats_per_s(len(consumers), consumers[0].config.lease_ttl_s)
         got["core_pct_per_consumer"] = round(got["coordinator_core_pct"] / len(consumers), 3)
         stop.set()
         for t in threads:
