@@ -471,9 +471,12 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     watched = [q for q in rng.sample(idle, min(sample, len(idle)))]
     watched = [q for q in watched if (o := patient(store.load_state, q)[0].open_segment) is not None and o.gid == gid]
     # every idle queue the group heads, with its open segment: all moved, all sealed (issue 43)
-    headed = {q: v[0].open_segment.seg for q, v in patient(store.load_states, idle).items()
-              if not isinstance(v, CorruptState) and v[0].open_segment is not None
-              and v[0].open_segment.gid == gid}
+    states = {q: v[0] for q, v in patient(store.load_states, idle).items() if not isinstance(v, CorruptState)}
+    headed = {q: st.open_segment.seg for q, st in states.items()
+              if st.open_segment is not None and st.open_segment.gid == gid}
+    # the idle heads per group at the kill: concurrent creators (--threads) can read the same
+    # queue count and so skew the creation's spread, until the coordinator evens it (10 s grace)
+    heads_at_kill = head_counts((st.head for st in states.values()), cluster.gids)
     spy_pid = leader_pid(cluster) if spy_folder is not None else None
     load_at_kill = round(os.getloadavg()[0], 2)
     t_kill, t_kill_wall = time.monotonic(), time.time()
@@ -523,7 +526,7 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched),
-            "headed": len(headed), "all_moved_s": all_moved, "all_sealed_s": all_sealed, "list_after_kill": listed,
+            "headed": len(headed), "heads_at_kill": heads_at_kill, "all_moved_s": all_moved, "all_sealed_s": all_sealed, "list_after_kill": listed,
             "load_at_kill": load_at_kill, "load_after": round(os.getloadavg()[0], 2)}
 
 
