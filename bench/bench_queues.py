@@ -526,7 +526,8 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
             "group": gid, "failover_s": None if acked_at is None else round(acked_at - t_kill, 3),
             "spans": spans,
             "idle_moved_s": None if idle_moved is None else round(idle_moved, 2), "idle_watched": len(watched),
-            "headed": len(headed), "heads_at_kill": heads_at_kill, "all_moved_s": all_moved, "all_sealed_s": all_sealed, "list_after_kill": listed,
+            "headed": len(headed), "heads_at_kill": heads_at_kill, "all_moved_s": all_moved,
+            "all_sealed_s": all_sealed, "list_after_kill": listed,
             "load_at_kill": load_at_kill, "load_after": round(os.getloadavg()[0], 2)}
 
 
