@@ -441,14 +441,17 @@ class CoordinatorClient:
         return Held(kind=kind, queue=queue, sub=sub, holder=holder, generation=res.generation, key=res.lease_key,
                     ttl_ms=res.ttl_ms, group_generation=res.group_generation, partitions=tuple(res.partitions))
 
-    def heartbeat(self, lease: Held, *, timeout_s: float | None = None) -> Held:
+    def heartbeat(self, lease: Held, *, with_state: bool = False, timeout_s: float | None = None) -> Held:
         """Renew ``lease``: it as the coordinator has it now (a member's partitions may have
-        changed). LeaseLost when it is not the caller's any more."""
+        changed). LeaseLost when it is not the caller's any more. ``with_state`` (a consumer
+        lease): the answer's ``state_zxid`` is the queue state's stamp, read after the renewal."""
         import attrs
 
-        res = self._call("Heartbeat", self._lease_request(lease), timeout_s)
+        req = self._lease_request(lease)
+        req.with_state = with_state
+        res = self._call("Heartbeat", req, timeout_s)
         return attrs.evolve(lease, ttl_ms=res.ttl_ms, group_generation=res.group_generation,
-                            partitions=tuple(res.partitions))
+                            partitions=tuple(res.partitions), state_zxid=res.state_zxid)
 
     def release(self, lease: Held, *, timeout_s: float | None = None) -> None:
         """Give ``lease`` back (a successor may be granted at once)."""
@@ -483,7 +486,7 @@ class CoordinatorClient:
             config=QueueConfig(**json.loads(res.config_json)) if with_config else None,
             live=live if with_live else None,
             cursor=Cursor.from_dict(json.loads(res.cursor_json)) if subscription else None,
-            cursor_version=res.cursor_version if subscription else -1)
+            cursor_version=res.cursor_version if subscription else -1, zxid=res.state_zxid)
 
     def describe_topic(self, topic: str, *, timeout_s: float | None = None) -> Any:
         """A keyed topic's config (``coordinator.topics.TopicConfig``); TopicNotFound."""

@@ -41,6 +41,9 @@ class Held:
     ttl_ms: int
     group_generation: int = 0  # member leases: the group's generation and this member's partitions
     partitions: tuple[int, ...] = ()
+    # a consumer lease renewed ``with_state``: the queue state's stamp (ZkStore.state_stamp) the
+    # renewal read; 0: not told (not asked, or a coordinator that does not tell it)
+    state_zxid: int = 0
 
 
 @attrs.frozen
@@ -61,3 +64,4 @@ class Described:
     live: Any = None  # {gid: {role: LiveInfo}} (pid 0: not told)
     cursor: Cursor | None = None
     cursor_version: int = -1
+    zxid: int = 0  # the state's stamp (ZkStore.state_stamp); 0: not told

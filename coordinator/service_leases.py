@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from kazoo.exceptions import NoNodeError
 
-from ordq.common.errors import ConfigError, ConflictError, OrdqError, PermissionDenied
+from ordq.common.errors import ConfigError, ConflictError, CoordinationUnavailable, OrdqError, PermissionDenied
 from ordq.coordinator.lease_desk import Grant, LeaseDesk
 from ordq.coordinator.leases import Decision, Kind, LeaseName
 from ordq.coordinator.paths import check_name
@@ -32,6 +32,9 @@ from ordq.coordinator.zk_answer import zk_answer
 
 log = logging.getLogger("ordq.coordinator.service")
 
+# How long a consumer's renewal waits for its queue state's stamp (``LeaseRequest.with_state``):
+# ZooKeeper answers in about a millisecond; slower, the renewal is answered without it.
+STAMP_WAIT_S = 0.25
 # LeaseKind on the wire (proto enum numbers) -> our kind and the role its holder needs.
 _KINDS = {1: (Kind.PRODUCER, "produce"), 2: (Kind.CONSUMER, "consume"), 3: (Kind.MEMBER, "consume")}
 
@@ -155,7 +158,16 @@ class LeaseCalls:
             if name.kind is Kind.CONSUMER:
                 self.leases.groups.check_consumer(name, request.holder, renewing=True)
             r = self.leases.heartbeat(name, request.generation, request.lease_key)
-            return self._pb.LeaseResponse(granted=True, generation=r.generation, ttl_ms=r.ttl_ms)
+            out = self._pb.LeaseResponse(granted=True, generation=r.generation, ttl_ms=r.ttl_ms)
+            if request.with_state and name.kind is Kind.CONSUMER:
+                # read after the renewal: a consumer that finds its state's stamp unchanged needs
+                # no Describe to know its state is the latest (sdk/_queue_view.py). The renewal
+                # is answered from memory: ZooKeeper slow or away leaves the stamp untold (0).
+                try:
+                    out.state_zxid = self.store.state_stamp(name.queue, name.sub, wait_s=STAMP_WAIT_S)
+                except CoordinationUnavailable:
+                    pass
+            return out
 
         return self._serve("Heartbeat", name.queue, context, beat, role=role)
 
@@ -188,9 +200,9 @@ class LeaseCalls:
 
     def _describe(self, req: Any) -> Any:
         q = req.queue
-        st, version = self.store.load_state(q)
+        st, stat = self.store.load_state_stat(q)
         out = self._pb.DescribeResponse(state_json=json.dumps(st.to_dict(), sort_keys=True).encode(),
-                                        state_version=version)
+                                        state_version=stat.version, state_zxid=stat.mzxid)
         if req.with_config:
             out.config_json = json.dumps(attrs.asdict(self.store.queue_config(q))).encode()
         if req.with_live:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -406,12 +407,42 @@ class ZkBase:
         """The queue's state and its node's version (to show or follow it; a write reads with
         ``load_state_to_write``); ``watch`` is called once on the next change (pass the same
         callable each time: kazoo keeps a set)."""
+        st, stat = self.load_state_stat(queue, watch=watch)
+        return st, stat.version
+
+    def load_state_stat(self, queue: str, *, watch: Callable[[Any], None] | None = None) -> tuple[QueueState, Any]:
+        """``load_state`` with its node's whole stat (kazoo's ZnodeStat): its ``mzxid`` is the
+        state's stamp (``state_stamp``)."""
         with self._errors():
             try:
                 data, stat = self._read(self.client.get_async, self.paths.state(queue), watch=watch)
             except NoNodeError as exc:
                 raise QueueNotFound(queue) from exc
-        return parse_state(queue, data), stat.version
+        return parse_state(queue, data), stat
+
+    def state_stamp(self, queue: str, sub: str = "", *, wait_s: float | None = None) -> int:
+        """The zxid of the queue state's last change (its node's ``mzxid``); -1 when the queue,
+        or the subscription ``sub`` if named, is gone. Reads the nodes' stats, not their data,
+        in one round trip. Every change of the state changes the stamp, a queue deleted and
+        created again too (zxids never repeat), so a client that holds a state and its stamp
+        knows from the stamp alone whether it is still the latest (a consumer's heartbeat:
+        ``LeaseRequest.with_state``, sdk/_queue_view.py).
+
+        ``wait_s``: sent once, its answers awaited this long at most (CoordinationUnavailable
+        then): for a caller that must not wait on ZooKeeper (a lease renewal is answered from
+        memory); None: as every read (``_read``)."""
+        paths = [self.paths.state(queue)] + ([self.paths.sub(queue, sub)] if sub else [])
+
+        def stats() -> list[Any]:
+            asked = [self.client.exists_async(p) for p in paths]
+            if wait_s is None:
+                return [self._wait(request) for request in asked]
+            deadline = time.monotonic() + wait_s
+            return [zk_answer(request, max(0.0, deadline - time.monotonic())) for request in asked]
+
+        with self._errors():
+            got = stats() if wait_s is not None else self._retry.copy()(stats)
+        return -1 if any(stat is None for stat in got) else int(got[0].mzxid)
 
     def load_state_to_write(self, queue: str) -> tuple[QueueState, StateVersion]:
         """The queue's state and the version a write of it checks (``StateVersion``: the

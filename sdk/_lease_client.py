@@ -86,10 +86,16 @@ class CoordinatorLease:
                  ttl_s: float, clock: Callable[[], float] = time.monotonic,
                  on_renewed: Callable[[Held], None] | None = None,
                  on_refused: Callable[[Refusal], None] | None = None,
-                 proof: Callable[[], Held] | None = None) -> None:
+                 proof: Callable[[], Held] | None = None,
+                 on_state: Callable[[int, float], None] | None = None,
+                 state_wanted: Callable[[], bool] = lambda: True) -> None:
         """``on_renewed``: called on the renewal thread with each answer (a member learns its
         partitions so); ``on_refused``: called in ``acquire`` with each refusal (who holds it);
-        ``proof``: a lease shown with each Acquire (a group's partition: its member's lease)."""
+        ``proof``: a lease shown with each Acquire (a group's partition: its member's lease);
+        ``on_state`` (a consumer lease): each renewal sent while ``state_wanted()`` asks for
+        the queue state's stamp too, and ``on_state(stamp, sent_at)`` is called on the renewal
+        thread with what it read (``Held.state_zxid``; not called when the coordinator did not
+        tell it), ``sent_at`` this clock's time the renewal was sent (the stamp was read after)."""
         self._coord = coord
         self.kind, self.queue, self.sub, self.holder = kind, queue, sub, holder
         self._ttl_ms = max(1, int(ttl_s * 1000))
@@ -97,6 +103,7 @@ class CoordinatorLease:
         self._on_renewed = on_renewed
         self._on_refused = on_refused
         self._proof = proof
+        self._on_state, self._state_wanted = on_state, state_wanted
         self._clock = LeaseClock(ttl_s)
         self._held: Held | None = None
         self._wake = threading.Event()
@@ -214,8 +221,10 @@ class CoordinatorLease:
             return
         sent = self._now()
         was_valid = self._clock.valid(sent)
+        with_state = self._on_state is not None and self._state_wanted()
         try:
-            now_held = self._coord.heartbeat(held, timeout_s=self._clock.timeout_s * CLIENT_TRUST)
+            now_held = self._coord.heartbeat(held, with_state=with_state,
+                                             timeout_s=self._clock.timeout_s * CLIENT_TRUST)
         except LeaseLost as exc:
             if self._stopped:  # our own release overtook this renewal (docs/SDK.md's run printed
                 return         # "lost: it was released" as its consumer closed): nothing was lost
@@ -246,6 +255,8 @@ class CoordinatorLease:
         self._clock.renewed(sent)
         if self._on_renewed is not None:
             self._on_renewed(now_held)
+        if with_state and now_held.state_zxid != 0 and self._on_state is not None:
+            self._on_state(now_held.state_zxid, sent)
 
     def _run(self) -> None:
         last_sent = self._now()

@@ -10,10 +10,16 @@ Rules:
 - The state is read again only when marked changed (a replica answered "sealed" or was not
   found, a segment's end reached, a lease change) or, while a reader waits at the end of an
   open segment (``idle``), after ``every_s``, then after twice as long each time, up to
-  ``IDLE_MAX_S``, until it reads batches again (``reading``): never one per fetch, and an idle
-  consumer costs its coordinator one Describe a second, not one per ``every_s``. What that
+  ``IDLE_MAX_S``, until it reads batches again (``reading``): never one per fetch. What that
   Describe is for, no replica tells: a roll or a failover seals the segment on the replicas
   that answer, and their next answer says "sealed" (marked changed at once).
+- An idle reader's lease renewals ask for the state's stamp (``heard``: the zxid of its last
+  change, ``ZkStore.state_stamp``; -1 when the queue or the subscription is gone). The same
+  stamp as the cached state's vouches for it as of the renewal, as a Describe would: while
+  renewals come more often than the idle wait, an idle consumer costs its coordinator no
+  Describe, only its heartbeats (each a read of two stats, against a Describe's state, cursor
+  and two live nodes a group). A later stamp, or -1, is read again at once. A state learnt
+  without its stamp (``learnt``), or a coordinator that does not tell stamps: Describes as above.
 - After a Describe that got no answer the cached state and replicas serve, and the next
   Describe waits ``RETRY_S``: no read round stalls on a coordinator that cannot answer.
 - Reads only; never writes.
@@ -49,6 +55,9 @@ class QueueView:
         self._read_at = float("-inf")  # monotonic time of the last Describe answered
         self._retry_at = float("-inf")  # no Describe before this (the last got no answer)
         self._answered = True  # did the last Describe answer?
+        self._zxid = 0  # the cached state's stamp (0: not known)
+        self._heard = (0, float("-inf"))  # (stamp, sent at) the last renewal that asked read (``heard``)
+        self.idling = False  # at the end of an open segment since the last batch read (``idle``)
         self.describes = 0  # Describe calls made (tests: the coordinator's load)
 
     def connected(self) -> bool:
@@ -88,7 +97,7 @@ class QueueView:
 
     def learn(self, got: Described) -> None:
         """What a Describe answered (the consumer's own, e.g. on a rejoin)."""
-        self._state = got.state
+        self._state, self._zxid = got.state, got.zxid
         if got.live is not None:
             # A group without a live process is known as such (empty): read again when marked stale.
             self._replicas = {gid: dict(got.live.get(gid, {})) for gid in got.state.groups}
@@ -96,8 +105,14 @@ class QueueView:
         self._read_at = self._now()
 
     def learnt(self, st: QueueState) -> None:
-        """A state the coordinator answered to this consumer (a seal, a pop): newer than the cache."""
-        self._state = st
+        """A state the coordinator answered to this consumer (a seal, a pop): newer than the
+        cache; its stamp is not known (no renewal vouches for it)."""
+        self._state, self._zxid = st, 0
+
+    def heard(self, stamp: int, sent_at: float) -> None:
+        """A lease renewal sent at ``sent_at`` (this view's clock) read the state's stamp
+        ``stamp`` (the renewal thread: one tuple stored, read by ``idle``)."""
+        self._heard = (stamp, sent_at)
 
     def mark_changed(self) -> None:
         """Read the state again at the next chance."""
@@ -105,15 +120,31 @@ class QueueView:
 
     def idle(self) -> None:
         """A reader is at the end of an open segment: the state may have moved on (a failover,
-        a roll) without any replica saying so. Read it again if the last read is as old as the
-        idle wait, which then doubles, up to ``IDLE_MAX_S`` (``every_s`` if longer)."""
-        if self._now() - self._read_at >= self._idle_wait_s:
+        a roll) without any replica saying so. Read it again at once if a renewal read a later
+        stamp or found the queue or subscription gone; else if the state is not known to be
+        the latest for as long as the idle wait, which then doubles, up to ``IDLE_MAX_S``
+        (``every_s`` if longer). Known the latest: as of the last Describe, or as of the last
+        renewal that read the cached state's own stamp."""
+        self.idling = True
+        stamp, sent_at = self._heard
+        latest_at = self._read_at
+        if self._zxid > 0:
+            # zxids only grow: a later stamp is a change since our read; an earlier one, a
+            # renewal that read before it (ignored). -1 from a renewal sent before our last
+            # Describe answered is not news: that Describe found both.
+            if stamp > self._zxid or (stamp == -1 and sent_at >= self._read_at):
+                self._changed = True
+                return
+            if stamp == self._zxid:
+                latest_at = max(latest_at, sent_at)
+        if self._now() - latest_at >= self._idle_wait_s:
             self._changed = True
             self._idle_wait_s = min(2 * self._idle_wait_s, max(self._every_s, IDLE_MAX_S))
 
     def reading(self) -> None:
         """A reader got batches: when it waits again, its first Describe comes after ``every_s``."""
         self._idle_wait_s = self._every_s
+        self.idling = False
 
     def wait_change(self, wait_ms: int) -> None:
         """Nothing to read until the state changes (no next segment yet, no replica answers):

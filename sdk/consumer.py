@@ -166,7 +166,8 @@ class Consumer:
         self._view = view = QueueView(coord, cfg.queue, cfg.subscription, every_s=cfg.fetch_wait_ms / 1000.0)
         self._ensure_subscription()
         self._lease = lease = CoordinatorLease(coord, "consumer", cfg.queue, cfg.subscription, cfg.consumer_id,
-                                               ttl_s=cfg.lease_ttl_s, proof=cfg.member_lease)
+                                               ttl_s=cfg.lease_ttl_s, proof=cfg.member_lease,
+                                               on_state=view.heard, state_wanted=lambda: view.idling)
         if not lease.acquire(cfg.leader_timeout_s, stopped=lambda: self._closed):
             raise WaitTimeout(f"{cfg.queue}/{cfg.subscription}: no consumer lease in {cfg.leader_timeout_s}s")
         got = self._describe_cursor()

@@ -273,3 +273,49 @@ def test_an_idle_consumer_describes_the_queue_less_and_less_often(cluster: Clust
         assert cluster.ordq("queue", "roll", "q").returncode == 0
         wait_until(lambda: (c.poll(timeout_s=0.02), c._require(c._view).cached().segment(1))[1] is not None,
                    timeout_s=30, what="the consumer to learn of the roll")
+
+
+def test_an_idle_consumers_renewals_vouch_for_its_state_and_tell_it_its_subscription_went(cluster: Cluster) -> None:
+    """Guard: the consumer's lease renewals ask for the queue state's stamp while it idles
+    (``LeaseRequest.with_state``; ``QueueView.heard``): the same stamp as its cached state's
+    stands for a Describe. Stop 100: 40 idle consumers took 20-23 % of a core of the leading
+    coordinator, a Describe a second each (its state, its cursor and its groups' live nodes).
+    Here 8 s idle: ~11 Describes before (the first ones, then one a second), at most 5 now
+    (the first ones, until the idle wait outgrows the renewals' period). The renewals still
+    tell it what a Describe told: a forced delete of its subscription stops it at once
+    (the stamp -1, then the Describe's SubscriptionNotFound)."""
+    import time
+
+    from ordq.common.errors import SubscriptionNotFound
+
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue()
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s", fetch_wait_ms=200)
+    c = Consumer(cfg)
+    c.__enter__()
+    try:
+        assert c.poll(timeout_s=0.02) == []
+        before = cluster.coordinator_requests(rpc="Describe")
+        started = time.monotonic()
+        while time.monotonic() - started < 8.0:
+            assert c.poll(timeout_s=0.02) == []
+        took = time.monotonic() - started
+        asked = cluster.coordinator_requests(rpc="Describe") - before
+        print(f"{took:.1f} s idle: {asked:.0f} Describe calls")
+        assert asked <= 5, asked
+        forced = cluster.ordq("sub", "delete", "q", "s", "--force")
+        assert forced.returncode == 0, forced.stderr
+        deleted = time.monotonic()
+
+        def stopped() -> bool:
+            try:
+                c.poll(timeout_s=0.02)
+            except SubscriptionNotFound:
+                return True
+            return False
+
+        wait_until(stopped, timeout_s=30, what="the idle consumer to find its subscription gone")
+        print(f"stopped {time.monotonic() - deleted:.2f} s after the delete")
+        assert time.monotonic() - deleted < 5.0
+    finally:
+        c.__exit__(SubscriptionNotFound, SubscriptionNotFound("q", "s"), None)

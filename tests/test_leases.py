@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordq.common.errors import ClosedError, LeaseLost, PermissionDenied, SubscriptionNotFound
+from ordq.coordinator import state as sm
 from ordq.coordinator.client import CoordinatorClient, Held, Refusal
 from ordq.coordinator.leases import (
     CLIENT_TRUST,
@@ -208,7 +209,7 @@ def test_a_renewal_whose_client_was_closed_under_a_live_lease_says_so_and_ends(c
     """The owner closed its coordinator client without stopping the lease first: the renewal
     ends with a warning (the lease then runs out), not an unhandled exception on its thread."""
     class Closed:
-        def heartbeat(self, held: Held, *, timeout_s: float) -> Held:
+        def heartbeat(self, held: Held, *, with_state: bool = False, timeout_s: float) -> Held:
             raise ClosedError("coordinator client is closed")
 
     lease = CoordinatorLease(Closed(), "consumer", "q", "s", "A", ttl_s=1.0)  # type: ignore[arg-type]
@@ -260,3 +261,43 @@ def test_a_renewal_under_way_when_the_owner_stops_and_closes_its_client_ends_qui
     finally:
         threading.excepthook = previous
     assert errors == [], errors
+
+
+@pytest.mark.zk
+def test_a_consumers_renewal_tells_the_states_stamp_and_is_not_held_by_a_silent_zookeeper(cluster: Cluster) -> None:
+    """``LeaseRequest.with_state`` (what an idle consumer's renewals ask, sdk/_queue_view.py):
+    the answer's ``state_zxid`` is the stamp a Describe answers with the state, a later one
+    after the state changed, -1 once the subscription is gone; asked of a producer lease or
+    not asked, 0 (not told). Guard: a renewal is answered from memory, so the stamp is waited
+    for ``STAMP_WAIT_S`` at most: with ZooKeeper stopped (SIGSTOP) the renewal is answered
+    without it (0), not when ZooKeeper answers again (before the bound: after the pause)."""
+    from ordq.coordinator.service_leases import STAMP_WAIT_S
+
+    cluster.add_groups("g1", "g2")
+    cluster.create_queue("q")
+    cluster.store.create_subscription("q", "s")
+    with _client(cluster) as c:
+        a = c.acquire("consumer", "q", "s", "A", ttl_ms=10_000)
+        assert isinstance(a, Held)
+        stamp = c.heartbeat(a, with_state=True).state_zxid
+        assert stamp > 0 and stamp == c.describe("q").zxid
+        assert c.heartbeat(a).state_zxid == 0
+        p = c.acquire("producer", "q", "", "P", ttl_ms=10_000)
+        assert isinstance(p, Held) and c.heartbeat(p, with_state=True).state_zxid == 0
+        cluster.store.apply("q", lambda st, _facts: sm.bump_epoch(st))  # the state changes (nothing follows)
+        later = c.heartbeat(a, with_state=True).state_zxid
+        assert later > stamp and later == c.describe("q").zxid
+        [zk] = cluster.zk.processes
+        zk.pause()
+        try:
+            asked = time.monotonic()
+            silent = c.heartbeat(a, with_state=True, timeout_s=5.0)
+            took = time.monotonic() - asked
+        finally:
+            zk.resume()
+        assert silent.state_zxid == 0 and took < STAMP_WAIT_S + 0.6, (silent, took)
+        wait_until(lambda: c.heartbeat(a, with_state=True).state_zxid == later, timeout_s=30,
+                   what="the stamp told again once ZooKeeper answers")
+        cluster.store.delete_subscription("q", "s")  # forced, as `ordq sub delete --force` under a holder
+        assert c.heartbeat(a, with_state=True).state_zxid == -1
+        assert cluster.store.state_stamp("q") == later and cluster.store.state_stamp("nope") == -1

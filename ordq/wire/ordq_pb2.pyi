@@ -227,7 +227,7 @@ class AdminResponse(_message.Message):
     def __init__(self, result_json: _Optional[bytes] = ..., text: _Optional[bytes] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("kind", "queue", "subscription", "holder", "generation", "lease_key", "ttl_ms", "wait_ms")
+    __slots__ = ("kind", "queue", "subscription", "holder", "generation", "lease_key", "ttl_ms", "wait_ms", "with_state")
     KIND_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,7 @@ class LeaseRequest(_message.Message):
     LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    WITH_STATE_FIELD_NUMBER: _ClassVar[int]
     kind: LeaseKind
     queue: str
     subscription: str
@@ -244,10 +245,11 @@ class LeaseRequest(_message.Message):
     lease_key: str
     ttl_ms: int
     wait_ms: int
-    def __init__(self, kind: _Optional[_Union[LeaseKind, str]] = ..., queue: _Optional[str] = ..., subscription: _Optional[str] = ..., holder: _Optional[str] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    with_state: bool
+    def __init__(self, kind: _Optional[_Union[LeaseKind, str]] = ..., queue: _Optional[str] = ..., subscription: _Optional[str] = ..., holder: _Optional[str] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ..., with_state: _Optional[bool] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("granted", "generation", "lease_key", "ttl_ms", "holder", "retry_ms", "group_generation", "partitions")
+    __slots__ = ("granted", "generation", "lease_key", "ttl_ms", "holder", "retry_ms", "group_generation", "partitions", "state_zxid")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     LEASE_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +258,7 @@ class LeaseResponse(_message.Message):
     RETRY_MS_FIELD_NUMBER: _ClassVar[int]
     GROUP_GENERATION_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    STATE_ZXID_FIELD_NUMBER: _ClassVar[int]
     granted: bool
     generation: int
     lease_key: str
@@ -264,7 +267,8 @@ class LeaseResponse(_message.Message):
     retry_ms: int
     group_generation: int
     partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, granted: _Optional[bool] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ..., retry_ms: _Optional[int] = ..., group_generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    state_zxid: int
+    def __init__(self, granted: _Optional[bool] = ..., generation: _Optional[int] = ..., lease_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ..., retry_ms: _Optional[int] = ..., group_generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., state_zxid: _Optional[int] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ("queue", "subscription", "with_config", "with_live", "topic")
@@ -295,7 +299,7 @@ class LiveProcess(_message.Message):
     def __init__(self, gid: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[str] = ..., produce: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("state_json", "state_version", "config_json", "live", "cursor_json", "cursor_version", "topic_json")
+    __slots__ = ("state_json", "state_version", "config_json", "live", "cursor_json", "cursor_version", "topic_json", "state_zxid")
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +307,7 @@ class DescribeResponse(_message.Message):
     CURSOR_JSON_FIELD_NUMBER: _ClassVar[int]
     CURSOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOPIC_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_ZXID_FIELD_NUMBER: _ClassVar[int]
     state_json: bytes
     state_version: int
     config_json: bytes
@@ -310,7 +315,8 @@ class DescribeResponse(_message.Message):
     cursor_json: bytes
     cursor_version: int
     topic_json: bytes
-    def __init__(self, state_json: _Optional[bytes] = ..., state_version: _Optional[int] = ..., config_json: _Optional[bytes] = ..., live: _Optional[_Iterable[_Union[LiveProcess, _Mapping]]] = ..., cursor_json: _Optional[bytes] = ..., cursor_version: _Optional[int] = ..., topic_json: _Optional[bytes] = ...) -> None: ...
+    state_zxid: int
+    def __init__(self, state_json: _Optional[bytes] = ..., state_version: _Optional[int] = ..., config_json: _Optional[bytes] = ..., live: _Optional[_Iterable[_Union[LiveProcess, _Mapping]]] = ..., cursor_json: _Optional[bytes] = ..., cursor_version: _Optional[int] = ..., topic_json: _Optional[bytes] = ..., state_zxid: _Optional[int] = ...) -> None: ...
 
 class CoordinatorsRequest(_message.Message):
     __slots__ = ()
