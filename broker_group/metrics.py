@@ -56,6 +56,9 @@ _COUNTERS = {
                           "recheck (a wake-up missed: 0 expected)"),
     "read_wakeups": ("ordq_broker_read_wakeups", "Times a waiting reader woke (a LAC move of its segment, another "
                      "change of the broker's, or its long poll's deadline)"),
+    "absent_state_reads": ("ordq_broker_absent_state_reads", "ZooKeeper reads of the state of a segment a reader "
+                           "asked for and this replica holds no copy of (one a second at most per segment open "
+                           "here and never written)"),
     "token_calls_refused": ("ordq_broker_token_calls_refused", "Calls refused because their token held "
                             "max_calls_per_token calls open on this broker already"),
     "fetch_batches": ("ordq_broker_fetch_batches", "Batches returned to readers"),

@@ -39,6 +39,17 @@ INLINE_READ_MESSAGES = 4096  # a fetch of more messages reads the log in a worke
 # A neighbour queue on another broker of the same machine: its acks' p50 in the 250 ms after
 # such a burst 5.1-5.3 -> 2.3-3.3 ms, their p99 the same (docs/BENCHMARKS.md, stop 76).
 FIRST_STREAM_ANSWER_BYTES = 256 << 10
+# A segment this replica holds no copy of, found open on this group in ZooKeeper (a queue not
+# written yet: its first batch creates it here), is answered empty again for this long without
+# reading ZooKeeper (``ReadPath._absent_open``). An idle consumer of a queue never written read
+# the queue's state at every long poll's end: two reads a second each (stop 100). Why it is safe:
+# the answer is "nothing yet, not sealed", which waiting one more second would give too. A batch
+# acked in that segment was placed on both replicas, so this one then holds it (the map is looked
+# at first); a seal is told to the consumer by its own state (its renewals' stamp), and a sealed
+# segment with messages but no copy here is what a replica restarted on an empty disk has: its
+# map starts empty.
+ABSENT_OPEN_S = 1.0
+ABSENT_OPEN_KEEP = 100_000  # entries kept at most (past it the expired ones go, then all)
 
 
 @attrs.define(eq=False)
@@ -131,6 +142,9 @@ class ReadPath:
         self.room = Signal(shared.loop)
         self._read_slots = KeyedLocks()  # one worker at a time builds a token's answers: _read_slot
         self._pace_turns = KeyedLocks()  # a token's answers wait for its read rate in turn (Lease.paced)
+        # (queue, seg) -> until when (monotonic) it is answered as open and empty here (ABSENT_OPEN_S);
+        # set by a worker's ``_fetch_absent``, read on the loop (single dict operations)
+        self._absent_open: dict[tuple[str, int], float] = {}
 
     def lease(self, holders: Sequence[str], queue: str | None = None) -> Lease:
         """A call's share of the memory budget, charged to ``holders`` (budget.holders_of);
@@ -188,6 +202,8 @@ class ReadPath:
             shared.stats.read_wakeups += 1
             s = shared.segments.get(key)
         if s is None:
+            if self._absent_open.get(key, 0.0) > time.monotonic():
+                return encode([], offset=req.offset, end_offset=req.offset, readable_end=0, sealed=False)
             return await shared.loop.run_blocking(self._fetch_absent, req)
         r = s.replica
         while True:
@@ -301,7 +317,9 @@ class ReadPath:
         self._repair_kick.set()
 
     def _fetch_absent(self, req: pb.FetchRequest) -> Answer:
-        """In a worker thread: a fetch of a segment this replica holds no copy of."""
+        """In a worker thread: a fetch of a segment this replica holds no copy of (open on this
+        group in ZooKeeper: answered so for ``ABSENT_OPEN_S`` without reading it again)."""
+        self.shared.stats.absent_state_reads += 1
         z, _ = self.segments.zk_segment(req.queue, req.seg)
         if z is None or z.gid != self.shared.config.gid:
             raise SegmentNotFound(req.queue, req.seg)
@@ -310,5 +328,17 @@ class ReadPath:
             # disk): the reader must go to the peer, not wait here for data that never comes.
             raise BrokerUnavailable(self.shared.address, f"holds no copy of sealed segment {req.queue}/{req.seg} "
                                     f"({z.end} messages): read it from the peer")
+        if z.status is SegStatus.OPEN:
+            self._remember_absent_open((req.queue, req.seg))
         return encode([], offset=req.offset, end_offset=req.offset, readable_end=0,
                       sealed=z.status is SegStatus.SEALED and not z.end)
+
+    def _remember_absent_open(self, key: tuple[str, int]) -> None:
+        now = time.monotonic()
+        known = self._absent_open
+        if len(known) >= ABSENT_OPEN_KEEP:
+            for old in [k for k, until in list(known.items()) if until <= now]:
+                known.pop(old, None)
+            if len(known) >= ABSENT_OPEN_KEEP:
+                known.clear()
+        known[key] = now + ABSENT_OPEN_S

@@ -169,6 +169,9 @@ class BrokerStats:
     # broker-wide change (``Shared.changed``), or its deadline came (issue 39: it woke at every
     # LAC move of every queue on the broker)
     read_wakeups: int = 0
+    # ZooKeeper reads of a segment's state for a reader of a segment this replica holds no copy
+    # of (``ReadPath._fetch_absent``; one a second at most per segment open here and not written)
+    absent_state_reads: int = 0
     read_link_streams: int = 0  # Read streams served on the lean link (broker_group/lean_produce.py)
     fetch_batches: int = 0
     fetch_messages: int = 0

@@ -319,3 +319,43 @@ def test_an_idle_consumers_renewals_vouch_for_its_state_and_tell_it_its_subscrip
         assert time.monotonic() - deleted < 5.0
     finally:
         c.__exit__(SubscriptionNotFound, SubscriptionNotFound("q", "s"), None)
+
+
+def test_an_idle_consumer_of_a_queue_never_written_costs_its_replica_a_zookeeper_read_a_second_at_most(
+        cluster: Cluster) -> None:
+    """Guard: ``ReadPath._absent_open`` (broker_group/read_path.py). A replica holds no copy of a
+    segment nobody wrote yet, and each long poll of it that ended read the queue's state from
+    ZooKeeper: here (polled every 20 ms, so each fetch waits 20 ms) 212 reads in 5 s for one
+    idle consumer; stop 100's 40 idle consumers (polled with longer waits) ~100 of the 225
+    ZooKeeper requests a second. Now the segment found open there is answered so for 1 s
+    without reading. What it must not hide: the first message
+    written is delivered, and a roll of the empty segment is followed (the consumer's own
+    state tells it; the replicas learn the seal)."""
+    import json
+    import time
+
+    cluster.add_groups("g1")
+    cluster.create_queue()
+    replicas = [m.address for m in cluster.store.live_members("g1").values()]
+
+    def absent_reads() -> int:
+        return sum(int(json.loads(cluster.transport.health(a).stats_json)["absent_state_reads"]) for a in replicas)
+
+    cfg = ConsumerConfig(zk_hosts=cluster.hosts, root=cluster.root, queue="q", subscription="s", fetch_wait_ms=200)
+    with Consumer(cfg) as c:
+        assert c.poll(timeout_s=0.02) == []
+        before = absent_reads()
+        started = time.monotonic()
+        while time.monotonic() - started < 5.0:
+            assert c.poll(timeout_s=0.02) == []
+        took = time.monotonic() - started
+        reads = absent_reads() - before
+        print(f"{took:.1f} s idle on a queue never written: {reads} ZooKeeper reads by its replicas")
+        assert reads <= 2 * took + 3, reads  # one a second per replica read at most; before: 212 in 5 s
+        assert cluster.ordq("queue", "roll", "q").returncode == 0  # segment 0 sealed empty, 1 open
+        writer = cluster.producer(n=1, queue="q")
+        writer.start()
+        writer.join(60)
+        assert len(writer.acked) == 1 and writer.error is None
+        got = wait_until(lambda: c.poll(timeout_s=0.05) or None, timeout_s=30, what="the first message")
+        assert [m.seq for m in got] == [0] and got[0].seg == 1
