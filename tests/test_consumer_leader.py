@@ -280,8 +280,9 @@ def test_an_idle_consumers_renewals_vouch_for_its_state_and_tell_it_its_subscrip
     (``LeaseRequest.with_state``; ``QueueView.heard``): the same stamp as its cached state's
     stands for a Describe. Stop 100: 40 idle consumers took 20-23 % of a core of the leading
     coordinator, a Describe a second each (its state, its cursor and its groups' live nodes).
-    Here 8 s idle: ~11 Describes before (the first ones, then one a second), at most 5 now
-    (the first ones, until the idle wait outgrows the renewals' period). The renewals still
+    Here 8 s idle: 9 Describes before (the first ones, then one a second), 2 now (the first
+    ones, until the idle wait outgrows the renewals' period; at most 6 allowed: a renewal late
+    past the idle wait on a loaded box costs one). The renewals still
     tell it what a Describe told: a forced delete of its subscription stops it at once
     (the stamp -1, then the Describe's SubscriptionNotFound)."""
     import time
@@ -302,7 +303,7 @@ def test_an_idle_consumers_renewals_vouch_for_its_state_and_tell_it_its_subscrip
         took = time.monotonic() - started
         asked = cluster.coordinator_requests(rpc="Describe") - before
         print(f"{took:.1f} s idle: {asked:.0f} Describe calls")
-        assert asked <= 5, asked
+        assert asked <= 6, asked  # a renewal late past the idle wait (a loaded box) costs one
         forced = cluster.ordq("sub", "delete", "q", "s", "--force")
         assert forced.returncode == 0, forced.stderr
         deleted = time.monotonic()

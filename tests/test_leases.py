@@ -295,7 +295,9 @@ def test_a_consumers_renewal_tells_the_states_stamp_and_is_not_held_by_a_silent_
             took = time.monotonic() - asked
         finally:
             zk.resume()
-        assert silent.state_zxid == 0 and took < STAMP_WAIT_S + 0.6, (silent, took)
+        # bounded by STAMP_WAIT_S and the call's own time (a loaded box: seconds); unbounded,
+        # it was not answered within the call's 5 s
+        assert silent.state_zxid == 0 and took < STAMP_WAIT_S + 2.0, (silent, took)
         wait_until(lambda: c.heartbeat(a, with_state=True).state_zxid == later, timeout_s=30,
                    what="the stamp told again once ZooKeeper answers")
         cluster.store.delete_subscription("q", "s")  # forced, as `ordq sub delete --force` under a holder

@@ -14,7 +14,10 @@ cursor in ZooKeeper is exactly the model's ``committed`` after every step.
 Periodic commits are off (huge intervals), so every cursor write comes from the step under
 test, but one: a consumer whose read position leaves a sealed segment (the producer rolled)
 commits what finished there (``segment_done``), which the check allows when it is no further
-than what finished. A fixed tour takes every kind of step once; the random runs explore around it (short
+than what finished. The queues' heads alternate between the two groups, so the coordinator's
+spread of idle heads (issue 43) moves none mid-run: under load the runs outlived its 10 s grace,
+and a move's seal and pop made a reset drawn into the popped seqs fail (stop 100: 3 of ~65
+loaded runs). A fixed tour takes every kind of step once; the random runs explore around it (short
 by default, longer with ``-m slow``).
 """
 
@@ -69,8 +72,12 @@ class UserApi(RuleBasedStateMachine):
 
     @initialize()
     def start(self) -> None:
-        self.queue = f"m{next(_queues)}"
-        self.cluster.create_queue(self.queue)
+        n = next(_queues)
+        self.queue = f"m{n}"
+        # Heads alternate between the groups, so the coordinator never finds them uneven and
+        # moves none (its spread of idle heads, issue 43, seals and pops a moved queue's segment:
+        # a reset drawn into popped seqs is refused, which the model does not model).
+        self.cluster.create_queue(self.queue, ["g1", "g2"] if n % 2 == 0 else ["g2", "g1"])
         self.producer = Producer(ProducerConfig(zk_hosts=self.cluster.hosts, root=self.cluster.root,
                                                 queue=self.queue))
         self.producer.start()
