@@ -16,7 +16,7 @@ test, but one: a consumer whose read position leaves a sealed segment (the produ
 commits what finished there (``segment_done``), which the check allows when it is no further
 than what finished. The queues' heads alternate between the two groups, so the coordinator's
 spread of idle heads (issue 43) moves none mid-run: under load the runs outlived its 10 s grace,
-and a move's seal and pop made a reset drawn into the popped seqs fail (stop 100: 3 of ~65
+and a move's seal and pop made a reset drawn into the popped seqs fail (stop 100: 2 of ~66
 loaded runs). A fixed tour takes every kind of step once; the random runs explore around it (short
 by default, longer with ``-m slow``).
 """
