@@ -468,12 +468,12 @@ def kill_once(cluster: LocalCluster, store: ZkStore, busy: BusyProducer, idle: l
     open_seg = st.open_segment
     assert open_seg is not None
     gid, seg = open_seg.gid, open_seg.seg
-    watched = [q for q in rng.sample(idle, min(sample, len(idle)))]
-    watched = [q for q in watched if (o := patient(store.load_state, q)[0].open_segment) is not None and o.gid == gid]
     # every idle queue the group heads, with its open segment: all moved, all sealed (issue 43)
     states = {q: v[0] for q, v in patient(store.load_states, idle).items() if not isinstance(v, CorruptState)}
     headed = {q: st.open_segment.seg for q, st in states.items()
               if st.open_segment is not None and st.open_segment.gid == gid}
+    # a sample of those, watched for the failover's first moves (read above, not once more each)
+    watched = [q for q in rng.sample(idle, min(sample, len(idle))) if q in headed]
     # the idle heads per group at the kill: concurrent creators (--threads) can read the same
     # queue count and so skew the creation's spread, until the coordinator evens it (10 s grace)
     heads_at_kill = head_counts((st.head for st in states.values()), cluster.gids)
