@@ -16,6 +16,7 @@ import attrs
 from ordq.common.errors import BrokerUnavailable, ConfigError
 from ordq.coordinator.state import Cursor, QueueState, SegStatus
 from ordq.sdk.replicas import (
+    SETTLE_MS,
     Location,
     QueueReads,
     ReplicaReader,
@@ -63,8 +64,9 @@ def parse_reset_target(words: Sequence[str], *, now_s: Callable[[], float] = tim
 
 def latest_cursor(store: QueueReads, reader: ReplicaReader, st: QueueState) -> Cursor:
     """After the last readable message. Needs every segment that is not sealed readable: the
-    cursor's ``last_seq`` must be exact or the consumer would see a gap."""
-    extents = reader.extents(st)
+    cursor's ``last_seq`` must be exact or the consumer would see a gap. Every message acked
+    before the call is counted (``SETTLE_MS``, sdk/replicas.py)."""
+    extents = reader.extents(st, settle_ms=SETTLE_MS)
     last = last_readable_seq(st, extents)
     if last is None:
         bad = next(e for e in extents if e.end is None)

@@ -5,6 +5,13 @@ Guarantees: nothing here writes. What only a broker knows (how much of an open o
 segment is readable) is best effort: ``None`` when no replica answers. Replicas are read like a
 consumer reads them: the master, or the slave when the master does not answer.
 
+Positions (``latest``, a seq, a time) count every message acked before the call: a replica's
+readable end (its LAC) may trail an ack by a moment, as the slave tells the producer its synced
+end itself (broker_group/synced_watch.py) while the master learns it on the next step of its
+link, and a slave learns the LAC from its master ``lac_push_ms`` later. So ``settle_ms`` waits,
+up to that long, for what the replica stores to become readable (a long poll at its last stored
+offset; no wait when nothing is in between).
+
 ``locate_seq`` is the one place that maps a seq to its (seg, offset). Within one segment seqs
 are consecutive (a broker accepts a batch only if it continues the segment's last seq), so
 ``offset = seq - first_seq``; a seq can sit in two segments (a resend after failover) and
@@ -132,6 +139,11 @@ class DescribedQueues:
         return dict(self._live.get(gid, {}))
 
 
+# How long a position waits for what a replica stores to become readable (module doc): a step of
+# the master's link, or a slave's ``lac_push_ms``, with room for a loaded box.
+SETTLE_MS = 1000
+
+
 class ReplicaReader:
     """Reads segments from their group's master, or its slave when the master does not answer."""
 
@@ -185,8 +197,10 @@ class ReplicaReader:
         result: tuple[FetchResult, str] = self._first_answer(segment.gid, f"segment {segment.seg}", call)
         return result
 
-    def extent(self, queue: str, segment: Segment) -> Extent:
-        """The readable extent of ``segment`` (no broker call for a sealed one)."""
+    def extent(self, queue: str, segment: Segment, *, settle_ms: int = 0) -> Extent:
+        """The readable extent of ``segment`` (no broker call for a sealed one); with
+        ``settle_ms``, once what the replica stores is readable, waited that long at most
+        (module doc: what was acked before the call counts)."""
         if segment.status is SegStatus.SEALED:
             return Extent(segment.seg, segment.gid, segment.status, segment.end, segment.first_seq,
                           segment.last_seq, "zookeeper")
@@ -202,6 +216,10 @@ class ReplicaReader:
             # returns the readable end without reading any batch.
             res = self.transport.fetch(address, queue, segment.seg, stored, max_bytes=1, max_wait_ms=0)
             end = int(res.readable_end)
+            if settle_ms and end < stored:  # a long poll returns once the LAC passes stored - 1
+                res = self.transport.fetch(address, queue, segment.seg, stored - 1, max_bytes=1,
+                                           max_wait_ms=settle_ms)
+                end = int(res.readable_end)
             if end > 0 and first is None:
                 head = self.transport.fetch(address, queue, segment.seg, 0, max_bytes=1, max_wait_ms=0)
                 first = decode_batch(head.batches[0])[0].first_seq if head.batches else None
@@ -214,8 +232,8 @@ class ReplicaReader:
         except BrokerUnavailable:
             return Extent(segment.seg, segment.gid, segment.status, None, None, None, None)
 
-    def extents(self, st: QueueState) -> list[Extent]:
-        return [self.extent(st.queue, s) for s in st.consume]
+    def extents(self, st: QueueState, *, settle_ms: int = 0) -> list[Extent]:
+        return [self.extent(st.queue, s, settle_ms=settle_ms) for s in st.consume]
 
     def stored_bytes(self, queue: str, segment: Segment) -> int | None:
         """Bytes the segment takes on disk on one replica (the first that answers; both hold
@@ -281,7 +299,7 @@ def locate_seq(store: QueueReads, reader: ReplicaReader, queue: str, seq: int, *
     oldest: int | None = None
     last = st.trimmed_seq
     for segment in st.consume:
-        e = reader.extent(queue, segment)
+        e = reader.extent(queue, segment, settle_ms=SETTLE_MS)
         if e.end is None:
             unreadable.append(segment)
             continue
@@ -405,7 +423,7 @@ def locate_time(store: QueueReads, reader: ReplicaReader, queue: str, t_us: int,
     precision), or None when every readable message is older. BrokerUnavailable when a
     segment that is not sealed cannot be read."""
     st = state if state is not None else store.load_state(queue)[0]
-    extents = reader.extents(st)
+    extents = reader.extents(st, settle_ms=SETTLE_MS)
     for e in extents:
         if e.end is None:
             raise BrokerUnavailable(f"group {e.gid}", f"no replica answered for segment {e.seg}")

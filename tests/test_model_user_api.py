@@ -259,7 +259,8 @@ class UserApi(RuleBasedStateMachine):
                 # of its head, or its lease regranted under load): seen once in the default tier.
                 s.committed = cursor.last_seq + 1
                 self.ran["segment done"] += 1
-            assert cursor.last_seq == s.committed - 1, (name, cursor, s, self.producer.statistics())
+            assert cursor.last_seq == s.committed - 1, (name, cursor, s, self.producer.statistics(),
+                                                        s.open.consumer.statistics() if s.open else None)
 
 
 KINDS = {"produce", "open earliest", "open latest", "poll", "empty poll", "iterate break", "iterate raise",
