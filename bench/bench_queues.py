@@ -45,6 +45,7 @@ import concurrent.futures
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -881,13 +882,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep_logs is not None:
             keep_logs(cluster, args.keep_logs)
         cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)  # the grow's scratch files; the cluster is gone
     return 0
 
 
 def keep_logs(cluster: LocalCluster, into: Path) -> None:
     """Every process's log copied into ``into`` (``--keep-logs``), as ``NAME.log``."""
-    import shutil
-
     into.mkdir(parents=True, exist_ok=True)
     for name, path in cluster.log_paths().items():
         if path.is_file():

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from kazoo.exceptions import NoNodeError
 
-from ordq.common.errors import ConfigError, ConflictError, CoordinationUnavailable, OrdqError, PermissionDenied
+from ordq.common.errors import ConfigError, ConflictError, OrdqError, PermissionDenied
 from ordq.coordinator.lease_desk import Grant, LeaseDesk
 from ordq.coordinator.leases import Decision, Kind, LeaseName
 from ordq.coordinator.paths import check_name
@@ -162,11 +162,12 @@ class LeaseCalls:
             if request.with_state and name.kind is Kind.CONSUMER:
                 # read after the renewal: a consumer that finds its state's stamp unchanged needs
                 # no Describe to know its state is the latest (sdk/_queue_view.py). The renewal
-                # is answered from memory: ZooKeeper slow or away leaves the stamp untold (0).
+                # is answered from memory: ZooKeeper slow or away leaves the stamp untold (0), and
+                # so does any other failure of the read: the renewal itself has succeeded.
                 try:
                     out.state_zxid = self.store.state_stamp(name.queue, name.sub, wait_s=STAMP_WAIT_S)
-                except CoordinationUnavailable:
-                    pass
+                except OrdqError as exc:
+                    log.debug("Heartbeat of %s: state stamp untold: %s", name, exc)
             return out
 
         return self._serve("Heartbeat", name.queue, context, beat, role=role)
