@@ -9,8 +9,9 @@ Positions (``latest``, a seq, a time) count every message acked before the call:
 readable end (its LAC) may trail an ack by a moment, as the slave tells the producer its synced
 end itself (broker_group/synced_watch.py) while the master learns it on the next step of its
 link, and a slave learns the LAC from its master ``lac_push_ms`` later. So ``settle_ms`` waits,
-up to that long, for what the replica stores to become readable (a long poll at its last stored
-offset; no wait when nothing is in between).
+up to that long, for what the replica stores of an open segment to become readable (a long
+poll at its last stored offset; no wait when nothing is in between; a sealing segment's end is
+the seal's to decide, not waited for).
 
 ``locate_seq`` is the one place that maps a seq to its (seg, offset). Within one segment seqs
 are consecutive (a broker accepts a batch only if it continues the segment's last seq), so
@@ -216,7 +217,8 @@ class ReplicaReader:
             # returns the readable end without reading any batch.
             res = self.transport.fetch(address, queue, segment.seg, stored, max_bytes=1, max_wait_ms=0)
             end = int(res.readable_end)
-            if settle_ms and end < stored:  # a long poll returns once the LAC passes stored - 1
+            if settle_ms and end < stored and segment.status is SegStatus.OPEN:
+                # a long poll at the last stored offset returns once the LAC covers it
                 res = self.transport.fetch(address, queue, segment.seg, stored - 1, max_bytes=1,
                                            max_wait_ms=settle_ms)
                 end = int(res.readable_end)
