@@ -45,6 +45,7 @@ import concurrent.futures
 import json
 import os
 import random
+import select
 import shutil
 import subprocess
 import sys
@@ -370,14 +371,15 @@ def spy_at_kill(pid: int | None, folder: Path | None, tag: str, seconds: float) 
     return spy_process(pid, folder / f"kill-{tag}.txt", seconds)
 
 
-def spy_process(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+def spy_process(pid: int, out: Path, seconds: float, *, tell: bool = False) -> subprocess.Popen[bytes]:
     """``py-spy record --idle`` (raw collapsed stacks, every thread) of ``pid`` into ``out``
-    for ``seconds`` at most, or until the process ends."""
+    for ``seconds`` at most, or until the process ends. ``tell``: its stdout is a pipe, whose
+    first line says it is attached and sampling."""
     out.parent.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).with_name("py-spy"))
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "100",
                              "--format", "raw", "--idle", "--nonblocking", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE if tell else subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def patient(read: Any, *args: Any, bound_s: float = 120.0) -> Any:
@@ -423,15 +425,23 @@ class TimedListing:
         started = time.monotonic()
         try:
             with open(self.out_path, "wb") as out:
-                child = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.PIPE)
-                spy = None if self.spy is None else spy_process(child.pid, self.spy, 200)
+                # With a profile asked for, the CLI waits for its go until py-spy is attached: a
+                # listing that ended while py-spy attached left no profile (bench/timed_cli.py).
+                spied = self.spy is not None
+                child = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.PIPE,
+                                         stdin=subprocess.PIPE if spied else subprocess.DEVNULL,
+                                         env={**os.environ, "TIMED_CLI_WAIT": "1"} if spied else None)
+                spy = None if self.spy is None else spy_process(child.pid, self.spy, 200, tell=True)
                 try:
-                    _, err = child.communicate(timeout=180)
+                    # "py-spy> Sampling process ...", or nothing if it failed; 30 s at most
+                    if spy is not None and spy.stdout is not None and select.select([spy.stdout], [], [], 30)[0]:
+                        spy.stdout.readline()
+                    _, err = child.communicate(b"go\n" if spied else None, timeout=180)
                 finally:
                     child.kill()
                     child.wait()
                     if spy is not None:
-                        spy.wait(60)
+                        spy.communicate(timeout=60)
             self.result.update(rc=child.returncode, s=round(time.monotonic() - started, 2),
                                bytes=self.out_path.stat().st_size, err=err.decode(errors="replace")[-300:])
             self.result["steps"] = cli_steps(err, self.result["at"])

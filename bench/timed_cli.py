@@ -10,17 +10,24 @@ The last stderr line is JSON: ``started`` (this process's code began), ``ready``
 modules imported), ``asked`` (the first admin request made, about to be sent), ``answers``
 (each admin answer: when its bytes had arrived whole and were read, their size), ``ended``
 (the command done, its output written); times are ``time.time()``.
+
+With ``TIMED_CLI_WAIT=1`` in its environment it first reads one line from stdin: a profiler
+attached to it meanwhile (bench_queues' ``--spy-kill``) samples it from its first step, however
+short the run (py-spy attaching to a process that ends while it attaches writes nothing).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get("TIMED_CLI_WAIT") == "1":
+        sys.stdin.readline()  # the go: the profiler is attached
     times: dict[str, Any] = {"started": time.time(), "answers": []}
     from ordq.cli import main as ordq_main
     from ordq.wire import admin_messages
