@@ -165,7 +165,9 @@ def test_bench_queues_times_a_listing_and_spies_after_a_kill(tmp_path: Path) -> 
     Created in batched transactions (``--threads 0``): their spread is by each queue's place, so
     the killed group (the busy queue's head, the first queue) heads 6 of the 20 idle queues. Four
     threads at once read the same queue count now and then and skewed it: in CI the killed group
-    headed none of them once (stop 99) and the tracking had nothing to track."""
+    headed none of them once (stop 99) and the tracking had nothing to track. The listing's CLI
+    waits for its go until py-spy is attached: a listing that ended while py-spy attached left
+    no profile (stop 101, once in the heavy tier)."""
     import json
 
     spy, logs = tmp_path / "spy", tmp_path / "logs"
