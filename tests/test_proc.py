@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -250,3 +251,30 @@ def test_a_python_child_ignores_a_folder_named_ordq_in_the_working_directory(tmp
     wait_until(lambda: not proc.alive(), timeout_s=60, what="ordq --version to end")
     assert proc.returncode == 0, proc.log_tail()
     assert "ordq 0." in proc.log_tail()
+
+
+def test_a_python_child_runs_the_checkout_its_starter_runs(tmp_path: Path) -> None:
+    """A second checkout sharing the venv (here a link to this one's package and a
+    pyproject.toml: a git worktree, in effect) starts a child: the child imports the second
+    checkout's ``ordq``, not the one the venv installed (stop 102: a worktree's bench measured
+    the main checkout's brokers). Run from ``tmp_path``, the starter imports ``ordq`` from there."""
+    import ordq
+
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "ordq").symlink_to(Path(ordq.__file__).parent, target_is_directory=True)
+    (second / "pyproject.toml").write_text("")
+    starter = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from ordq.common.proc import ManagedProcess\n"
+        "p = ManagedProcess('which', [sys.executable, '-c', 'import ordq; print(ordq.__file__)'], "
+        f"run_dir=Path({str(tmp_path / 'run')!r}), cwd=Path({str(tmp_path)!r}))\n"
+        "p.start()\n"
+        "while p.alive(): time.sleep(0.02)\n"
+        "print(p.log_tail())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    out = subprocess.run([sys.executable, "-c", starter], cwd=second, env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert str(second / "ordq" / "__init__.py") in out, out

@@ -65,6 +65,21 @@ OWNER_ENV = "ORDQ_OWNER"
 _SETPRIV = shutil.which("setpriv")
 
 
+def child_python_path(current: str | None) -> str:
+    """``PYTHONPATH`` for a child: ``current`` with this process's own source checkout first,
+    so a Python child runs the ``ordq`` its starter runs. Without it a child (which starts
+    with ``PYTHONSAFEPATH``, below) imports whatever the venv installed: started from a second
+    checkout sharing the venv (a git worktree), a cluster ran the first checkout's brokers and
+    coordinator under the second's tests and benches, and a trial measured code it did not
+    run (docs/BENCHMARKS.md, stop 102). An installed ``ordq`` (no pyproject.toml beside its
+    package) adds nothing: a child finds the same install."""
+    tree = Path(__file__).parents[2]  # ordq/common/proc.py; not resolved: ordq may be a link into a checkout
+    parts = [p for p in (current or "").split(os.pathsep) if p]
+    if (tree / "pyproject.toml").is_file() and str(tree) not in parts:
+        parts.insert(0, str(tree))
+    return os.pathsep.join(parts)
+
+
 def load_stretched(idle_s: float, *, most: float = 4.0) -> float:
     """A time limit measured on an idle machine, ``idle_s``, stretched by how oversubscribed
     the CPUs are now (the 1-minute load average per CPU, at least 1, at most ``most`` times):
@@ -186,6 +201,8 @@ class ManagedProcess:
         # folder shadowed the package and `ordq up`/`drill`/`demo` failed (issue 42). PYTHONPATH
         # still counts; other programs ignore the variable.
         env.setdefault("PYTHONSAFEPATH", "1")
+        if path := child_python_path(env.get("PYTHONPATH")):
+            env["PYTHONPATH"] = path
         die = DIE_WITH_PARENT if self.die_with_parent is None else self.die_with_parent
         with open(self.log_path, "ab") as log:
             stamp = datetime.now().isoformat(timespec="milliseconds")
