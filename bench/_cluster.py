@@ -139,6 +139,31 @@ class CpuMeter:
                 f"({total / wall * 100:.0f}% of one core over {wall:.1f} s)")
 
 
+_CPUIDLE = Path("/sys/devices/system/cpu/cpuidle")
+_HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def host_line() -> str:
+    """What of the host, beside ordq, sets a batch's cost: the CPUs, what an idle CPU does
+    and the load. On a KVM guest whose idle vCPUs halt at once (the haltpoll cpuidle driver
+    with ``guest_halt_poll_ns`` 0), the work after each idle gap runs cache-cold: at a steady
+    2,000 msgs/s the CPU per batch was 1.7-1.9x, and a synchronous send took 1.5-1.8x as long,
+    as with the same guest polling up to 2 ms before it halts (docs/BENCHMARKS.md, stop 102;
+    docs/OPERATIONS.md)."""
+    driver = _read(_CPUIDLE / "current_driver") or "none"
+    idle = f"cpuidle driver {driver}"
+    if driver == "haltpoll" and (poll := _read(_HALT_POLL)) is not None:
+        idle += f", guest_halt_poll_ns {poll}" + (" (an idle CPU halts at once)" if poll == "0" else "")
+    return f"host: {os.cpu_count()} CPUs, {idle}; load average {os.getloadavg()[0]:.1f}"
+
+
 def percentile(values: Sequence[float], p: float) -> float:
     """The p-th percentile (0..100) by nearest rank."""
     if not values:

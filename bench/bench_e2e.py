@@ -66,6 +66,7 @@ from bench._cluster import (
     BenchCluster,
     CpuMeter,
     bench_cluster,
+    host_line,
     percentile,
     send_at_rate,
     summary_ms,
@@ -272,6 +273,7 @@ def main() -> None:
         return
     payload = b"x" * args.size
     figures: dict[str, float] = {}
+    print(host_line())
     stamps_dir = Path(tempfile.mkdtemp(prefix="ordq-e2e-stages-")) if args.stages else None
     if stamps_dir is not None:
         stages.enable(stamps_dir, every=args.stages)  # before the cluster starts: its processes inherit it
