@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import ordq
 from bench.busy import busy_loops
 from ordq.common import proc as proc_module
 from ordq.common.errors import ExternalProcessError
@@ -257,9 +258,8 @@ def test_a_python_child_runs_the_checkout_its_starter_runs(tmp_path: Path) -> No
     """A second checkout sharing the venv (here a link to this one's package and a
     pyproject.toml: a git worktree, in effect) starts a child: the child imports the second
     checkout's ``ordq``, not the one the venv installed (stop 102: a worktree's bench measured
-    the main checkout's brokers). Run from ``tmp_path``, the starter imports ``ordq`` from there."""
-    import ordq
-
+    the main checkout's brokers). Run in the second checkout, the starter imports ``ordq`` from
+    there; its child is bounded by the run's timeout."""
     second = tmp_path / "second"
     second.mkdir()
     (second / "ordq").symlink_to(Path(ordq.__file__).parent, target_is_directory=True)
