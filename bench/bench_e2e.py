@@ -18,7 +18,11 @@ separate process) reads; msgs/s counts from the first send to the last delivery.
 synchronous: send one message, wait for its ack, repeat; through the Producer (the application's
 thread hands each send to the producer's loop thread and waits for its ack), then, after the
 steady phase, through the AsyncProducer awaited on this process's uvloop loop (the producer's
-I/O runs on that loop: no hand-off between threads).
+I/O runs on that loop: no hand-off between threads). A consumer process reads meanwhile, as
+../shared/peers runs every system's synchronous phase (its reads cost the master a Read answer
+a send: ~18 % fewer sends/s on a 2-CPU host, docs/BENCHMARKS.md stop 103); ``--sync-alone``
+runs them with none, as every run before stop 103 did. Each prints the CPU per send of every
+process.
 A phase given 0 messages is skipped; --linger-ms / --eager-batches set the producer's batching;
 --sdk-metrics turns on the producer's and the consumer's Prometheus metrics (served, not
 scraped: what it costs the hot paths). Brokers always keep theirs.
@@ -127,14 +131,16 @@ def start_consumer(hosts: str, sub: str, count: int, *, first: int = 0, start: s
     return p
 
 
-def cpu_meter(cluster: BenchCluster, consumer: subprocess.Popen[str]) -> CpuMeter:
-    """Started: the CPU of the head group's processes, this producer, the consumer, the
-    coordinator (the consumer's commits and every lease renewal go through it) and ZooKeeper."""
+def cpu_meter(cluster: BenchCluster, consumer: subprocess.Popen[str] | None) -> CpuMeter:
+    """Started: the CPU of the head group's processes, this producer, the consumer (if one
+    reads), the coordinator (the consumer's commits and every lease renewal go through it) and
+    ZooKeeper."""
     head = cluster.groups[0]
-    meter = CpuMeter({"master": head.master.proc.pid or 0, "slave": head.slave.proc.pid or 0,
-                      "producer": os.getpid(), "consumer": consumer.pid,
-                      "coordinator": cluster.coordinator.pid or 0,
-                      "zookeeper": cluster.zk.status()[0].pid or 0})
+    pids = {"master": head.master.proc.pid or 0, "slave": head.slave.proc.pid or 0, "producer": os.getpid()}
+    if consumer is not None:
+        pids["consumer"] = consumer.pid
+    meter = CpuMeter(pids | {"coordinator": cluster.coordinator.pid or 0,
+                             "zookeeper": cluster.zk.status()[0].pid or 0})
     meter.start()
     return meter
 
@@ -251,6 +257,9 @@ def main() -> None:
                     help="with --token: the consumer calls with a token of its own (consume only), as a separate "
                     "application does; its reads then count as contended beside the producer's token (paced at "
                     "the read rate, answers cut to 256 KiB: docs/SECURITY.md, Limits)")
+    ap.add_argument("--sync-alone", action="store_true",
+                    help="the synchronous phases with no consumer reading (before stop 103 they ran so; "
+                         "../shared/peers runs every system's with one)")
     ap.add_argument("--commit-every", type=int, default=0,
                     help="the consumer commits every N messages or N seconds (default: the SDK's policy)")
     ap.add_argument("--freeze-gc", action="store_true",
@@ -272,6 +281,7 @@ def main() -> None:
         consume_main(hosts, sub, start, int(first), int(count))
         return
     payload = b"x" * args.size
+    alone = ", no consumer reading" if args.sync_alone else ""
     figures: dict[str, float] = {}
     print(host_line())
     stamps_dir = Path(tempfile.mkdtemp(prefix="ordq-e2e-stages-")) if args.stages else None
@@ -334,15 +344,20 @@ def main() -> None:
                 print(writes.report(producer.statistics().batches_acked - batches_before))
                 base = args.messages
             if args.sync_messages:  # synchronous
-                lat = []
-                t0 = time.time()
-                for _ in range(args.sync_messages):
-                    start = time.perf_counter()
-                    producer.send(payload).result()
-                    lat.append(time.perf_counter() - start)
-                secs = time.time() - t0
+                def sends() -> tuple[list[float], float]:
+                    lat = []
+                    t0 = time.perf_counter()
+                    for _ in range(args.sync_messages):
+                        start = time.perf_counter()
+                        producer.send(payload).result()
+                        lat.append(time.perf_counter() - start)
+                    return lat, time.perf_counter() - t0
+
+                lat, secs, cpu = sync_phase(cluster, "sync", base, args.sync_messages, sends,
+                                            reading=not args.sync_alone, token=consumer_token)
                 figures["sync_sends_per_s"] = args.sync_messages / secs
-                print(f"synchronous: {args.sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
+                print(f"synchronous{alone}: {args.sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
+                print(cpu)
                 base += args.sync_messages
             # steady rate, end-to-end latency
             n = int(args.rate * args.rate_seconds)
@@ -367,16 +382,36 @@ def main() -> None:
                       f"end-to-end latency {summary_ms(lats)}")
                 print(cpu)
                 print(writes.report(batches))
+                base += n
         if args.aio_sync_messages:  # synchronous again, through the asyncio API
-            lat, secs = aio_sync_sends(cfg, payload, args.aio_sync_messages, io_thread=args.aio_io_thread)
+            lat, secs, cpu = sync_phase(
+                cluster, "aio-sync", base, args.aio_sync_messages,
+                lambda: aio_sync_sends(cfg, payload, args.aio_sync_messages, io_thread=args.aio_io_thread),
+                reading=not args.sync_alone, token=consumer_token)
             figures["aio_sync_sends_per_s"] = args.aio_sync_messages / secs
             where = "a loop thread of its own" if args.aio_io_thread else "the caller's loop"
-            print(f"synchronous (asyncio, the producer's I/O on {where}): "
+            print(f"synchronous (asyncio, the producer's I/O on {where}){alone}: "
                   f"{args.aio_sync_messages / secs:,.0f} sends/s; ack latency {summary_ms(lat)}")
+            print(cpu)
     print("\n".join(goals(figures)))
     if stamps_dir is not None:
         print("\n".join(stage_lines(stages.read_keyed(stamps_dir), steady, roles, every=args.stages)))
         shutil.rmtree(stamps_dir, ignore_errors=True)
+
+
+def sync_phase(cluster: BenchCluster, sub: str, first: int, n: int, sends: Callable[[], tuple[list[float], float]],
+               *, reading: bool, token: str | None) -> tuple[list[float], float, str]:
+    """A synchronous phase: ``sends()`` makes ``n`` sends, each waited for, and returns (each
+    ack latency, the seconds of all). With ``reading``, a consumer process reads them meanwhile
+    from ``first`` on (as ../shared/peers runs every system's synchronous phase: its reads cost
+    the master a Read answer a send, and the host CPU). Returns them and the CPU per send line."""
+    consumer = start_consumer(cluster.hosts, sub, n, first=first, start="latest", token=token) if reading else None
+    meter = cpu_meter(cluster, consumer)
+    lat, secs = sends()
+    cpu = meter.report(n, "send")
+    if consumer is not None:
+        finish(consumer)
+    return lat, secs, cpu
 
 
 def aio_sync_sends(cfg: ProducerConfig, payload: bytes, n: int, *, io_thread: bool = False

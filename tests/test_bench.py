@@ -26,6 +26,7 @@ BENCHES = [
     bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--aio-sync-messages", "50", "--rate", "500",
                         "--rate-seconds", "1"],
           ["host: ", "floor of one acked send", "x the floor on the lean links", "pipelined:", "synchronous:",
+           "CPU per send: master",
            "synchronous (asyncio, the producer's I/O on the caller's loop):", "goal: synchronous sends/s, asyncio",
            "steady 500 msgs/s", "CPU per batch", "stream writes per batch", "of them on its loop",
            "master request-time charges",
@@ -52,10 +53,13 @@ BENCHES = [
                         "--rate-seconds", "1", "--floor-round-trips", "0", "--token", "--consumer-token"],
           ["pipelined:", "steady 300 msgs/s", "synchronous:", "goal >= 0.8x the floor (nan): no floor measured"],
           id="bench_e2e_consumer_token"),
-    # plaintext brokers and clients: what TLS costs, beside peers measured without it
+    # plaintext brokers and clients: what TLS costs, beside peers measured without it; the
+    # synchronous phases with no consumer reading, as before stop 103
     bench("bench_e2e", ["--messages", "500", "--sync-messages", "20", "--aio-sync-messages", "20", "--rate", "300",
-                        "--rate-seconds", "1", "--floor-round-trips", "0", "--insecure"],
-          ["pipelined:", "synchronous:", "synchronous (asyncio", "steady 300 msgs/s"], id="bench_e2e_insecure"),
+                        "--rate-seconds", "1", "--floor-round-trips", "0", "--insecure", "--sync-alone"],
+          ["pipelined:", "synchronous, no consumer reading:",
+           "synchronous (asyncio, the producer's I/O on the caller's loop), no consumer reading:",
+           "steady 300 msgs/s"], id="bench_e2e_insecure"),
     bench("bench_sync_many", ["--producers", "2", "--seconds", "1", "--token"],
           ["2 producers, synchronous, 1 s:", "CPU per send: master", "master's group commits:"]),
     bench("bench_roll", ["--seconds", "3", "--every", "1", "--rate", "500"],

@@ -1,0 +1,133 @@
+"""One table of a ../shared/peers/perf.sh run: every system's figures side by side, with the CPU
+each spent per message. Not a measurement of its own: it reads what perf.sh left in its folder.
+
+    .venv/bin/python -m bench.peers_table PEERS_OUT [--json]
+
+PEERS_OUT is perf.sh's folder (``PEERS_OUT=...``): ``redis.out``, ``nats.out`` and
+``rabbit.out`` (the peers' harness, JSON) and ``ordq_A.out`` / ``ordq_B.out`` (bench_e2e's
+lines); a system whose file is missing is left out.
+
+Why the CPU: issue 39 asks for at most 1.5 ms of CPU per batch at a steady 2,000 msgs/s, a
+figure that moves ~2x with the host (docs/BENCHMARKS.md, stop 102). The peers' harness measures
+the CPU of every system in the same minutes (the producer and consumer processes over their
+timed spans, the servers over the producer's life), so the table puts ordq's beside theirs:
+CPU per message = the processes' share of one core / messages per second. ordq's pipelined
+CPU is counted until the last ack (bench_e2e's "CPU per message (until acked)"), the others'
+until the last delivery. bench_e2e counts ZooKeeper and the coordinator in ordq's; Redis acks
+from memory (WAIT for a copy on its replica, no fsync), NATS and RabbitMQ fsync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ordq.output import emit_json, table
+
+PEERS = (("redis", "Redis"), ("nats", "NATS"), ("rabbit", "RabbitMQ"))
+ORDQ_RUNS = (("ordq_A", "ordq A"), ("ordq_B", "ordq B"))
+COLUMNS = ("system", "pipelined_msgs_s", "pipelined_cpu_us_msg", "sync_sends_s", "sync_cpu_us_send",
+           "steady_p99_ms", "steady_cores", "steady_cpu_us_msg")
+
+
+def per_message_us(cores_pct: float | None, rate: float | None) -> float | None:
+    """CPU per message in µs from the share of one core (%) the processes used at ``rate``/s."""
+    if cores_pct is None or not rate:
+        return None
+    return cores_pct / 100 / rate * 1e6
+
+
+def peer_row(name: str, d: dict[str, Any]) -> dict[str, Any]:
+    """A peer's row from its harness JSON (the medians of its runs)."""
+    def phase(key: str) -> tuple[float | None, float | None]:
+        p = d.get(key) or {}
+        parts = [p.get(f"{who}_cpu_pct_median") for who in ("producer", "consumer", "servers")]
+        cores = None if None in parts else float(sum(x for x in parts if x is not None))
+        return p.get("producer_msgs_per_s_median"), cores
+
+    (a_rate, a_cores), (b_rate, b_cores), (c_rate, c_cores) = phase("a_async"), phase("b_sync"), phase("c_latency")
+    return {"system": name, "pipelined_msgs_s": a_rate, "pipelined_cpu_us_msg": per_message_us(a_cores, a_rate),
+            "sync_sends_s": b_rate, "sync_cpu_us_send": per_message_us(b_cores, b_rate),
+            "steady_p99_ms": (d.get("c_latency") or {}).get("lat_p99_ms_median"),
+            "steady_cores": None if c_cores is None else c_cores / 100,
+            "steady_cpu_us_msg": per_message_us(c_cores, c_rate)}
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _first(pattern: str, text: str) -> re.Match[str] | None:
+    return re.search(pattern, text, re.MULTILINE)
+
+
+def ordq_row(name: str, text: str) -> dict[str, Any]:
+    """ordq's row from bench_e2e's output: the threaded Producer's synchronous sends (the CPU of
+    that phase, printed since stop 103), the pipelined end-to-end rate and the steady phase."""
+    row: dict[str, Any] = {"system": name}
+    if m := _first(r"^pipelined: .* end to end \(first send to last delivery\) ([\d,]+) msgs/s", text):
+        row["pipelined_msgs_s"] = _number(m.group(1))
+    if m := _first(r"^CPU per message \(until acked\): .*; total ([\d,]+) µs", text):
+        row["pipelined_cpu_us_msg"] = _number(m.group(1))
+    sync = r"^synchronous(?:, no consumer reading)?: ([\d,]+) sends/s.*\n(CPU per send: .*; total ([\d,]+) µs)?"
+    if m := _first(sync, text):
+        row["sync_sends_s"] = _number(m.group(1))
+        if m.group(3):
+            row["sync_cpu_us_send"] = _number(m.group(3))
+    steady = _first(r"^steady ([\d,]+) msgs/s .*end-to-end latency p50 [\d.]+ ms, p99 ([\d.]+) ms.*\n"
+                    r"CPU per batch: .*\((\d+)% of one core", text)
+    if steady:
+        rate, cores_pct = _number(steady.group(1)), _number(steady.group(3))
+        row.update(steady_p99_ms=_number(steady.group(2)), steady_cores=cores_pct / 100,
+                   steady_cpu_us_msg=per_message_us(cores_pct, rate))
+    return row
+
+
+def rows(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for stem, name in ORDQ_RUNS:
+        if (folder / f"{stem}.out").exists():
+            out.append(ordq_row(name, (folder / f"{stem}.out").read_text()))
+    for stem, name in PEERS:
+        if (folder / f"{stem}.out").exists():
+            out.append(peer_row(name, json.loads((folder / f"{stem}.out").read_text())))
+    return out
+
+
+def _shown(r: dict[str, Any]) -> dict[str, Any]:
+    """Rounded for people: rates and µs whole, ms and cores to two places."""
+    def fmt(k: str, v: Any) -> Any:
+        if v is None or k == "system":
+            return v
+        return f"{v:.2f}" if k in ("steady_p99_ms", "steady_cores") else f"{v:,.0f}"
+    return {k: fmt(k, v) for k, v in r.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="perf.sh's PEERS_OUT folder")
+    ap.add_argument("--json", action="store_true", help="the rows as JSON (unrounded)")
+    args = ap.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f"peers_table: {args.folder} is not a folder (perf.sh's PEERS_OUT)", file=sys.stderr)
+        return 2
+    found = rows(args.folder)
+    if not found:
+        print(f"peers_table: {args.folder} holds none of perf.sh's results "
+              f"({', '.join(s + '.out' for s, _ in ORDQ_RUNS + PEERS)})", file=sys.stderr)
+        return 2
+    if args.json:
+        emit_json(found)
+    else:
+        table([_shown(r) for r in found], COLUMNS)
+        print("CPU per message: all the system's processes (producer, consumer, servers; ordq's also ZooKeeper "
+              "and the coordinator); STEADY_CORES: of one core, at the steady rate")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

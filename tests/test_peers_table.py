@@ -1,0 +1,76 @@
+"""bench/peers_table.py reads what ../shared/peers/perf.sh leaves: the peers' harness JSON and
+bench_e2e's own lines. The arithmetic is checked without I/O; the parser against a real
+bench_e2e run, so a line bench_e2e changes cannot silently drop ordq's figures from the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import peers_table
+
+REPO = Path(__file__).resolve().parent.parent
+
+# the shape of the peers' harness results (../shared/peers/common.py, run_suite): medians per phase
+REDIS = {"a_async": {"producer_msgs_per_s_median": 20000.0, "producer_cpu_pct_median": 30.0,
+                     "consumer_cpu_pct_median": 30.0, "servers_cpu_pct_median": 50.0},
+         "b_sync": {"producer_msgs_per_s_median": 1000.0, "producer_cpu_pct_median": 25.0,
+                    "consumer_cpu_pct_median": 20.0, "servers_cpu_pct_median": 40.0},
+         "c_latency": {"producer_msgs_per_s_median": 2000.0, "lat_p99_ms_median": 4.5, "producer_cpu_pct_median": 20.0,
+                       "consumer_cpu_pct_median": 20.0, "servers_cpu_pct_median": 40.0}}
+
+
+def test_a_peers_cpu_per_message_is_its_processes_share_of_a_core_over_its_rate() -> None:
+    row = peers_table.peer_row("Redis", REDIS)
+    assert row["pipelined_cpu_us_msg"] == pytest.approx(110 / 100 / 20000 * 1e6)  # 55 µs
+    assert row["sync_cpu_us_send"] == pytest.approx(0.85 / 1000 * 1e6)  # 850 µs
+    assert row["steady_cores"] == pytest.approx(0.8)
+    assert row["steady_cpu_us_msg"] == pytest.approx(400.0)
+    assert row["steady_p99_ms"] == 4.5
+
+
+def test_a_phase_the_harness_did_not_finish_leaves_its_cells_empty() -> None:
+    half = {"a_async": REDIS["a_async"], "b_sync": {"producer_msgs_per_s_median": 900.0,
+                                                    "producer_cpu_pct_median": None}}
+    row = peers_table.peer_row("NATS", half)
+    assert row["sync_sends_s"] == 900.0 and row["sync_cpu_us_send"] is None
+    assert row["steady_p99_ms"] is None and row["steady_cpu_us_msg"] is None
+
+
+def test_a_folder_without_results_is_an_error_that_says_what_it_looks_for(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "redis.out" in out.stderr and "ordq_A.out" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(tmp_path / "none")], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "is not a folder" in out.stderr, out.stderr
+
+
+@pytest.mark.zk
+def test_the_table_reads_every_figure_of_a_real_bench_e2e_run(tmp_path: Path) -> None:
+    folder = tmp_path / "peers"
+    folder.mkdir()
+    run = subprocess.run([sys.executable, "-m", "bench.bench_e2e", "--token", "--messages", "1000", "--sync-messages",
+                          "30", "--aio-sync-messages", "0", "--rate", "300", "--rate-seconds", "1",
+                          "--floor-round-trips", "0"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    (folder / "ordq_A.out").write_text(run.stdout)
+    (folder / "redis.out").write_text(json.dumps(REDIS))
+    out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(folder), "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    ordq, redis = json.loads(out.stdout)
+    assert ordq["system"] == "ordq A" and redis["system"] == "Redis"
+    missing = [c for c in peers_table.COLUMNS if ordq.get(c) is None]
+    assert not missing, f"bench_e2e's output gave no {missing}:\n{run.stdout}"
+    assert ordq["steady_cpu_us_msg"] == pytest.approx(ordq["steady_cores"] / 300 * 1e6)
+    table = subprocess.run([sys.executable, "-m", "bench.peers_table", str(folder)], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["SYSTEM", "PIPELINED_MSGS_S"]
+    assert [line.split()[0] for line in table.stdout.splitlines()[1:3]] == ["ordq", "Redis"], table.stdout
