@@ -31,7 +31,7 @@ from ordq.output import emit_json, table
 PEERS = (("redis", "Redis"), ("nats", "NATS"), ("rabbit", "RabbitMQ"))
 ORDQ_RUNS = (("ordq_A", "ordq A"), ("ordq_B", "ordq B"))
 COLUMNS = ("system", "pipelined_msgs_s", "pipelined_cpu_us_msg", "sync_sends_s", "sync_cpu_us_send",
-           "steady_p99_ms", "steady_cores", "steady_cpu_us_msg")
+           "sync_asyncio_sends_s", "steady_p99_ms", "steady_cores", "steady_cpu_us_msg")
 
 
 def per_message_us(cores_pct: float | None, rate: float | None) -> float | None:
@@ -52,6 +52,7 @@ def peer_row(name: str, d: dict[str, Any]) -> dict[str, Any]:
     (a_rate, a_cores), (b_rate, b_cores), (c_rate, c_cores) = phase("a_async"), phase("b_sync"), phase("c_latency")
     return {"system": name, "pipelined_msgs_s": a_rate, "pipelined_cpu_us_msg": per_message_us(a_cores, a_rate),
             "sync_sends_s": b_rate, "sync_cpu_us_send": per_message_us(b_cores, b_rate),
+            "sync_asyncio_sends_s": None,  # the harness runs one client a system
             "steady_p99_ms": (d.get("c_latency") or {}).get("lat_p99_ms_median"),
             "steady_cores": None if c_cores is None else c_cores / 100,
             "steady_cpu_us_msg": per_message_us(c_cores, c_rate)}
@@ -66,8 +67,9 @@ def _first(pattern: str, text: str) -> re.Match[str] | None:
 
 
 def ordq_row(name: str, text: str) -> dict[str, Any]:
-    """ordq's row from bench_e2e's output: the threaded Producer's synchronous sends (the CPU of
-    that phase, printed since stop 103), the pipelined end-to-end rate and the steady phase."""
+    """ordq's row from bench_e2e's output: the pipelined end-to-end rate, the threaded Producer's
+    synchronous sends (the CPU of that phase, printed since stop 103), the AsyncProducer's (a
+    column of its own: the peers' harness runs one client each) and the steady phase."""
     row: dict[str, Any] = {"system": name}
     if m := _first(r"^pipelined: .* end to end \(first send to last delivery\) ([\d,]+) msgs/s", text):
         row["pipelined_msgs_s"] = _number(m.group(1))
@@ -78,6 +80,8 @@ def ordq_row(name: str, text: str) -> dict[str, Any]:
         row["sync_sends_s"] = _number(m.group(1))
         if m.group(3):
             row["sync_cpu_us_send"] = _number(m.group(3))
+    if m := _first(r"^synchronous \(asyncio, [^)]*\)(?:, no consumer reading)?: ([\d,]+) sends/s", text):
+        row["sync_asyncio_sends_s"] = _number(m.group(1))
     steady = _first(r"^steady ([\d,]+) msgs/s .*end-to-end latency p50 [\d.]+ ms, p99 ([\d.]+) ms.*\n"
                     r"CPU per batch: .*\((\d+)% of one core", text)
     if steady:
