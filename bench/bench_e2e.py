@@ -380,7 +380,10 @@ def main() -> None:
                 print(f"steady {args.rate:,.0f} msgs/s for {args.rate_seconds:g} s ({batches / args.rate_seconds:,.0f} "
                       f"batches/s, {n / max(batches, 1):.1f} msgs/batch): ack latency {summary_ms(acked)}; "
                       f"end-to-end latency {summary_ms(lats)}")
-                print(cpu)
+                # A message's share too: one batch is in flight, so a faster cycle makes more,
+                # smaller batches and the CPU per batch falls while the cores used stay level
+                # (docs/BENCHMARKS.md, stop 103): per message is what compares across runs.
+                print(f"{cpu}; {meter.total_us * max(batches, 1) / n:,.0f} µs a message")
                 print(writes.report(batches))
                 base += n
         if args.aio_sync_messages:  # synchronous again, through the asyncio API

@@ -28,7 +28,7 @@ BENCHES = [
           ["host: ", "floor of one acked send", "x the floor on the lean links", "pipelined:", "synchronous:",
            "CPU per send: master",
            "synchronous (asyncio, the producer's I/O on the caller's loop):", "goal: synchronous sends/s, asyncio",
-           "steady 500 msgs/s", "CPU per batch", "stream writes per batch", "of them on its loop",
+           "steady 500 msgs/s", "CPU per batch", "µs a message", "stream writes per batch", "of them on its loop",
            "master request-time charges",
            "goal: synchronous sends/s", "goal: end-to-end p99", "goal: CPU per batch",
            "goal: pipelined"]),
