@@ -70,7 +70,7 @@ def ordq_row(name: str, text: str) -> dict[str, Any]:
     """ordq's row from bench_e2e's output: the pipelined end-to-end rate, the threaded Producer's
     synchronous sends (the CPU of that phase, printed since stop 103), the AsyncProducer's (a
     column of its own: the peers' harness runs one client each) and the steady phase."""
-    row: dict[str, Any] = {"system": name}
+    row: dict[str, Any] = dict.fromkeys(COLUMNS) | {"system": name}  # a figure not printed stays None
     if m := _first(r"^pipelined: .* end to end \(first send to last delivery\) ([\d,]+) msgs/s", text):
         row["pipelined_msgs_s"] = _number(m.group(1))
     if m := _first(r"^CPU per message \(until acked\): .*; total ([\d,]+) µs", text):

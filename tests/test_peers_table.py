@@ -42,6 +42,13 @@ def test_a_phase_the_harness_did_not_finish_leaves_its_cells_empty() -> None:
     assert row["steady_p99_ms"] is None and row["steady_cpu_us_msg"] is None
 
 
+def test_an_ordq_run_that_printed_no_cpu_per_send_has_every_column_all_the_same() -> None:
+    # bench_e2e before stop 103: no "CPU per send" line, no asyncio phase
+    row = peers_table.ordq_row("ordq A", "synchronous: 577 sends/s; ack latency p50 1.53 ms\n")
+    assert list(row) == list(peers_table.COLUMNS)
+    assert row["sync_sends_s"] == 577 and row["sync_cpu_us_send"] is None and row["steady_p99_ms"] is None
+
+
 def test_a_folder_without_results_is_an_error_that_says_what_it_looks_for(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
