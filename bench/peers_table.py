@@ -23,6 +23,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,18 @@ from ordq.output import emit_json, table
 
 PEERS = (("redis", "Redis"), ("nats", "NATS"), ("rabbit", "RabbitMQ"))
 ORDQ_RUNS = (("ordq_A", "ordq A"), ("ordq_B", "ordq B"))
-COLUMNS = ("system", "pipelined_msgs_s", "pipelined_cpu_us_msg", "sync_sends_s", "sync_cpu_us_send",
-           "sync_asyncio_sends_s", "steady_p99_ms", "steady_cores", "steady_cpu_us_msg")
+
+# Each figure's name (in --json) and its header in the people's table (short: it fits a terminal).
+HEADERS = {"system": "system", "pipelined_msgs_s": "pipe/s", "pipelined_cpu_us_msg": "pipe_us",
+           "sync_sends_s": "sync/s", "sync_cpu_us_send": "sync_us", "sync_asyncio_sends_s": "aio_sync/s",
+           "sync_reader": "reader", "steady_p99_ms": "p99_ms", "steady_cores": "cores",
+           "steady_cpu_us_msg": "steady_us"}
+COLUMNS = tuple(HEADERS)
+
+LEGEND = ("pipe: pipelined, end to end; sync: synchronous sends (aio: ordq's AsyncProducer; reader: a consumer "
+          "read meanwhile, as the peers' harness has one, which bench_e2e before stop 103 did not); p99, cores (of "
+          "one core) and steady: at the steady rate. _us: CPU per message (or send) of all the system's processes "
+          "(producer, consumer, servers; ordq's also ZooKeeper and the coordinator).")
 
 
 def per_message_us(cores_pct: float | None, rate: float | None) -> float | None:
@@ -53,6 +64,7 @@ def peer_row(name: str, d: dict[str, Any]) -> dict[str, Any]:
     return {"system": name, "pipelined_msgs_s": a_rate, "pipelined_cpu_us_msg": per_message_us(a_cores, a_rate),
             "sync_sends_s": b_rate, "sync_cpu_us_send": per_message_us(b_cores, b_rate),
             "sync_asyncio_sends_s": None,  # the harness runs one client a system
+            "sync_reader": b_rate is not None,  # its consumer reads in every phase
             "steady_p99_ms": (d.get("c_latency") or {}).get("lat_p99_ms_median"),
             "steady_cores": None if c_cores is None else c_cores / 100,
             "steady_cpu_us_msg": per_message_us(c_cores, c_rate)}
@@ -75,11 +87,14 @@ def ordq_row(name: str, text: str) -> dict[str, Any]:
         row["pipelined_msgs_s"] = _number(m.group(1))
     if m := _first(r"^CPU per message \(until acked\): .*; total ([\d,]+) µs", text):
         row["pipelined_cpu_us_msg"] = _number(m.group(1))
-    sync = r"^synchronous(?:, no consumer reading)?: ([\d,]+) sends/s.*\n(CPU per send: .*; total ([\d,]+) µs)?"
+    sync = r"^synchronous(, no consumer reading)?: ([\d,]+) sends/s.*\n(CPU per send: .*; total ([\d,]+) µs)?"
     if m := _first(sync, text):
-        row["sync_sends_s"] = _number(m.group(1))
-        if m.group(3):
-            row["sync_cpu_us_send"] = _number(m.group(3))
+        row["sync_sends_s"] = _number(m.group(2))
+        if m.group(4):
+            row["sync_cpu_us_send"] = _number(m.group(4))
+        # a consumer read meanwhile, as the peers' harness has one: bench_e2e since stop 103
+        # (it prints the phase's CPU since then), unless run with --sync-alone
+        row["sync_reader"] = m.group(1) is None and m.group(3) is not None
     if m := _first(r"^synchronous \(asyncio, [^)]*\)(?:, no consumer reading)?: ([\d,]+) sends/s", text):
         row["sync_asyncio_sends_s"] = _number(m.group(1))
     steady = _first(r"^steady ([\d,]+) msgs/s .*end-to-end latency p50 [\d.]+ ms, p99 ([\d.]+) ms.*\n"
@@ -107,8 +122,10 @@ def _shown(r: dict[str, Any]) -> dict[str, Any]:
     def fmt(k: str, v: Any) -> Any:
         if v is None or k == "system":
             return v
+        if isinstance(v, bool):
+            return "yes" if v else "no"
         return f"{v:.2f}" if k in ("steady_p99_ms", "steady_cores") else f"{v:,.0f}"
-    return {k: fmt(k, v) for k, v in r.items()}
+    return {HEADERS[k]: fmt(k, v) for k, v in r.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         emit_json(found)
     else:
-        table([_shown(r) for r in found], COLUMNS)
-        print("CPU per message: all the system's processes (producer, consumer, servers; ordq's also ZooKeeper "
-              "and the coordinator); STEADY_CORES: of one core, at the steady rate")
+        table([_shown(r) for r in found], list(HEADERS.values()))
+        print(textwrap.fill(LEGEND, 100))
     return 0
 
 

@@ -31,7 +31,7 @@ def test_a_peers_cpu_per_message_is_its_processes_share_of_a_core_over_its_rate(
     assert row["sync_cpu_us_send"] == pytest.approx(0.85 / 1000 * 1e6)  # 850 µs
     assert row["steady_cores"] == pytest.approx(0.8)
     assert row["steady_cpu_us_msg"] == pytest.approx(400.0)
-    assert row["steady_p99_ms"] == 4.5
+    assert row["steady_p99_ms"] == 4.5 and row["sync_reader"] is True
 
 
 def test_a_phase_the_harness_did_not_finish_leaves_its_cells_empty() -> None:
@@ -47,6 +47,10 @@ def test_an_ordq_run_that_printed_no_cpu_per_send_has_every_column_all_the_same(
     row = peers_table.ordq_row("ordq A", "synchronous: 577 sends/s; ack latency p50 1.53 ms\n")
     assert list(row) == list(peers_table.COLUMNS)
     assert row["sync_sends_s"] == 577 and row["sync_cpu_us_send"] is None and row["steady_p99_ms"] is None
+    assert row["sync_reader"] is False  # no consumer read then: not the peers' workload
+    alone = peers_table.ordq_row("ordq B", "synchronous, no consumer reading: 900 sends/s; ack latency p50 1 ms\n"
+                                           "CPU per send: master 1; total 1,234 µs, 20% ...\n")
+    assert alone["sync_sends_s"] == 900 and alone["sync_cpu_us_send"] == 1234 and alone["sync_reader"] is False
 
 
 def test_a_folder_without_results_is_an_error_that_says_what_it_looks_for(tmp_path: Path) -> None:
@@ -75,9 +79,10 @@ def test_the_table_reads_every_figure_of_a_real_bench_e2e_run(tmp_path: Path) ->
     ordq, redis = json.loads(out.stdout)
     assert ordq["system"] == "ordq A" and redis["system"] == "Redis" and redis["sync_asyncio_sends_s"] is None
     missing = [c for c in peers_table.COLUMNS if ordq.get(c) is None]  # every column: ordq has all
+    assert ordq["sync_reader"] is True
     assert not missing, f"bench_e2e's output gave no {missing}:\n{run.stdout}"
     assert ordq["steady_cpu_us_msg"] == pytest.approx(ordq["steady_cores"] / 300 * 1e6)
     table = subprocess.run([sys.executable, "-m", "bench.peers_table", str(folder)], cwd=REPO,
                            capture_output=True, text=True, timeout=60)
-    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["SYSTEM", "PIPELINED_MSGS_S"]
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:3] == ["SYSTEM", "PIPE/S", "PIPE_US"]
     assert [line.split()[0] for line in table.stdout.splitlines()[1:3]] == ["ordq", "Redis"], table.stdout
