@@ -112,9 +112,18 @@ def rows(folder: Path) -> list[dict[str, Any]]:
         if (folder / f"{stem}.out").exists():
             out.append(ordq_row(name, (folder / f"{stem}.out").read_text()))
     for stem, name in PEERS:
-        if (folder / f"{stem}.out").exists():
-            out.append(peer_row(name, json.loads((folder / f"{stem}.out").read_text())))
+        path = folder / f"{stem}.out"
+        if path.exists():
+            try:
+                results = json.loads(path.read_text())
+            except ValueError as exc:  # perf.sh still running, or stopped in that peer
+                raise UnreadableResults(f"{path} is not the peers' harness JSON ({exc})") from None
+            out.append(peer_row(name, results))
     return out
+
+
+class UnreadableResults(Exception):
+    """A result file of the folder cannot be read."""
 
 
 def _shown(r: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.folder.is_dir():
         print(f"peers_table: {args.folder} is not a folder (perf.sh's PEERS_OUT)", file=sys.stderr)
         return 2
-    found = rows(args.folder)
+    try:
+        found = rows(args.folder)
+    except UnreadableResults as exc:
+        print(f"peers_table: {exc}", file=sys.stderr)
+        return 2
     if not found:
         print(f"peers_table: {args.folder} holds none of perf.sh's results "
               f"({', '.join(s + '.out' for s, _ in ORDQ_RUNS + PEERS)})", file=sys.stderr)

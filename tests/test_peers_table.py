@@ -60,6 +60,11 @@ def test_a_folder_without_results_is_an_error_that_says_what_it_looks_for(tmp_pa
     out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(tmp_path / "none")], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "is not a folder" in out.stderr, out.stderr
+    (tmp_path / "nats.out").write_text("")  # perf.sh still running that peer
+    out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "nats.out is not the peers' harness JSON" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.zk
