@@ -118,6 +118,7 @@ class CpuMeter:
         self.pids = pids
         self._t0: dict[str, tuple[float, float]] = {}
         self._wall0 = 0.0
+        self.total_s = 0.0  # of the last report: all processes' CPU, in seconds
         self.total_us = 0.0  # of the last report: all processes' CPU per unit
 
     def start(self) -> None:
@@ -130,6 +131,7 @@ class CpuMeter:
         spent = {name: sum(now[name]) - sum(self._t0[name]) for name in self.pids}
         system = sum(now[name][1] - self._t0[name][1] for name in self.pids)
         total = sum(spent.values())
+        self.total_s = total
         self.total_us = total / units * 1e6
         parts = ", ".join(f"{name} {secs / units * 1e6:,.0f}" for name, secs in spent.items())
         # The kernel's share (loopback TCP runs the receiver's path in the sender's call, the

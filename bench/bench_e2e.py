@@ -383,7 +383,7 @@ def main() -> None:
                 # A message's share too: one batch is in flight, so a faster cycle makes more,
                 # smaller batches and the CPU per batch falls while the cores used stay level
                 # (docs/BENCHMARKS.md, stop 103): per message is what compares across runs.
-                print(f"{cpu}; {meter.total_us * max(batches, 1) / n:,.0f} µs a message")
+                print(f"{cpu}; {meter.total_s / n * 1e6:,.0f} µs a message")
                 print(writes.report(batches))
                 base += n
         if args.aio_sync_messages:  # synchronous again, through the asyncio API
