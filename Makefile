@@ -3,10 +3,15 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYTHON ?= python3
+# Debian's own Python 3.11, not whichever `python3` comes first on PATH: Debian builds it with
+# PGO and LTO and links libpython into the executable; a python3 built from source without
+# them (pyenv's, first on PATH on this project's machines) costs every broker, client and test
+# ~10-15 % more CPU per synchronous send and ~20 % more on plain Python (docs/BENCHMARKS.md,
+# stop 104). The venv is made again when it was made by another interpreter.
+PYTHON ?= /usr/bin/python3.11
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-heavy test-loaded demo demo-cdc demo-mirror system-deps test-deps venv lint types proto clean
+.PHONY: test test-heavy test-loaded demo demo-cdc demo-mirror system-deps python-deps test-deps venv lint types proto clean
 
 # Installs the Debian packages $(1) with apt-get unless the shell check $(2) already passes,
 # then fails clearly if it still does not.
@@ -26,6 +31,11 @@ system-deps:
 	$(call need_debian,zookeeper libslf4j-java default-jre-headless,command -v java && \
 	  test -f /usr/share/java/zookeeper.jar && test -f /usr/share/java/slf4j-simple.jar)
 
+# The interpreter the venv is made from (PYTHON, above) and its venv module, which Debian ships
+# apart (`python3.11-venv`).
+python-deps:
+	$(call need_debian,python3.11 python3.11-venv,$(PYTHON) -c 'import ensurepip; import venv')
+
 # What only the tests need: `chromium`, the headless browser tests/test_status_page.py loads the
 # status page in; `prometheus`, whose promtool checks docs/alerts.yml and the exposed metrics
 # (tests/test_metrics.py) and whose server scrapes a cluster for the status page's charts
@@ -39,13 +49,19 @@ test-deps: system-deps
 	  command -v promtool && command -v prometheus && ls /usr/lib/postgresql/*/bin/initdb && test -x /usr/sbin/mariadbd && \
 	  command -v ip && command -v iptables)
 
-$(VENV)/.installed: pyproject.toml
+# The stamp names the interpreter, so a venv of another one (a checkout's before stop 104, or
+# PYTHON=... given) is made again from scratch rather than mixed.
+VENV_STAMP := $(VENV)/.installed-$(subst /,_,$(PYTHON))
+$(VENV_STAMP): pyproject.toml | python-deps
+	@if [ -e $(PY) ] && [ "$$(readlink -f $(PY))" != "$$(readlink -f "$$(command -v $(PYTHON))")" ]; then \
+	  echo "$(VENV) was made by $$(readlink -f $(PY)), not $(PYTHON): making it again"; \
+	  $(PYTHON) -m venv --clear $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	touch $@
 
-venv: $(VENV)/.installed
+venv: $(VENV_STAMP)
 
 # ruff, then the import contracts of pyproject.toml: the layers import only downward and no
 # module imports back a module that imports it (docs/CONTRIBUTING.md).
