@@ -163,7 +163,19 @@ def host_line() -> str:
     idle = f"cpuidle driver {driver}"
     if driver == "haltpoll" and (poll := _read(_HALT_POLL)) is not None:
         idle += f", guest_halt_poll_ns {poll}" + (" (an idle CPU halts at once)" if poll == "0" else "")
-    return f"host: {os.cpu_count()} CPUs, {idle}; load average {os.getloadavg()[0]:.1f}"
+    return f"host: {os.cpu_count()} CPUs, {idle}; {interpreter()}; load average {os.getloadavg()[0]:.1f}"
+
+
+def interpreter() -> str:
+    """Which Python runs this process (and the cluster's processes, started from it): its
+    version, its executable, and whether libpython is a shared library beside it. A plain
+    source build (pyenv's, first on PATH here) cost ordq ~15 % more CPU per send than Debian's
+    PGO and LTO build with libpython linked in (docs/BENCHMARKS.md, stop 104)."""
+    maps = _read(Path("/proc/self/maps")) or ""
+    shared = sorted({line.rsplit("/", 1)[-1] for line in maps.splitlines() if "/libpython" in line})
+    version = ".".join(map(str, sys.version_info[:3]))
+    where = os.path.realpath(sys.executable)
+    return f"Python {version} at {where}, " + (f"{shared[0]} shared" if shared else "libpython linked in")
 
 
 def percentile(values: Sequence[float], p: float) -> float:
