@@ -25,7 +25,8 @@ def bench(name: str, args: list[str], expect: list[str], *marks: pytest.MarkDeco
 BENCHES = [
     bench("bench_e2e", ["--messages", "2000", "--sync-messages", "50", "--aio-sync-messages", "50", "--rate", "500",
                         "--rate-seconds", "1"],
-          ["host: ", "; Python 3.", "floor of one acked send", "x the floor on the lean links", "pipelined:", "synchronous:",
+          ["host: ", "; Python 3.", "floor of one acked send", "x the floor on the lean links", "pipelined:",
+           "synchronous:",
            "CPU per send: master",
            "synchronous (asyncio, the producer's I/O on the caller's loop):", "goal: synchronous sends/s, asyncio",
            "steady 500 msgs/s", "CPU per batch", "µs a message", "stream writes per batch", "of them on its loop",
