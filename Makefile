@@ -55,7 +55,7 @@ VENV_STAMP := $(VENV)/.installed-$(subst /,_,$(PYTHON))
 $(VENV_STAMP): pyproject.toml | python-deps
 	@if [ -e $(PY) ] && [ "$$(readlink -f $(PY))" != "$$(readlink -f "$$(command -v $(PYTHON))")" ]; then \
 	  echo "$(VENV) was made by $$(readlink -f $(PY)), not $(PYTHON): making it again"; \
-	  $(PYTHON) -m venv --clear $(VENV); fi
+	  rm -rf $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,spark]'

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import threading
-import urllib.request
 from pathlib import Path
 
 import attrs
@@ -19,12 +18,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ordq.common.errors import SegmentNotFound
 from ordq.common.metrics import Sample, parse, value
-from ordq.common.proc import load_stretched
 from ordq.sdk import Consumer, ConsumerConfig, FailurePolicy
 from tests.cluster import CLIENT_SESSION_TIMEOUT_S, Cluster, cluster_fixture  # noqa: F401 - fixture
 from tests.test_everyday import N as QUEUED
 from tests.test_everyday import queue_fixture  # noqa: F401 - the "queue" fixture: QUEUED messages on g1, g2
-from tests.util import read_metrics, wait_until
+from tests.util import read_metrics, read_metrics_text, wait_until
 
 pytestmark = pytest.mark.zk
 
@@ -99,13 +97,11 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
     # What each process exposed when its series were seen moving, as text for promtool below:
     # by then the producer (N messages) and the consumer (until N-1) may have finished and
     # closed their endpoints (a scrape of them was refused in the loaded tier, stop 104).
-    texts: dict[str, bytes] = {}
+    texts: dict[str, str] = {}
 
     def moved() -> dict[str, list[Sample]] | None:
-        for kind, url in urls.items():
-            with urllib.request.urlopen(url, timeout=load_stretched(5.0)) as answer:
-                texts[kind] = answer.read()
-        now = {kind: parse(text.decode()) for kind, text in texts.items()}
+        texts.update({kind: read_metrics_text(url) for kind, url in urls.items()})
+        now = {kind: parse(text) for kind, text in texts.items()}
         for kind, series in MOVING.items():
             for name, labels in series:
                 before, after = value(first[kind], name, **labels), value(now[kind], name, **labels)
@@ -137,7 +133,7 @@ def test_every_process_kind_exposes_moving_series(cluster: Cluster) -> None:
 
     # Prometheus's own linter on what each process kind exposes (names, units, help, types).
     for kind, text in texts.items():
-        lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, timeout=60)
+        lint = subprocess.run([promtool(), "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
         assert lint.returncode == 0, f"{kind}: {lint.stdout.decode()}{lint.stderr.decode()}"
 
     # Every series an alert names is one a process exposes.

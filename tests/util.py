@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from kazoo.client import KazooClient
 
 from ordq.common.errors import OrdqError
-from ordq.common.metrics import Sample, scrape
+from ordq.common.metrics import Sample, parse, scrape_text
 from ordq.common.proc import load_stretched
 
 T = TypeVar("T")
@@ -25,11 +25,16 @@ C1_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def read_metrics(url: str) -> list[Sample]:
+    """``read_metrics_text``, parsed."""
+    return parse(read_metrics_text(url))
+
+
+def read_metrics_text(url: str) -> str:
     """Scrape a process's /metrics, waiting up to 5 s, load-stretched. The answer takes ms even
     at load 24 (measured); what takes seconds is the serving process not being scheduled:
     in the loaded suite (load ~25) a scrape of test_metrics passed ``scrape``'s 2 s default
     while the test process's own producer reported its loop 1.81 s late (issue 26)."""
-    return scrape(url, timeout_s=load_stretched(5.0))
+    return scrape_text(url, timeout_s=load_stretched(5.0))
 
 
 def wait_until(

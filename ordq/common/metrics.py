@@ -157,10 +157,15 @@ def parse(text: str) -> list[Sample]:
             for family in text_string_to_metric_families(text) for s in family.samples]
 
 
+def scrape_text(url: str, *, timeout_s: float = 2.0) -> str:
+    """GET ``url``: its exposition as text; OSError/ValueError when it does not answer."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
+        return resp.read().decode()
+
+
 def scrape(url: str, *, timeout_s: float = 2.0) -> list[Sample]:
     """GET ``url`` and parse it; OSError/ValueError when it does not answer."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own http URL
-        return parse(resp.read().decode())
+    return parse(scrape_text(url, timeout_s=timeout_s))
 
 
 def scrape_or_none(url: str | None, *, timeout_s: float = 2.0) -> list[Sample] | None:
