@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # Debian's own Python 3.11, not whichever `python3` comes first on PATH: Debian builds it with
 # PGO and LTO and links libpython into the executable; a python3 built from source without
 # them (pyenv's, first on PATH on this project's machines) costs every broker, client and test
-# ~15 % more CPU per synchronous send (bench_e2e, docs/BENCHMARKS.md stop 104). The venv is made again when it was made by another interpreter.
+# ~15 % more CPU per synchronous send (bench_e2e, docs/BENCHMARKS.md stop 104). The venv is
+# made again when it was made by another interpreter.
 PYTHON ?= /usr/bin/python3.11
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
