@@ -15,6 +15,11 @@ CPU per message = the processes' share of one core / messages per second. ordq's
 CPU is counted until the last ack (bench_e2e's "CPU per message (until acked)"), the others'
 until the last delivery. bench_e2e counts ZooKeeper and the coordinator in ordq's; Redis acks
 from memory (WAIT for a copy on its replica, no fsync), NATS and RabbitMQ fsync.
+
+Below the table, issue 39's two goals that need the peers' figures, judged for each ordq run: a
+synchronous send ahead of Redis's (the better of ordq's two producers) and a steady end-to-end
+p99 below every peer's. bench_e2e judges the goals of ordq alone (the floor, 4 ms, 1.5 ms of CPU
+a batch) on its own last lines. ``--json`` gives ``{"rows": [...], "goals": [...]}``.
 """
 
 from __future__ import annotations
@@ -122,6 +127,44 @@ def rows(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
+def goals(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 39's goals against the peers, for each ordq run of ``found`` (``rows``): ``met`` is
+    None where a figure is missing (a phase not run, a peer not in the folder)."""
+    peers = [r for r in found if not r["system"].startswith("ordq")]
+    redis = next((r for r in peers if r["system"] == "Redis"), None)
+    tails = [r for r in peers if r["steady_p99_ms"] is not None]
+    lowest = min(tails, key=lambda r: r["steady_p99_ms"]) if tails else None
+    out = []
+    for r in found:
+        if not r["system"].startswith("ordq"):
+            continue
+        sends = [v for v in (r["sync_sends_s"], r["sync_asyncio_sends_s"]) if v is not None]
+        best = max(sends) if sends else None
+        theirs = None if redis is None else redis["sync_sends_s"]
+        out.append({"run": r["system"], "goal": "synchronous send ahead of Redis's", "ordq": best,
+                    "peer": "Redis", "peer_figure": theirs,
+                    "met": None if best is None or theirs is None else best > theirs})
+        p99 = r["steady_p99_ms"]
+        out.append({"run": r["system"], "goal": "steady end-to-end p99 below every peer's", "ordq": p99,
+                    "peer": None if lowest is None else lowest["system"],
+                    "peer_figure": None if lowest is None else lowest["steady_p99_ms"],
+                    "met": None if p99 is None or lowest is None else p99 < lowest["steady_p99_ms"]})
+    return out
+
+
+def _goal_line(g: dict[str, Any]) -> str:
+    """One goal's verdict for people."""
+    ms = "p99" in g["goal"]
+
+    def shown(v: float) -> str:
+        return f"{v:.2f} ms" if ms else f"{v:,.0f}/s"
+    if g["met"] is None:
+        return f"issue 39, {g['run']}: {g['goal']}: not measured"
+    ratio = g["ordq"] / g["peer_figure"] if g["peer_figure"] else float("nan")
+    return (f"issue 39, {g['run']}: {g['goal']}: {shown(g['ordq'])} against {g['peer']}'s "
+            f"{shown(g['peer_figure'])} ({ratio:.2f}x): {'met' if g['met'] else 'NOT met'}")
+
+
 class UnreadableResults(Exception):
     """A result file of the folder cannot be read."""
 
@@ -154,11 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peers_table: {args.folder} holds none of perf.sh's results "
               f"({', '.join(s + '.out' for s, _ in ORDQ_RUNS + PEERS)})", file=sys.stderr)
         return 2
+    judged = goals(found)
     if args.json:
-        emit_json(found)
+        emit_json({"rows": found, "goals": judged})
     else:
         table([_shown(r) for r in found], list(HEADERS.values()))
         print(textwrap.fill(LEGEND, 100))
+        for g in judged:
+            print(_goal_line(g))
     return 0
 
 

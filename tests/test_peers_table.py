@@ -53,6 +53,30 @@ def test_an_ordq_run_that_printed_no_cpu_per_send_has_every_column_all_the_same(
     assert alone["sync_sends_s"] == 900 and alone["sync_cpu_us_send"] == 1234 and alone["sync_reader"] is False
 
 
+def _ordq(name: str, sync: float | None, aio: float | None, p99: float | None) -> dict[str, object]:
+    return dict.fromkeys(peers_table.COLUMNS) | {"system": name, "sync_sends_s": sync,
+                                                 "sync_asyncio_sends_s": aio, "steady_p99_ms": p99}
+
+
+def test_the_peer_goals_take_ordqs_better_producer_and_the_lowest_peer_tail() -> None:
+    nats = peers_table.peer_row("NATS", REDIS) | {"steady_p99_ms": 3.0, "sync_sends_s": 5000.0}
+    found = [_ordq("ordq A", 900.0, 1100.0, 3.5), _ordq("ordq B", 800.0, None, 2.5),
+             peers_table.peer_row("Redis", REDIS), nats]
+    judged = {(g["run"], g["goal"].split()[0]): g for g in peers_table.goals(found)}
+    a_sync, a_tail = judged["ordq A", "synchronous"], judged["ordq A", "steady"]
+    assert (a_sync["ordq"], a_sync["peer_figure"], a_sync["met"]) == (1100.0, 1000.0, True)  # the AsyncProducer's
+    assert (a_tail["peer"], a_tail["peer_figure"], a_tail["met"]) == ("NATS", 3.0, False)  # below Redis's 4.5 only
+    assert judged["ordq B", "synchronous"]["met"] is False and judged["ordq B", "steady"]["met"] is True
+    line = peers_table._goal_line(a_sync)
+    assert line == "issue 39, ordq A: synchronous send ahead of Redis's: 1,100/s against Redis's 1,000/s (1.10x): met"
+
+
+def test_a_goal_without_its_figures_is_not_judged() -> None:
+    alone = peers_table.goals([_ordq("ordq A", None, None, 3.0)])  # no peer in the folder, no sync phase
+    assert [g["met"] for g in alone] == [None, None]
+    assert peers_table._goal_line(alone[0]).endswith(": not measured")
+
+
 def test_a_folder_without_results_is_an_error_that_says_what_it_looks_for(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
@@ -81,7 +105,10 @@ def test_the_table_reads_every_figure_of_a_real_bench_e2e_run(tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-m", "bench.peers_table", str(folder), "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    ordq, redis = json.loads(out.stdout)
+    answer = json.loads(out.stdout)
+    ordq, redis = answer["rows"]
+    assert [(g["run"], g["peer"], g["met"] is not None) for g in answer["goals"]] == \
+        [("ordq A", "Redis", True), ("ordq A", "Redis", True)]  # both judged against the one peer here
     assert ordq["system"] == "ordq A" and redis["system"] == "Redis" and redis["sync_asyncio_sends_s"] is None
     missing = [c for c in peers_table.COLUMNS if ordq.get(c) is None]  # every column: ordq has all
     assert ordq["sync_reader"] is True
