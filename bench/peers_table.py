@@ -130,14 +130,13 @@ def rows(folder: Path) -> list[dict[str, Any]]:
 def goals(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 39's goals against the peers, for each ordq run of ``found`` (``rows``): ``met`` is
     None where a figure is missing (a phase not run, a peer not in the folder)."""
-    peers = [r for r in found if not r["system"].startswith("ordq")]
+    ordq_runs = {name for _, name in ORDQ_RUNS}
+    peers = [r for r in found if r["system"] not in ordq_runs]
     redis = next((r for r in peers if r["system"] == "Redis"), None)
     tails = [r for r in peers if r["steady_p99_ms"] is not None]
     lowest = min(tails, key=lambda r: r["steady_p99_ms"]) if tails else None
     out = []
-    for r in found:
-        if not r["system"].startswith("ordq"):
-            continue
+    for r in (r for r in found if r["system"] in ordq_runs):
         sends = [v for v in (r["sync_sends_s"], r["sync_asyncio_sends_s"]) if v is not None]
         best = max(sends) if sends else None
         theirs = None if redis is None else redis["sync_sends_s"]
